@@ -1,0 +1,29 @@
+# trainmaster: `make run` starts the whole stack, `make test` runs every test tier. Both install what they need.
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test test-fast bench bench-submit bench-eta bench-sched clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m services.stack
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
+
+bench: bench-submit
+
+bench-submit: $(STAMP)
+	$(BIN)/python -m bench.submit --jobs 200
+
+clean:
+	rm -rf $(VENV) .trainmaster

@@ -1,0 +1,140 @@
+"""The node agent's behaviour: register, heartbeat, start and stop tasks, report how they end."""
+import asyncio
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.clock import utcnow
+from shared.events import (
+    LogChunk,
+    Message,
+    NodeHeartbeat,
+    NodeRegistered,
+    StartTask,
+    StopTask,
+    TaskExited,
+    TaskRef,
+    TaskStarted,
+)
+from shared.nodes import NodeInfo
+from services.agent.journal import Journal
+from services.agent.runner import TaskProcess, describe_exit, spawn, task_environment
+from services.agent.shipping import LogShipper
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[Message], Awaitable[None]]
+
+
+class Agent:
+    def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, shutdown_grace_s: float = 5) -> None:
+        self.node = node
+        self.root = root
+        self.publish = publish
+        self.shutdown_grace_s = shutdown_grace_s
+        self.boot_id = uuid.uuid4().hex
+        self.tasks: dict[str, TaskProcess] = {}
+        self.supervisors: set[asyncio.Task] = set()
+        root.mkdir(parents=True, exist_ok=True)
+        self.journal = Journal(root / "journal.json")
+        self.heartbeats = 0
+
+    async def register(self) -> None:
+        await self.publish_reliably(NodeRegistered(event_id=f"{self.node.node_id}:boot:{self.boot_id}",
+                                                   node=self.node, boot_id=self.boot_id))
+
+    async def heartbeat(self) -> None:
+        self.heartbeats += 1
+        running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank)
+                        for t in self.tasks.values())
+        await self.publish(NodeHeartbeat(event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
+                                         node_id=self.node.node_id, boot_id=self.boot_id, running=running))
+
+    async def start(self, command: StartTask) -> None:
+        key = Journal.key(command.job_id, command.attempt, command.rank)
+        if key in self.journal.stopped:
+            return
+        if key in self.journal.started:
+            if key in self.tasks:  # redelivered after a failed report: report again (same event id)
+                await self.publish(self._started_event(self.tasks[key]))
+            return
+        self.journal.mark_started(key)
+        workdir = self.root / "jobs" / command.job_id / f"attempt-{command.attempt}-rank-{command.rank}"
+        env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
+        try:
+            task = await spawn(command, env=env, workdir=workdir)
+        except OSError as exc:
+            await self.publish_reliably(self._exited(command, reason="start_failed", message=str(exc)))
+            return
+        self.tasks[key] = task
+        supervisor = asyncio.create_task(self._supervise(key, task))
+        self.supervisors.add(supervisor)
+        supervisor.add_done_callback(self.supervisors.discard)
+        await self.publish(self._started_event(task))
+
+    async def stop(self, command: StopTask) -> None:
+        key = Journal.key(command.job_id, command.attempt, command.rank)
+        task = self.tasks.get(key)
+        if task is not None:
+            asyncio.create_task(task.stop(reason=command.reason, grace_s=command.grace_s))
+        elif key not in self.journal.started and key not in self.journal.stopped:
+            self.journal.mark_stopped(key)
+            await self.publish_reliably(TaskExited(
+                event_id=f"{key}:exited", job_id=command.job_id, attempt=command.attempt, rank=command.rank,
+                node_id=self.node.node_id, reason="not_started", message=f"stopped before start: {command.reason}",
+                ended_at=utcnow()))
+
+    async def shutdown(self) -> None:
+        """Stop every task (it is requeued elsewhere) and wait for their reports."""
+        for task in list(self.tasks.values()):
+            asyncio.create_task(task.stop(reason="agent_shutdown", grace_s=self.shutdown_grace_s))
+        if self.supervisors:
+            await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
+
+    async def _supervise(self, key: str, task: TaskProcess) -> None:
+        start = task.start
+        shipper = LogShipper(job_id=start.job_id, attempt=start.attempt, rank=start.rank,
+                             path=task.workdir / "output.log", publish=self.publish_reliably)
+        status = await task.pump(shipper.add)
+        await shipper.close()
+        if task.stop_reason is not None:
+            reason, message = "terminated", f"stopped: {task.stop_reason}"
+        elif status == 0:
+            reason, message = "completed", ""
+        else:
+            reason, message = "failed", describe_exit(status, task.tail)
+        event = self._exited(start, reason=reason, message=message, status=status)
+        await self.publish_reliably(event)
+        self.tasks.pop(key, None)
+
+    def _started_event(self, task: TaskProcess) -> TaskStarted:
+        start = task.start
+        return TaskStarted(
+            event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:started",
+            job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
+            node_kind=self.node.kind, price_per_hour=self.node.price_per_hour, gpu_count=len(start.gpu_indices),
+            project_id=start.project_id, user_name=start.user_name, pid=task.pid,
+            started_at=datetime.fromtimestamp(task.started_at, UTC),
+        )
+
+    def _exited(self, start: StartTask, *, reason: str, message: str, status: int | None = None) -> TaskExited:
+        return TaskExited(
+            event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:exited",
+            job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
+            exit_code=None if status is None else (status if status >= 0 else 128 - status),
+            signal=-status if status is not None and status < 0 else None,
+            reason=reason, message=message, ended_at=utcnow(),
+        )
+
+    async def publish_reliably(self, message: Message | LogChunk) -> None:
+        """Publish, retrying while the bus is unreachable: a task's end must never be lost."""
+        while True:
+            try:
+                await self.publish(message)
+                return
+            except Exception as exc:
+                log.warning("publishing %s failed, retrying: %r", message.event_id, exc)
+                await asyncio.sleep(1)

@@ -1,0 +1,62 @@
+"""Output lines of a task to the bus in ordered chunks, and to a file beside the attempt."""
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from shared.events import LogChunk, LogLine
+
+log = logging.getLogger(__name__)
+
+FLUSH_INTERVAL_S = 0.25
+MAX_LINES_PER_CHUNK = 500
+
+
+class LogShipper:
+    def __init__(
+        self, *, job_id: str, attempt: int, rank: int, path: Path, publish: Callable[[LogChunk], Awaitable[None]]
+    ) -> None:
+        self.job_id, self.attempt, self.rank = job_id, attempt, rank
+        self.publish = publish
+        self.file = path.open("a", encoding="utf-8")
+        self.buffer: list[LogLine] = []
+        self.seq = 0
+        self.wakeup = asyncio.Event()
+        self.closing = False
+        self.task = asyncio.create_task(self._loop())
+
+    def add(self, line: LogLine) -> None:
+        self.buffer.append(line)
+        self.file.write(f"{line.line}\n")
+        if len(self.buffer) >= MAX_LINES_PER_CHUNK:
+            self.wakeup.set()
+
+    async def close(self) -> None:
+        """Ship everything still buffered, then stop."""
+        self.closing = True
+        self.wakeup.set()
+        await self.task
+        self.file.close()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self.wakeup.wait(), timeout=FLUSH_INTERVAL_S)
+            except TimeoutError:
+                pass
+            self.wakeup.clear()
+            self.file.flush()
+            while self.buffer:
+                lines = tuple(self.buffer[:MAX_LINES_PER_CHUNK])
+                chunk = LogChunk(event_id=f"{self.job_id}:{self.attempt}:{self.rank}:log:{self.seq}",
+                                 job_id=self.job_id, attempt=self.attempt, rank=self.rank, seq=self.seq, lines=lines)
+                try:
+                    await self.publish(chunk)
+                except Exception as exc:  # the bus is down: keep the lines, try again shortly
+                    log.warning("log chunk %s not shipped yet: %r", chunk.event_id, exc)
+                    await asyncio.sleep(1)
+                    continue
+                del self.buffer[:len(lines)]
+                self.seq += 1
+            if self.closing:
+                return

@@ -1,0 +1,111 @@
+"""Metric points from a job's output and a remaining-time estimate from their rate (pure, no I/O)."""
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from shared.events import Eta, LogLine
+from shared.jobs import MetricSpec
+
+MLLOG_PREFIX = ":::MLLOG "
+WINDOW = 50  # recent points the rate is fitted on
+MIN_POINTS = 3
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    name: str
+    t: float
+    value: float
+    step: float | None = None
+
+
+def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re.Pattern]) -> list[MetricPoint]:
+    """Every metric value the line carries: the job's regexes, and MLLOG key/value records."""
+    points = []
+    for spec, pattern in zip(metrics, patterns):
+        match = pattern.search(line)
+        if not match:
+            continue
+        groups = match.groupdict()
+        raw = groups.get("value") or match.group(1)
+        try:
+            value = float(raw)
+            step = float(groups["step"]) if groups.get("step") else None
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(value):
+            points.append(MetricPoint(spec.name, t, value, step))
+    at = line.find(MLLOG_PREFIX)
+    if at >= 0:
+        try:
+            record = json.loads(line[at + len(MLLOG_PREFIX):])
+            value = record.get("value")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                meta = record.get("metadata") or {}
+                step = meta.get("samples_count", meta.get("epoch_num"))
+                points.append(MetricPoint(str(record.get("key")), t, float(value),
+                                          float(step) if isinstance(step, int | float) else None))
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    return points
+
+
+@dataclass
+class JobTracker:
+    """Everything the estimator knows of one running job."""
+
+    metrics: list[MetricSpec]
+    points: dict[str, list[MetricPoint]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.patterns = [re.compile(m.regex) for m in self.metrics]
+
+    def observe(self, line: LogLine) -> list[MetricPoint]:
+        found = parse_line(line.line, line.t, self.metrics, self.patterns)
+        for point in found:
+            self.points.setdefault(point.name, []).append(point)
+        return found
+
+    def estimate(self, now: float) -> Eta | None:
+        """Time until the slowest targeted metric reaches its target, by the trend of its recent values."""
+        estimates = [e for spec in self.metrics if spec.target is not None
+                     if (e := _eta_for(self.points.get(spec.name, []), spec, now))]
+        return max(estimates, key=lambda e: e.remaining_s) if estimates else None
+
+
+def _eta_for(points: list[MetricPoint], spec: MetricSpec, now: float) -> Eta | None:
+    recent = points[-WINDOW:]
+    if len(recent) < MIN_POINTS:
+        return None
+    first, last = points[0], recent[-1]
+    reached = last.value <= spec.target if spec.mode == "min" else last.value >= spec.target
+    remaining = 0.0
+    slope, spread = _trend(recent)
+    if not reached:
+        toward = (spec.target - last.value) * slope
+        if slope == 0 or toward <= 0:
+            return None
+        remaining = max(0.0, (spec.target - last.value) / slope - (now - last.t))
+    total = abs(spec.target - first.value)
+    progress = min(1.0, max(0.0, abs(last.value - first.value) / total)) if total else None
+    relative = min(1.0, spread)
+    finish = datetime.fromtimestamp(now + remaining, UTC)
+    return Eta(remaining_s=remaining, finish_time=finish, low_s=remaining * (1 - relative / 2),
+               high_s=remaining * (1 + relative), method="rate", progress=progress,
+               updated_at=finish - timedelta(seconds=remaining))
+
+
+def _trend(points: list[MetricPoint]) -> tuple[float, float]:
+    """Least-squares slope of value over time and its relative standard error."""
+    n = len(points)
+    mean_t = sum(p.t for p in points) / n
+    mean_v = sum(p.value for p in points) / n
+    var_t = sum((p.t - mean_t) ** 2 for p in points)
+    if var_t == 0:
+        return 0.0, 1.0
+    slope = sum((p.t - mean_t) * (p.value - mean_v) for p in points) / var_t
+    residual = sum((p.value - mean_v - slope * (p.t - mean_t)) ** 2 for p in points) / max(1, n - 2)
+    error = math.sqrt(residual / var_t)
+    return slope, (error / abs(slope) if slope else 1.0)

@@ -1,0 +1,73 @@
+"""Monitor subscribers: decode, hand to the service layer."""
+from faststream import Context
+from faststream.nats import NatsRouter
+
+from shared.bus import RPC_NODES, RPC_TERMINATE, durable, retry_transient
+from shared.clock import utcnow
+from shared.events import (
+    JobEvent,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    JobTerminateRequested,
+    NodeEvent,
+    NodeHeartbeat,
+    NodeRegistered,
+    TaskExited,
+    TaskStarted,
+)
+from services.monitor import state
+from services.monitor.nodes import NodeRecord
+from services.monitor.service import Monitor
+
+router = NatsRouter()
+
+
+@router.subscriber(**durable("tm.job.>", consumer="monitor-jobs"))
+@retry_transient
+async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -> None:
+    """Advance the job's status for every lifecycle event."""
+    now = utcnow()
+    match event:
+        case JobSubmitted():
+            await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
+        case JobPlaced():
+            await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
+        case TaskStarted():
+            await monitor.apply(event.job_id, lambda job: job and state.task_started(job, event, now=now))
+        case TaskExited():
+            await monitor.apply(event.job_id, lambda job: job and state.task_exited(job, event, now=now))
+        case JobTerminateRequested():
+            await monitor.apply(
+                event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
+            )
+
+
+@router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64))
+@retry_transient
+async def on_node_event(event: NodeEvent, monitor: Monitor = Context("monitor")) -> None:
+    """Track liveness from registrations and heartbeats."""
+    match event:
+        case NodeRegistered():
+            await monitor.sighted(event.node.node_id, boot_id=event.boot_id, at=event.occurred_at,
+                                  info=event.node, running=())
+        case NodeHeartbeat():
+            await monitor.sighted(event.node_id, boot_id=event.boot_id, at=event.occurred_at,
+                                  running=event.running, gpu_utilization=event.gpu_utilization)
+
+
+@router.subscriber(RPC_NODES)
+async def list_nodes(_: dict, monitor: Monitor = Context("monitor")) -> list[dict]:
+    """Every node the fleet has seen, with its liveness."""
+    docs = [d async for d in monitor.nodes.collection.find({}).sort("_id", 1)]
+    return [NodeRecord.model_validate(d).model_dump(mode="json") for d in docs]
+
+
+@router.subscriber(RPC_TERMINATE)
+async def terminate_now(request: JobTerminateRequested, monitor: Monitor = Context("monitor")) -> JobStatusChanged | None:
+    """Terminate synchronously so the API can answer with the new phase; None for an unknown job."""
+    now = utcnow()
+    await monitor.apply(request.job_id,
+                        lambda job: job and state.terminate(job, requested_by=request.requested_by, now=now))
+    doc = await monitor.jobs.load(request.job_id)
+    return state.snapshot(state.JobState.model_validate(doc), now=now) if doc else None

@@ -1,0 +1,255 @@
+"""The job status projection as pure functions: an event in, the new state and the messages it causes out.
+
+Every phase change goes through `switch`, which checks the state machine and builds the JobStatusChanged.
+Fencing: a task of an attempt that is not the job's current one is told to stop and otherwise ignored.
+"""
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import (
+    Assignment,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    Message,
+    StopTask,
+    TaskExited,
+    TaskStarted,
+    TaskStatus,
+)
+from shared.jobs import Phase, SecondaryPhase, check_transition
+
+ATTEMPT_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.TERMINATING})
+
+
+class TaskRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    state: Literal["assigned", "running", "exited"] = "assigned"
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+
+class AttemptRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    node_ids: tuple[str, ...]
+    placed_at: datetime
+    ended_at: datetime | None = None
+    outcome: str = ""
+
+
+class JobState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    job_id: str
+    project_id: str
+    user_name: str
+    grace_s: float = 10
+    phase: Phase = Phase.CREATING
+    secondary_phase: SecondaryPhase = SecondaryPhase.CREATING
+    version: int = 0
+    reason: str = ""
+    attempt: int = 0
+    assignments: tuple[Assignment, ...] = ()
+    tasks: dict[str, TaskRecord] = Field(default_factory=dict)
+    attempts: tuple[AttemptRecord, ...] = ()
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(a.node_id for a in self.assignments)
+
+
+Outcome = tuple[JobState, list[Message]]
+
+
+def switch(job: JobState, phase: Phase, secondary: SecondaryPhase, *, reason: str, now: datetime) -> Outcome:
+    """The one way a job's status changes: validate the transition, then emit the event."""
+    if phase != job.phase:
+        check_transition(job.phase, phase)
+    end_time = now if phase.is_finished() else job.end_time
+    new = job.model_copy(
+        update={"phase": phase, "secondary_phase": secondary, "reason": reason, "version": job.version + 1,
+                "end_time": end_time}
+    )
+    return new, [snapshot(new, now=now, previous=job.phase)]
+
+
+def snapshot(job: JobState, *, now: datetime, previous: Phase | None = None) -> JobStatusChanged:
+    """The status event of the job's current version."""
+    return JobStatusChanged(
+        event_id=f"{job.job_id}:status:{job.version}",
+        occurred_at=now,
+        job_id=job.job_id,
+        project_id=job.project_id,
+        user_name=job.user_name,
+        version=job.version,
+        phase=job.phase,
+        secondary_phase=job.secondary_phase,
+        previous_phase=previous,
+        reason=job.reason,
+        attempt=job.attempt,
+        node_ids=job.node_ids,
+        start_time=job.start_time,
+        end_time=job.end_time,
+        task_statuses=task_statuses(job),
+    )
+
+
+def task_statuses(job: JobState) -> tuple[TaskStatus, ...]:
+    return tuple(
+        TaskStatus(task=f"worker-{rank}", exit_code=t.exit_code, message=t.message)
+        for rank, t in sorted(job.tasks.items(), key=lambda kv: int(kv[0]))
+    )
+
+
+def stop_all(job: JobState, *, reason: str, now: datetime, only_running: bool = False) -> list[Message]:
+    """StopTask for every rank of the current attempt (that may still be alive)."""
+    return [
+        stop(job.job_id, job.attempt, t.node_id, rank=int(rank), reason=reason, grace_s=job.grace_s, now=now)
+        for rank, t in job.tasks.items()
+        if t.state != "exited" and not (only_running and t.state != "running")
+    ]
+
+
+def stop(
+    job_id: str, attempt: int, node_id: str, *, rank: int = 0, reason: str, grace_s: float, now: datetime
+) -> StopTask:
+    return StopTask(
+        event_id=f"{job_id}:{attempt}:{rank}:stop:{reason}",
+        occurred_at=now,
+        node_id=node_id,
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        reason=reason,
+        grace_s=grace_s,
+    )
+
+
+def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
+    job = JobState(
+        job_id=event.job_id,
+        project_id=event.project_id,
+        user_name=event.user_name,
+        grace_s=event.spec.termination_grace_s,
+    )
+    return switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason="queued", now=now)
+
+
+def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
+    if event.attempt <= job.attempt:
+        return job, []
+    if job.phase != Phase.PENDING or job.assignments:
+        fenced = [stop(job.job_id, event.attempt, a.node_id, rank=a.rank, reason="superseded", grace_s=0, now=now)
+                  for a in event.assignments]
+        return job, fenced
+    job = job.model_copy(update={
+        "attempt": event.attempt,
+        "assignments": event.assignments,
+        "tasks": {str(a.rank): TaskRecord(node_id=a.node_id) for a in event.assignments},
+        "attempts": job.attempts + (AttemptRecord(attempt=event.attempt, node_ids=tuple(
+            a.node_id for a in event.assignments), placed_at=now),),
+    })
+    nodes = ", ".join(job.node_ids)
+    return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
+
+
+def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome:
+    task = job.tasks.get(str(event.rank))
+    current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
+    if not current or job.phase not in ATTEMPT_ACTIVE:
+        return job, [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0,
+                          now=now)]
+    if task.state != "assigned":
+        return job, []
+    job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": event.started_at}))
+    if job.phase == Phase.TERMINATING:
+        return job, [stop(job.job_id, job.attempt, event.node_id, rank=event.rank, reason="terminated",
+                          grace_s=job.grace_s, now=now)]
+    if job.phase == Phase.PENDING and all(t.started_at for t in job.tasks.values()):
+        job = job.model_copy(update={"start_time": job.start_time or event.started_at})
+        return switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason="all tasks started", now=now)
+    return job, []
+
+
+def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
+    task = job.tasks.get(str(event.rank))
+    if event.attempt != job.attempt or task is None or task.node_id != event.node_id or task.state == "exited":
+        return job, []
+    job = _with_task(job, event.rank, task.model_copy(update={
+        "state": "exited", "ended_at": event.ended_at, "exit_code": event.exit_code,
+        "reason": event.reason, "message": event.message,
+    }))
+    all_exited = all(t.state == "exited" for t in job.tasks.values())
+    if job.phase == Phase.TERMINATING:
+        if not all_exited:
+            return job, []
+        return switch(_end_attempt(job, "terminated", now), Phase.TERMINATED, SecondaryPhase.TERMINATED,
+                      reason=job.reason, now=now)
+    if job.phase not in ATTEMPT_ACTIVE:
+        return job, []
+    if event.reason == "completed":
+        if all_exited and all(t.reason == "completed" for t in job.tasks.values()):
+            return switch(_end_attempt(job, "completed", now), Phase.COMPLETED, SecondaryPhase.COMPLETED,
+                          reason="all tasks exited 0", now=now)
+        return job, []
+    if event.reason == "terminated":
+        return requeue(job, cause=f"task on {event.node_id} was stopped by its agent", now=now)
+    message = event.message or f"worker-{event.rank} exited with code {event.exit_code}"
+    job = _end_attempt(job, "failed", now)
+    stops = stop_all(job, reason="peer failed", now=now)
+    job, events = switch(job, Phase.FAILED, SecondaryPhase.FAILED, reason=message, now=now)
+    return job, events + stops
+
+
+def terminate(job: JobState, *, requested_by: str, now: datetime) -> Outcome:
+    if job.phase.is_finished() or job.phase == Phase.TERMINATING:
+        return job, []
+    reason = f"terminated by {requested_by}"
+    if job.phase in (Phase.CREATING, Phase.ABNORMAL) or not job.assignments:
+        return switch(job, Phase.TERMINATED, SecondaryPhase.TERMINATED, reason=reason, now=now)
+    job, events = switch(job, Phase.TERMINATING, SecondaryPhase.TERMINATING, reason=reason, now=now)
+    return job, events + stop_all(job, reason="terminated", now=now)
+
+
+def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outcome:
+    """A node carrying this job's current attempt is gone (silent, or its agent restarted)."""
+    if node_id not in job.node_ids or job.phase not in ATTEMPT_ACTIVE:
+        return job, []
+    if job.phase == Phase.TERMINATING:
+        return switch(_end_attempt(job, "terminated", now), Phase.TERMINATED, SecondaryPhase.TERMINATED,
+                      reason=f"{job.reason}; {cause}", now=now)
+    return requeue(job, cause=cause, now=now)
+
+
+def requeue(job: JobState, *, cause: str, now: datetime) -> Outcome:
+    """Abnormal[Lost], the surviving ranks stopped, then back to the queue for a new attempt."""
+    stops = stop_all(job, reason="requeued", now=now)
+    job = _end_attempt(job, "node_lost", now)
+    job, lost = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=cause, now=now)
+    job = job.model_copy(update={"assignments": (), "tasks": {}})
+    job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {cause}", now=now)
+    return job, lost + stops + queued
+
+
+def _with_task(job: JobState, rank: int, task: TaskRecord) -> JobState:
+    return job.model_copy(update={"tasks": {**job.tasks, str(rank): task}})
+
+
+def _end_attempt(job: JobState, outcome: str, now: datetime) -> JobState:
+    attempts = tuple(
+        a.model_copy(update={"ended_at": now, "outcome": outcome}) if a.attempt == job.attempt and not a.ended_at
+        else a
+        for a in job.attempts
+    )
+    return job.model_copy(update={"attempts": attempts})

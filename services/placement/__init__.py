@@ -1,0 +1,1 @@
+"""Placement: decides where and when jobs run."""

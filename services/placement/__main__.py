@@ -1,0 +1,5 @@
+from shared.service import run
+from services.placement.app import create_app
+
+if __name__ == "__main__":
+    run(create_app())

@@ -1,0 +1,36 @@
+"""Placement subscribers: jobs to queue, status changes that free capacity, nodes joining and leaving."""
+from faststream import Context
+from faststream.nats import NatsRouter
+
+from shared.bus import durable, retry_transient
+from shared.events import JobDeleted, JobEvent, JobStatusChanged, JobSubmitted, NodeRegistered, NodeStateChanged
+from services.placement.service import Placement
+
+router = NatsRouter()
+
+
+@router.subscriber(**durable("tm.job.>", consumer="placement-jobs"))
+@retry_transient
+async def on_job_event(event: JobEvent, placement: Placement = Context("placement")) -> None:
+    """Queue submitted jobs; release capacity when a job ends or loses its nodes."""
+    match event:
+        case JobSubmitted():
+            await placement.submitted(event)
+        case JobStatusChanged():
+            await placement.status_changed(event)
+        case JobDeleted():
+            await placement.deleted(event.job_id)
+
+
+@router.subscriber(**durable("tm.node.evt.registered", consumer="placement-nodes-registered"))
+@retry_transient
+async def on_node_registered(event: NodeRegistered, placement: Placement = Context("placement")) -> None:
+    """A node joined (or its agent restarted)."""
+    await placement.node_seen(event.node, event.node.node_id, "ready")
+
+
+@router.subscriber(**durable("tm.node.evt.state", consumer="placement-nodes-state"))
+@retry_transient
+async def on_node_state(event: NodeStateChanged, placement: Placement = Context("placement")) -> None:
+    """The monitor's liveness verdict: lost nodes get no work."""
+    await placement.node_seen(None, event.node_id, event.state)

@@ -1,0 +1,41 @@
+"""`make run`: the whole stack in the foreground until Ctrl-C."""
+import signal
+import sys
+import time
+
+from services.stack.processes import Stack, StackSettings
+
+
+def main() -> None:
+    stack = Stack(StackSettings())
+    stopping = False
+
+    def stop(*_) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        stack.start_all()
+    except Exception as exc:
+        print(f"trainmaster: could not start: {exc} (logs in {stack.data_dir / 'logs'})", file=sys.stderr)
+        stack.stop_all()
+        sys.exit(1)
+    token_file = stack.data_dir / "admin-token"
+    print(f"trainmaster is up: API {stack.api_url} (docs at {stack.api_url}/docs), NATS {stack.nats_url}, "
+          f"database {stack.mongo_url}\n  nodes: {', '.join(stack.node_ids())}\n"
+          f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
+          f"  logs: {stack.data_dir / 'logs'}\n  Ctrl-C stops everything.", flush=True)
+    reported: set[str] = set()
+    while not stopping:
+        for name in set(stack.dead()) - reported:
+            print(f"trainmaster: {name} exited (see {stack.data_dir / 'logs' / (name + '.log')})", file=sys.stderr)
+            reported.add(name)
+        time.sleep(0.5)
+    print("trainmaster: stopping…", flush=True)
+    stack.stop_all()
+
+
+if __name__ == "__main__":
+    main()

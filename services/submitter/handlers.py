@@ -1,0 +1,30 @@
+"""Submitter subscribers: keep the API's view of jobs current, store their output."""
+from faststream import Context
+from faststream.nats import NatsRouter
+
+from shared.bus import durable, retry_transient
+from shared.events import EtaEstimated, JobStatusChanged, LogChunk
+from services.submitter.repository import Repository
+
+router = NatsRouter()
+
+
+@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64))
+@retry_transient
+async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
+    """Project the monitor's status onto the job the API shows."""
+    await repo.apply_status(event)
+
+
+@router.subscriber(**durable("tm.log.>", consumer="submitter-logs", batch=64))
+@retry_transient
+async def on_log(chunk: LogChunk, repo: Repository = Context("repo")) -> None:
+    """Keep output for the logs endpoint."""
+    await repo.add_log(chunk)
+
+
+@router.subscriber(**durable("tm.eta.>", consumer="submitter-eta", batch=64))
+@retry_transient
+async def on_eta(event: EtaEstimated, repo: Repository = Context("repo")) -> None:
+    """Show the latest remaining-time estimate on the job."""
+    await repo.apply_eta(event)

@@ -1,0 +1,126 @@
+"""/v2/{project_id}/training-jobs: create, list, inspect, act on, delete, read output."""
+import logging
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from shared.bus import RPC_TERMINATE, publish
+from shared.clock import utcnow
+from shared.events import JobDeleted, JobStatusChanged, JobSubmitted, JobTerminateRequested
+from shared.jobs import FINISHED, JobCreate, Phase
+from services.submitter import errors
+from services.submitter.auth import Principal, authenticate
+from services.submitter.errors import ApiError
+from services.submitter.logs import follow, read_all
+from services.submitter.repository import NameTaken, Repository
+from services.submitter.views import Job, JobList, new_job, render
+
+router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
+FINISHED_NAMES = [p.value for p in FINISHED]
+ProjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The project the job belongs to.")]
+log = logging.getLogger(__name__)
+
+
+class Action(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    action_type: Literal["terminate"]
+
+
+def repo(request: Request) -> Repository:
+    return request.app.state.repo
+
+
+async def load(repo: Repository, principal: Principal, project_id: ProjectId, job_id: str) -> dict:
+    """The job, if the caller may see it; another project's job does not exist for them."""
+    doc = await repo.get(project_id, job_id)
+    if doc is None or not (principal.is_admin or project_id in principal.projects):
+        raise ApiError(404, errors.JOB_NOT_FOUND, f"job {job_id} does not exist")
+    return doc
+
+
+@router.post("", status_code=201, response_model=Job, summary="Create a training job")
+async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
+                     principal: Principal = Depends(authenticate)) -> Job:
+    principal.require_project(project_id)
+    repository = repo(request)
+    now = utcnow()
+    job_id = str(uuid.uuid4())
+    doc = new_job(job_id=job_id, project_id=project_id, user_name=principal.user_name, body=body, now=now)
+    event = JobSubmitted(event_id=f"{job_id}:submitted", occurred_at=now, job_id=job_id, project_id=project_id,
+                         user_name=principal.user_name, name=body.metadata.name, algorithm=body.algorithm,
+                         spec=body.spec, create_time=now)
+    try:
+        await repository.add(doc, event)
+    except NameTaken:
+        raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
+                                                f"{project_id}") from None
+    return render(doc, now=now)
+
+
+@router.get("", response_model=JobList, summary="List training jobs")
+async def list_jobs(
+    project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    phase: Annotated[list[Phase] | None, Query(description="Only jobs in these phases.")] = None,
+) -> JobList:
+    principal.require_project(project_id)
+    total, docs = await repo(request).page(project_id, phases=[p.value for p in phase or []], offset=offset,
+                                           limit=limit)
+    now = utcnow()
+    return JobList(total=total, count=len(docs), offset=offset, limit=limit, items=[render(d, now=now) for d in docs])
+
+
+@router.get("/{job_id}", response_model=Job, summary="Show a training job")
+async def get_job(project_id: ProjectId, job_id: str, request: Request,
+                  principal: Principal = Depends(authenticate)) -> Job:
+    return render(await load(repo(request), principal, project_id, job_id))
+
+
+@router.post("/{job_id}/actions", status_code=202, response_model=Job, summary="Terminate a training job")
+async def act(project_id: ProjectId, job_id: str, action: Action, request: Request,
+              principal: Principal = Depends(authenticate)) -> Job:
+    repository = repo(request)
+    doc = await load(repository, principal, project_id, job_id)
+    if doc["status"]["phase"] in FINISHED_NAMES:
+        raise ApiError(409, errors.JOB_STATUS, f"job {job_id} is {doc['status']['phase']} and cannot be terminated")
+    command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
+                                    requested_by=principal.user_name)
+    broker = request.app.state.broker
+    try:
+        reply = await broker.request(command, RPC_TERMINATE, timeout=3)
+        body = await reply.decode()
+        if body:
+            await repository.apply_status(JobStatusChanged.model_validate(body))
+    except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
+        log.warning("terminate of %s through the stream (monitor did not answer: %r)", job_id, exc)
+        await publish(broker, command)
+    return render(await load(repository, principal, project_id, job_id))
+
+
+@router.delete("/{job_id}", status_code=204, summary="Delete a finished training job")
+async def delete_job(project_id: ProjectId, job_id: str, request: Request,
+                     principal: Principal = Depends(authenticate)) -> Response:
+    repository = repo(request)
+    doc = await load(repository, principal, project_id, job_id)
+    if not await repository.delete(job_id, finished=FINISHED_NAMES):
+        raise ApiError(409, errors.JOB_CANNOT_DELETE, f"job {job_id} is {doc['status']['phase']}: only Completed, "
+                                                      "Failed or Terminated jobs can be deleted; terminate it first")
+    await publish(request.app.state.broker, JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id))
+    return Response(status_code=204)
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="Read a training job's output")
+async def logs(project_id: ProjectId, job_id: str, request: Request, principal: Principal = Depends(authenticate),
+               follow_: Annotated[bool, Query(alias="follow")] = False,
+               task: Annotated[str, Query(pattern=r"^worker-\d{1,3}$")] = "worker-0"):
+    repository = repo(request)
+    await load(repository, principal, project_id, job_id)
+    rank = int(task.removeprefix("worker-"))
+    if not follow_:
+        return PlainTextResponse(await read_all(repository, job_id, rank=rank))
+    return StreamingResponse(follow(repository, job_id, rank=rank, disconnected=request.is_disconnected),
+                             media_type="text/plain; charset=utf-8")

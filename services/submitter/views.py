@@ -1,0 +1,113 @@
+"""The job as the API shows it (ModelArts v2 shape), and how stored jobs follow the monitor's events."""
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from shared.clock import as_utc, utcnow
+from shared.events import Eta, JobStatusChanged, TaskStatus
+from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
+
+
+class JobMetadata(BaseModel):
+    id: str
+    name: str
+    description: str
+    create_time: int = Field(description="Milliseconds since the epoch, as ModelArts.")
+    user_name: str
+    workspace_id: str
+    project_id: str
+
+
+class JobStatus(BaseModel):
+    phase: Phase
+    secondary_phase: SecondaryPhase
+    duration: int = Field(description="Milliseconds the job has been running (so far).")
+    start_time: int = Field(description="Milliseconds since the epoch; 0 before it starts.")
+    end_time: int = 0
+    node_id: str = Field("", description="The node of rank 0 of the current attempt.")
+    node_ids: list[str] = []
+    attempt: int = 0
+    reason: str = ""
+    tasks: list[str]
+    task_statuses: list[TaskStatus] = []
+    eta: Eta | None = None
+
+
+class Job(BaseModel):
+    kind: Literal["job"] = "job"
+    metadata: JobMetadata
+    status: JobStatus
+    algorithm: Algorithm
+    spec: Spec
+
+
+class JobList(BaseModel):
+    total: int
+    count: int
+    offset: int
+    limit: int
+    items: list[Job]
+
+
+def _ms(value: datetime | int | None) -> int:
+    if isinstance(value, int):
+        return value
+    return int(as_utc(value).timestamp() * 1000) if value else 0
+
+
+def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, now: datetime) -> dict[str, Any]:
+    """The stored document of a just-submitted job."""
+    return {
+        "_id": job_id,
+        "project_id": project_id,
+        "name": body.metadata.name,
+        "description": body.metadata.description,
+        "workspace_id": body.metadata.workspace_id,
+        "user_name": user_name,
+        "create_time": now,
+        "algorithm": body.algorithm.model_dump(),
+        "spec": body.spec.model_dump(),
+        "status": {"phase": Phase.CREATING.value, "secondary_phase": SecondaryPhase.CREATING.value},
+        "status_version": 0,
+    }
+
+
+def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
+    status = doc.get("status", {})
+    start, end = status.get("start_time"), status.get("end_time")
+    running_ms = _ms(end or now or utcnow()) - _ms(start) if start else 0
+    node_ids = status.get("node_ids", [])
+    node_count = doc["spec"]["resource"]["node_count"]
+    return Job(
+        metadata=JobMetadata(id=doc["_id"], name=doc["name"], description=doc["description"],
+                             create_time=_ms(doc["create_time"]), user_name=doc["user_name"],
+                             workspace_id=doc["workspace_id"], project_id=doc["project_id"]),
+        status=JobStatus(
+            phase=status["phase"], secondary_phase=status["secondary_phase"], duration=max(0, running_ms),
+            start_time=_ms(start), end_time=_ms(end), node_id=node_ids[0] if node_ids else "", node_ids=node_ids,
+            attempt=status.get("attempt", 0), reason=status.get("reason", ""),
+            tasks=[f"worker-{r}" for r in range(node_count)], task_statuses=status.get("task_statuses", []),
+            eta=status.get("eta"),
+        ),
+        algorithm=Algorithm.model_validate(doc["algorithm"]),
+        spec=Spec.model_validate(doc["spec"]),
+    )
+
+
+def status_fields(event: JobStatusChanged) -> dict[str, Any]:
+    """`$set` of a status event onto the stored job; ETA goes once the job has finished."""
+    fields = {
+        "status.phase": event.phase.value,
+        "status.secondary_phase": event.secondary_phase.value,
+        "status.reason": event.reason,
+        "status.attempt": event.attempt,
+        "status.node_ids": list(event.node_ids),
+        "status.start_time": _ms(event.start_time),
+        "status.end_time": _ms(event.end_time),
+        "status.task_statuses": [t.model_dump() for t in event.task_statuses],
+        "status_version": event.version,
+    }
+    if event.phase.is_finished():
+        fields["status.eta"] = None
+    return fields

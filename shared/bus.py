@@ -1,0 +1,117 @@
+"""The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
+
+from faststream.exceptions import NackMessage
+from faststream.middlewares import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from nats.errors import Error as NatsError
+from nats.js.errors import BadRequestError
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
+from pymongo.errors import PyMongoError
+
+from shared.events import Message
+
+log = logging.getLogger(__name__)
+
+DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
+
+def _stream(name: str, subject: str, **config: Any) -> JStream:
+    """A stream trainmaster declares itself (FastStream would only declare the subjects it subscribes to)."""
+    stream = JStream(name=name, storage=StorageType.FILE, declare=False, **config)
+    stream.config.subjects = [subject]
+    return stream
+
+
+# Jobs and money: file storage; the server runs with `sync_interval: always`, so an ack means on disk.
+JOBS = _stream("TM_JOBS", "tm.job.>", duplicate_window=DEDUP_WINDOW_S)
+NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_WINDOW_S)
+NODES = _stream("TM_NODES", "tm.node.evt.>", max_age=3600, duplicate_window=60)
+LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, duplicate_window=300)
+ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
+STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES)
+_STREAM_OF = {s.config.subjects[0].removesuffix(">"): s for s in STREAMS}
+
+# Request/reply subjects live outside every stream so the stream never answers in the service's place.
+RPC_HEALTH = "tm.rpc.health.{service}"
+RPC_NODES = "tm.rpc.monitor.nodes"
+RPC_USAGE = "tm.rpc.billing.usage"
+RPC_TERMINATE = "tm.rpc.monitor.terminate"
+SERVICES = ("placement", "monitor", "estimator", "billing")
+SERVICES = ("placement", "monitor", "estimator", "billing")
+
+TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
+
+
+def make_broker(url: str, *, name: str) -> NatsBroker:
+    """A broker that reconnects forever: a restarted NATS server is waited for, not fatal."""
+    return NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5)
+
+
+async def connect(broker: NatsBroker) -> None:
+    """Connect and make sure every stream exists with its full subject list, before any consumer starts."""
+    await broker.connect()
+    streams = broker.config.connection_state.stream
+    for stream in STREAMS:
+        try:
+            await streams.add_stream(config=stream.config)
+        except BadRequestError:
+            await streams.update_stream(config=stream.config)
+
+
+def stream_of(subject: str) -> JStream:
+    return next(stream for prefix, stream in _STREAM_OF.items() if subject.startswith(prefix))
+
+
+def durable(
+    subject: str,
+    *,
+    consumer: str,
+    batch: int = 32,
+    deliver_new: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream."""
+    return {
+        "subject": subject,
+        "stream": stream_of(subject),
+        "durable": consumer,
+        "pull_sub": PullSub(batch_size=batch, timeout=0.5),
+        "ack_policy": AckPolicy.REJECT_ON_ERROR,
+        "config": ConsumerConfig(
+            ack_wait=60,
+            max_ack_pending=1000,
+            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+        ),
+    }
+
+
+async def publish(broker: NatsBroker, message: Message) -> None:
+    """Publish to JetStream and wait for the stream's ack; the event id de-duplicates retries."""
+    subject = message.subject
+    await broker.publish(
+        message,
+        subject,
+        stream=stream_of(subject).name,
+        headers={"Nats-Msg-Id": message.event_id},
+        timeout=10,
+    )
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def retry_transient(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Redeliver a message whose handling failed for a passing reason (database or bus down); drop poison."""
+
+    @functools.wraps(handler)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await handler(*args, **kwargs)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("%s: transient failure, will retry: %r", handler.__name__, exc)
+            raise NackMessage(delay=1) from exc
+
+    return wrapper

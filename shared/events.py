@@ -1,0 +1,263 @@
+"""Every message on the bus: frozen pydantic models, events in the past tense, commands imperative.
+
+Each class names its subject; `event_id` doubles as the JetStream message id, so a message published twice
+(a retry, an outbox relay after a crash) is stored once.
+"""
+from datetime import datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.clock import utcnow
+from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
+from shared.nodes import NodeInfo
+
+
+class Message(BaseModel):
+    """Tolerant on read (extra ignored) so an older reader survives a newer writer."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    subject_template: ClassVar[str]
+
+    event_id: str = Field(description="Unique per logical message; the JetStream de-duplication id.")
+    occurred_at: datetime = Field(default_factory=utcnow)
+
+    @property
+    def subject(self) -> str:
+        return self.subject_template.format(**self.__dict__)
+
+
+class TaskRef(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+
+
+class Assignment(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rank: int
+    node_id: str
+    gpu_indices: tuple[int, ...] = ()
+
+
+class TaskStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    task: str = Field(examples=["worker-0"])
+    exit_code: int | None = None
+    message: str = ""
+
+
+class Eta(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    remaining_s: float = Field(ge=0)
+    finish_time: datetime
+    low_s: float = Field(ge=0, description="10th percentile of remaining seconds.")
+    high_s: float = Field(ge=0, description="90th percentile of remaining seconds.")
+    method: str = Field(examples=["rate"], description="How the estimate was made.")
+    progress: float | None = Field(None, ge=0, le=1, description="Fraction of the work done, when known.")
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+# Jobs ---------------------------------------------------------------------------------------------------------
+
+
+class JobSubmitted(Message):
+    subject_template: ClassVar[str] = "tm.job.submitted"
+    type: Literal["JobSubmitted"] = "JobSubmitted"
+
+    job_id: str
+    project_id: str
+    user_name: str
+    name: str
+    algorithm: Algorithm
+    spec: Spec
+    create_time: datetime
+
+
+class JobTerminateRequested(Message):
+    subject_template: ClassVar[str] = "tm.job.terminate"
+    type: Literal["JobTerminateRequested"] = "JobTerminateRequested"
+
+    job_id: str
+    requested_by: str
+
+
+class JobDeleted(Message):
+    subject_template: ClassVar[str] = "tm.job.deleted"
+    type: Literal["JobDeleted"] = "JobDeleted"
+
+    job_id: str
+
+
+class JobPlaced(Message):
+    """Placement chose nodes for one attempt; all ranks start together or not at all."""
+
+    subject_template: ClassVar[str] = "tm.job.placed"
+    type: Literal["JobPlaced"] = "JobPlaced"
+
+    job_id: str
+    attempt: int = Field(ge=1)
+    assignments: tuple[Assignment, ...]
+
+
+class JobStatusChanged(Message):
+    """The monitor's projection of a job changed; `version` grows by one with every change."""
+
+    subject_template: ClassVar[str] = "tm.job.status"
+    type: Literal["JobStatusChanged"] = "JobStatusChanged"
+
+    job_id: str
+    project_id: str
+    user_name: str
+    version: int = Field(ge=1)
+    phase: Phase
+    secondary_phase: SecondaryPhase
+    previous_phase: Phase | None = None
+    reason: str = ""
+    attempt: int = 0
+    node_ids: tuple[str, ...] = ()
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    task_statuses: tuple[TaskStatus, ...] = ()
+
+
+# Tasks (one rank of one attempt, on one node) ------------------------------------------------------------------
+
+
+class StartTask(Message):
+    subject_template: ClassVar[str] = "tm.node.cmd.{node_id}.start"
+    type: Literal["StartTask"] = "StartTask"
+
+    node_id: str
+    job_id: str
+    attempt: int
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    gpu_indices: tuple[int, ...] = ()
+    project_id: str
+    user_name: str
+    algorithm: Algorithm
+    spec: Spec
+
+
+class StopTask(Message):
+    subject_template: ClassVar[str] = "tm.node.cmd.{node_id}.stop"
+    type: Literal["StopTask"] = "StopTask"
+
+    node_id: str
+    job_id: str
+    attempt: int
+    rank: int = 0
+    reason: str = "terminated"
+    grace_s: float = 10
+
+
+class TaskStarted(Message):
+    subject_template: ClassVar[str] = "tm.job.task.started"
+    type: Literal["TaskStarted"] = "TaskStarted"
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+    node_id: str
+    node_kind: str
+    price_per_hour: float
+    gpu_count: int
+    project_id: str
+    user_name: str
+    pid: int
+    started_at: datetime
+
+
+class TaskExited(Message):
+    subject_template: ClassVar[str] = "tm.job.task.exited"
+    type: Literal["TaskExited"] = "TaskExited"
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+    node_id: str
+    exit_code: int | None = Field(None, description="None when the task never started.")
+    signal: int | None = None
+    reason: Literal["completed", "failed", "terminated", "not_started", "start_failed"]
+    message: str = ""
+    ended_at: datetime
+
+
+JobEvent = Annotated[
+    JobSubmitted | JobTerminateRequested | JobDeleted | JobPlaced | JobStatusChanged | TaskStarted | TaskExited,
+    Field(discriminator="type"),
+]
+NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]
+
+
+# Nodes ---------------------------------------------------------------------------------------------------------
+
+
+class NodeRegistered(Message):
+    subject_template: ClassVar[str] = "tm.node.evt.registered"
+    type: Literal["NodeRegistered"] = "NodeRegistered"
+
+    node: NodeInfo
+    boot_id: str
+
+
+class NodeHeartbeat(Message):
+    subject_template: ClassVar[str] = "tm.node.evt.heartbeat"
+    type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
+
+    node_id: str
+    boot_id: str
+    running: tuple[TaskRef, ...] = ()
+    gpu_utilization: float | None = None
+
+
+class NodeStateChanged(Message):
+    """The monitor's verdict on a node: ready while it heartbeats, lost after its timeout."""
+
+    subject_template: ClassVar[str] = "tm.node.evt.state"
+    type: Literal["NodeStateChanged"] = "NodeStateChanged"
+
+    node_id: str
+    state: Literal["ready", "lost"]
+    last_seen: datetime
+
+
+NodeEvent = Annotated[NodeRegistered | NodeHeartbeat | NodeStateChanged, Field(discriminator="type")]
+
+
+# Output and estimates ------------------------------------------------------------------------------------------
+
+
+class LogLine(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    t: float = Field(description="Unix time at which the agent read the line.")
+    s: Literal["out", "err"] = "out"
+    line: str
+
+
+class LogChunk(Message):
+    subject_template: ClassVar[str] = "tm.log.{job_id}"
+    type: Literal["LogChunk"] = "LogChunk"
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+    seq: int = Field(ge=0, description="Chunk number within the task, from 0.")
+    lines: tuple[LogLine, ...]
+
+
+class EtaEstimated(Message):
+    subject_template: ClassVar[str] = "tm.eta.{job_id}"
+    type: Literal["EtaEstimated"] = "EtaEstimated"
+
+    job_id: str
+    eta: Eta | None = Field(description="None once the job is finished or no estimate can be made.")

@@ -1,0 +1,188 @@
+"""The training job: what a researcher asks for (strict on write) and the phases it goes through.
+
+State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
+
+    Creating ──► Pending[Queuing] ──► Running ──► Completed
+       │             │   ▲              │  └────► Failed
+       │             │   │              ├───────► Terminating ──► Terminated
+       │             │   └── Abnormal[Lost] ◄───┘       └──────► Failed[TerminatedFailed]
+       │             ├──► Terminating (placed, not yet started)
+       │             └──► Terminated (never placed)
+       └──► Failed[CreateFailed] / Terminated
+"""
+import re
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
+PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIXES = ("TRAINMASTER_",)
+RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+
+
+class Phase(StrEnum):
+    CREATING = "Creating"
+    PENDING = "Pending"
+    RUNNING = "Running"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+    TERMINATING = "Terminating"
+    TERMINATED = "Terminated"
+    ABNORMAL = "Abnormal"
+
+    def is_finished(self) -> bool:
+        return self in FINISHED
+
+
+class SecondaryPhase(StrEnum):
+    CREATING = "Creating"
+    QUEUING = "Queuing"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    FAILED = "Failed"
+    COMPLETED = "Completed"
+    TERMINATING = "Terminating"
+    TERMINATED = "Terminated"
+    CREATE_FAILED = "CreateFailed"
+    TERMINATED_FAILED = "TerminatedFailed"
+    UNKNOWN = "Unknown"
+    LOST = "Lost"
+
+
+FINISHED = frozenset({Phase.FAILED, Phase.COMPLETED, Phase.TERMINATED})
+
+TRANSITIONS: dict[Phase, frozenset[Phase]] = {
+    Phase.CREATING: frozenset({Phase.PENDING, Phase.FAILED, Phase.TERMINATED}),
+    Phase.PENDING: frozenset({Phase.RUNNING, Phase.TERMINATING, Phase.TERMINATED, Phase.FAILED, Phase.ABNORMAL}),
+    Phase.RUNNING: frozenset({Phase.COMPLETED, Phase.FAILED, Phase.TERMINATING, Phase.ABNORMAL}),
+    Phase.TERMINATING: frozenset({Phase.TERMINATED, Phase.FAILED}),
+    Phase.ABNORMAL: frozenset({Phase.PENDING, Phase.FAILED, Phase.TERMINATED}),
+    Phase.FAILED: frozenset(),
+    Phase.COMPLETED: frozenset(),
+    Phase.TERMINATED: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """A phase change the state machine does not allow."""
+
+
+def check_transition(current: Phase, target: Phase) -> None:
+    """Raise IllegalTransition unless current → target is an edge of the diagram."""
+    if target not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{current} → {target} is not allowed")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class Parameter(Strict):
+    name: str = Field(pattern=PARAM_NAME_PATTERN, description="Exported to the task's environment under this name.")
+    value: str = Field(max_length=4096)
+
+
+class MetricSpec(Strict):
+    name: str = Field(pattern=PARAM_NAME_PATTERN, examples=["loss"])
+    regex: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Matched against every output line; the named group `value` (or the first group) is the "
+        "metric, an optional named group `step` its progress.",
+        examples=[r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)"],
+    )
+    mode: Literal["min", "max"] = Field("min", description="Whether the metric improves downwards or upwards.")
+    target: float | None = Field(None, description="Value at which training is done; drives the ETA.")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles_with_a_group(cls, regex: str) -> str:
+        try:
+            pattern = re.compile(regex)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression: {exc}") from exc
+        if pattern.groups < 1:
+            raise ValueError("needs a capture group (named `value` or the first group) for the metric value")
+        return regex
+
+
+class Algorithm(Strict):
+    command: str = Field(min_length=1, max_length=8192, description="Run with /bin/sh -c in the attempt's directory.")
+    parameters: list[Parameter] = Field(default_factory=list, max_length=100)
+    environments: dict[str, str] = Field(default_factory=dict, max_length=100)
+    metrics: list[MetricSpec] = Field(default_factory=list, max_length=20)
+
+    @field_validator("parameters")
+    @classmethod
+    def _unique_parameters(cls, parameters: list[Parameter]) -> list[Parameter]:
+        names = [p.name for p in parameters]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate parameter names: {', '.join(duplicates)}")
+        return parameters
+
+    @field_validator("environments")
+    @classmethod
+    def _valid_environment_names(cls, environments: dict[str, str]) -> dict[str, str]:
+        for name, value in environments.items():
+            if not re.match(ENV_NAME_PATTERN, name):
+                raise ValueError(f"environment variable name {name!r} is not valid")
+            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+                raise ValueError(f"environment variable {name!r} is set by trainmaster and cannot be overridden")
+            if len(value) > 8192:
+                raise ValueError(f"environment variable {name!r} is longer than 8192 characters")
+        return environments
+
+    @field_validator("metrics")
+    @classmethod
+    def _unique_metrics(cls, metrics: list[MetricSpec]) -> list[MetricSpec]:
+        names = [m.name for m in metrics]
+        if len(names) != len(set(names)):
+            raise ValueError("metric names must be unique")
+        return metrics
+
+
+class Resource(Strict):
+    node_count: int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
+    gpu_count: int = Field(0, ge=0, le=16, description="GPUs per node.")
+    min_gpu_memory_gb: float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
+    cpu_count: float = Field(1, gt=0, le=1024, description="CPU cores per node.")
+    memory_gb: float = Field(1, gt=0, le=8192, description="Host memory per node.")
+
+    @model_validator(mode="after")
+    def _gpu_memory_needs_gpus(self) -> "Resource":
+        if self.min_gpu_memory_gb > 0 and self.gpu_count == 0:
+            raise ValueError("min_gpu_memory_gb needs gpu_count of at least 1")
+        return self
+
+
+class PlacementPrefs(Strict):
+    allowed: Literal["local", "cloud", "any"] = Field("any", description="local: owned nodes; cloud: reserved or on-demand.")
+    priority: Literal["time", "cost"] = Field("time", description="Finish soonest, or spend least.")
+    expected_duration_s: int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
+
+
+class Spec(Strict):
+    resource: Resource = Field(default_factory=Resource)
+    placement: PlacementPrefs = Field(default_factory=PlacementPrefs)
+    max_duration_s: int | None = Field(None, ge=1, le=366 * 86400)
+    termination_grace_s: float = Field(10, ge=0, le=3600, description="Time between SIGTERM and SIGKILL.")
+
+
+class MetadataIn(Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN,
+                      description="Letters, digits, `_` and `-`; unique per project among existing jobs.")
+    description: str = Field("", max_length=256)
+    workspace_id: str = Field("0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class JobCreate(Strict):
+    """The body of POST /v2/{project_id}/training-jobs."""
+
+    kind: Literal["job"] = "job"
+    metadata: MetadataIn
+    algorithm: Algorithm
+    spec: Spec = Field(default_factory=Spec)

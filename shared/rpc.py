@@ -1,0 +1,30 @@
+"""Request/reply contracts between the REST API and the services that own the answers."""
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class UsageQuery(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    project_id: str | None = Field(None, description="None: every project (admin).")
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+class UsageTotals(BaseModel):
+    key: str = Field("", description="The user name or node kind the row is for; empty for the grand total.")
+    attempts: int = 0
+    seconds: float = 0
+    gpu_hours: float = 0
+    cost: float = 0
+
+
+class UsageReport(BaseModel):
+    project_id: str | None
+    start: datetime | None
+    end: datetime | None
+    total: UsageTotals
+    by_user: list[UsageTotals]
+    by_node_kind: list[UsageTotals]
+    open_attempts: int = Field(0, description="Attempts still running, charged up to now.")

@@ -1,0 +1,23 @@
+"""Settings common to every trainmaster process, read once at start from TRAINMASTER_* variables."""
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    """What every service needs: where the bus and the database are, where data lives."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
+
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server with JetStream enabled.")
+    mongo_url: str = Field(
+        "mongodb://127.0.0.1:27017",
+        validation_alias="MONGO_URL",
+        description="MongoDB (or MongoDB-wire) server; MONGO_URL, as docker-compose sets it.",
+    )
+    mongo_db: str = Field("trainmaster", description="Database name; each service owns its own collections in it.")
+    data_dir: Path = Field(Path(".trainmaster"), description="Local state: logs, tokens, the embedded database.")
+    heartbeat_interval_s: float = Field(2.0, gt=0, description="How often agents report that they are alive.")
+    node_timeout_s: float = Field(10.0, gt=0, description="Silence after which a node is declared lost.")
+    log_level: str = Field("INFO")

@@ -1,0 +1,146 @@
+"""Fixtures shared by every tier: the whole stack on free ports in a temporary directory."""
+import asyncio
+import json
+import re
+import socket
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+import pytest_asyncio
+
+from services.stack.processes import Stack, StackSettings
+
+ADMIN_TOKEN = "test-admin-token"
+CLUSTER = """
+[[nodes]]
+id = "local-1"
+kind = "local"
+cpu_count = 16
+memory_gb = 64
+price_per_hour = 0.5
+gpus = [{ model = "RTX-4090", memory_gb = 24, tflops = 165, count = 2 }]
+
+[[nodes]]
+id = "reserved-1"
+kind = "reserved"
+cpu_count = 16
+memory_gb = 64
+price_per_hour = 1.5
+gpus = [{ model = "A100-40GB", memory_gb = 40, tflops = 312, count = 1 }]
+
+[[nodes]]
+id = "ondemand-1"
+kind = "on_demand"
+cpu_count = 16
+memory_gb = 128
+price_per_hour = 3.6
+gpus = [{ model = "A100-80GB", memory_gb = 80, tflops = 312, count = 1 }]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> Stack:
+    data = tmp_path_factory.mktemp("stack")
+    cluster = data / "cluster.toml"
+    cluster.write_text(CLUSTER)
+    settings = StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), api_port=free_port(),
+                             cluster_file=cluster, admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
+                             node_timeout_s=3, mongo_url=None)
+    stack = Stack(settings)
+    try:
+        stack.start_all()
+        wait_until_ready(stack)
+    except Exception:
+        stack.stop_all()
+        dump_logs(stack)
+        raise
+    yield stack
+    stack.stop_all()
+
+
+def wait_until_ready(stack: Stack, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            health = httpx.get(f"{stack.api_url}/healthz", timeout=5)
+            nodes = httpx.get(f"{stack.api_url}/v2/nodes", headers=headers, timeout=5)
+            if health.status_code == 200 and nodes.status_code == 200:
+                items = nodes.json()["items"]
+                if len(items) == len(stack.node_ids()) and all(i["state"] != "lost" and i.get("kind")
+                                                                  for i in items):
+                    return
+            last = (health.text, nodes.text)
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.3)
+    raise TimeoutError(f"stack not ready: {last}")
+
+
+def dump_logs(stack: Stack) -> None:
+    for log in sorted((stack.data_dir / "logs").glob("*.log")):
+        print(f"===== {log.name}\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest_asyncio.fixture(scope="session")
+async def api(stack, admin_headers):
+    async with httpx.AsyncClient(base_url=stack.api_url, headers=admin_headers, timeout=30) as client:
+        yield client
+
+
+class StatusLog:
+    """Every JobStatusChanged seen on the bus during the session, per job."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, list[tuple[str, str]]] = defaultdict(list)
+
+    async def handler(self, msg) -> None:
+        event = json.loads(msg.data)
+        self.phases[event["job_id"]].append((event["phase"], event["secondary_phase"]))
+
+
+@pytest_asyncio.fixture(scope="session")
+async def status_log(stack):
+    log = StatusLog()
+    client = await nats.connect(stack.nats_url)
+    await client.subscribe("tm.job.status", cb=log.handler)
+    yield log
+    await client.close()
+
+
+@pytest.fixture
+def project(request) -> str:
+    """A project of its own for each test."""
+    return "p-" + re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name)[-50:].strip("-")
+
+
+async def eventually(check, *, timeout_s: float = 30, interval_s: float = 0.2):
+    """Await `check()` until it returns something truthy; fail with its last value."""
+    deadline = time.monotonic() + timeout_s
+    value = None
+    while time.monotonic() < deadline:
+        value = await check()
+        if value:
+            return value
+        await asyncio.sleep(interval_s)
+    raise AssertionError(f"not true after {timeout_s}s; last value: {value!r}")
+
+
+def logs_of(stack: Stack) -> Path:
+    return stack.data_dir / "logs"

@@ -1,0 +1,31 @@
+"""Driving jobs through the REST API."""
+import httpx
+
+from tests.conftest import eventually
+from tests.factories import job_body
+
+
+async def submit(api: httpx.AsyncClient, project: str, **body) -> dict:
+    response = await api.post(f"/v2/{project}/training-jobs", json=job_body(**body))
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+async def get(api: httpx.AsyncClient, project: str, job_id: str) -> dict:
+    response = await api.get(f"/v2/{project}/training-jobs/{job_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def wait_phase(api: httpx.AsyncClient, project: str, job_id: str, *phases: str, timeout_s: float = 60) -> dict:
+    async def reached():
+        job = await get(api, project, job_id)
+        return job if job["status"]["phase"] in phases else None
+
+    return await eventually(reached, timeout_s=timeout_s)
+
+
+async def logs(api: httpx.AsyncClient, project: str, job_id: str) -> str:
+    response = await api.get(f"/v2/{project}/training-jobs/{job_id}/logs")
+    assert response.status_code == 200, response.text
+    return response.text

@@ -1,0 +1,71 @@
+"""Keyword-argument factories for test data, with unique names per call."""
+import itertools
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+from shared.events import Assignment, JobPlaced, JobSubmitted, TaskExited, TaskStarted
+from shared.jobs import Algorithm, JobCreate, Spec
+from shared.nodes import Gpu, NodeInfo
+
+_counter = itertools.count()
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def unique(prefix: str = "job") -> str:
+    return f"{prefix}-{next(_counter)}-{uuid.uuid4().hex[:6]}"
+
+
+def job_body(*, name: str | None = None, command: str = "true", validate: bool = False, **spec: Any) -> dict[str, Any]:
+    """A POST /v2/{project}/training-jobs body."""
+    resource = {k: spec.pop(k) for k in list(spec) if k in ("node_count", "gpu_count", "min_gpu_memory_gb",
+                                                            "cpu_count", "memory_gb")}
+    placement = {k: spec.pop(k) for k in list(spec) if k in ("allowed", "priority", "expected_duration_s")}
+    metrics = spec.pop("metrics", [])
+    body = {"kind": "job", "metadata": {"name": unique() if name is None else name},
+            "algorithm": {"command": command, "metrics": metrics, "environments": spec.pop("environments", {}),
+                          "parameters": spec.pop("parameters", [])},
+            "spec": {"resource": resource, "placement": placement, **spec}}
+    if validate:
+        JobCreate.model_validate(body)
+    return body
+
+
+def submitted(*, job_id: str | None = None, command: str = "true", node_count: int = 1,
+              created: datetime = T0, **spec: Any) -> JobSubmitted:
+    job_id = job_id or unique()
+    body = JobCreate.model_validate(job_body(command=command, node_count=node_count, **spec))
+    return JobSubmitted(event_id=f"{job_id}:submitted", job_id=job_id, project_id="p", user_name="alice",
+                        name=job_id, algorithm=body.algorithm, spec=body.spec, create_time=created)
+
+
+def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",)) -> JobPlaced:
+    return JobPlaced(event_id=f"{job_id}:placed:{attempt}", job_id=job_id, attempt=attempt,
+                     assignments=tuple(Assignment(rank=r, node_id=n) for r, n in enumerate(nodes)))
+
+
+def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:
+    return TaskStarted(event_id=f"{job_id}:{attempt}:{rank}:started", job_id=job_id, attempt=attempt, rank=rank,
+                       node_id=node_id, node_kind="local", price_per_hour=1.0, gpu_count=1, project_id="p",
+                       user_name="alice", pid=123, started_at=at)
+
+
+def exited(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", code: int | None = 0,
+           reason: str = "completed", at: datetime = T0) -> TaskExited:
+    return TaskExited(event_id=f"{job_id}:{attempt}:{rank}:exited", job_id=job_id, attempt=attempt, rank=rank,
+                      node_id=node_id, exit_code=code, reason=reason, ended_at=at)
+
+
+def node(*, node_id: str | None = None, kind: str = "local", gpus: int = 1, gpu_memory_gb: float = 24,
+         tflops: float = 100, cpu: float = 8, memory_gb: float = 32, price: float = 1.0) -> NodeInfo:
+    return NodeInfo(node_id=node_id or unique("node"), kind=kind, cpu_count=cpu, memory_gb=memory_gb,
+                    price_per_hour=price, gpus=tuple(Gpu(index=i, model="GPU", memory_gb=gpu_memory_gb,
+                                                         tflops=tflops) for i in range(gpus)))
+
+
+def algorithm(command: str = "true") -> Algorithm:
+    return Algorithm(command=command)
+
+
+def spec(**kw: Any) -> Spec:
+    return Spec.model_validate(kw)

@@ -1,0 +1,131 @@
+"""The monitor's job state machine: each event's effect, fencing, and refusals."""
+from datetime import timedelta
+
+import pytest
+
+from shared.events import JobStatusChanged, StopTask
+from shared.jobs import IllegalTransition, Phase, SecondaryPhase, check_transition
+from services.monitor import state
+from tests.factories import T0, exited, placed, started, submitted
+
+
+def statuses(events):
+    return [(e.phase, e.secondary_phase) for e in events if isinstance(e, JobStatusChanged)]
+
+
+def stops(events):
+    return [e for e in events if isinstance(e, StopTask)]
+
+
+def running_job(*, nodes=("n1",)):
+    job, _ = state.submitted(submitted(job_id="j", node_count=len(nodes)), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=nodes), now=T0)
+    for rank, node in enumerate(nodes):
+        job, _ = state.task_started(job, started("j", rank=rank, node_id=node), now=T0)
+    return job
+
+
+def test_a_submitted_job_is_queued_with_version_one():
+    job, events = state.submitted(submitted(job_id="j"), now=T0)
+    assert (job.phase, job.version) == (Phase.PENDING, 1)
+    assert statuses(events) == [(Phase.PENDING, SecondaryPhase.QUEUING)]
+    assert events[0].event_id == "j:status:1"
+
+
+def test_pending_running_completed():
+    job = running_job()
+    assert job.phase == Phase.RUNNING and job.start_time == T0
+    job, events = state.task_exited(job, exited("j", at=T0 + timedelta(seconds=5)), now=T0)
+    assert statuses(events) == [(Phase.COMPLETED, SecondaryPhase.COMPLETED)]
+    assert job.end_time == T0 and job.attempts[0].outcome == "completed"
+
+
+def test_exit_code_is_kept_in_task_statuses_of_a_failed_job():
+    job, events = state.task_exited(running_job(), exited("j", code=3, reason="failed"), now=T0)
+    assert job.phase == Phase.FAILED
+    assert events[0].task_statuses[0].exit_code == 3
+
+
+def test_the_same_event_twice_changes_nothing_the_second_time():
+    job = running_job()
+    again, events = state.task_started(job, started("j"), now=T0)
+    assert again == job and events == []
+    done, _ = state.task_exited(job, exited("j"), now=T0)
+    assert state.task_exited(done, exited("j"), now=T0) == (done, [])
+
+
+def test_a_multi_node_job_runs_only_when_every_rank_started():
+    job, _ = state.submitted(submitted(job_id="j", node_count=2), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("a", "b")), now=T0)
+    job, events = state.task_started(job, started("j", rank=0, node_id="a"), now=T0)
+    assert job.phase == Phase.PENDING and events == []
+    job, events = state.task_started(job, started("j", rank=1, node_id="b"), now=T0)
+    assert job.phase == Phase.RUNNING
+
+
+def test_a_failed_rank_fails_the_job_and_stops_the_others():
+    job = running_job(nodes=("a", "b"))
+    job, events = state.task_exited(job, exited("j", rank=1, node_id="b", code=1, reason="failed"), now=T0)
+    assert job.phase == Phase.FAILED
+    assert [(s.node_id, s.rank) for s in stops(events)] == [("a", 0)]
+
+
+def test_terminate_a_running_job_goes_through_terminating():
+    job, events = state.terminate(running_job(), requested_by="bob", now=T0)
+    assert statuses(events) == [(Phase.TERMINATING, SecondaryPhase.TERMINATING)]
+    assert [s.node_id for s in stops(events)] == ["n1"]
+    job, events = state.task_exited(job, exited("j", code=None, reason="terminated"), now=T0)
+    assert statuses(events) == [(Phase.TERMINATED, SecondaryPhase.TERMINATED)]
+    assert "bob" in job.reason
+
+
+def test_terminate_a_queued_job_ends_it_at_once():
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, events = state.terminate(job, requested_by="bob", now=T0)
+    assert job.phase == Phase.TERMINATED and stops(events) == []
+
+
+def test_terminate_a_finished_job_is_a_no_op():
+    done, _ = state.task_exited(running_job(), exited("j"), now=T0)
+    assert state.terminate(done, requested_by="bob", now=T0) == (done, [])
+
+
+def test_a_placement_arriving_after_termination_is_told_to_stop():
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.terminate(job, requested_by="bob", now=T0)
+    _, events = state.placed(job, placed("j", nodes=("n7",)), now=T0)
+    assert [(s.node_id, s.reason) for s in stops(events)] == [("n7", "superseded")]
+
+
+def test_a_lost_node_makes_the_job_abnormal_then_requeues_it():
+    job, events = state.node_lost(running_job(), "n1", now=T0, cause="node n1 lost")
+    assert statuses(events) == [(Phase.ABNORMAL, SecondaryPhase.LOST), (Phase.PENDING, SecondaryPhase.QUEUING)]
+    assert job.assignments == () and job.tasks == {} and job.attempt == 1
+    assert job.attempts[0].outcome == "node_lost"
+
+
+def test_a_task_of_an_old_attempt_is_fenced():
+    job, _ = state.node_lost(running_job(), "n1", now=T0, cause="lost")
+    job, _ = state.placed(job, placed("j", attempt=2, nodes=("n2",)), now=T0)
+    same, events = state.task_started(job, started("j", attempt=1, node_id="n1"), now=T0)
+    assert same == job
+    assert [(s.attempt, s.node_id, s.reason) for s in stops(events)] == [(1, "n1", "fenced")]
+    assert state.task_exited(job, exited("j", attempt=1, node_id="n1"), now=T0) == (job, [])
+
+
+def test_losing_an_unrelated_node_changes_nothing():
+    job = running_job()
+    assert state.node_lost(job, "other", now=T0, cause="x") == (job, [])
+
+
+@pytest.mark.parametrize("current,target", [(Phase.COMPLETED, Phase.RUNNING), (Phase.PENDING, Phase.COMPLETED),
+                                            (Phase.TERMINATED, Phase.PENDING), (Phase.CREATING, Phase.RUNNING)])
+def test_illegal_transitions_are_refused(current, target):
+    with pytest.raises(IllegalTransition):
+        check_transition(current, target)
+
+
+def test_switch_refuses_an_illegal_change():
+    done, _ = state.task_exited(running_job(), exited("j"), now=T0)
+    with pytest.raises(IllegalTransition):
+        state.switch(done, Phase.RUNNING, SecondaryPhase.RUNNING, reason="x", now=T0)

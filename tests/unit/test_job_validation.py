@@ -1,0 +1,37 @@
+import pytest
+from pydantic import ValidationError
+
+from shared.jobs import JobCreate
+from tests.factories import job_body
+
+
+def errors(body):
+    with pytest.raises(ValidationError) as info:
+        JobCreate.model_validate(body)
+    return [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]
+
+
+def test_defaults():
+    job = JobCreate.model_validate(job_body(name="ok_name-1"))
+    assert (job.spec.placement.allowed, job.spec.placement.priority) == ("any", "time")
+
+
+@pytest.mark.parametrize("name", ["", "x" * 65, "has space", "ünï"])
+def test_bad_names(name):
+    assert errors(job_body(name=name)) == ["metadata.name"]
+
+
+def test_unknown_fields_are_refused():
+    body = job_body()
+    body["spec"]["resource"]["gpus"] = 1
+    assert errors(body) == ["spec.resource.gpus"]
+
+
+def test_reserved_environment_and_bad_regex():
+    assert errors(job_body(environments={"CUDA_VISIBLE_DEVICES": "0"})) == ["algorithm.environments"]
+    assert errors(job_body(metrics=[{"name": "loss", "regex": "loss ("}])) == ["algorithm.metrics.0.regex"]
+    assert errors(job_body(metrics=[{"name": "loss", "regex": "loss"}])) == ["algorithm.metrics.0.regex"]
+
+
+def test_gpu_memory_needs_a_gpu():
+    assert errors(job_body(min_gpu_memory_gb=16)) == ["spec.resource"]
