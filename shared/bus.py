@@ -16,6 +16,7 @@ from shared.events import Message
 
 log = logging.getLogger(__name__)
 
+ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
 
 def _stream(name: str, subject: str, **config: Any) -> JStream:
@@ -70,18 +71,23 @@ def durable(
     *,
     consumer: str,
     batch: int = 32,
+    ordered: bool = True,
     deliver_new: bool = False,
 ) -> dict[str, Any]:
-    """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream."""
+    """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream.
+
+    ordered: one message in flight at a time, so a redelivery (after a crash or a nack) can never overtake a
+    later message; the state machines rely on it. Unordered consumers take up to 1000 at once.
+    """
     return {
         "subject": subject,
         "stream": stream_of(subject),
         "durable": consumer,
-        "pull_sub": PullSub(batch_size=batch, timeout=0.5),
+        "pull_sub": PullSub(batch_size=1 if ordered else batch, timeout=0.5),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
         "config": ConsumerConfig(
-            ack_wait=60,
-            max_ack_pending=1000,
+            ack_wait=ACK_WAIT_S,
+            max_ack_pending=1 if ordered else 1000,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
         ),
     }

@@ -43,7 +43,7 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
             )
 
 
-@router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64))
+@router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))
 @retry_transient
 async def on_node_event(event: NodeEvent, monitor: Monitor = Context("monitor")) -> None:
     """Track liveness from registrations and heartbeats."""

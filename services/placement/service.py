@@ -16,6 +16,7 @@ from shared.store import DocumentStore
 from services.placement.fit import Candidate, Usage, schedule
 
 log = logging.getLogger(__name__)
+MAX_CONFLICTS = 20
 
 
 class QueueItem(BaseModel):
@@ -135,9 +136,13 @@ class Placement:
         log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
 
     async def _save(self, item: QueueItem, events: list) -> None:
-        doc = await self.jobs.load(item.job_id)
-        if not await self.jobs.save(item.job_id, item.model_dump(), doc, events):
-            raise RuntimeError(f"placement record of {item.job_id} changed underneath; placement must be one process")
+        """Persist the item (in memory it is authoritative: placement runs as one process) with its events."""
+        for _ in range(MAX_CONFLICTS):  # the outbox relay bumps the revision when it publishes
+            doc = await self.jobs.load(item.job_id)
+            if await self.jobs.save(item.job_id, item.model_dump(), doc, events):
+                break
+        else:
+            raise RuntimeError(f"placement record of {item.job_id} keeps changing; is a second placement running?")
         self.queue[item.job_id] = item
         self.dirty.set()
 

@@ -9,21 +9,21 @@ from services.submitter.repository import Repository
 router = NatsRouter()
 
 
-@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64))
+@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
 @retry_transient
 async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
     """Project the monitor's status onto the job the API shows."""
     await repo.apply_status(event)
 
 
-@router.subscriber(**durable("tm.log.>", consumer="submitter-logs", batch=64))
+@router.subscriber(**durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False))
 @retry_transient
 async def on_log(chunk: LogChunk, repo: Repository = Context("repo")) -> None:
     """Keep output for the logs endpoint."""
     await repo.add_log(chunk)
 
 
-@router.subscriber(**durable("tm.eta.>", consumer="submitter-eta", batch=64))
+@router.subscriber(**durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False))
 @retry_transient
 async def on_eta(event: EtaEstimated, repo: Repository = Context("repo")) -> None:
     """Show the latest remaining-time estimate on the job."""
