@@ -43,10 +43,13 @@ def with_outbox(fields: dict[str, Any], current: dict[str, Any] | None, events: 
     return {**fields, OUTBOX: pending, OUTBOX_COUNT: len(pending), REVISION: (current or {}).get(REVISION, 0) + 1}
 
 
-async def flush(broker: NatsBroker, collection: AsyncCollection, doc_id: Any) -> None:
+async def flush(
+    broker: NatsBroker, collection: AsyncCollection, doc_id: Any, entries: list[dict[str, Any]] | None = None
+) -> None:
     """Publish a document's pending events in order, pulling each off once the stream has it."""
-    doc = await collection.find_one({"_id": doc_id})
-    for entry in (doc or {}).get(OUTBOX, []):
+    if entries is None:
+        entries = ((await collection.find_one({"_id": doc_id})) or {}).get(OUTBOX, [])
+    for entry in entries:
         subject = entry["subject"]
         await broker.publish(
             entry["payload"],
@@ -97,6 +100,6 @@ class DocumentStore:
             result = await self.collection.replace_one({"_id": doc_id, REVISION: current.get(REVISION, 0)}, update)
             if result.matched_count == 0:
                 return False
-        if events or update[OUTBOX_COUNT]:
-            await flush(self.broker, self.collection, doc_id)
+        if update[OUTBOX_COUNT]:
+            await flush(self.broker, self.collection, doc_id, update[OUTBOX])
         return True

@@ -3,6 +3,7 @@ import asyncio
 import json
 import re
 import socket
+import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -48,14 +49,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def docker_answers() -> bool:
+    """Whether a Docker engine runs here (the client alone is not enough)."""
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Stack:
+def servers():
+    """Real MongoDB 7 and NATS in containers when Docker answers; else the stack starts local servers."""
+    if not docker_answers():
+        yield {}
+        return
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    mongo = DockerContainer("mongo:7").with_exposed_ports(27017)
+    bus = DockerContainer("nats:2.10").with_command("-js").with_exposed_ports(4222)
+    with mongo, bus:
+        wait_for_logs(mongo, "Waiting for connections")
+        wait_for_logs(bus, "Server is ready")
+        yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}",
+               "nats_url": f"nats://{bus.get_container_host_ip()}:{bus.get_exposed_port(4222)}"}
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, servers) -> Stack:
     data = tmp_path_factory.mktemp("stack")
     cluster = data / "cluster.toml"
     cluster.write_text(CLUSTER)
     settings = StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), api_port=free_port(),
                              cluster_file=cluster, admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
-                             node_timeout_s=3, mongo_url=None)
+                             node_timeout_s=3, mongo_url=servers.get("mongo_url"),
+                             nats_url=servers.get("nats_url"))
     stack = Stack(settings)
     try:
         stack.start_all()

@@ -26,6 +26,7 @@ class StackSettings(BaseSettings):
     api_port: int = 8080
     api_host: str = "127.0.0.1"
     mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB; else embedded.")
+    nats_url: str | None = Field(None, description="External NATS (JetStream on); else one is started here.")
     cluster_file: Path = Path("cluster.toml")
     admin_token: str | None = None
     heartbeat_interval_s: float = 2.0
@@ -64,7 +65,7 @@ class Stack:
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.settings.nats_port}"
+        return self.settings.nats_url or f"nats://127.0.0.1:{self.settings.nats_port}"
 
     @property
     def api_url(self) -> str:
@@ -95,6 +96,8 @@ class Stack:
         return process
 
     def start_nats(self) -> None:
+        if self.settings.nats_url:
+            return
         config = self.data_dir / "nats.conf"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(

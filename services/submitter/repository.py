@@ -42,7 +42,7 @@ class Repository:
             await self.jobs.insert_one({**doc, OUTBOX: entries, OUTBOX_COUNT: len(entries)})
         except DuplicateKeyError as exc:
             raise NameTaken(doc["name"]) from exc
-        await flush(self.broker, self.jobs, doc["_id"])
+        await flush(self.broker, self.jobs, doc["_id"], entries)
 
     async def get(self, project_id: str, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id, "project_id": project_id})

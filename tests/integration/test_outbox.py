@@ -1,0 +1,80 @@
+"""The outbox and the streams against a real NATS server and the database server."""
+import asyncio
+
+import nats
+import pytest
+
+from shared.bus import connect, make_broker
+from shared.events import JobDeleted
+from shared.store import DocumentStore, make_client, outbox_entries, relay
+from services.stack.processes import Stack, StackSettings
+from tests.conftest import free_port
+from tests.factories import unique
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    data = tmp_path_factory.mktemp("servers")
+    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), mongo_url=None,
+                                nats_url=None))
+    stack.start_nats()
+    stack.start_database()
+    yield stack
+    stack.stop_all()
+
+
+@pytest.fixture
+async def wiring(servers):
+    broker = make_broker(servers.nats_url, name="test")
+    await connect(broker)
+    client = make_client(servers.mongo_url)
+    collection = client.test[unique("outbox").replace("-", "_")]
+    yield broker, collection
+    await broker.stop()
+    await client.close()
+
+
+async def stream_subjects(servers, subject: str) -> list[bytes]:
+    nc = await nats.connect(servers.nats_url)
+    js = nc.jetstream()
+    info = await js.stream_info("TM_JOBS")
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    messages = []
+    try:
+        while True:
+            messages.append((await sub.next_msg(timeout=0.5)).data)
+    except (TimeoutError, nats.errors.TimeoutError):
+        pass
+    await nc.close()
+    assert info.config.duplicate_window > 0
+    return messages
+
+
+async def test_events_left_in_an_outbox_by_a_crash_are_relayed_once(servers, wiring):
+    broker, collection = wiring
+    job_id = unique("j")
+    event = JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id)
+    entries = outbox_entries([event])
+    await collection.insert_one({"_id": job_id, "_outbox": entries, "_outbox_n": 1})  # written, never published
+    relaying = asyncio.create_task(relay(broker, [collection], interval_s=0.1))
+    await asyncio.sleep(0.5)
+    await collection.update_one({"_id": job_id}, {"$set": {"_outbox": entries, "_outbox_n": 1}})  # "crash" again
+    await asyncio.sleep(0.5)
+    relaying.cancel()
+    doc = await collection.find_one({"_id": job_id})
+    assert doc["_outbox"] == [] and doc["_outbox_n"] == 0
+    published = [m for m in await stream_subjects(servers, "tm.job.deleted") if job_id.encode() in m]
+    assert len(published) == 1  # the second relay was de-duplicated by the message id
+
+
+async def test_a_stale_revision_is_refused(servers, wiring):
+    broker, collection = wiring
+    store = DocumentStore(collection, broker)
+    assert await store.save("d", {"n": 1}, None, [])
+    first = await store.load("d")
+    assert await store.save("d", {"n": 2}, first, [])
+    assert not await store.save("d", {"n": 3}, first, [])  # written by someone else since `first` was read
+    assert not await store.save("d", {"n": 4}, None, [])  # and it is not new
+    assert (await store.load("d"))["n"] == 2

@@ -1,0 +1,133 @@
+"""An in-memory twin of the few collection operations the services use, for handler tests in milliseconds."""
+import copy
+from typing import Any
+
+from pymongo.errors import DuplicateKeyError
+
+
+def _values(doc: Any, path: list[str]) -> list[Any]:
+    if not path:
+        return [doc]
+    if isinstance(doc, list):
+        return [v for item in doc for v in _values(item, path)]
+    if isinstance(doc, dict) and path[0] in doc:
+        return _values(doc[path[0]], path[1:])
+    return []
+
+
+def _matches(doc: dict, query: dict) -> bool:
+    for key, condition in query.items():
+        if key == "$or":
+            if not any(_matches(doc, q) for q in condition):
+                return False
+            continue
+        values = _values(doc, key.split("."))
+        flat = values + [v for value in values if isinstance(value, list) for v in value]
+        if isinstance(condition, dict) and any(k.startswith("$") for k in condition):
+            for op, arg in condition.items():
+                checks = {"$gt": lambda v: v is not None and v > arg, "$lt": lambda v: v is not None and v < arg,
+                          "$gte": lambda v: v is not None and v >= arg, "$in": lambda v: v in arg,
+                          "$ne": lambda v: v != arg, "$nin": lambda v: v not in arg}
+                if op in ("$ne", "$nin"):
+                    if not all(checks[op](v) for v in flat):
+                        return False
+                elif not any(checks[op](v) for v in flat):
+                    return False
+        elif condition not in flat:
+            return False
+    return True
+
+
+class Cursor:
+    def __init__(self, docs: list[dict]) -> None:
+        self.docs = docs
+
+    def sort(self, key, direction: int = 1) -> "Cursor":
+        keys = [(key, direction)] if isinstance(key, str) else key
+        for name, order in reversed(keys):
+            self.docs.sort(key=lambda d: (_values(d, name.split(".")) or [None])[0], reverse=order < 0)
+        return self
+
+    def skip(self, n: int) -> "Cursor":
+        self.docs = self.docs[n:]
+        return self
+
+    def limit(self, n: int) -> "Cursor":
+        self.docs = self.docs[:n]
+        return self
+
+    def __aiter__(self):
+        return self._iterate()
+
+    async def _iterate(self):
+        for doc in self.docs:
+            yield copy.deepcopy(doc)
+
+
+class Result:
+    def __init__(self, matched: int = 0, deleted: int = 0) -> None:
+        self.matched_count = self.modified_count = matched
+        self.deleted_count = deleted
+        self.upserted_id = None
+
+
+class MemoryCollection:
+    def __init__(self, name: str = "memory") -> None:
+        self.name = name
+        self.docs: dict[Any, dict] = {}
+
+    def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
+        return Cursor([d for d in self.docs.values() if _matches(d, query or {})])
+
+    async def find_one(self, query: dict, projection: dict | None = None) -> dict | None:
+        return next((copy.deepcopy(d) for d in self.docs.values() if _matches(d, query)), None)
+
+    async def insert_one(self, doc: dict) -> Result:
+        if doc["_id"] in self.docs:
+            raise DuplicateKeyError(f"duplicate _id {doc['_id']}")
+        self.docs[doc["_id"]] = copy.deepcopy(doc)
+        return Result(1)
+
+    async def replace_one(self, query: dict, doc: dict, upsert: bool = False) -> Result:
+        current = await self.find_one(query)
+        if current is None and not upsert:
+            return Result(0)
+        key = current["_id"] if current else query["_id"]
+        self.docs[key] = {"_id": key, **copy.deepcopy(doc)}
+        return Result(1)
+
+    async def update_one(self, query: dict, update: dict, upsert: bool = False) -> Result:
+        current = next((d for d in self.docs.values() if _matches(d, query)), None)
+        if current is None:
+            if not upsert:
+                return Result(0)
+            current = self.docs.setdefault(query["_id"], {"_id": query["_id"]})
+            for key, value in update.get("$setOnInsert", {}).items():
+                current[key] = copy.deepcopy(value)
+        for key, value in update.get("$set", {}).items():
+            *parents, leaf = key.split(".")
+            target = current
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[leaf] = copy.deepcopy(value)
+        for key, value in update.get("$inc", {}).items():
+            current[key] = current.get(key, 0) + value
+        for key, condition in update.get("$pull", {}).items():
+            current[key] = [item for item in current.get(key, []) if not _matches(item, condition)]
+        return Result(1)
+
+    async def delete_one(self, query: dict) -> Result:
+        doc = await self.find_one(query)
+        if doc is None:
+            return Result()
+        del self.docs[doc["_id"]]
+        return Result(deleted=1)
+
+    async def delete_many(self, query: dict) -> Result:
+        keys = [k for k, d in self.docs.items() if _matches(d, query)]
+        for key in keys:
+            del self.docs[key]
+        return Result(deleted=len(keys))
+
+    async def create_index(self, *args, **kwargs) -> str:
+        return "memory"
