@@ -32,7 +32,8 @@ NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_W
 NODES = _stream("TM_NODES", "tm.node.evt.>", max_age=3600, duplicate_window=60)
 LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
-STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES)
+NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
+STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
 _STREAM_OF = {s.config.subjects[0].removesuffix(">"): s for s in STREAMS}
 
 # Request/reply subjects live outside every stream so the stream never answers in the service's place.
@@ -40,6 +41,7 @@ RPC_HEALTH = "tm.rpc.health.{service}"
 RPC_NODES = "tm.rpc.monitor.nodes"
 RPC_USAGE = "tm.rpc.billing.usage"
 RPC_TERMINATE = "tm.rpc.monitor.terminate"
+RPC_MIGRATE = "tm.rpc.monitor.migrate"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 SERVICES = ("placement", "monitor", "estimator", "billing")
 

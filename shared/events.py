@@ -51,6 +51,23 @@ class TaskStatus(BaseModel):
     message: str = ""
 
 
+class Attempt(BaseModel):
+    """One try at running a job: where, when, and why it started and ended."""
+
+    model_config = ConfigDict(frozen=True)
+
+    attempt: int
+    node_ids: tuple[str, ...]
+    placed_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str = Field("started", description="Why it began: started, oom, slow, node_lost, migrated, reclaimed.")
+    outcome: str = Field("", description="How it ended: completed, failed, terminated, oom, node_lost, migrated, ...")
+
+
+RequeueCause = Literal["node_lost", "oom_gpu", "oom_host", "migrated", "slow", "reclaimed", "stopped"]
+
+
 class Eta(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -124,6 +141,43 @@ class JobStatusChanged(Message):
     start_time: datetime | None = None
     end_time: datetime | None = None
     task_statuses: tuple[TaskStatus, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
+    requeue_cause: RequeueCause | None = Field(None, description="Set when the job went back to the queue.")
+
+
+class JobMigrateRequested(Message):
+    """Snapshot the job (SIGTERM: save now) and continue it elsewhere."""
+
+    subject_template: ClassVar[str] = "tm.job.migrate"
+    type: Literal["JobMigrateRequested"] = "JobMigrateRequested"
+
+    job_id: str
+    requested_by: str
+    cause: Literal["migrated", "slow", "reclaimed"] = "migrated"
+    attempt: int | None = Field(None, description="Only if this attempt is still the current one.")
+
+
+class JobUnplaceable(Message):
+    """No node of the fleet can ever host the job as it now needs (after an out-of-memory, say)."""
+
+    subject_template: ClassVar[str] = "tm.job.unplaceable"
+    type: Literal["JobUnplaceable"] = "JobUnplaceable"
+
+    job_id: str
+    reason: str
+
+
+class Notification(Message):
+    """Something about a job that needs a person."""
+
+    subject_template: ClassVar[str] = "tm.notify.{project_id}"
+    type: Literal["Notification"] = "Notification"
+
+    project_id: str
+    job_id: str
+    user_name: str
+    kind: Literal["oom_unplaceable", "slow_no_faster_option", "repeated_failures", "budget"]
+    message: str
 
 
 # Tasks (one rank of one attempt, on one node) ------------------------------------------------------------------
@@ -186,13 +240,15 @@ class TaskExited(Message):
     node_id: str
     exit_code: int | None = Field(None, description="None when the task never started.")
     signal: int | None = None
-    reason: Literal["completed", "failed", "terminated", "not_started", "start_failed"]
+    reason: Literal["completed", "failed", "terminated", "oom", "not_started", "start_failed"]
+    oom: Literal["gpu", "host"] | None = Field(None, description="Which memory ran out, when reason is oom.")
     message: str = ""
     ended_at: datetime
 
 
 JobEvent = Annotated[
-    JobSubmitted | JobTerminateRequested | JobDeleted | JobPlaced | JobStatusChanged | TaskStarted | TaskExited,
+    JobSubmitted | JobTerminateRequested | JobMigrateRequested | JobUnplaceable | JobDeleted | JobPlaced
+    | JobStatusChanged | TaskStarted | TaskExited,
     Field(discriminator="type"),
 ]
 NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]

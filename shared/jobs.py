@@ -3,10 +3,12 @@
 State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
 
     Creating ──► Pending[Queuing] ──► Running ──► Completed
-       │             │   ▲              │  └────► Failed
+       │             │   ▲  ▲           │  └────► Failed
+       │             │   │  └───────────┤ (out of memory, migrate, slow, pull-back: snapshot, then re-place)
        │             │   │              ├───────► Terminating ──► Terminated
        │             │   └── Abnormal[Lost] ◄───┘       └──────► Failed[TerminatedFailed]
        │             ├──► Terminating (placed, not yet started)
+       │             ├──► Failed (no node can ever host it)
        │             └──► Terminated (never placed)
        └──► Failed[CreateFailed] / Terminated
 """
@@ -57,7 +59,7 @@ FINISHED = frozenset({Phase.FAILED, Phase.COMPLETED, Phase.TERMINATED})
 TRANSITIONS: dict[Phase, frozenset[Phase]] = {
     Phase.CREATING: frozenset({Phase.PENDING, Phase.FAILED, Phase.TERMINATED}),
     Phase.PENDING: frozenset({Phase.RUNNING, Phase.TERMINATING, Phase.TERMINATED, Phase.FAILED, Phase.ABNORMAL}),
-    Phase.RUNNING: frozenset({Phase.COMPLETED, Phase.FAILED, Phase.TERMINATING, Phase.ABNORMAL}),
+    Phase.RUNNING: frozenset({Phase.COMPLETED, Phase.FAILED, Phase.TERMINATING, Phase.ABNORMAL, Phase.PENDING}),
     Phase.TERMINATING: frozenset({Phase.TERMINATED, Phase.FAILED}),
     Phase.ABNORMAL: frozenset({Phase.PENDING, Phase.FAILED, Phase.TERMINATED}),
     Phase.FAILED: frozenset(),

@@ -26,6 +26,14 @@ price_per_hour = 0.5
 gpus = [{ model = "RTX-4090", memory_gb = 24, tflops = 165, count = 2 }]
 
 [[nodes]]
+id = "local-2"
+kind = "local"
+cpu_count = 8
+memory_gb = 32
+price_per_hour = 0.4
+gpus = [{ model = "RTX-3090", memory_gb = 24, tflops = 71, count = 1 }]
+
+[[nodes]]
 id = "reserved-1"
 kind = "reserved"
 cpu_count = 16
@@ -82,7 +90,7 @@ def stack(tmp_path_factory, servers) -> Stack:
     cluster.write_text(CLUSTER)
     settings = StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), api_port=free_port(),
                              cluster_file=cluster, admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
-                             node_timeout_s=3, mongo_url=servers.get("mongo_url"),
+                             node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"),
                              nats_url=servers.get("nats_url"))
     stack = Stack(settings)
     try:

@@ -20,6 +20,7 @@ from shared.events import (
     TaskStarted,
 )
 from shared.nodes import NodeInfo
+from services.agent.checkpoints import CheckpointStore
 from services.agent.journal import Journal
 from services.agent.runner import TaskProcess, describe_exit, spawn, task_environment
 from services.agent.shipping import LogShipper
@@ -30,8 +31,11 @@ Publish = Callable[[Message], Awaitable[None]]
 
 
 class Agent:
-    def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, shutdown_grace_s: float = 5) -> None:
+    def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
+                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
         self.node = node
+        self.checkpoints = checkpoints
+        self.checkpoint_sync_s = checkpoint_sync_s
         self.root = root
         self.publish = publish
         self.shutdown_grace_s = shutdown_grace_s
@@ -65,10 +69,12 @@ class Agent:
         workdir = self.root / "jobs" / command.job_id / f"attempt-{command.attempt}-rank-{command.rank}"
         env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
         try:
+            manifest = await asyncio.to_thread(self.checkpoints.restore, command.job_id, workdir / "checkpoint")
             task = await spawn(command, env=env, workdir=workdir)
-        except OSError as exc:
-            await self.publish_reliably(self._exited(command, reason="start_failed", message=str(exc)))
+        except Exception as exc:  # storage unreachable, command not startable: the attempt ends here
+            await self.publish_reliably(self._exited(command, reason="start_failed", message=repr(exc)))
             return
+        task.manifest = manifest
         self.tasks[key] = task
         supervisor = asyncio.create_task(self._supervise(key, task))
         self.supervisors.add(supervisor)
@@ -98,17 +104,37 @@ class Agent:
         start = task.start
         shipper = LogShipper(job_id=start.job_id, attempt=start.attempt, rank=start.rank,
                              path=task.workdir / "output.log", publish=self.publish_reliably)
+        helpers = [asyncio.create_task(task.enforce_memory(start.spec.resource.memory_gb)),
+                   asyncio.create_task(self._sync_checkpoints(task))]
         status = await task.pump(shipper.add)
+        for helper in helpers:
+            helper.cancel()
         await shipper.close()
+        await self._sync_once(task)
+        oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
         elif status == 0:
             reason, message = "completed", ""
+        elif task.oom:
+            reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
         else:
             reason, message = "failed", describe_exit(status, task.tail)
-        event = self._exited(start, reason=reason, message=message, status=status)
+        event = self._exited(start, reason=reason, message=message, status=status, oom=oom)
         await self.publish_reliably(event)
         self.tasks.pop(key, None)
+
+    async def _sync_checkpoints(self, task: TaskProcess) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_sync_s)
+            await self._sync_once(task)
+
+    async def _sync_once(self, task: TaskProcess) -> None:
+        try:
+            task.manifest = await asyncio.to_thread(self.checkpoints.sync, task.start.job_id,
+                                                    task.workdir / "checkpoint", task.manifest)
+        except Exception as exc:  # storage hiccup: the next sync tries again
+            log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
 
     def _started_event(self, task: TaskProcess) -> TaskStarted:
         start = task.start
@@ -120,13 +146,14 @@ class Agent:
             started_at=datetime.fromtimestamp(task.started_at, UTC),
         )
 
-    def _exited(self, start: StartTask, *, reason: str, message: str, status: int | None = None) -> TaskExited:
+    def _exited(self, start: StartTask, *, reason: str, message: str, status: int | None = None,
+                oom: str | None = None) -> TaskExited:
         return TaskExited(
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:exited",
             job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
             exit_code=None if status is None else (status if status >= 0 else 128 - status),
             signal=-status if status is not None and status < 0 else None,
-            reason=reason, message=message, ended_at=utcnow(),
+            reason=reason, oom=oom, message=message, ended_at=utcnow(),
         )
 
     async def publish_reliably(self, message: Message | LogChunk) -> None:

@@ -12,6 +12,7 @@ from shared.events import NodeCommand, StartTask, StopTask
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
 from services.agent.agent import Agent
+from services.agent.checkpoints import CheckpointStore
 from services.agent.resources import describe_node, load_cluster
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,8 @@ class AgentSettings(CommonSettings):
     cluster_file: Path = Path("cluster.toml")
     use_nvml: bool = True
     shutdown_grace_s: float = 5
+    checkpoint_url: str | None = None  # default: file://<data_dir>/checkpoints, shared by agents on one machine
+    checkpoint_sync_s: float = 5
 
 
 def create_app(settings: AgentSettings) -> FastStream:
@@ -32,8 +35,10 @@ def create_app(settings: AgentSettings) -> FastStream:
     node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True)
     broker = make_broker(settings.nats_url, name=f"agent-{node.node_id}")
     add_health(broker, f"agent.{node.node_id}")
+    checkpoints = CheckpointStore(settings.checkpoint_url or f"file://{(settings.data_dir / 'checkpoints').resolve()}")
     agent = Agent(node=node, root=settings.data_dir / "agents" / node.node_id,
-                  publish=lambda message: publish(broker, message), shutdown_grace_s=settings.shutdown_grace_s)
+                  publish=lambda message: publish(broker, message), checkpoints=checkpoints,
+                  checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s)
     background = Background()
 
     @broker.subscriber(**durable(f"tm.node.cmd.{node.node_id}.>", consumer=f"agent-{node.node_id}", batch=8))

@@ -1,6 +1,7 @@
 """One task as a real OS process: its own process group, its environment, its output line by line."""
 import asyncio
 import os
+import re
 import signal
 import sys
 import time
@@ -9,12 +10,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from shared.events import LogLine, StartTask
 from shared.nodes import NodeInfo
 
 TAIL_LINES = 20
 # Agent settings that must not leak into a task's environment.
-PRIVATE_ENV_PREFIXES = ("TRAINMASTER_", "MONGO_URL")
+PRIVATE_ENV_PREFIXES = ("TRAINMASTER_", "MONGO_URL", "AWS_SECRET")
+SDK_DIR = Path(__file__).resolve().parent / "sdk"
+GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
+                     r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory")
+HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
+MEMORY_CHECK_S = 0.5
 
 
 def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str]) -> dict[str, str]:
@@ -29,6 +37,8 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
         "TRAINMASTER_ATTEMPT": str(start.attempt),
         "TRAINMASTER_NODE_ID": node.node_id,
         "TRAINMASTER_WORK_DIR": str(workdir),
+        "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(SDK_DIR), env.get("PYTHONPATH", "")) if p),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
         "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
         "TRAINMASTER_GPU_MEMORY_GB": f"{min(g.memory_gb for g in gpus):g}" if gpus else "0",
@@ -51,6 +61,8 @@ class TaskProcess:
     workdir: Path
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
+    oom: str | None = None
+    manifest: dict = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     @property
@@ -73,6 +85,10 @@ class TaskProcess:
                 return
             line = raw.decode(errors="replace").rstrip("\n")
             self.tail.append(line)
+            if self.oom is None and GPU_OOM.search(line):
+                self.oom = "gpu"
+            elif self.oom is None and HOST_OOM.search(line):
+                self.oom = "host"
             on_line(LogLine(t=time.time(), s=name, line=line))
 
     async def stop(self, *, reason: str, grace_s: float) -> None:
@@ -86,11 +102,37 @@ class TaskProcess:
             pass
         self._signal_group(signal.SIGKILL)
 
+    async def enforce_memory(self, limit_gb: float) -> None:
+        """Kill the whole task when its processes together use more than the memory it asked for."""
+        limit = limit_gb * 2**30
+        while self.process.returncode is None:
+            if group_rss(self.process.pid) > limit:
+                self.oom = "host"
+                self.tail.append(f"killed by trainmaster: host memory above the job's memory_gb ({limit_gb:g} GB)")
+                self._signal_group(signal.SIGKILL)
+                return
+            await asyncio.sleep(MEMORY_CHECK_S)
+
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
             os.killpg(self.process.pid, sig)
         except ProcessLookupError:
             pass
+
+
+def group_rss(leader: int) -> int:
+    """Resident bytes of a process and all its descendants."""
+    try:
+        root = psutil.Process(leader)
+        total = 0
+        for process in [root, *root.children(recursive=True)]:
+            try:
+                total += process.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+    except psutil.Error:
+        return 0
 
 
 async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path) -> TaskProcess:

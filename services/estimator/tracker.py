@@ -9,6 +9,7 @@ from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
 
 MLLOG_PREFIX = ":::MLLOG "
+METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
 WINDOW = 50  # recent points the rate is fitted on
 MIN_POINTS = 3
 
@@ -37,6 +38,14 @@ def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re
             continue
         if math.isfinite(value):
             points.append(MetricPoint(spec.name, t, value, step))
+    if line.startswith(METRICS_PREFIX):
+        try:
+            record = json.loads(line[len(METRICS_PREFIX):])
+        except json.JSONDecodeError:
+            record = {}
+        step = record.get("step") if isinstance(record.get("step"), int | float) else None
+        points += [MetricPoint(name, t, float(value), step) for name, value in record.items()
+                   if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)]
     at = line.find(MLLOG_PREFIX)
     if at >= 0:
         try:

@@ -2,14 +2,16 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import RPC_NODES, RPC_TERMINATE, durable, retry_transient
+from shared.bus import RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, durable, retry_transient
 from shared.clock import utcnow
 from shared.events import (
     JobEvent,
+    JobMigrateRequested,
     JobPlaced,
     JobStatusChanged,
     JobSubmitted,
     JobTerminateRequested,
+    JobUnplaceable,
     NodeEvent,
     NodeHeartbeat,
     NodeRegistered,
@@ -41,6 +43,11 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
             await monitor.apply(
                 event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
             )
+        case JobMigrateRequested():
+            await monitor.apply(event.job_id, lambda job: job and state.migrate(
+                job, cause=event.cause, attempt=event.attempt, now=now))
+        case JobUnplaceable():
+            await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
 
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))
@@ -69,5 +76,13 @@ async def terminate_now(request: JobTerminateRequested, monitor: Monitor = Conte
     now = utcnow()
     await monitor.apply(request.job_id,
                         lambda job: job and state.terminate(job, requested_by=request.requested_by, now=now))
-    doc = await monitor.jobs.load(request.job_id)
-    return state.snapshot(state.JobState.model_validate(doc), now=now) if doc else None
+    return await monitor.snapshot(request.job_id, now=now)
+
+
+@router.subscriber(RPC_MIGRATE)
+async def migrate_now(request: JobMigrateRequested, monitor: Monitor = Context("monitor")) -> JobStatusChanged | None:
+    """Start a migration synchronously so the API can answer with the job's state."""
+    now = utcnow()
+    await monitor.apply(request.job_id, lambda job: job and state.migrate(
+        job, cause=request.cause, attempt=request.attempt, now=now))
+    return await monitor.snapshot(request.job_id, now=now)

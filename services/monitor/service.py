@@ -4,12 +4,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared.events import NodeStateChanged
+from shared.events import JobStatusChanged, NodeStateChanged
 from shared.jobs import IllegalTransition
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.nodes import NodeRecord
-from services.monitor.state import JobState, Outcome, node_lost
+from services.monitor.state import JobState, Outcome, node_lost, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ class Monitor:
             if await self.jobs.save(job_id, new.model_dump(), doc, events):
                 return
         raise RuntimeError(f"job {job_id}: too many concurrent updates")
+
+    async def snapshot(self, job_id: str, *, now: datetime) -> JobStatusChanged | None:
+        doc = await self.jobs.load(job_id)
+        return snapshot(JobState.model_validate(doc), now=now) if doc else None
 
     async def sighted(self, node_id: str, **seen) -> None:
         """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs."""

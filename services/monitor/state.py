@@ -10,10 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events import (
     Assignment,
+    Attempt,
     JobPlaced,
     JobStatusChanged,
     JobSubmitted,
     Message,
+    Notification,
+    RequeueCause,
     StopTask,
     TaskExited,
     TaskStarted,
@@ -22,6 +25,10 @@ from shared.events import (
 from shared.jobs import Phase, SecondaryPhase, check_transition
 
 ATTEMPT_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.TERMINATING})
+# Why an attempt begins, by why the one before it went back to the queue.
+ATTEMPT_REASON = {"node_lost": "node_lost", "oom_gpu": "oom", "oom_host": "oom", "migrated": "migrated",
+                  "slow": "slow", "reclaimed": "reclaimed", "stopped": "restarted"}
+REPEATED_FAILURES = 3
 
 
 class TaskRecord(BaseModel):
@@ -34,16 +41,6 @@ class TaskRecord(BaseModel):
     exit_code: int | None = None
     reason: str = ""
     message: str = ""
-
-
-class AttemptRecord(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    attempt: int
-    node_ids: tuple[str, ...]
-    placed_at: datetime
-    ended_at: datetime | None = None
-    outcome: str = ""
 
 
 class JobState(BaseModel):
@@ -60,9 +57,11 @@ class JobState(BaseModel):
     attempt: int = 0
     assignments: tuple[Assignment, ...] = ()
     tasks: dict[str, TaskRecord] = Field(default_factory=dict)
-    attempts: tuple[AttemptRecord, ...] = ()
+    attempts: tuple[Attempt, ...] = ()
     start_time: datetime | None = None
     end_time: datetime | None = None
+    requeue_cause: RequeueCause | None = None
+    stop_cause: RequeueCause | None = Field(None, description="Why the current attempt is being stopped.")
 
     @property
     def node_ids(self) -> tuple[str, ...]:
@@ -102,6 +101,8 @@ def snapshot(job: JobState, *, now: datetime, previous: Phase | None = None) -> 
         start_time=job.start_time,
         end_time=job.end_time,
         task_statuses=task_statuses(job),
+        attempts=job.attempts,
+        requeue_cause=job.requeue_cause if job.phase == Phase.PENDING else None,
     )
 
 
@@ -157,8 +158,10 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
         "attempt": event.attempt,
         "assignments": event.assignments,
         "tasks": {str(a.rank): TaskRecord(node_id=a.node_id) for a in event.assignments},
-        "attempts": job.attempts + (AttemptRecord(attempt=event.attempt, node_ids=tuple(
-            a.node_id for a in event.assignments), placed_at=now),),
+        "attempts": job.attempts + (Attempt(attempt=event.attempt, node_ids=tuple(
+            a.node_id for a in event.assignments), placed_at=now,
+            reason=ATTEMPT_REASON.get(job.requeue_cause or "", "started")),),
+        "stop_cause": None,
     })
     nodes = ", ".join(job.node_ids)
     return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
@@ -177,7 +180,9 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
         return job, [stop(job.job_id, job.attempt, event.node_id, rank=event.rank, reason="terminated",
                           grace_s=job.grace_s, now=now)]
     if job.phase == Phase.PENDING and all(t.started_at for t in job.tasks.values()):
-        job = job.model_copy(update={"start_time": job.start_time or event.started_at})
+        attempts = tuple(a.model_copy(update={"started_at": event.started_at}) if a.attempt == job.attempt else a
+                         for a in job.attempts)
+        job = job.model_copy(update={"start_time": job.start_time or event.started_at, "attempts": attempts})
         return switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason="all tasks started", now=now)
     return job, []
 
@@ -203,8 +208,13 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
             return switch(_end_attempt(job, "completed", now), Phase.COMPLETED, SecondaryPhase.COMPLETED,
                           reason="all tasks exited 0", now=now)
         return job, []
+    if event.reason == "oom":
+        cause = "oom_gpu" if event.oom == "gpu" else "oom_host"
+        return requeue(job, cause=cause, detail=f"out of {event.oom} memory on {event.node_id}", now=now)
     if event.reason == "terminated":
-        return requeue(job, cause=f"task on {event.node_id} was stopped by its agent", now=now)
+        if job.stop_cause:
+            return requeue(job, cause=job.stop_cause, detail=f"snapshot taken on {event.node_id}", now=now)
+        return requeue(job, cause="stopped", detail=f"task on {event.node_id} was stopped by its agent", now=now)
     message = event.message or f"worker-{event.rank} exited with code {event.exit_code}"
     job = _end_attempt(job, "failed", now)
     stops = stop_all(job, reason="peer failed", now=now)
@@ -229,17 +239,49 @@ def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outc
     if job.phase == Phase.TERMINATING:
         return switch(_end_attempt(job, "terminated", now), Phase.TERMINATED, SecondaryPhase.TERMINATED,
                       reason=f"{job.reason}; {cause}", now=now)
-    return requeue(job, cause=cause, now=now)
+    return requeue(job, cause="node_lost", detail=cause, now=now)
 
 
-def requeue(job: JobState, *, cause: str, now: datetime) -> Outcome:
-    """Abnormal[Lost], the surviving ranks stopped, then back to the queue for a new attempt."""
+def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime) -> Outcome:
+    """Stop the surviving ranks and put the job back in the queue for a new attempt (via Abnormal[Lost] when
+    its node is gone); the next attempt resumes from the last checkpoint."""
     stops = stop_all(job, reason="requeued", now=now)
-    job = _end_attempt(job, "node_lost", now)
-    job, lost = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=cause, now=now)
-    job = job.model_copy(update={"assignments": (), "tasks": {}})
-    job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {cause}", now=now)
-    return job, lost + stops + queued
+    job = _end_attempt(job, "oom" if cause.startswith("oom") else cause, now)
+    events: list[Message] = []
+    if cause == "node_lost":
+        job, events = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=detail, now=now)
+    job = job.model_copy(update={"assignments": (), "tasks": {}, "requeue_cause": cause, "stop_cause": None})
+    job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)
+    requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "oom", "stopped"))
+    if requeues == REPEATED_FAILURES and cause in ("node_lost", "oom_gpu", "oom_host", "stopped"):
+        queued.append(notify(job, "repeated_failures", f"attempt {job.attempt} ended abnormally ({detail}); "
+                             f"{requeues} attempts have now failed", now=now))
+    return job, events + stops + queued
+
+
+def migrate(job: JobState, *, cause: RequeueCause, attempt: int | None, now: datetime) -> Outcome:
+    """Ask every rank to save and exit (SIGTERM); the job is re-placed when they have."""
+    if job.phase != Phase.RUNNING or job.stop_cause or (attempt is not None and attempt != job.attempt):
+        return job, []
+    job = job.model_copy(update={"stop_cause": cause})
+    job, events = switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason=f"taking a snapshot to move ({cause})",
+                         now=now)
+    return job, events + stop_all(job, reason=cause, now=now)
+
+
+def unplaceable(job: JobState, *, reason: str, now: datetime) -> Outcome:
+    """Placement found no node that could ever host the job: it fails, and its owner hears why."""
+    if job.phase != Phase.PENDING:
+        return job, []
+    job, events = switch(job, Phase.FAILED, SecondaryPhase.FAILED, reason=reason, now=now)
+    kind = "oom_unplaceable" if (job.requeue_cause or "").startswith("oom") else "repeated_failures"
+    return job, events + [notify(job, kind, reason, now=now)]
+
+
+def notify(job: JobState, kind: str, message: str, *, now: datetime) -> Notification:
+    return Notification(event_id=f"{job.job_id}:notify:{kind}:{job.version}", occurred_at=now,
+                        project_id=job.project_id, job_id=job.job_id, user_name=job.user_name, kind=kind,
+                        message=message)
 
 
 def _with_task(job: JobState, rank: int, task: TaskRecord) -> JobState:

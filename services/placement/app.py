@@ -2,6 +2,7 @@
 from contextlib import asynccontextmanager
 
 from faststream import FastStream
+from pydantic import Field
 
 from shared.bus import connect, make_broker
 from shared.service import Background, add_health, configure_logging
@@ -15,6 +16,7 @@ SERVICE = "placement"
 
 class PlacementSettings(CommonSettings):
     schedule_tick_s: float = 5.0
+    slow_factor: float = Field(1.5, gt=1, description="Estimated total beyond this times the expected: too slow.")
 
 
 def create_app(settings: PlacementSettings | None = None) -> FastStream:
@@ -31,7 +33,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         client = make_client(settings.mongo_url)
         db = client[settings.mongo_db]
         placement = Placement(jobs=DocumentStore(db.placement_jobs, broker),
-                              nodes=DocumentStore(db.placement_nodes, broker))
+                              nodes=DocumentStore(db.placement_nodes, broker), slow_factor=settings.slow_factor)
         await placement.load()
         broker.context.set_global("placement", placement)
         yield

@@ -15,6 +15,7 @@ class Candidate:
     allowed: str
     priority: str
     submitted_at: float
+    exclude: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -59,7 +60,7 @@ def choose(
     candidate: Candidate, nodes: list[NodeInfo], usage: dict[str, Usage]
 ) -> tuple[Assignment, ...] | None:
     """All ranks on distinct nodes of one kind, or nothing."""
-    eligible = sorted((n for n in nodes if n.allows(candidate.allowed)),
+    eligible = sorted((n for n in nodes if n.allows(candidate.allowed) and n.node_id not in candidate.exclude),
                       key=lambda n: preference(n, candidate.priority))
     by_kind: dict[str, list[tuple[NodeInfo, tuple[int, ...]]]] = {}
     for node in eligible:
@@ -90,3 +91,13 @@ def schedule(
             used.memory_gb += candidate.resource.memory_gb
         decisions.append((candidate.job_id, assignments))
     return decisions
+
+
+def largest(nodes: list[NodeInfo], resource: Resource, allowed: str) -> str:
+    """What the biggest node this job may use offers, to explain why it fits nowhere."""
+    usable = [n for n in nodes if n.allows(allowed)]
+    if not usable:
+        return f"no {allowed} node is registered"
+    gpu = max((g.memory_gb for n in usable for g in n.gpus), default=0)
+    memory = max(n.memory_gb for n in usable)
+    return f"the largest node offers {gpu:g} GB per GPU and {memory:g} GB host memory"

@@ -3,7 +3,15 @@ from faststream import Context
 from faststream.nats import NatsRouter
 
 from shared.bus import durable, retry_transient
-from shared.events import JobDeleted, JobEvent, JobStatusChanged, JobSubmitted, NodeRegistered, NodeStateChanged
+from shared.events import (
+    EtaEstimated,
+    JobDeleted,
+    JobEvent,
+    JobStatusChanged,
+    JobSubmitted,
+    NodeRegistered,
+    NodeStateChanged,
+)
 from services.placement.service import Placement
 
 router = NatsRouter()
@@ -34,3 +42,10 @@ async def on_node_registered(event: NodeRegistered, placement: Placement = Conte
 async def on_node_state(event: NodeStateChanged, placement: Placement = Context("placement")) -> None:
     """The monitor's liveness verdict: lost nodes get no work."""
     await placement.node_seen(None, event.node_id, event.state)
+
+
+@router.subscriber(**durable("tm.eta.>", consumer="placement-eta", ordered=False))
+@retry_transient
+async def on_estimate(event: EtaEstimated, placement: Placement = Context("placement")) -> None:
+    """Compare each running job's estimate with what its owner expects."""
+    await placement.estimated(event)

@@ -31,6 +31,8 @@ class StackSettings(BaseSettings):
     admin_token: str | None = None
     heartbeat_interval_s: float = 2.0
     node_timeout_s: float = 10.0
+    checkpoint_sync_s: float = 5.0
+    checkpoint_url: str | None = None
     log_level: str = "INFO"
 
 
@@ -79,11 +81,14 @@ class Stack:
             "TRAINMASTER_DATA_DIR": str(self.data_dir), "TRAINMASTER_API_HOST": s.api_host,
             "TRAINMASTER_API_PORT": str(s.api_port), "TRAINMASTER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
             "TRAINMASTER_NODE_TIMEOUT_S": str(s.node_timeout_s), "TRAINMASTER_LOG_LEVEL": s.log_level,
+            "TRAINMASTER_CHECKPOINT_SYNC_S": str(s.checkpoint_sync_s),
             "TRAINMASTER_CLUSTER_FILE": str(s.cluster_file.resolve()),
             "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]),
         })
         if s.admin_token:
             env["TRAINMASTER_ADMIN_TOKEN"] = s.admin_token
+        if s.checkpoint_url:
+            env["TRAINMASTER_CHECKPOINT_URL"] = s.checkpoint_url
         return env
 
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:

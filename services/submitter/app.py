@@ -10,7 +10,7 @@ from shared.bus import connect, make_broker
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
 from shared.store import make_client, relay
-from services.submitter import errors, routes_admin, routes_jobs
+from services.submitter import errors, notifications, routes_admin, routes_jobs
 from services.submitter.auth import Tokens
 from services.submitter.handlers import router as bus_router
 from services.submitter.repository import Repository
@@ -49,6 +49,7 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
                   f"  {generated}\n", flush=True)
         app.state.repo, app.state.tokens, app.state.broker = repo, tokens, broker
         background.spawn("outbox", lambda: relay(broker, [db.api_jobs]))
+        background.spawn("webhooks", lambda: notifications.deliver_forever(db))
         yield
         await background.stop()
         await broker.stop()
@@ -59,4 +60,5 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(routes_jobs.router)
     app.include_router(routes_admin.router)
+    app.include_router(notifications.router)
     return app

@@ -3,7 +3,8 @@ from faststream import Context
 from faststream.nats import NatsRouter
 
 from shared.bus import durable, retry_transient
-from shared.events import EtaEstimated, JobStatusChanged, LogChunk
+from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Notification
+from services.submitter import notifications
 from services.submitter.repository import Repository
 
 router = NatsRouter()
@@ -28,3 +29,10 @@ async def on_log(chunk: LogChunk, repo: Repository = Context("repo")) -> None:
 async def on_eta(event: EtaEstimated, repo: Repository = Context("repo")) -> None:
     """Show the latest remaining-time estimate on the job."""
     await repo.apply_eta(event)
+
+
+@router.subscriber(**durable("tm.notify.>", consumer="submitter-notify", ordered=False))
+@retry_transient
+async def on_notification(event: Notification, repo: Repository = Context("repo")) -> None:
+    """Keep it for delivery to the project's webhook (delivery runs apart, with retries)."""
+    await notifications.record(repo.db, event)

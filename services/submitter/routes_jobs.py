@@ -7,9 +7,9 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from shared.bus import RPC_TERMINATE, publish
+from shared.bus import RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
-from shared.events import JobDeleted, JobStatusChanged, JobSubmitted, JobTerminateRequested
+from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 class Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    action_type: Literal["terminate"]
+    action_type: Literal["terminate", "migrate"]
 
 
 def repo(request: Request) -> Repository:
@@ -80,23 +80,31 @@ async def get_job(project_id: ProjectId, job_id: str, request: Request,
     return render(await load(repo(request), principal, project_id, job_id))
 
 
-@router.post("/{job_id}/actions", status_code=202, response_model=Job, summary="Terminate a training job")
+@router.post("/{job_id}/actions", status_code=202, response_model=Job,
+             summary="Terminate a training job, or migrate it (snapshot now, continue on another node)")
 async def act(project_id: ProjectId, job_id: str, action: Action, request: Request,
               principal: Principal = Depends(authenticate)) -> Job:
     repository = repo(request)
     doc = await load(repository, principal, project_id, job_id)
-    if doc["status"]["phase"] in FINISHED_NAMES:
-        raise ApiError(409, errors.JOB_STATUS, f"job {job_id} is {doc['status']['phase']} and cannot be terminated")
-    command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
-                                    requested_by=principal.user_name)
+    phase = doc["status"]["phase"]
+    if phase in FINISHED_NAMES or (action.action_type == "migrate" and phase != "Running"):
+        raise ApiError(409, errors.JOB_STATUS, f"job {job_id} is {phase} and cannot be {action.action_type}d"
+                                               + (" (only Running jobs move)" if action.action_type == "migrate" else ""))
+    if action.action_type == "terminate":
+        command, subject = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
+                                                 requested_by=principal.user_name), RPC_TERMINATE
+    else:
+        command, subject = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
+                                               requested_by=principal.user_name,
+                                               attempt=doc["status"].get("attempt")), RPC_MIGRATE
     broker = request.app.state.broker
     try:
-        reply = await broker.request(command, RPC_TERMINATE, timeout=3)
+        reply = await broker.request(command, subject, timeout=3)
         body = await reply.decode()
         if body:
             await repository.apply_status(JobStatusChanged.model_validate(body))
     except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
-        log.warning("terminate of %s through the stream (monitor did not answer: %r)", job_id, exc)
+        log.warning("%s of %s through the stream (monitor did not answer: %r)", action.action_type, job_id, exc)
         await publish(broker, command)
     return render(await load(repository, principal, project_id, job_id))
 

@@ -19,6 +19,16 @@ class JobMetadata(BaseModel):
     project_id: str
 
 
+class AttemptView(BaseModel):
+    attempt: int
+    node_ids: list[str]
+    placed_at: int
+    start_time: int = 0
+    end_time: int = 0
+    reason: str = Field(description="started, oom, slow, node_lost, migrated, reclaimed, restarted")
+    outcome: str = ""
+
+
 class JobStatus(BaseModel):
     phase: Phase
     secondary_phase: SecondaryPhase
@@ -31,6 +41,7 @@ class JobStatus(BaseModel):
     reason: str = ""
     tasks: list[str]
     task_statuses: list[TaskStatus] = []
+    attempts: list[AttemptView] = Field([], description="Every try: node, start, end, why it began and ended.")
     eta: Eta | None = None
 
 
@@ -88,7 +99,7 @@ def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
             start_time=_ms(start), end_time=_ms(end), node_id=node_ids[0] if node_ids else "", node_ids=node_ids,
             attempt=status.get("attempt", 0), reason=status.get("reason", ""),
             tasks=[f"worker-{r}" for r in range(node_count)], task_statuses=status.get("task_statuses", []),
-            eta=status.get("eta"),
+            attempts=status.get("attempts", []), eta=status.get("eta"),
         ),
         algorithm=Algorithm.model_validate(doc["algorithm"]),
         spec=Spec.model_validate(doc["spec"]),
@@ -106,6 +117,11 @@ def status_fields(event: JobStatusChanged) -> dict[str, Any]:
         "status.start_time": _ms(event.start_time),
         "status.end_time": _ms(event.end_time),
         "status.task_statuses": [t.model_dump() for t in event.task_statuses],
+        "status.attempts": [
+            {"attempt": a.attempt, "node_ids": list(a.node_ids), "placed_at": _ms(a.placed_at),
+             "start_time": _ms(a.started_at), "end_time": _ms(a.ended_at), "reason": a.reason, "outcome": a.outcome}
+            for a in event.attempts
+        ],
         "status_version": event.version,
     }
     if event.phase.is_finished():

@@ -169,7 +169,10 @@ async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, proj
         stack.start_agent(node_id)
     done = await wait_phase(api, project, job_id, "Completed", timeout_s=60)
     assert done["status"]["attempt"] == 2
-    assert marker.read_text().split() == [node_id, node_id]  # the first run died with its agent, then it ran again
+    runs = marker.read_text().split()
+    assert len(runs) == 2 and runs[0] == node_id  # the first run died with its agent, then it ran again
+    attempts = done["status"]["attempts"]
+    assert [(a["reason"], a["outcome"]) for a in attempts] == [("started", "node_lost"), ("node_lost", "completed")]
 
 
 async def _seen(log, job_id, status):
