@@ -1,6 +1,7 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -48,9 +49,29 @@ SERVICES = ("placement", "monitor", "estimator", "billing")
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
 
-def make_broker(url: str, *, name: str) -> NatsBroker:
+class BusLink:
+    """When this process last lost or regained the bus: silence from others then means nothing."""
+
+    def __init__(self) -> None:
+        self.connected = True
+        self.changed_at = time.monotonic()
+
+    async def disconnected(self) -> None:
+        self.connected, self.changed_at = False, time.monotonic()
+
+    async def reconnected(self) -> None:
+        self.connected, self.changed_at = True, time.monotonic()
+
+    def steady_for(self) -> float:
+        """Seconds the link has been up without interruption (0 while it is down)."""
+        return time.monotonic() - self.changed_at if self.connected else 0.0
+
+
+def make_broker(url: str, *, name: str, link: BusLink | None = None) -> NatsBroker:
     """A broker that reconnects forever: a restarted NATS server is waited for, not fatal."""
-    return NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5)
+    callbacks = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
+    return NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+                      **callbacks)
 
 
 async def connect(broker: NatsBroker) -> None:

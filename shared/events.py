@@ -246,9 +246,25 @@ class TaskExited(Message):
     ended_at: datetime
 
 
+class NodeTasksLost(Message):
+    """The tasks a node was running are gone (node silent, or its agent restarted), except those still alive.
+
+    It travels in the jobs stream, behind every task event the node published before it went away, so a task
+    that finished just before its node died is seen finishing, not lost."""
+
+    subject_template: ClassVar[str] = "tm.job.node_lost"
+    type: Literal["NodeTasksLost"] = "NodeTasksLost"
+
+    node_id: str
+    cause: str
+    alive: tuple[TaskRef, ...] = ()
+    started_only: bool = Field(False, description="Only started tasks are lost: the node's agent restarted and "
+                               "will still receive the start commands it had not taken yet.")
+
+
 JobEvent = Annotated[
     JobSubmitted | JobTerminateRequested | JobMigrateRequested | JobUnplaceable | JobDeleted | JobPlaced
-    | JobStatusChanged | TaskStarted | TaskExited,
+    | JobStatusChanged | TaskStarted | TaskExited | NodeTasksLost,
     Field(discriminator="type"),
 ]
 NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]

@@ -64,6 +64,9 @@ class Agent:
         if key in self.journal.started:
             if key in self.tasks:  # redelivered after a failed report: report again (same event id)
                 await self.publish(self._started_event(self.tasks[key]))
+            else:  # taken by an earlier run of this agent, which died with it; a real report (same id) wins
+                await self.publish_reliably(self._exited(command, reason="terminated",
+                                                         message="the agent restarted while this task ran"))
             return
         self.journal.mark_started(key)
         workdir = self.root / "jobs" / command.job_id / f"attempt-{command.attempt}-rank-{command.rank}"

@@ -4,7 +4,7 @@ from contextlib import asynccontextmanager
 
 from faststream import FastStream
 
-from shared.bus import connect, make_broker
+from shared.bus import BusLink, connect, make_broker
 from shared.clock import utcnow
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
@@ -22,7 +22,8 @@ class MonitorSettings(CommonSettings):
 def create_app(settings: MonitorSettings | None = None) -> FastStream:
     settings = settings or MonitorSettings()
     configure_logging(settings.log_level)
-    broker = make_broker(settings.nats_url, name=SERVICE)
+    link = BusLink()
+    broker = make_broker(settings.nats_url, name=SERVICE, link=link)
     broker.include_router(router)
     add_health(broker, SERVICE)
     background = Background()
@@ -37,6 +38,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
             nodes=DocumentStore(db.monitor_nodes, broker),
             node_timeout_s=settings.node_timeout_s,
             started_at=utcnow(),
+            link=link,
         )
         broker.context.set_global("monitor", monitor)
         yield

@@ -15,6 +15,7 @@ from shared.events import (
     NodeEvent,
     NodeHeartbeat,
     NodeRegistered,
+    NodeTasksLost,
     TaskExited,
     TaskStarted,
 )
@@ -46,6 +47,8 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
         case JobMigrateRequested():
             await monitor.apply(event.job_id, lambda job: job and state.migrate(
                 job, cause=event.cause, attempt=event.attempt, now=now))
+        case NodeTasksLost():
+            await monitor.lose_tasks(event, at=now)
         case JobUnplaceable():
             await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
 

@@ -4,12 +4,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared.events import JobStatusChanged, NodeStateChanged
+from shared.bus import BusLink, publish
+from shared.events import JobStatusChanged, NodeTasksLost, TaskRef
 from shared.jobs import IllegalTransition
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.nodes import NodeRecord
-from services.monitor.state import JobState, Outcome, node_lost, snapshot
+from services.monitor.state import JobState, Outcome, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,7 @@ class Monitor:
     nodes: DocumentStore
     node_timeout_s: float
     started_at: datetime
+    link: BusLink | None = None
 
     async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state."""
@@ -55,42 +57,65 @@ class Monitor:
             if sighting.node == current:
                 return
             events = [sighting.event] if sighting.event else []
+            if sighting.restarted:
+                events.append(NodeTasksLost(event_id=f"{node_id}:{sighting.node.boot_id}:tasks_lost", node_id=node_id,
+                                            cause=f"agent on {node_id} restarted", alive=sighting.node.running,
+                                            started_only=True))
             if await self.nodes.save(node_id, sighting.node.model_dump(), doc, events):
                 break
         else:
             raise RuntimeError(f"node {node_id}: too many concurrent updates")
-        if sighting.restarted:
-            alive = {(t.job_id, t.attempt, t.rank) for t in sighting.node.running}
-            await self._lose_tasks(node_id, cause=f"agent on {node_id} restarted", at=seen["at"], alive=alive)
+        await self._fence(node_id, sighting.node.running, now=seen["at"])
+
+    async def _fence(self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime) -> None:
+        """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost)."""
+        if not running:
+            return
+        ids = list({t.job_id for t in running})
+        jobs = {d["_id"]: JobState.model_validate(d) async for d in self.jobs.collection.find({"_id": {"$in": ids}})}
+        for ref in running:
+            job = jobs.get(ref.job_id)
+            if job is None or job.attempt < ref.attempt:
+                continue  # not caught up with this attempt yet
+            superseded = job.attempt > ref.attempt or job.phase.is_finished() or str(ref.rank) not in job.tasks
+            if superseded:
+                await publish(self.jobs.broker, stop(ref.job_id, ref.attempt, node_id, rank=ref.rank,
+                                                     reason="fenced", grace_s=0, now=now))
 
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""
         if (now - self.started_at).total_seconds() < self.node_timeout_s:
             return  # just restarted: let heartbeats that queued up while we were down arrive first
+        if self.link and self.link.steady_for() < self.node_timeout_s:
+            return  # the bus was away: nodes could not speak, that is not their fault
         docs = [d async for d in self.nodes.collection.find({"state": "ready"})]
         for node in liveness.silent([NodeRecord.model_validate(d) for d in docs], now=now,
                                     timeout_s=self.node_timeout_s):
             await self._declare_lost(node)
-            await self._lose_tasks(node.node_id, cause=f"node {node.node_id} lost (silent since "
-                                   f"{node.last_seen.isoformat(timespec='seconds')})", at=now, alive=set())
 
-    async def _declare_lost(self, node: NodeRecord) -> NodeStateChanged | None:
+    async def _declare_lost(self, node: NodeRecord) -> None:
         doc = await self.nodes.load(node.node_id)
         if not doc or doc.get("state") != "ready":
-            return None
+            return
         lost, event = liveness.declare_lost(NodeRecord.model_validate(doc))
-        await self.nodes.save(node.node_id, lost.model_dump(), doc, [event])
+        cause = f"node {node.node_id} lost (silent since {node.last_seen.isoformat(timespec='seconds')})"
+        tasks_lost = NodeTasksLost(event_id=f"{event.event_id}:tasks_lost", node_id=node.node_id, cause=cause)
+        await self.nodes.save(node.node_id, lost.model_dump(), doc, [event, tasks_lost])
         log.warning("node %s lost", node.node_id)
-        return event
 
-    async def _lose_tasks(self, node_id: str, *, cause: str, at: datetime, alive: set) -> None:
-        async for doc in self.jobs.collection.find({"assignments.node_id": node_id}, {"_id": 1}):
+    async def lose_tasks(self, event: NodeTasksLost, *, at: datetime) -> None:
+        """Requeue the jobs whose current attempt ran on the node, unless their task there is still alive."""
+        node_id, cause = event.node_id, event.cause
+        alive = {(t.job_id, t.attempt, t.rank) for t in event.alive}
+        ids = [doc["_id"] async for doc in self.jobs.collection.find({"assignments.node_id": node_id}, {"_id": 1})]
+        for job_id in ids:
             def lose(job: JobState | None) -> Outcome | None:
                 if job is None:
                     return None
-                mine = [(job.job_id, job.attempt, int(r)) for r, t in job.tasks.items() if t.node_id == node_id]
-                if mine and all(key in alive for key in mine):
+                mine = [(job.job_id, job.attempt, int(r)) for r, t in job.tasks.items() if t.node_id == node_id
+                        and (t.state == "running" or not event.started_only)]
+                if not mine or all(key in alive for key in mine):
                     return None
                 return node_lost(job, node_id, now=at, cause=cause)
 
-            await self.apply(doc["_id"], lose)
+            await self.apply(job_id, lose)

@@ -171,8 +171,8 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     task = job.tasks.get(str(event.rank))
     current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
     if not current or job.phase not in ATTEMPT_ACTIVE:
-        return job, [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0,
-                          now=now)]
+        fence = [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)]
+        return _note_start(job, event.attempt, event.started_at), fence
     if task.state != "assigned":
         return job, []
     job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": event.started_at}))
@@ -252,8 +252,8 @@ def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime) -
         job, events = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=detail, now=now)
     job = job.model_copy(update={"assignments": (), "tasks": {}, "requeue_cause": cause, "stop_cause": None})
     job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)
-    requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "oom", "stopped"))
-    if requeues == REPEATED_FAILURES and cause in ("node_lost", "oom_gpu", "oom_host", "stopped"):
+    requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "stopped"))
+    if requeues == REPEATED_FAILURES and cause in ("node_lost", "stopped"):  # out-of-memory escalates instead
         queued.append(notify(job, "repeated_failures", f"attempt {job.attempt} ended abnormally ({detail}); "
                              f"{requeues} attempts have now failed", now=now))
     return job, events + stops + queued
@@ -282,6 +282,13 @@ def notify(job: JobState, kind: str, message: str, *, now: datetime) -> Notifica
     return Notification(event_id=f"{job.job_id}:notify:{kind}:{job.version}", occurred_at=now,
                         project_id=job.project_id, job_id=job.job_id, user_name=job.user_name, kind=kind,
                         message=message)
+
+
+def _note_start(job: JobState, attempt: int, started_at: datetime) -> JobState:
+    """A superseded attempt that started anyway is on record (it ran, and was billed) until it is stopped."""
+    attempts = tuple(a.model_copy(update={"started_at": started_at}) if a.attempt == attempt and not a.started_at
+                     else a for a in job.attempts)
+    return job.model_copy(update={"attempts": attempts})
 
 
 def _with_task(job: JobState, rank: int, task: TaskRecord) -> JobState:

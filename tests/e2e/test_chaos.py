@@ -1,0 +1,108 @@
+"""Chaos: 200 short checkpointing jobs while every service, one agent and the NATS server are SIGKILLed and
+restarted at random moments. Every job ends exactly once, no two attempts of a job ever run at the same time,
+and the usage ledger holds exactly one line per attempt that ran."""
+import asyncio
+import json
+import random
+import signal
+import time
+from collections import defaultdict
+
+import pytest
+
+from services.stack.processes import SERVICES
+from tests.conftest import eventually, wait_until_ready
+from tests.e2e.scripts import quote
+from tests.e2e.test_resilience import listing, post_until_accepted
+from tests.factories import job_body, unique
+
+pytestmark = pytest.mark.e2e
+JOBS = 200
+TICKING = r'''
+import json, os, sys, time
+marker, ckpt = sys.argv[1], os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "step")
+start = int(open(ckpt).read()) + 1 if os.path.exists(ckpt) else 0
+for step in range(start, 6):
+    with open(marker, "a") as f:
+        f.write(f"{os.environ['TRAINMASTER_JOB_ID']} {os.environ['TRAINMASTER_ATTEMPT']} {time.time():.3f}\n")
+    time.sleep(0.1)
+    with open(ckpt + ".tmp", "w") as f:
+        f.write(str(step))
+    os.replace(ckpt + ".tmp", ckpt)
+'''
+
+
+async def test_chaos(api, project, stack, tmp_path):
+    marker = tmp_path / "ticks"
+    url = f"/v2/{project}/training-jobs"
+    rng = random.Random(20261122)
+    victims = list(SERVICES) + ["agent-local-1", "nats"]  # local-1 is where most jobs go
+    kills: list[str] = []
+    started = time.monotonic()
+
+    async def submit_all() -> None:
+        for _ in range(JOBS):
+            body = job_body(name=unique("c"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5,
+                            memory_gb=0.5)
+            await post_until_accepted(api, url, body)
+
+    async def chaos() -> None:
+        for victim in rng.sample(victims, len(victims)):
+            await asyncio.sleep(rng.uniform(0.5, 2.0))
+            stack.signal(victim, signal.SIGKILL)
+            kills.append(victim)
+            await asyncio.sleep(rng.uniform(0.3, 1.5))
+            if victim == "nats":
+                stack.start_nats()
+            elif victim.startswith("agent-"):
+                stack.start_agent(victim.removeprefix("agent-"))
+            else:
+                stack.start_service(victim)
+
+    await asyncio.gather(submit_all(), chaos())
+
+    async def all_finished():
+        items = await listing(api, project)
+        return items if items and len(items) == JOBS and all(
+            j["status"]["phase"] in ("Completed", "Failed", "Terminated") for j in items) else None
+
+    try:
+        items = await eventually(all_finished, timeout_s=180, interval_s=2)
+    except AssertionError:
+        items = await listing(api, project) or []
+        stuck = [(j["metadata"]["id"], j["status"]["phase"], j["status"]["reason"], j["status"]["attempts"])
+                 for j in items if j["status"]["phase"] not in ("Completed", "Failed", "Terminated")]
+        raise AssertionError(f"{len(items)} jobs, not finished: {stuck[:3]}, kills {kills}") from None
+    assert {j["status"]["phase"] for j in items} == {"Completed"}
+
+    ticks: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for line in marker.read_text().splitlines():
+        job_id, attempt, at = line.split()
+        ticks[job_id][int(attempt)].append(float(at))
+    assert set(ticks) == {j["metadata"]["id"] for j in items}
+    for job_id, attempts in ticks.items():
+        spans = [(min(t), max(t)) for _, t in sorted(attempts.items())]
+        for (_, end), (begin, _) in zip(spans, spans[1:]):
+            assert end < begin, f"two attempts of {job_id} overlapped: {spans}"
+
+    recovered = sum(1 for j in items if len(j["status"]["attempts"]) > 1)
+    ran = 0
+
+    async def ledger_matches():  # both views settle: a fenced attempt that ran anyway is noted a little later
+        nonlocal ran
+        try:
+            usage = (await api.get(f"/v2/{project}/usage")).json()
+            jobs = await listing(api, project) or []
+        except Exception:
+            return None
+        ran = sum(1 for j in jobs for a in j["status"]["attempts"] if a["start_time"])
+        return usage if usage["total"]["attempts"] == ran and usage["open_attempts"] == 0 else None
+
+    try:
+        await eventually(ledger_matches, timeout_s=60, interval_s=1)
+    except AssertionError:
+        usage = (await api.get(f"/v2/{project}/usage")).json()
+        raise AssertionError(f"ledger {usage['total']} open {usage['open_attempts']}, attempts run {ran}") from None
+    wait_until_ready(stack)
+    print("\nCHAOS " + json.dumps({"jobs": JOBS, "kills": kills, "jobs_recovered": recovered,
+                                   "attempts_run": ran, "seconds": round(time.monotonic() - started, 1)}))
