@@ -20,10 +20,16 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
-bench: bench-submit
+bench: bench-submit bench-sched
 
 bench-submit: $(STAMP)
 	$(BIN)/python -m bench.submit --jobs 200
+
+TRACE := ../shared/data/alibaba-gpu-v2023
+bench-sched: $(STAMP)
+	$(BIN)/python bench/sched/compare.py --pods $(TRACE)/openb_pod_list_default.csv \
+		--nodes $(TRACE)/openb_node_list_gpu_node.csv
+	$(BIN)/python bench/sched/decision_time.py
 
 clean:
 	rm -rf $(VENV) .trainmaster

@@ -1,0 +1,225 @@
+"""Per-pass view of GPU capacity, indexed so one job's search never scans the whole fleet.
+
+Each GPU is a slot with the time it becomes available (`avail_at`) and the start of the earliest reservation
+holding it (`hold_from`). A job may start now on a free slot only if it ends before `hold_from`: that is backfill
+that never delays a reservation. Future capacity ignores CPU and memory (they are checked against the node's size).
+"""
+import heapq
+import itertools
+from dataclasses import dataclass
+
+from services.placement.policy.models import ClusterState, JobRequest, Node, RunningJob
+
+INF = float("inf")
+UNKNOWN_BUSY_S = 3600.0  # a held GPU whose job we do not see is assumed busy this long
+OVERRUN_MIN_S = 60.0
+OVERRUN_FACTOR = 0.5
+BucketKey = tuple[str, str, float, float]
+
+
+def expected_end(run: RunningJob, now: float) -> float:
+    """A job past its estimate is assumed to need half as long again as it has run (not "any second now")."""
+    if run.expected_end_at > now:
+        return run.expected_end_at
+    return now + max(OVERRUN_MIN_S, OVERRUN_FACTOR * (now - run.started_at))
+
+
+def bucket_key(node: Node) -> BucketKey:
+    return (node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops)
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    kind: str
+    gpu_model: str
+    gpu_memory_gb: float
+    tflops: float
+    max_gpus: int
+
+
+class NodeView:
+    """Mutable copy of one node's capacity for the length of one pass."""
+
+    __slots__ = ("node", "claimed_for", "free", "free_cpu", "free_mem", "avail_at", "hold_from", "version", "touched")
+
+    def __init__(self, node: Node, busy_until: dict[int, float], now: float, claimed_for: str | None):
+        self.node = node
+        self.claimed_for = claimed_for
+        ready = node.is_ready(now)
+        self.free = sorted(node.free_gpu_indices) if ready else []
+        self.free_cpu = node.free_cpu
+        self.free_mem = node.free_memory_gb
+        start = now if ready else node.ready_at
+        free_set = set(node.free_gpu_indices)
+        self.avail_at = {
+            i: start if i in free_set else busy_until.get(i, now + UNKNOWN_BUSY_S) for i in range(node.gpu_count)
+        }
+        self.hold_from = dict.fromkeys(range(node.gpu_count), INF)
+        self.version = 0
+        self.touched = False
+
+    def usable_now(self, duration: float, now: float) -> list[int]:
+        end = now + duration
+        return [i for i in self.free if end <= self.hold_from[i]]
+
+    def avail_for(self, gpus: int) -> float:
+        return sorted(self.avail_at.values())[gpus - 1]
+
+    def all_free_at(self) -> float:
+        return max(self.avail_at.values())
+
+    def start(self, indices: tuple[int, ...], *, end: float, cpu: float, memory_gb: float) -> None:
+        for i in indices:
+            self.free.remove(i)
+            self.avail_at[i] = max(self.avail_at[i], end)
+        self.free_cpu -= cpu
+        self.free_mem -= memory_gb
+        self.version += 1
+        self.touched = True
+
+    def reserve(self, gpus: int, *, start: float, end: float) -> None:
+        chosen = sorted(self.avail_at, key=self.avail_at.__getitem__)[:gpus]
+        for i in chosen:
+            self.avail_at[i] = end
+            self.hold_from[i] = min(self.hold_from[i], start)
+        self.version += 1
+
+    def claimed_by_other(self, job_id: str) -> bool:
+        return self.claimed_for is not None and self.claimed_for != job_id
+
+
+class CapacityIndex:
+    """Nodes bucketed by (kind, model, GPU memory, TFLOPS).
+
+    Per bucket: sets of nodes by free GPU count (start now) and lazy heaps of future availability (wait).
+    """
+
+    def __init__(self, state: ClusterState, *, now: float, kinds: frozenset[str]):
+        """A node provisioned for a job stays claimed while it boots and while that job is still queued."""
+        self.now = now
+        queued = {job.id for job in state.queue}
+        busy: dict[str, dict[int, float]] = {}
+        for run in state.running:
+            end = expected_end(run, now)
+            for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
+                per_node = busy.setdefault(node_id, {})
+                for i in indices:
+                    per_node[i] = end
+        self.views: dict[str, NodeView] = {}
+        self.buckets: dict[BucketKey, Bucket] = {}
+        self.members: dict[BucketKey, list[str]] = {}
+        self.free_now: dict[BucketKey, list[dict[str, None]]] = {}
+        for node in state.nodes:
+            if node.kind not in kinds or node.gpu_count <= 0:
+                continue
+            claim = node.reserved_for if node.reserved_for in queued or not node.is_ready(now) else None
+            view = NodeView(node, busy.get(node.id, {}), now, claim)
+            self.views[node.id] = view
+            key = bucket_key(node)
+            old = self.buckets.get(key)
+            self.buckets[key] = Bucket(
+                kind=node.kind,
+                gpu_model=node.gpu_model,
+                gpu_memory_gb=node.gpu_memory_gb,
+                tflops=node.tflops,
+                max_gpus=max(node.gpu_count, old.max_gpus) if old else node.gpu_count,
+            )
+            self.members.setdefault(key, []).append(node.id)
+        for key, bucket in self.buckets.items():
+            sets: list[dict[str, None]] = [{} for _ in range(bucket.max_gpus + 1)]
+            for node_id in self.members[key]:
+                sets[len(self.views[node_id].free)][node_id] = None
+            self.free_now[key] = sets
+        self.claimed: dict[str, list[NodeView]] = {}
+        for view in self.views.values():
+            if view.claimed_for is not None:
+                self.claimed.setdefault(view.claimed_for, []).append(view)
+        self._heaps: dict[tuple[BucketKey, int], list[tuple[float, int, str, int]]] = {}
+        self._eligible: dict[tuple, list[BucketKey]] = {}
+
+    def eligible(self, job: JobRequest, kinds: tuple[str, ...]) -> list[BucketKey]:
+        """Buckets whose nodes could ever host one rank of `job`."""
+        shape = (kinds, job.gpu_models, job.min_gpu_memory_gb, job.gpu_count)
+        found = self._eligible.get(shape)
+        if found is None:
+            found = [
+                key
+                for key, b in self.buckets.items()
+                if b.kind in kinds
+                and job.accepts_model(b.gpu_model)
+                and b.gpu_memory_gb >= job.min_gpu_memory_gb
+                and b.max_gpus >= job.gpu_count
+            ]
+            self._eligible[shape] = found
+        return found
+
+    def find_free(
+        self, key: BucketKey, job: JobRequest, *, duration: float, limit: int
+    ) -> list[tuple[NodeView, tuple[int, ...]]] | None:
+        """Best-fit nodes with enough GPUs free now for all ranks, without breaking any reservation."""
+        picks: list[tuple[NodeView, tuple[int, ...]]] = []
+        sets = self.free_now[key]
+        own = [view.node.id for view in self.claimed.get(job.id, ()) if bucket_key(view.node) == key]
+        candidates = itertools.chain(own, *(sets[count] for count in range(job.gpu_count, len(sets))))
+        for scanned, node_id in enumerate(candidates):
+            if scanned >= limit + len(own):
+                return None
+            view = self.views[node_id]
+            if len(view.free) < job.gpu_count or any(view is v for v, _ in picks):
+                continue
+            if view.free_cpu < job.cpu or view.free_mem < job.memory_gb or view.claimed_by_other(job.id):
+                continue
+            usable = view.usable_now(duration, self.now)
+            if len(usable) >= job.gpu_count:
+                picks.append((view, tuple(usable[: job.gpu_count])))
+                if len(picks) == job.node_count:
+                    return picks
+        return None
+
+    def earliest(self, key: BucketKey, job: JobRequest, *, limit: int) -> tuple[float, list[NodeView]] | None:
+        """Earliest time `node_count` nodes of the bucket each have `gpu_count` GPUs, and those nodes."""
+        heap = self._heap(key, job.gpu_count)
+        popped: list[tuple[float, int, str, int]] = []
+        picks: list[tuple[float, NodeView]] = [
+            (view.avail_for(job.gpu_count), view)
+            for view in self.claimed.get(job.id, ())
+            if bucket_key(view.node) == key and view.node.gpu_count >= job.gpu_count
+        ][: job.node_count]
+        while heap and len(picks) < job.node_count and len(popped) < limit:
+            entry = heapq.heappop(heap)
+            at, seq, node_id, version = entry
+            view = self.views[node_id]
+            if version != view.version:
+                heapq.heappush(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
+                continue
+            popped.append(entry)
+            node = view.node
+            if view.claimed_for is not None or node.cpu < job.cpu or node.memory_gb < job.memory_gb:
+                continue
+            if view.free_cpu < job.cpu or view.free_mem < job.memory_gb:
+                at = max(at, view.all_free_at())
+            picks.append((at, view))
+        for entry in popped:
+            heapq.heappush(heap, entry)
+        if len(picks) < job.node_count:
+            return None
+        return max(at for at, _ in picks), [view for _, view in picks]
+
+    def start(self, view: NodeView, indices: tuple[int, ...], *, end: float, job: JobRequest) -> None:
+        key = bucket_key(view.node)
+        sets = self.free_now[key]
+        sets[len(view.free)].pop(view.node.id, None)
+        view.start(indices, end=end, cpu=job.cpu, memory_gb=job.memory_gb)
+        sets[len(view.free)][view.node.id] = None
+
+    def _heap(self, key: BucketKey, gpus: int) -> list[tuple[float, int, str, int]]:
+        heap = self._heaps.get((key, gpus))
+        if heap is None:
+            heap = [
+                (view.avail_for(gpus), seq, node_id, view.version)
+                for seq, node_id in enumerate(self.members[key])
+                if (view := self.views[node_id]).node.gpu_count >= gpus
+            ]
+            heapq.heapify(heap)
+            self._heaps[(key, gpus)] = heap
+        return heap

@@ -1,0 +1,49 @@
+"""Outputs of the placement policy: what the caller should do now."""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Run `job_id` now; rank i on `node_ids[i]` using GPUs `gpu_indices[i]`."""
+
+    job_id: str
+    node_ids: tuple[str, ...]
+    gpu_indices: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Provision:
+    """Create `count` on-demand nodes of `instance_type` for `job_id` (it starts once they are ready)."""
+
+    instance_type: str
+    count: int
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give an idle on-demand node back to the cloud."""
+
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PullBack:
+    """Checkpoint `job_id` on on-demand `from_node_id` and resume it on owned `to_node_id`."""
+
+    job_id: str
+    from_node_id: str
+    to_node_id: str
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Leave `job_id` queued; `until` is the estimated start when known."""
+
+    job_id: str
+    reason: str
+    until: float | None = None
+
+
+Decision = Start | Provision | Release | PullBack | Wait

@@ -1,0 +1,124 @@
+"""Inputs of the placement policy: nodes, on-demand instance types, jobs and the cluster snapshot."""
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+NodeKind = Literal["local", "reserved", "on_demand"]
+Allowed = Literal["local", "cloud", "any"]
+Priority = Literal["time", "cost"]
+
+OWNED_KINDS: frozenset[str] = frozenset({"local", "reserved"})
+KINDS_FOR_ALLOWED: dict[str, tuple[str, ...]] = {
+    "local": ("local",),
+    "cloud": ("reserved", "on_demand"),
+    "any": ("local", "reserved", "on_demand"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the policy sees it; `free_gpu_indices` are the GPUs no job holds."""
+
+    id: str
+    kind: NodeKind
+    gpu_model: str
+    gpu_count: int
+    gpu_memory_gb: float
+    tflops: float
+    cpu: float
+    memory_gb: float
+    price_per_hour: float
+    free_gpu_indices: tuple[int, ...]
+    free_cpu: float
+    free_memory_gb: float
+    labels: Mapping[str, str] = field(default_factory=dict)
+    pool: str = "default"
+    instance_type: str | None = None
+    ready_at: float | None = None
+    idle_since: float | None = None
+    reserved_for: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("local", "reserved", "on_demand"):
+            raise ValueError(f"node {self.id}: unknown kind {self.kind!r}")
+        if any(not 0 <= i < self.gpu_count for i in self.free_gpu_indices):
+            raise ValueError(f"node {self.id}: free GPUs {self.free_gpu_indices} outside 0..{self.gpu_count - 1}")
+
+    @property
+    def free_gpus(self) -> int:
+        return len(self.free_gpu_indices)
+
+    def is_ready(self, now: float) -> bool:
+        return self.ready_at is None or self.ready_at <= now
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceType:
+    """One on-demand offer of the cloud catalogue."""
+
+    name: str
+    gpus: int
+    gpu_model: str
+    gpu_memory_gb: float
+    tflops: float
+    cpu: float
+    memory_gb: float
+    price_per_hour: float
+    startup_delay_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequest:
+    """A job waiting for GPUs; `gpu_count` is per node (rank), `gpu_models` empty means any model."""
+
+    id: str
+    user: str
+    submitted_at: float
+    expected_duration_s: float
+    allowed: Allowed = "any"
+    priority: Priority = "time"
+    gpu_count: int = 1
+    min_gpu_memory_gb: float = 0.0
+    gpu_models: frozenset[str] = frozenset()
+    node_count: int = 1
+    max_price_per_hour: float | None = None
+    deadline: float | None = None
+    predicted_duration_s: float | None = None
+    cpu: float = 0.0
+    memory_gb: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.allowed not in KINDS_FOR_ALLOWED or self.priority not in ("time", "cost"):
+            raise ValueError(f"job {self.id}: allowed={self.allowed!r} priority={self.priority!r}")
+        if self.gpu_count < 1 or self.node_count < 1 or self.expected_duration_s < 0:
+            raise ValueError(f"job {self.id}: needs gpu_count >= 1, node_count >= 1 and a duration >= 0")
+
+    def duration_on(self, tflops: float, reference_tflops: float) -> float:
+        """Seconds on GPUs of `tflops`; the estimator's prediction wins over the owner's expectation."""
+        base = self.predicted_duration_s if self.predicted_duration_s is not None else self.expected_duration_s
+        return base * reference_tflops / max(tflops, 1e-9)
+
+    def accepts_model(self, gpu_model: str) -> bool:
+        return not self.gpu_models or gpu_model in self.gpu_models
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs; `expected_end_at` comes from the estimator (or the owner's expectation)."""
+
+    job: JobRequest
+    node_ids: tuple[str, ...]
+    gpu_indices: tuple[tuple[int, ...], ...]
+    started_at: float
+    expected_end_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """Everything one scheduling pass needs; `usage_by_user` is recent GPU-hours (decayed) per user."""
+
+    nodes: tuple[Node, ...] = ()
+    queue: tuple[JobRequest, ...] = ()
+    running: tuple[RunningJob, ...] = ()
+    catalogue: tuple[InstanceType, ...] = ()
+    usage_by_user: Mapping[str, float] = field(default_factory=dict)

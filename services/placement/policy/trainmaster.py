@@ -1,0 +1,48 @@
+"""`trainmaster` and `wait-local`: fair-share queue, backfill behind reservations, time/cost rules."""
+from services.placement.policy.config import PolicyConfig
+from services.placement.policy.decisions import Decision
+from services.placement.policy.models import ClusterState
+from services.placement.policy.options import (
+    job_kinds,
+    node_options,
+    pick_cost_sensitive,
+    pick_time_sensitive,
+    provision_options,
+)
+from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, FairQueue, Pass
+from services.placement.policy.pullback import pull_back
+
+
+def schedule_trainmaster(state: ClusterState, now: float, config: PolicyConfig) -> list[Decision]:
+    """Our policy: may pay for on-demand nodes when the job's rule says so, and pulls long jobs back."""
+    return _schedule(state, now, config, kinds=ALL_KINDS)
+
+
+def schedule_wait_local(state: ClusterState, now: float, config: PolicyConfig) -> list[Decision]:
+    """The same rules on owned capacity only: never pays."""
+    return _schedule(state, now, config, kinds=OWNED_ONLY)
+
+
+def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: frozenset[str]) -> list[Decision]:
+    p = Pass(state, now=now, config=config, kinds=kinds)
+    queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s)
+    for job in queue.take(config.max_jobs_per_pass):
+        allowed = job_kinds(job, kinds)
+        options = node_options(job, p.index, kinds=allowed, config=config, wait=True)
+        if "on_demand" in allowed:
+            options += provision_options(job, state.catalogue, now=now, config=config)
+        if not options:
+            p.wait(job, "no node or instance type can host this job")
+            continue
+        if job.priority == "time":
+            choice = pick_time_sensitive(options, now=now, config=config)
+        else:
+            choice = pick_cost_sensitive(options, job)
+        p.apply(job, choice)
+        if choice.action != "wait":
+            queue.charge(job, choice.duration)
+    examined_all = len(state.queue) <= config.max_jobs_per_pass
+    if "on_demand" in kinds and examined_all and (p.waiting == 0 or not config.pullback_only_when_queue_empty):
+        pull_back(p)
+    p.release_idle()
+    return p.decisions

@@ -1,0 +1,71 @@
+"""`trainmaster-sim`: replay a trace on a hybrid cluster under one placement policy."""
+import argparse
+import json
+import sys
+import time
+
+from services.placement.policy import POLICIES, PolicyConfig
+from services.placement.sim.catalogue import DEFAULT_CATALOGUE, REFERENCE_TFLOPS
+from services.placement.sim.engine import Simulation
+from services.placement.sim.metrics import summarise
+from services.placement.sim.trace import TraceOptions, load_jobs, load_nodes
+
+DEFAULT_LOCAL = 16  # 16 two-GPU P100 workstations
+DEFAULT_RESERVED = 8  # 6 P100 nodes, one 8-GPU G3, one 8-GPU V100M32: 60 owned GPUs, the trace peaks at 71
+
+TRACE_DEFAULTS = TraceOptions()
+POLICY_DEFAULTS = PolicyConfig()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="trainmaster-sim", description=__doc__)
+    p.add_argument("--pods", required=True, help="openb_pod_list_*.csv")
+    p.add_argument("--nodes", required=True, help="openb_node_list_gpu_node.csv")
+    p.add_argument("--policy", default="trainmaster", choices=sorted(POLICIES))
+    p.add_argument("--local", type=int, default=DEFAULT_LOCAL, help="first N nodes of the list are local")
+    p.add_argument("--reserved", type=int, default=DEFAULT_RESERVED, help="next M nodes are reserved cloud")
+    p.add_argument("--idle-release-s", type=float, default=POLICY_DEFAULTS.idle_release_s)
+    p.add_argument("--finish-tolerance-frac", type=float, default=POLICY_DEFAULTS.finish_tolerance_frac,
+                   help="time-sensitive: finishes this close (fraction of time to finish) count as equal")
+    p.add_argument("--pay-only-to-avoid-waiting", action="store_true",
+                   help="time-sensitive jobs use a free owned node rather than pay for a faster on-demand one")
+    p.add_argument("--local-only-frac", type=float, default=TRACE_DEFAULTS.local_only_frac)
+    p.add_argument("--cloud-only-frac", type=float, default=TRACE_DEFAULTS.cloud_only_frac)
+    p.add_argument("--estimate-error", type=float, default=0.0, help="log-normal sigma on expected durations")
+    p.add_argument("--limit", type=int, default=0, help="replay only the first N jobs (0 = all)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def simulate(args: argparse.Namespace) -> dict:
+    options = TraceOptions(local_only_frac=args.local_only_frac, cloud_only_frac=args.cloud_only_frac,
+                           estimate_error=args.estimate_error)
+    jobs, skipped = load_jobs(args.pods, options)
+    if args.limit:
+        jobs = jobs[: args.limit]
+    nodes = load_nodes(args.nodes, local=args.local, reserved=args.reserved)
+    config = PolicyConfig(policy=args.policy, reference_tflops=REFERENCE_TFLOPS, idle_release_s=args.idle_release_s,
+                          finish_tolerance_frac=args.finish_tolerance_frac,
+                          pay_only_to_avoid_waiting=args.pay_only_to_avoid_waiting)
+    started = time.perf_counter()
+    out = Simulation(jobs, nodes, catalogue=DEFAULT_CATALOGUE, config=config).run()
+    result = {"policy": args.policy, "local_nodes": args.local, "reserved_nodes": args.reserved}
+    result |= summarise(jobs, out)
+    result["skipped_no_gpu"] = skipped.no_gpu
+    result["skipped_never_scheduled"] = skipped.never_scheduled
+    result["skipped_zero_run_time"] = skipped.zero_run_time
+    result["fractional_gpu_rounded_up"] = skipped.fractional_gpu_rounded_up
+    result["wall_s"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    result = simulate(args)
+    if args.json:
+        json.dump(result, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        for key, value in result.items():
+            print(f"{key:28} {value}")
+    return 0

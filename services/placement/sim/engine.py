@@ -1,0 +1,245 @@
+"""Discrete-event replay of a trace against the placement policy (the very functions the service calls)."""
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+
+from services.placement.policy import (
+    ClusterState,
+    InstanceType,
+    JobRequest,
+    Node,
+    PolicyConfig,
+    Provision,
+    PullBack,
+    Release,
+    RunningJob,
+    Start,
+    schedule,
+)
+from services.placement.sim.trace import NodeSpec, TraceJob
+
+USAGE_HALF_LIFE_S = 7 * 86400.0  # fair share remembers about a week of usage
+ARRIVE, FINISH, WAKE = 0, 1, 2
+
+
+@dataclass(slots=True)
+class SimNode:
+    id: str
+    kind: str
+    gpu_model: str
+    gpu_count: int
+    gpu_memory_gb: float
+    tflops: float
+    cpu: float
+    memory_gb: float
+    price_per_hour: float
+    free: set[int]
+    free_cpu: float
+    free_memory_gb: float
+    instance_type: str | None = None
+    ready_at: float | None = None
+    reserved_for: str | None = None
+    idle_since: float | None = None
+    created_at: float = 0.0
+    busy_gpu_s: float = 0.0
+
+    def snapshot(self) -> Node:
+        return Node(self.id, self.kind, self.gpu_model, self.gpu_count, self.gpu_memory_gb, self.tflops, self.cpu,
+                    self.memory_gb, self.price_per_hour, tuple(sorted(self.free)), self.free_cpu,
+                    self.free_memory_gb, instance_type=self.instance_type, ready_at=self.ready_at,
+                    idle_since=self.idle_since, reserved_for=self.reserved_for)
+
+
+@dataclass(slots=True)
+class Segment:
+    node_ids: tuple[str, ...]
+    indices: tuple[tuple[int, ...], ...]
+    start: float
+    end: float
+    tflops: float
+    token: int
+
+
+@dataclass(slots=True)
+class Outcome:
+    finished: dict[str, float] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)
+    od_node_seconds: float = 0.0
+    od_dollars: float = 0.0
+    od_nodes_created: int = 0
+    pullbacks: int = 0
+    owned_busy_gpu_s: float = 0.0
+    owned_gpus: int = 0
+    passes: int = 0
+    policy_seconds: float = 0.0
+    end_time: float = 0.0
+
+
+class Simulation:
+    def __init__(self, jobs: list[TraceJob], nodes: list[NodeSpec], *, catalogue: tuple[InstanceType, ...],
+                 config: PolicyConfig):
+        self.jobs = {j.request.id: j for j in jobs}
+        self.catalogue = catalogue
+        self.types = {it.name: it for it in catalogue}
+        self.config = config
+        self.nodes = {s.id: SimNode(s.id, s.kind, s.gpu_model, s.gpu_count, s.gpu_memory_gb, s.tflops, s.cpu,
+                                    s.memory_gb, s.price_per_hour, set(range(s.gpu_count)), s.cpu, s.memory_gb)
+                      for s in nodes}
+        self.cache: dict[str, Node] = {}
+        self.queue: dict[str, JobRequest] = {}
+        self.running: dict[str, RunningJob] = {}
+        self.segments: dict[str, Segment] = {}
+        self.work_left = {j.request.id: j.run_time_s for j in jobs}
+        self.usage: dict[str, tuple[float, float]] = {}
+        self.events: list[tuple[float, int, int, str, int]] = []
+        self.seq = 0
+        self.out = Outcome(owned_gpus=sum(n.gpu_count for n in self.nodes.values()))
+        for j in jobs:
+            self._push(j.request.submitted_at, ARRIVE, j.request.id)
+
+    def run(self) -> Outcome:
+        while self.events:
+            now = self.events[0][0]
+            while self.events and self.events[0][0] == now:
+                _, _, kind, key, token = heapq.heappop(self.events)
+                if kind == ARRIVE:
+                    self.queue[key] = self.jobs[key].request
+                elif kind == FINISH and key in self.segments and self.segments[key].token == token:
+                    self._finish(key, now)
+                elif kind == WAKE and key in self.nodes:
+                    self._wake(self.nodes[key], now)
+            self._pass(now)
+        self.out.end_time = max(self.out.finished.values(), default=0.0)
+        for node in list(self.nodes.values()):
+            if node.kind == "on_demand":
+                self._release(node.id, max(self.out.end_time, node.created_at))
+        return self.out
+
+    def _pass(self, now: float) -> None:
+        state = ClusterState(
+            nodes=tuple(self._node(n) for n in self.nodes),
+            queue=tuple(self.queue.values()),
+            running=tuple(self.running.values()),
+            catalogue=self.catalogue,
+            usage_by_user=self._usage(now),
+        )
+        started = time.perf_counter()
+        decisions = schedule(state, now, self.config)
+        self.out.policy_seconds += time.perf_counter() - started
+        self.out.passes += 1
+        for d in decisions:
+            if isinstance(d, Start):
+                self._start(d, now)
+            elif isinstance(d, Provision):
+                self._provision(d, now)
+            elif isinstance(d, Release):
+                self._release(d.node_id, now)
+            elif isinstance(d, PullBack):
+                self._pull_back(d, now)
+
+    def _node(self, node_id: str) -> Node:
+        node = self.cache.get(node_id)
+        if node is None:
+            node = self.cache[node_id] = self.nodes[node_id].snapshot()
+        return node
+
+    def _usage(self, now: float) -> dict[str, float]:
+        decay = math.log(2) / USAGE_HALF_LIFE_S
+        return {u: v * math.exp(-decay * (now - t)) for u, (v, t) in self.usage.items()}
+
+    def _charge(self, user: str, gpu_hours: float, now: float) -> None:
+        value, at = self.usage.get(user, (0.0, now))
+        self.usage[user] = (value * math.exp(-math.log(2) / USAGE_HALF_LIFE_S * (now - at)) + gpu_hours, now)
+
+    def _push(self, at: float, kind: int, key: str, token: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, self.seq, kind, key, token))
+
+    def _wake(self, node: SimNode, now: float) -> None:
+        """A booted node with nothing on it starts its idle clock."""
+        if node.idle_since is None and len(node.free) == node.gpu_count:
+            node.idle_since = now
+            self.cache.pop(node.id, None)
+            self._push(now + self.config.idle_release_s, WAKE, node.id)
+
+    def _take(self, node: SimNode, indices: tuple[int, ...], cpu: float, memory_gb: float, now: float) -> None:
+        assert node.ready_at is None or node.ready_at <= now, f"{node.id} is not ready"
+        assert set(indices) <= node.free, f"{node.id}: GPUs {indices} are not free"
+        node.free -= set(indices)
+        node.free_cpu -= cpu
+        node.free_memory_gb -= memory_gb
+        node.idle_since = None
+        node.reserved_for = None
+        self.cache.pop(node.id, None)
+
+    def _give(self, node: SimNode, indices: tuple[int, ...], cpu: float, memory_gb: float, now: float) -> None:
+        node.free |= set(indices)
+        node.free_cpu += cpu
+        node.free_memory_gb += memory_gb
+        if node.kind == "on_demand" and len(node.free) == node.gpu_count:
+            node.idle_since = now
+            self._push(now + self.config.idle_release_s, WAKE, node.id)
+        self.cache.pop(node.id, None)
+
+    def _begin(self, job_id: str, node_ids, indices, *, now: float, start: float) -> None:
+        """Hold the GPUs from `now`; the job computes from `start` (later than now after a migration)."""
+        job = self.jobs[job_id].request
+        nodes = [self.nodes[n] for n in node_ids]
+        for node, idx in zip(nodes, indices, strict=True):
+            self._take(node, idx, job.cpu, job.memory_gb, now)
+        tflops = min(n.tflops for n in nodes)
+        end = start + self.work_left[job_id] * self.config.reference_tflops / tflops
+        self.seq += 1
+        self.segments[job_id] = Segment(tuple(node_ids), tuple(indices), start, end, tflops, self.seq)
+        self._push(end, FINISH, job_id, self.seq)
+        left = self.work_left[job_id] / self.jobs[job_id].run_time_s
+        expected_end = start + job.expected_duration_s * left * self.config.reference_tflops / tflops
+        self.running[job_id] = RunningJob(job, tuple(node_ids), tuple(indices), start, expected_end)
+
+    def _start(self, d: Start, now: float) -> None:
+        job = self.queue.pop(d.job_id)
+        self._begin(d.job_id, d.node_ids, d.gpu_indices, now=now, start=now)
+        self.out.started[d.job_id] = now
+        self._charge(job.user, job.gpu_count * job.node_count * job.expected_duration_s / 3600, now)
+
+    def _stop(self, job_id: str, now: float) -> None:
+        seg = self.segments.pop(job_id)
+        job = self.jobs[job_id].request
+        for node_id, idx in zip(seg.node_ids, seg.indices, strict=True):
+            node = self.nodes[node_id]
+            node.busy_gpu_s += len(idx) * max(0.0, now - seg.start)
+            if node.kind != "on_demand":
+                self.out.owned_busy_gpu_s += len(idx) * max(0.0, now - seg.start)
+            self._give(node, idx, job.cpu, job.memory_gb, now)
+        done = max(0.0, now - seg.start) * seg.tflops / self.config.reference_tflops
+        self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)
+        del self.running[job_id]
+
+    def _finish(self, job_id: str, now: float) -> None:
+        self._stop(job_id, now)
+        self.out.finished[job_id] = now
+
+    def _provision(self, d: Provision, now: float) -> None:
+        it = self.types[d.instance_type]
+        for _ in range(d.count):
+            self.out.od_nodes_created += 1
+            node_id = f"od-{self.out.od_nodes_created:05d}"
+            self.nodes[node_id] = SimNode(node_id, "on_demand", it.gpu_model, it.gpus, it.gpu_memory_gb, it.tflops,
+                                          it.cpu, it.memory_gb, it.price_per_hour, set(range(it.gpus)), it.cpu,
+                                          it.memory_gb, instance_type=it.name, ready_at=now + it.startup_delay_s,
+                                          reserved_for=d.job_id, created_at=now)
+            self._push(now + it.startup_delay_s, WAKE, node_id)
+
+    def _release(self, node_id: str, now: float) -> None:
+        assert len(self.nodes[node_id].free) == self.nodes[node_id].gpu_count, f"{node_id} is not idle"
+        node = self.nodes.pop(node_id)
+        self.cache.pop(node_id, None)
+        seconds = max(0.0, now - node.created_at)
+        self.out.od_node_seconds += seconds
+        self.out.od_dollars += seconds / 3600 * node.price_per_hour
+
+    def _pull_back(self, d: PullBack, now: float) -> None:
+        self._stop(d.job_id, now)
+        self._begin(d.job_id, (d.to_node_id,), (d.gpu_indices,), now=now, start=now + self.config.migration_s)
+        self.out.pullbacks += 1
