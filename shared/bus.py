@@ -43,6 +43,7 @@ RPC_NODES = "tm.rpc.monitor.nodes"
 RPC_USAGE = "tm.rpc.billing.usage"
 RPC_TERMINATE = "tm.rpc.monitor.terminate"
 RPC_MIGRATE = "tm.rpc.monitor.migrate"
+RPC_METRICS = "tm.rpc.estimator.metrics"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 SERVICES = ("placement", "monitor", "estimator", "billing")
 

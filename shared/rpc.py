@@ -28,3 +28,20 @@ class UsageReport(BaseModel):
     by_user: list[UsageTotals]
     by_node_kind: list[UsageTotals]
     open_attempts: int = Field(0, description="Attempts still running, charged up to now.")
+
+
+class MetricsQuery(BaseModel):
+    job_id: str
+    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones.")
+
+
+class MetricSeries(BaseModel):
+    name: str
+    target: float | None = None
+    mode: str | None = None
+    points: list[tuple[float, float, float | None]] = Field(description="(unix time, value, step or null)")
+
+
+class MetricsReport(BaseModel):
+    job_id: str
+    series: list[MetricSeries]

@@ -2,8 +2,9 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import durable, retry_transient
+from shared.bus import RPC_METRICS, durable, retry_transient
 from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk
+from shared.rpc import MetricsQuery, MetricsReport
 from services.estimator.service import Estimator
 
 router = NatsRouter()
@@ -25,3 +26,9 @@ async def on_job_event(event: JobEvent, estimator: Estimator = Context("estimato
 async def on_log_chunk(chunk: LogChunk, estimator: Estimator = Context("estimator")) -> None:
     """Parse metric points out of the output and refresh the estimate."""
     await estimator.log_chunk(chunk)
+
+
+@router.subscriber(RPC_METRICS)
+async def metrics(query: MetricsQuery, estimator: Estimator = Context("estimator")) -> MetricsReport:
+    """A job's metric curves."""
+    return await estimator.metrics(query)

@@ -10,6 +10,7 @@ from pymongo.errors import BulkWriteError
 from shared.bus import publish
 from shared.events import EtaEstimated, JobStatusChanged, JobSubmitted, LogChunk, LogLine
 from shared.jobs import MetricSpec
+from shared.rpc import MetricSeries, MetricsQuery, MetricsReport
 from services.estimator.tracker import JobTracker
 
 log = logging.getLogger(__name__)
@@ -57,16 +58,29 @@ class Estimator:
         await publish(self.broker, EtaEstimated(
             event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
 
-    async def _tracker(self, job_id: str) -> JobTracker | None:
+    async def metrics(self, query: MetricsQuery) -> MetricsReport:
+        """Every metric point of a job so far (finished jobs included), for curves."""
+        tracker = await self._tracker(query.job_id, finished_too=True)
+        if tracker is None:
+            return MetricsReport(job_id=query.job_id, series=[])
+        specs = {m.name: m for m in tracker.metrics}
+        series = [MetricSeries(name=name, target=specs[name].target if name in specs else None,
+                               mode=specs[name].mode if name in specs else None,
+                               points=[(p.t, p.value, p.step) for p in points[-query.max_points:]])
+                  for name, points in sorted(tracker.points.items())]
+        return MetricsReport(job_id=query.job_id, series=series)
+
+    async def _tracker(self, job_id: str, *, finished_too: bool = False) -> JobTracker | None:
         if job_id in self.trackers:
             return self.trackers[job_id]
         job = await self.jobs.find_one({"_id": job_id})
-        if job is None or job.get("finished"):
+        if job is None or (job.get("finished") and not finished_too):
             return None
         tracker = JobTracker([MetricSpec.model_validate(m) for m in job["metrics"]])
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             tracker.observe(LogLine(t=doc["t"], line=doc["line"]))
-        self.trackers[job_id] = tracker
+        if not job.get("finished"):
+            self.trackers[job_id] = tracker
         return tracker
 
     async def _store(self, chunk: LogChunk, found: list) -> None:

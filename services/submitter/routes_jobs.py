@@ -7,10 +7,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from shared.bus import RPC_MIGRATE, RPC_TERMINATE, publish
+from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
+from shared.rpc import MetricsQuery, MetricsReport
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
@@ -119,6 +120,18 @@ async def delete_job(project_id: ProjectId, job_id: str, request: Request,
                                                       "Failed or Terminated jobs can be deleted; terminate it first")
     await publish(request.app.state.broker, JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id))
     return Response(status_code=204)
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves")
+async def metrics(project_id: ProjectId, job_id: str, request: Request, principal: Principal = Depends(authenticate),
+                  max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
+    await load(repo(request), principal, project_id, job_id)
+    try:
+        reply = await request.app.state.broker.request(MetricsQuery(job_id=job_id, max_points=max_points),
+                                                       RPC_METRICS, timeout=5)
+        return MetricsReport.model_validate(await reply.decode())
+    except Exception as exc:
+        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"estimator did not answer: {exc!r}") from None
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="Read a training job's output")

@@ -39,6 +39,10 @@ async def test_a_job_runs_to_completion_with_logs_usage_and_an_estimate(api, pro
 
     text = await eventually(lambda: _logs_with(api, project, job_id, "step 30 loss"))
     assert text.count("\n") == 30
+    curves = (await api.get(f"/v2/{project}/training-jobs/{job_id}/metrics")).json()
+    (loss,) = curves["series"]
+    assert loss["name"] == "loss" and loss["target"] == 0.1 and len(loss["points"]) == 30
+    assert loss["points"][-1][1] == 0.1
 
     async def charged():
         usage = (await api.get(f"/v2/{project}/usage")).json()
