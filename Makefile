@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast bench bench-submit bench-eta bench-sched clean
+.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m services.stack
 
-test: $(STAMP)
+# Browser tests drive Debian's chromium (Playwright's own browser download does not work offline).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "chromium could not be installed: the browser tests will be skipped"
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test-fast: $(STAMP)

@@ -5,6 +5,7 @@ import re
 import signal
 import sys
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -19,7 +20,7 @@ PYTHON = sys.executable
 
 async def step_reached(api, project, job_id, step):
     text = await logs(api, project, job_id)
-    steps = [int(s) for s in re.findall(r"^step (\d+)$", text, re.M)]
+    steps = [int(s) for s in re.findall(r"^step (\d+)\b", text, re.M)]
     return max(steps) if steps and max(steps) >= step else None
 
 
@@ -129,3 +130,19 @@ async def test_a_two_rank_pytorch_ddp_job_runs_across_two_agents(api, project):
         text = (await api.get(f"/v2/{project}/training-jobs/{job_id}/logs",
                               params={"task": f"worker-{rank}"})).text
         assert f"rank {rank} of 2 sum 3.0" in text
+
+
+async def test_the_pytorch_example_resumes_from_its_checkpoint_after_a_move(api, project):
+    script = Path(__file__).resolve().parents[2] / "services/agent/sdk/examples/pytorch_train.py"
+    job = await submit(api, project, command=f"{PYTHON} {script} --steps 4000 --checkpoint-every 200",
+                       allowed="local", metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.e-]+)"}])
+    job_id = job["metadata"]["id"]
+    await wait_phase(api, project, job_id, "Running")
+    await eventually(lambda: step_reached(api, project, job_id, 300), timeout_s=60, interval_s=0.1)
+    response = await api.post(f"/v2/{project}/training-jobs/{job_id}/actions", json={"action_type": "migrate"})
+    assert response.status_code == 202, response.text
+    done = await wait_phase(api, project, job_id, "Completed", "Failed", timeout_s=90)
+    assert done["status"]["phase"] == "Completed", done["status"]
+    text = await logs(api, project, job_id)
+    saved = int(re.search(r"saved at step (\d+); exiting for the move", text).group(1))
+    assert f"resumed from step {saved} (attempt 2)" in text and "step 3999 loss" in text

@@ -5,7 +5,8 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish, stream_of
-from shared.events import NodeRegistered, NodeStateChanged
+from shared.events import Eta, EtaEstimated, JobStatusChanged, NodeRegistered, NodeStateChanged
+from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
@@ -14,6 +15,7 @@ from services.placement.handlers import router as placement_router
 from services.placement.service import Placement
 from tests.factories import T0, exited, node, started, submitted
 from tests.memory import MemoryCollection
+from tests.service.test_monitor import recorder
 
 
 @pytest.fixture
@@ -72,3 +74,52 @@ async def test_a_job_is_started_on_a_node_that_fits_once_it_registers(placement)
     assert await service.schedule_once() == 1
     assert [(s["job_id"], s["attempt"], s["gpu_indices"]) for s in starts] == [("j", 1, [0])]
     assert await service.schedule_once() == 0  # placed once
+
+
+def running(job_id: str, *, attempt: int = 1, at=T0) -> JobStatusChanged:
+    return JobStatusChanged(event_id=f"{job_id}:status:3", job_id=job_id, project_id="p", user_name="alice",
+                            version=3, phase=Phase.RUNNING, secondary_phase=SecondaryPhase.RUNNING, attempt=attempt,
+                            node_ids=("slow-box",), start_time=at)
+
+
+def estimate(job_id: str, *, remaining_s: float, at) -> EtaEstimated:
+    return EtaEstimated(event_id=f"{job_id}:eta:{remaining_s}", occurred_at=at, job_id=job_id,
+                        eta=Eta(remaining_s=remaining_s, finish_time=at, low_s=remaining_s, high_s=remaining_s,
+                                method="rate"))
+
+
+@pytest.fixture
+async def slow_job():
+    broker = NatsBroker()
+    broker.include_router(placement_router)
+    seen: dict[str, list[dict]] = {"tm.job.migrate": [], "tm.notify.p": []}
+    for subject, into in seen.items():
+        broker.subscriber(subject, stream=stream_of(subject))(recorder(into))
+    async with TestNatsBroker(broker) as test_broker:
+        service = Placement(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
+                            nodes=DocumentStore(MemoryCollection("nodes"), test_broker), slow_factor=1.5)
+        test_broker.context.set_global("placement", service)
+        await publish(test_broker, submitted(job_id="j", gpu_count=1, expected_duration_s=100))
+        await publish(test_broker, NodeRegistered(event_id="s", boot_id="b",
+                                                  node=node(node_id="slow-box", tflops=10)))
+        assert await service.schedule_once() == 1
+        await publish(test_broker, running("j"))
+        yield test_broker, service, seen
+
+
+async def test_a_job_far_slower_than_expected_moves_to_a_faster_free_node(slow_job):
+    broker, service, seen = slow_job
+    await publish(broker, NodeRegistered(event_id="f", boot_id="b", node=node(node_id="fast-box", tflops=300)))
+    await publish(broker, estimate("j", remaining_s=60, at=T0 + timedelta(seconds=50)))  # 110 s: within 1.5x
+    assert seen["tm.job.migrate"] == []
+    await publish(broker, estimate("j", remaining_s=200, at=T0 + timedelta(seconds=60)))  # 260 s: too slow
+    assert [(m["cause"], m["attempt"]) for m in seen["tm.job.migrate"]] == [("slow", 1)]
+    await publish(broker, estimate("j", remaining_s=300, at=T0 + timedelta(seconds=70)))
+    assert len(seen["tm.job.migrate"]) == 1  # once per attempt
+
+
+async def test_a_slow_job_with_nowhere_faster_to_go_notifies_its_owner(slow_job):
+    broker, _, seen = slow_job
+    await publish(broker, estimate("j", remaining_s=500, at=T0 + timedelta(seconds=60)))
+    assert seen["tm.job.migrate"] == []
+    assert [n["kind"] for n in seen["tm.notify.p"]] == ["slow_no_faster_option"]
