@@ -44,6 +44,7 @@ RPC_USAGE = "tm.rpc.billing.usage"
 RPC_TERMINATE = "tm.rpc.monitor.terminate"
 RPC_MIGRATE = "tm.rpc.monitor.migrate"
 RPC_METRICS = "tm.rpc.estimator.metrics"
+RPC_ADMIT = "tm.rpc.billing.admit"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 SERVICES = ("placement", "monitor", "estimator", "billing")
 

@@ -302,7 +302,37 @@ class NodeStateChanged(Message):
     last_seen: datetime
 
 
-NodeEvent = Annotated[NodeRegistered | NodeHeartbeat | NodeStateChanged, Field(discriminator="type")]
+class NodeProvisioned(Message):
+    """Placement created an on-demand node (billed from now until it is released, idle time included)."""
+
+    subject_template: ClassVar[str] = "tm.node.evt.provisioned"
+    type: Literal["NodeProvisioned"] = "NodeProvisioned"
+
+    node_id: str
+    instance_type: str
+    provider: str = Field(examples=["local-process"])
+    price_per_hour: float = Field(ge=0)
+    gpu_count: int = Field(ge=0)
+    provisioned_at: datetime
+    for_job_id: str | None = Field(None, description="The job it was provisioned for.")
+    project_id: str | None = None
+    user_name: str | None = None
+
+
+class NodeReleased(Message):
+    """Placement gave an on-demand node back; billing stops charging for it."""
+
+    subject_template: ClassVar[str] = "tm.node.evt.released"
+    type: Literal["NodeReleased"] = "NodeReleased"
+
+    node_id: str
+    released_at: datetime
+    reason: str = Field("idle", examples=["idle", "pulled back", "failed to start"])
+
+
+NodeEvent = Annotated[
+    NodeRegistered | NodeHeartbeat | NodeStateChanged | NodeProvisioned | NodeReleased, Field(discriminator="type")
+]
 
 
 # Output and estimates ------------------------------------------------------------------------------------------

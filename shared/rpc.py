@@ -1,6 +1,8 @@
 """Request/reply contracts between the REST API and the services that own the answers."""
 from datetime import datetime
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -45,3 +47,22 @@ class MetricSeries(BaseModel):
 class MetricsReport(BaseModel):
     job_id: str
     series: list[MetricSeries]
+
+
+class AdmitQuery(BaseModel):
+    """May this project/user spend this much? Asked before a job is accepted and before paying for a node."""
+
+    model_config = ConfigDict(frozen=True)
+
+    project_id: str
+    user_name: str
+    purpose: Literal["submit", "provision"]
+    gpus: int = Field(0, ge=0, description="GPUs the job or node adds (for max_gpus).")
+    estimated_cost: float = Field(0, ge=0, description="Dollars it is expected to cost.")
+    estimated_gpu_hours: float = Field(0, ge=0)
+
+
+class AdmitReply(BaseModel):
+    allowed: bool
+    reason: str = Field("", description="Why not, naming the quota or budget and what is left.")
+    error_code: str = Field("", description="The API error code to answer with when refused.")
