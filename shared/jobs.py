@@ -13,8 +13,9 @@ State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
        └──► Failed[CreateFailed] / Terminated
 """
 import re
+from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -165,6 +166,10 @@ class PlacementPrefs(Strict):
     allowed: Literal["local", "cloud", "any"] = Field("any", description="local: owned nodes; cloud: reserved or on-demand.")
     priority: Literal["time", "cost"] = Field("time", description="Finish soonest, or spend least.")
     expected_duration_s: int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
+    gpu_models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Acceptable GPU models; empty: any.")
+    max_price_per_hour: float | None = Field(None, gt=0, le=10_000, description="Most the job may cost per hour.")
+    deadline: datetime | None = Field(None, description="When the job must be finished (ISO 8601).")
 
 
 class Spec(Strict):

@@ -83,16 +83,14 @@ def servers():
                "nats_url": f"nats://{bus.get_container_host_ip()}:{bus.get_exposed_port(4222)}"}
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory, servers) -> Stack:
-    data = tmp_path_factory.mktemp("stack")
-    cluster = data / "cluster.toml"
-    cluster.write_text(CLUSTER)
+def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None) -> Stack:
+    """The whole stack on free ports under `data`, ready (every node of `cluster` registered)."""
+    (data / "cluster.toml").write_text(cluster)
     settings = StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), api_port=free_port(),
-                             cluster_file=cluster, admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
+                             cluster_file=data / "cluster.toml", admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
                              node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"),
                              nats_url=servers.get("nats_url"))
-    stack = Stack(settings)
+    stack = Stack(settings, extra_env=extra_env or {})
     try:
         stack.start_all()
         wait_until_ready(stack)
@@ -100,6 +98,12 @@ def stack(tmp_path_factory, servers) -> Stack:
         stack.stop_all()
         dump_logs(stack)
         raise
+    return stack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory, servers) -> Stack:
+    stack = start_stack(tmp_path_factory.mktemp("stack"), cluster=CLUSTER, servers=servers)
     yield stack
     stack.stop_all()
 
@@ -114,8 +118,8 @@ def wait_until_ready(stack: Stack, timeout_s: float = 60) -> None:
             nodes = httpx.get(f"{stack.api_url}/v2/nodes", headers=headers, timeout=5)
             if health.status_code == 200 and nodes.status_code == 200:
                 items = nodes.json()["items"]
-                if len(items) == len(stack.node_ids()) and all(i["state"] != "lost" and i.get("kind")
-                                                                  for i in items):
+                static = set(stack.node_ids())
+                if static <= {i["node_id"] for i in items if i["state"] != "lost" and i.get("kind")}:
                     return
             last = (health.text, nodes.text)
         except httpx.HTTPError as exc:

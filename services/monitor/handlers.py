@@ -15,6 +15,7 @@ from shared.events import (
     NodeEvent,
     NodeHeartbeat,
     NodeRegistered,
+    NodeReleased,
     NodeTasksLost,
     TaskExited,
     TaskStarted,
@@ -64,6 +65,8 @@ async def on_node_event(event: NodeEvent, monitor: Monitor = Context("monitor"))
         case NodeHeartbeat():
             await monitor.sighted(event.node_id, boot_id=event.boot_id, at=event.occurred_at,
                                   running=event.running, gpu_utilization=event.gpu_utilization)
+        case NodeReleased():
+            await monitor.released(event.node_id)
 
 
 @router.subscriber(RPC_NODES)

@@ -15,7 +15,7 @@ class NodeRecord(BaseModel):
     info: NodeInfo | None = None
     boot_id: str = ""
     last_seen: datetime
-    state: Literal["ready", "lost"] = "ready"
+    state: Literal["ready", "lost", "released"] = "ready"
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
 
@@ -41,6 +41,8 @@ def sighted(
     gpu_utilization: float | None = None,
 ) -> Sighting:
     """A node spoke: refresh it, note an agent restart (new boot id), bring a lost node back."""
+    if node is not None and node.state == "released":
+        return Sighting(node=node)  # a given-back node's last words
     if node is not None and at < node.last_seen and boot_id == node.boot_id:
         return Sighting(node=node if info is None or node.info else node.model_copy(update={"info": info}))
     update = {"boot_id": boot_id, "last_seen": at, "state": "ready"}

@@ -82,6 +82,13 @@ class Monitor:
                 await publish(self.jobs.broker, stop(ref.job_id, ref.attempt, node_id, rank=ref.rank,
                                                      reason="fenced", grace_s=0, now=now))
 
+    async def released(self, node_id: str) -> None:
+        """An on-demand node was given back: it is gone on purpose, not lost."""
+        doc = await self.nodes.load(node_id)
+        if doc and doc.get("state") != "released":
+            node = NodeRecord.model_validate(doc).model_copy(update={"state": "released", "running": ()})
+            await self.nodes.save(node_id, node.model_dump(), doc, [])
+
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""
         if (now - self.started_at).total_seconds() < self.node_timeout_s:

@@ -1,5 +1,8 @@
 """Placement wiring: a single process that owns the queue and decides where each attempt runs."""
+import os
+import tomllib
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from faststream import FastStream
 from pydantic import Field
@@ -8,7 +11,11 @@ from shared.bus import connect, make_broker
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, make_client, relay
+from services.placement.adapter import catalogue_from
+from services.placement.fleet import Fleet
 from services.placement.handlers import router
+from services.placement.policy import PolicyConfig
+from services.placement.providers import LocalProcessProvider
 from services.placement.service import Placement, scheduling_loop
 
 SERVICE = "placement"
@@ -17,6 +24,11 @@ SERVICE = "placement"
 class PlacementSettings(CommonSettings):
     schedule_tick_s: float = 5.0
     slow_factor: float = Field(1.5, gt=1, description="Estimated total beyond this times the expected: too slow.")
+    cluster_file: Path = Field(Path("cluster.toml"), description="Its [[instance_types]] are the on-demand catalogue.")
+    policy: str = Field("trainmaster", description="trainmaster, local-fifo, burst or wait-local.")
+    idle_release_s: float = Field(600, ge=0, description="On-demand nodes idle this long are given back.")
+    pullback_min_remaining_s: float = Field(3600, ge=0, description="Pull back only jobs with this much left.")
+    provider: str = Field("local-process", description="Where on-demand nodes come from.")
 
 
 def create_app(settings: PlacementSettings | None = None) -> FastStream:
@@ -32,8 +44,12 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         await connect(broker)
         client = make_client(settings.mongo_url)
         db = client[settings.mongo_db]
-        placement = Placement(jobs=DocumentStore(db.placement_jobs, broker),
-                              nodes=DocumentStore(db.placement_nodes, broker), slow_factor=settings.slow_factor)
+        fleet = Fleet(store=DocumentStore(db.placement_nodes, broker), provider=make_provider(settings),
+                      catalogue=catalogue_from(load_catalogue(settings.cluster_file)))
+        config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,
+                              pullback_min_remaining_s=settings.pullback_min_remaining_s)
+        placement = Placement(jobs=DocumentStore(db.placement_jobs, broker), fleet=fleet,
+                              slow_factor=settings.slow_factor, config=config)
         await placement.load()
         broker.context.set_global("placement", placement)
         yield
@@ -42,7 +58,22 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
 
     async def start_loops() -> None:
         placement: Placement = broker.context.get("placement")
-        background.spawn("outbox", lambda: relay(broker, [placement.jobs.collection]))
+        background.spawn("outbox", lambda: relay(broker, [placement.jobs.collection,
+                                                          placement.fleet.store.collection]))
         background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
 
     return FastStream(broker, lifespan=lifespan, after_startup=[start_loops])
+
+
+def make_provider(settings: PlacementSettings) -> LocalProcessProvider:
+    if settings.provider != "local-process":
+        raise SystemExit(f"unknown provider {settings.provider!r} (available: local-process)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_NODE_ID")}  # children are agents
+    return LocalProcessProvider(data_dir=settings.data_dir.resolve(), env=env)
+
+
+def load_catalogue(path: Path) -> list[dict]:
+    try:
+        return tomllib.loads(path.read_text()).get("instance_types", [])
+    except FileNotFoundError:
+        return []

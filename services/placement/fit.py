@@ -3,7 +3,7 @@ from dataclasses import dataclass, field
 
 from shared.events import Assignment
 from shared.jobs import Resource
-from shared.nodes import NodeInfo
+from shared.nodes import Gpu, NodeInfo
 
 
 @dataclass(frozen=True)
@@ -101,3 +101,11 @@ def largest(nodes: list[NodeInfo], resource: Resource, allowed: str) -> str:
     gpu = max((g.memory_gb for n in usable for g in n.gpus), default=0)
     memory = max(n.memory_gb for n in usable)
     return f"the largest node offers {gpu:g} GB per GPU and {memory:g} GB host memory"
+
+
+def catalogue_node(instance) -> NodeInfo:
+    """An on-demand instance type as the node it would become (to ask whether a job could ever fit)."""
+    return NodeInfo(node_id=f"catalogue-{instance.name.replace('.', '-')}"[:64], kind="on_demand",
+                    cpu_count=instance.cpu, memory_gb=instance.memory_gb, price_per_hour=instance.price_per_hour,
+                    gpus=tuple(Gpu(index=i, model=instance.gpu_model, memory_gb=instance.gpu_memory_gb,
+                                   tflops=instance.tflops) for i in range(instance.gpus)))

@@ -1,6 +1,8 @@
 """Placement's service layer: the queue and the fleet in memory, persisted, and one scheduling loop."""
 import asyncio
+import dataclasses
 import logging
+import time
 import zlib
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,10 +25,16 @@ from shared.events import (
 from shared.jobs import Algorithm, Phase, Resource, Spec
 from shared.nodes import NodeInfo
 from shared.store import DocumentStore
-from services.placement.fit import Candidate, Usage, could_ever_fit, fits, largest, schedule
+from services.placement.adapter import DEFAULT_DURATION_S, JobView, cluster_state, reference_tflops
+from services.placement.fit import Candidate, Usage, catalogue_node, could_ever_fit, fits, largest
+from services.placement.fit import schedule as first_fit
+from services.placement.fleet import Fleet
+from services.placement.policy import PolicyConfig, Provision, PullBack, Release, Start, Wait
+from services.placement.policy import schedule as policy_schedule
 
 log = logging.getLogger(__name__)
 MAX_CONFLICTS = 20
+FAIR_SHARE_HALF_LIFE_S = 7 * 86400
 
 
 class QueueItem(BaseModel):
@@ -53,27 +61,23 @@ class QueueItem(BaseModel):
         return self.resource or self.spec.resource
 
 
-class FleetNode(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    info: NodeInfo
-    state: Literal["ready", "lost"] = "ready"
-
-
 @dataclass
 class Placement:
     jobs: DocumentStore
-    nodes: DocumentStore
+    fleet: Fleet
     slow_factor: float = 1.5
+    config: PolicyConfig = field(default_factory=PolicyConfig)
     queue: dict[str, QueueItem] = field(default_factory=dict)
-    fleet: dict[str, FleetNode] = field(default_factory=dict)
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
+    expected_end: dict[str, float] = field(default_factory=dict)  # job -> unix time, from the estimator
+    waiting: dict[str, str] = field(default_factory=dict)  # job -> why it waits (last pass)
+    usage_by_user: dict[str, float] = field(default_factory=dict)  # recent GPU-hours, for fair share
+    usage_at: float = field(default_factory=time.time)
 
     async def load(self) -> None:
         async for doc in self.jobs.collection.find({"state": {"$ne": "done"}}):
             self.queue[doc["_id"]] = QueueItem.model_validate(doc)
-        async for doc in self.nodes.collection.find({}):
-            self.fleet[doc["_id"]] = FleetNode.model_validate(doc)
+        await self.fleet.load()
         self.dirty.set()
 
     async def submitted(self, event: JobSubmitted) -> None:
@@ -88,6 +92,7 @@ class Placement:
         if item is None:
             return
         if event.phase.is_finished():
+            self._charge_fair_share(item, event)
             await self._save(item.model_copy(update={"state": "done"}), [])
         elif event.phase == Phase.RUNNING and event.start_time and item.started_at is None:
             await self._save(item.model_copy(update={"started_at": event.start_time}), [])
@@ -99,7 +104,7 @@ class Placement:
 
     async def _requeue(self, item: QueueItem, cause: str | None) -> None:
         """Back in the queue; after an out-of-memory it needs more, after a move it avoids where it was."""
-        previous = [self.fleet[a.node_id].info for a in item.assignments if a.node_id in self.fleet]
+        previous = [self.fleet.nodes[a.node_id].info for a in item.assignments if a.node_id in self.fleet.nodes]
         needs, exclude = item.needs, ()
         if cause == "oom_gpu":
             used = [g.memory_gb for n, a in zip(previous, item.assignments) for g in n.gpus
@@ -111,7 +116,7 @@ class Placement:
         elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
         item = item.model_copy(update={"state": "queued", "assignments": (), "resource": needs, "exclude": exclude})
-        nodes = [n.info for n in self.fleet.values()]
+        nodes = self.fleet.all_infos() + [catalogue_node(i) for i in self.fleet.catalogue]
         if cause in ("oom_gpu", "oom_host") and not any(
                 n.allows(item.spec.placement.allowed) and could_ever_fit(n, needs) for n in nodes):
             what = (f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU" if cause == "oom_gpu"
@@ -127,6 +132,8 @@ class Placement:
     async def estimated(self, event: EtaEstimated) -> None:
         """A job far slower than its owner expects moves to faster resources, or its owner hears about it."""
         item = self.queue.get(event.job_id)
+        if item and event.eta and item.state == "placed":
+            self.expected_end[item.job_id] = event.eta.finish_time.timestamp()
         expected = item.spec.placement.expected_duration_s if item else None
         if not (item and expected and event.eta and item.state == "placed" and item.started_at
                 and item.slow_checked < item.attempt):
@@ -134,8 +141,8 @@ class Placement:
         elapsed = (event.occurred_at - item.started_at).total_seconds()
         if elapsed + event.eta.remaining_s <= self.slow_factor * expected:
             return
-        current = sum(g.tflops for a in item.assignments if a.node_id in self.fleet
-                      for g in self.fleet[a.node_id].info.gpus if g.index in a.gpu_indices)
+        current = sum(g.tflops for a in item.assignments if a.node_id in self.fleet.nodes
+                      for g in self.fleet.nodes[a.node_id].info.gpus if g.index in a.gpu_indices)
         faster = self._faster_node(item, current)
         item = item.model_copy(update={"slow_checked": item.attempt})
         message = (f"expected {expected}s, estimated {elapsed + event.eta.remaining_s:.0f}s "
@@ -155,9 +162,8 @@ class Placement:
         """A ready node, free now, where this job would run faster than where it is."""
         usage = self.usage()
         here = {a.node_id for a in item.assignments}
-        for node in self.fleet.values():
-            info = node.info
-            if node.state != "ready" or info.node_id in here or not info.allows(item.spec.placement.allowed):
+        for info in self.fleet.ready_infos():
+            if info.node_id in here or not info.allows(item.spec.placement.allowed):
                 continue
             gpus = fits(info, usage.get(info.node_id, Usage()), item.needs)
             if gpus is not None and sum(g.tflops for g in info.gpus if g.index in gpus) > current_tflops * 1.2:
@@ -169,16 +175,8 @@ class Placement:
         await self.jobs.collection.delete_one({"_id": job_id, "state": "done"})
 
     async def node_seen(self, info: NodeInfo | None, node_id: str, state: Literal["ready", "lost"]) -> None:
-        current = self.fleet.get(node_id)
-        info = info or (current.info if current else None)
-        if info is None:
-            return
-        node = FleetNode(info=info, state=state)
-        if node == current:
-            return
-        await self.nodes.collection.replace_one({"_id": node_id}, {"_id": node_id, **node.model_dump()}, upsert=True)
-        self.fleet[node_id] = node
-        self.dirty.set()
+        if await self.fleet.seen(node_id, info=info, state=state):
+            self.dirty.set()
 
     def usage(self) -> dict[str, Usage]:
         usage: dict[str, Usage] = {}
@@ -192,24 +190,134 @@ class Placement:
                 used.memory_gb += item.needs.memory_gb
         return usage
 
-    async def schedule_once(self) -> int:
-        """Place what fits now; return how many jobs were placed."""
-        waiting = [Candidate(job_id=i.job_id, resource=i.needs, allowed=i.spec.placement.allowed,
-                             priority=i.spec.placement.priority, submitted_at=i.submitted_at.timestamp(),
-                             exclude=frozenset(i.exclude))
-                   for i in self.queue.values() if i.state == "queued"]
-        if not waiting:
-            return 0
-        ready = [n.info for n in self.fleet.values() if n.state == "ready"]
-        decisions = schedule(waiting, ready, self.usage())
-        for job_id, assignments in decisions:
-            await self._place(self.queue[job_id], assignments)
-        return len(decisions)
+    async def schedule_once(self, now: float | None = None) -> int:
+        """One pass: the policy places GPU jobs (and decides what to rent, release and pull back); jobs that
+        need no GPU, or must avoid the nodes they left, go where they fit first. Returns jobs started."""
+        now = time.time() if now is None else now
+        queued = [i for i in self.queue.values() if i.state == "queued"]
+        by_policy = [i for i in queued if i.needs.gpu_count > 0 and not i.exclude]
+        usage = self.usage()
+        self.fleet.update_idle({a.node_id for i in self.queue.values() if i.state == "placed"
+                                for a in i.assignments}, now)
+        for node_id in self.fleet.overdue(now):
+            await self.fleet.release(node_id, reason="never registered")
+        started = 0
+        if by_policy or self.fleet.idle_since or self.queue:
+            started += await self._apply(self._policy_pass(by_policy, usage, now), now)
+        rest = [i for i in queued if i not in by_policy and self.queue[i.job_id].state == "queued"]
+        if rest:
+            reserved = {n.node_id for n in self.fleet.nodes.values() if n.reserved_for}
+            candidates = [Candidate(job_id=i.job_id, resource=i.needs, allowed=i.spec.placement.allowed,
+                                    priority=i.spec.placement.priority, submitted_at=i.submitted_at.timestamp(),
+                                    exclude=frozenset(i.exclude) | reserved) for i in rest]
+            for job_id, assignments in first_fit(candidates, self.fleet.ready_infos(), self.usage()):
+                await self._place(self.queue[job_id], assignments)
+                started += 1
+        return started
+
+    def _policy_pass(self, items: list["QueueItem"], usage: dict[str, Usage], now: float) -> list:
+        infos = self.fleet.all_infos()
+        config = dataclasses.replace(self.config, reference_tflops=reference_tflops(infos))
+        self._decay(now)
+        running = [(self._job_view(i), tuple(a.node_id for a in i.assignments),
+                    tuple(self._positions(a) for a in i.assignments), self._started(i, now),
+                    self._expected_end(i, now))
+                   for i in self.queue.values() if i.state == "placed" and i.needs.gpu_count > 0]
+        state = cluster_state(nodes=self.fleet.views(), usage=usage, queue=[self._job_view(i) for i in items],
+                              running=running, catalogue=self.fleet.catalogue, usage_by_user=self.usage_by_user)
+        return policy_schedule(state, now, config)
+
+    async def _apply(self, decisions: list, now: float) -> int:
+        started = 0
+        self.waiting.clear()
+        for decision in decisions:
+            match decision:
+                case Start(job_id=job_id, node_ids=node_ids, gpu_indices=gpus):
+                    item = self.queue.get(job_id)
+                    if item is None or item.state != "queued":
+                        continue
+                    assignments = tuple(Assignment(rank=r, node_id=n, gpu_indices=self._gpu_ids(n, g))
+                                        for r, (n, g) in enumerate(zip(node_ids, gpus)))
+                    for node_id in node_ids:
+                        await self.fleet.claimed(node_id)
+                    await self._place(item, assignments)
+                    started += 1
+                case Provision(instance_type=name, count=count, job_id=job_id):
+                    item = self.queue[job_id]
+                    await self.fleet.provision(name, count, job_id=job_id, project_id=item.project_id,
+                                               user_name=item.user_name, expected_hours=self._hours(item))
+                case Release(node_id=node_id):
+                    await self.fleet.release(node_id, reason="idle")
+                case PullBack(job_id=job_id, from_node_id=source, to_node_id=target):
+                    await self._pull_back(job_id, source, target)
+                case Wait(job_id=job_id, reason=reason):
+                    self.waiting[job_id] = reason
+        for node in list(self.fleet.nodes.values()):
+            if node.release_when_idle and node.node_id in self.fleet.idle_since:
+                await self.fleet.release(node.node_id, reason="pulled back")
+        return started
+
+    async def _pull_back(self, job_id: str, source: str, target: str) -> None:
+        """Snapshot the job on the rented node and keep the owned one for it; the rented node goes once empty."""
+        item = self.queue.get(job_id)
+        if item is None or item.state != "placed":
+            return
+        await self.fleet.reserve(target, job_id)
+        await self.fleet.release_when_idle(source)
+        event = JobMigrateRequested(event_id=f"{job_id}:migrate:reclaimed:{item.attempt}", job_id=job_id,
+                                    requested_by="placement", cause="reclaimed", attempt=item.attempt)
+        await self._save(item, [event])
+        log.info("pulling %s back from %s to %s", job_id, source, target)
+
+    def _job_view(self, item: "QueueItem") -> JobView:
+        prefs, needs = item.spec.placement, item.needs
+        return JobView(job_id=item.job_id, user_name=item.user_name, submitted_at=item.submitted_at.timestamp(),
+                       allowed=prefs.allowed, priority=prefs.priority, gpu_count=needs.gpu_count,
+                       min_gpu_memory_gb=needs.min_gpu_memory_gb, gpu_models=frozenset(prefs.gpu_models),
+                       node_count=needs.node_count, cpu=needs.cpu_count, memory_gb=needs.memory_gb,
+                       expected_duration_s=prefs.expected_duration_s, max_price_per_hour=prefs.max_price_per_hour,
+                       deadline=prefs.deadline.timestamp() if prefs.deadline else None)
+
+    def _hours(self, item: "QueueItem") -> float:
+        return (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
+
+    def _started(self, item: "QueueItem", now: float) -> float:
+        return item.started_at.timestamp() if item.started_at else now
+
+    def _expected_end(self, item: "QueueItem", now: float) -> float:
+        if item.job_id in self.expected_end:
+            return self.expected_end[item.job_id]
+        return self._started(item, now) + (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S)
+
+    def _positions(self, assignment: Assignment) -> tuple[int, ...]:
+        """GPU indices as positions in the node's GPU list (the policy's numbering)."""
+        node = self.fleet.nodes.get(assignment.node_id)
+        order = [g.index for g in sorted(node.info.gpus, key=lambda g: g.index)] if node and node.info else []
+        return tuple(order.index(i) for i in assignment.gpu_indices if i in order)
+
+    def _gpu_ids(self, node_id: str, positions: tuple[int, ...]) -> tuple[int, ...]:
+        info = self.fleet.nodes[node_id].info
+        order = [g.index for g in sorted(info.gpus, key=lambda g: g.index)]
+        return tuple(order[p] for p in positions)
+
+    def _charge_fair_share(self, item: "QueueItem", event: JobStatusChanged) -> None:
+        """Recent GPU-hours per user (halved every week) order the queue fairly."""
+        if not (item.started_at and event.end_time):
+            return
+        hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * \
+            item.needs.node_count
+        self._decay(time.time())
+        self.usage_by_user[item.user_name] = self.usage_by_user.get(item.user_name, 0.0) + max(0.0, hours)
+
+    def _decay(self, now: float) -> None:
+        factor = 0.5 ** (max(0.0, now - self.usage_at) / FAIR_SHARE_HALF_LIFE_S)
+        self.usage_by_user = {user: hours * factor for user, hours in self.usage_by_user.items()}
+        self.usage_at = now
 
     async def _place(self, item: QueueItem, assignments: tuple[Assignment, ...]) -> None:
         attempt = item.attempt + 1
         now = utcnow()
-        master = self.fleet[assignments[0].node_id].info.address
+        master = self.fleet.nodes[assignments[0].node_id].info.address
         port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
         events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=now, job_id=item.job_id,
                             attempt=attempt, assignments=assignments)]

@@ -56,6 +56,7 @@ def wait_for_port(port: int, *, timeout_s: float = 30) -> None:
 class Stack:
     settings: StackSettings
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. service tunables for a test
 
     @property
     def data_dir(self) -> Path:
@@ -89,7 +90,7 @@ class Stack:
             env["TRAINMASTER_ADMIN_TOKEN"] = s.admin_token
         if s.checkpoint_url:
             env["TRAINMASTER_CHECKPOINT_URL"] = s.checkpoint_url
-        return env
+        return {**env, **self.extra_env}
 
     def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
         logs = self.data_dir / "logs"
@@ -166,8 +167,20 @@ class Stack:
     def stop_all(self) -> None:
         """Agents first (their tasks are reported), then the services, then the database and the bus."""
         order = [n for n in self.processes if n.startswith("agent-")] + [s for s in reversed(SERVICES)]
-        for name in order + ["database", "nats"]:
+        for name in order:
             self.stop(name)
+        self.stop_provisioned()
+        for name in ("database", "nats"):
+            self.stop(name)
+
+    def stop_provisioned(self) -> None:
+        """Agents that placement started for on-demand nodes of the local-process provider."""
+        for pid_file in (self.data_dir / "provisioned").glob("*.pid"):
+            try:
+                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
+            pid_file.unlink(missing_ok=True)
 
     def dead(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.poll() is not None]

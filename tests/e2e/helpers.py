@@ -1,7 +1,7 @@
 """Driving jobs through the REST API."""
 import httpx
 
-from tests.conftest import eventually
+from tests.conftest import eventually, wait_until_ready
 from tests.factories import job_body
 
 
@@ -29,3 +29,9 @@ async def logs(api: httpx.AsyncClient, project: str, job_id: str) -> str:
     response = await api.get(f"/v2/{project}/training-jobs/{job_id}/logs")
     assert response.status_code == 200, response.text
     return response.text
+
+
+def restart_agent(stack, node_id: str) -> None:
+    """Start a killed agent again and wait until the whole fleet is ready (the next test expects it)."""
+    stack.start_agent(node_id)
+    wait_until_ready(stack)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.helpers import get, logs, submit, wait_phase
+from tests.e2e.helpers import get, logs, restart_agent, submit, wait_phase
 
 pytestmark = pytest.mark.e2e
 
@@ -170,7 +170,7 @@ async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, proj
         requeued = await get(api, project, job_id)
         assert requeued["status"]["phase"] in ("Pending", "Running", "Completed")
     finally:
-        stack.start_agent(node_id)
+        restart_agent(stack, node_id)
     done = await wait_phase(api, project, job_id, "Completed", timeout_s=60)
     assert done["status"]["attempt"] == 2
     runs = marker.read_text().split()

@@ -12,6 +12,7 @@ from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
 from services.billing.service import Billing
 from services.placement.handlers import router as placement_router
+from services.placement.fleet import Fleet
 from services.placement.service import Placement
 from tests.factories import T0, exited, node, started, submitted
 from tests.memory import MemoryCollection
@@ -46,6 +47,25 @@ async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
     assert (report.total.seconds, report.by_node_kind[0].key) == (1800, "local")
 
 
+class FakeProvider:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def provision(self, node_id, instance):
+        self.calls.append(("provision", node_id))
+        return 1
+
+    async def release(self, node_id, handle):
+        self.calls.append(("release", node_id))
+
+
+def placement_service(broker, **kw) -> Placement:
+    fleet = Fleet(store=DocumentStore(MemoryCollection("nodes"), broker), provider=FakeProvider())
+    return Placement(jobs=DocumentStore(MemoryCollection("jobs"), broker), fleet=fleet, **kw)
+
+
 @pytest.fixture
 async def placement():
     broker = NatsBroker()
@@ -57,8 +77,7 @@ async def placement():
 
     broker.subscriber("tm.node.cmd.gpu-box.start", stream=stream_of("tm.node.cmd.x"))(record)
     async with TestNatsBroker(broker) as test_broker:
-        service = Placement(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
-                            nodes=DocumentStore(MemoryCollection("nodes"), test_broker))
+        service = placement_service(test_broker)
         test_broker.context.set_global("placement", service)
         yield test_broker, service, starts
 
@@ -96,8 +115,7 @@ async def slow_job():
     for subject, into in seen.items():
         broker.subscriber(subject, stream=stream_of(subject))(recorder(into))
     async with TestNatsBroker(broker) as test_broker:
-        service = Placement(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
-                            nodes=DocumentStore(MemoryCollection("nodes"), test_broker), slow_factor=1.5)
+        service = placement_service(test_broker, slow_factor=1.5)
         test_broker.context.set_global("placement", service)
         await publish(test_broker, submitted(job_id="j", gpu_count=1, expected_duration_s=100))
         await publish(test_broker, NodeRegistered(event_id="s", boot_id="b",

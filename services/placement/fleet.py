@@ -1,0 +1,183 @@
+"""The nodes placement may use, and the life of the on-demand ones it pays for: provision, use, release."""
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from faststream.nats import NatsBroker
+from pydantic import BaseModel, ConfigDict
+
+from shared.bus import RPC_ADMIT
+from shared.clock import utcnow
+from shared.events import NodeProvisioned, NodeReleased
+from shared.nodes import NodeInfo
+from shared.rpc import AdmitQuery, AdmitReply
+from shared.store import DocumentStore
+from services.placement.adapter import NodeView
+from services.placement.policy import InstanceType
+from services.placement.providers import Provider
+
+log = logging.getLogger(__name__)
+REGISTER_PATIENCE_S = 120  # a provisioned node that has not registered this long after boot is given back
+ADMIT_TIMEOUT_S = 3
+
+
+class FleetNode(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    node_id: str
+    info: NodeInfo | None = None
+    state: Literal["provisioning", "ready", "lost", "released"] = "ready"
+    provisioned: bool = False  # by us: ours to release
+    instance_type: str | None = None
+    ready_at: float | None = None
+    handle: int | None = None
+    reserved_for: str | None = None
+    release_when_idle: bool = False
+
+
+@dataclass
+class Fleet:
+    store: DocumentStore
+    provider: Provider
+    catalogue: tuple[InstanceType, ...] = ()
+    nodes: dict[str, FleetNode] = field(default_factory=dict)
+    idle_since: dict[str, float] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
+
+    @property
+    def broker(self) -> NatsBroker:
+        return self.store.broker
+
+    async def load(self) -> None:
+        async for doc in self.store.collection.find({"state": {"$ne": "released"}}):
+            node = FleetNode.model_validate(doc)
+            self.nodes[node.node_id] = node
+
+    def views(self) -> list[NodeView]:
+        """Nodes that can take work now, or will once booted."""
+        return [NodeView(info=n.info, ready=n.state == "ready", ready_at=n.ready_at, reserved_for=n.reserved_for,
+                         idle_since=self.idle_since.get(n.node_id), instance_type=n.instance_type)
+                for n in self.nodes.values() if n.info and n.state in ("ready", "provisioning")]
+
+    def ready_infos(self) -> list[NodeInfo]:
+        return [n.info for n in self.nodes.values() if n.info and n.state == "ready"]
+
+    def all_infos(self) -> list[NodeInfo]:
+        return [n.info for n in self.nodes.values() if n.info and n.state != "released"]
+
+    async def seen(self, node_id: str, *, info: NodeInfo | None, state: Literal["ready", "lost"]) -> bool:
+        """A registration or a liveness verdict; returns whether anything changed."""
+        current = self.nodes.get(node_id)
+        if current and current.state == "released":
+            return False
+        node = (current or FleetNode(node_id=node_id)).model_copy(update={"state": state,
+                                                                          **({"info": info} if info else {})})
+        if node == current or node.info is None:
+            return False
+        await self._save(node, [])
+        if state == "lost" and node.provisioned:  # a lost rented node is still billed: give it back
+            await self.release(node_id, reason="lost")
+        return True
+
+    def update_idle(self, busy: set[str], now: float) -> None:
+        """Start the idle clock of on-demand nodes that have just emptied (it runs until a job lands)."""
+        for node in self.nodes.values():
+            if node.info and node.info.kind == "on_demand" and node.node_id not in busy:
+                self.idle_since.setdefault(node.node_id, now)
+            else:
+                self.idle_since.pop(node.node_id, None)
+
+    async def claimed(self, node_id: str) -> None:
+        """A job started on the node: it is no longer kept for the job it was made or reserved for."""
+        node = self.nodes.get(node_id)
+        if node and node.reserved_for:
+            await self._save(node.model_copy(update={"reserved_for": None}), [])
+
+    async def reserve(self, node_id: str, job_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node:
+            await self._save(node.model_copy(update={"reserved_for": job_id}), [])
+
+    async def release_when_idle(self, node_id: str) -> None:
+        node = self.nodes.get(node_id)
+        if node and node.provisioned:
+            await self._save(node.model_copy(update={"release_when_idle": True}), [])
+
+    async def provision(self, instance_name: str, count: int, *, job_id: str, project_id: str, user_name: str,
+                        expected_hours: float) -> list[str]:
+        """Create on-demand nodes for a job, if billing admits the spend; return their ids."""
+        instance = next((i for i in self.catalogue if i.name == instance_name), None)
+        if instance is None:
+            log.error("instance type %s is not in the catalogue", instance_name)
+            return []
+        query = AdmitQuery(project_id=project_id, user_name=user_name, purpose="provision",
+                           gpus=instance.gpus * count,
+                           estimated_cost=instance.price_per_hour * count * max(expected_hours, 0.0))
+        verdict = await self._admit(query)
+        if not verdict.allowed:
+            if job_id not in self.refused:
+                log.warning("not provisioning %s for %s: %s", instance_name, job_id, verdict.reason)
+            self.refused.add(job_id)
+            return []
+        self.refused.discard(job_id)
+        now = utcnow()
+        ids = []
+        for _ in range(count):
+            node_id = f"od-{instance.name.replace('.', '-')}-{uuid.uuid4().hex[:6]}"
+            node = FleetNode(node_id=node_id, info=None, state="provisioning", provisioned=True,
+                             instance_type=instance.name, ready_at=time.time() + instance.startup_delay_s,
+                             reserved_for=job_id)
+            event = NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type=instance.name,
+                                    provider=self.provider.name, price_per_hour=instance.price_per_hour,
+                                    gpu_count=instance.gpus, provisioned_at=now, for_job_id=job_id,
+                                    project_id=project_id, user_name=user_name)
+            await self._save(node, [event])
+            asyncio.create_task(self._boot(node_id, instance))
+            ids.append(node_id)
+        return ids
+
+    async def _boot(self, node_id: str, instance: InstanceType) -> None:
+        try:
+            handle = await self.provider.provision(node_id, instance)
+        except Exception as exc:
+            log.error("provisioning %s failed: %r", node_id, exc)
+            await self.release(node_id, reason="failed to start")
+            return
+        node = self.nodes.get(node_id)
+        if node:
+            await self._save(node.model_copy(update={"handle": handle}), [])
+
+    def provisioning(self) -> list[FleetNode]:
+        return [n for n in self.nodes.values() if n.state == "provisioning"]
+
+    def overdue(self, now: float) -> list[str]:
+        """Provisioned nodes that never registered."""
+        return [n.node_id for n in self.provisioning() if n.ready_at and now > n.ready_at + REGISTER_PATIENCE_S]
+
+    async def release(self, node_id: str, *, reason: str) -> bool:
+        node = self.nodes.get(node_id)
+        if node is None or not node.provisioned or node.state == "released":
+            return False
+        await self.provider.release(node_id, node.handle)
+        event = NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=utcnow(), reason=reason)
+        await self._save(node.model_copy(update={"state": "released"}), [event])
+        self.idle_since.pop(node_id, None)
+        return True
+
+    async def _admit(self, query: AdmitQuery) -> AdmitReply:
+        """Billing decides whether paying is allowed; nothing paid starts when billing cannot be asked."""
+        try:
+            reply = await self.broker.request(query, RPC_ADMIT, timeout=ADMIT_TIMEOUT_S)
+            return AdmitReply.model_validate(await reply.decode())
+        except Exception as exc:
+            return AdmitReply(allowed=False, reason=f"billing did not answer: {exc!r}")
+
+    async def _save(self, node: FleetNode, events: list) -> None:
+        for _ in range(20):
+            doc = await self.store.load(node.node_id)
+            if await self.store.save(node.node_id, node.model_dump(), doc, events):
+                break
+        self.nodes[node.node_id] = node

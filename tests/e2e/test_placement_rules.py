@@ -1,0 +1,119 @@
+"""The design's placement rules, each shown through the REST API on a fleet of its own with an on-demand
+catalogue: one local node, one reserved node, and rentable instances that boot in a second."""
+import asyncio
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from tests.conftest import ADMIN_TOKEN, eventually, start_stack
+from tests.e2e.helpers import get, submit, wait_phase
+from tests.e2e.scripts import counter
+
+pytestmark = pytest.mark.e2e
+
+FLEET = """
+[[nodes]]
+id = "lab-1"
+kind = "local"
+cpu_count = 8
+memory_gb = 32
+price_per_hour = 0.5
+gpus = [{ model = "L4", memory_gb = 24, tflops = 120, count = 1 }]
+
+[[nodes]]
+id = "res-1"
+kind = "reserved"
+cpu_count = 8
+memory_gb = 32
+price_per_hour = 1.2
+gpus = [{ model = "A10", memory_gb = 24, tflops = 125, count = 1 }]
+
+[[instance_types]]
+name = "g.small"
+gpus = 1
+gpu_model = "A10G"
+gpu_memory_gb = 24
+tflops = 125
+cpu = 8
+memory_gb = 32
+price_per_hour = 2.0
+startup_delay_s = 1
+"""
+TUNING = {"TRAINMASTER_IDLE_RELEASE_S": "2", "TRAINMASTER_PULLBACK_MIN_REMAINING_S": "5",
+          "TRAINMASTER_SCHEDULE_TICK_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, servers):
+    stack = start_stack(tmp_path_factory.mktemp("rules"), cluster=FLEET, servers=servers, extra_env=TUNING)
+    yield stack
+    stack.stop_all()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(fleet):
+    async with httpx.AsyncClient(base_url=fleet.api_url, timeout=30,
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+        yield api
+
+
+async def rented(api) -> list[dict]:
+    return [n for n in (await api.get("/v2/nodes")).json()["items"] if n["node_id"].startswith("od-")]
+
+
+async def terminate(api, project, *jobs) -> None:
+    for job in jobs:
+        await api.post(f"/v2/{project}/training-jobs/{job['metadata']['id']}/actions",
+                       json={"action_type": "terminate"})
+    for job in jobs:
+        await wait_phase(api, project, job["metadata"]["id"], "Terminated", "Completed", "Failed")
+
+
+async def occupy(api, project, allowed: str, *, expected_s: int = 3600) -> dict:
+    """A long job holding the one GPU of a node of that kind."""
+    job = await submit(api, project, command="sleep 600", gpu_count=1, allowed=allowed, expected_duration_s=expected_s)
+    await wait_phase(api, project, job["metadata"]["id"], "Running")
+    return job
+
+
+async def stays_pending(api, project, job_id: str, seconds: float = 3) -> dict:
+    await wait_phase(api, project, job_id, "Pending")
+    for _ in range(int(seconds / 0.5)):
+        job = await get(api, project, job_id)
+        assert job["status"]["phase"] == "Pending" and not job["status"]["attempts"], job["status"]
+        await asyncio.sleep(0.5)
+    return job
+
+
+async def test_a_local_only_job_waits_for_a_local_node_while_cloud_nodes_idle(client, project):
+    blocker = await occupy(client, project, "local")
+    waiter = await submit(client, project, command="true", gpu_count=1, allowed="local")
+    await stays_pending(client, project, waiter["metadata"]["id"])
+    assert await rented(client) == []
+    await terminate(client, project, blocker)
+    done = await wait_phase(client, project, waiter["metadata"]["id"], "Completed")
+    assert done["status"]["node_ids"] == ["lab-1"]
+
+
+async def test_a_cloud_only_job_takes_the_reserved_node_before_renting(client, project):
+    job = await submit(client, project, command="sleep 1", gpu_count=1, allowed="cloud", expected_duration_s=600)
+    done = await wait_phase(client, project, job["metadata"]["id"], "Completed")
+    assert done["status"]["node_ids"] == ["res-1"] and await rented(client) == []
+
+
+async def test_a_two_node_job_starts_all_ranks_or_none(client, project):
+    job = await submit(client, project, command="true", gpu_count=1, node_count=2, allowed="local")
+    await stays_pending(client, project, job["metadata"]["id"])
+    await terminate(client, project, job)
+
+
+async def test_a_cost_sensitive_job_waits_for_owned_capacity_when_that_is_cheaper(client, project):
+    blockers = [await submit(client, project, command="sleep 4", gpu_count=1, allowed=kind, expected_duration_s=5)
+                for kind in ("local", "cloud")]
+    for blocker in blockers:
+        await wait_phase(client, project, blocker["metadata"]["id"], "Running")
+    job = await submit(client, project, command="true", gpu_count=1, priority="cost", expected_duration_s=600)
+    await stays_pending(client, project, job["metadata"]["id"], seconds=2)
+    done = await wait_phase(client, project, job["metadata"]["id"], "Completed", timeout_s=60)
+    assert done["status"]["node_ids"][0] in ("lab-1", "res-1") and await rented(client) == []
