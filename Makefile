@@ -25,10 +25,17 @@ test: $(STAMP) browser
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
-bench: bench-submit bench-sched
+bench: bench-submit bench-sched bench-eta
 
 bench-submit: $(STAMP)
 	$(BIN)/python -m bench.submit --jobs 200
+
+MLPERF := ../shared/data/mlperf
+bench-eta: $(STAMP)
+	$(BIN)/python -m services.estimator.evaluate --train $(MLPERF)/mlperf-training-v3.1.tar.gz \
+		$(MLPERF)/mlperf-training-v4.0.tar.gz --test $(MLPERF)/mlperf-training-v4.0.tar.gz --kfold 4
+	$(BIN)/python -m bench.eta.bench_online
+	$(BIN)/python -m bench.eta.bench_history
 
 TRACE := ../shared/data/alibaba-gpu-v2023
 bench-sched: $(STAMP)

@@ -1,0 +1,56 @@
+"""Per-update cost (observe + estimate) of the online estimator, and peak RSS."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import statistics
+import time
+
+from services.estimator.model import HistoryPrior, OnlineEstimator
+
+
+def run_job(*, updates: int, eval_every: int, with_target: bool) -> list[float]:
+    """One synthetic job: progress every update, a metric value every `eval_every` updates."""
+    prior = HistoryPrior(duration_s=updates * 1.2, duration_low_s=updates, duration_high_s=updates * 1.5,
+                         work=updates * 100.0, work_low=updates * 90.0, work_high=updates * 110.0,
+                         benchmark="bert")
+    est = OnlineEstimator(target=0.72 if with_target else None, mode="max", prior=prior)
+    costs = []
+    for i in range(1, updates + 1):
+        metric = 0.75 - 0.4 * math.exp(-i / (0.4 * updates)) if i % eval_every == 0 else None
+        start = time.perf_counter()
+        est.observe(float(i), progress=100.0 * i, metric_value=metric)
+        est.estimate(float(i))
+        costs.append((time.perf_counter() - start) * 1000.0)
+    return costs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--jobs", type=int, default=20)
+    ap.add_argument("--updates", type=int, default=2000, help="updates per job")
+    ap.add_argument("--eval-every", type=int, default=20, help="updates between metric values")
+    args = ap.parse_args(argv)
+    costs = []
+    started = time.perf_counter()
+    for j in range(args.jobs):
+        costs += run_job(updates=args.updates, eval_every=args.eval_every, with_target=j % 4 != 3)
+    costs.sort()
+    report = {
+        "updates": len(costs),
+        "mean_ms": round(statistics.fmean(costs), 4),
+        "p50_ms": round(costs[len(costs) // 2], 4),
+        "p99_ms": round(costs[int(len(costs) * 0.99)], 4),
+        "max_ms": round(costs[-1], 4),
+        "wall_s": round(time.perf_counter() - started, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

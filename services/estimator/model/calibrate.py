@@ -1,0 +1,82 @@
+"""Replay corpus runs through the online estimator; fit the blend table out-of-fold."""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterable
+
+from services.estimator.model.blend import fit_table
+from services.estimator.model.features import features_from_run
+from services.estimator.model.history import HistoryPredictor
+from services.estimator.model.online import OnlineEstimator
+
+CALIBRATION_CUTS = (0.03, 0.07, 0.1, 0.13, 0.17, 0.2, 0.25, 0.3, 0.35, 0.45, 0.55, 0.7, 0.85)
+MAX_RUNS_PER_BENCHMARK = 120  # enough for the quantiles; keeps calibration under a minute
+
+
+def make_estimator(run, predictor: HistoryPredictor | None, *, use_target: bool = True,
+                   use_calibration: bool = True) -> OnlineEstimator:
+    """Estimator for a corpus run, as the service would build it before the run starts."""
+    prior = predictor.prior(features_from_run(run)) if predictor is not None else None
+    return OnlineEstimator(
+        target=run.target if use_target else None, mode=run.mode, prior=prior,
+        calibration=predictor.blend if predictor is not None and use_calibration else None,
+        key=run.benchmark)
+
+
+def replay(run, estimator, cuts: Iterable[float], visit: Callable) -> None:
+    """Feed observations in time order; at each cut (fraction of duration) call visit."""
+    obs = run.observations
+    i = 0
+    for frac in sorted(cuts):
+        now = frac * run.duration_s
+        while i < len(obs) and obs[i].t_s < now:
+            o = obs[i]
+            estimator.observe(o.t_s, progress=o.progress, metric_value=o.value)
+            i += 1
+        visit(frac, now, estimator)
+
+
+def calibration_samples(runs, predictor: HistoryPredictor, *, cuts=CALIBRATION_CUTS) -> list[dict]:
+    """Components and truth of every run at every cut, for `blend.fit_table`."""
+    samples = []
+    for run in runs:
+        est = make_estimator(run, predictor, use_calibration=False)
+
+        def visit(_, now, est, run=run):
+            fraction, comps = est.snapshot(now)
+            if any(comps.values()) and not est._reached:
+                samples.append({"key": run.benchmark, "fraction": fraction,
+                                "truth": run.duration_s, "components": comps})
+        replay(run, est, cuts, visit)
+    return samples
+
+
+def _subsample(runs, seed: int):
+    by: dict[str, list] = {}
+    for r in runs:
+        by.setdefault(r.benchmark, []).append(r)
+    rng = random.Random(seed)
+    out = []
+    for rs in by.values():
+        out += rng.sample(rs, min(len(rs), MAX_RUNS_PER_BENCHMARK))
+    return out
+
+
+def train_with_calibration(runs, *, folds: int = 3, seed: int = 0,
+                           epochs: int = 400) -> HistoryPredictor:
+    """Train the history MLP on all runs and fit the blend table on submitter-held-out folds."""
+    submitters = sorted({r.submitter for r in runs})
+    random.Random(seed).shuffle(submitters)
+    fold_of = {s: i % folds for i, s in enumerate(submitters)}
+    samples = []
+    for k in range(folds):
+        train = [r for r in runs if fold_of[r.submitter] != k]
+        held = [r for r in runs if fold_of[r.submitter] == k]
+        if not train or not held:
+            continue
+        part = HistoryPredictor(seed=seed, epochs=epochs).train(train, folds=1)
+        samples += calibration_samples(_subsample(held, seed), part)
+    predictor = HistoryPredictor(seed=seed, epochs=epochs).train(runs, folds=folds)
+    predictor.blend = fit_table(samples)
+    return predictor

@@ -1,0 +1,266 @@
+"""Load MLPerf Training result tarballs into `Run` records (the only I/O in this package)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.estimator.model.mllog import parse_mllog_line
+from services.estimator.model.targets import TARGETS, metric_scalar, reached
+
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mlperf"
+
+_RESULT_PATH = re.compile(r"(?:^|/)([^/]+)/results/([^/]+)/([^/]+)/result_(\d+)\.txt$")
+_SYSTEM_PATH = re.compile(r"(?:^|/)([^/]+)/systems/([^/]+)\.json$")
+_VERSION = re.compile(r"v(\d+\.\d+)")
+# Only these keys are decoded; the rest of a log is skipped for speed.
+_KEYS = (
+    "run_start", "run_stop", "eval_accuracy", "global_batch_size", "opt_base_learning_rate",
+    "lars_opt_base_learning_rate", "epoch_stop", "block_stop", "tracked_stats",
+)
+_KEY_PATTERN = re.compile(r'"key": "(' + "|".join(_KEYS) + r')"')
+# Keys whose metadata progress marks work already done (not work about to start).
+_PROGRESS_KEYS = {"eval_accuracy", "epoch_stop", "block_stop", "tracked_stats"}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a log says at `t_s` seconds after run_start: progress and/or metric value."""
+
+    t_s: float
+    progress: float | None = None
+    value: float | None = None
+
+
+@dataclass
+class Run:
+    """One MLPerf training run with its hardware, hyper-parameters and timeline."""
+
+    run_id: str
+    version: str
+    submitter: str
+    system: str
+    benchmark: str
+    accelerator: str = "unknown"
+    accelerators_per_node: int = 0
+    nodes: int = 1
+    batch_size: float = 0.0
+    learning_rate: float = 0.0
+    run_start_ms: int = 0
+    run_stop_ms: int = 0
+    status: str = "unknown"
+    observations: list[Observation] = field(default_factory=list)
+
+    @property
+    def accelerators(self) -> int:
+        return max(1, self.accelerators_per_node * self.nodes)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.run_stop_ms - self.run_start_ms) / 1000.0
+
+    @property
+    def target(self) -> float:
+        return TARGETS[self.benchmark].value
+
+    @property
+    def mode(self) -> str:
+        return TARGETS[self.benchmark].mode
+
+    @property
+    def evals(self) -> list[Observation]:
+        return [o for o in self.observations if o.value is not None]
+
+    @property
+    def total_work(self) -> float | None:
+        """Progress (samples or epochs as the log counts them) when the target was met."""
+        for o in self.observations:
+            if o.value is not None and o.progress is not None and reached(
+                    o.value, self.target, self.mode):
+                return o.progress
+        marks = [o.progress for o in self.observations if o.progress is not None]
+        return max(marks) if marks else None
+
+    def reached_target(self) -> bool:
+        return any(reached(o.value, self.target, self.mode) for o in self.evals)
+
+
+def default_tarballs() -> list[Path]:
+    """The tarballs under the default data folder (`../shared/data/mlperf` of the repo)."""
+    return sorted(DEFAULT_DATA_DIR.glob("*.tar.gz"))
+
+
+def load_corpus(path: str | Path, *, usable_only: bool = True) -> list[Run]:
+    """Read every result file of one tarball; keep successful runs with timings if asked."""
+    path = Path(path)
+    version = _VERSION.search(path.name)
+    version = version.group(1) if version else path.stem
+    runs, systems = [], {}
+    with tarfile.open(path, "r:*") as tar:
+        for member in tar:
+            if not member.isfile():
+                continue
+            sys_match = _SYSTEM_PATH.search(member.name)
+            res_match = _RESULT_PATH.search(member.name)
+            if sys_match is None and res_match is None:
+                continue
+            data = tar.extractfile(member).read().decode("utf-8", "replace")
+            if sys_match:
+                systems[(sys_match.group(1), sys_match.group(2))] = _safe_json(data)
+            else:
+                org, system, bench, idx = res_match.groups()
+                if bench in TARGETS:
+                    run_id = f"v{version}/{org}/{system}/{bench}/{idx}"
+                    runs.append(parse_run(data, run_id=run_id, version=version,
+                                          org=org, system=system, benchmark=bench))
+    for run in runs:
+        _apply_system(run, systems.get((run.run_id.split("/")[1], run.system), {}))
+    if usable_only:
+        runs = [r for r in runs if is_usable(r)]
+    return runs
+
+
+def load_corpora(paths) -> list[Run]:
+    """`load_corpus` over several tarballs."""
+    return [run for path in paths for run in load_corpus(path)]
+
+
+# A few logs stop seconds after run_start (smoke tests); they are not training runs.
+MIN_DURATION_S = 30.0
+
+
+def is_usable(run: Run) -> bool:
+    """Successful, timed runs whose logged metric reached the target."""
+    return (run.status == "success" and run.duration_s >= MIN_DURATION_S
+            and run.total_work is not None
+            and run.reached_target())
+
+
+def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
+              benchmark: str) -> Run:
+    """Build a `Run` from the text of one result file."""
+    # The folder names the organisation; many logs say SUBMISSION_ORG_PLACEHOLDER.
+    run = Run(run_id=run_id, version=version, submitter=org, system=system, benchmark=benchmark)
+    records = []
+    for line in text.splitlines():
+        if _KEY_PATTERN.search(line) is None:
+            continue
+        rec = parse_mllog_line(line)
+        if rec is not None:
+            records.append(rec)
+    for rec in records:
+        if rec.key == "run_start" and not run.run_start_ms:
+            run.run_start_ms = rec.time_ms
+        elif rec.key == "run_stop":
+            run.run_stop_ms = rec.time_ms
+            run.status = str(rec.metadata.get("status", "unknown"))
+        elif rec.key == "global_batch_size":
+            run.batch_size = _num(rec.value)
+        elif rec.key in ("opt_base_learning_rate", "lars_opt_base_learning_rate"):
+            run.learning_rate = _num(rec.value)
+    run.observations = _timeline(records, run)
+    return run
+
+
+def mark_progress(rec, run: Run) -> float | None:
+    """Progress a record marks, in the benchmark's majority unit (None when unknown).
+
+    Which keys agree with the eval progress was checked against the v3.1/v4.0 logs:
+    tracked_stats `step` and block_stop `first_epoch_num` alone use other units.
+    """
+    md = rec.metadata
+    if rec.key == "tracked_stats":
+        value = md.get("epoch_num")
+    elif rec.key == "epoch_stop":
+        value = md.get("epoch_num")
+        # ssd counts epochs from 0 at epoch_stop but from 1 at eval.
+        value = value + 1 if run.benchmark == "ssd" and _is_num(value) else value
+    elif rec.key == "block_stop":
+        value = md.get("samples_count")
+        if value is None and _is_num(md.get("first_epoch_num")) and _is_num(md.get("epoch_count")):
+            value = md["first_epoch_num"] + md["epoch_count"]
+    else:
+        value = md.get("samples_count", md.get("epoch_num"))
+        if run.benchmark == "stable_diffusion":
+            value = md.get("samples_count")
+        if value is None and _is_num(md.get("step_num")) and run.benchmark == "stable_diffusion":
+            value = md["step_num"] * run.batch_size
+    if not _is_num(value):
+        return None
+    # unet3d: some logs count epochs, most count samples (KiTS19: 168 cases per epoch).
+    if run.benchmark == "unet3d" and value < 1e4:
+        value *= 168.0
+    return float(value)
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _timeline(records, run: Run) -> list[Observation]:
+    start, stop = run.run_start_ms, run.run_stop_ms or float("inf")
+    merged: dict[tuple[float, float | None], list] = {}
+    obs = []
+    for rec in records:
+        if rec.key not in _PROGRESS_KEYS or rec.time_ms < start:
+            continue
+        progress = mark_progress(rec, run)
+        if rec.key != "eval_accuracy":
+            if progress is not None and rec.time_ms <= stop:
+                obs.append(Observation(t_s=(rec.time_ms - start) / 1000.0, progress=progress))
+            continue
+        value = metric_scalar(run.benchmark, rec.value, rec.metadata)
+        if value is not None:
+            # Offline evaluations (stable_diffusion) are stamped after run_stop: place them
+            # at the moment the run stopped, the earliest time their result is known.
+            t_ms = min(rec.time_ms, stop)
+            merged.setdefault((t_ms if progress is None else -1.0, progress), []).append(
+                (t_ms, value))
+    mode = TARGETS[run.benchmark].mode
+    for (_, progress), items in merged.items():
+        worst = min(v for _, v in items) if mode == "max" else max(v for _, v in items)
+        t_ms = max(t for t, _ in items)
+        obs.append(Observation(t_s=(t_ms - start) / 1000.0, progress=progress, value=worst))
+    obs.sort(key=lambda o: (o.t_s, o.value is not None))
+    return _monotone_progress(obs)
+
+
+def _monotone_progress(obs: list[Observation]) -> list[Observation]:
+    """Keep eval progress that grows; keep other marks only between the evals around them."""
+    evals = [o.progress for o in obs if o.value is not None and o.progress is not None]
+    ceiling = max(evals) if evals else float("inf")
+    out, best = [], float("-inf")
+    for o in obs:
+        if o.progress is not None:
+            bad = o.progress < best or (o.value is None and o.progress > ceiling)
+            if bad:
+                o = Observation(t_s=o.t_s, value=o.value) if o.value is not None else None
+            elif o.value is not None:
+                best = o.progress
+        if o is not None:
+            out.append(o)
+    return out
+
+
+def _apply_system(run: Run, desc: dict) -> None:
+    run.accelerator = str(desc.get("accelerator_model_name") or "unknown").strip() or "unknown"
+    run.accelerators_per_node = int(_num(desc.get("accelerators_per_node"), 0))
+    run.nodes = max(1, int(_num(desc.get("number_of_nodes"), 1)))
+
+
+def _num(value, default: float = 0.0) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _safe_json(text: str) -> dict:
+    try:
+        obj = json.loads(text)
+        return obj if isinstance(obj, dict) else {}
+    except ValueError:
+        return {}

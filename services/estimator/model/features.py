@@ -1,0 +1,95 @@
+"""Job features the history predictor reads, and the accelerator TFLOPS table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from services.estimator.model.targets import TARGETS
+
+# Dense BF16/FP16 tensor TFLOPS from vendor datasheets; substrings matched in order.
+ACCELERATOR_TFLOPS = (
+    ("h200", 989.0), ("gh200", 989.0), ("h100-pcie", 756.0), ("h100", 989.0),
+    ("a100", 312.0), ("a30", 165.0), ("l40s", 362.0), ("l40", 181.0), ("l4", 121.0),
+    ("a10g", 70.0), ("a5000", 111.0), ("4090", 165.0), ("gaudi", 432.0), ("v5p", 459.0),
+    ("v5e", 197.0), ("mi300", 1307.0), ("7900", 123.0),
+)
+
+
+def accelerator_tflops(name: str) -> float | None:
+    """Peak dense 16-bit TFLOPS of an accelerator model, None when unknown."""
+    key = name.lower().replace(" ", "").replace("(r)", "")
+    for needle, tflops in ACCELERATOR_TFLOPS:
+        if needle in key:
+            return tflops
+    return None
+
+
+def normalise_accelerator(name: str) -> str:
+    """Collapse spelling variants ("NVIDIA A100 - PCIe - 80 GB") into one vocabulary word."""
+    key = name.lower().replace(" ", "").replace("(r)", "").replace("-", "")
+    return key or "unknown"
+
+
+@dataclass(frozen=True)
+class JobFeatures:
+    """What is known about a training job before it starts."""
+
+    benchmark: str
+    batch_size: float = 0.0
+    learning_rate: float = 0.0
+    accelerator: str = "unknown"
+    accelerators: int = 1
+    nodes: int = 1
+    tflops: float | None = None
+    task: str | None = None
+    family: str | None = None
+
+    def resolved(self) -> "JobFeatures":
+        """Fill task, family and TFLOPS from the benchmark and accelerator tables."""
+        target = TARGETS.get(self.benchmark)
+        return JobFeatures(
+            benchmark=self.benchmark, batch_size=self.batch_size,
+            learning_rate=self.learning_rate, accelerator=self.accelerator,
+            accelerators=max(1, int(self.accelerators)), nodes=max(1, int(self.nodes)),
+            tflops=self.tflops or accelerator_tflops(self.accelerator),
+            task=self.task or (target.task if target else "unknown"),
+            family=self.family or (target.family if target else "unknown"),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def features_from_run(run) -> JobFeatures:
+    """Features of a corpus `Run`."""
+    return JobFeatures(
+        benchmark=run.benchmark, batch_size=run.batch_size, learning_rate=run.learning_rate,
+        accelerator=run.accelerator, accelerators=run.accelerators, nodes=run.nodes,
+    ).resolved()
+
+
+CATEGORICAL = ("benchmark", "task", "family", "accelerator")
+
+
+def categorical_values(feat: JobFeatures) -> dict[str, str]:
+    return {"benchmark": feat.benchmark, "task": feat.task or "unknown",
+            "family": feat.family or "unknown",
+            "accelerator": normalise_accelerator(feat.accelerator)}
+
+
+NUMERIC = ("batch_size", "learning_rate", "tflops", "tflops_known", "nodes", "accelerators",
+           "total_tflops", "batch_per_accelerator")
+
+
+def numeric_values(feat: JobFeatures) -> list[float]:
+    """Log-scaled numeric features; a missing TFLOPS gets 0 and a flag."""
+    tflops = feat.tflops or 0.0
+    total = tflops * feat.accelerators
+    return [
+        math.log1p(max(feat.batch_size, 0.0)),
+        math.log10(feat.learning_rate) if feat.learning_rate > 0 else -6.0,
+        math.log1p(tflops), 1.0 if tflops else 0.0,
+        math.log(feat.nodes), math.log(feat.accelerators), math.log1p(total),
+        math.log1p(max(feat.batch_size, 0.0) / feat.accelerators),
+    ]

@@ -1,0 +1,264 @@
+"""History predictor: an MLP (design Fig. 3) from job features to work and duration to target."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from services.estimator.model.features import (
+    CATEGORICAL, NUMERIC, JobFeatures, categorical_values, features_from_run, numeric_values)
+
+FORMAT_VERSION = 1
+# Interval quantiles: the service reports a 10-90% band.
+Q_LOW, Q_HIGH = 0.10, 0.90
+
+
+@dataclass(frozen=True)
+class HistoryPrior:
+    """History prediction for one job: total work and duration with 10-90% bands."""
+
+    duration_s: float
+    duration_low_s: float
+    duration_high_s: float
+    work: float
+    work_low: float
+    work_high: float
+    benchmark: str = "unknown"
+
+
+# Work to target is a property of the algorithm and its hyper-parameters, not of the
+# hardware: the work head sees only these inputs, which stops it learning spurious
+# accelerator effects from a few submitters. The duration head sees everything.
+WORK_INPUTS = ("benchmark", "task", "family", "batch_size", "learning_rate")
+
+
+class _MLP(nn.Module):
+    """Two heads on one input vector: log work (masked inputs) and log duration."""
+
+    def __init__(self, n_in: int, hidden: int = 64, work_mask=None) -> None:
+        super().__init__()
+        mask = torch.ones(n_in) if work_mask is None else torch.as_tensor(work_mask, dtype=torch.float32)
+        self.register_buffer("work_mask", mask)
+        self.work = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.duration = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                                      nn.ReLU(), nn.Linear(hidden, 1))
+
+    def forward(self, x):
+        return torch.cat([self.work(x * self.work_mask), self.duration(x)], dim=1)
+
+
+class HistoryPredictor:
+    """Predicts log work and log duration to target; residual quantiles give the bands."""
+
+    def __init__(self, *, hidden: int = 64, epochs: int = 400, seed: int = 0) -> None:
+        self.hidden, self.epochs, self.seed = hidden, epochs, seed
+        self.vocab: dict[str, list[str]] = {}
+        self.offsets: dict[str, tuple[float, float]] = {}  # benchmark -> mean log work, duration
+        self.x_mean = self.x_std = None
+        self.quantiles: dict[str, tuple[float, ...]] = {}  # benchmark -> work q10,q90, dur q10,q90
+        self.blend: dict = {}  # filled by calibrate.train_with_calibration; saved with the model
+        self.work_table: dict[str, float] = {}  # "benchmark|batch" -> median work seen
+        self.duration_table: dict[str, float] = {}  # "benchmark|accel|count|batch" -> median s
+        self.model: _MLP | None = None
+
+    # -- encoding -----------------------------------------------------------------------
+    def _encode(self, feats: list[JobFeatures]) -> torch.Tensor:
+        rows = []
+        for f in feats:
+            cats = categorical_values(f)
+            row = []
+            for name in CATEGORICAL:
+                words = self.vocab[name]
+                one_hot = [0.0] * len(words)
+                one_hot[words.index(cats[name]) if cats[name] in words else 0] = 1.0
+                row += one_hot
+            rows.append(row + numeric_values(f))
+        x = np.asarray(rows, dtype=np.float32)
+        return torch.from_numpy((x - self.x_mean) / self.x_std)
+
+    def _offset(self, benchmark: str) -> tuple[float, float]:
+        return self.offsets.get(benchmark, self.offsets["*"])
+
+    # -- training -----------------------------------------------------------------------
+    def train(self, runs, *, folds: int = 3) -> "HistoryPredictor":
+        """Fit on corpus runs; out-of-fold residuals by submitter calibrate the bands."""
+        feats = [features_from_run(r) for r in runs]
+        y = np.log([[r.total_work, r.duration_s] for r in runs])
+        groups = [r.submitter for r in runs]
+        resid = self._oof_residuals(feats, y, groups, folds) if folds > 1 else None
+        self._fit(feats, y)
+        self.work_table = _work_table(feats, y[:, 0])
+        self.duration_table = _duration_table(feats, y[:, 1])
+        if resid is None:
+            resid = y - np.log(np.array([self._predict_raw(f) for f in feats]))
+        self._set_quantiles([f.benchmark for f in feats], resid)
+        return self
+
+    def _oof_residuals(self, feats, y, groups, folds):
+        names = sorted(set(groups))
+        rng = np.random.default_rng(self.seed)
+        rng.shuffle(names)
+        fold_of = {g: i % folds for i, g in enumerate(names)}
+        resid = np.zeros_like(y)
+        for k in range(folds):
+            test = np.array([fold_of[g] == k for g in groups])
+            if test.all() or not test.any():
+                continue
+            part = HistoryPredictor(hidden=self.hidden, epochs=self.epochs, seed=self.seed)
+            part._fit([f for f, t in zip(feats, test) if not t], y[~test])
+            seen = [f for f, t in zip(feats, test) if not t]
+            part.work_table = _work_table(seen, y[~test, 0])
+            part.duration_table = _duration_table(seen, y[~test, 1])
+            pred = np.log([part._predict_raw(f) for f, t in zip(feats, test) if t])
+            resid[test] = y[test] - pred
+        return resid
+
+    def _fit(self, feats: list[JobFeatures], y: np.ndarray) -> None:
+        threads = torch.get_num_threads()
+        # A net this small trains fastest on one thread; more only contend with other work.
+        torch.set_num_threads(1)
+        try:
+            self._fit_network(feats, y)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _fit_network(self, feats: list[JobFeatures], y: np.ndarray) -> None:
+        torch.manual_seed(self.seed)
+        cats = [categorical_values(f) for f in feats]
+        self.vocab = {n: ["<unk>"] + sorted({c[n] for c in cats}) for n in CATEGORICAL}
+        benches = [f.benchmark for f in feats]
+        self.offsets = {"*": tuple(float(v) for v in y.mean(axis=0))}
+        for b in set(benches):
+            mask = np.array([x == b for x in benches])
+            self.offsets[b] = tuple(float(v) for v in y[mask].mean(axis=0))
+        self.x_mean, self.x_std = np.zeros(1, np.float32), np.ones(1, np.float32)
+        raw = self._encode(feats).numpy()
+        self.x_mean = raw.mean(axis=0)
+        self.x_std = raw.std(axis=0) + 1e-6
+        x = self._encode(feats)
+        target = torch.tensor(y - np.array([self._offset(b) for b in benches]), dtype=torch.float32)
+        self.model = _MLP(x.shape[1], self.hidden, self._work_mask())
+        opt = torch.optim.Adam(self.model.parameters(), lr=3e-3, weight_decay=1e-4)
+        for _ in range(self.epochs):
+            opt.zero_grad()
+            loss = nn.functional.smooth_l1_loss(self.model(x), target, beta=0.1)
+            loss.backward()
+            opt.step()
+        self.model.eval()
+
+    def _work_mask(self) -> list[float]:
+        mask = []
+        for name in CATEGORICAL:
+            mask += [1.0 if name in WORK_INPUTS else 0.0] * len(self.vocab[name])
+        return mask + [1.0 if name in WORK_INPUTS else 0.0 for name in NUMERIC]
+
+    def _set_quantiles(self, benches: list[str], resid: np.ndarray) -> None:
+        def q(rows):
+            return tuple(float(v) for v in np.quantile(rows, [Q_LOW, Q_HIGH], axis=0).T.ravel())
+        self.quantiles = {"*": q(resid)}
+        for b in set(benches):
+            mask = np.array([x == b for x in benches])
+            if mask.sum() >= 10:
+                self.quantiles[b] = q(resid[mask])
+
+    # -- prediction ---------------------------------------------------------------------
+    def _predict_raw(self, feat: JobFeatures) -> tuple[float, float]:
+        return self._predict_many([feat])[0]
+
+    def _predict_many(self, feats: list[JobFeatures]) -> list[tuple[float, float]]:
+        with torch.no_grad():
+            out = self.model(self._encode(feats)).numpy()
+        offs = np.array([self._offset(f.benchmark) for f in feats])
+        preds = [tuple(float(v) for v in np.exp(row)) for row in out + offs]
+        # Where the same benchmark ran with the same batch size often enough, the median work
+        # of those runs beats the network (checked on submitter-held-out splits).
+        # With no such runs, the network is shrunk halfway (in log) to the benchmark median:
+        # batch-size extrapolation by the network is noisy for unseen batch sizes.
+        out = []
+        for f, (w, d) in zip(feats, preds):
+            bench = self.work_table.get(f"{f.benchmark}|*")
+            shrunk = math.sqrt(w * bench) if bench else w
+            # The same system configuration seen often enough: its median duration.
+            out.append((self.work_table.get(_work_key(f), shrunk),
+                        self.duration_table.get(_duration_key(f), d)))
+        return out
+
+    def prior(self, features: JobFeatures) -> HistoryPrior:
+        """Work and duration to target, each with its 10-90% band."""
+        feat = features.resolved()
+        work, dur = self._predict_raw(feat)
+        wq_lo, wq_hi, dq_lo, dq_hi = self.quantiles.get(feat.benchmark, self.quantiles["*"])
+        return HistoryPrior(
+            duration_s=dur, duration_low_s=dur * math.exp(dq_lo), duration_high_s=dur * math.exp(dq_hi),
+            work=work, work_low=work * math.exp(wq_lo), work_high=work * math.exp(wq_hi),
+            benchmark=feat.benchmark)
+
+    def predict(self, features: JobFeatures) -> tuple[float, float, float]:
+        """(duration_s, low_s, high_s) before the job starts."""
+        p = self.prior(features)
+        return p.duration_s, p.duration_low_s, p.duration_high_s
+
+    # -- persistence --------------------------------------------------------------------
+    def state(self) -> dict:
+        return {
+            "format_version": FORMAT_VERSION, "hidden": self.hidden, "epochs": self.epochs,
+            "seed": self.seed, "vocab": self.vocab, "offsets": self.offsets,
+            "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
+            "quantiles": self.quantiles, "blend": self.blend, "work_table": self.work_table,
+            "duration_table": self.duration_table,
+            "state_dict": self.model.state_dict(),
+        }
+
+    def save(self, path) -> None:
+        """Write state_dict, vocabulary, calibration and format version to one file."""
+        torch.save(self.state(), path)
+
+    @classmethod
+    def load(cls, path) -> "HistoryPredictor":
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if state.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"unsupported history model format {state.get('format_version')}")
+        self = cls(hidden=state["hidden"], epochs=state["epochs"], seed=state["seed"])
+        self.vocab, self.offsets = state["vocab"], {k: tuple(v) for k, v in state["offsets"].items()}
+        self.x_mean = np.asarray(state["x_mean"], np.float32)
+        self.x_std = np.asarray(state["x_std"], np.float32)
+        self.quantiles = {k: tuple(v) for k, v in state["quantiles"].items()}
+        self.blend = state["blend"]
+        self.work_table = state["work_table"]
+        self.duration_table = state["duration_table"]
+        n_in = len(self.x_mean)
+        self.model = _MLP(n_in, self.hidden, self._work_mask())
+        self.model.load_state_dict(state["state_dict"])
+        self.model.eval()
+        return self
+
+
+MIN_RUNS_FOR_TABLE = 5
+
+
+def _work_key(feat: JobFeatures) -> str:
+    return f"{feat.benchmark}|{feat.batch_size:g}"
+
+
+def _work_table(feats: list[JobFeatures], log_work: np.ndarray) -> dict[str, float]:
+    groups: dict[str, list[float]] = {}
+    for f, w in zip(feats, log_work):
+        groups.setdefault(_work_key(f), []).append(float(w))
+        groups.setdefault(f"{f.benchmark}|*", []).append(float(w))
+    return {k: float(np.exp(np.median(v))) for k, v in groups.items() if len(v) >= MIN_RUNS_FOR_TABLE}
+
+
+def _duration_key(feat: JobFeatures) -> str:
+    accel = categorical_values(feat)["accelerator"]
+    return f"{feat.benchmark}|{accel}|{feat.accelerators}|{feat.batch_size:g}"
+
+
+def _duration_table(feats: list[JobFeatures], log_duration: np.ndarray) -> dict[str, float]:
+    groups: dict[str, list[float]] = {}
+    for f, d in zip(feats, log_duration):
+        groups.setdefault(_duration_key(f), []).append(float(d))
+    return {k: float(np.exp(np.median(v))) for k, v in groups.items() if len(v) >= MIN_RUNS_FOR_TABLE}

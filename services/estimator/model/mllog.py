@@ -1,0 +1,107 @@
+"""Parse training log lines: MLPerf `:::MLLOG {json}` records and user regex metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+MLLOG_PREFIX = ":::MLLOG "
+
+# Metadata keys that carry training progress, in order of preference.
+PROGRESS_KEYS = ("samples_count", "epoch_num", "step_num")
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One `:::MLLOG` record."""
+
+    key: str
+    value: Any
+    time_ms: int
+    metadata: dict = field(default_factory=dict)
+
+    def progress(self) -> float | None:
+        """Progress (samples, epochs or steps) carried in the metadata, if any."""
+        for name in PROGRESS_KEYS:
+            val = self.metadata.get(name)
+            if isinstance(val, (int, float)) and not isinstance(val, bool):
+                return float(val)
+        return None
+
+
+def parse_mllog_line(line: str) -> LogRecord | None:
+    """Return the record of a `:::MLLOG {json}` line, or None for any other line."""
+    start = line.find(MLLOG_PREFIX)
+    if start < 0:
+        return None
+    try:
+        obj = json.loads(line[start + len(MLLOG_PREFIX):])
+        return LogRecord(
+            key=str(obj["key"]),
+            value=obj.get("value"),
+            time_ms=int(obj["time_ms"]),
+            metadata=obj.get("metadata") or {},
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric read from free-form log lines with a regex.
+
+    The regex has one capture group or a named group `value`; an optional named group
+    `step` gives the progress (step, epoch or samples) at which the value was logged.
+    """
+
+    name: str
+    regex: str
+
+    def compiled(self) -> re.Pattern:
+        pattern = re.compile(self.regex)
+        if "value" not in pattern.groupindex and pattern.groups < 1:
+            raise ValueError(f"metric {self.name!r}: regex needs a capture group")
+        return pattern
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One metric value found in a log line."""
+
+    name: str
+    value: float
+    step: float | None = None
+
+
+class RegexMetricParser:
+    """Extract metric points from log lines with a list of `MetricSpec`."""
+
+    def __init__(self, specs: list[MetricSpec]) -> None:
+        self._specs = [(spec.name, spec.compiled()) for spec in specs]
+
+    def parse(self, line: str) -> list[MetricPoint]:
+        """Return every metric point the line holds (at most one per spec)."""
+        points = []
+        for name, pattern in self._specs:
+            match = pattern.search(line)
+            if match is None:
+                continue
+            groups = pattern.groupindex
+            raw = match.group("value") if "value" in groups else match.group(1)
+            value = _to_float(raw)
+            if value is None:
+                continue
+            step = _to_float(match.group("step")) if "step" in groups else None
+            points.append(MetricPoint(name=name, value=value, step=step))
+        return points
+
+
+def _to_float(raw: str | None) -> float | None:
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        return None

@@ -1,0 +1,195 @@
+"""Per-job online estimator: live progress and metric curve, blended with a history prior."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from services.estimator.model.blend import blend
+from services.estimator.model.curves import predict_crossing
+from services.estimator.model.history import HistoryPrior
+
+MAX_MARKS = 256  # progress marks kept; older ones are thinned, so one update stays cheap
+MAX_METRICS = 64  # metric points kept for curve fitting
+RATE_WINDOW = 2 / 3  # the rate is fitted on the most recent two thirds of the elapsed time
+CURVE_MAX_OVER_PRIOR = 3.0  # a curve crossing beyond 3x the prior work is not believed
+
+
+class Estimate(NamedTuple):
+    """Remaining seconds, absolute finish time, 10-90% band of remaining seconds, method."""
+
+    remaining_s: float
+    finish_time: float
+    low_s: float
+    high_s: float
+    method: str
+
+
+class OnlineEstimator:
+    """Stateful estimator of one job; feed `observe`, ask `estimate`."""
+
+    def __init__(self, *, start_time: float = 0.0, target: float | None = None,
+                 mode: str = "max", total_work: float | None = None,
+                 prior: HistoryPrior | None = None, calibration: dict | None = None,
+                 key: str | None = None) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError("mode must be 'max' or 'min'")
+        self.start_time, self.target, self.mode = start_time, target, mode
+        self.total_work, self.prior, self.calibration = total_work, prior, calibration
+        self.key = key or (prior.benchmark if prior else "*")
+        self._marks_t: list[float] = []
+        self._marks_p: list[float] = []
+        self._metric_x: list[float] = []
+        self._metric_y: list[float] = []
+        # A job that reports a metric but no progress gets its curve fitted against time.
+        self._metric_clock: bool | None = None
+        self._curve_work: float | None = None
+        self._curve_dirty = False
+        self._fitted_points = 0
+        self._metric_count = 0  # metric points ever observed (the kept list is thinned)
+        self._fits: dict = {}
+        self._reached = False
+
+    # -- input ------------------------------------------------------------------------
+    def observe(self, t_seconds: float, progress: float | None = None,
+                metric_value: float | None = None) -> None:
+        """Record progress (samples, steps or epochs) and/or a metric value at a time."""
+        t = float(t_seconds) - self.start_time
+        if progress is not None and math.isfinite(progress):
+            if not self._marks_p or progress >= self._marks_p[-1]:
+                self._marks_t.append(t)
+                self._marks_p.append(float(progress))
+                if len(self._marks_t) > MAX_MARKS:
+                    self._marks_t, self._marks_p = _thin(self._marks_t), _thin(self._marks_p)
+        if metric_value is not None and math.isfinite(metric_value):
+            if self._metric_clock is None:
+                self._metric_clock = not self._marks_p
+            x = t if self._metric_clock else self._marks_p[-1]
+            if x > 0:
+                self._metric_x.append(x)
+                self._metric_y.append(metric_value if self.mode == "max" else -metric_value)
+                self._metric_count += 1
+                if len(self._metric_x) > MAX_METRICS:
+                    self._metric_x, self._metric_y = _thin(self._metric_x), _thin(self._metric_y)
+                self._curve_dirty = True
+                if self.target is not None and self._met(metric_value):
+                    self._reached = True
+
+    def _met(self, value: float) -> bool:
+        return value >= self.target if self.mode == "max" else value <= self.target
+
+    # -- live parts -------------------------------------------------------------------
+    def rate(self) -> tuple[float, float, float] | None:
+        """(progress per second, last mark time, last mark progress) or None."""
+        if not self._marks_t:
+            return None
+        t_last, p_last = self._marks_t[-1], self._marks_p[-1]
+        if len(self._marks_t) == 1:
+            return (p_last / t_last, t_last, p_last) if t_last > 0 and p_last > 0 else None
+        t = np.asarray(self._marks_t)
+        p = np.asarray(self._marks_p)
+        recent = t >= t_last * (1 - RATE_WINDOW)
+        if recent.sum() >= 2 and np.ptp(t[recent]) > 0:
+            t, p = t[recent], p[recent]
+        slope = float(np.polyfit(t, p, 1)[0]) if np.ptp(t) > 0 else 0.0
+        return (slope, t_last, p_last) if slope > 0 else None
+
+    def curve_work(self) -> float | None:
+        """Progress at which the fitted learning curve reaches the target (or plateau)."""
+        n = self._metric_count
+        # Refit when the points grew by a tenth (every point while there are few): a fit costs
+        # ~1 ms, and a job logging a metric every step would otherwise pay it on every update.
+        if self._curve_dirty and n - self._fitted_points >= max(1, self._fitted_points // 10):
+            self._curve_dirty = False
+            self._fitted_points = n
+            self._curve_work = self._fit_curve()
+        return self._curve_work
+
+    def _fit_curve(self) -> float | None:
+        if len(self._metric_x) < 4 or not (self._marks_p or self._metric_clock):
+            return None
+        target = self.target
+        if target is None:
+            target = self._plateau_target()
+            if target is None:
+                return None
+        else:
+            target = target if self.mode == "max" else -target
+        cross, self._fits = predict_crossing(self._metric_x, self._metric_y, target, warm=self._fits)
+        if not math.isfinite(cross):
+            return None
+        last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
+        if self._metric_clock:
+            cap = CURVE_MAX_OVER_PRIOR * self.prior.duration_s if self.prior else last * 5
+        else:
+            cap = CURVE_MAX_OVER_PRIOR * self.prior.work if self.prior else last * 5
+        return min(max(cross, last), cap)
+
+    def _plateau_target(self) -> float | None:
+        """Without a target, aim at 99% of the way to the fitted asymptote."""
+        _, fits = predict_crossing(self._metric_x, self._metric_y, math.inf, warm=self._fits)
+        self._fits = fits
+        asym = [f.params[2] for f in fits.values() if len(f.params) == 3]
+        if not asym:
+            return None
+        c = float(np.median(asym))
+        return c - 0.01 * abs(c - self._metric_y[0])
+
+    def components(self, now: float) -> dict[str, float | None]:
+        """Total-duration candidates (seconds since start) from each source."""
+        elapsed = now - self.start_time
+        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None}
+        if self.prior is not None:
+            comps["history"] = max(self.prior.duration_s, elapsed)
+        live = self.rate()
+        if self._metric_clock and self.curve_work() is not None:
+            comps["curve"] = max(self.curve_work(), elapsed)
+        if live is None:
+            return self._capped(comps, elapsed)
+        rate, t_last, p_last = live
+        work = self.total_work or (self.prior.work if self.prior else None)
+        if work is not None:
+            comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
+        curve = self.curve_work() if not self._metric_clock else None
+        if curve is not None:
+            comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
+        return self._capped(comps, elapsed)
+
+    def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
+        # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
+        cap = max(20.0 * elapsed, 3.0 * self.prior.duration_high_s if self.prior else 0.0)
+        return {k: (min(v, cap) if v is not None else None) for k, v in comps.items()}
+
+    # -- output -----------------------------------------------------------------------
+    def estimate(self, now: float) -> Estimate:
+        """Remaining time to the target, finish time and a 10-90% band."""
+        elapsed = now - self.start_time
+        if self._reached:
+            return Estimate(0.0, now, 0.0, 0.0, "reached")
+        fraction, comps = self.snapshot(now)
+        if not any(comps.values()):
+            return Estimate(math.nan, math.nan, math.nan, math.nan, "none")
+        total, low, high, method = blend(comps, fraction=fraction, key=self.key,
+                                         table=self.calibration)
+        total = max(total, elapsed)
+        remaining = total - elapsed
+        low_s = max(0.0, min(low - elapsed, remaining))
+        high_s = max(remaining, high - elapsed)
+        return Estimate(remaining, now + remaining, low_s, high_s, method)
+
+    def snapshot(self, now: float) -> tuple[float, dict[str, float | None]]:
+        """(fraction of the run seen, components) as the blend sees them."""
+        comps = self.components(now)
+        if self.total_work is not None and comps["throughput"] is not None:
+            comps = {"throughput": comps["throughput"]}
+        guess = comps.get("throughput") or comps.get("history") or comps.get("curve")
+        fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0
+        return fraction, comps
+
+
+def _thin(values: list[float]) -> list[float]:
+    """Keep every second point of the older half, all of the newer half."""
+    half = len(values) // 2
+    return values[:half:2] + values[half:]

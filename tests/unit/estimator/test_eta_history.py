@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+
+from services.estimator.model.features import JobFeatures, accelerator_tflops, features_from_run
+from services.estimator.model.history import HistoryPredictor
+from eta_factories import make_run
+
+
+def tiny_corpus():
+    """Work depends on the benchmark only; the rate scales with accelerators x TFLOPS."""
+    runs = []
+    rng = np.random.default_rng(0)
+    for i in range(60):
+        bench = ("bert", "resnet", "ssd")[i % 3]
+        work = {"bert": 3000.0, "resnet": 40.0, "ssd": 5.0}[bench] * rng.uniform(0.97, 1.03)
+        accel = ("NVIDIA H100-SXM5-80GB", "NVIDIA A100-SXM4-80GB")[i % 2]
+        count = (8, 16)[(i // 2) % 2]
+        rate = {"bert": 10.0, "resnet": 0.05, "ssd": 0.005}[bench] * accelerator_tflops(accel) * count / 8000
+        runs.append(make_run(benchmark=bench, submitter=f"org{i % 5}", work=work, rate=rate,
+                             accelerator=accel, accelerators_per_node=count, evals=4,
+                             run_id=f"v4.0/org{i % 5}/s/{bench}/{i}"))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def trained():
+    runs = tiny_corpus()
+    return runs, HistoryPredictor(epochs=300).train(runs, folds=2)
+
+
+def test_predicts_duration_within_15_percent(trained):
+    runs, model = trained
+    errors = [abs(model.predict(features_from_run(r))[0] / r.duration_s - 1) for r in runs]
+    assert np.median(errors) < 0.15
+
+
+def test_bands_bracket_the_prediction(trained):
+    runs, model = trained
+    prior = model.prior(features_from_run(runs[0]))
+    assert prior.duration_low_s <= prior.duration_s <= prior.duration_high_s
+    assert prior.work_low <= prior.work <= prior.work_high
+    assert prior.work == pytest.approx(runs[0].total_work, rel=0.1)
+
+
+def test_faster_hardware_predicts_shorter_duration(trained):
+    _, model = trained
+    slow = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA A100-SXM4-80GB",
+                       accelerators=8)
+    fast = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB",
+                       accelerators=16)
+    assert model.predict(fast)[0] < model.predict(slow)[0]
+
+
+def test_unknown_accelerator_and_benchmark_still_predict(trained):
+    _, model = trained
+    duration, low, high = model.predict(JobFeatures(benchmark="new_task", accelerator="TPU-v9"))
+    assert np.isfinite([duration, low, high]).all() and low <= duration <= high
+
+
+def test_save_load_round_trip(trained, tmp_path):
+    runs, model = trained
+    model.blend = {"*": {"0": {"w": {"history": 1.0}, "q": (-0.1, 0.1), "bias": 0.0}}}
+    path = tmp_path / "history.pt"
+    model.save(path)
+    loaded = HistoryPredictor.load(path)
+    feat = features_from_run(runs[3])
+    assert loaded.predict(feat) == pytest.approx(model.predict(feat))
+    assert loaded.blend == model.blend
+
+
+def test_load_rejects_other_format_version(trained, tmp_path):
+    import torch
+    _, model = trained
+    state = model.state()
+    state["format_version"] = 999
+    torch.save(state, tmp_path / "old.pt")
+    with pytest.raises(ValueError):
+        HistoryPredictor.load(tmp_path / "old.pt")

@@ -1,0 +1,94 @@
+import math
+import time
+
+import pytest
+
+from services.estimator.model.history import HistoryPrior
+from services.estimator.model.online import MAX_MARKS, OnlineEstimator
+
+
+def feed_linear(est, *, rate=10.0, until=100.0, every=5.0, metric=None):
+    t = every
+    while t <= until:
+        est.observe(t, progress=rate * t, metric_value=metric(rate * t) if metric else None)
+        t += every
+
+
+def test_known_total_work_gives_exact_remaining_time():
+    est = OnlineEstimator(total_work=2000.0)
+    feed_linear(est, rate=10.0, until=100.0)
+    e = est.estimate(100.0)
+    assert e.remaining_s == pytest.approx(100.0, rel=1e-6)
+    assert e.finish_time == pytest.approx(200.0)
+    assert e.low_s <= e.remaining_s <= e.high_s
+
+
+def test_start_time_offsets_absolute_clock():
+    est = OnlineEstimator(start_time=1_000_000.0, total_work=2000.0)
+    for i in range(1, 11):
+        est.observe(1_000_000.0 + 10 * i, progress=100.0 * i)
+    assert est.estimate(1_000_100.0).finish_time == pytest.approx(1_000_200.0)
+
+
+def test_target_curve_predicts_finish_without_history():
+    # metric = 0.95 - 0.9 exp(-p / 300); target 0.8 is met at p ~ 537, i.e. t ~ 53.7 s.
+    est = OnlineEstimator(target=0.8, mode="max")
+    feed_linear(est, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))
+    e = est.estimate(35.0)
+    assert 35.0 + e.remaining_s == pytest.approx(53.7, rel=0.2)
+
+
+def test_min_mode_target_is_met_when_metric_drops_below():
+    est = OnlineEstimator(target=1.0, mode="min")
+    est.observe(10.0, progress=5.0, metric_value=1.5)
+    assert est.estimate(10.0).method != "reached"
+    est.observe(20.0, progress=10.0, metric_value=0.9)
+    assert est.estimate(20.0) == (0.0, 20.0, 0.0, 0.0, "reached")
+
+
+def test_history_prior_alone_before_any_progress():
+    prior = HistoryPrior(duration_s=500.0, duration_low_s=400.0, duration_high_s=650.0,
+                         work=5000.0, work_low=4000.0, work_high=6000.0)
+    e = OnlineEstimator(prior=prior).estimate(100.0)
+    assert e.remaining_s == pytest.approx(400.0, rel=0.01)
+    assert e.method == "history"
+    assert e.low_s < e.remaining_s < e.high_s
+
+
+def test_live_throughput_takes_over_from_history():
+    prior = HistoryPrior(duration_s=5000.0, duration_low_s=4000.0, duration_high_s=6000.0,
+                         work=2000.0, work_low=1800.0, work_high=2200.0)
+    est = OnlineEstimator(prior=prior)
+    feed_linear(est, rate=10.0, until=100.0)
+    total = 100.0 + est.estimate(100.0).remaining_s
+    assert 200.0 < total < 5000.0 * 0.8  # pulled towards the 200 s the throughput says
+
+
+def test_no_information_gives_nan():
+    assert math.isnan(OnlineEstimator().estimate(10.0).remaining_s)
+
+
+def test_memory_is_capped_and_update_is_cheap():
+    est = OnlineEstimator(target=0.99, mode="max")
+    start = time.perf_counter()
+    for i in range(1, 3001):
+        est.observe(float(i), progress=float(i), metric_value=1 - 1 / (i + 1) if i % 10 == 0 else None)
+        est.estimate(float(i))
+    per_update = (time.perf_counter() - start) / 3000
+    assert len(est._marks_t) <= MAX_MARKS
+    assert per_update < 0.005
+
+
+def test_rejects_unknown_mode():
+    with pytest.raises(ValueError):
+        OnlineEstimator(mode="up")
+
+
+def test_metric_without_progress_is_fitted_against_time():
+    # loss = 0.5 + 2 exp(-t / 100) reaches 0.6 at t = 100 ln 20 ~ 300 s.
+    est = OnlineEstimator(target=0.6, mode="min")
+    for t in range(10, 160, 10):
+        est.observe(float(t), metric_value=0.5 + 2 * math.exp(-t / 100))
+    e = est.estimate(150.0)
+    assert e.method == "curve"
+    assert 150.0 + e.remaining_s == pytest.approx(300.0, rel=0.2)
