@@ -45,6 +45,7 @@ RPC_TERMINATE = "tm.rpc.monitor.terminate"
 RPC_MIGRATE = "tm.rpc.monitor.migrate"
 RPC_METRICS = "tm.rpc.estimator.metrics"
 RPC_ADMIT = "tm.rpc.billing.admit"
+RPC_CANDIDATES = "tm.rpc.placement.candidates"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 SERVICES = ("placement", "monitor", "estimator", "billing")
 

@@ -1,9 +1,13 @@
 """Request/reply contracts between the REST API and the services that own the answers."""
 from datetime import datetime
-
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from shared.jobs import Spec
+
+
+GroupBy = Literal["user", "node_kind", "node", "project"]
 
 
 class UsageQuery(BaseModel):
@@ -12,14 +16,43 @@ class UsageQuery(BaseModel):
     project_id: str | None = Field(None, description="None: every project (admin).")
     start: datetime | None = None
     end: datetime | None = None
+    group_by: GroupBy = Field("user", description="What the rows of `groups` are per.")
+    user_name: str | None = Field(None, description="Only this user's attempts (quota checks).")
 
 
 class UsageTotals(BaseModel):
-    key: str = Field("", description="The user name or node kind the row is for; empty for the grand total.")
+    key: str = Field("", description="The user name, node kind, node or project the row is for; empty for the total.")
     attempts: int = 0
-    seconds: float = 0
+    seconds: float = Field(0, description="Run time of attempts.")
     gpu_hours: float = 0
+    cost: float = Field(0, description="Charged to attempts (node price x attempt time), every node kind.")
+    local_gpu_hours: float = 0
+    reserved_gpu_hours: float = 0
+    owned_cost: float = Field(0, description="Amortised dollars of local and reserved nodes used by attempts.")
+    on_demand_nodes: int = Field(0, description="On-demand nodes used by attempts or provisioned for the row.")
+    on_demand_seconds: float = Field(0, description="Attempt run time on on-demand nodes plus idle time of nodes "
+                                     "provisioned for the row.")
+    on_demand_cost: float = Field(0, description="Dollars of on-demand nodes: attempts plus idle time.")
+    spend: float = Field(0, description="owned_cost + on_demand_cost.")
+
+
+class OwnedUsage(BaseModel):
+    """Capacity of local or reserved nodes over the window: registration to loss, fleet-wide."""
+
+    available_gpu_hours: float = 0
+    busy_gpu_hours: float = 0
+    idle_gpu_hours: float = 0
+    utilisation: float | None = Field(None, description="busy / available; None when nothing was available.")
+    amortised_cost: float = Field(0, description="Price per hour x time available.")
+
+
+class OnDemandUsage(BaseModel):
+    """On-demand nodes over the window, charged from provisioning to release, idle time included."""
+
+    nodes: int = 0
+    seconds: float = Field(0, description="Node run time (lifetimes clipped to the window).")
     cost: float = 0
+    idle_cost: float = Field(0, description="Part of the cost no attempt used.")
 
 
 class UsageReport(BaseModel):
@@ -30,6 +63,11 @@ class UsageReport(BaseModel):
     by_user: list[UsageTotals]
     by_node_kind: list[UsageTotals]
     open_attempts: int = Field(0, description="Attempts still running, charged up to now.")
+    group_by: GroupBy = "user"
+    groups: list[UsageTotals] = Field(default_factory=list, description="One row per value of group_by.")
+    owned: dict[str, OwnedUsage] = Field(default_factory=dict, description="Per owned kind: local, reserved.")
+    on_demand: OnDemandUsage = Field(default_factory=OnDemandUsage)
+    gpus_in_use: int = Field(0, description="GPUs held by running attempts (of the project/user asked about).")
 
 
 class MetricsQuery(BaseModel):
@@ -66,3 +104,69 @@ class AdmitReply(BaseModel):
     allowed: bool
     reason: str = Field("", description="Why not, naming the quota or budget and what is left.")
     error_code: str = Field("", description="The API error code to answer with when refused.")
+    http_status: int = Field(200, description="The HTTP status the API answers with when refused.")
+    limited: bool = Field(False, description="Some quota or budget applies to this project or user.")
+
+
+RPC_QUOTAS = "tm.rpc.billing.quotas"  # TODO(lead): move beside RPC_ADMIT in shared/bus.py
+
+
+class Quota(BaseModel):
+    """Limits of a project or of one user in it; None: no limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_gpus: int | None = Field(None, ge=0, description="GPUs its running attempts may hold at once.")
+    gpu_hours_per_month: float | None = Field(None, ge=0, description="GPU-hours per calendar month (UTC).")
+    budget_per_month: float | None = Field(None, ge=0, description="Dollars per calendar month (UTC), owned "
+                                           "(amortised) and on-demand alike.")
+
+
+class ProjectQuotas(Quota):
+    users: dict[str, Quota] = Field(default_factory=dict, description="Per-user limits inside the project.")
+
+
+class QuotasRequest(BaseModel):
+    """Read a project's quotas; or replace them all (project); or one user's (user_name + user)."""
+
+    project_id: str
+    project: ProjectQuotas | None = None
+    user_name: str | None = None
+    user: Quota | None = None
+
+
+class QuotasReply(BaseModel):
+    project_id: str
+    quotas: ProjectQuotas
+    month_start: datetime
+    used: UsageTotals = Field(description="The project's month to date.")
+    used_by_user: list[UsageTotals] = Field(default_factory=list)
+    gpus_in_use: int = 0
+
+
+class CandidatesQuery(BaseModel):
+    """Where could this job run, for how long and at what cost? (a dry run: nothing is created)."""
+
+    spec: Spec
+    user_name: str
+    project_id: str
+
+
+class Candidate(BaseModel):
+    node_kind: str
+    node_id: str | None = Field(None, description="An existing node, or None for an instance type to rent.")
+    instance_type: str | None = None
+    gpu_model: str = ""
+    gpus: int = 0
+    price_per_hour: float = Field(description="The job's share of the node's price (all its ranks).")
+    predicted_duration_s: float
+    duration_source: Literal["estimator", "owner", "default"]
+    expected_cost: float
+    free_now: bool
+    startup_delay_s: float = 0
+
+
+class CandidatesReply(BaseModel):
+    candidates: list[Candidate]
+    unplaceable_kinds: dict[str, str] = Field(default_factory=dict, description="Allowed kinds with no node that "
+                                              "could ever host the job, and why.")

@@ -2,7 +2,7 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import durable, retry_transient
+from shared.bus import RPC_CANDIDATES, durable, retry_transient
 from shared.events import (
     EtaEstimated,
     JobDeleted,
@@ -12,6 +12,7 @@ from shared.events import (
     NodeRegistered,
     NodeStateChanged,
 )
+from shared.rpc import CandidatesQuery, CandidatesReply
 from services.placement.service import Placement
 
 router = NatsRouter()
@@ -49,3 +50,9 @@ async def on_node_state(event: NodeStateChanged, placement: Placement = Context(
 async def on_estimate(event: EtaEstimated, placement: Placement = Context("placement")) -> None:
     """Compare each running job's estimate with what its owner expects."""
     await placement.estimated(event)
+
+
+@router.subscriber(RPC_CANDIDATES)
+async def dry_run(query: CandidatesQuery, placement: Placement = Context("placement")) -> CandidatesReply:
+    """Where a job could run, how long and at what cost; nothing is created."""
+    return placement.candidates(query.spec)

@@ -25,7 +25,9 @@ from shared.events import (
 from shared.jobs import Algorithm, Phase, Resource, Spec
 from shared.nodes import NodeInfo
 from shared.store import DocumentStore
+from shared.rpc import CandidatesReply
 from services.placement.adapter import DEFAULT_DURATION_S, JobView, cluster_state, reference_tflops
+from services.placement.candidates import candidates
 from services.placement.fit import Candidate, Usage, catalogue_node, could_ever_fit, fits, largest
 from services.placement.fit import schedule as first_fit
 from services.placement.fleet import Fleet
@@ -256,6 +258,11 @@ class Placement:
             if node.release_when_idle and node.node_id in self.fleet.idle_since:
                 await self.fleet.release(node.node_id, reason="pulled back")
         return started
+
+    def candidates(self, spec: Spec) -> CandidatesReply:
+        infos = self.fleet.ready_infos()
+        return candidates(spec=spec, nodes=infos, usage=self.usage(), catalogue=self.fleet.catalogue,
+                          reference_tflops=reference_tflops(infos))
 
     async def _pull_back(self, job_id: str, source: str, target: str) -> None:
         """Snapshot the job on the rented node and keep the owned one for it; the rented node goes once empty."""

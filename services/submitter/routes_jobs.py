@@ -4,14 +4,14 @@ import uuid
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
+from shared.bus import RPC_CANDIDATES, RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
-from shared.rpc import MetricsQuery, MetricsReport
+from shared.rpc import CandidatesQuery, CandidatesReply, MetricsQuery, MetricsReport
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
@@ -42,10 +42,14 @@ async def load(repo: Repository, principal: Principal, project_id: ProjectId, jo
     return doc
 
 
-@router.post("", status_code=201, response_model=Job, summary="Create a training job")
+@router.post("", status_code=201, response_model=Job,
+             summary="Create a training job (or, with dry_run=true, estimate where it would run and its cost)")
 async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
-                     principal: Principal = Depends(authenticate)) -> Job:
+                     principal: Principal = Depends(authenticate),
+                     dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
+    if dry_run:
+        return await estimate(project_id, body, request, principal)
     repository = repo(request)
     now = utcnow()
     job_id = str(uuid.uuid4())
@@ -59,6 +63,21 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
         raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
                                                 f"{project_id}") from None
     return render(doc, now=now)
+
+
+async def estimate(project_id: str, body: JobCreate, request: Request, principal: Principal) -> JSONResponse:
+    """The dry run: the body is valid, the name is free, and here is where it could run, how long, at what cost."""
+    if await repo(request).jobs.find_one({"project_id": project_id, "name": body.metadata.name}, {"_id": 1}):
+        raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
+                                                f"{project_id}")
+    query = CandidatesQuery(spec=body.spec, user_name=principal.user_name, project_id=project_id)
+    try:
+        reply = await request.app.state.broker.request(query, RPC_CANDIDATES, timeout=5)
+        candidates = CandidatesReply.model_validate(await reply.decode())
+    except Exception as exc:
+        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"placement did not answer: {exc!r}") from None
+    return JSONResponse({"dry_run": True, "valid": True, "project_id": project_id, "name": body.metadata.name,
+                         **candidates.model_dump(mode="json")})
 
 
 @router.get("", response_model=JobList, summary="List training jobs")

@@ -117,3 +117,26 @@ async def test_a_cost_sensitive_job_waits_for_owned_capacity_when_that_is_cheape
     await stays_pending(client, project, job["metadata"]["id"], seconds=2)
     done = await wait_phase(client, project, job["metadata"]["id"], "Completed", timeout_s=60)
     assert done["status"]["node_ids"][0] in ("lab-1", "res-1") and await rented(client) == []
+
+
+async def test_a_dry_run_estimates_each_allowed_kind_and_creates_nothing(client, project):
+    body = {"metadata": {"name": "what-if"}, "algorithm": {"command": "true"},
+            "spec": {"resource": {"gpu_count": 1}, "placement": {"expected_duration_s": 7200}}}
+    response = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    kinds = {c["node_kind"]: c for c in answer["candidates"]}
+    assert set(kinds) == {"local", "reserved", "on_demand"}
+    rent = kinds["on_demand"]
+    assert rent["instance_type"] == "g.small" and rent["price_per_hour"] == 2.0 and rent["startup_delay_s"] == 1
+    assert kinds["local"]["node_id"] == "lab-1" and kinds["local"]["duration_source"] == "owner"
+    for candidate in kinds.values():
+        hours = candidate["predicted_duration_s"] / 3600
+        assert candidate["expected_cost"] == pytest.approx(candidate["price_per_hour"] * hours, rel=1e-3)
+    assert (await client.get(f"/v2/{project}/training-jobs")).json()["total"] == 0
+    local_only = {**body, "spec": {"resource": {"gpu_count": 2}, "placement": {"allowed": "local"}}}
+    none = (await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=local_only)).json()
+    assert none["candidates"] == [] and "local" in none["unplaceable_kinds"]
+    bad = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"},
+                            json={**body, "spec": {"resource": {"gpu_count": -1}}})
+    assert bad.status_code == 400 and "param[spec.resource.gpu_count]" in bad.json()["error_msg"]
