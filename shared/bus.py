@@ -44,6 +44,7 @@ RPC_USAGE = "tm.rpc.billing.usage"
 RPC_TERMINATE = "tm.rpc.monitor.terminate"
 RPC_MIGRATE = "tm.rpc.monitor.migrate"
 RPC_METRICS = "tm.rpc.estimator.metrics"
+RPC_PREDICT = "tm.rpc.estimator.predict"
 RPC_ADMIT = "tm.rpc.billing.admit"
 RPC_CANDIDATES = "tm.rpc.placement.candidates"
 SERVICES = ("placement", "monitor", "estimator", "billing")

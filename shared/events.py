@@ -224,6 +224,8 @@ class TaskStarted(Message):
     node_kind: str
     price_per_hour: float
     gpu_count: int
+    gpu_model: str = ""
+    world_size: int = 1
     project_id: str
     user_name: str
     pid: int

@@ -170,3 +170,21 @@ class CandidatesReply(BaseModel):
     candidates: list[Candidate]
     unplaceable_kinds: dict[str, str] = Field(default_factory=dict, description="Allowed kinds with no node that "
                                               "could ever host the job, and why.")
+
+
+class PredictQuery(BaseModel):
+    """How long would this job take on that hardware? (the history model, before the job starts)"""
+
+    benchmark: str = Field(examples=["bert"], description="Task or MLPerf benchmark name.")
+    batch_size: float = 0
+    learning_rate: float = 0
+    accelerator: str = Field("unknown", examples=["NVIDIA H100-SXM5-80GB"])
+    accelerators: int = Field(1, ge=1, description="Per node.")
+    nodes: int = Field(1, ge=1)
+
+
+class PredictReply(BaseModel):
+    duration_s: float | None = None
+    low_s: float | None = None
+    high_s: float | None = None
+    model_version: int | None = Field(None, description="None: no history model is trained yet.")

@@ -90,7 +90,9 @@ def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] 
                              cluster_file=data / "cluster.toml", admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
                              node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"),
                              nats_url=servers.get("nats_url"))
-    stack = Stack(settings, extra_env=extra_env or {})
+    # the estimator's history model is trained once per machine, not once per test session
+    models = Path.home() / ".cache" / "trainmaster" / "test-models"
+    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), **(extra_env or {})})
     try:
         stack.start_all()
         wait_until_ready(stack)

@@ -145,6 +145,8 @@ class Agent:
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:started",
             job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
             node_kind=self.node.kind, price_per_hour=self.node.price_per_hour, gpu_count=len(start.gpu_indices),
+            gpu_model=next((g.model for g in self.node.gpus if g.index in start.gpu_indices), ""),
+            world_size=start.world_size,
             project_id=start.project_id, user_name=start.user_name, pid=task.pid,
             started_at=datetime.fromtimestamp(task.started_at, UTC),
         )

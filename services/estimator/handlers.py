@@ -2,9 +2,9 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import RPC_METRICS, durable, retry_transient
-from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk
-from shared.rpc import MetricsQuery, MetricsReport
+from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
+from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
+from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
 router = NatsRouter()
@@ -19,6 +19,8 @@ async def on_job_event(event: JobEvent, estimator: Estimator = Context("estimato
             await estimator.submitted(event)
         case JobStatusChanged():
             await estimator.status_changed(event)
+        case TaskStarted():
+            await estimator.task_started(event)
 
 
 @router.subscriber(**durable("tm.log.>", consumer="estimator-logs", batch=64))
@@ -32,3 +34,9 @@ async def on_log_chunk(chunk: LogChunk, estimator: Estimator = Context("estimato
 async def metrics(query: MetricsQuery, estimator: Estimator = Context("estimator")) -> MetricsReport:
     """A job's metric curves."""
     return await estimator.metrics(query)
+
+
+@router.subscriber(RPC_PREDICT)
+async def predict(query: PredictQuery, estimator: Estimator = Context("estimator")) -> PredictReply:
+    """Duration of a job on given hardware before it starts (placement and billing ask)."""
+    return estimator.predict(query)

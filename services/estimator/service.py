@@ -1,17 +1,20 @@
-"""Estimator's service layer: follow each job's output, keep its metric points, publish its ETA as it changes."""
+"""Estimator's service layer: follow each job's output, keep its metric points, publish its ETA as it changes,
+and learn from the jobs that complete."""
 import logging
 import time
 from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
-from shared.events import EtaEstimated, JobStatusChanged, JobSubmitted, LogChunk, LogLine
-from shared.jobs import MetricSpec
-from shared.rpc import MetricSeries, MetricsQuery, MetricsReport
-from services.estimator.tracker import JobTracker
+from shared.events import EtaEstimated, JobStatusChanged, JobSubmitted, LogChunk, LogLine, TaskStarted
+from shared.jobs import MetricSpec, Parameter, Phase
+from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
+from services.estimator.jobmodel import JobModel
+from services.estimator.model import JobFeatures
+from services.estimator.models import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -23,73 +26,112 @@ class Estimator:
     broker: NatsBroker
     jobs: AsyncCollection
     points: AsyncCollection
-    trackers: dict[str, JobTracker] = field(default_factory=dict)
+    history: AsyncCollection
+    models: ModelStore
+    live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
 
     async def submitted(self, event: JobSubmitted) -> None:
-        await self.jobs.update_one(
-            {"_id": event.job_id},
-            {"$setOnInsert": {"metrics": [m.model_dump() for m in event.algorithm.metrics], "finished": False}},
-            upsert=True,
-        )
+        await self.jobs.update_one({"_id": event.job_id}, {"$setOnInsert": {
+            "metrics": [m.model_dump() for m in event.algorithm.metrics],
+            "parameters": [p.model_dump() for p in event.algorithm.parameters],
+            "project_id": event.project_id, "finished": False}}, upsert=True)
+
+    async def task_started(self, event: TaskStarted) -> None:
+        model = await self._model(event.job_id)
+        if model is not None and event.rank == 0:
+            model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count,
+                          nodes=event.world_size)
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         if not event.phase.is_finished():
             return
+        model = await self._model(event.job_id, finished_too=True)
+        if event.phase == Phase.COMPLETED and model is not None and event.start_time and event.end_time:
+            await self._learn(event, model)
         await self.jobs.update_one({"_id": event.job_id}, {"$set": {"finished": True}})
-        self.trackers.pop(event.job_id, None)
+        self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
         await publish(self.broker, EtaEstimated(event_id=f"{event.job_id}:eta:final", job_id=event.job_id, eta=None))
 
     async def log_chunk(self, chunk: LogChunk) -> None:
-        tracker = await self._tracker(chunk.job_id)
-        if tracker is None:
+        model = await self._model(chunk.job_id)
+        if model is None:
             return
-        found = [(line, point) for line in chunk.lines for point in tracker.observe(line)]
-        if found:
-            await self._store(chunk, found)
+        kept = [line for line in chunk.lines if model.observe(line) or ":::MLLOG" in line.line]
+        if kept:
+            await self._store(chunk, kept)
         now = time.time()
         if now - self.last_published.get(chunk.job_id, 0) < PUBLISH_EVERY_S:
             return
-        eta = tracker.estimate(now)
+        eta = model.estimate(now, self.models.predictor, self.models.version)
         if eta is None:
             return
         self.last_published[chunk.job_id] = now
         await publish(self.broker, EtaEstimated(
             event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
 
+    def predict(self, query: PredictQuery) -> PredictReply:
+        """A duration before the job starts, from the history model (when one is trained)."""
+        if self.models.predictor is None:
+            return PredictReply()
+        duration, low, high = self.models.predictor.predict(JobFeatures(**query.model_dump()))
+        return PredictReply(duration_s=duration, low_s=low, high_s=high, model_version=self.models.version)
+
     async def metrics(self, query: MetricsQuery) -> MetricsReport:
         """Every metric point of a job so far (finished jobs included), for curves."""
-        tracker = await self._tracker(query.job_id, finished_too=True)
-        if tracker is None:
+        model = await self._model(query.job_id, finished_too=True)
+        if model is None:
             return MetricsReport(job_id=query.job_id, series=[])
-        specs = {m.name: m for m in tracker.metrics}
+        specs = {m.name: m for m in model.metrics}
         series = [MetricSeries(name=name, target=specs[name].target if name in specs else None,
                                mode=specs[name].mode if name in specs else None,
                                points=[(p.t, p.value, p.step) for p in points[-query.max_points:]])
-                  for name, points in sorted(tracker.points.items())]
+                  for name, points in sorted(model.tracker.points.items())]
         return MetricsReport(job_id=query.job_id, series=series)
 
-    async def _tracker(self, job_id: str, *, finished_too: bool = False) -> JobTracker | None:
-        if job_id in self.trackers:
-            return self.trackers[job_id]
+    async def _model(self, job_id: str, *, finished_too: bool = False) -> JobModel | None:
+        if job_id in self.live:
+            return self.live[job_id]
         job = await self.jobs.find_one({"_id": job_id})
         if job is None or (job.get("finished") and not finished_too):
             return None
-        tracker = JobTracker([MetricSpec.model_validate(m) for m in job["metrics"]])
+        model = JobModel([MetricSpec.model_validate(m) for m in job["metrics"]],
+                         [Parameter.model_validate(p) for p in job.get("parameters", [])])
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
-            tracker.observe(LogLine(t=doc["t"], line=doc["line"]))
+            model.observe(LogLine(t=doc["t"], line=doc["line"]))
         if not job.get("finished"):
-            self.trackers[job_id] = tracker
-        return tracker
+            self.live[job_id] = model
+        return model
 
-    async def _store(self, chunk: LogChunk, found: list) -> None:
-        """Keep the lines that carried metrics (deterministic ids: a redelivered chunk adds nothing)."""
-        docs = {}
-        for line, point in found:
-            key = f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}:{chunk.lines.index(line)}"
-            docs[key] = {"_id": key, "job_id": chunk.job_id, "t": line.t, "line": line.line}
+    async def _store(self, chunk: LogChunk, lines: list[LogLine]) -> None:
+        """Keep the lines that carried metrics or MLLOG records (deterministic ids: redelivery adds nothing)."""
+        docs = [{"_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}:{chunk.lines.index(line)}",
+                 "job_id": chunk.job_id, "t": line.t, "line": line.line} for line in lines]
         try:
-            await self.points.insert_many(list(docs.values()), ordered=False)
+            await self.points.insert_many(docs, ordered=False)
         except BulkWriteError:
             pass
+
+    async def _learn(self, event: JobStatusChanged, model: JobModel) -> None:
+        """A completed job with known features becomes training data; enough of them train a new version."""
+        features = model.job_features()
+        progress = [p for points in model.tracker.points.values() for p in points]
+        if features is None or not progress:
+            return
+        start = event.start_time.timestamp()
+        run = {"run_id": event.job_id, "version": "trainmaster", "submitter": event.project_id,
+               "system": features.accelerator, "benchmark": features.benchmark, "accelerator": features.accelerator,
+               "accelerators_per_node": features.accelerators, "nodes": features.nodes,
+               "batch_size": features.batch_size, "learning_rate": features.learning_rate,
+               "run_start_ms": int(start * 1000), "run_stop_ms": int(event.end_time.timestamp() * 1000),
+               "status": "success",
+               "observations": [{"t_s": p.t - start, "progress": p.step, "value": p.value} for p in progress]}
+        try:
+            await self.history.insert_one({"_id": event.job_id, "run": run, "trained": False})
+        except DuplicateKeyError:
+            return
+        if await self.history.count_documents({"trained": False}) >= self.models.retrain_every:
+            runs = [d["run"] async for d in self.history.find({})]
+            await self.models.train(runs)
+            await self.history.update_many({"trained": False}, {"$set": {"trained": True}})

@@ -1,0 +1,73 @@
+"""Versioned history models on disk: the newest is served; a new one is trained in the background at first
+start (from the MLPerf corpus) and again each time enough jobs have completed (corpus + those jobs)."""
+import asyncio
+import json
+import logging
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.estimator.model import HistoryPredictor
+
+log = logging.getLogger(__name__)
+VERSION = re.compile(r"^history-v(\d+)\.pt$")
+
+
+@dataclass
+class ModelStore:
+    directory: Path
+    corpus: list[Path]
+    retrain_every: int = 20
+    predictor: HistoryPredictor | None = None
+    version: int | None = None
+    training: asyncio.subprocess.Process | None = field(default=None, repr=False)
+
+    def versions(self) -> list[int]:
+        if not self.directory.exists():
+            return []
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := VERSION.match(p.name)))
+
+    def load_latest(self) -> bool:
+        """Serve the newest model on disk; True when it changed."""
+        versions = self.versions()
+        if not versions or versions[-1] == self.version:
+            return False
+        path = self.directory / f"history-v{versions[-1]}.pt"
+        try:
+            self.predictor = HistoryPredictor.load(path)
+        except (ValueError, OSError) as exc:  # another format version, or half a file: keep what we have
+            log.warning("history model %s not usable: %r", path, exc)
+            return False
+        self.version = versions[-1]
+        log.info("serving history model v%d", self.version)
+        return True
+
+    async def train(self, runs: list[dict] | None = None) -> None:
+        """Start training the next version in a process of its own (one at a time)."""
+        if self.training is not None and self.training.returncode is None:
+            return
+        corpus = [str(p) for p in self.corpus if p.exists()]
+        if not corpus and not runs:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        out = self.directory / f"history-v{(self.versions() or [0])[-1] + 1}.pt"
+        argv = [sys.executable, "-m", "services.estimator.train", "--out", str(out), "--corpus", *corpus]
+        if runs:
+            extra = self.directory / "completed-runs.json"
+            extra.write_text(json.dumps(runs))
+            argv += ["--runs", str(extra)]
+        log.info("training history model %s on %d tarball(s) and %d completed job(s)", out.name, len(corpus),
+                 len(runs or []))
+        self.training = await asyncio.create_subprocess_exec(
+            *argv, stdout=(self.directory / "training.log").open("ab"), stderr=asyncio.subprocess.STDOUT)
+
+
+async def refresh_forever(store: ModelStore, *, interval_s: float = 5.0) -> None:
+    """Pick up newly trained versions; train the first one if there is none."""
+    store.load_latest()
+    if store.version is None:
+        await store.train()
+    while True:
+        await asyncio.sleep(interval_s)
+        store.load_latest()

@@ -1,0 +1,41 @@
+"""Train the history model in a process of its own (so the estimator keeps answering), and save it.
+
+    python -m services.estimator.train --out DIR/history-v3.pt --corpus A.tar.gz B.tar.gz [--runs runs.json]
+"""
+import argparse
+import json
+import os
+from pathlib import Path
+
+from services.estimator.model.calibrate import train_with_calibration
+from services.estimator.model.corpus import Observation, Run, load_corpora
+
+
+def runs_from_json(path: Path) -> list[Run]:
+    """Completed trainmaster jobs, written by the estimator in the corpus' own shape."""
+    runs = []
+    for item in json.loads(path.read_text()):
+        observations = [Observation(**o) for o in item.pop("observations")]
+        runs.append(Run(**item, observations=observations))
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--corpus", nargs="*", default=[])
+    parser.add_argument("--runs", type=Path)
+    args = parser.parse_args()
+    os.nice(10)  # background work: the services on this machine come first
+    runs = load_corpora(args.corpus) + (runs_from_json(args.runs) if args.runs else [])
+    if not runs:
+        raise SystemExit("no training runs")
+    model = train_with_calibration(runs)
+    tmp = args.out.with_suffix(".tmp")
+    model.save(tmp)
+    tmp.replace(args.out)
+    print(f"trained on {len(runs)} runs: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
