@@ -54,6 +54,8 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
 
 
 async def liveness_loop(monitor: Monitor, interval_s: float) -> None:
+    """Nodes that went silent, and jobs that ran past their max_duration_s."""
     while True:
         await monitor.check_silent_nodes(utcnow())
+        await monitor.expire_overdue(utcnow())
         await asyncio.sleep(interval_s)

@@ -6,11 +6,11 @@ from datetime import datetime
 
 from shared.bus import BusLink, publish
 from shared.events import JobStatusChanged, NodeTasksLost, TaskRef
-from shared.jobs import IllegalTransition
+from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.nodes import NodeRecord
-from services.monitor.state import JobState, Outcome, node_lost, snapshot, stop
+from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,13 @@ class Monitor:
             if superseded:
                 await publish(self.jobs.broker, stop(ref.job_id, ref.attempt, node_id, rank=ref.rank,
                                                      reason="fenced", grace_s=0, now=now))
+
+    async def expire_overdue(self, now: datetime) -> None:
+        """Terminate running jobs past their max_duration_s."""
+        overdue = [d["_id"] async for d in self.jobs.collection.find(
+            {"phase": Phase.RUNNING.value, "max_duration_s": {"$gt": 0}}, {"_id": 1})]
+        for job_id in overdue:
+            await self.apply(job_id, lambda job: job and expire(job, now=now))
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""

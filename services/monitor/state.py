@@ -50,6 +50,7 @@ class JobState(BaseModel):
     project_id: str
     user_name: str
     grace_s: float = 10
+    max_duration_s: int | None = None
     phase: Phase = Phase.CREATING
     secondary_phase: SecondaryPhase = SecondaryPhase.CREATING
     version: int = 0
@@ -143,6 +144,7 @@ def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
         project_id=event.project_id,
         user_name=event.user_name,
         grace_s=event.spec.termination_grace_s,
+        max_duration_s=event.spec.max_duration_s,
     )
     return switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason="queued", now=now)
 
@@ -222,10 +224,21 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     return job, events + stops
 
 
-def terminate(job: JobState, *, requested_by: str, now: datetime) -> Outcome:
+def expire(job: JobState, *, now: datetime) -> Outcome:
+    """A job running longer than its max_duration_s is terminated (BML's max_duration)."""
+    if job.phase != Phase.RUNNING or not job.max_duration_s or not job.start_time:
+        return job, []
+    ran = (now - job.start_time).total_seconds()
+    if ran <= job.max_duration_s:
+        return job, []
+    return terminate(job, requested_by=f"trainmaster: max_duration_s of {job.max_duration_s}s exceeded", now=now,
+                     reason=f"ran past its max_duration_s ({job.max_duration_s}s)")
+
+
+def terminate(job: JobState, *, requested_by: str, now: datetime, reason: str | None = None) -> Outcome:
     if job.phase.is_finished() or job.phase == Phase.TERMINATING:
         return job, []
-    reason = f"terminated by {requested_by}"
+    reason = reason or f"terminated by {requested_by}"
     if job.phase in (Phase.CREATING, Phase.ABNORMAL) or not job.assignments:
         return switch(job, Phase.TERMINATED, SecondaryPhase.TERMINATED, reason=reason, now=now)
     job, events = switch(job, Phase.TERMINATING, SecondaryPhase.TERMINATING, reason=reason, now=now)

@@ -181,3 +181,11 @@ async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, proj
 
 async def _seen(log, job_id, status):
     return status in log.phases[job_id]
+
+
+async def test_a_job_running_past_max_duration_is_terminated(api, project):
+    job = await submit(api, project, command="sleep 120", max_duration_s=2)
+    done = await wait_phase(api, project, job["metadata"]["id"], "Terminated", "Completed", "Failed", timeout_s=30)
+    assert done["status"]["phase"] == "Terminated"
+    assert "max_duration_s (2s)" in done["status"]["reason"]
+    assert 2000 <= done["status"]["duration"] < 15000

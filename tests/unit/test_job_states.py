@@ -129,3 +129,15 @@ def test_switch_refuses_an_illegal_change():
     done, _ = state.task_exited(running_job(), exited("j"), now=T0)
     with pytest.raises(IllegalTransition):
         state.switch(done, Phase.RUNNING, SecondaryPhase.RUNNING, reason="x", now=T0)
+
+
+def test_a_job_past_its_max_duration_is_terminated_with_the_reason():
+    job, _ = state.submitted(submitted(job_id="j", max_duration_s=60), now=T0)
+    job, _ = state.placed(job, placed("j"), now=T0)
+    job, _ = state.task_started(job, started("j", at=T0), now=T0)
+    assert state.expire(job, now=T0 + timedelta(seconds=59)) == (job, [])
+    job, events = state.expire(job, now=T0 + timedelta(seconds=61))
+    assert job.phase == Phase.TERMINATING and "max_duration_s (60s)" in job.reason
+    assert [s.reason for s in stops(events)] == ["terminated"]
+    job, _ = state.task_exited(job, exited("j", code=None, reason="terminated"), now=T0)
+    assert job.phase == Phase.TERMINATED and "max_duration_s" in job.reason
