@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched clean
+.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched bench-reports clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,10 +25,13 @@ test: $(STAMP) browser
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
-bench: bench-submit bench-sched bench-eta
+bench: bench-submit bench-sched bench-eta bench-reports
 
 bench-submit: $(STAMP)
 	$(BIN)/python -m bench.submit --jobs 200
+
+bench-reports: $(STAMP)
+	$(BIN)/python -m bench.reports
 
 MLPERF := ../shared/data/mlperf
 bench-eta: $(STAMP)

@@ -46,7 +46,9 @@ RPC_MIGRATE = "tm.rpc.monitor.migrate"
 RPC_METRICS = "tm.rpc.estimator.metrics"
 RPC_PREDICT = "tm.rpc.estimator.predict"
 RPC_ADMIT = "tm.rpc.billing.admit"
+RPC_QUOTAS = "tm.rpc.billing.quotas"
 RPC_CANDIDATES = "tm.rpc.placement.candidates"
+RPC_CATALOGUE = "tm.rpc.placement.catalogue"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 SERVICES = ("placement", "monitor", "estimator", "billing")
 

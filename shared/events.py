@@ -232,6 +232,18 @@ class TaskStarted(Message):
     started_at: datetime
 
 
+class TaskPreparing(Message):
+    """The agent is preparing the task: building its environment, fetching its code and inputs."""
+
+    subject_template: ClassVar[str] = "tm.job.task.preparing"
+    type: Literal["TaskPreparing"] = "TaskPreparing"
+
+    job_id: str
+    attempt: int
+    rank: int = 0
+    node_id: str
+
+
 class TaskExited(Message):
     subject_template: ClassVar[str] = "tm.job.task.exited"
     type: Literal["TaskExited"] = "TaskExited"
@@ -266,7 +278,7 @@ class NodeTasksLost(Message):
 
 JobEvent = Annotated[
     JobSubmitted | JobTerminateRequested | JobMigrateRequested | JobUnplaceable | JobDeleted | JobPlaced
-    | JobStatusChanged | TaskStarted | TaskExited | NodeTasksLost,
+    | JobStatusChanged | TaskPreparing | TaskStarted | TaskExited | NodeTasksLost,
     Field(discriminator="type"),
 ]
 NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
@@ -44,6 +44,7 @@ class SecondaryPhase(StrEnum):
     CREATING = "Creating"
     QUEUING = "Queuing"
     SCHEDULED = "Scheduled"
+    PREPARING = "Preparing"
     RUNNING = "Running"
     FAILED = "Failed"
     COMPLETED = "Completed"
@@ -112,11 +113,69 @@ class MetricSpec(Strict):
         return regex
 
 
+REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$"
+def _stays_inside(path: str) -> str:
+    if path.startswith("/") or ".." in path.split("/"):
+        raise ValueError("must be a relative path that stays inside the attempt's directory")
+    return path
+
+
+RelativePath = Annotated[str, Field(pattern=r"^[A-Za-z0-9._/-]{1,255}$"), AfterValidator(_stays_inside)]
+URL = Annotated[str, Field(min_length=1, max_length=2048, description="A local path, file://, s3://, http(s)://")]
+
+
+class Engine(Strict):
+    """The training environment: a catalogue entry by name, and/or packages to install, or a container image."""
+
+    name: str | None = Field(None, pattern=PARAM_NAME_PATTERN, examples=["pytorch-cpu"])
+    packages: list[Annotated[str, Field(pattern=REQUIREMENT, max_length=200)]] = Field(
+        default_factory=list, max_length=50, description="pip requirements, pinned for a reusable cache.")
+    image: str | None = Field(None, max_length=512, description="Used when the node runs Docker or Podman.")
+
+    @model_validator(mode="after")
+    def _something(self) -> "Engine":
+        if not (self.name or self.packages or self.image):
+            raise ValueError("an engine needs a name, packages or an image")
+        return self
+
+
+class DataIn(Strict):
+    name: str = Field(pattern=PARAM_NAME_PATTERN, examples=["train_data"])
+    url: URL
+    local_dir: RelativePath | None = Field(None, description="Under the attempt's inputs/; default: its name")
+
+
+class DataOut(Strict):
+    name: str = Field(pattern=PARAM_NAME_PATTERN, examples=["model"])
+    url: URL
+    local_dir: RelativePath | None = Field(None, description="Under the attempt's outputs/; default: its name")
+    mode: Literal["upload_periodically", "upload_at_end"] = "upload_periodically"
+    period_s: int = Field(30, ge=1, le=86400)
+
+
 class Algorithm(Strict):
-    command: str = Field(min_length=1, max_length=8192, description="Run with /bin/sh -c in the attempt's directory.")
+    command: str = Field("", max_length=8192, description="Run with /bin/sh -c in the attempt's directory; "
+                         "default: python3 <boot_file>.")
+    code_dir: URL | None = Field(None, description="Fetched into the attempt's code/ before it starts.")
+    boot_file: RelativePath | None = Field(None, description="A file of code_dir to run.")
+    engine: Engine | None = None
+    inputs: list[DataIn] = Field(default_factory=list, max_length=20)
+    outputs: list[DataOut] = Field(default_factory=list, max_length=20)
     parameters: list[Parameter] = Field(default_factory=list, max_length=100)
     environments: dict[str, str] = Field(default_factory=dict, max_length=100)
     metrics: list[MetricSpec] = Field(default_factory=list, max_length=20)
+
+    @model_validator(mode="after")
+    def _something_to_run(self) -> "Algorithm":
+        if not self.command and not self.boot_file:
+            raise ValueError("command or boot_file is required")
+        if self.boot_file and not self.code_dir:
+            raise ValueError("boot_file needs code_dir")
+        for kind, items in (("inputs", self.inputs), ("outputs", self.outputs)):
+            names = [i.name for i in items]
+            if len(names) != len(set(names)):
+                raise ValueError(f"{kind} names must be unique")
+        return self
 
     @field_validator("parameters")
     @classmethod
@@ -154,6 +213,9 @@ class Resource(Strict):
     min_gpu_memory_gb: float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
     cpu_count: float = Field(1, gt=0, le=1024, description="CPU cores per node.")
     memory_gb: float = Field(1, gt=0, le=8192, description="Host memory per node.")
+    flavor_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Resources from a flavor (GET "
+                                  "/v2/flavors); set by the API from the flavor.")
+    pool_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Only nodes of this pool.")
 
     @model_validator(mode="after")
     def _gpu_memory_needs_gpus(self) -> "Resource":

@@ -108,7 +108,6 @@ class AdmitReply(BaseModel):
     limited: bool = Field(False, description="Some quota or budget applies to this project or user.")
 
 
-RPC_QUOTAS = "tm.rpc.billing.quotas"  # TODO(lead): move beside RPC_ADMIT in shared/bus.py
 
 
 class Quota(BaseModel):
@@ -188,3 +187,31 @@ class PredictReply(BaseModel):
     low_s: float | None = None
     high_s: float | None = None
     model_version: int | None = Field(None, description="None: no history model is trained yet.")
+
+
+class Flavor(BaseModel):
+    """A named shape of resources a job may ask for by `spec.resource.flavor_id`."""
+
+    flavor_id: str
+    gpu_model: str = ""
+    gpu_count: int = 0
+    gpu_memory_gb: float = 0
+    tflops: float = 0
+    cpu_count: float = 1
+    memory_gb: float = 1
+    price_per_hour: float | None = Field(None, description="Of the cheapest node of this shape, when known.")
+    max_node_count: int = Field(1, description="How many nodes of this shape the fleet has (or may rent).")
+
+
+class Pool(BaseModel):
+    """A named group of nodes (a team's workstations, say); `spec.resource.pool_id` keeps a job inside it."""
+
+    pool_id: str
+    node_ids: list[str]
+    kinds: list[str]
+    gpus: int
+
+
+class Catalogue(BaseModel):
+    flavors: list[Flavor]
+    pools: list[Pool]

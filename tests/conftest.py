@@ -20,6 +20,7 @@ CLUSTER = """
 [[nodes]]
 id = "local-1"
 kind = "local"
+pool = "lab"
 cpu_count = 16
 memory_gb = 64
 price_per_hour = 0.5
@@ -28,6 +29,7 @@ gpus = [{ model = "RTX-4090", memory_gb = 24, tflops = 165, count = 2 }]
 [[nodes]]
 id = "local-2"
 kind = "local"
+pool = "lab"
 cpu_count = 8
 memory_gb = 32
 price_per_hour = 0.4

@@ -19,12 +19,14 @@ def unique(prefix: str = "job") -> str:
 def job_body(*, name: str | None = None, command: str = "true", validate: bool = False, **spec: Any) -> dict[str, Any]:
     """A POST /v2/{project}/training-jobs body."""
     resource = {k: spec.pop(k) for k in list(spec) if k in ("node_count", "gpu_count", "min_gpu_memory_gb",
-                                                            "cpu_count", "memory_gb")}
-    placement = {k: spec.pop(k) for k in list(spec) if k in ("allowed", "priority", "expected_duration_s")}
+                                                            "cpu_count", "memory_gb", "flavor_id", "pool_id")}
+    placement = {k: spec.pop(k) for k in list(spec) if k in ("allowed", "priority", "expected_duration_s",
+                                                             "gpu_models", "max_price_per_hour", "deadline")}
+    algorithm = {k: spec.pop(k) for k in list(spec) if k in ("engine", "code_dir", "boot_file", "inputs", "outputs")}
     metrics = spec.pop("metrics", [])
     body = {"kind": "job", "metadata": {"name": unique() if name is None else name},
             "algorithm": {"command": command, "metrics": metrics, "environments": spec.pop("environments", {}),
-                          "parameters": spec.pop("parameters", [])},
+                          "parameters": spec.pop("parameters", []), **algorithm},
             "spec": {"resource": resource, "placement": placement, **spec}}
     if validate:
         JobCreate.model_validate(body)

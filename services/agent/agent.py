@@ -2,6 +2,7 @@
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -15,12 +16,16 @@ from shared.events import (
     NodeRegistered,
     StartTask,
     StopTask,
+    LogLine,
     TaskExited,
+    TaskPreparing,
     TaskRef,
     TaskStarted,
 )
+from shared.jobs import DataOut
 from shared.nodes import NodeInfo
-from services.agent.checkpoints import CheckpointStore
+from services.agent.checkpoints import CheckpointStore, Mirror
+from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.journal import Journal
 from services.agent.runner import TaskProcess, describe_exit, spawn, task_environment
 from services.agent.shipping import LogShipper
@@ -32,8 +37,10 @@ Publish = Callable[[Message], Awaitable[None]]
 
 class Agent:
     def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
-                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
+                 preparer: Preparer, checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
         self.node = node
+        self.preparer = preparer
+        self.launching: dict[str, asyncio.Task] = {}
         self.checkpoints = checkpoints
         self.checkpoint_sync_s = checkpoint_sync_s
         self.root = root
@@ -64,31 +71,56 @@ class Agent:
         if key in self.journal.started:
             if key in self.tasks:  # redelivered after a failed report: report again (same event id)
                 await self.publish(self._started_event(self.tasks[key]))
-            else:  # taken by an earlier run of this agent, which died with it; a real report (same id) wins
+            elif key not in self.launching:  # taken by an earlier run of this agent, which died with it
                 await self.publish_reliably(self._exited(command, reason="terminated",
                                                          message="the agent restarted while this task ran"))
             return
         self.journal.mark_started(key)
+        launch = asyncio.create_task(self._launch(key, command))
+        self.launching[key] = launch
+        self.supervisors.add(launch)
+        launch.add_done_callback(self.supervisors.discard)
+
+    async def _launch(self, key: str, command: StartTask) -> None:
+        """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
         workdir = self.root / "jobs" / command.job_id / f"attempt-{command.attempt}-rank-{command.rank}"
-        env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
+        workdir.mkdir(parents=True, exist_ok=True)
+        shipper = LogShipper(job_id=command.job_id, attempt=command.attempt, rank=command.rank,
+                             path=workdir / "output.log", publish=self.publish_reliably)
+        note = lambda text: shipper.add(LogLine(t=time.time(), s="err", line=f"[trainmaster] {text}"))  # noqa: E731
         try:
+            if self.preparer.needs_work(command):
+                await self.publish_reliably(TaskPreparing(
+                    event_id=f"{key}:preparing", job_id=command.job_id, attempt=command.attempt, rank=command.rank,
+                    node_id=self.node.node_id))
+            env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
+            argv = await self.preparer.prepare(command, workdir, env, note)
             manifest = await asyncio.to_thread(self.checkpoints.restore, command.job_id, workdir / "checkpoint")
-            task = await spawn(command, env=env, workdir=workdir)
-        except Exception as exc:  # storage unreachable, command not startable: the attempt ends here
-            await self.publish_reliably(self._exited(command, reason="start_failed", message=repr(exc)))
+            task = await spawn(command, env=env, workdir=workdir, argv=argv)
+        except asyncio.CancelledError:
+            await shipper.close()
+            await self.publish_reliably(self._exited(command, reason="terminated", message="stopped while preparing"))
             return
+        except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
+            message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
+            note(f"could not start: {message}")
+            await shipper.close()
+            await self.publish_reliably(self._exited(command, reason="start_failed", message=message))
+            return
+        finally:
+            self.launching.pop(key, None)
         task.manifest = manifest
         self.tasks[key] = task
-        supervisor = asyncio.create_task(self._supervise(key, task))
-        self.supervisors.add(supervisor)
-        supervisor.add_done_callback(self.supervisors.discard)
-        await self.publish(self._started_event(task))
+        await self.publish_reliably(self._started_event(task))
+        await self._supervise(key, task, shipper)
 
     async def stop(self, command: StopTask) -> None:
         key = Journal.key(command.job_id, command.attempt, command.rank)
         task = self.tasks.get(key)
         if task is not None:
             asyncio.create_task(task.stop(reason=command.reason, grace_s=command.grace_s))
+        elif key in self.launching:
+            self.launching[key].cancel()
         elif key not in self.journal.started and key not in self.journal.stopped:
             self.journal.mark_stopped(key)
             await self.publish_reliably(TaskExited(
@@ -98,22 +130,26 @@ class Agent:
 
     async def shutdown(self) -> None:
         """Stop every task (it is requeued elsewhere) and wait for their reports."""
+        for launch in list(self.launching.values()):
+            launch.cancel()
         for task in list(self.tasks.values()):
             asyncio.create_task(task.stop(reason="agent_shutdown", grace_s=self.shutdown_grace_s))
         if self.supervisors:
             await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
 
-    async def _supervise(self, key: str, task: TaskProcess) -> None:
+    async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
         start = task.start
-        shipper = LogShipper(job_id=start.job_id, attempt=start.attempt, rank=start.rank,
-                             path=task.workdir / "output.log", publish=self.publish_reliably)
         helpers = [asyncio.create_task(task.enforce_memory(start.spec.resource.memory_gb)),
-                   asyncio.create_task(self._sync_checkpoints(task))]
+                   asyncio.create_task(self._sync_checkpoints(task)),
+                   *[asyncio.create_task(self._upload_periodically(task, o)) for o in start.algorithm.outputs
+                     if o.mode == "upload_periodically"]]
         status = await task.pump(shipper.add)
         for helper in helpers:
             helper.cancel()
         await shipper.close()
         await self._sync_once(task)
+        for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
+            await self._upload(task, output)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
@@ -126,6 +162,20 @@ class Agent:
         event = self._exited(start, reason=reason, message=message, status=status, oom=oom)
         await self.publish_reliably(event)
         self.tasks.pop(key, None)
+
+    async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
+        while True:
+            await asyncio.sleep(output.period_s)
+            await self._upload(task, output)
+
+    async def _upload(self, task: TaskProcess, output: DataOut) -> None:
+        """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
+        try:
+            task.uploaded[output.name] = await asyncio.to_thread(
+                Mirror(output.url).sync, output_dir(task.workdir, output), task.uploaded.get(output.name, {}),
+                delete=False)
+        except Exception as exc:
+            log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
     async def _sync_checkpoints(self, task: TaskProcess) -> None:
         while True:

@@ -13,7 +13,8 @@ from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
-from services.agent.resources import describe_node, load_cluster
+from services.agent.preparation import Preparer
+from services.agent.resources import describe_node, load_cluster, load_engines
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,9 @@ def create_app(settings: AgentSettings) -> FastStream:
     broker = make_broker(settings.nats_url, name=f"agent-{node.node_id}")
     add_health(broker, f"agent.{node.node_id}")
     checkpoints = CheckpointStore(settings.checkpoint_url or f"file://{(settings.data_dir / 'checkpoints').resolve()}")
+    preparer = Preparer(settings.data_dir / "agents" / node.node_id / "engines", load_engines(settings.cluster_file))
     agent = Agent(node=node, root=settings.data_dir / "agents" / node.node_id,
-                  publish=lambda message: publish(broker, message), checkpoints=checkpoints,
+                  publish=lambda message: publish(broker, message), checkpoints=checkpoints, preparer=preparer,
                   checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s)
     background = Background()
 

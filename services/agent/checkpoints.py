@@ -1,4 +1,4 @@
-"""Checkpoint storage through fsspec: a task's checkpoint directory mirrored while it runs, restored on any node."""
+"""Directories mirrored through fsspec: checkpoints while a task runs (restored on any node), inputs, outputs."""
 import logging
 import os
 from pathlib import Path
@@ -10,45 +10,60 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) last uploaded
 
 
-class CheckpointStore:
-    """`file:///shared/ckpt` (a directory every node sees) or `s3://bucket/prefix` (MinIO, S3) and the like."""
+class Mirror:
+    """A local directory kept in step with a remote one: `file:///shared/x`, `s3://bucket/prefix` (MinIO, S3)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url)
 
-    def _remote(self, job_id: str, relative: str = "") -> str:
-        return f"{self.root.rstrip('/')}/{job_id}/{relative}".rstrip("/")
+    def _remote(self, relative: str = "") -> str:
+        return f"{self.root.rstrip('/')}/{relative}".rstrip("/")
 
-    def restore(self, job_id: str, local: Path) -> Manifest:
-        """Copy the job's last synced checkpoint into `local`; what is there now counts as uploaded."""
+    def restore(self, local: Path) -> Manifest:
+        """Copy the remote contents into `local`; what is there now counts as uploaded."""
         local.mkdir(parents=True, exist_ok=True)
-        remote = self._remote(job_id)
+        remote = self._remote()
         if not self.fs.exists(remote):
             return {}
+        if self.fs.isfile(remote):
+            self.fs.get_file(remote, str(local / remote.rsplit("/", 1)[-1]))
+            return _scan(local)
         for path in self.fs.find(remote):
-            relative = path[len(remote) + 1:]
-            target = local / relative
+            target = local / path[len(remote) + 1:]
             target.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(path, str(target))
         return _scan(local)
 
-    def sync(self, job_id: str, local: Path, uploaded: Manifest) -> Manifest:
-        """Upload what changed since the last sync and drop what the task deleted; return the new manifest."""
+    def sync(self, local: Path, uploaded: Manifest, *, delete: bool = True) -> Manifest:
+        """Upload what changed since the last sync (and drop what was deleted); return the new manifest."""
         current = _scan(local)
         for relative, stamp in current.items():
             if uploaded.get(relative) != stamp:
-                remote = self._remote(job_id, relative)
+                remote = self._remote(relative)
                 self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
                 tmp = f"{remote}.uploading"
                 self.fs.put_file(str(local / relative), tmp)
                 self.fs.mv(tmp, remote)
-        for relative in set(uploaded) - set(current):
+        for relative in set(uploaded) - set(current) if delete else ():
             try:
-                self.fs.rm(self._remote(job_id, relative))
+                self.fs.rm(self._remote(relative))
             except FileNotFoundError:
                 pass
         return current
+
+
+class CheckpointStore:
+    """Every job's checkpoint directory under one storage URL."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def restore(self, job_id: str, local: Path) -> Manifest:
+        return Mirror(f"{self.url}/{job_id}").restore(local)
+
+    def sync(self, job_id: str, local: Path, uploaded: Manifest) -> Manifest:
+        return Mirror(f"{self.url}/{job_id}").sync(local, uploaded)
 
 
 def _scan(local: Path) -> Manifest:

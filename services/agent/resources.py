@@ -31,6 +31,15 @@ def load_cluster(path: Path) -> dict[str, dict[str, Any]]:
     return nodes
 
 
+def load_engines(path: Path) -> dict[str, dict[str, Any]]:
+    """The [[engines]] of a cluster file (name, packages, image), by name."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    return {e["name"]: e for e in data.get("engines", []) if e.get("name")}
+
+
 def node_from_config(entry: dict[str, Any], *, virtual: bool) -> NodeInfo:
     gpus: list[Gpu] = []
     for group in entry.get("gpus", []):
@@ -46,7 +55,7 @@ def node_from_config(entry: dict[str, Any], *, virtual: bool) -> NodeInfo:
         cpu_count=entry.get("cpu_count", os.cpu_count() or 1),
         memory_gb=entry.get("memory_gb", 4),
         price_per_hour=entry.get("price_per_hour", 0.0),
-        labels=entry.get("labels", {}),
+        labels={**entry.get("labels", {}), "pool": entry.get("pool", entry.get("labels", {}).get("pool", "default"))},
         resources_source="config",
         virtual=virtual,
     )

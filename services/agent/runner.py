@@ -63,6 +63,7 @@ class TaskProcess:
     stop_reason: str | None = None
     oom: str | None = None
     manifest: dict = field(default_factory=dict)
+    uploaded: dict[str, dict] = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     @property
@@ -135,11 +136,11 @@ def group_rss(leader: int) -> int:
         return 0
 
 
-async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path) -> TaskProcess:
+async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: str | None = None) -> TaskProcess:
     """Start the task's command under the shim, as the leader of a new process group."""
     workdir.mkdir(parents=True, exist_ok=True)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.agent.shim", start.algorithm.command,
+        sys.executable, "-m", "services.agent.shim", argv or start.algorithm.command,
         cwd=workdir,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,

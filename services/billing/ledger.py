@@ -24,11 +24,17 @@ def close_entry(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> d
     return {
         **opened,
         "ended_at": ended_at,
+        **epoch_bounds(opened["started_at"], ended_at),
         "reason": reason,
         "seconds": seconds,
         "gpu_hours": seconds * opened["gpu_count"] / 3600,
         "cost": seconds * opened["price_per_hour"] / 3600,
     }
+
+
+def epoch_bounds(started_at: datetime, ended_at: datetime) -> dict[str, float]:
+    """Start and end as Unix seconds: nx-27017 compares numbers, not datetimes, inside an aggregation's $match."""
+    return {"t0": started_at.timestamp(), "t1": ended_at.timestamp()}
 
 
 def totals(entries: Iterable[dict[str, Any]], *, by: str | None = None) -> list[UsageTotals]:
@@ -51,3 +57,40 @@ def clip(entry: dict[str, Any], *, start: datetime | None, end: datetime | None)
     if finish <= begin and not (finish == begin == entry["started_at"] == entry["ended_at"]):
         return None
     return close_entry({**entry, "started_at": begin}, ended_at=finish, reason=entry.get("reason", ""))
+
+
+# Node lifetimes: on-demand nodes are charged from provisioning to release; owned nodes are available capacity
+# from registration to loss. One open record per node (its _id is the node id) and, once closed, one ledger line
+# whose _id names the node and the moment it began, so the same event seen again never charges twice.
+
+OWNED_KINDS = ("local", "reserved")
+
+
+def lifetime_id(opened: dict[str, Any]) -> str:
+    """The closed line's id: a node and the moment its lifetime began."""
+    return f"{opened['node_id']}@{opened['started_at'].isoformat()}"
+
+
+def open_lifetime(*, node_id: str, kind: str, price_per_hour: float, gpu_count: int, started_at: datetime,
+                  project_id: str | None = None, user_name: str | None = None, source: str,
+                  for_job_id: str | None = None) -> dict[str, Any]:
+    """A node that is being charged (on-demand) or offers capacity (owned) from `started_at`."""
+    return {"_id": node_id, "node_id": node_id, "node_kind": kind, "price_per_hour": price_per_hour,
+            "gpu_count": gpu_count, "started_at": started_at, "project_id": project_id, "user_name": user_name,
+            "for_job_id": for_job_id, "source": source}
+
+
+def close_lifetime(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> dict[str, Any]:
+    """The ledger line of a node's lifetime: its seconds times its price per hour."""
+    line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
+    return {**line, "_id": lifetime_id(opened)}
+
+
+def reconcile(lifetimes: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per node: (sum of its charges, seconds alive x price); equal when the ledger is sound."""
+    sums: dict[str, list[float]] = {}
+    for line in lifetimes:
+        row = sums.setdefault(line["node_id"], [0.0, 0.0])
+        row[0] += line["cost"]
+        row[1] += (line["ended_at"] - line["started_at"]).total_seconds() * line["price_per_hour"] / 3600
+    return {node: (charged, expected) for node, (charged, expected) in sums.items()}

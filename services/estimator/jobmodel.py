@@ -15,6 +15,9 @@ FEATURE_KEYS = {"submission_benchmark": "benchmark", "global_batch_size": "batch
 # Job parameters that name the same features, for scripts that do not write MLLOG.
 PARAMETER_KEYS = {"benchmark": "benchmark", "task": "benchmark", "batch_size": "batch_size",
                   "learning_rate": "learning_rate", "lr": "learning_rate"}
+# Parameters naming the hardware the features refer to (a replay of another system's run, say); they win over
+# the node's own GPUs.
+HARDWARE_KEYS = ("accelerator", "accelerators", "nodes")
 
 
 @dataclass
@@ -38,7 +41,10 @@ class JobModel:
 
     def started(self, *, at: float, accelerator: str, gpus: int, nodes: int) -> None:
         self.started_at = self.started_at or at
-        self.accelerator, self.gpus, self.nodes = accelerator or "unknown", max(gpus, 1), max(nodes, 1)
+        declared = {p.name: p.value for p in self.parameters if p.name in HARDWARE_KEYS}
+        self.accelerator = declared.get("accelerator") or accelerator or "unknown"
+        self.gpus = max(int(float(declared.get("accelerators", gpus))), 1)
+        self.nodes = max(int(float(declared.get("nodes", nodes))), 1)
 
     def observe(self, line: LogLine) -> list:
         """Feed one output line; returns the metric points it carried (for storage)."""

@@ -18,6 +18,7 @@ from shared.events import (
     NodeReleased,
     NodeTasksLost,
     TaskExited,
+    TaskPreparing,
     TaskStarted,
 )
 from services.monitor import state
@@ -37,6 +38,8 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
             await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
         case JobPlaced():
             await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
+        case TaskPreparing():
+            await monitor.apply(event.job_id, lambda job: job and state.task_preparing(job, event, now=now))
         case TaskStarted():
             await monitor.apply(event.job_id, lambda job: job and state.task_started(job, event, now=now))
         case TaskExited():

@@ -19,6 +19,7 @@ from shared.events import (
     RequeueCause,
     StopTask,
     TaskExited,
+    TaskPreparing,
     TaskStarted,
     TaskStatus,
 )
@@ -169,6 +170,15 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
     return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
 
 
+def task_preparing(job: JobState, event: TaskPreparing, *, now: datetime) -> Outcome:
+    task = job.tasks.get(str(event.rank))
+    if (event.attempt != job.attempt or task is None or task.state != "assigned" or job.phase != Phase.PENDING
+            or job.secondary_phase == SecondaryPhase.PREPARING):
+        return job, []
+    return switch(job, Phase.PENDING, SecondaryPhase.PREPARING,
+                  reason=f"preparing its environment, code and inputs on {event.node_id}", now=now)
+
+
 def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome:
     task = job.tasks.get(str(event.rank))
     current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
@@ -220,7 +230,8 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     message = event.message or f"worker-{event.rank} exited with code {event.exit_code}"
     job = _end_attempt(job, "failed", now)
     stops = stop_all(job, reason="peer failed", now=now)
-    job, events = switch(job, Phase.FAILED, SecondaryPhase.FAILED, reason=message, now=now)
+    secondary = SecondaryPhase.CREATE_FAILED if event.reason == "start_failed" else SecondaryPhase.FAILED
+    job, events = switch(job, Phase.FAILED, secondary, reason=message, now=now)
     return job, events + stops
 
 

@@ -28,6 +28,7 @@ class PlacementSettings(CommonSettings):
     policy: str = Field("trainmaster", description="trainmaster, local-fifo, burst or wait-local.")
     idle_release_s: float = Field(600, ge=0, description="On-demand nodes idle this long are given back.")
     pullback_min_remaining_s: float = Field(3600, ge=0, description="Pull back only jobs with this much left.")
+    migration_s: float = Field(300, ge=0, description="What a snapshot and restore cost in time (pull-back sums).")
     provider: str = Field("local-process", description="Where on-demand nodes come from.")
 
 
@@ -44,12 +45,14 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         await connect(broker)
         client = make_client(settings.mongo_url)
         db = client[settings.mongo_db]
+        cluster = load_cluster_file(settings.cluster_file)
         fleet = Fleet(store=DocumentStore(db.placement_nodes, broker), provider=make_provider(settings),
-                      catalogue=catalogue_from(load_catalogue(settings.cluster_file)))
+                      catalogue=catalogue_from(cluster.get("instance_types", [])))
         config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,
-                              pullback_min_remaining_s=settings.pullback_min_remaining_s)
+                              pullback_min_remaining_s=settings.pullback_min_remaining_s,
+                              migration_s=settings.migration_s)
         placement = Placement(jobs=DocumentStore(db.placement_jobs, broker), fleet=fleet,
-                              slow_factor=settings.slow_factor, config=config)
+                              slow_factor=settings.slow_factor, config=config, flavors=cluster.get("flavors", []))
         await placement.load()
         broker.context.set_global("placement", placement)
         yield
@@ -72,8 +75,9 @@ def make_provider(settings: PlacementSettings) -> LocalProcessProvider:
     return LocalProcessProvider(data_dir=settings.data_dir.resolve(), env=env)
 
 
-def load_catalogue(path: Path) -> list[dict]:
+def load_cluster_file(path: Path) -> dict:
+    """Its [[instance_types]] (the on-demand catalogue) and [[flavors]]."""
     try:
-        return tomllib.loads(path.read_text()).get("instance_types", [])
+        return tomllib.loads(path.read_text())
     except FileNotFoundError:
-        return []
+        return {}

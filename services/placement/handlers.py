@@ -2,7 +2,7 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import RPC_CANDIDATES, durable, retry_transient
+from shared.bus import RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
 from shared.events import (
     EtaEstimated,
     JobDeleted,
@@ -12,7 +12,7 @@ from shared.events import (
     NodeRegistered,
     NodeStateChanged,
 )
-from shared.rpc import CandidatesQuery, CandidatesReply
+from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.service import Placement
 
 router = NatsRouter()
@@ -56,3 +56,9 @@ async def on_estimate(event: EtaEstimated, placement: Placement = Context("place
 async def dry_run(query: CandidatesQuery, placement: Placement = Context("placement")) -> CandidatesReply:
     """Where a job could run, how long and at what cost; nothing is created."""
     return placement.candidates(query.spec)
+
+
+@router.subscriber(RPC_CATALOGUE)
+async def flavors_and_pools(_: dict, placement: Placement = Context("placement")) -> Catalogue:
+    """The flavors a job may name and the pools of nodes."""
+    return placement.catalogue()

@@ -25,9 +25,10 @@ from shared.events import (
 from shared.jobs import Algorithm, Phase, Resource, Spec
 from shared.nodes import NodeInfo
 from shared.store import DocumentStore
-from shared.rpc import CandidatesReply
+from shared.rpc import CandidatesReply, Catalogue
 from services.placement.adapter import DEFAULT_DURATION_S, JobView, cluster_state, reference_tflops
 from services.placement.candidates import candidates
+from services.placement.catalogue import catalogue
 from services.placement.fit import Candidate, Usage, catalogue_node, could_ever_fit, fits, largest
 from services.placement.fit import schedule as first_fit
 from services.placement.fleet import Fleet
@@ -57,6 +58,7 @@ class QueueItem(BaseModel):
     exclude: tuple[str, ...] = Field((), description="Nodes the next attempt must avoid (it is moving away).")
     started_at: datetime | None = Field(None, description="When the job first ran (its clock for slowness).")
     slow_checked: int = Field(0, description="The attempt last found slow (acted on once per attempt).")
+    moving: bool = Field(False, description="Asked to move (pull-back); its current attempt is ending.")
 
     @property
     def needs(self) -> Resource:
@@ -75,6 +77,7 @@ class Placement:
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it waits (last pass)
     usage_by_user: dict[str, float] = field(default_factory=dict)  # recent GPU-hours, for fair share
     usage_at: float = field(default_factory=time.time)
+    flavors: list[dict] = field(default_factory=list)  # the cluster file's [[flavors]]
 
     async def load(self) -> None:
         async for doc in self.jobs.collection.find({"state": {"$ne": "done"}}):
@@ -117,7 +120,8 @@ class Placement:
             needs = needs.model_copy(update={"memory_gb": needs.memory_gb * 2})
         elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
-        item = item.model_copy(update={"state": "queued", "assignments": (), "resource": needs, "exclude": exclude})
+        item = item.model_copy(update={"state": "queued", "assignments": (), "resource": needs, "exclude": exclude,
+                                       "moving": False})
         nodes = self.fleet.all_infos() + [catalogue_node(i) for i in self.fleet.catalogue]
         if cause in ("oom_gpu", "oom_host") and not any(
                 n.allows(item.spec.placement.allowed) and could_ever_fit(n, needs) for n in nodes):
@@ -197,7 +201,8 @@ class Placement:
         need no GPU, or must avoid the nodes they left, go where they fit first. Returns jobs started."""
         now = time.time() if now is None else now
         queued = [i for i in self.queue.values() if i.state == "queued"]
-        by_policy = [i for i in queued if i.needs.gpu_count > 0 and not i.exclude]
+        by_policy = [i for i in queued if i.needs.gpu_count > 0 and not i.exclude and not i.needs.pool_id
+                     and not any(n.reserved_for == i.job_id for n in self.fleet.nodes.values())]
         usage = self.usage()
         self.fleet.update_idle({a.node_id for i in self.queue.values() if i.state == "placed"
                                 for a in i.assignments}, now)
@@ -208,14 +213,25 @@ class Placement:
             started += await self._apply(self._policy_pass(by_policy, usage, now), now)
         rest = [i for i in queued if i not in by_policy and self.queue[i.job_id].state == "queued"]
         if rest:
-            reserved = {n.node_id for n in self.fleet.nodes.values() if n.reserved_for}
             candidates = [Candidate(job_id=i.job_id, resource=i.needs, allowed=i.spec.placement.allowed,
                                     priority=i.spec.placement.priority, submitted_at=i.submitted_at.timestamp(),
-                                    exclude=frozenset(i.exclude) | reserved) for i in rest]
+                                    exclude=self._not_for(i)) for i in rest]
             for job_id, assignments in first_fit(candidates, self.fleet.ready_infos(), self.usage()):
                 await self._place(self.queue[job_id], assignments)
                 started += 1
         return started
+
+    def _not_for(self, item: "QueueItem") -> frozenset[str]:
+        """Nodes a first-fit placement must avoid: those it left, those kept for other jobs, and all but the
+        ones kept for it (a pull-back reserves its owned node)."""
+        nodes = self.fleet.nodes.values()
+        mine = {n.node_id for n in nodes if n.reserved_for == item.job_id}
+        if mine:
+            return frozenset(n.node_id for n in nodes if n.node_id not in mine)
+        others = {n.node_id for n in nodes if n.reserved_for}
+        pooled = {n.node_id for n in nodes if n.info and item.needs.pool_id
+                  and n.info.labels.get("pool") != item.needs.pool_id}
+        return frozenset(item.exclude) | others | pooled
 
     def _policy_pass(self, items: list["QueueItem"], usage: dict[str, Usage], now: float) -> list:
         infos = self.fleet.all_infos()
@@ -259,6 +275,9 @@ class Placement:
                 await self.fleet.release(node.node_id, reason="pulled back")
         return started
 
+    def catalogue(self) -> Catalogue:
+        return catalogue(self.fleet.all_infos(), self.fleet.catalogue, self.flavors)
+
     def candidates(self, spec: Spec) -> CandidatesReply:
         infos = self.fleet.ready_infos()
         return candidates(spec=spec, nodes=infos, usage=self.usage(), catalogue=self.fleet.catalogue,
@@ -267,13 +286,13 @@ class Placement:
     async def _pull_back(self, job_id: str, source: str, target: str) -> None:
         """Snapshot the job on the rented node and keep the owned one for it; the rented node goes once empty."""
         item = self.queue.get(job_id)
-        if item is None or item.state != "placed":
+        if item is None or item.state != "placed" or item.moving:
             return
         await self.fleet.reserve(target, job_id)
         await self.fleet.release_when_idle(source)
         event = JobMigrateRequested(event_id=f"{job_id}:migrate:reclaimed:{item.attempt}", job_id=job_id,
                                     requested_by="placement", cause="reclaimed", attempt=item.attempt)
-        await self._save(item, [event])
+        await self._save(item.model_copy(update={"moving": True}), [event])
         log.info("pulling %s back from %s to %s", job_id, source, target)
 
     def _job_view(self, item: "QueueItem") -> JobView:
@@ -337,7 +356,7 @@ class Placement:
             for a in assignments
         ]
         placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
-                                         "exclude": ()})
+                                         "exclude": (), "moving": False})
         await self._save(placed, events)
         log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
 

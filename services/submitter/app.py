@@ -10,7 +10,8 @@ from shared.bus import connect, make_broker
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
 from shared.store import make_client, relay
-from services.submitter import errors, notifications, routes_admin, routes_jobs
+from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
+from services.submitter import dialects, portal
 from services.submitter.auth import Tokens
 from services.submitter.handlers import router as bus_router
 from services.submitter.repository import Repository
@@ -60,5 +61,9 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(routes_jobs.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_billing.router)
+    app.include_router(routes_catalogue.router)
     app.include_router(notifications.router)
+    app.include_router(dialects.router)
+    app.include_router(portal.router)
     return app

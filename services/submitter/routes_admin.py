@@ -1,19 +1,17 @@
-"""Everything around jobs: users and tokens, nodes, usage, liveness."""
+"""Everything around jobs: users and tokens, nodes, liveness (usage and quotas: routes_billing)."""
 import asyncio
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from pymongo.errors import DuplicateKeyError
 
-from shared.bus import RPC_HEALTH, RPC_NODES, RPC_USAGE, SERVICES
+from shared.bus import RPC_HEALTH, RPC_NODES, SERVICES
 from shared.clock import utcnow
-from shared.rpc import UsageQuery, UsageReport
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.routes_jobs import ProjectId
 
 router = APIRouter()
 RPC_TIMEOUT_S = 5
@@ -93,18 +91,6 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate)) 
         items.append({**info, "node_id": record["node_id"], "state": state, "last_seen": record["last_seen"],
                       "running": record.get("running", []), "boot_id": record.get("boot_id", "")})
     return {"count": len(items), "items": items}
-
-
-@router.get("/v2/{project_id}/usage", response_model=UsageReport, tags=["usage"], summary="Usage and cost")
-async def usage(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
-                start: Annotated[str | None, Query(alias="from", description="ISO-8601 start")] = None,
-                end: Annotated[str | None, Query(alias="to", description="ISO-8601 end")] = None):
-    principal.require_project(project_id)
-    try:
-        query = UsageQuery(project_id=project_id, start=start, end=end)
-    except ValueError as exc:
-        raise ApiError(400, errors.PARAM_INVALID, f"param[from/to] invalid: {exc.errors()[0]['msg']}") from None
-    return UsageReport.model_validate(await ask(request, RPC_USAGE, query))
 
 
 @router.get("/healthz", tags=["health"], summary="Liveness of every service")

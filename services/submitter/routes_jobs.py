@@ -17,6 +17,7 @@ from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
 from services.submitter.logs import follow, read_all
 from services.submitter.repository import NameTaken, Repository
+from services.submitter.routes_catalogue import resolve
 from services.submitter.views import Job, JobList, new_job, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
@@ -48,8 +49,11 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                      principal: Principal = Depends(authenticate),
                      dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
+    body = await resolve(request, body)
     if dry_run:
         return await estimate(project_id, body, request, principal)
+    from services.submitter.routes_billing import admit_job  # routes_billing imports nothing from here
+    await admit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
     repository = repo(request)
     now = utcnow()
     job_id = str(uuid.uuid4())

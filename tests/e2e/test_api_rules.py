@@ -40,7 +40,7 @@ async def test_users_see_only_their_projects(stack, api):
     (lambda b: b["metadata"].update(name="x" * 65), "metadata.name", "406016"),
     (lambda b: b["metadata"].update(name=""), "metadata.name", "406015"),
     (lambda b: b["metadata"].update(description="d" * 257), "metadata.description", "406018"),
-    (lambda b: b["algorithm"].pop("command"), "algorithm.command", "406001"),
+    (lambda b: b["algorithm"].pop("command"), "algorithm", "406001"),  # command or boot_file is required
     (lambda b: b["spec"]["resource"].update(gpu_count=-1), "spec.resource.gpu_count", "406001"),
     (lambda b: b["spec"]["placement"].update(allowed="mars"), "spec.placement.allowed", "406001"),
     (lambda b: b["spec"].update(surprise=1), "spec.surprise", "406001"),

@@ -1,4 +1,4 @@
-"""A real MLPerf log replayed through a job at 5x speed: the job's ETA converges toward the true remaining time."""
+"""A real MLPerf log replayed through a job in real time: the job's ETA converges toward the true remaining time."""
 import asyncio
 import json
 import sys
@@ -13,8 +13,11 @@ from tests.e2e.helpers import get, submit, wait_phase
 
 pytestmark = pytest.mark.e2e
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mlperf" / "mlperf-training-v4.0.tar.gz"
-RUN = "Oracle/results/8xBM.GPU.H100.8/resnet/result_5.txt"  # 149 s on 8 H100s, to 75.9% top-1
-SPEED = 5
+RUN = "NVIDIA/results/eos_n64_ngc24.04_dgl/gnn/result_0.txt"  # 64 s on 64 nodes of 8 H100s
+HARDWARE = [{"name": "accelerator", "value": "NVIDIA H100-SXM5-80GB"}, {"name": "accelerators", "value": "8"},
+            {"name": "nodes", "value": "64"}]  # what the run ran on, for the history model's features
+TRUE_S = 64.4
+SPEED = 1
 REPLAY = r'''
 import json, sys, time
 lines = open(sys.argv[1]).read().splitlines()
@@ -34,7 +37,8 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, tmp_pat
     with tarfile.open(CORPUS) as tar:
         log = tar.extractfile(RUN).read().decode()
     (tmp_path / "run.log").write_text(log)
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {tmp_path / 'run.log'} {SPEED}")
+    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {tmp_path / 'run.log'} {SPEED}",
+                       parameters=HARDWARE)
     job_id = job["metadata"]["id"]
     seen: list[tuple[float, float, float, float]] = []  # (wall time, remaining, low, high)
     while True:
@@ -49,9 +53,11 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, tmp_pat
     end = current["status"]["end_time"] / 1000
     start = current["status"]["start_time"] / 1000
     total = end - start
-    assert 0.8 * 149 / SPEED < total < 149 / SPEED + 15
+    assert 0.8 * TRUE_S / SPEED < total < TRUE_S / SPEED + 15
     errors = [(t - start, abs(remaining - (end - t))) for t, remaining, _, _ in seen]
-    late = [e for at, e in errors if at > 0.6 * total]
-    early = [e for at, e in errors if at < 0.4 * total]
-    assert late and max(late) < 0.25 * total, errors
-    assert not early or min(late) <= max(early), errors
+    first = sorted(e for at, e in errors if at < 0.15 * total)
+    second_half = sorted(e for at, e in errors if at > 0.5 * total)
+    assert first and second_half, errors
+    median_late = second_half[len(second_half) // 2]
+    assert median_late < 0.25 * total, errors  # within a quarter of the run's length once half of it is seen
+    assert median_late < first[len(first) // 2], errors  # and closer than at the start: it converges

@@ -19,7 +19,7 @@ kind = "local"
 cpu_count = 8
 memory_gb = 32
 price_per_hour = 0.5
-gpus = [{ model = "L4", memory_gb = 24, tflops = 120, count = 1 }]
+gpus = [{ model = "L4", memory_gb = 24, tflops = 125, count = 1 }]
 
 [[nodes]]
 id = "res-1"
@@ -41,7 +41,7 @@ price_per_hour = 2.0
 startup_delay_s = 1
 """
 TUNING = {"TRAINMASTER_IDLE_RELEASE_S": "2", "TRAINMASTER_PULLBACK_MIN_REMAINING_S": "5",
-          "TRAINMASTER_SCHEDULE_TICK_S": "1"}
+          "TRAINMASTER_MIGRATION_S": "10", "TRAINMASTER_SCHEDULE_TICK_S": "1"}
 
 
 @pytest.fixture(scope="module")

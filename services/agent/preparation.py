@@ -1,0 +1,129 @@
+"""Before a task starts: its training environment (a cached virtual environment), its code and its inputs."""
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from shlex import quote
+
+from shared.events import StartTask
+from shared.jobs import DataOut, Engine
+from services.agent.checkpoints import Mirror
+
+log = logging.getLogger(__name__)
+PIP_TIMEOUT_S = 900
+Note = Callable[[str], None]
+
+
+class PrepareError(Exception):
+    """The task cannot start: its environment, code or inputs could not be prepared (the message says why)."""
+
+
+def env_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
+def output_dir(workdir: Path, output: DataOut) -> Path:
+    return workdir / "outputs" / (output.local_dir or output.name)
+
+
+class Preparer:
+    def __init__(self, root: Path, catalogue: dict[str, dict]) -> None:
+        self.root = root
+        self.catalogue = catalogue  # engine name -> {"packages": [...], "image": ...} from the cluster file
+        self.locks: dict[str, asyncio.Lock] = {}
+
+    def needs_work(self, start: StartTask) -> bool:
+        alg = start.algorithm
+        return bool(alg.code_dir or alg.inputs or (alg.engine and not self._cached(alg.engine)))
+
+    async def prepare(self, start: StartTask, workdir: Path, env: dict[str, str], note: Note) -> str:
+        """Make the attempt's directory ready and return the command to run."""
+        alg = start.algorithm
+        python = "python3"
+        if alg.engine:
+            venv = await self.engine(alg.engine, note)
+            env["VIRTUAL_ENV"] = str(venv)
+            env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+            python = str(venv / "bin" / "python")
+        if alg.code_dir:
+            note(f"fetching code from {alg.code_dir}")
+            await self._fetch(alg.code_dir, workdir / "code", what="code_dir")
+            env["TRAINMASTER_CODE_DIR"] = str(workdir / "code")
+        for item in alg.inputs:
+            target = workdir / "inputs" / (item.local_dir or item.name)
+            note(f"fetching input {item.name} from {item.url}")
+            await self._fetch(item.url, target, what=f"inputs.{item.name}")
+            env[f"TRAINMASTER_INPUT_{env_name(item.name)}"] = str(target)
+        for item in alg.outputs:
+            output_dir(workdir, item).mkdir(parents=True, exist_ok=True)
+            env[f"TRAINMASTER_OUTPUT_{env_name(item.name)}"] = str(output_dir(workdir, item))
+        if alg.command:
+            return alg.command
+        return f"{quote(python)} {quote(str(workdir / 'code' / alg.boot_file))}"
+
+    async def _fetch(self, url: str, target: Path, *, what: str) -> None:
+        try:
+            files = await asyncio.to_thread(Mirror(url).restore, target)
+        except Exception as exc:
+            raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc
+        if not files:
+            raise PrepareError(f"{what}: nothing at {url}")
+
+    def packages(self, engine: Engine) -> tuple[list[str], str | None]:
+        entry = self.catalogue.get(engine.name or "", {})
+        if engine.name and not entry and not engine.packages and not engine.image:
+            raise PrepareError(f"engine {engine.name!r} is not in this node's catalogue "
+                               f"(has: {', '.join(sorted(self.catalogue)) or 'none'})")
+        return sorted(set(entry.get("packages", [])) | set(engine.packages)), engine.image or entry.get("image")
+
+    def _key(self, packages: list[str]) -> str:
+        payload = json.dumps({"python": sys.version.split()[0], "packages": packages})
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def _cached(self, engine: Engine) -> bool:
+        try:
+            packages, _ = self.packages(engine)
+        except PrepareError:
+            return False
+        return (self.root / self._key(packages) / ".ready").exists()
+
+    async def engine(self, engine: Engine, note: Note) -> Path:
+        """The engine's virtual environment, built once per node and content (its key), then reused."""
+        packages, image = self.packages(engine)
+        if image and not packages:
+            runtime = shutil.which("docker") or shutil.which("podman")
+            raise PrepareError(f"engine image {image}: running containers needs a container engine on the node "
+                               f"({'found ' + runtime + ' but' if runtime else 'none found, and'} this agent runs "
+                               "tasks as processes); give the engine's packages to use a virtual environment")
+        key = self._key(packages)
+        venv = self.root / key
+        async with self.locks.setdefault(key, asyncio.Lock()):
+            if (venv / ".ready").exists():
+                note(f"engine {engine.name or key} ready (cached environment {key})")
+                return venv
+            note(f"preparing engine {engine.name or key}: pip install {' '.join(packages)}")
+            shutil.rmtree(venv, ignore_errors=True)  # what a failed build left (it has no .ready)
+            await self._run([sys.executable, "-m", "venv", str(venv)], what="python -m venv")
+            if packages:
+                await self._run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
+                                 "--no-input", *packages], what="pip install")
+            (venv / ".ready").write_text(json.dumps(packages))
+            note(f"engine {engine.name or key} prepared")
+            return venv
+
+    async def _run(self, argv: list[str], *, what: str) -> None:
+        process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                       stderr=asyncio.subprocess.STDOUT)
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), timeout=PIP_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            raise PrepareError(f"{what} took longer than {PIP_TIMEOUT_S}s") from None
+        if process.returncode:
+            tail = "\n".join(output.decode(errors="replace").strip().splitlines()[-15:])
+            raise PrepareError(f"{what} failed (exit {process.returncode}):\n{tail}")

@@ -1,0 +1,1 @@
+"""`trainmaster`: the researcher's command line for the REST API."""

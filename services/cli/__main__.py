@@ -1,0 +1,111 @@
+"""`trainmaster` (or `python -m services.cli`): submit, list, follow and manage training jobs."""
+import argparse
+import sys
+
+from services.cli import commands
+from services.cli.client import EXIT_CONFIG, Api, CliError
+from services.cli.settings import config_file, load
+
+EPILOG = f"""\
+server and token: --url/--token, else TRAINMASTER_URL/TRAINMASTER_TOKEN/TRAINMASTER_PROJECT,
+else url/token/project in {config_file()}.
+
+exit codes: 0 done; following a job (logs -f, get --watch, submit --follow): the job's failed
+task's exit code (1 if it has none), 143 if it was terminated; 2 wrong usage or job file;
+65 the API refused the request; 69 the server is unreachable or failed; 77 token missing,
+invalid or without permission; 78 no token or project configured. API errors print
+"error <error_code>: <error_msg>" on stderr.
+
+estimate and quota are not here yet: the API has no dry-run or quota endpoints."""
+
+
+def common() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--url", default=argparse.SUPPRESS, help="API base URL")
+    parser.add_argument("--token", default=argparse.SUPPRESS, help="bearer token")
+    parser.add_argument("-p", "--project", default=argparse.SUPPRESS, help="project of the jobs")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print the API's JSON")
+    return parser
+
+
+def parser() -> argparse.ArgumentParser:
+    shared = common()
+    root = argparse.ArgumentParser(prog="trainmaster", parents=[shared], epilog=EPILOG,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   description="Run training jobs on trainmaster's hybrid GPU fleet.")
+    sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler, help_: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[shared], help=help_, description=help_)
+        p.set_defaults(handler=handler)
+        return p
+
+    s = command("submit", commands.submit, "submit a job from flags and/or a YAML job file (the request body)")
+    s.add_argument("-f", "--file", help="YAML or JSON job file; flags override its fields ('-' reads stdin)")
+    s.add_argument("--name")
+    s.add_argument("--description")
+    s.add_argument("--command", help="run with /bin/sh -c")
+    s.add_argument("--gpus", type=int, help="GPUs per node")
+    s.add_argument("--nodes", type=int, help="nodes (one rank each)")
+    s.add_argument("--min-gpu-memory-gb", type=float)
+    s.add_argument("--cpus", type=float)
+    s.add_argument("--memory-gb", type=float)
+    s.add_argument("--allowed", choices=["local", "cloud", "any"])
+    s.add_argument("--priority", choices=["time", "cost"])
+    s.add_argument("--expected-duration", type=int, metavar="SECONDS")
+    s.add_argument("--max-duration", type=int, metavar="SECONDS")
+    s.add_argument("--param", action="append", metavar="NAME=VALUE")
+    s.add_argument("--env", action="append", metavar="NAME=VALUE")
+    s.add_argument("--metric", action="append", metavar="NAME:REGEX[:min|max[:TARGET]]")
+    s.add_argument("--follow", action="store_true", help="then follow its output to the end (exit = the job's)")
+
+    ls = command("list", commands.list_jobs, "list the project's jobs")
+    ls.add_argument("--phase", action="append", help="only jobs in this phase (repeatable)")
+    ls.add_argument("--user", help="only this user's jobs")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.add_argument("--offset", type=int, default=0)
+
+    g = command("get", commands.get, "show a job")
+    g.add_argument("job_id")
+    g.add_argument("-w", "--watch", action="store_true", help="a live progress bar with the ETA until it ends")
+
+    lg = command("logs", commands.logs, "print a job's output")
+    lg.add_argument("job_id")
+    lg.add_argument("-f", "--follow", action="store_true", help="until the job ends (exit = the job's)")
+    lg.add_argument("--task", default="worker-0", help="worker-N of a multi-node job")
+    lg.add_argument("--progress", action="store_true", help="a progress bar on stderr even when it is not a terminal")
+    lg.add_argument("--no-progress", action="store_true", help="no progress bar on stderr while following")
+
+    for name, handler, help_ in (("terminate", commands.act("terminate"), "terminate a job"),
+                                 ("migrate", commands.act("migrate"), "move a running job to another node"),
+                                 ("delete", commands.delete, "delete a finished job")):
+        command(name, handler, help_).add_argument("job_id")
+
+    command("nodes", commands.nodes, "the fleet: kind, GPUs, price, state, jobs")
+    u = command("usage", commands.usage, "usage and cost by user and node kind")
+    u.add_argument("--from", dest="start", help="ISO-8601 start")
+    u.add_argument("--to", dest="end", help="ISO-8601 end")
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    args.json = getattr(args, "json", False)
+    try:
+        args.settings = load(url=getattr(args, "url", None), token=getattr(args, "token", None),
+                             project=getattr(args, "project", None))
+        if not args.settings.token:
+            raise CliError("no token: give --token, set TRAINMASTER_TOKEN or put token = \"...\" in "
+                           f"{config_file()}", exit_code=EXIT_CONFIG)
+        return args.handler(args, Api(url=args.settings.url, token=args.settings.token))
+    except CliError as exc:
+        prefix = f"error {exc.error_code}: " if exc.error_code else "error: "
+        print(prefix + exc.message, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""One function per command: call the API, print a table (or the JSON with --json), return the exit code."""
+import argparse
+import sys
+from typing import Any
+
+from services.cli import follow, jobfile, render
+from services.cli.client import EXIT_CONFIG, Api, CliError
+
+
+def out(args: argparse.Namespace, value: Any, text: str) -> int:
+    print(render.dumps(value) if args.json else text)
+    return 0
+
+
+def project(args: argparse.Namespace, api: Api) -> str:
+    """--project, TRAINMASTER_PROJECT or the config file; else the token's only project."""
+    if args.settings.project:
+        return args.settings.project
+    me = api.call("GET", "/v2/me")
+    if len(me["projects"]) == 1:
+        return me["projects"][0]
+    raise CliError(f"say which project (--project or TRAINMASTER_PROJECT); {me['user_name']} may use: "
+                   f"{', '.join(me['projects']) or 'any (admin)'}", exit_code=EXIT_CONFIG)
+
+
+def jobs_path(args: argparse.Namespace, api: Api, job_id: str = "") -> str:
+    path = f"/v2/{project(args, api)}/training-jobs"
+    return f"{path}/{job_id}" if job_id else path
+
+
+def submit(args: argparse.Namespace, api: Api) -> int:
+    job = api.call("POST", jobs_path(args, api), json=jobfile.body(args))
+    if args.follow:
+        out(args, job, f"submitted {job['metadata']['name']}: {job['metadata']['id']}")
+        return follow.logs(api, jobs_path(args, api, job["metadata"]["id"]), task="worker-0",
+                           progress=sys.stderr.isatty())
+    return out(args, job, job["metadata"]["id"])
+
+
+def list_jobs(args: argparse.Namespace, api: Api) -> int:
+    params = {"offset": args.offset, "limit": args.limit, "phase": args.phase or []}
+    page = api.call("GET", jobs_path(args, api), params=params)
+    items = [j for j in page["items"] if not args.user or j["metadata"]["user_name"] == args.user]
+    text = render.table(render.JOB_HEADERS, [render.job_row(j) for j in items])
+    more = page["total"] - page["offset"] - page["count"]
+    if more > 0:
+        text += f"\n({more} more; use --offset {page['offset'] + page['count']})"
+    return out(args, {**page, "items": items, "count": len(items)} if args.user else page, text)
+
+
+def get(args: argparse.Namespace, api: Api) -> int:
+    path = jobs_path(args, api, args.job_id)
+    if args.watch and not args.json:
+        return follow.watch(api, path)
+    job = api.call("GET", path)
+    return out(args, job, render.job_detail(job))
+
+
+def logs(args: argparse.Namespace, api: Api) -> int:
+    path = jobs_path(args, api, args.job_id)
+    if args.follow:
+        return follow.logs(api, path, task=args.task, progress=args.progress or (sys.stderr.isatty()
+                                                                                  and not args.no_progress))
+    text = api.call("GET", f"{path}/logs", params={"task": args.task})
+    print(render.dumps({"job_id": args.job_id, "task": args.task, "text": text}) if args.json else text, end="")
+    return 0
+
+
+def act(action: str):
+    def command(args: argparse.Namespace, api: Api) -> int:
+        job = api.call("POST", f"{jobs_path(args, api, args.job_id)}/actions", json={"action_type": action})
+        return out(args, job, f"{job['metadata']['name']} ({job['metadata']['id']}): {action} requested, now "
+                              f"{job['status']['phase']}")
+    return command
+
+
+def delete(args: argparse.Namespace, api: Api) -> int:
+    api.call("DELETE", jobs_path(args, api, args.job_id))
+    return out(args, {"deleted": args.job_id}, f"deleted {args.job_id}")
+
+
+def gpus(node: dict) -> str:
+    counts: dict[str, int] = {}
+    for gpu in node.get("gpus") or []:
+        key = f"{gpu['model']} {gpu['memory_gb']:g}GB"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{n}x {k}" for k, n in counts.items()) or "-"
+
+
+def nodes(args: argparse.Namespace, api: Api) -> int:
+    answer = api.call("GET", "/v2/nodes")
+    rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n), f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
+             f"{n.get('cpu_count', 0):g}", f"{n.get('memory_gb', 0):g}", f"{n.get('price_per_hour', 0):.2f}",
+             ", ".join(r["job_id"][:8] for r in n.get("running") or []) or "-"] for n in answer["items"]]
+    headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "jobs")
+    return out(args, answer, render.table(headers, rows))
+
+
+def usage(args: argparse.Namespace, api: Api) -> int:
+    params = {k: v for k, v in (("from", args.start), ("to", args.end)) if v}
+    report = api.call("GET", f"/v2/{project(args, api)}/usage", params=params)
+    headers = ("", "attempts", "hours", "gpu_hours", "cost")
+
+    def rows(items: list[dict]) -> list[list[Any]]:
+        return [[i["key"] or "total", i["attempts"], f"{i['seconds'] / 3600:.3f}", f"{i['gpu_hours']:.3f}",
+                 f"{i['cost']:.2f}" if i["cost"] >= 1 else f"{i['cost']:.4f}"] for i in items]
+
+    text = "\n\n".join([render.table(("by user", *headers[1:]), rows(report["by_user"])),
+                        render.table(("by node kind", *headers[1:]), rows(report["by_node_kind"])),
+                        render.table(headers, rows([report["total"]]))])
+    if report.get("open_attempts"):
+        text += f"\n({report['open_attempts']} attempt(s) still running, charged up to now)"
+    return out(args, report, text)

@@ -1,0 +1,106 @@
+"""Following a job to its end: its output on stdout, a live progress bar with the ETA, its outcome as exit code."""
+import sys
+import threading
+import time
+from typing import TextIO
+
+from services.cli import render
+from services.cli.client import Api, CliError
+
+POLL_S = 1.0
+EXIT_TERMINATED = 143  # as a shell reports a process ended by SIGTERM
+
+
+def job_exit(job: dict) -> int:
+    """0 when Completed; a failed task's own exit code (else 1) when Failed; 143 when Terminated."""
+    phase = job["status"]["phase"]
+    if phase == "Completed":
+        return 0
+    if phase == "Terminated":
+        return EXIT_TERMINATED
+    codes = [t.get("exit_code") for t in job["status"].get("task_statuses") or []]
+    failed = [c for c in codes if c]
+    return min(max(failed[0], 1), 255) if failed else 1
+
+
+class Bar:
+    """One status line: redrawn in place on a terminal, printed when it changes otherwise."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out, self.tty, self.last, self.lock = out, out.isatty(), "", threading.Lock()
+
+    def show(self, job: dict) -> None:
+        line = render.bar(job)
+        with self.lock:
+            if self.tty:
+                self.out.write("\r\033[K" + line)
+            elif line.split("elapsed")[0] != self.last.split("elapsed")[0]:
+                self.out.write(line + "\n")
+            self.out.flush()
+            self.last = line
+
+    def above(self, text: str, stream: TextIO) -> None:
+        """Write output lines above the bar without tearing it (both usually share one terminal)."""
+        with self.lock:
+            if self.tty:
+                self.out.write("\r\033[K")
+                self.out.flush()
+            stream.write(text)
+            stream.flush()
+            if self.tty and self.last:
+                self.out.write(self.last)
+                self.out.flush()
+
+    def done(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def wait_finished(api: Api, path: str, *, bar: Bar | None, stop: threading.Event | None = None) -> dict:
+    while True:
+        job = api.call("GET", path)
+        if bar:
+            bar.show(job)
+        if job["status"]["phase"] in render.FINISHED or (stop and stop.is_set()):
+            return job
+        time.sleep(POLL_S)
+
+
+def watch(api: Api, path: str) -> int:
+    bar = Bar(sys.stdout)
+    job = wait_finished(api, path, bar=bar)
+    bar.done()
+    return job_exit(job)
+
+
+def logs(api: Api, path: str, *, task: str, progress: bool) -> int:
+    """Stream the output until the job ends; the bar goes to stderr so stdout stays the job's own output."""
+    bar = Bar(sys.stderr) if progress else None
+    stop = threading.Event()
+    poller = None
+    if bar:
+        poller = threading.Thread(target=_poll, args=(api, path, bar, stop), daemon=True)
+        poller.start()
+    try:
+        for line in api.stream(f"{path}/logs", follow="true", task=task):
+            if bar:
+                bar.above(line + "\n", sys.stdout)
+            else:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+    finally:
+        stop.set()
+    job = wait_finished(api, path, bar=bar)
+    if bar:
+        bar.done()
+    return job_exit(job)
+
+
+def _poll(api: Api, path: str, bar: Bar, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            bar.show(api.call("GET", path))
+        except CliError:
+            pass
+        stop.wait(POLL_S)

@@ -1,0 +1,104 @@
+"""Plain-text output: tables, durations, the progress bar with its ETA."""
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+BAR_WIDTH = 24
+FINISHED = ("Completed", "Failed", "Terminated")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False, default=str)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Left-aligned columns, two spaces apart, headers in capitals."""
+    cells = [[str(h).upper() for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def ago(ms: int) -> str:
+    return duration(time.time() - ms / 1000) + " ago" if ms else "-"
+
+
+def progress_of(job: dict) -> float | None:
+    eta = job["status"].get("eta") or {}
+    if eta.get("progress") is not None:
+        return eta["progress"]
+    return 1.0 if job["status"]["phase"] == "Completed" else None
+
+
+def eta_text(job: dict) -> str:
+    eta = job["status"].get("eta")
+    if not eta:
+        return "-"
+    return f"{duration(eta['remaining_s'])} ({duration(eta['low_s'])}–{duration(eta['high_s'])})"
+
+
+def progress_text(job: dict) -> str:
+    fraction = progress_of(job)
+    return "-" if fraction is None else f"{fraction:.0%}"
+
+
+def bar(job: dict) -> str:
+    """`name  Running  [#######.....]  42%  ETA 1m05s (48s–1m30s)  on local-1`."""
+    status = job["status"]
+    fraction = progress_of(job)
+    filled = int(round((fraction or 0) * BAR_WIDTH))
+    drawn = "#" * filled + "." * (BAR_WIDTH - filled) if fraction is not None else "?" * BAR_WIDTH
+    parts = [job["metadata"]["name"], status["phase"], f"[{drawn}]", progress_text(job)]
+    if status["phase"] not in FINISHED:
+        parts.append(f"ETA {eta_text(job)}")
+    parts.append(f"elapsed {duration(status['duration'] / 1000)}")
+    if status.get("node_id"):
+        parts.append(f"on {status['node_id']}")
+    return "  ".join(parts)
+
+
+def job_row(job: dict) -> list[Any]:
+    status = job["status"]
+    return [job["metadata"]["id"], job["metadata"]["name"], job["metadata"]["user_name"],
+            status["phase"] + (f"/{status['secondary_phase']}" if status["secondary_phase"] != status["phase"] else ""),
+            ",".join(status.get("node_ids") or []) or "-", progress_text(job), eta_text(job),
+            ago(job["metadata"]["create_time"])]
+
+
+JOB_HEADERS = ("id", "name", "user", "phase", "node", "progress", "eta", "created")
+
+
+def job_detail(job: dict) -> str:
+    meta, status, spec = job["metadata"], job["status"], job["spec"]
+    resource, placement = spec["resource"], spec["placement"]
+    lines = [
+        f"{meta['name']}  ({meta['id']})",
+        f"  project    {meta['project_id']}   user {meta['user_name']}   created {ago(meta['create_time'])}",
+        f"  phase      {status['phase']} [{status['secondary_phase']}]   attempt {status.get('attempt', 0)}",
+        f"  nodes      {', '.join(status.get('node_ids') or []) or '-'}   ran {duration(status['duration'] / 1000)}",
+        f"  progress   {progress_text(job)}   ETA {eta_text(job)}",
+        f"  resources  {resource['node_count']} node(s) x {resource['gpu_count']} GPU, {resource['cpu_count']} CPU, "
+        f"{resource['memory_gb']} GB   placement {placement['allowed']}/{placement['priority']}",
+        f"  command    {job['algorithm']['command'].splitlines()[0][:100]}",
+    ]
+    if meta.get("description"):
+        lines.insert(1, f"  {meta['description']}")
+    if status.get("reason"):
+        lines.append(f"  reason     {status['reason']}")
+    for task in status.get("task_statuses") or []:
+        lines.append(f"  {task['task']}   exit {task.get('exit_code')}   {task.get('message', '').strip()[:200]}")
+    for attempt in status.get("attempts") or []:
+        lines.append(f"  attempt {attempt['attempt']}  {', '.join(attempt['node_ids'])}  {attempt['reason']}"
+                     f" → {attempt.get('outcome') or 'running'}")
+    return "\n".join(lines)

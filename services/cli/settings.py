@@ -1,0 +1,30 @@
+"""Where the CLI finds its server and token: flags, then TRAINMASTER_* environment, then the config file."""
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def config_file() -> Path:
+    return Path.home() / ".config" / "trainmaster" / "config.toml"
+
+
+class CliSettings(BaseSettings):
+    """TRAINMASTER_URL, TRAINMASTER_TOKEN, TRAINMASTER_PROJECT; or url/token/project in the config file."""
+
+    model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore", env_ignore_empty=True)
+    url: str = Field(DEFAULT_URL, description="The API's base URL.")
+    token: str | None = Field(None, description="A bearer token (tm_...).")
+    project: str | None = Field(None, description="The project jobs go to; else the token's only project.")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource):
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
+
+
+def load(**flags: str | None) -> CliSettings:
+    """Settings with the flags that were given winning over everything else."""
+    return CliSettings(**{k: v for k, v in flags.items() if v is not None})

@@ -1,0 +1,51 @@
+"""Renting on-demand nodes: provisioned when waiting costs more time, released when idle, pulled back from."""
+import pytest
+
+from tests.conftest import eventually
+from tests.e2e.helpers import get, submit, wait_phase
+from tests.e2e.scripts import counter
+from tests.e2e.test_placement_rules import client, fleet, occupy, rented, terminate  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_a_time_sensitive_job_rents_a_node_instead_of_waiting(client, project):
+    blockers = [await occupy(client, project, kind) for kind in ("local", "cloud")]
+    job = await submit(client, project, command="sleep 1", gpu_count=1, priority="time", expected_duration_s=1800)
+    done = await wait_phase(client, project, job["metadata"]["id"], "Completed", timeout_s=60)
+    assert done["status"]["node_ids"][0].startswith("od-g-small-")
+    await terminate(client, project, *blockers)
+
+    async def given_back():
+        nodes = await rented(client)
+        return nodes if nodes and all(n["state"] == "released" for n in nodes) else None
+
+    await eventually(given_back, timeout_s=30)  # idle for 2 s: released
+
+
+async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(client, project):
+    local = await occupy(client, project, "local")
+    reserved = await occupy(client, project, "cloud")
+    job = await submit(client, project, command=counter(total=3000, every=5, pause=0.1), gpu_count=1,
+                       expected_duration_s=3600)
+    job_id = job["metadata"]["id"]
+    running = await wait_phase(client, project, job_id, "Running", timeout_s=60)
+    rented_node = running["status"]["node_ids"][0]
+    assert rented_node.startswith("od-")
+    await terminate(client, project, local)
+
+    async def back_home():
+        current = await get(client, project, job_id)
+        attempts = current["status"]["attempts"]
+        return current if len(attempts) == 2 and attempts[1]["start_time"] else None
+
+    moved = await eventually(back_home, timeout_s=60)
+    assert moved["status"]["attempts"][1]["reason"] == "reclaimed"
+    assert moved["status"]["attempts"][1]["node_ids"] == ["lab-1"]
+
+    async def released():
+        return next((n for n in await rented(client) if n["node_id"] == rented_node and n["state"] == "released"),
+                    None)
+
+    await eventually(released, timeout_s=30)
+    await terminate(client, project, reserved, moved)

@@ -1,0 +1,156 @@
+"""The portal in headless Chromium: sign in, submit, watch the curve and ETA, terminate, nodes and costs pages."""
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ADMIN_TOKEN
+from tests.factories import unique
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--no-first-run"]
+TRAIN = """python3 -c "import math, time
+for step in range(1, 601):
+    print(f'step {step} loss {2.0 - 0.003 * step + 0.03 * math.sin(step):.4f}', flush=True)
+    time.sleep(0.1)"
+"""
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    folder = Path(os.environ.get("TRAINMASTER_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"\nportal screenshots in {folder}")
+    return folder
+
+
+@pytest.fixture
+def page(stack):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.set_default_timeout(30_000)
+        yield page
+        context.close()
+        browser.close()
+        assert not errors, f"JavaScript errors in the portal: {errors}"
+
+
+def wait_for(check, *, timeout_s: float = 45, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"{what} not reached after {timeout_s}s")
+
+
+def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project, shots):
+    page.goto(f"{stack.api_url}/ui/")
+    page.wait_for_selector("#login-form")
+    page.screenshot(path=shots / "01-login.png")
+    page.fill("#login-token", "not-a-token")
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#login-error:not(.hidden)")
+    page.fill("#login-token", ADMIN_TOKEN)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#shell:not(.hidden)")
+    assert page.evaluate("localStorage.getItem('trainmaster.token')") == ADMIN_TOKEN
+
+    page.fill("#project", project)
+    page.dispatch_event("#project", "change")
+    page.wait_for_selector("#jobs-table")
+
+    page.click("a[data-nav=submit]")
+    name = unique("portal")
+    page.fill("#submit-form [name=name]", name)
+    page.fill("#submit-form [name=description]", "learning-rate sweep, first try")
+    page.fill("#submit-form [name=command]", TRAIN)
+    page.fill("#submit-form [name=metric_target]", "0.3")
+    page.fill("#submit-form [name=expected_duration_s]", "40")
+    page.fill("#submit-form [name=parameters]", "lr=0.1\nbatch_size=64")
+    page.select_option("#submit-form [name=allowed]", "local")
+    page.screenshot(path=shots / "02-submit.png", full_page=True)
+    page.click("#submit-button")
+    page.wait_for_url("**/ui/#/job/*")
+    job_id = page.url.rsplit("/", 1)[1]
+
+    page.wait_for_selector("#job-phase [data-phase=Running]", timeout=60_000)
+    wait_for(lambda: (page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length") or 0) > 20,
+             what="the metric curve")
+    wait_for(lambda: page.get_attribute("#metric-chart", "data-band") == "drawn", what="the ETA band")
+    wait_for(lambda: page.evaluate("TM.charts.metric.data.datasets[0].data.length") > 40, what="a longer curve")
+    assert page.evaluate("TM.charts.metric.data.datasets[1].data[0].y") == 0.3  # the target line
+    assert page.inner_text("#eta-text") not in ("", "–")
+    assert "step" in page.inner_text("#logs")
+    assert page.inner_text(".tl-row").startswith("#1")
+    page.screenshot(path=shots / "03-job-running.png", full_page=True)
+
+    page.click("a[data-nav=jobs]")
+    row = page.wait_for_selector(f"tr[data-job='{job_id}']")
+    wait_for(lambda: "%" in row.inner_text() and "local" in row.inner_text(), what="progress and node kind in the list")
+    page.screenshot(path=shots / "04-jobs.png", full_page=True)
+    page.click("#phase-chips .chip[data-phase=Running]")
+    page.wait_for_selector(f"tr[data-job='{job_id}']")
+
+    page.click("a[data-nav=nodes]")
+    page.wait_for_selector("tr[data-node='ondemand-1']")
+    assert page.locator("#nodes-table tbody tr").count() == 4
+    assert "A100-80GB" in page.inner_text("#nodes-table") and "on-demand" in page.inner_text("#nodes-table")
+    wait_for(lambda: job_id[:8] in page.inner_text("#nodes-table"), what="the running job on its node")
+    page.screenshot(path=shots / "05-nodes.png", full_page=True)
+
+    page.click("a[data-nav=jobs]")
+    page.click(f"tr[data-job='{job_id}'] a")
+    page.wait_for_selector("#job-phase [data-phase=Running]")
+    page.click("#btn-terminate")
+    page.wait_for_selector("#job-phase [data-phase=Terminated]", timeout=60_000)
+    assert page.is_disabled("#btn-terminate")
+    page.screenshot(path=shots / "06-job-terminated.png", full_page=True)
+
+    page.click("a[data-nav=costs]")
+    wait_for(lambda: page.evaluate("TM.charts.byUser && TM.charts.byUser.data.labels.includes('admin')"),
+             what="the cost by user chart")
+    wait_for(lambda: page.evaluate("TM.charts.byKind && TM.charts.byKind.data.labels.includes('local')"),
+             what="the cost by node kind chart")
+    page.wait_for_timeout(300)
+    page.screenshot(path=shots / "07-costs.png", full_page=True)
+
+    page.click("#logout")
+    page.wait_for_selector("#login:not(.hidden)")
+    assert page.evaluate("localStorage.getItem('trainmaster.token')") is None
+
+
+def test_a_user_lands_in_their_own_project(stack, page, shots):
+    import httpx
+
+    user, project = unique("ana"), unique("vision")
+    issued = httpx.post(f"{stack.api_url}/v2/users", json={"user_name": user, "projects": [project]},
+                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    assert issued.status_code == 201, issued.text
+    page.goto(f"{stack.api_url}/ui/#/jobs")
+    page.evaluate("localStorage.clear(); sessionStorage.clear()")
+    page.reload()
+    page.fill("#login-token", issued.json()["token"])
+    page.uncheck("#login-remember")
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector("#jobs-table")
+    assert page.input_value("#project") == project
+    assert user in page.inner_text("#who")
+    assert page.evaluate("localStorage.getItem('trainmaster.token')") is None  # this session only
+    assert page.evaluate("sessionStorage.getItem('trainmaster.token')") == issued.json()["token"]
+    page.wait_for_selector("#jobs-table td.empty:has-text('No jobs')")
+    page.screenshot(path=shots / "08-user-empty-project.png")

@@ -1,0 +1,129 @@
+"""Billing under TestNatsBroker: node lifetimes exactly once and reconciled, admission, budget alerts once."""
+from datetime import timedelta
+
+import pytest
+from faststream.nats import NatsBroker, TestNatsBroker
+
+from shared.bus import RPC_ADMIT, publish
+from shared.events import NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, TaskStarted
+from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
+from services.billing.handlers import router
+from services.billing.ledger import reconcile
+from services.billing.service import Billing
+from tests.factories import T0, exited, node, started
+from tests.memory import MemoryCollection
+
+
+@pytest.fixture
+async def billing():
+    broker = NatsBroker()
+    broker.include_router(router)
+    async with TestNatsBroker(broker) as test_broker:
+        sent = []
+
+        async def record(message) -> None:
+            sent.append(message)
+
+        service = Billing(**{name: MemoryCollection(name) for name in
+                             ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas", "alerts")},
+                          publish=record)
+        test_broker.context.set_global("billing", service)
+        yield test_broker, service, sent
+
+
+def provisioned(node_id: str, *, at=T0, price=3.6, user="ana") -> NodeProvisioned:
+    return NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type="a2", provider="fake",
+                           price_per_hour=price, gpu_count=1, provisioned_at=at, for_job_id="j", project_id="p",
+                           user_name=user)
+
+
+def released(node_id: str, *, at) -> NodeReleased:
+    return NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=at, reason="idle")
+
+
+def on_demand_start(job_id: str, *, node_id: str, at, user="bob") -> TaskStarted:
+    return started(job_id, node_id=node_id, at=at).model_copy(update={"node_kind": "on_demand",
+                                                                       "price_per_hour": 3.6, "user_name": user})
+
+
+async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once(billing):
+    broker, service, _ = billing
+    lifetimes = {"od-1": 2.5, "od-2": 0.75, "od-3": 10.0}
+    for node_id, hours in lifetimes.items():
+        for event in [provisioned(node_id), provisioned(node_id), released(node_id, at=T0 + timedelta(hours=hours)),
+                      released(node_id, at=T0 + timedelta(hours=hours)), provisioned(node_id)]:
+            await publish(broker, event)  # every event twice, and a late duplicate after the release
+    lines = list(service.nodes.docs.values())
+    assert len(lines) == 3 and service.nodes_open.docs == {}
+    for node_id, (charged, expected) in reconcile(lines).items():
+        assert charged == pytest.approx(expected) == pytest.approx(lifetimes[node_id] * 3.6)
+    report = await service.usage(UsageQuery())
+    assert report.on_demand.nodes == 3 and report.on_demand.cost == pytest.approx(sum(lifetimes.values()) * 3.6)
+
+
+async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifetime(billing):
+    broker, service, _ = billing
+    await publish(broker, provisioned("od-1", user="ana"))
+    await publish(broker, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
+    await publish(broker, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
+    await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
+    report = await service.usage(UsageQuery(project_id="p"))
+    by_user = {r.key: r for r in report.by_user}
+    assert by_user["bob"].on_demand_cost == pytest.approx(3.6)  # the hour bob's attempt ran
+    assert by_user["ana"].on_demand_cost == pytest.approx(3.6)  # the idle hour of the node ana's job asked for
+    assert report.total.on_demand_cost == pytest.approx(2 * 3.6) == pytest.approx(report.on_demand.cost)
+
+
+async def test_a_lost_node_that_was_never_released_is_charged_up_to_its_last_heartbeat(billing):
+    broker, service, _ = billing
+    await publish(broker, provisioned("od-9"))
+    await publish(broker, NodeStateChanged(event_id="od-9:lost", node_id="od-9", state="lost",
+                                           last_seen=T0 + timedelta(minutes=30)))
+    await publish(broker, released("od-9", at=T0 + timedelta(hours=5)))  # after the loss: nothing more
+    [line] = service.nodes.docs.values()
+    assert (line["seconds"], line["cost"]) == (1800, pytest.approx(1.8))
+
+
+async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billing):
+    broker, service, _ = billing
+    ws = node(node_id="ws", kind="local", gpus=2, price=0.5)
+    await publish(broker, NodeRegistered(event_id="ws:boot", occurred_at=T0, node=ws, boot_id="b"))
+    await publish(broker, started("j", node_id="ws", at=T0))
+    await publish(broker, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
+    await publish(broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost",
+                                           last_seen=T0 + timedelta(hours=4)))
+    report = await service.usage(UsageQuery(project_id="p"))
+    local = report.owned["local"]
+    assert (local.available_gpu_hours, local.busy_gpu_hours, local.idle_gpu_hours) == (8, 1, 7)
+    assert local.utilisation == pytest.approx(1 / 8)
+
+
+async def test_a_budget_refuses_a_submission_and_a_paid_node(billing):
+    broker, service, _ = billing
+    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    ask = AdmitQuery(project_id="p", user_name="ana", purpose="provision", gpus=1, estimated_cost=2.0)
+    reply = AdmitReply.model_validate(await (await broker.request(ask, RPC_ADMIT)).decode())
+    assert (reply.allowed, reply.error_code) == (False, "406029")
+    assert (await service.admit(ask.model_copy(update={"estimated_cost": 0.5}))).allowed
+    await service.set_quotas(QuotasRequest(project_id="p", user_name="ana", user=Quota(max_gpus=0)))
+    refused = await service.admit(ask.model_copy(update={"estimated_cost": 0.5}))
+    assert (refused.allowed, refused.error_code) == (False, "406008") and "p/ana.max_gpus" in refused.reason
+    assert (await service.admit(ask.model_copy(update={"user_name": "bob", "estimated_cost": 0.5}))).allowed
+
+
+async def test_each_budget_alert_is_published_once(billing):
+    broker, service, sent = billing
+    from shared.clock import utcnow
+    now = utcnow()
+    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await publish(broker, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
+    for _ in range(3):
+        await service.check_all_budgets()
+    assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80"]
+    service.alerts.docs[sent[0].event_id]["published"] = False  # crashed before noting it was published
+    await service.check_all_budgets()
+    assert len(sent) == 2 and sent[1].event_id == sent[0].event_id  # republished under the same id: kept once
+    await publish(broker, exited("j", at=now + timedelta(minutes=10)))
+    await service.check_all_budgets()
+    assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80", "80", "100"]
+    assert all(m.kind == "budget" and m.project_id == "p" for m in sent)

@@ -1,0 +1,81 @@
+"""The CLI's pure parts: job files and flags, tables, the progress bar, exit codes."""
+import io
+from types import SimpleNamespace
+
+import pytest
+
+from services.cli import jobfile, render
+from services.cli.client import CliError
+from services.cli.follow import EXIT_TERMINATED, Bar, job_exit
+
+
+def job(*, phase="Running", eta=None, exits=(), name="j1") -> dict:
+    return {"metadata": {"id": "0f" * 18, "name": name, "user_name": "ana", "create_time": 0, "project_id": "p",
+                         "description": ""},
+            "status": {"phase": phase, "secondary_phase": phase, "duration": 65_000, "node_id": "local-1",
+                       "node_ids": ["local-1"], "eta": eta,
+                       "task_statuses": [{"task": "worker-0", "exit_code": c, "message": ""} for c in exits]}}
+
+
+def flags(**given) -> SimpleNamespace:
+    names = ("file", "name", "description", "command", "param", "env", "metric", "nodes", "gpus", "min_gpu_memory_gb",
+             "cpus", "memory_gb", "allowed", "priority", "expected_duration", "max_duration")
+    return SimpleNamespace(**{n: given.get(n) for n in names})
+
+
+def test_flags_override_the_job_file(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("metadata: {name: from-file}\nalgorithm:\n  command: train\n  parameters: [{name: lr, value: '1'}]\n"
+                    "spec: {resource: {gpu_count: 4}}\n")
+    body = jobfile.body(flags(file=str(path), gpus=1, param=["lr=0.1", "bs=8"], allowed="local"))
+    assert body["metadata"]["name"] == "from-file" and body["algorithm"]["command"] == "train"
+    assert body["spec"]["resource"]["gpu_count"] == 1 and body["spec"]["placement"] == {"allowed": "local"}
+    assert body["algorithm"]["parameters"] == [{"name": "lr", "value": "0.1"}, {"name": "bs", "value": "8"}]
+
+
+def test_a_job_needs_a_name_and_a_command():
+    with pytest.raises(CliError) as caught:
+        jobfile.body(flags(command="true"))
+    assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("loss:loss (?P<value>[0-9.]+)", {"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}),
+    ("acc:acc=(\\d+):max", {"name": "acc", "regex": "acc=(\\d+)", "mode": "max"}),
+    ("loss:a:(\\d+):min:0.1", {"name": "loss", "regex": "a:(\\d+)", "mode": "min", "target": 0.1}),
+])
+def test_metric_flag(text, expected):
+    assert jobfile.metric(text) == expected
+
+
+def test_the_progress_bar_shows_progress_and_the_eta_interval():
+    line = render.bar(job(eta={"progress": 0.5, "remaining_s": 65, "low_s": 50, "high_s": 90}))
+    assert "[" + "#" * 12 + "." * 12 + "]" in line and "50%" in line and "ETA 1m05s (50s–1m30s)" in line
+    assert "on local-1" in line
+    assert "ETA" not in render.bar(job(phase="Completed"))
+
+
+def test_table_aligns_columns():
+    assert render.table(("a", "bb"), [["xxx", 1], ["y", None]]).splitlines() == ["A    BB", "xxx  1", "y"]
+
+
+@pytest.mark.parametrize(("phase", "exits", "code"), [
+    ("Completed", (0,), 0), ("Failed", (3,), 3), ("Failed", (None,), 1), ("Failed", (0, 7), 7),
+    ("Terminated", (143,), EXIT_TERMINATED), ("Failed", (300,), 255),
+])
+def test_a_followed_job_exits_with_its_outcome(phase, exits, code):
+    assert job_exit(job(phase=phase, exits=exits)) == code
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_bar_is_redrawn_in_place_and_output_goes_above_it():
+    screen, output = Terminal(), io.StringIO()
+    bar = Bar(screen)
+    bar.show(job(eta={"progress": 0.25, "remaining_s": 30, "low_s": 20, "high_s": 40}))
+    bar.above("step 1\n", output)
+    assert screen.getvalue().count("\r\033[K") == 2 and screen.getvalue().endswith(bar.last)
+    assert output.getvalue() == "step 1\n"
