@@ -41,24 +41,29 @@ def parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
+    def job_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-f", "--file", help="YAML or JSON job file; flags override its fields ('-' reads stdin)")
+        p.add_argument("--name")
+        p.add_argument("--description")
+        p.add_argument("--command", help="run with /bin/sh -c")
+        p.add_argument("--gpus", type=int, help="GPUs per node")
+        p.add_argument("--nodes", type=int, help="nodes (one rank each)")
+        p.add_argument("--min-gpu-memory-gb", type=float)
+        p.add_argument("--cpus", type=float)
+        p.add_argument("--memory-gb", type=float)
+        p.add_argument("--allowed", choices=["local", "cloud", "any"])
+        p.add_argument("--priority", choices=["time", "cost"])
+        p.add_argument("--expected-duration", type=int, metavar="SECONDS")
+        p.add_argument("--max-duration", type=int, metavar="SECONDS")
+        p.add_argument("--param", action="append", metavar="NAME=VALUE")
+        p.add_argument("--env", action="append", metavar="NAME=VALUE")
+        p.add_argument("--metric", action="append", metavar="NAME:REGEX[:min|max[:TARGET]]")
+
     s = command("submit", commands.submit, "submit a job from flags and/or a YAML job file (the request body)")
-    s.add_argument("-f", "--file", help="YAML or JSON job file; flags override its fields ('-' reads stdin)")
-    s.add_argument("--name")
-    s.add_argument("--description")
-    s.add_argument("--command", help="run with /bin/sh -c")
-    s.add_argument("--gpus", type=int, help="GPUs per node")
-    s.add_argument("--nodes", type=int, help="nodes (one rank each)")
-    s.add_argument("--min-gpu-memory-gb", type=float)
-    s.add_argument("--cpus", type=float)
-    s.add_argument("--memory-gb", type=float)
-    s.add_argument("--allowed", choices=["local", "cloud", "any"])
-    s.add_argument("--priority", choices=["time", "cost"])
-    s.add_argument("--expected-duration", type=int, metavar="SECONDS")
-    s.add_argument("--max-duration", type=int, metavar="SECONDS")
-    s.add_argument("--param", action="append", metavar="NAME=VALUE")
-    s.add_argument("--env", action="append", metavar="NAME=VALUE")
-    s.add_argument("--metric", action="append", metavar="NAME:REGEX[:min|max[:TARGET]]")
+    job_flags(s)
     s.add_argument("--follow", action="store_true", help="then follow its output to the end (exit = the job's)")
+    job_flags(command("estimate", commands.estimate,
+                      "where a job could run, how long and at what cost (a dry run: nothing is created)"))
 
     ls = command("list", commands.list_jobs, "list the project's jobs")
     ls.add_argument("--phase", action="append", help="only jobs in this phase (repeatable)")
@@ -86,6 +91,11 @@ def parser() -> argparse.ArgumentParser:
     u = command("usage", commands.usage, "usage and cost by user and node kind")
     u.add_argument("--from", dest="start", help="ISO-8601 start")
     u.add_argument("--to", dest="end", help="ISO-8601 end")
+    q = command("quota", commands.quota, "the project's quotas and month to date; give limits to set them (admin)")
+    q.add_argument("--max-gpus", type=int)
+    q.add_argument("--gpu-hours", type=float, help="GPU-hours per month")
+    q.add_argument("--budget", type=float, help="dollars per month")
+    q.add_argument("--user", help="set this user's limits instead of the project's")
     return root
 
 

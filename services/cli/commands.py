@@ -111,3 +111,44 @@ def usage(args: argparse.Namespace, api: Api) -> int:
     if report.get("open_attempts"):
         text += f"\n({report['open_attempts']} attempt(s) still running, charged up to now)"
     return out(args, report, text)
+
+
+def estimate(args: argparse.Namespace, api: Api) -> int:
+    """The dry run: where the job could run, for how long, at what cost; nothing is created."""
+    answer = api.call("POST", jobs_path(args, api), params={"dry_run": "true"}, json=jobfile.body(args))
+    headers = ("kind", "node or type", "gpus", "$/hour", "hours", "expected $", "free now")
+    rows = [[c["node_kind"], c["node_id"] or c["instance_type"] or "", f"{c['gpus']} {c['gpu_model']}".strip(),
+             f"{c['price_per_hour']:.2f}", f"{c['predicted_duration_s'] / 3600:.2f}", f"{c['expected_cost']:.2f}",
+             "yes" if c["free_now"] else f"no (+{c['startup_delay_s']:.0f}s boot)" if c["startup_delay_s"] else "no"]
+            for c in answer["candidates"]]
+    text = render.table(headers, rows)
+    for kind, why in answer.get("unplaceable_kinds", {}).items():
+        text += f"\n{kind}: {why}"
+    return out(args, answer, text)
+
+
+def quota(args: argparse.Namespace, api: Api) -> int:
+    """Show the project's quotas and month to date; with limits given, set them (the admin)."""
+    path = f"/v2/{project(args, api)}/quotas"
+    limits = {k: v for k, v in (("max_gpus", args.max_gpus), ("gpu_hours_per_month", args.gpu_hours),
+                                ("budget_per_month", args.budget)) if v is not None}
+    if limits and args.user:
+        current = api.call("GET", path)["quotas"]["users"].get(args.user, {})
+        answer = api.call("PUT", f"{path}/users/{args.user}", json={**current, **limits})
+    elif limits:
+        current = api.call("GET", path)["quotas"]
+        answer = api.call("PUT", path, json={**current, **limits})
+    else:
+        answer = api.call("GET", path)
+    q, used = answer["quotas"], answer["used"]
+
+    def limit(value) -> str:
+        return "none" if value is None else f"{value:g}"
+
+    rows = [["project", limit(q["max_gpus"]), limit(q["gpu_hours_per_month"]), limit(q["budget_per_month"])]]
+    rows += [[f"user {name}", limit(u.get("max_gpus")), limit(u.get("gpu_hours_per_month")),
+              limit(u.get("budget_per_month"))] for name, u in sorted(q["users"].items())]
+    text = render.table(("scope", "max gpus", "gpu-hours/month", "budget $/month"), rows)
+    text += (f"\nthis month: {used['gpu_hours']:.2f} GPU-hours, ${used['spend']:.2f} spent, "
+             f"{answer['gpus_in_use']} GPU(s) in use")
+    return out(args, answer, text)

@@ -156,3 +156,24 @@ def test_the_config_file_is_read(cli, tmp_path, stack, project):
     code, out, err = cli("list", HOME=str(tmp_path / "home"), TRAINMASTER_URL="", TRAINMASTER_TOKEN="",
                          TRAINMASTER_PROJECT="")
     assert code == 0 and out.startswith("ID"), err
+
+
+def test_estimate_and_quota(cli):
+    code, out, err = cli("estimate", "--name", "what-if", "--command", "true", "--gpus", "1",
+                         "--expected-duration", "3600")
+    assert code == 0, err
+    assert "reserved" in out and "EXPECTED $" in out
+    code, out, err = cli("--json", "estimate", "--name", "what-if", "--command", "true", "--gpus", "1")
+    assert code == 0 and json.loads(out)["dry_run"] is True
+    code, out, err = cli("list")
+    assert "what-if" not in out  # a dry run creates nothing
+    code, out, err = cli("quota", "--budget", "250", "--max-gpus", "4")
+    assert code == 0, err
+    assert "250" in out and "4" in out
+    code, out, err = cli("quota", "--user", "ana", "--gpu-hours", "10")
+    assert code == 0, err
+    code, out, err = cli("--json", "quota")
+    quotas = json.loads(out)["quotas"]
+    assert quotas["budget_per_month"] == 250 and quotas["max_gpus"] == 4
+    assert quotas["users"]["ana"]["gpu_hours_per_month"] == 10
+    cli("quota", "--budget", "100000", "--max-gpus", "1000")  # leave the shared stack's project usable

@@ -1,4 +1,6 @@
 """Renting on-demand nodes: provisioned when waiting costs more time, released when idle, pulled back from."""
+import asyncio
+
 import pytest
 
 from tests.conftest import eventually
@@ -49,3 +51,19 @@ async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(cli
 
     await eventually(released, timeout_s=30)
     await terminate(client, project, reserved, moved)
+
+
+async def test_nothing_paid_is_provisioned_past_a_budget(client, project):
+    # enough budget for the job on an owned node, not for an hour of a rented one
+    assert (await client.put(f"/v2/{project}/quotas", json={"budget_per_month": 0.6})).status_code == 200
+    blockers = [await occupy(client, f"{project}-other", kind) for kind in ("local", "cloud")]
+    job = await submit(client, project, command="sleep 1", gpu_count=1, priority="time", expected_duration_s=3600)
+    job_id = job["metadata"]["id"]
+    await wait_phase(client, project, job_id, "Pending")
+    for _ in range(8):  # a time-sensitive job that would rent at once, if renting were allowed
+        assert (await get(client, project, job_id))["status"]["phase"] == "Pending"
+        assert [n for n in await rented(client) if n["state"] != "released"] == []
+        await asyncio.sleep(0.5)
+    await terminate(client, f"{project}-other", *blockers)
+    done = await wait_phase(client, project, job_id, "Completed", timeout_s=60)
+    assert done["status"]["node_ids"][0] in ("lab-1", "res-1")
