@@ -9,7 +9,6 @@ import asyncio
 import json
 import platform
 import socket
-import statistics
 import tempfile
 import time
 from pathlib import Path

@@ -2,7 +2,6 @@
 import asyncio
 import logging
 from contextlib import asynccontextmanager
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from faststream import FastStream

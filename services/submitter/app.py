@@ -1,5 +1,4 @@
 """Submitter wiring: the REST API (FastAPI) and its bus subscriptions, in one process."""
-import asyncio
 import logging
 from contextlib import asynccontextmanager
 

@@ -1,6 +1,5 @@
 """A real MLPerf log replayed through a job in real time: the job's ETA converges toward the true remaining time."""
 import asyncio
-import json
 import sys
 import tarfile
 import time
@@ -9,7 +8,7 @@ from shlex import quote
 
 import pytest
 
-from tests.e2e.helpers import get, submit, wait_phase
+from tests.e2e.helpers import get, submit
 
 pytestmark = pytest.mark.e2e
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mlperf" / "mlperf-training-v4.0.tar.gz"

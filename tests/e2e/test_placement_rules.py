@@ -6,9 +6,8 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN, eventually, start_stack
+from tests.conftest import ADMIN_TOKEN, start_stack
 from tests.e2e.helpers import get, submit, wait_phase
-from tests.e2e.scripts import counter
 
 pytestmark = pytest.mark.e2e
 

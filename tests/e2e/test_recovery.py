@@ -1,5 +1,4 @@
 """Snapshot, re-place, recover: lost agents, out-of-memory, migration, distributed jobs."""
-import asyncio
 import json
 import re
 import signal
@@ -11,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.helpers import get, logs, restart_agent, submit, wait_phase
+from tests.e2e.helpers import logs, restart_agent, submit, wait_phase
 from tests.e2e.scripts import counter, ddp, gpu_hungry
 
 pytestmark = pytest.mark.e2e
