@@ -1,5 +1,6 @@
 """Renting on-demand nodes: provisioned when waiting costs more time, released when idle, pulled back from."""
 import asyncio
+import time
 
 import pytest
 
@@ -23,6 +24,17 @@ async def test_a_time_sensitive_job_rents_a_node_instead_of_waiting(client, proj
         return nodes if nodes and all(n["state"] == "released" for n in nodes) else None
 
     await eventually(given_back, timeout_s=30)  # idle for 2 s: released
+    released_by = time.time()
+
+    async def charged():  # the rented node, from provisioning to release, idle time included, at its price
+        report = (await client.get(f"/v2/{project}/usage")).json()
+        return report if report["on_demand"]["nodes"] == 1 and report["on_demand"]["seconds"] > 0 else None
+
+    report = await eventually(charged, timeout_s=30)
+    lifetime = report["on_demand"]["seconds"]
+    created = job["metadata"]["create_time"] / 1000
+    assert 1 <= lifetime <= released_by - created + 1  # between rent and release (one heartbeat of slack)
+    assert report["on_demand"]["cost"] == pytest.approx(lifetime * 2.0 / 3600, rel=1e-3)
 
 
 async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(client, project):
