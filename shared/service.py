@@ -2,15 +2,19 @@
 import asyncio
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from faststream import FastStream
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsRouter
 from pydantic import BaseModel
 
-from shared.bus import RPC_HEALTH
+from shared.bus import RPC_HEALTH, BusLink, connect, make_broker
 from shared.clock import utcnow
+from shared.settings import CommonSettings
+from shared.store import make_client
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +71,39 @@ class Background:
 def run(app: FastStream) -> None:
     """Run a FastStream application until SIGINT or SIGTERM (FastStream installs the handlers)."""
     asyncio.run(app.run())
+
+
+@dataclass
+class Wiring:
+    """What a service's setup gets: its database, the bus, a place for its loops, the state of its bus link."""
+
+    db: Any
+    broker: NatsBroker
+    background: Background
+    link: BusLink
+
+
+def service_app(
+    *, name: str, settings: CommonSettings, router: NatsRouter,
+    setup: Callable[[Wiring], Awaitable[Any]],
+) -> FastStream:
+    """One service process: logging, the bus with every stream declared, its subscribers, liveness answers, one
+    database client, and what `setup` builds (in the context under the service's name), all closed on exit."""
+    configure_logging(settings.log_level)
+    link = BusLink()
+    broker = make_broker(settings.nats_url, name=name, link=link)
+    broker.include_router(router)
+    add_health(broker, name)
+    background = Background()
+
+    @asynccontextmanager
+    async def lifespan():
+        await connect(broker)
+        client = make_client(settings.mongo_url)
+        service = await setup(Wiring(db=client[settings.mongo_db], broker=broker, background=background, link=link))
+        broker.context.set_global(name, service)
+        yield
+        await background.stop()
+        await client.close()
+
+    return FastStream(broker, lifespan=lifespan)

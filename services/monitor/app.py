@@ -1,14 +1,12 @@
 """Monitor wiring: owns the job status projection and node liveness."""
 import asyncio
-from contextlib import asynccontextmanager
 
 from faststream import FastStream
 
-from shared.bus import BusLink, connect, make_broker
 from shared.clock import utcnow
-from shared.service import Background, add_health, configure_logging
+from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
-from shared.store import DocumentStore, make_client, relay
+from shared.store import DocumentStore, relay
 from services.monitor.handlers import router
 from services.monitor.service import Monitor
 
@@ -21,36 +19,15 @@ class MonitorSettings(CommonSettings):
 
 def create_app(settings: MonitorSettings | None = None) -> FastStream:
     settings = settings or MonitorSettings()
-    configure_logging(settings.log_level)
-    link = BusLink()
-    broker = make_broker(settings.nats_url, name=SERVICE, link=link)
-    broker.include_router(router)
-    add_health(broker, SERVICE)
-    background = Background()
 
-    @asynccontextmanager
-    async def lifespan():
-        await connect(broker)
-        client = make_client(settings.mongo_url)
-        db = client[settings.mongo_db]
-        monitor = Monitor(
-            jobs=DocumentStore(db.monitor_jobs, broker),
-            nodes=DocumentStore(db.monitor_nodes, broker),
-            node_timeout_s=settings.node_timeout_s,
-            started_at=utcnow(),
-            link=link,
-        )
-        broker.context.set_global("monitor", monitor)
-        yield
-        await background.stop()
-        await client.close()
+    async def setup(w: Wiring) -> Monitor:
+        monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker), nodes=DocumentStore(w.db.monitor_nodes,
+                          w.broker), node_timeout_s=settings.node_timeout_s, started_at=utcnow(), link=w.link)
+        w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
+        w.background.spawn("liveness", lambda: liveness_loop(monitor, settings.liveness_check_s))
+        return monitor
 
-    async def start_loops() -> None:
-        monitor: Monitor = broker.context.get("monitor")
-        background.spawn("outbox", lambda: relay(broker, [monitor.jobs.collection, monitor.nodes.collection]))
-        background.spawn("liveness", lambda: liveness_loop(monitor, settings.liveness_check_s))
-
-    return FastStream(broker, lifespan=lifespan, after_startup=[start_loops])
+    return service_app(name=SERVICE, settings=settings, router=router, setup=setup)
 
 
 async def liveness_loop(monitor: Monitor, interval_s: float) -> None:

@@ -1,16 +1,14 @@
 """Placement wiring: a single process that owns the queue and decides where each attempt runs."""
 import os
 import tomllib
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from faststream import FastStream
 from pydantic import Field
 
-from shared.bus import connect, make_broker
-from shared.service import Background, add_health, configure_logging
+from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
-from shared.store import DocumentStore, make_client, relay
+from shared.store import DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet
 from services.placement.handlers import router
@@ -34,38 +32,22 @@ class PlacementSettings(CommonSettings):
 
 def create_app(settings: PlacementSettings | None = None) -> FastStream:
     settings = settings or PlacementSettings()
-    configure_logging(settings.log_level)
-    broker = make_broker(settings.nats_url, name=SERVICE)
-    broker.include_router(router)
-    add_health(broker, SERVICE)
-    background = Background()
 
-    @asynccontextmanager
-    async def lifespan():
-        await connect(broker)
-        client = make_client(settings.mongo_url)
-        db = client[settings.mongo_db]
+    async def setup(w: Wiring) -> Placement:
         cluster = load_cluster_file(settings.cluster_file)
-        fleet = Fleet(store=DocumentStore(db.placement_nodes, broker), provider=make_provider(settings),
+        fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker), provider=make_provider(settings),
                       catalogue=catalogue_from(cluster.get("instance_types", [])))
         config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,
                               pullback_min_remaining_s=settings.pullback_min_remaining_s,
                               migration_s=settings.migration_s)
-        placement = Placement(jobs=DocumentStore(db.placement_jobs, broker), fleet=fleet,
+        placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker), fleet=fleet,
                               slow_factor=settings.slow_factor, config=config, flavors=cluster.get("flavors", []))
         await placement.load()
-        broker.context.set_global("placement", placement)
-        yield
-        await background.stop()
-        await client.close()
+        w.background.spawn("outbox", lambda: relay(w.broker, [placement.jobs.collection, fleet.store.collection]))
+        w.background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
+        return placement
 
-    async def start_loops() -> None:
-        placement: Placement = broker.context.get("placement")
-        background.spawn("outbox", lambda: relay(broker, [placement.jobs.collection,
-                                                          placement.fleet.store.collection]))
-        background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
-
-    return FastStream(broker, lifespan=lifespan, after_startup=[start_loops])
+    return service_app(name=SERVICE, settings=settings, router=router, setup=setup)
 
 
 def make_provider(settings: PlacementSettings) -> LocalProcessProvider:
