@@ -58,7 +58,7 @@ class Estimator:
         model = await self._model(chunk.job_id)
         if model is None:
             return
-        kept = [line for line in chunk.lines if model.observe(line) or ":::MLLOG" in line.line]
+        kept = [(i, line) for i, line in enumerate(chunk.lines) if model.observe(line) or ":::MLLOG" in line.line]
         if kept:
             await self._store(chunk, kept)
         now = time.time()
@@ -104,10 +104,10 @@ class Estimator:
             self.live[job_id] = model
         return model
 
-    async def _store(self, chunk: LogChunk, lines: list[LogLine]) -> None:
-        """Keep the lines that carried metrics or MLLOG records (deterministic ids: redelivery adds nothing)."""
-        docs = [{"_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}:{chunk.lines.index(line)}",
-                 "job_id": chunk.job_id, "t": line.t, "line": line.line} for line in lines]
+    async def _store(self, chunk: LogChunk, lines: list[tuple[int, LogLine]]) -> None:
+        """Keep the lines that carried metrics or MLLOG records (ids by position: redelivery adds nothing)."""
+        docs = [{"_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}:{i}",
+                 "job_id": chunk.job_id, "t": line.t, "line": line.line} for i, line in lines]
         try:
             await self.points.insert_many(docs, ordered=False)
         except BulkWriteError:

@@ -3,7 +3,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
@@ -100,10 +100,9 @@ def _eta_for(points: list[MetricPoint], spec: MetricSpec, now: float) -> Eta | N
     total = abs(spec.target - first.value)
     progress = min(1.0, max(0.0, abs(last.value - first.value) / total)) if total else None
     relative = min(1.0, spread)
-    finish = datetime.fromtimestamp(now + remaining, UTC)
-    return Eta(remaining_s=remaining, finish_time=finish, low_s=remaining * (1 - relative / 2),
-               high_s=remaining * (1 + relative), method="rate", progress=progress,
-               updated_at=finish - timedelta(seconds=remaining))
+    return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
+               low_s=remaining * (1 - relative / 2), high_s=remaining * (1 + relative), method="rate",
+               progress=progress, updated_at=datetime.fromtimestamp(now, UTC))
 
 
 def _trend(points: list[MetricPoint]) -> tuple[float, float]:

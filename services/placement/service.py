@@ -208,9 +208,7 @@ class Placement:
                                 for a in i.assignments}, now)
         for node_id in self.fleet.overdue(now):
             await self.fleet.release(node_id, reason="never registered")
-        started = 0
-        if by_policy or self.fleet.idle_since or self.queue:
-            started += await self._apply(self._policy_pass(by_policy, usage, now), now)
+        started = await self._apply(self._policy_pass(by_policy, usage, now), now)  # also renting, release, pull-back
         rest = [i for i in queued if i not in by_policy and self.queue[i.job_id].state == "queued"]
         if rest:
             candidates = [Candidate(job_id=i.job_id, resource=i.needs, allowed=i.spec.placement.allowed,

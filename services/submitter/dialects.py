@@ -19,7 +19,8 @@ from shared.jobs import JobCreate
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.routes_jobs import ProjectId, create_job
+from services.submitter.routes_jobs import create_job
+from services.submitter.views import ProjectId
 
 IGNORED_ENV = "MODELARTS_V1_IGNORED"
 # ModelArts v1 job statuses ("Job Statuses" table): INIT, WAITING, RUNNING, KILLING, COMPLETED, FAILED, KILLED, LOST.

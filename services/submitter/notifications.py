@@ -13,7 +13,7 @@ from pymongo.errors import DuplicateKeyError
 
 from shared.events import Notification
 from services.submitter.auth import Principal, authenticate
-from services.submitter.routes_jobs import ProjectId
+from services.submitter.views import ProjectId
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["notifications"])

@@ -1,6 +1,6 @@
 """Everything around jobs: users and tokens, nodes, liveness (usage and quotas: routes_billing)."""
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -12,9 +12,9 @@ from shared.clock import utcnow
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
+from services.submitter.rpc import ask
 
 router = APIRouter()
-RPC_TIMEOUT_S = 5
 
 
 class UserCreate(BaseModel):
@@ -33,14 +33,6 @@ class User(BaseModel):
 
 class IssuedToken(User):
     token: str = Field(description="Shown once; only its hash is stored.")
-
-
-async def ask(request: Request, subject: str, payload: Any, *, timeout: float = RPC_TIMEOUT_S) -> Any:
-    try:
-        reply = await request.app.state.broker.request(payload, subject, timeout=timeout)
-        return await reply.decode()
-    except Exception as exc:
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"{subject.split('.')[2]} service did not answer: {exc!r}")
 
 
 @router.post("/v2/users", status_code=201, response_model=IssuedToken, tags=["users"], summary="Create a user")
@@ -109,9 +101,9 @@ async def healthz(request: Request) -> JSONResponse:
         except Exception as exc:
             return {"ok": False, "error": repr(exc)}
 
-    results = await asyncio.gather(*(probe(s) for s in SERVICES), database())
-    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, results[:-1])), "database": results[-1],
-                "bus": {"ok": request.app.state.broker._connection is not None}}
+    *answers, db, bus = await asyncio.gather(*(probe(s) for s in SERVICES), database(),
+                                             request.app.state.broker.ping(timeout=2))
+    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, answers)), "database": db, "bus": {"ok": bus}}
     ok = all(s["ok"] for s in services.values())
     return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "degraded",
                                                                  "services": services})

@@ -2,36 +2,27 @@
 import csv
 import io
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
-from shared.bus import RPC_ADMIT, RPC_NODES, RPC_QUOTAS, RPC_USAGE
+from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE
 from shared.jobs import JobCreate
-from shared.nodes import NodeInfo
 from shared.rpc import (AdmitQuery, AdmitReply, GroupBy, ProjectQuotas, Quota, QuotasReply,
                         QuotasRequest, UsageQuery, UsageReport, UsageTotals)
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
+from services.submitter.views import ProjectId
+from services.submitter.rpc import ask, candidates
 
 router = APIRouter()
 log = logging.getLogger(__name__)
-ProjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The project.")]
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-RPC_TIMEOUT_S = 5
-DEFAULT_DURATION_S = 3600  # a job without expected_duration_s (or max_duration_s) is priced as one hour
-DEFAULT_PRICE_PER_HOUR = 4.0  # when no registered node fits the job, or the monitor does not answer
+DEFAULT_DURATION_S = 3600  # a job without expected_duration_s is priced as one hour
+DEFAULT_PRICE_PER_HOUR = 4.0  # when no node fits the job, or placement does not answer
 CSV_COLUMNS = [name for name in UsageTotals.model_fields]
-
-
-async def ask(request: Request, subject: str, payload: Any, *, timeout: float = RPC_TIMEOUT_S) -> Any:
-    try:
-        reply = await request.app.state.broker.request(payload, subject, timeout=timeout)
-        return await reply.decode()
-    except Exception as exc:
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"{subject.split('.')[2]} service did not answer: {exc!r}")
 
 
 # Usage -----------------------------------------------------------------------------------------------------------
@@ -103,33 +94,21 @@ async def put_user_quota(project_id: ProjectId, user_name: UserName, body: Quota
 # Admission -------------------------------------------------------------------------------------------------------
 
 
-def fits(info: NodeInfo, body: JobCreate) -> bool:
-    """Whether a job could run on this node (the cheapest such node prices it)."""
-    resource, placement = body.spec.resource, body.spec.placement
-    gpus = [g for g in info.gpus if g.memory_gb >= resource.min_gpu_memory_gb
-            and (not placement.gpu_models or g.model in placement.gpu_models)]
-    return (info.allows(placement.allowed) and len(gpus) >= resource.gpu_count
-            and (placement.max_price_per_hour is None or info.price_per_hour <= placement.max_price_per_hour))
-
-
-def predict(body: JobCreate, nodes: list[NodeInfo]) -> tuple[float, float]:
-    """(dollars, GPU-hours): the cheapest fitting node's price x nodes x expected hours."""
-    spec = body.spec
-    seconds = spec.placement.expected_duration_s or spec.max_duration_s or DEFAULT_DURATION_S
-    prices = [n.price_per_hour for n in nodes if fits(n, body)]
-    price = min(prices) if prices else DEFAULT_PRICE_PER_HOUR
-    hours = seconds / 3600
-    return price * spec.resource.node_count * hours, spec.resource.gpu_count * spec.resource.node_count * hours
-
-
-async def fleet(request: Request) -> list[NodeInfo]:
+async def price(request: Request, body: JobCreate, *, project_id: str, user_name: str) -> tuple[float, float]:
+    """(dollars, GPU-hours) of the job's cheapest candidate placement; the default price when none fits or
+    placement does not answer (a silent placement must not stop submissions)."""
+    resource = body.spec.resource
     try:
-        reply = await request.app.state.broker.request({}, RPC_NODES, timeout=2)
-        records = await reply.decode()
-        return [NodeInfo.model_validate(r["info"]) for r in records if r.get("info")]
-    except Exception as exc:  # priced at the default: a silent monitor must not stop submissions
-        log.warning("pricing a job without the fleet (monitor did not answer: %r)", exc)
-        return []
+        options = (await candidates(request, body, project_id=project_id, user_name=user_name)).candidates
+    except ApiError as exc:
+        log.warning("pricing a job without placement: %s", exc.message)
+        options = []
+    cheapest = min(options, key=lambda c: c.expected_cost, default=None)
+    if cheapest is None:
+        hours = (body.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
+        return DEFAULT_PRICE_PER_HOUR * resource.node_count * hours, resource.gpu_count * resource.node_count * hours
+    hours = cheapest.predicted_duration_s / 3600
+    return cheapest.expected_cost, resource.gpu_count * resource.node_count * hours
 
 
 async def admit_job(request: Request, *, project_id: str, user_name: str, body: JobCreate) -> None:
@@ -139,7 +118,7 @@ async def admit_job(request: Request, *, project_id: str, user_name: str, body: 
         project_id=project_id, user_name=user_name, purpose="submit", gpus=gpus)))
     reply = first
     if first.allowed and first.limited:
-        cost, gpu_hours = predict(body, await fleet(request))
+        cost, gpu_hours = await price(request, body, project_id=project_id, user_name=user_name)
         reply = AdmitReply.model_validate(await ask(request, RPC_ADMIT, AdmitQuery(
             project_id=project_id, user_name=user_name, purpose="submit", gpus=gpus, estimated_cost=cost,
             estimated_gpu_hours=gpu_hours)))

@@ -7,16 +7,13 @@ from shared.rpc import Catalogue, Flavor, Pool
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
+from services.submitter.rpc import ask
 
 router = APIRouter(tags=["flavors and pools"])
 
 
 async def fetch(request: Request) -> Catalogue:
-    try:
-        reply = await request.app.state.broker.request({}, RPC_CATALOGUE, timeout=5)
-        return Catalogue.model_validate(await reply.decode())
-    except Exception as exc:
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"placement did not answer: {exc!r}") from None
+    return Catalogue.model_validate(await ask(request, RPC_CATALOGUE, {}))
 
 
 @router.get("/v2/flavors", summary="Resource shapes a job may name with spec.resource.flavor_id")

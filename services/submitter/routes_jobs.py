@@ -3,26 +3,27 @@ import logging
 import uuid
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
-from shared.bus import RPC_CANDIDATES, RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
+from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
-from shared.rpc import CandidatesQuery, CandidatesReply, MetricsQuery, MetricsReport
+from shared.rpc import MetricsQuery, MetricsReport
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
 from services.submitter.logs import follow, read_all
 from services.submitter.repository import NameTaken, Repository
 from services.submitter.routes_catalogue import resolve
-from services.submitter.views import Job, JobList, new_job, render
+from services.submitter.rpc import ask, candidates
+from services.submitter.routes_billing import admit_job
+from services.submitter.views import Job, JobList, ProjectId, new_job, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
 FINISHED_NAMES = [p.value for p in FINISHED]
-ProjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The project the job belongs to.")]
 log = logging.getLogger(__name__)
 
 
@@ -52,7 +53,6 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
     body = await resolve(request, body)
     if dry_run:
         return await estimate(project_id, body, request, principal)
-    from services.submitter.routes_billing import admit_job  # routes_billing imports nothing from here
     await admit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
     repository = repo(request)
     now = utcnow()
@@ -74,14 +74,9 @@ async def estimate(project_id: str, body: JobCreate, request: Request, principal
     if await repo(request).jobs.find_one({"project_id": project_id, "name": body.metadata.name}, {"_id": 1}):
         raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
                                                 f"{project_id}")
-    query = CandidatesQuery(spec=body.spec, user_name=principal.user_name, project_id=project_id)
-    try:
-        reply = await request.app.state.broker.request(query, RPC_CANDIDATES, timeout=5)
-        candidates = CandidatesReply.model_validate(await reply.decode())
-    except Exception as exc:
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"placement did not answer: {exc!r}") from None
+    answer = await candidates(request, body, project_id=project_id, user_name=principal.user_name)
     return JSONResponse({"dry_run": True, "valid": True, "project_id": project_id, "name": body.metadata.name,
-                         **candidates.model_dump(mode="json")})
+                         **answer.model_dump(mode="json")})
 
 
 @router.get("", response_model=JobList, summary="List training jobs")
@@ -149,12 +144,8 @@ async def delete_job(project_id: ProjectId, job_id: str, request: Request,
 async def metrics(project_id: ProjectId, job_id: str, request: Request, principal: Principal = Depends(authenticate),
                   max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
     await load(repo(request), principal, project_id, job_id)
-    try:
-        reply = await request.app.state.broker.request(MetricsQuery(job_id=job_id, max_points=max_points),
-                                                       RPC_METRICS, timeout=5)
-        return MetricsReport.model_validate(await reply.decode())
-    except Exception as exc:
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE, f"estimator did not answer: {exc!r}") from None
+    return MetricsReport.model_validate(await ask(request, RPC_METRICS, MetricsQuery(job_id=job_id,
+                                                                                     max_points=max_points)))
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="Read a training job's output")
