@@ -110,7 +110,11 @@ def evaluate_split(train, test, *, folds: int = 3, seed: int = 0) -> dict[str, d
     """Per-method, per-cut rows of one train/test split."""
     predictor = train_with_calibration(train, folds=folds, seed=seed)
     baselines = {"median_duration": MedianDuration(train),
-                 "work_over_throughput": WorkOverThroughput(train), "optimus_only": CurveOnly()}
+                 "work_over_throughput": WorkOverThroughput(train), "optimus_only": CurveOnly(),
+                 # Not a method: the median work of every run with the same benchmark and batch
+                 # size, the test runs included, over the live rate. What is left of its error
+                 # is run-to-run variance no feature known before the cut can explain (seeds).
+                 "bound_median_work_all_runs": WorkOverThroughput(train + test)}
     rows: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
     for run in test:
         est = make_estimator(run, predictor)
@@ -120,7 +124,9 @@ def evaluate_split(train, test, *, folds: int = 3, seed: int = 0) -> dict[str, d
             pred = now + e.remaining_s if math.isfinite(e.remaining_s) else None
             rows["eta_blend"][frac].append({"truth": run.duration_s, "now": now, "pred": pred,
                                             "low": e.low_s, "high": e.high_s,
-                                            "benchmark": run.benchmark})
+                                            "benchmark": run.benchmark, "run_id": run.run_id,
+                                            "method": e.method,
+                                            "components": est.snapshot(now)[1]})
             for name, base in baselines.items():
                 rows[name][frac].append({"truth": run.duration_s, "now": now,
                                          "pred": base.total(run, now, est),

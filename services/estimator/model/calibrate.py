@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 from typing import Callable, Iterable
 
 from services.estimator.model.blend import fit_table
@@ -10,7 +11,12 @@ from services.estimator.model.features import features_from_run
 from services.estimator.model.history import HistoryPredictor
 from services.estimator.model.online import OnlineEstimator
 
-CALIBRATION_CUTS = (0.03, 0.07, 0.1, 0.13, 0.17, 0.2, 0.25, 0.3, 0.35, 0.45, 0.55, 0.7, 0.85)
+# Each calibration run is cut at this many fractions of its duration drawn at random (seeded by
+# the run): a fixed grid would teach each fraction bucket the grid's own quirks (a bucket edge
+# at 0.2 with samples at exactly 0.2 leaks truth/estimate into the bucket index) rather than
+# what an estimate asked at any moment of a run looks like.
+CALIBRATION_CUTS_PER_RUN = 13
+CALIBRATION_RANGE = (0.02, 0.9)
 MAX_RUNS_PER_BENCHMARK = 120  # enough for the quantiles; keeps calibration under a minute
 
 
@@ -37,11 +43,19 @@ def replay(run, estimator, cuts: Iterable[float], visit: Callable) -> None:
         visit(frac, now, estimator)
 
 
-def calibration_samples(runs, predictor: HistoryPredictor, *, cuts=CALIBRATION_CUTS) -> list[dict]:
-    """Components and truth of every run at every cut, for `blend.fit_table`."""
+def calibration_cuts(run_id: str, n: int = CALIBRATION_CUTS_PER_RUN) -> list[float]:
+    """Fractions of a run's duration to cut it at, random but the same on every call."""
+    rng = random.Random(zlib.crc32(run_id.encode()))
+    lo, hi = CALIBRATION_RANGE
+    return sorted(rng.uniform(lo, hi) for _ in range(n))
+
+
+def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
+    """Components and truth of every run at its calibration cuts, for `blend.fit_table`."""
     samples = []
     for run in runs:
         est = make_estimator(run, predictor, use_calibration=False)
+        cuts = calibration_cuts(run.run_id)
 
         def visit(_, now, est, run=run):
             fraction, comps = est.snapshot(now)

@@ -26,9 +26,23 @@ def accelerator_tflops(name: str) -> float | None:
 
 
 def normalise_accelerator(name: str) -> str:
-    """Collapse spelling variants ("NVIDIA A100 - PCIe - 80 GB") into one vocabulary word."""
-    key = name.lower().replace(" ", "").replace("(r)", "").replace("-", "")
-    return key or "unknown"
+    """One vocabulary word per accelerator model: its row of the TFLOPS table when it has one
+    ("NVIDIA H100-SXM5-80GB" and "H100-SXM-80GB" are both "h100"), else the squeezed name."""
+    key = name.lower().replace(" ", "").replace("(r)", "")
+    for needle, _ in ACCELERATOR_TFLOPS:
+        if needle in key:
+            return needle
+    return key.replace("-", "") or "unknown"
+
+
+# Per-accelerator TFLOPS assumed when the model is not in the table (the flag feature
+# `tflops_known` lets the network correct for it).
+FALLBACK_TFLOPS = 150.0
+
+
+def compute_tflops(feat: JobFeatures) -> float:
+    """Peak TFLOPS of all the job's accelerators together (fallback when unknown)."""
+    return (feat.tflops or FALLBACK_TFLOPS) * max(1, feat.accelerators)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -10,9 +11,11 @@ import torch
 from torch import nn
 
 from services.estimator.model.features import (
-    CATEGORICAL, NUMERIC, JobFeatures, categorical_values, features_from_run, numeric_values)
+    CATEGORICAL, NUMERIC, JobFeatures, categorical_values, compute_tflops, features_from_run,
+    numeric_values)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
 # Interval quantiles: the service reports a 10-90% band.
 Q_LOW, Q_HIGH = 0.10, 0.90
 
@@ -32,7 +35,11 @@ class HistoryPrior:
 
 # Work to target is a property of the algorithm and its hyper-parameters, not of the
 # hardware: the work head sees only these inputs, which stops it learning spurious
-# accelerator effects from a few submitters. The duration head sees everything.
+# accelerator effects from a few submitters. The duration head sees everything, and it
+# predicts a cost per unit of work per peak TFLOPS (log seconds x TFLOPS / work), not the
+# duration itself: duration = work x cost / TFLOPS. Scale is then physics, not something the
+# network must extrapolate to a system four times larger than any it was shown; what it
+# learns is how far a system falls short of its peak (interconnect, software, small batches).
 WORK_INPUTS = ("benchmark", "task", "family", "batch_size", "learning_rate")
 
 
@@ -88,9 +95,10 @@ class HistoryPredictor:
         """Fit on corpus runs; out-of-fold residuals by submitter calibrate the bands."""
         feats = [features_from_run(r) for r in runs]
         y = np.log([[r.total_work, r.duration_s] for r in runs])
+        cost = _unit_cost(feats, y)
         groups = [r.submitter for r in runs]
-        resid = self._oof_residuals(feats, y, groups, folds) if folds > 1 else None
-        self._fit(feats, y)
+        resid = self._oof_residuals(feats, y, cost, groups, folds) if folds > 1 else None
+        self._fit(feats, cost)
         self.work_table = _work_table(feats, y[:, 0])
         self.duration_table = _duration_table(feats, y[:, 1])
         if resid is None:
@@ -98,7 +106,7 @@ class HistoryPredictor:
         self._set_quantiles([f.benchmark for f in feats], resid)
         return self
 
-    def _oof_residuals(self, feats, y, groups, folds):
+    def _oof_residuals(self, feats, y, cost, groups, folds):
         names = sorted(set(groups))
         rng = np.random.default_rng(self.seed)
         rng.shuffle(names)
@@ -109,7 +117,7 @@ class HistoryPredictor:
             if test.all() or not test.any():
                 continue
             part = HistoryPredictor(hidden=self.hidden, epochs=self.epochs, seed=self.seed)
-            part._fit([f for f, t in zip(feats, test) if not t], y[~test])
+            part._fit([f for f, t in zip(feats, test) if not t], cost[~test])
             seen = [f for f, t in zip(feats, test) if not t]
             part.work_table = _work_table(seen, y[~test, 0])
             part.duration_table = _duration_table(seen, y[~test, 1])
@@ -135,12 +143,17 @@ class HistoryPredictor:
         for b in set(benches):
             mask = np.array([x == b for x in benches])
             self.offsets[b] = tuple(float(v) for v in y[mask].mean(axis=0))
+        # Every run is shown twice, the second time with its accelerator unknown: a model of a
+        # held-out accelerator (a new GPU, a submitter's own) then falls back on its TFLOPS, not
+        # on whatever an untrained one-hot column happens to add.
+        unseen = [dataclasses.replace(f, accelerator=UNSEEN_ACCELERATOR) for f in feats]
         self.x_mean, self.x_std = np.zeros(1, np.float32), np.ones(1, np.float32)
-        raw = self._encode(feats).numpy()
+        raw = self._encode(feats + unseen).numpy()
         self.x_mean = raw.mean(axis=0)
         self.x_std = raw.std(axis=0) + 1e-6
-        x = self._encode(feats)
-        target = torch.tensor(y - np.array([self._offset(b) for b in benches]), dtype=torch.float32)
+        x = self._encode(feats + unseen)
+        target = y - np.array([self._offset(b) for b in benches])
+        target = torch.tensor(np.concatenate([target, target]), dtype=torch.float32)
         self.model = _MLP(x.shape[1], self.hidden, self._work_mask())
         opt = torch.optim.Adam(self.model.parameters(), lr=3e-3, weight_decay=1e-4)
         for _ in range(self.epochs):
@@ -173,18 +186,19 @@ class HistoryPredictor:
         with torch.no_grad():
             out = self.model(self._encode(feats)).numpy()
         offs = np.array([self._offset(f.benchmark) for f in feats])
-        preds = [tuple(float(v) for v in np.exp(row)) for row in out + offs]
+        preds = [tuple(float(v) for v in np.exp(row)) for row in out + offs]  # work, unit cost
         # Where the same benchmark ran with the same batch size often enough, the median work
         # of those runs beats the network (checked on submitter-held-out splits).
         # With no such runs, the network is shrunk halfway (in log) to the benchmark median:
         # batch-size extrapolation by the network is noisy for unseen batch sizes.
         out = []
-        for f, (w, d) in zip(feats, preds):
+        for f, (w, cost) in zip(feats, preds):
             bench = self.work_table.get(f"{f.benchmark}|*")
             shrunk = math.sqrt(w * bench) if bench else w
+            work = self.work_table.get(_work_key(f), shrunk)
             # The same system configuration seen often enough: its median duration.
-            out.append((self.work_table.get(_work_key(f), shrunk),
-                        self.duration_table.get(_duration_key(f), d)))
+            out.append((work, self.duration_table.get(_duration_key(f),
+                                                      work * cost / compute_tflops(f))))
         return out
 
     def prior(self, features: JobFeatures) -> HistoryPrior:
@@ -238,6 +252,13 @@ class HistoryPredictor:
 
 
 MIN_RUNS_FOR_TABLE = 5
+
+
+def _unit_cost(feats: list[JobFeatures], y: np.ndarray) -> np.ndarray:
+    """[log work, log duration] -> [log work, log(duration x total TFLOPS / work)]."""
+    out = y.copy()
+    out[:, 1] = y[:, 1] - y[:, 0] + np.log([compute_tflops(f) for f in feats])
+    return out
 
 
 def _work_key(feat: JobFeatures) -> str:

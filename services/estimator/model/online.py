@@ -58,7 +58,10 @@ class OnlineEstimator:
         """Record progress (samples, steps or epochs) and/or a metric value at a time."""
         t = float(t_seconds) - self.start_time
         if progress is not None and math.isfinite(progress):
-            if not self._marks_p or progress >= self._marks_p[-1]:
+            # A mark repeating the last progress (the evaluation logged after a block ends)
+            # is dropped: the time a progress was first reached is what measures the rate,
+            # and a flat pair of marks would read as a stall.
+            if not self._marks_p or progress > self._marks_p[-1]:
                 self._marks_t.append(t)
                 self._marks_p.append(float(progress))
                 if len(self._marks_t) > MAX_MARKS:

@@ -76,3 +76,19 @@ def test_load_rejects_other_format_version(trained, tmp_path):
     torch.save(state, tmp_path / "old.pt")
     with pytest.raises(ValueError):
         HistoryPredictor.load(tmp_path / "old.pt")
+
+
+def test_duration_scales_with_a_system_larger_than_any_trained_on(trained):
+    # Trained on 8 and 16 accelerators: 64 must come out faster, near the 4x its TFLOPS give.
+    _, model = trained
+    feats = [JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB",
+                         accelerators=n) for n in (16, 64)]
+    sixteen, sixty_four = (model.predict(f)[0] for f in feats)
+    assert 2.0 < sixteen / sixty_four < 8.0
+
+
+def test_accelerator_spellings_share_one_vocabulary_word():
+    from services.estimator.model.features import normalise_accelerator
+    assert normalise_accelerator("NVIDIA H100-SXM5-80GB") == normalise_accelerator("H100-SXM-80GB")
+    assert normalise_accelerator("NVIDIA H100-PCIe-80GB") != normalise_accelerator("NVIDIA H100-SXM5-80GB")
+    assert normalise_accelerator("Some New Chip") == "somenewchip"

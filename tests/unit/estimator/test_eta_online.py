@@ -92,3 +92,13 @@ def test_metric_without_progress_is_fitted_against_time():
     e = est.estimate(150.0)
     assert e.method == "curve"
     assert 150.0 + e.remaining_s == pytest.approx(300.0, rel=0.2)
+
+
+def test_evaluation_repeating_the_last_progress_does_not_read_as_a_stall():
+    # MLPerf logs a block's end and then its evaluation at the same sample count, seconds later.
+    est = OnlineEstimator(total_work=4000.0)
+    est.observe(100.0, progress=1000.0)
+    est.observe(120.0, progress=1000.0, metric_value=0.5)
+    rate, t_last, p_last = est.rate()
+    assert rate == pytest.approx(10.0) and (t_last, p_last) == (100.0, 1000.0)
+    assert est.estimate(130.0).remaining_s == pytest.approx(270.0)
