@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec, Parameter
 from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstimator, parse_mllog_line
-from services.estimator.model.targets import TARGETS
+from services.estimator.model.mllog import mark_progress
+from services.estimator.model.targets import TARGETS, metric_scalar
 from services.estimator.tracker import JobTracker
 
 # MLLOG header keys that describe the run (MLPerf logs carry them before training starts).
@@ -18,6 +19,7 @@ PARAMETER_KEYS = {"benchmark": "benchmark", "task": "benchmark", "batch_size": "
 # Parameters naming the hardware the features refer to (a replay of another system's run, say); they win over
 # the node's own GPUs.
 HARDWARE_KEYS = ("accelerator", "accelerators", "nodes")
+MAX_SEEN = 1024  # observations kept to rebuild the online estimator (a newer model, completed features)
 
 
 @dataclass
@@ -31,7 +33,10 @@ class JobModel:
     gpus: int = 1
     nodes: int = 1
     online: OnlineEstimator | None = None
-    prior_version: int | None = None
+    # MLLOG `run_start`: the timed run begins after initialisation; history durations are measured from it.
+    run_started_at: float | None = None
+    built_from: tuple | None = None  # (model version, features, start) the online estimator was built with
+    seen: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (t, progress, value)
 
     def __post_init__(self) -> None:
         self.tracker = JobTracker(self.metrics)
@@ -54,16 +59,35 @@ class JobModel:
         record = parse_mllog_line(line.line)
         if record is not None and record.key in FEATURE_KEYS:
             self._feature(FEATURE_KEYS[record.key], record.value)
-        if self.online is None:
-            return points
+        if record is not None and record.key == "run_start" and self.run_started_at is None:
+            self.run_started_at = line.t
+        seen = self._observation(record, points)
+        if seen is not None and seen != (None, None):
+            self.seen.append((line.t, *seen))
+            if len(self.seen) > MAX_SEEN:  # older half thinned: a rebuild replays the shape, not every step
+                half = len(self.seen) // 2
+                self.seen = self.seen[:half:2] + self.seen[half:]
+            if self.online is not None:
+                self.online.observe(line.t, progress=seen[0], metric_value=seen[1])
+        return points
+
+    def _observation(self, record, points) -> tuple[float | None, float | None] | None:
+        """(progress, target metric value) a line carries for the online estimator."""
         target = self._target()
+        benchmark = self.features.get("benchmark")
+        if record is not None and benchmark:
+            # An MLPerf-style log: progress and metric read exactly as the corpus the model learned from.
+            progress = mark_progress(record, str(benchmark), float(self.features.get("batch_size", 0) or 0))
+            value = None
+            if target and record.key == target[0]:
+                value = metric_scalar(str(benchmark), record.value, record.metadata)
+            return progress, value
         for point in points:
             if target and point.name == target[0]:  # the metric point carries its progress too
-                self.online.observe(line.t, progress=point.step, metric_value=point.value)
-                return points
-        if record is not None and (progress := record.progress()) is not None:
-            self.online.observe(line.t, progress=progress)
-        return points
+                return point.step, point.value
+        if record is not None:
+            return record.progress(), None
+        return None
 
     def estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
         """The blended estimate once something is known; the plain rate estimate otherwise."""
@@ -83,27 +107,29 @@ class JobModel:
             return None
         return JobFeatures(benchmark=str(benchmark), batch_size=float(self.features.get("batch_size", 0) or 0),
                            learning_rate=float(self.features.get("learning_rate", 0) or 0),
-                           accelerator=self.accelerator, accelerators=self.gpus, nodes=self.nodes)
+                           accelerator=self.accelerator, accelerators=self.gpus * self.nodes, nodes=self.nodes)
 
     def _ensure_online(self, predictor: HistoryPredictor | None, version: int | None) -> None:
         """(Re)build the online estimator when a target is known, or when a newer history model arrives."""
         target = self._target()
         features = self.job_features()
         with_prior = predictor is not None and features is not None
-        if self.online is not None and (not with_prior or self.prior_version == version):
+        start = self.run_started_at or self.started_at or 0.0
+        # Rebuilt when a newer model arrives, when the log completes the features (the batch size comes a few
+        # lines after the benchmark), or when the timed run begins: the prior is for what is known now.
+        built_from = (version if with_prior else None, features, start)
+        if self.online is not None and self.built_from == built_from:
             return
         if target is None and not with_prior:
             return
         prior = predictor.prior(features) if with_prior else None
-        self.online = OnlineEstimator(start_time=self.started_at or 0.0, target=target[1] if target else None,
+        self.built_from = built_from
+        self.online = OnlineEstimator(start_time=start, target=target[1] if target else None,
                                       mode=target[2] if target else "max", prior=prior,
                                       calibration=predictor.blend if with_prior else None,
                                       key=features.benchmark if features else None)
-        self.prior_version = version if with_prior else None
-        for name, points in self.tracker.points.items():  # replay what was seen before
-            for p in points:
-                self.online.observe(p.t, progress=p.step, metric_value=p.value if target and name == target[0]
-                                    else None)
+        for t, progress, value in self.seen:  # replay what was seen before
+            self.online.observe(t, progress=progress, metric_value=value)
 
     def _target(self) -> tuple[str, float, str] | None:
         """(metric name, target, mode): the job's own, else MLPerf's for its benchmark."""

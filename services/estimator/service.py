@@ -75,7 +75,9 @@ class Estimator:
         """A duration before the job starts, from the history model (when one is trained)."""
         if self.models.predictor is None:
             return PredictReply()
-        duration, low, high = self.models.predictor.predict(JobFeatures(**query.model_dump()))
+        # The query counts accelerators per node; the model, like MLPerf's systems, counts them all.
+        fields = query.model_dump() | {"accelerators": query.accelerators * query.nodes}
+        duration, low, high = self.models.predictor.predict(JobFeatures(**fields))
         return PredictReply(duration_s=duration, low_s=low, high_s=high, model_version=self.models.version)
 
     async def metrics(self, query: MetricsQuery) -> MetricsReport:

@@ -8,6 +8,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.estimator.model.mllog import mark_progress as mllog_mark_progress
 from services.estimator.model.mllog import parse_mllog_line
 from services.estimator.model.targets import TARGETS, metric_scalar, reached
 
@@ -166,38 +167,8 @@ def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
 
 
 def mark_progress(rec, run: Run) -> float | None:
-    """Progress a record marks, in the benchmark's majority unit (None when unknown).
-
-    Which keys agree with the eval progress was checked against the v3.1/v4.0 logs:
-    tracked_stats `step` and block_stop `first_epoch_num` alone use other units.
-    """
-    md = rec.metadata
-    if rec.key == "tracked_stats":
-        value = md.get("epoch_num")
-    elif rec.key == "epoch_stop":
-        value = md.get("epoch_num")
-        # ssd counts epochs from 0 at epoch_stop but from 1 at eval.
-        value = value + 1 if run.benchmark == "ssd" and _is_num(value) else value
-    elif rec.key == "block_stop":
-        value = md.get("samples_count")
-        if value is None and _is_num(md.get("first_epoch_num")) and _is_num(md.get("epoch_count")):
-            value = md["first_epoch_num"] + md["epoch_count"]
-    else:
-        value = md.get("samples_count", md.get("epoch_num"))
-        if run.benchmark == "stable_diffusion":
-            value = md.get("samples_count")
-        if value is None and _is_num(md.get("step_num")) and run.benchmark == "stable_diffusion":
-            value = md["step_num"] * run.batch_size
-    if not _is_num(value):
-        return None
-    # unet3d: some logs count epochs, most count samples (KiTS19: 168 cases per epoch).
-    if run.benchmark == "unet3d" and value < 1e4:
-        value *= 168.0
-    return float(value)
-
-
-def _is_num(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Progress a record of `run` marks, in the benchmark's majority unit (see `mllog.mark_progress`)."""
+    return mllog_mark_progress(rec, run.benchmark, run.batch_size)
 
 
 def _timeline(records, run: Run) -> list[Observation]:

@@ -53,7 +53,7 @@ class JobFeatures:
     batch_size: float = 0.0
     learning_rate: float = 0.0
     accelerator: str = "unknown"
-    accelerators: int = 1
+    accelerators: int = 1  # all of the job's accelerators: per node x nodes
     nodes: int = 1
     tflops: float | None = None
     task: str | None = None

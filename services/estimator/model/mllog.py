@@ -31,6 +31,50 @@ class LogRecord:
         return None
 
 
+# Records whose progress marks work already done; an epoch_start announces work about to start.
+MARK_KEYS = frozenset({"eval_accuracy", "epoch_stop", "block_stop", "tracked_stats"})
+KITS19_CASES_PER_EPOCH = 168.0
+
+
+def mark_progress(rec: LogRecord, benchmark: str, batch_size: float = 0.0) -> float | None:
+    """Progress a record marks, in the benchmark's majority unit (None when it marks none).
+
+    The corpus loader and the live estimator both read logs through this, so a running job's
+    progress is in the units the history model learned. Which keys agree with the eval progress
+    was checked against the v3.1/v4.0 logs: tracked_stats `step` and block_stop
+    `first_epoch_num` alone use other units.
+    """
+    if rec.key not in MARK_KEYS:
+        return None
+    md = rec.metadata
+    if rec.key == "tracked_stats":
+        value = md.get("epoch_num")
+    elif rec.key == "epoch_stop":
+        value = md.get("epoch_num")
+        # ssd counts epochs from 0 at epoch_stop but from 1 at eval.
+        value = value + 1 if benchmark == "ssd" and _is_num(value) else value
+    elif rec.key == "block_stop":
+        value = md.get("samples_count")
+        if value is None and _is_num(md.get("first_epoch_num")) and _is_num(md.get("epoch_count")):
+            value = md["first_epoch_num"] + md["epoch_count"]
+    else:
+        value = md.get("samples_count", md.get("epoch_num"))
+        if benchmark == "stable_diffusion":
+            value = md.get("samples_count")
+        if value is None and _is_num(md.get("step_num")) and benchmark == "stable_diffusion":
+            value = md["step_num"] * batch_size
+    if not _is_num(value):
+        return None
+    # unet3d: some logs count epochs, most count samples.
+    if benchmark == "unet3d" and value < 1e4:
+        value *= KITS19_CASES_PER_EPOCH
+    return float(value)
+
+
+def _is_num(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def parse_mllog_line(line: str) -> LogRecord | None:
     """Return the record of a `:::MLLOG {json}` line, or None for any other line."""
     start = line.find(MLLOG_PREFIX)
