@@ -1,4 +1,6 @@
 """Driving jobs through the REST API."""
+import asyncio
+
 import httpx
 
 from tests.conftest import eventually, wait_until_ready
@@ -29,6 +31,18 @@ async def logs(api: httpx.AsyncClient, project: str, job_id: str) -> str:
     response = await api.get(f"/v2/{project}/training-jobs/{job_id}/logs")
     assert response.status_code == 200, response.text
     return response.text
+
+
+async def logs_containing(api: httpx.AsyncClient, project: str, job_id: str, *needles: str,
+                          timeout_s: float = 20) -> str:
+    """The job's log once every needle is in it: logs travel on their own stream, so a job can be Completed a
+    moment before its last lines are stored."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        text = await logs(api, project, job_id)
+        if all(n in text for n in needles) or asyncio.get_running_loop().time() > deadline:
+            return text
+        await asyncio.sleep(0.3)
 
 
 def restart_agent(stack, node_id: str) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.helpers import logs, submit, wait_phase
+from tests.e2e.helpers import logs_containing, submit, wait_phase
 from tests.factories import job_body
 
 pytestmark = pytest.mark.e2e
@@ -19,7 +19,7 @@ async def test_an_engine_is_prepared_once_per_node_and_reused(api, project, stat
                                                "sys.prefix)'", engine=engine, **ON_RESERVED)
     done = await wait_phase(api, project, first["metadata"]["id"], "Completed", "Failed", timeout_s=240)
     assert done["status"]["phase"] == "Completed", done["status"]
-    text = await logs(api, project, first["metadata"]["id"])
+    text = await logs_containing(api, project, first["metadata"]["id"], "six 1.16.0", "preparing engine six-env")
     assert "six 1.16.0" in text and "[trainmaster] preparing engine six-env: pip install six==1.16.0" in text
     assert ("Pending", "Preparing") in status_log.phases[first["metadata"]["id"]]
 
@@ -27,7 +27,7 @@ async def test_an_engine_is_prepared_once_per_node_and_reused(api, project, stat
                           engine=engine, **ON_RESERVED)
     done = await wait_phase(api, project, second["metadata"]["id"], "Completed", "Failed", timeout_s=60)
     assert done["status"]["phase"] == "Completed", done["status"]
-    text = await logs(api, project, second["metadata"]["id"])
+    text = await logs_containing(api, project, second["metadata"]["id"], "six again 1.16.0", "ready (cached")
     assert "six again 1.16.0" in text and "ready (cached environment" in text and "preparing engine" not in text
     assert ("Pending", "Preparing") not in status_log.phases[second["metadata"]["id"]]
 
@@ -49,7 +49,8 @@ async def test_code_is_fetched_and_its_boot_file_run(api, project, tmp_path):
     job = await submit(api, project, command="", code_dir=f"file://{code}", boot_file="train.py")
     done = await wait_phase(api, project, job["metadata"]["id"], "Completed", "Failed")
     assert done["status"]["phase"] == "Completed", done["status"]
-    assert "hello from the code dir" in await logs(api, project, job["metadata"]["id"])
+    assert "hello from the code dir" in await logs_containing(api, project, job["metadata"]["id"],
+                                                              "hello from the code dir")
 
 
 WRITER = r'''
