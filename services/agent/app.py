@@ -1,5 +1,4 @@
 """Agent wiring: one process per compute node."""
-import asyncio
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,7 +57,7 @@ def create_app(settings: AgentSettings) -> FastStream:
 
     async def started() -> None:
         await agent.register()
-        background.spawn("heartbeat", lambda: heartbeat_loop(agent, settings.heartbeat_interval_s))
+        background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
     async def stopping() -> None:
@@ -68,12 +67,3 @@ def create_app(settings: AgentSettings) -> FastStream:
     app = FastStream(broker, lifespan=lifespan, after_startup=[started], on_shutdown=[stopping])
     app.agent = agent
     return app
-
-
-async def heartbeat_loop(agent: Agent, interval_s: float) -> None:
-    while True:
-        try:
-            await agent.heartbeat()
-        except Exception as exc:
-            log.warning("heartbeat failed: %r", exc)
-        await asyncio.sleep(interval_s)

@@ -1,5 +1,4 @@
 """Billing wiring: the append-only ledgers of attempts and node lifetimes, quotas, budget alerts."""
-import asyncio
 import logging
 
 from faststream import FastStream
@@ -20,16 +19,6 @@ class BillingSettings(CommonSettings):
     budget_check_s: float = Field(5.0, gt=0, description="How often running attempts are checked against budgets.")
 
 
-async def check_budgets_forever(billing: Billing, *, interval_s: float) -> None:
-    """Running attempts spend money without any event: look at every budget now and then."""
-    while True:
-        try:
-            await billing.check_all_budgets()
-        except TRANSIENT_ERRORS as exc:
-            log.warning("budget check: %r", exc)
-        await asyncio.sleep(interval_s)
-
-
 def create_app(settings: BillingSettings | None = None) -> FastStream:
     settings = settings or BillingSettings()
 
@@ -48,7 +37,8 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
             log.info("ledger: %d lines given Unix-second bounds", backfilled)
         await billing.open.create_index("node_id")
         await billing.nodes.create_index("ended_at")
-        w.background.spawn("budgets", lambda: check_budgets_forever(billing, interval_s=settings.budget_check_s))
+        # Running attempts spend money without any event: look at every budget now and then.
+        w.background.every("budgets", settings.budget_check_s, billing.check_all_budgets, tolerate=TRANSIENT_ERRORS)
         return billing
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

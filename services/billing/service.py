@@ -81,24 +81,27 @@ class Billing:
             return
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
         known = await self.node_info.find_one({"_id": node.node_id}) or {}
-        await self.node_info.replace_one({"_id": node.node_id}, {**known, **info, "_id": node.node_id}, upsert=True)
-        await self._open_node(node.node_id, at=event.occurred_at, source="registered")
+        info = {**known, **info, "_id": node.node_id}
+        await self.node_info.replace_one({"_id": node.node_id}, info, upsert=True)
+        await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=info)
 
     async def provisioned(self, event: NodeProvisioned) -> None:
         if self.node_info is None:
             return
         info = {"kind": "on_demand", "gpu_count": event.gpu_count, "price_per_hour": event.price_per_hour,
-                "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id}
-        await self.node_info.replace_one({"_id": event.node_id}, {**info, "_id": event.node_id}, upsert=True)
-        await self._open_node(event.node_id, at=event.provisioned_at, source="provisioned")
+                "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id,
+                "_id": event.node_id}
+        await self.node_info.replace_one({"_id": event.node_id}, info, upsert=True)
+        await self._open_node(event.node_id, at=event.provisioned_at, source="provisioned", info=info)
 
     async def released(self, event: NodeReleased) -> None:
         await self._close_node(event.node_id, ended_at=event.released_at, reason=f"released: {event.reason}")
 
-    async def _open_node(self, node_id: str, *, at: datetime, source: str) -> None:
+    async def _open_node(self, node_id: str, *, at: datetime, source: str, info: dict | None = None) -> None:
+        """Open a node's lifetime; `info` is what billing knows of the node (read when the caller has not)."""
         if self.node_info is None:
             return
-        info = await self.node_info.find_one({"_id": node_id})
+        info = info or await self.node_info.find_one({"_id": node_id})
         if info is None:
             return
         opened = open_lifetime(node_id=node_id, kind=info["kind"], price_per_hour=info["price_per_hour"],
@@ -253,10 +256,10 @@ class Billing:
         user_limits = limits.users.get(query.user_name)
         if not _limited(limits) and not (user_limits and _limited(user_limits)):
             return AdmitReply(allowed=True)
-        report = await self.usage(UsageQuery(project_id=query.project_id, start=policy.month_start(utcnow())))
         if query.purpose == "submit" and query.estimated_cost == 0 and query.estimated_gpu_hours == 0 \
                 and query.gpus == 0:
             return AdmitReply(allowed=True, limited=True)  # a first look: the caller prices the job next
+        report = await self.usage(UsageQuery(project_id=query.project_id, start=policy.month_start(utcnow())))
         refusal = policy.check(limits, scope=query.project_id, used=report.total, gpus_in_use=report.gpus_in_use,
                                query=query)
         if refusal is None and user_limits is not None:

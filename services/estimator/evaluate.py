@@ -125,8 +125,7 @@ def evaluate_split(train, test, *, folds: int = 3, seed: int = 0) -> dict[str, d
             rows["eta_blend"][frac].append({"truth": run.duration_s, "now": now, "pred": pred,
                                             "low": e.low_s, "high": e.high_s,
                                             "benchmark": run.benchmark, "run_id": run.run_id,
-                                            "method": e.method,
-                                            "components": est.snapshot(now)[1]})
+                                            "method": e.method})
             for name, base in baselines.items():
                 rows[name][frac].append({"truth": run.duration_s, "now": now,
                                          "pred": base.total(run, now, est),

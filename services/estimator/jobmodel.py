@@ -62,7 +62,7 @@ class JobModel:
         if record is not None and record.key == "run_start" and self.run_started_at is None:
             self.run_started_at = line.t
         seen = self._observation(record, points)
-        if seen is not None and seen != (None, None):
+        if seen is not None:
             self.seen.append((line.t, *seen))
             if len(self.seen) > MAX_SEEN:  # older half thinned: a rebuild replays the shape, not every step
                 half = len(self.seen) // 2
@@ -81,13 +81,12 @@ class JobModel:
             value = None
             if target and record.key == target[0]:
                 value = metric_scalar(str(benchmark), record.value, record.metadata)
-            return progress, value
+            return None if progress is None and value is None else (progress, value)
         for point in points:
             if target and point.name == target[0]:  # the metric point carries its progress too
                 return point.step, point.value
-        if record is not None:
-            return record.progress(), None
-        return None
+        progress = record.progress() if record is not None else None
+        return None if progress is None else (progress, None)
 
     def estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
         """The blended estimate once something is known; the plain rate estimate otherwise."""

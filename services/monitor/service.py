@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.bus import BusLink, publish
+from shared.clock import utcnow
 from shared.events import JobStatusChanged, NodeTasksLost, TaskRef
 from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
@@ -81,6 +82,11 @@ class Monitor:
             if superseded:
                 await publish(self.jobs.broker, stop(ref.job_id, ref.attempt, node_id, rank=ref.rank,
                                                      reason="fenced", grace_s=0, now=now))
+
+    async def check_liveness(self) -> None:
+        """Nodes that went silent, and jobs that ran past their max_duration_s."""
+        await self.check_silent_nodes(utcnow())
+        await self.expire_overdue(utcnow())
 
     async def expire_overdue(self, now: datetime) -> None:
         """Terminate running jobs past their max_duration_s."""

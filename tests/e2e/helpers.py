@@ -1,6 +1,4 @@
 """Driving jobs through the REST API."""
-import asyncio
-
 import httpx
 
 from tests.conftest import eventually, wait_until_ready
@@ -35,14 +33,15 @@ async def logs(api: httpx.AsyncClient, project: str, job_id: str) -> str:
 
 async def logs_containing(api: httpx.AsyncClient, project: str, job_id: str, *needles: str,
                           timeout_s: float = 20) -> str:
-    """The job's log once every needle is in it: logs travel on their own stream, so a job can be Completed a
-    moment before its last lines are stored."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
+    """The job's log once every needle is in it (logs travel on their own stream, so a job can be Completed a
+    moment before its last lines are stored); the log as it is when they never all come."""
+    async def complete() -> str | None:
         text = await logs(api, project, job_id)
-        if all(n in text for n in needles) or asyncio.get_running_loop().time() > deadline:
-            return text
-        await asyncio.sleep(0.3)
+        return text if all(n in text for n in needles) else None
+    try:
+        return await eventually(complete, timeout_s=timeout_s, interval_s=0.3)
+    except AssertionError:
+        return await logs(api, project, job_id)
 
 
 def restart_agent(stack, node_id: str) -> None:

@@ -46,30 +46,12 @@ SAMPLE_2 = {
         "engine_id": 1,
     },
 }
-SAMPLE_3 = {
-    "job_name": "TestModelArtsJob3",
-    "job_desc": "This is a ModelArts job",
-    "workspace_id": "af261af2218841ec960b01ab3cf1a5fa",
-    "config": {
-        "worker_server_num": 1,
-        "app_url": "/usr/app/",
-        "boot_file_url": "/usr/app/boot.py",
-        "parameter": [{"label": "learning_rate", "value": "0.01"}, {"label": "batch_size", "value": "32"}],
-        "dataset_id": "38277e62-9e59-48f4-8d89-c8cf41622c24",
-        "dataset_version_id": "2ff0d6ba-c480-45ae-be41-09a8369bfc90",
-        "spec_id": 1,
-        "engine_id": 1,
-        "train_url": "/usr/train/",
-        "log_url": "/usr/log/",
-        "model_id": 1,
-        "pool_id": "testpool",
-        "volumes": [
-            {"nfs": {"id": "43b37236-9afa-4855-8174-32254b9562e7", "src_path": "192.168.8.150:/",
-                     "dest_path": "/home/work/nas", "read_only": False}},
-            {"host_path": {"src_path": "/root/work", "dest_path": "/home/mind", "read_only": False}},
-        ],
-    },
-}
+# The seed's third sample is its first with NFS and host-path volumes.
+SAMPLE_3 = {**SAMPLE_1, "job_name": "TestModelArtsJob3", "config": {**SAMPLE_1["config"], "volumes": [
+    {"nfs": {"id": "43b37236-9afa-4855-8174-32254b9562e7", "src_path": "192.168.8.150:/",
+             "dest_path": "/home/work/nas", "read_only": False}},
+    {"host_path": {"src_path": "/root/work", "dest_path": "/home/mind", "read_only": False}},
+]}}
 COMMON_IGNORED = {"config.dataset_id", "config.dataset_version_id", "config.spec_id", "config.engine_id",
                   "config.log_url", "config.model_id", "config.pool_id"}
 

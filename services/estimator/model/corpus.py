@@ -8,8 +8,7 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.estimator.model.mllog import mark_progress as mllog_mark_progress
-from services.estimator.model.mllog import parse_mllog_line
+from services.estimator.model.mllog import MARK_KEYS, mark_progress, parse_mllog_line
 from services.estimator.model.targets import TARGETS, metric_scalar, reached
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mlperf"
@@ -18,13 +17,9 @@ _RESULT_PATH = re.compile(r"(?:^|/)([^/]+)/results/([^/]+)/([^/]+)/result_(\d+)\
 _SYSTEM_PATH = re.compile(r"(?:^|/)([^/]+)/systems/([^/]+)\.json$")
 _VERSION = re.compile(r"v(\d+\.\d+)")
 # Only these keys are decoded; the rest of a log is skipped for speed.
-_KEYS = (
-    "run_start", "run_stop", "eval_accuracy", "global_batch_size", "opt_base_learning_rate",
-    "lars_opt_base_learning_rate", "epoch_stop", "block_stop", "tracked_stats",
-)
+_KEYS = ("run_start", "run_stop", "global_batch_size", "opt_base_learning_rate",
+         "lars_opt_base_learning_rate", *sorted(MARK_KEYS))
 _KEY_PATTERN = re.compile(r'"key": "(' + "|".join(_KEYS) + r')"')
-# Keys whose metadata progress marks work already done (not work about to start).
-_PROGRESS_KEYS = {"eval_accuracy", "epoch_stop", "block_stop", "tracked_stats"}
 
 
 @dataclass(frozen=True)
@@ -166,19 +161,14 @@ def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
     return run
 
 
-def mark_progress(rec, run: Run) -> float | None:
-    """Progress a record of `run` marks, in the benchmark's majority unit (see `mllog.mark_progress`)."""
-    return mllog_mark_progress(rec, run.benchmark, run.batch_size)
-
-
 def _timeline(records, run: Run) -> list[Observation]:
     start, stop = run.run_start_ms, run.run_stop_ms or float("inf")
     merged: dict[tuple[float, float | None], list] = {}
     obs = []
     for rec in records:
-        if rec.key not in _PROGRESS_KEYS or rec.time_ms < start:
+        if rec.key not in MARK_KEYS or rec.time_ms < start:
             continue
-        progress = mark_progress(rec, run)
+        progress = mark_progress(rec, run.benchmark, run.batch_size)
         if rec.key != "eval_accuracy":
             if progress is not None and rec.time_ms <= stop:
                 obs.append(Observation(t_s=(rec.time_ms - start) / 1000.0, progress=progress))

@@ -16,23 +16,27 @@ ACCELERATOR_TFLOPS = (
 )
 
 
+def _table_row(name: str) -> tuple[str, float] | None:
+    """The TFLOPS table's row an accelerator name matches, None when unknown."""
+    key = _squeeze(name)
+    return next(((needle, tflops) for needle, tflops in ACCELERATOR_TFLOPS if needle in key), None)
+
+
+def _squeeze(name: str) -> str:
+    return name.lower().replace(" ", "").replace("(r)", "")
+
+
 def accelerator_tflops(name: str) -> float | None:
     """Peak dense 16-bit TFLOPS of an accelerator model, None when unknown."""
-    key = name.lower().replace(" ", "").replace("(r)", "")
-    for needle, tflops in ACCELERATOR_TFLOPS:
-        if needle in key:
-            return tflops
-    return None
+    row = _table_row(name)
+    return row[1] if row else None
 
 
 def normalise_accelerator(name: str) -> str:
     """One vocabulary word per accelerator model: its row of the TFLOPS table when it has one
     ("NVIDIA H100-SXM5-80GB" and "H100-SXM-80GB" are both "h100"), else the squeezed name."""
-    key = name.lower().replace(" ", "").replace("(r)", "")
-    for needle, _ in ACCELERATOR_TFLOPS:
-        if needle in key:
-            return needle
-    return key.replace("-", "") or "unknown"
+    row = _table_row(name)
+    return row[0] if row else (_squeeze(name).replace("-", "") or "unknown")
 
 
 # Per-accelerator TFLOPS assumed when the model is not in the table (the flag feature
