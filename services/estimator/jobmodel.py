@@ -53,10 +53,10 @@ class JobModel:
 
     def observe(self, line: LogLine) -> list:
         """Feed one output line; returns the metric points it carried (for storage)."""
-        points = self.tracker.observe(line)
+        record = parse_mllog_line(line.line)
+        points = self.tracker.observe(line, record)
         if self.started_at is None:
             self.started_at = line.t
-        record = parse_mllog_line(line.line)
         if record is not None and record.key in FEATURE_KEYS:
             self._feature(FEATURE_KEYS[record.key], record.value)
         if record is not None and record.key == "run_start" and self.run_started_at is None:

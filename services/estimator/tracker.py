@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
+from services.estimator.model.mllog import LogRecord, parse_mllog_line
 
-MLLOG_PREFIX = ":::MLLOG "
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
 WINDOW = 50  # recent points the rate is fitted on
 MIN_POINTS = 3
@@ -22,8 +22,10 @@ class MetricPoint:
     step: float | None = None
 
 
-def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re.Pattern]) -> list[MetricPoint]:
-    """Every metric value the line carries: the job's regexes, and MLLOG key/value records."""
+def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re.Pattern],
+               record: LogRecord | None = None) -> list[MetricPoint]:
+    """Every metric value the line carries: the job's regexes, and MLLOG key/value records (`record`: the line's
+    MLLOG record when the caller has parsed it already)."""
     points = []
     for spec, pattern in zip(metrics, patterns):
         match = pattern.search(line)
@@ -40,24 +42,15 @@ def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re
             points.append(MetricPoint(spec.name, t, value, step))
     if line.startswith(METRICS_PREFIX):
         try:
-            record = json.loads(line[len(METRICS_PREFIX):])
+            report = json.loads(line[len(METRICS_PREFIX):])
         except json.JSONDecodeError:
-            record = {}
-        step = record.get("step") if isinstance(record.get("step"), int | float) else None
-        points += [MetricPoint(name, t, float(value), step) for name, value in record.items()
+            report = {}
+        step = report.get("step") if isinstance(report.get("step"), int | float) else None
+        points += [MetricPoint(name, t, float(value), step) for name, value in report.items()
                    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)]
-    at = line.find(MLLOG_PREFIX)
-    if at >= 0:
-        try:
-            record = json.loads(line[at + len(MLLOG_PREFIX):])
-            value = record.get("value")
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                meta = record.get("metadata") or {}
-                step = meta.get("samples_count", meta.get("epoch_num"))
-                points.append(MetricPoint(str(record.get("key")), t, float(value),
-                                          float(step) if isinstance(step, int | float) else None))
-        except (json.JSONDecodeError, AttributeError):
-            pass
+    record = record or parse_mllog_line(line)
+    if record is not None and isinstance(record.value, int | float) and not isinstance(record.value, bool):
+        points.append(MetricPoint(record.key, t, float(record.value), record.progress()))
     return points
 
 
@@ -71,8 +64,8 @@ class JobTracker:
     def __post_init__(self) -> None:
         self.patterns = [re.compile(m.regex) for m in self.metrics]
 
-    def observe(self, line: LogLine) -> list[MetricPoint]:
-        found = parse_line(line.line, line.t, self.metrics, self.patterns)
+    def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
+        found = parse_line(line.line, line.t, self.metrics, self.patterns, record)
         for point in found:
             self.points.setdefault(point.name, []).append(point)
         return found

@@ -36,3 +36,10 @@ def test_no_estimate_without_a_target_or_against_the_trend():
     for i in range(5):
         tracker.observe(LogLine(t=float(i), line=f"loss {0.1 * i + 1:.2f}"))
     assert tracker.estimate(now=5) is None
+
+
+def test_report_lines_become_points_with_their_step():
+    line = 'TRAINMASTER_METRICS {"step": 12, "loss": 0.5, "accuracy": 0.9}'
+    points = parse_line(line, 3.0, [], [])
+    assert sorted((p.name, p.value, p.step) for p in points) == [("accuracy", 0.9, 12.0), ("loss", 0.5, 12.0),
+                                                                 ("step", 12.0, 12.0)]
