@@ -71,9 +71,10 @@ class Agent:
         if key in self.journal.started:
             if key in self.tasks:  # redelivered after a failed report: report again (same event id)
                 await self.publish(self._started_event(self.tasks[key]))
-            elif key not in self.launching:  # taken by an earlier run of this agent, which died with it
-                await self.publish_reliably(self._exited(command, reason="terminated",
-                                                         message="the agent restarted while this task ran"))
+            elif key not in self.launching and key not in self.journal.exited:
+                # taken by an earlier run of this agent, which died with it
+                await self._report_exit(self._exited(command, reason="terminated",
+                                                     message="the agent restarted while this task ran"))
             return
         self.journal.mark_started(key)
         launch = asyncio.create_task(self._launch(key, command))
@@ -99,13 +100,13 @@ class Agent:
             task = await spawn(command, env=env, workdir=workdir, argv=argv)
         except asyncio.CancelledError:
             await shipper.close()
-            await self.publish_reliably(self._exited(command, reason="terminated", message="stopped while preparing"))
+            await self._report_exit(self._exited(command, reason="terminated", message="stopped while preparing"))
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
-            await self.publish_reliably(self._exited(command, reason="start_failed", message=message))
+            await self._report_exit(self._exited(command, reason="start_failed", message=message))
             return
         finally:
             self.launching.pop(key, None)
@@ -159,9 +160,23 @@ class Agent:
             reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
         else:
             reason, message = "failed", describe_exit(status, task.tail)
-        event = self._exited(start, reason=reason, message=message, status=status, oom=oom)
-        await self.publish_reliably(event)
+        await self._report_exit(self._exited(start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
+
+    async def report_unreported(self) -> None:
+        """Report the end of tasks an earlier run of this agent started and died with (killed, power lost): their
+        processes went with it, and without this no one would close those attempts (billing would charge them
+        forever). They are reported ended now, an upper bound of when they stopped."""
+        for job_id, attempt, rank in self.journal.unreported():
+            key = Journal.key(job_id, attempt, rank)
+            if key not in self.tasks and key not in self.launching:
+                await self._report_exit(self._exited(TaskRef(job_id=job_id, attempt=attempt, rank=rank),
+                                                     reason="terminated",
+                                                     message="the agent restarted while this task ran"))
+
+    async def _report_exit(self, event: TaskExited) -> None:
+        await self.publish_reliably(event)
+        self.journal.mark_exited(Journal.key(event.job_id, event.attempt, event.rank))
 
     async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
         while True:
@@ -201,7 +216,7 @@ class Agent:
             started_at=datetime.fromtimestamp(task.started_at, UTC),
         )
 
-    def _exited(self, start: StartTask, *, reason: str, message: str, status: int | None = None,
+    def _exited(self, start: StartTask | TaskRef, *, reason: str, message: str, status: int | None = None,
                 oom: str | None = None) -> TaskExited:
         return TaskExited(
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:exited",

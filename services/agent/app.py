@@ -57,6 +57,7 @@ def create_app(settings: AgentSettings) -> FastStream:
 
     async def started() -> None:
         await agent.register()
+        await agent.report_unreported()
         background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
