@@ -9,7 +9,7 @@ from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker, NatsRouter
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from shared.bus import RPC_HEALTH, BusLink, connect, make_broker
 from shared.clock import utcnow
@@ -24,6 +24,8 @@ class Health(BaseModel):
     ok: bool = True
     pid: int
     started_at: str
+    details: dict[str, Any] = Field(default_factory=dict, description="What the service reports of itself "
+                                    "(its `health_details()`), e.g. the estimator's history model.")
 
 
 def configure_logging(level: str) -> None:
@@ -37,7 +39,8 @@ def add_health(broker: NatsBroker, service: str) -> None:
 
     @broker.subscriber(RPC_HEALTH.format(service=service), include_in_schema=False)
     async def health() -> Health:
-        return Health(service=service, pid=os.getpid(), started_at=started_at)
+        report = getattr(broker.context.get(service), "health_details", None)
+        return Health(service=service, pid=os.getpid(), started_at=started_at, details=report() if report else {})
 
 
 class Background:

@@ -43,6 +43,11 @@ class ModelStore:
         log.info("serving history model v%d", self.version)
         return True
 
+    def status(self) -> dict:
+        """What an operator asks: which version is served, which are on disk, whether one is being trained."""
+        return {"version": self.version, "on_disk": self.versions(),
+                "training": self.training is not None and self.training.returncode is None}
+
     async def train(self, runs: list[dict] | None = None) -> None:
         """Start training the next version in a process of its own (one at a time)."""
         if self.training is not None and self.training.returncode is None:

@@ -31,6 +31,9 @@ class Estimator:
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
 
+    def health_details(self) -> dict:
+        return {"history_model": self.models.status(), "live_jobs": len(self.live)}
+
     async def submitted(self, event: JobSubmitted) -> None:
         await self.jobs.update_one({"_id": event.job_id}, {"$setOnInsert": {
             "metrics": [m.model_dump() for m in event.algorithm.metrics],

@@ -88,10 +88,22 @@ def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, no
     }
 
 
+def aged(eta: dict[str, Any] | None, now: datetime) -> Eta | None:
+    """The stored estimate as of `now`: its remaining seconds and band count down with the clock between the
+    estimator's updates (which come with the job's output), its finish time stays."""
+    if not eta:
+        return None
+    eta = Eta.model_validate(eta)
+    elapsed = max(0.0, (now - as_utc(eta.updated_at)).total_seconds())
+    return eta.model_copy(update={"remaining_s": max(0.0, eta.remaining_s - elapsed),
+                                  "low_s": max(0.0, eta.low_s - elapsed), "high_s": max(0.0, eta.high_s - elapsed)})
+
+
 def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
     status = doc.get("status", {})
     start, end = status.get("start_time"), status.get("end_time")
-    running_ms = _ms(end or now or utcnow()) - _ms(start) if start else 0
+    now = now or utcnow()
+    running_ms = _ms(end or now) - _ms(start) if start else 0
     node_ids = status.get("node_ids", [])
     node_count = doc["spec"]["resource"]["node_count"]
     return Job(
@@ -103,7 +115,7 @@ def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
             start_time=_ms(start), end_time=_ms(end), node_id=node_ids[0] if node_ids else "", node_ids=node_ids,
             attempt=status.get("attempt", 0), reason=status.get("reason", ""),
             tasks=[f"worker-{r}" for r in range(node_count)], task_statuses=status.get("task_statuses", []),
-            attempts=status.get("attempts", []), eta=status.get("eta"),
+            attempts=status.get("attempts", []), eta=aged(status.get("eta"), now),
         ),
         algorithm=Algorithm.model_validate(doc["algorithm"]),
         spec=Spec.model_validate(doc["spec"]),

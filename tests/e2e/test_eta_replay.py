@@ -1,4 +1,8 @@
-"""A real MLPerf log replayed through a job in real time: the job's ETA converges toward the true remaining time."""
+"""A real MLPerf log replayed through a job in real time: the job's ETA converges toward the true remaining time.
+
+The log was recorded on 64 nodes of 8 H100s and is replayed on a one-GPU test node, which is all the history
+model is told: its prior is hours. The live progress and metric curve must pull the estimate to the minute the
+run really takes (the accuracy of the prior on the right hardware is measured by `make bench-eta`)."""
 import asyncio
 import sys
 import tarfile
@@ -8,13 +12,12 @@ from shlex import quote
 
 import pytest
 
+from tests.conftest import eventually
 from tests.e2e.helpers import get, submit
 
 pytestmark = pytest.mark.e2e
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mlperf" / "mlperf-training-v4.0.tar.gz"
 RUN = "NVIDIA/results/eos_n64_ngc24.04_dgl/gnn/result_0.txt"  # 64 s on 64 nodes of 8 H100s
-HARDWARE = [{"name": "accelerator", "value": "NVIDIA H100-SXM5-80GB"}, {"name": "accelerators", "value": "8"},
-            {"name": "nodes", "value": "64"}]  # what the run ran on, for the history model's features
 TRUE_S = 64.4
 SPEED = 1
 REPLAY = r'''
@@ -32,12 +35,17 @@ for line in lines:
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
+@pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
 async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, tmp_path):
+    async def history_model():  # trained in the background from the corpus at the stack's first start (~2 min)
+        health = (await api.get("/healthz")).json()["services"]["estimator"]
+        return health.get("details", {}).get("history_model", {}).get("version")
+
+    await eventually(history_model, timeout_s=600, interval_s=2)
     with tarfile.open(CORPUS) as tar:
         log = tar.extractfile(RUN).read().decode()
     (tmp_path / "run.log").write_text(log)
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {tmp_path / 'run.log'} {SPEED}",
-                       parameters=HARDWARE)
+    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {tmp_path / 'run.log'} {SPEED}")
     job_id = job["metadata"]["id"]
     seen: list[tuple[float, float, float, float]] = []  # (wall time, remaining, low, high)
     while True:

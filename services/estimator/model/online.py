@@ -15,6 +15,10 @@ MAX_MARKS = 256  # progress marks kept; older ones are thinned, so one update st
 MAX_METRICS = 64  # metric points kept for curve fitting
 RATE_WINDOW = 2 / 3  # the rate is fitted on the most recent two thirds of the elapsed time
 CURVE_MAX_OVER_PRIOR = 3.0  # a curve crossing beyond 3x the prior work is not believed
+# The history duration is work x predicted speed. Once a fitted live rate puts the run's total outside the
+# history's own 10-90% band widened by this factor, the speed it assumed is contradicted (other hardware than
+# the features say, a system unlike any trained on) and it leaves the blend: the live rate measures speed.
+SPEED_CONTRADICTED = 2.0
 
 
 class Estimate(NamedTuple):
@@ -155,6 +159,10 @@ class OnlineEstimator:
         work = self.total_work or (self.prior.work if self.prior else None)
         if work is not None:
             comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
+            if self.prior is not None and len(self._marks_t) >= 3 and not (
+                    self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
+                    <= self.prior.duration_high_s * SPEED_CONTRADICTED):
+                comps["history"] = None
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
