@@ -35,8 +35,11 @@ bench-reports: $(STAMP)
 
 MLPERF := ../shared/data/mlperf
 bench-eta: $(STAMP)
+	$(BIN)/python -m services.estimator.evaluate --split round --train $(MLPERF)/mlperf-training-v3.1.tar.gz \
+		--test $(MLPERF)/mlperf-training-v4.0.tar.gz --out bench/eta/results/eval-round-v3.1-v4.0.json
 	$(BIN)/python -m services.estimator.evaluate --train $(MLPERF)/mlperf-training-v3.1.tar.gz \
-		$(MLPERF)/mlperf-training-v4.0.tar.gz --test $(MLPERF)/mlperf-training-v4.0.tar.gz --kfold 4
+		$(MLPERF)/mlperf-training-v4.0.tar.gz --test $(MLPERF)/mlperf-training-v4.0.tar.gz --kfold 4 \
+		--out bench/eta/results/eval-kfold4-v4.0.json
 	$(BIN)/python -m bench.eta.bench_online
 	$(BIN)/python -m bench.eta.bench_history
 

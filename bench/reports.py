@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        stack = Stack(StackSettings(data_dir=Path(tmp), mongo_port=free_port()))
+        stack = Stack(StackSettings(data_dir=Path(tmp)))
         (stack.data_dir / "logs").mkdir(parents=True, exist_ok=True)
         stack.start_database()
         try:

@@ -17,7 +17,7 @@ import httpx
 
 from services.stack.processes import Stack, StackSettings
 
-TOKEN = "bench-admin-token"
+TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
 
 
 def free_port() -> int:
@@ -103,7 +103,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
         (data / "cluster.toml").write_text(cluster(args.nodes))
-        stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(),
+        stack = Stack(StackSettings(data_dir=data, nats_port=free_port(),
                                     api_port=free_port(), cluster_file=data / "cluster.toml", admin_token=TOKEN,
                                     mongo_url=None, log_level="WARNING"))
         try:

@@ -1,22 +1,29 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
 import functools
+import hmac
 import logging
+import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from faststream.exceptions import NackMessage
+from faststream.exceptions import NackMessage, RejectMessage
 from faststream.middlewares import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.message import StreamMessage
+from faststream.nats import JStream, NatsBroker, NatsCredentials, NatsSecurity, PullSub
 from nats.errors import Error as NatsError
 from nats.js.errors import BadRequestError
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
 from pymongo.errors import PyMongoError
 
+from shared.buscreds import dedup_key
 from shared.events import Message
 
 log = logging.getLogger(__name__)
 
+_DEDUP_KEYS: "weakref.WeakKeyDictionary[NatsBroker, bytes]" = weakref.WeakKeyDictionary()
 ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
 
@@ -50,7 +57,12 @@ RPC_QUOTAS = "tm.rpc.billing.quotas"
 RPC_CANDIDATES = "tm.rpc.placement.candidates"
 RPC_CATALOGUE = "tm.rpc.placement.catalogue"
 SERVICES = ("placement", "monitor", "estimator", "billing")
-SERVICES = ("placement", "monitor", "estimator", "billing")
+
+# What an agent publishes carries its node id, so the server can hold each agent to its own node's subjects.
+NODE_EVENT = "tm.node.evt.{node_id}.{event}"  # registered, heartbeat
+TASK_EVENT = "tm.job.task.{node_id}.{event}"  # preparing, started, exited
+LOG_SUBJECT = "tm.log.{node_id}.{job_id}"
+NODE_REGISTERED = NODE_EVENT.format(node_id="*", event="registered")
 
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
@@ -73,16 +85,34 @@ class BusLink:
         return time.monotonic() - self.changed_at if self.connected else 0.0
 
 
-def make_broker(url: str, *, name: str, link: BusLink | None = None) -> NatsBroker:
-    """A broker that reconnects forever: a restarted NATS server is waited for, not fatal."""
-    callbacks = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
-    return NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
-                      **callbacks)
+def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path | None = None,
+                ca_file: Path | None = None) -> NatsBroker:
+    """A broker that reconnects forever: a restarted NATS server is waited for, not fatal.
+
+    creds: this process's own `.creds` file (the server refuses anonymous clients); replies come back under its
+    own inbox prefix `_INBOX_<name>`, the only one its credentials may subscribe to. ca_file: the CA that signed
+    the server's certificate, for a `tls://` URL.
+    """
+    options: dict[str, Any] = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
+    tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
+    if creds:
+        options["security"] = NatsCredentials(str(creds), ssl_context=tls)
+    elif tls:
+        options["security"] = NatsSecurity(ssl_context=tls)
+    broker = NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+                        inbox_prefix=f"_INBOX_{name}", **options)
+    if creds:
+        _DEDUP_KEYS[broker] = dedup_key(creds)
+    return broker
 
 
-async def connect(broker: NatsBroker) -> None:
-    """Connect and make sure every stream exists with its full subject list, before any consumer starts."""
+async def connect(broker: NatsBroker, *, declare: bool = True) -> None:
+    """Connect and make sure every stream exists with its full subject list, before any consumer starts.
+
+    declare: False for agents, which may not create or change streams (the stack and placement did)."""
     await broker.connect()
+    if not declare:
+        return
     streams = broker.config.connection_state.stream
     for stream in STREAMS:
         try:
@@ -93,6 +123,42 @@ async def connect(broker: NatsBroker) -> None:
 
 def stream_of(subject: str) -> JStream:
     return next(stream for prefix, stream in _STREAM_OF.items() if subject.startswith(prefix))
+
+
+@functools.cache
+def _event_types() -> dict[str, type[Message]]:
+    """Every event class by its `type` (all are imported with shared.events)."""
+    found, pending = {}, list(Message.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        kind = cls.model_fields.get("type")
+        if kind is not None and isinstance(kind.default, str):
+            found[kind.default] = cls
+    return found
+
+
+def implied_subject(payload: Any) -> str | None:
+    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+        return None
+    cls = _event_types().get(payload["type"])
+    try:
+        return cls.model_validate(payload).subject if cls else None
+    except (ValueError, KeyError, AttributeError):
+        return None
+
+
+async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
+    """Decoder of every durable consumer: an event must arrive on the subject its payload implies, so whoever
+    may publish only on their own subjects (an agent: its node's) cannot speak for another node in a payload."""
+    payload = await decode(msg)
+    expected = implied_subject(payload)
+    if expected is not None and expected != msg.raw_message.subject:
+        log.warning("dropped %s event: it arrived on %s, its payload belongs on %s",
+                    payload.get("type"), msg.raw_message.subject, expected)
+        raise RejectMessage()
+    return payload
 
 
 def durable(
@@ -112,14 +178,46 @@ def durable(
         "subject": subject,
         "stream": stream_of(subject),
         "durable": consumer,
+        "inbox_prefix": None,  # delivered into the connection's own inbox, the only one its identity may read
         "pull_sub": PullSub(batch_size=1 if ordered else batch, timeout=0.5),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
+        "decoder": check_subject,
         "config": ConsumerConfig(
             ack_wait=ACK_WAIT_S,
             max_ack_pending=1 if ordered else 1000,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
         ),
     }
+
+
+def agent_consumer(node_id: str) -> tuple[str, str]:
+    """The durable consumer through which a node's agent receives its commands, and its filter."""
+    return f"agent-{node_id}", f"tm.node.cmd.{node_id}.>"
+
+
+def agent_subscription(node_id: str) -> dict[str, Any]:
+    """`@broker.subscriber` keyword arguments of an agent's command consumer (created for it beforehand)."""
+    consumer, subject = agent_consumer(node_id)
+    return durable(subject, consumer=consumer, batch=8)
+
+
+async def create_agent_consumer(broker: NatsBroker, node_id: str) -> None:
+    """Create a node's command consumer on the privileged side, so the agent needs no right to create consumers
+    (with which it could read other nodes' commands)."""
+    consumer, subject = agent_consumer(node_id)
+    config = agent_subscription(node_id)["config"].evolve(name=consumer, durable_name=consumer,
+                                                          filter_subject=subject)
+    await broker.config.connection_state.stream.add_consumer(NODE_COMMANDS.name, config=config)
+
+
+def dedup_id(broker: NatsBroker, subject: str, event_id: str) -> str:
+    """The JetStream message id of an event: stable across retries and restarts of the publisher, and keyed by
+    its own secret (`buscreds.dedup_key`), so no other publisher into the stream (an agent) can predict it and
+    pre-empt the event by sending its id first."""
+    key = _DEDUP_KEYS.get(broker)
+    if key is None:
+        return event_id
+    return f"{event_id}#{hmac.new(key, f'{subject}#{event_id}'.encode(), 'sha256').hexdigest()[:24]}"
 
 
 async def publish(broker: NatsBroker, message: Message) -> None:
@@ -129,7 +227,7 @@ async def publish(broker: NatsBroker, message: Message) -> None:
         message,
         subject,
         stream=stream_of(subject).name,
-        headers={"Nats-Msg-Id": message.event_id},
+        headers={"Nats-Msg-Id": dedup_id(broker, subject, message.event_id)},
         timeout=10,
     )
 

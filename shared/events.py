@@ -13,6 +13,13 @@ from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
 from shared.nodes import NodeInfo
 
 
+# Ids that become subjects and path segments (a job's directory, its checkpoint prefix): strict on the bus too.
+Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
+                          description="Letters, digits, _ and -: one subject token, one path segment")]
+AttemptNo = Annotated[int, Field(ge=0, le=1_000_000)]
+RankNo = Annotated[int, Field(ge=0, le=65_535)]
+
+
 class Message(BaseModel):
     """Tolerant on read (extra ignored) so an older reader survives a newer writer."""
 
@@ -30,16 +37,16 @@ class Message(BaseModel):
 class TaskRef(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    job_id: str
-    attempt: int
-    rank: int = 0
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
 
 
 class Assignment(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    rank: int
-    node_id: str
+    rank: RankNo
+    node_id: Id
     gpu_indices: tuple[int, ...] = ()
 
 
@@ -87,8 +94,8 @@ class JobSubmitted(Message):
     subject_template: ClassVar[str] = "tm.job.submitted"
     type: Literal["JobSubmitted"] = "JobSubmitted"
 
-    job_id: str
-    project_id: str
+    job_id: Id
+    project_id: Id
     user_name: str
     name: str
     algorithm: Algorithm
@@ -117,7 +124,7 @@ class JobPlaced(Message):
     subject_template: ClassVar[str] = "tm.job.placed"
     type: Literal["JobPlaced"] = "JobPlaced"
 
-    job_id: str
+    job_id: Id
     attempt: int = Field(ge=1)
     assignments: tuple[Assignment, ...]
 
@@ -187,15 +194,15 @@ class StartTask(Message):
     subject_template: ClassVar[str] = "tm.node.cmd.{node_id}.start"
     type: Literal["StartTask"] = "StartTask"
 
-    node_id: str
-    job_id: str
-    attempt: int
-    rank: int = 0
+    node_id: Id
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
     world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     gpu_indices: tuple[int, ...] = ()
-    project_id: str
+    project_id: Id
     user_name: str
     algorithm: Algorithm
     spec: Spec
@@ -205,28 +212,28 @@ class StopTask(Message):
     subject_template: ClassVar[str] = "tm.node.cmd.{node_id}.stop"
     type: Literal["StopTask"] = "StopTask"
 
-    node_id: str
-    job_id: str
-    attempt: int
-    rank: int = 0
+    node_id: Id
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
     reason: str = "terminated"
     grace_s: float = 10
 
 
 class TaskStarted(Message):
-    subject_template: ClassVar[str] = "tm.job.task.started"
+    subject_template: ClassVar[str] = "tm.job.task.{node_id}.started"
     type: Literal["TaskStarted"] = "TaskStarted"
 
-    job_id: str
-    attempt: int
-    rank: int = 0
-    node_id: str
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
     node_kind: str
     price_per_hour: float
     gpu_count: int
     gpu_model: str = ""
     world_size: int = 1
-    project_id: str
+    project_id: Id
     user_name: str
     pid: int
     started_at: datetime
@@ -235,23 +242,23 @@ class TaskStarted(Message):
 class TaskPreparing(Message):
     """The agent is preparing the task: building its environment, fetching its code and inputs."""
 
-    subject_template: ClassVar[str] = "tm.job.task.preparing"
+    subject_template: ClassVar[str] = "tm.job.task.{node_id}.preparing"
     type: Literal["TaskPreparing"] = "TaskPreparing"
 
-    job_id: str
-    attempt: int
-    rank: int = 0
-    node_id: str
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
 
 
 class TaskExited(Message):
-    subject_template: ClassVar[str] = "tm.job.task.exited"
+    subject_template: ClassVar[str] = "tm.job.task.{node_id}.exited"
     type: Literal["TaskExited"] = "TaskExited"
 
-    job_id: str
-    attempt: int
-    rank: int = 0
-    node_id: str
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
     exit_code: int | None = Field(None, description="None when the task never started.")
     signal: int | None = None
     reason: Literal["completed", "failed", "terminated", "oom", "not_started", "start_failed"]
@@ -269,7 +276,7 @@ class NodeTasksLost(Message):
     subject_template: ClassVar[str] = "tm.job.node_lost"
     type: Literal["NodeTasksLost"] = "NodeTasksLost"
 
-    node_id: str
+    node_id: Id
     cause: str
     alive: tuple[TaskRef, ...] = ()
     started_only: bool = Field(False, description="Only started tasks are lost: the node's agent restarted and "
@@ -288,7 +295,7 @@ NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]
 
 
 class NodeRegistered(Message):
-    subject_template: ClassVar[str] = "tm.node.evt.registered"
+    subject_template: ClassVar[str] = "tm.node.evt.{node.node_id}.registered"
     type: Literal["NodeRegistered"] = "NodeRegistered"
 
     node: NodeInfo
@@ -296,10 +303,10 @@ class NodeRegistered(Message):
 
 
 class NodeHeartbeat(Message):
-    subject_template: ClassVar[str] = "tm.node.evt.heartbeat"
+    subject_template: ClassVar[str] = "tm.node.evt.{node_id}.heartbeat"
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
 
-    node_id: str
+    node_id: Id
     boot_id: str
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
@@ -361,12 +368,13 @@ class LogLine(BaseModel):
 
 
 class LogChunk(Message):
-    subject_template: ClassVar[str] = "tm.log.{job_id}"
+    subject_template: ClassVar[str] = "tm.log.{node_id}.{job_id}"
     type: Literal["LogChunk"] = "LogChunk"
 
-    job_id: str
-    attempt: int
-    rank: int = 0
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id  # the node whose agent ran the task: its subject carries it
     seq: int = Field(ge=0, description="Chunk number within the task, from 0.")
     lines: tuple[LogLine, ...]
 

@@ -18,6 +18,9 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Strict as StrictType
+
+from shared.safe_regex import compile_metric
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
@@ -80,8 +83,34 @@ def check_transition(current: Phase, target: Phase) -> None:
         raise IllegalTransition(f"{current} → {target} is not allowed")
 
 
+# JSON numbers only: `true` is not 1 and "1" is not 1 (pydantic's lax mode would take both); nor NaN or Infinity,
+# which Python's JSON parser reads but no JSON answer can carry back.
+Int = Annotated[int, StrictType()]
+Float = Annotated[float, StrictType(), Field(allow_inf_nan=False)]
+
+
+def no_null_bytes(value, path: str = ""):
+    """Refuse a NUL character anywhere in a string, a list or a mapping (keys included)."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"must not contain a null byte (\\u0000){f' at {path}' if path else ''}")
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            no_null_bytes(item, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            no_null_bytes(key, path or "a key")
+            no_null_bytes(item, f"{path}.{key}" if path else str(key))
+    return value
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_null_bytes(cls, value):
+        return no_null_bytes(value)
 
 
 class Parameter(Strict):
@@ -94,22 +123,17 @@ class MetricSpec(Strict):
     regex: str = Field(
         min_length=1,
         max_length=512,
-        description="Matched against every output line; the named group `value` (or the first group) is the "
-        "metric, an optional named group `step` its progress.",
+        description="RE2 syntax (no backreferences or lookarounds), matched against the first 4096 characters of "
+        "every output line; the named group `value` is the metric, an optional named group `step` its progress.",
         examples=[r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)"],
     )
     mode: Literal["min", "max"] = Field("min", description="Whether the metric improves downwards or upwards.")
-    target: float | None = Field(None, description="Value at which training is done; drives the ETA.")
+    target: Float | None = Field(None, description="Value at which training is done; drives the ETA.")
 
     @field_validator("regex")
     @classmethod
     def _compiles_with_a_group(cls, regex: str) -> str:
-        try:
-            pattern = re.compile(regex)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression: {exc}") from exc
-        if pattern.groups < 1:
-            raise ValueError("needs a capture group (named `value` or the first group) for the metric value")
+        compile_metric(regex)  # job output is matched in linear time: RE2, never a backtracking engine
         return regex
 
 
@@ -150,7 +174,7 @@ class DataOut(Strict):
     url: URL
     local_dir: RelativePath | None = Field(None, description="Under the attempt's outputs/; default: its name")
     mode: Literal["upload_periodically", "upload_at_end"] = "upload_periodically"
-    period_s: int = Field(30, ge=1, le=86400)
+    period_s: Int = Field(30, ge=1, le=86400)
 
 
 class Algorithm(Strict):
@@ -208,11 +232,11 @@ class Algorithm(Strict):
 
 
 class Resource(Strict):
-    node_count: int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
-    gpu_count: int = Field(0, ge=0, le=16, description="GPUs per node.")
-    min_gpu_memory_gb: float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
-    cpu_count: float = Field(1, gt=0, le=1024, description="CPU cores per node.")
-    memory_gb: float = Field(1, gt=0, le=8192, description="Host memory per node.")
+    node_count: Int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
+    gpu_count: Int = Field(0, ge=0, le=16, description="GPUs per node.")
+    min_gpu_memory_gb: Float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
+    cpu_count: Float = Field(1, gt=0, le=1024, description="CPU cores per node.")
+    memory_gb: Float = Field(1, gt=0, le=8192, description="Host memory per node.")
     flavor_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Resources from a flavor (GET "
                                   "/v2/flavors); set by the API from the flavor.")
     pool_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Only nodes of this pool.")
@@ -227,18 +251,18 @@ class Resource(Strict):
 class PlacementPrefs(Strict):
     allowed: Literal["local", "cloud", "any"] = Field("any", description="local: owned nodes; cloud: reserved or on-demand.")
     priority: Literal["time", "cost"] = Field("time", description="Finish soonest, or spend least.")
-    expected_duration_s: int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
+    expected_duration_s: Int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
     gpu_models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=32, description="Acceptable GPU models; empty: any.")
-    max_price_per_hour: float | None = Field(None, gt=0, le=10_000, description="Most the job may cost per hour.")
+    max_price_per_hour: Float | None = Field(None, gt=0, le=10_000, description="Most the job may cost per hour.")
     deadline: datetime | None = Field(None, description="When the job must be finished (ISO 8601).")
 
 
 class Spec(Strict):
     resource: Resource = Field(default_factory=Resource)
     placement: PlacementPrefs = Field(default_factory=PlacementPrefs)
-    max_duration_s: int | None = Field(None, ge=1, le=366 * 86400)
-    termination_grace_s: float = Field(10, ge=0, le=3600, description="Time between SIGTERM and SIGKILL.")
+    max_duration_s: Int | None = Field(None, ge=1, le=366 * 86400)
+    termination_grace_s: Float = Field(10, ge=0, le=3600, description="Time between SIGTERM and SIGKILL.")
 
 
 class MetadataIn(Strict):

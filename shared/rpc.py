@@ -1,6 +1,6 @@
 """Request/reply contracts between the REST API and the services that own the answers."""
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -115,14 +115,18 @@ class Quota(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_gpus: int | None = Field(None, ge=0, description="GPUs its running attempts may hold at once.")
-    gpu_hours_per_month: float | None = Field(None, ge=0, description="GPU-hours per calendar month (UTC).")
-    budget_per_month: float | None = Field(None, ge=0, description="Dollars per calendar month (UTC), owned "
-                                           "(amortised) and on-demand alike.")
+    # bounded: stored by billing, and the database holds no integer past 2**63
+    max_gpus: int | None = Field(None, ge=0, le=10**9, description="GPUs its running attempts may hold at once.")
+    gpu_hours_per_month: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False,
+                                              description="GPU-hours per calendar month (UTC).")
+    budget_per_month: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False, description="Dollars per "
+                                           "calendar month (UTC), owned (amortised) and on-demand alike.")
 
 
 class ProjectQuotas(Quota):
-    users: dict[str, Quota] = Field(default_factory=dict, description="Per-user limits inside the project.")
+    # keys are user names (their pattern): they become field names where billing stores the quotas
+    users: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], Quota] = Field(
+        default_factory=dict, max_length=10_000, description="Per-user limits inside the project.")
 
 
 class QuotasRequest(BaseModel):

@@ -108,7 +108,8 @@ def service_app(
     database client, and what `setup` builds (in the context under the service's name), all closed on exit."""
     configure_logging(settings.log_level)
     link = BusLink()
-    broker = make_broker(settings.nats_url, name=name, link=link)
+    broker = make_broker(settings.nats_url, name=name, link=link, creds=settings.nats_creds,
+                         ca_file=settings.nats_ca_file)
     broker.include_router(router)
     add_health(broker, name)
     background = Background()

@@ -18,7 +18,7 @@ from pymongo import AsyncMongoClient
 from pymongo.errors import DuplicateKeyError
 from pymongo.asynchronous.collection import AsyncCollection
 
-from shared.bus import TRANSIENT_ERRORS, stream_of
+from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ async def flush(
             entry["payload"],
             subject,
             stream=stream_of(subject).name,
-            headers={"Nats-Msg-Id": entry["event_id"]},
+            headers={"Nats-Msg-Id": dedup_id(broker, subject, entry["event_id"])},
             timeout=10,
         )
         await collection.update_one(

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from services.stack.processes import Stack, StackSettings
 
-ADMIN_TOKEN = "test-admin-token"
+ADMIN_TOKEN = "test-admin-token-0123456789abcdef01"  # the submitter refuses fewer than 32 characters
 CLUSTER = """
 [[nodes]]
 id = "local-1"
@@ -69,7 +69,8 @@ def docker_answers() -> bool:
 
 @pytest.fixture(scope="session")
 def servers():
-    """Real MongoDB 7 and NATS in containers when Docker answers; else the stack starts local servers."""
+    """Real MongoDB 7 in a container when Docker answers; else the stack starts a local server. NATS is always the
+    stack's own: it is configured with the stack's operator and accounts (no anonymous clients)."""
     if not docker_answers():
         yield {}
         return
@@ -77,24 +78,25 @@ def servers():
     from testcontainers.core.waiting_utils import wait_for_logs
 
     mongo = DockerContainer("mongo:7").with_exposed_ports(27017)
-    bus = DockerContainer("nats:2.10").with_command("-js").with_exposed_ports(4222)
-    with mongo, bus:
+    with mongo:
         wait_for_logs(mongo, "Waiting for connections")
-        wait_for_logs(bus, "Server is ready")
-        yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}",
-               "nats_url": f"nats://{bus.get_container_host_ip()}:{bus.get_exposed_port(4222)}"}
+        yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}"}
 
 
 def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None) -> Stack:
     """The whole stack on free ports under `data`, ready (every node of `cluster` registered)."""
     (data / "cluster.toml").write_text(cluster)
-    settings = StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), api_port=free_port(),
+    exchange(data).mkdir(mode=0o777)
+    exchange(data).chmod(0o777)  # tasks run as users of their own: a place both they and the tests may write
+    settings = StackSettings(data_dir=data, nats_port=free_port(), api_port=free_port(),
                              cluster_file=data / "cluster.toml", admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
-                             node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"),
-                             nats_url=servers.get("nats_url"))
+                             node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"))
     # the estimator's history model is trained once per machine, not once per test session
     models = Path.home() / ".cache" / "trainmaster" / "test-models"
-    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), **(extra_env or {})})
+    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":
+                                       "127.0.0.1",  # the tests' local webhook receivers
+                                       "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
+                                       **(extra_env or {})})
     try:
         stack.start_all()
         wait_until_ready(stack)
@@ -103,6 +105,20 @@ def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] 
         dump_logs(stack)
         raise
     return stack
+
+
+def exchange(data: Path) -> Path:
+    """The directory a stack's tasks can reach (the rest of the host's temporary directories they cannot)."""
+    return data / "exchange"
+
+
+@pytest.fixture
+def shared_dir(stack, request) -> Path:
+    """A directory of the stack's exchange for one test: its jobs can read and write files there."""
+    path = exchange(stack.settings.data_dir) / re.sub(r"[^A-Za-z0-9-]+", "-", request.node.name)[-60:]
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +178,7 @@ class StatusLog:
 @pytest_asyncio.fixture(scope="session")
 async def status_log(stack):
     log = StatusLog()
-    client = await nats.connect(stack.nats_url)
+    client = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
     await client.subscribe("tm.job.status", cb=log.handler)
     yield log
     await client.close()

@@ -129,5 +129,8 @@ class MemoryCollection:
             del self.docs[key]
         return Result(deleted=len(keys))
 
+    async def count_documents(self, query: dict) -> int:
+        return sum(1 for d in self.docs.values() if _matches(d, query))
+
     async def create_index(self, *args, **kwargs) -> str:
         return "memory"

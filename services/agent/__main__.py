@@ -12,6 +12,10 @@ def main() -> None:
     from services.agent.app import AgentSettings, create_app
 
     overrides = {k: v for k, v in {"node_id": args.node_id, "cluster_file": args.cluster_file}.items() if v}
+    if args.cluster_file:  # a node's own file (on-demand): the cluster's [storage] rules stay those of the fleet's
+        from shared.storage import StorageSettings
+
+        overrides["storage_file"] = StorageSettings().cluster_file
     settings = AgentSettings(**overrides) if overrides else AgentSettings()
     run(create_app(settings))
 

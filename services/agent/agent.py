@@ -24,8 +24,10 @@ from shared.events import (
 )
 from shared.jobs import DataOut
 from shared.nodes import NodeInfo
+from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent.checkpoints import CheckpointStore, Mirror
 from services.agent.preparation import PrepareError, Preparer, output_dir
+from services.agent.isolation import Confinement, TaskUser, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
 from services.agent.runner import TaskProcess, describe_exit, spawn, task_environment
 from services.agent.shipping import LogShipper
@@ -33,12 +35,16 @@ from services.agent.shipping import LogShipper
 log = logging.getLogger(__name__)
 
 Publish = Callable[[Message], Awaitable[None]]
+LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's directory: never the task's
 
 
 class Agent:
     def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
-                 preparer: Preparer, checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
+                 preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
+                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
         self.node = node
+        self.storage = storage
+        self.confinement = confinement
         self.preparer = preparer
         self.launching: dict[str, asyncio.Task] = {}
         self.checkpoints = checkpoints
@@ -49,7 +55,8 @@ class Agent:
         self.boot_id = uuid.uuid4().hex
         self.tasks: dict[str, TaskProcess] = {}
         self.supervisors: set[asyncio.Task] = set()
-        root.mkdir(parents=True, exist_ok=True)
+        private_dir(root)
+        self.launches = private_dir(root / "launch")
         self.journal = Journal(root / "journal.json")
         self.heartbeats = 0
 
@@ -84,25 +91,41 @@ class Agent:
 
     async def _launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
-        workdir = self.root / "jobs" / command.job_id / f"attempt-{command.attempt}-rank-{command.rank}"
-        workdir.mkdir(parents=True, exist_ok=True)
+        job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
+        workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
+        workdir.mkdir(mode=0o700, exist_ok=True)
         shipper = LogShipper(job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                             path=workdir / "output.log", publish=self.publish_reliably)
+                             node_id=self.node.node_id, path=workdir / "output.log", publish=self.publish_reliably)
         note = lambda text: shipper.add(LogLine(t=time.time(), s="err", line=f"[trainmaster] {text}"))  # noqa: E731
+        user = None
         try:
+            refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)
+            if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
+                raise PrepareError("; ".join(f"{field}: {reason}" for field, reason in refused))
             if self.preparer.needs_work(command):
                 await self.publish_reliably(TaskPreparing(
                     event_id=f"{key}:preparing", job_id=command.job_id, attempt=command.attempt, rank=command.rank,
                     node_id=self.node.node_id))
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            manifest = await asyncio.to_thread(self.checkpoints.restore, command.job_id, workdir / "checkpoint")
-            task = await spawn(command, env=env, workdir=workdir, argv=argv)
+            manifest = await asyncio.to_thread(self.checkpoints.restore, command.project_id, command.job_id,
+                                               workdir / "checkpoint")
+            (workdir / "tmp").mkdir(exist_ok=True)
+            reach, cover = [str(workdir)], None
+            if self.confinement is not None:
+                user = await asyncio.to_thread(self.confinement.users.claim)
+                await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
+                engine = [env["VIRTUAL_ENV"]] if "VIRTUAL_ENV" in env else []
+                reach, cover = [*self.confinement.reach, str(workdir), *engine], self.confinement.cover
+            task = await spawn(command, env=env, workdir=workdir, argv=argv, launch_dir=self.launches, user=user,
+                               reach=reach, cover=cover)
         except asyncio.CancelledError:
+            await asyncio.to_thread(self._release, workdir, user)
             await shipper.close()
             await self._report_exit(self._exited(command, reason="terminated", message="stopped while preparing"))
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
+            await asyncio.to_thread(self._release, workdir, user)
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
@@ -147,10 +170,13 @@ class Agent:
         status = await task.pump(shipper.add)
         for helper in helpers:
             helper.cancel()
+        if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
+            await asyncio.to_thread(kill_user, task.user.uid)
         await shipper.close()
         await self._sync_once(task)
         for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
             await self._upload(task, output)
+        await asyncio.to_thread(self._release, task.workdir, task.user)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
@@ -174,6 +200,14 @@ class Agent:
                                                      reason="terminated",
                                                      message="the agent restarted while this task ran"))
 
+    def _release(self, workdir: Path, user: TaskUser | None) -> None:
+        """Give the task's uid back, its processes killed and its files the agent's again."""
+        if user is None:
+            return
+        kill_user(user.uid)
+        chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
+        self.confinement.users.release(user)
+
     async def _report_exit(self, event: TaskExited) -> None:
         await self.publish_reliably(event)
         self.journal.mark_exited(Journal.key(event.job_id, event.attempt, event.rank))
@@ -188,7 +222,7 @@ class Agent:
         try:
             task.uploaded[output.name] = await asyncio.to_thread(
                 Mirror(output.url).sync, output_dir(task.workdir, output), task.uploaded.get(output.name, {}),
-                delete=False)
+                delete=False, anchor=task.workdir)
         except Exception as exc:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
@@ -199,8 +233,8 @@ class Agent:
 
     async def _sync_once(self, task: TaskProcess) -> None:
         try:
-            task.manifest = await asyncio.to_thread(self.checkpoints.sync, task.start.job_id,
-                                                    task.workdir / "checkpoint", task.manifest)
+            task.manifest = await asyncio.to_thread(self.checkpoints.sync, task.start.project_id, task.start.job_id,
+                                                    task.workdir / "checkpoint", task.manifest, task.workdir)
         except Exception as exc:  # storage hiccup: the next sync tries again
             log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
 

@@ -1,29 +1,51 @@
 """Agent wiring: one process per compute node."""
 import logging
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from faststream import FastStream
+from pydantic import Field
 
-from shared.bus import connect, durable, make_broker, publish
+from shared.bus import agent_subscription, connect, make_broker, publish
 from shared.events import NodeCommand, StartTask, StopTask
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
+from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
+from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
+from services.agent.runner import SDK_DIR
 
 log = logging.getLogger(__name__)
 
 
-class AgentSettings(CommonSettings):
+class AgentSettings(CommonSettings, StorageSettings):
     node_id: str
-    cluster_file: Path = Path("cluster.toml")
     use_nvml: bool = True
     shutdown_grace_s: float = 5
-    checkpoint_url: str | None = None  # default: file://<data_dir>/checkpoints, shared by agents on one machine
     checkpoint_sync_s: float = 5
+    task_uid_first: int = Field(200_000, ge=1000, description="Tasks run as uids from here (when root).")
+    task_uid_count: int = Field(65_536, ge=1, description="How many uids tasks may use (one per running task).")
+    task_uid_lock_dir: Path = Field(Path("/run/trainmaster/task-uids"), description="Claims shared by the "
+                                    "host's agents, so two running tasks never share a uid.")
+    task_shared_dirs: list[Path] = Field(default_factory=list, description="Paths every task may reach (their "
+                                         "own permissions apply), such as a read-only dataset directory.")
+
+
+def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
+    """Tasks as users of their own when the agent is root; None (tasks run as the agent's user) otherwise."""
+    if not is_root():
+        log.warning("the agent does not run as root: tasks run as its own user (uid %d) and can read what it can, "
+                    "its environment in /proc and its data directory included", os.geteuid())
+        return None
+    users = TaskUsers(first_uid=settings.task_uid_first, count=settings.task_uid_count,
+                      lock_dir=settings.task_uid_lock_dir)
+    local_roots = [Path(p) for p in (local_path(storage.storage_root), local_path(storage.checkpoint_root)) if p]
+    return confinement(users=users, sdk_dir=SDK_DIR, data_dir=settings.data_dir, storage_dirs=local_roots,
+                       shared_dirs=settings.task_shared_dirs)
 
 
 def create_app(settings: AgentSettings) -> FastStream:
@@ -32,16 +54,19 @@ def create_app(settings: AgentSettings) -> FastStream:
     if settings.node_id not in cluster:
         raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(cluster)})")
     node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True)
-    broker = make_broker(settings.nats_url, name=f"agent-{node.node_id}")
+    broker = make_broker(settings.nats_url, name=f"agent-{node.node_id}", creds=settings.nats_creds,
+                         ca_file=settings.nats_ca_file)
     add_health(broker, f"agent.{node.node_id}")
-    checkpoints = CheckpointStore(settings.checkpoint_url or f"file://{(settings.data_dir / 'checkpoints').resolve()}")
-    preparer = Preparer(settings.data_dir / "agents" / node.node_id / "engines", load_engines(settings.cluster_file))
-    agent = Agent(node=node, root=settings.data_dir / "agents" / node.node_id,
-                  publish=lambda message: publish(broker, message), checkpoints=checkpoints, preparer=preparer,
+    storage = settings.storage_policy(settings.data_dir)
+    checkpoints = CheckpointStore(storage.checkpoint_root)
+    root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
+    preparer = Preparer(root / "engines", load_engines(settings.cluster_file))
+    agent = Agent(node=node, root=root, publish=lambda message: publish(broker, message), checkpoints=checkpoints,
+                  preparer=preparer, storage=storage, confinement=task_confinement(settings, storage),
                   checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s)
     background = Background()
 
-    @broker.subscriber(**durable(f"tm.node.cmd.{node.node_id}.>", consumer=f"agent-{node.node_id}", batch=8))
+    @broker.subscriber(**agent_subscription(node.node_id))
     async def on_command(command: NodeCommand) -> None:
         """Start or stop a task on this node."""
         match command:
@@ -52,7 +77,7 @@ def create_app(settings: AgentSettings) -> FastStream:
 
     @asynccontextmanager
     async def lifespan():
-        await connect(broker)
+        await connect(broker, declare=False)  # its credentials may not create or change streams
         yield
 
     async def started() -> None:

@@ -117,8 +117,9 @@ class Preparer:
             return venv
 
     async def _run(self, argv: list[str], *, what: str) -> None:
+        # readable by every task user whatever the agent's umask (an environment holds no secret)
         process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.STDOUT)
+                                                       stderr=asyncio.subprocess.STDOUT, umask=0o022)
         try:
             output, _ = await asyncio.wait_for(process.communicate(), timeout=PIP_TIMEOUT_S)
         except TimeoutError:

@@ -1,12 +1,14 @@
 """One task as a real OS process: its own process group, its environment, its output line by line."""
 import asyncio
+import json
 import os
 import re
 import signal
 import sys
 import time
+import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,31 +16,40 @@ import psutil
 
 from shared.events import LogLine, StartTask
 from shared.nodes import NodeInfo
+from services.agent.isolation import TaskUser
 
 TAIL_LINES = 20
-# Agent settings that must not leak into a task's environment.
-PRIVATE_ENV_PREFIXES = ("TRAINMASTER_", "MONGO_URL", "AWS_SECRET")
+# The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,
+# credentials included, never reaches a task); the job's own variables and ours are added after.
+INHERITED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
+                           "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HIP_VISIBLE_DEVICES"})
+INHERITED_ENV_PREFIXES = ("LC_",)
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
+SHIM = Path(__file__).resolve().parent / "shim.py"
 GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
                      r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory")
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 MEMORY_CHECK_S = 0.5
 
 
-def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str]) -> dict[str, str]:
-    """The task's environment: the agent's (minus its secrets), parameters, the job's variables, ours last."""
+def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str],
+                     sdk_dir: Path = SDK_DIR) -> dict[str, str]:
+    """The task's environment: the allowed part of the agent's, parameters, the job's variables, ours last."""
     gpus = [g for g in node.gpus if g.index in start.gpu_indices]
-    env = {k: v for k, v in base.items() if not k.startswith(PRIVATE_ENV_PREFIXES)}
+    env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
+    env.setdefault("PATH", os.defpath)
     env.update({p.name: p.value for p in start.algorithm.parameters})
     env.update(start.algorithm.environments)
     env.update({
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir / "tmp"),
         "TRAINMASTER_JOB_ID": start.job_id,
         "TRAINMASTER_PROJECT_ID": start.project_id,
         "TRAINMASTER_ATTEMPT": str(start.attempt),
         "TRAINMASTER_NODE_ID": node.node_id,
         "TRAINMASTER_WORK_DIR": str(workdir),
         "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(SDK_DIR), env.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(sdk_dir), env.get("PYTHONPATH", "")) if p),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
         "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
         "TRAINMASTER_GPU_MEMORY_GB": f"{min(g.memory_gb for g in gpus):g}" if gpus else "0",
@@ -59,6 +70,7 @@ class TaskProcess:
     start: StartTask
     process: asyncio.subprocess.Process
     workdir: Path
+    user: TaskUser | None = None
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
     oom: str | None = None
@@ -136,20 +148,36 @@ def group_rss(leader: int) -> int:
         return 0
 
 
-async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: str | None = None) -> TaskProcess:
-    """Start the task's command under the shim, as the leader of a new process group."""
+async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: str | None = None,
+                launch_dir: Path, user: TaskUser | None = None, reach: Sequence[str] = (),
+                cover: dict[str, int] | None = None) -> TaskProcess:
+    """Start the task's command under the shim, as the leader of a new process group (as `user` when given).
+
+    The shim is run by file path in isolated mode with an empty environment: the job's variables (LD_PRELOAD, say)
+    reach only the command, never the shim, which keeps the agent's privileges. They travel in a 0600 file of the
+    agent's own directory, not in the command line (every user can read those)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.agent.shim", argv or start.algorithm.command,
-        cwd=workdir,
-        env=env,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        limit=2**20,
-    )
-    return TaskProcess(start=start, process=process, workdir=workdir)
+    launch = {"command": argv or start.algorithm.command, "env": env, "cwd": str(workdir),
+              "user": {"uid": user.uid, "gid": user.gid} if user else None, "reach": list(reach),
+              "cover": cover or {}}
+    path = launch_dir / f"{uuid.uuid4().hex}.json"
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        json.dump(launch, f)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", str(SHIM), str(path),
+            cwd=workdir,
+            env={"PATH": os.defpath},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+            limit=2**20,
+        )
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return TaskProcess(start=start, process=process, workdir=workdir, user=user)
 
 
 def describe_exit(status: int, tail: deque[str]) -> str:

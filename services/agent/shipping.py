@@ -14,9 +14,10 @@ MAX_LINES_PER_CHUNK = 500
 
 class LogShipper:
     def __init__(
-        self, *, job_id: str, attempt: int, rank: int, path: Path, publish: Callable[[LogChunk], Awaitable[None]]
+        self, *, job_id: str, attempt: int, rank: int, node_id: str, path: Path,
+        publish: Callable[[LogChunk], Awaitable[None]],
     ) -> None:
-        self.job_id, self.attempt, self.rank = job_id, attempt, rank
+        self.job_id, self.attempt, self.rank, self.node_id = job_id, attempt, rank, node_id
         self.publish = publish
         self.file = path.open("a", encoding="utf-8")
         self.buffer: list[LogLine] = []
@@ -49,7 +50,8 @@ class LogShipper:
             while self.buffer:
                 lines = tuple(self.buffer[:MAX_LINES_PER_CHUNK])
                 chunk = LogChunk(event_id=f"{self.job_id}:{self.attempt}:{self.rank}:log:{self.seq}",
-                                 job_id=self.job_id, attempt=self.attempt, rank=self.rank, seq=self.seq, lines=lines)
+                                 job_id=self.job_id, attempt=self.attempt, rank=self.rank, node_id=self.node_id,
+                                 seq=self.seq, lines=lines)
                 try:
                     await self.publish(chunk)
                 except Exception as exc:  # the bus is down: keep the lines, try again shortly

@@ -9,6 +9,7 @@ from shared.events import Message
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from services.billing.handlers import router
+from services.billing.placements import Placements
 from services.billing.service import Billing
 
 SERVICE = "billing"
@@ -29,13 +30,17 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         db = w.db
         billing = Billing(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
                           nodes_open=db.billing_nodes_open, node_info=db.billing_node_info,
-                          quotas=db.billing_quotas, alerts=db.billing_alerts, publish=publish_message)
+                          quotas=db.billing_quotas, alerts=db.billing_alerts, publish=publish_message,
+                          placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
+                                                parked=db.billing_parked))
         await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
         await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
         await billing.ledger.create_index("ended_at")
         if backfilled := await billing.backfill_epochs():
             log.info("ledger: %d lines given Unix-second bounds", backfilled)
         await billing.open.create_index("node_id")
+        await db.billing_parked.create_index("attempt_key")
+        await db.billing_parked.create_index("parked_at")
         await billing.nodes.create_index("ended_at")
         # Running attempts spend money without any event: look at every budget now and then.
         w.background.every("budgets", settings.budget_check_s, billing.check_all_budgets, tolerate=TRANSIENT_ERRORS)

@@ -1,26 +1,28 @@
-"""Billing subscribers: task starts and ends, the fleet's nodes, usage, quota and admission questions."""
-from typing import Annotated
-
+"""Billing subscribers: jobs, placements, task starts and ends, the fleet's nodes, usage, quota and admission."""
 from faststream import Context
 from faststream.nats import NatsRouter
-from pydantic import Field
 
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
-from shared.events import NodeEvent, NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, \
-    TaskStarted
+from shared.events import JobEvent, JobPlaced, JobSubmitted, NodeEvent, NodeProvisioned, NodeRegistered, \
+    NodeReleased, NodeStateChanged, TaskExited, TaskStarted
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.service import Billing
 
 router = NatsRouter()
 
-TaskEvent = Annotated[TaskStarted | TaskExited, Field(discriminator="type")]
 
-
-@router.subscriber(**durable("tm.job.task.>", consumer="billing-tasks"))
+# The whole jobs stream, in its order: a placement is seen before the task events of its attempt (those that come
+# first anyway wait for it), and a task event counts only from the node its rank was placed on.
+@router.subscriber(**durable("tm.job.>", consumer="billing-jobs"))
 @retry_transient
-async def on_task_event(event: TaskEvent, billing: Billing = Context("billing")) -> None:
-    """Open a ledger line when a task starts, close it when it ends."""
+async def on_job_event(event: JobEvent, billing: Billing = Context("billing")) -> None:
+    """Learn whose job it is and where each attempt runs; open a ledger line when a task starts, close it when
+    it ends."""
     match event:
+        case JobSubmitted():
+            await billing.submitted(event)
+        case JobPlaced():
+            await billing.placed(event)
         case TaskStarted():
             await billing.started(event)
         case TaskExited():

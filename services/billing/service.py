@@ -9,13 +9,14 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
-from shared.events import (Message, NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, Notification,
-                           TaskExited, TaskStarted)
+from shared.events import (JobPlaced, JobSubmitted, Message, NodeProvisioned, NodeRegistered, NodeReleased,
+                           NodeStateChanged, Notification, TaskExited, TaskStarted)
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
     open_entry, open_lifetime
+from services.billing.placements import Placements
 from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_group, idle_parts, on_demand, owned, \
     rows, window_filters
 
@@ -37,11 +38,28 @@ class Billing:
     quotas: AsyncCollection | None = None
     alerts: AsyncCollection | None = None  # budget alerts raised, so each is published once
     publish: Publish = _nothing
+    placements: Placements | None = None  # what placement decided: the only attempts that are charged
 
     # Attempts --------------------------------------------------------------------------------------------------
 
+    async def submitted(self, event: JobSubmitted) -> None:
+        if self.placements is not None:
+            await self.placements.submitted(event)
+
+    async def placed(self, event: JobPlaced) -> None:
+        """Learn where each rank of the attempt runs; charge what its nodes reported before this arrived."""
+        if self.placements is None:
+            return
+        for waiting in await self.placements.placed(event):
+            await (self.started(waiting) if isinstance(waiting, TaskStarted) else self.exited(waiting))
+            await self.placements.unpark(waiting)
+
     async def started(self, event: TaskStarted) -> None:
-        entry = open_entry(event)
+        placement = await self._vouched(event)
+        if placement is None:
+            return
+        # Whose attempt it is comes from the submission when billing saw it, not from the reporting agent.
+        entry = {**open_entry(event), **{k: placement[k] for k in ("project_id", "user_name") if placement.get(k)}}
         if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
             return
         try:
@@ -50,8 +68,17 @@ class Billing:
             pass
 
     async def exited(self, event: TaskExited) -> None:
+        if await self._vouched(event) is None:
+            return
         await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=event.ended_at,
                           reason=event.reason)
+
+    async def _vouched(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
+        """The placement behind a task event, or None: then nothing is charged on the event's word."""
+        if self.placements is None:
+            log.warning("%s of job %s not charged: no placements to check it against", event.type, event.job_id)
+            return None
+        return await self.placements.check(event)
 
     async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
         opened = await self.open.find_one({"_id": key})

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from services.cli import commands
+from services.cli import commands, tokens
 from services.cli.client import EXIT_CONFIG, Api, CliError
 from services.cli.settings import config_file, load
 
@@ -14,9 +14,7 @@ exit codes: 0 done; following a job (logs -f, get --watch, submit --follow): the
 task's exit code (1 if it has none), 143 if it was terminated; 2 wrong usage or job file;
 65 the API refused the request; 69 the server is unreachable or failed; 77 token missing,
 invalid or without permission; 78 no token or project configured. API errors print
-"error <error_code>: <error_msg>" on stderr.
-
-estimate and quota are not here yet: the API has no dry-run or quota endpoints."""
+"error <error_code>: <error_msg>" on stderr."""
 
 
 def common() -> argparse.ArgumentParser:
@@ -88,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
         command(name, handler, help_).add_argument("job_id")
 
     command("nodes", commands.nodes, "the fleet: kind, GPUs, price, state, jobs")
+    tokens.add_parser(sub, shared)
     u = command("usage", commands.usage, "usage and cost by user and node kind")
     u.add_argument("--from", dest="start", help="ISO-8601 start")
     u.add_argument("--to", dest="end", help="ISO-8601 end")

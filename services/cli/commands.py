@@ -87,11 +87,19 @@ def gpus(node: dict) -> str:
     return ", ".join(f"{n}x {k}" for k, n in counts.items()) or "-"
 
 
+def jobs_on(node: dict) -> str:
+    """Job ids the caller may see, and how many tasks of other projects run there."""
+    shown = [r["job_id"][:8] for r in node.get("running") or []]
+    if node.get("other_tasks"):
+        shown.append(f"+{node['other_tasks']} other")
+    return ", ".join(shown) or "-"
+
+
 def nodes(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("GET", "/v2/nodes")
     rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n), f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
              f"{n.get('cpu_count', 0):g}", f"{n.get('memory_gb', 0):g}", f"{n.get('price_per_hour', 0):.2f}",
-             ", ".join(r["job_id"][:8] for r in n.get("running") or []) or "-"] for n in answer["items"]]
+             jobs_on(n)] for n in answer["items"]]
     headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "jobs")
     return out(args, answer, render.table(headers, rows))
 

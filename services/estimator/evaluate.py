@@ -1,4 +1,10 @@
-"""Evaluate ETA estimators on MLPerf runs held out by submitter (`trainmaster-eta-eval`)."""
+"""Evaluate ETA estimators on MLPerf runs never trained on (`trainmaster-eta-eval`).
+
+`--split round`: train only on the `--train` tarballs, test on every successful run of `--test` (the
+headline: new round, new systems, new benchmarks). `--split submitter` (default): the test tarball's
+submitters held out (`--kfold K` folds, or one held-out share), the rest of it trained on too.
+`--targets FILE` declares the quality target of benchmarks the built-in table does not know.
+"""
 
 from __future__ import annotations
 
@@ -6,108 +12,60 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 
+from services.estimator.model.baselines import CurveOnly, MedianDuration, WorkOverThroughput
 from services.estimator.model.calibrate import make_estimator, replay, train_with_calibration
-from services.estimator.model.corpus import default_tarballs, load_corpora, load_corpus
-from services.estimator.model.curves import FAMILIES, crossing, fit_family
-from services.estimator.model.online import OnlineEstimator
+from services.estimator.model.corpus import default_tarballs, is_usable, load_cached
+from services.estimator.model.features import normalise_accelerator
+from services.estimator.model.targets import parse_targets
 
 CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
+HEADLINE_METHOD = "eta_blend"
+MAX_TARGETS_FILE = 1 << 20
 
 
-# -- baselines ----------------------------------------------------------------------------
-class MedianDuration:
-    """Median training duration of the benchmark, ignoring the live run."""
-
-    def __init__(self, train):
-        by = defaultdict(list)
-        for r in train:
-            by[r.benchmark].append(r.duration_s)
-        self.median = {b: statistics.median(v) for b, v in by.items()}
-        self.all = statistics.median(r.duration_s for r in train)
-
-    def total(self, run, now, _est) -> float:
-        return max(self.median.get(run.benchmark, self.all), now)
-
-
-class WorkOverThroughput:
-    """Median work to target of (benchmark, batch size) in history / live throughput."""
-
-    def __init__(self, train):
-        self.fallback = MedianDuration(train)
-        by, by_b = defaultdict(list), defaultdict(list)
-        for r in train:
-            by[(r.benchmark, r.batch_size)].append(r.total_work)
-            by_b[r.benchmark].append(r.total_work)
-        self.work = {k: statistics.median(v) for k, v in by.items()}
-        self.work_b = {k: statistics.median(v) for k, v in by_b.items()}
-
-    def total(self, run, now, est: OnlineEstimator) -> float:
-        work = self.work.get((run.benchmark, run.batch_size), self.work_b.get(run.benchmark))
-        live = est.rate()
-        if work is None or live is None:
-            return self.fallback.total(run, now, est)
-        rate, t_last, p_last = live
-        return _capped(t_last + max(work - p_last, 0.0) / rate, now)
-
-
-def _capped(total: float, now: float) -> float:
-    """Same sanity cap as the online estimator: no more than 20x the elapsed time."""
-    return min(max(total, now), 20.0 * now)
-
-
-class CurveOnly:
-    """Optimus-style fit of metric vs progress alone, extrapolated with live throughput."""
-
-    def __init__(self, family: str = "optimus"):
-        self.family = family
-
-    def total(self, run, now, est: OnlineEstimator) -> float | None:
-        live = est.rate()
-        x, y = np.asarray(est._metric_x), np.asarray(est._metric_y)
-        if live is None or len(x) < len(FAMILIES[self.family].p0) + 1:
-            return None
-        scale = float(x.max())
-        fit = fit_family(self.family, x / scale, y)
-        target = run.target if run.mode == "max" else -run.target
-        cross = crossing(self.family, fit.params, target) * scale if fit else math.inf
-        if not math.isfinite(cross):
-            return None
-        rate, t_last, p_last = live
-        return _capped(t_last + max(cross - p_last, 0.0) / rate, now)
+def scorable(run) -> bool:
+    """A successful test run the harness can replay and score: a target, progress, the target met."""
+    return run.succeeded and run.target is not None and run.total_work is not None and run.reached_target()
 
 
 # -- metrics ------------------------------------------------------------------------------
 def summarise(rows: list[dict]) -> dict:
-    """Error statistics of (truth, predicted total, remaining band) rows at one cut."""
+    """Error statistics at one cut; a row without a prediction (unscorable run) counts as a miss."""
     done = [r for r in rows if r["pred"] is not None and math.isfinite(r["pred"])]
     if not done:
-        return {"n": 0, "n_total": len(rows)}
+        return {"n": 0, "n_total": len(rows), "within_20pct": 0.0}
     ape = np.array([abs(r["pred"] / r["truth"] - 1) for r in done])
     rem_err = np.array([abs(r["pred"] - r["truth"]) for r in done])
     rem_ape = np.array([abs(r["pred"] - r["truth"]) / max(r["truth"] - r["now"], 1e-9) for r in done])
     out = {
         "n": len(done), "n_total": len(rows),
         "median_ape": float(np.median(ape)), "mape": float(np.mean(ape)),
-        "within_20pct": float(np.mean(ape <= 0.2)),
+        "within_20pct": float(np.sum(ape <= 0.2) / len(rows)),
+        "within_20pct_scored": float(np.mean(ape <= 0.2)),
         "median_abs_err_remaining_s": float(np.median(rem_err)),
         "median_ape_remaining": float(np.median(rem_ape)),
     }
-    banded = [r for r in done if r.get("low") is not None]
+    banded = [r for r in done if r.get("low") is not None and math.isfinite(r["low"])]
     if banded:
         out["coverage_10_90"] = float(np.mean(
             [r["low"] <= r["truth"] - r["now"] <= r["high"] for r in banded]))
     return out
 
 
-def evaluate_split(train, test, *, folds: int = 3, seed: int = 0) -> dict[str, dict]:
-    """Per-method, per-cut rows of one train/test split."""
+def _row(run, now, pred, **extra) -> dict:
+    return {"truth": run.duration_s, "now": now, "pred": pred, "benchmark": run.benchmark,
+            "accelerator": normalise_accelerator(run.accelerator), **extra}
+
+
+def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0) -> dict[str, dict]:
+    """Per-method, per-cut rows of one train/test split (unscorable test runs: rows without a prediction)."""
     predictor = train_with_calibration(train, folds=folds, seed=seed)
     baselines = {"median_duration": MedianDuration(train),
                  "work_over_throughput": WorkOverThroughput(train), "optimus_only": CurveOnly(),
@@ -122,102 +80,157 @@ def evaluate_split(train, test, *, folds: int = 3, seed: int = 0) -> dict[str, d
         def visit(frac, now, est, run=run):
             e = est.estimate(now)
             pred = now + e.remaining_s if math.isfinite(e.remaining_s) else None
-            rows["eta_blend"][frac].append({"truth": run.duration_s, "now": now, "pred": pred,
-                                            "low": e.low_s, "high": e.high_s,
-                                            "benchmark": run.benchmark, "run_id": run.run_id,
-                                            "method": e.method})
+            rows[HEADLINE_METHOD][frac].append(_row(run, now, pred, low=e.low_s, high=e.high_s,
+                                                    method=e.method, run_id=run.run_id))
             for name, base in baselines.items():
-                rows[name][frac].append({"truth": run.duration_s, "now": now,
-                                         "pred": base.total(run, now, est),
-                                         "benchmark": run.benchmark})
+                rows[name][frac].append(_row(run, now, base.total(run, now, est)))
         replay(run, est, CUTS, visit)
+    for run in unscorable:
+        for method in [HEADLINE_METHOD, *baselines]:
+            for frac in CUTS:
+                rows[method][frac].append(_row(run, frac * run.duration_s, None))
     return rows
 
 
+# -- splits -------------------------------------------------------------------------------
 def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0):
     """Hold out a share of the test corpus's submitters; drop them from training too."""
     subs = sorted({r.submitter for r in runs_test})
     random.Random(seed).shuffle(subs)
     held = set(subs[: max(1, round(len(subs) * share))])
-    train = [r for r in runs_train if r.submitter not in held]
-    test = [r for r in runs_test if r.submitter in held]
-    return [(train, test)]
+    return [held]
 
 
 def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0):
     """k folds over the test corpus's submitters; each fold is held out of training."""
     subs = sorted({r.submitter for r in runs_test})
     random.Random(seed).shuffle(subs)
-    splits = []
-    for i in range(k):
-        held = set(subs[i::k])
-        splits.append(([r for r in runs_train if r.submitter not in held],
-                       [r for r in runs_test if r.submitter in held]))
-    return splits
+    return [set(subs[i::k]) for i in range(k)]
 
 
-def run_evaluation(train_paths, test_path, *, kfold: int = 0, seed: int = 0,
-                   share: float = 1 / 3) -> dict:
-    """Load corpora, split by submitter, evaluate every method at every cut."""
-    test_runs = load_corpus(test_path)
-    train_runs = load_corpora([p for p in train_paths if str(p) != str(test_path)])
-    train_runs += test_runs  # test submitters are removed per split below
-    if kfold > 1:
-        splits = split_kfold(train_runs, test_runs, k=kfold, seed=seed)
+def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: int = 0, seed: int = 0,
+                   share: float = 1 / 3, targets=None, cache_dir: Path | None = None) -> dict:
+    """Load corpora, split, evaluate every method at every cut; the report the README quotes."""
+    def load(path):
+        return load_cached(path, targets=targets, cache_dir=cache_dir)
+
+    test_all = [r for r in load(test_path) if r.succeeded]
+    others = [r for p in train_paths if str(p) != str(test_path) for r in load(p)]
+    test_ok = [r for r in test_all if scorable(r)]
+    test_bad = [r for r in test_all if not scorable(r)]
+    if split == "round":
+        if any(str(p) == str(test_path) for p in train_paths):
+            raise ValueError("param[--train] invalid: a round split never trains on its --test tarball")
+        plans = [(None, [r for r in others if is_usable(r)], test_ok, test_bad)]
     else:
-        splits = split_holdout(train_runs, test_runs, share=share, seed=seed)
+        pool = [r for r in others + test_all if is_usable(r)]
+        helds = (split_kfold(pool, test_all, k=kfold, seed=seed) if kfold > 1
+                 else split_holdout(pool, test_all, share=share, seed=seed))
+        plans = [(held, [r for r in pool if r.submitter not in held],
+                  [r for r in test_ok if r.submitter in held],
+                  [r for r in test_bad if r.submitter in held]) for held in helds]
     merged: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
-    held_out = []
-    for train, test in splits:
-        held_out.append(sorted({r.submitter for r in test}))
-        for method, by_cut in evaluate_split(train, test, seed=seed).items():
+    splits = []
+    seen_bench, seen_accel = set(), set()
+    for held, train, test, bad in plans:
+        seen_b = {r.benchmark for r in train}
+        seen_a = {normalise_accelerator(r.accelerator) for r in train}
+        seen_bench |= seen_b
+        seen_accel |= seen_a
+        splits.append({"held_out_submitters": sorted(held) if held else None, "train_runs": len(train),
+                       "test_runs": len(test) + len(bad), "test_unscorable": len(bad),
+                       "unseen_benchmarks": sorted({r.benchmark for r in test + bad} - seen_b)})
+        for method, by_cut in evaluate_split(train, test, unscorable=bad, seed=seed).items():
             for frac, rows in by_cut.items():
+                for row in rows:
+                    row["group_bench"] = "seen" if row["benchmark"] in seen_b else "unseen"
+                    row["group_accel"] = "seen_accelerator" if row["accelerator"] in seen_a else "new_accelerator"
                 merged[method][frac] += rows
-    report = {"splits": [{"held_out_submitters": h} for h in held_out], "methods": {}}
+    return _report(merged, split=split, splits=splits, test_path=test_path, train_paths=train_paths)
+
+
+def _report(merged, *, split, splits, test_path, train_paths) -> dict:
+    report = {"split": split, "train": [str(p) for p in train_paths], "test": str(test_path),
+              "headline_method": HEADLINE_METHOD, "cuts": [f"{int(c * 100)}%" for c in CUTS],
+              "unseen_benchmarks": sorted({b for s in splits for b in s["unseen_benchmarks"]}),
+              "splits": splits, "methods": {}}
     for method, by_cut in merged.items():
-        report["methods"][method] = {f"{int(f * 100)}%": summarise(rows)
-                                     for f, rows in sorted(by_cut.items())}
-        report["methods"][method]["by_benchmark_20%"] = _by_benchmark(by_cut.get(0.2, []))
+        entry = {f"{int(f * 100)}%": summarise(rows) for f, rows in sorted(by_cut.items())}
+        entry["by_benchmark"] = {f"{int(f * 100)}%": _grouped(rows, "benchmark")
+                                 for f, rows in sorted(by_cut.items())}
+        entry["by_group"] = {f"{int(f * 100)}%": {**_grouped(rows, "group_bench"), **_grouped(rows, "group_accel")}
+                             for f, rows in sorted(by_cut.items())}
+        report["methods"][method] = entry
     return report
 
 
-def _by_benchmark(rows):
+def _grouped(rows, key):
     by = defaultdict(list)
     for r in rows:
-        by[r["benchmark"]].append(r)
+        by[r[key]].append(r)
     return {b: summarise(v) for b, v in sorted(by.items())}
 
 
 def _print_table(report: dict) -> None:
-    for method, cuts in report["methods"].items():
-        print(f"\n{method}")
-        print(f"{'cut':>5} {'n':>5} {'medAPE':>7} {'MAPE':>7} {'<=20%':>6} {'remErr_s':>9} {'cov':>5}")
-        for cut, s in cuts.items():
-            if not cut.endswith("%") or not s.get("n"):
-                continue
-            cov = s.get("coverage_10_90")
-            print(f"{cut:>5} {s['n']:>5} {s['median_ape']:7.3f} {s['mape']:7.3f} "
-                  f"{s['within_20pct']:6.3f} {s['median_abs_err_remaining_s']:9.1f} "
-                  f"{'' if cov is None else f'{cov:5.3f}'}")
+    print(f"split {report['split']}: train {report['train']} test {report['test']}; "
+          f"unseen benchmarks {report['unseen_benchmarks']}")
+    for method, entry in report["methods"].items():
+        print(f"\n{method}{' (headline)' if method == report['headline_method'] else ''}")
+        print(f"{'cut':>5} {'group':>16} {'n':>5} {'n_tot':>5} {'medAPE':>7} {'MAPE':>7} {'<=20%':>6} "
+              f"{'remErr_s':>9} {'cov':>5}")
+        for cut in report["cuts"]:
+            for group, s in [("all", entry[cut]), *entry["by_group"][cut].items()]:
+                if not s.get("n"):
+                    continue
+                cov = s.get("coverage_10_90")
+                print(f"{cut:>5} {group:>16} {s['n']:>5} {s['n_total']:>5} {s['median_ape']:7.3f} "
+                      f"{s['mape']:7.3f} {s['within_20pct']:6.3f} {s['median_abs_err_remaining_s']:9.1f} "
+                      f"{'' if cov is None else f'{cov:5.3f}'}")
+
+
+def read_targets(path: str):
+    """The `--targets` file, checked field by field."""
+    raw = Path(path).read_bytes()
+    if len(raw) > MAX_TARGETS_FILE:
+        raise ValueError(f"param[--targets] invalid: file larger than {MAX_TARGETS_FILE} bytes")
+    try:
+        obj = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"param[--targets] invalid: not JSON ({exc})") from None
+    return parse_targets(obj)
 
 
 def main(argv=None) -> int:
-    """CLI: trainmaster-eta-eval --train TARBALL [...] --test TARBALL [--kfold K] [--json]."""
+    """CLI: trainmaster-eta-eval --train TARBALL [...] --test TARBALL [--split round|submitter] [--kfold K]."""
     defaults = [str(p) for p in default_tarballs()]
-    ap = argparse.ArgumentParser(prog="trainmaster-eta-eval", description=__doc__)
+    ap = argparse.ArgumentParser(prog="trainmaster-eta-eval", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--kfold", type=int, default=0, help="k folds over test submitters")
-    ap.add_argument("--share", type=float, default=1 / 3, help="held-out submitter share")
+    ap.add_argument("--split", choices=("submitter", "round"), default="submitter")
+    ap.add_argument("--kfold", type=int, default=0, help="k folds over test submitters (submitter split)")
+    ap.add_argument("--share", type=float, default=1 / 3, help="held-out submitter share (submitter split)")
+    ap.add_argument("--targets", help='JSON {"<benchmark>": {"metric", "target", "mode"}} for benchmarks '
+                                      "the built-in table does not know")
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "trainmaster" / "eta-corpus",
+                    help="parsed-corpus cache folder ('' to disable)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--out", type=Path, help="also write the JSON report to this file")
     args = ap.parse_args(argv)
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
-    started = time.time()
-    report = run_evaluation(args.train, args.test, kfold=args.kfold, seed=args.seed,
-                            share=args.share)
+    try:
+        targets = read_targets(args.targets) if args.targets else None
+        started = time.time()
+        report = run_evaluation(args.train, args.test, split=args.split, kfold=args.kfold, seed=args.seed,
+                                share=args.share, targets=targets,
+                                cache_dir=args.cache if str(args.cache) else None)
+    except (OSError, ValueError) as exc:
+        ap.error(str(exc))
     report["seconds"] = round(time.time() - started, 1)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()

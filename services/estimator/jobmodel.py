@@ -16,6 +16,11 @@ FEATURE_KEYS = {"submission_benchmark": "benchmark", "global_batch_size": "batch
 # Job parameters that name the same features, for scripts that do not write MLLOG.
 PARAMETER_KEYS = {"benchmark": "benchmark", "task": "benchmark", "batch_size": "batch_size",
                   "learning_rate": "learning_rate", "lr": "learning_rate"}
+# Parameters declaring the amount of work, in the units the job reports its progress in (its `step` group or
+# MLLOG epoch/samples): with it, the live rate alone gives an estimate, whatever the job is.
+WORK_KEYS = ("max_steps", "total_steps", "num_steps", "epochs", "num_epochs", "max_epochs", "train_samples",
+             "total_samples")
+MAX_WORK = 1e15
 # Parameters naming the hardware the features refer to (a replay of another system's run, say); they win over
 # the node's own GPUs.
 HARDWARE_KEYS = ("accelerator", "accelerators", "nodes")
@@ -43,6 +48,8 @@ class JobModel:
         for p in self.parameters:
             if p.name in PARAMETER_KEYS:
                 self._feature(PARAMETER_KEYS[p.name], p.value)
+            elif p.name in WORK_KEYS and "total_work" not in self.features:
+                self._feature("total_work", p.value)
 
     def started(self, *, at: float, accelerator: str, gpus: int, nodes: int) -> None:
         self.started_at = self.started_at or at
@@ -85,7 +92,10 @@ class JobModel:
         for point in points:
             if target and point.name == target[0]:  # the metric point carries its progress too
                 return point.step, point.value
-        progress = record.progress() if record is not None else None
+        # Any metric's step marks progress (a job with a declared amount of work and no target, say).
+        progress = next((p.step for p in points if p.step is not None), None)
+        if progress is None and record is not None:
+            progress = record.progress()
         return None if progress is None else (progress, None)
 
     def estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
@@ -119,12 +129,14 @@ class JobModel:
         built_from = (version if with_prior else None, features, start)
         if self.online is not None and self.built_from == built_from:
             return
-        if target is None and not with_prior:
+        work = self.features.get("total_work")
+        if target is None and not with_prior and not work:
             return
         prior = predictor.prior(features) if with_prior else None
         self.built_from = built_from
         self.online = OnlineEstimator(start_time=start, target=target[1] if target else None,
                                       mode=target[2] if target else "max", prior=prior,
+                                      total_work=float(work) if work else None,
                                       calibration=predictor.blend if with_prior else None,
                                       key=features.benchmark if features else None)
         for t, progress, value in self.seen:  # replay what was seen before
@@ -147,10 +159,15 @@ class JobModel:
         return elapsed / (elapsed + remaining) if elapsed + remaining > 0 else None
 
     def _feature(self, name: str, value) -> None:
+        """Keep a feature only when it is sane: a short name, or a finite, positive, bounded number."""
         if name == "benchmark":
-            self.features[name] = str(value).lower()
-        else:
-            try:
-                self.features[name] = float(value)
-            except (TypeError, ValueError):
-                pass
+            text = str(value).strip().lower()[:64]
+            if text:
+                self.features[name] = text
+            return
+        try:
+            number = float(value)
+        except (TypeError, ValueError, OverflowError):
+            return
+        if math.isfinite(number) and 0 < number <= MAX_WORK:
+            self.features[name] = number

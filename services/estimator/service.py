@@ -101,7 +101,8 @@ class Estimator:
         job = await self.jobs.find_one({"_id": job_id})
         if job is None or (job.get("finished") and not finished_too):
             return None
-        model = JobModel([MetricSpec.model_validate(m) for m in job["metrics"]],
+        # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
+        model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
                          [Parameter.model_validate(p) for p in job.get("parameters", [])])
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             model.observe(LogLine(t=doc["t"], line=doc["line"]))
@@ -132,6 +133,8 @@ class Estimator:
                "run_start_ms": int(start * 1000), "run_stop_ms": int(event.end_time.timestamp() * 1000),
                "status": "success",
                "observations": [{"t_s": p.t - start, "progress": p.step, "value": p.value} for p in progress]}
+        if (target := model._target()) is not None:  # a declared target makes a new benchmark learnable
+            run |= {"target_value": target[1], "target_mode": target[2]}
         try:
             await self.history.insert_one({"_id": event.job_id, "run": run, "trained": False})
         except DuplicateKeyError:

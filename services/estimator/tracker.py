@@ -1,12 +1,12 @@
 """Metric points from a job's output and a remaining-time estimate from their rate (pure, no I/O)."""
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
+from shared.safe_regex import Pattern, clip, compile_metric
 from services.estimator.model.mllog import LogRecord, parse_mllog_line
 
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
@@ -22,17 +22,18 @@ class MetricPoint:
     step: float | None = None
 
 
-def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[re.Pattern],
+def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[Pattern | None],
                record: LogRecord | None = None) -> list[MetricPoint]:
-    """Every metric value the line carries: the job's regexes, and MLLOG key/value records (`record`: the line's
-    MLLOG record when the caller has parsed it already)."""
+    """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS), and MLLOG
+    key/value records (`record`: the line's MLLOG record when the caller has parsed it already)."""
     points = []
+    head = clip(line)
     for spec, pattern in zip(metrics, patterns):
-        match = pattern.search(line)
+        match = pattern.search(head) if pattern is not None else None
         if not match:
             continue
         groups = match.groupdict()
-        raw = groups.get("value") or match.group(1)
+        raw = groups.get("value")
         try:
             value = float(raw)
             step = float(groups["step"]) if groups.get("step") else None
@@ -62,7 +63,7 @@ class JobTracker:
     points: dict[str, list[MetricPoint]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.patterns = [re.compile(m.regex) for m in self.metrics]
+        self.patterns = [_compiled(m.regex) for m in self.metrics]
 
     def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
         found = parse_line(line.line, line.t, self.metrics, self.patterns, record)
@@ -75,6 +76,14 @@ class JobTracker:
         estimates = [e for spec in self.metrics if spec.target is not None
                      if (e := _eta_for(self.points.get(spec.name, []), spec, now))]
         return max(estimates, key=lambda e: e.remaining_s) if estimates else None
+
+
+def _compiled(regex: str) -> Pattern | None:
+    """The metric's RE2 program; None for a pattern stored before submissions were checked under RE2."""
+    try:
+        return compile_metric(regex)
+    except ValueError:
+        return None
 
 
 def _eta_for(points: list[MetricPoint], spec: MetricSpec, now: float) -> Eta | None:

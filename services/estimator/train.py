@@ -12,12 +12,18 @@ from services.estimator.model.corpus import Observation, Run, load_corpora
 
 
 def runs_from_json(path: Path) -> list[Run]:
-    """Completed trainmaster jobs, written by the estimator in the corpus' own shape."""
+    """Completed trainmaster jobs, written by the estimator in the corpus' own shape (unknown keys ignored)."""
+    fields = set(Run.__dataclass_fields__) - {"observations"}
     runs = []
     for item in json.loads(path.read_text()):
-        observations = [Observation(**o) for o in item.pop("observations")]
-        runs.append(Run(**item, observations=observations))
+        observations = [Observation(**o) for o in item.get("observations", [])]
+        runs.append(Run(**{k: v for k, v in item.items() if k in fields}, observations=observations))
     return runs
+
+
+def learnable(runs: list[Run]) -> list[Run]:
+    """Completed jobs that say how much work their target took (a job without a known target says nothing)."""
+    return [r for r in runs if r.reached_target() and r.total_work is not None and r.duration_s > 0]
 
 
 def main() -> None:
@@ -27,7 +33,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path)
     args = parser.parse_args()
     os.nice(10)  # background work: the services on this machine come first
-    runs = load_corpora(args.corpus) + (runs_from_json(args.runs) if args.runs else [])
+    runs = load_corpora(args.corpus) + (learnable(runs_from_json(args.runs)) if args.runs else [])
     if not runs:
         raise SystemExit("no training runs")
     model = train_with_calibration(runs)

@@ -1,4 +1,7 @@
 """Monitor subscribers: decode, hand to the service layer."""
+import logging
+from datetime import datetime
+
 from faststream import Context
 from faststream.nats import NatsRouter
 
@@ -26,6 +29,10 @@ from services.monitor.nodes import NodeRecord
 from services.monitor.service import Monitor
 
 router = NatsRouter()
+log = logging.getLogger(__name__)
+
+TaskEvent = TaskPreparing | TaskStarted | TaskExited
+TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task_started, TaskExited: state.task_exited}
 
 
 @router.subscriber(**durable("tm.job.>", consumer="monitor-jobs"))
@@ -38,12 +45,8 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
             await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
         case JobPlaced():
             await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
-        case TaskPreparing():
-            await monitor.apply(event.job_id, lambda job: job and state.task_preparing(job, event, now=now))
-        case TaskStarted():
-            await monitor.apply(event.job_id, lambda job: job and state.task_started(job, event, now=now))
-        case TaskExited():
-            await monitor.apply(event.job_id, lambda job: job and state.task_exited(job, event, now=now))
+        case TaskPreparing() | TaskStarted() | TaskExited():
+            await monitor.apply(event.job_id, lambda job: _task_change(job, event, now=now))
         case JobTerminateRequested():
             await monitor.apply(
                 event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
@@ -55,6 +58,18 @@ async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -
             await monitor.lose_tasks(event, at=now)
         case JobUnplaceable():
             await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
+
+
+def _task_change(job: state.JobState | None, event: TaskEvent, *, now: datetime) -> state.Outcome | None:
+    """An agent's word on a task counts only from the node the task's attempt was placed on: log and drop the rest."""
+    if job is None:
+        log.warning("%s for unknown job %s from node %s dropped", event.type, event.job_id, event.node_id)
+        return None
+    if not state.from_placed_node(job, event):
+        log.warning("%s of job %s attempt %d rank %d from node %s dropped: that attempt was not placed there",
+                    event.type, event.job_id, event.attempt, event.rank, event.node_id)
+        return state.foreign_task(job, event, now=now)
+    return TASK_TRANSITIONS[type(event)](job, event, now=now)
 
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))

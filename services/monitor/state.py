@@ -170,9 +170,27 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
     return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
 
 
+def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExited) -> bool:
+    """Whether the event's node is where its attempt was placed (its rank's node, for the current attempt): the
+    only node whose agent may speak for that task. Anything else is forged or misrouted."""
+    if event.attempt == job.attempt and job.tasks:
+        task = job.tasks.get(str(event.rank))
+        return task is not None and task.node_id == event.node_id
+    return any(a.attempt == event.attempt and event.node_id in a.node_ids for a in job.attempts)
+
+
+def foreign_task(job: JobState, event: TaskPreparing | TaskStarted | TaskExited, *, now: datetime) -> Outcome:
+    """An event from a node its attempt was not placed on changes nothing; a start there is told to stop (fencing
+    an attempt this monitor never accepted), which stops nothing anywhere else."""
+    if not isinstance(event, TaskStarted):
+        return job, []
+    return job, [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)]
+
+
 def task_preparing(job: JobState, event: TaskPreparing, *, now: datetime) -> Outcome:
     task = job.tasks.get(str(event.rank))
-    if (event.attempt != job.attempt or task is None or task.state != "assigned" or job.phase != Phase.PENDING
+    if (event.attempt != job.attempt or task is None or task.node_id != event.node_id or task.state != "assigned"
+            or job.phase != Phase.PENDING
             or job.secondary_phase == SecondaryPhase.PREPARING):
         return job, []
     return switch(job, Phase.PENDING, SecondaryPhase.PREPARING,

@@ -4,6 +4,7 @@ import tomllib
 from pathlib import Path
 
 from faststream import FastStream
+from faststream.nats import NatsBroker
 from pydantic import Field
 
 from shared.service import Wiring, service_app
@@ -13,7 +14,7 @@ from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet
 from services.placement.handlers import router
 from services.placement.policy import PolicyConfig
-from services.placement.providers import LocalProcessProvider
+from services.placement.providers import LocalProcessProvider, NodeCredentials
 from services.placement.service import Placement, scheduling_loop
 
 SERVICE = "placement"
@@ -28,6 +29,8 @@ class PlacementSettings(CommonSettings):
     pullback_min_remaining_s: float = Field(3600, ge=0, description="Pull back only jobs with this much left.")
     migration_s: float = Field(300, ge=0, description="What a snapshot and restore cost in time (pull-back sums).")
     provider: str = Field("local-process", description="Where on-demand nodes come from.")
+    nats_minter: Path | None = Field(None, description="Mints and revokes rented nodes' bus credentials (`make run` "
+                                     "writes it); without it rented agents get none (a server without auth).")
 
 
 def create_app(settings: PlacementSettings | None = None) -> FastStream:
@@ -35,7 +38,8 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
 
     async def setup(w: Wiring) -> Placement:
         cluster = load_cluster_file(settings.cluster_file)
-        fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker), provider=make_provider(settings),
+        fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker),
+                      provider=make_provider(settings, w.broker),
                       catalogue=catalogue_from(cluster.get("instance_types", [])))
         config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,
                               pullback_min_remaining_s=settings.pullback_min_remaining_s,
@@ -50,11 +54,13 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)
 
 
-def make_provider(settings: PlacementSettings) -> LocalProcessProvider:
+def make_provider(settings: PlacementSettings, broker: NatsBroker) -> LocalProcessProvider:
     if settings.provider != "local-process":
         raise SystemExit(f"unknown provider {settings.provider!r} (available: local-process)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_NODE_ID")}  # children are agents
-    return LocalProcessProvider(data_dir=settings.data_dir.resolve(), env=env)
+    credentials = NodeCredentials(minter_file=settings.nats_minter, broker=broker, nats_url=settings.nats_url,
+                                  ca_file=settings.nats_ca_file) if settings.nats_minter else None
+    return LocalProcessProvider(data_dir=settings.data_dir.resolve(), env=env, credentials=credentials)
 
 
 def load_cluster_file(path: Path) -> dict:

@@ -23,9 +23,12 @@ def _share(node: NodeInfo, gpus: int) -> float:
 
 def candidates(
     *, spec: Spec, nodes: Iterable[NodeInfo], usage: dict[str, Usage], catalogue: Iterable[InstanceType],
-    reference_tflops: float, predicted_s: float | None = None,
+    reference_tflops: float, predicted_s: float | None = None, known: Iterable[NodeInfo] | None = None,
 ) -> CandidatesReply:
-    """The best node of each allowed kind (free now preferred), and every instance type that could be rented."""
+    """The best node of each allowed kind (free now preferred), and every instance type that could be rented; a kind
+    is unplaceable when no `known` node (lost ones included: they may come back) nor instance type could host it."""
+    nodes = list(nodes)
+    known = nodes if known is None else list(known)
     resource, prefs = spec.resource, spec.placement
     base = predicted_s or prefs.expected_duration_s or DEFAULT_DURATION_S
     source = "estimator" if predicted_s else "owner" if prefs.expected_duration_s else "default"
@@ -51,6 +54,8 @@ def candidates(
         hosts = [n for n in nodes if n.kind == kind and acceptable(n)]
         rentable = [i for i in catalogue if kind == "on_demand" and acceptable(catalogue_node(i))]
         if len(hosts) < resource.node_count and not rentable:
+            if sum(1 for n in known if n.kind == kind and acceptable(n)) >= resource.node_count:
+                continue  # enough such nodes, just not all ready now
             unplaceable[kind] = f"no {kind} node can host {resource.gpu_count} GPU(s) of at least " \
                                 f"{resource.min_gpu_memory_gb:g} GB with {resource.cpu_count:g} CPUs and " \
                                 f"{resource.memory_gb:g} GB"

@@ -2,7 +2,7 @@
 from faststream import Context
 from faststream.nats import NatsRouter
 
-from shared.bus import RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
+from shared.bus import NODE_REGISTERED, RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
 from shared.events import (
     EtaEstimated,
     JobDeleted,
@@ -31,7 +31,7 @@ async def on_job_event(event: JobEvent, placement: Placement = Context("placemen
             await placement.deleted(event.job_id)
 
 
-@router.subscriber(**durable("tm.node.evt.registered", consumer="placement-nodes-registered"))
+@router.subscriber(**durable(NODE_REGISTERED, consumer="placement-node-registrations"))
 @retry_transient
 async def on_node_registered(event: NodeRegistered, placement: Placement = Context("placement")) -> None:
     """A node joined (or its agent restarted)."""

@@ -279,7 +279,7 @@ class Placement:
     def candidates(self, spec: Spec) -> CandidatesReply:
         infos = self.fleet.ready_infos()
         return candidates(spec=spec, nodes=infos, usage=self.usage(), catalogue=self.fleet.catalogue,
-                          reference_tflops=reference_tflops(infos))
+                          reference_tflops=reference_tflops(infos), known=self.fleet.all_infos())
 
     async def _pull_back(self, job_id: str, source: str, target: str) -> None:
         """Snapshot the job on the rented node and keep the owned one for it; the rented node goes once empty."""

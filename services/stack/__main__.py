@@ -4,10 +4,16 @@ import sys
 import time
 
 from services.stack.processes import Stack, StackSettings
+from services.submitter.auth import check_admin_token
 
 
 def main() -> None:
     stack = Stack(StackSettings())
+    try:
+        check_admin_token(stack.settings.admin_token)  # the submitter would refuse it too, less visibly
+    except ValueError as exc:
+        print(f"trainmaster: {exc}", file=sys.stderr)
+        sys.exit(2)
     stopping = False
 
     def stop(*_) -> None:
@@ -26,6 +32,7 @@ def main() -> None:
     print(f"trainmaster is up: API {stack.api_url} (docs at {stack.api_url}/docs), NATS {stack.nats_url}, "
           f"database {stack.mongo_url}\n  nodes: {', '.join(stack.node_ids())}\n"
           f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
+          f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
           f"  logs: {stack.data_dir / 'logs'}\n  Ctrl-C stops everything.", flush=True)
     reported: set[str] = set()
     while not stopping:

@@ -1,18 +1,23 @@
 """Start and stop the whole stack as child processes: NATS, the embedded database, five services, agents."""
+import asyncio
+import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote_plus
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.agent.resources import load_cluster
+from services.stack.identities import Identities, prepare_bus
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 
@@ -22,11 +27,14 @@ class StackSettings(BaseSettings):
 
     data_dir: Path = Path(".trainmaster")
     nats_port: int = 4222
-    mongo_port: int = 27017
     api_port: int = 8080
     api_host: str = "127.0.0.1"
     mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB; else embedded.")
-    nats_url: str | None = Field(None, description="External NATS (JetStream on); else one is started here.")
+    nats_url: str | None = Field(None, description="External NATS (JetStream on, configured with the auth block "
+                                 "`python -m services.stack.identities` writes); else one is started here.")
+    nats_tls_cert: Path | None = Field(None, description="Server certificate: the NATS started here speaks TLS.")
+    nats_tls_key: Path | None = Field(None, description="Its private key.")
+    nats_ca_file: Path | None = Field(None, description="CA that signed the server's certificate (clients check).")
     cluster_file: Path = Path("cluster.toml")
     admin_token: str | None = None
     heartbeat_interval_s: float = 2.0
@@ -40,6 +48,25 @@ def executable(name: str) -> str:
     """A console script of this environment (the venv's bin first, then PATH)."""
     local = Path(sys.executable).parent / name
     return str(local) if local.exists() else (shutil.which(name) or name)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process still runs (a zombie of someone else's counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def wait_for_socket(path: Path, *, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket(socket.AF_UNIX) as s:
+            if s.connect_ex(str(path)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {path} after {timeout_s}s")
 
 
 def wait_for_port(port: int, *, timeout_s: float = 30) -> None:
@@ -64,11 +91,25 @@ class Stack:
 
     @property
     def mongo_url(self) -> str:
-        return self.settings.mongo_url or f"mongodb://127.0.0.1:{self.settings.mongo_port}"
+        return self.settings.mongo_url or "mongodb://" + quote_plus(str(self.database_socket))
+
+    @property
+    def database_socket(self) -> Path:
+        """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
+        a deep data directory gets a private directory of its own instead)."""
+        socket_path = self.data_dir / "db" / "mongo.sock"
+        if len(str(socket_path)) < 100:
+            return socket_path
+        return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{hashlib.sha256(bytes(self.data_dir)).hexdigest()[:16]}" / "m.sock"
 
     @property
     def nats_url(self) -> str:
-        return self.settings.nats_url or f"nats://127.0.0.1:{self.settings.nats_port}"
+        scheme = "tls" if self.settings.nats_tls_cert else "nats"
+        return self.settings.nats_url or f"{scheme}://127.0.0.1:{self.settings.nats_port}"
+
+    @property
+    def identities(self) -> Identities:
+        return Identities(self.data_dir / "bus")
 
     @property
     def api_url(self) -> str:
@@ -90,44 +131,83 @@ class Stack:
             env["TRAINMASTER_ADMIN_TOKEN"] = s.admin_token
         if s.checkpoint_url:
             env["TRAINMASTER_CHECKPOINT_URL"] = s.checkpoint_url
+        if s.nats_ca_file:
+            env["TRAINMASTER_NATS_CA_FILE"] = str(s.nats_ca_file.resolve())
         return {**env, **self.extra_env}
 
-    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def env_of(self, identity: str) -> dict[str, str]:
+        """A process's environment with its own bus credentials (placement also gets what mints rented nodes')."""
+        env = {**self.env(), "TRAINMASTER_NATS_CREDS": str(self.identities.creds(identity))}
+        if identity != "submitter":  # no process but the API holds the admin token
+            env.pop("TRAINMASTER_ADMIN_TOKEN", None)
+        if identity.startswith("agent-"):  # an agent never talks to the database
+            env.pop("MONGO_URL", None)
+        if identity == "placement":
+            env["TRAINMASTER_NATS_MINTER"] = str(self.identities.minter_file)  # made with the first creds
+        return env
+
+    def make_data_dir(self) -> None:
+        """Only the user running the stack can read what is in it."""
+        self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.data_dir, 0o700)
+
+    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
+               umask: int = -1) -> subprocess.Popen:
+        self.make_data_dir()
         logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(mode=0o700, parents=True, exist_ok=True)
         out = (logs / f"{name}.log").open("ab")
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env or self.env(),
-                                   start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+                                   start_new_session=True, cwd=Path(__file__).resolve().parents[2], umask=umask)
         self.processes[name] = process
         return process
 
     def start_nats(self) -> None:
         if self.settings.nats_url:
             return
+        self.make_data_dir()
         config = self.data_dir / "nats.conf"
-        config.parent.mkdir(parents=True, exist_ok=True)
+        s = self.settings
+        tls = (f'tls {{\n  cert_file: "{s.nats_tls_cert.resolve()}"\n  key_file: "{s.nats_tls_key.resolve()}"\n}}\n'
+               if s.nats_tls_cert and s.nats_tls_key else "")
         config.write_text(
             f'listen: "127.0.0.1:{self.settings.nats_port}"\nmax_payload: 8MB\n'
-            f'jetstream {{\n  store_dir: "{self.data_dir / "nats"}"\n  sync_interval: always\n}}\n'
+            f'jetstream {{\n  store_dir: "{self.data_dir / "nats"}"\n  sync_interval: always\n}}\n{tls}'
+            + self.identities.server_config(resolver_dir=self.data_dir / "nats" / "accounts")
         )
-        self._spawn("nats", [executable("nats-server"), "-c", str(config)])
+        os.chmod(config, 0o600)
+        self._spawn("nats", [executable("nats-server"), "-c", str(config)], umask=0o077)
         wait_for_port(self.settings.nats_port)
 
     def start_database(self) -> None:
+        """The embedded database, on a Unix socket only the stack's user reaches (no TCP port a task could use)."""
         if self.settings.mongo_url:
             return
-        (self.data_dir / "db").mkdir(parents=True, exist_ok=True)
-        self._spawn("database", [executable("nx-27017"), "--data-dir", str(self.data_dir / "db"),
-                                 "-p", str(self.settings.mongo_port),
+        self.make_data_dir()
+        for folder in {self.data_dir / "db", self.database_socket.parent}:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(folder, 0o700)
+        self._spawn("database", [sys.executable, "-m", "services.stack.database", str(self.database_socket),
+                                 "--data-dir", str(self.data_dir / "db"),
                                  "--log-file", str(self.data_dir / "logs" / "database-server.log"),
-                                 "--pid-file", str(self.data_dir / "database.pid")])
-        wait_for_port(self.settings.mongo_port)
+                                 "--pid-file", str(self.data_dir / "database.pid")], umask=0o077)
+        wait_for_socket(self.database_socket)
 
     def start_service(self, name: str) -> None:
-        self._spawn(name, [sys.executable, "-m", f"services.{name}"])
+        self._spawn(name, [sys.executable, "-m", f"services.{name}"], env=self.env_of(name))
 
     def start_agent(self, node_id: str) -> None:
-        self._spawn(f"agent-{node_id}", [sys.executable, "-m", "services.agent", "--node-id", node_id])
+        self._spawn(f"agent-{node_id}", [sys.executable, "-m", "services.agent", "--node-id", node_id],
+                    env=self.env_of(f"agent-{node_id}"))
+
+    def admin_creds(self) -> Path:
+        """Bus credentials that may do anything (the stack's own set-up; tests)."""
+        return self.identities.creds("admin")
+
+    def prepare_bus(self) -> None:
+        """Declare the streams and each static node's command consumer (agents may do neither themselves)."""
+        asyncio.run(prepare_bus(self.nats_url, creds=self.admin_creds(), node_ids=self.node_ids(),
+                                ca_file=self.settings.nats_ca_file))
 
     def node_ids(self) -> list[str]:
         return list(load_cluster(self.settings.cluster_file))
@@ -135,6 +215,7 @@ class Stack:
     def start_all(self) -> None:
         self.start_nats()
         self.start_database()
+        self.prepare_bus()
         for name in SERVICES:
             self.start_service(name)
         for node_id in self.node_ids():
@@ -173,14 +254,26 @@ class Stack:
         for name in ("database", "nats"):
             self.stop(name)
 
-    def stop_provisioned(self) -> None:
-        """Agents that placement started for on-demand nodes of the local-process provider."""
+    def stop_provisioned(self, *, timeout_s: float = 15) -> None:
+        """Agents that placement started for on-demand nodes of the local-process provider: SIGTERM, and SIGKILL
+        what is left after `timeout_s` (the bus goes down next, and an agent cannot report its end without it)."""
+        groups = []
         for pid_file in (self.data_dir / "provisioned").glob("*.pid"):
             try:
-                os.killpg(int(pid_file.read_text()), signal.SIGTERM)
+                groups.append(int(pid_file.read_text()))
+                os.killpg(groups[-1], signal.SIGTERM)
             except (ProcessLookupError, ValueError):
                 pass
             pid_file.unlink(missing_ok=True)
+        deadline = time.monotonic() + timeout_s
+        while groups and time.monotonic() < deadline:
+            groups = [g for g in groups if alive(g)]
+            time.sleep(0.1)
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def dead(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.poll() is not None]

@@ -2,33 +2,50 @@
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from pydantic import Field
+from fastapi import Depends, FastAPI
+from pydantic import Field, field_validator
 
 from shared.bus import connect, make_broker
 from shared.service import Background, add_health, configure_logging
 from shared.settings import CommonSettings
+from shared.storage import StorageSettings
 from shared.store import make_client, relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
 from services.submitter import dialects, portal
-from services.submitter.auth import Tokens
+from services.submitter import audit, egress, routes_users
+from services.submitter.auth import Tokens, check_admin_token
 from services.submitter.handlers import router as bus_router
+from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
 from services.submitter.repository import Repository
 
 log = logging.getLogger(__name__)
 SERVICE = "submitter"
 
 
-class SubmitterSettings(CommonSettings):
+class SubmitterSettings(CommonSettings, StorageSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
-    admin_token: str | None = Field(None, description="Becomes the admin token on first start when set.")
+    admin_token: str | None = Field(None, description="The admin token (32+ characters); a new one revokes the old.")
+    webhook_allow_hosts: str = Field("", description="Comma-separated hosts, IPs or networks (10.0.0.0/8) webhooks "
+                                     "may reach although they are not public.")
+    max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413.")
+    rate_per_s: float = Field(20, gt=0, description="Requests a second per token (token bucket); the admin's are not "
+                              "limited.")
+    rate_burst: float = Field(100, ge=1, description="Requests a token may make at once.")
+    max_queued_per_project: int = Field(1000, ge=1, description="Jobs accepted but not yet running, per project.")
+    max_queued_per_user: int = Field(500, ge=1, description="Jobs accepted but not yet running, per user.")
+    log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_long_enough(cls, value: str | None) -> str | None:
+        return check_admin_token(value)
 
 
 def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     settings = settings or SubmitterSettings()
     configure_logging(settings.log_level)
-    broker = make_broker(settings.nats_url, name=SERVICE)
+    broker = make_broker(settings.nats_url, name=SERVICE, creds=settings.nats_creds, ca_file=settings.nats_ca_file)
     broker.include_router(bus_router)
     add_health(broker, SERVICE)
     background = Background()
@@ -37,9 +54,11 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI):
         client = make_client(settings.mongo_url)
         db = client[settings.mongo_db]
-        repo = Repository(db=db, broker=broker)
-        tokens = Tokens(db.api_users, db.api_tokens)
+        repo = Repository(db=db, broker=broker, log_cap_bytes=settings.log_cap_bytes)
+        tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
         await repo.create_indexes()
+        await tokens.prepare()
+        await audit_log.prepare()
         broker.context.set_global("repo", repo)
         await connect(broker)
         await broker.start()
@@ -47,19 +66,31 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
         if generated:
             print(f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n"
                   f"  {generated}\n", flush=True)
-        app.state.repo, app.state.tokens, app.state.broker = repo, tokens, broker
+        for token_id in tokens.revoked_at_start:
+            await audit_log.begin(principal=None, action="admin_token.rotate", method="", path="", template="",
+                                  project_id=None, target_id=token_id, client_ip="", state="done")
+        app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, broker, audit_log
         background.spawn("outbox", lambda: relay(broker, [db.api_jobs]))
-        background.spawn("webhooks", lambda: notifications.deliver_forever(db))
+        background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
         yield
         await background.stop()
         await broker.stop()
         await client.close()
 
-    app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan,
+    app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan, dependencies=[Depends(audit.record)],
                   description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.")
+    app.state.storage = settings.storage_policy(settings.data_dir)  # the URLs jobs may use, as the agents check
+    app.state.rate = RateLimiter(rate=settings.rate_per_s, burst=settings.rate_burst)
+    app.state.queue_caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
+    app.state.egress = egress.Policy.parse(settings.webhook_allow_hosts.split(","))
+    app.add_middleware(audit.AuditMiddleware)  # inside the body limit: a refused body changes nothing
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(portal.SecurityHeaders)
     errors.install(app)
     app.include_router(routes_jobs.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_users.router)
+    app.include_router(audit.router)
     app.include_router(routes_billing.router)
     app.include_router(routes_catalogue.router)
     app.include_router(notifications.router)

@@ -1,20 +1,29 @@
 """Bearer tokens: each belongs to a user and the projects it may use; stored hashed; the admin acts everywhere."""
 import hashlib
 import logging
+import os
+import re
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fastapi import Request
 from pymongo.asynchronous.collection import AsyncCollection
 
-from services.submitter.errors import NO_PERMISSION, UNAUTHENTICATED, ApiError
-from shared.clock import utcnow
+from services.submitter.errors import NO_PERMISSION, PARAM_INVALID, UNAUTHENTICATED, ApiError
+from shared.clock import as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
 ADMIN = "admin"
 TOKEN_PREFIX = "tm_"
+MIN_ADMIN_TOKEN = 32  # the generated ones have 43 random characters; a configured one must not be guessable
+TOUCH_EVERY_S = 60.0  # "last used" to the minute: one write per token a minute, not one per request
+PROJECT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a subject token and a path segment (storage prefixes)
+BOOTSTRAP = ("configured", "generated")  # tokens the submitter made at start, not a person through the API
 
 
 @dataclass(frozen=True)
@@ -22,8 +31,12 @@ class Principal:
     user_name: str
     projects: frozenset[str]
     is_admin: bool = False
+    token_id: str = ""
 
     def require_project(self, project_id: str) -> None:
+        if not PROJECT_ID.match(project_id):
+            raise ApiError(400, PARAM_INVALID, f"param[project_id] invalid: {project_id[:80]!r} must match "
+                                               f"{PROJECT_ID.pattern}")
         if not self.is_admin and project_id not in self.projects:
             raise ApiError(403, NO_PERMISSION, f"no operation permission on project {project_id}")
 
@@ -31,54 +44,147 @@ class Principal:
         if not self.is_admin:
             raise ApiError(403, NO_PERMISSION, "only the admin may do this")
 
+    def require_self_or_admin(self, user_name: str) -> None:
+        if self.user_name != user_name:
+            self.require_admin()
+
 
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def new_token_id() -> str:
+    return "tk_" + secrets.token_hex(8)
 
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Tokens:
-    def __init__(self, users: AsyncCollection, tokens: AsyncCollection) -> None:
-        self.users, self.tokens = users, tokens
+def check_admin_token(value: str | None) -> str | None:
+    """A configured admin token must be long enough not to be guessed."""
+    if value is not None and len(value) < MIN_ADMIN_TOKEN:
+        raise ValueError(f"TRAINMASTER_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has "
+                         f"{len(value)}); leave it unset to have one generated")
+    return value
 
-    async def issue(self, user_name: str) -> str:
-        token = new_token()
-        await self.tokens.insert_one({"_id": digest(token), "user_name": user_name, "created_at": utcnow()})
-        return token
+
+def iso(seconds: float | None) -> str | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def public(doc: dict) -> dict:
+    """What a token's owner and the admin may see of it: never the secret nor its hash."""
+    return {"token_id": doc["token_id"], "user_name": doc["user_name"], "created": iso(doc.get("created_s")),
+            "expires": iso(doc.get("expires_s")), "last_used": iso(doc.get("last_used_s")),
+            "source": doc.get("source", "api")}
+
+
+def write_secret(path: Path, value: str) -> None:
+    """Write a file readable by its owner only, atomically: created 0600 under another name, then renamed."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(value)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class Tokens:
+    def __init__(self, users: AsyncCollection, tokens: AsyncCollection, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.users, self.tokens, self.clock = users, tokens, clock
+        self.revoked_at_start: list[str] = []  # admin token ids a changed admin token replaced (for the audit log)
+
+    async def prepare(self) -> None:
+        """A public id for tokens stored before tokens had one, then the indexes."""
+        async for doc in self.tokens.find({}):
+            if not doc.get("token_id"):
+                created = doc.get("created_at")
+                created_s = as_utc(created).timestamp() if isinstance(created, datetime) else self.clock()
+                await self.tokens.update_one({"_id": doc["_id"]}, {"$set": {"token_id": new_token_id(),
+                                                                            "created_s": created_s}})
+        await self.tokens.create_index("token_id", unique=True)
+        await self.tokens.create_index("user_name")
+
+    async def issue(self, user_name: str, *, expires_in: int | None = None, source: str = "api") -> tuple[str, dict]:
+        """A new token for the user (the secret, returned once) and what may be shown of it."""
+        token, now = new_token(), self.clock()
+        doc = {"_id": digest(token), "token_id": new_token_id(), "user_name": user_name, "created_at": utcnow(),
+               "created_s": now, "expires_s": now + expires_in if expires_in else None, "last_used_s": None,
+               "source": source}
+        await self.tokens.insert_one(doc)
+        return token, public(doc)
 
     async def principal(self, token: str) -> Principal | None:
+        """Who holds the token; None when it is unknown or its user is gone; 401 when it has expired."""
         record = await self.tokens.find_one({"_id": digest(token)})
         if record is None:
             return None
+        now = self.clock()
+        if record.get("expires_s") is not None and now >= record["expires_s"]:
+            raise ApiError(401, UNAUTHENTICATED, f"token {record.get('token_id', '')} has expired")
         user = await self.users.find_one({"_id": record["user_name"]})
         if user is None or user.get("disabled"):
             return None
+        if now - (record.get("last_used_s") or 0) >= TOUCH_EVERY_S:
+            await self.tokens.update_one({"_id": record["_id"]}, {"$set": {"last_used_s": now}})
         return Principal(user_name=user["_id"], projects=frozenset(user.get("projects", [])),
-                         is_admin=bool(user.get("admin")))
+                         is_admin=bool(user.get("admin")), token_id=record.get("token_id", ""))
+
+    async def of_user(self, user_name: str) -> list[dict]:
+        """The user's tokens, oldest first, without secrets."""
+        docs = [d async for d in self.tokens.find({"user_name": user_name})]
+        return [public(d) for d in sorted(docs, key=lambda d: d.get("created_s") or 0)]
+
+    async def revoke(self, user_name: str, token_id: str) -> bool:
+        return (await self.tokens.delete_one({"user_name": user_name, "token_id": token_id})).deleted_count == 1
 
     async def bootstrap_admin(self, *, configured: str | None, data_dir: Path) -> str | None:
-        """Make sure the admin exists with a token; return a newly generated token (to print once), else None."""
+        """Make sure the admin exists with a token; return a newly generated token (to print once), else None.
+
+        A configured token replaces every token made at an earlier start (a changed one revokes the old); without
+        one, a token configured earlier is revoked and the generated one (kept in the data directory) is used."""
+        check_admin_token(configured)
         await self.users.update_one({"_id": ADMIN}, {"$setOnInsert": {"projects": [], "admin": True,
                                                                        "created_at": utcnow()}}, upsert=True)
+        made_at_start = [d async for d in self.tokens.find({"user_name": ADMIN})
+                         if d.get("source") in (*BOOTSTRAP, None)]  # None: stored before tokens had a source
+        keep = digest(configured) if configured else None
+        if not configured:
+            path = data_dir / "admin-token"
+            on_file = digest(path.read_text().strip()) if path.is_file() else None
+            keep = on_file if any(d["_id"] == on_file for d in made_at_start) else None
+        for doc in made_at_start:
+            if doc["_id"] != keep:
+                await self.tokens.delete_one({"_id": doc["_id"]})
+                self.revoked_at_start.append(doc.get("token_id", ""))
+                log.warning("admin token %s revoked: the admin token changed", doc.get("token_id", "?"))
         if configured:
-            await self.tokens.update_one({"_id": digest(configured)},
-                                         {"$setOnInsert": {"user_name": ADMIN, "created_at": utcnow()}}, upsert=True)
+            if not await self.tokens.find_one({"_id": keep}):
+                now = self.clock()
+                await self.tokens.insert_one({"_id": keep, "token_id": new_token_id(), "user_name": ADMIN,
+                                              "created_at": utcnow(), "created_s": now, "expires_s": None,
+                                              "last_used_s": None, "source": "configured"})
             return None
-        if await self.tokens.find_one({"user_name": ADMIN}):
+        if keep:
             return None
-        token = await self.issue(ADMIN)
-        path = data_dir / "admin-token"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(token + "\n")
-        path.chmod(0o600)
+        token, _ = await self.issue(ADMIN, source="generated")
+        write_secret(data_dir / "admin-token", token + "\n")
         return token
 
 
 async def authenticate(request: Request) -> Principal:
-    """FastAPI dependency: the caller, from `Authorization: Bearer <token>`."""
+    """FastAPI dependency: the caller, from `Authorization: Bearer <token>` (looked up once per request)."""
+    known = getattr(request.state, "principal", None)
+    if known is not None:
+        return known
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -86,4 +192,7 @@ async def authenticate(request: Request) -> Principal:
     principal = await request.app.state.tokens.principal(token.strip())
     if principal is None:
         raise ApiError(401, UNAUTHENTICATED, "token is not valid")
+    if not principal.is_admin:  # requests per token (limits.py); tenants are limited, the operator is not
+        request.app.state.rate.charge(digest(token.strip()), time.monotonic())
+    request.state.principal = principal
     return principal

@@ -2,20 +2,22 @@
 
 A v1 body becomes a v2 `JobCreate` and goes through `routes_jobs.create_job`, so validation, naming rules and
 the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images, pools, specs) are accepted
-and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED` environment.
+and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED` environment. A key
+seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are bounded.
 """
 import json
 import posixpath
 from shlex import quote
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
 
-from shared.jobs import JobCreate
+from shared.jobs import JobCreate, no_null_bytes
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
@@ -32,41 +34,97 @@ V1_FIELD = {"metadata.name": "job_name", "metadata.description": "job_desc", "me
             "algorithm.parameters": "config.parameter", "algorithm.environments": "config.parameter"}
 
 
-class V1Parameter(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    label: str | None = Field(None, description="Parameter name.")
-    value: str | int | float | bool | None = Field(None, description="Parameter value.")
+class V1Model(BaseModel):
+    """Seed 002's fields and nothing else, at every level; no null byte in any string."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_null_bytes(cls, value):
+        return no_null_bytes(value)
 
 
-class V1Config(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    worker_server_num: int = Field(description="Number of workers: becomes spec.resource.node_count.")
-    app_url: str | None = Field(None, description="Code directory; the boot file runs from it.")
-    boot_file_url: str | None = Field(None, description="Boot file, run with python3 (relative to app_url).")
-    parameter: list[V1Parameter] = Field(default_factory=list, description="Becomes --label=value and parameters.")
-    data_url: str | None = Field(None, description="Passed as --data_url and DATA_URL.")
-    train_url: str | None = Field(None, description="Passed as --train_url and TRAIN_URL.")
-    user_command: str | None = Field(None, description="Run as the job's command instead of the boot file.")
-    dataset_id: str | None = None
-    dataset_version_id: str | None = None
-    data_source: list[dict[str, Any]] | None = None
-    spec_id: int | None = None
-    pool_id: str | None = None
-    engine_id: int | None = None
-    model_id: int | None = None
-    log_url: str | None = None
-    user_image_url: str | None = None
-    create_version: bool | None = None
-    volumes: list[dict[str, Any]] | None = None
+V1Text = Annotated[str, Field(max_length=4096)]
+V1Id = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
 
 
-class V1JobCreate(BaseModel):
-    """The body of POST /v1/{project_id}/training-jobs (ModelArts v1)."""
+class V1Parameter(V1Model):
+    label: str | None = Field(None, max_length=256, description="Parameter name.")
+    value: str | int | float | bool | None = Field(None, description="Parameter value (a number or a boolean is "
+                                                   "taken as its text).")
 
-    model_config = ConfigDict(extra="allow")
-    job_name: str
-    job_desc: str = ""
-    workspace_id: str = "0"
+    @field_validator("value")
+    @classmethod
+    def _short(cls, value):
+        if isinstance(value, str) and len(value) > 4096:
+            raise ValueError("is longer than 4096 characters")
+        return value
+
+
+class V1DataSource(V1Model):
+    """Table 4 of seed 002."""
+
+    dataset_id: V1Text | None = None
+    dataset_version: V1Text | None = None
+    type: V1Text | None = None
+    data_url: V1Text | None = None
+
+
+class V1Nfs(V1Model):
+    """Table 6 of seed 002."""
+
+    id: V1Text
+    src_path: V1Text
+    dest_path: V1Text
+    read_only: Annotated[bool, Strict()] = False
+
+
+class V1HostPath(V1Model):
+    """Table 7 of seed 002."""
+
+    src_path: V1Text
+    dest_path: V1Text
+    read_only: Annotated[bool, Strict()] = False
+
+
+class V1Volume(V1Model):
+    """Table 5 of seed 002."""
+
+    nfs: V1Nfs | None = None
+    host_path: V1HostPath | None = None
+
+
+class V1Config(V1Model):
+    worker_server_num: Annotated[int, Strict()] = Field(description="Number of workers: becomes "
+                                                        "spec.resource.node_count.")
+    app_url: V1Text | None = Field(None, description="Code directory; the boot file runs from it.")
+    boot_file_url: V1Text | None = Field(None, description="Boot file, run with python3 (relative to app_url).")
+    parameter: list[V1Parameter] = Field(default_factory=list, max_length=100,
+                                         description="Becomes --label=value and parameters.")
+    data_url: V1Text | None = Field(None, description="Passed as --data_url and DATA_URL.")
+    train_url: V1Text | None = Field(None, description="Passed as --train_url and TRAIN_URL.")
+    user_command: str | None = Field(None, max_length=8192, description="Run as the job's command instead of the "
+                                     "boot file.")
+    dataset_id: V1Text | None = None
+    dataset_version_id: V1Text | None = None
+    data_source: list[V1DataSource] | None = Field(None, max_length=20)
+    spec_id: V1Id | None = None
+    pool_id: V1Text | None = None
+    engine_id: V1Id | None = None
+    model_id: V1Id | None = None
+    log_url: V1Text | None = None
+    user_image_url: V1Text | None = None
+    create_version: Annotated[bool, Strict()] | None = None
+    volumes: list[V1Volume] | None = Field(None, max_length=20)
+
+
+class V1JobCreate(V1Model):
+    """The body of POST /v1/{project_id}/training-jobs (ModelArts v1, seed 002): unknown fields are refused."""
+
+    job_name: str = Field(max_length=256)
+    job_desc: str = Field("", max_length=4096)
+    workspace_id: str = Field("0", max_length=256)
     config: V1Config
 
 
@@ -104,8 +162,9 @@ class V1Route(APIRoute):
                 return await handler(request)
             except ApiError as exc:
                 return v1_error(exc.status, exc.code, exc.message)
-            except RequestValidationError as exc:
-                answer = errors.validation_error(exc)
+            except (RequestValidationError, HTTPException) as exc:
+                answer = errors.validation_error(exc) if isinstance(exc, RequestValidationError) \
+                    else errors.http_error(exc)
                 body = json.loads(answer.body)
                 return v1_error(answer.status_code, body["error_code"], body["error_msg"])
 
@@ -119,7 +178,6 @@ def ignored_fields(body: V1JobCreate) -> dict[str, Any]:
     """Every field present in the body that has no effect here, by its v1 path."""
     used = {"worker_server_num", "app_url", "boot_file_url", "parameter", "data_url", "train_url", "user_command"}
     ignored = {f"config.{k}": v for k, v in body.config.model_dump(exclude_unset=True).items() if k not in used}
-    ignored.update({k: v for k, v in (body.model_extra or {}).items()})
     if body.config.user_command and body.config.boot_file_url:
         ignored["config.boot_file_url"] = body.config.boot_file_url  # user_command wins, as in ModelArts
     return dict(sorted(ignored.items()))
@@ -186,6 +244,12 @@ def v2_body(payload: dict[str, Any]) -> JobCreate:
 async def create_v1(project_id: ProjectId, body: V1JobCreate, request: Request,
                     principal: Principal = Depends(authenticate)) -> V1Created:
     payload, ignored = translate(body)
-    job = await create_job(project_id, v2_body(payload), request, principal)
+    try:
+        job = await create_job(project_id, v2_body(payload), request, principal)
+    except ApiError as exc:  # name the v1 field the caller sent, as validation errors do
+        v2 = next((p for p in V1_FIELD if exc.message.startswith(f"param[{p}]")), None)
+        if v2 is not None:
+            exc.message = exc.message.replace(f"param[{v2}]", f"param[{V1_FIELD[v2]}]", 1)
+        raise
     return V1Created(job_id=job.metadata.id, job_name=job.metadata.name, status=V1_STATUS[job.status.phase.value],
                      create_time=job.metadata.create_time, ignored_fields=ignored)

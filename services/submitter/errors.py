@@ -2,6 +2,7 @@
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 INTERNAL = "406000"
 PARAM_INVALID = "406001"
@@ -14,17 +15,26 @@ NAME_TOO_LONG = "406016"
 DESCRIPTION_TOO_LONG = "406018"
 NAME_EXISTS = "406026"
 JOB_STATUS = "406027"
+LIMIT_REACHED = "406035"
 NO_PERMISSION = "406037"
 PARAM_TOO_LONG = "406038"
 UNAUTHENTICATED = "406039"
 NOT_FOUND = "406040"
 USER_EXISTS = "406041"
+TOO_MANY_REQUESTS = "406042"
+# Starlette's own answers (no route, wrong method, unparseable body) in the same shape.
+HTTP_CODES = {400: PARAM_INVALID, 401: UNAUTHENTICATED, 403: NO_PERMISSION, 404: NOT_FOUND, 405: PARAM_INVALID,
+              413: PARAM_TOO_LONG, 415: PARAM_INVALID, 429: TOO_MANY_REQUESTS}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+
+
+def answer(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error_code": code, "error_msg": message}, headers=headers)
 
 
 def field_path(loc: tuple) -> str:
@@ -49,19 +59,33 @@ def validation_error(exc: RequestValidationError) -> JSONResponse:
     field = field_path(tuple(error.get("loc", ())))
     kind = error.get("type", "")
     if kind == "json_invalid":
-        field, detail = "body", "is not valid JSON"
+        field, detail = "body", f"is not valid JSON ({error.get('ctx', {}).get('error', 'decode error')})"
+    elif kind == "extra_forbidden":
+        detail = "unknown field (the API does not define it)"
     else:
         detail = error.get("msg", "invalid").removeprefix("Value error, ")
     message = f"param[{field}] invalid: {detail}"
     if len(exc.errors()) > 1:
         message += f" (and {len(exc.errors()) - 1} more problem(s))"
-    return JSONResponse(status_code=400, content={"error_code": _validation_code(field, kind), "error_msg": message})
+    return answer(400, _validation_code(field, kind), message)
+
+
+def http_error(exc: HTTPException) -> JSONResponse:
+    """Starlette's errors (no such route, method not allowed, a body that cannot be parsed) in the API's shape."""
+    code = HTTP_CODES.get(exc.status_code, INTERNAL if exc.status_code >= 500 else PARAM_INVALID)
+    detail = exc.detail if isinstance(exc.detail, str) else "invalid request"
+    message = f"param[body] invalid: {detail}" if exc.status_code in (400, 413, 415) else detail
+    return answer(exc.status_code, code, message, headers=getattr(exc, "headers", None))
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(status_code=exc.status, content={"error_code": exc.code, "error_msg": exc.message})
+        return answer(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(HTTPException)
+    async def starlette_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return http_error(exc)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

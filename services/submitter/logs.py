@@ -1,11 +1,20 @@
-"""Reading a job's output: everything so far, or following it until the job ends."""
+"""Reading a job's output: a page of lines, or following it until the job ends.
+
+Lines are numbered from 0, the first line the rank ever printed; lines dropped to keep the job under its stored
+output cap keep their numbers, so an offset means the same line before and after a trim. The `--- attempt N ---`
+separators and the dropped-lines notice are not numbered.
+"""
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 from shared.jobs import FINISHED
 from services.submitter.repository import Repository
 
 POLL_S = 0.3
+PAGE_LINES = 10_000  # the default page
+MAX_PAGE_LINES = 100_000
+MAX_PAGE_BYTES = 1024 * 1024  # a page also ends here, whatever its limit
 GAP_PATIENCE_S = 3.0  # a chunk still in flight after the job ended is waited for this long
 TAIL_PATIENCE_S = 1.0  # output and status travel on different streams: the last lines may land after the end
 
@@ -30,13 +39,46 @@ def render_chunk(chunk: dict, previous_attempt: int) -> str:
     return header + "".join(f"{line}\n" for line in chunk["lines"])
 
 
-async def read_all(repo: Repository, job_id: str, *, rank: int) -> str:
-    chunks = await repo.log_chunks(job_id, rank=rank, after=(0, -1))
-    text, previous = [], 0
-    for chunk in chunks:
-        text.append(render_chunk(chunk, previous))
+def dropped_notice(count: int) -> str:
+    return f"… {count} earlier lines dropped (the job's stored output is capped; the oldest goes first) …\n"
+
+
+@dataclass(frozen=True)
+class Page:
+    text: str
+    offset: int
+    next_offset: int
+    more: bool
+    dropped: int
+
+
+async def read_page(repo: Repository, job_id: str, *, rank: int, offset: int, limit: int) -> Page:
+    """Lines [offset, offset + limit) of one rank's output, at most MAX_PAGE_BYTES of them."""
+    dropped = await repo.dropped_lines(job_id, rank=rank)
+    start = max(offset, dropped)
+    text, size, taken, position, previous = [], 0, 0, dropped, 0  # position: the current chunk's first line
+    if offset < dropped:
+        text.append(dropped_notice(dropped - offset))
+    more = False
+    async for chunk in repo.each_log_chunk(job_id, rank=rank):
+        lines = chunk["lines"]
+        if position + len(lines) <= start:
+            position, previous = position + len(lines), chunk["attempt"]
+            continue
+        skip = max(0, start - position)
+        if chunk["attempt"] != previous and previous > 0 and skip == 0:
+            text.append(f"--- attempt {chunk['attempt']} ---\n")
         previous = chunk["attempt"]
-    return "".join(text)
+        for line in lines[skip:]:
+            if taken >= limit or (taken and size + len(line) + 1 > MAX_PAGE_BYTES):
+                more = True
+                break
+            text.append(f"{line}\n")
+            size, taken = size + len(line) + 1, taken + 1
+        if more:
+            break
+        position += len(lines)
+    return Page(text="".join(text), offset=start, next_offset=start + taken, more=more, dropped=dropped)
 
 
 async def follow(
@@ -44,7 +86,7 @@ async def follow(
 ) -> AsyncIterator[str]:
     """Yield output as it arrives until the job has finished and its last chunk was sent."""
     position = (0, -1)
-    previous_attempt = 0
+    previous_attempt, announced = 0, 0
     gap_since: float | None = None
     quiet_since: float | None = None
     loop = asyncio.get_running_loop()
@@ -53,6 +95,10 @@ async def follow(
         finished = job is None or job["status"]["phase"] in FINISHED
         chunks = await repo.log_chunks(job_id, rank=rank, after=position)
         ready = contiguous(chunks, position)
+        if not ready and chunks and (dropped := await repo.dropped_lines(job_id, rank=rank)) > announced:
+            yield dropped_notice(dropped - announced)  # the gap was trimmed away: it will never fill
+            announced = dropped
+            ready = contiguous(chunks, (chunks[0]["attempt"], chunks[0]["seq"] - 1))
         if not ready and chunks and finished:  # a gap that will not fill: skip it after a while
             gap_since = gap_since or loop.time()
             if loop.time() - gap_since > GAP_PATIENCE_S:

@@ -12,7 +12,10 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import Notification
+from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
+from services.submitter.egress import Policy, Refused, check_url, guarded_client
+from services.submitter.errors import ApiError
 from services.submitter.views import ProjectId
 
 log = logging.getLogger(__name__)
@@ -43,9 +46,9 @@ def backoff(attempts: int) -> float:
     return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (attempts - 1))
 
 
-async def deliver_forever(db: AsyncDatabase, *, interval_s: float = 0.5) -> None:
+async def deliver_forever(db: AsyncDatabase, *, policy: Policy, interval_s: float = 0.5) -> None:
     """Deliver due notifications; slow or failing webhooks never hold up the bus."""
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with guarded_client(policy) as client:
         while True:
             now = time.time()
             due = [d async for d in db.api_notifications.find({"state": "pending", "next_try": {"$lte": now}})]
@@ -62,16 +65,27 @@ async def deliver(db: AsyncDatabase, client: httpx.AsyncClient, doc: dict[str, A
     payload = {k: doc[k] for k in ("project_id", "job_id", "user_name", "kind", "message")}
     payload["id"] = doc["_id"]
     attempts = doc["attempts"] + 1
-    try:
-        response = await client.post(url, json=payload)
-        response.raise_for_status()
+    error = await post(client, url, payload)
+    if not error:
         update = {"state": "delivered", "attempts": attempts, "error": ""}
-    except httpx.HTTPError as exc:
+    else:
         failed = attempts >= MAX_ATTEMPTS
-        update = {"state": "failed" if failed else "pending", "attempts": attempts, "error": repr(exc),
+        update = {"state": "failed" if failed else "pending", "attempts": attempts, "error": error,
                   "next_try": time.time() + backoff(attempts)}
-        log.warning("webhook %s for %s failed (try %d): %r", url, doc["_id"], attempts, exc)
     await db.api_notifications.update_one({"_id": doc["_id"]}, {"$set": update})
+
+
+async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:
+    """POST once; "" when answered 2xx, else only "HTTP <status>" or "unreachable" (nothing about the network)."""
+    try:
+        async with client.stream("POST", url, json=payload) as response:  # the body is never read
+            if response.is_success:
+                return ""
+            log.warning("webhook %s answered HTTP %d", url, response.status_code)
+            return f"HTTP {response.status_code}"
+    except (httpx.HTTPError, OSError) as exc:  # refused by policy, DNS, connection, TLS, timeout: all alike
+        log.warning("webhook %s unreachable: %r", url, exc)
+        return "unreachable"
 
 
 @router.put("/v2/{project_id}/notifications", response_model=NotificationSettings,
@@ -80,6 +94,12 @@ async def configure(project_id: ProjectId, body: NotificationSettings, request: 
                     principal: Principal = Depends(authenticate)):
     principal.require_project(project_id)
     url = str(body.webhook_url) if body.webhook_url else None
+    if url:
+        try:
+            await check_url(request.app.state.egress, url)
+        except Refused as exc:
+            raise ApiError(400, errors.PARAM_INVALID, f"param[webhook_url] invalid: {exc}; webhooks go to public "
+                           "addresses only (an operator may allow hosts: TRAINMASTER_WEBHOOK_ALLOW_HOSTS)") from None
     await request.app.state.repo.db.api_projects.update_one({"_id": project_id}, {"$set": {"webhook_url": url}},
                                                             upsert=True)
     return NotificationSettings(webhook_url=url)

@@ -1,5 +1,7 @@
 """The submitter's collections: jobs as the API shows them, their output, users and tokens."""
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -16,10 +18,20 @@ class NameTaken(Exception):
     """Another existing job of the project has this name."""
 
 
+LOG_CAP_BYTES = 10 * 1024 * 1024
+TRIM_TO = 0.9  # a job over its cap is trimmed to 90% of it, so a chatty job is not trimmed at every chunk
+
+
+def chunk_bytes(lines: list[str]) -> int:
+    return sum(len(line.encode()) + 1 for line in lines)
+
+
 @dataclass
 class Repository:
     db: AsyncDatabase
     broker: NatsBroker
+    log_cap_bytes: int = LOG_CAP_BYTES
+    trimming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one trim at a time (one submitter)
 
     @property
     def jobs(self):
@@ -32,17 +44,25 @@ class Repository:
     async def create_indexes(self) -> None:
         await self.jobs.create_index([("project_id", 1), ("name", 1)], unique=True)
         await self.jobs.create_index([("project_id", 1), ("create_time", -1)])
+        await self.jobs.create_index([("user_name", 1)])
         await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
         await self.db.api_tokens.create_index("user_name")
 
     async def add(self, doc: dict[str, Any], event: Message) -> None:
         """Store a new job and the event announcing it in one write, then publish."""
+        await self.publish(doc["_id"], await self.insert(doc, event))
+
+    async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
+        """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
         entries = outbox_entries([event])
         try:
             await self.jobs.insert_one({**doc, OUTBOX: entries, OUTBOX_COUNT: len(entries)})
         except DuplicateKeyError as exc:
             raise NameTaken(doc["name"]) from exc
-        await flush(self.broker, self.jobs, doc["_id"], entries)
+        return entries
+
+    async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
+        await flush(self.broker, self.jobs, job_id, entries)
 
     async def get(self, project_id: str, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id, "project_id": project_id})
@@ -59,6 +79,7 @@ class Repository:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
             await self.logs.delete_many({"job_id": job_id})
+            await self.db.api_log_sizes.delete_one({"_id": job_id})
         return bool(result.deleted_count)
 
     async def apply_status(self, event: JobStatusChanged) -> None:
@@ -73,14 +94,48 @@ class Repository:
                                    {"$set": {"status.eta": eta}})
 
     async def add_log(self, chunk: LogChunk) -> None:
+        """Keep a chunk of output once; past the job's cap its oldest chunks go (and are counted as dropped)."""
+        lines = [line.line for line in chunk.lines]
+        size = chunk_bytes(lines)
         try:
             await self.logs.insert_one({
                 "_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}",
                 "job_id": chunk.job_id, "attempt": chunk.attempt, "rank": chunk.rank, "seq": chunk.seq,
-                "lines": [line.line for line in chunk.lines],
+                "lines": lines, "bytes": size,
             })
         except (DuplicateKeyError, BulkWriteError):
-            pass
+            return
+        await self.db.api_log_sizes.update_one({"_id": chunk.job_id}, {"$inc": {"bytes": size}}, upsert=True)
+        total = await self.db.api_log_sizes.find_one({"_id": chunk.job_id})
+        if total and total.get("bytes", 0) > self.log_cap_bytes:
+            await self.trim_log(chunk.job_id)
+
+    async def trim_log(self, job_id: str) -> None:
+        """Drop the job's oldest chunks until it is back under 90% of its cap. Oldest by (attempt, seq), not by
+        arrival: chunks arrive out of order, and the lines dropped must be the first ones for the line numbers of
+        the rest to hold. Chunks are stored concurrently: one trim at a time, each reading the size afresh."""
+        async with self.trimming:
+            total = await self.db.api_log_sizes.find_one({"_id": job_id})
+            if not total or total.get("bytes", 0) <= self.log_cap_bytes:
+                return  # the trim before this one did it
+            await self._drop_oldest(job_id, excess=total["bytes"] - int(self.log_cap_bytes * TRIM_TO))
+
+    async def _drop_oldest(self, job_id: str, *, excess: int) -> None:
+        cursor = self.logs.find({"job_id": job_id}).sort([("attempt", 1), ("seq", 1), ("rank", 1)])
+        async for old in cursor:
+            if excess <= 0:
+                break
+            if not (await self.logs.delete_one({"_id": old["_id"]})).deleted_count:
+                continue
+            size = old.get("bytes", chunk_bytes(old["lines"]))
+            excess -= size
+            await self.db.api_log_sizes.update_one(
+                {"_id": job_id}, {"$inc": {"bytes": -size, f"dropped_{old['rank']}": len(old["lines"])}})
+
+    async def dropped_lines(self, job_id: str, *, rank: int) -> int:
+        """Lines of this rank's output that went to keep the job under its cap."""
+        sizes = await self.db.api_log_sizes.find_one({"_id": job_id})
+        return int((sizes or {}).get(f"dropped_{rank}", 0))
 
     async def log_chunks(self, job_id: str, *, rank: int, after: tuple[int, int]) -> list[dict[str, Any]]:
         """Chunks of one rank after (attempt, seq), in order."""
@@ -89,3 +144,8 @@ class Repository:
                  "$or": [{"attempt": attempt, "seq": {"$gt": seq}}, {"attempt": {"$gt": attempt}}]}
         cursor = self.logs.find(query).sort([("attempt", 1), ("seq", 1)])
         return [d async for d in cursor]
+
+    async def each_log_chunk(self, job_id: str, *, rank: int) -> AsyncIterator[dict[str, Any]]:
+        """Every stored chunk of one rank in order, read as the caller goes (a page stops early)."""
+        async for chunk in self.logs.find({"job_id": job_id, "rank": rank}).sort([("attempt", 1), ("seq", 1)]):
+            yield chunk

@@ -12,15 +12,16 @@ from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
 from shared.rpc import MetricsQuery, MetricsReport
-from services.submitter import errors
+from shared.storage import refused_urls
+from services.submitter import errors, feasible
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.logs import follow, read_all
+from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
 from services.submitter.repository import NameTaken, Repository
 from services.submitter.routes_catalogue import resolve
 from services.submitter.rpc import ask, candidates
 from services.submitter.routes_billing import admit_job
-from services.submitter.views import Job, JobList, ProjectId, new_job, render
+from services.submitter.views import Job, JobId, JobList, ProjectId, new_job, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
 FINISHED_NAMES = [p.value for p in FINISHED]
@@ -50,10 +51,16 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                      principal: Principal = Depends(authenticate),
                      dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
+    refused = refused_urls(body.algorithm, policy=request.app.state.storage, project_id=project_id)
+    if refused:  # outside the project's storage and the cluster's allow-list: the agents would refuse it too
+        raise ApiError(400, errors.PARAM_INVALID, f"param[{refused[0][0]}] invalid: {refused[0][1]}")
     body = await resolve(request, body)
     if dry_run:
         return await estimate(project_id, body, request, principal)
+    caps = request.app.state.queue_caps
+    await caps.check(repo(request).jobs, project_id=project_id, user_name=principal.user_name)  # before paying
     await admit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
+    await feasible.refuse_unplaceable(request, body, project_id=project_id, user_name=principal.user_name)
     repository = repo(request)
     now = utcnow()
     job_id = str(uuid.uuid4())
@@ -62,10 +69,16 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                          user_name=principal.user_name, name=body.metadata.name, algorithm=body.algorithm,
                          spec=body.spec, create_time=now)
     try:
-        await repository.add(doc, event)
+        async with caps.lock:  # counted and stored in one step: a burst cannot overshoot the caps
+            await caps.check(repository.jobs, project_id=project_id, user_name=principal.user_name)
+            entries = await repository.insert(doc, event)
     except NameTaken:
         raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
                                                 f"{project_id}") from None
+    try:
+        await repository.publish(job_id, entries)
+    except Exception as exc:  # stored with its event in the outbox: the relay publishes it, the 201 stands
+        log.warning("job %s stored, its announcement left to the outbox relay: %r", job_id, exc)
     return render(doc, now=now)
 
 
@@ -75,6 +88,8 @@ async def estimate(project_id: str, body: JobCreate, request: Request, principal
         raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
                                                 f"{project_id}")
     answer = await candidates(request, body, project_id=project_id, user_name=principal.user_name)
+    await feasible.check(body.spec, answer, feasible.asker(request, project_id=project_id,
+                                                           user_name=principal.user_name))
     return JSONResponse({"dry_run": True, "valid": True, "project_id": project_id, "name": body.metadata.name,
                          **answer.model_dump(mode="json")})
 
@@ -94,14 +109,14 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", response_model=Job, summary="Show a training job")
-async def get_job(project_id: ProjectId, job_id: str, request: Request,
+async def get_job(project_id: ProjectId, job_id: JobId, request: Request,
                   principal: Principal = Depends(authenticate)) -> Job:
     return render(await load(repo(request), principal, project_id, job_id))
 
 
 @router.post("/{job_id}/actions", status_code=202, response_model=Job,
              summary="Terminate a training job, or migrate it (snapshot now, continue on another node)")
-async def act(project_id: ProjectId, job_id: str, action: Action, request: Request,
+async def act(project_id: ProjectId, job_id: JobId, action: Action, request: Request,
               principal: Principal = Depends(authenticate)) -> Job:
     repository = repo(request)
     doc = await load(repository, principal, project_id, job_id)
@@ -129,7 +144,7 @@ async def act(project_id: ProjectId, job_id: str, action: Action, request: Reque
 
 
 @router.delete("/{job_id}", status_code=204, summary="Delete a finished training job")
-async def delete_job(project_id: ProjectId, job_id: str, request: Request,
+async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
                      principal: Principal = Depends(authenticate)) -> Response:
     repository = repo(request)
     doc = await load(repository, principal, project_id, job_id)
@@ -141,21 +156,36 @@ async def delete_job(project_id: ProjectId, job_id: str, request: Request,
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves")
-async def metrics(project_id: ProjectId, job_id: str, request: Request, principal: Principal = Depends(authenticate),
+async def metrics(project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate),
                   max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
     await load(repo(request), principal, project_id, job_id)
     return MetricsReport.model_validate(await ask(request, RPC_METRICS, MetricsQuery(job_id=job_id,
                                                                                      max_points=max_points)))
 
 
-@router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="Read a training job's output")
-async def logs(project_id: ProjectId, job_id: str, request: Request, principal: Principal = Depends(authenticate),
+LOG_HEADERS = {"X-Log-Offset": "the first line of this page", "X-Log-Next-Offset": "where the next page starts",
+               "X-Log-More": "`true` when lines exist past this page", "X-Log-Dropped": "earliest lines dropped to "
+               "keep the job under its stored output cap"}
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, summary="Read a training job's output",
+            description="A page of output lines, numbered from 0 (the first line the task printed). Headers "
+                        "X-Log-Offset, X-Log-Next-Offset, X-Log-More and X-Log-Dropped say where the page is; a page "
+                        "ends at `limit` lines or about 1 MB. `follow=true` streams everything until the job ends.",
+            responses={200: {"headers": {k: {"description": v, "schema": {"type": "string"}}
+                                         for k, v in LOG_HEADERS.items()}}})
+async def logs(project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate),
                follow_: Annotated[bool, Query(alias="follow")] = False,
-               task: Annotated[str, Query(pattern=r"^worker-\d{1,3}$")] = "worker-0"):
+               task: Annotated[str, Query(pattern=r"^worker-\d{1,3}$")] = "worker-0",
+               offset: Annotated[int, Query(ge=0, le=10**12, description="First line (from 0).")] = 0,
+               limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LINES, description="Lines in the page.")] = PAGE_LINES):
     repository = repo(request)
     await load(repository, principal, project_id, job_id)
     rank = int(task.removeprefix("worker-"))
     if not follow_:
-        return PlainTextResponse(await read_all(repository, job_id, rank=rank))
+        page = await read_page(repository, job_id, rank=rank, offset=offset, limit=limit)
+        return PlainTextResponse(page.text, headers={
+            "X-Log-Offset": str(page.offset), "X-Log-Next-Offset": str(page.next_offset),
+            "X-Log-More": "true" if page.more else "false", "X-Log-Dropped": str(page.dropped)})
     return StreamingResponse(follow(repository, job_id, rank=rank, disconnected=request.is_disconnected),
                              media_type="text/plain; charset=utf-8")

@@ -4,7 +4,7 @@ from typing import Any
 from fastapi import Request
 
 from shared.bus import RPC_CANDIDATES
-from shared.jobs import JobCreate
+from shared.jobs import JobCreate, Spec
 from shared.rpc import CandidatesQuery, CandidatesReply
 from services.submitter import errors
 from services.submitter.errors import ApiError
@@ -24,5 +24,11 @@ async def ask(request: Request, subject: str, payload: Any, *, timeout: float = 
 
 async def candidates(request: Request, body: JobCreate, *, project_id: str, user_name: str) -> CandidatesReply:
     """Where the job could run, how long and at what cost (placement's dry run: the one pricing of a job)."""
-    query = CandidatesQuery(spec=body.spec, user_name=user_name, project_id=project_id)
-    return CandidatesReply.model_validate(await ask(request, RPC_CANDIDATES, query))
+    return await spec_candidates(request, body.spec, project_id=project_id, user_name=user_name)
+
+
+async def spec_candidates(request: Request, spec: Spec, *, project_id: str, user_name: str,
+                          timeout: float = TIMEOUT_S) -> CandidatesReply:
+    """Placement's dry run of a job's spec."""
+    query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id)
+    return CandidatesReply.model_validate(await ask(request, RPC_CANDIDATES, query, timeout=timeout))

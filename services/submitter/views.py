@@ -11,6 +11,7 @@ from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
 
 
 ProjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The project the job belongs to.")]
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The job's id (metadata.id).")]
 
 
 class JobMetadata(BaseModel):

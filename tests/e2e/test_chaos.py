@@ -32,8 +32,10 @@ for step in range(start, 6):
 '''
 
 
-async def test_chaos(api, project, stack, tmp_path):
-    marker = tmp_path / "ticks"
+async def test_chaos(api, project, stack, shared_dir):
+    marker = shared_dir / "ticks"
+    marker.touch()
+    marker.chmod(0o666)  # appended to by every job, each its own user
     url = f"/v2/{project}/training-jobs"
     rng = random.Random(20261122)
     victims = list(SERVICES) + ["agent-local-1", "nats"]  # local-1 is where most jobs go

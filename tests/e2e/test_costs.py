@@ -147,7 +147,7 @@ async def test_a_rented_node_is_charged_its_lifetime_times_its_price_once(stack,
                                   provider="test", price_per_hour=3.6, gpu_count=1,
                                   provisioned_at=now - timedelta(hours=2), project_id=project, user_name="ana")
     released = NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=now - timedelta(minutes=30))
-    client = await nats.connect(stack.nats_url)
+    client = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
     try:
         js = client.jetstream()
         for event in (provisioned, released, released.model_copy(update={"event_id": "again"}),

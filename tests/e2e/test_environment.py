@@ -41,9 +41,9 @@ async def test_a_package_that_does_not_exist_ends_create_failed_with_pips_messag
     assert re.search(r"No matching distribution|Could not find a version", done["status"]["reason"])
 
 
-async def test_code_is_fetched_and_its_boot_file_run(api, project, tmp_path):
-    code = tmp_path / "code"
-    code.mkdir()
+async def test_code_is_fetched_and_its_boot_file_run(api, project, stack):
+    code = project_storage(stack, project) / "code"  # local paths a job may use: its project's storage
+    code.mkdir(parents=True)
     (code / "helper.py").write_text("GREETING = 'hello from the code dir'\n")
     (code / "train.py").write_text("import helper\nprint(helper.GREETING)\n")
     job = await submit(api, project, command="", code_dir=f"file://{code}", boot_file="train.py")
@@ -65,9 +65,9 @@ for step in range(40):
 '''
 
 
-async def test_inputs_come_in_and_outputs_go_out_during_the_run_and_across_a_move(api, project, tmp_path):
-    inputs, outputs = tmp_path / "in", tmp_path / "out"
-    inputs.mkdir()
+async def test_inputs_come_in_and_outputs_go_out_during_the_run_and_across_a_move(api, project, stack):
+    inputs, outputs = project_storage(stack, project) / "in", project_storage(stack, project) / "out"
+    inputs.mkdir(parents=True)
     (inputs / "numbers.txt").write_text("1 2 3 4\n")
     job = await submit(api, project, command=f"{sys.executable} -c '{WRITER}'", allowed="local",
                        inputs=[{"name": "data", "url": str(inputs)}],
@@ -82,6 +82,11 @@ async def test_inputs_come_in_and_outputs_go_out_during_the_run_and_across_a_mov
     done = await wait_phase(api, project, job_id, "Completed", "Failed", timeout_s=90)
     assert done["status"]["phase"] == "Completed" and len(done["status"]["attempts"]) == 2
     assert (outputs / "attempt-1.txt").exists() and (outputs / "attempt-2.txt").read_text() == "sum 10 step 39\n"
+
+
+def project_storage(stack, project: str) -> Path:
+    """The project's own storage (<storage root>/<project>/), where its jobs may read and write."""
+    return stack.data_dir / "storage" / project
 
 
 async def _exists(path: Path):

@@ -36,7 +36,7 @@ for line in lines:
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
-async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, tmp_path):
+async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, shared_dir):
     async def history_model():  # trained in the background from the corpus at the stack's first start (~2 min)
         health = (await api.get("/healthz")).json()["services"]["estimator"]
         return health.get("details", {}).get("history_model", {}).get("version")
@@ -44,8 +44,8 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, tmp_pat
     await eventually(history_model, timeout_s=600, interval_s=2)
     with tarfile.open(CORPUS) as tar:
         log = tar.extractfile(RUN).read().decode()
-    (tmp_path / "run.log").write_text(log)
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {tmp_path / 'run.log'} {SPEED}")
+    (shared_dir / "run.log").write_text(log)  # where the job, a user of its own, can read it
+    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} {SPEED}")
     job_id = job["metadata"]["id"]
     seen: list[tuple[float, float, float, float]] = []  # (wall time, remaining, low, high)
     while True:

@@ -76,8 +76,8 @@ def process_group_alive(pgid: int) -> bool:
     return False
 
 
-async def test_terminate_ends_the_whole_process_group(api, project, tmp_path):
-    pid_file = tmp_path / "pid"
+async def test_terminate_ends_the_whole_process_group(api, project, shared_dir):
+    pid_file = shared_dir / "pid"
     job = await submit(api, project, command=f"echo $$ > {pid_file}; sleep 300 & sleep 300; wait")
     job_id = job["metadata"]["id"]
     await wait_phase(api, project, job_id, "Running")
@@ -101,11 +101,18 @@ async def _exists(path: Path):
 
 
 async def test_a_queued_job_can_be_terminated_before_it_runs(api, project):
-    job = await submit(api, project, command="true", gpu_count=8)  # no node has 8 GPUs: it waits
+    # only local-1 has 2 GPUs: while the first job holds them the second waits (a job no node could ever hold is
+    # refused at submission, so waiting needs a busy node)
+    blocker = await submit(api, project, command="sleep 60", gpu_count=2)
+    await wait_phase(api, project, blocker["metadata"]["id"], "Running")
+    job = await submit(api, project, command="true", gpu_count=2)
     job_id = job["metadata"]["id"]
     await wait_phase(api, project, job_id, "Pending")
     response = await api.post(f"/v2/{project}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
     assert response.status_code == 202 and response.json()["status"]["phase"] == "Terminated"
+    await api.post(f"/v2/{project}/training-jobs/{blocker['metadata']['id']}/actions",
+                   json={"action_type": "terminate"})
+    await wait_phase(api, project, blocker["metadata"]["id"], "Terminated", "Failed")
 
 
 async def test_delete_only_finished_jobs(api, project):
@@ -158,12 +165,16 @@ async def test_the_task_environment(api, project):
     assert "MONGO_URL" not in env and "TRAINMASTER_NATS_URL" not in env
 
 
-async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, project, stack, status_log, tmp_path):
-    marker = tmp_path / "runs"
+async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, project, stack, status_log,
+                                                                       shared_dir):
+    marker = shared_dir / "runs"
+    marker.touch()
+    marker.chmod(0o666)  # appended to by each attempt, each its own user
     job = await submit(api, project, command=f"echo $TRAINMASTER_NODE_ID >> {marker}; sleep 4", allowed="local")
     job_id = job["metadata"]["id"]
     running = await wait_phase(api, project, job_id, "Running")
     node_id = running["status"]["node_id"]
+    await eventually(lambda: _exists(marker))  # Running is reported when the task is spawned, before its command ran
     stack.signal(f"agent-{node_id}", signal.SIGKILL)
     try:
         await eventually(lambda: _seen(status_log, job_id, ("Abnormal", "Lost")), timeout_s=20)

@@ -8,6 +8,7 @@ import pytest_asyncio
 
 from tests.conftest import ADMIN_TOKEN, start_stack
 from tests.e2e.helpers import get, submit, wait_phase
+from tests.factories import job_body
 
 pytestmark = pytest.mark.e2e
 
@@ -101,10 +102,14 @@ async def test_a_cloud_only_job_takes_the_reserved_node_before_renting(client, p
     assert done["status"]["node_ids"] == ["res-1"] and await rented(client) == []
 
 
-async def test_a_two_node_job_starts_all_ranks_or_none(client, project):
-    job = await submit(client, project, command="true", gpu_count=1, node_count=2, allowed="local")
-    await stays_pending(client, project, job["metadata"]["id"])
-    await terminate(client, project, job)
+async def test_a_two_node_job_no_pair_of_local_nodes_could_hold_is_refused(client, project):
+    # one local node: two ranks on local nodes can never start together, so the job is not taken at all
+    body = job_body(command="true", gpu_count=1, node_count=2, allowed="local")
+    for params in ({}, {"dry_run": "true"}):
+        refused = await client.post(f"/v2/{project}/training-jobs", params=params, json=body)
+        assert refused.status_code == 400 and refused.json()["error_code"] == "406001", refused.text
+        assert refused.json()["error_msg"].startswith("param[spec.resource.node_count] invalid: no node")
+    assert (await client.get(f"/v2/{project}/training-jobs")).json()["total"] == 0
 
 
 async def test_a_cost_sensitive_job_waits_for_owned_capacity_when_that_is_cheaper(client, project):
@@ -134,8 +139,9 @@ async def test_a_dry_run_estimates_each_allowed_kind_and_creates_nothing(client,
         assert candidate["expected_cost"] == pytest.approx(candidate["price_per_hour"] * hours, rel=1e-3)
     assert (await client.get(f"/v2/{project}/training-jobs")).json()["total"] == 0
     local_only = {**body, "spec": {"resource": {"gpu_count": 2}, "placement": {"allowed": "local"}}}
-    none = (await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=local_only)).json()
-    assert none["candidates"] == [] and "local" in none["unplaceable_kinds"]
+    none = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=local_only)
+    assert none.status_code == 400 and "param[spec.resource.gpu_count]" in none.json()["error_msg"]
+    assert "local: no local node can host 2 GPU(s)" in none.json()["error_msg"]
     bad = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"},
                             json={**body, "spec": {"resource": {"gpu_count": -1}}})
     assert bad.status_code == 400 and "param[spec.resource.gpu_count]" in bad.json()["error_msg"]

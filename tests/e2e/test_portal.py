@@ -40,6 +40,7 @@ def page(stack):
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))  # a blocked script
         page.on("dialog", lambda dialog: dialog.accept())
         page.set_default_timeout(30_000)
         yield page
@@ -59,13 +60,16 @@ def wait_for(check, *, timeout_s: float = 45, what: str = "condition"):
 
 
 def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project, shots):
-    page.goto(f"{stack.api_url}/ui/")
+    response = page.goto(f"{stack.api_url}/ui/")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self';" in policy and "frame-ancestors 'none'" in policy  # and the portal runs under it
     page.wait_for_selector("#login-form")
     page.screenshot(path=shots / "01-login.png")
     page.fill("#login-token", "not-a-token")
     page.click("#login-form button[type=submit]")
     page.wait_for_selector("#login-error:not(.hidden)")
     page.fill("#login-token", ADMIN_TOKEN)
+    page.check("#login-remember")  # "stay signed in": the only way a token reaches localStorage
     page.click("#login-form button[type=submit]")
     page.wait_for_selector("#shell:not(.hidden)")
     assert page.evaluate("localStorage.getItem('trainmaster.token')") == ADMIN_TOKEN
@@ -145,7 +149,7 @@ def test_a_user_lands_in_their_own_project(stack, page, shots):
     page.evaluate("localStorage.clear(); sessionStorage.clear()")
     page.reload()
     page.fill("#login-token", issued.json()["token"])
-    page.uncheck("#login-remember")
+    assert not page.is_checked("#login-remember")  # by default a token lives as long as the tab
     page.click("#login-form button[type=submit]")
     page.wait_for_selector("#jobs-table")
     assert page.input_value("#project") == project

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     data = tmp_path_factory.mktemp("servers")
-    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_port=free_port(), mongo_url=None,
+    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_url=None,
                                 nats_url=None))
     stack.start_nats()
     stack.start_database()
@@ -27,7 +27,7 @@ def servers(tmp_path_factory):
 
 @pytest.fixture
 async def wiring(servers):
-    broker = make_broker(servers.nats_url, name="test")
+    broker = make_broker(servers.nats_url, name="test", creds=servers.admin_creds())
     await connect(broker)
     client = make_client(servers.mongo_url)
     collection = client.test[unique("outbox").replace("-", "_")]
@@ -37,7 +37,7 @@ async def wiring(servers):
 
 
 async def stream_subjects(servers, subject: str) -> list[bytes]:
-    nc = await nats.connect(servers.nats_url)
+    nc = await nats.connect(servers.nats_url, user_credentials=str(servers.admin_creds()))
     js = nc.jetstream()
     info = await js.stream_info("TM_JOBS")
     sub = await js.subscribe(subject, ordered_consumer=True)

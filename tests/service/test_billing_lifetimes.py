@@ -9,8 +9,9 @@ from shared.events import NodeProvisioned, NodeRegistered, NodeReleased, NodeSta
 from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
 from services.billing.handlers import router
 from services.billing.ledger import reconcile
+from services.billing.placements import Placements
 from services.billing.service import Billing
-from tests.factories import T0, exited, node, started
+from tests.factories import T0, exited, node, placed, started
 from tests.memory import MemoryCollection
 
 
@@ -26,7 +27,9 @@ async def billing():
 
         service = Billing(**{name: MemoryCollection(name) for name in
                              ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas", "alerts")},
-                          publish=record)
+                          publish=record, placements=Placements(jobs=MemoryCollection("jobs"),
+                                                                attempts=MemoryCollection("attempts"),
+                                                                parked=MemoryCollection("parked")))
         test_broker.context.set_global("billing", service)
         yield test_broker, service, sent
 
@@ -64,6 +67,7 @@ async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once
 async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifetime(billing):
     broker, service, _ = billing
     await publish(broker, provisioned("od-1", user="ana"))
+    await publish(broker, placed("j1", nodes=("od-1",)))
     await publish(broker, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
     await publish(broker, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
     await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
@@ -88,6 +92,7 @@ async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billin
     broker, service, _ = billing
     ws = node(node_id="ws", kind="local", gpus=2, price=0.5)
     await publish(broker, NodeRegistered(event_id="ws:boot", occurred_at=T0, node=ws, boot_id="b"))
+    await publish(broker, placed("j", nodes=("ws",)))
     await publish(broker, started("j", node_id="ws", at=T0))
     await publish(broker, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
     await publish(broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost",
@@ -116,6 +121,7 @@ async def test_each_budget_alert_is_published_once(billing):
     from shared.clock import utcnow
     now = utcnow()
     await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await publish(broker, placed("j"))
     await publish(broker, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
     for _ in range(3):
         await service.check_all_budgets()

@@ -10,11 +10,12 @@ from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
+from services.billing.placements import Placements
 from services.billing.service import Billing
 from services.placement.handlers import router as placement_router
 from services.placement.fleet import Fleet
 from services.placement.service import Placement
-from tests.factories import T0, exited, node, started, submitted
+from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import MemoryCollection
 from tests.service.test_monitor import recorder
 
@@ -24,14 +25,16 @@ async def billing():
     broker = NatsBroker()
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
-        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"))
+        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
+                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
+                                                parked=MemoryCollection("parked")))
         test_broker.context.set_global("billing", service)
         yield test_broker, service
 
 
 async def test_an_attempt_seen_twice_is_charged_once(billing):
     broker, service = billing
-    for event in [started("j", at=T0), started("j", at=T0), exited("j", at=T0 + timedelta(hours=2)),
+    for event in [placed("j"), started("j", at=T0), started("j", at=T0), exited("j", at=T0 + timedelta(hours=2)),
                   exited("j", at=T0 + timedelta(hours=2)), started("j", at=T0)]:
         await publish(broker, event)
     report = await service.usage(UsageQuery(project_id="p"))
@@ -40,6 +43,7 @@ async def test_an_attempt_seen_twice_is_charged_once(billing):
 
 async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
     broker, service = billing
+    await publish(broker, placed("j", nodes=("n1",)))
     await publish(broker, started("j", node_id="n1", at=T0))
     await publish(broker, NodeStateChanged(event_id="n1:lost", node_id="n1", state="lost",
                                            last_seen=T0 + timedelta(minutes=30)))

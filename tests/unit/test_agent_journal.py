@@ -3,6 +3,7 @@ import asyncio
 import json
 
 from shared.events import StartTask, TaskExited, TaskStarted
+from shared.storage import StoragePolicy
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.journal import Journal
@@ -17,7 +18,9 @@ def make_agent(root, sent: list) -> Agent:
         sent.append(message)
 
     return Agent(node=NODE, root=root, publish=publish, checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
-                 preparer=Preparer(root / "engines", {}))
+                 preparer=Preparer(root / "engines", {}),
+                 storage=StoragePolicy(storage_root=f"file://{root}/storage",
+                                       checkpoint_root=f"file://{root}/checkpoints"))
 
 
 def start(job_id: str, command: str = "true") -> StartTask:

@@ -19,6 +19,14 @@ MIN_SAMPLES = 12  # fewer calibration points than this fall back to the "*" key
 # A log-variance floor keeps one lucky component from taking every weight.
 VAR_FLOOR = 1e-4
 DEFAULT_Q = (-0.35, 0.35)
+# Uncalibrated band of an own-pool key (a benchmark never trained on, no held-out benchmarks to learn from).
+DEFAULT_Q_UNSEEN = (-1.0, 1.0)
+
+
+# Keys in angle brackets (the history's "<unseen>") are pools of their own: their samples come from benchmarks
+# held out of the model, which say nothing of the seen ones in "*", and their weights are not shrunk toward "*".
+def _own_pool(key: str) -> bool:
+    return key.startswith("<")
 
 
 def bucket(fraction: float) -> int:
@@ -26,10 +34,13 @@ def bucket(fraction: float) -> int:
     return bisect.bisect_right(BUCKET_EDGES, max(0.0, fraction))
 
 
-def default_weights(fraction: float, available: set[str]) -> dict[str, float]:
-    """Uncalibrated weights: trust history early, the live throughput later."""
+def default_weights(fraction: float, available: set[str], *, unseen: bool = False) -> dict[str, float]:
+    """Uncalibrated weights: trust history early, the live throughput later; on an unseen benchmark the
+    history's work is a guess, so its own curve leads."""
     live = min(1.0, fraction / 0.2)
     raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live}
+    if unseen:
+        raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0}
     return _normalise({k: v for k, v in raw.items() if k in available})
 
 
@@ -49,14 +60,16 @@ def blend(components: dict[str, float], *, fraction: float, key: str,
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
     pooled = _cell(table, "*", fraction)
     weights = None
-    if pooled is not None and cell is not None:
+    if cell is not None and _own_pool(key):
+        weights = _normalise({k: cell["w"].get(k, 0.0) for k in available})
+    elif pooled is not None and cell is not None:
         mixed = {k: 0.5 * cell["w"].get(k, 0.0) + 0.5 * pooled["w"].get(k, 0.0) for k in available}
         weights = _normalise(mixed)
     if not weights:
-        weights = default_weights(fraction, available)
+        weights = default_weights(fraction, available, unseen=_own_pool(key))
     biases = cell.get("cbias", {}) if cell is not None else {}
     log_total = sum(w * (math.log(components[k]) - biases.get(k, 0.0)) for k, w in weights.items())
-    q_lo, q_hi = cell["q"] if cell is not None else DEFAULT_Q
+    q_lo, q_hi = cell["q"] if cell is not None else DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
     total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
     return total, total * math.exp(q_lo), total * math.exp(q_hi), method
@@ -66,7 +79,7 @@ def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
     if not table:
         return None
     b = str(bucket(fraction))
-    for k in (key, "*"):
+    for k in (key,) if _own_pool(key) else (key, "*"):
         cell = table.get(k, {}).get(b)
         if cell is not None:
             return cell
@@ -82,7 +95,7 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
     """
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
-        for key in (s["key"], "*"):
+        for key in (s["key"],) if _own_pool(s["key"]) else (s["key"], "*"):
             groups.setdefault((key, str(bucket(s["fraction"]))), []).append(s)
     table: dict[str, dict] = {}
     for (key, b), rows in groups.items():

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import random
 import zlib
 from typing import Callable, Iterable
 
+import numpy as np
+
 from services.estimator.model.blend import fit_table
 from services.estimator.model.features import features_from_run
-from services.estimator.model.history import HistoryPredictor
+from services.estimator.model.history import UNSEEN, HistoryPredictor, quantile_row
 from services.estimator.model.online import OnlineEstimator
 
 # Each calibration run is cut at this many fractions of its duration drawn at random (seeded by
@@ -18,6 +21,10 @@ from services.estimator.model.online import OnlineEstimator
 CALIBRATION_CUTS_PER_RUN = 13
 CALIBRATION_RANGE = (0.02, 0.9)
 MAX_RUNS_PER_BENCHMARK = 120  # enough for the quantiles; keeps calibration under a minute
+# Leave-one-benchmark-out: each benchmark with this many runs is held out of a model in turn, so what an
+# unseen benchmark's estimate looks like (weights, bias, band) is learned, not assumed.
+MIN_RUNS_TO_LEAVE_OUT = 10
+MAX_UNSEEN_RUNS_PER_BENCHMARK = 40
 
 
 def make_estimator(run, predictor: HistoryPredictor | None, *, use_target: bool = True,
@@ -60,7 +67,7 @@ def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
         def visit(_, now, est, run=run):
             fraction, comps = est.snapshot(now)
             if any(comps.values()) and not est._reached:
-                samples.append({"key": run.benchmark, "fraction": fraction,
+                samples.append({"key": est.key, "fraction": fraction,
                                 "truth": run.duration_s, "components": comps})
         replay(run, est, cuts, visit)
     return samples
@@ -91,6 +98,32 @@ def train_with_calibration(runs, *, folds: int = 3, seed: int = 0,
             continue
         part = HistoryPredictor(seed=seed, epochs=epochs).train(train, folds=1)
         samples += calibration_samples(_subsample(held, seed), part)
+    unseen_samples, resid = leave_benchmarks_out(runs, seed=seed, epochs=epochs)
     predictor = HistoryPredictor(seed=seed, epochs=epochs).train(runs, folds=folds)
-    predictor.blend = fit_table(samples)
+    if len(resid) >= 10:
+        predictor.quantiles[UNSEEN] = quantile_row(np.asarray(resid))
+    predictor.blend = fit_table(samples + unseen_samples)
     return predictor
+
+
+def leave_benchmarks_out(runs, *, seed: int = 0, epochs: int = 400) -> tuple[list[dict], list[list[float]]]:
+    """Calibration samples (key UNSEEN) and log prior residuals [work, duration] of each benchmark held
+    out of a model trained on all the others."""
+    by: dict[str, list] = {}
+    for r in runs:
+        by.setdefault(r.benchmark, []).append(r)
+    if len(by) < 3:
+        return [], []
+    rng = random.Random(seed)
+    samples, resid = [], []
+    for bench in sorted(by):
+        if len(by[bench]) < MIN_RUNS_TO_LEAVE_OUT:
+            continue
+        part = HistoryPredictor(seed=seed, epochs=epochs).train(
+            [r for r in runs if r.benchmark != bench], folds=1)
+        held = rng.sample(by[bench], min(len(by[bench]), MAX_UNSEEN_RUNS_PER_BENCHMARK))
+        for run in held:
+            prior = part.prior(features_from_run(run))
+            resid.append([math.log(run.total_work / prior.work), math.log(run.duration_s / prior.duration_s)])
+        samples += calibration_samples(held, part)
+    return samples, resid

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import re
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.estimator.model.mllog import MARK_KEYS, mark_progress, parse_mllog_line
-from services.estimator.model.targets import TARGETS, metric_scalar, reached
+from services.estimator.model.targets import TARGETS, Target, metric_scalar, reached
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mlperf"
 
@@ -49,6 +51,9 @@ class Run:
     run_stop_ms: int = 0
     status: str = "unknown"
     observations: list[Observation] = field(default_factory=list)
+    # A target declared for a benchmark the built-in table does not know (`--targets FILE`, a job's spec).
+    target_value: float | None = None
+    target_mode: str | None = None
 
     @property
     def accelerators(self) -> int:
@@ -59,12 +64,19 @@ class Run:
         return (self.run_stop_ms - self.run_start_ms) / 1000.0
 
     @property
-    def target(self) -> float:
-        return TARGETS[self.benchmark].value
+    def target(self) -> float | None:
+        known = TARGETS.get(self.benchmark)
+        return known.value if known else self.target_value
 
     @property
     def mode(self) -> str:
-        return TARGETS[self.benchmark].mode
+        known = TARGETS.get(self.benchmark)
+        return known.mode if known else (self.target_mode or "max")
+
+    @property
+    def succeeded(self) -> bool:
+        """The log itself says the run met its target (MLPerf's run_stop status)."""
+        return self.status == "success" and self.duration_s > 0
 
     @property
     def evals(self) -> list[Observation]:
@@ -73,6 +85,8 @@ class Run:
     @property
     def total_work(self) -> float | None:
         """Progress (samples or epochs as the log counts them) when the target was met."""
+        if self.target is None:
+            return None
         for o in self.observations:
             if o.value is not None and o.progress is not None and reached(
                     o.value, self.target, self.mode):
@@ -81,6 +95,8 @@ class Run:
         return max(marks) if marks else None
 
     def reached_target(self) -> bool:
+        if self.target is None:
+            return False
         return any(reached(o.value, self.target, self.mode) for o in self.evals)
 
 
@@ -89,8 +105,13 @@ def default_tarballs() -> list[Path]:
     return sorted(DEFAULT_DATA_DIR.glob("*.tar.gz"))
 
 
-def load_corpus(path: str | Path, *, usable_only: bool = True) -> list[Run]:
-    """Read every result file of one tarball; keep successful runs with timings if asked."""
+def load_corpus(path: str | Path, *, usable_only: bool = True,
+                targets: dict[str, Target] | None = None) -> list[Run]:
+    """Read every result file of one tarball; keep successful runs with timings if asked.
+
+    Benchmarks of the built-in table are read with it; others with `targets` (declared), or,
+    when not usable_only, without a target (they cannot be scored, but they are counted)."""
+    targets = targets or {}
     path = Path(path)
     version = _VERSION.search(path.name)
     version = version.group(1) if version else path.stem
@@ -108,10 +129,11 @@ def load_corpus(path: str | Path, *, usable_only: bool = True) -> list[Run]:
                 systems[(sys_match.group(1), sys_match.group(2))] = _safe_json(data)
             else:
                 org, system, bench, idx = res_match.groups()
-                if bench in TARGETS:
+                declared = None if bench in TARGETS else targets.get(bench)
+                if bench in TARGETS or declared is not None or not usable_only:
                     run_id = f"v{version}/{org}/{system}/{bench}/{idx}"
-                    runs.append(parse_run(data, run_id=run_id, version=version,
-                                          org=org, system=system, benchmark=bench))
+                    runs.append(parse_run(data, run_id=run_id, version=version, org=org,
+                                          system=system, benchmark=bench, declared=declared))
     for run in runs:
         _apply_system(run, systems.get((run.run_id.split("/")[1], run.system), {}))
     if usable_only:
@@ -119,9 +141,34 @@ def load_corpus(path: str | Path, *, usable_only: bool = True) -> list[Run]:
     return runs
 
 
-def load_corpora(paths) -> list[Run]:
+def load_corpora(paths, *, targets: dict[str, Target] | None = None) -> list[Run]:
     """`load_corpus` over several tarballs."""
-    return [run for path in paths for run in load_corpus(path)]
+    return [run for path in paths for run in load_corpus(path, targets=targets)]
+
+
+def load_cached(path: str | Path, *, targets: dict[str, Target] | None = None,
+                cache_dir: Path | None = None) -> list[Run]:
+    """Every run of a tarball (usable or not), parsed once: later calls read a pickle keyed by the
+    tarball's identity, the declared targets and this parser's code."""
+    path = Path(path)
+    if cache_dir is None:
+        return load_corpus(path, usable_only=False, targets=targets)
+    here = Path(__file__).parent
+    key = hashlib.sha256(repr((str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns,
+                               sorted((targets or {}).items()))).encode())
+    for name in ("corpus.py", "mllog.py", "targets.py"):
+        key.update((here / name).read_bytes())
+    cached = Path(cache_dir) / f"{path.stem}-{key.hexdigest()[:16]}.pkl"
+    if cached.exists():
+        with cached.open("rb") as fh:
+            return pickle.load(fh)  # our own file, written below from the same code
+    runs = load_corpus(path, usable_only=False, targets=targets)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    with tmp.open("wb") as fh:
+        pickle.dump(runs, fh)
+    tmp.replace(cached)
+    return runs
 
 
 # A few logs stop seconds after run_start (smoke tests); they are not training runs.
@@ -136,13 +183,16 @@ def is_usable(run: Run) -> bool:
 
 
 def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
-              benchmark: str) -> Run:
-    """Build a `Run` from the text of one result file."""
+              benchmark: str, declared: Target | None = None) -> Run:
+    """Build a `Run` from the text of one result file (`declared`: target of a benchmark not in TARGETS)."""
     # The folder names the organisation; many logs say SUBMISSION_ORG_PLACEHOLDER.
-    run = Run(run_id=run_id, version=version, submitter=org, system=system, benchmark=benchmark)
+    run = Run(run_id=run_id, version=version, submitter=org, system=system, benchmark=benchmark,
+              target_value=declared.value if declared else None,
+              target_mode=declared.mode if declared else None)
+    metric = declared.metric if declared else "eval_accuracy"
     records = []
     for line in text.splitlines():
-        if _KEY_PATTERN.search(line) is None:
+        if _KEY_PATTERN.search(line) is None and f'"{metric}"' not in line:
             continue
         rec = parse_mllog_line(line)
         if rec is not None:
@@ -157,19 +207,21 @@ def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
             run.batch_size = _num(rec.value)
         elif rec.key in ("opt_base_learning_rate", "lars_opt_base_learning_rate"):
             run.learning_rate = _num(rec.value)
-    run.observations = _timeline(records, run)
+    run.observations = _timeline(records, run, metric)
     return run
 
 
-def _timeline(records, run: Run) -> list[Observation]:
+def _timeline(records, run: Run, metric: str = "eval_accuracy") -> list[Observation]:
     start, stop = run.run_start_ms, run.run_stop_ms or float("inf")
     merged: dict[tuple[float, float | None], list] = {}
     obs = []
     for rec in records:
-        if rec.key not in MARK_KEYS or rec.time_ms < start:
+        if (rec.key not in MARK_KEYS and rec.key != metric) or rec.time_ms < start:
             continue
         progress = mark_progress(rec, run.benchmark, run.batch_size)
-        if rec.key != "eval_accuracy":
+        if rec.key == metric and rec.key not in MARK_KEYS:
+            progress = rec.progress()
+        if rec.key != metric:
             if progress is not None and rec.time_ms <= stop:
                 obs.append(Observation(t_s=(rec.time_ms - start) / 1000.0, progress=progress))
             continue
@@ -180,7 +232,7 @@ def _timeline(records, run: Run) -> list[Observation]:
             t_ms = min(rec.time_ms, stop)
             merged.setdefault((t_ms if progress is None else -1.0, progress), []).append(
                 (t_ms, value))
-    mode = TARGETS[run.benchmark].mode
+    mode = run.mode
     for (_, progress), items in merged.items():
         worst = min(v for _, v in items) if mode == "max" else max(v for _, v in items)
         t_ms = max(t for t, _ in items)

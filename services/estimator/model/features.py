@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from services.estimator.model.targets import TARGETS
+from services.estimator.model.targets import task_of
 
 # Dense BF16/FP16 tensor TFLOPS from vendor datasheets; substrings matched in order.
 ACCELERATOR_TFLOPS = (
@@ -65,14 +65,13 @@ class JobFeatures:
 
     def resolved(self) -> "JobFeatures":
         """Fill task, family and TFLOPS from the benchmark and accelerator tables."""
-        target = TARGETS.get(self.benchmark)
+        task, family = task_of(self.benchmark)
         return JobFeatures(
             benchmark=self.benchmark, batch_size=self.batch_size,
             learning_rate=self.learning_rate, accelerator=self.accelerator,
             accelerators=max(1, int(self.accelerators)), nodes=max(1, int(self.nodes)),
             tflops=self.tflops or accelerator_tflops(self.accelerator),
-            task=self.task or (target.task if target else "unknown"),
-            family=self.family or (target.family if target else "unknown"),
+            task=self.task or task, family=self.family or family,
         )
 
     def to_dict(self) -> dict:

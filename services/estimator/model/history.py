@@ -16,6 +16,14 @@ from services.estimator.model.features import (
 
 FORMAT_VERSION = 2
 UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
+# Calibration and band key of a benchmark the model was never trained on: its figures are learned by leaving
+# each training benchmark out in turn (calibrate.train_with_calibration), not borrowed from seen ones.
+UNSEEN = "<unseen>"
+# Without leave-one-benchmark-out residuals, an unseen benchmark's band is the pooled one widened this much (log).
+UNSEEN_WIDEN = 3.0
+# The network's log outputs are kept within the trained range widened by this (log): an input unlike any
+# trained on (a new benchmark's batch size, say) must not extrapolate to infinity.
+LOG_MARGIN = 2.0
 # Interval quantiles: the service reports a 10-90% band.
 Q_LOW, Q_HIGH = 0.10, 0.90
 
@@ -31,6 +39,7 @@ class HistoryPrior:
     work_low: float
     work_high: float
     benchmark: str = "unknown"
+    seen: bool = True  # False: the model never trained on this benchmark (bands from held-out benchmarks)
 
 
 # Work to target is a property of the algorithm and its hyper-parameters, not of the
@@ -70,6 +79,7 @@ class HistoryPredictor:
         self.blend: dict = {}  # filled by calibrate.train_with_calibration; saved with the model
         self.work_table: dict[str, float] = {}  # "benchmark|batch" -> median work seen
         self.duration_table: dict[str, float] = {}  # "benchmark|accel|count|batch" -> median s
+        self.log_range: list[list[float]] | None = None  # [[lo, hi] log work, [lo, hi] log unit cost]
         self.model: _MLP | None = None
 
     # -- encoding -----------------------------------------------------------------------
@@ -87,8 +97,16 @@ class HistoryPredictor:
         x = np.asarray(rows, dtype=np.float32)
         return torch.from_numpy((x - self.x_mean) / self.x_std)
 
-    def _offset(self, benchmark: str) -> tuple[float, float]:
-        return self.offsets.get(benchmark, self.offsets["*"])
+    def _offset(self, feat: JobFeatures) -> tuple[float, float]:
+        """Mean log work and unit cost of the benchmark; of its task or family when it was never trained on."""
+        for key in (feat.benchmark, f"task:{feat.task}", f"family:{feat.family}", "*"):
+            if key in self.offsets:
+                return self.offsets[key]
+        return self.offsets["*"]
+
+    def seen(self, benchmark: str) -> bool:
+        """Whether the model was trained on this benchmark."""
+        return benchmark in self.offsets and benchmark != "*"
 
     # -- training -----------------------------------------------------------------------
     def train(self, runs, *, folds: int = 3) -> "HistoryPredictor":
@@ -138,11 +156,14 @@ class HistoryPredictor:
         torch.manual_seed(self.seed)
         cats = [categorical_values(f) for f in feats]
         self.vocab = {n: ["<unk>"] + sorted({c[n] for c in cats}) for n in CATEGORICAL}
-        benches = [f.benchmark for f in feats]
         self.offsets = {"*": tuple(float(v) for v in y.mean(axis=0))}
-        for b in set(benches):
-            mask = np.array([x == b for x in benches])
-            self.offsets[b] = tuple(float(v) for v in y[mask].mean(axis=0))
+        for key in ("benchmark", "task", "family"):
+            names = [getattr(f, key) or "unknown" for f in feats]
+            for b in set(names):
+                mask = np.array([x == b for x in names])
+                name = b if key == "benchmark" else f"{key}:{b}"
+                self.offsets[name] = tuple(float(v) for v in y[mask].mean(axis=0))
+        self.log_range = [[float(y[:, i].min()) - LOG_MARGIN, float(y[:, i].max()) + LOG_MARGIN] for i in (0, 1)]
         # Every run is shown twice, the second time with its accelerator unknown: a model of a
         # held-out accelerator (a new GPU, a submitter's own) then falls back on its TFLOPS, not
         # on whatever an untrained one-hot column happens to add.
@@ -152,7 +173,7 @@ class HistoryPredictor:
         self.x_mean = raw.mean(axis=0)
         self.x_std = raw.std(axis=0) + 1e-6
         x = self._encode(feats + unseen)
-        target = y - np.array([self._offset(b) for b in benches])
+        target = y - np.array([self._offset(f) for f in feats])
         target = torch.tensor(np.concatenate([target, target]), dtype=torch.float32)
         self.model = _MLP(x.shape[1], self.hidden, self._work_mask())
         opt = torch.optim.Adam(self.model.parameters(), lr=3e-3, weight_decay=1e-4)
@@ -170,13 +191,11 @@ class HistoryPredictor:
         return mask + [1.0 if name in WORK_INPUTS else 0.0 for name in NUMERIC]
 
     def _set_quantiles(self, benches: list[str], resid: np.ndarray) -> None:
-        def q(rows):
-            return tuple(float(v) for v in np.quantile(rows, [Q_LOW, Q_HIGH], axis=0).T.ravel())
-        self.quantiles = {"*": q(resid)}
+        self.quantiles = {"*": quantile_row(resid)}
         for b in set(benches):
             mask = np.array([x == b for x in benches])
             if mask.sum() >= 10:
-                self.quantiles[b] = q(resid[mask])
+                self.quantiles[b] = quantile_row(resid[mask])
 
     # -- prediction ---------------------------------------------------------------------
     def _predict_raw(self, feat: JobFeatures) -> tuple[float, float]:
@@ -185,8 +204,10 @@ class HistoryPredictor:
     def _predict_many(self, feats: list[JobFeatures]) -> list[tuple[float, float]]:
         with torch.no_grad():
             out = self.model(self._encode(feats)).numpy()
-        offs = np.array([self._offset(f.benchmark) for f in feats])
-        preds = [tuple(float(v) for v in np.exp(row)) for row in out + offs]  # work, unit cost
+        logs = out + np.array([self._offset(f) for f in feats])
+        if self.log_range is not None:
+            logs = np.clip(logs, [r[0] for r in self.log_range], [r[1] for r in self.log_range])
+        preds = [tuple(float(v) for v in np.exp(row)) for row in logs]  # work, unit cost
         # Where the same benchmark ran with the same batch size often enough, the median work
         # of those runs beats the network (checked on submitter-held-out splits).
         # With no such runs, the network is shrunk halfway (in log) to the benchmark median:
@@ -205,11 +226,19 @@ class HistoryPredictor:
         """Work and duration to target, each with its 10-90% band."""
         feat = features.resolved()
         work, dur = self._predict_raw(feat)
-        wq_lo, wq_hi, dq_lo, dq_hi = self.quantiles.get(feat.benchmark, self.quantiles["*"])
+        seen = self.seen(feat.benchmark)
+        if seen:
+            wq_lo, wq_hi, dq_lo, dq_hi = self.quantiles.get(feat.benchmark, self.quantiles["*"])
+        elif UNSEEN in self.quantiles:
+            wq_lo, wq_hi, dq_lo, dq_hi = self.quantiles[UNSEEN]
+        else:
+            wq_lo, wq_hi, dq_lo, dq_hi = (UNSEEN_WIDEN * q for q in self.quantiles["*"])
+        if not seen:  # biased on benchmarks it never saw: the band is theirs, the point stays inside it
+            wq_lo, dq_lo, wq_hi, dq_hi = min(wq_lo, 0.0), min(dq_lo, 0.0), max(wq_hi, 0.0), max(dq_hi, 0.0)
         return HistoryPrior(
             duration_s=dur, duration_low_s=dur * math.exp(dq_lo), duration_high_s=dur * math.exp(dq_hi),
             work=work, work_low=work * math.exp(wq_lo), work_high=work * math.exp(wq_hi),
-            benchmark=feat.benchmark)
+            benchmark=feat.benchmark, seen=seen)
 
     def predict(self, features: JobFeatures) -> tuple[float, float, float]:
         """(duration_s, low_s, high_s) before the job starts."""
@@ -223,7 +252,7 @@ class HistoryPredictor:
             "seed": self.seed, "vocab": self.vocab, "offsets": self.offsets,
             "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
             "quantiles": self.quantiles, "blend": self.blend, "work_table": self.work_table,
-            "duration_table": self.duration_table,
+            "duration_table": self.duration_table, "log_range": self.log_range,
             "state_dict": self.model.state_dict(),
         }
 
@@ -244,6 +273,7 @@ class HistoryPredictor:
         self.blend = state["blend"]
         self.work_table = state["work_table"]
         self.duration_table = state["duration_table"]
+        self.log_range = state.get("log_range")  # absent from models saved before it existed
         n_in = len(self.x_mean)
         self.model = _MLP(n_in, self.hidden, self._work_mask())
         self.model.load_state_dict(state["state_dict"])
@@ -252,6 +282,11 @@ class HistoryPredictor:
 
 
 MIN_RUNS_FOR_TABLE = 5
+
+
+def quantile_row(resid: np.ndarray) -> tuple[float, ...]:
+    """(work q10, work q90, duration q10, duration q90) of log residual rows [work, duration]."""
+    return tuple(float(v) for v in np.quantile(resid, [Q_LOW, Q_HIGH], axis=0).T.ravel())
 
 
 def _unit_cost(feats: list[JobFeatures], y: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 
 from services.estimator.model.blend import blend
 from services.estimator.model.curves import predict_crossing
-from services.estimator.model.history import HistoryPrior
+from services.estimator.model.history import UNSEEN, HistoryPrior
 
 MAX_MARKS = 256  # progress marks kept; older ones are thinned, so one update stays cheap
 MAX_METRICS = 64  # metric points kept for curve fitting
@@ -43,6 +43,8 @@ class OnlineEstimator:
         self.start_time, self.target, self.mode = start_time, target, mode
         self.total_work, self.prior, self.calibration = total_work, prior, calibration
         self.key = key or (prior.benchmark if prior else "*")
+        if prior is not None and not prior.seen:  # calibrated on benchmarks held out of the history model
+            self.key = UNSEEN
         self._marks_t: list[float] = []
         self._marks_p: list[float] = []
         self._metric_x: list[float] = []
@@ -128,10 +130,13 @@ class OnlineEstimator:
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
+        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead.
+        seen = self.prior is not None and self.prior.seen
         if self._metric_clock:
-            cap = CURVE_MAX_OVER_PRIOR * self.prior.duration_s if self.prior else last * 5
+            ref = (self.prior.duration_s if seen else self.prior.duration_high_s) if self.prior else None
         else:
-            cap = CURVE_MAX_OVER_PRIOR * self.prior.work if self.prior else last * 5
+            ref = (self.prior.work if seen else self.prior.work_high) if self.prior else None
+        cap = CURVE_MAX_OVER_PRIOR * ref if ref is not None else last * 5
         return min(max(cross, last), cap)
 
     def _plateau_target(self) -> float | None:
@@ -156,7 +161,9 @@ class OnlineEstimator:
         if live is None:
             return self._capped(comps, elapsed)
         rate, t_last, p_last = live
-        work = self.total_work or (self.prior.work if self.prior else None)
+        # An unseen benchmark's prior work is in the units and scales of other benchmarks (orders of magnitude off
+        # on held-out ones): the rate needs a declared amount of work, or the curve's crossing.
+        work = self.total_work or (self.prior.work if self.prior and self.prior.seen else None)
         if work is not None:
             comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
             if self.prior is not None and len(self._marks_t) >= 3 and not (
@@ -170,7 +177,8 @@ class OnlineEstimator:
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
-        cap = max(20.0 * elapsed, 3.0 * self.prior.duration_high_s if self.prior else 0.0)
+        ref = (self.prior.duration_high_s if self.prior.seen else self.prior.duration_s) if self.prior else 0.0
+        cap = max(20.0 * elapsed, 3.0 * ref)
         return {k: (min(v, cap) if v is not None else None) for k, v in comps.items()}
 
     # -- output -----------------------------------------------------------------------
@@ -195,7 +203,9 @@ class OnlineEstimator:
         comps = self.components(now)
         if self.total_work is not None and comps["throughput"] is not None:
             comps = {"throughput": comps["throughput"]}
-        guess = comps.get("throughput") or comps.get("history") or comps.get("curve")
+        order = ("curve", "throughput", "history") if self.key == UNSEEN else ("throughput", "history", "curve")
+        # On an unseen benchmark the work behind throughput and history is a guess; its own curve is not.
+        guess = next((comps[k] for k in order if comps.get(k)), None)
         fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0
         return fraction, comps
 

@@ -7,17 +7,20 @@ scalar, `metric_scalar`, whose target is 1.0 (the worst normalised sub-metric).
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Target:
-    """Quality target of one benchmark: threshold, direction and a task description."""
+    """Quality target of one benchmark: threshold, direction, a task description and the logged metric."""
 
     value: float
     mode: str  # "max": higher is better; "min": lower is better
-    task: str
-    family: str
+    task: str = "unknown"
+    family: str = "unknown"
+    metric: str = "eval_accuracy"
 
 
 # Values from the MLPerf Training rules (training_rules.adoc, "Benchmarks" table).
@@ -65,3 +68,61 @@ def metric_scalar(benchmark: str, value, metadata: dict | None = None) -> float 
 def reached(value: float, target: float, mode: str) -> bool:
     """Whether `value` meets `target` in direction `mode`."""
     return value >= target if mode == "max" else value <= target
+
+
+# Words in a benchmark or model name that say its task and model family, so a job the table does not know
+# still meets the history of similar ones (a "llama31_8b" is an LLM transformer like gpt3 and llama2_70b_lora).
+_NAME_HINTS = (
+    (("llama", "gpt", "mixtral", "mistral", "falcon", "bloom", "llm"), "llm", "transformer"),
+    (("bert", "roberta", "electra"), "nlp", "transformer"),
+    (("diffusion", "flux", "sdxl", "dit", "unet2d"), "image_generation", "diffusion"),
+    (("gnn", "rgat", "gat", "gcn", "graph", "sage"), "graph", "gnn"),
+    (("retinanet", "ssd", "yolo", "rcnn", "detr", "detection"), "vision_detection", "cnn"),
+    (("unet3d", "segment"), "vision_segmentation", "cnn"),
+    (("resnet", "vit", "efficientnet", "convnext", "imagenet"), "vision_classification", "cnn"),
+    (("dlrm", "recsys", "recommend"), "recommendation", "dlrm"),
+    (("rnnt", "whisper", "speech", "wav2vec", "conformer"), "speech", "rnn"),
+)
+
+
+def task_of(name: str) -> tuple[str, str]:
+    """(task, family) of a benchmark or model name: the table's, else guessed from its words, else unknown."""
+    known = TARGETS.get(name)
+    if known is not None:
+        return known.task, known.family
+    words = re.split(r"[^a-z]+", name.lower())
+    for hints, task, family in _NAME_HINTS:
+        if any(w.startswith(h) for w in words if w for h in hints):
+            return task, family
+    return "unknown", "unknown"
+
+
+MAX_DECLARED = 256
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+
+
+def parse_targets(obj) -> dict[str, Target]:
+    """Declared targets `{"<benchmark>": {"metric", "target", "mode"}}`; ValueError names the bad field."""
+    if not isinstance(obj, dict):
+        raise ValueError("param[targets] invalid: expected an object of benchmark -> target")
+    if len(obj) > MAX_DECLARED:
+        raise ValueError(f"param[targets] invalid: more than {MAX_DECLARED} benchmarks")
+    out = {}
+    for bench, spec in obj.items():
+        if not isinstance(bench, str) or not _NAME.match(bench):
+            raise ValueError(f"param[targets] invalid: benchmark name {str(bench)[:64]!r}")
+        field = f"targets.{bench}"
+        if not isinstance(spec, dict):
+            raise ValueError(f"param[{field}] invalid: expected an object")
+        value = spec.get("target")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"param[{field}.target] invalid: expected a finite number")
+        mode = spec.get("mode", "max")
+        if mode not in ("max", "min"):
+            raise ValueError(f"param[{field}.mode] invalid: expected 'max' or 'min'")
+        metric = spec.get("metric", "eval_accuracy")
+        if not isinstance(metric, str) or not _NAME.match(metric):
+            raise ValueError(f"param[{field}.metric] invalid: expected a metric key")
+        task, family = task_of(bench)
+        out[bench] = Target(float(value), mode, task, family, metric)
+    return out

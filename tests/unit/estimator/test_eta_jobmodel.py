@@ -29,3 +29,61 @@ def test_unet3d_epochs_become_samples_live_as_in_the_corpus():
     model.observe(mllog("submission_benchmark", 1.0, "unet3d"))
     model.observe(mllog("eval_accuracy", 50.0, 0.5, epoch_num=1000))
     assert model.seen[-1][1:] == (168_000.0, 0.5)
+
+
+# -- any job gets an estimate -------------------------------------------------------------
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+from services.estimator.model.history import UNSEEN, HistoryPredictor  # noqa: E402
+from shared.jobs import MetricSpec, Parameter  # noqa: E402
+from test_eta_history import tiny_corpus  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def predictor():
+    return HistoryPredictor(epochs=100).train(tiny_corpus(), folds=2)
+
+
+def accuracy_log(model, *, benchmark, until, rate=100.0, target=0.8, work=3000.0):
+    """An MLLOG job reaching `target` at `work` samples, `rate` samples a second, fed up to `until` s."""
+    model.observe(mllog("submission_benchmark", 0.5, benchmark))
+    model.observe(mllog("run_start", 1.0))
+    t = 1.0
+    while t < until:
+        t += 2.0
+        samples = rate * (t - 1.0)
+        value = target + 0.1 - 0.6 * math.exp(-3 * samples / work)
+        model.observe(mllog("eval_accuracy", t, value, samples_count=samples))
+
+
+def test_an_unseen_benchmark_with_a_declared_target_gets_an_estimate_from_its_own_curve(predictor):
+    spec = MetricSpec(name="eval_accuracy", regex=r"eval_accuracy\D+(?P<value>[0-9.]+)", mode="max", target=0.8)
+    model = JobModel(metrics=[spec])
+    model.started(at=0.0, accelerator="NVIDIA H100-SXM5-80GB", gpus=8, nodes=1)
+    accuracy_log(model, benchmark="never_seen_gat", until=11.0)  # evals every 2 s: 6 points by 13 s
+    eta = model.estimate(13.5, predictor=predictor, version=1)
+    assert model.online.key == UNSEEN and model.online.prior is not None and not model.online.prior.seen
+    assert eta is not None and math.isfinite(eta.remaining_s)
+    assert eta.low_s <= eta.remaining_s <= eta.high_s
+    truth = 1.0 + math.log(0.6 / 0.1) / 3 * 3000.0 / 100.0 - 13.5  # the curve meets 0.8 at 1,792 samples
+    assert eta.low_s <= truth <= eta.high_s
+
+
+def test_a_declared_amount_of_work_gives_an_estimate_from_the_rate_alone():
+    spec = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", mode="min")
+    model = JobModel(metrics=[spec], parameters=[Parameter(name="max_steps", value="1000")])
+    model.started(at=0.0, accelerator="whatever", gpus=1, nodes=1)
+    for step in range(10, 210, 10):  # 10 steps a second
+        model.observe(LogLine(t=step / 10, line=f"step {step} loss {1 / step:.4f}"))
+    eta = model.estimate(20.0, predictor=None, version=None)
+    assert eta is not None and eta.remaining_s == pytest.approx(80.0, rel=0.05)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "1e400", "lots", "1e16"])
+def test_hostile_declared_work_is_ignored(value):
+    model = JobModel(metrics=[], parameters=[Parameter(name="max_steps", value=value),
+                                             Parameter(name="batch_size", value=value)])
+    assert "total_work" not in model.features and "batch_size" not in model.features
+    assert model.estimate(5.0, predictor=None, version=None) is None

@@ -1,5 +1,4 @@
 import math
-import time
 
 import pytest
 
@@ -81,15 +80,13 @@ def test_no_information_gives_nan():
     assert math.isnan(OnlineEstimator().estimate(10.0).remaining_s)
 
 
-def test_memory_is_capped_and_update_is_cheap():
+def test_memory_is_capped():
+    """The cost per update is measured by bench/eta/bench_online.py, not asserted on a shared machine."""
     est = OnlineEstimator(target=0.99, mode="max")
-    start = time.perf_counter()
     for i in range(1, 3001):
         est.observe(float(i), progress=float(i), metric_value=1 - 1 / (i + 1) if i % 10 == 0 else None)
         est.estimate(float(i))
-    per_update = (time.perf_counter() - start) / 3000
-    assert len(est._marks_t) <= MAX_MARKS
-    assert per_update < 0.005
+    assert len(est._marks_t) <= MAX_MARKS and len(est._metric_x) <= 64
 
 
 def test_rejects_unknown_mode():
@@ -115,3 +112,15 @@ def test_evaluation_repeating_the_last_progress_does_not_read_as_a_stall():
     rate, t_last, p_last = est.rate()
     assert rate == pytest.approx(10.0) and (t_last, p_last) == (100.0, 1000.0)
     assert est.estimate(130.0).remaining_s == pytest.approx(270.0)
+
+
+def test_an_unseen_benchmark_s_prior_work_does_not_drive_the_rate_estimate():
+    from services.estimator.model.history import UNSEEN
+    wild = HistoryPrior(duration_s=5000.0, duration_low_s=1.0, duration_high_s=1e7, work=1e9, work_low=1.0,
+                        work_high=1e12, benchmark="never_seen", seen=False)
+    est = OnlineEstimator(target=0.8, mode="max", prior=wild)
+    feed_linear(est, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))
+    comps = est.components(35.0)
+    assert est.key == UNSEEN and comps["throughput"] is None  # 1e9 units of work at 10 a second: not believed
+    assert comps["curve"] == pytest.approx(53.7, rel=0.2)  # its own curve says when it meets the target
+    assert max(v for v in comps.values() if v) <= 3 * wild.duration_s  # no centuries from a guessed band

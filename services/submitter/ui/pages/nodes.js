@@ -18,6 +18,17 @@ TM.pages.nodes = (() => {
     return Object.entries(groups).map(([k, n]) => `<div><b>${n}×</b> ${TM.esc(k)}</div>`).join("") || `<span class="muted">none</span>`;
   }
 
+  /** Tasks of the signed-in person's projects link to their job; others' only count (the admin sees all). */
+  function jobs(node) {
+    const own = (node.running || []).map((r) => {
+      const link = r.project_id === TM.project() ? `<a class="mono" href="#/job/${encodeURIComponent(r.job_id)}">${TM.esc(r.job_id.slice(0, 8))}</a>`
+        : `<span class="mono" title="project ${TM.esc(r.project_id)}">${TM.esc(r.job_id.slice(0, 8))}</span>`;
+      return `${link} <span class="muted">#${TM.esc(r.attempt)} · rank ${TM.esc(r.rank)}</span>`;
+    });
+    if (node.other_tasks) own.push(`<span class="muted">${node.other_tasks} task${node.other_tasks > 1 ? "s" : ""} of other projects</span>`);
+    return own.join("<br>") || `<span class="muted">idle</span>`;
+  }
+
   async function refresh() {
     const answer = await TM.api("/v2/nodes");
     if (!view || !view.isConnected) return;
@@ -41,7 +52,7 @@ TM.pages.nodes = (() => {
       <td class="num">${n.cpu_count ?? "–"}</td>
       <td class="num">${n.memory_gb ?? "–"} GB</td>
       <td class="num">${TM.money(n.price_per_hour)}</td>
-      <td>${(n.running || []).map((r) => `<a class="mono" href="#/job/${encodeURIComponent(r.job_id)}">${TM.esc(r.job_id.slice(0, 8))}</a> <span class="muted">#${r.attempt} · rank ${r.rank}</span>`).join("<br>") || `<span class="muted">idle</span>`}</td>
+      <td>${jobs(n)}</td>
       <td class="num muted">${n.last_seen ? TM.ago(Date.parse(n.last_seen)) : "–"}</td></tr>`).join("")
       || `<tr><td colspan="10" class="empty">No node has registered.</td></tr>`;
   }

@@ -1,0 +1,34 @@
+// One MongoDB user per trainmaster service, each with a role limited to the collections that service owns (the
+// README's process table). mongo:7 runs this once, with the root user, when its data volume is first created;
+// docker-compose.yml mounts it into /docker-entrypoint-initdb.d and passes the passwords in the environment.
+// A job, an agent or another service holding one service's credentials reads and writes nothing else: no other
+// collection, no user administration, no other database.
+const DATABASE = process.env.TRAINMASTER_MONGO_DB || "trainmaster";
+// What pymongo needs for the services' reads, writes, upserts, aggregations and index creation at start.
+const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
+const COLLECTIONS = {
+  submitter: ["api_jobs", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
+              "api_notifications", "api_audit"],
+  placement: ["placement_jobs", "placement_nodes"],
+  monitor: ["monitor_jobs", "monitor_nodes"],
+  estimator: ["estimator_jobs", "estimator_points", "estimator_history"],
+  billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
+            "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
+};
+
+const target = db.getSiblingDB(DATABASE);
+for (const [service, collections] of Object.entries(COLLECTIONS)) {
+  const variable = `TRAINMASTER_MONGO_${service.toUpperCase()}_PASSWORD`;
+  const password = process.env[variable];
+  if (!password || password.length < 16) {
+    throw new Error(`${variable} must be set to a password of at least 16 characters`);
+  }
+  const role = `trainmaster_${service}`;
+  target.createRole({
+    role: role,
+    privileges: collections.map((name) => ({ resource: { db: DATABASE, collection: name }, actions: ACTIONS })),
+    roles: [],
+  });
+  target.createUser({ user: service, pwd: password, roles: [{ role: role, db: DATABASE }] });
+  print(`trainmaster: user ${service} with role ${role} on ${collections.length} collections of ${DATABASE}`);
+}

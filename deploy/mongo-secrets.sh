@@ -1,0 +1,15 @@
+#!/bin/sh
+# Random MongoDB passwords for docker compose: the root user and one user per service, appended to .env (compose
+# reads it) unless already there. Run once before the first `docker compose up`; keep .env private.
+set -eu
+env_file="${1:-.env}"
+umask 077
+touch "$env_file"
+for name in ROOT SUBMITTER PLACEMENT MONITOR ESTIMATOR BILLING; do
+  variable="TRAINMASTER_MONGO_${name}_PASSWORD"
+  if ! grep -q "^${variable}=" "$env_file"; then
+    # hex: safe inside a mongodb:// URL without escaping
+    echo "${variable}=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >> "$env_file"
+  fi
+done
+echo "MongoDB passwords in $env_file"

@@ -1,0 +1,119 @@
+"""Each task as an unprivileged user of its own: uids from a range, claimed across every agent of the host.
+
+A uid is claimed with a lock file (held while the task runs; it goes with the agent if the agent dies) and only
+when no process of that uid is alive. When the task ends every process of its uid is killed and its working
+directory is given back to the agent's user, so the next task that gets the uid finds nothing of this one.
+"""
+import errno
+import fcntl
+import logging
+import os
+import signal
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+
+class NoTaskUser(RuntimeError):
+    """Every uid of the range is taken."""
+
+
+@dataclass(frozen=True)
+class TaskUser:
+    uid: int
+    gid: int
+    lock_fd: int
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) as the agent's own: a real directory, mode 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise RuntimeError(f"{path} must be a directory owned by uid {os.geteuid()}")
+    os.chmod(path, 0o700)
+    return path
+
+
+class TaskUsers:
+    def __init__(self, *, first_uid: int, count: int, lock_dir: Path) -> None:
+        if first_uid < 1000 or count < 1:
+            raise ValueError("task uids must be a non-empty range above the system's (first uid >= 1000)")
+        self.first_uid, self.count = first_uid, count
+        self.lock_dir = private_dir(lock_dir)
+
+    def claim(self) -> TaskUser:
+        """A uid no running process has and no other task holds."""
+        busy = {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info.get("uids")}
+        for uid in range(self.first_uid, self.first_uid + self.count):
+            if uid in busy:
+                continue
+            fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                os.close(fd)
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    continue
+                raise
+            return TaskUser(uid=uid, gid=uid, lock_fd=fd)
+        raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
+
+    def release(self, user: TaskUser) -> None:
+        kill_user(user.uid)
+        os.close(user.lock_fd)
+
+
+def kill_user(uid: int) -> int:
+    """SIGKILL every process of `uid` (a task's uid is its own: whatever runs under it belongs to the task)."""
+    killed = 0
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info.get("uids")
+        if uids and uid in (uids.real, uids.effective):
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def chown_tree(top: Path, *, uid: int, gid: int, skip: frozenset[str] = frozenset()) -> None:
+    """lchown `top` and everything under it, following no link (the task may have planted some)."""
+    os.lchown(top, uid, gid)
+    for root, dirs, files in os.walk(top, followlinks=False):
+        for name in dirs + files:
+            if root == str(top) and name in skip:
+                continue
+            try:
+                os.lchown(os.path.join(root, name), uid, gid)
+            except FileNotFoundError:
+                pass
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How tasks are kept apart from the agent and each other when the agent runs as root."""
+
+    users: TaskUsers
+    reach: tuple[str, ...]  # what every task needs to reach (Python, the SDK, shared datasets)
+    cover: dict[str, int]  # directories always covered in a task's view (tmpfs mode): data, home, temporary
+
+
+def confinement(*, users: TaskUsers, sdk_dir: Path, data_dir: Path, storage_dirs: list[Path],
+                shared_dirs: list[Path]) -> Confinement:
+    """The task's view of the host: the agent's Python and the SDK reachable, its data and home hidden."""
+    python = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    reach = tuple(sorted(python | {str(sdk_dir)} | {str(p) for p in shared_dirs}))
+    cover = {str(p.resolve()): 0o755 for p in (data_dir, Path.home(), *storage_dirs) if str(p.resolve()) != "/"}
+    cover.update({p: 0o1777 for p in ("/tmp", "/var/tmp", "/dev/shm")})
+    return Confinement(users=users, reach=reach, cover=cover)

@@ -1,0 +1,97 @@
+"""Which attempts billing may charge: those placement made, as reported by an agent of the node each rank was
+placed on. A task event that arrives before the placement it refers to waits here (parked, bounded in number and
+age) and is replayed when the placement comes, instead of being lost or charged on its own word."""
+import logging
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, TypeAdapter
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
+
+from shared.events import JobPlaced, JobSubmitted, TaskExited, TaskStarted
+
+log = logging.getLogger(__name__)
+
+TaskEvent = Annotated[TaskStarted | TaskExited, Field(discriminator="type")]
+TASK_EVENT = TypeAdapter(TaskEvent)
+PARK_MAX = 10_000  # events waiting for a placement; beyond it the newest is dropped (a flood, not a delay)
+PARK_TTL_S = 3600.0  # a placement never lags its tasks this long: what waited longer was never placed
+Verdict = Literal["charge", "park", "drop"]
+
+
+def attempt_key(job_id: str, attempt: int) -> str:
+    return f"{job_id}:{attempt}"
+
+
+def placement_doc(event: JobPlaced, owner: dict[str, Any] | None) -> dict[str, Any]:
+    """What billing keeps of a placement: each rank's node, and whose job it is (from its submission)."""
+    return {"_id": attempt_key(event.job_id, event.attempt), "job_id": event.job_id, "attempt": event.attempt,
+            "nodes": {str(a.rank): a.node_id for a in event.assignments},
+            "project_id": (owner or {}).get("project_id"), "user_name": (owner or {}).get("user_name")}
+
+
+def verdict(placement: dict[str, Any] | None, event: TaskStarted | TaskExited) -> Verdict:
+    """Charge what the placed node reports; wait for a placement not seen yet; drop a report from anywhere else."""
+    if placement is None:
+        return "park"
+    return "charge" if placement["nodes"].get(str(event.rank)) == event.node_id else "drop"
+
+
+@dataclass
+class Placements:
+    jobs: AsyncCollection  # job id → project and user, from JobSubmitted
+    attempts: AsyncCollection  # "job:attempt" → each rank's node, from JobPlaced
+    parked: AsyncCollection  # task events that came before their placement
+
+    async def submitted(self, event: JobSubmitted) -> None:
+        try:
+            await self.jobs.insert_one({"_id": event.job_id, "project_id": event.project_id,
+                                        "user_name": event.user_name})
+        except DuplicateKeyError:
+            pass
+
+    async def placed(self, event: JobPlaced) -> list[TaskStarted | TaskExited]:
+        """Record the placement; return the task events that were waiting for it, starts before ends."""
+        owner = await self.jobs.find_one({"_id": event.job_id})
+        doc = placement_doc(event, owner)
+        await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+        waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
+        waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
+        return [TASK_EVENT.validate_python(d["payload"]) for d in waiting]
+
+    async def unpark(self, event: TaskStarted | TaskExited) -> None:
+        await self.parked.delete_one({"_id": event.event_id})
+
+    async def check(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
+        """The placement that vouches for the event, or None (the event is parked or dropped, and logged)."""
+        placement = await self.attempts.find_one({"_id": attempt_key(event.job_id, event.attempt)})
+        match verdict(placement, event):
+            case "charge":
+                return placement
+            case "drop":
+                log.warning("%s of job %s attempt %d rank %d from node %s not charged: placed on %s", event.type,
+                            event.job_id, event.attempt, event.rank, event.node_id,
+                            placement["nodes"].get(str(event.rank), "no such rank"))
+            case "park":
+                await self._park(event)
+        return None
+
+    async def _park(self, event: TaskStarted | TaskExited) -> None:
+        now = time.time()
+        expired = await self.parked.delete_many({"parked_at": {"$lt": now - PARK_TTL_S}})
+        if expired.deleted_count:
+            log.warning("%d task events dropped: no placement for them within %.0fs", expired.deleted_count,
+                        PARK_TTL_S)
+        if await self.parked.count_documents({}) >= PARK_MAX:
+            log.warning("%s of job %s from node %s dropped: %d events already wait for a placement", event.type,
+                        event.job_id, event.node_id, PARK_MAX)
+            return
+        try:
+            await self.parked.insert_one({"_id": event.event_id, "attempt_key": attempt_key(event.job_id,
+                                          event.attempt), "order": 0 if isinstance(event, TaskStarted) else 1,
+                                          "parked_at": now, "payload": event.model_dump(mode="json")})
+        except DuplicateKeyError:
+            return
+        log.info("%s of job %s attempt %d waits for its placement", event.type, event.job_id, event.attempt)

@@ -1,0 +1,129 @@
+"""`make run`'s bus identities: operator and account keys, the server's auth config, one `.creds` per process.
+
+Everything lives under `<data dir>/bus` (0700, files 0600): `keys.json` (operator, system and application
+account seeds; only this process reads it), `creds/<identity>.creds` (one per service, agent and the admin),
+`placement/minter.json` (what placement needs to mint and revoke rented nodes' users, and its revocations).
+"""
+import argparse
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import busroles
+from shared.bus import connect, create_agent_consumer, make_broker
+from shared.buscreds import Minter, Permissions, account_jwt, mint_user, new_seed, operator_jwt, public_key
+from shared.buscreds import write_secret
+
+APP_ACCOUNT = "trainmaster"
+KEYS = ("operator", "operator_signer", "system", "account", "account_signer")
+
+
+def permissions_of(identity: str) -> Permissions:
+    """admin, a service's name, or agent-<node id>."""
+    if identity == "admin":
+        return busroles.admin()
+    if identity in busroles.SERVICES:
+        return busroles.service(identity)
+    if identity.startswith("agent-"):
+        return busroles.agent(identity.removeprefix("agent-"))
+    raise ValueError(f"unknown bus identity {identity!r}")
+
+
+@dataclass
+class Identities:
+    root: Path  # <data dir>/bus
+
+    @property
+    def minter_file(self) -> Path:
+        return self.root / "placement" / "minter.json"
+
+    def keys(self) -> dict[str, str]:
+        """The operator's and accounts' seeds, made on first use and kept (a restarted server trusts the same)."""
+        path = self.root / "keys.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        seeds = {name: new_seed("operator" if name.startswith("operator") else "account") for name in KEYS}
+        write_secret(path, json.dumps(seeds, indent=1))
+        return seeds
+
+    def minter(self) -> Minter:
+        """Placement's minter, revocations included (made on first use)."""
+        if self.minter_file.exists():
+            return Minter.load(self.minter_file)
+        keys = self.keys()
+        _, updater = mint_user(name="account-updater", account=public_key(keys["system"]), signer_seed=keys["system"],
+                               permissions=busroles.account_updater(public_key(keys["account"])))
+        minter = Minter(account=public_key(keys["account"]), account_signer_seed=keys["account_signer"],
+                        operator_signer_seed=keys["operator_signer"], account_name=APP_ACCOUNT, system_creds=updater)
+        write_secret(self.minter_file, minter.to_json())
+        return minter
+
+    def creds(self, identity: str) -> Path:
+        """A fresh `.creds` file for one process (re-minted at every start, so it carries today's permissions;
+        its user key stays, so the process keeps the message ids it had: see `buscreds.dedup_key`)."""
+        seed_file = self.root / "users" / f"{identity}.seed"
+        if not seed_file.exists():
+            write_secret(seed_file, new_seed("user"))
+        _, text = self.minter().mint(name=identity, permissions=permissions_of(identity),
+                                     seed=seed_file.read_text().strip())
+        return write_secret(self.root / "creds" / f"{identity}.creds", text)
+
+    def server_config(self, *, resolver_dir: Path) -> str:
+        """The `nats-server` configuration block for decentralised auth; anonymous clients are refused."""
+        keys = self.keys()
+        system = public_key(keys["system"])
+        accounts = {
+            system: account_jwt(name="SYS", account=system, operator_signer_seed=keys["operator_signer"],
+                                jetstream=False),
+            public_key(keys["account"]): self.minter().account_jwt(),
+        }
+        preload = "".join(f'  {key}: "{token}"\n' for key, token in accounts.items())
+        operator = operator_jwt(operator_seed=keys["operator"], signer_seed=keys["operator_signer"],
+                                system_account=system)
+        return (f'operator: "{operator}"\nsystem_account: "{system}"\n'
+                f'resolver: {{\n  type: full\n  dir: "{resolver_dir}"\n  allow_delete: false\n  interval: "2m"\n}}\n'
+                f"resolver_preload: {{\n{preload}}}\n")
+
+
+async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Path | None = None) -> None:
+    """As the admin: declare every stream and each node's command consumer (agents may do neither)."""
+    broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
+    await connect(broker)
+    try:
+        for node_id in node_ids:
+            await create_agent_consumer(broker, node_id)
+    finally:
+        await broker.stop()
+
+
+def main() -> None:
+    """For an operator running NATS and the processes apart (docker compose): write the server's auth block and
+    every identity's `.creds` (`write`), then, once the server is up, its streams and agent consumers (`prepare`)."""
+    from services.agent.resources import load_cluster
+
+    parser = argparse.ArgumentParser(prog="python -m services.stack.identities", description=main.__doc__)
+    parser.add_argument("action", choices=("write", "prepare"))
+    parser.add_argument("--dir", type=Path, required=True, help="where keys and .creds live (kept secret)")
+    parser.add_argument("--cluster-file", type=Path, default=Path("cluster.toml"), help="the static nodes")
+    parser.add_argument("--nats-url", default="nats://nats:4222")
+    parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
+    args = parser.parse_args()
+    identities, node_ids = Identities(args.dir), list(load_cluster(args.cluster_file))
+    if args.action == "prepare":
+        asyncio.run(prepare_bus(args.nats_url, creds=identities.root / "creds" / "admin" / "nats.creds",
+                                node_ids=node_ids))
+        return
+    for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
+        path = identities.creds(identity)
+        (path.parent / identity).mkdir(mode=0o700, exist_ok=True)  # one folder per container to mount
+        path.replace(path.parent / identity / "nats.creds")
+    identities.minter()
+    auth = identities.root / "server" / "auth.conf"  # the only folder the server's container mounts
+    auth.parent.mkdir(mode=0o755, exist_ok=True)
+    auth.write_text(identities.server_config(resolver_dir=Path(args.resolver_dir)))
+    auth.chmod(0o644)  # public JWTs only
+
+
+if __name__ == "__main__":
+    main()

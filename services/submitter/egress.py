@@ -1,0 +1,142 @@
+"""Where the submitter may send requests (webhooks): public addresses only, or hosts an operator allows."""
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpcore
+import httpx
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+CGNAT = ipaddress.ip_network("100.64.0.0/10")  # not "private" to the ipaddress module before Python 3.12
+RESOLVE_TIMEOUT_S = 5.0  # a request that names a slow DNS zone must not hold the API
+NAT64 = ipaddress.ip_network("64:ff9b::/96")  # a gateway would carry these to the IPv4 address inside
+
+
+class Refused(ValueError):
+    """A URL or an address the submitter will not send to; the message says why, for the person who gave it."""
+
+
+def why_blocked(address: Address) -> str | None:
+    """Why an address is not public (None when it is); IPv6 forms that carry an IPv4 address are judged by it."""
+    if isinstance(address, ipaddress.IPv6Address):
+        embedded = address.ipv4_mapped or address.sixtofour or (
+            ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None)
+        if embedded is not None:
+            return why_blocked(embedded)
+    checks = (("loopback", address.is_loopback), ("link-local", address.is_link_local),
+              ("unspecified", address.is_unspecified), ("multicast", address.is_multicast),
+              ("shared (CGNAT)", isinstance(address, ipaddress.IPv4Address) and address in CGNAT),
+              ("reserved", address.is_reserved), ("private", address.is_private),
+              ("not globally routable", not address.is_global))
+    return next((name for name, hit in checks if hit), None)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Public addresses only, except the hosts (names or IPs) and networks the operator allows."""
+    allow_hosts: frozenset[str] = frozenset()
+    allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
+
+    @classmethod
+    def parse(cls, entries: Iterable[str]) -> "Policy":
+        """From `host`, `1.2.3.4` or `10.0.0.0/8` entries (blank ones ignored)."""
+        hosts, networks = set(), []
+        for entry in (e.strip().lower().strip("[]") for e in entries):
+            if not entry:
+                continue
+            if "/" in entry:
+                networks.append(ipaddress.ip_network(entry, strict=False))
+            else:
+                hosts.add(entry)
+        return cls(allow_hosts=frozenset(hosts), allow_networks=tuple(networks))
+
+    def host_allowed(self, host: str) -> bool:
+        return host.lower().strip("[]").rstrip(".") in self.allow_hosts
+
+    def check_address(self, host: str, address: Address) -> None:
+        """Raise Refused unless the address is public or allowed."""
+        if self.host_allowed(host) or any(address in n for n in self.allow_networks if n.version == address.version):
+            return
+        reason = why_blocked(address)
+        if reason and host.strip("[]") == str(address):
+            raise Refused(f"{host} is a {reason} address")
+        if reason:
+            raise Refused(f"{host} resolves to {address}, a {reason} address")
+
+
+async def system_resolve(host: str, port: int) -> list[str]:
+    """Every address the system resolver gives for host (IP literals come back as they are)."""
+    try:
+        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                                       RESOLVE_TIMEOUT_S)
+    except TimeoutError:
+        raise OSError(f"resolving {host} took more than {RESOLVE_TIMEOUT_S:g}s") from None
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+async def checked_addresses(policy: Policy, host: str, port: int, *, resolve: Resolver = system_resolve) -> list[str]:
+    """The host's addresses, each one allowed; Refused when one is not (a name must not mix in a private one)."""
+    bare = host.strip("[]")
+    try:
+        addresses = await resolve(bare, port)
+    except (OSError, UnicodeError) as exc:
+        raise Refused(f"{host} does not resolve") from exc
+    if not addresses:
+        raise Refused(f"{host} does not resolve")
+    for text in addresses:
+        policy.check_address(host, ipaddress.ip_address(text.split("%", 1)[0]))
+    return addresses
+
+
+async def check_url(policy: Policy, url: str, *, resolve: Resolver = system_resolve) -> None:
+    """Raise Refused unless url is http(s) to a host whose every address is public or allowed."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise Refused(f"not a valid URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise Refused("only http:// and https:// URLs are allowed")
+    if not parts.hostname:
+        raise Refused("the URL has no host")
+    await checked_addresses(policy, parts.hostname, port, resolve=resolve)
+
+
+class GuardedBackend(httpcore.AsyncNetworkBackend):
+    """Resolves and checks at every connection, then connects to an address it checked (no re-resolution)."""
+
+    def __init__(self, policy: Policy, *, resolve: Resolver = system_resolve) -> None:
+        self.policy, self.resolve, self.inner = policy, resolve, httpcore.AnyIOBackend()
+
+    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        try:
+            addresses = await checked_addresses(self.policy, host, port, resolve=self.resolve)
+        except Refused as exc:
+            raise httpcore.ConnectError(str(exc)) from None
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return await self.inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
+                                                    socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                last = exc
+        raise last or httpcore.ConnectError("no address")
+
+    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        raise httpcore.ConnectError("unix sockets are not allowed")
+
+    async def sleep(self, seconds: float) -> None:
+        await self.inner.sleep(seconds)
+
+
+def guarded_client(policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve) -> httpx.AsyncClient:
+    """An HTTP client that reaches only what the policy allows: no proxy from the environment, no redirects."""
+    transport = httpx.AsyncHTTPTransport(retries=0)
+    transport._pool = httpcore.AsyncConnectionPool(  # the documented pool, with our network backend
+        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(policy, resolve=resolve))
+    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False, follow_redirects=False)

@@ -1,0 +1,175 @@
+"""Bus identities: NATS decentralised-auth JWTs (operator, accounts, users), `.creds` files, secret files.
+
+An operator signs two accounts: the application account (JetStream on; every trainmaster process is one of its
+users) and the system account (the server's own; only used to push account updates). Users are signed by the
+application account's signing key, so whoever holds that key (the stack; placement for rented nodes) can mint
+users without being able to change the account itself.
+"""
+import base64
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nkeys
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one subject token: no '.', '*', '>' or whitespace
+_PREFIX = {"operator": nkeys.PREFIX_BYTE_OPERATOR, "account": nkeys.PREFIX_BYTE_ACCOUNT,
+           "user": nkeys.PREFIX_BYTE_USER}
+_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
+NO_LIMITS = {"subs": -1, "data": -1, "payload": -1}
+JETSTREAM = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
+ACCOUNT_LIMITS = {**NO_LIMITS, "imports": -1, "exports": -1, "wildcards": True, "conn": -1, "leaf": -1}
+
+
+def new_seed(kind: str) -> str:
+    """A fresh nkey seed for an operator, account or user."""
+    return nkeys.encode_seed(os.urandom(32), _PREFIX[kind]).decode()
+
+
+def public_key(seed: str) -> str:
+    return nkeys.from_seed(seed.encode()).public_key.decode()
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def encode_jwt(*, subject: str, name: str, signer_seed: str, nats: dict[str, Any], issued_at: int | None = None,
+               expires_at: int | None = None) -> str:
+    """A NATS JWT (v2) for `subject`, signed by `signer_seed`."""
+    claims: dict[str, Any] = {"jti": "", "iat": issued_at or int(time.time()), "iss": public_key(signer_seed),
+                              "name": name, "sub": subject, "nats": {**nats, "version": 2}}
+    if expires_at:
+        claims["exp"] = expires_at
+    digest = hashlib.sha512(json.dumps(claims, sort_keys=True).encode()).digest()[:32]
+    claims["jti"] = base64.b32encode(digest).decode().rstrip("=")
+    signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(claims).encode())}"
+    signature = nkeys.from_seed(signer_seed.encode()).sign(signing_input.encode())
+    return f"{signing_input}.{_b64(signature)}"
+
+
+def decode_claims(token: str) -> dict[str, Any]:
+    """The claims of a JWT, unverified (for reading back what we wrote)."""
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """Subjects a user may publish to and subscribe to; everything else is refused by the server."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    inbox: str = "_INBOX"
+    responses: bool = True  # may answer requests it received (reply subjects), nothing else in the inbox space
+
+    def claims(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pub": {"allow": list(self.publish)},
+                               "sub": {"allow": [*self.subscribe, f"{self.inbox}.>"]}, **NO_LIMITS}
+        if self.responses:
+            out["resp"] = {"max": 1, "ttl": 0}
+        return out
+
+
+def mint_user(*, name: str, account: str, signer_seed: str, permissions: Permissions,
+              seed: str | None = None) -> tuple[str, str]:
+    """A user of `account` signed by `signer_seed` (the account's signing or own key): public key, `.creds`.
+    seed: the user's own key when it has one already (a new one is made otherwise)."""
+    seed = seed or new_seed("user")
+    token = encode_jwt(subject=public_key(seed), name=name, signer_seed=signer_seed,
+                       nats={**permissions.claims(), "issuer_account": account, "type": "user"})
+    return public_key(seed), creds_text(jwt=token, seed=seed)
+
+
+def account_jwt(*, name: str, account: str, operator_signer_seed: str, signing_keys: tuple[str, ...] = (),
+                jetstream: bool = True, revocations: dict[str, int] | None = None, issued_at: int | None = None) -> str:
+    """An account signed by the operator's signing key, with its revoked users (public key -> revoked at)."""
+    nats: dict[str, Any] = {
+        "limits": {**ACCOUNT_LIMITS, **(JETSTREAM if jetstream else {})}, "signing_keys": list(signing_keys),
+        "default_permissions": {"pub": {}, "sub": {}}, "type": "account",
+    }
+    if revocations:
+        nats["revocations"] = dict(revocations)
+    return encode_jwt(subject=account, name=name, signer_seed=operator_signer_seed, nats=nats, issued_at=issued_at)
+
+
+def operator_jwt(*, operator_seed: str, signer_seed: str, system_account: str) -> str:
+    return encode_jwt(subject=public_key(operator_seed), name="trainmaster", signer_seed=operator_seed,
+                      nats={"signing_keys": [public_key(signer_seed)], "system_account": system_account,
+                            "type": "operator"})
+
+
+def creds_text(*, jwt: str, seed: str) -> str:
+    """The `.creds` format nats clients read (`user_credentials=`)."""
+    return (f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+            f"************************* IMPORTANT *************************\n"
+            f"NKEY Seed printed below can be used to sign and prove identity.\n"
+            f"NKEYs are sensitive and should be treated as secrets.\n\n"
+            f"-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n")
+
+
+def dedup_key(creds: Path) -> bytes:
+    """A secret of this identity's own (from its user seed) that keys its JetStream message ids: a stream
+    de-duplicates by id across all its subjects, so an id another publisher could predict would let it drop
+    that publisher's message by sending the id first."""
+    seed = re.search(rb"^SU[A-Z2-7]+$", Path(creds).read_bytes(), re.MULTILINE)
+    if seed is None:
+        raise ValueError(f"{creds}: no user seed in the credentials file")
+    return hashlib.sha256(b"trainmaster-dedup:" + seed.group(0)).digest()
+
+
+def write_secret(path: Path, text: str) -> Path:
+    """Write a file only its owner can read (0600, atomically, in a 0700 directory)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(temporary, path)
+    return path
+
+
+@dataclass
+class Minter:
+    """What placement holds to give a rented node an identity and take it back: the application account's
+    signing key (users), the operator's signing key (the account, re-issued with its revocations) and a system
+    account user allowed only to push that account's update to the server."""
+
+    account: str  # the application account's public key
+    account_signer_seed: str
+    operator_signer_seed: str
+    account_name: str
+    system_creds: str
+    revocations: dict[str, int] = field(default_factory=dict)
+    issued_at: int = 0
+
+    def mint(self, *, name: str, permissions: Permissions, seed: str | None = None) -> tuple[str, str]:
+        """A user of the application account (its public key, its `.creds` text)."""
+        return mint_user(name=name, account=self.account, signer_seed=self.account_signer_seed,
+                         permissions=permissions, seed=seed)
+
+    def revoke(self, user_public_key: str) -> str:
+        """Record the revocation; returns the account JWT to push (its issue time strictly later than the last)."""
+        now = int(time.time())
+        self.revocations[user_public_key] = now
+        self.issued_at = max(now, self.issued_at + 1)
+        return self.account_jwt()
+
+    def account_jwt(self) -> str:
+        """The application account as the server must know it, revocations included."""
+        return account_jwt(name=self.account_name, account=self.account, operator_signer_seed=self.operator_signer_seed,
+                           signing_keys=(public_key(self.account_signer_seed),), revocations=self.revocations,
+                           issued_at=self.issued_at or None)
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=1)
+
+    @classmethod
+    def load(cls, path: Path) -> "Minter":
+        return cls(**json.loads(path.read_text()))

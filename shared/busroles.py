@@ -1,0 +1,92 @@
+"""Who may publish and subscribe what on the bus: the README's subject tables as server-enforced permissions.
+
+A durable consumer is read through the JetStream API, not through a subscription, so reading a stream is granted
+as that role's own consumers (info, create with its own filter, fetch, ack) and nothing else: no other consumer,
+no STREAM.MSG.GET, no DIRECT.GET.
+"""
+from shared import bus
+from shared.buscreds import NAME, Permissions
+
+SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
+
+# role: (durable consumer, filter subject) it reads; the stream follows from the subject. A service's new consumer
+# goes here too (tests/unit/test_bus_roles.py checks every `durable(...)` in services/ is listed).
+CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "submitter": (("submitter-status", "tm.job.status"), ("submitter-logs", "tm.log.>"),
+                  ("submitter-eta", "tm.eta.>"), ("submitter-notify", "tm.notify.>")),
+    "placement": (("placement-jobs", "tm.job.>"), ("placement-node-registrations", bus.NODE_REGISTERED),
+                  ("placement-nodes-state", "tm.node.evt.state"), ("placement-eta", "tm.eta.>")),
+    "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
+    "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>")),
+    "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
+}
+PUBLISHES: dict[str, tuple[str, ...]] = {
+    "submitter": ("tm.job.submitted", "tm.job.terminate", "tm.job.deleted", "tm.job.migrate",
+                  bus.RPC_NODES, bus.RPC_TERMINATE, bus.RPC_MIGRATE, bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS,
+                  bus.RPC_CANDIDATES, bus.RPC_CATALOGUE, bus.RPC_METRICS, bus.RPC_PREDICT,
+                  bus.RPC_HEALTH.format(service=">")),
+    "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable", "tm.node.cmd.*.start",
+                  "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT,
+                  # it creates the command consumer of each node it rents (the agent may only read it)
+                  f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
+                  f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
+    "monitor": ("tm.job.status", "tm.job.node_lost", "tm.node.cmd.*.stop", "tm.node.evt.state", "tm.notify.*"),
+    "estimator": ("tm.eta.*",),
+    "billing": ("tm.notify.*",),
+}
+ANSWERS: dict[str, tuple[str, ...]] = {
+    "submitter": (),
+    "placement": (bus.RPC_CANDIDATES, bus.RPC_CATALOGUE),
+    "monitor": (bus.RPC_NODES, bus.RPC_TERMINATE, bus.RPC_MIGRATE),
+    "estimator": (bus.RPC_METRICS, bus.RPC_PREDICT),
+    "billing": (bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS),
+}
+
+
+def inbox(identity: str) -> str:
+    """The identity's own reply-subject space: nobody else can subscribe to its replies."""
+    return f"_INBOX_{identity}"
+
+
+def reads(consumer: str, filter_subject: str, *, create: bool = True) -> tuple[str, ...]:
+    """The JetStream API subjects to read one durable consumer (and to create it with exactly that filter); its
+    messages are delivered into the reader's own inbox."""
+    stream = bus.stream_of(filter_subject).name
+    subjects = (f"$JS.API.CONSUMER.INFO.{stream}.{consumer}", f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+                f"$JS.ACK.{stream}.{consumer}.>")
+    return (*subjects, f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{filter_subject}") if create else subjects
+
+
+def declares_streams() -> tuple[str, ...]:
+    """Creating and updating trainmaster's streams (every service does it at start, whichever comes first)."""
+    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in bus.STREAMS for verb in ("CREATE", "UPDATE", "INFO"))
+
+
+def service(role: str) -> Permissions:
+    """A service's permissions."""
+    consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
+    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams()),
+                       subscribe=(*ANSWERS[role], bus.RPC_HEALTH.format(service=role)), inbox=inbox(role))
+
+
+def agent(node_id: str) -> Permissions:
+    """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it)."""
+    if not NAME.match(node_id):
+        raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
+    consumer, subject = bus.agent_consumer(node_id)
+    events = (*(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat")),
+              *(bus.TASK_EVENT.format(node_id=node_id, event=e) for e in ("preparing", "started", "exited")),
+              bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"))
+    return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
+                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"),), inbox=inbox(f"agent-{node_id}"))
+
+
+def admin() -> Permissions:
+    """The operator's own identity (the stack's set-up, tests): everything."""
+    return Permissions(publish=(">",), subscribe=(">",), inbox="_INBOX")
+
+
+def account_updater(account: str) -> Permissions:
+    """A system-account user that may only push the application account's new JWT (revocations) to the server."""
+    return Permissions(publish=(f"$SYS.REQ.ACCOUNT.{account}.CLAIMS.UPDATE",), subscribe=(),
+                       inbox=inbox("account-updater"), responses=False)

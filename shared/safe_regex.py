@@ -1,0 +1,33 @@
+"""Job-supplied regular expressions: compiled by RE2 and matched against bounded lines, so no pattern and no line
+can stall a service (RE2 runs in time linear in the line; it has no backreferences or lookarounds to backtrack)."""
+import re2
+
+MAX_LINE_CHARS = 4096  # a metric sits near the start of an output line; the rest of a huge line is not read
+VALUE_GROUP = "value"
+
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # a rejected pattern is the submitter's answer, not a line in our logs
+
+Pattern = re2._Regexp
+
+
+def compile_pattern(regex: str) -> Pattern:
+    """The RE2 program of `regex`; ValueError saying why RE2 refuses it."""
+    try:
+        return re2.compile(regex, options=_OPTIONS)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"not a valid RE2 regular expression (no backreferences or lookarounds): {reason}") from exc
+
+
+def compile_metric(regex: str) -> Pattern:
+    """A metric pattern: valid under RE2 and with the named group `value` that carries the metric."""
+    pattern = compile_pattern(regex)
+    if VALUE_GROUP not in pattern.groupindex:
+        raise ValueError("needs the named group `value`, e.g. `loss (?P<value>[0-9.]+)`")
+    return pattern
+
+
+def clip(line: str) -> str:
+    """The part of a line that patterns are matched against."""
+    return line[:MAX_LINE_CHARS]

@@ -1,0 +1,295 @@
+"""The bus against a real NATS server configured as `make run` does: identities, permissions, revocation."""
+import asyncio
+import shutil
+import ssl
+import subprocess
+
+import nats
+import pytest
+from nats.errors import Error as NatsError
+
+from shared import busroles
+from shared.bus import connect, create_agent_consumer, durable, make_broker, publish
+from shared.events import StartTask, TaskExited
+from services.placement.providers import NodeCredentials
+from services.stack.processes import Stack, StackSettings
+from tests.conftest import free_port
+from tests.factories import algorithm, exited, spec, unique
+
+pytestmark = pytest.mark.integration
+CLUSTER = """
+[[nodes]]
+id = "n1"
+kind = "local"
+cpu_count = 4
+memory_gb = 8
+
+[[nodes]]
+id = "n2"
+kind = "local"
+cpu_count = 4
+memory_gb = 8
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    data = tmp_path_factory.mktemp("bus")
+    (data / "cluster.toml").write_text(CLUSTER)
+    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None,
+                                cluster_file=data / "cluster.toml"))
+    stack.start_nats()
+    stack.prepare_bus()
+    yield stack
+    stack.stop_all()
+
+
+class Client:
+    """A raw connection as one identity, keeping every error the server sends it."""
+
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.closed = asyncio.Event()
+        self.nc: nats.NATS | None = None
+
+    async def open(self, server: Stack, creds, *, inbox: str = "_INBOX") -> "Client":
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc).lower())
+
+        async def on_closed() -> None:
+            self.closed.set()
+
+        self.nc = await nats.connect(server.nats_url, user_credentials=str(creds), inbox_prefix=inbox,
+                                     error_cb=on_error, closed_cb=on_closed, allow_reconnect=False)
+        return self
+
+    async def settle(self) -> list[str]:
+        await self.nc.flush()
+        await asyncio.sleep(0.2)
+        return self.errors
+
+
+def agent_creds(server: Stack, node_id: str):
+    return server.identities.creds(f"agent-{node_id}")
+
+
+async def as_agent(server: Stack, node_id: str) -> Client:
+    return await Client().open(server, agent_creds(server, node_id), inbox=busroles.inbox(f"agent-{node_id}"))
+
+
+async def command_for(server: Stack, node_id: str) -> StartTask:
+    """A start command with a secret in it, in the commands stream (published as the operator)."""
+    job_id = unique("j")
+    command = StartTask(event_id=f"{job_id}:start", node_id=node_id, job_id=job_id, attempt=1, project_id="p",
+                        user_name="u", algorithm=algorithm("true").model_copy(update={"environments": {
+                            "HF_TOKEN": "secret-of-" + job_id}}), spec=spec())
+    broker = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
+    await connect(broker)
+    await publish(broker, command)
+    await broker.stop()
+    return command
+
+
+async def test_a_client_without_credentials_cannot_connect(server):
+    with pytest.raises(NatsError, match="Authorization Violation"):
+        await nats.connect(server.nats_url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2)
+
+
+async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
+    agent = await as_agent(server, "n1")
+    for allowed in ("tm.node.evt.n1.heartbeat", "tm.job.task.n1.exited", "tm.log.n1.j-1"):
+        await agent.nc.publish(allowed, b"{}")
+    assert await agent.settle() == []  # what it may do goes through: the refusals below are the server's
+    forbidden = ("tm.job.status", "tm.node.cmd.n2.start", "tm.node.cmd.n1.start", "tm.node.cmd.n1.stop",
+                 "tm.rpc.billing.quotas", "tm.rpc.billing.admit", "tm.node.evt.n2.heartbeat",
+                 "tm.node.evt.n2.registered", "tm.node.evt.released", "tm.job.task.n2.exited", "tm.job.task.exited",
+                 "tm.log.n2.j-1", "tm.notify.p", "$JS.API.STREAM.DELETE.TM_JOBS")
+    for subject in forbidden:
+        await agent.nc.publish(subject, b"{}")
+    errors = await agent.settle()
+    for subject in forbidden:
+        assert any(f'publish to "{subject.lower()}"' in e for e in errors), (subject, errors)
+    await agent.nc.close()
+
+
+async def test_an_agent_cannot_subscribe_to_other_nodes_commands_or_everything(server):
+    agent = await as_agent(server, "n1")
+    forbidden = ("tm.node.cmd.n2.>", "tm.node.cmd.>", "tm.>", ">", "_INBOX.>", "_INBOX_submitter.>",
+                 "_INBOX_agent-n2.>", "tm.rpc.billing.quotas")
+    for subject in forbidden:
+        await agent.nc.subscribe(subject)
+    errors = await agent.settle()
+    for subject in forbidden:
+        assert any(f'subscription to "{subject.lower()}"' in e for e in errors), (subject, errors)
+    await agent.nc.close()
+
+
+async def test_an_agent_reads_its_own_commands_and_not_another_nodes_through_jetstream(server):
+    mine, theirs = await command_for(server, "n1"), await command_for(server, "n2")
+    agent = await as_agent(server, "n1")
+    js = agent.nc.jetstream(timeout=1)
+    own = await js.pull_subscribe_bind("agent-n1", stream="TM_NODE_CMD")
+    received = [m for m in await own.fetch(batch=100, timeout=2)]
+    assert mine.job_id.encode() in b"".join(m.data for m in received)
+    assert all(theirs.job_id.encode() not in m.data for m in received)
+    for m in received:
+        await m.ack()
+
+    attempts = {
+        "their consumer": lambda: js.pull_subscribe_bind("agent-n2", stream="TM_NODE_CMD"),
+        "a consumer of its own on their subject": lambda: js.pull_subscribe("tm.node.cmd.n2.>", durable="spy",
+                                                                             stream="TM_NODE_CMD"),
+        "its consumer widened": lambda: js.add_consumer("TM_NODE_CMD", durable_name="agent-n1", name="agent-n1",
+                                                        filter_subject="tm.node.cmd.>"),
+        "a stored message by sequence": lambda: js.get_msg("TM_NODE_CMD", seq=1),
+        "the last message of their subject": lambda: js.get_last_msg("TM_NODE_CMD", "tm.node.cmd.n2.start"),
+        "a direct get": lambda: js.get_msg("TM_NODE_CMD", subject="tm.node.cmd.n2.start", direct=True),
+    }
+    for what, attempt in attempts.items():
+        try:
+            result = await attempt()
+            if hasattr(result, "fetch"):
+                result = await result.fetch(batch=10, timeout=1)
+        except (NatsError, TimeoutError, asyncio.TimeoutError):
+            continue
+        raise AssertionError(f"{what}: the agent got {result!r}")
+    errors = await agent.settle()
+    assert any("permissions violation" in e for e in errors)
+    assert not any(theirs.job_id in e for e in errors)
+    await agent.nc.close()
+
+
+async def test_an_event_on_a_subject_its_payload_does_not_imply_is_dropped(server):
+    seen: list[str] = []
+    broker = make_broker(server.nats_url, name="receiver", creds=server.admin_creds())
+
+    @broker.subscriber(**durable("tm.job.task.>", consumer=unique("receiver"), ordered=False, deliver_new=True))
+    async def on_task(event: TaskExited) -> None:
+        seen.append(event.job_id)
+
+    await connect(broker)
+    await broker.start()
+    agent = await as_agent(server, "n1")
+    js = agent.nc.jetstream()
+    forged, honest = exited(unique("j"), node_id="n2"), exited(unique("j"), node_id="n1")
+    await js.publish("tm.job.task.n1.exited", forged.model_dump_json().encode())  # n1 speaking for n2
+    await js.publish(honest.subject, honest.model_dump_json().encode())
+    for _ in range(50):
+        if honest.job_id in seen:
+            break
+        await asyncio.sleep(0.1)
+    await broker.stop()
+    await agent.nc.close()
+    assert seen == [honest.job_id]
+
+
+async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server, tmp_path):
+    server.identities.minter()
+    placement = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
+    await placement.connect()  # with placement's own permissions: it may create the rented agent's consumer
+    credentials = NodeCredentials(minter_file=server.identities.minter_file, broker=placement,
+                                  nats_url=server.nats_url)
+    node_id = unique("od")
+    creds = await credentials.issue(node_id, tmp_path)
+    assert creds.stat().st_mode & 0o777 == 0o600
+    agent = await Client().open(server, creds, inbox=busroles.inbox(f"agent-{node_id}"))
+    await agent.nc.publish(f"tm.node.evt.{node_id}.heartbeat", b"{}")
+    assert await agent.settle() == []
+    copy = tmp_path / "kept.creds"
+    copy.write_text(creds.read_text())  # what a node that does not want to leave would keep
+
+    await credentials.revoke(node_id, tmp_path)
+    await asyncio.wait_for(agent.closed.wait(), timeout=5)  # the server cut the live connection
+    with pytest.raises(NatsError, match="Authorization Violation"):
+        await nats.connect(server.nats_url, user_credentials=str(copy), allow_reconnect=False,
+                           max_reconnect_attempts=0, connect_timeout=2)
+    assert not creds.exists()
+    other = await as_agent(server, "n1")  # other identities are untouched
+    assert await other.settle() == []
+    await other.nc.close()
+    await placement.stop()
+
+
+async def test_the_agents_command_consumer_is_created_by_the_privileged_side(server):
+    broker = make_broker(server.nats_url, name="agent-n1", creds=agent_creds(server, "n1"))
+    await connect(broker, declare=False)
+    with pytest.raises((NatsError, TimeoutError)):  # an agent may not create a consumer, even its own
+        await create_agent_consumer(broker, "n1")
+    await broker.stop()
+
+
+def certificates(folder) -> tuple:
+    """A throw-away CA and a server certificate for 127.0.0.1 it signed."""
+    run = lambda *argv: subprocess.run(["openssl", *argv], cwd=folder, check=True, capture_output=True)  # noqa: E731
+    (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+        "-subj", "/CN=trainmaster-test-ca")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=nats")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
+    return folder / "ca.pem", folder / "server.pem", folder / "server.key"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command to make certificates")
+async def test_the_bus_speaks_tls_when_configured(tmp_path):
+    ca, cert, key = certificates(tmp_path)
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    stack = Stack(StackSettings(data_dir=tmp_path / "data", nats_port=free_port(), nats_url=None,
+                                cluster_file=tmp_path / "cluster.toml", nats_tls_cert=cert, nats_tls_key=key,
+                                nats_ca_file=ca))
+    try:
+        stack.start_nats()
+        assert stack.nats_url.startswith("tls://")
+        await asyncio.to_thread(stack.prepare_bus)  # connects with the CA file, as every process does
+        with pytest.raises((NatsError, ssl.SSLError, OSError)):  # a client that does not trust that CA
+            await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()), allow_reconnect=False,
+                               max_reconnect_attempts=0, connect_timeout=2)
+        with pytest.raises((NatsError, OSError)):  # nor in clear text
+            await nats.connect(stack.nats_url.replace("tls://", "nats://"), allow_reconnect=False,
+                               user_credentials=str(stack.admin_creds()), max_reconnect_attempts=0,
+                               connect_timeout=2)
+    finally:
+        stack.stop_all()
+
+
+async def test_a_service_has_only_its_roles_rights(server):
+    estimator = await Client().open(server, server.identities.creds("estimator"), inbox=busroles.inbox("estimator"))
+    forbidden = ("tm.node.cmd.n1.start", "tm.job.status", "tm.job.task.n1.exited", "tm.rpc.billing.quotas",
+                 "$JS.API.CONSUMER.INFO.TM_NODE_CMD.agent-n1", "$JS.API.STREAM.MSG.GET.TM_NODE_CMD")
+    for subject in forbidden:
+        await estimator.nc.publish(subject, b"{}")
+    await estimator.nc.publish("tm.eta.j-1", b"{}")
+    errors = await estimator.settle()
+    assert [s for s in forbidden if not any(f'publish to "{s.lower()}"' in e for e in errors)] == []
+    assert not any("tm.eta.j-1" in e for e in errors)
+    await estimator.nc.close()
+
+
+async def test_an_agent_cannot_drop_another_nodes_event_by_sending_its_message_id_first(server):
+    """A stream de-duplicates by message id across all its subjects: ids must not be predictable."""
+    seen: list[str] = []
+    receiver = make_broker(server.nats_url, name="receiver", creds=server.admin_creds())
+
+    @receiver.subscriber(**durable("tm.job.task.>", consumer=unique("receiver"), ordered=False, deliver_new=True))
+    async def on_task(event: TaskExited) -> None:
+        seen.append(f"{event.node_id}:{event.job_id}")
+
+    await connect(receiver)
+    await receiver.start()
+    genuine = exited(unique("j"), node_id="n2")
+    attacker = await as_agent(server, "n1")
+    decoy = genuine.model_copy(update={"node_id": "n1"})  # legal on its own subject, with the id n2 will use
+    for msg_id in (genuine.event_id, f"{genuine.subject}#{genuine.event_id}"):
+        await attacker.nc.jetstream().publish(decoy.subject, decoy.model_dump_json().encode(),
+                                             headers={"Nats-Msg-Id": msg_id})
+    agent = make_broker(server.nats_url, name="agent-n2", creds=agent_creds(server, "n2"))
+    await connect(agent, declare=False)
+    await publish(agent, genuine)
+    for _ in range(50):
+        if f"n2:{genuine.job_id}" in seen:
+            break
+        await asyncio.sleep(0.1)
+    await agent.stop()
+    await receiver.stop()
+    await attacker.nc.close()
+    assert f"n2:{genuine.job_id}" in seen

@@ -1,0 +1,88 @@
+"""Billing charges only attempts placement made, as reported by an agent of the node each rank was placed on."""
+import time
+from datetime import timedelta
+
+import pytest
+from faststream.nats import NatsBroker, TestNatsBroker
+
+from shared.bus import publish
+from shared.rpc import UsageQuery
+from services.billing import placements as placements_module
+from services.billing.handlers import router
+from services.billing.placements import Placements
+from services.billing.service import Billing
+from tests.factories import T0, exited, placed, started, submitted
+from tests.memory import MemoryCollection
+
+HOURS_2 = T0 + timedelta(hours=2)
+
+
+@pytest.fixture
+async def billing():
+    broker = NatsBroker()
+    broker.include_router(router)
+    async with TestNatsBroker(broker) as test_broker:
+        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
+                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
+                                                parked=MemoryCollection("parked")))
+        test_broker.context.set_global("billing", service)
+        yield test_broker, service
+
+
+def forged(event, **update):
+    return event.model_copy(update={"event_id": f"{event.event_id}:forged", **update})
+
+
+async def test_a_forged_pair_for_a_job_that_never_existed_charges_nothing(billing):
+    broker, service = billing
+    big = forged(started("ghost", at=T0), price_per_hour=5000.0, node_id="n1")
+    await publish(broker, big)
+    await publish(broker, forged(exited("ghost", at=HOURS_2)))
+    assert service.ledger.docs == {} and service.open.docs == {}
+    report = await service.usage(UsageQuery(project_id="p"))
+    assert (report.total.attempts, report.total.cost, report.open_attempts) == (0, 0.0, 0)
+
+
+async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_nothing(billing):
+    broker, service = billing
+    for event in [submitted(job_id="j"), placed("j", nodes=("n1",)),
+                  forged(started("j", node_id="n9", at=T0)), forged(exited("j", node_id="n9", at=HOURS_2)),
+                  forged(started("j", rank=1, node_id="n1", at=T0))]:  # a rank placement never made
+        await publish(broker, event)
+    assert service.ledger.docs == {} and service.open.docs == {} and service.placements.parked.docs == {}
+
+
+async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(billing):
+    broker, service = billing
+    claimed = started("j", node_id="n1", at=T0).model_copy(update={"project_id": "other", "user_name": "mallory"})
+    for event in [submitted(job_id="j"), placed("j", nodes=("n1",)), claimed, exited("j", node_id="n1", at=HOURS_2)]:
+        await publish(broker, event)
+    [line] = service.ledger.docs.values()
+    assert (line["project_id"], line["user_name"], line["node_id"], line["cost"]) == ("p", "alice", "n1", 2.0)
+
+
+async def test_task_events_that_come_before_their_placement_wait_for_it(billing):
+    broker, service = billing
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, started("j", node_id="n1", at=T0))
+    await publish(broker, exited("j", node_id="n1", at=HOURS_2))
+    assert service.ledger.docs == {} and len(service.placements.parked.docs) == 2
+    await publish(broker, placed("j", nodes=("n1",)))
+    [line] = service.ledger.docs.values()
+    assert (line["_id"], line["cost"]) == ("j:1:0", 2.0)
+    assert service.open.docs == {} and service.placements.parked.docs == {}
+
+
+async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
+    broker, service = billing
+    monkeypatch.setattr(placements_module, "PARK_MAX", 3)
+    for n in range(5):
+        await publish(broker, started(f"ghost-{n}", at=T0))
+    parked = service.placements.parked.docs
+    assert sorted(d["attempt_key"] for d in parked.values()) == ["ghost-0:1", "ghost-1:1", "ghost-2:1"]
+    for doc in parked.values():  # an hour and more without a placement: never placed
+        doc["parked_at"] = time.time() - placements_module.PARK_TTL_S - 1
+    await publish(broker, started("ghost-9", at=T0))
+    assert [d["attempt_key"] for d in parked.values()] == ["ghost-9:1"]
+    await publish(broker, placed("ghost-0"))  # too late: what it would have vouched for is gone
+    assert service.ledger.docs == {} and service.open.docs == {}

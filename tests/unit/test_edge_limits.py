@@ -1,0 +1,114 @@
+"""Rate limits per token, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
+import pytest
+
+from shared.jobs import Spec
+from shared.rpc import Candidate, CandidatesReply
+from services.submitter import feasible
+from services.submitter.errors import ApiError
+from services.submitter.limits import QueueCaps, RateLimiter, TokenBucket, queue_full
+from tests.memory import MemoryCollection
+
+
+def test_a_bucket_gives_its_burst_then_its_rate():
+    bucket = TokenBucket(rate=20, burst=100, tokens=100, updated=0.0)
+    assert [bucket.take(0.0) for _ in range(100)] == [0.0] * 100
+    assert bucket.take(0.0) == pytest.approx(0.05)
+    assert bucket.take(0.05) == 0.0 and bucket.take(0.05) > 0
+    assert bucket.take(10.0) == 0.0 and bucket.tokens == pytest.approx(99)  # refills up to the burst, not beyond
+
+
+def test_the_limiter_answers_429_with_retry_after_per_token():
+    limiter = RateLimiter(rate=1, burst=2)
+    limiter.charge("a", 0.0)
+    limiter.charge("a", 0.0)
+    with pytest.raises(ApiError) as refused:
+        limiter.charge("a", 0.0)
+    assert refused.value.status == 429 and refused.value.code == "406042"
+    assert refused.value.headers == {"Retry-After": "1"}
+    limiter.charge("b", 0.0)  # another token has its own bucket
+
+
+def test_the_limiter_forgets_idle_buckets_when_too_many_keys():
+    limiter = RateLimiter(rate=1, burst=1, max_keys=3)
+    for key in "abc":
+        limiter.take(key, 0.0)
+    limiter.take("d", 100.0)  # a, b and c are full again: forgotten
+    assert set(limiter.buckets) == {"d"}
+    busy = RateLimiter(rate=1, burst=1, max_keys=2)
+    busy.take("a", 0.0), busy.take("b", 0.0), busy.take("c", 0.0)  # none full: half go anyway
+    assert len(busy.buckets) <= 2
+
+
+def test_queue_full_names_the_scope_and_the_cap():
+    assert queue_full(scope="project", name="p", queued=999, cap=1000) is None
+    refusal = queue_full(scope="user", name="ana", queued=500, cap=500)
+    assert refusal.status == 429 and refusal.code == "406035" and "user ana" in refusal.message
+    assert "500 of 500" in refusal.message
+
+
+async def test_queue_caps_count_only_jobs_not_yet_running():
+    jobs = MemoryCollection()
+    for i, phase in enumerate(["Creating", "Pending", "Running", "Completed", "Pending"]):
+        await jobs.insert_one({"_id": str(i), "project_id": "p" if i < 4 else "q", "user_name": "ana",
+                               "status": {"phase": phase}})
+    await QueueCaps(per_project=3, per_user=4).check(jobs, project_id="p", user_name="ana")
+    with pytest.raises(ApiError) as refused:
+        await QueueCaps(per_project=2, per_user=10).check(jobs, project_id="p", user_name="ana")
+    assert "project p" in refused.value.message
+    with pytest.raises(ApiError) as refused:
+        await QueueCaps(per_project=10, per_user=3).check(jobs, project_id="p", user_name="ana")
+    assert "user ana" in refused.value.message
+
+
+# A fleet of one 16-CPU node with 2 GPUs of 24 GB, and an on-demand catalogue of 8-CPU 80 GB GPU nodes.
+def fleet_answer(spec: Spec) -> CandidatesReply:
+    r = spec.resource
+    local = r.cpu_count <= 16 and r.gpu_count <= 2 and r.min_gpu_memory_gb <= 24 and r.node_count <= 1
+    rented = r.cpu_count <= 8 and r.gpu_count <= 1 and r.min_gpu_memory_gb <= 80
+    kinds = {"local": local, "on_demand": rented, "reserved": False}
+    if spec.placement.allowed == "local":
+        kinds = {"local": local}
+    offers = [Candidate(node_kind=k, price_per_hour=1, predicted_duration_s=1, duration_source="default",
+                        expected_cost=1, free_now=True) for k, ok in kinds.items() if ok]
+    return CandidatesReply(candidates=offers, unplaceable_kinds={k: "no node" for k, ok in kinds.items() if not ok})
+
+
+async def ask(spec: Spec) -> CandidatesReply:
+    return fleet_answer(spec)
+
+
+@pytest.mark.parametrize(("resource", "allowed", "fields"), [
+    ({"node_count": 64, "cpu_count": 1000}, "any", ["spec.resource.cpu_count"]),
+    ({"gpu_count": 2, "min_gpu_memory_gb": 1024}, "any", ["spec.resource.min_gpu_memory_gb"]),
+    ({"gpu_count": 16}, "any", ["spec.resource.gpu_count"]),
+    ({"node_count": 2}, "local", ["spec.resource.node_count"]),
+    ({"node_count": 2, "cpu_count": 12}, "any", ["spec.resource.node_count"]),  # either: the first that helps
+    ({"gpu_count": 1, "min_gpu_memory_gb": 40}, "local", ["spec.resource.min_gpu_memory_gb"]),
+    ({"gpu_count": 1, "min_gpu_memory_gb": 60, "cpu_count": 20}, "local", ["spec.resource.min_gpu_memory_gb",
+                                                                            "spec.resource.cpu_count"]),
+])
+async def test_a_job_nothing_could_hold_is_refused_naming_the_field(resource, allowed, fields):
+    spec = Spec.model_validate({"resource": resource, "placement": {"allowed": allowed}})
+    with pytest.raises(ApiError) as refused:
+        await feasible.check(spec, fleet_answer(spec), ask)
+    assert refused.value.status == 400 and refused.value.code == "406001"
+    assert refused.value.message.startswith(f"param[{fields[0]}] invalid: no node of the fleet")
+    assert await feasible.blame(spec, lambda s: _placeable(s)) == fields
+
+
+async def _placeable(spec: Spec) -> bool:
+    return not feasible.never_placeable(spec, fleet_answer(spec))
+
+
+async def test_a_job_some_node_could_hold_passes():
+    for resource in ({"node_count": 64, "cpu_count": 1}, {"gpu_count": 2, "min_gpu_memory_gb": 24}):
+        spec = Spec.model_validate({"resource": resource})
+        await feasible.check(spec, fleet_answer(spec), ask)
+
+
+async def test_blame_names_every_field_that_cannot_be_kept():
+    spec = Spec.model_validate({"resource": {"gpu_count": 16, "cpu_count": 1000}})
+    assert await feasible.blame(spec, _placeable) == ["spec.resource.gpu_count", "spec.resource.cpu_count"]
+    with pytest.raises(ApiError) as refused:
+        await feasible.check(spec, fleet_answer(spec), ask)
+    assert "(together with param[spec.resource.cpu_count])" in refused.value.message

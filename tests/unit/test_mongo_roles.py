@@ -1,0 +1,44 @@
+"""docker compose's database access: one user per service, a role covering exactly the collections its code uses,
+authentication on, no published MongoDB port."""
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
+
+
+def roles() -> dict[str, set[str]]:
+    """The COLLECTIONS table of deploy/mongo-init.js."""
+    script = (ROOT / "deploy" / "mongo-init.js").read_text()
+    table = re.search(r"const COLLECTIONS = \{(.*?)\n\};", script, re.S).group(1)
+    return {service: set(re.findall(r'"([a-z_]+)"', names))
+            for service, names in re.findall(r"(\w+): \[(.*?)\]", table, re.S)}
+
+
+def collections_used(service: str) -> set[str]:
+    code = "\n".join(p.read_text() for p in (ROOT / "services" / service).rglob("*.py"))
+    return set(re.findall(r"\bdb\.([a-z]+_[a-z_]+)\b", code))
+
+
+def test_each_service_role_covers_exactly_the_collections_its_code_uses():
+    table = roles()
+    assert set(table) == set(SERVICES)
+    for service in SERVICES:
+        assert table[service] == collections_used(service), service
+    owners = [c for names in table.values() for c in names]
+    assert len(owners) == len(set(owners))  # no collection shared between two services
+
+
+def test_compose_runs_mongo_with_auth_unpublished_and_each_service_as_its_own_user():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    mongo = compose["mongo"]
+    assert "--auth" in mongo["command"] and not mongo.get("ports")
+    assert any("mongo-init.js:/docker-entrypoint-initdb.d/" in v for v in mongo["volumes"])
+    for service in SERVICES:
+        url = compose[service]["environment"]["MONGO_URL"]
+        assert url.startswith(f"mongodb://{service}:${{TRAINMASTER_MONGO_{service.upper()}_PASSWORD}}@mongo:27017/")
+    for name, spec in compose.items():
+        if name.startswith("agent"):
+            assert "MONGO_URL" not in (spec.get("environment") or {}), name

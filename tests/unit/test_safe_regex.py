@@ -1,0 +1,60 @@
+"""Job-supplied metric patterns: RE2 only, checked at submission, matched against bounded lines."""
+import pytest
+from pydantic import ValidationError
+
+from shared.events import LogLine
+from shared.jobs import JobCreate, MetricSpec
+from shared.safe_regex import MAX_LINE_CHARS, compile_metric, compile_pattern
+from services.estimator.model.mllog import MetricSpec as CorpusMetricSpec, RegexMetricParser
+from services.estimator.tracker import JobTracker
+from tests.factories import job_body
+
+NESTED = r"(?P<value>a+)+$"  # (a+)+$: exponential for a backtracking engine on a's followed by anything else
+
+
+def refusal(regex: str) -> tuple[list[str], str]:
+    with pytest.raises(ValidationError) as info:
+        metrics = [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}, {"name": "acc", "regex": regex}]
+        JobCreate.model_validate(job_body(metrics=metrics))
+    errors = info.value.errors()
+    return [".".join(str(p) for p in e["loc"]) for e in errors], errors[0]["msg"]
+
+
+# A backtracking engine would still be matching when the timeout (a bound, not a measurement) ends the test.
+@pytest.mark.timeout(20)
+def test_a_nested_quantifier_against_a_long_line_of_as_returns():
+    assert compile_pattern(r"(a+)+$").search("a" * 3000 + "!") is None
+    tracker = JobTracker([MetricSpec(name="loss", regex=NESTED)])
+    for n in (28, 40, 100, 3000, 100_000):
+        assert tracker.observe(LogLine(t=1.0, line="a" * n + "!")) == []
+    assert RegexMetricParser([CorpusMetricSpec("a", r"(a+)+$")]).parse("a" * 3000 + "!") == []
+
+
+def test_lines_are_cut_before_matching():
+    tracker = JobTracker([MetricSpec(name="loss", regex=r"loss (?P<value>[0-9.]+)")])
+    (point,) = tracker.observe(LogLine(t=1.0, line="loss 0.5 " + "x" * 10 * MAX_LINE_CHARS))
+    assert point.value == 0.5
+    assert tracker.observe(LogLine(t=2.0, line="x" * MAX_LINE_CHARS + " loss 0.25")) == []
+
+
+def test_named_groups_work_under_re2():
+    pattern = compile_metric(r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)")
+    assert pattern.search("epoch 1 step 12 loss 2.5e-1").groupdict() == {"step": "12", "value": "2.5e-1"}
+
+
+@pytest.mark.parametrize(("regex", "why"), [
+    (r"(?P<value>\d+) \1", "RE2"),  # backreference
+    (r"(?=loss)loss (?P<value>[0-9.]+)", "RE2"),  # lookahead
+    (r"(?<!val_)loss (?P<value>[0-9.]+)", "RE2"),  # lookbehind
+    (r"loss (?P<value>[0-9.]+", "RE2"),  # unbalanced
+    (r"(?P<value>a{1000}){1000}", "RE2"),  # a program RE2 will not build
+    (r"loss ([0-9.]+)", "`value`"),  # no named group for the metric
+])
+def test_patterns_re2_refuses_or_without_a_value_group_name_the_field(regex, why):
+    fields, message = refusal(regex)
+    assert fields == ["algorithm.metrics.1.regex"] and why in message
+
+
+def test_a_valid_pattern_is_accepted():
+    body = job_body(metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}])
+    assert JobCreate.model_validate(body).algorithm.metrics[0].regex == r"loss (?P<value>[0-9.]+)"

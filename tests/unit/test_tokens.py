@@ -1,0 +1,171 @@
+"""Tokens: expiry, listing without secrets, revocation, the admin token's rotation and file, the 32-character rule."""
+import os
+import stat
+
+import pytest
+from pydantic import ValidationError
+
+from services.submitter.app import SubmitterSettings
+from services.submitter.auth import ADMIN, Tokens, digest, write_secret
+from services.submitter.errors import ApiError
+from tests.memory import MemoryCollection
+from tests.unit.api_app import ADMIN_TOKEN, add_user, client, make_app
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def tokens(clock=None) -> Tokens:
+    return Tokens(MemoryCollection("users"), MemoryCollection("tokens"), **({"clock": clock} if clock else {}))
+
+
+async def test_a_token_stops_working_when_it_expires():
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": ["vision"]})
+    secret, info = await store.issue("ana", expires_in=3600)
+    assert (await store.principal(secret)).user_name == "ana"
+    clock.now += 3599
+    assert (await store.principal(secret)).token_id == info["token_id"]
+    clock.now += 1
+    with pytest.raises(ApiError) as refused:
+        await store.principal(secret)
+    assert (refused.value.status, refused.value.code) == (401, "406039")
+
+
+async def test_the_list_shows_dates_and_never_the_secret_or_its_hash():
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": []})
+    secret, _ = await store.issue("ana", expires_in=60)
+    await store.issue("ana")
+    clock.now += 120
+    await store.issue("ana")
+    listed = await store.of_user("ana")
+    assert [t["expires"] is None for t in listed] == [False, True, True]
+    assert listed[0]["created"] == "2027-01-15T08:00:00Z" and listed[0]["last_used"] is None
+    text = repr(listed)
+    assert secret not in text and digest(secret) not in text
+
+
+async def test_last_used_is_kept_to_the_minute():
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": []})
+    secret, _ = await store.issue("ana")
+    await store.principal(secret)
+    clock.now += 30
+    await store.principal(secret)
+    assert (await store.of_user("ana"))[0]["last_used"] == "2027-01-15T08:00:00Z"
+
+
+async def test_a_new_configured_admin_token_revokes_the_previous_one(tmp_path):
+    store = tokens()
+    first, second = "a" * 32, "b" * 40
+    await store.bootstrap_admin(configured=first, data_dir=tmp_path)
+    mine, _ = await store.issue(ADMIN)  # one the admin made through the API stays
+    assert (await store.principal(first)).is_admin
+    await store.bootstrap_admin(configured=second, data_dir=tmp_path)
+    assert await store.principal(first) is None
+    assert (await store.principal(second)).is_admin and (await store.principal(mine)).is_admin
+    assert len(store.revoked_at_start) == 1
+    await store.bootstrap_admin(configured=second, data_dir=tmp_path)  # the same again: nothing changes
+    assert (await store.principal(second)).is_admin
+
+
+async def test_without_a_configured_token_one_is_generated_once_into_a_private_file(tmp_path):
+    store = tokens()
+    await store.bootstrap_admin(configured="c" * 32, data_dir=tmp_path)
+    generated = await store.bootstrap_admin(configured=None, data_dir=tmp_path / "data")
+    path = tmp_path / "data" / "admin-token"
+    assert path.read_text().strip() == generated and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert await store.principal("c" * 32) is None  # the configured one is gone with its setting
+    assert await store.bootstrap_admin(configured=None, data_dir=tmp_path / "data") is None  # kept at the next start
+    assert (await store.principal(generated)).is_admin
+
+
+async def test_a_short_admin_token_is_refused(tmp_path):
+    with pytest.raises(ValidationError, match="at least 32 characters"):
+        SubmitterSettings(admin_token="test-admin-token")
+    with pytest.raises(ValueError, match="at least 32"):
+        await tokens().bootstrap_admin(configured="x" * 31, data_dir=tmp_path)
+
+
+def test_the_secret_file_is_created_private_and_replaced_atomically(tmp_path):
+    old_umask = os.umask(0)  # even a permissive umask gives 0600
+    try:
+        path = tmp_path / "admin-token"
+        write_secret(path, "first\n")
+        write_secret(path, "second\n")
+    finally:
+        os.umask(old_umask)
+    assert path.read_text() == "second\n" and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["admin-token"]  # no temporary file left
+
+
+async def test_tokens_stored_before_ids_existed_get_one():
+    store = tokens()
+    await store.tokens.insert_one({"_id": digest("legacy"), "user_name": "ana"})
+    await store.prepare()
+    assert (await store.tokens.find_one({"_id": digest("legacy")}))["token_id"].startswith("tk_")
+
+
+# through the API --------------------------------------------------------------------------------------------------
+
+
+async def test_users_and_tokens_through_the_api():
+    app, _, store = await make_app()
+    async with client(app) as admin:
+        created = await admin.post("/v2/users", json={"user_name": "ana", "projects": ["vision"], "expires_in": 600})
+        assert created.status_code == 201, created.text
+        ana = created.json()
+        assert ana["token_id"].startswith("tk_") and ana["expires"]
+        async with client(app, ana["token"]) as as_ana:
+            extra = (await as_ana.post("/v2/users/ana/tokens", json={"expires_in": 60})).json()
+            listed = (await as_ana.get("/v2/users/ana/tokens")).json()
+            assert {t["token_id"] for t in listed["items"]} == {ana["token_id"], extra["token_id"]}
+            assert ana["token"] not in str(listed) and digest(ana["token"]) not in str(listed)
+            assert (await as_ana.get(f"/v2/users/{ADMIN}/tokens")).status_code == 403
+            assert (await as_ana.delete(f"/v2/users/ana/tokens/{extra['token_id']}")).status_code == 204
+            assert (await as_ana.delete(f"/v2/users/ana/tokens/{extra['token_id']}")).status_code == 404
+        async with client(app, extra["token"]) as revoked:
+            gone = await revoked.get("/v2/me")
+            assert (gone.status_code, gone.json()["error_code"]) == (401, "406039")
+        assert (await admin.delete(f"/v2/users/ana/tokens/{ana['token_id']}")).status_code == 204
+        assert (await admin.get("/v2/users/ana/tokens")).json()["count"] == 0
+
+
+async def test_an_expired_token_gets_401_through_the_api():
+    clock = Clock()
+    app, _, store = await make_app(clock=clock)
+    secret = await add_user(store, "ana", ["vision"], expires_in=10)
+    async with client(app, secret) as as_ana:
+        assert (await as_ana.get("/v2/me")).status_code == 200
+        clock.now += 10
+        expired = await as_ana.get("/v2/me")
+        assert (expired.status_code, expired.json()["error_code"]) == (401, "406039")
+        assert "expired" in expired.json()["error_msg"]
+        assert (await as_ana.post("/v2/vision/training-jobs", json={})).status_code == 401
+
+
+@pytest.mark.parametrize("body, field", [({"expires_in": True}, "expires_in"), ({"expires_in": "60"}, "expires_in"),
+                                         ({"expires_in": 0}, "expires_in"), ({"expires_in": 1.5}, "expires_in"),
+                                         ({"expires_in": 60, "scope": "all"}, "scope")])
+async def test_a_bad_expiry_is_refused_naming_the_field(body, field):
+    app, _, _ = await make_app()
+    async with client(app) as admin:
+        response = await admin.post("/v2/users/admin/tokens", json=body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error_msg"].startswith(f"param[{field}] invalid")
+
+
+def test_no_other_short_admin_token_is_left_in_the_tests():
+    from tests.conftest import ADMIN_TOKEN as STACK_TOKEN
+
+    assert len(STACK_TOKEN) >= 32 and len(ADMIN_TOKEN) >= 32

@@ -1,0 +1,114 @@
+"""Webhooks: configuration refuses what is not public (400 naming webhook_url), delivery checks again at every
+connection, follows no redirect, and stores only the HTTP status or "unreachable"."""
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from services.submitter import notifications
+from services.submitter.egress import Policy, guarded_client
+from tests.unit.api_app import add_user, client, make_app
+
+REFUSED = ["http://127.0.0.1:8080/hook", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
+           "http://10.1.2.3/hook", "http://[::1]:9000/hook", "http://[::ffff:127.0.0.1]/", "http://100.64.0.9/",
+           "http://0.0.0.0:80/", "http://192.168.0.1/"]
+
+
+@pytest.mark.parametrize("url", REFUSED)
+async def test_a_webhook_to_an_address_that_is_not_public_is_refused(url):
+    app, db, _ = await make_app()
+    async with client(app) as api:
+        response = await api.put("/v2/vision/notifications", json={"webhook_url": url})
+    assert response.status_code == 400, response.text
+    assert response.json()["error_code"] == "406001"
+    assert response.json()["error_msg"].startswith("param[webhook_url] invalid:")
+    assert await db.api_projects.find_one({"_id": "vision"}) is None
+
+
+async def test_public_and_allow_listed_webhooks_are_kept():
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    async with client(app) as api:
+        for url in ("http://93.184.216.34/hook", "http://127.0.0.1:5000/hook"):
+            response = await api.put("/v2/vision/notifications", json={"webhook_url": url})
+            assert response.status_code == 200, response.text
+            assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_url"] == url
+        refused = await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.2:5000/hook"})
+        assert refused.status_code == 400
+
+
+async def test_only_members_configure_a_projects_webhook():
+    app, _, tokens = await make_app()
+    outsider = await add_user(tokens, "bob", ["other"])
+    async with client(app, outsider) as api:
+        response = await api.put("/v2/vision/notifications", json={"webhook_url": "http://93.184.216.34/"})
+    assert response.status_code == 403
+
+
+class Receiver(BaseHTTPRequestHandler):
+    hits: list[str] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        Receiver.hits.append(self.path)
+        if self.path == "/fails":
+            self.send_response(500)
+        elif self.path == "/moved":
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{self.server.server_port}/internal-admin")
+        else:
+            self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def receiver():
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Receiver.hits = []
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+async def deliver_once(url: str, policy: Policy) -> dict:
+    app, db, _ = await make_app()
+    await db.api_projects.insert_one({"_id": "vision", "webhook_url": url})
+    doc = {"_id": "n-1", "project_id": "vision", "job_id": "j-1", "user_name": "ana", "kind": "oom_unplaceable",
+           "message": "too big", "state": "pending", "attempts": 0, "next_try": 0.0, "error": ""}
+    await db.api_notifications.insert_one(doc)
+    async with guarded_client(policy) as http:
+        await notifications.deliver(db, http, doc)
+    return await db.api_notifications.find_one({"_id": "n-1"})
+
+
+async def test_an_allow_listed_receiver_gets_the_notification(receiver):
+    stored = await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]))
+    assert (stored["state"], stored["error"], Receiver.hits) == ("delivered", "", ["/hook"])
+
+
+async def test_delivery_checks_again_and_says_only_unreachable(receiver):
+    stored = await deliver_once(f"{receiver}/hook", Policy())  # e.g. stored before, or DNS changed since
+    assert (stored["state"], stored["error"], stored["attempts"]) == ("pending", "unreachable", 1)
+    assert Receiver.hits == []
+
+
+async def test_a_closed_port_and_an_open_one_look_the_same():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    stored = await deliver_once(f"http://127.0.0.1:{closed}/hook", Policy.parse(["127.0.0.1"]))
+    assert stored["error"] == "unreachable"
+
+
+async def test_an_error_status_is_stored_as_the_status_only(receiver):
+    stored = await deliver_once(f"{receiver}/fails", Policy.parse(["127.0.0.1"]))
+    assert (stored["state"], stored["error"]) == ("pending", "HTTP 500")
+
+
+async def test_a_redirect_is_not_followed(receiver):
+    stored = await deliver_once(f"{receiver}/moved", Policy.parse(["127.0.0.1"]))
+    assert stored["error"] == "HTTP 302" and Receiver.hits == ["/moved"]
