@@ -1,5 +1,5 @@
 #!/bin/sh
-# Random MongoDB passwords for docker compose: the root user and one user per service, appended to .env (compose
+# Random passwords for docker compose: MongoDB's root user, one user per service and MinIO's root, appended to .env (compose
 # reads it) unless already there. Run once before the first `docker compose up`; keep .env private.
 set -eu
 env_file="${1:-.env}"
@@ -12,4 +12,5 @@ for name in ROOT SUBMITTER PLACEMENT MONITOR ESTIMATOR BILLING; do
     echo "${variable}=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >> "$env_file"
   fi
 done
-echo "MongoDB passwords in $env_file"
+grep -q "^MINIO_ROOT_PASSWORD=" "$env_file" || echo "MINIO_ROOT_PASSWORD=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')" >> "$env_file"
+echo "MongoDB and MinIO passwords in $env_file"

@@ -33,13 +33,28 @@ class Api:
         self.http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s,
                                  headers={"Authorization": f"Bearer {token}"})
 
-    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise CliError(f"cannot reach {self.http.base_url}: {exc}", exit_code=EXIT_UNAVAILABLE) from None
         if response.status_code >= 400:
             raise failure(response)
+        return response
+
+    def log_pages(self, path: str, **params: Any) -> Iterator[str]:
+        """A stored log page by page (the API pages it by lines: X-Log-More, X-Log-Next-Offset)."""
+        offset = 0
+        while True:
+            response = self.send("GET", path, params={**params, "offset": offset})
+            yield response.text
+            following = int(response.headers.get("x-log-next-offset", offset))
+            if response.headers.get("x-log-more") != "true" or following <= offset:
+                return
+            offset = following
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.send(method, path, **kwargs)
         if response.status_code == 204:
             return None
         if response.headers.get("content-type", "").startswith("application/json"):

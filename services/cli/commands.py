@@ -61,7 +61,7 @@ def logs(args: argparse.Namespace, api: Api) -> int:
     if args.follow:
         return follow.logs(api, path, task=args.task, progress=args.progress or (sys.stderr.isatty()
                                                                                   and not args.no_progress))
-    text = api.call("GET", f"{path}/logs", params={"task": args.task})
+    text = "".join(api.log_pages(f"{path}/logs", task=args.task))
     print(render.dumps({"job_id": args.job_id, "task": args.task, "text": text}) if args.json else text, end="")
     return 0
 

@@ -90,6 +90,24 @@ class NodeCredentials:
         log.info("revoked the bus credentials of %s", node_id)
 
 
+RELEASE_GRACE_S = 20.0  # the agent's own shutdown grace (tasks get SIGTERM, then SIGKILL) plus its reports
+
+
+async def stop_group(group: int, *, grace_s: float) -> None:
+    """SIGTERM a process group, SIGKILL whatever is left of it after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(group, sig)
+        except ProcessLookupError:
+            return
+        for _ in range(int(grace_s * 10) if sig == signal.SIGTERM else 0):
+            await asyncio.sleep(0.1)
+            try:
+                os.killpg(group, 0)
+            except ProcessLookupError:
+                return
+
+
 class LocalProcessProvider:
     name = "local-process"
 
@@ -120,11 +138,10 @@ class LocalProcessProvider:
         return process.pid
 
     async def release(self, node_id: str, handle: int | None) -> None:
+        """Stop the node's agent (it reports its tasks' ends on the way out), then take its identity back: an
+        agent whose credentials go first could never finish reporting and would never exit."""
         if handle:
-            try:
-                os.killpg(handle, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+            await stop_group(handle, grace_s=RELEASE_GRACE_S)
         (self.root / f"{node_id}.toml").unlink(missing_ok=True)
         (self.root / f"{node_id}.pid").unlink(missing_ok=True)
         if self.credentials:

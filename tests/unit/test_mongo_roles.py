@@ -42,3 +42,10 @@ def test_compose_runs_mongo_with_auth_unpublished_and_each_service_as_its_own_us
     for name, spec in compose.items():
         if name.startswith("agent"):
             assert "MONGO_URL" not in (spec.get("environment") or {}), name
+
+
+def test_compose_publishes_the_api_alone():
+    """NATS, MongoDB and MinIO (every project's checkpoints) are reachable only inside compose's network."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    assert {name for name, spec in compose.items() if spec.get("ports")} == {"submitter"}
+    assert "trainmaster-secret" not in (ROOT / "docker-compose.yml").read_text()  # no default password
