@@ -34,28 +34,37 @@ for line in lines:
 '''
 
 
-@pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
-@pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
-async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, shared_dir):
-    async def history_model():  # trained in the background from the corpus at the stack's first start (~2 min)
+async def wait_for_history_model(api) -> None:
+    """The history model is trained in the background from the corpus at the stack's first start."""
+    async def history_model():
         health = (await api.get("/healthz")).json()["services"]["estimator"]
         return health.get("details", {}).get("history_model", {}).get("version")
 
     await eventually(history_model, timeout_s=600, interval_s=2)
-    with tarfile.open(CORPUS) as tar:
-        log = tar.extractfile(RUN).read().decode()
-    (shared_dir / "run.log").write_text(log)  # where the job, a user of its own, can read it
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} {SPEED}")
-    job_id = job["metadata"]["id"]
-    seen: list[tuple[float, float, float, float]] = []  # (wall time, remaining, low, high)
+
+
+async def follow_eta(api, project: str, job_id: str) -> tuple[dict, list[tuple[float, float, float, float]]]:
+    """The job once it ended, and every ETA seen on the way: (wall time, remaining, low, high)."""
+    seen: list[tuple[float, float, float, float]] = []
     while True:
         current = await get(api, project, job_id)
         if current["status"]["phase"] in ("Completed", "Failed"):
-            break
+            return current, seen
         eta = current["status"]["eta"]
         if eta:
             seen.append((time.time(), eta["remaining_s"], eta["low_s"], eta["high_s"]))
         await asyncio.sleep(0.5)
+
+
+@pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
+@pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
+async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, shared_dir):
+    await wait_for_history_model(api)
+    with tarfile.open(CORPUS) as tar:
+        log = tar.extractfile(RUN).read().decode()
+    (shared_dir / "run.log").write_text(log)  # where the job, a user of its own, can read it
+    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} {SPEED}")
+    current, seen = await follow_eta(api, project, job["metadata"]["id"])
     assert current["status"]["phase"] == "Completed"
     end = current["status"]["end_time"] / 1000
     start = current["status"]["start_time"] / 1000

@@ -6,18 +6,14 @@ every new model takes: the prior of benchmarks held out of training (wide), then
 the declared target and its live progress rate. The accuracy of that path over many runs is measured by
 `make bench-eta` (round split, unseen benchmarks); here the live service must give one, honest about how little it
 knows at first, and closer to the truth once half the run is seen."""
-import asyncio
 import sys
 import tarfile
-import time
-from pathlib import Path
 from shlex import quote
 
 import pytest
 
-from tests.conftest import eventually
-from tests.e2e.helpers import get, submit
-from tests.e2e.test_eta_replay import CORPUS, REPLAY
+from tests.e2e.helpers import submit
+from tests.e2e.test_eta_replay import CORPUS, REPLAY, follow_eta, wait_for_history_model
 
 pytestmark = pytest.mark.e2e
 RUN = "NVIDIA/results/eos_n64_ngc24.04_dgl/gnn/result_0.txt"  # 64 s; eval_accuracy reaches 0.72 at 2.3 epochs
@@ -30,11 +26,7 @@ METRIC = {"name": "eval_accuracy", "regex": r'"key": "eval_accuracy", "value": (
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
 async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(api, project, shared_dir):
-    async def history_model():
-        health = (await api.get("/healthz")).json()["services"]["estimator"]
-        return health.get("details", {}).get("history_model", {}).get("version")
-
-    await eventually(history_model, timeout_s=600, interval_s=2)
+    await wait_for_history_model(api)
     with tarfile.open(CORPUS) as tar:
         log = tar.extractfile(RUN).read().decode()
     renamed = log.replace('"key": "submission_benchmark", "value": "gnn"',
@@ -43,16 +35,7 @@ async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(api, 
     (shared_dir / "run.log").write_text(renamed)
     job = await submit(api, project, metrics=[METRIC],
                        command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} 1")
-    job_id = job["metadata"]["id"]
-    seen: list[tuple[float, float, float, float]] = []  # (wall time, remaining, low, high)
-    while True:
-        current = await get(api, project, job_id)
-        if current["status"]["phase"] in ("Completed", "Failed"):
-            break
-        eta = current["status"]["eta"]
-        if eta:
-            seen.append((time.time(), eta["remaining_s"], eta["low_s"], eta["high_s"]))
-        await asyncio.sleep(0.5)
+    current, seen = await follow_eta(api, project, job["metadata"]["id"])
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start
