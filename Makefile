@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched bench-reports clean
+.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,13 +25,22 @@ test: $(STAMP) browser
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
-bench: bench-submit bench-sched bench-eta bench-reports
+bench: bench-submit bench-sched bench-eta bench-reports bench-search bench-scale
 
 bench-submit: $(STAMP)
 	$(BIN)/python -m bench.submit --jobs 200
 
+# N simulated agents against a fresh stack per fleet size, each run bounded (readiness 3 min, 2 min steady, a
+# 500-job burst of at most 5 min): a Markdown table, docs/operations.md. `make bench-scale QUICK=1`: 500 and 1,000.
+bench-scale: $(STAMP)
+	nice $(BIN)/python -m bench.scale --sweep 500,1000,2000,5000,10000 --seconds 120 --jobs 500 $(if $(QUICK),--quick)
+
 bench-reports: $(STAMP)
 	$(BIN)/python -m bench.reports
+
+# replays the recorded sweep (bench/search/data) and MLPerf groups through the search pruners
+bench-search: $(STAMP)
+	$(BIN)/python -m bench.search --out bench/search/results.json
 
 MLPERF := ../shared/data/mlperf
 bench-eta: $(STAMP)
@@ -40,14 +49,14 @@ bench-eta: $(STAMP)
 	$(BIN)/python -m services.estimator.evaluate --train $(MLPERF)/mlperf-training-v3.1.tar.gz \
 		$(MLPERF)/mlperf-training-v4.0.tar.gz --test $(MLPERF)/mlperf-training-v4.0.tar.gz --kfold 4 \
 		--out bench/eta/results/eval-kfold4-v4.0.json
+	$(BIN)/python -m services.estimator.evaluate --corpus own-jobs --out bench/eta/results/eval-own-jobs.json
 	$(BIN)/python -m bench.eta.bench_online
 	$(BIN)/python -m bench.eta.bench_history
 
 TRACE := ../shared/data/alibaba-gpu-v2023
 bench-sched: $(STAMP)
-	$(BIN)/python bench/sched/compare.py --pods $(TRACE)/openb_pod_list_default.csv \
-		--nodes $(TRACE)/openb_node_list_gpu_node.csv
-	$(BIN)/python bench/sched/decision_time.py
+	PYTHONPATH=. nice $(BIN)/python bench/sched/matrix.py --data $(TRACE) --workers 2
+	PYTHONPATH=. $(BIN)/python bench/sched/decision_time.py
 
 clean:
 	rm -rf $(VENV) .trainmaster

@@ -8,8 +8,8 @@ const DATABASE = process.env.TRAINMASTER_MONGO_DB || "trainmaster";
 const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
 const COLLECTIONS = {
   submitter: ["api_jobs", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
-              "api_notifications", "api_audit"],
-  placement: ["placement_jobs", "placement_nodes"],
+              "api_notifications", "api_audit", "api_searches"],
+  placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes"],
   estimator: ["estimator_jobs", "estimator_points", "estimator_history"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",

@@ -1,4 +1,6 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
+import asyncio
+import contextvars
 import functools
 import hmac
 import logging
@@ -14,7 +16,7 @@ from faststream.middlewares import AckPolicy
 from faststream.message import StreamMessage
 from faststream.nats import JStream, NatsBroker, NatsCredentials, NatsSecurity, PullSub
 from nats.errors import Error as NatsError
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
 from pymongo.errors import PyMongoError
 
@@ -27,22 +29,25 @@ _DEDUP_KEYS: "weakref.WeakKeyDictionary[NatsBroker, bytes]" = weakref.WeakKeyDic
 ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
 
-def _stream(name: str, subject: str, **config: Any) -> JStream:
+def _stream(name: str, *subjects: str, **config: Any) -> JStream:
     """A stream trainmaster declares itself (FastStream would only declare the subjects it subscribes to)."""
     stream = JStream(name=name, storage=StorageType.FILE, declare=False, **config)
-    stream.config.subjects = [subject]
+    stream.config.subjects = list(subjects)
     return stream
 
 
 # Jobs and money: file storage; the server runs with `sync_interval: always`, so an ack means on disk.
 JOBS = _stream("TM_JOBS", "tm.job.>", duplicate_window=DEDUP_WINDOW_S)
 NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_WINDOW_S)
-NODES = _stream("TM_NODES", "tm.node.evt.>", max_age=3600, duplicate_window=60)
+# Node events, heartbeats excepted: a service's verdicts (`tm.node.evt.<event>`) and an agent's own node events.
+# An agent's new node event (5 tokens) must be added here (tests/unit/test_heartbeats.py checks); heartbeats are
+# core NATS, never stored (HEARTBEATS).
+NODES = _stream("TM_NODES", "tm.node.evt.*", "tm.node.evt.*.registered", "tm.node.evt.*.interrupted", max_age=3600,
+                duplicate_window=60)
 LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
 NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
 STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
-_STREAM_OF = {s.config.subjects[0].removesuffix(">"): s for s in STREAMS}
 
 # Request/reply subjects live outside every stream so the stream never answers in the service's place.
 RPC_HEALTH = "tm.rpc.health.{service}"
@@ -63,6 +68,7 @@ NODE_EVENT = "tm.node.evt.{node_id}.{event}"  # registered, heartbeat
 TASK_EVENT = "tm.job.task.{node_id}.{event}"  # preparing, started, exited
 LOG_SUBJECT = "tm.log.{node_id}.{job_id}"
 NODE_REGISTERED = NODE_EVENT.format(node_id="*", event="registered")
+HEARTBEATS = NODE_EVENT.format(node_id="*", event="heartbeat")  # core NATS: liveness is now or never
 
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
@@ -99,30 +105,56 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
         options["security"] = NatsCredentials(str(creds), ssl_context=tls)
     elif tls:
         options["security"] = NatsSecurity(ssl_context=tls)
-    broker = NatsBroker(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
-                        inbox_prefix=f"_INBOX_{name}", **options)
+    # log_level: FastStream's two lines per message ("Received", "Processed") at DEBUG, below the INFO its access
+    # logger is set to; a service logs its state changes itself.
+    servers = [u.strip() for u in url.split(",") if u.strip()]  # the servers of one NATS cluster
+    broker = NatsBroker(servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+                        inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, **options)
     if creds:
         _DEDUP_KEYS[broker] = dedup_key(creds)
     return broker
 
 
-async def connect(broker: NatsBroker, *, declare: bool = True) -> None:
+async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1) -> None:
     """Connect and make sure every stream exists with its full subject list, before any consumer starts.
 
-    declare: False for agents, which may not create or change streams (the stack and placement did)."""
+    declare: False for agents, which may not create or change streams (the stack and placement did).
+    replicas: copies of each stream (3 on a 3-server cluster: any one server may fail)."""
     await broker.connect()
     if not declare:
         return
     streams = broker.config.connection_state.stream
     for stream in STREAMS:
+        config = stream.config.evolve(num_replicas=replicas)
         try:
-            await streams.add_stream(config=stream.config)
+            await streams.add_stream(config=config)
         except BadRequestError:
-            await streams.update_stream(config=stream.config)
+            await streams.update_stream(config=config)
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether two NATS subjects (with `*` and `>` wildcards) can match one subject."""
+    left, right = a.split("."), b.split(".")
+    for i, (x, y) in enumerate(zip(left, right)):
+        if x == ">" or y == ">":
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+        if i == len(left) - 1 or i == len(right) - 1:
+            return len(left) == len(right)
+    return False
+
+
+def stream_for(subject: str) -> JStream | None:
+    """The stream that stores a subject (or, for a filter, overlaps it); None for a core NATS subject."""
+    return next((s for s in STREAMS if any(subjects_overlap(subject, x) for x in s.config.subjects)), None)
 
 
 def stream_of(subject: str) -> JStream:
-    return next(stream for prefix, stream in _STREAM_OF.items() if subject.startswith(prefix))
+    stream = stream_for(subject)
+    if stream is None:
+        raise LookupError(f"no stream stores {subject}")
+    return stream
 
 
 @functools.cache
@@ -167,24 +199,28 @@ def durable(
     consumer: str,
     batch: int = 32,
     ordered: bool = True,
+    keyed: int = 0,
     deliver_new: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream.
 
     ordered: one message in flight at a time, so a redelivery (after a crash or a nack) can never overtake a
     later message; the state machines rely on it. Unordered consumers take up to 1000 at once.
+    keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in `in_order`,
+    which keeps the messages of one key (a job) in stream order and retries a passing failure in place.
     """
+    in_flight = keyed if keyed > 1 else 1 if ordered else 1000
     return {
         "subject": subject,
         "stream": stream_of(subject),
         "durable": consumer,
         "inbox_prefix": None,  # delivered into the connection's own inbox, the only one its identity may read
-        "pull_sub": PullSub(batch_size=1 if ordered else batch, timeout=0.5),
+        "pull_sub": PullSub(batch_size=keyed if keyed > 1 else 1 if ordered else batch, timeout=0.5),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
         "decoder": check_subject,
         "config": ConsumerConfig(
             ack_wait=ACK_WAIT_S,
-            max_ack_pending=1 if ordered else 1000,
+            max_ack_pending=in_flight,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
         ),
     }
@@ -221,8 +257,12 @@ def dedup_id(broker: NatsBroker, subject: str, event_id: str) -> str:
 
 
 async def publish(broker: NatsBroker, message: Message) -> None:
-    """Publish to JetStream and wait for the stream's ack; the event id de-duplicates retries."""
+    """Publish to JetStream and wait for the stream's ack; the event id de-duplicates retries. A subject no stream
+    stores (a heartbeat) goes out on core NATS: fire and forget."""
     subject = message.subject
+    if stream_for(subject) is None:
+        await broker.publish(message, subject)
+        return
     await broker.publish(
         message,
         subject,
@@ -248,3 +288,93 @@ def retry_transient(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable
             raise NackMessage(delay=1) from exc
 
     return wrapper
+
+
+_HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn", default=False)
+
+
+class KeyedOrder:
+    """Turns per key: a message waits for the earlier messages of its key, a keyless one for every earlier message
+    (and every later one for it). Turns are taken in arrival order, without awaiting, so the order in which a
+    consumer's fetched batch is started is the order of each key."""
+
+    def __init__(self) -> None:
+        self._tails: dict[str, asyncio.Future] = {}
+        self._running: set[asyncio.Future] = set()
+        self._barrier: asyncio.Future | None = None
+
+    def take(self, key: str | None) -> tuple[list[asyncio.Future], asyncio.Future]:
+        """What to wait for, and this turn's own future (to be resolved by `done`)."""
+        mine = asyncio.get_running_loop().create_future()
+        if key is None:
+            before = [*self._running, *([self._barrier] if self._barrier else [])]
+            self._barrier = mine
+        else:
+            before = [f for f in (self._tails.get(key), self._barrier) if f is not None]
+            self._tails[key] = mine
+        self._running.add(mine)
+        return before, mine
+
+    def done(self, key: str | None, mine: asyncio.Future) -> None:
+        mine.set_result(None)
+        self._running.discard(mine)
+        if key is None and self._barrier is mine:
+            self._barrier = None
+        elif key is not None and self._tails.get(key) is mine:
+            del self._tails[key]
+
+    def in_flight(self) -> int:
+        return len(self._running)
+
+
+async def await_redeliveries(broker: NatsBroker, subject: str, consumer: str) -> int:
+    """Before a keyed consumer starts: when a previous instance died holding messages (unacknowledged), wait until
+    they are due again (`ACK_WAIT_S`), so the server hands them out first, in order, before anything newer; a
+    later message of their key can then never be handled before them. Returns how many there were."""
+    try:
+        info = await broker.config.connection_state.stream.consumer_info(stream_of(subject).name, consumer)
+    except NotFoundError:
+        return 0
+    if info.num_ack_pending:
+        log.info("%s: %d messages of a previous run unacknowledged: waiting %d s for their redelivery",
+                 consumer, info.num_ack_pending, ACK_WAIT_S)
+        await asyncio.sleep(ACK_WAIT_S + 1)
+    return info.num_ack_pending or 0
+
+
+def in_order(key: Callable[[Any], str | None], *, retry_s: float = 0.5) -> Callable[[Callable[P, Awaitable[R]]],
+                                                                                    Callable[P, Awaitable[R]]]:
+    """Wrap the handler of a `durable(..., keyed=N)` consumer: the messages of one key (`key(event)`, e.g. its job
+    id; None: wait for all) are handled one at a time in stream order, different keys concurrently. A passing
+    failure (database or bus down) is retried in place, never nacked, so no later message of its key overtakes
+    it; a handler error is raised (the message is rejected, as everywhere)."""
+
+    def wrap(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+        turns = KeyedOrder()
+
+        @functools.wraps(handler)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if _HOLDING.get():  # delivered inline from inside a handler (an in-memory test broker): no turn
+                return await handler(*args, **kwargs)
+            k = key(args[0] if args else next(iter(kwargs.values())))
+            before, mine = turns.take(k)
+            held = _HOLDING.set(True)
+            try:
+                for earlier in before:
+                    await asyncio.shield(earlier)
+                delay = retry_s
+                while True:
+                    try:
+                        return await handler(*args, **kwargs)
+                    except TRANSIENT_ERRORS as exc:
+                        log.warning("%s: transient failure, retrying in %.1f s: %r", handler.__name__, delay, exc)
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 5.0)
+            finally:
+                _HOLDING.reset(held)
+                turns.done(k, mine)
+
+        wrapper.turns = turns  # type: ignore[attr-defined]
+        return wrapper
+
+    return wrap

@@ -15,7 +15,8 @@ CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
     "submitter": (("submitter-status", "tm.job.status"), ("submitter-logs", "tm.log.>"),
                   ("submitter-eta", "tm.eta.>"), ("submitter-notify", "tm.notify.>")),
     "placement": (("placement-jobs", "tm.job.>"), ("placement-node-registrations", bus.NODE_REGISTERED),
-                  ("placement-nodes-state", "tm.node.evt.state"), ("placement-eta", "tm.eta.>")),
+                  ("placement-nodes-state", "tm.node.evt.state"), ("placement-eta", "tm.eta.>"),
+                  ("placement-node-interruptions", "tm.node.evt.*.interrupted")),
     "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
     "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>")),
     "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
@@ -26,7 +27,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   bus.RPC_CANDIDATES, bus.RPC_CATALOGUE, bus.RPC_METRICS, bus.RPC_PREDICT,
                   bus.RPC_HEALTH.format(service=">")),
     "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable", "tm.node.cmd.*.start",
-                  "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT,
+                  "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT, bus.RPC_PREDICT,
                   # it creates the command consumer of each node it rents (the agent may only read it)
                   f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
                   f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
@@ -41,6 +42,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "estimator": (bus.RPC_METRICS, bus.RPC_PREDICT),
     "billing": (bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS),
 }
+
+# Core NATS subjects a service reads as they come (no stream): the monitor, every node's heartbeat.
+LISTENS: dict[str, tuple[str, ...]] = {"monitor": (bus.HEARTBEATS,)}
 
 
 def inbox(identity: str) -> str:
@@ -66,7 +70,8 @@ def service(role: str) -> Permissions:
     """A service's permissions."""
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
     return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams()),
-                       subscribe=(*ANSWERS[role], bus.RPC_HEALTH.format(service=role)), inbox=inbox(role))
+                       subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
+                       inbox=inbox(role))
 
 
 def agent(node_id: str) -> Permissions:
@@ -74,8 +79,9 @@ def agent(node_id: str) -> Permissions:
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
-    events = (*(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat")),
-              *(bus.TASK_EVENT.format(node_id=node_id, event=e) for e in ("preparing", "started", "exited")),
+    events = (*(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat", "interrupted")),
+              *(bus.TASK_EVENT.format(node_id=node_id, event=e)
+                for e in ("preparing", "started", "exited", "hung", "resumed")),
               bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"))
     return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
                        subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"),), inbox=inbox(f"agent-{node_id}"))

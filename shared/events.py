@@ -68,11 +68,12 @@ class Attempt(BaseModel):
     placed_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
-    reason: str = Field("started", description="Why it began: started, oom, slow, node_lost, migrated, reclaimed.")
+    reason: str = Field("started", description="Why it began: started, oom, slow, node_lost, migrated, reclaimed, "
+                        "hung.")
     outcome: str = Field("", description="How it ended: completed, failed, terminated, oom, node_lost, migrated, ...")
 
 
-RequeueCause = Literal["node_lost", "oom_gpu", "oom_host", "migrated", "slow", "reclaimed", "stopped"]
+RequeueCause = Literal["node_lost", "oom_gpu", "oom_host", "migrated", "slow", "reclaimed", "stopped", "hung"]
 
 
 class Eta(BaseModel):
@@ -183,7 +184,7 @@ class Notification(Message):
     project_id: str
     job_id: str
     user_name: str
-    kind: Literal["oom_unplaceable", "slow_no_faster_option", "repeated_failures", "budget"]
+    kind: Literal["oom_unplaceable", "slow_no_faster_option", "repeated_failures", "budget", "hung", "hung_failed"]
     message: str
 
 
@@ -231,6 +232,8 @@ class TaskStarted(Message):
     node_kind: str
     price_per_hour: float
     gpu_count: int
+    node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node (0: not said); the attempt is "
+                                                     "charged its share of the node's price.")
     gpu_model: str = ""
     world_size: int = 1
     project_id: Id
@@ -267,6 +270,38 @@ class TaskExited(Message):
     ended_at: datetime
 
 
+class TaskHung(Message):
+    """A task showed no sign of life for its hang timeout: no output line, no progress mark, no new checkpoint,
+    and (where the node reads GPU utilisation) idle GPUs. One per quiet spell (`spell` counts them)."""
+
+    subject_template: ClassVar[str] = "tm.job.task.{node_id}.hung"
+    type: Literal["TaskHung"] = "TaskHung"
+
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
+    spell: int = Field(ge=1, le=1_000_000, description="Which quiet spell of this task, from 1.")
+    idle_s: float = Field(ge=0, le=10**9, description="Seconds since the task's last sign of life.")
+    gpus_watched: bool = Field(False, description="Whether the node read its GPUs' utilisation (NVML).")
+    progressed: bool = Field(False, description="Whether the attempt moved the job on before it went quiet: it "
+                             "saved a checkpoint of its own and showed life for at least its hang timeout.")
+
+
+class TaskResumed(Message):
+    """A task reported hung showed a sign of life again."""
+
+    subject_template: ClassVar[str] = "tm.job.task.{node_id}.resumed"
+    type: Literal["TaskResumed"] = "TaskResumed"
+
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
+    spell: int = Field(ge=1, le=1_000_000, description="The quiet spell that ended.")
+    idle_s: float = Field(ge=0, le=10**9, description="How long the task was quiet.")
+
+
 class NodeTasksLost(Message):
     """The tasks a node was running are gone (node silent, or its agent restarted), except those still alive.
 
@@ -285,7 +320,7 @@ class NodeTasksLost(Message):
 
 JobEvent = Annotated[
     JobSubmitted | JobTerminateRequested | JobMigrateRequested | JobUnplaceable | JobDeleted | JobPlaced
-    | JobStatusChanged | TaskPreparing | TaskStarted | TaskExited | NodeTasksLost,
+    | JobStatusChanged | TaskPreparing | TaskStarted | TaskExited | NodeTasksLost | TaskHung | TaskResumed,
     Field(discriminator="type"),
 ]
 NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]
@@ -351,8 +386,22 @@ class NodeReleased(Message):
     reason: str = Field("idle", examples=["idle", "pulled back", "failed to start"])
 
 
+class NodeInterrupted(Message):
+    """The cloud is taking a spot node back (its agent read the notice): it gets no more work and is released;
+    its agent snapshots and stops its tasks (SIGTERM), which are requeued and resume elsewhere."""
+
+    subject_template: ClassVar[str] = "tm.node.evt.{node_id}.interrupted"
+    type: Literal["NodeInterrupted"] = "NodeInterrupted"
+
+    node_id: Id
+    kind: Literal["interruption", "rebalance"] = "interruption"
+    action: str = Field("terminate", max_length=40, examples=["terminate", "stop", "hibernate", "rebalance"])
+    notice_time: str = Field("", max_length=40, description="When the cloud acts, as its notice says.")
+
+
 NodeEvent = Annotated[
-    NodeRegistered | NodeHeartbeat | NodeStateChanged | NodeProvisioned | NodeReleased, Field(discriminator="type")
+    NodeRegistered | NodeHeartbeat | NodeStateChanged | NodeProvisioned | NodeReleased | NodeInterrupted,
+    Field(discriminator="type"),
 ]
 
 
@@ -377,6 +426,9 @@ class LogChunk(Message):
     node_id: Id  # the node whose agent ran the task: its subject carries it
     seq: int = Field(ge=0, description="Chunk number within the task, from 0.")
     lines: tuple[LogLine, ...]
+    last: bool = Field(False, description="The task's final chunk (sent, and stored by the stream, before its "
+                                          "TaskExited): its output is complete once this and every chunk before it "
+                                          "are stored.")
 
 
 class EtaEstimated(Message):

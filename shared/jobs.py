@@ -5,6 +5,7 @@ State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
     Creating ──► Pending[Queuing] ──► Running ──► Completed
        │             │   ▲  ▲           │  └────► Failed
        │             │   │  └───────────┤ (out of memory, migrate, slow, pull-back: snapshot, then re-place)
+       │             │   │              │ (hung: Running[Hanging], then snapshot and re-place, or Failed)
        │             │   │              ├───────► Terminating ──► Terminated
        │             │   └── Abnormal[Lost] ◄───┘       └──────► Failed[TerminatedFailed]
        │             ├──► Terminating (placed, not yet started)
@@ -57,6 +58,7 @@ class SecondaryPhase(StrEnum):
     TERMINATED_FAILED = "TerminatedFailed"
     UNKNOWN = "Unknown"
     LOST = "Lost"
+    HANGING = "Hanging"  # Running, but no output, metric point or progress mark (and idle GPUs) for its timeout
 
 
 FINISHED = frozenset({Phase.FAILED, Phase.COMPLETED, Phase.TERMINATED})
@@ -256,6 +258,10 @@ class PlacementPrefs(Strict):
         default_factory=list, max_length=32, description="Acceptable GPU models; empty: any.")
     max_price_per_hour: Float | None = Field(None, gt=0, le=10_000, description="Most the job may cost per hour.")
     deadline: datetime | None = Field(None, description="When the job must be finished (ISO 8601).")
+    checkpoint_interval_s: Int | None = Field(
+        None, ge=1, le=7 * 86400, description="How often the job saves a checkpoint it resumes from (it also saves on "
+        "SIGTERM). Declared, the job may run on spot capacity, which placement prices with the work an interruption "
+        "loses; unset, the job never runs on spot.")
 
 
 class Spec(Strict):
@@ -263,6 +269,13 @@ class Spec(Strict):
     placement: PlacementPrefs = Field(default_factory=PlacementPrefs)
     max_duration_s: Int | None = Field(None, ge=1, le=366 * 86400)
     termination_grace_s: Float = Field(10, ge=0, le=3600, description="Time between SIGTERM and SIGKILL.")
+    hang_timeout_s: Int | None = Field(
+        None, ge=0, le=366 * 86400, description="Seconds without an output line, metric point or progress mark "
+        "(and with idle GPUs, where the node reads them) after which the job is suspected hung; 0 turns detection "
+        "off; default: the cluster's (TRAINMASTER_HANG_TIMEOUT_S, 30 minutes).")
+    hang_restarts: Int = Field(3, ge=0, le=100, description="Restarts from the checkpoint after a hang, in a row "
+                               "(reset by an attempt that saved a checkpoint and showed life for at least its "
+                               "hang timeout before going quiet), before the job fails.")
 
 
 class MetadataIn(Strict):

@@ -116,7 +116,7 @@ def service_app(
 
     @asynccontextmanager
     async def lifespan():
-        await connect(broker)
+        await connect(broker, replicas=settings.stream_replicas)
         client = make_client(settings.mongo_url)
         service = await setup(Wiring(db=client[settings.mongo_db], broker=broker, background=background, link=link))
         broker.context.set_global(name, service)

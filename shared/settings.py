@@ -10,10 +10,13 @@ class CommonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
 
-    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server with JetStream enabled.")
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server with JetStream enabled (several "
+                          "servers of one cluster: comma-separated URLs).")
     nats_creds: Path | None = Field(None, description="This process's own bus credentials (`.creds`: user JWT and "
                                     "seed); the server refuses anonymous clients. `make run` gives each its own.")
     nats_ca_file: Path | None = Field(None, description="CA of the NATS server's certificate, for a tls:// URL.")
+    stream_replicas: int = Field(1, ge=1, le=5, description="Copies of each JetStream stream: 3 on a 3-server NATS "
+                                 "cluster (docs/operations.md), 1 on a single server.")
     mongo_url: str = Field(
         "mongodb://127.0.0.1:27017",
         validation_alias="MONGO_URL",

@@ -50,6 +50,12 @@ cpu_count = 16
 memory_gb = 128
 price_per_hour = 3.6
 gpus = [{ model = "A100-80GB", memory_gb = 80, tflops = 312, count = 1 }]
+
+# the default engine of the cluster `make run` starts (cluster.toml): the agent's own environment
+[[engines]]
+name = "pytorch"
+environment = "agent"
+default = true
 """
 
 
@@ -96,6 +102,7 @@ def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] 
     stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":
                                        "127.0.0.1",  # the tests' local webhook receivers
                                        "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
+                                       "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
                                        **(extra_env or {})})
     try:
         stack.start_all()

@@ -21,7 +21,8 @@ def job_body(*, name: str | None = None, command: str = "true", validate: bool =
     resource = {k: spec.pop(k) for k in list(spec) if k in ("node_count", "gpu_count", "min_gpu_memory_gb",
                                                             "cpu_count", "memory_gb", "flavor_id", "pool_id")}
     placement = {k: spec.pop(k) for k in list(spec) if k in ("allowed", "priority", "expected_duration_s",
-                                                             "gpu_models", "max_price_per_hour", "deadline")}
+                                                             "gpu_models", "max_price_per_hour", "deadline",
+                                                             "checkpoint_interval_s")}
     algorithm = {k: spec.pop(k) for k in list(spec) if k in ("engine", "code_dir", "boot_file", "inputs", "outputs")}
     metrics = spec.pop("metrics", [])
     body = {"kind": "job", "metadata": {"name": unique() if name is None else name},

@@ -11,7 +11,7 @@ from services.placement.policy import POLICIES
 from services.placement.sim.cli import parser as sim_parser
 from services.placement.sim.cli import simulate
 
-ORDER = ("trainmaster", "burst", "local-fifo", "wait-local")
+ORDER = ("trainmaster", "burst", "burst-after", "local-fifo", "wait-local")
 ROWS = (
     ("avg_jct_s", "avg JCT (s)"),
     ("p99_jct_s", "p99 JCT (s)"),
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local", type=int, default=None)
     p.add_argument("--reserved", type=int, default=None)
     p.add_argument("--estimate-error", type=float, default=0.0, help="log-normal sigma on expected durations")
-    p.add_argument("--pay-only-to-avoid-waiting", action="store_true", help="see PolicyConfig")
+    p.add_argument("--exchange-rate", type=float, default=None, help="see PolicyConfig.exchange_rate")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -61,9 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     common += ["--local", str(args.local)] if args.local is not None else []
     common += ["--reserved", str(args.reserved)] if args.reserved is not None else []
     common += ["--estimate-error", str(args.estimate_error)]
-    common += ["--pay-only-to-avoid-waiting"] if args.pay_only_to_avoid_waiting else []
+    common += ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
     assert set(ORDER) == set(POLICIES)
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, min(args.workers, 2))) as pool:
         runs = list(pool.map(_run, [common + ["--policy", name] for name in ORDER]))
     results = dict(zip(ORDER, runs, strict=True))
     checks = goals(results)

@@ -25,7 +25,8 @@ from shared.events import (
 from shared.jobs import DataOut
 from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, refused_urls
-from services.agent.checkpoints import CheckpointStore, Mirror
+from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
+from services.agent.hangs import HangPolicy, watch
 from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.isolation import Confinement, TaskUser, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
@@ -41,7 +42,7 @@ LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's
 class Agent:
     def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
                  preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
-                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5) -> None:
+                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None) -> None:
         self.node = node
         self.storage = storage
         self.confinement = confinement
@@ -52,6 +53,7 @@ class Agent:
         self.root = root
         self.publish = publish
         self.shutdown_grace_s = shutdown_grace_s
+        self.hangs = hangs or HangPolicy()
         self.boot_id = uuid.uuid4().hex
         self.tasks: dict[str, TaskProcess] = {}
         self.supervisors: set[asyncio.Task] = set()
@@ -152,12 +154,12 @@ class Agent:
                 node_id=self.node.node_id, reason="not_started", message=f"stopped before start: {command.reason}",
                 ended_at=utcnow()))
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, reason: str = "agent_shutdown") -> None:
         """Stop every task (it is requeued elsewhere) and wait for their reports."""
         for launch in list(self.launching.values()):
             launch.cancel()
         for task in list(self.tasks.values()):
-            asyncio.create_task(task.stop(reason="agent_shutdown", grace_s=self.shutdown_grace_s))
+            asyncio.create_task(task.stop(reason=reason, grace_s=self.shutdown_grace_s))
         if self.supervisors:
             await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
 
@@ -165,6 +167,8 @@ class Agent:
         start = task.start
         helpers = [asyncio.create_task(task.enforce_memory(start.spec.resource.memory_gb)),
                    asyncio.create_task(self._sync_checkpoints(task)),
+                   asyncio.create_task(watch(task, node_id=self.node.node_id, policy=self.hangs,
+                                             publish=self.publish_reliably)),
                    *[asyncio.create_task(self._upload_periodically(task, o)) for o in start.algorithm.outputs
                      if o.mode == "upload_periodically"]]
         status = await task.pump(shipper.add)
@@ -227,9 +231,11 @@ class Agent:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
     async def _sync_checkpoints(self, task: TaskProcess) -> None:
-        while True:
-            await asyncio.sleep(self.checkpoint_sync_s)
-            await self._sync_once(task)
+        """Mirror the checkpoint directory when a file in it is complete, and every checkpoint_sync_s anyway."""
+        with ChangeWatch(task.workdir / "checkpoint") as changes:
+            while True:
+                await changes.wait(self.checkpoint_sync_s)
+                await self._sync_once(task)
 
     async def _sync_once(self, task: TaskProcess) -> None:
         try:
@@ -244,6 +250,7 @@ class Agent:
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:started",
             job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
             node_kind=self.node.kind, price_per_hour=self.node.price_per_hour, gpu_count=len(start.gpu_indices),
+            node_gpu_count=len(self.node.gpus),
             gpu_model=next((g.model for g in self.node.gpus if g.index in start.gpu_indices), ""),
             world_size=start.world_size,
             project_id=start.project_id, user_name=start.user_name, pid=task.pid,

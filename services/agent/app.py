@@ -1,6 +1,7 @@
 """Agent wiring: one process per compute node."""
 import logging
 import os
+import signal
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -14,10 +15,12 @@ from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
+from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
 from services.agent.runner import SDK_DIR
+from services.agent.spot import SpotWatcher, leave_on_notice
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +30,21 @@ class AgentSettings(CommonSettings, StorageSettings):
     use_nvml: bool = True
     shutdown_grace_s: float = 5
     checkpoint_sync_s: float = 5
+    hang_timeout_s: float = Field(DEFAULT_TIMEOUT_S, ge=0, description="The cluster's hang timeout: a task with "
+                                  "no sign of life this long is reported hung (a job's spec.hang_timeout_s wins); "
+                                  "0 turns detection off.")
+    hang_gpu_busy_percent: float = Field(5.0, ge=0, le=100, description="A task's GPU at or above this "
+                                         "utilisation (NVML) is a sign of life.")
     task_uid_first: int = Field(200_000, ge=1000, description="Tasks run as uids from here (when root).")
     task_uid_count: int = Field(65_536, ge=1, description="How many uids tasks may use (one per running task).")
     task_uid_lock_dir: Path = Field(Path("/run/trainmaster/task-uids"), description="Claims shared by the "
                                     "host's agents, so two running tasks never share a uid.")
     task_shared_dirs: list[Path] = Field(default_factory=list, description="Paths every task may reach (their "
                                          "own permissions apply), such as a read-only dataset directory.")
+    spot_metadata_url: str | None = Field(None, description="Instance metadata to watch for a spot interruption "
+                                          "notice (EC2: http://169.254.169.254); off when unset.")
+    spot_poll_s: float = Field(5.0, gt=0, description="How often the spot metadata is read.")
+    spot_act_on_rebalance: bool = Field(False, description="Leave on a rebalance recommendation too.")
 
 
 def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
@@ -63,7 +75,9 @@ def create_app(settings: AgentSettings) -> FastStream:
     preparer = Preparer(root / "engines", load_engines(settings.cluster_file))
     agent = Agent(node=node, root=root, publish=lambda message: publish(broker, message), checkpoints=checkpoints,
                   preparer=preparer, storage=storage, confinement=task_confinement(settings, storage),
-                  checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s)
+                  checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s,
+                  hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
+                                   gpus=GpuProbe() if node.resources_source == "nvml" else None))
     background = Background()
 
     @broker.subscriber(**agent_subscription(node.node_id))
@@ -84,6 +98,12 @@ def create_app(settings: AgentSettings) -> FastStream:
         await agent.register()
         await agent.report_unreported()
         background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
+        if settings.spot_metadata_url:
+            watcher = SpotWatcher(url=settings.spot_metadata_url, poll_s=settings.spot_poll_s,
+                                  act_on_rebalance=settings.spot_act_on_rebalance,
+                                  on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(),
+                                                                                                signal.SIGTERM)))
+            background.spawn("spot", watcher.run)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
     async def stopping() -> None:

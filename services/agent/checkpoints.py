@@ -1,7 +1,10 @@
 """Directories mirrored through fsspec: checkpoints while a task runs (restored on any node), inputs, outputs."""
+import asyncio
+import ctypes
 import logging
 import os
 import stat
+import struct
 from pathlib import Path
 
 import fsspec
@@ -11,6 +14,7 @@ from shared.storage import check_segment
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) last uploaded
+PARTIAL = (".tmp", ".partial")  # being written by the task: mirrored once renamed
 
 
 class Mirror:
@@ -109,7 +113,7 @@ def _scan(local: Path) -> Manifest:
     for root, _, files in os.walk(local):
         for name in files:
             path = Path(root) / name
-            if name.endswith((".tmp", ".partial")):  # being written by the task: next time
+            if name.endswith(PARTIAL):  # being written by the task: next time
                 continue
             try:
                 info = os.lstat(path)
@@ -118,3 +122,96 @@ def _scan(local: Path) -> Manifest:
             if stat.S_ISREG(info.st_mode):  # links and devices are not the task's data
                 manifest[str(path.relative_to(local))] = (info.st_size, info.st_mtime_ns)
     return manifest
+
+
+# inotify (linux/inotify.h): what counts as a change of a checkpoint directory
+IN_CLOSE_WRITE, IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x8, 0x40, 0x80, 0x100, 0x200
+IN_Q_OVERFLOW, IN_ISDIR, IN_ONLYDIR, IN_DONT_FOLLOW = 0x4000, 0x40000000, 0x01000000, 0x02000000
+IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
+WATCH_MASK = IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ONLYDIR | IN_DONT_FOLLOW
+EVENT = struct.Struct("iIII")  # wd, mask, cookie, length of the name that follows
+MAX_WATCHES = 256  # directories watched per task (deeper or wider trees rely on the timer)
+MIN_GAP_S = 0.25  # a task that writes without pause is mirrored at most this often on change
+
+
+class ChangeWatch:
+    """Says when a file in a directory tree is complete: closed after writing or renamed into place (files named
+    *.tmp or *.partial excepted), or removed. Without inotify it never wakes early and the caller's timer does
+    the work."""
+
+    def __init__(self, top: Path) -> None:
+        self.changed = asyncio.Event()
+        self.watches: dict[int, Path] = {}
+        self.last = 0.0
+        self.loop = asyncio.get_running_loop()
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd < 0:
+            log.warning("no inotify (%s): %s is mirrored on its timer only", os.strerror(ctypes.get_errno()), top)
+            return
+        self._watch_tree(top)
+        self.loop.add_reader(self.fd, self._read)
+
+    def __enter__(self) -> "ChangeWatch":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+    async def wait(self, timeout_s: float) -> bool:
+        """True when something changed, False when `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self.changed.wait(), timeout=timeout_s)
+        except TimeoutError:
+            return False
+        self.changed.clear()
+        gap = self.last + MIN_GAP_S - self.loop.time()
+        if gap > 0:
+            await asyncio.sleep(gap)
+        self.last = self.loop.time()
+        return True
+
+    def _watch_tree(self, top: Path) -> None:
+        """Watch `top` and the directories under it, following no link (the task owns them and may plant some)."""
+        try:
+            if not stat.S_ISDIR(os.lstat(top).st_mode):
+                return
+        except OSError:
+            return
+        for root, dirs, _ in os.walk(top, followlinks=False):
+            if not self._watch(Path(root)):
+                dirs.clear()
+
+    def _watch(self, path: Path) -> bool:
+        if len(self.watches) >= MAX_WATCHES:
+            return False
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(path), WATCH_MASK)
+        if wd < 0:  # gone, or replaced by a link (not followed): nothing to watch
+            return False
+        self.watches[wd] = path
+        return True
+
+    def _read(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except BlockingIOError:
+            return
+        offset = 0
+        while offset + EVENT.size <= len(data):
+            wd, mask, _, length = EVENT.unpack_from(data, offset)
+            name = data[offset + EVENT.size:offset + EVENT.size + length].rstrip(b"\0").decode(errors="replace")
+            offset += EVENT.size + length
+            if mask & IN_Q_OVERFLOW:
+                self.changed.set()
+            elif mask & IN_ISDIR:
+                if mask & (IN_CREATE | IN_MOVED_TO) and wd in self.watches:
+                    self._watch_tree(self.watches[wd] / name)
+                    self.changed.set()  # files may have been written into it before it was watched
+            elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE) and not name.endswith(PARTIAL):
+                self.changed.set()  # (a file just created is not complete yet: its close says when it is)

@@ -31,22 +31,31 @@ def output_dir(workdir: Path, output: DataOut) -> Path:
     return workdir / "outputs" / (output.local_dir or output.name)
 
 
+AGENT_ENVIRONMENT = "agent"  # an engine whose `environment` is this runs tasks in the agent's own Python environment
+
+
 class Preparer:
     def __init__(self, root: Path, catalogue: dict[str, dict]) -> None:
         self.root = root
-        self.catalogue = catalogue  # engine name -> {"packages": [...], "image": ...} from the cluster file
+        # engine name -> {"packages": [...], "image": ..., "environment": ..., "default": bool} from the cluster file
+        self.catalogue = catalogue
+        self.default = next((name for name, entry in sorted(catalogue.items()) if entry.get("default")), None)
         self.locks: dict[str, asyncio.Lock] = {}
 
+    def engine_of(self, start: StartTask) -> Engine | None:
+        """The job's engine, or the node's default one when it names none."""
+        return start.algorithm.engine or (Engine(name=self.default) if self.default else None)
+
     def needs_work(self, start: StartTask) -> bool:
-        alg = start.algorithm
-        return bool(alg.code_dir or alg.inputs or (alg.engine and not self._cached(alg.engine)))
+        alg, engine = start.algorithm, self.engine_of(start)
+        return bool(alg.code_dir or alg.inputs or (engine and not self._cached(engine)))
 
     async def prepare(self, start: StartTask, workdir: Path, env: dict[str, str], note: Note) -> str:
         """Make the attempt's directory ready and return the command to run."""
         alg = start.algorithm
         python = "python3"
-        if alg.engine:
-            venv = await self.engine(alg.engine, note)
+        if engine := self.engine_of(start):
+            venv = await self.engine(engine, note)
             env["VIRTUAL_ENV"] = str(venv)
             env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
             python = str(venv / "bin" / "python")
@@ -85,15 +94,33 @@ class Preparer:
         payload = json.dumps({"python": sys.version.split()[0], "packages": packages})
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    def existing(self, engine: Engine) -> Path | None:
+        """The environment a catalogue entry names (`environment = "agent"`, or an absolute path), used as it is."""
+        where = self.catalogue.get(engine.name or "", {}).get("environment")
+        if not where:
+            return None
+        if engine.packages or engine.image:
+            raise PrepareError(f"engine {engine.name!r} is an existing environment of the node: nothing can be "
+                               "installed into it (give the packages under another engine name)")
+        path = Path(sys.prefix) if where == AGENT_ENVIRONMENT else Path(where)
+        if not path.is_absolute() or not (path / "bin" / "python").exists():
+            raise PrepareError(f"engine {engine.name!r}: {where!r} is not a Python environment of this node")
+        return path
+
     def _cached(self, engine: Engine) -> bool:
         try:
+            if self.existing(engine):
+                return True
             packages, _ = self.packages(engine)
         except PrepareError:
             return False
         return (self.root / self._key(packages) / ".ready").exists()
 
     async def engine(self, engine: Engine, note: Note) -> Path:
-        """The engine's virtual environment, built once per node and content (its key), then reused."""
+        """The engine's virtual environment, built once per node and content (its key), then reused; or the
+        existing environment its catalogue entry names."""
+        if existing := self.existing(engine):  # nothing to prepare, nothing to say (the default engine of every job)
+            return existing
         packages, image = self.packages(engine)
         if image and not packages:
             runtime = shutil.which("docker") or shutil.which("podman")

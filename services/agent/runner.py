@@ -16,7 +16,8 @@ import psutil
 
 from shared.events import LogLine, StartTask
 from shared.nodes import NodeInfo
-from services.agent.isolation import TaskUser
+from services.agent.hangs import PROGRESS_FILE, collective_defaults
+from services.agent.isolation import TaskUser, kill_user
 
 TAIL_LINES = 20
 # The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,
@@ -30,6 +31,9 @@ GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_F
                      r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory")
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 MEMORY_CHECK_S = 0.5
+EXIT_POLL_S = 0.05
+DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read within this
+TASK_MARKER = "TRAINMASTER_TASK_INSTANCE"  # in every task process's environment: found even outside its group
 
 
 def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str],
@@ -38,6 +42,8 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
     gpus = [g for g in node.gpus if g.index in start.gpu_indices]
     env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
     env.setdefault("PATH", os.defpath)
+    own = {**{p.name: p.value for p in start.algorithm.parameters}, **start.algorithm.environments}
+    env.update(collective_defaults(own))
     env.update({p.name: p.value for p in start.algorithm.parameters})
     env.update(start.algorithm.environments)
     env.update({
@@ -49,6 +55,7 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
         "TRAINMASTER_NODE_ID": node.node_id,
         "TRAINMASTER_WORK_DIR": str(workdir),
         "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
+        "TRAINMASTER_PROGRESS_FILE": str(workdir / PROGRESS_FILE),
         "PYTHONPATH": os.pathsep.join(p for p in (str(sdk_dir), env.get("PYTHONPATH", "")) if p),
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
         "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
@@ -77,16 +84,40 @@ class TaskProcess:
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    marker: str = ""
+    stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
+    last_output: float = field(default_factory=time.monotonic)  # for hang detection
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
     async def pump(self, on_line: Callable[[LogLine], None]) -> int:
-        """Forward every output line until the process ends; return its exit status."""
-        await asyncio.gather(self._read(self.process.stdout, "out", on_line),
-                             self._read(self.process.stderr, "err", on_line))
-        return await self.process.wait()
+        """Forward every output line until the shim ends, then kill what is left of the task and forward what it
+        had printed; return the shim's exit status (the command's, or the signal that killed the shim).
+
+        The shim's end is the task's end: a shim killed from outside (the OOM killer, an operator) takes its task
+        with it here at once, so nothing of it runs on, holding its GPUs, and no line of it comes after its end.
+        A shim that ended with its command leaves the rest of the task a moment to end on its own (a process still
+        saving after the SIGTERM that ended the shell above it: the stop's grace period), then kills it."""
+        readers = [asyncio.create_task(self._read(self.process.stdout, "out", on_line)),
+                   asyncio.create_task(self._read(self.process.stderr, "err", on_line))]
+        status = await self._ended()
+        if status != -signal.SIGKILL:
+            await asyncio.wait(readers, timeout=self.stop_grace_s if self.stop_reason is not None else DRAIN_S)
+        await asyncio.to_thread(kill_tree, self.process.pid, uid=self.user.uid if self.user else None,
+                                marker=self.marker)
+        _, late = await asyncio.wait(readers, timeout=DRAIN_S)
+        for reader in late:  # something outside the task's group, uid and environment holds its output: not read
+            reader.cancel()
+        return status
+
+    async def _ended(self) -> int:
+        """The shim's exit status, as soon as it exits (`process.wait()` also waits for its output pipes to close,
+        which a leftover of the task holding them would put off for ever)."""
+        while self.process.returncode is None:
+            await asyncio.sleep(EXIT_POLL_S)
+        return self.process.returncode
 
     async def _read(self, stream: asyncio.StreamReader, name: str, on_line: Callable[[LogLine], None]) -> None:
         while True:
@@ -96,6 +127,7 @@ class TaskProcess:
                 raw = await stream.read(2**16)
             if not raw:
                 return
+            self.last_output = time.monotonic()
             line = raw.decode(errors="replace").rstrip("\n")
             self.tail.append(line)
             if self.oom is None and GPU_OOM.search(line):
@@ -107,7 +139,7 @@ class TaskProcess:
     async def stop(self, *, reason: str, grace_s: float) -> None:
         """SIGTERM the whole group, wait the grace period, then SIGKILL whatever is left."""
         if self.stop_reason is None:
-            self.stop_reason = reason
+            self.stop_reason, self.stop_grace_s = reason, grace_s
         self._signal_group(signal.SIGTERM)
         try:
             await asyncio.wait_for(self.process.wait(), timeout=grace_s)
@@ -130,6 +162,24 @@ class TaskProcess:
         try:
             os.killpg(self.process.pid, sig)
         except ProcessLookupError:
+            pass
+
+
+def kill_tree(leader: int, *, uid: int | None, marker: str) -> None:
+    """SIGKILL what is left of a task: its process group, every process of its uid (a task user's), and every
+    process carrying its marker in its environment (descendants that left the group, when tasks share the agent's
+    uid)."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if uid is not None:
+        kill_user(uid)
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(TASK_MARKER) == marker:
+                process.kill()
+        except psutil.Error:
             pass
 
 
@@ -157,7 +207,8 @@ async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: s
     reach only the command, never the shim, which keeps the agent's privileges. They travel in a 0600 file of the
     agent's own directory, not in the command line (every user can read those)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    launch = {"command": argv or start.algorithm.command, "env": env, "cwd": str(workdir),
+    marker = uuid.uuid4().hex
+    launch = {"command": argv or start.algorithm.command, "env": {**env, TASK_MARKER: marker}, "cwd": str(workdir),
               "user": {"uid": user.uid, "gid": user.gid} if user else None, "reach": list(reach),
               "cover": cover or {}}
     path = launch_dir / f"{uuid.uuid4().hex}.json"
@@ -177,7 +228,7 @@ async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: s
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return TaskProcess(start=start, process=process, workdir=workdir, user=user)
+    return TaskProcess(start=start, process=process, workdir=workdir, user=user, marker=marker)
 
 
 def describe_exit(status: int, tail: deque[str]) -> str:

@@ -4,8 +4,9 @@ The agent starts this as the leader of a new process group, with `python -I shim
 file (0600, read then deleted here) holds the command, its environment and working directory, and, when the agent
 runs as root, the task's own uid and gid and the paths it must be able to reach. The shim stays with the agent's
 privileges and starts the command as the task's user. The kernel sends SIGUSR2 when the agent dies (parent-death
-signal); the shim then SIGKILLs its whole group, grandchildren included. A SIGTERM from the agent reaches the
-whole group directly; the shim waits for the command and exits as the command did.
+signal); the shim then SIGKILLs its whole group, grandchildren included. The command in turn gets SIGKILL when the
+shim dies (its own parent-death signal). A SIGTERM from the agent reaches the whole group directly; the shim waits
+for the command and exits as the command did.
 
 With a task user, the shim first enters a mount namespace of its own in which every directory on the way to the
 paths the task needs (its working directory, the Python and engine environments, the SDK) that the task's user
@@ -83,6 +84,17 @@ def isolate(covers: dict[str, tuple[int, set[str]]]) -> None:
         os.close(fd)
 
 
+def _bind_to(shim: int) -> None:
+    """In the command's process, before exec (after its uid changed, which clears the setting): die with the shim.
+
+    Whatever kills the shim (the OOM killer, an operator) kills the command with it; the agent then kills the rest
+    of the group and every process of the task's uid, so no part of the task runs on without its shim."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != shim:  # the shim died before the signal was armed
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         launch = json.load(f)
@@ -103,9 +115,9 @@ def main() -> None:
             print(f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
                   "user cannot enter are out of its reach", file=sys.stderr, flush=True)
         as_user = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}
+    shim = os.getpid()
     child = subprocess.Popen(["/bin/sh", "-c", launch["command"]], cwd=launch["cwd"], env=launch["env"],
-                             restore_signals=True, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL),
-                             **as_user)
+                             restore_signals=True, preexec_fn=lambda: _bind_to(shim), **as_user)
     while True:
         try:
             code = child.wait()

@@ -24,6 +24,7 @@ class LogShipper:
         self.seq = 0
         self.wakeup = asyncio.Event()
         self.closing = False
+        self.ended = False  # the chunk marked last was shipped
         self.task = asyncio.create_task(self._loop())
 
     def add(self, line: LogLine) -> None:
@@ -33,7 +34,9 @@ class LogShipper:
             self.wakeup.set()
 
     async def close(self) -> None:
-        """Ship everything still buffered, then stop."""
+        """Ship everything still buffered, the final chunk marked `last` (empty when nothing was left), then stop.
+        Every publish waits for the stream's ack, so the output is all in the stream before the task's end is
+        reported: the submitter shows a job finished only once it has stored up to that chunk."""
         self.closing = True
         self.wakeup.set()
         await self.task
@@ -47,11 +50,13 @@ class LogShipper:
                 pass
             self.wakeup.clear()
             self.file.flush()
-            while self.buffer:
+            closing = self.closing  # nothing is added once closing: what is buffered now is the rest
+            while self.buffer or (closing and not self.ended):
                 lines = tuple(self.buffer[:MAX_LINES_PER_CHUNK])
+                last = closing and len(lines) == len(self.buffer)
                 chunk = LogChunk(event_id=f"{self.job_id}:{self.attempt}:{self.rank}:log:{self.seq}",
                                  job_id=self.job_id, attempt=self.attempt, rank=self.rank, node_id=self.node_id,
-                                 seq=self.seq, lines=lines)
+                                 seq=self.seq, lines=lines, last=last)
                 try:
                     await self.publish(chunk)
                 except Exception as exc:  # the bus is down: keep the lines, try again shortly
@@ -60,5 +65,6 @@ class LogShipper:
                     continue
                 del self.buffer[:len(lines)]
                 self.seq += 1
-            if self.closing:
+                self.ended = last
+            if closing:
                 return

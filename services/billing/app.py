@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 
 class BillingSettings(CommonSettings):
     budget_check_s: float = Field(5.0, gt=0, description="How often running attempts are checked against budgets.")
+    reconcile_s: float = Field(15.0, gt=0, description="How often open attempts are checked against job statuses.")
+    reconcile_grace_s: float = Field(30.0, ge=0, description="How long a status must have said an attempt ended "
+                                     "before billing, with no end report of its own, closes it at that end.")
 
 
 def create_app(settings: BillingSettings | None = None) -> FastStream:
@@ -32,7 +35,8 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
                           nodes_open=db.billing_nodes_open, node_info=db.billing_node_info,
                           quotas=db.billing_quotas, alerts=db.billing_alerts, publish=publish_message,
                           placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
-                                                parked=db.billing_parked))
+                                                parked=db.billing_parked),
+                          reconcile_grace_s=settings.reconcile_grace_s)
         await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
         await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
         await billing.ledger.create_index("ended_at")
@@ -44,6 +48,8 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         await billing.nodes.create_index("ended_at")
         # Running attempts spend money without any event: look at every budget now and then.
         w.background.every("budgets", settings.budget_check_s, billing.check_all_budgets, tolerate=TRANSIENT_ERRORS)
+        # A close lost when a service is killed mid-ack would leave an attempt open (and charged) for ever.
+        w.background.every("reconcile", settings.reconcile_s, billing.reconcile, tolerate=TRANSIENT_ERRORS)
         return billing
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

@@ -3,8 +3,8 @@ from faststream import Context
 from faststream.nats import NatsRouter
 
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
-from shared.events import JobEvent, JobPlaced, JobSubmitted, NodeEvent, NodeProvisioned, NodeRegistered, \
-    NodeReleased, NodeStateChanged, TaskExited, TaskStarted
+from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, NodeEvent, NodeProvisioned, \
+    NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, TaskStarted
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.service import Billing
 
@@ -17,7 +17,7 @@ router = NatsRouter()
 @retry_transient
 async def on_job_event(event: JobEvent, billing: Billing = Context("billing")) -> None:
     """Learn whose job it is and where each attempt runs; open a ledger line when a task starts, close it when
-    it ends."""
+    it ends; keep how the job's attempts ended (reconciliation closes what an end report never closed)."""
     match event:
         case JobSubmitted():
             await billing.submitted(event)
@@ -27,6 +27,8 @@ async def on_job_event(event: JobEvent, billing: Billing = Context("billing")) -
             await billing.started(event)
         case TaskExited():
             await billing.exited(event)
+        case JobStatusChanged():
+            await billing.job_status(event)
 
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="billing-fleet"))

@@ -6,14 +6,22 @@ from typing import Any
 from shared.rpc import UsageTotals
 
 
-def open_entry(event: Any) -> dict[str, Any]:
-    """An attempt that started and has not ended yet (from TaskStarted)."""
+def share_per_hour(node_price: float, *, gpus: int, node_gpus: int) -> float:
+    """What one rank pays per hour for its part of a node, as placement prices it: its GPUs' share of the node's
+    price; the whole node for a job without GPUs or a node whose GPU count is unknown."""
+    return node_price * (min(gpus, node_gpus) / node_gpus if gpus and node_gpus else 1.0)
+
+
+def open_entry(event: Any, *, node_gpus: int = 0) -> dict[str, Any]:
+    """An attempt that started and has not ended yet (from TaskStarted), priced at its share of its node: attempts
+    side by side on one node together pay the node's price, not each all of it."""
     return {
         "_id": f"{event.job_id}:{event.attempt}:{event.rank}",
         "job_id": event.job_id, "attempt": event.attempt, "rank": event.rank,
         "project_id": event.project_id, "user_name": event.user_name,
         "node_id": event.node_id, "node_kind": event.node_kind,
-        "gpu_count": event.gpu_count, "price_per_hour": event.price_per_hour,
+        "gpu_count": event.gpu_count, "node_gpu_count": node_gpus, "node_price_per_hour": event.price_per_hour,
+        "price_per_hour": share_per_hour(event.price_per_hour, gpus=event.gpu_count, node_gpus=node_gpus),
         "started_at": event.started_at,
     }
 

@@ -10,7 +10,7 @@ from pydantic import Field, TypeAdapter
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
-from shared.events import JobPlaced, JobSubmitted, TaskExited, TaskStarted
+from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,28 @@ def verdict(placement: dict[str, Any] | None, event: TaskStarted | TaskExited) -
     return "charge" if placement["nodes"].get(str(event.rank)) == event.node_id else "drop"
 
 
+def status_doc(job: dict[str, Any] | None, event: JobStatusChanged, *, seen: float) -> dict[str, Any] | None:
+    """The job's record with what a newer status says of its attempts' ends (Unix seconds; None: not newer)."""
+    job = job or {"_id": event.job_id, "project_id": event.project_id, "user_name": event.user_name}
+    if event.version <= job.get("version", 0):
+        return None
+    ends = {str(a.attempt): a.ended_at.timestamp() for a in event.attempts if a.ended_at}
+    final = event.end_time.timestamp() if event.phase.is_finished() and event.end_time else None
+    return {**job, "version": event.version, "attempt": event.attempt, "final_at": final, "ends": ends,
+            "seen_at": seen}
+
+
+def missed_end(job: dict[str, Any] | None, *, attempt: int, now: float, grace_s: float) -> float | None:
+    """When an attempt still open in billing ended, by the job's status, if billing has known it for `grace_s`
+    (its own end report is then lost: a service killed mid-ack); None while the attempt may still run."""
+    if job is None or now - job.get("seen_at", now) < grace_s:
+        return None
+    end = (job.get("ends") or {}).get(str(attempt))
+    if end is None and job.get("final_at") is not None and attempt <= job.get("attempt", 0):
+        end = job["final_at"]  # the job finished with this attempt (or after it) still open
+    return end
+
+
 @dataclass
 class Placements:
     jobs: AsyncCollection  # job id → project and user, from JobSubmitted
@@ -51,6 +73,13 @@ class Placements:
                                         "user_name": event.user_name})
         except DuplicateKeyError:
             pass
+
+    async def status(self, event: JobStatusChanged, *, seen: float) -> None:
+        """Keep what the job's newest status says of how its attempts ended (for reconciliation)."""
+        job = await self.jobs.find_one({"_id": event.job_id})
+        doc = status_doc(job, event, seen=seen)
+        if doc is not None:  # a whole-document write: nx-27017 stores a `$set` datetime as a string
+            await self.jobs.replace_one({"_id": event.job_id}, doc, upsert=True)
 
     async def placed(self, event: JobPlaced) -> list[TaskStarted | TaskExited]:
         """Record the placement; return the task events that were waiting for it, starts before ends."""

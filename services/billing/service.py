@@ -2,21 +2,21 @@
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
-from shared.events import (JobPlaced, JobSubmitted, Message, NodeProvisioned, NodeRegistered, NodeReleased,
-                           NodeStateChanged, Notification, TaskExited, TaskStarted)
+from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, Message, NodeProvisioned, NodeRegistered,
+                           NodeReleased, NodeStateChanged, Notification, TaskExited, TaskStarted)
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
     open_entry, open_lifetime
-from services.billing.placements import Placements
+from services.billing.placements import Placements, missed_end
 from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_group, idle_parts, on_demand, owned, \
     rows, window_filters
 
@@ -39,6 +39,7 @@ class Billing:
     alerts: AsyncCollection | None = None  # budget alerts raised, so each is published once
     publish: Publish = _nothing
     placements: Placements | None = None  # what placement decided: the only attempts that are charged
+    reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
 
     # Attempts --------------------------------------------------------------------------------------------------
 
@@ -58,8 +59,12 @@ class Billing:
         placement = await self._vouched(event)
         if placement is None:
             return
-        # Whose attempt it is comes from the submission when billing saw it, not from the reporting agent.
-        entry = {**open_entry(event), **{k: placement[k] for k in ("project_id", "user_name") if placement.get(k)}}
+        # Whose attempt it is comes from the submission when billing saw it, not from the reporting agent; how many
+        # GPUs the node has from what billing recorded of it (its registration, or placement renting it).
+        info = await self.node_info.find_one({"_id": event.node_id}) if self.node_info is not None else None
+        node_gpus = (info or {}).get("gpu_count") or event.node_gpu_count
+        entry = {**open_entry(event, node_gpus=node_gpus),
+                 **{k: placement[k] for k in ("project_id", "user_name") if placement.get(k)}}
         if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
             return
         try:
@@ -72,6 +77,31 @@ class Billing:
             return
         await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=event.ended_at,
                           reason=event.reason)
+
+    async def job_status(self, event: JobStatusChanged) -> None:
+        if self.placements is not None:
+            await self.placements.status(event, seen=utcnow().timestamp())
+
+    async def reconcile(self, *, now: datetime | None = None) -> int:
+        """Close the open attempts whose end report never came, though the job's status says they ended (finished
+        job, or attempt moved on) at least `reconcile_grace_s` ago: at the end the status gives. Idempotent: an
+        end report that comes later finds nothing open."""
+        if self.placements is None:
+            return 0
+        now = now or utcnow()
+        closed = 0
+        running = [d async for d in self.open.find({})]
+        ids = sorted({d["job_id"] for d in running})
+        jobs = {j["_id"]: j async for j in self.placements.jobs.find({"_id": {"$in": ids}})} if ids else {}
+        for opened in running:
+            end = missed_end(jobs.get(opened["job_id"]), attempt=opened["attempt"], now=now.timestamp(),
+                             grace_s=self.reconcile_grace_s)
+            if end is not None:
+                await self._close(opened["_id"], ended_at=datetime.fromtimestamp(end, UTC), reason="reconciled")
+                closed += 1
+        if closed:
+            log.warning("%d open attempts closed by reconciliation: their end reports were lost", closed)
+        return closed
 
     async def _vouched(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
         """The placement behind a task event, or None: then nothing is charged on the event's word."""
@@ -191,7 +221,8 @@ class Billing:
             for doc in await self._group(inside, by="node_kind"):
                 busy[doc["_id"]] = doc["gpu_hours"]
         for doc in await self._group({**inside, "node_kind": "on_demand"}, by="node_id"):
-            per_node[doc["_id"]] = Sums(attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"])
+            per_node[doc["_id"]] = Sums(attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"],
+                                        gpu_hours=doc["gpu_hours"])
         extra = [d for e in edges async for d in self.ledger.find(e)]
         running = [close_entry(d, ended_at=max(now, d["started_at"]), reason="running")
                    async for d in self.open.find({})]

@@ -65,20 +65,24 @@ class Idle:
 
 
 def idle_parts(lifetimes: Iterable[dict[str, Any]], used: dict[str, Sums]) -> list[Idle]:
-    """Per on-demand node: its lifetime minus what attempts on it (every project's) were charged."""
+    """Per on-demand node: its lifetime minus what attempts on it (every project's) were charged. Attempts side by
+    side each pay their GPUs' share, so the idle part is counted in GPU-hours: a 2-GPU node running one 1-GPU job
+    throughout is half idle."""
     per_node: dict[str, list[Any]] = {}
     for line in lifetimes:
         if line["node_kind"] != "on_demand":
             continue
-        row = per_node.setdefault(line["node_id"], [line, 0.0, 0.0])
+        row = per_node.setdefault(line["node_id"], [line, 0.0, 0.0, 0.0])
         row[1] += line["seconds"]
         row[2] += line["cost"]
+        row[3] += line["gpu_hours"]
     parts = []
-    for node_id, (line, seconds, cost) in per_node.items():
+    for node_id, (line, seconds, cost, gpu_hours) in per_node.items():
         taken = used.get(node_id, Sums())
+        free = (max(0.0, 1 - taken.gpu_hours / gpu_hours) * seconds if gpu_hours > 0
+                else max(0.0, seconds - taken.seconds))
         parts.append(Idle(node_id=node_id, project_id=line.get("project_id") or "",
-                          user_name=line.get("user_name") or "", seconds=max(0.0, seconds - taken.seconds),
-                          cost=max(0.0, cost - taken.cost)))
+                          user_name=line.get("user_name") or "", seconds=free, cost=max(0.0, cost - taken.cost)))
     return parts
 
 

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from services.cli import commands, tokens
+from services.cli import commands, searches, tokens
 from services.cli.client import EXIT_CONFIG, Api, CliError
 from services.cli.settings import config_file, load
 
@@ -87,6 +87,7 @@ def parser() -> argparse.ArgumentParser:
 
     command("nodes", commands.nodes, "the fleet: kind, GPUs, price, state, jobs")
     tokens.add_parser(sub, shared)
+    searches.add_parser(sub, shared)
     u = command("usage", commands.usage, "usage and cost by user and node kind")
     u.add_argument("--from", dest="start", help="ISO-8601 start")
     u.add_argument("--to", dest="end", help="ISO-8601 end")

@@ -1,5 +1,6 @@
 """Plain-text output: tables, durations, the progress bar with its ETA."""
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -45,7 +46,40 @@ def eta_text(job: dict) -> str:
     eta = job["status"].get("eta")
     if not eta:
         return "-"
-    return f"{duration(eta['remaining_s'])} ({duration(eta['low_s'])}–{duration(eta['high_s'])})"
+    return eta_phrase(eta["remaining_s"], eta["low_s"], eta["high_s"])
+
+
+WIDE_MIN_S = 20.0  # a band narrower than this is never "wide"
+
+
+def eta_phrase(remaining: float, low: float, high: float) -> str:
+    """`1m05s (50s–1m30s)` when the 10-90% band is narrow; a band wider than the estimate itself is shown as the
+    rough range it is: `about 2 min, could be 1–6 min`."""
+    if high - low >= max(remaining, WIDE_MIN_S):
+        return f"about {rough(remaining)}, could be {rough_range(low, high)}"
+    return f"{duration(remaining)} ({duration(low)}–{duration(high)})"
+
+
+def rough(seconds: float) -> str:
+    """A duration to the precision an uncertain estimate deserves: 5 s steps, whole minutes, half hours."""
+    if seconds < 90:
+        return f"{max(5, 5 * round(seconds / 5))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{round(seconds / 1800) / 2:g} h"
+
+
+def rough_range(low: float, high: float) -> str:
+    """`1–6 min`: both ends in the unit of the high end, the low end rounded down, the high end up."""
+    if high < 90:
+        step, unit = 5.0, "s"
+    elif high < 90 * 60:
+        step, unit = 60.0, "min"
+    else:
+        step, unit = 3600.0, "h"
+    scale = 5.0 if unit == "s" else 1.0
+    lo, hi = math.floor(low / step) * scale, max(math.ceil(high / step) * scale, 1.0)
+    return f"{lo:g}–{hi:g} {unit}"
 
 
 def progress_text(job: dict) -> str:

@@ -215,9 +215,16 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "trainmaster" / "eta-corpus",
                     help="parsed-corpus cache folder ('' to disable)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", choices=("mlperf", "own-jobs"), default="mlperf",
+                    help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds")
+    ap.add_argument("--sweep", type=Path, help="own-jobs: the sweep file (default: the recorded one)")
+    ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
+    ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--out", type=Path, help="also write the JSON report to this file")
     args = ap.parse_args(argv)
+    if args.corpus == "own-jobs":
+        return _own_jobs(args, ap)
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
     try:
@@ -228,6 +235,27 @@ def main(argv=None) -> int:
                                 cache_dir=args.cache if str(args.cache) else None)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
+    return _emit(report, args, started=started, table=_print_table)
+
+
+def _own_jobs(args, ap) -> int:
+    from services.estimator import owneval
+    from services.estimator.model import owncorpus, owncurve
+    try:
+        started = time.time()
+        report = owneval.run_own_evaluation(args.sweep or owncorpus.SWEEP, refit=args.refit,
+                                            calibration_path=args.calibration or owncurve.CALIBRATION)
+    except (OSError, ValueError) as exc:
+        ap.error(str(exc))
+    return _emit(report, args, started=started, table=owneval.print_own_table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def _emit(report: dict, args, *, started: float, table) -> int:
+    """Time the report, write it where asked (`--out`), print it as JSON (`--json`) or as a table."""
     report["seconds"] = round(time.time() - started, 1)
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
@@ -235,9 +263,5 @@ def main(argv=None) -> int:
         json.dump(report, sys.stdout, indent=1)
         print()
     else:
-        _print_table(report)
+        table(report)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -99,8 +99,12 @@ class JobModel:
         return None if progress is None else (progress, None)
 
     def estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
-        """The blended estimate once something is known; the plain rate estimate otherwise."""
+        """The blended estimate once something is known (a history prior, a declared amount of work); a job that
+        only declares a target gets the estimate of its own curve, with the band learned on real curves."""
         self._ensure_online(predictor, version)
+        declared = any(spec.target is not None for spec in self.metrics)
+        if declared and (self.online is None or (self.online.prior is None and self.online.total_work is None)):
+            return self.tracker.estimate(now, start=self.started_at)
         if self.online is not None:
             e = self.online.estimate(now)
             if e.method not in ("none",) and all(math.isfinite(v) for v in (e.remaining_s, e.low_s, e.high_s)):

@@ -1,17 +1,20 @@
-"""Metric points from a job's output and a remaining-time estimate from their rate (pure, no I/O)."""
+"""Metric points from a job's output and a remaining-time estimate from its own curve (pure, no I/O)."""
 import json
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cache
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
 from shared.safe_regex import Pattern, clip, compile_metric
 from services.estimator.model.mllog import LogRecord, parse_mllog_line
+from services.estimator.model.owncurve import load_calibration, own_estimate
 
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
-WINDOW = 50  # recent points the rate is fitted on
-MIN_POINTS = 3
+MAX_CURVE_POINTS = 240  # points an estimate reads (older ones thinned): one estimate stays a few ms
+RECENT_KEPT = 40
+MAX_KEPT = 4096  # points kept per metric; past it the older half is thinned to every second point
 
 
 @dataclass(frozen=True)
@@ -68,13 +71,18 @@ class JobTracker:
     def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
         found = parse_line(line.line, line.t, self.metrics, self.patterns, record)
         for point in found:
-            self.points.setdefault(point.name, []).append(point)
+            kept = self.points.setdefault(point.name, [])
+            kept.append(point)
+            if len(kept) > MAX_KEPT:
+                half = len(kept) // 2
+                kept[:] = kept[:half:2] + kept[half:]
         return found
 
-    def estimate(self, now: float) -> Eta | None:
-        """Time until the slowest targeted metric reaches its target, by the trend of its recent values."""
+    def estimate(self, now: float, start: float | None = None) -> Eta | None:
+        """Time until the slowest targeted metric reaches its target, from its own curve so far (`start`: when the
+        job started; its first point otherwise)."""
         estimates = [e for spec in self.metrics if spec.target is not None
-                     if (e := _eta_for(self.points.get(spec.name, []), spec, now))]
+                     if (e := eta_for(self.points.get(spec.name, []), spec, now, start=start))]
         return max(estimates, key=lambda e: e.remaining_s) if estimates else None
 
 
@@ -86,36 +94,36 @@ def _compiled(regex: str) -> Pattern | None:
         return None
 
 
-def _eta_for(points: list[MetricPoint], spec: MetricSpec, now: float) -> Eta | None:
-    recent = points[-WINDOW:]
-    if len(recent) < MIN_POINTS:
+@cache
+def calibration() -> dict | None:
+    """The own-curve calibration shipped with the estimator (read once)."""
+    return load_calibration()
+
+
+def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: float | None = None,
+            table: dict | None = None) -> Eta | None:
+    """The own-curve estimate (`owncurve.own_estimate`, what the harness scores) of one targeted metric."""
+    if not points:
         return None
-    first, last = points[0], recent[-1]
-    reached = last.value <= spec.target if spec.mode == "min" else last.value >= spec.target
-    remaining = 0.0
-    slope, spread = _trend(recent)
-    if not reached:
-        toward = (spec.target - last.value) * slope
-        if slope == 0 or toward <= 0:
-            return None
-        remaining = max(0.0, (spec.target - last.value) / slope - (now - last.t))
-    total = abs(spec.target - first.value)
-    progress = min(1.0, max(0.0, abs(last.value - first.value) / total)) if total else None
-    relative = min(1.0, spread)
+    origin = min(start if start is not None else points[0].t, points[0].t)
+    kept = _thinned(points)
+    steps = [p.step for p in kept]
+    est = own_estimate([p.t - origin for p in kept], None if None in steps else steps, [p.value for p in kept],
+                       target=spec.target, mode=spec.mode, elapsed=now - origin,
+                       calibration=table if table is not None else calibration())
+    if est is None:
+        return None
+    elapsed = now - origin
+    remaining = max(0.0, est.total_s - elapsed)
     return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
-               low_s=remaining * (1 - relative / 2), high_s=remaining * (1 + relative), method="rate",
-               progress=progress, updated_at=datetime.fromtimestamp(now, UTC))
+               low_s=max(0.0, min(est.low_s - elapsed, remaining)), high_s=max(est.high_s - elapsed, remaining),
+               method=est.kind, progress=est.fraction, updated_at=datetime.fromtimestamp(now, UTC))
 
 
-def _trend(points: list[MetricPoint]) -> tuple[float, float]:
-    """Least-squares slope of value over time and its relative standard error."""
-    n = len(points)
-    mean_t = sum(p.t for p in points) / n
-    mean_v = sum(p.value for p in points) / n
-    var_t = sum((p.t - mean_t) ** 2 for p in points)
-    if var_t == 0:
-        return 0.0, 1.0
-    slope = sum((p.t - mean_t) * (p.value - mean_v) for p in points) / var_t
-    residual = sum((p.value - mean_v - slope * (p.t - mean_t)) ** 2 for p in points) / max(1, n - 2)
-    error = math.sqrt(residual / var_t)
-    return slope, (error / abs(slope) if slope else 1.0)
+def _thinned(points: list[MetricPoint]) -> list[MetricPoint]:
+    """At most MAX_CURVE_POINTS: the most recent ones all, the older ones evenly over the run."""
+    if len(points) <= MAX_CURVE_POINTS:
+        return points
+    older, recent = points[:-RECENT_KEPT], points[-RECENT_KEPT:]
+    every = len(older) / (MAX_CURVE_POINTS - RECENT_KEPT)
+    return [older[int(i * every)] for i in range(MAX_CURVE_POINTS - RECENT_KEPT)] + recent

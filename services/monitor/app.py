@@ -1,19 +1,30 @@
 """Monitor wiring: owns the job status projection and node liveness."""
 
-from faststream import FastStream
+import logging
 
+from faststream import FastStream
+from pydantic import Field
+
+from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
-from services.monitor.handlers import router
+from services.monitor.fleet import Fleet
+from services.monitor.handlers import heartbeat_intake, router
+from services.monitor.hangs import restart_overdue
 from services.monitor.service import Monitor
 
 SERVICE = "monitor"
+log = logging.getLogger(__name__)
 
 
 class MonitorSettings(CommonSettings):
     liveness_check_s: float = 1.0
+    persist_seen_s: float = Field(30.0, gt=0, description="How often nodes' last_seen is written (in bulk); "
+                                  "liveness itself lives in memory.")
+    hang_grace_s: float = Field(300.0, ge=0, description="How long a job suspected hung (Running[Hanging]) may "
+                                "show signs of life again before it is snapshotted and restarted.")
 
 
 def create_app(settings: MonitorSettings | None = None) -> FastStream:
@@ -21,9 +32,20 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
 
     async def setup(w: Wiring) -> Monitor:
         monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker), nodes=DocumentStore(w.db.monitor_nodes,
-                          w.broker), node_timeout_s=settings.node_timeout_s, started_at=utcnow(), link=w.link)
+                          w.broker), node_timeout_s=settings.node_timeout_s, started_at=utcnow(), link=w.link,
+                          fleet=Fleet(persist_every_s=settings.persist_seen_s))
+        log.info("%d nodes known", await monitor.load_fleet())
+        # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
+        # tells the liveness check whether it has read all that arrived.
+        client = w.broker.config.connection_state.connection
+        intake = await client.subscribe(HEARTBEATS, cb=heartbeat_intake(monitor), pending_msgs_limit=1_000_000,
+                                        pending_bytes_limit=512 * 1024 * 1024)
+        monitor.backlog = lambda: intake.pending_msgs
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)
+        w.background.every("hangs", settings.liveness_check_s,
+                           lambda: restart_overdue(monitor, grace_s=settings.hang_grace_s, now=utcnow()))
+        w.background.every("last-seen", settings.persist_seen_s, monitor.persist_seen, tolerate=TRANSIENT_ERRORS)
         return monitor
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

@@ -1,6 +1,7 @@
 """Node liveness as pure functions: heartbeats in, ready/lost verdicts out."""
-from datetime import datetime, timedelta
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -56,6 +57,35 @@ def sighted(
     restarted = bool(node.boot_id) and node.boot_id != boot_id
     event = _state(node_id, "ready", at) if node.state == "lost" else None
     return Sighting(node=node.model_copy(update=update), restarted=restarted, event=event)
+
+
+def record_of(doc: Mapping[str, Any]) -> NodeRecord:
+    """A stored node, with the coarse `last_seen_s` (Unix seconds, written in bulk) when it is the newer."""
+    node = NodeRecord.model_validate(doc)
+    seen_s = doc.get("last_seen_s")
+    if isinstance(seen_s, int | float) and seen_s > node.last_seen.timestamp():
+        return node.model_copy(update={"last_seen": datetime.fromtimestamp(seen_s, UTC)})
+    return node
+
+
+def changed(stored: NodeRecord | None, node: NodeRecord) -> bool:
+    """Whether a sighting changed more than the liveness clock (last_seen, GPU utilisation): those go to the
+    database at once, with their events; a plain heartbeat does not."""
+    if stored is None:
+        return True
+    return node.model_copy(update={"last_seen": stored.last_seen, "gpu_utilization": stored.gpu_utilization}) != stored
+
+
+def stale(stored_last_seen: datetime | None, last_seen: datetime, *, every_s: float) -> bool:
+    """Whether the stored last_seen lags the one in memory by `every_s` or more (written in the next bulk)."""
+    return stored_last_seen is None or (last_seen - stored_last_seen).total_seconds() >= every_s
+
+
+def overdue(heard: Mapping[str, float], ready: Iterable[str], *, caught_up_at: float, timeout_s: float) -> list[str]:
+    """Ready nodes last heard more than the timeout before the moment the monitor had read every heartbeat that
+    had reached it (monotonic seconds): a monitor behind its heartbeats never takes the backlog for silence."""
+    limit = caught_up_at - timeout_s
+    return [node_id for node_id in ready if heard.get(node_id, limit) < limit]
 
 
 def silent(nodes: list[NodeRecord], *, now: datetime, timeout_s: float) -> list[NodeRecord]:

@@ -1,16 +1,19 @@
 """The monitor's service layer: load, apply a pure transition, persist with its events, retry on conflict."""
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from pymongo import UpdateOne
 
 from shared.bus import BusLink, publish
 from shared.clock import utcnow
-from shared.events import JobStatusChanged, NodeTasksLost, TaskRef
+from shared.events import JobStatusChanged, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
 from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
-from services.monitor.nodes import NodeRecord
+from services.monitor.fleet import Fleet
+from services.monitor.nodes import record_of
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
@@ -25,6 +28,8 @@ class Monitor:
     node_timeout_s: float
     started_at: datetime
     link: BusLink | None = None
+    fleet: Fleet = field(default_factory=Fleet)
+    backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
 
     async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state."""
@@ -49,13 +54,58 @@ class Monitor:
         doc = await self.jobs.load(job_id)
         return snapshot(JobState.model_validate(doc), now=now) if doc else None
 
+    def health_details(self) -> dict:
+        """Node liveness as `GET /healthz` shows it: how many nodes, and whether heartbeats are read as they come."""
+        states = [r.state for r in self.fleet.records.values()]
+        return {"nodes": len(states), "nodes_ready": states.count("ready"), "nodes_lost": states.count("lost"),
+                "heartbeat_backlog": self.backlog(),
+                "heartbeats_read_s_ago": round(self.fleet.clock() - self.fleet.caught_up_at, 3)}
+
+    async def load_fleet(self) -> int:
+        """At start: every stored node into memory, each heard now (silence counts from this start)."""
+        async for doc in self.nodes.collection.find({}):
+            self.fleet.loaded(record_of(doc))
+        return len(self.fleet.records)
+
+    async def registered(self, event: NodeRegistered) -> None:
+        """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now."""
+        node_id = event.node.node_id
+        await self.sighted(node_id, boot_id=event.boot_id, at=event.occurred_at, info=event.node, running=())
+        if (utcnow() - event.occurred_at).total_seconds() < self.node_timeout_s:
+            self.fleet.hear(node_id)
+
+    async def heartbeat(self, event: NodeHeartbeat) -> None:
+        """A heartbeat (core NATS, read as it arrives): in memory only, unless it changes more than the clock."""
+        self.fleet.hear(event.node_id)
+        current = self.fleet.records.get(event.node_id)
+        seen = {"boot_id": event.boot_id, "at": event.occurred_at, "running": event.running,
+                "gpu_utilization": event.gpu_utilization}
+        sighting = liveness.sighted(current, node_id=event.node_id, **seen)
+        if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
+            await self.sighted(event.node_id, **seen)
+        elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
+            await self._fence(event.node_id, sighting.node.running, now=event.occurred_at)
+        if self.backlog() == 0:
+            self.fleet.caught_up()
+
+    async def persist_seen(self) -> int:
+        """Write the last_seen of nodes whose stored one is stale, in bulk (Unix seconds: `record_of`)."""
+        nodes = self.fleet.take_dirty()
+        for i in range(0, len(nodes), 500):
+            await self.nodes.collection.bulk_write(
+                [UpdateOne({"_id": n.node_id}, {"$set": {"last_seen_s": n.last_seen.timestamp()}})
+                 for n in nodes[i:i + 500]], ordered=False)
+        return len(nodes)
+
     async def sighted(self, node_id: str, **seen) -> None:
         """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs."""
         for _ in range(MAX_CONFLICTS):
             doc = await self.nodes.load(node_id)
-            current = NodeRecord.model_validate(doc) if doc else None
+            current = record_of(doc) if doc else None
             sighting = liveness.sighted(current, node_id=node_id, **seen)
             if sighting.node == current:
+                if current is not None:
+                    self.fleet.stored(current)
                 return
             events = [sighting.event] if sighting.event else []
             if sighting.restarted:
@@ -66,6 +116,9 @@ class Monitor:
                 break
         else:
             raise RuntimeError(f"node {node_id}: too many concurrent updates")
+        self.fleet.stored(sighting.node)
+        if sighting.event or sighting.restarted or current is None:
+            log.info("node %s %s", node_id, "restarted" if sighting.restarted else "ready")
         await self._fence(node_id, sighting.node.running, now=seen["at"])
 
     async def _fence(self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime) -> None:
@@ -99,8 +152,10 @@ class Monitor:
         """An on-demand node was given back: it is gone on purpose, not lost."""
         doc = await self.nodes.load(node_id)
         if doc and doc.get("state") != "released":
-            node = NodeRecord.model_validate(doc).model_copy(update={"state": "released", "running": ()})
-            await self.nodes.save(node_id, node.model_dump(), doc, [])
+            node = record_of(doc).model_copy(update={"state": "released", "running": ()})
+            if await self.nodes.save(node_id, node.model_dump(), doc, []):
+                self.fleet.stored(node)
+                log.info("node %s released", node_id)
 
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""
@@ -108,20 +163,24 @@ class Monitor:
             return  # just restarted: let heartbeats that queued up while we were down arrive first
         if self.link and self.link.steady_for() < self.node_timeout_s:
             return  # the bus was away: nodes could not speak, that is not their fault
-        docs = [d async for d in self.nodes.collection.find({"state": "ready"})]
-        for node in liveness.silent([NodeRecord.model_validate(d) for d in docs], now=now,
-                                    timeout_s=self.node_timeout_s):
-            await self._declare_lost(node)
+        if self.backlog() == 0:
+            self.fleet.caught_up()
+        for node_id in self.fleet.overdue(self.node_timeout_s):
+            await self._declare_lost(node_id)
 
-    async def _declare_lost(self, node: NodeRecord) -> None:
-        doc = await self.nodes.load(node.node_id)
-        if not doc or doc.get("state") != "ready":
+    async def _declare_lost(self, node_id: str) -> None:
+        doc = await self.nodes.load(node_id)
+        still_silent = self.fleet.overdue(self.node_timeout_s, among=(node_id,))  # heard while we read?
+        if not doc or doc.get("state") != "ready" or not still_silent:
             return
-        lost, event = liveness.declare_lost(NodeRecord.model_validate(doc))
-        cause = f"node {node.node_id} lost (silent since {node.last_seen.isoformat(timespec='seconds')})"
-        tasks_lost = NodeTasksLost(event_id=f"{event.event_id}:tasks_lost", node_id=node.node_id, cause=cause)
-        await self.nodes.save(node.node_id, lost.model_dump(), doc, [event, tasks_lost])
-        log.warning("node %s lost", node.node_id)
+        node = record_of(doc)
+        node = node.model_copy(update={"last_seen": max(node.last_seen, self.fleet.records[node_id].last_seen)})
+        lost, event = liveness.declare_lost(node)
+        cause = f"node {node_id} lost (silent since {node.last_seen.isoformat(timespec='seconds')})"
+        tasks_lost = NodeTasksLost(event_id=f"{event.event_id}:tasks_lost", node_id=node_id, cause=cause)
+        if await self.nodes.save(node_id, lost.model_dump(), doc, [event, tasks_lost]):
+            self.fleet.stored(lost)
+            log.warning("node %s lost: silent since %s", node_id, node.last_seen.isoformat(timespec="seconds"))
 
     async def lose_tasks(self, event: NodeTasksLost, *, at: datetime) -> None:
         """Requeue the jobs whose current attempt ran on the node, unless their task there is still alive."""

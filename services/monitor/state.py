@@ -28,7 +28,7 @@ from shared.jobs import Phase, SecondaryPhase, check_transition
 ATTEMPT_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.TERMINATING})
 # Why an attempt begins, by why the one before it went back to the queue.
 ATTEMPT_REASON = {"node_lost": "node_lost", "oom_gpu": "oom", "oom_host": "oom", "migrated": "migrated",
-                  "slow": "slow", "reclaimed": "reclaimed", "stopped": "restarted"}
+                  "slow": "slow", "reclaimed": "reclaimed", "stopped": "restarted", "hung": "hung"}
 REPEATED_FAILURES = 3
 
 
@@ -64,6 +64,13 @@ class JobState(BaseModel):
     end_time: datetime | None = None
     requeue_cause: RequeueCause | None = None
     stop_cause: RequeueCause | None = Field(None, description="Why the current attempt is being stopped.")
+    # hang detection (services/monitor/hangs.py): the job's limit, the current attempt's quiet ranks, the streak
+    hang_restarts: int = 3
+    hung_ranks: tuple[int, ...] = ()
+    hung_since: datetime | None = None
+    hung_idle_s: float = 0.0
+    hung_progressed: bool = False
+    hung_streak: int = Field(0, description="Restarts after a hang in a row, none of them having made progress.")
 
     @property
     def node_ids(self) -> tuple[str, ...]:
@@ -146,6 +153,7 @@ def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
         user_name=event.user_name,
         grace_s=event.spec.termination_grace_s,
         max_duration_s=event.spec.max_duration_s,
+        hang_restarts=event.spec.hang_restarts,
     )
     return switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason="queued", now=now)
 
@@ -165,6 +173,7 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
             a.node_id for a in event.assignments), placed_at=now,
             reason=ATTEMPT_REASON.get(job.requeue_cause or "", "started")),),
         "stop_cause": None,
+        "hung_ranks": (), "hung_since": None, "hung_idle_s": 0.0, "hung_progressed": False,
     })
     nodes = ", ".join(job.node_ids)
     return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)

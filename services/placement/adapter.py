@@ -40,6 +40,9 @@ class JobView:
     predicted_duration_s: float | None = None
     max_price_per_hour: float | None = None
     deadline: float | None = None
+    duration_sigma: float = 0.0
+    exchange_rate: float | None = None
+    checkpoint_interval_s: float | None = None
 
 
 def reference_tflops(nodes: Iterable[NodeInfo]) -> float:
@@ -83,6 +86,8 @@ def job_request(job: JobView) -> JobRequest:
         min_gpu_memory_gb=job.min_gpu_memory_gb, gpu_models=job.gpu_models, node_count=job.node_count,
         max_price_per_hour=job.max_price_per_hour, deadline=job.deadline,
         predicted_duration_s=job.predicted_duration_s, cpu=job.cpu, memory_gb=job.memory_gb,
+        duration_sigma=job.duration_sigma, exchange_rate=job.exchange_rate,
+        checkpoint_interval_s=job.checkpoint_interval_s,
     )
 
 
@@ -115,6 +120,6 @@ def catalogue_from(entries: Iterable[Mapping]) -> tuple[InstanceType, ...]:
         InstanceType(name=e["name"], gpus=int(e["gpus"]), gpu_model=e["gpu_model"],
                      gpu_memory_gb=float(e["gpu_memory_gb"]), tflops=float(e["tflops"]), cpu=float(e["cpu"]),
                      memory_gb=float(e["memory_gb"]), price_per_hour=float(e["price_per_hour"]),
-                     startup_delay_s=float(e.get("startup_delay_s", 60)))
+                     startup_delay_s=float(e.get("startup_delay_s", 60)), spot=e.get("market") == "spot")
         for e in entries
     )

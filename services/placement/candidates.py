@@ -6,7 +6,8 @@ from shared.nodes import NodeInfo
 from shared.rpc import Candidate, CandidatesReply
 from services.placement.adapter import DEFAULT_DURATION_S
 from services.placement.fit import Usage, catalogue_node, fits
-from services.placement.policy import InstanceType
+from services.placement.policy import InstanceType, JobRequest
+from services.placement.policy.options import rent_cost
 
 KINDS = {"local": ("local",), "cloud": ("reserved", "on_demand"), "any": ("local", "reserved", "on_demand")}
 
@@ -40,11 +41,16 @@ def candidates(
         tflops = _tflops(node, resource.gpu_count)
         duration = base * reference_tflops / tflops if resource.gpu_count and tflops else base
         price = _share(node, resource.gpu_count) * resource.node_count
+        cost = price * duration / 3600
+        if instance is not None:  # a rental is the whole instance, billed from the request: as the policy prices it
+            price = instance.price_per_hour * resource.node_count
+            cost = rent_cost(JobRequest(id="dry-run", user="", submitted_at=0.0, expected_duration_s=base,
+                                        node_count=resource.node_count), instance, duration)
         return Candidate(node_kind=node.kind, node_id=None if instance else node.node_id,
                          instance_type=instance.name if instance else node.labels.get("instance_type"),
                          gpu_model=node.gpus[0].model if node.gpus else "", gpus=resource.gpu_count,
                          price_per_hour=round(price, 6), predicted_duration_s=round(duration, 1),
-                         duration_source=source, expected_cost=round(price * duration / 3600, 6), free_now=free,
+                         duration_source=source, expected_cost=round(cost, 6), free_now=free,
                          startup_delay_s=instance.startup_delay_s if instance else 0)
 
     def acceptable(node: NodeInfo) -> bool:

@@ -46,6 +46,7 @@ class Fleet:
     nodes: dict[str, FleetNode] = field(default_factory=dict)
     idle_since: dict[str, float] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
+    held: set[str] = field(default_factory=set)  # rented nodes not yet released
 
     @property
     def broker(self) -> NatsBroker:
@@ -55,12 +56,23 @@ class Fleet:
         async for doc in self.store.collection.find({"state": {"$ne": "released"}}):
             node = FleetNode.model_validate(doc)
             self.nodes[node.node_id] = node
+            self._track(node)
 
     def views(self) -> list[NodeView]:
         """Nodes that can take work now, or will once booted."""
         return [NodeView(info=n.info, ready=n.state == "ready", ready_at=n.ready_at, reserved_for=n.reserved_for,
                          idle_since=self.idle_since.get(n.node_id), instance_type=n.instance_type)
                 for n in self.nodes.values() if n.info and n.state in ("ready", "provisioning")]
+
+    def rented(self) -> bool:
+        """Whether any node we rent is still held (then a pass may release or pull back from it); O(1)."""
+        return bool(self.held)
+
+    def _track(self, node: FleetNode) -> None:
+        if node.provisioned and node.state != "released":
+            self.held.add(node.node_id)
+        else:
+            self.held.discard(node.node_id)
 
     def ready_infos(self) -> list[NodeInfo]:
         return [n.info for n in self.nodes.values() if n.info and n.state == "ready"]
@@ -89,6 +101,10 @@ class Fleet:
                 self.idle_since.setdefault(node.node_id, now)
             else:
                 self.idle_since.pop(node.node_id, None)
+
+    def live(self) -> list[FleetNode]:
+        """Nodes that are, or are becoming, usable: the only ones whose reservation keeps anything."""
+        return [n for n in self.nodes.values() if n.state in ("provisioning", "ready")]
 
     async def claimed(self, node_id: str) -> None:
         """A job started on the node: it is no longer kept for the job it was made or reserved for."""
@@ -181,3 +197,4 @@ class Fleet:
             if await self.store.save(node.node_id, node.model_dump(), doc, events):
                 break
         self.nodes[node.node_id] = node
+        self._track(node)

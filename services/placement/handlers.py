@@ -9,10 +9,12 @@ from shared.events import (
     JobEvent,
     JobStatusChanged,
     JobSubmitted,
+    NodeInterrupted,
     NodeRegistered,
     NodeStateChanged,
 )
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
+from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
 
 router = NatsRouter()
@@ -43,6 +45,15 @@ async def on_node_registered(event: NodeRegistered, placement: Placement = Conte
 async def on_node_state(event: NodeStateChanged, placement: Placement = Context("placement")) -> None:
     """The monitor's liveness verdict: lost nodes get no work."""
     await placement.node_seen(None, event.node_id, event.state)
+
+
+@router.subscriber(**durable("tm.node.evt.*.interrupted", consumer="placement-node-interruptions"))
+@retry_transient
+async def on_node_interrupted(event: NodeInterrupted, message=Context("message"),
+                              placement: Placement = Context("placement")) -> None:
+    """A spot node's notice: no more work there, and it is given back (its agent is stopping its tasks)."""
+    if event.subject == message.raw_message.subject and await node_interrupted(placement.fleet, event.node_id):
+        placement.dirty.set()  # an agent speaks for its own node only
 
 
 @router.subscriber(**durable("tm.eta.>", consumer="placement-eta", ordered=False))

@@ -1,6 +1,5 @@
 """Placement's service layer: the queue and the fleet in memory, persisted, and one scheduling loop."""
 import asyncio
-import dataclasses
 import logging
 import time
 import zlib
@@ -26,18 +25,21 @@ from shared.jobs import Algorithm, Phase, Resource, Spec
 from shared.nodes import NodeInfo
 from shared.store import DocumentStore
 from shared.rpc import CandidatesReply, Catalogue
-from services.placement.adapter import DEFAULT_DURATION_S, JobView, cluster_state, reference_tflops
+from services.placement.adapter import JobView, reference_tflops
 from services.placement.candidates import candidates
 from services.placement.catalogue import catalogue
 from services.placement.fit import Candidate, Usage, catalogue_node, could_ever_fit, fits, largest
 from services.placement.fit import schedule as first_fit
+from services.placement.estimates import Estimates
+from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
+from services.placement.inputs import PolicyInputs
+from services.placement.tradeoff import Tradeoff
 from services.placement.policy import PolicyConfig, Provision, PullBack, Release, Start, Wait
 from services.placement.policy import schedule as policy_schedule
 
 log = logging.getLogger(__name__)
 MAX_CONFLICTS = 20
-FAIR_SHARE_HALF_LIFE_S = 7 * 86400
 
 
 class QueueItem(BaseModel):
@@ -73,16 +75,24 @@ class Placement:
     config: PolicyConfig = field(default_factory=PolicyConfig)
     queue: dict[str, QueueItem] = field(default_factory=dict)
     dirty: asyncio.Event = field(default_factory=asyncio.Event)
-    expected_end: dict[str, float] = field(default_factory=dict)  # job -> unix time, from the estimator
     waiting: dict[str, str] = field(default_factory=dict)  # job -> why it waits (last pass)
-    usage_by_user: dict[str, float] = field(default_factory=dict)  # recent GPU-hours, for fair share
-    usage_at: float = field(default_factory=time.time)
+    fair: FairShare = field(default_factory=FairShare)  # recent GPU-hours per user, persisted
+    tradeoff: Tradeoff = field(default_factory=Tradeoff)  # exchange rate per project ([placement] of cluster.toml)
+    estimates: Estimates = field(default_factory=lambda: Estimates(broker=None))
+    queued: set[str] = field(default_factory=set)  # jobs in state "queued" (O(1): is anything waiting?)
     flavors: list[dict] = field(default_factory=list)  # the cluster file's [[flavors]]
+
+    def __post_init__(self) -> None:
+        self.inputs = PolicyInputs(fleet=self.fleet, config=self.config, fair=self.fair, tradeoff=self.tradeoff,
+                                   estimates=self.estimates)
 
     async def load(self) -> None:
         async for doc in self.jobs.collection.find({"state": {"$ne": "done"}}):
-            self.queue[doc["_id"]] = QueueItem.model_validate(doc)
+            item = self.queue[doc["_id"]] = QueueItem.model_validate(doc)
+            if item.state == "queued":
+                self.queued.add(item.job_id)
         await self.fleet.load()
+        await self.fair.load()
         self.dirty.set()
 
     async def submitted(self, event: JobSubmitted) -> None:
@@ -97,7 +107,7 @@ class Placement:
         if item is None:
             return
         if event.phase.is_finished():
-            self._charge_fair_share(item, event)
+            await self._charge_fair_share(item, event)
             await self._save(item.model_copy(update={"state": "done"}), [])
         elif event.phase == Phase.RUNNING and event.start_time and item.started_at is None:
             await self._save(item.model_copy(update={"started_at": event.start_time}), [])
@@ -139,7 +149,7 @@ class Placement:
         """A job far slower than its owner expects moves to faster resources, or its owner hears about it."""
         item = self.queue.get(event.job_id)
         if item and event.eta and item.state == "placed":
-            self.expected_end[item.job_id] = event.eta.finish_time.timestamp()
+            self.inputs.expected_end[item.job_id] = event.eta.finish_time.timestamp()
         expected = item.spec.placement.expected_duration_s if item else None
         if not (item and expected and event.eta and item.state == "placed" and item.started_at
                 and item.slow_checked < item.attempt):
@@ -178,10 +188,12 @@ class Placement:
 
     async def deleted(self, job_id: str) -> None:
         self.queue.pop(job_id, None)
+        self.queued.discard(job_id)
         await self.jobs.collection.delete_one({"_id": job_id, "state": "done"})
 
     async def node_seen(self, info: NodeInfo | None, node_id: str, state: Literal["ready", "lost"]) -> None:
-        if await self.fleet.seen(node_id, info=info, state=state):
+        """A verdict on a node; a pass is due only if a job waits or a rented node could be pulled back from."""
+        if await self.fleet.seen(node_id, info=info, state=state) and (self.queued or self.fleet.rented()):
             self.dirty.set()
 
     def usage(self) -> dict[str, Usage]:
@@ -200,9 +212,13 @@ class Placement:
         """One pass: the policy places GPU jobs (and decides what to rent, release and pull back); jobs that
         need no GPU, or must avoid the nodes they left, go where they fit first. Returns jobs started."""
         now = time.time() if now is None else now
-        queued = [i for i in self.queue.values() if i.state == "queued"]
+        if not self.queued and not self.fleet.rented():
+            return 0  # nothing waits and nothing is rented: nothing to place, release or pull back
+        queued = [self.queue[job_id] for job_id in self.queued]
+        await self.inputs.refresh(queued, now)
+        kept = {n.reserved_for for n in self.fleet.live() if n.reserved_for}
         by_policy = [i for i in queued if i.needs.gpu_count > 0 and not i.exclude and not i.needs.pool_id
-                     and not any(n.reserved_for == i.job_id for n in self.fleet.nodes.values())]
+                     and i.job_id not in kept]
         usage = self.usage()
         self.fleet.update_idle({a.node_id for i in self.queue.values() if i.state == "placed"
                                 for a in i.assignments}, now)
@@ -215,6 +231,8 @@ class Placement:
                                     priority=i.spec.placement.priority, submitted_at=i.submitted_at.timestamp(),
                                     exclude=self._not_for(i)) for i in rest]
             for job_id, assignments in first_fit(candidates, self.fleet.ready_infos(), self.usage()):
+                for assignment in assignments:
+                    await self.fleet.claimed(assignment.node_id)
                 await self._place(self.queue[job_id], assignments)
                 started += 1
         return started
@@ -222,7 +240,7 @@ class Placement:
     def _not_for(self, item: "QueueItem") -> frozenset[str]:
         """Nodes a first-fit placement must avoid: those it left, those kept for other jobs, and all but the
         ones kept for it (a pull-back reserves its owned node)."""
-        nodes = self.fleet.nodes.values()
+        nodes = self.fleet.live()  # a reservation on a lost or released node holds nothing
         mine = {n.node_id for n in nodes if n.reserved_for == item.job_id}
         if mine:
             return frozenset(n.node_id for n in nodes if n.node_id not in mine)
@@ -232,15 +250,8 @@ class Placement:
         return frozenset(item.exclude) | others | pooled
 
     def _policy_pass(self, items: list["QueueItem"], usage: dict[str, Usage], now: float) -> list:
-        infos = self.fleet.all_infos()
-        config = dataclasses.replace(self.config, reference_tflops=reference_tflops(infos))
-        self._decay(now)
-        running = [(self._job_view(i), tuple(a.node_id for a in i.assignments),
-                    tuple(self._positions(a) for a in i.assignments), self._started(i, now),
-                    self._expected_end(i, now))
-                   for i in self.queue.values() if i.state == "placed" and i.needs.gpu_count > 0]
-        state = cluster_state(nodes=self.fleet.views(), usage=usage, queue=[self._job_view(i) for i in items],
-                              running=running, catalogue=self.fleet.catalogue, usage_by_user=self.usage_by_user)
+        placed = [i for i in self.queue.values() if i.state == "placed"]
+        state, config = self.inputs.state(items, placed, usage, now)
         return policy_schedule(state, now, config)
 
     async def _apply(self, decisions: list, now: float) -> int:
@@ -252,7 +263,7 @@ class Placement:
                     item = self.queue.get(job_id)
                     if item is None or item.state != "queued":
                         continue
-                    assignments = tuple(Assignment(rank=r, node_id=n, gpu_indices=self._gpu_ids(n, g))
+                    assignments = tuple(Assignment(rank=r, node_id=n, gpu_indices=self.inputs.gpu_ids(n, g))
                                         for r, (n, g) in enumerate(zip(node_ids, gpus)))
                     for node_id in node_ids:
                         await self.fleet.claimed(node_id)
@@ -261,7 +272,7 @@ class Placement:
                 case Provision(instance_type=name, count=count, job_id=job_id):
                     item = self.queue[job_id]
                     await self.fleet.provision(name, count, job_id=job_id, project_id=item.project_id,
-                                               user_name=item.user_name, expected_hours=self._hours(item))
+                                               user_name=item.user_name, expected_hours=self.inputs.hours(item))
                 case Release(node_id=node_id):
                     await self.fleet.release(node_id, reason="idle")
                 case PullBack(job_id=job_id, from_node_id=source, to_node_id=target):
@@ -294,49 +305,15 @@ class Placement:
         log.info("pulling %s back from %s to %s", job_id, source, target)
 
     def _job_view(self, item: "QueueItem") -> JobView:
-        prefs, needs = item.spec.placement, item.needs
-        return JobView(job_id=item.job_id, user_name=item.user_name, submitted_at=item.submitted_at.timestamp(),
-                       allowed=prefs.allowed, priority=prefs.priority, gpu_count=needs.gpu_count,
-                       min_gpu_memory_gb=needs.min_gpu_memory_gb, gpu_models=frozenset(prefs.gpu_models),
-                       node_count=needs.node_count, cpu=needs.cpu_count, memory_gb=needs.memory_gb,
-                       expected_duration_s=prefs.expected_duration_s, max_price_per_hour=prefs.max_price_per_hour,
-                       deadline=prefs.deadline.timestamp() if prefs.deadline else None)
+        return self.inputs.job_view(item)
 
-    def _hours(self, item: "QueueItem") -> float:
-        return (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
-
-    def _started(self, item: "QueueItem", now: float) -> float:
-        return item.started_at.timestamp() if item.started_at else now
-
-    def _expected_end(self, item: "QueueItem", now: float) -> float:
-        if item.job_id in self.expected_end:
-            return self.expected_end[item.job_id]
-        return self._started(item, now) + (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S)
-
-    def _positions(self, assignment: Assignment) -> tuple[int, ...]:
-        """GPU indices as positions in the node's GPU list (the policy's numbering)."""
-        node = self.fleet.nodes.get(assignment.node_id)
-        order = [g.index for g in sorted(node.info.gpus, key=lambda g: g.index)] if node and node.info else []
-        return tuple(order.index(i) for i in assignment.gpu_indices if i in order)
-
-    def _gpu_ids(self, node_id: str, positions: tuple[int, ...]) -> tuple[int, ...]:
-        info = self.fleet.nodes[node_id].info
-        order = [g.index for g in sorted(info.gpus, key=lambda g: g.index)]
-        return tuple(order[p] for p in positions)
-
-    def _charge_fair_share(self, item: "QueueItem", event: JobStatusChanged) -> None:
-        """Recent GPU-hours per user (halved every week) order the queue fairly."""
+    async def _charge_fair_share(self, item: "QueueItem", event: JobStatusChanged) -> None:
+        """Recent GPU-hours per user (halved every week) order the queue fairly; persisted across restarts."""
         if not (item.started_at and event.end_time):
             return
         hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * \
             item.needs.node_count
-        self._decay(time.time())
-        self.usage_by_user[item.user_name] = self.usage_by_user.get(item.user_name, 0.0) + max(0.0, hours)
-
-    def _decay(self, now: float) -> None:
-        factor = 0.5 ** (max(0.0, now - self.usage_at) / FAIR_SHARE_HALF_LIFE_S)
-        self.usage_by_user = {user: hours * factor for user, hours in self.usage_by_user.items()}
-        self.usage_at = now
+        await self.fair.charge(item.user_name, hours)
 
     async def _place(self, item: QueueItem, assignments: tuple[Assignment, ...]) -> None:
         attempt = item.attempt + 1
@@ -367,6 +344,10 @@ class Placement:
         else:
             raise RuntimeError(f"placement record of {item.job_id} keeps changing; is a second placement running?")
         self.queue[item.job_id] = item
+        if item.state == "queued":
+            self.queued.add(item.job_id)
+        else:
+            self.queued.discard(item.job_id)
         self.dirty.set()
 
 

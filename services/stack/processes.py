@@ -233,17 +233,7 @@ class Stack:
             process.wait()
 
     def stop(self, name: str, *, timeout_s: float = 15) -> None:
-        process = self.processes.pop(name, None)
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
-            pass
+        stop_group(self.processes.pop(name, None), timeout_s=timeout_s)
 
     def stop_all(self) -> None:
         """Agents first (their tasks are reported), then the services, then the database and the bus."""
@@ -277,3 +267,17 @@ class Stack:
 
     def dead(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.poll() is not None]
+
+
+def stop_group(process: subprocess.Popen | None, *, timeout_s: float = 15) -> None:
+    """SIGTERM a process's whole group, SIGKILL it after `timeout_s`; nothing if it is gone already."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    except ProcessLookupError:
+        pass

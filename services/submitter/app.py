@@ -17,6 +17,10 @@ from services.submitter.auth import Tokens, check_admin_token
 from services.submitter.handlers import router as bus_router
 from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
 from services.submitter.repository import Repository
+from services.submitter.searches import routes as routes_searches
+from services.submitter.searches.driver import Driver
+from services.submitter.searches.store import SearchStore
+from services.submitter.searches.trials import AppPort
 
 log = logging.getLogger(__name__)
 SERVICE = "submitter"
@@ -35,6 +39,7 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     max_queued_per_project: int = Field(1000, ge=1, description="Jobs accepted but not yet running, per project.")
     max_queued_per_user: int = Field(500, ge=1, description="Jobs accepted but not yet running, per user.")
     log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
+    search_pass_s: float = Field(2.0, gt=0, le=300, description="Seconds between the search driver's passes.")
 
     @field_validator("admin_token")
     @classmethod
@@ -57,6 +62,8 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
         repo = Repository(db=db, broker=broker, log_cap_bytes=settings.log_cap_bytes)
         tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
         await repo.create_indexes()
+        searches = SearchStore(db.api_searches)
+        await searches.create_indexes()
         await tokens.prepare()
         await audit_log.prepare()
         broker.context.set_global("repo", repo)
@@ -70,8 +77,11 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
             await audit_log.begin(principal=None, action="admin_token.rotate", method="", path="", template="",
                                   project_id=None, target_id=token_id, client_ip="", state="done")
         app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, broker, audit_log
+        app.state.searches = searches
         background.spawn("outbox", lambda: relay(broker, [db.api_jobs]))
         background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
+        background.spawn("searches", Driver(store=searches, port=AppPort(app), interval_s=settings.search_pass_s)
+                         .run_forever)
         yield
         await background.stop()
         await broker.stop()
@@ -88,6 +98,7 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     app.add_middleware(portal.SecurityHeaders)
     errors.install(app)
     app.include_router(routes_jobs.router)
+    app.include_router(routes_searches.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_users.router)
     app.include_router(audit.router)

@@ -105,7 +105,13 @@ def describe(method: str, template: str, params: dict, body: bytes, answer: byte
         target, summary = None, {"unreadable": True}
     if action == "job.action" and summary.get("action_type") in ("terminate", "migrate"):
         action = f"job.{summary['action_type']}"
-    return action, _text(target), summary
+    return action, _identifier(target), summary
+
+
+def _identifier(value: Any) -> str | None:
+    """A target id as text, whatever a hostile body put there (a number, a list), bounded."""
+    value = _text(value)
+    return None if value is None else str(value)
 
 
 def is_dry_run(scope: Scope) -> bool:
@@ -267,7 +273,8 @@ async def list_entries(request: Request, principal: Principal = Depends(authenti
     total = await collection.count_documents(query)
     docs = [d async for d in collection.find(query).sort("at_s", DESCENDING).skip(offset).limit(limit)]
     items = [AuditEntry(id=d["_id"], at=datetime.fromtimestamp(d["at_s"], UTC).isoformat(),
+                        target_id=_identifier(d.get("target_id")),  # entries written before ids were text
                         **{k: d.get(k) for k in ("user_name", "token_id", "action", "method", "path", "project_id",
-                                                 "target_id", "client_ip", "state", "status", "summary")})
+                                                 "client_ip", "state", "status", "summary")})
              for d in docs]
     return AuditPage(total=total, count=len(items), offset=offset, limit=limit, items=items)

@@ -1,19 +1,26 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
 from faststream import Context
+from faststream.exceptions import NackMessage
 from faststream.nats import NatsRouter
 
 from shared.bus import durable, retry_transient
+from shared.clock import utcnow
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Notification
 from services.submitter import notifications
+from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
 
 router = NatsRouter()
+OUTPUT_RETRY_S = 0.2
 
 
 @router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
 @retry_transient
 async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
-    """Project the monitor's status onto the job the API shows."""
+    """Project the monitor's status onto the job the API shows; a finished one once its final output is stored
+    (until then it comes back shortly)."""
+    if not await output_stored(repo, event, now=utcnow()):
+        raise NackMessage(delay=OUTPUT_RETRY_S)
     await repo.apply_status(event)
 
 

@@ -5,18 +5,46 @@ output cap keep their numbers, so an offset means the same line before and after
 separators and the dropped-lines notice are not numbered.
 """
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 
+from shared.events import JobStatusChanged
 from shared.jobs import FINISHED
 from services.submitter.repository import Repository
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.3
 PAGE_LINES = 10_000  # the default page
 MAX_PAGE_LINES = 100_000
 MAX_PAGE_BYTES = 1024 * 1024  # a page also ends here, whatever its limit
 GAP_PATIENCE_S = 3.0  # a chunk still in flight after the job ended is waited for this long
-TAIL_PATIENCE_S = 1.0  # output and status travel on different streams: the last lines may land after the end
+TAIL_PATIENCE_S = 1.0  # a chunk of a task whose end no agent reported (lost with its node) may still land
+OUTPUT_HOLD_S = 15.0  # a finished status waits at most this long for its tasks' output (an agent that never marks it)
+
+
+def reported_ranks(event: JobStatusChanged) -> list[int]:
+    """Ranks of a finished status whose end an agent reported with an exit code: each shipped its whole output,
+    marked last, before that report."""
+    if not event.phase.is_finished() or not event.attempt:
+        return []
+    return [int(t.task.rsplit("-", 1)[-1]) for t in event.task_statuses
+            if t.exit_code is not None and t.task.rsplit("-", 1)[-1].isdigit()]
+
+
+async def output_stored(repo: Repository, event: JobStatusChanged, *, now: datetime) -> bool:
+    """Whether a status may be shown: a finished one only once its tasks' final output is stored (output and status
+    travel on different streams), so a job shown Completed has its last line stored; never held past
+    OUTPUT_HOLD_S."""
+    missing = [rank for rank in reported_ranks(event)
+               if not await repo.output_complete(event.job_id, attempt=event.attempt, rank=rank)]
+    if missing and (now - event.occurred_at).total_seconds() > OUTPUT_HOLD_S:
+        log.warning("job %s shown %s without all of its output (ranks %s): not stored after %.0fs", event.job_id,
+                    event.phase, missing, OUTPUT_HOLD_S)
+        return True
+    return not missing
 
 
 def contiguous(chunks: list[dict], position: tuple[int, int]) -> list[dict]:

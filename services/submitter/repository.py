@@ -101,7 +101,7 @@ class Repository:
             await self.logs.insert_one({
                 "_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}",
                 "job_id": chunk.job_id, "attempt": chunk.attempt, "rank": chunk.rank, "seq": chunk.seq,
-                "lines": lines, "bytes": size,
+                "lines": lines, "bytes": size, "last": chunk.last,
             })
         except (DuplicateKeyError, BulkWriteError):
             return
@@ -131,6 +131,16 @@ class Repository:
             excess -= size
             await self.db.api_log_sizes.update_one(
                 {"_id": job_id}, {"$inc": {"bytes": -size, f"dropped_{old['rank']}": len(old["lines"])}})
+
+    async def output_complete(self, job_id: str, *, attempt: int, rank: int) -> bool:
+        """Whether one task's output is all stored: its chunk marked last and every chunk before it (or some of its
+        output was trimmed away, when the count can no longer tell)."""
+        where = {"job_id": job_id, "attempt": attempt, "rank": rank}
+        last = await self.logs.find_one({**where, "last": True}, {"seq": 1})
+        if last is None:
+            return False
+        return await self.logs.count_documents(where) > last["seq"] or bool(await self.dropped_lines(job_id,
+                                                                                                   rank=rank))
 
     async def dropped_lines(self, job_id: str, *, rank: int) -> int:
         """Lines of this rank's output that went to keep the job under its cap."""

@@ -1,7 +1,8 @@
 """Everything around jobs: nodes, liveness (users and tokens: routes_users; usage and quotas: routes_billing)."""
 import asyncio
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from shared.bus import RPC_HEALTH, RPC_NODES, SERVICES
@@ -11,10 +12,21 @@ from services.submitter.rpc import ask
 router = APIRouter()
 
 
-@router.get("/v2/nodes", tags=["nodes"], summary="Registered nodes and their state")
-async def nodes(request: Request, principal: Principal = Depends(authenticate)) -> dict:
-    """Every node; a task of a project the caller is not in shows only in `other_tasks` (the admin sees all)."""
-    records = await ask(request, RPC_NODES, {})
+NODES_PAGE_MAX = 1000
+
+
+@router.get("/v2/nodes", tags=["nodes"], summary="Registered nodes and their state, a page at a time")
+async def nodes(request: Request, principal: Principal = Depends(authenticate),
+                offset: Annotated[int, Query(ge=0, le=10**9, description="Nodes to skip, by node id.")] = 0,
+                limit: Annotated[int, Query(ge=1, le=NODES_PAGE_MAX, description="Nodes in this page.")] = 500,
+                ) -> dict:
+    """One page of the nodes by node id (`total` counts them all; `next_offset` is null on the last page), from
+    the monitor's memory; a task of a project the caller is not in shows only in `other_tasks` (the admin sees
+    all)."""
+    answer = await ask(request, RPC_NODES, {"offset": offset, "limit": limit})
+    if isinstance(answer, list):  # a monitor from before paging answers every node
+        answer = {"total": len(answer), "items": answer[offset:offset + limit]}
+    records, total = answer["items"], answer["total"]
     job_ids = list({t["job_id"] for r in records for t in r.get("running") or []})
     owners = {d["_id"]: d["project_id"] async for d in
               request.app.state.repo.jobs.find({"_id": {"$in": job_ids}}, {"project_id": 1})} if job_ids else {}
@@ -27,7 +39,9 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate)) 
         items.append({**info, "node_id": record["node_id"], "state": state, "last_seen": record["last_seen"],
                       "running": visible, "other_tasks": len(running) - len(visible),
                       "boot_id": record.get("boot_id", "")})
-    return {"count": len(items), "items": items}
+    following = offset + len(items)
+    return {"count": len(items), "total": total, "offset": offset, "limit": limit,
+            "next_offset": following if following < total else None, "items": items}
 
 
 @router.get("/healthz", tags=["health"], summary="Liveness of every service")

@@ -51,26 +51,39 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                      principal: Principal = Depends(authenticate),
                      dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
+    body = await prepare(request, project_id=project_id, body=body)
+    if dry_run:
+        return await estimate(project_id, body, request, principal)
+    return await submit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
+
+
+async def prepare(request: Request, *, project_id: str, body: JobCreate) -> JobCreate:
+    """Refuse storage the agents would refuse; fill a named flavor's resources, check a named pool."""
     refused = refused_urls(body.algorithm, policy=request.app.state.storage, project_id=project_id)
     if refused:  # outside the project's storage and the cluster's allow-list: the agents would refuse it too
         raise ApiError(400, errors.PARAM_INVALID, f"param[{refused[0][0]}] invalid: {refused[0][1]}")
-    body = await resolve(request, body)
-    if dry_run:
-        return await estimate(project_id, body, request, principal)
+    return await resolve(request, body)
+
+
+async def submit_job(request: Request, *, project_id: str, user_name: str, body: JobCreate,
+                     job_id: str | None = None, links: dict | None = None) -> Job:
+    """The one submission use case (the v2 and v1 routes, search trials): caps, admission, placeability, store and
+    announce. `job_id` (a search's deterministic trial id) and `links` (stored fields such as `search_id`) are
+    optional; a taken name or id is 409 (NameTaken's message names the job)."""
     caps = request.app.state.queue_caps
-    await caps.check(repo(request).jobs, project_id=project_id, user_name=principal.user_name)  # before paying
-    await admit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
-    await feasible.refuse_unplaceable(request, body, project_id=project_id, user_name=principal.user_name)
+    await caps.check(repo(request).jobs, project_id=project_id, user_name=user_name)  # before paying
+    await admit_job(request, project_id=project_id, user_name=user_name, body=body)
+    await feasible.refuse_unplaceable(request, body, project_id=project_id, user_name=user_name)
     repository = repo(request)
     now = utcnow()
-    job_id = str(uuid.uuid4())
-    doc = new_job(job_id=job_id, project_id=project_id, user_name=principal.user_name, body=body, now=now)
+    job_id = job_id or str(uuid.uuid4())
+    doc = {**new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now), **(links or {})}
     event = JobSubmitted(event_id=f"{job_id}:submitted", occurred_at=now, job_id=job_id, project_id=project_id,
-                         user_name=principal.user_name, name=body.metadata.name, algorithm=body.algorithm,
+                         user_name=user_name, name=body.metadata.name, algorithm=body.algorithm,
                          spec=body.spec, create_time=now)
     try:
         async with caps.lock:  # counted and stored in one step: a burst cannot overshoot the caps
-            await caps.check(repository.jobs, project_id=project_id, user_name=principal.user_name)
+            await caps.check(repository.jobs, project_id=project_id, user_name=user_name)
             entries = await repository.insert(doc, event)
     except NameTaken:
         raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
@@ -131,16 +144,27 @@ async def act(project_id: ProjectId, job_id: JobId, action: Action, request: Req
         command, subject = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
                                                requested_by=principal.user_name,
                                                attempt=doc["status"].get("attempt")), RPC_MIGRATE
-    broker = request.app.state.broker
+    await send_command(request.app.state.broker, repository, command, subject)
+    return render(await load(repository, principal, project_id, job_id))
+
+
+async def send_command(broker, repository: Repository, command, subject: str) -> None:
+    """Ask the monitor to act; when it does not answer, the durable command reaches it when it is back."""
     try:
         reply = await broker.request(command, subject, timeout=3)
         body = await reply.decode()
         if body:
             await repository.apply_status(JobStatusChanged.model_validate(body))
     except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
-        log.warning("%s of %s through the stream (monitor did not answer: %r)", action.action_type, job_id, exc)
+        log.warning("%s through the stream (monitor did not answer: %r)", command.event_id, exc)
         await publish(broker, command)
-    return render(await load(repository, principal, project_id, job_id))
+
+
+async def send_terminate(broker, repository: Repository, *, job_id: str, requested_by: str) -> None:
+    """Terminate a job on someone's behalf (a search pruning its trial); the job's reason names them."""
+    command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
+                                    requested_by=requested_by)
+    await send_command(broker, repository, command, RPC_TERMINATE)
 
 
 @router.delete("/{job_id}", status_code=204, summary="Delete a finished training job")

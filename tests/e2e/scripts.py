@@ -62,3 +62,38 @@ dist.destroy_process_group()
 def ddp(python: str) -> str:
     """Two ranks summing their rank + 1 over gloo (CPU): each prints 3.0. `python` must have torch."""
     return f"{python} -c {quote(DDP)}"
+
+
+HANGS_ONCE = r'''
+import sys, time
+import trainmaster_task as tm
+start = tm.load_step()
+print(f"attempt {tm.attempt()} resumed from {start}", flush=True)
+for step in range(start, start + 5):
+    print(f"step {step}", flush=True)
+    time.sleep(0.05)
+if tm.attempt() > 1:
+    sys.exit(0)
+tm.save_step(step)
+print(f"saved {step}; now stuck", flush=True)
+time.sleep(600)  # no output, no progress mark, no new checkpoint: hung
+'''
+
+
+def hangs_once() -> str:
+    """A job that checkpoints and then hangs on its first attempt, and finishes from its checkpoint after."""
+    return f"python3 -c {quote(HANGS_ONCE)}"
+
+
+QUIET = r'''
+import sys, time
+import trainmaster_task as tm
+for _ in range(int(sys.argv[1])):
+    tm.progress()  # no output at all, but a progress mark
+    time.sleep(0.25)
+'''
+
+
+def quiet_but_progressing(marks: int) -> str:
+    """A job that prints nothing and marks progress four times a second."""
+    return f"python3 -c {quote(QUIET)} {marks}"

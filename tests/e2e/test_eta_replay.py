@@ -77,3 +77,76 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, shared_
     median_late = second_half[len(second_half) // 2]
     assert median_late < 0.25 * total, errors  # within a quarter of the run's length once half of it is seen
     assert median_late < first[len(first) // 2], errors  # and closer than at the start: it converges
+
+
+# A researcher's own job (issue 20): a small real training (a numpy MLP on scikit-learn's bundled digits, read
+# without importing scikit-learn or torch, whose imports take tens of seconds on a busy machine) printing
+# `step N loss X`, its target declared, no history, no amount of work; it stops when its smoothed loss meets the
+# target (~850 steps: 20-30 s here). The estimate comes from its own curve with the band learned on the recorded
+# sweep (`trainmaster-eta-eval --corpus own-jobs` measures it over held-out runs).
+OWN_TRAINING = r'''
+import gzip, importlib.util, os, sys, time
+import numpy as np
+target, pause = float(sys.argv[1]), float(sys.argv[2])
+# scikit-learn's bundled digits, read without importing scikit-learn (its import is slow on a busy machine)
+where = importlib.util.find_spec("sklearn").submodule_search_locations[0]
+with gzip.open(os.path.join(where, "datasets", "data", "digits.csv.gz")) as f:
+    data = np.loadtxt(f, delimiter=",")
+x, y = data[:, :-1] / 16.0, data[:, -1].astype(int)
+rng = np.random.default_rng(0)
+w1, b1 = rng.normal(0, 64 ** -0.5, (64, 32)), np.zeros(32)
+w2, b2 = rng.normal(0, 32 ** -0.5, (32, 10)), np.zeros(10)
+params = [w1, b1, w2, b2]
+velocity = [np.zeros_like(p) for p in params]
+recent = []
+for step in range(1, 2501):
+    idx = rng.integers(0, len(x), 32)
+    h = np.maximum(x[idx] @ w1 + b1, 0)
+    logits = h @ w2 + b2
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    loss = -np.log(p[np.arange(32), y[idx]]).mean()
+    g = p
+    g[np.arange(32), y[idx]] -= 1
+    g /= 32
+    gh = (g @ w2.T) * (h > 0)
+    grads = [x[idx].T @ gh, gh.sum(0), h.T @ g, g.sum(0)]
+    for v, param, grad in zip(velocity, params, grads):
+        v *= 0.9
+        v -= 0.01 * grad
+        param += v
+    recent = (recent + [loss])[-50:]
+    time.sleep(pause)
+    if step % 10 == 0:
+        print(f"step {step} loss {sum(recent) / len(recent):.4f}", flush=True)
+        if sum(recent) / len(recent) <= target:
+            break
+'''
+OWN_TARGET = 0.12
+OWN_METRIC = {"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min",
+              "target": OWN_TARGET}
+OWN_CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
+
+
+@pytest.mark.timeout(120)
+async def test_a_researchers_own_training_gets_an_honest_interval(api, project):
+    job = await submit(api, project, metrics=[OWN_METRIC],
+                       command=f"{sys.executable} -c {quote(OWN_TRAINING)} {OWN_TARGET} 0.025")
+    current, seen = await follow_eta(api, project, job["metadata"]["id"])
+    assert current["status"]["phase"] == "Completed"
+    start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
+    total = end - start
+    assert seen and seen[0][0] - start < 0.25 * total, seen  # an estimate from the first lines on
+    assert all(s[2] <= s[1] <= s[3] for s in seen), seen
+    inside = {}
+    for cut in OWN_CUTS:  # the latest estimate seen by each cut of the run, against the truth at that moment
+        before = [s for s in seen if s[0] - start <= cut * total]
+        if before:
+            t, _, low, high = before[-1]
+            inside[cut] = low - 1.0 <= end - t <= high + 1.0  # a second of slack: the poll, the exit
+    # Measured on this very script replayed offline, and over held-out sweep runs (`--corpus own-jobs`): once half
+    # the run is seen the band holds the truth; before that, on this curve, the learned band is too short (its
+    # slow tail is rarer in the sweep than here), which the issue's notes report rather than this test hiding.
+    assert inside.get(0.5) and inside.get(0.8), (inside, total, seen)
+    early = [s for s in seen if s[0] - start < 0.3 * total]
+    assert max(high / max(low, 0.5) for _, _, low, high in early) >= 3, early  # early, it admits not knowing

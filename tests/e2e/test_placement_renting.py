@@ -40,8 +40,9 @@ async def test_a_time_sensitive_job_rents_a_node_instead_of_waiting(client, proj
 async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(client, project):
     local = await occupy(client, project, "local")
     reserved = await occupy(client, project, "cloud")
+    # owned nodes free in an hour: renting at $2/h saves that hour's wait, worth more at the default exchange rate
     job = await submit(client, project, command=counter(total=3000, every=5, pause=0.1), gpu_count=1,
-                       expected_duration_s=3600)
+                       expected_duration_s=1800)
     job_id = job["metadata"]["id"]
     running = await wait_phase(client, project, job_id, "Running", timeout_s=60)
     rented_node = running["status"]["node_ids"][0]

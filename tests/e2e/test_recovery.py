@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from tests.conftest import eventually
-from tests.e2e.helpers import logs, restart_agent, submit, wait_phase
-from tests.e2e.scripts import counter, ddp, gpu_hungry
+from tests.e2e.helpers import logs, logs_containing, restart_agent, submit, wait_phase
+from tests.e2e.scripts import counter, ddp, gpu_hungry, hangs_once, quiet_but_progressing
 
 pytestmark = pytest.mark.e2e
 PYTHON = sys.executable
@@ -132,7 +132,7 @@ async def test_a_two_rank_pytorch_ddp_job_runs_across_two_agents(api, project):
 
 
 async def test_the_pytorch_example_resumes_from_its_checkpoint_after_a_move(api, project):
-    script = Path(__file__).resolve().parents[2] / "services/agent/sdk/examples/pytorch_train.py"
+    script = Path(__file__).resolve().parents[2] / "services/agent/sdk/trainmaster_examples/pytorch_train.py"
     job = await submit(api, project, command=f"{PYTHON} {script} --steps 1500 --checkpoint-every 200",
                        allowed="local", metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.e-]+)"}])
     job_id = job["metadata"]["id"]
@@ -145,3 +145,30 @@ async def test_the_pytorch_example_resumes_from_its_checkpoint_after_a_move(api,
     text = await logs(api, project, job_id)
     saved = int(re.search(r"saved at step (\d+); exiting for the move", text).group(1))
     assert f"resumed from step {saved} (attempt 2)" in text and "step 1499 loss" in text
+
+
+async def test_a_hung_job_is_restarted_from_its_checkpoint_and_a_quiet_progressing_one_is_left_alone(api, project):
+    timeout_s = 3
+    stuck = await submit(api, project, command=hangs_once(), allowed="local", hang_timeout_s=timeout_s,
+                         termination_grace_s=1)
+    quiet = await submit(api, project, command=quiet_but_progressing(marks=28), allowed="local",
+                         hang_timeout_s=timeout_s)
+    stuck_id, quiet_id = stuck["metadata"]["id"], quiet["metadata"]["id"]
+    flagged = await eventually(lambda: _notices(api, project, stuck_id), timeout_s=timeout_s + 30, interval_s=0.2)
+    assert [n["kind"] for n in flagged] == ["hung"]  # with the job in Running/Hanging, until its grace is over
+    assert flagged[0]["message"].startswith("suspected hung: no output, metric point or progress mark for")
+    done = await wait_phase(api, project, stuck_id, "Completed", "Failed", timeout_s=30)
+    assert done["status"]["phase"] == "Completed", done["status"]
+    attempts = done["status"]["attempts"]
+    assert [(a["reason"], a["outcome"]) for a in attempts] == [("started", "hung"), ("hung", "completed")]
+    text = await logs_containing(api, project, stuck_id, "attempt 2 resumed from")
+    saved = int(re.search(r"saved (\d+); now stuck", text).group(1))
+    assert f"attempt 2 resumed from {saved}" in text
+    calm = await wait_phase(api, project, quiet_id, "Completed", "Failed", timeout_s=30)
+    assert [(a["reason"], a["outcome"]) for a in calm["status"]["attempts"]] == [("started", "completed")]
+    assert await _notices(api, project, quiet_id) == []
+
+
+async def _notices(api, project, job_id):
+    items = (await api.get(f"/v2/{project}/notifications")).json()["items"]
+    return [n for n in items if n["job_id"] == job_id]

@@ -136,3 +136,14 @@ def test_describe_keeps_a_small_summary_and_never_the_secrets(method, route, par
 
 def test_an_unreadable_body_is_said_so():
     assert describe("POST", "/v2/users", {}, b"{not json", b"") == ("user.create", None, {"unreadable": True})
+
+
+async def test_a_refused_body_with_a_number_for_a_name_is_recorded_and_the_log_still_reads():
+    app, db, store = await make_app()
+    async with client(app) as admin:
+        assert (await admin.post("/v2/users", json={"user_name": 1, "projects": ["vision"]})).status_code == 400
+        [refused] = await entries(db)
+        await db.api_audit.insert_one({**refused, "_id": "old", "at_s": 1.0, "target_id": 7})  # before ids were text
+        page = await admin.get("/v2/audit")
+    assert page.status_code == 200, page.text
+    assert sorted(item["target_id"] for item in page.json()["items"]) == ["1", "7"]

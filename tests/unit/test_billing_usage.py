@@ -27,7 +27,7 @@ def test_rows_split_owned_and_rented_spend_and_charge_idle_time_to_whoever_provi
     for a in [attempt(user="ana", kind="local", hours=2), attempt(user="bob", kind="on_demand", node="od-1",
                                                                   hours=1, price=3)]:
         add_entry(table, a, by="user_name")
-    idle = idle_parts([lifetime(hours=2, price=3, user="ana")], {"od-1": Sums(seconds=3600, cost=3)})
+    idle = idle_parts([lifetime(hours=2, price=3, user="ana")], {"od-1": Sums(seconds=3600, gpu_hours=1, cost=3)})
     assert [(p.node_id, p.cost, p.seconds) for p in idle] == [("od-1", 3.0, 3600)]
     by_user = {r.key: r for r in rows(table, idle, group_by="user")}
     assert (by_user["ana"].owned_cost, by_user["ana"].on_demand_cost, by_user["ana"].local_gpu_hours) == (2, 3, 2)

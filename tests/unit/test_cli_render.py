@@ -79,3 +79,13 @@ def test_on_a_terminal_the_bar_is_redrawn_in_place_and_output_goes_above_it():
     bar.above("step 1\n", output)
     assert screen.getvalue().count("\r\033[K") == 2 and screen.getvalue().endswith(bar.last)
     assert output.getvalue() == "step 1\n"
+
+
+def test_a_narrow_eta_band_is_shown_precisely_and_a_wide_one_as_the_rough_range_it_is():
+    assert render.eta_phrase(65, 50, 90) == "1m05s (50s–1m30s)"
+    assert render.eta_phrase(3, 0, 6) == "3s (0s–6s)"  # a few seconds wide: not "wide"
+    assert render.eta_phrase(120, 60, 360) == "about 2 min, could be 1–6 min"
+    assert render.eta_phrase(50, 30, 80) == "about 50 s, could be 30–80 s"
+    assert render.eta_phrase(7200, 3000, 20000) == "about 2 h, could be 0–6 h"
+    wide = job(eta={"remaining_s": 120, "low_s": 60, "high_s": 360, "progress": 0.1})
+    assert "ETA about 2 min, could be 1–6 min" in render.bar(wide)

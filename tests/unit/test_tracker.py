@@ -1,8 +1,10 @@
 import re
 
+import pytest
+
 from shared.events import LogLine
 from shared.jobs import MetricSpec
-from services.estimator.tracker import JobTracker, parse_line
+from services.estimator.tracker import MAX_KEPT, JobTracker, parse_line
 
 
 def spec(**kw):
@@ -21,13 +23,29 @@ def test_mllog_records_become_points():
     assert (point.name, point.value, point.step) == ("eval_accuracy", 0.71, 3.0)
 
 
-def test_a_steady_decline_gives_the_time_to_target():
-    tracker = JobTracker([spec(target=0.0)])
-    for i in range(10):  # loss 1.0 → 0.1 at 0.1 per second
-        tracker.observe(LogLine(t=float(i), line=f"loss {1.0 - 0.1 * i:.2f}"))
-    eta = tracker.estimate(now=9.0)
-    assert abs(eta.remaining_s - 1.0) < 0.05 and eta.low_s <= eta.remaining_s <= eta.high_s
-    assert 0.85 < eta.progress < 0.95
+def test_a_declared_target_gets_the_own_curve_estimate_from_the_job_start():
+    from services.estimator.model.owncurve import own_estimate
+    from services.estimator.tracker import calibration
+    s = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", mode="min", target=0.2)
+    tracker = JobTracker([s])
+    for i in range(1, 31):  # a power-law loss, 10 steps a line, after 20 s of start-up
+        tracker.observe(LogLine(t=20.0 + i, line=f"step {10 * i} loss {0.05 + 2.2 * (1 + i / 10) ** -0.9:.4f}"))
+    eta = tracker.estimate(now=51.0, start=0.0)
+    points = tracker.points["loss"]
+    own = own_estimate([p.t for p in points], [p.step for p in points], [p.value for p in points], target=0.2,
+                       mode="min", elapsed=51.0, calibration=calibration())
+    assert eta.remaining_s == pytest.approx(own.total_s - 51.0)
+    assert eta.low_s == pytest.approx(own.low_s - 51.0) and eta.high_s == pytest.approx(own.high_s - 51.0)
+    assert eta.method == own.kind and eta.low_s <= eta.remaining_s <= eta.high_s
+
+
+def test_a_long_job_keeps_a_bounded_curve():
+    tracker = JobTracker([spec(target=0.01)])
+    for i in range(1, MAX_KEPT + 500):
+        tracker.observe(LogLine(t=float(i), line=f"loss {1.0 / i ** 0.3:.5f}"))
+    assert len(tracker.points["loss"]) <= MAX_KEPT
+    assert tracker.points["loss"][-1].t == MAX_KEPT + 499.0
+    assert tracker.estimate(now=MAX_KEPT + 500.0) is not None
 
 
 def test_no_estimate_without_a_target_or_against_the_trend():

@@ -5,6 +5,7 @@
     for step in range(start, total):
         ...train...
         tm.report(step=step, loss=loss)      # the estimator reads these lines
+        tm.progress()                        # or, printing nothing: a sign of life (no hang suspected)
         if step % 100 == 0 or tm.stop_requested():
             tm.save_step(step)               # write your own files into tm.checkpoint_dir() too
         if tm.stop_requested():              # SIGTERM: save now and exit; the job continues elsewhere
@@ -12,7 +13,9 @@
 
 The contract underneath is language-agnostic: TRAINMASTER_CHECKPOINT_DIR is a directory mirrored to checkpoint
 storage while the attempt runs and restored before the next one starts; TRAINMASTER_ATTEMPT counts attempts; SIGTERM
-means "save now and exit" (the grace period before SIGKILL is the job's spec.termination_grace_s).
+means "save now and exit" (the grace period before SIGKILL is the job's spec.termination_grace_s); touching
+TRAINMASTER_PROGRESS_FILE marks progress (a job with no output, progress mark or new checkpoint for its
+spec.hang_timeout_s is suspected hung).
 """
 import json
 import os
@@ -52,6 +55,13 @@ def report(**metrics: float) -> None:
     """One line of metrics (and `step`), which the estimator turns into points of the job's curve."""
     sys.stdout.write("TRAINMASTER_METRICS " + json.dumps(metrics) + "\n")
     sys.stdout.flush()
+
+
+def progress() -> None:
+    """A progress mark without output: touches TRAINMASTER_PROGRESS_FILE, which the agent's hang detection reads."""
+    path = os.environ.get("TRAINMASTER_PROGRESS_FILE")
+    if path:
+        Path(path).touch()
 
 
 def atomic_write(path: Path, data: bytes) -> None:

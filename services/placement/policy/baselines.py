@@ -1,6 +1,6 @@
 """Baselines to compare against: `local-fifo` (owned only, strict FCFS) and `burst` (owned now, else pay now)."""
 from services.placement.policy.config import PolicyConfig
-from services.placement.policy.decisions import Decision, Provision
+from services.placement.policy.decisions import Decision, Provision, Wait
 from services.placement.policy.models import OWNED_KINDS, ClusterState
 from services.placement.policy.options import cheapest_instance, job_kinds, node_options
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, Pass, fifo
@@ -26,16 +26,33 @@ def schedule_local_fifo(state: ClusterState, now: float, config: PolicyConfig) -
 
 def schedule_burst(state: ClusterState, now: float, config: PolicyConfig) -> list[Decision]:
     """Owned capacity if free now, otherwise on-demand at once on the cheapest instance type that fits."""
+    return _burst(state, now, config, after_s=0.0)
+
+
+def schedule_burst_after(state: ClusterState, now: float, config: PolicyConfig) -> list[Decision]:
+    """`burst`, but a job rents only once it has waited `config.burst_after_s`."""
+    return _burst(state, now, config, after_s=config.burst_after_s)
+
+
+def _burst(state: ClusterState, now: float, config: PolicyConfig, *, after_s: float) -> list[Decision]:
     p = Pass(state, now=now, config=config, kinds=ALL_KINDS)
+    owned_full: set[tuple] = set()  # shapes no free owned node can host any more this pass
     for job in fifo(state.queue):
         allowed = job_kinds(job, ALL_KINDS)
         owned = tuple(k for k in allowed if k in OWNED_KINDS)
-        options = node_options(job, p.index, kinds=owned, config=config, wait=False)
+        shape = (owned, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu,
+                 job.memory_gb, job.max_price_per_hour, job.id in p.index.claimed)
+        options = [] if shape in owned_full else node_options(job, p.index, kinds=owned, config=config, wait=False)
         if options:
             p.apply(job, min(options, key=lambda o: (o.finish, o.kind_rank)))
             continue
+        owned_full.add(shape)  # capacity only shrinks within a pass: the same shape fails again
         if "on_demand" not in allowed:
             p.wait(job, "owned capacity is busy")
+            continue
+        if now - job.submitted_at < after_s:
+            retry = job.submitted_at + after_s
+            p.decisions.append(Wait(job.id, "waiting for owned capacity before renting", retry_at=retry))
             continue
         idle = node_options(job, p.index, kinds=("on_demand",), config=config, wait=False)
         if idle:

@@ -10,9 +10,17 @@ class PolicyConfig:
     # Finishes closer than this count as equal, so the cheaper (owned) option wins the tie.
     finish_tolerance_s: float = 300.0
     finish_tolerance_frac: float = 0.10
-    # Off: a time-sensitive job may pay for a faster on-demand GPU even when a slower owned one is free (earliest
-    # finish, as designed). On: it pays only to avoid waiting. Trade-off per cluster size in bench/sched/README.md.
-    pay_only_to_avoid_waiting: bool = False
+    # The exchange rate: on-demand dollars worth paying to finish one GPU-hour sooner (a job of g GPUs finishing
+    # one hour sooner is worth g * rate). 0: never rent to save time (only to run at all); very high: earliest
+    # finish. Owned capacity is a sunk cost; cost-sensitive jobs weigh time at `cost_sensitive_weight` of the rate.
+    # Per job, `JobRequest.exchange_rate` (the project's setting) overrides it. Tuned in bench/sched/README.md.
+    exchange_rate: float = 2.0
+    cost_sensitive_weight: float = 0.25
+    # Rented time is priced at the duration's upper quantile (median * exp(risk_z * sigma)): an uncertain duration
+    # is not sent to a long rental on a guess.
+    risk_z: float = 1.0
+    # `burst-after` baseline: rents only for a job that has waited this long.
+    burst_after_s: float = 1800.0
     # On-demand nodes idle this long are released; a short grace lets the next job reuse a booted node.
     idle_release_s: float = 600.0
     # Pull-back (design: "more than 1 hour for example"): remaining time and checkpoint/restore cost.

@@ -39,11 +39,12 @@ class PullBack:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Leave `job_id` queued; `until` is the estimated start when known."""
+    """Leave `job_id` queued; `until` is the estimated start when known; `retry_at`: run a pass then."""
 
     job_id: str
     reason: str
     until: float | None = None
+    retry_at: float | None = None
 
 
 Decision = Start | Provision | Release | PullBack | Wait

@@ -65,11 +65,16 @@ class InstanceType:
     memory_gb: float
     price_per_hour: float
     startup_delay_s: float
+    spot: bool = False  # can be taken back at short notice: only for jobs that checkpoint (policy/spot.py)
 
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A job waiting for GPUs; `gpu_count` is per node (rank), `gpu_models` empty means any model."""
+    """A job waiting for GPUs; `gpu_count` is per node (rank), `gpu_models` empty means any model.
+
+    `exchange_rate` (dollars per GPU-hour sooner; None = the config's) is the project's; `duration_sigma` is the
+    spread of the duration estimate (log-normal sigma; 0 = known).
+    """
 
     id: str
     user: str
@@ -86,12 +91,17 @@ class JobRequest:
     predicted_duration_s: float | None = None
     cpu: float = 0.0
     memory_gb: float = 0.0
+    exchange_rate: float | None = None
+    duration_sigma: float = 0.0
+    checkpoint_interval_s: float | None = None  # declared by the owner; None: does not checkpoint, never spot
 
     def __post_init__(self) -> None:
         if self.allowed not in KINDS_FOR_ALLOWED or self.priority not in ("time", "cost"):
             raise ValueError(f"job {self.id}: allowed={self.allowed!r} priority={self.priority!r}")
         if self.gpu_count < 1 or self.node_count < 1 or self.expected_duration_s < 0:
             raise ValueError(f"job {self.id}: needs gpu_count >= 1, node_count >= 1 and a duration >= 0")
+        if (self.exchange_rate is not None and not self.exchange_rate >= 0) or not self.duration_sigma >= 0:
+            raise ValueError(f"job {self.id}: exchange_rate and duration_sigma must be >= 0")
 
     def duration_on(self, tflops: float, reference_tflops: float) -> float:
         """Seconds on GPUs of `tflops`; the estimator's prediction wins over the owner's expectation."""

@@ -1,9 +1,11 @@
 """Candidate placements for one job and the two rules that pick among them (time- and cost-sensitive)."""
+import math
 from dataclasses import dataclass
 
 from services.placement.policy.capacity import CapacityIndex, NodeView
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, InstanceType, JobRequest
+from services.placement.policy.spot import spot_duration
 
 KIND_RANK = {"local": 0, "reserved": 1, "on_demand": 2}
 
@@ -67,13 +69,19 @@ def node_options(
 
 def fits(job: JobRequest, it: InstanceType) -> bool:
     return (
-        it.gpus >= job.gpu_count
+        (not it.spot or job.checkpoint_interval_s is not None)
+        and it.gpus >= job.gpu_count
         and job.accepts_model(it.gpu_model)
         and it.gpu_memory_gb >= job.min_gpu_memory_gb
         and it.cpu >= job.cpu
         and it.memory_gb >= job.memory_gb
         and (job.max_price_per_hour is None or it.price_per_hour * job.node_count <= job.max_price_per_hour)
     )
+
+
+def rent_cost(job: JobRequest, it: InstanceType, duration: float) -> float:
+    """Dollars of renting `it` for the job: every node, billed from the request (start-up included)."""
+    return it.price_per_hour * job.node_count * (it.startup_delay_s + duration) / 3600
 
 
 def provision_options(
@@ -84,8 +92,10 @@ def provision_options(
         if not fits(job, it):
             continue
         duration = job.duration_on(it.tflops, config.reference_tflops)
+        if it.spot:
+            duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s)
         start = now + it.startup_delay_s
-        cost = it.price_per_hour * job.node_count * (it.startup_delay_s + duration) / 3600
+        cost = rent_cost(job, it, duration)
         found.append(Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration,
                             instance=it))
     return found
@@ -97,20 +107,50 @@ def cheapest_instance(job: JobRequest, catalogue: tuple[InstanceType, ...]) -> I
     return min(fitting, key=lambda it: (it.price_per_hour, -it.tflops)) if fitting else None
 
 
-def pick_time_sensitive(options: list[Option], *, now: float, config: PolicyConfig) -> Option:
-    """Earliest finish; finishes within the tolerance are equal and then owned, then cheaper, wins."""
-    if config.pay_only_to_avoid_waiting:
-        owned_now = [o for o in options if o.action == "start" and not o.paid]
-        options = owned_now or options
-    best = min(o.finish for o in options)
-    tolerance = max(config.finish_tolerance_s, config.finish_tolerance_frac * (best - now))
-    near = [o for o in options if o.finish <= best + tolerance]
-    return min(near, key=lambda o: (o.paid, o.cost, o.finish, o.kind_rank))
+def time_value_per_s(job: JobRequest, config: PolicyConfig) -> float:
+    """Dollars one second less to completion is worth for this job: the exchange rate times its GPUs."""
+    rate = config.exchange_rate if job.exchange_rate is None else job.exchange_rate
+    if job.priority == "cost":
+        rate *= config.cost_sensitive_weight
+    return rate * job.gpu_count * job.node_count / 3600
 
 
-def pick_cost_sensitive(options: list[Option], job: JobRequest) -> Option:
-    """Cheapest expected total cost that meets the deadline; if none can, the earliest finish."""
-    on_time = [o for o in options if job.deadline is None or o.finish <= job.deadline]
-    if not on_time:
-        return min(options, key=lambda o: (o.finish, o.cost))
-    return min(on_time, key=lambda o: (o.cost, o.finish, o.kind_rank))
+def risk_factor(job: JobRequest, config: PolicyConfig) -> float:
+    """Rented time is priced at the duration's upper quantile when the duration is uncertain."""
+    return math.exp(config.risk_z * job.duration_sigma)
+
+
+def paid_dollars(option: Option, job: JobRequest, config: PolicyConfig) -> float:
+    """Expected on-demand dollars of an option (owned capacity is already paid for)."""
+    return option.cost * risk_factor(job, config) if option.paid else 0.0
+
+
+def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig) -> Option:
+    """Least on-demand dollars + time to finish at the exchange rate; near-equal scores go to owned, then sooner.
+
+    Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
+    """
+    value = time_value_per_s(job, config)
+    if job.deadline is not None and job.priority == "cost" and value > 0:
+        options = [o for o in options if o.finish <= job.deadline] or options
+    if job.priority == "cost":
+        options = cheapest_owned(options, value=value, now=now, config=config)
+    scored = [(paid_dollars(o, job, config) + value * (o.finish - now), o) for o in options]
+    best = min(score for score, _ in scored)
+    soonest = min(o.finish for o in options)
+    tolerance = value * max(config.finish_tolerance_s, config.finish_tolerance_frac * (soonest - now))
+    near = [o for score, o in scored if score <= best + tolerance + 1e-9]
+    return min(near, key=lambda o: (o.paid, paid_dollars(o, job, config), o.finish, o.cost, o.kind_rank))
+
+
+def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:
+    """A cost-sensitive job is billed its share of an owned node's price too: among owned options keep those that
+    cost least (amortised share + time at the job's rate); rented options are weighed against them as usual."""
+    owned = [o for o in options if not o.paid]
+    if len(owned) < 2:
+        return options
+    scores = [(o.cost + value * (o.finish - now), o) for o in owned]
+    best = min(score for score, _ in scores)
+    tolerance = max(config.finish_tolerance_frac * best, 1e-9)
+    keep = {id(o) for score, o in scores if score <= best + tolerance}
+    return [o for o in options if o.paid or id(o) in keep]

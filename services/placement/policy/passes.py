@@ -61,7 +61,8 @@ class Pass:
 
 
 class FairQueue:
-    """Time-sensitive before cost-sensitive, then least recent usage per user, then submission time.
+    """Time-sensitive before cost-sensitive, then jobs only local nodes may run (they have no other choice), then
+    least recent usage per user, then submission time.
 
     Usage grows as this pass starts a user's jobs, so one user cannot take every free GPU in one pass.
     """
@@ -73,15 +74,16 @@ class FairQueue:
         heapq.heapify(self.heap)
 
     def _key(self, job: JobRequest, seq: int) -> tuple:
-        return (job.priority != "time", self.usage.get(job.user, 0.0), job.submitted_at, seq, job)
+        return (job.priority != "time", job.allowed != "local", self.usage.get(job.user, 0.0), job.submitted_at,
+                seq, job)
 
     def take(self, limit: int) -> Iterator[JobRequest]:
         taken = 0
         while self.heap and taken < limit:
             entry = heapq.heappop(self.heap)
             job = entry[-1]
-            if entry[1] != self.usage.get(job.user, 0.0):
-                heapq.heappush(self.heap, self._key(job, entry[3]))
+            if entry[2] != self.usage.get(job.user, 0.0):
+                heapq.heappush(self.heap, self._key(job, entry[4]))
                 continue
             taken += 1
             yield job

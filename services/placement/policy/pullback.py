@@ -2,7 +2,7 @@
 from services.placement.policy.capacity import expected_end
 from services.placement.policy.decisions import PullBack
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, RunningJob
-from services.placement.policy.options import share_per_hour
+from services.placement.policy.options import share_per_hour, time_value_per_s
 from services.placement.policy.passes import Pass
 
 
@@ -50,7 +50,8 @@ def _best_target(p: Pass, run: RunningJob, od_tflops: float, remaining: float, o
         owned_hourly = share_per_hour([view], job.gpu_count)
         saving = (od_hourly * remaining - owned_hourly * duration) / 3600
         migration_cost = (od_hourly + owned_hourly) * config.migration_s / 3600 + config.migration_fixed_cost
-        net = saving - migration_cost
+        later = max(0.0, now + total - max(run.expected_end_at, now))  # the time the move costs, at the rate
+        net = saving - migration_cost - time_value_per_s(job, config) * later
         if net > best_net:
             best, best_net = (view, indices, total), net
     return best

@@ -1,7 +1,7 @@
 """The one entry point: `schedule(state, now, config)` runs the policy named in the config."""
 from collections.abc import Callable
 
-from services.placement.policy.baselines import schedule_burst, schedule_local_fifo
+from services.placement.policy.baselines import schedule_burst, schedule_burst_after, schedule_local_fifo
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision
 from services.placement.policy.models import ClusterState
@@ -13,6 +13,7 @@ POLICIES: dict[str, PolicyFn] = {
     "trainmaster": schedule_trainmaster,
     "local-fifo": schedule_local_fifo,
     "burst": schedule_burst,
+    "burst-after": schedule_burst_after,
     "wait-local": schedule_wait_local,
 }
 

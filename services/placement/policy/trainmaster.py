@@ -1,14 +1,9 @@
 """`trainmaster` and `wait-local`: fair-share queue, backfill behind reservations, time/cost rules."""
+from services.placement.policy.capacity import INF
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision
 from services.placement.policy.models import ClusterState
-from services.placement.policy.options import (
-    job_kinds,
-    node_options,
-    pick_cost_sensitive,
-    pick_time_sensitive,
-    provision_options,
-)
+from services.placement.policy.options import job_kinds, node_options, pick, provision_options
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, FairQueue, Pass
 from services.placement.policy.pullback import pull_back
 
@@ -26,18 +21,25 @@ def schedule_wait_local(state: ClusterState, now: float, config: PolicyConfig) -
 def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: frozenset[str]) -> list[Decision]:
     p = Pass(state, now=now, config=config, kinds=kinds)
     queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s)
+    blocked: dict[tuple, float] = {}  # owned-only shape -> shortest duration that found nothing free this pass
     for job in queue.take(config.max_jobs_per_pass):
         allowed = job_kinds(job, kinds)
+        shape = (allowed, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu,
+                 job.memory_gb, job.max_price_per_hour)
+        base = job.duration_on(config.reference_tflops, config.reference_tflops)
+        if (p.reservations >= config.reservation_depth and base >= blocked.get(shape, INF)
+                and job.id not in p.index.claimed):
+            p.wait(job, "waiting for owned capacity")  # capacity only shrinks in a pass: nothing free for it
+            continue
         options = node_options(job, p.index, kinds=allowed, config=config, wait=True)
+        if "on_demand" not in allowed and not any(o.action == "start" for o in options):
+            blocked[shape] = min(base, blocked.get(shape, INF))
         if "on_demand" in allowed:
             options += provision_options(job, state.catalogue, now=now, config=config)
         if not options:
             p.wait(job, "no node or instance type can host this job")
             continue
-        if job.priority == "time":
-            choice = pick_time_sensitive(options, now=now, config=config)
-        else:
-            choice = pick_cost_sensitive(options, job)
+        choice = pick(options, job, now=now, config=config)
         p.apply(job, choice)
         if choice.action != "wait":
             queue.charge(job, choice.duration)

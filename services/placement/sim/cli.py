@@ -6,6 +6,7 @@ import time
 
 from services.placement.policy import POLICIES, PolicyConfig
 from services.placement.sim.catalogue import DEFAULT_CATALOGUE, REFERENCE_TFLOPS
+from services.placement.sim.durations import SOURCES
 from services.placement.sim.engine import Simulation
 from services.placement.sim.metrics import summarise
 from services.placement.sim.trace import TraceOptions, load_jobs, load_nodes
@@ -27,11 +28,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-release-s", type=float, default=POLICY_DEFAULTS.idle_release_s)
     p.add_argument("--finish-tolerance-frac", type=float, default=POLICY_DEFAULTS.finish_tolerance_frac,
                    help="time-sensitive: finishes this close (fraction of time to finish) count as equal")
-    p.add_argument("--pay-only-to-avoid-waiting", action="store_true",
-                   help="time-sensitive jobs use a free owned node rather than pay for a faster on-demand one")
+    p.add_argument("--exchange-rate", type=float, default=POLICY_DEFAULTS.exchange_rate,
+                   help="on-demand dollars worth paying to finish one GPU-hour sooner (0: never rent to save time)")
+    p.add_argument("--burst-after-s", type=float, default=POLICY_DEFAULTS.burst_after_s,
+                   help="burst-after: a job rents only after waiting this long")
     p.add_argument("--local-only-frac", type=float, default=TRACE_DEFAULTS.local_only_frac)
     p.add_argument("--cloud-only-frac", type=float, default=TRACE_DEFAULTS.cloud_only_frac)
     p.add_argument("--estimate-error", type=float, default=0.0, help="log-normal sigma on expected durations")
+    p.add_argument("--duration-source", default="trace", choices=sorted(SOURCES),
+                   help="trace: oracle (or --estimate-error); history: per-user median of finished jobs, like the "
+                        "estimator, the owner's (erroneous) expectation until then")
     p.add_argument("--limit", type=int, default=0, help="replay only the first N jobs (0 = all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -45,11 +51,13 @@ def simulate(args: argparse.Namespace) -> dict:
         jobs = jobs[: args.limit]
     nodes = load_nodes(args.nodes, local=args.local, reserved=args.reserved)
     config = PolicyConfig(policy=args.policy, reference_tflops=REFERENCE_TFLOPS, idle_release_s=args.idle_release_s,
-                          finish_tolerance_frac=args.finish_tolerance_frac,
-                          pay_only_to_avoid_waiting=args.pay_only_to_avoid_waiting)
+                          finish_tolerance_frac=args.finish_tolerance_frac, exchange_rate=args.exchange_rate,
+                          burst_after_s=args.burst_after_s)
     started = time.perf_counter()
-    out = Simulation(jobs, nodes, catalogue=DEFAULT_CATALOGUE, config=config).run()
-    result = {"policy": args.policy, "local_nodes": args.local, "reserved_nodes": args.reserved}
+    out = Simulation(jobs, nodes, catalogue=DEFAULT_CATALOGUE, config=config,
+                     durations=SOURCES[args.duration_source]()).run()
+    result = {"policy": args.policy, "local_nodes": args.local, "reserved_nodes": args.reserved,
+              "estimate_error": args.estimate_error, "duration_source": args.duration_source}
     result |= summarise(jobs, out)
     result["skipped_no_gpu"] = skipped.no_gpu
     result["skipped_never_scheduled"] = skipped.never_scheduled

@@ -15,12 +15,14 @@ from services.placement.policy import (
     Release,
     RunningJob,
     Start,
+    Wait,
     schedule,
 )
+from services.placement.sim.durations import DurationSource
 from services.placement.sim.trace import NodeSpec, TraceJob
 
 USAGE_HALF_LIFE_S = 7 * 86400.0  # fair share remembers about a week of usage
-ARRIVE, FINISH, WAKE = 0, 1, 2
+ARRIVE, FINISH, WAKE, TICK = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
@@ -78,7 +80,7 @@ class Outcome:
 
 class Simulation:
     def __init__(self, jobs: list[TraceJob], nodes: list[NodeSpec], *, catalogue: tuple[InstanceType, ...],
-                 config: PolicyConfig):
+                 config: PolicyConfig, durations: DurationSource | None = None):
         self.jobs = {j.request.id: j for j in jobs}
         self.catalogue = catalogue
         self.types = {it.name: it for it in catalogue}
@@ -95,6 +97,8 @@ class Simulation:
         self.events: list[tuple[float, int, int, str, int]] = []
         self.seq = 0
         self.out = Outcome(owned_gpus=sum(n.gpu_count for n in self.nodes.values()))
+        self.durations = durations or DurationSource()
+        self.ticks: set[float] = set()
         for j in jobs:
             self._push(j.request.submitted_at, ARRIVE, j.request.id)
 
@@ -104,7 +108,7 @@ class Simulation:
             while self.events and self.events[0][0] == now:
                 _, _, kind, key, token = heapq.heappop(self.events)
                 if kind == ARRIVE:
-                    self.queue[key] = self.jobs[key].request
+                    self.queue[key] = self.durations.estimate(self.jobs[key].request)
                 elif kind == FINISH and key in self.segments and self.segments[key].token == token:
                     self._finish(key, now)
                 elif kind == WAKE and key in self.nodes:
@@ -137,6 +141,9 @@ class Simulation:
                 self._release(d.node_id, now)
             elif isinstance(d, PullBack):
                 self._pull_back(d, now)
+            elif isinstance(d, Wait) and d.retry_at is not None and d.retry_at > now and d.retry_at not in self.ticks:
+                self.ticks.add(d.retry_at)
+                self._push(d.retry_at, TICK, "")
 
     def _node(self, node_id: str) -> Node:
         node = self.cache.get(node_id)
@@ -194,7 +201,8 @@ class Simulation:
         self.segments[job_id] = Segment(tuple(node_ids), tuple(indices), start, end, tflops, self.seq)
         self._push(end, FINISH, job_id, self.seq)
         left = self.work_left[job_id] / self.jobs[job_id].run_time_s
-        expected_end = start + job.expected_duration_s * left * self.config.reference_tflops / tflops
+        base = job.predicted_duration_s if job.predicted_duration_s is not None else job.expected_duration_s
+        expected_end = start + base * left * self.config.reference_tflops / tflops
         self.running[job_id] = RunningJob(job, tuple(node_ids), tuple(indices), start, expected_end)
 
     def _start(self, d: Start, now: float) -> None:
@@ -219,6 +227,7 @@ class Simulation:
     def _finish(self, job_id: str, now: float) -> None:
         self._stop(job_id, now)
         self.out.finished[job_id] = now
+        self.durations.observe(self.jobs[job_id].request, self.jobs[job_id].run_time_s)
 
     def _provision(self, d: Provision, now: float) -> None:
         it = self.types[d.instance_type]

@@ -105,6 +105,7 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
         deadline=submitted + factor * run_time + slack,
         cpu=int(row["cpu_milli"]) / 1000,
         memory_gb=int(row["memory_mib"]) / 1024,
+        duration_sigma=options.estimate_error,
     )
     return TraceJob(request, run_time, qos)
 

@@ -88,9 +88,26 @@ const TM = (() => {
     if (p === null) return `<span class="muted">–</span>`;
     return `<div class="progress"><div class="track"><div class="fill" style="width:${(p * 100).toFixed(1)}%"></div></div><span class="pct">${Math.round(p * 100)}%</span></div>`;
   }
+  // An ETA whose 10-90% band is wider than the estimate itself is a rough range, not a precise time
+  // (the CLI's services/cli/render.py eta_phrase says the same).
+  function etaWide(e) { return e.high_s - e.low_s >= Math.max(e.remaining_s, 20); }
+  function rough(s) {
+    if (s < 90) return `${Math.max(5, 5 * Math.round(s / 5))} s`;
+    if (s < 5400) return `${Math.round(s / 60)} min`;
+    return `${Math.round(s / 1800) / 2} h`;
+  }
+  function roughRange(low, high) {
+    const [step, unit, scale] = high < 90 ? [5, "s", 5] : high < 5400 ? [60, "min", 1] : [3600, "h", 1];
+    return `${Math.floor(low / step) * scale}–${Math.max(Math.ceil(high / step) * scale, 1)} ${unit}`;
+  }
+  function etaText(e) {
+    return etaWide(e) ? { main: `about ${rough(e.remaining_s)}`, band: `could be ${roughRange(e.low_s, e.high_s)}` }
+      : { main: duration(e.remaining_s), band: `80% between ${duration(e.low_s)} and ${duration(e.high_s)}` };
+  }
   function eta(job) {
     const e = job.status.eta;
     if (!e) return `<span class="muted">–</span>`;
+    if (etaWide(e)) { const t = etaText(e); return `<span class="eta"><b>${t.main}</b> <span class="band">(${t.band})</span></span>`; }
     return `<span class="eta"><b>${duration(e.remaining_s)}</b> <span class="band">(${duration(e.low_s)}–${duration(e.high_s)})</span></span>`;
   }
   const FINISHED = ["Completed", "Failed", "Terminated"];
@@ -149,7 +166,7 @@ const TM = (() => {
     if (current && current.leave) current.leave();
     const [, name = "jobs", ...rest] = (location.hash || "#/jobs").split("/");
     const page = pages[name] || pages.jobs;
-    document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === (name === "job" ? "jobs" : name)));
+    document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === ({ job: "jobs", search: "searches" }[name] || name)));
     $("#page-title").textContent = page.title;
     const view = $("#view");
     view.innerHTML = "";
@@ -180,5 +197,5 @@ const TM = (() => {
   }
 
   return { pages, charts, api, ApiError, jobsPath, project, nodes, esc, $, duration, ago, badge, kind, money,
-           progress, progressOf, eta, FINISHED, flash, start, me: () => me };
+           progress, progressOf, eta, etaText, FINISHED, flash, start, me: () => me };
 })();

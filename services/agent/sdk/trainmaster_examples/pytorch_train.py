@@ -1,7 +1,8 @@
 """A PyTorch training script that survives moves: checkpoints, resumes, and saves on SIGTERM.
 
-Submit with `"command": "python3 services/agent/sdk/examples/pytorch_train.py --steps 2000"` (the agent puts
-the helper on PYTHONPATH) and a metric {"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}.
+Submit with `"command": "python3 -m trainmaster_examples.pytorch_train --steps 2000"` (the agent puts this package
+and the helper on every task's PYTHONPATH; the cluster's default engine brings PyTorch) and a metric
+{"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}.
 """
 import argparse
 import os

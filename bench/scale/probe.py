@@ -1,0 +1,107 @@
+"""What the scale benchmark watches: node verdicts, consumer lag, CPU and memory per process, API latency."""
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from shared.bus import NODES, JOBS, RPC_HEALTH
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_mb(pid: int, key: str = "VmRSS") -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class CpuWindow:
+    """CPU use of each process over a window, as a percentage of one core."""
+
+    pids: dict[str, int]
+    at: float = field(default_factory=time.monotonic)
+    start: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.start = {name: cpu_s(pid) for name, pid in self.pids.items()}
+
+    def percent(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self.at, 1e-6)
+        return {name: round(100 * (cpu_s(pid) - self.start[name]) / elapsed, 1) for name, pid in self.pids.items()}
+
+
+@dataclass
+class Watch:
+    """Node verdicts as the monitor publishes them, and the lag of every durable consumer."""
+
+    nats_url: str
+    creds: Path
+    ready_at: dict[str, float] = field(default_factory=dict)
+    lost: list[str] = field(default_factory=list)
+    max_lag: dict[str, int] = field(default_factory=dict)
+    heartbeat_backlog_max: int = 0
+    monitor_details: dict = field(default_factory=dict)
+
+    async def open(self) -> None:
+        self.nc = await nats.connect(self.nats_url, user_credentials=str(self.creds))
+        self.js = self.nc.jetstream()
+
+        async def on_state(msg) -> None:
+            event = json.loads(msg.data)
+            if event.get("state") == "ready":
+                self.ready_at.setdefault(event["node_id"], time.monotonic())
+            elif event.get("state") == "lost":
+                self.lost.append(event["node_id"])
+
+        await self.nc.subscribe("tm.node.evt.state", cb=on_state)
+        await self.nc.flush()
+
+    async def sample_lag(self) -> None:
+        for stream in (JOBS.name, NODES.name):
+            for info in await self.js.consumers_info(stream):
+                lag = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                name = info.name
+                self.max_lag[name] = max(self.max_lag.get(name, 0), lag)
+        try:
+            reply = await self.nc.request(RPC_HEALTH.format(service="monitor"), b"{}", timeout=5)
+            self.monitor_details = json.loads(reply.data).get("details", {})
+            backlog = self.monitor_details.get("heartbeat_backlog", 0)
+            self.heartbeat_backlog_max = max(self.heartbeat_backlog_max, int(backlog))
+        except (nats.errors.Error, TimeoutError, ValueError):
+            pass
+
+    async def lag_forever(self, every_s: float = 2.0) -> None:
+        while True:
+            try:
+                await self.sample_lag()
+            except (nats.errors.Error, TimeoutError):
+                pass
+            await asyncio.sleep(every_s)
+
+    async def close(self) -> None:
+        await self.nc.close()

@@ -1,0 +1,178 @@
+"""One scale run: a fresh stack without agents, N simulated nodes, a steady window, then a burst of jobs."""
+import asyncio
+import logging
+import os
+import platform
+import socket
+import time
+from pathlib import Path
+
+import httpx
+
+from shared.buscreds import write_secret
+from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
+from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
+from bench.scale.sim import IDENTITY, SimFleet, permissions
+
+log = logging.getLogger(__name__)
+TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
+PROJECT = "scale"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_stack(data: Path, *, interval_s: float, timeout_s: float) -> Stack:
+    """NATS, the database and the five services; no agent (the simulated fleet is the only one)."""
+    (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n")
+    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), api_port=free_port(),
+                                cluster_file=data / "cluster.toml", admin_token=TOKEN, mongo_url=None,
+                                log_level="WARNING", heartbeat_interval_s=interval_s, node_timeout_s=timeout_s))
+    stack.start_nats()
+    stack.start_database()
+    stack.prepare_bus()
+    for name in SERVICES:
+        stack.start_service(name)
+    wait_for_port(stack.settings.api_port, timeout_s=60)
+    return stack
+
+
+def bench_creds(stack: Stack) -> Path:
+    """The bench's own identity (`sim.permissions`), minted with the stack's keys; no service knows of it."""
+    _, text = stack.identities.minter().mint(name=IDENTITY, permissions=permissions())
+    return write_secret(stack.data_dir / "bus" / "creds" / f"{IDENTITY}.creds", text)
+
+
+async def node_states(api: httpx.AsyncClient) -> dict[str, str]:
+    states, offset = {}, 0
+    while offset is not None:
+        answer = await api.get("/v2/nodes", params={"limit": 1000, "offset": offset})
+        if not answer.is_success:
+            await asyncio.sleep(1)
+            continue
+        page = answer.json()
+        states.update({n["node_id"]: n["state"] for n in page["items"]})
+        offset = page["next_offset"]
+    return states
+
+
+async def nodes_latency(api: httpx.AsyncClient, *, samples: int, spread_s: float) -> tuple[list[float], int]:
+    """Latencies of `GET /v2/nodes?limit=100` spread over the window, and how many failed (503: no answer)."""
+    timings, failed = [], 0
+    for _ in range(samples):
+        t = time.perf_counter()
+        if (await api.get("/v2/nodes", params={"limit": 100})).is_success:
+            timings.append(time.perf_counter() - t)
+        else:
+            failed += 1
+        await asyncio.sleep(spread_s / samples)
+    return timings, failed
+
+
+async def burst(api: httpx.AsyncClient, *, jobs: int, clients: int, timeout_s: float) -> dict:
+    """`jobs` one-GPU no-op jobs from `clients` concurrent clients; wait until every one has ended. Bounded: no
+    job is submitted, and none waited for, after `timeout_s` (what was not submitted by then counts as not done)."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(jobs):
+        queue.put_nowait(i)
+    submitted = []
+
+    async def client() -> None:
+        while not queue.empty() and time.perf_counter() - started < timeout_s:
+            i = queue.get_nowait()
+            body = {"metadata": {"name": f"scale-{i}"}, "algorithm": {"command": "true"},
+                    "spec": {"resource": {"gpu_count": 1, "cpu_count": 1, "memory_gb": 1}}}
+            (await api.post(f"/v2/{PROJECT}/training-jobs", json=body)).raise_for_status()
+            submitted.append(i)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    accept_s = time.perf_counter() - started
+    while time.perf_counter() - started < timeout_s:
+        page = (await api.get(f"/v2/{PROJECT}/training-jobs",
+                              params={"limit": 1, "phase": ["Pending", "Creating", "Running"]})).json()
+        if page["total"] == 0:
+            break
+        await asyncio.sleep(0.5)
+    finish_s = time.perf_counter() - started
+    items = []
+    for offset in range(0, jobs, 500):
+        page = await api.get(f"/v2/{PROJECT}/training-jobs", params={"limit": 500, "offset": offset})
+        items += page.json()["items"]
+    latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
+                 if j["status"].get("start_time")]
+    completed = sum(j["status"]["phase"] == "Completed" for j in items)
+    return {"jobs": jobs, "jobs_submitted": len(submitted), "jobs_completed": completed,
+            "accepted_per_s": round(len(submitted) / accept_s, 1),
+            "jobs_per_s": round(completed / finish_s, 2), "burst_s": round(finish_s, 1),
+            "submit_to_running_p50_s": _round(percentile(latencies, 0.5)),
+            "submit_to_running_p95_s": _round(percentile(latencies, 0.95))}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interval_s: float, task_s: float,
+                  ready_timeout_s: float, jobs_timeout_s: float) -> dict:
+    creds = bench_creds(stack)
+    output = stack.data_dir / "sim-output"
+    output.mkdir(exist_ok=True)
+    fleet = SimFleet(stack.nats_url, creds, nodes, interval_s=interval_s, task_s=task_s, output_dir=output)
+    watch = Watch(stack.nats_url, stack.admin_creds())
+    await watch.open()
+    await fleet.open()
+    pids = {name: p.pid for name, p in stack.processes.items()} | {"bench": os.getpid()}
+    loops = [asyncio.create_task(watch.lag_forever())]
+    t0 = time.monotonic()
+    try:
+        await fleet.register_all()
+        log.info("%d nodes registered after %.1f s", nodes, time.monotonic() - t0)
+        loops += [asyncio.create_task(fleet.heartbeat_forever()), asyncio.create_task(fleet.answer_commands())]
+        sims = set(fleet.agents)
+        while len(sims & watch.ready_at.keys()) < nodes and time.monotonic() - t0 < ready_timeout_s:
+            await asyncio.sleep(0.5)
+        all_ready_s = max((watch.ready_at[n] for n in sims & watch.ready_at.keys()), default=t0) - t0
+        log.info("%d of %d nodes ready after %.1f s", len(sims & watch.ready_at.keys()), nodes, all_ready_s)
+        cpu = CpuWindow(pids)
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
+            latency, latency_failed = await nodes_latency(api, samples=20, spread_s=seconds)
+            steady_cpu = cpu.percent()
+            log.info("steady window over: %d heartbeats sent, %d nodes lost, monitor %s",
+                     sum(a.heartbeats for a in fleet.agents.values()), len(watch.lost), watch.monitor_details)
+            states = await node_states(api)
+            result = await burst(api, jobs=jobs, clients=8, timeout_s=jobs_timeout_s) if jobs else {}
+    finally:
+        lost = list(watch.lost)  # what comes after the simulated nodes stop is no false loss
+        for loop in loops:
+            if loop.done() and loop.exception():
+                log.error("bench loop %s failed: %r", loop.get_coro().__qualname__, loop.exception())
+            loop.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        for closing in (watch.close(), fleet.close()):
+            try:
+                await asyncio.wait_for(closing, timeout=10)
+            except (TimeoutError, OSError) as exc:
+                log.warning("closing: %r", exc)
+    ready = sum(states.get(n) in ("ready", "busy") for n in sims)
+    return {
+        "nodes": nodes, "seconds": seconds, "heartbeat_interval_s": interval_s,
+        "nodes_ready": ready, "all_ready_s": round(all_ready_s, 1) if ready == nodes else None,
+        "false_lost": len(lost), "false_lost_nodes": len(set(lost)),
+        "max_lag": max([*watch.max_lag.values(), watch.heartbeat_backlog_max], default=0),
+        "lag_by_consumer": watch.max_lag, "heartbeat_backlog_max": watch.heartbeat_backlog_max,
+        "bench_send_lag_max_s": round(fleet.send_lag_max_s, 3),
+        "heartbeats_sent": sum(a.heartbeats for a in fleet.agents.values()), "monitor_health": watch.monitor_details,
+        "nodes_limit100_p50_ms": _round(1000 * percentile(latency, 0.5)) if latency else None,
+        "nodes_limit100_p95_ms": _round(1000 * percentile(latency, 0.95)) if latency else None,
+        "nodes_limit100_failed": latency_failed,
+        **({"jobs": 0, "jobs_completed": 0, "jobs_per_s": None, "submit_to_running_p95_s": None} | result),
+        "cpu_percent_steady": steady_cpu,
+        "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
+        "peak_rss_mb": {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }

@@ -1,0 +1,152 @@
+"""The placement policies on every workload variant x fleet size x estimate error, with the goals per cell.
+
+Usage: PYTHONPATH=. python bench/sched/matrix.py --data ../shared/data/alibaba-gpu-v2023 [--quick] [--workers 2]
+Cells already in `--cache` (JSON lines) are not run again, so an interrupted run resumes.
+"""
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from services.placement.sim.cli import parser as sim_parser
+from services.placement.sim.cli import simulate
+
+SIZES = ((8, 4), (12, 6), (16, 8), (22, 12))
+SIGMAS = (0.0, 0.3)
+BASELINES = ("burst", "burst-after", "wait-local", "local-fifo")
+# Tuned on these (variant, size) cells only; every other cell is held out.
+TUNING_VARIANTS = ("default", "gpushare40", "gpuspec10", "cpu050")
+TUNING_SIZES = ((8, 4), (16, 8))
+MAX_WORKERS = 2  # the VM has two cores shared with everything else
+
+
+def variants(data: Path) -> list[str]:
+    return sorted(p.name.removeprefix("openb_pod_list_").removesuffix(".csv")
+                  for p in data.glob("openb_pod_list_*.csv"))
+
+
+def runs(names: list[str], sizes, sigmas, policies=("trainmaster", *BASELINES)) -> list[tuple]:
+    """(policy, variant, local, reserved, sigma); baselines run at sigma 0 only (burst, burst-after and local-fifo
+    never read a duration; wait-local is shown for reference)."""
+    out = []
+    for variant in names:
+        for local, reserved in sizes:
+            if "trainmaster" in policies:
+                out += [("trainmaster", variant, local, reserved, sigma) for sigma in sigmas]
+            out += [(policy, variant, local, reserved, 0.0) for policy in BASELINES if policy in policies]
+    return out
+
+
+def _key(run: tuple) -> str:
+    return "|".join(str(part) for part in run)
+
+
+def _simulate(job: tuple) -> tuple[str, dict]:
+    (policy, variant, local, reserved, sigma), data, extra = job
+    argv = ["--pods", str(data / f"openb_pod_list_{variant}.csv"), "--nodes",
+            str(data / "openb_node_list_gpu_node.csv"), "--policy", policy, "--local", str(local), "--reserved",
+            str(reserved), "--estimate-error", str(sigma), *extra]
+    return _key((policy, variant, local, reserved, sigma)), simulate(sim_parser().parse_args(argv))
+
+
+def cell(results: dict[str, dict], variant: str, local: int, reserved: int, sigma: float) -> dict | None:
+    tm = results.get(_key(("trainmaster", variant, local, reserved, sigma)))
+    burst = results.get(_key(("burst", variant, local, reserved, 0.0)))
+    if tm is None or burst is None:
+        return None
+    dollars = tm["on_demand_dollars"] / burst["on_demand_dollars"] if burst["on_demand_dollars"] else (
+        1.0 if tm["on_demand_dollars"] == 0 else float("inf"))
+    jct = tm["avg_jct_s"] / burst["avg_jct_s"]
+    limit = 1.05 if sigma == 0 else 1.08
+    holds = tm["on_demand_dollars"] <= burst["on_demand_dollars"] + 0.005 and jct <= limit
+    tuned = variant in TUNING_VARIANTS and (local, reserved) in TUNING_SIZES
+    others = {p: results.get(_key((p, variant, local, reserved, 0.0))) for p in BASELINES[1:]}
+    return {"variant": variant, "size": f"{local}+{reserved}", "sigma": sigma, "tuned_on": tuned,
+            "tm_dollars": tm["on_demand_dollars"], "burst_dollars": burst["on_demand_dollars"],
+            "tm_jct_s": tm["avg_jct_s"], "burst_jct_s": burst["avg_jct_s"], "dollar_ratio": round(dollars, 3),
+            "jct_ratio": round(jct, 3), "holds": holds,
+            **{f"{p}_dollars": r["on_demand_dollars"] for p, r in others.items() if r},
+            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r}}
+
+
+def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> dict:
+    chosen = [c for c in cells if c["sigma"] == sigma and (tuned is None or c["tuned_on"] == tuned)]
+    if not chosen:
+        return {}
+    tm = sum(c["tm_dollars"] for c in chosen)
+    burst = sum(c["burst_dollars"] for c in chosen)
+    worst = max(chosen, key=lambda c: (not c["holds"], max(c["jct_ratio"], c["dollar_ratio"])))
+    return {"sigma": sigma, "cells": len(chosen), "holding": sum(c["holds"] for c in chosen),
+            "total_dollar_ratio": round(tm / burst, 3) if burst else None,
+            "max_jct_ratio": max(c["jct_ratio"] for c in chosen),
+            "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} vs ${worst['burst_dollars']:,.0f},"
+                     f" completion x{worst['jct_ratio']}"}
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_matrix(cells: list[dict]) -> None:
+    print(f"{'variant':12} {'size':6} {'sigma':>5} {'tm $':>10} {'burst $':>10} {'$ ratio':>8} {'jct ratio':>9} "
+          f"{'b-after $':>10} {'b-after jct':>11} {'holds':>6}")
+    for c in cells:
+        mark = "" if c["tuned_on"] else " (held out)"
+        print(f"{c['variant']:12} {c['size']:6} {c['sigma']:>5} {c['tm_dollars']:>10,.0f} {c['burst_dollars']:>10,.0f} "
+              f"{c['dollar_ratio']:>8} {c['jct_ratio']:>9} {_num(c.get('burst-after_dollars'), ',.0f'):>10} "
+              f"{_num(c.get('burst-after_jct_s', 0) / c['burst_jct_s'] or None, '.3f'):>11} "
+              f"{'yes' if c['holds'] else 'NO':>6}{mark}")
+    for sigma in SIGMAS:
+        for label, tuned in (("all", None), ("tuned-on", True), ("held-out", False)):
+            s = summary(cells, sigma, tuned=tuned)
+            if s:
+                print(f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold; total $ x"
+                      f"{s['total_dollar_ratio']} of burst; max completion x{s['max_jct_ratio']}; worst {s['worst']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=Path("../shared/data/alibaba-gpu-v2023"))
+    p.add_argument("--quick", action="store_true", help="the tuning subset only (4 variants x 2 sizes, sigma 0)")
+    p.add_argument("--variants", nargs="*", help="only these variants")
+    p.add_argument("--sizes", nargs="*", help="only these fleet sizes, as LOCAL+RESERVED")
+    p.add_argument("--sigmas", nargs="*", type=float, help="only these estimate errors")
+    p.add_argument("--policies", nargs="*", default=["trainmaster", *BASELINES], help="run only these")
+    p.add_argument("--workers", type=int, default=MAX_WORKERS)
+    p.add_argument("--cache", type=Path, default=None, help="JSON lines of finished runs (read, then appended)")
+    p.add_argument("--exchange-rate", type=float, default=None, help="override the policy default")
+    p.add_argument("--report-only", action="store_true", help="print the cells the cache has; run nothing")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    names = args.variants or (list(TUNING_VARIANTS) if args.quick else variants(args.data))
+    sizes = [tuple(int(n) for n in s.split("+")) for s in args.sizes] if args.sizes else (
+        TUNING_SIZES if args.quick else SIZES)
+    sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
+    todo = runs(names, sizes, sigmas, tuple(args.policies))
+    results: dict[str, dict] = {}
+    if args.cache and args.cache.exists():
+        for line in args.cache.read_text().splitlines():
+            key, result = json.loads(line)
+            results[key] = result
+    extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
+    pending = [] if args.report_only else [(run, args.data, extra) for run in todo if _key(run) not in results]
+    with ProcessPoolExecutor(max_workers=max(1, min(args.workers, MAX_WORKERS))) as pool:
+        for key, result in pool.map(_simulate, pending):
+            results[key] = result
+            if args.cache:
+                with args.cache.open("a") as f:
+                    f.write(json.dumps([key, result]) + "\n")
+            print(f"done {key}: ${result['on_demand_dollars']:,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
+                  file=sys.stderr, flush=True)
+    cells = [c for v in names for size in sizes for sigma in sigmas if (c := cell(results, v, *size, sigma))]
+    if args.json:
+        json.dump({"cells": cells, "summary": [summary(cells, s) for s in SIGMAS]}, sys.stdout)
+        print()
+    else:
+        print_matrix(cells)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

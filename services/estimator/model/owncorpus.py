@@ -1,0 +1,146 @@
+"""The own-jobs corpus: recorded small real trainings (`bench/search/data/sweep.jsonl.gz`) as jobs that declare a
+target on their loss, replayed at cuts through `owncurve` (the code the live tracker runs), and the calibration
+of its band learned on them.
+
+A case is one run and one metric: the target is the level the run had reached at a fraction `u` of its
+recording (u drawn per case in [0.4, 1]; the median of the points around it), the truth the time its printed
+value first met it (the training loss printed as recorded, or as a running mean, one case in two). Only cases
+whose target came after MIN_TRUTH_POINTS log points are kept (a job whose target is met in its first lines needs
+no ETA).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.estimator.model.owncurve import own_estimate, read_prefix
+
+SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
+METRICS = {"loss": "min", "val_loss": "min", "val_acc": "max"}
+MIN_TRUTH_POINTS = 15
+SMOOTH_TARGET = 2  # the target is the median of the 2 points either side of the one at u
+PRINT_MEAN = 3  # a script printing a running mean of its loss: over the last 3 recorded points
+HELD_OUT_SEEDS = (4,)  # the evaluation's held-out runs; calibration never sees them
+CONFORMAL_SEEDS = (3,)  # of the rest: the conformal pad is learned on these, the network on the others
+CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
+CALIBRATION_CUTS = tuple(round(0.05 * i, 2) for i in range(1, 20, 2))  # 0.05, 0.15, ... 0.95
+CALIBRATION_U = (0.4, 0.7, 1.0)
+
+
+@dataclass(frozen=True)
+class Case:
+    run: str
+    group: str
+    seed: int
+    metric: str
+    mode: str
+    target: float
+    truth: float  # seconds from the start to the first value meeting the target
+    ts: tuple
+    xs: tuple
+    values: tuple
+
+
+def load_sweep(path: Path = SWEEP) -> list[dict]:
+    """Every complete run line of the sweep file (a truncated last gzip member is ignored)."""
+    runs = []
+    try:
+        with gzip.open(path, "rt") as handle:
+            for line in handle:
+                try:
+                    runs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    except (EOFError, OSError):
+        pass
+    return runs
+
+
+def make_case(run: dict, metric: str, u: float | None = None, smooth: bool | None = None) -> Case | None:
+    """The case of `run` on `metric` with its target at fraction `u` of the recording, the training loss printed
+    as recorded or (`smooth`) as a running mean of the last PRINT_MEAN points, as many scripts print it; both
+    drawn from the run id when not given."""
+    mode = METRICS[metric]
+    points = run["points"]
+    draw = zlib.crc32(f"{run['run']}:{metric}".encode()) % 10_000
+    if u is None:
+        u = 0.4 + 0.6 * draw / 10_000
+    if smooth is None:
+        smooth = draw % 2 == 0
+    sign = 1.0 if mode == "min" else -1.0
+    values = [sign * p[metric] for p in points]
+    if smooth and metric == "loss":
+        values = [float(np.mean(values[max(0, i - PRINT_MEAN + 1):i + 1])) for i in range(len(values))]
+    horizon = u * points[-1]["t"]
+    if not all(math.isfinite(v) for v in values):
+        return None
+    at = max(i for i, p in enumerate(points) if p["t"] <= horizon or i == 0)
+    # The level the curve has reached there (a median of neighbouring points), not one lucky low point.
+    goal = float(np.median(values[max(0, at - SMOOTH_TARGET):at + SMOOTH_TARGET + 1]))
+    hit = next(i for i, v in enumerate(values) if v <= goal)
+    if hit < MIN_TRUTH_POINTS or goal >= values[0]:
+        return None
+    return Case(run["run"], run["group"], int(run["params"]["seed"]), metric, mode, sign * goal,
+                points[hit]["t"], tuple(p["t"] for p in points[:hit + 1]),
+                tuple(float(p["step"]) for p in points[:hit + 1]), tuple(sign * v for v in values[:hit + 1]))
+
+
+def cases(runs: list[dict], metric: str = "loss", *, us=(None,), smooths=(None,)) -> list[Case]:
+    return [c for run in runs for u in us for smooth in (smooths if metric == "loss" else (None,))
+            if (c := make_case(run, metric, u, smooth)) is not None]
+
+
+def split(all_cases: list[Case], held: tuple = HELD_OUT_SEEDS) -> tuple[list[Case], list[Case]]:
+    """(calibration cases, held-out cases) by seed."""
+    return [c for c in all_cases if c.seed not in held], [c for c in all_cases if c.seed in held]
+
+
+def prefix(case: Case, elapsed: float) -> tuple[list, list, list]:
+    """The points a live job would have shown by `elapsed` seconds."""
+    n = sum(1 for t in case.ts if t <= elapsed)
+    return list(case.ts[:n]), list(case.xs[:n]), list(case.values[:n])
+
+
+def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray]:
+    """(features, log(true training time to target / training time so far)) at every cut of every case."""
+    xs, ys = [], []
+    for case in train:
+        for cut in cuts:
+            elapsed = cut * case.truth
+            ts, steps, values = prefix(case, elapsed)
+            read = read_prefix(ts, steps, values, target=case.target, mode=case.mode, elapsed=elapsed)
+            if read is None or case.truth <= read.origin:
+                continue
+            xs.append(read.features)
+            ys.append(math.log((case.truth - read.origin) / read.span))
+    return np.asarray(xs, float), np.asarray(ys, float)
+
+
+def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS) -> dict[float, list[dict]]:
+    """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None."""
+    rows: dict[float, list[dict]] = {cut: [] for cut in cuts}
+    for case in test:
+        for cut in cuts:
+            now = cut * case.truth
+            ts, xs, values = prefix(case, now)
+            est = own_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now,
+                               calibration=calibration)
+            row = {"truth": case.truth, "now": now, "pred": None, "benchmark": case.group, "run_id": case.run}
+            if est is not None:
+                row |= {"pred": est.total_s, "low": est.low_s - now, "high": est.high_s - now,
+                        "method": est.kind}
+            rows[cut].append(row)
+    return rows
+
+
+def band_width(rows: list[dict]) -> float | None:
+    """Median (90% - 10%) / truth of the band, a measure of how much an estimate admits not knowing."""
+    widths = [(r["high"] - r["low"]) / r["truth"] for r in rows if r["pred"] is not None]
+    return float(np.median(widths)) if widths else None

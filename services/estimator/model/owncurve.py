@@ -1,0 +1,203 @@
+"""An ETA for a job that declares a target and nothing else: its own metric curve, its live progress rate, and
+an interval learned across many real curves (pure, no I/O; the live tracker and the harness call the same code).
+
+The prefix of the curve is read on scale-free axes: the value as the fraction of the way left from the first
+value to the target, time as a fraction of the training time so far (the progress rate, re-estimated with decay
+as the pace changes, extrapolates the job's steps back to the training's start). Its features (the way left at a
+quarter, half, three quarters and now, the local power-law exponent, the crossing of a power law `a + b·x^-c`
+fitted on the declining part, and how late the first point came) go to a small quantile network learned on a
+corpus of real curves (`owncurve.json`, written by `python -m bench.search.calibrate`), which gives the 10%, 50%
+and 90% quantiles of the training time still to go, widened by a conformal pad learned on held-out seeds. Early
+on, or on a curve that is still flat, that band is wide: it says how little is known.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from services.estimator.model.curves import crossing, fit_family
+
+CALIBRATION = Path(__file__).with_name("owncurve.json")
+MIN_POINTS = 2  # fewer metric points give no estimate
+MIN_FIT = 5  # points a power law is fitted on
+HALF_LIFE = 0.25  # the rate's marks halve their weight every quarter of the elapsed time
+SMOOTH = 3  # the last value is the mean of the last few (a printed loss is noisy)
+MAX_OVER_ELAPSED = 50.0  # no estimate puts the end beyond this many times the time elapsed
+# Uncalibrated band (no calibration file) around log(total training time): wide, it says how little is known.
+DEFAULT_BAND = (-1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class OwnEstimate:
+    """Total duration since the start (s), its 10-90% band, how it was made, the run fraction seen."""
+
+    total_s: float
+    low_s: float
+    high_s: float
+    kind: str
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """What a curve prefix says: its features (scale-free), the training's origin and the training time so far
+    (s; progress extrapolated back to zero, so a slow start-up is not read as slow training), the power law's
+    total (s since start, inf when it does not reach the target)."""
+
+    features: tuple[float, ...]
+    origin: float
+    span: float
+    power_total: float
+
+
+def oriented(values, target: float, mode: str) -> tuple[np.ndarray, float]:
+    """Values and target turned so that lower is better."""
+    if mode not in ("min", "max"):
+        raise ValueError("mode must be 'min' or 'max'")
+    y = np.asarray(values, float)
+    return (y, float(target)) if mode == "min" else (-y, -float(target))
+
+
+def progress_rate(ts: np.ndarray, xs: np.ndarray, *, elapsed: float) -> float | None:
+    """Progress per second, a weighted least-squares slope whose weights halve every HALF_LIFE of the elapsed
+    time back from the last mark."""
+    if len(ts) < 2 or np.ptp(ts) <= 0:
+        return xs[-1] / ts[-1] if len(ts) and ts[-1] > 0 and xs[-1] > 0 else None
+    w = np.power(0.5, (ts[-1] - ts) / max(HALF_LIFE * elapsed, 1e-9))
+    mt, mx = np.average(ts, weights=w), np.average(xs, weights=w)
+    var = np.average((ts - mt) ** 2, weights=w)
+    slope = np.average((ts - mt) * (xs - mx), weights=w) / var if var > 0 else 0.0
+    return float(slope) if slope > 0 else None
+
+
+def fit_start(y: np.ndarray) -> int:
+    """Index where the curve's decline starts (a flat beginning, before the loss moves, is not a power law)."""
+    drop = y[0] - float(np.min(y))
+    if drop <= 0:
+        return 0
+    moved = np.nonzero(y <= y[0] - 0.1 * drop)[0]
+    return max(0, int(moved[0]) - 1) if len(moved) else 0
+
+
+def power_crossing(xs: np.ndarray, y: np.ndarray, target: float) -> float:
+    """Progress at which `a + b·x^-c`, fitted on the declining part of the curve, reaches the target (inf when
+    the fit flattens above it)."""
+    start = fit_start(y)
+    x, v = xs[start:], y[start:]
+    if len(x) < MIN_FIT or x[0] <= 0:
+        return math.inf
+    scale = float(x[-1])
+    fit = fit_family("power", x / scale, -v)  # the family is "higher is better"
+    if fit is None:
+        return math.inf
+    hit = crossing("power", fit.params, -target)
+    return hit * scale if math.isfinite(hit) else math.inf
+
+
+FEATURES = ("z25", "z50", "z75", "zlast", "way", "slope", "power", "power_ok", "first")
+FLOOR = 1e-3  # normalised gaps below this are the target's noise
+PAD_EDGES = (0.5, 0.8, 0.9, 0.97)  # bins of the way covered, each with its own conformal pad
+
+
+def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Prefix | None:
+    """Features of the curve seen by `elapsed` (points: t since start, progress or None, value), or None when
+    there is too little to read. The value axis is normalised by the way from the first value to the target
+    (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1)."""
+    y, goal = oriented(values, target, mode)
+    ts = np.asarray(ts, float)
+    if len(y) < MIN_POINTS or elapsed <= 0 or y[0] <= goal:
+        return None
+    clock = xs is None or any(x is None for x in xs)
+    x = ts if clock else np.asarray(xs, float)
+    if not clock and (np.any(np.diff(x) <= 0) or x[0] <= 0):
+        keep = np.concatenate([[True], np.diff(x) > 0]) & (x > 0)  # a restarted or repeated step: keep rises
+        ts, x, y = ts[keep], x[keep], y[keep]
+        if len(y) < MIN_POINTS:
+            return None
+    rate = 1.0 if clock else progress_rate(ts, x, elapsed=elapsed)
+    if rate is None:
+        return None
+    origin = 0.0 if clock else min(max(ts[0] - x[0] / rate, 0.0), ts[0])
+    span = elapsed - origin
+    if span <= 0:
+        return None
+    tau = (ts - origin) / span
+    z = (y - goal) / (y[0] - goal)
+    envelope = np.minimum.accumulate(z)
+    gaps = [math.log(max(float(np.interp(q, tau, envelope)), FLOOR)) for q in (0.25, 0.5, 0.75)]
+    last = float(np.mean(z[-SMOOTH:]))
+    if last > 1.0:  # moving away from the target: nothing to extrapolate
+        return None
+    late = tau >= 0.5
+    slope = 0.0
+    if late.sum() >= 2 and np.ptp(tau[late]) > 0:  # d log(gap) / d log(time): the power law's exponent, locally
+        slope = float(np.polyfit(np.log(tau[late]), np.log(np.maximum(z[late], FLOOR)), 1)[0])
+    cross = power_crossing(x, y, goal)
+    power_total = ts[-1] + max(cross - x[-1], 0.0) / rate if math.isfinite(cross) else math.inf
+    power = min(max((power_total - origin) / span, 1.0), MAX_OVER_ELAPSED) if math.isfinite(power_total) \
+        else MAX_OVER_ELAPSED
+    features = (*gaps, math.log(max(last, FLOOR)), min(max(1 - last, -1.0), 1.0), min(max(slope, -5.0), 5.0),
+                math.log(power), float(math.isfinite(power_total)), float(min(tau[0], 1.0)))
+    return Prefix(features, origin, span, power_total)
+
+
+def reached(values, *, target: float, mode: str) -> bool:
+    y, goal = oriented(list(values)[-1:], target, mode)
+    return len(y) > 0 and y[-1] <= goal
+
+
+def own_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
+                 calibration: dict | None) -> OwnEstimate | None:
+    """Total duration and 10-90% band (seconds since the start) from the curve seen by `elapsed`."""
+    if len(values) and reached(values, target=target, mode=mode):
+        return OwnEstimate(elapsed, elapsed, elapsed, "reached", 1.0)
+    prefix = read_prefix(ts, xs, values, target=target, mode=mode, elapsed=elapsed)
+    if prefix is None:
+        return None
+    net = (calibration or {}).get("net")
+    if net:
+        q10, q50, q90 = quantile_net(prefix.features, net)
+        pads = calibration.get("pads")
+        way = prefix.features[FEATURES.index("way")]
+        pad = float(pads[bisect.bisect_right(PAD_EDGES, way)] if pads and len(pads) == len(PAD_EDGES) + 1
+                    else calibration.get("pad", 0.0))
+        q10, q90, kind = q10 - pad, q90 + pad, "curve-learned"
+    else:  # no calibration: the power law's own total, or the way covered, with a wide band
+        q50 = prefix.features[FEATURES.index("power")] if prefix.features[FEATURES.index("power_ok")] else \
+            -math.log(max(prefix.features[FEATURES.index("way")], 1 / MAX_OVER_ELAPSED))
+        q10, q90, kind = q50 + DEFAULT_BAND[0], q50 + DEFAULT_BAND[1], "curve"
+    q10, q50, q90 = (min(max(q, 0.0), math.log(MAX_OVER_ELAPSED)) for q in (q10, min(max(q50, q10), q90), q90))
+    total, low, high = (prefix.origin + prefix.span * math.exp(q) for q in (q50, q10, q90))
+    return OwnEstimate(max(total, elapsed), max(min(low, total), elapsed), max(high, total), kind,
+                       min(1.0, elapsed / max(total, elapsed)))
+
+
+def quantile_net(features, net: dict) -> tuple[float, float, float]:
+    """(10%, 50%, 90%) quantiles of log(training time to target / training time so far): a small MLP trained
+    with the pinball loss on the corpus (weights in the calibration file)."""
+    x = (np.asarray(features, float) - np.asarray(net["mean"])) / np.asarray(net["std"])
+    for i, (w, b) in enumerate(net["layers"]):
+        x = np.asarray(w) @ x + np.asarray(b)
+        if i < len(net["layers"]) - 1:
+            x = np.maximum(x, 0.0)
+    mid, down, up = (float(v) for v in x)
+    return mid - _softplus(down), mid, mid + _softplus(up)
+
+
+def _softplus(v: float) -> float:
+    return v + math.log1p(math.exp(-v)) if v > 0 else math.log1p(math.exp(v))
+
+
+def load_calibration(path: Path = CALIBRATION) -> dict | None:
+    """The shipped calibration; None when it is missing or unreadable (the default bands apply)."""
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return table if isinstance(table, dict) else None

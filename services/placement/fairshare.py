@@ -1,0 +1,52 @@
+"""Recent GPU-hours per user (halved every week) that order the queue fairly, kept across restarts."""
+import math
+import time
+from dataclasses import dataclass, field
+
+from pymongo.asynchronous.collection import AsyncCollection
+
+HALF_LIFE_S = 7 * 86400.0
+DOC_ID = "fair-share"
+
+
+@dataclass
+class FairShare:
+    """In memory it is authoritative (placement runs as one process); each charge is written through (as
+    [user, hours] pairs: user names may hold characters a field name may not)."""
+
+    collection: AsyncCollection | None = None
+    usage: dict[str, float] = field(default_factory=dict)
+    at: float = field(default_factory=time.time)
+
+    def decayed(self, now: float) -> dict[str, float]:
+        factor = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S)
+        return {user: hours * factor for user, hours in self.usage.items()}
+
+    def decay(self, now: float) -> None:
+        self.usage = {user: hours for user, hours in self.decayed(now).items() if hours >= 1e-6}
+        self.at = max(self.at, now)
+
+    async def charge(self, user: str, gpu_hours: float, *, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.decay(now)
+        if math.isfinite(gpu_hours) and gpu_hours > 0:
+            self.usage[user] = self.usage.get(user, 0.0) + gpu_hours
+        await self.save()
+
+    async def load(self) -> None:
+        if self.collection is None:
+            return
+        doc = await self.collection.find_one({"_id": DOC_ID})
+        if not doc:
+            return
+        pairs = doc.get("usage") if isinstance(doc.get("usage"), list) else []
+        self.usage = {str(p[0]): float(p[1]) for p in pairs if isinstance(p, list) and len(p) == 2
+                      and isinstance(p[1], int | float) and math.isfinite(p[1]) and p[1] >= 0}
+        at = doc.get("at")
+        self.at = float(at) if isinstance(at, int | float) and math.isfinite(at) else time.time()
+
+    async def save(self) -> None:
+        if self.collection is not None:
+            await self.collection.replace_one({"_id": DOC_ID}, {"_id": DOC_ID, "at": self.at,
+                                                                "usage": [[u, h] for u, h in self.usage.items()]},
+                                              upsert=True)

@@ -1,0 +1,62 @@
+"""Builds the providers a cluster file's catalogue names, from its [providers.<name>] tables."""
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from faststream.nats import NatsBroker
+from pydantic import ValidationError
+
+from services.placement.providers.cloud import NodeMaker, offer_infos
+from services.placement.providers.credentials import NodeCredentials
+from services.placement.providers.local_process import LocalProcessProvider
+from services.placement.providers.reconcile import Providers
+
+KNOWN = ("local-process", "ec2", "kubernetes")
+
+
+def make_providers(*, entries: list[Mapping], sections: Mapping[str, Any], default: str, data_dir: Path,
+                   broker: NatsBroker, nats_url: str, minter: Path | None, ca_file: Path | None) -> Providers:
+    offers = offer_infos(list(entries))
+    names = {o.provider for o in offers.values()} | {default}
+    unknown = sorted(names - set(KNOWN))
+    if unknown:
+        raise SystemExit(f"unknown provider {', '.join(unknown)} (available: {', '.join(KNOWN)})")
+    credentials = NodeCredentials(minter_file=minter, broker=broker, nats_url=nats_url,
+                                  ca_file=ca_file) if minter else None
+    providers = Providers({}, offers)
+    for name in sorted(names):
+        if name == "local-process":
+            env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_NODE_ID")}  # children: agents
+            providers.by_name[name] = LocalProcessProvider(data_dir=data_dir, env=env, credentials=credentials)
+            continue
+        section = {"bus_url": nats_url, **(sections.get(name) or {})}
+        try:
+            providers.by_name[name] = _cloud(name, section, offers=offers, credentials=credentials,
+                                             folder=data_dir / "rented", providers=providers)
+        except (ValidationError, ValueError) as exc:
+            raise SystemExit(f"cluster file [providers.{name}]: {exc}") from None
+    providers.name = "+".join(sorted(providers.by_name))
+    return providers
+
+
+def _cloud(name: str, section: Mapping[str, Any], *, offers, credentials, folder: Path, providers: Providers):
+    maker = NodeMaker(boot=None, folder=folder, credentials=credentials,
+                      job_of=lambda node_id: providers.job_of(node_id))
+    if name == "ec2":
+        from services.placement.providers.ec2 import EC2Provider, EC2Settings
+
+        settings = EC2Settings.model_validate(section)
+        maker.boot = settings
+        return EC2Provider(settings=settings, offers=offers, maker=maker)
+    from services.placement.providers.kubernetes import KubernetesProvider, KubernetesSettings
+
+    settings = KubernetesSettings.model_validate(section)
+    maker.boot = settings
+    return KubernetesProvider(settings=settings, offers=offers, maker=maker)
+
+
+def bind(providers: Providers, fleet) -> None:
+    """Let the providers read the fleet's records: which job a node is rented for, which type it is."""
+    providers.job_of = lambda node_id: getattr(fleet.nodes.get(node_id), "reserved_for", None)
+    providers.instance_of = lambda node_id: getattr(fleet.nodes.get(node_id), "instance_type", None)

@@ -1,0 +1,32 @@
+"""Trial parameters drawn from a search space: trial k of a search always gets the same values (idempotent)."""
+import math
+import random
+from typing import Any
+
+from services.submitter.searches.models import Param
+
+
+def sample(space: dict[str, Param], *, seed: int, trial: int) -> dict[str, Any]:
+    """The parameters of trial `trial` (independent random draws keyed by seed and trial)."""
+    rng = random.Random(f"{seed}:{trial}")
+    return {name: _draw(param, rng) for name, param in sorted(space.items())}
+
+
+def _draw(param: Param, rng: random.Random) -> Any:
+    if param.type == "categorical":
+        return param.choices[rng.randrange(len(param.choices))]
+    if param.type == "int":
+        if param.log:  # uniform in log over [low, high + 1), then down to an integer
+            value = math.exp(rng.uniform(math.log(param.low), math.log(param.high + 1)))
+            return min(param.high, max(param.low, int(value)))
+        return rng.randint(param.low, param.high)
+    value = math.exp(rng.uniform(math.log(param.low), math.log(param.high))) if param.log \
+        else rng.uniform(param.low, param.high)
+    return min(param.high, max(param.low, float(f"{value:.6g}")))  # the value the job's environment shows
+
+
+def as_text(value: Any) -> str:
+    """A parameter value as the job's algorithm.parameters (and so its environment) carries it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value) if isinstance(value, float) else str(value)

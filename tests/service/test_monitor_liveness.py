@@ -1,0 +1,91 @@
+"""Node liveness in the monitor: heartbeats stay in memory, the database sees changes, a lagging intake fences
+nobody."""
+from datetime import timedelta
+
+from shared.bus import publish
+from shared.clock import utcnow
+from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
+from services.monitor.fleet import Fleet
+from services.monitor.handlers import list_nodes
+from tests.factories import T0, node
+from tests.memory import MemoryCollection
+from tests.service.test_monitor import monitor_broker  # noqa: F401 (the fixture)
+from tests.unit.test_liveness import Clock
+
+
+class CountingCollection(MemoryCollection):
+    """The nodes collection, counting writes; bulk writes of `$set` updates as the monitor sends them."""
+
+    def __init__(self) -> None:
+        super().__init__("nodes")
+        self.writes = 0
+
+    async def insert_one(self, doc):
+        self.writes += 1
+        return await super().insert_one(doc)
+
+    async def replace_one(self, query, doc, upsert=False):
+        self.writes += 1
+        return await super().replace_one(query, doc, upsert)
+
+    async def bulk_write(self, ops, ordered=True):
+        self.writes += 1
+        for op in ops:
+            await super().update_one(op._filter, op._doc)
+
+
+def beat(node_id: str, n: int, *, running=(), boot_id: str = "b1") -> NodeHeartbeat:
+    return NodeHeartbeat(event_id=f"{node_id}:{boot_id}:hb:{n}", node_id=node_id, boot_id=boot_id, running=running,
+                         occurred_at=T0 + timedelta(seconds=2 * n))
+
+
+async def fleet_of(broker, monitor, clock: Clock, *node_ids: str) -> CountingCollection:
+    monitor.nodes.collection = CountingCollection()
+    monitor.fleet = Fleet(persist_every_s=30, clock=clock)
+    for node_id in node_ids:
+        await publish(broker, NodeRegistered(event_id=f"{node_id}:boot:b1", node=node(node_id=node_id), boot_id="b1",
+                                             occurred_at=T0))
+    return monitor.nodes.collection
+
+
+async def test_heartbeats_touch_the_database_only_when_something_changes(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    nodes = await fleet_of(broker, monitor, Clock(), "n1")
+    assert nodes.writes == 1
+    for n in range(1, 11):  # 20 s of heartbeats
+        await monitor.heartbeat(beat("n1", n))
+    assert nodes.writes == 1 and nodes.docs["n1"]["last_seen"] == T0
+    page = await list_nodes({"limit": 10}, monitor)
+    assert page["total"] == 1 and page["items"][0]["last_seen"].startswith("2026-01-01T00:00:20")
+    await monitor.heartbeat(beat("n1", 11, running=(TaskRef(job_id="j", attempt=1),)))
+    assert nodes.writes == 2 and list(nodes.docs["n1"]["running"]) == [{"job_id": "j", "attempt": 1, "rank": 0}]
+
+
+async def test_last_seen_is_written_in_bulk_now_and_then_and_a_restarted_monitor_reads_it(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    nodes = await fleet_of(broker, monitor, Clock(), "n1", "n2")
+    for n in range(1, 20):
+        await monitor.heartbeat(beat("n1", n))
+        await monitor.heartbeat(beat("n2", n))
+    assert await monitor.persist_seen() == 2 and nodes.writes == 3  # two registrations, one bulk
+    assert await monitor.persist_seen() == 0
+    monitor.fleet = Fleet()
+    assert await monitor.load_fleet() == 2
+    assert monitor.fleet.records["n2"].last_seen == T0 + timedelta(seconds=2 * 19)
+
+
+async def test_a_node_is_lost_only_once_the_monitor_has_read_the_heartbeats_it_received(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1")
+    backlog = [5000]
+    monitor.backlog = lambda: backlog[0]
+    clock.now += 60
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "ready"  # 5,000 heartbeats wait to be read: no verdict
+    backlog[0] = 0
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "lost" and (await monitor.nodes.load("n1"))["state"] == "lost"
+    await monitor.heartbeat(beat("n1", 40))
+    assert monitor.fleet.records["n1"].state == "ready" and (await monitor.nodes.load("n1"))["state"] == "ready"

@@ -1,0 +1,148 @@
+"""Placement's policy inputs: the estimator's predictions, the exchange rate per project, fair share kept across a
+restart, and node verdicts that cost nothing when nothing waits."""
+from datetime import timedelta
+
+import pytest
+from faststream.nats import NatsBroker, TestNatsBroker
+
+from shared.bus import RPC_PREDICT, publish
+from shared.events import JobStatusChanged, NodeRegistered, NodeStateChanged
+from shared.jobs import Phase, SecondaryPhase
+from shared.rpc import PredictQuery, PredictReply
+from shared.store import DocumentStore
+from services.placement.estimates import Estimates
+from services.placement.fairshare import FairShare
+from services.placement.fleet import Fleet
+from services.placement.handlers import router as placement_router
+from services.placement.service import Placement
+from services.placement.tradeoff import tradeoff_from
+from tests.factories import T0, node, submitted
+from tests.memory import MemoryCollection
+from tests.service.test_billing_placement import FakeProvider
+
+BERT = [{"name": "benchmark", "value": "bert"}, {"name": "batch_size", "value": "64"}]
+
+
+def _placement(broker, *, usage: MemoryCollection | None = None, **kw) -> Placement:
+    fleet = Fleet(store=DocumentStore(MemoryCollection("nodes"), broker), provider=FakeProvider())
+    return Placement(jobs=DocumentStore(MemoryCollection("jobs"), broker), fleet=fleet,
+                     fair=FairShare(usage or MemoryCollection("usage")), estimates=Estimates(broker=broker), **kw)
+
+
+@pytest.fixture
+async def bus():
+    broker = NatsBroker()
+    broker.include_router(placement_router)
+    asked: list[dict] = []
+
+    @broker.subscriber(RPC_PREDICT)
+    async def predict(query: PredictQuery) -> PredictReply:
+        asked.append(query.model_dump())
+        return PredictReply(duration_s=7200.0, low_s=3600.0, high_s=14400.0, model_version=3)
+
+    async with TestNatsBroker(broker) as test_broker:
+        yield test_broker, asked
+
+
+async def test_queued_jobs_take_the_estimators_prediction_and_its_uncertainty_once(bus):
+    broker, asked = bus
+    service = _placement(broker)
+    broker.context.set_global("placement", service)
+    await publish(broker, submitted(job_id="named", gpu_count=1, expected_duration_s=60, parameters=BERT))
+    await publish(broker, submitted(job_id="anonymous", gpu_count=1, expected_duration_s=60))
+    for _ in range(2):
+        await service.schedule_once()
+
+    named, anonymous = service._job_view(service.queue["named"]), service._job_view(service.queue["anonymous"])
+    assert [(q["benchmark"], q["batch_size"]) for q in asked] == [("bert", 64.0)]  # cached after the first pass
+    assert named.predicted_duration_s == 7200.0 and 0.2 < named.duration_sigma < 0.6
+    assert anonymous.predicted_duration_s is None and anonymous.expected_duration_s == 60
+
+
+async def test_without_an_estimator_the_owners_expectation_stands():
+    broker = NatsBroker()
+    broker.include_router(placement_router)
+    async with TestNatsBroker(broker) as test_broker:
+        service = _placement(test_broker)
+        test_broker.context.set_global("placement", service)
+        await publish(test_broker, submitted(job_id="j", gpu_count=1, expected_duration_s=60, parameters=BERT))
+        await service.schedule_once()
+        view = service._job_view(service.queue["j"])
+    assert view.predicted_duration_s is None and view.expected_duration_s == 60
+
+
+async def test_a_projects_exchange_rate_reaches_the_policy(bus):
+    broker, _ = bus
+    tradeoff = tradeoff_from({"placement": {"exchange_rate": 1.5, "projects": {"p": {"exchange_rate": 0}}}})
+    service = _placement(broker, tradeoff=tradeoff)
+    broker.context.set_global("placement", service)
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    assert service._job_view(service.queue["j"]).exchange_rate == 0
+    assert tradeoff.exchange_rate == 1.5 and tradeoff.rate_for("other") is None
+
+
+@pytest.mark.parametrize("section", [{"exchange_rate": -1}, {"exchange_rat": 1},
+                                     {"projects": {"p": {"exchange_rate": "fast"}}}])
+def test_a_bad_placement_section_is_refused_naming_the_field(section):
+    with pytest.raises(SystemExit, match="exchange_rat"):
+        tradeoff_from({"placement": section})
+
+
+async def test_fair_share_usage_survives_a_restart(bus):
+    broker, _ = bus
+    usage = MemoryCollection("usage")
+    service = _placement(broker, usage=usage)
+    broker.context.set_global("placement", service)
+    await publish(broker, submitted(job_id="j", gpu_count=2))
+    await publish(broker, NodeRegistered(event_id="r", node=node(node_id="box", gpus=2), boot_id="b"))
+    assert await service.schedule_once() == 1
+    for version, phase, secondary in ((3, Phase.RUNNING, SecondaryPhase.RUNNING),
+                                      (4, Phase.COMPLETED, SecondaryPhase.COMPLETED)):
+        await publish(broker, JobStatusChanged(
+            event_id=f"j:status:{version}", job_id="j", project_id="p", user_name="alice", version=version,
+            phase=phase, secondary_phase=secondary, attempt=1, node_ids=("box",), start_time=T0,
+            end_time=T0 + timedelta(hours=3) if phase == Phase.COMPLETED else None))
+
+    restarted = _placement(broker, usage=usage)
+    await restarted.load()
+    assert restarted.fair.usage == pytest.approx({"alice": 6.0}, rel=1e-3)
+
+
+async def test_a_node_verdict_with_nothing_queued_or_rented_asks_for_no_pass(bus):
+    broker, _ = bus
+    service = _placement(broker)
+    broker.context.set_global("placement", service)
+    await publish(broker, NodeRegistered(event_id="r", node=node(node_id="box"), boot_id="b"))
+    service.dirty.clear()
+    await publish(broker, NodeStateChanged(event_id="l", node_id="box", state="lost", last_seen=T0))
+    assert not service.dirty.is_set()
+    assert await service.schedule_once() == 0
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    await publish(broker, NodeStateChanged(event_id="r2", node_id="box", state="ready", last_seen=T0))
+    assert service.dirty.is_set() and await service.schedule_once() == 1
+
+
+async def test_a_reservation_on_a_lost_node_does_not_keep_its_job_waiting(bus):
+    broker, _ = bus
+    service = _placement(broker)
+    broker.context.set_global("placement", service)
+    await publish(broker, NodeRegistered(event_id="r1", node=node(node_id="kept"), boot_id="b"))
+    await publish(broker, NodeRegistered(event_id="r2", node=node(node_id="other"), boot_id="b"))
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    await service.fleet.reserve("kept", "j")  # e.g. pulled back to it, or rented for it
+    await publish(broker, NodeStateChanged(event_id="l", node_id="kept", state="lost", last_seen=T0))
+
+    assert await service.schedule_once() == 1
+    assert [a.node_id for a in service.queue["j"].assignments] == ["other"]
+
+
+async def test_a_job_placed_first_fit_on_its_kept_node_frees_the_reservation(bus):
+    broker, _ = bus
+    service = _placement(broker)
+    broker.context.set_global("placement", service)
+    await publish(broker, NodeRegistered(event_id="r1", node=node(node_id="kept"), boot_id="b"))
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    await service.fleet.reserve("kept", "j")
+
+    assert await service.schedule_once() == 1
+    assert service.fleet.nodes["kept"].reserved_for is None

@@ -1,0 +1,102 @@
+"""POST/GET /v2/{project}/searches and the stop action on the real app (in-memory collections)."""
+import pytest
+
+from services.submitter.searches.store import SearchStore
+from tests.unit.api_app import add_user, client, make_app
+
+
+def body(**changes) -> dict:
+    return {"name": "lr-sweep", "template": {"metadata": {"name": "t"}, "algorithm": {
+        "command": "python3 train.py", "metrics": [{"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}]}},
+        "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+                  "width": {"type": "int", "low": 16, "high": 256},
+                  "opt": {"type": "categorical", "choices": ["sgd", "adam"]}},
+        "objective": {"metric": "loss", "mode": "min"}, "max_trials": 8, "parallelism": 4,
+        "pruner": "predicted", **changes}
+
+
+async def app_and_client(token=None):
+    app, db, tokens = await make_app()
+    app.state.searches = SearchStore(db.api_searches)
+    return app, db, tokens
+
+
+@pytest.mark.asyncio
+async def test_create_get_list_and_stop():
+    app, db, _ = await app_and_client()
+    async with client(app) as api:
+        created = await api.post("/v2/vision/searches", json=body())
+        assert created.status_code == 201, created.text
+        search_id = created.json()["metadata"]["id"]
+        shown = (await api.get(f"/v2/vision/searches/{search_id}")).json()
+        assert shown["status"] == {"phase": "Running", "best": None, "reason": "", "gpu_hours": 0.0,
+                                   "dollars": 0.0, "message": ""}
+        assert shown["trials"] == [] and shown["spec"]["pruner"] == "predicted"
+        listed = (await api.get("/v2/vision/searches")).json()
+        assert listed["total"] == 1 and listed["items"][0]["metadata"]["id"] == search_id
+        stop = await api.post(f"/v2/vision/searches/{search_id}/actions", json={"action_type": "stop"})
+        assert stop.status_code == 202
+        assert db.api_searches.docs[search_id]["stop_requested"] == "admin"
+        again = await api.post("/v2/vision/searches/nope/actions", json={"action_type": "stop"})
+        assert again.status_code == 404
+        taken = await api.post("/v2/vision/searches", json=body())
+        assert taken.status_code == 409
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("change, field", [
+    ({"space": {"lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}}, "space.lr.low"),
+    ({"space": {"lr": {"type": "float", "low": 0.5, "high": 0.1}}}, "space.lr.high"),
+    ({"space": {"lr": {"type": "float", "low": "a", "high": 0.1}}}, "space.lr.low"),
+    ({"space": {"lr": {"type": "float", "high": 0.1}}}, "space.lr.low"),
+    ({"space": {"w": {"type": "int", "low": 1.5, "high": 4}}}, "space.w.low"),
+    ({"space": {"w": {"type": "int", "low": 1, "high": 4, "choices": [1]}}}, "space.w.choices"),
+    ({"space": {"o": {"type": "categorical", "choices": []}}}, "space.o.choices"),
+    ({"space": {"o": {"type": "categorical", "choices": ["a"], "low": 1}}}, "space.o.low"),
+    ({"space": {"o": {"type": "categorical"}}}, "space.o.choices"),
+    ({"space": {"o": {"type": "tuple"}}}, "space.o.type"),
+    ({"space": {"o": {"type": "float", "low": 1, "high": 2, "step": 1}}}, "space.o.step"),
+    ({"space": {"bad name": {"type": "float", "low": 1, "high": 2}}}, "space.bad name.[key]"),
+    ({"space": {}}, "space"),
+    ({"max_trials": 0}, "max_trials"),
+    ({"max_trials": 1001}, "max_trials"),
+    ({"parallelism": 0}, "parallelism"),
+    ({"pruner": "asha"}, "pruner"),
+    ({"objective": {"metric": "loss", "mode": "up"}}, "objective.mode"),
+    ({"objective": {"metric": "loss", "mode": "max"}}, "body"),
+    ({"template": {"metadata": {"name": "t"}, "algorithm": {}}}, "template.algorithm"),
+    ({"max_dollars": -1}, "max_dollars"),
+    ({"max_gpu_hours": 0}, "max_gpu_hours"),
+    ({"name": "bad name"}, "name"),
+])
+async def test_invalid_bodies_name_the_field(change, field):
+    app, _, _ = await app_and_client()
+    async with client(app) as api:
+        answer = await api.post("/v2/vision/searches", json=body(**change))
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error_msg"].startswith(f"param[{field}]"), answer.json()
+    assert answer.json()["error_code"] == "406001"
+
+
+@pytest.mark.asyncio
+async def test_a_space_name_that_is_also_a_fixed_parameter_is_refused():
+    app, _, _ = await app_and_client()
+    template = body()["template"]
+    template["algorithm"]["parameters"] = [{"name": "lr", "value": "0.1"}]
+    async with client(app) as api:
+        answer = await api.post("/v2/vision/searches", json=body(template=template))
+    assert answer.status_code == 400 and "lr" in answer.json()["error_msg"]
+
+
+@pytest.mark.asyncio
+async def test_another_projects_search_does_not_exist_and_its_project_is_forbidden():
+    app, _, tokens = await app_and_client()
+    async with client(app) as api:
+        search_id = (await api.post("/v2/vision/searches", json=body())).json()["metadata"]["id"]
+    token = await add_user(tokens, "bob", ["audio"])
+    async with client(app, token) as api:
+        assert (await api.get(f"/v2/vision/searches/{search_id}")).status_code == 404
+        assert (await api.get("/v2/vision/searches")).status_code == 403
+        assert (await api.post("/v2/vision/searches", json=body())).status_code == 403
+    async with client(app, None) as api:
+        assert (await api.get("/v2/vision/searches")).status_code == 401
