@@ -56,15 +56,24 @@ async def follow_eta(api, project: str, job_id: str) -> tuple[dict, list[tuple[f
         await asyncio.sleep(0.5)
 
 
+def corpus_log(run: str = RUN) -> str:
+    with tarfile.open(CORPUS) as tar:
+        return tar.extractfile(run).read().decode()
+
+
+async def replay(api, project: str, shared_dir, log: str, *, speed: float, **body) -> tuple[dict, list]:
+    """Replay an MLPerf log as a job (its lines at `speed` x their pace) and follow its ETA to the end."""
+    (shared_dir / "run.log").write_text(log)  # where the job, a user of its own, can read it
+    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} {speed}",
+                       **body)
+    return await follow_eta(api, project, job["metadata"]["id"])
+
+
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
 async def test_a_replayed_mlperf_run_sees_its_eta_converge(api, project, shared_dir):
     await wait_for_history_model(api)
-    with tarfile.open(CORPUS) as tar:
-        log = tar.extractfile(RUN).read().decode()
-    (shared_dir / "run.log").write_text(log)  # where the job, a user of its own, can read it
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} {SPEED}")
-    current, seen = await follow_eta(api, project, job["metadata"]["id"])
+    current, seen = await replay(api, project, shared_dir, corpus_log(), speed=SPEED)
     assert current["status"]["phase"] == "Completed"
     end = current["status"]["end_time"] / 1000
     start = current["status"]["start_time"] / 1000

@@ -6,14 +6,10 @@ every new model takes: the prior of benchmarks held out of training (wide), then
 the declared target and its live progress rate. The accuracy of that path over many runs is measured by
 `make bench-eta` (round split, unseen benchmarks); here the live service must give one, honest about how little it
 knows at first, and closer to the truth once half the run is seen."""
-import sys
-import tarfile
-from shlex import quote
 
 import pytest
 
-from tests.e2e.helpers import submit
-from tests.e2e.test_eta_replay import CORPUS, REPLAY, follow_eta, wait_for_history_model
+from tests.e2e.test_eta_replay import CORPUS, corpus_log, replay, wait_for_history_model
 
 pytestmark = pytest.mark.e2e
 RUN = "NVIDIA/results/eos_n64_ngc24.04_dgl/gnn/result_0.txt"  # 64 s; eval_accuracy reaches 0.72 at 2.3 epochs
@@ -27,15 +23,11 @@ METRIC = {"name": "eval_accuracy", "regex": r'"key": "eval_accuracy", "value": (
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
 async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(api, project, shared_dir):
     await wait_for_history_model(api)
-    with tarfile.open(CORPUS) as tar:
-        log = tar.extractfile(RUN).read().decode()
+    log = corpus_log(RUN)
     renamed = log.replace('"key": "submission_benchmark", "value": "gnn"',
                           f'"key": "submission_benchmark", "value": "{NEW_NAME}"')
     assert renamed != log and '"gnn"' not in renamed
-    (shared_dir / "run.log").write_text(renamed)
-    job = await submit(api, project, metrics=[METRIC],
-                       command=f"{sys.executable} -c {quote(REPLAY)} {shared_dir / 'run.log'} 1")
-    current, seen = await follow_eta(api, project, job["metadata"]["id"])
+    current, seen = await replay(api, project, shared_dir, renamed, speed=1, metrics=[METRIC])
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start

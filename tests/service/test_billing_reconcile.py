@@ -2,33 +2,15 @@
 statuses: at the end the status gives, once, and never while the attempt may still run."""
 from datetime import timedelta
 
-import pytest
-from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish
 from shared.clock import utcnow
 from shared.events import Attempt, JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase
-from services.billing.handlers import router
-from services.billing.placements import Placements
-from services.billing.service import Billing
 from tests.factories import T0, exited, placed, started, submitted
-from tests.memory import MemoryCollection
+from tests.service.test_billing_lifetimes import billing  # noqa: F401 (the fixture)
 
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-async def billing():
-    broker = NatsBroker()
-    broker.include_router(router)
-    async with TestNatsBroker(broker) as test_broker:
-        service = Billing(**{name: MemoryCollection(name) for name in
-                             ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas", "alerts")},
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")))
-        test_broker.context.set_global("billing", service)
-        yield test_broker, service, []
 
 
 def status(job_id: str, version: int, phase: Phase, *, attempt: int = 1, attempts: tuple[Attempt, ...] = (),

@@ -3,32 +3,15 @@ together they pay the node's price once, and a rented node's lifetime is not cou
 from datetime import timedelta
 
 import pytest
-from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish
 from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
-from services.billing.handlers import router
-from services.billing.placements import Placements
-from services.billing.service import Billing
 from services.billing.ledger import share_per_hour
 from tests.factories import T0, exited, node, placed, started
-from tests.memory import MemoryCollection
+from tests.service.test_billing_lifetimes import billing  # noqa: F401 (the fixture)
 
 HOUR = timedelta(hours=1)
-
-
-@pytest.fixture
-async def billing():
-    broker = NatsBroker()
-    broker.include_router(router)
-    async with TestNatsBroker(broker) as test_broker:
-        service = Billing(**{name: MemoryCollection(name) for name in
-                             ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas", "alerts")},
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")))
-        test_broker.context.set_global("billing", service)
-        yield test_broker, service, []
 
 
 def two_jobs_on(node_id: str, *, kind: str, price: float, node_gpus: int = 0) -> list:

@@ -1,4 +1,5 @@
 """The monitor's handlers under TestNatsBroker, with its collections in memory."""
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -14,13 +15,13 @@ from tests.memory import MemoryCollection
 WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop")
 
 
-@pytest.fixture
-async def monitor_broker():
+@asynccontextmanager
+async def monitor_on_bus(watched: tuple[str, ...]):
     """The monitor's router on a test broker, and what it publishes on the watched subjects."""
     broker = NatsBroker()
     broker.include_router(router)
-    seen: dict[str, list[dict]] = {subject: [] for subject in WATCHED}
-    for subject in WATCHED:
+    seen: dict[str, list[dict]] = {subject: [] for subject in watched}
+    for subject in watched:
         broker.subscriber(subject, stream=stream_of(subject))(recorder(seen[subject]))
 
     async with TestNatsBroker(broker) as test_broker:
@@ -29,6 +30,12 @@ async def monitor_broker():
                           node_timeout_s=10, started_at=datetime.now(UTC))
         test_broker.context.set_global("monitor", monitor)
         yield test_broker, monitor, seen
+
+
+@pytest.fixture
+async def monitor_broker():
+    async with monitor_on_bus(WATCHED) as bus:
+        yield bus
 
 
 def recorder(into: list):

@@ -3,15 +3,11 @@ check restarts it from its checkpoint; reports from elsewhere change nothing."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish, stream_of
-from shared.store import DocumentStore
-from services.monitor.handlers import router
 from services.monitor.hangs import restart_overdue
-from services.monitor.service import Monitor
 from tests.factories import exited, placed, started, submitted
-from tests.memory import MemoryCollection
+from tests.service.test_monitor import monitor_on_bus
 from tests.unit.test_monitor_hangs import hung, resumed
 
 WATCHED = ("tm.job.status", "tm.notify.p", "tm.node.cmd.n1.stop")
@@ -19,27 +15,11 @@ WATCHED = ("tm.job.status", "tm.notify.p", "tm.node.cmd.n1.stop")
 
 @pytest.fixture
 async def hang_broker():
-    """The monitor's router on a test broker, and what it publishes on the watched subjects."""
-    broker = NatsBroker()
-    broker.include_router(router)
-    seen: dict[str, list[dict]] = {subject: [] for subject in WATCHED}
-    for subject in WATCHED:
-        broker.subscriber(subject, stream=stream_of(subject))(_recorder(seen[subject]))
-    async with TestNatsBroker(broker) as test_broker:
-        monitor = Monitor(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
-                          nodes=DocumentStore(MemoryCollection("nodes"), test_broker),
-                          node_timeout_s=10, started_at=datetime.now(UTC))
-        test_broker.context.set_global("monitor", monitor)
+    """The monitor on a test broker with job j running on n1, and what it publishes on the watched subjects."""
+    async with monitor_on_bus(WATCHED) as (test_broker, monitor, seen):
         for event in [submitted(job_id="j"), placed("j", nodes=("n1",)), started("j", node_id="n1")]:
             await publish(test_broker, event)
         yield test_broker, monitor, seen
-
-
-def _recorder(into: list):
-    async def record(event: dict) -> None:
-        into.append(event)
-
-    return record
 
 
 async def test_a_hung_job_is_flagged_then_restarted_from_its_checkpoint(hang_broker):
