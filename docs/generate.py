@@ -5,13 +5,23 @@
 """
 import argparse
 import importlib
+import inspect
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from faststream.nats import NatsBroker, NatsRouter
+
+from shared import busroles, events
+from shared.bus import subjects_overlap
+from shared.events import Message
+
 DOCS = Path(__file__).resolve().parent
 SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
+AGENT = "agent"
+NODE = "{node_id}"  # the agent's subjects carry its node id
 REGENERATE = "python -m docs.generate"
 
 
@@ -22,27 +32,84 @@ def openapi() -> dict[str, Any]:
     return create_app(SubmitterSettings()).openapi()
 
 
+def address(model: type[Message]) -> str:
+    """A model's subject with its parameters named (`{node.node_id}` -> `{node_id}`)."""
+    return re.sub(r"\{(?:[^}.]*\.)*([^}.]+)\}", r"{\1}", model.subject_template)
+
+
+def wildcard(subject: str) -> str:
+    """A subject with its `{parameters}` as `*`."""
+    return re.sub(r"\{[^}]*\}", "*", subject)
+
+
+def models() -> list[type[Message]]:
+    """Every message of shared/events.py with a subject of its own, by name."""
+    return [m for _, m in inspect.getmembers(events, inspect.isclass)
+            if issubclass(m, Message) and m is not Message and "subject_template" in vars(m)]
+
+
+def permitted(role: str) -> tuple[str, ...]:
+    """What a role may publish (busroles): a service's subjects, or an agent's (node n1 stands for any)."""
+    return busroles.agent("n1").publish if role == AGENT else busroles.PUBLISHES[role]
+
+
+def publications(role: str) -> list[type[Message]]:
+    """The messages a role publishes: those whose subject its permissions allow (requests and the JetStream API
+    are not messages of shared/events.py)."""
+    return [m for m in models() if any(subjects_overlap(wildcard(m.subject_template), s) for s in permitted(role))]
+
+
+def routers() -> dict[str, NatsRouter]:
+    """Every process's subscriptions: the services' routers, and the agent's for any node."""
+    found = {s: importlib.import_module(f"services.{s}.handlers").router for s in SERVICES}
+    return found | {AGENT: importlib.import_module("services.agent.handlers").command_router(NODE)}
+
+
+def declare_publishers(router: NatsRouter, role: str) -> None:
+    """Publishers for the document only: events leave through each service's outbox (shared/store.py)."""
+    for model in publications(role):
+        doc = (model.__doc__ or "").split("\n\n")[0].strip()
+        router.publisher(address(model), schema=model, title=f"{role}:{address(model)}:{model.__name__}",
+                         description=f"{role} publishes {model.__name__}. {doc}".strip(), include_in_schema=True)
+
+
+def declare_listeners(router: NatsRouter, role: str) -> None:
+    """Core NATS subjects a process reads with a callback of its own (the monitor's heartbeats), for the document."""
+    for subject in busroles.LISTENS.get(role, ()):
+        for model in [m for m in models() if subjects_overlap(wildcard(m.subject_template), subject)]:
+            async def listen(event: Any) -> None:
+                """Never called: the process reads this subject outside FastStream."""
+
+            listen.__annotations__ = {"event": model, "return": None}
+            router.subscriber(subject, title=f"{role}:{subject}:{model.__name__}",
+                              description=f"{role} reads {model.__name__} as it comes (core NATS, not stored).")(listen)
+
+
 def asyncapi() -> dict[str, Any]:
-    """Every service's bus subscriptions, through FastStream's AsyncAPI 3.0 generation.
+    """Every process's bus subscriptions and publications, through FastStream's AsyncAPI 3.0 generation.
 
     Services answer the same subject under the same handler name (monitor and placement both have
-    `on_job_event`), so each channel is titled `<service>:<subject>:<handler>` to keep them apart.
+    `on_job_event`), so each channel is titled `<process>:<subject>:<handler>` (a publication:
+    `<process>:<subject>:<message>`) to keep them apart.
     """
-    from faststream.nats import NatsBroker
     from faststream.specification import AsyncAPI
 
     broker = NatsBroker("nats://127.0.0.1:4222")
-    for service in SERVICES:
-        router = importlib.import_module(f"services.{service}.handlers").router
+    for role, router in routers().items():
         before = len(broker.subscribers)
         broker.include_router(router)
         for subscriber in broker.subscribers[before:]:
             spec = subscriber.specification
             if not spec.config.title_:
-                spec.config.title_ = f"{service}:{spec.channel_labels[0]}:{spec.call_name}"
+                spec.config.title_ = f"{role}:{spec.channel_labels[0]}:{spec.call_name}"
+        declared = NatsRouter()
+        declare_listeners(declared, role)
+        declare_publishers(declared, role)
+        broker.include_router(declared)
     spec = AsyncAPI(broker, title="trainmaster bus", version="0.1.0",
-                    description="JetStream subjects and request/reply subjects of trainmaster's services "
-                                "(see README.md, Subjects).")
+                    description="What each of trainmaster's services and agents subscribes to and publishes: "
+                                "JetStream subjects, core NATS heartbeats, request/reply subjects "
+                                "(see docs/architecture.md, Subjects).")
     return spec.to_specification().to_jsonable()
 
 

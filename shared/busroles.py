@@ -26,12 +26,14 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   bus.RPC_NODES, bus.RPC_TERMINATE, bus.RPC_MIGRATE, bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS,
                   bus.RPC_CANDIDATES, bus.RPC_CATALOGUE, bus.RPC_METRICS, bus.RPC_PREDICT,
                   bus.RPC_HEALTH.format(service=">")),
-    "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable", "tm.node.cmd.*.start",
+    "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable",
                   "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT, bus.RPC_PREDICT,
                   # it creates the command consumer of each node it rents (the agent may only read it)
                   f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
                   f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
-    "monitor": ("tm.job.status", "tm.job.node_lost", "tm.node.cmd.*.stop", "tm.node.evt.state", "tm.notify.*"),
+    # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
+    "monitor": ("tm.job.status", "tm.job.node_lost", "tm.node.cmd.*.start", "tm.node.cmd.*.stop", "tm.node.evt.state",
+                "tm.notify.*"),
     "estimator": ("tm.eta.*",),
     "billing": ("tm.notify.*",),
 }

@@ -119,8 +119,22 @@ class JobDeleted(Message):
     job_id: str
 
 
+class Launch(BaseModel):
+    """What every rank of an attempt is started with; the monitor turns it into one StartTask per rank."""
+
+    model_config = ConfigDict(frozen=True)
+
+    master_addr: str = Field("127.0.0.1", description="Rank 0's node address (torch.distributed's MASTER_ADDR).")
+    master_port: int = Field(29500, ge=1, le=65_535)
+    project_id: Id
+    user_name: str
+    algorithm: Algorithm
+    spec: Spec = Field(description="The job's spec with the resources this attempt was placed for.")
+
+
 class JobPlaced(Message):
-    """Placement chose nodes for one attempt; all ranks start together or not at all."""
+    """Placement chose nodes for one attempt; all ranks start together or not at all. Placement decides, the
+    monitor alone commands the agents: it starts the ranks when it accepts the placement."""
 
     subject_template: ClassVar[str] = "tm.job.placed"
     type: Literal["JobPlaced"] = "JobPlaced"
@@ -128,6 +142,7 @@ class JobPlaced(Message):
     job_id: Id
     attempt: int = Field(ge=1)
     assignments: tuple[Assignment, ...]
+    launch: Launch
 
 
 class JobStatusChanged(Message):

@@ -1,8 +1,9 @@
-"""What every service process shares: logging, liveness over request/reply, background tasks, running."""
+"""What every process shares (services, the API, agents): logging, the bus, liveness over request/reply, background
+loops, the database, and how they start and stop."""
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from shared.settings import CommonSettings
 from shared.store import make_client
 
 log = logging.getLogger(__name__)
+Hook = Callable[[], Awaitable[Any]]
 
 
 class Health(BaseModel):
@@ -92,36 +94,70 @@ def run(app: FastStream) -> None:
 
 @dataclass
 class Wiring:
-    """What a service's setup gets: its database, the bus, a place for its loops, the state of its bus link."""
+    """A process's common parts: its bus, a place for its loops, the state of its bus link, and its database
+    (None for a process without one, or until `running` opens it)."""
 
-    db: Any
+    name: str
     broker: NatsBroker
     background: Background
     link: BusLink
+    db: Any = None
 
 
-def service_app(
-    *, name: str, settings: CommonSettings, router: NatsRouter,
-    setup: Callable[[Wiring], Awaitable[Any]],
-) -> FastStream:
-    """One service process: logging, the bus with every stream declared, its subscribers, liveness answers, one
-    database client, and what `setup` builds (in the context under the service's name), all closed on exit."""
+Setup = Callable[[Wiring], Awaitable[Any]]  # builds what a process runs (its service object) once it is connected
+
+
+def wire(*, name: str, settings: CommonSettings, router: NatsRouter | None = None,
+         health: str | None = None) -> Wiring:
+    """Built before a process runs: logging, its broker (not yet connected) with the router's subscribers and
+    liveness answers on tm.rpc.health.<health or name>, a place for its loops."""
     configure_logging(settings.log_level)
     link = BusLink()
     broker = make_broker(settings.nats_url, name=name, link=link, creds=settings.nats_creds,
                          ca_file=settings.nats_ca_file)
-    broker.include_router(router)
-    add_health(broker, name)
-    background = Background()
+    if router is not None:
+        broker.include_router(router)
+    add_health(broker, health or name)
+    return Wiring(name=name, broker=broker, background=Background(), link=link)
+
+
+@asynccontextmanager
+async def running(w: Wiring, *, settings: CommonSettings, setup: Setup | None = None, declare: bool = True,
+                  database: bool = True, start: bool = False) -> AsyncIterator[Any]:
+    """A process running: the bus connected (every stream declared unless `declare` is False: agents may not),
+    one database client (`database`), what `setup` builds (in the context under the process's name), the broker
+    started when `start` (a FastStream app starts its own); on exit the loops, the broker, then the database."""
+    await connect(w.broker, declare=declare, replicas=settings.stream_replicas)
+    client = make_client(settings.mongo_url) if database else None
+    w.db = client[settings.mongo_db] if client is not None else None
+    try:
+        service = await setup(w) if setup else None
+        if service is not None:
+            w.broker.context.set_global(w.name, service)
+        if start:
+            await w.broker.start()
+        yield service
+    finally:
+        await w.background.stop()
+        if start:
+            await w.broker.stop()
+        if client is not None:
+            await client.close()
+
+
+def service_app(
+    *, settings: CommonSettings, name: str = "", router: NatsRouter | None = None, setup: Setup | None = None,
+    wiring: Wiring | None = None, declare: bool = True, database: bool = True,
+    after_startup: Sequence[Hook] = (), on_shutdown: Sequence[Hook] = (),
+) -> FastStream:
+    """One bus process (a service, or an agent given its `wiring` built beforehand): `wire`d, and `running` for
+    as long as FastStream runs it; `after_startup` hooks run once its subscribers listen, `on_shutdown` ones before
+    they stop."""
+    w = wiring or wire(name=name, settings=settings, router=router)
 
     @asynccontextmanager
     async def lifespan():
-        await connect(broker, replicas=settings.stream_replicas)
-        client = make_client(settings.mongo_url)
-        service = await setup(Wiring(db=client[settings.mongo_db], broker=broker, background=background, link=link))
-        broker.context.set_global(name, service)
-        yield
-        await background.stop()
-        await client.close()
+        async with running(w, settings=settings, setup=setup, declare=declare, database=database):
+            yield
 
-    return FastStream(broker, lifespan=lifespan)
+    return FastStream(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))

@@ -2,7 +2,9 @@
 
 A state change and the events it emits are written in one document update (the events in `_outbox`), then
 published and pulled off. A process that dies in between publishes them on restart (`relay`); the event id is
-the JetStream message id, so a message relayed twice is stored once.
+the JetStream message id, so a message relayed twice is stored once. A change is made by `DocumentStore.update`:
+load, change, save on the revision read, retried when another writer got in between, `ConflictsExhausted` when it
+gives up (a lone `save` only where a conflict makes the change moot).
 
 Portability rule (checked against the embedded nx-27017 server): datetimes are written by insert or replace,
 never through `$set` (it stores them as strings there), dicts are never `$push`ed, and fields inside arrays
@@ -10,7 +12,7 @@ are queried but never indexed (an index there hides matching documents).
 """
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -26,6 +28,14 @@ log = logging.getLogger(__name__)
 OUTBOX = "_outbox"
 OUTBOX_COUNT = "_outbox_n"
 REVISION = "rev"
+MAX_CONFLICTS = 50  # writers of one document are few (a service and the relay): this many lost races is a fault
+
+Fields = dict[str, Any]
+Change = Callable[[dict[str, Any] | None], tuple[Fields, Sequence[Message]] | None]
+
+
+class ConflictsExhausted(RuntimeError):
+    """A document changed under every one of `update`'s attempts: it gave up, nothing was written."""
 
 
 def make_client(url: str) -> AsyncMongoClient:
@@ -41,6 +51,11 @@ def with_outbox(fields: dict[str, Any], current: dict[str, Any] | None, events: 
     """`$set` fields plus the document's pending events and the new ones, and the next revision."""
     pending = list((current or {}).get(OUTBOX, [])) + outbox_entries(events)
     return {**fields, OUTBOX: pending, OUTBOX_COUNT: len(pending), REVISION: (current or {}).get(REVISION, 0) + 1}
+
+
+def unchanged(current: dict[str, Any]) -> dict[str, Any]:
+    """The filter that matches the document only as `current` was read (one written before revisions has none)."""
+    return {REVISION: current[REVISION]} if REVISION in current else {REVISION: {"$exists": False}}
 
 
 async def flush(
@@ -86,20 +101,44 @@ class DocumentStore:
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
 
-    async def save(
-        self, doc_id: Any, fields: dict[str, Any], current: dict[str, Any] | None, events: Sequence[Message]
-    ) -> bool:
+    async def update(self, doc_id: Any, change: Change, *, attempts: int = MAX_CONFLICTS) -> bool:
+        """Load, change, save until no one wrote in between; `change` returns None when there is nothing to write.
+        Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races."""
+        for _ in range(attempts):
+            current = await self.load(doc_id)
+            outcome = change(current)
+            if outcome is None:
+                return False
+            fields, events = outcome
+            if await self.save(doc_id, fields, current, events):
+                return True
+        raise ConflictsExhausted(f"{self.collection.name} {doc_id!r}: changed by another writer {attempts} times "
+                                 "in a row")
+
+    async def save(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
+                   events: Sequence[Message]) -> bool:
         """Write fields and events if nobody changed the document since `current` was read; then publish."""
-        update = with_outbox(fields, current, events)
+        pending = await self.write(doc_id, fields, current, events)
+        if pending:
+            await self.flush(doc_id, pending)
+        return pending is not None
+
+    async def write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
+                    events: Sequence[Message]) -> list[dict[str, Any]] | None:
+        """Write fields and events (a new document when `current` is None) without publishing; returns the
+        pending outbox entries, or None when the document changed since `current` was read (or already exists)."""
+        update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, current, events)
         if current is None:
             try:
                 await self.collection.insert_one({"_id": doc_id, **update})
             except DuplicateKeyError:
-                return False
+                return None
         else:
-            result = await self.collection.replace_one({"_id": doc_id, REVISION: current.get(REVISION, 0)}, update)
+            result = await self.collection.replace_one({"_id": doc_id, **unchanged(current)}, update)
             if result.matched_count == 0:
-                return False
-        if update[OUTBOX_COUNT]:
-            await flush(self.broker, self.collection, doc_id, update[OUTBOX])
-        return True
+                return None
+        return update[OUTBOX]
+
+    async def flush(self, doc_id: Any, entries: list[dict[str, Any]] | None = None) -> None:
+        """Publish the document's pending events (those given, or those stored) and pull them off."""
+        await flush(self.broker, self.collection, doc_id, entries)

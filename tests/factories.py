@@ -4,7 +4,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.events import Assignment, JobPlaced, JobSubmitted, TaskExited, TaskStarted
+from shared.events import Assignment, JobPlaced, JobSubmitted, Launch, TaskExited, TaskStarted
 from shared.jobs import Algorithm, JobCreate, Spec
 from shared.nodes import Gpu, NodeInfo
 
@@ -42,9 +42,10 @@ def submitted(*, job_id: str | None = None, command: str = "true", node_count: i
                         name=job_id, algorithm=body.algorithm, spec=body.spec, create_time=created)
 
 
-def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",)) -> JobPlaced:
+def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true") -> JobPlaced:
     return JobPlaced(event_id=f"{job_id}:placed:{attempt}", job_id=job_id, attempt=attempt,
-                     assignments=tuple(Assignment(rank=r, node_id=n) for r, n in enumerate(nodes)))
+                     assignments=tuple(Assignment(rank=r, node_id=n) for r, n in enumerate(nodes)),
+                     launch=Launch(project_id="p", user_name="alice", algorithm=algorithm(command), spec=Spec()))
 
 
 def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:

@@ -28,7 +28,10 @@ def _matches(doc: dict, query: dict) -> bool:
                 checks = {"$gt": lambda v: v is not None and v > arg, "$lt": lambda v: v is not None and v < arg,
                           "$gte": lambda v: v is not None and v >= arg, "$in": lambda v: v in arg,
                           "$ne": lambda v: v != arg, "$nin": lambda v: v not in arg}
-                if op in ("$ne", "$nin"):
+                if op == "$exists":
+                    if bool(values) != arg:
+                        return False
+                elif op in ("$ne", "$nin"):
                     if not all(checks[op](v) for v in flat):
                         return False
                 elif not any(checks[op](v) for v in flat):

@@ -2,19 +2,18 @@
 import logging
 import os
 import signal
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from faststream import FastStream
 from pydantic import Field
 
-from shared.bus import agent_subscription, connect, make_broker, publish
-from shared.events import NodeCommand, StartTask, StopTask
-from shared.service import Background, add_health, configure_logging
+from shared.bus import publish
+from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
+from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
 from services.agent.preparation import Preparer
@@ -60,56 +59,48 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
                        shared_dirs=settings.task_shared_dirs)
 
 
-def create_app(settings: AgentSettings) -> FastStream:
-    configure_logging(settings.log_level)
+def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
+    """The node described (NVML or the cluster file), its storage, engines and task confinement."""
     cluster = load_cluster(settings.cluster_file)
     if settings.node_id not in cluster:
         raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(cluster)})")
     node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True)
-    broker = make_broker(settings.nats_url, name=f"agent-{node.node_id}", creds=settings.nats_creds,
-                         ca_file=settings.nats_ca_file)
-    add_health(broker, f"agent.{node.node_id}")
     storage = settings.storage_policy(settings.data_dir)
-    checkpoints = CheckpointStore(storage.checkpoint_root)
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
-    preparer = Preparer(root / "engines", load_engines(settings.cluster_file))
-    agent = Agent(node=node, root=root, publish=lambda message: publish(broker, message), checkpoints=checkpoints,
-                  preparer=preparer, storage=storage, confinement=task_confinement(settings, storage),
-                  checkpoint_sync_s=settings.checkpoint_sync_s, shutdown_grace_s=settings.shutdown_grace_s,
-                  hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
-                                   gpus=GpuProbe() if node.resources_source == "nvml" else None))
-    background = Background()
+    return Agent(node=node, root=root, publish=lambda message: publish(w.broker, message),
+                 checkpoints=CheckpointStore(storage.checkpoint_root),
+                 preparer=Preparer(root / "engines", load_engines(settings.cluster_file)), storage=storage,
+                 confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
+                 shutdown_grace_s=settings.shutdown_grace_s,
+                 hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
+                                  gpus=GpuProbe() if node.resources_source == "nvml" else None))
 
-    @broker.subscriber(**agent_subscription(node.node_id))
-    async def on_command(command: NodeCommand) -> None:
-        """Start or stop a task on this node."""
-        match command:
-            case StartTask():
-                await agent.start(command)
-            case StopTask():
-                await agent.stop(command)
 
-    @asynccontextmanager
-    async def lifespan():
-        await connect(broker, declare=False)  # its credentials may not create or change streams
-        yield
+def create_app(settings: AgentSettings) -> FastStream:
+    w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
+    agent = build_agent(settings, w)
+    node = agent.node
+    w.broker.include_router(command_router(node.node_id))
+    w.broker.context.set_global("agent", agent)
 
     async def started() -> None:
         await agent.register()
         await agent.report_unreported()
-        background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
+        w.background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
         if settings.spot_metadata_url:
             watcher = SpotWatcher(url=settings.spot_metadata_url, poll_s=settings.spot_poll_s,
                                   act_on_rebalance=settings.spot_act_on_rebalance,
                                   on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(),
                                                                                                 signal.SIGTERM)))
-            background.spawn("spot", watcher.run)
+            w.background.spawn("spot", watcher.run)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
     async def stopping() -> None:
         await agent.shutdown()
-        await background.stop()
+        await w.background.stop()
 
-    app = FastStream(broker, lifespan=lifespan, after_startup=[started], on_shutdown=[stopping])
+    # its credentials may not create or change streams (declare=False); it keeps no database
+    app = service_app(settings=settings, wiring=w, declare=False, database=False, after_startup=[started],
+                      on_shutdown=[stopping])
     app.agent = agent
     return app

@@ -4,10 +4,10 @@ import logging
 from faststream import FastStream
 from pydantic import Field
 
-from shared.bus import TRANSIENT_ERRORS, publish
-from shared.events import Message
+from shared.bus import TRANSIENT_ERRORS
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
+from shared.store import DocumentStore, relay
 from services.billing.handlers import router
 from services.billing.placements import Placements
 from services.billing.service import Billing
@@ -27,13 +27,10 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
     settings = settings or BillingSettings()
 
     async def setup(w: Wiring) -> Billing:
-        async def publish_message(message: Message) -> None:
-            await publish(w.broker, message)
-
         db = w.db
         billing = Billing(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
                           nodes_open=db.billing_nodes_open, node_info=db.billing_node_info,
-                          quotas=db.billing_quotas, alerts=db.billing_alerts, publish=publish_message,
+                          quotas=db.billing_quotas, alerts=DocumentStore(db.billing_alerts, w.broker),
                           placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
                                                 parked=db.billing_parked),
                           reconcile_grace_s=settings.reconcile_grace_s)
@@ -50,6 +47,7 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         w.background.every("budgets", settings.budget_check_s, billing.check_all_budgets, tolerate=TRANSIENT_ERRORS)
         # A close lost when a service is killed mid-ack would leave an attempt open (and charged) for ever.
         w.background.every("reconcile", settings.reconcile_s, billing.reconcile, tolerate=TRANSIENT_ERRORS)
+        w.background.spawn("outbox", lambda: relay(w.broker, [billing.alerts.collection]))
         return billing
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

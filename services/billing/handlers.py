@@ -5,8 +5,24 @@ from faststream.nats import NatsRouter
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
 from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, NodeEvent, NodeProvisioned, \
     NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, TaskStarted
+from shared.handlers import HandlerTable, dispatch
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.service import Billing
+
+# Learn whose job it is and where each attempt runs; open a ledger line when a task starts, close it when it ends;
+# keep how the job's attempts ended (reconciliation closes what an end report never closed). Node lifetimes:
+# provisioned/registered open one, released/lost close it (heartbeats: no).
+EVENT_HANDLERS: HandlerTable[Billing] = {
+    JobSubmitted: Billing.submitted,
+    JobPlaced: Billing.placed,
+    TaskStarted: Billing.started,
+    TaskExited: Billing.exited,
+    JobStatusChanged: Billing.job_status,
+    NodeStateChanged: Billing.node_state,
+    NodeRegistered: Billing.registered,
+    NodeProvisioned: Billing.provisioned,
+    NodeReleased: Billing.released,
+}
 
 router = NatsRouter()
 
@@ -16,34 +32,15 @@ router = NatsRouter()
 @router.subscriber(**durable("tm.job.>", consumer="billing-jobs"))
 @retry_transient
 async def on_job_event(event: JobEvent, billing: Billing = Context("billing")) -> None:
-    """Learn whose job it is and where each attempt runs; open a ledger line when a task starts, close it when
-    it ends; keep how the job's attempts ended (reconciliation closes what an end report never closed)."""
-    match event:
-        case JobSubmitted():
-            await billing.submitted(event)
-        case JobPlaced():
-            await billing.placed(event)
-        case TaskStarted():
-            await billing.started(event)
-        case TaskExited():
-            await billing.exited(event)
-        case JobStatusChanged():
-            await billing.job_status(event)
+    """Jobs, placements and task starts and ends, in stream order."""
+    await dispatch(EVENT_HANDLERS, event, billing)
 
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="billing-fleet"))
 @retry_transient
 async def on_node_event(event: NodeEvent, billing: Billing = Context("billing")) -> None:
-    """Node lifetimes in stream order: provisioned/registered open one, released/lost close it (heartbeats: no)."""
-    match event:
-        case NodeStateChanged():
-            await billing.node_state(event)
-        case NodeRegistered():
-            await billing.registered(event)
-        case NodeProvisioned():
-            await billing.provisioned(event)
-        case NodeReleased():
-            await billing.released(event)
+    """Node lifetimes, in stream order."""
+    await dispatch(EVENT_HANDLERS, event, billing)
 
 
 @router.subscriber(RPC_USAGE)

@@ -1,6 +1,5 @@
 """Billing's service layer: attempts and node lifetimes recorded exactly once, usage reports, quotas, alerts."""
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -9,10 +8,11 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
-from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, Message, NodeProvisioned, NodeRegistered,
+from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, NodeProvisioned, NodeRegistered,
                            NodeReleased, NodeStateChanged, Notification, TaskExited, TaskStarted)
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
+from shared.store import DocumentStore
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
     open_entry, open_lifetime
@@ -21,11 +21,6 @@ from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_gro
     rows, window_filters
 
 log = logging.getLogger(__name__)
-Publish = Callable[[Message], Awaitable[None]]
-
-
-async def _nothing(_: Message) -> None:
-    return None
 
 
 @dataclass
@@ -36,8 +31,7 @@ class Billing:
     nodes_open: AsyncCollection | None = None  # node lifetimes still running
     node_info: AsyncCollection | None = None  # what billing knows of each node: kind, GPUs, price, for whom
     quotas: AsyncCollection | None = None
-    alerts: AsyncCollection | None = None  # budget alerts raised, so each is published once
-    publish: Publish = _nothing
+    alerts: DocumentStore | None = None  # budget alerts raised, each with its notification until published
     placements: Placements | None = None  # what placement decided: the only attempts that are charged
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
 
@@ -348,19 +342,15 @@ class Billing:
 
     async def _alert(self, project_id: str, user: str | None, *, pct: int, budget: float, spent: float,
                      month: str) -> None:
+        """Raise one alert once: the record and its notification in one write (the relay publishes what a crash
+        left unpublished); an alert already raised is not raised again."""
         event_id = f"budget:{project_id}:{user or '*'}:{month}:{budget:g}:{pct}"
         who = f"user {user} in project {project_id}" if user else f"project {project_id}"
         notification = Notification(event_id=event_id, project_id=project_id, job_id="", user_name=user or "",
                                     kind="budget", message=f"{who} has used {pct}% of its {month} budget: "
                                                            f"${spent:.4f} of ${budget:g}")
-        try:
-            await self.alerts.insert_one({"_id": event_id, "published": False,
-                                          "payload": notification.model_dump(mode="json")})
-        except DuplicateKeyError:
-            if (await self.alerts.find_one({"_id": event_id}) or {}).get("published"):
-                return
-        await self.publish(notification)  # the event id de-duplicates a republish; the submitter keeps it once
-        await self.alerts.update_one({"_id": event_id}, {"$set": {"published": True}})
+        raised = {"project_id": project_id, "user_name": user, "month": month, "budget": budget, "pct": pct}
+        await self.alerts.save(event_id, raised, None, [notification])
 
     async def check_all_budgets(self) -> None:
         """Every project with a budget (running attempts spend without any event)."""

@@ -4,8 +4,18 @@ from faststream.nats import NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
 from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
+from shared.handlers import HandlerTable, dispatch
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
+
+# Learn each job's metrics, parse metric points out of its output and refresh the estimate; stop estimating once
+# the job has finished.
+EVENT_HANDLERS: HandlerTable[Estimator] = {
+    JobSubmitted: Estimator.submitted,
+    TaskStarted: Estimator.task_started,
+    JobStatusChanged: Estimator.status_changed,
+    LogChunk: Estimator.log_chunk,
+}
 
 router = NatsRouter()
 
@@ -13,21 +23,15 @@ router = NatsRouter()
 @router.subscriber(**durable("tm.job.>", consumer="estimator-jobs"))
 @retry_transient
 async def on_job_event(event: JobEvent, estimator: Estimator = Context("estimator")) -> None:
-    """Learn each job's metrics; stop estimating once it has finished."""
-    match event:
-        case JobSubmitted():
-            await estimator.submitted(event)
-        case JobStatusChanged():
-            await estimator.status_changed(event)
-        case TaskStarted():
-            await estimator.task_started(event)
+    """Jobs' declared metrics, starts and ends."""
+    await dispatch(EVENT_HANDLERS, event, estimator)
 
 
 @router.subscriber(**durable("tm.log.>", consumer="estimator-logs", batch=64))
 @retry_transient
 async def on_log_chunk(chunk: LogChunk, estimator: Estimator = Context("estimator")) -> None:
-    """Parse metric points out of the output and refresh the estimate."""
-    await estimator.log_chunk(chunk)
+    """Jobs' output."""
+    await dispatch(EVENT_HANDLERS, chunk, estimator)
 
 
 @router.subscriber(RPC_METRICS)

@@ -3,6 +3,7 @@ and learn from the jobs that complete."""
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from faststream.nats import NatsBroker
 from pymongo.asynchronous.collection import AsyncCollection
@@ -12,6 +13,7 @@ from shared.bus import publish
 from shared.events import EtaEstimated, JobStatusChanged, JobSubmitted, LogChunk, LogLine, TaskStarted
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
+from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
 from services.estimator.models import ModelStore
@@ -21,10 +23,17 @@ log = logging.getLogger(__name__)
 PUBLISH_EVERY_S = 1.0
 
 
+def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimated]] | None:
+    """A known job marked finished, with the final estimate that clears the one shown; None when nothing changes."""
+    if job is None or job.get("finished"):
+        return None
+    return {**job, "finished": True}, [EtaEstimated(event_id=f"{job['_id']}:eta:final", job_id=job["_id"], eta=None)]
+
+
 @dataclass
 class Estimator:
     broker: NatsBroker
-    jobs: AsyncCollection
+    jobs: DocumentStore  # what each job declares, and whether it finished (with its final estimate)
     points: AsyncCollection
     history: AsyncCollection
     models: ModelStore
@@ -35,10 +44,10 @@ class Estimator:
         return {"history_model": self.models.status(), "live_jobs": len(self.live)}
 
     async def submitted(self, event: JobSubmitted) -> None:
-        await self.jobs.update_one({"_id": event.job_id}, {"$setOnInsert": {
-            "metrics": [m.model_dump() for m in event.algorithm.metrics],
-            "parameters": [p.model_dump() for p in event.algorithm.parameters],
-            "project_id": event.project_id, "finished": False}}, upsert=True)
+        fields = {"metrics": [m.model_dump() for m in event.algorithm.metrics],
+                  "parameters": [p.model_dump() for p in event.algorithm.parameters],
+                  "project_id": event.project_id, "finished": False}
+        await self.jobs.save(event.job_id, fields, None, [])  # a redelivery finds it stored and changes nothing
 
     async def task_started(self, event: TaskStarted) -> None:
         model = await self._model(event.job_id)
@@ -52,10 +61,9 @@ class Estimator:
         model = await self._model(event.job_id, finished_too=True)
         if event.phase == Phase.COMPLETED and model is not None and event.start_time and event.end_time:
             await self._learn(event, model)
-        await self.jobs.update_one({"_id": event.job_id}, {"$set": {"finished": True}})
+        await self.jobs.update(event.job_id, finish)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
-        await publish(self.broker, EtaEstimated(event_id=f"{event.job_id}:eta:final", job_id=event.job_id, eta=None))
 
     async def log_chunk(self, chunk: LogChunk) -> None:
         model = await self._model(chunk.job_id)
@@ -71,6 +79,7 @@ class Estimator:
         if eta is None:
             return
         self.last_published[chunk.job_id] = now
+        # No outbox: an estimate is derived, superseded by the next, and an unacknowledged chunk is redelivered.
         await publish(self.broker, EtaEstimated(
             event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
 
@@ -98,7 +107,7 @@ class Estimator:
     async def _model(self, job_id: str, *, finished_too: bool = False) -> JobModel | None:
         if job_id in self.live:
             return self.live[job_id]
-        job = await self.jobs.find_one({"_id": job_id})
+        job = await self.jobs.load(job_id)
         if job is None or (job.get("finished") and not finished_too):
             return None
         # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.

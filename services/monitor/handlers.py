@@ -1,4 +1,4 @@
-"""Monitor subscribers: decode, hand to the service layer."""
+"""Monitor subscribers: decode, hand to the service layer through EVENT_HANDLERS."""
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -28,10 +28,10 @@ from shared.events import (
     TaskResumed,
     TaskStarted,
 )
+from shared.handlers import HandlerTable, dispatch
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
-router = NatsRouter()
 log = logging.getLogger(__name__)
 
 TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
@@ -41,38 +41,52 @@ TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task
                     TaskHung: hangs.task_hung, TaskResumed: hangs.task_resumed}
 
 
-def job_key(event: JobEvent) -> str | None:
-    """A job's events in order; one without a job (a node's lost tasks) after all before it, before all after."""
-    return getattr(event, "job_id", None)
-
-
-# One message at a time (ordered). `keyed=JOBS_IN_FLIGHT` with `@in_order(job_key)` (different jobs concurrently)
-# kept each key's order in tests/unit/test_keyed_order.py and against a real server, but under
-# tests/e2e/test_resilience.py (each service SIGKILLed while 50 jobs flow, a loaded 2-core VM) the monitor handled
-# task events before their job's placement; until that is understood the state machine stays ordered (issue 15).
-@router.subscriber(**durable("tm.job.>", consumer="monitor-jobs"))
-@retry_transient
-async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -> None:
-    """Advance the job's status for every lifecycle event."""
+async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
+    """A new job (a redelivered submission changes nothing)."""
     now = utcnow()
-    match event:
-        case JobSubmitted():
-            await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
-        case JobPlaced():
-            await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
-        case TaskPreparing() | TaskStarted() | TaskExited() | TaskHung() | TaskResumed():
-            await monitor.apply(event.job_id, lambda job: _task_change(job, event, now=now))
-        case JobTerminateRequested():
-            await monitor.apply(
-                event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
-            )
-        case JobMigrateRequested():
-            await monitor.apply(event.job_id, lambda job: job and state.migrate(
-                job, cause=event.cause, attempt=event.attempt, now=now))
-        case NodeTasksLost():
-            await monitor.lose_tasks(event, at=now)
-        case JobUnplaceable():
-            await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
+    await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
+
+
+async def placed(monitor: Monitor, event: JobPlaced) -> None:
+    """Placement chose nodes for an attempt."""
+    now = utcnow()
+    await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
+
+
+async def task_changed(monitor: Monitor, event: TaskEvent) -> None:
+    """An agent's word on one task of an attempt."""
+    now = utcnow()
+    await monitor.apply(event.job_id, lambda job: _task_change(job, event, now=now))
+
+
+async def terminate(monitor: Monitor, event: JobTerminateRequested) -> None:
+    """Someone asked to terminate the job."""
+    now = utcnow()
+    await monitor.apply(event.job_id,
+                        lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now))
+
+
+async def migrate(monitor: Monitor, event: JobMigrateRequested) -> None:
+    """Snapshot the job and continue it elsewhere."""
+    now = utcnow()
+    await monitor.apply(event.job_id, lambda job: job and state.migrate(
+        job, cause=event.cause, attempt=event.attempt, now=now))
+
+
+async def unplaceable(monitor: Monitor, event: JobUnplaceable) -> None:
+    """No node can ever host the job as it now needs."""
+    now = utcnow()
+    await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
+
+
+async def tasks_lost(monitor: Monitor, event: NodeTasksLost) -> None:
+    """A node's tasks are gone (node silent, or its agent restarted)."""
+    await monitor.lose_tasks(event, at=utcnow())
+
+
+async def released(monitor: Monitor, event: NodeReleased) -> None:
+    """Placement gave a node back."""
+    await monitor.released(event.node_id)
 
 
 def _task_change(job: state.JobState | None, event: TaskEvent, *, now: datetime) -> state.Outcome | None:
@@ -87,15 +101,49 @@ def _task_change(job: state.JobState | None, event: TaskEvent, *, now: datetime)
     return TASK_TRANSITIONS[type(event)](job, event, now=now)
 
 
+# Every lifecycle event advances its job's status; nodes register, beat (core NATS, see heartbeat_intake) and are
+# released.
+EVENT_HANDLERS: HandlerTable[Monitor] = {
+    JobSubmitted: submitted,
+    JobPlaced: placed,
+    TaskPreparing: task_changed,
+    TaskStarted: task_changed,
+    TaskExited: task_changed,
+    TaskHung: task_changed,
+    TaskResumed: task_changed,
+    JobTerminateRequested: terminate,
+    JobMigrateRequested: migrate,
+    JobUnplaceable: unplaceable,
+    NodeTasksLost: tasks_lost,
+    NodeRegistered: Monitor.registered,
+    NodeHeartbeat: Monitor.heartbeat,
+    NodeReleased: released,
+}
+
+router = NatsRouter()
+
+
+def job_key(event: JobEvent) -> str | None:
+    """A job's events in order; one without a job (a node's lost tasks) after all before it, before all after."""
+    return getattr(event, "job_id", None)
+
+
+# One message at a time (ordered). `keyed=JOBS_IN_FLIGHT` with `@in_order(job_key)` (different jobs concurrently)
+# kept each key's order in tests/unit/test_keyed_order.py and against a real server, but under
+# tests/e2e/test_resilience.py (each service SIGKILLed while 50 jobs flow, a loaded 2-core VM) the monitor handled
+# task events before their job's placement; until that is understood the state machine stays ordered (issue 15).
+@router.subscriber(**durable("tm.job.>", consumer="monitor-jobs"))
+@retry_transient
+async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -> None:
+    """Every lifecycle event of every job, in stream order."""
+    await dispatch(EVENT_HANDLERS, event, monitor)
+
+
 @router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))
 @retry_transient
 async def on_node_event(event: NodeEvent, monitor: Monitor = Context("monitor")) -> None:
-    """Registrations and releases (heartbeats are core NATS, read by `Monitor.heartbeat`: see app.py)."""
-    match event:
-        case NodeRegistered():
-            await monitor.registered(event)
-        case NodeReleased():
-            await monitor.released(event.node_id)
+    """Registrations and releases (heartbeats are core NATS, never stored: see heartbeat_intake)."""
+    await dispatch(EVENT_HANDLERS, event, monitor)
 
 
 def heartbeat_intake(monitor: Monitor) -> Callable[[Msg], Awaitable[None]]:
@@ -112,7 +160,7 @@ def heartbeat_intake(monitor: Monitor) -> Callable[[Msg], Awaitable[None]]:
             log.warning("dropped a heartbeat of %s: it arrived on %s", event.node_id, msg.subject)
             return
         try:
-            await monitor.heartbeat(event)
+            await dispatch(EVENT_HANDLERS, event, monitor)
         except TRANSIENT_ERRORS as exc:
             log.warning("heartbeat of %s not recorded (the next one will be): %r", event.node_id, exc)
 

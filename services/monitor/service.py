@@ -13,12 +13,21 @@ from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.fleet import Fleet
-from services.monitor.nodes import record_of
+from services.monitor.nodes import NodeRecord, Sighting, record_of
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
 
-MAX_CONFLICTS = 50
+
+def restart_events(sighting: Sighting) -> list:
+    """What a sighting announces: the node's new state, and the tasks an agent restart lost."""
+    node = sighting.node
+    events = [sighting.event] if sighting.event else []
+    if sighting.restarted:
+        events.append(NodeTasksLost(event_id=f"{node.node_id}:{node.boot_id}:tasks_lost", node_id=node.node_id,
+                                    cause=f"agent on {node.node_id} restarted", alive=node.running,
+                                    started_only=True))
+    return events
 
 
 @dataclass
@@ -33,22 +42,19 @@ class Monitor:
 
     async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state."""
-        for _ in range(MAX_CONFLICTS):
-            doc = await self.jobs.load(job_id)
+        def write(doc: dict | None) -> tuple[dict, list] | None:
             current = JobState.model_validate(doc) if doc else None
             try:
                 outcome = change(current)
             except IllegalTransition as exc:
                 log.error("job %s: refused illegal transition: %s", job_id, exc)
-                return
+                return None
             if outcome is None:
-                return
+                return None
             new, events = outcome
-            if new == current and not events:
-                return
-            if await self.jobs.save(job_id, new.model_dump(), doc, events):
-                return
-        raise RuntimeError(f"job {job_id}: too many concurrent updates")
+            return None if new == current and not events else (new.model_dump(), events)
+
+        await self.jobs.update(job_id, write)
 
     async def snapshot(self, job_id: str, *, now: datetime) -> JobStatusChanged | None:
         doc = await self.jobs.load(job_id)
@@ -99,23 +105,20 @@ class Monitor:
 
     async def sighted(self, node_id: str, **seen) -> None:
         """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs."""
-        for _ in range(MAX_CONFLICTS):
-            doc = await self.nodes.load(node_id)
+        read: list[tuple[NodeRecord | None, Sighting]] = []  # what each attempt read, and what it made of it
+
+        def write(doc: dict | None) -> tuple[dict, list] | None:
             current = record_of(doc) if doc else None
             sighting = liveness.sighted(current, node_id=node_id, **seen)
-            if sighting.node == current:
-                if current is not None:
-                    self.fleet.stored(current)
-                return
-            events = [sighting.event] if sighting.event else []
-            if sighting.restarted:
-                events.append(NodeTasksLost(event_id=f"{node_id}:{sighting.node.boot_id}:tasks_lost", node_id=node_id,
-                                            cause=f"agent on {node_id} restarted", alive=sighting.node.running,
-                                            started_only=True))
-            if await self.nodes.save(node_id, sighting.node.model_dump(), doc, events):
-                break
-        else:
-            raise RuntimeError(f"node {node_id}: too many concurrent updates")
+            read.append((current, sighting))
+            return None if sighting.node == current else (sighting.node.model_dump(), restart_events(sighting))
+
+        written = await self.nodes.update(node_id, write)
+        current, sighting = read[-1]
+        if not written:
+            if current is not None:
+                self.fleet.stored(current)
+            return
         self.fleet.stored(sighting.node)
         if sighting.event or sighting.restarted or current is None:
             log.info("node %s %s", node_id, "restarted" if sighting.restarted else "ready")
@@ -150,12 +153,17 @@ class Monitor:
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""
-        doc = await self.nodes.load(node_id)
-        if doc and doc.get("state") != "released":
-            node = record_of(doc).model_copy(update={"state": "released", "running": ()})
-            if await self.nodes.save(node_id, node.model_dump(), doc, []):
-                self.fleet.stored(node)
-                log.info("node %s released", node_id)
+        released: list[NodeRecord] = []
+
+        def release(doc: dict | None) -> tuple[dict, list] | None:
+            if not doc or doc.get("state") == "released":
+                return None
+            released.append(record_of(doc).model_copy(update={"state": "released", "running": ()}))
+            return released[-1].model_dump(), []
+
+        if await self.nodes.update(node_id, release):
+            self.fleet.stored(released[-1])
+            log.info("node %s released", node_id)
 
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""

@@ -17,6 +17,7 @@ from shared.events import (
     Message,
     Notification,
     RequeueCause,
+    StartTask,
     StopTask,
     TaskExited,
     TaskPreparing,
@@ -159,12 +160,10 @@ def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
 
 
 def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
-    if event.attempt <= job.attempt:
+    """Accept a placement and start its ranks, in the same write; a job no longer waiting for one (terminated,
+    or already placed) starts nothing."""
+    if event.attempt <= job.attempt or job.phase != Phase.PENDING or job.assignments:
         return job, []
-    if job.phase != Phase.PENDING or job.assignments:
-        fenced = [stop(job.job_id, event.attempt, a.node_id, rank=a.rank, reason="superseded", grace_s=0, now=now)
-                  for a in event.assignments]
-        return job, fenced
     job = job.model_copy(update={
         "attempt": event.attempt,
         "assignments": event.assignments,
@@ -176,7 +175,19 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
         "hung_ranks": (), "hung_since": None, "hung_idle_s": 0.0, "hung_progressed": False,
     })
     nodes = ", ".join(job.node_ids)
-    return switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
+    job, events = switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
+    return job, events + starts(event, now=now)
+
+
+def starts(event: JobPlaced, *, now: datetime) -> list[StartTask]:
+    """One StartTask per rank of the placed attempt."""
+    launch = event.launch
+    return [StartTask(event_id=f"{event.job_id}:{event.attempt}:{a.rank}:start", occurred_at=now, node_id=a.node_id,
+                      job_id=event.job_id, attempt=event.attempt, rank=a.rank, world_size=len(event.assignments),
+                      master_addr=launch.master_addr, master_port=launch.master_port, gpu_indices=a.gpu_indices,
+                      project_id=launch.project_id, user_name=launch.user_name, algorithm=launch.algorithm,
+                      spec=launch.spec)
+            for a in event.assignments]
 
 
 def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExited) -> bool:

@@ -192,9 +192,7 @@ class Fleet:
             return AdmitReply(allowed=False, reason=f"billing did not answer: {exc!r}")
 
     async def _save(self, node: FleetNode, events: list) -> None:
-        for _ in range(20):
-            doc = await self.store.load(node.node_id)
-            if await self.store.save(node.node_id, node.model_dump(), doc, events):
-                break
+        """Persist the node (in memory it is authoritative) with its events; raises if the record keeps changing."""
+        await self.store.update(node.node_id, lambda _: (node.model_dump(), events))
         self.nodes[node.node_id] = node
         self._track(node)

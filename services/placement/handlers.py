@@ -13,9 +13,44 @@ from shared.events import (
     NodeRegistered,
     NodeStateChanged,
 )
+from shared.handlers import HandlerTable, dispatch
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
+
+
+async def deleted(placement: Placement, event: JobDeleted) -> None:
+    """A deleted job leaves the queue."""
+    await placement.deleted(event.job_id)
+
+
+async def node_registered(placement: Placement, event: NodeRegistered) -> None:
+    """A node joined (or its agent restarted)."""
+    await placement.node_seen(event.node, event.node.node_id, "ready")
+
+
+async def node_state(placement: Placement, event: NodeStateChanged) -> None:
+    """The monitor's liveness verdict: lost nodes get no work."""
+    await placement.node_seen(None, event.node_id, event.state)
+
+
+async def interrupted(placement: Placement, event: NodeInterrupted) -> None:
+    """A spot node's notice: no more work there, and it is given back (its agent is stopping its tasks)."""
+    if await node_interrupted(placement.fleet, event.node_id):
+        placement.dirty.set()
+
+
+# Queue submitted jobs; release capacity when a job ends or loses its nodes; compare each running job's estimate
+# with what its owner expects.
+EVENT_HANDLERS: HandlerTable[Placement] = {
+    JobSubmitted: Placement.submitted,
+    JobStatusChanged: Placement.status_changed,
+    JobDeleted: deleted,
+    NodeRegistered: node_registered,
+    NodeStateChanged: node_state,
+    NodeInterrupted: interrupted,
+    EtaEstimated: Placement.estimated,
+}
 
 router = NatsRouter()
 
@@ -23,44 +58,38 @@ router = NatsRouter()
 @router.subscriber(**durable("tm.job.>", consumer="placement-jobs"))
 @retry_transient
 async def on_job_event(event: JobEvent, placement: Placement = Context("placement")) -> None:
-    """Queue submitted jobs; release capacity when a job ends or loses its nodes."""
-    match event:
-        case JobSubmitted():
-            await placement.submitted(event)
-        case JobStatusChanged():
-            await placement.status_changed(event)
-        case JobDeleted():
-            await placement.deleted(event.job_id)
+    """Jobs submitted, changing status and deleted."""
+    await dispatch(EVENT_HANDLERS, event, placement)
 
 
 @router.subscriber(**durable(NODE_REGISTERED, consumer="placement-node-registrations"))
 @retry_transient
 async def on_node_registered(event: NodeRegistered, placement: Placement = Context("placement")) -> None:
-    """A node joined (or its agent restarted)."""
-    await placement.node_seen(event.node, event.node.node_id, "ready")
+    """Nodes joining."""
+    await dispatch(EVENT_HANDLERS, event, placement)
 
 
 @router.subscriber(**durable("tm.node.evt.state", consumer="placement-nodes-state"))
 @retry_transient
 async def on_node_state(event: NodeStateChanged, placement: Placement = Context("placement")) -> None:
-    """The monitor's liveness verdict: lost nodes get no work."""
-    await placement.node_seen(None, event.node_id, event.state)
+    """The monitor's verdicts on nodes."""
+    await dispatch(EVENT_HANDLERS, event, placement)
 
 
 @router.subscriber(**durable("tm.node.evt.*.interrupted", consumer="placement-node-interruptions"))
 @retry_transient
 async def on_node_interrupted(event: NodeInterrupted, message=Context("message"),
                               placement: Placement = Context("placement")) -> None:
-    """A spot node's notice: no more work there, and it is given back (its agent is stopping its tasks)."""
-    if event.subject == message.raw_message.subject and await node_interrupted(placement.fleet, event.node_id):
-        placement.dirty.set()  # an agent speaks for its own node only
+    """Spot nodes' notices; an agent speaks for its own node only."""
+    if event.subject == message.raw_message.subject:
+        await dispatch(EVENT_HANDLERS, event, placement)
 
 
 @router.subscriber(**durable("tm.eta.>", consumer="placement-eta", ordered=False))
 @retry_transient
 async def on_estimate(event: EtaEstimated, placement: Placement = Context("placement")) -> None:
-    """Compare each running job's estimate with what its owner expects."""
-    await placement.estimated(event)
+    """Running jobs' estimates."""
+    await dispatch(EVENT_HANDLERS, event, placement)
 
 
 @router.subscriber(RPC_CANDIDATES)

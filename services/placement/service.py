@@ -18,8 +18,8 @@ from shared.events import (
     JobStatusChanged,
     JobSubmitted,
     JobUnplaceable,
+    Launch,
     Notification,
-    StartTask,
 )
 from shared.jobs import Algorithm, Phase, Resource, Spec
 from shared.nodes import NodeInfo
@@ -187,8 +187,12 @@ class Placement:
         return None
 
     async def deleted(self, job_id: str) -> None:
+        """A finished job was deleted; one placement still counts as queued or running stays."""
+        item = self.queue.get(job_id)
+        if item is not None and item.state != "done":
+            log.warning("JobDeleted for %s ignored: it is %s here", job_id, item.state)
+            return
         self.queue.pop(job_id, None)
-        self.queued.discard(job_id)
         await self.jobs.collection.delete_one({"_id": job_id, "state": "done"})
 
     async def node_seen(self, info: NodeInfo | None, node_id: str, state: Literal["ready", "lost"]) -> None:
@@ -320,29 +324,19 @@ class Placement:
         now = utcnow()
         master = self.fleet.nodes[assignments[0].node_id].info.address
         port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
+        launch = Launch(master_addr=master, master_port=port, project_id=item.project_id, user_name=item.user_name,
+                        algorithm=item.algorithm, spec=item.spec.model_copy(update={"resource": item.needs}))
         events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=now, job_id=item.job_id,
-                            attempt=attempt, assignments=assignments)]
-        events += [
-            StartTask(event_id=f"{item.job_id}:{attempt}:{a.rank}:start", occurred_at=now, node_id=a.node_id,
-                      job_id=item.job_id, attempt=attempt, rank=a.rank, world_size=len(assignments),
-                      master_addr=master, master_port=port, gpu_indices=a.gpu_indices, project_id=item.project_id,
-                      user_name=item.user_name, algorithm=item.algorithm,
-                      spec=item.spec.model_copy(update={"resource": item.needs}))
-            for a in assignments
-        ]
+                            attempt=attempt, assignments=assignments, launch=launch)]
         placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
                                          "exclude": (), "moving": False})
         await self._save(placed, events)
         log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
 
     async def _save(self, item: QueueItem, events: list) -> None:
-        """Persist the item (in memory it is authoritative: placement runs as one process) with its events."""
-        for _ in range(MAX_CONFLICTS):  # the outbox relay bumps the revision when it publishes
-            doc = await self.jobs.load(item.job_id)
-            if await self.jobs.save(item.job_id, item.model_dump(), doc, events):
-                break
-        else:
-            raise RuntimeError(f"placement record of {item.job_id} keeps changing; is a second placement running?")
+        """Persist the item (in memory it is authoritative: placement runs as one process) with its events; the
+        outbox relay bumps the revision when it publishes, so a conflict is retried over what is stored."""
+        await self.jobs.update(item.job_id, lambda _: (item.model_dump(), events), attempts=MAX_CONFLICTS)
         self.queue[item.job_id] = item
         if item.state == "queued":
             self.queued.add(item.job_id)

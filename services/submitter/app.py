@@ -5,11 +5,10 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from pydantic import Field, field_validator
 
-from shared.bus import connect, make_broker
-from shared.service import Background, add_health, configure_logging
+from shared.service import Wiring, running, wire
 from shared.settings import CommonSettings
 from shared.storage import StorageSettings
-from shared.store import make_client, relay
+from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
 from services.submitter import dialects, portal
 from services.submitter import audit, egress, routes_users
@@ -47,45 +46,45 @@ class SubmitterSettings(CommonSettings, StorageSettings):
         return check_admin_token(value)
 
 
+async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None:
+    """The API's stores (indexes made), the first admin token and the API's loops; in app.state for the routes."""
+    db = w.db
+    repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes)
+    tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
+    searches = SearchStore(db.api_searches)
+    await repo.create_indexes()
+    await searches.create_indexes()
+    await tokens.prepare()
+    await audit_log.prepare()
+    w.broker.context.set_global("repo", repo)  # the bus handlers' store
+    await bootstrap_admin(tokens, audit_log, settings)
+    app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, w.broker, audit_log
+    app.state.searches = searches
+    w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
+    w.background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
+    w.background.spawn("searches", Driver(store=searches, port=AppPort(app), interval_s=settings.search_pass_s)
+                       .run_forever)
+
+
+async def bootstrap_admin(tokens: Tokens, audit_log: audit.AuditLog, settings: SubmitterSettings) -> None:
+    """The admin's token: a generated one shown once, a rotated one's predecessors revoked and audited."""
+    generated = await tokens.bootstrap_admin(configured=settings.admin_token, data_dir=settings.data_dir)
+    if generated:
+        print(f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n"
+              f"  {generated}\n", flush=True)
+    for token_id in tokens.revoked_at_start:
+        await audit_log.begin(principal=None, action="admin_token.rotate", method="", path="", template="",
+                              project_id=None, target_id=token_id, client_ip="", state="done")
+
+
 def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     settings = settings or SubmitterSettings()
-    configure_logging(settings.log_level)
-    broker = make_broker(settings.nats_url, name=SERVICE, creds=settings.nats_creds, ca_file=settings.nats_ca_file)
-    broker.include_router(bus_router)
-    add_health(broker, SERVICE)
-    background = Background()
+    w = wire(name=SERVICE, settings=settings, router=bus_router)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        client = make_client(settings.mongo_url)
-        db = client[settings.mongo_db]
-        repo = Repository(db=db, broker=broker, log_cap_bytes=settings.log_cap_bytes)
-        tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
-        await repo.create_indexes()
-        searches = SearchStore(db.api_searches)
-        await searches.create_indexes()
-        await tokens.prepare()
-        await audit_log.prepare()
-        broker.context.set_global("repo", repo)
-        await connect(broker)
-        await broker.start()
-        generated = await tokens.bootstrap_admin(configured=settings.admin_token, data_dir=settings.data_dir)
-        if generated:
-            print(f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n"
-                  f"  {generated}\n", flush=True)
-        for token_id in tokens.revoked_at_start:
-            await audit_log.begin(principal=None, action="admin_token.rotate", method="", path="", template="",
-                                  project_id=None, target_id=token_id, client_ip="", state="done")
-        app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, broker, audit_log
-        app.state.searches = searches
-        background.spawn("outbox", lambda: relay(broker, [db.api_jobs]))
-        background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
-        background.spawn("searches", Driver(store=searches, port=AppPort(app), interval_s=settings.search_pass_s)
-                         .run_forever)
-        yield
-        await background.stop()
-        await broker.stop()
-        await client.close()
+        async with running(w, settings=settings, setup=lambda w: open_api(app, w, settings), start=True):
+            yield
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan, dependencies=[Depends(audit.record)],
                   description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.")

@@ -1,9 +1,10 @@
 """ModelArts v1 dialect: POST /v1/{project_id}/training-jobs (seed 002), translated to the v2 create.
 
-A v1 body becomes a v2 `JobCreate` and goes through `routes_jobs.create_job`, so validation, naming rules and
-the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images, pools, specs) are accepted
-and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED` environment. A key
-seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are bounded.
+A v1 body becomes a v2 `JobCreate` and goes through the one submission use case (`submission`), so validation,
+naming rules and the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images, pools, specs)
+are accepted and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED`
+environment. A key seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are
+bounded.
 """
 import json
 import posixpath
@@ -21,7 +22,7 @@ from shared.jobs import JobCreate, no_null_bytes
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.routes_jobs import create_job
+from services.submitter.submission import submit_job
 from services.submitter.views import ProjectId
 
 IGNORED_ENV = "MODELARTS_V1_IGNORED"
@@ -245,11 +246,14 @@ async def create_v1(project_id: ProjectId, body: V1JobCreate, request: Request,
                     principal: Principal = Depends(authenticate)) -> V1Created:
     payload, ignored = translate(body)
     try:
-        job = await create_job(project_id, v2_body(payload), request, principal)
+        v2 = v2_body(payload)
+        principal.require_project(project_id)
+        job = await submit_job(request, project_id=project_id, user_name=principal.user_name, body=v2)
     except ApiError as exc:  # name the v1 field the caller sent, as validation errors do
-        v2 = next((p for p in V1_FIELD if exc.message.startswith(f"param[{p}]")), None)
-        if v2 is not None:
-            exc.message = exc.message.replace(f"param[{v2}]", f"param[{V1_FIELD[v2]}]", 1)
+        field = next((p for p in V1_FIELD if exc.message.startswith(f"param[{p}]")), None)
+        if field is not None:
+            exc.message = exc.message.replace(f"param[{field}]", f"param[{V1_FIELD[field]}]", 1)
         raise
     return V1Created(job_id=job.metadata.id, job_name=job.metadata.name, status=V1_STATUS[job.status.phase.value],
                      create_time=job.metadata.create_time, ignored_fields=ignored)
+

@@ -1,19 +1,18 @@
-"""Could any node of the fleet or the on-demand catalogue ever hold this job? Placement's dry run answers; when it
-says no, the fields to blame are found by relaxing them one by one and asking again (only for refused jobs)."""
-import logging
+"""Could any node of the fleet or the on-demand catalogue ever hold this job? Placement's dry run answers (the one
+asked for the submission); when it says no, the fields to blame are found by relaxing them one by one and asking
+again (only for refused jobs)."""
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.jobs import JobCreate, Spec
+from shared.jobs import Spec
 from shared.rpc import CandidatesReply
 from services.submitter import errors
 from services.submitter.errors import ApiError
 from services.submitter.rpc import spec_candidates
 
-log = logging.getLogger(__name__)
 KINDS = {"local": 1, "cloud": 2, "any": 3}  # node kinds each `spec.placement.allowed` admits (placement's KINDS)
-FEASIBLE_TIMEOUT_S = 2.0  # a submission waits no longer than this for the check; without an answer the job is taken
+FEASIBLE_TIMEOUT_S = 2.0  # each relaxed question about a refused job waits no longer than this
 
 
 @dataclass(frozen=True)
@@ -96,13 +95,10 @@ def asker(request, *, project_id: str, user_name: str) -> Callable[[Spec], Await
     return ask
 
 
-async def refuse_unplaceable(request, body: JobCreate, *, project_id: str, user_name: str) -> None:
-    """406001 for a job no node nor instance type could ever hold; when placement is away the job is taken (it waits
-    in the queue as before: submissions do not stop with placement)."""
-    ask = asker(request, project_id=project_id, user_name=user_name)
-    try:
-        answer = await ask(body.spec)
-    except ApiError as exc:
-        log.warning("job taken without the placeability check: %s", exc.message)
-        return
-    await check(body.spec, answer, ask)
+async def refuse_unplaceable(request, spec: Spec, answer: CandidatesReply | None, *, project_id: str,
+                             user_name: str) -> None:
+    """406001 for a job no node nor instance type could ever hold, judged on placement's `answer` to the
+    submission; without one (placement away) the job is taken: it waits in the queue, submissions do not stop
+    with placement. Only a refused job asks again (to find the fields to blame)."""
+    if answer is not None:
+        await check(spec, answer, asker(request, project_id=project_id, user_name=user_name))

@@ -6,17 +6,15 @@ from faststream.nats import NatsRouter
 from shared.bus import durable, retry_transient
 from shared.clock import utcnow
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Notification
+from shared.handlers import HandlerTable, dispatch
 from services.submitter import notifications
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
 
-router = NatsRouter()
 OUTPUT_RETRY_S = 0.2
 
 
-@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
-@retry_transient
-async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
+async def status_changed(repo: Repository, event: JobStatusChanged) -> None:
     """Project the monitor's status onto the job the API shows; a finished one once its final output is stored
     (until then it comes back shortly)."""
     if not await output_stored(repo, event, now=utcnow()):
@@ -24,22 +22,45 @@ async def on_status(event: JobStatusChanged, repo: Repository = Context("repo"))
     await repo.apply_status(event)
 
 
+async def notified(repo: Repository, event: Notification) -> None:
+    """Keep it for delivery to the project's webhook (delivery runs apart, with retries)."""
+    await notifications.record(repo.db, event)
+
+
+# Keep output for the logs endpoint; show the latest remaining-time estimate on the job.
+EVENT_HANDLERS: HandlerTable[Repository] = {
+    JobStatusChanged: status_changed,
+    LogChunk: Repository.add_log,
+    EtaEstimated: Repository.apply_eta,
+    Notification: notified,
+}
+
+router = NatsRouter()
+
+
+@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
+@retry_transient
+async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
+    """Jobs' status changes."""
+    await dispatch(EVENT_HANDLERS, event, repo)
+
+
 @router.subscriber(**durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False))
 @retry_transient
 async def on_log(chunk: LogChunk, repo: Repository = Context("repo")) -> None:
-    """Keep output for the logs endpoint."""
-    await repo.add_log(chunk)
+    """Jobs' output."""
+    await dispatch(EVENT_HANDLERS, chunk, repo)
 
 
 @router.subscriber(**durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False))
 @retry_transient
 async def on_eta(event: EtaEstimated, repo: Repository = Context("repo")) -> None:
-    """Show the latest remaining-time estimate on the job."""
-    await repo.apply_eta(event)
+    """Jobs' remaining-time estimates."""
+    await dispatch(EVENT_HANDLERS, event, repo)
 
 
 @router.subscriber(**durable("tm.notify.>", consumer="submitter-notify", ordered=False))
 @retry_transient
 async def on_notification(event: Notification, repo: Repository = Context("repo")) -> None:
-    """Keep it for delivery to the project's webhook (delivery runs apart, with retries)."""
-    await notifications.record(repo.db, event)
+    """Notifications for people."""
+    await dispatch(EVENT_HANDLERS, event, repo)

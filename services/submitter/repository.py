@@ -10,7 +10,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Message
-from shared.store import OUTBOX, OUTBOX_COUNT, flush, outbox_entries
+from shared.store import DocumentStore
 from services.submitter.views import status_fields
 
 
@@ -38,6 +38,11 @@ class Repository:
         return self.db.api_jobs
 
     @property
+    def store(self) -> DocumentStore:
+        """Jobs as every service stores its state: with their outgoing events, by revision."""
+        return DocumentStore(self.jobs, self.broker)
+
+    @property
     def logs(self):
         return self.db.api_logs
 
@@ -54,15 +59,13 @@ class Repository:
 
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
-        entries = outbox_entries([event])
-        try:
-            await self.jobs.insert_one({**doc, OUTBOX: entries, OUTBOX_COUNT: len(entries)})
-        except DuplicateKeyError as exc:
-            raise NameTaken(doc["name"]) from exc
-        return entries
+        pending = await self.store.write(doc["_id"], doc, None, [event])
+        if pending is None:  # the unique (project_id, name) index, or the id itself
+            raise NameTaken(doc["name"])
+        return pending
 
     async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
-        await flush(self.broker, self.jobs, job_id, entries)
+        await self.store.flush(job_id, entries)
 
     async def get(self, project_id: str, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id, "project_id": project_id})

@@ -1,27 +1,21 @@
-"""Usage and spend reports, quotas and budgets, and the admission check of a new job."""
+"""Usage and spend reports, quotas and budgets (a new job's admission: `admission`)."""
 import csv
 import io
-import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
-from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE
-from shared.jobs import JobCreate
-from shared.rpc import (AdmitQuery, AdmitReply, GroupBy, ProjectQuotas, Quota, QuotasReply,
-                        QuotasRequest, UsageQuery, UsageReport, UsageTotals)
+from shared.bus import RPC_QUOTAS, RPC_USAGE
+from shared.rpc import GroupBy, ProjectQuotas, Quota, QuotasReply, QuotasRequest, UsageQuery, UsageReport, UsageTotals
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
 from services.submitter.views import ProjectId
-from services.submitter.rpc import ask, candidates
+from services.submitter.rpc import ask
 
 router = APIRouter()
-log = logging.getLogger(__name__)
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-DEFAULT_DURATION_S = 3600  # a job without expected_duration_s is priced as one hour
-DEFAULT_PRICE_PER_HOUR = 4.0  # when no node fits the job, or placement does not answer
 CSV_COLUMNS = [name for name in UsageTotals.model_fields]
 
 
@@ -89,38 +83,3 @@ async def put_user_quota(project_id: ProjectId, user_name: UserName, body: Quota
     principal.require_admin()
     return QuotasReply.model_validate(await ask(request, RPC_QUOTAS, QuotasRequest(
         project_id=project_id, user_name=user_name, user=body)))
-
-
-# Admission -------------------------------------------------------------------------------------------------------
-
-
-async def price(request: Request, body: JobCreate, *, project_id: str, user_name: str) -> tuple[float, float]:
-    """(dollars, GPU-hours) of the job's cheapest candidate placement; the default price when none fits or
-    placement does not answer (a silent placement must not stop submissions)."""
-    resource = body.spec.resource
-    try:
-        options = (await candidates(request, body, project_id=project_id, user_name=user_name)).candidates
-    except ApiError as exc:
-        log.warning("pricing a job without placement: %s", exc.message)
-        options = []
-    cheapest = min(options, key=lambda c: c.expected_cost, default=None)
-    if cheapest is None:
-        hours = (body.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
-        return DEFAULT_PRICE_PER_HOUR * resource.node_count * hours, resource.gpu_count * resource.node_count * hours
-    hours = cheapest.predicted_duration_s / 3600
-    return cheapest.expected_cost, resource.gpu_count * resource.node_count * hours
-
-
-async def admit_job(request: Request, *, project_id: str, user_name: str, body: JobCreate) -> None:
-    """Refuse (403, 406008 quota / 406029 budget) a job the project's or user's quota or budget cannot take."""
-    gpus = body.spec.resource.gpu_count * body.spec.resource.node_count
-    first = AdmitReply.model_validate(await ask(request, RPC_ADMIT, AdmitQuery(
-        project_id=project_id, user_name=user_name, purpose="submit", gpus=gpus)))
-    reply = first
-    if first.allowed and first.limited:
-        cost, gpu_hours = await price(request, body, project_id=project_id, user_name=user_name)
-        reply = AdmitReply.model_validate(await ask(request, RPC_ADMIT, AdmitQuery(
-            project_id=project_id, user_name=user_name, purpose="submit", gpus=gpus, estimated_cost=cost,
-            estimated_gpu_hours=gpu_hours)))
-    if not reply.allowed:
-        raise ApiError(reply.http_status, reply.error_code or errors.QUOTA_EXCEEDED, reply.reason)

@@ -1,5 +1,4 @@
 """/v2/{project_id}/training-jobs: create, list, inspect, act on, delete, read output."""
-import logging
 import uuid
 from typing import Annotated, Literal
 
@@ -9,32 +8,26 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
-from shared.events import JobDeleted, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobTerminateRequested
+from shared.events import JobDeleted, JobMigrateRequested, JobTerminateRequested
 from shared.jobs import FINISHED, JobCreate, Phase
 from shared.rpc import MetricsQuery, MetricsReport
-from shared.storage import refused_urls
-from services.submitter import errors, feasible
+from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
+from services.submitter.commands import send_command
 from services.submitter.errors import ApiError
 from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
-from services.submitter.repository import NameTaken, Repository
-from services.submitter.routes_catalogue import resolve
-from services.submitter.rpc import ask, candidates
-from services.submitter.routes_billing import admit_job
-from services.submitter.views import Job, JobId, JobList, ProjectId, new_job, render
+from services.submitter.repository import Repository
+from services.submitter.rpc import ask
+from services.submitter.submission import estimate, repo, submit_job
+from services.submitter.views import Job, JobId, JobList, ProjectId, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
 FINISHED_NAMES = [p.value for p in FINISHED]
-log = logging.getLogger(__name__)
 
 
 class Action(BaseModel):
     model_config = ConfigDict(extra="forbid")
     action_type: Literal["terminate", "migrate"]
-
-
-def repo(request: Request) -> Repository:
-    return request.app.state.repo
 
 
 async def load(repo: Repository, principal: Principal, project_id: ProjectId, job_id: str) -> dict:
@@ -51,60 +44,9 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                      principal: Principal = Depends(authenticate),
                      dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
-    body = await prepare(request, project_id=project_id, body=body)
     if dry_run:
-        return await estimate(project_id, body, request, principal)
+        return JSONResponse(await estimate(request, project_id=project_id, user_name=principal.user_name, body=body))
     return await submit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
-
-
-async def prepare(request: Request, *, project_id: str, body: JobCreate) -> JobCreate:
-    """Refuse storage the agents would refuse; fill a named flavor's resources, check a named pool."""
-    refused = refused_urls(body.algorithm, policy=request.app.state.storage, project_id=project_id)
-    if refused:  # outside the project's storage and the cluster's allow-list: the agents would refuse it too
-        raise ApiError(400, errors.PARAM_INVALID, f"param[{refused[0][0]}] invalid: {refused[0][1]}")
-    return await resolve(request, body)
-
-
-async def submit_job(request: Request, *, project_id: str, user_name: str, body: JobCreate,
-                     job_id: str | None = None, links: dict | None = None) -> Job:
-    """The one submission use case (the v2 and v1 routes, search trials): caps, admission, placeability, store and
-    announce. `job_id` (a search's deterministic trial id) and `links` (stored fields such as `search_id`) are
-    optional; a taken name or id is 409 (NameTaken's message names the job)."""
-    caps = request.app.state.queue_caps
-    await caps.check(repo(request).jobs, project_id=project_id, user_name=user_name)  # before paying
-    await admit_job(request, project_id=project_id, user_name=user_name, body=body)
-    await feasible.refuse_unplaceable(request, body, project_id=project_id, user_name=user_name)
-    repository = repo(request)
-    now = utcnow()
-    job_id = job_id or str(uuid.uuid4())
-    doc = {**new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now), **(links or {})}
-    event = JobSubmitted(event_id=f"{job_id}:submitted", occurred_at=now, job_id=job_id, project_id=project_id,
-                         user_name=user_name, name=body.metadata.name, algorithm=body.algorithm,
-                         spec=body.spec, create_time=now)
-    try:
-        async with caps.lock:  # counted and stored in one step: a burst cannot overshoot the caps
-            await caps.check(repository.jobs, project_id=project_id, user_name=user_name)
-            entries = await repository.insert(doc, event)
-    except NameTaken:
-        raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
-                                                f"{project_id}") from None
-    try:
-        await repository.publish(job_id, entries)
-    except Exception as exc:  # stored with its event in the outbox: the relay publishes it, the 201 stands
-        log.warning("job %s stored, its announcement left to the outbox relay: %r", job_id, exc)
-    return render(doc, now=now)
-
-
-async def estimate(project_id: str, body: JobCreate, request: Request, principal: Principal) -> JSONResponse:
-    """The dry run: the body is valid, the name is free, and here is where it could run, how long, at what cost."""
-    if await repo(request).jobs.find_one({"project_id": project_id, "name": body.metadata.name}, {"_id": 1}):
-        raise ApiError(409, errors.NAME_EXISTS, f"job name {body.metadata.name} already exists in project "
-                                                f"{project_id}")
-    answer = await candidates(request, body, project_id=project_id, user_name=principal.user_name)
-    await feasible.check(body.spec, answer, feasible.asker(request, project_id=project_id,
-                                                           user_name=principal.user_name))
-    return JSONResponse({"dry_run": True, "valid": True, "project_id": project_id, "name": body.metadata.name,
-                         **answer.model_dump(mode="json")})
 
 
 @router.get("", response_model=JobList, summary="List training jobs")
@@ -148,34 +90,18 @@ async def act(project_id: ProjectId, job_id: JobId, action: Action, request: Req
     return render(await load(repository, principal, project_id, job_id))
 
 
-async def send_command(broker, repository: Repository, command, subject: str) -> None:
-    """Ask the monitor to act; when it does not answer, the durable command reaches it when it is back."""
-    try:
-        reply = await broker.request(command, subject, timeout=3)
-        body = await reply.decode()
-        if body:
-            await repository.apply_status(JobStatusChanged.model_validate(body))
-    except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
-        log.warning("%s through the stream (monitor did not answer: %r)", command.event_id, exc)
-        await publish(broker, command)
-
-
-async def send_terminate(broker, repository: Repository, *, job_id: str, requested_by: str) -> None:
-    """Terminate a job on someone's behalf (a search pruning its trial); the job's reason names them."""
-    command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
-                                    requested_by=requested_by)
-    await send_command(broker, repository, command, RPC_TERMINATE)
-
-
 @router.delete("/{job_id}", status_code=204, summary="Delete a finished training job")
 async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
                      principal: Principal = Depends(authenticate)) -> Response:
     repository = repo(request)
     doc = await load(repository, principal, project_id, job_id)
-    if not await repository.delete(job_id, finished=FINISHED_NAMES):
+    if doc["status"]["phase"] not in FINISHED_NAMES:
         raise ApiError(409, errors.JOB_CANNOT_DELETE, f"job {job_id} is {doc['status']['phase']}: only Completed, "
                                                       "Failed or Terminated jobs can be deleted; terminate it first")
+    # Announced first (a finished job stays finished): a failed publish deletes nothing and the call can be
+    # repeated, where a delete first would lose the announcement with the record that could carry it.
     await publish(request.app.state.broker, JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id))
+    await repository.delete(job_id, finished=FINISHED_NAMES)
     return Response(status_code=204)
 
 

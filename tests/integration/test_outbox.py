@@ -8,8 +8,9 @@ from shared.bus import connect, make_broker
 from shared.events import JobDeleted
 from shared.store import DocumentStore, make_client, outbox_entries, relay
 from services.stack.processes import Stack, StackSettings
+from services.submitter.repository import NameTaken, Repository
 from tests.conftest import free_port
-from tests.factories import unique
+from tests.factories import submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -78,3 +79,31 @@ async def test_a_stale_revision_is_refused(servers, wiring):
     assert not await store.save("d", {"n": 3}, first, [])  # written by someone else since `first` was read
     assert not await store.save("d", {"n": 4}, None, [])  # and it is not new
     assert (await store.load("d"))["n"] == 2
+
+
+async def test_a_document_written_before_revisions_is_changed_once(servers, wiring):
+    broker, collection = wiring
+    store = DocumentStore(collection, broker)
+    await collection.insert_one({"_id": "old", "finished": False})  # a plain write: no revision
+    before = await store.load("old")
+    assert await store.update("old", lambda doc: ({**doc, "finished": True}, []))
+    assert not await store.save("old", {"finished": False}, before, [])  # it has a revision now: `before` is stale
+    assert (await store.load("old"))["finished"] is True
+
+
+async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_is_refused(servers, wiring):
+    broker, collection = wiring
+    repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
+    await repo.create_indexes()
+    first, second = submitted(), submitted()
+    doc = {"_id": first.job_id, "project_id": "p", "name": "train", "create_time": first.create_time}
+    pending = await repo.insert(doc, first)
+    with pytest.raises(NameTaken):
+        await repo.insert({**doc, "_id": second.job_id}, second)
+    stored = await repo.jobs.find_one({"_id": first.job_id})
+    assert stored["create_time"] == first.create_time and stored["_outbox_n"] == 1  # stored; announced by the relay
+    await repo.publish(first.job_id, pending)
+    assert (await repo.jobs.find_one({"_id": first.job_id}))["_outbox"] == []
+    assert await repo.jobs.count_documents({}) == 1
+    published = [m for m in await stream_subjects(servers, "tm.job.submitted") if first.job_id.encode() in m]
+    assert len(published) == 1

@@ -5,7 +5,7 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish, stream_of
-from shared.events import Eta, EtaEstimated, JobStatusChanged, NodeRegistered, NodeStateChanged
+from shared.events import Eta, EtaEstimated, JobDeleted, JobStatusChanged, NodeRegistered, NodeStateChanged
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from shared.store import DocumentStore
@@ -74,20 +74,20 @@ def placement_service(broker, **kw) -> Placement:
 async def placement():
     broker = NatsBroker()
     broker.include_router(placement_router)
-    starts: list[dict] = []
+    placements: list[dict] = []
 
-    async def record(command: dict) -> None:
-        starts.append(command)
+    async def record(event: dict) -> None:
+        placements.append(event)
 
-    broker.subscriber("tm.node.cmd.gpu-box.start", stream=stream_of("tm.node.cmd.x"))(record)
+    broker.subscriber("tm.job.placed", stream=stream_of("tm.job.placed"))(record)
     async with TestNatsBroker(broker) as test_broker:
         service = placement_service(test_broker)
         test_broker.context.set_global("placement", service)
-        yield test_broker, service, starts
+        yield test_broker, service, placements
 
 
-async def test_a_job_is_started_on_a_node_that_fits_once_it_registers(placement):
-    broker, service, starts = placement
+async def test_a_job_is_placed_on_a_node_that_fits_once_it_registers(placement):
+    broker, service, placements = placement
     await publish(broker, submitted(job_id="j", gpu_count=1, min_gpu_memory_gb=40))
     assert await service.schedule_once() == 0
     small = node(node_id="small-box", gpus=4, gpu_memory_gb=16)
@@ -95,7 +95,8 @@ async def test_a_job_is_started_on_a_node_that_fits_once_it_registers(placement)
     assert await service.schedule_once() == 0
     await publish(broker, NodeRegistered(event_id="g", node=node(node_id="gpu-box", gpu_memory_gb=80), boot_id="b"))
     assert await service.schedule_once() == 1
-    assert [(s["job_id"], s["attempt"], s["gpu_indices"]) for s in starts] == [("j", 1, [0])]
+    assert [(p["job_id"], p["attempt"], [(a["node_id"], a["gpu_indices"]) for a in p["assignments"]])
+            for p in placements] == [("j", 1, [("gpu-box", [0])])]
     assert await service.schedule_once() == 0  # placed once
 
 
@@ -145,3 +146,15 @@ async def test_a_slow_job_with_nowhere_faster_to_go_notifies_its_owner(slow_job)
     await publish(broker, estimate("j", remaining_s=500, at=T0 + timedelta(seconds=60)))
     assert seen["tm.job.migrate"] == []
     assert [n["kind"] for n in seen["tm.notify.p"]] == ["slow_no_faster_option"]
+
+
+async def test_a_deletion_of_a_job_placement_still_runs_is_ignored(placement):
+    broker, service, _ = placement
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    await publish(broker, JobDeleted(event_id="j:deleted", job_id="j"))
+    assert service.queue["j"].state == "queued" and "j" in service.queued
+    await service.status_changed(JobStatusChanged(
+        event_id="j:status:9", job_id="j", project_id="p", user_name="alice", version=9, phase=Phase.TERMINATED,
+        secondary_phase=SecondaryPhase.TERMINATED))
+    await publish(broker, JobDeleted(event_id="j:deleted:2", job_id="j"))
+    assert "j" not in service.queue and await service.jobs.load("j") is None

@@ -7,12 +7,13 @@ from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish, stream_of
 from shared.store import DocumentStore
+from services.monitor import state
 from services.monitor.handlers import router
 from services.monitor.service import Monitor
 from tests.factories import exited, placed, started, submitted
 from tests.memory import MemoryCollection
 
-WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop")
+WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop", "tm.node.cmd.n1.start")
 
 
 @asynccontextmanager
@@ -64,6 +65,25 @@ async def test_a_redelivered_event_changes_nothing(monitor_broker):
         await publish(broker, event)
     assert [v for v, _ in versions(seen)] == [1, 2]
     assert (await monitor.jobs.load("j"))["version"] == 2
+    assert [s["event_id"] for s in seen["tm.node.cmd.n1.start"]] == ["j:1:0:start"]
+
+
+async def test_the_monitor_starts_the_ranks_of_a_placement_it_accepts(monitor_broker):
+    broker, _, seen = monitor_broker
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j", command="python train.py"))
+    [start] = seen["tm.node.cmd.n1.start"]
+    assert (start["job_id"], start["attempt"], start["rank"], start["algorithm"]["command"]) == (
+        "j", 1, 0, "python train.py")
+
+
+async def test_a_job_terminated_before_its_placement_arrives_is_never_started(monitor_broker):
+    broker, monitor, seen = monitor_broker
+    await publish(broker, submitted(job_id="j"))
+    await monitor.apply("j", lambda job: state.terminate(job, requested_by="bob", now=datetime.now(UTC)))
+    await publish(broker, placed("j"))
+    assert seen["tm.node.cmd.n1.start"] == [] and seen["tm.node.cmd.n9.stop"] == []
+    assert (await monitor.jobs.load("j"))["phase"] == "Terminated"
 
 
 async def test_a_task_of_an_unknown_attempt_is_told_to_stop(monitor_broker):

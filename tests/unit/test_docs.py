@@ -1,9 +1,11 @@
-"""The published contracts in docs/ match what the code generates."""
+"""The published contracts in docs/ match what the code generates, and list every process's publications."""
 import difflib
+import json
 
 import pytest
 
-from docs.generate import REGENERATE, documents
+from docs.generate import AGENT, DOCS, REGENERATE, SERVICES, documents, models, permitted, wildcard
+from shared.bus import subjects_overlap
 
 DIFF_LINES = 40
 
@@ -19,3 +21,27 @@ def test_checked_in_contract_is_current(name):
                                          lineterm="", n=1))
         pytest.fail(f"docs/{name} is out of date; regenerate it with `{REGENERATE}`\n"
                     + "\n".join(diff[:DIFF_LINES]) + ("\n..." if len(diff) > DIFF_LINES else ""), pytrace=False)
+
+
+def sent(document: dict, process: str) -> list[str]:
+    """The addresses a process publishes on, as the AsyncAPI document says (its `send` operations)."""
+    return [wildcard(document["channels"][key]["address"]) for key, op in document["operations"].items()
+            if op["action"] == "send" and key.startswith(f"{process}:")]  # a publication's channel: its key
+
+
+@pytest.mark.parametrize("process", [*SERVICES, AGENT])
+def test_every_subject_a_process_may_publish_is_a_publication_of_the_document(process):
+    document = json.loads((DOCS / "asyncapi.json").read_text())
+    addresses = sent(document, process)
+    events = [s for s in permitted(process) if not s.startswith(("tm.rpc.", "$JS."))]
+    missing = [s for s in events if not any(subjects_overlap(s, a) for a in addresses)]
+    assert events and not missing, f"docs/asyncapi.json lacks {process}'s publications on {missing}: give each a " \
+                                   f"message in shared/events.py and regenerate with `{REGENERATE}`"
+
+
+def test_every_message_has_a_publisher_and_the_agent_its_command_subscription():
+    document = json.loads((DOCS / "asyncapi.json").read_text())
+    published = {op["channel"]["$ref"].rsplit(":", 1)[1] for op in document["operations"].values()
+                 if op["action"] == "send"}
+    assert {m.__name__ for m in models()} <= published
+    assert "agent:tm.node.cmd.{node_id}.>:OnCommand" in document["operations"]

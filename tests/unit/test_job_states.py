@@ -3,7 +3,7 @@ from datetime import timedelta
 
 import pytest
 
-from shared.events import JobStatusChanged, StopTask
+from shared.events import JobStatusChanged, StartTask, StopTask
 from shared.jobs import IllegalTransition, Phase, SecondaryPhase, check_transition
 from services.monitor import state
 from tests.factories import T0, exited, placed, started, submitted
@@ -15,6 +15,10 @@ def statuses(events):
 
 def stops(events):
     return [e for e in events if isinstance(e, StopTask)]
+
+
+def starts(events):
+    return [e for e in events if isinstance(e, StartTask)]
 
 
 def running_job(*, nodes=("n1",)):
@@ -90,11 +94,28 @@ def test_terminate_a_finished_job_is_a_no_op():
     assert state.terminate(done, requested_by="bob", now=T0) == (done, [])
 
 
-def test_a_placement_arriving_after_termination_is_told_to_stop():
+def test_an_accepted_placement_starts_every_rank_in_the_same_change():
+    job, _ = state.submitted(submitted(job_id="j", node_count=2), now=T0)
+    job, events = state.placed(job, placed("j", nodes=("a", "b"), command="python train.py"), now=T0)
+    assert statuses(events) == [(Phase.PENDING, SecondaryPhase.SCHEDULED)]
+    commands = starts(events)
+    assert [(c.node_id, c.rank, c.world_size, c.attempt, c.event_id) for c in commands] == [
+        ("a", 0, 2, 1, "j:1:0:start"), ("b", 1, 2, 1, "j:1:1:start")]
+    assert {c.algorithm.command for c in commands} == {"python train.py"}
+
+
+def test_a_placement_arriving_after_termination_starts_nothing():
     job, _ = state.submitted(submitted(job_id="j"), now=T0)
     job, _ = state.terminate(job, requested_by="bob", now=T0)
-    _, events = state.placed(job, placed("j", nodes=("n7",)), now=T0)
-    assert [(s.node_id, s.reason) for s in stops(events)] == [("n7", "superseded")]
+    same, events = state.placed(job, placed("j", nodes=("n7",)), now=T0)
+    assert same == job and events == []
+
+
+def test_a_second_placement_of_a_placed_job_starts_nothing():
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1",)), now=T0)
+    same, events = state.placed(job, placed("j", attempt=2, nodes=("n2",)), now=T0)
+    assert same == job and events == []
 
 
 def test_a_lost_node_makes_the_job_abnormal_then_requeues_it():

@@ -10,11 +10,10 @@ from shared.clock import utcnow
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.routes_billing import price
-from services.submitter.routes_jobs import prepare
 from services.submitter.searches.models import (Best, SearchAction, SearchCreate, SearchList, SearchMetadata,
                                                 SearchStatus, SearchView, TrialView)
 from services.submitter.searches.store import SearchNameTaken, SearchStore
+from services.submitter.submission import prepare, quote
 from services.submitter.views import JobId, ProjectId, _ms
 
 router = APIRouter(prefix="/v2/{project_id}/searches", tags=["searches"])
@@ -52,7 +51,7 @@ async def create_search(project_id: ProjectId, body: SearchCreate, request: Requ
     body = body.model_copy(update={"template": template})
     dollars = 0.0
     if body.max_dollars is not None:  # the job's price as admission computes it, per hour of a trial
-        cost, gpu_hours = await price(request, template, project_id=project_id, user_name=principal.user_name)
+        cost, gpu_hours = await quote(request, template, project_id=project_id, user_name=principal.user_name)
         hours = gpu_hours / max(1, template.spec.resource.gpu_count * template.spec.resource.node_count)
         dollars = cost / hours if hours > 0 else 0.0
     doc = {"_id": "s-" + uuid.uuid4().hex[:12], "project_id": project_id, "name": body.name,

@@ -10,11 +10,12 @@ from fastapi import FastAPI, Request
 from shared.bus import RPC_METRICS
 from shared.jobs import JobCreate, Parameter
 from shared.rpc import MetricsQuery, MetricsReport
+from services.submitter.commands import send_terminate
 from services.submitter.errors import ApiError
-from services.submitter.routes_jobs import prepare, send_terminate, submit_job
 from services.submitter.rpc import ask
 from services.submitter.searches.driver import Submitted
 from services.submitter.searches.space import as_text
+from services.submitter.submission import submit_job
 
 log = logging.getLogger(__name__)
 MAX_POINTS = 20_000  # per trial: the early points decide hyperband's first rungs
@@ -52,7 +53,6 @@ class AppPort:
         for name in (f"{search['name']}-{trial}", job_id):  # the readable name, or the id when a job took it
             body = trial_body(search, trial=trial, parameters=parameters, name=name)
             try:
-                body = await prepare(request, project_id=search["project_id"], body=body)
                 await submit_job(request, project_id=search["project_id"], user_name=search["user_name"], body=body,
                                  job_id=job_id, links={"search_id": search["_id"], "search_trial": trial})
                 return

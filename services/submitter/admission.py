@@ -1,0 +1,37 @@
+"""A new job's price (from placement's candidates) and billing's admission of it against quotas and budgets."""
+from fastapi import Request
+
+from shared.bus import RPC_ADMIT
+from shared.jobs import JobCreate
+from shared.rpc import AdmitQuery, AdmitReply, CandidatesReply
+from services.submitter import errors
+from services.submitter.errors import ApiError
+from services.submitter.rpc import ask
+
+DEFAULT_DURATION_S = 3600  # a job without expected_duration_s is priced as one hour
+DEFAULT_PRICE_PER_HOUR = 4.0  # when no node fits the job, or placement does not answer
+
+
+def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float]:
+    """(dollars, GPU-hours) of the job's cheapest candidate placement; the default price when none fits or
+    placement did not answer (`answer` None: a silent placement must not stop submissions)."""
+    resource = body.spec.resource
+    gpus = resource.gpu_count * resource.node_count
+    cheapest = min(answer.candidates if answer else [], key=lambda c: c.expected_cost, default=None)
+    if cheapest is None:
+        hours = (body.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
+        return DEFAULT_PRICE_PER_HOUR * resource.node_count * hours, gpus * hours
+    return cheapest.expected_cost, gpus * cheapest.predicted_duration_s / 3600
+
+
+async def admit(request: Request, *, project_id: str, user_name: str, body: JobCreate,
+                answer: CandidatesReply | None) -> None:
+    """Ask billing once, at the price placement's `answer` gives; refuse (403, 406008 quota / 406029 budget) a
+    job the project's or user's quota or budget cannot take."""
+    cost, gpu_hours = price(body, answer)
+    reply = AdmitReply.model_validate(await ask(request, RPC_ADMIT, AdmitQuery(
+        project_id=project_id, user_name=user_name, purpose="submit",
+        gpus=body.spec.resource.gpu_count * body.spec.resource.node_count, estimated_cost=cost,
+        estimated_gpu_hours=gpu_hours)))
+    if not reply.allowed:
+        raise ApiError(reply.http_status, reply.error_code or errors.QUOTA_EXCEEDED, reply.reason)

@@ -1,0 +1,28 @@
+"""What a service reacts to, in one table: event type -> handler, and the dispatch that follows the table.
+
+Each service's `handlers.py` declares `EVENT_HANDLERS = {JobSubmitted: Billing.submitted, ...}` before its
+subscriptions, which decode and call `dispatch`. A handler takes the service first, then the event, so a table
+can name a service's own method (`Billing.submitted`) or a short function `(service, event)` of the module.
+"""
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from shared.events import Message
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+Handler = Callable[[S, Any], Awaitable[Any]]
+HandlerTable = Mapping[type[Message], Handler[S]]
+
+
+async def dispatch(table: HandlerTable[S], event: Message, service: S) -> Any:
+    """Hand the event to its type's handler; an event of a type the table does not name is logged and dropped
+    (a consumer of a whole stream sees more kinds than its service reacts to)."""
+    handler = table.get(type(event))
+    if handler is None:
+        log.debug("%s: no handler for %s on %s; dropped", type(service).__name__, type(event).__name__,
+                  event.subject)
+        return None
+    return await handler(service, event)

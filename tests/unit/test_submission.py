@@ -1,0 +1,122 @@
+"""One submission, whatever the dialect, asks placement for candidates once and billing once, at placement's price."""
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from shared.bus import RPC_ADMIT, RPC_CANDIDATES
+from shared.rpc import Candidate, CandidatesReply
+from services.submitter.repository import NameTaken
+from services.submitter.searches.trials import AppPort
+from tests.factories import job_body
+from tests.memory import MemoryCollection
+from tests.unit.api_app import client, make_app
+
+PROJECT = "vision"
+OFFER = Candidate(node_kind="local", node_id="n1", price_per_hour=3.0, predicted_duration_s=7200,
+                  duration_source="estimator", expected_cost=6.0, free_now=True)
+
+
+@dataclass
+class CountingBroker:
+    """Answers placement's candidates and billing's admission, and keeps every question asked."""
+
+    admit: dict[str, Any] = field(default_factory=lambda: {"allowed": True, "limited": True})
+    placement_away: bool = False
+    asked: list[tuple[str, Any]] = field(default_factory=list)
+
+    async def request(self, payload, subject: str, timeout: float = 0):
+        self.asked.append((subject, payload))
+        if subject == RPC_CANDIDATES and self.placement_away:
+            raise TimeoutError("placement is away")
+        answer = {RPC_CANDIDATES: CandidatesReply(candidates=[OFFER]).model_dump(mode="json"),
+                  RPC_ADMIT: self.admit}[subject]
+        return SimpleNamespace(decode=lambda: _async(answer))
+
+    def subjects(self) -> list[str]:
+        return [subject for subject, _ in self.asked]
+
+
+async def _async(value):
+    return value
+
+
+@dataclass
+class MemoryRepo:
+    """The few repository calls a submission makes."""
+
+    jobs: MemoryCollection = field(default_factory=MemoryCollection)
+
+    async def insert(self, doc: dict, event) -> list[dict]:
+        if await self.jobs.find_one({"project_id": doc["project_id"], "name": doc["name"]}):
+            raise NameTaken(doc["name"])
+        await self.jobs.insert_one(doc)
+        return [{"event_id": event.event_id}]
+
+    async def publish(self, job_id: str, entries: list[dict]) -> None:
+        return None
+
+
+async def api(**broker: Any):
+    app, _, _ = await make_app()
+    app.state.broker, app.state.repo = CountingBroker(**broker), MemoryRepo()
+    return app
+
+
+def admitted_at(app) -> Any:
+    [query] = [payload for subject, payload in app.state.broker.asked if subject == RPC_ADMIT]
+    return query
+
+
+@pytest.mark.asyncio
+async def test_a_v2_submission_asks_placement_once_and_billing_once_at_placements_price():
+    app = await api()
+    async with client(app) as http:
+        created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="one", gpu_count=2))
+    assert created.status_code == 201, created.text
+    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    query = admitted_at(app)
+    assert (query.estimated_cost, query.estimated_gpu_hours, query.gpus) == (6.0, 4.0, 2)
+
+
+@pytest.mark.asyncio
+async def test_a_v1_submission_takes_the_same_path():
+    app = await api()
+    async with client(app) as http:
+        created = await http.post(f"/v1/{PROJECT}/training-jobs", json={
+            "job_name": "v1-one", "config": {"worker_server_num": 1, "user_command": "true"}})
+    assert created.status_code == 200, created.text
+    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert admitted_at(app).estimated_cost == 6.0
+
+
+@pytest.mark.asyncio
+async def test_a_search_trial_takes_the_same_path():
+    app = await api()
+    search = {"_id": "s-1", "name": "sweep", "project_id": PROJECT, "user_name": "ana",
+              "spec": {"template": job_body(name="t")}}
+    await AppPort(app).submit(search, trial=0, job_id="s-1-0", parameters={"lr": 0.1})
+    assert (await app.state.repo.jobs.find_one({"_id": "s-1-0"}))["search_id"] == "s-1"
+    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+
+
+@pytest.mark.asyncio
+async def test_without_placement_the_job_is_priced_at_the_default_and_taken():
+    app = await api(placement_away=True)
+    async with client(app) as http:
+        created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="away", gpu_count=1))
+    assert created.status_code == 201, created.text
+    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert admitted_at(app).estimated_cost == 4.0  # DEFAULT_PRICE_PER_HOUR for one hour
+
+
+@pytest.mark.asyncio
+async def test_a_refused_admission_stores_nothing():
+    app = await api(admit={"allowed": False, "limited": True, "reason": "budget", "error_code": "406029",
+                           "http_status": 403})
+    async with client(app) as http:
+        refused = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="costly"))
+    assert refused.status_code == 403 and refused.json()["error_code"] == "406029"
+    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert await app.state.repo.jobs.find_one({"name": "costly"}) is None
