@@ -3,6 +3,9 @@
 `--split round`: train only on the `--train` tarballs, test on every successful run of `--test` (the
 headline: new round, new systems, new benchmarks). `--split submitter` (default): the test tarball's
 submitters held out (`--kfold K` folds, or one held-out share), the rest of it trained on too.
+`--split benchmark`: the same with the test tarball's benchmarks held out (every run of a held-out benchmark
+leaves training): with `--train` and `--test` the same tarball (v3.1), the development analogue of a new
+round's unseen benchmarks, so the round's own test runs are not tuned on.
 `--targets FILE` declares the quality target of benchmarks the built-in table does not know.
 """
 
@@ -93,17 +96,17 @@ def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0)
 
 
 # -- splits -------------------------------------------------------------------------------
-def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0):
-    """Hold out a share of the test corpus's submitters; drop them from training too."""
-    subs = sorted({r.submitter for r in runs_test})
+def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0, by: str = "submitter"):
+    """Hold out a share of the test corpus's submitters (or benchmarks); drop them from training too."""
+    subs = sorted({getattr(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
     held = set(subs[: max(1, round(len(subs) * share))])
     return [held]
 
 
-def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0):
-    """k folds over the test corpus's submitters; each fold is held out of training."""
-    subs = sorted({r.submitter for r in runs_test})
+def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0, by: str = "submitter"):
+    """k folds over the test corpus's submitters (or benchmarks); each fold is held out of training."""
+    subs = sorted({getattr(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
     return [set(subs[i::k]) for i in range(k)]
 
@@ -123,12 +126,13 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
             raise ValueError("param[--train] invalid: a round split never trains on its --test tarball")
         plans = [(None, [r for r in others if is_usable(r)], test_ok, test_bad)]
     else:
+        by = "benchmark" if split == "benchmark" else "submitter"
         pool = [r for r in others + test_all if is_usable(r)]
-        helds = (split_kfold(pool, test_all, k=kfold, seed=seed) if kfold > 1
-                 else split_holdout(pool, test_all, share=share, seed=seed))
-        plans = [(held, [r for r in pool if r.submitter not in held],
-                  [r for r in test_ok if r.submitter in held],
-                  [r for r in test_bad if r.submitter in held]) for held in helds]
+        helds = (split_kfold(pool, test_all, k=kfold, seed=seed, by=by) if kfold > 1
+                 else split_holdout(pool, test_all, share=share, seed=seed, by=by))
+        plans = [(held, [r for r in pool if getattr(r, by) not in held],
+                  [r for r in test_ok if getattr(r, by) in held],
+                  [r for r in test_bad if getattr(r, by) in held]) for held in helds]
     merged: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
     splits = []
     seen_bench, seen_accel = set(), set()
@@ -137,7 +141,8 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
         seen_a = {normalise_accelerator(r.accelerator) for r in train}
         seen_bench |= seen_b
         seen_accel |= seen_a
-        splits.append({"held_out_submitters": sorted(held) if held else None, "train_runs": len(train),
+        splits.append({f"held_out_{'benchmarks' if split == 'benchmark' else 'submitters'}":
+                       sorted(held) if held else None, "train_runs": len(train),
                        "test_runs": len(test) + len(bad), "test_unscorable": len(bad),
                        "unseen_benchmarks": sorted({r.benchmark for r in test + bad} - seen_b)})
         for method, by_cut in evaluate_split(train, test, unscorable=bad, seed=seed).items():
@@ -207,9 +212,11 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "round"), default="submitter")
-    ap.add_argument("--kfold", type=int, default=0, help="k folds over test submitters (submitter split)")
-    ap.add_argument("--share", type=float, default=1 / 3, help="held-out submitter share (submitter split)")
+    ap.add_argument("--split", choices=("submitter", "benchmark", "round"), default="submitter")
+    ap.add_argument("--kfold", type=int, default=0,
+                    help="k folds over test submitters or benchmarks (submitter, benchmark split)")
+    ap.add_argument("--share", type=float, default=1 / 3,
+                    help="held-out share of submitters or benchmarks (submitter, benchmark split)")
     ap.add_argument("--targets", help='JSON {"<benchmark>": {"metric", "target", "mode"}} for benchmarks '
                                       "the built-in table does not know")
     ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "trainmaster" / "eta-corpus",
@@ -250,9 +257,6 @@ def _own_jobs(args, ap) -> int:
     return _emit(report, args, started=started, table=owneval.print_own_table)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def _emit(report: dict, args, *, started: float, table) -> int:
     """Time the report, write it where asked (`--out`), print it as JSON (`--json`) or as a table."""
@@ -265,3 +269,7 @@ def _emit(report: dict, args, *, started: float, table) -> int:
     else:
         table(report)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,11 +8,13 @@ around the bias, all learned out-of-fold.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 
 import numpy as np
 
-COMPONENTS = ("history", "throughput", "curve")
+# "curve_loose": the curve when its families disagree on the crossing (online.CURVE_LOOSE_SPREAD).
+COMPONENTS = ("history", "throughput", "curve", "curve_loose")
 # Fraction-of-run buckets: estimates change character fast early on, slowly later.
 BUCKET_EDGES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
 MIN_SAMPLES = 12  # fewer calibration points than this fall back to the "*" key
@@ -21,6 +23,10 @@ VAR_FLOOR = 1e-4
 DEFAULT_Q = (-0.35, 0.35)
 # Uncalibrated band of an own-pool key (a benchmark never trained on, no held-out benchmarks to learn from).
 DEFAULT_Q_UNSEEN = (-1.0, 1.0)
+# Correlations of component errors are kept below this: a near-singular covariance would give wild weights.
+MAX_CORRELATION = 0.95
+# Robust: centred log errors are clipped at this many robust standard deviations before correlating.
+CLIP_SD = 3.0
 
 
 # Keys in angle brackets (the history's "<unseen>") are pools of their own: their samples come from benchmarks
@@ -38,9 +44,10 @@ def default_weights(fraction: float, available: set[str], *, unseen: bool = Fals
     """Uncalibrated weights: trust history early, the live throughput later; on an unseen benchmark the
     history's work is a guess, so its own curve leads."""
     live = min(1.0, fraction / 0.2)
-    raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live}
+    raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live,
+           "curve_loose": 0.1 * live}
     if unseen:
-        raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0}
+        raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0, "curve_loose": 0.5}
     return _normalise({k: v for k, v in raw.items() if k in available})
 
 
@@ -52,19 +59,22 @@ def _normalise(weights: dict[str, float]) -> dict[str, float]:
 def blend(components: dict[str, float], *, fraction: float, key: str,
           table: dict | None) -> tuple[float, float, float, str]:
     """(total, low, high, method) from total-duration components (seconds)."""
+    cell = _cell(table, key, fraction)
+    if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
+        # A table fitted before the loose curve was calibrated apart knows every curve as "curve".
+        components = {**components, "curve": components["curve_loose"], "curve_loose": None}
     available = {k for k, v in components.items() if v is not None and v > 0 and math.isfinite(v)}
     if not available:
         return math.nan, math.nan, math.nan, "none"
-    cell = _cell(table, key, fraction)
     # Per-benchmark weights overfit the few submitters behind them: they are shrunk halfway
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
     pooled = _cell(table, "*", fraction)
     weights = None
     if cell is not None and _own_pool(key):
-        weights = _normalise({k: cell["w"].get(k, 0.0) for k in available})
+        weights = _cell_weights(cell, available)
     elif pooled is not None and cell is not None:
-        mixed = {k: 0.5 * cell["w"].get(k, 0.0) + 0.5 * pooled["w"].get(k, 0.0) for k in available}
-        weights = _normalise(mixed)
+        own, pool = _cell_weights(cell, available), _cell_weights(pooled, available)
+        weights = _normalise({k: 0.5 * own.get(k, 0.0) + 0.5 * pool.get(k, 0.0) for k in available})
     if not weights:
         weights = default_weights(fraction, available, unseen=_own_pool(key))
     biases = cell.get("cbias", {}) if cell is not None else {}
@@ -73,6 +83,19 @@ def blend(components: dict[str, float], *, fraction: float, key: str,
     total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
     return total, total * math.exp(q_lo), total * math.exp(q_hi), method
+
+
+def _cell_weights(cell: dict, available: set[str]) -> dict[str, float]:
+    """The cell's weights for the components at hand: its minimum-variance ones for that subset when it has
+    them (tables fitted before they existed have only one set, renormalised)."""
+    subset = cell.get("ws", {}).get(_subset_key(available & set(cell.get("cbias", {}))))
+    if subset is not None:
+        return dict(subset)
+    return _normalise({k: cell["w"].get(k, 0.0) for k in available})
+
+
+def _subset_key(names) -> str:
+    return "+".join(sorted(names))
 
 
 def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
@@ -101,18 +124,23 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
     for (key, b), rows in groups.items():
         if len(rows) < MIN_SAMPLES:
             continue
-        weights, biases = {}, {}
+        weights, biases, scales, centred = {}, {}, {}, {}
         for name in COMPONENTS:
-            errs = np.array([math.log(r["components"][name] / r["truth"]) for r in rows
-                             if r["components"].get(name)])
-            if len(errs) >= max(MIN_SAMPLES // 2, len(rows) // 4):
+            errs = np.array([math.log(r["components"][name] / r["truth"]) if r["components"].get(name)
+                             else np.nan for r in rows])
+            present = errs[np.isfinite(errs)]
+            # A component seen in few of the cell's rows (a loose curve) still gets its own figures when
+            # there are enough of them; weights come from its covariance with the others.
+            if len(present) >= max(MIN_SAMPLES, len(rows) // 8):
                 # Each component's systematic error (e.g. eval phases that slow the end of a
                 # run) is removed first; the weight is its robust inverse variance around that.
-                biases[name] = float(np.median(errs))
-                mad = float(np.median(np.abs(errs - biases[name])))
-                weights[name] = 1.0 / ((1.4826 * mad) ** 2 + VAR_FLOOR)
+                biases[name] = float(np.median(present))
+                scales[name] = 1.4826 * float(np.median(np.abs(present - biases[name])))
+                weights[name] = 1.0 / (scales[name] ** 2 + VAR_FLOOR)
+                sd = max(scales[name], math.sqrt(VAR_FLOOR))
+                centred[name] = np.clip(errs - biases[name], -CLIP_SD * sd, CLIP_SD * sd)
         table.setdefault(key, {})[b] = {"w": _normalise(weights), "cbias": biases,
-                                        "q": DEFAULT_Q, "bias": 0.0}
+                                        "ws": subset_weights(scales, centred), "q": DEFAULT_Q, "bias": 0.0}
     for (key, b), rows in groups.items():
         cell = table.get(key, {}).get(b)
         if cell is None:
@@ -128,3 +156,48 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
             centred = np.asarray(resid) - cell["bias"]
             cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
     return table
+
+
+def subset_weights(scales: dict[str, float], centred: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """Minimum-variance weights (non-negative, summing to one) of every subset of the components.
+
+    Component errors are correlated (the throughput and the history share the history's work), so
+    inverse variances alone over-weigh a second opinion that repeats the first one's error. The
+    covariance is the robust scales with the correlation of the clipped centred errors of the rows
+    where both components exist."""
+    names = sorted(scales)
+    cov = np.diag([scales[n] ** 2 + VAR_FLOOR for n in names])
+    for i, j in itertools.combinations(range(len(names)), 2):
+        a, b = centred[names[i]], centred[names[j]]
+        both = np.isfinite(a) & np.isfinite(b)
+        if both.sum() < MIN_SAMPLES:
+            continue
+        a, b = a[both], b[both]
+        denom = math.sqrt(float(np.mean(a * a) * np.mean(b * b)))
+        if denom > 0:
+            r = float(np.clip(np.mean(a * b) / denom, -MAX_CORRELATION, MAX_CORRELATION))
+            cov[i, j] = cov[j, i] = r * math.sqrt(cov[i, i] * cov[j, j])
+    out = {}
+    for size in range(1, len(names) + 1):
+        for subset in itertools.combinations(range(len(names)), size):
+            out[_subset_key(names[i] for i in subset)] = _min_variance(cov, names, subset)
+    return out
+
+
+def _min_variance(cov: np.ndarray, names: list[str], subset: tuple[int, ...]) -> dict[str, float]:
+    """Weights minimising w' C w on `subset` with w >= 0, sum 1 (every face tried: three components at most)."""
+    best, best_var = None, math.inf
+    for size in range(1, len(subset) + 1):
+        for face in itertools.combinations(subset, size):
+            sub = cov[np.ix_(face, face)]
+            try:
+                w = np.linalg.solve(sub, np.ones(len(face)))
+            except np.linalg.LinAlgError:
+                continue
+            if w.sum() <= 0:
+                continue
+            w = w / w.sum()
+            var = float(w @ sub @ w)
+            if np.all(w >= 0) and var < best_var:
+                best, best_var = dict(zip((names[i] for i in face), w.tolist())), var
+    return {k: float(v) for k, v in best.items()} if best else {}

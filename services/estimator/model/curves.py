@@ -156,9 +156,16 @@ def predict_crossing(x, y, target: float, *, warm: dict | None = None) -> tuple[
     the points is fitted, where the saturating families hold. Returns (crossing, fits);
     crossing is inf when most families never reach the target.
     """
+    cross, _, fits = predict_crossing_spread(x, y, target, warm=warm)
+    return cross, fits
+
+
+def predict_crossing_spread(x, y, target: float, *, warm: dict | None = None) -> tuple[float, float, dict]:
+    """`predict_crossing` and how far the families disagree: log(latest / earliest crossing), inf when one
+    of them never reaches the target (the fit's own uncertainty about where the curve meets it)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     if len(x) == 0:
-        return math.inf, {}
+        return math.inf, math.inf, {}
     keep = max(MIN_TAIL, len(x) // 2)
     x, y = x[-keep:], y[-keep:]
     scale = float(np.max(x)) or 1.0
@@ -168,10 +175,12 @@ def predict_crossing(x, y, target: float, *, warm: dict | None = None) -> tuple[
     if y[-1] < target:
         hits = [h if h > 1.0 else math.inf for h in hits]
     if not hits:
-        return math.inf, fits
+        return math.inf, math.inf, fits
     # A family that never reaches the target counts as "very late", not as missing.
     mid = float(np.median(hits))
-    return (mid * scale if math.isfinite(mid) else math.inf), fits
+    low, high = min(hits), max(hits)
+    spread = math.log(high / low) if math.isfinite(high) and low > 0 else math.inf
+    return (mid * scale if math.isfinite(mid) else math.inf), spread, fits
 
 
 MIN_TAIL = 5

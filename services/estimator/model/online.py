@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
 
 from services.estimator.model.blend import blend
-from services.estimator.model.curves import predict_crossing
+from services.estimator.model.curves import predict_crossing, predict_crossing_spread
 from services.estimator.model.history import UNSEEN, HistoryPrior
 
 MAX_MARKS = 256  # progress marks kept; older ones are thinned, so one update stays cheap
@@ -19,6 +20,12 @@ CURVE_MAX_OVER_PRIOR = 3.0  # a curve crossing beyond 3x the prior work is not b
 # history's own 10-90% band widened by this factor, the speed it assumed is contradicted (other hardware than
 # the features say, a system unlike any trained on) and it leaves the blend: the live rate measures speed.
 SPEED_CONTRADICTED = 2.0
+# A curve whose families disagree on the crossing by more than this (log ratio, ~22%) is calibrated apart
+# ("curve_loose"): its errors are larger and biased long (measured on v3.1 held-out submitters: at 80% of
+# a run, 88-100% within 20% below it, 10-70% above), and the blend learns how little to trust it.
+CURVE_LOOSE_SPREAD = 0.2
+_NORMAL = NormalDist()
+_Z90 = _NORMAL.inv_cdf(0.9)
 
 
 class Estimate(NamedTuple):
@@ -56,6 +63,7 @@ class OnlineEstimator:
         self._fitted_points = 0
         self._metric_count = 0  # metric points ever observed (the kept list is thinned)
         self._fits: dict = {}
+        self._curve_spread = math.inf  # log(latest / earliest family crossing) of the last fit
         self._reached = False
 
     # -- input ------------------------------------------------------------------------
@@ -126,7 +134,8 @@ class OnlineEstimator:
                 return None
         else:
             target = target if self.mode == "max" else -target
-        cross, self._fits = predict_crossing(self._metric_x, self._metric_y, target, warm=self._fits)
+        cross, self._curve_spread, self._fits = predict_crossing_spread(
+            self._metric_x, self._metric_y, target, warm=self._fits)
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
@@ -154,7 +163,11 @@ class OnlineEstimator:
         elapsed = now - self.start_time
         comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None}
         if self.prior is not None:
-            comps["history"] = max(self.prior.duration_s, elapsed)
+            p = self.prior
+            # An unseen benchmark's band spans orders of magnitude: its tail says nothing of how long a run
+            # that has lasted this long will last, so only a seen benchmark's duration is conditioned on it.
+            comps["history"] = (survived(p.duration_s, p.duration_low_s, p.duration_high_s, passed=elapsed)
+                                if p.seen else max(p.duration_s, elapsed))
         live = self.rate()
         if self._metric_clock and self.curve_work() is not None:
             comps["curve"] = max(self.curve_work(), elapsed)
@@ -163,7 +176,11 @@ class OnlineEstimator:
         rate, t_last, p_last = live
         # An unseen benchmark's prior work is in the units and scales of other benchmarks (orders of magnitude off
         # on held-out ones): the rate needs a declared amount of work, or the curve's crossing.
-        work = self.total_work or (self.prior.work if self.prior and self.prior.seen else None)
+        work = self.total_work
+        if work is None and self.prior is not None and self.prior.seen:
+            # The target is not met yet, so the run's work exceeds what it has done: the history's work
+            # given that (a run past the median work of its kind is not "finishing now").
+            work = survived(self.prior.work, self.prior.work_low, self.prior.work_high, passed=p_last)
         if work is not None:
             comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
             if self.prior is not None and len(self._marks_t) >= 3 and not (
@@ -203,11 +220,25 @@ class OnlineEstimator:
         comps = self.components(now)
         if self.total_work is not None and comps["throughput"] is not None:
             comps = {"throughput": comps["throughput"]}
-        order = ("curve", "throughput", "history") if self.key == UNSEEN else ("throughput", "history", "curve")
+        elif comps.get("curve") is not None and not self._curve_spread < CURVE_LOOSE_SPREAD:
+            comps["curve_loose"] = comps.pop("curve")
+        curve = ("curve", "curve_loose")
+        order = (*curve, "throughput", "history") if self.key == UNSEEN else ("throughput", "history", *curve)
         # On an unseen benchmark the work behind throughput and history is a guess; its own curve is not.
         guess = next((comps[k] for k in order if comps.get(k)), None)
         fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0
         return fraction, comps
+
+
+def survived(median: float, low: float, high: float, *, passed: float) -> float:
+    """Median of a log-normal quantity (its median and 10-90% band) given that it exceeds `passed`."""
+    if passed <= 0 or median <= 0 or low <= 0 or high <= low:
+        return max(median, passed)
+    sigma = math.log(high / low) / (2 * _Z90)
+    below = _NORMAL.cdf(math.log(passed / median) / sigma)
+    if below >= 1 - 1e-9:
+        return passed
+    return max(passed, median * math.exp(sigma * _NORMAL.inv_cdf((1 + below) / 2)))
 
 
 def _thin(values: list[float]) -> list[float]:

@@ -55,3 +55,51 @@ def test_unknown_key_falls_back_to_star_and_missing_table_to_defaults():
 
 def test_no_components_gives_nan():
     assert math.isnan(blend({"history": None}, fraction=0.1, key="x", table=None)[0])
+
+
+def correlated_samples(n=600, seed=0, fraction=0.85):
+    """Late in a run: throughput and history share the history's work error; history adds its speed's error."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        truth = float(rng.uniform(100, 1000))
+        work = rng.normal(0, 0.1)
+        out.append({"key": "bert", "fraction": fraction, "truth": truth, "components": {
+            "throughput": truth * math.exp(work + rng.normal(0, 0.02)),
+            "history": truth * math.exp(work + rng.normal(0, 0.1)),
+        }})
+    return out
+
+
+def test_a_second_opinion_repeating_the_first_one_s_error_gets_little_weight():
+    # Inverse variances alone would give the history a third of the weight (its variance is twice the
+    # throughput's); their covariance says it adds almost nothing the throughput does not already carry.
+    cell = fit_table(correlated_samples())["bert"][str(bucket(0.85))]
+    weights = cell["ws"]["history+throughput"]
+    assert weights["history"] < 0.1 and weights["throughput"] == pytest.approx(1 - weights["history"])
+    assert cell["w"]["history"] > 0.25  # what the former weights said
+    assert cell["ws"]["history"] == {"history": 1.0}
+
+
+def test_late_in_a_run_a_prior_far_off_gives_way_to_work_over_the_live_rate():
+    table = fit_table(correlated_samples())
+    live = 500.0  # the work the history says, at the live rate: what "median work / live throughput" says
+    total, *_ = blend({"throughput": live, "history": 1.8 * live}, fraction=0.85, key="bert", table=table)
+    assert total == pytest.approx(live, rel=0.05)
+
+
+def test_a_loose_curve_is_calibrated_apart_and_an_old_table_reads_it_as_a_curve():
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(400):
+        truth = float(rng.uniform(100, 1000))
+        name, sd = ("curve", 0.03) if i % 2 else ("curve_loose", 0.5)
+        rows.append({"key": "bert", "fraction": 0.5, "truth": truth, "components": {
+            "throughput": truth * math.exp(rng.normal(0, 0.1)), name: truth * math.exp(rng.normal(0, sd))}})
+    cell = fit_table(rows)["bert"][str(bucket(0.5))]
+    assert cell["ws"]["curve+throughput"]["curve"] > 0.8
+    assert cell["ws"]["curve_loose+throughput"]["curve_loose"] < 0.1
+    old = {"*": {str(bucket(0.5)): {"w": {"throughput": 0.5, "curve": 0.5}, "cbias": {}, "q": (-0.1, 0.1),
+                                    "bias": 0.0}}}
+    total, *_ , method = blend({"throughput": 100.0, "curve_loose": 400.0}, fraction=0.5, key="bert", table=old)
+    assert total == pytest.approx(200.0) and set(method.split("+")) == {"throughput", "curve"}

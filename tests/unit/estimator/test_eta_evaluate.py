@@ -118,6 +118,15 @@ def test_submitter_split_holds_the_test_submitters_out_of_training(rounds, quick
     assert report["methods"]["eta_blend"]["20%"]["n_total"] == 11
 
 
+def test_benchmark_split_holds_whole_benchmarks_out_of_one_round(rounds, quick):
+    train, _ = rounds  # the development split: one round only, its benchmarks held out in turn
+    report = evaluate.run_evaluation([train], train, split="benchmark", kfold=3)
+    held = [split["held_out_benchmarks"] for split in report["splits"]]
+    assert sorted(b for h in held for b in h) == ["bert", "resnet", "ssd"]
+    assert all(split["unseen_benchmarks"] == h for split, h in zip(report["splits"], held))
+    assert report["unseen_benchmarks"] == ["bert", "resnet", "ssd"]
+
+
 def test_cli_writes_the_json_report(rounds, quick, tmp_path, capsys):
     train, test = rounds
     targets = tmp_path / "targets.json"

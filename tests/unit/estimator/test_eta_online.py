@@ -124,3 +124,34 @@ def test_an_unseen_benchmark_s_prior_work_does_not_drive_the_rate_estimate():
     assert est.key == UNSEEN and comps["throughput"] is None  # 1e9 units of work at 10 a second: not believed
     assert comps["curve"] == pytest.approx(53.7, rel=0.2)  # its own curve says when it meets the target
     assert max(v for v in comps.values() if v) <= 3 * wild.duration_s  # no centuries from a guessed band
+
+
+def test_survived_is_the_median_given_what_is_already_passed():
+    from services.estimator.model.online import survived
+    assert survived(100.0, 70.0, 140.0, passed=10.0) == pytest.approx(100.0, rel=1e-6)  # early: the median
+    assert survived(100.0, 70.0, 140.0, passed=100.0) == pytest.approx(120.0, rel=0.01)  # the upper half's median
+    late = survived(100.0, 70.0, 140.0, passed=200.0)
+    assert 200.0 < late < 220.0  # far past every run of its kind: a little more, not "now"
+    assert survived(100.0, 100.0, 100.0, passed=150.0) == 150.0  # no spread known: nothing to add
+
+
+def test_a_run_past_the_history_s_work_is_not_finishing_now():
+    prior = HistoryPrior(duration_s=100.0, duration_low_s=80.0, duration_high_s=125.0,
+                         work=1000.0, work_low=800.0, work_high=1250.0)
+    est = OnlineEstimator(prior=prior, target=0.9)
+    feed_linear(est, rate=10.0, until=110.0)  # 1,100 done, the target not met
+    comps = est.components(110.0)
+    assert 115.0 < comps["throughput"] < 135.0  # the work of runs that needed more than 1,100
+    assert comps["history"] > 110.0
+
+
+def test_a_curve_whose_families_disagree_is_a_loose_curve():
+    import random
+    rng = random.Random(0)
+    tight = OnlineEstimator(target=0.8, mode="max")
+    feed_linear(tight, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))
+    assert set(k for k, v in tight.snapshot(35.0)[1].items() if v) == {"curve"}
+    plateau = OnlineEstimator(target=0.9, mode="max")  # flat just under its target: where it crosses is unknown
+    for i in range(1, 13):
+        plateau.observe(10.0 * i, progress=100.0 * i, metric_value=0.88 - 0.3 / i + rng.uniform(-0.004, 0.004))
+    assert set(k for k, v in plateau.snapshot(120.0)[1].items() if v) == {"curve_loose"}
