@@ -1,8 +1,10 @@
 """Submission benchmark: N no-op jobs through the REST API of a freshly started stack.
 
 Reports jobs/s accepted by the API, submit→Running latency (p50/p99, from each job's create_time and
-start_time), and the peak RSS of every process of the stack. Run: `make bench-submit` (or
-`python -m bench.submit --jobs 200 --concurrency 8`).
+start_time), the latency of a job-list page, and the peak RSS of every process of the stack. `--history N` first
+stores N finished jobs in the project (straight into the API's collection, as months of use leave them), to show
+whether submitting and listing slow down as the history grows. Run: `make bench-submit` (or
+`python -m bench.submit --jobs 200 --concurrency 8 --history 5000`).
 """
 import argparse
 import asyncio
@@ -11,10 +13,16 @@ import platform
 import socket
 import tempfile
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+from pymongo import MongoClient
 
+from shared.events import JobStatusChanged
+from shared.jobs import JobCreate, Phase, SecondaryPhase
+from shared.settings import CommonSettings
+from services.submitter.views import new_job, status_fields
 from services.stack.processes import Stack, StackSettings
 
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
@@ -45,6 +53,43 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
+    """N finished jobs of the project, stored as the API stores them, written in bulk before the stack serves."""
+    if not jobs:
+        return
+    now = datetime.now(UTC)
+    docs = []
+    for i in range(jobs):
+        body = JobCreate.model_validate({"metadata": {"name": f"history-{i}"}, "algorithm": {"command": "true"},
+                                         "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}})
+        doc = new_job(job_id=f"history-{i}", project_id=project, user_name="admin", now=now - timedelta(seconds=i),
+                      body=body)
+        done = JobStatusChanged(event_id=f"history-{i}:status:4", job_id=doc["_id"], project_id=project,
+                                user_name="admin", version=4, phase=Phase.COMPLETED,
+                                secondary_phase=SecondaryPhase.COMPLETED, start_time=now, end_time=now)
+        for path, value in status_fields(done).items():
+            *parents, leaf = path.split(".")
+            target = doc
+            for part in parents:
+                target = target.setdefault(part, {})
+            target[leaf] = value
+        docs.append(doc)
+    with MongoClient(stack.mongo_url, tz_aware=True) as client:
+        collection = client[CommonSettings.model_fields["mongo_db"].default].api_jobs
+        for i in range(0, jobs, 1000):
+            collection.insert_many(docs[i:i + 1000])
+
+
+async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float:
+    """Median time of one page of the project's job list (what the portal and CLI ask for)."""
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        (await api.get("/v2/bench/training-jobs", params={"limit": 50})).raise_for_status()
+        times.append((time.perf_counter() - started) * 1000)
+    return round(percentile(times, 0.5), 1)
+
+
 async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
@@ -52,40 +97,48 @@ async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
         for i in range(jobs):
             queue.put_nowait(i)
         ids: list[str] = []
+        refused: list[int] = []
 
         async def client() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
                 body = {"metadata": {"name": f"noop-{i}"}, "algorithm": {"command": "true"},
                         "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}}
-                response = await api.post("/v2/bench/training-jobs", json=body)
+                while (response := await api.post("/v2/bench/training-jobs", json=body)).status_code in (429, 503):
+                    refused.append(response.status_code)  # said so, nothing stored: a client tries again
+                    await asyncio.sleep(float(response.headers.get("retry-after", 0.5)))
                 response.raise_for_status()
                 ids.append(response.json()["metadata"]["id"])
 
+        list_ms = await list_latency_ms(api)
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         accept_s = time.perf_counter() - started
 
         while True:
-            page = (await api.get("/v2/bench/training-jobs", params={"limit": 500, "phase": ["Pending", "Creating",
-                                                                                             "Running"]})).json()
+            page = (await api.get("/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating",
+                                                                                           "Running"]})).json()
             if page["total"] == 0:
                 break
             if time.perf_counter() - started > 600:
                 raise TimeoutError(f"{page['total']} jobs still not finished")
             await asyncio.sleep(0.5)
         finish_s = time.perf_counter() - started
-        items = []
-        for offset in range(0, jobs, 500):
-            items += (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()["items"]
+        items, offset = [], 0
+        while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
+                "items"]:
+            items += [j for j in page if not j["metadata"]["name"].startswith("history-")]
+            offset += len(page)
     latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
                  if j["status"]["start_time"]]
     return {
         "jobs": jobs,
         "concurrency": concurrency,
         "accepted_per_s": round(jobs / accept_s, 1),
+        "refused_then_retried": {code: refused.count(code) for code in sorted(set(refused))},
         "all_finished_s": round(finish_s, 1),
         "completed": sum(j["status"]["phase"] == "Completed" for j in items),
+        "list_page_ms": list_ms,
         "submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
         "submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
@@ -98,6 +151,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--history", type=int, default=0, help="finished jobs stored in the project first")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
@@ -108,8 +162,10 @@ def main() -> None:
                                     mongo_url=None, log_level="WARNING"))
         try:
             stack.start_all()
+            seed_history(stack, jobs=args.history)
             time.sleep(3)  # let every agent register
-            result = asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency))
+            result = {"history": args.history,
+                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency))}
         finally:
             stack.stop_all()
     print(json.dumps(result, indent=2))

@@ -7,8 +7,10 @@ load, change, save on the revision read, retried when another writer got in betw
 gives up (a lone `save` only where a conflict makes the change moot).
 
 Portability rule (checked against the embedded nx-27017 server): datetimes are written by insert or replace,
-never through `$set` (it stores them as strings there), dicts are never `$push`ed, and fields inside arrays
-are queried but never indexed (an index there hides matching documents).
+never through `$set` (it stores them as strings there), dicts are never `$push`ed, fields inside arrays
+are queried but never indexed (an index there hides matching documents), and a projection names whole top-level
+fields (it returns `{"status.phase": 1}` as a flat "status.phase" key). Every query but one by `_id` scans the
+collection there, indexes or not: what is counted often lives in a small collection of its own.
 """
 import asyncio
 import logging

@@ -91,6 +91,11 @@ class MemoryCollection:
         self.docs[doc["_id"]] = copy.deepcopy(doc)
         return Result(1)
 
+    async def insert_many(self, docs: list[dict]) -> Result:
+        for doc in docs:
+            await self.insert_one(doc)
+        return Result(len(docs))
+
     async def replace_one(self, query: dict, doc: dict, upsert: bool = False) -> Result:
         current = await self.find_one(query)
         if current is None and not upsert:

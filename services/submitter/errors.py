@@ -1,8 +1,13 @@
 """API errors in the style of Baidu BML's 4060xx table (seed 001): {"error_code", "error_msg"} naming the field."""
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pymongo.errors import ConnectionFailure
 from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
 
 INTERNAL = "406000"
 PARAM_INVALID = "406001"
@@ -86,6 +91,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def starlette_error(_: Request, exc: HTTPException) -> JSONResponse:
         return http_error(exc)
+
+    @app.exception_handler(ConnectionFailure)
+    async def database_away(_: Request, exc: ConnectionFailure) -> JSONResponse:
+        """The database did not answer in time (down, or overloaded): nothing of the request may be assumed done,
+        and it can be repeated (a create's name is unique)."""
+        log.warning("database unavailable: %r", exc)
+        return answer(503, SERVICE_UNAVAILABLE, "the job store is unavailable right now; retry shortly",
+                      {"Retry-After": "2"})
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

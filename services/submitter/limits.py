@@ -154,11 +154,12 @@ class QueueCaps:
     per_user: int
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def check(self, jobs, *, project_id: str, user_name: str) -> None:
-        """Raise 429 (406035) when the project or the user already has its cap of queued jobs."""
-        phases = {"status.phase": {"$in": QUEUED_PHASES}}
-        for scope, name, query, cap in (("project", project_id, {"project_id": project_id}, self.per_project),
-                                        ("user", user_name, {"user_name": user_name}, self.per_user)):
-            queued = await jobs.count_documents({**query, **phases})
-            if refusal := queue_full(scope=scope, name=name, queued=queued, cap=cap):
-                raise refusal
+    async def check(self, repo, *, project_id: str, user_name: str) -> None:
+        """Raise 429 (406035) when the project or the user already has its cap of queued jobs (`repo`: the
+        submitter's Repository, whose queue holds one entry per job not yet running)."""
+        if refusal := queue_full(scope="project", name=project_id, cap=self.per_project,
+                                 queued=await repo.queued_count(project_id=project_id)):
+            raise refusal
+        if refusal := queue_full(scope="user", name=user_name, cap=self.per_user,
+                                 queued=await repo.queued_count(user_name=user_name)):
+            raise refusal

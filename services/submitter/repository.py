@@ -11,6 +11,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Message
 from shared.store import DocumentStore
+from services.submitter.limits import QUEUED_PHASES
 from services.submitter.views import status_fields
 
 
@@ -19,6 +20,7 @@ class NameTaken(Exception):
 
 
 LOG_CAP_BYTES = 10 * 1024 * 1024
+SYNC_ROUNDS = 10  # a job's queue entry re-checked this often while its status keeps changing under it
 TRIM_TO = 0.9  # a job over its cap is trimmed to 90% of it, so a chatty job is not trimmed at every chunk
 
 
@@ -43,6 +45,12 @@ class Repository:
         return DocumentStore(self.jobs, self.broker)
 
     @property
+    def queue(self):
+        """One small document per job accepted and not yet running: what the queue caps count. A count over
+        every job ever stored is a scan of the whole history on the embedded server, at each submission."""
+        return self.db.api_queue
+
+    @property
     def logs(self):
         return self.db.api_logs
 
@@ -50,6 +58,8 @@ class Repository:
         await self.jobs.create_index([("project_id", 1), ("name", 1)], unique=True)
         await self.jobs.create_index([("project_id", 1), ("create_time", -1)])
         await self.jobs.create_index([("user_name", 1)])
+        await self.queue.create_index([("project_id", 1)])
+        await self.queue.create_index([("user_name", 1)])
         await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
         await self.db.api_tokens.create_index("user_name")
 
@@ -62,7 +72,43 @@ class Repository:
         pending = await self.store.write(doc["_id"], doc, None, [event])
         if pending is None:  # the unique (project_id, name) index, or the id itself
             raise NameTaken(doc["name"])
+        await self._queued(doc["_id"], project_id=doc["project_id"], user_name=doc["user_name"])
         return pending
+
+    async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        """Jobs of a project or of a user accepted and not yet running."""
+        return await self.queue.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
+
+    async def rebuild_queue(self) -> int:
+        """At start, before anything is submitted or projected: the queue from the jobs themselves (it is kept
+        exact while the process runs; one that died between a job's write and its queue entry is mended here)."""
+        await self.queue.delete_many({})
+        entries = [{"_id": d["_id"], "project_id": d["project_id"], "user_name": d["user_name"]}
+                   async for d in self.jobs.find({"status.phase": {"$in": QUEUED_PHASES}},
+                                                 {"project_id": 1, "user_name": 1})]
+        if entries:
+            await self.queue.insert_many(entries)
+        return len(entries)
+
+    async def sync_queue(self, job_id: str) -> None:
+        """Put the job in the queue or take it out as its stored phase says. Status changes are applied
+        concurrently: a writer checks the version it acted on is still the stored one, else acts again, so the
+        last word is always the latest version's."""
+        fields = {"status": 1, "status_version": 1, "project_id": 1, "user_name": 1}  # nx-27017 flattens dotted ones
+        doc = await self.jobs.find_one({"_id": job_id}, fields)
+        for _ in range(SYNC_ROUNDS):
+            if doc is not None and doc.get("status", {}).get("phase") in QUEUED_PHASES:
+                await self._queued(job_id, project_id=doc["project_id"], user_name=doc["user_name"])
+            else:
+                await self.queue.delete_one({"_id": job_id})
+            again = await self.jobs.find_one({"_id": job_id}, fields)
+            if (again or {}).get("status_version") == (doc or {}).get("status_version"):
+                return
+            doc = again
+
+    async def _queued(self, job_id: str, *, project_id: str, user_name: str) -> None:
+        await self.queue.update_one({"_id": job_id}, {"$set": {"project_id": project_id, "user_name": user_name}},
+                                    upsert=True)
 
     async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
         await self.store.flush(job_id, entries)
@@ -81,14 +127,17 @@ class Repository:
     async def delete(self, job_id: str, *, finished: list[str]) -> bool:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
+            await self.queue.delete_one({"_id": job_id})
             await self.logs.delete_many({"job_id": job_id})
             await self.db.api_log_sizes.delete_one({"_id": job_id})
         return bool(result.deleted_count)
 
     async def apply_status(self, event: JobStatusChanged) -> None:
-        """Newer versions only: a redelivered or out-of-order event changes nothing."""
+        """Newer versions only: a redelivered or out-of-order event changes nothing (but the queue entry is
+        brought in line again: a crash may have come between the two writes)."""
         await self.jobs.update_one({"_id": event.job_id, "status_version": {"$lt": event.version}},
                                    {"$set": status_fields(event)})
+        await self.sync_queue(event.job_id)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         eta = event.eta.model_dump(mode="json") if event.eta else None

@@ -60,7 +60,7 @@ async def submit_job(request: Request, *, project_id: str, user_name: str, body:
     or id is 409."""
     body = await prepare(request, project_id=project_id, body=body)
     caps = request.app.state.queue_caps
-    await caps.check(repo(request).jobs, project_id=project_id, user_name=user_name)  # before asking anyone
+    await caps.check(repo(request), project_id=project_id, user_name=user_name)  # before asking anyone
     answer = await offers(request, body, project_id=project_id, user_name=user_name)
     await admission.admit(request, project_id=project_id, user_name=user_name, body=body, answer=answer)
     await feasible.refuse_unplaceable(request, body.spec, answer, project_id=project_id, user_name=user_name)
@@ -79,7 +79,7 @@ async def store(request: Request, *, project_id: str, user_name: str, body: JobC
                          spec=body.spec, create_time=now)
     try:
         async with caps.lock:  # counted and stored in one step: a burst cannot overshoot the caps
-            await caps.check(repository.jobs, project_id=project_id, user_name=user_name)
+            await caps.check(repository, project_id=project_id, user_name=user_name)
             entries = await repository.insert(doc, event)
     except NameTaken:
         raise name_taken(project_id, body.metadata.name) from None

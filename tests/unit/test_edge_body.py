@@ -2,11 +2,13 @@
 import httpx
 import pytest
 from fastapi import FastAPI
+from pymongo.errors import ServerSelectionTimeoutError
 
 from shared.jobs import JobCreate
 from services.submitter import errors
 from services.submitter.limits import BodyLimit
 from tests.factories import job_body
+from tests.unit import api_app
 
 MAX = 4096
 
@@ -117,3 +119,17 @@ async def test_nan_and_infinity_are_refused(client):
 async def test_json_numbers_of_the_right_kind_are_taken(client):
     body = job_body(gpu_count=1, cpu_count=2, memory_gb=1.5, node_count=1)
     assert (await client.post("/jobs", json=body)).status_code == 200
+
+
+async def test_a_database_that_does_not_answer_is_a_503_in_the_documented_shape():
+    app, _, _ = await api_app.make_app()
+
+    async def page(*args, **kwargs):
+        raise ServerSelectionTimeoutError("mongo.sock: timed out")
+
+    app.state.repo.page = page
+    async with api_app.client(app) as api:
+        answer = await api.get("/v2/p/training-jobs")
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "2"
+    assert answer.json() == {"error_code": "406003",
+                             "error_msg": "the job store is unavailable right now; retry shortly"}

@@ -1,11 +1,15 @@
 """Rate limits per token, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
+from types import SimpleNamespace
+
 import pytest
 
-from shared.jobs import Spec
+from shared.events import JobStatusChanged
+from shared.jobs import Phase, SecondaryPhase, Spec
 from shared.rpc import Candidate, CandidatesReply
 from services.submitter import feasible
 from services.submitter.errors import ApiError
 from services.submitter.limits import QueueCaps, RateLimiter, TokenBucket, queue_full
+from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 
 
@@ -46,18 +50,59 @@ def test_queue_full_names_the_scope_and_the_cap():
     assert "500 of 500" in refusal.message
 
 
+def api_repository() -> Repository:
+    return Repository(db=SimpleNamespace(api_jobs=MemoryCollection("jobs"), api_queue=MemoryCollection("queue")),
+                      broker=None)
+
+
 async def test_queue_caps_count_only_jobs_not_yet_running():
-    jobs = MemoryCollection()
+    repo = api_repository()
     for i, phase in enumerate(["Creating", "Pending", "Running", "Completed", "Pending"]):
-        await jobs.insert_one({"_id": str(i), "project_id": "p" if i < 4 else "q", "user_name": "ana",
-                               "status": {"phase": phase}})
-    await QueueCaps(per_project=3, per_user=4).check(jobs, project_id="p", user_name="ana")
+        await repo.jobs.insert_one({"_id": str(i), "project_id": "p" if i < 4 else "q", "user_name": "ana",
+                                    "status": {"phase": phase}, "status_version": 1})
+    assert await repo.rebuild_queue() == 3
+    await QueueCaps(per_project=3, per_user=4).check(repo, project_id="p", user_name="ana")
     with pytest.raises(ApiError) as refused:
-        await QueueCaps(per_project=2, per_user=10).check(jobs, project_id="p", user_name="ana")
+        await QueueCaps(per_project=2, per_user=10).check(repo, project_id="p", user_name="ana")
     assert "project p" in refused.value.message
     with pytest.raises(ApiError) as refused:
-        await QueueCaps(per_project=10, per_user=3).check(jobs, project_id="p", user_name="ana")
+        await QueueCaps(per_project=10, per_user=3).check(repo, project_id="p", user_name="ana")
     assert "user ana" in refused.value.message
+
+
+def status(job_id: str, *, version: int, phase: Phase) -> JobStatusChanged:
+    return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="ana",
+                            version=version, phase=phase, secondary_phase=SecondaryPhase.RUNNING)
+
+
+async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_come_in():
+    repo = api_repository()
+    await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
+                                "status": {"phase": "Creating"}, "status_version": 0})
+    await repo.sync_queue("j")
+    assert await repo.queued_count(project_id="p") == 1
+    await repo.apply_status(status("j", version=3, phase=Phase.RUNNING))
+    await repo.apply_status(status("j", version=2, phase=Phase.PENDING))  # late: changes nothing
+    assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
+    await repo.apply_status(status("j", version=4, phase=Phase.PENDING))  # requeued
+    assert await repo.queued_count(user_name="ana") == 1
+
+
+async def test_a_stale_queue_write_is_redone_by_the_writer_that_made_it():
+    repo = api_repository()
+    await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
+                                "status": {"phase": "Pending"}, "status_version": 2})
+    read = repo.jobs.find_one
+
+    async def read_then_change(query, projection=None):  # another handler applies version 3 right after this read
+        doc = await read(query, projection)
+        if doc and doc["status_version"] == 2:
+            repo.jobs.docs["j"].update(status={"phase": "Running"}, status_version=3)
+        return doc
+
+    repo.jobs.find_one = read_then_change
+    await repo.sync_queue("j")
+    assert await repo.queued_count(project_id="p") == 0
 
 
 # A fleet of one 16-CPU node with 2 GPUs of 24 GB, and an on-demand catalogue of 8-CPU 80 GB GPU nodes.

@@ -57,6 +57,9 @@ class MemoryRepo:
     async def publish(self, job_id: str, entries: list[dict]) -> None:
         return None
 
+    async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        return await self.jobs.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
+
 
 async def api(**broker: Any):
     app, _, _ = await make_app()
