@@ -96,10 +96,14 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
     repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
     await repo.create_indexes()
     first, second = submitted(), submitted()
-    doc = {"_id": first.job_id, "project_id": "p", "name": "train", "create_time": first.create_time}
+    doc = {"_id": first.job_id, "project_id": "p", "name": "train", "user_name": "alice",
+           "create_time": first.create_time, "status": {"phase": "Creating"}, "status_version": 0}
     pending = await repo.insert(doc, first)
     with pytest.raises(NameTaken):
         await repo.insert({**doc, "_id": second.job_id}, second)
+    # the refused one left no queue entry, and a rebuild (on the real server) finds the same one
+    assert await repo.queued_count(project_id="p") == 1 == await repo.queued_count(user_name="alice")
+    assert await repo.rebuild_queue() == 1
     stored = await repo.jobs.find_one({"_id": first.job_id})
     assert stored["create_time"] == first.create_time and stored["_outbox_n"] == 1  # stored; announced by the relay
     await repo.publish(first.job_id, pending)
