@@ -120,14 +120,13 @@ class JobDeleted(Message):
 
 
 class Launch(BaseModel):
-    """What every rank of an attempt is started with; the monitor turns it into one StartTask per rank."""
+    """What every rank of an attempt is started with; the monitor turns it into one StartTask per rank, under the
+    project and user it stored for the job (never ones a placement names)."""
 
     model_config = ConfigDict(frozen=True)
 
     master_addr: str = Field("127.0.0.1", description="Rank 0's node address (torch.distributed's MASTER_ADDR).")
     master_port: int = Field(29500, ge=1, le=65_535)
-    project_id: Id
-    user_name: str
     algorithm: Algorithm
     spec: Spec = Field(description="The job's spec with the resources this attempt was placed for.")
 

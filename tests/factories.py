@@ -45,7 +45,7 @@ def submitted(*, job_id: str | None = None, command: str = "true", node_count: i
 def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true") -> JobPlaced:
     return JobPlaced(event_id=f"{job_id}:placed:{attempt}", job_id=job_id, attempt=attempt,
                      assignments=tuple(Assignment(rank=r, node_id=n) for r, n in enumerate(nodes)),
-                     launch=Launch(project_id="p", user_name="alice", algorithm=algorithm(command), spec=Spec()))
+                     launch=Launch(algorithm=algorithm(command), spec=Spec()))
 
 
 def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:

@@ -176,16 +176,16 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
     })
     nodes = ", ".join(job.node_ids)
     job, events = switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
-    return job, events + starts(event, now=now)
+    return job, events + starts(job, event, now=now)
 
 
-def starts(event: JobPlaced, *, now: datetime) -> list[StartTask]:
-    """One StartTask per rank of the placed attempt."""
+def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]:
+    """One StartTask per rank of the placed attempt, as the job's own project and user."""
     launch = event.launch
     return [StartTask(event_id=f"{event.job_id}:{event.attempt}:{a.rank}:start", occurred_at=now, node_id=a.node_id,
                       job_id=event.job_id, attempt=event.attempt, rank=a.rank, world_size=len(event.assignments),
                       master_addr=launch.master_addr, master_port=launch.master_port, gpu_indices=a.gpu_indices,
-                      project_id=launch.project_id, user_name=launch.user_name, algorithm=launch.algorithm,
+                      project_id=job.project_id, user_name=job.user_name, algorithm=launch.algorithm,
                       spec=launch.spec)
             for a in event.assignments]
 

@@ -324,8 +324,8 @@ class Placement:
         now = utcnow()
         master = self.fleet.nodes[assignments[0].node_id].info.address
         port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
-        launch = Launch(master_addr=master, master_port=port, project_id=item.project_id, user_name=item.user_name,
-                        algorithm=item.algorithm, spec=item.spec.model_copy(update={"resource": item.needs}))
+        launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
+                        spec=item.spec.model_copy(update={"resource": item.needs}))
         events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=now, job_id=item.job_id,
                             attempt=attempt, assignments=assignments, launch=launch)]
         placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,

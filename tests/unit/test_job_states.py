@@ -102,6 +102,7 @@ def test_an_accepted_placement_starts_every_rank_in_the_same_change():
     assert [(c.node_id, c.rank, c.world_size, c.attempt, c.event_id) for c in commands] == [
         ("a", 0, 2, 1, "j:1:0:start"), ("b", 1, 2, 1, "j:1:1:start")]
     assert {c.algorithm.command for c in commands} == {"python train.py"}
+    assert {(c.project_id, c.user_name) for c in commands} == {("p", "alice")}  # the job's own, as submitted
 
 
 def test_a_placement_arriving_after_termination_starts_nothing():
