@@ -39,7 +39,6 @@ from services.placement.policy import PolicyConfig, Provision, PullBack, Release
 from services.placement.policy import schedule as policy_schedule
 
 log = logging.getLogger(__name__)
-MAX_CONFLICTS = 20
 
 
 class QueueItem(BaseModel):
@@ -336,7 +335,7 @@ class Placement:
     async def _save(self, item: QueueItem, events: list) -> None:
         """Persist the item (in memory it is authoritative: placement runs as one process) with its events; the
         outbox relay bumps the revision when it publishes, so a conflict is retried over what is stored."""
-        await self.jobs.update(item.job_id, lambda _: (item.model_dump(), events), attempts=MAX_CONFLICTS)
+        await self.jobs.update(item.job_id, lambda _: (item.model_dump(), events))
         self.queue[item.job_id] = item
         if item.state == "queued":
             self.queued.add(item.job_id)

@@ -63,10 +63,6 @@ class Repository:
         await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
         await self.db.api_tokens.create_index("user_name")
 
-    async def add(self, doc: dict[str, Any], event: Message) -> None:
-        """Store a new job and the event announcing it in one write, then publish."""
-        await self.publish(doc["_id"], await self.insert(doc, event))
-
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
         pending = await self.store.write(doc["_id"], doc, None, [event])
