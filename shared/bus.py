@@ -1,6 +1,5 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
 import asyncio
-import contextvars
 import functools
 import hmac
 import logging
@@ -206,8 +205,9 @@ def durable(
 
     ordered: one message in flight at a time, so a redelivery (after a crash or a nack) can never overtake a
     later message; the state machines rely on it. Unordered consumers take up to 1000 at once.
-    keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in `in_order`,
-    which keeps the messages of one key (a job) in stream order and retries a passing failure in place.
+    keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in
+    `shared.keyed.in_order`, which keeps the messages of one key (a job) in stream order and retries a passing
+    failure in place.
     """
     in_flight = keyed if keyed > 1 else 1 if ordered else 1000
     return {
@@ -288,93 +288,3 @@ def retry_transient(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable
             raise NackMessage(delay=1) from exc
 
     return wrapper
-
-
-_HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn", default=False)
-
-
-class KeyedOrder:
-    """Turns per key: a message waits for the earlier messages of its key, a keyless one for every earlier message
-    (and every later one for it). Turns are taken in arrival order, without awaiting, so the order in which a
-    consumer's fetched batch is started is the order of each key."""
-
-    def __init__(self) -> None:
-        self._tails: dict[str, asyncio.Future] = {}
-        self._running: set[asyncio.Future] = set()
-        self._barrier: asyncio.Future | None = None
-
-    def take(self, key: str | None) -> tuple[list[asyncio.Future], asyncio.Future]:
-        """What to wait for, and this turn's own future (to be resolved by `done`)."""
-        mine = asyncio.get_running_loop().create_future()
-        if key is None:
-            before = [*self._running, *([self._barrier] if self._barrier else [])]
-            self._barrier = mine
-        else:
-            before = [f for f in (self._tails.get(key), self._barrier) if f is not None]
-            self._tails[key] = mine
-        self._running.add(mine)
-        return before, mine
-
-    def done(self, key: str | None, mine: asyncio.Future) -> None:
-        mine.set_result(None)
-        self._running.discard(mine)
-        if key is None and self._barrier is mine:
-            self._barrier = None
-        elif key is not None and self._tails.get(key) is mine:
-            del self._tails[key]
-
-    def in_flight(self) -> int:
-        return len(self._running)
-
-
-async def await_redeliveries(broker: NatsBroker, subject: str, consumer: str) -> int:
-    """Before a keyed consumer starts: when a previous instance died holding messages (unacknowledged), wait until
-    they are due again (`ACK_WAIT_S`), so the server hands them out first, in order, before anything newer; a
-    later message of their key can then never be handled before them. Returns how many there were."""
-    try:
-        info = await broker.config.connection_state.stream.consumer_info(stream_of(subject).name, consumer)
-    except NotFoundError:
-        return 0
-    if info.num_ack_pending:
-        log.info("%s: %d messages of a previous run unacknowledged: waiting %d s for their redelivery",
-                 consumer, info.num_ack_pending, ACK_WAIT_S)
-        await asyncio.sleep(ACK_WAIT_S + 1)
-    return info.num_ack_pending or 0
-
-
-def in_order(key: Callable[[Any], str | None], *, retry_s: float = 0.5) -> Callable[[Callable[P, Awaitable[R]]],
-                                                                                    Callable[P, Awaitable[R]]]:
-    """Wrap the handler of a `durable(..., keyed=N)` consumer: the messages of one key (`key(event)`, e.g. its job
-    id; None: wait for all) are handled one at a time in stream order, different keys concurrently. A passing
-    failure (database or bus down) is retried in place, never nacked, so no later message of its key overtakes
-    it; a handler error is raised (the message is rejected, as everywhere)."""
-
-    def wrap(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-        turns = KeyedOrder()
-
-        @functools.wraps(handler)
-        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            if _HOLDING.get():  # delivered inline from inside a handler (an in-memory test broker): no turn
-                return await handler(*args, **kwargs)
-            k = key(args[0] if args else next(iter(kwargs.values())))
-            before, mine = turns.take(k)
-            held = _HOLDING.set(True)
-            try:
-                for earlier in before:
-                    await asyncio.shield(earlier)
-                delay = retry_s
-                while True:
-                    try:
-                        return await handler(*args, **kwargs)
-                    except TRANSIENT_ERRORS as exc:
-                        log.warning("%s: transient failure, retrying in %.1f s: %r", handler.__name__, delay, exc)
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, 5.0)
-            finally:
-                _HOLDING.reset(held)
-                turns.done(k, mine)
-
-        wrapper.turns = turns  # type: ignore[attr-defined]
-        return wrapper
-
-    return wrap

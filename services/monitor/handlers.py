@@ -4,7 +4,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from faststream import Context
-from faststream.nats import NatsRouter
+from faststream.nats import NatsMessage, NatsRouter
 from nats.aio.msg import Msg
 
 from shared.bus import RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, TRANSIENT_ERRORS, durable, retry_transient
@@ -29,13 +29,14 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
+from shared.keyed import DeliveryOrder, in_order
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
 log = logging.getLogger(__name__)
 
 TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
-JOBS_IN_FLIGHT = 32  # for `durable(..., keyed=)`, not switched on yet: see on_job_event
+JOBS_IN_FLIGHT = 32  # jobs whose events are handled at once (each job's own one at a time, in stream order)
 NODES_PAGE_MAX = 1000
 TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task_started, TaskExited: state.task_exited,
                     TaskHung: hangs.task_hung, TaskResumed: hangs.task_resumed}
@@ -128,14 +129,16 @@ def job_key(event: JobEvent) -> str | None:
     return getattr(event, "job_id", None)
 
 
-# One message at a time (ordered). `keyed=JOBS_IN_FLIGHT` with `@in_order(job_key)` (different jobs concurrently)
-# kept each key's order in tests/unit/test_keyed_order.py and against a real server, but under
-# tests/e2e/test_resilience.py (each service SIGKILLed while 50 jobs flow, a loaded 2-core VM) the monitor handled
-# task events before their job's placement; until that is understood the state machine stays ordered (issue 15).
-@router.subscriber(**durable("tm.job.>", consumer="monitor-jobs"))
-@retry_transient
-async def on_job_event(event: JobEvent, monitor: Monitor = Context("monitor")) -> None:
-    """Every lifecycle event of every job, in stream order."""
+# Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits
+# for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it.
+JOB_EVENTS = durable("tm.job.>", consumer="monitor-jobs", keyed=JOBS_IN_FLIGHT)
+JOB_DELIVERIES = DeliveryOrder()
+
+
+@router.subscriber(**JOB_EVENTS)
+@in_order(job_key, deliveries=JOB_DELIVERIES)
+async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor = Context("monitor")) -> None:
+    """Every lifecycle event of every job, each job's in stream order."""
     await dispatch(EVENT_HANDLERS, event, monitor)
 
 

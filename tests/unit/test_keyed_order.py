@@ -1,9 +1,10 @@
 """Order per key, concurrency across keys: the state machines' consumers (`shared.bus.in_order`)."""
 import asyncio
+from types import SimpleNamespace
 
 from pymongo.errors import AutoReconnect
 
-from shared.bus import in_order
+from shared.keyed import DeliveryOrder, in_order
 
 
 async def run_batch(handler, events) -> None:
@@ -56,3 +57,52 @@ async def test_a_passing_failure_is_retried_in_place_so_no_later_event_of_its_ke
 
     await run_batch(handle, ["j1", "j2", "k1"])
     assert log.index("j1") < log.index("j2") and sorted(log) == ["j1", "j2", "k1"]
+
+
+def delivered(seq: int) -> SimpleNamespace:
+    """A JetStream message as the handler's `message` parameter sees it: only its consumer sequence matters."""
+    return SimpleNamespace(raw_message=SimpleNamespace(metadata=SimpleNamespace(
+        sequence=SimpleNamespace(consumer=seq))))
+
+
+async def test_deliveries_that_reach_the_handler_out_of_order_are_taken_in_delivery_order():
+    log: list[int] = []
+    deliveries = DeliveryOrder()
+    deliveries.resume_after(9)
+
+    @in_order(lambda e: "one job", deliveries=deliveries)
+    async def handle(event, message):
+        log.append(event)
+
+    # the tasks of one fetched batch reach the handler in another order than the batch's (seen under load)
+    await asyncio.gather(*(handle(event=seq, message=delivered(seq)) for seq in (12, 10, 13, 11)))
+    assert log == [10, 11, 12, 13]
+
+
+async def test_a_delivery_that_never_reaches_the_handler_holds_the_next_only_for_a_while():
+    log: list[int] = []
+    deliveries = DeliveryOrder(patience_s=0.05)
+    deliveries.resume_after(1)
+
+    @in_order(lambda e: e, deliveries=deliveries)
+    async def handle(event, message):
+        log.append(event)
+
+    await asyncio.wait_for(handle(event=3, message=delivered(3)), 2)  # delivery 2 went to a process that died
+    await handle(event=4, message=delivered(4))
+    assert log == [3, 4] and deliveries.last == 4
+
+
+async def test_the_key_is_read_from_the_event_parameter_whatever_the_order_of_the_others():
+    keys: list[str | None] = []
+
+    def key(event):
+        keys.append(event)
+        return event
+
+    @in_order(key)
+    async def handle(monitor, message, event):
+        return event
+
+    assert await handle(monitor="m", message=None, event="job-1") == "job-1"
+    assert keys == ["job-1"]
