@@ -7,7 +7,7 @@ const DATABASE = process.env.TRAINMASTER_MONGO_DB || "trainmaster";
 // What pymongo needs for the services' reads, writes, upserts, aggregations and index creation at start.
 const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
 const COLLECTIONS = {
-  submitter: ["api_jobs", "api_queue", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
+  submitter: ["api_jobs", "api_queue", "api_job_list", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
               "api_notifications", "api_audit", "api_searches"],
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes"],

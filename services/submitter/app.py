@@ -53,7 +53,7 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None
     tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
     searches = SearchStore(db.api_searches)
     await repo.create_indexes()
-    log.info("%d jobs accepted and not yet running", await repo.rebuild_queue())
+    log.info("%d jobs accepted and not yet running", await repo.rebuild_views())
     await searches.create_indexes()
     await tokens.prepare()
     await audit_log.prepare()

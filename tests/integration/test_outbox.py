@@ -103,7 +103,7 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
         await repo.insert({**doc, "_id": second.job_id}, second)
     # the refused one left no queue entry, and a rebuild (on the real server) finds the same one
     assert await repo.queued_count(project_id="p") == 1 == await repo.queued_count(user_name="alice")
-    assert await repo.rebuild_queue() == 1
+    assert await repo.rebuild_views() == 1
     stored = await repo.jobs.find_one({"_id": first.job_id})
     assert stored["create_time"] == first.create_time and stored["_outbox_n"] == 1  # stored; announced by the relay
     await repo.publish(first.job_id, pending)

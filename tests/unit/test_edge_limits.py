@@ -1,4 +1,5 @@
 """Rate limits per token, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -51,16 +52,20 @@ def test_queue_full_names_the_scope_and_the_cap():
 
 
 def api_repository() -> Repository:
-    return Repository(db=SimpleNamespace(api_jobs=MemoryCollection("jobs"), api_queue=MemoryCollection("queue")),
-                      broker=None)
+    return Repository(db=SimpleNamespace(api_jobs=MemoryCollection("jobs"), api_queue=MemoryCollection("queue"),
+                                         api_job_list=MemoryCollection("list"), api_logs=MemoryCollection("logs"),
+                                         api_log_sizes=MemoryCollection("sizes")), broker=None)
+
+
+CREATED = datetime(2026, 11, 25, tzinfo=timezone.utc)
 
 
 async def test_queue_caps_count_only_jobs_not_yet_running():
     repo = api_repository()
     for i, phase in enumerate(["Creating", "Pending", "Running", "Completed", "Pending"]):
         await repo.jobs.insert_one({"_id": str(i), "project_id": "p" if i < 4 else "q", "user_name": "ana",
-                                    "status": {"phase": phase}, "status_version": 1})
-    assert await repo.rebuild_queue() == 3
+                                    "status": {"phase": phase}, "status_version": 1, "create_time": CREATED})
+    assert await repo.rebuild_views() == 3
     await QueueCaps(per_project=3, per_user=4).check(repo, project_id="p", user_name="ana")
     with pytest.raises(ApiError) as refused:
         await QueueCaps(per_project=2, per_user=10).check(repo, project_id="p", user_name="ana")
@@ -78,8 +83,9 @@ def status(job_id: str, *, version: int, phase: Phase) -> JobStatusChanged:
 async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_come_in():
     repo = api_repository()
     await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
-                                "status": {"phase": "Creating"}, "status_version": 0})
-    await repo.sync_queue("j")
+                                "status": {"phase": "Creating"}, "status_version": 0,
+                                "create_time": CREATED})
+    await repo.sync_views("j")
     assert await repo.queued_count(project_id="p") == 1
     await repo.apply_status(status("j", version=3, phase=Phase.RUNNING))
     await repo.apply_status(status("j", version=2, phase=Phase.PENDING))  # late: changes nothing
@@ -91,7 +97,8 @@ async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_com
 async def test_a_stale_queue_write_is_redone_by_the_writer_that_made_it():
     repo = api_repository()
     await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
-                                "status": {"phase": "Pending"}, "status_version": 2})
+                                "status": {"phase": "Pending"}, "status_version": 2,
+                                "create_time": CREATED})
     read = repo.jobs.find_one
 
     async def read_then_change(query, projection=None):  # another handler applies version 3 right after this read
@@ -101,8 +108,27 @@ async def test_a_stale_queue_write_is_redone_by_the_writer_that_made_it():
         return doc
 
     repo.jobs.find_one = read_then_change
-    await repo.sync_queue("j")
+    await repo.sync_views("j")
     assert await repo.queued_count(project_id="p") == 0
+    assert (await repo.page("p", phases=["Running"], offset=0, limit=10))[0] == 1
+
+
+async def test_a_page_of_jobs_is_sorted_and_counted_on_the_list_entries_and_follows_each_jobs_status():
+    repo = api_repository()
+    for i in range(5):
+        await repo.jobs.insert_one({"_id": f"j{i}", "project_id": "p" if i != 2 else "q", "user_name": "ana",
+                                    "status": {"phase": "Pending"}, "status_version": 1,
+                                    "create_time": CREATED + timedelta(seconds=i)})
+    await repo.rebuild_views()
+    total, docs = await repo.page("p", phases=[], offset=1, limit=2)
+    assert total == 4 and [d["_id"] for d in docs] == ["j3", "j1"]  # newest first, another project's left out
+    await repo.jobs.update_one({"_id": "j4"}, {"$set": {"status": {"phase": "Running"}, "status_version": 2}})
+    await repo.apply_status(status("j4", version=2, phase=Phase.RUNNING))
+    total, docs = await repo.page("p", phases=["Running"], offset=0, limit=10)
+    assert total == 1 and docs[0]["_id"] == "j4"
+    await repo.jobs.update_one({"_id": "j4"}, {"$set": {"status": {"phase": "Completed"}}})
+    assert await repo.delete("j4", finished=["Completed"])
+    assert (await repo.page("p", phases=[], offset=0, limit=10))[0] == 3
 
 
 # A fleet of one 16-CPU node with 2 GPUs of 24 GB, and an on-demand catalogue of 8-CPU 80 GB GPU nodes.

@@ -17,7 +17,7 @@ from tests.memory import MemoryCollection
 
 
 def repository() -> Repository:
-    db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_logs=MemoryCollection(),
+    db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_job_list=MemoryCollection(), api_logs=MemoryCollection(),
                          api_log_sizes=MemoryCollection())
     return Repository(db=db, broker=None)
 
@@ -35,7 +35,8 @@ def completed(*, at=None) -> JobStatusChanged:
 
 async def test_completed_waits_for_the_last_line_and_a_follower_sees_it():
     repo = repository()
-    await repo.jobs.insert_one({"_id": "j", "status_version": 2, "status": {"phase": "Running"}})
+    await repo.jobs.insert_one({"_id": "j", "project_id": "p", "user_name": "u", "status_version": 2,
+                                "status": {"phase": "Running"}, "create_time": utcnow()})
     await repo.add_log(chunk(0, "step 1"))
     broker = NatsBroker()
     broker.include_router(router)
