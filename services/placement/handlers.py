@@ -1,6 +1,6 @@
 """Placement subscribers: jobs to queue, status changes that free capacity, nodes joining and leaving."""
 from faststream import Context
-from faststream.nats import NatsRouter
+from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import NODE_REGISTERED, RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
 from shared.events import (
@@ -14,6 +14,7 @@ from shared.events import (
     NodeStateChanged,
 )
 from shared.handlers import HandlerTable, dispatch
+from shared.keyed import DeliveryOrder, in_order
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
@@ -55,10 +56,15 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-@router.subscriber(**durable("tm.job.>", consumer="placement-jobs"))
-@retry_transient
-async def on_job_event(event: JobEvent, placement: Placement = Context("placement")) -> None:
-    """Jobs submitted, changing status and deleted."""
+JOBS_IN_FLIGHT = 32  # jobs whose events are handled at once (each job's own one at a time, in stream order)
+JOB_EVENTS = durable("tm.job.>", consumer="placement-jobs", keyed=JOBS_IN_FLIGHT)
+JOB_DELIVERIES = DeliveryOrder()
+
+
+@router.subscriber(**JOB_EVENTS)
+@in_order(lambda event: getattr(event, "job_id", None), deliveries=JOB_DELIVERIES)
+async def on_job_event(event: JobEvent, message: NatsMessage, placement: Placement = Context("placement")) -> None:
+    """Jobs submitted, changing status and deleted: each job's in stream order, different jobs concurrently."""
     await dispatch(EVENT_HANDLERS, event, placement)
 
 
@@ -95,7 +101,7 @@ async def on_estimate(event: EtaEstimated, placement: Placement = Context("place
 @router.subscriber(RPC_CANDIDATES)
 async def dry_run(query: CandidatesQuery, placement: Placement = Context("placement")) -> CandidatesReply:
     """Where a job could run, how long and at what cost; nothing is created."""
-    return placement.candidates(query.spec)
+    return placement.candidates(query)
 
 
 @router.subscriber(RPC_CATALOGUE)
