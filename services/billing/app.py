@@ -40,6 +40,7 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         if backfilled := await billing.backfill_epochs():
             log.info("ledger: %d lines given Unix-second bounds", backfilled)
         await billing.open.create_index("node_id")
+        await billing.placements.jobs.create_index([("project_id", 1), ("finished", 1)])  # max_gpus: queued jobs
         await db.billing_parked.create_index("attempt_key")
         await db.billing_parked.create_index("parked_at")
         await billing.nodes.create_index("ended_at")

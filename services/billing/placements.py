@@ -3,6 +3,7 @@ placed on. A task event that arrives before the placement it refers to waits her
 age) and is replayed when the placement comes, instead of being lost or charged on its own word."""
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -47,7 +48,7 @@ def status_doc(job: dict[str, Any] | None, event: JobStatusChanged, *, seen: flo
     ends = {str(a.attempt): a.ended_at.timestamp() for a in event.attempts if a.ended_at}
     final = event.end_time.timestamp() if event.phase.is_finished() and event.end_time else None
     return {**job, "version": event.version, "attempt": event.attempt, "final_at": final, "ends": ends,
-            "seen_at": seen}
+            "seen_at": seen, "finished": event.phase.is_finished()}
 
 
 def missed_end(job: dict[str, Any] | None, *, attempt: int, now: float, grace_s: float) -> float | None:
@@ -68,11 +69,20 @@ class Placements:
     parked: AsyncCollection  # task events that came before their placement
 
     async def submitted(self, event: JobSubmitted) -> None:
+        """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
+        resource = event.spec.resource
         try:
             await self.jobs.insert_one({"_id": event.job_id, "project_id": event.project_id,
-                                        "user_name": event.user_name})
+                                        "user_name": event.user_name, "finished": False,
+                                        "gpus": resource.gpu_count * resource.node_count})
         except DuplicateKeyError:
             pass
+
+    async def unfinished_gpus(self, *, project_id: str, user_name: str | None = None,
+                              running: Collection[str] = ()) -> int:
+        """GPUs the scope's jobs not finished ask for, but for the `running` ones (their attempts count them)."""
+        scope = {"project_id": project_id, "finished": False} | ({"user_name": user_name} if user_name else {})
+        return sum([d.get("gpus", 0) async for d in self.jobs.find(scope, {"gpus": 1}) if d["_id"] not in running])
 
     async def status(self, event: JobStatusChanged, *, seen: float) -> None:
         """Keep what the job's newest status says of how its attempts ended (for reconciliation)."""

@@ -24,11 +24,15 @@ def _refuse(code: str, scope: str, limit: str, message: str) -> AdmitReply:
                       reason=f"[{scope}.{limit}] quota exceeded: {message}")
 
 
-def check(quota: Quota, *, scope: str, used: UsageTotals, gpus_in_use: int, query: AdmitQuery) -> AdmitReply | None:
-    """The refusal when the query would take `scope` (a project or `project/user`) past a limit, else None."""
-    if quota.max_gpus is not None and query.gpus and gpus_in_use + query.gpus > quota.max_gpus:
-        return _refuse(QUOTA_EXCEEDED, scope, "max_gpus", f"{gpus_in_use} GPUs in use + {query.gpus} asked "
-                                                          f"> {quota.max_gpus}")
+def check(quota: Quota, *, scope: str, used: UsageTotals, gpus_in_use: int, query: AdmitQuery,
+          gpus_queued: int = 0) -> AdmitReply | None:
+    """The refusal when the query would take `scope` (a project or `project/user`) past a limit, else None.
+
+    `max_gpus` counts the GPUs running attempts hold and those the scope's queued jobs ask for (`gpus_queued`): a
+    project cannot queue past its limit and have every job start the moment capacity frees."""
+    if quota.max_gpus is not None and query.gpus and gpus_in_use + gpus_queued + query.gpus > quota.max_gpus:
+        return _refuse(QUOTA_EXCEEDED, scope, "max_gpus", f"{gpus_in_use} GPUs in use + {gpus_queued} queued + "
+                                                          f"{query.gpus} asked > {quota.max_gpus}")
     hours = quota.gpu_hours_per_month
     if hours is not None and used.gpu_hours + query.estimated_gpu_hours > hours:
         return _refuse(QUOTA_EXCEEDED, scope, "gpu_hours_per_month",

@@ -313,14 +313,25 @@ class Billing:
             return AdmitReply(allowed=True, limited=True)  # a first look: the caller prices the job next
         report = await self.usage(UsageQuery(project_id=query.project_id, start=policy.month_start(utcnow())))
         refusal = policy.check(limits, scope=query.project_id, used=report.total, gpus_in_use=report.gpus_in_use,
-                               query=query)
+                               gpus_queued=await self._queued_gpus(query), query=query)
         if refusal is None and user_limits is not None:
             used = next((r for r in report.by_user if r.key == query.user_name), UsageTotals(key=query.user_name))
             gpus = sum([d["gpu_count"] async for d in self.open.find({"project_id": query.project_id,
                                                                       "user_name": query.user_name})])
             refusal = policy.check(user_limits, scope=f"{query.project_id}/{query.user_name}", used=used,
-                                   gpus_in_use=gpus, query=query)
+                                   gpus_in_use=gpus, gpus_queued=await self._queued_gpus(query, user=True),
+                                   query=query)
         return (refusal or AdmitReply(allowed=True)).model_copy(update={"limited": True})
+
+    async def _queued_gpus(self, query: AdmitQuery, *, user: bool = False) -> int:
+        """GPUs the scope's jobs not finished and not running ask for; none for a node rented for a queued job (that
+        job is the node's reason, counted by the node's GPUs)."""
+        if query.purpose != "submit" or self.placements is None:
+            return 0
+        scope = {"project_id": query.project_id} | ({"user_name": query.user_name} if user else {})
+        running = {d["job_id"] async for d in self.open.find(scope)}
+        return await self.placements.unfinished_gpus(project_id=query.project_id,
+                                                     user_name=query.user_name if user else None, running=running)
 
     async def check_budgets(self, project_id: str) -> None:
         """Raise the 80% and 100% alerts of the project's and its users' budgets, each once."""

@@ -3,6 +3,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,8 +16,8 @@ from shared.events import NodeProvisioned, NodeReleased
 from shared.nodes import NodeInfo
 from shared.rpc import AdmitQuery, AdmitReply
 from shared.store import DocumentStore
-from services.placement.adapter import NodeView
-from services.placement.policy import InstanceType
+from services.placement.adapter import Usage, policy_node
+from services.placement.policy import InstanceType, Node
 from services.placement.providers import Provider
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,15 @@ class Fleet:
             self.nodes[node.node_id] = node
             self._track(node)
 
-    def views(self) -> list[NodeView]:
-        """Nodes that can take work now, or will once booted."""
-        return [NodeView(info=n.info, ready=n.state == "ready", ready_at=n.ready_at, reserved_for=n.reserved_for,
-                         idle_since=self.idle_since.get(n.node_id), instance_type=n.instance_type)
-                for n in self.nodes.values() if n.info and n.state in ("ready", "provisioning")]
+    def policy_nodes(self, usage: Mapping[str, Usage]) -> tuple[Node, ...]:
+        """Nodes that can take work now, or will once booted, as the policy sees them (`usage`: capacity given out)."""
+        return tuple(policy_node(n.info, usage.get(n.node_id), ready_at=n.ready_at, reserved_for=n.reserved_for,
+                                 idle_since=self.idle_since.get(n.node_id), instance_type=n.instance_type)
+                     for n in self.nodes.values() if n.info and n.state in ("ready", "provisioning"))
+
+    def known_nodes(self) -> tuple[Node, ...]:
+        """Every node not given back, lost ones included (they may come back), as empty policy nodes."""
+        return tuple(policy_node(info) for info in self.all_infos())
 
     def rented(self) -> bool:
         """Whether any node we rent is still held (then a pass may release or pull back from it); O(1)."""

@@ -1,15 +1,17 @@
-"""The policy's inputs from placement's records: jobs as the policy sees them, running work, GPU numbering."""
+"""The policy's inputs from placement's records: jobs as the policy sees them, running work, capacity given out,
+each queued job's constraint (nodes kept for it, nodes it moves away from, its pool), GPU numbering."""
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from shared.events import Assignment
-from services.placement.adapter import DEFAULT_DURATION_S, JobView, cluster_state, reference_tflops
-from services.placement.estimates import Estimates, fallback, query_for
+from shared.jobs import Resource, Spec
+from services.placement.adapter import DEFAULT_DURATION_S, Usage, reference_tflops
+from services.placement.estimates import Estimate, Estimates, fallback, query_for
 from services.placement.fairshare import FairShare
-from services.placement.fit import Usage
 from services.placement.fleet import Fleet
-from services.placement.policy import ClusterState, PolicyConfig
+from services.placement.policy import ClusterState, JobRequest, PolicyConfig, RunningJob
+from services.placement.policy.engine import Constraint
 from services.placement.tradeoff import Tradeoff
 
 
@@ -24,34 +26,68 @@ class PolicyInputs:
     estimates: Estimates = field(default_factory=lambda: Estimates(broker=None))
     expected_end: dict[str, float] = field(default_factory=dict)  # job -> unix time, from the estimator's ETA
 
-    def job_view(self, item) -> JobView:
+    def job_request(self, item) -> JobRequest:
         """A queue item (QueueItem) as the policy's job: the estimator's duration when it has one."""
-        prefs, needs = item.spec.placement, item.needs
-        estimate = self.estimates.cached(query_for(item.algorithm, needs, "")) or fallback(prefs.expected_duration_s)
-        return JobView(job_id=item.job_id, user_name=item.user_name, submitted_at=item.submitted_at.timestamp(),
-                       allowed=prefs.allowed, priority=prefs.priority, gpu_count=needs.gpu_count,
-                       min_gpu_memory_gb=needs.min_gpu_memory_gb, gpu_models=frozenset(prefs.gpu_models),
-                       node_count=needs.node_count, cpu=needs.cpu_count, memory_gb=needs.memory_gb,
-                       expected_duration_s=prefs.expected_duration_s, predicted_duration_s=estimate.duration_s,
-                       duration_sigma=estimate.sigma, exchange_rate=self.tradeoff.rate_for(item.project_id),
-                       max_price_per_hour=prefs.max_price_per_hour,
-                       checkpoint_interval_s=prefs.checkpoint_interval_s,
-                       deadline=prefs.deadline.timestamp() if prefs.deadline else None)
+        estimate = self.estimates.cached(query_for(item.algorithm, item.needs, ""))
+        return self._request(item.spec, item.needs, job_id=item.job_id, user_name=item.user_name,
+                             project_id=item.project_id, submitted_at=item.submitted_at.timestamp(),
+                             estimate=estimate or fallback(item.spec.placement.expected_duration_s))
+
+    def spec_request(self, spec: Spec, *, project_id: str, user_name: str, now: float) -> tuple[JobRequest, str]:
+        """A job not submitted yet (a dry run) as the policy's job, and where its duration comes from."""
+        estimate = fallback(spec.placement.expected_duration_s)
+        job = self._request(spec, spec.resource, job_id="dry-run", user_name=user_name, project_id=project_id,
+                            submitted_at=now, estimate=estimate)
+        return job, estimate.source
+
+    def _request(self, spec: Spec, needs: Resource, *, job_id: str, user_name: str, project_id: str,
+                 submitted_at: float, estimate: Estimate) -> JobRequest:
+        prefs = spec.placement
+        return JobRequest(id=job_id, user=user_name, submitted_at=submitted_at,
+                          expected_duration_s=prefs.expected_duration_s or DEFAULT_DURATION_S,
+                          allowed=prefs.allowed, priority=prefs.priority, gpu_count=needs.gpu_count,
+                          min_gpu_memory_gb=needs.min_gpu_memory_gb, gpu_models=frozenset(prefs.gpu_models),
+                          node_count=needs.node_count, cpu=needs.cpu_count, memory_gb=needs.memory_gb,
+                          predicted_duration_s=estimate.duration_s, duration_sigma=estimate.sigma,
+                          exchange_rate=self.tradeoff.rate_for(project_id),
+                          max_price_per_hour=prefs.max_price_per_hour,
+                          checkpoint_interval_s=prefs.checkpoint_interval_s,
+                          deadline=prefs.deadline.timestamp() if prefs.deadline else None)
 
     async def refresh(self, items: Iterable, now: float) -> None:
         """Ask the estimator about queued jobs it has not been asked about lately (bounded wait)."""
         await self.estimates.refresh([q for i in items if (q := query_for(i.algorithm, i.needs, ""))], now=now)
 
-    def state(self, queued: list, placed: Iterable, usage: dict[str, Usage], now: float) -> tuple[ClusterState,
-                                                                                                  PolicyConfig]:
-        """One pass's snapshot and config (durations are read at the fleet's median GPU speed)."""
-        config = dataclasses.replace(self.config, reference_tflops=reference_tflops(self.fleet.all_infos()))
-        running = [(self.job_view(i), tuple(a.node_id for a in i.assignments),
-                    tuple(self.positions(a) for a in i.assignments), self.started(i, now), self.ends_at(i, now))
-                   for i in placed if i.needs.gpu_count > 0]
-        state = cluster_state(nodes=self.fleet.views(), usage=usage, queue=[self.job_view(i) for i in queued],
-                              running=running, catalogue=self.fleet.catalogue, usage_by_user=self.fair.decayed(now))
-        return state, config
+    def config_now(self) -> PolicyConfig:
+        """The config with durations read at the fleet's median GPU speed."""
+        return dataclasses.replace(self.config, reference_tflops=reference_tflops(self.fleet.all_infos()))
+
+    def state(self, queued: Iterable, placed: Iterable, now: float) -> ClusterState:
+        """One pass's snapshot: the fleet with what placed jobs hold, the queue, running GPU work, fair share."""
+        placed = list(placed)
+        nodes = self.fleet.policy_nodes(usage(placed))
+        known = {n.id for n in nodes}
+        running = tuple(RunningJob(job=self.job_request(i), node_ids=ids,
+                                   gpu_indices=tuple(self.positions(a) for a in i.assignments),
+                                   started_at=self.started(i, now), expected_end_at=self.ends_at(i, now))
+                        for i in placed if i.needs.gpu_count > 0
+                        and set(ids := tuple(a.node_id for a in i.assignments)) <= known)
+        return ClusterState(nodes=nodes, queue=tuple(self.job_request(i) for i in queued), running=running,
+                            catalogue=self.fleet.catalogue, usage_by_user=self.fair.decayed(now))
+
+    def constraints(self, queued: Iterable) -> dict[str, Constraint]:
+        """Queued jobs that may go only to nodes kept for them, must avoid nodes they left, or keep to a pool."""
+        mine: dict[str, set[str]] = {}
+        for node in self.fleet.live():  # a reservation on a lost or released node holds nothing
+            if node.reserved_for:
+                mine.setdefault(node.reserved_for, set()).add(node.node_id)
+        found = {}
+        for item in queued:
+            constraint = Constraint(only=frozenset(mine.get(item.job_id, ())), exclude=frozenset(item.exclude),
+                                    pool=item.needs.pool_id)
+            if constraint != Constraint():
+                found[item.job_id] = constraint
+        return found
 
     def hours(self, item) -> float:
         return (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
@@ -74,3 +110,15 @@ class PolicyInputs:
         info = self.fleet.nodes[node_id].info
         order = [g.index for g in sorted(info.gpus, key=lambda g: g.index)]
         return tuple(order[p] for p in positions)
+
+
+def usage(placed: Iterable) -> dict[str, Usage]:
+    """Capacity placed jobs hold, per node."""
+    found: dict[str, Usage] = {}
+    for item in placed:
+        for a in item.assignments:
+            used = found.setdefault(a.node_id, Usage())
+            used.gpus.update(a.gpu_indices)
+            used.cpu += item.needs.cpu_count
+            used.memory_gb += item.needs.memory_gb
+    return found

@@ -13,15 +13,16 @@ DEFAULT_PRICE_PER_HOUR = 4.0  # when no node fits the job, or placement does not
 
 
 def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float]:
-    """(dollars, GPU-hours) of the job's cheapest candidate placement; the default price when none fits or
-    placement did not answer (`answer` None: a silent placement must not stop submissions)."""
+    """(dollars, GPU-hours) of the placement the policy would decide (placement lists it first: the price shown is
+    the price decided); the default price when none fits or placement did not answer (`answer` None: a silent
+    placement must not stop submissions)."""
     resource = body.spec.resource
     gpus = resource.gpu_count * resource.node_count
-    cheapest = min(answer.candidates if answer else [], key=lambda c: c.expected_cost, default=None)
-    if cheapest is None:
+    decided = answer.candidates[0] if answer and answer.candidates else None
+    if decided is None:
         hours = (body.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
         return DEFAULT_PRICE_PER_HOUR * resource.node_count * hours, gpus * hours
-    return cheapest.expected_cost, gpus * cheapest.predicted_duration_s / 3600
+    return decided.expected_cost, gpus * decided.predicted_duration_s / 3600
 
 
 async def admit(request: Request, *, project_id: str, user_name: str, body: JobCreate,

@@ -5,14 +5,16 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import RPC_ADMIT, publish, stream_of
-from shared.events import NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, Notification, TaskStarted
+from shared.events import JobStatusChanged, NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, \
+    Notification, TaskStarted
+from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
 from shared.store import DocumentStore
 from services.billing.handlers import router
 from services.billing.ledger import reconcile
 from services.billing.placements import Placements
 from services.billing.service import Billing
-from tests.factories import T0, exited, node, placed, started
+from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import MemoryCollection
 
 
@@ -117,6 +119,27 @@ async def test_a_budget_refuses_a_submission_and_a_paid_node(billing):
     refused = await service.admit(ask.model_copy(update={"estimated_cost": 0.5}))
     assert (refused.allowed, refused.error_code) == (False, "406008") and "p/ana.max_gpus" in refused.reason
     assert (await service.admit(ask.model_copy(update={"user_name": "bob", "estimated_cost": 0.5}))).allowed
+
+
+async def test_max_gpus_counts_the_queued_jobs_of_the_project_and_of_the_user(billing):
+    broker, service, _ = billing
+    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(max_gpus=4,
+                                                                                 users={"alice": Quota(max_gpus=2)})))
+    await publish(broker, submitted(job_id="queued", gpu_count=2))  # alice's, not started
+    await publish(broker, submitted(job_id="running", gpu_count=1))
+    await publish(broker, placed("running"))
+    await publish(broker, started("running"))  # one GPU in use: counted once, as running
+    ask = AdmitQuery(project_id="p", user_name="bob", purpose="submit", gpus=1)
+    assert (await service.admit(ask)).allowed  # 1 running + 2 queued + 1 = 4
+    refused = await service.admit(ask.model_copy(update={"gpus": 2}))
+    assert refused.error_code == "406008" and "1 GPUs in use + 2 queued + 2 asked > 4" in refused.reason
+    refused = await service.admit(ask.model_copy(update={"user_name": "alice"}))
+    assert "[p/alice.max_gpus]" in refused.reason  # alice: 1 running + 2 queued + 1 > 2
+    assert (await service.admit(ask.model_copy(update={"user_name": "alice", "purpose": "provision"}))).allowed
+    await publish(broker, JobStatusChanged(event_id="queued:status:9", job_id="queued", project_id="p",
+                                           user_name="alice", version=9, phase=Phase.TERMINATED,
+                                           secondary_phase=SecondaryPhase.TERMINATED, end_time=T0))
+    assert (await service.admit(ask.model_copy(update={"gpus": 3}))).allowed  # finished jobs no longer count
 
 
 async def test_each_budget_alert_is_published_once(billing):

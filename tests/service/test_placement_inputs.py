@@ -53,7 +53,7 @@ async def test_queued_jobs_take_the_estimators_prediction_and_its_uncertainty_on
     for _ in range(2):
         await service.schedule_once()
 
-    named, anonymous = service._job_view(service.queue["named"]), service._job_view(service.queue["anonymous"])
+    named, anonymous = (service.inputs.job_request(service.queue[j]) for j in ("named", "anonymous"))
     assert [(q["benchmark"], q["batch_size"]) for q in asked] == [("bert", 64.0)]  # cached after the first pass
     assert named.predicted_duration_s == 7200.0 and 0.2 < named.duration_sigma < 0.6
     assert anonymous.predicted_duration_s is None and anonymous.expected_duration_s == 60
@@ -67,7 +67,7 @@ async def test_without_an_estimator_the_owners_expectation_stands():
         test_broker.context.set_global("placement", service)
         await publish(test_broker, submitted(job_id="j", gpu_count=1, expected_duration_s=60, parameters=BERT))
         await service.schedule_once()
-        view = service._job_view(service.queue["j"])
+        view = service.inputs.job_request(service.queue["j"])
     assert view.predicted_duration_s is None and view.expected_duration_s == 60
 
 
@@ -77,7 +77,7 @@ async def test_a_projects_exchange_rate_reaches_the_policy(bus):
     service = _placement(broker, tradeoff=tradeoff)
     broker.context.set_global("placement", service)
     await publish(broker, submitted(job_id="j", gpu_count=1))
-    assert service._job_view(service.queue["j"]).exchange_rate == 0
+    assert service.inputs.job_request(service.queue["j"]).exchange_rate == 0
     assert tradeoff.exchange_rate == 1.5 and tradeoff.rate_for("other") is None
 
 
@@ -136,7 +136,7 @@ async def test_a_reservation_on_a_lost_node_does_not_keep_its_job_waiting(bus):
     assert [a.node_id for a in service.queue["j"].assignments] == ["other"]
 
 
-async def test_a_job_placed_first_fit_on_its_kept_node_frees_the_reservation(bus):
+async def test_a_job_placed_on_its_kept_node_frees_the_reservation(bus):
     broker, _ = bus
     service = _placement(broker)
     broker.context.set_global("placement", service)

@@ -19,6 +19,13 @@ def test_max_gpus_counts_the_gpus_in_use():
     assert refused.error_code == QUOTA_EXCEEDED and "[p.max_gpus] quota exceeded" in refused.reason
 
 
+def test_max_gpus_counts_the_gpus_queued_jobs_ask_for():
+    quota = Quota(max_gpus=4)
+    assert check(quota, scope="p", used=UsageTotals(), gpus_in_use=1, gpus_queued=1, query=ask(gpus=2)) is None
+    refused = check(quota, scope="p", used=UsageTotals(), gpus_in_use=1, gpus_queued=2, query=ask(gpus=2))
+    assert refused.error_code == QUOTA_EXCEEDED and "1 GPUs in use + 2 queued + 2 asked > 4" in refused.reason
+
+
 def test_a_budget_refuses_what_the_month_cannot_pay_for():
     quota = Quota(budget_per_month=10)
     assert check(quota, scope="p", used=UsageTotals(spend=6), gpus_in_use=0, query=ask(estimated_cost=4)) is None

@@ -7,6 +7,8 @@ import pytest
 
 from shared.bus import RPC_ADMIT, RPC_CANDIDATES
 from shared.rpc import Candidate, CandidatesReply
+from services.submitter.admission import price
+from services.submitter.dialects import JobCreate
 from services.submitter.repository import NameTaken
 from services.submitter.searches.trials import AppPort
 from tests.factories import job_body
@@ -123,3 +125,11 @@ async def test_a_refused_admission_stores_nothing():
     assert refused.status_code == 403 and refused.json()["error_code"] == "406029"
     assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
     assert await app.state.repo.jobs.find_one({"name": "costly"}) is None
+
+
+def test_a_job_is_priced_at_the_placement_the_policy_would_decide_not_at_the_cheapest_shown():
+    decided = OFFER.model_copy(update={"expected_cost": 6.0, "predicted_duration_s": 3600})
+    cheaper = OFFER.model_copy(update={"node_id": "n2", "expected_cost": 1.0, "predicted_duration_s": 7200})
+    body = JobCreate.model_validate(job_body(name="priced"))
+    dollars, gpu_hours = price(body, CandidatesReply(candidates=[decided, cheaper]))
+    assert dollars == 6.0 and gpu_hours == body.spec.resource.gpu_count * body.spec.resource.node_count * 1.0

@@ -70,7 +70,8 @@ class InstanceType:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A job waiting for GPUs; `gpu_count` is per node (rank), `gpu_models` empty means any model.
+    """A job waiting for GPUs; `gpu_count` is per node (rank), `gpu_models` empty means any model; a job of
+    `gpu_count` 0 needs no GPU (`engine.place` gives it to `cpu.place_cpu_jobs`, never to `schedule`).
 
     `exchange_rate` (dollars per GPU-hour sooner; None = the config's) is the project's; `duration_sigma` is the
     spread of the duration estimate (log-normal sigma; 0 = known).
@@ -98,8 +99,8 @@ class JobRequest:
     def __post_init__(self) -> None:
         if self.allowed not in KINDS_FOR_ALLOWED or self.priority not in ("time", "cost"):
             raise ValueError(f"job {self.id}: allowed={self.allowed!r} priority={self.priority!r}")
-        if self.gpu_count < 1 or self.node_count < 1 or self.expected_duration_s < 0:
-            raise ValueError(f"job {self.id}: needs gpu_count >= 1, node_count >= 1 and a duration >= 0")
+        if self.gpu_count < 0 or self.node_count < 1 or self.expected_duration_s < 0:
+            raise ValueError(f"job {self.id}: needs gpu_count >= 0, node_count >= 1 and a duration >= 0")
         if (self.exchange_rate is not None and not self.exchange_rate >= 0) or not self.duration_sigma >= 0:
             raise ValueError(f"job {self.id}: exchange_rate and duration_sigma must be >= 0")
 

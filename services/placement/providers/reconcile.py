@@ -87,7 +87,7 @@ async def node_interrupted(fleet, node_id: str, *, grace_s: float = INTERRUPTED_
     leaving = getattr(fleet.provider, "leaving", None)
     if leaving is not None:
         leaving[node_id] = time.time() + grace_s
-    # not kept for its job either: a job whose node is kept for it waits for that node (first-fit placement)
+    # not kept for its job either: a job whose node is kept for it waits for that node (policy/engine.py)
     await fleet._save(node.model_copy(update={"state": "lost", "reserved_for": None}), [])
     log.warning("node %s is being taken back by its cloud: no more work there", node_id)
     return True

@@ -99,7 +99,7 @@ def test_multi_node_job_provisions_all_ranks_at_once():
     assert provision == Provision("cloud.1gpu", 3, job.id)
 
 
-@pytest.mark.parametrize("bad", [{"gpu_count": 0}, {"node_count": 0}, {"allowed": "mars"}, {"priority": "asap"}])
+@pytest.mark.parametrize("bad", [{"gpu_count": -1}, {"node_count": 0}, {"allowed": "mars"}, {"priority": "asap"}])
 def test_invalid_job_requests_are_rejected_on_construction(bad):
     with pytest.raises(ValueError):
         make_job(**bad)

@@ -1,0 +1,73 @@
+"""Applying the engine's decisions: a start becomes a published placement, a rental asks billing first, an idle
+rented node goes back, a pull-back snapshots the job and keeps the owned node for it."""
+import logging
+import zlib
+
+from shared.clock import utcnow
+from shared.events import Assignment, JobMigrateRequested, JobPlaced, Launch
+from services.placement.fleet import Fleet
+from services.placement.inputs import PolicyInputs
+from services.placement.policy import Decision, Provision, PullBack, Release, Start, Wait
+from services.placement.queue import JobQueue, QueueItem
+
+log = logging.getLogger(__name__)
+
+
+async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
+                inputs: PolicyInputs) -> tuple[int, dict[str, str]]:
+    """Carry the decisions out in order; returns the jobs started and why each waiting job waits."""
+    started, waiting = 0, {}
+    for decision in decisions:
+        match decision:
+            case Start(job_id=job_id, node_ids=node_ids, gpu_indices=gpus):
+                item = queue.items.get(job_id)
+                if item is None or item.state != "queued":
+                    continue
+                assignments = tuple(Assignment(rank=r, node_id=n, gpu_indices=inputs.gpu_ids(n, g))
+                                    for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True)))
+                for node_id in node_ids:
+                    await fleet.claimed(node_id)
+                await place(item, assignments, queue=queue, fleet=fleet)
+                started += 1
+            case Provision(instance_type=name, count=count, job_id=job_id):
+                item = queue.items[job_id]
+                await fleet.provision(name, count, job_id=job_id, project_id=item.project_id,
+                                      user_name=item.user_name, expected_hours=inputs.hours(item))
+            case Release(node_id=node_id):
+                await fleet.release(node_id, reason="idle")
+            case PullBack(job_id=job_id, from_node_id=source, to_node_id=target):
+                await pull_back(job_id, source, target, queue=queue, fleet=fleet)
+            case Wait(job_id=job_id, reason=reason):
+                waiting[job_id] = reason
+    for node in list(fleet.nodes.values()):
+        if node.release_when_idle and node.node_id in fleet.idle_since:
+            await fleet.release(node.node_id, reason="pulled back")
+    return started, waiting
+
+
+async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet) -> None:
+    """The job's next attempt on these nodes, published with what its ranks launch."""
+    attempt = item.attempt + 1
+    master = fleet.nodes[assignments[0].node_id].info.address
+    port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
+    launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
+                    spec=item.spec.model_copy(update={"resource": item.needs}))
+    events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=utcnow(), job_id=item.job_id,
+                        attempt=attempt, assignments=assignments, launch=launch)]
+    placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
+                                     "exclude": (), "moving": False})
+    await queue.save(placed, events)
+    log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
+
+
+async def pull_back(job_id: str, source: str, target: str, *, queue: JobQueue, fleet: Fleet) -> None:
+    """Snapshot the job on the rented node and keep the owned one for it; the rented node goes once empty."""
+    item = queue.items.get(job_id)
+    if item is None or item.state != "placed" or item.moving:
+        return
+    await fleet.reserve(target, job_id)
+    await fleet.release_when_idle(source)
+    event = JobMigrateRequested(event_id=f"{job_id}:migrate:reclaimed:{item.attempt}", job_id=job_id,
+                                requested_by="placement", cause="reclaimed", attempt=item.attempt)
+    await queue.save(item.model_copy(update={"moving": True}), [event])
+    log.info("pulling %s back from %s to %s", job_id, source, target)

@@ -1,0 +1,75 @@
+"""Placement's queue storage: one record per job (what it needs, where its current attempt runs), in memory and
+persisted with the events each change emits (placement runs as one process: in memory is authoritative)."""
+import asyncio
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.events import Assignment
+from shared.jobs import Algorithm, Resource, Spec
+from shared.store import DocumentStore
+
+
+class QueueItem(BaseModel):
+    """A job as placement keeps it: what it needs and where its current attempt runs."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    job_id: str
+    project_id: str
+    user_name: str
+    algorithm: Algorithm
+    spec: Spec
+    submitted_at: datetime
+    state: Literal["queued", "placed", "held", "done"] = "queued"
+    attempt: int = 0
+    assignments: tuple[Assignment, ...] = ()
+    resource: Resource | None = Field(None, description="What the job needs now (grown after out-of-memory).")
+    exclude: tuple[str, ...] = Field((), description="Nodes the next attempt must avoid (it is moving away).")
+    started_at: datetime | None = Field(None, description="When the job first ran (its clock for slowness).")
+    slow_checked: int = Field(0, description="The attempt last found slow (acted on once per attempt).")
+    moving: bool = Field(False, description="Asked to move (pull-back); its current attempt is ending.")
+
+    @property
+    def needs(self) -> Resource:
+        return self.resource or self.spec.resource
+
+
+@dataclass
+class JobQueue:
+    store: DocumentStore
+    items: dict[str, QueueItem] = field(default_factory=dict)
+    queued: set[str] = field(default_factory=set)  # jobs in state "queued" (O(1): is anything waiting?)
+    dirty: asyncio.Event = field(default_factory=asyncio.Event)  # a pass is due
+
+    async def load(self) -> None:
+        async for doc in self.store.collection.find({"state": {"$ne": "done"}}):
+            item = self.items[doc["_id"]] = QueueItem.model_validate(doc)
+            if item.state == "queued":
+                self.queued.add(item.job_id)
+        self.dirty.set()
+
+    def waiting(self) -> list[QueueItem]:
+        """Queued jobs, oldest first."""
+        return sorted((self.items[job_id] for job_id in self.queued), key=lambda i: (i.submitted_at, i.job_id))
+
+    def placed(self) -> list[QueueItem]:
+        return [i for i in self.items.values() if i.state == "placed"]
+
+    async def save(self, item: QueueItem, events: list) -> None:
+        """Persist the item with its events; the outbox relay bumps the revision when it publishes, so a conflict is
+        retried over what is stored."""
+        await self.store.update(item.job_id, lambda _: (item.model_dump(), events))
+        self.items[item.job_id] = item
+        if item.state == "queued":
+            self.queued.add(item.job_id)
+        else:
+            self.queued.discard(item.job_id)
+        self.dirty.set()
+
+    async def forget(self, job_id: str) -> None:
+        """A finished job's record goes."""
+        self.items.pop(job_id, None)
+        await self.store.collection.delete_one({"_id": job_id, "state": "done"})

@@ -1,0 +1,81 @@
+"""Placement under TestNatsBroker: one engine places every job and prices the dry run (the price shown is the price
+decided); jobs without GPUs, jobs moving away and jobs in a pool go through it too."""
+import pytest
+from faststream.nats import NatsBroker, TestNatsBroker
+
+from shared.bus import publish
+from shared.events import JobStatusChanged, NodeRegistered
+from shared.jobs import Phase, SecondaryPhase
+from shared.nodes import NodeInfo
+from shared.rpc import CandidatesQuery
+from services.placement.handlers import router as placement_router
+from tests.factories import node, spec, submitted
+from tests.service.test_billing_placement import placement_service
+
+
+@pytest.fixture
+async def service():
+    broker = NatsBroker()
+    broker.include_router(placement_router)
+    async with TestNatsBroker(broker) as test_broker:
+        placement = placement_service(test_broker)
+        test_broker.context.set_global("placement", placement)
+        yield test_broker, placement
+
+
+async def register(broker, info: NodeInfo) -> None:
+    await publish(broker, NodeRegistered(event_id=f"{info.node_id}:r", node=info, boot_id="b"))
+
+
+def where(placement, job_id: str) -> list[str]:
+    return [a.node_id for a in placement.queue[job_id].assignments]
+
+
+@pytest.mark.parametrize("priority", ["time", "cost"])
+async def test_the_dry_runs_first_candidate_is_where_the_job_goes_at_that_price(service, priority):
+    broker, placement = service
+    await register(broker, node(node_id="cheap", gpus=2, tflops=50, price=1.0))
+    await register(broker, node(node_id="fast", gpus=2, tflops=200, price=8.0))
+    job = dict(gpu_count=1, expected_duration_s=3600, priority=priority)
+    [first, *_] = placement.candidates(CandidatesQuery(spec=spec(resource={"gpu_count": 1}, placement={
+        "expected_duration_s": 3600, "priority": priority}), user_name="alice", project_id="p")).candidates
+    await publish(broker, submitted(job_id="j", **job))
+    assert await placement.schedule_once() == 1
+    assert where(placement, "j") == [first.node_id]
+    share = {"cheap": 0.5, "fast": 4.0}[first.node_id]  # the job's GPU of the node's price, as billing charges it
+    assert first.price_per_hour == share and first.expected_cost == pytest.approx(share * first.predicted_duration_s
+                                                                                  / 3600, abs=1e-6)
+
+
+async def test_a_job_without_gpus_is_placed_by_the_engine_at_the_price_its_dry_run_shows(service):
+    broker, placement = service
+    await register(broker, node(node_id="gpu-box", kind="reserved", gpus=1, price=3.0))
+    await register(broker, node(node_id="cpu-box", gpus=0, price=0.5))
+    reply = placement.candidates(CandidatesQuery(spec=spec(resource={"cpu_count": 2}), user_name="alice",
+                                                 project_id="p"))
+    assert [(c.node_id, c.price_per_hour) for c in reply.candidates] == [("cpu-box", 0.5), ("gpu-box", 3.0)]
+    await publish(broker, submitted(job_id="j", cpu_count=2))
+    assert await placement.schedule_once() == 1
+    assert where(placement, "j") == ["cpu-box"] and placement.queue["j"].assignments[0].gpu_indices == ()
+
+
+async def test_a_job_that_moved_away_is_placed_anywhere_but_where_it_was(service):
+    broker, placement = service
+    await register(broker, node(node_id="first", tflops=300))
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
+    await register(broker, node(node_id="second", tflops=100))
+    await publish(broker, JobStatusChanged(event_id="j:status:5", job_id="j", project_id="p", user_name="alice",
+                                           version=5, phase=Phase.PENDING, secondary_phase=SecondaryPhase.QUEUING,
+                                           attempt=1, requeue_cause="migrated"))
+    assert placement.queue["j"].exclude == ("first",)
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
+
+
+async def test_a_job_in_a_pool_goes_only_to_its_pools_nodes(service):
+    broker, placement = service
+    await register(broker, node(node_id="plain"))
+    pooled = node(node_id="pooled")
+    await register(broker, pooled.model_copy(update={"labels": {"pool": "vision"}}))
+    await publish(broker, submitted(job_id="j", gpu_count=1, pool_id="vision"))
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["pooled"]
