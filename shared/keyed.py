@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 PATIENCE_S = 2.0  # how long a delivery waits for one before it that has not reached the handler (a lost one)
+JOBS_IN_FLIGHT = 32  # a state machine's jobs handled at once (`durable(..., keyed=)`), each job's events one at a time
 
 _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn", default=False)
 
@@ -92,6 +93,11 @@ class KeyedOrder:
 
     def in_flight(self) -> int:
         return len(self._running)
+
+
+def job_key(event: Any) -> str | None:
+    """A job's events in order; one without a job (a node's lost tasks) after all before it, before all after."""
+    return getattr(event, "job_id", None)
 
 
 def delivery_seq(message: Any) -> int | None:

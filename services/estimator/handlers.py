@@ -1,10 +1,11 @@
 """Estimator subscribers: which jobs exist and declare metrics, and their output."""
 from faststream import Context
-from faststream.nats import NatsRouter
+from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
 from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
 from shared.handlers import HandlerTable, dispatch
+from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
@@ -20,10 +21,14 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
 router = NatsRouter()
 
 
-@router.subscriber(**durable("tm.job.>", consumer="estimator-jobs"))
-@retry_transient
-async def on_job_event(event: JobEvent, estimator: Estimator = Context("estimator")) -> None:
-    """Jobs' declared metrics, starts and ends."""
+JOB_EVENTS = durable("tm.job.>", consumer="estimator-jobs", keyed=JOBS_IN_FLIGHT)
+JOB_DELIVERIES = DeliveryOrder()
+
+
+@router.subscriber(**JOB_EVENTS)
+@in_order(job_key, deliveries=JOB_DELIVERIES)
+async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
+    """Jobs' declared metrics, starts and ends: each job's in stream order, different jobs concurrently."""
     await dispatch(EVENT_HANDLERS, event, estimator)
 
 

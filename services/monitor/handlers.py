@@ -29,14 +29,13 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import DeliveryOrder, in_order
+from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
 log = logging.getLogger(__name__)
 
 TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
-JOBS_IN_FLIGHT = 32  # jobs whose events are handled at once (each job's own one at a time, in stream order)
 NODES_PAGE_MAX = 1000
 TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task_started, TaskExited: state.task_exited,
                     TaskHung: hangs.task_hung, TaskResumed: hangs.task_resumed}
@@ -122,11 +121,6 @@ EVENT_HANDLERS: HandlerTable[Monitor] = {
 }
 
 router = NatsRouter()
-
-
-def job_key(event: JobEvent) -> str | None:
-    """A job's events in order; one without a job (a node's lost tasks) after all before it, before all after."""
-    return getattr(event, "job_id", None)
 
 
 # Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits

@@ -14,7 +14,7 @@ from shared.events import (
     NodeStateChanged,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import DeliveryOrder, in_order
+from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
@@ -56,13 +56,12 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-JOBS_IN_FLIGHT = 32  # jobs whose events are handled at once (each job's own one at a time, in stream order)
 JOB_EVENTS = durable("tm.job.>", consumer="placement-jobs", keyed=JOBS_IN_FLIGHT)
 JOB_DELIVERIES = DeliveryOrder()
 
 
 @router.subscriber(**JOB_EVENTS)
-@in_order(lambda event: getattr(event, "job_id", None), deliveries=JOB_DELIVERIES)
+@in_order(job_key, deliveries=JOB_DELIVERIES)
 async def on_job_event(event: JobEvent, message: NatsMessage, placement: Placement = Context("placement")) -> None:
     """Jobs submitted, changing status and deleted: each job's in stream order, different jobs concurrently."""
     await dispatch(EVENT_HANDLERS, event, placement)
