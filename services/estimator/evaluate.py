@@ -224,7 +224,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", choices=("mlperf", "own-jobs"), default="mlperf",
                     help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds")
-    ap.add_argument("--sweep", type=Path, help="own-jobs: the sweep file (default: the recorded one)")
+    ap.add_argument("--sweep", type=Path, nargs="+", help="own-jobs: the recorded files (default: both shipped)")
     ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
     ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -250,7 +250,7 @@ def _own_jobs(args, ap) -> int:
     from services.estimator.model import owncorpus, owncurve
     try:
         started = time.time()
-        report = owneval.run_own_evaluation(args.sweep or owncorpus.SWEEP, refit=args.refit,
+        report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
                                             calibration_path=args.calibration or owncurve.CALIBRATION)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))

@@ -59,10 +59,11 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
-def run_own_evaluation(sweep: Path = owncorpus.SWEEP, *, calibration_path: Path = CALIBRATION,
+def run_own_evaluation(sweep: Path | tuple = owncorpus.CORPUS, *, calibration_path: Path = CALIBRATION,
                        refit: bool = False, metrics=tuple(owncorpus.METRICS)) -> dict:
     """Every method at every cut on the held-out seeds' cases; the headline is the loss."""
-    runs = owncorpus.load_sweep(sweep)
+    paths = (sweep,) if isinstance(sweep, Path) else tuple(sweep)
+    runs = owncorpus.load_corpus(paths)
     if not runs:
         raise ValueError(f"param[--sweep] invalid: no runs in {sweep}")
     if refit:
@@ -75,7 +76,7 @@ def run_own_evaluation(sweep: Path = owncorpus.SWEEP, *, calibration_path: Path 
     if sorted(calibration.get("held_out_seeds", [])) != sorted(owncorpus.HELD_OUT_SEEDS):
         raise ValueError("param[--calibration] invalid: it was not fitted with the evaluation's seeds held out")
     test = {m: owncorpus.split(owncorpus.cases(runs, m))[1] for m in metrics}
-    report = {"corpus": "own-jobs", "sweep": str(sweep), "runs": len(runs),
+    report = {"corpus": "own-jobs", "sweep": ", ".join(str(p) for p in paths), "runs": len(runs),
               "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS), "headline_method": HEADLINE_METHOD,
               "headline_metric": HEADLINE_METRIC, "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
               "test_cases": {m: len(c) for m, c in test.items()},

@@ -1,4 +1,5 @@
-"""The own-jobs corpus: recorded small real trainings (`bench/search/data/sweep.jsonl.gz`) as jobs that declare a
+"""The own-jobs corpus: recorded small real trainings (`bench/search/data/sweep.jsonl.gz`, digits, and
+`broad.jsonl.gz`, other data sets, a regression and numpy loops printing a running mean) as jobs that declare a
 target on their loss, replayed at cuts through `owncurve` (the code the live tracker runs), and the calibration
 of its band learned on them.
 
@@ -23,15 +24,18 @@ import numpy as np
 from services.estimator.model.owncurve import own_estimate, read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
+BROAD = SWEEP.with_name("broad.jsonl.gz")  # other data sets, a regression, numpy loops printing a running mean
+CORPUS = (SWEEP, BROAD)
 METRICS = {"loss": "min", "val_loss": "min", "val_acc": "max"}
 MIN_TRUTH_POINTS = 15
 SMOOTH_TARGET = 2  # the target is the median of the 2 points either side of the one at u
 PRINT_MEAN = 3  # a script printing a running mean of its loss: over the last 3 recorded points
 HELD_OUT_SEEDS = (4,)  # the evaluation's held-out runs; calibration never sees them
-CONFORMAL_SEEDS = (3,)  # of the rest: the conformal pad is learned on these, the network on the others
 CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
 CALIBRATION_CUTS = tuple(round(0.05 * i, 2) for i in range(1, 20, 2))  # 0.05, 0.15, ... 0.95
 CALIBRATION_U = (0.4, 0.7, 1.0)
+PAD_CUTS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # finer: the pads of the early phase see 10%-like cuts
+PAD_U = (0.43, 0.49, 0.55, 0.61, 0.67, 0.73, 0.79, 0.85, 0.91, 0.97)  # u's range, evenly
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,11 @@ class Case:
     ts: tuple
     xs: tuple
     values: tuple
+
+
+def load_corpus(paths=CORPUS) -> list[dict]:
+    """The runs of every recorded file (a missing one has none)."""
+    return [run for path in paths for run in load_sweep(path)]
 
 
 def load_sweep(path: Path = SWEEP) -> list[dict]:
@@ -74,6 +83,10 @@ def make_case(run: dict, metric: str, u: float | None = None, smooth: bool | Non
         u = 0.4 + 0.6 * draw / 10_000
     if smooth is None:
         smooth = draw % 2 == 0
+    if any(p.get(metric) is None for p in points):  # a regression has no accuracy
+        return None
+    if "mean" in run["params"]:  # the run printed a running mean already
+        smooth = False
     sign = 1.0 if mode == "min" else -1.0
     values = [sign * p[metric] for p in points]
     if smooth and metric == "loss":

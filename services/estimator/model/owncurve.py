@@ -7,7 +7,8 @@ as the pace changes, extrapolates the job's steps back to the training's start).
 quarter, half, three quarters and now, the local power-law exponent, the crossing of a power law `a + b·x^-c`
 fitted on the declining part, and how late the first point came) go to a small quantile network learned on a
 corpus of real curves (`owncurve.json`, written by `python -m bench.search.calibrate`), which gives the 10%, 50%
-and 90% quantiles of the training time still to go, widened by a conformal pad learned on held-out seeds. Early
+and 90% quantiles of the training time still to go (the mean of a small ensemble), widened by conformal pads
+learned on seeds each network did not see, one pair per phase of the run. Early
 on, or on a curve that is still flat, that band is wide: it says how little is known.
 """
 
@@ -100,9 +101,10 @@ def power_crossing(xs: np.ndarray, y: np.ndarray, target: float) -> float:
     return hit * scale if math.isfinite(hit) else math.inf
 
 
-FEATURES = ("z25", "z50", "z75", "zlast", "way", "slope", "power", "power_ok", "first")
+FEATURES = ("z10", "z25", "z50", "z75", "z90", "zlast", "way", "slope", "power", "power_ok", "first", "linear",
+            "drift", "noise")
 FLOOR = 1e-3  # normalised gaps below this are the target's noise
-PAD_EDGES = (0.5, 0.8, 0.9, 0.97)  # bins of the way covered, each with its own conformal pad
+SEEN_EDGES = (0.15, 0.25, 0.4, 0.6)  # bins of the fraction of the training seen, each with its own pads
 
 
 def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Prefix | None:
@@ -130,7 +132,7 @@ def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> 
     tau = (ts - origin) / span
     z = (y - goal) / (y[0] - goal)
     envelope = np.minimum.accumulate(z)
-    gaps = [math.log(max(float(np.interp(q, tau, envelope)), FLOOR)) for q in (0.25, 0.5, 0.75)]
+    gaps = [math.log(max(float(np.interp(q, tau, envelope)), FLOOR)) for q in (0.1, 0.25, 0.5, 0.75, 0.9)]
     last = float(np.mean(z[-SMOOTH:]))
     if last > 1.0:  # moving away from the target: nothing to extrapolate
         return None
@@ -138,13 +140,35 @@ def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> 
     slope = 0.0
     if late.sum() >= 2 and np.ptp(tau[late]) > 0:  # d log(gap) / d log(time): the power law's exponent, locally
         slope = float(np.polyfit(np.log(tau[late]), np.log(np.maximum(z[late], FLOOR)), 1)[0])
+    linear, drift = _recent_pace(tau, z, last)
     cross = power_crossing(x, y, goal)
     power_total = ts[-1] + max(cross - x[-1], 0.0) / rate if math.isfinite(cross) else math.inf
     power = min(max((power_total - origin) / span, 1.0), MAX_OVER_ELAPSED) if math.isfinite(power_total) \
         else MAX_OVER_ELAPSED
     features = (*gaps, math.log(max(last, FLOOR)), min(max(1 - last, -1.0), 1.0), min(max(slope, -5.0), 5.0),
-                math.log(power), float(math.isfinite(power_total)), float(min(tau[0], 1.0)))
+                math.log(power), float(math.isfinite(power_total)), float(min(tau[0], 1.0)), linear, drift,
+                _noise(z))
     return Prefix(features, origin, span, power_total)
+
+
+def _recent_pace(tau: np.ndarray, z: np.ndarray, last: float) -> tuple[float, float]:
+    """(log of the time to the target at the recent straight-line pace, over the time so far; the recent fall of
+    log z per unit of tau): what the last third of the prefix says, beside the power law's whole-curve view."""
+    recent = tau >= 2 / 3
+    if recent.sum() < 2 or np.ptp(tau[recent]) <= 0:
+        return math.log(MAX_OVER_ELAPSED), 0.0
+    fall = -float(np.polyfit(tau[recent], z[recent], 1)[0])
+    linear = math.log(min(1 + max(last, 0.0) / fall, MAX_OVER_ELAPSED)) if fall > 0 else math.log(MAX_OVER_ELAPSED)
+    drift = -float(np.polyfit(tau[recent], np.log(np.maximum(z[recent], FLOOR)), 1)[0])
+    return linear, min(max(drift, -10.0), 10.0)
+
+
+def _noise(z: np.ndarray) -> float:
+    """Log of the point-to-point jitter of the curve (a running mean prints smooth, a per-batch loss jumps): how
+    soon a noisy value may touch the target before its trend does."""
+    if len(z) < 4:
+        return math.log(0.1)
+    return math.log(max(float(np.median(np.abs(np.diff(z, 2)))), 1e-4))
 
 
 def reached(values, *, target: float, mode: str) -> bool:
@@ -160,14 +184,9 @@ def own_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
     prefix = read_prefix(ts, xs, values, target=target, mode=mode, elapsed=elapsed)
     if prefix is None:
         return None
-    net = (calibration or {}).get("net")
-    if net:
-        q10, q50, q90 = quantile_net(prefix.features, net)
-        pads = calibration.get("pads")
-        way = prefix.features[FEATURES.index("way")]
-        pad = float(pads[bisect.bisect_right(PAD_EDGES, way)] if pads and len(pads) == len(PAD_EDGES) + 1
-                    else calibration.get("pad", 0.0))
-        q10, q90, kind = q10 - pad, q90 + pad, "curve-learned"
+    if calibration and calibration.get("nets") and calibration.get("features") == list(FEATURES):
+        q10, q50, q90 = learned_quantiles(prefix.features, calibration)
+        kind = "curve-learned"
     else:  # no calibration: the power law's own total, or the way covered, with a wide band
         q50 = prefix.features[FEATURES.index("power")] if prefix.features[FEATURES.index("power_ok")] else \
             -math.log(max(prefix.features[FEATURES.index("way")], 1 / MAX_OVER_ELAPSED))
@@ -176,6 +195,16 @@ def own_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
     total, low, high = (prefix.origin + prefix.span * math.exp(q) for q in (q50, q10, q90))
     return OwnEstimate(max(total, elapsed), max(min(low, total), elapsed), max(high, total), kind,
                        min(1.0, elapsed / max(total, elapsed)))
+
+
+def learned_quantiles(features, calibration: dict) -> tuple[float, float, float]:
+    """(10%, 50%, 90%) of log(training time to target / training time so far): the mean of the ensemble's
+    quantiles, widened by the conformal pads of the bin of the fraction of the training the median says is seen
+    (early in a run the network misses by more than late: one pad for all would over-cover the end)."""
+    q10, q50, q90 = np.mean([quantile_net(features, net) for net in calibration["nets"]], axis=0)
+    edges, pads = calibration.get("pad_edges", ()), calibration.get("pads", ())
+    low, high = pads[bisect.bisect_right(edges, math.exp(-q50))] if len(pads) == len(edges) + 1 else (0.0, 0.0)
+    return float(q10 - low), float(q50), float(q90 + high)
 
 
 def quantile_net(features, net: dict) -> tuple[float, float, float]:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from services.estimator.model import owncorpus
-from services.estimator.model.owncurve import (FEATURES, OwnEstimate, load_calibration, own_estimate, progress_rate,
-                                               quantile_net, read_prefix)
+from services.estimator.model.owncurve import (FEATURES, OwnEstimate, learned_quantiles, load_calibration,
+                                               own_estimate, progress_rate, quantile_net, read_prefix)
 from services.estimator.owneval import previous_rate
 
 
@@ -67,9 +67,11 @@ def test_the_shipped_calibration_was_learned_without_the_held_out_seeds():
     assert table["features"] == list(FEATURES)
     assert sorted(table["held_out_seeds"]) == sorted(owncorpus.HELD_OUT_SEEDS)
     rng = np.random.default_rng(0)
-    for _ in range(50):
-        q10, q50, q90 = quantile_net(rng.normal(size=len(FEATURES)) * 2, table["net"])
-        assert q10 <= q50 <= q90 and all(math.isfinite(q) for q in (q10, q50, q90))
+    assert len(table["nets"]) >= 2 and len(table["pads"]) == len(table["pad_edges"]) + 1
+    for net in table["nets"]:
+        for _ in range(20):
+            q10, q50, q90 = quantile_net(rng.normal(size=len(FEATURES)) * 2, net)
+            assert q10 <= q50 <= q90 and all(math.isfinite(q) for q in (q10, q50, q90))
 
 
 def run(points, *, seed=0, name="r1"):
@@ -86,6 +88,26 @@ def test_a_case_is_timed_at_the_first_value_meeting_its_target():
     assert owncorpus.make_case(run(early), "loss", u=0.5, smooth=False) is None  # met in its first lines: no ETA needed
     printed = owncorpus.make_case(run(points), "loss", u=0.5, smooth=True)  # a running mean: met a little later
     assert printed.values[-1] <= printed.target and printed.truth >= case.truth
+
+
+def test_a_run_printing_a_running_mean_is_taken_as_printed_and_a_regression_has_no_accuracy_case():
+    points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i, "val_acc": None} for i in range(1, 61)]
+    averaged = {"run": "m1", "group": "np-mlp-mean", "params": {"seed": 0, "mean": 50}, "points": points}
+    assert owncorpus.make_case(averaged, "loss", u=0.5, smooth=True) == owncorpus.make_case(averaged, "loss", u=0.5,
+                                                                                          smooth=False)
+    assert owncorpus.make_case(averaged, "val_acc", u=0.5) is None
+
+
+def test_the_band_is_the_ensembles_mean_widened_by_the_pads_of_its_phase():
+    def constant(mid, gap):  # a "network" that ignores its input: (mid - gap, mid, mid + gap) with softplus gaps
+        raw = math.log(math.expm1(gap))
+        return {"mean": [0.0] * len(FEATURES), "std": [1.0] * len(FEATURES),
+                "layers": [[[[0.0] * len(FEATURES)] * 3, [mid, raw, raw]]]}
+    table = {"nets": [constant(1.0, 0.5), constant(2.0, 0.5)], "pad_edges": [0.15, 0.25, 0.4, 0.6],
+             "pads": [[0.0, 0.0], [0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]]}
+    low, mid, high = learned_quantiles([0.0] * len(FEATURES), table)
+    assert mid == pytest.approx(1.5)  # exp(-1.5) = 0.22 of the training seen: the second phase's pads
+    assert low == pytest.approx(1.0 - 0.1) and high == pytest.approx(2.0 + 0.2)
 
 
 def test_the_split_holds_seeds_out_and_a_missing_estimate_counts_as_a_miss():
