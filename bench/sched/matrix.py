@@ -77,7 +77,11 @@ def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> di
     tm = sum(c["tm_dollars"] for c in chosen)
     burst = sum(c["burst_dollars"] for c in chosen)
     worst = max(chosen, key=lambda c: (not c["holds"], max(c["jct_ratio"], c["dollar_ratio"])))
+    limit = 1.05 if sigma == 0 else 1.08
     return {"sigma": sigma, "cells": len(chosen), "holding": sum(c["holds"] for c in chosen),
+            "within_completion": sum(c["jct_ratio"] <= limit for c in chosen),
+            "within_dollars": sum(c["tm_dollars"] <= c["burst_dollars"] + 0.005 for c in chosen),
+            "tm_dollars": round(tm), "burst_dollars": round(burst),
             "total_dollar_ratio": round(tm / burst, 3) if burst else None,
             "max_jct_ratio": max(c["jct_ratio"] for c in chosen),
             "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} vs ${worst['burst_dollars']:,.0f},"
@@ -88,20 +92,26 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _jct(c: dict, policy: str) -> str:
+    """A baseline's average completion as a multiple of burst's ("-": not run)."""
+    return _num(c[f"{policy}_jct_s"] / c["burst_jct_s"] if f"{policy}_jct_s" in c else None, ".3f")
+
+
 def print_matrix(cells: list[dict]) -> None:
     print(f"{'variant':12} {'size':6} {'sigma':>5} {'tm $':>10} {'burst $':>10} {'$ ratio':>8} {'jct ratio':>9} "
-          f"{'b-after $':>10} {'b-after jct':>11} {'holds':>6}")
+          f"{'b-after $':>10} {'b-after jct':>11} {'w-local jct':>11} {'fifo jct':>8} {'holds':>6}")
     for c in cells:
         mark = "" if c["tuned_on"] else " (held out)"
         print(f"{c['variant']:12} {c['size']:6} {c['sigma']:>5} {c['tm_dollars']:>10,.0f} {c['burst_dollars']:>10,.0f} "
               f"{c['dollar_ratio']:>8} {c['jct_ratio']:>9} {_num(c.get('burst-after_dollars'), ',.0f'):>10} "
-              f"{_num(c.get('burst-after_jct_s', 0) / c['burst_jct_s'] or None, '.3f'):>11} "
+              f"{_jct(c, 'burst-after'):>11} {_jct(c, 'wait-local'):>11} {_jct(c, 'local-fifo'):>8} "
               f"{'yes' if c['holds'] else 'NO':>6}{mark}")
     for sigma in SIGMAS:
         for label, tuned in (("all", None), ("tuned-on", True), ("held-out", False)):
             s = summary(cells, sigma, tuned=tuned)
             if s:
-                print(f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold; total $ x"
+                print(f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold ($ {s['within_dollars']}, "
+                      f"completion {s['within_completion']}); total ${s['tm_dollars']:,} vs ${s['burst_dollars']:,}: x"
                       f"{s['total_dollar_ratio']} of burst; max completion x{s['max_jct_ratio']}; worst {s['worst']}")
 
 

@@ -117,13 +117,14 @@ class CapacityIndex:
             self.views[node.id] = view
             key = bucket_key(node)
             old = self.buckets.get(key)
-            self.buckets[key] = Bucket(
-                kind=node.kind,
-                gpu_model=node.gpu_model,
-                gpu_memory_gb=node.gpu_memory_gb,
-                tflops=node.tflops,
-                max_gpus=max(node.gpu_count, old.max_gpus) if old else node.gpu_count,
-            )
+            if old is None or node.gpu_count > old.max_gpus:
+                self.buckets[key] = Bucket(
+                    kind=node.kind,
+                    gpu_model=node.gpu_model,
+                    gpu_memory_gb=node.gpu_memory_gb,
+                    tflops=node.tflops,
+                    max_gpus=max(node.gpu_count, old.max_gpus) if old else node.gpu_count,
+                )
             self.members.setdefault(key, []).append(node.id)
         for key, bucket in self.buckets.items():
             sets: list[dict[str, None]] = [{} for _ in range(bucket.max_gpus + 1)]
@@ -159,7 +160,10 @@ class CapacityIndex:
         """Best-fit nodes with enough GPUs free now for all ranks, without breaking any reservation."""
         picks: list[tuple[NodeView, tuple[int, ...]]] = []
         sets = self.free_now[key]
-        own = [view.node.id for view in self.claimed.get(job.id, ()) if bucket_key(view.node) == key]
+        claimed = self.claimed.get(job.id)
+        own = [view.node.id for view in claimed if bucket_key(view.node) == key] if claimed else []
+        if not own and not any(sets[job.gpu_count:]):
+            return None  # no node of the bucket has enough GPUs free
         candidates = itertools.chain(own, *(sets[count] for count in range(job.gpu_count, len(sets))))
         for scanned, node_id in enumerate(candidates):
             if scanned >= limit + len(own):
@@ -180,11 +184,28 @@ class CapacityIndex:
         """Earliest time `node_count` nodes of the bucket each have `gpu_count` GPUs, and those nodes."""
         heap = self._heap(key, job.gpu_count)
         popped: list[tuple[float, int, str, int]] = []
+        own = self.claimed.get(job.id)
         picks: list[tuple[float, NodeView]] = [
             (view.avail_for(job.gpu_count), view)
-            for view in self.claimed.get(job.id, ())
+            for view in own
             if bucket_key(view.node) == key and view.node.gpu_count >= job.gpu_count
-        ][: job.node_count]
+        ][: job.node_count] if own else []
+        if not picks and job.node_count == 1 and limit > 0:
+            # The usual case, answered from the top of the heap without popping (entries are totally ordered by
+            # their unique seq, so popping and pushing back would leave the same order).
+            while heap:
+                at, seq, node_id, version = heap[0]
+                view = self.views[node_id]
+                if version == view.version:
+                    break
+                heapq.heapreplace(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
+            else:
+                return None
+            node = view.node
+            if view.claimed_for is None and node.cpu >= job.cpu and node.memory_gb >= job.memory_gb:
+                if view.free_cpu < job.cpu or view.free_mem < job.memory_gb:
+                    at = max(at, view.all_free_at())
+                return at, [view]
         while heap and len(picks) < job.node_count and len(popped) < limit:
             entry = heapq.heappop(heap)
             at, seq, node_id, version = entry

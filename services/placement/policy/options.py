@@ -25,7 +25,13 @@ class Option:
 
 
 def job_kinds(job: JobRequest, enabled: frozenset[str]) -> tuple[str, ...]:
-    return tuple(k for k in KINDS_FOR_ALLOWED[job.allowed] if k in enabled)
+    kinds = _JOB_KINDS.get((job.allowed, enabled))
+    if kinds is None:
+        kinds = _JOB_KINDS[(job.allowed, enabled)] = tuple(k for k in KINDS_FOR_ALLOWED[job.allowed] if k in enabled)
+    return kinds
+
+
+_JOB_KINDS: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}  # a few (allowed, enabled) pairs, asked per job
 
 
 def share_per_hour(views: list[NodeView], gpus: int) -> float:
@@ -135,12 +141,15 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
         options = [o for o in options if o.finish <= job.deadline] or options
     if job.priority == "cost":
         options = cheapest_owned(options, value=value, now=now, config=config)
-    scored = [(paid_dollars(o, job, config) + value * (o.finish - now), o) for o in options]
+    risk = risk_factor(job, config)  # paid_dollars, with the factor computed once per job
+    scored = [((o.cost * risk if o.paid else 0.0) + value * (o.finish - now), o) for o in options]
     best = min(score for score, _ in scored)
     soonest = min(o.finish for o in options)
     tolerance = value * max(config.finish_tolerance_s, config.finish_tolerance_frac * (soonest - now))
     near = [o for score, o in scored if score <= best + tolerance + 1e-9]
-    return min(near, key=lambda o: (o.paid, paid_dollars(o, job, config), o.finish, o.cost, o.kind_rank))
+    if len(near) == 1:
+        return near[0]
+    return min(near, key=lambda o: (o.paid, o.cost * risk if o.paid else 0.0, o.finish, o.cost, o.kind_rank))
 
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:

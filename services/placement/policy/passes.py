@@ -37,7 +37,7 @@ class Pass:
                 for view in option.views:
                     view.reserve(job.gpu_count, start=option.start_at, end=option.finish)
                 self.reservations += 1
-            nodes = ", ".join(view.node.id for view in option.views)
+            nodes = ", ".join([view.node.id for view in option.views])
             self.wait(job, f"waiting for {option.views[0].node.kind} node {nodes}", until=option.start_at)
 
     def wait(self, job: JobRequest, reason: str, *, until: float | None = None) -> None:

@@ -24,17 +24,18 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
     blocked: dict[tuple, float] = {}  # owned-only shape -> shortest duration that found nothing free this pass
     for job in queue.take(config.max_jobs_per_pass):
         allowed = job_kinds(job, kinds)
-        shape = (allowed, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu,
-                 job.memory_gb, job.max_price_per_hour)
+        rents = "on_demand" in allowed  # a shape that may rent is never blocked: no tuple to build for it
+        shape = None if rents else (allowed, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models,
+                                    job.cpu, job.memory_gb, job.max_price_per_hour)
         base = job.duration_on(config.reference_tflops, config.reference_tflops)
-        if (p.reservations >= config.reservation_depth and base >= blocked.get(shape, INF)
+        if (p.reservations >= config.reservation_depth and base >= (INF if rents else blocked.get(shape, INF))
                 and job.id not in p.index.claimed):
             p.wait(job, "waiting for owned capacity")  # capacity only shrinks in a pass: nothing free for it
             continue
         options = node_options(job, p.index, kinds=allowed, config=config, wait=True)
-        if "on_demand" not in allowed and not any(o.action == "start" for o in options):
+        if not rents and not any(o.action == "start" for o in options):
             blocked[shape] = min(base, blocked.get(shape, INF))
-        if "on_demand" in allowed:
+        if rents:
             options += provision_options(job, state.catalogue, now=now, config=config)
         if not options:
             p.wait(job, "no node or instance type can host this job")

@@ -133,17 +133,19 @@ class Simulation:
         self.out.policy_seconds += time.perf_counter() - started
         self.out.passes += 1
         for d in decisions:
-            if isinstance(d, Start):
+            kind = type(d)
+            if kind is Wait:  # most decisions: checked first
+                if d.retry_at is not None and d.retry_at > now and d.retry_at not in self.ticks:
+                    self.ticks.add(d.retry_at)
+                    self._push(d.retry_at, TICK, "")
+            elif kind is Start:
                 self._start(d, now)
-            elif isinstance(d, Provision):
+            elif kind is Provision:
                 self._provision(d, now)
-            elif isinstance(d, Release):
+            elif kind is Release:
                 self._release(d.node_id, now)
-            elif isinstance(d, PullBack):
+            elif kind is PullBack:
                 self._pull_back(d, now)
-            elif isinstance(d, Wait) and d.retry_at is not None and d.retry_at > now and d.retry_at not in self.ticks:
-                self.ticks.add(d.retry_at)
-                self._push(d.retry_at, TICK, "")
 
     def _node(self, node_id: str) -> Node:
         node = self.cache.get(node_id)
