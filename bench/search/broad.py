@@ -5,13 +5,11 @@ digits sweep (`params` adds `data`, `steps`, and `mean` where the printed loss i
 
     nice -n 10 .venv/bin/python -m bench.search.broad --runs 1100 --until 03:20
 """
-import argparse
-import gzip
-import json
 import math
 import random
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,7 @@ import torch
 from sklearn import datasets
 from torch import nn
 
-from bench.search.record import _deadline, _finite, machine, recorded
+from bench.search.record import _finite, record_runs
 
 DATA = Path(__file__).parent / "data" / "broad.jsonl.gz"
 GROUPS = ("np-mlp-mean", "tab-mlp", "reg-mlp")
@@ -159,36 +157,22 @@ def torch_mlp(params: dict, data: tuple, classification: bool, classes: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1100, help="run indices 0..N-1 (already recorded ones skipped)")
-    parser.add_argument("--until", default=None, help="stop starting runs after HH:MM UTC")
-    parser.add_argument("--out", type=Path, default=DATA)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    done = recorded(args.out)
-    loaded = {name: load(name) for name in TABULAR + REGRESSION}
-    deadline = _deadline(args.until)
-    for index in range(args.runs):
-        run = f"broad-{index:04d}"
-        if run in done:
-            continue
-        if deadline is not None and time.time() >= deadline:
-            print(f"stopped at the deadline with {len(done)} runs")
-            break
-        group, params = run_params(index)
-        x, y, classification = loaded[params["data"]]
-        data = split(x, y)
-        classes = int(y.max()) + 1 if classification else 1
-        result = numpy_mlp(params, data, classes) if group == "np-mlp-mean" else \
-            torch_mlp(params, data, classification, classes)
-        line = {"run": run, "group": group, "params": params, **result, "epochs": result["points"][-1]["epoch"],
-                "machine": machine()}
-        with gzip.open(args.out, "at") as handle:
-            handle.write(json.dumps(line, separators=(",", ":")) + "\n")
-        done.add(run)
-        print(f"{run} {group} {params} wall={result['wall_s']:.2f}s loss={result['points'][-1]['loss']:.4f}",
-              flush=True)
+    def prepare() -> Callable[[int], tuple[dict, str]]:
+        loaded = {name: load(name) for name in TABULAR + REGRESSION}
+
+        def one(index: int) -> tuple[dict, str]:
+            group, params = run_params(index)
+            x, y, classification = loaded[params["data"]]
+            data, classes = split(x, y), int(y.max()) + 1 if classification else 1
+            result = numpy_mlp(params, data, classes) if group == "np-mlp-mean" else \
+                torch_mlp(params, data, classification, classes)
+            summary = f"{group} {params} wall={result['wall_s']:.2f}s loss={result['points'][-1]['loss']:.4f}"
+            return {"group": group, "params": params, **result, "epochs": result["points"][-1]["epoch"]}, summary
+
+        return one
+
+    record_runs(argv, description=__doc__.splitlines()[0], default_runs=1100, default_out=DATA, prefix="broad",
+                prepare=prepare)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import platform
 import random
 import time
 import zlib
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -146,33 +147,50 @@ def recorded(path: Path) -> set[str]:
     return done
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=400, help="run indices 0..N-1 (already recorded ones skipped)")
+def record_runs(argv: list[str] | None, *, description: str, default_runs: int, default_out: Path, prefix: str,
+                prepare: Callable[[], Callable[[int], tuple[dict, str]]]) -> None:
+    """A recorder's loop: `--runs`, `--until`, `--out`; runs already recorded are skipped, each new one appended as
+    one JSON line. `prepare()` loads the data once and returns what trains run `index`: its line (group, params,
+    points, wall_s, epochs) and a one-line summary to print."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs", type=int, default=default_runs, help="run indices 0..N-1 (already recorded ones skipped)")
     parser.add_argument("--until", default=None, help="stop starting runs after HH:MM UTC")
-    parser.add_argument("--out", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = recorded(args.out)
-    data = split_digits()
+    one = prepare()
     deadline = _deadline(args.until)
     for index in range(args.runs):
-        run = f"sweep-{index:04d}"
+        run = f"{prefix}-{index:04d}"
         if run in done:
             continue
         if deadline is not None and time.time() >= deadline:
             print(f"stopped at the deadline with {len(done)} runs")
             break
-        group, params, epochs = run_params(index)
-        result = train(group, params, epochs, data)
-        line = {"run": run, "group": group, "params": params, **result, "epochs": epochs, "machine": machine()}
+        line, summary = one(index)
         with gzip.open(args.out, "at") as handle:
-            handle.write(json.dumps(line, separators=(",", ":")) + "\n")
+            handle.write(json.dumps({"run": run, **line, "machine": machine()}, separators=(",", ":")) + "\n")
         done.add(run)
-        last = result["points"][-1]
-        print(f"{run} {group} {params} epochs={epochs} wall={result['wall_s']:.2f}s "
-              f"val_acc={last['val_acc']:.3f}", flush=True)
+        print(f"{run} {summary}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    def prepare() -> Callable[[int], tuple[dict, str]]:
+        data = split_digits()
+
+        def one(index: int) -> tuple[dict, str]:
+            group, params, epochs = run_params(index)
+            result = train(group, params, epochs, data)
+            summary = (f"{group} {params} epochs={epochs} wall={result['wall_s']:.2f}s "
+                       f"val_acc={result['points'][-1]['val_acc']:.3f}")
+            return {"group": group, "params": params, **result, "epochs": epochs}, summary
+
+        return one
+
+    record_runs(argv, description=__doc__.splitlines()[0], default_runs=400, default_out=DATA, prefix="sweep",
+                prepare=prepare)
 
 
 def _deadline(until: str | None) -> float | None:
