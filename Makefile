@@ -28,7 +28,7 @@ test-fast: $(STAMP)
 bench: bench-submit bench-sched bench-eta bench-reports bench-search bench-scale
 
 bench-submit: $(STAMP)
-	$(BIN)/python -m bench.submit --jobs 200
+	$(BIN)/python -m bench.submit --jobs 200 --idle 20
 
 # N simulated agents against a fresh stack per fleet size, each run bounded (readiness 3 min, 2 min steady, a
 # 500-job burst of at most 5 min): a Markdown table, docs/operations.md. `make bench-scale QUICK=1`: 500 and 1,000.

@@ -2,9 +2,10 @@
 
 Reports jobs/s accepted by the API, submit→Running latency (p50/p99, from each job's create_time and
 start_time), the latency of a job-list page, and the peak RSS of every process of the stack. `--history N` first
-stores N finished jobs in the project (straight into the API's collection, as months of use leave them), to show
-whether submitting and listing slow down as the history grows. Run: `make bench-submit` (or
-`python -m bench.submit --jobs 200 --concurrency 8 --history 5000`).
+stores N finished jobs in the project (straight into the API's collections, each job and its list entry, as months
+of use leave them), to show whether submitting and listing slow down as the history grows; `--idle N` first runs N
+jobs one at a time (submit → Running on an idle stack). Run: `make bench-submit` (or
+`python -m bench.submit --jobs 200 --concurrency 8 --history 5000 --idle 20`).
 """
 import argparse
 import asyncio
@@ -22,6 +23,7 @@ from pymongo import MongoClient
 from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
+from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
 from services.stack.processes import Stack, StackSettings
 
@@ -54,7 +56,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
-    """N finished jobs of the project, stored as the API stores them, written in bulk before the stack serves."""
+    """N finished jobs of the project, stored as the API stores them (each job and its list entry; a finished job
+    has no queue entry), written in bulk once the stack serves."""
     if not jobs:
         return
     now = datetime.now(UTC)
@@ -75,9 +78,10 @@ def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
             target[leaf] = value
         docs.append(doc)
     with MongoClient(stack.mongo_url, tz_aware=True) as client:
-        collection = client[CommonSettings.model_fields["mongo_db"].default].api_jobs
+        db = client[CommonSettings.model_fields["mongo_db"].default]
         for i in range(0, jobs, 1000):
-            collection.insert_many(docs[i:i + 1000])
+            db.api_jobs.insert_many(docs[i:i + 1000])
+            db.api_job_list.insert_many([list_entry(d) for d in docs[i:i + 1000]])  # what the API keeps beside
 
 
 async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float:
@@ -90,7 +94,29 @@ async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float
     return round(percentile(times, 0.5), 1)
 
 
-async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
+NOOP = {"algorithm": {"command": "true"}, "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}}
+
+
+async def idle_latency(api: httpx.AsyncClient, *, jobs: int) -> dict:
+    """Submit → Running of one job at a time on an idle stack: each submitted once the one before it finished
+    (the stack's own create and start times, so the polling pace does not count)."""
+    latencies = []
+    for i in range(jobs):
+        response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"idle-{i}"}, **NOOP})
+        response.raise_for_status()
+        job_id = response.json()["metadata"]["id"]
+        for _ in range(3000):
+            job = (await api.get(f"/v2/bench/training-jobs/{job_id}")).json()
+            if job["status"]["phase"] in ("Completed", "Failed", "Terminated"):
+                break
+            await asyncio.sleep(0.02)
+        if job["status"]["start_time"]:
+            latencies.append((job["status"]["start_time"] - job["metadata"]["create_time"]) / 1000)
+    return {"idle_jobs": jobs, "idle_submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
+            "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3)} if latencies else {}
+
+
+async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -102,8 +128,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
         async def client() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                body = {"metadata": {"name": f"noop-{i}"}, "algorithm": {"command": "true"},
-                        "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}}
+                body = {"metadata": {"name": f"noop-{i}"}, **NOOP}
                 while (response := await api.post("/v2/bench/training-jobs", json=body)).status_code in (429, 503):
                     refused.append(response.status_code)  # said so, nothing stored: a client tries again
                     await asyncio.sleep(float(response.headers.get("retry-after", 0.5)))
@@ -111,6 +136,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
                 ids.append(response.json()["metadata"]["id"])
 
         list_ms = await list_latency_ms(api)
+        idle_figures = await idle_latency(api, jobs=idle) if idle else {}
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         accept_s = time.perf_counter() - started
@@ -127,7 +153,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
                 "items"]:
-            items += [j for j in page if not j["metadata"]["name"].startswith("history-")]
+            items += [j for j in page if j["metadata"]["name"].startswith("noop-")]
             offset += len(page)
     latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
                  if j["status"]["start_time"]]
@@ -141,6 +167,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int) -> dict:
         "list_page_ms": list_ms,
         "submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
         "submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
+        **idle_figures,
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
     }
@@ -152,6 +179,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--history", type=int, default=0, help="finished jobs stored in the project first")
+    parser.add_argument("--idle", type=int, default=0, help="first, this many jobs one at a time (idle latency)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
@@ -165,7 +193,7 @@ def main() -> None:
             seed_history(stack, jobs=args.history)
             time.sleep(3)  # let every agent register
             result = {"history": args.history,
-                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency))}
+                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency, idle=args.idle))}
         finally:
             stack.stop_all()
     print(json.dumps(result, indent=2))
