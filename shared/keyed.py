@@ -13,9 +13,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 from faststream.nats import NatsBroker
+from faststream.exceptions import RejectMessage
 from nats.js.errors import NotFoundError
+from pydantic import TypeAdapter
 
-from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, stream_of
+from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, check_subject, durable, stream_of
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +30,15 @@ _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn"
 
 
 class DeliveryOrder:
-    """Turns in delivery order: delivery n + 1 goes only once delivery n has taken its turn (or after
-    `patience_s`, when n never comes). Unknown until `resume_after` or the first delivery seen."""
+    """Turns in delivery order: delivery n + 1 goes only once delivery n has taken its turn or was dropped before
+    the handler (`skip`: it did not decode), or after `patience_s` when n never comes. Unknown until `resume_after`
+    or the first delivery seen."""
 
     def __init__(self, patience_s: float = PATIENCE_S) -> None:
         self.last: int | None = None
         self.patience_s = patience_s
         self._waiting: dict[int, asyncio.Future] = {}
+        self._skipped: set[int] = set()
 
     def resume_after(self, delivered: int) -> None:
         """The consumer's last delivery before this process read from it."""
@@ -57,9 +61,23 @@ class DeliveryOrder:
         if seq is None:
             return
         self.last = seq if self.last is None else max(self.last, seq)
+        while self.last + 1 in self._skipped:
+            self._skipped.discard(self.last + 1)
+            self.last += 1
+        self._skipped = {s for s in self._skipped if s > self.last}  # bounded: only those still ahead
         follower = self._waiting.get(self.last + 1)
         if follower is not None and not follower.done():
             follower.set_result(None)
+
+    def skip(self, seq: int | None) -> None:
+        """A delivery that will never reach the handler (it did not decode): its followers need not wait for it,
+        so a stream of malformed messages cannot stall the consumer `patience_s` each."""
+        if seq is None:
+            return
+        if self.last is None or seq <= self.last + 1:
+            self.taken(seq)
+        else:
+            self._skipped.add(seq)
 
 
 class KeyedOrder:
@@ -149,6 +167,41 @@ def in_order(key: Callable[[Any], str | None], *, deliveries: DeliveryOrder | No
         return wrapper
 
     return wrap
+
+
+class KeyedConsumer:
+    """A state machine's jobs consumer (`keyed_durable`): its subscription, with a decoder that checks the subject
+    and the event type up front so a delivery that will not reach the handler is skipped in the delivery order,
+    not waited for; `in_order` for its handler and `resume` for its process's start."""
+
+    def __init__(self, subscription: dict[str, Any], event: Any) -> None:
+        self.deliveries = DeliveryOrder()
+        self.subscription = {**subscription, "decoder": self.decode}
+        self._event = TypeAdapter(event)
+
+    async def decode(self, msg: Any, decode: Callable[[Any], Awaitable[Any]]) -> Any:
+        try:
+            payload = await check_subject(msg, decode)
+            self._event.validate_python(payload)
+        except Exception as exc:  # noqa: BLE001 - anything that would stop it before the handler
+            self.deliveries.skip(delivery_seq(msg))
+            if not isinstance(exc, RejectMessage):
+                log.warning("dropped a message on %s that is no event of this consumer: %s",
+                            getattr(msg.raw_message, "subject", "?"), str(exc).splitlines()[0][:200])
+            raise RejectMessage() from exc
+        return payload
+
+    def in_order(self, key: Callable[[Any], str | None] = job_key) -> Callable:
+        return in_order(key, deliveries=self.deliveries)
+
+    async def resume(self, broker: NatsBroker) -> int:
+        return await resume(broker, self.subscription, self.deliveries)
+
+
+def keyed_durable(subject: str, *, consumer: str, event: Any, width: int = JOBS_IN_FLIGHT) -> KeyedConsumer:
+    """`durable(subject, consumer=..., keyed=width)` for handlers of `event` (a type or a union) kept in order per
+    job."""
+    return KeyedConsumer(durable(subject, consumer=consumer, keyed=width), event)
 
 
 async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: DeliveryOrder) -> int:

@@ -5,11 +5,10 @@ from faststream import FastStream
 from pydantic import Field
 
 from shared.bus import TRANSIENT_ERRORS
-from shared.keyed import resume
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
-from services.billing.handlers import JOB_DELIVERIES, JOB_EVENTS, router
+from services.billing.handlers import JOBS, router
 from services.billing.placements import Placements
 from services.billing.service import Billing
 
@@ -50,7 +49,7 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         # A close lost when a service is killed mid-ack would leave an attempt open (and charged) for ever.
         w.background.every("reconcile", settings.reconcile_s, billing.reconcile, tolerate=TRANSIENT_ERRORS)
         w.background.spawn("outbox", lambda: relay(w.broker, [billing.alerts.collection]))
-        await resume(w.broker, JOB_EVENTS, JOB_DELIVERIES)  # before any job event is read
+        await JOBS.resume(w.broker)  # before any job event is read
         return billing
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

@@ -6,7 +6,7 @@ from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transien
 from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, NodeEvent, NodeProvisioned, \
     NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, TaskStarted
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
+from shared.keyed import keyed_durable
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.service import Billing
 
@@ -31,12 +31,11 @@ router = NatsRouter()
 # The whole jobs stream, each job's in its order (different jobs concurrently): a placement is seen before the task
 # events of its attempt (those that come first anyway wait for it), and a task event counts only from the node its
 # rank was placed on.
-JOB_EVENTS = durable("tm.job.>", consumer="billing-jobs", keyed=JOBS_IN_FLIGHT)
-JOB_DELIVERIES = DeliveryOrder()
+JOBS = keyed_durable("tm.job.>", consumer="billing-jobs", event=JobEvent)
 
 
-@router.subscriber(**JOB_EVENTS)
-@in_order(job_key, deliveries=JOB_DELIVERIES)
+@router.subscriber(**JOBS.subscription)
+@JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, billing: Billing = Context("billing")) -> None:
     """Jobs, placements and task starts and ends, each job's in stream order."""
     await dispatch(EVENT_HANDLERS, event, billing)

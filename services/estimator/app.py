@@ -4,11 +4,10 @@ from pathlib import Path
 from faststream import FastStream
 from pydantic import Field
 
-from shared.keyed import resume
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
-from services.estimator.handlers import JOB_DELIVERIES, JOB_EVENTS, router
+from services.estimator.handlers import JOBS, router
 from services.estimator.models import ModelStore, refresh_forever
 from services.estimator.service import Estimator
 
@@ -34,7 +33,7 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))
-        await resume(w.broker, JOB_EVENTS, JOB_DELIVERIES)  # before any job event is read
+        await JOBS.resume(w.broker)  # before any job event is read
         return estimator
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

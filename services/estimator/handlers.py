@@ -5,7 +5,7 @@ from faststream.nats import NatsMessage, NatsRouter
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
 from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
+from shared.keyed import keyed_durable
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
@@ -21,12 +21,11 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
 router = NatsRouter()
 
 
-JOB_EVENTS = durable("tm.job.>", consumer="estimator-jobs", keyed=JOBS_IN_FLIGHT)
-JOB_DELIVERIES = DeliveryOrder()
+JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent)
 
 
-@router.subscriber(**JOB_EVENTS)
-@in_order(job_key, deliveries=JOB_DELIVERIES)
+@router.subscriber(**JOBS.subscription)
+@JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
     """Jobs' declared metrics, starts and ends: each job's in stream order, different jobs concurrently."""
     await dispatch(EVENT_HANDLERS, event, estimator)

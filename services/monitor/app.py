@@ -8,11 +8,10 @@ from pydantic import Field
 from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
 from shared.service import Wiring, service_app
-from shared.keyed import resume
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
 from services.monitor.fleet import Fleet
-from services.monitor.handlers import JOB_DELIVERIES, JOB_EVENTS, heartbeat_intake, router
+from services.monitor.handlers import JOBS, heartbeat_intake, router
 from services.monitor.hangs import restart_overdue
 from services.monitor.service import Monitor
 
@@ -47,7 +46,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         w.background.every("hangs", settings.liveness_check_s,
                            lambda: restart_overdue(monitor, grace_s=settings.hang_grace_s, now=utcnow()))
         w.background.every("last-seen", settings.persist_seen_s, monitor.persist_seen, tolerate=TRANSIENT_ERRORS)
-        await resume(w.broker, JOB_EVENTS, JOB_DELIVERIES)  # before any job event is read
+        await JOBS.resume(w.broker)  # before any job event is read
         return monitor
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

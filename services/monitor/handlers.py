@@ -29,7 +29,7 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
+from shared.keyed import keyed_durable
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
@@ -125,12 +125,11 @@ router = NatsRouter()
 
 # Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits
 # for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it.
-JOB_EVENTS = durable("tm.job.>", consumer="monitor-jobs", keyed=JOBS_IN_FLIGHT)
-JOB_DELIVERIES = DeliveryOrder()
+JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
 
 
-@router.subscriber(**JOB_EVENTS)
-@in_order(job_key, deliveries=JOB_DELIVERIES)
+@router.subscriber(**JOBS.subscription)
+@JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor = Context("monitor")) -> None:
     """Every lifecycle event of every job, each job's in stream order."""
     await dispatch(EVENT_HANDLERS, event, monitor)

@@ -6,13 +6,12 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 from pydantic import Field
 
-from shared.keyed import resume
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet
-from services.placement.handlers import JOB_DELIVERIES, JOB_EVENTS, router
+from services.placement.handlers import JOBS, router
 from services.placement.policy import PolicyConfig
 from services.placement.catalogue import catalogue_entries
 from services.placement.providers.reconcile import Providers, reconcile_loop
@@ -65,7 +64,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         if providers.reconcilers():  # cloud instances no record owns are given back
             w.background.spawn("reconcile", lambda: reconcile_loop(fleet=fleet, providers=providers,
                                                                    interval_s=settings.reconcile_s))
-        await resume(w.broker, JOB_EVENTS, JOB_DELIVERIES)  # before any job event is read
+        await JOBS.resume(w.broker)  # before any job event is read
         return placement
 
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)

@@ -14,7 +14,7 @@ from shared.events import (
     NodeStateChanged,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import JOBS_IN_FLIGHT, DeliveryOrder, in_order, job_key
+from shared.keyed import keyed_durable
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
@@ -56,12 +56,11 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-JOB_EVENTS = durable("tm.job.>", consumer="placement-jobs", keyed=JOBS_IN_FLIGHT)
-JOB_DELIVERIES = DeliveryOrder()
+JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent)
 
 
-@router.subscriber(**JOB_EVENTS)
-@in_order(job_key, deliveries=JOB_DELIVERIES)
+@router.subscriber(**JOBS.subscription)
+@JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, placement: Placement = Context("placement")) -> None:
     """Jobs submitted, changing status and deleted: each job's in stream order, different jobs concurrently."""
     await dispatch(EVENT_HANDLERS, event, placement)

@@ -1,10 +1,13 @@
-"""Order per key, concurrency across keys: the state machines' consumers (`shared.bus.in_order`)."""
+"""Order per key, concurrency across keys: the state machines' consumers (`shared.keyed`)."""
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+from faststream.exceptions import RejectMessage
 from pymongo.errors import AutoReconnect
 
-from shared.keyed import DeliveryOrder, in_order
+from shared.events import JobEvent
+from shared.keyed import DeliveryOrder, in_order, keyed_durable
 
 
 async def run_batch(handler, events) -> None:
@@ -106,3 +109,32 @@ async def test_the_key_is_read_from_the_event_parameter_whatever_the_order_of_th
 
     assert await handle(monitor="m", message=None, event="job-1") == "job-1"
     assert keys == ["job-1"]
+
+
+async def test_a_delivery_dropped_before_the_handler_does_not_hold_up_the_next_one():
+    log: list[int] = []
+    deliveries = DeliveryOrder(patience_s=30)  # a wait would time the test out
+    deliveries.resume_after(4)
+
+    @in_order(lambda e: e, deliveries=deliveries)
+    async def handle(event, message):
+        log.append(event)
+
+    deliveries.skip(6)  # dropped before 5 even arrived
+    deliveries.skip(5)
+    await asyncio.wait_for(handle(event=7, message=delivered(7)), 1)
+    assert log == [7] and deliveries.last == 7
+
+
+async def test_a_keyed_consumer_rejects_what_is_no_event_of_its_own_and_skips_it_in_the_delivery_order():
+    jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
+    jobs.deliveries.resume_after(9)
+    msg = delivered(10)
+    msg.raw_message.subject = "tm.job.task.n1"
+
+    async def decode(_):
+        return {"type": "TaskStarted", "job_id": "j"}  # a hostile or broken publisher: fields missing
+
+    with pytest.raises(RejectMessage):
+        await jobs.decode(msg, decode)
+    assert jobs.deliveries.last == 10
