@@ -99,19 +99,25 @@ class Repository:
         return await self.queue.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
 
     async def rebuild_views(self) -> int:
-        """At start, before anything is submitted or projected: the queue and the list entries from the jobs
-        themselves, in one read (they are kept exact while the process runs; one that died between a job's write
+        """At start, before anything is submitted or projected: the queue from the jobs themselves, and the list
+        entries that differ from them written (in step, that is none: a restart rewrites nothing of the history),
+        in one read of the jobs (they are kept exact while the process runs; one that died between a job's write
         and its entries is mended here). Returns how many jobs are queued."""
         await self.queue.delete_many({})
-        await self.listing.delete_many({})
-        queued, listed = [], []
+        have = {d["_id"]: d async for d in self.listing.find({})}
+        queued, changed = [], []
         async for d in self.jobs.find({}, VIEW_FIELDS):
-            listed.append(list_entry(d))
+            entry = list_entry(d)
+            if have.pop(d["_id"], None) != entry:
+                changed.append(entry)
             if d.get("status", {}).get("phase") in QUEUED_PHASES:
                 queued.append({"_id": d["_id"], "project_id": d["project_id"], "user_name": d["user_name"]})
-        for collection, entries in ((self.queue, queued), (self.listing, listed)):
-            for i in range(0, len(entries), 1000):
-                await collection.insert_many(entries[i:i + 1000])
+        if have:  # entries of jobs that are gone
+            await self.listing.delete_many({"_id": {"$in": list(have)}})
+        for i in range(0, len(queued), 1000):
+            await self.queue.insert_many(queued[i:i + 1000])
+        for entry in changed:
+            await self.listing.replace_one({"_id": entry["_id"]}, entry, upsert=True)
         return len(queued)
 
     async def sync_views(self, job_id: str) -> None:

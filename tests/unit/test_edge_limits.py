@@ -183,3 +183,26 @@ async def test_blame_names_every_field_that_cannot_be_kept():
     with pytest.raises(ApiError) as refused:
         await feasible.check(spec, fleet_answer(spec), ask)
     assert "(together with param[spec.resource.cpu_count])" in refused.value.message
+
+
+async def test_a_restart_rewrites_only_the_list_entries_that_differ_from_the_jobs():
+    repo = api_repository()
+    for i in range(3):
+        await repo.jobs.insert_one({"_id": f"j{i}", "project_id": "p", "user_name": "ana",
+                                    "status": {"phase": "Completed"}, "status_version": 4,
+                                    "create_time": CREATED + timedelta(seconds=i)})
+    await repo.rebuild_views()
+    await repo.listing.update_one({"_id": "j1"}, {"$set": {"phase": "Running"}})  # a crash between the two writes
+    await repo.listing.insert_one({"_id": "gone", "project_id": "p", "created_s": 0.0, "phase": "Completed"})
+    writes = []
+    replace = repo.listing.replace_one
+
+    async def counted(query, doc, upsert=False):
+        writes.append(query["_id"])
+        return await replace(query, doc, upsert=upsert)
+
+    repo.listing.replace_one = counted
+    await repo.rebuild_views()
+    assert writes == ["j1"]
+    total, docs = await repo.page("p", phases=["Completed"], offset=0, limit=10)
+    assert total == 3 and [d["_id"] for d in docs] == ["j2", "j1", "j0"]
