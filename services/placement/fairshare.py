@@ -1,4 +1,5 @@
 """Recent GPU-hours per user (halved every week) that order the queue fairly, kept across restarts."""
+import asyncio
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ class FairShare:
     collection: AsyncCollection | None = None
     usage: dict[str, float] = field(default_factory=dict)
     at: float = field(default_factory=time.time)
+    saving: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # jobs finish concurrently
 
     def decayed(self, now: float) -> dict[str, float]:
         factor = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S)
@@ -46,7 +48,11 @@ class FairShare:
         self.at = float(at) if isinstance(at, int | float) and math.isfinite(at) else time.time()
 
     async def save(self) -> None:
-        if self.collection is not None:
+        """Write what is in memory now; one write at a time, each taking its picture once it has the lock, so the
+        last write is of the latest state (two charges of jobs finishing together cannot land out of order)."""
+        if self.collection is None:
+            return
+        async with self.saving:
             await self.collection.replace_one({"_id": DOC_ID}, {"_id": DOC_ID, "at": self.at,
                                                                 "usage": [[u, h] for u, h in self.usage.items()]},
                                               upsert=True)

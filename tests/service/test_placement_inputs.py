@@ -1,5 +1,6 @@
 """Placement's policy inputs: the estimator's predictions, the exchange rate per project, fair share kept across a
 restart, and node verdicts that cost nothing when nothing waits."""
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -146,3 +147,22 @@ async def test_a_job_placed_on_its_kept_node_frees_the_reservation(bus):
 
     assert await service.schedule_once() == 1
     assert service.fleet.nodes["kept"].reserved_for is None
+
+
+async def test_charges_of_jobs_finishing_together_are_all_kept_whatever_order_their_writes_land_in():
+    usage = MemoryCollection("usage")
+    replace = usage.replace_one
+    first = asyncio.Event()
+
+    async def slow_first_write(query, doc, upsert=False):  # the first charge's write is overtaken in flight
+        if not first.is_set():
+            first.set()
+            await asyncio.sleep(0.05)
+        return await replace(query, doc, upsert=upsert)
+
+    usage.replace_one = slow_first_write
+    fair = FairShare(usage)
+    await asyncio.gather(fair.charge("alice", 2.0), fair.charge("bob", 3.0))
+    restarted = FairShare(usage)
+    await restarted.load()
+    assert restarted.usage == pytest.approx({"alice": 2.0, "bob": 3.0}, rel=1e-3)
