@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from faststream.nats import NatsBroker
-from pymongo import AsyncMongoClient
-from pymongo.errors import DuplicateKeyError
+from pymongo import AsyncMongoClient, UpdateOne
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 OUTBOX = "_outbox"
 OUTBOX_COUNT = "_outbox_n"
 REVISION = "rev"
+DUPLICATE_KEY = 11000
 MAX_CONFLICTS = 50  # writers of one document are few (a service and the relay): this many lost races is a fault
 
 Fields = dict[str, Any]
@@ -67,18 +68,42 @@ async def flush(
     if entries is None:
         entries = ((await collection.find_one({"_id": doc_id})) or {}).get(OUTBOX, [])
     for entry in entries:
-        subject = entry["subject"]
-        await broker.publish(
-            entry["payload"],
-            subject,
-            stream=stream_of(subject).name,
-            headers={"Nats-Msg-Id": dedup_id(broker, subject, entry["event_id"])},
-            timeout=10,
-        )
-        await collection.update_one(
-            {"_id": doc_id, f"{OUTBOX}.event_id": entry["event_id"]},
-            {"$pull": {OUTBOX: {"event_id": entry["event_id"]}}, "$inc": {OUTBOX_COUNT: -1, REVISION: 1}},
-        )
+        await _publish(broker, entry)
+        await collection.update_one(*pull_entry(doc_id, entry["event_id"]))
+
+
+async def _publish(broker: NatsBroker, entry: dict[str, Any]) -> None:
+    subject = entry["subject"]
+    await broker.publish(entry["payload"], subject, stream=stream_of(subject).name,
+                         headers={"Nats-Msg-Id": dedup_id(broker, subject, entry["event_id"])}, timeout=10)
+
+
+def pull_entry(doc_id: Any, event_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (filter, update) that takes a published event off its document's outbox."""
+    return ({"_id": doc_id, f"{OUTBOX}.event_id": event_id},
+            {"$pull": {OUTBOX: {"event_id": event_id}}, "$inc": {OUTBOX_COUNT: -1, REVISION: 1}})
+
+
+async def flush_many(broker: NatsBroker, collection: AsyncCollection,
+                     items: Sequence[tuple[Any, list[dict[str, Any]]]]) -> list[Exception | None]:
+    """`flush` for many documents at once: each document's events published in order (the documents side by
+    side), then every published event pulled off in one bulk write. Answers per document: None, or the error
+    that stopped its publishing (what was not published stays in its outbox, for the relay)."""
+    async def publish_all(doc_id: Any, entries: list[dict[str, Any]]) -> tuple[list[UpdateOne], Exception | None]:
+        pulls: list[UpdateOne] = []
+        for entry in entries:
+            try:
+                await _publish(broker, entry)
+            except Exception as exc:  # the rest of this document's events wait for the relay, in order
+                return pulls, exc
+            pulls.append(UpdateOne(*pull_entry(doc_id, entry["event_id"])))
+        return pulls, None
+
+    outcomes = await asyncio.gather(*(publish_all(doc_id, entries) for doc_id, entries in items))
+    pulls = [pull for done, _ in outcomes for pull in done]
+    if pulls:
+        await collection.bulk_write(pulls, ordered=False)
+    return [error for _, error in outcomes]
 
 
 async def relay(broker: NatsBroker, collections: Sequence[AsyncCollection], *, interval_s: float = 2.0) -> None:
@@ -141,6 +166,26 @@ class DocumentStore:
                 return None
         return update[OUTBOX]
 
+    async def insert_many(self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
+                          ) -> list[list[dict[str, Any]] | None]:
+        """`write` of many new documents in one command: per item its pending outbox entries, or None where a
+        unique index refused it (the others are written all the same)."""
+        updates = [with_outbox({k: v for k, v in fields.items() if k != "_id"}, None, events)
+                   for _, fields, events in items]
+        refused: set[int] = set()
+        try:
+            await self.collection.insert_many([{"_id": doc_id, **update} for (doc_id, _, _), update
+                                               in zip(items, updates)], ordered=False)
+        except BulkWriteError as exc:
+            errors = exc.details.get("writeErrors", [])
+            if any(error.get("code") != DUPLICATE_KEY for error in errors):
+                raise
+            refused = {error["index"] for error in errors}
+        return [None if i in refused else update[OUTBOX] for i, update in enumerate(updates)]
+
     async def flush(self, doc_id: Any, entries: list[dict[str, Any]] | None = None) -> None:
         """Publish the document's pending events (those given, or those stored) and pull them off."""
         await flush(self.broker, self.collection, doc_id, entries)
+
+    async def flush_many(self, items: Sequence[tuple[Any, list[dict[str, Any]]]]) -> list[Exception | None]:
+        return await flush_many(self.broker, self.collection, items)

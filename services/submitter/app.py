@@ -14,6 +14,7 @@ from services.submitter import dialects, portal
 from services.submitter import audit, egress, routes_users
 from services.submitter.auth import Tokens, check_admin_token
 from services.submitter.handlers import router as bus_router
+from services.submitter.intake import Intake
 from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
 from services.submitter.repository import Repository
 from services.submitter.searches import routes as routes_searches
@@ -61,6 +62,7 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None
     await bootstrap_admin(tokens, audit_log, settings)
     app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, w.broker, audit_log
     app.state.searches = searches
+    app.state.intake = Intake(repo, app.state.queue_caps)
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
     w.background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
     w.background.spawn("searches", Driver(store=searches, port=AppPort(app), interval_s=settings.search_pass_s)

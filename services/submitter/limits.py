@@ -148,18 +148,35 @@ def queue_full(*, scope: str, name: str, queued: int, cap: int) -> ApiError | No
 
 @dataclass
 class QueueCaps:
-    """Caps on jobs accepted but not yet running; the count and the insert are one step (one submitter)."""
+    """Caps on jobs accepted but not yet running; the count and the insert are one step (one submitter: its
+    intake writes one group of new jobs at a time, counted by `admit_group`)."""
 
     per_project: int
     per_user: int
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def check(self, repo, *, project_id: str, user_name: str) -> None:
         """Raise 429 (406035) when the project or the user already has its cap of queued jobs (`repo`: the
         submitter's Repository, whose queue holds one entry per job not yet running)."""
-        if refusal := queue_full(scope="project", name=project_id, cap=self.per_project,
-                                 queued=await repo.queued_count(project_id=project_id)):
+        [refusal] = await self.admit_group(repo, [(project_id, user_name)])
+        if refusal is not None:
             raise refusal
-        if refusal := queue_full(scope="user", name=user_name, cap=self.per_user,
-                                 queued=await repo.queued_count(user_name=user_name)):
-            raise refusal
+
+    async def admit_group(self, repo, owners: list[tuple[str, str]]) -> list[ApiError | None]:
+        """For new jobs of (project, user), in arrival order: None for one that may be queued, else its refusal;
+        each one admitted counts against those after it. One count per project and per user of the group."""
+        projects, users = sorted({p for p, _ in owners}), sorted({u for _, u in owners})
+        counts = await asyncio.gather(*(repo.queued_count(project_id=p) for p in projects),
+                                      *(repo.queued_count(user_name=u) for u in users))
+        queued = {("project", p): n for p, n in zip(projects, counts)}
+        queued |= {("user", u): n for u, n in zip(users, counts[len(projects):])}
+        answers: list[ApiError | None] = []
+        for project_id, user_name in owners:
+            refusal = (queue_full(scope="project", name=project_id, cap=self.per_project,
+                                  queued=queued[("project", project_id)])
+                       or queue_full(scope="user", name=user_name, cap=self.per_user,
+                                     queued=queued[("user", user_name)]))
+            if refusal is None:
+                queued[("project", project_id)] += 1
+                queued[("user", user_name)] += 1
+            answers.append(refusal)
+        return answers

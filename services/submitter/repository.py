@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from faststream.nats import NatsBroker
-from pymongo import DESCENDING
+from pymongo import DESCENDING, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -87,12 +87,23 @@ class Repository:
 
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
-        pending = await self.store.write(doc["_id"], doc, None, [event])
-        if pending is None:  # the unique (project_id, name) index, or the id itself
-            raise NameTaken(doc["name"])
-        await self._queued(doc["_id"], project_id=doc["project_id"], user_name=doc["user_name"])
-        await self._listed(doc)
-        return pending
+        [stored] = await self.insert_many([(doc, event)])
+        if isinstance(stored, NameTaken):
+            raise stored
+        return stored
+
+    async def insert_many(self, new: list[tuple[dict[str, Any], Message]]) -> list[list[dict[str, Any]] | NameTaken]:
+        """`insert` of many jobs in three commands (the jobs, their queue entries, their list entries): per job its
+        pending outbox entries, or NameTaken where the unique (project_id, name) index or the id refused it."""
+        pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
+        stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
+        if stored:
+            await self.queue.bulk_write([UpdateOne({"_id": doc["_id"]}, {"$set": {
+                "project_id": doc["project_id"], "user_name": doc["user_name"]}}, upsert=True) for doc in stored],
+                ordered=False)
+            await self.listing.bulk_write([UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
+                                           for entry in map(list_entry, stored)], ordered=False)
+        return [NameTaken(doc["name"]) if entries is None else entries for (doc, _), entries in zip(new, pending)]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         """Jobs of a project or of a user accepted and not yet running."""
@@ -147,6 +158,9 @@ class Repository:
 
     async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
         await self.store.flush(job_id, entries)
+
+    async def publish_many(self, items: list[tuple[str, list[dict[str, Any]]]]) -> list[Exception | None]:
+        return await self.store.flush_many(items)
 
     async def get(self, project_id: str, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id, "project_id": project_id})

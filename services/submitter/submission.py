@@ -16,6 +16,7 @@ from shared.storage import refused_urls
 from services.submitter import admission, errors, feasible
 from services.submitter.catalogue import resolve
 from services.submitter.errors import ApiError
+from services.submitter.intake import Arrival
 from services.submitter.repository import NameTaken, Repository
 from services.submitter.rpc import candidates
 from services.submitter.views import Job, new_job, render
@@ -71,20 +72,18 @@ async def submit_job(request: Request, *, project_id: str, user_name: str, body:
 async def store(request: Request, *, project_id: str, user_name: str, body: JobCreate, job_id: str,
                 links: dict) -> Job:
     """Count the caps again and store the job with its event in one step, then announce it (or leave that to
-    the outbox relay: the job is stored, the 201 stands)."""
-    repository, caps, now = repo(request), request.app.state.queue_caps, utcnow()
+    the outbox relay: the job is stored, the 201 stands); both in groups with the jobs submitted alongside."""
+    intake, now = request.app.state.intake, utcnow()
     doc = {**new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now), **links}
     event = JobSubmitted(event_id=f"{job_id}:submitted", occurred_at=now, job_id=job_id, project_id=project_id,
                          user_name=user_name, name=body.metadata.name, algorithm=body.algorithm,
                          spec=body.spec, create_time=now)
     try:
-        async with caps.lock:  # counted and stored in one step: a burst cannot overshoot the caps
-            await caps.check(repository, project_id=project_id, user_name=user_name)
-            entries = await repository.insert(doc, event)
+        entries = await intake.store(Arrival(doc, event))  # the caps counted again, with the jobs stored alongside
     except NameTaken:
         raise name_taken(project_id, body.metadata.name) from None
     try:
-        await repository.publish(job_id, entries)
+        await intake.announce((job_id, entries))
     except Exception as exc:  # stored with its event in the outbox: the relay publishes it
         log.warning("job %s stored, its announcement left to the outbox relay: %r", job_id, exc)
     return render(doc, now=now)

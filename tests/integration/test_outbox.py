@@ -8,6 +8,8 @@ from shared.bus import connect, make_broker
 from shared.events import JobDeleted
 from shared.store import DocumentStore, make_client, outbox_entries, relay
 from services.stack.processes import Stack, StackSettings
+from services.submitter.intake import Arrival, Intake
+from services.submitter.limits import QueueCaps
 from services.submitter.repository import NameTaken, Repository
 from tests.conftest import free_port
 from tests.factories import submitted, unique
@@ -111,3 +113,36 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
     assert await repo.jobs.count_documents({}) == 1
     published = [m for m in await stream_subjects(servers, "tm.job.submitted") if first.job_id.encode() in m]
     assert len(published) == 1
+
+
+async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_announced_once(servers, wiring):
+    """The intake on the real server: duplicates in the burst and against the history refused one by one, the caps
+    counted across the group, every stored job queued, listed and announced, its outbox emptied in one write."""
+    broker, collection = wiring
+    repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
+    await repo.create_indexes()
+    intake = Intake(repo, QueueCaps(per_project=100, per_user=4))
+
+    def arrival(name: str, user: str = "alice") -> Arrival:
+        event = submitted()
+        return Arrival({"_id": event.job_id, "project_id": "p", "name": name, "user_name": user,
+                        "create_time": event.create_time, "status": {"phase": "Creating"}, "status_version": 0},
+                       event)
+
+    await repo.insert(*vars(arrival("old")).values())
+    burst = [arrival("a"), arrival("b"), arrival("a"), arrival("old"), arrival("c"), arrival("d"), arrival("e", "bob")]
+    answers = await asyncio.gather(*(intake.store(a) for a in burst), return_exceptions=True)
+    kinds = [type(a).__name__ if isinstance(a, Exception) else "stored" for a in answers]
+    # alice had 1 queued and may have 4: a, b, c stored; the second "a" and "old" taken; d over her cap; bob's own
+    assert kinds == ["stored", "stored", "NameTaken", "NameTaken", "stored", "ApiError", "stored"]
+    assert intake.store.groups == 1
+    assert await repo.queued_count(user_name="alice") == 4 and await repo.queued_count(project_id="p") == 5
+    assert await repo.listing.count_documents({"project_id": "p"}) == 5
+    stored = [(a.doc["_id"], entries) for a, entries in zip(burst, answers) if isinstance(entries, list)]
+    assert await asyncio.gather(*(intake.announce(item) for item in stored)) == [None] * 4
+    for job_id, _ in stored:
+        doc = await repo.jobs.find_one({"_id": job_id})
+        assert doc["_outbox"] == [] and doc["_outbox_n"] == 0
+    published = await stream_subjects(servers, "tm.job.submitted")
+    for job_id, _ in stored:
+        assert sum(job_id.encode() in m for m in published) == 1

@@ -9,6 +9,7 @@ from shared.bus import RPC_ADMIT, RPC_CANDIDATES
 from shared.rpc import Candidate, CandidatesReply
 from services.submitter.admission import price
 from services.submitter.dialects import JobCreate
+from services.submitter.intake import Intake
 from services.submitter.repository import NameTaken
 from services.submitter.searches.trials import AppPort
 from tests.factories import job_body
@@ -50,14 +51,18 @@ class MemoryRepo:
 
     jobs: MemoryCollection = field(default_factory=MemoryCollection)
 
-    async def insert(self, doc: dict, event) -> list[dict]:
-        if await self.jobs.find_one({"project_id": doc["project_id"], "name": doc["name"]}):
-            raise NameTaken(doc["name"])
-        await self.jobs.insert_one(doc)
-        return [{"event_id": event.event_id}]
+    async def insert_many(self, new: list[tuple[dict, Any]]) -> list[list[dict] | NameTaken]:
+        stored: list[list[dict] | NameTaken] = []
+        for doc, event in new:
+            if await self.jobs.find_one({"project_id": doc["project_id"], "name": doc["name"]}):
+                stored.append(NameTaken(doc["name"]))
+            else:
+                await self.jobs.insert_one(doc)
+                stored.append([{"event_id": event.event_id}])
+        return stored
 
-    async def publish(self, job_id: str, entries: list[dict]) -> None:
-        return None
+    async def publish_many(self, items: list) -> list[None]:
+        return [None] * len(items)
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         return await self.jobs.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
@@ -66,6 +71,7 @@ class MemoryRepo:
 async def api(**broker: Any):
     app, _, _ = await make_app()
     app.state.broker, app.state.repo = CountingBroker(**broker), MemoryRepo()
+    app.state.intake = Intake(app.state.repo, app.state.queue_caps)
     return app
 
 
