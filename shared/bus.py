@@ -90,6 +90,11 @@ class BusLink:
         return time.monotonic() - self.changed_at if self.connected else 0.0
 
 
+def servers(url: str) -> list[str]:
+    """The servers of one NATS cluster, from a comma-separated URL list (a client fails over among them)."""
+    return [u.strip() for u in url.split(",") if u.strip()]
+
+
 def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path | None = None,
                 ca_file: Path | None = None) -> NatsBroker:
     """A broker that reconnects forever: a restarted NATS server is waited for, not fatal.
@@ -106,8 +111,7 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
         options["security"] = NatsSecurity(ssl_context=tls)
     # log_level: FastStream's two lines per message ("Received", "Processed") at DEBUG, below the INFO its access
     # logger is set to; a service logs its state changes itself.
-    servers = [u.strip() for u in url.split(",") if u.strip()]  # the servers of one NATS cluster
-    broker = NatsBroker(servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+    broker = NatsBroker(servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
                         inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, **options)
     if creds:
         _DEDUP_KEYS[broker] = dedup_key(creds)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nats
 
-from shared.bus import NODES, JOBS, RPC_HEALTH
+from shared.bus import NODES, JOBS, RPC_HEALTH, servers
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -68,7 +68,7 @@ class Watch:
     monitor_details: dict = field(default_factory=dict)
 
     async def open(self) -> None:
-        self.nc = await nats.connect(self.nats_url, user_credentials=str(self.creds))
+        self.nc = await nats.connect(servers(self.nats_url), user_credentials=str(self.creds))
         self.js = self.nc.jetstream()
 
         async def on_state(msg) -> None:

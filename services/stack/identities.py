@@ -7,8 +7,11 @@ account seeds; only this process reads it), `creds/<identity>.creds` (one per se
 import argparse
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from nats.errors import Error as NatsError
 
 from shared import busroles
 from shared.bus import connect, create_agent_consumer, make_broker
@@ -17,6 +20,7 @@ from shared.buscreds import write_secret
 
 APP_ACCOUNT = "trainmaster"
 KEYS = ("operator", "operator_signer", "system", "account", "account_signer")
+CLUSTER_READY_S = 60.0
 
 
 def permissions_of(identity: str) -> Permissions:
@@ -86,10 +90,21 @@ class Identities:
                 f"resolver_preload: {{\n{preload}}}\n")
 
 
-async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Path | None = None) -> None:
-    """As the admin: declare every stream and each node's command consumer (agents may do neither)."""
+async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Path | None = None,
+                      replicas: int = 1, ready_s: float = CLUSTER_READY_S) -> None:
+    """As the admin: declare every stream (`replicas` copies each) and each node's command consumer (agents may do
+    neither). A cluster just started has no JetStream leader for a few seconds: declaring is retried until then."""
     broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
-    await connect(broker)
+    deadline = time.monotonic() + ready_s
+    while True:
+        try:
+            await connect(broker, replicas=replicas)
+            break
+        except (NatsError, TimeoutError, ConnectionError) as exc:
+            if time.monotonic() > deadline:
+                await broker.stop()
+                raise RuntimeError(f"JetStream would not take the streams within {ready_s:g} s: {exc!r}") from exc
+            await asyncio.sleep(0.5)
     try:
         for node_id in node_ids:
             await create_agent_consumer(broker, node_id)
@@ -107,12 +122,13 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, required=True, help="where keys and .creds live (kept secret)")
     parser.add_argument("--cluster-file", type=Path, default=Path("cluster.toml"), help="the static nodes")
     parser.add_argument("--nats-url", default="nats://nats:4222")
+    parser.add_argument("--replicas", type=int, default=1, choices=range(1, 6), help="copies of each stream")
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
     args = parser.parse_args()
     identities, node_ids = Identities(args.dir), list(load_cluster(args.cluster_file))
     if args.action == "prepare":
         asyncio.run(prepare_bus(args.nats_url, creds=identities.root / "creds" / "admin" / "nats.creds",
-                                node_ids=node_ids))
+                                node_ids=node_ids, replicas=args.replicas))
         return
     for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote_plus
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.agent.resources import load_cluster
@@ -27,6 +27,11 @@ class StackSettings(BaseSettings):
 
     data_dir: Path = Path(".trainmaster")
     nats_port: int = 4222
+    nats_servers: int = Field(1, description="NATS servers started here: 3 make a JetStream cluster on "
+                                        "loopback (clients on nats_port, +1, +2; routes on nats_port+10, +11, +12) "
+                                        "whose streams keep 3 copies, so any one server may fail.")
+    stream_replicas: int | None = Field(None, ge=1, le=5, description="Copies of each stream; default: one per "
+                                        "server started here (1 with an external NATS).")
     api_port: int = 8080
     api_host: str = "127.0.0.1"
     mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB; else embedded.")
@@ -42,6 +47,13 @@ class StackSettings(BaseSettings):
     checkpoint_sync_s: float = 5.0
     checkpoint_url: str | None = None
     log_level: str = "INFO"
+
+    @field_validator("nats_servers")
+    @classmethod
+    def _one_or_three(cls, value: int) -> int:
+        if value not in (1, 3):  # a cluster must keep a majority when one server goes: 3
+            raise ValueError("nats_servers must be 1 (one server) or 3 (a cluster that survives the loss of one)")
+        return value
 
 
 def executable(name: str) -> str:
@@ -103,9 +115,23 @@ class Stack:
         return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{hashlib.sha256(bytes(self.data_dir)).hexdigest()[:16]}" / "m.sock"
 
     @property
+    def nats_servers(self) -> list[str]:
+        """The process names of the NATS servers started here: "nats", then "nats-2", "nats-3" in a cluster."""
+        return ["nats"] + [f"nats-{i}" for i in range(2, self.settings.nats_servers + 1)]
+
+    @property
     def nats_url(self) -> str:
+        """Every server's URL: a client reconnects to another when its server goes."""
         scheme = "tls" if self.settings.nats_tls_cert else "nats"
-        return self.settings.nats_url or f"{scheme}://127.0.0.1:{self.settings.nats_port}"
+        return self.settings.nats_url or ",".join(f"{scheme}://127.0.0.1:{self.settings.nats_port + i}"
+                                                  for i in range(self.settings.nats_servers))
+
+    @property
+    def stream_replicas(self) -> int:
+        """Copies of each stream: as set, else one per server started here (1 with an external NATS)."""
+        if self.settings.stream_replicas:
+            return self.settings.stream_replicas
+        return 1 if self.settings.nats_url else self.settings.nats_servers
 
     @property
     def identities(self) -> Identities:
@@ -120,6 +146,7 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_")}
         env.update({
             "TRAINMASTER_NATS_URL": self.nats_url, "MONGO_URL": self.mongo_url,
+            "TRAINMASTER_STREAM_REPLICAS": str(self.stream_replicas),
             "TRAINMASTER_DATA_DIR": str(self.data_dir), "TRAINMASTER_API_HOST": s.api_host,
             "TRAINMASTER_API_PORT": str(s.api_port), "TRAINMASTER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
             "TRAINMASTER_NODE_TIMEOUT_S": str(s.node_timeout_s), "TRAINMASTER_LOG_LEVEL": s.log_level,
@@ -166,18 +193,30 @@ class Stack:
         if self.settings.nats_url:
             return
         self.make_data_dir()
-        config = self.data_dir / "nats.conf"
-        s = self.settings
+        for name in self.nats_servers:
+            self.start_nats_server(name)
+        for i in range(self.settings.nats_servers):
+            wait_for_port(self.settings.nats_port + i)
+
+    def start_nats_server(self, name: str) -> None:
+        """One NATS server (again, after a kill: its store and accounts are where it left them). In a cluster each
+        names itself and routes to the others on loopback."""
+        s, i = self.settings, self.nats_servers.index(name)
+        config, store = self.data_dir / f"{name}.conf", self.data_dir / name  # "nats": as a single server has it
         tls = (f'tls {{\n  cert_file: "{s.nats_tls_cert.resolve()}"\n  key_file: "{s.nats_tls_key.resolve()}"\n}}\n'
                if s.nats_tls_cert and s.nats_tls_key else "")
+        cluster = ""
+        if s.nats_servers > 1:
+            routes = ", ".join(f'"nats-route://127.0.0.1:{s.nats_port + 10 + j}"' for j in range(s.nats_servers))
+            cluster = (f'server_name: "{name}"\ncluster {{\n  name: "trainmaster"\n'
+                       f'  listen: "127.0.0.1:{s.nats_port + 10 + i}"\n  routes: [{routes}]\n}}\n')
         config.write_text(
-            f'listen: "127.0.0.1:{self.settings.nats_port}"\nmax_payload: 8MB\n'
-            f'jetstream {{\n  store_dir: "{self.data_dir / "nats"}"\n  sync_interval: always\n}}\n{tls}'
-            + self.identities.server_config(resolver_dir=self.data_dir / "nats" / "accounts")
+            f'listen: "127.0.0.1:{s.nats_port + i}"\nmax_payload: 8MB\n{cluster}'
+            f'jetstream {{\n  store_dir: "{store}"\n  sync_interval: always\n}}\n{tls}'
+            + self.identities.server_config(resolver_dir=store / "accounts")
         )
         os.chmod(config, 0o600)
-        self._spawn("nats", [executable("nats-server"), "-c", str(config)], umask=0o077)
-        wait_for_port(self.settings.nats_port)
+        self._spawn(name, [executable("nats-server"), "-c", str(config)], umask=0o077)
 
     def start_database(self) -> None:
         """The embedded database, on a Unix socket only the stack's user reaches (no TCP port a task could use)."""
@@ -207,7 +246,7 @@ class Stack:
     def prepare_bus(self) -> None:
         """Declare the streams and each static node's command consumer (agents may do neither themselves)."""
         asyncio.run(prepare_bus(self.nats_url, creds=self.admin_creds(), node_ids=self.node_ids(),
-                                ca_file=self.settings.nats_ca_file))
+                                ca_file=self.settings.nats_ca_file, replicas=self.stream_replicas))
 
     def node_ids(self) -> list[str]:
         return list(load_cluster(self.settings.cluster_file))
@@ -241,7 +280,7 @@ class Stack:
         for name in order:
             self.stop(name)
         self.stop_provisioned()
-        for name in ("database", "nats"):
+        for name in ("database", *self.nats_servers):
             self.stop(name)
 
     def stop_provisioned(self, *, timeout_s: float = 15) -> None:

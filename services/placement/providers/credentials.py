@@ -11,7 +11,7 @@ from faststream.nats import NatsBroker
 from nats.aio.client import RawCredentials
 
 from shared import busroles
-from shared.bus import create_agent_consumer
+from shared.bus import create_agent_consumer, servers
 from shared.buscreds import NAME, Minter, write_secret
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,8 @@ class NodeCredentials:
             account = minter.revoke(user_file.read_text().strip())
             write_secret(self.minter_file, minter.to_json())
         tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
-        client = await nats.connect(self.nats_url, user_credentials=RawCredentials(minter.system_creds), tls=tls,
-                                    inbox_prefix=busroles.inbox("account-updater"), connect_timeout=5,
+        client = await nats.connect(servers(self.nats_url), user_credentials=RawCredentials(minter.system_creds),
+                                    tls=tls, inbox_prefix=busroles.inbox("account-updater"), connect_timeout=5,
                                     max_reconnect_attempts=3)
         try:
             reply = await client.request(f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(),

@@ -1,0 +1,77 @@
+"""The bus as a 3-server JetStream cluster on loopback: every stream on all three, any one server killed."""
+import asyncio
+import os
+import signal
+import socket
+
+import nats
+import pytest
+
+from shared.bus import STREAMS
+from services.stack.processes import Stack, StackSettings
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+def cluster_base_port() -> int:
+    """A port p with p..p+2 (clients) and p+10..p+12 (routes) all free on loopback."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for port in (base, base + 1, base + 2, base + 10, base + 11, base + 12):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports for a loopback NATS cluster")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("cluster"), nats_port=cluster_base_port(),
+                                nats_servers=3, mongo_url=None, nats_url=None))
+    stack.start_nats()
+    stack.prepare_bus()
+    yield stack
+    stack.stop_all()
+
+
+async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_server(cluster):
+    assert cluster.nats_servers == ["nats", "nats-2", "nats-3"] and cluster.nats_url.count(",") == 2
+    assert cluster.env()["TRAINMASTER_STREAM_REPLICAS"] == "3"
+    nc = await nats.connect(cluster.nats_url.split(","), user_credentials=str(cluster.admin_creds()),
+                            max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    js = nc.jetstream()
+    try:
+        jobs = await js.stream_info("TM_JOBS")
+        assert jobs.config.num_replicas == 3 and len(jobs.cluster.replicas) == 2  # a leader and two followers
+        for stream in STREAMS:
+            assert (await js.stream_info(stream.name)).config.num_replicas == 3
+        leader = jobs.cluster.leader
+        await js.publish("tm.job.deleted", b'{"n": 1}')
+        os.killpg(cluster.processes[leader].pid, signal.SIGKILL)  # the stream's leader, the worst one to lose
+        cluster.processes.pop(leader).wait(timeout=10)
+        for attempt in range(100):  # a new leader within a few seconds; the client fails over on its own
+            try:
+                await js.publish("tm.job.deleted", b'{"n": 2}', timeout=1)
+                break
+            except nats.errors.Error:  # no responders, no stream response, timeout: the election is under way
+                await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the cluster took no message within 10 s of losing a server")
+        info = await js.stream_info("TM_JOBS")
+        assert info.cluster.leader != leader and info.state.messages == 2  # nothing lost
+        sub = await js.pull_subscribe("tm.job.deleted", durable="cluster-check", stream="TM_JOBS")
+        assert [m.data for m in await sub.fetch(2, timeout=5)] == [b'{"n": 1}', b'{"n": 2}']
+        cluster.start_nats_server(leader)  # back with its store: it catches up as a follower
+        for attempt in range(100):
+            replicas = (await js.stream_info("TM_JOBS")).cluster.replicas
+            if any(r.name == leader and r.current for r in replicas):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"{leader} did not catch up within 10 s of its restart")
+    finally:
+        await nc.close()
