@@ -47,6 +47,12 @@ LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
 NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
 STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
+# Leader leases of replicated services (shared/lease.py), in the key-value layout: one key per service, each value
+# forgotten LEASE_TTL_S after it was written. Declared with the others only where leases are on.
+LEASE_BUCKET = "tm_leaders"
+LEASE_TTL_S = 6.0
+LEASES = _stream(f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.>", max_age=LEASE_TTL_S, max_msgs_per_subject=1,
+                 duplicate_window=1, deny_delete=True, allow_direct=True)
 
 # Request/reply subjects live outside every stream so the stream never answers in the service's place.
 RPC_HEALTH = "tm.rpc.health.{service}"
@@ -118,16 +124,17 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
     return broker
 
 
-async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1) -> None:
+async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1, leases: bool = False) -> None:
     """Connect and make sure every stream exists with its full subject list, before any consumer starts.
 
     declare: False for agents, which may not create or change streams (the stack and placement did).
-    replicas: copies of each stream (3 on a 3-server cluster: any one server may fail)."""
+    replicas: copies of each stream (3 on a 3-server cluster: any one server may fail).
+    leases: the leader-lease bucket too (replicated services)."""
     await broker.connect()
     if not declare:
         return
     streams = broker.config.connection_state.stream
-    for stream in STREAMS:
+    for stream in STREAMS + ((LEASES,) if leases else ()):
         config = stream.config.evolve(num_replicas=replicas)
         try:
             await streams.add_stream(config=config)

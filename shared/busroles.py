@@ -65,13 +65,19 @@ def reads(consumer: str, filter_subject: str, *, create: bool = True) -> tuple[s
 
 def declares_streams() -> tuple[str, ...]:
     """Creating and updating trainmaster's streams (every service does it at start, whichever comes first)."""
-    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in bus.STREAMS for verb in ("CREATE", "UPDATE", "INFO"))
+    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in (*bus.STREAMS, bus.LEASES)
+                 for verb in ("CREATE", "UPDATE", "INFO"))
+
+
+def leads(role: str) -> tuple[str, ...]:
+    """Taking and renewing its own leader lease (shared/lease.py), no other service's."""
+    return (f"$KV.{bus.LEASE_BUCKET}.{role}",) if role in bus.SERVICES else ()
 
 
 def service(role: str) -> Permissions:
     """A service's permissions."""
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
-    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams()),
+    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role)),
                        subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
                        inbox=inbox(role))
 

@@ -3,6 +3,7 @@ loops, the database, and how they start and stop."""
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,8 +13,9 @@ from faststream import FastStream
 from faststream.nats import NatsBroker, NatsRouter
 from pydantic import BaseModel, Field
 
-from shared.bus import RPC_HEALTH, BusLink, connect, make_broker
+from shared.bus import RPC_HEALTH, SERVICES as LEASED, BusLink, connect, make_broker
 from shared.clock import utcnow
+from shared.lease import Lease, LeaseLost
 from shared.settings import CommonSettings
 from shared.store import make_client
 
@@ -102,6 +104,7 @@ class Wiring:
     background: Background
     link: BusLink
     db: Any = None
+    lease: Any = None  # the leader lease, where the process leads one of several replicas
 
 
 Setup = Callable[[Wiring], Awaitable[Any]]  # builds what a process runs (its service object) once it is connected
@@ -123,11 +126,17 @@ def wire(*, name: str, settings: CommonSettings, router: NatsRouter | None = Non
 
 @asynccontextmanager
 async def running(w: Wiring, *, settings: CommonSettings, setup: Setup | None = None, declare: bool = True,
-                  database: bool = True, start: bool = False) -> AsyncIterator[Any]:
+                  database: bool = True, start: bool = False,
+                  stop: Callable[[], Any] | None = None) -> AsyncIterator[Any]:
     """A process running: the bus connected (every stream declared unless `declare` is False: agents may not),
     one database client (`database`), what `setup` builds (in the context under the process's name), the broker
-    started when `start` (a FastStream app starts its own); on exit the loops, the broker, then the database."""
-    await connect(w.broker, declare=declare, replicas=settings.stream_replicas)
+    started when `start` (a FastStream app starts its own); on exit the loops, the broker, then the database. A
+    replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
+    process once it leads (a FastStream app's `exit`)."""
+    leased = settings.leader_lease and w.name in LEASED
+    await connect(w.broker, declare=declare, replicas=settings.stream_replicas, leases=leased)
+    if leased:
+        await lead(w, stop=stop)
     client = make_client(settings.mongo_url) if database else None
     w.db = client[settings.mongo_db] if client is not None else None
     try:
@@ -145,6 +154,40 @@ async def running(w: Wiring, *, settings: CommonSettings, setup: Setup | None = 
             await client.close()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LEASE_LOST_EXIT = 75  # EX_TEMPFAIL: a supervisor starts the process again, as a replica that waits
+
+
+async def lead(w: Wiring, *, stop: Callable[[], Any] | None) -> None:
+    """Wait for the service's leader lease, then keep it from the background; losing it ends the process at once
+    (no write or publish after that point: whatever was in flight is redelivered to the next leader). A replica
+    that waits holds nothing: SIGTERM or SIGINT ends it at once; once it leads, they go to `stop`."""
+    lease, loop = Lease(w.broker.config.connection_state.stream, w.name), asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, os._exit, 0)
+    log.info("%s: asking for the leader lease (while another replica holds it, this one waits)", w.name)
+    try:
+        epoch = await lease.acquire()
+    finally:
+        for sig in STOP_SIGNALS:
+            if stop is not None:
+                loop.add_signal_handler(sig, stop)
+            else:
+                loop.remove_signal_handler(sig)
+    log.info("%s: leading, lease epoch %d", w.name, epoch)
+    w.lease = lease
+
+    async def keep() -> None:
+        try:
+            await lease.keep()
+        except LeaseLost as exc:
+            log.critical("%s: leader lease lost, exiting: %s", w.name, exc)
+            logging.shutdown()
+            os._exit(LEASE_LOST_EXIT)
+
+    w.background.spawn("lease", keep)
+
+
 def service_app(
     *, settings: CommonSettings, name: str = "", router: NatsRouter | None = None, setup: Setup | None = None,
     wiring: Wiring | None = None, declare: bool = True, database: bool = True,
@@ -157,7 +200,8 @@ def service_app(
 
     @asynccontextmanager
     async def lifespan():
-        async with running(w, settings=settings, setup=setup, declare=declare, database=database):
+        async with running(w, settings=settings, setup=setup, declare=declare, database=database, stop=app.exit):
             yield
 
-    return FastStream(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))
+    app = FastStream(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))
+    return app

@@ -17,6 +17,9 @@ class CommonSettings(BaseSettings):
     nats_ca_file: Path | None = Field(None, description="CA of the NATS server's certificate, for a tls:// URL.")
     stream_replicas: int = Field(1, ge=1, le=5, description="Copies of each JetStream stream: 3 on a 3-server NATS "
                                  "cluster (docs/operations.md), 1 on a single server.")
+    leader_lease: bool = Field(False, description="Run as one of several replicas: a service that must act once "
+                               "(placement, monitor, billing, estimator) waits for its leader lease before it starts "
+                               "and exits when it loses it (docs/operations.md).")
     mongo_url: str = Field(
         "mongodb://127.0.0.1:27017",
         validation_alias="MONGO_URL",

@@ -42,8 +42,11 @@ class ConflictsExhausted(RuntimeError):
 
 
 def make_client(url: str) -> AsyncMongoClient:
-    """One client per process and event loop, created in the service's lifespan."""
-    return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000)
+    """One client per process and event loop, created in the service's lifespan. Writes wait for a majority of a
+    replica set (a write acknowledged by a primary that then fails over is not lost) and are retried once across a
+    primary election; on one server (the embedded one) both mean nothing more than an acknowledged write."""
+    return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000, w="majority",
+                            retryWrites=True)
 
 
 def outbox_entries(events: Iterable[Message]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import nats
@@ -89,14 +90,31 @@ def servers():
         yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}"}
 
 
-def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None) -> Stack:
-    """The whole stack on free ports under `data`, ready (every node of `cluster` registered)."""
+def free_ports_at(*offsets: int) -> int:
+    """A port p with p + offset free on loopback for every offset (a NATS cluster's, a second API's)."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for offset in offsets:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no free ports at offsets {offsets}")
+
+
+def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None,
+                **settings: Any) -> Stack:
+    """The whole stack on free ports under `data`, ready (every node of `cluster` registered); `settings`
+    override StackSettings (a NATS cluster, service replicas)."""
     (data / "cluster.toml").write_text(cluster)
     exchange(data).mkdir(mode=0o777)
     exchange(data).chmod(0o777)  # tasks run as users of their own: a place both they and the tests may write
-    settings = StackSettings(data_dir=data, nats_port=free_port(), api_port=free_port(),
-                             cluster_file=data / "cluster.toml", admin_token=ADMIN_TOKEN, heartbeat_interval_s=0.5,
-                             node_timeout_s=3, checkpoint_sync_s=0.5, mongo_url=servers.get("mongo_url"))
+    settings = StackSettings(**{"data_dir": data, "nats_port": free_port(), "api_port": free_port(),
+                                "cluster_file": data / "cluster.toml", "admin_token": ADMIN_TOKEN,
+                                "heartbeat_interval_s": 0.5, "node_timeout_s": 3, "checkpoint_sync_s": 0.5,
+                                "mongo_url": servers.get("mongo_url"), **settings})
     # the estimator's history model is trained once per machine, not once per test session
     models = Path.home() / ".cache" / "trainmaster" / "test-models"
     stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":

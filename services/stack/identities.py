@@ -98,7 +98,7 @@ async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Pa
     deadline = time.monotonic() + ready_s
     while True:
         try:
-            await connect(broker, replicas=replicas)
+            await connect(broker, replicas=replicas, leases=True)
             break
         except (NatsError, TimeoutError, ConnectionError) as exc:
             if time.monotonic() > deadline:

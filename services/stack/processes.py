@@ -1,5 +1,6 @@
 """Start and stop the whole stack as child processes: NATS, the embedded database, five services, agents."""
 import asyncio
+import contextlib
 import hashlib
 import os
 import shutil
@@ -47,6 +48,16 @@ class StackSettings(BaseSettings):
     checkpoint_sync_s: float = 5.0
     checkpoint_url: str | None = None
     log_level: str = "INFO"
+    service_replicas: int = Field(1, description="Processes of each service: 2 run a second of each (the second API "
+                                  "on api_port + 1); of placement, monitor, billing and the estimator one leads "
+                                  "(a leader lease on the bus) and the other takes over when it dies.")
+
+    @field_validator("service_replicas")
+    @classmethod
+    def _one_or_two(cls, value: int) -> int:
+        if value not in (1, 2):
+            raise ValueError("service_replicas must be 1 or 2")
+        return value
 
     @field_validator("nats_servers")
     @classmethod
@@ -232,8 +243,22 @@ class Stack:
                                  "--pid-file", str(self.data_dir / "database.pid")], umask=0o077)
         wait_for_socket(self.database_socket)
 
-    def start_service(self, name: str) -> None:
-        self._spawn(name, [sys.executable, "-m", f"services.{name}"], env=self.env_of(name))
+    def start_service(self, name: str, *, replica: int = 1) -> None:
+        """A service's process; its second replica is named "<service>-2" (and serves the API one port up)."""
+        env = self.env_of(name)
+        if self.settings.service_replicas > 1:
+            env["TRAINMASTER_LEADER_LEASE"] = "true"
+        if replica > 1:
+            env["TRAINMASTER_API_PORT"] = str(self.settings.api_port + replica - 1)
+        self._spawn(self.replica_name(name, replica), [sys.executable, "-m", f"services.{name}"], env=env)
+
+    @staticmethod
+    def replica_name(name: str, replica: int) -> str:
+        return name if replica == 1 else f"{name}-{replica}"
+
+    def service_processes(self) -> list[tuple[str, int]]:
+        """(service, replica) of every service process the stack runs."""
+        return [(name, r) for name in SERVICES for r in range(1, self.settings.service_replicas + 1)]
 
     def start_agent(self, node_id: str) -> None:
         self._spawn(f"agent-{node_id}", [sys.executable, "-m", "services.agent", "--node-id", node_id],
@@ -255,8 +280,8 @@ class Stack:
         self.start_nats()
         self.start_database()
         self.prepare_bus()
-        for name in SERVICES:
-            self.start_service(name)
+        for name, replica in self.service_processes():
+            self.start_service(name, replica=replica)
         for node_id in self.node_ids():
             self.start_agent(node_id)
         wait_for_port(self.settings.api_port, timeout_s=60)
@@ -276,9 +301,11 @@ class Stack:
 
     def stop_all(self) -> None:
         """Agents first (their tasks are reported), then the services, then the database and the bus."""
-        order = [n for n in self.processes if n.startswith("agent-")] + [s for s in reversed(SERVICES)]
-        for name in order:
+        for name in [n for n in self.processes if n.startswith("agent-")]:
             self.stop(name)
+        for name in reversed(SERVICES):  # its replicas together: a waiting one must not take over as one stops
+            replicas = [self.replica_name(name, r) for r in range(1, self.settings.service_replicas + 1)]
+            stop_groups([self.processes.pop(replica, None) for replica in replicas])
         self.stop_provisioned()
         for name in ("database", *self.nats_servers):
             self.stop(name)
@@ -310,13 +337,22 @@ class Stack:
 
 def stop_group(process: subprocess.Popen | None, *, timeout_s: float = 15) -> None:
     """SIGTERM a process's whole group, SIGKILL it after `timeout_s`; nothing if it is gone already."""
-    if process is None or process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+    stop_groups([process], timeout_s=timeout_s)
+
+
+def stop_groups(processes: list[subprocess.Popen | None], *, timeout_s: float = 15) -> None:
+    """`stop_group` for several at once (one deadline for all); what a stopped process left running in its group
+    (a child it started) is killed with it."""
+    running = [p for p in processes if p is not None and p.poll() is None]
+    for process in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in running:
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
-    except ProcessLookupError:
-        pass

@@ -21,6 +21,7 @@ from services.submitter.views import ProjectId
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["notifications"])
 MAX_ATTEMPTS = 8
+CLAIM_S = 60.0  # longer than one delivery may take (its timeouts)
 BACKOFF_S = 1.0  # doubles each failed try, capped below
 MAX_BACKOFF_S = 300.0
 
@@ -52,8 +53,16 @@ async def deliver_forever(db: AsyncDatabase, *, policy: Policy, interval_s: floa
         while True:
             now = time.time()
             due = [d async for d in db.api_notifications.find({"state": "pending", "next_try": {"$lte": now}})]
-            await asyncio.gather(*(deliver(db, client, doc) for doc in due))
+            await asyncio.gather(*(deliver(db, client, doc) for doc in due if await claim(db, doc, now=now)))
             await asyncio.sleep(interval_s)
+
+
+async def claim(db: AsyncDatabase, doc: dict[str, Any], *, now: float) -> bool:
+    """Whether this replica of the API delivers it now: the first to move its next try on takes it (the others,
+    and this one should it die mid-delivery, see it again only after CLAIM_S)."""
+    taken = await db.api_notifications.update_one(
+        {"_id": doc["_id"], "state": "pending", "next_try": doc["next_try"]}, {"$set": {"next_try": now + CLAIM_S}})
+    return taken.modified_count == 1
 
 
 async def deliver(db: AsyncDatabase, client: httpx.AsyncClient, doc: dict[str, Any]) -> None:

@@ -6,14 +6,14 @@ import json
 import random
 import signal
 import time
-from collections import defaultdict
 
 import pytest
 
 from services.stack.processes import SERVICES
-from tests.conftest import eventually, wait_until_ready
+from tests.conftest import wait_until_ready
+from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
 from tests.e2e.scripts import quote
-from tests.e2e.test_resilience import listing, post_until_accepted
+from tests.e2e.test_resilience import post_until_accepted
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
@@ -63,48 +63,11 @@ async def test_chaos(api, project, stack, shared_dir):
 
     await asyncio.gather(submit_all(), chaos())
 
-    async def all_finished():
-        items = await listing(api, project)
-        return items if items and len(items) == JOBS and all(
-            j["status"]["phase"] in ("Completed", "Failed", "Terminated") for j in items) else None
-
-    try:
-        items = await eventually(all_finished, timeout_s=180, interval_s=2)
-    except AssertionError:
-        items = await listing(api, project) or []
-        stuck = [(j["metadata"]["id"], j["status"]["phase"], j["status"]["reason"], j["status"]["attempts"])
-                 for j in items if j["status"]["phase"] not in ("Completed", "Failed", "Terminated")]
-        raise AssertionError(f"{len(items)} jobs, not finished: {stuck[:3]}, kills {kills}") from None
+    items = await all_finished(api, project, jobs=JOBS, context=f"kills {kills}")
     assert {j["status"]["phase"] for j in items} == {"Completed"}
-
-    ticks: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for line in marker.read_text().splitlines():
-        job_id, attempt, at = line.split()
-        ticks[job_id][int(attempt)].append(float(at))
-    assert set(ticks) == {j["metadata"]["id"] for j in items}
-    for job_id, attempts in ticks.items():
-        spans = [(min(t), max(t)) for _, t in sorted(attempts.items())]
-        for (_, end), (begin, _) in zip(spans, spans[1:]):
-            assert end < begin, f"two attempts of {job_id} overlapped: {spans}"
-
+    assert_attempts_never_overlapped(marker, items)
     recovered = sum(1 for j in items if len(j["status"]["attempts"]) > 1)
-    ran = 0
-
-    async def ledger_matches():  # both views settle: a fenced attempt that ran anyway is noted a little later
-        nonlocal ran
-        try:
-            usage = (await api.get(f"/v2/{project}/usage")).json()
-            jobs = await listing(api, project) or []
-        except Exception:
-            return None
-        ran = sum(1 for j in jobs for a in j["status"]["attempts"] if a["start_time"])
-        return usage if usage["total"]["attempts"] == ran and usage["open_attempts"] == 0 else None
-
-    try:
-        await eventually(ledger_matches, timeout_s=60, interval_s=1)
-    except AssertionError:
-        usage = (await api.get(f"/v2/{project}/usage")).json()
-        raise AssertionError(f"ledger {usage['total']} open {usage['open_attempts']}, attempts run {ran}") from None
+    ran = await ledger_settles(api, project)
     wait_until_ready(stack)
     print("\nCHAOS " + json.dumps({"jobs": JOBS, "kills": kills, "jobs_recovered": recovered,
                                    "attempts_run": ran, "seconds": round(time.monotonic() - started, 1)}))

@@ -2,36 +2,21 @@
 import asyncio
 import os
 import signal
-import socket
 
 import nats
 import pytest
 
 from shared.bus import STREAMS
 from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
+from tests.conftest import free_ports_at
 
 pytestmark = pytest.mark.integration
 
 
-def cluster_base_port() -> int:
-    """A port p with p..p+2 (clients) and p+10..p+12 (routes) all free on loopback."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for port in (base, base + 1, base + 2, base + 10, base + 11, base + 12):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports for a loopback NATS cluster")
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("cluster"), nats_port=cluster_base_port(),
-                                nats_servers=3, mongo_url=None, nats_url=None))
+    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("cluster"), nats_servers=3, mongo_url=None,
+                                nats_port=free_ports_at(0, 1, 2, 10, 11, 12), nats_url=None))
     stack.start_nats()
     stack.prepare_bus()
     yield stack

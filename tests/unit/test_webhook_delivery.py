@@ -112,3 +112,11 @@ async def test_an_error_status_is_stored_as_the_status_only(receiver):
 async def test_a_redirect_is_not_followed(receiver):
     stored = await deliver_once(f"{receiver}/moved", Policy.parse(["127.0.0.1"]))
     assert stored["error"] == "HTTP 302" and Receiver.hits == ["/moved"]
+
+
+async def test_of_two_api_replicas_only_one_takes_a_due_notification():
+    _, db, _ = await make_app()
+    await db.api_notifications.insert_one({"_id": "n1", "state": "pending", "next_try": 100.0, "attempts": 0})
+    seen = [d async for d in db.api_notifications.find({"state": "pending"})]  # both replicas read it as due
+    assert [await notifications.claim(db, doc, now=101.0) for doc in seen + seen] == [True, False]
+    assert (await db.api_notifications.find_one({"_id": "n1"}))["next_try"] == 101.0 + notifications.CLAIM_S

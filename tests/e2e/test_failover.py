@@ -1,0 +1,125 @@
+"""No single point of failure: three NATS servers, two replicas of every service. While 50 checkpointing jobs flow,
+one NATS server (the jobs stream's leader), the leading placement, the leading monitor and one API replica are
+SIGKILLed in turn and not restarted: every job ends exactly once, no two attempts of a job overlap, the API answers
+through the other replica, each killed leader's replica takes over, and the usage ledger holds one line per
+attempt that ran."""
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import nats
+import pytest
+
+from shared.bus import LEASES
+from services.stack.processes import Stack
+from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, free_ports_at, start_stack
+from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
+from tests.e2e.scripts import quote
+from tests.e2e.test_chaos import TICKING
+from tests.factories import job_body, unique
+
+pytestmark = pytest.mark.e2e
+JOBS = 50
+HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory, servers):
+    stack = start_stack(tmp_path_factory.mktemp("replicated"), cluster=CLUSTER, servers=servers, nats_servers=3,
+                        service_replicas=2, nats_port=free_ports_at(0, 1, 2, 10, 11, 12), api_port=free_ports_at(0, 1))
+    yield stack
+    stack.stop_all()
+
+
+class Api:
+    """Both API replicas: a request goes to the first that answers (the CLI and portal sit behind a balancer)."""
+
+    def __init__(self, stack: Stack) -> None:
+        ports = (stack.settings.api_port, stack.settings.api_port + 1)
+        self.clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", headers=HEADERS, timeout=10)
+                        for p in ports]
+        self.failed = 0
+
+    async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
+        for _ in range(100):
+            for client in self.clients:
+                try:
+                    response = await client.request(method, url, **kwargs)
+                    if response.status_code < 500:
+                        return response
+                except httpx.TransportError:
+                    pass
+                self.failed += 1
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"no API replica answered {method} {url}")
+
+    async def get(self, url: str, **kwargs) -> httpx.Response:
+        return await self.request("GET", url, **kwargs)
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
+async def leader(stack: Stack, nc, service: str) -> str:
+    """The process that holds the service's leader lease, by the pid its lease names."""
+    entry = await nc.jetstream().get_last_msg(LEASES.name, f"$KV.tm_leaders.{service}")
+    pid = int(json.loads(entry.data)["holder"].rsplit(":", 1)[1])
+    [name] = [name for name, process in stack.processes.items() if process.pid == pid]
+    return name
+
+
+async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(replicated):
+    stack, project, api = replicated, "failover", Api(replicated)
+    marker = exchange(stack.settings.data_dir) / "ticks"
+    marker.touch()
+    marker.chmod(0o666)  # appended to by every job, each its own user
+    admin = await nats.connect(stack.nats_url.split(","), user_credentials=str(stack.admin_creds()),
+                               max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    kills, takeovers = [], {}
+
+    async def submit_all() -> None:
+        for _ in range(JOBS):
+            body = job_body(name=unique("f"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5,
+                            memory_gb=0.5)
+            response = await api.request("POST", f"/v2/{project}/training-jobs", json=body)
+            assert response.status_code in (201, 409), response.text  # 409: an earlier try got through
+            await asyncio.sleep(0.1)
+
+    async def kill_in_turn() -> None:
+        await asyncio.sleep(1.5)
+        info = await admin.jetstream().stream_info("TM_JOBS")
+        victims = [info.cluster.leader, await leader(stack, admin, "placement"), await leader(stack, admin, "monitor"),
+                   "submitter"]
+        for victim in victims:
+            stack.signal(victim, signal.SIGKILL)
+            killed_at = time.monotonic()
+            kills.append(victim)
+            for service in ("placement", "monitor"):
+                if victim.startswith(service):
+                    await eventually(lambda: _new_leader(stack, admin, service, victim), timeout_s=30, interval_s=0.2)
+                    takeovers[service] = round(time.monotonic() - killed_at, 1)
+            await asyncio.sleep(2)
+
+    try:
+        await asyncio.gather(submit_all(), kill_in_turn())
+
+        items = await all_finished(api, project, jobs=JOBS, context=f"kills {kills}")
+        assert {j["status"]["phase"] for j in items} == {"Completed"}
+        assert_attempts_never_overlapped(marker, items)  # no decision taken twice
+        await ledger_settles(api, project)
+        assert set(takeovers) == {"placement", "monitor"}
+        print("\nFAILOVER " + json.dumps({"kills": kills, "takeover_s": takeovers, "failed_requests": api.failed}))
+    finally:
+        await admin.close()
+        await api.close()
+
+
+async def _new_leader(stack: Stack, nc, service: str, dead: str) -> str | None:
+    try:
+        name = await leader(stack, nc, service)
+    except (ValueError, nats.errors.Error):  # the dead one's lease not yet gone, or none held at this moment
+        return None
+    return name if name != dead else None

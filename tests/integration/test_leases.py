@@ -1,0 +1,78 @@
+"""Leader leases on a real NATS server: one replica leads, the other takes over when it stops renewing."""
+import asyncio
+import time
+
+import nats
+import pytest
+
+from shared.bus import LEASE_TTL_S, LEASES
+from shared.lease import Lease, LeaseLost
+from services.stack.processes import Stack, StackSettings
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("leases"), nats_port=free_port(), mongo_url=None,
+                                nats_url=None))
+    stack.start_nats()
+    stack.prepare_bus()
+    yield stack
+    stack.stop_all()
+
+
+async def client(server, identity: str, errors: list | None = None):
+    async def error(exc: Exception) -> None:
+        if errors is not None:
+            errors.append(exc)
+
+    return await nats.connect(server.nats_url, user_credentials=str(server.identities.creds(identity)),
+                              inbox_prefix=f"_INBOX_{identity}", error_cb=error)
+
+
+async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_renewing(server):
+    first_nc, second_nc = await client(server, "placement"), await client(server, "placement")
+    first, second = Lease(first_nc.jetstream(), "placement"), Lease(second_nc.jetstream(), "placement")
+    try:
+        epoch = await asyncio.wait_for(first.acquire(), timeout=LEASE_TTL_S + 5)  # a previous test's may linger
+        assert first.held() and epoch > 0
+        keeping = asyncio.create_task(first.keep())
+        waiting = asyncio.create_task(second.acquire(poll_s=0.2))
+        await asyncio.sleep(3 * first.renew_s)
+        assert not waiting.done() and first.held()  # renewed: nobody else may take it
+        keeping.cancel()  # the leader dies: no more renewals
+        stopped = time.monotonic()
+        new_epoch = await asyncio.wait_for(waiting, timeout=LEASE_TTL_S + 3)
+        took = time.monotonic() - stopped
+        assert new_epoch > epoch and second.held()
+        assert first.margin_s <= took <= LEASE_TTL_S + 1  # not before the old lease could have run out
+        assert not first.held()  # the old leader's own clock told it to stop before the other took over
+        with pytest.raises(LeaseLost, match="taken by another|not renewed"):
+            await first.keep()  # it would come back to a lease that is no longer its own
+    finally:
+        await first_nc.close()
+        await second_nc.close()
+
+
+async def test_a_service_may_take_only_its_own_lease(server):
+    errors: list[Exception] = []
+    nc = await client(server, "billing", errors)
+    try:
+        with pytest.raises((nats.errors.Error, asyncio.TimeoutError)):
+            await Lease(nc.jetstream(), "placement")._write(last=0, timeout_s=2)
+        assert any("permissions violation" in str(e).lower() and "tm_leaders.placement" in str(e) for e in errors)
+        own = Lease(nc.jetstream(), "billing")
+        assert await asyncio.wait_for(own.acquire(), timeout=LEASE_TTL_S + 5) > 0
+    finally:
+        await nc.close()
+
+
+async def test_the_lease_bucket_forgets_a_value_after_its_time_to_live(server):
+    admin = await nats.connect(server.nats_url, user_credentials=str(server.admin_creds()))
+    try:
+        info = await admin.jetstream().stream_info(LEASES.name)
+        assert info.config.max_age == LEASE_TTL_S and info.config.max_msgs_per_subject == 1
+    finally:
+        await admin.close()
