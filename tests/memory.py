@@ -26,7 +26,8 @@ def _matches(doc: dict, query: dict) -> bool:
         if isinstance(condition, dict) and any(k.startswith("$") for k in condition):
             for op, arg in condition.items():
                 checks = {"$gt": lambda v: v is not None and v > arg, "$lt": lambda v: v is not None and v < arg,
-                          "$gte": lambda v: v is not None and v >= arg, "$in": lambda v: v in arg,
+                          "$gte": lambda v: v is not None and v >= arg, "$lte": lambda v: v is not None and v <= arg,
+                          "$in": lambda v: v in arg,
                           "$ne": lambda v: v != arg, "$nin": lambda v: v not in arg}
                 if op == "$exists":
                     if bool(values) != arg:

@@ -53,7 +53,8 @@ async def deliver_forever(db: AsyncDatabase, *, policy: Policy, interval_s: floa
         while True:
             now = time.time()
             due = [d async for d in db.api_notifications.find({"state": "pending", "next_try": {"$lte": now}})]
-            await asyncio.gather(*(deliver(db, client, doc) for doc in due if await claim(db, doc, now=now)))
+            mine = [doc for doc in due if await claim(db, doc, now=now)]
+            await asyncio.gather(*(deliver(db, client, doc) for doc in mine))
             await asyncio.sleep(interval_s)
 
 

@@ -1,5 +1,6 @@
 """Webhooks: configuration refuses what is not public (400 naming webhook_url), delivery checks again at every
 connection, follows no redirect, and stores only the HTTP status or "unreachable"."""
+import asyncio
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -120,3 +121,18 @@ async def test_of_two_api_replicas_only_one_takes_a_due_notification():
     seen = [d async for d in db.api_notifications.find({"state": "pending"})]  # both replicas read it as due
     assert [await notifications.claim(db, doc, now=101.0) for doc in seen + seen] == [True, False]
     assert (await db.api_notifications.find_one({"_id": "n1"}))["next_try"] == 101.0 + notifications.CLAIM_S
+
+
+async def test_the_delivery_loop_takes_what_is_due():
+    _, db, _ = await make_app()
+    await db.api_notifications.insert_one({"_id": "n2", "project_id": "nowhere", "state": "pending", "next_try": 0.0,
+                                           "attempts": 0})
+    loop = asyncio.create_task(notifications.deliver_forever(db, policy=Policy.parse([]), interval_s=0.01))
+    try:
+        for _ in range(200):
+            if (await db.api_notifications.find_one({"_id": "n2"}))["state"] != "pending":
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        loop.cancel()
+    assert (await db.api_notifications.find_one({"_id": "n2"}))["state"] == "kept"  # no webhook: kept for the API
