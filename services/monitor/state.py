@@ -222,7 +222,11 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
     if not current or job.phase not in ATTEMPT_ACTIVE:
         fence = [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)]
-        return _note_start(job, event.attempt, event.started_at), fence
+        noted = _note_start(job, event.attempt, event.started_at)
+        if noted != job and job.phase.is_finished():  # no later status would carry it to the API: one more does
+            noted = noted.model_copy(update={"version": job.version + 1})
+            return noted, fence + [snapshot(noted, now=now, previous=job.phase)]
+        return noted, fence
     if task.state != "assigned":
         return job, []
     job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": event.started_at}))

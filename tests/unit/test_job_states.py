@@ -135,6 +135,23 @@ def test_a_task_of_an_old_attempt_is_fenced():
     assert state.task_exited(job, exited("j", attempt=1, node_id="n1"), now=T0) == (job, [])
 
 
+def test_an_old_attempt_that_starts_after_the_job_finished_is_fenced_and_shown():
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1",)), now=T0)
+    job, _ = state.node_lost(job, "n1", now=T0, cause="lost")  # before attempt 1 started there
+    job, _ = state.placed(job, placed("j", attempt=2, nodes=("n2",)), now=T0)
+    job, _ = state.task_started(job, started("j", attempt=2, node_id="n2"), now=T0)
+    job, _ = state.task_exited(job, exited("j", attempt=2, node_id="n2"), now=T0)
+    assert job.phase == Phase.COMPLETED
+    late = T0 + timedelta(seconds=5)
+    noted, events = state.task_started(job, started("j", attempt=1, node_id="n1", at=late), now=late)
+    assert [(s.attempt, s.node_id, s.reason) for s in stops(events)] == [(1, "n1", "fenced")]
+    [status] = [e for e in events if isinstance(e, JobStatusChanged)]  # it ran, and was billed: the API shows it
+    assert (status.phase, status.version) == (Phase.COMPLETED, job.version + 1)
+    assert status.attempts[0].started_at == late and noted.end_time == job.end_time
+    assert state.task_started(noted, started("j", attempt=1, node_id="n1", at=late), now=late)[0] == noted
+
+
 def test_losing_an_unrelated_node_changes_nothing():
     job = running_job()
     assert state.node_lost(job, "other", now=T0, cause="x") == (job, [])
