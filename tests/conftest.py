@@ -90,20 +90,6 @@ def servers():
         yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}"}
 
 
-def free_ports_at(*offsets: int) -> int:
-    """A port p with p + offset free on loopback for every offset (a NATS cluster's, a second API's)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for offset in offsets:
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no free ports at offsets {offsets}")
-
-
 def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None,
                 **settings: Any) -> Stack:
     """The whole stack on free ports under `data`, ready (every node of `cluster` registered); `settings`

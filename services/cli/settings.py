@@ -15,7 +15,7 @@ class CliSettings(BaseSettings):
     """TRAINMASTER_URL, TRAINMASTER_TOKEN, TRAINMASTER_PROJECT; or url/token/project in the config file."""
 
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore", env_ignore_empty=True)
-    url: str = Field(DEFAULT_URL, description="The API's base URL.")
+    url: str = Field(DEFAULT_URL, description="The API's base URL (several replicas: comma-separated).")
     token: str | None = Field(None, description="A bearer token (tm_...).")
     project: str | None = Field(None, description="The project jobs go to; else the token's only project.")
 

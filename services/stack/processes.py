@@ -92,6 +92,23 @@ def wait_for_socket(path: Path, *, timeout_s: float = 30) -> None:
     raise TimeoutError(f"nothing listens on {path} after {timeout_s}s")
 
 
+def free_ports_at(*offsets: int) -> int:
+    """A port p with p + offset free on loopback for every offset: where a stack of several NATS servers or API
+    replicas fits (tests and benchmarks lay theirs out with it)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        try:
+            for offset in offsets:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no free ports at offsets {offsets}")
+
+
 def wait_for_port(port: int, *, timeout_s: float = 30) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

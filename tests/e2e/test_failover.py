@@ -1,5 +1,5 @@
 """No single point of failure: three NATS servers, two replicas of every service. While 50 checkpointing jobs flow,
-one NATS server (the jobs stream's leader), the leading placement, the leading monitor and one API replica are
+one NATS server (the jobs stream's leader), the leading placement, monitor and billing, and one API replica are
 SIGKILLed in turn and not restarted: every job ends exactly once, no two attempts of a job overlap, the API answers
 through the other replica, each killed leader's replica takes over, and the usage ledger holds one line per
 attempt that ran."""
@@ -13,8 +13,8 @@ import nats
 import pytest
 
 from shared.bus import LEASES
-from services.stack.processes import Stack
-from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, free_ports_at, start_stack
+from services.stack.processes import Stack, free_ports_at
+from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, start_stack
 from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
 from tests.e2e.scripts import quote
 from tests.e2e.test_chaos import TICKING
@@ -28,7 +28,8 @@ HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory, servers):
     stack = start_stack(tmp_path_factory.mktemp("replicated"), cluster=CLUSTER, servers=servers, nats_servers=3,
-                        service_replicas=2, nats_port=free_ports_at(0, 1, 2, 10, 11, 12), api_port=free_ports_at(0, 1))
+                        service_replicas=2, nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
+                        api_port=free_ports_at(0, 1))
     yield stack
     stack.stop_all()
 
@@ -91,13 +92,13 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
     async def kill_in_turn() -> None:
         await asyncio.sleep(1.5)
         info = await admin.jetstream().stream_info("TM_JOBS")
-        victims = [info.cluster.leader, await leader(stack, admin, "placement"), await leader(stack, admin, "monitor"),
+        victims = [info.cluster.leader, *[await leader(stack, admin, s) for s in ("placement", "monitor", "billing")],
                    "submitter"]
         for victim in victims:
             stack.signal(victim, signal.SIGKILL)
             killed_at = time.monotonic()
             kills.append(victim)
-            for service in ("placement", "monitor"):
+            for service in ("placement", "monitor", "billing"):
                 if victim.startswith(service):
                     await eventually(lambda: _new_leader(stack, admin, service, victim), timeout_s=30, interval_s=0.2)
                     takeovers[service] = round(time.monotonic() - killed_at, 1)
@@ -110,7 +111,7 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
         assert {j["status"]["phase"] for j in items} == {"Completed"}
         assert_attempts_never_overlapped(marker, items)  # no decision taken twice
         await ledger_settles(api, project)
-        assert set(takeovers) == {"placement", "monitor"}
+        assert set(takeovers) == {"placement", "monitor", "billing"}
         print("\nFAILOVER " + json.dumps({"kills": kills, "takeover_s": takeovers, "failed_requests": api.failed}))
     finally:
         await admin.close()

@@ -7,8 +7,7 @@ import nats
 import pytest
 
 from shared.bus import STREAMS
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_ports_at
+from services.stack.processes import Stack, StackSettings, free_ports_at
 
 pytestmark = pytest.mark.integration
 

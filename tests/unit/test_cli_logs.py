@@ -16,14 +16,12 @@ def paged(request: httpx.Request) -> httpx.Response:
 
 
 def test_every_page_is_read_in_order():
-    api = Api(url="http://api", token="t")
-    api.http = httpx.Client(base_url="http://api", transport=httpx.MockTransport(paged))
+    api = Api(url="http://api", token="t", transport=httpx.MockTransport(paged))
     assert "".join(api.log_pages("/v2/p/training-jobs/j/logs")) == "".join(LINES)
 
 
 def test_a_server_that_does_not_advance_ends_the_loop():
     stuck = lambda request: httpx.Response(200, text="x\n", headers={"X-Log-More": "true",  # noqa: E731
                                                                       "X-Log-Next-Offset": "0"})
-    api = Api(url="http://api", token="t")
-    api.http = httpx.Client(base_url="http://api", transport=httpx.MockTransport(stuck))
+    api = Api(url="http://api", token="t", transport=httpx.MockTransport(stuck))
     assert list(api.log_pages("/logs")) == ["x\n"]

@@ -5,8 +5,11 @@ from typing import Any
 
 import pytest
 
+from nats.errors import NoRespondersError
+
 from shared.bus import RPC_ADMIT, RPC_CANDIDATES
 from shared.rpc import Candidate, CandidatesReply
+from services.submitter import rpc
 from services.submitter.admission import price
 from services.submitter.dialects import JobCreate
 from services.submitter.intake import Intake
@@ -27,12 +30,15 @@ class CountingBroker:
 
     admit: dict[str, Any] = field(default_factory=lambda: {"allowed": True, "limited": True})
     placement_away: bool = False
+    billing_away_for: int = 0  # how many admission questions find nobody listening (a leader changing)
     asked: list[tuple[str, Any]] = field(default_factory=list)
 
     async def request(self, payload, subject: str, timeout: float = 0):
         self.asked.append((subject, payload))
         if subject == RPC_CANDIDATES and self.placement_away:
             raise TimeoutError("placement is away")
+        if subject == RPC_ADMIT and sum(s == RPC_ADMIT for s, _ in self.asked) <= self.billing_away_for:
+            raise NoRespondersError
         answer = {RPC_CANDIDATES: CandidatesReply(candidates=[OFFER]).model_dump(mode="json"),
                   RPC_ADMIT: self.admit}[subject]
         return SimpleNamespace(decode=lambda: _async(answer))
@@ -139,3 +145,25 @@ def test_a_job_is_priced_at_the_placement_the_policy_would_decide_not_at_the_che
     body = JobCreate.model_validate(job_body(name="priced"))
     dollars, gpu_hours = price(body, CandidatesReply(candidates=[decided, cheaper]))
     assert dollars == 6.0 and gpu_hours == body.spec.resource.gpu_count * body.spec.resource.node_count * 1.0
+
+
+@pytest.mark.asyncio
+async def test_a_submission_waits_out_a_short_hand_over_of_billing(monkeypatch):
+    monkeypatch.setattr(rpc, "NO_RESPONDER_RETRY_S", 0.01)
+    app = await api(billing_away_for=3)
+    async with client(app) as http:
+        created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="during", gpu_count=1))
+    assert created.status_code == 201, created.text
+    assert app.state.broker.subjects().count(RPC_ADMIT) == 4
+
+
+@pytest.mark.asyncio
+async def test_a_service_away_longer_than_the_timeout_is_a_503_with_retry_after(monkeypatch):
+    monkeypatch.setattr(rpc, "NO_RESPONDER_RETRY_S", 0.01)
+    monkeypatch.setattr(rpc, "TIMEOUT_S", 0.1)
+    app = await api(billing_away_for=10_000)
+    async with client(app) as http:
+        refused = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="away", gpu_count=1))
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error_code"] == "406003" and "billing service did not answer" in refused.json()["error_msg"]
+    assert await app.state.repo.jobs.find_one({"name": "away"}) is None
