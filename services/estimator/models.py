@@ -4,10 +4,12 @@ import asyncio
 import json
 import logging
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.children import dies_with_parent
 from services.estimator.model import HistoryPredictor
 
 log = logging.getLogger(__name__)
@@ -64,8 +66,9 @@ class ModelStore:
             argv += ["--runs", str(extra)]
         log.info("training history model %s on %d tarball(s) and %d completed job(s)", out.name, len(corpus),
                  len(runs or []))
-        self.training = await asyncio.create_subprocess_exec(
-            *argv, stdout=(self.directory / "training.log").open("ab"), stderr=asyncio.subprocess.STDOUT)
+        self.training = await asyncio.create_subprocess_exec(  # a training whose estimator died is of no use
+            *argv, stdout=(self.directory / "training.log").open("ab"), stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=dies_with_parent(signal.SIGKILL))
 
 
 async def refresh_forever(store: ModelStore, *, interval_s: float = 5.0) -> None:

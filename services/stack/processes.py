@@ -17,6 +17,7 @@ from urllib.parse import quote_plus
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.children import dies_with_parent
 from services.agent.resources import load_cluster
 from services.stack.identities import Identities, prepare_bus
 
@@ -212,8 +213,13 @@ class Stack:
         logs = self.data_dir / "logs"
         logs.mkdir(mode=0o700, parents=True, exist_ok=True)
         out = (logs / f"{name}.log").open("ab")
+        # Gone with the stack: agents by SIGTERM (they stop their tasks); services, the bus and the database by
+        # SIGKILL (services do not exit on SIGTERM once the bus is gone; a kill loses nothing: every change is
+        # written with its events, and the bus and the database survive one).
+        with_stack = dies_with_parent(signal.SIGTERM if name.startswith("agent-") else signal.SIGKILL)
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env or self.env(),
-                                   start_new_session=True, cwd=Path(__file__).resolve().parents[2], umask=umask)
+                                   start_new_session=True, cwd=Path(__file__).resolve().parents[2], umask=umask,
+                                   preexec_fn=with_stack)
         self.processes[name] = process
         return process
 
