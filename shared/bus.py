@@ -50,7 +50,7 @@ STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
 # Leader leases of replicated services (shared/lease.py), in the key-value layout: one key per service, each value
 # forgotten LEASE_TTL_S after it was written. Declared with the others only where leases are on.
 LEASE_BUCKET = "tm_leaders"
-LEASE_TTL_S = 6.0
+LEASE_TTL_S = 12.0  # a lost NATS server can leave the bucket without a leader for 4.5-6.2 s (measured)
 LEASES = _stream(f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.>", max_age=LEASE_TTL_S, max_msgs_per_subject=1,
                  duplicate_window=1, deny_delete=True, allow_direct=True)
 

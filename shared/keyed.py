@@ -10,6 +10,7 @@ import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
 from faststream.nats import NatsBroker
@@ -18,11 +19,13 @@ from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
 from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, check_subject, durable, stream_of
+from shared.clock import utcnow
 
 log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+REDELIVERY_MARGIN_S = 1.0
 PATIENCE_S = 2.0  # how long a delivery waits for one before it that has not reached the handler (a lost one)
 JOBS_IN_FLIGHT = 32  # a state machine's jobs handled at once (`durable(..., keyed=)`), each job's events one at a time
 
@@ -218,7 +221,20 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
         return 0
     deliveries.resume_after(info.delivered.consumer_seq)
     if info.num_ack_pending:
-        log.info("%s: %d messages of a previous run unacknowledged: waiting %d s for their redelivery",
-                 consumer, info.num_ack_pending, ACK_WAIT_S)
-        await asyncio.sleep(ACK_WAIT_S + 1)
+        wait = redelivery_wait(info.delivered.last_active, now=utcnow())
+        log.info("%s: %d messages of a previous run unacknowledged: waiting %.1f s for their redelivery",
+                 consumer, info.num_ack_pending, wait)
+        await asyncio.sleep(wait)
     return info.num_ack_pending or 0
+
+
+def redelivery_wait(last_delivered: datetime | None, *, now: datetime) -> float:
+    """Seconds until every message a dead reader held is due again: each is redelivered ACK_WAIT_S after it was
+    delivered, and none was delivered after the consumer's last delivery (the server's clock: 1 s of margin).
+    A replica that takes over once the leader's lease ran out (6 s) waits ~5 s more, not the whole ACK_WAIT_S."""
+    if last_delivered is None:
+        return ACK_WAIT_S + 1.0
+    if last_delivered.tzinfo is None:
+        last_delivered = last_delivered.replace(tzinfo=UTC)
+    due = (last_delivered - now).total_seconds() + ACK_WAIT_S + REDELIVERY_MARGIN_S
+    return min(ACK_WAIT_S + 1.0, max(0.0, due))

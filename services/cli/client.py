@@ -17,7 +17,7 @@ EXIT_REFUSED = 65  # the API refused the request (4xx): EX_DATAERR
 EXIT_UNAVAILABLE = 69  # the server could not be reached or failed (5xx): EX_UNAVAILABLE
 EXIT_FORBIDDEN = 77  # no or wrong token, or no permission on the project: EX_NOPERM
 EXIT_CONFIG = 78  # nothing says which server, token or project: EX_CONFIG
-HANDOVER_S = 20.0  # longer than a leader lease's hand-over (6 s) plus a service's start
+HANDOVER_S = 30.0  # longer than a leader lease's hand-over (12 s) plus a service's start
 RETRY_S = 0.5
 SAFE = {"GET", "HEAD"}
 

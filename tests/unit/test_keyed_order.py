@@ -1,13 +1,15 @@
 """Order per key, concurrency across keys: the state machines' consumers (`shared.keyed`)."""
 import asyncio
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
 from faststream.exceptions import RejectMessage
 from pymongo.errors import AutoReconnect
 
+from shared.bus import ACK_WAIT_S
 from shared.events import JobEvent
-from shared.keyed import DeliveryOrder, in_order, keyed_durable
+from shared.keyed import DeliveryOrder, in_order, keyed_durable, redelivery_wait
 
 
 async def run_batch(handler, events) -> None:
@@ -138,3 +140,12 @@ async def test_a_keyed_consumer_rejects_what_is_no_event_of_its_own_and_skips_it
     with pytest.raises(RejectMessage):
         await jobs.decode(msg, decode)
     assert jobs.deliveries.last == 10
+
+
+def test_a_new_reader_waits_only_until_what_the_dead_one_held_is_due_again():
+    now = datetime(2026, 11, 25, 12, 0, 0, tzinfo=UTC)
+    # the leader died right after a delivery; its replica took over 6 s later: 10 + 1 - 6 = 5 s more
+    assert redelivery_wait(now - timedelta(seconds=6), now=now) == pytest.approx(ACK_WAIT_S + 1 - 6)
+    assert redelivery_wait(now - timedelta(seconds=60), now=now) == 0.0  # long due: redelivered already
+    assert redelivery_wait(now + timedelta(seconds=30), now=now) == ACK_WAIT_S + 1  # a skewed clock: never longer
+    assert redelivery_wait(None, now=now) == ACK_WAIT_S + 1  # unknown: the whole wait, as before
