@@ -6,6 +6,8 @@ import time
 from services.stack.processes import Stack, StackSettings
 from services.submitter.auth import check_admin_token
 
+RESTART_AFTER_S = 5.0  # a process that keeps exiting is started at most this often
+
 
 def main() -> None:
     stack = Stack(StackSettings())
@@ -34,11 +36,15 @@ def main() -> None:
           f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
           f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
           f"  logs: {stack.data_dir / 'logs'}\n  Ctrl-C stops everything.", flush=True)
-    reported: set[str] = set()
-    while not stopping:
-        for name in set(stack.dead()) - reported:
-            print(f"trainmaster: {name} exited (see {stack.data_dir / 'logs' / (name + '.log')})", file=sys.stderr)
-            reported.add(name)
+    restarted: dict[str, float] = {}
+    while not stopping:  # the supervisor: what exits is started again (a replica that lost its lease, a crash)
+        for name in stack.dead():
+            if time.monotonic() - restarted.get(name, -RESTART_AFTER_S) < RESTART_AFTER_S:
+                continue
+            log = stack.data_dir / "logs" / f"{name}.log"
+            again = stack.restart(name)
+            restarted[name] = time.monotonic() if again else float("inf")  # told once, then left alone
+            print(f"trainmaster: {name} exited{', started again' if again else ''} (see {log})", file=sys.stderr)
         time.sleep(0.5)
     print("trainmaster: stopping…", flush=True)
     stack.stop_all()

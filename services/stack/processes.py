@@ -354,6 +354,21 @@ class Stack:
             except ProcessLookupError:
                 pass
 
+    def restart(self, name: str) -> bool:
+        """Start again a process of the stack that exited (a service, an agent, a NATS server), as it was started;
+        False for one this cannot restart (the database, a name it does not know)."""
+        for service, replica in self.service_processes():
+            if self.replica_name(service, replica) == name:
+                self.start_service(service, replica=replica)
+                return True
+        if name in self.nats_servers:
+            self.start_nats_server(name)
+            return True
+        if name.startswith("agent-") and name.removeprefix("agent-") in self.node_ids():
+            self.start_agent(name.removeprefix("agent-"))
+            return True
+        return False
+
     def dead(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.poll() is not None]
 
