@@ -64,7 +64,7 @@ async def lease_holder(js, stack: Stack, service: str) -> str | None:
         entry = await js.get_last_msg(LEASES.name, f"$KV.tm_leaders.{service}")
     except nats.errors.Error:
         return None
-    pid = int(json.loads(entry.data)["holder"].rsplit(":", 1)[1])
+    pid = int(json.loads(entry.data)["holder"].split(":")[1])
     return next((name for name, p in stack.processes.items() if p.pid == pid), None)
 
 

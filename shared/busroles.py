@@ -70,8 +70,11 @@ def declares_streams() -> tuple[str, ...]:
 
 
 def leads(role: str) -> tuple[str, ...]:
-    """Taking and renewing its own leader lease (shared/lease.py), no other service's."""
-    return (f"$KV.{bus.LEASE_BUCKET}.{role}",) if role in bus.SERVICES else ()
+    """Taking, renewing and reading back its own leader lease (shared/lease.py), no other service's."""
+    if role not in bus.SERVICES:
+        return ()
+    key = f"$KV.{bus.LEASE_BUCKET}.{role}"
+    return key, f"$JS.API.DIRECT.GET.{bus.LEASES.name}.{key}"
 
 
 def service(role: str) -> Permissions:

@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 
 from nats.errors import Error as NatsError
@@ -37,7 +38,8 @@ class LeaseLost(RuntimeError):
 
 
 def holder_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """host:pid:token — the token tells two leases of one process apart (a write of ours is recognised by it)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 class Lease:
@@ -62,14 +64,17 @@ class Lease:
         """Wait until this replica holds the lease; returns its epoch."""
         while True:
             sent = self.clock()
+            revision = None
             try:
                 revision = await self._write(last=0, timeout_s=max(poll_s, 1.0))
             except APIError as exc:
-                if exc.err_code != WRONG_LAST_SEQUENCE:
+                if exc.err_code == WRONG_LAST_SEQUENCE:
+                    revision = await self._own_last_write()  # None: another holds it
+                else:
                     log.warning("lease %s: %r", self.role, exc)
             except (NatsError, TimeoutError) as exc:
                 log.warning("lease %s: the bus did not answer: %r", self.role, exc)
-            else:
+            if revision is not None:  # taken now, or by a write of ours whose acknowledgement was lost
                 self.epoch = self.revision = revision
                 self.valid_until = sent + self.ttl_s - self.margin_s
                 return revision
@@ -86,13 +91,28 @@ class Lease:
             try:
                 self.revision = await self._write(last=self.revision, timeout_s=left)
             except APIError as exc:
-                if exc.err_code == WRONG_LAST_SEQUENCE:
+                if exc.err_code != WRONG_LAST_SEQUENCE:
+                    log.warning("lease %s: renewal refused: %r", self.role, exc)
+                elif (revision := await self._own_last_write()) is not None:  # a renewal's lost acknowledgement
+                    self.revision = revision
+                else:
                     raise LeaseLost(f"{self.role}: the lease of epoch {self.epoch} was taken by another") from exc
-                log.warning("lease %s: renewal refused: %r", self.role, exc)
             except (NatsError, TimeoutError) as exc:
                 log.warning("lease %s: renewal not answered: %r", self.role, exc)
             else:
                 self.valid_until = sent + self.ttl_s - self.margin_s
+
+    async def _own_last_write(self) -> int | None:
+        """The key's revision if its last value is this replica's own (with this epoch): a write of ours that the
+        server took though its acknowledgement never came back. None when another wrote it (or it cannot be read)."""
+        try:
+            last = await self.js.get_last_msg(LEASES.name, self.subject, direct=True)
+            value = json.loads(last.data)
+        except (NatsError, TimeoutError, ValueError):
+            return None
+        if value.get("holder") != self.holder or value.get("epoch") != (self.epoch or None):
+            return None
+        return last.seq
 
     async def _write(self, *, last: int, timeout_s: float) -> int:
         payload = json.dumps({"holder": self.holder, "epoch": self.epoch or None}).encode()

@@ -104,7 +104,6 @@ class Wiring:
     background: Background
     link: BusLink
     db: Any = None
-    lease: Any = None  # the leader lease, where the process leads one of several replicas
 
 
 Setup = Callable[[Wiring], Awaitable[Any]]  # builds what a process runs (its service object) once it is connected
@@ -175,7 +174,6 @@ async def lead(w: Wiring, *, stop: Callable[[], Any] | None) -> None:
             else:
                 loop.remove_signal_handler(sig)
     log.info("%s: leading, lease epoch %d", w.name, epoch)
-    w.lease = lease
 
     async def keep() -> None:
         try:

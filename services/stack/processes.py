@@ -245,7 +245,7 @@ class Stack:
             cluster = (f'server_name: "{name}"\ncluster {{\n  name: "trainmaster"\n'
                        f'  listen: "127.0.0.1:{s.nats_port + 10 + i}"\n  routes: [{routes}]\n}}\n')
         config.write_text(
-            f'listen: "127.0.0.1:{s.nats_port + i}"\nmax_payload: 8MB\n{cluster}'
+            f'listen: "127.0.0.1:{s.nats_port + i}"\nmax_payload: 8MB\nmax_control_line: 32KB\n{cluster}'
             f'jetstream {{\n  store_dir: "{store}"\n  sync_interval: always\n}}\n{tls}'
             + self.identities.server_config(resolver_dir=store / "accounts")
         )

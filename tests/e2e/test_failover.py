@@ -67,7 +67,7 @@ class Api:
 async def leader(stack: Stack, nc, service: str) -> str:
     """The process that holds the service's leader lease, by the pid its lease names."""
     entry = await nc.jetstream().get_last_msg(LEASES.name, f"$KV.tm_leaders.{service}")
-    pid = int(json.loads(entry.data)["holder"].rsplit(":", 1)[1])
+    pid = int(json.loads(entry.data)["holder"].split(":")[1])
     [name] = [name for name, process in stack.processes.items() if process.pid == pid]
     return name
 

@@ -76,3 +76,20 @@ async def test_the_lease_bucket_forgets_a_value_after_its_time_to_live(server):
         assert info.config.max_age == LEASE_TTL_S and info.config.max_msgs_per_subject == 1
     finally:
         await admin.close()
+
+
+async def test_a_write_whose_acknowledgement_was_lost_does_not_cost_the_lease(server):
+    nc = await client(server, "estimator")
+    try:
+        lease = Lease(nc.jetstream(), "estimator")
+        epoch = await asyncio.wait_for(lease.acquire(), timeout=LEASE_TTL_S + 5)
+        lost_ack = await lease._write(last=lease.revision, timeout_s=2)  # the server took it; we never saw the ack
+        assert lost_ack > lease.revision
+        keeping = asyncio.create_task(lease.keep())
+        await asyncio.sleep(2.5 * lease.renew_s)  # renewals on the stale revision find the key rewritten: by us
+        assert not keeping.done() and lease.held() and lease.revision > lost_ack and lease.epoch == epoch
+        keeping.cancel()
+        other = Lease(nc.jetstream(), "estimator", holder="elsewhere:1")  # another replica's view: not its own
+        assert await other._own_last_write() is None
+    finally:
+        await nc.close()
