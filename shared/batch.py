@@ -51,12 +51,9 @@ class GroupCommit(Generic[T, R]):
                 for (_, future), result in zip(group, results):
                     _settle(future, result)
                 group = []
-        except BaseException as exc:  # cancelled (shutdown): nobody is left waiting for ever
+        except asyncio.CancelledError:  # shutdown (a write's own failure is its group's answer, above)
             for _, future in group + self._waiting:
-                if isinstance(exc, Exception):
-                    _settle(future, exc)
-                elif not future.done():
-                    future.cancel()
+                future.cancel()  # nobody is left waiting for ever
             self._waiting.clear()
             raise
         finally:

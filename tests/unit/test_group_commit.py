@@ -78,3 +78,12 @@ async def test_a_caller_that_stops_waiting_does_not_take_its_item_back():
 def test_a_group_size_below_one_is_refused():
     with pytest.raises(ValueError, match="max_size"):
         GroupCommit(Recorder(), max_size=0)
+
+
+async def test_callers_waiting_when_the_writer_is_cancelled_are_cancelled_not_left_waiting():
+    commit = GroupCommit(Recorder(delay=10))
+    callers = [asyncio.create_task(commit(n)) for n in (0, 2)]
+    await asyncio.sleep(0.01)
+    commit._writer.cancel()  # the service shutting down mid-write
+    answers = await asyncio.gather(*callers, return_exceptions=True)
+    assert all(isinstance(a, asyncio.CancelledError) for a in answers) and commit._writer is None
