@@ -125,6 +125,15 @@ class MemoryCollection:
             current[key] = [item for item in current.get(key, []) if not _matches(item, condition)]
         return Result(1)
 
+    async def find_one_and_update(self, query: dict, update: dict, projection: dict | None = None,
+                                  upsert: bool = False, return_document: bool = False) -> dict | None:
+        """`return_document`: pymongo's ReturnDocument.AFTER is True, BEFORE False."""
+        before = next((copy.deepcopy(d) for d in self.docs.values() if _matches(d, query)), None)
+        if before is None and not upsert:
+            return None
+        await self.update_one(query, update, upsert=upsert)
+        return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
+
     async def delete_one(self, query: dict) -> Result:
         doc = await self.find_one(query)
         if doc is None:

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from faststream.nats import NatsBroker
-from pymongo import DESCENDING, UpdateOne
+from pymongo import DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -36,6 +36,16 @@ def list_entry(doc: dict[str, Any]) -> dict[str, Any]:
     created = datetime.fromisoformat(created) if isinstance(created, str) else created
     return {"_id": doc["_id"], "project_id": doc["project_id"], "created_s": created.timestamp(),
             "phase": doc.get("status", {}).get("phase")}
+
+
+def _chunks_key(attempt: int, rank: int) -> str:
+    """Field of a job's output counters: chunks of one task stored (each counted once: a repeat is refused)."""
+    return f"chunks_{attempt}_{rank}"
+
+
+def _last_key(attempt: int, rank: int) -> str:
+    """Field of a job's output counters: the number of one task's chunk marked last."""
+    return f"last_{attempt}_{rank}"
 
 
 def chunk_bytes(lines: list[str]) -> int:
@@ -137,16 +147,22 @@ class Repository:
         last word is always the latest version's."""
         doc = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
         for _ in range(SYNC_ROUNDS):
-            if doc is not None and doc.get("status", {}).get("phase") in QUEUED_PHASES:
-                await self._queued(job_id, project_id=doc["project_id"], user_name=doc["user_name"])
-            else:
+            if doc is None:
                 await self.queue.delete_one({"_id": job_id})
-            if doc is not None:
-                await self._listed(doc)
+            else:
+                await self._write_views(doc, queue=True)
             again = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
             if (again or {}).get("status_version") == (doc or {}).get("status_version"):
                 return
             doc = again
+
+    async def _write_views(self, doc: dict[str, Any], *, queue: bool) -> None:
+        """The job's list entry, and (`queue`) its queue entry, as its stored phase says."""
+        if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
+            await self._queued(doc["_id"], project_id=doc["project_id"], user_name=doc["user_name"])
+        elif queue:
+            await self.queue.delete_one({"_id": doc["_id"]})
+        await self._listed(doc)
 
     async def _queued(self, job_id: str, *, project_id: str, user_name: str) -> None:
         await self.queue.update_one({"_id": job_id}, {"$set": {"project_id": project_id, "user_name": user_name}},
@@ -187,11 +203,24 @@ class Repository:
         return bool(result.deleted_count)
 
     async def apply_status(self, event: JobStatusChanged) -> None:
-        """Newer versions only: a redelivered or out-of-order event changes nothing (but the queue entry is
-        brought in line again: a crash may have come between the two writes)."""
-        await self.jobs.update_one({"_id": event.job_id, "status_version": {"$lt": event.version}},
-                                   {"$set": status_fields(event)})
-        await self.sync_views(event.job_id)
+        """Newer versions only: a redelivered or out-of-order event changes nothing but brings the views in line
+        again (a crash may have come between the job's write and theirs). The views follow the phase alone, so a
+        status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
+        entry only when the job enters or leaves the queue), then checks that its version is still the latest."""
+        before = await self.jobs.find_one_and_update(
+            {"_id": event.job_id, "status_version": {"$lt": event.version}}, {"$set": status_fields(event)},
+            projection=VIEW_FIELDS, return_document=ReturnDocument.BEFORE)
+        if before is None:
+            await self.sync_views(event.job_id)
+            return
+        phase, was = event.phase.value, before.get("status", {}).get("phase")
+        if phase == was:
+            return
+        after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
+        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES))
+        latest = await self.jobs.find_one({"_id": event.job_id}, {"status_version": 1})
+        if (latest or {}).get("status_version") != event.version:
+            await self.sync_views(event.job_id)  # a newer status came in between: its view must be the last word
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         eta = event.eta.model_dump(mode="json") if event.eta else None
@@ -211,8 +240,11 @@ class Repository:
             })
         except (DuplicateKeyError, BulkWriteError):
             return
-        await self.db.api_log_sizes.update_one({"_id": chunk.job_id}, {"$inc": {"bytes": size}}, upsert=True)
-        total = await self.db.api_log_sizes.find_one({"_id": chunk.job_id})
+        update: dict[str, Any] = {"$inc": {"bytes": size, _chunks_key(chunk.attempt, chunk.rank): 1}}
+        if chunk.last:
+            update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}
+        total = await self.db.api_log_sizes.find_one_and_update({"_id": chunk.job_id}, update, upsert=True,
+                                                                return_document=ReturnDocument.AFTER)
         if total and total.get("bytes", 0) > self.log_cap_bytes:
             await self.trim_log(chunk.job_id)
 
@@ -240,13 +272,23 @@ class Repository:
 
     async def output_complete(self, job_id: str, *, attempt: int, rank: int) -> bool:
         """Whether one task's output is all stored: its chunk marked last and every chunk before it (or some of its
-        output was trimmed away, when the count can no longer tell)."""
+        output was trimmed away, when the count can no longer tell). Read first from the job's counters (one
+        document, kept by `add_log`; they count a chunk only once it is stored, so they never say "all" too
+        early); when they do not say so (a crash between a chunk and its count, output from before they were
+        kept), the chunks themselves are counted."""
+        sizes = await self.db.api_log_sizes.find_one({"_id": job_id}) or {}
+        if sizes.get(f"dropped_{rank}"):
+            return sizes.get(_last_key(attempt, rank)) is not None or await self._has_last(job_id, attempt, rank)
+        if _last_key(attempt, rank) in sizes and sizes.get(_chunks_key(attempt, rank), 0) > sizes[_last_key(attempt,
+                                                                                                              rank)]:
+            return True
         where = {"job_id": job_id, "attempt": attempt, "rank": rank}
         last = await self.logs.find_one({**where, "last": True}, {"seq": 1})
-        if last is None:
-            return False
-        return await self.logs.count_documents(where) > last["seq"] or bool(await self.dropped_lines(job_id,
-                                                                                                   rank=rank))
+        return last is not None and await self.logs.count_documents(where) > last["seq"]
+
+    async def _has_last(self, job_id: str, attempt: int, rank: int) -> bool:
+        return await self.logs.find_one({"job_id": job_id, "attempt": attempt, "rank": rank, "last": True},
+                                        {"seq": 1}) is not None
 
     async def dropped_lines(self, job_id: str, *, rank: int) -> int:
         """Lines of this rank's output that went to keep the job under its cap."""

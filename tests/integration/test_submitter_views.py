@@ -1,0 +1,134 @@
+"""The API's job views (queue entries, list entries, output counters) on the database server itself: what a status
+or an output chunk costs in commands, and that the views end right whatever order the statuses come in."""
+import asyncio
+from collections import Counter
+from datetime import datetime, timezone
+
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+
+from shared.events import JobStatusChanged, LogChunk, LogLine
+from shared.jobs import Phase, SecondaryPhase
+from services.stack.processes import Stack, StackSettings
+from services.submitter.repository import Repository
+from tests.conftest import free_port
+from tests.factories import unique
+
+pytestmark = pytest.mark.integration
+
+
+class Commands(monitoring.CommandListener):
+    """Every command the client sends, by name (the database's own cost is per command)."""
+
+    def __init__(self) -> None:
+        self.sent: Counter[str] = Counter()
+
+    def started(self, event) -> None:
+        self.sent[event.command_name] += 1
+
+    def succeeded(self, event) -> None:
+        pass
+
+    def failed(self, event) -> None:
+        pass
+
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+
+@pytest.fixture(scope="module")
+def database(tmp_path_factory):
+    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("db"), nats_port=free_port(), mongo_url=None,
+                                nats_url=None))
+    stack.start_database()
+    yield stack.mongo_url
+    stack.stop_all()
+
+
+@pytest.fixture
+async def counted(database):
+    commands = Commands()
+    client = AsyncMongoClient(database, tz_aware=True, event_listeners=[commands])
+    db = client[unique("views").replace("-", "_")]
+    yield Repository(db=db, broker=None), commands
+    await client.close()
+
+
+def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -> JobStatusChanged:
+    return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="ana",
+                            version=version, phase=phase, secondary_phase=secondary)
+
+
+LIFE = [(Phase.PENDING, SecondaryPhase.QUEUING), (Phase.CREATING, SecondaryPhase.CREATING),
+        (Phase.RUNNING, SecondaryPhase.RUNNING), (Phase.RUNNING, SecondaryPhase.RUNNING),
+        (Phase.COMPLETED, SecondaryPhase.COMPLETED)]
+
+
+async def new_job(repo: Repository, job_id: str) -> None:
+    doc = {"_id": job_id, "name": job_id, "project_id": "p", "user_name": "ana", "status_version": 0,
+           "status": {"phase": "Pending", "secondary_phase": "Queuing"},
+           "create_time": datetime(2026, 11, 25, tzinfo=timezone.utc)}
+    await repo.jobs.insert_one(doc)
+    await repo.sync_views(job_id)
+
+
+async def views(repo: Repository, job_id: str) -> tuple[bool, str]:
+    return (await repo.queue.find_one({"_id": job_id}) is not None,
+            (await repo.listing.find_one({"_id": job_id}))["phase"])
+
+
+async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_a_dozen(counted):
+    repo, commands = counted
+    await new_job(repo, "j")
+    commands.sent.clear()
+    await repo.apply_status(status("j", 1, *LIFE[0]))  # Pending as stored: one write, no view moves
+    assert commands.total() == 1
+    for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
+        await repo.apply_status(status("j", version, phase, secondary))
+    # Each is one write, then: Creating, list entry + check; Running, queue + list entry + check; Running again,
+    # nothing; Completed, list entry + check (it was 5 commands a status: a write, two reads, two entries).
+    assert commands.total() == 1 + 3 + 4 + 1 + 3, dict(commands.sent)
+    assert await views(repo, "j") == (False, "Completed")
+
+
+async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency(counted):
+    repo, _ = counted
+    orders = [[5, 4, 3, 2, 1], [2, 1, 5, 3, 4], [1, 2, 3, 4, 5]]
+    for n, order in enumerate(orders):
+        job_id = f"j{n}"
+        await new_job(repo, job_id)
+        events = {v: status(job_id, v, *LIFE[v - 1]) for v in range(1, 6)}
+        await asyncio.gather(*(repo.apply_status(events[v]) for v in order))
+        await asyncio.gather(*(repo.apply_status(events[v]) for v in order))  # every one redelivered
+        assert await views(repo, job_id) == (False, "Completed"), order
+    await new_job(repo, "requeued")
+    await repo.apply_status(status("requeued", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.apply_status(status("requeued", 4, Phase.PENDING, SecondaryPhase.QUEUING))
+    assert await views(repo, "requeued") == (True, "Pending")
+    assert await repo.queued_count(project_id="p") == 1
+
+
+def chunk(seq: int, *, last: bool = False) -> LogChunk:
+    return LogChunk(event_id=f"j:1:0:{seq}", job_id="j", attempt=1, rank=0, node_id="n", seq=seq, last=last,
+                    lines=(LogLine(t=0.0, s="out", line=f"line {seq}"),))
+
+
+async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters(counted):
+    repo, commands = counted
+    await repo.add_log(chunk(0))
+    await repo.add_log(chunk(2, last=True))
+    assert not await repo.output_complete("j", attempt=1, rank=0)  # chunk 1 still in flight
+    await repo.add_log(chunk(1))
+    await repo.add_log(chunk(1))  # a redelivery is refused and not counted twice
+    commands.sent.clear()
+    assert await repo.output_complete("j", attempt=1, rank=0)
+    assert commands.total() == 1
+    assert not await repo.output_complete("j", attempt=2, rank=0)  # another attempt's output: none stored
+
+
+async def test_a_chunk_stored_without_its_count_is_still_found_by_counting_the_chunks(counted):
+    repo, _ = counted
+    await repo.add_log(chunk(0))
+    await repo.add_log(chunk(1, last=True))
+    await repo.db.api_log_sizes.update_one({"_id": "j"}, {"$inc": {"chunks_1_0": -1}})  # a crash before the count
+    assert await repo.output_complete("j", attempt=1, rank=0)
