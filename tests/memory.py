@@ -110,6 +110,8 @@ class MemoryCollection:
         if current is None:
             if not upsert:
                 return Result(0)
+            if query["_id"] in self.docs:  # as MongoDB: the upsert's insert meets the unmatched document's id
+                raise DuplicateKeyError(f"duplicate _id {query['_id']}")
             current = self.docs.setdefault(query["_id"], {"_id": query["_id"]})
             for key, value in update.get("$setOnInsert", {}).items():
                 current[key] = copy.deepcopy(value)

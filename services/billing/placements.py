@@ -40,15 +40,17 @@ def verdict(placement: dict[str, Any] | None, event: TaskStarted | TaskExited) -
     return "charge" if placement["nodes"].get(str(event.rank)) == event.node_id else "drop"
 
 
-def status_doc(job: dict[str, Any] | None, event: JobStatusChanged, *, seen: float) -> dict[str, Any] | None:
-    """The job's record with what a newer status says of its attempts' ends (Unix seconds; None: not newer)."""
-    job = job or {"_id": event.job_id, "project_id": event.project_id, "user_name": event.user_name}
-    if event.version <= job.get("version", 0):
-        return None
+def status_update(event: JobStatusChanged, *, seen: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(filter, update) that keep on the job's record what its status says of its attempts' ends (Unix seconds:
+    a `$set` datetime is a string on nx-27017), if the status is newer than the one kept; the record is created
+    if billing has not seen the job's submission yet."""
     ends = {str(a.attempt): a.ended_at.timestamp() for a in event.attempts if a.ended_at}
     final = event.end_time.timestamp() if event.phase.is_finished() and event.end_time else None
-    return {**job, "version": event.version, "attempt": event.attempt, "final_at": final, "ends": ends,
-            "seen_at": seen, "finished": event.phase.is_finished()}
+    newer = {"$or": [{"version": {"$lt": event.version}}, {"version": {"$exists": False}}]}
+    return {"_id": event.job_id, **newer}, {
+        "$set": {"version": event.version, "attempt": event.attempt, "final_at": final, "ends": ends,
+                 "seen_at": seen, "finished": event.phase.is_finished()},
+        "$setOnInsert": {"project_id": event.project_id, "user_name": event.user_name}}
 
 
 def missed_end(job: dict[str, Any] | None, *, attempt: int, now: float, grace_s: float) -> float | None:
@@ -73,7 +75,7 @@ class Placements:
         resource = event.spec.resource
         try:
             await self.jobs.insert_one({"_id": event.job_id, "project_id": event.project_id,
-                                        "user_name": event.user_name, "finished": False,
+                                        "user_name": event.user_name, "finished": False, "version": 0,
                                         "gpus": resource.gpu_count * resource.node_count})
         except DuplicateKeyError:
             pass
@@ -85,11 +87,13 @@ class Placements:
         return sum([d.get("gpus", 0) async for d in self.jobs.find(scope, {"gpus": 1}) if d["_id"] not in running])
 
     async def status(self, event: JobStatusChanged, *, seen: float) -> None:
-        """Keep what the job's newest status says of how its attempts ended (for reconciliation)."""
-        job = await self.jobs.find_one({"_id": event.job_id})
-        doc = status_doc(job, event, seen=seen)
-        if doc is not None:  # a whole-document write: nx-27017 stores a `$set` datetime as a string
-            await self.jobs.replace_one({"_id": event.job_id}, doc, upsert=True)
+        """Keep what the job's newest status says of how its attempts ended (for reconciliation): one conditional
+        write; an older or repeated status finds the record newer (the upsert then meets the record's id)."""
+        query, update = status_update(event, seen=seen)
+        try:
+            await self.jobs.update_one(query, update, upsert=True)
+        except DuplicateKeyError:
+            pass
 
     async def placed(self, event: JobPlaced) -> list[TaskStarted | TaskExited]:
         """Record the placement; return the task events that were waiting for it, starts before ends."""

@@ -1,5 +1,6 @@
-"""The API's job views (queue entries, list entries, output counters) on the database server itself: what a status
-or an output chunk costs in commands, and that the views end right whatever order the statuses come in."""
+"""What a job's status costs where it is kept, on the database server itself: the API's views (queue entries, list
+entries, output counters) and billing's record of how attempts ended; in commands, and that each ends at the
+latest status whatever order the statuses come in."""
 import asyncio
 from collections import Counter
 from datetime import datetime, timezone
@@ -9,6 +10,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from shared.events import JobStatusChanged, LogChunk, LogLine
 from shared.jobs import Phase, SecondaryPhase
+from services.billing.placements import Placements
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import Repository
 from tests.conftest import free_port
@@ -132,3 +134,23 @@ async def test_a_chunk_stored_without_its_count_is_still_found_by_counting_the_c
     await repo.add_log(chunk(1, last=True))
     await repo.db.api_log_sizes.update_one({"_id": "j"}, {"$inc": {"chunks_1_0": -1}})  # a crash before the count
     assert await repo.output_complete("j", attempt=1, rank=0)
+
+
+async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(counted):
+    repo, commands = counted
+    db = repo.db
+    placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    ended = datetime(2026, 11, 25, 1, tzinfo=timezone.utc)
+    events = {v: status("j", v, *LIFE[v - 1]) for v in range(1, 6)}
+    events[5] = events[5].model_copy(update={"end_time": ended})
+    await placements.status(events[2], seen=1.0)  # before billing saw the submission: the record is made
+    commands.sent.clear()
+    for version in (5, 3, 4, 1, 5):  # then the newest, and older or repeated ones that change nothing
+        await placements.status(events[version], seen=2.0)
+    assert commands.total() == 5
+    kept = await db.billing_jobs.find_one({"_id": "j"})
+    assert (kept["version"], kept["finished"], kept["final_at"], kept["project_id"]) == (5, True, ended.timestamp(),
+                                                                                         "p")
+    await db.billing_jobs.insert_one({"_id": "old", "project_id": "p", "user_name": "ana", "finished": False})
+    await placements.status(status("old", 2, Phase.RUNNING, SecondaryPhase.RUNNING), seen=3.0)  # kept before
+    assert (await db.billing_jobs.find_one({"_id": "old"}))["version"] == 2  # versions were: it is updated
