@@ -1,7 +1,8 @@
 """Submission benchmark: N no-op jobs through the REST API of a freshly started stack.
 
 Reports jobs/s accepted by the API, submit→Running latency (p50/p99, from each job's create_time and
-start_time), the latency of a job-list page, and the peak RSS of every process of the stack. `--history N` first
+start_time), the latency of a job-list page, and the peak RSS of every process of the stack; `--count-commands`
+adds the database commands each process sent per job of the burst (counted by each process's client). `--history N` first
 stores N finished jobs in the project (straight into the API's collections, each job and its list entry, as months
 of use leave them), to show whether submitting and listing slow down as the history grows; `--idle N` first runs N
 jobs one at a time (submit → Running on an idle stack). Run: `make bench-submit` (or
@@ -14,6 +15,7 @@ import platform
 import socket
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from pymongo import MongoClient
 from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
+from shared.store import COUNTS_DIR
 from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
 from services.stack.processes import Stack, StackSettings
@@ -137,6 +140,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
 
         list_ms = await list_latency_ms(api)
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
+        before = await command_counts(stack)
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         accept_s = time.perf_counter() - started
@@ -150,6 +154,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
                 raise TimeoutError(f"{page['total']} jobs still not finished")
             await asyncio.sleep(0.5)
         finish_s = time.perf_counter() - started
+        per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
                 "items"]:
@@ -168,9 +173,36 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
         "submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
         "submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
         **idle_figures,
+        **per_job,
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
     }
+
+
+async def command_counts(stack: Stack) -> dict[str, Counter]:
+    """What each process of the stack has sent to the database so far, by process name (empty when not counted)."""
+    folder = stack.extra_env.get(COUNTS_DIR)
+    if not folder:
+        return {}
+    await asyncio.sleep(1.5)  # each process writes its counts at most once a second
+    names = {p.pid: name for name, p in stack.processes.items()}
+    counts: dict[str, Counter] = {}
+    for path in Path(folder).glob("*.json"):
+        name = names.get(int(path.stem), path.stem)
+        counts[name] = Counter(json.loads(path.read_text())["sent"])
+    return counts
+
+
+def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, jobs: int) -> dict:
+    """Database commands per job of the burst, by process and in all, and the commands each process sent most
+    (the background work of the burst's duration, relays and timers, is counted in)."""
+    if not after:
+        return {}
+    spent = {name: after[name] - before.get(name, Counter()) for name in after}
+    by_process = {name: round(sum(c.values()) / jobs, 2) for name, c in sorted(spent.items()) if c}
+    top = {name: {k: round(v / jobs, 2) for k, v in c.most_common(6)} for name, c in sorted(spent.items()) if c}
+    return {"db_commands_per_job": round(sum(by_process.values()), 1), "db_commands_per_job_by_process": by_process,
+            "db_commands_per_job_top": top}
 
 
 def main() -> None:
@@ -181,6 +213,7 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=0, help="finished jobs stored in the project first")
     parser.add_argument("--idle", type=int, default=0, help="first, this many jobs one at a time (idle latency)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
+    parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
@@ -188,6 +221,9 @@ def main() -> None:
         stack = Stack(StackSettings(data_dir=data, nats_port=free_port(),
                                     api_port=free_port(), cluster_file=data / "cluster.toml", admin_token=TOKEN,
                                     mongo_url=None, log_level="WARNING"))
+        if args.count_commands:
+            (data / "db-commands").mkdir()
+            stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
         try:
             stack.start_all()
             seed_history(stack, jobs=args.history)

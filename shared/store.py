@@ -13,15 +13,23 @@ fields (it returns `{"status.phase": 1}` as a flat "status.phase" key). Every qu
 collection there, indexes or not: what is counted often lives in a small collection of its own.
 """
 import asyncio
+import json
 import logging
+import os
+import sys
+import time
+import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
-from pymongo import AsyncMongoClient, UpdateOne
+from pymongo import AsyncMongoClient, UpdateOne, monitoring
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.asynchronous.collection import AsyncCollection
 
+from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
 
@@ -45,8 +53,42 @@ def make_client(url: str) -> AsyncMongoClient:
     """One client per process and event loop, created in the service's lifespan. Writes wait for a majority of a
     replica set (a write acknowledged by a primary that then fails over is not lost) and are retried once across a
     primary election; on one server (the embedded one) both mean nothing more than an acknowledged write."""
+    counts = os.environ.get(COUNTS_DIR)
+    listeners = [CommandCounts(Path(counts))] if counts else []
     return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000, w="majority",
-                            retryWrites=True)
+                            retryWrites=True, event_listeners=listeners)
+
+
+COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes what it sent there (benchmarks)
+
+
+class CommandCounts(monitoring.CommandListener):
+    """Database commands this process sent, by collection and command name, written as `<pid>.json` into a folder
+    at most once a second (and when the count is read): where a workload's database work comes from."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / f"{os.getpid()}.json"
+        self.sent: Counter[str] = Counter()
+        self.written = 0.0
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        collection = event.command.get(event.command_name)
+        self.sent[f"{collection if isinstance(collection, str) else '-'}.{event.command_name}"] += 1
+        if time.monotonic() - self.written >= 1.0:
+            self.write()
+
+    def write(self) -> None:
+        self.written = time.monotonic()
+        try:
+            self.path.write_text(json.dumps({"argv": sys.argv, "sent": dict(self.sent)}))
+        except OSError as exc:
+            log.warning("database command counts not written to %s: %r", self.path, exc)
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
 
 
 def outbox_entries(events: Iterable[Message]) -> list[dict[str, Any]]:
@@ -70,9 +112,55 @@ async def flush(
     """Publish a document's pending events in order, pulling each off once the stream has it."""
     if entries is None:
         entries = ((await collection.find_one({"_id": doc_id})) or {}).get(OUTBOX, [])
+    published, error = [], None
     for entry in entries:
-        await _publish(broker, entry)
-        await collection.update_one(*pull_entry(doc_id, entry["event_id"]))
+        try:
+            await _publish(broker, entry)
+        except Exception as exc:  # what follows waits for the relay, in order; what went out is pulled off
+            error = exc
+            break
+        published.append(pull_entry(doc_id, entry["event_id"]))
+    if published:
+        await _pulls()((collection, published))
+    if error is not None:
+        raise error
+
+
+# Pulls of published events, grouped (`shared.batch.GroupCommit`): in a burst, the handlers of many jobs that
+# published at the same time take their events off in one bulk write per collection instead of one command each;
+# a lone pull is written at once, as one update.
+_PULL_GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+
+
+Pull = tuple[dict[str, Any], dict[str, Any]]  # (filter, update) of `pull_entry`
+
+
+def _pulls() -> "GroupCommit[tuple[AsyncCollection, list[Pull]], None]":
+    loop = asyncio.get_running_loop()
+    if loop not in _PULL_GROUPS:
+        _PULL_GROUPS[loop] = GroupCommit(_pull_group)
+    return _PULL_GROUPS[loop]
+
+
+async def _pull_group(items: list[tuple[AsyncCollection, list[Pull]]]) -> list[Exception | None]:
+    """One write per collection (one client's), each item answered with its collection's outcome."""
+    def key(collection: AsyncCollection) -> tuple[int, str]:
+        return id(collection.database.client), collection.full_name
+
+    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Pull]]] = {}
+    for collection, pulls in items:
+        by_collection.setdefault(key(collection), (collection, []))[1].extend(pulls)
+    outcome: dict[tuple[int, str], Exception | None] = {}
+    for k, (collection, pulls) in by_collection.items():
+        try:
+            if len(pulls) == 1:
+                await collection.update_one(*pulls[0])
+            else:
+                await collection.bulk_write([UpdateOne(*pull) for pull in pulls], ordered=False)
+            outcome[k] = None
+        except Exception as exc:
+            outcome[k] = exc
+    return [outcome[key(c)] for c, _ in items]
 
 
 async def _publish(broker: NatsBroker, entry: dict[str, Any]) -> None:

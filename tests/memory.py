@@ -1,5 +1,6 @@
 """An in-memory twin of the few collection operations the services use, for handler tests in milliseconds."""
 import copy
+from types import SimpleNamespace
 from typing import Any
 
 from pymongo.errors import DuplicateKeyError
@@ -78,6 +79,8 @@ class Result:
 class MemoryCollection:
     def __init__(self, name: str = "memory") -> None:
         self.name = name
+        self.full_name = f"{name}-{id(self)}"  # one of its own, as each collection of a client has
+        self.database = SimpleNamespace(client=None)
         self.docs: dict[Any, dict] = {}
 
     def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
@@ -135,6 +138,12 @@ class MemoryCollection:
             return None
         await self.update_one(query, update, upsert=upsert)
         return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
+
+    async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
+        """UpdateOne requests only (what the services send in bulk)."""
+        for request in requests:
+            await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
+        return Result(len(requests))
 
     async def delete_one(self, query: dict) -> Result:
         doc = await self.find_one(query)

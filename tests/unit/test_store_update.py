@@ -1,4 +1,6 @@
 """The one conflict-retry helper: load, change, save until no one wrote in between, and raise when it gives up."""
+import asyncio
+
 import pytest
 
 from shared.events import JobDeleted
@@ -74,3 +76,54 @@ async def test_placement_fleet_raises_instead_of_keeping_a_node_it_could_not_sto
     with pytest.raises(ConflictsExhausted):
         await fleet.reserve("n1", "j")
     assert fleet.nodes["n1"].reserved_for is None
+
+
+class Counted(MemoryCollection):
+    """Counts the writes that take published events off."""
+
+    def __init__(self) -> None:
+        super().__init__("counted")
+        self.pull_writes: list[int] = []  # events pulled by each write
+
+    async def update_one(self, query: dict, update: dict, upsert: bool = False) -> Result:
+        if "$pull" in update:
+            self.pull_writes.append(1)
+        return await super().update_one(query, update, upsert)
+
+    async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
+        self.pull_writes.append(len(requests))
+        for request in requests:
+            await super().update_one(request._filter, request._doc)
+        return Result(len(requests))
+
+
+class Slow(Bus):
+    async def publish(self, payload: dict, subject: str, **_) -> None:
+        await asyncio.sleep(0)  # the broker answers on a later turn of the loop, as NATS does
+        await super().publish(payload, subject)
+
+
+async def test_events_published_side_by_side_are_pulled_off_in_one_write_and_a_lone_one_at_once():
+    jobs = DocumentStore(Counted(), Slow())
+    events = [JobDeleted(event_id=f"j{i}:deleted", job_id=f"j{i}") for i in range(20)]
+    await asyncio.gather(*(jobs.save(f"j{i}", {"n": i}, None, [events[i]]) for i in range(20)))
+    assert sum(jobs.collection.pull_writes) == 20 and len(jobs.collection.pull_writes) < 5
+    assert all(doc[OUTBOX] == [] for doc in jobs.collection.docs.values())
+    jobs.collection.pull_writes.clear()
+    await jobs.save("alone", {"n": 1}, None, [JobDeleted(event_id="alone:deleted", job_id="alone")])
+    assert jobs.collection.pull_writes == [1] and (await jobs.load("alone"))[OUTBOX] == []
+
+
+class Refusing(Bus):
+    async def publish(self, payload: dict, subject: str, **_) -> None:
+        if payload["job_id"] == "second":
+            raise ConnectionError("the bus is away")
+        await super().publish(payload, subject)
+
+
+async def test_what_was_published_before_a_failure_is_pulled_off_and_the_rest_stays_for_the_relay():
+    jobs = DocumentStore(MemoryCollection(), Refusing())
+    events = [JobDeleted(event_id=f"{j}:deleted", job_id=j) for j in ("first", "second", "third")]
+    with pytest.raises(ConnectionError):
+        await jobs.save("d", {"n": 1}, None, events)
+    assert [e["event_id"] for e in (await jobs.load("d"))[OUTBOX]] == ["second:deleted", "third:deleted"]
