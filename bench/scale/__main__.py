@@ -27,7 +27,8 @@ COLUMNS = (("nodes", "nodes"), ("nodes_ready", "ready"), ("all_ready_s", "all re
 
 def one(args: argparse.Namespace, nodes: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="tm-scale-") as tmp:
-        stack = start_stack(Path(tmp), interval_s=args.interval, timeout_s=args.timeout)
+        stack = start_stack(Path(tmp), interval_s=args.interval, timeout_s=args.timeout,
+                            count_commands=args.count_commands)
         try:
             return asyncio.run(measure(stack, nodes=nodes, seconds=args.seconds, jobs=args.jobs,
                                        interval_s=args.interval, task_s=args.task_s,
@@ -59,6 +60,8 @@ def main() -> None:
     parser.add_argument("--jobs-timeout", type=float, default=300)
     parser.add_argument("--logs", default="", help="keep every process's log under this folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object (one fleet size)")
+    parser.add_argument("--count-commands", action="store_true",
+                        help="database commands per node (registration and steady window), by process")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops its stack
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -10,8 +10,10 @@ from pathlib import Path
 import httpx
 
 from shared.buscreds import write_secret
+from shared.store import COUNTS_DIR
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
 from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
+from bench.submit import command_counts
 from bench.scale.sim import IDENTITY, SimFleet, permissions
 
 log = logging.getLogger(__name__)
@@ -25,12 +27,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_stack(data: Path, *, interval_s: float, timeout_s: float) -> Stack:
-    """NATS, the database and the five services; no agent (the simulated fleet is the only one)."""
+def start_stack(data: Path, *, interval_s: float, timeout_s: float, count_commands: bool = False) -> Stack:
+    """NATS, the database and the five services; no agent (the simulated fleet is the only one). `count_commands`:
+    each process counts its database commands (`shared.store.CommandCounts`)."""
     (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n")
     stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), api_port=free_port(),
                                 cluster_file=data / "cluster.toml", admin_token=TOKEN, mongo_url=None,
                                 log_level="WARNING", heartbeat_interval_s=interval_s, node_timeout_s=timeout_s))
+    if count_commands:
+        (data / "db-commands").mkdir()
+        stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
     stack.start_nats()
     stack.start_database()
     stack.prepare_bus()
@@ -142,6 +148,7 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
         async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
             latency, latency_failed = await nodes_latency(api, samples=20, spread_s=seconds)
             steady_cpu = cpu.percent()
+            counted = await command_counts(stack)
             log.info("steady window over: %d heartbeats sent, %d nodes lost, monitor %s",
                      sum(a.heartbeats for a in fleet.agents.values()), len(watch.lost), watch.monitor_details)
             states = await node_states(api)
@@ -172,6 +179,8 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
         "nodes_limit100_failed": latency_failed,
         **({"jobs": 0, "jobs_completed": 0, "jobs_per_s": None, "submit_to_running_p95_s": None} | result),
         "cpu_percent_steady": steady_cpu,
+        **({"db_commands_per_node_registered": {name: round(sum(c.values()) / nodes, 2)
+                                                for name, c in sorted(counted.items())}} if counted else {}),
         "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
         "peak_rss_mb": {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",

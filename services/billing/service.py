@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
@@ -131,9 +132,9 @@ class Billing:
         if self.node_info is None:
             return
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
-        known = await self.node_info.find_one({"_id": node.node_id}) or {}
-        info = {**known, **info, "_id": node.node_id}
-        await self.node_info.replace_one({"_id": node.node_id}, info, upsert=True)
+        # One write that keeps what else is known of the node (whose rented node it is); numbers and names only.
+        info = await self.node_info.find_one_and_update({"_id": node.node_id}, {"$set": info}, upsert=True,
+                                                        return_document=ReturnDocument.AFTER)
         await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=info)
 
     async def provisioned(self, event: NodeProvisioned) -> None:
@@ -152,7 +153,10 @@ class Billing:
         """Open a node's lifetime; `info` is what billing knows of the node (read when the caller has not)."""
         if self.node_info is None:
             return
-        info = info or await self.node_info.find_one({"_id": node_id})
+        if info is None:  # a node turning ready: most often its lifetime is open since it registered
+            if await self.nodes_open.find_one({"_id": node_id}, {"_id": 1}):
+                return
+            info = await self.node_info.find_one({"_id": node_id})
         if info is None:
             return
         opened = open_lifetime(node_id=node_id, kind=info["kind"], price_per_hour=info["price_per_hour"],
