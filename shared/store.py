@@ -180,20 +180,20 @@ async def flush_many(broker: NatsBroker, collection: AsyncCollection,
     """`flush` for many documents at once: each document's events published in order (the documents side by
     side), then every published event pulled off in one bulk write. Answers per document: None, or the error
     that stopped its publishing (what was not published stays in its outbox, for the relay)."""
-    async def publish_all(doc_id: Any, entries: list[dict[str, Any]]) -> tuple[list[UpdateOne], Exception | None]:
-        pulls: list[UpdateOne] = []
+    async def publish_all(doc_id: Any, entries: list[dict[str, Any]]) -> tuple[list[Pull], Exception | None]:
+        pulls: list[Pull] = []
         for entry in entries:
             try:
                 await _publish(broker, entry)
             except Exception as exc:  # the rest of this document's events wait for the relay, in order
                 return pulls, exc
-            pulls.append(UpdateOne(*pull_entry(doc_id, entry["event_id"])))
+            pulls.append(pull_entry(doc_id, entry["event_id"]))
         return pulls, None
 
     outcomes = await asyncio.gather(*(publish_all(doc_id, entries) for doc_id, entries in items))
     pulls = [pull for done, _ in outcomes for pull in done]
     if pulls:
-        await collection.bulk_write(pulls, ordered=False)
+        await _pulls()((collection, pulls))
     return [error for _, error in outcomes]
 
 

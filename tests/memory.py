@@ -3,7 +3,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 
 def _values(doc: Any, path: list[str]) -> list[Any]:
@@ -95,9 +95,19 @@ class MemoryCollection:
         self.docs[doc["_id"]] = copy.deepcopy(doc)
         return Result(1)
 
-    async def insert_many(self, docs: list[dict]) -> Result:
-        for doc in docs:
-            await self.insert_one(doc)
+    async def insert_many(self, docs: list[dict], ordered: bool = True) -> Result:
+        """As MongoDB: a duplicate id stops an ordered insert there; an unordered one inserts the rest and then
+        reports each refused document by its index."""
+        errors = []
+        for index, doc in enumerate(docs):
+            try:
+                await self.insert_one(doc)
+            except DuplicateKeyError:
+                errors.append({"index": index, "code": 11000})
+                if ordered:
+                    break
+        if errors:
+            raise BulkWriteError({"writeErrors": errors, "nInserted": len(docs) - len(errors)})
         return Result(len(docs))
 
     async def replace_one(self, query: dict, doc: dict, upsert: bool = False) -> Result:

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from pymongo import UpdateOne
 
+from shared.batch import GroupCommit
 from shared.bus import BusLink, publish
 from shared.clock import utcnow
 from shared.events import JobStatusChanged, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
@@ -39,6 +40,11 @@ class Monitor:
     link: BusLink | None = None
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
+    # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
+    first_writes: GroupCommit = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.first_writes = GroupCommit(self._store_new_nodes)
 
     async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state."""
@@ -104,7 +110,11 @@ class Monitor:
         return len(nodes)
 
     async def sighted(self, node_id: str, **seen) -> None:
-        """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs."""
+        """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs. A node never
+        stored goes out with the others that first spoke at the same moment (one insert for a burst); one that
+        someone stored meanwhile is read and updated as any other."""
+        if node_id not in self.fleet.records and await self._first_sighting(node_id, seen):
+            return
         read: list[tuple[NodeRecord | None, Sighting]] = []  # what each attempt read, and what it made of it
 
         def write(doc: dict | None) -> tuple[dict, list] | None:
@@ -123,6 +133,26 @@ class Monitor:
         if sighting.event or sighting.restarted or current is None:
             log.info("node %s %s", node_id, "restarted" if sighting.restarted else "ready")
         await self._fence(node_id, sighting.node.running, now=seen["at"])
+
+    async def _first_sighting(self, node_id: str, seen: dict) -> bool:
+        """Store a node never stored before, in a group; False when it was stored already (nothing written)."""
+        sighting = liveness.sighted(None, node_id=node_id, **seen)
+        if not await self.first_writes((node_id, sighting.node.model_dump(), restart_events(sighting))):
+            return False
+        self.fleet.stored(sighting.node)
+        log.info("node %s ready", node_id)
+        await self._fence(node_id, sighting.node.running, now=seen["at"])
+        return True
+
+    async def _store_new_nodes(self, items: list[tuple[str, dict, list]]) -> list[bool]:
+        """Insert a group of new nodes with their events in one command, then publish the events side by side;
+        per node whether it was inserted (an event that could not be published stays for the relay)."""
+        pending = await self.nodes.insert_many(items)
+        stored = [(node_id, entries) for (node_id, _, _), entries in zip(items, pending) if entries]
+        for error in await self.nodes.flush_many(stored):
+            if error is not None:
+                log.warning("a new node's events are left to the outbox relay: %r", error)
+        return [entries is not None for entries in pending]
 
     async def _fence(self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime) -> None:
         """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost)."""

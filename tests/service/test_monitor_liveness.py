@@ -1,5 +1,6 @@
 """Node liveness in the monitor: heartbeats stay in memory, the database sees changes, a lagging intake fences
 nobody."""
+import asyncio
 from datetime import timedelta
 
 from shared.bus import publish
@@ -89,3 +90,28 @@ async def test_a_node_is_lost_only_once_the_monitor_has_read_the_heartbeats_it_r
     assert monitor.fleet.records["n1"].state == "lost" and (await monitor.nodes.load("n1"))["state"] == "lost"
     await monitor.heartbeat(beat("n1", 40))
     assert monitor.fleet.records["n1"].state == "ready" and (await monitor.nodes.load("n1"))["state"] == "ready"
+
+
+class InsertCounting(CountingCollection):
+    def __init__(self) -> None:
+        super().__init__()
+        self.insert_commands = 0
+
+    async def insert_many(self, docs, ordered=True):
+        self.insert_commands += 1
+        return await super().insert_many(docs, ordered=ordered)
+
+
+async def test_a_fleet_coming_up_is_stored_in_groups_and_a_node_stored_meanwhile_is_updated(monitor_broker):
+    _, monitor, _ = monitor_broker
+    monitor.nodes.collection = nodes = InsertCounting()
+    monitor.fleet = Fleet(persist_every_s=30, clock=Clock())
+    registrations = [NodeRegistered(event_id=f"n{i}:boot:b1", node=node(node_id=f"n{i}"), boot_id="b1",
+                                    occurred_at=T0) for i in range(40)]
+    await nodes.insert_one({"_id": "n7", "node_id": "n7", "boot_id": "b0", "last_seen": T0, "state": "lost",
+                            "rev": 1, "_outbox": [], "_outbox_n": 0})  # stored by another process just now
+    await asyncio.gather(*(monitor.registered(r) for r in registrations))
+    assert nodes.insert_commands < 10  # 40 new nodes arrived together
+    assert len(nodes.docs) == 40 and all(d["_outbox"] == [] for d in nodes.docs.values())
+    assert all(monitor.fleet.records[f"n{i}"].state == "ready" for i in range(40))
+    assert nodes.docs["n7"]["boot_id"] == "b1" and nodes.docs["n7"]["info"]["node_id"] == "n7"  # read, updated
