@@ -155,6 +155,7 @@ def subjects_overlap(a: str, b: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=65536)  # every publish asks (an agent's heartbeat too): a scan of the streams' subjects
 def stream_for(subject: str) -> JStream | None:
     """The stream that stores a subject (or, for a filter, overlaps it); None for a core NATS subject."""
     return next((s for s in STREAMS if any(subjects_overlap(subject, x) for x in s.config.subjects)), None)
