@@ -19,11 +19,13 @@ import os
 import sys
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import bson
+from bson.codec_options import CodecOptions
 from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient, UpdateOne, monitoring
 from pymongo.errors import BulkWriteError, DuplicateKeyError
@@ -39,6 +41,9 @@ OUTBOX = "_outbox"
 OUTBOX_COUNT = "_outbox_n"
 REVISION = "rev"
 DUPLICATE_KEY = 11000
+# Documents a service that is their only writer keeps as last written (`DocumentStore(remember=...)`): a job's
+# state in the monitor, placement and the estimator.
+REMEMBER_JOBS = 4096
 MAX_CONFLICTS = 50  # writers of one document are few (a service and the relay): this many lost races is a fault
 
 Fields = dict[str, Any]
@@ -210,20 +215,29 @@ async def relay(broker: NatsBroker, collections: Sequence[AsyncCollection], *, i
 
 
 class DocumentStore:
-    """Documents that change by optimistic concurrency (`rev`) and carry the events of each change."""
+    """Documents that change by optimistic concurrency (`rev`) and carry the events of each change.
 
-    def __init__(self, collection: AsyncCollection, broker: NatsBroker) -> None:
+    remember: how many documents this process keeps as it last wrote them (0: none), so that the next change of
+    one starts from memory instead of a read. Only for a collection whose every writer goes through a store or
+    the outbox relay (a write that bypasses the revision would be undone by a change made from memory); a
+    remembered copy that is stale costs one failed conditional write, then a read, as any lost race.
+    """
+
+    def __init__(self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0) -> None:
         self.collection = collection
         self.broker = broker
+        self.remember = remember
+        self._remembered: OrderedDict[Any, bytes] = OrderedDict()  # doc id -> the stored document, as BSON
 
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
 
     async def update(self, doc_id: Any, change: Change, *, attempts: int = MAX_CONFLICTS) -> bool:
-        """Load, change, save until no one wrote in between; `change` returns None when there is nothing to write.
-        Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races."""
-        for _ in range(attempts):
-            current = await self.load(doc_id)
+        """Load (or recall), change, save until no one wrote in between; `change` returns None when there is
+        nothing to write. Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races."""
+        for attempt in range(attempts):
+            remembered = self._recall(doc_id) if attempt == 0 else None
+            current = remembered if remembered is not None else await self.load(doc_id)
             outcome = change(current)
             if outcome is None:
                 return False
@@ -236,15 +250,44 @@ class DocumentStore:
     async def save(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
                    events: Sequence[Message]) -> bool:
         """Write fields and events if nobody changed the document since `current` was read; then publish."""
-        pending = await self.write(doc_id, fields, current, events)
+        self._remembered.pop(doc_id, None)
+        update = await self._write(doc_id, fields, current, events)
+        if update is None:
+            return False
+        pending = update[OUTBOX]
         if pending:
             await self.flush(doc_id, pending)
-        return pending is not None
+        if self.remember:  # as stored once every event is pulled off: each pull took one off and added a revision
+            self._keep(doc_id, {"_id": doc_id, **update, OUTBOX: [], OUTBOX_COUNT: 0,
+                                REVISION: update[REVISION] + len(pending)})
+        return True
+
+    def _keep(self, doc_id: Any, doc: dict[str, Any]) -> None:
+        self._remembered[doc_id] = bson.encode(doc, codec_options=self._codec())
+        while len(self._remembered) > self.remember:
+            self._remembered.popitem(last=False)
+
+    def _recall(self, doc_id: Any) -> dict[str, Any] | None:
+        """The document as this process last stored it (decoded as a read would: lists, aware datetimes)."""
+        raw = self._remembered.get(doc_id)
+        if raw is None:
+            return None
+        self._remembered.move_to_end(doc_id)
+        return bson.decode(raw, codec_options=self._codec())
+
+    def _codec(self) -> CodecOptions:
+        return getattr(self.collection, "codec_options", None) or CodecOptions(tz_aware=True)
 
     async def write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
                     events: Sequence[Message]) -> list[dict[str, Any]] | None:
         """Write fields and events (a new document when `current` is None) without publishing; returns the
         pending outbox entries, or None when the document changed since `current` was read (or already exists)."""
+        update = await self._write(doc_id, fields, current, events)
+        return None if update is None else update[OUTBOX]
+
+    async def _write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
+                     events: Sequence[Message]) -> dict[str, Any] | None:
+        """`write`, answering the whole document as stored (None: not written)."""
         update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, current, events)
         if current is None:
             try:
@@ -255,7 +298,7 @@ class DocumentStore:
             result = await self.collection.replace_one({"_id": doc_id, **unchanged(current)}, update)
             if result.matched_count == 0:
                 return None
-        return update[OUTBOX]
+        return update
 
     async def insert_many(self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
                           ) -> list[list[dict[str, Any]] | None]:

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
-from shared.store import DocumentStore, relay
+from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.estimator.handlers import JOBS, router
 from services.estimator.models import ModelStore, refresh_forever
 from services.estimator.service import Estimator
@@ -28,8 +28,9 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
     async def setup(w: Wiring) -> Estimator:
         models = ModelStore(directory=settings.model_dir or settings.data_dir / "models",
                             corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every)
-        estimator = Estimator(broker=w.broker, jobs=DocumentStore(w.db.estimator_jobs, w.broker),
-                              points=w.db.estimator_points, history=w.db.estimator_history, models=models)
+        jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS)  # written by this service only
+        estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
+                              history=w.db.estimator_history, models=models)
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))

@@ -9,7 +9,7 @@ from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
-from shared.store import DocumentStore, relay
+from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import JOBS, heartbeat_intake, router
 from services.monitor.hangs import restart_overdue
@@ -31,9 +31,11 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
     settings = settings or MonitorSettings()
 
     async def setup(w: Wiring) -> Monitor:
-        monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker), nodes=DocumentStore(w.db.monitor_nodes,
-                          w.broker), node_timeout_s=settings.node_timeout_s, started_at=utcnow(), link=w.link,
-                          fleet=Fleet(persist_every_s=settings.persist_seen_s))
+        # Jobs are remembered as last written (the monitor and its relay are their only writers); nodes are not:
+        # their last_seen is written in bulk beside the store.
+        monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker, remember=REMEMBER_JOBS),
+                          nodes=DocumentStore(w.db.monitor_nodes, w.broker), node_timeout_s=settings.node_timeout_s,
+                          started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s))
         log.info("%d nodes known", await monitor.load_fleet())
         # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
         # tells the liveness check whether it has read all that arrived.

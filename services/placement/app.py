@@ -8,7 +8,7 @@ from pydantic import Field
 
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
-from shared.store import DocumentStore, relay
+from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet
 from services.placement.handlers import JOBS, router
@@ -54,7 +54,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
                               pullback_min_remaining_s=settings.pullback_min_remaining_s,
                               migration_s=settings.migration_s, exchange_rate=tradeoff.exchange_rate,
                               cost_sensitive_weight=tradeoff.cost_sensitive_weight)
-        placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker), fleet=fleet,
+        placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS), fleet=fleet,
                               slow_factor=settings.slow_factor, config=config, flavors=cluster.get("flavors", []),
                               fair=FairShare(w.db.placement_usage), tradeoff=tradeoff,
                               estimates=Estimates(broker=w.broker))

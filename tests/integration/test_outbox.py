@@ -1,5 +1,6 @@
 """The outbox and the streams against a real NATS server and the database server."""
 import asyncio
+from datetime import UTC, datetime
 
 import nats
 import pytest
@@ -146,3 +147,17 @@ async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_an
     published = await stream_subjects(servers, "tm.job.submitted")
     for job_id, _ in stored:
         assert sum(job_id.encode() in m for m in published) == 1
+
+
+async def test_a_remembered_document_is_what_the_database_would_answer(servers, wiring):
+    broker, collection = wiring
+    store = DocumentStore(collection, broker, remember=10)
+    fields = {"phase": "Running", "at": datetime(2026, 11, 25, 9, 30, 0, 123000, tzinfo=UTC),
+              "ranks": (0, 1), "tasks": {"0": {"node": "n1", "exit": None}}}
+    job_id = unique("j")
+    event = JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id)
+    assert await store.save(job_id, fields, None, [event])
+    assert store._recall(job_id) == await collection.find_one({"_id": job_id})
+    assert await store.update(job_id, lambda doc: ({**doc, "phase": "Completed"}, [
+        JobDeleted(event_id=f"{job_id}:deleted-2", job_id=job_id)]))
+    assert store._recall(job_id) == await collection.find_one({"_id": job_id})

@@ -127,3 +127,39 @@ async def test_what_was_published_before_a_failure_is_pulled_off_and_the_rest_st
     with pytest.raises(ConnectionError):
         await jobs.save("d", {"n": 1}, None, events)
     assert [e["event_id"] for e in (await jobs.load("d"))[OUTBOX]] == ["second:deleted", "third:deleted"]
+
+
+class Reading(DocumentStore):
+    """Counts the documents it reads."""
+    reads = 0
+
+    async def load(self, doc_id):
+        self.reads += 1
+        return await super().load(doc_id)
+
+
+def bump(doc):
+    return {"n": doc["n"] + 1 if doc else 1, "at": [1, 2]}, [JobDeleted(event_id=f"d:{doc and doc['n']}",
+                                                                           job_id="d")]
+
+
+async def test_a_remembered_document_changes_without_a_read_and_a_stale_one_costs_a_lost_race():
+    jobs = Reading(MemoryCollection(), Bus(), remember=2)
+    for _ in range(3):
+        assert await jobs.update("d", bump)
+    assert jobs.reads == 1  # the first: nothing remembered yet
+    stored = jobs.collection.docs["d"]
+    assert stored["n"] == 3 and stored[OUTBOX] == [] and jobs._recall("d") == stored
+    stored |= {"n": 10, REVISION: stored[REVISION] + 1}  # another writer, behind this process's back
+    assert await jobs.update("d", bump)
+    assert jobs.collection.docs["d"]["n"] == 11 and jobs.reads == 2
+    for doc_id in ("e", "f", "g"):  # only the two last written are kept
+        await jobs.update(doc_id, bump)
+    assert jobs._recall("d") is None and jobs._recall("g") is not None
+
+
+async def test_nothing_is_remembered_of_a_write_whose_events_did_not_all_go_out():
+    jobs = DocumentStore(MemoryCollection(), Refusing(), remember=10)
+    with pytest.raises(ConnectionError):
+        await jobs.save("d", {"n": 1}, None, [JobDeleted(event_id="second:deleted", job_id="second")])
+    assert jobs._recall("d") is None
