@@ -14,9 +14,23 @@ import math
 import numpy as np
 
 # "curve_loose": the curve when its families disagree on the crossing (online.CURVE_LOOSE_SPREAD).
-COMPONENTS = ("history", "throughput", "curve", "curve_loose")
-# Fraction-of-run buckets: estimates change character fast early on, slowly later.
-BUCKET_EDGES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+# "median_rate": the history's median work over the live rate, not conditioned on the progress passed: the
+# baseline the issue names ("median work / live throughput"); each cell is shrunk toward it (`lam`).
+BASELINE = "median_rate"
+COMPONENTS = ("history", "throughput", "curve", "curve_loose", BASELINE)
+# Shrinkage toward the baseline a cell may take, chosen by cross-fitting on the calibration samples.
+SHRINK_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# What a cell is shrunk toward: the baseline; on a benchmark never trained on (no history work, so no
+# baseline) its own curve, tight or loose, whichever the job has.
+ANCHORS = (BASELINE,)
+OWN_POOL_ANCHORS = ("curve", "curve_loose")
+# Fraction-of-run buckets: estimates change character fast early on, and again near the end, where the
+# fraction is capped at 1 and a run past what its kind needs reads as done: one bucket from 0.8 to 1 gave runs
+# at 0.83 the bias of those at 0.99 (on v3.1 held-out submitters, rnnt at 80% of a run came out 33% long).
+BUCKET_EDGES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.97)
+# A table keeps the edges it was fitted with; one saved without them was fitted with these.
+LEGACY_EDGES = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8)
+EDGES_KEY = "#edges"
 MIN_SAMPLES = 12  # fewer calibration points than this fall back to the "*" key
 # A log-variance floor keeps one lucky component from taking every weight.
 VAR_FLOOR = 1e-4
@@ -35,9 +49,9 @@ def _own_pool(key: str) -> bool:
     return key.startswith("<")
 
 
-def bucket(fraction: float) -> int:
+def bucket(fraction: float, edges=BUCKET_EDGES) -> int:
     """Index of the fraction-of-run bucket."""
-    return bisect.bisect_right(BUCKET_EDGES, max(0.0, fraction))
+    return bisect.bisect_right(edges, max(0.0, fraction))
 
 
 def default_weights(fraction: float, available: set[str], *, unseen: bool = False) -> dict[str, float]:
@@ -78,11 +92,28 @@ def blend(components: dict[str, float], *, fraction: float, key: str,
     if not weights:
         weights = default_weights(fraction, available, unseen=_own_pool(key))
     biases = cell.get("cbias", {}) if cell is not None else {}
+    if cell is not None and cell.get("lam", 0.0) > 0:
+        weights = _shrunk(weights, cell["lam"], anchor(available, biases, key=key))
     log_total = sum(w * (math.log(components[k]) - biases.get(k, 0.0)) for k, w in weights.items())
     q_lo, q_hi = cell["q"] if cell is not None else DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
     total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
     return total, total * math.exp(q_lo), total * math.exp(q_hi), method
+
+
+def anchor(available: set[str], biases: dict, *, key: str) -> str | None:
+    """The component a cell of `key` is shrunk toward, when the job has it and the cell calibrated it."""
+    names = OWN_POOL_ANCHORS if _own_pool(key) else ANCHORS
+    return next((n for n in names if n in available and n in biases), None)
+
+
+def _shrunk(weights: dict[str, float], lam: float, name: str | None) -> dict[str, float]:
+    """The weights moved a share `lam` of the way to component `name` alone."""
+    if name is None:
+        return weights
+    out = {k: (1 - lam) * w for k, w in weights.items()}
+    out[name] = out.get(name, 0.0) + lam
+    return out
 
 
 def _cell_weights(cell: dict, available: set[str]) -> dict[str, float]:
@@ -101,7 +132,7 @@ def _subset_key(names) -> str:
 def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
     if not table:
         return None
-    b = str(bucket(fraction))
+    b = str(bucket(fraction, table.get(EDGES_KEY, LEGACY_EDGES)))
     for k in (key,) if _own_pool(key) else (key, "*"):
         cell = table.get(k, {}).get(b)
         if cell is not None:
@@ -112,14 +143,44 @@ def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
 def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90) -> dict:
     """Learn weights and band quantiles from out-of-fold samples.
 
-    Each sample: {"key", "fraction", "truth", "components": {name: total seconds}}.
-    Weights are inverse mean squared log errors per component; the band quantiles are those
-    of log(truth / blended) in the same cell (split-conformal style).
+    Each sample: {"key", "fraction", "truth", "components": {name: total seconds}, "run" (optional)}.
+    Weights are minimum-variance under the components' error covariance, shrunk toward the baseline
+    as far as cross-fitting says it does not hurt (`lam`); the band quantiles are those of
+    log(truth / blended) in the same cell (split-conformal style).
     """
+    from services.estimator.model.shrink import choose_shrinkage  # it blends with the tables fitted here
+
+    groups = _groups(samples)
+    table = _fit_weights(groups)
+    for (key, b), lam in choose_shrinkage(samples, table).items():
+        table[key][b]["lam"] = lam
+    for (key, b), rows in groups.items():
+        cell = table.get(key, {}).get(b)
+        if cell is None:
+            continue
+        resid = []
+        for r in rows:
+            total, _, _, _ = blend(r["components"], fraction=r["fraction"], key=key, table=table)
+            if math.isfinite(total):
+                resid.append(math.log(r["truth"] / total))
+        if len(resid) >= MIN_SAMPLES:
+            # What bias is left after blending is removed too; the band is the spread around it.
+            cell["bias"] = float(np.median(resid))
+            centred = np.asarray(resid) - cell["bias"]
+            cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
+    return table
+
+
+def _groups(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
         for key in (s["key"],) if _own_pool(s["key"]) else (s["key"], "*"):
             groups.setdefault((key, str(bucket(s["fraction"]))), []).append(s)
+    return groups
+
+
+def _fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
+    """Per cell: each component's bias, its weights for every subset of components; no shrinkage, no band."""
     table: dict[str, dict] = {}
     for (key, b), rows in groups.items():
         if len(rows) < MIN_SAMPLES:
@@ -141,20 +202,7 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
                 centred[name] = np.clip(errs - biases[name], -CLIP_SD * sd, CLIP_SD * sd)
         table.setdefault(key, {})[b] = {"w": _normalise(weights), "cbias": biases,
                                         "ws": subset_weights(scales, centred), "q": DEFAULT_Q, "bias": 0.0}
-    for (key, b), rows in groups.items():
-        cell = table.get(key, {}).get(b)
-        if cell is None:
-            continue
-        resid = []
-        for r in rows:
-            total, _, _, _ = blend(r["components"], fraction=r["fraction"], key=key, table=table)
-            if math.isfinite(total):
-                resid.append(math.log(r["truth"] / total))
-        if len(resid) >= MIN_SAMPLES:
-            # What bias is left after blending is removed too; the band is the spread around it.
-            cell["bias"] = float(np.median(resid))
-            centred = np.asarray(resid) - cell["bias"]
-            cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
+    table[EDGES_KEY] = list(BUCKET_EDGES)
     return table
 
 

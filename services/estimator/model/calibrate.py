@@ -67,7 +67,7 @@ def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
         def visit(_, now, est, run=run):
             fraction, comps = est.snapshot(now)
             if any(comps.values()) and not est._reached:
-                samples.append({"key": est.key, "fraction": fraction,
+                samples.append({"key": est.key, "fraction": fraction, "run": run.run_id,
                                 "truth": run.duration_s, "components": comps})
         replay(run, est, cuts, visit)
     return samples
@@ -125,5 +125,6 @@ def leave_benchmarks_out(runs, *, seed: int = 0, epochs: int = 400) -> tuple[lis
         for run in held:
             prior = part.prior(features_from_run(run))
             resid.append([math.log(run.total_work / prior.work), math.log(run.duration_s / prior.duration_s)])
-        samples += calibration_samples(held, part)
+        # Tagged with their benchmark: the blend's shrinkage is cross-fitted benchmark by benchmark on them.
+        samples += [{**s, "group": bench} for s in calibration_samples(held, part)]
     return samples, resid

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.estimator.model.blend import blend
+from services.estimator.model.blend import BASELINE, blend
 from services.estimator.model.curves import predict_crossing, predict_crossing_spread
 from services.estimator.model.history import UNSEEN, HistoryPrior
 
@@ -161,7 +161,7 @@ class OnlineEstimator:
     def components(self, now: float) -> dict[str, float | None]:
         """Total-duration candidates (seconds since start) from each source."""
         elapsed = now - self.start_time
-        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None}
+        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None}
         if self.prior is not None:
             p = self.prior
             # An unseen benchmark's band spans orders of magnitude: its tail says nothing of how long a run
@@ -183,6 +183,9 @@ class OnlineEstimator:
             work = survived(self.prior.work, self.prior.work_low, self.prior.work_high, passed=p_last)
         if work is not None:
             comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
+            if self.total_work is None:
+                # The baseline as it is: the history's median work, not conditioned on what was passed.
+                comps[BASELINE] = max(t_last + max(self.prior.work - p_last, 0.0) / rate, elapsed)
             if self.prior is not None and len(self._marks_t) >= 3 and not (
                     self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
                     <= self.prior.duration_high_s * SPEED_CONTRADICTED):

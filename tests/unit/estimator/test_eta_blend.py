@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from services.estimator.model.blend import blend, bucket, fit_table
+from services.estimator.model.blend import BASELINE, BUCKET_EDGES, EDGES_KEY, blend, bucket, fit_table
 
 
 def samples(n=400, seed=0):
@@ -20,7 +20,15 @@ def samples(n=400, seed=0):
 
 
 def test_bucket_edges():
-    assert bucket(0.0) == 0 and bucket(0.04) == 0 and bucket(0.05) == 1 and bucket(0.95) == 9
+    assert bucket(0.0) == 0 and bucket(0.04) == 0 and bucket(0.05) == 1 and bucket(0.95) == 11
+    assert bucket(0.83) != bucket(0.99)  # near the end a run at 83% is not one that reads as done
+
+
+def test_a_table_saved_before_the_late_buckets_is_read_with_its_own_edges():
+    old = {"*": {"9": {"w": {"throughput": 1.0}, "cbias": {}, "q": (-0.1, 0.1), "bias": math.log(2.0)}}}
+    total, *_ = blend({"throughput": 100.0}, fraction=0.85, key="bert", table=old)  # legacy bucket 9: >= 0.8
+    assert total == pytest.approx(200.0)
+    assert fit_table(samples())[EDGES_KEY] == list(BUCKET_EDGES)
 
 
 def test_fit_table_prefers_the_precise_component_and_removes_bias():
@@ -103,3 +111,58 @@ def test_a_loose_curve_is_calibrated_apart_and_an_old_table_reads_it_as_a_curve(
                                     "bias": 0.0}}}
     total, *_ , method = blend({"throughput": 100.0, "curve_loose": 400.0}, fraction=0.5, key="bert", table=old)
     assert total == pytest.approx(200.0) and set(method.split("+")) == {"throughput", "curve"}
+
+
+def late_samples(n=600, seed=0, *, curve_outliers=0.35, baseline_sd=0.08):
+    """At 85% of a run: a curve exact on most runs and twice too long on the rest; the baseline ("median work
+    over the live rate") off by `baseline_sd` (log) on every run."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        truth = float(rng.uniform(100, 1000))
+        curve = rng.normal(0, 0.02) + (0.7 if rng.random() < curve_outliers else 0.0)
+        out.append({"key": "bert", "fraction": 0.85, "truth": truth, "run": f"r{i}", "components": {
+            "curve": truth * math.exp(curve), BASELINE: truth * math.exp(rng.normal(0, baseline_sd))}})
+    return out
+
+
+def test_late_in_a_run_the_blend_falls_back_on_the_baseline_where_cross_fitting_says_it_misses_less():
+    cell = fit_table(late_samples())["bert"][str(bucket(0.85))]
+    # The curve's robust spread is tiny, so the covariance weights trust it; a third of its estimates miss.
+    assert cell["ws"][f"curve+{BASELINE}"]["curve"] > 0.5
+    assert cell["lam"] == 1.0
+    base = 500.0
+    total, low, high, method = blend({"curve": 2 * base, BASELINE: base}, fraction=0.85, key="bert",
+                                     table={"bert": {str(bucket(0.85)): cell}, EDGES_KEY: list(BUCKET_EDGES)})
+    assert method == BASELINE
+    # With the evidence behind it, the late estimate is the baseline up to the calibrated bias and band.
+    assert abs(math.log(total / base)) <= max(abs(q) for q in cell["q"]) and low <= base <= high
+    inside = sum(low_ <= s["truth"] <= high_ for s in late_samples(seed=1)
+                 for _, low_, high_, _ in [blend(s["components"], fraction=0.85, key="bert",
+                                                 table={"bert": {str(bucket(0.85)): cell},
+                                                        EDGES_KEY: list(BUCKET_EDGES)})])
+    assert 0.7 <= inside / 600 <= 0.9  # the band is the baseline's own errors
+
+
+def test_the_blend_keeps_its_own_weights_where_it_beats_the_baseline():
+    cell = fit_table(late_samples(curve_outliers=0.0, baseline_sd=0.3))["bert"][str(bucket(0.85))]
+    assert cell["lam"] <= 0.25
+    total, *_ = blend({"curve": 500.0, BASELINE: 900.0}, fraction=0.85, key="bert", table=fit_table(
+        late_samples(curve_outliers=0.0, baseline_sd=0.3)))
+    assert total == pytest.approx(500.0, rel=0.15)
+
+
+def test_on_a_benchmark_never_trained_on_the_blend_falls_back_on_its_own_curve():
+    rng = np.random.default_rng(4)
+    rows = []
+    for i in range(800):
+        truth = float(rng.uniform(100, 1000))
+        history = rng.normal(0, 0.02) + (0.7 if rng.random() < 0.35 else 0.0)
+        rows.append({"key": "<unseen>", "fraction": 0.85, "truth": truth, "run": f"r{i}", "group": f"b{i % 8}",
+                     "components": {"history": truth * math.exp(history),
+                                    "curve": truth * math.exp(rng.normal(0, 0.08))}})
+    table = fit_table(rows)
+    cell = table["<unseen>"][str(bucket(0.85))]
+    assert cell["ws"]["curve+history"]["history"] > 0.5 and cell["lam"] == 1.0
+    total, *_ , method = blend({"history": 1000.0, "curve": 500.0}, fraction=0.85, key="<unseen>", table=table)
+    assert method == "curve" and total == pytest.approx(500.0, rel=0.1)

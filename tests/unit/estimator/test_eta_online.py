@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+from services.estimator.model.blend import BASELINE
 from services.estimator.model.history import HistoryPrior
 from services.estimator.model.online import MAX_MARKS, OnlineEstimator
 
@@ -143,6 +144,10 @@ def test_a_run_past_the_history_s_work_is_not_finishing_now():
     comps = est.components(110.0)
     assert 115.0 < comps["throughput"] < 135.0  # the work of runs that needed more than 1,100
     assert comps["history"] > 110.0
+    assert comps[BASELINE] == pytest.approx(110.0)  # the baseline itself: median work over the rate, "now"
+    early = OnlineEstimator(prior=prior, target=0.9)
+    feed_linear(early, rate=10.0, until=50.0)
+    assert early.components(50.0)[BASELINE] == pytest.approx(100.0)  # 500 left of 1,000 at 10 a second
 
 
 def test_a_curve_whose_families_disagree_is_a_loose_curve():

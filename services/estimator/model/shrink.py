@@ -1,0 +1,84 @@
+"""How far each blend cell is shrunk toward one component (`blend.ANCHORS`), by cross-fitting.
+
+The covariance weights of a cell are fitted and judged on the same calibration samples; nothing there says
+whether they beat the plain baseline on runs they were not fitted on. Here the samples are split in two by
+run; weights and biases fitted on one half blend the other, for each shrinkage step, and the step with the
+fewest misses (log error beyond ±20%) over both halves wins, a tie going to the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from services.estimator.model import blend as B
+
+# log(truth / estimate) within these bounds is an estimate within ±20% of the truth.
+HIT = (math.log(1 / 1.2), math.log(1 / 0.8))
+# Fewer held-out rows than this in a cell (both halves together) keep the cell's own weights (lam 0).
+MIN_HELD = 40
+
+
+def _half(sample: dict) -> int:
+    # A sample of a benchmark held out of the history model ("group": its benchmark) is split by benchmark:
+    # what an unseen benchmark's estimate looks like is judged on benchmarks the weights never saw.
+    return zlib.crc32(repr(sample.get("group", sample.get("run", sample["truth"]))).encode()) % 2
+
+
+def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], float]:
+    """(key, bucket) -> share of the way to the cell's anchor alone, for every cell of `table`."""
+    losses: dict[tuple[str, str], np.ndarray] = {}
+    counts: dict[tuple[str, str], int] = {}
+    steps = np.asarray(B.SHRINK_STEPS)
+    for half in (0, 1):
+        fit = [s for s in samples if _half(s) != half]
+        held = [s for s in samples if _half(s) == half]
+        fit_groups, held_groups = B._groups(fit), B._groups(held)
+        part = B._fit_weights(fit_groups)
+        for cell_key, held_rows in held_groups.items():
+            if cell_key not in fit_groups:
+                continue
+            key = cell_key[0]
+            lb_fit, lm_fit, t_fit = _logs(fit_groups[cell_key], key, part)
+            lb, lm, t = _logs(held_rows, key, part)
+            if len(t_fit) < B.MIN_SAMPLES or not len(t):
+                continue
+            loss = np.zeros(len(steps))
+            for i, lam in enumerate(steps):
+                bias = float(np.median(t_fit - ((1 - lam) * lb_fit + lam * lm_fit)))
+                resid = t - ((1 - lam) * lb + lam * lm) - bias
+                loss[i] = float(np.sum((resid < HIT[0]) | (resid > HIT[1])))
+            losses[cell_key] = losses.get(cell_key, 0.0) + loss
+            counts[cell_key] = counts.get(cell_key, 0) + len(t)
+    out = {}
+    for key, cells in table.items():
+        if key == B.EDGES_KEY:
+            continue
+        for b in cells:
+            loss = losses.get((key, b))
+            if loss is None or counts[(key, b)] < MIN_HELD:
+                out[(key, b)] = 0.0
+                continue
+            best = float(loss.min())
+            out[(key, b)] = float(max(lam for lam, v in zip(steps, loss) if v <= best))
+    return out
+
+
+def _logs(rows: list[dict], key: str, table: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Log blended total (no shrinkage, no cell bias), log calibrated anchor (the blend where the row has
+    none) and log truth of the rows the blend can estimate."""
+    lb, la, t = [], [], []
+    for r in rows:
+        total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
+        if not math.isfinite(total):
+            continue
+        cell = B._cell(table, key, r["fraction"])
+        cbias = cell.get("cbias", {}) if cell is not None else {}
+        available = {k for k, v in r["components"].items() if v is not None and v > 0 and math.isfinite(v)}
+        name = B.anchor(available, cbias, key=key)
+        lb.append(math.log(total))
+        la.append(math.log(r["components"][name]) - cbias[name] if name else math.log(total))
+        t.append(math.log(r["truth"]))
+    return np.asarray(lb), np.asarray(la), np.asarray(t)
