@@ -102,7 +102,7 @@ def power_crossing(xs: np.ndarray, y: np.ndarray, target: float) -> float:
 
 
 FEATURES = ("z10", "z25", "z50", "z75", "z90", "zlast", "way", "slope", "power", "power_ok", "first", "linear",
-            "drift", "noise")
+            "drift", "noise", "depth", "depth_start", "depth_slope", "depth_pace", "depth_ok")
 FLOOR = 1e-3  # normalised gaps below this are the target's noise
 SEEN_EDGES = (0.15, 0.25, 0.4, 0.6)  # bins of the fraction of the training seen, each with its own pads
 
@@ -147,7 +147,7 @@ def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> 
         else MAX_OVER_ELAPSED
     features = (*gaps, math.log(max(last, FLOOR)), min(max(1 - last, -1.0), 1.0), min(max(slope, -5.0), 5.0),
                 math.log(power), float(math.isfinite(power_total)), float(min(tau[0], 1.0)), linear, drift,
-                _noise(z))
+                _noise(z), *_depth(tau, y, goal, mode=mode))
     return Prefix(features, origin, span, power_total)
 
 
@@ -161,6 +161,25 @@ def _recent_pace(tau: np.ndarray, z: np.ndarray, last: float) -> tuple[float, fl
     linear = math.log(min(1 + max(last, 0.0) / fall, MAX_OVER_ELAPSED)) if fall > 0 else math.log(MAX_OVER_ELAPSED)
     drift = -float(np.polyfit(tau[recent], np.log(np.maximum(z[recent], FLOOR)), 1)[0])
     return linear, min(max(drift, -10.0), 10.0)
+
+
+def _depth(tau: np.ndarray, y: np.ndarray, goal: float, *, mode: str) -> tuple[float, float, float, float, float]:
+    """(log of the value left over the target's, now and at the start, measured from the metric's natural floor:
+    0 for a loss, 1 for a fraction maximised; the late log-log slope of that value; the log of the time to the
+    target at that slope, over the time so far; 1) or zeros when the metric has no such floor. The way-left axis reads 90% done alike whether the loss must still halve or fall by a
+    hundredth; a loss that must still fall threefold on its slow tail is far from done."""
+    floor = 0.0 if mode == "min" else -1.0  # oriented: a maximised fraction v is -v, its floor -1
+    left = y - floor
+    if goal - floor <= 0 or np.any(left <= 0) or (mode == "max" and np.any(y > 0)):
+        return 0.0, 0.0, 0.0, 0.0, 0.0
+    now, start = (math.log(float(np.mean(left[-SMOOTH:])) / (goal - floor)),
+                  math.log(float(left[0]) / (goal - floor)))
+    late = tau >= 0.5
+    slope = 0.0
+    if late.sum() >= 2 and np.ptp(tau[late]) > 0:
+        slope = float(np.polyfit(np.log(tau[late]), np.log(left[late]), 1)[0])
+    pace = min(max(now, 0.0) / -slope, math.log(MAX_OVER_ELAPSED)) if slope < 0 else math.log(MAX_OVER_ELAPSED)
+    return min(max(now, 0.0), 5.0), min(max(start, 0.0), 5.0), min(max(slope, -5.0), 5.0), pace, 1.0
 
 
 def _noise(z: np.ndarray) -> float:

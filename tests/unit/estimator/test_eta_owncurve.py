@@ -39,7 +39,8 @@ def test_a_maximised_metric_reads_like_a_minimised_one():
     ts, xs, ys = loss_curve(20)
     low = read_prefix(ts, xs, ys, target=0.2, mode="min", elapsed=ts[-1])
     high = read_prefix(ts, xs, [-y for y in ys], target=-0.2, mode="max", elapsed=ts[-1])
-    assert high.features == pytest.approx(low.features)
+    shape = FEATURES.index("depth")  # the curve's shape reads alike; its depth needs a floor (a negated loss has none)
+    assert high.features[:shape] == pytest.approx(low.features[:shape])
     with pytest.raises(ValueError, match="mode"):
         read_prefix(ts, xs, ys, target=0.2, mode="up", elapsed=ts[-1])
 
@@ -133,3 +134,26 @@ def test_on_held_out_curves_the_band_narrows_as_the_run_goes():
     _, test = owncorpus.split(owncorpus.cases(runs[:200], "loss"))
     rows = owncorpus.evaluate_cases(test, load_calibration(), cuts=(0.1, 0.8))
     assert owncorpus.band_width(rows[0.1]) > owncorpus.band_width(rows[0.8])
+
+
+def test_the_depth_reads_how_many_times_a_loss_must_still_fall_which_the_way_left_hides():
+    ts, xs, ys = loss_curve(30, floor=0.0)
+    near = read_prefix(ts, xs, ys, target=ys[-1] * 0.9, mode="min", elapsed=ts[-1])  # 10% lower: nearly there
+    far = read_prefix(ts, xs, ys, target=ys[-1] / 3, mode="min", elapsed=ts[-1])  # three times lower
+    depth = FEATURES.index("depth")
+    assert near.features[FEATURES.index("way")] > 0.9 and far.features[FEATURES.index("way")] > 0.6
+    assert far.features[depth] == pytest.approx(near.features[depth] + math.log(3 * 0.9), abs=0.05)
+    assert far.features[FEATURES.index("depth_slope")] < 0 and far.features[FEATURES.index("depth_ok")] == 1.0
+    pace = FEATURES.index("depth_pace")  # at the late log-log slope, three times lower takes longer
+    assert 0 < near.features[pace] < far.features[pace]
+
+
+def test_an_accuracy_is_deep_by_its_error_and_a_metric_without_a_floor_has_no_depth():
+    ts, xs, ys = loss_curve(30, floor=0.0)
+    errors = [min(y / 3, 0.9) for y in ys]  # an error rate falling toward 0
+    acc = read_prefix(ts, xs, [1 - e for e in errors], target=1 - errors[-1] / 2, mode="max", elapsed=ts[-1])
+    err = read_prefix(ts, xs, errors, target=errors[-1] / 2, mode="min", elapsed=ts[-1])
+    depth = [FEATURES.index(f) for f in ("depth", "depth_start", "depth_slope", "depth_pace", "depth_ok")]
+    assert [acc.features[i] for i in depth] == pytest.approx([err.features[i] for i in depth])
+    shifted = read_prefix(ts, xs, [y - 1.0 for y in ys], target=ys[-1] / 3 - 1.0, mode="min", elapsed=ts[-1])
+    assert [shifted.features[i] for i in depth] == [0.0] * 5  # a negative value: no floor at zero to measure from
