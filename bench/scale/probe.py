@@ -62,7 +62,7 @@ class Watch:
     nats_url: str
     creds: Path
     ready_at: dict[str, float] = field(default_factory=dict)
-    lost: list[str] = field(default_factory=list)
+    lost: list[tuple[str, float]] = field(default_factory=list)  # (node, when the loss was announced)
     max_lag: dict[str, int] = field(default_factory=dict)
     heartbeat_backlog_max: int = 0
     monitor_details: dict = field(default_factory=dict)
@@ -76,7 +76,7 @@ class Watch:
             if event.get("state") == "ready":
                 self.ready_at.setdefault(event["node_id"], time.monotonic())
             elif event.get("state") == "lost":
-                self.lost.append(event["node_id"])
+                self.lost.append((event["node_id"], time.monotonic()))
 
         await self.nc.subscribe("tm.node.evt.state", cb=on_state)
         await self.nc.flush()

@@ -154,7 +154,7 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
             states = await node_states(api)
             result = await burst(api, jobs=jobs, clients=8, timeout_s=jobs_timeout_s) if jobs else {}
     finally:
-        lost = list(watch.lost)  # what comes after the simulated nodes stop is no false loss
+        lost = list(watch.lost)  # what comes after the simulated nodes stop is no loss to count
         for loop in loops:
             if loop.done() and loop.exception():
                 log.error("bench loop %s failed: %r", loop.get_coro().__qualname__, loop.exception())
@@ -166,10 +166,16 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
             except (TimeoutError, OSError) as exc:
                 log.warning("closing: %r", exc)
     ready = sum(states.get(n) in ("ready", "busy") for n in sims)
+    false = [(n, at) for n, at in lost if n in fleet.agents
+             and fleet.spoke_within(n, start=at - stack.settings.node_timeout_s + 1.0, end=at - 1.0)]
     return {
         "nodes": nodes, "seconds": seconds, "heartbeat_interval_s": interval_s,
         "nodes_ready": ready, "all_ready_s": round(all_ready_s, 1) if ready == nodes else None,
-        "false_lost": len(lost), "false_lost_nodes": len(set(lost)),
+        # A loss is false when the node was speaking: the bench sent one of its heartbeats within the node timeout
+        # before the loss was announced (less a second for the heartbeat to arrive). A node the bench itself left
+        # silent that long (its own send lag) is lost for real.
+        "false_lost": len(false), "false_lost_nodes": len({n for n, _ in false}),
+        "lost_while_silent": len(lost) - len(false),
         "max_lag": max([*watch.max_lag.values(), watch.heartbeat_backlog_max], default=0),
         "lag_by_consumer": watch.max_lag, "heartbeat_backlog_max": watch.heartbeat_backlog_max,
         "bench_send_lag_max_s": round(fleet.send_lag_max_s, 3),

@@ -6,6 +6,7 @@ only the task is simulated: a start command is answered with `started`, one outp
 `LogShipper`, then `exited` (code 0) after `task_s`.
 """
 import asyncio
+import bisect
 import logging
 import random
 import time
@@ -60,6 +61,7 @@ class SimAgent:
         self.node = node
         self.boot_id = uuid.uuid4().hex
         self.heartbeats = 0
+        self.sent: list[float] = []  # when each heartbeat went out (the bench's clock)
         self.tasks: dict[str, SimTask] = {}
         self.broker = broker
 
@@ -116,7 +118,14 @@ class SimFleet:
                     self.send_lag_max_s = max(self.send_lag_max_s, -wait)
                 await asyncio.sleep(max(wait, 0))  # always yield: a core publish never does, and behind schedule
                 await agent.heartbeat()  # this loop would starve the connection's own flusher
+                agent.sent.append(time.monotonic())
             rounds += 1
+
+    def spoke_within(self, node_id: str, *, start: float, end: float) -> bool:
+        """Whether the bench sent a heartbeat of this node between two moments of its clock."""
+        sent = self.agents[node_id].sent
+        i = bisect.bisect_left(sent, start)
+        return i < len(sent) and sent[i] <= end
 
     async def answer_commands(self) -> None:
         """Start commands of every simulated node through the bench's own consumer: started, then exited."""
