@@ -22,7 +22,8 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(mlperf_replays):
     end = current["status"]["end_time"] / 1000
     start = current["status"]["start_time"] / 1000
     total = end - start
-    assert 0.8 * TRUE_S < total < TRUE_S + 15
+    # the replay kept its pace (a busy machine stretches it: what follows is scored on the job's own duration)
+    assert 0.8 * TRUE_S < total < TRUE_S + 60
     errors = [(t - start, abs(remaining - (end - t))) for t, remaining, _, _ in seen]
     first = sorted(e for at, e in errors if at < 0.15 * total)
     second_half = sorted(e for at, e in errors if at > 0.5 * total)
