@@ -3,9 +3,9 @@
 Reports jobs/s accepted by the API, submit→Running latency (p50/p99, from each job's create_time and
 start_time), the latency of a job-list page, and the peak RSS of every process of the stack; `--count-commands`
 adds the database commands each process sent per job of the burst (counted by each process's client).
-`--history N` first stores N finished jobs in the project (straight into the API's collections, each job and its list entry, as months
-of use leave them), to show whether submitting and listing slow down as the history grows; `--idle N` first runs N
-jobs one at a time (submit → Running on an idle stack). Run: `make bench-submit` (or
+`--history N` first stores N finished jobs in the project (straight into the API's collections, each job and its
+list entry, as months of use leave them), to show whether submitting and listing slow down as the history grows;
+`--idle N` first runs N jobs one at a time (submit → Running on an idle stack). Run: `make bench-submit` (or
 `python -m bench.submit --jobs 200 --concurrency 8 --history 5000 --idle 20`).
 """
 import argparse

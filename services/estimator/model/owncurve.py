@@ -166,8 +166,9 @@ def _recent_pace(tau: np.ndarray, z: np.ndarray, last: float) -> tuple[float, fl
 def _depth(tau: np.ndarray, y: np.ndarray, goal: float, *, mode: str) -> tuple[float, float, float, float, float]:
     """(log of the value left over the target's, now and at the start, measured from the metric's natural floor:
     0 for a loss, 1 for a fraction maximised; the late log-log slope of that value; the log of the time to the
-    target at that slope, over the time so far; 1) or zeros when the metric has no such floor. The way-left axis reads 90% done alike whether the loss must still halve or fall by a
-    hundredth; a loss that must still fall threefold on its slow tail is far from done."""
+    target at that slope, over the time so far; 1) or zeros when the metric has no such floor. The way-left axis
+    reads 90% done alike whether the loss must still halve or fall by a hundredth; a loss that must still fall
+    threefold on its slow tail is far from done."""
     floor = 0.0 if mode == "min" else -1.0  # oriented: a maximised fraction v is -v, its floor -1
     left = y - floor
     if goal - floor <= 0 or np.any(left <= 0) or (mode == "max" and np.any(y > 0)):
