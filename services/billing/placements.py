@@ -4,7 +4,8 @@ age) and is replayed when the placement comes, instead of being lost or charged 
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
@@ -19,6 +20,7 @@ TaskEvent = Annotated[TaskStarted | TaskExited, Field(discriminator="type")]
 TASK_EVENT = TypeAdapter(TaskEvent)
 PARK_MAX = 10_000  # events waiting for a placement; beyond it the newest is dropped (a flood, not a delay)
 PARK_TTL_S = 3600.0  # a placement never lags its tasks this long: what waited longer was never placed
+REMEMBERED = 4096  # placements kept in memory
 Verdict = Literal["charge", "park", "drop"]
 
 
@@ -69,6 +71,9 @@ class Placements:
     jobs: AsyncCollection  # job id → project and user, from JobSubmitted
     attempts: AsyncCollection  # "job:attempt" → each rank's node, from JobPlaced
     parked: AsyncCollection  # task events that came before their placement
+    # The latest placements as written or read (billing alone writes them, and a placement never changes once
+    # made): a task's start and end are checked against it without a read.
+    known: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
@@ -100,6 +105,7 @@ class Placements:
         owner = await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
         await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+        self._remember(doc)
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
         return [TASK_EVENT.validate_python(d["payload"]) for d in waiting]
@@ -109,7 +115,10 @@ class Placements:
 
     async def check(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
         """The placement that vouches for the event, or None (the event is parked or dropped, and logged)."""
-        placement = await self.attempts.find_one({"_id": attempt_key(event.job_id, event.attempt)})
+        key = attempt_key(event.job_id, event.attempt)
+        placement = self.known.get(key) or await self.attempts.find_one({"_id": key})
+        if placement is not None:
+            self._remember(placement)
         match verdict(placement, event):
             case "charge":
                 return placement
@@ -120,6 +129,12 @@ class Placements:
             case "park":
                 await self._park(event)
         return None
+
+    def _remember(self, placement: dict[str, Any]) -> None:
+        self.known[placement["_id"]] = placement
+        self.known.move_to_end(placement["_id"])
+        while len(self.known) > REMEMBERED:
+            self.known.popitem(last=False)
 
     async def _park(self, event: TaskStarted | TaskExited) -> None:
         now = time.time()

@@ -156,3 +156,18 @@ async def test_each_budget_alert_is_published_once(billing):
     await service.check_all_budgets()
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80", "100"]
     assert all(m.kind == "budget" and m.project_id == "p" for m in sent)
+
+
+async def test_quotas_are_read_once_and_each_change_is_what_the_next_admission_sees(billing):
+    _, service, _ = billing
+    reads = []
+    read = service.quotas.find_one
+    service.quotas.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
+    ask = AdmitQuery(project_id="p", user_name="ana", purpose="provision", gpus=1, estimated_cost=2.0)
+    assert (await service.admit(ask)).allowed and (await service.admit(ask)).allowed
+    assert len(reads) == 1  # no quotas: read once, remembered
+    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    assert not (await service.admit(ask)).allowed  # the change is seen at once
+    assert (await service.quotas.find_one({"_id": "p"}))["quotas"]["budget_per_month"] == 1.0  # and stored
+    service.known_quotas.clear()  # a restarted billing reads what was stored
+    assert not (await service.admit(ask)).allowed

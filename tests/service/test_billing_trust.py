@@ -86,3 +86,20 @@ async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
     assert [d["attempt_key"] for d in parked.values()] == ["ghost-9:1"]
     await publish(broker, placed("ghost-0"))  # too late: what it would have vouched for is gone
     assert service.ledger.docs == {} and service.open.docs == {}
+
+
+async def test_a_placement_is_read_once_and_remembered_for_its_tasks_start_and_end(billing):
+    broker, service = billing
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j", nodes=("n1",)))
+    attempts = service.placements.attempts
+    reads = []
+    read = attempts.find_one
+    attempts.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
+    await publish(broker, started("j", node_id="n1", at=T0))
+    await publish(broker, exited("j", node_id="n1", at=HOURS_2))
+    assert len(service.ledger.docs) == 1 and reads == []  # both checked against the placement as written
+    service.placements.known.clear()  # a restarted billing: read from the database, then remembered
+    await publish(broker, started("j", node_id="n9", at=HOURS_2))
+    await publish(broker, started("j", node_id="n9", at=HOURS_2 + timedelta(seconds=1)))
+    assert len(reads) == 1 and service.open.docs == {}  # and a node it was not placed on is still refused
