@@ -26,6 +26,7 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
 from shared.store import COUNTS_DIR
+from services.estimator.app import EstimatorSettings
 from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
 from services.stack.processes import Stack, StackSettings
@@ -138,6 +139,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
                 response.raise_for_status()
                 ids.append(response.json()["metadata"]["id"])
 
+        await history_model_trained(api)
         list_ms = await list_latency_ms(api)
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
         before = await command_counts(stack)
@@ -177,6 +179,22 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
         "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
     }
+
+
+async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600) -> None:
+    """Wait until the estimator serves a history model and trains none: a fresh stack trains one from the MLPerf
+    logs at its first start (CPU that is not the jobs'). Without the logs beside the project it trains none."""
+    if not any(EstimatorSettings().mlperf_dir.glob("*.tar.gz")):
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answer = await api.get("/healthz")
+        details = answer.json().get("services", {}).get("estimator", {}).get("details", {}) if answer.is_success \
+            else {}
+        model = details.get("history_model", {})
+        if model.get("version") and not model.get("training"):
+            return
+        await asyncio.sleep(1)
 
 
 async def command_counts(stack: Stack) -> dict[str, Counter]:
