@@ -26,7 +26,6 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
 from shared.store import COUNTS_DIR
-from services.estimator.app import EstimatorSettings
 from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
 from services.stack.processes import Stack, StackSettings
@@ -184,6 +183,8 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
 async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600) -> None:
     """Wait until the estimator serves a history model and trains none: a fresh stack trains one from the MLPerf
     logs at its first start (CPU that is not the jobs'). Without the logs beside the project it trains none."""
+    from services.estimator.app import EstimatorSettings  # torch: not in the processes that only count commands
+
     if not any(EstimatorSettings().mlperf_dir.glob("*.tar.gz")):
         return
     deadline = time.monotonic() + timeout_s

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 import weakref
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
+from shared.lru import Lru
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +227,7 @@ class DocumentStore:
     def __init__(self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0) -> None:
         self.collection = collection
         self.broker = broker
-        self.remember = remember
-        self._remembered: OrderedDict[Any, bytes] = OrderedDict()  # doc id -> the stored document, as BSON
+        self._remembered: Lru[Any, bytes] = Lru(remember)  # doc id -> the stored document, as BSON
 
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
@@ -250,30 +250,25 @@ class DocumentStore:
     async def save(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
                    events: Sequence[Message]) -> bool:
         """Write fields and events if nobody changed the document since `current` was read; then publish."""
-        self._remembered.pop(doc_id, None)
+        self._remembered.pop(doc_id)
         update = await self._write(doc_id, fields, current, events)
         if update is None:
             return False
         pending = update[OUTBOX]
         if pending:
             await self.flush(doc_id, pending)
-        if self.remember:  # as stored once every event is pulled off: each pull took one off and added a revision
+        if self._remembered.size:  # as stored once every event is pulled off: each took one off, added a revision
             self._keep(doc_id, {"_id": doc_id, **update, OUTBOX: [], OUTBOX_COUNT: 0,
                                 REVISION: update[REVISION] + len(pending)})
         return True
 
     def _keep(self, doc_id: Any, doc: dict[str, Any]) -> None:
-        self._remembered[doc_id] = bson.encode(doc, codec_options=self._codec())
-        while len(self._remembered) > self.remember:
-            self._remembered.popitem(last=False)
+        self._remembered.put(doc_id, bson.encode(doc, codec_options=self._codec()))
 
     def _recall(self, doc_id: Any) -> dict[str, Any] | None:
         """The document as this process last stored it (decoded as a read would: lists, aware datetimes)."""
         raw = self._remembered.get(doc_id)
-        if raw is None:
-            return None
-        self._remembered.move_to_end(doc_id)
-        return bson.decode(raw, codec_options=self._codec())
+        return None if raw is None else bson.decode(raw, codec_options=self._codec())
 
     def _codec(self) -> CodecOptions:
         return getattr(self.collection, "codec_options", None) or CodecOptions(tz_aware=True)

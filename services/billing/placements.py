@@ -4,7 +4,6 @@ age) and is replayed when the placement comes, instead of being lost or charged 
 import logging
 import time
 from collections.abc import Collection
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -13,6 +12,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
+from shared.lru import Lru
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Placements:
     parked: AsyncCollection  # task events that came before their placement
     # The latest placements as written or read (billing alone writes them, and a placement never changes once
     # made): a task's start and end are checked against it without a read.
-    known: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    known: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
@@ -105,7 +105,7 @@ class Placements:
         owner = await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
         await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
-        self._remember(doc)
+        self.known.put(doc["_id"], doc)
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
         return [TASK_EVENT.validate_python(d["payload"]) for d in waiting]
@@ -118,7 +118,7 @@ class Placements:
         key = attempt_key(event.job_id, event.attempt)
         placement = self.known.get(key) or await self.attempts.find_one({"_id": key})
         if placement is not None:
-            self._remember(placement)
+            self.known.put(key, placement)
         match verdict(placement, event):
             case "charge":
                 return placement
@@ -129,12 +129,6 @@ class Placements:
             case "park":
                 await self._park(event)
         return None
-
-    def _remember(self, placement: dict[str, Any]) -> None:
-        self.known[placement["_id"]] = placement
-        self.known.move_to_end(placement["_id"])
-        while len(self.known) > REMEMBERED:
-            self.known.popitem(last=False)
 
     async def _park(self, event: TaskStarted | TaskExited) -> None:
         now = time.time()

@@ -1,6 +1,5 @@
 """Billing's service layer: attempts and node lifetimes recorded exactly once, usage reports, quotas, alerts."""
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +13,7 @@ from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, NodeProvis
                            NodeReleased, NodeStateChanged, Notification, TaskExited, TaskStarted)
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
+from shared.lru import Lru
 from shared.store import DocumentStore
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
@@ -40,7 +40,7 @@ class Billing:
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
     # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
     # and each budget check.
-    known_quotas: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    known_quotas: Lru[str, ProjectQuotas] = field(default_factory=lambda: Lru(REMEMBERED_PROJECTS), repr=False)
 
     # Attempts --------------------------------------------------------------------------------------------------
 
@@ -293,18 +293,11 @@ class Billing:
     # Quotas, admission, alerts ---------------------------------------------------------------------------------
 
     async def load_quotas(self, project_id: str) -> ProjectQuotas:
-        if project_id in self.known_quotas:
-            return self.known_quotas[project_id]
+        if (known := self.known_quotas.get(project_id)) is not None:
+            return known
         doc = await self.quotas.find_one({"_id": project_id}) if self.quotas is not None else None
         quotas = ProjectQuotas.model_validate(doc["quotas"]) if doc else ProjectQuotas()
-        return self._remember_quotas(project_id, quotas)
-
-    def _remember_quotas(self, project_id: str, quotas: ProjectQuotas) -> ProjectQuotas:
-        self.known_quotas[project_id] = quotas
-        self.known_quotas.move_to_end(project_id)
-        while len(self.known_quotas) > REMEMBERED_PROJECTS:
-            self.known_quotas.popitem(last=False)
-        return quotas
+        return self.known_quotas.put(project_id, quotas)
 
     async def set_quotas(self, request: QuotasRequest) -> QuotasReply:
         """Read, replace, or change one user's quotas of a project; answer with them and the month so far."""
@@ -314,10 +307,10 @@ class Billing:
         if request.user_name and request.user is not None:
             current = current.model_copy(update={"users": {**current.users, request.user_name: request.user}})
         if request.project is not None or request.user is not None:
-            self.known_quotas.pop(request.project_id, None)  # a failed write leaves the next read to the database
+            self.known_quotas.pop(request.project_id)  # a failed write leaves the next read to the database
             await self.quotas.replace_one({"_id": request.project_id},  # nx-27017 wants the _id in an upsert's doc
                                           {"_id": request.project_id, "quotas": current.model_dump()}, upsert=True)
-            self._remember_quotas(request.project_id, current)
+            self.known_quotas.put(request.project_id, current)
             await self.check_budgets(request.project_id)
         month = policy.month_start(utcnow())
         report = await self.usage(UsageQuery(project_id=request.project_id, start=month))
