@@ -47,7 +47,17 @@ async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_
             pytest.fail("the cluster took no message within 10 s of losing a server")
         info = await js.stream_info("TM_JOBS")
         assert info.cluster.leader != leader and info.state.messages == 2  # nothing lost
-        sub = await js.pull_subscribe("tm.job.deleted", durable="cluster-check", stream="TM_JOBS")
+        # A consumer is created by the cluster's metadata leader: when the killed server led that too, its own
+        # election may still be under way (it failed once in CI after 5 s), so the creation is retried as the
+        # publish was.
+        for attempt in range(30):
+            try:
+                sub = await js.pull_subscribe("tm.job.deleted", durable="cluster-check", stream="TM_JOBS")
+                break
+            except nats.errors.Error:
+                await asyncio.sleep(0.5)
+        else:
+            pytest.fail("no consumer could be created within about 3 minutes of losing a server")
         assert [m.data for m in await sub.fetch(2, timeout=5)] == [b'{"n": 1}', b'{"n": 2}']
         cluster.start_nats_server(leader)  # back with its store: it catches up as a follower
         for attempt in range(100):
