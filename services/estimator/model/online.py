@@ -195,7 +195,19 @@ class OnlineEstimator:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
         return self._capped(comps, elapsed)
 
+    def _uncontradicted(self, comps: dict[str, float | None]) -> dict[str, float | None]:
+        """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
+        once its own curve puts the run's total outside that guess's 10-90% band widened by SPEED_CONTRADICTED,
+        the guess leaves the blend, as a seen benchmark's does when the live rate contradicts its speed."""
+        p, curve = self.prior, comps.get("curve")
+        if p is None or p.seen or curve is None or comps.get("history") is None or len(self._metric_x) < 4:
+            return comps
+        if p.duration_low_s / SPEED_CONTRADICTED <= curve <= p.duration_high_s * SPEED_CONTRADICTED:
+            return comps
+        return {**comps, "history": None}
+
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
+        comps = self._uncontradicted(comps)
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
         ref = (self.prior.duration_high_s if self.prior.seen else self.prior.duration_s) if self.prior else 0.0
         cap = max(20.0 * elapsed, 3.0 * ref)

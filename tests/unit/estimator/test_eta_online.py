@@ -77,6 +77,26 @@ def test_history_that_agrees_with_the_live_rate_stays_in_the_blend():
     assert 200.0 < 40.0 + e.remaining_s < 220.0  # between what the rate and the history say
 
 
+def unseen_prior(duration_s: float) -> HistoryPrior:
+    """A benchmark the model never trained on: a guess with a band of a factor ~30 either way."""
+    return HistoryPrior(duration_s=duration_s, duration_low_s=duration_s / 30, duration_high_s=duration_s * 30,
+                        work=500.0, work_low=5.0, work_high=50_000.0, benchmark="new", seen=False)
+
+
+@pytest.mark.parametrize("guess, kept", [(100_000.0, False), (60.0, True)])
+def test_an_unseen_benchmarks_guess_leaves_the_blend_once_its_own_curve_contradicts_it(guess, kept):
+    # metric = 0.95 - 0.9 exp(-p / 300) reaches 0.8 at p ~ 537, t ~ 54 s; the guess says 100,000 s (28 hours,
+    # its band down to 3,300 s: another hardware than it assumed) or 60 s (the band holds what the curve says)
+    est = OnlineEstimator(target=0.8, mode="max", prior=unseen_prior(guess))
+    before = est.components(1.0)["history"]
+    feed_linear(est, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))
+    comps = est.components(35.0)
+    assert before is not None and comps["curve"] == pytest.approx(54.0, rel=0.2)
+    assert (comps["history"] is not None) == kept
+    if not kept:  # what is left is the job's own curve, not a pull toward a day
+        assert 35.0 + est.estimate(35.0).remaining_s == pytest.approx(54.0, rel=0.3)
+
+
 def test_no_information_gives_nan():
     assert math.isnan(OnlineEstimator().estimate(10.0).remaining_s)
 
