@@ -3,6 +3,7 @@
 The log was recorded on 64 nodes of 8 H100s and is replayed on a one-GPU test node, which is all the history
 model is told: its prior is hours. The live progress and metric curve must pull the estimate to the minute the
 run really takes (the accuracy of the prior on the right hardware is measured by `make bench-eta`)."""
+import asyncio
 import sys
 from shlex import quote
 
@@ -76,31 +77,41 @@ for step in range(1, 2501):
         if sum(recent) / len(recent) <= target:
             break
 '''
-OWN_TARGET = 0.12
-OWN_METRIC = {"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min",
-              "target": OWN_TARGET}
+# Three targets of the same training, as a small sweep would declare them: the 80% band is a statement over runs,
+# and one run's cuts are not independent (a curve whose tail is slower than most is missed at every early cut), so
+# "most cuts" is counted over all three. The deepest target sits on the loss's slow tail, the hard case.
+OWN_TARGETS = (0.3, 0.2, 0.12)
 OWN_CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
 
 
-@pytest.mark.timeout(120)
-async def test_a_researchers_own_training_gets_an_honest_interval(api, project):
-    job = await submit(api, project, metrics=[OWN_METRIC],
-                       command=f"{sys.executable} -c {quote(OWN_TRAINING)} {OWN_TARGET} 0.025")
+def own_metric(target: float) -> dict:
+    return {"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min", "target": target}
+
+
+async def own_training(api, project: str, target: float) -> dict[float, bool]:
+    """Run the training to `target`; whether the truth was inside the band at each cut, after the per-run checks."""
+    job = await submit(api, project, metrics=[own_metric(target)],
+                       command=f"{sys.executable} -c {quote(OWN_TRAINING)} {target} 0.025")
     current, seen = await follow_eta(api, project, job["metadata"]["id"])
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start
-    assert seen and seen[0][0] - start < 0.25 * total, seen  # an estimate from the first lines on
+    assert seen and seen[0][0] - start < 0.25 * total, (target, seen)  # an estimate from the first lines on
     inside = {}
     for cut in OWN_CUTS:  # the latest estimate seen by each cut of the run, against the truth at that moment
         before = [s for s in seen if s[0] - start <= cut * total]
-        if before:
-            t, _, low, high = before[-1]
-            inside[cut] = low - 1.0 <= end - t <= high + 1.0  # a second of slack: the poll, the exit
-    # Measured on this very script replayed offline, and over held-out sweep runs (`--corpus own-jobs`): once half
-    # the run is seen the band holds the truth; before that, on this curve, the learned band is too short (its
-    # slow tail is rarer in the corpus than here, even among the recorded runs of its own numpy family), which
-    # docs/estimator.md reports rather than this test hiding: "most cuts" (3 of 5) is not asserted.
-    assert inside.get(0.5) and inside.get(0.8), (inside, total, seen)
+        # no estimate yet by a cut counts as a miss; a second of slack: the poll, the exit
+        inside[cut] = bool(before) and before[-1][2] - 1.0 <= end - before[-1][0] <= before[-1][3] + 1.0
+    # once half the run is seen the band holds the truth (measured over held-out sweep runs: `--corpus own-jobs`)
+    assert inside.get(0.5) and inside.get(0.8), (target, inside, total, seen)
     early = [s for s in seen if s[0] - start < 0.3 * total]
-    assert max(high / max(low, 0.5) for _, _, low, high in early) >= 3, early  # early, it admits not knowing
+    assert max(high / max(low, 0.5) for _, _, low, high in early) >= 3, (target, early)  # early, it admits not knowing
+    return inside
+
+
+@pytest.mark.timeout(180)
+async def test_a_researchers_own_training_gets_an_honest_interval(api, project):
+    results = await asyncio.gather(*(own_training(api, project, target) for target in OWN_TARGETS))
+    checks = [ok for inside in results for ok in inside.values()]
+    # the truth inside the band at most cuts (an 80% band would hold it at 12 of the 15)
+    assert sum(checks) > 0.5 * len(checks), dict(zip(OWN_TARGETS, results))
