@@ -172,7 +172,7 @@ class OnlineEstimator:
         if self._metric_clock and self.curve_work() is not None:
             comps["curve"] = max(self.curve_work(), elapsed)
         if live is None:
-            return self._capped(comps, elapsed)
+            return self._capped(self._uncontradicted(comps), elapsed)
         rate, t_last, p_last = live
         # An unseen benchmark's prior work is in the units and scales of other benchmarks (orders of magnitude off
         # on held-out ones): the rate needs a declared amount of work, or the curve's crossing.
@@ -193,7 +193,7 @@ class OnlineEstimator:
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
-        return self._capped(comps, elapsed)
+        return self._capped(self._uncontradicted(comps), elapsed)
 
     def _uncontradicted(self, comps: dict[str, float | None]) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
@@ -207,7 +207,6 @@ class OnlineEstimator:
         return {**comps, "history": None}
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
-        comps = self._uncontradicted(comps)
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
         ref = (self.prior.duration_high_s if self.prior.seen else self.prior.duration_s) if self.prior else 0.0
         cap = max(20.0 * elapsed, 3.0 * ref)
