@@ -73,7 +73,7 @@ def _normalise(weights: dict[str, float]) -> dict[str, float]:
 def blend(components: dict[str, float], *, fraction: float, key: str,
           table: dict | None) -> tuple[float, float, float, str]:
     """(total, low, high, method) from total-duration components (seconds)."""
-    cell = _cell(table, key, fraction)
+    cell = find_cell(table, key, fraction)
     if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
         # A table fitted before the loose curve was calibrated apart knows every curve as "curve".
         components = {**components, "curve": components["curve_loose"], "curve_loose": None}
@@ -82,7 +82,7 @@ def blend(components: dict[str, float], *, fraction: float, key: str,
         return math.nan, math.nan, math.nan, "none"
     # Per-benchmark weights overfit the few submitters behind them: they are shrunk halfway
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
-    pooled = _cell(table, "*", fraction)
+    pooled = find_cell(table, "*", fraction)
     weights = None
     if cell is not None and _own_pool(key):
         weights = _cell_weights(cell, available)
@@ -129,7 +129,7 @@ def _subset_key(names) -> str:
     return "+".join(sorted(names))
 
 
-def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
+def find_cell(table: dict | None, key: str, fraction: float) -> dict | None:
     if not table:
         return None
     b = str(bucket(fraction, table.get(EDGES_KEY, LEGACY_EDGES)))
@@ -140,38 +140,7 @@ def _cell(table: dict | None, key: str, fraction: float) -> dict | None:
     return None
 
 
-def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90) -> dict:
-    """Learn weights and band quantiles from out-of-fold samples.
-
-    Each sample: {"key", "fraction", "truth", "components": {name: total seconds}, "run" (optional)}.
-    Weights are minimum-variance under the components' error covariance, shrunk toward the baseline
-    as far as cross-fitting says it does not hurt (`lam`); the band quantiles are those of
-    log(truth / blended) in the same cell (split-conformal style).
-    """
-    from services.estimator.model.shrink import choose_shrinkage  # it blends with the tables fitted here
-
-    groups = _groups(samples)
-    table = _fit_weights(groups)
-    for (key, b), lam in choose_shrinkage(samples, table).items():
-        table[key][b]["lam"] = lam
-    for (key, b), rows in groups.items():
-        cell = table.get(key, {}).get(b)
-        if cell is None:
-            continue
-        resid = []
-        for r in rows:
-            total, _, _, _ = blend(r["components"], fraction=r["fraction"], key=key, table=table)
-            if math.isfinite(total):
-                resid.append(math.log(r["truth"] / total))
-        if len(resid) >= MIN_SAMPLES:
-            # What bias is left after blending is removed too; the band is the spread around it.
-            cell["bias"] = float(np.median(resid))
-            centred = np.asarray(resid) - cell["bias"]
-            cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
-    return table
-
-
-def _groups(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
+def group_samples(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
         for key in (s["key"],) if _own_pool(s["key"]) else (s["key"], "*"):
@@ -179,7 +148,7 @@ def _groups(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return groups
 
 
-def _fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
+def fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
     """Per cell: each component's bias, its weights for every subset of components; no shrinkage, no band."""
     table: dict[str, dict] = {}
     for (key, b), rows in groups.items():

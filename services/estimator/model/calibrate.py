@@ -9,7 +9,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from services.estimator.model.blend import fit_table
+from services.estimator.model.blendfit import fit_table
 from services.estimator.model.features import features_from_run
 from services.estimator.model.history import UNSEEN, HistoryPredictor, quantile_row
 from services.estimator.model.online import OnlineEstimator
@@ -58,7 +58,7 @@ def calibration_cuts(run_id: str, n: int = CALIBRATION_CUTS_PER_RUN) -> list[flo
 
 
 def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
-    """Components and truth of every run at its calibration cuts, for `blend.fit_table`."""
+    """Components and truth of every run at its calibration cuts, for `blendfit.fit_table`."""
     samples = []
     for run in runs:
         est = make_estimator(run, predictor, use_calibration=False)

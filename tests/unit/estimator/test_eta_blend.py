@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from services.estimator.model.blend import BASELINE, BUCKET_EDGES, EDGES_KEY, blend, bucket, fit_table
+from services.estimator.model.blend import BASELINE, BUCKET_EDGES, EDGES_KEY, blend, bucket
+from services.estimator.model.blendfit import fit_table
 
 
 def samples(n=400, seed=0):

@@ -1,4 +1,5 @@
-"""How far each blend cell is shrunk toward one component (`blend.ANCHORS`), by cross-fitting.
+"""Fitting the blend's calibration table (`fit_table`), and how far each cell is shrunk toward one component
+(`blend.ANCHORS`), by cross-fitting.
 
 The covariance weights of a cell are fitted and judged on the same calibration samples; nothing there says
 whether they beat the plain baseline on runs they were not fitted on. Here the samples are split in two by
@@ -21,6 +22,35 @@ HIT = (math.log(1 / 1.2), math.log(1 / 0.8))
 MIN_HELD = 40
 
 
+def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90) -> dict:
+    """Learn weights and band quantiles from out-of-fold samples.
+
+    Each sample: {"key", "fraction", "truth", "components": {name: total seconds}, "run" (optional)}.
+    Weights are minimum-variance under the components' error covariance, shrunk toward the baseline
+    as far as cross-fitting says it does not hurt (`lam`); the band quantiles are those of
+    log(truth / blended) in the same cell (split-conformal style).
+    """
+    groups = B.group_samples(samples)
+    table = B.fit_weights(groups)
+    for (key, b), lam in choose_shrinkage(samples, table).items():
+        table[key][b]["lam"] = lam
+    for (key, b), rows in groups.items():
+        cell = table.get(key, {}).get(b)
+        if cell is None:
+            continue
+        resid = []
+        for r in rows:
+            total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
+            if math.isfinite(total):
+                resid.append(math.log(r["truth"] / total))
+        if len(resid) >= B.MIN_SAMPLES:
+            # What bias is left after blending is removed too; the band is the spread around it.
+            cell["bias"] = float(np.median(resid))
+            centred = np.asarray(resid) - cell["bias"]
+            cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
+    return table
+
+
 def _half(sample: dict) -> int:
     # A sample of a benchmark held out of the history model ("group": its benchmark) is split by benchmark:
     # what an unseen benchmark's estimate looks like is judged on benchmarks the weights never saw.
@@ -35,8 +65,8 @@ def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], 
     for half in (0, 1):
         fit = [s for s in samples if _half(s) != half]
         held = [s for s in samples if _half(s) == half]
-        fit_groups, held_groups = B._groups(fit), B._groups(held)
-        part = B._fit_weights(fit_groups)
+        fit_groups, held_groups = B.group_samples(fit), B.group_samples(held)
+        part = B.fit_weights(fit_groups)
         for cell_key, held_rows in held_groups.items():
             if cell_key not in fit_groups:
                 continue
@@ -74,7 +104,7 @@ def _logs(rows: list[dict], key: str, table: dict) -> tuple[np.ndarray, np.ndarr
         total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
         if not math.isfinite(total):
             continue
-        cell = B._cell(table, key, r["fraction"])
+        cell = B.find_cell(table, key, r["fraction"])
         cbias = cell.get("cbias", {}) if cell is not None else {}
         available = {k for k, v in r["components"].items() if v is not None and v > 0 and math.isfinite(v)}
         name = B.anchor(available, cbias, key=key)
