@@ -13,6 +13,7 @@ import asyncio
 import json
 import platform
 import socket
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -196,6 +197,8 @@ async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 60
         if model.get("version") and not model.get("training"):
             return
         await asyncio.sleep(1)
+    # the burst goes on, but its figures then share the CPU with the training: say so where they are read
+    print(f"warning: the estimator's history model was still training after {timeout_s:.0f} s", file=sys.stderr)
 
 
 async def command_counts(stack: Stack) -> dict[str, Counter]:

@@ -200,7 +200,7 @@ class OnlineEstimator:
         once its own curve puts the run's total outside that guess's 10-90% band widened by SPEED_CONTRADICTED,
         the guess leaves the blend, as a seen benchmark's does when the live rate contradicts its speed."""
         p, curve = self.prior, comps.get("curve")
-        if p is None or p.seen or curve is None or comps.get("history") is None or len(self._metric_x) < 4:
+        if p is None or p.seen or curve is None or comps.get("history") is None:
             return comps
         if p.duration_low_s / SPEED_CONTRADICTED <= curve <= p.duration_high_s * SPEED_CONTRADICTED:
             return comps
