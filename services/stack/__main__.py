@@ -6,8 +6,6 @@ import time
 from services.stack.processes import Stack, StackSettings
 from services.submitter.auth import check_admin_token
 
-RESTART_AFTER_S = 5.0  # a process that keeps exiting is started at most this often
-
 
 def main() -> None:
     stack = Stack(StackSettings())
@@ -38,12 +36,8 @@ def main() -> None:
           f"  logs: {stack.data_dir / 'logs'}\n  Ctrl-C stops everything.", flush=True)
     restarted: dict[str, float] = {}
     while not stopping:  # the supervisor: what exits is started again (a replica that lost its lease, a crash)
-        for name in stack.dead():
-            if time.monotonic() - restarted.get(name, -RESTART_AFTER_S) < RESTART_AFTER_S:
-                continue
+        for name, again in stack.restart_dead(restarted):
             log = stack.data_dir / "logs" / f"{name}.log"
-            again = stack.restart(name)
-            restarted[name] = time.monotonic() if again else float("inf")  # told once, then left alone
             print(f"trainmaster: {name} exited{', started again' if again else ''} (see {log})", file=sys.stderr)
         time.sleep(0.5)
     print("trainmaster: stopping…", flush=True)

@@ -22,6 +22,7 @@ from services.agent.resources import load_cluster
 from services.stack.identities import Identities, prepare_bus
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
+RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
 
 
 class StackSettings(BaseSettings):
@@ -307,7 +308,34 @@ class Stack:
             self.start_service(name, replica=replica)
         for node_id in self.node_ids():
             self.start_agent(node_id)
-        wait_for_port(self.settings.api_port, timeout_s=60)
+        self.wait_serving(timeout_s=60)
+
+    def wait_serving(self, *, timeout_s: float) -> None:
+        """Wait for the API. A process that exits meanwhile is started again, as the supervisor of `make run`
+        does later: on a NATS cluster that is still electing its leaders a service's first bus request can time
+        out, and one replica of the API failing its start must not fail the stack's."""
+        deadline, restarted = time.monotonic() + timeout_s, {}
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return wait_for_port(self.settings.api_port, timeout_s=min(1.0, max(left, 0.05)))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+            self.restart_dead(restarted)
+
+    def restart_dead(self, restarted: dict[str, float]) -> list[tuple[str, bool]]:
+        """Start again each process that exited, none more often than every RESTART_AFTER_S (`restarted`: when
+        each was last started again, kept by the caller); (name, started again) for each one acted on. One this
+        cannot restart is reported once, then left alone."""
+        acted = []
+        for name in self.dead():
+            if time.monotonic() - restarted.get(name, -RESTART_AFTER_S) < RESTART_AFTER_S:
+                continue
+            again = self.restart(name)
+            restarted[name] = time.monotonic() if again else float("inf")
+            acted.append((name, again))
+        return acted
 
     def signal(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Signal one child's whole process group (tests use SIGKILL to crash it)."""
