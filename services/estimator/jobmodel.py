@@ -114,6 +114,25 @@ class JobModel:
                            method=e.method, progress=self._progress(now, remaining))
         return self.tracker.estimate(now)
 
+    def history_run(self, *, job_id: str, project: str, start: float, end: float) -> dict | None:
+        """The completed job as a corpus run (`corpus.Run`'s fields), read as the corpus reads a log: its
+        observations are the progress marks and target-metric values the online estimator saw, not every number
+        the output carried; None when it has no features or nothing was observed."""
+        features = self.job_features()
+        if features is None or not self.seen:
+            return None
+        start = self.run_started_at or start  # MLPerf durations run from run_start, after initialisation
+        run = {"run_id": job_id, "version": "trainmaster", "submitter": project, "system": features.accelerator,
+               "benchmark": features.benchmark, "accelerator": features.accelerator,
+               "accelerators_per_node": max(1, features.accelerators // features.nodes), "nodes": features.nodes,
+               "batch_size": features.batch_size, "learning_rate": features.learning_rate,
+               "run_start_ms": int(start * 1000), "run_stop_ms": int(end * 1000), "status": "success",
+               "observations": [{"t_s": t - start, "progress": progress, "value": value}
+                                for t, progress, value in self.seen if t >= start]}
+        if (target := self._target()) is not None:  # a declared target makes a new benchmark learnable
+            run |= {"target_value": target[1], "target_mode": target[2]}
+        return run
+
     def job_features(self) -> JobFeatures | None:
         benchmark = self.features.get("benchmark")
         if not benchmark:

@@ -130,20 +130,10 @@ class Estimator:
 
     async def _learn(self, event: JobStatusChanged, model: JobModel) -> None:
         """A completed job with known features becomes training data; enough of them train a new version."""
-        features = model.job_features()
-        progress = [p for points in model.tracker.points.values() for p in points]
-        if features is None or not progress:
+        run = model.history_run(job_id=event.job_id, project=event.project_id,
+                                start=event.start_time.timestamp(), end=event.end_time.timestamp())
+        if run is None:
             return
-        start = event.start_time.timestamp()
-        run = {"run_id": event.job_id, "version": "trainmaster", "submitter": event.project_id,
-               "system": features.accelerator, "benchmark": features.benchmark, "accelerator": features.accelerator,
-               "accelerators_per_node": features.accelerators, "nodes": features.nodes,
-               "batch_size": features.batch_size, "learning_rate": features.learning_rate,
-               "run_start_ms": int(start * 1000), "run_stop_ms": int(event.end_time.timestamp() * 1000),
-               "status": "success",
-               "observations": [{"t_s": p.t - start, "progress": p.step, "value": p.value} for p in progress]}
-        if (target := model._target()) is not None:  # a declared target makes a new benchmark learnable
-            run |= {"target_value": target[1], "target_mode": target[2]}
         try:
             await self.history.insert_one({"_id": event.job_id, "run": run, "trained": False})
         except DuplicateKeyError:

@@ -24,6 +24,27 @@ def test_live_mllog_progress_is_read_like_the_corpus_and_timed_from_run_start():
     assert model.job_features().accelerators == 16  # 8 per node on 2 nodes: the model counts them all
 
 
+def test_a_completed_job_becomes_a_corpus_run_of_its_progress_and_target_metric_only(tmp_path):
+    from services.estimator.train import learnable, runs_from_json
+
+    model = JobModel(metrics=[])
+    model.started(at=100.0, accelerator="NVIDIA H100-SXM5-80GB", gpus=8, nodes=2)
+    for line in (mllog("submission_benchmark", 101.0, "gnn"), mllog("seed", 102.0, 7),
+                 mllog("train_samples", 103.0, 3901), mllog("run_start", 130.0),  # numbers, neither metric nor work
+                 mllog("eval_accuracy", 141.0, 0.60, epoch_num=0.05),
+                 mllog("eval_accuracy", 151.0, 0.75, epoch_num=0.1)):  # gnn's target, 0.72, met here
+        model.observe(line)
+    run = model.history_run(job_id="j1", project="p", start=100.0, end=152.0)
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([run]))
+    [learnt] = learnable(runs_from_json(path))
+    assert learnt.accelerators == 16  # 8 per node on 2 nodes, not 16 per node
+    assert learnt.duration_s == 22.0  # from run_start, as the corpus times a run
+    assert [(o.progress, o.value) for o in learnt.observations] == [(0.05, 0.60), (0.1, 0.75)]
+    assert learnt.total_work == 0.1
+    assert JobModel(metrics=[]).history_run(job_id="j2", project="p", start=0.0, end=1.0) is None  # no features
+
+
 def test_unet3d_epochs_become_samples_live_as_in_the_corpus():
     model = JobModel(metrics=[])
     model.observe(mllog("submission_benchmark", 1.0, "unet3d"))
