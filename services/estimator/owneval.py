@@ -80,7 +80,7 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.CORPUS, *, calibration_pa
               "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS), "headline_method": HEADLINE_METHOD,
               "headline_metric": HEADLINE_METRIC, "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
               "test_cases": {m: len(c) for m, c in test.items()},
-              "calibration": {k: v for k, v in calibration.items() if k != "net"}, "methods": {}}
+              "calibration": {k: v for k, v in calibration.items() if k != "nets"}, "methods": {}}
     for method, table in ((HEADLINE_METHOD, calibration), ("power_law_uncalibrated", None),
                           ("previous_rate", None)):
         by_metric = {m: _rows(cases, method, table) for m, cases in test.items()}

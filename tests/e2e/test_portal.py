@@ -99,6 +99,13 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     wait_for(lambda: page.evaluate("TM.charts.metric.data.datasets[0].data.length") > 40, what="a longer curve")
     assert page.evaluate("TM.charts.metric.data.datasets[1].data[0].y") == 0.3  # the target line
     assert page.inner_text("#eta-text") not in ("", "–")
+    wide = "{remaining_s: 120, low_s: 60, high_s: 360, finish_time: '2026-01-01T12:00:00Z'}"
+    assert page.evaluate(f"TM.etaText({wide}).main") == "about 2 min"  # a wide band is a rough time, not a clock
+    finish = page.evaluate(f"TM.finishText({wide})")
+    assert finish["main"].startswith("around ") and finish["main"].count(":") == 1  # to the minute
+    assert finish["band"].startswith("between ") and finish["band"].count(":") == 2
+    narrow = "{remaining_s: 120, low_s: 110, high_s: 130, finish_time: '2026-01-01T12:00:00Z'}"
+    assert page.evaluate(f"TM.finishText({narrow}).main").count(":") == 2  # to the second
     assert "step" in page.inner_text("#logs")
     assert page.inner_text(".tl-row").startswith("#1")
     page.screenshot(path=shots / "03-job-running.png", full_page=True)

@@ -104,6 +104,14 @@ const TM = (() => {
     return etaWide(e) ? { main: `about ${rough(e.remaining_s)}`, band: `could be ${roughRange(e.low_s, e.high_s)}` }
       : { main: duration(e.remaining_s), band: `80% between ${duration(e.low_s)} and ${duration(e.high_s)}` };
   }
+  // When the job should end: to the second when the band is narrow; to the minute, with the band's ends, when
+  // it is wide (a precise clock time would claim what etaText does not).
+  function finishText(e) {
+    const end = Date.parse(e.finish_time), clock = (ms, opts) => new Date(ms).toLocaleTimeString([], opts);
+    if (!etaWide(e)) return { main: clock(end, { hour: "2-digit", minute: "2-digit", second: "2-digit" }), band: "" };
+    const now = end - e.remaining_s * 1000, hm = { hour: "2-digit", minute: "2-digit" };
+    return { main: `around ${clock(end, hm)}`, band: `between ${clock(now + e.low_s * 1000, hm)} and ${clock(now + e.high_s * 1000, hm)}` };
+  }
   function eta(job) {
     const e = job.status.eta;
     if (!e) return `<span class="muted">–</span>`;
@@ -197,5 +205,5 @@ const TM = (() => {
   }
 
   return { pages, charts, api, ApiError, jobsPath, project, nodes, esc, $, duration, ago, badge, kind, money,
-           progress, progressOf, eta, etaText, FINISHED, flash, start, me: () => me };
+           progress, progressOf, eta, etaText, finishText, FINISHED, flash, start, me: () => me };
 })();
