@@ -20,7 +20,7 @@ browser:
 		|| echo "chromium could not be installed: the browser tests will be skipped"
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
@@ -51,6 +51,7 @@ bench-eta: $(STAMP)
 		--out bench/eta/results/eval-kfold4-v4.0.json
 	$(BIN)/python -m services.estimator.evaluate --corpus own-jobs --out bench/eta/results/eval-own-jobs.json
 	$(BIN)/python -m bench.eta.bench_online
+	$(BIN)/python -m bench.eta.bench_online --own-jobs --jobs 5
 	$(BIN)/python -m bench.eta.bench_history
 
 TRACE := ../shared/data/alibaba-gpu-v2023

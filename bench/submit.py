@@ -181,20 +181,19 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
     }
 
 
-async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600) -> None:
+async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600, patience_s: float = 15) -> None:
     """Wait until the estimator serves a history model and trains none: a fresh stack trains one from the MLPerf
-    logs at its first start (CPU that is not the jobs'). Without the logs beside the project it trains none."""
-    from services.estimator.app import EstimatorSettings  # torch: not in the processes that only count commands
-
-    if not any(EstimatorSettings().mlperf_dir.glob("*.tar.gz")):
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    logs at its first start (CPU that is not the jobs'). One that has trained nothing and trains nothing for
+    `patience_s` has no logs beside the project and trains none (asked of its health, so torch stays out of here)."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
         answer = await api.get("/healthz")
         details = answer.json().get("services", {}).get("estimator", {}).get("details", {}) if answer.is_success \
             else {}
         model = details.get("history_model", {})
         if model.get("version") and not model.get("training"):
+            return
+        if not model.get("version") and model.get("training") is False and time.monotonic() - started > patience_s:
             return
         await asyncio.sleep(1)
     # the burst goes on, but its figures then share the CPU with the training: say so where they are read

@@ -13,7 +13,7 @@ from shared.buscreds import write_secret
 from shared.store import COUNTS_DIR
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
 from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
-from bench.submit import command_counts
+from bench.submit import command_counts, history_model_trained
 from bench.scale.sim import IDENTITY, SimFleet, permissions
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ def start_stack(data: Path, *, interval_s: float, timeout_s: float, count_comman
     stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), api_port=free_port(),
                                 cluster_file=data / "cluster.toml", admin_token=TOKEN, mongo_url=None,
                                 log_level="WARNING", heartbeat_interval_s=interval_s, node_timeout_s=timeout_s))
+    # no-op jobs need no history model: without the MLPerf logs the estimator trains none, and the minutes of CPU a
+    # fresh stack's first training takes are not the control plane's
+    stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
     if count_commands:
         (data / "db-commands").mkdir()
         stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
@@ -110,12 +113,20 @@ async def burst(api: httpx.AsyncClient, *, jobs: int, clients: int, timeout_s: f
         items += page.json()["items"]
     latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
                  if j["status"].get("start_time")]
+    # Where the wait is: before placement decides (the queue), or between the decision and the task's start.
+    first = [(j["metadata"]["create_time"], j["status"]["attempts"][0]) for j in items if j["status"].get("attempts")]
+    to_placed = [(a["placed_at"] - created) / 1000 for created, a in first]
+    placed_to_running = [(a["start_time"] - a["placed_at"]) / 1000 for _, a in first if a.get("start_time")]
     completed = sum(j["status"]["phase"] == "Completed" for j in items)
     return {"jobs": jobs, "jobs_submitted": len(submitted), "jobs_completed": completed,
             "accepted_per_s": round(len(submitted) / accept_s, 1),
             "jobs_per_s": round(completed / finish_s, 2), "burst_s": round(finish_s, 1),
             "submit_to_running_p50_s": _round(percentile(latencies, 0.5)),
-            "submit_to_running_p95_s": _round(percentile(latencies, 0.95))}
+            "submit_to_running_p95_s": _round(percentile(latencies, 0.95)),
+            "submit_to_placed_p50_s": _round(percentile(to_placed, 0.5)),
+            "submit_to_placed_p95_s": _round(percentile(to_placed, 0.95)),
+            "placed_to_running_p50_s": _round(percentile(placed_to_running, 0.5)),
+            "placed_to_running_p95_s": _round(percentile(placed_to_running, 0.95))}
 
 
 def _round(value: float | None) -> float | None:
@@ -152,6 +163,8 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
             log.info("steady window over: %d heartbeats sent, %d nodes lost, monitor %s",
                      sum(a.heartbeats for a in fleet.agents.values()), len(watch.lost), watch.monitor_details)
             states = await node_states(api)
+            if jobs:
+                await history_model_trained(api)  # a fresh stack's first training would share the burst's CPU
             result = await burst(api, jobs=jobs, clients=8, timeout_s=jobs_timeout_s) if jobs else {}
     finally:
         lost = list(watch.lost)  # what comes after the simulated nodes stop is no loss to count

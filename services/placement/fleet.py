@@ -16,7 +16,7 @@ from shared.events import NodeProvisioned, NodeReleased
 from shared.nodes import NodeInfo
 from shared.rpc import AdmitQuery, AdmitReply
 from shared.store import DocumentStore
-from services.placement.adapter import Usage, policy_node
+from services.placement.adapter import Usage, policy_node, reference_tflops
 from services.placement.policy import InstanceType, Node
 from services.placement.providers import Provider
 
@@ -48,6 +48,11 @@ class Fleet:
     idle_since: dict[str, float] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
     held: set[str] = field(default_factory=set)  # rented nodes not yet released
+    # Each node's policy view, kept with what it was built from: a pass or a dry run over 10,000 nodes rebuilds
+    # only the nodes whose record, capacity given out or idle clock changed (records are replaced, never mutated).
+    _views: dict[str, tuple[FleetNode, tuple, Node]] = field(default_factory=dict, repr=False)
+    _empty: dict[str, tuple[NodeInfo, Node]] = field(default_factory=dict, repr=False)
+    _reference: tuple[list[NodeInfo], float] | None = field(default=None, repr=False)
 
     @property
     def broker(self) -> NatsBroker:
@@ -61,13 +66,36 @@ class Fleet:
 
     def policy_nodes(self, usage: Mapping[str, Usage]) -> tuple[Node, ...]:
         """Nodes that can take work now, or will once booted, as the policy sees them (`usage`: capacity given out)."""
-        return tuple(policy_node(n.info, usage.get(n.node_id), ready_at=n.ready_at, reserved_for=n.reserved_for,
-                                 idle_since=self.idle_since.get(n.node_id), instance_type=n.instance_type)
-                     for n in self.nodes.values() if n.info and n.state in ("ready", "provisioning"))
+        return tuple(self._view(n, usage.get(n.node_id)) for n in self.nodes.values()
+                     if n.info and n.state in ("ready", "provisioning"))
+
+    def _view(self, node: FleetNode, used: Usage | None) -> Node:
+        built_from = (None if used is None else (frozenset(used.gpus), used.cpu, used.memory_gb),
+                      self.idle_since.get(node.node_id))
+        hit = self._views.get(node.node_id)
+        if hit is not None and hit[0] is node and hit[1] == built_from:
+            return hit[2]
+        view = policy_node(node.info, used, ready_at=node.ready_at, reserved_for=node.reserved_for,
+                           idle_since=built_from[1], instance_type=node.instance_type)
+        self._views[node.node_id] = (node, built_from, view)
+        return view
 
     def known_nodes(self) -> tuple[Node, ...]:
         """Every node not given back, lost ones included (they may come back), as empty policy nodes."""
-        return tuple(policy_node(info) for info in self.all_infos())
+        return tuple(self._empty_view(info) for info in self.all_infos())
+
+    def _empty_view(self, info: NodeInfo) -> Node:
+        hit = self._empty.get(info.node_id)
+        if hit is None or hit[0] is not info:
+            hit = self._empty[info.node_id] = (info, policy_node(info))
+        return hit[1]
+
+    def reference_tflops(self) -> float:
+        """The fleet's median GPU speed (`adapter.reference_tflops`), recomputed only when a node record changed."""
+        infos = self.all_infos()
+        if self._reference is None or self._reference[0] != infos:  # identity first: a changed node is a new record
+            self._reference = (infos, reference_tflops(infos))
+        return self._reference[1]
 
     def rented(self) -> bool:
         """Whether any node we rent is still held (then a pass may release or pull back from it); O(1)."""

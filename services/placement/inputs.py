@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from shared.events import Assignment
 from shared.jobs import Resource, Spec
-from services.placement.adapter import DEFAULT_DURATION_S, Usage, reference_tflops
+from services.placement.adapter import DEFAULT_DURATION_S, Usage
 from services.placement.estimates import Estimate, Estimates, fallback, query_for
 from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
@@ -60,7 +60,7 @@ class PolicyInputs:
 
     def config_now(self) -> PolicyConfig:
         """The config with durations read at the fleet's median GPU speed."""
-        return dataclasses.replace(self.config, reference_tflops=reference_tflops(self.fleet.all_infos()))
+        return dataclasses.replace(self.config, reference_tflops=self.fleet.reference_tflops())
 
     def state(self, queued: Iterable, placed: Iterable, now: float) -> ClusterState:
         """One pass's snapshot: the fleet with what placed jobs hold, the queue, running GPU work, fair share."""

@@ -166,3 +166,27 @@ async def test_charges_of_jobs_finishing_together_are_all_kept_whatever_order_th
     restarted = FairShare(usage)
     await restarted.load()
     assert restarted.usage == pytest.approx({"alice": 2.0, "bob": 3.0}, rel=1e-3)
+
+
+async def test_a_pass_rebuilds_only_the_nodes_that_changed():
+    service = _placement(None)
+    a, b = node(gpus=2, tflops=100), node(gpus=2, tflops=300)
+    for info in (a, b):
+        await service.fleet.seen(info.node_id, info=info, state="ready")
+    first = {n.id: n for n in service.fleet.policy_nodes({})}
+    again = {n.id: n for n in service.fleet.policy_nodes({})}
+    assert all(again[i] is first[i] for i in first)  # nothing changed: the same views
+    assert service.fleet.known_nodes()[0] is service.fleet.known_nodes()[0]
+    assert service.fleet.reference_tflops() == 200.0
+
+    from services.placement.adapter import Usage
+    used = {a.node_id: Usage(gpus={0}, cpu=1.0, memory_gb=2.0)}
+    busy = {n.id: n for n in service.fleet.policy_nodes(used)}
+    assert busy[a.node_id].free_gpu_indices == (1,) and busy[b.node_id] is first[b.node_id]
+    await service.fleet.seen(b.node_id, info=None, state="lost")
+    assert b.node_id not in {n.id for n in service.fleet.policy_nodes(used)}  # a lost node takes no work
+    faster = node(node_id=a.node_id, gpus=2, tflops=500)
+    await service.fleet.seen(a.node_id, info=faster, state="ready")  # re-registered with other GPUs
+    [view] = service.fleet.policy_nodes({})
+    assert view.tflops == 500 and view.free_gpu_indices == (0, 1)
+    assert service.fleet.reference_tflops() == 400.0  # the lost node still counts: it may come back
