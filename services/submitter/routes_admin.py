@@ -27,9 +27,7 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
     if isinstance(answer, list):  # a monitor from before paging answers every node
         answer = {"total": len(answer), "items": answer[offset:offset + limit]}
     records, total = answer["items"], answer["total"]
-    job_ids = list({t["job_id"] for r in records for t in r.get("running") or []})
-    owners = {d["_id"]: d["project_id"] async for d in
-              request.app.state.repo.jobs.find({"_id": {"$in": job_ids}}, {"project_id": 1})} if job_ids else {}
+    owners = await request.app.state.repo.owners({t["job_id"] for r in records for t in r.get("running") or []})
     items = []
     for record in records:
         info, running = record.get("info") or {}, record.get("running") or []

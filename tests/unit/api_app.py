@@ -10,6 +10,7 @@ from services.submitter.app import SubmitterSettings, create_app
 from services.submitter.audit import AuditLog
 from services.submitter.auth import Tokens
 from services.submitter.egress import Policy
+from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 
 ADMIN_TOKEN = "unit-admin-token-0123456789abcdef0123"
@@ -44,9 +45,8 @@ async def make_app(*, allow: list[str] | None = None, clock=None):
     await tokens.prepare()
     await tokens.bootstrap_admin(configured=ADMIN_TOKEN, data_dir=Path("/nonexistent"))  # configured: never read
     app.state.tokens, app.state.audit = tokens, AuditLog(db.api_audit)
-    app.state.repo = SimpleNamespace(db=db, jobs=db.api_jobs,
-                                     get=lambda project, job: db.api_jobs.find_one({"_id": job, "project_id": project}))
     app.state.broker = FakeBroker()
+    app.state.repo = Repository(db=db, broker=app.state.broker)
     app.state.egress = Policy.parse(allow or [])
     return app, db, tokens
 

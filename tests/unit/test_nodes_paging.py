@@ -34,3 +34,20 @@ async def test_a_monitor_from_before_paging_is_paged_here():
     async with client(app) as admin:
         page = (await admin.get("/v2/nodes?offset=1&limit=1")).json()
     assert [n["node_id"] for n in page["items"]] == ["b"] and page["total"] == 3 and page["next_offset"] == 2
+
+
+async def test_running_tasks_show_their_project_and_a_known_jobs_project_is_read_once():
+    app, db, _ = await make_app()
+    await db.api_jobs.insert_one({"_id": "j1", "project_id": "vision"})
+    busy = {**record("a"), "running": [{"job_id": "j1", "attempt": 1, "rank": 0},
+                                       {"job_id": "claimed-by-the-agent-only", "attempt": 1, "rank": 0}]}
+    app.state.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [busy]}
+    reads = []
+    find = db.api_jobs.find
+    db.api_jobs.find = lambda query, projection=None: reads.append(query) or find(query, projection)
+    async with client(app) as admin:
+        for _ in range(2):
+            [node] = (await admin.get("/v2/nodes")).json()["items"]
+            assert node["state"] == "busy" and [t["project_id"] for t in node["running"]] == ["vision", ""]
+    assert [sorted(q["_id"]["$in"]) for q in reads] == [["claimed-by-the-agent-only", "j1"],
+                                                        ["claimed-by-the-agent-only"]]  # j1's project remembered
