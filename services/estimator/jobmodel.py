@@ -17,7 +17,9 @@ FEATURE_KEYS = {"submission_benchmark": "benchmark", "global_batch_size": "batch
 PARAMETER_KEYS = {"benchmark": "benchmark", "task": "benchmark", "batch_size": "batch_size",
                   "learning_rate": "learning_rate", "lr": "learning_rate"}
 # Parameters declaring the amount of work, in the units the job reports its progress in (its `step` group or
-# MLLOG epoch/samples): with it, the live rate alone gives an estimate, whatever the job is.
+# MLLOG epoch/samples): with it, the live rate alone gives an estimate, whatever the job is. A script may also
+# report it (`trainmaster_task.report(step=..., total_steps=...)`, the same units as its `step`); what the spec
+# declares comes first.
 WORK_KEYS = ("max_steps", "total_steps", "num_steps", "epochs", "num_epochs", "max_epochs", "train_samples",
              "total_samples")
 MAX_WORK = 1e15
@@ -62,6 +64,10 @@ class JobModel:
         """Feed one output line; returns the metric points it carried (for storage)."""
         record = parse_mllog_line(line.line)
         points = self.tracker.observe(line, record)
+        if record is None and "total_work" not in self.features:  # `trainmaster_task.report(total_steps=...)`
+            declared = next((p.value for p in points if p.name in WORK_KEYS), None)
+            if declared is not None:
+                self._feature("total_work", declared)
         if self.started_at is None:
             self.started_at = line.t
         if record is not None and record.key in FEATURE_KEYS:
@@ -148,8 +154,9 @@ class JobModel:
         with_prior = predictor is not None and features is not None
         start = self.run_started_at or self.started_at or 0.0
         # Rebuilt when a newer model arrives, when the log completes the features (the batch size comes a few
-        # lines after the benchmark), or when the timed run begins: the prior is for what is known now.
-        built_from = (version if with_prior else None, features, start)
+        # lines after the benchmark, the amount of work when the script reports it), or when the timed run begins:
+        # the prior is for what is known now.
+        built_from = (version if with_prior else None, features, start, self.features.get("total_work"))
         if self.online is not None and self.built_from == built_from:
             return
         work = self.features.get("total_work")

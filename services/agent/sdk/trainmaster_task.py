@@ -52,7 +52,9 @@ def stop_requested() -> bool:
 
 
 def report(**metrics: float) -> None:
-    """One line of metrics (and `step`), which the estimator turns into points of the job's curve."""
+    """One line of metrics (and `step`), which the estimator turns into points of the job's curve; `total_steps`
+    (or `max_steps`, `epochs`, ... in the units of `step`) tells it how much work the run has, for an ETA from the
+    rate alone."""
     sys.stdout.write("TRAINMASTER_METRICS " + json.dumps(metrics) + "\n")
     sys.stdout.flush()
 

@@ -102,6 +102,23 @@ def test_a_declared_amount_of_work_gives_an_estimate_from_the_rate_alone():
     assert eta is not None and eta.remaining_s == pytest.approx(80.0, rel=0.05)
 
 
+def test_an_amount_of_work_the_script_reports_gives_an_estimate_from_the_rate_alone():
+    model = JobModel(metrics=[])  # no target, no parameters: only what the script reports
+    model.started(at=0.0, accelerator="whatever", gpus=1, nodes=1)
+    model.observe(LogLine(t=0.1, line='TRAINMASTER_METRICS {"step": 0, "total_steps": -3}'))  # not a sane amount
+    assert model.estimate(0.1, predictor=None, version=None) is None
+    for step in range(10, 210, 10):  # 10 steps a second, the total reported with the first step
+        extra = ', "total_steps": 1000' if step == 10 else ""
+        model.observe(LogLine(t=step / 10, line=f'TRAINMASTER_METRICS {{"step": {step}, "loss": {1 / step}{extra}}}'))
+        if step == 50:
+            assert model.estimate(5.0, predictor=None, version=None) is not None
+    eta = model.estimate(20.0, predictor=None, version=None)
+    assert eta is not None and eta.remaining_s == pytest.approx(80.0, rel=0.05)
+    declared = JobModel(metrics=[], parameters=[Parameter(name="max_steps", value="500")])
+    declared.observe(LogLine(t=1.0, line='TRAINMASTER_METRICS {"step": 1, "total_steps": 1000}'))
+    assert declared.features["total_work"] == 500.0  # what the spec declares comes first
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "1e400", "lots", "1e16"])
 def test_hostile_declared_work_is_ignored(value):
     model = JobModel(metrics=[], parameters=[Parameter(name="max_steps", value=value),
