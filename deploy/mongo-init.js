@@ -11,7 +11,7 @@ const COLLECTIONS = {
               "api_notifications", "api_audit", "api_searches"],
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes"],
-  estimator: ["estimator_jobs", "estimator_points", "estimator_history"],
+  estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };

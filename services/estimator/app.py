@@ -30,7 +30,8 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
                             corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every)
         jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS)  # written by this service only
         estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
-                              history=w.db.estimator_history, models=models)
+                              history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,
+                              models=models)
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))

@@ -1,5 +1,6 @@
 """One job's estimate: its metric points, what is known of it (features), and the online estimator (pure)."""
 import math
+import zlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -7,6 +8,7 @@ from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec, Parameter
 from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstimator, parse_mllog_line
 from services.estimator.model.mllog import mark_progress
+from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.targets import TARGETS, metric_scalar
 from services.estimator.tracker import JobTracker
 
@@ -27,6 +29,8 @@ MAX_WORK = 1e15
 # the node's own GPUs.
 HARDWARE_KEYS = ("accelerator", "accelerators", "nodes")
 MAX_SEEN = 1024  # observations kept to rebuild the online estimator (a newer model, completed features)
+OWN_RUN_POINTS = 120  # a completed job's curve as the own-jobs corpus keeps it (its recorder keeps 60 a run)
+OWN_RUN_SEEDS = 5  # as the recorded runs: a job's seed (from its id) in 0-4, and seed 4 is held out of calibration
 
 
 @dataclass
@@ -138,6 +142,25 @@ class JobModel:
         if (target := self._target()) is not None:  # a declared target makes a new benchmark learnable
             run |= {"target_value": target[1], "target_mode": target[2]}
         return run
+
+    def own_run(self, *, job_id: str, start: float, end: float) -> dict | None:
+        """The completed job as a run of the own-jobs corpus (`owncorpus`'s shape) when it declared a target: its
+        target metric as `loss` (to minimise) or `val_acc` (to maximise), at most OWN_RUN_POINTS points evenly
+        over the run with its last, steps as printed or else the count of points; None without a target or with
+        too few points to ever make a case."""
+        spec = next((s for s in self.metrics if s.target is not None), None)
+        points = [p for p in self.tracker.points.get(spec.name, []) if start <= p.t <= end] if spec else []
+        if len(points) <= MIN_CASE_POINTS:
+            return None
+        if len(points) > OWN_RUN_POINTS:
+            every = (len(points) - 1) / (OWN_RUN_POINTS - 1)
+            points = [points[round(i * every)] for i in range(OWN_RUN_POINTS)]
+        counted = any(p.step is None for p in points)
+        key = "loss" if spec.mode == "min" else "val_acc"
+        return {"run": job_id, "group": "trainmaster", "params": {"seed": zlib.crc32(job_id.encode()) % OWN_RUN_SEEDS},
+                "points": [{"t": p.t - start, "step": float(i + 1) if counted else p.step, key: p.value}
+                           for i, p in enumerate(points)],
+                "wall_s": end - start, "machine": self.accelerator}
 
     def job_features(self) -> JobFeatures | None:
         benchmark = self.features.get("benchmark")

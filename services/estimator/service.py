@@ -35,7 +35,8 @@ class Estimator:
     broker: NatsBroker
     jobs: DocumentStore  # what each job declares, and whether it finished (with its final estimate)
     points: AsyncCollection
-    history: AsyncCollection
+    history: AsyncCollection  # completed jobs with features: the history model's runs
+    own_runs: AsyncCollection  # completed jobs' curves toward a declared target: the own-jobs corpus
     models: ModelStore
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
@@ -129,9 +130,16 @@ class Estimator:
             pass
 
     async def _learn(self, event: JobStatusChanged, model: JobModel) -> None:
-        """A completed job with known features becomes training data; enough of them train a new version."""
-        run = model.history_run(job_id=event.job_id, project=event.project_id,
-                                start=event.start_time.timestamp(), end=event.end_time.timestamp())
+        """A completed job becomes training data: its curve toward a declared target for the own-job band
+        (exported and refitted offline, `ownexport`), its features and timing for the history model, whose enough
+        new runs train a new version."""
+        start, end = event.start_time.timestamp(), event.end_time.timestamp()
+        if (own := model.own_run(job_id=event.job_id, start=start, end=end)) is not None:
+            try:
+                await self.own_runs.insert_one({"_id": event.job_id, "run": own})
+            except DuplicateKeyError:
+                pass
+        run = model.history_run(job_id=event.job_id, project=event.project_id, start=start, end=end)
         if run is None:
             return
         try:

@@ -65,7 +65,8 @@ async def test_a_job_that_finishes_while_the_bus_is_away_gets_its_final_estimate
 
     async with TestNatsBroker(bus) as broker:
         estimator = Estimator(broker=broker, jobs=DocumentStore(MemoryCollection("jobs"), Down()),
-                              points=MemoryCollection("points"), history=MemoryCollection("history"), models=None)
+                              points=MemoryCollection("points"), history=MemoryCollection("history"),
+                              own_runs=MemoryCollection("own_runs"), models=None)
         await estimator.submitted(submitted(job_id="j"))
         with pytest.raises(ConnectionError):
             await estimator.status_changed(finished("j"))

@@ -1,0 +1,50 @@
+"""Completed jobs' curves toward their declared targets, written as a file of the own-jobs corpus.
+
+The estimator keeps each completed job that declared a target (`estimator_own_runs`, `JobModel.own_run`); this
+writes them in the recorded corpus' shape, so the own-job band is refitted on them beside the recorded runs and
+checked on the held-out seed (theirs included) before it replaces the shipped one:
+
+    python -m services.estimator.ownexport --out own-runs.jsonl.gz      # with the estimator's environment
+    python -m bench.search.calibrate --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --out new.json
+    trainmaster-eta-eval --corpus own-jobs --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --calibration new.json
+"""
+import argparse
+import asyncio
+import gzip
+import json
+from pathlib import Path
+
+from services.estimator.app import EstimatorSettings
+from shared.store import make_client
+
+
+def corpus_lines(docs: list[dict]) -> list[str]:
+    """One JSON line per stored run that has the corpus' fields (a hand-edited or older document is skipped)."""
+    return [json.dumps(run, separators=(",", ":")) for doc in docs
+            if isinstance(run := doc.get("run"), dict) and {"run", "group", "params", "points"} <= run.keys()]
+
+
+async def export(out: Path, settings: EstimatorSettings) -> int:
+    client = make_client(settings.mongo_url)
+    try:
+        docs = [d async for d in client[settings.mongo_db].estimator_own_runs.find({}).sort("_id", 1)]
+    finally:
+        await client.close()
+    lines = corpus_lines(docs)
+    tmp = out.with_name(out.name + ".tmp")
+    with gzip.open(tmp, "wt") as handle:
+        handle.writelines(line + "\n" for line in lines)
+    tmp.replace(out)
+    return len(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="the file to write (gzipped JSON lines)")
+    args = parser.parse_args(argv)
+    count = asyncio.run(export(args.out, EstimatorSettings()))
+    print(f"{args.out}: {count} completed jobs")
+
+
+if __name__ == "__main__":
+    main()
