@@ -4,7 +4,7 @@ The estimator keeps each completed job that declared a target (`estimator_own_ru
 writes them in the recorded corpus' shape, so the own-job band is refitted on them beside the recorded runs and
 checked on the held-out seed (theirs included) before it replaces the shipped one:
 
-    python -m services.estimator.ownexport --out own-runs.jsonl.gz      # with the estimator's environment
+    python -m services.estimator.ownexport --out own-runs.jsonl.gz  # MONGO_URL, else `make run`'s database
     python -m bench.search.calibrate --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --out new.json
     trainmaster-eta-eval --corpus own-jobs --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --calibration new.json
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from services.estimator.app import EstimatorSettings
 from shared.store import make_client
+from services.stack.processes import embedded_url
 
 
 def corpus_lines(docs: list[dict]) -> list[str]:
@@ -24,8 +25,13 @@ def corpus_lines(docs: list[dict]) -> list[str]:
             if isinstance(run := doc.get("run"), dict) and {"run", "group", "params", "points"} <= run.keys()]
 
 
+def database_url(settings: EstimatorSettings) -> str:
+    """MONGO_URL when it is set, else the embedded database `make run` started in the data directory."""
+    return settings.mongo_url if "mongo_url" in settings.model_fields_set else embedded_url(settings.data_dir)
+
+
 async def export(out: Path, settings: EstimatorSettings) -> int:
-    client = make_client(settings.mongo_url)
+    client = make_client(database_url(settings))
     try:
         docs = [d async for d in client[settings.mongo_db].estimator_own_runs.find({}).sort("_id", 1)]
     finally:

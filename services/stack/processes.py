@@ -25,6 +25,21 @@ SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
 
 
+
+def database_socket(data_dir: Path) -> Path:
+    """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
+    a deep data directory gets a private directory of its own instead)."""
+    data_dir = data_dir.resolve()
+    socket_path = data_dir / "db" / "mongo.sock"
+    if len(str(socket_path)) < 100:
+        return socket_path
+    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{hashlib.sha256(bytes(data_dir)).hexdigest()[:16]}" / "m.sock"
+
+
+def embedded_url(data_dir: Path) -> str:
+    """The embedded database of the stack whose data directory this is."""
+    return "mongodb://" + quote_plus(str(database_socket(data_dir)))
+
 class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
 
@@ -133,16 +148,11 @@ class Stack:
 
     @property
     def mongo_url(self) -> str:
-        return self.settings.mongo_url or "mongodb://" + quote_plus(str(self.database_socket))
+        return self.settings.mongo_url or embedded_url(self.data_dir)
 
     @property
     def database_socket(self) -> Path:
-        """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
-        a deep data directory gets a private directory of its own instead)."""
-        socket_path = self.data_dir / "db" / "mongo.sock"
-        if len(str(socket_path)) < 100:
-            return socket_path
-        return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{hashlib.sha256(bytes(self.data_dir)).hexdigest()[:16]}" / "m.sock"
+        return database_socket(self.data_dir)
 
     @property
     def nats_servers(self) -> list[str]:
