@@ -19,10 +19,12 @@ from shared.store import make_client
 from services.stack.processes import embedded_url
 
 
-def corpus_lines(docs: list[dict]) -> list[str]:
-    """One JSON line per stored run that has the corpus' fields (a hand-edited or older document is skipped)."""
-    return [json.dumps(run, separators=(",", ":")) for doc in docs
-            if isinstance(run := doc.get("run"), dict) and {"run", "group", "params", "points"} <= run.keys()]
+def corpus_line(doc: dict) -> str | None:
+    """The stored run as a JSON line when it has the corpus' fields (a hand-edited or older document: None)."""
+    run = doc.get("run")
+    if isinstance(run, dict) and {"run", "group", "params", "points"} <= run.keys():
+        return json.dumps(run, separators=(",", ":")) + "\n"
+    return None
 
 
 def database_url(settings: EstimatorSettings) -> str:
@@ -31,17 +33,19 @@ def database_url(settings: EstimatorSettings) -> str:
 
 
 async def export(out: Path, settings: EstimatorSettings) -> int:
+    """Every kept run, written as it is read (a long history is never held in memory); returns how many."""
     client = make_client(database_url(settings))
+    tmp, count = out.with_name(out.name + ".tmp"), 0
     try:
-        docs = [d async for d in client[settings.mongo_db].estimator_own_runs.find({}).sort("_id", 1)]
+        with gzip.open(tmp, "wt") as handle:
+            async for doc in client[settings.mongo_db].estimator_own_runs.find({}):
+                if (line := corpus_line(doc)) is not None:
+                    handle.write(line)
+                    count += 1
     finally:
         await client.close()
-    lines = corpus_lines(docs)
-    tmp = out.with_name(out.name + ".tmp")
-    with gzip.open(tmp, "wt") as handle:
-        handle.writelines(line + "\n" for line in lines)
     tmp.replace(out)
-    return len(lines)
+    return count
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ from shared.jobs import MetricSpec, Phase, SecondaryPhase
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import owncorpus
-from services.estimator.ownexport import corpus_lines
+from services.estimator.ownexport import corpus_line
 from services.estimator.service import Estimator
 from tests.factories import unique
 from tests.memory import MemoryCollection
@@ -50,8 +50,8 @@ async def test_a_completed_job_with_a_target_is_kept_as_a_run_of_the_own_jobs_co
         estimator.live[job_id] = training(job_id, start=start.timestamp())
     [doc] = estimator.own_runs.docs.values()
     assert estimator.history.docs == {}  # no benchmark, no features: nothing for the history model
-    [line] = corpus_lines([doc, {"_id": "hand-edited", "run": {"points": []}}])
-    run = json.loads(line)
+    assert corpus_line({"_id": "hand-edited", "run": {"points": []}}) is None
+    run = json.loads(corpus_line(doc))
     assert run["run"] == job_id and run["params"]["seed"] in range(5) and len(run["points"]) == 120
     assert run["points"][-1]["t"] == 100.0 and run["points"][-1]["step"] == 120.0  # counted, evenly thinned
     case = owncorpus.make_case(run, "loss", u=1.0, smooth=False)  # the corpus reads it as its own runs
@@ -69,5 +69,5 @@ def test_jobs_without_a_target_or_with_too_few_points_are_not_kept(tmp_path):
     assert [p["step"] for p in run["points"][:2]] == [10.0, 20.0] and "val_acc" in run["points"][0]
     path = tmp_path / "own.jsonl.gz"
     with gzip.open(path, "wt") as handle:
-        handle.writelines(line + "\n" for line in corpus_lines([{"_id": "j", "run": run}]))
+        handle.write(corpus_line({"_id": "j", "run": run}))
     assert owncorpus.load_sweep(path) == [run]  # what `bench.search.calibrate --sweep` reads
