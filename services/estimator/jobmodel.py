@@ -10,7 +10,7 @@ from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstima
 from services.estimator.model.mllog import mark_progress
 from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.targets import TARGETS, metric_scalar
-from services.estimator.tracker import JobTracker
+from services.estimator.tracker import METRICS_PREFIX, JobTracker
 
 # MLLOG header keys that describe the run (MLPerf logs carry them before training starts).
 FEATURE_KEYS = {"submission_benchmark": "benchmark", "global_batch_size": "batch_size",
@@ -68,8 +68,11 @@ class JobModel:
         """Feed one output line; returns the metric points it carried (for storage)."""
         record = parse_mllog_line(line.line)
         points = self.tracker.observe(line, record)
-        if record is None and "total_work" not in self.features:  # `trainmaster_task.report(total_steps=...)`
-            declared = next((p.value for p in points if p.name in WORK_KEYS), None)
+        if line.line.startswith(METRICS_PREFIX) and "total_work" not in self.features:
+            # `trainmaster_task.report(total_steps=...)`; a metric the spec names so (its regex may capture the
+            # epoch reached, not the epochs to run) is the job's curve, not its amount of work
+            own = {spec.name for spec in self.metrics}
+            declared = next((p.value for p in points if p.name in WORK_KEYS and p.name not in own), None)
             if declared is not None:
                 self._feature("total_work", declared)
         if self.started_at is None:
@@ -148,7 +151,7 @@ class JobModel:
         target metric as `loss` (to minimise) or `val_acc` (to maximise), at most OWN_RUN_POINTS points evenly
         over the run with its last, steps as printed or else the count of points; None without a target or with
         too few points to ever make a case."""
-        spec = next((s for s in self.metrics if s.target is not None), None)
+        spec = self._declared()
         points = [p for p in self.tracker.points.get(spec.name, []) if start <= p.t <= end] if spec else []
         if len(points) <= MIN_CASE_POINTS:
             return None
@@ -195,11 +198,14 @@ class JobModel:
         for t, progress, value in self.seen:  # replay what was seen before
             self.online.observe(t, progress=progress, metric_value=value)
 
+    def _declared(self) -> MetricSpec | None:
+        """The first metric the job declares a target for."""
+        return next((spec for spec in self.metrics if spec.target is not None), None)
+
     def _target(self) -> tuple[str, float, str] | None:
         """(metric name, target, mode): the job's own, else MLPerf's for its benchmark."""
-        for spec in self.metrics:
-            if spec.target is not None:
-                return spec.name, spec.target, spec.mode
+        if (spec := self._declared()) is not None:
+            return spec.name, spec.target, spec.mode
         benchmark = self.features.get("benchmark")
         if benchmark in TARGETS:
             return "eval_accuracy", TARGETS[benchmark].value, TARGETS[benchmark].mode

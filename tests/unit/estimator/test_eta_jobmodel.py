@@ -117,6 +117,10 @@ def test_an_amount_of_work_the_script_reports_gives_an_estimate_from_the_rate_al
     declared = JobModel(metrics=[], parameters=[Parameter(name="max_steps", value="500")])
     declared.observe(LogLine(t=1.0, line='TRAINMASTER_METRICS {"step": 1, "total_steps": 1000}'))
     assert declared.features["total_work"] == 500.0  # what the spec declares comes first
+    counting = JobModel(metrics=[MetricSpec(name="epochs", regex=r"epochs (?P<value>\d+)", mode="max")])
+    counting.observe(LogLine(t=1.0, line="epochs 1"))  # the job's own curve of epochs reached
+    counting.observe(LogLine(t=2.0, line='TRAINMASTER_METRICS {"step": 1, "epochs": 2}'))
+    assert "total_work" not in counting.features  # a metric of the spec is never read as the amount of work
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "1e400", "lots", "1e16"])
