@@ -13,16 +13,19 @@ fields (it returns `{"status.phase": 1}` as a flat "status.phase" key). Every qu
 collection there, indexes or not: what is counted often lives in a small collection of its own.
 """
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import sys
+import tempfile
 import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote_plus
 
 import bson
 from bson.codec_options import CodecOptions
@@ -63,6 +66,22 @@ def make_client(url: str) -> AsyncMongoClient:
     listeners = [CommandCounts(Path(counts))] if counts else []
     return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000, w="majority",
                             retryWrites=True, event_listeners=listeners)
+
+
+def embedded_socket(data_dir: Path) -> Path:
+    """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
+    a deep data directory gets a private directory of its own instead)."""
+    data_dir = data_dir.resolve()
+    socket_path = data_dir / "db" / "mongo.sock"
+    if len(str(socket_path)) < 100:
+        return socket_path
+    digest = hashlib.sha256(bytes(data_dir)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{digest}" / "m.sock"
+
+
+def embedded_url(data_dir: Path) -> str:
+    """The URL of the embedded database `make run` starts in this data directory."""
+    return "mongodb://" + quote_plus(str(embedded_socket(data_dir)))
 
 
 COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes what it sent there (benchmarks)

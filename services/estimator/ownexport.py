@@ -15,8 +15,7 @@ import json
 from pathlib import Path
 
 from services.estimator.app import EstimatorSettings
-from shared.store import make_client
-from services.stack.processes import embedded_url
+from shared.store import embedded_url, make_client
 
 
 def corpus_line(doc: dict) -> str | None:

@@ -1,44 +1,27 @@
 """Start and stop the whole stack as child processes: NATS, the embedded database, five services, agents."""
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote_plus
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.children import dies_with_parent
+from shared.store import embedded_socket, embedded_url
 from services.agent.resources import load_cluster
 from services.stack.identities import Identities, prepare_bus
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
 
-
-
-def database_socket(data_dir: Path) -> Path:
-    """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
-    a deep data directory gets a private directory of its own instead)."""
-    data_dir = data_dir.resolve()
-    socket_path = data_dir / "db" / "mongo.sock"
-    if len(str(socket_path)) < 100:
-        return socket_path
-    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{hashlib.sha256(bytes(data_dir)).hexdigest()[:16]}" / "m.sock"
-
-
-def embedded_url(data_dir: Path) -> str:
-    """The embedded database of the stack whose data directory this is."""
-    return "mongodb://" + quote_plus(str(database_socket(data_dir)))
 
 class StackSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
@@ -152,7 +135,7 @@ class Stack:
 
     @property
     def database_socket(self) -> Path:
-        return database_socket(self.data_dir)
+        return embedded_socket(self.data_dir)
 
     @property
     def nats_servers(self) -> list[str]:
