@@ -91,52 +91,85 @@ class NodeView:
 class CapacityIndex:
     """Nodes bucketed by (kind, model, GPU memory, TFLOPS).
 
-    Per bucket: sets of nodes by free GPU count (start now) and lazy heaps of future availability (wait).
+    Per bucket: sets of nodes by free GPU count (start now) and lazy heaps of future availability (wait). A node's
+    `NodeView` is built the first time a search looks at it (`view`): a dry run over 10,000 nodes builds a few dozen,
+    not 10,000. Until then its free GPUs are read from the node itself.
     """
 
     def __init__(self, state: ClusterState, *, now: float, kinds: frozenset[str]):
         """A node provisioned for a job stays claimed while it boots and while that job is still queued."""
         self.now = now
+        self._running = state.running
+        self._busy: dict[str, dict[int, float]] | None = None
         queued = {job.id for job in state.queue}
-        busy: dict[str, dict[int, float]] = {}
-        for run in state.running:
-            end = expected_end(run, now)
-            for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
-                per_node = busy.setdefault(node_id, {})
-                for i in indices:
-                    per_node[i] = end
-        self.views: dict[str, NodeView] = {}
+        self.nodes: dict[str, Node] = {}
+        self.views: dict[str, NodeView] = {}  # built on first use; see `view`
+        self._claims: dict[str, str] = {}
         self.buckets: dict[BucketKey, Bucket] = {}
         self.members: dict[BucketKey, list[str]] = {}
-        self.free_now: dict[BucketKey, list[dict[str, None]]] = {}
+        free_count: dict[str, int] = {}
         for node in state.nodes:
             if node.kind not in kinds or node.gpu_count <= 0:
                 continue
-            claim = node.reserved_for if node.reserved_for in queued or not node.is_ready(now) else None
-            view = NodeView(node, busy.get(node.id, {}), now, claim)
-            self.views[node.id] = view
-            key = bucket_key(node)
+            node_id = node.id
+            self.nodes[node_id] = node
+            ready = node.ready_at is None or node.ready_at <= now
+            if node.reserved_for is not None and (node.reserved_for in queued or not ready):
+                self._claims[node_id] = node.reserved_for
+            free_count[node_id] = len(node.free_gpu_indices) if ready else 0
+            key = (node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops)
             old = self.buckets.get(key)
-            if old is None or node.gpu_count > old.max_gpus:
-                self.buckets[key] = Bucket(
-                    kind=node.kind,
-                    gpu_model=node.gpu_model,
-                    gpu_memory_gb=node.gpu_memory_gb,
-                    tflops=node.tflops,
-                    max_gpus=max(node.gpu_count, old.max_gpus) if old else node.gpu_count,
-                )
-            self.members.setdefault(key, []).append(node.id)
+            if old is None:
+                self.buckets[key] = Bucket(node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops, node.gpu_count)
+                self.members[key] = [node_id]
+                continue
+            if node.gpu_count > old.max_gpus:
+                self.buckets[key] = Bucket(node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops, node.gpu_count)
+            self.members[key].append(node_id)
+        self._free_count = free_count
+        self.free_now: dict[BucketKey, list[dict[str, None]]] = {}
         for key, bucket in self.buckets.items():
             sets: list[dict[str, None]] = [{} for _ in range(bucket.max_gpus + 1)]
             for node_id in self.members[key]:
-                sets[len(self.views[node_id].free)][node_id] = None
+                sets[free_count[node_id]][node_id] = None
             self.free_now[key] = sets
         self.claimed: dict[str, list[NodeView]] = {}
-        for view in self.views.values():
-            if view.claimed_for is not None:
-                self.claimed.setdefault(view.claimed_for, []).append(view)
+        for node_id, job_id in self._claims.items():
+            self.claimed.setdefault(job_id, []).append(self.view(node_id))
         self._heaps: dict[tuple[BucketKey, int], list[tuple[float, int, str, int]]] = {}
         self._eligible: dict[tuple, list[BucketKey]] = {}
+
+    def view(self, node_id: str) -> NodeView | None:
+        """The node's capacity for this pass (None: not a node of the pass's kinds), built on first use."""
+        view = self.views.get(node_id)
+        if view is None:
+            node = self.nodes.get(node_id)
+            if node is None:
+                return None
+            view = self.views[node_id] = NodeView(node, self._busy_on(node), self.now, self._claims.get(node_id))
+        return view
+
+    def _busy_on(self, node: Node) -> dict[int, float]:
+        """When each GPU of the node that a running job holds is expected back (all the running jobs read once)."""
+        if len(node.free_gpu_indices) == node.gpu_count:
+            return {}
+        if self._busy is None:
+            self._busy = {}
+            for run in self._running:
+                end = expected_end(run, self.now)
+                for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
+                    per_node = self._busy.setdefault(node_id, {})
+                    for i in indices:
+                        per_node[i] = end
+        return self._busy.get(node.id, {})
+
+    def _avail_for(self, node_id: str, gpus: int) -> tuple[float, int]:
+        """When `gpus` GPUs of the node are first available, and the version of its view this was read from."""
+        view = self.views.get(node_id)
+        if view is None and 0 < gpus <= self._free_count[node_id]:
+            return self.now, 0  # ready with enough GPUs free: a view built now would say the same (version 0)
+        view = view or self.view(node_id)
+        return view.avail_for(gpus), view.version
 
     def eligible(self, job: JobRequest, kinds: tuple[str, ...]) -> list[BucketKey]:
         """Buckets whose nodes could ever host one rank of `job`."""
@@ -168,7 +201,7 @@ class CapacityIndex:
         for scanned, node_id in enumerate(candidates):
             if scanned >= limit + len(own):
                 return None
-            view = self.views[node_id]
+            view = self.view(node_id)
             if len(view.free) < job.gpu_count or any(view is v for v, _ in picks):
                 continue
             if view.free_cpu < job.cpu or view.free_mem < job.memory_gb or view.claimed_by_other(job.id):
@@ -195,7 +228,7 @@ class CapacityIndex:
             # their unique seq, so popping and pushing back would leave the same order).
             while heap:
                 at, seq, node_id, version = heap[0]
-                view = self.views[node_id]
+                view = self.view(node_id)
                 if version == view.version:
                     break
                 heapq.heapreplace(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
@@ -209,7 +242,7 @@ class CapacityIndex:
         while heap and len(picks) < job.node_count and len(popped) < limit:
             entry = heapq.heappop(heap)
             at, seq, node_id, version = entry
-            view = self.views[node_id]
+            view = self.view(node_id)
             if version != view.version:
                 heapq.heappush(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
                 continue
@@ -236,11 +269,11 @@ class CapacityIndex:
     def _heap(self, key: BucketKey, gpus: int) -> list[tuple[float, int, str, int]]:
         heap = self._heaps.get((key, gpus))
         if heap is None:
-            heap = [
-                (view.avail_for(gpus), seq, node_id, view.version)
-                for seq, node_id in enumerate(self.members[key])
-                if (view := self.views[node_id]).node.gpu_count >= gpus
-            ]
+            heap = []
+            for seq, node_id in enumerate(self.members[key]):
+                if self.nodes[node_id].gpu_count >= gpus:
+                    at, version = self._avail_for(node_id, gpus)
+                    heap.append((at, seq, node_id, version))
             heapq.heapify(heap)
             self._heaps[(key, gpus)] = heap
         return heap

@@ -46,16 +46,15 @@ class Pass:
 
     def release_idle(self) -> None:
         """Release unclaimed on-demand nodes that no job used this pass and that have idled past the grace period."""
-        for view in self.index.views.values():
-            node = view.node
+        for node in self.index.nodes.values():
             if (
                 node.kind == "on_demand"
-                and node.is_ready(self.now)
-                and not view.touched
-                and view.claimed_for is None
-                and len(view.free) == node.gpu_count
                 and node.idle_since is not None
                 and self.now - node.idle_since >= self.config.idle_release_s
+                and node.is_ready(self.now)
+                and not (view := self.index.view(node.id)).touched
+                and view.claimed_for is None
+                and len(view.free) == node.gpu_count
             ):
                 self.decisions.append(Release(node.id))
 

@@ -13,7 +13,7 @@ def pull_back(p: Pass) -> None:
         return
     candidates = []
     for run in p.state.running:
-        view = index.views.get(run.node_ids[0]) if len(run.node_ids) == 1 else None
+        view = index.view(run.node_ids[0]) if len(run.node_ids) == 1 else None
         remaining = expected_end(run, now) - now
         if view is None or view.node.kind != "on_demand" or remaining < config.pullback_min_remaining_s:
             continue

@@ -1,14 +1,17 @@
 """A dry run shows what the policy decides, at the price it decides it (policy/dryrun.py)."""
 import dataclasses
+import random
 
 import pytest
 
 from services.billing.ledger import share_per_hour as billed_share
 from services.placement.policy import Provision, Start, Wait
+from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.dryrun import faster_node, offers
 from services.placement.policy.engine import Constraint, place
 from services.placement.policy.hosting import rank_price_per_hour
-from services.placement.policy.options import rent_cost
+from services.placement.policy.options import node_options, rent_cost
+from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
 
@@ -83,3 +86,40 @@ def test_a_faster_free_node_is_found_away_from_where_the_job_runs():
     assert faster_node(state, job, away_from=frozenset({here.id}), tflops_now=10.0, now=0.0,
                        config=config()) == quick.id
     assert faster_node(state, job, away_from=frozenset({here.id}), tflops_now=26.0, now=0.0, config=config()) is None
+
+
+def test_a_dry_run_over_a_large_fleet_looks_at_a_few_nodes_not_all():
+    """Views are built when a search reaches a node: a dry run on 2,000 idle nodes builds a handful."""
+
+    nodes = tuple(make_node(gpu_count=8) for _ in range(2000))
+    job = make_job(gpu_count=1)
+    state = make_state(nodes=nodes, queue=(job,))
+    index = CapacityIndex(state, now=0.0, kinds=ALL_KINDS)
+    chosen = offers(make_state(nodes=nodes), job, now=0.0, config=config())[0]
+    assert chosen.free_now and chosen.node_ids[0] in {n.id for n in nodes}
+    assert len(index.views) == 0  # building the index reads the nodes, it makes no view
+    node_options(job, index, kinds=("local",), config=config(), wait=True)
+    assert 0 < len(index.views) <= 2
+
+
+def test_availability_read_without_a_view_is_what_the_view_says():
+    """The shortcut for nodes with enough GPUs free now agrees with a view built for every node of a mixed fleet."""
+
+    rng = random.Random(3)
+    nodes, running = [], []
+    for n in range(300):
+        gpus = rng.choice((1, 2, 4, 8))
+        free = rng.randrange(gpus + 1)
+        node = make_node(gpu_count=gpus, free=free, kind=rng.choice(("local", "reserved", "on_demand")),
+                         ready_at=rng.choice((None, None, 50.0, 200.0)))
+        nodes.append(node)
+        if free < gpus:
+            running.append(busy(node, until=rng.uniform(-100.0, 5000.0)))
+    state = make_state(nodes=tuple(nodes), running=tuple(running))
+    lazy = CapacityIndex(state, now=100.0, kinds=ALL_KINDS)
+    eager = CapacityIndex(state, now=100.0, kinds=ALL_KINDS)
+    for node in nodes:
+        for gpus in range(1, node.gpu_count + 1):
+            at, version = lazy._avail_for(node.id, gpus)
+            assert (at, version) == (eager.view(node.id).avail_for(gpus), 0), (node, gpus)
+    assert len(lazy.views) < len(nodes)  # the shortcut answered for some nodes without a view
