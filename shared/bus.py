@@ -74,6 +74,7 @@ TASK_EVENT = "tm.job.task.{node_id}.{event}"  # preparing, started, exited
 LOG_SUBJECT = "tm.log.{node_id}.{job_id}"
 NODE_REGISTERED = NODE_EVENT.format(node_id="*", event="registered")
 HEARTBEATS = NODE_EVENT.format(node_id="*", event="heartbeat")  # core NATS: liveness is now or never
+NODE_CADENCE = "tm.node.cadence"  # core NATS: the monitor announces the heartbeat interval to every agent
 
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 

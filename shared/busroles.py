@@ -33,7 +33,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
     "monitor": ("tm.job.status", "tm.job.node_lost", "tm.node.cmd.*.start", "tm.node.cmd.*.stop", "tm.node.evt.state",
-                "tm.notify.*"),
+                "tm.notify.*", bus.NODE_CADENCE),
     "estimator": ("tm.eta.*",),
     "billing": ("tm.notify.*",),
 }
@@ -95,7 +95,8 @@ def agent(node_id: str) -> Permissions:
                 for e in ("preparing", "started", "exited", "hung", "resumed")),
               bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"))
     return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
-                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"),), inbox=inbox(f"agent-{node_id}"))
+                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), bus.NODE_CADENCE),
+                       inbox=inbox(f"agent-{node_id}"))
 
 
 def admin() -> Permissions:

@@ -361,6 +361,17 @@ class NodeHeartbeat(Message):
     gpu_utilization: float | None = None
 
 
+class NodeCadence(Message):
+    """The monitor's word to every agent (core NATS, not stored): heartbeat this often; a node silent for
+    `timeout_s` is lost. Agents never go below their own configured interval."""
+
+    subject_template: ClassVar[str] = "tm.node.cadence"
+    type: Literal["NodeCadence"] = "NodeCadence"
+
+    interval_s: float = Field(gt=0, le=60)
+    timeout_s: float = Field(gt=0, le=3600)
+
+
 class NodeStateChanged(Message):
     """The monitor's verdict on a node: ready while it heartbeats, lost after its timeout."""
 

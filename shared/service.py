@@ -68,17 +68,17 @@ class Background:
                 log.exception("background loop %s crashed; restarting", name)
                 await asyncio.sleep(1)
 
-    def every(self, name: str, interval_s: float, step: Callable[[], Awaitable[Any]], *,
+    def every(self, name: str, interval_s: float | Callable[[], float], step: Callable[[], Awaitable[Any]], *,
               tolerate: tuple[type[BaseException], ...] = (Exception,)) -> None:
-        """Run `step` now and every `interval_s` after; a failure it may have (`tolerate`) is logged and the
-        next round goes on, any other restarts the loop."""
+        """Run `step` now and every `interval_s` after (a callable: asked again after each round); a failure it
+        may have (`tolerate`) is logged and the next round goes on, any other restarts the loop."""
         async def loop() -> None:
             while True:
                 try:
                     await step()
                 except tolerate as exc:
                     log.warning("%s: %r", name, exc)
-                await asyncio.sleep(interval_s)
+                await asyncio.sleep(interval_s() if callable(interval_s) else interval_s)
 
         self.spawn(name, loop)
 

@@ -19,11 +19,12 @@ from pydantic import TypeAdapter
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared import busroles
-from shared.bus import NODE_COMMANDS, connect, make_broker, publish
+from shared.bus import NODE_CADENCE, NODE_COMMANDS, connect, make_broker, publish
 from shared.buscreds import Permissions
 from shared.events import LogLine, NodeCommand, StartTask
 from shared.nodes import Gpu, NodeInfo
 from services.agent.agent import Agent
+from services.agent.pace import Pace
 from services.agent.shipping import LogShipper
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def permissions() -> Permissions:
     its own) and reads every node's commands through one consumer of its own."""
     return Permissions(publish=("tm.node.evt.*.registered", "tm.node.evt.*.heartbeat", "tm.job.task.*.>", "tm.log.*.*",
                                 *busroles.reads(IDENTITY, COMMANDS)),
-                       subscribe=(), inbox=busroles.inbox(IDENTITY))
+                       subscribe=(NODE_CADENCE,), inbox=busroles.inbox(IDENTITY))
 
 
 @dataclass
@@ -93,6 +94,13 @@ class SimFleet:
         await connect(self.broker, declare=False)
         self.agents = {n.node_id: SimAgent(n, self.broker) for n in (sim_node(i, gpus=self.gpus)
                                                                       for i in range(self.nodes))}
+        # as every agent does: heartbeat at the interval the monitor announces for the fleet's size
+        self.pace = Pace(self.interval_s)
+
+        async def heard(msg) -> None:
+            self.pace.heard(msg.data)
+
+        await self.broker.config.connection_state.connection.subscribe(NODE_CADENCE, cb=heard)
 
     async def register_all(self, *, parallel: int = 200) -> None:
         gate = asyncio.Semaphore(parallel)
@@ -104,22 +112,23 @@ class SimFleet:
         await asyncio.gather(*(one(a) for a in self.agents.values()))
 
     async def heartbeat_forever(self) -> None:
-        """Every node beats every `interval_s`, spread evenly over the interval (as independent agents would)."""
+        """Every node beats every interval (`interval_s`, or what the monitor announces), spread evenly over it (as
+        independent agents would)."""
         agents = list(self.agents.values())
         random.shuffle(agents)
-        step = self.interval_s / max(len(agents), 1)
-        t0 = time.monotonic()
-        rounds = 0
+        round_start = time.monotonic()
         while True:
+            interval = self.pace.interval_s
+            step = interval / max(len(agents), 1)
             for i, agent in enumerate(agents):
-                due = t0 + rounds * self.interval_s + i * step
+                due = round_start + i * step
                 wait = due - time.monotonic()
                 if wait < 0:
                     self.send_lag_max_s = max(self.send_lag_max_s, -wait)
                 await asyncio.sleep(max(wait, 0))  # always yield: a core publish never does, and behind schedule
                 await agent.heartbeat()  # this loop would starve the connection's own flusher
                 agent.sent.append(time.monotonic())
-            rounds += 1
+            round_start += interval
 
     def spoke_within(self, node_id: str, *, start: float, end: float) -> bool:
         """Whether the bench sent a heartbeat of this node between two moments of its clock."""

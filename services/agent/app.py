@@ -7,7 +7,7 @@ from pathlib import Path
 from faststream import FastStream
 from pydantic import Field
 
-from shared.bus import publish
+from shared.bus import NODE_CADENCE, publish
 from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
@@ -15,6 +15,7 @@ from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
+from services.agent.pace import Pace
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
@@ -83,10 +84,19 @@ def create_app(settings: AgentSettings) -> FastStream:
     w.broker.include_router(command_router(node.node_id))
     w.broker.context.set_global("agent", agent)
 
+    # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
+    pace = Pace(settings.heartbeat_interval_s)
+
     async def started() -> None:
         await agent.register()
         await agent.report_unreported()
-        w.background.every("heartbeat", settings.heartbeat_interval_s, agent.heartbeat)
+        client = w.broker.config.connection_state.connection
+
+        async def heard(msg) -> None:
+            pace.heard(msg.data)
+
+        await client.subscribe(NODE_CADENCE, cb=heard)
+        w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
         if settings.spot_metadata_url:
             watcher = SpotWatcher(url=settings.spot_metadata_url, poll_s=settings.spot_poll_s,
                                   act_on_rebalance=settings.spot_act_on_rebalance,
@@ -103,4 +113,5 @@ def create_app(settings: AgentSettings) -> FastStream:
     app = service_app(settings=settings, wiring=w, declare=False, database=False, after_startup=[started],
                       on_shutdown=[stopping])
     app.agent = agent
+    app.pace = pace
     return app

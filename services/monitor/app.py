@@ -16,6 +16,7 @@ from services.monitor.hangs import restart_overdue
 from services.monitor.service import Monitor
 
 SERVICE = "monitor"
+CADENCE_CHECK_S = 5.0  # how often the heartbeat interval is sized to the fleet
 log = logging.getLogger(__name__)
 
 
@@ -23,6 +24,9 @@ class MonitorSettings(CommonSettings):
     liveness_check_s: float = 1.0
     persist_seen_s: float = Field(30.0, gt=0, description="How often nodes' last_seen is written (in bulk); "
                                   "liveness itself lives in memory.")
+    heartbeats_per_s: float = Field(2500.0, ge=0, description="Heartbeats a second the control plane takes: a "
+                                    "larger fleet is told to heartbeat less often (the node timeout grows with the "
+                                    "interval); 0 keeps the configured interval whatever the fleet's size.")
     hang_grace_s: float = Field(300.0, ge=0, description="How long a job suspected hung (Running[Hanging]) may "
                                 "show signs of life again before it is snapshotted and restarted.")
 
@@ -35,7 +39,9 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         # their last_seen is written in bulk beside the store.
         monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker, remember=REMEMBER_JOBS),
                           nodes=DocumentStore(w.db.monitor_nodes, w.broker), node_timeout_s=settings.node_timeout_s,
-                          started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s))
+                          started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s),
+                          heartbeat_interval_s=settings.heartbeat_interval_s,
+                          heartbeats_per_s=settings.heartbeats_per_s)
         log.info("%d nodes known", await monitor.load_fleet())
         # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
         # tells the liveness check whether it has read all that arrived.
@@ -45,6 +51,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         monitor.backlog = lambda: intake.pending_msgs
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)
+        w.background.every("cadence", CADENCE_CHECK_S, monitor.announce_cadence, tolerate=TRANSIENT_ERRORS)
         w.background.every("hangs", settings.liveness_check_s,
                            lambda: restart_overdue(monitor, grace_s=settings.hang_grace_s, now=utcnow()))
         w.background.every("last-seen", settings.persist_seen_s, monitor.persist_seen, tolerate=TRANSIENT_ERRORS)

@@ -9,10 +9,11 @@ from pymongo import UpdateOne
 from shared.batch import GroupCommit
 from shared.bus import BusLink, publish
 from shared.clock import utcnow
-from shared.events import JobStatusChanged, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
+from shared.events import JobStatusChanged, NodeCadence, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
 from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
+from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.nodes import NodeRecord, Sighting, record_of
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
@@ -40,11 +41,35 @@ class Monitor:
     link: BusLink | None = None
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
+    # The heartbeat interval agents are told, grown with the fleet (0 heartbeats a second: never adapted), and
+    # the node timeout that goes with it.
+    heartbeat_interval_s: float = 2.0
+    heartbeats_per_s: float = 0.0
+    cadence: Cadence = field(init=False, repr=False)
     # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
     first_writes: GroupCommit = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.first_writes = GroupCommit(self._store_new_nodes)
+        self.cadence = Cadence(base_interval_s=self.heartbeat_interval_s, base_timeout_s=self.node_timeout_s,
+                               budget_per_s=self.heartbeats_per_s)
+
+    def timeout(self) -> float:
+        """The silence after which a ready node is lost, now (it grows with the heartbeat interval)."""
+        return self.cadence.timeout(self.fleet.clock())
+
+    async def announce_cadence(self) -> None:
+        """Size the heartbeat interval to the fleet and tell every agent (on a change, else now and then)."""
+        now = self.fleet.clock()
+        nodes = sum(1 for r in self.fleet.records.values() if r.state != "released")
+        changed = self.cadence.update(nodes, now)
+        if changed:
+            log.info("heartbeat interval %.1f s, node timeout %.0f s for %d nodes", self.cadence.interval_s,
+                     self.cadence.timeout(now), nodes)
+        if self.cadence.due(now, changed=changed):
+            await publish(self.nodes.broker, NodeCadence(
+                event_id=f"cadence:{self.cadence.interval_s}", interval_s=self.cadence.interval_s,
+                timeout_s=self.cadence.timeout(now)))
 
     async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state."""
@@ -77,13 +102,15 @@ class Monitor:
         """At start: every stored node into memory, each heard now (silence counts from this start)."""
         async for doc in self.nodes.collection.find({}):
             self.fleet.loaded(record_of(doc))
+        # The agents of a large fleet still heartbeat at the interval they were told: time them by it at once.
+        self.cadence.update(sum(1 for r in self.fleet.records.values() if r.state != "released"), self.fleet.clock())
         return len(self.fleet.records)
 
     async def registered(self, event: NodeRegistered) -> None:
         """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now."""
         node_id = event.node.node_id
         await self.sighted(node_id, boot_id=event.boot_id, at=event.occurred_at, info=event.node, running=())
-        if (utcnow() - event.occurred_at).total_seconds() < self.node_timeout_s:
+        if (utcnow() - event.occurred_at).total_seconds() < self.timeout():
             self.fleet.hear(node_id)
 
     async def heartbeat(self, event: NodeHeartbeat) -> None:
@@ -197,18 +224,19 @@ class Monitor:
 
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""
-        if (now - self.started_at).total_seconds() < self.node_timeout_s:
+        timeout = self.timeout()
+        if (now - self.started_at).total_seconds() < timeout:
             return  # just restarted: let heartbeats that queued up while we were down arrive first
-        if self.link and self.link.steady_for() < self.node_timeout_s:
+        if self.link and self.link.steady_for() < timeout:
             return  # the bus was away: nodes could not speak, that is not their fault
         if self.backlog() == 0:
             self.fleet.caught_up()
-        for node_id in self.fleet.overdue(self.node_timeout_s):
+        for node_id in self.fleet.overdue(timeout):
             await self._declare_lost(node_id)
 
     async def _declare_lost(self, node_id: str) -> None:
         doc = await self.nodes.load(node_id)
-        still_silent = self.fleet.overdue(self.node_timeout_s, among=(node_id,))  # heard while we read?
+        still_silent = self.fleet.overdue(self.timeout(), among=(node_id,))  # heard while we read?
         if not doc or doc.get("state") != "ready" or not still_silent:
             return
         node = record_of(doc)

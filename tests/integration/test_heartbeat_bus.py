@@ -5,8 +5,9 @@ import nats
 import pytest
 from nats.js.errors import NotFoundError
 
-from shared.bus import HEARTBEATS, NODES, connect, make_broker, publish
-from shared.events import NodeHeartbeat
+from shared.bus import HEARTBEATS, NODE_CADENCE, NODES, connect, make_broker, publish
+from shared.events import NodeCadence, NodeHeartbeat
+from services.agent.pace import Pace
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 
@@ -45,3 +46,43 @@ async def test_an_agents_heartbeat_reaches_the_monitor_and_no_stream(server):
     await agent.stop()
     await monitor.close()
     await admin.close()
+
+
+async def test_the_monitor_tells_agents_the_heartbeat_interval_and_only_the_monitor_may(server):
+    """The announcement reaches an agent's identity; an agent's own attempt to announce one is refused by the
+    server (an agent that could would slow every other node's heartbeat down, or fence them)."""
+    agent = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("agent-n1")),
+                               inbox_prefix="_INBOX_agent-n1")
+    pace = Pace(2.0)
+    heard = asyncio.Event()
+
+    async def on_cadence(msg) -> None:
+        if pace.heard(msg.data):
+            heard.set()
+
+    await agent.subscribe(NODE_CADENCE, cb=on_cadence)
+    await agent.flush()
+    errors: list[str] = []
+
+    async def on_error(exc) -> None:
+        errors.append(str(exc).lower())
+
+    rogue = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("agent-n1")),
+                               inbox_prefix="_INBOX_agent-n1", error_cb=on_error)
+    await rogue.publish(NODE_CADENCE, announcement(30.0))
+    await rogue.flush()
+    await asyncio.sleep(0.5)
+    assert not heard.is_set() and pace.interval_s == 2.0
+    assert any("permissions violation" in e for e in errors)
+    monitor = make_broker(server.nats_url, name="monitor", creds=server.identities.creds("monitor"))
+    await connect(monitor, declare=False)
+    await publish(monitor, NodeCadence(event_id="c", interval_s=4.0, timeout_s=20.0))
+    await asyncio.wait_for(heard.wait(), timeout=5)
+    assert pace.interval_s == 4.0
+    await monitor.stop()
+    await rogue.close()
+    await agent.close()
+
+
+def announcement(interval_s: float) -> bytes:
+    return NodeCadence(event_id="rogue", interval_s=interval_s, timeout_s=60.0).model_dump_json().encode()

@@ -3,14 +3,15 @@ nobody."""
 import asyncio
 from datetime import timedelta
 
-from shared.bus import publish
+from shared.bus import NODE_CADENCE, publish
 from shared.clock import utcnow
 from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
+from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import list_nodes
 from tests.factories import T0, node
 from tests.memory import MemoryCollection
-from tests.service.test_monitor import monitor_broker  # noqa: F401 (the fixture)
+from tests.service.test_monitor import monitor_broker, recorder  # noqa: F401 (the fixture)
 from tests.unit.test_liveness import Clock
 
 
@@ -115,3 +116,24 @@ async def test_a_fleet_coming_up_is_stored_in_groups_and_a_node_stored_meanwhile
     assert len(nodes.docs) == 40 and all(d["_outbox"] == [] for d in nodes.docs.values())
     assert all(monitor.fleet.records[f"n{i}"].state == "ready" for i in range(40))
     assert nodes.docs["n7"]["boot_id"] == "b1" and nodes.docs["n7"]["info"]["node_id"] == "n7"  # read, updated
+
+
+async def test_a_large_fleet_is_told_to_heartbeat_less_often_and_judged_by_the_longer_timeout(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    told: list[dict] = []
+    broker.subscriber(NODE_CADENCE)(recorder(told))
+    await broker.start()
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=5)
+    monitor.cadence = Cadence(base_interval_s=2.0, base_timeout_s=10.0, budget_per_s=1.0)  # a fleet of 1/s
+    await fleet_of(broker, monitor, clock, "n1", "n2", "n3", "n4")
+    await monitor.announce_cadence()
+    assert told and told[-1]["interval_s"] == 4.0 and told[-1]["timeout_s"] == 20.0  # 4 nodes, 1 beat a second
+    clock.now += 15  # silent longer than the configured 10 s, not longer than the 20 s they were told
+    await monitor.check_silent_nodes(utcnow())
+    assert all(r.state == "ready" for r in monitor.fleet.records.values())
+    clock.now += 6
+    await monitor.check_silent_nodes(utcnow())
+    assert all(r.state == "lost" for r in monitor.fleet.records.values())
+    await monitor.announce_cadence()
+    assert len(told) == 1  # nothing changed (lost nodes still count: they may come back), not due again yet
