@@ -31,7 +31,7 @@ bench-submit: $(STAMP)
 	$(BIN)/python -m bench.submit --jobs 200 --idle 20
 
 # N simulated agents against a fresh stack per fleet size, each run bounded (readiness 3 min, 2 min steady, a
-# 500-job burst of at most 5 min): a Markdown table, docs/operations.md. `make bench-scale QUICK=1`: 500 and 1,000.
+# 500-job burst of at most 5 min): a Markdown table (README, Scale). `make bench-scale QUICK=1`: 500 and 1,000.
 bench-scale: $(STAMP)
 	nice $(BIN)/python -m bench.scale --sweep 500,1000,2000,5000,10000 --seconds 120 --jobs 500 $(if $(QUICK),--quick)
 

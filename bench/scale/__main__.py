@@ -18,7 +18,8 @@ from pathlib import Path
 from bench.scale.run import measure, start_stack
 
 COLUMNS = (("nodes", "nodes"), ("nodes_ready", "ready"), ("all_ready_s", "all ready after (s)"),
-           ("false_lost", "false losses"), ("max_lag", "max lag (msgs)"),
+           ("false_lost", "false losses"), ("heartbeat_interval_announced_s", "heartbeat interval told (s)"),
+           ("max_lag", "max lag (msgs)"),
            ("nodes_limit100_p95_ms", "GET /v2/nodes?limit=100 p95 (ms)"), ("jobs_completed", "jobs done"),
            ("jobs_per_s", "jobs/s"), ("submit_to_running_p50_s", "submit→Running p50 (s)"),
            ("submit_to_running_p95_s", "p95 (s)"), ("monitor_cpu", "monitor CPU %"), ("monitor_rss", "monitor RSS MB"),

@@ -179,10 +179,12 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
             except (TimeoutError, OSError) as exc:
                 log.warning("closing: %r", exc)
     ready = sum(states.get(n) in ("ready", "busy") for n in sims)
+    timeout_s = max(stack.settings.node_timeout_s, fleet.pace.timeout_s or 0.0)  # as announced for the fleet
     false = [(n, at) for n, at in lost if n in fleet.agents
-             and fleet.spoke_within(n, start=at - stack.settings.node_timeout_s + 1.0, end=at - 1.0)]
+             and fleet.spoke_within(n, start=at - timeout_s + 1.0, end=at - 1.0)]
     return {
         "nodes": nodes, "seconds": seconds, "heartbeat_interval_s": interval_s,
+        "heartbeat_interval_announced_s": fleet.pace.interval_s, "node_timeout_announced_s": fleet.pace.timeout_s,
         "nodes_ready": ready, "all_ready_s": round(all_ready_s, 1) if ready == nodes else None,
         # A loss is false when the node was speaking: the bench sent one of its heartbeats within the node timeout
         # before the loss was announced (less a second for the heartbeat to arrive). A node the bench itself left

@@ -15,6 +15,7 @@ class Pace:
             raise ValueError(f"heartbeat interval must be > 0, not {floor_s}")
         self.floor_s = floor_s
         self.interval_s = floor_s
+        self.timeout_s: float | None = None  # the node timeout last announced with it
 
     def heard(self, data: bytes) -> bool:
         """An announcement as it came off the bus; True when the interval changed. Never below the floor; an
@@ -25,6 +26,7 @@ class Pace:
             log.warning("heartbeat cadence ignored: %s", exc.errors(include_url=False, include_input=False))
             return False
         interval = max(self.floor_s, cadence.interval_s)
+        self.timeout_s = cadence.timeout_s
         if interval == self.interval_s:
             return False
         log.info("heartbeat every %.1f s (was %.1f s), as the monitor asks", interval, self.interval_s)

@@ -66,7 +66,7 @@ def announcement(interval_s, timeout_s=60.0) -> bytes:
 
 def test_an_agent_slows_down_as_told_but_never_below_its_own_interval():
     pace = Pace(2.0)
-    assert pace.heard(announcement(4.0)) and pace.interval_s == 4.0
+    assert pace.heard(announcement(4.0)) and (pace.interval_s, pace.timeout_s) == (4.0, 60.0)
     assert not pace.heard(announcement(4.0))
     assert pace.heard(announcement(1.0)) and pace.interval_s == 2.0  # faster than configured: not taken
 
