@@ -15,8 +15,8 @@ from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
-from services.agent.pace import Pace
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
 from services.agent.runner import SDK_DIR

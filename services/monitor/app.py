@@ -17,6 +17,7 @@ from services.monitor.service import Monitor
 
 SERVICE = "monitor"
 CADENCE_CHECK_S = 5.0  # how often the heartbeat interval is sized to the fleet
+SETTLE_TIMEOUT_S = 5.0  # a ping to the bus server before any node is declared lost
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +50,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         intake = await client.subscribe(HEARTBEATS, cb=heartbeat_intake(monitor), pending_msgs_limit=1_000_000,
                                         pending_bytes_limit=512 * 1024 * 1024)
         monitor.backlog = lambda: intake.pending_msgs
+        monitor.settle = lambda: client.flush(timeout=SETTLE_TIMEOUT_S)
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)
         w.background.every("cadence", CADENCE_CHECK_S, monitor.announce_cadence, tolerate=TRANSIENT_ERRORS)

@@ -1,13 +1,13 @@
 """The monitor's service layer: load, apply a pure transition, persist with its events, retry on conflict."""
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from pymongo import UpdateOne
 
 from shared.batch import GroupCommit
-from shared.bus import BusLink, publish
+from shared.bus import TRANSIENT_ERRORS, BusLink, publish
 from shared.clock import utcnow
 from shared.events import JobStatusChanged, NodeCadence, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
 from shared.jobs import IllegalTransition, Phase
@@ -19,6 +19,10 @@ from services.monitor.nodes import NodeRecord, Sighting, record_of
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def restart_events(sighting: Sighting) -> list:
@@ -41,6 +45,7 @@ class Monitor:
     link: BusLink | None = None
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
+    settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`flush`)
     # The heartbeat interval agents are told, grown with the fleet (0 heartbeats a second: never adapted), and
     # the node timeout that goes with it.
     heartbeat_interval_s: float = 2.0
@@ -231,8 +236,21 @@ class Monitor:
             return  # the bus was away: nodes could not speak, that is not their fault
         if self.backlog() == 0:
             self.fleet.caught_up()
+        if not self.fleet.overdue(timeout) or not await self._settled():
+            return
         for node_id in self.fleet.overdue(timeout):
             await self._declare_lost(node_id)
+
+    async def _settled(self) -> bool:
+        """Whether every heartbeat the bus server sent before now has been read: heartbeats still in the server's
+        outbound buffer or in our socket are not yet in the intake's queue, so an empty queue alone proves nothing
+        to a starved process. The server answers a ping after everything it sent before it."""
+        try:
+            await self.settle()
+        except TRANSIENT_ERRORS as exc:
+            log.warning("no verdict on silent nodes: the bus did not answer a ping (%r)", exc)
+            return False
+        return self.backlog() == 0
 
     async def _declare_lost(self, node_id: str) -> None:
         doc = await self.nodes.load(node_id)

@@ -137,3 +137,28 @@ async def test_a_large_fleet_is_told_to_heartbeat_less_often_and_judged_by_the_l
     assert all(r.state == "lost" for r in monitor.fleet.records.values())
     await monitor.announce_cadence()
     assert len(told) == 1  # nothing changed (lost nodes still count: they may come back), not due again yet
+
+
+async def test_heartbeats_the_bus_still_holds_for_a_starved_monitor_are_read_before_any_verdict(monitor_broker):
+    """The intake's queue is empty, but a heartbeat sits in the server's buffer or the socket: the round trip to the
+    server (`settle`) brings it in first, so the node it speaks for is not lost; no answer from the bus, no verdict."""
+    broker, monitor, _ = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1", "n2")
+    clock.now += 60
+
+    async def delivered_late() -> None:  # what the ping flushes out of the server and the socket
+        await monitor.heartbeat(beat("n1", 30))
+
+    monitor.settle = delivered_late
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "ready" and monitor.fleet.records["n2"].state == "lost"
+    clock.now += 60
+
+    async def no_answer() -> None:
+        raise TimeoutError("no PONG")
+
+    monitor.settle = no_answer
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "ready"  # silent for a minute, but the bus did not answer
