@@ -2,7 +2,7 @@
 import re
 
 from shared import bus, busroles
-from shared.events import Message, NodeHeartbeat
+from shared.events import Message, NodeCadence, NodeHeartbeat
 
 
 def every_event() -> list[type[Message]]:
@@ -17,8 +17,10 @@ def every_event() -> list[type[Message]]:
 
 def test_no_stream_stores_a_heartbeat_and_every_other_node_event_is_stored():
     assert bus.stream_for(NodeHeartbeat.subject_template.format(node_id="n1")) is None
+    # the heartbeat interval the monitor announces is as transient as the heartbeats it paces (said again every 30 s)
+    assert bus.stream_for(NodeCadence.subject_template) is None
     for cls in every_event():
-        if cls is not NodeHeartbeat and cls.subject_template.startswith("tm."):
+        if cls not in (NodeHeartbeat, NodeCadence) and cls.subject_template.startswith("tm."):
             sample = re.sub(r"\{[^}]+\}", "x", cls.subject_template)  # each field: one token
             assert bus.stream_for(sample) is not None, f"{cls.__name__} ({cls.subject_template}) is in no stream"
 
