@@ -1,8 +1,10 @@
 """The monitor's service layer: load, apply a pure transition, persist with its events, retry on conflict."""
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pymongo import UpdateOne
 
@@ -53,6 +55,9 @@ class Monitor:
     cadence: Cadence = field(init=False, repr=False)
     # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
     first_writes: GroupCommit = field(init=False, repr=False)
+    # Writes a heartbeat calls for run beside the intake, one at a time per node (`_beside`).
+    _writing: set[str] = field(default_factory=set, init=False, repr=False)
+    _background: set[asyncio.Task] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.first_writes = GroupCommit(self._store_new_nodes)
@@ -119,18 +124,45 @@ class Monitor:
             self.fleet.hear(node_id)
 
     async def heartbeat(self, event: NodeHeartbeat) -> None:
-        """A heartbeat (core NATS, read as it arrives): in memory only, unless it changes more than the clock."""
+        """A heartbeat (core NATS, read as it arrives): in memory only, unless it changes more than the clock; then
+        the write goes on beside the intake, which reads the next heartbeat at once (a fleet coming up sends
+        thousands of first heartbeats: waiting for each node's write would leave the others unread)."""
         self.fleet.hear(event.node_id)
-        current = self.fleet.records.get(event.node_id)
-        seen = {"boot_id": event.boot_id, "at": event.occurred_at, "running": event.running,
-                "gpu_utilization": event.gpu_utilization}
-        sighting = liveness.sighted(current, node_id=event.node_id, **seen)
-        if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
-            await self.sighted(event.node_id, **seen)
-        elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
-            await self._fence(event.node_id, sighting.node.running, now=event.occurred_at)
+        if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
+            current = self.fleet.records.get(event.node_id)
+            seen = {"boot_id": event.boot_id, "at": event.occurred_at, "running": event.running,
+                    "gpu_utilization": event.gpu_utilization}
+            sighting = liveness.sighted(current, node_id=event.node_id, **seen)
+            if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
+                self._beside(event.node_id, self.sighted(event.node_id, **seen))
+            elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
+                self._beside(event.node_id, self._fence(event.node_id, sighting.node.running, now=event.occurred_at))
         if self.backlog() == 0:
             self.fleet.caught_up()
+
+    def _beside(self, node_id: str, write: Coroutine[Any, Any, None]) -> None:
+        """Run a heartbeat's write as a task of its own; the node's heartbeats meanwhile only refresh its clock, and
+        the first one after it re-reads what was stored (heartbeats say the whole state each time)."""
+        self._writing.add(node_id)
+
+        async def run() -> None:
+            try:
+                await write
+            except TRANSIENT_ERRORS as exc:
+                log.warning("heartbeat of %s not recorded (the next one will be): %r", node_id, exc)
+            except Exception:
+                log.exception("heartbeat of %s not recorded", node_id)
+            finally:
+                self._writing.discard(node_id)
+
+        task = asyncio.create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def written(self) -> None:
+        """Wait for the writes heartbeats called for (tests, shutdown)."""
+        while self._background:
+            await asyncio.gather(*list(self._background))
 
     async def persist_seen(self) -> int:
         """Write the last_seen of nodes whose stored one is stale, in bulk (Unix seconds: `record_of`)."""

@@ -36,6 +36,12 @@ class CountingCollection(MemoryCollection):
             await super().update_one(op._filter, op._doc)
 
 
+async def heard(monitor, event: NodeHeartbeat) -> None:
+    """A heartbeat read, and the write it called for (if any) done."""
+    await monitor.heartbeat(event)
+    await monitor.written()
+
+
 def beat(node_id: str, n: int, *, running=(), boot_id: str = "b1") -> NodeHeartbeat:
     return NodeHeartbeat(event_id=f"{node_id}:{boot_id}:hb:{n}", node_id=node_id, boot_id=boot_id, running=running,
                          occurred_at=T0 + timedelta(seconds=2 * n))
@@ -55,11 +61,11 @@ async def test_heartbeats_touch_the_database_only_when_something_changes(monitor
     nodes = await fleet_of(broker, monitor, Clock(), "n1")
     assert nodes.writes == 1
     for n in range(1, 11):  # 20 s of heartbeats
-        await monitor.heartbeat(beat("n1", n))
+        await heard(monitor, beat("n1", n))
     assert nodes.writes == 1 and nodes.docs["n1"]["last_seen"] == T0
     page = await list_nodes({"limit": 10}, monitor)
     assert page["total"] == 1 and page["items"][0]["last_seen"].startswith("2026-01-01T00:00:20")
-    await monitor.heartbeat(beat("n1", 11, running=(TaskRef(job_id="j", attempt=1),)))
+    await heard(monitor, beat("n1", 11, running=(TaskRef(job_id="j", attempt=1),)))
     assert nodes.writes == 2 and list(nodes.docs["n1"]["running"]) == [{"job_id": "j", "attempt": 1, "rank": 0}]
 
 
@@ -67,8 +73,8 @@ async def test_last_seen_is_written_in_bulk_now_and_then_and_a_restarted_monitor
     broker, monitor, _ = monitor_broker
     nodes = await fleet_of(broker, monitor, Clock(), "n1", "n2")
     for n in range(1, 20):
-        await monitor.heartbeat(beat("n1", n))
-        await monitor.heartbeat(beat("n2", n))
+        await heard(monitor, beat("n1", n))
+        await heard(monitor, beat("n2", n))
     assert await monitor.persist_seen() == 2 and nodes.writes == 3  # two registrations, one bulk
     assert await monitor.persist_seen() == 0
     monitor.fleet = Fleet()
@@ -89,7 +95,7 @@ async def test_a_node_is_lost_only_once_the_monitor_has_read_the_heartbeats_it_r
     backlog[0] = 0
     await monitor.check_silent_nodes(utcnow())
     assert monitor.fleet.records["n1"].state == "lost" and (await monitor.nodes.load("n1"))["state"] == "lost"
-    await monitor.heartbeat(beat("n1", 40))
+    await heard(monitor, beat("n1", 40))
     assert monitor.fleet.records["n1"].state == "ready" and (await monitor.nodes.load("n1"))["state"] == "ready"
 
 
@@ -149,7 +155,7 @@ async def test_heartbeats_the_bus_still_holds_for_a_starved_monitor_are_read_bef
     clock.now += 60
 
     async def delivered_late() -> None:  # what the ping flushes out of the server and the socket
-        await monitor.heartbeat(beat("n1", 30))
+        await heard(monitor, beat("n1", 30))
 
     monitor.settle = delivered_late
     await monitor.check_silent_nodes(utcnow())
@@ -162,3 +168,19 @@ async def test_heartbeats_the_bus_still_holds_for_a_starved_monitor_are_read_bef
     monitor.settle = no_answer
     await monitor.check_silent_nodes(utcnow())
     assert monitor.fleet.records["n1"].state == "ready"  # silent for a minute, but the bus did not answer
+
+
+async def test_first_heartbeats_of_a_fleet_coming_up_are_read_without_waiting_for_their_writes(monitor_broker):
+    """The intake goes on to the next heartbeat while a node's write is in flight: 40 new nodes are stored in a
+    few groups, and a node's heartbeats during its write start no second one."""
+    _, monitor, _ = monitor_broker
+    monitor.nodes.collection = nodes = InsertCounting()
+    monitor.fleet = Fleet(persist_every_s=30, clock=Clock())
+    for i in range(40):
+        await monitor.heartbeat(beat(f"n{i}", 1))  # returns before the node is stored
+    assert not monitor.fleet.records and nodes.insert_commands <= 1
+    await monitor.heartbeat(beat("n3", 2))  # its first write is still in flight: the clock only
+    assert len(monitor._background) == 40  # one write per node, none more
+    await monitor.written()
+    assert len(nodes.docs) == 40 and nodes.insert_commands < 10
+    assert all(monitor.fleet.records[f"n{i}"].state == "ready" for i in range(40))
