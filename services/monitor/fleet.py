@@ -49,6 +49,10 @@ class Fleet:
             return True
         return False
 
+    def size(self) -> int:
+        """Nodes not given back (lost ones count: they may come back, at the interval they were told)."""
+        return sum(1 for r in self.records.values() if r.state != "released")
+
     def hear(self, node_id: str) -> None:
         self.heard[node_id] = self.clock()
 

@@ -71,7 +71,7 @@ class Monitor:
     async def announce_cadence(self) -> None:
         """Size the heartbeat interval to the fleet and tell every agent (on a change, else now and then)."""
         now = self.fleet.clock()
-        nodes = sum(1 for r in self.fleet.records.values() if r.state != "released")
+        nodes = self.fleet.size()
         changed = self.cadence.update(nodes, now)
         if changed:
             log.info("heartbeat interval %.1f s, node timeout %.0f s for %d nodes", self.cadence.interval_s,
@@ -113,7 +113,7 @@ class Monitor:
         async for doc in self.nodes.collection.find({}):
             self.fleet.loaded(record_of(doc))
         # The agents of a large fleet still heartbeat at the interval they were told: time them by it at once.
-        self.cadence.update(sum(1 for r in self.fleet.records.values() if r.state != "released"), self.fleet.clock())
+        self.cadence.update(self.fleet.size(), self.fleet.clock())
         return len(self.fleet.records)
 
     async def registered(self, event: NodeRegistered) -> None:
