@@ -45,8 +45,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "billing": (bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS),
 }
 
-# Core NATS subjects a service reads as they come (no stream): the monitor, every node's heartbeat.
-LISTENS: dict[str, tuple[str, ...]] = {"monitor": (bus.HEARTBEATS,)}
+# Core NATS subjects a process reads as they come (no stream): the monitor, every node's heartbeat; an agent, the
+# heartbeat interval the monitor announces.
+LISTENS: dict[str, tuple[str, ...]] = {"monitor": (bus.HEARTBEATS,), "agent": (bus.NODE_CADENCE,)}
 
 
 def inbox(identity: str) -> str:
@@ -95,7 +96,7 @@ def agent(node_id: str) -> Permissions:
                 for e in ("preparing", "started", "exited", "hung", "resumed")),
               bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"))
     return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
-                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), bus.NODE_CADENCE),
+                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
                        inbox=inbox(f"agent-{node_id}"))
 
 

@@ -155,14 +155,15 @@ class JobModel:
         points = [p for p in self.tracker.points.get(spec.name, []) if start <= p.t <= end] if spec else []
         if len(points) <= MIN_CASE_POINTS:
             return None
+        kept = range(len(points))
         if len(points) > OWN_RUN_POINTS:
             every = (len(points) - 1) / (OWN_RUN_POINTS - 1)
-            points = [points[round(i * every)] for i in range(OWN_RUN_POINTS)]
-        counted = any(p.step is None for p in points)
+            kept = [round(i * every) for i in range(OWN_RUN_POINTS)]
+        counted = any(p.step is None for p in points)  # then a point's step is its place among all the job's
         key = "loss" if spec.mode == "min" else "val_acc"
         return {"run": job_id, "group": "trainmaster", "params": {"seed": zlib.crc32(job_id.encode()) % OWN_RUN_SEEDS},
-                "points": [{"t": p.t - start, "step": float(i + 1) if counted else p.step, key: p.value}
-                           for i, p in enumerate(points)],
+                "points": [{"t": points[i].t - start, "step": float(i + 1) if counted else points[i].step,
+                            key: points[i].value} for i in kept],
                 "wall_s": end - start, "machine": self.accelerator}
 
     def job_features(self) -> JobFeatures | None:

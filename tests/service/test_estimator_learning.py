@@ -53,7 +53,9 @@ async def test_a_completed_job_with_a_target_is_kept_as_a_run_of_the_own_jobs_co
     assert corpus_line({"_id": "hand-edited", "run": {"points": []}}) is None
     run = json.loads(corpus_line(doc))
     assert run["run"] == job_id and run["params"]["seed"] in range(5) and len(run["points"]) == 120
-    assert run["points"][-1]["t"] == 100.0 and run["points"][-1]["step"] == 120.0  # counted, evenly thinned
+    # thinned evenly to 120 points; a counted step is the point's place among all 200 the job printed
+    assert run["points"][-1]["t"] == 100.0 and run["points"][-1]["step"] == 200.0
+    assert [p["step"] for p in run["points"][:3]] == [1.0, 3.0, 4.0]
     case = owncorpus.make_case(run, "loss", u=1.0, smooth=False)  # the corpus reads it as its own runs
     assert case is not None and case.truth > 50 and case.mode == "min"
 

@@ -113,19 +113,15 @@ class CapacityIndex:
                 continue
             node_id = node.id
             self.nodes[node_id] = node
-            ready = node.ready_at is None or node.ready_at <= now
+            ready = node.is_ready(now)
             if node.reserved_for is not None and (node.reserved_for in queued or not ready):
                 self._claims[node_id] = node.reserved_for
             free_count[node_id] = len(node.free_gpu_indices) if ready else 0
-            key = (node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops)
+            key = bucket_key(node)
             old = self.buckets.get(key)
-            if old is None:
-                self.buckets[key] = Bucket(node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops, node.gpu_count)
-                self.members[key] = [node_id]
-                continue
-            if node.gpu_count > old.max_gpus:
-                self.buckets[key] = Bucket(node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops, node.gpu_count)
-            self.members[key].append(node_id)
+            if old is None or node.gpu_count > old.max_gpus:
+                self.buckets[key] = Bucket(*key, max_gpus=node.gpu_count)
+            self.members.setdefault(key, []).append(node_id)
         self._free_count = free_count
         self.free_now: dict[BucketKey, list[dict[str, None]]] = {}
         for key, bucket in self.buckets.items():
