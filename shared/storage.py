@@ -3,7 +3,8 @@
 A project's storage is `<storage root>/<project>/` and `<checkpoint root>/<project>/` (checkpoints live at
 `<checkpoint root>/<project>/<job>`). Any other URL must start with an entry of the cluster's allow-list
 (`[storage] allowed_urls` in the cluster file, or TRAINMASTER_ALLOWED_URLS); local paths are resolved (`..`,
-symlinks) before they are compared, so `file:///data/shared/../../etc` is `/etc`.
+symlinks) before they are compared, so `file:///data/shared/../../etc` is `/etc`. An http(s) URL must also reach a
+public address or a host the operator allows (`[storage] allow_hosts`, TRAINMASTER_EGRESS_ALLOW): shared.egress.
 """
 import os
 import tomllib
@@ -13,8 +14,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# Remote schemes only: nothing on the local filesystem but a project's own storage unless the operator says so.
-DEFAULT_ALLOWED_URLS = ("https://", "http://", "s3://")
+from shared import egress
+
+# Public downloads only (http(s) to public addresses, shared.egress): no bucket and nothing on the local filesystem
+# but a project's own storage unless the operator lists it.
+DEFAULT_ALLOWED_URLS = ("https://", "http://")
 
 
 class StorageError(ValueError):
@@ -27,6 +31,8 @@ class StoragePolicy(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     allowed_urls: tuple[str, ...] = DEFAULT_ALLOWED_URLS
+    allow_hosts: tuple[str, ...] = Field((), description="Hosts, IPs or networks an http(s) URL may reach although "
+                                         "they are not public (shared.egress.Policy entries).")
     storage_root: str = Field(description="Projects' storage: <root>/<project>/ (file:// or a remote URL).")
     checkpoint_root: str = Field(description="Checkpoints: <root>/<project>/<job>.")
 
@@ -35,6 +41,10 @@ class StoragePolicy(BaseModel):
 
     def checkpoint_url(self, *, project_id: str, job_id: str) -> str:
         return f"{self.checkpoint_root.rstrip('/')}/{check_segment(project_id)}/{check_segment(job_id)}"
+
+    def egress(self) -> egress.Policy:
+        """Where a job's http(s) URLs may connect."""
+        return egress.Policy.parse(self.allow_hosts)
 
 
 class StorageSettings(BaseSettings):
@@ -46,29 +56,48 @@ class StorageSettings(BaseSettings):
     storage_file: Path | None = Field(None, description="Where [storage] is read when not the cluster file (an "
                                       "on-demand agent's own cluster file has only its node).")
     allowed_urls: list[str] | None = Field(None, description="JSON list; overrides the cluster file's.")
+    egress_allow: str | None = Field(None, description="Comma-separated hosts, IPs or networks a job's http(s) URLs "
+                                     "may reach although not public; overrides the cluster file's allow_hosts.")
     storage_url: str | None = Field(None, description="Projects' storage root; default file://<data_dir>/storage.")
     checkpoint_url: str | None = Field(None, description="Checkpoint root; default file://<data_dir>/checkpoints.")
 
     def storage_policy(self, data_dir: Path) -> StoragePolicy:
-        allowed = self.allowed_urls if self.allowed_urls is not None else \
-            cluster_allowed_urls(self.storage_file or self.cluster_file)
+        section = cluster_storage(self.storage_file or self.cluster_file)
+        allowed = self.allowed_urls if self.allowed_urls is not None else cluster_allowed_urls(section)
+        hosts = self.egress_allow.split(",") if self.egress_allow is not None else cluster_allow_hosts(section)
+        hosts = tuple(h.strip() for h in hosts if h.strip())
+        egress.Policy.parse(hosts)  # a bad network stops the process at start, not a job later
         data = data_dir.resolve()
-        return StoragePolicy(allowed_urls=tuple(allowed), storage_root=self.storage_url or f"file://{data / 'storage'}",
+        return StoragePolicy(allowed_urls=tuple(allowed), allow_hosts=hosts,
+                             storage_root=self.storage_url or f"file://{data / 'storage'}",
                              checkpoint_root=self.checkpoint_url or f"file://{data / 'checkpoints'}")
 
 
-def cluster_allowed_urls(path: Path) -> tuple[str, ...]:
-    """`[storage] allowed_urls` of a cluster file; the default when the file or the section has none."""
+def cluster_storage(path: Path) -> dict:
+    """The `[storage]` section of a cluster file (empty when the file or the section is missing)."""
     try:
-        data = tomllib.loads(path.read_text())
+        section = tomllib.loads(path.read_text()).get("storage", {})
     except (OSError, tomllib.TOMLDecodeError):
-        return DEFAULT_ALLOWED_URLS
-    allowed = data.get("storage", {}).get("allowed_urls")
+        return {}
+    return section if isinstance(section, dict) else {}
+
+
+def cluster_allowed_urls(section: dict) -> tuple[str, ...]:
+    """`allowed_urls` of a `[storage]` section; the default when it has none."""
+    allowed = section.get("allowed_urls")
     if allowed is None:
         return DEFAULT_ALLOWED_URLS
     if not isinstance(allowed, list) or not all(isinstance(a, str) and "://" in a for a in allowed):
-        raise ValueError(f"{path}: [storage] allowed_urls must be a list of URL prefixes such as \"s3://\"")
+        raise ValueError("[storage] allowed_urls must be a list of URL prefixes such as \"s3://bucket/\"")
     return tuple(allowed)
+
+
+def cluster_allow_hosts(section: dict) -> tuple[str, ...]:
+    """`allow_hosts` of a `[storage]` section (none by default)."""
+    hosts = section.get("allow_hosts", [])
+    if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
+        raise ValueError("[storage] allow_hosts must be a list of hosts, IPs or networks such as \"10.20.0.0/16\"")
+    return tuple(hosts)
 
 
 def check_segment(value: str) -> str:
@@ -131,11 +160,21 @@ def job_urls(algorithm) -> Iterator[tuple[str, str]]:
 
 
 def refused_urls(algorithm, *, policy: StoragePolicy, project_id: str) -> list[tuple[str, str]]:
-    """(field, reason) for each URL of the algorithm the project may not use."""
+    """(field, reason) for each URL of the algorithm the project may not use (the pure checks; the addresses an
+    http(s) URL resolves to are refused_addresses')."""
     problems = []
     for field, url in job_urls(algorithm):
         try:
             check_url(url, policy=policy, project_id=project_id)
+            if field.startswith("algorithm.outputs.") and egress.is_http(url):
+                raise StorageError("outputs cannot be http(s) URLs (the agent fetches http(s), never sends to it)")
         except StorageError as exc:
             problems.append((field, str(exc)))
     return problems
+
+
+async def refused_addresses(algorithm, *, policy: StoragePolicy,
+                            resolve: egress.Resolver = egress.system_resolve) -> list[tuple[str, str]]:
+    """(field, reason) for each http(s) URL of the algorithm whose host resolves to an address the job may not
+    reach (loopback, private, link-local and the rest of shared.egress, unless the operator allows it)."""
+    return await egress.refused_http(job_urls(algorithm), policy.egress(), resolve=resolve)

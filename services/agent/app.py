@@ -13,6 +13,7 @@ from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
+from services.agent.downloads import Downloads
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
@@ -70,7 +71,8 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
     return Agent(node=node, root=root, publish=lambda message: publish(w.broker, message),
                  checkpoints=CheckpointStore(storage.checkpoint_root),
-                 preparer=Preparer(root / "engines", load_engines(settings.cluster_file)), storage=storage,
+                 preparer=Preparer(root / "engines", load_engines(settings.cluster_file),
+                                   downloads=Downloads(policy=storage.egress())), storage=storage,
                  confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
                  shutdown_grace_s=settings.shutdown_grace_s,
                  hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fsspec
 
+from shared.egress import is_http
 from shared.storage import check_segment
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,9 @@ class Mirror:
     """A local directory kept in step with a remote one: `file:///shared/x`, `s3://bucket/prefix` (MinIO, S3)."""
 
     def __init__(self, url: str) -> None:
+        if is_http(url):  # fsspec would connect wherever DNS says, and follow redirects
+            raise ValueError("http(s) URLs are fetched through the egress policy (services.agent.downloads), "
+                             "never mirrored")
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url)
 

@@ -10,9 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from shlex import quote
 
+from shared.egress import is_http
 from shared.events import StartTask
 from shared.jobs import DataOut, Engine
 from services.agent.checkpoints import Mirror
+from services.agent.downloads import Downloads
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900
@@ -35,8 +37,9 @@ AGENT_ENVIRONMENT = "agent"  # an engine whose `environment` is this runs tasks 
 
 
 class Preparer:
-    def __init__(self, root: Path, catalogue: dict[str, dict]) -> None:
+    def __init__(self, root: Path, catalogue: dict[str, dict], *, downloads: Downloads | None = None) -> None:
         self.root = root
+        self.downloads = downloads or Downloads()  # http(s): public addresses only unless the operator allows
         # engine name -> {"packages": [...], "image": ..., "environment": ..., "default": bool} from the cluster file
         self.catalogue = catalogue
         self.default = next((name for name, entry in sorted(catalogue.items()) if entry.get("default")), None)
@@ -77,6 +80,9 @@ class Preparer:
 
     async def _fetch(self, url: str, target: Path, *, what: str) -> None:
         try:
+            if is_http(url):  # the egress policy, checked at each connection (DNS may have changed since submission)
+                await self.downloads.fetch(url, target)
+                return
             files = await asyncio.to_thread(Mirror(url).restore, target)
         except Exception as exc:
             raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc

@@ -5,13 +5,14 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from pydantic import Field, field_validator
 
+from shared import egress
 from shared.service import Wiring, running, wire
 from shared.settings import CommonSettings
 from shared.storage import StorageSettings
 from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
 from services.submitter import dialects, portal
-from services.submitter import audit, egress, routes_users
+from services.submitter import audit, routes_users
 from services.submitter.auth import Tokens, check_admin_token
 from services.submitter.handlers import router as bus_router
 from services.submitter.intake import Intake
@@ -94,7 +95,7 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     app.state.storage = settings.storage_policy(settings.data_dir)  # the URLs jobs may use, as the agents check
     app.state.rate = RateLimiter(rate=settings.rate_per_s, burst=settings.rate_burst)
     app.state.queue_caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
-    app.state.egress = egress.Policy.parse(settings.webhook_allow_hosts.split(","))
+    app.state.egress = egress.Policy.parse(settings.webhook_allow_hosts.split(","))  # webhooks only
     app.add_middleware(audit.AuditMiddleware)  # inside the body limit: a refused body changes nothing
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(portal.SecurityHeaders)

@@ -14,7 +14,7 @@ from pymongo.errors import DuplicateKeyError
 from shared.events import Notification
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
-from services.submitter.egress import Policy, Refused, check_url, guarded_client
+from shared.egress import Policy, Refused, check_url, guarded_client
 from services.submitter.errors import ApiError
 from services.submitter.views import ProjectId
 

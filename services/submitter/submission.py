@@ -12,7 +12,7 @@ from shared.clock import utcnow
 from shared.events import JobSubmitted
 from shared.jobs import JobCreate
 from shared.rpc import CandidatesReply
-from shared.storage import refused_urls
+from shared.storage import refused_addresses, refused_urls
 from services.submitter import admission, errors, feasible
 from services.submitter.catalogue import resolve
 from services.submitter.errors import ApiError
@@ -34,8 +34,10 @@ def name_taken(project_id: str, name: str) -> ApiError:
 
 async def prepare(request: Request, *, project_id: str, body: JobCreate) -> JobCreate:
     """Refuse storage the agents would refuse; fill a named flavor's resources, check a named pool."""
-    refused = refused_urls(body.algorithm, policy=request.app.state.storage, project_id=project_id)
-    if refused:  # outside the project's storage and the cluster's allow-list: the agents would refuse it too
+    storage = request.app.state.storage
+    refused = refused_urls(body.algorithm, policy=storage, project_id=project_id) or \
+        await refused_addresses(body.algorithm, policy=storage)
+    if refused:  # outside the project's storage, the cluster's allow-list or public addresses: the agents refuse too
         raise ApiError(400, errors.PARAM_INVALID, f"param[{refused[0][0]}] invalid: {refused[0][1]}")
     return await resolve(request, body)
 

@@ -9,7 +9,7 @@ import httpx
 from services.submitter.app import SubmitterSettings, create_app
 from services.submitter.audit import AuditLog
 from services.submitter.auth import Tokens
-from services.submitter.egress import Policy
+from shared.egress import Policy
 from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 

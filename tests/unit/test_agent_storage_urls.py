@@ -48,13 +48,22 @@ def test_dot_dot_and_links_are_resolved_before_the_prefix_is_compared(policy, tm
 
 
 def test_remote_schemes_follow_the_allow_list(policy):
-    assert allowed("s3://bucket/data", policy) and allowed("https://example.com/x.tar", policy)
-    assert allowed("S3://bucket/data", policy)
+    assert allowed("https://example.com/x.tar", policy) and allowed("HTTP://example.com/x", policy)
     for url in ("ftp://host/x", "memory://x", "simplecache::file:///etc/passwd", "s3://b/a::file:///etc/passwd",
                 "s3://bucket/../other", "https://host/a\x00b", "zip://x::s3://b/y"):
         assert not allowed(url, policy), url
     strict = policy.model_copy(update={"allowed_urls": ("s3://team-bucket/",)})
-    assert allowed("s3://team-bucket/x", strict) and not allowed("https://example.com/x", strict)
+    assert allowed("s3://team-bucket/x", strict) and allowed("S3://team-bucket/x", strict)
+    assert not allowed("https://example.com/x", strict)
+
+
+def test_no_bucket_is_allowed_by_default_but_the_projects_own():
+    remote = StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt")
+    assert remote.allowed_urls == DEFAULT_ALLOWED_URLS
+    assert allowed("s3://tm/storage/vision/data", remote) and allowed("s3://tm/ckpt/vision/j1", remote)
+    for url in ("s3://bucket/data", "s3://tm/storage/nlp/data", "s3://tm/ckpt/nlp/j1", "s3://tm/storage/visionx/a",
+                "s3://tm/other"):
+        assert not allowed(url, remote), url
 
 
 def test_a_remote_project_root_gives_each_project_its_prefix():
@@ -67,10 +76,14 @@ def test_a_remote_project_root_gives_each_project_its_prefix():
 
 def test_every_url_of_a_job_is_checked_and_named_by_its_field(policy, tmp_path):
     algorithm = Algorithm(command="true", code_dir=f"file://{tmp_path}/storage/vision/code",
-                          inputs=[{"name": "ok", "url": "s3://b/x"}, {"name": "bad", "url": "file:///etc/passwd"}],
-                          outputs=[{"name": "out", "url": f"file://{tmp_path}/storage/nlp/out"}])
-    assert [field for field, _ in refused_urls(algorithm, policy=policy, project_id="vision")] == [
-        "algorithm.inputs.1.url", "algorithm.outputs.0.url"]
+                          inputs=[{"name": "ok", "url": "https://example.com/x"},
+                                  {"name": "bad", "url": "file:///etc/passwd"}],
+                          outputs=[{"name": "out", "url": f"file://{tmp_path}/storage/nlp/out"},
+                                   {"name": "post", "url": "https://example.com/upload"}])
+    refused = refused_urls(algorithm, policy=policy, project_id="vision")
+    assert [field for field, _ in refused] == ["algorithm.inputs.1.url", "algorithm.outputs.0.url",
+                                               "algorithm.outputs.1.url"]
+    assert "outputs cannot be http(s)" in refused[2][1]
 
 
 def test_the_cluster_file_sets_the_allow_list_and_the_environment_overrides_it(tmp_path, monkeypatch):
@@ -87,4 +100,23 @@ def test_the_cluster_file_sets_the_allow_list_and_the_environment_overrides_it(t
     monkeypatch.delenv("TRAINMASTER_ALLOWED_URLS")
     cluster.write_text('[storage]\nallowed_urls = "everything"\n')
     with pytest.raises(ValueError, match="allowed_urls"):
+        StorageSettings(cluster_file=cluster).storage_policy(tmp_path)
+
+
+def test_the_hosts_jobs_may_reach_come_from_the_cluster_file_or_the_environment(tmp_path, monkeypatch):
+    cluster = tmp_path / "cluster.toml"
+    assert StorageSettings(cluster_file=cluster).storage_policy(tmp_path).allow_hosts == ()
+    cluster.write_text('[storage]\nallow_hosts = ["datasets.internal", "10.20.0.0/16"]\n')
+    policy = StorageSettings(cluster_file=cluster).storage_policy(tmp_path)
+    assert policy.allow_hosts == ("datasets.internal", "10.20.0.0/16")
+    assert policy.egress().host_allowed("DATASETS.internal") and len(policy.egress().allow_networks) == 1
+    assert policy.allowed_urls == DEFAULT_ALLOWED_URLS  # allowing a host lists no bucket or path
+    monkeypatch.setenv("TRAINMASTER_EGRESS_ALLOW", "127.0.0.1, ")
+    assert StorageSettings(cluster_file=cluster).storage_policy(tmp_path).allow_hosts == ("127.0.0.1",)
+    monkeypatch.setenv("TRAINMASTER_EGRESS_ALLOW", "10.0.0.0/33")
+    with pytest.raises(ValueError):  # at start, not when a job needs it
+        StorageSettings(cluster_file=cluster).storage_policy(tmp_path)
+    monkeypatch.delenv("TRAINMASTER_EGRESS_ALLOW")
+    cluster.write_text('[storage]\nallow_hosts = "10.0.0.0/8"\n')
+    with pytest.raises(ValueError, match="allow_hosts"):
         StorageSettings(cluster_file=cluster).storage_policy(tmp_path)

@@ -1,4 +1,5 @@
-"""Where the submitter may send requests (webhooks): public addresses only, or hosts an operator allows."""
+"""Where the platform may connect for a user (webhooks, a job's http(s) code and inputs): public addresses only, or
+hosts an operator allows; judged after DNS resolution, and again at every connection, to the address judged."""
 import asyncio
 import ipaddress
 import socket
@@ -18,7 +19,7 @@ NAT64 = ipaddress.ip_network("64:ff9b::/96")  # a gateway would carry these to t
 
 
 class Refused(ValueError):
-    """A URL or an address the submitter will not send to; the message says why, for the person who gave it."""
+    """A URL or an address the platform will not connect to; the message says why, for the person who gave it."""
 
 
 def why_blocked(address: Address) -> str | None:
@@ -93,6 +94,11 @@ async def checked_addresses(policy: Policy, host: str, port: int, *, resolve: Re
     return addresses
 
 
+def is_http(url: str) -> bool:
+    """Whether the URL is http(s), the schemes this policy judges (and fetches itself)."""
+    return url.split("://", 1)[0].lower() in ("http", "https") and "://" in url
+
+
 async def check_url(policy: Policy, url: str, *, resolve: Resolver = system_resolve) -> None:
     """Raise Refused unless url is http(s) to a host whose every address is public or allowed."""
     try:
@@ -105,6 +111,20 @@ async def check_url(policy: Policy, url: str, *, resolve: Resolver = system_reso
     if not parts.hostname:
         raise Refused("the URL has no host")
     await checked_addresses(policy, parts.hostname, port, resolve=resolve)
+
+
+async def refused_http(fields: Iterable[tuple[str, str]], policy: Policy, *,
+                       resolve: Resolver = system_resolve) -> list[tuple[str, str]]:
+    """(field, reason) for each http(s) URL of (field, url) pairs that the policy refuses; other schemes pass."""
+    async def why(url: str) -> str | None:
+        try:
+            await check_url(policy, url, resolve=resolve)
+        except Refused as exc:
+            return str(exc)
+        return None
+    fields = [(name, url) for name, url in fields if is_http(url)]
+    reasons = await asyncio.gather(*(why(url) for _, url in fields))
+    return [(name, reason) for (name, _), reason in zip(fields, reasons) if reason]
 
 
 class GuardedBackend(httpcore.AsyncNetworkBackend):
@@ -134,9 +154,12 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
-def guarded_client(policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve) -> httpx.AsyncClient:
-    """An HTTP client that reaches only what the policy allows: no proxy from the environment, no redirects."""
+def guarded_client(policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve,
+                   max_redirects: int = 0) -> httpx.AsyncClient:
+    """An HTTP client that reaches only what the policy allows: no proxy from the environment, no redirects unless
+    `max_redirects` (each hop connects through the same check, so a redirect to a refused address fails)."""
     transport = httpx.AsyncHTTPTransport(retries=0)
     transport._pool = httpcore.AsyncConnectionPool(  # the documented pool, with our network backend
         ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(policy, resolve=resolve))
-    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False, follow_redirects=False)
+    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False,
+                             follow_redirects=max_redirects > 0, max_redirects=max_redirects)

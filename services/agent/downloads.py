@@ -1,0 +1,51 @@
+"""A job's http(s) code and inputs: fetched through the egress policy, never through fsspec.
+
+DNS may have changed since the submitter checked the URL, so every connection (each redirect hop included)
+resolves the host again, checks every address and connects to an address it checked (shared.egress); proxy
+variables are ignored.
+"""
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from shared.egress import Policy, Resolver, guarded_client, system_resolve
+
+MAX_REDIRECTS = 5  # dataset hosts often send to a CDN; each hop is checked like the first
+TIMEOUT_S = 60.0  # per connect and read, not the whole download
+CHUNK = 1 << 20
+FALLBACK_NAME = "download"
+
+
+def file_name(url: str) -> str:
+    """The file an URL's download is saved as: its last path segment, or FALLBACK_NAME when that is no safe name."""
+    name = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+    if not name or name.startswith(".") or "/" in name or any(ord(c) < 32 for c in name) or len(name) > 255:
+        return FALLBACK_NAME
+    return name
+
+
+@dataclass(frozen=True)
+class Downloads:
+    """Fetches http(s) URLs into a directory, reaching only what the policy allows."""
+    policy: Policy = field(default_factory=Policy)
+    resolve: Resolver = system_resolve
+
+    async def fetch(self, url: str, target: Path) -> int:
+        """Save the URL's body as `target/<file_name(url)>` and return its size; raise (httpx.HTTPError, OSError)
+        when it cannot, a refused address included."""
+        target.mkdir(parents=True, exist_ok=True)
+        path = target / file_name(url)
+        partial = path.with_name(path.name + ".partial")
+        size = 0
+        async with guarded_client(self.policy, timeout_s=TIMEOUT_S, resolve=self.resolve,
+                                  max_redirects=MAX_REDIRECTS) as client:
+            async with client.stream("GET", url) as response:
+                if response.status_code != 200:
+                    raise OSError(f"HTTP {response.status_code}")
+                with open(partial, "wb") as out:
+                    async for chunk in response.aiter_bytes(CHUNK):
+                        out.write(chunk)
+                        size += len(chunk)
+        os.replace(partial, path)
+        return size
