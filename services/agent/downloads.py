@@ -37,15 +37,23 @@ class Downloads:
         target.mkdir(parents=True, exist_ok=True)
         path = target / file_name(url)
         partial = path.with_name(path.name + ".partial")
+        try:
+            size = await self._save(url, partial)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, path)
+        return size
+
+    async def _save(self, url: str, path: Path) -> int:
         size = 0
         async with guarded_client(self.policy, timeout_s=TIMEOUT_S, resolve=self.resolve,
                                   max_redirects=MAX_REDIRECTS) as client:
             async with client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise OSError(f"HTTP {response.status_code}")
-                with open(partial, "wb") as out:
+                with open(path, "wb") as out:
                     async for chunk in response.aiter_bytes(CHUNK):
                         out.write(chunk)
                         size += len(chunk)
-        os.replace(partial, path)
         return size

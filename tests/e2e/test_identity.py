@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import eventually
 from tests.e2e.helpers import submit, wait_phase
-from tests.factories import unique
+from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,6 +26,20 @@ async def test_webhooks_to_internal_addresses_are_refused(api, project, url):
     assert response.status_code == 400, response.text
     assert response.json()["error_code"] == "406001" and "param[webhook_url]" in response.json()["error_msg"]
     assert (await api.get(f"/v2/{project}/notifications")).json()["webhook_url"] is None
+
+
+async def test_jobs_fetching_internal_addresses_are_refused(stack, api, project):
+    """The API's own port and the metadata service as a job's input or code: refused, dry run included."""
+    attacks = {"algorithm.inputs.0.url": {"inputs": [{"name": "data", "url": f"{stack.api_url}/healthz"}]},
+               "algorithm.code_dir": {"code_dir": "http://169.254.169.254/latest/meta-data/"}}
+    for field, fields in attacks.items():
+        for query in ("", "?dry_run=true"):
+            response = await api.post(f"/v2/{project}/training-jobs{query}", json=job_body(**fields))
+            assert response.status_code == 400, response.text
+            message = response.json()["error_msg"]
+            assert response.json()["error_code"] == "406001"
+            assert message.startswith(f"param[{field}] invalid: ") and "address" in message, message
+    assert (await api.get(f"/v2/{project}/training-jobs")).json()["total"] == 0
 
 
 async def test_tokens_expire_list_and_revoke(stack, api):

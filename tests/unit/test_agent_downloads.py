@@ -91,6 +91,7 @@ async def test_an_allowed_host_is_fetched_without_proxies_and_a_redirect_to_a_re
     with pytest.raises(PrepareError, match="evil.example.test resolves to 127.0.0.1, a loopback address"):
         await fetch(preparer, f"http://data.example.test:{port}/moved", tmp_path)
     assert Files.hits == ["/train.csv", "/moved"]  # never /internal
+    assert sorted(p.name for p in (tmp_path / "work" / "inputs" / "data").iterdir()) == ["train.csv"]
 
 
 async def test_the_agent_ends_the_attempt_start_failed_with_the_reason(port, tmp_path):
