@@ -62,11 +62,15 @@ class StorageSettings(BaseSettings):
     checkpoint_url: str | None = Field(None, description="Checkpoint root; default file://<data_dir>/checkpoints.")
 
     def storage_policy(self, data_dir: Path) -> StoragePolicy:
-        section = cluster_storage(self.storage_file or self.cluster_file)
-        allowed = self.allowed_urls if self.allowed_urls is not None else cluster_allowed_urls(section)
-        hosts = self.egress_allow.split(",") if self.egress_allow is not None else cluster_allow_hosts(section)
-        hosts = tuple(h.strip() for h in hosts if h.strip())
-        egress.Policy.parse(hosts)  # a bad network stops the process at start, not a job later
+        path = self.storage_file or self.cluster_file
+        section = cluster_storage(path)
+        try:
+            allowed = self.allowed_urls if self.allowed_urls is not None else cluster_allowed_urls(section)
+            hosts = self.egress_allow.split(",") if self.egress_allow is not None else cluster_allow_hosts(section)
+            hosts = tuple(h.strip() for h in hosts if h.strip())
+            egress.Policy.parse(hosts)  # a bad network stops the process at start, not a job later
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
         data = data_dir.resolve()
         return StoragePolicy(allowed_urls=tuple(allowed), allow_hosts=hosts,
                              storage_root=self.storage_url or f"file://{data / 'storage'}",

@@ -11,10 +11,10 @@ from pymongo import DESCENDING
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
+from shared.egress import Policy, Refused, check_url, guarded_client
 from shared.events import Notification
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
-from shared.egress import Policy, Refused, check_url, guarded_client
 from services.submitter.errors import ApiError
 from services.submitter.views import ProjectId
 

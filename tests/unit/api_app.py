@@ -6,10 +6,10 @@ from typing import Any
 
 import httpx
 
+from shared.egress import Policy
 from services.submitter.app import SubmitterSettings, create_app
 from services.submitter.audit import AuditLog
 from services.submitter.auth import Tokens
-from shared.egress import Policy
 from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 

@@ -7,8 +7,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from services.submitter import notifications
 from shared.egress import Policy, guarded_client
+from services.submitter import notifications
 from tests.unit.api_app import add_user, client, make_app
 
 REFUSED = ["http://127.0.0.1:8080/hook", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
