@@ -48,6 +48,10 @@ class Assignment(BaseModel):
     rank: RankNo
     node_id: Id
     gpu_indices: tuple[int, ...] = ()
+    # The node as placement's record had it when it placed the rank: what billing charges, never an agent's word.
+    node_kind: str = Field("", description="The node's kind in placement's record (empty: not said).")
+    price_per_hour: float | None = Field(None, ge=0, description="The node's price per hour in placement's record.")
+    node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node in placement's record (0: not said).")
 
 
 class TaskStatus(BaseModel):

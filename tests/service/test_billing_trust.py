@@ -12,7 +12,8 @@ from services.billing.handlers import router
 from services.billing.placements import Placements
 from services.billing.service import Billing
 from tests.factories import T0, exited, placed, started, submitted
-from tests.memory import MemoryCollection
+from tests.memory import Clock, MemoryCollection
+from tests.service.test_billing_lifetimes import deliver
 
 HOURS_2 = T0 + timedelta(hours=2)
 
@@ -24,7 +25,7 @@ async def billing():
     async with TestNatsBroker(broker) as test_broker:
         service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
                           placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")))
+                                                parked=MemoryCollection("parked")), clock=Clock(T0))
         test_broker.context.set_global("billing", service)
         yield test_broker, service
 
@@ -55,19 +56,18 @@ async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_n
 async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(billing):
     broker, service = billing
     claimed = started("j", node_id="n1", at=T0).model_copy(update={"project_id": "other", "user_name": "mallory"})
-    for event in [submitted(job_id="j"), placed("j", nodes=("n1",)), claimed, exited("j", node_id="n1", at=HOURS_2)]:
-        await publish(broker, event)
+    await deliver(broker, service, submitted(job_id="j"), placed("j", nodes=("n1",)), claimed,
+                  exited("j", node_id="n1", at=HOURS_2))
     [line] = service.ledger.docs.values()
     assert (line["project_id"], line["user_name"], line["node_id"], line["cost"]) == ("p", "alice", "n1", 2.0)
 
 
 async def test_task_events_that_come_before_their_placement_wait_for_it(billing):
     broker, service = billing
-    await publish(broker, submitted(job_id="j"))
-    await publish(broker, started("j", node_id="n1", at=T0))
-    await publish(broker, exited("j", node_id="n1", at=HOURS_2))
+    await deliver(broker, service, submitted(job_id="j"), started("j", node_id="n1", at=T0),
+                  exited("j", node_id="n1", at=HOURS_2))
     assert service.ledger.docs == {} and len(service.placements.parked.docs) == 2
-    await publish(broker, placed("j", nodes=("n1",)))
+    await deliver(broker, service, placed("j", nodes=("n1",)))  # later still: each waited from when it was seen
     [line] = service.ledger.docs.values()
     assert (line["_id"], line["cost"]) == ("j:1:0", 2.0)
     assert service.open.docs == {} and service.placements.parked.docs == {}
@@ -96,10 +96,39 @@ async def test_a_placement_is_read_once_and_remembered_for_its_tasks_start_and_e
     reads = []
     read = attempts.find_one
     attempts.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
-    await publish(broker, started("j", node_id="n1", at=T0))
-    await publish(broker, exited("j", node_id="n1", at=HOURS_2))
+    await deliver(broker, service, started("j", node_id="n1", at=T0), exited("j", node_id="n1", at=HOURS_2))
     assert len(service.ledger.docs) == 1 and reads == []  # both checked against the placement as written
     service.placements.known.clear()  # a restarted billing: read from the database, then remembered
     await publish(broker, started("j", node_id="n9", at=HOURS_2))
     await publish(broker, started("j", node_id="n9", at=HOURS_2 + timedelta(seconds=1)))
     assert len(reads) == 1 and service.open.docs == {}  # and a node it was not placed on is still refused
+
+
+async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_charged(billing):
+    """Row 1: the agent of the very node the job was placed on reports a start in 2000 and an end in 2100, at
+    $5,000 an hour on 8 GPUs; billing charges the hour it saw pass, at the price placement recorded."""
+    broker, service = billing
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j", nodes=("n1",), price=2.0, node_gpus=4))
+    service.clock.at(T0 + timedelta(minutes=5))
+    await publish(broker, forged(started("j", node_id="n1", at=T0.replace(year=2000)), price_per_hour=5000.0,
+                                 gpu_count=8, node_gpu_count=1, node_kind="on_demand"))
+    service.clock.at(T0 + timedelta(minutes=65))
+    await publish(broker, forged(exited("j", node_id="n1", at=T0.replace(year=2100))))
+    [line] = service.ledger.docs.values()
+    assert (line["started_at"], line["ended_at"]) == (T0 + timedelta(minutes=5), T0 + timedelta(minutes=65))
+    assert (line["seconds"], line["gpu_count"], line["node_kind"], line["cost"]) == (3600, 1, "local", 0.5)
+    report = await service.usage(UsageQuery(project_id="p"))
+    assert report.total.cost == 0.5
+
+
+async def test_an_end_reported_before_the_start_was_seen_is_not_charged_before_the_placement(billing):
+    broker, service = billing
+    service.clock.at(T0 - timedelta(days=30))  # a report the bus stored before the placement existed
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, forged(started("j", node_id="n1", at=T0 - timedelta(days=30))))
+    service.clock.at(T0 + timedelta(hours=1))
+    await publish(broker, placed("j", nodes=("n1",)))
+    await publish(broker, exited("j", node_id="n1", at=T0 + timedelta(hours=1)))
+    [line] = service.ledger.docs.values()
+    assert (line["started_at"], line["cost"]) == (T0, 1.0)
