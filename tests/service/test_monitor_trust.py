@@ -64,3 +64,37 @@ def test_an_earlier_attempts_nodes_still_speak_for_it_and_no_other():
     assert not state.from_placed_node(job, exited("j", attempt=2, node_id="n1"))
     assert not state.from_placed_node(job, started("j", attempt=2, rank=1, node_id="n2"))  # no such rank
     assert not state.from_placed_node(job, started("j", attempt=3, node_id="n2"))  # never placed
+
+
+async def test_a_completed_exit_of_a_task_that_never_started_does_not_complete_the_job(monitor_broker):
+    """The placed node says its task completed before ever saying it started: the job does not complete."""
+    broker, monitor, seen = monitor_broker
+    for event in [submitted(job_id="j"), placed("j", nodes=("n1",)), exited("j", node_id="n1")]:
+        await publish(broker, event)
+    job = await monitor.jobs.load("j")
+    assert job["phase"] == "Failed" and "without having started" in job["reason"]
+    assert "Completed" not in [phase for _, phase in versions(seen)]
+
+
+def test_the_exit_times_and_codes_a_node_reports_do_not_decide_the_status():
+    """A node's year-2100 exit is timed when the monitor heard it; a "completed" exit with code 1 is a failure;
+    a two-rank job completes only when both ranks started and exited 0."""
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1", "n2")), now=T0)
+    job, _ = state.task_started(job, started("j", node_id="n1", at=T0.replace(year=2000)), now=T0)
+    job, _ = state.task_started(job, started("j", rank=1, node_id="n2"), now=T0)
+    assert job.phase == "Running" and job.start_time == T0
+    later = T0 + timedelta(minutes=5)
+    done, _ = state.task_exited(job, exited("j", node_id="n1", at=T0.replace(year=2100)), now=later)
+    assert done.phase == "Running" and done.tasks["0"].ended_at == later
+    failed, _ = state.task_exited(done, exited("j", rank=1, node_id="n2", code=1), now=later)
+    assert failed.phase == "Failed" and "exit code 1" in failed.reason
+    completed, _ = state.task_exited(done, exited("j", rank=1, node_id="n2"), now=later)
+    assert completed.phase == "Completed" and completed.end_time == later
+
+
+def test_a_task_that_fails_to_start_still_fails_its_job():
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1",)), now=T0)
+    job, _ = state.task_exited(job, exited("j", node_id="n1", code=None, reason="start_failed"), now=T0)
+    assert (job.phase, job.secondary_phase) == ("Failed", "CreateFailed")
