@@ -15,6 +15,7 @@ from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, NodeProvis
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
 from shared.lru import Lru
+from shared.noderecords import NodeLimits, admitted
 from shared.store import DocumentStore
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
@@ -42,6 +43,8 @@ class Billing:
     # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
     # and each budget check.
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
+    # The static nodes' records (cluster file); None: registrations taken as said (in-memory tests only).
+    static: dict[str, NodeLimits] | None = None
     known_quotas: Lru[str, ProjectQuotas] = field(default_factory=lambda: Lru(REMEMBERED_PROJECTS), repr=False)
 
     # Attempts --------------------------------------------------------------------------------------------------
@@ -144,9 +147,20 @@ class Billing:
         await self._close_node(event.node_id, ended_at=event.last_seen, reason="node_lost")
 
     async def registered(self, event: NodeRegistered) -> None:
-        node = event.node
+        """A node's kind, GPUs and price as its record has them: a rented node's are what placement rented it as
+        (its provisioning, kept), a static node's its cluster-file entry's (the claims capped to it); a node with
+        neither is not charged for or counted."""
         if self.node_info is None:
             return
+        node = event.node
+        known = await self.node_info.find_one({"_id": node.node_id})
+        if known is not None and known.get("source") == "provisioned":
+            await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=known)
+            return
+        if self.static is not None:
+            node, _ = admitted(node, self.static.get(node.node_id))
+            if node is None:
+                return
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
         # One write that keeps what else is known of the node (whose rented node it is); numbers and names only.
         info = await self.node_info.find_one_and_update({"_id": node.node_id}, {"$set": info}, upsert=True,
@@ -158,7 +172,7 @@ class Billing:
             return
         info = {"kind": "on_demand", "gpu_count": event.gpu_count, "price_per_hour": event.price_per_hour,
                 "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id,
-                "_id": event.node_id}
+                "_id": event.node_id, "source": "provisioned"}
         await self.node_info.replace_one({"_id": event.node_id}, info, upsert=True)
         await self._open_node(event.node_id, at=event.provisioned_at, source="provisioned", info=info)
 

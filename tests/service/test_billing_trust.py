@@ -6,13 +6,16 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish
+from shared.events import NodeProvisioned, NodeRegistered
+from shared.noderecords import limits_from_entry
 from shared.rpc import UsageQuery
 from services.billing import placements as placements_module
 from services.billing.handlers import router
 from services.billing.placements import Placements
 from services.billing.service import Billing
-from tests.factories import T0, exited, placed, started, submitted
+from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import Clock, MemoryCollection
+from tests.service.test_billing_lifetimes import billing as lifetimes_billing  # noqa: F401 (a fixture)
 from tests.service.test_billing_lifetimes import deliver
 
 HOURS_2 = T0 + timedelta(hours=2)
@@ -132,3 +135,20 @@ async def test_an_end_reported_before_the_start_was_seen_is_not_charged_before_t
     await publish(broker, exited("j", node_id="n1", at=T0 + timedelta(hours=1)))
     [line] = service.ledger.docs.values()
     assert (line["started_at"], line["cost"]) == (T0, 1.0)
+
+
+async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lifetimes_billing):
+    """Row 5 in billing: a static node claiming 8 GPUs at $0, a stranger, and a rented node claiming to be local
+    and free: billing keeps the cluster file's figures, ignores the stranger and keeps what it rented."""
+    broker, service, _ = lifetimes_billing
+    service.static = {"ws": limits_from_entry({"id": "ws", "kind": "reserved", "price_per_hour": 1.5, "gpus": [
+        {"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 2}]})}
+    await publish(broker, NodeProvisioned(event_id="od:provisioned", node_id="od", instance_type="x2",
+                                          provider="fake", price_per_hour=4.0, gpu_count=2, provisioned_at=T0,
+                                          for_job_id="j1", project_id="p", user_name="ana"))
+    for node_id in ("ws", "stranger", "od"):
+        await publish(broker, NodeRegistered(event_id=f"{node_id}:boot", occurred_at=T0, boot_id="b", node=node(
+            node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, price=0.0)))
+    infos = {d["_id"]: (d["kind"], d["gpu_count"], d["price_per_hour"]) for d in service.node_info.docs.values()}
+    assert infos == {"ws": ("reserved", 2, 1.5), "od": ("on_demand", 2, 4.0)}
+    assert sorted(service.nodes_open.docs) == ["od", "ws"]
