@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import utcnow
 from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
+from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
 
@@ -402,6 +403,8 @@ class NodeProvisioned(Message):
     for_job_id: str | None = Field(None, description="The job it was provisioned for.")
     project_id: str | None = None
     user_name: str | None = None
+    limits: NodeLimits | None = Field(None, description="What the node may offer, from the instance type it was "
+                                      "rented as: its registration is capped to this.")
 
 
 class NodeReleased(Message):

@@ -27,6 +27,11 @@ REGISTER_PATIENCE_S = 120  # a provisioned node that has not registered this lon
 ADMIT_TIMEOUT_S = 3
 
 
+def rented_limits(node_id: str, instance: InstanceType) -> NodeLimits:
+    """A rented node's record: the cluster-file entry its agent is started with (`node_entry`)."""
+    return limits_from_entry(tomllib.loads(node_entry(node_id, instance))["nodes"][0])
+
+
 class FleetNode(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -125,7 +130,7 @@ class Fleet:
         node = self.nodes.get(node_id)
         if node is not None and node.provisioned:
             instance = next((i for i in self.catalogue if i.name == node.instance_type), None)
-            return limits_from_entry(tomllib.loads(node_entry(node_id, instance))["nodes"][0]) if instance else None
+            return rented_limits(node_id, instance) if instance else None
         return (self.static or {}).get(node_id)
 
     async def registered(self, claimed: NodeInfo) -> bool:
@@ -207,6 +212,7 @@ class Fleet:
             event = NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type=instance.name,
                                     provider=self.provider.name, price_per_hour=instance.price_per_hour,
                                     gpu_count=instance.gpus, provisioned_at=now, for_job_id=job_id,
+                                    limits=rented_limits(node_id, instance),
                                     project_id=project_id, user_name=user_name)
             await self._save(node, [event])
             asyncio.create_task(self._boot(node_id, instance))
