@@ -3,8 +3,8 @@ placed on. A task event that arrives before the placement it refers to waits her
 age) and is replayed when the placement comes, instead of being lost or charged on its own word."""
 import logging
 import time
-from datetime import UTC, datetime
 from collections.abc import Collection
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -132,16 +132,14 @@ class Placements:
     async def placed(self, event: JobPlaced) -> list[tuple[TaskStarted | TaskExited, datetime]]:
         """Record the placement; return the task events that were waiting for it, starts before ends, each with
         when it was seen."""
-        key = attempt_key(event.job_id, event.attempt)
-        doc = self.known.get(key) or await self.attempts.find_one({"_id": key})
-        if doc is None:
-            doc = placement_doc(event, await self.jobs.find_one({"_id": event.job_id}))
-            await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+        owner = await self.jobs.find_one({"_id": event.job_id})
+        doc = placement_doc(event, owner)
+        await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
         self.known.put(doc["_id"], doc)
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
-        return [(TASK_EVENT.validate_python(d["payload"]), datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC))
-                for d in waiting]
+        return [(TASK_EVENT.validate_python(d["payload"]),
+                 datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC)) for d in waiting]
 
     async def unpark(self, event: TaskStarted | TaskExited) -> None:
         await self.parked.delete_one({"_id": event.event_id})

@@ -40,11 +40,11 @@ class Billing:
     alerts: DocumentStore | None = None  # budget alerts raised, each with its notification until published
     placements: Placements | None = None  # what placement decided: the only attempts that are charged
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
-    # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
-    # and each budget check.
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
     # The static nodes' records (cluster file); None: registrations taken as said (in-memory tests only).
     static: dict[str, NodeLimits] | None = None
+    # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
+    # and each budget check.
     known_quotas: Lru[str, ProjectQuotas] = field(default_factory=lambda: Lru(REMEMBERED_PROJECTS), repr=False)
 
     # Attempts --------------------------------------------------------------------------------------------------
