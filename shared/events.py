@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.clock import utcnow
 from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
+from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
 
@@ -48,6 +49,10 @@ class Assignment(BaseModel):
     rank: RankNo
     node_id: Id
     gpu_indices: tuple[int, ...] = ()
+    # The node as placement's record had it when it placed the rank: what billing charges, never an agent's word.
+    node_kind: str = Field("", description="The node's kind in placement's record (empty: not said).")
+    price_per_hour: float | None = Field(None, ge=0, description="The node's price per hour in placement's record.")
+    node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node in placement's record (0: not said).")
 
 
 class TaskStatus(BaseModel):
@@ -398,6 +403,8 @@ class NodeProvisioned(Message):
     for_job_id: str | None = Field(None, description="The job it was provisioned for.")
     project_id: str | None = None
     user_name: str | None = None
+    limits: NodeLimits | None = Field(None, description="What the node may offer, from the instance type it was "
+                                      "rented as: its registration is capped to this.")
 
 
 class NodeReleased(Message):

@@ -42,10 +42,15 @@ def submitted(*, job_id: str | None = None, command: str = "true", node_count: i
                         name=job_id, algorithm=body.algorithm, spec=body.spec, create_time=created)
 
 
-def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true") -> JobPlaced:
-    return JobPlaced(event_id=f"{job_id}:placed:{attempt}", job_id=job_id, attempt=attempt,
-                     assignments=tuple(Assignment(rank=r, node_id=n) for r, n in enumerate(nodes)),
-                     launch=Launch(algorithm=algorithm(command), spec=Spec()))
+def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true",
+           price: float | None = 1.0, kind: str = "local", gpus: int = 1, node_gpus: int = 0) -> JobPlaced:
+    """A placement made at T0, each rank's node at `price` per hour with `node_gpus` GPUs (0: not said), `gpus`
+    per rank."""
+    return JobPlaced(event_id=f"{job_id}:placed:{attempt}", occurred_at=T0, job_id=job_id, attempt=attempt,
+                     assignments=tuple(Assignment(rank=r, node_id=n, node_kind=kind, price_per_hour=price,
+                                                  node_gpu_count=node_gpus) for r, n in enumerate(nodes)),
+                     launch=Launch(algorithm=algorithm(command),
+                                   spec=Spec.model_validate({"resource": {"gpu_count": gpus}})))
 
 
 def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:

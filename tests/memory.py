@@ -173,3 +173,17 @@ class MemoryCollection:
 
     async def create_index(self, *args, **kwargs) -> str:
         return "memory"
+
+
+class Clock:
+    """A settable now (aware datetimes), for services that take a `clock`: a test moves time on by hand."""
+
+    def __init__(self, now: Any) -> None:
+        self.now = now
+
+    def __call__(self) -> Any:
+        return self.now
+
+    def at(self, now: Any) -> "Clock":
+        self.now = now
+        return self

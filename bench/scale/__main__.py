@@ -28,7 +28,7 @@ COLUMNS = (("nodes", "nodes"), ("nodes_ready", "ready"), ("all_ready_s", "all re
 
 def one(args: argparse.Namespace, nodes: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="tm-scale-") as tmp:
-        stack = start_stack(Path(tmp), interval_s=args.interval, timeout_s=args.timeout,
+        stack = start_stack(Path(tmp), interval_s=args.interval, timeout_s=args.timeout, nodes=nodes,
                             count_commands=args.count_commands)
         try:
             return asyncio.run(measure(stack, nodes=nodes, seconds=args.seconds, jobs=args.jobs,

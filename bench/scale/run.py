@@ -14,7 +14,7 @@ from shared.store import COUNTS_DIR
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
 from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
 from bench.submit import command_counts, history_model_trained
-from bench.scale.sim import IDENTITY, SimFleet, permissions
+from bench.scale.sim import IDENTITY, SimFleet, cluster_records, permissions
 
 log = logging.getLogger(__name__)
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
@@ -27,10 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_stack(data: Path, *, interval_s: float, timeout_s: float, count_commands: bool = False) -> Stack:
-    """NATS, the database and the five services; no agent (the simulated fleet is the only one). `count_commands`:
-    each process counts its database commands (`shared.store.CommandCounts`)."""
-    (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n")
+def start_stack(data: Path, *, interval_s: float, timeout_s: float, nodes: int = 0,
+                count_commands: bool = False) -> Stack:
+    """NATS, the database and the five services; no agent (the simulated fleet of `nodes` is the only one, each a
+    record of the cluster file). `count_commands`: each process counts its database commands
+    (`shared.store.CommandCounts`)."""
+    (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n" + cluster_records(nodes))
     stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), api_port=free_port(),
                                 cluster_file=data / "cluster.toml", admin_token=TOKEN, mongo_url=None,
                                 log_level="WARNING", heartbeat_interval_s=interval_s, node_timeout_s=timeout_s))

@@ -72,7 +72,17 @@ class SimAgent:
 
 def sim_node(i: int, *, gpus: int) -> NodeInfo:
     return NodeInfo(node_id=f"sim-{i:05d}", kind="local", cpu_count=64, memory_gb=512, price_per_hour=1.0,
+                    labels={"pool": "default"},
                     gpus=tuple(Gpu(index=g, model="SIM-GPU", memory_gb=80, tflops=300) for g in range(gpus)))
+
+
+def cluster_records(nodes: int, *, gpus: int = 8) -> str:
+    """The simulated nodes as cluster-file records (`agent = false`: the stack starts no agent for them), so that
+    the services take their registrations as they do a real static node's."""
+    return "".join(f'[[nodes]]\nid = "sim-{i:05d}"\nagent = false\nkind = "local"\ncpu_count = 64\n'
+                   f'memory_gb = 512\nprice_per_hour = 1.0\n'
+                   f'gpus = [{{ model = "SIM-GPU", memory_gb = 80, tflops = 300, count = {gpus} }}]\n\n'
+                   for i in range(nodes))
 
 
 @dataclass

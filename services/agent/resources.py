@@ -31,6 +31,12 @@ def load_cluster(path: Path) -> dict[str, dict[str, Any]]:
     return nodes
 
 
+def agent_node_ids(path: Path) -> list[str]:
+    """The nodes of a cluster file that run an agent: all but entries with `agent = false` (a record only: what a
+    node the stack does not start, such as a simulated one, may register as)."""
+    return [node_id for node_id, entry in load_cluster(path).items() if entry.get("agent", True)]
+
+
 def load_engines(path: Path) -> dict[str, dict[str, Any]]:
     """The [[engines]] of a cluster file (name, packages, image), by name."""
     try:

@@ -1,10 +1,12 @@
 """Billing wiring: the append-only ledgers of attempts and node lifetimes, quotas, budget alerts."""
 import logging
+from pathlib import Path
 
 from faststream import FastStream
 from pydantic import Field
 
 from shared.bus import TRANSIENT_ERRORS
+from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
@@ -19,6 +21,8 @@ log = logging.getLogger(__name__)
 class BillingSettings(CommonSettings):
     budget_check_s: float = Field(5.0, gt=0, description="How often running attempts are checked against budgets.")
     reconcile_s: float = Field(15.0, gt=0, description="How often open attempts are checked against job statuses.")
+    cluster_file: Path = Field(Path("cluster.toml"), description="Its [[nodes]] are the static nodes' records: "
+                               "a registration is charged as its entry says, not as the agent claims.")
     reconcile_grace_s: float = Field(30.0, ge=0, description="How long a status must have said an attempt ended "
                                      "before billing, with no end report of its own, closes it at that end.")
 
@@ -33,7 +37,8 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
                           quotas=db.billing_quotas, alerts=DocumentStore(db.billing_alerts, w.broker),
                           placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
                                                 parked=db.billing_parked),
-                          reconcile_grace_s=settings.reconcile_grace_s)
+                          reconcile_grace_s=settings.reconcile_grace_s,
+                          static=limits_from_file(settings.cluster_file))
         await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
         await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
         await billing.ledger.create_index("ended_at")

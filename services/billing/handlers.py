@@ -6,7 +6,7 @@ from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transien
 from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, NodeEvent, NodeProvisioned, \
     NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, TaskStarted
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import keyed_durable
+from shared.keyed import keyed_durable, stored_at
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.service import Billing
 
@@ -37,7 +37,11 @@ JOBS = keyed_durable("tm.job.>", consumer="billing-jobs", event=JobEvent)
 @router.subscriber(**JOBS.subscription)
 @JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, billing: Billing = Context("billing")) -> None:
-    """Jobs, placements and task starts and ends, each job's in stream order."""
+    """Jobs, placements and task starts and ends, each job's in stream order; a task's start and end are timed by
+    when the bus server stored them, never by the times an agent's report states."""
+    if isinstance(event, TaskStarted | TaskExited):
+        await EVENT_HANDLERS[type(event)](billing, event, seen=stored_at(message))
+        return
     await dispatch(EVENT_HANDLERS, event, billing)
 
 

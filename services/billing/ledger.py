@@ -12,17 +12,19 @@ def share_per_hour(node_price: float, *, gpus: int, node_gpus: int) -> float:
     return node_price * (min(gpus, node_gpus) / node_gpus if gpus and node_gpus else 1.0)
 
 
-def open_entry(event: Any, *, node_gpus: int = 0) -> dict[str, Any]:
-    """An attempt that started and has not ended yet (from TaskStarted), priced at its share of its node: attempts
-    side by side on one node together pay the node's price, not each all of it."""
+def open_entry(*, key: dict[str, Any], terms: dict[str, Any], project_id: str | None, user_name: str | None,
+               started_at: datetime) -> dict[str, Any]:
+    """An attempt that started and has not ended yet, priced at its share of its node on the `terms` placement
+    recorded (the rank's node, its kind, GPUs and price: `placements.rank_terms`): attempts side by side on one
+    node together pay the node's price, not each all of it."""
+    price, gpus, node_gpus = terms["price_per_hour"], terms["gpu_count"], terms["node_gpu_count"]
     return {
-        "_id": f"{event.job_id}:{event.attempt}:{event.rank}",
-        "job_id": event.job_id, "attempt": event.attempt, "rank": event.rank,
-        "project_id": event.project_id, "user_name": event.user_name,
-        "node_id": event.node_id, "node_kind": event.node_kind,
-        "gpu_count": event.gpu_count, "node_gpu_count": node_gpus, "node_price_per_hour": event.price_per_hour,
-        "price_per_hour": share_per_hour(event.price_per_hour, gpus=event.gpu_count, node_gpus=node_gpus),
-        "started_at": event.started_at,
+        "_id": f"{key['job_id']}:{key['attempt']}:{key['rank']}", **key,
+        "project_id": project_id, "user_name": user_name,
+        "node_id": terms["node_id"], "node_kind": terms["node_kind"],
+        "gpu_count": gpus, "node_gpu_count": node_gpus, "node_price_per_hour": price,
+        "price_per_hour": share_per_hour(price, gpus=gpus, node_gpus=node_gpus),
+        "started_at": started_at,
     }
 
 

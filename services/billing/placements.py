@@ -4,6 +4,7 @@ age) and is replayed when the placement comes, instead of being lost or charged 
 import logging
 import time
 from collections.abc import Collection
+from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -29,10 +30,38 @@ def attempt_key(job_id: str, attempt: int) -> str:
 
 
 def placement_doc(event: JobPlaced, owner: dict[str, Any] | None) -> dict[str, Any]:
-    """What billing keeps of a placement: each rank's node, and whose job it is (from its submission)."""
+    """What billing keeps of a placement: each rank's node with its kind, GPUs and price as placement recorded
+    them, when placement made it (Unix seconds; no attempt is charged from before), and whose job it is (from its
+    submission)."""
+    gpus = event.launch.spec.resource.gpu_count
     return {"_id": attempt_key(event.job_id, event.attempt), "job_id": event.job_id, "attempt": event.attempt,
             "nodes": {str(a.rank): a.node_id for a in event.assignments},
+            "terms": {str(a.rank): {"node_id": a.node_id, "node_kind": a.node_kind, "price_per_hour": a.price_per_hour,
+                                    "node_gpu_count": a.node_gpu_count, "gpu_count": len(a.gpu_indices) or gpus}
+                      for a in event.assignments},
+            "placed_t": event.occurred_at.timestamp(),
             "project_id": (owner or {}).get("project_id"), "user_name": (owner or {}).get("user_name")}
+
+
+def rank_terms(placement: dict[str, Any], rank: int, node: dict[str, Any] | None) -> dict[str, Any]:
+    """The node, kind, GPUs and price a rank is charged at: placement's record of it; what billing recorded of the
+    node (`node`: provisioning or registration, capped to the fleet's records) where the placement did not say
+    (one made before placements carried them). Never what the node's agent reports of itself."""
+    terms = dict((placement.get("terms") or {}).get(str(rank)) or {})
+    node = node or {}
+    node_id = terms.get("node_id") or placement["nodes"][str(rank)]
+    return {"node_id": node_id,
+            "node_kind": terms.get("node_kind") or node.get("kind", ""),
+            "price_per_hour": terms["price_per_hour"] if terms.get("price_per_hour") is not None
+            else float(node.get("price_per_hour", 0.0)),
+            "node_gpu_count": terms.get("node_gpu_count") or node.get("gpu_count", 0),
+            "gpu_count": terms.get("gpu_count", 0)}
+
+
+def charged_from(placement: dict[str, Any], *, seen: datetime) -> datetime:
+    """When a task began, for billing: when its first report was seen, never before placement made the attempt."""
+    placed = placement.get("placed_t")
+    return max(seen, datetime.fromtimestamp(placed, UTC)) if placed is not None else seen
 
 
 def verdict(placement: dict[str, Any] | None, event: TaskStarted | TaskExited) -> Verdict:
@@ -100,20 +129,22 @@ class Placements:
         except DuplicateKeyError:
             pass
 
-    async def placed(self, event: JobPlaced) -> list[TaskStarted | TaskExited]:
-        """Record the placement; return the task events that were waiting for it, starts before ends."""
+    async def placed(self, event: JobPlaced) -> list[tuple[TaskStarted | TaskExited, datetime]]:
+        """Record the placement; return the task events that were waiting for it, starts before ends, each with
+        when it was seen."""
         owner = await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
         await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
         self.known.put(doc["_id"], doc)
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
-        return [TASK_EVENT.validate_python(d["payload"]) for d in waiting]
+        return [(TASK_EVENT.validate_python(d["payload"]),
+                 datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC)) for d in waiting]
 
     async def unpark(self, event: TaskStarted | TaskExited) -> None:
         await self.parked.delete_one({"_id": event.event_id})
 
-    async def check(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
+    async def check(self, event: TaskStarted | TaskExited, *, seen: datetime) -> dict[str, Any] | None:
         """The placement that vouches for the event, or None (the event is parked or dropped, and logged)."""
         key = attempt_key(event.job_id, event.attempt)
         placement = self.known.get(key) or await self.attempts.find_one({"_id": key})
@@ -127,10 +158,10 @@ class Placements:
                             event.job_id, event.attempt, event.rank, event.node_id,
                             placement["nodes"].get(str(event.rank), "no such rank"))
             case "park":
-                await self._park(event)
+                await self._park(event, seen=seen)
         return None
 
-    async def _park(self, event: TaskStarted | TaskExited) -> None:
+    async def _park(self, event: TaskStarted | TaskExited, *, seen: datetime) -> None:
         now = time.time()
         expired = await self.parked.delete_many({"parked_at": {"$lt": now - PARK_TTL_S}})
         if expired.deleted_count:
@@ -143,7 +174,8 @@ class Placements:
         try:
             await self.parked.insert_one({"_id": event.event_id, "attempt_key": attempt_key(event.job_id,
                                           event.attempt), "order": 0 if isinstance(event, TaskStarted) else 1,
-                                          "parked_at": now, "payload": event.model_dump(mode="json")})
+                                          "parked_at": now, "seen_t": seen.timestamp(),
+                                          "payload": event.model_dump(mode="json")})
         except DuplicateKeyError:
             return
         log.info("%s of job %s attempt %d waits for its placement", event.type, event.job_id, event.attempt)

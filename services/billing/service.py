@@ -1,5 +1,6 @@
 """Billing's service layer: attempts and node lifetimes recorded exactly once, usage reports, quotas, alerts."""
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -14,11 +15,12 @@ from shared.events import (JobPlaced, JobStatusChanged, JobSubmitted, NodeProvis
 from shared.rpc import (AdmitQuery, AdmitReply, ProjectQuotas, QuotasReply, QuotasRequest, UsageQuery, UsageReport,
                         UsageTotals)
 from shared.lru import Lru
+from shared.noderecords import NodeLimits, admitted
 from shared.store import DocumentStore
 from services.billing import quota as policy
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime, epoch_bounds, lifetime_id, \
     open_entry, open_lifetime
-from services.billing.placements import Placements, missed_end
+from services.billing.placements import Placements, charged_from, missed_end, rank_terms
 from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_group, idle_parts, on_demand, owned, \
     rows, window_filters
 
@@ -38,6 +40,9 @@ class Billing:
     alerts: DocumentStore | None = None  # budget alerts raised, each with its notification until published
     placements: Placements | None = None  # what placement decided: the only attempts that are charged
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
+    clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
+    # The static nodes' records (cluster file); None: registrations taken as said (in-memory tests only).
+    static: dict[str, NodeLimits] | None = None
     # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
     # and each budget check.
     known_quotas: Lru[str, ProjectQuotas] = field(default_factory=lambda: Lru(REMEMBERED_PROJECTS), repr=False)
@@ -52,20 +57,22 @@ class Billing:
         """Learn where each rank of the attempt runs; charge what its nodes reported before this arrived."""
         if self.placements is None:
             return
-        for waiting in await self.placements.placed(event):
-            await (self.started(waiting) if isinstance(waiting, TaskStarted) else self.exited(waiting))
+        for waiting, at in await self.placements.placed(event):
+            await (self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else
+                   self.exited(waiting, seen=at))
             await self.placements.unpark(waiting)
 
-    async def started(self, event: TaskStarted) -> None:
-        placement = await self._vouched(event)
+    async def started(self, event: TaskStarted, *, seen: datetime | None = None) -> None:
+        """Open the attempt's line when its start is seen (`seen`: when the platform recorded the report, else
+        now); the times, price, GPU counts and owner the agent reports are not read."""
+        seen = self._seen(seen)
+        placement = await self._vouched(event, seen=seen)
         if placement is None:
             return
-        # Whose attempt it is comes from the submission when billing saw it, not from the reporting agent; how many
-        # GPUs the node has from what billing recorded of it (its registration, or placement renting it).
         info = await self.node_info.find_one({"_id": event.node_id}) if self.node_info is not None else None
-        node_gpus = (info or {}).get("gpu_count") or event.node_gpu_count
-        entry = {**open_entry(event, node_gpus=node_gpus),
-                 **{k: placement[k] for k in ("project_id", "user_name") if placement.get(k)}}
+        entry = open_entry(key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
+                           terms=rank_terms(placement, event.rank, info), project_id=placement.get("project_id"),
+                           user_name=placement.get("user_name"), started_at=charged_from(placement, seen=seen))
         if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
             return
         try:
@@ -73,11 +80,17 @@ class Billing:
         except DuplicateKeyError:
             pass
 
-    async def exited(self, event: TaskExited) -> None:
-        if await self._vouched(event) is None:
+    async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
+        """Close the attempt's line when its end is seen; the end time the agent reports is not read."""
+        seen = self._seen(seen)
+        if await self._vouched(event, seen=seen) is None:
             return
-        await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=event.ended_at,
-                          reason=event.reason)
+        await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=seen, reason=event.reason)
+
+    def _seen(self, seen: datetime | None) -> datetime:
+        """When the platform recorded an event (the bus server's time), never later than billing's own now."""
+        now = self.clock()
+        return min(seen, now) if seen is not None else now
 
     async def job_status(self, event: JobStatusChanged) -> None:
         if self.placements is not None:
@@ -89,7 +102,7 @@ class Billing:
         end report that comes later finds nothing open."""
         if self.placements is None:
             return 0
-        now = now or utcnow()
+        now = now or self.clock()
         closed = 0
         running = [d async for d in self.open.find({})]
         ids = sorted({d["job_id"] for d in running})
@@ -104,12 +117,12 @@ class Billing:
             log.warning("%d open attempts closed by reconciliation: their end reports were lost", closed)
         return closed
 
-    async def _vouched(self, event: TaskStarted | TaskExited) -> dict[str, Any] | None:
+    async def _vouched(self, event: TaskStarted | TaskExited, *, seen: datetime) -> dict[str, Any] | None:
         """The placement behind a task event, or None: then nothing is charged on the event's word."""
         if self.placements is None:
             log.warning("%s of job %s not charged: no placements to check it against", event.type, event.job_id)
             return None
-        return await self.placements.check(event)
+        return await self.placements.check(event, seen=seen)
 
     async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
         opened = await self.open.find_one({"_id": key})
@@ -134,9 +147,20 @@ class Billing:
         await self._close_node(event.node_id, ended_at=event.last_seen, reason="node_lost")
 
     async def registered(self, event: NodeRegistered) -> None:
-        node = event.node
+        """A node's kind, GPUs and price as its record has them: a rented node's are what placement rented it as
+        (its provisioning, kept), a static node's its cluster-file entry's (the claims capped to it); a node with
+        neither is not charged for or counted."""
         if self.node_info is None:
             return
+        node = event.node
+        known = await self.node_info.find_one({"_id": node.node_id})
+        if known is not None and known.get("source") == "provisioned":
+            await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=known)
+            return
+        if self.static is not None:
+            node, _ = admitted(node, self.static.get(node.node_id))
+            if node is None:
+                return
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
         # One write that keeps what else is known of the node (whose rented node it is); numbers and names only.
         info = await self.node_info.find_one_and_update({"_id": node.node_id}, {"$set": info}, upsert=True,
@@ -148,7 +172,7 @@ class Billing:
             return
         info = {"kind": "on_demand", "gpu_count": event.gpu_count, "price_per_hour": event.price_per_hour,
                 "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id,
-                "_id": event.node_id}
+                "_id": event.node_id, "source": "provisioned"}
         await self.node_info.replace_one({"_id": event.node_id}, info, upsert=True)
         await self._open_node(event.node_id, at=event.provisioned_at, source="provisioned", info=info)
 
@@ -203,7 +227,7 @@ class Billing:
 
     async def usage(self, query: UsageQuery) -> UsageReport:
         """Attempts and node lifetimes inside [start, end), running ones charged up to now."""
-        now = utcnow()
+        now = self.clock()
         scope: dict[str, Any] = {"project_id": query.project_id} if query.project_id else {}
         if query.user_name:
             scope["user_name"] = query.user_name

@@ -1,18 +1,21 @@
 """Monitor wiring: owns the job status projection and node liveness."""
 
 import logging
+from pathlib import Path
 
 from faststream import FastStream
 from pydantic import Field
 
 from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
+from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import JOBS, heartbeat_intake, router
 from services.monitor.hangs import restart_overdue
+from services.monitor.records import NodeRecords
 from services.monitor.service import Monitor
 
 SERVICE = "monitor"
@@ -28,6 +31,8 @@ class MonitorSettings(CommonSettings):
     heartbeats_per_s: float = Field(2500.0, ge=0, description="Heartbeats a second the control plane takes: a "
                                     "larger fleet is told to heartbeat less often (the node timeout grows with the "
                                     "interval); 0 keeps the configured interval whatever the fleet's size.")
+    cluster_file: Path = Field(Path("cluster.toml"), description="Its [[nodes]] are the static nodes' records: "
+                               "a registration is capped to its entry.")
     hang_grace_s: float = Field(300.0, ge=0, description="How long a job suspected hung (Running[Hanging]) may "
                                 "show signs of life again before it is snapshotted and restarted.")
 
@@ -42,7 +47,9 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
                           nodes=DocumentStore(w.db.monitor_nodes, w.broker), node_timeout_s=settings.node_timeout_s,
                           started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s),
                           heartbeat_interval_s=settings.heartbeat_interval_s,
-                          heartbeats_per_s=settings.heartbeats_per_s)
+                          heartbeats_per_s=settings.heartbeats_per_s,
+                          records=NodeRecords(static=limits_from_file(settings.cluster_file),
+                                              rented=w.db.monitor_rented))
         log.info("%d nodes known", await monitor.load_fleet())
         # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
         # tells the liveness check whether it has read all that arrived.

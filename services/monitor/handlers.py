@@ -20,6 +20,7 @@ from shared.events import (
     NodeEvent,
     NodeHeartbeat,
     NodeRegistered,
+    NodeProvisioned,
     NodeReleased,
     NodeTasksLost,
     TaskExited,
@@ -84,6 +85,12 @@ async def tasks_lost(monitor: Monitor, event: NodeTasksLost) -> None:
     await monitor.lose_tasks(event, at=utcnow())
 
 
+async def provisioned(monitor: Monitor, event: NodeProvisioned) -> None:
+    """Placement rented a node: keep its record, which its registration is capped to."""
+    if monitor.records is not None:
+        await monitor.records.provisioned(event)
+
+
 async def released(monitor: Monitor, event: NodeReleased) -> None:
     """Placement gave a node back."""
     await monitor.released(event.node_id)
@@ -117,6 +124,7 @@ EVENT_HANDLERS: HandlerTable[Monitor] = {
     NodeTasksLost: tasks_lost,
     NodeRegistered: Monitor.registered,
     NodeHeartbeat: Monitor.heartbeat,
+    NodeProvisioned: provisioned,
     NodeReleased: released,
 }
 

@@ -3,7 +3,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events import NodeStateChanged, TaskRef
 from shared.nodes import NodeInfo
@@ -19,6 +19,8 @@ class NodeRecord(BaseModel):
     state: Literal["ready", "lost", "released"] = "ready"
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
+    claims_refused: dict[str, str] = Field(default_factory=dict, description="What the node's last registration "
+                                           "claimed beyond its record (shared/noderecords.py), for the admin.")
 
 
 class Sighting(BaseModel):
@@ -40,6 +42,7 @@ def sighted(
     info: NodeInfo | None = None,
     running: tuple[TaskRef, ...] | None = None,
     gpu_utilization: float | None = None,
+    claims_refused: dict[str, str] | None = None,
 ) -> Sighting:
     """A node spoke: refresh it, note an agent restart (new boot id), bring a lost node back."""
     if node is not None and node.state == "released":
@@ -49,6 +52,8 @@ def sighted(
     update = {"boot_id": boot_id, "last_seen": at, "state": "ready"}
     if info is not None:
         update["info"] = info
+    if claims_refused is not None:
+        update["claims_refused"] = claims_refused
     if running is not None:
         update["running"] = running
         update["gpu_utilization"] = gpu_utilization

@@ -18,6 +18,7 @@ from services.monitor import nodes as liveness
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.nodes import NodeRecord, Sighting, record_of
+from services.monitor.records import NodeRecords
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ class Monitor:
     node_timeout_s: float
     started_at: datetime
     link: BusLink | None = None
+    records: NodeRecords | None = None  # what each node may be; None: registrations as said (in-memory tests)
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
     settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`flush`)
@@ -117,9 +119,13 @@ class Monitor:
         return len(self.fleet.records)
 
     async def registered(self, event: NodeRegistered) -> None:
-        """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now."""
+        """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now. What
+        it claims is capped to the node's record; a node without one is stored without what it offers (placement
+        gives it no work) and with the refusal, for the admin to see."""
         node_id = event.node.node_id
-        await self.sighted(node_id, boot_id=event.boot_id, at=event.occurred_at, info=event.node, running=())
+        info, refused = (event.node, {}) if self.records is None else await self.records.admit(event.node)
+        await self.sighted(node_id, boot_id=event.boot_id, at=event.occurred_at, info=info, running=(),
+                           claims_refused=refused)
         if (utcnow() - event.occurred_at).total_seconds() < self.timeout():
             self.fleet.hear(node_id)
 

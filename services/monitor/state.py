@@ -222,31 +222,39 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
     if not current or job.phase not in ATTEMPT_ACTIVE:
         fence = [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)]
-        noted = _note_start(job, event.attempt, event.started_at)
+        noted = _note_start(job, event.attempt, now)
         if noted != job and job.phase.is_finished():  # no later status would carry it to the API: one more does
             noted = noted.model_copy(update={"version": job.version + 1})
             return noted, fence + [snapshot(noted, now=now, previous=job.phase)]
         return noted, fence
     if task.state != "assigned":
         return job, []
-    job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": event.started_at}))
+    # When the monitor heard of the start, not when the agent says it was: a node's clock is only its claim.
+    job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": now}))
     if job.phase == Phase.TERMINATING:
         return job, [stop(job.job_id, job.attempt, event.node_id, rank=event.rank, reason="terminated",
                           grace_s=job.grace_s, now=now)]
     if job.phase == Phase.PENDING and all(t.started_at for t in job.tasks.values()):
-        attempts = tuple(a.model_copy(update={"started_at": event.started_at}) if a.attempt == job.attempt else a
+        attempts = tuple(a.model_copy(update={"started_at": now}) if a.attempt == job.attempt else a
                          for a in job.attempts)
-        job = job.model_copy(update={"start_time": job.start_time or event.started_at, "attempts": attempts})
+        job = job.model_copy(update={"start_time": job.start_time or now, "attempts": attempts})
         return switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason="all tasks started", now=now)
     return job, []
 
 
 def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
+    """A task of the current attempt ended, as its placed node says (`from_placed_node`), timed when the monitor
+    heard it. Only a task that started can complete, and only with exit code 0: a "completed" exit of a task
+    never started, or one with another code, is that task failing (the node contradicts itself)."""
     task = job.tasks.get(str(event.rank))
     if event.attempt != job.attempt or task is None or task.node_id != event.node_id or task.state == "exited":
         return job, []
+    if event.reason == "completed" and (task.state != "running" or event.exit_code != 0):
+        detail = "without having started" if task.state != "running" else f"with exit code {event.exit_code}"
+        event = event.model_copy(update={"reason": "failed", "message": f"worker-{event.rank} reported completing "
+                                         f"{detail}; taken as a failure"})
     job = _with_task(job, event.rank, task.model_copy(update={
-        "state": "exited", "ended_at": event.ended_at, "exit_code": event.exit_code,
+        "state": "exited", "ended_at": now, "exit_code": event.exit_code,
         "reason": event.reason, "message": event.message,
     }))
     all_exited = all(t.state == "exited" for t in job.tasks.values())
@@ -258,7 +266,8 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     if job.phase not in ATTEMPT_ACTIVE:
         return job, []
     if event.reason == "completed":
-        if all_exited and all(t.reason == "completed" for t in job.tasks.values()):
+        if all_exited and all(t.reason == "completed" and t.exit_code == 0 and t.started_at
+                              for t in job.tasks.values()):
             return switch(_end_attempt(job, "completed", now), Phase.COMPLETED, SecondaryPhase.COMPLETED,
                           reason="all tasks exited 0", now=now)
         return job, []

@@ -6,6 +6,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 from pydantic import Field
 
+from shared.noderecords import limits_of
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
@@ -47,7 +48,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         entries = catalogue_entries(cluster, base=settings.cluster_file.parent, default_provider=settings.provider)
         providers = make_provider(settings, w.broker, entries=entries, sections=cluster.get("providers", {}))
         fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker), provider=providers,
-                      catalogue=catalogue_from(entries))
+                      catalogue=catalogue_from(entries), static=limits_of(cluster))
         bind(providers, fleet)
         tradeoff = tradeoff_from(cluster)
         config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,

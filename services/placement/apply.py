@@ -5,6 +5,7 @@ import zlib
 
 from shared.clock import utcnow
 from shared.events import Assignment, JobMigrateRequested, JobPlaced, Launch
+from shared.nodes import NodeInfo
 from services.placement.fleet import Fleet
 from services.placement.inputs import PolicyInputs
 from services.placement.policy import Decision, Provision, PullBack, Release, Start, Wait
@@ -23,7 +24,7 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
                 item = queue.items.get(job_id)
                 if item is None or item.state != "queued":
                     continue
-                assignments = tuple(Assignment(rank=r, node_id=n, gpu_indices=inputs.gpu_ids(n, g))
+                assignments = tuple(assignment(r, fleet.nodes[n].info, inputs.gpu_ids(n, g))
                                     for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True)))
                 for node_id in node_ids:
                     await fleet.claimed(node_id)
@@ -43,6 +44,13 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
         if node.release_when_idle and node.node_id in fleet.idle_since:
             await fleet.release(node.node_id, reason="pulled back")
     return started, waiting
+
+
+def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assignment:
+    """A rank on a node, with the node's kind, price and size as placement's record has them (billing charges
+    these, not what the node's agent says of itself)."""
+    return Assignment(rank=rank, node_id=info.node_id, gpu_indices=gpu_indices, node_kind=info.kind,
+                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus))
 
 
 async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet) -> None:

@@ -2,6 +2,7 @@
 import asyncio
 import logging
 import time
+import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,16 +14,22 @@ from pydantic import BaseModel, ConfigDict
 from shared.bus import RPC_ADMIT
 from shared.clock import utcnow
 from shared.events import NodeProvisioned, NodeReleased
+from shared.noderecords import NodeLimits, admitted, limits_from_entry
 from shared.nodes import NodeInfo
 from shared.rpc import AdmitQuery, AdmitReply
 from shared.store import DocumentStore
 from services.placement.adapter import Usage, policy_node, reference_tflops
 from services.placement.policy import InstanceType, Node
-from services.placement.providers import Provider
+from services.placement.providers import Provider, node_entry
 
 log = logging.getLogger(__name__)
 REGISTER_PATIENCE_S = 120  # a provisioned node that has not registered this long after boot is given back
 ADMIT_TIMEOUT_S = 3
+
+
+def rented_limits(node_id: str, instance: InstanceType) -> NodeLimits:
+    """A rented node's record: the cluster-file entry its agent is started with (`node_entry`)."""
+    return limits_from_entry(tomllib.loads(node_entry(node_id, instance))["nodes"][0])
 
 
 class FleetNode(BaseModel):
@@ -37,6 +44,7 @@ class FleetNode(BaseModel):
     handle: int | None = None
     reserved_for: str | None = None
     release_when_idle: bool = False
+    claims_refused: dict[str, str] = {}  # what its last registration claimed beyond its record (noderecords)
 
 
 @dataclass
@@ -48,6 +56,9 @@ class Fleet:
     idle_since: dict[str, float] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
     held: set[str] = field(default_factory=set)  # rented nodes not yet released
+    # The static nodes' records (the cluster file's [[nodes]]); None: registrations are taken as said (in-memory
+    # tests only: the service always has them).
+    static: dict[str, NodeLimits] | None = None
     # Each node's policy view, kept with what it was built from: a pass or a dry run over 10,000 nodes rebuilds
     # only the nodes whose record, capacity given out or idle clock changed (records are replaced, never mutated).
     _views: dict[str, tuple[FleetNode, tuple, Node]] = field(default_factory=dict, repr=False)
@@ -113,13 +124,32 @@ class Fleet:
     def all_infos(self) -> list[NodeInfo]:
         return [n.info for n in self.nodes.values() if n.info and n.state != "released"]
 
-    async def seen(self, node_id: str, *, info: NodeInfo | None, state: Literal["ready", "lost"]) -> bool:
+    def limits(self, node_id: str) -> NodeLimits | None:
+        """What the node may offer: a rented node's record is the entry its agent was started with (its instance
+        type), a static node's the cluster file's; None when there is neither."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.provisioned:
+            instance = next((i for i in self.catalogue if i.name == node.instance_type), None)
+            return rented_limits(node_id, instance) if instance else None
+        return (self.static or {}).get(node_id)
+
+    async def registered(self, claimed: NodeInfo) -> bool:
+        """A node's registration, capped to its record (refused without one); returns whether anything changed."""
+        if self.static is None:
+            return await self.seen(claimed.node_id, info=claimed, state="ready")
+        info, refused = admitted(claimed, self.limits(claimed.node_id))
+        if info is None:
+            return False
+        return await self.seen(claimed.node_id, info=info, state="ready", refused=refused)
+
+    async def seen(self, node_id: str, *, info: NodeInfo | None, state: Literal["ready", "lost"],
+                   refused: dict[str, str] | None = None) -> bool:
         """A registration or a liveness verdict; returns whether anything changed."""
         current = self.nodes.get(node_id)
         if current and current.state == "released":
             return False
-        node = (current or FleetNode(node_id=node_id)).model_copy(update={"state": state,
-                                                                          **({"info": info} if info else {})})
+        update = {"state": state, **({"info": info, "claims_refused": refused or {}} if info else {})}
+        node = (current or FleetNode(node_id=node_id)).model_copy(update=update)
         if node == current or node.info is None:
             return False
         await self._save(node, [])
@@ -182,6 +212,7 @@ class Fleet:
             event = NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type=instance.name,
                                     provider=self.provider.name, price_per_hour=instance.price_per_hour,
                                     gpu_count=instance.gpus, provisioned_at=now, for_job_id=job_id,
+                                    limits=rented_limits(node_id, instance),
                                     project_id=project_id, user_name=user_name)
             await self._save(node, [event])
             asyncio.create_task(self._boot(node_id, instance))

@@ -26,8 +26,8 @@ async def deleted(placement: Placement, event: JobDeleted) -> None:
 
 
 async def node_registered(placement: Placement, event: NodeRegistered) -> None:
-    """A node joined (or its agent restarted)."""
-    await placement.node_seen(event.node, event.node.node_id, "ready")
+    """A node joined (or its agent restarted): what it claims, capped to its record."""
+    await placement.node_registered(event.node)
 
 
 async def node_state(placement: Placement, event: NodeStateChanged) -> None:

@@ -161,6 +161,11 @@ class Placement:
             return
         await self.store.forget(job_id)
 
+    async def node_registered(self, claimed: NodeInfo) -> None:
+        """A registration, capped to the node's record; a pass is due as for any verdict."""
+        if await self.fleet.registered(claimed) and (self.queued or self.fleet.rented()):
+            self.dirty.set()
+
     async def node_seen(self, info: NodeInfo | None, node_id: str, state: Literal["ready", "lost"]) -> None:
         """A verdict on a node; a pass is due only if a job waits or a rented node could be pulled back from."""
         if await self.fleet.seen(node_id, info=info, state=state) and (self.queued or self.fleet.rented()):

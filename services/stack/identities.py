@@ -115,7 +115,7 @@ async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Pa
 def main() -> None:
     """For an operator running NATS and the processes apart (docker compose): write the server's auth block and
     every identity's `.creds` (`write`), then, once the server is up, its streams and agent consumers (`prepare`)."""
-    from services.agent.resources import load_cluster
+    from services.agent.resources import agent_node_ids
 
     parser = argparse.ArgumentParser(prog="python -m services.stack.identities", description=main.__doc__)
     parser.add_argument("action", choices=("write", "prepare"))
@@ -125,7 +125,7 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1, choices=range(1, 6), help="copies of each stream")
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
     args = parser.parse_args()
-    identities, node_ids = Identities(args.dir), list(load_cluster(args.cluster_file))
+    identities, node_ids = Identities(args.dir), agent_node_ids(args.cluster_file)
     if args.action == "prepare":
         asyncio.run(prepare_bus(args.nats_url, creds=identities.root / "creds" / "admin" / "nats.creds",
                                 node_ids=node_ids, replicas=args.replicas))

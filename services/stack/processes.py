@@ -16,7 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.children import dies_with_parent
 from shared.store import embedded_socket, embedded_url
-from services.agent.resources import load_cluster
+from services.agent.resources import agent_node_ids
 from services.stack.identities import Identities, prepare_bus
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
@@ -291,7 +291,7 @@ class Stack:
                                 ca_file=self.settings.nats_ca_file, replicas=self.stream_replicas))
 
     def node_ids(self) -> list[str]:
-        return list(load_cluster(self.settings.cluster_file))
+        return agent_node_ids(self.settings.cluster_file)
 
     def start_all(self) -> None:
         self.start_nats()

@@ -22,7 +22,7 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
                 ) -> dict:
     """One page of the nodes by node id (`total` counts them all; `next_offset` is null on the last page), from
     the monitor's memory; a task of a project the caller is not in shows only in `other_tasks` (the admin sees
-    all)."""
+    all, and `claims_refused`: what the node's registration claimed beyond its record)."""
     answer = await ask(request, RPC_NODES, {"offset": offset, "limit": limit})
     if isinstance(answer, list):  # a monitor from before paging answers every node
         answer = {"total": len(answer), "items": answer[offset:offset + limit]}
@@ -36,7 +36,8 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
                    if principal.is_admin or owners.get(t["job_id"]) in principal.projects]
         items.append({**info, "node_id": record["node_id"], "state": state, "last_seen": record["last_seen"],
                       "running": visible, "other_tasks": len(running) - len(visible),
-                      "boot_id": record.get("boot_id", "")})
+                      "boot_id": record.get("boot_id", ""),
+                      **({"claims_refused": record.get("claims_refused") or {}} if principal.is_admin else {})})
     following = offset + len(items)
     return {"count": len(items), "total": total, "offset": offset, "limit": limit,
             "next_offset": following if following < total else None, "items": items}

@@ -6,7 +6,7 @@ from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import RPC_ADMIT, publish, stream_of
 from shared.events import JobStatusChanged, NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, \
-    Notification, TaskStarted
+    Notification, TaskExited, TaskStarted
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
 from shared.store import DocumentStore
@@ -15,7 +15,7 @@ from services.billing.ledger import reconcile
 from services.billing.placements import Placements
 from services.billing.service import Billing
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import MemoryCollection
+from tests.memory import Clock, MemoryCollection
 
 
 @pytest.fixture
@@ -34,9 +34,18 @@ async def billing():
                              ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas")},
                           alerts=DocumentStore(MemoryCollection("alerts"), test_broker),
                           placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")))
+                                                parked=MemoryCollection("parked")), clock=Clock(T0))
         test_broker.context.set_global("billing", service)
         yield test_broker, service, sent
+
+
+async def deliver(broker, service: Billing, *events) -> None:
+    """Publish events; a task's start or end as an honest agent's report, which billing sees when it says it
+    happened (billing's clock is moved there first: it charges by when it sees a report, not by what it says)."""
+    for event in events:
+        if isinstance(event, TaskStarted | TaskExited):
+            service.clock.at(event.started_at if isinstance(event, TaskStarted) else event.ended_at)
+        await publish(broker, event)
 
 
 def provisioned(node_id: str, *, at=T0, price=3.6, user="ana") -> NodeProvisioned:
@@ -72,9 +81,10 @@ async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once
 async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifetime(billing):
     broker, service, _ = billing
     await publish(broker, provisioned("od-1", user="ana"))
-    await publish(broker, placed("j1", nodes=("od-1",)))
-    await publish(broker, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
-    await publish(broker, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
+    await publish(broker, submitted(job_id="j1").model_copy(update={"user_name": "bob"}))
+    await publish(broker, placed("j1", nodes=("od-1",), kind="on_demand", price=3.6))
+    await deliver(broker, service, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
+    await deliver(broker, service, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
     await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
     report = await service.usage(UsageQuery(project_id="p"))
     by_user = {r.key: r for r in report.by_user}
@@ -98,8 +108,8 @@ async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billin
     ws = node(node_id="ws", kind="local", gpus=2, price=0.5)
     await publish(broker, NodeRegistered(event_id="ws:boot", occurred_at=T0, node=ws, boot_id="b"))
     await publish(broker, placed("j", nodes=("ws",)))
-    await publish(broker, started("j", node_id="ws", at=T0))
-    await publish(broker, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
+    await deliver(broker, service, started("j", node_id="ws", at=T0))
+    await deliver(broker, service, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
     await publish(broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost",
                                            last_seen=T0 + timedelta(hours=4)))
     report = await service.usage(UsageQuery(project_id="p"))
@@ -128,7 +138,7 @@ async def test_max_gpus_counts_the_queued_jobs_of_the_project_and_of_the_user(bi
     await publish(broker, submitted(job_id="queued", gpu_count=2))  # alice's, not started
     await publish(broker, submitted(job_id="running", gpu_count=1))
     await publish(broker, placed("running"))
-    await publish(broker, started("running"))  # one GPU in use: counted once, as running
+    await deliver(broker, service, started("running"))  # one GPU in use: counted once, as running
     ask = AdmitQuery(project_id="p", user_name="bob", purpose="submit", gpus=1)
     assert (await service.admit(ask)).allowed  # 1 running + 2 queued + 1 = 4
     refused = await service.admit(ask.model_copy(update={"gpus": 2}))
@@ -146,13 +156,16 @@ async def test_each_budget_alert_is_published_once(billing):
     broker, service, sent = billing
     from shared.clock import utcnow
     now = utcnow()
+    service.clock.at(now - timedelta(hours=1))
     await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j"))
-    await publish(broker, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
+    await deliver(broker, service, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
+    service.clock.at(now)
     for _ in range(3):
         await service.check_all_budgets()
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80"]
-    await publish(broker, exited("j", at=now + timedelta(minutes=10)))
+    await deliver(broker, service, exited("j", at=now + timedelta(minutes=10)))
     await service.check_all_budgets()
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80", "100"]
     assert all(m.kind == "budget" and m.project_id == "p" for m in sent)

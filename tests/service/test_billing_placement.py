@@ -16,7 +16,8 @@ from services.placement.handlers import router as placement_router
 from services.placement.fleet import Fleet
 from services.placement.service import Placement
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import MemoryCollection
+from tests.memory import Clock, MemoryCollection
+from tests.service.test_billing_lifetimes import deliver
 from tests.service.test_monitor import recorder
 
 
@@ -27,24 +28,25 @@ async def billing():
     async with TestNatsBroker(broker) as test_broker:
         service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
                           placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")))
+                                                parked=MemoryCollection("parked")), clock=Clock(T0))
         test_broker.context.set_global("billing", service)
         yield test_broker, service
 
 
 async def test_an_attempt_seen_twice_is_charged_once(billing):
     broker, service = billing
-    for event in [placed("j"), started("j", at=T0), started("j", at=T0), exited("j", at=T0 + timedelta(hours=2)),
-                  exited("j", at=T0 + timedelta(hours=2)), started("j", at=T0)]:
-        await publish(broker, event)
+    await publish(broker, submitted(job_id="j"))
+    await deliver(broker, service, placed("j"), started("j", at=T0), started("j", at=T0),
+                  exited("j", at=T0 + timedelta(hours=2)), exited("j", at=T0 + timedelta(hours=2)),
+                  started("j", at=T0))
     report = await service.usage(UsageQuery(project_id="p"))
     assert (report.total.attempts, report.total.cost, report.open_attempts) == (1, 2.0, 0)
 
 
 async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
     broker, service = billing
-    await publish(broker, placed("j", nodes=("n1",)))
-    await publish(broker, started("j", node_id="n1", at=T0))
+    await publish(broker, submitted(job_id="j"))
+    await deliver(broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0))
     await publish(broker, NodeStateChanged(event_id="n1:lost", node_id="n1", state="lost",
                                            last_seen=T0 + timedelta(minutes=30)))
     report = await service.usage(UsageQuery(project_id="p"))

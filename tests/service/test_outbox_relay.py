@@ -15,7 +15,7 @@ from shared.store import OUTBOX_COUNT, DocumentStore, relay
 from services.estimator.service import Estimator
 from tests.factories import placed, started, submitted
 from tests.memory import MemoryCollection
-from tests.service.test_billing_lifetimes import billing  # noqa: F401 (the fixture)
+from tests.service.test_billing_lifetimes import billing, deliver  # noqa: F401 (the fixture)
 
 
 class Down:
@@ -34,9 +34,12 @@ async def relay_once(broker, collection) -> None:
 
 async def test_a_budget_alert_raised_while_the_bus_is_away_is_published_by_the_relay_once(billing):  # noqa: F811
     broker, service, sent = billing
+    now = utcnow()
     await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j"))
-    await publish(broker, started("j", at=utcnow() - timedelta(minutes=54)))  # $0.90 so far at $1/h
+    await deliver(broker, service, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
+    service.clock.at(now)
     service.alerts.broker = Down()
     with pytest.raises(ConnectionError):
         await service.check_all_budgets()

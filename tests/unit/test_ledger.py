@@ -1,11 +1,14 @@
 from datetime import timedelta
 
 from services.billing.ledger import clip, close_entry, open_entry, totals
-from tests.factories import T0, started
+from tests.factories import T0
+
+TERMS = {"node_id": "n1", "node_kind": "local", "price_per_hour": 1.0, "node_gpu_count": 0, "gpu_count": 1}
 
 
-def entry(seconds=3600, **kw):
-    opened = open_entry(started("j", **kw))
+def entry(seconds=3600):
+    opened = open_entry(key={"job_id": "j", "attempt": 1, "rank": 0}, terms=TERMS, project_id="p",
+                        user_name="alice", started_at=T0)
     return close_entry(opened, ended_at=opened["started_at"] + timedelta(seconds=seconds), reason="completed")
 
 

@@ -1,0 +1,115 @@
+"""What a node may be: its record (the cluster file's entry of a static node, or the entry placement wrote when it
+rented one) against what its agent claims when it registers. The record wins: a registration that claims more
+GPUs, more GPU memory or TFLOPS, more CPUs or memory, another kind, price or labels is capped to the record, and
+what was refused is kept so the operator sees it. Pure functions, shared by placement, the monitor and billing."""
+import logging
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.nodes import Gpu, NodeInfo, NodeKind
+
+log = logging.getLogger(__name__)
+
+
+class NodeLimits(BaseModel):
+    """The most a node may offer, and at what kind and price: from a cluster-file `[[nodes]]` entry."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    kind: NodeKind = "local"
+    price_per_hour: float = Field(0.0, ge=0)
+    gpus: int = Field(0, ge=0, description="GPUs at most: the entry's listed count, else its `max_gpus`, else 0.")
+    gpu_models: tuple[str, ...] = Field((), description="The models the entry lists (none: any).")
+    gpu_memory_gb: float | None = Field(None, description="Per GPU at most (None: the entry lists no figures).")
+    tflops: float | None = None
+    cpu_count: float | None = None
+    memory_gb: float | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+def limits_from_entry(entry: dict[str, Any]) -> NodeLimits:
+    """A `[[nodes]]` entry as a record. An entry that lists no GPUs may name `max_gpus` for a machine whose GPUs
+    the agent reads through NVML (any model and size, that many at most); without either, no GPUs."""
+    groups = entry.get("gpus") or []
+    listed = sum(int(g.get("count", 1)) for g in groups)
+    labels = {**entry.get("labels", {}), "pool": entry.get("pool", entry.get("labels", {}).get("pool", "default"))}
+    return NodeLimits(
+        node_id=entry["id"], kind=entry.get("kind", "local"), price_per_hour=entry.get("price_per_hour", 0.0),
+        gpus=listed if groups else int(entry.get("max_gpus", 0)),
+        gpu_models=tuple(g["model"] for g in groups),
+        gpu_memory_gb=max((g["memory_gb"] for g in groups), default=None),
+        tflops=max((g.get("tflops", 0) for g in groups), default=None),
+        cpu_count=entry.get("cpu_count"), memory_gb=entry.get("memory_gb"),
+        labels={str(k): str(v) for k, v in labels.items()},
+    )
+
+
+def limits_of(cluster: dict[str, Any]) -> dict[str, NodeLimits]:
+    """The records of a parsed cluster file's `[[nodes]]`, by id."""
+    return {e["id"]: limits_from_entry(e) for e in cluster.get("nodes", []) if e.get("id")}
+
+
+def limits_from_file(path: Path) -> dict[str, NodeLimits]:
+    """The static nodes' records of a cluster file, by id (none when it is missing or unreadable: logged)."""
+    try:
+        return limits_of(tomllib.loads(path.read_text()))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        log.error("no node records: %s: %r", path, exc)
+        return {}
+
+
+def capped(claimed: NodeInfo, record: NodeLimits) -> tuple[NodeInfo, dict[str, str]]:
+    """The node as its record allows it, and each claim refused (field -> what was claimed, what stands)."""
+    refused: dict[str, str] = {}
+
+    def refuse(name: str, said: Any, kept: Any) -> Any:
+        refused[name] = f"claimed {said}, record {kept}"
+        return kept
+
+    update: dict[str, Any] = {}
+    if claimed.kind != record.kind:
+        update["kind"] = refuse("kind", claimed.kind, record.kind)
+    if claimed.price_per_hour != record.price_per_hour:
+        update["price_per_hour"] = refuse("price_per_hour", claimed.price_per_hour, record.price_per_hour)
+    for name in ("cpu_count", "memory_gb"):
+        limit = getattr(record, name)
+        if limit is not None and getattr(claimed, name) > limit:
+            update[name] = refuse(name, getattr(claimed, name), limit)
+    if claimed.labels != record.labels:
+        update["labels"] = refuse("labels", claimed.labels, record.labels)
+    gpus = _gpus(claimed.gpus, record, refuse)
+    if gpus != claimed.gpus:
+        update["gpus"] = gpus
+    return (claimed.model_copy(update=update) if update else claimed), refused
+
+
+def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gpu, ...]:
+    if len(claimed) > record.gpus:
+        refuse("gpus", len(claimed), record.gpus)
+    kept = []
+    for gpu in claimed[:record.gpus]:
+        update: dict[str, Any] = {}
+        if record.gpu_models and gpu.model not in record.gpu_models:
+            update["model"] = refuse(f"gpus[{gpu.index}].model", gpu.model, record.gpu_models[0])
+        if record.gpu_memory_gb is not None and gpu.memory_gb > record.gpu_memory_gb:
+            update["memory_gb"] = refuse(f"gpus[{gpu.index}].memory_gb", gpu.memory_gb, record.gpu_memory_gb)
+        if record.tflops is not None and gpu.tflops > record.tflops:
+            update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, record.tflops)
+        kept.append(gpu.model_copy(update=update) if update else gpu)
+    return tuple(kept)
+
+
+def admitted(claimed: NodeInfo, record: NodeLimits | None) -> tuple[NodeInfo | None, dict[str, str]]:
+    """A registration against its record: capped (and what was refused, logged), or None without a record."""
+    if record is None:
+        log.warning("registration of %s refused: no record of that node (cluster file or rented)", claimed.node_id)
+        return None, {"node": "no record of this node"}
+    node, refused = capped(claimed, record)
+    if refused:
+        log.warning("registration of %s capped to its record: %s", claimed.node_id,
+                    "; ".join(f"{k}: {v}" for k, v in refused.items()))
+    return node, refused
