@@ -78,16 +78,26 @@ def leads(role: str) -> tuple[str, ...]:
     return key, f"$JS.API.DIRECT.GET.{bus.LEASES.name}.{key}"
 
 
+def asked_by(role: str) -> tuple[str, ...]:
+    """The services that may ask this role something (a subject it answers, its health is among their requests)."""
+    asked = (*ANSWERS[role], bus.RPC_HEALTH.format(service=role))
+    return tuple(r for r in SERVICES if any(bus.subjects_overlap(p, a) for p in PUBLISHES[r] for a in asked))
+
+
 def service(role: str) -> Permissions:
-    """A service's permissions."""
+    """A service's permissions. It answers into the inboxes of the services that may ask it, and nowhere else: no
+    response permission, which would let a requester aim its answer at any subject (`tm.job.status`)."""
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
-    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role)),
+    answers = tuple(f"{inbox(r)}.>" for r in asked_by(role))
+    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role), *answers),
                        subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
-                       inbox=inbox(role))
+                       inbox=inbox(role), responses=False)
 
 
 def agent(node_id: str) -> Permissions:
-    """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it)."""
+    """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it).
+    It answers its health probe by response permission (once, to the reply subject the submitter gave), not by a
+    right to publish into the submitter's inbox, where the submitter's own stream deliveries arrive."""
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
