@@ -78,10 +78,15 @@ def leads(role: str) -> tuple[str, ...]:
     return key, f"$JS.API.DIRECT.GET.{bus.LEASES.name}.{key}"
 
 
+OPERATOR = "admin"  # the operator's own tools (a bench's probe of the monitor's health) ask from `_INBOX_admin`
+
+
 def asked_by(role: str) -> tuple[str, ...]:
-    """The services that may ask this role something (a subject it answers, its health is among their requests)."""
+    """Who may ask this role something: the services one of whose requests it answers (its health included), and
+    the operator."""
     asked = (*ANSWERS[role], bus.RPC_HEALTH.format(service=role))
-    return tuple(r for r in SERVICES if any(bus.subjects_overlap(p, a) for p in PUBLISHES[r] for a in asked))
+    services = tuple(r for r in SERVICES if any(bus.subjects_overlap(p, a) for p in PUBLISHES[r] for a in asked))
+    return (*services, OPERATOR)
 
 
 def service(role: str) -> Permissions:
@@ -112,7 +117,7 @@ def agent(node_id: str) -> Permissions:
 
 def admin() -> Permissions:
     """The operator's own identity (the stack's set-up, tests): everything."""
-    return Permissions(publish=(">",), subscribe=(">",), inbox="_INBOX")
+    return Permissions(publish=(">",), subscribe=(">",), inbox=inbox(OPERATOR))
 
 
 def account_updater(account: str) -> Permissions:

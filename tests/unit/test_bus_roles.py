@@ -83,8 +83,8 @@ def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():
         inboxes = [s for s in claims["pub"]["allow"] if s.startswith("_INBOX")]
         assert inboxes == [f"{busroles.inbox(r)}.>" for r in busroles.asked_by(role)]
         assert "_INBOX_submitter.>" in inboxes and not any("agent" in s for s in inboxes)
-    assert busroles.asked_by("billing") == busroles.asked_by("estimator") == ("submitter", "placement")
-    assert busroles.asked_by("monitor") == ("submitter",)
+    assert busroles.asked_by("billing") == busroles.asked_by("estimator") == ("submitter", "placement", "admin")
+    assert busroles.asked_by("monitor") == ("submitter", "admin")  # the operator's tools too, from _INBOX_admin
     assert "resp" in busroles.agent("n1").claims()  # once, to the reply subject of its health probe only
 
 
