@@ -21,6 +21,7 @@ from pymongo.errors import PyMongoError
 
 from shared.buscreds import dedup_key
 from shared.events import Message
+from shared.replies import ReplyGuard
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,8 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
     """A broker that reconnects forever: a restarted NATS server is waited for, not fatal.
 
     creds: this process's own `.creds` file (the server refuses anonymous clients); replies come back under its
-    own inbox prefix `_INBOX_<name>`, the only one its credentials may subscribe to. ca_file: the CA that signed
-    the server's certificate, for a `tls://` URL.
+    own inbox prefix `_INBOX_<name>`, the only one its credentials may subscribe to; it answers only into such
+    inboxes (`replies.ReplyGuard`). ca_file: the CA that signed the server's certificate, for a `tls://` URL.
     """
     options: dict[str, Any] = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
     tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
@@ -119,7 +120,7 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
     # log_level: FastStream's two lines per message ("Received", "Processed") at DEBUG, below the INFO its access
     # logger is set to; a service logs its state changes itself.
     broker = NatsBroker(servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
-                        inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, **options)
+                        inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, middlewares=(ReplyGuard,), **options)
     if creds:
         _DEDUP_KEYS[broker] = dedup_key(creds)
     return broker
@@ -231,6 +232,7 @@ def durable(
         "pull_sub": PullSub(batch_size=keyed if keyed > 1 else 1 if ordered else batch, timeout=0.5),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
         "decoder": check_subject,
+        "no_reply": True,  # an event is never answered, whatever `reply_to` header its publisher put on it
         "config": ConsumerConfig(
             ack_wait=ACK_WAIT_S,
             max_ack_pending=in_flight,

@@ -66,7 +66,9 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     inbox: str = "_INBOX"
-    responses: bool = True  # may answer requests it received (reply subjects), nothing else in the inbox space
+    # may answer requests it received (once, to the reply subject each gave, whatever it is): only agents, whose
+    # single requester is the submitter; services answer into the inboxes of those that may ask them (busroles)
+    responses: bool = True
 
     def claims(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pub": {"allow": list(self.publish)},

@@ -78,16 +78,31 @@ def leads(role: str) -> tuple[str, ...]:
     return key, f"$JS.API.DIRECT.GET.{bus.LEASES.name}.{key}"
 
 
+OPERATOR = "admin"  # the operator's own tools (a bench's probe of the monitor's health) ask from `_INBOX_admin`
+
+
+def asked_by(role: str) -> tuple[str, ...]:
+    """Who may ask this role something: the services one of whose requests it answers (its health included), and
+    the operator."""
+    asked = (*ANSWERS[role], bus.RPC_HEALTH.format(service=role))
+    services = tuple(r for r in SERVICES if any(bus.subjects_overlap(p, a) for p in PUBLISHES[r] for a in asked))
+    return (*services, OPERATOR)
+
+
 def service(role: str) -> Permissions:
-    """A service's permissions."""
+    """A service's permissions. It answers into the inboxes of the services that may ask it, and nowhere else: no
+    response permission, which would let a requester aim its answer at any subject (`tm.job.status`)."""
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
-    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role)),
+    answers = tuple(f"{inbox(r)}.>" for r in asked_by(role))
+    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role), *answers),
                        subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
-                       inbox=inbox(role))
+                       inbox=inbox(role), responses=False)
 
 
 def agent(node_id: str) -> Permissions:
-    """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it)."""
+    """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it).
+    It answers its health probe by response permission (once, to the reply subject the submitter gave), not by a
+    right to publish into the submitter's inbox, where the submitter's own stream deliveries arrive."""
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
@@ -102,7 +117,7 @@ def agent(node_id: str) -> Permissions:
 
 def admin() -> Permissions:
     """The operator's own identity (the stack's set-up, tests): everything."""
-    return Permissions(publish=(">",), subscribe=(">",), inbox="_INBOX")
+    return Permissions(publish=(">",), subscribe=(">",), inbox=inbox(OPERATOR))
 
 
 def account_updater(account: str) -> Permissions:

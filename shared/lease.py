@@ -11,6 +11,10 @@ its last successful renewal (the server wrote it later, and forgets it `LEASE_TT
 when a renewal finds the key rewritten by another, the lease is lost and the process must stop acting at once
 (`shared.service` exits it; a supervisor starts it again, as a replica that waits). What this cannot fence: a
 process frozen (stopped, swapped out) between checking its lease and a write for longer than the margin.
+
+Anyone who may ask the JetStream API something (an agent reading its commands) can name the key's subject as the
+reply subject, and the server writes its answer there: a value that is no lease. The leader writes over it (no
+acquirer can have taken a key that held a value all along); a replica waiting to lead waits until it is forgotten.
 """
 import asyncio
 import json
@@ -93,26 +97,62 @@ class Lease:
             except APIError as exc:
                 if exc.err_code != WRONG_LAST_SEQUENCE:
                     log.warning("lease %s: renewal refused: %r", self.role, exc)
-                elif (revision := await self._own_last_write()) is not None:  # a renewal's lost acknowledgement
-                    self.revision = revision
-                else:
-                    raise LeaseLost(f"{self.role}: the lease of epoch {self.epoch} was taken by another") from exc
+                    continue
+                try:
+                    self.revision = await self._after_conflict(timeout_s=left)
+                except APIError as again:  # rewritten again meanwhile: looked at next round, while still valid
+                    log.warning("lease %s: renewal over a stray message refused: %r", self.role, again)
+                    continue
+                except (NatsError, TimeoutError) as again:
+                    log.warning("lease %s: renewal over a stray message not answered: %r", self.role, again)
+                    continue
+                self.valid_until = sent + self.ttl_s - self.margin_s
             except (NatsError, TimeoutError) as exc:
                 log.warning("lease %s: renewal not answered: %r", self.role, exc)
             else:
                 self.valid_until = sent + self.ttl_s - self.margin_s
 
+    async def _after_conflict(self, *, timeout_s: float) -> int:
+        """The key was written since our last renewal. By us (a lost acknowledgement): its revision. By something
+        that is no lease at all (a JetStream API answer someone aimed at this subject as its reply subject): written
+        over, for no acquirer can have taken a key that holds a value. By another holder: LeaseLost."""
+        last = await self._last()
+        if last is None:
+            raise LeaseLost(f"{self.role}: the lease of epoch {self.epoch} cannot be read back")
+        seq, value = last
+        left = min(timeout_s, self.valid_until - self.clock())
+        if value is None and left > 0:  # the stray outlives our last value: nobody took the key meanwhile
+            log.warning("lease %s: a stray message (not a lease) replaced ours; written over", self.role)
+            return await self._write(last=seq, timeout_s=left)
+        if value is None:
+            raise LeaseLost(f"{self.role}: not renewed within {self.ttl_s - self.margin_s:g} s")
+        if value.get("holder") == self.holder and value.get("epoch") == (self.epoch or None):
+            return seq
+        raise LeaseLost(f"{self.role}: the lease of epoch {self.epoch} was taken by another")
+
+    async def _last(self) -> tuple[int, dict | None] | None:
+        """The key's last revision and its lease (None: a value that is no lease); None when it cannot be read."""
+        try:
+            last = await self.js.get_last_msg(LEASES.name, self.subject, direct=True)
+        except (NatsError, TimeoutError):
+            return None
+        try:
+            value = json.loads(last.data)
+        except ValueError:
+            return last.seq, None
+        is_lease = isinstance(value, dict) and set(value) == {"holder", "epoch"} and isinstance(value["holder"], str)
+        return last.seq, value if is_lease else None
+
     async def _own_last_write(self) -> int | None:
         """The key's revision if its last value is this replica's own (with this epoch): a write of ours that the
         server took though its acknowledgement never came back. None when another wrote it (or it cannot be read)."""
-        try:
-            last = await self.js.get_last_msg(LEASES.name, self.subject, direct=True)
-            value = json.loads(last.data)
-        except (NatsError, TimeoutError, ValueError):
+        last = await self._last()
+        if last is None or last[1] is None:
             return None
+        seq, value = last
         if value.get("holder") != self.holder or value.get("epoch") != (self.epoch or None):
             return None
-        return last.seq
+        return seq
 
     async def _write(self, *, last: int, timeout_s: float) -> int:
         payload = json.dumps({"holder": self.holder, "epoch": self.epoch or None}).encode()

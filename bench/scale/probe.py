@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nats
 
+from shared import busroles
 from shared.bus import NODES, JOBS, RPC_HEALTH, servers
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -68,7 +69,9 @@ class Watch:
     monitor_details: dict = field(default_factory=dict)
 
     async def open(self) -> None:
-        self.nc = await nats.connect(servers(self.nats_url), user_credentials=str(self.creds))
+        # the operator's own inbox: services answer only into inboxes of those that may ask them
+        self.nc = await nats.connect(servers(self.nats_url), user_credentials=str(self.creds),
+                                     inbox_prefix=busroles.inbox(busroles.OPERATOR))
         self.js = self.nc.jetstream()
 
         async def on_state(msg) -> None:

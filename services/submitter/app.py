@@ -13,7 +13,7 @@ from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
 from services.submitter import dialects, portal
 from services.submitter import audit, routes_users
-from services.submitter.auth import Tokens, check_admin_token
+from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
 from services.submitter.handlers import router as bus_router
 from services.submitter.intake import Intake
 from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
@@ -34,9 +34,11 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     webhook_allow_hosts: str = Field("", description="Comma-separated hosts, IPs or networks (10.0.0.0/8) webhooks "
                                      "may reach although they are not public.")
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413.")
-    rate_per_s: float = Field(20, gt=0, description="Requests a second per token (token bucket); the admin's are not "
-                              "limited.")
-    rate_burst: float = Field(100, ge=1, description="Requests a token may make at once.")
+    rate_per_s: float = Field(20, gt=0, description="Requests a second per user, all his tokens together (token "
+                              "bucket); the admin's are not limited.")
+    rate_burst: float = Field(100, ge=1, description="Requests a user may make at once.")
+    max_tokens_per_user: int = Field(MAX_TOKENS_PER_USER, ge=1, description="Live (unexpired, unrevoked) tokens a "
+                                     "user may hold; the admin's are not counted.")
     max_queued_per_project: int = Field(1000, ge=1, description="Jobs accepted but not yet running, per project.")
     max_queued_per_user: int = Field(500, ge=1, description="Jobs accepted but not yet running, per user.")
     log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
@@ -52,7 +54,8 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None
     """The API's stores (indexes made), the first admin token and the API's loops; in app.state for the routes."""
     db = w.db
     repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes)
-    tokens, audit_log = Tokens(db.api_users, db.api_tokens), audit.AuditLog(db.api_audit)
+    tokens = Tokens(db.api_users, db.api_tokens, max_per_user=settings.max_tokens_per_user)
+    audit_log = audit.AuditLog(db.api_audit)
     searches = SearchStore(db.api_searches)
     await repo.create_indexes()
     log.info("%d jobs accepted and not yet running", await repo.rebuild_views())

@@ -1,4 +1,5 @@
 """Bearer tokens: each belongs to a user and the projects it may use; stored hashed; the admin acts everywhere."""
+import asyncio
 import hashlib
 import logging
 import os
@@ -14,6 +15,7 @@ from fastapi import Request
 from pymongo.asynchronous.collection import AsyncCollection
 
 from services.submitter.errors import NO_PERMISSION, PARAM_INVALID, UNAUTHENTICATED, ApiError
+from services.submitter.limits import tokens_full
 from shared.clock import as_utc, utcnow
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ MIN_ADMIN_TOKEN = 32  # the generated ones have 43 random characters; a configur
 TOUCH_EVERY_S = 60.0  # "last used" to the minute: one write per token a minute, not one per request
 PROJECT_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a subject token and a path segment (storage prefixes)
 BOOTSTRAP = ("configured", "generated")  # tokens the submitter made at start, not a person through the API
+MAX_TOKENS_PER_USER = 20  # live tokens a user may hold: each is another secret that can leak and another key to audit
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,10 @@ def write_secret(path: Path, value: str) -> None:
 
 class Tokens:
     def __init__(self, users: AsyncCollection, tokens: AsyncCollection, *,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.users, self.tokens, self.clock = users, tokens, clock
+                 clock: Callable[[], float] = time.time, max_per_user: int = MAX_TOKENS_PER_USER) -> None:
+        self.users, self.tokens, self.clock, self.max_per_user = users, tokens, clock, max_per_user
         self.revoked_at_start: list[str] = []  # admin token ids a changed admin token replaced (for the audit log)
+        self._issuing = asyncio.Lock()  # the count of a user's live tokens and the insert are one step (one submitter)
 
     async def prepare(self) -> None:
         """A public id for tokens stored before tokens had one, then the indexes."""
@@ -113,14 +117,27 @@ class Tokens:
         await self.tokens.create_index("token_id", unique=True)
         await self.tokens.create_index("user_name")
 
-    async def issue(self, user_name: str, *, expires_in: int | None = None, source: str = "api") -> tuple[str, dict]:
-        """A new token for the user (the secret, returned once) and what may be shown of it."""
-        token, now = new_token(), self.clock()
-        doc = {"_id": digest(token), "token_id": new_token_id(), "user_name": user_name, "created_at": utcnow(),
-               "created_s": now, "expires_s": now + expires_in if expires_in else None, "last_used_s": None,
-               "source": source}
-        await self.tokens.insert_one(doc)
+    async def issue(self, user_name: str, *, expires_in: int | None = None, source: str = "api",
+                    capped: bool = True) -> tuple[str, dict]:
+        """A new token for the user (the secret, returned once) and what may be shown of it; 409 (406035) when
+        `capped` and the user already holds `max_per_user` live tokens."""
+        async with self._issuing:
+            token, now = new_token(), self.clock()
+            if capped:
+                refusal = tokens_full(user_name=user_name, live=await self.live_count(user_name, now=now),
+                                      cap=self.max_per_user)
+                if refusal is not None:
+                    raise refusal
+            doc = {"_id": digest(token), "token_id": new_token_id(), "user_name": user_name, "created_at": utcnow(),
+                   "created_s": now, "expires_s": now + expires_in if expires_in else None, "last_used_s": None,
+                   "source": source}
+            await self.tokens.insert_one(doc)
         return token, public(doc)
+
+    async def live_count(self, user_name: str, *, now: float) -> int:
+        """The user's tokens that still work (a revoked one is deleted; an expired one is kept until revoked)."""
+        return await self.tokens.count_documents({"user_name": user_name, "$or": [
+            {"expires_s": None}, {"expires_s": {"$gt": now}}]})
 
     async def principal(self, token: str) -> Principal | None:
         """Who holds the token; None when it is unknown or its user is gone; 401 when it has expired."""
@@ -175,7 +192,7 @@ class Tokens:
             return None
         if keep:
             return None
-        token, _ = await self.issue(ADMIN, source="generated")
+        token, _ = await self.issue(ADMIN, source="generated", capped=False)
         write_secret(data_dir / "admin-token", token + "\n")
         return token
 
@@ -192,7 +209,7 @@ async def authenticate(request: Request) -> Principal:
     principal = await request.app.state.tokens.principal(token.strip())
     if principal is None:
         raise ApiError(401, UNAUTHENTICATED, "token is not valid")
-    if not principal.is_admin:  # requests per token (limits.py); tenants are limited, the operator is not
-        request.app.state.rate.charge(digest(token.strip()), time.monotonic())
+    if not principal.is_admin:  # requests per user, whatever his tokens (limits.py); the operator is not limited
+        request.app.state.rate.charge(principal.user_name, time.monotonic())
     request.state.principal = principal
     return principal

@@ -1,4 +1,5 @@
-"""Limits at the API's edge: body size, requests per token (a token bucket), queued jobs per project and user."""
+"""Limits at the API's edge: body size, requests per user (a token bucket), live tokens per user, queued jobs per
+project and user."""
 import asyncio
 import math
 from dataclasses import dataclass, field
@@ -107,7 +108,8 @@ class TokenBucket:
 
 @dataclass
 class RateLimiter:
-    """One token bucket per key (a bearer token's digest); idle full buckets are forgotten past `max_keys`."""
+    """One token bucket per key (a user: all his bearer tokens share it, so a second token does not double his
+    rate); idle full buckets are forgotten past `max_keys`."""
 
     rate: float
     burst: float
@@ -128,13 +130,22 @@ class RateLimiter:
             del self.buckets[key]
 
     def charge(self, key: str, now: float) -> None:
-        """Raise 429 (406042) with Retry-After when the key has no request left."""
+        """Raise 429 (406042) with Retry-After when the key (a user) has no request left."""
         wait = self.take(key, now)
         if wait > 0:
             retry = max(1, math.ceil(wait))
-            raise ApiError(429, errors.TOO_MANY_REQUESTS, f"too many requests for this token: at most {self.rate:g}"
-                           f" a second (bursts of {self.burst:g}); retry after {retry} s",
+            raise ApiError(429, errors.TOO_MANY_REQUESTS, f"too many requests from user {key}: at most {self.rate:g}"
+                           f" a second, all his tokens together (bursts of {self.burst:g}); retry after {retry} s",
                            headers={"Retry-After": str(retry)})
+
+
+def tokens_full(*, user_name: str, live: int, cap: int) -> ApiError | None:
+    """The refusal of one more token when the user already holds `cap` live (unexpired, unrevoked) ones, else None."""
+    if live < cap:
+        return None
+    return ApiError(409, errors.LIMIT_REACHED, f"param[user_name] invalid: the live token quantity of user "
+                    f"{user_name} has reached the upper limit ({live} of {cap} unexpired tokens); revoke one "
+                    f"(DELETE /v2/users/{user_name}/tokens/{{token_id}}) or wait until one expires")
 
 
 def queue_full(*, scope: str, name: str, queued: int, cap: int) -> ApiError | None:

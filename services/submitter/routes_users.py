@@ -89,13 +89,15 @@ async def list_users(request: Request, principal: Principal = Depends(authentica
 
 
 @router.post("/v2/users/{user_name}/tokens", status_code=201, response_model=IssuedToken,
-             summary="Issue another token (the admin, or the user himself)")
+             summary="Issue another token (the admin, or the user himself); at most TRAINMASTER_MAX_TOKENS_PER_USER "
+                     "live ones")
 async def issue_token(user_name: UserName, request: Request, body: TokenCreate | None = None,
                       principal: Principal = Depends(authenticate)):
     principal.require_self_or_admin(user_name)
     user = await existing_user(request, user_name)
     expires_in = body.expires_in if body else None
-    return issued(user, *await request.app.state.tokens.issue(user_name, expires_in=expires_in))
+    return issued(user, *await request.app.state.tokens.issue(user_name, expires_in=expires_in,
+                                                              capped=not user.get("admin")))
 
 
 @router.get("/v2/users/{user_name}/tokens", response_model=TokenList,

@@ -8,7 +8,7 @@ import nats
 import pytest
 from nats.errors import Error as NatsError
 
-from shared import busroles
+from shared import bus, busroles
 from shared.bus import connect, create_agent_consumer, durable, make_broker, publish
 from shared.events import StartTask, TaskExited
 from services.placement.providers import NodeCredentials
@@ -294,3 +294,92 @@ async def test_an_agent_cannot_drop_another_nodes_event_by_sending_its_message_i
     await receiver.stop()
     await attacker.nc.close()
     assert f"n2:{genuine.job_id}" in seen
+
+
+class Watcher:
+    """The operator listening on platform subjects: whatever anyone publishes there, it sees."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, bytes]] = []
+
+    async def open(self, server: Stack, *subjects: str) -> "Watcher":
+        self.nc = await nats.connect(server.nats_url, user_credentials=str(server.admin_creds()))
+
+        async def record(msg) -> None:
+            self.seen.append((msg.subject, msg.data))
+
+        for subject in subjects:
+            await self.nc.subscribe(subject, cb=record)
+        await self.nc.flush()
+        return self
+
+
+PLATFORM = ("tm.job.status", "tm.node.cmd.n2.stop")
+
+
+async def test_an_agent_cannot_have_a_service_answer_its_event_onto_a_platform_subject(server):
+    """FastStream answers a stream message's `reply_to` header: the monitor would publish there with its rights."""
+    watcher = await Watcher().open(server, *PLATFORM)
+    handled: list[str] = []
+    monitor = make_broker(server.nats_url, name="monitor", creds=server.identities.creds("monitor"))
+
+    @monitor.subscriber(**durable("tm.job.>", consumer="monitor-jobs", ordered=False, deliver_new=True))
+    async def on_job_event(event: dict) -> None:
+        handled.append(event["job_id"])
+
+    await connect(monitor)
+    await monitor.start()
+    agent = await as_agent(server, "n1")
+    events = [exited(unique("j"), node_id="n1") for _ in PLATFORM]
+    for event, reply in zip(events, PLATFORM):
+        await agent.nc.jetstream().publish(event.subject, event.model_dump_json().encode(),
+                                           headers={"reply_to": reply})
+    for _ in range(50):
+        if len(handled) == len(events):
+            break
+        await asyncio.sleep(0.1)
+    await watcher.nc.flush()
+    await asyncio.sleep(0.3)
+    await monitor.stop()
+    await agent.nc.close()
+    await watcher.nc.close()
+    assert sorted(handled) == sorted(e.job_id for e in events)  # the events are handled, never answered
+    assert watcher.seen == []
+
+
+async def test_a_request_aimed_at_a_platform_subject_is_neither_answered_nor_permitted(server):
+    watcher = await Watcher().open(server, *PLATFORM)
+    asked: list[dict] = []
+    billing = make_broker(server.nats_url, name="billing", creds=server.identities.creds("billing"))
+
+    @billing.subscriber(bus.RPC_QUOTAS)
+    async def quotas(query: dict) -> dict:
+        asked.append(query)
+        return {"project_id": "p"}
+
+    await connect(billing)
+    await billing.start()
+    submitter = await Client().open(server, server.identities.creds("submitter"), inbox=busroles.inbox("submitter"))
+    for reply in PLATFORM:  # the service's code refuses the request
+        await submitter.nc.publish(bus.RPC_QUOTAS, b'{"project_id": "p"}', reply=reply)
+    answer = await submitter.nc.request(bus.RPC_QUOTAS, b'{"project_id": "p"}', timeout=5)  # an honest one
+    assert answer.data == b'{"project_id":"p"}' and asked == [{"project_id": "p"}]
+    await billing.stop()
+
+    raw = await Client().open(server, server.identities.creds("billing"), inbox=busroles.inbox("billing"))
+
+    async def answer_anywhere(msg) -> None:  # a service that answers whatever it is given: the server refuses
+        await raw.nc.publish(msg.reply, b"{}")
+
+    await raw.nc.subscribe(bus.RPC_QUOTAS, cb=answer_anywhere)
+    await raw.nc.flush()
+    for reply in PLATFORM:
+        await submitter.nc.publish(bus.RPC_QUOTAS, b"{}", reply=reply)
+    assert (await submitter.nc.request(bus.RPC_QUOTAS, b"{}", timeout=5)).data == b"{}"  # its inbox: allowed
+    errors = await raw.settle()
+    await watcher.nc.flush()
+    for client in (raw, submitter):
+        await client.nc.close()
+    await watcher.nc.close()
+    assert watcher.seen == []
+    assert all(any(f'publish to "{s}"' in e for e in errors) for s in PLATFORM), errors

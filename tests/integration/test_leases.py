@@ -93,3 +93,23 @@ async def test_a_write_whose_acknowledgement_was_lost_does_not_cost_the_lease(se
         assert await other._own_last_write() is None
     finally:
         await nc.close()
+
+
+async def test_an_agent_aiming_jetstream_answers_at_the_lease_does_not_unseat_the_leader(server):
+    """The JetStream API answers whatever reply subject a request names, writing into the lease's key."""
+    nc, agent = await client(server, "monitor"), await client(server, "agent-n1")
+    try:
+        lease = Lease(nc.jetstream(), "monitor")
+        epoch = await asyncio.wait_for(lease.acquire(), timeout=LEASE_TTL_S + 5)
+        keeping = asyncio.create_task(lease.keep())
+        for _ in range(3):
+            await agent.publish("$JS.API.CONSUMER.INFO.TM_NODE_CMD.agent-n1", b"", reply=lease.subject)
+            await agent.flush()
+            await asyncio.sleep(1.5 * lease.renew_s)
+        assert not keeping.done() and lease.held() and lease.epoch == epoch
+        await asyncio.sleep(1.5 * lease.renew_s)
+        keeping.cancel()
+        assert await lease._own_last_write() == lease.revision  # the lease is in the key again, not the stray
+    finally:
+        await nc.close()
+        await agent.close()

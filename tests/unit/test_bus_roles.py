@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import bus, busroles
+from shared import bus, busroles, replies
 from shared.buscreds import Minter, decode_claims, new_seed, public_key
 from shared.events import NodeRegistered
 from tests.factories import exited, node, started
@@ -74,3 +74,24 @@ def test_an_event_is_checked_against_the_subject_its_payload_implies():
     assert bus.implied_subject(honest.model_dump(mode="json")) == "tm.job.task.n1.exited"
     assert bus.implied_subject({"type": "TaskExited", "node_id": "n2"}) is None  # unparseable: the handler decides
     assert bus.implied_subject({"no": "type"}) is None and bus.implied_subject([1]) is None
+
+
+def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():
+    for role in busroles.SERVICES:
+        claims = busroles.service(role).claims()
+        assert "resp" not in claims  # no answer to whatever reply subject a request names
+        inboxes = [s for s in claims["pub"]["allow"] if s.startswith("_INBOX")]
+        assert inboxes == [f"{busroles.inbox(r)}.>" for r in busroles.asked_by(role)]
+        assert "_INBOX_submitter.>" in inboxes and not any("agent" in s for s in inboxes)
+    assert busroles.asked_by("billing") == busroles.asked_by("estimator") == ("submitter", "placement", "admin")
+    assert busroles.asked_by("monitor") == ("submitter", "admin")  # the operator's tools too, from _INBOX_admin
+    assert "resp" in busroles.agent("n1").claims()  # once, to the reply subject of its health probe only
+
+
+@pytest.mark.parametrize("subject, inbox", [
+    ("_INBOX_submitter.Xy12.ab", True), ("_INBOX_agent-n1.abc", True), ("_INBOX_placement.a.b.c", True),
+    ("tm.job.status", False), ("tm.node.cmd.n2.stop", False), ("_INBOX.abc", False), ("_INBOX_submitter", False),
+    ("_INBOX_submitter.>", False), ("_INBOX_submitter.*", False), ("$KV.tm_leaders.monitor", False),
+    ("_INBOX_sub.mitter..x", False), ("_INBOX_x.a b", False), ("", False)])
+def test_an_inbox_is_an_identitys_own_reply_space(subject, inbox):
+    assert replies.is_inbox(subject) is inbox

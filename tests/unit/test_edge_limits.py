@@ -1,4 +1,4 @@
-"""Rate limits per token, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
+"""Rate limits per user, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
@@ -22,7 +22,7 @@ def test_a_bucket_gives_its_burst_then_its_rate():
     assert bucket.take(10.0) == 0.0 and bucket.tokens == pytest.approx(99)  # refills up to the burst, not beyond
 
 
-def test_the_limiter_answers_429_with_retry_after_per_token():
+def test_the_limiter_answers_429_with_retry_after_per_key():
     limiter = RateLimiter(rate=1, burst=2)
     limiter.charge("a", 0.0)
     limiter.charge("a", 0.0)
@@ -30,7 +30,7 @@ def test_the_limiter_answers_429_with_retry_after_per_token():
         limiter.charge("a", 0.0)
     assert refused.value.status == 429 and refused.value.code == "406042"
     assert refused.value.headers == {"Retry-After": "1"}
-    limiter.charge("b", 0.0)  # another token has its own bucket
+    limiter.charge("b", 0.0)  # another user has his own bucket
 
 
 def test_the_limiter_forgets_idle_buckets_when_too_many_keys():

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from services.submitter.app import SubmitterSettings
 from services.submitter.auth import ADMIN, Tokens, digest, write_secret
 from services.submitter.errors import ApiError
+from services.submitter.limits import RateLimiter
 from tests.memory import MemoryCollection
 from tests.unit.api_app import ADMIN_TOKEN, add_user, client, make_app
 
@@ -152,6 +153,45 @@ async def test_an_expired_token_gets_401_through_the_api():
         assert (expired.status_code, expired.json()["error_code"]) == (401, "406039")
         assert "expired" in expired.json()["error_msg"]
         assert (await as_ana.post("/v2/vision/training-jobs", json={})).status_code == 401
+
+
+async def test_all_tokens_of_one_user_share_one_rate_limit_and_the_admin_has_none():
+    app, _, store = await make_app()
+    app.state.rate = RateLimiter(rate=0.001, burst=2)
+    first, second = await add_user(store, "ana", ["vision"]), (await store.issue("ana"))[0]
+    other = await add_user(store, "ben", ["vision"])
+    async with client(app, first) as one, client(app, second) as two, client(app, other) as ben, client(app) as admin:
+        assert [(await one.get("/v2/me")).status_code for _ in range(2)] == [200, 200]
+        refused = await two.get("/v2/me")  # a second token is not a second allowance
+        assert (refused.status_code, refused.json()["error_code"]) == (429, "406042"), refused.text
+        assert "user ana" in refused.json()["error_msg"] and int(refused.headers["Retry-After"]) >= 1
+        assert (await ben.get("/v2/me")).status_code == 200  # another user has his own
+        assert {(await admin.get("/v2/me")).status_code for _ in range(5)} == {200}
+
+
+async def test_a_user_holds_at_most_the_cap_of_live_tokens():
+    clock = Clock()
+    app, _, store = await make_app(clock=clock)
+    store.max_per_user = 3
+    secret = await add_user(store, "ana", ["vision"])
+    async with client(app, secret) as as_ana, client(app) as admin:
+        short = (await as_ana.post("/v2/users/ana/tokens", json={"expires_in": 60})).json()
+        assert (await admin.post("/v2/users/ana/tokens")).status_code == 201
+        for asker in (as_ana, admin):  # the admin issuing for her counts the same
+            refused = await asker.post("/v2/users/ana/tokens")
+            assert (refused.status_code, refused.json()["error_code"]) == (409, "406035"), refused.text
+            assert refused.json()["error_msg"].startswith("param[user_name] invalid: the live token quantity of "
+                                                          "user ana has reached the upper limit (3 of 3")
+        assert (await as_ana.get("/v2/users/ana/tokens")).json()["count"] == 3
+        clock.now += 60  # an expired token no longer counts
+        assert (await as_ana.post("/v2/users/ana/tokens")).status_code == 201
+        assert (await as_ana.post("/v2/users/ana/tokens")).status_code == 409
+        assert (await as_ana.delete(f"/v2/users/ana/tokens/{short['token_id']}")).status_code == 204
+        assert (await as_ana.post("/v2/users/ana/tokens")).status_code == 409  # the expired one was not live
+        listed = (await as_ana.get("/v2/users/ana/tokens")).json()["items"]
+        assert (await as_ana.delete(f"/v2/users/ana/tokens/{listed[-1]['token_id']}")).status_code == 204
+        assert (await as_ana.post("/v2/users/ana/tokens")).status_code == 201  # a revoked one frees its place
+        assert {(await admin.post(f"/v2/users/{ADMIN}/tokens")).status_code for _ in range(4)} == {201}
 
 
 @pytest.mark.parametrize("body, field", [({"expires_in": True}, "expires_in"), ({"expires_in": "60"}, "expires_in"),
