@@ -233,12 +233,27 @@ class Algorithm(Strict):
         return metrics
 
 
+CPU_JOB_MEMORY_GB = 1.0  # a job without GPUs that names no host memory: enough for a script, not for CUDA
+
+
+def host_memory_gb(asked: float | None, *, gpus: int, node_memory_gb: float, node_gpus: int) -> float:
+    """The host memory a rank gets on a node: what the job asked for, else its GPUs' share of the node's memory
+    (CUDA's own libraries take more than a GB of host memory), else the CPU job's default."""
+    if asked is not None:
+        return asked
+    if gpus and node_gpus:
+        return node_memory_gb * min(gpus, node_gpus) / node_gpus
+    return CPU_JOB_MEMORY_GB
+
+
 class Resource(Strict):
     node_count: Int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
     gpu_count: Int = Field(0, ge=0, le=16, description="GPUs per node.")
     min_gpu_memory_gb: Float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
     cpu_count: Float = Field(1, gt=0, le=1024, description="CPU cores per node.")
-    memory_gb: Float = Field(1, gt=0, le=8192, description="Host memory per node.")
+    memory_gb: Float | None = Field(None, gt=0, le=8192, description="Host memory per node; unset, a job with GPUs "
+                                    "gets the node's memory in proportion to its GPUs (decided where it is placed), "
+                                    f"a job without GPUs {CPU_JOB_MEMORY_GB:g} GB.")
     flavor_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Resources from a flavor (GET "
                                   "/v2/flavors); set by the API from the flavor.")
     pool_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Only nodes of this pool.")

@@ -161,6 +161,8 @@ class Candidate(BaseModel):
     instance_type: str | None = None
     gpu_model: str = ""
     gpus: int = 0
+    memory_gb: float | None = Field(None, description="Host memory per node the job gets there (what it asked for, "
+                                    "else its GPUs' share of the node's memory).")
     price_per_hour: float = Field(description="The job's share of the node's price (all its ranks).")
     predicted_duration_s: float
     duration_source: Literal["estimator", "owner", "default"]

@@ -14,6 +14,7 @@ from faststream.nats import NatsBroker, NatsRouter
 from pydantic import BaseModel, Field
 
 from shared.bus import RPC_HEALTH, SERVICES as LEASED, BusLink, connect, make_broker
+from shared.buslog import quiet_expected_bus_waits
 from shared.clock import utcnow
 from shared.lease import Lease, LeaseLost
 from shared.settings import CommonSettings
@@ -35,6 +36,7 @@ class Health(BaseModel):
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faststream").setLevel(logging.WARNING)
+    quiet_expected_bus_waits()
 
 
 def add_health(broker: NatsBroker, service: str) -> None:

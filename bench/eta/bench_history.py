@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         model.predict(f)
     t4 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "history.pt"
+        path = Path(tmp) / "history.npz"
         model.save(path)
         size_kb = path.stat().st_size / 1024
         HistoryPredictor.load(path)

@@ -30,7 +30,7 @@ from services.agent.hangs import HangPolicy, watch
 from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.isolation import Confinement, TaskUser, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
-from services.agent.runner import TaskProcess, describe_exit, spawn, task_environment
+from services.agent.runner import TaskProcess, describe_exit, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
 
 log = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class Agent:
 
     async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
         start = task.start
-        helpers = [asyncio.create_task(task.enforce_memory(start.spec.resource.memory_gb)),
+        helpers = [asyncio.create_task(task.enforce_memory(memory_limit_gb(start, self.node))),
                    asyncio.create_task(self._sync_checkpoints(task)),
                    asyncio.create_task(watch(task, node_id=self.node.node_id, policy=self.hangs,
                                              publish=self.publish_reliably)),

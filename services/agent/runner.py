@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from shared.events import LogLine, StartTask
+from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.hangs import PROGRESS_FILE, collective_defaults
 from services.agent.isolation import TaskUser, kill_user
@@ -151,9 +152,10 @@ class TaskProcess:
         """Kill the whole task when its processes together use more than the memory it asked for."""
         limit = limit_gb * 2**30
         while self.process.returncode is None:
-            if group_rss(self.process.pid) > limit:
+            if (used := group_rss(self.process.pid)) > limit:
                 self.oom = "host"
-                self.tail.append(f"killed by trainmaster: host memory above the job's memory_gb ({limit_gb:g} GB)")
+                self.tail.append(f"killed by trainmaster: the task used {used / 2**30:.2f} GB of host memory, more "
+                                 f"than the {limit_gb:g} GB it was given (spec.resource.memory_gb)")
                 self._signal_group(signal.SIGKILL)
                 return
             await asyncio.sleep(MEMORY_CHECK_S)
@@ -181,6 +183,13 @@ def kill_tree(leader: int, *, uid: int | None, marker: str) -> None:
                 process.kill()
         except psutil.Error:
             pass
+
+
+def memory_limit_gb(start: StartTask, node: NodeInfo) -> float:
+    """The host memory a task may use: what placement launched it with (a command from before placement decided
+    it: its GPUs' share of this node, or the CPU job's default)."""
+    return host_memory_gb(start.spec.resource.memory_gb, gpus=len(start.gpu_indices), node_memory_gb=node.memory_gb,
+                          node_gpus=len(node.gpus))
 
 
 def group_rss(leader: int) -> int:

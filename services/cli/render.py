@@ -123,7 +123,7 @@ def job_detail(job: dict) -> str:
         f"  nodes      {', '.join(status.get('node_ids') or []) or '-'}   ran {duration(status['duration'] / 1000)}",
         f"  progress   {progress_text(job)}   ETA {eta_text(job)}",
         f"  resources  {resource['node_count']} node(s) x {resource['gpu_count']} GPU, {resource['cpu_count']} CPU, "
-        f"{resource['memory_gb']} GB   placement {placement['allowed']}/{placement['priority']}",
+        f"{memory_text(resource)}   placement {placement['allowed']}/{placement['priority']}",
         f"  command    {job['algorithm']['command'].splitlines()[0][:100]}",
     ]
     if meta.get("description"):
@@ -136,3 +136,8 @@ def job_detail(job: dict) -> str:
         lines.append(f"  attempt {attempt['attempt']}  {', '.join(attempt['node_ids'])}  {attempt['reason']}"
                      f" → {attempt.get('outcome') or 'running'}")
     return "\n".join(lines)
+
+
+def memory_text(resource: dict) -> str:
+    """Host memory per node as asked; unset, placement's default (a GPU job's share of its node)."""
+    return f"{resource['memory_gb']} GB" if resource.get("memory_gb") is not None else "default memory"

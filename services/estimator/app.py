@@ -20,6 +20,8 @@ class EstimatorSettings(CommonSettings):
     mlperf_dir: Path = Field(REPO.parent / "shared" / "data" / "mlperf",
                              description="MLPerf training-log tarballs the first history model is trained on.")
     retrain_every: int = Field(20, ge=1, description="Completed jobs that trigger a new model version.")
+    train_threads: int = Field(1, ge=1, le=64, description="CPU threads torch may use when training a history model "
+                               "(in a process of its own, at lower priority; the estimator itself never loads torch).")
 
 
 def create_app(settings: EstimatorSettings | None = None) -> FastStream:
@@ -27,7 +29,8 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
 
     async def setup(w: Wiring) -> Estimator:
         models = ModelStore(directory=settings.model_dir or settings.data_dir / "models",
-                            corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every)
+                            corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every,
+                            threads=settings.train_threads)
         jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS)  # written by this service only
         estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
                               history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,

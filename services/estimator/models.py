@@ -13,7 +13,7 @@ from shared.children import dies_with_parent
 from services.estimator.model import HistoryPredictor
 
 log = logging.getLogger(__name__)
-VERSION = re.compile(r"^history-v(\d+)\.pt$")
+VERSION = re.compile(r"^history-v(\d+)\.npz$")  # a numpy file: served without torch (older .pt files: ignored)
 
 
 @dataclass
@@ -21,6 +21,7 @@ class ModelStore:
     directory: Path
     corpus: list[Path]
     retrain_every: int = 20
+    threads: int = 1  # torch's CPU threads in the training process
     predictor: HistoryPredictor | None = None
     version: int | None = None
     training: asyncio.subprocess.Process | None = field(default=None, repr=False)
@@ -35,7 +36,7 @@ class ModelStore:
         versions = self.versions()
         if not versions or versions[-1] == self.version:
             return False
-        path = self.directory / f"history-v{versions[-1]}.pt"
+        path = self.directory / f"history-v{versions[-1]}.npz"
         try:
             self.predictor = HistoryPredictor.load(path)
         except (ValueError, OSError) as exc:  # another format version, or half a file: keep what we have
@@ -58,8 +59,9 @@ class ModelStore:
         if not corpus and not runs:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
-        out = self.directory / f"history-v{(self.versions() or [0])[-1] + 1}.pt"
-        argv = [sys.executable, "-m", "services.estimator.train", "--out", str(out), "--corpus", *corpus]
+        out = self.directory / f"history-v{(self.versions() or [0])[-1] + 1}.npz"
+        argv = [sys.executable, "-m", "services.estimator.train", "--out", str(out), "--threads", str(self.threads),
+                "--corpus", *corpus]
         if runs:
             extra = self.directory / "completed-runs.json"
             extra.write_text(json.dumps(runs))

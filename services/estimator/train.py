@@ -1,6 +1,7 @@
 """Train the history model in a process of its own (so the estimator keeps answering), and save it.
 
-    python -m services.estimator.train --out DIR/history-v3.pt --corpus A.tar.gz B.tar.gz [--runs runs.json]
+    python -m services.estimator.train --out DIR/history-v3.npz --corpus A.tar.gz B.tar.gz [--runs runs.json]
+        [--threads 1]
 """
 import argparse
 import json
@@ -26,13 +27,22 @@ def learnable(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.reached_target() and r.total_work is not None and r.duration_s > 0]
 
 
+def settle(threads: int) -> None:
+    """Background work: the services on this machine come first (lower priority, bounded torch threads)."""
+    os.nice(10)
+    from services.estimator.model.historynet import limit_threads  # torch: this process only
+
+    limit_threads(threads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--corpus", nargs="*", default=[])
     parser.add_argument("--runs", type=Path)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads torch may use")
     args = parser.parse_args()
-    os.nice(10)  # background work: the services on this machine come first
+    settle(max(1, args.threads))
     runs = load_corpora(args.corpus) + (learnable(runs_from_json(args.runs)) if args.runs else [])
     if not runs:
         raise SystemExit("no training runs")

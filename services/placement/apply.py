@@ -5,6 +5,7 @@ import zlib
 
 from shared.clock import utcnow
 from shared.events import Assignment, JobMigrateRequested, JobPlaced, Launch
+from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.placement.fleet import Fleet
 from services.placement.inputs import PolicyInputs
@@ -58,12 +59,15 @@ async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: 
     attempt = item.attempt + 1
     master = fleet.nodes[assignments[0].node_id].info.address
     port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
+    memory = min(host_memory_gb(item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb,
+                                node_gpus=len(info.gpus)) for info in (fleet.nodes[a.node_id].info for a in assignments))
+    resource = item.needs.model_copy(update={"memory_gb": memory})
     launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
-                    spec=item.spec.model_copy(update={"resource": item.needs}))
+                    spec=item.spec.model_copy(update={"resource": resource}))
     events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=utcnow(), job_id=item.job_id,
                         attempt=attempt, assignments=assignments, launch=launch)]
     placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
-                                     "exclude": (), "moving": False})
+                                     "exclude": (), "moving": False, "memory_gb": memory})
     await queue.save(placed, events)
     log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
 

@@ -120,5 +120,5 @@ def usage(placed: Iterable) -> dict[str, Usage]:
             used = found.setdefault(a.node_id, Usage())
             used.gpus.update(a.gpu_indices)
             used.cpu += item.needs.cpu_count
-            used.memory_gb += item.needs.memory_gb
+            used.memory_gb += item.given_memory_gb
     return found

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.events import Assignment
-from shared.jobs import Algorithm, Resource, Spec
+from shared.jobs import CPU_JOB_MEMORY_GB, Algorithm, Resource, Spec
 from shared.store import DocumentStore
 
 
@@ -31,10 +31,16 @@ class QueueItem(BaseModel):
     started_at: datetime | None = Field(None, description="When the job first ran (its clock for slowness).")
     slow_checked: int = Field(0, description="The attempt last found slow (acted on once per attempt).")
     moving: bool = Field(False, description="Asked to move (pull-back); its current attempt is ending.")
+    memory_gb: float | None = Field(None, description="Host memory per node its current attempt was given.")
 
     @property
     def needs(self) -> Resource:
         return self.resource or self.spec.resource
+
+    @property
+    def given_memory_gb(self) -> float:
+        """Host memory per node its attempt holds (a record from before placement decided it: what it asked)."""
+        return self.memory_gb if self.memory_gb is not None else self.needs.memory_gb or CPU_JOB_MEMORY_GB
 
 
 @dataclass

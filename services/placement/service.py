@@ -98,11 +98,11 @@ class Placement:
             needs = needs.model_copy(update={"min_gpu_memory_gb": max(used) + 0.001,
                                              "gpu_count": max(1, needs.gpu_count)})
         elif cause == "oom_host":
-            needs = needs.model_copy(update={"memory_gb": needs.memory_gb * 2})
+            needs = needs.model_copy(update={"memory_gb": item.given_memory_gb * 2})
         elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
         item = item.model_copy(update={"state": "queued", "assignments": (), "resource": needs, "exclude": exclude,
-                                       "moving": False})
+                                       "moving": False, "memory_gb": None})
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()
         if cause in ("oom_gpu", "oom_host") and not ever_placeable(nodes, self.fleet.catalogue, job):
             what = (f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU" if cause == "oom_gpu"

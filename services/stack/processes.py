@@ -21,6 +21,7 @@ from services.stack.identities import Identities, prepare_bus
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
+HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}  # CUDA (torch's included) then sees no device and holds no GPU memory
 
 
 class StackSettings(BaseSettings):
@@ -194,6 +195,8 @@ class Stack:
             env.pop("MONGO_URL", None)
         if identity == "placement":
             env["TRAINMASTER_NATS_MINTER"] = str(self.identities.minter_file)  # made with the first creds
+        if identity in SERVICES:  # the GPUs are the tasks': no platform service (nor what it spawns) may use one
+            env.update(HIDE_GPUS)
         return env
 
     def make_data_dir(self) -> None:

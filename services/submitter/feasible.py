@@ -33,7 +33,7 @@ RELAXATIONS = (
                lambda d: d["resource"].update(gpu_count=0, min_gpu_memory_gb=0)),
     Relaxation("spec.resource.cpu_count", lambda s: s.resource.cpu_count > 0.001,
                lambda d: d["resource"].update(cpu_count=0.001)),
-    Relaxation("spec.resource.memory_gb", lambda s: s.resource.memory_gb > 0.001,
+    Relaxation("spec.resource.memory_gb", lambda s: (s.resource.memory_gb or 0) > 0.001,
                lambda d: d["resource"].update(memory_gb=0.001)),
     Relaxation("spec.placement.allowed", lambda s: s.placement.allowed != "any",
                lambda d: d["placement"].update(allowed="any")),

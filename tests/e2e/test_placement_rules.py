@@ -134,6 +134,7 @@ async def test_a_dry_run_estimates_each_allowed_kind_and_creates_nothing(client,
     rent = kinds["on_demand"]
     assert rent["instance_type"] == "g.small" and rent["price_per_hour"] == 2.0 and rent["startup_delay_s"] == 1
     assert kinds["local"]["node_id"] == "lab-1" and kinds["local"]["duration_source"] == "owner"
+    assert {c["memory_gb"] for c in kinds.values()} == {32}  # no host memory asked: the one GPU's share, all of it
     for candidate in kinds.values():
         hours = candidate["predicted_duration_s"] / 3600
         assert candidate["expected_cost"] == pytest.approx(candidate["price_per_hour"] * hours, rel=1e-3)

@@ -99,6 +99,14 @@ async def test_host_memory_is_enforced_and_the_job_gets_more(api, project):
     assert [a["outcome"] for a in done["status"]["attempts"]] == ["oom", "oom", "completed"]  # 0.25, 0.5, 1 GB
 
 
+async def test_a_gpu_job_naming_no_host_memory_gets_its_gpus_share_not_one_gb(api, project):
+    # CUDA's own libraries take more than 1 GB of host memory: 1.5 GB here, on nodes of at least 32 GB per GPU
+    hog = f"{PYTHON} -c 'import time; b = bytearray(1536 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(1)'"
+    job = await submit(api, project, command=hog, gpu_count=1)
+    done = await wait_phase(api, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=60)
+    assert [a["outcome"] for a in done["status"]["attempts"]] == ["completed"], done["status"]
+
+
 async def test_migrate_moves_a_running_job_and_it_continues_from_its_snapshot(api, project):
     job = await submit(api, project, command=counter(total=80, every=1000, pause=0.1), allowed="local",
                        termination_grace_s=10)

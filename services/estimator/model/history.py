@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-import torch
-from torch import nn
 
 from services.estimator.model.features import (
     CATEGORICAL, NUMERIC, JobFeatures, categorical_values, compute_tflops, features_from_run,
     numeric_values)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # numpy weights and JSON state in one .npz (2: a torch file)
 UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
 # Calibration and band key of a benchmark the model was never trained on: its figures are learned by leaving
 # each training benchmark out in turn (calibrate.train_with_calibration), not borrowed from seen ones.
@@ -52,19 +53,15 @@ class HistoryPrior:
 WORK_INPUTS = ("benchmark", "task", "family", "batch_size", "learning_rate")
 
 
-class _MLP(nn.Module):
-    """Two heads on one input vector: log work (masked inputs) and log duration."""
+def forward(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """historynet.MLP's forward pass on numpy: [log work, log unit cost] per row of `x`."""
+    def layer(name: str, h: np.ndarray) -> np.ndarray:
+        return h @ weights[f"{name}.weight"].T + weights[f"{name}.bias"]
 
-    def __init__(self, n_in: int, hidden: int = 64, work_mask=None) -> None:
-        super().__init__()
-        mask = torch.ones(n_in) if work_mask is None else torch.as_tensor(work_mask, dtype=torch.float32)
-        self.register_buffer("work_mask", mask)
-        self.work = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.duration = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                                      nn.ReLU(), nn.Linear(hidden, 1))
-
-    def forward(self, x):
-        return torch.cat([self.work(x * self.work_mask), self.duration(x)], dim=1)
+    relu = lambda h: np.maximum(h, 0.0)  # noqa: E731
+    work = layer("work.2", relu(layer("work.0", x * weights["work_mask"])))
+    duration = layer("duration.4", relu(layer("duration.2", relu(layer("duration.0", x)))))
+    return np.concatenate([work, duration], axis=1)
 
 
 class HistoryPredictor:
@@ -80,10 +77,10 @@ class HistoryPredictor:
         self.work_table: dict[str, float] = {}  # "benchmark|batch" -> median work seen
         self.duration_table: dict[str, float] = {}  # "benchmark|accel|count|batch" -> median s
         self.log_range: list[list[float]] | None = None  # [[lo, hi] log work, [lo, hi] log unit cost]
-        self.model: _MLP | None = None
+        self.weights: dict[str, np.ndarray] | None = None  # the network's, by state_dict name
 
     # -- encoding -----------------------------------------------------------------------
-    def _encode(self, feats: list[JobFeatures]) -> torch.Tensor:
+    def _encode(self, feats: list[JobFeatures]) -> np.ndarray:
         rows = []
         for f in feats:
             cats = categorical_values(f)
@@ -95,7 +92,7 @@ class HistoryPredictor:
                 row += one_hot
             rows.append(row + numeric_values(f))
         x = np.asarray(rows, dtype=np.float32)
-        return torch.from_numpy((x - self.x_mean) / self.x_std)
+        return (x - self.x_mean) / self.x_std
 
     def _offset(self, feat: JobFeatures) -> tuple[float, float]:
         """Mean log work and unit cost of the benchmark; of its task or family when it was never trained on."""
@@ -144,16 +141,8 @@ class HistoryPredictor:
         return resid
 
     def _fit(self, feats: list[JobFeatures], y: np.ndarray) -> None:
-        threads = torch.get_num_threads()
-        # A net this small trains fastest on one thread; more only contend with other work.
-        torch.set_num_threads(1)
-        try:
-            self._fit_network(feats, y)
-        finally:
-            torch.set_num_threads(threads)
+        from services.estimator.model import historynet  # torch: only where a model is trained
 
-    def _fit_network(self, feats: list[JobFeatures], y: np.ndarray) -> None:
-        torch.manual_seed(self.seed)
         cats = [categorical_values(f) for f in feats]
         self.vocab = {n: ["<unk>"] + sorted({c[n] for c in cats}) for n in CATEGORICAL}
         self.offsets = {"*": tuple(float(v) for v in y.mean(axis=0))}
@@ -169,20 +158,13 @@ class HistoryPredictor:
         # on whatever an untrained one-hot column happens to add.
         unseen = [dataclasses.replace(f, accelerator=UNSEEN_ACCELERATOR) for f in feats]
         self.x_mean, self.x_std = np.zeros(1, np.float32), np.ones(1, np.float32)
-        raw = self._encode(feats + unseen).numpy()
+        raw = self._encode(feats + unseen)
         self.x_mean = raw.mean(axis=0)
         self.x_std = raw.std(axis=0) + 1e-6
         x = self._encode(feats + unseen)
         target = y - np.array([self._offset(f) for f in feats])
-        target = torch.tensor(np.concatenate([target, target]), dtype=torch.float32)
-        self.model = _MLP(x.shape[1], self.hidden, self._work_mask())
-        opt = torch.optim.Adam(self.model.parameters(), lr=3e-3, weight_decay=1e-4)
-        for _ in range(self.epochs):
-            opt.zero_grad()
-            loss = nn.functional.smooth_l1_loss(self.model(x), target, beta=0.1)
-            loss.backward()
-            opt.step()
-        self.model.eval()
+        self.weights = historynet.fit(x, np.concatenate([target, target]), hidden=self.hidden,
+                                      work_mask=self._work_mask(), epochs=self.epochs, seed=self.seed)
 
     def _work_mask(self) -> list[float]:
         mask = []
@@ -202,8 +184,7 @@ class HistoryPredictor:
         return self._predict_many([feat])[0]
 
     def _predict_many(self, feats: list[JobFeatures]) -> list[tuple[float, float]]:
-        with torch.no_grad():
-            out = self.model(self._encode(feats)).numpy()
+        out = forward(self.weights, self._encode(feats))
         logs = out + np.array([self._offset(f) for f in feats])
         if self.log_range is not None:
             logs = np.clip(logs, [r[0] for r in self.log_range], [r[1] for r in self.log_range])
@@ -253,16 +234,21 @@ class HistoryPredictor:
             "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
             "quantiles": self.quantiles, "blend": self.blend, "work_table": self.work_table,
             "duration_table": self.duration_table, "log_range": self.log_range,
-            "state_dict": self.model.state_dict(),
         }
 
     def save(self, path) -> None:
-        """Write state_dict, vocabulary, calibration and format version to one file."""
-        torch.save(self.state(), path)
+        """Write the weights, vocabulary, calibration and format version to one .npz file (numpy only)."""
+        with open(path, "wb") as f:
+            np.savez(f, state=np.array(json.dumps(self.state())), **{f"w:{k}": v for k, v in self.weights.items()})
 
     @classmethod
     def load(cls, path) -> "HistoryPredictor":
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            with np.load(io.BytesIO(Path(path).read_bytes()), allow_pickle=False) as stored:
+                state = json.loads(str(stored["state"])) if "state" in stored.files else {}
+                weights = {k[2:]: stored[k] for k in stored.files if k.startswith("w:")}
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"not a history model: {exc}") from exc
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported history model format {state.get('format_version')}")
         self = cls(hidden=state["hidden"], epochs=state["epochs"], seed=state["seed"])
@@ -274,10 +260,7 @@ class HistoryPredictor:
         self.work_table = state["work_table"]
         self.duration_table = state["duration_table"]
         self.log_range = state.get("log_range")  # absent from models saved before it existed
-        n_in = len(self.x_mean)
-        self.model = _MLP(n_in, self.hidden, self._work_mask())
-        self.model.load_state_dict(state["state_dict"])
-        self.model.eval()
+        self.weights = weights
         return self
 
 

@@ -200,7 +200,7 @@ class CapacityIndex:
             view = self.view(node_id)
             if len(view.free) < job.gpu_count or any(view is v for v, _ in picks):
                 continue
-            if view.free_cpu < job.cpu or view.free_mem < job.memory_gb or view.claimed_by_other(job.id):
+            if view.free_cpu < job.cpu or view.free_mem < _memory(job, view.node) or view.claimed_by_other(job.id):
                 continue
             usable = view.usable_now(duration, self.now)
             if len(usable) >= job.gpu_count:
@@ -231,8 +231,8 @@ class CapacityIndex:
             else:
                 return None
             node = view.node
-            if view.claimed_for is None and node.cpu >= job.cpu and node.memory_gb >= job.memory_gb:
-                if view.free_cpu < job.cpu or view.free_mem < job.memory_gb:
+            if view.claimed_for is None and node.cpu >= job.cpu and node.memory_gb >= _memory(job, node):
+                if view.free_cpu < job.cpu or view.free_mem < _memory(job, node):
                     at = max(at, view.all_free_at())
                 return at, [view]
         while heap and len(picks) < job.node_count and len(popped) < limit:
@@ -244,9 +244,9 @@ class CapacityIndex:
                 continue
             popped.append(entry)
             node = view.node
-            if view.claimed_for is not None or node.cpu < job.cpu or node.memory_gb < job.memory_gb:
+            if view.claimed_for is not None or node.cpu < job.cpu or node.memory_gb < _memory(job, node):
                 continue
-            if view.free_cpu < job.cpu or view.free_mem < job.memory_gb:
+            if view.free_cpu < job.cpu or view.free_mem < _memory(job, node):
                 at = max(at, view.all_free_at())
             picks.append((at, view))
         for entry in popped:
@@ -259,7 +259,7 @@ class CapacityIndex:
         key = bucket_key(view.node)
         sets = self.free_now[key]
         sets[len(view.free)].pop(view.node.id, None)
-        view.start(indices, end=end, cpu=job.cpu, memory_gb=job.memory_gb)
+        view.start(indices, end=end, cpu=job.cpu, memory_gb=_memory(job, view.node))
         sets[len(view.free)][view.node.id] = None
 
     def _heap(self, key: BucketKey, gpus: int) -> list[tuple[float, int, str, int]]:
@@ -273,3 +273,7 @@ class CapacityIndex:
             heapq.heapify(heap)
             self._heaps[(key, gpus)] = heap
         return heap
+
+
+def _memory(job: JobRequest, node: Node) -> float:
+    return job.memory_on(node.memory_gb, node.gpu_count)

@@ -48,17 +48,18 @@ def place_cpu_jobs(nodes: Iterable[Node], jobs: Iterable[JobRequest], *, now: fl
             continue
         for node in hosts:
             cpu, memory = free[node.id]
-            free[node.id] = (cpu - job.cpu, memory - job.memory_gb)
+            free[node.id] = (cpu - job.cpu, memory - job.memory_on(node.memory_gb, node.gpu_count))
         decisions.append(Start(job.id, tuple(n.id for n in hosts), tuple(() for _ in hosts)))
     return decisions
 
 
 def _room(node: Node, job: JobRequest, *, now: float, free: dict[str, tuple[float, float]] | None) -> bool:
-    if node.cpu < job.cpu or node.memory_gb < job.memory_gb:
+    needs = job.memory_on(node.memory_gb, node.gpu_count)
+    if node.cpu < job.cpu or node.memory_gb < needs:
         return False
     if free is None:
         return True
     if not node.is_ready(now) or (node.reserved_for is not None and node.reserved_for != job.id):
         return False
     cpu, memory = free[node.id]
-    return cpu + 1e-9 >= job.cpu and memory + 1e-9 >= job.memory_gb
+    return cpu + 1e-9 >= job.cpu and memory + 1e-9 >= needs

@@ -67,12 +67,13 @@ def taken(nodes: tuple[Node, ...], decisions: list[Decision], state: ClusterStat
     """`nodes` with the GPUs, CPU and memory that `decisions` start (or pull back) on them no longer free."""
     jobs = {j.id: j for j in state.queue} | {r.job.id: r.job for r in state.running}
     used: dict[str, list] = {}
+    by_id = {n.id: n for n in nodes}
     for d in decisions:
         if isinstance(d, Start):
             for node_id, gpus in zip(d.node_ids, d.gpu_indices, strict=True):
-                _use(used, node_id, gpus, jobs.get(d.job_id))
+                _use(used, node_id, gpus, jobs.get(d.job_id), by_id.get(node_id))
         elif isinstance(d, PullBack):
-            _use(used, d.to_node_id, d.gpu_indices, jobs.get(d.job_id))
+            _use(used, d.to_node_id, d.gpu_indices, jobs.get(d.job_id), by_id.get(d.to_node_id))
     if not used:
         return nodes
     out = []
@@ -88,11 +89,12 @@ def taken(nodes: tuple[Node, ...], decisions: list[Decision], state: ClusterStat
     return tuple(out)
 
 
-def _use(used: dict[str, list], node_id: str, gpus: tuple[int, ...], job: JobRequest | None) -> None:
+def _use(used: dict[str, list], node_id: str, gpus: tuple[int, ...], job: JobRequest | None,
+         node: Node | None) -> None:
     entry = used.setdefault(node_id, [set(), 0.0, 0.0])
     entry[0].update(gpus)
     entry[1] += job.cpu if job else 0.0
-    entry[2] += job.memory_gb if job else 0.0
+    entry[2] += job.memory_on(node.memory_gb, node.gpu_count) if job and node else 0.0
 
 
 def _order(job: JobRequest) -> tuple:

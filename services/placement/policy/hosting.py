@@ -18,7 +18,7 @@ def could_host(node: Node, job: JobRequest) -> bool:
     gpus_fit = job.gpu_count == 0 or (node.gpu_count >= job.gpu_count and node.gpu_memory_gb >= job.min_gpu_memory_gb
                                       and job.accepts_model(node.gpu_model))
     return (node.kind in KINDS_FOR_ALLOWED[job.allowed] and gpus_fit and node.cpu >= job.cpu
-            and node.memory_gb >= job.memory_gb)
+            and node.memory_gb >= job.memory_on(node.memory_gb, node.gpu_count))
 
 
 def could_rent(job: JobRequest, instance: InstanceType) -> bool:

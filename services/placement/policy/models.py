@@ -3,6 +3,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from shared.jobs import host_memory_gb
+
 NodeKind = Literal["local", "reserved", "on_demand"]
 Allowed = Literal["local", "cloud", "any"]
 Priority = Literal["time", "cost"]
@@ -91,7 +93,7 @@ class JobRequest:
     deadline: float | None = None
     predicted_duration_s: float | None = None
     cpu: float = 0.0
-    memory_gb: float = 0.0
+    memory_gb: float | None = 0.0  # None: its GPUs' share of each node's memory (shared.jobs.host_memory_gb)
     exchange_rate: float | None = None
     duration_sigma: float = 0.0
     checkpoint_interval_s: float | None = None  # declared by the owner; None: does not checkpoint, never spot
@@ -108,6 +110,10 @@ class JobRequest:
         """Seconds on GPUs of `tflops`; the estimator's prediction wins over the owner's expectation."""
         base = self.predicted_duration_s if self.predicted_duration_s is not None else self.expected_duration_s
         return base * reference_tflops / max(tflops, 1e-9)
+
+    def memory_on(self, node_memory_gb: float, node_gpus: int) -> float:
+        """Host memory one rank takes on a node (or instance type) of this memory and GPU count."""
+        return host_memory_gb(self.memory_gb, gpus=self.gpu_count, node_memory_gb=node_memory_gb, node_gpus=node_gpus)
 
     def accepts_model(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models

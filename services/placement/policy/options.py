@@ -80,7 +80,7 @@ def fits(job: JobRequest, it: InstanceType) -> bool:
         and job.accepts_model(it.gpu_model)
         and it.gpu_memory_gb >= job.min_gpu_memory_gb
         and it.cpu >= job.cpu
-        and it.memory_gb >= job.memory_gb
+        and it.memory_gb >= job.memory_on(it.memory_gb, it.gpus)
         and (job.max_price_per_hour is None or it.price_per_hour * job.node_count <= job.max_price_per_hour)
     )
 

@@ -1,3 +1,8 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -59,8 +64,8 @@ def test_unknown_accelerator_and_benchmark_still_predict(trained):
 
 def test_save_load_round_trip(trained, tmp_path):
     runs, model = trained
-    model.blend = {"*": {"0": {"w": {"history": 1.0}, "q": (-0.1, 0.1), "bias": 0.0}}}
-    path = tmp_path / "history.pt"
+    model.blend = {"*": {"0": {"w": {"history": 1.0}, "q": [-0.1, 0.1], "bias": 0.0}}}
+    path = tmp_path / "history.npz"
     model.save(path)
     loaded = HistoryPredictor.load(path)
     feat = features_from_run(runs[3])
@@ -68,14 +73,42 @@ def test_save_load_round_trip(trained, tmp_path):
     assert loaded.blend == model.blend
 
 
-def test_load_rejects_other_format_version(trained, tmp_path):
+def test_load_rejects_other_format_versions_and_the_old_torch_files(trained, tmp_path):
     import torch
     _, model = trained
     state = model.state()
     state["format_version"] = 999
-    torch.save(state, tmp_path / "old.pt")
-    with pytest.raises(ValueError):
-        HistoryPredictor.load(tmp_path / "old.pt")
+    with open(tmp_path / "new.npz", "wb") as f:
+        np.savez(f, state=np.array(json.dumps(state)))
+    torch.save({**model.state(), "format_version": 2}, tmp_path / "old.pt")
+    for name in ("new.npz", "old.pt"):
+        with pytest.raises(ValueError):
+            HistoryPredictor.load(tmp_path / name)
+
+
+def test_the_served_numpy_network_computes_what_the_trained_torch_network_does(trained):
+    import torch
+    from services.estimator.model.history import forward
+    from services.estimator.model.historynet import MLP
+    runs, model = trained
+    x = model._encode([features_from_run(r) for r in runs[:10]])
+    net = MLP(x.shape[1], model.hidden, model._work_mask())
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in model.weights.items()})
+    with torch.no_grad():
+        expected = net(torch.from_numpy(x)).numpy()
+    assert forward(model.weights, x) == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_serving_a_history_model_never_imports_torch(trained, tmp_path):
+    _, model = trained
+    model.save(tmp_path / "history.npz")
+    code = ("import sys; from services.estimator.app import create_app; "
+            "from services.estimator.model import HistoryPredictor, JobFeatures; "
+            f"HistoryPredictor.load({str(tmp_path / 'history.npz')!r}).predict(JobFeatures(benchmark='bert')); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[3])
+    assert out.stdout.strip() == "False"
 
 
 def test_duration_scales_with_a_system_larger_than_any_trained_on(trained):

@@ -1,0 +1,62 @@
+"""Placement under TestNatsBroker decides the host memory of a job that names none: its GPUs' share of the node it
+is placed on, shown by the dry run, launched with the attempt, held against the node, doubled after running out."""
+import pytest
+
+from shared.bus import publish
+from shared.events import JobStatusChanged
+from shared.jobs import Phase, SecondaryPhase
+from shared.rpc import CandidatesQuery
+from tests.factories import node, spec, submitted
+from tests.service.test_billing_placement import placement  # noqa: F401 (fixture)
+from tests.service.test_placement_engine import register
+
+
+def quote(service, **resource) -> list:
+    query = CandidatesQuery(spec=spec(resource=resource), user_name="alice", project_id="p")
+    return service.candidates(query).candidates
+
+
+async def test_a_gpu_job_without_host_memory_is_launched_with_its_gpus_share_the_dry_run_showed(placement):  # noqa: F811
+    broker, service, placements = placement
+    await register(broker, node(node_id="box", gpus=4, memory_gb=64))
+    [offer] = quote(service, gpu_count=1)
+    assert offer.memory_gb == 16
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    assert await service.schedule_once() == 1
+    [launched] = placements
+    assert launched["launch"]["spec"]["resource"]["memory_gb"] == 16 and service.queue["j"].memory_gb == 16
+
+
+async def test_asked_host_memory_and_the_cpu_jobs_default_are_what_the_dry_run_shows_and_the_job_gets(placement):  # noqa: F811,E501
+    broker, service, placements = placement
+    await register(broker, node(node_id="box", gpus=4, memory_gb=64))
+    assert [o.memory_gb for o in quote(service, gpu_count=1, memory_gb=3)] == [3]
+    assert [o.memory_gb for o in quote(service, cpu_count=1)] == [1]
+    await publish(broker, submitted(job_id="asked", gpu_count=1, memory_gb=3))
+    await publish(broker, submitted(job_id="cpu", cpu_count=1))
+    assert await service.schedule_once() == 2
+    assert sorted((p["job_id"], p["launch"]["spec"]["resource"]["memory_gb"]) for p in placements) == [
+        ("asked", 3), ("cpu", 1)]
+
+
+async def test_the_share_a_placed_job_holds_is_not_given_to_the_next_job(placement):  # noqa: F811
+    broker, service, _ = placement
+    await register(broker, node(node_id="box", gpus=2, memory_gb=32))
+    await publish(broker, submitted(job_id="gpu", gpu_count=1))
+    assert await service.schedule_once() == 1
+    await publish(broker, submitted(job_id="big", cpu_count=1, memory_gb=20))
+    assert await service.schedule_once() == 0  # 16 GB left: the GPU job holds its 16
+
+
+@pytest.mark.parametrize("cause, expected", [("oom_host", 32), ("migrated", None)])
+async def test_after_running_out_of_host_memory_the_next_attempt_asks_twice_what_it_was_given(placement, cause,  # noqa: F811,E501
+                                                                                               expected):
+    broker, service, _ = placement
+    await register(broker, node(node_id="box", gpus=4, memory_gb=64))
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    assert await service.schedule_once() == 1 and service.queue["j"].memory_gb == 16
+    await publish(broker, JobStatusChanged(event_id="j:status:5", job_id="j", project_id="p", user_name="alice",
+                                           version=5, phase=Phase.PENDING, secondary_phase=SecondaryPhase.QUEUING,
+                                           attempt=1, requeue_cause=cause))
+    item = service.queue["j"]
+    assert (item.state, item.needs.memory_gb, item.memory_gb) == ("queued", expected, None)
