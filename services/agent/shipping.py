@@ -76,9 +76,10 @@ class LogShipper:
             while self.buffer or (closing and not self.ended):
                 lines = tuple(self.buffer[:MAX_LINES_PER_CHUNK])
                 last = closing and len(lines) == len(self.buffer)
-                chunk = LogChunk(event_id=f"{self.job_id}:{self.attempt}:{self.rank}:log:{self.seq}",
-                                 job_id=self.job_id, attempt=self.attempt, rank=self.rank, node_id=self.node_id,
-                                 seq=self.seq, lines=lines, last=last)
+                # the node in the id too: no other publisher's chunk can share it, signed or not (`bus.dedup_id`)
+                event_id = f"{self.job_id}:{self.attempt}:{self.rank}:{self.node_id}:log:{self.seq}"
+                chunk = LogChunk(event_id=event_id, job_id=self.job_id, attempt=self.attempt, rank=self.rank,
+                                 node_id=self.node_id, seq=self.seq, lines=lines, last=last)
                 try:
                     await self.publish(chunk)
                 except Exception as exc:  # the bus is down: keep the lines, try again shortly
