@@ -123,3 +123,16 @@ async def test_a_chunk_for_a_placement_never_made_is_dropped_once_every_placemen
     fresh = Origins(placements=checks.placements, all_read=checks.all_read)  # a restarted service: from storage
     await checks.placed(placed("j", nodes=("n1",)))
     assert await fresh.admit(chunk("j", node_id="n1"), deliveries=1)
+
+
+async def test_a_line_that_is_no_utf_8_is_stored_and_read_not_lost(submitter, estimator):
+    for broker, stored in ((submitter[0], lambda: submitter[1].db.api_logs.docs),
+                           (estimator[0], lambda: estimator[1].points.docs)):
+        job_id = unique("j")
+        if broker is estimator[0]:
+            await estimator[1].jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p",
+                                                  "finished": False}, None, [])
+        await publish(broker, placed(job_id, nodes=("n1",)))
+        raw = chunk(job_id, lines=("x",)).model_dump_json().replace('"line":"x"', '"line":"\\ud800 :::MLLOG {}"')
+        await broker.publish(raw.encode(), f"tm.log.n1.{job_id}")
+        assert [d for d in stored().values() if d["job_id"] == job_id], broker
