@@ -70,6 +70,16 @@ class Origins:
             pass
         self.known.put(key, nodes)
 
+    async def forget(self, job_id: str) -> None:
+        """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
+        async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
+            self.known.pop(doc["_id"])
+        await self.placements.delete_many({"job_id": job_id})
+
+    async def prepare(self) -> None:
+        """The index `forget` reads."""
+        await self.placements.create_index("job_id")
+
     async def nodes(self, job_id: str, attempt: int) -> dict[str, str] | None:
         key = attempt_key(job_id, attempt)
         if (nodes := self.known.get(key)) is not None:

@@ -36,6 +36,7 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
                               models=models, origins=Origins(placements=w.db.estimator_placements,
                                                              all_read=lambda: read_up(w.broker, PLACED)))
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
+        await estimator.origins.prepare()
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))
         await JOBS.resume(w.broker)  # before any job event is read

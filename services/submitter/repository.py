@@ -98,8 +98,9 @@ class Repository:
         await self.queue.create_index([("user_name", 1)])
         await self.listing.create_index([("project_id", 1), ("created_s", -1)])
         await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
-        await self.db.api_placements.create_index("job_id")
         await self.db.api_tokens.create_index("user_name")
+        if self.origins is not None:
+            await self.origins.prepare()
 
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
@@ -216,7 +217,8 @@ class Repository:
             await self.listing.delete_one({"_id": job_id})
             await self.logs.delete_many({"job_id": job_id})
             await self.db.api_log_sizes.delete_one({"_id": job_id})
-            await self.db.api_placements.delete_many({"job_id": job_id})
+            if self.origins is not None:
+                await self.origins.forget(job_id)
         return bool(result.deleted_count)
 
     async def apply_status(self, event: JobStatusChanged) -> None:

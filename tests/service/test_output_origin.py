@@ -136,3 +136,13 @@ async def test_a_line_that_is_no_utf_8_is_stored_and_read_not_lost(submitter, es
         raw = chunk(job_id, lines=("x",)).model_dump_json().replace('"line":"x"', '"line":"\\ud800 :::MLLOG {}"')
         await broker.publish(raw.encode(), f"tm.log.n1.{job_id}")
         assert [d for d in stored().values() if d["job_id"] == job_id], broker
+
+
+async def test_a_deleted_jobs_output_is_no_longer_taken(submitter):
+    broker, repo = submitter
+    job_id = unique("j")
+    await repo.jobs.insert_one({"_id": job_id, "status": {"phase": "Completed"}})
+    await publish(broker, placed(job_id, nodes=("n1",)))
+    assert await repo.delete(job_id, finished=["Completed"])
+    await publish(broker, chunk(job_id, node_id="n1", lines=("late",)))
+    assert repo.db.api_logs.docs == {} and repo.db.api_placements.docs == {}
