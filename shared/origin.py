@@ -22,7 +22,6 @@ from shared.lru import Lru
 log = logging.getLogger(__name__)
 
 Verdict = Literal["keep", "wait", "drop"]
-PLACED_SUBJECT = "tm.job.placed"
 WAIT_S = 0.5  # a chunk that came before its placement was read is looked at again after this long
 MAX_WAITS = 120  # ... at most this often (a minute): a placement read never, after that, was never made
 REMEMBERED = 4096  # placements kept in memory (a placement never changes once made)
