@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from shared.bus import LOGS, connect, make_broker, publish, read_up
+from shared.bus import LOG_STREAM_MAX_BYTES, LOGS, connect, make_broker, publish, read_up
 from shared.origin import Origins
 from shared.store import make_client
 from services.stack.processes import Stack, StackSettings
@@ -95,3 +95,13 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
     # nothing left waiting: the chunk of the attempt never placed was judged once every placement was read
     logs = {"stream": LOGS, "durable": "submitter-logs"}
     assert await until(lambda: read_up(broker, logs))
+
+
+async def test_the_output_stream_keeps_at_most_its_configured_bytes(servers):
+    broker = make_broker(servers.nats_url, name="estimator", creds=servers.identities.creds("estimator"))
+    streams = []
+    for configured in (64 * 1024 ** 2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
+        await connect(broker, log_max_bytes=configured)
+        streams.append((await broker.config.connection_state.stream.stream_info(LOGS.name)).config.max_bytes)
+        await broker.stop()
+    assert streams == [64 * 1024 ** 2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024 ** 3
