@@ -8,10 +8,11 @@ const DATABASE = process.env.TRAINMASTER_MONGO_DB || "trainmaster";
 const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
 const COLLECTIONS = {
   submitter: ["api_jobs", "api_queue", "api_job_list", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
-              "api_notifications", "api_audit", "api_searches"],
+              "api_notifications", "api_audit", "api_searches", "api_placements"],
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes", "monitor_rented"],
-  estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs"],
+  estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs",
+              "estimator_placements"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };

@@ -44,7 +44,9 @@ NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_W
 # core NATS, never stored (HEARTBEATS).
 NODES = _stream("TM_NODES", "tm.node.evt.*", "tm.node.evt.*.registered", "tm.node.evt.*.interrupted", max_age=3600,
                 duplicate_window=60)
-LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, duplicate_window=300)
+# Output: a week, and at most LOG_STREAM_MAX_BYTES of it (the oldest goes first), whatever the tasks print.
+LOG_STREAM_MAX_BYTES = 4 * 1024 ** 3
+LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, max_bytes=LOG_STREAM_MAX_BYTES, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
 NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
 STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
@@ -126,18 +128,22 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
     return broker
 
 
-async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1, leases: bool = False) -> None:
+async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1, leases: bool = False,
+                  log_max_bytes: int = LOG_STREAM_MAX_BYTES) -> None:
     """Connect and make sure every stream exists with its full subject list, before any consumer starts.
 
     declare: False for agents, which may not create or change streams (the stack and placement did).
     replicas: copies of each stream (3 on a 3-server cluster: any one server may fail).
-    leases: the leader-lease bucket too (replicated services)."""
+    leases: the leader-lease bucket too (replicated services).
+    log_max_bytes: what the output stream keeps at most."""
     await broker.connect()
     if not declare:
         return
     streams = broker.config.connection_state.stream
     for stream in STREAMS + ((LEASES,) if leases else ()):
         config = stream.config.evolve(num_replicas=replicas)
+        if stream is LOGS:
+            config = config.evolve(max_bytes=log_max_bytes)
         try:
             await streams.add_stream(config=config)
         except BadRequestError:
@@ -239,6 +245,17 @@ def durable(
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
         ),
     }
+
+
+async def read_up(broker: NatsBroker, subscription: dict[str, Any]) -> bool:
+    """Whether a durable consumer (`subscription`: its `durable(...)` arguments) has been delivered and has
+    acknowledged every message its stream holds for it so far; False when the server does not say."""
+    try:
+        info = await broker.config.connection_state.stream.consumer_info(subscription["stream"].name,
+                                                                          subscription["durable"])
+    except (NatsError, TimeoutError, NotFoundError):
+        return False
+    return not info.num_pending and not info.num_ack_pending
 
 
 def agent_consumer(node_id: str) -> tuple[str, str]:

@@ -13,12 +13,14 @@ SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
 # goes here too (tests/unit/test_bus_roles.py checks every `durable(...)` in services/ is listed).
 CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
     "submitter": (("submitter-status", "tm.job.status"), ("submitter-logs", "tm.log.>"),
-                  ("submitter-eta", "tm.eta.>"), ("submitter-notify", "tm.notify.>")),
+                  ("submitter-placed", "tm.job.placed"), ("submitter-eta", "tm.eta.>"),
+                  ("submitter-notify", "tm.notify.>")),
     "placement": (("placement-jobs", "tm.job.>"), ("placement-node-registrations", bus.NODE_REGISTERED),
                   ("placement-nodes-state", "tm.node.evt.state"), ("placement-eta", "tm.eta.>"),
                   ("placement-node-interruptions", "tm.node.evt.*.interrupted")),
     "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
-    "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>")),
+    "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>"),
+                  ("estimator-placed", "tm.job.placed")),
     "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
 }
 PUBLISHES: dict[str, tuple[str, ...]] = {

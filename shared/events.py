@@ -6,7 +6,7 @@ Each class names its subject; `event_id` doubles as the JetStream message id, so
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.clock import utcnow
 from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
@@ -446,6 +446,17 @@ class LogLine(BaseModel):
     t: float = Field(description="Unix time at which the agent read the line.")
     s: Literal["out", "err"] = "out"
     line: str
+
+    @field_validator("line")
+    @classmethod
+    def _encodable(cls, line: str) -> str:
+        """Lone surrogates (a JSON escape, no UTF-8 at all) become `?`: every reader can encode, store and show
+        the line (else the chunk holding it could not be stored)."""
+        try:
+            line.encode()
+        except UnicodeEncodeError:
+            return line.encode(errors="replace").decode()
+        return line
 
 
 class LogChunk(Message):

@@ -126,7 +126,8 @@ class MetricSpec(Strict):
         min_length=1,
         max_length=512,
         description="RE2 syntax (no backreferences or lookarounds), matched against the first 4096 characters of "
-        "every output line; the named group `value` is the metric, an optional named group `step` its progress.",
+        "every output line; the named group `value` is the metric (or, without it, the pattern's one unnamed group: "
+        "`loss=([0-9.]+)`), an optional named group `step` its progress.",
         examples=[r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)"],
     )
     mode: Literal["min", "max"] = Field("min", description="Whether the metric improves downwards or upwards.")

@@ -20,11 +20,22 @@ def compile_pattern(regex: str) -> Pattern:
         raise ValueError(f"not a valid RE2 regular expression (no backreferences or lookarounds): {reason}") from exc
 
 
+def value_group(pattern: Pattern) -> str | int:
+    """Which group of a metric pattern carries the value: the named group `value`, else its one unnamed group
+    (SageMaker's `loss=([0-9.]+)`); ValueError when it has neither."""
+    if VALUE_GROUP in pattern.groupindex:
+        return VALUE_GROUP
+    unnamed = set(range(1, pattern.groups + 1)) - set(pattern.groupindex.values())
+    if len(unnamed) != 1:
+        raise ValueError("needs the named group `value` (or exactly one unnamed group), e.g. "
+                         "`loss (?P<value>[0-9.]+)` or `loss=([0-9.]+)`")
+    return unnamed.pop()
+
+
 def compile_metric(regex: str) -> Pattern:
-    """A metric pattern: valid under RE2 and with the named group `value` that carries the metric."""
+    """A metric pattern: valid under RE2 and with a group that carries the metric (`value_group`)."""
     pattern = compile_pattern(regex)
-    if VALUE_GROUP not in pattern.groupindex:
-        raise ValueError("needs the named group `value`, e.g. `loss (?P<value>[0-9.]+)`")
+    value_group(pattern)
     return pattern
 
 

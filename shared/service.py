@@ -135,7 +135,8 @@ async def running(w: Wiring, *, settings: CommonSettings, setup: Setup | None = 
     replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
     process once it leads (a FastStream app's `exit`)."""
     leased = settings.leader_lease and w.name in LEASED
-    await connect(w.broker, declare=declare, replicas=settings.stream_replicas, leases=leased)
+    await connect(w.broker, declare=declare, replicas=settings.stream_replicas, leases=leased,
+                  log_max_bytes=settings.log_stream_max_bytes)
     if leased:
         await lead(w, stop=stop)
     client = make_client(settings.mongo_url) if database else None

@@ -4,7 +4,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.events import Assignment, JobPlaced, JobSubmitted, Launch, TaskExited, TaskStarted
+from shared.events import Assignment, JobPlaced, JobSubmitted, Launch, LogChunk, LogLine, TaskExited, TaskStarted
 from shared.jobs import Algorithm, JobCreate, Spec
 from shared.nodes import Gpu, NodeInfo
 
@@ -51,6 +51,14 @@ def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), c
                                                   node_gpu_count=node_gpus) for r, n in enumerate(nodes)),
                      launch=Launch(algorithm=algorithm(command),
                                    spec=Spec.model_validate({"resource": {"gpu_count": gpus}})))
+
+
+def chunk(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", seq: int = 0,
+          lines: tuple[str, ...] = ("hello",), last: bool = False) -> LogChunk:
+    """A chunk of a task's output as the agent of `node_id` ships it."""
+    return LogChunk(event_id=f"{job_id}:{attempt}:{rank}:{node_id}:log:{seq}", job_id=job_id, attempt=attempt,
+                    rank=rank, node_id=node_id, seq=seq, lines=tuple(LogLine(t=float(seq), line=x) for x in lines),
+                    last=last)
 
 
 def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:

@@ -16,7 +16,6 @@ from shared.events import (
     NodeRegistered,
     StartTask,
     StopTask,
-    LogLine,
     TaskExited,
     TaskPreparing,
     TaskRef,
@@ -31,6 +30,7 @@ from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.isolation import Confinement, TaskUser, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
 from services.agent.runner import TaskProcess, describe_exit, memory_limit_gb, spawn, task_environment
+from services.agent.outputrate import OutputRate
 from services.agent.shipping import LogShipper
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,10 @@ LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's
 class Agent:
     def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
                  preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
-                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None) -> None:
+                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None,
+                 output_rate: Callable[[], OutputRate | None] = lambda: None) -> None:
         self.node = node
+        self.output_rate = output_rate  # each task's own allowance of output (None: unlimited)
         self.storage = storage
         self.confinement = confinement
         self.preparer = preparer
@@ -97,8 +99,9 @@ class Agent:
         workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
         workdir.mkdir(mode=0o700, exist_ok=True)
         shipper = LogShipper(job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                             node_id=self.node.node_id, path=workdir / "output.log", publish=self.publish_reliably)
-        note = lambda text: shipper.add(LogLine(t=time.time(), s="err", line=f"[trainmaster] {text}"))  # noqa: E731
+                             node_id=self.node.node_id, path=workdir / "output.log", publish=self.publish_reliably,
+                             rate=self.output_rate())
+        note = shipper.note
         user = None
         try:
             refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)

@@ -17,6 +17,7 @@ from services.agent.downloads import Downloads
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
@@ -46,6 +47,11 @@ class AgentSettings(CommonSettings, StorageSettings):
                                           "notice (EC2: http://169.254.169.254); off when unset.")
     spot_poll_s: float = Field(5.0, gt=0, description="How often the spot metadata is read.")
     spot_act_on_rebalance: bool = Field(False, description="Leave on a rebalance recommendation too.")
+    output_lines_per_s: float = Field(500.0, gt=0, description="Lines a second a task may print; past it (and its "
+                                      "burst) lines are dropped and one notice line says how many.")
+    output_bytes_per_s: float = Field(64 * 1024, gt=0, description="Bytes a second a task may print, likewise.")
+    output_burst_s: float = Field(30.0, gt=0, le=3600, description="Seconds of either allowance a quiet task "
+                                  "saves up for a burst (a dependency install, a stack trace).")
 
 
 def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
@@ -76,7 +82,10 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
                  confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
                  shutdown_grace_s=settings.shutdown_grace_s,
                  hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
-                                  gpus=GpuProbe() if node.resources_source == "nvml" else None))
+                                  gpus=GpuProbe() if node.resources_source == "nvml" else None),
+                 output_rate=lambda: OutputRate(lines_per_s=settings.output_lines_per_s,
+                                                bytes_per_s=settings.output_bytes_per_s,
+                                                burst_s=settings.output_burst_s))
 
 
 def create_app(settings: AgentSettings) -> FastStream:

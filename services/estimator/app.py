@@ -4,10 +4,12 @@ from pathlib import Path
 from faststream import FastStream
 from pydantic import Field
 
+from shared.bus import read_up
+from shared.origin import Origins
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
-from services.estimator.handlers import JOBS, router
+from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.models import ModelStore, refresh_forever
 from services.estimator.service import Estimator
 
@@ -34,8 +36,10 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS)  # written by this service only
         estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
                               history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,
-                              models=models)
+                              models=models, origins=Origins(placements=w.db.estimator_placements,
+                                                             all_read=lambda: read_up(w.broker, PLACED)))
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
+        await estimator.origins.prepare()
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))
         await JOBS.resume(w.broker)  # before any job event is read

@@ -3,9 +3,10 @@ from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
-from shared.events import JobEvent, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
+from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
 from shared.handlers import HandlerTable, dispatch
 from shared.keyed import keyed_durable
+from shared.origin import deliveries
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
@@ -15,6 +16,7 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
     JobSubmitted: Estimator.submitted,
     TaskStarted: Estimator.task_started,
     JobStatusChanged: Estimator.status_changed,
+    JobPlaced: Estimator.placed,
     LogChunk: Estimator.log_chunk,
 }
 
@@ -22,6 +24,8 @@ router = NatsRouter()
 
 
 JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent)
+# Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
+PLACED = durable("tm.job.placed", consumer="estimator-placed")
 
 
 @router.subscriber(**JOBS.subscription)
@@ -31,11 +35,19 @@ async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimat
     await dispatch(EVENT_HANDLERS, event, estimator)
 
 
+@router.subscriber(**PLACED)
+@retry_transient
+async def on_placed(event: JobPlaced, estimator: Estimator = Context("estimator")) -> None:
+    """Which node runs each rank of each attempt."""
+    await dispatch(EVENT_HANDLERS, event, estimator)
+
+
 @router.subscriber(**durable("tm.log.>", consumer="estimator-logs", batch=64))
 @retry_transient
-async def on_log_chunk(chunk: LogChunk, estimator: Estimator = Context("estimator")) -> None:
-    """Jobs' output."""
-    await dispatch(EVENT_HANDLERS, chunk, estimator)
+async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
+    """Jobs' output, from the node each task was placed on (anything else is dropped)."""
+    if await estimator.origins.admit(chunk, deliveries=deliveries(message)):
+        await dispatch(EVENT_HANDLERS, chunk, estimator)
 
 
 @router.subscriber(RPC_METRICS)

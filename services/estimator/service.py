@@ -10,8 +10,10 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
-from shared.events import EtaEstimated, JobStatusChanged, JobSubmitted, LogChunk, LogLine, TaskStarted
+from shared.events import (EtaEstimated, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, LogLine,
+                           TaskStarted)
 from shared.jobs import MetricSpec, Parameter, Phase
+from shared.origin import Origins, dedup_key
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
@@ -38,6 +40,7 @@ class Estimator:
     history: AsyncCollection  # completed jobs with features: the history model's runs
     own_runs: AsyncCollection  # completed jobs' curves toward a declared target: the own-jobs corpus
     models: ModelStore
+    origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
 
@@ -49,6 +52,10 @@ class Estimator:
                   "parameters": [p.model_dump() for p in event.algorithm.parameters],
                   "project_id": event.project_id, "finished": False}
         await self.jobs.save(event.job_id, fields, None, [])  # a redelivery finds it stored and changes nothing
+
+    async def placed(self, event: JobPlaced) -> None:
+        """Which node runs each rank of the attempt: the only node whose output of it is read."""
+        await self.origins.placed(event)
 
     async def task_started(self, event: TaskStarted) -> None:
         model = await self._model(event.job_id)
@@ -122,7 +129,7 @@ class Estimator:
 
     async def _store(self, chunk: LogChunk, lines: list[tuple[int, LogLine]]) -> None:
         """Keep the lines that carried metrics or MLLOG records (ids by position: redelivery adds nothing)."""
-        docs = [{"_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}:{i}",
+        docs = [{"_id": f"{dedup_key(chunk)}:{i}",
                  "job_id": chunk.job_id, "t": line.t, "line": line.line} for i, line in lines]
         try:
             await self.points.insert_many(docs, ordered=False)

@@ -1,5 +1,4 @@
 """Metric points from a job's output and a remaining-time estimate from its own curve (pure, no I/O)."""
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -7,14 +6,16 @@ from functools import cache
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
-from shared.safe_regex import Pattern, clip, compile_metric
-from services.estimator.model.mllog import LogRecord, parse_mllog_line
+from shared.safe_regex import Pattern, clip, compile_metric, value_group
+from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
 from services.estimator.model.owncurve import load_calibration, own_estimate
 
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
 MAX_CURVE_POINTS = 240  # points an estimate reads (older ones thinned): one estimate stays a few ms
 RECENT_KEPT = 40
 MAX_KEPT = 4096  # points kept per metric; past it the older half is thinned to every second point
+MAX_REPORTED = 64  # values read from one SDK report line
+MAX_METRICS = 256  # metric names kept per job: a job printing a new name on every line grows no further
 
 
 @dataclass(frozen=True)
@@ -27,35 +28,43 @@ class MetricPoint:
 
 def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[Pattern | None],
                record: LogRecord | None = None) -> list[MetricPoint]:
-    """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS), and MLLOG
-    key/value records (`record`: the line's MLLOG record when the caller has parsed it already)."""
+    """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS), the SDK's
+    `TRAINMASTER_METRICS {json}` reports and MLLOG key/value records (`record`: the line's MLLOG record when the
+    caller has parsed it already). Whatever the line holds, a value that is no finite number is skipped alone."""
     points = []
     head = clip(line)
     for spec, pattern in zip(metrics, patterns):
         match = pattern.search(head) if pattern is not None else None
-        if not match:
-            continue
-        groups = match.groupdict()
-        raw = groups.get("value")
-        try:
-            value = float(raw)
-            step = float(groups["step"]) if groups.get("step") else None
-        except (TypeError, ValueError):
-            continue
-        if math.isfinite(value):
-            points.append(MetricPoint(spec.name, t, value, step))
+        if match:
+            points += _matched(spec.name, t, match, value_group(pattern), "step" in pattern.groupindex)
     if line.startswith(METRICS_PREFIX):
-        try:
-            report = json.loads(line[len(METRICS_PREFIX):])
-        except json.JSONDecodeError:
-            report = {}
-        step = report.get("step") if isinstance(report.get("step"), int | float) else None
-        points += [MetricPoint(name, t, float(value), step) for name, value in report.items()
-                   if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)]
+        points += _reported(parse_json(line[len(METRICS_PREFIX):]), t)
     record = record or parse_mllog_line(line)
-    if record is not None and isinstance(record.value, int | float) and not isinstance(record.value, bool):
-        points.append(MetricPoint(record.key, t, float(record.value), record.progress()))
+    if record is not None and (value := finite(record.value)) is not None:
+        points.append(MetricPoint(record.key, t, value, record.progress()))
     return points
+
+
+def _matched(name: str, t: float, match, group: str | int, has_step: bool) -> list[MetricPoint]:
+    value = _number(match.group(group))
+    step = _number(match.group("step")) if has_step else None
+    return [] if value is None else [MetricPoint(name, t, value, step)]
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return finite(float(text)) if text else None
+    except ValueError:
+        return None
+
+
+def _reported(report, t: float) -> list[MetricPoint]:
+    """The points of an SDK report: its finite numbers by name (at most MAX_REPORTED), `step` their progress."""
+    if not isinstance(report, dict):
+        return []
+    step = finite(report.get("step"))
+    return [MetricPoint(name, t, value, step) for name, raw in list(report.items())[:MAX_REPORTED]
+            if len(name) <= MAX_KEY_CHARS and (value := finite(raw)) is not None]
 
 
 @dataclass
@@ -71,6 +80,8 @@ class JobTracker:
     def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
         found = parse_line(line.line, line.t, self.metrics, self.patterns, record)
         for point in found:
+            if point.name not in self.points and len(self.points) >= MAX_METRICS:
+                continue
             kept = self.points.setdefault(point.name, [])
             kept.append(point)
             if len(kept) > MAX_KEPT:

@@ -6,6 +6,8 @@ from fastapi import Depends, FastAPI
 from pydantic import Field, field_validator
 
 from shared import egress
+from shared.bus import read_up
+from shared.origin import Origins
 from shared.service import Wiring, running, wire
 from shared.settings import CommonSettings
 from shared.storage import StorageSettings
@@ -14,7 +16,7 @@ from services.submitter import errors, notifications, routes_admin, routes_billi
 from services.submitter import dialects, portal
 from services.submitter import audit, routes_users
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
-from services.submitter.handlers import router as bus_router
+from services.submitter.handlers import PLACED, router as bus_router
 from services.submitter.intake import Intake
 from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
 from services.submitter.repository import Repository
@@ -53,7 +55,8 @@ class SubmitterSettings(CommonSettings, StorageSettings):
 async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None:
     """The API's stores (indexes made), the first admin token and the API's loops; in app.state for the routes."""
     db = w.db
-    repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes)
+    repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes,
+                      origins=Origins(placements=db.api_placements, all_read=lambda: read_up(w.broker, PLACED)))
     tokens = Tokens(db.api_users, db.api_tokens, max_per_user=settings.max_tokens_per_user)
     audit_log = audit.AuditLog(db.api_audit)
     searches = SearchStore(db.api_searches)

@@ -1,12 +1,13 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
 from faststream import Context
 from faststream.exceptions import NackMessage
-from faststream.nats import NatsRouter
+from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import durable, retry_transient
 from shared.clock import utcnow
-from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Notification
+from shared.events import EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
+from shared.origin import deliveries
 from services.submitter import notifications
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
@@ -22,6 +23,11 @@ async def status_changed(repo: Repository, event: JobStatusChanged) -> None:
     await repo.apply_status(event)
 
 
+async def placed(repo: Repository, event: JobPlaced) -> None:
+    """Which node runs each rank of the attempt: the only node whose output of it is taken."""
+    await repo.origins.placed(event)
+
+
 async def notified(repo: Repository, event: Notification) -> None:
     """Keep it for delivery to the project's webhook (delivery runs apart, with retries)."""
     await notifications.record(repo.db, event)
@@ -30,12 +36,15 @@ async def notified(repo: Repository, event: Notification) -> None:
 # Keep output for the logs endpoint; show the latest remaining-time estimate on the job.
 EVENT_HANDLERS: HandlerTable[Repository] = {
     JobStatusChanged: status_changed,
+    JobPlaced: placed,
     LogChunk: Repository.add_log,
     EtaEstimated: Repository.apply_eta,
     Notification: notified,
 }
 
 router = NatsRouter()
+# Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
+PLACED = durable("tm.job.placed", consumer="submitter-placed")
 
 
 @router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
@@ -45,11 +54,19 @@ async def on_status(event: JobStatusChanged, repo: Repository = Context("repo"))
     await dispatch(EVENT_HANDLERS, event, repo)
 
 
+@router.subscriber(**PLACED)
+@retry_transient
+async def on_placed(event: JobPlaced, repo: Repository = Context("repo")) -> None:
+    """Which node runs each rank of each attempt."""
+    await dispatch(EVENT_HANDLERS, event, repo)
+
+
 @router.subscriber(**durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False))
 @retry_transient
-async def on_log(chunk: LogChunk, repo: Repository = Context("repo")) -> None:
-    """Jobs' output."""
-    await dispatch(EVENT_HANDLERS, chunk, repo)
+async def on_log(chunk: LogChunk, message: NatsMessage, repo: Repository = Context("repo")) -> None:
+    """Jobs' output, from the node each task was placed on (anything else is dropped)."""
+    if await repo.origins.admit(chunk, deliveries=deliveries(message)):
+        await dispatch(EVENT_HANDLERS, chunk, repo)
 
 
 @router.subscriber(**durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False))

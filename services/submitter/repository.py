@@ -12,6 +12,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Message
 from shared.lru import Lru
+from shared.origin import Origins, dedup_key
 from shared.store import DocumentStore
 from services.submitter.limits import QUEUED_PHASES
 from services.submitter.views import status_fields
@@ -61,6 +62,7 @@ class Repository:
     log_cap_bytes: int = LOG_CAP_BYTES
     trimming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one trim at a time (one submitter)
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
+    origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
 
     @property
     def jobs(self):
@@ -97,6 +99,8 @@ class Repository:
         await self.listing.create_index([("project_id", 1), ("created_s", -1)])
         await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
         await self.db.api_tokens.create_index("user_name")
+        if self.origins is not None:
+            await self.origins.prepare()
 
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
@@ -213,6 +217,8 @@ class Repository:
             await self.listing.delete_one({"_id": job_id})
             await self.logs.delete_many({"job_id": job_id})
             await self.db.api_log_sizes.delete_one({"_id": job_id})
+            if self.origins is not None:
+                await self.origins.forget(job_id)
         return bool(result.deleted_count)
 
     async def apply_status(self, event: JobStatusChanged) -> None:
@@ -247,7 +253,7 @@ class Repository:
         size = chunk_bytes(lines)
         try:
             await self.logs.insert_one({
-                "_id": f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.seq}",
+                "_id": dedup_key(chunk),
                 "job_id": chunk.job_id, "attempt": chunk.attempt, "rank": chunk.rank, "seq": chunk.seq,
                 "lines": lines, "bytes": size, "last": chunk.last,
             })

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.safe_regex import Pattern, clip, compile_pattern
+from shared.safe_regex import Pattern, clip, compile_metric, value_group
 
 MLLOG_PREFIX = ":::MLLOG "
+MAX_KEY_CHARS = 128  # a record's key names a metric: a longer one is no metric anyone declared
+MAX_DEPTH = 3  # metadata and values nest this deep at most in real logs; deeper parts are dropped
 
 # Metadata keys that carry training progress, in order of preference.
 PROGRESS_KEYS = ("samples_count", "epoch_num", "step_num")
@@ -26,9 +29,8 @@ class LogRecord:
     def progress(self) -> float | None:
         """Progress (samples, epochs or steps) carried in the metadata, if any."""
         for name in PROGRESS_KEYS:
-            val = self.metadata.get(name)
-            if isinstance(val, (int, float)) and not isinstance(val, bool):
-                return float(val)
+            if (val := finite(self.metadata.get(name))) is not None:
+                return val
         return None
 
 
@@ -69,11 +71,49 @@ def mark_progress(rec: LogRecord, benchmark: str, batch_size: float = 0.0) -> fl
     # unet3d: some logs count epochs, most count samples.
     if benchmark == "unet3d" and value < 1e4:
         value *= KITS19_CASES_PER_EPOCH
-    return float(value)
+    return finite(value)
 
 
 def _is_num(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def finite(value: Any) -> float | None:
+    """A number a log line carried as a finite float; None for anything else (a bool, a string, NaN, infinity, an
+    integer past float's range)."""
+    if not _is_num(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _clean(value: Any, depth: int = 0) -> Any:
+    """A parsed JSON value with every number a finite float or a small-enough int, and no deeper than MAX_DEPTH:
+    whatever reads a record afterwards does arithmetic on it without a care."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float):
+        number = finite(value)
+        return None if number is None else value if isinstance(value, int) else number
+    if depth >= MAX_DEPTH:
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v, depth + 1) for v in value]
+    return None
+
+
+def parse_json(text: str) -> Any:
+    """A JSON value from untrusted text, numbers cleaned (`_clean`); None when it does not parse (too deep, an
+    integer of more digits than Python converts, invalid)."""
+    try:
+        return _clean(json.loads(text))
+    except (ValueError, RecursionError):
+        return None
 
 
 def parse_mllog_line(line: str) -> LogRecord | None:
@@ -81,34 +121,33 @@ def parse_mllog_line(line: str) -> LogRecord | None:
     start = line.find(MLLOG_PREFIX)
     if start < 0:
         return None
-    try:
-        obj = json.loads(line[start + len(MLLOG_PREFIX):])
-        return LogRecord(
-            key=str(obj["key"]),
-            value=obj.get("value"),
-            time_ms=int(obj["time_ms"]),
-            metadata=obj.get("metadata") or {},
-        )
-    except (ValueError, KeyError, TypeError):
+    obj = parse_json(line[start + len(MLLOG_PREFIX):])
+    if not isinstance(obj, dict) or not isinstance(obj.get("key"), str) or len(obj["key"]) > MAX_KEY_CHARS:
         return None
+    metadata = obj.get("metadata")
+    time_ms = finite(obj.get("time_ms"))
+    if time_ms is None:
+        return None
+    return LogRecord(key=obj["key"], value=obj.get("value"), time_ms=int(time_ms),
+                     metadata=metadata if isinstance(metadata, dict) else {})
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     """A metric read from free-form log lines with a regex.
 
-    The regex has one capture group or a named group `value`; an optional named group
-    `step` gives the progress (step, epoch or samples) at which the value was logged.
+    The regex has a named group `value` or exactly one unnamed group (`shared.safe_regex.value_group`); an
+    optional named group `step` gives the progress (step, epoch or samples) at which the value was logged.
     """
 
     name: str
     regex: str
 
     def compiled(self) -> Pattern:
-        pattern = compile_pattern(self.regex)  # RE2: linear in the line, whoever wrote the pattern
-        if "value" not in pattern.groupindex and pattern.groups < 1:
-            raise ValueError(f"metric {self.name!r}: regex needs a capture group")
-        return pattern
+        try:
+            return compile_metric(self.regex)  # RE2: linear in the line, whoever wrote the pattern
+        except ValueError as exc:
+            raise ValueError(f"metric {self.name!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -133,12 +172,10 @@ class RegexMetricParser:
             match = pattern.search(clip(line))
             if match is None:
                 continue
-            groups = pattern.groupindex
-            raw = match.group("value") if "value" in groups else match.group(1)
-            value = _to_float(raw)
+            value = _to_float(match.group(value_group(pattern)))
             if value is None:
                 continue
-            step = _to_float(match.group("step")) if "step" in groups else None
+            step = _to_float(match.group("step")) if "step" in pattern.groupindex else None
             points.append(MetricPoint(name=name, value=value, step=step))
         return points
 
@@ -147,6 +184,6 @@ def _to_float(raw: str | None) -> float | None:
     if raw is None:
         return None
     try:
-        return float(raw)
+        return finite(float(raw))
     except ValueError:
         return None

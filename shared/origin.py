@@ -1,0 +1,107 @@
+"""Whose output a chunk is: only the node an attempt's rank was placed on speaks for that task's output.
+
+A node's agent may publish on its own log subject chunks naming any job; what it says is a claim. A receiver of
+output (the submitter, which shows it; the estimator, which reads metrics from it) keeps a chunk only when
+placement put that attempt's rank on the chunk's node, as the monitor does for task events. Placements are read
+from `tm.job.placed` by a consumer of their own, in stream order; a chunk whose placement has not been read yet
+waits while that consumer still has placements to read (the real one was stored before any output of its task
+existed), and is dropped once it has read them all.
+"""
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from faststream.exceptions import NackMessage
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
+
+from shared.events import JobPlaced, LogChunk
+from shared.lru import Lru
+
+log = logging.getLogger(__name__)
+
+Verdict = Literal["keep", "wait", "drop"]
+WAIT_S = 0.5  # a chunk that came before its placement was read is looked at again after this long
+MAX_WAITS = 120  # ... at most this often (a minute): a placement read never, after that, was never made
+REMEMBERED = 4096  # placements kept in memory (a placement never changes once made)
+
+
+def attempt_key(job_id: str, attempt: int) -> str:
+    return f"{job_id}:{attempt}"
+
+
+def placed_nodes(event: JobPlaced) -> dict[str, str]:
+    """Each rank's node, as placement decided it."""
+    return {str(a.rank): a.node_id for a in event.assignments}
+
+
+def verdict(nodes: dict[str, str] | None, chunk: LogChunk, *, all_placements_read: bool) -> Verdict:
+    """Keep what the rank's own node says; wait for a placement not read yet; drop anything else."""
+    if nodes is not None:
+        return "keep" if nodes.get(str(chunk.rank)) == chunk.node_id else "drop"
+    return "drop" if all_placements_read else "wait"
+
+
+def dedup_key(chunk: LogChunk) -> str:
+    """A chunk's storage id: per (job, attempt, rank, node), so no other node's chunk can take its place."""
+    return f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.node_id}:{chunk.seq}"
+
+
+@dataclass
+class Origins:
+    """The placements a service has read, and the check of each chunk against them."""
+
+    placements: AsyncCollection  # "job:attempt" -> each rank's node
+    all_read: Callable[[], Awaitable[bool]]  # whether the placements consumer has read everything stored so far
+    known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+
+    async def placed(self, event: JobPlaced) -> None:
+        """Keep a placement (a redelivery finds it stored)."""
+        nodes = placed_nodes(event)
+        key = attempt_key(event.job_id, event.attempt)
+        if self.known.get(key) == nodes:
+            return
+        try:
+            await self.placements.insert_one({"_id": key, "job_id": event.job_id, "attempt": event.attempt,
+                                              "nodes": nodes})
+        except DuplicateKeyError:
+            pass
+        self.known.put(key, nodes)
+
+    async def forget(self, job_id: str) -> None:
+        """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
+        async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
+            self.known.pop(doc["_id"])
+        await self.placements.delete_many({"job_id": job_id})
+
+    async def prepare(self) -> None:
+        """The index `forget` reads."""
+        await self.placements.create_index("job_id")
+
+    async def nodes(self, job_id: str, attempt: int) -> dict[str, str] | None:
+        key = attempt_key(job_id, attempt)
+        if (nodes := self.known.get(key)) is not None:
+            return nodes
+        doc = await self.placements.find_one({"_id": key})
+        return None if doc is None else self.known.put(key, doc["nodes"])
+
+    async def admit(self, chunk: LogChunk, *, deliveries: int) -> bool:
+        """Whether to take the chunk in: False (logged) for one from a node its task was not placed on; a chunk
+        whose placement may still come is handed back to the stream for later (NackMessage)."""
+        nodes = await self.nodes(chunk.job_id, chunk.attempt)
+        decided = verdict(nodes, chunk, all_placements_read=nodes is not None or await self.all_read())
+        if decided == "wait" and deliveries < MAX_WAITS:
+            raise NackMessage(delay=WAIT_S)
+        if decided != "keep":
+            log.warning("dropped output of job %s attempt %d rank %d from node %s: %s", chunk.job_id, chunk.attempt,
+                        chunk.rank, chunk.node_id, "not placed there" if nodes is not None else "never placed")
+        return decided == "keep"
+
+
+def deliveries(message: Any) -> int:
+    """How often JetStream has delivered a message (1 the first time; 1 where the transport does not say)."""
+    try:
+        return int(message.raw_message.metadata.num_delivered)
+    except Exception:  # noqa: BLE001 - a test broker's message carries no JetStream metadata
+        return 1

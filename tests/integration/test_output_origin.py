@@ -1,0 +1,107 @@
+"""Output on a real NATS server configured as `make run` does: one node's agent, with its own credentials, publishes
+chunks on its own log subject naming a job placed on another node, first and with the sequence numbers (and
+message ids) the real chunks will carry; the submitter stores none of them, and the real output arrives whole."""
+import asyncio
+
+import pytest
+
+from shared.bus import LOG_STREAM_MAX_BYTES, LOGS, connect, make_broker, publish, read_up
+from shared.origin import Origins
+from shared.store import make_client
+from services.stack.processes import Stack, StackSettings
+from services.submitter.handlers import PLACED, router
+from services.submitter.logs import read_page
+from services.submitter.repository import Repository
+from tests.conftest import free_port
+from tests.factories import chunk, placed, unique
+from tests.integration.test_bus_security import CLUSTER, agent_creds, as_agent
+
+pytestmark = pytest.mark.integration
+INJECTED = ('TRAINMASTER_METRICS {"loss": 0.00001}', "target reached")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    data = tmp_path_factory.mktemp("origin")
+    (data / "cluster.toml").write_text(CLUSTER)
+    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None, mongo_url=None,
+                                cluster_file=data / "cluster.toml"))
+    stack.start_nats()
+    stack.prepare_bus()
+    stack.start_database()
+    yield stack
+    stack.stop_all()
+
+
+@pytest.fixture
+async def submitter(servers):
+    """The submitter's bus handlers, as the submitter (its own credentials), on the real server and database."""
+    broker = make_broker(servers.nats_url, name="submitter", creds=servers.identities.creds("submitter"))
+    broker.include_router(router)
+    client = make_client(servers.mongo_url)
+    db = client[unique("db").replace("-", "_")]
+    repo = Repository(db=db, broker=broker, origins=Origins(placements=db.api_placements,
+                                                            all_read=lambda: read_up(broker, PLACED)))
+    broker.context.set_global("repo", repo)
+    await connect(broker)
+    await broker.start()
+    yield broker, repo
+    await broker.stop()
+    await client.close()
+
+
+async def as_node(servers, node_id: str):
+    broker = make_broker(servers.nats_url, name=f"agent-{node_id}", creds=agent_creds(servers, node_id))
+    await connect(broker, declare=False)
+    return broker
+
+
+async def until(check, *, tries: int = 100) -> bool:
+    for _ in range(tries):
+        if await check():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopped(servers, submitter):
+    broker, repo = submitter
+    job_id = unique("j")
+    placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
+    await connect(placement)
+    await publish(placement, placed(job_id, nodes=("n2",)))
+    await placement.stop()
+
+    attacker, raw = await as_node(servers, "n1"), await as_agent(servers, "n1")
+    for seq in range(3):  # first, with the numbers the real chunks will carry, and with their bare message ids
+        forged = chunk(job_id, node_id="n1", seq=seq, lines=INJECTED, last=seq == 2)
+        await publish(attacker, forged)
+        for msg_id in (f"{job_id}:1:0:n2:log:{seq}", f"{job_id}:1:0:log:{seq}"):
+            await raw.nc.jetstream().publish(forged.subject, forged.model_dump_json().encode(),
+                                             headers={"Nats-Msg-Id": msg_id})
+    await publish(attacker, chunk(job_id, attempt=7, node_id="n1", lines=INJECTED))  # an attempt never placed
+    await attacker.stop()
+    await raw.nc.close()
+
+    runner = await as_node(servers, "n2")
+    for seq in range(3):
+        await publish(runner, chunk(job_id, node_id="n2", seq=seq, lines=(f"real {seq}",), last=seq == 2))
+    await runner.stop()
+
+    assert await until(lambda: repo.output_complete(job_id, attempt=1, rank=0))
+    page = await read_page(repo, job_id, rank=0, offset=0, limit=100)
+    assert page.text.splitlines() == ["real 0", "real 1", "real 2"]
+    assert await repo.db.api_logs.count_documents({"job_id": job_id}) == 3
+    # nothing left waiting: the chunk of the attempt never placed was judged once every placement was read
+    logs = {"stream": LOGS, "durable": "submitter-logs"}
+    assert await until(lambda: read_up(broker, logs))
+
+
+async def test_the_output_stream_keeps_at_most_its_configured_bytes(servers):
+    broker = make_broker(servers.nats_url, name="estimator", creds=servers.identities.creds("estimator"))
+    streams = []
+    for configured in (64 * 1024 ** 2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
+        await connect(broker, log_max_bytes=configured)
+        streams.append((await broker.config.connection_state.stream.stream_info(LOGS.name)).config.max_bytes)
+        await broker.stop()
+    assert streams == [64 * 1024 ** 2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024 ** 3
