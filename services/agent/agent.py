@@ -31,7 +31,7 @@ from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
-from services.agent.quota import enforce_disk
+from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, spawn, task_environment
 from services.agent.shipping import LogShipper
 
@@ -188,6 +188,8 @@ class Agent:
         for helper in helpers:
             helper.cancel()
         task.out_of_memory(start.spec.resource.memory_gb)  # the kernel may have been quicker than our last look
+        if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
+            await past_quota(task, self.disk_quota_gb)
         if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
             await asyncio.to_thread(kill_user, task.user.uid)
         await shipper.close()
@@ -198,6 +200,8 @@ class Agent:
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
+        elif task.disk_full:
+            reason, message = "failed", describe_exit(status, task.tail)
         elif status == 0:
             reason, message = "completed", ""
         elif task.oom:

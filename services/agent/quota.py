@@ -41,13 +41,21 @@ def over_quota(used: int, quota_gb: float) -> bool:
     return used > quota_gb * 2**30
 
 
+async def past_quota(task: "TaskProcess", quota_gb: float) -> bool:
+    """Whether the task's working directory holds more than `quota_gb` (noted in its last output when so)."""
+    used = await asyncio.to_thread(disk_usage, str(task.workdir))
+    if not over_quota(used, quota_gb):
+        return False
+    task.disk_full = True
+    task.tail.append(f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory "
+                     f"({used / 2**30:.2f} GB)")
+    return True
+
+
 async def enforce_disk(task: "TaskProcess", quota_gb: float, *, every_s: float = DISK_CHECK_S) -> None:
     """Kill the whole task once its working directory holds more than `quota_gb`."""
     while task.process.returncode is None:
-        used = await asyncio.to_thread(disk_usage, str(task.workdir))
-        if over_quota(used, quota_gb):
-            task.tail.append(f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory "
-                             f"({used / 2**30:.2f} GB)")
+        if await past_quota(task, quota_gb):
             try:
                 os.killpg(task.process.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -101,6 +101,7 @@ class TaskProcess:
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
     oom: str | None = None
+    disk_full: bool = False  # wrote more than its disk quota to its working directory
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))

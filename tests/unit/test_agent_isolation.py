@@ -273,6 +273,15 @@ async def test_a_task_writing_past_its_disk_quota_is_stopped(tmp_path):
     assert "WROTE" not in output
 
 
+async def test_a_task_that_writes_past_its_quota_and_exits_before_a_look_fails_all_the_same(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.05)
+    write = "for i in $(seq 8); do head -c 10000000 /dev/zero > part$i; done; echo WROTE"
+    ended, output = await run(agent, start(unique("fast"), write), sent)
+    assert "WROTE" in output, output
+    assert ended.reason == "failed" and "wrote more than 0.05 GB to its work directory" in ended.message, ended
+
+
 async def test_no_single_file_grows_past_the_disk_quota(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.01)
