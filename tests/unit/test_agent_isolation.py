@@ -1,6 +1,7 @@
 """A task run by a root agent is a user of its own: the agent's /proc, its data and other projects' storage are out
 of reach, while its working directory, the SDK, Python and its checkpoints still work. Real processes."""
 import asyncio
+import ctypes
 import json
 import os
 import pwd
@@ -17,6 +18,7 @@ from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore, Mirror
 from services.agent.cgroups import detect
 from services.agent.isolation import TaskUsers, confinement
+from services.agent.leftovers import KINDS, SYSVIPC, ipc_ids, sweep_files, sweep_ipc
 from services.agent.preparation import Preparer
 from services.agent.runner import SDK_DIR
 from shared.jobs import Algorithm
@@ -313,3 +315,37 @@ async def test_a_task_is_a_real_user(tmp_path, confined):
     assert who["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     if confined:
         assert name not in Path("/etc/passwd").read_text()  # the host's own file is untouched
+
+
+@root_only
+def test_without_namespaces_the_uids_system_v_objects_and_temporary_files_are_swept(tmp_path):
+    uid = random.randrange(300_000, 900_000)
+    temp = tmp_path / "tmp"  # the host's /tmp, say
+    temp.mkdir(mode=0o1777)
+    temp.chmod(0o1777)
+    (temp / "someone-elses").write_text("kept")
+    child = os.fork()
+    if child == 0:  # the task, on the host's IPC namespace and temporary directory
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmget(0, 4096, 0o1000 | 0o600)
+            libc.semget(0, 1, 0o1000 | 0o600)
+            libc.msgget(0, 0o1000 | 0o600)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    (temp / "left").write_text("secret")
+    (temp / "dir" / "deep").mkdir(parents=True)
+    for path in (temp / "left", temp / "dir", temp / "dir" / "deep"):
+        os.lchown(path, uid, uid)  # as the task would have made them
+
+    def owned() -> list[int]:
+        return [ident for kind, column in KINDS.items()
+                for ident in ipc_ids((SYSVIPC / kind).read_text(), id_column=column, uid=uid)]
+
+    assert len(owned()) == 3
+    assert sweep_ipc(uid) == 3 and owned() == []
+    assert sweep_files(uid, dirs=(str(temp),)) == 2
+    assert sorted(os.listdir(temp)) == ["someone-elses"]
