@@ -128,15 +128,21 @@ class Cgroups:
             (self.layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
         (top / "cgroup.subtree_control").write_text("+memory +pids")
 
-    def create(self, *, name: str, memory_gb: float) -> TaskCgroup:
-        """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first)."""
+    def create(self, *, name: str, memory_gb: float) -> TaskCgroup | None:
+        """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first); None
+        (logged) when the hierarchy refuses it: the agent then measures the task's memory itself."""
         cg = plan(self.layout, name=name, memory_bytes=int(memory_gb * 2**30), pids_max=self.pids_max)
-        remove(cg)
-        for d in cg.dirs:
-            d.mkdir()
-        for path, value in cg.limits:
-            if path.exists():  # memsw only where swap accounting is on
-                path.write_text(value)
+        try:
+            remove(cg)
+            for d in cg.dirs:
+                d.mkdir()
+            for path, value in cg.limits:
+                if path.exists():  # memsw only where swap accounting is on
+                    path.write_text(value)
+        except OSError as exc:
+            log.warning("no cgroup for task %s (%r): its memory is measured by the agent", name, exc)
+            remove(cg)
+            return None
         return cg
 
 
@@ -150,7 +156,7 @@ def read_oom_kills(cg: TaskCgroup) -> int:
 def remove(cg: TaskCgroup) -> None:
     """Kill every process in the task's cgroups, then remove them."""
     for d in cg.dirs:
-        if not d.is_dir():
+        if not (d / "cgroup.procs").is_file():
             continue
         if (d / "cgroup.kill").exists():
             (d / "cgroup.kill").write_text("1")

@@ -1,5 +1,6 @@
 """The pure parts of a task's confinement: where its cgroups go and what they limit, its passwd entry, which System
 V objects are its uid's, and each stack's own uid range."""
+import json
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, oom_kil
 from services.agent.leftovers import ipc_ids
 from services.agent.quota import disk_usage, over_quota
 from services.agent.shim import account_files
-from services.agent.uidrange import choose_first
+from services.agent.uidrange import choose_first, claim_range
 
 V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
 cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
@@ -100,3 +101,16 @@ def test_disk_usage_counts_files_below_and_follows_no_link(tmp_path):
     (tmp_path / "link").symlink_to("/usr")
     assert 100_000 <= disk_usage(str(tmp_path)) < 200_000
     assert over_quota(2**30 + 1, 1) and not over_quota(2**30, 1)
+
+
+def test_the_registry_keeps_each_stacks_range_and_forgets_stacks_whose_data_is_gone(tmp_path):
+    registry = tmp_path / "run" / "ranges.json"
+    one, two, gone = (tmp_path / name for name in ("one", "two", "gone"))
+    for d in (one, two, gone):
+        d.mkdir()
+    firsts = [claim_range(registry, data_dir=d, count=1000) for d in (one, two, gone)]
+    assert firsts == [200_000, 201_000, 202_000]
+    assert claim_range(registry, data_dir=one, count=1000) == 200_000  # an agent of the same stack, later
+    gone.rmdir()
+    assert claim_range(registry, data_dir=tmp_path / "three", count=1000) == 202_000
+    assert json.loads(registry.read_text())[str(two)] == [201_000, 1000]
