@@ -51,7 +51,7 @@ print("RESULT " + json.dumps(result), flush=True)
 
 
 def make_agent(tmp_path: Path, sent: list, *, confined: bool, uids: int = 20,
-               disk_quota_gb: float | None = None) -> Agent:
+               disk_quota_gb: float | None = None, cgroups: bool = True) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
 
@@ -60,7 +60,7 @@ def make_agent(tmp_path: Path, sent: list, *, confined: bool, uids: int = 20,
     first = random.randrange(300_000, 900_000, 100)  # apart from any other test run on this host
     rules = confinement(users=TaskUsers(first_uid=first, count=uids, lock_dir=tmp_path / "uids"), sdk_dir=SDK_DIR,
                         data_dir=data, storage_dirs=[data / "checkpoints"], shared_dirs=[],
-                        cgroups=detect(pids_max=1024), tmpfs_mb=64) if confined else None
+                        cgroups=detect(pids_max=1024, enabled=cgroups), tmpfs_mb=64) if confined else None
     return Agent(node=NODE, root=data / "agents" / "n1", publish=publish, preparer=Preparer(data / "engines", {}),
                  checkpoints=CheckpointStore(policy.checkpoint_root), storage=policy, confinement=rules,
                  checkpoint_sync_s=0.2, disk_quota_gb=disk_quota_gb)
@@ -239,9 +239,10 @@ time.sleep(60)
 
 
 @root_only
-async def test_memory_held_by_a_detached_process_counts_against_memory_gb(tmp_path):
+@pytest.mark.parametrize("cgroups", [True, False])  # the kernel's limit; the agent's own measure without one
+async def test_memory_held_by_a_detached_process_counts_against_memory_gb(tmp_path, cgroups):
     sent: list = []
-    agent = make_agent(tmp_path, sent, confined=True)
+    agent = make_agent(tmp_path, sent, confined=True, cgroups=cgroups)
     ended, output = await run(agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5),
                               sent)  # 1.5 GB
     assert ended.reason == "oom" and ended.oom == "host", (ended, output)
