@@ -205,7 +205,8 @@ async def test_the_next_task_given_the_same_uid_in_another_project_finds_nothing
 SPY = r"""
 import glob
 lines = [open(p, "rb").read().replace(b"\0", b" ").decode() for p in glob.glob("/proc/[0-9]*/cmdline")]
-print("PROCS", len(lines), "SEEN" if any("the-other-" + "tasks-secret" in line for line in lines) else "UNSEEN", flush=True)
+seen = any("the-other-" + "tasks-secret" in line for line in lines)  # split: its own command line holds this
+print("PROCS", len(lines), "SEEN" if seen else "UNSEEN", flush=True)
 """
 
 
@@ -296,8 +297,9 @@ async def test_no_single_file_grows_past_the_disk_quota(tmp_path):
 
 IDENTITY = r"""
 import getpass, json, os, pwd, subprocess
+name = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
 print("WHO " + json.dumps({"getuser": getpass.getuser(), "pwd": pwd.getpwuid(os.getuid()).pw_name,
-      "home": os.path.expanduser("~"), "id": subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip(),
+      "home": os.path.expanduser("~"), "id": name,
       "env": {k: os.environ.get(k) for k in ("USER", "LOGNAME", "CUDA_DEVICE_ORDER", "XDG_CACHE_HOME")}}), flush=True)
 """
 
