@@ -96,9 +96,7 @@ def show_account(*, name: str, uid: int, gid: int, home: str, scratch: str = "/t
 
 
 def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None = None) -> None:
-    """Enter private mount, IPC and PID namespaces (the PID one for children) and cover each directory, showing
-    only its listed children."""
-    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID))
+    """In the task's own mount namespace, cover each directory, showing only its listed children."""
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
     size = f",size={tmpfs_size}" if tmpfs_size else ""
     # handles on what each cover hides, taken in the new namespace (a bind mount's source must be in it)
@@ -178,15 +176,16 @@ def confine(launch: dict) -> tuple[dict, bool]:
     except OSError as exc:
         print(f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent "
               "instead", file=sys.stderr, flush=True)
-    try:
-        isolate(plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
-                tmpfs_size=launch.get("tmpfs_size"))
+    try:  # mount, IPC and (for its children) PID namespaces of its own
+        _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID))
         namespaced = True
     except OSError as exc:  # no CAP_SYS_ADMIN: the task still runs as its own user, with less in reach
         print(f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
               "user cannot enter are out of its reach", file=sys.stderr, flush=True)
         namespaced = False
-    if namespaced:
+    if namespaced:  # from here on a failure ends the task: it never runs half covered
+        isolate(plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
+                tmpfs_size=launch.get("tmpfs_size"))
         try:
             show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
         except OSError as exc:  # USER, LOGNAME and HOME still name it
