@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from services.agent.app import AgentSettings, task_uid_first, task_uid_locks
 from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, oom_kills, own_cgroups, plan
 from services.agent.leftovers import ipc_ids
 from services.agent.quota import disk_usage, over_quota
@@ -114,3 +115,14 @@ def test_the_registry_keeps_each_stacks_range_and_forgets_stacks_whose_data_is_g
     gone.rmdir()
     assert claim_range(registry, data_dir=tmp_path / "three", count=1000) == 202_000
     assert json.loads(registry.read_text())[str(two)] == [201_000, 1000]
+
+
+def test_a_stack_claims_its_own_range_under_its_data_dir_and_a_configured_range_host_wide(tmp_path):
+    own = AgentSettings(node_id="n", data_dir=tmp_path / "data", task_uid_registry=tmp_path / "ranges.json",
+                        task_uid_count=10)
+    assert task_uid_first(own) == 200_000 and task_uid_locks(own) == tmp_path / "data" / "task-uids"
+    other = own.model_copy(update={"data_dir": tmp_path / "other"})
+    (tmp_path / "data").mkdir()
+    assert task_uid_first(other) == 200_010
+    shared = own.model_copy(update={"task_uid_first": 500_000})
+    assert task_uid_first(shared) == 500_000 and task_uid_locks(shared) == Path("/run/trainmaster/task-uids")
