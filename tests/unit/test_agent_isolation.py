@@ -352,3 +352,14 @@ def test_without_namespaces_the_uids_system_v_objects_and_temporary_files_are_sw
     assert sweep_ipc(uid) == 3 and owned() == []
     assert sweep_files(uid, dirs=(str(temp),)) == 2
     assert sorted(os.listdir(temp)) == ["someone-elses"]
+
+
+@root_only
+async def test_a_task_in_its_own_pid_namespace_ends_with_its_commands_code_or_signal(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    coded, _ = await run(agent, start(unique("code"), "echo $$; exit 3"), sent)
+    signalled, _ = await run(agent, start(unique("sig"), f"{sys.executable} -c 'import os; os.kill(os.getpid(), 15)'"),
+                             sent)
+    assert (coded.reason, coded.exit_code) == ("failed", 3)
+    assert (signalled.reason, signalled.exit_code) == ("failed", 143)  # as its shell reports a SIGTERM
