@@ -1,8 +1,9 @@
 """Each task as an unprivileged user of its own: uids from a range, claimed across every agent of the host.
 
 A uid is claimed with a lock file (held while the task runs; it goes with the agent if the agent dies) and only
-when no process of that uid is alive. When the task ends every process of its uid is killed and its working
-directory is given back to the agent's user, so the next task that gets the uid finds nothing of this one.
+when no process of that uid is alive. When the task ends every process of its uid is killed, what it left on the
+host (System V IPC, temporary files) is removed and its working directory is given back to the agent's user, so
+the next task that gets the uid finds nothing of this one.
 """
 import errno
 import fcntl

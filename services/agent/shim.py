@@ -15,8 +15,9 @@ user could not enter is covered by an empty tmpfs showing only the next step of 
 directory and home are always covered, /tmp, /var/tmp, /dev/shm and /run/lock are private tmpfs of bounded size,
 and /etc/passwd and /etc/group are copies with an entry for the task's user (so `getpass.getuser()`, `id` and
 `~` work). A forked copy of the shim is PID 1 of the task's PID namespace: it mounts a /proc showing only the
-task's processes, starts the command, tells the shim how the command ended and reaps orphans until it is killed
-with the rest of the group; when it dies, the kernel kills everything left in the namespace.
+task's processes, limits the size of any file the task writes (the disk quota), starts the command, tells the
+shim how the command ended and reaps orphans until it is killed with the rest of the group; when it dies, the
+kernel kills everything left in the namespace.
 """
 import ctypes
 import json
