@@ -2,7 +2,6 @@
 import asyncio
 import logging
 import os
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -27,10 +26,12 @@ from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.hangs import HangPolicy, watch
 from services.agent.preparation import PrepareError, Preparer, output_dir
-from services.agent.isolation import Confinement, TaskUser, chown_tree, kill_user, private_dir
+from services.agent.cgroups import TaskCgroup, remove
+from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
-from services.agent.runner import TaskProcess, describe_exit, memory_limit_gb, spawn, task_environment
 from services.agent.outputrate import OutputRate
+from services.agent.quota import enforce_disk, past_quota
+from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,11 @@ class Agent:
     def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
                  preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
                  checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None,
-                 output_rate: Callable[[], OutputRate | None] = lambda: None) -> None:
+                 output_rate: Callable[[], OutputRate | None] = lambda: None,
+                 disk_quota_gb: float | None = None) -> None:
         self.node = node
         self.output_rate = output_rate  # each task's own allowance of output (None: unlimited)
+        self.disk_quota_gb = disk_quota_gb
         self.storage = storage
         self.confinement = confinement
         self.preparer = preparer
@@ -102,7 +105,7 @@ class Agent:
                              node_id=self.node.node_id, path=workdir / "output.log", publish=self.publish_reliably,
                              rate=self.output_rate())
         note = shipper.note
-        user = None
+        user = cgroup = None
         try:
             refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)
             if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
@@ -116,21 +119,28 @@ class Agent:
             manifest = await asyncio.to_thread(self.checkpoints.restore, command.project_id, command.job_id,
                                                workdir / "checkpoint")
             (workdir / "tmp").mkdir(exist_ok=True)
-            reach, cover = [str(workdir)], None
+            reach, cover, tmpfs = [str(workdir)], None, None
             if self.confinement is not None:
-                user = await asyncio.to_thread(self.confinement.users.claim)
+                rules = self.confinement
+                user = await asyncio.to_thread(rules.users.claim)
+                env.update(identity(account_name(user.uid), workdir))
                 await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
                 engine = [env["VIRTUAL_ENV"]] if "VIRTUAL_ENV" in env else []
-                reach, cover = [*self.confinement.reach, str(workdir), *engine], self.confinement.cover
+                reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
+                if rules.cgroups is not None:
+                    cgroup = await asyncio.to_thread(rules.cgroups.create, name=f"uid-{user.uid}",
+                                                     memory_gb=command.spec.resource.memory_gb)
+            quota = self.disk_quota_gb
             task = await spawn(command, env=env, workdir=workdir, argv=argv, launch_dir=self.launches, user=user,
-                               reach=reach, cover=cover)
+                               reach=reach, cover=cover, cgroup=cgroup, tmpfs_bytes=tmpfs,
+                               file_size=int(quota * 2**30) if quota else None)
         except asyncio.CancelledError:
-            await asyncio.to_thread(self._release, workdir, user)
+            await asyncio.to_thread(self._release, workdir, user, cgroup)
             await shipper.close()
             await self._report_exit(self._exited(command, reason="terminated", message="stopped while preparing"))
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
-            await asyncio.to_thread(self._release, workdir, user)
+            await asyncio.to_thread(self._release, workdir, user, cgroup)
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
@@ -174,19 +184,26 @@ class Agent:
                                              publish=self.publish_reliably)),
                    *[asyncio.create_task(self._upload_periodically(task, o)) for o in start.algorithm.outputs
                      if o.mode == "upload_periodically"]]
+        if self.disk_quota_gb:
+            helpers.append(asyncio.create_task(enforce_disk(task, self.disk_quota_gb)))
         status = await task.pump(shipper.add)
         for helper in helpers:
             helper.cancel()
+        task.out_of_memory(start.spec.resource.memory_gb)  # the kernel may have been quicker than our last look
+        if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
+            await past_quota(task, self.disk_quota_gb)
         if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
             await asyncio.to_thread(kill_user, task.user.uid)
         await shipper.close()
         await self._sync_once(task)
         for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
             await self._upload(task, output)
-        await asyncio.to_thread(self._release, task.workdir, task.user)
+        await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
+        elif task.disk_full:
+            reason, message = "failed", describe_exit(status, task.tail)
         elif status == 0:
             reason, message = "completed", ""
         elif task.oom:
@@ -207,8 +224,10 @@ class Agent:
                                                      reason="terminated",
                                                      message="the agent restarted while this task ran"))
 
-    def _release(self, workdir: Path, user: TaskUser | None) -> None:
-        """Give the task's uid back, its processes killed and its files the agent's again."""
+    def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
+        """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
+        if cgroup is not None:
+            remove(cgroup)
         if user is None:
             return
         kill_user(user.uid)

@@ -12,6 +12,7 @@ from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
+from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
 from services.agent.handlers import command_router
@@ -23,8 +24,13 @@ from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
 from services.agent.runner import SDK_DIR
 from services.agent.spot import SpotWatcher, leave_on_notice
+from services.agent.uidrange import claim_range
 
 log = logging.getLogger(__name__)
+
+# where claims go when the first uid is configured by hand: every stack of the host that shares such a range sees
+# the others' claims (a range from the registry is the stack's alone, its claims under its data directory)
+SHARED_LOCKS = Path("/run/trainmaster/task-uids")
 
 
 class AgentSettings(CommonSettings, StorageSettings):
@@ -37,10 +43,21 @@ class AgentSettings(CommonSettings, StorageSettings):
                                   "0 turns detection off.")
     hang_gpu_busy_percent: float = Field(5.0, ge=0, le=100, description="A task's GPU at or above this "
                                          "utilisation (NVML) is a sign of life.")
-    task_uid_first: int = Field(200_000, ge=1000, description="Tasks run as uids from here (when root).")
+    task_uid_first: int | None = Field(None, ge=1000, description="Tasks run as uids from here (when root); "
+                                       "unset: this stack's own range, from the host's registry of ranges.")
     task_uid_count: int = Field(65_536, ge=1, description="How many uids tasks may use (one per running task).")
-    task_uid_lock_dir: Path = Field(Path("/run/trainmaster/task-uids"), description="Claims shared by the "
-                                    "host's agents, so two running tasks never share a uid.")
+    task_uid_lock_dir: Path | None = Field(None, description="Claims shared by this stack's agents on the host, "
+                                           "so two running tasks never share a uid (unset: <data dir>/task-uids, "
+                                           "or /run/trainmaster/task-uids when task_uid_first is set).")
+    task_uid_registry: Path = Field(Path("/run/trainmaster/task-uid-ranges.json"), description="Every stack's "
+                                    "uid range on this host, by data directory: two stacks never share a uid.")
+    task_tmpfs_mb: int = Field(1024, ge=1, description="Size of each of a task's private /tmp, /var/tmp, /dev/shm "
+                               "and /run/lock (memory, counted in its memory limit).")
+    task_disk_gb: float = Field(100, ge=0, description="Most a task may write to its working directory "
+                                "(measured every 2 s; no single file larger); 0: no quota.")
+    task_pids_max: int = Field(16_384, ge=16, description="Most processes and threads a task may have at once.")
+    task_cgroups: bool = Field(True, description="A cgroup per task (memory_gb and task_pids_max enforced by the "
+                               "kernel) where the host lets the agent make them.")
     task_shared_dirs: list[Path] = Field(default_factory=list, description="Paths every task may reach (their "
                                          "own permissions apply), such as a read-only dataset directory.")
     spot_metadata_url: str | None = Field(None, description="Instance metadata to watch for a spot interruption "
@@ -54,17 +71,36 @@ class AgentSettings(CommonSettings, StorageSettings):
                                   "saves up for a burst (a dependency install, a stack trace).")
 
 
+def task_uid_first(settings: AgentSettings) -> int:
+    """The configured first task uid, else this stack's own range's from the host's registry."""
+    if settings.task_uid_first is not None:
+        return settings.task_uid_first
+    try:
+        return claim_range(settings.task_uid_registry, data_dir=settings.data_dir, count=settings.task_uid_count)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"no task uid range for this stack in {settings.task_uid_registry}: {exc}; set "
+                         "TRAINMASTER_TASK_UID_FIRST (and a lock directory every stack sharing it uses)") from exc
+
+
+def task_uid_locks(settings: AgentSettings) -> Path:
+    """Where this stack's agents claim uids: its own directory for its own range, the host's for a shared one."""
+    if settings.task_uid_lock_dir is not None:
+        return settings.task_uid_lock_dir
+    return settings.data_dir / "task-uids" if settings.task_uid_first is None else SHARED_LOCKS
+
+
 def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
     """Tasks as users of their own when the agent is root; None (tasks run as the agent's user) otherwise."""
     if not is_root():
         log.warning("the agent does not run as root: tasks run as its own user (uid %d) and can read what it can, "
                     "its environment in /proc and its data directory included", os.geteuid())
         return None
-    users = TaskUsers(first_uid=settings.task_uid_first, count=settings.task_uid_count,
-                      lock_dir=settings.task_uid_lock_dir)
+    users = TaskUsers(first_uid=task_uid_first(settings), count=settings.task_uid_count,
+                      lock_dir=task_uid_locks(settings))
     local_roots = [Path(p) for p in (local_path(storage.storage_root), local_path(storage.checkpoint_root)) if p]
     return confinement(users=users, sdk_dir=SDK_DIR, data_dir=settings.data_dir, storage_dirs=local_roots,
-                       shared_dirs=settings.task_shared_dirs)
+                       shared_dirs=settings.task_shared_dirs, tmpfs_mb=settings.task_tmpfs_mb,
+                       cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups))
 
 
 def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
@@ -80,7 +116,7 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
                  preparer=Preparer(root / "engines", load_engines(settings.cluster_file),
                                    downloads=Downloads(policy=storage.egress())), storage=storage,
                  confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
-                 shutdown_grace_s=settings.shutdown_grace_s,
+                 shutdown_grace_s=settings.shutdown_grace_s, disk_quota_gb=settings.task_disk_gb,
                  hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
                                   gpus=GpuProbe() if node.resources_source == "nvml" else None),
                  output_rate=lambda: OutputRate(lines_per_s=settings.output_lines_per_s,

@@ -1,8 +1,9 @@
 """Each task as an unprivileged user of its own: uids from a range, claimed across every agent of the host.
 
 A uid is claimed with a lock file (held while the task runs; it goes with the agent if the agent dies) and only
-when no process of that uid is alive. When the task ends every process of its uid is killed and its working
-directory is given back to the agent's user, so the next task that gets the uid finds nothing of this one.
+when no process of that uid is alive. When the task ends every process of its uid is killed, what it left on the
+host (System V IPC, temporary files) is removed and its working directory is given back to the agent's user, so
+the next task that gets the uid finds nothing of this one.
 """
 import errno
 import fcntl
@@ -16,6 +17,9 @@ from pathlib import Path
 
 import psutil
 
+from services.agent.cgroups import Cgroups
+from services.agent.leftovers import sweep
+
 log = logging.getLogger(__name__)
 
 
@@ -28,6 +32,11 @@ class TaskUser:
     uid: int
     gid: int
     lock_fd: int
+
+
+def account_name(uid: int) -> str:
+    """The task user's name in its own /etc/passwd (and in USER, LOGNAME)."""
+    return f"tm-{uid}"
 
 
 def is_root() -> bool:
@@ -69,7 +78,9 @@ class TaskUsers:
         raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
 
     def release(self, user: TaskUser) -> None:
+        """Give the uid back once nothing of its task is left: processes, System V IPC, temporary files."""
         kill_user(user.uid)
+        sweep(user.uid)
         os.close(user.lock_fd)
 
 
@@ -107,13 +118,18 @@ class Confinement:
     users: TaskUsers
     reach: tuple[str, ...]  # what every task needs to reach (Python, the SDK, shared datasets)
     cover: dict[str, int]  # directories always covered in a task's view (tmpfs mode): data, home, temporary
+    tmpfs_bytes: int  # the most each private temporary directory (/tmp, /dev/shm, ...) holds
+    cgroups: Cgroups | None = None  # memory and process limits per task, where the host lets us make them
+
+
+TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 
 def confinement(*, users: TaskUsers, sdk_dir: Path, data_dir: Path, storage_dirs: list[Path],
-                shared_dirs: list[Path]) -> Confinement:
+                shared_dirs: list[Path], cgroups: Cgroups | None = None, tmpfs_mb: int = 1024) -> Confinement:
     """The task's view of the host: the agent's Python and the SDK reachable, its data and home hidden."""
     python = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     reach = tuple(sorted(python | {str(sdk_dir)} | {str(p) for p in shared_dirs}))
     cover = {str(p.resolve()): 0o755 for p in (data_dir, Path.home(), *storage_dirs) if str(p.resolve()) != "/"}
-    cover.update({p: 0o1777 for p in ("/tmp", "/var/tmp", "/dev/shm")})
-    return Confinement(users=users, reach=reach, cover=cover)
+    cover.update({p: 0o1777 for p in TEMP_DIRS})
+    return Confinement(users=users, reach=reach, cover=cover, tmpfs_bytes=tmpfs_mb * 2**20, cgroups=cgroups)

@@ -2,6 +2,7 @@
 import asyncio
 import json
 import os
+import pwd
 import re
 import signal
 import sys
@@ -18,6 +19,7 @@ from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.hangs import PROGRESS_FILE, collective_defaults
+from services.agent.cgroups import TaskCgroup, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
 
 TAIL_LINES = 20
@@ -37,9 +39,25 @@ DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read w
 TASK_MARKER = "TRAINMASTER_TASK_INSTANCE"  # in every task process's environment: found even outside its group
 
 
+def agent_account() -> str:
+    """The agent's own user name (tasks run as it when the agent is not root)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return str(os.geteuid())
+
+
+def identity(account: str, workdir: Path) -> dict[str, str]:
+    """Who the task is and where its caches go (PyTorch's compilers, Triton, XDG): all in its own directory."""
+    cache = workdir / ".cache"
+    return {"USER": account, "LOGNAME": account, "HOME": str(workdir), "XDG_CACHE_HOME": str(cache),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+
 def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str],
-                     sdk_dir: Path = SDK_DIR) -> dict[str, str]:
-    """The task's environment: the allowed part of the agent's, parameters, the job's variables, ours last."""
+                     sdk_dir: Path = SDK_DIR, account: str | None = None) -> dict[str, str]:
+    """The task's environment: the allowed part of the agent's, parameters, the job's variables, ours last
+    (`account`: the task user's name; the agent's own when None)."""
     gpus = [g for g in node.gpus if g.index in start.gpu_indices]
     env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
     env.setdefault("PATH", os.defpath)
@@ -47,8 +65,8 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
     env.update(collective_defaults(own))
     env.update({p.name: p.value for p in start.algorithm.parameters})
     env.update(start.algorithm.environments)
+    env.update(identity(account or agent_account(), workdir))
     env.update({
-        "HOME": str(workdir),
         "TMPDIR": str(workdir / "tmp"),
         "TRAINMASTER_JOB_ID": start.job_id,
         "TRAINMASTER_PROJECT_ID": start.project_id,
@@ -58,6 +76,7 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
         "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
         "TRAINMASTER_PROGRESS_FILE": str(workdir / PROGRESS_FILE),
         "PYTHONPATH": os.pathsep.join(p for p in (str(sdk_dir), env.get("PYTHONPATH", "")) if p),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA_VISIBLE_DEVICES then counts GPUs as NVML (and we) do
         "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
         "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
         "TRAINMASTER_GPU_MEMORY_GB": f"{min(g.memory_gb for g in gpus):g}" if gpus else "0",
@@ -79,9 +98,11 @@ class TaskProcess:
     process: asyncio.subprocess.Process
     workdir: Path
     user: TaskUser | None = None
+    cgroup: TaskCgroup | None = None
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
     oom: str | None = None
+    disk_full: bool = False  # wrote more than its disk quota to its working directory
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -149,16 +170,30 @@ class TaskProcess:
         self._signal_group(signal.SIGKILL)
 
     async def enforce_memory(self, limit_gb: float) -> None:
-        """Kill the whole task when its processes together use more than the memory it asked for."""
+        """Kill the whole task when its processes together use more than the memory it asked for: its cgroup's
+        limit, enforced by the kernel, where it has one (a kill there ends the whole task); else measured here."""
         limit = limit_gb * 2**30
         while self.process.returncode is None:
-            if (used := group_rss(self.process.pid)) > limit:
+            if self.cgroup is not None:
+                if self.out_of_memory(limit_gb):
+                    self._signal_group(signal.SIGKILL)
+                    return
+            elif (used := group_rss(self.process.pid)) > limit:
                 self.oom = "host"
                 self.tail.append(f"killed by trainmaster: the task used {used / 2**30:.2f} GB of host memory, more "
                                  f"than the {limit_gb:g} GB it was given (spec.resource.memory_gb)")
                 self._signal_group(signal.SIGKILL)
                 return
             await asyncio.sleep(MEMORY_CHECK_S)
+
+    def out_of_memory(self, limit_gb: float) -> bool:
+        """Whether the kernel killed a process of the task's cgroup for memory (noted once)."""
+        if self.oom != "host" and self.cgroup is not None and read_oom_kills(self.cgroup) > 0:
+            self.oom = "host"
+            self.tail.append(f"killed by trainmaster: out of memory: the task's processes reached the {limit_gb:g} GB "
+                             "of host memory it was given (spec.resource.memory_gb; /dev/shm and detached processes "
+                             "included)")
+        return self.oom == "host"
 
     def _signal_group(self, sig: signal.Signals) -> None:
         try:
@@ -209,7 +244,8 @@ def group_rss(leader: int) -> int:
 
 async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: str | None = None,
                 launch_dir: Path, user: TaskUser | None = None, reach: Sequence[str] = (),
-                cover: dict[str, int] | None = None) -> TaskProcess:
+                cover: dict[str, int] | None = None, cgroup: TaskCgroup | None = None,
+                tmpfs_bytes: int | None = None, file_size: int | None = None) -> TaskProcess:
     """Start the task's command under the shim, as the leader of a new process group (as `user` when given).
 
     The shim is run by file path in isolated mode with an empty environment: the job's variables (LD_PRELOAD, say)
@@ -218,8 +254,9 @@ async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: s
     workdir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     launch = {"command": argv or start.algorithm.command, "env": {**env, TASK_MARKER: marker}, "cwd": str(workdir),
-              "user": {"uid": user.uid, "gid": user.gid} if user else None, "reach": list(reach),
-              "cover": cover or {}}
+              "user": {"uid": user.uid, "gid": user.gid, "name": env.get("USER", "")} if user else None,
+              "reach": list(reach), "cover": cover or {}, "cgroup_procs": cgroup.procs_files if cgroup else [],
+              "tmpfs_size": tmpfs_bytes, "file_size": file_size}
     path = launch_dir / f"{uuid.uuid4().hex}.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(launch, f)
@@ -237,7 +274,7 @@ async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: s
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return TaskProcess(start=start, process=process, workdir=workdir, user=user, marker=marker)
+    return TaskProcess(start=start, process=process, workdir=workdir, user=user, cgroup=cgroup, marker=marker)
 
 
 def describe_exit(status: int, tail: deque[str]) -> str:

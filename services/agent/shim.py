@@ -8,22 +8,30 @@ signal); the shim then SIGKILLs its whole group, grandchildren included. The com
 shim dies (its own parent-death signal). A SIGTERM from the agent reaches the whole group directly; the shim waits
 for the command and exits as the command did.
 
-With a task user, the shim first enters a mount namespace of its own in which every directory on the way to the
-paths the task needs (its working directory, the Python and engine environments, the SDK) that the task's user
-could not enter is covered by an empty tmpfs showing only the next step of that way; the agent's data directory
-and home are always covered, and /tmp, /var/tmp and /dev/shm are private to the task.
+With a task user, the shim first joins the task's cgroups (memory and pids limits; everything the task starts
+counts), then enters mount, IPC and PID namespaces of its own. In the mount namespace every directory on the way
+to the paths the task needs (its working directory, the Python and engine environments, the SDK) that the task's
+user could not enter is covered by an empty tmpfs showing only the next step of that way; the agent's data
+directory and home are always covered, /tmp, /var/tmp, /dev/shm and /run/lock are private tmpfs of bounded size,
+and /etc/passwd and /etc/group are copies with an entry for the task's user (so `getpass.getuser()`, `id` and
+`~` work). A forked copy of the shim is PID 1 of the task's PID namespace: it mounts a /proc showing only the
+task's processes, limits the size of any file the task writes (the disk quota), starts the command, tells the
+shim how the command ended and reaps orphans until it is killed with the rest of the group; when it dies, the
+kernel kills everything left in the namespace.
 """
 import ctypes
 import json
 import os
+import resource
 import signal
 import stat
 import subprocess
 import sys
+import traceback
 
 PR_SET_PDEATHSIG = 1
-CLONE_NEWNS = 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -55,10 +63,43 @@ def plan(*, reach: list[str], cover: dict[str, int], uid: int, gid: int) -> dict
     return covers
 
 
-def isolate(covers: dict[str, tuple[int, set[str]]]) -> None:
-    """Enter a private mount namespace and cover each directory, showing only its listed children."""
-    _check(LIBC.unshare(CLONE_NEWNS))
+def account_files(*, passwd: str, group: str, name: str, uid: int, gid: int, home: str) -> tuple[str, str]:
+    """The host's /etc/passwd and /etc/group, less any entry of that name or id, plus one for the task's user."""
+    def kept(text: str, number: int) -> str:
+        rows = [row for row in text.splitlines() if row.strip()]
+        return "".join(f"{row}\n" for row in rows
+                       if row.split(":")[0] != name and (row.split(":") + ["", "", ""])[2] != str(number))
+    return (f"{kept(passwd, uid)}{name}:x:{uid}:{gid}:trainmaster task:{home}:/bin/sh\n",
+            f"{kept(group, gid)}{name}:x:{gid}:\n")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def show_account(*, name: str, uid: int, gid: int, home: str, scratch: str = "/tmp") -> None:
+    """Bind generated passwd and group files over the host's, in this mount namespace only (written to the
+    task's private `scratch` tmpfs, then unlinked: the mounts keep them)."""
+    texts = account_files(passwd=_read("/etc/passwd"), group=_read("/etc/group"), name=name, uid=uid, gid=gid,
+                          home=home)
+    for target, text in zip(("/etc/passwd", "/etc/group"), texts):
+        source = os.path.join(scratch, f".trainmaster-{os.path.basename(target)}")
+        with open(os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
+            f.write(text)
+        try:
+            _check(LIBC.mount(source.encode(), target.encode(), None, MS_BIND, None), f"show {target}")
+        finally:
+            os.unlink(source)
+
+
+def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None = None) -> None:
+    """In the task's own mount namespace, cover each directory, showing only its listed children."""
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
+    size = f",size={tmpfs_size}" if tmpfs_size else ""
     # handles on what each cover hides, taken in the new namespace (a bind mount's source must be in it)
     originals = {(parent, child): os.open(os.path.join(parent, child), os.O_PATH | os.O_NOFOLLOW)
                  for parent, (_, children) in covers.items() for child in children
@@ -67,7 +108,7 @@ def isolate(covers: dict[str, tuple[int, set[str]]]) -> None:
         mode, children = covers[parent]
         if not os.path.isdir(parent):  # inside an outer cover and on no path the task needs: hidden already
             continue
-        _check(LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o}".encode()),
+        _check(LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o}{size}".encode()),
                f"cover {parent}")
         for child in sorted(children):
             fd = originals.get((parent, child))
@@ -84,15 +125,73 @@ def isolate(covers: dict[str, tuple[int, set[str]]]) -> None:
         os.close(fd)
 
 
-def _bind_to(shim: int) -> None:
-    """In the command's process, before exec (after its uid changed, which clears the setting): die with the shim.
+def join_cgroups(procs_files: list[str]) -> None:
+    """Move this process into the task's cgroups: what it forks from now on is counted against their limits."""
+    for path in procs_files:
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
 
-    Whatever kills the shim (the OOM killer, an operator) kills the command with it; the agent then kills the rest
-    of the group and every process of the task's uid, so no part of the task runs on without its shim."""
+
+def _bind_to(parent: int) -> None:
+    """In the command's process, before exec (after its uid changed, which clears the setting): die with its parent.
+
+    Whatever kills the shim or its PID 1 (the OOM killer, an operator) kills the command with it; the agent then
+    kills the rest of the group and every process of the task's uid, so no part of the task runs on alone."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != shim:  # the shim died before the signal was armed
+    if os.getppid() != parent:  # the parent died before the signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def init(launch: dict, as_user: dict, *, report: int, own_pids: bool) -> None:
+    """PID 1 of the task: a fresh /proc, the command started, its exit status written to `report`, then orphans
+    reaped until nothing is left (or the agent kills the group: the namespace dies with its PID 1)."""
+    if own_pids:
+        _check(LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+    if launch.get("file_size"):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (launch["file_size"], launch["file_size"]))
+    me = os.getpid()
+    child = subprocess.Popen(["/bin/sh", "-c", launch["command"]], cwd=launch["cwd"], env=launch["env"],
+                             restore_signals=True, preexec_fn=lambda: _bind_to(me), **as_user)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        if pid == child.pid:
+            os.write(report, str(os.waitstatus_to_exitcode(status)).encode())
+            os.close(report)
+    os._exit(0)
+
+
+def confine(launch: dict) -> tuple[dict, bool]:
+    """Cgroups, namespaces and the task's account (when it has a user of its own); the arguments that drop to it
+    and whether its children get a PID namespace."""
+    user = launch.get("user")
+    if not user:
+        return {}, False
+    uid, gid = user["uid"], user["gid"]
+    try:
+        join_cgroups(launch.get("cgroup_procs", []))
+    except OSError as exc:
+        print(f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent "
+              "instead", file=sys.stderr, flush=True)
+    try:  # mount, IPC and (for its children) PID namespaces of its own
+        _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID))
+        namespaced = True
+    except OSError as exc:  # no CAP_SYS_ADMIN: the task still runs as its own user, with less in reach
+        print(f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
+              "user cannot enter are out of its reach", file=sys.stderr, flush=True)
+        namespaced = False
+    if namespaced:  # from here on a failure ends the task: it never runs half covered
+        isolate(plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
+                tmpfs_size=launch.get("tmpfs_size"))
+        try:
+            show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
+        except OSError as exc:  # USER, LOGNAME and HOME still name it
+            print(f"[trainmaster] no passwd entry for this task ({exc})", file=sys.stderr, flush=True)
+    return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
 
 
 def main() -> None:
@@ -104,26 +203,26 @@ def main() -> None:
     if os.getppid() == 1:  # the agent died before the signal was armed
         os.killpg(os.getpgrp(), signal.SIGKILL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command gets its own SIGTERM from the group signal
-    user = launch.get("user")
-    as_user = {}
-    if user:
-        uid, gid = user["uid"], user["gid"]
+    as_user, namespaced = confine(launch)
+    done, report = os.pipe()
+    first = os.fork()
+    if first == 0:
+        os.close(done)
         try:
-            isolate(plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()},
-                         uid=uid, gid=gid))
-        except OSError as exc:  # no CAP_SYS_ADMIN: the task still runs as its own user, with less in reach
-            print(f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
-                  "user cannot enter are out of its reach", file=sys.stderr, flush=True)
-        as_user = {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}
-    shim = os.getpid()
-    child = subprocess.Popen(["/bin/sh", "-c", launch["command"]], cwd=launch["cwd"], env=launch["env"],
-                             restore_signals=True, preexec_fn=lambda: _bind_to(shim), **as_user)
-    while True:
-        try:
-            code = child.wait()
-            break
-        except InterruptedError:
-            continue
+            init(launch, as_user, report=report, own_pids=namespaced)
+        except BaseException:  # the command could not start (its directory gone, say): the task fails with why
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(127)
+    os.close(report)
+    text = b""
+    while chunk := os.read(done, 32):
+        text += chunk
+    if text:
+        code = int(text)
+    else:  # PID 1 died before the command ended (killed): the task ends as it did
+        _, status = os.waitpid(first, 0)
+        code = os.waitstatus_to_exitcode(status)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

@@ -1,16 +1,21 @@
 """From inside a job: the platform's secrets in /proc, the data directory, another project's checkpoint and host
-files are out of reach; a job's own project storage works."""
+files are out of reach; a job's own project storage works. On a node of its own (two task uids, a small disk
+quota): the next task on a uid finds nothing the last one left, a task sees no other task's process, memory
+anywhere in the task counts, the disk quota holds, and a standard PyTorch job knows who it is."""
 import json
 import os
 import sys
 import uuid
+from pathlib import Path
 from shlex import quote
 
+import httpx
 import pytest
+import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN
-from tests.e2e.helpers import logs_containing, submit, wait_phase
-from tests.factories import job_body
+from tests.conftest import ADMIN_TOKEN, start_stack
+from tests.e2e.helpers import get, logs_containing, submit, wait_phase
+from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +90,93 @@ async def test_a_job_cannot_reach_the_platform_or_another_projects_storage(api, 
         assert response.status_code == 400, response.text
         assert response.json()["error_code"] == "406001" and f"param[{field}]" in response.json()["error_msg"]
     assert checkpoint.read_text() == weights
+
+
+LONE = """
+[[nodes]]
+id = "lone-1"
+kind = "local"
+cpu_count = 8
+memory_gb = 4
+price_per_hour = 0.1
+"""
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="tasks are users of their own only under a root agent")
+SCRIPTS = Path(__file__).resolve().parent / "isolation_scripts"  # outside /tmp: tasks have a private /tmp
+
+
+@pytest.fixture(scope="module")
+def lone(tmp_path_factory, servers):
+    # two uids: two tasks may run at once, and one after another they get the same uid
+    stack = start_stack(tmp_path_factory.mktemp("lone"), cluster=LONE, servers=servers,
+                        extra_env={"TRAINMASTER_TASK_UID_COUNT": "2", "TRAINMASTER_TASK_DISK_GB": "0.1"})
+    yield stack
+    stack.stop_all()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def admin(lone):
+    async with httpx.AsyncClient(base_url=lone.api_url, timeout=60,
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+        yield client
+
+
+async def finished(api, project: str, command: str, **body) -> tuple[dict, str]:
+    job = await submit(api, project, command=command, **body)
+    done = await wait_phase(api, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=120)
+    return done, await logs_containing(api, project, job["metadata"]["id"], "DONE")
+
+
+def tagged(text: str, tag: str):
+    return json.loads(next(line for line in text.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
+
+
+@ROOT_ONLY
+async def test_the_next_task_on_a_uid_in_another_project_finds_no_shm_segment_or_lock_file(admin):
+    os.makedirs("/run/lock", mode=0o1777, exist_ok=True)  # as every Debian host has it
+    os.chmod("/run/lock", 0o1777)
+    python = sys.executable
+    done, left = await finished(admin, unique("tenant-a"), f"{python} {SCRIPTS / 'leave.py'}")
+    assert done["status"]["phase"] == "Completed", (done["status"], left)
+    done, found = await finished(admin, unique("tenant-b"), f"{python} {SCRIPTS / 'find.py'}")
+    assert done["status"]["phase"] == "Completed", (done["status"], found)
+    assert tagged(left, "LEFT")["uid"] == tagged(found, "FOUND")["uid"]  # the same uid, one task after the other
+    assert tagged(found, "FOUND")["shm"] == [] and tagged(found, "FOUND")["files"] == []
+    assert not os.path.exists("/run/lock/left-by-a") and not os.path.exists("/dev/shm/left-by-a")
+
+
+@ROOT_ONLY
+async def test_a_task_cannot_see_another_tasks_processes_or_command_line(admin):
+    project = unique("procs")
+    marker = f"secret-{uuid.uuid4().hex}"
+    other = await submit(admin, project, command=f"sleep 120 || echo {marker}")
+    await wait_phase(admin, project, other["metadata"]["id"], "Running")
+    done, seen = await finished(admin, project, f"{sys.executable} {SCRIPTS / 'procs.py'} {marker[:10]} {marker[10:]}")
+    await admin.post(f"/v2/{project}/training-jobs/{other['metadata']['id']}/actions",
+                     json={"action_type": "terminate"})
+    assert done["status"]["phase"] == "Completed", (done["status"], seen)
+    result = tagged(seen, "PROCS")
+    assert result["seen"] == [] and result["count"] <= 4, result  # its PID 1, its shell, itself
+
+
+async def test_memory_held_by_a_detached_process_is_out_of_memory_at_memory_gb(admin):
+    project = unique("hog")
+    job = await submit(admin, project, command=f"{sys.executable} {SCRIPTS / 'hog.py'} 3072", memory_gb=1)
+    done = await wait_phase(admin, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=180)
+    outcomes = [a["outcome"] for a in done["status"]["attempts"]]
+    assert outcomes == ["oom", "oom", "completed"], done["status"]  # 1 GB, 2 GB, then 4 GB holds the 3 GB
+
+
+async def test_a_task_writing_past_the_disk_quota_is_stopped(admin):
+    done, text = await finished(admin, unique("disk"), f"{sys.executable} {SCRIPTS / 'fill.py'} 300")
+    assert done["status"]["phase"] == "Failed", (done["status"], text)
+    assert "wrote more than 0.1 GB to its work directory" in done["status"]["task_statuses"][0]["message"]
+    assert "DONE" not in text
+
+
+async def test_a_standard_pytorch_job_knows_its_user_and_compiles(api, project):
+    # on the shared stack: inductor's precompiled header alone is larger than the small node's disk quota
+    done, text = await finished(api, project, f"{sys.executable} {SCRIPTS / 'torch_user.py'}", memory_gb=4)
+    assert done["status"]["phase"] == "Completed", (done["status"], text)
+    who = tagged(text, "WHO")
+    assert who["getuser"] == who["pwd"] == who["USER"] and who["home"] == who["HOME"], who
+    assert who["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and who["compiled"] == [1.0, 1.0, 1.0]

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from shared.events import StartTask
 from shared.jobs import Algorithm
-from services.agent.runner import task_environment
+from services.agent.runner import agent_account, task_environment
 from tests.factories import node, spec
 
 AGENT_ENV = {
@@ -35,3 +35,11 @@ def test_the_jobs_own_variables_and_parameters_are_kept_and_ours_win():
                       parameters=[{"name": "lr", "value": "0.1"}])
     assert env["HF_TOKEN"] == "hf_job" and env["lr"] == "0.1"
     assert env["PYTHONPATH"] == "/sdk:/mine" and env["TRAINMASTER_JOB_ID"] == "j"
+
+
+def test_every_task_numbers_gpus_by_pci_bus_and_has_a_name_and_caches_of_its_own():
+    env = environment(environments={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "USER": "root"})
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA_VISIBLE_DEVICES then means what NVML (and we) mean
+    assert env["USER"] == env["LOGNAME"] == agent_account()  # the job cannot claim another name
+    assert env["XDG_CACHE_HOME"] == "/w/attempt/.cache"
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith("/w/attempt/") and env["TRITON_CACHE_DIR"].startswith("/w/")

@@ -1,11 +1,14 @@
 """A task run by a root agent is a user of its own: the agent's /proc, its data and other projects' storage are out
 of reach, while its working directory, the SDK, Python and its checkpoints still work. Real processes."""
 import asyncio
+import ctypes
 import json
 import os
+import pwd
 import random
 import sys
 from pathlib import Path
+from shlex import quote
 
 import pytest
 
@@ -13,7 +16,9 @@ from shared.events import LogChunk, StartTask, TaskExited
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore, Mirror
+from services.agent.cgroups import detect
 from services.agent.isolation import TaskUsers, confinement
+from services.agent.leftovers import KINDS, SYSVIPC, ipc_ids, sweep_files, sweep_ipc
 from services.agent.preparation import Preparer
 from services.agent.runner import SDK_DIR
 from shared.jobs import Algorithm
@@ -45,23 +50,26 @@ print("RESULT " + json.dumps(result), flush=True)
 '''
 
 
-def make_agent(tmp_path: Path, sent: list, *, confined: bool) -> Agent:
+def make_agent(tmp_path: Path, sent: list, *, confined: bool, uids: int = 20,
+               disk_quota_gb: float | None = None, cgroups: bool = True) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
 
     data = tmp_path / "data"
     policy = StoragePolicy(storage_root=f"file://{data}/storage", checkpoint_root=f"file://{data}/checkpoints")
     first = random.randrange(300_000, 900_000, 100)  # apart from any other test run on this host
-    rules = confinement(users=TaskUsers(first_uid=first, count=20, lock_dir=tmp_path / "uids"), sdk_dir=SDK_DIR,
-                        data_dir=data, storage_dirs=[data / "checkpoints"], shared_dirs=[]) if confined else None
+    rules = confinement(users=TaskUsers(first_uid=first, count=uids, lock_dir=tmp_path / "uids"), sdk_dir=SDK_DIR,
+                        data_dir=data, storage_dirs=[data / "checkpoints"], shared_dirs=[],
+                        cgroups=detect(pids_max=1024, enabled=cgroups), tmpfs_mb=64) if confined else None
     return Agent(node=NODE, root=data / "agents" / "n1", publish=publish, preparer=Preparer(data / "engines", {}),
                  checkpoints=CheckpointStore(policy.checkpoint_root), storage=policy, confinement=rules,
-                 checkpoint_sync_s=0.2)
+                 checkpoint_sync_s=0.2, disk_quota_gb=disk_quota_gb)
 
 
-def start(job_id: str, command: str, *, project: str = "p", **fields) -> StartTask:
+def start(job_id: str, command: str, *, project: str = "p", memory_gb: float = 1, **fields) -> StartTask:
     return StartTask(event_id=f"{job_id}:1:0:start", node_id="n1", job_id=job_id, attempt=1, project_id=project,
-                     user_name="alice", algorithm=Algorithm(command=command, **fields), spec=spec())
+                     user_name="alice", algorithm=Algorithm(command=command, **fields),
+                     spec=spec(resource={"memory_gb": memory_gb}))
 
 
 async def ended(job_id: str, sent: list) -> tuple[TaskExited, str]:
@@ -148,3 +156,210 @@ def test_uploads_follow_no_link_the_task_planted(tmp_path):
     Mirror(f"file://{remote}/ckpt").sync(work / "checkpoint", {}, anchor=work)
     Mirror(f"file://{remote}/out").sync(work / "outputs" / "model", {}, anchor=work, delete=False)
     assert sorted(p.name for p in remote.rglob("*") if p.is_file()) == ["weights.pt"]
+
+
+LEAVE = r"""
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget(0x5EC2E7, 4096, 0o1000 | 0o600)  # IPC_CREAT
+address = libc.shmat(shmid, None, 0)
+ctypes.memmove(address, b"project A's secret", 18)
+for path in ("/run/lock/a-secret", "/dev/shm/a-secret", "/tmp/a-secret"):
+    open(path, "w").write("project A's secret")
+print("LEFT", shmid, flush=True)
+"""
+
+FIND = r"""
+import json, os
+uid = str(os.getuid())
+rows = [line.split() for line in open("/proc/sysvipc/shm").read().splitlines()[1:]]
+found = {"shm": [r[1] for r in rows if uid in (r[7], r[9])],
+         "files": [os.path.join(d, n) for d in ("/run/lock", "/dev/shm", "/tmp") if os.path.isdir(d)
+                   for n in os.listdir(d) if not os.environ["HOME"].startswith(os.path.join(d, n))]}
+print("FOUND " + json.dumps(found), flush=True)
+"""
+
+
+def result_of(output: str, tag: str):
+    return json.loads(next(line for line in output.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
+
+
+@root_only
+async def test_the_next_task_given_the_same_uid_in_another_project_finds_nothing_of_the_last(tmp_path):
+    os.makedirs("/run/lock", mode=0o1777, exist_ok=True)  # as every Debian host has it
+    os.chmod("/run/lock", 0o1777)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)  # one uid: B gets A's
+    first, output = await run(agent, start(unique("a"), f"{sys.executable} -c {quote(LEAVE)} && id -u", project="a"),
+                              sent)
+    assert first.reason == "completed" and "LEFT" in output, output
+    second, found = await run(agent, start(unique("b"), f"{sys.executable} -c {quote(FIND)} && id -u", project="b"),
+                              sent)
+    assert second.reason == "completed", found
+    assert output.splitlines()[-1] == found.splitlines()[-1]  # the same uid
+    assert result_of(found, "FOUND") == {"shm": [], "files": []}
+    assert not [name for d in ("/run/lock", "/dev/shm", "/tmp") for name in os.listdir(d) if name == "a-secret"]
+
+
+SPY = r"""
+import glob
+lines = [open(p, "rb").read().replace(b"\0", b" ").decode() for p in glob.glob("/proc/[0-9]*/cmdline")]
+seen = any("the-other-" + "tasks-secret" in line for line in lines)  # split: its own command line holds this
+print("PROCS", len(lines), "SEEN" if seen else "UNSEEN", flush=True)
+"""
+
+
+@root_only
+async def test_a_task_sees_only_its_own_processes_in_proc(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    other = unique("other")
+    await agent.start(start(other, "sleep 30 the-other-tasks-secret || sleep 30"))
+    await asyncio.sleep(0.5)
+    ended, output = await run(agent, start(unique("spy"), f"{sys.executable} -c {quote(SPY)}"), sent)
+    assert ended.reason == "completed", output
+    assert "UNSEEN" in output and int(output.split("PROCS ")[1].split()[0]) <= 4, output
+    await agent.shutdown()
+
+
+HOG = r"""
+import os, sys, time
+if os.fork() == 0:  # detached: out of the task's group, its parent gone
+    os.setsid()
+    if os.fork() == 0:
+        held = []
+        for _ in range(int(sys.argv[1])):
+            held.append(bytearray(16 * 2**20))
+            time.sleep(0.002)
+        print("HELD", len(held) * 16, "MB", flush=True)
+        time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+@root_only
+@pytest.mark.parametrize("cgroups", [True, False])  # the kernel's limit; the agent's own measure without one
+async def test_memory_held_by_a_detached_process_counts_against_memory_gb(tmp_path, cgroups):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, cgroups=cgroups)
+    ended, output = await run(agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5),
+                              sent)  # 1.5 GB
+    assert ended.reason == "oom" and ended.oom == "host", (ended, output)
+    assert "out of memory" in ended.message and "HELD" not in output
+
+
+@root_only
+async def test_memory_in_dev_shm_counts_against_memory_gb(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    agent.confinement = agent.confinement.__class__(**{**agent.confinement.__dict__, "tmpfs_bytes": 2 * 2**30})
+    fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M count=1536 && echo FILLED && sleep 30"
+    ended, output = await run(agent, start(unique("shm"), fill, memory_gb=0.5), sent)
+    assert ended.reason == "oom" and "out of memory" in ended.message and "FILLED" not in output, (ended, output)
+
+
+@root_only
+async def test_private_temporary_directories_are_bounded(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)  # 64 MB each
+    ended, output = await run(agent, start(unique("tmp"), "dd if=/dev/zero of=/tmp/fill bs=1M count=100"), sent)
+    assert ended.reason == "failed" and "No space left on device" in output, output
+
+
+async def test_a_task_writing_past_its_disk_quota_is_stopped(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.05)
+    write = "for i in $(seq 40); do head -c 5000000 /dev/zero > part$i; sleep 0.1; done; echo WROTE"
+    ended, output = await run(agent, start(unique("disk"), write), sent)
+    assert ended.reason == "failed" and "wrote more than 0.05 GB to its work directory" in ended.message, ended
+    assert "WROTE" not in output
+
+
+async def test_a_task_that_writes_past_its_quota_and_exits_before_a_look_fails_all_the_same(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.05)
+    write = "for i in $(seq 8); do head -c 10000000 /dev/zero > part$i; done; echo WROTE"
+    ended, output = await run(agent, start(unique("fast"), write), sent)
+    assert "WROTE" in output, output
+    assert ended.reason == "failed" and "wrote more than 0.05 GB to its work directory" in ended.message, ended
+
+
+async def test_no_single_file_grows_past_the_disk_quota(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.01)
+    ended, output = await run(agent, start(unique("big"), "head -c 20000000 /dev/zero > one; echo WROTE"), sent)
+    assert "WROTE" in output, output
+    workdir = tmp_path / "data" / "agents" / "n1" / "jobs" / ended.job_id / "attempt-1-rank-0"
+    assert (workdir / "one").stat().st_size <= 0.01 * 2**30
+
+
+IDENTITY = r"""
+import getpass, json, os, pwd, subprocess
+name = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+print("WHO " + json.dumps({"getuser": getpass.getuser(), "pwd": pwd.getpwuid(os.getuid()).pw_name,
+      "home": os.path.expanduser("~"), "id": name,
+      "env": {k: os.environ.get(k) for k in ("USER", "LOGNAME", "CUDA_DEVICE_ORDER", "XDG_CACHE_HOME")}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("confined", [pytest.param(True, marks=root_only), False])
+async def test_a_task_is_a_real_user(tmp_path, confined):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=confined)
+    ended, output = await run(agent, start(unique("who"), f"{sys.executable} -c {quote(IDENTITY)}"), sent)
+    assert ended.reason == "completed", output
+    who = result_of(output, "WHO")
+    name = who["env"]["USER"]
+    assert who["getuser"] == who["pwd"] == who["id"] == who["env"]["LOGNAME"] == name
+    assert name.startswith("tm-") if confined else name == pwd.getpwuid(os.geteuid()).pw_name
+    assert who["home"].endswith("attempt-1-rank-0") and who["env"]["XDG_CACHE_HOME"].startswith(who["home"])
+    assert who["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    if confined:
+        assert name not in Path("/etc/passwd").read_text()  # the host's own file is untouched
+
+
+@root_only
+def test_without_namespaces_the_uids_system_v_objects_and_temporary_files_are_swept(tmp_path):
+    uid = random.randrange(300_000, 900_000)
+    temp = tmp_path / "tmp"  # the host's /tmp, say
+    temp.mkdir(mode=0o1777)
+    temp.chmod(0o1777)
+    (temp / "someone-elses").write_text("kept")
+    child = os.fork()
+    if child == 0:  # the task, on the host's IPC namespace and temporary directory
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.shmget(0, 4096, 0o1000 | 0o600)
+            libc.semget(0, 1, 0o1000 | 0o600)
+            libc.msgget(0, 0o1000 | 0o600)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)
+    (temp / "left").write_text("secret")
+    (temp / "dir" / "deep").mkdir(parents=True)
+    for path in (temp / "left", temp / "dir", temp / "dir" / "deep"):
+        os.lchown(path, uid, uid)  # as the task would have made them
+
+    def owned() -> list[int]:
+        return [ident for kind, column in KINDS.items()
+                for ident in ipc_ids((SYSVIPC / kind).read_text(), id_column=column, uid=uid)]
+
+    assert len(owned()) == 3
+    assert sweep_ipc(uid) == 3 and owned() == []
+    assert sweep_files(uid, dirs=(str(temp),)) == 2
+    assert sorted(os.listdir(temp)) == ["someone-elses"]
+
+
+@root_only
+async def test_a_task_in_its_own_pid_namespace_ends_with_its_commands_code_or_signal(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    coded, _ = await run(agent, start(unique("code"), "echo $$; exit 3"), sent)
+    signalled, _ = await run(agent, start(unique("sig"), f"{sys.executable} -c 'import os; os.kill(os.getpid(), 15)'"),
+                             sent)
+    assert (coded.reason, coded.exit_code) == ("failed", 3)
+    assert (signalled.reason, signalled.exit_code) == ("failed", 143)  # as its shell reports a SIGTERM

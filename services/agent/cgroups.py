@@ -1,0 +1,192 @@
+"""A cgroup per task: its memory (swap included) and its number of processes limited, its out-of-memory kills
+counted, and the whole cgroup killed and removed when the task ends.
+
+cgroup v2 (the unified hierarchy, with its memory controller) or v1 (the memory and pids hierarchies), found at
+run time. Task cgroups sit under the agent's own cgroup, so whatever limits the agent limits its tasks too (on v2
+the agent first moves itself into a leaf `agent`, as a delegated service must). Without a writable hierarchy (not
+root, a container) there are none, and the agent measures its tasks' memory itself.
+"""
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+TASKS = "trainmaster-tasks"
+KILL_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where task cgroups go: one parent per hierarchy (v2: one; v1: memory and pids)."""
+
+    version: int
+    memory: Path
+    pids: Path | None
+    agent_leaf: Path | None = None  # v2: where the agent moves itself before it enables controllers below
+
+
+@dataclass(frozen=True)
+class TaskCgroup:
+    """One task's cgroups and what was written to them."""
+
+    dirs: tuple[Path, ...]
+    limits: tuple[tuple[Path, str], ...]
+    oom_file: Path  # memory.events (v2) or memory.oom_control (v1): its `oom_kill` line counts the kills
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+
+def own_cgroups(text: str) -> dict[str, str]:
+    """This process's cgroup path by controller ("" for v2) from /proc/self/cgroup."""
+    own = {}
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller.removeprefix("name=")] = path
+    return own
+
+
+def cgroup_mounts(text: str) -> dict[str, Path]:
+    """Mount points by controller ("" for the v2 hierarchy) from /proc/self/mounts."""
+    mounts: dict[str, Path] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        if fields[2] == "cgroup2":
+            mounts.setdefault("", Path(fields[1]))
+        elif fields[2] == "cgroup":
+            for option in fields[3].split(","):
+                if option in ("memory", "pids"):
+                    mounts.setdefault(option, Path(fields[1]))
+    return mounts
+
+
+def choose_layout(*, mounts: dict[str, Path], own: dict[str, str], v2_controllers: set[str]) -> Layout | None:
+    """v2 when its hierarchy has the memory controller, else v1 when memory is mounted; None without either."""
+    if "" in mounts and "memory" in v2_controllers:
+        base = mounts[""] / own.get("", "/").lstrip("/")
+        leaf = None if own.get("", "/") == "/" else base / "agent"
+        return Layout(version=2, memory=base / TASKS, pids=None, agent_leaf=leaf)
+    if "memory" in mounts:
+        def under(controller: str) -> Path:
+            return mounts[controller] / own.get(controller, "/").lstrip("/") / TASKS
+        return Layout(version=1, memory=under("memory"), pids=under("pids") if "pids" in mounts else None)
+    return None
+
+
+def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int) -> TaskCgroup:
+    """The task's cgroup directories and the limits to write, in order."""
+    if layout.version == 2:
+        cg = layout.memory / name
+        return TaskCgroup(dirs=(cg,), oom_file=cg / "memory.events", limits=(
+            (cg / "memory.max", str(memory_bytes)), (cg / "memory.swap.max", "0"),
+            (cg / "memory.oom.group", "1"), (cg / "pids.max", str(pids_max))))
+    memory = layout.memory / name
+    limits = [(memory / "memory.limit_in_bytes", str(memory_bytes)),
+              (memory / "memory.memsw.limit_in_bytes", str(memory_bytes))]
+    dirs = [memory]
+    if layout.pids is not None:
+        dirs.append(layout.pids / name)
+        limits.append((layout.pids / name / "pids.max", str(pids_max)))
+    return TaskCgroup(dirs=tuple(dirs), limits=tuple(limits), oom_file=memory / "memory.oom_control")
+
+
+def oom_kills(text: str) -> int:
+    """The `oom_kill` count of a memory.events or memory.oom_control file."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0
+
+
+class Cgroups:
+    """Creates, watches and removes task cgroups on this host's hierarchy."""
+
+    def __init__(self, layout: Layout, *, pids_max: int) -> None:
+        self.layout, self.pids_max = layout, pids_max
+        if layout.version == 2:
+            self._delegate()
+        for parent in (layout.memory, layout.pids):
+            if parent is not None:
+                parent.mkdir(exist_ok=True)
+        if layout.version == 2:
+            (layout.memory / "cgroup.subtree_control").write_text("+memory +pids")
+
+    def _delegate(self) -> None:
+        """v2 lets a cgroup with processes have no controlled children: the agent moves into a leaf first."""
+        top = self.layout.memory.parent
+        if self.layout.agent_leaf is not None:
+            self.layout.agent_leaf.mkdir(exist_ok=True)
+            (self.layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
+        (top / "cgroup.subtree_control").write_text("+memory +pids")
+
+    def create(self, *, name: str, memory_gb: float) -> TaskCgroup | None:
+        """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first); None
+        (logged) when the hierarchy refuses it: the agent then measures the task's memory itself."""
+        cg = plan(self.layout, name=name, memory_bytes=int(memory_gb * 2**30), pids_max=self.pids_max)
+        try:
+            remove(cg)
+            for d in cg.dirs:
+                d.mkdir()
+            for path, value in cg.limits:
+                if path.exists():  # memsw only where swap accounting is on
+                    path.write_text(value)
+        except OSError as exc:
+            log.warning("no cgroup for task %s (%r): its memory is measured by the agent", name, exc)
+            remove(cg)
+            return None
+        return cg
+
+
+def read_oom_kills(cg: TaskCgroup) -> int:
+    try:
+        return oom_kills(cg.oom_file.read_text())
+    except OSError:
+        return 0
+
+
+def remove(cg: TaskCgroup) -> None:
+    """Kill every process in the task's cgroups, then remove them."""
+    for d in cg.dirs:
+        if not (d / "cgroup.procs").is_file():
+            continue
+        if (d / "cgroup.kill").exists():
+            (d / "cgroup.kill").write_text("1")
+        deadline = time.monotonic() + KILL_WAIT_S
+        while (pids := (d / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        try:
+            d.rmdir()
+        except OSError as exc:
+            log.warning("could not remove the task cgroup %s: %r", d, exc)
+
+
+def detect(*, pids_max: int, enabled: bool = True) -> Cgroups | None:
+    """This host's task cgroups, or None (logged once) where none can be made."""
+    if not enabled:
+        return None
+    try:
+        mounts = cgroup_mounts(Path("/proc/self/mounts").read_text())
+        own = own_cgroups(Path("/proc/self/cgroup").read_text())
+        v2 = set((mounts[""] / "cgroup.controllers").read_text().split()) if "" in mounts else set()
+        layout = choose_layout(mounts=mounts, own=own, v2_controllers=v2)
+        if layout is None:
+            log.warning("no cgroup hierarchy with a memory controller: task memory is measured by the agent")
+            return None
+        return Cgroups(layout, pids_max=pids_max)
+    except OSError as exc:
+        log.warning("task cgroups cannot be made here (%r): task memory is measured by the agent", exc)
+        return None

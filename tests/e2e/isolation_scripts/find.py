@@ -1,0 +1,12 @@
+"""Looks for what an earlier task of its uid could have left: System V segments, files in the temporary dirs."""
+import json
+import os
+
+uid = str(os.getuid())
+rows = [line.split() for line in open("/proc/sysvipc/shm").read().splitlines()[1:]]
+home = os.environ["HOME"]
+files = [os.path.join(d, n) for d in ("/run/lock", "/dev/shm", "/tmp", "/var/tmp") if os.path.isdir(d)
+         for n in os.listdir(d) if not home.startswith(os.path.join(d, n) + "/")]
+print("FOUND " + json.dumps({"uid": os.getuid(), "shm": [r[1] for r in rows if uid in (r[7], r[9])],
+                             "files": files}), flush=True)
+print("DONE", flush=True)

@@ -1,0 +1,128 @@
+"""The pure parts of a task's confinement: where its cgroups go and what they limit, its passwd entry, which System
+V objects are its uid's, and each stack's own uid range."""
+import json
+from pathlib import Path
+
+import pytest
+
+from services.agent.app import AgentSettings, task_uid_first, task_uid_locks
+from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, oom_kills, own_cgroups, plan
+from services.agent.leftovers import ipc_ids
+from services.agent.quota import disk_usage, over_quota
+from services.agent.shim import account_files
+from services.agent.uidrange import choose_first, claim_range
+
+V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+V1_OWN = "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
+
+
+def test_v1_task_cgroups_go_under_the_agents_own_in_the_memory_and_pids_hierarchies():
+    layout = choose_layout(mounts=cgroup_mounts(V1_MOUNTS), own=own_cgroups(V1_OWN), v2_controllers=set())
+    assert layout == Layout(version=1, memory=Path("/sys/fs/cgroup/memory/process_api/abc/trainmaster-tasks"),
+                            pids=Path("/sys/fs/cgroup/pids/trainmaster-tasks"))
+    cg = plan(layout, name="uid-7", memory_bytes=2**30, pids_max=100)
+    memory = layout.memory / "uid-7"
+    assert cg.dirs == (memory, Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7"))
+    assert cg.limits == ((memory / "memory.limit_in_bytes", str(2**30)),
+                         (memory / "memory.memsw.limit_in_bytes", str(2**30)),
+                         (Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7/pids.max"), "100"))
+    assert cg.oom_file == memory / "memory.oom_control"
+    assert cg.procs_files == [str(d / "cgroup.procs") for d in cg.dirs]
+
+
+def test_v2_with_a_memory_controller_wins_and_the_agent_moves_into_a_leaf():
+    mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n")
+    layout = choose_layout(mounts=mounts, own=own_cgroups("0::/system.slice/agent.service\n"),
+                           v2_controllers={"cpu", "memory", "pids"})
+    base = Path("/sys/fs/cgroup/system.slice/agent.service")
+    assert layout == Layout(version=2, memory=base / "trainmaster-tasks", pids=None, agent_leaf=base / "agent")
+    cg = plan(layout, name="uid-7", memory_bytes=512, pids_max=64)
+    task = base / "trainmaster-tasks" / "uid-7"
+    assert cg.dirs == (task,) and cg.oom_file == task / "memory.events"
+    assert dict(cg.limits) == {task / "memory.max": "512", task / "memory.swap.max": "0",
+                               task / "memory.oom.group": "1", task / "pids.max": "64"}
+
+
+def test_v2_at_the_root_needs_no_leaf_and_no_memory_controller_means_no_cgroups():
+    mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    assert choose_layout(mounts=mounts, own={"": "/"}, v2_controllers={"memory"}).agent_leaf is None
+    assert choose_layout(mounts=mounts, own={"": "/"}, v2_controllers={"cpu", "pids"}) is None
+
+
+def test_oom_kills_are_read_from_v1_and_v2_files():
+    assert oom_kills("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n") == 3
+    assert oom_kills("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n") == 1
+    assert oom_kills("oom_kill_disable 0\nunder_oom 0\n") == 0
+
+
+def test_the_task_gets_a_passwd_and_group_entry_of_its_own_and_no_host_entry_shadows_it():
+    passwd = "root:x:0:0:root:/root:/bin/bash\ntm-200001:x:5:5::/:/bin/sh\nold:x:200001:1::/:/bin/sh\n"
+    group = "root:x:0:\nold:x:200001:\n"
+    users, groups = account_files(passwd=passwd, group=group, name="tm-200001", uid=200001, gid=200001,
+                                  home="/data/w")
+    assert users == "root:x:0:0:root:/root:/bin/bash\ntm-200001:x:200001:200001:trainmaster task:/data/w:/bin/sh\n"
+    assert groups == "root:x:0:\ntm-200001:x:200001:\n"
+
+
+PROC_SHM = """       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime
+         0         10   600                  4096   100   100      0  200001 200001  200001 200001 0
+  12345678         11   600                  4096   101   101      1     0     0     0     0 0
+         0         12   666                  4096   102   102      0     0     0  200001 200001 0
+"""
+PROC_SEM = """       key      semid perms      nsems   uid   gid  cuid  cgid      otime      ctime
+  1193046          3   600          1  200001 200001  200001 200001 0 0
+"""
+
+
+def test_the_uids_system_v_objects_are_found_by_owner_or_creator():
+    assert ipc_ids(PROC_SHM, id_column="shmid", uid=200001) == [10, 12]
+    assert ipc_ids(PROC_SHM, id_column="shmid", uid=5) == []
+    assert ipc_ids(PROC_SEM, id_column="semid", uid=200001) == [3]
+    assert ipc_ids("", id_column="msqid", uid=1) == []
+
+
+def test_each_stack_gets_a_range_no_other_overlaps_and_keeps_it():
+    taken = {"/a": [200_000, 100], "/c": [200_250, 100]}
+    assert choose_first(taken, key="/b", count=100) == 200_100
+    assert choose_first(taken, key="/b", count=200) == 200_350
+    assert choose_first(taken, key="/a", count=100) == 200_000  # its own again
+    assert choose_first({}, key="/a", count=65_536) == 200_000
+    with pytest.raises(ValueError):
+        choose_first({}, key="/a", count=2**31)
+
+
+def test_disk_usage_counts_files_below_and_follows_no_link(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"x" * 100_000)
+    (tmp_path / "link").symlink_to("/usr")
+    assert 100_000 <= disk_usage(str(tmp_path)) < 200_000
+    assert over_quota(2**30 + 1, 1) and not over_quota(2**30, 1)
+
+
+def test_the_registry_keeps_each_stacks_range_and_forgets_stacks_whose_data_is_gone(tmp_path):
+    registry = tmp_path / "run" / "ranges.json"
+    one, two, gone = (tmp_path / name for name in ("one", "two", "gone"))
+    for d in (one, two, gone):
+        d.mkdir()
+    firsts = [claim_range(registry, data_dir=d, count=1000) for d in (one, two, gone)]
+    assert firsts == [200_000, 201_000, 202_000]
+    assert claim_range(registry, data_dir=one, count=1000) == 200_000  # an agent of the same stack, later
+    gone.rmdir()
+    assert claim_range(registry, data_dir=tmp_path / "three", count=1000) == 202_000
+    assert json.loads(registry.read_text())[str(two)] == [201_000, 1000]
+
+
+def test_a_stack_claims_its_own_range_under_its_data_dir_and_a_configured_range_host_wide(tmp_path):
+    own = AgentSettings(node_id="n", data_dir=tmp_path / "data", task_uid_registry=tmp_path / "ranges.json",
+                        task_uid_count=10)
+    assert task_uid_first(own) == 200_000 and task_uid_locks(own) == tmp_path / "data" / "task-uids"
+    other = own.model_copy(update={"data_dir": tmp_path / "other"})
+    (tmp_path / "data").mkdir()
+    assert task_uid_first(other) == 200_010
+    shared = own.model_copy(update={"task_uid_first": 500_000})
+    assert task_uid_first(shared) == 500_000 and task_uid_locks(shared) == Path("/run/trainmaster/task-uids")
