@@ -1,5 +1,4 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
-import asyncio
 import functools
 import hmac
 import logging

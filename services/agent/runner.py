@@ -180,8 +180,8 @@ class TaskProcess:
                     return
             elif (used := group_rss(self.process.pid)) > limit:
                 self.oom = "host"
-                self.tail.append(f"killed by trainmaster: the task used {used / 2**30:.2f} GB of host memory, more "
-                                 f"than the {limit_gb:g} GB it was given (spec.resource.memory_gb)")
+                self.tail.append(f"killed by trainmaster: out of memory: the task used {used / 2**30:.2f} GB of host "
+                                 f"memory, more than the {limit_gb:g} GB it was given (spec.resource.memory_gb)")
                 self._signal_group(signal.SIGKILL)
                 return
             await asyncio.sleep(MEMORY_CHECK_S)

@@ -1,5 +1,4 @@
 """Metric points from a job's output and a remaining-time estimate from its own curve (pure, no I/O)."""
-import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache

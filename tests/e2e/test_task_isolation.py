@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from tests.conftest import ADMIN_TOKEN, start_stack
-from tests.e2e.helpers import get, logs_containing, submit, wait_phase
+from tests.e2e.helpers import logs_containing, submit, wait_phase
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e

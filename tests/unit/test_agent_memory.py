@@ -27,6 +27,6 @@ async def test_a_task_over_its_host_memory_is_killed_saying_what_it_used_and_wha
     finally:
         if process.returncode is None:
             process.kill()
-    used = re.fullmatch(r"killed by trainmaster: the task used ([0-9.]+) GB of host memory, more than the 0.03 GB "
-                        r"it was given \(spec.resource.memory_gb\)", task.tail[-1])
+    used = re.fullmatch(r"killed by trainmaster: out of memory: the task used ([0-9.]+) GB of host memory, more "
+                        r"than the 0.03 GB it was given \(spec.resource.memory_gb\)", task.tail[-1])
     assert task.oom == "host" and used and float(used.group(1)) > 0.03
