@@ -97,3 +97,18 @@ def test_nvml_gpus_are_measured_and_configured_ones_are_not(monkeypatch):
     monkeypatch.setattr(resources, "gpus_from_nvml", lambda: None)
     assert describe_node(entry, use_nvml=True, virtual=True, measure=measure).gpus[0].measured_tflops is None
     assert calls == [1]  # without NVML's GPUs nothing is measured
+
+
+def test_measuring_leaves_no_torch_and_so_no_cuda_context_in_the_agents_process():
+    probe = ("import sys; from services.agent.throughput import measure_tflops; measure_tflops(timeout_s=120); "
+             "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+
+
+def test_the_measurement_is_on_unless_the_setting_turns_it_off(monkeypatch):
+    from services.agent.app import AgentSettings
+
+    assert AgentSettings(node_id="box").measure_gpus
+    monkeypatch.setenv("TRAINMASTER_MEASURE_GPUS", "false")
+    assert not AgentSettings(node_id="box").measure_gpus
