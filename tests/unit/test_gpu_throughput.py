@@ -2,10 +2,11 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from services.agent import resources
+from services.agent import gpubench, resources
 from services.agent.resources import describe_node
 from services.agent.throughput import BENCH, bench_env, measure_tflops, parse, run_process, with_measured
 from shared.nodes import Gpu
@@ -112,3 +113,41 @@ def test_the_measurement_is_on_unless_the_setting_turns_it_off(monkeypatch):
     assert AgentSettings(node_id="box").measure_gpus
     monkeypatch.setenv("TRAINMASTER_MEASURE_GPUS", "false")
     assert not AgentSettings(node_id="box").measure_gpus
+
+
+class FakeTorch:
+    """The part of torch the benchmark uses, on the CPU: CUDA's memory figures made up, some types refused."""
+
+    def __init__(self, *, free: float = 1.0, refused: tuple = ()) -> None:
+        import torch
+
+        self.torch, self.refused = torch, refused
+        self.bfloat16, self.float16, self.float32 = torch.bfloat16, torch.float16, torch.float32
+        self.cuda = SimpleNamespace(mem_get_info=lambda device: (free * 80 * 2**30, 80 * 2**30),
+                                    synchronize=lambda device=None: None, empty_cache=lambda: None)
+
+    def device(self, kind, index):
+        return "cpu"
+
+    def randn(self, *shape, device, dtype):
+        if dtype in self.refused:
+            raise RuntimeError(f"no kernel for {dtype}")
+        return self.torch.randn(*shape, dtype=dtype)
+
+    def matmul(self, a, b):
+        return a @ b
+
+
+def test_the_benchmark_times_bf16_matmuls_and_falls_back_to_another_type_where_bf16_has_none():
+    row = gpubench.measure(FakeTorch(), 0, n=64, seconds=0.01)
+    assert row["dtype"] == "bfloat16" and row["n"] == 64 and row["tflops"] >= 0
+    row = gpubench.measure(FakeTorch(refused=(FakeTorch().bfloat16,)), 1, n=64, seconds=0.01)
+    assert row["index"] == 1 and row["dtype"] == "float16"
+    every = FakeTorch()
+    row = gpubench.measure(FakeTorch(refused=(every.bfloat16, every.float16, every.float32)), 0, n=64, seconds=0.01)
+    assert row["error"].startswith("RuntimeError: no kernel") and "tflops" not in row
+
+
+def test_the_benchmark_leaves_a_gpu_in_use_alone():
+    row = gpubench.measure(FakeTorch(free=0.5), 0, n=64, seconds=0.01)
+    assert row == {"index": 0, "error": "busy: 40.0 of 80.0 GiB free"}
