@@ -49,11 +49,12 @@ def test_placement_plans_with_the_measured_speed():
     assert policy_node(measured(node(gpus=1, tflops=312.0), 5000.0)).tflops == pytest.approx(343.2)
 
 
-def test_a_placed_rank_carries_the_speed_of_its_slowest_gpu_as_placement_recorded_it():
-    info = measured(node(gpus=3, tflops=989.0), 700.0, 600.0, None)
+def test_a_placed_rank_carries_the_measured_speed_of_its_slowest_gpu_as_placement_recorded_it():
+    info = measured(node(gpus=4, tflops=989.0), 700.0, 600.0, None, 5000.0)
     assert assignment(0, info, (0, 1)).gpu_tflops == 600.0
-    assert assignment(0, info, (2,)).gpu_tflops == 989.0
-    assert assignment(0, node(gpus=1, tflops=0.0), (0,)).gpu_tflops is None
+    assert assignment(0, info, (0, 3)).gpu_tflops == 700.0  # a boast counts at most the table's x 1.1
+    assert assignment(0, info, (1, 2)).gpu_tflops is None  # not all measured: the estimator's table stands
+    assert assignment(0, measured(node(gpus=1, tflops=0.0), 700.0), (0,)).gpu_tflops is None
 
 
 def test_the_estimator_plans_with_the_placed_nodes_speed_unless_the_job_declares_other_hardware():
