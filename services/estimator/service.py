@@ -32,11 +32,14 @@ def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimate
     return {**job, "finished": True}, [EtaEstimated(event_id=f"{job['_id']}:eta:final", job_id=job["_id"], eta=None)]
 
 
-def with_tflops(job: dict[str, Any] | None, tflops: float | None) -> tuple[dict[str, Any], list] | None:
-    """A known job with its placed node's GPU speed (kept for a restart); None when nothing changes."""
-    if job is None or job.get("tflops") == tflops:
+def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: int) -> tuple[dict, list] | None:
+    """A known job with the GPU speed of its latest attempt's node (kept for a restart); None when nothing changes
+    (a redelivered placement, or one of an earlier attempt)."""
+    if job is None or job.get("placed_attempt", 0) > attempt:
         return None
-    return {**job, "tflops": tflops}, []
+    if job.get("placed_attempt") == attempt and job.get("tflops") == tflops:
+        return None
+    return {**job, "tflops": tflops, "placed_attempt": attempt}, []
 
 
 @dataclass
@@ -68,8 +71,8 @@ class Estimator:
         model = await self._model(event.job_id)
         if model is None or rank0 is None:
             return
-        model.tflops = rank0.gpu_tflops
-        await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops))
+        if await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops, attempt=event.attempt)):
+            model.tflops = rank0.gpu_tflops
 
     async def task_started(self, event: TaskStarted) -> None:
         model = await self._model(event.job_id)

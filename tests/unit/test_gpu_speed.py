@@ -71,10 +71,14 @@ def test_the_estimator_plans_with_the_placed_nodes_speed_unless_the_job_declares
     assert replay.job_features().resolved().tflops == 312.0
 
 
-def test_the_estimator_keeps_the_speed_with_the_job_once():
+def test_the_estimator_keeps_the_latest_attempts_speed_with_the_job_once():
     job = {"_id": "j", "metrics": []}
-    assert with_tflops(job, 700.0) == ({"_id": "j", "metrics": [], "tflops": 700.0}, [])
-    assert with_tflops({**job, "tflops": 700.0}, 700.0) is None and with_tflops(None, 700.0) is None
+    kept, _ = with_tflops(job, 700.0, attempt=2)
+    assert kept == {"_id": "j", "metrics": [], "tflops": 700.0, "placed_attempt": 2}
+    assert with_tflops(kept, 700.0, attempt=2) is None  # redelivered
+    assert with_tflops(kept, 300.0, attempt=1) is None  # an earlier attempt's placement, late
+    assert with_tflops(kept, None, attempt=3)[0]["tflops"] is None  # moved to a node not measured
+    assert with_tflops(None, 700.0, attempt=1) is None
 
 
 class Bus:
@@ -93,7 +97,8 @@ async def test_the_estimator_takes_the_speed_from_placements_record_and_keeps_it
                   history=MemoryCollection("history"), own_runs=MemoryCollection("own_runs"))
     estimator = Estimator(broker=Bus(), models=None, origins=Origins(), **stores)
     await estimator.submitted(submitted(job_id=job_id))
-    await estimator.placed(placed(job_id, gpu_tflops=650.0))
+    await estimator.placed(placed(job_id, attempt=2, gpu_tflops=650.0))
+    await estimator.placed(placed(job_id, attempt=1, gpu_tflops=100.0))  # late, and superseded
     assert estimator.live[job_id].tflops == 650.0
     restarted = Estimator(broker=Bus(), models=None, origins=Origins(), **stores)
     assert (await restarted._model(job_id)).tflops == 650.0
