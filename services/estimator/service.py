@@ -32,6 +32,16 @@ def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimate
     return {**job, "finished": True}, [EtaEstimated(event_id=f"{job['_id']}:eta:final", job_id=job["_id"], eta=None)]
 
 
+def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: int) -> tuple[dict, list] | None:
+    """A known job with the GPU speed of its latest attempt's node (kept for a restart); None when nothing changes
+    (a redelivered placement, or one of an earlier attempt)."""
+    if job is None or job.get("placed_attempt", 0) > attempt:
+        return None
+    if job.get("placed_attempt") == attempt and job.get("tflops") == tflops:
+        return None
+    return {**job, "tflops": tflops, "placed_attempt": attempt}, []
+
+
 @dataclass
 class Estimator:
     broker: NatsBroker
@@ -54,8 +64,15 @@ class Estimator:
         await self.jobs.save(event.job_id, fields, None, [])  # a redelivery finds it stored and changes nothing
 
     async def placed(self, event: JobPlaced) -> None:
-        """Which node runs each rank of the attempt: the only node whose output of it is read."""
+        """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
+        rank 0's GPUs as placement recorded it (the history prior's TFLOPS)."""
         await self.origins.placed(event)
+        rank0 = next((a for a in event.assignments if a.rank == 0), None)
+        model = await self._model(event.job_id)
+        if model is None or rank0 is None:
+            return
+        if await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops, attempt=event.attempt)):
+            model.tflops = rank0.gpu_tflops
 
     async def task_started(self, event: TaskStarted) -> None:
         model = await self._model(event.job_id)
@@ -121,6 +138,7 @@ class Estimator:
         # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
         model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
                          [Parameter.model_validate(p) for p in job.get("parameters", [])])
+        model.tflops = job.get("tflops")
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             model.observe(LogLine(t=doc["t"], line=doc["line"]))
         if not job.get("finished"):

@@ -128,7 +128,7 @@ class Placement:
         elapsed = (event.occurred_at - item.started_at).total_seconds()
         if elapsed + event.eta.remaining_s <= self.slow_factor * expected:
             return
-        current = sum(g.tflops for a in item.assignments if a.node_id in self.fleet.nodes
+        current = sum(g.speed for a in item.assignments if a.node_id in self.fleet.nodes
                       for g in self.fleet.nodes[a.node_id].info.gpus if g.index in a.gpu_indices)
         faster = self._faster_node(item, current)
         item = item.model_copy(update={"slow_checked": item.attempt})
