@@ -1,0 +1,73 @@
+"""The node's one NVML reader (`nvidia-ml-py`, optional): each GPU's utilisation, memory, power and temperature.
+
+Opened on first use; without the package or a driver it reads nothing (None, or no readings), once logged. The hang
+detector and the heartbeat's telemetry read through the same probe.
+"""
+import logging
+from collections.abc import Sequence
+
+from shared.events import GpuReading, readings
+
+log = logging.getLogger(__name__)
+
+GIB = 2**30
+
+
+class GpuProbe:
+    """This node's GPUs through NVML; nothing where they cannot be read (no package, no driver)."""
+
+    def __init__(self) -> None:
+        self._nvml = None
+        self._broken = False
+
+    def busiest(self, indices: Sequence[int]) -> float | None:
+        """The highest utilisation (percent, over the driver's last sample period) of these GPUs."""
+        nvml = self._open()
+        if nvml is None or not indices:
+            return None
+        try:
+            return float(max(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
+                             for i in indices))
+        except nvml.NVMLError as exc:
+            log.warning("reading GPU utilisation failed: %r", exc)
+            return None
+
+    def read(self, indices: Sequence[int]) -> tuple[GpuReading, ...]:
+        """A reading of each of these GPUs that NVML answers for (one that fails is left out; power and temperature
+        are None where the GPU does not report them)."""
+        nvml = self._open()
+        if nvml is None:
+            return ()
+        found = []
+        for index in indices:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                raw = {"index": index, "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                       "memory_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB}
+            except nvml.NVMLError as exc:
+                log.warning("reading GPU %d failed: %r", index, exc)
+                continue
+            raw["power_w"] = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000)
+            raw["temp_c"] = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            found.append({k: round(v, 3) if isinstance(v, float) else v for k, v in raw.items()})
+        return readings(found)
+
+    def _open(self):
+        if self._nvml is None and not self._broken:
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                self._nvml = pynvml
+            except Exception as exc:  # ImportError, NVMLError: the node does not read its GPUs
+                log.info("no GPU readings (hang detection, telemetry): %r", exc)
+                self._broken = True
+        return self._nvml
+
+
+def _optional(nvml, read) -> float | None:
+    """A figure some GPUs do not report (NVML_ERROR_NOT_SUPPORTED): None then."""
+    try:
+        return float(read())
+    except (nvml.NVMLError, TypeError, ValueError):
+        return None
