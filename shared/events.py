@@ -53,6 +53,8 @@ class Assignment(BaseModel):
     node_kind: str = Field("", description="The node's kind in placement's record (empty: not said).")
     price_per_hour: float | None = Field(None, ge=0, description="The node's price per hour in placement's record.")
     node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node in placement's record (0: not said).")
+    gpu_memory_gb: float = Field(0, ge=0, description="Memory of the largest of the rank's GPUs in placement's "
+                                 "record (0: not said); what the rank's GPU telemetry is held to.")
 
 
 class TaskStatus(BaseModel):

@@ -3,7 +3,7 @@ from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
-from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
+from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted, TaskTelemetry
 from shared.handlers import HandlerTable, dispatch
 from shared.keyed import keyed_durable
 from shared.origin import deliveries
@@ -18,6 +18,7 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
     JobStatusChanged: Estimator.status_changed,
     JobPlaced: Estimator.placed,
     LogChunk: Estimator.log_chunk,
+    TaskTelemetry: Estimator.task_telemetry,
 }
 
 router = NatsRouter()
@@ -48,6 +49,15 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
     """Jobs' output, from the node each task was placed on (anything else is dropped)."""
     if await estimator.origins.admit(chunk, deliveries=deliveries(message)):
         await dispatch(EVENT_HANDLERS, chunk, estimator)
+
+
+@router.subscriber(**durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64))
+@retry_transient
+async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
+                       estimator: Estimator = Context("estimator")) -> None:
+    """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped)."""
+    if await estimator.origins.admit(sample, deliveries=deliveries(message)):
+        await dispatch(EVENT_HANDLERS, sample, estimator)
 
 
 @router.subscriber(RPC_METRICS)

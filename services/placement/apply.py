@@ -50,8 +50,9 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
 def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assignment:
     """A rank on a node, with the node's kind, price and size as placement's record has them (billing charges
     these, not what the node's agent says of itself)."""
+    memory = max((g.memory_gb for g in info.gpus if g.index in gpu_indices), default=0.0)
     return Assignment(rank=rank, node_id=info.node_id, gpu_indices=gpu_indices, node_kind=info.kind,
-                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus))
+                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus), gpu_memory_gb=memory)
 
 
 async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet) -> None:
