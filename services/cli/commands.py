@@ -53,7 +53,23 @@ def get(args: argparse.Namespace, api: Api) -> int:
     if args.watch and not args.json:
         return follow.watch(api, path)
     job = api.call("GET", path)
-    return out(args, job, render.job_detail(job))
+    return out(args, job, job if args.json else render.job_detail(job, gpu_now(api, path)))
+
+
+def gpu_now(api: Api, path: str) -> dict[str, float]:
+    """A job's GPU figures now (its latest telemetry); none when they cannot be read."""
+    try:
+        return render.gpu_now(api.call("GET", f"{path}/metrics", params={"max_points": 1}))
+    except CliError:
+        return {}
+
+
+def top(args: argparse.Namespace, api: Api) -> int:
+    """The project's running jobs with their GPUs' utilisation and memory now."""
+    page = api.call("GET", jobs_path(args, api), params={"phase": ["Running"], "limit": args.limit})
+    rows = [(job, gpu_now(api, jobs_path(args, api, job["metadata"]["id"]))) for job in page["items"]]
+    return out(args, [{"job_id": job["metadata"]["id"], "gpu": now} for job, now in rows],
+               render.table(render.TOP_HEADERS, [render.top_row(job, now) for job, now in rows]))
 
 
 def logs(args: argparse.Namespace, api: Api) -> int:
