@@ -30,6 +30,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   bus.RPC_HEALTH.format(service=">")),
     "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable",
                   "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT, bus.RPC_PREDICT,
+                  bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
                   # it creates the command consumer of each node it rents (the agent may only read it)
                   f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
                   f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
