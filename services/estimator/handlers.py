@@ -51,7 +51,8 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
         await dispatch(EVENT_HANDLERS, chunk, estimator)
 
 
-@router.subscriber(**durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64))
+# Samples in any order (each stored by its own id, series sorted by time): a batch in flight, not one at a time.
+@router.subscriber(**durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64, ordered=False))
 @retry_transient
 async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
                        estimator: Estimator = Context("estimator")) -> None:

@@ -112,7 +112,8 @@ def silent(nodes: list[NodeRecord], *, now: datetime, timeout_s: float) -> list[
 
 
 def declare_lost(node: NodeRecord) -> tuple[NodeRecord, NodeStateChanged]:
-    return node.model_copy(update={"state": "lost", "running": ()}), _state(node.node_id, "lost", node.last_seen)
+    return (node.model_copy(update={"state": "lost", "running": (), "gpus": ()}),  # no figure of a silent node
+            _state(node.node_id, "lost", node.last_seen))
 
 
 def _state(node_id: str, state: Literal["ready", "lost"], at: datetime) -> NodeStateChanged:

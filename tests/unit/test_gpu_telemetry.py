@@ -18,7 +18,7 @@ from services.agent.nvml import GpuProbe
 from services.agent.preparation import Preparer
 from services.agent.telemetry import task_samples
 from services.estimator.telemetry import believed as estimator_believes, summary, system_series
-from services.monitor.nodes import sighted
+from services.monitor.nodes import declare_lost, sighted
 from tests.factories import T0, node
 from tests.unit.api_app import add_user, client, make_app
 from tests.unit.test_agent_hangs import start
@@ -136,6 +136,7 @@ def test_the_monitor_keeps_a_reading_only_for_a_recorded_gpu_within_its_memory()
     beat = sighted(record, node_id="n1", boot_id="b", at=T0, running=(), gpus=claimed).node
     assert [g.index for g in beat.gpus] == [0]
     assert sighted(None, node_id="n2", boot_id="b", at=T0, running=(), gpus=claimed).node.gpus == ()  # no record
+    assert declare_lost(beat)[0].gpus == ()  # a silent node's last figures are not shown as now
 
 
 def test_the_estimator_keeps_readings_of_the_rank_s_own_gpus_within_their_memory():
