@@ -529,11 +529,20 @@ class TaskTelemetry(Message):
     seq: int = Field(ge=0, le=10**12, description="Sample number within the agent's run (its heartbeat count).")
     t: float = Field(ge=0, le=10**11, allow_inf_nan=False, description="Unix time the sample was read.")
     gpus: tuple[GpuReading, ...] = Field((), description="The task's GPUs; invalid readings are dropped.")
+    process_memory_gb: float | None = Field(None, description="GPU memory the task's own processes hold on its "
+                                            "GPUs, GiB, where NVML reports it per process (an invalid figure: "
+                                            "None).")
 
     @field_validator("gpus", mode="before")
     @classmethod
     def _valid_only(cls, raw: object) -> tuple[GpuReading, ...]:
         return readings(raw)
+
+    @field_validator("process_memory_gb", mode="before")
+    @classmethod
+    def _finite_or_none(cls, raw: object) -> float | None:
+        ok = isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024
+        return float(raw) if ok else None
 
 
 class EtaEstimated(Message):

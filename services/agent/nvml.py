@@ -52,6 +52,22 @@ class GpuProbe:
             found.append({k: round(v, 3) if isinstance(v, float) else v for k, v in raw.items()})
         return readings(found)
 
+    def process_memory_gb(self, indices: Sequence[int], pids: set[int]) -> float | None:
+        """GPU memory these processes hold on these GPUs (GiB), where NVML reports it per process; None where it
+        reports no figure for any of them."""
+        nvml = self._open()
+        if nvml is None or not pids:
+            return None
+        used = []
+        for index in indices:
+            try:
+                processes = nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(index))
+            except nvml.NVMLError as exc:
+                log.debug("no per-process GPU memory of GPU %d: %r", index, exc)
+                continue
+            used += [p.usedGpuMemory for p in processes if p.pid in pids and isinstance(p.usedGpuMemory, int)]
+        return round(sum(used) / GIB, 3) if used else None
+
     def _open(self):
         if self._nvml is None and not self._broken:
             try:

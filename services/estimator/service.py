@@ -19,7 +19,7 @@ from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
 from services.estimator.models import ModelStore
-from services.estimator.telemetry import believed, summary, system_series
+from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class Estimator:
         nothing); readings of other GPUs, or past their recorded memory, are dropped."""
         if await self._model(sample.job_id) is None:
             return
-        kept = believed(sample, await self.origins.given(sample.job_id, sample.attempt, sample.rank))
+        given = await self.origins.given(sample.job_id, sample.attempt, sample.rank)
+        kept = believed(sample, given)
         if not kept:
             log.warning("dropped GPU telemetry of job %s attempt %d rank %d from node %s: no reading of its own "
                         "GPUs within their memory", sample.job_id, sample.attempt, sample.rank, sample.node_id)
@@ -106,7 +107,7 @@ class Estimator:
         try:
             await self.telemetry.insert_one({"_id": dedup_key(sample), "job_id": sample.job_id,
                                              "attempt": sample.attempt, "rank": sample.rank, "t": sample.t,
-                                             **summary(kept)})
+                                             **summary(kept, believed_process_memory(sample, given))})
         except DuplicateKeyError:
             pass
 

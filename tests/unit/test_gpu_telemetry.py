@@ -1,6 +1,7 @@
 """GPU telemetry: the agent's NVML reader (a fake pynvml), the bounds every reading is held to, which readings the
 monitor and the estimator believe, and the per-GPU figures `GET /v2/nodes` shows to members and admin alike."""
 import math
+import os
 import sys
 import types
 from types import SimpleNamespace
@@ -17,7 +18,8 @@ from services.agent.hangs import HangPolicy
 from services.agent.nvml import GpuProbe
 from services.agent.preparation import Preparer
 from services.agent.telemetry import task_samples
-from services.estimator.telemetry import believed as estimator_believes, summary, system_series
+from services.estimator.telemetry import believed as estimator_believes, believed_process_memory, summary, \
+    system_series
 from services.monitor.nodes import declare_lost, sighted
 from tests.factories import T0, node
 from tests.unit.api_app import add_user, client, make_app
@@ -34,9 +36,10 @@ class FakeNvml(types.ModuleType):
     class NVMLError(Exception):
         pass
 
-    def __init__(self, gpus: dict[int, tuple]) -> None:
+    def __init__(self, gpus: dict[int, tuple], processes: dict[int, list[tuple[int, int | None]]] | None = None):
         super().__init__("pynvml")
         self.gpus = gpus
+        self.processes = processes or {}  # {index: [(pid, used bytes or None: not reported)]}
 
     def nvmlInit(self) -> None:  # noqa: N802 (pynvml's names)
         pass
@@ -60,6 +63,9 @@ class FakeNvml(types.ModuleType):
     def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:  # noqa: N802
         return self.gpus[handle][3]
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list:  # noqa: N802
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes.get(handle, [])]
+
 
 def reading(index: int = 0, **figures) -> dict:
     return {"index": index, "util_percent": 50, "memory_used_gb": 10.0, "power_w": 300.0, "temp_c": 60.0, **figures}
@@ -70,6 +76,15 @@ def test_the_reader_gives_each_gpu_s_utilisation_memory_power_and_temperature(mo
     first, second = GpuProbe().read([0, 1, 7])  # GPU 7 cannot be read: left out
     assert first == GpuReading(index=0, util_percent=37, memory_used_gb=12.5, power_w=251.0, temp_c=64)
     assert second.power_w is None and second.util_percent == 0  # power not supported on that GPU
+
+
+def test_the_gpu_memory_a_task_s_processes_hold_is_theirs_only_where_nvml_reports_it(monkeypatch):
+    fake = FakeNvml({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)},
+                    processes={0: [(100, 2 * GIB), (999, 30 * GIB)], 1: [(101, GIB), (102, None)]})
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    probe = GpuProbe()
+    assert probe.process_memory_gb([0, 1], {100, 101, 102}) == 3.0  # another's process (999) is not the task's
+    assert probe.process_memory_gb([1], {102}) is None and probe.process_memory_gb([0], set()) is None
 
 
 def test_without_nvml_nothing_is_read(monkeypatch):
@@ -104,14 +119,16 @@ def test_a_heartbeat_carries_at_most_one_reading_per_gpu_and_a_bounded_number():
 
 def test_each_task_s_sample_holds_its_own_gpus_only():
     gpus = tuple(GpuReading(**reading(i)) for i in range(4))
-    one, two = task_samples([start(gpus=(1, 3)), start(gpus=(0, 9)), start(gpus=())], gpus, node_id="n1", seq=5,
-                            t=1000.0)
+    one, two = task_samples([(start(gpus=(1, 3)), 2.5), (start(gpus=(0, 9)), None), (start(gpus=()), None)], gpus,
+                            node_id="n1", seq=5, t=1000.0)
     assert [g.index for g in one.gpus] == [1, 3] and [g.index for g in two.gpus] == [0]
+    assert (one.process_memory_gb, two.process_memory_gb) == (2.5, None)
     assert one.subject == "tm.telemetry.n1.j" and one.seq == 5
 
 
 async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_sample(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml({0: (90, 20.0, 300_000, 70), 1: (5, 1.0, 60_000, 40)}))
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml({0: (90, 20.0, 300_000, 70), 1: (5, 1.0, 60_000, 40)},
+                                                        processes={0: [(os.getpid(), 3 * GIB), (1, 9 * GIB)]}))
     sent: list = []
 
     async def publish(message) -> None:
@@ -121,11 +138,12 @@ async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_samp
                   preparer=Preparer(tmp_path / "engines", {}), checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
                   storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
                   hangs=HangPolicy(gpus=GpuProbe()))
-    agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)))
+    agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)), pid=os.getpid())  # this process: the task
     await agent.heartbeat()
     beat, sample = sent
     assert isinstance(beat, NodeHeartbeat) and [(g.index, g.util_percent) for g in beat.gpus] == [(0, 90), (1, 5)]
     assert isinstance(sample, TaskTelemetry) and sample.job_id == "j" and [g.index for g in sample.gpus] == [0]
+    assert sample.process_memory_gb == 3.0
 
 
 def test_the_monitor_keeps_a_reading_only_for_a_recorded_gpu_within_its_memory():
@@ -145,12 +163,19 @@ def test_the_estimator_keeps_readings_of_the_rank_s_own_gpus_within_their_memory
     assert [g.index for g in estimator_believes(sample, Given(gpu_indices=(0, 1), gpu_memory_gb=24))] == [0]
     assert [g.index for g in estimator_believes(sample, Given(gpu_indices=(0, 1), gpu_memory_gb=0))] == [0, 1]
     assert estimator_believes(sample, None) == ()
+    held = sample.model_copy(update={"process_memory_gb": 40.0})
+    assert believed_process_memory(held, Given(gpu_indices=(0, 1), gpu_memory_gb=24)) == 40.0  # two GPUs' worth
+    assert believed_process_memory(held, Given(gpu_indices=(0,), gpu_memory_gb=24)) is None  # more than it has
+    for bad in (math.nan, -1, math.inf, "3", True, 10**9):
+        assert TaskTelemetry(event_id="e", job_id="j", attempt=1, node_id="n1", seq=1, t=1.0,
+                             process_memory_gb=bad).process_memory_gb is None
 
 
 def test_system_series_peak_counts_earlier_samples():
     gpus = (GpuReading(**reading(0, util_percent=20, memory_used_gb=4, power_w=100, temp_c=50)),
             GpuReading(**reading(1, util_percent=60, memory_used_gb=6, power_w=None, temp_c=70)))
-    assert summary(gpus) == {"gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": 100.0, "gpu_temp_c": 70.0}
+    assert summary(gpus, 5.5) == {"gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": 100.0, "gpu_temp_c": 70.0,
+                                  "gpu_process_memory_gb": 5.5}
     docs = [{"t": 1.0, "gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": None, "gpu_temp_c": 70.0},
             {"t": 2.0, "gpu_util": 10.0, "gpu_memory_gb": 3.0, "gpu_power_w": None, "gpu_temp_c": 60.0}]
     series = {s.name: s for s in system_series(docs, peak_before=8.0)}
