@@ -13,6 +13,7 @@ from shared.rpc import MetricsQuery
 from shared.store import DocumentStore, make_client
 from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.service import Estimator
+from services.placement.estimates import Estimates
 from tests.factories import placed, unique
 from tests.integration.test_output_origin import as_node, servers, until  # noqa: F401 (fixture)
 
@@ -71,3 +72,11 @@ async def test_another_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_
     series = {s.name: [p[1] for p in s.points] for s in report.series if s.system}
     assert series["gpu_memory_gb"] == [1.0, 2.0, 3.0] and series["gpu_memory_peak_gb"] == [1.0, 2.0, 3.0]
     assert series["gpu_util"] == [90.0, 90.0, 90.0]
+
+    placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
+    await connect(placement)
+    try:
+        assert await Estimates(broker=placement).peak_gpu_memory(job_id) == 3.0  # asked and answered as themselves
+        assert await Estimates(broker=placement).peak_gpu_memory(unique("never-ran")) is None
+    finally:
+        await placement.stop()
