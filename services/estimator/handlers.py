@@ -56,9 +56,20 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
 @retry_transient
 async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
                        estimator: Estimator = Context("estimator")) -> None:
-    """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped)."""
+    """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped), timed when
+    the bus server stored them (the node's own clock is a claim)."""
     if await estimator.origins.admit(sample, deliveries=deliveries(message)):
-        await dispatch(EVENT_HANDLERS, sample, estimator)
+        stored = stored_at(message)
+        await dispatch(EVENT_HANDLERS, sample if stored is None else sample.model_copy(update={"t": stored}),
+                       estimator)
+
+
+def stored_at(message: NatsMessage) -> float | None:
+    """When JetStream stored a message (Unix seconds); None where the transport does not say (a test broker)."""
+    try:
+        return round(message.raw_message.metadata.timestamp.timestamp(), 3)
+    except Exception:  # noqa: BLE001 - a test broker's message carries no JetStream metadata
+        return None
 
 
 @router.subscriber(RPC_METRICS)

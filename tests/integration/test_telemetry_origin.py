@@ -2,6 +2,7 @@
 publishes samples on its own telemetry subject naming a job placed on another node (first, with the numbers the
 real samples will carry); the estimator, reading the telemetry stream as itself, keeps none of them, and the real
 node's samples become the job's system series."""
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -72,6 +73,8 @@ async def test_another_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_
     series = {s.name: [p[1] for p in s.points] for s in report.series if s.system}
     assert series["gpu_memory_gb"] == [1.0, 2.0, 3.0] and series["gpu_memory_peak_gb"] == [1.0, 2.0, 3.0]
     assert series["gpu_util"] == [90.0, 90.0, 90.0]
+    times = [p[0] for s in report.series if s.name == "gpu_util" for p in s.points]
+    assert all(abs(t - time.time()) < 600 for t in times)  # when the server stored them, not the claimed 1001-1003
 
     placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
     await connect(placement)
