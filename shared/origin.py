@@ -1,4 +1,5 @@
-"""Whose output a chunk is: only the node an attempt's rank was placed on speaks for that task's output.
+"""Whose output a chunk is: only the node an attempt's rank was placed on speaks for that task's output (and its
+GPU telemetry, checked the same way, for the GPUs placement gave it: `given`).
 
 A node's agent may publish on its own log subject chunks naming any job; what it says is a claim. A receiver of
 output (the submitter, which shows it; the estimator, which reads metrics from it) keeps a chunk only when
@@ -132,8 +133,9 @@ class Origins:
         if decided == "wait" and deliveries < MAX_WAITS:
             raise NackMessage(delay=WAIT_S)
         if decided != "keep":
-            log.warning("dropped output of job %s attempt %d rank %d from node %s: %s", chunk.job_id, chunk.attempt,
-                        chunk.rank, chunk.node_id, "not placed there" if nodes is not None else "never placed")
+            log.warning("dropped %s of job %s attempt %d rank %d from node %s: %s", type(chunk).__name__,
+                        chunk.job_id, chunk.attempt, chunk.rank, chunk.node_id,
+                        "not placed there" if nodes is not None else "never placed")
         return decided == "keep"
 
 

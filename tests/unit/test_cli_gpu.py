@@ -52,3 +52,10 @@ def test_top_lists_running_jobs_with_their_gpus_now(capsys):
     assert asked[0] == ("/v2/p/training-jobs", {"phase": "Running", "limit": "20"})
     assert asked[1][1] == {"max_points": "1"}
     assert parser().parse_args(["top", "--limit", "5"]).limit == 5
+
+
+def test_nodes_show_each_gpu_read_at_the_last_heartbeat():
+    read = {"gpus": [{"index": 0, "model": "A100", "memory_gb": 80, "tflops": 312, "util_percent": 87.4,
+                      "memory_used_gb": 12.34}, {"index": 1, "model": "A100", "memory_gb": 80, "tflops": 312,
+                                                  "util_percent": None, "memory_used_gb": None}]}
+    assert commands.gpus_now(read) == "#0 87% 12.3GB" and commands.gpus_now({"gpus": []}) == "-"
