@@ -47,8 +47,9 @@ class GpuProbe:
             except nvml.NVMLError as exc:
                 log.warning("reading GPU %d failed: %r", index, exc)
                 continue
-            raw["power_w"] = _optional(nvml, lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000)
-            raw["temp_c"] = _optional(nvml, lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+            raw["power_w"] = _optional(nvml, lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000, handle)  # mW
+            raw["temp_c"] = _optional(nvml, lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
+                                      handle)
             found.append({k: round(v, 3) if isinstance(v, float) else v for k, v in raw.items()})
         return readings(found)
 
@@ -81,9 +82,9 @@ class GpuProbe:
         return self._nvml
 
 
-def _optional(nvml, read) -> float | None:
+def _optional(nvml, read, handle) -> float | None:
     """A figure some GPUs do not report (NVML_ERROR_NOT_SUPPORTED): None then."""
     try:
-        return float(read())
+        return float(read(handle))
     except (nvml.NVMLError, TypeError, ValueError):
         return None

@@ -47,8 +47,8 @@ async def estimator(servers):  # noqa: F811
     await client.close()
 
 
-async def test_another_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_gpu_series(servers, estimator):  # noqa: F811,E501
-    broker, service = estimator
+async def test_another_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_series(servers, estimator):  # noqa: F811
+    _, service = estimator
     job_id = unique("j")
     await service.jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, [])
     placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
