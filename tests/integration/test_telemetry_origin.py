@@ -47,7 +47,7 @@ async def estimator(servers):  # noqa: F811
     await client.close()
 
 
-async def test_another_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_series(servers, estimator):  # noqa: F811
+async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_series(servers, estimator):  # noqa: F811
     _, service = estimator
     job_id = unique("j")
     await service.jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, [])
