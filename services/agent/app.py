@@ -17,8 +17,9 @@ from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
 from services.agent.handlers import command_router
-from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
+from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer

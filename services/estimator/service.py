@@ -11,7 +11,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
 from shared.events import (EtaEstimated, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, LogLine,
-                           TaskStarted)
+                           TaskStarted, TaskTelemetry)
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.origin import Origins, dedup_key
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
@@ -19,6 +19,7 @@ from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
 from services.estimator.models import ModelStore
+from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Estimator:
     own_runs: AsyncCollection  # completed jobs' curves toward a declared target: the own-jobs corpus
     models: ModelStore
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
+    telemetry: AsyncCollection | None = None  # each task's GPU samples, as system series (the bus handlers need it)
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
 
@@ -108,6 +110,36 @@ class Estimator:
         await publish(self.broker, EtaEstimated(
             event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
 
+    async def task_telemetry(self, sample: TaskTelemetry) -> None:
+        """Keep a running job's sample of the GPUs placement gave the rank (ids by task and number: redelivery adds
+        nothing); readings of other GPUs, or past their recorded memory, are dropped."""
+        if await self._model(sample.job_id) is None:
+            return
+        given = await self.origins.given(sample.job_id, sample.attempt, sample.rank)
+        kept = believed(sample, given)
+        if not kept:
+            log.warning("dropped GPU telemetry of job %s attempt %d rank %d from node %s: no reading of its own "
+                        "GPUs within their memory", sample.job_id, sample.attempt, sample.rank, sample.node_id)
+            return
+        try:
+            await self.telemetry.insert_one({"_id": dedup_key(sample), "job_id": sample.job_id,
+                                             "attempt": sample.attempt, "rank": sample.rank, "t": sample.t,
+                                             **summary(kept, believed_process_memory(sample, given))})
+        except DuplicateKeyError:
+            pass
+
+    async def system_series(self, job_id: str, *, max_points: int) -> list[MetricSeries]:
+        """The job's latest `max_points` GPU samples as series; the peak counts the older ones too."""
+        if self.telemetry is None:
+            return []
+        latest = [d async for d in self.telemetry.find({"job_id": job_id}).sort("t", -1).limit(max_points)]
+        latest.reverse()
+        peak = 0.0
+        if latest:
+            older = self.telemetry.find({"job_id": job_id, "t": {"$lt": latest[0]["t"]}}).sort("gpu_memory_gb", -1)
+            peak = next(iter([d.get("gpu_memory_gb", 0.0) async for d in older.limit(1)]), 0.0)
+        return system_series(latest, peak_before=peak)
+
     def predict(self, query: PredictQuery) -> PredictReply:
         """A duration before the job starts, from the history model (when one is trained)."""
         if self.models.predictor is None:
@@ -127,6 +159,7 @@ class Estimator:
                                mode=specs[name].mode if name in specs else None,
                                points=[(p.t, p.value, p.step) for p in points[-query.max_points:]])
                   for name, points in sorted(model.tracker.points.items())]
+        series += await self.system_series(query.job_id, max_points=query.max_points)
         return MetricsReport(job_id=query.job_id, series=series)
 
     async def _model(self, job_id: str, *, finished_too: bool = False) -> JobModel | None:
