@@ -12,7 +12,7 @@ const COLLECTIONS = {
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes", "monitor_rented"],
   estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs",
-              "estimator_placements"],
+              "estimator_placements", "estimator_telemetry"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };

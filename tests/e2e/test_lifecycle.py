@@ -1,5 +1,6 @@
 """The job lifecycle end to end: REST API → bus → services → agent → real processes, and back."""
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -76,14 +77,26 @@ def process_group_alive(pgid: int) -> bool:
     return False
 
 
-async def test_terminate_ends_the_whole_process_group(api, project, shared_dir):
-    pid_file = shared_dir / "pid"
-    job = await submit(api, project, command=f"echo $$ > {pid_file}; sleep 300 & sleep 300; wait")
+def host_pids(*argv: str) -> list[int]:
+    """Host pids of the processes running exactly `argv` (a task's own `$$` is a pid in its PID namespace)."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if cmdline.read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]:
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+async def test_terminate_ends_the_whole_process_group(api, project):
+    seconds = f"300.{secrets.randbelow(10**6):06d}"  # this test's own sleeps, told apart on the host
+    job = await submit(api, project, command=f"sleep {seconds} & sleep {seconds}; wait")
     job_id = job["metadata"]["id"]
     await wait_phase(api, project, job_id, "Running")
-    await eventually(lambda: _exists(pid_file))
-    pgid = os.getpgid(int(pid_file.read_text()))
-    assert process_group_alive(pgid)
+    pids = await eventually(lambda: _two(host_pids("sleep", seconds)))
+    pgid = os.getpgid(pids[0])
+    assert os.getpgid(pids[1]) == pgid and process_group_alive(pgid)
 
     response = await api.post(f"/v2/{project}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
     assert response.status_code == 202
@@ -96,8 +109,8 @@ async def test_terminate_ends_the_whole_process_group(api, project, shared_dir):
     assert again.status_code == 409 and again.json()["error_code"] == "406027"
 
 
-async def _exists(path: Path):
-    return path.exists() and path.read_text().strip()
+async def _two(pids: list[int]) -> list[int] | None:
+    return pids if len(pids) == 2 else None
 
 
 async def test_a_queued_job_can_be_terminated_before_it_runs(api, project):
@@ -199,3 +212,7 @@ async def test_a_job_running_past_max_duration_is_terminated(api, project):
     assert done["status"]["phase"] == "Terminated"
     assert "max_duration_s (2s)" in done["status"]["reason"]
     assert 2000 <= done["status"]["duration"] < 15000
+
+
+async def _exists(path: Path):
+    return path.exists() and path.read_text().strip()
