@@ -101,7 +101,8 @@ def read_line(line: str) -> list[Reading]:
         readings.append(Reading("steps", int(m["n"]), int(m["total"]), "steps", unit="step"))
     elif (m := STEP_COUNT.search(text)) is not None:
         readings.append(Reading("steps", int(m["n"]), None, "steps", unit="step"))
-    return [r for r in readings if r.total is None or 0 <= r.n <= r.total <= MAX_TOTAL and r.total > 0]
+    return [r for r in readings if (r.total is None or 0 <= r.n <= r.total <= MAX_TOTAL and r.total > 0)
+            and (r.kind != "epoch" or r.n >= 1)]  # `Epoch 3/10` counts from 1
 
 
 def _number(text: str | None) -> float | None:
@@ -172,7 +173,11 @@ class ProgressReader:
                 self.steps = Progress(reading.n, reading.total, "step", "steps")
             else:
                 self._bar(reading, t)
-        self.last = self.progress() or self.last
+        now = self.progress()
+        if now is not None and self.last is not None and (now.unit, now.total) == (self.last.unit, self.last.total):
+            # a bar drawn at 0 again before its next round is named (Lightning's): the work done stays done
+            now = now if now.done >= self.last.done else self.last
+        self.last = now or self.last
         return self.last
 
     def _epoch(self, n: int, total: int, source: str) -> None:
@@ -204,15 +209,19 @@ class ProgressReader:
 
     def progress(self) -> Progress | None:
         """The outermost bar that moves, an inner bar's share of its round added; epochs x steps per epoch."""
-        bars = sorted(((k, b) for k, b in self.bars.items() if b.sightings >= 2 and not ASIDE.search(k[0])),
-                      key=lambda kb: kb[1].first)
+        bars = self._shown()
         if not bars:
             return self._lines()
-        outer_key, outer = next(((k, b) for k, b in bars if b.resets == 0), bars[0])
-        inner = next((b for k, b in reversed(bars) if k != outer_key and _nested(b, outer)), None)
+        # A bar that starts over is inside another (or an evaluation's); a finished bar moves no more: the oldest
+        # bar still moving that never started over, else the last one drawn.
+        pool = [(k, b) for k, b in bars if b.resets == 0] or bars
+        live = [(k, b) for k, b in pool if b.n < b.total]
+        outer_key, outer = live[0] if live else max(pool, key=lambda kb: kb[1].last)
+        inner = next((b for k, b in reversed(self._shown()) if k != outer_key and _nested(b, outer)), None)
         source = self.flavour or outer.source
         if inner is not None:  # nested bars: counted in the inner bar's unit
-            done = outer.n * inner.total + inner.n
+            # an inner bar drawn before the outer one moved on: its count is of a round the outer one counts
+            done = outer.n * inner.total + (inner.n if inner.last > outer.last else 0)
             return Progress(done, outer.total * inner.total, inner.unit, source, inner.rate)
         if self.epoch is not None and (outer.resets > 0 or outer.source in ("keras", "lightning")):
             # a bar per epoch (Keras, Lightning): the epochs before this one, full, and this one's count
@@ -222,6 +231,11 @@ class ProgressReader:
         if self.bar_epoch is not None:  # Lightning's bar without the epochs to run: epochs done so far
             return Progress(self.bar_epoch + outer.n / outer.total, None, "epoch", source)
         return Progress(outer.n, outer.total, outer.unit, source, outer.rate)
+
+    def _shown(self) -> list[tuple[tuple[str, float], Bar]]:
+        """Bars drawn twice (a total that changes is a new bar each time) and not an evaluation's, oldest first."""
+        return sorted(((k, b) for k, b in self.bars.items() if b.sightings >= 2 and not ASIDE.search(k[0])),
+                      key=lambda kb: kb[1].first)
 
     def _lines(self) -> Progress | None:
         if self.steps is not None:
