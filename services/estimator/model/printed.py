@@ -38,7 +38,7 @@ class PrintedWork:
         key = (progress.unit, total)
         if key != self.key:  # marks counted in another unit or of another total mean nothing to the new one
             self.key = key
-            self.online = OnlineEstimator(start_time=self.start, total_work=total)
+            self.online = OnlineEstimator(start_time=self.start, total_work=total, count_stall=True)
         self.online.observe(t, progress=progress.done)  # it keeps only marks that move forward, thinned
 
     def estimate(self, now: float) -> Estimate | None:

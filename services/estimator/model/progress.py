@@ -214,10 +214,16 @@ class ProgressReader:
             return self._lines()
         # A bar that starts over is inside another (or an evaluation's); a finished bar moves no more: the oldest
         # bar still moving that never started over, else the last one drawn.
-        pool = [(k, b) for k, b in bars if b.resets == 0] or bars
-        live = [(k, b) for k, b in pool if b.n < b.total]
-        outer_key, outer = live[0] if live else max(pool, key=lambda kb: kb[1].last)
-        inner = next((b for k, b in reversed(self._shown()) if k != outer_key and _nested(b, outer)), None)
+        # Among bars that all start over (one per epoch, an evaluation's between), the one that moved most.
+        pool = [(k, b) for k, b in bars if b.resets == 0]
+        live = [(k, b) for k, b in pool or bars if b.n < b.total]
+        if live:
+            outer_key, outer = live[0] if pool else max(live, key=lambda kb: kb[1].increments)
+        else:
+            outer_key, outer = max(pool or bars, key=lambda kb: kb[1].last)
+        # The bar inside it: of those making rounds, the one that moved most (an evaluation's moves less)
+        inner = max((b for k, b in self._shown() if k != outer_key and _nested(b, outer)),
+                    key=lambda b: b.increments, default=None)
         source = self.flavour or outer.source
         if inner is not None:  # nested bars: counted in the inner bar's unit
             # an inner bar drawn before the outer one moved on: its count is of a round the outer one counts
