@@ -152,7 +152,9 @@ class JobModel:
             done = next((p for _, p, _ in reversed(self.seen) if p is not None), None)
             total = self.features.get("total_work")
             rate = self.online.rate() if self.online is not None else None
-            fields |= {"done": done, "total": total, "unit": None, "rate": rate[0] if rate else None,
+            declared = self._declared_work()
+            unit = declared[0] if declared else ("step" if self.work_source == "sdk" else None)
+            fields |= {"done": done, "total": total, "unit": unit, "rate": rate[0] if rate else None,
                        "source": self.work_source or "mllog"}
         elif printed is not None:
             fields |= {"done": printed.done, "total": printed.total, "unit": printed.unit,

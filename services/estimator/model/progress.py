@@ -44,7 +44,7 @@ EPOCH_DESC = re.compile(r"\bepoch\s*(?P<n>\d{1,9})(?:\s*/\s*(?P<last>\d{1,9}))?"
 class Reading:
     """What one line says: a bar (`n` of `total`), an epoch (`n` of `total`, 1-based) or a step count."""
 
-    kind: str  # "bar", "epoch", "steps"
+    kind: str  # "bar", "epoch", "steps", "epoch-fraction" (Hugging Face's log dicts: only the source is read)
     n: float
     total: float | None
     source: str  # tqdm, keras, lightning, hf-trainer, steps
@@ -164,7 +164,10 @@ class ProgressReader:
 
     def observe(self, line: str, t: float) -> Progress | None:
         """Feed one line; the job's progress as known after it (None while nothing is known)."""
-        for reading in read_line(line):
+        readings = read_line(line)
+        if not readings:
+            return self.last
+        for reading in readings:
             if reading.kind == "epoch-fraction":
                 self.flavour = "hf-trainer"
             elif reading.kind == "epoch":

@@ -170,3 +170,15 @@ def test_a_declared_amount_of_work_comes_before_the_printed_one():
         model.observe(LogLine(t=float(i), line=f"{i // 5}%|##| {i}/500 [00:01<00:02, 1.00it/s]"))
     eta = model.estimate(200.0, None, None)
     assert eta.source == "declaration" and eta.total == 2000 and eta.remaining_s == pytest.approx(1800, rel=0.02)
+
+
+def test_a_target_the_curve_reaches_only_after_the_declared_max_steps_says_unreachable():
+    spec = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", mode="min", target=0.02)
+    model = JobModel(metrics=[spec], parameters=[Parameter(name="max_steps", value="1000")])
+    model.started(at=0.0, accelerator="cpu", gpus=1, nodes=1)
+    for i in range(10, 401, 10):  # the curve crosses 0.02 near step 1380
+        model.observe(LogLine(t=float(i), line=f"step {i} loss {2 * math.exp(-i / 300):.4f}"))
+    eta = model.estimate(400.0, None, None)
+    assert (eta.until, eta.target, eta.source, eta.unit, eta.total) == ("end", "unreachable", "declaration", "step",
+                                                                         1000)
+    assert eta.remaining_s == pytest.approx(600, rel=0.05)
