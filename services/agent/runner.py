@@ -18,7 +18,7 @@ import psutil
 from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
-from services.agent.carriage import OutputSplitter
+from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
 from services.agent.hangs import PROGRESS_FILE, collective_defaults
 from services.agent.cgroups import TaskCgroup, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
@@ -110,6 +110,7 @@ class TaskProcess:
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
+    update_every_s: float = UPDATE_EVERY_S  # a redrawn bar's latest frame goes out at most this often
 
     @property
     def pid(self) -> int:
@@ -145,7 +146,7 @@ class TaskProcess:
     async def _read(self, stream: asyncio.StreamReader, name: str, on_line: Callable[[LogLine], None]) -> None:
         """Forward the stream's lines; a bar redrawn with carriage returns as its latest frame now and then
         (`carriage.OutputSplitter`)."""
-        splitter = OutputSplitter()
+        splitter = OutputSplitter(every_s=self.update_every_s)
         while True:
             try:
                 raw = await asyncio.wait_for(stream.read(2**16), timeout=splitter.every_s)
