@@ -159,10 +159,12 @@ class JobModel:
         elif printed is not None:
             fields |= {"done": printed.done, "total": printed.total, "unit": printed.unit,
                        "rate": self.printed.rate(), "source": printed.source}
+        for name in ("done", "total", "rate"):  # a job's own numbers: shown only when they are sane
+            value = fields.get(name)
+            if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WORK):
+                fields[name] = None
         if fields.get("done") is not None and fields.get("total"):
             fields["progress"] = min(1.0, fields["done"] / fields["total"])
-        if fields.get("rate") is not None and not fields["rate"] >= 0:
-            fields["rate"] = None
         return eta.model_copy(update=fields)
 
     def _printed_eta(self, now: float) -> Eta | None:

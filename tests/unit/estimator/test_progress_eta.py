@@ -5,6 +5,7 @@ every epoch (a pace that changes) within 20%."""
 import math
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from services.estimator.jobmodel import JobModel
 from shared.events import LogLine
@@ -182,3 +183,28 @@ def test_a_target_the_curve_reaches_only_after_the_declared_max_steps_says_unrea
     assert (eta.until, eta.target, eta.source, eta.unit, eta.total) == ("end", "unreachable", "declaration", "step",
                                                                          1000)
     assert eta.remaining_s == pytest.approx(600, rel=0.05)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(-10**6, 10**20), st.integers(-10**6, 10**20),
+                          st.sampled_from(["{p}%|#| {n}/{m} [00:01<00:02, {n}it/s]", "step {n}/{m}", "Epoch {n}/{m}",
+                                           "{n}/{m} ━━━━ 1s {m}ms/step", "step={n}", 'TRAINMASTER_METRICS {{"step": {n}}}',
+                                           "step {n} loss {m}"])), max_size=40))
+def test_no_printed_progress_makes_the_estimate_raise(lines):
+    spec = MetricSpec(name="loss", regex=r"step (?P<step>-?\d+) loss (?P<value>-?[0-9.]+)", mode="min", target=0.1)
+    model = JobModel(metrics=[spec], parameters=[Parameter(name="max_steps", value="100")])
+    model.started(at=0.0, accelerator="cpu", gpus=1, nodes=1)
+    for i, (n, m, text) in enumerate(lines):
+        model.observe(LogLine(t=float(i + 1), line=text.format(n=n, m=m, p=n % 1000)))
+        model.estimate(float(i + 1.5), None, None)
+
+
+def test_a_negative_step_printed_last_is_not_shown_as_work_done():
+    spec = MetricSpec(name="loss", regex=r"step (?P<step>-?\d+) loss (?P<value>[0-9.]+)", mode="min")
+    model = JobModel(metrics=[spec], parameters=[Parameter(name="max_steps", value="1000")])
+    model.started(at=0.0, accelerator="cpu", gpus=1, nodes=1)
+    for i in range(10, 201, 10):
+        model.observe(LogLine(t=float(i), line=f"step {i} loss 0.5"))
+    model.observe(LogLine(t=201.0, line="step -5 loss 0.5"))
+    eta = model.estimate(202.0, None, None)
+    assert eta.done is None and eta.total == 1000 and eta.source == "declaration"
