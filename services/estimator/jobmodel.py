@@ -69,6 +69,10 @@ class JobModel:
         self.gpus = max(int(float(declared.get("accelerators", gpus))), 1)
         self.nodes = max(int(float(declared.get("nodes", nodes))), 1)
 
+    def carried_progress(self) -> bool:
+        """Whether the last line fed carried printed progress (stored, like metric lines, to be replayed)."""
+        return self.printed is not None and self.printed.reader.carried
+
     def observe(self, line: LogLine) -> list:
         """Feed one output line; returns the metric points it carried (for storage)."""
         record = parse_mllog_line(line.line)
@@ -85,6 +89,7 @@ class JobModel:
             self.started_at = line.t
         if self.printed is None:
             self.printed = PrintedWork(start=self.started_at, declared=self._declared_work())
+        self.printed.reader.carried = False
         if record is None and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX)):
             self.printed.observe(line.line, line.t)
         if record is not None and record.key in FEATURE_KEYS:

@@ -161,10 +161,12 @@ class ProgressReader:
     bar_epoch: int | None = None  # Lightning's `Epoch 3` (0-based) on its bar
     steps: Progress | None = None
     last: Progress | None = None
+    carried: bool = False  # the last line fed carried progress (worth keeping to replay)
 
     def observe(self, line: str, t: float) -> Progress | None:
         """Feed one line; the job's progress as known after it (None while nothing is known)."""
         readings = read_line(line)
+        self.carried = bool(readings)
         if not readings:
             return self.last
         for reading in readings:
