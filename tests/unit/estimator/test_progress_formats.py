@@ -93,3 +93,14 @@ def test_no_line_makes_the_reader_raise(lines):
     for i, line in enumerate(lines):
         p = reader.observe(line, float(i))
         assert p is None or (p.done >= 0 and (p.total is None or 0 < p.total and p.done <= p.total))
+
+
+def test_older_and_scaled_forms():
+    [keras2] = read_line("125/1875 [=>............................] - ETA: 1:02 - loss: 0.3012")
+    assert (keras2.source, keras2.n, keras2.total) == ("keras", 125, 1875)
+    [scaled] = read_line("Downloading:  12%|█▏        | 1.20k/10.0k [00:03<00:21, 412B/s]")
+    assert (scaled.n, scaled.total, scaled.unit, scaled.rate) == (1200, 10000, "B", 412)
+    [slow] = read_line("Training:  40%|████      | 4/10 [01:00<01:30, 15.00s/it]")
+    assert slow.rate == 1 / 15 and slow.name == "Training:"
+    [hf] = read_line("{'loss': 0.6929, 'learning_rate': 4.5e-05, 'epoch': 0.31}")  # older transformers: unquoted
+    assert (hf.kind, hf.source) == ("epoch-fraction", "hf-trainer")
