@@ -52,6 +52,7 @@ class JobModel:
     seen: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (t, progress, value)
     work_source: str | None = None  # who said how much work the job is: declaration, sdk
     printed: PrintedWork | None = None  # the progress its output shows (tqdm, Keras, ...), without declaration
+    progress_line: bool = False  # the last line fed carried printed progress
 
     def __post_init__(self) -> None:
         self.tracker = JobTracker(self.metrics)
@@ -71,7 +72,7 @@ class JobModel:
 
     def carried_progress(self) -> bool:
         """Whether the last line fed carried printed progress (stored, like metric lines, to be replayed)."""
-        return self.printed is not None and self.printed.reader.carried
+        return self.progress_line
 
     def observe(self, line: LogLine) -> list:
         """Feed one output line; returns the metric points it carried (for storage)."""
@@ -89,9 +90,8 @@ class JobModel:
             self.started_at = line.t
         if self.printed is None:
             self.printed = PrintedWork(start=self.started_at, declared=self._declared_work())
-        self.printed.reader.carried = False
-        if record is None and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX)):
-            self.printed.observe(line.line, line.t)
+        self.progress_line = record is None and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX)) \
+            and self.printed.observe(line.line, line.t)
         if record is not None and record.key in FEATURE_KEYS:
             self._feature(FEATURE_KEYS[record.key], record.value)
         if record is not None and record.key == "run_start" and self.run_started_at is None:

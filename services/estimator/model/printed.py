@@ -23,23 +23,24 @@ class PrintedWork:
     key: tuple[str, float] | None = None  # (unit, total) the estimator counts in
     online: OnlineEstimator | None = None
 
-    def observe(self, line: str, t: float) -> None:
-        """Feed one output line."""
+    def observe(self, line: str, t: float) -> bool:
+        """Feed one output line; whether it carried progress."""
         progress = self.reader.observe(line, t)
-        if progress is None:
-            return
+        if not self.reader.carried or progress is None:
+            return self.reader.carried
         total = progress.total
         if total is None and self.declared and SAME_UNIT.get(progress.unit) == self.declared[0]:
             total = self.declared[1]
         if total is None or not 0 < total <= MAX_TOTAL or progress.done > total:
             self.progress = progress
-            return
+            return True
         self.progress = Progress(progress.done, total, progress.unit, progress.source, progress.rate)
         key = (progress.unit, total)
         if key != self.key:  # marks counted in another unit or of another total mean nothing to the new one
             self.key = key
             self.online = OnlineEstimator(start_time=self.start, total_work=total, count_stall=True)
         self.online.observe(t, progress=progress.done)  # it keeps only marks that move forward, thinned
+        return True
 
     def estimate(self, now: float) -> Estimate | None:
         """Time to the job's end at its printed rate; None until a rate and a total are known."""
