@@ -239,6 +239,8 @@ class ProgressReader:
             begun, epochs = self.epoch
             return Progress((begun - 1) * outer.total + outer.n, epochs * outer.total, outer.unit, source,
                             outer.rate)
+        if (waiting := self._waiting(outer)) is not None:  # an outer bar drawn at 0 once, its first round
+            return Progress(outer.n, waiting.total * outer.total, outer.unit, source, outer.rate)
         if self.bar_epoch is not None:  # Lightning's bar without the epochs to run: epochs done so far
             return Progress(self.bar_epoch + outer.n / outer.total, None, "epoch", source)
         return Progress(outer.n, outer.total, outer.unit, source, outer.rate)
@@ -247,6 +249,15 @@ class ProgressReader:
         """Bars drawn twice (a total that changes is a new bar each time) and not an evaluation's, oldest first."""
         return sorted(((k, b) for k, b in self.bars.items() if b.sightings >= 2 and not ASIDE.search(k[0])),
                       key=lambda kb: kb[1].first)
+
+    def _waiting(self, bar: Bar) -> Bar | None:
+        """The bar drawn once, at 0, just before `bar` started its first round: nested tqdm's outer bar, drawn
+        again only when that round ends."""
+        if bar.resets:
+            return None
+        return next((b for k, b in self.bars.items() if b.sightings == 1 and b.n == 0 and b.first <= bar.first
+                     and b is not bar and not ASIDE.search(k[0]) and b.total * bar.total <= MAX_TOTAL
+                     and bar.first - b.first <= bar.last - bar.first), None)
 
     def _lines(self) -> Progress | None:
         if self.steps is not None:
