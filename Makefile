@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
+.PHONY: run test test-fast test-gpu browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(STAMP) browser
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
+
+# Real CUDA jobs on this machine's NVIDIA GPUs: needs torch with CUDA and the `gpu` extra; skipped without a GPU,
+# as `make test` skips them. Figures go to $(OUT)/gpu-report.json, else .trainmaster/gpu-report.json. A GPU
+# machine without the venv: bench/gpu/run.sh.
+test-gpu: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -rs -s tests/gpu
 
 bench: bench-submit bench-sched bench-eta bench-reports bench-search bench-scale
 

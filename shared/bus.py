@@ -47,8 +47,12 @@ NODES = _stream("TM_NODES", "tm.node.evt.*", "tm.node.evt.*.registered", "tm.nod
 LOG_STREAM_MAX_BYTES = 4 * 1024 ** 3
 LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, max_bytes=LOG_STREAM_MAX_BYTES, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
+# GPU telemetry of running tasks (one message per task per heartbeat): a week, and at most this much of it.
+TELEMETRY_STREAM_MAX_BYTES = 1024 ** 3
+TELEMETRY = _stream("TM_TELEMETRY", "tm.telemetry.>", max_age=7 * 86400, max_bytes=TELEMETRY_STREAM_MAX_BYTES,
+                    duplicate_window=60)
 NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
-STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS)
+STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS, TELEMETRY)
 # Leader leases of replicated services (shared/lease.py), in the key-value layout: one key per service, each value
 # forgotten LEASE_TTL_S after it was written. Declared with the others only where leases are on.
 LEASE_BUCKET = "tm_leaders"
@@ -74,6 +78,7 @@ SERVICES = ("placement", "monitor", "estimator", "billing")
 NODE_EVENT = "tm.node.evt.{node_id}.{event}"  # registered, heartbeat
 TASK_EVENT = "tm.job.task.{node_id}.{event}"  # preparing, started, exited
 LOG_SUBJECT = "tm.log.{node_id}.{job_id}"
+TELEMETRY_SUBJECT = "tm.telemetry.{node_id}.{job_id}"  # a running task's GPUs, once a heartbeat
 NODE_REGISTERED = NODE_EVENT.format(node_id="*", event="registered")
 HEARTBEATS = NODE_EVENT.format(node_id="*", event="heartbeat")  # core NATS: liveness is now or never
 NODE_CADENCE = "tm.node.cadence"  # core NATS: the monitor announces the heartbeat interval to every agent

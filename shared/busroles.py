@@ -20,7 +20,7 @@ CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
                   ("placement-node-interruptions", "tm.node.evt.*.interrupted")),
     "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
     "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>"),
-                  ("estimator-placed", "tm.job.placed")),
+                  ("estimator-placed", "tm.job.placed"), ("estimator-telemetry", "tm.telemetry.>")),
     "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
 }
 PUBLISHES: dict[str, tuple[str, ...]] = {
@@ -30,6 +30,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
                   bus.RPC_HEALTH.format(service=">")),
     "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable",
                   "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT, bus.RPC_PREDICT,
+                  bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
                   # it creates the command consumer of each node it rents (the agent may only read it)
                   f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
                   f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
@@ -111,7 +112,8 @@ def agent(node_id: str) -> Permissions:
     events = (*(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat", "interrupted")),
               *(bus.TASK_EVENT.format(node_id=node_id, event=e)
                 for e in ("preparing", "started", "exited", "hung", "resumed")),
-              bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"))
+              bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"),
+              bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"))
     return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
                        subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
                        inbox=inbox(f"agent-{node_id}"))

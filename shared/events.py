@@ -53,6 +53,11 @@ class Assignment(BaseModel):
     node_kind: str = Field("", description="The node's kind in placement's record (empty: not said).")
     price_per_hour: float | None = Field(None, ge=0, description="The node's price per hour in placement's record.")
     node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node in placement's record (0: not said).")
+    gpu_tflops: float | None = Field(None, ge=0, description="The measured speed of the slowest of the rank's GPUs "
+                                     "in placement's record (`Gpu.speed`: bounded by the table); None: not measured "
+                                     "(the estimator's own table stands).")
+    gpu_memory_gb: float = Field(0, ge=0, description="Memory of the largest of the rank's GPUs in placement's "
+                                 "record (0: not said); what the rank's GPU telemetry is held to.")
 
 
 class TaskStatus(BaseModel):
@@ -367,6 +372,38 @@ class NodeRegistered(Message):
     boot_id: str
 
 
+MAX_GPU_READINGS = 64  # per heartbeat or telemetry sample: a bounded message whatever a node claims
+
+
+class GpuReading(BaseModel):
+    """One GPU as NVML read it at one moment: the node's claim, bounded here (a reading outside the bounds is
+    dropped alone, `readings`); the receiver also holds memory to the GPU's recorded size."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    index: int = Field(ge=0, lt=MAX_GPU_READINGS, description="The GPU's index on its node (NVML's).")
+    util_percent: float = Field(ge=0, le=100, allow_inf_nan=False,
+                                description="Busy time over the driver's last sample period, percent.")
+    memory_used_gb: float = Field(ge=0, le=1024, allow_inf_nan=False, description="Device memory in use, GiB.")
+    power_w: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False, description="Power draw, watts.")
+    temp_c: float | None = Field(None, ge=-50, le=200, allow_inf_nan=False, description="Core temperature, °C.")
+
+
+def readings(raw: object) -> tuple[GpuReading, ...]:
+    """The valid readings of a claimed list, one per GPU index (the first), at most MAX_GPU_READINGS; the rest
+    dropped, so one bad figure never costs the message that carries it."""
+    if not isinstance(raw, list | tuple):
+        return ()
+    kept: dict[int, GpuReading] = {}
+    for item in raw[:MAX_GPU_READINGS]:
+        try:
+            reading = item if isinstance(item, GpuReading) else GpuReading.model_validate(item)
+        except ValueError:
+            continue
+        kept.setdefault(reading.index, reading)
+    return tuple(kept.values())
+
+
 class NodeHeartbeat(Message):
     subject_template: ClassVar[str] = "tm.node.evt.{node_id}.heartbeat"
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
@@ -375,6 +412,13 @@ class NodeHeartbeat(Message):
     boot_id: str
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
+    gpus: tuple[GpuReading, ...] = Field((), description="Each GPU of the node as NVML read it for this beat (none "
+                                         "where the node does not read NVML); invalid readings are dropped.")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _valid_only(cls, raw: object) -> tuple[GpuReading, ...]:
+        return readings(raw)
 
 
 class NodeCadence(Message):
@@ -483,6 +527,36 @@ class LogChunk(Message):
     last: bool = Field(False, description="The task's final chunk (sent, and stored by the stream, before its "
                                           "TaskExited): its output is complete once this and every chunk before it "
                                           "are stored.")
+
+
+class TaskTelemetry(Message):
+    """A running task's GPUs as NVML read them, once a heartbeat (its agent's claim: a receiver keeps it only from
+    the node the rank was placed on, for the GPUs it was given, within their recorded memory)."""
+
+    subject_template: ClassVar[str] = "tm.telemetry.{node_id}.{job_id}"
+    type: Literal["TaskTelemetry"] = "TaskTelemetry"
+
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
+    node_id: Id
+    seq: int = Field(ge=0, le=10**12, description="Sample number within the agent's run (its heartbeat count).")
+    t: float = Field(ge=0, le=10**11, allow_inf_nan=False, description="Unix time the sample was read.")
+    gpus: tuple[GpuReading, ...] = Field((), description="The task's GPUs; invalid readings are dropped.")
+    process_memory_gb: float | None = Field(None, description="GPU memory the task's own processes hold on its "
+                                            "GPUs, GiB, where NVML reports it per process (an invalid figure: "
+                                            "None).")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _valid_only(cls, raw: object) -> tuple[GpuReading, ...]:
+        return readings(raw)
+
+    @field_validator("process_memory_gb", mode="before")
+    @classmethod
+    def _finite_or_none(cls, raw: object) -> float | None:
+        ok = isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024
+        return float(raw) if ok else None
 
 
 class EtaEstimated(Message):

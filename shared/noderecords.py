@@ -1,6 +1,7 @@
 """What a node may be: its record (the cluster file's entry of a static node, or the entry placement wrote when it
 rented one) against what its agent claims when it registers. The record wins: a registration that claims more
-GPUs, more GPU memory or TFLOPS, more CPUs or memory, another kind, price or labels is capped to the record, and
+GPUs, more GPU memory or TFLOPS (table or measured: a measured figure at most MEASURED_SLACK times the record's),
+more CPUs or memory, another kind, price or labels is capped to the record, and
 what was refused is kept so the operator sees it. Pure functions, shared by placement, the monitor and billing."""
 import logging
 import tomllib
@@ -9,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.nodes import Gpu, NodeInfo, NodeKind
+from shared.nodes import MEASURED_SLACK, Gpu, NodeInfo, NodeKind
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gp
             update["memory_gb"] = refuse(f"gpus[{gpu.index}].memory_gb", gpu.memory_gb, record.gpu_memory_gb)
         if record.tflops is not None and gpu.tflops > record.tflops:
             update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, record.tflops)
+        measured_cap = None if record.tflops is None else round(record.tflops * MEASURED_SLACK, 1)
+        if measured_cap is not None and gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
+            update["measured_tflops"] = refuse(f"gpus[{gpu.index}].measured_tflops", gpu.measured_tflops,
+                                               measured_cap)
         kept.append(gpu.model_copy(update=update) if update else gpu)
     return tuple(kept)
 

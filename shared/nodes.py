@@ -6,6 +6,8 @@ from pydantic import BaseModel, ConfigDict, Field
 NodeKind = Literal["local", "reserved", "on_demand"]
 LOCAL_KINDS: frozenset[str] = frozenset({"local"})
 CLOUD_KINDS: frozenset[str] = frozenset({"reserved", "on_demand"})
+# A measured GPU may beat its datasheet by this much (a boost clock), no more: past it the figure is not believed.
+MEASURED_SLACK = 1.1
 
 
 class Gpu(BaseModel):
@@ -14,7 +16,17 @@ class Gpu(BaseModel):
     index: int = Field(ge=0)
     model: str = Field(examples=["A100-SXM4-80GB"])
     memory_gb: float = Field(ge=0)
-    tflops: float = Field(ge=0, description="Dense FP16/BF16 tensor TFLOPS of one GPU.")
+    tflops: float = Field(ge=0, description="Dense FP16/BF16 tensor TFLOPS of one GPU (the table's figure).")
+    measured_tflops: float | None = Field(
+        None, ge=0, description="Dense BF16 matmul TFLOPS the agent measured at start (None: not measured).")
+
+    @property
+    def speed(self) -> float:
+        """The TFLOPS placement and the estimator plan with: the measured figure, never more than the table's by
+        MEASURED_SLACK (a measurement is the node's claim); the table's without one or without a table figure."""
+        if self.measured_tflops is None or self.tflops <= 0:
+            return self.tflops
+        return min(self.measured_tflops, self.tflops * MEASURED_SLACK)
 
 
 class NodeInfo(BaseModel):

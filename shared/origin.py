@@ -1,4 +1,5 @@
-"""Whose output a chunk is: only the node an attempt's rank was placed on speaks for that task's output.
+"""Whose output a chunk is: only the node an attempt's rank was placed on speaks for that task's output (and its
+GPU telemetry, checked the same way, for the GPUs placement gave it: `given`).
 
 A node's agent may publish on its own log subject chunks naming any job; what it says is a claim. A receiver of
 output (the submitter, which shows it; the estimator, which reads metrics from it) keeps a chunk only when
@@ -10,7 +11,7 @@ existed), and is dropped once it has read them all.
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from faststream.exceptions import NackMessage
 from pymongo.asynchronous.collection import AsyncCollection
@@ -36,14 +37,37 @@ def placed_nodes(event: JobPlaced) -> dict[str, str]:
     return {str(a.rank): a.node_id for a in event.assignments}
 
 
-def verdict(nodes: dict[str, str] | None, chunk: LogChunk, *, all_placements_read: bool) -> Verdict:
+class FromTask(Protocol):
+    """What a task's node says of it (a chunk of output, a telemetry sample): whose, and from where."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    node_id: str
+
+
+@dataclass(frozen=True)
+class Given:
+    """The GPUs placement gave one rank, and the memory of the largest (0: not recorded)."""
+
+    gpu_indices: tuple[int, ...]
+    gpu_memory_gb: float
+
+
+def given_gpus(event: JobPlaced) -> dict[str, dict]:
+    """Each rank's GPUs as placement gave them."""
+    return {str(a.rank): {"gpu_indices": list(a.gpu_indices), "gpu_memory_gb": a.gpu_memory_gb}
+            for a in event.assignments}
+
+
+def verdict(nodes: dict[str, str] | None, chunk: FromTask, *, all_placements_read: bool) -> Verdict:
     """Keep what the rank's own node says; wait for a placement not read yet; drop anything else."""
     if nodes is not None:
         return "keep" if nodes.get(str(chunk.rank)) == chunk.node_id else "drop"
     return "drop" if all_placements_read else "wait"
 
 
-def dedup_key(chunk: LogChunk) -> str:
+def dedup_key(chunk: FromTask | LogChunk) -> str:
     """A chunk's storage id: per (job, attempt, rank, node), so no other node's chunk can take its place."""
     return f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.node_id}:{chunk.seq}"
 
@@ -55,6 +79,7 @@ class Origins:
     placements: AsyncCollection  # "job:attempt" -> each rank's node
     all_read: Callable[[], Awaitable[bool]]  # whether the placements consumer has read everything stored so far
     known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def placed(self, event: JobPlaced) -> None:
         """Keep a placement (a redelivery finds it stored)."""
@@ -64,7 +89,7 @@ class Origins:
             return
         try:
             await self.placements.insert_one({"_id": key, "job_id": event.job_id, "attempt": event.attempt,
-                                              "nodes": nodes})
+                                              "nodes": nodes, "gpus": given_gpus(event)})
         except DuplicateKeyError:
             pass
         self.known.put(key, nodes)
@@ -73,6 +98,7 @@ class Origins:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
         async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
             self.known.pop(doc["_id"])
+            self.known_gpus.pop(doc["_id"])
         await self.placements.delete_many({"job_id": job_id})
 
     async def prepare(self) -> None:
@@ -86,7 +112,20 @@ class Origins:
         doc = await self.placements.find_one({"_id": key})
         return None if doc is None else self.known.put(key, doc["nodes"])
 
-    async def admit(self, chunk: LogChunk, *, deliveries: int) -> bool:
+    async def given(self, job_id: str, attempt: int, rank: int) -> Given | None:
+        """The GPUs placement gave a rank of an attempt; None for a placement not stored or stored without them."""
+        key = attempt_key(job_id, attempt)
+        gpus = self.known_gpus.get(key)
+        if gpus is None:
+            doc = await self.placements.find_one({"_id": key}, {"gpus": 1})
+            gpus = self.known_gpus.put(key, doc.get("gpus") or {}) if doc else {}
+        rank_gpus = gpus.get(str(rank))
+        if not isinstance(rank_gpus, dict):
+            return None
+        return Given(gpu_indices=tuple(rank_gpus.get("gpu_indices") or ()),
+                     gpu_memory_gb=float(rank_gpus.get("gpu_memory_gb") or 0))
+
+    async def admit(self, chunk: FromTask, *, deliveries: int) -> bool:
         """Whether to take the chunk in: False (logged) for one from a node its task was not placed on; a chunk
         whose placement may still come is handed back to the stream for later (NackMessage)."""
         nodes = await self.nodes(chunk.job_id, chunk.attempt)
@@ -94,8 +133,9 @@ class Origins:
         if decided == "wait" and deliveries < MAX_WAITS:
             raise NackMessage(delay=WAIT_S)
         if decided != "keep":
-            log.warning("dropped output of job %s attempt %d rank %d from node %s: %s", chunk.job_id, chunk.attempt,
-                        chunk.rank, chunk.node_id, "not placed there" if nodes is not None else "never placed")
+            log.warning("dropped %s of job %s attempt %d rank %d from node %s: %s", type(chunk).__name__,
+                        chunk.job_id, chunk.attempt, chunk.rank, chunk.node_id,
+                        "not placed there" if nodes is not None else "never placed")
         return decided == "keep"
 
 

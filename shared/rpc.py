@@ -80,6 +80,8 @@ class MetricSeries(BaseModel):
     target: float | None = None
     mode: str | None = None
     points: list[tuple[float, float, float | None]] = Field(description="(unix time, value, step or null)")
+    system: bool = Field(False, description="A series the platform measured (GPU telemetry: gpu_util, "
+                         "gpu_memory_gb, gpu_memory_peak_gb, gpu_power_w, gpu_temp_c), not one the job printed.")
 
 
 class MetricsReport(BaseModel):

@@ -43,12 +43,16 @@ def submitted(*, job_id: str | None = None, command: str = "true", node_count: i
 
 
 def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true",
-           price: float | None = 1.0, kind: str = "local", gpus: int = 1, node_gpus: int = 0) -> JobPlaced:
+           price: float | None = 1.0, kind: str = "local", gpus: int = 1, node_gpus: int = 0,
+           gpu_tflops: float | None = None, gpu_indices: tuple[int, ...] = (),
+           gpu_memory_gb: float = 0) -> JobPlaced:
     """A placement made at T0, each rank's node at `price` per hour with `node_gpus` GPUs (0: not said), `gpus`
-    per rank."""
+    per rank (`gpu_indices` given, of `gpu_memory_gb` each)."""
     return JobPlaced(event_id=f"{job_id}:placed:{attempt}", occurred_at=T0, job_id=job_id, attempt=attempt,
                      assignments=tuple(Assignment(rank=r, node_id=n, node_kind=kind, price_per_hour=price,
-                                                  node_gpu_count=node_gpus) for r, n in enumerate(nodes)),
+                                                  node_gpu_count=node_gpus, gpu_indices=gpu_indices,
+                                                  gpu_memory_gb=gpu_memory_gb, gpu_tflops=gpu_tflops)
+                                       for r, n in enumerate(nodes)),
                      launch=Launch(algorithm=algorithm(command),
                                    spec=Spec.model_validate({"resource": {"gpu_count": gpus}})))
 

@@ -2,6 +2,7 @@
 import asyncio
 import logging
 import os
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from services.agent.outputrate import OutputRate
 from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
+from services.agent.telemetry import group_pids, task_samples
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +76,24 @@ class Agent:
                                                    node=self.node, boot_id=self.boot_id))
 
     async def heartbeat(self) -> None:
+        """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
         self.heartbeats += 1
-        running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank)
-                        for t in self.tasks.values())
+        tasks = list(self.tasks.values())
+        running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
+        probe = self.hangs.gpus
+        gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
         await self.publish(NodeHeartbeat(event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
-                                         node_id=self.node.node_id, boot_id=self.boot_id, running=running))
+                                         node_id=self.node.node_id, boot_id=self.boot_id, running=running,
+                                         gpus=gpus))
+        if not gpus:
+            return
+        held = await asyncio.to_thread(lambda: [probe.process_memory_gb(t.start.gpu_indices, group_pids(t.pid))
+                                                if t.start.gpu_indices else None for t in tasks])
+        samples = task_samples([(t.start, memory) for t, memory in zip(tasks, held)], gpus,
+                               node_id=self.node.node_id, seq=self.heartbeats, t=time.time())
+        for failed in await asyncio.gather(*(self.publish(s) for s in samples), return_exceptions=True):
+            if isinstance(failed, Exception):  # a sample lost; the next heartbeat sends another
+                log.warning("GPU telemetry not sent: %r", failed)
 
     async def start(self, command: StartTask) -> None:
         key = Journal.key(command.job_id, command.attempt, command.rank)

@@ -2,6 +2,7 @@
 import logging
 import os
 import signal
+from functools import partial
 from pathlib import Path
 
 from faststream import FastStream
@@ -17,14 +18,16 @@ from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
 from services.agent.handlers import command_router
-from services.agent.hangs import DEFAULT_TIMEOUT_S, GpuProbe, HangPolicy
+from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, load_cluster, load_engines
 from services.agent.runner import SDK_DIR
 from services.agent.spot import SpotWatcher, leave_on_notice
+from services.agent.throughput import measure_tflops
 from services.agent.uidrange import claim_range
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,11 @@ SHARED_LOCKS = Path("/run/trainmaster/task-uids")
 class AgentSettings(CommonSettings, StorageSettings):
     node_id: str
     use_nvml: bool = True
+    measure_gpus: bool = Field(True, description="Measure each NVML GPU's dense BF16 matmul TFLOPS at start (a "
+                               "separate process; placement plans with it, bounded by the table's figure).")
+    measure_python: str = Field("", description="The Python with torch and CUDA that measures (empty: the agent's).")
+    measure_timeout_s: float = Field(60.0, gt=0, le=600, description="The measurement is killed past this; the "
+                                     "table's figures stand.")
     shutdown_grace_s: float = 5
     checkpoint_sync_s: float = 5
     hang_timeout_s: float = Field(DEFAULT_TIMEOUT_S, ge=0, description="The cluster's hang timeout: a task with "
@@ -112,7 +120,9 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
     cluster = load_cluster(settings.cluster_file)
     if settings.node_id not in cluster:
         raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(cluster)})")
-    node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True)
+    measure = partial(measure_tflops, python=settings.measure_python, timeout_s=settings.measure_timeout_s)
+    node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True,
+                         measure=measure if settings.measure_gpus else None)
     storage = settings.storage_policy(settings.data_dir)
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
     return Agent(node=node, root=root, publish=lambda message: publish(w.broker, message),

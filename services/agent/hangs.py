@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from shared.events import Message, StartTask, TaskHung, TaskResumed
 from shared.jobs import Spec
+from services.agent.nvml import GpuProbe
 
 if TYPE_CHECKING:
     from services.agent.runner import TaskProcess
@@ -36,38 +37,6 @@ def collective_defaults(own: dict[str, str]) -> dict[str, str]:
     """The collective-communication settings a task gets, less those its job sets itself (`own`)."""
     return {name: value for name, value in COLLECTIVE_DEFAULTS.items()
             if name not in own and OLDER_NAMES.get(name) not in own}
-
-
-class GpuProbe:
-    """Utilisation of this node's GPUs through NVML; None where it cannot be read (no package, no driver)."""
-
-    def __init__(self) -> None:
-        self._nvml = None
-        self._broken = False
-
-    def busiest(self, indices: Sequence[int]) -> float | None:
-        """The highest utilisation (percent, over the driver's last sample period) of these GPUs."""
-        nvml = self._open()
-        if nvml is None or not indices:
-            return None
-        try:
-            return float(max(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
-                             for i in indices))
-        except nvml.NVMLError as exc:
-            log.warning("reading GPU utilisation failed: %r", exc)
-            return None
-
-    def _open(self):
-        if self._nvml is None and not self._broken:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception as exc:  # ImportError, NVMLError: the node does not read its GPUs
-                log.info("no GPU utilisation for hang detection: %r", exc)
-                self._broken = True
-        return self._nvml
 
 
 @dataclass

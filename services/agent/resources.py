@@ -3,10 +3,12 @@ import logging
 import os
 import socket
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from shared.nodes import Gpu, NodeInfo
+from services.agent.throughput import with_measured
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +93,17 @@ def gpus_from_nvml() -> tuple[Gpu, ...] | None:
         pynvml.nvmlShutdown()
 
 
-def describe_node(entry: dict[str, Any], *, use_nvml: bool, virtual: bool) -> NodeInfo:
-    """The node record to register: real GPUs when NVML finds them, the configured ones otherwise."""
+def describe_node(entry: dict[str, Any], *, use_nvml: bool, virtual: bool,
+                  measure: Callable[[], dict[int, float]] | None = None) -> NodeInfo:
+    """The node record to register: real GPUs when NVML finds them (each with its throughput when `measure` is
+    given and measures it), the configured ones otherwise."""
     node = node_from_config(entry, virtual=virtual)
     found = gpus_from_nvml() if use_nvml else None
     if found:
         log.info("NVML found %d GPU(s); the cluster file's GPU list is not used", len(found))
+        if measure is not None:
+            found = with_measured(found, measure())
+            log.info("GPU throughput: %s", ", ".join(f"{g.index}: {g.measured_tflops} TFLOPS measured, "
+                                                      f"{g.tflops} in the table" for g in found))
         return node.model_copy(update={"gpus": found, "resources_source": "nvml", "virtual": False})
     return node

@@ -73,6 +73,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("job_id")
     g.add_argument("-w", "--watch", action="store_true", help="a live progress bar with the ETA until it ends")
 
+    t = command("top", commands.top, "the project's running jobs with their GPUs' utilisation and memory now")
+    t.add_argument("--limit", type=int, default=20)
+
     lg = command("logs", commands.logs, "print a job's output")
     lg.add_argument("job_id")
     lg.add_argument("-f", "--follow", action="store_true", help="until the job ends (exit = the job's)")

@@ -53,7 +53,23 @@ def get(args: argparse.Namespace, api: Api) -> int:
     if args.watch and not args.json:
         return follow.watch(api, path)
     job = api.call("GET", path)
-    return out(args, job, render.job_detail(job))
+    return out(args, job, job if args.json else render.job_detail(job, gpu_now(api, path)))
+
+
+def gpu_now(api: Api, path: str) -> dict[str, float]:
+    """A job's GPU figures now (its latest telemetry); none when they cannot be read."""
+    try:
+        return render.gpu_now(api.call("GET", f"{path}/metrics", params={"max_points": 1}))
+    except CliError:
+        return {}
+
+
+def top(args: argparse.Namespace, api: Api) -> int:
+    """The project's running jobs with their GPUs' utilisation and memory now."""
+    page = api.call("GET", jobs_path(args, api), params={"phase": ["Running"], "limit": args.limit})
+    rows = [(job, gpu_now(api, jobs_path(args, api, job["metadata"]["id"]))) for job in page["items"]]
+    return out(args, [{"job_id": job["metadata"]["id"], "gpu": now} for job, now in rows],
+               render.table(render.TOP_HEADERS, [render.top_row(job, now) for job, now in rows]))
 
 
 def logs(args: argparse.Namespace, api: Api) -> int:
@@ -87,6 +103,12 @@ def gpus(node: dict) -> str:
     return ", ".join(f"{n}x {k}" for k, n in counts.items()) or "-"
 
 
+def gpus_now(node: dict) -> str:
+    """Each GPU read at the last heartbeat: `#0 87% 12.3GB`; `-` when none was."""
+    read = [g for g in node.get("gpus") or [] if g.get("util_percent") is not None]
+    return " ".join(f"#{g['index']} {g['util_percent']:.0f}% {g.get('memory_used_gb') or 0:.1f}GB" for g in read) or "-"
+
+
 def jobs_on(node: dict) -> str:
     """Job ids the caller may see, and how many tasks of other projects run there."""
     shown = [r["job_id"][:8] for r in node.get("running") or []]
@@ -99,8 +121,8 @@ def nodes(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("GET", "/v2/nodes")
     rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n), f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
              f"{n.get('cpu_count', 0):g}", f"{n.get('memory_gb', 0):g}", f"{n.get('price_per_hour', 0):.2f}",
-             jobs_on(n)] for n in answer["items"]]
-    headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "jobs")
+             gpus_now(n), jobs_on(n)] for n in answer["items"]]
+    headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "gpus_now", "jobs")
     return out(args, answer, render.table(headers, rows))
 
 

@@ -138,7 +138,8 @@ def job_row(job: dict) -> list[Any]:
 JOB_HEADERS = ("id", "name", "user", "phase", "node", "progress", "eta", "created")
 
 
-def job_detail(job: dict) -> str:
+def job_detail(job: dict, gpu: dict[str, float] | None = None) -> str:
+    """The job; `gpu`: its GPUs now (`gpu_now`), shown when read."""
     meta, status, spec = job["metadata"], job["status"], job["spec"]
     resource, placement = spec["resource"], spec["placement"]
     lines = [
@@ -153,6 +154,8 @@ def job_detail(job: dict) -> str:
     ]
     if meta.get("description"):
         lines.insert(1, f"  {meta['description']}")
+    if gpu and "gpu_util" in gpu:
+        lines.append(f"  gpu        {gpu_text(gpu)}")
     if status.get("reason"):
         lines.append(f"  reason     {status['reason']}")
     for task in status.get("task_statuses") or []:
@@ -166,3 +169,31 @@ def job_detail(job: dict) -> str:
 def memory_text(resource: dict) -> str:
     """Host memory per node as asked; unset, placement's default (a GPU job's share of its node)."""
     return f"{resource['memory_gb']} GB" if resource.get("memory_gb") is not None else "default memory"
+
+
+def gpu_now(report: dict) -> dict[str, float]:
+    """The latest value of each GPU series (system series of `GET .../metrics`): gpu_util, gpu_memory_gb, ..."""
+    return {s["name"]: s["points"][-1][1] for s in report.get("series") or []
+            if s.get("system") and s.get("points")}
+
+
+def gpu_text(now: dict[str, float]) -> str:
+    """`87% busy, 12.3 GB (peak 20.1 GB)`; `-` when no GPU was read."""
+    if "gpu_util" not in now:
+        return "-"
+    text = f"{now['gpu_util']:.0f}% busy, {now.get('gpu_memory_gb', 0):.1f} GB"
+    return text + (f" (peak {now['gpu_memory_peak_gb']:.1f} GB)" if "gpu_memory_peak_gb" in now else "")
+
+
+def top_row(job: dict, now: dict[str, float]) -> list[Any]:
+    status = job["status"]
+    return [job["metadata"]["id"], job["metadata"]["name"], ",".join(status.get("node_ids") or []) or "-",
+            progress_text(job), eta_text(job), _figure(now.get("gpu_util"), "{:.0f}%"),
+            _figure(now.get("gpu_memory_gb"), "{:.1f}"), _figure(now.get("gpu_memory_peak_gb"), "{:.1f}")]
+
+
+TOP_HEADERS = ("id", "name", "node", "progress", "eta", "gpu", "gpu_mem_gb", "peak_gb")
+
+
+def _figure(value: float | None, form: str) -> str:
+    return "-" if value is None else form.format(value)

@@ -37,8 +37,10 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
                               history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,
                               models=models, origins=Origins(placements=w.db.estimator_placements,
-                                                             all_read=lambda: read_up(w.broker, PLACED)))
+                                                             all_read=lambda: read_up(w.broker, PLACED)),
+                              telemetry=w.db.estimator_telemetry)
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
+        await estimator.telemetry.create_index([("job_id", 1), ("t", 1)])
         await estimator.origins.prepare()
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))

@@ -3,7 +3,7 @@ from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
-from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted
+from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted, TaskTelemetry
 from shared.handlers import HandlerTable, dispatch
 from shared.keyed import keyed_durable
 from shared.origin import deliveries
@@ -18,6 +18,7 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
     JobStatusChanged: Estimator.status_changed,
     JobPlaced: Estimator.placed,
     LogChunk: Estimator.log_chunk,
+    TaskTelemetry: Estimator.task_telemetry,
 }
 
 router = NatsRouter()
@@ -48,6 +49,27 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
     """Jobs' output, from the node each task was placed on (anything else is dropped)."""
     if await estimator.origins.admit(chunk, deliveries=deliveries(message)):
         await dispatch(EVENT_HANDLERS, chunk, estimator)
+
+
+# Samples in any order (each stored by its own id, series sorted by time): a batch in flight, not one at a time.
+@router.subscriber(**durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64, ordered=False))
+@retry_transient
+async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
+                       estimator: Estimator = Context("estimator")) -> None:
+    """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped), timed when
+    the bus server stored them (the node's own clock is a claim)."""
+    if await estimator.origins.admit(sample, deliveries=deliveries(message)):
+        stored = stored_at(message)
+        await dispatch(EVENT_HANDLERS, sample if stored is None else sample.model_copy(update={"t": stored}),
+                       estimator)
+
+
+def stored_at(message: NatsMessage) -> float | None:
+    """When JetStream stored a message (Unix seconds); None where the transport does not say (a test broker)."""
+    try:
+        return round(message.raw_message.metadata.timestamp.timestamp(), 3)
+    except Exception:  # noqa: BLE001 - a test broker's message carries no JetStream metadata
+        return None
 
 
 @router.subscriber(RPC_METRICS)

@@ -43,6 +43,7 @@ class JobModel:
     features: dict[str, str | float] = field(default_factory=dict)
     started_at: float | None = None
     accelerator: str = "unknown"
+    tflops: float | None = None  # the node's GPU speed as placement recorded it (measured, bounded); None: table's
     gpus: int = 1
     nodes: int = 1
     online: OnlineEstimator | None = None
@@ -249,7 +250,13 @@ class JobModel:
             return None
         return JobFeatures(benchmark=str(benchmark), batch_size=float(self.features.get("batch_size", 0) or 0),
                            learning_rate=float(self.features.get("learning_rate", 0) or 0),
-                           accelerator=self.accelerator, accelerators=self.gpus * self.nodes, nodes=self.nodes)
+                           accelerator=self.accelerator, accelerators=self.gpus * self.nodes, nodes=self.nodes,
+                           tflops=self.node_tflops())
+
+    def node_tflops(self) -> float | None:
+        """The placed node's GPU speed, unless the job declares other hardware (a replay of another system)."""
+        declared = any(p.name == "accelerator" for p in self.parameters)
+        return None if declared else self.tflops
 
     def _ensure_online(self, predictor: HistoryPredictor | None, version: int | None) -> None:
         """(Re)build the online estimator when a target is known, or when a newer history model arrives."""

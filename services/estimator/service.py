@@ -11,7 +11,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
 from shared.events import (EtaEstimated, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, LogLine,
-                           TaskStarted)
+                           TaskStarted, TaskTelemetry)
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.origin import Origins, dedup_key
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
@@ -19,6 +19,7 @@ from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
 from services.estimator.models import ModelStore
+from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,16 @@ def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimate
     return {**job, "finished": True}, [EtaEstimated(event_id=f"{job['_id']}:eta:final", job_id=job["_id"], eta=None)]
 
 
+def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: int) -> tuple[dict, list] | None:
+    """A known job with the GPU speed of its latest attempt's node (kept for a restart); None when nothing changes
+    (a redelivered placement, or one of an earlier attempt)."""
+    if job is None or job.get("placed_attempt", 0) > attempt:
+        return None
+    if job.get("placed_attempt") == attempt and job.get("tflops") == tflops:
+        return None
+    return {**job, "tflops": tflops, "placed_attempt": attempt}, []
+
+
 @dataclass
 class Estimator:
     broker: NatsBroker
@@ -41,6 +52,7 @@ class Estimator:
     own_runs: AsyncCollection  # completed jobs' curves toward a declared target: the own-jobs corpus
     models: ModelStore
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
+    telemetry: AsyncCollection | None = None  # each task's GPU samples, as system series (the bus handlers need it)
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
 
@@ -54,8 +66,15 @@ class Estimator:
         await self.jobs.save(event.job_id, fields, None, [])  # a redelivery finds it stored and changes nothing
 
     async def placed(self, event: JobPlaced) -> None:
-        """Which node runs each rank of the attempt: the only node whose output of it is read."""
+        """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
+        rank 0's GPUs as placement recorded it (the history prior's TFLOPS)."""
         await self.origins.placed(event)
+        rank0 = next((a for a in event.assignments if a.rank == 0), None)
+        model = await self._model(event.job_id)
+        if model is None or rank0 is None:
+            return
+        if await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops, attempt=event.attempt)):
+            model.tflops = rank0.gpu_tflops
 
     async def task_started(self, event: TaskStarted) -> None:
         model = await self._model(event.job_id)
@@ -92,6 +111,36 @@ class Estimator:
         await publish(self.broker, EtaEstimated(
             event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
 
+    async def task_telemetry(self, sample: TaskTelemetry) -> None:
+        """Keep a running job's sample of the GPUs placement gave the rank (ids by task and number: redelivery adds
+        nothing); readings of other GPUs, or past their recorded memory, are dropped."""
+        if await self._model(sample.job_id) is None:
+            return
+        given = await self.origins.given(sample.job_id, sample.attempt, sample.rank)
+        kept = believed(sample, given)
+        if not kept:
+            log.warning("dropped GPU telemetry of job %s attempt %d rank %d from node %s: no reading of its own "
+                        "GPUs within their memory", sample.job_id, sample.attempt, sample.rank, sample.node_id)
+            return
+        try:
+            await self.telemetry.insert_one({"_id": dedup_key(sample), "job_id": sample.job_id,
+                                             "attempt": sample.attempt, "rank": sample.rank, "t": sample.t,
+                                             **summary(kept, believed_process_memory(sample, given))})
+        except DuplicateKeyError:
+            pass
+
+    async def system_series(self, job_id: str, *, max_points: int) -> list[MetricSeries]:
+        """The job's latest `max_points` GPU samples as series; the peak counts the older ones too."""
+        if self.telemetry is None:
+            return []
+        latest = [d async for d in self.telemetry.find({"job_id": job_id}).sort("t", -1).limit(max_points)]
+        latest.reverse()
+        peak = 0.0
+        if latest:
+            older = self.telemetry.find({"job_id": job_id, "t": {"$lt": latest[0]["t"]}}).sort("gpu_memory_gb", -1)
+            peak = next(iter([d.get("gpu_memory_gb", 0.0) async for d in older.limit(1)]), 0.0)
+        return system_series(latest, peak_before=peak)
+
     def predict(self, query: PredictQuery) -> PredictReply:
         """A duration before the job starts, from the history model (when one is trained)."""
         if self.models.predictor is None:
@@ -111,6 +160,7 @@ class Estimator:
                                mode=specs[name].mode if name in specs else None,
                                points=[(p.t, p.value, p.step) for p in points[-query.max_points:]])
                   for name, points in sorted(model.tracker.points.items())]
+        series += await self.system_series(query.job_id, max_points=query.max_points)
         return MetricsReport(job_id=query.job_id, series=series)
 
     async def _model(self, job_id: str, *, finished_too: bool = False) -> JobModel | None:
@@ -122,6 +172,7 @@ class Estimator:
         # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
         model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
                          [Parameter.model_validate(p) for p in job.get("parameters", [])])
+        model.tflops = job.get("tflops")
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             model.observe(LogLine(t=doc["t"], line=doc["line"]))
         if not job.get("finished"):

@@ -5,8 +5,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.events import NodeStateChanged, TaskRef
+from shared.events import GpuReading, NodeStateChanged, TaskRef
 from shared.nodes import NodeInfo
+
+MEMORY_SLACK_GB = 0.1  # a GPU's recorded memory is NVML's total rounded to 0.1 GB
 
 
 class NodeRecord(BaseModel):
@@ -19,6 +21,7 @@ class NodeRecord(BaseModel):
     state: Literal["ready", "lost", "released"] = "ready"
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
+    gpus: tuple[GpuReading, ...] = Field((), description="Each recorded GPU as the last heartbeat read it.")
     claims_refused: dict[str, str] = Field(default_factory=dict, description="What the node's last registration "
                                            "claimed beyond its record (shared/noderecords.py), for the admin.")
 
@@ -42,6 +45,7 @@ def sighted(
     info: NodeInfo | None = None,
     running: tuple[TaskRef, ...] | None = None,
     gpu_utilization: float | None = None,
+    gpus: tuple[GpuReading, ...] = (),
     claims_refused: dict[str, str] | None = None,
 ) -> Sighting:
     """A node spoke: refresh it, note an agent restart (new boot id), bring a lost node back."""
@@ -57,11 +61,18 @@ def sighted(
     if running is not None:
         update["running"] = running
         update["gpu_utilization"] = gpu_utilization
+        update["gpus"] = believed(gpus, (info or (node.info if node else None)))
     if node is None:
         return Sighting(node=NodeRecord(node_id=node_id, **update), event=_state(node_id, "ready", at))
     restarted = bool(node.boot_id) and node.boot_id != boot_id
     event = _state(node_id, "ready", at) if node.state == "lost" else None
     return Sighting(node=node.model_copy(update=update), restarted=restarted, event=event)
+
+
+def believed(gpus: tuple[GpuReading, ...], info: NodeInfo | None) -> tuple[GpuReading, ...]:
+    """The readings of GPUs the node's record has, each within that GPU's recorded memory; the rest dropped."""
+    memory = {g.index: g.memory_gb for g in info.gpus} if info else {}
+    return tuple(g for g in gpus if g.index in memory and g.memory_used_gb <= memory[g.index] + MEMORY_SLACK_GB)
 
 
 def record_of(doc: Mapping[str, Any]) -> NodeRecord:
@@ -74,11 +85,12 @@ def record_of(doc: Mapping[str, Any]) -> NodeRecord:
 
 
 def changed(stored: NodeRecord | None, node: NodeRecord) -> bool:
-    """Whether a sighting changed more than the liveness clock (last_seen, GPU utilisation): those go to the
+    """Whether a sighting changed more than the liveness clock (last_seen, GPU readings): those go to the
     database at once, with their events; a plain heartbeat does not."""
     if stored is None:
         return True
-    return node.model_copy(update={"last_seen": stored.last_seen, "gpu_utilization": stored.gpu_utilization}) != stored
+    return node.model_copy(update={"last_seen": stored.last_seen, "gpu_utilization": stored.gpu_utilization,
+                                   "gpus": stored.gpus}) != stored
 
 
 def stale(stored_last_seen: datetime | None, last_seen: datetime, *, every_s: float) -> bool:
@@ -100,7 +112,8 @@ def silent(nodes: list[NodeRecord], *, now: datetime, timeout_s: float) -> list[
 
 
 def declare_lost(node: NodeRecord) -> tuple[NodeRecord, NodeStateChanged]:
-    return node.model_copy(update={"state": "lost", "running": ()}), _state(node.node_id, "lost", node.last_seen)
+    return (node.model_copy(update={"state": "lost", "running": (), "gpus": ()}),  # no figure of a silent node
+            _state(node.node_id, "lost", node.last_seen))
 
 
 def _state(node_id: str, state: Literal["ready", "lost"], at: datetime) -> NodeStateChanged:

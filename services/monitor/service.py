@@ -137,7 +137,7 @@ class Monitor:
         if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
             current = self.fleet.records.get(event.node_id)
             seen = {"boot_id": event.boot_id, "at": event.occurred_at, "running": event.running,
-                    "gpu_utilization": event.gpu_utilization}
+                    "gpu_utilization": event.gpu_utilization, "gpus": event.gpus}
             sighting = liveness.sighted(current, node_id=event.node_id, **seen)
             if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
                 self._beside(event.node_id, self.sighted(event.node_id, **seen))

@@ -168,8 +168,8 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
         "attempt": event.attempt,
         "assignments": event.assignments,
         "tasks": {str(a.rank): TaskRecord(node_id=a.node_id) for a in event.assignments},
-        "attempts": job.attempts + (Attempt(attempt=event.attempt, node_ids=tuple(
-            a.node_id for a in event.assignments), placed_at=now,
+        "attempts": job.attempts + (Attempt(attempt=event.attempt, node_ids=tuple(  # rank order: node_ids[rank]
+            a.node_id for a in sorted(event.assignments, key=lambda a: a.rank)), placed_at=now,
             reason=ATTEMPT_REASON.get(job.requeue_cause or "", "started")),),
         "stop_cause": None,
         "hung_ranks": (), "hung_since": None, "hung_idle_s": 0.0, "hung_progressed": False,
@@ -191,12 +191,13 @@ def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]
 
 
 def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExited) -> bool:
-    """Whether the event's node is where its attempt was placed (its rank's node, for the current attempt): the
-    only node whose agent may speak for that task. Anything else is forged or misrouted."""
+    """Whether the event's node is where its attempt placed its rank (for an earlier attempt too): the only node
+    whose agent may speak for that task. Anything else is forged or misrouted."""
     if event.attempt == job.attempt and job.tasks:
         task = job.tasks.get(str(event.rank))
         return task is not None and task.node_id == event.node_id
-    return any(a.attempt == event.attempt and event.node_id in a.node_ids for a in job.attempts)
+    return any(a.attempt == event.attempt and 0 <= event.rank < len(a.node_ids) and a.node_ids[event.rank] == event.node_id
+               for a in job.attempts)
 
 
 def foreign_task(job: JobState, event: TaskPreparing | TaskStarted | TaskExited, *, now: datetime) -> Outcome:

@@ -20,8 +20,8 @@ class Usage:
 
 
 def reference_tflops(nodes: Iterable[NodeInfo]) -> float:
-    """Owners' expected durations are taken to mean a typical GPU of the fleet (its median TFLOPS)."""
-    values = [g.tflops for n in nodes for g in n.gpus if g.tflops > 0]
+    """Owners' expected durations are taken to mean a typical GPU of the fleet (its median speed: `Gpu.speed`)."""
+    values = [g.speed for n in nodes for g in n.gpus if g.speed > 0]
     return statistics.median(values) if values else 100.0
 
 
@@ -37,7 +37,7 @@ def policy_node(info: NodeInfo, used: Usage | None = None, *, ready_at: float | 
         gpu_model=gpus[0].model if gpus else "",
         gpu_count=len(gpus),
         gpu_memory_gb=min((g.memory_gb for g in gpus), default=0.0),
-        tflops=(statistics.fmean(g.tflops for g in gpus) or 1e-3) if gpus else 0.0,
+        tflops=(statistics.fmean(g.speed for g in gpus) or 1e-3) if gpus else 0.0,
         cpu=info.cpu_count,
         memory_gb=info.memory_gb,
         price_per_hour=info.price_per_hour,

@@ -48,10 +48,15 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
 
 
 def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assignment:
-    """A rank on a node, with the node's kind, price and size as placement's record has them (billing charges
-    these, not what the node's agent says of itself)."""
+    """A rank on a node, with the node's kind, price, size, GPU memory and GPU speed as placement's record has them
+    (billing charges these, the estimator holds telemetry to that memory and plans with a measured speed, not what
+    the node's agent says of itself)."""
+    gpus = [g for g in info.gpus if g.index in gpu_indices]
+    measured = bool(gpus) and all(g.measured_tflops is not None and g.speed > 0 for g in gpus)
     return Assignment(rank=rank, node_id=info.node_id, gpu_indices=gpu_indices, node_kind=info.kind,
-                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus))
+                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus),
+                      gpu_memory_gb=max((g.memory_gb for g in gpus), default=0.0),
+                      gpu_tflops=min(g.speed for g in gpus) if measured else None)
 
 
 async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet) -> None:

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
 
-from shared.bus import RPC_PREDICT
+from shared.bus import RPC_METRICS, RPC_PREDICT
 from shared.jobs import Algorithm, Resource
-from shared.rpc import PredictQuery, PredictReply
+from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 
 log = logging.getLogger(__name__)
 PREDICT_TIMEOUT_S = 0.5
+PEAK_TIMEOUT_S = 2.0
+PEAK_SERIES = "gpu_memory_peak_gb"  # the estimator's system series of a job's GPU telemetry
 CACHE_TTL_S = 600.0  # a history model is retrained rarely; a new version shows within this
 OWNER_SIGMA = 0.5  # an owner's guess, log-normal spread assumed
 UNKNOWN_SIGMA = 1.0  # no guess at all (the one-hour default)
@@ -96,6 +98,19 @@ class Estimates:
             for key in sorted(self.cache, key=lambda k: self.cache[k][0])[:5_000]:
                 del self.cache[key]
 
+    async def peak_gpu_memory(self, job_id: str) -> float | None:
+        """The job's recorded peak GPU memory (its telemetry, as the estimator kept it); None when none was
+        recorded or the estimator does not answer in time."""
+        if self.broker is None:
+            return None
+        try:
+            reply = await self.broker.request(MetricsQuery(job_id=job_id, max_points=1), RPC_METRICS,
+                                              timeout=PEAK_TIMEOUT_S)
+            return recorded_peak(MetricsReport.model_validate(await reply.decode()))
+        except Exception as exc:  # no estimator, a timeout or a malformed answer: today's rule alone
+            log.warning("no recorded GPU memory peak of job %s: %r", job_id, exc)
+            return None
+
     async def _ask(self, query: PredictQuery) -> Estimate | None:
         try:
             reply = await self.broker.request(query, RPC_PREDICT, timeout=self.timeout_s)
@@ -103,3 +118,10 @@ class Estimates:
         except Exception as exc:  # no estimator, a timeout or a malformed answer: the owner's figure stands
             log.debug("estimator did not answer %s: %r", query.benchmark, exc)
             return None
+
+
+def recorded_peak(report: MetricsReport) -> float | None:
+    """The highest GPU memory a job's telemetry recorded (GB; the estimator's system series), if any."""
+    values = [p[1] for s in report.series if s.system and s.name == PEAK_SERIES for p in s.points]
+    finite = [v for v in values if math.isfinite(v) and 0 <= v <= 1024]
+    return max(finite) if finite else None

@@ -23,7 +23,7 @@ from services.placement.inputs import PolicyInputs
 from services.placement.policy import PolicyConfig
 from services.placement.policy.dryrun import faster_node
 from services.placement.policy.engine import Constraint, place
-from services.placement.policy.hosting import as_node, ever_placeable, largest
+from services.placement.policy.hosting import as_node, ever_placeable, gpu_memory_after_oom, largest
 from services.placement.queue import JobQueue, QueueItem
 from services.placement.tradeoff import Tradeoff
 
@@ -95,7 +95,12 @@ class Placement:
         if cause == "oom_gpu":
             used = [g.memory_gb for n, a in zip(previous, item.assignments) for g in n.gpus
                     if g.index in a.gpu_indices] or [g.memory_gb for n in previous for g in n.gpus] or [0]
-            needs = needs.model_copy(update={"min_gpu_memory_gb": max(used) + 0.001,
+            everything = self.fleet.known_nodes() + tuple(as_node(i) for i in self.fleet.catalogue)
+            need = gpu_memory_after_oom(asked_gb=needs.min_gpu_memory_gb, had_gb=max(used),
+                                        peak_gb=await self.estimates.peak_gpu_memory(item.job_id),
+                                        largest_gb=max((n.gpu_memory_gb for n in everything if n.gpu_count),
+                                                       default=0.0))
+            needs = needs.model_copy(update={"min_gpu_memory_gb": min(need, 1024),
                                              "gpu_count": max(1, needs.gpu_count)})
         elif cause == "oom_host":
             needs = needs.model_copy(update={"memory_gb": item.given_memory_gb * 2})
@@ -128,7 +133,7 @@ class Placement:
         elapsed = (event.occurred_at - item.started_at).total_seconds()
         if elapsed + event.eta.remaining_s <= self.slow_factor * expected:
             return
-        current = sum(g.tflops for a in item.assignments if a.node_id in self.fleet.nodes
+        current = sum(g.speed for a in item.assignments if a.node_id in self.fleet.nodes
                       for g in self.fleet.nodes[a.node_id].info.gpus if g.index in a.gpu_indices)
         faster = self._faster_node(item, current)
         item = item.model_copy(update={"slow_checked": item.attempt})

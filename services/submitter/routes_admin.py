@@ -22,7 +22,8 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
                 ) -> dict:
     """One page of the nodes by node id (`total` counts them all; `next_offset` is null on the last page), from
     the monitor's memory; a task of a project the caller is not in shows only in `other_tasks` (the admin sees
-    all, and `claims_refused`: what the node's registration claimed beyond its record)."""
+    all, and `claims_refused`: what the node's registration claimed beyond its record). Each GPU shows its
+    utilisation, memory in use, power and temperature as the node's last heartbeat read them (null: not read)."""
     answer = await ask(request, RPC_NODES, {"offset": offset, "limit": limit})
     if isinstance(answer, list):  # a monitor from before paging answers every node
         answer = {"total": len(answer), "items": answer[offset:offset + limit]}
@@ -34,13 +35,24 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
         state = record["state"] if record["state"] == "lost" or not running else "busy"
         visible = [{**t, "project_id": owners.get(t["job_id"], "")} for t in running
                    if principal.is_admin or owners.get(t["job_id"]) in principal.projects]
-        items.append({**info, "node_id": record["node_id"], "state": state, "last_seen": record["last_seen"],
+        items.append({**info, "gpus": gpu_views(info.get("gpus") or [], record.get("gpus") or []),
+                      "node_id": record["node_id"], "state": state, "last_seen": record["last_seen"],
                       "running": visible, "other_tasks": len(running) - len(visible),
                       "boot_id": record.get("boot_id", ""),
                       **({"claims_refused": record.get("claims_refused") or {}} if principal.is_admin else {})})
     following = offset + len(items)
     return {"count": len(items), "total": total, "offset": offset, "limit": limit,
             "next_offset": following if following < total else None, "items": items}
+
+
+READINGS = ("util_percent", "memory_used_gb", "power_w", "temp_c")
+
+
+def gpu_views(gpus: list[dict], readings: list[dict]) -> list[dict]:
+    """Each GPU of the node's record with its last heartbeat's figures (None where the node did not read it): the
+    GPU's own figures only, whoever runs on it."""
+    by_index = {r.get("index"): r for r in readings}
+    return [{**gpu, **{k: by_index.get(gpu.get("index"), {}).get(k) for k in READINGS}} for gpu in gpus]
 
 
 @router.get("/healthz", tags=["health"], summary="Liveness of every service")

@@ -98,6 +98,8 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     wait_for(lambda: page.get_attribute("#metric-chart", "data-band") == "drawn", what="the ETA band")
     wait_for(lambda: page.evaluate("TM.charts.metric.data.datasets[0].data.length") > 40, what="a longer curve")
     assert page.evaluate("TM.charts.metric.data.datasets[1].data[0].y") == 0.3  # the target line
+    # the GPU chart beside the curve: no NVML in the test stack, so it says why it is empty
+    assert page.inner_text("#gpu-note") in ("no GPUs", "no GPU readings yet")
     assert page.inner_text("#eta-text") not in ("", "–")
     wide = "{remaining_s: 120, low_s: 60, high_s: 360, finish_time: '2026-01-01T12:00:00Z'}"
     assert page.evaluate(f"TM.etaText({wide}).main") == "about 2 min"  # a wide band is a rough time, not a clock

@@ -97,14 +97,15 @@ async def test_a_client_without_credentials_cannot_connect(server):
 
 async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
     agent = await as_agent(server, "n1")
-    for allowed in ("tm.node.evt.n1.heartbeat", "tm.job.task.n1.exited", "tm.job.task.n1.hung", "tm.log.n1.j-1"):
+    for allowed in ("tm.node.evt.n1.heartbeat", "tm.job.task.n1.exited", "tm.job.task.n1.hung", "tm.log.n1.j-1",
+                    "tm.telemetry.n1.j-1"):
         await agent.nc.publish(allowed, b"{}")
     assert await agent.settle() == []  # what it may do goes through: the refusals below are the server's
     forbidden = ("tm.job.status", "tm.node.cmd.n2.start", "tm.node.cmd.n1.start", "tm.node.cmd.n1.stop",
                  "tm.rpc.billing.quotas", "tm.rpc.billing.admit", "tm.node.evt.n2.heartbeat",
                  "tm.node.evt.n2.registered", "tm.node.evt.released", "tm.job.task.n2.exited", "tm.job.task.exited",
                  "tm.log.n2.j-1", "tm.notify.p", "$JS.API.STREAM.DELETE.TM_JOBS", "tm.job.task.n2.hung",
-                 "tm.job.task.n2.resumed")
+                 "tm.job.task.n2.resumed", "tm.telemetry.n2.j-1", "tm.telemetry.n1", "tm.telemetry.n1.j-1.x")
     for subject in forbidden:
         await agent.nc.publish(subject, b"{}")
     errors = await agent.settle()

@@ -127,3 +127,13 @@ async def test_a_registration_is_stored_as_its_record_allows_and_the_admin_sees_
     assert nodes["ws-1"]["claims_refused"]["gpus"] == "claimed 8, record 1"
     assert nodes["od-1"]["claims_refused"]["kind"] == "claimed local, record on_demand"
     assert nodes["stranger"]["claims_refused"] == {"node": "no record of this node"}
+
+
+def test_an_earlier_attempts_node_speaks_only_for_the_rank_placed_on_it():
+    job, _ = state.submitted(submitted(job_id="j", node_count=2), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1", "n2")), now=T0)
+    job, _ = state.requeue(job, cause="node_lost", detail="n2 silent", now=T0)
+    job, _ = state.placed(job, placed("j", attempt=2, nodes=("n3", "n4")), now=T0)
+    assert state.from_placed_node(job, exited("j", attempt=1, rank=1, node_id="n2"))
+    assert not state.from_placed_node(job, exited("j", attempt=1, rank=0, node_id="n2"))  # n2 held rank 1 only
+    assert not state.from_placed_node(job, exited("j", attempt=1, rank=5, node_id="n1"))

@@ -52,6 +52,19 @@ def largest(nodes: Iterable[Node], job: JobRequest) -> str:
     return f"the largest node offers {gpu:g} GB per GPU and {memory:g} GB host memory"
 
 
+OOM_HEADROOM = 1.25  # after running out of GPU memory, a job asks this much more than its recorded peak
+
+
+def gpu_memory_after_oom(*, asked_gb: float, had_gb: float, peak_gb: float | None, largest_gb: float) -> float:
+    """The GPU memory the next attempt of a job that ran out of it asks for: more than the GPU it had and, with a
+    recorded peak, OOM_HEADROOM times that peak, though never more than the largest GPU there is for that part
+    (past the GPU it had even there, it fits nowhere and fails)."""
+    need = max(asked_gb, had_gb + 0.001)
+    if peak_gb is not None and peak_gb > 0:
+        need = max(need, min(peak_gb * OOM_HEADROOM, largest_gb))
+    return need
+
+
 def as_node(instance: InstanceType) -> Node:
     """An instance type as the idle node it would become (to weigh it as a host)."""
     return Node(id=f"catalogue-{instance.name}", kind="on_demand", gpu_model=instance.gpu_model,

@@ -51,8 +51,14 @@ TM.pages.job = (() => {
           <div class="legend-note"><span><i style="background:#4f46e5"></i>metric</span><span><i style="background:#e11d48"></i>target</span>
             <span><i style="background:rgba(99,102,241,.25)"></i>ETA interval (10th–90th percentile)</span><span><i style="background:#a5b4fc"></i>projection</span></div>
         </div>
-        <div class="card"><h2>Details</h2><dl class="facts" id="job-facts"></dl></div>
+        <div class="card">
+          <h2><span>GPUs</span><span class="muted" id="gpu-note"></span></h2>
+          <div class="chart-box"><canvas id="gpu-chart"></canvas></div>
+          <div class="legend-note"><span><i style="background:#0d9488"></i>utilisation %</span><span><i style="background:#d97706"></i>memory GB</span>
+            <span><i style="background:#f59e0b"></i>peak memory GB</span></div>
+        </div>
       </div>
+      <div class="card"><h2>Details</h2><dl class="facts" id="job-facts"></dl></div>
       <div class="card"><h2><span>Attempts</span><span class="muted">placed → started → ended, per try</span></h2><div class="timeline" id="timeline"></div></div>
       <div class="card"><h2><span>Output</span><span class="muted" id="log-note">worker-0 · live</span></h2><pre class="logs" id="logs"></pre></div>`;
     root.querySelector("#btn-terminate").addEventListener("click", () => act("terminate"));
@@ -111,7 +117,48 @@ TM.pages.job = (() => {
       ["Exit", exits || "–"],
     ].map(([k, v]) => `<dt>${k}</dt><dd>${v}</dd>`).join("");
     timeline();
-    if (series) curve(series);
+    if (series) { curve(series.filter((x) => !x.system)); gpus(series.filter((x) => x.system)); }
+  }
+
+  // The platform's own GPU telemetry of the job (system series): utilisation on the left axis, memory on the right.
+  function gpus(series) {
+    const by = Object.fromEntries(series.map((x) => [x.name, x]));
+    const note = view.querySelector("#gpu-note");
+    const util = by.gpu_util;
+    if (!util || !util.points.length) { note.textContent = job.spec.resource.gpu_count ? "no GPU readings yet" : "no GPUs"; return; }
+    const s = job.status, t0 = s.start_time ? s.start_time / 1000 : util.points[0][0];
+    const xy = (name) => ((by[name] || { points: [] }).points).map(([t, v]) => ({ x: t - t0, y: v }));
+    const last = (name) => { const p = (by[name] || { points: [] }).points; return p.length ? p[p.length - 1][1] : null; };
+    const memory = last("gpu_memory_gb"), peak = last("gpu_memory_peak_gb");
+    note.textContent = `now ${Math.round(last("gpu_util"))}% busy` + (memory === null ? "" : ` · ${memory.toFixed(1)} GB`)
+      + (peak === null ? "" : ` · peak ${peak.toFixed(1)} GB`);
+    const data = [xy("gpu_util"), xy("gpu_memory_gb"), xy("gpu_memory_peak_gb")];
+    let chart = TM.charts.gpu;
+    if (!chart || chart.canvas !== view.querySelector("#gpu-chart")) {
+      if (chart) chart.destroy();
+      const axis = (text) => ({ title: { display: true, text, color: "#64748b" }, grid: { color: "#f1f5f9" }, ticks: { color: "#64748b" } });
+      chart = TM.charts.gpu = new Chart(view.querySelector("#gpu-chart"), {
+        type: "line",
+        data: { datasets: [
+          { label: "utilisation %", data: [], yAxisID: "y", borderColor: "#0d9488", pointRadius: 0, borderWidth: 2 },
+          { label: "memory GB", data: [], yAxisID: "mem", borderColor: "#d97706", pointRadius: 0, borderWidth: 2 },
+          { label: "peak memory GB", data: [], yAxisID: "mem", borderColor: "#f59e0b", borderDash: [4, 3], pointRadius: 0, borderWidth: 1.5 },
+        ] },
+        options: {
+          animation: false, responsive: true, maintainAspectRatio: false, parsing: false, normalized: true,
+          interaction: { mode: "nearest", intersect: false },
+          scales: {
+            x: { type: "linear", min: 0, title: { display: true, text: "seconds since start", color: "#64748b" }, grid: { color: "#f1f5f9" },
+                 ticks: { color: "#64748b", callback: (v) => TM.duration(v) } },
+            y: { ...axis("utilisation %"), min: 0, max: 100 },
+            mem: { ...axis("memory GB"), min: 0, position: "right", grid: { drawOnChartArea: false } },
+          },
+          plugins: { legend: { display: false }, tooltip: { callbacks: { title: (items) => TM.duration(items[0].parsed.x) } } },
+        },
+      });
+    }
+    data.forEach((d, i) => { chart.data.datasets[i].data = d; });
+    chart.update("none");
   }
 
   function curve(series) {
@@ -204,5 +251,5 @@ TM.pages.job = (() => {
     } catch (_) { /* next tick */ } finally { logBusy = false; }
   }
 
-  return { title: "Job", mount, refresh, leave: () => { view = null; if (TM.charts.metric) { TM.charts.metric.destroy(); TM.charts.metric = null; } } };
+  return { title: "Job", mount, refresh, leave: () => { view = null; ["metric", "gpu"].forEach((k) => { if (TM.charts[k]) { TM.charts[k].destroy(); TM.charts[k] = null; } }); } };
 })();

@@ -15,7 +15,9 @@ TM.pages.nodes = (() => {
   function gpus(node) {
     const groups = {};
     (node.gpus || []).forEach((g) => { const k = `${g.model} · ${g.memory_gb} GB`; groups[k] = (groups[k] || 0) + 1; });
-    return Object.entries(groups).map(([k, n]) => `<div><b>${n}×</b> ${TM.esc(k)}</div>`).join("") || `<span class="muted">none</span>`;
+    const read = (node.gpus || []).filter((g) => g.util_percent !== null && g.util_percent !== undefined);
+    const now = read.map((g) => `<div class="muted">#${Number(g.index)}: ${Math.round(Number(g.util_percent))}% · ${Number(g.memory_used_gb).toFixed(1)} GB</div>`).join("");
+    return (Object.entries(groups).map(([k, n]) => `<div><b>${n}×</b> ${TM.esc(k)}</div>`).join("") + now) || `<span class="muted">none</span>`;
   }
 
   /** Tasks of the signed-in person's projects link to their job; others' only count (the admin sees all). */

@@ -1,0 +1,115 @@
+"""Real CUDA jobs on the stack's one GPU node: what only a GPU walks (NVML's GPUs and their measured throughput, a
+CUDA training and its estimate, CUDA's out-of-memory, a GPU's utilisation as a sign of life). Figures go to the
+session's report (conftest `report`)."""
+from datetime import datetime
+
+import pytest
+import pytest_asyncio
+
+from tests.conftest import eventually
+from tests.e2e.helpers import get, submit, wait_phase
+from tests.gpu.conftest import NODE_ID, nvidia_gpus
+from tests.gpu.scripts import ADAM, BUSY, IDLE, OOM, python
+
+PROJECT = "gpu-tier"
+TARGET = 0.01
+LOSS = {"name": "loss", "regex": r"loss (?P<value>[0-9.e-]+)", "mode": "min", "target": TARGET}
+HANG_TIMEOUT_S = 10
+
+
+def seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+async def notices(api, job_id: str) -> list[dict]:
+    items = (await api.get(f"/v2/{PROJECT}/notifications")).json()["items"]
+    return [n for n in items if n["job_id"] == job_id]
+
+
+async def test_the_node_registers_nvmls_gpus_with_their_measured_throughput(gpu_api, report):
+    nodes = (await gpu_api.get("/v2/nodes")).json()["items"]
+    node = next(n for n in nodes if n["node_id"] == NODE_ID)
+    report["gpus"] = [{k: g.get(k) for k in ("index", "model", "memory_gb", "tflops", "measured_tflops")}
+                      for g in node["gpus"]]
+    assert node["resources_source"] == "nvml" and len(node["gpus"]) == nvidia_gpus()
+    for gpu in node["gpus"]:
+        assert gpu["measured_tflops"] and gpu["measured_tflops"] > 0, gpu
+        if gpu["tflops"]:  # a measured figure far below the datasheet's is a sick GPU (or a wrong table)
+            assert gpu["measured_tflops"] > 0.3 * gpu["tflops"], gpu
+
+
+async def test_an_adam_training_completes_on_its_first_attempt_and_its_eta_band_holds_the_truth(gpu_api, report):
+    job = await submit(gpu_api, PROJECT, command=python(ADAM, TARGET, 1.0), gpu_count=1, metrics=[LOSS])
+    job_id = job["metadata"]["id"]
+    samples: dict[str, dict] = {}  # by the estimate's own time: each published estimate once
+
+    async def finished():
+        current = await get(gpu_api, PROJECT, job_id)
+        if eta := current["status"].get("eta"):
+            samples.setdefault(eta["updated_at"], eta)
+        return current if current["status"]["phase"] in ("Completed", "Failed") else None
+
+    done = await eventually(finished, timeout_s=280, interval_s=0.5)
+    assert done["status"]["phase"] == "Completed", done["status"]
+    attempts = done["status"]["attempts"]
+    assert [(a["reason"], a["outcome"]) for a in attempts] == [("started", "completed")]  # default memory sufficed
+    end = seconds(attempts[0]["ended_at"])
+    rows = [{"remaining_true_s": round(end - seconds(at), 1), "low_s": round(e["low_s"], 1),
+             "remaining_s": round(e["remaining_s"], 1), "high_s": round(e["high_s"], 1), "method": e["method"]}
+            for at, e in sorted(samples.items())]
+    hits = sum(r["low_s"] <= r["remaining_true_s"] <= r["high_s"] for r in rows)
+    report["adam"] = {"job_id": job_id, "run_s": round(end - seconds(attempts[0]["started_at"]), 1),
+                      "samples": len(rows), "band_holds_truth": hits, "estimates": rows}
+    assert len(rows) >= 5, rows
+    assert hits > len(rows) / 2, report["adam"]
+
+
+async def test_a_cuda_out_of_memory_is_recognised_and_fails_the_job_saying_so(gpu_api, report):
+    job = await submit(gpu_api, PROJECT, command=python(OOM), gpu_count=1)
+    done = await wait_phase(gpu_api, PROJECT, job["metadata"]["id"], "Failed", "Completed", timeout_s=180)
+    report["oom"] = {"reason": done["status"]["reason"], "attempts": done["status"]["attempts"]}
+    assert done["status"]["phase"] == "Failed"
+    assert done["status"]["reason"].startswith("out of GPU memory"), done["status"]["reason"]
+    assert {a["outcome"] for a in done["status"]["attempts"]} == {"oom"}
+
+
+async def test_an_idle_silent_job_holding_the_gpu_is_flagged_hanging(gpu_api, report):
+    job = await submit(gpu_api, PROJECT, command=python(IDLE), gpu_count=1, hang_timeout_s=HANG_TIMEOUT_S,
+                       termination_grace_s=1)
+    job_id = job["metadata"]["id"]
+    try:
+        await wait_phase(gpu_api, PROJECT, job_id, "Running", timeout_s=120)
+        flagged = await eventually(lambda: notices(gpu_api, job_id), timeout_s=HANG_TIMEOUT_S + 60)
+        report["idle"] = {"notices": flagged}
+        assert flagged[0]["kind"] == "hung" and flagged[0]["message"].startswith("suspected hung"), flagged
+    finally:
+        await gpu_api.post(f"/v2/{PROJECT}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
+        await wait_phase(gpu_api, PROJECT, job_id, "Terminated", "Failed", "Completed", timeout_s=60)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def busy_job(gpu_api) -> dict:
+    """A job busy on its GPU three hang timeouts long without printing, run to its end."""
+    job = await submit(gpu_api, PROJECT, command=python(BUSY, 3 * HANG_TIMEOUT_S), gpu_count=1,
+                       hang_timeout_s=HANG_TIMEOUT_S)
+    return await wait_phase(gpu_api, PROJECT, job["metadata"]["id"], "Completed", "Failed", timeout_s=300)
+
+
+async def test_a_busy_silent_job_is_not_flagged(gpu_api, busy_job, report):
+    job_id = busy_job["metadata"]["id"]
+    report["busy"] = {"status": busy_job["status"]["phase"], "notices": await notices(gpu_api, job_id)}
+    assert busy_job["status"]["phase"] == "Completed", busy_job["status"]
+    assert [(a["reason"], a["outcome"]) for a in busy_job["status"]["attempts"]] == [("started", "completed")]
+    assert await notices(gpu_api, job_id) == []
+
+
+async def test_the_busy_jobs_gpu_utilisation_is_visible(gpu_api, busy_job, report):
+    job_id = busy_job["metadata"]["id"]
+    series = (await gpu_api.get(f"/v2/{PROJECT}/training-jobs/{job_id}/metrics")).json()["series"]
+    util = next((s for s in series if s["name"] == "gpu_util"), None)
+    if util is None:
+        pytest.skip("no gpu_util series in the job's metrics: GPU telemetry (branch `telemetry`) is not in this "
+                    "build, so utilisation is not checked")
+    values = [p[1] for p in util["points"]]
+    report.setdefault("busy", {})["gpu_util"] = {"points": len(values), "max": max(values, default=None)}
+    assert values and max(values) > 50, report["busy"]["gpu_util"]
