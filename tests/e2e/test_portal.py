@@ -112,7 +112,7 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     assert page.evaluate(f"TM.workText({printed})") == "300/1,000 it · 30.1 it/s · from its tqdm bar"
     assert page.evaluate("TM.etaLabel({until: 'end', target: 'reached'})") == "Target reached · time to the end"
     assert page.evaluate("TM.etaLabel({until: 'end', target: 'unreachable'})").startswith("Target unreachable")
-    assert page.inner_text("#eta-label") in ("Time to target", "Target reached", "Target reached · time to the end")
+    assert page.text_content("#eta-label") in ("Time to target", "Target reached", "Target reached · time to the end")
     assert "step" in page.inner_text("#logs")
     assert page.inner_text(".tl-row").startswith("#1")
     page.screenshot(path=shots / "03-job-running.png", full_page=True)
