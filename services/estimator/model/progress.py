@@ -217,9 +217,9 @@ class ProgressReader:
         bars = self._shown()
         if not bars:
             return self._lines()
-        # A bar that starts over is inside another (or an evaluation's); a finished bar moves no more: the oldest
-        # bar still moving that never started over, else the last one drawn.
-        # Among bars that all start over (one per epoch, an evaluation's between), the one that moved most.
+        # A bar that starts over is inside another (or an evaluation's), a finished one moves no more: the oldest
+        # bar still moving that never started over; when every bar starts over (one per epoch, an evaluation's
+        # between), the one that moved most; when none moves, the last one drawn.
         pool = [(k, b) for k, b in bars if b.resets == 0]
         live = [(k, b) for k, b in pool or bars if b.n < b.total]
         if live:
