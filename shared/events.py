@@ -96,6 +96,17 @@ class Eta(BaseModel):
     method: str = Field(examples=["rate"], description="How the estimate was made.")
     progress: float | None = Field(None, ge=0, le=1, description="Fraction of the work done, when known.")
     updated_at: datetime = Field(default_factory=utcnow)
+    until: Literal["target", "end"] = Field("end", description="What the remaining time runs to: the declared "
+                                            "target metric's value, or the job's end.")
+    target: Literal["ahead", "reached", "unreachable"] | None = Field(
+        None, description="A declared target: still ahead, reached (the time then runs to the job's end when its "
+        "progress is known), or not reachable before the job's declared or printed end.")
+    done: float | None = Field(None, ge=0, description="Work done so far, in `unit`.")
+    total: float | None = Field(None, gt=0, description="The job's whole work, in `unit`, when known.")
+    unit: str | None = Field(None, max_length=16, description="What the job counts its work in (step, epoch, it).")
+    rate: float | None = Field(None, ge=0, description="Units of work a second, lately.")
+    source: str | None = Field(None, max_length=16, examples=["tqdm"], description="Where the progress was read: "
+                               "declaration, sdk, mllog, tqdm, keras, lightning, hf-trainer, steps.")
 
 
 # Jobs ---------------------------------------------------------------------------------------------------------

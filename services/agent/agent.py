@@ -24,6 +24,7 @@ from shared.events import (
 from shared.jobs import DataOut
 from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, refused_urls
+from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.hangs import HangPolicy, watch
 from services.agent.preparation import PrepareError, Preparer, output_dir
@@ -47,8 +48,9 @@ class Agent:
                  preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
                  checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None,
                  output_rate: Callable[[], OutputRate | None] = lambda: None,
-                 disk_quota_gb: float | None = None) -> None:
+                 disk_quota_gb: float | None = None, output_update_s: float = UPDATE_EVERY_S) -> None:
         self.node = node
+        self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
         self.output_rate = output_rate  # each task's own allowance of output (None: unlimited)
         self.disk_quota_gb = disk_quota_gb
         self.storage = storage
@@ -149,6 +151,7 @@ class Agent:
             task = await spawn(command, env=env, workdir=workdir, argv=argv, launch_dir=self.launches, user=user,
                                reach=reach, cover=cover, cgroup=cgroup, tmpfs_bytes=tmpfs,
                                file_size=int(quota * 2**30) if quota else None)
+            task.update_every_s = self.output_update_s
         except asyncio.CancelledError:
             await asyncio.to_thread(self._release, workdir, user, cgroup)
             await shipper.close()

@@ -13,6 +13,7 @@ from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
 from services.agent.agent import Agent
+from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
@@ -77,6 +78,9 @@ class AgentSettings(CommonSettings, StorageSettings):
     output_bytes_per_s: float = Field(64 * 1024, gt=0, description="Bytes a second a task may print, likewise.")
     output_burst_s: float = Field(30.0, gt=0, le=3600, description="Seconds of either allowance a quiet task "
                                   "saves up for a burst (a dependency install, a stack trace).")
+    output_update_s: float = Field(UPDATE_EVERY_S, gt=0, le=3600, description="A bar a task redraws with "
+                                   "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
+                                   "and its last frame always.")
 
 
 def task_uid_first(settings: AgentSettings) -> int:
@@ -131,7 +135,8 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
                                   gpus=GpuProbe() if node.resources_source == "nvml" else None),
                  output_rate=lambda: OutputRate(lines_per_s=settings.output_lines_per_s,
                                                 bytes_per_s=settings.output_bytes_per_s,
-                                                burst_s=settings.output_burst_s))
+                                                burst_s=settings.output_burst_s),
+                 output_update_s=settings.output_update_s)
 
 
 def create_app(settings: AgentSettings) -> FastStream:

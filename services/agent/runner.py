@@ -18,6 +18,7 @@ import psutil
 from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
+from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
 from services.agent.hangs import PROGRESS_FILE, collective_defaults
 from services.agent.cgroups import TaskCgroup, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
@@ -109,6 +110,7 @@ class TaskProcess:
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
+    update_every_s: float = UPDATE_EVERY_S  # a redrawn bar's latest frame goes out at most this often
 
     @property
     def pid(self) -> int:
@@ -142,15 +144,23 @@ class TaskProcess:
         return self.process.returncode
 
     async def _read(self, stream: asyncio.StreamReader, name: str, on_line: Callable[[LogLine], None]) -> None:
+        """Forward the stream's lines; a bar redrawn with carriage returns as its latest frame now and then
+        (`carriage.OutputSplitter`)."""
+        splitter = OutputSplitter(every_s=self.update_every_s)
         while True:
             try:
-                raw = await stream.readline()
-            except ValueError:  # a line longer than the reader's limit: take what is there
-                raw = await stream.read(2**16)
+                raw = await asyncio.wait_for(stream.read(2**16), timeout=splitter.every_s)
+            except TimeoutError:  # quiet: a held bar frame goes out once due
+                self._forward(splitter.due(time.monotonic()), name, on_line)
+                continue
             if not raw:
+                self._forward(splitter.end(), name, on_line)
                 return
             self.last_output = time.monotonic()
-            line = raw.decode(errors="replace").rstrip("\n")
+            self._forward(splitter.feed(raw, self.last_output), name, on_line)
+
+    def _forward(self, lines: list[str], name: str, on_line: Callable[[LogLine], None]) -> None:
+        for line in lines:
             self.tail.append(line)
             if self.oom is None and GPU_OOM.search(line):
                 self.oom = "gpu"

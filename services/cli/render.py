@@ -43,10 +43,29 @@ def progress_of(job: dict) -> float | None:
 
 
 def eta_text(job: dict) -> str:
+    """The remaining time and what it runs to: `to target 5m`, `target reached, ends in 3m`, `target unreachable
+    before the end, ends in 8m`, or the time to the job's end alone."""
     eta = job["status"].get("eta")
     if not eta:
         return "-"
-    return eta_phrase(eta["remaining_s"], eta["low_s"], eta["high_s"])
+    phrase = eta_phrase(eta["remaining_s"], eta["low_s"], eta["high_s"])
+    target, until = eta.get("target"), eta.get("until", "end")
+    if target == "reached":
+        return f"target reached, ends in {phrase}" if until == "end" else "target reached"
+    if target == "unreachable":
+        return f"target unreachable before the end, ends in {phrase}"
+    return f"to target {phrase}" if until == "target" else phrase
+
+
+def work_text(job: dict) -> str:
+    """What the progress counts and who said so: `300/1000 it, 30.1 it/s, from tqdm`; empty when unknown."""
+    eta = job["status"].get("eta") or {}
+    if eta.get("done") is None or not eta.get("source"):
+        return ""
+    unit = f" {eta['unit']}" if eta.get("unit") else ""
+    count = f"{eta['done']:g}/{eta['total']:g}{unit}" if eta.get("total") else f"{eta['done']:g}{unit}"
+    rate = f", {eta['rate']:.3g}{unit or ' units'}/s" if eta.get("rate") else ""
+    return f"{count}{rate}, from {eta['source']}"
 
 
 WIDE_MIN_S = 20.0  # a band narrower than this is never "wide"
@@ -82,9 +101,15 @@ def rough_range(low: float, high: float) -> str:
     return f"{lo:g}–{hi:g} {unit}"
 
 
-def progress_text(job: dict) -> str:
+def progress_text(job: dict, *, detailed: bool = False) -> str:
+    """`30%`, with its source (`30% tqdm`), or in full (`30% (300/1000 it, 30.1 it/s, from tqdm)`)."""
     fraction = progress_of(job)
-    return "-" if fraction is None else f"{fraction:.0%}"
+    if fraction is None:
+        return "-"
+    source = (job["status"].get("eta") or {}).get("source")
+    if detailed and (work := work_text(job)):
+        return f"{fraction:.0%} ({work})"
+    return f"{fraction:.0%} {source}" if source else f"{fraction:.0%}"
 
 
 def bar(job: dict) -> str:
@@ -93,7 +118,7 @@ def bar(job: dict) -> str:
     fraction = progress_of(job)
     filled = int(round((fraction or 0) * BAR_WIDTH))
     drawn = "#" * filled + "." * (BAR_WIDTH - filled) if fraction is not None else "?" * BAR_WIDTH
-    parts = [job["metadata"]["name"], status["phase"], f"[{drawn}]", progress_text(job)]
+    parts = [job["metadata"]["name"], status["phase"], f"[{drawn}]", progress_text(job, detailed=True)]
     if status["phase"] not in FINISHED:
         parts.append(f"ETA {eta_text(job)}")
     parts.append(f"elapsed {duration(status['duration'] / 1000)}")
@@ -122,7 +147,7 @@ def job_detail(job: dict, gpu: dict[str, float] | None = None) -> str:
         f"  project    {meta['project_id']}   user {meta['user_name']}   created {ago(meta['create_time'])}",
         f"  phase      {status['phase']} [{status['secondary_phase']}]   attempt {status.get('attempt', 0)}",
         f"  nodes      {', '.join(status.get('node_ids') or []) or '-'}   ran {duration(status['duration'] / 1000)}",
-        f"  progress   {progress_text(job)}   ETA {eta_text(job)}",
+        f"  progress   {progress_text(job, detailed=True)}   ETA {eta_text(job)}",
         f"  resources  {resource['node_count']} node(s) x {resource['gpu_count']} GPU, {resource['cpu_count']} CPU, "
         f"{memory_text(resource)}   placement {placement['allowed']}/{placement['priority']}",
         f"  command    {job['algorithm']['command'].splitlines()[0][:100]}",

@@ -7,7 +7,9 @@ from datetime import UTC, datetime
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec, Parameter
 from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstimator, parse_mllog_line
-from services.estimator.model.mllog import mark_progress
+from services.estimator.model.mllog import MLLOG_PREFIX, mark_progress
+from services.estimator.model.owncurve import reached
+from services.estimator.model.printed import DECLARED_UNITS, PrintedWork
 from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.targets import TARGETS, metric_scalar
 from services.estimator.tracker import METRICS_PREFIX, JobTracker
@@ -49,6 +51,9 @@ class JobModel:
     run_started_at: float | None = None
     built_from: tuple | None = None  # (model version, features, start) the online estimator was built with
     seen: list[tuple[float, float | None, float | None]] = field(default_factory=list)  # (t, progress, value)
+    work_source: str | None = None  # who said how much work the job is: declaration, sdk
+    printed: PrintedWork | None = None  # the progress its output shows (tqdm, Keras, ...), without declaration
+    progress_line: bool = False  # the last line fed carried printed progress
 
     def __post_init__(self) -> None:
         self.tracker = JobTracker(self.metrics)
@@ -57,6 +62,7 @@ class JobModel:
                 self._feature(PARAMETER_KEYS[p.name], p.value)
             elif p.name in WORK_KEYS and "total_work" not in self.features:
                 self._feature("total_work", p.value)
+                self.work_source = "declaration" if "total_work" in self.features else None
 
     def started(self, *, at: float, accelerator: str, gpus: int, nodes: int) -> None:
         self.started_at = self.started_at or at
@@ -64,6 +70,10 @@ class JobModel:
         self.accelerator = declared.get("accelerator") or accelerator or "unknown"
         self.gpus = max(int(float(declared.get("accelerators", gpus))), 1)
         self.nodes = max(int(float(declared.get("nodes", nodes))), 1)
+
+    def carried_progress(self) -> bool:
+        """Whether the last line fed carried printed progress (stored, like metric lines, to be replayed)."""
+        return self.progress_line
 
     def observe(self, line: LogLine) -> list:
         """Feed one output line; returns the metric points it carried (for storage)."""
@@ -76,8 +86,13 @@ class JobModel:
             declared = next((p.value for p in points if p.name in WORK_KEYS and p.name not in own), None)
             if declared is not None:
                 self._feature("total_work", declared)
+                self.work_source = "sdk" if "total_work" in self.features else None
         if self.started_at is None:
             self.started_at = line.t
+        if self.printed is None:
+            self.printed = PrintedWork(start=self.started_at, declared=self._declared_work())
+        self.progress_line = record is None and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX)) \
+            and self.printed.observe(line.line, line.t)
         if record is not None and record.key in FEATURE_KEYS:
             self._feature(FEATURE_KEYS[record.key], record.value)
         if record is not None and record.key == "run_start" and self.run_started_at is None:
@@ -113,6 +128,68 @@ class JobModel:
         return None if progress is None else (progress, None)
 
     def estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
+        """The estimate shown: what the job declares (its amount of work, its target) or reports comes first, its
+        printed progress gives the time to its end otherwise; a declared target says whether it was reached (the
+        time then runs to the job's end, where known) or cannot be before the job's end."""
+        eta = self._estimate(now, predictor, version)
+        end = self._printed_eta(now)
+        spec = self._declared()
+        if spec is None:
+            chosen = eta if eta is not None and (self.work_source or self.features.get("benchmark")) else end or eta
+            return self._shown(chosen, until="end", target=None)
+        if reached([p.value for p in self.tracker.points.get(spec.name, [])], target=spec.target, mode=spec.mode):
+            return self._shown(end or eta, until="end" if end else "target", target="reached")
+        if eta is not None and self.work_source and self.online is not None:
+            # a declared amount of work: the online estimate is the time to its end, the curve the time to target
+            end, eta = end or eta, self.tracker.estimate(now, start=self.started_at) or eta
+        if eta is not None and end is not None and eta.remaining_s > end.remaining_s and eta is not end:
+            return self._shown(end, until="end", target="unreachable")
+        if eta is None or eta is end:  # nothing says when the target comes yet: the time to the end, if known
+            return self._shown(end, until="end", target="ahead")
+        return self._shown(eta, until="target", target="ahead")
+
+    def _shown(self, eta: Eta | None, *, until: str, target: str | None) -> Eta | None:
+        """The estimate with what is known of the job's progress: done, total, unit, rate and who said so."""
+        if eta is None:
+            return None
+        fields: dict = {"until": until, "target": target}
+        printed = self.printed.progress if self.printed is not None else None
+        if self.work_source or self.features.get("benchmark"):
+            done = next((p for _, p, _ in reversed(self.seen) if p is not None), None)
+            total = self.features.get("total_work")
+            rate = self.online.rate() if self.online is not None else None
+            declared = self._declared_work()
+            unit = declared[0] if declared else ("step" if self.work_source == "sdk" else None)
+            fields |= {"done": done, "total": total, "unit": unit, "rate": rate[0] if rate else None,
+                       "source": self.work_source or "mllog"}
+        elif printed is not None:
+            fields |= {"done": printed.done, "total": printed.total, "unit": printed.unit,
+                       "rate": self.printed.rate(), "source": printed.source}
+        for name in ("done", "total", "rate"):  # a job's own numbers: shown only when they are sane
+            value = fields.get(name)
+            if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WORK):
+                fields[name] = None
+        if fields.get("done") is not None and fields.get("total"):
+            fields["progress"] = min(1.0, fields["done"] / fields["total"])
+        return eta.model_copy(update=fields)
+
+    def _printed_eta(self, now: float) -> Eta | None:
+        """Time to the job's end at the rate its printed progress moves."""
+        e = self.printed.estimate(now) if self.printed is not None else None
+        if e is None or not all(math.isfinite(v) for v in (e.remaining_s, e.low_s, e.high_s)):
+            return None
+        remaining = max(0.0, e.remaining_s)
+        return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
+                   low_s=max(0.0, min(e.low_s, remaining)), high_s=max(e.high_s, remaining), method="rate",
+                   updated_at=datetime.fromtimestamp(now, UTC))
+
+    def _declared_work(self) -> tuple[str, float] | None:
+        """(unit, amount) of the work a spec parameter declares, when its name says the unit."""
+        named = next((p for p in self.parameters if p.name in DECLARED_UNITS), None)
+        work = self.features.get("total_work")
+        return (DECLARED_UNITS[named.name], float(work)) if named is not None and work else None
+
+    def _estimate(self, now: float, predictor: HistoryPredictor | None, version: int | None) -> Eta | None:
         """The blended estimate once something is known (a history prior, a declared amount of work); a job that
         only declares a target gets the estimate of its own curve, with the band learned on real curves."""
         self._ensure_online(predictor, version)

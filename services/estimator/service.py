@@ -96,7 +96,8 @@ class Estimator:
         model = await self._model(chunk.job_id)
         if model is None:
             return
-        kept = [(i, line) for i, line in enumerate(chunk.lines) if model.observe(line) or ":::MLLOG" in line.line]
+        kept = [(i, line) for i, line in enumerate(chunk.lines)
+                if model.observe(line) or model.carried_progress() or ":::MLLOG" in line.line]
         if kept:
             await self._store(chunk, kept)
         now = time.time()
@@ -179,7 +180,8 @@ class Estimator:
         return model
 
     async def _store(self, chunk: LogChunk, lines: list[tuple[int, LogLine]]) -> None:
-        """Keep the lines that carried metrics or MLLOG records (ids by position: redelivery adds nothing)."""
+        """Keep the lines that carried metrics, printed progress or MLLOG records (ids by position: redelivery adds
+        nothing)."""
         docs = [{"_id": f"{dedup_key(chunk)}:{i}",
                  "job_id": chunk.job_id, "t": line.t, "line": line.line} for i, line in lines]
         try:

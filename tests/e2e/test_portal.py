@@ -108,6 +108,11 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     assert finish["band"].startswith("between ") and finish["band"].count(":") == 2
     narrow = "{remaining_s: 120, low_s: 110, high_s: 130, finish_time: '2026-01-01T12:00:00Z'}"
     assert page.evaluate(f"TM.finishText({narrow}).main").count(":") == 2  # to the second
+    printed = "{done: 300, total: 1000, unit: 'it', rate: 30.1, source: 'tqdm', until: 'end', target: null}"
+    assert page.evaluate(f"TM.workText({printed})") == "300/1,000 it · 30.1 it/s · from its tqdm bar"
+    assert page.evaluate("TM.etaLabel({until: 'end', target: 'reached'})") == "Target reached · time to the end"
+    assert page.evaluate("TM.etaLabel({until: 'end', target: 'unreachable'})").startswith("Target unreachable")
+    assert page.text_content("#eta-label") in ("Time to target", "Target reached", "Target reached · time to the end")
     assert "step" in page.inner_text("#logs")
     assert page.inner_text(".tl-row").startswith("#1")
     page.screenshot(path=shots / "03-job-running.png", full_page=True)

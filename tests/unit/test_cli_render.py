@@ -89,3 +89,28 @@ def test_a_narrow_eta_band_is_shown_precisely_and_a_wide_one_as_the_rough_range_
     assert render.eta_phrase(7200, 3000, 20000) == "about 2 h, could be 0–6 h"
     wide = job(eta={"remaining_s": 120, "low_s": 60, "high_s": 360, "progress": 0.1})
     assert "ETA about 2 min, could be 1–6 min" in render.bar(wide)
+
+
+PRINTED = {"progress": 0.3, "remaining_s": 700, "low_s": 650, "high_s": 760, "done": 300, "total": 1000,
+           "unit": "it", "rate": 1.0, "source": "tqdm", "until": "end", "target": None}
+
+
+def test_list_get_and_follow_show_the_progress_its_unit_rate_and_source():
+    row = render.job_row(job(eta=PRINTED))
+    assert "30% tqdm" in row
+    detailed = {**job(eta=PRINTED), "spec": {"resource": {"node_count": 1, "gpu_count": 0, "cpu_count": 1},
+                                             "placement": {"allowed": "any", "priority": "normal"}},
+                "algorithm": {"command": "python train.py"}}
+    assert "progress   30% (300/1000 it, 1 it/s, from tqdm)" in render.job_detail(detailed)
+    assert "30% (300/1000 it, 1 it/s, from tqdm)" in render.bar(job(eta=PRINTED))
+
+
+@pytest.mark.parametrize(("fields", "shown"), [
+    ({"until": "target", "target": "ahead"}, "to target 11m40s"),
+    ({"until": "end", "target": "reached"}, "target reached, ends in 11m40s"),
+    ({"until": "target", "target": "reached"}, "target reached"),
+    ({"until": "end", "target": "unreachable"}, "target unreachable before the end, ends in 11m40s"),
+    ({}, "11m40s"),
+])
+def test_the_eta_says_whether_it_runs_to_the_target_and_whether_the_target_was_reached(fields, shown):
+    assert render.eta_text(job(eta={**PRINTED, **fields})).startswith(shown)

@@ -44,12 +44,15 @@ class OnlineEstimator:
     def __init__(self, *, start_time: float = 0.0, target: float | None = None,
                  mode: str = "max", total_work: float | None = None,
                  prior: HistoryPrior | None = None, calibration: dict | None = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, count_stall: bool = False) -> None:
         if mode not in ("max", "min"):
             raise ValueError("mode must be 'max' or 'min'")
         self.start_time, self.target, self.mode = start_time, target, mode
         self.total_work, self.prior, self.calibration = total_work, prior, calibration
         self.key = key or (prior.benchmark if prior else "*")
+        # The time since the last mark counts in the rate (a job evaluating between epochs is not moving): for a
+        # rate-only estimate from printed progress, whose pauses nothing else predicts.
+        self.count_stall = count_stall
         if prior is not None and not prior.seen:  # calibrated on benchmarks held out of the history model
             self.key = UNSEEN
         self._marks_t: list[float] = []
@@ -98,15 +101,18 @@ class OnlineEstimator:
         return value >= self.target if self.mode == "max" else value <= self.target
 
     # -- live parts -------------------------------------------------------------------
-    def rate(self) -> tuple[float, float, float] | None:
-        """(progress per second, last mark time, last mark progress) or None."""
+    def rate(self, now: float | None = None) -> tuple[float, float, float] | None:
+        """(progress per second, last mark time, last mark progress) or None; `now` (since the start) counts the
+        time since the last mark as time at its progress."""
         if not self._marks_t:
             return None
         t_last, p_last = self._marks_t[-1], self._marks_p[-1]
         if len(self._marks_t) == 1:
+            t_last = max(t_last, now or 0.0)
             return (p_last / t_last, t_last, p_last) if t_last > 0 and p_last > 0 else None
-        t = np.asarray(self._marks_t)
-        p = np.asarray(self._marks_p)
+        t = np.asarray(self._marks_t + ([now] if now is not None and now > t_last else []))
+        p = np.asarray(self._marks_p + ([p_last] if now is not None and now > t_last else []))
+        t_last = float(t[-1])
         recent = t >= t_last * (1 - RATE_WINDOW)
         if recent.sum() >= 2 and np.ptp(t[recent]) > 0:
             t, p = t[recent], p[recent]
@@ -168,7 +174,7 @@ class OnlineEstimator:
             # that has lasted this long will last, so only a seen benchmark's duration is conditioned on it.
             comps["history"] = (survived(p.duration_s, p.duration_low_s, p.duration_high_s, passed=elapsed)
                                 if p.seen else max(p.duration_s, elapsed))
-        live = self.rate()
+        live = self.rate(elapsed if self.count_stall else None)
         if self._metric_clock and self.curve_work() is not None:
             comps["curve"] = max(self.curve_work(), elapsed)
         if live is None:

@@ -118,6 +118,24 @@ const TM = (() => {
     if (etaWide(e)) { const t = etaText(e); return `<span class="eta"><b>${t.main}</b> <span class="band">(${t.band})</span></span>`; }
     return `<span class="eta"><b>${duration(e.remaining_s)}</b> <span class="band">(${duration(e.low_s)}–${duration(e.high_s)})</span></span>`;
   }
+  // What the progress counts and who said so (the CLI's render.work_text says the same): "300/1000 it · 30.1 it/s
+  // · from tqdm"; and what the time left runs to, with a declared target's state.
+  const SOURCES = { declaration: "the job's declaration", sdk: "the job's reports (SDK)", mllog: "its MLLOG",
+                    tqdm: "its tqdm bar", keras: "its Keras progress", lightning: "its Lightning bar",
+                    "hf-trainer": "its Hugging Face Trainer", steps: "its step lines" };
+  function workText(e) {
+    if (!e || e.done === null || e.done === undefined || !e.source) return "";
+    const num = (v) => Number(v.toPrecision(4)).toLocaleString(), unit = e.unit ? ` ${esc(e.unit)}` : "";
+    const count = e.total ? `${num(e.done)}/${num(e.total)}${unit}` : `${num(e.done)}${unit}`;
+    const rate = e.rate ? ` · ${num(e.rate)}${unit || " units"}/s` : "";
+    return `${count}${rate} · from ${esc(SOURCES[e.source] || e.source)}`;
+  }
+  function etaLabel(e) {
+    if (!e) return "Time left";
+    if (e.target === "reached") return e.until === "end" ? "Target reached · time to the end" : "Target reached";
+    if (e.target === "unreachable") return "Target unreachable before the end · time to the end";
+    return e.until === "target" ? "Time to target" : "Time left";
+  }
   const FINISHED = ["Completed", "Failed", "Terminated"];
 
   // shell, routing, refresh ---------------------------------------------------------------------------------
@@ -205,5 +223,5 @@ const TM = (() => {
   }
 
   return { pages, charts, api, ApiError, jobsPath, project, nodes, esc, $, duration, ago, badge, kind, money,
-           progress, progressOf, eta, etaText, finishText, FINISHED, flash, start, me: () => me };
+           progress, progressOf, eta, etaText, finishText, workText, etaLabel, FINISHED, flash, start, me: () => me };
 })();

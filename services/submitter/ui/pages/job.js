@@ -102,8 +102,8 @@ TM.pages.job = (() => {
     view.querySelector("#btn-migrate").disabled = s.phase !== "Running";
     const e = s.eta;
     view.querySelector("#job-tiles").innerHTML = `
-      <div class="tile"><div class="k">Progress</div><div class="v">${TM.progressOf(job) === null ? "–" : Math.round(TM.progressOf(job) * 100) + "%"}</div><div class="s">${TM.progress(job)}</div></div>
-      <div class="tile"><div class="k">Time left</div><div class="v" id="eta-text">${e ? TM.etaText(e).main : "–"}</div><div class="s">${e ? TM.etaText(e).band : finished ? "finished" : "estimating…"}</div></div>
+      <div class="tile"><div class="k">Progress</div><div class="v">${TM.progressOf(job) === null ? "–" : Math.round(TM.progressOf(job) * 100) + "%"}</div><div class="s">${TM.progress(job)}</div><div class="s" id="progress-source">${TM.workText(e)}</div></div>
+      <div class="tile"><div class="k" id="eta-label">${TM.etaLabel(e)}</div><div class="v" id="eta-text">${e && e.target === "reached" && e.until !== "end" ? "reached" : e ? TM.etaText(e).main : "–"}</div><div class="s">${e ? TM.etaText(e).band : finished ? "finished" : "estimating…"}</div></div>
       <div class="tile"><div class="k">Finishes</div><div class="v">${e ? TM.finishText(e).main : s.end_time ? new Date(s.end_time).toLocaleTimeString() : "–"}</div><div class="s">${e ? [TM.finishText(e).band, "method: " + TM.esc(e.method)].filter(Boolean).join(" · ") : s.end_time ? "ended" : ""}</div></div>
       <div class="tile"><div class="k">Running for</div><div class="v">${s.start_time ? TM.duration(s.duration / 1000) : "–"}</div><div class="s">attempt ${s.attempt || "–"}${p.expected_duration_s ? ` · expected ${TM.duration(p.expected_duration_s)}` : ""}</div></div>`;
     const exits = (s.task_statuses || []).filter((t) => t.exit_code !== null || t.message).map((t) => `${TM.esc(t.task)}: exit ${t.exit_code ?? "–"}${t.message ? " · " + TM.esc(t.message.trim().slice(0, 160)) : ""}`).join("<br>");

@@ -1,0 +1,48 @@
+"""The estimator reads a job's printed progress from its output chunks, publishes the ETA with it, and keeps the
+lines that carried it, so an estimator that restarts replays them and knows the progress again."""
+import time
+from types import SimpleNamespace
+
+from shared.events import EtaEstimated, LogChunk, LogLine
+from shared.store import DocumentStore
+from services.estimator.service import Estimator
+from tests.factories import unique
+from tests.memory import MemoryCollection
+
+
+class Bus:
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    async def publish(self, message, *_, **__) -> None:
+        self.sent.append(message)
+
+
+def estimator(bus: Bus, **collections) -> Estimator:
+    return Estimator(broker=bus, jobs=collections.get("jobs") or DocumentStore(MemoryCollection("jobs"), bus),
+                     points=collections.get("points") or MemoryCollection("points"),
+                     history=MemoryCollection("history"), own_runs=MemoryCollection("own_runs"),
+                     models=SimpleNamespace(predictor=None, version=None))  # no history model trained
+
+
+def chunk(job_id: str, seq: int, lines: list[tuple[float, str]]) -> LogChunk:
+    return LogChunk(event_id=f"{job_id}:1:0:n1:log:{seq}", job_id=job_id, attempt=1, node_id="n1", seq=seq,
+                    lines=tuple(LogLine(t=t, line=line) for t, line in lines))
+
+
+async def test_printed_progress_gives_the_published_eta_and_survives_a_restart():
+    job_id, bus, now = unique("bar"), Bus(), time.time()
+    first = estimator(bus)
+    await first.jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, [])
+    lines = [(now - 100 + i, f"{i // 10:3d}%|#   | {i}/1000 [00:{i:02d}<?, 1.00it/s]") for i in range(1, 101)]
+    await first.log_chunk(chunk(job_id, 0, [(now - 101, "loading data"), *lines]))
+    [published] = [m for m in bus.sent if isinstance(m, EtaEstimated)]
+    eta = published.eta
+    assert (eta.source, eta.unit, eta.done, eta.total, eta.until) == ("tqdm", "it", 100, 1000, "end")
+    assert 850 < eta.remaining_s < 950
+    assert len(first.points.docs) == 100  # the bar's lines are kept; the line without progress is not
+
+    restarted = estimator(Bus(), jobs=first.jobs, points=first.points)
+    model = await restarted._model(job_id)
+    again = model.estimate(now, None, None)
+    assert (again.source, again.done, again.total) == ("tqdm", 100, 1000)
