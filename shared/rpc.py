@@ -18,6 +18,8 @@ class UsageQuery(BaseModel):
     end: datetime | None = None
     group_by: GroupBy = Field("user", description="What the rows of `groups` are per.")
     user_name: str | None = Field(None, description="Only this user's attempts (quota checks).")
+    job_id: str | None = Field(None, max_length=64, description="Only this job's attempts (its cost so far); idle "
+                               "time of rented nodes is then not counted.")
 
 
 class UsageTotals(BaseModel):
