@@ -90,7 +90,7 @@ def watch(api: Api, path: str) -> int:
     bar = Bar(sys.stdout)
     job = wait_finished(api, path, bar=bar)
     bar.done()
-    return finish(api, path, job, sys.stdout)
+    return finish(api, path, job, sys.stderr)
 
 
 def logs(api: Api, path: str, *, task: str, progress: bool) -> int:

@@ -94,3 +94,9 @@ def test_a_closed_pipe_ends_quietly(lines, tmp_path):
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.stdout == "job 0\n"
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_submit_without_a_name_leaves_it_to_the_api():
+    from services.cli import jobfile
+    args = parser().parse_args(["submit", "--command", "true", "--gpus", "1"])
+    assert jobfile.body(args)["metadata"] == {}
