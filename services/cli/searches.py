@@ -49,7 +49,11 @@ def create(args: argparse.Namespace, api: Api) -> int:
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     search = api.call("POST", path(args, api), json=body)
-    return out(args, search, created(search))
+    if not args.follow:
+        return out(args, search, created(search))
+    print(created(search).splitlines()[0], file=sys.stderr, flush=True)
+    search = follow(api, path(args, api, search["metadata"]["id"]))
+    return out(args, search, detail(search))
 
 
 def created(search: dict) -> str:
@@ -123,6 +127,7 @@ def add_parser(sub: argparse._SubParsersAction, shared: argparse.ArgumentParser)
     c.add_argument("--pruner", choices=["none", "median", "hyperband", "predicted"])
     c.add_argument("--max-trials", type=int)
     c.add_argument("--parallelism", type=int)
+    c.add_argument("--follow", action="store_true", help="then follow it to its end, as search get --follow")
     ls = action("list", list_searches, "the project's searches")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--offset", type=int, default=0)

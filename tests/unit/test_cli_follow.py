@@ -100,3 +100,18 @@ def test_submit_without_a_name_leaves_it_to_the_api():
     from services.cli import jobfile
     args = parser().parse_args(["submit", "--command", "true", "--gpus", "1"])
     assert jobfile.body(args)["metadata"] == {}
+
+
+def test_search_create_follow_summarises_then_follows_to_the_table(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(searches, "POLL_S", 0.0)
+    done = {**SEARCH, "status": {**SEARCH["status"], "phase": "Completed"}}
+    answers = [SEARCH, done]
+    api = Api(url="http://api", token="t",
+              transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers.pop(0))))
+    (tmp_path / "s.yaml").write_text("space: {}\n")
+    args = parser().parse_args(["-p", "p", "search", "create", "-f", str(tmp_path / "s.yaml"), "--follow"])
+    args.json, args.settings = False, type("S", (), {"project": "p"})()
+    assert args.handler(args, api) == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("search sweep (s-1): up to 3 trials") and "sweep Completed" in captured.err
+    assert "best: trial 0 = 0.25" in captured.out
