@@ -74,7 +74,10 @@ class UsageReport(BaseModel):
 
 class MetricsQuery(BaseModel):
     job_id: str
-    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones.")
+    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones (whole: the "
+                            "whole curve thinned to this many).")
+    whole: bool = Field(False, description="The whole curve, thinned (each slice's lowest and highest point), "
+                        "instead of the most recent points.")
 
 
 class MetricSeries(BaseModel):

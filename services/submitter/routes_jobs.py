@@ -105,12 +105,15 @@ async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves")
+@router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves",
+            description="Every metric's whole curve; a longer one is thinned to `max_points` (first and last kept, "
+                        "each slice between by its lowest and highest value).")
 async def metrics(project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate),
                   max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
     await load(repo(request), principal, project_id, job_id)
     return MetricsReport.model_validate(await ask(request, RPC_METRICS, MetricsQuery(job_id=job_id,
-                                                                                     max_points=max_points)))
+                                                                                     max_points=max_points,
+                                                                                     whole=True)))
 
 
 LOG_HEADERS = {"X-Log-Offset": "the first line of this page", "X-Log-Next-Offset": "where the next page starts",
