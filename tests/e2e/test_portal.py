@@ -165,3 +165,64 @@ def test_a_user_lands_in_their_own_project(stack, page, shots):
     assert page.evaluate("sessionStorage.getItem('trainmaster.token')") == issued.json()["token"]
     page.wait_for_selector("#jobs-table td.empty:has-text('No jobs')")
     page.screenshot(path=shots / "08-user-empty-project.png")
+
+
+def test_the_api_reference_renders_offline_under_its_policy(stack, page):
+    """Swagger UI and ReDoc from the API's own files: rendered, with no CSP refusal (the fixture fails on one)."""
+    outside: list[str] = []
+    page.on("request", lambda r: not r.url.startswith(stack.api_url) and not r.url.startswith(("data:", "blob:"))
+            and outside.append(r.url))
+    page.goto(f"{stack.api_url}/docs")
+    page.wait_for_selector(".swagger-ui .info .title:has-text('trainmaster')")
+    page.wait_for_selector(".opblock-tag-section")
+    page.goto(f"{stack.api_url}/redoc")
+    page.wait_for_selector("h1:has-text('trainmaster')")
+    assert outside == [], outside
+
+
+def test_a_link_opens_its_job_after_sign_in_with_cost_gpu_and_the_whole_curve(stack, page, project, shots):
+    import httpx
+
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    steps = 3000  # more points than the API returns: the curve must be thinned, not cut to its last ones
+    body = {"metadata": {"name": unique("linked")}, "algorithm": {
+        "command": f"python3 -c \"[print(f'step {{s}} loss {{25 / (s + 1):.5f}}') for s in range({steps})]\"",
+        "metrics": [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)", "mode": "min"}]},
+        "spec": {"resource": {"gpu_count": 1}, "placement": {"allowed": "local"}}}
+    created = httpx.post(f"{stack.api_url}/v2/{project}/training-jobs", json=body, headers=admin, timeout=30)
+    assert created.status_code == 201, created.text
+    job_id = created.json()["metadata"]["id"]
+    wait_for(lambda: httpx.get(f"{stack.api_url}/v2/{project}/training-jobs/{job_id}", headers=admin,
+                               timeout=10).json()["status"]["phase"] == "Completed", what="the job's end")
+    users = [unique("ana") for _ in range(2)]
+    for user in users:
+        answer = httpx.post(f"{stack.api_url}/v2/users", json={"user_name": user, "projects": [user + "-proj"]},
+                            headers=admin, timeout=10)
+        assert answer.status_code == 201, answer.text
+
+    page.goto(f"{stack.api_url}/ui/")
+    page.evaluate("localStorage.clear(); sessionStorage.clear()")
+    page.goto(f"{stack.api_url}/ui/#/job/{job_id}?project={project}")  # a link someone sent
+    page.wait_for_selector("#login-form")
+    page.fill("#login-token", ADMIN_TOKEN)
+    page.click("#login-form button[type=submit]")
+    page.wait_for_selector(f"#job-name:has-text('{body['metadata']['name']}')")
+    assert page.input_value("#project") == project
+    wait_for(lambda: page.inner_text("#job-cost").startswith("$"), what="the cost so far")
+    node = page.inner_text("#job-facts dd")
+    assert "RTX" in node and "/h" in node, node  # the GPU model and the node's price
+    curve = wait_for(lambda: page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data"),
+                     what="the curve")
+    values = [p["y"] for p in curve]
+    assert len(values) <= 2000 and values[0] == 25.0 and values[-1] == round(25 / steps, 5), values[:3]
+    assert page.get_attribute("#job-link", "href").endswith(f"#/job/{job_id}?project={project}")
+    page.screenshot(path=shots / "09-linked-job.png", full_page=True)
+
+    page.evaluate("localStorage.removeItem('trainmaster.project')")  # the admin, no project chosen yet
+    page.goto(f"{stack.api_url}/ui/#/jobs")
+    page.reload()
+    links = page.wait_for_selector(".project-links")
+    assert all(f"{user}-proj" in links.inner_text() for user in users)
+    page.click(f".project-links a[data-project='{users[0]}-proj']")
+    page.wait_for_selector("#jobs-table")
+    assert page.input_value("#project") == f"{users[0]}-proj"
