@@ -212,6 +212,7 @@ def test_a_link_opens_its_job_after_sign_in_with_cost_gpu_and_the_whole_curve(st
     wait_for(lambda: page.inner_text("#job-cost").startswith("$"), what="the cost so far")
     node = page.inner_text("#job-facts dd")
     assert "RTX" in node and "/h" in node, node  # the GPU model and the node's price
+    wait_for(lambda: "priority" in page.inner_text("#job-why"), what="why placement chose the node")
     last = round(25 / steps, 5)  # the estimator reads the output as it comes: the last point may come late
     curve = wait_for(lambda: page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length "
                                            f"&& TM.charts.metric.data.datasets[0].data.at(-1).y === {last} "

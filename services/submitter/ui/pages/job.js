@@ -1,7 +1,7 @@
 /* One job: live metric curve with its target and ETA band, attempts timeline, live log tail, terminate/migrate. */
 "use strict";
 TM.pages.job = (() => {
-  let view = null, jobId = null, job = null, metric = null, gone = false, logBusy = false, finalLogs = 0, cost = null;
+  let view = null, jobId = null, job = null, metric = null, gone = false, logBusy = false, finalLogs = 0, cost = null, why = "";
 
   // The ETA band: where the estimator says the run ends (low–high), and its best guess, over the metric curve.
   const etaBand = {
@@ -80,9 +80,11 @@ TM.pages.job = (() => {
       return;
     }
     if (!view || !view.isConnected) return;
-    const [nodes, curves, usage] = await Promise.all([TM.nodes(), TM.api(`${TM.jobsPath(jobId)}/metrics`).catch(() => ({ series: [] })),
-      TM.api(`/v2/${encodeURIComponent(TM.project())}/usage`, { params: { job_id: jobId } }).catch(() => null)]);
+    const [nodes, curves, usage, placements] = await Promise.all([TM.nodes(), TM.api(`${TM.jobsPath(jobId)}/metrics`).catch(() => ({ series: [] })),
+      TM.api(`/v2/${encodeURIComponent(TM.project())}/usage`, { params: { job_id: jobId } }).catch(() => null),
+      TM.api(`${TM.jobsPath(jobId)}/placements`).catch(() => [])]);
     cost = usage ? usage.total.cost : null;
+    why = placements.length ? placements[placements.length - 1].why : "";
     render(nodes, curves.series);
     logs();
   }
@@ -114,6 +116,7 @@ TM.pages.job = (() => {
     view.querySelector("#job-facts").innerHTML = [
       ["Node", s.node_ids.length ? s.node_ids.map((n) => nodeText(n, byId)).join("<br>") : "–"],
       ["Cost so far", `<span id="job-cost">${cost === null ? "–" : TM.money(cost)}</span>`],
+      ["Why here", `<span id="job-why" class="small">${TM.esc(why) || "–"}</span>`],
       ["Resources", `${r.node_count} × (${r.gpu_count} GPU${r.min_gpu_memory_gb ? ` ≥${r.min_gpu_memory_gb} GB` : ""}, ${r.cpu_count} CPU, ${r.memory_gb} GB)`],
       ["Placement", `${TM.esc(p.allowed)} nodes · optimise ${p.priority === "cost" ? "cost" : "time"}`],
       ["Command", `<pre class="cmd">${TM.esc(job.algorithm.command)}</pre>`],
