@@ -163,6 +163,8 @@ class JobPlaced(Message):
     attempt: int = Field(ge=1)
     assignments: tuple[Assignment, ...]
     launch: Launch
+    why: str = Field("", max_length=500, description="Why placement chose these nodes: the options it weighed and "
+                     "its rule (empty: not said, e.g. a pull-back).")
 
 
 class JobStatusChanged(Message):

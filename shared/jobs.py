@@ -14,6 +14,7 @@ State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
        └──► Failed[CreateFailed] / Terminated
 """
 import re
+import secrets
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -294,9 +295,15 @@ class Spec(Strict):
                                "hang timeout before going quiet), before the job fails.")
 
 
+def generated_name() -> str:
+    """`job-3f9a0c1e`: the name of a job submitted without one (a README run twice must not collide)."""
+    return f"job-{secrets.token_hex(4)}"
+
+
 class MetadataIn(Strict):
-    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN,
-                      description="Letters, digits, `_` and `-`; unique per project among existing jobs.")
+    name: str = Field(default_factory=generated_name, min_length=1, max_length=64, pattern=NAME_PATTERN,
+                      description="Letters, digits, `_` and `-`; unique per project among existing jobs; "
+                                  "absent: `job-` and 8 random hex digits.")
     description: str = Field("", max_length=256)
     workspace_id: str = Field("0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -305,6 +312,6 @@ class JobCreate(Strict):
     """The body of POST /v2/{project_id}/training-jobs."""
 
     kind: Literal["job"] = "job"
-    metadata: MetadataIn
+    metadata: MetadataIn = Field(default_factory=MetadataIn)
     algorithm: Algorithm
     spec: Spec = Field(default_factory=Spec)

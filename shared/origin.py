@@ -89,7 +89,7 @@ class Origins:
             return
         try:
             await self.placements.insert_one({"_id": key, "job_id": event.job_id, "attempt": event.attempt,
-                                              "nodes": nodes, "gpus": given_gpus(event)})
+                                              "nodes": nodes, "gpus": given_gpus(event), "why": event.why})
         except DuplicateKeyError:
             pass
         self.known.put(key, nodes)

@@ -18,6 +18,8 @@ class UsageQuery(BaseModel):
     end: datetime | None = None
     group_by: GroupBy = Field("user", description="What the rows of `groups` are per.")
     user_name: str | None = Field(None, description="Only this user's attempts (quota checks).")
+    job_id: str | None = Field(None, max_length=64, description="Only this job's attempts (its cost so far); idle "
+                               "time of rented nodes is then not counted.")
 
 
 class UsageTotals(BaseModel):
@@ -72,7 +74,10 @@ class UsageReport(BaseModel):
 
 class MetricsQuery(BaseModel):
     job_id: str
-    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones.")
+    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones (whole: the "
+                            "whole curve thinned to this many).")
+    whole: bool = Field(False, description="The whole curve, thinned (each slice's lowest and highest point), "
+                        "instead of the most recent points.")
 
 
 class MetricSeries(BaseModel):

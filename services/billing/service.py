@@ -231,6 +231,8 @@ class Billing:
         scope: dict[str, Any] = {"project_id": query.project_id} if query.project_id else {}
         if query.user_name:
             scope["user_name"] = query.user_name
+        if query.job_id:
+            scope["job_id"] = query.job_id
         inside, edges = window_filters(query.start, query.end)
         field = FIELD[query.group_by]
         tables: dict[str, Table] = {f: {} for f in {field, "user_name", "node_kind"}}
@@ -271,7 +273,7 @@ class Billing:
         lifetimes = await self._lifetimes(query.start, query.end, now=now)
         idle = [p for p in idle_parts(lifetimes, per_node)
                 if (not query.project_id or p.project_id == query.project_id)
-                and (not query.user_name or p.user_name == query.user_name)]
+                and (not query.user_name or p.user_name == query.user_name) and not query.job_id]
         total = (rows(tables[field], idle, group_by=None) or [UsageTotals()])[0]
         summary = on_demand(lifetimes, idle)
         if not fleet:

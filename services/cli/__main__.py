@@ -1,9 +1,12 @@
 """`trainmaster` (or `python -m services.cli`): submit, list, follow and manage training jobs."""
 import argparse
+import os
 import sys
 
+import httpx
+
 from services.cli import commands, searches, tokens
-from services.cli.client import EXIT_CONFIG, Api, CliError
+from services.cli.client import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CliError
 from services.cli.settings import config_file, load
 
 EPILOG = f"""\
@@ -13,8 +16,9 @@ else url/token/project in {config_file()}.
 exit codes: 0 done; following a job (logs -f, get --watch, submit --follow): the job's failed
 task's exit code (1 if it has none), 143 if it was terminated; 2 wrong usage or job file;
 65 the API refused the request; 69 the server is unreachable or failed; 77 token missing,
-invalid or without permission; 78 no token or project configured. API errors print
-"error <error_code>: <error_msg>" on stderr."""
+invalid or without permission; 78 no token or project configured; 141 the reader of the output
+went away (`trainmaster list | head -1`). API errors print "error <error_code>: <error_msg>" on stderr."""
+EXIT_PIPE = 141  # as a shell reports a process ended by SIGPIPE
 
 
 def common() -> argparse.ArgumentParser:
@@ -111,13 +115,29 @@ def main(argv: list[str] | None = None) -> int:
         if not args.settings.token:
             raise CliError("no token: give --token, set TRAINMASTER_TOKEN or put token = \"...\" in "
                            f"{config_file()}", exit_code=EXIT_CONFIG)
-        return args.handler(args, Api(url=args.settings.url, token=args.settings.token))
+        code = args.handler(args, Api(url=args.settings.url, token=args.settings.token))
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+        return code
     except CliError as exc:
-        prefix = f"error {exc.error_code}: " if exc.error_code else "error: "
-        print(prefix + exc.message, file=sys.stderr)
-        return exc.exit_code
+        return complain(("error " + exc.error_code if exc.error_code else "error") + ": " + exc.message,
+                        exc.exit_code)
+    except httpx.InvalidURL as exc:
+        return complain(f"error: invalid API URL: {exc}", EXIT_USAGE)
+    except httpx.HTTPError as exc:
+        return complain(f"error: {exc}", EXIT_UNAVAILABLE)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit stays quiet
+        return EXIT_PIPE
     except KeyboardInterrupt:
         return 130
+
+
+def complain(text: str, code: int) -> int:
+    try:
+        print(text, file=sys.stderr)
+    except BrokenPipeError:
+        pass
+    return code
 
 
 if __name__ == "__main__":

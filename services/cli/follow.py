@@ -24,13 +24,15 @@ def job_exit(job: dict) -> int:
 
 
 class Bar:
-    """One status line: redrawn in place on a terminal, printed when it changes otherwise."""
+    """One status line: the progress bar redrawn in place on a terminal, printed when it changes otherwise; with
+    full=False (output piped, no --progress) only a line for each change of phase."""
 
-    def __init__(self, out: TextIO) -> None:
-        self.out, self.tty, self.last, self.lock = out, out.isatty(), "", threading.Lock()
+    def __init__(self, out: TextIO, *, full: bool = True) -> None:
+        self.out, self.full, self.last, self.lock = out, full, "", threading.Lock()
+        self.tty = full and out.isatty()
 
     def show(self, job: dict) -> None:
-        line = render.bar(job)
+        line = render.bar(job) if self.full else render.phase_line(job)
         with self.lock:
             if self.tty:
                 self.out.write("\r\033[K" + line)
@@ -67,34 +69,46 @@ def wait_finished(api: Api, path: str, *, bar: Bar | None, stop: threading.Event
         time.sleep(POLL_S)
 
 
+def cost(api: Api, path: str, job: dict) -> float | None:
+    """What billing charged the job so far (every attempt); None when it cannot say."""
+    try:
+        report = api.call("GET", path.split("/training-jobs/")[0] + "/usage", params={"job_id": job["metadata"]["id"]})
+        return float(report["total"]["cost"])
+    except (CliError, KeyError, TypeError, ValueError):
+        return None
+
+
+def finish(api: Api, path: str, job: dict, out: TextIO) -> int:
+    """The closing line (final phase, cost, exit code); returns the exit code."""
+    code = job_exit(job)
+    out.write(render.closing_line(job, cost=cost(api, path, job), exit_code=code) + "\n")
+    out.flush()
+    return code
+
+
 def watch(api: Api, path: str) -> int:
     bar = Bar(sys.stdout)
     job = wait_finished(api, path, bar=bar)
     bar.done()
-    return job_exit(job)
+    return finish(api, path, job, sys.stderr)
 
 
 def logs(api: Api, path: str, *, task: str, progress: bool) -> int:
-    """Stream the output until the job ends; the bar goes to stderr so stdout stays the job's own output."""
-    bar = Bar(sys.stderr) if progress else None
+    """Stream the output until the job ends; the status line (the bar, or with progress=False one line per phase)
+    and the closing line go to stderr so stdout stays the job's own output."""
+    bar = Bar(sys.stderr, full=progress)
     stop = threading.Event()
-    poller = None
-    if bar:
-        poller = threading.Thread(target=_poll, args=(api, path, bar, stop), daemon=True)
-        poller.start()
+    poller = threading.Thread(target=_poll, args=(api, path, bar, stop), daemon=True)
+    poller.start()
     try:
         for line in api.stream(f"{path}/logs", follow="true", task=task):
-            if bar:
-                bar.above(line + "\n", sys.stdout)
-            else:
-                sys.stdout.write(line + "\n")
-                sys.stdout.flush()
+            bar.above(line + "\n", sys.stdout)
     finally:
         stop.set()
+        poller.join(timeout=5)  # no status line after the closing one
     job = wait_finished(api, path, bar=bar)
-    if bar:
-        bar.done()
-    return job_exit(job)
+    bar.done()
+    return finish(api, path, job, sys.stderr)
 
 
 def _poll(api: Api, path: str, bar: Bar, stop: threading.Event) -> None:

@@ -75,7 +75,7 @@ def body(args: Any) -> dict[str, Any]:
             spec.setdefault("placement", {})[field] = getattr(args, flag)
     if args.max_duration is not None:
         spec["max_duration_s"] = args.max_duration
-    if not meta.get("name") or not algorithm.get("command"):
-        raise CliError("a job needs a name and a command (--name, --command, or a job file with metadata.name and "
-                       "algorithm.command)", exit_code=EXIT_USAGE)
+    if not algorithm.get("command"):
+        raise CliError("a job needs a command (--command, or a job file with algorithm.command); without a name "
+                       "(--name, metadata.name) the API gives it one", exit_code=EXIT_USAGE)
     return job

@@ -127,6 +127,31 @@ def bar(job: dict) -> str:
     return "  ".join(parts)
 
 
+def phase_line(job: dict) -> str:
+    """`first-job: Running [Running] on local-1`: what a piped follow prints when the phase changes."""
+    status = job["status"]
+    secondary = status.get("secondary_phase") or status["phase"]
+    where = ", ".join(status.get("node_ids") or []) or status.get("node_id") or ""
+    return (f"{job['metadata']['name']}: {status['phase']}" + (f" [{secondary}]" if secondary != status["phase"] else "")
+            + (f" on {where}" if where else ""))
+
+
+def money(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    return f"${value:.2f}" if value >= 1 else f"${value:.4f}"
+
+
+def closing_line(job: dict, *, cost: float | None, exit_code: int) -> str:
+    """`first-job (id): Completed after 21s on local-1, cost $0.0012, exit 0`."""
+    status = job["status"]
+    where = ", ".join(status.get("node_ids") or []) or status.get("node_id") or ""
+    reason = f" ({status['reason']})" if status.get("reason") and status["phase"] != "Completed" else ""
+    return (f"{job['metadata']['name']} ({job['metadata']['id']}): {status['phase']}{reason} after "
+            f"{duration(status['duration'] / 1000)}" + (f" on {where}" if where else "")
+            + f", cost {money(cost)}, exit {exit_code}")
+
+
 def job_row(job: dict) -> list[Any]:
     status = job["status"]
     return [job["metadata"]["id"], job["metadata"]["name"], job["metadata"]["user_name"],

@@ -1,5 +1,7 @@
 """`trainmaster search`: create, list, show and stop hyperparameter searches."""
 import argparse
+import sys
+import time
 
 from services.cli import jobfile, render
 from services.cli.client import Api
@@ -47,7 +49,48 @@ def create(args: argparse.Namespace, api: Api) -> int:
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     search = api.call("POST", path(args, api), json=body)
-    return out(args, search, search["metadata"]["id"])
+    if not args.follow:
+        return out(args, search, created(search))
+    print(created(search).splitlines()[0], file=sys.stderr, flush=True)
+    search = follow(api, path(args, api, search["metadata"]["id"]))
+    return out(args, search, detail(search))
+
+
+def created(search: dict) -> str:
+    """What a new search will do, and how to follow it."""
+    spec, meta = search["spec"], search["metadata"]
+    space = ", ".join(sorted(spec["space"]))
+    return (f"search {meta['name']} ({meta['id']}): up to {spec['max_trials']} trials over {space}, "
+            f"{spec['parallelism']} at a time, {spec['objective']['mode']} {spec['objective']['metric']}, "
+            f"pruner {spec['pruner']}\nfollow it: trainmaster search get --follow {meta['id']}")
+
+
+def progress_line(search: dict) -> str:
+    """`sweep Running: 2 running, 3 completed, 1 pruned of 6; best 0.0317 (trial 4)`."""
+    states: dict[str, int] = {}
+    for trial in search["trials"]:
+        states[trial["state"].lower()] = states.get(trial["state"].lower(), 0) + 1
+    best = search["status"].get("best")
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "no trial yet"
+    return (f"{search['metadata']['name']} {search['status']['phase']}: {counts} of {search['spec']['max_trials']}"
+            + (f"; best {value(best['value'])} (trial {best['trial']})" if best else ""))
+
+
+POLL_S = 2.0
+
+
+def follow(api: Api, search_path: str, *, sleep=time.sleep) -> dict:
+    """Poll until the search ends, a line on stderr whenever its trials change state; the last answer."""
+    last = ""
+    while True:
+        search = api.call("GET", search_path)
+        line = progress_line(search)
+        if line != last:
+            print(line, file=sys.stderr, flush=True)
+            last = line
+        if search["status"]["phase"] != "Running":
+            return search
+        sleep(POLL_S)
 
 
 def list_searches(args: argparse.Namespace, api: Api) -> int:
@@ -57,7 +100,8 @@ def list_searches(args: argparse.Namespace, api: Api) -> int:
 
 
 def get(args: argparse.Namespace, api: Api) -> int:
-    search = api.call("GET", path(args, api, args.search_id))
+    search_path = path(args, api, args.search_id)
+    search = follow(api, search_path) if args.follow else api.call("GET", search_path)
     return out(args, search, detail(search))
 
 
@@ -83,9 +127,12 @@ def add_parser(sub: argparse._SubParsersAction, shared: argparse.ArgumentParser)
     c.add_argument("--pruner", choices=["none", "median", "hyperband", "predicted"])
     c.add_argument("--max-trials", type=int)
     c.add_argument("--parallelism", type=int)
+    c.add_argument("--follow", action="store_true", help="then follow it to its end, as search get --follow")
     ls = action("list", list_searches, "the project's searches")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--offset", type=int, default=0)
-    action("get", get, "a search's trials, their parameters, values and states, and the best").add_argument(
-        "search_id")
+    g = action("get", get, "a search's trials, their parameters, values and states, and the best")
+    g.add_argument("search_id")
+    g.add_argument("-f", "--follow", action="store_true", help="until the search ends, a line each time a trial "
+                   "changes state (on stderr), then the table")
     action("stop", stop, "stop a search: no new trial, running trials terminated").add_argument("search_id")

@@ -1,5 +1,6 @@
 """`trainmaster token`: list, create and revoke a user's API tokens (your own unless --user, which the admin may)."""
 import argparse
+import sys
 
 from services.cli import render
 from services.cli.client import Api
@@ -24,9 +25,10 @@ def list_tokens(args: argparse.Namespace, api: Api) -> int:
 def create(args: argparse.Namespace, api: Api) -> int:
     body = {"expires_in": args.expires_in} if args.expires_in else {}
     answer = api.call("POST", f"/v2/users/{whose(args, api)}/tokens", json=body)
-    text = (f"{answer['token']}\n(token id {answer['token_id']}, expires {answer['expires'] or 'never'}; "
-            "the token is shown only now)")
-    return out(args, answer, text)
+    if not args.json:  # stdout holds the token alone: TOKEN=$(trainmaster token create)
+        print(f"token id {answer['token_id']}, expires {answer['expires'] or 'never'}; the token is shown only now",
+              file=sys.stderr)
+    return out(args, answer, answer["token"])
 
 
 def revoke(args: argparse.Namespace, api: Api) -> int:

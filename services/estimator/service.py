@@ -20,6 +20,7 @@ from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
 from services.estimator.models import ModelStore
 from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
+from services.estimator.thinning import thin
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,9 @@ class Estimator:
         specs = {m.name: m for m in model.metrics}
         series = [MetricSeries(name=name, target=specs[name].target if name in specs else None,
                                mode=specs[name].mode if name in specs else None,
-                               points=[(p.t, p.value, p.step) for p in points[-query.max_points:]])
+                               points=[(p.t, p.value, p.step) for p in
+                                       (thin(points, query.max_points, value=lambda p: p.value) if query.whole
+                                        else points[-query.max_points:])])
                   for name, points in sorted(model.tracker.points.items())]
         series += await self.system_series(query.job_id, max_points=query.max_points)
         return MetricsReport(job_id=query.job_id, series=series)

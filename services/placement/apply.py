@@ -21,7 +21,7 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
     started, waiting = 0, {}
     for decision in decisions:
         match decision:
-            case Start(job_id=job_id, node_ids=node_ids, gpu_indices=gpus):
+            case Start(job_id=job_id, node_ids=node_ids, gpu_indices=gpus, why=why):
                 item = queue.items.get(job_id)
                 if item is None or item.state != "queued":
                     continue
@@ -29,7 +29,7 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
                                     for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True)))
                 for node_id in node_ids:
                     await fleet.claimed(node_id)
-                await place(item, assignments, queue=queue, fleet=fleet)
+                await place(item, assignments, queue=queue, fleet=fleet, why=why)
                 started += 1
             case Provision(instance_type=name, count=count, job_id=job_id):
                 item = queue.items[job_id]
@@ -59,7 +59,8 @@ def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assig
                       gpu_tflops=min(g.speed for g in gpus) if measured else None)
 
 
-async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet) -> None:
+async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet,
+                why: str = "") -> None:
     """The job's next attempt on these nodes, published with what its ranks launch."""
     attempt = item.attempt + 1
     master = fleet.nodes[assignments[0].node_id].info.address
@@ -70,7 +71,7 @@ async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: 
     launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
                     spec=item.spec.model_copy(update={"resource": resource}))
     events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=utcnow(), job_id=item.job_id,
-                        attempt=attempt, assignments=assignments, launch=launch)]
+                        attempt=attempt, assignments=assignments, launch=launch, why=why)]
     placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
                                      "exclude": (), "moving": False, "memory_gb": memory})
     await queue.save(placed, events)

@@ -2,6 +2,7 @@
 import signal
 import sys
 import time
+from pathlib import Path
 
 from services.stack.processes import Stack, StackSettings
 from services.submitter.auth import check_admin_token
@@ -33,7 +34,9 @@ def main() -> None:
           f"database {stack.mongo_url}\n  nodes: {', '.join(stack.node_ids())}\n"
           f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
           f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
-          f"  logs: {stack.data_dir / 'logs'}\n  Ctrl-C stops everything.", flush=True)
+          f"  logs: {stack.data_dir / 'logs'}\n"
+          f"  the CLI: `source {Path(sys.prefix) / 'bin' / 'activate'}` puts `trainmaster` on the PATH; "
+          f"portal: {stack.api_url}/ui/\n  Ctrl-C stops everything.", flush=True)
     restarted: dict[str, float] = {}
     while not stopping:  # the supervisor: what exits is started again (a replica that lost its lease, a crash)
         for name, again in stack.restart_dead(restarted):

@@ -13,7 +13,7 @@ from shared.settings import CommonSettings
 from shared.storage import StorageSettings
 from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
-from services.submitter import dialects, portal
+from services.submitter import apidocs, dialects, portal
 from services.submitter import audit, routes_users
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
 from services.submitter.handlers import PLACED, router as bus_router
@@ -97,6 +97,7 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
             yield
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan, dependencies=[Depends(audit.record)],
+                  docs_url=None, redoc_url=None,
                   description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.")
     app.state.storage = settings.storage_policy(settings.data_dir)  # the URLs jobs may use, as the agents check
     app.state.rate = RateLimiter(rate=settings.rate_per_s, burst=settings.rate_burst)
@@ -116,4 +117,5 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     app.include_router(notifications.router)
     app.include_router(dialects.router)
     app.include_router(portal.router)
+    app.include_router(apidocs.router)  # /docs and /redoc, from the files the portal serves
     return app

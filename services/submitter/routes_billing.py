@@ -40,14 +40,16 @@ def to_csv(report: UsageReport) -> str:
 async def usage(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
                 start: Annotated[str | None, Query(alias="from", description="ISO-8601 start")] = None,
                 end: Annotated[str | None, Query(alias="to", description="ISO-8601 end")] = None,
-                group_by: GroupBy = "user", format: Literal["json", "csv"] = "json"):
+                group_by: GroupBy = "user", format: Literal["json", "csv"] = "json",
+                job_id: Annotated[str | None, Query(max_length=64, description="Only this job: its cost so far")]
+                = None):
     if group_by == "project":
         principal.require_admin()
     else:
         principal.require_project(project_id)
     try:
         query = UsageQuery(project_id=None if group_by == "project" else project_id, start=start, end=end,
-                           group_by=group_by)
+                           group_by=group_by, job_id=job_id)
     except ValueError as exc:
         raise ApiError(400, errors.PARAM_INVALID, f"param[from/to] invalid: {exc.errors()[0]['msg']}") from None
     report = UsageReport.model_validate(await ask(request, RPC_USAGE, query, timeout=15))

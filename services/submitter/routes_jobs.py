@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
@@ -105,12 +105,33 @@ async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves")
+@router.get("/{job_id}/metrics", response_model=MetricsReport, summary="A training job's metric curves",
+            description="Every metric's whole curve; a longer one is thinned to `max_points` (first and last kept, "
+                        "each slice between by its lowest and highest value).")
 async def metrics(project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate),
                   max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
     await load(repo(request), principal, project_id, job_id)
     return MetricsReport.model_validate(await ask(request, RPC_METRICS, MetricsQuery(job_id=job_id,
-                                                                                     max_points=max_points)))
+                                                                                     max_points=max_points,
+                                                                                     whole=True)))
+
+
+class Placement(BaseModel):
+    attempt: int
+    nodes: dict[str, str] = Field(description="Each rank's node, as placement decided it.")
+    why: str = Field("", description="The options placement weighed and the rule that chose (empty: not said).")
+
+
+@router.get("/{job_id}/placements", response_model=list[Placement], summary="Where each attempt was placed, and why")
+async def placements(project_id: ProjectId, job_id: JobId, request: Request,
+                     principal: Principal = Depends(authenticate)) -> list[Placement]:
+    repository = repo(request)
+    await load(repository, principal, project_id, job_id)
+    if repository.origins is None:
+        return []
+    docs = [d async for d in repository.origins.placements.find({"job_id": job_id})]
+    return [Placement(attempt=d["attempt"], nodes=d["nodes"], why=d.get("why", "")) for d in
+            sorted(docs, key=lambda d: d["attempt"])]
 
 
 LOG_HEADERS = {"X-Log-Offset": "the first line of this page", "X-Log-Next-Offset": "where the next page starts",

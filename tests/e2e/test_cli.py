@@ -141,8 +141,8 @@ def test_nodes_and_errors(cli, project):
     assert code == 77 and "error 406039" in err
     code, _, err = cli("list", TRAINMASTER_URL="http://127.0.0.1:9")
     assert code == 69 and "cannot reach" in err
-    code, _, err = cli("submit", "--command", "true")
-    assert code == 2 and "needs a name" in err
+    code, _, err = cli("submit", "--gpus", "1")
+    assert code == 2 and "needs a command" in err
     code, _, err = cli("submit", "--name", "bad name", "--command", "true")
     assert code == 65 and "error 406001" in err and "metadata.name" in err
     code, _, err = cli("list", TRAINMASTER_TOKEN="", HOME="/nonexistent")

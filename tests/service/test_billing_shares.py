@@ -9,7 +9,10 @@ from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
 from services.billing.ledger import share_per_hour
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.service.test_billing_lifetimes import billing, deliver  # noqa: F401 (the fixture)
+from tests.service import test_billing_lifetimes as lifetimes
+from tests.service.test_billing_lifetimes import deliver
+
+billing = lifetimes.billing  # the fixture
 
 HOUR = timedelta(hours=1)
 
@@ -76,3 +79,16 @@ def test_a_share_is_by_gpus_and_the_whole_node_without_them():
     assert share_per_hour(4.0, gpus=1, node_gpus=2) == 2.0
     assert share_per_hour(4.0, gpus=0, node_gpus=2) == 4.0  # a CPU job takes the node, as placement prices it
     assert share_per_hour(4.0, gpus=1, node_gpus=0) == 4.0  # node size unknown: the node's price
+
+
+async def test_a_jobs_cost_so_far_is_its_own_attempts_without_the_rented_nodes_idle_time(billing):
+    broker, service, _ = billing
+    await publish(broker, NodeProvisioned(event_id="od:provisioned", node_id="od", instance_type="x2",
+                                          provider="fake", price_per_hour=4.0, gpu_count=2, provisioned_at=T0,
+                                          for_job_id="j1", project_id="p", user_name="ana"))
+    await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2, jobs=("j1",)))
+    await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + 2 * HOUR,
+                                       reason="idle"))
+    report = await service.usage(UsageQuery(project_id="p", job_id="j1"))
+    assert report.total.cost == pytest.approx(2.0) and report.total.attempts == 1
+    assert (await service.usage(UsageQuery(project_id="p", job_id="j2"))).total.cost == 0

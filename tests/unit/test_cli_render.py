@@ -33,10 +33,11 @@ def test_flags_override_the_job_file(tmp_path):
     assert body["algorithm"]["parameters"] == [{"name": "lr", "value": "0.1"}, {"name": "bs", "value": "8"}]
 
 
-def test_a_job_needs_a_name_and_a_command():
+def test_a_job_needs_a_command_and_leaves_a_missing_name_to_the_api():
     with pytest.raises(CliError) as caught:
-        jobfile.body(flags(command="true"))
+        jobfile.body(flags(name="named"))
     assert caught.value.exit_code == 2
+    assert jobfile.body(flags(command="true"))["metadata"] == {}
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -21,6 +21,15 @@ def test_bad_names(name):
     assert errors(job_body(name=name)) == ["metadata.name"]
 
 
+def test_a_job_without_a_name_gets_one_of_its_own():
+    """The README's examples run twice in a row: a name left out is generated, never the same twice."""
+    body = job_body()
+    del body["metadata"]
+    first, second = JobCreate.model_validate(body), JobCreate.model_validate(body)
+    assert first.metadata.name.startswith("job-") and first.metadata.name != second.metadata.name
+    assert JobCreate.model_validate({**body, "metadata": {}}).metadata.name.startswith("job-")
+
+
 def test_unknown_fields_are_refused():
     body = job_body()
     body["spec"]["resource"]["gpus"] = 1

@@ -79,6 +79,20 @@ async def test_invalid_bodies_name_the_field(change, field):
 
 
 @pytest.mark.asyncio
+async def test_searches_without_a_name_get_names_of_their_own_and_template_jobs_need_none():
+    app, _, _ = await app_and_client()
+    unnamed = {k: v for k, v in body().items() if k != "name"}
+    unnamed["template"] = {k: v for k, v in unnamed["template"].items() if k != "metadata"}
+    async with client(app) as api:
+        names = []
+        for _ in range(2):
+            created = await api.post("/v2/vision/searches", json=unnamed)
+            assert created.status_code == 201, created.text
+            names.append(created.json()["metadata"]["name"])
+    assert names[0].startswith("search-") and names[0] != names[1]
+
+
+@pytest.mark.asyncio
 async def test_a_space_name_that_is_also_a_fixed_parameter_is_refused():
     app, _, _ = await app_and_client()
     template = body()["template"]

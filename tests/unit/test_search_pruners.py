@@ -103,3 +103,23 @@ def test_predicted_gives_a_trial_the_late_drop_a_completed_trial_had_after_the_s
     plateau = stepped(2, upto=12, done=False, start=60)
     assert 2 in decide("predicted", [finished, rival, plateau], config=Config(history=0.0))
     assert decide("predicted", [finished, rival, plateau], config=Config(history=1.0)) == {}
+
+
+def plateau(number: int, *, level: float, upto: int = 16, start: float = 100.0, done: bool = False) -> Trial:
+    """A trial that has flattened at `level` (a flat curve: the projection's optimistic bound sits near it)."""
+    points = tuple(Point(start + s, s, level + 0.5 * math.exp(-s)) for s in range(1, upto + 1))
+    return Trial(trial=number, points=points, done=done)
+
+
+def test_predicted_makes_no_decision_on_a_near_tie_and_records_the_projection_it_stopped_on():
+    """A trial whose optimistic bound (3 sigma) reaches within the margin (0.2%) of the best is left to run; a stop
+    says what it was made on: the projection, its optimistic bound, the bar, the step, the sigmas and the margin."""
+    best = plateau(0, level=0.05, upto=20, start=0.0, done=True)
+    near = plateau(1, level=0.0502)  # 0.4% above the best: inside its bound (3 sigma) and the margin
+    far = plateau(2, level=0.2)  # four times the best
+    pruned = decide("predicted", [best, near, far], max_step=20)
+    assert list(pruned) == [2]
+    reason = pruned[2]
+    assert reason.startswith("predicted: final value projected 0.") and "cannot beat 0.05: at step 16 of 20" in reason
+    assert "3 sigma, near-tie margin 0.2% (stops only above 0.0501)" in reason
+    assert 1 in decide("predicted", [best, near, far], max_step=20, config=Config(margin=0.0, z=0.0))

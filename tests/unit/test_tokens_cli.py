@@ -36,6 +36,14 @@ def test_token_commands_act_on_your_own_tokens_by_default(capsys):
         ("DELETE", "/v2/users/ana/tokens/tk_0123456789abcdef", None)]
 
 
+def test_a_new_token_is_alone_on_stdout(capsys):
+    args = parser().parse_args(["token", "create", "--user", "ana"])
+    args.json = False
+    assert args.handler(args, FakeApi()) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "tm_secret\n" and "shown only now" in captured.err
+
+
 def test_the_admin_names_the_user(capsys):
     api = FakeApi()
     run(["token", "list", "--user", "bob"], api, capsys)

@@ -1,5 +1,5 @@
 """Outputs of the placement policy: what the caller should do now."""
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -9,6 +9,7 @@ class Start:
     job_id: str
     node_ids: tuple[str, ...]
     gpu_indices: tuple[tuple[int, ...], ...]
+    why: str = field(default="", compare=False)  # the options weighed and the rule that chose (policy/why.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@ import math
 from dataclasses import dataclass
 
 from services.placement.policy.capacity import CapacityIndex, NodeView
+from services.placement.policy import why
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, InstanceType, JobRequest
 from services.placement.policy.spot import spot_duration
@@ -22,6 +23,7 @@ class Option:
     picks: list[tuple[NodeView, tuple[int, ...]]] | None = None
     views: list[NodeView] | None = None
     instance: InstanceType | None = None
+    why: str = ""  # set on the option pick() chose: why it was chosen (policy/why.py)
 
 
 def job_kinds(job: JobRequest, enabled: frozenset[str]) -> tuple[str, ...]:
@@ -147,9 +149,10 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     soonest = min(o.finish for o in options)
     tolerance = value * max(config.finish_tolerance_s, config.finish_tolerance_frac * (soonest - now))
     near = [o for score, o in scored if score <= best + tolerance + 1e-9]
-    if len(near) == 1:
-        return near[0]
-    return min(near, key=lambda o: (o.paid, o.cost * risk if o.paid else 0.0, o.finish, o.cost, o.kind_rank))
+    chosen = near[0] if len(near) == 1 else min(
+        near, key=lambda o: (o.paid, o.cost * risk if o.paid else 0.0, o.finish, o.cost, o.kind_rank))
+    chosen.why = why.explain(chosen, options, job=job, now=now)
+    return chosen
 
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:

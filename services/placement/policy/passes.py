@@ -29,7 +29,7 @@ class Pass:
             for view, indices in option.picks:
                 self.index.start(view, indices, end=end, job=job)
             node_ids = tuple(view.node.id for view, _ in option.picks)
-            self.decisions.append(Start(job.id, node_ids, tuple(indices for _, indices in option.picks)))
+            self.decisions.append(Start(job.id, node_ids, tuple(indices for _, indices in option.picks), option.why))
         elif option.action == "provision":
             self.decisions.append(Provision(option.instance.name, job.node_count, job.id))
         else:

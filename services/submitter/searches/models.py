@@ -1,5 +1,6 @@
 """A search as the API takes and shows it (strict on write, every error naming its field)."""
 import math
+import secrets
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
@@ -73,7 +74,8 @@ class Objective(Strict):
 class SearchCreate(Strict):
     """The body of POST /v2/{project_id}/searches."""
 
-    name: Name
+    name: Name = Field(default_factory=lambda: f"search-{secrets.token_hex(4)}",
+                       description="Absent: `search-` and 8 random hex digits.")
     template: JobCreate = Field(description="A job body as POST /v2/{project_id}/training-jobs takes it.")
     space: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN)], Param] = Field(min_length=1, max_length=50)
     objective: Objective

@@ -10,7 +10,8 @@ the points alone, so a driver that restarts decides the same again (nothing is k
   values as side effects of each `prune()` call in trial attributes, which a restarted driver would have to replay
   in order; here the same rungs are replayed from the points in time order on every call (see `hyperband`).
 - `predicted`: ours: project each running trial's final best value from its partial curve (curvefit.project) and
-  stop it when even the optimistic bound is worse than the best value already certain (a completed trial's value,
+  stop it when even the optimistic bound is worse, by more than the near-tie margin, than the best value already
+  certain (a completed trial's value,
   or a running trial's best so far, which can only improve) or, with `use_projected`, another trial's projection.
   The optimistic bound is the lower of the fit's and of the trial's best so far minus the most any completed
   trial still improved after the same step (a learning-rate schedule's late drops are in the search's history).
@@ -47,11 +48,11 @@ class Config:
     median_warmup: float = 0.1
     eta: int = 3
     hb_min_fraction: float = 1 / 9  # min_resource: rungs at 1/9 and 1/3 of the run (2 brackets)
-    z: float = 2.0  # residual sigmas in the optimistic bound
+    z: float = 3.0  # residual sigmas in the optimistic bound
     reach: float = 0.25  # times the improvement still visible in the fitted window, scaled by 1 - progress
     min_progress: float = 0.15
     use_projected: bool = False
-    margin: float = 0.002  # relative to the bar: a near-tie is not pruned
+    margin: float = 0.002  # relative to the bar: an optimistic bound within 0.2% of it is a near-tie, never pruned
     history: float = 0.5  # times the most any completed trial still improved after the same step
 
 
@@ -191,7 +192,9 @@ def predicted(trials: list[Trial], running: list[Trial], *, end: float, config: 
         bar = min(rivals)
         if low > bar + config.margin * abs(bar):
             out[trial.trial] = (f"predicted: final value projected {mine.value:.6g} (optimistic {low:.6g}) "
-                                f"cannot beat {bar:.6g}")
+                                f"cannot beat {bar:.6g}: at step {trial.points[-1].step:g} of {end:g}, "
+                                f"{len(trial.points)} points, {config.z:g} sigma, near-tie margin "
+                                f"{config.margin:.1%} (stops only above {bar + config.margin * abs(bar):.6g})")
     return out
 
 

@@ -4,7 +4,7 @@ const TM = (() => {
   const KEY = "trainmaster.token", PROJECT = "trainmaster.project", POLL_MS = 1500;
   const pages = {};
   const charts = {};
-  let me = null, timer = null, current = null, nodeCache = { at: 0, items: [] };
+  let me = null, timer = null, current = null, nodeCache = { at: 0, items: [] }, known = [];
 
   const $ = (sel, root = document) => root.querySelector(sel);
   const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -170,13 +170,25 @@ const TM = (() => {
     $("#login").classList.add("hidden");
     $("#shell").classList.remove("hidden");
     $("#who").innerHTML = `<b>${esc(me.user_name)}</b>${me.admin ? " · admin" : ""}`;
-    $("#project-list").innerHTML = me.projects.map((p) => `<option value="${esc(p)}">`).join("");
+    known = me.admin ? await allProjects() : me.projects;
+    $("#project-list").innerHTML = known.map((p) => `<option value="${esc(p)}">`).join("");
     if (!project() || (!me.admin && !me.projects.includes(project()))) {
       if (me.projects.length) localStorage.setItem(PROJECT, me.projects[0]); else localStorage.removeItem(PROJECT);
     }
     $("#project").value = project();
     route();
   }
+
+  /** The admin's projects: every project some user belongs to (GET /v2/users), sorted. */
+  async function allProjects() {
+    try {
+      const users = await api("/v2/users");
+      return [...new Set(users.flatMap((u) => u.projects))].sort();
+    } catch (_) { return []; }
+  }
+
+  /** A link that opens a job after sign-in, in its project. */
+  const jobLink = (id) => `${location.origin}/ui/#/job/${encodeURIComponent(id)}?project=${encodeURIComponent(project())}`;
 
   function stop() { clearInterval(timer); timer = null; }
 
@@ -190,7 +202,13 @@ const TM = (() => {
     if (!token()) return showLogin();
     stop();
     if (current && current.leave) current.leave();
-    const [, name = "jobs", ...rest] = (location.hash || "#/jobs").split("/");
+    const [path, query = ""] = (location.hash || "#/jobs").split("?");
+    const linked = new URLSearchParams(query).get("project");  // a shared link names its project: #/job/ID?project=P
+    if (linked && /^[A-Za-z0-9_-]{1,64}$/.test(linked) && linked !== project() && me && (me.admin || me.projects.includes(linked))) {
+      localStorage.setItem(PROJECT, linked);
+      $("#project").value = linked;
+    }
+    const [, name = "jobs", ...rest] = path.split("/");
     const page = pages[name] || pages.jobs;
     document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === ({ job: "jobs", search: "searches" }[name] || name)));
     $("#page-title").textContent = page.title;
@@ -199,6 +217,15 @@ const TM = (() => {
     current = page;
     if (!project() && page.needsProject !== false) {
       view.innerHTML = `<div class="card empty">Choose a project at the top right (${me && me.admin ? "type any project name" : "one of yours"}).</div>`;
+      if (known.length) {
+        view.innerHTML += `<div class="card"><h2>Projects</h2><ul class="project-links">${known.map((p) => `<li><a href="#/jobs" data-project="${esc(p)}">${esc(p)}</a></li>`).join("")}</ul></div>`;
+        view.querySelectorAll("[data-project]").forEach((a) => a.addEventListener("click", (e) => {
+          e.preventDefault();
+          localStorage.setItem(PROJECT, a.dataset.project);
+          $("#project").value = a.dataset.project;
+          if (location.hash === "#/jobs") route(); else location.hash = "#/jobs";
+        }));
+      }
       return;
     }
     page.mount(view, ...rest.map(decodeURIComponent));
@@ -222,6 +249,6 @@ const TM = (() => {
     if (token()) signIn(token(), !!localStorage.getItem(KEY)); else showLogin();
   }
 
-  return { pages, charts, api, ApiError, jobsPath, project, nodes, esc, $, duration, ago, badge, kind, money,
+  return { pages, charts, api, ApiError, jobsPath, jobLink, project, nodes, esc, $, duration, ago, badge, kind, money,
            progress, progressOf, eta, etaText, finishText, workText, etaLabel, FINISHED, flash, start, me: () => me };
 })();

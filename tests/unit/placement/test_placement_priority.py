@@ -190,3 +190,17 @@ def test_a_cost_sensitive_job_takes_the_owned_gpu_that_bills_it_least_and_a_time
 
     assert cost.node_ids == (cheap.id,)  # $0.25 + 1 h of its time against $1.80 + half an hour
     assert time.node_ids == (fast.id,)
+
+
+def test_a_start_records_why_its_nodes_were_chosen_over_the_others():
+    """Issue 36: the first jobs went to the $1.60/h reserved A100 while a $0.35/h local node stood idle, with
+    nothing saying why; the decision now says which options it weighed and by which rule."""
+    slow = make_node(kind="local", tflops=5.0, price_per_hour=0.35)
+    fast = make_node(kind="reserved", tflops=20.0, price_per_hour=1.6)
+    job = make_job(priority="time", expected_duration_s=HOUR)
+
+    [start] = schedule(make_state(nodes=(slow, fast), queue=(job,)), 0.0, config())
+
+    assert start.node_ids == (fast.id,)
+    assert start.why.startswith(f"{fast.id} (reserved) ends in ") and "time priority: the soonest finish" in start.why
+    assert f"also weighed: {slow.id} (local) ends in " in start.why

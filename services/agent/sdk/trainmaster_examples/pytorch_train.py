@@ -2,7 +2,9 @@
 
 Submit with `"command": "python3 -m trainmaster_examples.pytorch_train --steps 2000"` (the agent puts this package
 and the helper on every task's PYTHONPATH; the cluster's default engine brings PyTorch) and a metric
-{"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}.
+{"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}: at its default learning rate (0.05) the
+loss passes 0.01 near step 870 and ends near 0.005 (the data's noise, 0.05², bounds it at 0.0025); `--lr` (or the
+environment variable `lr`, as a search sets it) changes the rate.
 """
 import argparse
 import os
@@ -12,17 +14,19 @@ from torch import nn
 
 import trainmaster_task as tm
 
+NOISE = 0.05  # the targets' noise: no model gets the mean squared error below NOISE² (0.0025)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--lr", type=float, default=float(os.environ.get("lr", "0.01")))
+    parser.add_argument("--lr", type=float, default=float(os.environ.get("lr", "0.05")))
     parser.add_argument("--checkpoint-every", type=int, default=100)
     args = parser.parse_args()
 
     torch.manual_seed(0)
     inputs = torch.randn(1024, 16)
-    targets = inputs @ torch.randn(16, 1) + 0.1 * torch.randn(1024, 1)
+    targets = inputs @ torch.randn(16, 1) + NOISE * torch.randn(1024, 1)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
     path = tm.checkpoint_dir() / "model.pt"

@@ -1,7 +1,7 @@
 /* One job: live metric curve with its target and ETA band, attempts timeline, live log tail, terminate/migrate. */
 "use strict";
 TM.pages.job = (() => {
-  let view = null, jobId = null, job = null, metric = null, gone = false, logBusy = false, finalLogs = 0;
+  let view = null, jobId = null, job = null, metric = null, gone = false, logBusy = false, finalLogs = 0, cost = null, why = "";
 
   // The ETA band: where the estimator says the run ends (low–high), and its best guess, over the metric curve.
   const etaBand = {
@@ -86,18 +86,30 @@ TM.pages.job = (() => {
       return;
     }
     if (!view || !view.isConnected) return;
-    const [nodes, curves] = await Promise.all([TM.nodes(), TM.api(`${TM.jobsPath(jobId)}/metrics`).catch(() => ({ series: [] }))]);
+    const [nodes, curves, usage, placements] = await Promise.all([TM.nodes(), TM.api(`${TM.jobsPath(jobId)}/metrics`).catch(() => ({ series: [] })),
+      TM.api(`/v2/${encodeURIComponent(TM.project())}/usage`, { params: { job_id: jobId } }).catch(() => null),
+      TM.api(`${TM.jobsPath(jobId)}/placements`).catch(() => [])]);
+    cost = usage ? usage.total.cost : null;
+    why = placements.length ? placements[placements.length - 1].why : "";
     render(nodes, curves.series);
     logs();
   }
 
+  // A node as the fleet lists it: kind, GPU model(s), price per hour.
+  function nodeText(id, byId) {
+    const n = byId[id];
+    if (!n) return TM.esc(id);
+    const models = [...new Set((n.gpus || []).map((g) => g.model))].join(", ");
+    return `${TM.esc(id)} ${TM.kind(n.kind)}<span class="sub">${models ? TM.esc(models) + " · " : ""}${TM.money(n.price_per_hour || 0)}/h</span>`;
+  }
+
   function render(nodes = [], series = null) {
     const s = job.status, m = job.metadata, r = job.spec.resource, p = job.spec.placement;
-    const kinds = Object.fromEntries(nodes.map((n) => [n.node_id, n.kind]));
+    const byId = Object.fromEntries(nodes.map((n) => [n.node_id, n]));
     const finished = TM.FINISHED.includes(s.phase);
     view.querySelector("#job-name").textContent = m.name;
     view.querySelector("#job-phase").innerHTML = TM.badge(s.phase, s.secondary_phase);
-    view.querySelector("#job-sub").innerHTML = `<span class="mono">${TM.esc(m.id)}</span> · ${TM.esc(m.user_name)} · created ${TM.ago(m.create_time)}${m.description ? " · " + TM.esc(m.description) : ""}`;
+    view.querySelector("#job-sub").innerHTML = `<a class="mono" id="job-link" href="${TM.esc(TM.jobLink(m.id))}" title="a link that opens this job">${TM.esc(m.id)}</a> · ${TM.esc(m.user_name)} · created ${TM.ago(m.create_time)}${m.description ? " · " + TM.esc(m.description) : ""}`;
     view.querySelector("#btn-terminate").disabled = finished || s.phase === "Terminating";
     view.querySelector("#btn-migrate").disabled = s.phase !== "Running";
     const e = s.eta;
@@ -108,7 +120,9 @@ TM.pages.job = (() => {
       <div class="tile"><div class="k">Running for</div><div class="v">${s.start_time ? TM.duration(s.duration / 1000) : "–"}</div><div class="s">attempt ${s.attempt || "–"}${p.expected_duration_s ? ` · expected ${TM.duration(p.expected_duration_s)}` : ""}</div></div>`;
     const exits = (s.task_statuses || []).filter((t) => t.exit_code !== null || t.message).map((t) => `${TM.esc(t.task)}: exit ${t.exit_code ?? "–"}${t.message ? " · " + TM.esc(t.message.trim().slice(0, 160)) : ""}`).join("<br>");
     view.querySelector("#job-facts").innerHTML = [
-      ["Node", s.node_ids.length ? s.node_ids.map((n) => `${TM.esc(n)} ${TM.kind(kinds[n])}`).join("<br>") : "–"],
+      ["Node", s.node_ids.length ? s.node_ids.map((n) => nodeText(n, byId)).join("<br>") : "–"],
+      ["Cost so far", `<span id="job-cost">${cost === null ? "–" : TM.money(cost)}</span>`],
+      ["Why here", `<span id="job-why" class="small">${TM.esc(why) || "–"}</span>`],
       ["Resources", `${r.node_count} × (${r.gpu_count} GPU${r.min_gpu_memory_gb ? ` ≥${r.min_gpu_memory_gb} GB` : ""}, ${r.cpu_count} CPU, ${r.memory_gb} GB)`],
       ["Placement", `${TM.esc(p.allowed)} nodes · optimise ${p.priority === "cost" ? "cost" : "time"}`],
       ["Command", `<pre class="cmd">${TM.esc(job.algorithm.command)}</pre>`],

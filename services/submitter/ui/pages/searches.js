@@ -55,7 +55,10 @@
       view.querySelector("#search-title").textContent = `${search.metadata.name} · ${s.phase}`;
       view.querySelector("#search-note").textContent = `${spec.objective.mode} ${spec.objective.metric} · pruner ${spec.pruner} · parallelism ${spec.parallelism}`;
       const best = s.best ? `best: trial ${s.best.trial} = ${num(s.best.value)}` : "no value yet";
-      view.querySelector("#search-summary").textContent = `${best} · ${search.trials.length}/${spec.max_trials} trials · ${s.gpu_hours.toFixed(3)} GPU-hours${s.message ? " · " + s.message : ""}${s.reason ? " · " + s.reason : ""}`;
+      const states = {};
+      search.trials.forEach((t) => { states[t.state.toLowerCase()] = (states[t.state.toLowerCase()] || 0) + 1; });
+      const counts = Object.entries(states).map(([k, n]) => `${n} ${k}`).join(", ") || "none started";
+      view.querySelector("#search-summary").textContent = `${best} · trials: ${counts} (of ${spec.max_trials}) · ${s.gpu_hours.toFixed(3)} GPU-hours${s.message ? " · " + s.message : ""}${s.reason ? " · " + s.reason : ""}`;
       view.querySelector("#search-stop").classList.toggle("hidden", s.phase !== "Running");
       table(search);
       await fetchCurves(search);
@@ -91,6 +94,18 @@
     }));
   }
 
+  /** The y axis: the 2nd to 98th percentile of every value (a first loss of 25 does not flatten the rest), on a
+   * log scale when the values are positive and span more than a factor of 20. */
+  function yScale(values) {
+    const v = values.filter(Number.isFinite).sort((a, b) => a - b);
+    if (v.length < 2) return { type: "linear", min: undefined, max: undefined };
+    const q = (f) => v[Math.min(v.length - 1, Math.floor(f * (v.length - 1)))];
+    const low = q(0.02), high = q(0.98);
+    if (low > 0 && high / low > 20) return { type: "logarithmic", min: low / 1.2, max: high * 1.2 };
+    const pad = (high - low) * 0.05 || Math.abs(high) * 0.05 || 1;
+    return { type: "linear", min: low - pad, max: high + pad };
+  }
+
   function chart(search) {
     const bestTrial = search.status.best ? search.status.best.trial : -1;
     const datasets = search.trials.map((t) => {
@@ -112,6 +127,7 @@
                    plugins: { legend: { display: false } } },
       });
     }
+    Object.assign(c.options.scales.y, yScale(datasets.flatMap((d) => d.data.map((p) => p.y))));
     c.data.datasets = datasets;
     c.update("none");
   }
