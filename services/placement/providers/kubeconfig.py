@@ -1,0 +1,37 @@
+"""Where the Kubernetes API is and who placement is to it: a kubeconfig file and one of its contexts (tokens,
+client certificates, exec plugins such as `aws eks get-token`), an explicit server, or the pod's own service
+account. lightkube does the speaking; this only chooses."""
+from pathlib import Path
+
+from lightkube import ConfigError, KubeConfig
+from lightkube.config.kubeconfig import SingleConfig
+from lightkube.config.models import Cluster, User
+
+IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+def connection(*, kubeconfig: Path | None, context: str | None, api_url: str | None, token_file: Path | None,
+               ca_file: Path | None, service_account: Path = IN_CLUSTER) -> SingleConfig:
+    """The one configuration placement uses, in this order: the kubeconfig's context (its current one when none
+    is named), an explicit `api_url` (with `token_file`/`ca_file`, else the service account's when present), the
+    service account of the pod placement runs in (`KUBERNETES_SERVICE_HOST`, as the kubelet sets it)."""
+    if kubeconfig is not None:
+        config = KubeConfig.from_file(kubeconfig.expanduser()).get(context)
+    elif api_url is not None:
+        token = token_file or _present(service_account / "token")
+        ca = ca_file or _present(service_account / "ca.crt")
+        cluster = Cluster(server=api_url, certificate_auth=str(ca) if ca else None)
+        config = KubeConfig.from_one(cluster=cluster, user=User(token_file=str(token) if token else None)).get()
+    else:
+        try:
+            config = KubeConfig.from_service_account(service_account).get()
+        except KeyError:  # not in a pod: the kubelet sets KUBERNETES_SERVICE_HOST/PORT
+            raise ConfigError("no kubeconfig nor api_url set, and not running in a Kubernetes pod") from None
+    if config.cluster.insecure:
+        raise ConfigError(f"context {config.context_name!r} skips TLS verification: placement does not send "
+                          "credentials to an API server it cannot verify")
+    return config
+
+
+def _present(path: Path) -> Path | None:
+    return path if path.exists() else None
