@@ -25,8 +25,9 @@ def connection(*, kubeconfig: Path | None, context: str | None, api_url: str | N
     else:
         try:
             config = KubeConfig.from_service_account(service_account).get()
-        except KeyError:  # not in a pod: the kubelet sets KUBERNETES_SERVICE_HOST/PORT
-            raise ConfigError("no kubeconfig nor api_url set, and not running in a Kubernetes pod") from None
+        except (KeyError, ConfigError) as exc:  # not in a pod: no token mounted, no KUBERNETES_SERVICE_HOST/PORT
+            raise ConfigError(f"no kubeconfig nor api_url set, and not running in a Kubernetes pod ({exc})") \
+                from None
     if config.cluster.insecure:
         raise ConfigError(f"context {config.context_name!r} skips TLS verification: placement does not send "
                           "credentials to an API server it cannot verify")
