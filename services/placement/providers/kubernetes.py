@@ -63,7 +63,7 @@ class KubernetesProvider:
         self.config = connection(kubeconfig=settings.kubeconfig, context=settings.context, api_url=settings.api_url,
                                  token_file=settings.token_file, ca_file=settings.ca_file,
                                  service_account=settings.service_account_dir)
-        self.releasing: set[str] = set()  # Pods placement is deleting: their end is no failure
+        self.deleting: set[str] = set()  # Pods placement deleted: their end is no failure
         self._api: AsyncClient | None = None
 
     @property
@@ -93,6 +93,7 @@ class KubernetesProvider:
         job = self.maker.job_of(node_id)
         if job:
             pod["metadata"]["annotations"] = {ANNOTATION_JOB: job}
+        self.deleting.discard(name)
         await self._create(Secret.from_dict(secret))
         await self._create(Pod.from_dict(pod))
         log.info("rented %s as pod %s/%s", node_id, s.namespace, name)
@@ -107,15 +108,11 @@ class KubernetesProvider:
     async def release(self, node_id: str, handle: int | None = None) -> None:
         """Delete the Pod (its agent gets SIGTERM and reports its tasks' ends) and the Secret; then revoke."""
         name = pod_name(node_id)
-        self.releasing.add(name)
-        try:
-            await self._delete("pods", name)
-            deadline = time.monotonic() + self.settings.release_wait_s
-            while time.monotonic() < deadline and await self._exists(name):
-                await asyncio.sleep(2)  # terminating: its agent is stopping its tasks and reporting their ends
-            await self._delete("secrets", name)
-        finally:
-            self.releasing.discard(name)
+        await self._delete("pods", name)
+        deadline = time.monotonic() + self.settings.release_wait_s
+        while time.monotonic() < deadline and await self._exists(name):
+            await asyncio.sleep(2)  # terminating: its agent is stopping its tasks and reporting their ends
+        await self._delete("secrets", name)
         await self.maker.forget(node_id)
         log.info("released %s", node_id)
 
@@ -129,6 +126,8 @@ class KubernetesProvider:
         return True
 
     async def _delete(self, kind: str, name: str) -> None:
+        if kind == "pods":
+            self.deleting.add(name)
         try:
             await self.api.delete(KINDS[kind], name)
         except httpx.HTTPStatusError as exc:
@@ -170,7 +169,7 @@ class KubernetesProvider:
             try:
                 async for kind, pod in self.api.watch(Pod, labels={LABEL_CLUSTER: cluster}):
                     verdict = failed_node(kind, pod.to_dict(), cluster=cluster, name_of=pod_name)
-                    if verdict and pod_name(verdict[0]) not in self.releasing:
+                    if verdict and pod_name(verdict[0]) not in self.deleting:
                         log.warning("the pod of node %s is gone: %s", *verdict)
                         await on_failed(*verdict)
             except asyncio.CancelledError:
