@@ -167,10 +167,15 @@ def test_outside_a_pod_without_a_kubeconfig_placement_does_not_start(tmp_path, m
         wired(tmp_path, service_account_dir=str(tmp_path / "absent"))
 
 
-def test_an_unknown_context_or_one_that_skips_tls_verification_is_refused(pki, tmp_path):
+def test_a_missing_or_broken_kubeconfig_an_unknown_context_or_one_skipping_tls_is_refused(pki, tmp_path):
     path = kubeconfig(tmp_path, pki, "https://127.0.0.1:6443")
     with pytest.raises(SystemExit, match="Context 'staging' not found"):
         wired(tmp_path, kubeconfig=str(path), context="staging")
     insecure = kubeconfig(tmp_path, pki, "https://127.0.0.1:6443", insecure=True)
     with pytest.raises(SystemExit, match="skips TLS verification"):
         wired(tmp_path, kubeconfig=str(insecure))
+    with pytest.raises(SystemExit, match="not found"):
+        wired(tmp_path, kubeconfig=str(tmp_path / "absent"))
+    (tmp_path / "broken").write_text("clusters: [unclosed")
+    with pytest.raises(SystemExit, match="Kubernetes API"):
+        wired(tmp_path, kubeconfig=str(tmp_path / "broken"))

@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
-from lightkube import ConfigError
 from pydantic import ValidationError
 
 from services.placement.providers.cloud import NodeMaker, offer_infos
@@ -35,7 +34,7 @@ def make_providers(*, entries: list[Mapping], sections: Mapping[str, Any], defau
         try:
             providers.by_name[name] = _cloud(name, section, offers=offers, credentials=credentials,
                                              folder=data_dir / "rented", providers=providers)
-        except (ValidationError, ValueError, ConfigError) as exc:
+        except (ValidationError, ValueError) as exc:
             raise SystemExit(f"cluster file [providers.{name}]: {exc}") from None
     providers.name = "+".join(sorted(providers.by_name))
     return providers
