@@ -96,7 +96,8 @@ async def api(pki):
     listener.close()
 
 
-def kubeconfig(tmp_path: Path, pki: Path, url: str, *, insecure: bool = False) -> Path:
+def kubeconfig(tmp_path: Path, pki: Path, url: str, *, insecure: bool = False,
+               exec_version: str = "client.authentication.k8s.io/v1beta1") -> Path:
     """Two contexts: `prod` (the default) with a client certificate, `dev` with an exec plugin's token."""
     b64 = lambda name: base64.b64encode((pki / name).read_bytes()).decode()  # noqa: E731
     cluster = {"server": url, "certificate-authority-data": b64("ca.crt")}
@@ -107,7 +108,7 @@ def kubeconfig(tmp_path: Path, pki: Path, url: str, *, insecure: bool = False) -
         "clusters": [{"name": "gpu-cluster", "cluster": cluster}],
         "users": [{"name": "cert", "user": {"client-certificate-data": b64("client.crt"),
                                             "client-key-data": b64("client.key")}},
-                  {"name": "eks", "user": {"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1",
+                  {"name": "eks", "user": {"exec": {"apiVersion": exec_version,
                                                     "command": sys.executable,
                                                     "args": [str(EXEC_PLUGIN), "token-from-the-plugin"]}}}],
         "contexts": [{"name": "prod", "context": {"cluster": "gpu-cluster", "user": "cert"}},
@@ -174,6 +175,9 @@ def test_a_missing_or_broken_kubeconfig_an_unknown_context_or_one_skipping_tls_i
     insecure = kubeconfig(tmp_path, pki, "https://127.0.0.1:6443", insecure=True)
     with pytest.raises(SystemExit, match="skips TLS verification"):
         wired(tmp_path, kubeconfig=str(insecure))
+    v1 = kubeconfig(tmp_path, pki, "https://127.0.0.1:6443", exec_version="client.authentication.k8s.io/v1")
+    with pytest.raises(SystemExit, match="speaks client.authentication.k8s.io/v1;"):
+        wired(tmp_path, kubeconfig=str(v1), context="dev")
     with pytest.raises(SystemExit, match="not found"):
         wired(tmp_path, kubeconfig=str(tmp_path / "absent"))
     (tmp_path / "broken").write_text("clusters: [unclosed")

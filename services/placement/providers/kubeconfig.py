@@ -8,6 +8,7 @@ from lightkube import ConfigError, KubeConfig
 from lightkube.config.kubeconfig import SingleConfig
 from lightkube.config.models import Cluster, User
 
+EXEC_VERSIONS = ("client.authentication.k8s.io/v1beta1", "client.authentication.k8s.io/v1alpha1")  # lightkube's
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -21,6 +22,10 @@ def connection(*, kubeconfig: Path | None, context: str | None, api_url: str | N
                          ca_file=ca_file, service_account=service_account)
     except (ConfigError, KeyError, yaml.YAMLError) as exc:  # KeyError: a cluster or user the file does not have
         raise ValueError(f"Kubernetes API: {exc}") from None
+    plugin = config.user.exec if config.user else None
+    if plugin and plugin.apiVersion not in EXEC_VERSIONS:  # lightkube would fail each call later, not here
+        raise ValueError(f"context {config.context_name!r}: exec plugin {plugin.command!r} speaks "
+                         f"{plugin.apiVersion}; {' or '.join(EXEC_VERSIONS)} is needed")
     if config.cluster.insecure:
         raise ValueError(f"context {config.context_name!r} skips TLS verification: placement does not send "
                          "credentials to an API server it cannot verify")
