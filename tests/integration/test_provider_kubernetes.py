@@ -123,6 +123,28 @@ async def test_a_pod_that_fails_is_reported_by_the_watch_and_a_released_one_is_n
         await kube.close()
 
 
+async def test_release_waits_for_the_pod_to_be_gone_then_deletes_its_secret(k8s, tmp_path):
+    kube, catalogue = provider(k8s, tmp_path)
+    cluster = kube.settings.cluster_name
+    await kube.provision("od-slow", catalogue[0])
+    pod_url = f"/api/v1/namespaces/{NAMESPACE}/pods/tm-od-slow"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    async with httpx.AsyncClient(base_url=k8s.url) as api:
+        # a finalizer keeps it terminating, as a kubelet does while the agent stops its tasks
+        await api.patch(pod_url, json={"metadata": {"finalizers": ["kubelet.test/stopping"]}}, headers=merge)
+        release = asyncio.create_task(kube.release("od-slow", None))
+
+        async def terminating():
+            return (await api.get(pod_url)).json()["metadata"].get("deletionTimestamp")
+
+        await poll(terminating, timeout_s=10)
+        assert not release.done() and len(await listed(k8s, "secrets", cluster)) == 1
+        await api.patch(pod_url, json={"metadata": {"finalizers": None}}, headers=merge)  # the agent has stopped
+        await asyncio.wait_for(release, timeout=10)
+    assert await listed(k8s, "pods", cluster) == [] and await listed(k8s, "secrets", cluster) == []
+    await kube.close()
+
+
 # --- The whole stack renting Pods ---------------------------------------------------------------------------------
 FLEET = """
 [[instance_types]]

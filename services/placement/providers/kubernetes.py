@@ -5,7 +5,6 @@ API is spoken through lightkube (kubeconfig contexts, exec plugins, client certi
 import asyncio
 import logging
 import re
-import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,21 +108,29 @@ class KubernetesProvider:
         """Delete the Pod (its agent gets SIGTERM and reports its tasks' ends) and the Secret; then revoke."""
         name = pod_name(node_id)
         await self._delete("pods", name)
-        deadline = time.monotonic() + self.settings.release_wait_s
-        while time.monotonic() < deadline and await self._exists(name):
-            await asyncio.sleep(2)  # terminating: its agent is stopping its tasks and reporting their ends
+        try:
+            async with asyncio.timeout(self.settings.release_wait_s):
+                await self._gone(name)
+        except TimeoutError:
+            log.warning("pod %s still terminating after %.0f s: its Secret is deleted now", name,
+                        self.settings.release_wait_s)
         await self._delete("secrets", name)
         await self.maker.forget(node_id)
         log.info("released %s", node_id)
 
-    async def _exists(self, name: str) -> bool:
+    async def _gone(self, name: str) -> None:
+        """Returns once the Pod is gone (terminating, its agent stops its tasks and reports their ends): a watch
+        from the version last read, so its deletion is seen however soon it comes."""
         try:
-            await self.api.get(Pod, name)
+            pod = await self.api.get(Pod, name)
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code == 404:
-                return False
+                return
             raise
-        return True
+        version = pod.metadata.resourceVersion if pod.metadata else None
+        async for kind, event in self.api.watch(Pod, fields={"metadata.name": name}, resource_version=version):
+            if kind == "DELETED" and event.metadata and event.metadata.name == name:
+                return
 
     async def _delete(self, kind: str, name: str) -> None:
         if kind == "pods":
