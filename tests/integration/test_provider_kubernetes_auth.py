@@ -183,3 +183,20 @@ def test_a_missing_or_broken_kubeconfig_an_unknown_context_or_one_skipping_tls_i
     (tmp_path / "broken").write_text("clusters: [unclosed")
     with pytest.raises(SystemExit, match="Kubernetes API"):
         wired(tmp_path, kubeconfig=str(tmp_path / "broken"))
+
+
+async def test_the_pod_watch_outlives_an_api_that_answers_nonsense(api, pki, tmp_path, monkeypatch):
+    monkeypatch.setattr("services.placement.providers.kubernetes.WATCH_RETRY_S", 0.05)
+    kube = provider(tmp_path, kubeconfig=kubeconfig(tmp_path, pki, api.url))
+    failed = []
+    watch = asyncio.create_task(kube.watch(lambda node_id, reason: failed.append(node_id)))
+    try:
+        for _ in range(200):  # a list where a watch stream was due: each try fails, the next one follows
+            if len([s for s in api.seen if "watch=true" in s["path"]]) >= 3:
+                break
+            await asyncio.sleep(0.05)
+        assert len([s for s in api.seen if "watch=true" in s["path"]]) >= 3
+        assert not watch.done() and failed == []
+    finally:
+        watch.cancel()
+        await kube.close()
