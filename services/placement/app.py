@@ -65,6 +65,8 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         if providers.reconcilers():  # cloud instances no record owns are given back
             w.background.spawn("reconcile", lambda: reconcile_loop(fleet=fleet, providers=providers,
                                                                    interval_s=settings.reconcile_s))
+        for watcher in providers.watchers():  # a node whose Pod failed is seen at once, not after its silence
+            w.background.spawn(f"watch-{watcher.name}", lambda watcher=watcher: watcher.watch(placement.pod_failed))
         await JOBS.resume(w.broker)  # before any job event is read
         return placement
 

@@ -24,6 +24,7 @@ from services.placement.policy import PolicyConfig
 from services.placement.policy.dryrun import faster_node
 from services.placement.policy.engine import Constraint, place
 from services.placement.policy.hosting import as_node, ever_placeable, gpu_memory_after_oom, largest
+from services.placement.providers.reconcile import pod_failed
 from services.placement.queue import JobQueue, QueueItem
 from services.placement.tradeoff import Tradeoff
 
@@ -169,6 +170,11 @@ class Placement:
     async def node_registered(self, claimed: NodeInfo) -> None:
         """A registration, capped to the node's record; a pass is due as for any verdict."""
         if await self.fleet.registered(claimed) and (self.queued or self.fleet.rented()):
+            self.dirty.set()
+
+    async def pod_failed(self, node_id: str, reason: str) -> None:
+        """A provider saw a rented node's machine end (its Pod failed): no more work there, a pass is due."""
+        if await pod_failed(self.fleet, node_id, reason):
             self.dirty.set()
 
     async def node_seen(self, info: NodeInfo | None, node_id: str, state: Literal["ready", "lost"]) -> None:

@@ -2,6 +2,7 @@
 each Pod it mounts the Secret (writes its files) and runs the container's command as a local process, with the
 container's environment, and stops it when the Pod is deleted."""
 import asyncio
+import itertools
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,9 +22,26 @@ kmock = pytest.importorskip("kmock")
 NAMESPACE = "trainmaster"
 
 
+class Emulator(kmock.KubernetesEmulator):
+    """kmock's emulator, filling in what an API server sets on each write: the resourceVersion (a watch resumes
+    from the last one it saw; lightkube's reads it on every event) and, on creation, the namespace of the URL (a
+    namespaced watch only streams objects that carry it)."""
+
+    versions = itertools.count(1)
+
+    async def _handle(self, request):
+        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE) \
+                and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta["resourceVersion"] = str(next(self.versions))
+            if request.action == kmock.action.CREATE and request.namespace:
+                meta.setdefault("namespace", request.namespace)
+        return await super()._handle(request)
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def k8s():
-    async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+    async with Emulator() as emulator, kmock.Server(emulator) as server:
         emulator.resources["v1/pods"] = {}
         emulator.resources["v1/secrets"] = {}
         yield SimpleNamespace(url=loopback_only(str(server.url).rstrip("/")), emulator=emulator)
@@ -84,6 +102,47 @@ async def test_reconcile_deletes_what_no_record_owns_and_only_that(k8s, tmp_path
     assert names(await listed(k8s, "pods", kube.settings.cluster_name)) == ["od-kept"]
     assert names(await listed(k8s, "secrets", kube.settings.cluster_name)) == ["od-kept"]
     assert names(await listed(k8s, "pods", other.settings.cluster_name)) == ["od-theirs"]
+
+
+async def test_a_pod_that_fails_is_reported_by_the_watch_and_a_released_one_is_not(k8s, tmp_path):
+    kube, catalogue = provider(k8s, tmp_path)
+    gone: asyncio.Queue = asyncio.Queue()
+    watch = asyncio.create_task(kube.watch(lambda node_id, reason: gone.put((node_id, reason))))
+    try:
+        for node_id in ("od-failing", "od-idle"):
+            await kube.provision(node_id, catalogue[0])
+        await kube.release("od-idle", None)  # placement's own deletion is no failure
+        async with httpx.AsyncClient(base_url=k8s.url) as api:
+            await api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/tm-od-failing/status",
+                            json={"status": {"phase": "Failed", "reason": "OOMKilled"}},
+                            headers={"Content-Type": "application/merge-patch+json"})
+        assert await asyncio.wait_for(gone.get(), timeout=10) == ("od-failing", "pod failed (OOMKilled)")
+        assert gone.empty()
+    finally:
+        watch.cancel()
+        await kube.close()
+
+
+async def test_release_waits_for_the_pod_to_be_gone_then_deletes_its_secret(k8s, tmp_path):
+    kube, catalogue = provider(k8s, tmp_path)
+    cluster = kube.settings.cluster_name
+    await kube.provision("od-slow", catalogue[0])
+    pod_url = f"/api/v1/namespaces/{NAMESPACE}/pods/tm-od-slow"
+    merge = {"Content-Type": "application/merge-patch+json"}
+    async with httpx.AsyncClient(base_url=k8s.url) as api:
+        # a finalizer keeps it terminating, as a kubelet does while the agent stops its tasks
+        await api.patch(pod_url, json={"metadata": {"finalizers": ["kubelet.test/stopping"]}}, headers=merge)
+        release = asyncio.create_task(kube.release("od-slow", None))
+
+        async def terminating():
+            return (await api.get(pod_url)).json()["metadata"].get("deletionTimestamp")
+
+        await poll(terminating, timeout_s=10)
+        assert not release.done() and len(await listed(k8s, "secrets", cluster)) == 1
+        await api.patch(pod_url, json={"metadata": {"finalizers": None}}, headers=merge)  # the agent has stopped
+        await asyncio.wait_for(release, timeout=10)
+    assert await listed(k8s, "pods", cluster) == [] and await listed(k8s, "secrets", cluster) == []
+    await kube.close()
 
 
 # --- The whole stack renting Pods ---------------------------------------------------------------------------------

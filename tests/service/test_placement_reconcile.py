@@ -12,7 +12,8 @@ from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet, FleetNode
 from services.placement.providers.base import Orphan
 from services.placement.providers.cloud import offer_infos
-from services.placement.providers.reconcile import Providers, node_interrupted, reconcile_once, release_lost
+from services.placement.providers.reconcile import Providers, node_interrupted, pod_failed, reconcile_once, \
+    release_lost
 from tests.memory import MemoryCollection
 
 LAUNCHED = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
@@ -116,4 +117,21 @@ async def test_only_rented_ready_nodes_can_be_interrupted(world):
     await fleet._save(FleetNode(node_id="lab-1", state="ready", provisioned=False), [])
     assert not await node_interrupted(fleet, "lab-1")
     assert not await node_interrupted(fleet, "nobody")
+    assert fleet.nodes["lab-1"].state == "ready"
+
+
+async def test_a_failed_pod_of_a_registered_node_stops_its_work_at_once_and_of_a_starting_one_releases_it(world):
+    fleet, providers, cloud, seen = world
+    assert await pod_failed(fleet, "od-kept", "pod failed (OOMKilled)")
+    assert fleet.nodes["od-kept"].state == "lost" and fleet.nodes["od-kept"].reserved_for is None
+    assert "od-kept" in providers.leaving and cloud.released == []  # the monitor requeues its tasks first
+    await fleet._save(FleetNode(node_id="od-starting", state="provisioning", provisioned=True,
+                                instance_type="g.small"), [])
+    assert await pod_failed(fleet, "od-starting", "pod failed")
+    assert cloud.released == ["od-starting"] and fleet.nodes["od-starting"].state == "released"
+    released = NodeReleased.model_validate(next(e for e in seen if e["type"] == "NodeReleased"))
+    assert (released.node_id, released.reason) == ("od-starting", "pod failed")
+    assert not await pod_failed(fleet, "od-starting", "pod deleted")  # the watch repeats itself: nothing more
+    await fleet._save(FleetNode(node_id="lab-1", state="ready", provisioned=False), [])
+    assert not await pod_failed(fleet, "lab-1", "pod failed") and not await pod_failed(fleet, "nobody", "x")
     assert fleet.nodes["lab-1"].state == "ready"

@@ -1,14 +1,17 @@
 """Kubernetes: a rented node is a Pod running the agent image with the node's GPUs as `nvidia.com/gpu` limits and
 the catalogue entry's node selector; its files (its own bus credentials among them) in a Secret. Release deletes
-both; reconcile finds them by label. Plain REST over httpx: four calls need no client library."""
+both; reconcile finds them by label; a watch on this cluster's Pods reports a node whose Pod failed at once. The
+API is spoken through lightkube (kubeconfig contexts, exec plugins, client certificates, the service account)."""
 import asyncio
 import logging
 import re
-import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import Pod, Secret
 from pydantic import Field
 
 from shared.buscreds import NAME
@@ -16,21 +19,29 @@ from services.placement.policy import InstanceType
 from services.placement.providers.base import Orphan
 from services.placement.providers.bootstrap import NodeBoot, pod_manifest, secret_manifest
 from services.placement.providers.cloud import NodeMaker, OfferInfo
+from services.placement.providers.kubeconfig import IN_CLUSTER, connection
+from services.placement.providers.podwatch import LABEL_CLUSTER, LABEL_NODE, failed_node
 
 log = logging.getLogger(__name__)
-IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-LABEL_CLUSTER, LABEL_NODE, ANNOTATION_JOB, LABEL_TYPE = ("trainmaster.io/cluster", "trainmaster.io/node-id",
-                                                         "trainmaster.io/job", "trainmaster.io/instance-type")
+ANNOTATION_JOB, LABEL_TYPE = "trainmaster.io/job", "trainmaster.io/instance-type"
 LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+KINDS = {"pods": Pod, "secrets": Secret}
+WATCH_RETRY_S = 5.0
 
 
 class KubernetesSettings(NodeBoot):
     """The cluster file's [providers.kubernetes]."""
 
-    api_url: str = Field("https://kubernetes.default.svc", description="The API server.")
+    kubeconfig: Path | None = Field(None, description="A kubeconfig file (outside the cluster): its contexts' "
+                                    "tokens, client certificates and exec plugins are used.")
+    context: str | None = Field(None, description="The kubeconfig's context (default: its current-context).")
+    api_url: str | None = Field(None, description="The API server, without a kubeconfig (default: in the "
+                                "cluster, the pod's service account's).")
     namespace: str = Field("trainmaster", pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-    token_file: Path | None = Field(None, description="Bearer token (default: the pod's service account's).")
-    ca_file: Path | None = Field(None, description="The API server's CA (default: the service account's).")
+    token_file: Path | None = Field(None, description="Bearer token with api_url (default: the service account's).")
+    ca_file: Path | None = Field(None, description="The API server's CA with api_url (default: the service "
+                                 "account's).")
+    service_account_dir: Path = Field(IN_CLUSTER, description="Where the pod's service account is mounted.")
     image: str = Field(description="The agent image (trainmaster installed, `trainmaster-agent` on the PATH).")
     service_account: str | None = Field(None, description="The node Pods' service account (none needs API rights).")
     node_root: str = Field("/etc/trainmaster", description="Where the node's Secret is mounted in its Pod.")
@@ -48,16 +59,19 @@ class KubernetesProvider:
         self.settings = settings
         self.offers = offers
         self.maker = maker
-        token_file = settings.token_file or (IN_CLUSTER / "token" if (IN_CLUSTER / "token").exists() else None)
-        ca_file = settings.ca_file or (IN_CLUSTER / "ca.crt" if (IN_CLUSTER / "ca.crt").exists() else None)
-        self.token_file = token_file
-        self.verify = str(ca_file) if ca_file else True
-        self.base = f"/api/v1/namespaces/{settings.namespace}"
+        self.config = connection(kubeconfig=settings.kubeconfig, context=settings.context, api_url=settings.api_url,
+                                 token_file=settings.token_file, ca_file=settings.ca_file,
+                                 service_account=settings.service_account_dir)
+        self.deleting: set[str] = set()  # Pods placement deleted: their end is no failure
+        self._api: AsyncClient | None = None
 
-    def _client(self) -> httpx.AsyncClient:
-        headers = {"Authorization": f"Bearer {self.token_file.read_text().strip()}"} if self.token_file else {}
-        return httpx.AsyncClient(base_url=self.settings.api_url, headers=headers, verify=self.verify, timeout=15,
-                                 trust_env=False)
+    @property
+    def api(self) -> AsyncClient:
+        """One client (an exec plugin's token is kept between calls), made on first use, in the running loop."""
+        if self._api is None:
+            self._api = AsyncClient(config=self.config, namespace=self.settings.namespace, timeout=15,
+                                    trust_env=False, field_manager="trainmaster-placement")
+        return self._api
 
     def _labels(self, node_id: str, instance_type: str) -> dict[str, str]:
         labels = {LABEL_CLUSTER: self.settings.cluster_name, LABEL_NODE: node_id}
@@ -78,64 +92,103 @@ class KubernetesProvider:
         job = self.maker.job_of(node_id)
         if job:
             pod["metadata"]["annotations"] = {ANNOTATION_JOB: job}
-        async with self._client() as client:
-            await self._create(client, "secrets", secret)
-            await self._create(client, "pods", pod)
+        self.deleting.discard(name)
+        await self._create(Secret.from_dict(secret))
+        await self._create(Pod.from_dict(pod))
         log.info("rented %s as pod %s/%s", node_id, s.namespace, name)
 
-    async def _create(self, client: httpx.AsyncClient, kind: str, body: dict) -> None:
-        reply = await client.post(f"{self.base}/{kind}", json=body)
-        if reply.status_code == 409:  # made by an earlier try of this same provisioning
-            return
-        reply.raise_for_status()
+    async def _create(self, body: Pod | Secret) -> None:
+        try:
+            await self.api.create(body)
+        except httpx.HTTPStatusError as exc:  # lightkube's ApiError, or a reply that is no Status
+            if exc.response.status_code != 409:  # 409: made by an earlier try of this same provisioning
+                raise
 
     async def release(self, node_id: str, handle: int | None = None) -> None:
         """Delete the Pod (its agent gets SIGTERM and reports its tasks' ends) and the Secret; then revoke."""
         name = pod_name(node_id)
-        async with self._client() as client:
-            await self._delete(client, "pods", name)
-            deadline = time.monotonic() + self.settings.release_wait_s
-            while time.monotonic() < deadline and (await client.get(f"{self.base}/pods/{name}")).status_code != 404:
-                await asyncio.sleep(2)  # terminating: its agent is stopping its tasks and reporting their ends
-            await self._delete(client, "secrets", name)
+        await self._delete("pods", name)
+        try:
+            async with asyncio.timeout(self.settings.release_wait_s):
+                await self._gone(name)
+        except TimeoutError:
+            log.warning("pod %s still terminating after %.0f s: its Secret is deleted now", name,
+                        self.settings.release_wait_s)
+        await self._delete("secrets", name)
         await self.maker.forget(node_id)
         log.info("released %s", node_id)
 
-    async def _delete(self, client: httpx.AsyncClient, kind: str, name: str) -> None:
-        reply = await client.delete(f"{self.base}/{kind}/{name}")
-        if reply.status_code != 404:
-            reply.raise_for_status()
+    async def _gone(self, name: str) -> None:
+        """Returns once the Pod is gone (terminating, its agent stops its tasks and reports their ends): a watch
+        from the version last read, so its deletion is seen however soon it comes."""
+        try:
+            pod = await self.api.get(Pod, name)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code == 404:
+                return
+            raise
+        version = pod.metadata.resourceVersion if pod.metadata else None
+        async for kind, event in self.api.watch(Pod, fields={"metadata.name": name}, resource_version=version):
+            if kind == "DELETED" and event.metadata and event.metadata.name == name:
+                return
 
-    async def _list(self, client: httpx.AsyncClient, kind: str) -> list[dict]:
-        selector = f"{LABEL_CLUSTER}={self.settings.cluster_name}"
-        reply = await client.get(f"{self.base}/{kind}", params={"labelSelector": selector})
-        reply.raise_for_status()
-        items = reply.json().get("items", [])
+    async def _delete(self, kind: str, name: str) -> None:
+        if kind == "pods":
+            self.deleting.add(name)
+        try:
+            await self.api.delete(KINDS[kind], name)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 404:
+                raise
+
+    async def _list(self, kind: str) -> list[dict]:
+        cluster = self.settings.cluster_name
+        items = [item.to_dict() async for item in self.api.list(KINDS[kind], labels={LABEL_CLUSTER: cluster})]
         # filtered here too: a namespace shared with other clusters must never lose their objects
-        return [i for i in items if i.get("metadata", {}).get("labels", {}).get(LABEL_CLUSTER)
-                == self.settings.cluster_name]
+        return [i for i in items if (i.get("metadata", {}).get("labels") or {}).get(LABEL_CLUSTER) == cluster]
 
     async def reconcile(self, owned: set[str]) -> list[Orphan]:
         """Delete this cluster's Pods and Secrets that no node record owns."""
         orphans = []
-        async with self._client() as client:
-            for kind in ("pods", "secrets"):
-                for item in await self._list(client, kind):
-                    meta = item["metadata"]
-                    node_id = meta.get("labels", {}).get(LABEL_NODE, "")
-                    if node_id in owned or meta.get("deletionTimestamp"):
-                        continue
-                    await self._delete(client, kind, meta["name"])
-                    if kind == "pods":
-                        orphans.append(Orphan(instance_id=meta["name"], node_id=node_id,
-                                              instance_type=meta.get("labels", {}).get(LABEL_TYPE, ""),
-                                              job_id=(meta.get("annotations") or {}).get(ANNOTATION_JOB),
-                                              launched_at=_created(meta)))
-                        log.warning("deleted orphan pod %s of node %s", meta["name"], node_id)
+        for kind in ("pods", "secrets"):
+            for item in await self._list(kind):
+                meta = item["metadata"]
+                node_id = (meta.get("labels") or {}).get(LABEL_NODE, "")
+                if node_id in owned or meta.get("deletionTimestamp"):
+                    continue
+                await self._delete(kind, meta["name"])
+                if kind == "pods":
+                    orphans.append(Orphan(instance_id=meta["name"], node_id=node_id,
+                                          instance_type=(meta.get("labels") or {}).get(LABEL_TYPE, ""),
+                                          job_id=(meta.get("annotations") or {}).get(ANNOTATION_JOB),
+                                          launched_at=_created(meta)))
+                    log.warning("deleted orphan pod %s of node %s", meta["name"], node_id)
         for orphan in orphans:
             if NAME.match(orphan.node_id):
                 await self.maker.forget(orphan.node_id)
         return orphans
+
+    async def watch(self, on_failed: Callable[[str, str], Awaitable[object]]) -> None:
+        """Follow this cluster's Pods (a watch, not a poll): a Pod that failed, ended or was deleted by anyone but
+        placement is its node lost, reported at once as `on_failed(node_id, reason)`. Runs until cancelled."""
+        cluster = self.settings.cluster_name
+        while True:
+            try:
+                async for kind, pod in self.api.watch(Pod, labels={LABEL_CLUSTER: cluster}):
+                    verdict = failed_node(kind, pod.to_dict(), cluster=cluster, name_of=pod_name)
+                    if verdict and pod_name(verdict[0]) not in self.deleting:
+                        log.warning("the pod of node %s is gone: %s", *verdict)
+                        await on_failed(*verdict)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the API away, or the watch expired: the next one starts where it stood
+                log.warning("watching the pods of %s failed: %r", cluster, exc)
+            await asyncio.sleep(WATCH_RETRY_S)
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
     def available(self, name: str) -> bool:
         return True

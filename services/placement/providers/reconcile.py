@@ -52,6 +52,10 @@ class Providers:
     def reconcilers(self) -> list:
         return [p for p in self.by_name.values() if hasattr(p, "reconcile")]
 
+    def watchers(self) -> list:
+        """Providers that report a node's end as it happens (Kubernetes' Pod watch)."""
+        return [p for p in self.by_name.values() if hasattr(p, "watch")]
+
 
 async def record_orphans(store: DocumentStore, orphans: list[Orphan], *, catalogue: dict[str, InstanceType],
                          provider: str, now: datetime | None = None) -> int:
@@ -91,6 +95,18 @@ async def node_interrupted(fleet, node_id: str, *, grace_s: float = INTERRUPTED_
     await fleet._save(node.model_copy(update={"state": "lost", "reserved_for": None}), [])
     log.warning("node %s is being taken back by its cloud: no more work there", node_id)
     return True
+
+
+async def pod_failed(fleet, node_id: str, reason: str) -> bool:
+    """Its Pod failed, ended or is being deleted (a watch saw it, no heartbeat timeout waited for): a node that never
+    registered is given back now; a registered one gets no more work now and is released as an interrupted node is
+    (the monitor finds it silent and requeues what ran there)."""
+    node = fleet.nodes.get(node_id)
+    if node is None or not node.provisioned:
+        return False
+    if node.state == "provisioning":
+        return await fleet.release(node_id, reason=reason)
+    return await node_interrupted(fleet, node_id)
 
 
 async def release_lost(fleet, providers: Providers, now: float | None = None) -> list[str]:
