@@ -19,9 +19,9 @@ from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
-from services.agent.hangs import PROGRESS_FILE, collective_defaults
 from services.agent.cgroups import TaskCgroup, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
+from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
 TAIL_LINES = 20
 # The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,

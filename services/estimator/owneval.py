@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from services.estimator.evaluate import summarise
 from services.estimator.model import owncorpus
 from services.estimator.model.owncurve import CALIBRATION, load_calibration
+from services.estimator.scoring import summarise
 
 HEADLINE_METHOD = "own_curve"
 HEADLINE_METRIC = "loss"
