@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from faststream.exceptions import NackMessage, RejectMessage
-from faststream.middlewares import AckPolicy
 from faststream.message import StreamMessage
+from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsCredentials, NatsSecurity, PullSub
 from nats.errors import Error as NatsError
-from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
+from nats.js.errors import BadRequestError, NotFoundError
 from pymongo.errors import PyMongoError
 
 from shared.buscreds import dedup_key

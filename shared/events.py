@@ -13,7 +13,6 @@ from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
 from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
-
 # Ids that become subjects and path segments (a job's directory, its checkpoint prefix): strict on the bus too.
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
                           description="Letters, digits, _ and -: one subject token, one path segment")]

@@ -10,8 +10,16 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
-from shared.events import (EtaEstimated, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, LogLine,
-                           TaskStarted, TaskTelemetry)
+from shared.events import (
+    EtaEstimated,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    LogChunk,
+    LogLine,
+    TaskStarted,
+    TaskTelemetry,
+)
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.origin import Origins, dedup_key
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply

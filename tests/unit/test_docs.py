@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from docs.generate import AGENT, DOCS, REGENERATE, SERVICES, documents, models, permitted, wildcard
 from shared.bus import subjects_overlap
+from docs.generate import AGENT, DOCS, REGENERATE, SERVICES, documents, models, permitted, wildcard
 
 DIFF_LINES = 40
 

@@ -2,8 +2,8 @@
 import math
 from dataclasses import dataclass
 
-from services.placement.policy.capacity import CapacityIndex, NodeView
 from services.placement.policy import why
+from services.placement.policy.capacity import CapacityIndex, NodeView
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, InstanceType, JobRequest
 from services.placement.policy.spot import spot_duration
