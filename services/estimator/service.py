@@ -26,7 +26,7 @@ from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, 
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
-from services.estimator.models import ModelStore
+from services.estimator.modelstore import ModelStore
 from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
 from services.estimator.thinning import thin
 
