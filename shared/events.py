@@ -556,8 +556,9 @@ class TaskTelemetry(Message):
     @field_validator("process_memory_gb", mode="before")
     @classmethod
     def _finite_or_none(cls, raw: object) -> float | None:
-        ok = isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024
-        return float(raw) if ok else None
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024:
+            return float(raw)
+        return None
 
 
 class EtaEstimated(Message):
