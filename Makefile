@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test test-fast test-gpu browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
+.PHONY: run check test test-fast test-gpu browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,10 +19,15 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 		|| echo "chromium could not be installed: the browser tests will be skipped"
 
-test: $(STAMP) browser
+# Lint and types (configured in pyproject.toml): seconds, so every `make test` runs them first.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+test: $(STAMP) check browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) check
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
 # Real CUDA jobs on this machine's NVIDIA GPUs: needs torch with CUDA and the `gpu` extra; skipped without a GPU,

@@ -22,8 +22,8 @@ import httpx
 import nats
 
 from shared.bus import LEASES
-from services.stack.processes import Stack, StackSettings, free_ports_at
 from bench.submit import NOOP, TOKEN, cluster
+from services.stack.processes import Stack, StackSettings, free_ports_at
 
 LEASED = ("placement", "monitor", "billing", "estimator")
 JOB = {**NOOP, "algorithm": {"command": "sleep 1"}}

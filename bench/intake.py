@@ -19,11 +19,11 @@ from shared.clock import utcnow
 from shared.events import JobSubmitted
 from shared.jobs import JobCreate
 from shared.store import make_client
+from bench.submit import free_port
 from services.stack.processes import Stack, StackSettings
 from services.submitter.intake import Arrival, Intake
 from services.submitter.limits import QueueCaps
 from services.submitter.repository import Repository
-from bench.submit import free_port
 
 BODY = JobCreate.model_validate({"kind": "job", "metadata": {"name": "x"}, "algorithm": {"command": "true"},
                                  "spec": {"resource": {"flavor_id": "custom", "node_count": 1, "gpu_count": 0}}})

@@ -16,11 +16,11 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from shared.rpc import UsageQuery
+from shared.store import make_client
 from services.billing.ledger import clip, close_entry, close_lifetime, open_lifetime
 from services.billing.service import Billing
 from services.stack.processes import Stack, StackSettings
-from shared.rpc import UsageQuery
-from shared.store import make_client
 
 MONTH = datetime(2026, 10, 1, tzinfo=UTC)
 KINDS = ("local", "reserved", "on_demand")
@@ -102,7 +102,8 @@ async def run(url: str, *, jobs: int, repeats: int) -> dict:
     baseline_s = time.perf_counter() - started
     await client.close()
     return {"jobs": jobs, "load_s": round(loaded_s, 2), "reports": figures, "matches_python_sum": checked,
-            "fetch_and_sum_in_python_s (project window, no $group)": round(baseline_s, 3), "python": platform.python_version(),
+            "fetch_and_sum_in_python_s (project window, no $group)": round(baseline_s, 3),
+            "python": platform.python_version(),
             "machine": platform.machine()}
 
 

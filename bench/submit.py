@@ -27,9 +27,9 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
 from shared.store import COUNTS_DIR
+from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
-from services.stack.processes import Stack, StackSettings
 
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
 

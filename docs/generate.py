@@ -1,4 +1,5 @@
-"""Write the published contracts: docs/openapi.json (REST) and docs/asyncapi.json (the bus), or check them.
+"""Write the published contracts: docs/openapi.json (REST), docs/asyncapi.json (the bus) and docs/states.md (the
+job state machine, from shared/jobs.py's TRANSITIONS), or check them.
 
     python -m docs.generate           # rewrite both files
     python -m docs.generate --check   # exit 1 if a checked-in file is out of date
@@ -17,6 +18,7 @@ from faststream.nats import NatsBroker, NatsRouter
 from shared import busroles, events
 from shared.bus import subjects_overlap
 from shared.events import Message
+from shared.jobs import TRANSITIONS, Phase
 
 DOCS = Path(__file__).resolve().parent
 SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
@@ -117,8 +119,31 @@ def render(document: dict[str, Any]) -> str:
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+STATES_INTRO = """# The job state machine
+
+Generated from `shared/jobs.py:TRANSITIONS` (do not edit by hand; regenerate with `{regenerate}`).
+Every phase change goes through `services/monitor/state.py:switch`, which refuses an edge not drawn here.
+A secondary phase (`Pending[Queuing]`, `Pending[Scheduled]`, `Running[Hanging]`, `Failed[CreateFailed]`, ...)
+says more about where a job is within its phase; a change of secondary phase alone is no edge of this diagram.
+"""
+
+
+def state_diagram() -> str:
+    """The phases and their allowed changes as a Mermaid state diagram, in the order of `Phase`."""
+    lines = ["stateDiagram-v2", f"    [*] --> {Phase.CREATING.value}"]
+    for source in Phase:
+        lines += [f"    {source.value} --> {target.value}" for target in Phase if target in TRANSITIONS[source]]
+    lines += [f"    {phase.value} --> [*]" for phase in Phase if phase.is_finished()]
+    return "\n".join(lines) + "\n"
+
+
+def states() -> str:
+    return STATES_INTRO.format(regenerate=REGENERATE) + "\n```mermaid\n" + state_diagram() + "```\n"
+
+
 def documents() -> dict[Path, str]:
-    return {DOCS / "openapi.json": render(openapi()), DOCS / "asyncapi.json": render(asyncapi())}
+    return {DOCS / "openapi.json": render(openapi()), DOCS / "asyncapi.json": render(asyncapi()),
+            DOCS / "states.md": states()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from faststream.exceptions import NackMessage, RejectMessage
-from faststream.middlewares import AckPolicy
 from faststream.message import StreamMessage
+from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsCredentials, NatsSecurity, PullSub
 from nats.errors import Error as NatsError
-from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
+from nats.js.errors import BadRequestError, NotFoundError
 from pymongo.errors import PyMongoError
 
 from shared.buscreds import dedup_key
@@ -125,7 +125,8 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
         options["security"] = NatsSecurity(ssl_context=tls)
     # log_level: FastStream's two lines per message ("Received", "Processed") at DEBUG, below the INFO its access
     # logger is set to; a service logs its state changes itself.
-    broker = NatsBroker(servers(url), name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5, connect_timeout=5,
+    broker = NatsBroker(servers(url), name=name, max_reconnect_attempts=-1, connect_timeout=5,
+                        reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py takes a float
                         inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, middlewares=(ReplyGuard,), **options)
     if creds:
         _DEDUP_KEYS[broker] = dedup_key(creds)
@@ -170,7 +171,7 @@ def subjects_overlap(a: str, b: str) -> bool:
 @functools.lru_cache(maxsize=65536)  # every publish asks (an agent's heartbeat too): a scan of the streams' subjects
 def stream_for(subject: str) -> JStream | None:
     """The stream that stores a subject (or, for a filter, overlaps it); None for a core NATS subject."""
-    return next((s for s in STREAMS if any(subjects_overlap(subject, x) for x in s.config.subjects)), None)
+    return next((s for s in STREAMS if any(subjects_overlap(subject, x) for x in s.config.subjects or ())), None)
 
 
 def stream_of(subject: str) -> JStream:

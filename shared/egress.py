@@ -77,7 +77,7 @@ async def system_resolve(host: str, port: int) -> list[str]:
                                        RESOLVE_TIMEOUT_S)
     except TimeoutError:
         raise OSError(f"resolving {host} took more than {RESOLVE_TIMEOUT_S:g}s") from None
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 async def checked_addresses(policy: Policy, host: str, port: int, *, resolve: Resolver = system_resolve) -> list[str]:

@@ -13,7 +13,6 @@ from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
 from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
-
 # Ids that become subjects and path segments (a job's directory, its checkpoint prefix): strict on the bus too.
 Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
                           description="Letters, digits, _ and -: one subject token, one path segment")]
@@ -557,8 +556,9 @@ class TaskTelemetry(Message):
     @field_validator("process_memory_gb", mode="before")
     @classmethod
     def _finite_or_none(cls, raw: object) -> float | None:
-        ok = isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024
-        return float(raw) if ok else None
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and 0 <= raw <= MAX_GPU_READINGS * 1024:
+            return float(raw)
+        return None
 
 
 class EtaEstimated(Message):

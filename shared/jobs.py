@@ -19,8 +19,15 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic import Strict as StrictType
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict as StrictType,
+    field_validator,
+    model_validator,
+)
 
 from shared.safe_regex import compile_metric
 
@@ -28,7 +35,8 @@ NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 RESERVED_ENV_PREFIXES = ("TRAINMASTER_",)
-RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"})
+RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                "MASTER_PORT"})
 
 
 class Phase(StrEnum):
@@ -141,7 +149,8 @@ class MetricSpec(Strict):
         return regex
 
 
-REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$"
+REQUIREMENT = (r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
+               r"\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$")
 def _stays_inside(path: str) -> str:
     if path.startswith("/") or ".." in path.split("/"):
         raise ValueError("must be a relative path that stays inside the attempt's directory")
@@ -268,7 +277,8 @@ class Resource(Strict):
 
 
 class PlacementPrefs(Strict):
-    allowed: Literal["local", "cloud", "any"] = Field("any", description="local: owned nodes; cloud: reserved or on-demand.")
+    allowed: Literal["local", "cloud", "any"] = Field(
+        "any", description="local: owned nodes; cloud: reserved or on-demand.")
     priority: Literal["time", "cost"] = Field("time", description="Finish soonest, or spend least.")
     expected_duration_s: Int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
     gpu_models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(

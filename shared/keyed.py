@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from faststream.nats import NatsBroker
 from faststream.exceptions import RejectMessage
+from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
@@ -143,10 +143,10 @@ def in_order(key: Callable[[Any], str | None], *, deliveries: DeliveryOrder | No
              message: str = "message", retry_s: float = 0.5,
              ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Wrap the handler of a `durable(..., keyed=N)` consumer, whose parameters `event` (the decoded event) and
-    `message` (`Context("message")`) are read (`deliveries`: the consumer's, for `resume`): the messages of one key (`key(event)`, e.g. its job id; None:
-    wait for all) are handled one at a time in stream order, different keys concurrently. A passing failure
-    (database or bus down) is retried in place, never nacked, so no later message of its key overtakes it; a
-    handler error is raised (the message is rejected, as everywhere)."""
+    `message` (`Context("message")`) are read (`deliveries`: the consumer's, for `resume`): the messages of one key
+    (`key(event)`, e.g. its job id; None: wait for all) are handled one at a time in stream order, different keys
+    concurrently. A passing failure (database or bus down) is retried in place, never nacked, so no later message of
+    its key overtakes it; a handler error is raised (the message is rejected, as everywhere)."""
 
     def wrap(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
         turns, order = KeyedOrder(), deliveries or DeliveryOrder()

@@ -147,10 +147,10 @@ class Lease:
         """The key's revision if its last value is this replica's own (with this epoch): a write of ours that the
         server took though its acknowledgement never came back. None when another wrote it (or it cannot be read)."""
         last = await self._last()
-        if last is None or last[1] is None:
+        if last is None:
             return None
         seq, value = last
-        if value.get("holder") != self.holder or value.get("epoch") != (self.epoch or None):
+        if value is None or value.get("holder") != self.holder or value.get("epoch") != (self.epoch or None):
             return None
         return seq
 

@@ -17,7 +17,7 @@ from faststream.exceptions import NackMessage
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
-from shared.events import JobPlaced, LogChunk
+from shared.events import JobPlaced
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -38,12 +38,17 @@ def placed_nodes(event: JobPlaced) -> dict[str, str]:
 
 
 class FromTask(Protocol):
-    """What a task's node says of it (a chunk of output, a telemetry sample): whose, and from where."""
+    """What a task's node says of it (a chunk of output, a telemetry sample): whose, and from where (read-only, as
+    the frozen events that carry it)."""
 
-    job_id: str
-    attempt: int
-    rank: int
-    node_id: str
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def node_id(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,14 @@ def verdict(nodes: dict[str, str] | None, chunk: FromTask, *, all_placements_rea
     return "drop" if all_placements_read else "wait"
 
 
-def dedup_key(chunk: FromTask | LogChunk) -> str:
+class Numbered(FromTask, Protocol):
+    """A report numbered within its task (a log chunk, a telemetry sample)."""
+
+    @property
+    def seq(self) -> int: ...
+
+
+def dedup_key(chunk: Numbered) -> str:
     """A chunk's storage id: per (job, attempt, rank, node), so no other node's chunk can take its place."""
     return f"{chunk.job_id}:{chunk.attempt}:{chunk.rank}:{chunk.node_id}:{chunk.seq}"
 

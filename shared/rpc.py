@@ -6,7 +6,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.jobs import Spec
 
-
 GroupBy = Literal["user", "node_kind", "node", "project"]
 
 

@@ -1,5 +1,7 @@
 """Job-supplied regular expressions: compiled by RE2 and matched against bounded lines, so no pattern and no line
 can stall a service (RE2 runs in time linear in the line; it has no backreferences or lookarounds to backtrack)."""
+from typing import TypeAlias
+
 import re2
 
 MAX_LINE_CHARS = 4096  # a metric sits near the start of an output line; the rest of a huge line is not read
@@ -8,7 +10,7 @@ VALUE_GROUP = "value"
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a rejected pattern is the submitter's answer, not a line in our logs
 
-Pattern = re2._Regexp
+Pattern: TypeAlias = re2._Regexp
 
 
 def compile_pattern(regex: str) -> Pattern:

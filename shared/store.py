@@ -31,8 +31,8 @@ import bson
 from bson.codec_options import CodecOptions
 from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient, UpdateOne, monitoring
-from pymongo.errors import BulkWriteError, DuplicateKeyError
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of

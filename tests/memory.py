@@ -26,10 +26,12 @@ def _matches(doc: dict, query: dict) -> bool:
         flat = values + [v for value in values if isinstance(value, list) for v in value]
         if isinstance(condition, dict) and any(k.startswith("$") for k in condition):
             for op, arg in condition.items():
-                checks = {"$gt": lambda v: v is not None and v > arg, "$lt": lambda v: v is not None and v < arg,
-                          "$gte": lambda v: v is not None and v >= arg, "$lte": lambda v: v is not None and v <= arg,
-                          "$in": lambda v: v in arg,
-                          "$ne": lambda v: v != arg, "$nin": lambda v: v not in arg}
+                checks = {"$gt": lambda v, arg=arg: v is not None and v > arg,
+                          "$lt": lambda v, arg=arg: v is not None and v < arg,
+                          "$gte": lambda v, arg=arg: v is not None and v >= arg,
+                          "$lte": lambda v, arg=arg: v is not None and v <= arg,
+                          "$in": lambda v, arg=arg: v in arg,
+                          "$ne": lambda v, arg=arg: v != arg, "$nin": lambda v, arg=arg: v not in arg}
                 if op == "$exists":
                     if bool(values) != arg:
                         return False

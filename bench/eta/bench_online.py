@@ -31,9 +31,9 @@ def run_job(*, updates: int, eval_every: int, with_target: bool) -> list[float]:
 def run_own_job(*, updates: int) -> list[float]:
     """A researcher's own job as the service follows it (`JobModel`: its metric regex on each output line, its own
     curve's learned band): a declared loss target, no history, one `step N loss X` line and one estimate an update."""
-    from services.estimator.jobmodel import JobModel
     from shared.events import LogLine
     from shared.jobs import MetricSpec
+    from services.estimator.jobmodel import JobModel
 
     spec = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.e-]+)", mode="min", target=0.05)
     model = JobModel(metrics=[spec])

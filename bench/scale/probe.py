@@ -9,7 +9,7 @@ from pathlib import Path
 import nats
 
 from shared import busroles
-from shared.bus import NODES, JOBS, RPC_HEALTH, servers
+from shared.bus import JOBS, NODES, RPC_HEALTH, servers
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -11,10 +11,10 @@ import httpx
 
 from shared.buscreds import write_secret
 from shared.store import COUNTS_DIR
-from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
 from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
-from bench.submit import command_counts, history_model_trained
 from bench.scale.sim import IDENTITY, SimFleet, cluster_records, permissions
+from bench.submit import command_counts, history_model_trained
+from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
 
 log = logging.getLogger(__name__)
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires

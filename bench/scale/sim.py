@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from faststream.nats import NatsBroker
-from pydantic import TypeAdapter
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from pydantic import TypeAdapter
 
 from shared import busroles
 from shared.bus import NODE_CADENCE, NODE_COMMANDS, connect, make_broker, publish

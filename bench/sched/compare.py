@@ -8,8 +8,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from services.placement.policy import POLICIES
-from services.placement.sim.cli import parser as sim_parser
-from services.placement.sim.cli import simulate
+from services.placement.sim.cli import parser as sim_parser, simulate
 
 ORDER = ("trainmaster", "burst", "burst-after", "local-fifo", "wait-local")
 ROWS = (

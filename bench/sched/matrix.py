@@ -9,8 +9,7 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from services.placement.sim.cli import parser as sim_parser
-from services.placement.sim.cli import simulate
+from services.placement.sim.cli import parser as sim_parser, simulate
 
 SIZES = ((8, 4), (12, 6), (16, 8), (22, 12))
 SIGMAS = (0.0, 0.3)
@@ -84,7 +83,8 @@ def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> di
             "tm_dollars": round(tm), "burst_dollars": round(burst),
             "total_dollar_ratio": round(tm / burst, 3) if burst else None,
             "max_jct_ratio": max(c["jct_ratio"] for c in chosen),
-            "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} vs ${worst['burst_dollars']:,.0f},"
+            "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} "
+                     f"vs ${worst['burst_dollars']:,.0f},"
                      f" completion x{worst['jct_ratio']}"}
 
 

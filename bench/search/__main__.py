@@ -13,9 +13,9 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from services.submitter.searches.pruners import Config
 from bench.search.groups import Group, mlperf_groups, sweep_groups
 from bench.search.replay import Outcome, simulate
+from services.submitter.searches.pruners import Config
 
 PRUNERS = ("none", "median", "hyperband", "predicted")
 MLPERF = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mlperf"

@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.submitter.searches.pruners import Point
 from bench.search.replay import Curve
+from services.submitter.searches.pruners import Point
 
 SWEEP = Path(__file__).parent / "data" / "sweep.jsonl.gz"
 TRIALS = 16  # trials per replayed search

@@ -153,7 +153,8 @@ def record_runs(argv: list[str] | None, *, description: str, default_runs: int, 
     one JSON line. `prepare()` loads the data once and returns what trains run `index`: its line (group, params,
     points, wall_s, epochs) and a one-line summary to print."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--runs", type=int, default=default_runs, help="run indices 0..N-1 (already recorded ones skipped)")
+    parser.add_argument("--runs", type=int, default=default_runs,
+                        help="run indices 0..N-1 (already recorded ones skipped)")
     parser.add_argument("--until", default=None, help="stop starting runs after HH:MM UTC")
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)

@@ -25,13 +25,13 @@ from shared.jobs import DataOut
 from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent.carriage import UPDATE_EVERY_S
+from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.hangs import HangPolicy, watch
-from services.agent.preparation import PrepareError, Preparer, output_dir
-from services.agent.cgroups import TaskCgroup, remove
 from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
+from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper

@@ -6,8 +6,8 @@ not every frame of it."""
 import math
 
 UPDATE_EVERY_S = 2.0
-MAX_LINE_BYTES = 2**20
-CURSOR_UP = "\x1b[A"  # a nested tqdm bar's frame ends so: the next newline only moves down to draw it again  # a longer line is shipped in pieces of this size
+MAX_LINE_BYTES = 2**20  # a longer line is shipped in pieces of this size
+CURSOR_UP = "\x1b[A"  # a nested tqdm bar's frame ends so: the next newline only moves down to draw it again
 
 
 class OutputSplitter:

@@ -17,26 +17,14 @@ from typing import TYPE_CHECKING, Literal
 from shared.events import Message, StartTask, TaskHung, TaskResumed
 from shared.jobs import Spec
 from services.agent.nvml import GpuProbe
+from services.agent.taskenv import PROGRESS_FILE
 
 if TYPE_CHECKING:
     from services.agent.runner import TaskProcess
 
 log = logging.getLogger(__name__)
 
-PROGRESS_FILE = "progress"  # in the attempt's directory; its path is the task's TRAINMASTER_PROGRESS_FILE
 DEFAULT_TIMEOUT_S = 1800.0
-# What PyTorch's ProcessGroupNCCL reads (the collective timeout itself is init_process_group's `timeout`, 10 minutes
-# for NCCL by default; no variable sets it): a collective that times out or fails aborts the communicators and ends
-# the process instead of leaving it stuck, and a process whose NCCL watchdog is itself stuck is ended too. Set
-# unless the job sets the variable (or its older name) itself.
-COLLECTIVE_DEFAULTS = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_ENABLE_MONITORING": "1"}
-OLDER_NAMES = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING"}
-
-
-def collective_defaults(own: dict[str, str]) -> dict[str, str]:
-    """The collective-communication settings a task gets, less those its job sets itself (`own`)."""
-    return {name: value for name, value in COLLECTIVE_DEFAULTS.items()
-            if name not in own and OLDER_NAMES.get(name) not in own}
 
 
 @dataclass

@@ -19,9 +19,9 @@ from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
-from services.agent.hangs import PROGRESS_FILE, collective_defaults
 from services.agent.cgroups import TaskCgroup, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
+from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
 TAIL_LINES = 20
 # The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,
@@ -124,8 +124,11 @@ class TaskProcess:
         with it here at once, so nothing of it runs on, holding its GPUs, and no line of it comes after its end.
         A shim that ended with its command leaves the rest of the task a moment to end on its own (a process still
         saving after the SIGTERM that ended the shell above it: the stop's grace period), then kills it."""
-        readers = [asyncio.create_task(self._read(self.process.stdout, "out", on_line)),
-                   asyncio.create_task(self._read(self.process.stderr, "err", on_line))]
+        stdout, stderr = self.process.stdout, self.process.stderr
+        if stdout is None or stderr is None:
+            raise RuntimeError("the shim was started without pipes for its output")
+        readers = [asyncio.create_task(self._read(stdout, "out", on_line)),
+                   asyncio.create_task(self._read(stderr, "err", on_line))]
         status = await self._ended()
         if status != -signal.SIGKILL:
             await asyncio.wait(readers, timeout=self.stop_grace_s if self.stop_reason is not None else DRAIN_S)

@@ -49,7 +49,8 @@ def _searchable(path: str, uid: int, gid: int) -> bool:
 
 def plan(*, reach: list[str], cover: dict[str, int], uid: int, gid: int) -> dict[str, tuple[int, set[str]]]:
     """Directories to cover (tmpfs mode, the children to show through it) so that `reach` is reachable."""
-    covers = {os.path.realpath(p): (mode, set()) for p, mode in cover.items() if os.path.isdir(p)}
+    covers: dict[str, tuple[int, set[str]]] = {os.path.realpath(p): (mode, set()) for p, mode in cover.items()
+                                                if os.path.isdir(p)}
     covers.pop("/", None)
     for target in reach:
         target = os.path.realpath(target)

@@ -119,7 +119,8 @@ def jobs_on(node: dict) -> str:
 
 def nodes(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("GET", "/v2/nodes")
-    rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n), f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
+    rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n),
+             f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
              f"{n.get('cpu_count', 0):g}", f"{n.get('memory_gb', 0):g}", f"{n.get('price_per_hour', 0):.2f}",
              gpus_now(n), jobs_on(n)] for n in answer["items"]]
     headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "gpus_now", "jobs")

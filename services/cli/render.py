@@ -132,7 +132,8 @@ def phase_line(job: dict) -> str:
     status = job["status"]
     secondary = status.get("secondary_phase") or status["phase"]
     where = ", ".join(status.get("node_ids") or []) or status.get("node_id") or ""
-    return (f"{job['metadata']['name']}: {status['phase']}" + (f" [{secondary}]" if secondary != status["phase"] else "")
+    return (f"{job['metadata']['name']}: {status['phase']}"
+            + (f" [{secondary}]" if secondary != status["phase"] else "")
             + (f" on {where}" if where else ""))
 
 

@@ -10,7 +10,7 @@ from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.estimator.handlers import JOBS, PLACED, router
-from services.estimator.models import ModelStore, refresh_forever
+from services.estimator.modelstore import ModelStore, refresh_forever
 from services.estimator.service import Estimator
 
 SERVICE = "estimator"

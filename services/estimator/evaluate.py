@@ -20,13 +20,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 from services.estimator.model.baselines import CurveOnly, MedianDuration, WorkOverThroughput
 from services.estimator.model.calibrate import make_estimator, replay, train_with_calibration
 from services.estimator.model.corpus import default_tarballs, is_usable, load_cached
 from services.estimator.model.features import normalise_accelerator
 from services.estimator.model.targets import parse_targets
+from services.estimator.scoring import summarise
 
 CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
 HEADLINE_METHOD = "eta_blend"
@@ -36,30 +35,6 @@ MAX_TARGETS_FILE = 1 << 20
 def scorable(run) -> bool:
     """A successful test run the harness can replay and score: a target, progress, the target met."""
     return run.succeeded and run.target is not None and run.total_work is not None and run.reached_target()
-
-
-# -- metrics ------------------------------------------------------------------------------
-def summarise(rows: list[dict]) -> dict:
-    """Error statistics at one cut; a row without a prediction (unscorable run) counts as a miss."""
-    done = [r for r in rows if r["pred"] is not None and math.isfinite(r["pred"])]
-    if not done:
-        return {"n": 0, "n_total": len(rows), "within_20pct": 0.0}
-    ape = np.array([abs(r["pred"] / r["truth"] - 1) for r in done])
-    rem_err = np.array([abs(r["pred"] - r["truth"]) for r in done])
-    rem_ape = np.array([abs(r["pred"] - r["truth"]) / max(r["truth"] - r["now"], 1e-9) for r in done])
-    out = {
-        "n": len(done), "n_total": len(rows),
-        "median_ape": float(np.median(ape)), "mape": float(np.mean(ape)),
-        "within_20pct": float(np.sum(ape <= 0.2) / len(rows)),
-        "within_20pct_scored": float(np.mean(ape <= 0.2)),
-        "median_abs_err_remaining_s": float(np.median(rem_err)),
-        "median_ape_remaining": float(np.median(rem_ape)),
-    }
-    banded = [r for r in done if r.get("low") is not None and math.isfinite(r["low"])]
-    if banded:
-        out["coverage_10_90"] = float(np.mean(
-            [r["low"] <= r["truth"] - r["now"] <= r["high"] for r in banded]))
-    return out
 
 
 def _row(run, now, pred, **extra) -> dict:

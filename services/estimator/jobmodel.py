@@ -8,9 +8,9 @@ from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec, Parameter
 from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstimator, parse_mllog_line
 from services.estimator.model.mllog import MLLOG_PREFIX, mark_progress
+from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.owncurve import reached
 from services.estimator.model.printed import DECLARED_UNITS, PrintedWork
-from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.targets import TARGETS, metric_scalar
 from services.estimator.tracker import METRICS_PREFIX, JobTracker
 

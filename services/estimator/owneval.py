@@ -7,12 +7,13 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from services.estimator.evaluate import summarise
 from services.estimator.model import owncorpus
 from services.estimator.model.owncurve import CALIBRATION, load_calibration
+from services.estimator.scoring import summarise
 
 HEADLINE_METHOD = "own_curve"
 HEADLINE_METRIC = "loss"
@@ -70,13 +71,14 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.CORPUS, *, calibration_pa
         from services.estimator.model.owntrain import calibrate  # torch, only when asked
         calibration = calibrate(runs, list(metrics))
     else:
-        calibration = load_calibration(calibration_path)
-        if calibration is None:
+        loaded = load_calibration(calibration_path)
+        if loaded is None:
             raise ValueError(f"param[--calibration] invalid: cannot read {calibration_path}")
+        calibration = loaded
     if sorted(calibration.get("held_out_seeds", [])) != sorted(owncorpus.HELD_OUT_SEEDS):
         raise ValueError("param[--calibration] invalid: it was not fitted with the evaluation's seeds held out")
     test = {m: owncorpus.split(owncorpus.cases(runs, m))[1] for m in metrics}
-    report = {"corpus": "own-jobs", "sweep": ", ".join(str(p) for p in paths), "runs": len(runs),
+    report: dict[str, Any] = {"corpus": "own-jobs", "sweep": ", ".join(str(p) for p in paths), "runs": len(runs),
               "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS), "headline_method": HEADLINE_METHOD,
               "headline_metric": HEADLINE_METRIC, "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
               "test_cases": {m: len(c) for m, c in test.items()},

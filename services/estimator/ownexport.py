@@ -14,8 +14,8 @@ import gzip
 import json
 from pathlib import Path
 
-from services.estimator.app import EstimatorSettings
 from shared.store import embedded_url, make_client
+from services.estimator.app import EstimatorSettings
 
 
 def corpus_line(doc: dict) -> str | None:

@@ -10,15 +10,23 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.bus import publish
-from shared.events import (EtaEstimated, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, LogLine,
-                           TaskStarted, TaskTelemetry)
+from shared.events import (
+    EtaEstimated,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    LogChunk,
+    LogLine,
+    TaskStarted,
+    TaskTelemetry,
+)
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.origin import Origins, dedup_key
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
-from services.estimator.models import ModelStore
+from services.estimator.modelstore import ModelStore
 from services.estimator.telemetry import believed, believed_process_memory, summary, system_series
 from services.estimator.thinning import thin
 

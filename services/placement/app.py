@@ -11,14 +11,14 @@ from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.placement.adapter import catalogue_from
+from services.placement.catalogue import catalogue_entries
+from services.placement.estimates import Estimates
+from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
 from services.placement.handlers import JOBS, router
 from services.placement.policy import PolicyConfig
-from services.placement.catalogue import catalogue_entries
 from services.placement.providers.reconcile import Providers, reconcile_loop
 from services.placement.providers.wiring import bind, make_providers
-from services.placement.estimates import Estimates
-from services.placement.fairshare import FairShare
 from services.placement.service import Placement, scheduling_loop
 from services.placement.tradeoff import tradeoff_from
 

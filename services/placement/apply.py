@@ -65,8 +65,9 @@ async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: 
     attempt = item.attempt + 1
     master = fleet.nodes[assignments[0].node_id].info.address
     port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
+    infos = [fleet.nodes[a.node_id].info for a in assignments]
     memory = min(host_memory_gb(item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb,
-                                node_gpus=len(info.gpus)) for info in (fleet.nodes[a.node_id].info for a in assignments))
+                                node_gpus=len(info.gpus)) for info in infos)
     resource = item.needs.model_copy(update={"memory_gb": memory})
     launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
                     spec=item.spec.model_copy(update={"resource": resource}))

@@ -7,8 +7,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.events import EtaEstimated, JobMigrateRequested, JobStatusChanged, JobSubmitted, JobUnplaceable, \
-    Notification
+from shared.events import (
+    EtaEstimated,
+    JobMigrateRequested,
+    JobStatusChanged,
+    JobSubmitted,
+    JobUnplaceable,
+    Notification,
+)
 from shared.jobs import Phase
 from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue

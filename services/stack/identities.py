@@ -15,8 +15,16 @@ from nats.errors import Error as NatsError
 
 from shared import busroles
 from shared.bus import connect, create_agent_consumer, make_broker
-from shared.buscreds import Minter, Permissions, account_jwt, mint_user, new_seed, operator_jwt, public_key
-from shared.buscreds import write_secret
+from shared.buscreds import (
+    Minter,
+    Permissions,
+    account_jwt,
+    mint_user,
+    new_seed,
+    operator_jwt,
+    public_key,
+    write_secret,
+)
 
 APP_ACCOUNT = "trainmaster"
 KEYS = ("operator", "operator_signer", "system", "account", "account_signer")

@@ -310,7 +310,8 @@ class Stack:
         """Wait for the API. A process that exits meanwhile is started again, as the supervisor of `make run`
         does later: on a NATS cluster that is still electing its leaders a service's first bus request can time
         out, and one replica of the API failing its start must not fail the stack's."""
-        deadline, restarted = time.monotonic() + timeout_s, {}
+        deadline = time.monotonic() + timeout_s
+        restarted: dict[str, float] = {}
         while True:
             left = deadline - time.monotonic()
             try:

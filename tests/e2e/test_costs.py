@@ -2,7 +2,6 @@
 import asyncio
 import csv
 import io
-
 from datetime import timedelta
 
 import httpx
@@ -11,7 +10,6 @@ import pytest
 
 from shared.clock import utcnow
 from shared.events import NodeProvisioned, NodeReleased
-
 from tests.conftest import eventually
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import job_body, unique

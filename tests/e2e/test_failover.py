@@ -100,7 +100,8 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
             kills.append(victim)
             for service in ("placement", "monitor", "billing"):
                 if victim.startswith(service):
-                    await eventually(lambda: _new_leader(stack, admin, service, victim), timeout_s=30, interval_s=0.2)
+                    await eventually(lambda s=service, v=victim: _new_leader(stack, admin, s, v), timeout_s=30,
+                                     interval_s=0.2)
                     takeovers[service] = round(time.monotonic() - killed_at, 1)
             await asyncio.sleep(2)
 

@@ -223,7 +223,8 @@ def test_a_link_opens_its_job_after_sign_in_with_cost_gpu_and_the_whole_curve(st
     last = round(25 / steps, 5)  # the estimator reads the output as it comes: the last point may come late
     curve = wait_for(lambda: page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length "
                                            f"&& TM.charts.metric.data.datasets[0].data.at(-1).y === {last} "
-                                           "&& TM.charts.metric.data.datasets[0].data"), what="the whole curve", timeout_s=90)
+                                           "&& TM.charts.metric.data.datasets[0].data"),
+                     what="the whole curve", timeout_s=90)
     values = [p["y"] for p in curve]
     assert len(values) <= 2000 and values[0] == 25.0, values[:3]  # thinned, from the first point on
     assert page.get_attribute("#job-link", "href").endswith(f"#/job/{job_id}?project={project}")

@@ -4,8 +4,8 @@ import re
 import signal
 import sys
 import threading
-from pathlib import Path
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import pytest
 

@@ -86,7 +86,8 @@ def portal_rows(*, api_url: str, project: str, search_id: str) -> dict[int, str]
             page.wait_for_selector("#trials-table tr[data-trial='7']", timeout=20_000)
             drawn = ("TM.charts.search && TM.charts.search.data.datasets.length === 8 && "
                      "TM.charts.search.data.datasets.every((d) => d.data.length > 0)")
-            deadline = time.monotonic() + 20  # polled from here: wait_for_function evals, which the portal's CSP forbids
+            # polled from here: wait_for_function evals, which the portal's CSP forbids
+            deadline = time.monotonic() + 20
             while not page.evaluate(drawn):
                 assert time.monotonic() < deadline, "the search chart never drew its 8 curves"
                 time.sleep(0.25)

@@ -8,6 +8,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
 from services.stack.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]

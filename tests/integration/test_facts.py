@@ -10,10 +10,8 @@ from faststream import TestApp
 from shared.bus import connect, make_broker, publish
 from shared.events import NodeRegistered
 from shared.rpc import UsageQuery
-from services.billing.app import BillingSettings
-from services.billing.app import create_app as billing_app
-from services.placement.app import PlacementSettings
-from services.placement.app import create_app as placement_app
+from services.billing.app import BillingSettings, create_app as billing_app
+from services.placement.app import PlacementSettings, create_app as placement_app
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 from tests.factories import exited, node, placed, started, submitted, unique

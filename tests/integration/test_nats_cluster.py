@@ -37,7 +37,7 @@ async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_
         await js.publish("tm.job.deleted", b'{"n": 1}')
         os.killpg(cluster.processes[leader].pid, signal.SIGKILL)  # the stream's leader, the worst one to lose
         cluster.processes.pop(leader).wait(timeout=10)
-        for attempt in range(100):  # a new leader within a few seconds; the client fails over on its own
+        for _attempt in range(100):  # a new leader within a few seconds; the client fails over on its own
             try:
                 await js.publish("tm.job.deleted", b'{"n": 2}', timeout=1)
                 break
@@ -50,7 +50,7 @@ async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_
         # A consumer is created by the cluster's metadata leader: when the killed server led that too, its own
         # election may still be under way (it failed once in CI after 5 s), so the creation is retried as the
         # publish was.
-        for attempt in range(30):
+        for _attempt in range(30):
             try:
                 sub = await js.pull_subscribe("tm.job.deleted", durable="cluster-check", stream="TM_JOBS")
                 break
@@ -60,7 +60,7 @@ async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_
             pytest.fail("no consumer could be created within about 3 minutes of losing a server")
         assert [m.data for m in await sub.fetch(2, timeout=5)] == [b'{"n": 1}', b'{"n": 2}']
         cluster.start_nats_server(leader)  # back with its store: it catches up as a follower
-        for attempt in range(100):
+        for _attempt in range(100):
             replicas = (await js.stream_info("TM_JOBS")).cluster.replicas
             if any(r.name == leader and r.current for r in replicas):
                 break

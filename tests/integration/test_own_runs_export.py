@@ -1,10 +1,10 @@
 """The own-jobs export against the database server: what the estimator kept is written as the corpus reads it."""
 import pytest
 
+from shared.store import make_client
 from services.estimator.app import EstimatorSettings
 from services.estimator.model import owncorpus
 from services.estimator.ownexport import export
-from shared.store import make_client
 from tests.factories import unique
 from tests.integration.test_outbox import servers  # noqa: F401 (the fixture)
 

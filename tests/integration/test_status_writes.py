@@ -3,7 +3,7 @@ entries, output counters) and billing's record of how attempts ended; in command
 latest status whatever order the statuses come in."""
 import asyncio
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
@@ -69,7 +69,7 @@ LIFE = [(Phase.PENDING, SecondaryPhase.QUEUING), (Phase.CREATING, SecondaryPhase
 async def new_job(repo: Repository, job_id: str) -> None:
     doc = {"_id": job_id, "name": job_id, "project_id": "p", "user_name": "ana", "status_version": 0,
            "status": {"phase": "Pending", "secondary_phase": "Queuing"},
-           "create_time": datetime(2026, 11, 25, tzinfo=timezone.utc)}
+           "create_time": datetime(2026, 11, 25, tzinfo=UTC)}
     await repo.jobs.insert_one(doc)
     await repo.sync_views(job_id)
 
@@ -140,7 +140,7 @@ async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(coun
     repo, commands = counted
     db = repo.db
     placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
-    ended = datetime(2026, 11, 25, 1, tzinfo=timezone.utc)
+    ended = datetime(2026, 11, 25, 1, tzinfo=UTC)
     events = {v: status("j", v, *LIFE[v - 1]) for v in range(1, 6)}
     events[5] = events[5].model_copy(update={"end_time": ended})
     await placements.status(events[2], seen=1.0)  # before billing saw the submission: the record is made

@@ -5,8 +5,16 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import RPC_ADMIT, publish, stream_of
-from shared.events import JobStatusChanged, NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged, \
-    Notification, TaskExited, TaskStarted
+from shared.events import (
+    JobStatusChanged,
+    NodeProvisioned,
+    NodeRegistered,
+    NodeReleased,
+    NodeStateChanged,
+    Notification,
+    TaskExited,
+    TaskStarted,
+)
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
 from shared.store import DocumentStore

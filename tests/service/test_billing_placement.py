@@ -12,8 +12,8 @@ from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
 from services.billing.placements import Placements
 from services.billing.service import Billing
-from services.placement.handlers import router as placement_router
 from services.placement.fleet import Fleet
+from services.placement.handlers import router as placement_router
 from services.placement.service import Placement
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import Clock, MemoryCollection

@@ -2,7 +2,6 @@
 statuses: at the end the status gives, once, and never while the attempt may still run."""
 from datetime import timedelta
 
-
 from shared.bus import publish
 from shared.clock import utcnow
 from shared.events import Attempt, JobStatusChanged

@@ -15,8 +15,10 @@ from services.billing.placements import Placements
 from services.billing.service import Billing
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import Clock, MemoryCollection
-from tests.service.test_billing_lifetimes import billing as lifetimes_billing  # noqa: F401 (a fixture)
-from tests.service.test_billing_lifetimes import deliver
+from tests.service.test_billing_lifetimes import (
+    billing as lifetimes_billing,  # noqa: F401 (a fixture)
+    deliver,
+)
 
 HOURS_2 = T0 + timedelta(hours=2)
 

@@ -15,7 +15,7 @@ from shared.storage import StoragePolicy
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.isolation import TaskUsers, confinement
-from services.agent.preparation import Preparer, PrepareError
+from services.agent.preparation import PrepareError, Preparer
 from services.agent.resources import load_engines
 from services.agent.runner import SDK_DIR
 from tests.factories import node, spec, unique

@@ -17,10 +17,8 @@ from services.agent.checkpoints import CheckpointStore
 from services.agent.hangs import (
     GpuProbe,
     HangPolicy,
-    PROGRESS_FILE,
     Quiet,
     Signs,
-    collective_defaults,
     judge,
     latest_sign,
     progressed,
@@ -28,6 +26,7 @@ from services.agent.hangs import (
 )
 from services.agent.preparation import Preparer
 from services.agent.runner import task_environment
+from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 from tests.factories import job_body, node, spec
 from tests.unit.test_job_validation import errors
 
@@ -241,7 +240,8 @@ def start_task(job_id: str, command: str, *, timeout_s: int) -> StartTask:
 async def test_an_agent_reports_its_quiet_task_and_its_return_and_never_a_quiet_one_marking_progress(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent)
-    quiet_spell = f"{sys.executable} -c 'import time; print(1, flush=True); time.sleep(2); print(2, flush=True); time.sleep(0.6)'"
+    quiet_spell = (f"{sys.executable} -c 'import time; print(1, flush=True); time.sleep(2); print(2, flush=True); "
+                   "time.sleep(0.6)'")
     marking = f"{sys.executable} -c 'import time, trainmaster_task as tm\nfor _ in range(16): tm.progress(); " \
               "time.sleep(0.2)'"  # prints nothing for 3 s, a progress mark five times a second
     await agent.start(start_task("quiet", quiet_spell, timeout_s=1))

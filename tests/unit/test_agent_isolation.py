@@ -13,15 +13,15 @@ from shlex import quote
 import pytest
 
 from shared.events import LogChunk, StartTask, TaskExited
+from shared.jobs import Algorithm
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
-from services.agent.checkpoints import CheckpointStore, Mirror
 from services.agent.cgroups import detect
+from services.agent.checkpoints import CheckpointStore, Mirror
 from services.agent.isolation import TaskUsers, confinement
 from services.agent.leftovers import KINDS, SYSVIPC, ipc_ids, sweep_files, sweep_ipc
 from services.agent.preparation import Preparer
 from services.agent.runner import SDK_DIR
-from shared.jobs import Algorithm
 from tests.factories import node, spec, unique
 
 NODE = node(node_id="n1")

@@ -1,4 +1,5 @@
-"""The API reference (/docs, /redoc) loads only files the API serves itself, under a CSP that allows no inline script."""
+"""The API reference (/docs, /redoc) loads only files the API serves itself, under a CSP that allows no inline
+script."""
 import re
 from urllib.parse import urlsplit
 

@@ -25,7 +25,8 @@ def flags(**given) -> SimpleNamespace:
 
 def test_flags_override_the_job_file(tmp_path):
     path = tmp_path / "job.yaml"
-    path.write_text("metadata: {name: from-file}\nalgorithm:\n  command: train\n  parameters: [{name: lr, value: '1'}]\n"
+    path.write_text("metadata: {name: from-file}\nalgorithm:\n  command: train\n"
+                    "  parameters: [{name: lr, value: '1'}]\n"
                     "spec: {resource: {gpu_count: 4}}\n")
     body = jobfile.body(flags(file=str(path), gpus=1, param=["lr=0.1", "bs=8"], allowed="local"))
     assert body["metadata"]["name"] == "from-file" and body["algorithm"]["command"] == "train"

@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from docs.generate import AGENT, DOCS, REGENERATE, SERVICES, documents, models, permitted, wildcard
 from shared.bus import subjects_overlap
+from shared.jobs import TRANSITIONS
+from docs.generate import AGENT, DOCS, REGENERATE, SERVICES, documents, models, permitted, wildcard
 
 DIFF_LINES = 40
 
 
-@pytest.mark.parametrize("name", ["openapi.json", "asyncapi.json"])
+@pytest.mark.parametrize("name", ["openapi.json", "asyncapi.json", "states.md"])
 def test_checked_in_contract_is_current(name):
     path, text = next((p, t) for p, t in documents().items() if p.name == name)
     if not path.exists():
@@ -45,3 +46,10 @@ def test_every_message_has_a_publisher_and_the_agent_its_command_subscription():
                  if op["action"] == "send"}
     assert {m.__name__ for m in models()} <= published
     assert "agent:tm.node.cmd.{node_id}.>:OnCommand" in document["operations"]
+
+
+def test_the_state_diagram_draws_exactly_the_allowed_phase_changes():
+    diagram = (DOCS / "states.md").read_text().split("```mermaid\n", 1)[1].split("```", 1)[0]
+    edges = {tuple(line.strip().split(" --> ")) for line in diagram.splitlines()
+             if " --> " in line and "[*]" not in line}
+    assert edges == {(source.value, target.value) for source, targets in TRANSITIONS.items() for target in targets}

@@ -1,5 +1,5 @@
 """Rate limits per user, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -57,7 +57,7 @@ def api_repository() -> Repository:
                                          api_log_sizes=MemoryCollection("sizes")), broker=None)
 
 
-CREATED = datetime(2026, 11, 25, tzinfo=timezone.utc)
+CREATED = datetime(2026, 11, 25, tzinfo=UTC)
 
 
 async def test_queue_caps_count_only_jobs_not_yet_running():

@@ -17,7 +17,8 @@ from tests.memory import MemoryCollection
 
 
 def repository() -> Repository:
-    db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_job_list=MemoryCollection(), api_logs=MemoryCollection(),
+    db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_job_list=MemoryCollection(),
+                         api_logs=MemoryCollection(),
                          api_log_sizes=MemoryCollection())
     return Repository(db=db, broker=None)
 

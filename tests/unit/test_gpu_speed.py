@@ -2,14 +2,14 @@
 plan with it."""
 import pytest
 
-from services.estimator.jobmodel import JobModel
-from services.estimator.service import Estimator, with_tflops
-from services.placement.adapter import policy_node, reference_tflops
-from services.placement.apply import assignment
 from shared.jobs import MetricSpec, Parameter
 from shared.noderecords import capped, limits_from_entry
 from shared.nodes import Gpu
 from shared.store import DocumentStore
+from services.estimator.jobmodel import JobModel
+from services.estimator.service import Estimator, with_tflops
+from services.placement.adapter import policy_node, reference_tflops
+from services.placement.apply import assignment
 from tests.factories import node, placed, submitted, unique
 from tests.memory import MemoryCollection
 

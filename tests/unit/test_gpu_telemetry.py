@@ -18,8 +18,7 @@ from services.agent.hangs import HangPolicy
 from services.agent.nvml import GpuProbe
 from services.agent.preparation import Preparer
 from services.agent.telemetry import task_samples
-from services.estimator.telemetry import believed as estimator_believes, believed_process_memory, summary, \
-    system_series
+from services.estimator.telemetry import believed as estimator_believes, believed_process_memory, summary, system_series
 from services.monitor.nodes import declare_lost, sighted
 from tests.factories import T0, node
 from tests.unit.api_app import add_user, client, make_app

@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from shared.nodes import Gpu
 from services.agent import gpubench, resources
 from services.agent.resources import describe_node
 from services.agent.throughput import BENCH, bench_env, measure_tflops, parse, run_process, with_measured
-from shared.nodes import Gpu
 
 H100 = Gpu(index=0, model="NVIDIA H100 80GB HBM3", memory_gb=79.6, tflops=989.0)
 

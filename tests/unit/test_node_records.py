@@ -1,9 +1,9 @@
 """A node's registration against its record: the cluster file's entry (or a rented node's) caps what it claims."""
 import tomllib
 
-from services.agent.resources import node_from_config
 from shared.noderecords import admitted, capped, limits_from_entry
 from shared.nodes import Gpu
+from services.agent.resources import node_from_config
 from tests.factories import node
 
 ENTRY = tomllib.loads("""

@@ -39,7 +39,7 @@ async def test_a_task_printing_100_mb_ships_its_allowance_and_one_notice(tmp_pat
     shipper = LogShipper(job_id="j", attempt=1, rank=0, node_id="n1", path=tmp_path / "output.log", publish=publish,
                          rate=rate, clock=clock)
     line = "x" * 1023
-    for i in range(100 * 1024):  # 100 MB in one go
+    for _ in range(100 * 1024):  # 100 MB in one go
         shipper.add(LogLine(t=0.0, line=line))
     clock.now = 1.0
     shipper.add(LogLine(t=1.0, line="after a second"))

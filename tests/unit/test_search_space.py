@@ -7,7 +7,8 @@ from services.submitter.searches.trials import trial_body
 
 SPACE = {"lr": Param(type="float", low=1e-4, high=0.1, log=True),
          "width": Param(type="int", low=16, high=256),
-         "layers": Param(type="int", low=1, high=8, log=True), "opt": Param(type="categorical", choices=["sgd", "adam"])}
+         "layers": Param(type="int", low=1, high=8, log=True),
+         "opt": Param(type="categorical", choices=["sgd", "adam"])}
 
 
 def test_draws_stay_in_the_space_and_cover_it():

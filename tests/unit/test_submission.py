@@ -4,7 +4,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
 from nats.errors import NoRespondersError
 
 from shared.bus import RPC_ADMIT, RPC_CANDIDATES

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

@@ -63,7 +63,7 @@ class JobFeatures:
     task: str | None = None
     family: str | None = None
 
-    def resolved(self) -> "JobFeatures":
+    def resolved(self) -> JobFeatures:
         """Fill task, family and TFLOPS from the benchmark and accelerator tables."""
         task, family = task_of(self.benchmark)
         return JobFeatures(

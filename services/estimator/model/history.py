@@ -12,8 +12,14 @@ from pathlib import Path
 import numpy as np
 
 from services.estimator.model.features import (
-    CATEGORICAL, NUMERIC, JobFeatures, categorical_values, compute_tflops, features_from_run,
-    numeric_values)
+    CATEGORICAL,
+    NUMERIC,
+    JobFeatures,
+    categorical_values,
+    compute_tflops,
+    features_from_run,
+    numeric_values,
+)
 
 FORMAT_VERSION = 3  # numpy weights and JSON state in one .npz (2: a torch file)
 UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
@@ -106,7 +112,7 @@ class HistoryPredictor:
         return benchmark in self.offsets and benchmark != "*"
 
     # -- training -----------------------------------------------------------------------
-    def train(self, runs, *, folds: int = 3) -> "HistoryPredictor":
+    def train(self, runs, *, folds: int = 3) -> HistoryPredictor:
         """Fit on corpus runs; out-of-fold residuals by submitter calibrate the bands."""
         feats = [features_from_run(r) for r in runs]
         y = np.log([[r.total_work, r.duration_s] for r in runs])
@@ -242,7 +248,7 @@ class HistoryPredictor:
             np.savez(f, state=np.array(json.dumps(self.state())), **{f"w:{k}": v for k, v in self.weights.items()})
 
     @classmethod
-    def load(cls, path) -> "HistoryPredictor":
+    def load(cls, path) -> HistoryPredictor:
         try:
             with np.load(io.BytesIO(Path(path).read_bytes()), allow_pickle=False) as stored:
                 state = json.loads(str(stored["state"])) if "state" in stored.files else {}

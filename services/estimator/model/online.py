@@ -74,15 +74,15 @@ class OnlineEstimator:
                 metric_value: float | None = None) -> None:
         """Record progress (samples, steps or epochs) and/or a metric value at a time."""
         t = float(t_seconds) - self.start_time
-        if progress is not None and math.isfinite(progress):
-            # A mark repeating the last progress (the evaluation logged after a block ends)
-            # is dropped: the time a progress was first reached is what measures the rate,
-            # and a flat pair of marks would read as a stall.
-            if not self._marks_p or progress > self._marks_p[-1]:
-                self._marks_t.append(t)
-                self._marks_p.append(float(progress))
-                if len(self._marks_t) > MAX_MARKS:
-                    self._marks_t, self._marks_p = _thin(self._marks_t), _thin(self._marks_p)
+        # A mark repeating the last progress (the evaluation logged after a block ends)
+        # is dropped: the time a progress was first reached is what measures the rate,
+        # and a flat pair of marks would read as a stall.
+        if (progress is not None and math.isfinite(progress)
+                and (not self._marks_p or progress > self._marks_p[-1])):
+            self._marks_t.append(t)
+            self._marks_p.append(float(progress))
+            if len(self._marks_t) > MAX_MARKS:
+                self._marks_t, self._marks_p = _thin(self._marks_t), _thin(self._marks_p)
         if metric_value is not None and math.isfinite(metric_value):
             if self._metric_clock is None:
                 self._metric_clock = not self._marks_p

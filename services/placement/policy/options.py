@@ -1,29 +1,14 @@
 """Candidate placements for one job and the two rules that pick among them (time- and cost-sensitive)."""
 import math
-from dataclasses import dataclass
 
-from services.placement.policy.capacity import CapacityIndex, NodeView
 from services.placement.policy import why
+from services.placement.policy.capacity import CapacityIndex, NodeView
+from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, InstanceType, JobRequest
 from services.placement.policy.spot import spot_duration
 
 KIND_RANK = {"local": 0, "reserved": 1, "on_demand": 2}
-
-
-@dataclass(slots=True)
-class Option:
-    action: str  # "start" | "wait" | "provision"
-    start_at: float
-    finish: float
-    cost: float
-    paid: bool
-    kind_rank: int
-    duration: float
-    picks: list[tuple[NodeView, tuple[int, ...]]] | None = None
-    views: list[NodeView] | None = None
-    instance: InstanceType | None = None
-    why: str = ""  # set on the option pick() chose: why it was chosen (policy/why.py)
 
 
 def job_kinds(job: JobRequest, enabled: frozenset[str]) -> tuple[str, ...]:

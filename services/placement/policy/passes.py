@@ -3,10 +3,10 @@ import heapq
 from collections.abc import Iterator, Mapping
 
 from services.placement.policy.capacity import CapacityIndex
+from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, Release, Start, Wait
 from services.placement.policy.models import ClusterState, JobRequest
-from services.placement.policy.options import Option
 
 ALL_KINDS = frozenset({"local", "reserved", "on_demand"})
 OWNED_ONLY = frozenset({"local", "reserved"})

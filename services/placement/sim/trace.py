@@ -3,6 +3,7 @@ import csv
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from services.placement.policy import JobRequest
 from services.placement.sim.catalogue import GPU_MODELS, RESERVED_PRICE_FACTOR, UNKNOWN_MODEL
@@ -78,9 +79,9 @@ def load_jobs(path: str, options: TraceOptions = TraceOptions()) -> tuple[list[T
 
 def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions) -> TraceJob:
     name, qos = row["name"], row["qos"]
-    priority = "time" if qos in ("LS", "Guaranteed") else "cost"
+    priority: Literal["time", "cost"] = "time" if qos in ("LS", "Guaranteed") else "cost"
     draw = _fraction(name, "allowed")
-    allowed = "local" if draw < options.local_only_frac else (
+    allowed: Literal["local", "cloud", "any"] = "local" if draw < options.local_only_frac else (
         "cloud" if draw < options.local_only_frac + options.cloud_only_frac else "any")
     factor, slack = (
         (options.ts_deadline_factor, options.ts_deadline_slack_s)

@@ -2,7 +2,6 @@
 
 import json
 
-
 from services.estimator.model.corpus import Observation, Run
 
 

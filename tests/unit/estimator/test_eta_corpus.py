@@ -3,9 +3,9 @@ import json
 import tarfile
 
 import pytest
+from eta_factories import mllog
 
 from services.estimator.model.corpus import is_usable, load_corpus, parse_run
-from eta_factories import mllog
 
 
 def bert_log(stop_status="success"):

@@ -5,11 +5,11 @@ import math
 import tarfile
 
 import pytest
+from eta_factories import mllog
 
 from services.estimator import evaluate
 from services.estimator.model import calibrate
 from services.estimator.model.targets import parse_targets
-from eta_factories import mllog
 
 SYSTEM = {"accelerator_model_name": "NVIDIA H100-SXM5-80GB", "number_of_nodes": "1",
           "accelerators_per_node": "8"}

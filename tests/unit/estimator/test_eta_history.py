@@ -5,10 +5,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from eta_factories import make_run
 
 from services.estimator.model.features import JobFeatures, accelerator_tflops, features_from_run
 from services.estimator.model.history import HistoryPredictor
-from eta_factories import make_run
 
 
 def tiny_corpus():
@@ -88,6 +88,7 @@ def test_load_rejects_other_format_versions_and_the_old_torch_files(trained, tmp
 
 def test_the_served_numpy_network_computes_what_the_trained_torch_network_does(trained):
     import torch
+
     from services.estimator.model.history import forward
     from services.estimator.model.historynet import MLP
     runs, model = trained

@@ -1,7 +1,7 @@
 import json
 
-from services.estimator.jobmodel import JobModel
 from shared.events import LogLine
+from services.estimator.jobmodel import JobModel
 
 
 def mllog(key, t, value=None, **metadata):
@@ -56,10 +56,10 @@ def test_unet3d_epochs_become_samples_live_as_in_the_corpus():
 import math  # noqa: E402
 
 import pytest  # noqa: E402
-
-from services.estimator.model.history import UNSEEN, HistoryPredictor  # noqa: E402
-from shared.jobs import MetricSpec, Parameter  # noqa: E402
 from test_eta_history import tiny_corpus  # noqa: E402
+
+from shared.jobs import MetricSpec, Parameter  # noqa: E402
+from services.estimator.model.history import UNSEEN, HistoryPredictor  # noqa: E402
 
 
 @pytest.fixture(scope="module")

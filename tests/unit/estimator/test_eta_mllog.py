@@ -1,7 +1,7 @@
 import pytest
+from eta_factories import mllog
 
 from services.estimator.model.mllog import MetricSpec, RegexMetricParser, parse_mllog_line
-from eta_factories import mllog
 
 
 def test_parse_mllog_line_reads_key_value_time_and_metadata():

@@ -5,8 +5,16 @@ import numpy as np
 import pytest
 
 from services.estimator.model import owncorpus
-from services.estimator.model.owncurve import (FEATURES, OwnEstimate, learned_quantiles, load_calibration,
-                                               own_estimate, progress_rate, quantile_net, read_prefix)
+from services.estimator.model.owncurve import (
+    FEATURES,
+    OwnEstimate,
+    learned_quantiles,
+    load_calibration,
+    own_estimate,
+    progress_rate,
+    quantile_net,
+    read_prefix,
+)
 from services.estimator.owneval import previous_rate
 
 

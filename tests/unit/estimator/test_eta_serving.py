@@ -5,9 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.estimator import models
+from services.estimator import modelstore
 from services.estimator.app import EstimatorSettings
-from services.estimator.models import ModelStore
+from services.estimator.modelstore import ModelStore
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -21,7 +21,7 @@ async def test_training_is_started_with_the_configured_torch_threads(tmp_path, m
         seen.append(argv)
         return await real("true")
 
-    monkeypatch.setattr(models.asyncio, "create_subprocess_exec", spawn)
+    monkeypatch.setattr(modelstore.asyncio, "create_subprocess_exec", spawn)
     await ModelStore(directory=tmp_path / "models", corpus=[corpus], threads=2).train()
     [argv] = seen
     assert argv[argv.index("--threads") + 1] == "2" and argv[argv.index("--out") + 1].endswith("history-v1.npz")

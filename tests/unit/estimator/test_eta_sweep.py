@@ -2,7 +2,6 @@
 import gzip
 import json
 
-
 import pytest
 
 record = pytest.importorskip("bench.search.record")

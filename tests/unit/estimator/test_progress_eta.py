@@ -7,9 +7,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from services.estimator.jobmodel import JobModel
 from shared.events import LogLine
 from shared.jobs import MetricSpec, Parameter
+from services.estimator.jobmodel import JobModel
 
 EPOCHS, PER_EPOCH = 10, 50
 STEPS = EPOCHS * PER_EPOCH
@@ -188,7 +188,8 @@ def test_a_target_the_curve_reaches_only_after_the_declared_max_steps_says_unrea
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(-10**6, 10**20), st.integers(-10**6, 10**20),
                           st.sampled_from(["{p}%|#| {n}/{m} [00:01<00:02, {n}it/s]", "step {n}/{m}", "Epoch {n}/{m}",
-                                           "{n}/{m} ━━━━ 1s {m}ms/step", "step={n}", 'TRAINMASTER_METRICS {{"step": {n}}}',
+                                           "{n}/{m} ━━━━ 1s {m}ms/step", "step={n}",
+                                           'TRAINMASTER_METRICS {{"step": {n}}}',
                                            "step {n} loss {m}"])), max_size=40))
 def test_no_printed_progress_makes_the_estimate_raise(lines):
     spec = MetricSpec(name="loss", regex=r"step (?P<step>-?\d+) loss (?P<value>-?[0-9.]+)", mode="min", target=0.1)

@@ -92,7 +92,7 @@ def test_no_line_makes_the_reader_raise(lines):
     reader = ProgressReader()
     for i, line in enumerate(lines):
         p = reader.observe(line, float(i))
-        assert p is None or (p.done >= 0 and (p.total is None or 0 < p.total and p.done <= p.total))
+        assert p is None or (p.done >= 0 and (p.total is None or p.total > 0 and p.done <= p.total))
 
 
 def test_older_and_scaled_forms():

@@ -107,7 +107,7 @@ def test_availability_read_without_a_view_is_what_the_view_says():
 
     rng = random.Random(3)
     nodes, running = [], []
-    for n in range(300):
+    for _ in range(300):
         gpus = rng.choice((1, 2, 4, 8))
         free = rng.randrange(gpus + 1)
         node = make_node(gpu_count=gpus, free=free, kind=rng.choice(("local", "reserved", "on_demand")),

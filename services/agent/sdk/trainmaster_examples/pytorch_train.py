@@ -20,7 +20,7 @@ NOISE = 0.05  # the targets' noise: no model gets the mean squared error below N
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--lr", type=float, default=float(os.environ.get("lr", "0.05")))
+    parser.add_argument("--lr", type=float, default=float(os.environ.get("lr", "0.05")))  # noqa: SIM112 (a parameter, by its name)
     parser.add_argument("--checkpoint-every", type=int, default=100)
     args = parser.parse_args()
 

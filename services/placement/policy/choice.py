@@ -1,0 +1,20 @@
+"""What pick() weighs: one way to run a job (start now, wait for nodes, or provision one) with its finish and cost."""
+from dataclasses import dataclass
+
+from services.placement.policy.capacity import NodeView
+from services.placement.policy.models import InstanceType
+
+
+@dataclass(slots=True)
+class Option:
+    action: str  # "start" | "wait" | "provision"
+    start_at: float
+    finish: float
+    cost: float
+    paid: bool
+    kind_rank: int
+    duration: float
+    picks: list[tuple[NodeView, tuple[int, ...]]] | None = None
+    views: list[NodeView] | None = None
+    instance: InstanceType | None = None
+    why: str = ""  # set on the option pick() chose: why it was chosen (policy/why.py)
