@@ -12,8 +12,7 @@ from services.placement.adapter import catalogue_from
 from services.placement.fleet import Fleet, FleetNode
 from services.placement.providers.base import Orphan
 from services.placement.providers.cloud import offer_infos
-from services.placement.providers.reconcile import Providers, node_interrupted, pod_failed, reconcile_once, \
-    release_lost
+from services.placement.providers.reconcile import Providers, node_interrupted, pod_failed, reconcile_once, release_lost
 from tests.memory import MemoryCollection
 
 LAUNCHED = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)

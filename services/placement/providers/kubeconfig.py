@@ -35,16 +35,24 @@ def connection(*, kubeconfig: Path | None, context: str | None, api_url: str | N
 def _chosen(*, kubeconfig: Path | None, context: str | None, api_url: str | None, token_file: Path | None,
             ca_file: Path | None, service_account: Path) -> SingleConfig:
     if kubeconfig is not None:
-        return KubeConfig.from_file(kubeconfig.expanduser()).get(context)
+        return _found(KubeConfig.from_file(kubeconfig.expanduser()).get(context), f"{kubeconfig}: no context")
     if api_url is not None:
         token = token_file or _present(service_account / "token")
         ca = ca_file or _present(service_account / "ca.crt")
         cluster = Cluster(server=api_url, certificate_auth=str(ca) if ca else None)
-        return KubeConfig.from_one(cluster=cluster, user=User(token_file=str(token) if token else None)).get()
+        one = KubeConfig.from_one(cluster=cluster, user=User(token_file=str(token) if token else None))
+        return _found(one.get(), f"{api_url}: no configuration")
     try:
-        return KubeConfig.from_service_account(service_account).get()
+        in_pod = KubeConfig.from_service_account(service_account).get()
     except (KeyError, ConfigError) as exc:  # not in a pod: no token mounted, no KUBERNETES_SERVICE_HOST/PORT
         raise ConfigError(f"no kubeconfig nor api_url set, and not running in a Kubernetes pod ({exc})") from None
+    return _found(in_pod, "the pod's service account: no configuration")
+
+
+def _found(config: SingleConfig | None, missing: str) -> SingleConfig:
+    if config is None:
+        raise ConfigError(missing)
+    return config
 
 
 def _present(path: Path) -> Path | None:

@@ -8,6 +8,7 @@ import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 from lightkube import AsyncClient
@@ -69,7 +70,7 @@ class KubernetesProvider:
     def api(self) -> AsyncClient:
         """One client (an exec plugin's token is kept between calls), made on first use, in the running loop."""
         if self._api is None:
-            self._api = AsyncClient(config=self.config, namespace=self.settings.namespace, timeout=15,
+            self._api = AsyncClient(config=self.config, namespace=self.settings.namespace, timeout=httpx.Timeout(15),
                                     trust_env=False, field_manager="trainmaster-placement")
         return self._api
 
@@ -143,7 +144,8 @@ class KubernetesProvider:
 
     async def _list(self, kind: str) -> list[dict]:
         cluster = self.settings.cluster_name
-        items = [item.to_dict() async for item in self.api.list(KINDS[kind], labels={LABEL_CLUSTER: cluster})]
+        resource: Any = KINDS[kind]  # Pod or Secret: each lists as its own model
+        items = [item.to_dict() async for item in self.api.list(resource, labels={LABEL_CLUSTER: cluster})]
         # filtered here too: a namespace shared with other clusters must never lose their objects
         return [i for i in items if (i.get("metadata", {}).get("labels") or {}).get(LABEL_CLUSTER) == cluster]
 
