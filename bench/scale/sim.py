@@ -24,6 +24,7 @@ from shared.buscreds import Permissions
 from shared.events import LogLine, NodeCommand, StartTask
 from shared.nodes import Gpu, NodeInfo
 from services.agent.agent import Agent
+from services.agent.hangs import HangPolicy
 from services.agent.pace import Pace
 from services.agent.shipping import LogShipper
 
@@ -65,6 +66,7 @@ class SimAgent:
         self.sent: list[float] = []  # when each heartbeat went out (the bench's clock)
         self.tasks: dict[str, SimTask] = {}
         self.broker = broker
+        self.hangs = HangPolicy()  # no NVML: simulated GPUs send no readings
 
     async def publish(self, message) -> None:
         await publish(self.broker, message)
