@@ -162,6 +162,12 @@ class MemoryCollection:
         del self.docs[doc["_id"]]
         return Result(deleted=1)
 
+    async def find_one_and_delete(self, query: dict) -> dict | None:
+        doc = await self.find_one(query)
+        if doc is not None:
+            del self.docs[doc["_id"]]
+        return doc
+
     async def delete_many(self, query: dict) -> Result:
         keys = [k for k, d in self.docs.items() if _matches(d, query)]
         for key in keys:
