@@ -136,6 +136,8 @@ class MemoryCollection:
             target[leaf] = copy.deepcopy(value)
         for key, value in update.get("$inc", {}).items():
             current[key] = current.get(key, 0) + value
+        for key in update.get("$unset", {}):
+            current.pop(key, None)
         for key, condition in update.get("$pull", {}).items():
             current[key] = [item for item in current.get(key, []) if not _matches(item, condition)]
         return Result(1)
