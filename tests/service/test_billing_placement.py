@@ -199,3 +199,17 @@ async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_
         assert (service.node_info.reads, service.open.reads) == (0, 0)
         report = await service.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0) and report.total.cost > 0
+
+
+async def test_a_submission_is_one_insert_and_a_redelivered_one_of_a_job_done_queues_nothing(placement):
+    broker, service, placements = placement
+    jobs = ReadCounting("placement_jobs")
+    service.jobs.collection = jobs  # the store the queue writes through
+    await publish(broker, submitted(job_id="j"))
+    assert jobs.reads == 0 and "j" in service.queue
+    await publish(broker, NodeRegistered(event_id="g", node=node(node_id="box"), boot_id="b"))
+    assert await service.schedule_once() == 1
+    await service.store.forget("j")  # done and forgotten in memory, its record kept
+    await publish(broker, submitted(job_id="j"))
+    assert "j" not in service.queue and await service.schedule_once() == 0
+    assert [p["job_id"] for p in placements] == ["j"]
