@@ -75,6 +75,7 @@ class Billing:
             await (self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else
                    self.exited(waiting, seen=at))
             await self.placements.unpark(waiting)
+        self.placements.settled(event)
 
     async def started(self, event: TaskStarted, *, seen: datetime | None = None) -> None:
         """Open the attempt's line when its start is seen (`seen`: when the platform recorded the report, else

@@ -171,6 +171,10 @@ class ReadCounting(MemoryCollection):
         self.reads += 1
         return await super().find_one(query, projection)
 
+    def find(self, query: dict | None = None, projection: dict | None = None):
+        self.reads += 1
+        return super().find(query, projection)
+
     async def delete_one(self, query: dict):
         reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's
         result = await super().delete_one(query)
@@ -213,3 +217,24 @@ async def test_a_submission_is_one_insert_and_a_redelivered_one_of_a_job_done_qu
     await publish(broker, submitted(job_id="j"))
     assert "j" not in service.queue and await service.schedule_once() == 0
     assert [p["job_id"] for p in placements] == ["j"]
+
+
+async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_only_when_one_was_parked():
+    broker = NatsBroker()
+    broker.include_router(billing_router)
+    async with TestNatsBroker(broker) as test_broker:
+        jobs, parked = ReadCounting("jobs"), ReadCounting("parked")
+        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
+                          placements=Placements(jobs=jobs, attempts=MemoryCollection("attempts"), parked=parked),
+                          clock=Clock(T0))
+        test_broker.context.set_global("billing", service)
+        for job_id in ("a", "b"):
+            await publish(test_broker, submitted(job_id=job_id))
+            await deliver(test_broker, service, placed(job_id), started(job_id, at=T0))
+        assert (jobs.reads, parked.reads) == (0, 1)
+        await publish(test_broker, submitted(job_id="c"))
+        await deliver(test_broker, service, started("c", at=T0))  # before its placement: it waits
+        await deliver(test_broker, service, placed("c"), exited("c", at=T0 + timedelta(hours=1)))
+        report = await service.usage(UsageQuery(project_id="p"))
+        assert (report.total.attempts, report.open_attempts) == (3, 2)  # c's start waited, then was charged
+        assert not parked.docs
