@@ -14,7 +14,7 @@ from services.billing.placements import Placements
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import Repository
 from tests.conftest import free_port
-from tests.factories import unique
+from tests.factories import submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -176,10 +176,32 @@ async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(coun
     commands.sent.clear()
     for version in (5, 3, 4, 1, 5):  # then the newest, and older or repeated ones that change nothing
         await placements.status(events[version], seen=2.0)
-    assert commands.total() == 5
+    assert commands.total() == 1  # the others are older than the one kept: not even sent
+    restarted = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    for version in (3, 4, 1):  # a billing that remembers nothing: the record refuses each, one command each
+        await restarted.status(events[version], seen=2.0)
+    assert commands.total() == 4
     kept = await db.billing_jobs.find_one({"_id": "j"})
     assert (kept["version"], kept["finished"], kept["final_at"], kept["project_id"]) == (5, True, ended.timestamp(),
                                                                                          "p")
     await db.billing_jobs.insert_one({"_id": "old", "project_id": "p", "user_name": "ana", "finished": False})
     await placements.status(status("old", 2, Phase.RUNNING, SecondaryPhase.RUNNING), seen=3.0)  # kept before
     assert (await db.billing_jobs.find_one({"_id": "old"}))["version"] == 2  # versions were: it is updated
+
+
+async def test_billing_writes_only_the_statuses_that_say_something_new_of_a_jobs_attempts(counted):
+    repo, commands = counted
+    db = repo.db
+    placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    await placements.submitted(submitted(job_id="n"))
+    ended = datetime(2026, 11, 25, 1, tzinfo=timezone.utc)
+    life = [status("n", v, *LIFE[v - 1]).model_copy(update={"attempt": 0 if v == 1 else 1}) for v in range(1, 6)]
+    life[4] = life[4].model_copy(update={"end_time": ended})
+    commands.sent.clear()
+    for event in life:
+        await placements.status(event, seen=float(event.version))
+    # Pending says what the submission stored; Creating moves to attempt 1; Running twice says nothing new;
+    # Completed ends it: two writes for five statuses.
+    assert commands.total() == 2, dict(commands.sent)
+    kept = await db.billing_jobs.find_one({"_id": "n"})
+    assert (kept["version"], kept["attempt"], kept["finished"], kept["final_at"]) == (5, 1, True, ended.timestamp())
