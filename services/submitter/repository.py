@@ -65,6 +65,12 @@ def _last_key(attempt: int, rank: int) -> str:
     return f"last_{attempt}_{rank}"
 
 
+def _all_counted(sizes: dict[str, Any], attempt: int, rank: int) -> bool:
+    """Whether the counters say every chunk of the task up to the one marked last is stored."""
+    last = sizes.get(_last_key(attempt, rank))
+    return last is not None and sizes.get(_chunks_key(attempt, rank), 0) > last
+
+
 def chunk_bytes(lines: list[str]) -> int:
     return sum(len(line.encode()) + 1 for line in lines)
 
@@ -78,6 +84,9 @@ class Repository:
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
     left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
+    # Each job's output counters as this process last wrote them: they only grow, so when they say a task's output
+    # is all stored, it is (another replica's chunks only add to them); when they do not, they are read.
+    output_counts: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED // 10), repr=False)
 
     @property
     def jobs(self):
@@ -285,6 +294,8 @@ class Repository:
             update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}
         total = await self.db.api_log_sizes.find_one_and_update({"_id": chunk.job_id}, update, upsert=True,
                                                                 return_document=ReturnDocument.AFTER)
+        if total:
+            self.output_counts.put(chunk.job_id, total)
         if total and total.get("bytes", 0) > self.log_cap_bytes:
             await self.trim_log(chunk.job_id)
 
@@ -316,11 +327,12 @@ class Repository:
         document, kept by `add_log`; they count a chunk only once it is stored, so they never say "all" too
         early); when they do not say so (a crash between a chunk and its count, output from before they were
         kept), the chunks themselves are counted."""
+        if _all_counted(self.output_counts.get(job_id) or {}, attempt, rank):
+            return True
         sizes = await self.db.api_log_sizes.find_one({"_id": job_id}) or {}
         if sizes.get(f"dropped_{rank}"):
             return sizes.get(_last_key(attempt, rank)) is not None or await self._has_last(job_id, attempt, rank)
-        if _last_key(attempt, rank) in sizes and sizes.get(_chunks_key(attempt, rank), 0) > sizes[_last_key(attempt,
-                                                                                                              rank)]:
+        if _all_counted(sizes, attempt, rank):
             return True
         where = {"job_id": job_id, "attempt": attempt, "rank": rank}
         last = await self.logs.find_one({**where, "last": True}, {"seq": 1})

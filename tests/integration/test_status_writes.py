@@ -144,7 +144,7 @@ def chunk(seq: int, *, last: bool = False) -> LogChunk:
                     lines=(LogLine(t=0.0, s="out", line=f"line {seq}"),))
 
 
-async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters(counted):
+async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_or_none(counted):
     repo, commands = counted
     await repo.add_log(chunk(0))
     await repo.add_log(chunk(2, last=True))
@@ -153,6 +153,9 @@ async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters(
     await repo.add_log(chunk(1))  # a redelivery is refused and not counted twice
     commands.sent.clear()
     assert await repo.output_complete("j", attempt=1, rank=0)
+    assert commands.total() == 0  # the counters as this process wrote them say so
+    other = Repository(db=repo.db, broker=None)  # another replica (or after a restart): one read
+    assert await other.output_complete("j", attempt=1, rank=0)
     assert commands.total() == 1
     assert not await repo.output_complete("j", attempt=2, rank=0)  # another attempt's output: none stored
 
