@@ -1,7 +1,8 @@
 """Submission benchmark: N no-op jobs through the REST API of a freshly started stack.
 
 Reports jobs/s accepted by the API, submit→Running latency (p50/p99, from each job's create_time and
-start_time), the latency of a job-list page, and the peak RSS of every process of the stack; `--count-commands`
+start_time), the latency of a job-list page, the CPU seconds and peak RSS of every process of the stack, and the
+machine's cores (and those this process may use); `--count-commands`
 adds the database commands each process sent per job of the burst (counted by each process's client).
 `--history N` first stores N finished jobs in the project (straight into the API's collections, each job and its
 list entry, as months of use leave them), to show whether submitting and listing slow down as the history grows;
@@ -11,7 +12,7 @@ list entry, as months of use leave them), to show whether submitting and listing
 import argparse
 import asyncio
 import json
-import platform
+import os
 import socket
 import sys
 import tempfile
@@ -27,6 +28,7 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import CommonSettings
 from shared.store import COUNTS_DIR
+from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import list_entry
 from services.submitter.views import new_job, status_fields
@@ -143,6 +145,8 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
         list_ms = await list_latency_ms(api)
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
         before = await command_counts(stack)
+        pids = {name: p.pid for name, p in stack.processes.items()} | {"bench": os.getpid()}
+        cpu_before = cpu_seconds(pids)
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         accept_s = time.perf_counter() - started
@@ -156,6 +160,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
                 raise TimeoutError(f"{page['total']} jobs still not finished")
             await asyncio.sleep(0.5)
         finish_s = time.perf_counter() - started
+        cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
         per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
@@ -176,8 +181,9 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
         "submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
         **idle_figures,
         **per_job,
+        "cpu_s_over_burst": cpu_over_burst,
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
-        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
     }
 
 
@@ -216,12 +222,14 @@ async def command_counts(stack: Stack) -> dict[str, Counter]:
 
 def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, jobs: int) -> dict:
     """Database commands per job of the burst, by process and in all, and the commands each process sent most
-    (the background work of the burst's duration, relays and timers, is counted in)."""
+    (the background work of the burst's duration, relays and timers, is counted in): every command a process
+    sent at least once every 20 jobs."""
     if not after:
         return {}
     spent = {name: after[name] - before.get(name, Counter()) for name in after}
     by_process = {name: round(sum(c.values()) / jobs, 2) for name, c in sorted(spent.items()) if c}
-    top = {name: {k: round(v / jobs, 2) for k, v in c.most_common(6)} for name, c in sorted(spent.items()) if c}
+    top = {name: {k: round(v / jobs, 2) for k, v in c.most_common() if v / jobs >= 0.05}
+           for name, c in sorted(spent.items()) if c}
     return {"db_commands_per_job": round(sum(by_process.values()), 1), "db_commands_per_job_by_process": by_process,
             "db_commands_per_job_top": top}
 

@@ -99,12 +99,15 @@ class Origins:
         key = attempt_key(event.job_id, event.attempt)
         if self.known.get(key) == nodes:
             return
+        self.known.put(key, nodes)  # before the insert: the same placement from another consumer inserts nothing
         try:
             await self.placements.insert_one({"_id": key, "job_id": event.job_id, "attempt": event.attempt,
                                               "nodes": nodes, "gpus": given_gpus(event), "why": event.why})
         except DuplicateKeyError:
             pass
-        self.known.put(key, nodes)
+        except BaseException:
+            self.known.pop(key)  # not stored: the delivery comes again
+            raise
 
     async def forget(self, job_id: str) -> None:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""

@@ -251,13 +251,18 @@ class DocumentStore:
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
 
-    async def update(self, doc_id: Any, change: Change, *, attempts: int = MAX_CONFLICTS) -> bool:
+    async def update(self, doc_id: Any, change: Change, *, attempts: int = MAX_CONFLICTS, new: bool = False) -> bool:
         """Load (or recall), change, save until no one wrote in between; `change` returns None when there is
-        nothing to write. Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races."""
+        nothing to write. Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races.
+        `new`: the document is most likely not stored yet (a job's first event), so the first try inserts what
+        `change(None)` gives without reading; a stored one refuses the insert and the next try reads it."""
         for attempt in range(attempts):
+            guessed = new and attempt == 0
             remembered = self._recall(doc_id) if attempt == 0 else None
-            current = remembered if remembered is not None else await self.load(doc_id)
+            current = None if guessed else remembered if remembered is not None else await self.load(doc_id)
             outcome = change(current)
+            if outcome is None and guessed:
+                continue  # nothing to make of nothing: what is stored decides
             if outcome is None:
                 return False
             fields, events = outcome

@@ -138,6 +138,8 @@ class MemoryCollection:
             target[leaf] = copy.deepcopy(value)
         for key, value in update.get("$inc", {}).items():
             current[key] = current.get(key, 0) + value
+        for key in update.get("$unset", {}):
+            current.pop(key, None)
         for key, condition in update.get("$pull", {}).items():
             current[key] = [item for item in current.get(key, []) if not _matches(item, condition)]
         return Result(1)
@@ -163,6 +165,12 @@ class MemoryCollection:
             return Result()
         del self.docs[doc["_id"]]
         return Result(deleted=1)
+
+    async def find_one_and_delete(self, query: dict) -> dict | None:
+        doc = await self.find_one(query)
+        if doc is not None:
+            del self.docs[doc["_id"]]
+        return doc
 
     async def delete_many(self, query: dict) -> Result:
         keys = [k for k, d in self.docs.items() if _matches(d, query)]

@@ -2,6 +2,7 @@
 import asyncio
 import json
 import os
+import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,23 @@ def cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each named process has used so far."""
+    return {name: cpu_s(pid) for name, pid in pids.items()}
+
+
+def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds each process used between two `cpu_seconds` readings, and all of them together."""
+    spent = {name: round(after[name] - before.get(name, 0.0), 2) for name in sorted(after)}
+    return {**spent, "all": round(sum(spent.values()), 2)}
+
+
+def machine() -> dict[str, object]:
+    """The cores a run had: the machine's and those this process may run on (a container or `taskset` has fewer)."""
+    return {"arch": platform.machine(), "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
+            "python": platform.python_version()}
 
 
 def rss_mb(pid: int, key: str = "VmRSS") -> float:

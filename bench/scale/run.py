@@ -2,7 +2,6 @@
 import asyncio
 import logging
 import os
-import platform
 import socket
 import time
 from pathlib import Path
@@ -11,7 +10,7 @@ import httpx
 
 from shared.buscreds import write_secret
 from shared.store import COUNTS_DIR
-from bench.scale.probe import CpuWindow, Watch, percentile, rss_mb
+from bench.scale.probe import CpuWindow, Watch, cpu_seconds, cpu_spent, machine, percentile, rss_mb
 from bench.scale.sim import IDENTITY, SimFleet, cluster_records, permissions
 from bench.submit import command_counts, history_model_trained
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
@@ -146,6 +145,7 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
     await fleet.open()
     pids = {name: p.pid for name, p in stack.processes.items()} | {"bench": os.getpid()}
     loops = [asyncio.create_task(watch.lag_forever())]
+    cpu_at_start = cpu_seconds(pids)
     t0 = time.monotonic()
     try:
         await fleet.register_all()
@@ -180,6 +180,7 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
                 await asyncio.wait_for(closing, timeout=10)
             except (TimeoutError, OSError) as exc:
                 log.warning("closing: %r", exc)
+    cpu_over_run = cpu_spent(cpu_at_start, cpu_seconds(pids))
     ready = sum(states.get(n) in ("ready", "busy") for n in sims)
     timeout_s = max(stack.settings.node_timeout_s, fleet.pace.timeout_s or 0.0)  # as announced for the fleet
     false = [(n, at) for n, at in lost if n in fleet.agents
@@ -202,9 +203,10 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
         "nodes_limit100_failed": latency_failed,
         **({"jobs": 0, "jobs_completed": 0, "jobs_per_s": None, "submit_to_running_p95_s": None} | result),
         "cpu_percent_steady": steady_cpu,
+        "cpu_s_over_run": cpu_over_run,
         **({"db_commands_per_node_registered": {name: round(sum(c.values()) / nodes, 2)
                                                 for name, c in sorted(counted.items())}} if counted else {}),
         "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
         "peak_rss_mb": {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
     }

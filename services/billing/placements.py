@@ -84,6 +84,16 @@ def status_update(event: JobStatusChanged, *, seen: float) -> tuple[dict[str, An
         "$setOnInsert": {"project_id": event.project_id, "user_name": event.user_name}}
 
 
+def status_said(event: JobStatusChanged) -> dict[str, Any]:
+    """What of a status billing keeps (its attempt, the attempts' ends, the final end, finished), as `status_update`
+    writes it."""
+    _, update = status_update(event, seen=0.0)
+    return {k: v for k, v in update["$set"].items() if k not in ("version", "seen_at")}
+
+
+SUBMITTED_SAYS = {"attempt": 0, "final_at": None, "ends": {}, "finished": False}  # a record as submission stores it
+
+
 def missed_end(job: dict[str, Any] | None, *, attempt: int, now: float, grace_s: float) -> float | None:
     """When an attempt still open in billing ended, by the job's status, if billing has known it for `grace_s`
     (its own end report is then lost: a service killed mid-ack); None while the attempt may still run."""
@@ -103,6 +113,15 @@ class Placements:
     # The latest placements as written or read (billing alone writes them, and a placement never changes once
     # made): a task's start and end are checked against it without a read.
     known: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    # Whose each job is, from its submission as billing stored it (never changes): read at its placement.
+    owners: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    # The attempts some task event waits for: read from the collection at the first use (this process leads by
+    # then; a leader that loses its lease exits), then kept as billing parks them, so a placement nothing waits
+    # for reads nothing. A key is dropped once its placement's events are all taken off.
+    waiting_for: set[str] | None = field(default=None, repr=False)
+    # Each job's newest status as kept here (version, what it says): a status that says nothing new, or an older
+    # one, is not written (each job's events come in order; a restarted billing writes the first it sees).
+    statuses: Lru[str, tuple[int, dict[str, Any]]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
@@ -112,7 +131,9 @@ class Placements:
                                         "user_name": event.user_name, "finished": False, "version": 0,
                                         "gpus": resource.gpu_count * resource.node_count})
         except DuplicateKeyError:
-            pass
+            return  # the stored record stands (it is read when needed)
+        self.owners.put(event.job_id, {"project_id": event.project_id, "user_name": event.user_name})
+        self.statuses.put(event.job_id, (0, SUBMITTED_SAYS))
 
     async def unfinished_gpus(self, *, project_id: str, user_name: str | None = None,
                               running: Collection[str] = ()) -> int:
@@ -122,20 +143,30 @@ class Placements:
 
     async def status(self, event: JobStatusChanged, *, seen: float) -> None:
         """Keep what the job's newest status says of how its attempts ended (for reconciliation): one conditional
-        write; an older or repeated status finds the record newer (the upsert then meets the record's id)."""
+        write; an older or repeated status finds the record newer (the upsert then meets the record's id). A
+        status that says what the kept one said is not written."""
+        said, kept = status_said(event), self.statuses.get(event.job_id)
+        if kept is not None and (event.version <= kept[0] or said == kept[1]):
+            if event.version > kept[0]:
+                self.statuses.put(event.job_id, (event.version, said))  # nothing new, and the record's seen_at
+            return  # stays when billing first learned it
         query, update = status_update(event, seen=seen)
         try:
             await self.jobs.update_one(query, update, upsert=True)
         except DuplicateKeyError:
-            pass
+            self.statuses.pop(event.job_id)  # a newer one is stored: read it when it matters
+            return
+        self.statuses.put(event.job_id, (event.version, said))
 
     async def placed(self, event: JobPlaced) -> list[tuple[TaskStarted | TaskExited, datetime]]:
         """Record the placement; return the task events that were waiting for it, starts before ends, each with
         when it was seen."""
-        owner = await self.jobs.find_one({"_id": event.job_id})
+        owner = self.owners.get(event.job_id) or await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
         await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
         self.known.put(doc["_id"], doc)
+        if doc["_id"] not in await self._waiting_for():
+            return []
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
         return [(TASK_EVENT.validate_python(d["payload"]),
@@ -143,6 +174,16 @@ class Placements:
 
     async def unpark(self, event: TaskStarted | TaskExited) -> None:
         await self.parked.delete_one({"_id": event.event_id})
+
+    def settled(self, event: JobPlaced) -> None:
+        """Every task event that waited for this placement is taken off."""
+        if self.waiting_for is not None:
+            self.waiting_for.discard(attempt_key(event.job_id, event.attempt))
+
+    async def _waiting_for(self) -> set[str]:
+        if self.waiting_for is None:
+            self.waiting_for = {d["attempt_key"] async for d in self.parked.find({}, {"attempt_key": 1})}
+        return self.waiting_for
 
     async def check(self, event: TaskStarted | TaskExited, *, seen: datetime) -> dict[str, Any] | None:
         """The placement that vouches for the event, or None (the event is parked or dropped, and logged)."""
@@ -171,6 +212,7 @@ class Placements:
             log.warning("%s of job %s from node %s dropped: %d events already wait for a placement", event.type,
                         event.job_id, event.node_id, PARK_MAX)
             return
+        (await self._waiting_for()).add(attempt_key(event.job_id, event.attempt))  # before it is stored
         try:
             await self.parked.insert_one({"_id": event.event_id, "attempt_key": attempt_key(event.job_id,
                                           event.attempt), "order": 0 if isinstance(event, TaskStarted) else 1,

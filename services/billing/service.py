@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import bson
+from bson.codec_options import CodecOptions
 from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
@@ -27,6 +29,14 @@ from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_gro
 log = logging.getLogger(__name__)
 
 REMEMBERED_PROJECTS = 10_000  # projects whose quotas are kept in memory
+REMEMBERED_NODES = 20_000  # nodes whose kind, GPUs and price are kept in memory (a few hundred bytes each)
+REMEMBERED_OPEN = 20_000  # running attempts' lines kept in memory, as inserted, until closed
+
+
+def as_read(collection: AsyncCollection, doc: dict[str, Any]) -> dict[str, Any]:
+    """The document as a read of it would return it (datetimes to the millisecond, in UTC)."""
+    codec = getattr(collection, "codec_options", None) or CodecOptions(tz_aware=True)
+    return bson.decode(bson.encode(doc, codec_options=codec), codec_options=codec)
 
 
 @dataclass
@@ -46,6 +56,10 @@ class Billing:
     # Projects' quotas as last read or written (billing alone writes them, in `set_quotas`): read at each admission
     # and each budget check.
     known_quotas: Lru[str, ProjectQuotas] = field(default_factory=lambda: Lru(REMEMBERED_PROJECTS), repr=False)
+    # What billing alone writes, as it wrote it (one leader at a time, which exits when it loses its lease): each
+    # node's record (read at every task start) and the lines of the attempts it opened (read at every end).
+    known_nodes: Lru[str, dict] = field(default_factory=lambda: Lru(REMEMBERED_NODES), repr=False)
+    opened: Lru[str, dict] = field(default_factory=lambda: Lru(REMEMBERED_OPEN), repr=False)
 
     # Attempts --------------------------------------------------------------------------------------------------
 
@@ -61,6 +75,7 @@ class Billing:
             await (self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else
                    self.exited(waiting, seen=at))
             await self.placements.unpark(waiting)
+        self.placements.settled(event)
 
     async def started(self, event: TaskStarted, *, seen: datetime | None = None) -> None:
         """Open the attempt's line when its start is seen (`seen`: when the platform recorded the report, else
@@ -69,7 +84,7 @@ class Billing:
         placement = await self._vouched(event, seen=seen)
         if placement is None:
             return
-        info = await self.node_info.find_one({"_id": event.node_id}) if self.node_info is not None else None
+        info = await self._node_record(event.node_id)
         entry = open_entry(key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
                            terms=rank_terms(placement, event.rank, info), project_id=placement.get("project_id"),
                            user_name=placement.get("user_name"), started_at=charged_from(placement, seen=seen))
@@ -78,7 +93,24 @@ class Billing:
         try:
             await self.open.insert_one(entry)
         except DuplicateKeyError:
-            pass
+            return  # opened by an earlier delivery: the stored line stands
+        self.opened.put(entry["_id"], as_read(self.open, entry))
+
+    async def _node_record(self, node_id: str) -> dict[str, Any] | None:
+        """What billing knows of the node (remembered as last read or written; billing alone writes it)."""
+        if self.node_info is None:
+            return None
+        known = self.known_nodes.get(node_id)
+        if known is None:
+            known = await self.node_info.find_one({"_id": node_id})
+            if known is not None:
+                self.known_nodes.put(node_id, known)
+        return known
+
+    def _node_written(self, node_id: str, info: dict[str, Any] | None) -> dict[str, Any] | None:
+        if info is not None:
+            self.known_nodes.put(node_id, as_read(self.node_info, info))
+        return info
 
     async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
         """Close the attempt's line when its end is seen; the end time the agent reports is not read."""
@@ -125,7 +157,7 @@ class Billing:
         return await self.placements.check(event, seen=seen)
 
     async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
-        opened = await self.open.find_one({"_id": key})
+        opened = self.opened.get(key) or await self.open.find_one({"_id": key})
         if opened is None:
             return
         try:
@@ -134,6 +166,7 @@ class Billing:
         except DuplicateKeyError:
             pass
         await self.open.delete_one({"_id": key})
+        self.opened.pop(key)
         await self.check_budgets(opened["project_id"])
 
     # Nodes -----------------------------------------------------------------------------------------------------
@@ -153,7 +186,7 @@ class Billing:
         if self.node_info is None:
             return
         node = event.node
-        known = await self.node_info.find_one({"_id": node.node_id})
+        known = await self._node_record(node.node_id)
         if known is not None and known.get("source") == "provisioned":
             await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=known)
             return
@@ -163,8 +196,8 @@ class Billing:
                 return
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
         # One write that keeps what else is known of the node (whose rented node it is); numbers and names only.
-        info = await self.node_info.find_one_and_update({"_id": node.node_id}, {"$set": info}, upsert=True,
-                                                        return_document=ReturnDocument.AFTER)
+        info = self._node_written(node.node_id, await self.node_info.find_one_and_update(
+            {"_id": node.node_id}, {"$set": info}, upsert=True, return_document=ReturnDocument.AFTER))
         await self._open_node(node.node_id, at=event.occurred_at, source="registered", info=info)
 
     async def provisioned(self, event: NodeProvisioned) -> None:
@@ -174,6 +207,7 @@ class Billing:
                 "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id,
                 "_id": event.node_id, "source": "provisioned"}
         await self.node_info.replace_one({"_id": event.node_id}, info, upsert=True)
+        self._node_written(event.node_id, info)
         await self._open_node(event.node_id, at=event.provisioned_at, source="provisioned", info=info)
 
     async def released(self, event: NodeReleased) -> None:
@@ -186,7 +220,7 @@ class Billing:
         if info is None:  # a node turning ready: most often its lifetime is open since it registered
             if await self.nodes_open.find_one({"_id": node_id}, {"_id": 1}):
                 return
-            info = await self.node_info.find_one({"_id": node_id})
+            info = await self._node_record(node_id)
         if info is None:
             return
         opened = open_lifetime(node_id=node_id, kind=info["kind"], price_per_hour=info["price_per_hour"],

@@ -52,6 +52,15 @@ def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: in
     return {**job, "tflops": tflops, "placed_attempt": attempt}, []
 
 
+def job_model(job: dict[str, Any]) -> JobModel:
+    """A job's model as stored at its submission (and its GPUs' speed once placed), before any output."""
+    # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
+    model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
+                     [Parameter.model_validate(p) for p in job.get("parameters", [])])
+    model.tflops = job.get("tflops")
+    return model
+
+
 @dataclass
 class Estimator:
     broker: NatsBroker
@@ -72,7 +81,8 @@ class Estimator:
         fields = {"metrics": [m.model_dump() for m in event.algorithm.metrics],
                   "parameters": [p.model_dump() for p in event.algorithm.parameters],
                   "project_id": event.project_id, "finished": False}
-        await self.jobs.save(event.job_id, fields, None, [])  # a redelivery finds it stored and changes nothing
+        if await self.jobs.save(event.job_id, fields, None, []):  # a redelivery finds it stored: nothing changes
+            self.live[event.job_id] = job_model(fields)  # nothing observed yet: its events need no read to find it
 
     async def placed(self, event: JobPlaced) -> None:
         """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
@@ -180,10 +190,7 @@ class Estimator:
         job = await self.jobs.load(job_id)
         if job is None or (job.get("finished") and not finished_too):
             return None
-        # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
-        model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
-                         [Parameter.model_validate(p) for p in job.get("parameters", [])])
-        model.tflops = job.get("tflops")
+        model = job_model(job)
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             model.observe(LogLine(t=doc["t"], line=doc["line"]))
         if not job.get("finished"):

@@ -45,7 +45,7 @@ TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task
 async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
     """A new job (a redelivered submission changes nothing)."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now))
+    await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now), new=True)
 
 
 async def placed(monitor: Monitor, event: JobPlaced) -> None:

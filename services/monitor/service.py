@@ -83,8 +83,10 @@ class Monitor:
                 event_id=f"cadence:{self.cadence.interval_s}", interval_s=self.cadence.interval_s,
                 timeout_s=self.cadence.timeout(now)))
 
-    async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None]) -> None:
-        """Apply a transition to one job; idempotent because the transition sees the stored state."""
+    async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None], *,
+                    new: bool = False) -> None:
+        """Apply a transition to one job; idempotent because the transition sees the stored state (`new`: the
+        job's first event, written without a read; a stored job refuses it and is read)."""
         def write(doc: dict | None) -> tuple[dict, list] | None:
             current = JobState.model_validate(doc) if doc else None
             try:
@@ -97,7 +99,7 @@ class Monitor:
             new, events = outcome
             return None if new == current and not events else (new.model_dump(), events)
 
-        await self.jobs.update(job_id, write)
+        await self.jobs.update(job_id, write, new=new)
 
     async def snapshot(self, job_id: str, *, now: datetime) -> JobStatusChanged | None:
         doc = await self.jobs.load(job_id)

@@ -75,6 +75,16 @@ class JobQueue:
             self.queued.discard(item.job_id)
         self.dirty.set()
 
+    async def add(self, item: QueueItem) -> bool:
+        """A new job's item, written only when none is stored (a redelivered submission, even of a job long done,
+        changes nothing): one insert, no read."""
+        if not await self.store.save(item.job_id, item.model_dump(), None, []):
+            return False
+        self.items[item.job_id] = item
+        self.queued.add(item.job_id)
+        self.dirty.set()
+        return True
+
     async def forget(self, job_id: str) -> None:
         """A finished job's record goes."""
         self.items.pop(job_id, None)

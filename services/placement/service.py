@@ -74,11 +74,10 @@ class Placement:
         await self.fair.load()
 
     async def submitted(self, event: JobSubmitted) -> None:
-        if event.job_id in self.queue or await self.jobs.load(event.job_id):
+        if event.job_id in self.queue:
             return
-        item = QueueItem(job_id=event.job_id, project_id=event.project_id, user_name=event.user_name,
-                         algorithm=event.algorithm, spec=event.spec, submitted_at=event.create_time)
-        await self.store.save(item, [])
+        await self.store.add(QueueItem(job_id=event.job_id, project_id=event.project_id, user_name=event.user_name,
+                                       algorithm=event.algorithm, spec=event.spec, submitted_at=event.create_time))
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         item = self.queue.get(event.job_id)

@@ -1,6 +1,7 @@
 """The submitter's collections: jobs as the API shows them, their output, users and tokens."""
 from collections.abc import AsyncIterator
 import asyncio
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,7 +24,11 @@ class NameTaken(Exception):
 
 
 LOG_CAP_BYTES = 10 * 1024 * 1024
-SYNC_ROUNDS = 10  # a job's queue entry re-checked this often while its status keeps changing under it
+# A job that left the queue keeps a versioned tombstone there this long (no project: the caps do not count it), so
+# an older status handled at the same moment cannot put it back; statuses of one job race only while handled side
+# by side (one fetched batch, a redelivery after ACK_WAIT_S), seconds apart at most.
+TOMBSTONE_S = 120.0
+SWEEP_EVERY = 100  # tombstones older than TOMBSTONE_S are deleted once every this many jobs leaving the queue
 TRIM_TO = 0.9  # a job over its cap is trimmed to 90% of it, so a chatty job is not trimmed at every chunk
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
 
@@ -38,7 +43,16 @@ def list_entry(doc: dict[str, Any]) -> dict[str, Any]:
     created = doc["create_time"]
     created = datetime.fromisoformat(created) if isinstance(created, str) else created
     return {"_id": doc["_id"], "project_id": doc["project_id"], "created_s": created.timestamp(),
-            "phase": doc.get("status", {}).get("phase")}
+            "phase": doc.get("status", {}).get("phase"), "v": doc.get("status_version", 0)}
+
+
+def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
+
+
+def older_than(version: int) -> dict[str, Any]:
+    """The filter of a view entry written for an older status than `version` (or before entries had versions)."""
+    return {"$or": [{"v": {"$lt": version}}, {"v": {"$exists": False}}]}
 
 
 def _chunks_key(attempt: int, rank: int) -> str:
@@ -49,6 +63,12 @@ def _chunks_key(attempt: int, rank: int) -> str:
 def _last_key(attempt: int, rank: int) -> str:
     """Field of a job's output counters: the number of one task's chunk marked last."""
     return f"last_{attempt}_{rank}"
+
+
+def _all_counted(sizes: dict[str, Any], attempt: int, rank: int) -> bool:
+    """Whether the counters say every chunk of the task up to the one marked last is stored."""
+    last = sizes.get(_last_key(attempt, rank))
+    return last is not None and sizes.get(_chunks_key(attempt, rank), 0) > last
 
 
 def chunk_bytes(lines: list[str]) -> int:
@@ -63,6 +83,10 @@ class Repository:
     trimming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one trim at a time (one submitter)
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
+    left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
+    # Each job's output counters as this process last wrote them: they only grow, so when they say a task's output
+    # is all stored, it is (another replica's chunks only add to them); when they do not, they are read.
+    output_counts: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED // 10), repr=False)
 
     @property
     def jobs(self):
@@ -116,8 +140,8 @@ class Repository:
         stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
         if stored:
             await self.queue.bulk_write([UpdateOne({"_id": doc["_id"]}, {"$set": {
-                "project_id": doc["project_id"], "user_name": doc["user_name"]}}, upsert=True) for doc in stored],
-                ordered=False)
+                "project_id": doc["project_id"], "user_name": doc["user_name"], "v": doc.get("status_version", 0)}},
+                upsert=True) for doc in stored], ordered=False)
             await self.listing.bulk_write([UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
                                            for entry in map(list_entry, stored)], ordered=False)
         return [NameTaken(doc["name"]) if entries is None else entries for (doc, _), entries in zip(new, pending)]
@@ -136,10 +160,11 @@ class Repository:
         queued, changed = [], []
         async for d in self.jobs.find({}, VIEW_FIELDS):
             entry = list_entry(d)
-            if have.pop(d["_id"], None) != entry:
+            if _unversioned(have.pop(d["_id"], None)) != _unversioned(entry):  # entries from before versions stay
                 changed.append(entry)
             if d.get("status", {}).get("phase") in QUEUED_PHASES:
-                queued.append({"_id": d["_id"], "project_id": d["project_id"], "user_name": d["user_name"]})
+                queued.append({"_id": d["_id"], "project_id": d["project_id"], "user_name": d["user_name"],
+                               "v": d.get("status_version", 0)})
         if have:  # entries of jobs that are gone
             await self.listing.delete_many({"_id": {"$in": list(have)}})
         for i in range(0, len(queued), 1000):
@@ -149,35 +174,43 @@ class Repository:
         return len(queued)
 
     async def sync_views(self, job_id: str) -> None:
-        """Bring the job's queue entry and list entry in line with its stored phase. Status changes are applied
-        concurrently: a writer checks the version it acted on is still the stored one, else acts again, so the
-        last word is always the latest version's."""
+        """Bring the job's queue entry and list entry in line with its stored phase (a redelivered or older status:
+        a crash may have come between the job's write and theirs). Entries are versioned: a write for an older
+        status than the entry's is refused, so concurrent writers end at the latest version's views."""
         doc = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
-        for _ in range(SYNC_ROUNDS):
-            if doc is None:
-                await self.queue.delete_one({"_id": job_id})
-            else:
-                await self._write_views(doc, queue=True)
-            again = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
-            if (again or {}).get("status_version") == (doc or {}).get("status_version"):
-                return
-            doc = again
+        if doc is None:
+            await self.queue.delete_one({"_id": job_id})
+        else:
+            await self._write_views(doc, queue=True)
 
     async def _write_views(self, doc: dict[str, Any], *, queue: bool) -> None:
-        """The job's list entry, and (`queue`) its queue entry, as its stored phase says."""
+        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says."""
+        version = doc.get("status_version", 0)
         if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
-            await self._queued(doc["_id"], project_id=doc["project_id"], user_name=doc["user_name"])
+            await self._versioned(self.queue, doc["_id"], version, {"$set": {
+                "project_id": doc["project_id"], "user_name": doc["user_name"], "v": version},
+                "$unset": {"gone_s": ""}})
         elif queue:
-            await self.queue.delete_one({"_id": doc["_id"]})
-        await self._listed(doc)
-
-    async def _queued(self, job_id: str, *, project_id: str, user_name: str) -> None:
-        await self.queue.update_one({"_id": job_id}, {"$set": {"project_id": project_id, "user_name": user_name}},
-                                    upsert=True)
-
-    async def _listed(self, doc: dict[str, Any]) -> None:
+            await self._versioned(self.queue, doc["_id"], version, {"$set": {"v": version, "gone_s": time.time()},
+                                                                    "$unset": {"project_id": "", "user_name": ""}})
+            await self._sweep_queue()
         entry = list_entry(doc)
-        await self.listing.update_one({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
+        await self._versioned(self.listing, entry.pop("_id"), version, {"$set": entry})
+
+    @staticmethod
+    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any]) -> None:
+        """One view entry written for the job's status `version`, unless one for a newer status is there."""
+        try:
+            await collection.update_one({"_id": job_id, **older_than(version)}, update, upsert=True)
+        except DuplicateKeyError:
+            pass  # a newer status wrote it first: its word stands
+
+    async def _sweep_queue(self) -> None:
+        """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
+        self.left_queue += 1
+        if self.left_queue >= SWEEP_EVERY:
+            self.left_queue = 0
+            await self.queue.delete_many({"gone_s": {"$lt": time.time() - TOMBSTONE_S}})
 
     async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
         await self.store.flush(job_id, entries)
@@ -225,7 +258,7 @@ class Repository:
         """Newer versions only: a redelivered or out-of-order event changes nothing but brings the views in line
         again (a crash may have come between the job's write and theirs). The views follow the phase alone, so a
         status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
-        entry only when the job enters or leaves the queue), then checks that its version is still the latest."""
+        entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
         before = await self.jobs.find_one_and_update(
             {"_id": event.job_id, "status_version": {"$lt": event.version}}, {"$set": status_fields(event)},
             projection=VIEW_FIELDS, return_document=ReturnDocument.BEFORE)
@@ -237,9 +270,6 @@ class Repository:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
         await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES))
-        latest = await self.jobs.find_one({"_id": event.job_id}, {"status_version": 1})
-        if (latest or {}).get("status_version") != event.version:
-            await self.sync_views(event.job_id)  # a newer status came in between: its view must be the last word
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         eta = event.eta.model_dump(mode="json") if event.eta else None
@@ -264,6 +294,8 @@ class Repository:
             update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}
         total = await self.db.api_log_sizes.find_one_and_update({"_id": chunk.job_id}, update, upsert=True,
                                                                 return_document=ReturnDocument.AFTER)
+        if total:
+            self.output_counts.put(chunk.job_id, total)
         if total and total.get("bytes", 0) > self.log_cap_bytes:
             await self.trim_log(chunk.job_id)
 
@@ -295,11 +327,12 @@ class Repository:
         document, kept by `add_log`; they count a chunk only once it is stored, so they never say "all" too
         early); when they do not say so (a crash between a chunk and its count, output from before they were
         kept), the chunks themselves are counted."""
+        if _all_counted(self.output_counts.get(job_id) or {}, attempt, rank):
+            return True
         sizes = await self.db.api_log_sizes.find_one({"_id": job_id}) or {}
         if sizes.get(f"dropped_{rank}"):
             return sizes.get(_last_key(attempt, rank)) is not None or await self._has_last(job_id, attempt, rank)
-        if _last_key(attempt, rank) in sizes and sizes.get(_chunks_key(attempt, rank), 0) > sizes[_last_key(attempt,
-                                                                                                              rank)]:
+        if _all_counted(sizes, attempt, rank):
             return True
         where = {"job_id": job_id, "attempt": attempt, "rank": rank}
         last = await self.logs.find_one({**where, "last": True}, {"seq": 1})

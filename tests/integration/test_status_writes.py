@@ -14,7 +14,7 @@ from services.billing.placements import Placements
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import Repository
 from tests.conftest import free_port
-from tests.factories import unique
+from tests.factories import submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -75,11 +75,12 @@ async def new_job(repo: Repository, job_id: str) -> None:
 
 
 async def views(repo: Repository, job_id: str) -> tuple[bool, str]:
-    return (await repo.queue.find_one({"_id": job_id}) is not None,
-            (await repo.listing.find_one({"_id": job_id}))["phase"])
+    """Whether the job holds a place in the queue (a tombstone holds none), and its list entry's phase."""
+    entry = await repo.queue.find_one({"_id": job_id}) or {}
+    return "project_id" in entry, (await repo.listing.find_one({"_id": job_id}))["phase"]
 
 
-async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_a_dozen(counted):
+async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_nine(counted):
     repo, commands = counted
     await new_job(repo, "j")
     commands.sent.clear()
@@ -87,9 +88,10 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert commands.total() == 1
     for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
         await repo.apply_status(status("j", version, phase, secondary))
-    # Each is one write, then: Creating, list entry + check; Running, queue + list entry + check; Running again,
-    # nothing; Completed, list entry + check (it was 5 commands a status: a write, two reads, two entries).
-    assert commands.total() == 1 + 3 + 4 + 1 + 3, dict(commands.sent)
+    # Each is one write, then: Creating, list entry; Running, queue + list entry; Running again, nothing;
+    # Completed, list entry (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
+    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase).
+    assert commands.total() == 1 + 2 + 3 + 1 + 2, dict(commands.sent)
     assert await views(repo, "j") == (False, "Completed")
 
 
@@ -110,12 +112,39 @@ async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency
     assert await repo.queued_count(project_id="p") == 1
 
 
+async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newer(counted):
+    """The race the re-read used to catch: the older status passed the job's write first, the newer one wrote its
+    views first; the older one's views, written last, are refused."""
+    repo, _ = counted
+    await new_job(repo, "race")
+    await repo.apply_status(status("race", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
+    stale = {"_id": "race", "project_id": "p", "user_name": "ana", "status_version": 2,
+             "status": {"phase": "Pending"}, "create_time": datetime(2026, 11, 25, tzinfo=timezone.utc)}
+    await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
+    assert await views(repo, "race") == (False, "Running")
+    assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
+
+
+async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted, monkeypatch):
+    repo, _ = counted
+    for n in range(3):
+        await new_job(repo, f"t{n}")
+        await repo.apply_status(status(f"t{n}", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
+    assert await repo.queued_count(project_id="p") == 0
+    monkeypatch.setattr("services.submitter.repository.SWEEP_EVERY", 1)
+    monkeypatch.setattr("services.submitter.repository.TOMBSTONE_S", -1.0)
+    await new_job(repo, "t3")
+    await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    assert await repo.queue.count_documents({}) == 0
+
+
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
     return LogChunk(event_id=f"j:1:0:{seq}", job_id="j", attempt=1, rank=0, node_id="n", seq=seq, last=last,
                     lines=(LogLine(t=0.0, s="out", line=f"line {seq}"),))
 
 
-async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters(counted):
+async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_or_none(counted):
     repo, commands = counted
     await repo.add_log(chunk(0))
     await repo.add_log(chunk(2, last=True))
@@ -124,6 +153,9 @@ async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters(
     await repo.add_log(chunk(1))  # a redelivery is refused and not counted twice
     commands.sent.clear()
     assert await repo.output_complete("j", attempt=1, rank=0)
+    assert commands.total() == 0  # the counters as this process wrote them say so
+    other = Repository(db=repo.db, broker=None)  # another replica (or after a restart): one read
+    assert await other.output_complete("j", attempt=1, rank=0)
     assert commands.total() == 1
     assert not await repo.output_complete("j", attempt=2, rank=0)  # another attempt's output: none stored
 
@@ -147,10 +179,32 @@ async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(coun
     commands.sent.clear()
     for version in (5, 3, 4, 1, 5):  # then the newest, and older or repeated ones that change nothing
         await placements.status(events[version], seen=2.0)
-    assert commands.total() == 5
+    assert commands.total() == 1  # the others are older than the one kept: not even sent
+    restarted = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    for version in (3, 4, 1):  # a billing that remembers nothing: the record refuses each, one command each
+        await restarted.status(events[version], seen=2.0)
+    assert commands.total() == 4
     kept = await db.billing_jobs.find_one({"_id": "j"})
     assert (kept["version"], kept["finished"], kept["final_at"], kept["project_id"]) == (5, True, ended.timestamp(),
                                                                                          "p")
     await db.billing_jobs.insert_one({"_id": "old", "project_id": "p", "user_name": "ana", "finished": False})
     await placements.status(status("old", 2, Phase.RUNNING, SecondaryPhase.RUNNING), seen=3.0)  # kept before
     assert (await db.billing_jobs.find_one({"_id": "old"}))["version"] == 2  # versions were: it is updated
+
+
+async def test_billing_writes_only_the_statuses_that_say_something_new_of_a_jobs_attempts(counted):
+    repo, commands = counted
+    db = repo.db
+    placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    await placements.submitted(submitted(job_id="n"))
+    ended = datetime(2026, 11, 25, 1, tzinfo=timezone.utc)
+    life = [status("n", v, *LIFE[v - 1]).model_copy(update={"attempt": 0 if v == 1 else 1}) for v in range(1, 6)]
+    life[4] = life[4].model_copy(update={"end_time": ended})
+    commands.sent.clear()
+    for event in life:
+        await placements.status(event, seen=float(event.version))
+    # Pending says what the submission stored; Creating moves to attempt 1; Running twice says nothing new;
+    # Completed ends it: two writes for five statuses.
+    assert commands.total() == 2, dict(commands.sent)
+    kept = await db.billing_jobs.find_one({"_id": "n"})
+    assert (kept["version"], kept["attempt"], kept["finished"], kept["final_at"]) == (5, 1, True, ended.timestamp())

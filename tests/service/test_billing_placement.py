@@ -160,3 +160,81 @@ async def test_a_deletion_of_a_job_placement_still_runs_is_ignored(placement):
         secondary_phase=SecondaryPhase.TERMINATED))
     await publish(broker, JobDeleted(event_id="j:deleted:2", job_id="j"))
     assert "j" not in service.queue and await service.jobs.load("j") is None
+
+
+class ReadCounting(MemoryCollection):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reads = 0
+
+    async def find_one(self, query: dict, projection: dict | None = None):
+        self.reads += 1
+        return await super().find_one(query, projection)
+
+    def find(self, query: dict | None = None, projection: dict | None = None):
+        self.reads += 1
+        return super().find(query, projection)
+
+    async def delete_one(self, query: dict):
+        reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's
+        result = await super().delete_one(query)
+        self.reads = reads
+        return result
+
+
+async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_billing_wrote():
+    """Billing alone writes both: a task's start finds the node's price, its end the line opened, in memory; what
+    it charges is what a read would have given."""
+    broker = NatsBroker()
+    broker.include_router(billing_router)
+    async with TestNatsBroker(broker) as test_broker:
+        service = Billing(ledger=MemoryCollection("ledger"), open=ReadCounting("open"),
+                          node_info=ReadCounting("node_info"), nodes=MemoryCollection("nodes"),
+                          nodes_open=MemoryCollection("nodes_open"),
+                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
+                                                parked=MemoryCollection("parked")), clock=Clock(T0))
+        test_broker.context.set_global("billing", service)
+        await publish(test_broker, NodeRegistered(event_id="n1:reg", node=node(node_id="n1", price=3.0),
+                                                 occurred_at=T0, boot_id="b"))
+        service.node_info.reads = 0
+        await publish(test_broker, submitted(job_id="j"))
+        await deliver(test_broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0),
+                      exited("j", node_id="n1", at=T0 + timedelta(hours=2)))
+        assert (service.node_info.reads, service.open.reads) == (0, 0)
+        report = await service.usage(UsageQuery(project_id="p"))
+        assert (report.total.attempts, report.open_attempts) == (1, 0) and report.total.cost > 0
+
+
+async def test_a_submission_is_one_insert_and_a_redelivered_one_of_a_job_done_queues_nothing(placement):
+    broker, service, placements = placement
+    jobs = ReadCounting("placement_jobs")
+    service.jobs.collection = jobs  # the store the queue writes through
+    await publish(broker, submitted(job_id="j"))
+    assert jobs.reads == 0 and "j" in service.queue
+    await publish(broker, NodeRegistered(event_id="g", node=node(node_id="box"), boot_id="b"))
+    assert await service.schedule_once() == 1
+    await service.store.forget("j")  # done and forgotten in memory, its record kept
+    await publish(broker, submitted(job_id="j"))
+    assert "j" not in service.queue and await service.schedule_once() == 0
+    assert [p["job_id"] for p in placements] == ["j"]
+
+
+async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_only_when_one_was_parked():
+    broker = NatsBroker()
+    broker.include_router(billing_router)
+    async with TestNatsBroker(broker) as test_broker:
+        jobs, parked = ReadCounting("jobs"), ReadCounting("parked")
+        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
+                          placements=Placements(jobs=jobs, attempts=MemoryCollection("attempts"), parked=parked),
+                          clock=Clock(T0))
+        test_broker.context.set_global("billing", service)
+        for job_id in ("a", "b"):
+            await publish(test_broker, submitted(job_id=job_id))
+            await deliver(test_broker, service, placed(job_id), started(job_id, at=T0))
+        assert (jobs.reads, parked.reads) == (0, 1)
+        await publish(test_broker, submitted(job_id="c"))
+        await deliver(test_broker, service, started("c", at=T0))  # before its placement: it waits
+        await deliver(test_broker, service, placed("c"), exited("c", at=T0 + timedelta(hours=1)))
+        report = await service.usage(UsageQuery(project_id="p"))
+        assert (report.total.attempts, report.open_attempts) == (3, 2)  # c's start waited, then was charged
+        assert not parked.docs

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 from shared.events import EtaEstimated, LogChunk, LogLine
 from shared.store import DocumentStore
 from services.estimator.service import Estimator
-from tests.factories import unique
+from tests.factories import submitted, unique
 from tests.memory import MemoryCollection
 
 
@@ -46,3 +46,29 @@ async def test_printed_progress_gives_the_published_eta_and_survives_a_restart()
     model = await restarted._model(job_id)
     again = model.estimate(now, None, None)
     assert (again.source, again.done, again.total) == ("tqdm", 100, 1000)
+
+
+class CountingReads(MemoryCollection):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reads = 0
+
+    async def find_one(self, query: dict, projection: dict | None = None):
+        self.reads += 1
+        return await super().find_one(query, projection)
+
+    def find(self, query: dict | None = None, projection: dict | None = None):
+        self.reads += 1
+        return super().find(query, projection)
+
+
+async def test_a_job_submitted_to_this_estimator_is_found_by_its_output_without_a_read():
+    job_id, bus, now = unique("new"), Bus(), time.time()
+    jobs, points = CountingReads("jobs"), CountingReads("points")
+    live = estimator(bus, jobs=DocumentStore(jobs, bus), points=points)
+    await live.submitted(submitted(job_id=job_id))
+    await live.submitted(submitted(job_id=job_id))  # redelivered: stored once, modelled once
+    lines = [(now - 100 + i, f"{i // 10:3d}%|#   | {i}/1000 [00:{i:02d}<?, 1.00it/s]") for i in range(1, 101)]
+    await live.log_chunk(chunk(job_id, 0, lines))
+    assert (jobs.reads, points.reads) == (0, 0)
+    assert [m.eta.done for m in bus.sent if isinstance(m, EtaEstimated)] == [100]

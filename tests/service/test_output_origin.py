@@ -1,6 +1,7 @@
 """Output is taken only from the node that runs the task: a node's agent may publish chunks naming any job on its
 own log subject, and neither the submitter (which shows them) nor the estimator (which reads metrics from them)
 takes one for a job, attempt or rank placed elsewhere; nor can such chunks take the real ones' places."""
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -146,3 +147,35 @@ async def test_a_deleted_jobs_output_is_no_longer_taken(submitter):
     assert await repo.delete(job_id, finished=["Completed"])
     await publish(broker, chunk(job_id, node_id="n1", lines=("late",)))
     assert repo.db.api_logs.docs == {} and repo.db.api_placements.docs == {}
+
+
+async def test_one_placement_read_by_two_consumers_at_once_is_inserted_once():
+    checks = origins()
+    inserts = []
+    insert = checks.placements.insert_one
+
+    async def counted(doc):
+        inserts.append(doc["_id"])
+        await asyncio.sleep(0)  # the other consumer's delivery comes in meanwhile
+        return await insert(doc)
+
+    checks.placements.insert_one = counted
+    event = placed(unique("j"))
+    await asyncio.gather(checks.placed(event), checks.placed(event))
+    assert len(inserts) == 1 and len(checks.placements.docs) == 1
+
+
+async def test_a_placement_whose_insert_failed_is_inserted_when_it_comes_again():
+    checks = origins()
+    insert = checks.placements.insert_one
+
+    async def failing(doc):
+        raise ConnectionError("the database went away")
+
+    checks.placements.insert_one = failing
+    event = placed(unique("j"))
+    with pytest.raises(ConnectionError):
+        await checks.placed(event)
+    checks.placements.insert_one = insert
+    await checks.placed(event)
+    assert len(checks.placements.docs) == 1

@@ -75,6 +75,38 @@ async def test_queue_caps_count_only_jobs_not_yet_running():
     assert "user ana" in refused.value.message
 
 
+class CountedQueue:
+    """A queue of `queued` jobs per project and user that counts how often it is counted."""
+
+    def __init__(self, queued: int) -> None:
+        self.queued, self.counts = queued, 0
+
+    async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        self.counts += 1
+        return self.queued
+
+
+async def test_the_early_check_trusts_a_fresh_count_with_room_and_counts_again_when_full_or_old():
+    now = [100.0]
+    caps, queue = QueueCaps(per_project=3, per_user=10, clock=lambda: now[0]), CountedQueue(queued=1)
+    assert await caps.admit_group(queue, [("p", "ana")]) == [None]  # the intake stores one: 2 queued
+    assert queue.counts == 2
+    await caps.check(queue, project_id="p", user_name="ana")
+    assert queue.counts == 2  # answered from the intake's count
+    now[0] += 2.0
+    await caps.check(queue, project_id="p", user_name="ana")
+    assert queue.counts == 4  # too old: counted
+    queue.queued = 2
+    assert await caps.admit_group(queue, [("p", "ana")]) == [None]  # now 3 of 3
+    queue.queued = 3
+    with pytest.raises(ApiError):
+        await caps.check(queue, project_id="p", user_name="ana")  # full: counted again, and refused
+    assert queue.counts == 8
+    queue.queued = 0  # the queue drained: a remembered full count refuses no one
+    await caps.check(queue, project_id="p", user_name="ana")
+    assert queue.counts == 10
+
+
 def status(job_id: str, *, version: int, phase: Phase) -> JobStatusChanged:
     return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="ana",
                             version=version, phase=phase, secondary_phase=SecondaryPhase.RUNNING)
@@ -94,17 +126,18 @@ async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_com
     assert await repo.queued_count(user_name="ana") == 1
 
 
-async def test_a_stale_queue_write_is_redone_by_the_writer_that_made_it():
+async def test_a_stale_queue_write_loses_to_the_newer_status_written_before_it():
     repo = api_repository()
     await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
                                 "status": {"phase": "Pending"}, "status_version": 2,
                                 "create_time": CREATED})
+    await repo.sync_views("j")
     read = repo.jobs.find_one
 
     async def read_then_change(query, projection=None):  # another handler applies version 3 right after this read
         doc = await read(query, projection)
         if doc and doc["status_version"] == 2:
-            repo.jobs.docs["j"].update(status={"phase": "Running"}, status_version=3)
+            await repo.apply_status(status("j", version=3, phase=Phase.RUNNING))
         return doc
 
     repo.jobs.find_one = read_then_change

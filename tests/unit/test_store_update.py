@@ -163,3 +163,28 @@ async def test_nothing_is_remembered_of_a_write_whose_events_did_not_all_go_out(
     with pytest.raises(ConnectionError):
         await jobs.save("d", {"n": 1}, None, [JobDeleted(event_id="second:deleted", job_id="second")])
     assert jobs._recall("d") is None
+
+
+class CountingReads(MemoryCollection):
+    def __init__(self) -> None:
+        super().__init__("counted")
+        self.reads = 0
+
+    async def find_one(self, query: dict, projection: dict | None = None):
+        self.reads += 1
+        return await super().find_one(query, projection)
+
+
+async def test_a_new_document_is_inserted_without_a_read_and_a_stored_one_is_read_and_kept():
+    collection = CountingReads()
+    jobs = store(collection)
+    create = lambda doc: None if doc else ({"n": 1}, [])  # noqa: E731 - a job's first event: only on nothing
+    assert await jobs.update("j", create, new=True)
+    assert collection.reads == 0 and (await collection.find_one({"_id": "j"}))["n"] == 1
+    collection.reads = 0
+    assert not await jobs.update("j", create, new=True)  # redelivered: the insert is refused, the stored one read
+    assert collection.reads == 1 and collection.docs["j"]["n"] == 1
+    collection.reads = 0
+    assert await jobs.update("k", lambda doc: ({"n": (doc or {}).get("n", 0) + 1}, []) if doc else None, new=True) \
+        is False  # nothing to make of nothing: what is stored (none) decides
+    assert collection.reads == 1 and "k" not in collection.docs

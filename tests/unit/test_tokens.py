@@ -209,3 +209,66 @@ def test_no_other_short_admin_token_is_left_in_the_tests():
     from tests.conftest import ADMIN_TOKEN as STACK_TOKEN
 
     assert len(STACK_TOKEN) >= 32 and len(ADMIN_TOKEN) >= 32
+
+
+class CountingCollection(MemoryCollection):
+    """Counts the reads by id, as the database would see them."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reads = 0
+
+    async def find_one(self, query: dict, projection: dict | None = None) -> dict | None:
+        self.reads += 1
+        return await super().find_one(query, projection)
+
+
+async def test_a_token_checked_again_within_the_cache_time_costs_no_read():
+    clock = Clock()
+    store = Tokens(CountingCollection("users"), CountingCollection("tokens"), clock=clock)
+    await store.users.insert_one({"_id": "ana", "projects": ["vision"]})
+    secret, _ = await store.issue("ana")
+    for _ in range(3):
+        assert (await store.principal(secret)).projects == {"vision"}
+        clock.now += 1
+    assert (store.tokens.reads, store.users.reads) == (1, 1)
+    clock.now += store.cache_s
+    await store.principal(secret)
+    assert (store.tokens.reads, store.users.reads) == (2, 2)
+
+
+async def test_a_revoked_token_stops_at_once_though_it_was_just_used():
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": []})
+    secret, info = await store.issue("ana")
+    assert await store.principal(secret) is not None
+    assert await store.revoke("ana", info["token_id"])
+    assert await store.principal(secret) is None
+    assert not await store.revoke("ana", info["token_id"])
+
+
+async def test_a_remembered_token_still_expires_on_time():
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": []})
+    secret, _ = await store.issue("ana", expires_in=2)
+    assert await store.principal(secret) is not None
+    clock.now += 2  # within the cache time: the stored expiry still holds
+    with pytest.raises(ApiError):
+        await store.principal(secret)
+
+
+async def test_a_token_deleted_or_a_user_disabled_elsewhere_stops_within_the_cache_time():
+    """What another API replica did reaches this one when its copy is older than `cache_s`, not later."""
+    clock = Clock()
+    store = tokens(clock)
+    await store.users.insert_one({"_id": "ana", "projects": []})
+    await store.users.insert_one({"_id": "bo", "projects": []})
+    ana, _ = await store.issue("ana")
+    bo, _ = await store.issue("bo")
+    assert await store.principal(ana) and await store.principal(bo)
+    await store.tokens.delete_one({"_id": digest(ana)})
+    await store.users.update_one({"_id": "bo"}, {"$set": {"disabled": True}})
+    clock.now += store.cache_s
+    assert await store.principal(ana) is None and await store.principal(bo) is None
