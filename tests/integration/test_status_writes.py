@@ -119,7 +119,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
     await new_job(repo, "race")
     await repo.apply_status(status("race", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
     stale = {"_id": "race", "project_id": "p", "user_name": "ana", "status_version": 2,
-             "status": {"phase": "Pending"}, "create_time": datetime(2026, 11, 25, tzinfo=timezone.utc)}
+             "status": {"phase": "Pending"}, "create_time": datetime(2026, 11, 25, tzinfo=UTC)}
     await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
@@ -197,7 +197,7 @@ async def test_billing_writes_only_the_statuses_that_say_something_new_of_a_jobs
     db = repo.db
     placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
     await placements.submitted(submitted(job_id="n"))
-    ended = datetime(2026, 11, 25, 1, tzinfo=timezone.utc)
+    ended = datetime(2026, 11, 25, 1, tzinfo=UTC)
     life = [status("n", v, *LIFE[v - 1]).model_copy(update={"attempt": 0 if v == 1 else 1}) for v in range(1, 6)]
     life[4] = life[4].model_copy(update={"end_time": ended})
     commands.sent.clear()
