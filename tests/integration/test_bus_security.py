@@ -15,6 +15,7 @@ from services.placement.providers import NodeCredentials
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 from tests.factories import algorithm, exited, spec, unique
+from tests.integration.servers import real_servers
 
 pytestmark = pytest.mark.integration
 CLUSTER = """
@@ -34,14 +35,8 @@ memory_gb = 8
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    data = tmp_path_factory.mktemp("bus")
-    (data / "cluster.toml").write_text(CLUSTER)
-    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None,
-                                cluster_file=data / "cluster.toml"))
-    stack.start_nats()
-    stack.prepare_bus()
-    yield stack
-    stack.stop_all()
+    with real_servers(tmp_path_factory.mktemp("bus"), cluster=CLUSTER) as stack:
+        yield stack
 
 
 class Client:

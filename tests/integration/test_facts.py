@@ -12,9 +12,9 @@ from shared.events import NodeRegistered
 from shared.rpc import UsageQuery
 from services.billing.app import BillingSettings, create_app as billing_app
 from services.placement.app import PlacementSettings, create_app as placement_app
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
+from services.stack.processes import Stack
 from tests.factories import exited, node, placed, started, submitted, unique
+from tests.integration.servers import real_servers
 
 pytestmark = pytest.mark.integration
 CLUSTER = """
@@ -30,15 +30,8 @@ gpus = [{ model = "RTX-4090", memory_gb = 24, tflops = 165, count = 1 }]
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    data = tmp_path_factory.mktemp("facts")
-    (data / "cluster.toml").write_text(CLUSTER)
-    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None, mongo_url=None,
-                                cluster_file=data / "cluster.toml"))
-    stack.start_nats()
-    stack.prepare_bus()
-    stack.start_database()
-    yield stack
-    stack.stop_all()
+    with real_servers(tmp_path_factory.mktemp("facts"), cluster=CLUSTER, database=True) as stack:
+        yield stack
 
 
 def settings(stack: Stack, kind, identity: str, **extra):

@@ -8,22 +8,16 @@ from nats.js.errors import NotFoundError
 from shared.bus import HEARTBEATS, NODE_CADENCE, NODES, connect, make_broker, publish
 from shared.events import NodeCadence, NodeHeartbeat
 from services.agent.pace import Pace
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
+from tests.integration.servers import real_servers
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    data = tmp_path_factory.mktemp("hb")
-    (data / "cluster.toml").write_text('[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n')
-    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None,
-                                cluster_file=data / "cluster.toml"))
-    stack.start_nats()
-    stack.prepare_bus()
-    yield stack
-    stack.stop_all()
+    cluster = '[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n'
+    with real_servers(tmp_path_factory.mktemp("hb"), cluster=cluster) as stack:
+        yield stack
 
 
 async def test_an_agents_heartbeat_reaches_the_monitor_and_no_stream(server):

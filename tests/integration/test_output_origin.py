@@ -8,12 +8,11 @@ import pytest
 from shared.bus import LOG_STREAM_MAX_BYTES, LOGS, connect, make_broker, publish, read_up
 from shared.origin import Origins
 from shared.store import make_client
-from services.stack.processes import Stack, StackSettings
 from services.submitter.handlers import PLACED, router
 from services.submitter.logs import read_page
 from services.submitter.repository import Repository
-from tests.conftest import free_port
 from tests.factories import chunk, placed, unique
+from tests.integration.servers import real_servers
 from tests.integration.test_bus_security import CLUSTER, agent_creds, as_agent
 
 pytestmark = pytest.mark.integration
@@ -22,15 +21,8 @@ INJECTED = ('TRAINMASTER_METRICS {"loss": 0.00001}', "target reached")
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    data = tmp_path_factory.mktemp("origin")
-    (data / "cluster.toml").write_text(CLUSTER)
-    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), nats_url=None, mongo_url=None,
-                                cluster_file=data / "cluster.toml"))
-    stack.start_nats()
-    stack.prepare_bus()
-    stack.start_database()
-    yield stack
-    stack.stop_all()
+    with real_servers(tmp_path_factory.mktemp("origin"), cluster=CLUSTER, database=True) as stack:
+        yield stack
 
 
 @pytest.fixture
