@@ -5,7 +5,7 @@ from faststream.nats import NatsMessage, NatsRouter
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
 from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted, TaskTelemetry
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import keyed_durable
+from shared.keyed import keyed_durable, stored_at
 from shared.origin import deliveries
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
@@ -59,17 +59,9 @@ async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
     """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped), timed when
     the bus server stored them (the node's own clock is a claim)."""
     if await estimator.origins.admit(sample, deliveries=deliveries(message)):
-        stored = stored_at(message)
-        await dispatch(EVENT_HANDLERS, sample if stored is None else sample.model_copy(update={"t": stored}),
-                       estimator)
-
-
-def stored_at(message: NatsMessage) -> float | None:
-    """When JetStream stored a message (Unix seconds); None where the transport does not say (a test broker)."""
-    try:
-        return round(message.raw_message.metadata.timestamp.timestamp(), 3)
-    except Exception:  # noqa: BLE001 - a test broker's message carries no JetStream metadata
-        return None
+        stored = stored_at(message)  # to the microsecond: samples sent in one burst keep their order
+        timed = sample if stored is None else sample.model_copy(update={"t": stored.timestamp()})
+        await dispatch(EVENT_HANDLERS, timed, estimator)
 
 
 @router.subscriber(RPC_METRICS)

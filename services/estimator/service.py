@@ -144,6 +144,7 @@ class Estimator:
         try:
             await self.telemetry.insert_one({"_id": dedup_key(sample), "job_id": sample.job_id,
                                              "attempt": sample.attempt, "rank": sample.rank, "t": sample.t,
+                                             "seq": sample.seq,
                                              **summary(kept, believed_process_memory(sample, given))})
         except DuplicateKeyError:
             pass
@@ -152,7 +153,8 @@ class Estimator:
         """The job's latest `max_points` GPU samples as series; the peak counts the older ones too."""
         if self.telemetry is None:
             return []
-        latest = [d async for d in self.telemetry.find({"job_id": job_id}).sort("t", -1).limit(max_points)]
+        newest_first = [("t", -1), ("seq", -1)]  # a sample's number orders two the server stored at one instant
+        latest = [d async for d in self.telemetry.find({"job_id": job_id}).sort(newest_first).limit(max_points)]
         latest.reverse()
         peak = 0.0
         if latest:
