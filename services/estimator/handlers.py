@@ -32,7 +32,10 @@ PLACED = durable("tm.job.placed", consumer="estimator-placed")
 @router.subscriber(**JOBS.subscription)
 @JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
-    """Jobs' declared metrics, starts and ends: each job's in stream order, different jobs concurrently."""
+    """Jobs' declared metrics, starts and ends: each job's in stream order, different jobs concurrently. A start
+    is timed when the bus server stored it (the node's clock is a claim)."""
+    if isinstance(event, TaskStarted) and (stored := stored_at(message)) is not None:
+        event = event.model_copy(update={"started_at": stored})
     await dispatch(EVENT_HANDLERS, event, estimator)
 
 

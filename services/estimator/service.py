@@ -21,7 +21,7 @@ from shared.events import (
     TaskTelemetry,
 )
 from shared.jobs import MetricSpec, Parameter, Phase
-from shared.origin import Origins, dedup_key
+from shared.origin import Origins, dedup_key, verdict
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
@@ -96,10 +96,18 @@ class Estimator:
             model.tflops = rank0.gpu_tflops
 
     async def task_started(self, event: TaskStarted) -> None:
+        """Rank 0's start, only from the node placement put it on (the placement precedes it in the job's order);
+        its time is when the bus server stored it (the handler puts it in), not the node's clock."""
         model = await self._model(event.job_id)
-        if model is not None and event.rank == 0:
-            model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count,
-                          nodes=event.world_size)
+        if model is None or event.rank != 0:
+            return
+        if self.origins is not None and verdict(await self.origins.nodes(event.job_id, event.attempt), event,
+                                                all_placements_read=True) != "keep":
+            log.warning("dropped the start of job %s attempt %d from node %s: not placed there", event.job_id,
+                        event.attempt, event.node_id)
+            return
+        model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count,
+                      nodes=event.world_size)
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         if not event.phase.is_finished():

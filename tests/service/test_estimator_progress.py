@@ -1,12 +1,14 @@
 """The estimator reads a job's printed progress from its output chunks, publishes the ETA with it, and keeps the
 lines that carried it, so an estimator that restarts replays them and knows the progress again."""
 import time
+from datetime import timedelta
 from types import SimpleNamespace
 
 from shared.events import EtaEstimated, LogChunk, LogLine
+from shared.origin import Origins
 from shared.store import DocumentStore
 from services.estimator.service import Estimator
-from tests.factories import submitted, unique
+from tests.factories import T0, placed, started, submitted, unique
 from tests.memory import MemoryCollection
 
 
@@ -72,3 +74,21 @@ async def test_a_job_submitted_to_this_estimator_is_found_by_its_output_without_
     await live.log_chunk(chunk(job_id, 0, lines))
     assert (jobs.reads, points.reads) == (0, 0)
     assert [m.eta.done for m in bus.sent if isinstance(m, EtaEstimated)] == [100]
+
+
+async def test_a_start_counts_only_from_the_node_its_rank_was_placed_on():
+    job_id, bus = unique("start"), Bus()
+    checks = Origins(placements=MemoryCollection("placements"), all_read=_all_read)
+    service = estimator(bus)
+    service.origins = checks
+    await service.submitted(submitted(job_id=job_id))
+    await service.placed(placed(job_id, nodes=("n2",)))
+    await service.task_started(started(job_id, node_id="n1", at=T0 - timedelta(days=300)))  # a stranger's word
+    model = await service._model(job_id)
+    assert model.started_at is None
+    await service.task_started(started(job_id, node_id="n2", at=T0))
+    assert model.started_at == T0.timestamp()
+
+
+async def _all_read() -> bool:
+    return True
