@@ -197,3 +197,25 @@ class Clock:
     def at(self, now: Any) -> "Clock":
         self.now = now
         return self
+
+
+class ReadCounting(MemoryCollection):
+    """A collection that counts the reads a database would answer (finds), for tests of what a service reads."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.reads = 0
+
+    async def find_one(self, query: dict, projection: dict | None = None):
+        self.reads += 1
+        return await super().find_one(query, projection)
+
+    def find(self, query: dict | None = None, projection: dict | None = None):
+        self.reads += 1
+        return super().find(query, projection)
+
+    async def delete_one(self, query: dict):
+        reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's
+        result = await super().delete_one(query)
+        self.reads = reads
+        return result

@@ -16,7 +16,7 @@ from services.placement.fleet import Fleet
 from services.placement.handlers import router as placement_router
 from services.placement.service import Placement
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import Clock, MemoryCollection
+from tests.memory import Clock, MemoryCollection, ReadCounting
 from tests.service.test_billing_lifetimes import deliver
 from tests.service.test_monitor import recorder
 
@@ -160,26 +160,6 @@ async def test_a_deletion_of_a_job_placement_still_runs_is_ignored(placement):
         secondary_phase=SecondaryPhase.TERMINATED))
     await publish(broker, JobDeleted(event_id="j:deleted:2", job_id="j"))
     assert "j" not in service.queue and await service.jobs.load("j") is None
-
-
-class ReadCounting(MemoryCollection):
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.reads = 0
-
-    async def find_one(self, query: dict, projection: dict | None = None):
-        self.reads += 1
-        return await super().find_one(query, projection)
-
-    def find(self, query: dict | None = None, projection: dict | None = None):
-        self.reads += 1
-        return super().find(query, projection)
-
-    async def delete_one(self, query: dict):
-        reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's
-        result = await super().delete_one(query)
-        self.reads = reads
-        return result
 
 
 async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_billing_wrote():

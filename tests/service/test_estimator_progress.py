@@ -9,7 +9,7 @@ from shared.origin import Origins
 from shared.store import DocumentStore
 from services.estimator.service import Estimator
 from tests.factories import T0, placed, started, submitted, unique
-from tests.memory import MemoryCollection
+from tests.memory import MemoryCollection, ReadCounting
 
 
 class Bus:
@@ -50,23 +50,9 @@ async def test_printed_progress_gives_the_published_eta_and_survives_a_restart()
     assert (again.source, again.done, again.total) == ("tqdm", 100, 1000)
 
 
-class CountingReads(MemoryCollection):
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.reads = 0
-
-    async def find_one(self, query: dict, projection: dict | None = None):
-        self.reads += 1
-        return await super().find_one(query, projection)
-
-    def find(self, query: dict | None = None, projection: dict | None = None):
-        self.reads += 1
-        return super().find(query, projection)
-
-
 async def test_a_job_submitted_to_this_estimator_is_found_by_its_output_without_a_read():
     job_id, bus, now = unique("new"), Bus(), time.time()
-    jobs, points = CountingReads("jobs"), CountingReads("points")
+    jobs, points = ReadCounting("jobs"), ReadCounting("points")
     live = estimator(bus, jobs=DocumentStore(jobs, bus), points=points)
     await live.submitted(submitted(job_id=job_id))
     await live.submitted(submitted(job_id=job_id))  # redelivered: stored once, modelled once
