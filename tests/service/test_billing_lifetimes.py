@@ -2,49 +2,22 @@
 from datetime import timedelta
 
 import pytest
-from faststream.nats import NatsBroker, TestNatsBroker
 
-from shared.bus import RPC_ADMIT, publish, stream_of
+from shared.bus import RPC_ADMIT, publish
 from shared.events import (
     JobStatusChanged,
     NodeProvisioned,
     NodeRegistered,
     NodeReleased,
     NodeStateChanged,
-    Notification,
     TaskExited,
     TaskStarted,
 )
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import AdmitQuery, AdmitReply, ProjectQuotas, Quota, QuotasRequest, UsageQuery
-from shared.store import DocumentStore
-from services.billing.handlers import router
 from services.billing.ledger import reconcile
-from services.billing.placements import Placements
 from services.billing.service import Billing
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import Clock, MemoryCollection
-
-
-@pytest.fixture
-async def billing():
-    """Billing on a test broker, and the notifications it publishes for project p."""
-    broker = NatsBroker()
-    broker.include_router(router)
-    sent: list[Notification] = []
-
-    @broker.subscriber("tm.notify.p", stream=stream_of("tm.notify.p"))
-    async def record(message: Notification) -> None:
-        sent.append(message)
-
-    async with TestNatsBroker(broker) as test_broker:
-        service = Billing(**{name: MemoryCollection(name) for name in
-                             ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas")},
-                          alerts=DocumentStore(MemoryCollection("alerts"), test_broker),
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")), clock=Clock(T0))
-        test_broker.context.set_global("billing", service)
-        yield test_broker, service, sent
 
 
 async def deliver(broker, service: Billing, *events) -> None:

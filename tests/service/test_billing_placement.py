@@ -8,17 +8,14 @@ from shared.bus import publish, stream_of
 from shared.events import Eta, EtaEstimated, JobDeleted, JobStatusChanged, NodeRegistered, NodeStateChanged
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
-from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
 from services.billing.placements import Placements
 from services.billing.service import Billing
-from services.placement.fleet import Fleet
 from services.placement.handlers import router as placement_router
-from services.placement.service import Placement
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import Clock, MemoryCollection, ReadCounting
+from tests.service.conftest import placement_service, recorder
 from tests.service.test_billing_lifetimes import deliver
-from tests.service.test_monitor import recorder
 
 
 @pytest.fixture
@@ -51,41 +48,6 @@ async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
                                            last_seen=T0 + timedelta(minutes=30)))
     report = await service.usage(UsageQuery(project_id="p"))
     assert (report.total.seconds, report.by_node_kind[0].key) == (1800, "local")
-
-
-class FakeProvider:
-    name = "fake"
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    async def provision(self, node_id, instance):
-        self.calls.append(("provision", node_id))
-        return 1
-
-    async def release(self, node_id, handle):
-        self.calls.append(("release", node_id))
-
-
-def placement_service(broker, **kw) -> Placement:
-    fleet = Fleet(store=DocumentStore(MemoryCollection("nodes"), broker), provider=FakeProvider())
-    return Placement(jobs=DocumentStore(MemoryCollection("jobs"), broker), fleet=fleet, **kw)
-
-
-@pytest.fixture
-async def placement():
-    broker = NatsBroker()
-    broker.include_router(placement_router)
-    placements: list[dict] = []
-
-    async def record(event: dict) -> None:
-        placements.append(event)
-
-    broker.subscriber("tm.job.placed", stream=stream_of("tm.job.placed"))(record)
-    async with TestNatsBroker(broker) as test_broker:
-        service = placement_service(test_broker)
-        test_broker.context.set_global("placement", service)
-        yield test_broker, service, placements
 
 
 async def test_a_job_is_placed_on_a_node_that_fits_once_it_registers(placement):

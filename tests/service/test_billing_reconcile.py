@@ -7,7 +7,6 @@ from shared.clock import utcnow
 from shared.events import Attempt, JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase
 from tests.factories import T0, exited, placed, started, submitted
-from tests.service.test_billing_lifetimes import billing  # noqa: F401 (the fixture)
 
 HOUR = timedelta(hours=1)
 

@@ -9,10 +9,7 @@ from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
 from services.billing.ledger import share_per_hour
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.service import test_billing_lifetimes as lifetimes
 from tests.service.test_billing_lifetimes import deliver
-
-billing = lifetimes.billing  # the fixture
 
 HOUR = timedelta(hours=1)
 

@@ -15,10 +15,8 @@ from services.billing.placements import Placements
 from services.billing.service import Billing
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import Clock, MemoryCollection
-from tests.service.test_billing_lifetimes import (
-    billing as lifetimes_billing,  # noqa: F401 (a fixture)
-    deliver,
-)
+from tests.service.conftest import billing_on_bus
+from tests.service.test_billing_lifetimes import deliver
 
 HOURS_2 = T0 + timedelta(hours=2)
 
@@ -33,6 +31,13 @@ async def billing():
                                                 parked=MemoryCollection("parked")), clock=Clock(T0))
         test_broker.context.set_global("billing", service)
         yield test_broker, service
+
+
+@pytest.fixture
+async def lifetimes_billing():
+    """The tier's billing with node lifetimes and notifications (the fixture above is the attempt ledger alone)."""
+    async with billing_on_bus() as bus:
+        yield bus
 
 
 def forged(event, **update):

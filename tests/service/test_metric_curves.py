@@ -4,9 +4,6 @@ from shared.bus import publish
 from shared.jobs import MetricSpec
 from shared.rpc import MetricsQuery
 from tests.factories import chunk, placed, unique
-from tests.service.test_output_origin import estimator as estimator_fixture
-
-estimator = estimator_fixture  # the fixture
 
 
 async def test_the_whole_curve_is_thinned_and_the_recent_points_stay_for_the_driver(estimator):

@@ -1,49 +1,9 @@
 """The monitor's handlers under TestNatsBroker, with its collections in memory."""
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 
-import pytest
-from faststream.nats import NatsBroker, TestNatsBroker
-
-from shared.bus import publish, stream_of
-from shared.store import DocumentStore
+from shared.bus import publish
 from services.monitor import state
-from services.monitor.handlers import router
-from services.monitor.service import Monitor
 from tests.factories import exited, placed, started, submitted
-from tests.memory import MemoryCollection
-
-WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop", "tm.node.cmd.n1.start")
-
-
-@asynccontextmanager
-async def monitor_on_bus(watched: tuple[str, ...]):
-    """The monitor's router on a test broker, and what it publishes on the watched subjects."""
-    broker = NatsBroker()
-    broker.include_router(router)
-    seen: dict[str, list[dict]] = {subject: [] for subject in watched}
-    for subject in watched:
-        broker.subscriber(subject, stream=stream_of(subject))(recorder(seen[subject]))
-
-    async with TestNatsBroker(broker) as test_broker:
-        monitor = Monitor(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
-                          nodes=DocumentStore(MemoryCollection("nodes"), test_broker),
-                          node_timeout_s=10, started_at=datetime.now(UTC))
-        test_broker.context.set_global("monitor", monitor)
-        yield test_broker, monitor, seen
-
-
-@pytest.fixture
-async def monitor_broker():
-    async with monitor_on_bus(WATCHED) as bus:
-        yield bus
-
-
-def recorder(into: list):
-    async def record(event: dict) -> None:
-        into.append(event)
-
-    return record
 
 
 def versions(seen):

@@ -2,7 +2,6 @@
 reading past the GPU's recorded memory, or of a GPU not on record, is not; figures alone write nothing."""
 from shared.events import GpuReading
 from services.monitor.handlers import list_nodes
-from tests.service.test_monitor import monitor_broker, recorder  # noqa: F401 (the fixtures)
 from tests.service.test_monitor_liveness import beat, fleet_of, heard
 from tests.unit.test_liveness import Clock
 

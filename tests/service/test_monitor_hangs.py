@@ -7,7 +7,7 @@ import pytest
 from shared.bus import publish, stream_of
 from services.monitor.hangs import restart_overdue
 from tests.factories import exited, placed, started, submitted
-from tests.service.test_monitor import monitor_on_bus
+from tests.service.conftest import monitor_on_bus
 from tests.unit.test_monitor_hangs import hung, resumed
 
 WATCHED = ("tm.job.status", "tm.notify.p", "tm.node.cmd.n1.stop")

@@ -11,7 +11,7 @@ from services.monitor.fleet import Fleet
 from services.monitor.handlers import list_nodes
 from tests.factories import T0, node
 from tests.memory import MemoryCollection
-from tests.service.test_monitor import monitor_broker, recorder  # noqa: F401 (the fixture)
+from tests.service.conftest import recorder
 from tests.unit.test_liveness import Clock
 
 

@@ -8,7 +8,7 @@ from services.monitor import state
 from services.monitor.records import NodeRecords
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import MemoryCollection
-from tests.service.test_monitor import monitor_broker, versions  # noqa: F401 (the fixture)
+from tests.service.test_monitor import versions
 
 
 def forged(event, node_id: str = "n9"):

@@ -15,7 +15,7 @@ from shared.store import OUTBOX_COUNT, DocumentStore, relay
 from services.estimator.service import Estimator
 from tests.factories import placed, started, submitted
 from tests.memory import MemoryCollection
-from tests.service.test_billing_lifetimes import billing, deliver  # noqa: F401 (the fixture)
+from tests.service.test_billing_lifetimes import deliver
 
 
 class Down:

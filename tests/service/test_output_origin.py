@@ -2,7 +2,6 @@
 own log subject, and neither the submitter (which shows them) nor the estimator (which reads metrics from them)
 takes one for a job, attempt or rank placed elsewhere; nor can such chunks take the real ones' places."""
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from faststream.exceptions import NackMessage
@@ -11,31 +10,14 @@ from faststream.nats import NatsBroker, TestNatsBroker
 from shared.bus import publish
 from shared.jobs import MetricSpec
 from shared.origin import MAX_WAITS, Origins
-from shared.store import DocumentStore
-from services.estimator.handlers import router as estimator_router
-from services.estimator.service import Estimator
 from services.submitter.handlers import router as submitter_router
 from services.submitter.logs import read_page
 from services.submitter.repository import Repository
 from tests.factories import chunk, placed, unique
-from tests.memory import MemoryCollection
+from tests.service.conftest import origins
 from tests.unit.api_app import Db
 
 INJECTED = ("TRAINMASTER_METRICS {\"loss\": 0.00001}", "loss=0.00001", "all done, target reached")
-
-
-class Bus:
-    def __init__(self) -> None:
-        self.published: list = []
-
-    async def publish(self, message, *_, **__) -> None:
-        self.published.append(message)
-
-
-def origins(*, all_read: bool = True) -> Origins:
-    async def read() -> bool:
-        return all_read
-    return Origins(placements=MemoryCollection("placements"), all_read=read)
 
 
 @pytest.fixture
@@ -75,20 +57,6 @@ async def test_chunks_sent_first_with_the_coming_sequence_numbers_take_no_real_c
         await publish(broker, chunk(job_id, node_id="n1", seq=seq, lines=(f"real {seq}",), last=seq == 2))
     assert await output(repo, job_id) == ["real 0", "real 1", "real 2"]
     assert await repo.output_complete(job_id, attempt=1, rank=0)
-
-
-@pytest.fixture
-async def estimator():
-    broker = NatsBroker()
-    broker.include_router(estimator_router)
-    async with TestNatsBroker(broker) as test_broker:
-        bus = Bus()
-        models = SimpleNamespace(predictor=None, version=None, status=lambda: {})
-        service = Estimator(broker=bus, jobs=DocumentStore(MemoryCollection("jobs"), bus),
-                            points=MemoryCollection("points"), history=MemoryCollection("history"),
-                            own_runs=MemoryCollection("own_runs"), models=models, origins=origins())
-        test_broker.context.set_global("estimator", service)
-        yield test_broker, service, bus
 
 
 async def test_the_estimator_reads_no_metric_from_a_node_the_task_was_not_placed_on(estimator):

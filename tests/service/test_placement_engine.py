@@ -10,7 +10,7 @@ from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery
 from services.placement.handlers import router as placement_router
 from tests.factories import node, spec, submitted
-from tests.service.test_billing_placement import placement_service
+from tests.service.conftest import placement_service
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from services.placement.service import Placement
 from services.placement.tradeoff import tradeoff_from
 from tests.factories import T0, node, submitted
 from tests.memory import MemoryCollection
-from tests.service.test_billing_placement import FakeProvider
+from tests.service.conftest import FakeProvider
 
 BERT = [{"name": "benchmark", "value": "bert"}, {"name": "batch_size", "value": "64"}]
 

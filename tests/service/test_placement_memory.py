@@ -7,7 +7,6 @@ from shared.events import JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import CandidatesQuery
 from tests.factories import node, spec, submitted
-from tests.service.test_billing_placement import placement  # noqa: F401 (fixture)
 from tests.service.test_placement_engine import register
 
 

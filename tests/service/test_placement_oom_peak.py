@@ -10,7 +10,6 @@ from shared.rpc import MetricSeries, MetricsReport
 from services.placement.estimates import recorded_peak
 from services.placement.policy.hosting import gpu_memory_after_oom
 from tests.factories import node, submitted
-from tests.service.test_billing_placement import placement  # noqa: F401 (fixture)
 from tests.service.test_placement_engine import register
 
 

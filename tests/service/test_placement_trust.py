@@ -9,7 +9,6 @@ from shared.nodes import Gpu
 from services.placement.fleet import FleetNode
 from services.placement.policy import InstanceType
 from tests.factories import node, submitted
-from tests.service.test_billing_placement import placement  # noqa: F401 (the fixture)
 
 WS = {"id": "ws-1", "kind": "reserved", "cpu_count": 16, "memory_gb": 64, "price_per_hour": 1.6,
       "gpus": [{"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 1}]}

@@ -8,7 +8,6 @@ from shared.events import TaskTelemetry
 from shared.rpc import MetricsQuery
 from tests.factories import placed, unique
 from tests.memory import MemoryCollection
-from tests.service.test_output_origin import estimator  # noqa: F401 (the fixture)
 
 
 def sample(job_id: str, *, node_id: str = "n1", attempt: int = 1, rank: int = 0, seq: int = 1, t: float = 100.0,
