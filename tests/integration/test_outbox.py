@@ -8,40 +8,27 @@ import pytest
 from shared.bus import connect, make_broker
 from shared.events import JobDeleted
 from shared.store import DocumentStore, make_client, outbox_entries, relay
-from services.stack.processes import Stack, StackSettings
 from services.submitter.intake import Arrival, Intake
 from services.submitter.limits import QueueCaps
 from services.submitter.repository import NameTaken, Repository
-from tests.conftest import free_port
 from tests.factories import submitted, unique
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    data = tmp_path_factory.mktemp("servers")
-    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_url=None,
-                                nats_url=None))
-    stack.start_nats()
-    stack.start_database()
-    yield stack
-    stack.stop_all()
-
-
 @pytest.fixture
-async def wiring(servers):
-    broker = make_broker(servers.nats_url, name="test", creds=servers.admin_creds())
+async def wiring(bus_and_database):
+    broker = make_broker(bus_and_database.nats_url, name="test", creds=bus_and_database.admin_creds())
     await connect(broker)
-    client = make_client(servers.mongo_url)
+    client = make_client(bus_and_database.mongo_url)
     collection = client.test[unique("outbox").replace("-", "_")]
     yield broker, collection
     await broker.stop()
     await client.close()
 
 
-async def stream_subjects(servers, subject: str) -> list[bytes]:
-    nc = await nats.connect(servers.nats_url, user_credentials=str(servers.admin_creds()))
+async def stream_subjects(bus_and_database, subject: str) -> list[bytes]:
+    nc = await nats.connect(bus_and_database.nats_url, user_credentials=str(bus_and_database.admin_creds()))
     js = nc.jetstream()
     info = await js.stream_info("TM_JOBS")
     sub = await js.subscribe(subject, ordered_consumer=True)
@@ -56,7 +43,7 @@ async def stream_subjects(servers, subject: str) -> list[bytes]:
     return messages
 
 
-async def test_events_left_in_an_outbox_by_a_crash_are_relayed_once(servers, wiring):
+async def test_events_left_in_an_outbox_by_a_crash_are_relayed_once(bus_and_database, wiring):
     broker, collection = wiring
     job_id = unique("j")
     event = JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id)
@@ -69,11 +56,11 @@ async def test_events_left_in_an_outbox_by_a_crash_are_relayed_once(servers, wir
     relaying.cancel()
     doc = await collection.find_one({"_id": job_id})
     assert doc["_outbox"] == [] and doc["_outbox_n"] == 0
-    published = [m for m in await stream_subjects(servers, "tm.job.deleted") if job_id.encode() in m]
+    published = [m for m in await stream_subjects(bus_and_database, "tm.job.deleted") if job_id.encode() in m]
     assert len(published) == 1  # the second relay was de-duplicated by the message id
 
 
-async def test_a_stale_revision_is_refused(servers, wiring):
+async def test_a_stale_revision_is_refused(bus_and_database, wiring):
     broker, collection = wiring
     store = DocumentStore(collection, broker)
     assert await store.save("d", {"n": 1}, None, [])
@@ -84,7 +71,7 @@ async def test_a_stale_revision_is_refused(servers, wiring):
     assert (await store.load("d"))["n"] == 2
 
 
-async def test_a_document_written_before_revisions_is_changed_once(servers, wiring):
+async def test_a_document_written_before_revisions_is_changed_once(bus_and_database, wiring):
     broker, collection = wiring
     store = DocumentStore(collection, broker)
     await collection.insert_one({"_id": "old", "finished": False})  # a plain write: no revision
@@ -94,7 +81,7 @@ async def test_a_document_written_before_revisions_is_changed_once(servers, wiri
     assert (await store.load("old"))["finished"] is True
 
 
-async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_is_refused(servers, wiring):
+async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_is_refused(bus_and_database, wiring):
     broker, collection = wiring
     repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
     await repo.create_indexes()
@@ -112,11 +99,11 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
     await repo.publish(first.job_id, pending)
     assert (await repo.jobs.find_one({"_id": first.job_id}))["_outbox"] == []
     assert await repo.jobs.count_documents({}) == 1
-    published = [m for m in await stream_subjects(servers, "tm.job.submitted") if first.job_id.encode() in m]
+    published = [m for m in await stream_subjects(bus_and_database, "tm.job.submitted") if first.job_id.encode() in m]
     assert len(published) == 1
 
 
-async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_announced_once(servers, wiring):
+async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_announced_once(bus_and_database, wiring):
     """The intake on the real server: duplicates in the burst and against the history refused one by one, the caps
     counted across the group, every stored job queued, listed and announced, its outbox emptied in one write."""
     broker, collection = wiring
@@ -144,12 +131,12 @@ async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_an
     for job_id, _ in stored:
         doc = await repo.jobs.find_one({"_id": job_id})
         assert doc["_outbox"] == [] and doc["_outbox_n"] == 0
-    published = await stream_subjects(servers, "tm.job.submitted")
+    published = await stream_subjects(bus_and_database, "tm.job.submitted")
     for job_id, _ in stored:
         assert sum(job_id.encode() in m for m in published) == 1
 
 
-async def test_a_remembered_document_is_what_the_database_would_answer(servers, wiring):
+async def test_a_remembered_document_is_what_the_database_would_answer(bus_and_database, wiring):
     broker, collection = wiring
     store = DocumentStore(collection, broker, remember=10)
     fields = {"phase": "Running", "at": datetime(2026, 11, 25, 9, 30, 0, 123000, tzinfo=UTC),

@@ -12,25 +12,19 @@ from services.submitter.handlers import PLACED, router
 from services.submitter.logs import read_page
 from services.submitter.repository import Repository
 from tests.factories import chunk, placed, unique
-from tests.integration.servers import real_servers
-from tests.integration.test_bus_security import CLUSTER, agent_creds, as_agent
+from tests.integration.test_bus_security import agent_creds, as_agent
 
 pytestmark = pytest.mark.integration
 INJECTED = ('TRAINMASTER_METRICS {"loss": 0.00001}', "target reached")
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    with real_servers(tmp_path_factory.mktemp("origin"), cluster=CLUSTER, database=True) as stack:
-        yield stack
-
-
 @pytest.fixture
-async def submitter(servers):
+async def submitter(cluster_servers):
     """The submitter's bus handlers, as the submitter (its own credentials), on the real server and database."""
-    broker = make_broker(servers.nats_url, name="submitter", creds=servers.identities.creds("submitter"))
+    broker = make_broker(cluster_servers.nats_url, name="submitter",
+                         creds=cluster_servers.identities.creds("submitter"))
     broker.include_router(router)
-    client = make_client(servers.mongo_url)
+    client = make_client(cluster_servers.mongo_url)
     db = client[unique("db").replace("-", "_")]
     repo = Repository(db=db, broker=broker, origins=Origins(placements=db.api_placements,
                                                             all_read=lambda: read_up(broker, PLACED)))
@@ -42,8 +36,8 @@ async def submitter(servers):
     await client.close()
 
 
-async def as_node(servers, node_id: str):
-    broker = make_broker(servers.nats_url, name=f"agent-{node_id}", creds=agent_creds(servers, node_id))
+async def as_node(cluster_servers, node_id: str):
+    broker = make_broker(cluster_servers.nats_url, name=f"agent-{node_id}", creds=agent_creds(cluster_servers, node_id))
     await connect(broker, declare=False)
     return broker
 
@@ -56,15 +50,16 @@ async def until(check, *, tries: int = 100) -> bool:
     return False
 
 
-async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopped(servers, submitter):
+async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopped(cluster_servers, submitter):
     broker, repo = submitter
     job_id = unique("j")
-    placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
+    placement = make_broker(cluster_servers.nats_url, name="placement",
+                            creds=cluster_servers.identities.creds("placement"))
     await connect(placement)
     await publish(placement, placed(job_id, nodes=("n2",)))
     await placement.stop()
 
-    attacker, raw = await as_node(servers, "n1"), await as_agent(servers, "n1")
+    attacker, raw = await as_node(cluster_servers, "n1"), await as_agent(cluster_servers, "n1")
     for seq in range(3):  # first, with the numbers the real chunks will carry, and with their bare message ids
         forged = chunk(job_id, node_id="n1", seq=seq, lines=INJECTED, last=seq == 2)
         await publish(attacker, forged)
@@ -75,7 +70,7 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
     await attacker.stop()
     await raw.nc.close()
 
-    runner = await as_node(servers, "n2")
+    runner = await as_node(cluster_servers, "n2")
     for seq in range(3):
         await publish(runner, chunk(job_id, node_id="n2", seq=seq, lines=(f"real {seq}",), last=seq == 2))
     await runner.stop()
@@ -89,8 +84,9 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
     assert await until(lambda: read_up(broker, logs))
 
 
-async def test_the_output_stream_keeps_at_most_its_configured_bytes(servers):
-    broker = make_broker(servers.nats_url, name="estimator", creds=servers.identities.creds("estimator"))
+async def test_the_output_stream_keeps_at_most_its_configured_bytes(cluster_servers):
+    broker = make_broker(cluster_servers.nats_url, name="estimator",
+                         creds=cluster_servers.identities.creds("estimator"))
     streams = []
     for configured in (64 * 1024 ** 2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
         await connect(broker, log_max_bytes=configured)

@@ -16,7 +16,7 @@ from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.service import Estimator
 from services.placement.estimates import Estimates
 from tests.factories import placed, unique
-from tests.integration.test_output_origin import as_node, servers, until  # noqa: F401 (fixture)
+from tests.integration.test_output_origin import as_node, until
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +27,12 @@ def sample(job_id: str, *, node_id: str, seq: int, memory_gb: float) -> TaskTele
 
 
 @pytest.fixture
-async def estimator(servers):  # noqa: F811
+async def estimator(cluster_servers):
     """The estimator's bus handlers, as the estimator (its own credentials), on the real server and database."""
-    broker = make_broker(servers.nats_url, name="estimator", creds=servers.identities.creds("estimator"))
+    broker = make_broker(cluster_servers.nats_url, name="estimator",
+                         creds=cluster_servers.identities.creds("estimator"))
     broker.include_router(router)
-    client = make_client(servers.mongo_url)
+    client = make_client(cluster_servers.mongo_url)
     db = client[unique("db").replace("-", "_")]
     service = Estimator(broker=broker, jobs=DocumentStore(db.estimator_jobs, broker), points=db.estimator_points,
                         history=db.estimator_history, own_runs=db.estimator_own_runs,
@@ -47,20 +48,21 @@ async def estimator(servers):  # noqa: F811
     await client.close()
 
 
-async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_series(servers, estimator):  # noqa: F811
+async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_series(cluster_servers, estimator):
     _, service = estimator
     job_id = unique("j")
     await service.jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, [])
-    placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
+    placement = make_broker(cluster_servers.nats_url, name="placement",
+                            creds=cluster_servers.identities.creds("placement"))
     await connect(placement)
     await publish(placement, placed(job_id, nodes=("n2",), gpu_indices=(0,), gpu_memory_gb=24))
     await placement.stop()
 
-    attacker = await as_node(servers, "n1")
+    attacker = await as_node(cluster_servers, "n1")
     for seq in range(1, 4):
         await publish(attacker, sample(job_id, node_id="n1", seq=seq, memory_gb=23))
     await attacker.stop()
-    runner = await as_node(servers, "n2")
+    runner = await as_node(cluster_servers, "n2")
     for seq in range(1, 4):
         await publish(runner, sample(job_id, node_id="n2", seq=seq, memory_gb=float(seq)))
     await runner.stop()
@@ -76,7 +78,8 @@ async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_se
     times = [p[0] for s in report.series if s.name == "gpu_util" for p in s.points]
     assert all(abs(t - time.time()) < 600 for t in times)  # when the server stored them, not the claimed 1001-1003
 
-    placement = make_broker(servers.nats_url, name="placement", creds=servers.identities.creds("placement"))
+    placement = make_broker(cluster_servers.nats_url, name="placement",
+                            creds=cluster_servers.identities.creds("placement"))
     await connect(placement)
     try:
         assert await Estimates(broker=placement).peak_gpu_memory(job_id) == 3.0  # asked and answered as themselves
