@@ -1,7 +1,9 @@
 """Fixtures of the end-to-end tier alone."""
+import httpx
+import pytest
 import pytest_asyncio
 
-from tests.conftest import exchange
+from tests.conftest import ADMIN_TOKEN, exchange, start_stack
 from tests.e2e.eta_replays import Replays
 
 
@@ -11,3 +13,51 @@ async def mlperf_replays(api, stack):
     replays = Replays(api, exchange(stack.settings.data_dir))
     yield replays
     replays.cancel()
+
+
+# The placement-rules and renting tests' fleet: one local node, one reserved node, and rentable instances that
+# boot in a second (each module gets a stack of its own).
+FLEET = """
+[[nodes]]
+id = "lab-1"
+kind = "local"
+cpu_count = 8
+memory_gb = 32
+price_per_hour = 0.5
+gpus = [{ model = "L4", memory_gb = 24, tflops = 125, count = 1 }]
+
+[[nodes]]
+id = "res-1"
+kind = "reserved"
+cpu_count = 8
+memory_gb = 32
+price_per_hour = 1.2
+gpus = [{ model = "A10", memory_gb = 24, tflops = 125, count = 1 }]
+
+[[instance_types]]
+name = "g.small"
+gpus = 1
+gpu_model = "A10G"
+gpu_memory_gb = 24
+tflops = 125
+cpu = 8
+memory_gb = 32
+price_per_hour = 2.0
+startup_delay_s = 1
+"""
+TUNING = {"TRAINMASTER_IDLE_RELEASE_S": "2", "TRAINMASTER_PULLBACK_MIN_REMAINING_S": "5",
+          "TRAINMASTER_MIGRATION_S": "10", "TRAINMASTER_SCHEDULE_TICK_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, servers):
+    stack = start_stack(tmp_path_factory.mktemp("rules"), cluster=FLEET, servers=servers, extra_env=TUNING)
+    yield stack
+    stack.stop_all()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(fleet):
+    async with httpx.AsyncClient(base_url=fleet.api_url, timeout=30,
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+        yield api

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import eventually
 from tests.e2e.helpers import get, submit, wait_phase
 from tests.e2e.scripts import counter
-from tests.e2e.test_placement_rules import client, fleet, occupy, rented, terminate  # noqa: F401, F811 (fixtures)
+from tests.e2e.test_placement_rules import occupy, rented, terminate
 
 pytestmark = pytest.mark.e2e
 
