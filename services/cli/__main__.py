@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.settings.token:
             raise CliError("no token: give --token, set TRAINMASTER_TOKEN or put token = \"...\" in "
                            f"{config_file()}", exit_code=EXIT_CONFIG)
-        code = args.handler(args, Api(url=args.settings.url, token=args.settings.token))
+        code = args.handler(args, Api(url=args.settings.url, token=args.settings.token,
+                                      handover_s=args.settings.handover_s))
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except CliError as exc:

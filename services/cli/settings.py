@@ -4,6 +4,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
+from services.cli.client import HANDOVER_S
+
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -18,6 +20,8 @@ class CliSettings(BaseSettings):
     url: str = Field(DEFAULT_URL, description="The API's base URL (several replicas: comma-separated).")
     token: str | None = Field(None, description="A bearer token (tm_...).")
     project: str | None = Field(None, description="The project jobs go to; else the token's only project.")
+    handover_s: float = Field(HANDOVER_S, ge=0, description="How long to keep trying while no replica answers (or "
+                                                             "each says 503) before giving up.")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,

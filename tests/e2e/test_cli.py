@@ -139,7 +139,7 @@ def test_nodes_and_errors(cli, project):
 
     code, _, err = cli("list", TRAINMASTER_TOKEN="wrong")
     assert code == 77 and "error 406039" in err
-    code, _, err = cli("list", TRAINMASTER_URL="http://127.0.0.1:9")
+    code, _, err = cli("list", TRAINMASTER_URL="http://127.0.0.1:9", TRAINMASTER_HANDOVER_S="1")  # not 30 s
     assert code == 69 and "cannot reach" in err
     code, _, err = cli("submit", "--gpus", "1")
     assert code == 2 and "needs a command" in err
