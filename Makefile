@@ -24,11 +24,16 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Two pytest-xdist workers, each with stacks of its own; a module's tests stay on one worker (tests/conftest.py).
+# `make test WORKERS=0`: every test in one process.
+WORKERS ?= 2
+XDIST := -n $(WORKERS) $(if $(filter-out 0,$(WORKERS)),--dist loadgroup)
+
 test: $(STAMP) check browser
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(XDIST)
 
 test-fast: $(STAMP) check
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/unit tests/service
 
 # Real CUDA jobs on this machine's NVIDIA GPUs: needs torch with CUDA and the `gpu` extra; skipped without a GPU,
 # as `make test` skips them. Figures go to $(OUT)/gpu-report.json, else .trainmaster/gpu-report.json. A GPU

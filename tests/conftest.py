@@ -60,6 +60,34 @@ default = true
 """
 
 
+# the estimator's history model is trained once per machine, not once per test session
+MODELS = Path.home() / ".cache" / "trainmaster" / "test-models"
+WORKER: dict[str, str] = {}  # this process's pytest-xdist worker ("gw0", "gw1"), when it is one
+
+
+def pytest_configure(config) -> None:
+    if workerinput := getattr(config, "workerinput", None):
+        WORKER["id"] = workerinput["workerid"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items) -> None:
+    """For `make test` (`-n 2 --dist loadgroup`): a module's tests run on one worker, so each module-scoped stack
+    starts once; the tests of the MLPerf replays run on one worker, so the replays run once. The session's own
+    `stack` starts once per worker that needs it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "mlperf-replays" if "mlperf_replays" in item.fixturenames else item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def models_dir() -> Path:
+    """Where a stack's estimator keeps its models: the machine's, but a directory of its own for each further
+    worker (two stacks training the first version at once would write the same file)."""
+    worker = WORKER.get("id", "gw0")
+    return MODELS if worker == "gw0" else MODELS / worker
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -101,9 +129,7 @@ def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] 
                                 "cluster_file": data / "cluster.toml", "admin_token": ADMIN_TOKEN,
                                 "heartbeat_interval_s": 0.5, "node_timeout_s": 3, "checkpoint_sync_s": 0.5,
                                 "mongo_url": servers.get("mongo_url"), **settings})
-    # the estimator's history model is trained once per machine, not once per test session
-    models = Path.home() / ".cache" / "trainmaster" / "test-models"
-    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":
+    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models_dir()), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":
                                        "127.0.0.1",  # the tests' local webhook receivers
                                        "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
                                        "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon

@@ -1,0 +1,49 @@
+"""The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
+and what each worker keeps apart."""
+import pytest
+
+from tests import conftest
+
+
+class Item:
+    """What the grouping hook reads of a collected test."""
+
+    def __init__(self, nodeid: str, *fixtures: str, group: str | None = None) -> None:
+        self.nodeid, self.fixturenames, self.markers = nodeid, ["request", *fixtures], []
+        if group:
+            self.markers.append(pytest.mark.xdist_group(group).mark)
+
+    def get_closest_marker(self, name: str):
+        return next((m for m in self.markers if m.name == name), None)
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker.mark)
+
+    def group(self) -> str:
+        [marker] = [m for m in self.markers if m.name == "xdist_group"]
+        return marker.args[0]
+
+
+def test_a_modules_tests_share_a_worker_and_so_its_module_scoped_stack():
+    items = [Item("tests/e2e/test_failover.py::test_a"), Item("tests/e2e/test_failover.py::test_b[1]"),
+             Item("tests/e2e/test_chaos.py::test_chaos", "stack")]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.group() for i in items] == ["tests/e2e/test_failover.py", "tests/e2e/test_failover.py",
+                                          "tests/e2e/test_chaos.py"]
+
+
+def test_the_tests_of_the_mlperf_replays_share_a_worker_and_a_group_given_by_hand_stays():
+    items = [Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
+             Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
+             Item("tests/e2e/test_search.py::test_c", group="by-hand")]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "by-hand"]
+
+
+def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own(monkeypatch):
+    monkeypatch.setattr(conftest, "WORKER", {})
+    assert conftest.models_dir() == conftest.MODELS  # one process: the machine's models
+    monkeypatch.setattr(conftest, "WORKER", {"id": "gw0"})
+    assert conftest.models_dir() == conftest.MODELS
+    monkeypatch.setattr(conftest, "WORKER", {"id": "gw1"})
+    assert conftest.models_dir() == conftest.MODELS / "gw1"
