@@ -133,6 +133,7 @@ def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] 
                                        "127.0.0.1",  # the tests' local webhook receivers
                                        "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
                                        "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
+                                       "TRAINMASTER_BUDGET_CHECK_S": "1",  # budgets checked each second, not each 5
                                        **(extra_env or {})})
     try:
         stack.start_all()
