@@ -33,7 +33,7 @@ test: $(STAMP) check browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(XDIST)
 
 test-fast: $(STAMP) check
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(XDIST) tests/unit tests/service
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit tests/service
 
 # Real CUDA jobs on this machine's NVIDIA GPUs: needs torch with CUDA and the `gpu` extra; skipped without a GPU,
 # as `make test` skips them. Figures go to $(OUT)/gpu-report.json, else .trainmaster/gpu-report.json. A GPU
