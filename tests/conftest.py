@@ -82,10 +82,10 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def models_dir() -> Path:
-    """Where a stack's estimator keeps its models: the machine's, but a directory of its own for each further
-    worker (two stacks training the first version at once would write the same file)."""
+    """Where a stack's estimator keeps its models: the machine's; but while the machine has none yet, a directory
+    of its own for each further worker (two stacks training the first version at once would write one file)."""
     worker = WORKER.get("id", "gw0")
-    return MODELS if worker == "gw0" else MODELS / worker
+    return MODELS if worker == "gw0" or any(MODELS.glob("history-v*.npz")) else MODELS / worker
 
 
 def free_port() -> int:

@@ -40,10 +40,11 @@ def test_the_tests_of_the_mlperf_replays_share_a_worker_and_a_group_given_by_han
     assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "by-hand"]
 
 
-def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own(monkeypatch):
-    monkeypatch.setattr(conftest, "WORKER", {})
-    assert conftest.models_dir() == conftest.MODELS  # one process: the machine's models
-    monkeypatch.setattr(conftest, "WORKER", {"id": "gw0"})
-    assert conftest.models_dir() == conftest.MODELS
-    monkeypatch.setattr(conftest, "WORKER", {"id": "gw1"})
-    assert conftest.models_dir() == conftest.MODELS / "gw1"
+def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
+        monkeypatch, tmp_path):
+    monkeypatch.setattr(conftest, "MODELS", tmp_path)
+    for worker in ({}, {"id": "gw0"}, {"id": "gw1"}):
+        monkeypatch.setattr(conftest, "WORKER", worker)
+        assert conftest.models_dir() == (tmp_path / "gw1" if worker.get("id") == "gw1" else tmp_path)
+    (tmp_path / "history-v1.npz").write_bytes(b"a trained model")  # from then on, every stack serves it
+    assert conftest.models_dir() == tmp_path
