@@ -25,9 +25,10 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 # Two pytest-xdist workers, each with stacks of its own; a module's tests stay on one worker (tests/conftest.py).
-# `make test WORKERS=0`: every test in one process.
+# Modules are handed out in the order collected, the end-to-end tier's long ones first (xdist's default order, by
+# number of tests, would leave a one-minute test for last). `make test WORKERS=0`: every test in one process.
 WORKERS ?= 2
-XDIST := -n $(WORKERS) $(if $(filter-out 0,$(WORKERS)),--dist loadgroup)
+XDIST := -n $(WORKERS) $(if $(filter-out 0,$(WORKERS)),--dist loadgroup --no-loadscope-reorder)
 
 test: $(STAMP) check browser
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 $(XDIST)
