@@ -73,11 +73,12 @@ def pytest_configure(config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """For `make test` (`-n 2 --dist loadgroup`): a module's tests run on one worker, so each module-scoped stack
-    starts once; the tests of the MLPerf replays run on one worker, so the replays run once. The session's own
-    `stack` starts once per worker that needs it."""
+    starts once; the tests of the MLPerf replays run on one worker, so the replays run once; the GPU tier on one,
+    with one stack on the GPUs and one report. The session's own `stack` starts once per worker that needs it."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            group = "mlperf-replays" if "mlperf_replays" in item.fixturenames else item.nodeid.split("::")[0]
+            group = ("mlperf-replays" if "mlperf_replays" in item.fixturenames else
+                     "gpu" if item.nodeid.startswith("tests/gpu/") else item.nodeid.split("::")[0])
             item.add_marker(pytest.mark.xdist_group(group))
 
 

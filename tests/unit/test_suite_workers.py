@@ -32,12 +32,13 @@ def test_a_modules_tests_share_a_worker_and_so_its_module_scoped_stack():
                                           "tests/e2e/test_chaos.py"]
 
 
-def test_the_tests_of_the_mlperf_replays_share_a_worker_and_a_group_given_by_hand_stays():
+def test_the_mlperf_replays_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
     items = [Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
              Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
-             Item("tests/e2e/test_search.py::test_c", group="by-hand")]
+             Item("tests/gpu/test_gpu_jobs.py::test_c", "gpu_api"), Item("tests/gpu/test_nvml_telemetry.py::test_d"),
+             Item("tests/e2e/test_search.py::test_e", group="by-hand")]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "by-hand"]
+    assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "gpu", "gpu", "by-hand"]
 
 
 def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
