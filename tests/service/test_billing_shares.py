@@ -7,7 +7,6 @@ import pytest
 from shared.bus import publish
 from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
-from services.billing.ledger import share_per_hour
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.service import test_billing_lifetimes as lifetimes
 from tests.service.test_billing_lifetimes import deliver
@@ -73,12 +72,6 @@ async def test_a_rented_node_half_used_is_charged_half_idle_to_whoever_rented_it
     assert by_user["ana"].on_demand_cost == pytest.approx(2.0)  # the idle GPU of the node ana's job asked for
     assert by_user["ana"].on_demand_seconds == pytest.approx(1800)  # half the node for the hour, in node-seconds
     assert report.total.on_demand_cost == pytest.approx(4.0)
-
-
-def test_a_share_is_by_gpus_and_the_whole_node_without_them():
-    assert share_per_hour(4.0, gpus=1, node_gpus=2) == 2.0
-    assert share_per_hour(4.0, gpus=0, node_gpus=2) == 4.0  # a CPU job takes the node, as placement prices it
-    assert share_per_hour(4.0, gpus=1, node_gpus=0) == 4.0  # node size unknown: the node's price
 
 
 async def test_a_jobs_cost_so_far_is_its_own_attempts_without_the_rented_nodes_idle_time(billing):
