@@ -14,8 +14,10 @@ PLACEMENTS = ("jobs", "attempts", "parked")
 def in_memory(broker: Any, **given: Any) -> Billing:
     """Billing with each collection in memory unless given (a `ReadCounting` one, say), its clock at T0 and its
     alerts published on `broker`; `static` and `reconcile_grace_s` as given."""
-    collections = {name: given.pop(name, None) or MemoryCollection(name) for name in COLLECTIONS}
-    placements = Placements(**{name: given.pop(name, None) or MemoryCollection(name) for name in PLACEMENTS})
-    return build(**collections, alerts=DocumentStore(given.pop("alerts", None) or MemoryCollection("alerts"), broker),
-                 placements=placements, static=given.pop("static", None), clock=given.pop("clock", Clock(T0)),
-                 **given)
+    def collection(name: str) -> Any:
+        return given.pop(name) if name in given else MemoryCollection(name)
+
+    collections = {name: collection(name) for name in COLLECTIONS}
+    placements = Placements(**{name: collection(name) for name in PLACEMENTS})
+    return build(**collections, alerts=DocumentStore(collection("alerts"), broker), placements=placements,
+                 static=given.pop("static", None), clock=given.pop("clock", Clock(T0)), **given)
