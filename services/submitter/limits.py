@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.submitter import errors
 from services.submitter.errors import ApiError
+from services.submitter.refusals import QueueFull
 
 QUEUED_PHASES = ["Creating", "Pending"]  # accepted, not yet running
 # A refused body is read and thrown away up to this much before the 413, so that a client still sending reads the
@@ -150,13 +151,9 @@ def tokens_full(*, user_name: str, live: int, cap: int) -> ApiError | None:
                     f"(DELETE /v2/users/{user_name}/tokens/{{token_id}}) or wait until one expires")
 
 
-def queue_full(*, scope: str, name: str, queued: int, cap: int) -> ApiError | None:
+def queue_full(*, scope: str, name: str, queued: int, cap: int) -> QueueFull | None:
     """The refusal of one more queued job when `queued` already reached `cap`, else None."""
-    if queued < cap:
-        return None
-    return ApiError(429, errors.LIMIT_REACHED, f"the queued job quantity of {scope} {name} has reached the upper "
-                    f"limit ({queued} of {cap} not yet running); wait for some to start or terminate them",
-                    headers={"Retry-After": "10"})
+    return None if queued < cap else QueueFull(scope=scope, name=name, queued=queued, cap=cap)
 
 
 # The early check before a submission's RPCs lets a job on without counting when the intake counted its project and
@@ -176,7 +173,7 @@ class QueueCaps:
     counted: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict, repr=False)  # (count, when)
 
     async def check(self, repo, *, project_id: str, user_name: str) -> None:
-        """Raise 429 (406035) when the project or the user already has its cap of queued jobs (`repo`: the
+        """Raise QueueFull when the project or the user already has its cap of queued jobs (`repo`: the
         submitter's Repository, whose queue holds one entry per job not yet running); an early check, answered
         from the intake's last counts while they are fresh and leave room."""
         if self._room_counted(project_id, user_name):
@@ -193,7 +190,7 @@ class QueueCaps:
                 return False
         return True
 
-    async def admit_group(self, repo, owners: list[tuple[str, str]]) -> list[ApiError | None]:
+    async def admit_group(self, repo, owners: list[tuple[str, str]]) -> list[QueueFull | None]:
         """For new jobs of (project, user), in arrival order: None for one that may be queued, else its refusal;
         each one admitted counts against those after it. One count per project and per user of the group."""
         projects, users = sorted({p for p, _ in owners}), sorted({u for _, u in owners})
@@ -201,7 +198,7 @@ class QueueCaps:
                                       *(repo.queued_count(user_name=u) for u in users))
         queued = {("project", p): n for p, n in zip(projects, counts)}
         queued |= {("user", u): n for u, n in zip(users, counts[len(projects):])}
-        answers: list[ApiError | None] = []
+        answers: list[QueueFull | None] = []
         for project_id, user_name in owners:
             refusal = (queue_full(scope="project", name=project_id, cap=self.per_project,
                                   queued=queued[("project", project_id)])
