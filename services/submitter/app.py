@@ -18,7 +18,8 @@ from services.submitter import audit, routes_users
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
 from services.submitter.handlers import PLACED, router as bus_router
 from services.submitter.intake import Intake
-from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
+from services.submitter.caps import QueueCaps
+from services.submitter.limits import BodyLimit, RateLimiter
 from services.submitter.repository import Repository
 from services.submitter.rpc import Broker, Requester
 from services.submitter.searches import routes as routes_searches

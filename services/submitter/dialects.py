@@ -21,11 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from shared.jobs import JobCreate, no_null_bytes
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
-from services.submitter.deps import use_cases
+from services.submitter.deps import ProjectId, use_cases
 from services.submitter.errors import ApiError
 from services.submitter.refusals import Invalid, Refused
 from services.submitter.usecases import SubmitJob
-from services.submitter.views import ProjectId
 
 IGNORED_ENV = "MODELARTS_V1_IGNORED"
 # ModelArts v1 job statuses ("Job Statuses" table): INIT, WAITING, RUNNING, KILLING, COMPLETED, FAILED, KILLED, LOST.

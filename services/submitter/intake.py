@@ -8,7 +8,7 @@ from typing import Any
 
 from shared.batch import GroupCommit
 from shared.events import JobSubmitted
-from services.submitter.limits import QueueCaps
+from services.submitter.caps import QueueCaps
 from services.submitter.refusals import NameTaken
 from services.submitter.repository import Repository
 

@@ -10,10 +10,9 @@ from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from shared.egress import Policy, Refused, check_url, guarded_client
 from services.submitter.auth import Principal, authenticate
-from services.submitter.deps import use_cases
+from services.submitter.deps import ProjectId, use_cases
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import Invalid
-from services.submitter.views import ProjectId
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["notifications"])

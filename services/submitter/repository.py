@@ -17,7 +17,7 @@ from shared.jobs import FINISHED
 from shared.lru import Lru
 from shared.origin import Origins
 from shared.store import DocumentStore
-from services.submitter.limits import QUEUED_PHASES
+from services.submitter.caps import QUEUED_PHASES
 from services.submitter.logstore import LOG_CAP_BYTES, LogStore
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken

@@ -11,8 +11,7 @@ from shared.rpc import GroupBy, ProjectQuotas, Quota, QuotasReply, QuotasRequest
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.deps import use_cases
-from services.submitter.views import ProjectId
+from services.submitter.deps import ProjectId, use_cases
 
 router = APIRouter()
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]

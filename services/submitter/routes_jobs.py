@@ -10,11 +10,11 @@ from shared.clock import utcnow
 from shared.jobs import JobCreate, Phase
 from shared.rpc import MetricsReport
 from services.submitter.auth import Principal, authenticate
-from services.submitter.deps import use_cases
+from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
 from services.submitter.refusals import NotFound
 from services.submitter.usecases import SubmitJob
-from services.submitter.views import Job, JobId, JobList, ProjectId, render
+from services.submitter.views import Job, JobList, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
 

@@ -20,7 +20,7 @@ from services.submitter import admission, feasible
 from services.submitter.catalogue import resolve
 from services.submitter.commands import send_command
 from services.submitter.intake import Arrival, Intake
-from services.submitter.limits import QueueCaps
+from services.submitter.caps import QueueCaps
 from services.submitter.refusals import Invalid, NameTaken, NotFinished, NotFound, ServiceAway, WrongPhase
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester

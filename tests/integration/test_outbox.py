@@ -10,7 +10,7 @@ from shared.events import JobDeleted
 from shared.store import DocumentStore, make_client, outbox_entries, relay
 from services.stack.processes import Stack, StackSettings
 from services.submitter.intake import Arrival, Intake
-from services.submitter.limits import QueueCaps
+from services.submitter.caps import QueueCaps
 from services.submitter.repository import NameTaken, Repository
 from tests.conftest import free_port
 from tests.factories import submitted, unique

@@ -8,12 +8,12 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from shared.clock import utcnow
 from services.submitter.auth import Principal, authenticate
-from services.submitter.deps import use_cases
+from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.refusals import NameTaken, NotFound, WrongPhase
 from services.submitter.searches.models import (Best, SearchAction, SearchCreate, SearchList, SearchMetadata,
                                                 SearchStatus, SearchView, TrialView)
 from services.submitter.searches.store import SearchNameTaken, SearchStore
-from services.submitter.views import JobId, ProjectId, _ms
+from services.submitter.views import _ms
 
 router = APIRouter(prefix="/v2/{project_id}/searches", tags=["searches"])
 log = logging.getLogger(__name__)
