@@ -127,17 +127,16 @@ class Submitter:
             raise WrongPhase(job_id, phase=phase, done=f"{action}d",
                              hint=" (only Running jobs move)" if action == "migrate" else "")
         if action == "terminate":
-            command, subject = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}",
-                                                     job_id=job_id, requested_by=requested_by), RPC_TERMINATE
+            await self.terminate(job_id, requested_by=requested_by)
         else:
-            command, subject = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
-                                                   requested_by=requested_by,
-                                                   attempt=doc["status"].get("attempt")), RPC_MIGRATE
-        await send_command(self.requester.broker, self.repo, command, subject)
+            command = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
+                                          requested_by=requested_by, attempt=doc["status"].get("attempt"))
+            await send_command(self.requester.broker, self.repo, command, RPC_MIGRATE)
         return render(await self.stored(project_id, job_id))
 
     async def terminate(self, job_id: str, *, requested_by: str) -> None:
-        """Terminate a job on someone's behalf (a search pruning its trial); the job's reason names them."""
+        """Terminate a job on someone's behalf (its user, a search pruning its trial); the job's reason names
+        them."""
         command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
                                         requested_by=requested_by)
         await send_command(self.requester.broker, self.repo, command, RPC_TERMINATE)
