@@ -22,7 +22,7 @@ from services.submitter.repository import Repository
 from services.submitter.usecases import SubmitJob, Submitter
 from tests.factories import job_body
 from tests.memory import MemoryCollection
-from tests.unit.api_app import Db
+from tests.unit.api_app import Db, add_user, client, make_app
 
 PROJECT = "vision"
 
@@ -171,3 +171,26 @@ def test_each_refusal_is_answered_as_the_api_always_did(refusal, status, body, h
 def test_every_refusal_has_its_answer():
     kinds = [k for k in vars(refusals).values() if isinstance(k, type) and issubclass(k, refusals.Refused)]
     assert {k for k in kinds if k is not refusals.Refused} <= set(errors.ANSWERS)
+
+
+async def test_the_routes_answer_the_use_cases_refusals_as_before():
+    app, _, tokens = await make_app(broker=Bus())
+    outsider = await add_user(tokens, "bob", ["other"])
+    async with client(app) as admin, client(app, outsider) as bob:
+        job_id = (await admin.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="r"))).json()["metadata"]["id"]
+        jobs = f"/v2/{PROJECT}/training-jobs/{job_id}"
+        moved = await admin.post(f"{jobs}/actions", json={"action_type": "migrate"})
+        assert (moved.status_code, moved.json()) == (409, {"error_code": "406027", "error_msg": (
+            f"job {job_id} is Creating and cannot be migrated (only Running jobs move)")})
+        deleted = await admin.delete(jobs)
+        assert (deleted.status_code, deleted.json()["error_code"]) == (409, "406014")
+        for hidden in (await bob.get(jobs), await bob.delete(jobs),
+                       await bob.post(f"{jobs}/actions", json={"action_type": "terminate"})):
+            assert (hidden.status_code, hidden.json()) == (404, {"error_code": "406012",
+                                                                 "error_msg": f"job {job_id} does not exist"})
+        taken = await admin.post(f"/v2/{PROJECT}/training-jobs?dry_run=true", json=job_body(name="r"))
+        assert (taken.status_code, taken.json()["error_code"]) == (409, "406026")
+        assert (await admin.post(f"{jobs}/actions", json={"action_type": "terminate"})).status_code == 202
+        await finish(app.state.submitter, job_id)
+        assert (await admin.delete(jobs)).status_code == 204
+        assert (await admin.get(jobs)).status_code == 404
