@@ -9,8 +9,8 @@ from shared.bus import connect, make_broker
 from shared.events import JobDeleted
 from shared.store import DocumentStore, make_client, outbox_entries, relay
 from services.stack.processes import Stack, StackSettings
-from services.submitter.intake import Arrival, Intake
 from services.submitter.caps import QueueCaps
+from services.submitter.intake import Arrival, Intake
 from services.submitter.repository import NameTaken, Repository
 from tests.conftest import free_port
 from tests.factories import submitted, unique

@@ -8,10 +8,10 @@ from shared.events import JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase, Spec
 from shared.rpc import Candidate, CandidatesReply
 from services.submitter import feasible
-from services.submitter.errors import ApiError, described
-from services.submitter.refusals import Invalid, QueueFull
 from services.submitter.caps import QueueCaps, queue_full
+from services.submitter.errors import ApiError, described
 from services.submitter.limits import RateLimiter, TokenBucket
+from services.submitter.refusals import Invalid, QueueFull
 from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 

@@ -16,8 +16,16 @@ from shared.rpc import CandidatesReply
 from shared.storage import StoragePolicy
 from services.submitter import errors, refusals
 from services.submitter.app import SubmitterSettings, build_submitter
-from services.submitter.refusals import (Invalid, NameTaken, NotAdmitted, NotFinished, NotFound, QueueFull,
-                                         ServiceAway, WrongPhase)
+from services.submitter.refusals import (
+    Invalid,
+    NameTaken,
+    NotAdmitted,
+    NotFinished,
+    NotFound,
+    QueueFull,
+    ServiceAway,
+    WrongPhase,
+)
 from services.submitter.repository import Repository
 from services.submitter.usecases import SubmitJob, Submitter
 from tests.factories import job_body
