@@ -5,6 +5,8 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from pydantic import Field, field_validator
 
+from faststream.nats import NatsBroker
+
 from shared import egress
 from shared.bus import read_up
 from shared.origin import Origins
@@ -21,7 +23,7 @@ from services.submitter.intake import Intake
 from services.submitter.caps import QueueCaps
 from services.submitter.limits import BodyLimit, RateLimiter
 from services.submitter.repository import Repository
-from services.submitter.rpc import Broker, Requester
+from services.submitter.rpc import Requester
 from services.submitter.searches import routes as routes_searches
 from services.submitter.searches.driver import Driver
 from services.submitter.searches.store import SearchStore
@@ -55,7 +57,7 @@ class SubmitterSettings(CommonSettings, StorageSettings):
         return check_admin_token(value)
 
 
-def build_submitter(settings: SubmitterSettings, *, repo: Repository, broker: Broker,
+def build_submitter(settings: SubmitterSettings, *, repo: Repository, broker: NatsBroker,
                     storage: StoragePolicy) -> Submitter:
     """The use cases, once: the repository, the intake and queue caps, the storage policy, the bus."""
     caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)

@@ -63,7 +63,8 @@ async def healthz(request: Request) -> JSONResponse:
     async def probe(service: str) -> dict:
         try:
             reply = await submitter.requester.broker.request({}, RPC_HEALTH.format(service=service), timeout=2)
-            return {"ok": True, **(await reply.decode())}
+            decoded = await reply.decode()
+            return {"ok": True, **(decoded if isinstance(decoded, dict) else {})}
         except Exception as exc:
             return {"ok": False, "error": repr(exc)}
 
@@ -74,9 +75,11 @@ async def healthz(request: Request) -> JSONResponse:
         except Exception as exc:
             return {"ok": False, "error": repr(exc)}
 
-    *answers, db, bus = await asyncio.gather(*(probe(s) for s in SERVICES), database(),
-                                             submitter.requester.broker.ping(timeout=2))
-    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, answers)), "database": db, "bus": {"ok": bus}}
+    bus_ping = asyncio.ensure_future(submitter.requester.broker.ping(timeout=2))  # asked alongside the others
+    answers = await asyncio.gather(*(probe(s) for s in SERVICES), database())
+    bus = await bus_ping
+    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, answers[:-1])), "database": answers[-1],
+                "bus": {"ok": bus}}
     ok = all(s["ok"] for s in services.values())
     return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "degraded",
                                                                  "services": services})

@@ -2,8 +2,9 @@
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from faststream.nats import NatsBroker
 from nats.errors import NoRespondersError
 
 from shared.bus import RPC_CANDIDATES
@@ -15,15 +16,11 @@ TIMEOUT_S = 5
 NO_RESPONDER_RETRY_S = 0.25
 
 
-class Broker(Protocol):
-    async def request(self, payload: Any, subject: str, *, timeout: float) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Requester:
     """The submitter's questions to the other services, over its broker."""
 
-    broker: Broker
+    broker: NatsBroker  # tests give a TestNatsBroker's, or a fake with request/publish/ping
 
     async def ask(self, subject: str, payload: Any, *, timeout: float | None = None) -> Any:
         """The decoded reply; ServiceAway naming the service when it does not answer. While nobody listens (a
