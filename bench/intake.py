@@ -21,8 +21,8 @@ from shared.jobs import JobCreate
 from shared.store import make_client
 from bench.submit import free_port
 from services.stack.processes import Stack, StackSettings
+from services.submitter.caps import QueueCaps
 from services.submitter.intake import Arrival, Intake
-from services.submitter.limits import QueueCaps
 from services.submitter.repository import Repository
 
 BODY = JobCreate.model_validate({"kind": "job", "metadata": {"name": "x"}, "algorithm": {"command": "true"},

@@ -1,7 +1,7 @@
 """Usage-report benchmark: a month of 10,000 jobs in a fresh embedded database, each group_by timed.
 
 Ledger lines are inserted directly (one attempt per job, over 20 users in 5 projects and 40 nodes of three
-kinds, with node lifetimes for owned capacity and 200 on-demand nodes), then Billing.usage answers the report
+kinds, with node lifetimes for owned capacity and 200 on-demand nodes), then Reports.usage answers the report
 the API asks for, for one project and, with group_by=project, for all. Run: `python -m bench.reports`.
 """
 import argparse
@@ -19,7 +19,7 @@ from pathlib import Path
 from shared.rpc import UsageQuery
 from shared.store import make_client
 from services.billing.ledger import clip, close_entry, close_lifetime, open_lifetime
-from services.billing.service import Billing
+from services.billing.reports import Reports
 from services.stack.processes import Stack, StackSettings
 
 MONTH = datetime(2026, 10, 1, tzinfo=UTC)
@@ -66,8 +66,8 @@ def lifetimes() -> list[dict]:
 async def run(url: str, *, jobs: int, repeats: int) -> dict:
     client = make_client(url)
     db = client["bench"]
-    billing = Billing(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
-                      nodes_open=db.billing_nodes_open, node_info=db.billing_node_info)
+    billing = Reports(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
+                      nodes_open=db.billing_nodes_open)
     await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
     await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
     await billing.ledger.create_index("ended_at")

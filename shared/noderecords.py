@@ -4,12 +4,13 @@ GPUs, more GPU memory or TFLOPS (table or measured: a measured figure at most ME
 more CPUs or memory, another kind, price or labels is capped to the record, and
 what was refused is kept so the operator sees it. Pure functions, shared by placement, the monitor and billing."""
 import logging
-import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.cluster import ClusterFile, ClusterFileError, NodeEntry, node_entry, read_cluster
 from shared.nodes import MEASURED_SLACK, Gpu, NodeInfo, NodeKind
 
 log = logging.getLogger(__name__)
@@ -32,34 +33,32 @@ class NodeLimits(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-def limits_from_entry(entry: dict[str, Any]) -> NodeLimits:
+def limits_from_entry(entry: NodeEntry | Mapping[str, Any]) -> NodeLimits:
     """A `[[nodes]]` entry as a record. An entry that lists no GPUs may name `max_gpus` for a machine whose GPUs
     the agent reads through NVML (any model and size, that many at most); without either, no GPUs."""
-    groups = entry.get("gpus") or []
-    listed = sum(int(g.get("count", 1)) for g in groups)
-    labels = {**entry.get("labels", {}), "pool": entry.get("pool", entry.get("labels", {}).get("pool", "default"))}
+    entry = node_entry(entry)
+    groups = entry.gpus
     return NodeLimits(
-        node_id=entry["id"], kind=entry.get("kind", "local"), price_per_hour=entry.get("price_per_hour", 0.0),
-        gpus=listed if groups else int(entry.get("max_gpus", 0)),
-        gpu_models=tuple(g["model"] for g in groups),
-        gpu_memory_gb=max((g["memory_gb"] for g in groups), default=None),
-        tflops=max((g.get("tflops", 0) for g in groups), default=None),
-        cpu_count=entry.get("cpu_count"), memory_gb=entry.get("memory_gb"),
-        labels={str(k): str(v) for k, v in labels.items()},
+        node_id=entry.id, kind=entry.kind, price_per_hour=entry.price_per_hour,
+        gpus=sum(g.count for g in groups) if groups else entry.max_gpus,
+        gpu_models=tuple(g.model for g in groups),
+        gpu_memory_gb=max((g.memory_gb for g in groups), default=None),
+        tflops=max((g.tflops for g in groups), default=None),
+        cpu_count=entry.cpu_count, memory_gb=entry.memory_gb, labels=entry.all_labels(),
     )
 
 
-def limits_of(cluster: dict[str, Any]) -> dict[str, NodeLimits]:
-    """The records of a parsed cluster file's `[[nodes]]`, by id."""
-    return {e["id"]: limits_from_entry(e) for e in cluster.get("nodes", []) if e.get("id")}
+def limits_of(cluster: ClusterFile) -> dict[str, NodeLimits]:
+    """The records of a cluster file's `[[nodes]]`, by id."""
+    return {node_id: limits_from_entry(e) for node_id, e in cluster.nodes_by_id().items()}
 
 
 def limits_from_file(path: Path) -> dict[str, NodeLimits]:
-    """The static nodes' records of a cluster file, by id (none when it is missing or unreadable: logged)."""
+    """The static nodes' records of a cluster file, by id (none when it is missing or unusable: logged)."""
     try:
-        return limits_of(tomllib.loads(path.read_text()))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        log.error("no node records: %s: %r", path, exc)
+        return limits_of(read_cluster(path))
+    except ClusterFileError as exc:
+        log.error("no node records: %s", exc)
         return {}
 
 

@@ -7,7 +7,6 @@ symlinks) before they are compared, so `file:///data/shared/../../etc` is `/etc`
 public address or a host the operator allows (`[storage] allow_hosts`, TRAINMASTER_EGRESS_ALLOW): shared.egress.
 """
 import os
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import egress
+from shared.cluster import read_cluster
 
 # Public downloads only (http(s) to public addresses, shared.egress): no bucket and nothing on the local filesystem
 # but a project's own storage unless the operator lists it.
@@ -78,12 +78,10 @@ class StorageSettings(BaseSettings):
 
 
 def cluster_storage(path: Path) -> dict:
-    """The `[storage]` section of a cluster file (empty when the file or the section is missing)."""
-    try:
-        section = tomllib.loads(path.read_text()).get("storage", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-    return section if isinstance(section, dict) else {}
+    """The `[storage]` section of a cluster file (empty when the file or the section is missing). A file that is
+    there but unusable raises `ClusterFileError`: the process stops at start rather than run on the default
+    allow-list, which may be wider than the one the file meant."""
+    return read_cluster(path, missing_ok=True).storage
 
 
 def cluster_allowed_urls(section: dict) -> tuple[str, ...]:

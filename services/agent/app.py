@@ -9,6 +9,7 @@ from faststream import FastStream
 from pydantic import Field
 
 from shared.bus import NODE_CADENCE, publish
+from shared.cluster import read_cluster
 from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
@@ -24,7 +25,7 @@ from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
-from services.agent.resources import describe_node, load_cluster, load_engines
+from services.agent.resources import describe_node, node_entries
 from services.agent.runner import SDK_DIR
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
@@ -117,17 +118,18 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
 
 def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
     """The node described (NVML or the cluster file), its storage, engines and task confinement."""
-    cluster = load_cluster(settings.cluster_file)
-    if settings.node_id not in cluster:
-        raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(cluster)})")
+    cluster = read_cluster(settings.cluster_file)
+    entries = node_entries(cluster, source=settings.cluster_file)
+    if settings.node_id not in entries:
+        raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(entries)})")
     measure = partial(measure_tflops, python=settings.measure_python, timeout_s=settings.measure_timeout_s)
-    node = describe_node(cluster[settings.node_id], use_nvml=settings.use_nvml, virtual=True,
+    node = describe_node(entries[settings.node_id], use_nvml=settings.use_nvml, virtual=True,
                          measure=measure if settings.measure_gpus else None)
     storage = settings.storage_policy(settings.data_dir)
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
     return Agent(node=node, root=root, publish=lambda message: publish(w.broker, message),
                  checkpoints=CheckpointStore(storage.checkpoint_root),
-                 preparer=Preparer(root / "engines", load_engines(settings.cluster_file),
+                 preparer=Preparer(root / "engines", cluster.engines_by_name(),
                                    downloads=Downloads(policy=storage.egress())), storage=storage,
                  confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
                  shutdown_grace_s=settings.shutdown_grace_s, disk_quota_gb=settings.task_disk_gb,

@@ -1,12 +1,13 @@
-"""What a node offers: read from NVML when the machine has NVIDIA GPUs, else from the cluster file."""
+"""What a node offers: read from NVML when the machine has NVIDIA GPUs, else from its cluster-file entry
+(`shared.cluster`)."""
 import logging
 import os
 import socket
-import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from shared.cluster import ClusterFile, ClusterFileError, NodeEntry, node_entry, read_cluster
 from shared.nodes import Gpu, NodeInfo
 from services.agent.throughput import with_measured
 
@@ -17,53 +18,40 @@ KNOWN_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10
                 "V100": 125.0, "T4": 65.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "A6000": 155.0}
 
 
-class ClusterFileError(ValueError):
-    """The cluster file or the node's entry in it is unusable."""
+def load_cluster(path: Path) -> dict[str, NodeEntry]:
+    """The [[nodes]] of a cluster file, by id (`ClusterFileError` when it is unusable or an entry has no id)."""
+    return node_entries(read_cluster(path), source=path)
 
 
-def load_cluster(path: Path) -> dict[str, dict[str, Any]]:
-    """The [[nodes]] of a cluster file, by id."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ClusterFileError(f"{path}: {exc}") from exc
-    nodes = {entry.get("id", ""): entry for entry in data.get("nodes", [])}
-    if "" in nodes:
-        raise ClusterFileError(f"{path}: every [[nodes]] entry needs an id")
-    return nodes
+def node_entries(cluster: ClusterFile, *, source: Path) -> dict[str, NodeEntry]:
+    """The [[nodes]] of a cluster file, by id; every entry needs one here (it names the agent's node)."""
+    if any(not entry.id for entry in cluster.nodes):
+        raise ClusterFileError(f"{source}: every [[nodes]] entry needs an id")
+    return cluster.nodes_by_id()
 
 
 def agent_node_ids(path: Path) -> list[str]:
     """The nodes of a cluster file that run an agent: all but entries with `agent = false` (a record only: what a
     node the stack does not start, such as a simulated one, may register as)."""
-    return [node_id for node_id, entry in load_cluster(path).items() if entry.get("agent", True)]
+    return [node_id for node_id, entry in load_cluster(path).items() if entry.agent]
 
 
-def load_engines(path: Path) -> dict[str, dict[str, Any]]:
-    """The [[engines]] of a cluster file (name, packages, image), by name."""
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError):
-        return {}
-    return {e["name"]: e for e in data.get("engines", []) if e.get("name")}
-
-
-def node_from_config(entry: dict[str, Any], *, virtual: bool) -> NodeInfo:
+def node_from_config(entry: NodeEntry | Mapping[str, Any], *, virtual: bool) -> NodeInfo:
+    entry = node_entry(entry)
     gpus: list[Gpu] = []
-    for group in entry.get("gpus", []):
-        for _ in range(int(group.get("count", 1))):
-            gpus.append(Gpu(index=len(gpus), model=group["model"], memory_gb=group["memory_gb"],
-                            tflops=group.get("tflops", 0)))
+    for group in entry.gpus:
+        for _ in range(group.count):
+            gpus.append(Gpu(index=len(gpus), model=group.model, memory_gb=group.memory_gb, tflops=group.tflops))
     return NodeInfo(
-        node_id=entry["id"],
-        kind=entry.get("kind", "local"),
+        node_id=entry.id,
+        kind=entry.kind,
         hostname=socket.gethostname(),
-        address=entry.get("address", "127.0.0.1"),
+        address=entry.address,
         gpus=tuple(gpus),
-        cpu_count=entry.get("cpu_count", os.cpu_count() or 1),
-        memory_gb=entry.get("memory_gb", 4),
-        price_per_hour=entry.get("price_per_hour", 0.0),
-        labels={**entry.get("labels", {}), "pool": entry.get("pool", entry.get("labels", {}).get("pool", "default"))},
+        cpu_count=entry.cpu_count if entry.cpu_count is not None else os.cpu_count() or 1,
+        memory_gb=entry.memory_gb if entry.memory_gb is not None else 4,
+        price_per_hour=entry.price_per_hour,
+        labels=entry.all_labels(),
         resources_source="config",
         virtual=virtual,
     )
@@ -93,7 +81,7 @@ def gpus_from_nvml() -> tuple[Gpu, ...] | None:
         pynvml.nvmlShutdown()
 
 
-def describe_node(entry: dict[str, Any], *, use_nvml: bool, virtual: bool,
+def describe_node(entry: NodeEntry | Mapping[str, Any], *, use_nvml: bool, virtual: bool,
                   measure: Callable[[], dict[int, float]] | None = None) -> NodeInfo:
     """The node record to register: real GPUs when NVML finds them (each with its throughput when `measure` is
     given and measures it), the configured ones otherwise."""

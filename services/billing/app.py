@@ -12,7 +12,7 @@ from shared.settings import CommonSettings
 from shared.store import DocumentStore, relay
 from services.billing.handlers import JOBS, router
 from services.billing.placements import Placements
-from services.billing.service import Billing
+from services.billing.service import Billing, build
 
 SERVICE = "billing"
 log = logging.getLogger(__name__)
@@ -32,28 +32,28 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
 
     async def setup(w: Wiring) -> Billing:
         db = w.db
-        billing = Billing(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
-                          nodes_open=db.billing_nodes_open, node_info=db.billing_node_info,
-                          quotas=db.billing_quotas, alerts=DocumentStore(db.billing_alerts, w.broker),
-                          placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
-                                                parked=db.billing_parked),
-                          reconcile_grace_s=settings.reconcile_grace_s,
-                          static=limits_from_file(settings.cluster_file))
-        await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
-        await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
-        await billing.ledger.create_index("ended_at")
-        if backfilled := await billing.backfill_epochs():
+        billing = build(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
+                        nodes_open=db.billing_nodes_open, node_info=db.billing_node_info, quotas=db.billing_quotas,
+                        alerts=DocumentStore(db.billing_alerts, w.broker),
+                        placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
+                                              parked=db.billing_parked),
+                        reconcile_grace_s=settings.reconcile_grace_s, static=limits_from_file(settings.cluster_file))
+        attempts = billing.attempts
+        await attempts.ledger.create_index([("project_id", 1), ("started_at", 1)])
+        await attempts.ledger.create_index([("project_id", 1), ("t0", 1)])
+        await attempts.ledger.create_index("ended_at")
+        if backfilled := await attempts.backfill_epochs():
             log.info("ledger: %d lines given Unix-second bounds", backfilled)
-        await billing.open.create_index("node_id")
-        await billing.placements.jobs.create_index([("project_id", 1), ("finished", 1)])  # max_gpus: queued jobs
+        await attempts.open.create_index("node_id")
+        await attempts.placements.jobs.create_index([("project_id", 1), ("finished", 1)])  # max_gpus: queued jobs
         await db.billing_parked.create_index("attempt_key")
         await db.billing_parked.create_index("parked_at")
-        await billing.nodes.create_index("ended_at")
+        await billing.lifetimes.nodes.create_index("ended_at")
         # Running attempts spend money without any event: look at every budget now and then.
-        w.background.every("budgets", settings.budget_check_s, billing.check_all_budgets, tolerate=TRANSIENT_ERRORS)
+        w.background.every("budgets", settings.budget_check_s, billing.alerts.check_all, tolerate=TRANSIENT_ERRORS)
         # A close lost when a service is killed mid-ack would leave an attempt open (and charged) for ever.
-        w.background.every("reconcile", settings.reconcile_s, billing.reconcile, tolerate=TRANSIENT_ERRORS)
-        w.background.spawn("outbox", lambda: relay(w.broker, [billing.alerts.collection]))
+        w.background.every("reconcile", settings.reconcile_s, attempts.reconcile, tolerate=TRANSIENT_ERRORS)
+        w.background.spawn("outbox", lambda: relay(w.broker, [billing.alerts.store.collection]))
         await JOBS.resume(w.broker)  # before any job event is read
         return billing
 

@@ -3,13 +3,8 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+from shared.pricing import rank_price_per_hour
 from shared.rpc import UsageTotals
-
-
-def share_per_hour(node_price: float, *, gpus: int, node_gpus: int) -> float:
-    """What one rank pays per hour for its part of a node, as placement prices it: its GPUs' share of the node's
-    price; the whole node for a job without GPUs or a node whose GPU count is unknown."""
-    return node_price * (min(gpus, node_gpus) / node_gpus if gpus and node_gpus else 1.0)
 
 
 def open_entry(*, key: dict[str, Any], terms: dict[str, Any], project_id: str | None, user_name: str | None,
@@ -23,7 +18,7 @@ def open_entry(*, key: dict[str, Any], terms: dict[str, Any], project_id: str | 
         "project_id": project_id, "user_name": user_name,
         "node_id": terms["node_id"], "node_kind": terms["node_kind"],
         "gpu_count": gpus, "node_gpu_count": node_gpus, "node_price_per_hour": price,
-        "price_per_hour": share_per_hour(price, gpus=gpus, node_gpus=node_gpus),
+        "price_per_hour": rank_price_per_hour(price, gpus=gpus, node_gpus=node_gpus),
         "started_at": started_at,
     }
 

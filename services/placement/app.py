@@ -1,11 +1,11 @@
 """Placement wiring: a single process that owns the queue and decides where each attempt runs."""
-import tomllib
 from pathlib import Path
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 from pydantic import Field
 
+from shared.cluster import read_cluster
 from shared.noderecords import limits_of
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings
@@ -44,9 +44,9 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
     settings = settings or PlacementSettings()
 
     async def setup(w: Wiring) -> Placement:
-        cluster = load_cluster_file(settings.cluster_file)
+        cluster = read_cluster(settings.cluster_file, missing_ok=True)
         entries = catalogue_entries(cluster, base=settings.cluster_file.parent, default_provider=settings.provider)
-        providers = make_provider(settings, w.broker, entries=entries, sections=cluster.get("providers", {}))
+        providers = make_provider(settings, w.broker, entries=entries, sections=cluster.providers)
         fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker), provider=providers,
                       catalogue=catalogue_from(entries), static=limits_of(cluster))
         bind(providers, fleet)
@@ -56,7 +56,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
                               migration_s=settings.migration_s, exchange_rate=tradeoff.exchange_rate,
                               cost_sensitive_weight=tradeoff.cost_sensitive_weight)
         placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS), fleet=fleet,
-                              slow_factor=settings.slow_factor, config=config, flavors=cluster.get("flavors", []),
+                              slow_factor=settings.slow_factor, config=config, flavors=cluster.flavors,
                               fair=FairShare(w.db.placement_usage), tradeoff=tradeoff,
                               estimates=Estimates(broker=w.broker))
         await placement.load()
@@ -79,10 +79,3 @@ def make_provider(settings: PlacementSettings, broker: NatsBroker, *, entries: l
                           data_dir=settings.data_dir.resolve(), broker=broker, nats_url=settings.nats_url,
                           minter=settings.nats_minter, ca_file=settings.nats_ca_file)
 
-
-def load_cluster_file(path: Path) -> dict:
-    """Its [[instance_types]] and [catalogue] (what may be rented), [providers.*] and [[flavors]]."""
-    try:
-        return tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        return {}

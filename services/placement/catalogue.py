@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared.cluster import ClusterFile
 from shared.nodes import NodeInfo
 from shared.rpc import Catalogue, Flavor, Pool
 from services.placement.policy import InstanceType
@@ -147,16 +148,16 @@ def offered(offers: Iterable[Offer], *, provider: str, region: str | None = None
     return entries
 
 
-def catalogue_entries(cluster: Mapping[str, Any], *, base: Path, default_provider: str = "local-process") -> list[dict]:
+def catalogue_entries(cluster: ClusterFile, *, base: Path, default_provider: str = "local-process") -> list[dict]:
     """Every rentable entry of a cluster file: its [[instance_types]] and the rows its [catalogue] selects."""
-    entries = [dict(e) for e in cluster.get("instance_types", [])]
+    entries = [dict(e) for e in cluster.instance_types]
     for entry in entries:
         if not OFFER_NAME.match(str(entry.get("name", ""))):
             raise ValueError(f"instance_types: name {entry.get('name')!r} must match {OFFER_NAME.pattern}")
         entry.setdefault("provider", default_provider)
         entry.setdefault("market", "spot" if str(entry["name"]).endswith(SPOT_SUFFIX) else "on_demand")
         entry.setdefault("cloud_type", str(entry["name"]).removesuffix(SPOT_SUFFIX))
-    section = cluster.get("catalogue")
+    section = cluster.catalogue
     if section:
         path = lambda key, default: (base / section[key]) if key in section else default  # noqa: E731
         gpus = read_gpus(path("gpus_file", DATA_DIR / "gpus.csv").read_text())

@@ -2,7 +2,6 @@
 import asyncio
 import logging
 import time
-import tomllib
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.bus import RPC_ADMIT
 from shared.clock import utcnow
+from shared.cluster import parse_cluster
 from shared.events import NodeProvisioned, NodeReleased
 from shared.noderecords import NodeLimits, admitted, limits_from_entry
 from shared.nodes import NodeInfo
@@ -29,7 +29,7 @@ ADMIT_TIMEOUT_S = 3
 
 def rented_limits(node_id: str, instance: InstanceType) -> NodeLimits:
     """A rented node's record: the cluster-file entry its agent is started with (`node_entry`)."""
-    return limits_from_entry(tomllib.loads(node_entry(node_id, instance))["nodes"][0])
+    return limits_from_entry(parse_cluster(node_entry(node_id, instance)).nodes[0])
 
 
 class FleetNode(BaseModel):

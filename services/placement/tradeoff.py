@@ -14,6 +14,7 @@ refuses a rental the budget cannot pay for.
 """
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.cluster import ClusterFile
 from services.placement.policy import PolicyConfig
 
 DEFAULTS = PolicyConfig()
@@ -42,12 +43,9 @@ class Tradeoff(BaseModel):
         return project.exchange_rate if project else None
 
 
-def tradeoff_from(cluster: dict) -> Tradeoff:
-    """Parse and check the section; a bad value stops the service with the field named."""
-    section = cluster.get("placement", {})
-    if not isinstance(section, dict):
-        raise SystemExit("cluster file: [placement] must be a table")
+def tradeoff_from(cluster: ClusterFile) -> Tradeoff:
+    """Check the [placement] section; a bad value stops the service with the field named."""
     try:
-        return Tradeoff.model_validate(section)
+        return Tradeoff.model_validate(cluster.placement)
     except ValueError as exc:
         raise SystemExit(f"cluster file [placement]: {exc}") from None

@@ -1,12 +1,9 @@
 """A new job's price (from placement's candidates) and billing's admission of it against quotas and budgets."""
-from fastapi import Request
-
 from shared.bus import RPC_ADMIT
 from shared.jobs import JobCreate
 from shared.rpc import AdmitQuery, AdmitReply, CandidatesReply
-from services.submitter import errors
-from services.submitter.errors import ApiError
-from services.submitter.rpc import ask
+from services.submitter.refusals import NotAdmitted
+from services.submitter.rpc import Requester
 
 DEFAULT_DURATION_S = 3600  # a job without expected_duration_s is priced as one hour
 DEFAULT_PRICE_PER_HOUR = 4.0  # when no node fits the job, or placement does not answer
@@ -25,14 +22,14 @@ def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float
     return decided.expected_cost, gpus * decided.predicted_duration_s / 3600
 
 
-async def admit(request: Request, *, project_id: str, user_name: str, body: JobCreate,
+async def admit(requester: Requester, *, project_id: str, user_name: str, body: JobCreate,
                 answer: CandidatesReply | None) -> None:
-    """Ask billing once, at the price placement's `answer` gives; refuse (403, 406008 quota / 406029 budget) a
-    job the project's or user's quota or budget cannot take."""
+    """Ask billing once, at the price placement's `answer` gives; NotAdmitted (billing's code: 406008 quota,
+    406029 budget) for a job the project's or user's quota or budget cannot take."""
     cost, gpu_hours = price(body, answer)
-    reply = AdmitReply.model_validate(await ask(request, RPC_ADMIT, AdmitQuery(
+    reply = AdmitReply.model_validate(await requester.ask(RPC_ADMIT, AdmitQuery(
         project_id=project_id, user_name=user_name, purpose="submit",
         gpus=body.spec.resource.gpu_count * body.spec.resource.node_count, estimated_cost=cost,
         estimated_gpu_hours=gpu_hours)))
     if not reply.allowed:
-        raise ApiError(reply.http_status, reply.error_code or errors.QUOTA_EXCEEDED, reply.reason)
+        raise NotAdmitted(reply.reason, code=reply.error_code, status=reply.http_status)

@@ -5,12 +5,14 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from pydantic import Field, field_validator
 
+from faststream.nats import NatsBroker
+
 from shared import egress
 from shared.bus import read_up
 from shared.origin import Origins
 from shared.service import Wiring, running, wire
 from shared.settings import CommonSettings
-from shared.storage import StorageSettings
+from shared.storage import StoragePolicy, StorageSettings
 from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
 from services.submitter import apidocs, dialects, portal
@@ -18,12 +20,15 @@ from services.submitter import audit, routes_users
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
 from services.submitter.handlers import PLACED, router as bus_router
 from services.submitter.intake import Intake
-from services.submitter.limits import BodyLimit, QueueCaps, RateLimiter
+from services.submitter.caps import QueueCaps
+from services.submitter.limits import BodyLimit, RateLimiter
 from services.submitter.repository import Repository
+from services.submitter.rpc import Requester
 from services.submitter.searches import routes as routes_searches
 from services.submitter.searches.driver import Driver
 from services.submitter.searches.store import SearchStore
-from services.submitter.searches.trials import AppPort
+from services.submitter.searches.trials import SubmitterPort
+from services.submitter.usecases import Submitter
 
 log = logging.getLogger(__name__)
 SERVICE = "submitter"
@@ -52,7 +57,14 @@ class SubmitterSettings(CommonSettings, StorageSettings):
         return check_admin_token(value)
 
 
-async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None:
+def build_submitter(settings: SubmitterSettings, *, repo: Repository, broker: NatsBroker,
+                    storage: StoragePolicy) -> Submitter:
+    """The use cases, once: the repository, the intake and queue caps, the storage policy, the bus."""
+    caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
+    return Submitter(repo=repo, intake=Intake(repo, caps), caps=caps, storage=storage, requester=Requester(broker))
+
+
+async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage: StoragePolicy) -> None:
     """The API's stores (indexes made), the first admin token and the API's loops; in app.state for the routes."""
     db = w.db
     repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes,
@@ -67,13 +79,12 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings) -> None
     await audit_log.prepare()
     w.broker.context.set_global("repo", repo)  # the bus handlers' store
     await bootstrap_admin(tokens, audit_log, settings)
-    app.state.repo, app.state.tokens, app.state.broker, app.state.audit = repo, tokens, w.broker, audit_log
-    app.state.searches = searches
-    app.state.intake = Intake(repo, app.state.queue_caps)
+    app.state.tokens, app.state.audit, app.state.searches = tokens, audit_log, searches
+    app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
-    w.background.spawn("webhooks", lambda: notifications.deliver_forever(db, policy=app.state.egress))
-    w.background.spawn("searches", Driver(store=searches, port=AppPort(app), interval_s=settings.search_pass_s)
-                       .run_forever)
+    w.background.spawn("webhooks", lambda: notifications.deliver_forever(repo.notifications, policy=app.state.egress))
+    w.background.spawn("searches", Driver(store=searches, port=SubmitterPort(submitter),
+                                          interval_s=settings.search_pass_s).run_forever)
 
 
 async def bootstrap_admin(tokens: Tokens, audit_log: audit.AuditLog, settings: SubmitterSettings) -> None:
@@ -90,18 +101,17 @@ async def bootstrap_admin(tokens: Tokens, audit_log: audit.AuditLog, settings: S
 def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
     settings = settings or SubmitterSettings()
     w = wire(name=SERVICE, settings=settings, router=bus_router)
+    storage = settings.storage_policy(settings.data_dir)  # the URLs jobs may use, as the agents check
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        async with running(w, settings=settings, setup=lambda w: open_api(app, w, settings), start=True):
+        async with running(w, settings=settings, setup=lambda w: open_api(app, w, settings, storage), start=True):
             yield
 
     app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan, dependencies=[Depends(audit.record)],
                   docs_url=None, redoc_url=None,
                   description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.")
-    app.state.storage = settings.storage_policy(settings.data_dir)  # the URLs jobs may use, as the agents check
     app.state.rate = RateLimiter(rate=settings.rate_per_s, burst=settings.rate_burst)
-    app.state.queue_caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
     app.state.egress = egress.Policy.parse(settings.webhook_allow_hosts.split(","))  # webhooks only
     app.add_middleware(audit.AuditMiddleware)  # inside the body limit: a refused body changes nothing
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

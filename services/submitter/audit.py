@@ -158,6 +158,12 @@ class AuditLog:
             update["target_id"] = target_id
         await self._retry(lambda: self.collection.update_one({"_id": entry_id}, {"$set": update}))
 
+    async def page(self, query: dict[str, Any], *, offset: int, limit: int) -> tuple[int, list[dict]]:
+        """How many entries match, and a page of them, newest first."""
+        total = await self.collection.count_documents(query)
+        cursor = self.collection.find(query).sort("at_s", DESCENDING).skip(offset).limit(limit)
+        return total, [d async for d in cursor]
+
 
 async def record(request: Request) -> None:
     """App-wide dependency: before a mutating route runs, store who is about to change what (or refuse, 503)."""
@@ -269,9 +275,7 @@ async def list_entries(request: Request, principal: Principal = Depends(authenti
         query["at_s"] = span
     if from_ and to and as_utc(to) <= as_utc(from_):
         raise ApiError(400, errors.PARAM_INVALID, "param[to] invalid: must be after from")
-    collection = request.app.state.audit.collection
-    total = await collection.count_documents(query)
-    docs = [d async for d in collection.find(query).sort("at_s", DESCENDING).skip(offset).limit(limit)]
+    total, docs = await request.app.state.audit.page(query, offset=offset, limit=limit)
     items = [AuditEntry(id=d["_id"], at=datetime.fromtimestamp(d["at_s"], UTC).isoformat(),
                         target_id=_identifier(d.get("target_id")),  # entries written before ids were text
                         **{k: d.get(k) for k in ("user_name", "token_id", "action", "method", "path", "project_id",

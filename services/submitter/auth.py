@@ -178,6 +178,17 @@ class Tokens:
         self._known.put(key, (now, record, user))
         return record, user
 
+    async def user(self, user_name: str) -> dict | None:
+        return await self.users.find_one({"_id": user_name})
+
+    async def all_users(self) -> list[dict]:
+        """Every user, by name."""
+        return [d async for d in self.users.find({}).sort("_id", 1)]
+
+    async def add_user(self, user: dict) -> None:
+        """Store a new user; DuplicateKeyError when the name is taken."""
+        await self.users.insert_one(user)
+
     async def of_user(self, user_name: str) -> list[dict]:
         """The user's tokens, oldest first, without secrets."""
         docs = [d async for d in self.tokens.find({"user_name": user_name})]

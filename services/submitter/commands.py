@@ -1,9 +1,8 @@
 """Commands to the monitor about one job (terminate, migrate): asked over request/reply, or left on the stream."""
 import logging
-import uuid
 
-from shared.bus import RPC_TERMINATE, publish
-from shared.events import JobStatusChanged, JobTerminateRequested
+from shared.bus import publish
+from shared.events import JobStatusChanged
 from services.submitter.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -19,11 +18,3 @@ async def send_command(broker, repository: Repository, command, subject: str) ->
     except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
         log.warning("%s through the stream (monitor did not answer: %r)", command.event_id, exc)
         await publish(broker, command)
-
-
-async def send_terminate(broker, repository: Repository, *, job_id: str, requested_by: str) -> None:
-    """Terminate a job on someone's behalf (a search pruning its trial); the job's reason names them."""
-    command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
-                                    requested_by=requested_by)
-    await send_command(broker, repository, command, RPC_TERMINATE)
-

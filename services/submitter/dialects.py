@@ -1,6 +1,6 @@
 """ModelArts v1 dialect: POST /v1/{project_id}/training-jobs (seed 002), translated to the v2 create.
 
-A v1 body becomes a v2 `JobCreate` and goes through the one submission use case (`submission`), so validation,
+A v1 body becomes a v2 `JobCreate` and goes through the one submission use case (`usecases.Submitter.submit`), so validation,
 naming rules and the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images, pools, specs)
 are accepted and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED`
 environment. A key seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are
@@ -21,9 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 from shared.jobs import JobCreate, no_null_bytes
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
+from services.submitter.deps import ProjectId, use_cases
 from services.submitter.errors import ApiError
-from services.submitter.submission import submit_job
-from services.submitter.views import ProjectId
+from services.submitter.refusals import Invalid, Refused
+from services.submitter.usecases import SubmitJob
 
 IGNORED_ENV = "MODELARTS_V1_IGNORED"
 # ModelArts v1 job statuses ("Job Statuses" table): INIT, WAITING, RUNNING, KILLING, COMPLETED, FAILED, KILLED, LOST.
@@ -163,6 +164,9 @@ class V1Route(APIRoute):
                 return await handler(request)
             except ApiError as exc:
                 return v1_error(exc.status, exc.code, exc.message)
+            except Refused as exc:
+                status, code, message, _ = errors.described(exc)
+                return v1_error(status, code, message)
             except (RequestValidationError, HTTPException) as exc:
                 answer = errors.validation_error(exc) if isinstance(exc, RequestValidationError) \
                     else errors.http_error(exc)
@@ -191,8 +195,7 @@ def command(config: V1Config, args: list[str]) -> str:
                 f"config.user_command could not start: it runs on the node itself, without config.user_image_url' >&2"
                 "\nexit $code")
     if not config.boot_file_url:
-        raise ApiError(400, errors.PARAM_INVALID, "param[config.boot_file_url] invalid: needed unless "
-                                                  "config.user_command is given")
+        raise Invalid("config.boot_file_url", "needed unless config.user_command is given")
     app = config.app_url or ""
     boot = posixpath.join(app, config.boot_file_url)
     missing = (f"trainmaster (v1 dialect): boot file {boot} (config.boot_file_url) does not exist on this node; "
@@ -248,11 +251,11 @@ async def create_v1(project_id: ProjectId, body: V1JobCreate, request: Request,
     try:
         v2 = v2_body(payload)
         principal.require_project(project_id)
-        job = await submit_job(request, project_id=project_id, user_name=principal.user_name, body=v2)
-    except ApiError as exc:  # name the v1 field the caller sent, as validation errors do
-        field = next((p for p in V1_FIELD if exc.message.startswith(f"param[{p}]")), None)
-        if field is not None:
-            exc.message = exc.message.replace(f"param[{field}]", f"param[{V1_FIELD[field]}]", 1)
+        job = await use_cases(request).submit(SubmitJob(project_id=project_id, user_name=principal.user_name,
+                                                        body=v2))
+    except Invalid as exc:  # name the v1 field the caller sent, as validation errors do
+        if exc.field in V1_FIELD:
+            raise Invalid(V1_FIELD[exc.field], exc.detail) from None
         raise
     return V1Created(job_id=job.metadata.id, job_name=job.metadata.name, status=V1_STATUS[job.status.phase.value],
                      create_time=job.metadata.create_time, ignored_fields=ignored)

@@ -1,4 +1,6 @@
-"""API errors in the style of Baidu BML's 4060xx table (seed 001): {"error_code", "error_msg"} naming the field."""
+"""API errors in the style of Baidu BML's 4060xx table (seed 001): {"error_code", "error_msg"} naming the field.
+The use cases raise domain refusals (`refusals`); `ANSWERS` is the one place that gives each its HTTP status and
+error code."""
 import logging
 
 from fastapi import FastAPI, Request
@@ -6,6 +8,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pymongo.errors import ConnectionFailure
 from starlette.exceptions import HTTPException
+
+from services.submitter.refusals import (Invalid, NameTaken, NotAdmitted, NotFinished, NotFound, QueueFull, Refused,
+                                         ServiceAway, WrongPhase)
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +35,29 @@ TOO_MANY_REQUESTS = "406042"
 # Starlette's own answers (no route, wrong method, unparseable body) in the same shape.
 HTTP_CODES = {400: PARAM_INVALID, 401: UNAUTHENTICATED, 403: NO_PERMISSION, 404: NOT_FOUND, 405: PARAM_INVALID,
               413: PARAM_TOO_LONG, 415: PARAM_INVALID, 429: TOO_MANY_REQUESTS}
+
+
+# Each refusal of a use case: its HTTP status, its error code and the headers it carries. NotAdmitted passes on
+# the status and code billing chose (403 and 406008 quota or 406029 budget).
+ANSWERS: dict[type[Refused], tuple[int, str, dict[str, str] | None]] = {
+    Invalid: (400, PARAM_INVALID, None),
+    NotFound: (404, JOB_NOT_FOUND, None),
+    NameTaken: (409, NAME_EXISTS, None),
+    WrongPhase: (409, JOB_STATUS, None),
+    NotFinished: (409, JOB_CANNOT_DELETE, None),
+    NotAdmitted: (403, QUOTA_EXCEEDED, None),
+    QueueFull: (429, LIMIT_REACHED, {"Retry-After": "10"}),
+    ServiceAway: (503, SERVICE_UNAVAILABLE, {"Retry-After": "1"}),
+}
+
+
+def described(exc: Refused) -> tuple[int, str, str, dict[str, str] | None]:
+    """(HTTP status, error code, error message, headers) of a use case's refusal."""
+    status, code, headers = next(ANSWERS[kind] for kind in type(exc).__mro__ if kind in ANSWERS)
+    if isinstance(exc, NotAdmitted):
+        status, code = exc.status, exc.code or code
+    message = f"param[{exc.field}] invalid: {exc.detail}" if isinstance(exc, Invalid) else exc.message
+    return status, code, message, headers
 
 
 class ApiError(Exception):
@@ -87,6 +115,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> JSONResponse:
         return answer(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(Refused)
+    async def refused(_: Request, exc: Refused) -> JSONResponse:
+        return answer(*described(exc))
 
     @app.exception_handler(HTTPException)
     async def starlette_error(_: Request, exc: HTTPException) -> JSONResponse:

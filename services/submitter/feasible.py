@@ -7,9 +7,8 @@ from typing import Any
 
 from shared.jobs import Spec
 from shared.rpc import CandidatesReply
-from services.submitter import errors
-from services.submitter.errors import ApiError
-from services.submitter.rpc import spec_candidates
+from services.submitter.refusals import Invalid
+from services.submitter.rpc import Requester
 
 KINDS = {"local": 1, "cloud": 2, "any": 3}  # node kinds each `spec.placement.allowed` admits (placement's KINDS)
 FEASIBLE_TIMEOUT_S = 2.0  # each relaxed question about a refused job waits no longer than this
@@ -68,16 +67,15 @@ async def blame(spec: Spec, placeable: Callable[[Spec], Awaitable[bool]]) -> lis
     return [r.field for r in chosen]
 
 
-def refusal(fields: list[str], answer: CandidatesReply) -> ApiError:
+def refusal(fields: list[str], answer: CandidatesReply) -> Invalid:
     why = "; ".join(f"{kind}: {reason}" for kind, reason in sorted(answer.unplaceable_kinds.items()))
     named = fields or ["spec.resource"]
     also = f" (together with {', '.join(f'param[{f}]' for f in named[1:])})" if len(named) > 1 else ""
-    return ApiError(400, errors.PARAM_INVALID, f"param[{named[0]}] invalid: no node of the fleet or the on-demand "
-                                               f"catalogue could ever hold this job{also} ({why})")
+    return Invalid(named[0], f"no node of the fleet or the on-demand catalogue could ever hold this job{also} ({why})")
 
 
 async def check(spec: Spec, answer: CandidatesReply, ask: Callable[[Spec], Awaitable[CandidatesReply]]) -> None:
-    """Raise 400 (406001 naming the field) for a job nothing could ever hold."""
+    """Refuse (Invalid, naming the field) a job nothing could ever hold."""
     if not never_placeable(spec, answer):
         return
 
@@ -87,18 +85,19 @@ async def check(spec: Spec, answer: CandidatesReply, ask: Callable[[Spec], Await
     raise refusal(await blame(spec, placeable), answer)
 
 
-def asker(request, *, project_id: str, user_name: str) -> Callable[[Spec], Awaitable[CandidatesReply]]:
+def asker(requester: Requester, *, project_id: str,
+          user_name: str) -> Callable[[Spec], Awaitable[CandidatesReply]]:
     """Placement's dry run of a spec, for this caller."""
     async def ask(spec: Spec) -> CandidatesReply:
-        return await spec_candidates(request, spec, project_id=project_id, user_name=user_name,
-                                     timeout=FEASIBLE_TIMEOUT_S)
+        return await requester.spec_candidates(spec, project_id=project_id, user_name=user_name,
+                                               timeout=FEASIBLE_TIMEOUT_S)
     return ask
 
 
-async def refuse_unplaceable(request, spec: Spec, answer: CandidatesReply | None, *, project_id: str,
-                             user_name: str) -> None:
-    """406001 for a job no node nor instance type could ever hold, judged on placement's `answer` to the
+async def refuse_unplaceable(requester: Requester, spec: Spec, answer: CandidatesReply | None, *,
+                             project_id: str, user_name: str) -> None:
+    """Invalid for a job no node nor instance type could ever hold, judged on placement's `answer` to the
     submission; without one (placement away) the job is taken: it waits in the queue, submissions do not stop
     with placement. Only a refused job asks again (to find the fields to blame)."""
     if answer is not None:
-        await check(spec, answer, asker(request, project_id=project_id, user_name=user_name))
+        await check(spec, answer, asker(requester, project_id=project_id, user_name=user_name))

@@ -8,7 +8,6 @@ from shared.clock import utcnow
 from shared.events import EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
 from shared.origin import deliveries
-from services.submitter import notifications
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
 
@@ -28,16 +27,21 @@ async def placed(repo: Repository, event: JobPlaced) -> None:
     await repo.origins.placed(event)
 
 
+async def output(repo: Repository, chunk: LogChunk) -> None:
+    """Keep a chunk of output once (past the job's cap, its oldest chunks go)."""
+    await repo.output.add(chunk)
+
+
 async def notified(repo: Repository, event: Notification) -> None:
     """Keep it for delivery to the project's webhook (delivery runs apart, with retries)."""
-    await notifications.record(repo.db, event)
+    await repo.notifications.record(event)
 
 
 # Keep output for the logs endpoint; show the latest remaining-time estimate on the job.
 EVENT_HANDLERS: HandlerTable[Repository] = {
     JobStatusChanged: status_changed,
     JobPlaced: placed,
-    LogChunk: Repository.add_log,
+    LogChunk: output,
     EtaEstimated: Repository.apply_eta,
     Notification: notified,
 }

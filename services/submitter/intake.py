@@ -8,8 +8,9 @@ from typing import Any
 
 from shared.batch import GroupCommit
 from shared.events import JobSubmitted
-from services.submitter.limits import QueueCaps
-from services.submitter.repository import NameTaken, Repository
+from services.submitter.caps import QueueCaps
+from services.submitter.refusals import NameTaken
+from services.submitter.repository import Repository
 
 MAX_GROUP = 256  # jobs per group: one insert's worth, far below any command size limit
 
@@ -23,7 +24,7 @@ class Arrival:
 class Intake:
     def __init__(self, repo: Repository, caps: QueueCaps, *, max_group: int = MAX_GROUP) -> None:
         self.repo, self.caps = repo, caps
-        self.store = GroupCommit(self._store, max_size=max_group)  # Arrival → outbox entries; ApiError, NameTaken
+        self.store = GroupCommit(self._store, max_size=max_group)  # Arrival → outbox entries; QueueFull, NameTaken
         self.announce = GroupCommit(self._announce, max_size=max_group)  # (job id, entries) → None
 
     async def _store(self, group: list[Arrival]) -> list[Any]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from shared.events import JobStatusChanged
-from shared.jobs import FINISHED
+from services.submitter.logstore import LogStore
 from services.submitter.repository import Repository
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ async def output_stored(repo: Repository, event: JobStatusChanged, *, now: datet
     travel on different streams), so a job shown Completed has its last line stored; never held past
     OUTPUT_HOLD_S."""
     missing = [rank for rank in reported_ranks(event)
-               if not await repo.output_complete(event.job_id, attempt=event.attempt, rank=rank)]
+               if not await repo.output.complete(event.job_id, attempt=event.attempt, rank=rank)]
     if missing and (now - event.occurred_at).total_seconds() > OUTPUT_HOLD_S:
         log.warning("job %s shown %s without all of its output (ranks %s): not stored after %.0fs", event.job_id,
                     event.phase, missing, OUTPUT_HOLD_S)
@@ -80,15 +80,15 @@ class Page:
     dropped: int
 
 
-async def read_page(repo: Repository, job_id: str, *, rank: int, offset: int, limit: int) -> Page:
+async def read_page(output: LogStore, job_id: str, *, rank: int, offset: int, limit: int) -> Page:
     """Lines [offset, offset + limit) of one rank's output, at most MAX_PAGE_BYTES of them."""
-    dropped = await repo.dropped_lines(job_id, rank=rank)
+    dropped = await output.dropped_lines(job_id, rank=rank)
     start = max(offset, dropped)
     text, size, taken, position, previous = [], 0, 0, dropped, 0  # position: the current chunk's first line
     if offset < dropped:
         text.append(dropped_notice(dropped - offset))
     more = False
-    async for chunk in repo.each_log_chunk(job_id, rank=rank):
+    async for chunk in output.each(job_id, rank=rank):
         lines = chunk["lines"]
         if position + len(lines) <= start:
             position, previous = position + len(lines), chunk["attempt"]
@@ -119,11 +119,10 @@ async def follow(
     quiet_since: float | None = None
     loop = asyncio.get_running_loop()
     while not await disconnected():
-        job = await repo.jobs.find_one({"_id": job_id}, {"status": 1})
-        finished = job is None or job["status"]["phase"] in FINISHED
-        chunks = await repo.log_chunks(job_id, rank=rank, after=position)
+        finished = await repo.finished(job_id)
+        chunks = await repo.output.after(job_id, rank=rank, position=position)
         ready = contiguous(chunks, position)
-        if not ready and chunks and (dropped := await repo.dropped_lines(job_id, rank=rank)) > announced:
+        if not ready and chunks and (dropped := await repo.output.dropped_lines(job_id, rank=rank)) > announced:
             yield dropped_notice(dropped - announced)  # the gap was trimmed away: it will never fill
             announced = dropped
             ready = contiguous(chunks, (chunks[0]["attempt"], chunks[0]["seq"] - 1))

@@ -1,5 +1,6 @@
-"""The submitter's collections: jobs as the API shows them, their output, users and tokens."""
-from collections.abc import AsyncIterator
+"""The submitter's collections: jobs as the API shows them, their views (queue, list), the placements their output
+is checked against; their output (`logstore`) and notifications (`notificationstore`) through stores of their own.
+The one door to them: no other module of the submitter names a collection."""
 import asyncio
 import time
 from dataclasses import dataclass, field
@@ -9,27 +10,24 @@ from typing import Any
 from faststream.nats import NatsBroker
 from pymongo import DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import DuplicateKeyError
 
-from shared.events import EtaEstimated, JobStatusChanged, LogChunk, Message
+from shared.events import EtaEstimated, JobStatusChanged, Message
+from shared.jobs import FINISHED
 from shared.lru import Lru
-from shared.origin import Origins, dedup_key
+from shared.origin import Origins
 from shared.store import DocumentStore
-from services.submitter.limits import QUEUED_PHASES
+from services.submitter.caps import QUEUED_PHASES
+from services.submitter.logstore import LOG_CAP_BYTES, LogStore
+from services.submitter.notificationstore import NotificationStore
+from services.submitter.refusals import NameTaken
 from services.submitter.views import status_fields
 
-
-class NameTaken(Exception):
-    """Another existing job of the project has this name."""
-
-
-LOG_CAP_BYTES = 10 * 1024 * 1024
 # A job that left the queue keeps a versioned tombstone there this long (no project: the caps do not count it), so
 # an older status handled at the same moment cannot put it back; statuses of one job race only while handled side
 # by side (one fetched batch, a redelivery after ACK_WAIT_S), seconds apart at most.
 TOMBSTONE_S = 120.0
 SWEEP_EVERY = 100  # tombstones older than TOMBSTONE_S are deleted once every this many jobs leaving the queue
-TRIM_TO = 0.9  # a job over its cap is trimmed to 90% of it, so a chatty job is not trimmed at every chunk
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
 
 
@@ -55,38 +53,20 @@ def older_than(version: int) -> dict[str, Any]:
     return {"$or": [{"v": {"$lt": version}}, {"v": {"$exists": False}}]}
 
 
-def _chunks_key(attempt: int, rank: int) -> str:
-    """Field of a job's output counters: chunks of one task stored (each counted once: a repeat is refused)."""
-    return f"chunks_{attempt}_{rank}"
-
-
-def _last_key(attempt: int, rank: int) -> str:
-    """Field of a job's output counters: the number of one task's chunk marked last."""
-    return f"last_{attempt}_{rank}"
-
-
-def _all_counted(sizes: dict[str, Any], attempt: int, rank: int) -> bool:
-    """Whether the counters say every chunk of the task up to the one marked last is stored."""
-    last = sizes.get(_last_key(attempt, rank))
-    return last is not None and sizes.get(_chunks_key(attempt, rank), 0) > last
-
-
-def chunk_bytes(lines: list[str]) -> int:
-    return sum(len(line.encode()) + 1 for line in lines)
-
-
 @dataclass
 class Repository:
     db: AsyncDatabase
     broker: NatsBroker
     log_cap_bytes: int = LOG_CAP_BYTES
-    trimming: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # one trim at a time (one submitter)
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
     left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
-    # Each job's output counters as this process last wrote them: they only grow, so when they say a task's output
-    # is all stored, it is (another replica's chunks only add to them); when they do not, they are read.
-    output_counts: Lru[str, dict[str, Any]] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED // 10), repr=False)
+    output: LogStore = field(init=False, repr=False)  # the jobs' stored output
+    notifications: NotificationStore = field(init=False, repr=False)  # notifications and the projects' webhooks
+
+    def __post_init__(self) -> None:
+        self.output = LogStore(self.db.api_logs, self.db.api_log_sizes, cap_bytes=self.log_cap_bytes)
+        self.notifications = NotificationStore(self.db.api_notifications, self.db.api_projects)
 
     @property
     def jobs(self):
@@ -110,10 +90,6 @@ class Repository:
         embedded server at each page (1.5 s a page with 3,000 stored)."""
         return self.db.api_job_list
 
-    @property
-    def logs(self):
-        return self.db.api_logs
-
     async def create_indexes(self) -> None:
         await self.jobs.create_index([("project_id", 1), ("name", 1)], unique=True)
         await self.jobs.create_index([("project_id", 1), ("create_time", -1)])
@@ -121,7 +97,7 @@ class Repository:
         await self.queue.create_index([("project_id", 1)])
         await self.queue.create_index([("user_name", 1)])
         await self.listing.create_index([("project_id", 1), ("created_s", -1)])
-        await self.logs.create_index([("job_id", 1), ("rank", 1), ("attempt", 1), ("seq", 1)])
+        await self.output.create_indexes()
         await self.db.api_tokens.create_index("user_name")
         if self.origins is not None:
             await self.origins.prepare()
@@ -144,7 +120,8 @@ class Repository:
                 upsert=True) for doc in stored], ordered=False)
             await self.listing.bulk_write([UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
                                            for entry in map(list_entry, stored)], ordered=False)
-        return [NameTaken(doc["name"]) if entries is None else entries for (doc, _), entries in zip(new, pending)]
+        return [NameTaken(doc["name"], project_id=doc["project_id"]) if entries is None else entries
+                for (doc, _), entries in zip(new, pending)]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         """Jobs of a project or of a user accepted and not yet running."""
@@ -231,6 +208,33 @@ class Repository:
     async def get(self, project_id: str, job_id: str) -> dict[str, Any] | None:
         return await self.jobs.find_one({"_id": job_id, "project_id": project_id})
 
+    async def job(self, job_id: str) -> dict[str, Any] | None:
+        """The job whatever its project (a search's trial)."""
+        return await self.jobs.find_one({"_id": job_id})
+
+    async def exists(self, job_id: str) -> bool:
+        return await self.jobs.find_one({"_id": job_id}, {"_id": 1}) is not None
+
+    async def name_taken(self, project_id: str, name: str) -> bool:
+        """Whether a job of the project has this name."""
+        return await self.jobs.find_one({"project_id": project_id, "name": name}, {"_id": 1}) is not None
+
+    async def finished(self, job_id: str) -> bool:
+        """Whether the job is finished, or gone."""
+        job = await self.jobs.find_one({"_id": job_id}, {"status": 1})
+        return job is None or job["status"]["phase"] in FINISHED
+
+    async def placements(self, job_id: str) -> list[dict[str, Any]]:
+        """Where each attempt of the job was placed and why, by attempt (none when placements are not kept)."""
+        if self.origins is None:
+            return []
+        docs = [d async for d in self.origins.placements.find({"job_id": job_id})]
+        return sorted(docs, key=lambda d: d["attempt"])
+
+    async def ping(self) -> None:
+        """Raise when the database does not answer."""
+        await self.db.command("ping")
+
     async def page(self, project_id: str, *, phases: list[str], offset: int, limit: int) -> tuple[int, list[dict]]:
         """A page of the project's jobs, newest first, and how many there are: counted and sorted on the list
         entries, then the page's jobs read by id (a job deleted in between is left out)."""
@@ -248,8 +252,7 @@ class Repository:
         if result.deleted_count:
             await self.queue.delete_one({"_id": job_id})
             await self.listing.delete_one({"_id": job_id})
-            await self.logs.delete_many({"job_id": job_id})
-            await self.db.api_log_sizes.delete_one({"_id": job_id})
+            await self.output.forget(job_id)
             if self.origins is not None:
                 await self.origins.forget(job_id)
         return bool(result.deleted_count)
@@ -276,86 +279,3 @@ class Repository:
         await self.jobs.update_one({"_id": event.job_id, "status.phase": {"$nin": ["Completed", "Failed",
                                                                                      "Terminated"]}},
                                    {"$set": {"status.eta": eta}})
-
-    async def add_log(self, chunk: LogChunk) -> None:
-        """Keep a chunk of output once; past the job's cap its oldest chunks go (and are counted as dropped)."""
-        lines = [line.line for line in chunk.lines]
-        size = chunk_bytes(lines)
-        try:
-            await self.logs.insert_one({
-                "_id": dedup_key(chunk),
-                "job_id": chunk.job_id, "attempt": chunk.attempt, "rank": chunk.rank, "seq": chunk.seq,
-                "lines": lines, "bytes": size, "last": chunk.last,
-            })
-        except (DuplicateKeyError, BulkWriteError):
-            return
-        update: dict[str, Any] = {"$inc": {"bytes": size, _chunks_key(chunk.attempt, chunk.rank): 1}}
-        if chunk.last:
-            update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}
-        total = await self.db.api_log_sizes.find_one_and_update({"_id": chunk.job_id}, update, upsert=True,
-                                                                return_document=ReturnDocument.AFTER)
-        if total:
-            self.output_counts.put(chunk.job_id, total)
-        if total and total.get("bytes", 0) > self.log_cap_bytes:
-            await self.trim_log(chunk.job_id)
-
-    async def trim_log(self, job_id: str) -> None:
-        """Drop the job's oldest chunks until it is back under 90% of its cap. Oldest by (attempt, seq), not by
-        arrival: chunks arrive out of order, and the lines dropped must be the first ones for the line numbers of
-        the rest to hold. Chunks are stored concurrently: one trim at a time, each reading the size afresh."""
-        async with self.trimming:
-            total = await self.db.api_log_sizes.find_one({"_id": job_id})
-            if not total or total.get("bytes", 0) <= self.log_cap_bytes:
-                return  # the trim before this one did it
-            await self._drop_oldest(job_id, excess=total["bytes"] - int(self.log_cap_bytes * TRIM_TO))
-
-    async def _drop_oldest(self, job_id: str, *, excess: int) -> None:
-        cursor = self.logs.find({"job_id": job_id}).sort([("attempt", 1), ("seq", 1), ("rank", 1)])
-        async for old in cursor:
-            if excess <= 0:
-                break
-            if not (await self.logs.delete_one({"_id": old["_id"]})).deleted_count:
-                continue
-            size = old.get("bytes", chunk_bytes(old["lines"]))
-            excess -= size
-            await self.db.api_log_sizes.update_one(
-                {"_id": job_id}, {"$inc": {"bytes": -size, f"dropped_{old['rank']}": len(old["lines"])}})
-
-    async def output_complete(self, job_id: str, *, attempt: int, rank: int) -> bool:
-        """Whether one task's output is all stored: its chunk marked last and every chunk before it (or some of its
-        output was trimmed away, when the count can no longer tell). Read first from the job's counters (one
-        document, kept by `add_log`; they count a chunk only once it is stored, so they never say "all" too
-        early); when they do not say so (a crash between a chunk and its count, output from before they were
-        kept), the chunks themselves are counted."""
-        if _all_counted(self.output_counts.get(job_id) or {}, attempt, rank):
-            return True
-        sizes = await self.db.api_log_sizes.find_one({"_id": job_id}) or {}
-        if sizes.get(f"dropped_{rank}"):
-            return sizes.get(_last_key(attempt, rank)) is not None or await self._has_last(job_id, attempt, rank)
-        if _all_counted(sizes, attempt, rank):
-            return True
-        where = {"job_id": job_id, "attempt": attempt, "rank": rank}
-        last = await self.logs.find_one({**where, "last": True}, {"seq": 1})
-        return last is not None and await self.logs.count_documents(where) > last["seq"]
-
-    async def _has_last(self, job_id: str, attempt: int, rank: int) -> bool:
-        return await self.logs.find_one({"job_id": job_id, "attempt": attempt, "rank": rank, "last": True},
-                                        {"seq": 1}) is not None
-
-    async def dropped_lines(self, job_id: str, *, rank: int) -> int:
-        """Lines of this rank's output that went to keep the job under its cap."""
-        sizes = await self.db.api_log_sizes.find_one({"_id": job_id})
-        return int((sizes or {}).get(f"dropped_{rank}", 0))
-
-    async def log_chunks(self, job_id: str, *, rank: int, after: tuple[int, int]) -> list[dict[str, Any]]:
-        """Chunks of one rank after (attempt, seq), in order."""
-        attempt, seq = after
-        query = {"job_id": job_id, "rank": rank,
-                 "$or": [{"attempt": attempt, "seq": {"$gt": seq}}, {"attempt": {"$gt": attempt}}]}
-        cursor = self.logs.find(query).sort([("attempt", 1), ("seq", 1)])
-        return [d async for d in cursor]
-
-    async def each_log_chunk(self, job_id: str, *, rank: int) -> AsyncIterator[dict[str, Any]]:
-        """Every stored chunk of one rank in order, read as the caller goes (a page stops early)."""
-        async for chunk in self.logs.find({"job_id": job_id, "rank": rank}).sort([("attempt", 1), ("seq", 1)]):
-            yield chunk

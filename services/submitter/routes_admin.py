@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 
 from shared.bus import RPC_HEALTH, RPC_NODES, SERVICES
 from services.submitter.auth import Principal, authenticate
-from services.submitter.rpc import ask
+from services.submitter.deps import use_cases
 
 router = APIRouter()
 
@@ -24,11 +24,12 @@ async def nodes(request: Request, principal: Principal = Depends(authenticate),
     the monitor's memory; a task of a project the caller is not in shows only in `other_tasks` (the admin sees
     all, and `claims_refused`: what the node's registration claimed beyond its record). Each GPU shows its
     utilisation, memory in use, power and temperature as the node's last heartbeat read them (null: not read)."""
-    answer = await ask(request, RPC_NODES, {"offset": offset, "limit": limit})
+    submitter = use_cases(request)
+    answer = await submitter.requester.ask(RPC_NODES, {"offset": offset, "limit": limit})
     if isinstance(answer, list):  # a monitor from before paging answers every node
         answer = {"total": len(answer), "items": answer[offset:offset + limit]}
     records, total = answer["items"], answer["total"]
-    owners = await request.app.state.repo.owners({t["job_id"] for r in records for t in r.get("running") or []})
+    owners = await submitter.repo.owners({t["job_id"] for r in records for t in r.get("running") or []})
     items = []
     for record in records:
         info, running = record.get("info") or {}, record.get("running") or []
@@ -57,23 +58,28 @@ def gpu_views(gpus: list[dict], readings: list[dict]) -> list[dict]:
 
 @router.get("/healthz", tags=["health"], summary="Liveness of every service")
 async def healthz(request: Request) -> JSONResponse:
+    submitter = use_cases(request)
+
     async def probe(service: str) -> dict:
         try:
-            reply = await request.app.state.broker.request({}, RPC_HEALTH.format(service=service), timeout=2)
-            return {"ok": True, **(await reply.decode())}
+            reply = await submitter.requester.broker.request({}, RPC_HEALTH.format(service=service), timeout=2)
+            decoded = await reply.decode()
+            return {"ok": True, **(decoded if isinstance(decoded, dict) else {})}
         except Exception as exc:
             return {"ok": False, "error": repr(exc)}
 
     async def database() -> dict:
         try:
-            await request.app.state.repo.db.command("ping")
+            await submitter.repo.ping()
             return {"ok": True}
         except Exception as exc:
             return {"ok": False, "error": repr(exc)}
 
-    *answers, db, bus = await asyncio.gather(*(probe(s) for s in SERVICES), database(),
-                                             request.app.state.broker.ping(timeout=2))
-    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, answers)), "database": db, "bus": {"ok": bus}}
+    bus_ping = asyncio.ensure_future(submitter.requester.broker.ping(timeout=2))  # asked alongside the others
+    answers = await asyncio.gather(*(probe(s) for s in SERVICES), database())
+    bus = await bus_ping
+    services = {"submitter": {"ok": True}, **dict(zip(SERVICES, answers[:-1])), "database": answers[-1],
+                "bus": {"ok": bus}}
     ok = all(s["ok"] for s in services.values())
     return JSONResponse(status_code=200 if ok else 503, content={"status": "ok" if ok else "degraded",
                                                                  "services": services})

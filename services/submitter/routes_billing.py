@@ -11,8 +11,7 @@ from shared.rpc import GroupBy, ProjectQuotas, Quota, QuotasReply, QuotasRequest
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
-from services.submitter.views import ProjectId
-from services.submitter.rpc import ask
+from services.submitter.deps import ProjectId, use_cases
 
 router = APIRouter()
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -52,7 +51,7 @@ async def usage(project_id: ProjectId, request: Request, principal: Principal = 
                            group_by=group_by, job_id=job_id)
     except ValueError as exc:
         raise ApiError(400, errors.PARAM_INVALID, f"param[from/to] invalid: {exc.errors()[0]['msg']}") from None
-    report = UsageReport.model_validate(await ask(request, RPC_USAGE, query, timeout=15))
+    report = UsageReport.model_validate(await use_cases(request).requester.ask(RPC_USAGE, query, timeout=15))
     if format == "csv":
         return Response(to_csv(report), media_type="text/csv; charset=utf-8",
                         headers={"content-disposition": f'attachment; filename="usage-{project_id}.csv"'})
@@ -62,11 +61,16 @@ async def usage(project_id: ProjectId, request: Request, principal: Principal = 
 # Quotas ----------------------------------------------------------------------------------------------------------
 
 
+async def quotas(request: Request, question: QuotasRequest) -> dict:
+    """Billing's answer about a project's quotas and budgets (read or replaced)."""
+    return await use_cases(request).requester.ask(RPC_QUOTAS, question)
+
+
 @router.get("/v2/{project_id}/quotas", response_model=QuotasReply, tags=["quotas"],
             summary="The project's quotas and budgets, and its month so far")
 async def get_quotas(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate)):
     principal.require_project(project_id)
-    return QuotasReply.model_validate(await ask(request, RPC_QUOTAS, QuotasRequest(project_id=project_id)))
+    return QuotasReply.model_validate(await quotas(request, QuotasRequest(project_id=project_id)))
 
 
 @router.put("/v2/{project_id}/quotas", response_model=QuotasReply, tags=["quotas"],
@@ -74,8 +78,7 @@ async def get_quotas(project_id: ProjectId, request: Request, principal: Princip
 async def put_quotas(project_id: ProjectId, body: ProjectQuotas, request: Request,
                      principal: Principal = Depends(authenticate)):
     principal.require_admin()
-    return QuotasReply.model_validate(await ask(request, RPC_QUOTAS, QuotasRequest(project_id=project_id,
-                                                                                    project=body)))
+    return QuotasReply.model_validate(await quotas(request, QuotasRequest(project_id=project_id, project=body)))
 
 
 @router.put("/v2/{project_id}/quotas/users/{user_name}", response_model=QuotasReply, tags=["quotas"],
@@ -83,5 +86,5 @@ async def put_quotas(project_id: ProjectId, body: ProjectQuotas, request: Reques
 async def put_user_quota(project_id: ProjectId, user_name: UserName, body: Quota, request: Request,
                          principal: Principal = Depends(authenticate)):
     principal.require_admin()
-    return QuotasReply.model_validate(await ask(request, RPC_QUOTAS, QuotasRequest(
+    return QuotasReply.model_validate(await quotas(request, QuotasRequest(
         project_id=project_id, user_name=user_name, user=body)))

@@ -1,28 +1,22 @@
-"""/v2/{project_id}/training-jobs: create, list, inspect, act on, delete, read output."""
-import uuid
+"""/v2/{project_id}/training-jobs: create, list, inspect, act on, delete, read output. Thin: who may see the job is
+decided here, everything else by the use cases (`usecases.Submitter`)."""
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
-from shared.events import JobDeleted, JobMigrateRequested, JobTerminateRequested
-from shared.jobs import FINISHED, JobCreate, Phase
-from shared.rpc import MetricsQuery, MetricsReport
-from services.submitter import errors
+from shared.jobs import JobCreate, Phase
+from shared.rpc import MetricsReport
 from services.submitter.auth import Principal, authenticate
-from services.submitter.commands import send_command
-from services.submitter.errors import ApiError
+from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
-from services.submitter.repository import Repository
-from services.submitter.rpc import ask
-from services.submitter.submission import estimate, repo, submit_job
-from services.submitter.views import Job, JobId, JobList, ProjectId, render
+from services.submitter.refusals import NotFound
+from services.submitter.usecases import SubmitJob
+from services.submitter.views import Job, JobList, render
 
 router = APIRouter(prefix="/v2/{project_id}/training-jobs", tags=["training jobs"])
-FINISHED_NAMES = [p.value for p in FINISHED]
 
 
 class Action(BaseModel):
@@ -30,12 +24,16 @@ class Action(BaseModel):
     action_type: Literal["terminate", "migrate"]
 
 
-async def load(repo: Repository, principal: Principal, project_id: ProjectId, job_id: str) -> dict:
-    """The job, if the caller may see it; another project's job does not exist for them."""
-    doc = await repo.get(project_id, job_id)
-    if doc is None or not (principal.is_admin or project_id in principal.projects):
-        raise ApiError(404, errors.JOB_NOT_FOUND, f"job {job_id} does not exist")
-    return doc
+def visible(principal: Principal, project_id: str, job_id: str) -> None:
+    """Another project's job does not exist for the caller."""
+    if not (principal.is_admin or project_id in principal.projects):
+        raise NotFound(job_id)
+
+
+async def load(request: Request, principal: Principal, project_id: ProjectId, job_id: str) -> dict:
+    """The job, if the caller may see it."""
+    visible(principal, project_id, job_id)
+    return await use_cases(request).stored(project_id, job_id)
 
 
 @router.post("", status_code=201, response_model=Job,
@@ -45,8 +43,10 @@ async def create_job(project_id: ProjectId, body: JobCreate, request: Request,
                      dry_run: Annotated[bool, Query(description="Validate and estimate; create nothing.")] = False):
     principal.require_project(project_id)
     if dry_run:
-        return JSONResponse(await estimate(request, project_id=project_id, user_name=principal.user_name, body=body))
-    return await submit_job(request, project_id=project_id, user_name=principal.user_name, body=body)
+        return JSONResponse(await use_cases(request).dry_run(project_id=project_id, user_name=principal.user_name,
+                                                             body=body))
+    return await use_cases(request).submit(SubmitJob(project_id=project_id, user_name=principal.user_name,
+                                                     body=body))
 
 
 @router.get("", response_model=JobList, summary="List training jobs")
@@ -57,8 +57,8 @@ async def list_jobs(
     phase: Annotated[list[Phase] | None, Query(description="Only jobs in these phases.")] = None,
 ) -> JobList:
     principal.require_project(project_id)
-    total, docs = await repo(request).page(project_id, phases=[p.value for p in phase or []], offset=offset,
-                                           limit=limit)
+    total, docs = await use_cases(request).repo.page(project_id, phases=[p.value for p in phase or []],
+                                                     offset=offset, limit=limit)
     now = utcnow()
     return JobList(total=total, count=len(docs), offset=offset, limit=limit, items=[render(d, now=now) for d in docs])
 
@@ -66,42 +66,23 @@ async def list_jobs(
 @router.get("/{job_id}", response_model=Job, summary="Show a training job")
 async def get_job(project_id: ProjectId, job_id: JobId, request: Request,
                   principal: Principal = Depends(authenticate)) -> Job:
-    return render(await load(repo(request), principal, project_id, job_id))
+    return render(await load(request, principal, project_id, job_id))
 
 
 @router.post("/{job_id}/actions", status_code=202, response_model=Job,
              summary="Terminate a training job, or migrate it (snapshot now, continue on another node)")
 async def act(project_id: ProjectId, job_id: JobId, action: Action, request: Request,
               principal: Principal = Depends(authenticate)) -> Job:
-    repository = repo(request)
-    doc = await load(repository, principal, project_id, job_id)
-    phase = doc["status"]["phase"]
-    if phase in FINISHED_NAMES or (action.action_type == "migrate" and phase != "Running"):
-        raise ApiError(409, errors.JOB_STATUS, f"job {job_id} is {phase} and cannot be {action.action_type}d"
-                                               + (" (only Running jobs move)" if action.action_type == "migrate" else ""))
-    if action.action_type == "terminate":
-        command, subject = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
-                                                 requested_by=principal.user_name), RPC_TERMINATE
-    else:
-        command, subject = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
-                                               requested_by=principal.user_name,
-                                               attempt=doc["status"].get("attempt")), RPC_MIGRATE
-    await send_command(request.app.state.broker, repository, command, subject)
-    return render(await load(repository, principal, project_id, job_id))
+    visible(principal, project_id, job_id)
+    return await use_cases(request).act(project_id=project_id, job_id=job_id, action=action.action_type,
+                                        requested_by=principal.user_name)
 
 
 @router.delete("/{job_id}", status_code=204, summary="Delete a finished training job")
 async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
                      principal: Principal = Depends(authenticate)) -> Response:
-    repository = repo(request)
-    doc = await load(repository, principal, project_id, job_id)
-    if doc["status"]["phase"] not in FINISHED_NAMES:
-        raise ApiError(409, errors.JOB_CANNOT_DELETE, f"job {job_id} is {doc['status']['phase']}: only Completed, "
-                                                      "Failed or Terminated jobs can be deleted; terminate it first")
-    # Announced first (a finished job stays finished): a failed publish deletes nothing and the call can be
-    # repeated, where a delete first would lose the announcement with the record that could carry it.
-    await publish(request.app.state.broker, JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id))
-    await repository.delete(job_id, finished=FINISHED_NAMES)
+    visible(principal, project_id, job_id)
+    await use_cases(request).delete(project_id=project_id, job_id=job_id)
     return Response(status_code=204)
 
 
@@ -110,10 +91,8 @@ async def delete_job(project_id: ProjectId, job_id: JobId, request: Request,
                         "each slice between by its lowest and highest value).")
 async def metrics(project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate),
                   max_points: Annotated[int, Query(ge=1, le=100_000)] = 2000) -> MetricsReport:
-    await load(repo(request), principal, project_id, job_id)
-    return MetricsReport.model_validate(await ask(request, RPC_METRICS, MetricsQuery(job_id=job_id,
-                                                                                     max_points=max_points,
-                                                                                     whole=True)))
+    await load(request, principal, project_id, job_id)
+    return await use_cases(request).metrics(job_id, max_points=max_points, whole=True)
 
 
 class Placement(BaseModel):
@@ -125,13 +104,9 @@ class Placement(BaseModel):
 @router.get("/{job_id}/placements", response_model=list[Placement], summary="Where each attempt was placed, and why")
 async def placements(project_id: ProjectId, job_id: JobId, request: Request,
                      principal: Principal = Depends(authenticate)) -> list[Placement]:
-    repository = repo(request)
-    await load(repository, principal, project_id, job_id)
-    if repository.origins is None:
-        return []
-    docs = [d async for d in repository.origins.placements.find({"job_id": job_id})]
-    return [Placement(attempt=d["attempt"], nodes=d["nodes"], why=d.get("why", "")) for d in
-            sorted(docs, key=lambda d: d["attempt"])]
+    await load(request, principal, project_id, job_id)
+    docs = await use_cases(request).repo.placements(job_id)
+    return [Placement(attempt=d["attempt"], nodes=d["nodes"], why=d.get("why", "")) for d in docs]
 
 
 LOG_HEADERS = {"X-Log-Offset": "the first line of this page", "X-Log-Next-Offset": "where the next page starts",
@@ -150,11 +125,11 @@ async def logs(project_id: ProjectId, job_id: JobId, request: Request, principal
                task: Annotated[str, Query(pattern=r"^worker-\d{1,3}$")] = "worker-0",
                offset: Annotated[int, Query(ge=0, le=10**12, description="First line (from 0).")] = 0,
                limit: Annotated[int, Query(ge=1, le=MAX_PAGE_LINES, description="Lines in the page.")] = PAGE_LINES):
-    repository = repo(request)
-    await load(repository, principal, project_id, job_id)
+    await load(request, principal, project_id, job_id)
+    repository = use_cases(request).repo
     rank = int(task.removeprefix("worker-"))
     if not follow_:
-        page = await read_page(repository, job_id, rank=rank, offset=offset, limit=limit)
+        page = await read_page(repository.output, job_id, rank=rank, offset=offset, limit=limit)
         return PlainTextResponse(page.text, headers={
             "X-Log-Offset": str(page.offset), "X-Log-Next-Offset": str(page.next_offset),
             "X-Log-More": "true" if page.more else "false", "X-Log-Dropped": str(page.dropped)})

@@ -58,7 +58,7 @@ class TokenList(BaseModel):
 
 
 async def existing_user(request: Request, user_name: str) -> dict:
-    user = await request.app.state.tokens.users.find_one({"_id": user_name})
+    user = await request.app.state.tokens.user(user_name)
     if user is None:
         raise ApiError(404, errors.NOT_FOUND, f"user {user_name} does not exist")
     return user
@@ -75,7 +75,7 @@ async def create_user(body: UserCreate, request: Request, principal: Principal =
     tokens = request.app.state.tokens
     user = {"_id": body.user_name, "projects": body.projects, "admin": body.admin, "created_at": utcnow()}
     try:
-        await tokens.users.insert_one(user)
+        await tokens.add_user(user)
     except DuplicateKeyError:
         raise ApiError(409, errors.USER_EXISTS, f"user {body.user_name} already exists") from None
     return issued(user, *await tokens.issue(body.user_name, expires_in=body.expires_in))
@@ -84,7 +84,7 @@ async def create_user(body: UserCreate, request: Request, principal: Principal =
 @router.get("/v2/users", response_model=list[User], summary="List users")
 async def list_users(request: Request, principal: Principal = Depends(authenticate)):
     principal.require_admin()
-    docs = [d async for d in request.app.state.tokens.users.find({}).sort("_id", 1)]
+    docs = await request.app.state.tokens.all_users()
     return [User(user_name=d["_id"], projects=d.get("projects", []), admin=bool(d.get("admin"))) for d in docs]
 
 

@@ -1,8 +1,7 @@
 """The job as the API shows it (ModelArts v2 shape), and how stored jobs follow the monitor's events."""
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import Path
 from pydantic import BaseModel, Field
 
 from shared.clock import as_utc, utcnow
@@ -10,8 +9,6 @@ from shared.events import Eta, JobStatusChanged, TaskStatus
 from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
 
 
-ProjectId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The project the job belongs to.")]
-JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9_-]{1,64}$", description="The job's id (metadata.id).")]
 
 
 class JobMetadata(BaseModel):

@@ -69,13 +69,13 @@ async def test_an_exit_dated_2100_by_the_placed_nodes_agent_costs_the_seconds_th
         await publish(agent, started(job_id, node_id="n1", at=begun.replace(year=2000)).model_copy(
             update={"price_per_hour": 50_000.0, "gpu_count": 8, "node_gpu_count": 1, "node_kind": "on_demand"}))
         await publish(agent, exited(job_id, node_id="n1", at=begun.replace(year=2100)))
-        line = await until(lambda: billing.ledger.find_one({"job_id": job_id}))
+        line = await until(lambda: billing.attempts.ledger.find_one({"job_id": job_id}))
         ended = datetime.now(UTC)
         assert begun - timedelta(seconds=1) <= line["started_at"].replace(tzinfo=UTC) <= \
             line["ended_at"].replace(tzinfo=UTC) <= ended
         assert line["seconds"] < (ended - begun).total_seconds() + 1
         assert (line["gpu_count"], line["node_kind"], line["node_price_per_hour"]) == (1, "local", 0.5)
-        report = await billing.usage(UsageQuery(project_id="p"))
+        report = await billing.reports.usage(UsageQuery(project_id="p"))
         assert report.total.cost < 0.01
         for broker in (submitter, placement, agent):
             await broker.stop()

@@ -75,10 +75,10 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
         await publish(runner, chunk(job_id, node_id="n2", seq=seq, lines=(f"real {seq}",), last=seq == 2))
     await runner.stop()
 
-    assert await until(lambda: repo.output_complete(job_id, attempt=1, rank=0))
-    page = await read_page(repo, job_id, rank=0, offset=0, limit=100)
+    assert await until(lambda: repo.output.complete(job_id, attempt=1, rank=0))
+    page = await read_page(repo.output, job_id, rank=0, offset=0, limit=100)
     assert page.text.splitlines() == ["real 0", "real 1", "real 2"]
-    assert await repo.db.api_logs.count_documents({"job_id": job_id}) == 3
+    assert await repo.output.chunks.count_documents({"job_id": job_id}) == 3
     # nothing left waiting: the chunk of the attempt never placed was judged once every placement was read
     logs = {"stream": LOGS, "durable": "submitter-logs"}
     assert await until(lambda: read_up(broker, logs))

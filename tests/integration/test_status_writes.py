@@ -146,26 +146,26 @@ def chunk(seq: int, *, last: bool = False) -> LogChunk:
 
 async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_or_none(counted):
     repo, commands = counted
-    await repo.add_log(chunk(0))
-    await repo.add_log(chunk(2, last=True))
-    assert not await repo.output_complete("j", attempt=1, rank=0)  # chunk 1 still in flight
-    await repo.add_log(chunk(1))
-    await repo.add_log(chunk(1))  # a redelivery is refused and not counted twice
+    await repo.output.add(chunk(0))
+    await repo.output.add(chunk(2, last=True))
+    assert not await repo.output.complete("j", attempt=1, rank=0)  # chunk 1 still in flight
+    await repo.output.add(chunk(1))
+    await repo.output.add(chunk(1))  # a redelivery is refused and not counted twice
     commands.sent.clear()
-    assert await repo.output_complete("j", attempt=1, rank=0)
+    assert await repo.output.complete("j", attempt=1, rank=0)
     assert commands.total() == 0  # the counters as this process wrote them say so
     other = Repository(db=repo.db, broker=None)  # another replica (or after a restart): one read
-    assert await other.output_complete("j", attempt=1, rank=0)
+    assert await other.output.complete("j", attempt=1, rank=0)
     assert commands.total() == 1
-    assert not await repo.output_complete("j", attempt=2, rank=0)  # another attempt's output: none stored
+    assert not await repo.output.complete("j", attempt=2, rank=0)  # another attempt's output: none stored
 
 
 async def test_a_chunk_stored_without_its_count_is_still_found_by_counting_the_chunks(counted):
     repo, _ = counted
-    await repo.add_log(chunk(0))
-    await repo.add_log(chunk(1, last=True))
-    await repo.db.api_log_sizes.update_one({"_id": "j"}, {"$inc": {"chunks_1_0": -1}})  # a crash before the count
-    assert await repo.output_complete("j", attempt=1, rank=0)
+    await repo.output.add(chunk(0))
+    await repo.output.add(chunk(1, last=True))
+    await repo.output.sizes.update_one({"_id": "j"}, {"$inc": {"chunks_1_0": -1}})  # a crash before the count
+    assert await repo.output.complete("j", attempt=1, rank=0)
 
 
 async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(counted):

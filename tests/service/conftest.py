@@ -11,8 +11,6 @@ from shared.events import Notification
 from shared.origin import Origins
 from shared.store import DocumentStore
 from services.billing.handlers import router as billing_router
-from services.billing.placements import Placements
-from services.billing.service import Billing
 from services.estimator.handlers import router as estimator_router
 from services.estimator.service import Estimator
 from services.monitor.handlers import router as monitor_router
@@ -20,8 +18,8 @@ from services.monitor.service import Monitor
 from services.placement.fleet import Fleet
 from services.placement.handlers import router as placement_router
 from services.placement.service import Placement
-from tests.factories import T0
-from tests.memory import Clock, MemoryCollection
+from tests.billing_twin import in_memory
+from tests.memory import MemoryCollection
 
 WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop", "tm.node.cmd.n1.start")
 
@@ -68,11 +66,7 @@ async def billing_on_bus():
         sent.append(message)
 
     async with TestNatsBroker(broker) as test_broker:
-        service = Billing(**{name: MemoryCollection(name) for name in
-                             ("ledger", "open", "nodes", "nodes_open", "node_info", "quotas")},
-                          alerts=DocumentStore(MemoryCollection("alerts"), test_broker),
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")), clock=Clock(T0))
+        service = in_memory(test_broker)
         test_broker.context.set_global("billing", service)
         yield test_broker, service, sent
 

@@ -25,7 +25,7 @@ async def deliver(broker, service: Billing, *events) -> None:
     happened (billing's clock is moved there first: it charges by when it sees a report, not by what it says)."""
     for event in events:
         if isinstance(event, TaskStarted | TaskExited):
-            service.clock.at(event.started_at if isinstance(event, TaskStarted) else event.ended_at)
+            service.attempts.clock.at(event.started_at if isinstance(event, TaskStarted) else event.ended_at)
         await publish(broker, event)
 
 
@@ -51,11 +51,11 @@ async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once
         for event in [provisioned(node_id), provisioned(node_id), released(node_id, at=T0 + timedelta(hours=hours)),
                       released(node_id, at=T0 + timedelta(hours=hours)), provisioned(node_id)]:
             await publish(broker, event)  # every event twice, and a late duplicate after the release
-    lines = list(service.nodes.docs.values())
-    assert len(lines) == 3 and service.nodes_open.docs == {}
+    lines = list(service.lifetimes.nodes.docs.values())
+    assert len(lines) == 3 and service.lifetimes.nodes_open.docs == {}
     for node_id, (charged, expected) in reconcile(lines).items():
         assert charged == pytest.approx(expected) == pytest.approx(lifetimes[node_id] * 3.6)
-    report = await service.usage(UsageQuery())
+    report = await service.reports.usage(UsageQuery())
     assert report.on_demand.nodes == 3 and report.on_demand.cost == pytest.approx(sum(lifetimes.values()) * 3.6)
 
 
@@ -67,7 +67,7 @@ async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifeti
     await deliver(broker, service, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
     await deliver(broker, service, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
     await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     by_user = {r.key: r for r in report.by_user}
     assert by_user["bob"].on_demand_cost == pytest.approx(3.6)  # the hour bob's attempt ran
     assert by_user["ana"].on_demand_cost == pytest.approx(3.6)  # the idle hour of the node ana's job asked for
@@ -80,7 +80,7 @@ async def test_a_lost_node_that_was_never_released_is_charged_up_to_its_last_hea
     await publish(broker, NodeStateChanged(event_id="od-9:lost", node_id="od-9", state="lost",
                                            last_seen=T0 + timedelta(minutes=30)))
     await publish(broker, released("od-9", at=T0 + timedelta(hours=5)))  # after the loss: nothing more
-    [line] = service.nodes.docs.values()
+    [line] = service.lifetimes.nodes.docs.values()
     assert (line["seconds"], line["cost"]) == (1800, pytest.approx(1.8))
 
 
@@ -93,7 +93,7 @@ async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billin
     await deliver(broker, service, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
     await publish(broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost",
                                            last_seen=T0 + timedelta(hours=4)))
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     local = report.owned["local"]
     assert (local.available_gpu_hours, local.busy_gpu_hours, local.idle_gpu_hours) == (8, 1, 7)
     assert local.utilisation == pytest.approx(1 / 8)
@@ -101,53 +101,54 @@ async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billin
 
 async def test_a_budget_refuses_a_submission_and_a_paid_node(billing):
     broker, service, _ = billing
-    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
     ask = AdmitQuery(project_id="p", user_name="ana", purpose="provision", gpus=1, estimated_cost=2.0)
     reply = AdmitReply.model_validate(await (await broker.request(ask, RPC_ADMIT)).decode())
     assert (reply.allowed, reply.error_code) == (False, "406029")
-    assert (await service.admit(ask.model_copy(update={"estimated_cost": 0.5}))).allowed
-    await service.set_quotas(QuotasRequest(project_id="p", user_name="ana", user=Quota(max_gpus=0)))
-    refused = await service.admit(ask.model_copy(update={"estimated_cost": 0.5}))
+    assert (await service.admission.admit(ask.model_copy(update={"estimated_cost": 0.5}))).allowed
+    await service.admission.set_quotas(QuotasRequest(project_id="p", user_name="ana", user=Quota(max_gpus=0)))
+    refused = await service.admission.admit(ask.model_copy(update={"estimated_cost": 0.5}))
     assert (refused.allowed, refused.error_code) == (False, "406008") and "p/ana.max_gpus" in refused.reason
-    assert (await service.admit(ask.model_copy(update={"user_name": "bob", "estimated_cost": 0.5}))).allowed
+    assert (await service.admission.admit(ask.model_copy(update={"user_name": "bob", "estimated_cost": 0.5}))).allowed
 
 
 async def test_max_gpus_counts_the_queued_jobs_of_the_project_and_of_the_user(billing):
     broker, service, _ = billing
-    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(max_gpus=4,
+    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(max_gpus=4,
                                                                                  users={"alice": Quota(max_gpus=2)})))
     await publish(broker, submitted(job_id="queued", gpu_count=2))  # alice's, not started
     await publish(broker, submitted(job_id="running", gpu_count=1))
     await publish(broker, placed("running"))
     await deliver(broker, service, started("running"))  # one GPU in use: counted once, as running
     ask = AdmitQuery(project_id="p", user_name="bob", purpose="submit", gpus=1)
-    assert (await service.admit(ask)).allowed  # 1 running + 2 queued + 1 = 4
-    refused = await service.admit(ask.model_copy(update={"gpus": 2}))
+    assert (await service.admission.admit(ask)).allowed  # 1 running + 2 queued + 1 = 4
+    refused = await service.admission.admit(ask.model_copy(update={"gpus": 2}))
     assert refused.error_code == "406008" and "1 GPUs in use + 2 queued + 2 asked > 4" in refused.reason
-    refused = await service.admit(ask.model_copy(update={"user_name": "alice"}))
+    refused = await service.admission.admit(ask.model_copy(update={"user_name": "alice"}))
     assert "[p/alice.max_gpus]" in refused.reason  # alice: 1 running + 2 queued + 1 > 2
-    assert (await service.admit(ask.model_copy(update={"user_name": "alice", "purpose": "provision"}))).allowed
+    assert (await service.admission.admit(ask.model_copy(update={"user_name": "alice",
+                                                                 "purpose": "provision"}))).allowed
     await publish(broker, JobStatusChanged(event_id="queued:status:9", job_id="queued", project_id="p",
                                            user_name="alice", version=9, phase=Phase.TERMINATED,
                                            secondary_phase=SecondaryPhase.TERMINATED, end_time=T0))
-    assert (await service.admit(ask.model_copy(update={"gpus": 3}))).allowed  # finished jobs no longer count
+    assert (await service.admission.admit(ask.model_copy(update={"gpus": 3}))).allowed  # finished jobs no longer count
 
 
 async def test_each_budget_alert_is_published_once(billing):
     broker, service, sent = billing
     from shared.clock import utcnow
     now = utcnow()
-    service.clock.at(now - timedelta(hours=1))
-    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    service.attempts.clock.at(now - timedelta(hours=1))
+    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
     await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j"))
     await deliver(broker, service, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
-    service.clock.at(now)
+    service.attempts.clock.at(now)
     for _ in range(3):
-        await service.check_all_budgets()
+        await service.alerts.check_all()
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80"]
     await deliver(broker, service, exited("j", at=now + timedelta(minutes=10)))
-    await service.check_all_budgets()
+    await service.alerts.check_all()
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80", "100"]
     assert all(m.kind == "budget" and m.project_id == "p" for m in sent)
 
@@ -155,13 +156,14 @@ async def test_each_budget_alert_is_published_once(billing):
 async def test_quotas_are_read_once_and_each_change_is_what_the_next_admission_sees(billing):
     _, service, _ = billing
     reads = []
-    read = service.quotas.find_one
-    service.quotas.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
+    quotas = service.admission.book.quotas
+    read = quotas.find_one
+    quotas.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
     ask = AdmitQuery(project_id="p", user_name="ana", purpose="provision", gpus=1, estimated_cost=2.0)
-    assert (await service.admit(ask)).allowed and (await service.admit(ask)).allowed
+    assert (await service.admission.admit(ask)).allowed and (await service.admission.admit(ask)).allowed
     assert len(reads) == 1  # no quotas: read once, remembered
-    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
-    assert not (await service.admit(ask)).allowed  # the change is seen at once
-    assert (await service.quotas.find_one({"_id": "p"}))["quotas"]["budget_per_month"] == 1.0  # and stored
-    service.known_quotas.clear()  # a restarted billing reads what was stored
-    assert not (await service.admit(ask)).allowed
+    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    assert not (await service.admission.admit(ask)).allowed  # the change is seen at once
+    assert (await quotas.find_one({"_id": "p"}))["quotas"]["budget_per_month"] == 1.0  # and stored
+    service.admission.book.known.clear()  # a restarted billing reads what was stored
+    assert not (await service.admission.admit(ask)).allowed

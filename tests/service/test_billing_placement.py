@@ -9,11 +9,10 @@ from shared.events import Eta, EtaEstimated, JobDeleted, JobStatusChanged, NodeR
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from services.billing.handlers import router as billing_router
-from services.billing.placements import Placements
-from services.billing.service import Billing
 from services.placement.handlers import router as placement_router
+from tests.billing_twin import in_memory
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import Clock, MemoryCollection, ReadCounting
+from tests.memory import ReadCounting
 from tests.service.conftest import placement_service, recorder
 from tests.service.test_billing_lifetimes import deliver
 
@@ -23,9 +22,7 @@ async def billing():
     broker = NatsBroker()
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
-        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")), clock=Clock(T0))
+        service = in_memory(test_broker)
         test_broker.context.set_global("billing", service)
         yield test_broker, service
 
@@ -36,7 +33,7 @@ async def test_an_attempt_seen_twice_is_charged_once(billing):
     await deliver(broker, service, placed("j"), started("j", at=T0), started("j", at=T0),
                   exited("j", at=T0 + timedelta(hours=2)), exited("j", at=T0 + timedelta(hours=2)),
                   started("j", at=T0))
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.attempts, report.total.cost, report.open_attempts) == (1, 2.0, 0)
 
 
@@ -46,7 +43,7 @@ async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
     await deliver(broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0))
     await publish(broker, NodeStateChanged(event_id="n1:lost", node_id="n1", state="lost",
                                            last_seen=T0 + timedelta(minutes=30)))
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.seconds, report.by_node_kind[0].key) == (1800, "local")
 
 
@@ -130,20 +127,16 @@ async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_
     broker = NatsBroker()
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
-        service = Billing(ledger=MemoryCollection("ledger"), open=ReadCounting("open"),
-                          node_info=ReadCounting("node_info"), nodes=MemoryCollection("nodes"),
-                          nodes_open=MemoryCollection("nodes_open"),
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")), clock=Clock(T0))
+        service = in_memory(test_broker, open=ReadCounting("open"), node_info=ReadCounting("node_info"))
         test_broker.context.set_global("billing", service)
         await publish(test_broker, NodeRegistered(event_id="n1:reg", node=node(node_id="n1", price=3.0),
                                                  occurred_at=T0, boot_id="b"))
-        service.node_info.reads = 0
+        service.lifetimes.records.node_info.reads = 0
         await publish(test_broker, submitted(job_id="j"))
         await deliver(test_broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0),
                       exited("j", node_id="n1", at=T0 + timedelta(hours=2)))
-        assert (service.node_info.reads, service.open.reads) == (0, 0)
-        report = await service.usage(UsageQuery(project_id="p"))
+        assert (service.lifetimes.records.node_info.reads, service.attempts.open.reads) == (0, 0)
+        report = await service.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0) and report.total.cost > 0
 
 
@@ -166,9 +159,7 @@ async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_on
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
         jobs, parked = ReadCounting("jobs"), ReadCounting("parked")
-        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
-                          placements=Placements(jobs=jobs, attempts=MemoryCollection("attempts"), parked=parked),
-                          clock=Clock(T0))
+        service = in_memory(test_broker, jobs=jobs, parked=parked)
         test_broker.context.set_global("billing", service)
         for job_id in ("a", "b"):
             await publish(test_broker, submitted(job_id=job_id))
@@ -177,6 +168,6 @@ async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_on
         await publish(test_broker, submitted(job_id="c"))
         await deliver(test_broker, service, started("c", at=T0))  # before its placement: it waits
         await deliver(test_broker, service, placed("c"), exited("c", at=T0 + timedelta(hours=1)))
-        report = await service.usage(UsageQuery(project_id="p"))
+        report = await service.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (3, 2)  # c's start waited, then was charged
         assert not parked.docs

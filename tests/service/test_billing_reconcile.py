@@ -29,7 +29,7 @@ async def run(broker, job_id: str, *, attempt: int = 1) -> None:
 
 
 def later(service) -> object:
-    return utcnow() + timedelta(seconds=service.reconcile_grace_s + 1)
+    return utcnow() + timedelta(seconds=service.attempts.reconcile_grace_s + 1)
 
 
 async def test_an_attempt_of_a_finished_job_is_closed_at_its_end_once(billing):
@@ -37,14 +37,14 @@ async def test_an_attempt_of_a_finished_job_is_closed_at_its_end_once(billing):
     await publish(broker, submitted(job_id="j1"))
     await run(broker, "j1")  # its TaskExited is lost
     await publish(broker, status("j1", 5, Phase.COMPLETED, attempts=(tried(1, ended=T0 + HOUR),), end=T0 + HOUR))
-    assert await service.reconcile() == 0  # known only just now: its own report may still come
-    assert await service.reconcile(now=later(service)) == 1
-    [line] = service.ledger.docs.values()
+    assert await service.attempts.reconcile() == 0  # known only just now: its own report may still come
+    assert await service.attempts.reconcile(now=later(service)) == 1
+    [line] = service.attempts.ledger.docs.values()
     assert (line["ended_at"], line["reason"], line["seconds"]) == (T0 + HOUR, "reconciled", 3600)
-    assert service.open.docs == {}
-    assert await service.reconcile(now=later(service)) == 0
+    assert service.attempts.open.docs == {}
+    assert await service.attempts.reconcile(now=later(service)) == 0
     await publish(broker, exited("j1", at=T0 + 2 * HOUR))  # the lost report turns up after all: nothing changes
-    assert [(d["seconds"], d["reason"]) for d in service.ledger.docs.values()] == [(3600, "reconciled")]
+    assert [(d["seconds"], d["reason"]) for d in service.attempts.ledger.docs.values()] == [(3600, "reconciled")]
 
 
 async def test_a_superseded_attempt_is_closed_and_the_running_one_is_not(billing):
@@ -56,10 +56,10 @@ async def test_a_superseded_attempt_is_closed_and_the_running_one_is_not(billing
     await run(broker, "j2", attempt=2)
     await publish(broker, status("j2", 8, Phase.RUNNING, attempt=2, attempts=(lost, tried(2))))
     await publish(broker, status("j2", 6, Phase.RUNNING, attempt=1, attempts=(tried(1),)))  # an older one, late
-    assert await service.reconcile(now=later(service)) == 1
-    [line] = service.ledger.docs.values()
+    assert await service.attempts.reconcile(now=later(service)) == 1
+    [line] = service.attempts.ledger.docs.values()
     assert (line["attempt"], line["ended_at"]) == (1, T0 + HOUR / 6)
-    assert list(service.open.docs) == ["j2:2:0"]
+    assert list(service.attempts.open.docs) == ["j2:2:0"]
 
 
 async def test_a_running_job_keeps_its_attempt_open(billing):
@@ -67,5 +67,5 @@ async def test_a_running_job_keeps_its_attempt_open(billing):
     await publish(broker, submitted(job_id="j3"))
     await run(broker, "j3")
     await publish(broker, status("j3", 3, Phase.RUNNING, attempts=(tried(1),)))
-    assert await service.reconcile(now=later(service)) == 0
-    assert list(service.open.docs) == ["j3:1:0"]
+    assert await service.attempts.reconcile(now=later(service)) == 0
+    assert list(service.attempts.open.docs) == ["j3:1:0"]

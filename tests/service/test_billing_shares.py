@@ -7,7 +7,6 @@ import pytest
 from shared.bus import publish
 from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
-from services.billing.ledger import share_per_hour
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.service.test_billing_lifetimes import deliver
 
@@ -33,8 +32,8 @@ async def test_two_one_gpu_jobs_on_a_rented_two_gpu_node_pay_its_price_once(bill
                                           for_job_id="j1", project_id="p", user_name="ana"))
     await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2))
     await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + HOUR, reason="idle"))
-    assert sorted(line["cost"] for line in service.ledger.docs.values()) == [2.0, 2.0]
-    report = await service.usage(UsageQuery(project_id="p"))
+    assert sorted(line["cost"] for line in service.attempts.ledger.docs.values()) == [2.0, 2.0]
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.total.on_demand_cost == pytest.approx(4.0) == pytest.approx(report.on_demand.cost)
     assert report.on_demand.idle_cost == pytest.approx(0)
 
@@ -44,15 +43,15 @@ async def test_an_owned_node_charges_each_attempt_its_share(billing):
     await publish(broker, NodeRegistered(event_id="ws:boot", occurred_at=T0, node=node(node_id="ws", gpus=2,
                                                                                          price=1.0), boot_id="b"))
     await deliver(broker, service, *two_jobs_on("ws", kind="local", price=1.0))
-    assert sorted(line["cost"] for line in service.ledger.docs.values()) == [0.5, 0.5]
-    report = await service.usage(UsageQuery(project_id="p"))
+    assert sorted(line["cost"] for line in service.attempts.ledger.docs.values()) == [0.5, 0.5]
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.total.owned_cost == pytest.approx(1.0)
 
 
 async def test_the_node_placement_recorded_is_charged_not_the_one_the_agent_reports(billing):
     broker, service, _ = billing
     await deliver(broker, service, *two_jobs_on("n4", kind="reserved", price=8.0, node_gpus=4))
-    lines = sorted(service.ledger.docs.values(), key=lambda line: line["job_id"])
+    lines = sorted(service.attempts.ledger.docs.values(), key=lambda line: line["job_id"])
     assert [(line["cost"], line["node_kind"], line["node_gpu_count"]) for line in lines] == [(2.0, "reserved", 4)] * 2
 
 
@@ -64,18 +63,12 @@ async def test_a_rented_node_half_used_is_charged_half_idle_to_whoever_rented_it
     await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2, user="bob",
                                                 jobs=("j1",)))  # one 1-GPU job of bob's
     await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + HOUR, reason="idle"))
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.on_demand.idle_cost == pytest.approx(2.0)
     by_user = {r.key: r for r in report.by_user}
     assert by_user["ana"].on_demand_cost == pytest.approx(2.0)  # the idle GPU of the node ana's job asked for
     assert by_user["ana"].on_demand_seconds == pytest.approx(1800)  # half the node for the hour, in node-seconds
     assert report.total.on_demand_cost == pytest.approx(4.0)
-
-
-def test_a_share_is_by_gpus_and_the_whole_node_without_them():
-    assert share_per_hour(4.0, gpus=1, node_gpus=2) == 2.0
-    assert share_per_hour(4.0, gpus=0, node_gpus=2) == 4.0  # a CPU job takes the node, as placement prices it
-    assert share_per_hour(4.0, gpus=1, node_gpus=0) == 4.0  # node size unknown: the node's price
 
 
 async def test_a_jobs_cost_so_far_is_its_own_attempts_without_the_rented_nodes_idle_time(billing):
@@ -86,6 +79,6 @@ async def test_a_jobs_cost_so_far_is_its_own_attempts_without_the_rented_nodes_i
     await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2, jobs=("j1",)))
     await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + 2 * HOUR,
                                        reason="idle"))
-    report = await service.usage(UsageQuery(project_id="p", job_id="j1"))
+    report = await service.reports.usage(UsageQuery(project_id="p", job_id="j1"))
     assert report.total.cost == pytest.approx(2.0) and report.total.attempts == 1
-    assert (await service.usage(UsageQuery(project_id="p", job_id="j2"))).total.cost == 0
+    assert (await service.reports.usage(UsageQuery(project_id="p", job_id="j2"))).total.cost == 0

@@ -11,10 +11,8 @@ from shared.noderecords import limits_from_entry
 from shared.rpc import UsageQuery
 from services.billing import placements as placements_module
 from services.billing.handlers import router
-from services.billing.placements import Placements
-from services.billing.service import Billing
+from tests.billing_twin import in_memory
 from tests.factories import T0, exited, node, placed, started, submitted
-from tests.memory import Clock, MemoryCollection
 from tests.service.conftest import billing_on_bus
 from tests.service.test_billing_lifetimes import deliver
 
@@ -26,9 +24,7 @@ async def billing():
     broker = NatsBroker()
     broker.include_router(router)
     async with TestNatsBroker(broker) as test_broker:
-        service = Billing(ledger=MemoryCollection("ledger"), open=MemoryCollection("open"),
-                          placements=Placements(jobs=MemoryCollection("jobs"), attempts=MemoryCollection("attempts"),
-                                                parked=MemoryCollection("parked")), clock=Clock(T0))
+        service = in_memory(test_broker)
         test_broker.context.set_global("billing", service)
         yield test_broker, service
 
@@ -49,8 +45,8 @@ async def test_a_forged_pair_for_a_job_that_never_existed_charges_nothing(billin
     big = forged(started("ghost", at=T0), price_per_hour=5000.0, node_id="n1")
     await publish(broker, big)
     await publish(broker, forged(exited("ghost", at=HOURS_2)))
-    assert service.ledger.docs == {} and service.open.docs == {}
-    report = await service.usage(UsageQuery(project_id="p"))
+    assert service.attempts.ledger.docs == {} and service.attempts.open.docs == {}
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.attempts, report.total.cost, report.open_attempts) == (0, 0.0, 0)
 
 
@@ -60,7 +56,8 @@ async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_n
                   forged(started("j", node_id="n9", at=T0)), forged(exited("j", node_id="n9", at=HOURS_2)),
                   forged(started("j", rank=1, node_id="n1", at=T0))]:  # a rank placement never made
         await publish(broker, event)
-    assert service.ledger.docs == {} and service.open.docs == {} and service.placements.parked.docs == {}
+    attempts = service.attempts
+    assert attempts.ledger.docs == {} and attempts.open.docs == {} and attempts.placements.parked.docs == {}
 
 
 async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(billing):
@@ -68,7 +65,7 @@ async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(
     claimed = started("j", node_id="n1", at=T0).model_copy(update={"project_id": "other", "user_name": "mallory"})
     await deliver(broker, service, submitted(job_id="j"), placed("j", nodes=("n1",)), claimed,
                   exited("j", node_id="n1", at=HOURS_2))
-    [line] = service.ledger.docs.values()
+    [line] = service.attempts.ledger.docs.values()
     assert (line["project_id"], line["user_name"], line["node_id"], line["cost"]) == ("p", "alice", "n1", 2.0)
 
 
@@ -76,11 +73,11 @@ async def test_task_events_that_come_before_their_placement_wait_for_it(billing)
     broker, service = billing
     await deliver(broker, service, submitted(job_id="j"), started("j", node_id="n1", at=T0),
                   exited("j", node_id="n1", at=HOURS_2))
-    assert service.ledger.docs == {} and len(service.placements.parked.docs) == 2
+    assert service.attempts.ledger.docs == {} and len(service.attempts.placements.parked.docs) == 2
     await deliver(broker, service, placed("j", nodes=("n1",)))  # later still: each waited from when it was seen
-    [line] = service.ledger.docs.values()
+    [line] = service.attempts.ledger.docs.values()
     assert (line["_id"], line["cost"]) == ("j:1:0", 2.0)
-    assert service.open.docs == {} and service.placements.parked.docs == {}
+    assert service.attempts.open.docs == {} and service.attempts.placements.parked.docs == {}
 
 
 async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
@@ -88,30 +85,30 @@ async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
     monkeypatch.setattr(placements_module, "PARK_MAX", 3)
     for n in range(5):
         await publish(broker, started(f"ghost-{n}", at=T0))
-    parked = service.placements.parked.docs
+    parked = service.attempts.placements.parked.docs
     assert sorted(d["attempt_key"] for d in parked.values()) == ["ghost-0:1", "ghost-1:1", "ghost-2:1"]
     for doc in parked.values():  # an hour and more without a placement: never placed
         doc["parked_at"] = time.time() - placements_module.PARK_TTL_S - 1
     await publish(broker, started("ghost-9", at=T0))
     assert [d["attempt_key"] for d in parked.values()] == ["ghost-9:1"]
     await publish(broker, placed("ghost-0"))  # too late: what it would have vouched for is gone
-    assert service.ledger.docs == {} and service.open.docs == {}
+    assert service.attempts.ledger.docs == {} and service.attempts.open.docs == {}
 
 
 async def test_a_placement_is_read_once_and_remembered_for_its_tasks_start_and_end(billing):
     broker, service = billing
     await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j", nodes=("n1",)))
-    attempts = service.placements.attempts
+    attempts = service.attempts.placements.attempts
     reads = []
     read = attempts.find_one
     attempts.find_one = lambda query, projection=None: reads.append(query) or read(query, projection)
     await deliver(broker, service, started("j", node_id="n1", at=T0), exited("j", node_id="n1", at=HOURS_2))
-    assert len(service.ledger.docs) == 1 and reads == []  # both checked against the placement as written
-    service.placements.known.clear()  # a restarted billing: read from the database, then remembered
+    assert len(service.attempts.ledger.docs) == 1 and reads == []  # both checked against the placement as written
+    service.attempts.placements.known.clear()  # a restarted billing: read from the database, then remembered
     await publish(broker, started("j", node_id="n9", at=HOURS_2))
     await publish(broker, started("j", node_id="n9", at=HOURS_2 + timedelta(seconds=1)))
-    assert len(reads) == 1 and service.open.docs == {}  # and a node it was not placed on is still refused
+    assert len(reads) == 1 and service.attempts.open.docs == {}  # and a node it was not placed on is still refused
 
 
 async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_charged(billing):
@@ -120,27 +117,27 @@ async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_char
     broker, service = billing
     await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j", nodes=("n1",), price=2.0, node_gpus=4))
-    service.clock.at(T0 + timedelta(minutes=5))
+    service.attempts.clock.at(T0 + timedelta(minutes=5))
     await publish(broker, forged(started("j", node_id="n1", at=T0.replace(year=2000)), price_per_hour=5000.0,
                                  gpu_count=8, node_gpu_count=1, node_kind="on_demand"))
-    service.clock.at(T0 + timedelta(minutes=65))
+    service.attempts.clock.at(T0 + timedelta(minutes=65))
     await publish(broker, forged(exited("j", node_id="n1", at=T0.replace(year=2100))))
-    [line] = service.ledger.docs.values()
+    [line] = service.attempts.ledger.docs.values()
     assert (line["started_at"], line["ended_at"]) == (T0 + timedelta(minutes=5), T0 + timedelta(minutes=65))
     assert (line["seconds"], line["gpu_count"], line["node_kind"], line["cost"]) == (3600, 1, "local", 0.5)
-    report = await service.usage(UsageQuery(project_id="p"))
+    report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.total.cost == 0.5
 
 
 async def test_an_end_reported_before_the_start_was_seen_is_not_charged_before_the_placement(billing):
     broker, service = billing
-    service.clock.at(T0 - timedelta(days=30))  # a report the bus stored before the placement existed
+    service.attempts.clock.at(T0 - timedelta(days=30))  # a report the bus stored before the placement existed
     await publish(broker, submitted(job_id="j"))
     await publish(broker, forged(started("j", node_id="n1", at=T0 - timedelta(days=30))))
-    service.clock.at(T0 + timedelta(hours=1))
+    service.attempts.clock.at(T0 + timedelta(hours=1))
     await publish(broker, placed("j", nodes=("n1",)))
     await publish(broker, exited("j", node_id="n1", at=T0 + timedelta(hours=1)))
-    [line] = service.ledger.docs.values()
+    [line] = service.attempts.ledger.docs.values()
     assert (line["started_at"], line["cost"]) == (T0, 1.0)
 
 
@@ -148,14 +145,16 @@ async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lif
     """Row 5 in billing: a static node claiming 8 GPUs at $0, a stranger, and a rented node claiming to be local
     and free: billing keeps the cluster file's figures, ignores the stranger and keeps what it rented."""
     broker, service, _ = lifetimes_billing
-    service.static = {"ws": limits_from_entry({"id": "ws", "kind": "reserved", "price_per_hour": 1.5, "gpus": [
-        {"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 2}]})}
+    ws = limits_from_entry({"id": "ws", "kind": "reserved", "price_per_hour": 1.5, "gpus": [
+        {"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 2}]})
+    service.lifetimes.records.static = {"ws": ws}
     await publish(broker, NodeProvisioned(event_id="od:provisioned", node_id="od", instance_type="x2",
                                           provider="fake", price_per_hour=4.0, gpu_count=2, provisioned_at=T0,
                                           for_job_id="j1", project_id="p", user_name="ana"))
     for node_id in ("ws", "stranger", "od"):
         await publish(broker, NodeRegistered(event_id=f"{node_id}:boot", occurred_at=T0, boot_id="b", node=node(
             node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, price=0.0)))
-    infos = {d["_id"]: (d["kind"], d["gpu_count"], d["price_per_hour"]) for d in service.node_info.docs.values()}
+    infos = {d["_id"]: (d["kind"], d["gpu_count"], d["price_per_hour"])
+             for d in service.lifetimes.records.node_info.docs.values()}
     assert infos == {"ws": ("reserved", 2, 1.5), "od": ("on_demand", 2, 4.0)}
-    assert sorted(service.nodes_open.docs) == ["od", "ws"]
+    assert sorted(service.lifetimes.nodes_open.docs) == ["od", "ws"]

@@ -35,22 +35,22 @@ async def relay_once(broker, collection) -> None:
 async def test_a_budget_alert_raised_while_the_bus_is_away_is_published_by_the_relay_once(billing):  # noqa: F811
     broker, service, sent = billing
     now = utcnow()
-    await service.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
+    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))
     await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j"))
     await deliver(broker, service, started("j", at=now - timedelta(minutes=54)))  # $0.90 so far at $1/h
-    service.clock.at(now)
-    service.alerts.broker = Down()
+    service.attempts.clock.at(now)
+    service.alerts.store.broker = Down()
     with pytest.raises(ConnectionError):
-        await service.check_all_budgets()
-    assert sent == [] and await service.alerts.collection.count_documents({OUTBOX_COUNT: 1}) == 1
-    service.alerts.broker = broker
-    await service.check_all_budgets()  # raised already: not raised again
+        await service.alerts.check_all()
+    assert sent == [] and await service.alerts.store.collection.count_documents({OUTBOX_COUNT: 1}) == 1
+    service.alerts.store.broker = broker
+    await service.alerts.check_all()  # raised already: not raised again
     assert sent == []
-    await relay_once(broker, service.alerts.collection)
-    await relay_once(broker, service.alerts.collection)
+    await relay_once(broker, service.alerts.store.collection)
+    await relay_once(broker, service.alerts.store.collection)
     assert [m.event_id.rsplit(":", 1)[-1] for m in sent] == ["80"]
-    assert await service.alerts.collection.count_documents({OUTBOX_COUNT: 0}) == 1
+    assert await service.alerts.store.collection.count_documents({OUTBOX_COUNT: 0}) == 1
 
 
 def finished(job_id: str) -> JobStatusChanged:

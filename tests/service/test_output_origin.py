@@ -31,7 +31,7 @@ async def submitter():
 
 
 async def output(repo: Repository, job_id: str, rank: int = 0) -> list[str]:
-    return (await read_page(repo, job_id, rank=rank, offset=0, limit=1000)).text.splitlines()
+    return (await read_page(repo.output, job_id, rank=rank, offset=0, limit=1000)).text.splitlines()
 
 
 async def test_the_submitter_drops_chunks_from_a_node_the_task_was_not_placed_on(submitter):
@@ -41,7 +41,7 @@ async def test_the_submitter_drops_chunks_from_a_node_the_task_was_not_placed_on
     await publish(broker, chunk(job_id, node_id="n9", lines=INJECTED))  # another node's agent, its own subject
     await publish(broker, chunk(job_id, rank=1, node_id="n1", lines=INJECTED))  # a rank placed on n2
     await publish(broker, chunk(job_id, attempt=2, node_id="n1", lines=INJECTED))  # an attempt never placed
-    assert repo.db.api_logs.docs == {}
+    assert repo.output.chunks.docs == {}
     await publish(broker, chunk(job_id, node_id="n1", lines=("real",)))
     await publish(broker, chunk(job_id, rank=1, node_id="n2", lines=("real 1",)))
     assert await output(repo, job_id) == ["real"] and await output(repo, job_id, rank=1) == ["real 1"]
@@ -56,7 +56,7 @@ async def test_chunks_sent_first_with_the_coming_sequence_numbers_take_no_real_c
     for seq in range(3):
         await publish(broker, chunk(job_id, node_id="n1", seq=seq, lines=(f"real {seq}",), last=seq == 2))
     assert await output(repo, job_id) == ["real 0", "real 1", "real 2"]
-    assert await repo.output_complete(job_id, attempt=1, rank=0)
+    assert await repo.output.complete(job_id, attempt=1, rank=0)
 
 
 async def test_the_estimator_reads_no_metric_from_a_node_the_task_was_not_placed_on(estimator):
@@ -114,7 +114,7 @@ async def test_a_deleted_jobs_output_is_no_longer_taken(submitter):
     await publish(broker, placed(job_id, nodes=("n1",)))
     assert await repo.delete(job_id, finished=["Completed"])
     await publish(broker, chunk(job_id, node_id="n1", lines=("late",)))
-    assert repo.db.api_logs.docs == {} and repo.db.api_placements.docs == {}
+    assert repo.output.chunks.docs == {} and repo.db.api_placements.docs == {}
 
 
 async def test_one_placement_read_by_two_consumers_at_once_is_inserted_once():

@@ -7,6 +7,7 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import RPC_PREDICT, publish
+from shared.cluster import ClusterFile
 from shared.events import JobStatusChanged, NodeRegistered, NodeStateChanged
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import PredictQuery, PredictReply
@@ -74,7 +75,7 @@ async def test_without_an_estimator_the_owners_expectation_stands():
 
 async def test_a_projects_exchange_rate_reaches_the_policy(bus):
     broker, _ = bus
-    tradeoff = tradeoff_from({"placement": {"exchange_rate": 1.5, "projects": {"p": {"exchange_rate": 0}}}})
+    tradeoff = tradeoff_from(ClusterFile(placement={"exchange_rate": 1.5, "projects": {"p": {"exchange_rate": 0}}}))
     service = _placement(broker, tradeoff=tradeoff)
     broker.context.set_global("placement", service)
     await publish(broker, submitted(job_id="j", gpu_count=1))
@@ -86,7 +87,7 @@ async def test_a_projects_exchange_rate_reaches_the_policy(bus):
                                      {"projects": {"p": {"exchange_rate": "fast"}}}])
 def test_a_bad_placement_section_is_refused_naming_the_field(section):
     with pytest.raises(SystemExit, match="exchange_rat"):
-        tradeoff_from({"placement": section})
+        tradeoff_from(ClusterFile(placement=section))
 
 
 async def test_fair_share_usage_survives_a_restart(bus):

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from shared.egress import Policy
-from services.submitter.app import SubmitterSettings, create_app
+from services.submitter.app import SubmitterSettings, build_submitter, create_app
 from services.submitter.audit import AuditLog
 from services.submitter.auth import Tokens
 from services.submitter.repository import Repository
@@ -37,16 +37,20 @@ class Db(SimpleNamespace):
         return collection
 
 
-async def make_app(*, allow: list[str] | None = None, clock=None):
-    """(app, db, tokens) with the admin's token ADMIN_TOKEN; nothing listens, requests go through ASGI."""
-    app = create_app(SubmitterSettings(admin_token=ADMIN_TOKEN, nats_url="nats://127.0.0.1:1"))
+async def make_app(*, allow: list[str] | None = None, clock=None, broker=None, repo=None):
+    """(app, db, tokens) with the admin's token ADMIN_TOKEN; nothing listens, requests go through ASGI. The use
+    cases (`app.state.submitter`) work on `repo` (a Repository on the in-memory collections unless given) and ask
+    over `broker` (a FakeBroker unless given)."""
+    settings = SubmitterSettings(admin_token=ADMIN_TOKEN, nats_url="nats://127.0.0.1:1")
+    app = create_app(settings)
     db = Db()
     tokens = Tokens(db.api_users, db.api_tokens, **({"clock": clock} if clock else {}))
     await tokens.prepare()
     await tokens.bootstrap_admin(configured=ADMIN_TOKEN, data_dir=Path("/nonexistent"))  # configured: never read
     app.state.tokens, app.state.audit = tokens, AuditLog(db.api_audit)
-    app.state.broker = FakeBroker()
-    app.state.repo = Repository(db=db, broker=app.state.broker)
+    broker = broker or FakeBroker()
+    app.state.submitter = build_submitter(settings, repo=repo or Repository(db=db, broker=broker), broker=broker,
+                                          storage=settings.storage_policy(settings.data_dir))
     app.state.egress = Policy.parse(allow or [])
     return app, db, tokens
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.cluster import read_cluster
 from shared.events import LogChunk, StartTask, TaskExited
 from shared.jobs import Algorithm, Engine
 from shared.storage import StoragePolicy
@@ -16,7 +17,6 @@ from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.isolation import TaskUsers, confinement
 from services.agent.preparation import PrepareError, Preparer
-from services.agent.resources import load_engines
 from services.agent.runner import SDK_DIR
 from tests.factories import node, spec, unique
 
@@ -30,7 +30,7 @@ def start(command: str, **algorithm) -> StartTask:
 
 
 async def test_a_job_without_an_engine_gets_the_default_one_of_the_cluster_file(tmp_path):
-    preparer = Preparer(tmp_path / "engines", load_engines(CLUSTER_FILE))
+    preparer = Preparer(tmp_path / "engines", read_cluster(CLUSTER_FILE).engines_by_name())
     assert preparer.default == "pytorch"
     job = start("python3 -c 'import torch'")
     assert not preparer.needs_work(job)  # an existing environment: nothing to build
@@ -55,7 +55,7 @@ async def test_the_default_engine_and_the_examples_are_in_reach_of_the_tasks_own
                                         lock_dir=tmp_path / "uids"),
                         sdk_dir=SDK_DIR, data_dir=data, storage_dirs=[data / "checkpoints"], shared_dirs=[])
     agent = Agent(node=node(node_id="n1"), root=data / "agents" / "n1", publish=publish,
-                  preparer=Preparer(data / "engines", load_engines(CLUSTER_FILE)),
+                  preparer=Preparer(data / "engines", read_cluster(CLUSTER_FILE).engines_by_name()),
                   checkpoints=CheckpointStore(policy.checkpoint_root), storage=policy, confinement=rules)
     job = start("python3 -c 'import sys, trainmaster_examples; print(sys.prefix)'; id -u")
     await agent.start(job)

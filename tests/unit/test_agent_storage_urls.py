@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from shared.cluster import ClusterFileError
 from shared.jobs import Algorithm
 from shared.storage import DEFAULT_ALLOWED_URLS, StorageError, StoragePolicy, StorageSettings, check_url, refused_urls
 
@@ -100,6 +101,13 @@ def test_the_cluster_file_sets_the_allow_list_and_the_environment_overrides_it(t
     monkeypatch.delenv("TRAINMASTER_ALLOWED_URLS")
     cluster.write_text('[storage]\nallowed_urls = "everything"\n')
     with pytest.raises(ValueError, match="allowed_urls"):
+        StorageSettings(cluster_file=cluster).storage_policy(tmp_path)
+
+
+def test_a_cluster_file_there_but_unusable_stops_the_process_instead_of_widening_the_allow_list(tmp_path):
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[storage]\nallowed_urls = ["https://datasets.internal/"\n')  # the bracket never closed
+    with pytest.raises(ClusterFileError, match="cluster.toml"):
         StorageSettings(cluster_file=cluster).storage_policy(tmp_path)
 
 

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.cluster import ClusterFile
 from services.placement.adapter import catalogue_from
 from services.placement.catalogue import DATA_DIR, catalogue_entries, offered, read_gpus, read_offers
 
@@ -53,8 +54,8 @@ def test_missing_columns_are_named():
 def test_a_cluster_file_selects_rows_and_its_entries_name_their_provider(tmp_path: Path):
     (tmp_path / "mine.csv").write_text(HEADER + "p5.48xlarge,H100,8,192,2048,98.3,39.3,us-east-1,us-east-1a,300\n")
     (tmp_path / "gpus.csv").write_text(GPUS)
-    cluster = {"instance_types": [{"name": "a10g.1x", "gpus": 1}],
-               "catalogue": {"file": "mine.csv", "gpus_file": "gpus.csv", "provider": "ec2", "spot": True}}
+    cluster = ClusterFile(instance_types=({"name": "a10g.1x", "gpus": 1},),
+                          catalogue={"file": "mine.csv", "gpus_file": "gpus.csv", "provider": "ec2", "spot": True})
     entries = catalogue_entries(cluster, base=tmp_path)
     assert [(e["name"], e["provider"], e["market"]) for e in entries] == [
         ("a10g.1x", "local-process", "on_demand"), ("p5.48xlarge", "ec2", "on_demand"),
@@ -63,4 +64,4 @@ def test_a_cluster_file_selects_rows_and_its_entries_name_their_provider(tmp_pat
 
 def test_an_entry_name_that_cannot_be_a_node_id_part_is_refused(tmp_path: Path):
     with pytest.raises(ValueError, match="instance_types: name"):
-        catalogue_entries({"instance_types": [{"name": 'x" ]\n[evil'}]}, base=tmp_path)
+        catalogue_entries(ClusterFile(instance_types=({"name": 'x" ]\n[evil'},)), base=tmp_path)

@@ -127,7 +127,7 @@ async def test_a_database_that_does_not_answer_is_a_503_in_the_documented_shape(
     async def page(*args, **kwargs):
         raise ServerSelectionTimeoutError("mongo.sock: timed out")
 
-    app.state.repo.page = page
+    app.state.submitter.repo.page = page
     async with api_app.client(app) as api:
         answer = await api.get("/v2/p/training-jobs")
     assert answer.status_code == 503 and answer.headers["retry-after"] == "2"

@@ -8,8 +8,10 @@ from shared.events import JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase, Spec
 from shared.rpc import Candidate, CandidatesReply
 from services.submitter import feasible
-from services.submitter.errors import ApiError
-from services.submitter.limits import QueueCaps, RateLimiter, TokenBucket, queue_full
+from services.submitter.caps import QueueCaps, queue_full
+from services.submitter.errors import ApiError, described
+from services.submitter.limits import RateLimiter, TokenBucket
+from services.submitter.refusals import Invalid, QueueFull
 from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
 
@@ -47,14 +49,17 @@ def test_the_limiter_forgets_idle_buckets_when_too_many_keys():
 def test_queue_full_names_the_scope_and_the_cap():
     assert queue_full(scope="project", name="p", queued=999, cap=1000) is None
     refusal = queue_full(scope="user", name="ana", queued=500, cap=500)
-    assert refusal.status == 429 and refusal.code == "406035" and "user ana" in refusal.message
+    status, code, message, headers = described(refusal)
+    assert (status, code, headers) == (429, "406035", {"Retry-After": "10"}) and "user ana" in message
     assert "500 of 500" in refusal.message
 
 
 def api_repository() -> Repository:
     return Repository(db=SimpleNamespace(api_jobs=MemoryCollection("jobs"), api_queue=MemoryCollection("queue"),
                                          api_job_list=MemoryCollection("list"), api_logs=MemoryCollection("logs"),
-                                         api_log_sizes=MemoryCollection("sizes")), broker=None)
+                                         api_log_sizes=MemoryCollection("sizes"),
+                                         api_notifications=MemoryCollection("notifications"),
+                                         api_projects=MemoryCollection("projects")), broker=None)
 
 
 CREATED = datetime(2026, 11, 25, tzinfo=UTC)
@@ -67,10 +72,10 @@ async def test_queue_caps_count_only_jobs_not_yet_running():
                                     "status": {"phase": phase}, "status_version": 1, "create_time": CREATED})
     assert await repo.rebuild_views() == 3
     await QueueCaps(per_project=3, per_user=4).check(repo, project_id="p", user_name="ana")
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(QueueFull) as refused:
         await QueueCaps(per_project=2, per_user=10).check(repo, project_id="p", user_name="ana")
     assert "project p" in refused.value.message
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(QueueFull) as refused:
         await QueueCaps(per_project=10, per_user=3).check(repo, project_id="p", user_name="ana")
     assert "user ana" in refused.value.message
 
@@ -99,7 +104,7 @@ async def test_the_early_check_trusts_a_fresh_count_with_room_and_counts_again_w
     queue.queued = 2
     assert await caps.admit_group(queue, [("p", "ana")]) == [None]  # now 3 of 3
     queue.queued = 3
-    with pytest.raises(ApiError):
+    with pytest.raises(QueueFull):
         await caps.check(queue, project_id="p", user_name="ana")  # full: counted again, and refused
     assert queue.counts == 8
     queue.queued = 0  # the queue drained: a remembered full count refuses no one
@@ -193,10 +198,11 @@ async def ask(spec: Spec) -> CandidatesReply:
 ])
 async def test_a_job_nothing_could_hold_is_refused_naming_the_field(resource, allowed, fields):
     spec = Spec.model_validate({"resource": resource, "placement": {"allowed": allowed}})
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(Invalid) as refused:
         await feasible.check(spec, fleet_answer(spec), ask)
-    assert refused.value.status == 400 and refused.value.code == "406001"
-    assert refused.value.message.startswith(f"param[{fields[0]}] invalid: no node of the fleet")
+    status, code, message, _ = described(refused.value)
+    assert (status, code, refused.value.field) == (400, "406001", fields[0])
+    assert message.startswith(f"param[{fields[0]}] invalid: no node of the fleet")
     assert await feasible.blame(spec, lambda s: _placeable(s)) == fields
 
 
@@ -213,7 +219,7 @@ async def test_a_job_some_node_could_hold_passes():
 async def test_blame_names_every_field_that_cannot_be_kept():
     spec = Spec.model_validate({"resource": {"gpu_count": 16, "cpu_count": 1000}})
     assert await feasible.blame(spec, _placeable) == ["spec.resource.gpu_count", "spec.resource.cpu_count"]
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(Invalid) as refused:
         await feasible.check(spec, fleet_answer(spec), ask)
     assert "(together with param[spec.resource.cpu_count])" in refused.value.message
 

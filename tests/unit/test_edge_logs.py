@@ -9,13 +9,15 @@ from tests.memory import MemoryCollection
 
 
 def repository(*, cap: int = 1 << 20) -> Repository:
-    db = SimpleNamespace(api_jobs=MemoryCollection(), api_logs=MemoryCollection(), api_log_sizes=MemoryCollection())
+    db = SimpleNamespace(api_jobs=MemoryCollection(), api_logs=MemoryCollection(), api_log_sizes=MemoryCollection(),
+                         api_notifications=MemoryCollection(), api_projects=MemoryCollection())
     return Repository(db=db, broker=None, log_cap_bytes=cap)
 
 
 async def ship(repo: Repository, *, job_id: str = "j", attempt: int = 1, seq: int, lines: list[str], rank: int = 0):
-    await repo.add_log(LogChunk(event_id=f"{job_id}:{attempt}:{rank}:{seq}", job_id=job_id, attempt=attempt, rank=rank,
-                                node_id="n1", seq=seq, lines=tuple(LogLine(t=0, line=line) for line in lines)))
+    await repo.output.add(LogChunk(event_id=f"{job_id}:{attempt}:{rank}:{seq}", job_id=job_id, attempt=attempt,
+                                   rank=rank, node_id="n1", seq=seq,
+                                   lines=tuple(LogLine(t=0, line=line) for line in lines)))
 
 
 async def test_pages_cover_the_output_once_and_say_where_the_next_starts():
@@ -23,13 +25,13 @@ async def test_pages_cover_the_output_once_and_say_where_the_next_starts():
     for seq in range(5):
         await ship(repo, seq=seq, lines=[f"line {seq * 10 + i}" for i in range(10)])
     await ship(repo, attempt=2, seq=0, lines=["again"])
-    first = await read_page(repo, "j", rank=0, offset=0, limit=15)
+    first = await read_page(repo.output, "j", rank=0, offset=0, limit=15)
     assert first.text.splitlines() == [f"line {i}" for i in range(15)]
     assert (first.offset, first.next_offset, first.more, first.dropped) == (0, 15, True, 0)
-    second = await read_page(repo, "j", rank=0, offset=first.next_offset, limit=100)
+    second = await read_page(repo.output, "j", rank=0, offset=first.next_offset, limit=100)
     assert second.text.splitlines() == [f"line {i}" for i in range(15, 50)] + ["--- attempt 2 ---", "again"]
     assert (second.next_offset, second.more) == (51, False)
-    past = await read_page(repo, "j", rank=0, offset=1000, limit=10)
+    past = await read_page(repo.output, "j", rank=0, offset=1000, limit=10)
     assert (past.text, past.next_offset, past.more) == ("", 1000, False)
 
 
@@ -37,24 +39,24 @@ async def test_a_redelivered_chunk_is_counted_once():
     repo = repository()
     await ship(repo, seq=0, lines=["a" * 99])
     await ship(repo, seq=0, lines=["a" * 99])
-    assert (await repo.db.api_log_sizes.find_one({"_id": "j"}))["bytes"] == 100
+    assert (await repo.output.sizes.find_one({"_id": "j"}))["bytes"] == 100
 
 
 async def test_past_the_cap_the_oldest_chunks_go_and_the_log_says_so():
     repo = repository(cap=2000)
     for seq in range(30):  # 30 chunks of 10 lines of 10 bytes: 3,000 bytes
         await ship(repo, seq=seq, lines=[f"{seq:03d}-{i:05d}" for i in range(10)])
-    stored = (await repo.db.api_log_sizes.find_one({"_id": "j"}))["bytes"]
+    stored = (await repo.output.sizes.find_one({"_id": "j"}))["bytes"]
     assert stored <= 2000
-    dropped = await repo.dropped_lines("j", rank=0)
+    dropped = await repo.output.dropped_lines("j", rank=0)
     assert dropped > 0 and dropped + stored // 10 == 300  # every line is either stored or counted as dropped
-    page = await read_page(repo, "j", rank=0, offset=0, limit=10_000)
+    page = await read_page(repo.output, "j", rank=0, offset=0, limit=10_000)
     lines = page.text.splitlines()
     assert lines[0] == f"… {dropped} earlier lines dropped (the job's stored output is capped; the oldest goes " \
                        "first) …"
     assert lines[-1] == "029-00009" and len(lines) == 1 + 300 - dropped
     assert (page.offset, page.next_offset, page.dropped) == (dropped, 300, dropped)
-    same = await read_page(repo, "j", rank=0, offset=295, limit=10)  # numbers survive the trim
+    same = await read_page(repo.output, "j", rank=0, offset=295, limit=10)  # numbers survive the trim
     assert same.text.splitlines() == [f"029-0000{i}" for i in range(5, 10)]
 
 
@@ -68,7 +70,7 @@ async def test_follow_reports_the_trimmed_gap_instead_of_waiting_for_it():
         return False
 
     text = "".join([piece async for piece in follow(repo, "j", rank=0, disconnected=connected)])
-    assert text.startswith(f"… {await repo.dropped_lines('j', rank=0)} earlier lines dropped")
+    assert text.startswith(f"… {await repo.output.dropped_lines('j', rank=0)} earlier lines dropped")
     assert text.rstrip().endswith("029-00009")
 
 
@@ -90,8 +92,8 @@ class Yielding(MemoryCollection):
 
 async def test_chunks_stored_concurrently_are_trimmed_once_not_once_each():
     repo = repository(cap=2000)
-    repo.db.api_logs, repo.db.api_log_sizes = Yielding(), Yielding()
+    repo.output.chunks, repo.output.sizes = Yielding(), Yielding()
     await asyncio.gather(*(ship(repo, seq=seq, lines=[f"{seq:03d}-{i:05d}" for i in range(10)]) for seq in range(30)))
-    stored = (await repo.db.api_log_sizes.find_one({"_id": "j"}))["bytes"]
+    stored = (await repo.output.sizes.find_one({"_id": "j"}))["bytes"]
     assert 2000 * 0.9 - 100 <= stored <= 2000  # back under the cap, not emptied by thirty trims at once
-    assert await repo.dropped_lines("j", rank=0) + stored // 10 == 300
+    assert await repo.output.dropped_lines("j", rank=0) + stored // 10 == 300

@@ -18,8 +18,8 @@ from tests.memory import MemoryCollection
 
 def repository() -> Repository:
     db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_job_list=MemoryCollection(),
-                         api_logs=MemoryCollection(),
-                         api_log_sizes=MemoryCollection())
+                         api_logs=MemoryCollection(), api_log_sizes=MemoryCollection(),
+                         api_notifications=MemoryCollection(), api_projects=MemoryCollection())
     return Repository(db=db, broker=None)
 
 
@@ -38,7 +38,7 @@ async def test_completed_waits_for_the_last_line_and_a_follower_sees_it():
     repo = repository()
     await repo.jobs.insert_one({"_id": "j", "project_id": "p", "user_name": "u", "status_version": 2,
                                 "status": {"phase": "Running"}, "create_time": utcnow()})
-    await repo.add_log(chunk(0, "step 1"))
+    await repo.output.add(chunk(0, "step 1"))
     broker = NatsBroker()
     broker.include_router(router)
     async with TestNatsBroker(broker) as test_broker:
@@ -54,7 +54,7 @@ async def test_completed_waits_for_the_last_line_and_a_follower_sees_it():
 
         followed = asyncio.create_task(_collect(follow(repo, "j", rank=0, disconnected=never)))
         await asyncio.sleep(1.5)  # longer than a follower waits for trailing output once a job is shown finished
-        await repo.add_log(chunk(1, "the last line", last=True))
+        await repo.output.add(chunk(1, "the last line", last=True))
         await publish(test_broker, completed())  # redelivered
         assert (await repo.jobs.find_one({"_id": "j"}))["status"]["phase"] == "Completed"
         assert (await asyncio.wait_for(followed, 10)).splitlines() == ["step 1", "the last line"]
@@ -66,10 +66,10 @@ async def _collect(stream) -> str:
 
 async def test_every_chunk_before_the_last_must_be_stored_and_the_wait_is_bounded():
     repo = repository()
-    await repo.add_log(chunk(2, "end", last=True))
+    await repo.output.add(chunk(2, "end", last=True))
     assert not await output_stored(repo, completed(), now=utcnow())  # chunks 0 and 1 still on their way
-    await repo.add_log(chunk(0, "a"))
-    await repo.add_log(chunk(1, "b"))
+    await repo.output.add(chunk(0, "a"))
+    await repo.output.add(chunk(1, "b"))
     assert await output_stored(repo, completed(), now=utcnow())
     late = completed(at=utcnow() - timedelta(seconds=OUTPUT_HOLD_S + 1))
     assert await output_stored(repository(), late, now=utcnow())  # never marked (an older agent): shown anyway

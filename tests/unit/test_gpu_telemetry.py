@@ -186,7 +186,7 @@ def test_system_series_peak_counts_earlier_samples():
 async def test_nodes_show_each_gpu_s_figures_to_a_member_and_the_admin_and_no_job():
     app, db, store = await make_app()
     info = node(node_id="n1", gpus=2).model_dump(mode="json")
-    app.state.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [{
+    app.state.submitter.requester.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [{
         "node_id": "n1", "state": "ready", "last_seen": "2026-11-23T15:00:00Z", "boot_id": "b", "info": info,
         "running": [{"job_id": "job-theirs", "attempt": 1, "rank": 0}],
         "gpus": [reading(1, util_percent=77, memory_used_gb=12.0)]}]}

@@ -20,7 +20,7 @@ ATTACKS = [("inputs", "http://127.0.0.1:8000/healthz", "127.0.0.1 is a loopback 
 async def egress_api():
     """The submission app with the default storage policy (not the working directory's cluster file)."""
     app = await api()
-    app.state.storage = StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt")
+    app.state.submitter.storage = StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt")
     return app
 
 
@@ -41,7 +41,8 @@ async def test_an_input_or_code_at_an_internal_address_is_refused(where, url, wh
     field = "algorithm.code_dir" if where == "code_dir" else "algorithm.inputs.0.url"
     assert response.json()["error_code"] == "406001"
     assert response.json()["error_msg"].startswith(f"param[{field}] invalid: ") and why in response.json()["error_msg"]
-    assert app.state.broker.asked == [] and await app.state.repo.jobs.count_documents({}) == 0
+    submitter = app.state.submitter
+    assert submitter.requester.broker.asked == [] and await submitter.repo.jobs.count_documents({}) == 0
 
 
 @pytest.mark.parametrize("address", NOT_PUBLIC)
@@ -78,7 +79,7 @@ async def test_an_output_to_an_http_url_is_refused():
 
 async def test_public_and_operator_allowed_addresses_are_taken():
     app = await egress_api()
-    app.state.storage = app.state.storage.model_copy(update={"allow_hosts": ("127.0.0.1",)})
+    app.state.submitter.storage = app.state.submitter.storage.model_copy(update={"allow_hosts": ("127.0.0.1",)})
     async with client(app) as http:
         for i, url in enumerate(("https://93.184.216.34/data.tar", "http://127.0.0.1:8000/data.tar")):
             response = await http.post(f"/v2/{PROJECT}/training-jobs", json=body("inputs", url, name=f"ok{i}"))

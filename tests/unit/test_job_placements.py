@@ -11,10 +11,10 @@ async def always() -> bool:
 
 async def test_a_jobs_placements_say_where_and_why():
     app, db, tokens = await make_app()
-    app.state.repo.origins = Origins(placements=db.api_placements, all_read=always)
+    app.state.submitter.repo.origins = Origins(placements=db.api_placements, all_read=always)
     await db.api_jobs.insert_one({"_id": "j-1", "project_id": "vision", "user_name": "ana"})
     event = placed("j-1", nodes=("reserved-1",)).model_copy(update={"why": "reserved-1 (reserved) ends in 1.0 min"})
-    await app.state.repo.origins.placed(event)
+    await app.state.submitter.repo.origins.placed(event)
     ana = await add_user(tokens, "ana", ["vision"])
     bob = await add_user(tokens, "bob", ["other"])
     async with client(app, ana) as api:

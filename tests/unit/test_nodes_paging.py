@@ -19,18 +19,18 @@ async def test_out_of_range_paging_is_refused_naming_the_parameter():
 
 async def test_a_page_says_the_total_and_where_the_next_one_starts():
     app, _, _ = await make_app()
-    app.state.broker.answers[RPC_NODES] = {"total": 3, "offset": 1, "items": [record("b")]}
+    app.state.submitter.requester.broker.answers[RPC_NODES] = {"total": 3, "offset": 1, "items": [record("b")]}
     async with client(app) as admin:
         page = (await admin.get("/v2/nodes?offset=1&limit=1")).json()
         assert (page["total"], page["count"], page["next_offset"]) == (3, 1, 2)
         assert [n["node_id"] for n in page["items"]] == ["b"]
-        app.state.broker.answers[RPC_NODES] = {"total": 3, "offset": 2, "items": [record("c")]}
+        app.state.submitter.requester.broker.answers[RPC_NODES] = {"total": 3, "offset": 2, "items": [record("c")]}
         assert (await admin.get("/v2/nodes?offset=2&limit=1")).json()["next_offset"] is None
 
 
 async def test_a_monitor_from_before_paging_is_paged_here():
     app, _, _ = await make_app()
-    app.state.broker.answers[RPC_NODES] = [record("a"), record("b"), record("c")]
+    app.state.submitter.requester.broker.answers[RPC_NODES] = [record("a"), record("b"), record("c")]
     async with client(app) as admin:
         page = (await admin.get("/v2/nodes?offset=1&limit=1")).json()
     assert [n["node_id"] for n in page["items"]] == ["b"] and page["total"] == 3 and page["next_offset"] == 2
@@ -41,7 +41,7 @@ async def test_running_tasks_show_their_project_and_a_known_jobs_project_is_read
     await db.api_jobs.insert_one({"_id": "j1", "project_id": "vision"})
     busy = {**record("a"), "running": [{"job_id": "j1", "attempt": 1, "rank": 0},
                                        {"job_id": "claimed-by-the-agent-only", "attempt": 1, "rank": 0}]}
-    app.state.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [busy]}
+    app.state.submitter.requester.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [busy]}
     reads = []
     find = db.api_jobs.find
     db.api_jobs.find = lambda query, projection=None: reads.append(query) or find(query, projection)

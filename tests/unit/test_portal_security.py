@@ -49,7 +49,7 @@ def nodes_answer() -> list[dict]:
 
 async def test_a_member_sees_only_his_projects_jobs_on_each_node():
     app, db, store = await make_app()
-    app.state.broker.answers[RPC_NODES] = nodes_answer()
+    app.state.submitter.requester.broker.answers[RPC_NODES] = nodes_answer()
     await db.api_jobs.insert_one({"_id": "job-mine", "project_id": "vision"})
     await db.api_jobs.insert_one({"_id": "job-theirs", "project_id": "speech"})
     secret = await add_user(store, "ana", ["vision"])

@@ -11,9 +11,8 @@ from shared.rpc import Candidate, CandidatesReply
 from services.submitter import rpc
 from services.submitter.admission import price
 from services.submitter.dialects import JobCreate
-from services.submitter.intake import Intake
-from services.submitter.repository import NameTaken
-from services.submitter.searches.trials import AppPort
+from services.submitter.refusals import NameTaken
+from services.submitter.searches.trials import SubmitterPort
 from tests.factories import job_body
 from tests.memory import MemoryCollection
 from tests.unit.api_app import client, make_app
@@ -60,7 +59,7 @@ class MemoryRepo:
         stored: list[list[dict] | NameTaken] = []
         for doc, event in new:
             if await self.jobs.find_one({"project_id": doc["project_id"], "name": doc["name"]}):
-                stored.append(NameTaken(doc["name"]))
+                stored.append(NameTaken(doc["name"], project_id=doc["project_id"]))
             else:
                 await self.jobs.insert_one(doc)
                 stored.append([{"event_id": event.event_id}])
@@ -69,19 +68,28 @@ class MemoryRepo:
     async def publish_many(self, items: list) -> list[None]:
         return [None] * len(items)
 
+    async def exists(self, job_id: str) -> bool:
+        return await self.jobs.find_one({"_id": job_id}) is not None
+
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         return await self.jobs.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
 
 
 async def api(**broker: Any):
-    app, _, _ = await make_app()
-    app.state.broker, app.state.repo = CountingBroker(**broker), MemoryRepo()
-    app.state.intake = Intake(app.state.repo, app.state.queue_caps)
+    app, _, _ = await make_app(broker=CountingBroker(**broker), repo=MemoryRepo())
     return app
 
 
+def bus(app) -> CountingBroker:
+    return app.state.submitter.requester.broker
+
+
+def jobs(app) -> MemoryCollection:
+    return app.state.submitter.repo.jobs
+
+
 def admitted_at(app) -> Any:
-    [query] = [payload for subject, payload in app.state.broker.asked if subject == RPC_ADMIT]
+    [query] = [payload for subject, payload in bus(app).asked if subject == RPC_ADMIT]
     return query
 
 
@@ -91,7 +99,7 @@ async def test_a_v2_submission_asks_placement_once_and_billing_once_at_placement
     async with client(app) as http:
         created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="one", gpu_count=2))
     assert created.status_code == 201, created.text
-    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
     query = admitted_at(app)
     assert (query.estimated_cost, query.estimated_gpu_hours, query.gpus) == (6.0, 4.0, 2)
 
@@ -103,7 +111,7 @@ async def test_a_v1_submission_takes_the_same_path():
         created = await http.post(f"/v1/{PROJECT}/training-jobs", json={
             "job_name": "v1-one", "config": {"worker_server_num": 1, "user_command": "true"}})
     assert created.status_code == 200, created.text
-    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
     assert admitted_at(app).estimated_cost == 6.0
 
 
@@ -112,9 +120,9 @@ async def test_a_search_trial_takes_the_same_path():
     app = await api()
     search = {"_id": "s-1", "name": "sweep", "project_id": PROJECT, "user_name": "ana",
               "spec": {"template": job_body(name="t")}}
-    await AppPort(app).submit(search, trial=0, job_id="s-1-0", parameters={"lr": 0.1})
-    assert (await app.state.repo.jobs.find_one({"_id": "s-1-0"}))["search_id"] == "s-1"
-    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    await SubmitterPort(app.state.submitter).submit(search, trial=0, job_id="s-1-0", parameters={"lr": 0.1})
+    assert (await jobs(app).find_one({"_id": "s-1-0"}))["search_id"] == "s-1"
+    assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
 
 
 @pytest.mark.asyncio
@@ -123,7 +131,7 @@ async def test_without_placement_the_job_is_priced_at_the_default_and_taken():
     async with client(app) as http:
         created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="away", gpu_count=1))
     assert created.status_code == 201, created.text
-    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
     assert admitted_at(app).estimated_cost == 4.0  # DEFAULT_PRICE_PER_HOUR for one hour
 
 
@@ -134,8 +142,8 @@ async def test_a_refused_admission_stores_nothing():
     async with client(app) as http:
         refused = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="costly"))
     assert refused.status_code == 403 and refused.json()["error_code"] == "406029"
-    assert sorted(app.state.broker.subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
-    assert await app.state.repo.jobs.find_one({"name": "costly"}) is None
+    assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+    assert await jobs(app).find_one({"name": "costly"}) is None
 
 
 def test_a_job_is_priced_at_the_placement_the_policy_would_decide_not_at_the_cheapest_shown():
@@ -153,7 +161,7 @@ async def test_a_submission_waits_out_a_short_hand_over_of_billing(monkeypatch):
     async with client(app) as http:
         created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="during", gpu_count=1))
     assert created.status_code == 201, created.text
-    assert app.state.broker.subjects().count(RPC_ADMIT) == 4
+    assert bus(app).subjects().count(RPC_ADMIT) == 4
 
 
 @pytest.mark.asyncio
@@ -165,4 +173,4 @@ async def test_a_service_away_longer_than_the_timeout_is_a_503_with_retry_after(
         refused = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="away", gpu_count=1))
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error_code"] == "406003" and "billing service did not answer" in refused.json()["error_msg"]
-    assert await app.state.repo.jobs.find_one({"name": "away"}) is None
+    assert await jobs(app).find_one({"name": "away"}) is None

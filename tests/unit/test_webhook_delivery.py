@@ -9,6 +9,7 @@ import pytest
 
 from shared.egress import Policy, guarded_client
 from services.submitter import notifications
+from services.submitter.notificationstore import NotificationStore
 from tests.unit.api_app import add_user, client, make_app
 
 REFUSED = ["http://127.0.0.1:8080/hook", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
@@ -44,6 +45,10 @@ async def test_only_members_configure_a_projects_webhook():
     async with client(app, outsider) as api:
         response = await api.put("/v2/vision/notifications", json={"webhook_url": "http://93.184.216.34/"})
     assert response.status_code == 403
+
+
+def store(db) -> NotificationStore:
+    return NotificationStore(db.api_notifications, db.api_projects)
 
 
 class Receiver(BaseHTTPRequestHandler):
@@ -82,7 +87,7 @@ async def deliver_once(url: str, policy: Policy) -> dict:
            "message": "too big", "state": "pending", "attempts": 0, "next_try": 0.0, "error": ""}
     await db.api_notifications.insert_one(doc)
     async with guarded_client(policy) as http:
-        await notifications.deliver(db, http, doc)
+        await notifications.deliver(store(db), http, doc)
     return await db.api_notifications.find_one({"_id": "n-1"})
 
 
@@ -119,7 +124,7 @@ async def test_of_two_api_replicas_only_one_takes_a_due_notification():
     _, db, _ = await make_app()
     await db.api_notifications.insert_one({"_id": "n1", "state": "pending", "next_try": 100.0, "attempts": 0})
     seen = [d async for d in db.api_notifications.find({"state": "pending"})]  # both replicas read it as due
-    assert [await notifications.claim(db, doc, now=101.0) for doc in seen + seen] == [True, False]
+    assert [await notifications.claim(store(db), doc, now=101.0) for doc in seen + seen] == [True, False]
     assert (await db.api_notifications.find_one({"_id": "n1"}))["next_try"] == 101.0 + notifications.CLAIM_S
 
 
@@ -127,7 +132,7 @@ async def test_the_delivery_loop_takes_what_is_due():
     _, db, _ = await make_app()
     await db.api_notifications.insert_one({"_id": "n2", "project_id": "nowhere", "state": "pending", "next_try": 0.0,
                                            "attempts": 0})
-    loop = asyncio.create_task(notifications.deliver_forever(db, policy=Policy.parse([]), interval_s=0.01))
+    loop = asyncio.create_task(notifications.deliver_forever(store(db), policy=Policy.parse([]), interval_s=0.01))
     try:
         for _ in range(200):
             if (await db.api_notifications.find_one({"_id": "n2"}))["state"] != "pending":

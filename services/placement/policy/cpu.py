@@ -1,13 +1,13 @@
 """Jobs that need no GPU: every rank on its own node of one kind, where all ranks together cost least.
 
-Such a rank is billed its whole node (`hosting.rank_price_per_hour`), so the cheapest node that has the CPU and memory
+Such a rank is billed its whole node (`shared.pricing`), so the cheapest node that has the CPU and memory
 free wins (a CPU-only node before a GPU node of the same price, owned before rented on ties). Nothing is rented for
 them: the catalogue holds GPU nodes. Oldest first; a job that fits nowhere now waits and lets later ones go.
 """
 from collections.abc import Callable, Iterable
 
+from shared.pricing import rank_price_per_hour
 from services.placement.policy.decisions import Decision, Start, Wait
-from services.placement.policy.hosting import rank_price_per_hour
 from services.placement.policy.models import KINDS_FOR_ALLOWED, JobRequest, Node
 from services.placement.policy.options import KIND_RANK
 

@@ -1,16 +1,9 @@
-"""Whether a node or an instance type could ever host a job, and what one rank pays for its part of a node."""
+"""Whether a node or an instance type could ever host a job (what one rank pays for its part of a node is
+`shared.pricing.rank_price_per_hour`, the rule billing charges by)."""
 from collections.abc import Iterable
 
 from services.placement.policy.models import KINDS_FOR_ALLOWED, InstanceType, JobRequest, Node
 from services.placement.policy.options import fits
-
-
-def rank_price_per_hour(node_price: float, *, gpus: int, node_gpus: int) -> float:
-    """One rank's part of a node's price: its GPUs' share; the whole node for a job without GPUs.
-
-    Billing charges an attempt by the same rule (services/billing/ledger.py `share_per_hour`; a test keeps the two
-    equal), so the price a dry run shows is the price billed."""
-    return node_price * (min(gpus, node_gpus) / node_gpus if gpus and node_gpus else 1.0)
 
 
 def could_host(node: Node, job: JobRequest) -> bool:

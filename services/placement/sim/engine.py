@@ -2,7 +2,7 @@
 import heapq
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.placement.policy import (
     ClusterState,
@@ -18,8 +18,9 @@ from services.placement.policy import (
     Wait,
     schedule,
 )
+from services.placement.policy.hosting import as_node
 from services.placement.sim.durations import DurationSource
-from services.placement.sim.trace import NodeSpec, TraceJob
+from services.placement.sim.trace import TraceJob
 
 USAGE_HALF_LIFE_S = 7 * 86400.0  # fair share remembers about a week of usage
 ARRIVE, FINISH, WAKE, TICK = 0, 1, 2, 3
@@ -27,6 +28,10 @@ ARRIVE, FINISH, WAKE, TICK = 0, 1, 2, 3
 
 @dataclass(slots=True)
 class SimNode:
+    """One node's state as the replay changes it, event by event (its free GPUs as a set, the GPU-seconds it was
+    busy, when it was rented). Not a second node record: it is made from the policy's `Node` (`of`) and each pass
+    sees it as one again (`snapshot`), as the service's fleet hands the policy a `Node` per node record."""
+
     id: str
     kind: str
     gpu_model: str
@@ -45,6 +50,14 @@ class SimNode:
     idle_since: float | None = None
     created_at: float = 0.0
     busy_gpu_s: float = 0.0
+
+    @classmethod
+    def of(cls, node: Node, *, created_at: float = 0.0) -> "SimNode":
+        """The replay's state of a node the policy sees as `node`."""
+        return cls(node.id, node.kind, node.gpu_model, node.gpu_count, node.gpu_memory_gb, node.tflops, node.cpu,
+                   node.memory_gb, node.price_per_hour, set(node.free_gpu_indices), node.free_cpu,
+                   node.free_memory_gb, instance_type=node.instance_type, ready_at=node.ready_at,
+                   reserved_for=node.reserved_for, idle_since=node.idle_since, created_at=created_at)
 
     def snapshot(self) -> Node:
         return Node(self.id, self.kind, self.gpu_model, self.gpu_count, self.gpu_memory_gb, self.tflops, self.cpu,
@@ -79,15 +92,13 @@ class Outcome:
 
 
 class Simulation:
-    def __init__(self, jobs: list[TraceJob], nodes: list[NodeSpec], *, catalogue: tuple[InstanceType, ...],
+    def __init__(self, jobs: list[TraceJob], nodes: list[Node], *, catalogue: tuple[InstanceType, ...],
                  config: PolicyConfig, durations: DurationSource | None = None):
         self.jobs = {j.request.id: j for j in jobs}
         self.catalogue = catalogue
         self.types = {it.name: it for it in catalogue}
         self.config = config
-        self.nodes = {s.id: SimNode(s.id, s.kind, s.gpu_model, s.gpu_count, s.gpu_memory_gb, s.tflops, s.cpu,
-                                    s.memory_gb, s.price_per_hour, set(range(s.gpu_count)), s.cpu, s.memory_gb)
-                      for s in nodes}
+        self.nodes = {n.id: SimNode.of(n) for n in nodes}
         self.cache: dict[str, Node] = {}
         self.queue: dict[str, JobRequest] = {}
         self.running: dict[str, RunningJob] = {}
@@ -236,10 +247,8 @@ class Simulation:
         for _ in range(d.count):
             self.out.od_nodes_created += 1
             node_id = f"od-{self.out.od_nodes_created:05d}"
-            self.nodes[node_id] = SimNode(node_id, "on_demand", it.gpu_model, it.gpus, it.gpu_memory_gb, it.tflops,
-                                          it.cpu, it.memory_gb, it.price_per_hour, set(range(it.gpus)), it.cpu,
-                                          it.memory_gb, instance_type=it.name, ready_at=now + it.startup_delay_s,
-                                          reserved_for=d.job_id, created_at=now)
+            rented = replace(as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id)
+            self.nodes[node_id] = SimNode.of(rented, created_at=now)
             self._push(now + it.startup_delay_s, WAKE, node_id)
 
     def _release(self, node_id: str, now: float) -> None:

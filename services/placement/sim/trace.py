@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from services.placement.policy import JobRequest
+from services.placement.policy import JobRequest, Node
 from services.placement.sim.catalogue import GPU_MODELS, RESERVED_PRICE_FACTOR, UNKNOWN_MODEL
 
 
@@ -33,19 +33,6 @@ class Skipped:
     never_scheduled: int = 0
     zero_run_time: int = 0
     fractional_gpu_rounded_up: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    id: str
-    kind: str
-    gpu_model: str
-    gpu_count: int
-    gpu_memory_gb: float
-    tflops: float
-    cpu: float
-    memory_gb: float
-    price_per_hour: float
 
 
 def _fraction(name: str, salt: str) -> float:
@@ -111,18 +98,20 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
     return TraceJob(request, run_time, qos)
 
 
-def load_nodes(path: str, *, local: int, reserved: int) -> list[NodeSpec]:
-    """The first `local` nodes are owned workstations, the next `reserved` are reserved cloud nodes."""
+def load_nodes(path: str, *, local: int, reserved: int) -> list[Node]:
+    """The first `local` nodes are owned workstations, the next `reserved` are reserved cloud nodes: each as the
+    policy's own record of a node (`policy.Node`), idle."""
     specs = []
     with open(path, newline="") as f:
         for i, row in enumerate(csv.DictReader(f)):
             if i >= local + reserved:
                 break
-            kind = "local" if i < local else "reserved"
+            kind: Literal["local", "reserved"] = "local" if i < local else "reserved"
             model = GPU_MODELS.get(row["model"], UNKNOWN_MODEL)
             gpus = int(row["gpu"])
             factor = 1.0 if kind == "local" else RESERVED_PRICE_FACTOR
-            specs.append(NodeSpec(row["sn"], kind, row["model"], gpus, model.memory_gb, model.tflops,
-                                  int(row["cpu_milli"]) / 1000, int(row["memory_mib"]) / 1024,
-                                  round(gpus * model.owned_price_per_gpu_hour * factor, 4)))
+            cpu, memory_gb = int(row["cpu_milli"]) / 1000, int(row["memory_mib"]) / 1024
+            specs.append(Node(row["sn"], kind, row["model"], gpus, model.memory_gb, model.tflops, cpu, memory_gb,
+                              round(gpus * model.owned_price_per_gpu_hour * factor, 4),
+                              free_gpu_indices=tuple(range(gpus)), free_cpu=cpu, free_memory_gb=memory_gb))
     return specs

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.submitter.errors import ApiError
+from services.submitter.refusals import Refused
 from services.submitter.searches.models import SearchCreate
 from services.submitter.searches.pruners import Point, Trial, decide
 from services.submitter.searches.space import sample
@@ -108,7 +108,7 @@ class Driver:
                 await self.tick(doc, now_ms=now_ms)
             except Conflict:
                 pass  # changed meanwhile (a stop): the next pass reads it afresh
-            except ApiError as exc:  # a service away (the estimator's metrics): the next pass asks again
+            except Refused as exc:  # a service away (the estimator's metrics): the next pass asks again
                 log.warning("search %s: pass skipped: %s", doc.get("_id"), exc.message)
             except Exception:
                 log.exception("search %s: pass failed; retried on the next one", doc.get("_id"))

@@ -7,14 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from shared.clock import utcnow
-from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
-from services.submitter.errors import ApiError
+from services.submitter.deps import JobId, ProjectId, use_cases
+from services.submitter.refusals import NameTaken, NotFound, WrongPhase
 from services.submitter.searches.models import (Best, SearchAction, SearchCreate, SearchList, SearchMetadata,
                                                 SearchStatus, SearchView, TrialView)
 from services.submitter.searches.store import SearchNameTaken, SearchStore
-from services.submitter.submission import prepare, quote
-from services.submitter.views import JobId, ProjectId, _ms
+from services.submitter.views import _ms
 
 router = APIRouter(prefix="/v2/{project_id}/searches", tags=["searches"])
 log = logging.getLogger(__name__)
@@ -39,7 +38,7 @@ def render(doc: dict[str, Any]) -> SearchView:
 async def load(request: Request, principal: Principal, project_id: str, search_id: str) -> dict[str, Any]:
     doc = await store(request).get(project_id, search_id)
     if doc is None or not (principal.is_admin or project_id in principal.projects):
-        raise ApiError(404, errors.JOB_NOT_FOUND, f"search {search_id} does not exist")
+        raise NotFound(search_id, what="search")
     return doc
 
 
@@ -47,11 +46,12 @@ async def load(request: Request, principal: Principal, project_id: str, search_i
 async def create_search(project_id: ProjectId, body: SearchCreate, request: Request,
                         principal: Principal = Depends(authenticate)) -> SearchView:
     principal.require_project(project_id)
-    template = await prepare(request, project_id=project_id, body=body.template)  # refused storage, flavors
+    submitter = use_cases(request)
+    template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
     body = body.model_copy(update={"template": template})
     dollars = 0.0
     if body.max_dollars is not None:  # the job's price as admission computes it, per hour of a trial
-        cost, gpu_hours = await quote(request, template, project_id=project_id, user_name=principal.user_name)
+        cost, gpu_hours = await submitter.quote(template, project_id=project_id, user_name=principal.user_name)
         hours = gpu_hours / max(1, template.spec.resource.gpu_count * template.spec.resource.node_count)
         dollars = cost / hours if hours > 0 else 0.0
     doc = {"_id": "s-" + uuid.uuid4().hex[:12], "project_id": project_id, "name": body.name,
@@ -63,8 +63,7 @@ async def create_search(project_id: ProjectId, body: SearchCreate, request: Requ
     try:
         await store(request).insert(doc)
     except SearchNameTaken:
-        raise ApiError(409, errors.NAME_EXISTS, f"search name {body.name} already exists in project "
-                                                f"{project_id}") from None
+        raise NameTaken(body.name, project_id=project_id, what="search") from None
     return render({**doc, "version": 0})
 
 
@@ -89,5 +88,5 @@ async def act(project_id: ProjectId, search_id: JobId, action: SearchAction, req
               principal: Principal = Depends(authenticate)) -> SearchView:
     doc = await load(request, principal, project_id, search_id)
     if not await store(request).request_stop(project_id, search_id, by=principal.user_name):
-        raise ApiError(409, errors.JOB_STATUS, f"search {search_id} is {doc['phase']} and cannot be stopped")
+        raise WrongPhase(search_id, phase=doc["phase"], done="stopped", what="search")
     return render(await load(request, principal, project_id, search_id))

@@ -4,12 +4,10 @@ import random
 
 import pytest
 
-from services.billing.ledger import share_per_hour as billed_share
 from services.placement.policy import Provision, Start, Wait
 from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.dryrun import faster_node, offers
 from services.placement.policy.engine import Constraint, place
-from services.placement.policy.hosting import rank_price_per_hour
 from services.placement.policy.options import node_options, rent_cost
 from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
@@ -71,12 +69,6 @@ def test_a_pool_narrows_what_a_dry_run_shows():
     state = make_state(nodes=(outside, inside), catalogue=(make_instance(),))
     shown = offers(state, job, now=0.0, config=config(), constraint=Constraint(pool="vision"))
     assert [o.node_ids for o in shown] == [(inside.id,)]
-
-
-@pytest.mark.parametrize("gpus, node_gpus", [(0, 0), (0, 8), (1, 8), (3, 4), (4, 4), (2, 0)])
-def test_one_rule_prices_a_rank_in_the_dry_run_and_in_billing(gpus, node_gpus):
-    assert rank_price_per_hour(6.0, gpus=gpus, node_gpus=node_gpus) == billed_share(6.0, gpus=gpus,
-                                                                                    node_gpus=node_gpus)
 
 
 def test_a_faster_free_node_is_found_away_from_where_the_job_runs():

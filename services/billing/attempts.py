@@ -1,0 +1,127 @@
+"""The attempt ledger: a line opened when a placed task's start is seen, closed when its end is seen (or its node
+is lost, or reconciliation finds its end report lost), each attempt charged exactly once."""
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
+
+from shared.clock import utcnow
+from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
+from shared.lru import Lru
+from services.billing.ledger import close_entry, epoch_bounds, open_entry
+from services.billing.placements import Placements, charged_from, missed_end, rank_terms
+from services.billing.records import NodeRecords, as_read
+
+log = logging.getLogger(__name__)
+
+REMEMBERED_OPEN = 20_000  # running attempts' lines kept in memory, as inserted, until closed
+Spent = Callable[[str], Awaitable[None]]  # told the project whose money a closed line spent
+
+
+@dataclass
+class Attempts:
+    ledger: AsyncCollection  # closed attempts
+    open: AsyncCollection  # running attempts
+    placements: Placements  # what placement decided: the only attempts that are charged
+    records: NodeRecords  # each node's price where a placement did not record it
+    spent: Spent  # an attempt closed: its project's budgets are looked at
+    reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
+    clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
+    # The lines of the attempts billing opened, as it wrote them (billing alone writes them): read at every end.
+    opened: Lru[str, dict] = field(default_factory=lambda: Lru(REMEMBERED_OPEN), repr=False)
+
+    async def submitted(self, event: JobSubmitted) -> None:
+        await self.placements.submitted(event)
+
+    async def placed(self, event: JobPlaced) -> None:
+        """Learn where each rank of the attempt runs; charge what its nodes reported before this arrived."""
+        for waiting, at in await self.placements.placed(event):
+            await (self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else
+                   self.exited(waiting, seen=at))
+            await self.placements.unpark(waiting)
+        self.placements.settled(event)
+
+    async def started(self, event: TaskStarted, *, seen: datetime | None = None) -> None:
+        """Open the attempt's line when its start is seen (`seen`: when the platform recorded the report, else
+        now); the times, price, GPU counts and owner the agent reports are not read."""
+        seen = self._seen(seen)
+        placement = await self.placements.check(event, seen=seen)
+        if placement is None:
+            return
+        info = await self.records.get(event.node_id)
+        entry = open_entry(key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
+                           terms=rank_terms(placement, event.rank, info), project_id=placement.get("project_id"),
+                           user_name=placement.get("user_name"), started_at=charged_from(placement, seen=seen))
+        if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
+            return
+        try:
+            await self.open.insert_one(entry)
+        except DuplicateKeyError:
+            return  # opened by an earlier delivery: the stored line stands
+        self.opened.put(entry["_id"], as_read(self.open, entry))
+
+    async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
+        """Close the attempt's line when its end is seen; the end time the agent reports is not read."""
+        seen = self._seen(seen)
+        if await self.placements.check(event, seen=seen) is None:
+            return
+        await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=seen, reason=event.reason)
+
+    async def job_status(self, event: JobStatusChanged) -> None:
+        await self.placements.status(event, seen=utcnow().timestamp())
+
+    async def node_state(self, event: NodeStateChanged) -> None:
+        """A node lost: its running attempts end at its last sign of life."""
+        if event.state == "ready":
+            return
+        async for opened in self.open.find({"node_id": event.node_id}, {"_id": 1}):
+            await self._close(opened["_id"], ended_at=event.last_seen, reason="node_lost")
+
+    async def reconcile(self, *, now: datetime | None = None) -> int:
+        """Close the open attempts whose end report never came, though the job's status says they ended (finished
+        job, or attempt moved on) at least `reconcile_grace_s` ago: at the end the status gives. Idempotent: an
+        end report that comes later finds nothing open."""
+        now = now or self.clock()
+        closed = 0
+        running = [d async for d in self.open.find({})]
+        ids = sorted({d["job_id"] for d in running})
+        jobs = {j["_id"]: j async for j in self.placements.jobs.find({"_id": {"$in": ids}})} if ids else {}
+        for opened in running:
+            end = missed_end(jobs.get(opened["job_id"]), attempt=opened["attempt"], now=now.timestamp(),
+                             grace_s=self.reconcile_grace_s)
+            if end is not None:
+                await self._close(opened["_id"], ended_at=datetime.fromtimestamp(end, UTC), reason="reconciled")
+                closed += 1
+        if closed:
+            log.warning("%d open attempts closed by reconciliation: their end reports were lost", closed)
+        return closed
+
+    async def backfill_epochs(self) -> int:
+        """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe)."""
+        count = 0
+        async for line in self.ledger.find({"t0": None}):
+            await self.ledger.update_one({"_id": line["_id"]},
+                                         {"$set": epoch_bounds(line["started_at"], line["ended_at"])})
+            count += 1
+        return count
+
+    def _seen(self, seen: datetime | None) -> datetime:
+        """When the platform recorded an event (the bus server's time), never later than billing's own now."""
+        now = self.clock()
+        return min(seen, now) if seen is not None else now
+
+    async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
+        opened = self.opened.get(key) or await self.open.find_one({"_id": key})
+        if opened is None:
+            return
+        try:
+            await self.ledger.insert_one(close_entry(opened, ended_at=max(ended_at, opened["started_at"]),
+                                                     reason=reason))
+        except DuplicateKeyError:
+            pass
+        await self.open.delete_one({"_id": key})
+        self.opened.pop(key)
+        await self.spent(opened["project_id"])
