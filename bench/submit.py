@@ -26,7 +26,7 @@ from pymongo import MongoClient
 
 from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
-from shared.settings import CommonSettings
+from shared.settings import database_name
 from shared.store import COUNTS_DIR
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
@@ -83,8 +83,8 @@ def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
                 target = target.setdefault(part, {})
             target[leaf] = value
         docs.append(doc)
-    with MongoClient(stack.mongo_url, tz_aware=True) as client:
-        db = client[CommonSettings.model_fields["mongo_db"].default]
+    with MongoClient(stack.mongo_url_of("submitter"), tz_aware=True) as client:
+        db = client[database_name("submitter")]
         for i in range(0, jobs, 1000):
             db.api_jobs.insert_many(docs[i:i + 1000])
             db.api_job_list.insert_many([list_entry(d) for d in docs[i:i + 1000]])  # what the API keeps beside

@@ -68,20 +68,20 @@ def make_client(url: str) -> AsyncMongoClient:
                             retryWrites=True, event_listeners=listeners)
 
 
-def embedded_socket(data_dir: Path) -> Path:
-    """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
-    a deep data directory gets a private directory of its own instead)."""
+def embedded_socket(data_dir: Path, service: str) -> Path:
+    """A service's embedded database's Unix socket, in its 0700 folder of the 0700 data directory (a socket path
+    has at most 107 bytes: a deep data directory gets a private directory of its own instead)."""
     data_dir = data_dir.resolve()
-    socket_path = data_dir / "db" / "mongo.sock"
+    socket_path = data_dir / "db" / service / "mongo.sock"
     if len(str(socket_path)) < 100:
         return socket_path
     digest = hashlib.sha256(bytes(data_dir)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{digest}" / "m.sock"
+    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{digest}" / f"{service}.sock"
 
 
-def embedded_url(data_dir: Path) -> str:
-    """The URL of the embedded database `make run` starts in this data directory."""
-    return "mongodb://" + quote_plus(str(embedded_socket(data_dir)))
+def embedded_url(data_dir: Path, service: str) -> str:
+    """The URL of the service's embedded database `make run` starts in this data directory."""
+    return "mongodb://" + quote_plus(str(embedded_socket(data_dir, service)))
 
 
 COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes what it sent there (benchmarks)

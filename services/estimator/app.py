@@ -7,7 +7,7 @@ from pydantic import Field
 from shared.bus import read_up
 from shared.origin import Origins
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.modelstore import ModelStore, refresh_forever
@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class EstimatorSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     model_dir: Path | None = Field(None, description="Versioned history models; default <data dir>/models.")
     mlperf_dir: Path = Field(REPO.parent / "shared" / "data" / "mlperf",
                              description="MLPerf training-log tarballs the first history model is trained on.")

@@ -10,7 +10,7 @@ from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
 from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import JOBS, heartbeat_intake, router
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class MonitorSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     liveness_check_s: float = 1.0
     persist_seen_s: float = Field(30.0, gt=0, description="How often nodes' last_seen is written (in bulk); "
                                   "liveness itself lives in memory.")

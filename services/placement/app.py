@@ -8,7 +8,7 @@ from pydantic import Field
 
 from shared.noderecords import limits_of
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import REMEMBER_JOBS, DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.catalogue import catalogue_entries
@@ -26,6 +26,8 @@ SERVICE = "placement"
 
 
 class PlacementSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     schedule_tick_s: float = 5.0
     slow_factor: float = Field(1.5, gt=1, description="Estimated total beyond this times the expected: too slow.")
     cluster_file: Path = Field(Path("cluster.toml"), description="Its [[instance_types]] are the on-demand catalogue.")

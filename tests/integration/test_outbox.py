@@ -33,7 +33,7 @@ def servers(tmp_path_factory):
 async def wiring(servers):
     broker = make_broker(servers.nats_url, name="test", creds=servers.admin_creds())
     await connect(broker)
-    client = make_client(servers.mongo_url)
+    client = make_client(servers.mongo_url_of("submitter"))
     collection = client.test[unique("outbox").replace("-", "_")]
     yield broker, collection
     await broker.stop()

@@ -30,7 +30,7 @@ async def submitter(servers):
     """The submitter's bus handlers, as the submitter (its own credentials), on the real server and database."""
     broker = make_broker(servers.nats_url, name="submitter", creds=servers.identities.creds("submitter"))
     broker.include_router(router)
-    client = make_client(servers.mongo_url)
+    client = make_client(servers.mongo_url_of("submitter"))
     db = client[unique("db").replace("-", "_")]
     repo = Repository(db=db, broker=broker, origins=Origins(placements=db.api_placements,
                                                             all_read=lambda: read_up(broker, PLACED)))

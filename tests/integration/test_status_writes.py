@@ -42,8 +42,8 @@ class Commands(monitoring.CommandListener):
 def database(tmp_path_factory):
     stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("db"), nats_port=free_port(), mongo_url=None,
                                 nats_url=None))
-    stack.start_database()
-    yield stack.mongo_url
+    stack.start_database("submitter")
+    yield stack.mongo_url_of("submitter")
     stack.stop_all()
 
 

@@ -31,7 +31,7 @@ async def estimator(servers):  # noqa: F811
     """The estimator's bus handlers, as the estimator (its own credentials), on the real server and database."""
     broker = make_broker(servers.nats_url, name="estimator", creds=servers.identities.creds("estimator"))
     broker.include_router(router)
-    client = make_client(servers.mongo_url)
+    client = make_client(servers.mongo_url_of("estimator"))
     db = client[unique("db").replace("-", "_")]
     service = Estimator(broker=broker, jobs=DocumentStore(db.estimator_jobs, broker), points=db.estimator_points,
                         history=db.estimator_history, own_runs=db.estimator_own_runs,
