@@ -62,7 +62,7 @@ async def measure(stack: Stack, *, grouped: bool, jobs: int, concurrency: int) -
                 entries = await repo.insert(job.doc, job.event)
             await repo.publish(job.doc["_id"], entries)
 
-    database = stack.processes["database"].pid
+    database = stack.processes["database-submitter"].pid
     db_before, own_before, start = cpu_s(database), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     elapsed, own = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
