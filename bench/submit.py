@@ -243,6 +243,8 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=0, help="first, this many jobs one at a time (idle latency)")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
+    parser.add_argument("--no-history-model", action="store_true", help="the estimator trains no history model "
+                        "(no MLPerf logs): counts and timings without that first training's CPU")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
@@ -250,6 +252,8 @@ def main() -> None:
         stack = Stack(StackSettings(data_dir=data, nats_port=free_port(),
                                     api_port=free_port(), cluster_file=data / "cluster.toml", admin_token=TOKEN,
                                     mongo_url=None, log_level="WARNING"))
+        if args.no_history_model:
+            stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
         if args.count_commands:
             (data / "db-commands").mkdir()
             stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
