@@ -9,7 +9,7 @@ from pydantic import Field
 from shared.noderecords import limits_of
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
-from shared.store import REMEMBER_JOBS, DocumentStore, relay
+from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.catalogue import catalogue_entries
 from services.placement.estimates import Estimates
@@ -57,7 +57,8 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
                               pullback_min_remaining_s=settings.pullback_min_remaining_s,
                               migration_s=settings.migration_s, exchange_rate=tradeoff.exchange_rate,
                               cost_sensitive_weight=tradeoff.cost_sensitive_weight)
-        placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS), fleet=fleet,
+        jobs = DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
+        placement = Placement(jobs=jobs, fleet=fleet,
                               slow_factor=settings.slow_factor, config=config, flavors=cluster.get("flavors", []),
                               fair=FairShare(w.db.placement_usage), tradeoff=tradeoff,
                               estimates=Estimates(broker=w.broker))
