@@ -30,13 +30,13 @@ from urllib.parse import quote_plus
 import bson
 from bson.codec_options import CodecOptions
 from faststream.nats import NatsBroker
-from pymongo import AsyncMongoClient, UpdateOne, monitoring
+from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
+from shared.grouped import collection_key, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ async def flush(
     if published and deferred is not None:
         deferred.add(doc_id, published)
     elif published:
-        await _pulls()((collection, [pull_entry(doc_id, event_id) for event_id in published]))
+        await _pulls(collection, [pull_entry(doc_id, event_id) for event_id in published])
     if error is not None:
         raise error
 
@@ -169,7 +169,7 @@ class DeferredPulls:
         self.collection, self.delay_s, self.pulled = collection, delay_s, pulled
         self.waiting: dict[Any, set[str]] = {}  # doc id -> events published, still in its outbox
         self._timer: asyncio.Task | None = None
-        _DEFERRED[_key(collection)] = self
+        _DEFERRED[collection_key(collection)] = self
 
     def add(self, doc_id: Any, event_ids: Iterable[str]) -> None:
         self.waiting.setdefault(doc_id, set()).update(event_ids)
@@ -194,8 +194,8 @@ class DeferredPulls:
         if not batch:
             return
         try:
-            await _pulls()((self.collection, [pull_entry(doc_id, event_id) for doc_id, ids in batch.items()
-                                              for event_id in sorted(ids)]))
+            await _pulls(self.collection, [pull_entry(doc_id, event_id) for doc_id, ids in batch.items()
+                                           for event_id in sorted(ids)])
         except Exception as exc:  # left in the outboxes: the relay publishes them again (stored once) and pulls
             log.warning("published events not pulled off %s: %r", self.collection.name, exc)
             return
@@ -207,50 +207,20 @@ class DeferredPulls:
 _DEFERRED: "weakref.WeakValueDictionary[tuple[int, str], DeferredPulls]" = weakref.WeakValueDictionary()
 
 
-def _key(collection: AsyncCollection) -> tuple[int, str]:
-    return id(collection.database.client), collection.full_name
-
-
 def _deferred_of(collection: AsyncCollection) -> "DeferredPulls | None":
     try:
-        return _DEFERRED.get(_key(collection))
+        return _DEFERRED.get(collection_key(collection))
     except AttributeError:  # a test's in-memory collection without a client
         return None
-
-
-# Pulls of published events, grouped (`shared.batch.GroupCommit`): in a burst, the handlers of many jobs that
-# published at the same time take their events off in one bulk write per collection instead of one command each;
-# a lone pull is written at once, as one update.
-_PULL_GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
 
 
 Pull = tuple[dict[str, Any], dict[str, Any]]  # (filter, update) of `pull_entry`
 
 
-def _pulls() -> "GroupCommit[tuple[AsyncCollection, list[Pull]], None]":
-    loop = asyncio.get_running_loop()
-    if loop not in _PULL_GROUPS:
-        _PULL_GROUPS[loop] = GroupCommit(_pull_group)
-    return _PULL_GROUPS[loop]
-
-
-async def _pull_group(items: list[tuple[AsyncCollection, list[Pull]]]) -> list[Exception | None]:
-    """One write per collection (one client's), each item answered with its collection's outcome."""
-    key = _key
-    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Pull]]] = {}
-    for collection, pulls in items:
-        by_collection.setdefault(key(collection), (collection, []))[1].extend(pulls)
-    outcome: dict[tuple[int, str], Exception | None] = {}
-    for k, (collection, pulls) in by_collection.items():
-        try:
-            if len(pulls) == 1:
-                await collection.update_one(*pulls[0])
-            else:
-                await collection.bulk_write([UpdateOne(*pull) for pull in pulls], ordered=False)
-            outcome[k] = None
-        except Exception as exc:
-            outcome[k] = exc
-    return [outcome[key(c)] for c, _ in items]
+async def _pulls(collection: AsyncCollection, pulls: list[Pull]) -> None:
+    """Pulls of published events, grouped (`shared.grouped`): in a burst the handlers of many jobs that published
+    at the same time take their events off in one bulk write per collection; a lone pull is one update."""
+    await update_grouped(collection, pulls)
 
 
 async def _publish(broker: NatsBroker, entry: dict[str, Any]) -> None:
@@ -283,7 +253,7 @@ async def flush_many(broker: NatsBroker, collection: AsyncCollection,
     outcomes = await asyncio.gather(*(publish_all(doc_id, entries) for doc_id, entries in items))
     pulls = [pull for done, _ in outcomes for pull in done]
     if pulls:
-        await _pulls()((collection, pulls))
+        await _pulls(collection, pulls)
     return [error for _, error in outcomes]
 
 

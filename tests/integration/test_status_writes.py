@@ -95,6 +95,18 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert await views(repo, "j") == (False, "Completed")
 
 
+async def test_the_views_of_jobs_whose_statuses_come_together_are_written_together(counted):
+    repo, commands = counted
+    jobs = [f"burst-{n}" for n in range(20)]
+    for job_id in jobs:
+        await new_job(repo, job_id)
+    commands.sent.clear()
+    await asyncio.gather(*(repo.apply_status(status(job_id, 2, *LIFE[1])) for job_id in jobs))  # Creating
+    assert commands.sent["findAndModify"] == 20  # each job's own conditional write
+    assert commands.sent["update"] < 10, dict(commands.sent)  # 20 list entries, in groups (one command each)
+    assert {(await views(repo, job_id))[1] for job_id in jobs} == {"Creating"}
+
+
 async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency(counted):
     repo, _ = counted
     orders = [[5, 4, 3, 2, 1], [2, 1, 5, 3, 4], [1, 2, 3, 4, 5]]
