@@ -103,12 +103,12 @@ async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float
 NOOP = {"algorithm": {"command": "true"}, "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}}
 
 
-async def idle_latency(api: httpx.AsyncClient, *, jobs: int) -> dict:
+async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle") -> dict:
     """Submit → Running of one job at a time on an idle stack: each submitted once the one before it finished
     (the stack's own create and start times, so the polling pace does not count)."""
     latencies = []
     for i in range(jobs):
-        response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"idle-{i}"}, **NOOP})
+        response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"{prefix}-{i}"}, **NOOP})
         response.raise_for_status()
         job_id = response.json()["metadata"]["id"]
         for _ in range(3000):
@@ -142,8 +142,10 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
                 ids.append(response.json()["metadata"]["id"])
 
         # right after start, while a fresh stack's estimator trains its first history model (as a user meets it)
-        at_start = {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle)).items()} \
-            if idle and idle_at_start else {}
+        at_start = {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle, prefix="idle-at-start")
+                                                     ).items()} if idle and idle_at_start else {}
+        if at_start:
+            print(json.dumps(at_start), file=sys.stderr, flush=True)  # a long run's first figures, kept
         await history_model_trained(api)
         list_ms = await list_latency_ms(api)
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
