@@ -369,8 +369,9 @@ class DocumentStore:
                      events: Sequence[Message]) -> dict[str, Any] | None:
         """`write`, answering the whole document as stored (None: not written). Events already published and
         waiting for their deferred pull are dropped from the outbox here (folded into this write)."""
-        published = self._deferred.published(doc_id) if self._deferred is not None and current else set()
-        kept = current if not published else {
+        deferred = self._deferred if current is not None else None
+        published = deferred.published(doc_id) if deferred is not None else set()
+        kept = current if current is None or not published else {
             **current, OUTBOX: [e for e in current.get(OUTBOX, []) if e["event_id"] not in published]}
         update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, kept, events)
         if current is None:
@@ -382,8 +383,8 @@ class DocumentStore:
             result = await self.collection.replace_one({"_id": doc_id, **unchanged(current)}, update)
             if result.matched_count == 0:
                 return None
-        if published:
-            self._deferred.dropped(doc_id, published)
+        if deferred is not None and published:
+            deferred.dropped(doc_id, published)
         return update
 
     async def insert_many(self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
