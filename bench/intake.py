@@ -45,7 +45,7 @@ def arrival(i: int) -> Arrival:
 async def measure(stack: Stack, *, grouped: bool, jobs: int, concurrency: int) -> dict:
     broker = make_broker(stack.nats_url, name="bench", creds=stack.admin_creds())
     await connect(broker)
-    client = make_client(stack.mongo_url)
+    client = make_client(stack.mongo_url_of("submitter"))
     repo = Repository(db=client[f"intake_{uuid.uuid4().hex[:8]}"], broker=broker)
     await repo.create_indexes()
     caps = QueueCaps(per_project=10 * jobs, per_user=10 * jobs)
@@ -62,7 +62,7 @@ async def measure(stack: Stack, *, grouped: bool, jobs: int, concurrency: int) -
                 entries = await repo.insert(job.doc, job.event)
             await repo.publish(job.doc["_id"], entries)
 
-    database = stack.processes["database"].pid
+    database = stack.processes["database-submitter"].pid
     db_before, own_before, start = cpu_s(database), resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     await asyncio.gather(*(client_loop() for _ in range(concurrency)))
     elapsed, own = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
@@ -84,7 +84,7 @@ def main() -> None:
         stack = Stack(StackSettings(data_dir=Path(tmp), nats_port=free_port(), mongo_url=None, nats_url=None))
         try:
             stack.start_nats()
-            stack.start_database()
+            stack.start_database("submitter")
             stack.prepare_bus()
             runs = [asyncio.run(measure(stack, grouped=grouped, jobs=args.jobs, concurrency=args.concurrency))
                     for grouped in (False, True, False, True)]

@@ -115,9 +115,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         stack = Stack(StackSettings(data_dir=Path(tmp)))
         (stack.data_dir / "logs").mkdir(parents=True, exist_ok=True)
-        stack.start_database()
+        stack.start_database("submitter")
         try:
-            print(json.dumps(asyncio.run(run(stack.mongo_url, jobs=args.jobs, repeats=args.repeats)), indent=2))
+            figures = asyncio.run(run(stack.mongo_url_of("submitter"), jobs=args.jobs, repeats=args.repeats))
+            print(json.dumps(figures, indent=2))
         finally:
             stack.stop_all()
 

@@ -26,7 +26,7 @@ from pymongo import MongoClient
 
 from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
-from shared.settings import CommonSettings
+from shared.settings import database_name
 from shared.store import COUNTS_DIR
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
@@ -83,8 +83,8 @@ def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
                 target = target.setdefault(part, {})
             target[leaf] = value
         docs.append(doc)
-    with MongoClient(stack.mongo_url, tz_aware=True) as client:
-        db = client[CommonSettings.model_fields["mongo_db"].default]
+    with MongoClient(stack.mongo_url_of("submitter"), tz_aware=True) as client:
+        db = client[database_name("submitter")]
         for i in range(0, jobs, 1000):
             db.api_jobs.insert_many(docs[i:i + 1000])
             db.api_job_list.insert_many([list_entry(d) for d in docs[i:i + 1000]])  # what the API keeps beside
@@ -103,12 +103,12 @@ async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float
 NOOP = {"algorithm": {"command": "true"}, "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}}
 
 
-async def idle_latency(api: httpx.AsyncClient, *, jobs: int) -> dict:
+async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle") -> dict:
     """Submit → Running of one job at a time on an idle stack: each submitted once the one before it finished
     (the stack's own create and start times, so the polling pace does not count)."""
     latencies = []
     for i in range(jobs):
-        response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"idle-{i}"}, **NOOP})
+        response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"{prefix}-{i}"}, **NOOP})
         response.raise_for_status()
         job_id = response.json()["metadata"]["id"]
         for _ in range(3000):
@@ -122,7 +122,7 @@ async def idle_latency(api: httpx.AsyncClient, *, jobs: int) -> dict:
             "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3)} if latencies else {}
 
 
-async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> dict:
+async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_at_start: bool = False) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -141,6 +141,11 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
                 response.raise_for_status()
                 ids.append(response.json()["metadata"]["id"])
 
+        # right after start, while a fresh stack's estimator trains its first history model (as a user meets it)
+        at_start = {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle, prefix="idle-at-start")
+                                                     ).items()} if idle and idle_at_start else {}
+        if at_start:
+            print(json.dumps(at_start), file=sys.stderr, flush=True)  # a long run's first figures, kept
         await history_model_trained(api)
         list_ms = await list_latency_ms(api)
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
@@ -179,6 +184,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0) -> di
         "list_page_ms": list_ms,
         "submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
         "submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
+        **at_start,
         **idle_figures,
         **per_job,
         "cpu_s_over_burst": cpu_over_burst,
@@ -241,8 +247,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--history", type=int, default=0, help="finished jobs stored in the project first")
     parser.add_argument("--idle", type=int, default=0, help="first, this many jobs one at a time (idle latency)")
+    parser.add_argument("--idle-at-start", action="store_true", help="the idle jobs also right after start, while "
+                        "the estimator trains its first history model (idle_*_at_start), before it is waited for")
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
+    parser.add_argument("--no-history-model", action="store_true", help="the estimator trains no history model "
+                        "(no MLPerf logs): counts and timings without that first training's CPU")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
@@ -250,6 +260,8 @@ def main() -> None:
         stack = Stack(StackSettings(data_dir=data, nats_port=free_port(),
                                     api_port=free_port(), cluster_file=data / "cluster.toml", admin_token=TOKEN,
                                     mongo_url=None, log_level="WARNING"))
+        if args.no_history_model:
+            stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
         if args.count_commands:
             (data / "db-commands").mkdir()
             stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
@@ -258,7 +270,8 @@ def main() -> None:
             seed_history(stack, jobs=args.history)
             time.sleep(3)  # let every agent register
             result = {"history": args.history,
-                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency, idle=args.idle))}
+                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency, idle=args.idle,
+                                           idle_at_start=args.idle_at_start))}
         finally:
             stack.stop_all()
     print(json.dumps(result, indent=2))

@@ -1,9 +1,9 @@
-// One MongoDB user per trainmaster service, each with a role limited to the collections that service owns (the
-// README's process table). mongo:7 runs this once, with the root user, when its data volume is first created;
+// One MongoDB database per trainmaster service (trainmaster_<service>: the name each service's settings default
+// to) and one user in it, whose role is limited to the collections that service owns (the README's process table). mongo:7 runs this once, with the root user, when its data volume is first created;
 // docker-compose.yml mounts it into /docker-entrypoint-initdb.d and passes the passwords in the environment.
 // A job, an agent or another service holding one service's credentials reads and writes nothing else: no other
-// collection, no user administration, no other database.
-const DATABASE = process.env.TRAINMASTER_MONGO_DB || "trainmaster";
+// collection, no user administration, no other database. Each user authenticates against its own database
+// (`?authSource=trainmaster_<service>` in its MONGO_URL).
 // What pymongo needs for the services' reads, writes, upserts, aggregations and index creation at start.
 const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
 const COLLECTIONS = {
@@ -17,8 +17,9 @@ const COLLECTIONS = {
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };
 
-const target = db.getSiblingDB(DATABASE);
 for (const [service, collections] of Object.entries(COLLECTIONS)) {
+  const database = `trainmaster_${service}`;
+  const target = db.getSiblingDB(database);
   const variable = `TRAINMASTER_MONGO_${service.toUpperCase()}_PASSWORD`;
   const password = process.env[variable];
   if (!password || password.length < 16) {
@@ -27,9 +28,9 @@ for (const [service, collections] of Object.entries(COLLECTIONS)) {
   const role = `trainmaster_${service}`;
   target.createRole({
     role: role,
-    privileges: collections.map((name) => ({ resource: { db: DATABASE, collection: name }, actions: ACTIONS })),
+    privileges: collections.map((name) => ({ resource: { db: database, collection: name }, actions: ACTIONS })),
     roles: [],
   });
-  target.createUser({ user: service, pwd: password, roles: [{ role: role, db: DATABASE }] });
-  print(`trainmaster: user ${service} with role ${role} on ${collections.length} collections of ${DATABASE}`);
+  target.createUser({ user: service, pwd: password, roles: [{ role: role, db: database }] });
+  print(`trainmaster: user ${service} with role ${role} on ${collections.length} collections of ${database}`);
 }

@@ -30,13 +30,13 @@ from urllib.parse import quote_plus
 import bson
 from bson.codec_options import CodecOptions
 from faststream.nats import NatsBroker
-from pymongo import AsyncMongoClient, UpdateOne, monitoring
+from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
+from shared.grouped import collection_key, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,9 @@ DUPLICATE_KEY = 11000
 # Documents a service that is their only writer keeps as last written (`DocumentStore(remember=...)`): a job's
 # state in the monitor, placement and the estimator.
 REMEMBER_JOBS = 4096
+# How long after its publish an event of a job's state is pulled off its outbox (`DocumentStore(defer_pulls_s=...)`,
+# where `remember` is): a job's next event mostly comes sooner, and its write drops the published ones for nothing.
+DEFER_PULLS_S = 0.5
 MAX_CONFLICTS = 50  # writers of one document are few (a service and the relay): this many lost races is a fault
 
 Fields = dict[str, Any]
@@ -68,20 +71,20 @@ def make_client(url: str) -> AsyncMongoClient:
                             retryWrites=True, event_listeners=listeners)
 
 
-def embedded_socket(data_dir: Path) -> Path:
-    """The embedded database's Unix socket, in the 0700 data directory (a socket path has at most 107 bytes:
-    a deep data directory gets a private directory of its own instead)."""
+def embedded_socket(data_dir: Path, service: str) -> Path:
+    """A service's embedded database's Unix socket, in its 0700 folder of the 0700 data directory (a socket path
+    has at most 107 bytes: a deep data directory gets a private directory of its own instead)."""
     data_dir = data_dir.resolve()
-    socket_path = data_dir / "db" / "mongo.sock"
+    socket_path = data_dir / "db" / service / "mongo.sock"
     if len(str(socket_path)) < 100:
         return socket_path
     digest = hashlib.sha256(bytes(data_dir)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{digest}" / "m.sock"
+    return Path(tempfile.gettempdir()) / f"trainmaster-{os.getuid()}-{digest}" / f"{service}.sock"
 
 
-def embedded_url(data_dir: Path) -> str:
-    """The URL of the embedded database `make run` starts in this data directory."""
-    return "mongodb://" + quote_plus(str(embedded_socket(data_dir)))
+def embedded_url(data_dir: Path, service: str) -> str:
+    """The URL of the service's embedded database `make run` starts in this data directory."""
+    return "mongodb://" + quote_plus(str(embedded_socket(data_dir, service)))
 
 
 COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes what it sent there (benchmarks)
@@ -132,9 +135,11 @@ def unchanged(current: dict[str, Any]) -> dict[str, Any]:
 
 
 async def flush(
-    broker: NatsBroker, collection: AsyncCollection, doc_id: Any, entries: list[dict[str, Any]] | None = None
+    broker: NatsBroker, collection: AsyncCollection, doc_id: Any, entries: list[dict[str, Any]] | None = None,
+    *, deferred: "DeferredPulls | None" = None,
 ) -> None:
-    """Publish a document's pending events in order, pulling each off once the stream has it."""
+    """Publish a document's pending events in order, pulling each off once the stream has it (`deferred`: a
+    moment later, or with the document's next write)."""
     if entries is None:
         entries = ((await collection.find_one({"_id": doc_id})) or {}).get(OUTBOX, [])
     published, error = [], None
@@ -144,48 +149,78 @@ async def flush(
         except Exception as exc:  # what follows waits for the relay, in order; what went out is pulled off
             error = exc
             break
-        published.append(pull_entry(doc_id, entry["event_id"]))
-    if published:
-        await _pulls()((collection, published))
+        published.append(entry["event_id"])
+    if published and deferred is not None:
+        deferred.add(doc_id, published)
+    elif published:
+        await _pulls(collection, [pull_entry(doc_id, event_id) for event_id in published])
     if error is not None:
         raise error
 
 
-# Pulls of published events, grouped (`shared.batch.GroupCommit`): in a burst, the handlers of many jobs that
-# published at the same time take their events off in one bulk write per collection instead of one command each;
-# a lone pull is written at once, as one update.
-_PULL_GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+class DeferredPulls:
+    """Published events of one collection's documents, taken off their outboxes later: all that were published
+    within `delay_s` in one bulk write, unless the document's next write in this process drops them first (folded
+    into it: no command of their own). Until then they sit in the outbox, published; a crash leaves them for the
+    relay, which publishes them again under the same message id (the stream stores one) and pulls them off."""
+
+    def __init__(self, collection: AsyncCollection, *, delay_s: float,
+                 pulled: Callable[[Any, set[str]], None] | None = None) -> None:
+        self.collection, self.delay_s, self.pulled = collection, delay_s, pulled
+        self.waiting: dict[Any, set[str]] = {}  # doc id -> events published, still in its outbox
+        self._timer: asyncio.Task | None = None
+        _DEFERRED[collection_key(collection)] = self
+
+    def add(self, doc_id: Any, event_ids: Iterable[str]) -> None:
+        self.waiting.setdefault(doc_id, set()).update(event_ids)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._later())
+
+    def published(self, doc_id: Any) -> set[str]:
+        """The document's events published and not yet pulled off (a write may drop them from the outbox)."""
+        return set(self.waiting.get(doc_id, ()))
+
+    def dropped(self, doc_id: Any, event_ids: set[str]) -> None:
+        """A write took these off the document's outbox: nothing left to pull for them."""
+        left = self.waiting.get(doc_id, set()) - event_ids
+        if left:
+            self.waiting[doc_id] = left
+        else:
+            self.waiting.pop(doc_id, None)
+
+    async def _later(self) -> None:
+        await asyncio.sleep(self.delay_s)
+        batch, self.waiting, self._timer = self.waiting, {}, None
+        if not batch:
+            return
+        try:
+            await _pulls(self.collection, [pull_entry(doc_id, event_id) for doc_id, ids in batch.items()
+                                           for event_id in sorted(ids)])
+        except Exception as exc:  # left in the outboxes: the relay publishes them again (stored once) and pulls
+            log.warning("published events not pulled off %s: %r", self.collection.name, exc)
+            return
+        if self.pulled is not None:
+            for doc_id, ids in batch.items():
+                self.pulled(doc_id, ids)
+
+
+_DEFERRED: "weakref.WeakValueDictionary[tuple[int, str], DeferredPulls]" = weakref.WeakValueDictionary()
+
+
+def _deferred_of(collection: AsyncCollection) -> "DeferredPulls | None":
+    try:
+        return _DEFERRED.get(collection_key(collection))
+    except AttributeError:  # a test's in-memory collection without a client
+        return None
 
 
 Pull = tuple[dict[str, Any], dict[str, Any]]  # (filter, update) of `pull_entry`
 
 
-def _pulls() -> "GroupCommit[tuple[AsyncCollection, list[Pull]], None]":
-    loop = asyncio.get_running_loop()
-    if loop not in _PULL_GROUPS:
-        _PULL_GROUPS[loop] = GroupCommit(_pull_group)
-    return _PULL_GROUPS[loop]
-
-
-async def _pull_group(items: list[tuple[AsyncCollection, list[Pull]]]) -> list[Exception | None]:
-    """One write per collection (one client's), each item answered with its collection's outcome."""
-    def key(collection: AsyncCollection) -> tuple[int, str]:
-        return id(collection.database.client), collection.full_name
-
-    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Pull]]] = {}
-    for collection, pulls in items:
-        by_collection.setdefault(key(collection), (collection, []))[1].extend(pulls)
-    outcome: dict[tuple[int, str], Exception | None] = {}
-    for k, (collection, pulls) in by_collection.items():
-        try:
-            if len(pulls) == 1:
-                await collection.update_one(*pulls[0])
-            else:
-                await collection.bulk_write([UpdateOne(*pull) for pull in pulls], ordered=False)
-            outcome[k] = None
-        except Exception as exc:
-            outcome[k] = exc
-    return [outcome[key(c)] for c, _ in items]
+async def _pulls(collection: AsyncCollection, pulls: list[Pull]) -> None:
+    """Pulls of published events, grouped (`shared.grouped`): in a burst the handlers of many jobs that published
+    at the same time take their events off in one bulk write per collection; a lone pull is one update."""
+    await update_grouped(collection, pulls)
 
 
 async def _publish(broker: NatsBroker, entry: dict[str, Any]) -> None:
@@ -218,7 +253,7 @@ async def flush_many(broker: NatsBroker, collection: AsyncCollection,
     outcomes = await asyncio.gather(*(publish_all(doc_id, entries) for doc_id, entries in items))
     pulls = [pull for done, _ in outcomes for pull in done]
     if pulls:
-        await _pulls()((collection, pulls))
+        await _pulls(collection, pulls)
     return [error for _, error in outcomes]
 
 
@@ -227,8 +262,12 @@ async def relay(broker: NatsBroker, collections: Sequence[AsyncCollection], *, i
     while True:
         for collection in collections:
             try:
-                async for doc in collection.find({OUTBOX_COUNT: {"$gt": 0}}, {"_id": 1}):
-                    await flush(broker, collection, doc["_id"])
+                deferred = _deferred_of(collection)
+                async for doc in collection.find({OUTBOX_COUNT: {"$gt": 0}}, {"_id": 1, OUTBOX: 1}):
+                    entries = doc.get(OUTBOX) or []
+                    if deferred is not None and {e["event_id"] for e in entries} <= deferred.published(doc["_id"]):
+                        continue  # published just now, pulled off in a moment
+                    await flush(broker, collection, doc["_id"], entries)
             except TRANSIENT_ERRORS as exc:
                 log.warning("outbox relay on %s: %r", collection.name, exc)
         await asyncio.sleep(interval_s)
@@ -241,12 +280,19 @@ class DocumentStore:
     one starts from memory instead of a read. Only for a collection whose every writer goes through a store or
     the outbox relay (a write that bypasses the revision would be undone by a change made from memory); a
     remembered copy that is stale costs one failed conditional write, then a read, as any lost race.
+
+    defer_pulls_s: published events are pulled off this long after (`DeferredPulls`: one bulk write for all the
+    collection's, or none where the document's next write drops them); 0: at once, after each publish. Only with
+    the same writers as `remember` (a write that keeps an outbox it read from another process would keep them).
     """
 
-    def __init__(self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0) -> None:
+    def __init__(self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0,
+                 defer_pulls_s: float = 0.0) -> None:
         self.collection = collection
         self.broker = broker
         self._remembered: Lru[Any, bytes] = Lru(remember)  # doc id -> the stored document, as BSON
+        self._deferred = (DeferredPulls(collection, delay_s=defer_pulls_s, pulled=self._pulled)
+                          if defer_pulls_s > 0 else None)
 
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
@@ -281,10 +327,25 @@ class DocumentStore:
         pending = update[OUTBOX]
         if pending:
             await self.flush(doc_id, pending)
-        if self._remembered.size:  # as stored once every event is pulled off: each took one off, added a revision
+        if self._remembered.size and self._deferred is not None:  # as stored: its events pulled off later
+            self._keep(doc_id, {"_id": doc_id, **update})
+        elif self._remembered.size:  # as stored once every event is pulled off: each took one off, added a revision
             self._keep(doc_id, {"_id": doc_id, **update, OUTBOX: [], OUTBOX_COUNT: 0,
                                 REVISION: update[REVISION] + len(pending)})
         return True
+
+    def _pulled(self, doc_id: Any, event_ids: set[str]) -> None:
+        """Deferred pulls written: the remembered copy as they left it (each took one event off, added a revision);
+        forgotten when they did not all find their event (a write dropped it first)."""
+        doc = self._recall(doc_id)
+        if doc is None:
+            return
+        outbox = doc.get(OUTBOX, [])
+        if not event_ids <= {e["event_id"] for e in outbox}:
+            self._remembered.pop(doc_id)
+            return
+        kept = [e for e in outbox if e["event_id"] not in event_ids]
+        self._keep(doc_id, {**doc, OUTBOX: kept, OUTBOX_COUNT: len(kept), REVISION: doc[REVISION] + len(event_ids)})
 
     def _keep(self, doc_id: Any, doc: dict[str, Any]) -> None:
         self._remembered.put(doc_id, bson.encode(doc, codec_options=self._codec()))
@@ -306,8 +367,13 @@ class DocumentStore:
 
     async def _write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
                      events: Sequence[Message]) -> dict[str, Any] | None:
-        """`write`, answering the whole document as stored (None: not written)."""
-        update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, current, events)
+        """`write`, answering the whole document as stored (None: not written). Events already published and
+        waiting for their deferred pull are dropped from the outbox here (folded into this write)."""
+        deferred = self._deferred if current is not None else None
+        published = deferred.published(doc_id) if deferred is not None else set()
+        kept = current if current is None or not published else {
+            **current, OUTBOX: [e for e in current.get(OUTBOX, []) if e["event_id"] not in published]}
+        update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, kept, events)
         if current is None:
             try:
                 await self.collection.insert_one({"_id": doc_id, **update})
@@ -317,6 +383,8 @@ class DocumentStore:
             result = await self.collection.replace_one({"_id": doc_id, **unchanged(current)}, update)
             if result.matched_count == 0:
                 return None
+        if deferred is not None and published:
+            deferred.dropped(doc_id, published)
         return update
 
     async def insert_many(self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
@@ -338,7 +406,7 @@ class DocumentStore:
 
     async def flush(self, doc_id: Any, entries: list[dict[str, Any]] | None = None) -> None:
         """Publish the document's pending events (those given, or those stored) and pull them off."""
-        await flush(self.broker, self.collection, doc_id, entries)
+        await flush(self.broker, self.collection, doc_id, entries, deferred=self._deferred)
 
     async def flush_many(self, items: Sequence[tuple[Any, list[dict[str, Any]]]]) -> list[Exception | None]:
         return await flush_many(self.broker, self.collection, items)

@@ -40,10 +40,16 @@ def one(args: argparse.Namespace, nodes: int) -> dict:
                 shutil.copytree(stack.data_dir / "logs", Path(args.logs) / f"{nodes}", dirs_exist_ok=True)
 
 
+def database_cpu(cpu: dict) -> float | None:
+    """The database servers' CPU together (one per service, `database-<service>`)."""
+    shares = [v for name, v in cpu.items() if name.startswith("database-")]
+    return round(sum(shares), 1) if shares else None
+
+
 def row(result: dict) -> str:
     flat = {**result, "monitor_cpu": result["cpu_percent_steady"].get("monitor"),
             "monitor_rss": result["peak_rss_mb"].get("monitor"), "nats_cpu": result["cpu_percent_steady"].get("nats"),
-            "database_cpu": result["cpu_percent_steady"].get("database")}
+            "database_cpu": database_cpu(result["cpu_percent_steady"])}
     return "| " + " | ".join("—" if flat.get(k) is None else str(flat[k]) for k, _ in COLUMNS) + " |"
 
 

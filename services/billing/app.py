@@ -8,7 +8,7 @@ from pydantic import Field
 from shared.bus import TRANSIENT_ERRORS
 from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import DocumentStore, relay
 from services.billing.handlers import JOBS, router
 from services.billing.placements import Placements
@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class BillingSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     budget_check_s: float = Field(5.0, gt=0, description="How often running attempts are checked against budgets.")
     reconcile_s: float = Field(15.0, gt=0, description="How often open attempts are checked against job statuses.")
     cluster_file: Path = Field(Path("cluster.toml"), description="Its [[nodes]] are the static nodes' records: "

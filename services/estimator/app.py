@@ -7,8 +7,8 @@ from pydantic import Field
 from shared.bus import read_up
 from shared.origin import Origins
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
-from shared.store import REMEMBER_JOBS, DocumentStore, relay
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
+from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
 from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.modelstore import ModelStore, refresh_forever
 from services.estimator.service import Estimator
@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class EstimatorSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     model_dir: Path | None = Field(None, description="Versioned history models; default <data dir>/models.")
     mlperf_dir: Path = Field(REPO.parent / "shared" / "data" / "mlperf",
                              description="MLPerf training-log tarballs the first history model is trained on.")
@@ -33,7 +35,8 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         models = ModelStore(directory=settings.model_dir or settings.data_dir / "models",
                             corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every,
                             threads=settings.train_threads)
-        jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS)  # written by this service only
+        # written by this service only: remembered, its published events pulled off later
+        jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
         estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
                               history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,
                               models=models, origins=Origins(placements=w.db.estimator_placements,

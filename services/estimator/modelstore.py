@@ -3,6 +3,7 @@ start (from the MLPerf corpus) and again each time enough jobs have completed (c
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from shared.children import dies_with_parent
 from services.estimator.model import HistoryPredictor
+from services.estimator.train import background, background_env
 
 log = logging.getLogger(__name__)
 VERSION = re.compile(r"^history-v(\d+)\.npz$")  # a numpy file: served without torch (older .pt files: ignored)
@@ -68,9 +70,16 @@ class ModelStore:
             argv += ["--runs", str(extra)]
         log.info("training history model %s on %d tarball(s) and %d completed job(s)", out.name, len(corpus),
                  len(runs or []))
-        self.training = await asyncio.create_subprocess_exec(  # a training whose estimator died is of no use
+        dies = dies_with_parent(signal.SIGKILL)  # a training whose estimator died is of no use
+
+        def preexec() -> None:
+            background()
+            if dies is not None:
+                dies()
+
+        self.training = await asyncio.create_subprocess_exec(
             *argv, stdout=(self.directory / "training.log").open("ab"), stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=dies_with_parent(signal.SIGKILL))
+            env={**os.environ, **background_env(self.threads)}, preexec_fn=preexec)
 
 
 async def refresh_forever(store: ModelStore, *, interval_s: float = 5.0) -> None:

@@ -4,7 +4,7 @@ The estimator keeps each completed job that declared a target (`estimator_own_ru
 writes them in the recorded corpus' shape, so the own-job band is refitted on them beside the recorded runs and
 checked on the held-out seed (theirs included) before it replaces the shipped one:
 
-    python -m services.estimator.ownexport --out own-runs.jsonl.gz  # MONGO_URL, else `make run`'s database
+    python -m services.estimator.ownexport --out own-runs.jsonl.gz  # MONGO_URL, else `make run`'s estimator database
     python -m bench.search.calibrate --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --out new.json
     trainmaster-eta-eval --corpus own-jobs --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --calibration new.json
 """
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from shared.store import embedded_url, make_client
-from services.estimator.app import EstimatorSettings
+from services.estimator.app import SERVICE, EstimatorSettings
 
 
 def corpus_line(doc: dict) -> str | None:
@@ -27,8 +27,10 @@ def corpus_line(doc: dict) -> str | None:
 
 
 def database_url(settings: EstimatorSettings) -> str:
-    """MONGO_URL when it is set, else the embedded database `make run` started in the data directory."""
-    return settings.mongo_url if "mongo_url" in settings.model_fields_set else embedded_url(settings.data_dir)
+    """TRAINMASTER_ESTIMATOR_MONGO_URL or MONGO_URL when set, else the estimator's embedded database `make run`
+    started in the data directory."""
+    return settings.mongo_url if "mongo_url" in settings.model_fields_set else embedded_url(settings.data_dir,
+                                                                                             SERVICE)
 
 
 async def export(out: Path, settings: EstimatorSettings) -> int:

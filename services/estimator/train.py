@@ -27,9 +27,27 @@ def learnable(runs: list[Run]) -> list[Run]:
     return [r for r in runs if r.reached_target() and r.total_work is not None and r.duration_s > 0]
 
 
+BACKGROUND_NICE = 10  # the services on this machine come first
+# Every thread pool numpy and torch may open (OpenMP, MKL, OpenBLAS, numexpr, Accelerate): each reads its size once,
+# when its library loads, by default one thread a core; numpy loads with this module, before any code could bound it.
+THREAD_POOLS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS")
+
+
+def background_env(threads: int) -> dict[str, str]:
+    """The environment the training process starts with: every thread pool bounded to `threads`."""
+    return {name: str(threads) for name in THREAD_POOLS}
+
+
+def background() -> None:
+    """The training process's pre-exec step: lower priority, before it imports anything."""
+    os.nice(BACKGROUND_NICE)
+
+
 def settle(threads: int) -> None:
-    """Background work: the services on this machine come first (lower priority, bounded torch threads)."""
-    os.nice(10)
+    """Background work, when run by hand too: lower priority (once), torch's own pools bounded."""
+    if os.nice(0) < BACKGROUND_NICE:
+        os.nice(BACKGROUND_NICE - os.nice(0))
     from services.estimator.model.historynet import limit_threads  # torch: this process only
 
     limit_threads(threads)

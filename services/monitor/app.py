@@ -10,8 +10,8 @@ from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
 from shared.clock import utcnow
 from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
-from shared.store import REMEMBER_JOBS, DocumentStore, relay
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
+from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import JOBS, heartbeat_intake, router
 from services.monitor.hangs import restart_overdue
@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class MonitorSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     liveness_check_s: float = 1.0
     persist_seen_s: float = Field(30.0, gt=0, description="How often nodes' last_seen is written (in bulk); "
                                   "liveness itself lives in memory.")
@@ -43,7 +45,8 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
     async def setup(w: Wiring) -> Monitor:
         # Jobs are remembered as last written (the monitor and its relay are their only writers); nodes are not:
         # their last_seen is written in bulk beside the store.
-        monitor = Monitor(jobs=DocumentStore(w.db.monitor_jobs, w.broker, remember=REMEMBER_JOBS),
+        jobs = DocumentStore(w.db.monitor_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
+        monitor = Monitor(jobs=jobs,
                           nodes=DocumentStore(w.db.monitor_nodes, w.broker), node_timeout_s=settings.node_timeout_s,
                           started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s),
                           heartbeat_interval_s=settings.heartbeat_interval_s,

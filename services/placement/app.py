@@ -8,8 +8,8 @@ from pydantic import Field
 from shared.cluster import read_cluster
 from shared.noderecords import limits_of
 from shared.service import Wiring, service_app
-from shared.settings import CommonSettings
-from shared.store import REMEMBER_JOBS, DocumentStore, relay
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
+from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
 from services.placement.adapter import catalogue_from
 from services.placement.catalogue import catalogue_entries
 from services.placement.estimates import Estimates
@@ -26,6 +26,8 @@ SERVICE = "placement"
 
 
 class PlacementSettings(CommonSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     schedule_tick_s: float = 5.0
     slow_factor: float = Field(1.5, gt=1, description="Estimated total beyond this times the expected: too slow.")
     cluster_file: Path = Field(Path("cluster.toml"), description="Its [[instance_types]] are the on-demand catalogue.")
@@ -55,7 +57,8 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
                               pullback_min_remaining_s=settings.pullback_min_remaining_s,
                               migration_s=settings.migration_s, exchange_rate=tradeoff.exchange_rate,
                               cost_sensitive_weight=tradeoff.cost_sensitive_weight)
-        placement = Placement(jobs=DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS), fleet=fleet,
+        jobs = DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
+        placement = Placement(jobs=jobs, fleet=fleet,
                               slow_factor=settings.slow_factor, config=config, flavors=cluster.flavors,
                               fair=FairShare(w.db.placement_usage), tradeoff=tradeoff,
                               estimates=Estimates(broker=w.broker))

@@ -4,8 +4,15 @@ import sys
 import time
 from pathlib import Path
 
-from services.stack.processes import Stack, StackSettings
+from services.stack.processes import SERVICES, Stack, StackSettings
 from services.submitter.auth import check_admin_token
+
+
+def databases(stack: Stack) -> str:
+    """Where the services' databases are: the external server, else a server per service in the data directory."""
+    if stack.settings.mongo_url:
+        return f"{stack.settings.mongo_url} (a database per service)"
+    return f"a server per service ({', '.join(SERVICES)}) in {stack.data_dir / 'db'}"
 
 
 def main() -> None:
@@ -31,7 +38,7 @@ def main() -> None:
         sys.exit(1)
     token_file = stack.data_dir / "admin-token"
     print(f"trainmaster is up: API {stack.api_url} (docs at {stack.api_url}/docs), NATS {stack.nats_url}, "
-          f"database {stack.mongo_url}\n  nodes: {', '.join(stack.node_ids())}\n"
+          f"databases {databases(stack)}\n  nodes: {', '.join(stack.node_ids())}\n"
           f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
           f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
           f"  logs: {stack.data_dir / 'logs'}\n"

@@ -1,4 +1,5 @@
-"""Start and stop the whole stack as child processes: NATS, the embedded database, five services, agents."""
+"""Start and stop the whole stack as child processes: NATS, an embedded database per service, five services,
+agents."""
 import asyncio
 import contextlib
 import os
@@ -15,9 +16,11 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.children import dies_with_parent
+from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
 from services.agent.resources import agent_node_ids
 from services.stack.identities import Identities, prepare_bus
+from services.stack.migrate import split_single_database
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
@@ -36,7 +39,8 @@ class StackSettings(BaseSettings):
                                         "server started here (1 with an external NATS).")
     api_port: int = 8080
     api_host: str = "127.0.0.1"
-    mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB; else embedded.")
+    mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB (every service "
+                                  "in a database of its own there); else an embedded server per service.")
     nats_url: str | None = Field(None, description="External NATS (JetStream on, configured with the auth block "
                                  "`python -m services.stack.identities` writes); else one is started here.")
     nats_tls_cert: Path | None = Field(None, description="Server certificate: the NATS started here speaks TLS.")
@@ -130,13 +134,12 @@ class Stack:
     def data_dir(self) -> Path:
         return self.settings.data_dir.resolve()
 
-    @property
-    def mongo_url(self) -> str:
-        return self.settings.mongo_url or embedded_url(self.data_dir)
+    def mongo_url_of(self, service: str) -> str:
+        """The service's database server: the external one, else the service's own embedded server."""
+        return self.settings.mongo_url or embedded_url(self.data_dir, service)
 
-    @property
-    def database_socket(self) -> Path:
-        return embedded_socket(self.data_dir)
+    def database_socket_of(self, service: str) -> Path:
+        return embedded_socket(self.data_dir, service)
 
     @property
     def nats_servers(self) -> list[str]:
@@ -167,9 +170,10 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         s = self.settings
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_")}
+        # the stack's own settings, not the shell's; a database URL only to the service it is for (`env_of`)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_") and k != "MONGO_URL"}
         env.update({
-            "TRAINMASTER_NATS_URL": self.nats_url, "MONGO_URL": self.mongo_url,
+            "TRAINMASTER_NATS_URL": self.nats_url,
             "TRAINMASTER_STREAM_REPLICAS": str(self.stream_replicas),
             "TRAINMASTER_DATA_DIR": str(self.data_dir), "TRAINMASTER_API_HOST": s.api_host,
             "TRAINMASTER_API_PORT": str(s.api_port), "TRAINMASTER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
@@ -191,12 +195,10 @@ class Stack:
         env = {**self.env(), "TRAINMASTER_NATS_CREDS": str(self.identities.creds(identity))}
         if identity != "submitter":  # no process but the API holds the admin token
             env.pop("TRAINMASTER_ADMIN_TOKEN", None)
-        if identity.startswith("agent-"):  # an agent never talks to the database
-            env.pop("MONGO_URL", None)
         if identity == "placement":
             env["TRAINMASTER_NATS_MINTER"] = str(self.identities.minter_file)  # made with the first creds
         if identity in SERVICES:  # the GPUs are the tasks': no platform service (nor what it spawns) may use one
-            env.update(HIDE_GPUS)
+            env.update(HIDE_GPUS, MONGO_URL=self.mongo_url_of(identity))  # its own database; an agent none
         return env
 
     def make_data_dir(self) -> None:
@@ -249,19 +251,32 @@ class Stack:
         os.chmod(config, 0o600)
         self._spawn(name, [executable("nats-server"), "-c", str(config)], umask=0o077)
 
-    def start_database(self) -> None:
-        """The embedded database, on a Unix socket only the stack's user reaches (no TCP port a task could use)."""
+    def start_database(self, *services: str) -> None:
+        """Each service's embedded database (every service's when none is named), on a Unix socket only the stack's
+        user reaches (no TCP port a task could use); a data directory of the single database before them is split
+        first (`services.stack.migrate`)."""
         if self.settings.mongo_url:
             return
         self.make_data_dir()
-        for folder in {self.data_dir / "db", self.database_socket.parent}:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(folder, 0o700)
-        self._spawn("database", [sys.executable, "-m", "services.stack.database", str(self.database_socket),
-                                 "--data-dir", str(self.data_dir / "db"),
-                                 "--log-file", str(self.data_dir / "logs" / "database-server.log"),
-                                 "--pid-file", str(self.data_dir / "database.pid")], umask=0o077)
-        wait_for_socket(self.database_socket)
+        db_dir = self.data_dir / "db"
+        db_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(db_dir, 0o700)
+        split_single_database(db_dir, {service: database_name(service) for service in SERVICES})
+        for service in services or SERVICES:
+            self.start_database_server(service)
+        for service in services or SERVICES:
+            wait_for_socket(self.database_socket_of(service))
+
+    def start_database_server(self, service: str) -> None:
+        """One service's embedded server: its own process, folder and socket (both folders 0700, the socket 0600)."""
+        folder = self.data_dir / "db" / service
+        for path in {folder, self.database_socket_of(service).parent}:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(path, 0o700)
+        self._spawn(f"database-{service}", [
+            sys.executable, "-m", "services.stack.database", str(self.database_socket_of(service)),
+            "--data-dir", str(folder), "--log-file", str(self.data_dir / "logs" / f"database-{service}-server.log"),
+            "--pid-file", str(self.data_dir / f"database-{service}.pid")], umask=0o077)
 
     def start_service(self, name: str, *, replica: int = 1) -> None:
         """A service's process; its second replica is named "<service>-2" (and serves the API one port up)."""
@@ -348,14 +363,14 @@ class Stack:
         stop_group(self.processes.pop(name, None), timeout_s=timeout_s)
 
     def stop_all(self) -> None:
-        """Agents first (their tasks are reported), then the services, then the database and the bus."""
+        """Agents first (their tasks are reported), then the services, then the databases and the bus."""
         for name in [n for n in self.processes if n.startswith("agent-")]:
             self.stop(name)
         for name in reversed(SERVICES):  # its replicas together: a waiting one must not take over as one stops
             replicas = [self.replica_name(name, r) for r in range(1, self.settings.service_replicas + 1)]
             stop_groups([self.processes.pop(replica, None) for replica in replicas])
         self.stop_provisioned()
-        for name in ("database", *self.nats_servers):
+        for name in (*[n for n in self.processes if n.startswith("database-")], *self.nats_servers):
             self.stop(name)
 
     def stop_provisioned(self, *, timeout_s: float = 15) -> None:
@@ -381,7 +396,7 @@ class Stack:
 
     def restart(self, name: str) -> bool:
         """Start again a process of the stack that exited (a service, an agent, a NATS server), as it was started;
-        False for one this cannot restart (the database, a name it does not know)."""
+        False for one this cannot restart (a database, a name it does not know)."""
         for service, replica in self.service_processes():
             if self.replica_name(service, replica) == name:
                 self.start_service(service, replica=replica)

@@ -11,7 +11,7 @@ from shared import egress
 from shared.bus import read_up
 from shared.origin import Origins
 from shared.service import Wiring, running, wire
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.storage import StoragePolicy, StorageSettings
 from shared.store import relay
 from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
@@ -35,6 +35,8 @@ SERVICE = "submitter"
 
 
 class SubmitterSettings(CommonSettings, StorageSettings):
+    mongo_url: str = own_mongo_url(SERVICE)
+    mongo_db: str = own_mongo_db(SERVICE)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     admin_token: str | None = Field(None, description="The admin token (32+ characters); a new one revokes the old.")

@@ -13,6 +13,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import EtaEstimated, JobStatusChanged, Message
+from shared.grouped import update_grouped
 from shared.jobs import FINISHED
 from shared.lru import Lru
 from shared.origin import Origins
@@ -176,11 +177,9 @@ class Repository:
 
     @staticmethod
     async def _versioned(collection, job_id: str, version: int, update: dict[str, Any]) -> None:
-        """One view entry written for the job's status `version`, unless one for a newer status is there."""
-        try:
-            await collection.update_one({"_id": job_id, **older_than(version)}, update, upsert=True)
-        except DuplicateKeyError:
-            pass  # a newer status wrote it first: its word stands
+        """One view entry written for the job's status `version`, unless one for a newer status is there (its word
+        stands); with other jobs' entries written at the same moment (`shared.grouped`)."""
+        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=True)
 
     async def _sweep_queue(self) -> None:
         """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
@@ -276,6 +275,5 @@ class Repository:
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         eta = event.eta.model_dump(mode="json") if event.eta else None
-        await self.jobs.update_one({"_id": event.job_id, "status.phase": {"$nin": ["Completed", "Failed",
-                                                                                     "Terminated"]}},
-                                   {"$set": {"status.eta": eta}})
+        await update_grouped(self.jobs, [({"_id": event.job_id, "status.phase": {
+            "$nin": ["Completed", "Failed", "Terminated"]}}, {"$set": {"status.eta": eta}})])

@@ -13,6 +13,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from services.stack.processes import SERVICES
 from tests.conftest import ADMIN_TOKEN, start_stack
 from tests.e2e.helpers import logs_containing, submit, wait_phase
 from tests.factories import job_body, unique
@@ -66,7 +67,7 @@ async def test_a_job_cannot_reach_the_platform_or_another_projects_storage(api, 
     secrets = [ADMIN_TOKEN, "MONGO_URL=", "TRAINMASTER_NATS"]
     probe = await submit(api, intruder, command=f"{sys.executable} -c {quote(PROBE)} {data} "
                                                 f"{quote(json.dumps(others))} {quote(json.dumps(secrets))} "
-                                                f"{stack.database_socket}",
+                                                f"{stack.database_socket_of('submitter')}",
                          inputs=[{"name": "mine", "url": f"file://{mine}"}])
     done = await wait_phase(api, intruder, probe["metadata"]["id"], "Completed", "Failed")
     text = await logs_containing(api, intruder, probe["metadata"]["id"], "PROBE ")
@@ -78,7 +79,7 @@ async def test_a_job_cannot_reach_the_platform_or_another_projects_storage(api, 
     assert result["uid"] != 0 and result["uid"] != os.geteuid()
     assert result["input"] == "my own data"  # its own project's storage is there
     # the database has no TCP port (nx-27017 has no authentication) and its socket is out of reach
-    assert stack.mongo_url.startswith("mongodb://%2F")
+    assert all(stack.mongo_url_of(service).startswith("mongodb://%2F") for service in SERVICES)
     assert result["database"] in ("PermissionError", "FileNotFoundError")
 
     refused = {

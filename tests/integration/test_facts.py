@@ -35,9 +35,9 @@ def stack(tmp_path_factory):
 
 
 def settings(stack: Stack, kind, identity: str, **extra):
-    return kind(nats_url=stack.nats_url, nats_creds=stack.identities.creds(identity), mongo_url=stack.mongo_url,
-                mongo_db=unique("facts").replace("-", "_"), cluster_file=stack.settings.cluster_file,
-                data_dir=stack.settings.data_dir, **extra)
+    return kind(nats_url=stack.nats_url, nats_creds=stack.identities.creds(identity),
+                mongo_url=stack.mongo_url_of(identity), mongo_db=unique("facts").replace("-", "_"),
+                cluster_file=stack.settings.cluster_file, data_dir=stack.settings.data_dir, **extra)
 
 
 async def as_identity(stack: Stack, identity: str):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 async def wiring(bus_and_database):
     broker = make_broker(bus_and_database.nats_url, name="test", creds=bus_and_database.admin_creds())
     await connect(broker)
-    client = make_client(bus_and_database.mongo_url)
+    client = make_client(bus_and_database.mongo_url_of("submitter"))
     collection = client.test[unique("outbox").replace("-", "_")]
     yield broker, collection
     await broker.stop()

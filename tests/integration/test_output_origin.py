@@ -24,7 +24,7 @@ async def submitter(cluster_servers):
     broker = make_broker(cluster_servers.nats_url, name="submitter",
                          creds=cluster_servers.identities.creds("submitter"))
     broker.include_router(router)
-    client = make_client(cluster_servers.mongo_url)
+    client = make_client(cluster_servers.mongo_url_of("submitter"))
     db = client[unique("db").replace("-", "_")]
     repo = Repository(db=db, broker=broker, origins=Origins(placements=db.api_placements,
                                                             all_read=lambda: read_up(broker, PLACED)))

@@ -14,11 +14,12 @@ async def test_kept_runs_are_exported_as_a_corpus_file(bus_and_database, tmp_pat
     database = unique("own").replace("-", "_")
     runs = [{"run": f"job-{i}", "group": "trainmaster", "params": {"seed": i},
              "points": [{"t": float(t), "step": float(t), "loss": 1.0 / t} for t in range(1, 30)]} for i in range(3)]
-    client = make_client(bus_and_database.mongo_url)
+    url = bus_and_database.mongo_url_of("estimator")
+    client = make_client(url)
     try:
         await client[database].estimator_own_runs.insert_many([{"_id": r["run"], "run": r} for r in runs])
     finally:
         await client.close()
     out = tmp_path / "own-runs.jsonl.gz"
-    assert await export(out, EstimatorSettings(mongo_url=bus_and_database.mongo_url, mongo_db=database)) == 3
+    assert await export(out, EstimatorSettings(mongo_url=url, mongo_db=database)) == 3
     assert sorted(owncorpus.load_sweep(out), key=lambda r: r["run"]) == runs

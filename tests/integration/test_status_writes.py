@@ -42,8 +42,8 @@ class Commands(monitoring.CommandListener):
 def database(tmp_path_factory):
     stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("db"), nats_port=free_port(), mongo_url=None,
                                 nats_url=None))
-    stack.start_database()
-    yield stack.mongo_url
+    stack.start_database("submitter")
+    yield stack.mongo_url_of("submitter")
     stack.stop_all()
 
 
@@ -93,6 +93,18 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase).
     assert commands.total() == 1 + 2 + 3 + 1 + 2, dict(commands.sent)
     assert await views(repo, "j") == (False, "Completed")
+
+
+async def test_the_views_of_jobs_whose_statuses_come_together_are_written_together(counted):
+    repo, commands = counted
+    jobs = [f"burst-{n}" for n in range(20)]
+    for job_id in jobs:
+        await new_job(repo, job_id)
+    commands.sent.clear()
+    await asyncio.gather(*(repo.apply_status(status(job_id, 2, *LIFE[1])) for job_id in jobs))  # Creating
+    assert commands.sent["findAndModify"] == 20  # each job's own conditional write
+    assert commands.sent["update"] < 10, dict(commands.sent)  # 20 list entries, in groups (one command each)
+    assert {(await views(repo, job_id))[1] for job_id in jobs} == {"Creating"}
 
 
 async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency(counted):

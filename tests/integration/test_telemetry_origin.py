@@ -32,7 +32,7 @@ async def estimator(cluster_servers):
     broker = make_broker(cluster_servers.nats_url, name="estimator",
                          creds=cluster_servers.identities.creds("estimator"))
     broker.include_router(router)
-    client = make_client(cluster_servers.mongo_url)
+    client = make_client(cluster_servers.mongo_url_of("estimator"))
     db = client[unique("db").replace("-", "_")]
     service = Estimator(broker=broker, jobs=DocumentStore(db.estimator_jobs, broker), points=db.estimator_points,
                         history=db.estimator_history, own_runs=db.estimator_own_runs,

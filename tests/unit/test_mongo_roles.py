@@ -5,6 +5,8 @@ from pathlib import Path
 
 import yaml
 
+from shared.settings import database_name
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
 
@@ -31,6 +33,12 @@ def test_each_service_role_covers_exactly_the_collections_its_code_uses():
     assert len(owners) == len(set(owners))  # no collection shared between two services
 
 
+def test_the_init_script_makes_each_user_and_role_in_its_services_own_database():
+    script = (ROOT / "deploy" / "mongo-init.js").read_text()
+    assert "const database = `trainmaster_${service}`;" in script and database_name("x") == "trainmaster_x"
+    assert "resource: { db: database, collection: name }" in script
+
+
 def test_compose_runs_mongo_with_auth_unpublished_and_each_service_as_its_own_user():
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     mongo = compose["mongo"]
@@ -39,6 +47,7 @@ def test_compose_runs_mongo_with_auth_unpublished_and_each_service_as_its_own_us
     for service in SERVICES:
         url = compose[service]["environment"]["MONGO_URL"]
         assert url.startswith(f"mongodb://{service}:${{TRAINMASTER_MONGO_{service.upper()}_PASSWORD}}@mongo:27017/")
+        assert url.endswith(f"?authSource={database_name(service)}")  # one deployment, a database per service
     for name, spec in compose.items():
         if name.startswith("agent"):
             assert "MONGO_URL" not in (spec.get("environment") or {}), name

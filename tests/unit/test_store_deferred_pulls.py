@@ -1,0 +1,51 @@
+"""Published events pulled off later (`DocumentStore(defer_pulls_s=...)`): a job's next write drops them for nothing,
+what is left goes in one bulk write; every event is published once and no outbox keeps what went out."""
+import asyncio
+
+from shared.events import JobDeleted
+from shared.store import OUTBOX, DocumentStore, relay
+from tests.unit.test_store_update import Bus, Counted, Reading
+
+DELAY_S = 0.05
+
+
+def bump(job_id: str):
+    def change(doc):
+        n = doc["n"] + 1 if doc else 1
+        return {"n": n}, [JobDeleted(event_id=f"{job_id}:{n}", job_id=job_id)]
+    return change
+
+
+async def test_a_jobs_next_write_drops_its_published_events_and_the_rest_go_in_one_write():
+    bus, collection = Bus(), Counted()
+    jobs = DocumentStore(collection, bus, remember=100, defer_pulls_s=DELAY_S)
+    for step in range(4):  # four jobs, four changes each, each change publishing one event
+        await asyncio.gather(*(jobs.update(f"j{i}", bump(f"j{i}"), new=step == 0) for i in range(4)))
+    assert collection.pull_writes == []  # the next change of each job took the last one's event off with it
+    assert all(len(doc[OUTBOX]) == 1 for doc in collection.docs.values())  # the last event: published, not pulled
+    await asyncio.sleep(DELAY_S * 3)
+    assert collection.pull_writes == [4]  # one write for every job's last event
+    assert all(doc[OUTBOX] == [] and doc["_outbox_n"] == 0 for doc in collection.docs.values())
+    assert sorted(p["event_id"] for _, p in bus.published) == sorted(f"j{i}:{n}" for i in range(4)
+                                                                     for n in range(1, 5))
+
+
+async def test_after_the_deferred_pull_the_remembered_document_is_what_is_stored():
+    jobs = Reading(Counted(), Bus(), remember=10, defer_pulls_s=DELAY_S)
+    await jobs.update("d", bump("d"))
+    await asyncio.sleep(DELAY_S * 3)
+    assert jobs._recall("d") == jobs.collection.docs["d"]
+    await jobs.update("d", bump("d"))  # from memory: no read, no refused write
+    assert jobs.reads == 1 and jobs.collection.docs["d"]["n"] == 2
+
+
+async def test_the_relay_leaves_events_waiting_for_their_pull_and_relays_the_unpublished():
+    bus, collection = Bus(), Counted()
+    jobs = DocumentStore(collection, bus, remember=10, defer_pulls_s=60)  # the pull would come much later
+    await jobs.update("published", bump("published"))
+    await jobs.write("crashed", {"n": 1}, None, [JobDeleted(event_id="crashed:1", job_id="crashed")])  # not sent
+    task = asyncio.create_task(relay(bus, [collection], interval_s=60))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert [p["event_id"] for _, p in bus.published] == ["published:1", "crashed:1"]  # each once
+    assert collection.docs["crashed"][OUTBOX] == []
