@@ -10,7 +10,6 @@ from typing import Any
 from faststream.nats import NatsBroker
 from pymongo import DESCENDING, ReturnDocument, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError
 
 from shared.events import EtaEstimated, JobStatusChanged, Message
 from shared.grouped import update_grouped
