@@ -187,7 +187,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "benchmark", "round"), default="submitter")
+    ap.add_argument("--split", choices=("submitter", "benchmark", "round", "family"), default="submitter",
+                    help="family: own-jobs only, leave-one-family-out (fine-tunes the curve prior per family)")
     ap.add_argument("--kfold", type=int, default=0,
                     help="k folds over test submitters or benchmarks (submitter, benchmark split)")
     ap.add_argument("--share", type=float, default=1 / 3,
@@ -207,6 +208,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.corpus == "own-jobs":
         return _own_jobs(args, ap)
+    if args.split == "family":
+        ap.error("param[--split] invalid: the family split is the own-jobs corpus's (--corpus own-jobs)")
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
     try:
@@ -225,6 +228,10 @@ def _own_jobs(args, ap) -> int:
     from services.estimator.model import owncorpus, owncurve
     try:
         started = time.time()
+        if args.split == "family":
+            from services.estimator import ownfamily
+            report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit)
+            return _emit(report, args, started=started, table=ownfamily.print_family_table)
         report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
                                             calibration_path=args.calibration or owncurve.CALIBRATION)
     except (OSError, ValueError) as exc:
