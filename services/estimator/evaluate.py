@@ -230,7 +230,8 @@ def _own_jobs(args, ap) -> int:
         started = time.time()
         if args.split == "family":
             from services.estimator import ownfamily
-            report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit)
+            report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
+                                                     cache_dir=args.cache if str(args.cache) else None)
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
         report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
                                             calibration_path=args.calibration or owncurve.CALIBRATION)

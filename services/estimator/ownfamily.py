@@ -2,8 +2,9 @@
 
 For each family of the own-jobs corpus (`owncorpus.family`), the curve prior pre-trained on synthetic curves only
 (`curveprior/pretrained.npz`, family-blind by construction) is fine-tuned on the other families' runs of seeds
-0-2 and its conformal pads sized on their seeds 3-4; every run of the held-out family, all seeds, is then scored
-at the evaluation's cuts. Beside it: the synthetic prior alone (the same pads, no fine-tuning) and the former
+0-2, mixed half and half with the synthetic prior (as served) and its conformal pads sized on their seeds 3-4;
+every run of the held-out family, all seeds, is then scored at the evaluation's cuts. Beside it: the fine-tuned
+network alone and the synthetic prior alone (each with its own pads from the same runs) and the former
 estimator (`owncurve.json`'s networks, fitted on seeds 0-3 of every family: it has seen the held-out family, so
 it is a baseline flattered by the split), refitted on the other families only with `--refit`. Torch is imported
 here (fine-tuning), never by the service.
@@ -11,7 +12,10 @@ here (fine-tuning), never by the service.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from services.estimator.model import owncorpus
@@ -28,8 +32,23 @@ def _rows(test: list[owncorpus.Case], *, calibration: dict | None, prior) -> dic
     return owncorpus.evaluate_cases(test, calibration, prior=prior)
 
 
+def _tuned(train, pretrained, train_runs: list[dict], *, held: str, cache_dir: Path | None):
+    """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
+    training runs' digest: a re-run of the table does not fine-tune again)."""
+    digest = hashlib.sha256(priornet.PRETRAINED.read_bytes())
+    digest.update(json.dumps(sorted(r["run"] for r in train_runs)).encode())
+    path = cache_dir / f"curveprior-without-{held}-{digest.hexdigest()[:16]}.npz" if cache_dir else None
+    if path is not None and (cached := priornet.load(path)) is not None:
+        return cached
+    tuned = train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tuned.save(path)
+    return tuned
+
+
 def run_family_evaluation(paths=owncorpus.CORPUS, *, refit: bool = False, metrics=(HEADLINE_METRIC,),
-                          only: tuple[str, ...] = ()) -> dict:
+                          only: tuple[str, ...] = (), cache_dir: Path | None = None) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
@@ -45,10 +64,11 @@ def run_family_evaluation(paths=owncorpus.CORPUS, *, refit: bool = False, metric
     for held in [f for f in families if not only or f in only]:
         train_runs = [r for r in runs if owncorpus.family(r) != held]
         test_runs = [r for r in runs if owncorpus.family(r) == held]
-        pads = train.pad_cases(train_runs, PAD_SEEDS)
-        tuned = train.with_pads(train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS)), pads)
+        pads = train.pad_samples(train.pad_cases(train_runs, PAD_SEEDS))
+        tuned = _tuned(train, pretrained, train_runs, held=held, cache_dir=cache_dir)
         methods: dict[str, dict[str, Any]] = {
-            HEADLINE: {"prior": tuned, "calibration": None},
+            HEADLINE: {"prior": train.with_pads(train.mixed(tuned, pretrained), pads), "calibration": None},
+            "prior_fine_tuned_only": {"prior": train.with_pads(tuned, pads), "calibration": None},
             "prior_synthetic_only": {"prior": train.with_pads(pretrained, pads), "calibration": None},
             "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped}}
         if refit:

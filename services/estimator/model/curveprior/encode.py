@@ -52,7 +52,7 @@ def encode(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Encod
     cells = _cells(tau, z)
     lz = np.log(np.maximum(z, FLOOR))
     last = float(np.mean(z[-HEAD:]))
-    if last > 3.0:  # far above where it started: nothing to extrapolate
+    if last > 1.0:  # moving away from the target: nothing to extrapolate (as `owncurve.read_prefix`)
         return None
     late = tau >= 0.5
     slope = 0.0

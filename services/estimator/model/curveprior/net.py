@@ -20,16 +20,23 @@ LOG_HORIZON = float(EDGES[-1])
 
 @dataclass(frozen=True)
 class PriorNet:
-    """Weights (W, b per layer, ReLU between), input scaling, and the conformal pads per phase of the run."""
+    """Weights (W, b per layer, ReLU between), input scaling, the conformal pads per phase of the run, and other
+    networks whose distributions are mixed in (network, weight): the fine-tuned network mixed with the synthetic
+    prior it started from keeps the prior's doubt where the two disagree, on a curve unlike the recorded ones."""
 
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]
     mean: np.ndarray
     std: np.ndarray
     pad_edges: tuple[float, ...] = ()
     pads: tuple[tuple[float, float], ...] = ()
+    mixed: tuple[tuple["PriorNet", float], ...] = ()
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """P(bin) over the BINS bins of r and the last "beyond the horizon" bin, for one input or a batch."""
+        own = 1.0 - sum(w for _, w in self.mixed)
+        return own * self._own(x) + sum(w * net.probabilities(x) for net, w in self.mixed)
+
+    def _own(self, x: np.ndarray) -> np.ndarray:
         h = (np.asarray(x, np.float64) - self.mean) / self.std
         for i, (w, b) in enumerate(self.layers):
             h = h @ w.T + b
@@ -53,6 +60,7 @@ class PriorNet:
         np.savez_compressed(path, version=FORMAT_VERSION, mean=self.mean.astype(np.float32),
                             std=self.std.astype(np.float32), pad_edges=np.asarray(self.pad_edges, float),
                             pads=np.asarray(self.pads, float).reshape(-1, 2), **arrays,
+                            mix_pretrained=np.asarray(sum(w for _, w in self.mixed)),
                             **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
 
 
@@ -91,8 +99,15 @@ def load(path: Path = WEIGHTS) -> PriorNet | None:
             mean, std = f["mean"].astype(np.float64), f["std"].astype(np.float64)
             edges = tuple(float(v) for v in f["pad_edges"])
             pads = tuple((float(a), float(b)) for a, b in f["pads"])
+            mix = float(f["mix_pretrained"]) if "mix_pretrained" in f.files else 0.0
     except (OSError, ValueError, KeyError):
         return None
     if not layers or layers[0][0].shape[1] != N_INPUTS or layers[-1][0].shape[0] != BINS + 1:
         return None
-    return PriorNet(layers, mean, std, edges, pads)
+    mixed = ()
+    if mix > 0:  # the synthetic prior this network was fine-tuned from, beside it
+        base = load(path.with_name(PRETRAINED.name))
+        if base is None or base.mixed:
+            return None
+        mixed = ((base, mix),)
+    return PriorNet(layers, mean, std, edges, pads, mixed)

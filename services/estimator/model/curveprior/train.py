@@ -33,6 +33,7 @@ HIDDEN = 192
 FIT_SEEDS = (0, 1, 2)
 PAD_SEEDS = (3,)
 METRICS = ("loss", "val_loss", "val_acc")
+MIX = 0.5  # the synthetic prior's share of the served distribution (set a priori, not tuned on any held-out run)
 
 
 def synthetic(curves: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -133,13 +134,24 @@ def finetune(base: PriorNet, cases: list[owncorpus.Case], *, seed: int = 0, epoc
     return _to_prior(module, base.mean, base.std)
 
 
-def with_pads(net: PriorNet, cases: list[owncorpus.Case]) -> PriorNet:
-    """The network with conformal pads (per phase of the run) that make its 10-90% band cover 80% of `cases`
-    (training loss, targets and cuts spread as the evaluation's)."""
+def mixed(tuned: PriorNet, base: PriorNet, weight: float = MIX) -> PriorNet:
+    """The fine-tuned network with the synthetic prior's distribution mixed in at `weight`."""
+    return PriorNet(tuned.layers, tuned.mean, tuned.std, mixed=((base, weight),))
+
+
+def pad_samples(cases: list[owncorpus.Case]) -> tuple[np.ndarray, np.ndarray]:
+    """(inputs, truth log ratios) the pads are sized on: every cut of `cases` every 5% of the run."""
     x, _, truths = recorded(cases, cuts=owncorpus.PAD_CUTS)
+    return x, truths
+
+
+def with_pads(net: PriorNet, samples: tuple[np.ndarray, np.ndarray]) -> PriorNet:
+    """The network with conformal pads (per phase of the run) that make its 10-90% band cover 80% of the
+    `pad_samples` (training loss, targets and cuts spread as the evaluation's)."""
+    x, truths = samples
     q = np.array([quantiles(p, (0.1, 0.5, 0.9)) for p in net.probabilities(x)])
     return PriorNet(net.layers, net.mean, net.std, tuple(SEEN_EDGES),
-                    tuple(tuple(p) for p in conformal_pads(q, truths)))
+                    tuple(tuple(p) for p in conformal_pads(q, truths)), net.mixed)
 
 
 def pad_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
@@ -157,7 +169,7 @@ def _deadline(until: str | None) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("stage", choices=("pretrain", "finetune"))
+    ap.add_argument("stage", choices=("pretrain", "finetune", "pads"))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--curves", type=int, default=60_000)
     ap.add_argument("--epochs", type=int, default=30)
@@ -166,13 +178,19 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     started = time.monotonic()
-    if args.stage == "pretrain":
+    if args.stage == "pads":  # the pads again, on the shipped network's own layers (its mixture as set by MIX)
+        shipped = load(WEIGHTS)
+        net = with_pads(mixed(PriorNet(shipped.layers, shipped.mean, shipped.std), load(PRETRAINED)),
+                        pad_samples(pad_cases(owncorpus.load_corpus(), PAD_SEEDS)))
+        net.save(args.out or WEIGHTS, fit_seeds=list(FIT_SEEDS), pad_seeds=list(PAD_SEEDS))
+    elif args.stage == "pretrain":
         net = pretrain(curves=args.curves, seed=args.seed, epochs=args.epochs, deadline=_deadline(args.until))
         net.save(args.out or PRETRAINED, curves=args.curves, seed=args.seed)
     else:
         runs = owncorpus.load_corpus()
-        net = finetune(load(PRETRAINED), training_cases(runs, FIT_SEEDS), seed=args.seed, epochs=args.epochs)
-        net = with_pads(net, pad_cases(runs, PAD_SEEDS))
+        base = load(PRETRAINED)
+        net = finetune(base, training_cases(runs, FIT_SEEDS), seed=args.seed, epochs=args.epochs)
+        net = with_pads(mixed(net, base), pad_samples(pad_cases(runs, PAD_SEEDS)))
         net.save(args.out or WEIGHTS, fit_seeds=list(FIT_SEEDS), pad_seeds=list(PAD_SEEDS))
     print(f"{args.out or (PRETRAINED if args.stage == 'pretrain' else WEIGHTS)}: {time.monotonic() - started:.0f} s")
 
