@@ -120,8 +120,9 @@ def prior() -> priornet.PriorNet | None:
 
 def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: float | None = None,
             table: dict | None = None, curve_prior: priornet.PriorNet | None | bool = True) -> Eta | None:
-    """The own-curve estimate (`curveprior.estimate.estimate`, what the harness scores) of one targeted metric;
-    `curve_prior` True: the shipped prior, False: none (the fitted curve alone), or the prior to use."""
+    """The own-curve estimate (`curveprior.estimate.estimate`, the curve prior blended with the fitted curve, what
+    the harness scores) of one targeted metric; `curve_prior` True: the shipped prior, False: none (the fitted
+    curve alone), or the prior to use."""
     if not points:
         return None
     origin = min(start if start is not None else points[0].t, points[0].t)
@@ -130,7 +131,7 @@ def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: f
     net = prior() if curve_prior is True else (curve_prior or None)
     est = estimate([p.t - origin for p in kept], None if None in steps else steps, [p.value for p in kept],
                    target=spec.target, mode=spec.mode, elapsed=now - origin,
-                   calibration=table if table is not None else calibration(), prior=net)
+                   calibration=table if table is not None else calibration(), prior=net, blend=True)
     if est is None:
         return None
     elapsed = now - origin

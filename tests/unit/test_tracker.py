@@ -33,11 +33,11 @@ def test_a_declared_target_gets_the_own_curve_estimate_from_the_job_start():
     eta = tracker.estimate(now=51.0, start=0.0)
     points = tracker.points["loss"]
     own = estimate([p.t for p in points], [p.step for p in points], [p.value for p in points], target=0.2,
-                   mode="min", elapsed=51.0, calibration=calibration(), prior=prior())
+                   mode="min", elapsed=51.0, calibration=calibration(), prior=prior(), blend=True)
     assert eta.remaining_s == pytest.approx(own.total_s - 51.0)
     assert eta.low_s == pytest.approx(own.low_s - 51.0) and eta.high_s == pytest.approx(own.high_s - 51.0)
     assert eta.method == own.kind and eta.low_s <= eta.remaining_s <= eta.high_s
-    assert eta.method == ("curve-prior" if prior() is not None else "curve-learned")  # the prior, where shipped
+    assert eta.method == ("curve-prior+fit" if prior() is not None else "curve-learned")  # the prior, where shipped
 
 
 def test_a_long_job_keeps_a_bounded_curve():

@@ -152,7 +152,8 @@ def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.nd
     return np.asarray(xs, float), np.asarray(ys, float)
 
 
-def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None) -> dict[float, list[dict]]:
+def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None,
+                   blend: bool = False) -> dict[float, list[dict]]:
     """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None.
     With `prior` (a `curveprior.net.PriorNet`) the estimate is the one the tracker serves with it."""
     rows: dict[float, list[dict]] = {cut: [] for cut in cuts}
@@ -161,7 +162,7 @@ def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, pri
             now = cut * case.truth
             ts, xs, values = prefix(case, now)
             est = estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now,
-                           calibration=calibration, prior=prior)
+                           calibration=calibration, prior=prior, blend=blend)
             row = {"truth": case.truth, "now": now, "pred": None, "benchmark": case.group, "run_id": case.run}
             if est is not None:
                 row |= {"pred": est.total_s, "low": est.low_s - now, "high": est.high_s - now,

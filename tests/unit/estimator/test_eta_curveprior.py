@@ -137,3 +137,13 @@ def test_a_run_s_family_is_its_own_field_or_its_group_s(tmp_path):
     (case,) = owncorpus.cases(runs, "loss")
     assert case.family == "conv-adam"
     assert owncorpus.FAMILIES in owncorpus.CORPUS
+
+
+def test_the_blend_lies_between_its_readings_and_its_band_holds_both_bands():
+    from services.estimator.model.curveprior.estimate import blended
+    from services.estimator.model.owncurve import OwnEstimate
+    prior = OwnEstimate(40.0, 20.0, 120.0, "curve-prior", 0.25)
+    fitted = OwnEstimate(20.0, 15.0, 25.0, "curve-learned", 0.5)  # sure of itself, and shorter
+    got = blended(prior, fitted, elapsed=10.0)
+    assert 20.0 < got.total_s < 40.0 and got.total_s == pytest.approx(10.0 + (30.0 * 10.0) ** 0.5)
+    assert (got.low_s, got.high_s, got.kind) == (15.0, 120.0, "curve-prior+fit")
