@@ -147,3 +147,31 @@ def test_the_blend_lies_between_its_readings_and_its_band_holds_both_bands():
     got = blended(prior, fitted, elapsed=10.0)
     assert 20.0 < got.total_s < 40.0 and got.total_s == pytest.approx(10.0 + (30.0 * 10.0) ** 0.5)
     assert (got.low_s, got.high_s, got.kind) == (15.0, 120.0, "curve-prior+fit")
+
+
+@pytest.mark.skipif(not priornet.PRETRAINED.exists(), reason="the pre-trained prior is not in this checkout")
+def test_the_family_split_never_fine_tunes_or_pads_on_the_held_out_family(monkeypatch):
+    from services.estimator import ownfamily
+    from services.estimator.model.curveprior import train
+
+    def runs(group, **extra):
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i} for i in range(1, 61)]
+        return [{"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra}
+                for s in range(5)]
+
+    corpus = runs("digits-mlp") + runs("digits-cnn") + runs("x", family="conv-adam")
+    monkeypatch.setattr(owncorpus, "load_corpus", lambda paths: corpus)
+    seen = []
+    monkeypatch.setattr(train, "finetune", lambda base, cases, **kw: seen.append(("fit", cases)) or base)
+    real_pad_cases = train.pad_cases
+    monkeypatch.setattr(train, "pad_cases", lambda rs, seeds: seen.append(("pad", rs)) or real_pad_cases(rs, seeds))
+    report = ownfamily.run_family_evaluation(("unused",))
+    assert report["families"] == ["conv-adam", "digits"]
+    fits = [cases for kind, cases in seen if kind == "fit"]
+    pads = [rs for kind, rs in seen if kind == "pad"]
+    assert len(fits) == len(pads) == 2  # conv-adam held out first: trained on digits; then the other way round
+    assert {c.family for c in fits[0]} == {"digits"} and {owncorpus.family(r) for r in pads[0]} == {"digits"}
+    assert {c.family for c in fits[1]} == {"conv-adam"} and {owncorpus.family(r) for r in pads[1]} == {"conv-adam"}
+    assert {c.seed for c in fits[0] + fits[1]} <= set(ownfamily.FIT_SEEDS)
+    headline = report["methods"][report["headline_method"]]["loss"]
+    assert set(headline) == {"all", "conv-adam", "digits"} and headline["digits"]["50%"]["n_total"] > 0
