@@ -6,9 +6,9 @@ from functools import cache
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
 from shared.safe_regex import Pattern, clip, compile_metric, value_group
-from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
 from services.estimator.model.curveprior import net as priornet
 from services.estimator.model.curveprior.estimate import estimate
+from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
 from services.estimator.model.owncurve import load_calibration
 
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report

@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 
 from services.estimator.model import owncorpus
-from services.estimator.model.curveprior import encode as enc
-from services.estimator.model.curveprior import net as priornet
-from services.estimator.model.curveprior import sampler
+from services.estimator.model.curveprior import encode as enc, net as priornet, sampler
 from services.estimator.model.curveprior.estimate import estimate, prior_estimate
 
 

@@ -29,7 +29,7 @@ class PriorNet:
     std: np.ndarray
     pad_edges: tuple[float, ...] = ()
     pads: tuple[tuple[float, float], ...] = ()
-    mixed: tuple[tuple["PriorNet", float], ...] = ()
+    mixed: tuple[tuple[PriorNet, float], ...] = ()
 
     def probabilities(self, x: np.ndarray) -> np.ndarray:
         """P(bin) over the BINS bins of r and the last "beyond the horizon" bin, for one input or a batch."""
@@ -55,13 +55,14 @@ class PriorNet:
         return max(q10 - low, 0.0), q50, min(q90 + high, LOG_HORIZON), float(p[-1])
 
     def save(self, path: Path, **meta) -> None:
-        arrays = {f"w{i}": w.astype(np.float32) for i, (w, _) in enumerate(self.layers)}
+        arrays: dict[str, np.ndarray] = {f"w{i}": w.astype(np.float32) for i, (w, _) in enumerate(self.layers)}
         arrays |= {f"b{i}": b.astype(np.float32) for i, (_, b) in enumerate(self.layers)}
-        np.savez_compressed(path, version=FORMAT_VERSION, mean=self.mean.astype(np.float32),
-                            std=self.std.astype(np.float32), pad_edges=np.asarray(self.pad_edges, float),
-                            pads=np.asarray(self.pads, float).reshape(-1, 2), **arrays,
-                            mix_pretrained=np.asarray(sum(w for _, w in self.mixed)),
-                            **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+        arrays |= {"version": np.asarray(FORMAT_VERSION), "mean": self.mean.astype(np.float32),
+                   "std": self.std.astype(np.float32), "pad_edges": np.asarray(self.pad_edges, float),
+                   "pads": np.asarray(self.pads, float).reshape(-1, 2),
+                   "mix_pretrained": np.asarray(sum(w for _, w in self.mixed))}
+        arrays |= {f"meta_{k}": np.asarray(v) for k, v in meta.items()}
+        np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first keyword
 
 
 def pads_for(edges, pads, q50: float) -> tuple[float, float]:
@@ -104,7 +105,7 @@ def load(path: Path = WEIGHTS) -> PriorNet | None:
         return None
     if not layers or layers[0][0].shape[1] != N_INPUTS or layers[-1][0].shape[0] != BINS + 1:
         return None
-    mixed = ()
+    mixed: tuple[tuple[PriorNet, float], ...] = ()
     if mix > 0:  # the synthetic prior this network was fine-tuned from, beside it
         base = load(path.with_name(PRETRAINED.name))
         if base is None or base.mixed:

@@ -151,7 +151,7 @@ def with_pads(net: PriorNet, samples: tuple[np.ndarray, np.ndarray]) -> PriorNet
     x, truths = samples
     q = np.array([quantiles(p, (0.1, 0.5, 0.9)) for p in net.probabilities(x)])
     return PriorNet(net.layers, net.mean, net.std, tuple(SEEN_EDGES),
-                    tuple(tuple(p) for p in conformal_pads(q, truths)), net.mixed)
+                    tuple((float(down), float(up)) for down, up in conformal_pads(q, truths)), net.mixed)
 
 
 def pad_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
@@ -167,31 +167,39 @@ def _deadline(until: str | None) -> float:
     return end.timestamp()
 
 
+def _tune(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    """The finetune stage (fine-tuning, the mixture, the pads), or the pads alone on the shipped network."""
+    base = load(PRETRAINED)
+    if base is None:
+        ap.error(f"cannot read the pre-trained prior {PRETRAINED}: run the pretrain stage first")
+    runs = owncorpus.load_corpus()
+    if args.stage == "pads":  # the pads again, on the shipped network's own layers (its mixture as set by MIX)
+        shipped = load(WEIGHTS)
+        if shipped is None:
+            ap.error(f"cannot read {WEIGHTS}: run the finetune stage first")
+        tuned = PriorNet(shipped.layers, shipped.mean, shipped.std)
+    else:
+        tuned = finetune(base, training_cases(runs, FIT_SEEDS), seed=args.seed, epochs=args.epochs)
+    net = with_pads(mixed(tuned, base), pad_samples(pad_cases(runs, PAD_SEEDS)))
+    net.save(args.out or WEIGHTS, fit_seeds=list(FIT_SEEDS), pad_seeds=list(PAD_SEEDS))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stage", choices=("pretrain", "finetune", "pads"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--curves", type=int, default=60_000)
-    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--curves", type=int, default=80_000)
+    ap.add_argument("--epochs", type=int, default=40, help="40 pre-training, 6 fine-tuning (make eta-prior)")
     ap.add_argument("--until", help="UTC HH:MM: stop training after the epoch that passes it")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     started = time.monotonic()
-    if args.stage == "pads":  # the pads again, on the shipped network's own layers (its mixture as set by MIX)
-        shipped = load(WEIGHTS)
-        net = with_pads(mixed(PriorNet(shipped.layers, shipped.mean, shipped.std), load(PRETRAINED)),
-                        pad_samples(pad_cases(owncorpus.load_corpus(), PAD_SEEDS)))
-        net.save(args.out or WEIGHTS, fit_seeds=list(FIT_SEEDS), pad_seeds=list(PAD_SEEDS))
-    elif args.stage == "pretrain":
+    if args.stage == "pretrain":
         net = pretrain(curves=args.curves, seed=args.seed, epochs=args.epochs, deadline=_deadline(args.until))
         net.save(args.out or PRETRAINED, curves=args.curves, seed=args.seed)
     else:
-        runs = owncorpus.load_corpus()
-        base = load(PRETRAINED)
-        net = finetune(base, training_cases(runs, FIT_SEEDS), seed=args.seed, epochs=args.epochs)
-        net = with_pads(mixed(net, base), pad_samples(pad_cases(runs, PAD_SEEDS)))
-        net.save(args.out or WEIGHTS, fit_seeds=list(FIT_SEEDS), pad_seeds=list(PAD_SEEDS))
+        _tune(args, ap)
     print(f"{args.out or (PRETRAINED if args.stage == 'pretrain' else WEIGHTS)}: {time.monotonic() - started:.0f} s")
 
 
