@@ -200,7 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", choices=("mlperf", "own-jobs"), default="mlperf",
                     help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds")
-    ap.add_argument("--sweep", type=Path, nargs="+", help="own-jobs: the recorded files (default: both shipped)")
+    ap.add_argument("--sweep", type=Path, nargs="+",
+                    help="own-jobs: the recorded files (default: the shipped ones, families.jsonl.gz when recorded)")
     ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
     ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
