@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run check test test-fast test-gpu browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale clean
+.PHONY: run check test test-fast test-gpu browser bench bench-submit bench-eta bench-sched bench-reports bench-search bench-scale eta-prior clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -67,9 +67,18 @@ bench-eta: $(STAMP)
 		$(MLPERF)/mlperf-training-v4.0.tar.gz --test $(MLPERF)/mlperf-training-v4.0.tar.gz --kfold 4 \
 		--out bench/eta/results/eval-kfold4-v4.0.json
 	$(BIN)/python -m services.estimator.evaluate --corpus own-jobs --out bench/eta/results/eval-own-jobs.json
+	nice -n 10 $(BIN)/python -m services.estimator.evaluate --corpus own-jobs --split family \
+		--out bench/eta/results/eval-own-jobs-family.json
 	$(BIN)/python -m bench.eta.bench_online
 	$(BIN)/python -m bench.eta.bench_online --own-jobs --jobs 5
 	$(BIN)/python -m bench.eta.bench_history
+
+# The own-job curve prior (services/estimator/model/curveprior): pre-training on synthetic curves from seed 0 (one
+# niced core, at most 20 min: UNTIL=HH:MM UTC stops it sooner), then fine-tuning on the recorded runs' seeds 0-2.
+eta-prior: $(STAMP)
+	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train pretrain --seed 0 \
+		--curves 80000 --epochs 40 $(if $(UNTIL),--until $(UNTIL))
+	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train finetune --epochs 6
 
 TRACE := ../shared/data/alibaba-gpu-v2023
 bench-sched: $(STAMP)

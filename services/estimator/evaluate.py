@@ -187,7 +187,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "benchmark", "round"), default="submitter")
+    ap.add_argument("--split", choices=("submitter", "benchmark", "round", "family"), default="submitter",
+                    help="family: own-jobs only, leave-one-family-out (fine-tunes the curve prior per family)")
     ap.add_argument("--kfold", type=int, default=0,
                     help="k folds over test submitters or benchmarks (submitter, benchmark split)")
     ap.add_argument("--share", type=float, default=1 / 3,
@@ -199,7 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--corpus", choices=("mlperf", "own-jobs"), default="mlperf",
                     help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds")
-    ap.add_argument("--sweep", type=Path, nargs="+", help="own-jobs: the recorded files (default: both shipped)")
+    ap.add_argument("--sweep", type=Path, nargs="+",
+                    help="own-jobs: the recorded files (default: the shipped ones, families.jsonl.gz when recorded)")
     ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
     ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -207,6 +209,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.corpus == "own-jobs":
         return _own_jobs(args, ap)
+    if args.split == "family":
+        ap.error("param[--split] invalid: the family split is the own-jobs corpus's (--corpus own-jobs)")
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
     try:
@@ -225,6 +229,11 @@ def _own_jobs(args, ap) -> int:
     from services.estimator.model import owncorpus, owncurve
     try:
         started = time.time()
+        if args.split == "family":
+            from services.estimator import ownfamily
+            report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
+                                                     cache_dir=args.cache if str(args.cache) else None)
+            return _emit(report, args, started=started, table=ownfamily.print_family_table)
         report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
                                             calibration_path=args.calibration or owncurve.CALIBRATION)
     except (OSError, ValueError) as exc:

@@ -1,6 +1,8 @@
 """`trainmaster-eta-eval --corpus own-jobs`: the own-curve ETA (what the live tracker serves to a job that only
-declares a target) scored on recorded trainings held out of its calibration, with two baselines: the same curve
-reading without the learned calibration, and the linear trend of recent values the tracker used before."""
+declares a target: the curve prior, `curveprior/prior.npz`, blended with the fitted curve) scored on recorded
+trainings held out of its calibration, with four baselines: the curve prior alone, the fitted curve alone
+(`owncurve.json`, the estimate before the prior), the same curve reading without the learned calibration, and the
+linear trend of recent values the tracker used before that."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from typing import Any
 import numpy as np
 
 from services.estimator.model import owncorpus
+from services.estimator.model.curveprior import net as priornet
 from services.estimator.model.owncurve import CALIBRATION, load_calibration
 from services.estimator.scoring import summarise
 
-HEADLINE_METHOD = "own_curve"
+HEADLINE_METHOD = "own_curve"  # what the tracker serves: the curve prior and the fitted curve blended
+PRIOR_METHOD = "curve_prior"  # the curve prior alone
 HEADLINE_METRIC = "loss"
 RATE_WINDOW = 50  # the previous tracker's window of recent points
 
@@ -36,9 +40,9 @@ def previous_rate(ts, values, *, target: float, mode: str, now: float) -> tuple[
     return now + remaining, now + remaining * (1 - relative / 2), now + remaining * (1 + relative)
 
 
-def _rows(test, method: str, calibration: dict | None) -> dict[float, list[dict]]:
+def _rows(test, method: str, calibration: dict | None, prior=None) -> dict[float, list[dict]]:
     if method != "previous_rate":
-        return owncorpus.evaluate_cases(test, calibration)
+        return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=method == HEADLINE_METHOD)
     rows: dict[float, list[dict]] = {cut: [] for cut in owncorpus.CUTS}
     for case in test:
         for cut in owncorpus.CUTS:
@@ -83,9 +87,11 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.CORPUS, *, calibration_pa
               "headline_metric": HEADLINE_METRIC, "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
               "test_cases": {m: len(c) for m, c in test.items()},
               "calibration": {k: v for k, v in calibration.items() if k != "nets"}, "methods": {}}
-    for method, table in ((HEADLINE_METHOD, calibration), ("power_law_uncalibrated", None),
-                          ("previous_rate", None)):
-        by_metric = {m: _rows(cases, method, table) for m, cases in test.items()}
+    prior = priornet.load()
+    for method, table, with_prior in ((HEADLINE_METHOD, calibration, prior), (PRIOR_METHOD, calibration, prior),
+                                      ("fitted_curve", calibration, None),
+                                      ("power_law_uncalibrated", None, None), ("previous_rate", None, None)):
+        by_metric = {m: _rows(cases, method, table, with_prior) for m, cases in test.items()}
         entry = {}
         for cut in owncorpus.CUTS:
             key = f"{int(cut * 100)}%"

@@ -6,8 +6,10 @@ from functools import cache
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
 from shared.safe_regex import Pattern, clip, compile_metric, value_group
+from services.estimator.model.curveprior import net as priornet
+from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
-from services.estimator.model.owncurve import load_calibration, own_estimate
+from services.estimator.model.owncurve import load_calibration
 
 METRICS_PREFIX = "TRAINMASTER_METRICS "  # written by services/agent/sdk/trainmaster_task.report
 MAX_CURVE_POINTS = 240  # points an estimate reads (older ones thinned): one estimate stays a few ms
@@ -110,17 +112,26 @@ def calibration() -> dict | None:
     return load_calibration()
 
 
+@cache
+def prior() -> priornet.PriorNet | None:
+    """The curve prior shipped with the estimator (read once); None when it is missing."""
+    return priornet.load()
+
+
 def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: float | None = None,
-            table: dict | None = None) -> Eta | None:
-    """The own-curve estimate (`owncurve.own_estimate`, what the harness scores) of one targeted metric."""
+            table: dict | None = None, curve_prior: priornet.PriorNet | None | bool = True) -> Eta | None:
+    """The own-curve estimate (`curveprior.estimate.estimate`, the curve prior blended with the fitted curve, what
+    the harness scores) of one targeted metric; `curve_prior` True: the shipped prior, False: none (the fitted
+    curve alone), or the prior to use."""
     if not points:
         return None
     origin = min(start if start is not None else points[0].t, points[0].t)
     kept = _thinned(points)
     steps = [p.step for p in kept]
-    est = own_estimate([p.t - origin for p in kept], None if None in steps else steps, [p.value for p in kept],
-                       target=spec.target, mode=spec.mode, elapsed=now - origin,
-                       calibration=table if table is not None else calibration())
+    net = prior() if curve_prior is True else (curve_prior or None)
+    est = estimate([p.t - origin for p in kept], None if None in steps else steps, [p.value for p in kept],
+                   target=spec.target, mode=spec.mode, elapsed=now - origin,
+                   calibration=table if table is not None else calibration(), prior=net, blend=True)
     if est is None:
         return None
     elapsed = now - origin

@@ -24,19 +24,20 @@ def test_mllog_records_become_points():
 
 
 def test_a_declared_target_gets_the_own_curve_estimate_from_the_job_start():
-    from services.estimator.model.owncurve import own_estimate
-    from services.estimator.tracker import calibration
+    from services.estimator.model.curveprior.estimate import estimate
+    from services.estimator.tracker import calibration, prior
     s = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", mode="min", target=0.2)
     tracker = JobTracker([s])
     for i in range(1, 31):  # a power-law loss, 10 steps a line, after 20 s of start-up
         tracker.observe(LogLine(t=20.0 + i, line=f"step {10 * i} loss {0.05 + 2.2 * (1 + i / 10) ** -0.9:.4f}"))
     eta = tracker.estimate(now=51.0, start=0.0)
     points = tracker.points["loss"]
-    own = own_estimate([p.t for p in points], [p.step for p in points], [p.value for p in points], target=0.2,
-                       mode="min", elapsed=51.0, calibration=calibration())
+    own = estimate([p.t for p in points], [p.step for p in points], [p.value for p in points], target=0.2,
+                   mode="min", elapsed=51.0, calibration=calibration(), prior=prior(), blend=True)
     assert eta.remaining_s == pytest.approx(own.total_s - 51.0)
     assert eta.low_s == pytest.approx(own.low_s - 51.0) and eta.high_s == pytest.approx(own.high_s - 51.0)
     assert eta.method == own.kind and eta.low_s <= eta.remaining_s <= eta.high_s
+    assert eta.method == ("curve-prior+fit" if prior() is not None else "curve-learned")  # the prior, where shipped
 
 
 def test_a_long_job_keeps_a_bounded_curve():

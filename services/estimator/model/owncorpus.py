@@ -21,11 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from services.estimator.model.owncurve import own_estimate, read_prefix
+from services.estimator.model.curveprior.estimate import estimate
+from services.estimator.model.owncurve import read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
 BROAD = SWEEP.with_name("broad.jsonl.gz")  # other data sets, a regression, numpy loops printing a running mean
-CORPUS = (SWEEP, BROAD)
+FAMILIES = SWEEP.with_name("families.jsonl.gz")  # runs of further families, each with its `family` (when recorded)
+CORPUS = (SWEEP, BROAD, FAMILIES)
+# The family of a run without a `family` field: its group, the digits sweep's three networks one family (same data,
+# same script): a model that saw the digits MLP has seen what the digits CNN prints.
+GROUP_FAMILY = {"digits-mlp": "digits", "digits-cnn": "digits", "digits-deep": "digits"}
 METRICS = {"loss": "min", "val_loss": "min", "val_acc": "max"}
 MIN_TRUTH_POINTS = 15
 SMOOTH_TARGET = 2  # the target is the median of the 2 points either side of the one at u
@@ -50,6 +55,16 @@ class Case:
     ts: tuple
     xs: tuple
     values: tuple
+    family: str = ""
+
+
+def family(run: dict) -> str:
+    """The family a run belongs to for the leave-one-family-out split: its own `family` field when recorded with
+    one (a string), else its group's (`GROUP_FAMILY`), else its group."""
+    named = run.get("family")
+    if isinstance(named, str) and named:
+        return named
+    return GROUP_FAMILY.get(run["group"], run["group"])
 
 
 def load_corpus(paths=CORPUS) -> list[dict]:
@@ -102,7 +117,8 @@ def make_case(run: dict, metric: str, u: float | None = None, smooth: bool | Non
         return None
     return Case(run["run"], run["group"], int(run["params"]["seed"]), metric, mode, sign * goal,
                 points[hit]["t"], tuple(p["t"] for p in points[:hit + 1]),
-                tuple(float(p["step"]) for p in points[:hit + 1]), tuple(sign * v for v in values[:hit + 1]))
+                tuple(float(p["step"]) for p in points[:hit + 1]), tuple(sign * v for v in values[:hit + 1]),
+                family(run))
 
 
 def cases(runs: list[dict], metric: str = "loss", *, us=(None,), smooths=(None,)) -> list[Case]:
@@ -136,15 +152,17 @@ def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.nd
     return np.asarray(xs, float), np.asarray(ys, float)
 
 
-def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS) -> dict[float, list[dict]]:
-    """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None."""
+def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None,
+                   blend: bool = False) -> dict[float, list[dict]]:
+    """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None.
+    With `prior` (a `curveprior.net.PriorNet`) the estimate is the one the tracker serves with it."""
     rows: dict[float, list[dict]] = {cut: [] for cut in cuts}
     for case in test:
         for cut in cuts:
             now = cut * case.truth
             ts, xs, values = prefix(case, now)
-            est = own_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now,
-                               calibration=calibration)
+            est = estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now,
+                           calibration=calibration, prior=prior, blend=blend)
             row = {"truth": case.truth, "now": now, "pred": None, "benchmark": case.group, "run_id": case.run}
             if est is not None:
                 row |= {"pred": est.total_s, "low": est.low_s - now, "high": est.high_s - now,

@@ -107,14 +107,11 @@ FLOOR = 1e-3  # normalised gaps below this are the target's noise
 SEEN_EDGES = (0.15, 0.25, 0.4, 0.6)  # bins of the fraction of the training seen, each with its own pads
 
 
-def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Prefix | None:
-    """Features of the curve seen by `elapsed` (points: t since start, progress or None, value), or None when
-    there is too little to read. The value axis is normalised by the way from the first value to the target
-    (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1)."""
-    y, goal = oriented(values, target, mode)
+def training_clock(ts, xs, y: np.ndarray, *, elapsed: float):
+    """(times, progress, values, rate, origin, span) of a prefix on the training's own clock: the job's progress
+    rate extrapolated back to progress 0 (its origin; a slow start-up is not training) and the training time so
+    far; the clock itself when a point has no progress. None when there is too little to read."""
     ts = np.asarray(ts, float)
-    if len(y) < MIN_POINTS or elapsed <= 0 or y[0] <= goal:
-        return None
     clock = xs is None or any(x is None for x in xs)
     x = ts if clock else np.asarray(xs, float)
     if not clock and (np.any(np.diff(x) <= 0) or x[0] <= 0):
@@ -127,8 +124,20 @@ def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> 
         return None
     origin = 0.0 if clock else min(max(ts[0] - x[0] / rate, 0.0), ts[0])
     span = elapsed - origin
-    if span <= 0:
+    return None if span <= 0 else (ts, x, y, rate, origin, span)
+
+
+def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Prefix | None:
+    """Features of the curve seen by `elapsed` (points: t since start, progress or None, value), or None when
+    there is too little to read. The value axis is normalised by the way from the first value to the target
+    (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1)."""
+    y, goal = oriented(values, target, mode)
+    if len(y) < MIN_POINTS or elapsed <= 0 or y[0] <= goal:
         return None
+    read = training_clock(ts, xs, y, elapsed=elapsed)
+    if read is None:
+        return None
+    ts, x, y, rate, origin, span = read
     tau = (ts - origin) / span
     z = (y - goal) / (y[0] - goal)
     envelope = np.minimum.accumulate(z)

@@ -1,0 +1,120 @@
+"""`trainmaster-eta-eval --corpus own-jobs --split family`: leave-one-family-out scores of the own-job ETA.
+
+For each family of the own-jobs corpus (`owncorpus.family`), the curve prior pre-trained on synthetic curves only
+(`curveprior/pretrained.npz`, family-blind by construction) is fine-tuned on the other families' runs of seeds
+0-2, mixed half and half with the synthetic prior (as served) and its conformal pads sized on their seeds 3-4;
+every run of the held-out family, all seeds, is then scored at the evaluation's cuts. Beside it: the fine-tuned
+network alone and the synthetic prior alone (each with its own pads from the same runs), the headline: that prior
+blended with the fitted curve as the tracker serves it (`curveprior.estimate.blended`), and the former
+estimator (`owncurve.json`'s networks, fitted on seeds 0-3 of every family: it has seen the held-out family, so
+it is a baseline flattered by the split), refitted on the other families only with `--refit`. Torch is imported
+here (fine-tuning), never by the service.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from services.estimator.model import owncorpus
+from services.estimator.model.curveprior import net as priornet
+from services.estimator.model.owncurve import CALIBRATION, load_calibration
+from services.estimator.owneval import HEADLINE_METRIC, _summary
+
+FIT_SEEDS = (0, 1, 2)
+PAD_SEEDS = (3, 4)
+HEADLINE = "prior_and_fit_blend"  # what the tracker serves
+
+
+def _rows(test: list[owncorpus.Case], *, calibration: dict | None, prior,
+          blend: bool = False) -> dict[float, list[dict]]:
+    return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=blend)
+
+
+def _tuned(train, pretrained, train_runs: list[dict], *, held: str, cache_dir: Path | None):
+    """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
+    training runs' digest: a re-run of the table does not fine-tune again)."""
+    digest = hashlib.sha256(priornet.PRETRAINED.read_bytes())
+    digest.update(json.dumps(sorted(r["run"] for r in train_runs)).encode())
+    path = cache_dir / f"curveprior-without-{held}-{digest.hexdigest()[:16]}.npz" if cache_dir else None
+    if path is not None and (cached := priornet.load(path)) is not None:
+        return cached
+    tuned = train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tuned.save(path)
+    return tuned
+
+
+def run_family_evaluation(paths=owncorpus.CORPUS, *, refit: bool = False, metrics=(HEADLINE_METRIC,),
+                          only: tuple[str, ...] = (), cache_dir: Path | None = None) -> dict:
+    """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`."""
+    from services.estimator.model.curveprior import train  # torch: only for this evaluation
+
+    runs = owncorpus.load_corpus(tuple(paths))
+    if not runs:
+        raise ValueError(f"param[--sweep] invalid: no runs in {paths}")
+    pretrained = priornet.load(priornet.PRETRAINED)
+    if pretrained is None:
+        raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
+    shipped = load_calibration(CALIBRATION)
+    families = sorted({owncorpus.family(r) for r in runs})
+    rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
+    for held in [f for f in families if not only or f in only]:
+        train_runs = [r for r in runs if owncorpus.family(r) != held]
+        test_runs = [r for r in runs if owncorpus.family(r) == held]
+        pads = train.pad_samples(train.pad_cases(train_runs, PAD_SEEDS))
+        tuned = _tuned(train, pretrained, train_runs, held=held, cache_dir=cache_dir)
+        methods: dict[str, dict[str, Any]] = {
+            "curve_prior": {"prior": train.with_pads(train.mixed(tuned, pretrained), pads), "calibration": None},
+            "prior_fine_tuned_only": {"prior": train.with_pads(tuned, pads), "calibration": None},
+            "prior_synthetic_only": {"prior": train.with_pads(pretrained, pads), "calibration": None},
+            "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped}}
+        fitted = shipped
+        if refit:
+            from services.estimator.model.owntrain import calibrate
+            fitted = calibrate(train_runs, list(metrics))
+            methods["own_curve_refit"] = {"prior": None, "calibration": fitted}
+        methods[HEADLINE] = {"prior": methods["curve_prior"]["prior"], "calibration": fitted, "blend": True}
+        for metric in metrics:
+            test = owncorpus.cases(test_runs, metric)
+            for method, how in methods.items():
+                rows[method][metric][held] = _rows(test, **how)
+        print(f"family {held}: {len(test_runs)} runs held out", flush=True)
+    return _report(rows, families=families, runs=len(runs), paths=paths, refit=refit)
+
+
+def _report(rows, *, families, runs, paths, refit) -> dict:
+    report: dict[str, Any] = {"corpus": "own-jobs", "split": "family", "sweep": ", ".join(str(p) for p in paths),
+                              "runs": runs, "families": families, "fit_seeds": list(FIT_SEEDS),
+                              "pad_seeds": list(PAD_SEEDS), "headline_method": HEADLINE,
+                              "headline_metric": HEADLINE_METRIC, "refit_baseline": refit,
+                              "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS], "methods": {}}
+    for method, by_metric in rows.items():
+        entry: dict[str, Any] = {}
+        for metric, by_family in by_metric.items():
+            for cut in owncorpus.CUTS:
+                key = f"{int(cut * 100)}%"
+                pooled = [r for fam in by_family.values() for r in fam[cut]]
+                entry.setdefault(metric, {}).setdefault("all", {})[key] = _summary(pooled)
+                for fam, by_cut in by_family.items():
+                    entry[metric].setdefault(fam, {})[key] = _summary(by_cut[cut])
+        report["methods"][method] = entry
+    return report
+
+
+def print_family_table(report: dict) -> None:
+    print(f"own-jobs corpus, leave-one-family-out: {report['runs']} runs, families {report['families']}; "
+          f"fine-tuned on seeds {report['fit_seeds']}, pads from seeds {report['pad_seeds']} of the other families")
+    for method, entry in report["methods"].items():
+        for metric, by_family in entry.items():
+            print(f"\n{method}{' (headline)' if method == report['headline_method'] else ''}, {metric}: "
+                  "within ±20% (10-90% coverage) at " + " / ".join(report["cuts"]))
+            for fam, by_cut in by_family.items():
+                cells = [f"{s['within_20pct'] * 100:5.1f}% ({s.get('coverage_10_90', float('nan')) * 100:5.1f}%)"
+                         for s in by_cut.values()]
+                n = next(iter(by_cut.values()))["n_total"]
+                print(f"  {fam:>14} n={n:<4} " + "  ".join(cells))
