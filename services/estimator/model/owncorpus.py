@@ -25,7 +25,8 @@ from services.estimator.model.owncurve import own_estimate, read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
 BROAD = SWEEP.with_name("broad.jsonl.gz")  # other data sets, a regression, numpy loops printing a running mean
-CORPUS = (SWEEP, BROAD)
+FAMILIES = SWEEP.with_name("families.jsonl.gz")  # families unlike the others, each run with its `family` (issue 31)
+CORPUS = (SWEEP, BROAD, FAMILIES)
 METRICS = {"loss": "min", "val_loss": "min", "val_acc": "max"}
 MIN_TRUTH_POINTS = 15
 SMOOTH_TARGET = 2  # the target is the median of the 2 points either side of the one at u
@@ -53,8 +54,9 @@ class Case:
 
 
 def load_corpus(paths=CORPUS) -> list[dict]:
-    """The runs of every recorded file (a missing one has none)."""
-    return [run for path in paths for run in load_sweep(path)]
+    """The runs of every recorded file (a missing one has none), each with its `family`: as recorded, or else its
+    group (the sweep's and broad's six groups are today's six families)."""
+    return [{"family": run.get("group"), **run} for path in paths for run in load_sweep(path)]
 
 
 def load_sweep(path: Path = SWEEP) -> list[dict]:
