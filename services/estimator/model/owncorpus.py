@@ -68,8 +68,9 @@ def family(run: dict) -> str:
 
 
 def load_corpus(paths=CORPUS) -> list[dict]:
-    """The runs of every recorded file (a missing one has none)."""
-    return [run for path in paths for run in load_sweep(path)]
+    """The runs of every recorded file (a missing one has none), each with its `family` (`family()`: as recorded, or
+    else its group's)."""
+    return [{**run, "family": family(run)} for path in paths for run in load_sweep(path)]
 
 
 def load_sweep(path: Path = SWEEP) -> list[dict]:
