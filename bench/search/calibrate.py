@@ -19,7 +19,7 @@ from services.estimator.model.owntrain import calibrate
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sweep", type=Path, nargs="+", default=list(owncorpus.CORPUS))
+    parser.add_argument("--sweep", type=Path, nargs="+", default=list(owncorpus.TRAINED))
     parser.add_argument("--metrics", default="loss,val_loss,val_acc")
     parser.add_argument("--out", type=Path, default=CALIBRATION)
     args = parser.parse_args(argv)

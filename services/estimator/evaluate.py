@@ -187,7 +187,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "benchmark", "round", "family"), default="submitter",
+    ap.add_argument("--split", choices=("submitter", "benchmark", "round", "family", "unseen"), default="submitter",
                     help="family: own-jobs only, leave-one-family-out (fine-tunes the curve prior per family)")
     ap.add_argument("--kfold", type=int, default=0,
                     help="k folds over test submitters or benchmarks (submitter, benchmark split)")
@@ -209,8 +209,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.corpus == "own-jobs":
         return _own_jobs(args, ap)
-    if args.split == "family":
-        ap.error("param[--split] invalid: the family split is the own-jobs corpus's (--corpus own-jobs)")
+    if args.split in ("family", "unseen"):
+        ap.error(f"param[--split] invalid: the {args.split} split is the own-jobs corpus's (--corpus own-jobs)")
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
     try:
@@ -234,7 +234,11 @@ def _own_jobs(args, ap) -> int:
             report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
                                                      cache_dir=args.cache if str(args.cache) else None)
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
-        report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
+        if args.split == "unseen":
+            from services.estimator import ownfamily
+            report = ownfamily.run_unseen_evaluation(tuple(args.sweep or (owncorpus.FAMILIES,)))
+            return _emit(report, args, started=started, table=ownfamily.print_family_table)
+        report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.TRAINED), refit=args.refit,
                                             calibration_path=args.calibration or owncurve.CALIBRATION)
     except (OSError, ValueError) as exc:
         ap.error(str(exc))

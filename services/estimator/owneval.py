@@ -64,7 +64,7 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
-def run_own_evaluation(sweep: Path | tuple = owncorpus.CORPUS, *, calibration_path: Path = CALIBRATION,
+def run_own_evaluation(sweep: Path | tuple = owncorpus.TRAINED, *, calibration_path: Path = CALIBRATION,
                        refit: bool = False, metrics=tuple(owncorpus.METRICS)) -> dict:
     """Every method at every cut on the held-out seeds' cases; the headline is the loss."""
     paths = (sweep,) if isinstance(sweep, Path) else tuple(sweep)

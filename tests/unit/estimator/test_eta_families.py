@@ -1,6 +1,7 @@
 """The held-out families of the own-jobs corpus (`bench/search/families.py`): the recorded file reads through
 `owncorpus` with each run's family, every family gives cases, and the families' mid-run changes are real."""
 import gzip
+import inspect
 import json
 from collections import Counter
 
@@ -102,3 +103,13 @@ def test_the_schedules_shape_the_learning_rate():
     warm = multiplier("warmup-cosine", 100, warmup=10)
     assert warm(0) == pytest.approx(0.1) and warm(10) == pytest.approx(1.0) and warm(99) < 0.05
     assert torch.is_tensor(families.data.shapes()[0]) and families.data.shapes()[0].shape[1:] == (1, 16, 16)
+
+
+def test_nothing_shipped_is_fitted_on_the_held_out_families_and_the_unseen_split_refuses_seen_ones():
+    from services.estimator import ownfamily
+    from services.estimator.model.curveprior import train
+
+    assert owncorpus.FAMILIES not in owncorpus.TRAINED and owncorpus.FAMILIES in owncorpus.CORPUS
+    assert "owncorpus.load_corpus(owncorpus.TRAINED)" in inspect.getsource(train)  # the prior's fine-tuning
+    with pytest.raises(ValueError, match="param\\[--sweep\\] invalid: families"):
+        ownfamily.run_unseen_evaluation((owncorpus.BROAD,))

@@ -172,7 +172,7 @@ def _tune(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     base = load(PRETRAINED)
     if base is None:
         ap.error(f"cannot read the pre-trained prior {PRETRAINED}: run the pretrain stage first")
-    runs = owncorpus.load_corpus()
+    runs = owncorpus.load_corpus(owncorpus.TRAINED)  # never the held-out families
     if args.stage == "pads":  # the pads again, on the shipped network's own layers (its mixture as set by MIX)
         shipped = load(WEIGHTS)
         if shipped is None:
