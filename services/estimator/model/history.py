@@ -21,7 +21,7 @@ from services.estimator.model.features import (
     numeric_values,
 )
 
-FORMAT_VERSION = 3  # numpy weights and JSON state in one .npz (2: a torch file)
+FORMAT_VERSION = 4  # numpy weights and JSON state in one .npz (2: a torch file; 3: no bandwidths, no eval units)
 UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
 # Calibration and band key of a benchmark the model was never trained on: its figures are learned by leaving
 # each training benchmark out in turn (calibrate.train_with_calibration), not borrowed from seen ones.
