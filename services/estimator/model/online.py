@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.estimator.model.blend import BASELINE, blend
+from services.estimator.model.blend import BASELINE, EVAL_UNITS, blend
 from services.estimator.model.curves import predict_crossing, predict_crossing_spread
 from services.estimator.model.history import UNSEEN, HistoryPrior
 
@@ -68,6 +68,7 @@ class OnlineEstimator:
         self._fits: dict = {}
         self._curve_spread = math.inf  # log(latest / earliest family crossing) of the last fit
         self._reached = False
+        self._evals_at: list[float] = []  # progress at the first two evaluations: the job's own units of work
 
     # -- input ------------------------------------------------------------------------
     def observe(self, t_seconds: float, progress: float | None = None,
@@ -87,6 +88,8 @@ class OnlineEstimator:
             if self._metric_clock is None:
                 self._metric_clock = not self._marks_p
             x = t if self._metric_clock else self._marks_p[-1]
+            if not self._metric_clock and len(self._evals_at) < 2 and x > (self._evals_at or [0.0])[-1]:
+                self._evals_at.append(x)
             if x > 0:
                 self._metric_x.append(x)
                 self._metric_y.append(metric_value if self.mode == "max" else -metric_value)
@@ -145,14 +148,25 @@ class OnlineEstimator:
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
-        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead.
+        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead, in the job's own
+        # units (its evaluations') once it has them.
         seen = self.prior is not None and self.prior.seen
         if self._metric_clock:
             ref = (self.prior.duration_s if seen else self.prior.duration_high_s) if self.prior else None
         else:
-            ref = (self.prior.work if seen else self.prior.work_high) if self.prior else None
+            own = self.eval_units_work()
+            ref = (self.prior.work if seen else own[2] if own else self.prior.work_high) if self.prior else None
         cap = CURVE_MAX_OVER_PRIOR * ref if ref is not None else last * 5
         return min(max(cross, last), cap)
+
+    def eval_units_work(self) -> tuple[float, float, float] | None:
+        """(low, median, high) work to target of an unseen benchmark in multiples of its own first evaluation's work
+        (`evalunits`), None before that evaluation or on a benchmark the history knows."""
+        p = self.prior
+        if p is None or p.seen or p.eval_units is None or not self._evals_at:
+            return None
+        return p.eval_units.work(first=self._evals_at[0],
+                                 second=self._evals_at[1] if len(self._evals_at) > 1 else None)
 
     def _plateau_target(self) -> float | None:
         """Without a target, aim at 99% of the way to the fitted asymptote."""
@@ -167,7 +181,8 @@ class OnlineEstimator:
     def components(self, now: float) -> dict[str, float | None]:
         """Total-duration candidates (seconds since start) from each source."""
         elapsed = now - self.start_time
-        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None}
+        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None,
+                                          EVAL_UNITS: None}
         if self.prior is not None:
             p = self.prior
             # An unseen benchmark's band spans orders of magnitude: its tail says nothing of how long a run
@@ -196,6 +211,11 @@ class OnlineEstimator:
                     self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
                     <= self.prior.duration_high_s * SPEED_CONTRADICTED):
                 comps["history"] = None
+        own = self.eval_units_work() if work is None else None
+        if own is not None:
+            # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
+            needed = survived(own[1], own[0], own[2], passed=p_last)
+            comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
@@ -203,12 +223,14 @@ class OnlineEstimator:
 
     def _uncontradicted(self, comps: dict[str, float | None]) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
-        once its own curve puts the run's total outside that guess's 10-90% band widened by SPEED_CONTRADICTED,
-        the guess leaves the blend, as a seen benchmark's does when the live rate contradicts its speed."""
-        p, curve = self.prior, comps.get("curve")
-        if p is None or p.seen or curve is None or comps.get("history") is None:
+        once its own curve, or its work in its own evaluations' units, puts the run's total outside that guess's
+        10-90% band widened by SPEED_CONTRADICTED, the guess leaves the blend, as a seen benchmark's does when
+        the live rate contradicts its speed."""
+        p = self.prior
+        own = comps.get("curve") or comps.get(EVAL_UNITS)
+        if p is None or p.seen or own is None or comps.get("history") is None:
             return comps
-        if p.duration_low_s / SPEED_CONTRADICTED <= curve <= p.duration_high_s * SPEED_CONTRADICTED:
+        if p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED:
             return comps
         return {**comps, "history": None}
 
@@ -243,7 +265,8 @@ class OnlineEstimator:
         elif comps.get("curve") is not None and not self._curve_spread < CURVE_LOOSE_SPREAD:
             comps["curve_loose"] = comps.pop("curve")
         curve = ("curve", "curve_loose")
-        order = (*curve, "throughput", "history") if self.key == UNSEEN else ("throughput", "history", *curve)
+        order = (("curve", EVAL_UNITS, "curve_loose", "throughput", "history") if self.key == UNSEEN
+                 else ("throughput", "history", *curve))
         # On an unseen benchmark the work behind throughput and history is a guess; its own curve is not.
         guess = next((comps[k] for k in order if comps.get(k)), None)
         fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0
