@@ -211,28 +211,32 @@ class OnlineEstimator:
                     self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
                     <= self.prior.duration_high_s * SPEED_CONTRADICTED):
                 comps["history"] = None
-        own = self.eval_units_work() if work is None else None
+        own, own_band = self.eval_units_work() if work is None else None, None
         if own is not None:
             # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
             needed = survived(own[1], own[0], own[2], passed=p_last)
             comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
+            own_band = tuple(max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
-        return self._capped(self._uncontradicted(comps), elapsed)
+        return self._capped(self._uncontradicted(comps, own_band), elapsed)
 
-    def _uncontradicted(self, comps: dict[str, float | None]) -> dict[str, float | None]:
+    def _uncontradicted(self, comps: dict[str, float | None],
+                        own_band: tuple[float, float] | None = None) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
         once its own curve, or its work in its own evaluations' units, puts the run's total outside that guess's
-        10-90% band widened by SPEED_CONTRADICTED, the guess leaves the blend, as a seen benchmark's does when
-        the live rate contradicts its speed."""
-        p = self.prior
+        10-90% band widened by SPEED_CONTRADICTED, or the guess falls outside the band of the evaluations' units
+        (`own_band`, seconds) widened the same, it leaves the blend, as a seen benchmark's does when the live rate
+        contradicts its speed."""
+        p, history = self.prior, comps.get("history")
         own = comps.get("curve") or comps.get(EVAL_UNITS)
-        if p is None or p.seen or own is None or comps.get("history") is None:
+        if p is None or p.seen or own is None or history is None:
             return comps
-        if p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED:
-            return comps
-        return {**comps, "history": None}
+        inside_prior = p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED
+        inside_own = own_band is None or (
+            own_band[0] / SPEED_CONTRADICTED <= history <= own_band[1] * SPEED_CONTRADICTED)
+        return comps if inside_prior and inside_own else {**comps, "history": None}
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
