@@ -24,6 +24,12 @@ SPEED_CONTRADICTED = 2.0
 # ("curve_loose"): its errors are larger and biased long (measured on v3.1 held-out submitters: at 80% of
 # a run, 88-100% within 20% below it, 10-70% above), and the blend learns how little to trust it.
 CURVE_LOOSE_SPREAD = 0.2
+# An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default: on v3.1's benchmarks
+# held out in turn (`--split benchmark --kfold 3`) it took the blend from 13.6 / 36.0 / 38.3 / 35.2 / 48.6% within
+# ±20% at 10/20/30/50/80% of a run to 3.0 / 20.4 / 15.6 / 16.2 / 83.5% (from the second evaluation on only:
+# 4.0 / 6.1 / 17.7 / 28.7 / 73.3%): total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3 guess,
+# and the gain at 80% is mostly estimates of "finishing now", which that cut scores as within (median error 19.8%).
+EVAL_UNITS_BY_DEFAULT = False
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)
 
@@ -44,7 +50,8 @@ class OnlineEstimator:
     def __init__(self, *, start_time: float = 0.0, target: float | None = None,
                  mode: str = "max", total_work: float | None = None,
                  prior: HistoryPrior | None = None, calibration: dict | None = None,
-                 key: str | None = None, count_stall: bool = False) -> None:
+                 key: str | None = None, count_stall: bool = False,
+                 eval_units: bool = EVAL_UNITS_BY_DEFAULT) -> None:
         if mode not in ("max", "min"):
             raise ValueError("mode must be 'max' or 'min'")
         self.start_time, self.target, self.mode = start_time, target, mode
@@ -53,6 +60,7 @@ class OnlineEstimator:
         # The time since the last mark counts in the rate (a job evaluating between epochs is not moving): for a
         # rate-only estimate from printed progress, whose pauses nothing else predicts.
         self.count_stall = count_stall
+        self.use_eval_units = eval_units  # time an unseen benchmark in its own evaluations' units
         if prior is not None and not prior.seen:  # calibrated on benchmarks held out of the history model
             self.key = UNSEEN
         self._marks_t: list[float] = []
@@ -163,7 +171,7 @@ class OnlineEstimator:
         """(low, median, high) work to target of an unseen benchmark in multiples of its own first evaluation's work
         (`evalunits`), None before that evaluation or on a benchmark the history knows."""
         p = self.prior
-        if p is None or p.seen or p.eval_units is None or not self._evals_at:
+        if not self.use_eval_units or p is None or p.seen or p.eval_units is None or not self._evals_at:
             return None
         return p.eval_units.work(first=self._evals_at[0],
                                  second=self._evals_at[1] if len(self._evals_at) > 1 else None)

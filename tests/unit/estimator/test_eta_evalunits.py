@@ -43,7 +43,7 @@ def replay(est: OnlineEstimator, *, until: float, first_eval: float, every: floa
 
 def test_after_its_first_evaluation_an_unseen_benchmark_is_timed_in_its_own_units():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
-    est = OnlineEstimator(target=0.9, prior=unseen_prior(units))
+    est = OnlineEstimator(target=0.9, eval_units=True, prior=unseen_prior(units))
     replay(est, until=150, first_eval=100, every=100)  # the run meets its target at 1,000 s
     _, comps = est.snapshot(150.0)
     assert comps[EVAL_UNITS] == pytest.approx(1000.0, rel=0.1)
@@ -54,7 +54,7 @@ def test_after_its_first_evaluation_an_unseen_benchmark_is_timed_in_its_own_unit
 
 def test_evaluations_that_start_late_are_timed_by_their_cadence():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
-    est = OnlineEstimator(target=0.9, prior=unseen_prior(units))
+    est = OnlineEstimator(target=0.9, eval_units=True, prior=unseen_prior(units))
     replay(est, until=810, first_eval=800, every=20)  # first evaluation at 80% of a 1,000 s run, then every 20
     assert est.snapshot(810.0)[1][EVAL_UNITS] > 5000.0  # one evaluation: it may be the first of ten
     replay(est, start=820, until=830, first_eval=800, every=20)
@@ -62,11 +62,18 @@ def test_evaluations_that_start_late_are_timed_by_their_cadence():
     assert total == pytest.approx(1000.0, rel=0.2)
 
 
+def test_evaluation_units_are_off_unless_asked_for():
+    units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
+    est = OnlineEstimator(target=0.9, prior=unseen_prior(units))
+    replay(est, until=150, first_eval=100, every=100)
+    assert est.snapshot(150.0)[1][EVAL_UNITS] is None
+
+
 def test_a_benchmark_the_history_knows_is_not_timed_in_evaluation_units():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
     seen = HistoryPrior(duration_s=1000.0, duration_low_s=800.0, duration_high_s=1200.0, work=1000.0,
                         work_low=800.0, work_high=1200.0, benchmark="bert", seen=True, eval_units=units)
-    est = OnlineEstimator(target=0.9, prior=seen)
+    est = OnlineEstimator(target=0.9, eval_units=True, prior=seen)
     replay(est, until=150, first_eval=100, every=100)
     assert est.snapshot(150.0)[1][EVAL_UNITS] is None
 
@@ -77,7 +84,7 @@ def test_a_guess_outside_the_band_of_the_jobs_own_units_leaves_the_blend():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
     wide = HistoryPrior(duration_s=1e5, duration_low_s=10.0, duration_high_s=1e7, work=5.0, work_low=0.01,
                         work_high=1e4, benchmark="newbench", seen=False, eval_units=units)
-    est = OnlineEstimator(target=0.9, prior=wide)
+    est = OnlineEstimator(target=0.9, eval_units=True, prior=wide)
     replay(est, until=150, first_eval=100, every=100)
     _, comps = est.snapshot(150.0)
     assert comps["history"] is None
