@@ -162,7 +162,7 @@ class OnlineEstimator:
         if self._metric_clock:
             ref = (self.prior.duration_s if seen else self.prior.duration_high_s) if self.prior else None
         else:
-            own = self.eval_units_work() if self.use_eval_units else None
+            own = self.eval_units_work()
             ref = (self.prior.work if seen else own[2] if own else self.prior.work_high) if self.prior else None
         cap = CURVE_MAX_OVER_PRIOR * ref if ref is not None else last * 5
         return min(max(cross, last), cap)
@@ -171,7 +171,7 @@ class OnlineEstimator:
         """(low, median, high) work to target of an unseen benchmark in multiples of its own first evaluation's work
         (`evalunits`), None before that evaluation or on a benchmark the history knows."""
         p = self.prior
-        if p is None or p.seen or p.eval_units is None or not self._evals_at:
+        if not self.use_eval_units or p is None or p.seen or p.eval_units is None or not self._evals_at:
             return None
         return p.eval_units.work(first=self._evals_at[0],
                                  second=self._evals_at[1] if len(self._evals_at) > 1 else None)
@@ -223,8 +223,7 @@ class OnlineEstimator:
         if own is not None:
             # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
             needed = survived(own[1], own[0], own[2], passed=p_last)
-            if self.use_eval_units:
-                comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
+            comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
             own_band = tuple(max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
@@ -235,19 +234,17 @@ class OnlineEstimator:
                         own_band: tuple[float, float] | None = None) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
         once its own curve, or its work in its own evaluations' units, puts the run's total outside that guess's
-        10-90% band widened by SPEED_CONTRADICTED, it leaves the blend, as a seen benchmark's does when the live
-        rate contradicts its speed. A guess outside the 10-90% band of the evaluations' units (`own_band`, seconds:
-        a factor of ~40 wide) widened the same is moved to its edge."""
+        10-90% band widened by SPEED_CONTRADICTED, or the guess falls outside the band of the evaluations' units
+        (`own_band`, seconds) widened the same, it leaves the blend, as a seen benchmark's does when the live rate
+        contradicts its speed."""
         p, history = self.prior, comps.get("history")
-        if p is None or p.seen or history is None:
-            return comps
-        if own_band is not None:
-            history = min(max(history, own_band[0] / SPEED_CONTRADICTED), own_band[1] * SPEED_CONTRADICTED)
-            comps = {**comps, "history": history}
         own = comps.get("curve") or comps.get(EVAL_UNITS)
-        if own is None or p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED:
+        if p is None or p.seen or own is None or history is None:
             return comps
-        return {**comps, "history": None}
+        inside_prior = p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED
+        inside_own = own_band is None or (
+            own_band[0] / SPEED_CONTRADICTED <= history <= own_band[1] * SPEED_CONTRADICTED)
+        return comps if inside_prior and inside_own else {**comps, "history": None}
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
