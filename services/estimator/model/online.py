@@ -25,10 +25,11 @@ SPEED_CONTRADICTED = 2.0
 # a run, 88-100% within 20% below it, 10-70% above), and the blend learns how little to trust it.
 CURVE_LOOSE_SPREAD = 0.2
 # An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default: on v3.1's benchmarks
-# held out in turn (`--split benchmark --kfold 3`) it took the blend from 13.6 / 36.0 / 38.3 / 35.2 / 48.6% within
-# ±20% at 10/20/30/50/80% of a run to 3.0 / 20.4 / 15.6 / 16.2 / 83.5% (from the second evaluation on only:
-# 4.0 / 6.1 / 17.7 / 28.7 / 73.3%): total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3 guess,
-# and the gain at 80% is mostly estimates of "finishing now", which that cut scores as within (median error 19.8%).
+# held out in turn (`--split benchmark --kfold 3`, the accelerators' numbers in both) the blend went from 2.1 / 6.2 /
+# 18.8 / 26.8 / 49.0% within ±20% at 10/20/30/50/80% of a run without it to 3.0 / 20.4 / 15.6 / 16.2 / 83.5% with it
+# (from the second evaluation on only: 4.0 / 6.1 / 17.7 / 28.7 / 73.3%): worse at 50%, the cut of the unseen goal;
+# total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3 guess, and the gain at 80% is mostly
+# estimates of "finishing now", which that cut scores as within (median error 19.8%).
 EVAL_UNITS_BY_DEFAULT = False
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)
