@@ -5,7 +5,8 @@ headline: new round, new systems, new benchmarks). `--split submitter` (default)
 submitters held out (`--kfold K` folds, or one held-out share), the rest of it trained on too.
 `--split benchmark`: the same with the test tarball's benchmarks held out (every run of a held-out benchmark
 leaves training): with `--train` and `--test` the same tarball (v3.1), the development analogue of a new
-round's unseen benchmarks, so the round's own test runs are not tuned on.
+round's unseen benchmarks, so the round's own test runs are not tuned on. `--split accelerator`: the same with the
+test tarball's accelerator models held out (the development analogue of a new round's new accelerators).
 `--targets FILE` declares the quality target of benchmarks the built-in table does not know.
 """
 
@@ -71,9 +72,14 @@ def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0)
 
 
 # -- splits -------------------------------------------------------------------------------
+def split_key(run, by: str) -> str:
+    """What a split holds out of a run: its submitter, benchmark, or accelerator model (the vocabulary's word)."""
+    return normalise_accelerator(run.accelerator) if by == "accelerator" else getattr(run, by)
+
+
 def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0, by: str = "submitter"):
     """Hold out a share of the test corpus's submitters (or benchmarks); drop them from training too."""
-    subs = sorted({getattr(r, by) for r in runs_test})
+    subs = sorted({split_key(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
     held = set(subs[: max(1, round(len(subs) * share))])
     return [held]
@@ -81,7 +87,7 @@ def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0,
 
 def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0, by: str = "submitter"):
     """k folds over the test corpus's submitters (or benchmarks); each fold is held out of training."""
-    subs = sorted({getattr(r, by) for r in runs_test})
+    subs = sorted({split_key(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
     return [set(subs[i::k]) for i in range(k)]
 
@@ -101,13 +107,13 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
             raise ValueError("param[--train] invalid: a round split never trains on its --test tarball")
         plans = [(None, [r for r in others if is_usable(r)], test_ok, test_bad)]
     else:
-        by = "benchmark" if split == "benchmark" else "submitter"
+        by = split
         pool = [r for r in others + test_all if is_usable(r)]
         helds = (split_kfold(pool, test_all, k=kfold, seed=seed, by=by) if kfold > 1
                  else split_holdout(pool, test_all, share=share, seed=seed, by=by))
-        plans = [(held, [r for r in pool if getattr(r, by) not in held],
-                  [r for r in test_ok if getattr(r, by) in held],
-                  [r for r in test_bad if getattr(r, by) in held]) for held in helds]
+        plans = [(held, [r for r in pool if split_key(r, by) not in held],
+                  [r for r in test_ok if split_key(r, by) in held],
+                  [r for r in test_bad if split_key(r, by) in held]) for held in helds]
     merged: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
     splits = []
     seen_bench, seen_accel = set(), set()
@@ -116,7 +122,7 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
         seen_a = {normalise_accelerator(r.accelerator) for r in train}
         seen_bench |= seen_b
         seen_accel |= seen_a
-        splits.append({f"held_out_{'benchmarks' if split == 'benchmark' else 'submitters'}":
+        splits.append({f"held_out_{split if split != 'round' else 'submitter'}s":
                        sorted(held) if held else None, "train_runs": len(train),
                        "test_runs": len(test) + len(bad), "test_unscorable": len(bad),
                        "unseen_benchmarks": sorted({r.benchmark for r in test + bad} - seen_b)})
@@ -187,8 +193,9 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "benchmark", "round", "family", "unseen"), default="submitter",
-                    help="family: own-jobs only, leave-one-family-out (fine-tunes the curve prior per family)")
+    ap.add_argument("--split", choices=("submitter", "benchmark", "accelerator", "round", "family", "unseen"),
+                    default="submitter", help="family: own-jobs only, leave-one-family-out (fine-tunes the curve "
+                    "prior per family); unseen: own-jobs only, the shipped estimator on the families it never saw")
     ap.add_argument("--kfold", type=int, default=0,
                     help="k folds over test submitters or benchmarks (submitter, benchmark split)")
     ap.add_argument("--share", type=float, default=1 / 3,

@@ -17,13 +17,15 @@ import numpy as np
 # "median_rate": the history's median work over the live rate, not conditioned on the progress passed: the
 # baseline the issue names ("median work / live throughput"); each cell is shrunk toward it (`lam`).
 BASELINE = "median_rate"
-COMPONENTS = ("history", "throughput", "curve", "curve_loose", BASELINE)
+# "eval_units": an unseen benchmark's work in multiples of its own first evaluation's (evalunits.py) over the rate.
+EVAL_UNITS = "eval_units"
+COMPONENTS = ("history", "throughput", "curve", "curve_loose", BASELINE, EVAL_UNITS)
 # Shrinkage toward the baseline a cell may take, chosen by cross-fitting on the calibration samples.
 SHRINK_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # What a cell is shrunk toward: the baseline; on a benchmark never trained on (no history work, so no
-# baseline) its own curve, tight or loose, whichever the job has.
+# baseline) its own curve, tight or loose, whichever the job has, else its work in its own evaluations' units.
 ANCHORS = (BASELINE,)
-OWN_POOL_ANCHORS = ("curve", "curve_loose")
+OWN_POOL_ANCHORS = ("curve", "curve_loose", EVAL_UNITS)
 # Fraction-of-run buckets: estimates change character fast early on, and again near the end, where the
 # fraction is capped at 1 and a run past what its kind needs reads as done: one bucket from 0.8 to 1 gave runs
 # at 0.83 the bias of those at 0.99 (on v3.1 held-out submitters, rnnt at 80% of a run came out 33% long).
@@ -61,7 +63,7 @@ def default_weights(fraction: float, available: set[str], *, unseen: bool = Fals
     raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live,
            "curve_loose": 0.1 * live}
     if unseen:
-        raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0, "curve_loose": 0.5}
+        raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0, "curve_loose": 0.5, EVAL_UNITS: 0.7}
     return _normalise({k: v for k, v in raw.items() if k in available})
 
 

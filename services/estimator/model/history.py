@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from services.estimator.model import evalunits
+from services.estimator.model.evalunits import EvalUnits
 from services.estimator.model.features import (
     CATEGORICAL,
     NUMERIC,
@@ -21,7 +23,7 @@ from services.estimator.model.features import (
     numeric_values,
 )
 
-FORMAT_VERSION = 3  # numpy weights and JSON state in one .npz (2: a torch file)
+FORMAT_VERSION = 4  # numpy weights and JSON state in one .npz (2: a torch file; 3: no bandwidths, no eval units)
 UNSEEN_ACCELERATOR = "<unseen>"  # encodes as the vocabulary's <unk>
 # Calibration and band key of a benchmark the model was never trained on: its figures are learned by leaving
 # each training benchmark out in turn (calibrate.train_with_calibration), not borrowed from seen ones.
@@ -47,6 +49,8 @@ class HistoryPrior:
     work_high: float
     benchmark: str = "unknown"
     seen: bool = True  # False: the model never trained on this benchmark (bands from held-out benchmarks)
+    # Work to target in multiples of the job's own first evaluation, learned across the training benchmarks.
+    eval_units: EvalUnits | None = None
 
 
 # Work to target is a property of the algorithm and its hyper-parameters, not of the
@@ -84,6 +88,7 @@ class HistoryPredictor:
         self.duration_table: dict[str, float] = {}  # "benchmark|accel|count|batch" -> median s
         self.log_range: list[list[float]] | None = None  # [[lo, hi] log work, [lo, hi] log unit cost]
         self.weights: dict[str, np.ndarray] | None = None  # the network's, by state_dict name
+        self.eval_units: EvalUnits | None = None  # total / first-evaluation work across benchmarks
 
     # -- encoding -----------------------------------------------------------------------
     def _encode(self, feats: list[JobFeatures]) -> np.ndarray:
@@ -122,6 +127,7 @@ class HistoryPredictor:
         self._fit(feats, cost)
         self.work_table = _work_table(feats, y[:, 0])
         self.duration_table = _duration_table(feats, y[:, 1])
+        self.eval_units = evalunits.learn(runs)
         if resid is None:
             resid = y - np.log(np.array([self._predict_raw(f) for f in feats]))
         self._set_quantiles([f.benchmark for f in feats], resid)
@@ -225,7 +231,7 @@ class HistoryPredictor:
         return HistoryPrior(
             duration_s=dur, duration_low_s=dur * math.exp(dq_lo), duration_high_s=dur * math.exp(dq_hi),
             work=work, work_low=work * math.exp(wq_lo), work_high=work * math.exp(wq_hi),
-            benchmark=feat.benchmark, seen=seen)
+            benchmark=feat.benchmark, seen=seen, eval_units=self.eval_units)
 
     def predict(self, features: JobFeatures) -> tuple[float, float, float]:
         """(duration_s, low_s, high_s) before the job starts."""
@@ -240,6 +246,7 @@ class HistoryPredictor:
             "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
             "quantiles": self.quantiles, "blend": self.blend, "work_table": self.work_table,
             "duration_table": self.duration_table, "log_range": self.log_range,
+            "eval_units": self.eval_units.to_state() if self.eval_units else None,
         }
 
     def save(self, path) -> None:
@@ -266,6 +273,7 @@ class HistoryPredictor:
         self.work_table = state["work_table"]
         self.duration_table = state["duration_table"]
         self.log_range = state.get("log_range")  # absent from models saved before it existed
+        self.eval_units = EvalUnits.from_state(state.get("eval_units"))
         self.weights = weights
         return self
 

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from services.estimator.model.blend import BASELINE, blend
+from services.estimator.model.blend import BASELINE, EVAL_UNITS, blend
 from services.estimator.model.curves import predict_crossing, predict_crossing_spread
 from services.estimator.model.history import UNSEEN, HistoryPrior
 
@@ -24,6 +24,13 @@ SPEED_CONTRADICTED = 2.0
 # ("curve_loose"): its errors are larger and biased long (measured on v3.1 held-out submitters: at 80% of
 # a run, 88-100% within 20% below it, 10-70% above), and the blend learns how little to trust it.
 CURVE_LOOSE_SPREAD = 0.2
+# An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default: on v3.1's benchmarks
+# held out in turn (`--split benchmark --kfold 3`, the accelerators' numbers in both) the blend went from 2.1 / 6.2 /
+# 18.8 / 26.8 / 49.0% within ±20% at 10/20/30/50/80% of a run without it to 3.0 / 20.4 / 15.6 / 16.2 / 83.5% with it
+# (from the second evaluation on only: 4.0 / 6.1 / 17.7 / 28.7 / 73.3%): worse at 50%, the cut of the unseen goal;
+# total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3 guess, and the gain at 80% is mostly
+# estimates of "finishing now", which that cut scores as within (median error 19.8%).
+EVAL_UNITS_BY_DEFAULT = False
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)
 
@@ -44,7 +51,8 @@ class OnlineEstimator:
     def __init__(self, *, start_time: float = 0.0, target: float | None = None,
                  mode: str = "max", total_work: float | None = None,
                  prior: HistoryPrior | None = None, calibration: dict | None = None,
-                 key: str | None = None, count_stall: bool = False) -> None:
+                 key: str | None = None, count_stall: bool = False,
+                 eval_units: bool = EVAL_UNITS_BY_DEFAULT) -> None:
         if mode not in ("max", "min"):
             raise ValueError("mode must be 'max' or 'min'")
         self.start_time, self.target, self.mode = start_time, target, mode
@@ -53,6 +61,7 @@ class OnlineEstimator:
         # The time since the last mark counts in the rate (a job evaluating between epochs is not moving): for a
         # rate-only estimate from printed progress, whose pauses nothing else predicts.
         self.count_stall = count_stall
+        self.use_eval_units = eval_units  # time an unseen benchmark in its own evaluations' units
         if prior is not None and not prior.seen:  # calibrated on benchmarks held out of the history model
             self.key = UNSEEN
         self._marks_t: list[float] = []
@@ -68,6 +77,7 @@ class OnlineEstimator:
         self._fits: dict = {}
         self._curve_spread = math.inf  # log(latest / earliest family crossing) of the last fit
         self._reached = False
+        self._evals_at: list[float] = []  # progress at the first two evaluations: the job's own units of work
 
     # -- input ------------------------------------------------------------------------
     def observe(self, t_seconds: float, progress: float | None = None,
@@ -87,6 +97,8 @@ class OnlineEstimator:
             if self._metric_clock is None:
                 self._metric_clock = not self._marks_p
             x = t if self._metric_clock else self._marks_p[-1]
+            if not self._metric_clock and len(self._evals_at) < 2 and x > (self._evals_at or [0.0])[-1]:
+                self._evals_at.append(x)
             if x > 0:
                 self._metric_x.append(x)
                 self._metric_y.append(metric_value if self.mode == "max" else -metric_value)
@@ -145,14 +157,25 @@ class OnlineEstimator:
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
-        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead.
+        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead, in the job's own
+        # units (its evaluations') once it has them.
         seen = self.prior is not None and self.prior.seen
         if self._metric_clock:
             ref = (self.prior.duration_s if seen else self.prior.duration_high_s) if self.prior else None
         else:
-            ref = (self.prior.work if seen else self.prior.work_high) if self.prior else None
+            own = self.eval_units_work()
+            ref = (self.prior.work if seen else own[2] if own else self.prior.work_high) if self.prior else None
         cap = CURVE_MAX_OVER_PRIOR * ref if ref is not None else last * 5
         return min(max(cross, last), cap)
+
+    def eval_units_work(self) -> tuple[float, float, float] | None:
+        """(low, median, high) work to target of an unseen benchmark in multiples of its own first evaluation's work
+        (`evalunits`), None before that evaluation or on a benchmark the history knows."""
+        p = self.prior
+        if not self.use_eval_units or p is None or p.seen or p.eval_units is None or not self._evals_at:
+            return None
+        return p.eval_units.work(first=self._evals_at[0],
+                                 second=self._evals_at[1] if len(self._evals_at) > 1 else None)
 
     def _plateau_target(self) -> float | None:
         """Without a target, aim at 99% of the way to the fitted asymptote."""
@@ -167,7 +190,8 @@ class OnlineEstimator:
     def components(self, now: float) -> dict[str, float | None]:
         """Total-duration candidates (seconds since start) from each source."""
         elapsed = now - self.start_time
-        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None}
+        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None,
+                                          EVAL_UNITS: None}
         if self.prior is not None:
             p = self.prior
             # An unseen benchmark's band spans orders of magnitude: its tail says nothing of how long a run
@@ -196,21 +220,32 @@ class OnlineEstimator:
                     self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
                     <= self.prior.duration_high_s * SPEED_CONTRADICTED):
                 comps["history"] = None
+        own, own_band = self.eval_units_work() if work is None else None, None
+        if own is not None:
+            # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
+            needed = survived(own[1], own[0], own[2], passed=p_last)
+            comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
+            own_band = tuple(max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
-        return self._capped(self._uncontradicted(comps), elapsed)
+        return self._capped(self._uncontradicted(comps, own_band), elapsed)
 
-    def _uncontradicted(self, comps: dict[str, float | None]) -> dict[str, float | None]:
+    def _uncontradicted(self, comps: dict[str, float | None],
+                        own_band: tuple[float, float] | None = None) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
-        once its own curve puts the run's total outside that guess's 10-90% band widened by SPEED_CONTRADICTED,
-        the guess leaves the blend, as a seen benchmark's does when the live rate contradicts its speed."""
-        p, curve = self.prior, comps.get("curve")
-        if p is None or p.seen or curve is None or comps.get("history") is None:
+        once its own curve, or its work in its own evaluations' units, puts the run's total outside that guess's
+        10-90% band widened by SPEED_CONTRADICTED, or the guess falls outside the band of the evaluations' units
+        (`own_band`, seconds) widened the same, it leaves the blend, as a seen benchmark's does when the live rate
+        contradicts its speed."""
+        p, history = self.prior, comps.get("history")
+        own = comps.get("curve") or comps.get(EVAL_UNITS)
+        if p is None or p.seen or own is None or history is None:
             return comps
-        if p.duration_low_s / SPEED_CONTRADICTED <= curve <= p.duration_high_s * SPEED_CONTRADICTED:
-            return comps
-        return {**comps, "history": None}
+        inside_prior = p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED
+        inside_own = own_band is None or (
+            own_band[0] / SPEED_CONTRADICTED <= history <= own_band[1] * SPEED_CONTRADICTED)
+        return comps if inside_prior and inside_own else {**comps, "history": None}
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
         # A stalled rate would predict centuries; no run takes 20x its history band or elapsed.
@@ -243,7 +278,8 @@ class OnlineEstimator:
         elif comps.get("curve") is not None and not self._curve_spread < CURVE_LOOSE_SPREAD:
             comps["curve_loose"] = comps.pop("curve")
         curve = ("curve", "curve_loose")
-        order = (*curve, "throughput", "history") if self.key == UNSEEN else ("throughput", "history", *curve)
+        order = (("curve", EVAL_UNITS, "curve_loose", "throughput", "history") if self.key == UNSEEN
+                 else ("throughput", "history", *curve))
         # On an unseen benchmark the work behind throughput and history is a guess; its own curve is not.
         guess = next((comps[k] for k in order if comps.get(k)), None)
         fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0

@@ -71,6 +71,8 @@ def test_save_load_round_trip(trained, tmp_path):
     feat = features_from_run(runs[3])
     assert loaded.predict(feat) == pytest.approx(model.predict(feat))
     assert loaded.blend == model.blend
+    assert model.eval_units is not None and loaded.eval_units == model.eval_units
+    assert loaded.prior(feat).eval_units == model.eval_units
 
 
 def test_load_rejects_other_format_versions_and_the_old_torch_files(trained, tmp_path):
