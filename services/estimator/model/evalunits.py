@@ -33,8 +33,8 @@ class EvalUnits:
         """(low, median, high) work to target, from the first evaluation's work and, once seen, the second's."""
         if second is not None and second > first > 0:
             cadence = second - first
-            return tuple(first + max(k, 1.0) * cadence for k in self.steps)
-        return tuple(first * max(r, 1.0) for r in self.ratio)
+            return _three(first + max(k, 1.0) * cadence for k in self.steps)
+        return _three(first * max(r, 1.0) for r in self.ratio)
 
     def to_state(self) -> dict:
         return {"ratio": list(self.ratio), "steps": list(self.steps)}
@@ -43,7 +43,7 @@ class EvalUnits:
     def from_state(cls, state: dict | None) -> EvalUnits | None:
         if not state:
             return None
-        return cls(ratio=tuple(float(v) for v in state["ratio"]), steps=tuple(float(v) for v in state["steps"]))
+        return cls(ratio=_three(state["ratio"]), steps=_three(state["steps"]))
 
 
 def eval_marks(run) -> tuple[float, float | None] | None:
@@ -71,5 +71,10 @@ def learn(runs) -> EvalUnits | None:
     if not pooled_r:
         return None
     levels = (Q_LOW, Q_MID, Q_HIGH)
-    return EvalUnits(ratio=tuple(float(v) for v in np.quantile(pooled_r, levels)),
-                     steps=tuple(float(v) for v in np.quantile(pooled_k, levels)))
+    return EvalUnits(ratio=_three(np.quantile(pooled_r, levels)), steps=_three(np.quantile(pooled_k, levels)))
+
+
+def _three(values) -> tuple[float, float, float]:
+    """(low, median, high) as floats; anything but three values is refused."""
+    low, mid, high = (float(v) for v in values)
+    return low, mid, high

@@ -83,7 +83,8 @@ def test_accelerator_split_holds_out_each_accelerator_model_under_every_spelling
     assert evaluate.split_key(runs[0], "accelerator") == evaluate.split_key(runs[1], "accelerator")
 
 
-@pytest.mark.parametrize("name", ["", "x" * 100_000, "b" + "9" * 50_000, "NVIDIA\x00H100\u202e", "(r)" * 1000, "🚀 GPU"])
+@pytest.mark.parametrize("name", ["", "x" * 100_000, "b" + "9" * 50_000, "NVIDIA\x00H100\u202e", "(r)" * 1000,
+                                  "🚀 GPU"])
 def test_a_node_claiming_any_name_gets_numbers_or_none_never_an_error(name):
     known = hardware(name)  # the name is the node's claim (TaskStarted.gpu_model) or the job's declaration
     assert known is None or (known.tflops > 0 and known.memory_gbps > 0 and known.link_gbps > 0)
