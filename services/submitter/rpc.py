@@ -7,7 +7,7 @@ from fastapi import Request
 from nats.errors import NoRespondersError
 
 from shared.bus import RPC_CANDIDATES
-from shared.jobs import JobCreate, Spec
+from shared.jobs import JobCreate, Parameter, Spec
 from shared.rpc import CandidatesQuery, CandidatesReply
 from services.submitter import errors
 from services.submitter.errors import ApiError
@@ -38,11 +38,12 @@ async def ask(request: Request, subject: str, payload: Any, *, timeout: float | 
 
 async def candidates(request: Request, body: JobCreate, *, project_id: str, user_name: str) -> CandidatesReply:
     """Where the job could run, how long and at what cost (placement's dry run: the one pricing of a job)."""
-    return await spec_candidates(request, body.spec, project_id=project_id, user_name=user_name)
+    return await spec_candidates(request, body.spec, project_id=project_id, user_name=user_name,
+                                 parameters=body.algorithm.parameters)
 
 
 async def spec_candidates(request: Request, spec: Spec, *, project_id: str, user_name: str,
-                          timeout: float | None = None) -> CandidatesReply:
-    """Placement's dry run of a job's spec."""
-    query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id)
+                          timeout: float | None = None, parameters: list[Parameter] | None = None) -> CandidatesReply:
+    """Placement's dry run of a job's spec (with its parameters, the estimator's duration where it has one)."""
+    query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id, parameters=parameters or [])
     return CandidatesReply.model_validate(await ask(request, RPC_CANDIDATES, query, timeout=timeout))

@@ -23,8 +23,8 @@ from services.placement.policy.options import (
     rent_cost,
     share_per_hour,
 )
-from services.placement.policy.spot import spot_duration
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY
+from services.placement.policy.spot import spot_duration
 
 OWNED_POLICIES = ("wait-local", "local-fifo")
 KINDS = ("local", "reserved", "on_demand")
