@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.jobs import Spec
+from shared.jobs import Parameter, Spec
 
 GroupBy = Literal["user", "node_kind", "node", "project"]
 
@@ -159,6 +159,9 @@ class CandidatesQuery(BaseModel):
     spec: Spec
     user_name: str
     project_id: str
+    parameters: list[Parameter] = Field(default_factory=list, max_length=100, description="The algorithm's "
+                                        "parameters: `benchmark`, `batch_size` and `learning_rate` let placement "
+                                        "ask the estimator for the duration, as it will once the job is queued.")
 
 
 class Candidate(BaseModel):

@@ -1,5 +1,7 @@
 """A dry run as the RPC answers it: the policy's offers for a job (policy/dryrun.py), the one it would take first,
 and the allowed kinds that could never host the job (pure)."""
+from collections.abc import Mapping
+
 from shared.rpc import Candidate, CandidatesReply
 from services.placement.policy import ClusterState, JobRequest, Node, PolicyConfig
 from services.placement.policy.dryrun import Offer, offers
@@ -9,11 +11,12 @@ from services.placement.policy.models import KINDS_FOR_ALLOWED
 
 
 def candidates(state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig, known: tuple[Node, ...],
-               source: str, constraint: Constraint | None = None) -> CandidatesReply:
+               source: str, constraint: Constraint | None = None,
+               constraints: Mapping[str, Constraint] | None = None) -> CandidatesReply:
     """Where the job could go and at what price, priced as the policy prices what it decides, the one the engine
     would take now first (a job without GPUs and no room anywhere now: the cheapest first); a kind is unplaceable
     when no `known` node (lost ones included: they may come back) nor instance type could ever host it."""
-    found = offers(state, job, now=now, config=config, constraint=constraint)
+    found = offers(state, job, now=now, config=config, constraint=constraint, constraints=constraints)
     hosts = hosts_by_kind((n for n in known if constraint is None or constraint.allows(n)), job)
     rentable = (constraint is None or constraint.rents) and any(could_rent(job, it) for it in state.catalogue)
     unplaceable = {kind: f"no {kind} node can host {job.gpu_count} GPU(s) of at least {job.min_gpu_memory_gb:g} GB "

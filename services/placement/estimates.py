@@ -8,12 +8,13 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
 
 from shared.bus import RPC_METRICS, RPC_PREDICT
-from shared.jobs import Algorithm, Resource
+from shared.jobs import Parameter, Resource
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 
 log = logging.getLogger(__name__)
@@ -33,9 +34,9 @@ class Estimate:
     source: str  # "estimator" | "owner" | "default"
 
 
-def query_for(algorithm: Algorithm, resource: Resource, accelerator: str) -> PredictQuery | None:
+def query_for(parameters: Sequence[Parameter], resource: Resource, accelerator: str) -> PredictQuery | None:
     """The estimator's features from the job's parameters; None when it names no benchmark."""
-    params = {p.name.lower(): p.value for p in algorithm.parameters}
+    params = {p.name.lower(): p.value for p in parameters}
     benchmark = params.get("benchmark", "").strip()
     if not benchmark:
         return None

@@ -99,7 +99,7 @@ async def on_estimate(event: EtaEstimated, placement: Placement = Context("place
 @router.subscriber(RPC_CANDIDATES)
 async def dry_run(query: CandidatesQuery, placement: Placement = Context("placement")) -> CandidatesReply:
     """Where a job could run, how long and at what cost; nothing is created."""
-    return placement.candidates(query)
+    return await placement.dry_run(query)
 
 
 @router.subscriber(RPC_CATALOGUE)

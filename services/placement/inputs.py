@@ -1,11 +1,11 @@
 """The policy's inputs from placement's records: jobs as the policy sees them, running work, capacity given out,
 each queued job's constraint (nodes kept for it, nodes it moves away from, its pool), GPU numbering."""
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.events import Assignment
-from shared.jobs import Resource, Spec
+from shared.jobs import Parameter, Resource, Spec
 from services.placement.adapter import DEFAULT_DURATION_S, Usage
 from services.placement.estimates import Estimate, Estimates, fallback, query_for
 from services.placement.fairshare import FairShare
@@ -28,14 +28,17 @@ class PolicyInputs:
 
     def job_request(self, item) -> JobRequest:
         """A queue item (QueueItem) as the policy's job: the estimator's duration when it has one."""
-        estimate = self.estimates.cached(query_for(item.algorithm, item.needs, ""))
+        estimate = self.estimates.cached(query_for(item.algorithm.parameters, item.needs, ""))
         return self._request(item.spec, item.needs, job_id=item.job_id, user_name=item.user_name,
                              project_id=item.project_id, submitted_at=item.submitted_at.timestamp(),
                              estimate=estimate or fallback(item.spec.placement.expected_duration_s))
 
-    def spec_request(self, spec: Spec, *, project_id: str, user_name: str, now: float) -> tuple[JobRequest, str]:
-        """A job not submitted yet (a dry run) as the policy's job, and where its duration comes from."""
-        estimate = fallback(spec.placement.expected_duration_s)
+    def spec_request(self, spec: Spec, *, project_id: str, user_name: str, now: float,
+                     parameters: Sequence[Parameter] = ()) -> tuple[JobRequest, str]:
+        """A job not submitted yet (a dry run) as the policy's job, and where its duration comes from: the
+        estimator's answer when it has one (`refresh_one` asked it), as for a queued job."""
+        estimate = self.estimates.cached(query_for(parameters, spec.resource, ""), now=now) or \
+            fallback(spec.placement.expected_duration_s)
         job = self._request(spec, spec.resource, job_id="dry-run", user_name=user_name, project_id=project_id,
                             submitted_at=now, estimate=estimate)
         return job, estimate.source
@@ -54,9 +57,15 @@ class PolicyInputs:
                           checkpoint_interval_s=prefs.checkpoint_interval_s,
                           deadline=prefs.deadline.timestamp() if prefs.deadline else None)
 
+    async def refresh_one(self, spec: Spec, parameters: Sequence[Parameter], now: float) -> None:
+        """Ask the estimator about a job not submitted yet (a dry run), unless asked lately (bounded wait)."""
+        if query := query_for(parameters, spec.resource, ""):
+            await self.estimates.refresh([query], now=now)
+
     async def refresh(self, items: Iterable, now: float) -> None:
         """Ask the estimator about queued jobs it has not been asked about lately (bounded wait)."""
-        await self.estimates.refresh([q for i in items if (q := query_for(i.algorithm, i.needs, ""))], now=now)
+        queries = [q for i in items if (q := query_for(i.algorithm.parameters, i.needs, ""))]
+        await self.estimates.refresh(queries, now=now)
 
     def config_now(self) -> PolicyConfig:
         """The config with durations read at the fleet's median GPU speed."""

@@ -212,15 +212,23 @@ class Placement:
     def catalogue(self) -> Catalogue:
         return catalogue(self.fleet.all_infos(), self.fleet.catalogue, self.flavors)
 
+    async def dry_run(self, query: CandidatesQuery) -> CandidatesReply:
+        """A dry run with the estimator asked first (bounded wait), as a queued job's duration is."""
+        await self.inputs.refresh_one(query.spec, query.parameters, time.time())
+        return self.candidates(query)
+
     def candidates(self, query: CandidatesQuery) -> CandidatesReply:
-        """A dry run: the policy's options for the job now, priced as it prices what it decides."""
+        """A dry run: what the configured policy decides for the job queued behind the jobs waiting now (with their
+        constraints), at the price it decides it; the estimator's duration when it has answered."""
         now = time.time()
         job, source = self.inputs.spec_request(query.spec, project_id=query.project_id, user_name=query.user_name,
-                                               now=now)
+                                               now=now, parameters=query.parameters)
         pool = query.spec.resource.pool_id
-        return candidates(self.inputs.state(self._kept_queued(), self.store.placed(), now), job, now=now,
+        queued = list(self.store.waiting())
+        return candidates(self.inputs.state(queued, self.store.placed(), now), job, now=now,
                           config=self.inputs.config_now(), known=self.fleet.known_nodes(), source=source,
-                          constraint=Constraint(pool=pool) if pool else None)
+                          constraint=Constraint(pool=pool) if pool else None,
+                          constraints=self.inputs.constraints(queued))
 
     async def _charge_fair_share(self, item: "QueueItem", event: JobStatusChanged) -> None:
         """Recent GPU-hours per user (halved every week) order the queue fairly; persisted across restarts."""

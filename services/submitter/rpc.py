@@ -8,7 +8,7 @@ from faststream.nats import NatsBroker
 from nats.errors import NoRespondersError
 
 from shared.bus import RPC_CANDIDATES
-from shared.jobs import JobCreate, Spec
+from shared.jobs import JobCreate, Parameter, Spec
 from shared.rpc import CandidatesQuery, CandidatesReply
 from services.submitter.refusals import ServiceAway
 
@@ -42,10 +42,11 @@ class Requester:
 
     async def candidates(self, body: JobCreate, *, project_id: str, user_name: str) -> CandidatesReply:
         """Where the job could run, how long and at what cost (placement's dry run: the one pricing of a job)."""
-        return await self.spec_candidates(body.spec, project_id=project_id, user_name=user_name)
+        return await self.spec_candidates(body.spec, project_id=project_id, user_name=user_name,
+                                          parameters=body.algorithm.parameters)
 
-    async def spec_candidates(self, spec: Spec, *, project_id: str, user_name: str,
-                              timeout: float | None = None) -> CandidatesReply:
-        """Placement's dry run of a job's spec."""
-        query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id)
+    async def spec_candidates(self, spec: Spec, *, project_id: str, user_name: str, timeout: float | None = None,
+                              parameters: list[Parameter] | None = None) -> CandidatesReply:
+        """Placement's dry run of a job's spec (with its parameters, the estimator's duration where it has one)."""
+        query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id, parameters=parameters or [])
         return CandidatesReply.model_validate(await self.ask(RPC_CANDIDATES, query, timeout=timeout))

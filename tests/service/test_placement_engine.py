@@ -79,3 +79,16 @@ async def test_a_job_in_a_pool_goes_only_to_its_pools_nodes(service):
     await register(broker, pooled.model_copy(update={"labels": {"pool": "vision"}}))
     await publish(broker, submitted(job_id="j", gpu_count=1, pool_id="vision"))
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["pooled"]
+
+
+async def test_a_dry_run_is_weighed_behind_the_jobs_queued_before_it(service):
+    broker, placement = service
+    await register(broker, node(node_id="fast", gpus=1, tflops=200, price=1.0))
+    await register(broker, node(node_id="slow", gpus=1, tflops=150, price=1.0))
+    await publish(broker, submitted(job_id="ahead", gpu_count=1, expected_duration_s=3600))
+    [first, *_] = placement.candidates(CandidatesQuery(spec=spec(resource={"gpu_count": 1}, placement={
+        "expected_duration_s": 3600}), user_name="alice", project_id="p")).candidates
+    assert first.node_id == "slow"  # the job queued first takes the fast node
+    await publish(broker, submitted(job_id="j", gpu_count=1, expected_duration_s=3600))
+    assert await placement.schedule_once() == 2
+    assert (where(placement, "ahead"), where(placement, "j")) == (["fast"], ["slow"])

@@ -6,11 +6,11 @@ from datetime import timedelta
 import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
-from shared.bus import RPC_PREDICT, publish
+from shared.bus import RPC_CANDIDATES, RPC_PREDICT, publish
 from shared.cluster import ClusterFile
 from shared.events import JobStatusChanged, NodeRegistered, NodeStateChanged
-from shared.jobs import Phase, SecondaryPhase
-from shared.rpc import PredictQuery, PredictReply
+from shared.jobs import Phase, SecondaryPhase, Spec
+from shared.rpc import CandidatesQuery, CandidatesReply, PredictQuery, PredictReply
 from shared.store import DocumentStore
 from services.placement.estimates import Estimates
 from services.placement.fairshare import FairShare
@@ -191,3 +191,18 @@ async def test_a_pass_rebuilds_only_the_nodes_that_changed():
     [view] = service.fleet.policy_nodes({})
     assert view.tflops == 500 and view.free_gpu_indices == (0, 1)
     assert service.fleet.reference_tflops() == 400.0  # the lost node still counts: it may come back
+
+
+async def test_a_dry_run_asks_the_estimator_as_a_queued_job_would(bus):
+    broker, asked = bus
+    service = _placement(broker)
+    broker.context.set_global("placement", service)
+    await publish(broker, NodeRegistered(event_id="n:r", node=node(node_id="n", gpus=1), boot_id="b"))
+    query = CandidatesQuery(spec=Spec.model_validate({"resource": {"gpu_count": 1},
+                                                      "placement": {"expected_duration_s": 60}}),
+                            user_name="alice", project_id="p", parameters=BERT)
+    reply = CandidatesReply.model_validate(await (await broker.request(query, RPC_CANDIDATES)).decode())
+
+    [first] = reply.candidates
+    assert [q["benchmark"] for q in asked] == ["bert"]
+    assert (first.predicted_duration_s, first.duration_source) == (7200.0, "estimator")

@@ -105,6 +105,18 @@ async def test_a_v2_submission_asks_placement_once_and_billing_once_at_placement
 
 
 @pytest.mark.asyncio
+async def test_placement_is_asked_with_the_parameters_the_estimator_needs_and_billing_charges_its_quote():
+    app = await api()
+    bert = [{"name": "benchmark", "value": "bert"}, {"name": "batch_size", "value": "64"}]
+    async with client(app) as http:
+        created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="bert", parameters=bert))
+    assert created.status_code == 201, created.text
+    [query] = [payload for subject, payload in app.state.broker.asked if subject == RPC_CANDIDATES]
+    assert [(p.name, p.value) for p in query.parameters] == [("benchmark", "bert"), ("batch_size", "64")]
+    assert admitted_at(app).estimated_cost == OFFER.expected_cost
+
+
+@pytest.mark.asyncio
 async def test_a_v1_submission_takes_the_same_path():
     app = await api()
     async with client(app) as http:

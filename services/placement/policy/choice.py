@@ -18,3 +18,4 @@ class Option:
     views: list[NodeView] | None = None
     instance: InstanceType | None = None
     why: str = ""  # set on the option pick() chose: why it was chosen (policy/why.py)
+    charge: float = 0.0  # dollars of waiting it puts on jobs that may only run there (policy/contention.py)

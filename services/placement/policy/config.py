@@ -16,6 +16,11 @@ class PolicyConfig:
     # Per job, `JobRequest.exchange_rate` (the project's setting) overrides it. Tuned in bench/sched/README.md.
     exchange_rate: float = 2.0
     cost_sensitive_weight: float = 0.25
+    # Rental types whose dollars are this close count as tied: the cheaper is taken, whatever its speed (a faster
+    # type ~8% pricier per unit of work is not bought on a near-tie), unless the job's rate is above
+    # `rental_tie_max_rate` (dollars per GPU-hour: a project that pays that much for time buys the speed).
+    rental_tie_frac: float = 0.10
+    rental_tie_max_rate: float = 10.0
     # Rented time is priced at the duration's upper quantile (median * exp(risk_z * sigma)): an uncertain duration
     # is not sent to a long rental on a guess.
     risk_z: float = 1.0

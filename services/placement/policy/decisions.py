@@ -40,12 +40,14 @@ class PullBack:
 
 @dataclass(frozen=True, slots=True)
 class Wait:
-    """Leave `job_id` queued; `until` is the estimated start when known; `retry_at`: run a pass then."""
+    """Leave `job_id` queued; `until` is the estimated start when known; `retry_at`: run a pass then; `node_ids`:
+    the nodes it waits for, when it holds a reservation on them (what a dry run prices)."""
 
     job_id: str
     reason: str
     until: float | None = None
     retry_at: float | None = None
+    node_ids: tuple[str, ...] = field(default=(), compare=False)
 
 
 Decision = Start | Provision | Release | PullBack | Wait

@@ -1,16 +1,18 @@
-"""What the policy would do for one job now, deciding nothing: a dry run's options priced as the policy prices them
-(the price shown is the price decided), and a faster node for a slow job.
-
-The job is weighed against the cluster as it is (running work, nodes kept for queued jobs), not behind the jobs
-queued ahead of it; `trainmaster`'s rules pick (`wait-local` and `local-fifo`: owned kinds only).
+"""What the policy would do for one job now, deciding nothing: the quote is the decision. The job is queued behind
+the jobs already waiting and the configured policy's engine (`engine.place`, with every queued job's constraint)
+decides for the whole queue; the offer shown first is that decision, priced as billing charges it. The other
+offers (per allowed kind the option the policy's rules would take on that kind's nodes, and every instance type it
+could rent) weigh the job against the cluster as it is; and a faster node for a slow job.
 """
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.cpu import cheapest_hosts, rank_price
-from services.placement.policy.engine import Constraint
+from services.placement.policy.decisions import Decision, Provision, Start, Wait
+from services.placement.policy.engine import Constraint, place
 from services.placement.policy.models import ClusterState, InstanceType, JobRequest, Node
 from services.placement.policy.options import (
     Option,
@@ -18,9 +20,11 @@ from services.placement.policy.options import (
     node_options,
     pick,
     provision_options,
+    rent_cost,
     share_per_hour,
 )
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY
+from services.placement.policy.spot import spot_duration
 
 OWNED_POLICIES = ("wait-local", "local-fifo")
 KINDS = ("local", "reserved", "on_demand")
@@ -43,9 +47,10 @@ class Offer:
 
 
 def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig,
-           constraint: Constraint | None = None) -> list[Offer]:
-    """Per allowed kind the option the policy would take on that kind's nodes, every instance type it could rent,
-    and first (`chosen`) the option it would take of them all; [] when nothing could host the job now."""
+           constraint: Constraint | None = None, constraints: Mapping[str, Constraint] | None = None) -> list[Offer]:
+    """First (`chosen`) what the engine decides for the job queued behind `state.queue` (whose own constraints are
+    `constraints`), then per allowed kind the option the policy would take on that kind's nodes and every instance
+    type it could rent; [] when nothing could host the job now."""
     nodes = tuple(n for n in state.nodes if constraint is None or constraint.allows(n))
     if not job.gpu_count:
         return _cpu_offers(nodes, job, now=now, config=config)
@@ -56,12 +61,56 @@ def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyCo
         options += provision_options(job, state.catalogue, now=now, config=config)
     if not options:
         return []
-    chosen = pick(options, job, now=now, config=config)
+    decision = decided(state, job, now=now, config=config, constraint=constraint, constraints=constraints)
+    chosen = _decided_offer(decision, state, job, now=now, config=config)
+    if chosen is None:  # no reservation (blocked, or past the pass's bounds): what it would wait for, as weighed now
+        waits = [o for o in options if o.action != "provision"] if isinstance(decision, Wait) else options
+        chosen = _offer(pick(waits or options, job, now=now, config=config), job, chosen=True)
     shown = [pick(mine, job, now=now, config=config) for kind in kinds
              if (mine := [o for o in options if o.instance is None and _kind(o) == kind])]
     shown += [o for o in options if o.instance is not None]
-    rest = sorted((o for o in shown if o is not chosen), key=lambda o: (o.cost, o.duration))
-    return [_offer(chosen, job, chosen=True)] + [_offer(o, job) for o in rest]
+    rest = [offer for o in sorted(shown, key=lambda o: (o.cost, o.duration))
+            if (offer := _offer(o, job)).node_ids != chosen.node_ids or offer.instance != chosen.instance]
+    return [chosen] + rest
+
+
+def decided(state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig,
+            constraint: Constraint | None = None,
+            constraints: Mapping[str, Constraint] | None = None) -> Decision | None:
+    """The engine's decision for `job` submitted now behind the queue (None: the pass left it undecided)."""
+    mine = dict(constraints or {}) | ({job.id: constraint} if constraint is not None else {})
+    for decision in place(dataclasses.replace(state, queue=state.queue + (job,)), now, config, mine):
+        if isinstance(decision, (Start, Provision, Wait)) and decision.job_id == job.id:
+            return decision
+    return None
+
+
+def _decided_offer(decision: Decision | None, state: ClusterState, job: JobRequest, *, now: float,
+                   config: PolicyConfig) -> Offer | None:
+    """The decision as an offer, priced by the rule billing charges (the nodes' share, or the rental's hours)."""
+    if isinstance(decision, Provision):
+        it = next((i for i in state.catalogue if i.name == decision.instance_type), None)
+        if it is None:
+            return None
+        duration = job.duration_on(it.tflops, config.reference_tflops)
+        if it.spot:
+            duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s)
+        return Offer(kind="on_demand", node_ids=(), instance=it, gpu_model=it.gpu_model,
+                     price_per_hour=it.price_per_hour * job.node_count, duration_s=duration,
+                     cost=rent_cost(job, it, duration), free_now=False, start_at=now + it.startup_delay_s,
+                     chosen=True)
+    if not isinstance(decision, (Start, Wait)) or not decision.node_ids:
+        return None
+    by_id = {n.id: n for n in state.nodes}
+    nodes = [by_id[i] for i in decision.node_ids if i in by_id]
+    if len(nodes) != len(decision.node_ids):
+        return None
+    duration = job.duration_on(min(n.tflops for n in nodes), config.reference_tflops)
+    hourly = sum(n.price_per_hour * job.gpu_count / n.gpu_count for n in nodes)
+    start = decision.until if isinstance(decision, Wait) and decision.until is not None else now
+    return Offer(kind=nodes[0].kind, node_ids=tuple(decision.node_ids), instance=None, gpu_model=nodes[0].gpu_model,
+                 price_per_hour=hourly, duration_s=duration, cost=hourly * duration / 3600,
+                 free_now=isinstance(decision, Start), start_at=start, chosen=True)
 
 
 def faster_node(state: ClusterState, job: JobRequest, *, away_from: frozenset[str], tflops_now: float,

@@ -119,9 +119,12 @@ def paid_dollars(option: Option, job: JobRequest, config: PolicyConfig) -> float
 
 
 def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig) -> Option:
-    """Least on-demand dollars + time to finish at the exchange rate; near-equal scores go to owned, then sooner.
+    """Least on-demand dollars + the wait it causes others + time to finish at the exchange rate; near-equal scores
+    go to owned, then fewer dollars, then sooner.
 
     Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
+    A job that has waited what renting would have cost it waits no longer; rental types near-tied in dollars go to
+    the cheaper.
     """
     value = time_value_per_s(job, config)
     if job.deadline is not None and job.priority == "cost" and value > 0:
@@ -129,24 +132,48 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     if job.priority == "cost":
         options = cheapest_owned(options, value=value, now=now, config=config)
     risk = risk_factor(job, config)  # paid_dollars, with the factor computed once per job
-    scored = [((o.cost * risk if o.paid else 0.0) + value * (o.finish - now), o) for o in options]
+    if value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600:
+        options = cheapest_rentals(options, config=config)
+    options = waited_enough(options, job, now=now, value=value, risk=risk)
+    scored = [((o.cost * risk if o.paid else 0.0) + o.charge + value * (o.finish - now), o) for o in options]
     best = min(score for score, _ in scored)
     soonest = min(o.finish for o in options)
     tolerance = value * max(config.finish_tolerance_s, config.finish_tolerance_frac * (soonest - now))
     near = [o for score, o in scored if score <= best + tolerance + 1e-9]
     chosen = near[0] if len(near) == 1 else min(
-        near, key=lambda o: (o.paid, o.cost * risk if o.paid else 0.0, o.finish, o.cost, o.kind_rank))
+        near, key=lambda o: (o.paid, (o.cost * risk if o.paid else 0.0) + o.charge, o.finish, o.cost, o.kind_rank))
     chosen.why = why.explain(chosen, options, job=job, now=now)
     return chosen
 
 
+def cheapest_rentals(options: list[Option], *, config: PolicyConfig) -> list[Option]:
+    """Rental types within `rental_tie_frac` of the cheapest rental's dollars are a tie: only the cheapest stays."""
+    rentals = [o for o in options if o.action == "provision"]
+    if len(rentals) < 2:
+        return options
+    cheapest = min(rentals, key=lambda o: (o.cost, o.finish))
+    tied = cheapest.cost * (1 + config.rental_tie_frac)
+    return [o for o in options if o.action != "provision" or o is cheapest or o.cost > tied]
+
+
+def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: float, risk: float) -> list[Option]:
+    """Time already waited counts: once it is worth (at the job's rate) what renting would cost, the job waits no
+    longer (it starts now, owned or rented)."""
+    rentals = [o.cost * risk for o in options if o.action == "provision"]
+    if not rentals or value * max(0.0, now - job.submitted_at) < min(rentals):
+        return options
+    return [o for o in options if o.action != "wait"]
+
+
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:
-    """A cost-sensitive job is billed its share of an owned node's price too: among owned options keep those that
-    cost least (amortised share + time at the job's rate); rented options are weighed against them as usual."""
+    """A cost-sensitive job is billed its share of a local node's price too: among owned options keep those that
+    cost least (amortised share + time at the job's rate); a reserved GPU is paid for whether used or not, so it
+    costs nothing here (reserved before slow local); rented options are weighed against them as usual."""
     owned = [o for o in options if not o.paid]
     if len(owned) < 2:
         return options
-    scores = [(o.cost + value * (o.finish - now), o) for o in owned]
+    scores = [((0.0 if o.kind_rank == KIND_RANK["reserved"] else o.cost) + value * (o.finish - now), o)
+              for o in owned]
     best = min(score for score, _ in scores)
     tolerance = max(config.finish_tolerance_frac * best, 1e-9)
     keep = {id(o) for score, o in scores if score <= best + tolerance}

@@ -37,11 +37,12 @@ class Pass:
                 for view in option.views:
                     view.reserve(job.gpu_count, start=option.start_at, end=option.finish)
                 self.reservations += 1
-            nodes = ", ".join([view.node.id for view in option.views])
-            self.wait(job, f"waiting for {option.views[0].node.kind} node {nodes}", until=option.start_at)
+            ids = tuple(view.node.id for view in option.views)
+            self.wait(job, f"waiting for {option.views[0].node.kind} node {', '.join(ids)}", until=option.start_at,
+                      node_ids=ids)
 
-    def wait(self, job: JobRequest, reason: str, *, until: float | None = None) -> None:
-        self.decisions.append(Wait(job.id, reason, until))
+    def wait(self, job: JobRequest, reason: str, *, until: float | None = None, node_ids: tuple[str, ...] = ()) -> None:
+        self.decisions.append(Wait(job.id, reason, until, node_ids=node_ids))
         self.waiting += 1
 
     def release_idle(self) -> None:

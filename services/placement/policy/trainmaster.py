@@ -1,9 +1,10 @@
 """`trainmaster` and `wait-local`: fair-share queue, backfill behind reservations, time/cost rules."""
 from services.placement.policy.capacity import INF
 from services.placement.policy.config import PolicyConfig
+from services.placement.policy.contention import Backlog, backlog
 from services.placement.policy.decisions import Decision
 from services.placement.policy.models import ClusterState
-from services.placement.policy.options import job_kinds, node_options, pick, provision_options
+from services.placement.policy.options import job_kinds, node_options, pick, provision_options, time_value_per_s
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, FairQueue, Pass
 from services.placement.policy.pullback import pull_back
 
@@ -22,6 +23,7 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
     p = Pass(state, now=now, config=config, kinds=kinds)
     queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s)
     blocked: dict[tuple | None, float] = {}  # owned-only shape -> shortest duration that found nothing free this pass
+    waits = _backlog(state, now, config, kinds) if "on_demand" in kinds else None
     for job in queue.take(config.max_jobs_per_pass):
         allowed = job_kinds(job, kinds)
         rents = "on_demand" in allowed  # a shape that may rent is never blocked: no tuple to build for it
@@ -36,12 +38,17 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
         if not rents and not any(o.action == "start" for o in options):
             blocked[shape] = min(base, blocked.get(shape, INF))
         if rents:
+            if waits is not None:
+                for option in options:
+                    option.charge = waits.charge(job, option)
             options += provision_options(job, state.catalogue, now=now, config=config)
         if not options:
             p.wait(job, "no node or instance type can host this job")
             continue
         choice = pick(options, job, now=now, config=config)
         p.apply(job, choice)
+        if waits is not None and choice.action == "start":
+            waits.started(job, choice, owned_only=not rents, value_per_s=time_value_per_s(job, config))
         if choice.action != "wait":
             queue.charge(job, choice.duration)
     examined_all = len(state.queue) <= config.max_jobs_per_pass
@@ -49,3 +56,11 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
         pull_back(p)
     p.release_idle()
     return p.decisions
+
+
+def _backlog(state: ClusterState, now: float, config: PolicyConfig, kinds: frozenset[str]) -> Backlog:
+    """The jobs queued at the start of the pass that may only run on owned capacity, and what their time is worth."""
+    owned_only = {job.id: allowed for job in state.queue
+                  if "on_demand" not in (allowed := job_kinds(job, kinds)) and job.gpu_count}
+    values = {job.id: time_value_per_s(job, config) for job in state.queue if job.id in owned_only}
+    return backlog(state, now=now, config=config, owned_only=owned_only, value_per_s=values)

@@ -1,0 +1,85 @@
+"""The whole queue's cost: the wait a placement causes others, the wait already done, reserved before slow local,
+and rental types near-tied in dollars (issue #33, items 1-3)."""
+from services.placement.policy import Provision, Start, Wait, schedule
+from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
+
+HOUR = 3600.0
+
+
+def test_a_job_that_could_rent_leaves_the_last_local_gpu_to_a_job_that_can_run_nowhere_else():
+    local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    local_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
+    cheap = make_instance(name="t4.1x", price_per_hour=0.2)  # $2 against $5 of its wait
+    state = make_state(nodes=(local,), queue=(could_rent, local_only), catalogue=(cheap,))
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Provision("t4.1x", 1, could_rent.id) in decisions
+    assert Start(local_only.id, (local.id,), ((0,),)) in decisions
+
+
+def test_a_job_that_could_rent_takes_a_free_local_gpu_when_nobody_waits_for_it():
+    local = make_node(kind="local", gpu_count=2, price_per_hour=0.7)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    local_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(local,), queue=(could_rent, local_only),
+                       catalogue=(make_instance(name="t4.1x", price_per_hour=0.3),))
+
+    decisions = schedule(state, 0.0, config())
+
+    assert {d.job_id for d in decisions if isinstance(d, Start)} == {could_rent.id, local_only.id}
+
+
+def _slipping_owned(*, busy_until_h: float):
+    node = make_node(kind="local", gpu_count=1, free=0)
+    return node, busy(node, until=busy_until_h * HOUR)
+
+
+def test_a_job_that_has_waited_what_renting_costs_rents_instead_of_waiting_longer():
+    job = make_job(priority="cost", submitted_at=0.0, expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=1.0)  # $10 for the run: 20 h of this job's time at $0.5
+    node, running = _slipping_owned(busy_until_h=35)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(rental,))
+
+    assert schedule(state, 25 * HOUR, config()) == [Provision("v100.1x", 1, job.id)]  # waited 25 h: $12.5 > $10
+
+
+def test_a_job_that_has_waited_little_still_waits_for_owned_capacity_freeing_soon():
+    job = make_job(priority="cost", submitted_at=0.0, expected_duration_s=10 * HOUR)
+    node, running = _slipping_owned(busy_until_h=15)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,),
+                       catalogue=(make_instance(name="v100.1x", price_per_hour=1.0),))
+
+    [decision] = schedule(state, 5 * HOUR, config())
+
+    assert isinstance(decision, Wait) and decision.until == 15 * HOUR
+
+
+def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one():
+    slow_local = make_node(kind="local", gpu_model="P100", gpu_count=1, tflops=9.3, price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_model="V100", gpu_count=1, tflops=15.0, price_per_hour=1.5)
+    job = make_job(priority="cost", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(slow_local, reserved), queue=(job,))
+
+    assert schedule(state, 0.0, config()) == [Start(job.id, (reserved.id,), ((0,),))]
+
+
+def _two_rentals():
+    slow = make_instance(name="g4dn.metal", gpus=8, tflops=10.0, price_per_hour=8.0)
+    fast = make_instance(name="g5.48xlarge", gpus=8, tflops=20.0, price_per_hour=17.2)  # 7.5% more per unit of work
+    return slow, fast
+
+
+def test_rental_types_near_tied_in_dollars_go_to_the_cheaper_not_the_faster():
+    job = make_job(priority="time", gpu_count=8, expected_duration_s=10 * HOUR)
+    state = make_state(queue=(job,), catalogue=_two_rentals())
+
+    assert schedule(state, 0.0, config()) == [Provision("g4dn.metal", 1, job.id)]
+
+
+def test_a_project_that_pays_a_high_rate_for_time_still_buys_the_faster_rental():
+    job = make_job(priority="time", gpu_count=8, expected_duration_s=10 * HOUR, exchange_rate=50.0)
+    state = make_state(queue=(job,), catalogue=_two_rentals())
+
+    assert schedule(state, 0.0, config()) == [Provision("g5.48xlarge", 1, job.id)]
