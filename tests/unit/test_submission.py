@@ -111,7 +111,7 @@ async def test_placement_is_asked_with_the_parameters_the_estimator_needs_and_bi
     async with client(app) as http:
         created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="bert", parameters=bert))
     assert created.status_code == 201, created.text
-    [query] = [payload for subject, payload in app.state.broker.asked if subject == RPC_CANDIDATES]
+    [query] = [payload for subject, payload in bus(app).asked if subject == RPC_CANDIDATES]
     assert [(p.name, p.value) for p in query.parameters] == [("benchmark", "bert"), ("batch_size", "64")]
     assert admitted_at(app).estimated_cost == OFFER.expected_cost
 

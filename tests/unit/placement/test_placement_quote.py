@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from services.billing.ledger import share_per_hour as billed_share
+from shared.pricing import rank_price_per_hour as billed_share  # what billing charges a rank
 from services.placement.policy import Provision, Start, Wait
 from services.placement.policy.dryrun import offers
 from services.placement.policy.engine import Constraint, place
