@@ -67,12 +67,13 @@ def cell(results: dict[str, dict], variant: str, local: int, reserved: int, sigm
     tuned = variant in TUNING_VARIANTS and (local, reserved) in TUNING_SIZES
     others = {p: results.get(_key((p, variant, local, reserved, 0.0))) for p in BASELINES[1:]}
     spot = results.get(_key((SPOT, variant, local, reserved, sigma)))
-    return {**(_spot_fields(spot, burst) if spot else {}),"variant": variant, "size": f"{local}+{reserved}", "sigma": sigma, "tuned_on": tuned,
+    return {"variant": variant, "size": f"{local}+{reserved}", "sigma": sigma, "tuned_on": tuned,
             "tm_dollars": tm["on_demand_dollars"], "burst_dollars": burst["on_demand_dollars"],
             "tm_jct_s": tm["avg_jct_s"], "burst_jct_s": burst["avg_jct_s"], "dollar_ratio": round(dollars, 3),
             "jct_ratio": round(jct, 3), "holds": holds,
             **{f"{p}_dollars": r["on_demand_dollars"] for p, r in others.items() if r},
-            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r}}
+            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r},
+            **(_spot_fields(spot, burst) if spot else {})}
 
 
 def _spot_fields(spot: dict, burst: dict) -> dict:
@@ -97,7 +98,8 @@ def spot_summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) 
     worst = max(chosen, key=lambda c: c["spot_jct_ratio"])
     return {"sigma": sigma, "cells": len(chosen), "spot_dollars": round(spot), "burst_dollars": round(burst),
             "total_dollar_ratio": ratio, "within_completion": within, "max_jct_ratio": worst["spot_jct_ratio"],
-            "worst": f"{worst['variant']} {worst['size']}", "interruptions": sum(c["spot_interruptions"] for c in chosen),
+            "worst": f"{worst['variant']} {worst['size']}",
+            "interruptions": sum(c["spot_interruptions"] for c in chosen),
             "goal_met": ratio is not None and ratio <= SPOT_GOAL and within == len(chosen)}
 
 
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=None, help="JSON lines of finished runs (read, then appended)")
     p.add_argument("--read-cache", type=Path, nargs="*", default=[], help="more finished runs, only read")
     p.add_argument("--exchange-rate", type=float, default=None, help="override the policy default")
+    p.add_argument("--spot-hazard-scale", type=float, default=1.0, help="spot column: hazards times this")
     p.add_argument("--report-only", action="store_true", help="print the cells the cache has; run nothing")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -181,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             key, result = json.loads(line)
             results[key] = result
     extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
+    extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
     pending = [] if args.report_only else [(run, args.data, extra) for run in todo if _key(run) not in results]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, MAX_WORKERS))) as pool:
         for key, result in pool.map(_simulate, pending):
@@ -188,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.cache:
                 with args.cache.open("a") as f:
                     f.write(json.dumps([key, result]) + "\n")
-            print(f"done {key}: ${result.get('cloud_dollars', result['on_demand_dollars']):,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
+            dollars = result.get("cloud_dollars", result["on_demand_dollars"])
+            print(f"done {key}: ${dollars:,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
                   file=sys.stderr, flush=True)
     cells = [c for v in names for size in sizes for sigma in sigmas if (c := cell(results, v, *size, sigma))]
     if args.json:
