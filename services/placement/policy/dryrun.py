@@ -12,6 +12,7 @@ from services.placement.policy.config import PolicyConfig
 from services.placement.policy.cpu import cheapest_hosts, rank_price
 from services.placement.policy.engine import Constraint
 from services.placement.policy.models import ClusterState, InstanceType, JobRequest, Node
+from services.placement.policy.market import pick_market
 from services.placement.policy.options import (
     Option,
     job_kinds,
@@ -56,7 +57,7 @@ def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyCo
         options += provision_options(job, state.catalogue, now=now, config=config)
     if not options:
         return []
-    chosen = pick(options, job, now=now, config=config)
+    chosen = pick_market(options, job, now=now, config=config)
     shown = [pick(mine, job, now=now, config=config) for kind in kinds
              if (mine := [o for o in options if o.instance is None and _kind(o) == kind])]
     shown += [o for o in options if o.instance is not None]

@@ -21,7 +21,7 @@ from services.placement.sim.spot import (
     spot_offers,
 )
 from services.placement.sim.trace import TraceJob, TraceOptions, load_jobs
-from tests.unit.placement.placement_factories import config, make_instance, make_job, make_node, make_state
+from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
 HOUR = 3600.0
 
@@ -164,3 +164,19 @@ def test_the_cli_reports_spot_dollars_apart_and_never_spot_without_the_flag(tmp_
     assert spot["spot_nodes_created"] == 1 and spot["on_demand_nodes_created"] == 1  # the short job: on-demand
     assert spot["cloud_dollars"] == pytest.approx(spot["on_demand_dollars"] + spot["spot_dollars"], abs=0.01)
     assert spot["cloud_dollars"] < plain["cloud_dollars"]
+
+
+def test_spot_replaces_a_rental_but_never_leaves_a_free_owned_gpu_idle():
+    slow_owned = make_node(kind="local", gpu_count=1, tflops=5.0)  # half the rented speed: renting would be sooner
+    job = make_job(priority="time", expected_duration_s=10 * HOUR, checkpoint_interval_s=1800.0)
+    on_demand = make_instance(name="cloud.1gpu", price_per_hour=3.0)
+    spot = make_instance(name="cloud.1gpu.spot", price_per_hour=0.3, spot=True, interruptions_per_hour=0.001)
+
+    [start] = schedule(make_state(nodes=(slow_owned,), queue=(job,), catalogue=(on_demand, spot)), 0.0, config())
+    assert isinstance(start, Start) and start.node_ids == (slow_owned.id,)
+
+    busy_owned = make_node(kind="local", gpu_count=1, tflops=5.0, free=0)
+    state = make_state(nodes=(busy_owned,), queue=(job,), running=(busy(busy_owned, until=30 * HOUR),),
+                       catalogue=(on_demand, spot))
+    [provision] = schedule(state, 0.0, config())
+    assert isinstance(provision, Provision) and provision.instance_type == "cloud.1gpu.spot"
