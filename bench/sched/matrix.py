@@ -14,6 +14,9 @@ from services.placement.sim.cli import parser as sim_parser, simulate
 SIZES = ((8, 4), (12, 6), (16, 8), (22, 12))
 SIGMAS = (0.0, 0.3)
 BASELINES = ("burst", "burst-after", "wait-local", "local-fifo")
+# trainmaster with every instance type also offered on spot to the jobs that checkpoint (sim/spot.py)
+SPOT = "trainmaster+spot"
+SPOT_GOAL = 0.35  # total cloud dollars (on-demand + spot) against burst's, at completion within the cell's limit
 # Tuned on these (variant, size) cells only; every other cell is held out.
 TUNING_VARIANTS = ("default", "gpushare40", "gpuspec10", "cpu050")
 TUNING_SIZES = ((8, 4), (16, 8))
@@ -25,14 +28,15 @@ def variants(data: Path) -> list[str]:
                   for p in data.glob("openb_pod_list_*.csv"))
 
 
-def runs(names: list[str], sizes, sigmas, policies=("trainmaster", *BASELINES)) -> list[tuple]:
+def runs(names: list[str], sizes, sigmas, policies=("trainmaster", SPOT, *BASELINES)) -> list[tuple]:
     """(policy, variant, local, reserved, sigma); baselines run at sigma 0 only (burst, burst-after and local-fifo
     never read a duration; wait-local is shown for reference)."""
     out = []
     for variant in names:
         for local, reserved in sizes:
-            if "trainmaster" in policies:
-                out += [("trainmaster", variant, local, reserved, sigma) for sigma in sigmas]
+            for policy in ("trainmaster", SPOT):
+                if policy in policies:
+                    out += [(policy, variant, local, reserved, sigma) for sigma in sigmas]
             out += [(policy, variant, local, reserved, 0.0) for policy in BASELINES if policy in policies]
     return out
 
@@ -43,9 +47,10 @@ def _key(run: tuple) -> str:
 
 def _simulate(job: tuple) -> tuple[str, dict]:
     (policy, variant, local, reserved, sigma), data, extra = job
+    spot = ["--spot"] if policy == SPOT else []
     argv = ["--pods", str(data / f"openb_pod_list_{variant}.csv"), "--nodes",
-            str(data / "openb_node_list_gpu_node.csv"), "--policy", policy, "--local", str(local), "--reserved",
-            str(reserved), "--estimate-error", str(sigma), *extra]
+            str(data / "openb_node_list_gpu_node.csv"), "--policy", policy.removesuffix("+spot"), "--local",
+            str(local), "--reserved", str(reserved), "--estimate-error", str(sigma), *spot, *extra]
     return _key((policy, variant, local, reserved, sigma)), simulate(sim_parser().parse_args(argv))
 
 
@@ -61,12 +66,41 @@ def cell(results: dict[str, dict], variant: str, local: int, reserved: int, sigm
     holds = tm["on_demand_dollars"] <= burst["on_demand_dollars"] + 0.005 and jct <= limit
     tuned = variant in TUNING_VARIANTS and (local, reserved) in TUNING_SIZES
     others = {p: results.get(_key((p, variant, local, reserved, 0.0))) for p in BASELINES[1:]}
+    spot = results.get(_key((SPOT, variant, local, reserved, sigma)))
     return {"variant": variant, "size": f"{local}+{reserved}", "sigma": sigma, "tuned_on": tuned,
             "tm_dollars": tm["on_demand_dollars"], "burst_dollars": burst["on_demand_dollars"],
             "tm_jct_s": tm["avg_jct_s"], "burst_jct_s": burst["avg_jct_s"], "dollar_ratio": round(dollars, 3),
             "jct_ratio": round(jct, 3), "holds": holds,
             **{f"{p}_dollars": r["on_demand_dollars"] for p, r in others.items() if r},
-            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r}}
+            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r},
+            **(_spot_fields(spot, burst) if spot else {})}
+
+
+def _spot_fields(spot: dict, burst: dict) -> dict:
+    """The spot column of a cell: cloud dollars (on-demand + spot) and completion against burst's."""
+    dollars = spot.get("cloud_dollars", spot["on_demand_dollars"])
+    return {"spot_dollars": dollars, "spot_jct_s": spot["avg_jct_s"], "spot_interruptions": spot["spot_interruptions"],
+            "spot_jct_ratio": round(spot["avg_jct_s"] / burst["avg_jct_s"], 3),
+            "spot_dollar_ratio": round(dollars / burst["on_demand_dollars"], 3) if burst["on_demand_dollars"] else (
+                1.0 if dollars == 0 else float("inf"))}
+
+
+def spot_summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> dict:
+    """The spot column over the chosen cells: total cloud dollars against burst's, completions within the limit."""
+    chosen = [c for c in cells if c["sigma"] == sigma and (tuned is None or c["tuned_on"] == tuned)
+              and "spot_dollars" in c]
+    if not chosen:
+        return {}
+    limit = 1.05 if sigma == 0 else 1.08
+    spot, burst = sum(c["spot_dollars"] for c in chosen), sum(c["burst_dollars"] for c in chosen)
+    ratio = round(spot / burst, 3) if burst else None
+    within = sum(c["spot_jct_ratio"] <= limit for c in chosen)
+    worst = max(chosen, key=lambda c: c["spot_jct_ratio"])
+    return {"sigma": sigma, "cells": len(chosen), "spot_dollars": round(spot), "burst_dollars": round(burst),
+            "total_dollar_ratio": ratio, "within_completion": within, "max_jct_ratio": worst["spot_jct_ratio"],
+            "worst": f"{worst['variant']} {worst['size']}",
+            "interruptions": sum(c["spot_interruptions"] for c in chosen),
+            "goal_met": ratio is not None and ratio <= SPOT_GOAL and within == len(chosen)}
 
 
 def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> dict:
@@ -99,12 +133,14 @@ def _jct(c: dict, policy: str) -> str:
 
 def print_matrix(cells: list[dict]) -> None:
     print(f"{'variant':12} {'size':6} {'sigma':>5} {'tm $':>10} {'burst $':>10} {'$ ratio':>8} {'jct ratio':>9} "
-          f"{'b-after $':>10} {'b-after jct':>11} {'w-local jct':>11} {'fifo jct':>8} {'holds':>6}")
+          f"{'b-after $':>10} {'b-after jct':>11} {'w-local jct':>11} {'fifo jct':>8} {'spot $':>10} {'spot jct':>8} "
+          f"{'holds':>6}")
     for c in cells:
         mark = "" if c["tuned_on"] else " (held out)"
         print(f"{c['variant']:12} {c['size']:6} {c['sigma']:>5} {c['tm_dollars']:>10,.0f} {c['burst_dollars']:>10,.0f} "
               f"{c['dollar_ratio']:>8} {c['jct_ratio']:>9} {_num(c.get('burst-after_dollars'), ',.0f'):>10} "
               f"{_jct(c, 'burst-after'):>11} {_jct(c, 'wait-local'):>11} {_jct(c, 'local-fifo'):>8} "
+              f"{_num(c.get('spot_dollars'), ',.0f'):>10} {_num(c.get('spot_jct_ratio'), '.3f'):>8} "
               f"{'yes' if c['holds'] else 'NO':>6}{mark}")
     for sigma in SIGMAS:
         for label, tuned in (("all", None), ("tuned-on", True), ("held-out", False)):
@@ -113,6 +149,12 @@ def print_matrix(cells: list[dict]) -> None:
                 print(f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold ($ {s['within_dollars']}, "
                       f"completion {s['within_completion']}); total ${s['tm_dollars']:,} vs ${s['burst_dollars']:,}: x"
                       f"{s['total_dollar_ratio']} of burst; max completion x{s['max_jct_ratio']}; worst {s['worst']}")
+            s = spot_summary(cells, sigma, tuned=tuned)
+            if s:
+                print(f"sigma {sigma} {label:9} spot: {s['cells']} cells; cloud ${s['spot_dollars']:,} vs burst "
+                      f"${s['burst_dollars']:,}: x{s['total_dollar_ratio']} (goal <= x{SPOT_GOAL}); completion within "
+                      f"limit in {s['within_completion']}/{s['cells']}, max x{s['max_jct_ratio']} ({s['worst']}); "
+                      f"{s['interruptions']} interruptions; goal {'met' if s['goal_met'] else 'NOT met'}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,10 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="*", help="only these variants")
     p.add_argument("--sizes", nargs="*", help="only these fleet sizes, as LOCAL+RESERVED")
     p.add_argument("--sigmas", nargs="*", type=float, help="only these estimate errors")
-    p.add_argument("--policies", nargs="*", default=["trainmaster", *BASELINES], help="run only these")
+    p.add_argument("--policies", nargs="*", default=["trainmaster", SPOT, *BASELINES], help="run only these")
     p.add_argument("--workers", type=int, default=MAX_WORKERS)
     p.add_argument("--cache", type=Path, default=None, help="JSON lines of finished runs (read, then appended)")
+    p.add_argument("--read-cache", type=Path, nargs="*", default=[], help="more finished runs, only read")
     p.add_argument("--exchange-rate", type=float, default=None, help="override the policy default")
+    p.add_argument("--spot-hazard-scale", type=float, default=1.0, help="spot column: hazards times this")
     p.add_argument("--report-only", action="store_true", help="print the cells the cache has; run nothing")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
@@ -135,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
     todo = runs(names, sizes, sigmas, tuple(args.policies))
     results: dict[str, dict] = {}
-    if args.cache and args.cache.exists():
-        for line in args.cache.read_text().splitlines():
+    for path in [*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])]:
+        for line in path.read_text().splitlines():
             key, result = json.loads(line)
             results[key] = result
     extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
+    extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
     pending = [] if args.report_only else [(run, args.data, extra) for run in todo if _key(run) not in results]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, MAX_WORKERS))) as pool:
         for key, result in pool.map(_simulate, pending):
@@ -147,11 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.cache:
                 with args.cache.open("a") as f:
                     f.write(json.dumps([key, result]) + "\n")
-            print(f"done {key}: ${result['on_demand_dollars']:,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
+            dollars = result.get("cloud_dollars", result["on_demand_dollars"])
+            print(f"done {key}: ${dollars:,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
                   file=sys.stderr, flush=True)
     cells = [c for v in names for size in sizes for sigma in sigmas if (c := cell(results, v, *size, sigma))]
     if args.json:
-        json.dump({"cells": cells, "summary": [summary(cells, s) for s in SIGMAS]}, sys.stdout)
+        json.dump({"cells": cells, "summary": [summary(cells, s) for s in SIGMAS],
+                   "spot": [spot_summary(cells, s) for s in SIGMAS]}, sys.stdout)
         print()
     else:
         print_matrix(cells)

@@ -27,7 +27,7 @@ def reference_tflops(nodes: Iterable[NodeInfo]) -> float:
 
 def policy_node(info: NodeInfo, used: Usage | None = None, *, ready_at: float | None = None,
                 idle_since: float | None = None, reserved_for: str | None = None,
-                instance_type: str | None = None) -> Node:
+                instance_type: str | None = None, spot: bool = False) -> Node:
     """The policy's node: GPUs numbered by position in index order; a node without GPUs has none to give."""
     used = used or Usage()
     gpus = sorted(info.gpus, key=lambda g: g.index)
@@ -50,6 +50,7 @@ def policy_node(info: NodeInfo, used: Usage | None = None, *, ready_at: float | 
         ready_at=ready_at,
         idle_since=idle_since,
         reserved_for=reserved_for,
+        spot=spot,
     )
 
 

@@ -87,7 +87,8 @@ class Fleet:
         if hit is not None and hit[0] is node and hit[1] == built_from:
             return hit[2]
         view = policy_node(node.info, used, ready_at=node.ready_at, reserved_for=node.reserved_for,
-                           idle_since=built_from[1], instance_type=node.instance_type)
+                           idle_since=built_from[1], instance_type=node.instance_type,
+                           spot=any(i.spot for i in self.catalogue if i.name == node.instance_type))
         self._views[node.node_id] = (node, built_from, view)
         return view
 

@@ -14,7 +14,7 @@ INF = float("inf")
 UNKNOWN_BUSY_S = 3600.0  # a held GPU whose job we do not see is assumed busy this long
 OVERRUN_MIN_S = 60.0
 OVERRUN_FACTOR = 0.5
-BucketKey = tuple[str, str, float, float]
+BucketKey = tuple[str, str, float, float, bool]
 
 
 def expected_end(run: RunningJob, now: float) -> float:
@@ -25,7 +25,7 @@ def expected_end(run: RunningJob, now: float) -> float:
 
 
 def bucket_key(node: Node) -> BucketKey:
-    return (node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops)
+    return (node.kind, node.gpu_model, node.gpu_memory_gb, node.tflops, node.spot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,7 @@ class Bucket:
     gpu_model: str
     gpu_memory_gb: float
     tflops: float
+    spot: bool
     max_gpus: int
 
 
@@ -169,13 +170,15 @@ class CapacityIndex:
 
     def eligible(self, job: JobRequest, kinds: tuple[str, ...]) -> list[BucketKey]:
         """Buckets whose nodes could ever host one rank of `job`."""
-        shape = (kinds, job.gpu_models, job.min_gpu_memory_gb, job.gpu_count)
+        checkpoints = job.checkpoint_interval_s is not None
+        shape = (kinds, job.gpu_models, job.min_gpu_memory_gb, job.gpu_count, checkpoints)
         found = self._eligible.get(shape)
         if found is None:
             found = [
                 key
                 for key, b in self.buckets.items()
                 if b.kind in kinds
+                and job.may_run_on(spot=b.spot)
                 and job.accepts_model(b.gpu_model)
                 and b.gpu_memory_gb >= job.min_gpu_memory_gb
                 and b.max_gpus >= job.gpu_count

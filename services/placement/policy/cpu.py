@@ -55,7 +55,7 @@ def place_cpu_jobs(nodes: Iterable[Node], jobs: Iterable[JobRequest], *, now: fl
 
 def _room(node: Node, job: JobRequest, *, now: float, free: dict[str, tuple[float, float]] | None) -> bool:
     needs = job.memory_on(node.memory_gb, node.gpu_count)
-    if node.cpu < job.cpu or node.memory_gb < needs:
+    if node.cpu < job.cpu or node.memory_gb < needs or not job.may_run_on(spot=node.spot):
         return False
     if free is None:
         return True

@@ -13,6 +13,7 @@ from services.placement.policy.config import PolicyConfig
 from services.placement.policy.cpu import cheapest_hosts, rank_price
 from services.placement.policy.decisions import Decision, Provision, Start, Wait
 from services.placement.policy.engine import Constraint, place
+from services.placement.policy.market import pick_market
 from services.placement.policy.models import ClusterState, InstanceType, JobRequest, Node
 from services.placement.policy.options import (
     Option,
@@ -65,7 +66,7 @@ def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyCo
     chosen = _decided_offer(decision, state, job, now=now, config=config)
     if chosen is None:  # no reservation (blocked, or past the pass's bounds): what it would wait for, as weighed now
         waits = [o for o in options if o.action != "provision"] if isinstance(decision, Wait) else options
-        chosen = _offer(pick(waits or options, job, now=now, config=config), job, chosen=True)
+        chosen = _offer(pick_market(waits or options, job, now=now, config=config), job, chosen=True)
     shown = [pick(mine, job, now=now, config=config) for kind in kinds
              if (mine := [o for o in options if o.instance is None and _kind(o) == kind])]
     shown += [o for o in options if o.instance is not None]

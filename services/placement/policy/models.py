@@ -39,6 +39,7 @@ class Node:
     ready_at: float | None = None
     idle_since: float | None = None
     reserved_for: str | None = None
+    spot: bool = False  # a rented spot node: can be taken back, so only jobs that checkpoint may run on it
 
     def __post_init__(self) -> None:
         if self.kind not in ("local", "reserved", "on_demand"):
@@ -68,6 +69,7 @@ class InstanceType:
     price_per_hour: float
     startup_delay_s: float
     spot: bool = False  # can be taken back at short notice: only for jobs that checkpoint (policy/spot.py)
+    interruptions_per_hour: float | None = None  # spot only: the market's hazard; None: spot.DEFAULT_...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,10 @@ class JobRequest:
 
     def accepts_model(self, gpu_model: str) -> bool:
         return not self.gpu_models or gpu_model in self.gpu_models
+
+    def may_run_on(self, *, spot: bool) -> bool:
+        """Spot capacity (a node or an offer) only for a job that declares a checkpoint interval."""
+        return not spot or self.checkpoint_interval_s is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ def node_options(
 
 def fits(job: JobRequest, it: InstanceType) -> bool:
     return (
-        (not it.spot or job.checkpoint_interval_s is not None)
+        job.may_run_on(spot=it.spot)
         and it.gpus >= job.gpu_count
         and job.accepts_model(it.gpu_model)
         and it.gpu_memory_gb >= job.min_gpu_memory_gb
@@ -86,7 +86,8 @@ def provision_options(
             continue
         duration = job.duration_on(it.tflops, config.reference_tflops)
         if it.spot:
-            duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s)
+            duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s,
+                                     interruptions_per_hour=it.interruptions_per_hour)
         start = now + it.startup_delay_s
         cost = rent_cost(job, it, duration)
         found.append(Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration,

@@ -40,10 +40,11 @@ def choose_spot(offer: SpotOffer, *, checkpoints: bool, duration_s: float, check
 
 
 def spot_duration(duration_s: float, *, checkpoint_interval_s: float | None,
-                  interruptions_per_hour: float = DEFAULT_INTERRUPTIONS_PER_HOUR) -> float:
+                  interruptions_per_hour: float | None = None) -> float:
     """The expected time on spot to finish `duration_s` of work (the policy prices and plans a spot offer with it);
     a job that declares no checkpoint interval is never offered spot, so it has no spot duration."""
     if checkpoint_interval_s is None:
         raise ValueError("spot is only for jobs that declare a checkpoint interval")
-    offer = SpotOffer(price_per_hour=0.0, on_demand_price_per_hour=0.0, interruptions_per_hour=interruptions_per_hour)
+    hazard = DEFAULT_INTERRUPTIONS_PER_HOUR if interruptions_per_hour is None else interruptions_per_hour
+    offer = SpotOffer(price_per_hour=0.0, on_demand_price_per_hour=0.0, interruptions_per_hour=hazard)
     return expected_cost(offer, duration_s=duration_s, checkpoint_interval_s=checkpoint_interval_s)[1]

@@ -3,8 +3,9 @@ from services.placement.policy.capacity import INF
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.contention import Backlog, backlog
 from services.placement.policy.decisions import Decision
+from services.placement.policy.market import pick_market
 from services.placement.policy.models import ClusterState
-from services.placement.policy.options import job_kinds, node_options, pick, provision_options, time_value_per_s
+from services.placement.policy.options import job_kinds, node_options, provision_options, time_value_per_s
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, FairQueue, Pass
 from services.placement.policy.pullback import pull_back
 
@@ -45,7 +46,7 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
         if not options:
             p.wait(job, "no node or instance type can host this job")
             continue
-        choice = pick(options, job, now=now, config=config)
+        choice = pick_market(options, job, now=now, config=config)
         p.apply(job, choice)
         if waits is not None and choice.action == "start":
             waits.started(job, choice, owned_only=not rents, value_per_s=time_value_per_s(job, config))

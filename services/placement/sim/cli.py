@@ -9,6 +9,7 @@ from services.placement.sim.catalogue import DEFAULT_CATALOGUE, REFERENCE_TFLOPS
 from services.placement.sim.durations import SOURCES
 from services.placement.sim.engine import Simulation
 from services.placement.sim.metrics import summarise
+from services.placement.sim.spot import spot_offers
 from services.placement.sim.trace import TraceOptions, load_jobs, load_nodes
 
 DEFAULT_LOCAL = 16  # 16 two-GPU P100 workstations
@@ -38,6 +39,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-source", default="trace", choices=sorted(SOURCES),
                    help="trace: oracle (or --estimate-error); history: per-user median of finished jobs, like the "
                         "estimator, the owner's (erroneous) expectation until then")
+    p.add_argument("--spot", action="store_true",
+                   help="also offer every instance type on spot (sim/spot.py), to jobs that checkpoint")
+    p.add_argument("--spot-seed", type=int, default=0, help="seed of the spot interruptions")
+    p.add_argument("--spot-hazard-scale", type=float, default=1.0,
+                   help="multiply every family's interruption hazard (the policy is told the same)")
     p.add_argument("--limit", type=int, default=0, help="replay only the first N jobs (0 = all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -54,10 +60,13 @@ def simulate(args: argparse.Namespace) -> dict:
                           finish_tolerance_frac=args.finish_tolerance_frac, exchange_rate=args.exchange_rate,
                           burst_after_s=args.burst_after_s)
     started = time.perf_counter()
-    out = Simulation(jobs, nodes, catalogue=DEFAULT_CATALOGUE, config=config,
-                     durations=SOURCES[args.duration_source]()).run()
+    spot = spot_offers(DEFAULT_CATALOGUE, hazard_scale=args.spot_hazard_scale) if args.spot else ()
+    catalogue = DEFAULT_CATALOGUE + spot
+    out = Simulation(jobs, nodes, catalogue=catalogue, config=config, durations=SOURCES[args.duration_source](),
+                     spot_seed=args.spot_seed).run()
     result = {"policy": args.policy, "local_nodes": args.local, "reserved_nodes": args.reserved,
-              "estimate_error": args.estimate_error, "duration_source": args.duration_source}
+              "estimate_error": args.estimate_error, "duration_source": args.duration_source, "spot": args.spot,
+              "spot_seed": args.spot_seed, "spot_hazard_scale": args.spot_hazard_scale}
     result |= summarise(jobs, out)
     result["skipped_no_gpu"] = skipped.no_gpu
     result["skipped_never_scheduled"] = skipped.never_scheduled

@@ -19,11 +19,13 @@ from services.placement.policy import (
     schedule,
 )
 from services.placement.policy.hosting import as_node
+from services.placement.policy.spot import DEFAULT_INTERRUPTIONS_PER_HOUR
 from services.placement.sim.durations import DurationSource
+from services.placement.sim.spot import interruption_after_s, kept_compute_s
 from services.placement.sim.trace import TraceJob
 
 USAGE_HALF_LIFE_S = 7 * 86400.0  # fair share remembers about a week of usage
-ARRIVE, FINISH, WAKE, TICK = 0, 1, 2, 3
+ARRIVE, FINISH, WAKE, TICK, INTERRUPT = 0, 1, 2, 3, 4
 
 
 @dataclass(slots=True)
@@ -50,6 +52,7 @@ class SimNode:
     idle_since: float | None = None
     created_at: float = 0.0
     busy_gpu_s: float = 0.0
+    spot: bool = False
 
     @classmethod
     def of(cls, node: Node, *, created_at: float = 0.0) -> "SimNode":
@@ -57,13 +60,14 @@ class SimNode:
         return cls(node.id, node.kind, node.gpu_model, node.gpu_count, node.gpu_memory_gb, node.tflops, node.cpu,
                    node.memory_gb, node.price_per_hour, set(node.free_gpu_indices), node.free_cpu,
                    node.free_memory_gb, instance_type=node.instance_type, ready_at=node.ready_at,
-                   reserved_for=node.reserved_for, idle_since=node.idle_since, created_at=created_at)
+                   reserved_for=node.reserved_for, idle_since=node.idle_since, created_at=created_at,
+                   spot=node.spot)
 
     def snapshot(self) -> Node:
         return Node(self.id, self.kind, self.gpu_model, self.gpu_count, self.gpu_memory_gb, self.tflops, self.cpu,
                     self.memory_gb, self.price_per_hour, tuple(sorted(self.free)), self.free_cpu,
                     self.free_memory_gb, instance_type=self.instance_type, ready_at=self.ready_at,
-                    idle_since=self.idle_since, reserved_for=self.reserved_for)
+                    idle_since=self.idle_since, reserved_for=self.reserved_for, spot=self.spot)
 
 
 @dataclass(slots=True)
@@ -83,6 +87,12 @@ class Outcome:
     od_node_seconds: float = 0.0
     od_dollars: float = 0.0
     od_nodes_created: int = 0
+    spot_node_seconds: float = 0.0
+    spot_dollars: float = 0.0
+    spot_nodes_created: int = 0
+    interruptions: int = 0  # spot nodes the cloud took back
+    jobs_interrupted: int = 0
+    lost_compute_s: float = 0.0  # computed since a job's last checkpoint when its node was taken back
     pullbacks: int = 0
     owned_busy_gpu_s: float = 0.0
     owned_gpus: int = 0
@@ -93,7 +103,7 @@ class Outcome:
 
 class Simulation:
     def __init__(self, jobs: list[TraceJob], nodes: list[Node], *, catalogue: tuple[InstanceType, ...],
-                 config: PolicyConfig, durations: DurationSource | None = None):
+                 config: PolicyConfig, durations: DurationSource | None = None, spot_seed: int = 0):
         self.jobs = {j.request.id: j for j in jobs}
         self.catalogue = catalogue
         self.types = {it.name: it for it in catalogue}
@@ -110,6 +120,8 @@ class Simulation:
         self.out = Outcome(owned_gpus=sum(n.gpu_count for n in self.nodes.values()))
         self.durations = durations or DurationSource()
         self.ticks: set[float] = set()
+        self.spot_seed = spot_seed
+        self.restoring: set[str] = set()  # interrupted jobs: the next start first restores their checkpoint
         for j in jobs:
             self._push(j.request.submitted_at, ARRIVE, j.request.id)
 
@@ -124,6 +136,8 @@ class Simulation:
                     self._finish(key, now)
                 elif kind == WAKE and key in self.nodes:
                     self._wake(self.nodes[key], now)
+                elif kind == INTERRUPT and key in self.nodes:
+                    self._interrupt(self.nodes[key], now)
             self._pass(now)
         self.out.end_time = max(self.out.finished.values(), default=0.0)
         for node in list(self.nodes.values()):
@@ -220,11 +234,14 @@ class Simulation:
 
     def _start(self, d: Start, now: float) -> None:
         job = self.queue.pop(d.job_id)
-        self._begin(d.job_id, d.node_ids, d.gpu_indices, now=now, start=now)
+        restore = self.config.migration_s if d.job_id in self.restoring else 0.0
+        self.restoring.discard(d.job_id)
+        self._begin(d.job_id, d.node_ids, d.gpu_indices, now=now, start=now + restore)
         self.out.started[d.job_id] = now
         self._charge(job.user, job.gpu_count * job.node_count * job.expected_duration_s / 3600, now)
 
-    def _stop(self, job_id: str, now: float) -> None:
+    def _stop(self, job_id: str, now: float, *, kept_s: float | None = None) -> None:
+        """Free the job's GPUs; it keeps `kept_s` seconds of this segment's computing (None: all of it)."""
         seg = self.segments.pop(job_id)
         job = self.jobs[job_id].request
         for node_id, idx in zip(seg.node_ids, seg.indices, strict=True):
@@ -233,7 +250,8 @@ class Simulation:
             if node.kind != "on_demand":
                 self.out.owned_busy_gpu_s += len(idx) * max(0.0, now - seg.start)
             self._give(node, idx, job.cpu, job.memory_gb, now)
-        done = max(0.0, now - seg.start) * seg.tflops / self.config.reference_tflops
+        computed = max(0.0, now - seg.start) if kept_s is None else kept_s
+        done = computed * seg.tflops / self.config.reference_tflops
         self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)
         del self.running[job_id]
 
@@ -245,19 +263,56 @@ class Simulation:
     def _provision(self, d: Provision, now: float) -> None:
         it = self.types[d.instance_type]
         for _ in range(d.count):
-            self.out.od_nodes_created += 1
-            node_id = f"od-{self.out.od_nodes_created:05d}"
-            rented = replace(as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id)
+            self.out.od_nodes_created += not it.spot
+            self.out.spot_nodes_created += it.spot
+            node_id = f"od-{self.out.od_nodes_created + self.out.spot_nodes_created:05d}"
+            rented = replace(as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id,
+                             spot=it.spot)
             self.nodes[node_id] = SimNode.of(rented, created_at=now)
             self._push(now + it.startup_delay_s, WAKE, node_id)
+            if it.spot:
+                hazard = DEFAULT_INTERRUPTIONS_PER_HOUR if it.interruptions_per_hour is None else \
+                    it.interruptions_per_hour
+                after = interruption_after_s(node_id, hazard_per_hour=hazard, seed=self.spot_seed)
+                if math.isfinite(after):
+                    self._push(now + after, INTERRUPT, node_id)
 
     def _release(self, node_id: str, now: float) -> None:
         assert len(self.nodes[node_id].free) == self.nodes[node_id].gpu_count, f"{node_id} is not idle"
         node = self.nodes.pop(node_id)
         self.cache.pop(node_id, None)
         seconds = max(0.0, now - node.created_at)
-        self.out.od_node_seconds += seconds
-        self.out.od_dollars += seconds / 3600 * node.price_per_hour
+        if node.spot:
+            self.out.spot_node_seconds += seconds
+            self.out.spot_dollars += seconds / 3600 * node.price_per_hour
+        else:
+            self.out.od_node_seconds += seconds
+            self.out.od_dollars += seconds / 3600 * node.price_per_hour
+
+    def _interrupt(self, node: SimNode, now: float) -> None:
+        """The cloud takes a spot node back: its jobs keep what their last checkpoint holds and queue again (the
+        policy re-places them, restoring first); the node is billed until now and gone."""
+        self.out.interruptions += 1
+        for job_id in [j for j, seg in self.segments.items() if node.id in seg.node_ids]:
+            seg = self.segments[job_id]
+            interval = self.jobs[job_id].request.checkpoint_interval_s
+            if interval is None:
+                raise AssertionError(f"{job_id} declares no checkpoint but ran on spot node {node.id}")
+            elapsed = max(0.0, now - seg.start)
+            kept = kept_compute_s(elapsed, checkpoint_interval_s=interval)
+            self.out.lost_compute_s += elapsed - kept
+            self.out.jobs_interrupted += 1
+            self._stop(job_id, now, kept_s=kept)
+            self.queue[job_id] = self._requeued(job_id)
+            self.restoring.add(job_id)
+        self._release(node.id, now)
+
+    def _requeued(self, job_id: str) -> JobRequest:
+        """The job as the queue sees it again: re-estimated, with the work its checkpoint holds taken off."""
+        job = self.durations.estimate(self.jobs[job_id].request)
+        left = self.work_left[job_id] / self.jobs[job_id].run_time_s
+        predicted = None if job.predicted_duration_s is None else job.predicted_duration_s * left
+        return replace(job, expected_duration_s=job.expected_duration_s * left, predicted_duration_s=predicted)
 
     def _pull_back(self, d: PullBack, now: float) -> None:
         self._stop(d.job_id, now)

@@ -15,7 +15,8 @@ def _mean(values: list[float]) -> float:
 
 
 def summarise(jobs: list[TraceJob], out: Outcome) -> dict[str, float | int]:
-    """Completion time = finish - submit; utilisation over the makespan; dollars for on-demand only."""
+    """Completion time = finish - submit; utilisation over the makespan; dollars for rented nodes (on-demand, spot
+    and both: `cloud_dollars`)."""
     done = [j for j in jobs if j.request.id in out.finished]
     jct = {j.request.id: out.finished[j.request.id] - j.request.submitted_at for j in done}
     ts = [jct[j.request.id] for j in done if j.request.priority == "time"]
@@ -35,7 +36,15 @@ def summarise(jobs: list[TraceJob], out: Outcome) -> dict[str, float | int]:
         "on_demand_node_hours": round(out.od_node_seconds / 3600, 2),
         "on_demand_dollars": round(out.od_dollars, 2),
         "on_demand_nodes_created": out.od_nodes_created,
-        "owned_utilisation": round(out.owned_busy_gpu_s / (out.owned_gpus * makespan), 4) if makespan else 0.0,
+        "spot_node_hours": round(out.spot_node_seconds / 3600, 2),
+        "spot_dollars": round(out.spot_dollars, 2),
+        "spot_nodes_created": out.spot_nodes_created,
+        "cloud_dollars": round(out.od_dollars + out.spot_dollars, 2),
+        "spot_interruptions": out.interruptions,
+        "jobs_interrupted": out.jobs_interrupted,
+        "lost_compute_h": round(out.lost_compute_s / 3600, 2),
+        "owned_utilisation": (round(out.owned_busy_gpu_s / (out.owned_gpus * makespan), 4)
+                              if makespan and out.owned_gpus else 0.0),
         "deadline_misses": misses + (len(jobs) - len(done)),
         "pullbacks": out.pullbacks,
         "passes": out.passes,

@@ -18,6 +18,10 @@ class TraceOptions:
     cost_deadline_factor: float = 4.0
     cost_deadline_slack_s: float = 4 * 3600.0
     estimate_error: float = 0.0  # sigma of a log-normal error on the owner's expectation; 0 = exact
+    # The trace has no checkpoints: a job its owner expects to run longer than an hour checkpoints every 30 min
+    # (a short job restarts from scratch instead, so it declares none and never runs on spot).
+    checkpoint_after_s: float = 3600.0
+    checkpoint_interval_s: float = 1800.0
 
 
 @dataclass(slots=True)
@@ -35,7 +39,7 @@ class Skipped:
     fractional_gpu_rounded_up: int = 0
 
 
-def _fraction(name: str, salt: str) -> float:
+def stable_fraction(name: str, salt: str) -> float:
     digest = hashlib.blake2b(f"{salt}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2**64
 
@@ -67,7 +71,7 @@ def load_jobs(path: str, options: TraceOptions = TraceOptions()) -> tuple[list[T
 def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions) -> TraceJob:
     name, qos = row["name"], row["qos"]
     priority: Literal["time", "cost"] = "time" if qos in ("LS", "Guaranteed") else "cost"
-    draw = _fraction(name, "allowed")
+    draw = stable_fraction(name, "allowed")
     allowed: Literal["local", "cloud", "any"] = "local" if draw < options.local_only_frac else (
         "cloud" if draw < options.local_only_frac + options.cloud_only_frac else "any")
     factor, slack = (
@@ -78,7 +82,8 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
     submitted = float(row["creation_time"])
     expected = run_time
     if options.estimate_error > 0:
-        z = math.sqrt(-2 * math.log(max(_fraction(name, "u1"), 1e-12))) * math.cos(2 * math.pi * _fraction(name, "u2"))
+        z = math.sqrt(-2 * math.log(max(stable_fraction(name, "u1"), 1e-12))) * math.cos(
+            2 * math.pi * stable_fraction(name, "u2"))
         expected = run_time * math.exp(options.estimate_error * z)
     models = frozenset(m for m in row["gpu_spec"].split("|") if m)
     request = JobRequest(
@@ -94,6 +99,7 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
         cpu=int(row["cpu_milli"]) / 1000,
         memory_gb=int(row["memory_mib"]) / 1024,
         duration_sigma=options.estimate_error,
+        checkpoint_interval_s=options.checkpoint_interval_s if expected > options.checkpoint_after_s else None,
     )
     return TraceJob(request, run_time, qos)
 
