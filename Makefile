@@ -22,6 +22,7 @@ browser:
 # Lint and types (configured in pyproject.toml): seconds, so every `make test` runs them first.
 check: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
 # Two pytest-xdist workers, each with stacks of its own; a module's tests stay on one worker (tests/conftest.py).

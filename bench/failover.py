@@ -9,6 +9,7 @@ waiting replica took to hold the lease, and how long until a job submitted just 
 the API answered nothing, how many requests failed over to the other replica, and that every job completed once.
 Run: `python -m bench.failover` (about two minutes on the 2-core VM).
 """
+
 import argparse
 import asyncio
 import json
@@ -34,8 +35,9 @@ class Replicas:
 
     def __init__(self, port: int) -> None:
         headers = {"Authorization": f"Bearer {TOKEN}"}
-        self.clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", headers=headers, timeout=5)
-                        for p in (port, port + 1)]
+        self.clients = [
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", headers=headers, timeout=5) for p in (port, port + 1)
+        ]
         self.failed, self.last_answer, self.longest_silence = 0, time.monotonic(), 0.0
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response | None:
@@ -90,9 +92,15 @@ async def running_after(api: Replicas, job_id: str, since: float, *, timeout_s: 
 
 
 async def run(stack: Stack, *, jobs: int) -> dict:
-    api, nc = Replicas(stack.settings.api_port), await nats.connect(
-        stack.nats_url.split(","), user_credentials=str(stack.admin_creds()), max_reconnect_attempts=-1,
-        reconnect_time_wait=0.2)
+    api, nc = (
+        Replicas(stack.settings.api_port),
+        await nats.connect(
+            stack.nats_url.split(","),
+            user_credentials=str(stack.admin_creds()),
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+        ),
+    )
     js, stop, submitted, kills = nc.jetstream(), asyncio.Event(), [], {}
 
     async def probe() -> None:
@@ -121,8 +129,10 @@ async def run(stack: Stack, *, jobs: int) -> dict:
                         raise TimeoutError(f"no replica of {service} took the lease within 60 s")
                     await asyncio.sleep(0.1)
                 takeover = round(time.monotonic() - killed, 1)
-            kills[victim] = {"lease_taken_over_s": takeover, "next_job_running_s": await running_after(
-                api, job_id, killed)}
+            kills[victim] = {
+                "lease_taken_over_s": takeover,
+                "next_job_running_s": await running_after(api, job_id, killed),
+            }
             submitted.append(job_id)
             await asyncio.sleep(2)
         await flowing
@@ -134,9 +144,13 @@ async def run(stack: Stack, *, jobs: int) -> dict:
             if all(p in ("Completed", "Failed", "Terminated") for p in phases):
                 break
             await asyncio.sleep(1)
-        return {"kills": kills, "api_longest_silence_s": round(api.longest_silence, 2),
-                "api_failed_requests": api.failed, "jobs": len(submitted),
-                "jobs_completed": sum(p == "Completed" for p in phases)}
+        return {
+            "kills": kills,
+            "api_longest_silence_s": round(api.longest_silence, 2),
+            "api_failed_requests": api.failed,
+            "jobs": len(submitted),
+            "jobs_completed": sum(p == "Completed" for p in phases),
+        }
     finally:
         stop.set()
         prober.cancel()
@@ -153,10 +167,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tm-failover-") as tmp:
         data = Path(tmp)
         (data / "cluster.toml").write_text(cluster(3))
-        stack = Stack(StackSettings(data_dir=data, nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
-                                    api_port=free_ports_at(0, 1), cluster_file=data / "cluster.toml",
-                                    admin_token=TOKEN, mongo_url=None, log_level="WARNING", nats_servers=3,
-                                    service_replicas=2))
+        stack = Stack(
+            StackSettings(
+                data_dir=data,
+                nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
+                api_port=free_ports_at(0, 1),
+                cluster_file=data / "cluster.toml",
+                admin_token=TOKEN,
+                mongo_url=None,
+                log_level="WARNING",
+                nats_servers=3,
+                service_replicas=2,
+            )
+        )
         try:
             stack.start_all()
             time.sleep(5)  # every agent registered

@@ -5,6 +5,7 @@ Reports jobs/s through the write path and the database server's CPU per job, eac
 REST API, placement and billing are left out: `bench/submit.py` measures the whole submission.
 Run: `python -m bench.intake --jobs 400 --concurrency 8`.
 """
+
 import argparse
 import asyncio
 import json
@@ -25,8 +26,14 @@ from services.submitter.caps import QueueCaps
 from services.submitter.intake import Arrival, Intake
 from services.submitter.repository import Repository
 
-BODY = JobCreate.model_validate({"kind": "job", "metadata": {"name": "x"}, "algorithm": {"command": "true"},
-                                 "spec": {"resource": {"flavor_id": "custom", "node_count": 1, "gpu_count": 0}}})
+BODY = JobCreate.model_validate(
+    {
+        "kind": "job",
+        "metadata": {"name": "x"},
+        "algorithm": {"command": "true"},
+        "spec": {"resource": {"flavor_id": "custom", "node_count": 1, "gpu_count": 0}},
+    }
+)
 
 
 def cpu_s(pid: int) -> float:
@@ -36,10 +43,28 @@ def cpu_s(pid: int) -> float:
 
 def arrival(i: int) -> Arrival:
     job_id, now = str(uuid.uuid4()), utcnow()
-    event = JobSubmitted(event_id=f"{job_id}:submitted", job_id=job_id, project_id="bench", user_name="bench",
-                         name=f"job-{i}", algorithm=BODY.algorithm, spec=BODY.spec, create_time=now)
-    return Arrival({"_id": job_id, "project_id": "bench", "name": f"job-{i}", "user_name": "bench",
-                    "create_time": now, "status": {"phase": "Creating"}, "status_version": 0}, event)
+    event = JobSubmitted(
+        event_id=f"{job_id}:submitted",
+        job_id=job_id,
+        project_id="bench",
+        user_name="bench",
+        name=f"job-{i}",
+        algorithm=BODY.algorithm,
+        spec=BODY.spec,
+        create_time=now,
+    )
+    return Arrival(
+        {
+            "_id": job_id,
+            "project_id": "bench",
+            "name": f"job-{i}",
+            "user_name": "bench",
+            "create_time": now,
+            "status": {"phase": "Creating"},
+            "status_version": 0,
+        },
+        event,
+    )
 
 
 async def measure(stack: Stack, *, grouped: bool, jobs: int, concurrency: int) -> dict:
@@ -68,11 +93,15 @@ async def measure(stack: Stack, *, grouped: bool, jobs: int, concurrency: int) -
     elapsed, own = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
     await broker.stop()
     await client.close()
-    return {"mode": "grouped" if grouped else "one at a time", "jobs_per_s": round(jobs / elapsed, 1),
-            "database_cpu_ms_per_job": round(1000 * (cpu_s(database) - db_before) / jobs, 2),
-            "client_cpu_ms_per_job": round(1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime
-                                                   - own_before.ru_stime) / jobs, 2),
-            "groups": intake.store.groups if grouped else jobs}
+    return {
+        "mode": "grouped" if grouped else "one at a time",
+        "jobs_per_s": round(jobs / elapsed, 1),
+        "database_cpu_ms_per_job": round(1000 * (cpu_s(database) - db_before) / jobs, 2),
+        "client_cpu_ms_per_job": round(
+            1000 * (own.ru_utime + own.ru_stime - own_before.ru_utime - own_before.ru_stime) / jobs, 2
+        ),
+        "groups": intake.store.groups if grouped else jobs,
+    }
 
 
 def main() -> None:
@@ -86,8 +115,10 @@ def main() -> None:
             stack.start_nats()
             stack.start_database("submitter")
             stack.prepare_bus()
-            runs = [asyncio.run(measure(stack, grouped=grouped, jobs=args.jobs, concurrency=args.concurrency))
-                    for grouped in (False, True, False, True)]
+            runs = [
+                asyncio.run(measure(stack, grouped=grouped, jobs=args.jobs, concurrency=args.concurrency))
+                for grouped in (False, True, False, True)
+            ]
         finally:
             stack.stop_all()
     print(json.dumps({"jobs": args.jobs, "concurrency": args.concurrency, "runs": runs}, indent=2))

@@ -9,6 +9,7 @@ list entry, as months of use leave them), to show whether submitting and listing
 `--idle N` first runs N jobs one at a time (submit → Running on an idle stack). Run: `make bench-submit` (or
 `python -m bench.submit --jobs 200 --concurrency 8 --history 5000 --idle 20`).
 """
+
 import argparse
 import asyncio
 import json
@@ -45,7 +46,8 @@ def free_port() -> int:
 def cluster(nodes: int) -> str:
     return "".join(
         f'[[nodes]]\nid = "bench-{i}"\nkind = "{("local", "reserved", "on_demand")[i % 3]}"\ncpu_count = 64\n'
-        f'memory_gb = 256\nprice_per_hour = 1.0\n\n' for i in range(nodes)
+        f"memory_gb = 256\nprice_per_hour = 1.0\n\n"
+        for i in range(nodes)
     )
 
 
@@ -69,13 +71,27 @@ def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
     now = datetime.now(UTC)
     docs = []
     for i in range(jobs):
-        body = JobCreate.model_validate({"metadata": {"name": f"history-{i}"}, "algorithm": {"command": "true"},
-                                         "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}}})
-        doc = new_job(job_id=f"history-{i}", project_id=project, user_name="admin", now=now - timedelta(seconds=i),
-                      body=body)
-        done = JobStatusChanged(event_id=f"history-{i}:status:4", job_id=doc["_id"], project_id=project,
-                                user_name="admin", version=4, phase=Phase.COMPLETED,
-                                secondary_phase=SecondaryPhase.COMPLETED, start_time=now, end_time=now)
+        body = JobCreate.model_validate(
+            {
+                "metadata": {"name": f"history-{i}"},
+                "algorithm": {"command": "true"},
+                "spec": {"resource": {"cpu_count": 0.5, "memory_gb": 0.5}},
+            }
+        )
+        doc = new_job(
+            job_id=f"history-{i}", project_id=project, user_name="admin", now=now - timedelta(seconds=i), body=body
+        )
+        done = JobStatusChanged(
+            event_id=f"history-{i}:status:4",
+            job_id=doc["_id"],
+            project_id=project,
+            user_name="admin",
+            version=4,
+            phase=Phase.COMPLETED,
+            secondary_phase=SecondaryPhase.COMPLETED,
+            start_time=now,
+            end_time=now,
+        )
         for path, value in status_fields(done).items():
             *parents, leaf = path.split(".")
             target = doc
@@ -86,8 +102,8 @@ def seed_history(stack: Stack, *, jobs: int, project: str = "bench") -> None:
     with MongoClient(stack.mongo_url_of("submitter"), tz_aware=True) as client:
         db = client[database_name("submitter")]
         for i in range(0, jobs, 1000):
-            db.api_jobs.insert_many(docs[i:i + 1000])
-            db.api_job_list.insert_many([list_entry(d) for d in docs[i:i + 1000]])  # what the API keeps beside
+            db.api_jobs.insert_many(docs[i : i + 1000])
+            db.api_job_list.insert_many([list_entry(d) for d in docs[i : i + 1000]])  # what the API keeps beside
 
 
 async def list_latency_ms(api: httpx.AsyncClient, *, samples: int = 10) -> float:
@@ -118,8 +134,15 @@ async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle
             await asyncio.sleep(0.02)
         if job["status"]["start_time"]:
             latencies.append((job["status"]["start_time"] - job["metadata"]["create_time"]) / 1000)
-    return {"idle_jobs": jobs, "idle_submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
-            "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3)} if latencies else {}
+    return (
+        {
+            "idle_jobs": jobs,
+            "idle_submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
+            "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
+        }
+        if latencies
+        else {}
+    )
 
 
 async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_at_start: bool = False) -> dict:
@@ -142,8 +165,11 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
                 ids.append(response.json()["metadata"]["id"])
 
         # right after start, while a fresh stack's estimator trains its first history model (as a user meets it)
-        at_start = {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle, prefix="idle-at-start")
-                                                     ).items()} if idle and idle_at_start else {}
+        at_start = (
+            {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle, prefix="idle-at-start")).items()}
+            if idle and idle_at_start
+            else {}
+        )
         if at_start:
             print(json.dumps(at_start), file=sys.stderr, flush=True)  # a long run's first figures, kept
         await history_model_trained(api)
@@ -157,8 +183,11 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
         accept_s = time.perf_counter() - started
 
         while True:
-            page = (await api.get("/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating",
-                                                                                           "Running"]})).json()
+            page = (
+                await api.get(
+                    "/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating", "Running"]}
+                )
+            ).json()
             if page["total"] == 0:
                 break
             if time.perf_counter() - started > 600:
@@ -169,11 +198,13 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
         per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
-                "items"]:
+            "items"
+        ]:
             items += [j for j in page if j["metadata"]["name"].startswith("noop-")]
             offset += len(page)
-    latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
-                 if j["status"]["start_time"]]
+    latencies = [
+        (j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items if j["status"]["start_time"]
+    ]
     return {
         "jobs": jobs,
         "concurrency": concurrency,
@@ -200,8 +231,7 @@ async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 60
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         answer = await api.get("/healthz")
-        details = answer.json().get("services", {}).get("estimator", {}).get("details", {}) if answer.is_success \
-            else {}
+        details = answer.json().get("services", {}).get("estimator", {}).get("details", {}) if answer.is_success else {}
         model = details.get("history_model", {})
         if model.get("version") and not model.get("training"):
             return
@@ -234,10 +264,16 @@ def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, j
         return {}
     spent = {name: after[name] - before.get(name, Counter()) for name in after}
     by_process = {name: round(sum(c.values()) / jobs, 2) for name, c in sorted(spent.items()) if c}
-    top = {name: {k: round(v / jobs, 2) for k, v in c.most_common() if v / jobs >= 0.05}
-           for name, c in sorted(spent.items()) if c}
-    return {"db_commands_per_job": round(sum(by_process.values()), 1), "db_commands_per_job_by_process": by_process,
-            "db_commands_per_job_top": top}
+    top = {
+        name: {k: round(v / jobs, 2) for k, v in c.most_common() if v / jobs >= 0.05}
+        for name, c in sorted(spent.items())
+        if c
+    }
+    return {
+        "db_commands_per_job": round(sum(by_process.values()), 1),
+        "db_commands_per_job_by_process": by_process,
+        "db_commands_per_job_top": top,
+    }
 
 
 def main() -> None:
@@ -247,19 +283,35 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--history", type=int, default=0, help="finished jobs stored in the project first")
     parser.add_argument("--idle", type=int, default=0, help="first, this many jobs one at a time (idle latency)")
-    parser.add_argument("--idle-at-start", action="store_true", help="the idle jobs also right after start, while "
-                        "the estimator trains its first history model (idle_*_at_start), before it is waited for")
+    parser.add_argument(
+        "--idle-at-start",
+        action="store_true",
+        help="the idle jobs also right after start, while "
+        "the estimator trains its first history model (idle_*_at_start), before it is waited for",
+    )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
-    parser.add_argument("--no-history-model", action="store_true", help="the estimator trains no history model "
-                        "(no MLPerf logs): counts and timings without that first training's CPU")
+    parser.add_argument(
+        "--no-history-model",
+        action="store_true",
+        help="the estimator trains no history model "
+        "(no MLPerf logs): counts and timings without that first training's CPU",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
         (data / "cluster.toml").write_text(cluster(args.nodes))
-        stack = Stack(StackSettings(data_dir=data, nats_port=free_port(),
-                                    api_port=free_port(), cluster_file=data / "cluster.toml", admin_token=TOKEN,
-                                    mongo_url=None, log_level="WARNING"))
+        stack = Stack(
+            StackSettings(
+                data_dir=data,
+                nats_port=free_port(),
+                api_port=free_port(),
+                cluster_file=data / "cluster.toml",
+                admin_token=TOKEN,
+                mongo_url=None,
+                log_level="WARNING",
+            )
+        )
         if args.no_history_model:
             stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
         if args.count_commands:
@@ -269,9 +321,18 @@ def main() -> None:
             stack.start_all()
             seed_history(stack, jobs=args.history)
             time.sleep(3)  # let every agent register
-            result = {"history": args.history,
-                      **asyncio.run(run(stack, jobs=args.jobs, concurrency=args.concurrency, idle=args.idle,
-                                           idle_at_start=args.idle_at_start))}
+            result = {
+                "history": args.history,
+                **asyncio.run(
+                    run(
+                        stack,
+                        jobs=args.jobs,
+                        concurrency=args.concurrency,
+                        idle=args.idle,
+                        idle_at_start=args.idle_at_start,
+                    )
+                ),
+            }
         finally:
             stack.stop_all()
     print(json.dumps(result, indent=2))

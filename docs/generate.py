@@ -4,6 +4,7 @@ job state machine, from shared/jobs.py's TRANSITIONS), or check them.
     python -m docs.generate           # rewrite both files
     python -m docs.generate --check   # exit 1 if a checked-in file is out of date
 """
+
 import argparse
 import importlib
 import inspect
@@ -46,8 +47,11 @@ def wildcard(subject: str) -> str:
 
 def models() -> list[type[Message]]:
     """Every message of shared/events.py with a subject of its own, by name."""
-    return [m for _, m in inspect.getmembers(events, inspect.isclass)
-            if issubclass(m, Message) and m is not Message and "subject_template" in vars(m)]
+    return [
+        m
+        for _, m in inspect.getmembers(events, inspect.isclass)
+        if issubclass(m, Message) and m is not Message and "subject_template" in vars(m)
+    ]
 
 
 def permitted(role: str) -> tuple[str, ...]:
@@ -71,20 +75,29 @@ def declare_publishers(router: NatsRouter, role: str) -> None:
     """Publishers for the document only: events leave through each service's outbox (shared/store.py)."""
     for model in publications(role):
         doc = (model.__doc__ or "").split("\n\n")[0].strip()
-        router.publisher(address(model), schema=model, title=f"{role}:{address(model)}:{model.__name__}",
-                         description=f"{role} publishes {model.__name__}. {doc}".strip(), include_in_schema=True)
+        router.publisher(
+            address(model),
+            schema=model,
+            title=f"{role}:{address(model)}:{model.__name__}",
+            description=f"{role} publishes {model.__name__}. {doc}".strip(),
+            include_in_schema=True,
+        )
 
 
 def declare_listeners(router: NatsRouter, role: str) -> None:
     """Core NATS subjects a process reads with a callback of its own (the monitor's heartbeats), for the document."""
     for subject in busroles.LISTENS.get(role, ()):
         for model in [m for m in models() if subjects_overlap(wildcard(m.subject_template), subject)]:
+
             async def listen(event: Any) -> None:
                 """Never called: the process reads this subject outside FastStream."""
 
             listen.__annotations__ = {"event": model, "return": None}
-            router.subscriber(subject, title=f"{role}:{subject}:{model.__name__}",
-                              description=f"{role} reads {model.__name__} as it comes (core NATS, not stored).")(listen)
+            router.subscriber(
+                subject,
+                title=f"{role}:{subject}:{model.__name__}",
+                description=f"{role} reads {model.__name__} as it comes (core NATS, not stored).",
+            )(listen)
 
 
 def asyncapi() -> dict[str, Any]:
@@ -108,10 +121,14 @@ def asyncapi() -> dict[str, Any]:
         declare_listeners(declared, role)
         declare_publishers(declared, role)
         broker.include_router(declared)
-    spec = AsyncAPI(broker, title="trainmaster bus", version="0.1.0",
-                    description="What each of trainmaster's services and agents subscribes to and publishes: "
-                                "JetStream subjects, core NATS heartbeats, request/reply subjects "
-                                "(see docs/architecture.md, Subjects).")
+    spec = AsyncAPI(
+        broker,
+        title="trainmaster bus",
+        version="0.1.0",
+        description="What each of trainmaster's services and agents subscribes to and publishes: "
+        "JetStream subjects, core NATS heartbeats, request/reply subjects "
+        "(see docs/architecture.md, Subjects).",
+    )
     return spec.to_specification().to_jsonable()
 
 
@@ -142,8 +159,11 @@ def states() -> str:
 
 
 def documents() -> dict[Path, str]:
-    return {DOCS / "openapi.json": render(openapi()), DOCS / "asyncapi.json": render(asyncapi()),
-            DOCS / "states.md": states()}
+    return {
+        DOCS / "openapi.json": render(openapi()),
+        DOCS / "asyncapi.json": render(asyncapi()),
+        DOCS / "states.md": states(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ On the embedded database every command waits its turn under one lock, so a burst
 each; written as a group (one `insert_many`, one `bulk_write`) a burst of N costs about what one caller costs. An
 idle caller is written at once, alone: grouping adds no wait, it only collects who arrived during the last write.
 """
+
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
@@ -39,8 +40,8 @@ class GroupCommit(Generic[T, R]):
         group: list[tuple[T, asyncio.Future]] = []
         try:
             while self._waiting:
-                group = self._waiting[:self.max_size]
-                del self._waiting[:self.max_size]
+                group = self._waiting[: self.max_size]
+                del self._waiting[: self.max_size]
                 try:
                     results = await self.write([item for item, _ in group])
                     if len(results) != len(group):

@@ -1,4 +1,5 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
+
 import functools
 import hmac
 import logging
@@ -28,6 +29,7 @@ _DEDUP_KEYS: "weakref.WeakKeyDictionary[NatsBroker, bytes]" = weakref.WeakKeyDic
 ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
 
+
 def _stream(name: str, *subjects: str, **config: Any) -> JStream:
     """A stream trainmaster declares itself (FastStream would only declare the subjects it subscribes to)."""
     stream = JStream(name=name, storage=StorageType.FILE, declare=False, **config)
@@ -41,24 +43,38 @@ NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_W
 # Node events, heartbeats excepted: a service's verdicts (`tm.node.evt.<event>`) and an agent's own node events.
 # An agent's new node event (5 tokens) must be added here (tests/unit/test_heartbeats.py checks); heartbeats are
 # core NATS, never stored (HEARTBEATS).
-NODES = _stream("TM_NODES", "tm.node.evt.*", "tm.node.evt.*.registered", "tm.node.evt.*.interrupted", max_age=3600,
-                duplicate_window=60)
+NODES = _stream(
+    "TM_NODES",
+    "tm.node.evt.*",
+    "tm.node.evt.*.registered",
+    "tm.node.evt.*.interrupted",
+    max_age=3600,
+    duplicate_window=60,
+)
 # Output: a week, and at most LOG_STREAM_MAX_BYTES of it (the oldest goes first), whatever the tasks print.
-LOG_STREAM_MAX_BYTES = 4 * 1024 ** 3
+LOG_STREAM_MAX_BYTES = 4 * 1024**3
 LOGS = _stream("TM_LOGS", "tm.log.>", max_age=7 * 86400, max_bytes=LOG_STREAM_MAX_BYTES, duplicate_window=300)
 ESTIMATES = _stream("TM_ETA", "tm.eta.>", max_age=7 * 86400, duplicate_window=300)
 # GPU telemetry of running tasks (one message per task per heartbeat): a week, and at most this much of it.
-TELEMETRY_STREAM_MAX_BYTES = 1024 ** 3
-TELEMETRY = _stream("TM_TELEMETRY", "tm.telemetry.>", max_age=7 * 86400, max_bytes=TELEMETRY_STREAM_MAX_BYTES,
-                    duplicate_window=60)
+TELEMETRY_STREAM_MAX_BYTES = 1024**3
+TELEMETRY = _stream(
+    "TM_TELEMETRY", "tm.telemetry.>", max_age=7 * 86400, max_bytes=TELEMETRY_STREAM_MAX_BYTES, duplicate_window=60
+)
 NOTIFICATIONS = _stream("TM_NOTIFY", "tm.notify.>", max_age=30 * 86400, duplicate_window=DEDUP_WINDOW_S)
 STREAMS = (JOBS, NODE_COMMANDS, NODES, LOGS, ESTIMATES, NOTIFICATIONS, TELEMETRY)
 # Leader leases of replicated services (shared/lease.py), in the key-value layout: one key per service, each value
 # forgotten LEASE_TTL_S after it was written. Declared with the others only where leases are on.
 LEASE_BUCKET = "tm_leaders"
 LEASE_TTL_S = 12.0  # a lost NATS server can leave the bucket without a leader for 4.5-6.2 s (measured)
-LEASES = _stream(f"KV_{LEASE_BUCKET}", f"$KV.{LEASE_BUCKET}.>", max_age=LEASE_TTL_S, max_msgs_per_subject=1,
-                 duplicate_window=1, deny_delete=True, allow_direct=True)
+LEASES = _stream(
+    f"KV_{LEASE_BUCKET}",
+    f"$KV.{LEASE_BUCKET}.>",
+    max_age=LEASE_TTL_S,
+    max_msgs_per_subject=1,
+    duplicate_window=1,
+    deny_delete=True,
+    allow_direct=True,
+)
 
 # Request/reply subjects live outside every stream so the stream never answers in the service's place.
 RPC_HEALTH = "tm.rpc.health.{service}"
@@ -109,8 +125,9 @@ def servers(url: str) -> list[str]:
     return [u.strip() for u in url.split(",") if u.strip()]
 
 
-def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path | None = None,
-                ca_file: Path | None = None) -> NatsBroker:
+def make_broker(
+    url: str, *, name: str, link: BusLink | None = None, creds: Path | None = None, ca_file: Path | None = None
+) -> NatsBroker:
     """A broker that reconnects forever: a restarted NATS server is waited for, not fatal.
 
     creds: this process's own `.creds` file (the server refuses anonymous clients); replies come back under its
@@ -125,16 +142,30 @@ def make_broker(url: str, *, name: str, link: BusLink | None = None, creds: Path
         options["security"] = NatsSecurity(ssl_context=tls)
     # log_level: FastStream's two lines per message ("Received", "Processed") at DEBUG, below the INFO its access
     # logger is set to; a service logs its state changes itself.
-    broker = NatsBroker(servers(url), name=name, max_reconnect_attempts=-1, connect_timeout=5,
-                        reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py takes a float
-                        inbox_prefix=f"_INBOX_{name}", log_level=logging.DEBUG, middlewares=(ReplyGuard,), **options)
+    broker = NatsBroker(
+        servers(url),
+        name=name,
+        max_reconnect_attempts=-1,
+        connect_timeout=5,
+        reconnect_time_wait=0.5,  # type: ignore[arg-type]  # seconds: nats-py takes a float
+        inbox_prefix=f"_INBOX_{name}",
+        log_level=logging.DEBUG,
+        middlewares=(ReplyGuard,),
+        **options,
+    )
     if creds:
         _DEDUP_KEYS[broker] = dedup_key(creds)
     return broker
 
 
-async def connect(broker: NatsBroker, *, declare: bool = True, replicas: int = 1, leases: bool = False,
-                  log_max_bytes: int = LOG_STREAM_MAX_BYTES) -> None:
+async def connect(
+    broker: NatsBroker,
+    *,
+    declare: bool = True,
+    replicas: int = 1,
+    leases: bool = False,
+    log_max_bytes: int = LOG_STREAM_MAX_BYTES,
+) -> None:
     """Connect and make sure every stream exists with its full subject list, before any consumer starts.
 
     declare: False for agents, which may not create or change streams (the stack and placement did).
@@ -211,8 +242,12 @@ async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Aw
     payload = await decode(msg)
     expected = implied_subject(payload)
     if expected is not None and expected != msg.raw_message.subject:
-        log.warning("dropped %s event: it arrived on %s, its payload belongs on %s",
-                    payload.get("type"), msg.raw_message.subject, expected)
+        log.warning(
+            "dropped %s event: it arrived on %s, its payload belongs on %s",
+            payload.get("type"),
+            msg.raw_message.subject,
+            expected,
+        )
         raise RejectMessage()
     return payload
 
@@ -256,8 +291,9 @@ async def read_up(broker: NatsBroker, subscription: dict[str, Any]) -> bool:
     """Whether a durable consumer (`subscription`: its `durable(...)` arguments) has been delivered and has
     acknowledged every message its stream holds for it so far; False when the server does not say."""
     try:
-        info = await broker.config.connection_state.stream.consumer_info(subscription["stream"].name,
-                                                                          subscription["durable"])
+        info = await broker.config.connection_state.stream.consumer_info(
+            subscription["stream"].name, subscription["durable"]
+        )
     except (NatsError, TimeoutError, NotFoundError):
         return False
     return not info.num_pending and not info.num_ack_pending
@@ -278,8 +314,7 @@ async def create_agent_consumer(broker: NatsBroker, node_id: str) -> None:
     """Create a node's command consumer on the privileged side, so the agent needs no right to create consumers
     (with which it could read other nodes' commands)."""
     consumer, subject = agent_consumer(node_id)
-    config = agent_subscription(node_id)["config"].evolve(name=consumer, durable_name=consumer,
-                                                          filter_subject=subject)
+    config = agent_subscription(node_id)["config"].evolve(name=consumer, durable_name=consumer, filter_subject=subject)
     await broker.config.connection_state.stream.add_consumer(NODE_COMMANDS.name, config=config)
 
 

@@ -5,6 +5,7 @@ users) and the system account (the server's own; only used to push account updat
 application account's signing key, so whoever holds that key (the stack; placement for rented nodes) can mint
 users without being able to change the account itself.
 """
+
 import base64
 import hashlib
 import json
@@ -18,8 +19,7 @@ from typing import Any
 import nkeys
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # one subject token: no '.', '*', '>' or whitespace
-_PREFIX = {"operator": nkeys.PREFIX_BYTE_OPERATOR, "account": nkeys.PREFIX_BYTE_ACCOUNT,
-           "user": nkeys.PREFIX_BYTE_USER}
+_PREFIX = {"operator": nkeys.PREFIX_BYTE_OPERATOR, "account": nkeys.PREFIX_BYTE_ACCOUNT, "user": nkeys.PREFIX_BYTE_USER}
 _HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}
 NO_LIMITS = {"subs": -1, "data": -1, "payload": -1}
 JETSTREAM = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
@@ -39,11 +39,24 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def encode_jwt(*, subject: str, name: str, signer_seed: str, nats: dict[str, Any], issued_at: int | None = None,
-               expires_at: int | None = None) -> str:
+def encode_jwt(
+    *,
+    subject: str,
+    name: str,
+    signer_seed: str,
+    nats: dict[str, Any],
+    issued_at: int | None = None,
+    expires_at: int | None = None,
+) -> str:
     """A NATS JWT (v2) for `subject`, signed by `signer_seed`."""
-    claims: dict[str, Any] = {"jti": "", "iat": issued_at or int(time.time()), "iss": public_key(signer_seed),
-                              "name": name, "sub": subject, "nats": {**nats, "version": 2}}
+    claims: dict[str, Any] = {
+        "jti": "",
+        "iat": issued_at or int(time.time()),
+        "iss": public_key(signer_seed),
+        "name": name,
+        "sub": subject,
+        "nats": {**nats, "version": 2},
+    }
     if expires_at:
         claims["exp"] = expires_at
     digest = hashlib.sha512(json.dumps(claims, sort_keys=True).encode()).digest()[:32]
@@ -71,29 +84,47 @@ class Permissions:
     responses: bool = True
 
     def claims(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pub": {"allow": list(self.publish)},
-                               "sub": {"allow": [*self.subscribe, f"{self.inbox}.>"]}, **NO_LIMITS}
+        out: dict[str, Any] = {
+            "pub": {"allow": list(self.publish)},
+            "sub": {"allow": [*self.subscribe, f"{self.inbox}.>"]},
+            **NO_LIMITS,
+        }
         if self.responses:
             out["resp"] = {"max": 1, "ttl": 0}
         return out
 
 
-def mint_user(*, name: str, account: str, signer_seed: str, permissions: Permissions,
-              seed: str | None = None) -> tuple[str, str]:
+def mint_user(
+    *, name: str, account: str, signer_seed: str, permissions: Permissions, seed: str | None = None
+) -> tuple[str, str]:
     """A user of `account` signed by `signer_seed` (the account's signing or own key): public key, `.creds`.
     seed: the user's own key when it has one already (a new one is made otherwise)."""
     seed = seed or new_seed("user")
-    token = encode_jwt(subject=public_key(seed), name=name, signer_seed=signer_seed,
-                       nats={**permissions.claims(), "issuer_account": account, "type": "user"})
+    token = encode_jwt(
+        subject=public_key(seed),
+        name=name,
+        signer_seed=signer_seed,
+        nats={**permissions.claims(), "issuer_account": account, "type": "user"},
+    )
     return public_key(seed), creds_text(jwt=token, seed=seed)
 
 
-def account_jwt(*, name: str, account: str, operator_signer_seed: str, signing_keys: tuple[str, ...] = (),
-                jetstream: bool = True, revocations: dict[str, int] | None = None, issued_at: int | None = None) -> str:
+def account_jwt(
+    *,
+    name: str,
+    account: str,
+    operator_signer_seed: str,
+    signing_keys: tuple[str, ...] = (),
+    jetstream: bool = True,
+    revocations: dict[str, int] | None = None,
+    issued_at: int | None = None,
+) -> str:
     """An account signed by the operator's signing key, with its revoked users (public key -> revoked at)."""
     nats: dict[str, Any] = {
-        "limits": {**ACCOUNT_LIMITS, **(JETSTREAM if jetstream else {})}, "signing_keys": list(signing_keys),
-        "default_permissions": {"pub": {}, "sub": {}}, "type": "account",
+        "limits": {**ACCOUNT_LIMITS, **(JETSTREAM if jetstream else {})},
+        "signing_keys": list(signing_keys),
+        "default_permissions": {"pub": {}, "sub": {}},
+        "type": "account",
     }
     if revocations:
         nats["revocations"] = dict(revocations)
@@ -101,18 +132,23 @@ def account_jwt(*, name: str, account: str, operator_signer_seed: str, signing_k
 
 
 def operator_jwt(*, operator_seed: str, signer_seed: str, system_account: str) -> str:
-    return encode_jwt(subject=public_key(operator_seed), name="trainmaster", signer_seed=operator_seed,
-                      nats={"signing_keys": [public_key(signer_seed)], "system_account": system_account,
-                            "type": "operator"})
+    return encode_jwt(
+        subject=public_key(operator_seed),
+        name="trainmaster",
+        signer_seed=operator_seed,
+        nats={"signing_keys": [public_key(signer_seed)], "system_account": system_account, "type": "operator"},
+    )
 
 
 def creds_text(*, jwt: str, seed: str) -> str:
     """The `.creds` format nats clients read (`user_credentials=`)."""
-    return (f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
-            f"************************* IMPORTANT *************************\n"
-            f"NKEY Seed printed below can be used to sign and prove identity.\n"
-            f"NKEYs are sensitive and should be treated as secrets.\n\n"
-            f"-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n")
+    return (
+        f"-----BEGIN NATS USER JWT-----\n{jwt}\n------END NATS USER JWT------\n\n"
+        f"************************* IMPORTANT *************************\n"
+        f"NKEY Seed printed below can be used to sign and prove identity.\n"
+        f"NKEYs are sensitive and should be treated as secrets.\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+    )
 
 
 def dedup_key(creds: Path) -> bytes:
@@ -153,8 +189,9 @@ class Minter:
 
     def mint(self, *, name: str, permissions: Permissions, seed: str | None = None) -> tuple[str, str]:
         """A user of the application account (its public key, its `.creds` text)."""
-        return mint_user(name=name, account=self.account, signer_seed=self.account_signer_seed,
-                         permissions=permissions, seed=seed)
+        return mint_user(
+            name=name, account=self.account, signer_seed=self.account_signer_seed, permissions=permissions, seed=seed
+        )
 
     def revoke(self, user_public_key: str) -> str:
         """Record the revocation; returns the account JWT to push (its issue time strictly later than the last)."""
@@ -165,9 +202,14 @@ class Minter:
 
     def account_jwt(self) -> str:
         """The application account as the server must know it, revocations included."""
-        return account_jwt(name=self.account_name, account=self.account, operator_signer_seed=self.operator_signer_seed,
-                           signing_keys=(public_key(self.account_signer_seed),), revocations=self.revocations,
-                           issued_at=self.issued_at or None)
+        return account_jwt(
+            name=self.account_name,
+            account=self.account,
+            operator_signer_seed=self.operator_signer_seed,
+            signing_keys=(public_key(self.account_signer_seed),),
+            revocations=self.revocations,
+            issued_at=self.issued_at or None,
+        )
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1)

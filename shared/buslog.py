@@ -3,6 +3,7 @@
 FastStream 0.7's pull loop does not expect) is logged by FastStream as an ERROR with a traceback asking for an issue,
 though its subscriber simply retries: here it is one INFO line. Its "callback ... is being executed" chatter, logged at
 every restart of one of its tasks, goes to DEBUG. Every other error stays as FastStream logs it."""
+
 import logging
 import re
 
@@ -34,8 +35,10 @@ class ExpectedBusWaits(logging.Filter):
         found = RETRYING.match(message)
         exc = record.exc_info[1] if record.exc_info else None
         if record.levelno == logging.ERROR and found and expected_pull_timeout(exc):
-            record.msg = (f"{found['task']}: a JetStream pull timed out before its stream answered (its leader is "
-                          f"being elected, or the server is busy); the subscriber retries")
+            record.msg = (
+                f"{found['task']}: a JetStream pull timed out before its stream answered (its leader is "
+                f"being elected, or the server is busy); the subscriber retries"
+            )
             record.args, record.exc_info, record.exc_text = (), None, None
             return _demote(record, logging.INFO)
         return True

@@ -4,6 +4,7 @@ A durable consumer is read through the JetStream API, not through a subscription
 as that role's own consumers (info, create with its own filter, fetch, ack) and nothing else: no other consumer,
 no STREAM.MSG.GET, no DIRECT.GET.
 """
+
 from shared import bus
 from shared.buscreds import NAME, Permissions
 
@@ -12,31 +13,71 @@ SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
 # role: (durable consumer, filter subject) it reads; the stream follows from the subject. A service's new consumer
 # goes here too (tests/unit/test_bus_roles.py checks every `durable(...)` in services/ is listed).
 CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "submitter": (("submitter-status", "tm.job.status"), ("submitter-logs", "tm.log.>"),
-                  ("submitter-placed", "tm.job.placed"), ("submitter-eta", "tm.eta.>"),
-                  ("submitter-notify", "tm.notify.>")),
-    "placement": (("placement-jobs", "tm.job.>"), ("placement-node-registrations", bus.NODE_REGISTERED),
-                  ("placement-nodes-state", "tm.node.evt.state"), ("placement-eta", "tm.eta.>"),
-                  ("placement-node-interruptions", "tm.node.evt.*.interrupted")),
+    "submitter": (
+        ("submitter-status", "tm.job.status"),
+        ("submitter-logs", "tm.log.>"),
+        ("submitter-placed", "tm.job.placed"),
+        ("submitter-eta", "tm.eta.>"),
+        ("submitter-notify", "tm.notify.>"),
+    ),
+    "placement": (
+        ("placement-jobs", "tm.job.>"),
+        ("placement-node-registrations", bus.NODE_REGISTERED),
+        ("placement-nodes-state", "tm.node.evt.state"),
+        ("placement-eta", "tm.eta.>"),
+        ("placement-node-interruptions", "tm.node.evt.*.interrupted"),
+    ),
     "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
-    "estimator": (("estimator-jobs", "tm.job.>"), ("estimator-logs", "tm.log.>"),
-                  ("estimator-placed", "tm.job.placed"), ("estimator-telemetry", "tm.telemetry.>")),
+    "estimator": (
+        ("estimator-jobs", "tm.job.>"),
+        ("estimator-logs", "tm.log.>"),
+        ("estimator-placed", "tm.job.placed"),
+        ("estimator-telemetry", "tm.telemetry.>"),
+    ),
     "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
 }
 PUBLISHES: dict[str, tuple[str, ...]] = {
-    "submitter": ("tm.job.submitted", "tm.job.terminate", "tm.job.deleted", "tm.job.migrate",
-                  bus.RPC_NODES, bus.RPC_TERMINATE, bus.RPC_MIGRATE, bus.RPC_USAGE, bus.RPC_ADMIT, bus.RPC_QUOTAS,
-                  bus.RPC_CANDIDATES, bus.RPC_CATALOGUE, bus.RPC_METRICS, bus.RPC_PREDICT,
-                  bus.RPC_HEALTH.format(service=">")),
-    "placement": ("tm.job.placed", "tm.job.migrate", "tm.job.unplaceable",
-                  "tm.node.evt.provisioned", "tm.node.evt.released", "tm.notify.*", bus.RPC_ADMIT, bus.RPC_PREDICT,
-                  bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
-                  # it creates the command consumer of each node it rents (the agent may only read it)
-                  f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
-                  f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>"),
+    "submitter": (
+        "tm.job.submitted",
+        "tm.job.terminate",
+        "tm.job.deleted",
+        "tm.job.migrate",
+        bus.RPC_NODES,
+        bus.RPC_TERMINATE,
+        bus.RPC_MIGRATE,
+        bus.RPC_USAGE,
+        bus.RPC_ADMIT,
+        bus.RPC_QUOTAS,
+        bus.RPC_CANDIDATES,
+        bus.RPC_CATALOGUE,
+        bus.RPC_METRICS,
+        bus.RPC_PREDICT,
+        bus.RPC_HEALTH.format(service=">"),
+    ),
+    "placement": (
+        "tm.job.placed",
+        "tm.job.migrate",
+        "tm.job.unplaceable",
+        "tm.node.evt.provisioned",
+        "tm.node.evt.released",
+        "tm.notify.*",
+        bus.RPC_ADMIT,
+        bus.RPC_PREDICT,
+        bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
+        # it creates the command consumer of each node it rents (the agent may only read it)
+        f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
+        f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>",
+    ),
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
-    "monitor": ("tm.job.status", "tm.job.node_lost", "tm.node.cmd.*.start", "tm.node.cmd.*.stop", "tm.node.evt.state",
-                "tm.notify.*", bus.NODE_CADENCE),
+    "monitor": (
+        "tm.job.status",
+        "tm.job.node_lost",
+        "tm.node.cmd.*.start",
+        "tm.node.cmd.*.stop",
+        "tm.node.evt.state",
+        "tm.notify.*",
+        bus.NODE_CADENCE,
+    ),
     "estimator": ("tm.eta.*",),
     "billing": ("tm.notify.*",),
 }
@@ -62,15 +103,19 @@ def reads(consumer: str, filter_subject: str, *, create: bool = True) -> tuple[s
     """The JetStream API subjects to read one durable consumer (and to create it with exactly that filter); its
     messages are delivered into the reader's own inbox."""
     stream = bus.stream_of(filter_subject).name
-    subjects = (f"$JS.API.CONSUMER.INFO.{stream}.{consumer}", f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
-                f"$JS.ACK.{stream}.{consumer}.>")
+    subjects = (
+        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"$JS.ACK.{stream}.{consumer}.>",
+    )
     return (*subjects, f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{filter_subject}") if create else subjects
 
 
 def declares_streams() -> tuple[str, ...]:
     """Creating and updating trainmaster's streams (every service does it at start, whichever comes first)."""
-    return tuple(f"$JS.API.STREAM.{verb}.{s.name}" for s in (*bus.STREAMS, bus.LEASES)
-                 for verb in ("CREATE", "UPDATE", "INFO"))
+    return tuple(
+        f"$JS.API.STREAM.{verb}.{s.name}" for s in (*bus.STREAMS, bus.LEASES) for verb in ("CREATE", "UPDATE", "INFO")
+    )
 
 
 def leads(role: str) -> tuple[str, ...]:
@@ -97,9 +142,12 @@ def service(role: str) -> Permissions:
     response permission, which would let a requester aim its answer at any subject (`tm.job.status`)."""
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
     answers = tuple(f"{inbox(r)}.>" for r in asked_by(role))
-    return Permissions(publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role), *answers),
-                       subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
-                       inbox=inbox(role), responses=False)
+    return Permissions(
+        publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role), *answers),
+        subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
+        inbox=inbox(role),
+        responses=False,
+    )
 
 
 def agent(node_id: str) -> Permissions:
@@ -109,14 +157,20 @@ def agent(node_id: str) -> Permissions:
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
-    events = (*(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat", "interrupted")),
-              *(bus.TASK_EVENT.format(node_id=node_id, event=e)
-                for e in ("preparing", "started", "exited", "hung", "resumed")),
-              bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"),
-              bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"))
-    return Permissions(publish=(*events, *reads(consumer, subject, create=False)),
-                       subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
-                       inbox=inbox(f"agent-{node_id}"))
+    events = (
+        *(bus.NODE_EVENT.format(node_id=node_id, event=e) for e in ("registered", "heartbeat", "interrupted")),
+        *(
+            bus.TASK_EVENT.format(node_id=node_id, event=e)
+            for e in ("preparing", "started", "exited", "hung", "resumed")
+        ),
+        bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"),
+        bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"),
+    )
+    return Permissions(
+        publish=(*events, *reads(consumer, subject, create=False)),
+        subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
+        inbox=inbox(f"agent-{node_id}"),
+    )
 
 
 def admin() -> Permissions:
@@ -126,5 +180,9 @@ def admin() -> Permissions:
 
 def account_updater(account: str) -> Permissions:
     """A system-account user that may only push the application account's new JWT (revocations) to the server."""
-    return Permissions(publish=(f"$SYS.REQ.ACCOUNT.{account}.CLAIMS.UPDATE",), subscribe=(),
-                       inbox=inbox("account-updater"), responses=False)
+    return Permissions(
+        publish=(f"$SYS.REQ.ACCOUNT.{account}.CLAIMS.UPDATE",),
+        subscribe=(),
+        inbox=inbox("account-updater"),
+        responses=False,
+    )

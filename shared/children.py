@@ -1,4 +1,5 @@
 """Child processes that do not outlive the process that started them."""
+
 import ctypes
 import os
 import sys

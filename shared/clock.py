@@ -1,4 +1,5 @@
 """Time in one place, so that tests and the simulator can reason about it."""
+
 from datetime import UTC, datetime
 
 

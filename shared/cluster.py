@@ -5,6 +5,7 @@ service the static nodes' records, the submitter and agents the storage allow-li
 Tolerant on read (a section or key this version does not know is kept, not refused); a file that is missing,
 not TOML, or whose known parts have the wrong shape raises `ClusterFileError`, and each reader decides what that
 means for it (the agent stops; a service without node records refuses every registration)."""
+
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path

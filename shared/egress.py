@@ -1,5 +1,6 @@
 """Where the platform may connect for a user (webhooks, a job's http(s) code and inputs): public addresses only, or
 hosts an operator allows; judged after DNS resolution, and again at every connection, to the address judged."""
+
 import asyncio
 import ipaddress
 import socket
@@ -25,21 +26,30 @@ class Refused(ValueError):
 def why_blocked(address: Address) -> str | None:
     """Why an address is not public (None when it is); IPv6 forms that carry an IPv4 address are judged by it."""
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour or (
-            ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None)
+        embedded = (
+            address.ipv4_mapped
+            or address.sixtofour
+            or (ipaddress.IPv4Address(int(address) & 0xFFFFFFFF) if address in NAT64 else None)
+        )
         if embedded is not None:
             return why_blocked(embedded)
-    checks = (("loopback", address.is_loopback), ("link-local", address.is_link_local),
-              ("unspecified", address.is_unspecified), ("multicast", address.is_multicast),
-              ("shared (CGNAT)", isinstance(address, ipaddress.IPv4Address) and address in CGNAT),
-              ("reserved", address.is_reserved), ("private", address.is_private),
-              ("not globally routable", not address.is_global))
+    checks = (
+        ("loopback", address.is_loopback),
+        ("link-local", address.is_link_local),
+        ("unspecified", address.is_unspecified),
+        ("multicast", address.is_multicast),
+        ("shared (CGNAT)", isinstance(address, ipaddress.IPv4Address) and address in CGNAT),
+        ("reserved", address.is_reserved),
+        ("private", address.is_private),
+        ("not globally routable", not address.is_global),
+    )
     return next((name for name, hit in checks if hit), None)
 
 
 @dataclass(frozen=True)
 class Policy:
     """Public addresses only, except the hosts (names or IPs) and networks the operator allows."""
+
     allow_hosts: frozenset[str] = frozenset()
     allow_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
 
@@ -73,8 +83,9 @@ class Policy:
 async def system_resolve(host: str, port: int) -> list[str]:
     """Every address the system resolver gives for host (IP literals come back as they are)."""
     try:
-        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                                       RESOLVE_TIMEOUT_S)
+        infos = await asyncio.wait_for(
+            asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S
+        )
     except TimeoutError:
         raise OSError(f"resolving {host} took more than {RESOLVE_TIMEOUT_S:g}s") from None
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
@@ -113,15 +124,18 @@ async def check_url(policy: Policy, url: str, *, resolve: Resolver = system_reso
     await checked_addresses(policy, parts.hostname, port, resolve=resolve)
 
 
-async def refused_http(fields: Iterable[tuple[str, str]], policy: Policy, *,
-                       resolve: Resolver = system_resolve) -> list[tuple[str, str]]:
+async def refused_http(
+    fields: Iterable[tuple[str, str]], policy: Policy, *, resolve: Resolver = system_resolve
+) -> list[tuple[str, str]]:
     """(field, reason) for each http(s) URL of (field, url) pairs that the policy refuses; other schemes pass."""
+
     async def why(url: str) -> str | None:
         try:
             await check_url(policy, url, resolve=resolve)
         except Refused as exc:
             return str(exc)
         return None
+
     fields = [(name, url) for name, url in fields if is_http(url)]
     reasons = await asyncio.gather(*(why(url) for _, url in fields))
     return [(name, reason) for (name, _), reason in zip(fields, reasons) if reason]
@@ -141,8 +155,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         last: Exception | None = None
         for address in addresses:
             try:
-                return await self.inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                    socket_options=socket_options)
+                return await self.inner.connect_tcp(
+                    address, port, timeout=timeout, local_address=local_address, socket_options=socket_options
+                )
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 last = exc
         raise last or httpcore.ConnectError("no address")
@@ -154,12 +169,19 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
         await self.inner.sleep(seconds)
 
 
-def guarded_client(policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve,
-                   max_redirects: int = 0) -> httpx.AsyncClient:
+def guarded_client(
+    policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve, max_redirects: int = 0
+) -> httpx.AsyncClient:
     """An HTTP client that reaches only what the policy allows: no proxy from the environment, no redirects unless
     `max_redirects` (each hop connects through the same check, so a redirect to a refused address fails)."""
     transport = httpx.AsyncHTTPTransport(retries=0)
     transport._pool = httpcore.AsyncConnectionPool(  # the documented pool, with our network backend
-        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(policy, resolve=resolve))
-    return httpx.AsyncClient(transport=transport, timeout=timeout_s, trust_env=False,
-                             follow_redirects=max_redirects > 0, max_redirects=max_redirects)
+        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(policy, resolve=resolve)
+    )
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=timeout_s,
+        trust_env=False,
+        follow_redirects=max_redirects > 0,
+        max_redirects=max_redirects,
+    )

@@ -3,6 +3,7 @@
 Each class names its subject; `event_id` doubles as the JetStream message id, so a message published twice
 (a retry, an outbox relay after a crash) is stored once.
 """
+
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
@@ -14,8 +15,13 @@ from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
 # Ids that become subjects and path segments (a job's directory, its checkpoint prefix): strict on the bus too.
-Id = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
-                          description="Letters, digits, _ and -: one subject token, one path segment")]
+Id = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$",
+        description="Letters, digits, _ and -: one subject token, one path segment",
+    ),
+]
 AttemptNo = Annotated[int, Field(ge=0, le=1_000_000)]
 RankNo = Annotated[int, Field(ge=0, le=65_535)]
 
@@ -52,11 +58,19 @@ class Assignment(BaseModel):
     node_kind: str = Field("", description="The node's kind in placement's record (empty: not said).")
     price_per_hour: float | None = Field(None, ge=0, description="The node's price per hour in placement's record.")
     node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node in placement's record (0: not said).")
-    gpu_tflops: float | None = Field(None, ge=0, description="The measured speed of the slowest of the rank's GPUs "
-                                     "in placement's record (`Gpu.speed`: bounded by the table); None: not measured "
-                                     "(the estimator's own table stands).")
-    gpu_memory_gb: float = Field(0, ge=0, description="Memory of the largest of the rank's GPUs in placement's "
-                                 "record (0: not said); what the rank's GPU telemetry is held to.")
+    gpu_tflops: float | None = Field(
+        None,
+        ge=0,
+        description="The measured speed of the slowest of the rank's GPUs "
+        "in placement's record (`Gpu.speed`: bounded by the table); None: not measured "
+        "(the estimator's own table stands).",
+    )
+    gpu_memory_gb: float = Field(
+        0,
+        ge=0,
+        description="Memory of the largest of the rank's GPUs in placement's "
+        "record (0: not said); what the rank's GPU telemetry is held to.",
+    )
 
 
 class TaskStatus(BaseModel):
@@ -77,8 +91,9 @@ class Attempt(BaseModel):
     placed_at: datetime
     started_at: datetime | None = None
     ended_at: datetime | None = None
-    reason: str = Field("started", description="Why it began: started, oom, slow, node_lost, migrated, reclaimed, "
-                        "hung.")
+    reason: str = Field(
+        "started", description="Why it began: started, oom, slow, node_lost, migrated, reclaimed, hung."
+    )
     outcome: str = Field("", description="How it ended: completed, failed, terminated, oom, node_lost, migrated, ...")
 
 
@@ -95,17 +110,24 @@ class Eta(BaseModel):
     method: str = Field(examples=["rate"], description="How the estimate was made.")
     progress: float | None = Field(None, ge=0, le=1, description="Fraction of the work done, when known.")
     updated_at: datetime = Field(default_factory=utcnow)
-    until: Literal["target", "end"] = Field("end", description="What the remaining time runs to: the declared "
-                                            "target metric's value, or the job's end.")
+    until: Literal["target", "end"] = Field(
+        "end", description="What the remaining time runs to: the declared target metric's value, or the job's end."
+    )
     target: Literal["ahead", "reached", "unreachable"] | None = Field(
-        None, description="A declared target: still ahead, reached (the time then runs to the job's end when its "
-        "progress is known), or not reachable before the job's declared or printed end.")
+        None,
+        description="A declared target: still ahead, reached (the time then runs to the job's end when its "
+        "progress is known), or not reachable before the job's declared or printed end.",
+    )
     done: float | None = Field(None, ge=0, description="Work done so far, in `unit`.")
     total: float | None = Field(None, gt=0, description="The job's whole work, in `unit`, when known.")
     unit: str | None = Field(None, max_length=16, description="What the job counts its work in (step, epoch, it).")
     rate: float | None = Field(None, ge=0, description="Units of work a second, lately.")
-    source: str | None = Field(None, max_length=16, examples=["tqdm"], description="Where the progress was read: "
-                               "declaration, sdk, mllog, tqdm, keras, lightning, hf-trainer, steps.")
+    source: str | None = Field(
+        None,
+        max_length=16,
+        examples=["tqdm"],
+        description="Where the progress was read: declaration, sdk, mllog, tqdm, keras, lightning, hf-trainer, steps.",
+    )
 
 
 # Jobs ---------------------------------------------------------------------------------------------------------
@@ -162,8 +184,12 @@ class JobPlaced(Message):
     attempt: int = Field(ge=1)
     assignments: tuple[Assignment, ...]
     launch: Launch
-    why: str = Field("", max_length=500, description="Why placement chose these nodes: the options it weighed and "
-                     "its rule (empty: not said, e.g. a pull-back).")
+    why: str = Field(
+        "",
+        max_length=500,
+        description="Why placement chose these nodes: the options it weighed and "
+        "its rule (empty: not said, e.g. a pull-back).",
+    )
 
 
 class JobStatusChanged(Message):
@@ -268,8 +294,11 @@ class TaskStarted(Message):
     node_kind: str
     price_per_hour: float
     gpu_count: int
-    node_gpu_count: int = Field(0, ge=0, description="GPUs of the whole node (0: not said); the attempt is "
-                                                     "charged its share of the node's price.")
+    node_gpu_count: int = Field(
+        0,
+        ge=0,
+        description="GPUs of the whole node (0: not said); the attempt is charged its share of the node's price.",
+    )
     gpu_model: str = ""
     world_size: int = 1
     project_id: Id
@@ -320,8 +349,11 @@ class TaskHung(Message):
     spell: int = Field(ge=1, le=1_000_000, description="Which quiet spell of this task, from 1.")
     idle_s: float = Field(ge=0, le=10**9, description="Seconds since the task's last sign of life.")
     gpus_watched: bool = Field(False, description="Whether the node read its GPUs' utilisation (NVML).")
-    progressed: bool = Field(False, description="Whether the attempt moved the job on before it went quiet: it "
-                             "saved a checkpoint of its own and showed life for at least its hang timeout.")
+    progressed: bool = Field(
+        False,
+        description="Whether the attempt moved the job on before it went quiet: it "
+        "saved a checkpoint of its own and showed life for at least its hang timeout.",
+    )
 
 
 class TaskResumed(Message):
@@ -350,13 +382,27 @@ class NodeTasksLost(Message):
     node_id: Id
     cause: str
     alive: tuple[TaskRef, ...] = ()
-    started_only: bool = Field(False, description="Only started tasks are lost: the node's agent restarted and "
-                               "will still receive the start commands it had not taken yet.")
+    started_only: bool = Field(
+        False,
+        description="Only started tasks are lost: the node's agent restarted and "
+        "will still receive the start commands it had not taken yet.",
+    )
 
 
 JobEvent = Annotated[
-    JobSubmitted | JobTerminateRequested | JobMigrateRequested | JobUnplaceable | JobDeleted | JobPlaced
-    | JobStatusChanged | TaskPreparing | TaskStarted | TaskExited | NodeTasksLost | TaskHung | TaskResumed,
+    JobSubmitted
+    | JobTerminateRequested
+    | JobMigrateRequested
+    | JobUnplaceable
+    | JobDeleted
+    | JobPlaced
+    | JobStatusChanged
+    | TaskPreparing
+    | TaskStarted
+    | TaskExited
+    | NodeTasksLost
+    | TaskHung
+    | TaskResumed,
     Field(discriminator="type"),
 ]
 NodeCommand = Annotated[StartTask | StopTask, Field(discriminator="type")]
@@ -383,8 +429,9 @@ class GpuReading(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     index: int = Field(ge=0, lt=MAX_GPU_READINGS, description="The GPU's index on its node (NVML's).")
-    util_percent: float = Field(ge=0, le=100, allow_inf_nan=False,
-                                description="Busy time over the driver's last sample period, percent.")
+    util_percent: float = Field(
+        ge=0, le=100, allow_inf_nan=False, description="Busy time over the driver's last sample period, percent."
+    )
     memory_used_gb: float = Field(ge=0, le=1024, allow_inf_nan=False, description="Device memory in use, GiB.")
     power_w: float | None = Field(None, ge=0, le=10_000, allow_inf_nan=False, description="Power draw, watts.")
     temp_c: float | None = Field(None, ge=-50, le=200, allow_inf_nan=False, description="Core temperature, °C.")
@@ -413,8 +460,11 @@ class NodeHeartbeat(Message):
     boot_id: str
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
-    gpus: tuple[GpuReading, ...] = Field((), description="Each GPU of the node as NVML read it for this beat (none "
-                                         "where the node does not read NVML); invalid readings are dropped.")
+    gpus: tuple[GpuReading, ...] = Field(
+        (),
+        description="Each GPU of the node as NVML read it for this beat (none "
+        "where the node does not read NVML); invalid readings are dropped.",
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -459,8 +509,11 @@ class NodeProvisioned(Message):
     for_job_id: str | None = Field(None, description="The job it was provisioned for.")
     project_id: str | None = None
     user_name: str | None = None
-    limits: NodeLimits | None = Field(None, description="What the node may offer, from the instance type it was "
-                                      "rented as: its registration is capped to this.")
+    limits: NodeLimits | None = Field(
+        None,
+        description="What the node may offer, from the instance type it was "
+        "rented as: its registration is capped to this.",
+    )
 
 
 class NodeReleased(Message):
@@ -525,9 +578,12 @@ class LogChunk(Message):
     node_id: Id  # the node whose agent ran the task: its subject carries it
     seq: int = Field(ge=0, description="Chunk number within the task, from 0.")
     lines: tuple[LogLine, ...]
-    last: bool = Field(False, description="The task's final chunk (sent, and stored by the stream, before its "
-                                          "TaskExited): its output is complete once this and every chunk before it "
-                                          "are stored.")
+    last: bool = Field(
+        False,
+        description="The task's final chunk (sent, and stored by the stream, before its "
+        "TaskExited): its output is complete once this and every chunk before it "
+        "are stored.",
+    )
 
 
 class TaskTelemetry(Message):
@@ -544,9 +600,12 @@ class TaskTelemetry(Message):
     seq: int = Field(ge=0, le=10**12, description="Sample number within the agent's run (its heartbeat count).")
     t: float = Field(ge=0, le=10**11, allow_inf_nan=False, description="Unix time the sample was read.")
     gpus: tuple[GpuReading, ...] = Field((), description="The task's GPUs; invalid readings are dropped.")
-    process_memory_gb: float | None = Field(None, description="GPU memory the task's own processes hold on its "
-                                            "GPUs, GiB, where NVML reports it per process (an invalid figure: "
-                                            "None).")
+    process_memory_gb: float | None = Field(
+        None,
+        description="GPU memory the task's own processes hold on its "
+        "GPUs, GiB, where NVML reports it per process (an invalid figure: "
+        "None).",
+    )
 
     @field_validator("gpus", mode="before")
     @classmethod

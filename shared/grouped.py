@@ -5,6 +5,7 @@ written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk wr
 command each; a lone update is written at once, alone. For writes whose caller needs no count or document back:
 outbox pulls, versioned view entries, a job's ETA.
 """
+
 import asyncio
 import weakref
 from typing import Any

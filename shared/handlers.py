@@ -4,6 +4,7 @@ Each service's `handlers.py` declares `EVENT_HANDLERS = {JobSubmitted: Billing.s
 subscriptions, which decode and call `dispatch`. A handler takes the service first, then the event, so a table
 can name a service's own method (`Billing.submitted`) or a short function `(service, event)` of the module.
 """
+
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
@@ -22,7 +23,6 @@ async def dispatch(table: HandlerTable[S], event: Message, service: S) -> Any:
     (a consumer of a whole stream sees more kinds than its service reacts to)."""
     handler = table.get(type(event))
     if handler is None:
-        log.debug("%s: no handler for %s on %s; dropped", type(service).__name__, type(event).__name__,
-                  event.subject)
+        log.debug("%s: no handler for %s on %s; dropped", type(service).__name__, type(event).__name__, event.subject)
         return None
     return await handler(service, event)

@@ -13,6 +13,7 @@ State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
        │             └──► Terminated (never placed)
        └──► Failed[CreateFailed] / Terminated
 """
+
 import re
 import secrets
 from datetime import datetime
@@ -35,8 +36,9 @@ NAME_PATTERN = r"^[A-Za-z0-9_-]+$"
 PARAM_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 RESERVED_ENV_PREFIXES = ("TRAINMASTER_",)
-RESERVED_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                "MASTER_PORT"})
+RESERVED_ENV_NAMES = frozenset(
+    {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
+)
 
 
 class Phase(StrEnum):
@@ -149,8 +151,12 @@ class MetricSpec(Strict):
         return regex
 
 
-REQUIREMENT = (r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
-               r"\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$")
+REQUIREMENT = (
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?"
+    r"\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!_-]+\s*,?\s*)*$"
+)
+
+
 def _stays_inside(path: str) -> str:
     if path.startswith("/") or ".." in path.split("/"):
         raise ValueError("must be a relative path that stays inside the attempt's directory")
@@ -166,7 +172,8 @@ class Engine(Strict):
 
     name: str | None = Field(None, pattern=PARAM_NAME_PATTERN, examples=["pytorch-cpu"])
     packages: list[Annotated[str, Field(pattern=REQUIREMENT, max_length=200)]] = Field(
-        default_factory=list, max_length=50, description="pip requirements, pinned for a reusable cache.")
+        default_factory=list, max_length=50, description="pip requirements, pinned for a reusable cache."
+    )
     image: str | None = Field(None, max_length=512, description="Used when the node runs Docker or Podman.")
 
     @model_validator(mode="after")
@@ -191,8 +198,9 @@ class DataOut(Strict):
 
 
 class Algorithm(Strict):
-    command: str = Field("", max_length=8192, description="Run with /bin/sh -c in the attempt's directory; "
-                         "default: python3 <boot_file>.")
+    command: str = Field(
+        "", max_length=8192, description="Run with /bin/sh -c in the attempt's directory; default: python3 <boot_file>."
+    )
     code_dir: URL | None = Field(None, description="Fetched into the attempt's code/ before it starts.")
     boot_file: RelativePath | None = Field(None, description="A file of code_dir to run.")
     engine: Engine | None = None
@@ -262,11 +270,19 @@ class Resource(Strict):
     gpu_count: Int = Field(0, ge=0, le=16, description="GPUs per node.")
     min_gpu_memory_gb: Float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
     cpu_count: Float = Field(1, gt=0, le=1024, description="CPU cores per node.")
-    memory_gb: Float | None = Field(None, gt=0, le=8192, description="Host memory per node; unset, a job with GPUs "
-                                    "gets the node's memory in proportion to its GPUs (decided where it is placed), "
-                                    f"a job without GPUs {CPU_JOB_MEMORY_GB:g} GB.")
-    flavor_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Resources from a flavor (GET "
-                                  "/v2/flavors); set by the API from the flavor.")
+    memory_gb: Float | None = Field(
+        None,
+        gt=0,
+        le=8192,
+        description="Host memory per node; unset, a job with GPUs "
+        "gets the node's memory in proportion to its GPUs (decided where it is placed), "
+        f"a job without GPUs {CPU_JOB_MEMORY_GB:g} GB.",
+    )
+    flavor_id: str | None = Field(
+        None,
+        pattern=PARAM_NAME_PATTERN,
+        description="Resources from a flavor (GET /v2/flavors); set by the API from the flavor.",
+    )
     pool_id: str | None = Field(None, pattern=PARAM_NAME_PATTERN, description="Only nodes of this pool.")
 
     @model_validator(mode="after")
@@ -278,17 +294,23 @@ class Resource(Strict):
 
 class PlacementPrefs(Strict):
     allowed: Literal["local", "cloud", "any"] = Field(
-        "any", description="local: owned nodes; cloud: reserved or on-demand.")
+        "any", description="local: owned nodes; cloud: reserved or on-demand."
+    )
     priority: Literal["time", "cost"] = Field("time", description="Finish soonest, or spend least.")
     expected_duration_s: Int | None = Field(None, ge=1, le=366 * 86400, description="The owner's expectation.")
     gpu_models: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
-        default_factory=list, max_length=32, description="Acceptable GPU models; empty: any.")
+        default_factory=list, max_length=32, description="Acceptable GPU models; empty: any."
+    )
     max_price_per_hour: Float | None = Field(None, gt=0, le=10_000, description="Most the job may cost per hour.")
     deadline: datetime | None = Field(None, description="When the job must be finished (ISO 8601).")
     checkpoint_interval_s: Int | None = Field(
-        None, ge=1, le=7 * 86400, description="How often the job saves a checkpoint it resumes from (it also saves on "
+        None,
+        ge=1,
+        le=7 * 86400,
+        description="How often the job saves a checkpoint it resumes from (it also saves on "
         "SIGTERM). Declared, the job may run on spot capacity, which placement prices with the work an interruption "
-        "loses; unset, the job never runs on spot.")
+        "loses; unset, the job never runs on spot.",
+    )
 
 
 class Spec(Strict):
@@ -297,12 +319,21 @@ class Spec(Strict):
     max_duration_s: Int | None = Field(None, ge=1, le=366 * 86400)
     termination_grace_s: Float = Field(10, ge=0, le=3600, description="Time between SIGTERM and SIGKILL.")
     hang_timeout_s: Int | None = Field(
-        None, ge=0, le=366 * 86400, description="Seconds without an output line, metric point or progress mark "
+        None,
+        ge=0,
+        le=366 * 86400,
+        description="Seconds without an output line, metric point or progress mark "
         "(and with idle GPUs, where the node reads them) after which the job is suspected hung; 0 turns detection "
-        "off; default: the cluster's (TRAINMASTER_HANG_TIMEOUT_S, 30 minutes).")
-    hang_restarts: Int = Field(3, ge=0, le=100, description="Restarts from the checkpoint after a hang, in a row "
-                               "(reset by an attempt that saved a checkpoint and showed life for at least its "
-                               "hang timeout before going quiet), before the job fails.")
+        "off; default: the cluster's (TRAINMASTER_HANG_TIMEOUT_S, 30 minutes).",
+    )
+    hang_restarts: Int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Restarts from the checkpoint after a hang, in a row "
+        "(reset by an attempt that saved a checkpoint and showed life for at least its "
+        "hang timeout before going quiet), before the job fails.",
+    )
 
 
 def generated_name() -> str:
@@ -311,9 +342,14 @@ def generated_name() -> str:
 
 
 class MetadataIn(Strict):
-    name: str = Field(default_factory=generated_name, min_length=1, max_length=64, pattern=NAME_PATTERN,
-                      description="Letters, digits, `_` and `-`; unique per project among existing jobs; "
-                                  "absent: `job-` and 8 random hex digits.")
+    name: str = Field(
+        default_factory=generated_name,
+        min_length=1,
+        max_length=64,
+        pattern=NAME_PATTERN,
+        description="Letters, digits, `_` and `-`; unique per project among existing jobs; "
+        "absent: `job-` and 8 random hex digits.",
+    )
     description: str = Field("", max_length=256)
     workspace_id: str = Field("0", pattern=r"^[A-Za-z0-9_-]{1,64}$")
 

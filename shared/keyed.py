@@ -5,6 +5,7 @@ order (measured: under load, deliveries 35-37 reached it after 38). So turns are
 delivery order (JetStream's consumer sequence, `DeliveryOrder`), then per key (`KeyedOrder`): a message waits
 for the earlier ones of its key, a keyless one for all before it, and all after it for it.
 """
+
 import asyncio
 import contextvars
 import functools
@@ -55,8 +56,12 @@ class DeliveryOrder:
         try:
             await asyncio.wait_for(turn, self.patience_s)
         except TimeoutError:
-            log.warning("delivery %d: deliveries %d-%d never reached the handler, going on without them", seq,
-                        self.last + 1, seq - 1)
+            log.warning(
+                "delivery %d: deliveries %d-%d never reached the handler, going on without them",
+                seq,
+                self.last + 1,
+                seq - 1,
+            )
         finally:
             self._waiting.pop(seq, None)
 
@@ -139,9 +144,14 @@ def stored_at(message: Any) -> datetime | None:
     return stamp if isinstance(stamp, datetime) and stamp.tzinfo else None
 
 
-def in_order(key: Callable[[Any], str | None], *, deliveries: DeliveryOrder | None = None, event: str = "event",
-             message: str = "message", retry_s: float = 0.5,
-             ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
+def in_order(
+    key: Callable[[Any], str | None],
+    *,
+    deliveries: DeliveryOrder | None = None,
+    event: str = "event",
+    message: str = "message",
+    retry_s: float = 0.5,
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]:
     """Wrap the handler of a `durable(..., keyed=N)` consumer, whose parameters `event` (the decoded event) and
     `message` (`Context("message")`) are read (`deliveries`: the consumer's, for `resume`): the messages of one key
     (`key(event)`, e.g. its job id; None: wait for all) are handled one at a time in stream order, different keys
@@ -199,8 +209,11 @@ class KeyedConsumer:
         except Exception as exc:  # noqa: BLE001 - anything that would stop it before the handler
             self.deliveries.skip(delivery_seq(msg))
             if not isinstance(exc, RejectMessage):
-                log.warning("dropped a message on %s that is no event of this consumer: %s",
-                            getattr(msg.raw_message, "subject", "?"), str(exc).splitlines()[0][:200])
+                log.warning(
+                    "dropped a message on %s that is no event of this consumer: %s",
+                    getattr(msg.raw_message, "subject", "?"),
+                    str(exc).splitlines()[0][:200],
+                )
             raise RejectMessage() from exc
         return payload
 
@@ -225,15 +238,20 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
     Returns how many there were."""
     consumer = subscription["durable"]
     try:
-        info = await broker.config.connection_state.stream.consumer_info(stream_of(subscription["subject"]).name,
-                                                                          consumer)
+        info = await broker.config.connection_state.stream.consumer_info(
+            stream_of(subscription["subject"]).name, consumer
+        )
     except NotFoundError:
         return 0
     deliveries.resume_after(info.delivered.consumer_seq)
     if info.num_ack_pending:
         wait = redelivery_wait(info.delivered.last_active, now=utcnow())
-        log.info("%s: %d messages of a previous run unacknowledged: waiting %.1f s for their redelivery",
-                 consumer, info.num_ack_pending, wait)
+        log.info(
+            "%s: %d messages of a previous run unacknowledged: waiting %.1f s for their redelivery",
+            consumer,
+            info.num_ack_pending,
+            wait,
+        )
         await asyncio.sleep(wait)
     return info.num_ack_pending or 0
 

@@ -16,6 +16,7 @@ Anyone who may ask the JetStream API something (an agent reading its commands) c
 reply subject, and the server writes its answer there: a value that is no lease. The leader writes over it (no
 acquirer can have taken a key that held a value all along); a replica waiting to lead waits until it is forgotten.
 """
+
 import asyncio
 import json
 import logging
@@ -49,9 +50,17 @@ def holder_id() -> str:
 class Lease:
     """One service's lease, as seen by one replica: `acquire` waits until it leads, `keep` renews until lost."""
 
-    def __init__(self, js, role: str, *, holder: str | None = None, ttl_s: float = LEASE_TTL_S,
-                 renew_s: float = RENEW_S, margin_s: float = MARGIN_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        js,
+        role: str,
+        *,
+        holder: str | None = None,
+        ttl_s: float = LEASE_TTL_S,
+        renew_s: float = RENEW_S,
+        margin_s: float = MARGIN_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not 0 < renew_s < ttl_s - margin_s:
             raise ValueError("a lease must be renewed well within its time to live less the margin")
         self.js, self.role, self.holder = js, role, holder or holder_id()
@@ -156,7 +165,14 @@ class Lease:
 
     async def _write(self, *, last: int, timeout_s: float) -> int:
         payload = json.dumps({"holder": self.holder, "epoch": self.epoch or None}).encode()
-        ack = await asyncio.wait_for(self.js.publish(
-            self.subject, payload, stream=LEASES.name, timeout=timeout_s,
-            headers={"Nats-Expected-Last-Subject-Sequence": str(last)}), timeout=timeout_s)
+        ack = await asyncio.wait_for(
+            self.js.publish(
+                self.subject,
+                payload,
+                stream=LEASES.name,
+                timeout=timeout_s,
+                headers={"Nats-Expected-Last-Subject-Sequence": str(last)},
+            ),
+            timeout=timeout_s,
+        )
         return ack.seq

@@ -1,4 +1,5 @@
 """A bounded memory of the values last used: what a service alone writes, kept so its next use needs no read."""
+
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar

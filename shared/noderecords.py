@@ -3,6 +3,7 @@ rented one) against what its agent claims when it registers. The record wins: a 
 GPUs, more GPU memory or TFLOPS (table or measured: a measured figure at most MEASURED_SLACK times the record's),
 more CPUs or memory, another kind, price or labels is capped to the record, and
 what was refused is kept so the operator sees it. Pure functions, shared by placement, the monitor and billing."""
+
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,12 +40,16 @@ def limits_from_entry(entry: NodeEntry | Mapping[str, Any]) -> NodeLimits:
     entry = node_entry(entry)
     groups = entry.gpus
     return NodeLimits(
-        node_id=entry.id, kind=entry.kind, price_per_hour=entry.price_per_hour,
+        node_id=entry.id,
+        kind=entry.kind,
+        price_per_hour=entry.price_per_hour,
         gpus=sum(g.count for g in groups) if groups else entry.max_gpus,
         gpu_models=tuple(g.model for g in groups),
         gpu_memory_gb=max((g.memory_gb for g in groups), default=None),
         tflops=max((g.tflops for g in groups), default=None),
-        cpu_count=entry.cpu_count, memory_gb=entry.memory_gb, labels=entry.all_labels(),
+        cpu_count=entry.cpu_count,
+        memory_gb=entry.memory_gb,
+        labels=entry.all_labels(),
     )
 
 
@@ -91,7 +96,7 @@ def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gp
     if len(claimed) > record.gpus:
         refuse("gpus", len(claimed), record.gpus)
     kept = []
-    for gpu in claimed[:record.gpus]:
+    for gpu in claimed[: record.gpus]:
         update: dict[str, Any] = {}
         if record.gpu_models and gpu.model not in record.gpu_models:
             update["model"] = refuse(f"gpus[{gpu.index}].model", gpu.model, record.gpu_models[0])
@@ -101,8 +106,7 @@ def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gp
             update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, record.tflops)
         measured_cap = None if record.tflops is None else round(record.tflops * MEASURED_SLACK, 1)
         if measured_cap is not None and gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
-            update["measured_tflops"] = refuse(f"gpus[{gpu.index}].measured_tflops", gpu.measured_tflops,
-                                               measured_cap)
+            update["measured_tflops"] = refuse(f"gpus[{gpu.index}].measured_tflops", gpu.measured_tflops, measured_cap)
         kept.append(gpu.model_copy(update=update) if update else gpu)
     return tuple(kept)
 
@@ -114,6 +118,9 @@ def admitted(claimed: NodeInfo, record: NodeLimits | None) -> tuple[NodeInfo | N
         return None, {"node": "no record of this node"}
     node, refused = capped(claimed, record)
     if refused:
-        log.warning("registration of %s capped to its record: %s", claimed.node_id,
-                    "; ".join(f"{k}: {v}" for k, v in refused.items()))
+        log.warning(
+            "registration of %s capped to its record: %s",
+            claimed.node_id,
+            "; ".join(f"{k}: {v}" for k, v in refused.items()),
+        )
     return node, refused

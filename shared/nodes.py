@@ -1,4 +1,5 @@
 """A compute node as its agent describes it."""
+
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,7 +19,8 @@ class Gpu(BaseModel):
     memory_gb: float = Field(ge=0)
     tflops: float = Field(ge=0, description="Dense FP16/BF16 tensor TFLOPS of one GPU (the table's figure).")
     measured_tflops: float | None = Field(
-        None, ge=0, description="Dense BF16 matmul TFLOPS the agent measured at start (None: not measured).")
+        None, ge=0, description="Dense BF16 matmul TFLOPS the agent measured at start (None: not measured)."
+    )
 
     @property
     def speed(self) -> float:

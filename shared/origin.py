@@ -8,6 +8,7 @@ from `tm.job.placed` by a consumer of their own, in stream order; a chunk whose 
 waits while that consumer still has placements to read (the real one was stored before any output of its task
 existed), and is dropped once it has read them all.
 """
+
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -61,8 +62,9 @@ class Given:
 
 def given_gpus(event: JobPlaced) -> dict[str, dict]:
     """Each rank's GPUs as placement gave them."""
-    return {str(a.rank): {"gpu_indices": list(a.gpu_indices), "gpu_memory_gb": a.gpu_memory_gb}
-            for a in event.assignments}
+    return {
+        str(a.rank): {"gpu_indices": list(a.gpu_indices), "gpu_memory_gb": a.gpu_memory_gb} for a in event.assignments
+    }
 
 
 def verdict(nodes: dict[str, str] | None, chunk: FromTask, *, all_placements_read: bool) -> Verdict:
@@ -101,8 +103,16 @@ class Origins:
             return
         self.known.put(key, nodes)  # before the insert: the same placement from another consumer inserts nothing
         try:
-            await self.placements.insert_one({"_id": key, "job_id": event.job_id, "attempt": event.attempt,
-                                              "nodes": nodes, "gpus": given_gpus(event), "why": event.why})
+            await self.placements.insert_one(
+                {
+                    "_id": key,
+                    "job_id": event.job_id,
+                    "attempt": event.attempt,
+                    "nodes": nodes,
+                    "gpus": given_gpus(event),
+                    "why": event.why,
+                }
+            )
         except DuplicateKeyError:
             pass
         except BaseException:
@@ -137,8 +147,10 @@ class Origins:
         rank_gpus = gpus.get(str(rank))
         if not isinstance(rank_gpus, dict):
             return None
-        return Given(gpu_indices=tuple(rank_gpus.get("gpu_indices") or ()),
-                     gpu_memory_gb=float(rank_gpus.get("gpu_memory_gb") or 0))
+        return Given(
+            gpu_indices=tuple(rank_gpus.get("gpu_indices") or ()),
+            gpu_memory_gb=float(rank_gpus.get("gpu_memory_gb") or 0),
+        )
 
     async def admit(self, chunk: FromTask, *, deliveries: int) -> bool:
         """Whether to take the chunk in: False (logged) for one from a node its task was not placed on; a chunk
@@ -148,9 +160,15 @@ class Origins:
         if decided == "wait" and deliveries < MAX_WAITS:
             raise NackMessage(delay=WAIT_S)
         if decided != "keep":
-            log.warning("dropped %s of job %s attempt %d rank %d from node %s: %s", type(chunk).__name__,
-                        chunk.job_id, chunk.attempt, chunk.rank, chunk.node_id,
-                        "not placed there" if nodes is not None else "never placed")
+            log.warning(
+                "dropped %s of job %s attempt %d rank %d from node %s: %s",
+                type(chunk).__name__,
+                chunk.job_id,
+                chunk.attempt,
+                chunk.rank,
+                chunk.node_id,
+                "not placed there" if nodes is not None else "never placed",
+            )
         return decided == "keep"
 
 

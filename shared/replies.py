@@ -2,6 +2,7 @@
 subject. A reply subject is chosen by whoever sends the message, so without this check a request (or an event
 carrying a `reply_to` header, which FastStream answers too) aimed at `tm.job.status` or `tm.node.cmd.<node>.stop`
 would have the receiver publish there with its own rights."""
+
 import logging
 import re
 from typing import Any
@@ -32,6 +33,5 @@ class ReplyGuard(BaseMiddleware):
         if getattr(msg.raw_message, "reply", None) == reply:  # a core request: refused, nothing done
             log.warning("refused a request on %s: its reply subject %.200r is not an inbox", subject, reply)
             return None
-        log.warning("a message on %s asked for a reply on %.200r (not an inbox): handled, not answered",
-                    subject, reply)
+        log.warning("a message on %s asked for a reply on %.200r (not an inbox): handled, not answered", subject, reply)
         return await call_next(msg)

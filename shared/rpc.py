@@ -1,4 +1,5 @@
 """Request/reply contracts between the REST API and the services that own the answers."""
+
 from datetime import datetime
 from typing import Annotated, Literal
 
@@ -17,8 +18,11 @@ class UsageQuery(BaseModel):
     end: datetime | None = None
     group_by: GroupBy = Field("user", description="What the rows of `groups` are per.")
     user_name: str | None = Field(None, description="Only this user's attempts (quota checks).")
-    job_id: str | None = Field(None, max_length=64, description="Only this job's attempts (its cost so far); idle "
-                               "time of rented nodes is then not counted.")
+    job_id: str | None = Field(
+        None,
+        max_length=64,
+        description="Only this job's attempts (its cost so far); idle time of rented nodes is then not counted.",
+    )
 
 
 class UsageTotals(BaseModel):
@@ -31,8 +35,9 @@ class UsageTotals(BaseModel):
     reserved_gpu_hours: float = 0
     owned_cost: float = Field(0, description="Amortised dollars of local and reserved nodes used by attempts.")
     on_demand_nodes: int = Field(0, description="On-demand nodes used by attempts or provisioned for the row.")
-    on_demand_seconds: float = Field(0, description="Attempt run time on on-demand nodes plus idle time of nodes "
-                                     "provisioned for the row.")
+    on_demand_seconds: float = Field(
+        0, description="Attempt run time on on-demand nodes plus idle time of nodes provisioned for the row."
+    )
     on_demand_cost: float = Field(0, description="Dollars of on-demand nodes: attempts plus idle time.")
     spend: float = Field(0, description="owned_cost + on_demand_cost.")
 
@@ -73,10 +78,17 @@ class UsageReport(BaseModel):
 
 class MetricsQuery(BaseModel):
     job_id: str
-    max_points: int = Field(2000, ge=1, le=100_000, description="Per metric, the most recent ones (whole: the "
-                            "whole curve thinned to this many).")
-    whole: bool = Field(False, description="The whole curve, thinned (each slice's lowest and highest point), "
-                        "instead of the most recent points.")
+    max_points: int = Field(
+        2000,
+        ge=1,
+        le=100_000,
+        description="Per metric, the most recent ones (whole: the whole curve thinned to this many).",
+    )
+    whole: bool = Field(
+        False,
+        description="The whole curve, thinned (each slice's lowest and highest point), "
+        "instead of the most recent points.",
+    )
 
 
 class MetricSeries(BaseModel):
@@ -84,8 +96,11 @@ class MetricSeries(BaseModel):
     target: float | None = None
     mode: str | None = None
     points: list[tuple[float, float, float | None]] = Field(description="(unix time, value, step or null)")
-    system: bool = Field(False, description="A series the platform measured (GPU telemetry: gpu_util, "
-                         "gpu_memory_gb, gpu_memory_peak_gb, gpu_power_w, gpu_temp_c), not one the job printed.")
+    system: bool = Field(
+        False,
+        description="A series the platform measured (GPU telemetry: gpu_util, "
+        "gpu_memory_gb, gpu_memory_peak_gb, gpu_power_w, gpu_temp_c), not one the job printed.",
+    )
 
 
 class MetricsReport(BaseModel):
@@ -114,8 +129,6 @@ class AdmitReply(BaseModel):
     limited: bool = Field(False, description="Some quota or budget applies to this project or user.")
 
 
-
-
 class Quota(BaseModel):
     """Limits of a project or of one user in it; None: no limit."""
 
@@ -123,16 +136,23 @@ class Quota(BaseModel):
 
     # bounded: stored by billing, and the database holds no integer past 2**63
     max_gpus: int | None = Field(None, ge=0, le=10**9, description="GPUs its running attempts may hold at once.")
-    gpu_hours_per_month: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False,
-                                              description="GPU-hours per calendar month (UTC).")
-    budget_per_month: float | None = Field(None, ge=0, le=1e15, allow_inf_nan=False, description="Dollars per "
-                                           "calendar month (UTC), owned (amortised) and on-demand alike.")
+    gpu_hours_per_month: float | None = Field(
+        None, ge=0, le=1e15, allow_inf_nan=False, description="GPU-hours per calendar month (UTC)."
+    )
+    budget_per_month: float | None = Field(
+        None,
+        ge=0,
+        le=1e15,
+        allow_inf_nan=False,
+        description="Dollars per calendar month (UTC), owned (amortised) and on-demand alike.",
+    )
 
 
 class ProjectQuotas(Quota):
     # keys are user names (their pattern): they become field names where billing stores the quotas
     users: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], Quota] = Field(
-        default_factory=dict, max_length=10_000, description="Per-user limits inside the project.")
+        default_factory=dict, max_length=10_000, description="Per-user limits inside the project."
+    )
 
 
 class QuotasRequest(BaseModel):
@@ -159,9 +179,13 @@ class CandidatesQuery(BaseModel):
     spec: Spec
     user_name: str
     project_id: str
-    parameters: list[Parameter] = Field(default_factory=list, max_length=100, description="The algorithm's "
-                                        "parameters: `benchmark`, `batch_size` and `learning_rate` let placement "
-                                        "ask the estimator for the duration, as it will once the job is queued.")
+    parameters: list[Parameter] = Field(
+        default_factory=list,
+        max_length=100,
+        description="The algorithm's "
+        "parameters: `benchmark`, `batch_size` and `learning_rate` let placement "
+        "ask the estimator for the duration, as it will once the job is queued.",
+    )
 
 
 class Candidate(BaseModel):
@@ -170,8 +194,11 @@ class Candidate(BaseModel):
     instance_type: str | None = None
     gpu_model: str = ""
     gpus: int = 0
-    memory_gb: float | None = Field(None, description="Host memory per node the job gets there (what it asked for, "
-                                    "else its GPUs' share of the node's memory).")
+    memory_gb: float | None = Field(
+        None,
+        description="Host memory per node the job gets there (what it asked for, "
+        "else its GPUs' share of the node's memory).",
+    )
     price_per_hour: float = Field(description="The job's share of the node's price (all its ranks).")
     predicted_duration_s: float
     duration_source: Literal["estimator", "owner", "default"]
@@ -182,8 +209,9 @@ class Candidate(BaseModel):
 
 class CandidatesReply(BaseModel):
     candidates: list[Candidate]
-    unplaceable_kinds: dict[str, str] = Field(default_factory=dict, description="Allowed kinds with no node that "
-                                              "could ever host the job, and why.")
+    unplaceable_kinds: dict[str, str] = Field(
+        default_factory=dict, description="Allowed kinds with no node that could ever host the job, and why."
+    )
 
 
 class PredictQuery(BaseModel):

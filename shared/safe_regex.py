@@ -1,5 +1,6 @@
 """Job-supplied regular expressions: compiled by RE2 and matched against bounded lines, so no pattern and no line
 can stall a service (RE2 runs in time linear in the line; it has no backreferences or lookarounds to backtrack)."""
+
 from typing import TypeAlias
 
 import re2
@@ -29,8 +30,10 @@ def value_group(pattern: Pattern) -> str | int:
         return VALUE_GROUP
     unnamed = set(range(1, pattern.groups + 1)) - set(pattern.groupindex.values())
     if len(unnamed) != 1:
-        raise ValueError("needs the named group `value` (or exactly one unnamed group), e.g. "
-                         "`loss (?P<value>[0-9.]+)` or `loss=([0-9.]+)`")
+        raise ValueError(
+            "needs the named group `value` (or exactly one unnamed group), e.g. "
+            "`loss (?P<value>[0-9.]+)` or `loss=([0-9.]+)`"
+        )
     return unnamed.pop()
 
 

@@ -1,5 +1,6 @@
 """What every process shares (services, the API, agents): logging, the bus, liveness over request/reply, background
 loops, the database, and how they start and stop."""
+
 import asyncio
 import logging
 import os
@@ -29,8 +30,10 @@ class Health(BaseModel):
     ok: bool = True
     pid: int
     started_at: str
-    details: dict[str, Any] = Field(default_factory=dict, description="What the service reports of itself "
-                                    "(its `health_details()`), e.g. the estimator's history model.")
+    details: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What the service reports of itself (its `health_details()`), e.g. the estimator's history model.",
+    )
 
 
 def configure_logging(level: str) -> None:
@@ -70,10 +73,17 @@ class Background:
                 log.exception("background loop %s crashed; restarting", name)
                 await asyncio.sleep(1)
 
-    def every(self, name: str, interval_s: float | Callable[[], float], step: Callable[[], Awaitable[Any]], *,
-              tolerate: tuple[type[BaseException], ...] = (Exception,)) -> None:
+    def every(
+        self,
+        name: str,
+        interval_s: float | Callable[[], float],
+        step: Callable[[], Awaitable[Any]],
+        *,
+        tolerate: tuple[type[BaseException], ...] = (Exception,),
+    ) -> None:
         """Run `step` now and every `interval_s` after (a callable: asked again after each round); a failure it
         may have (`tolerate`) is logged and the next round goes on, any other restarts the loop."""
+
         async def loop() -> None:
             while True:
                 try:
@@ -111,14 +121,14 @@ class Wiring:
 Setup = Callable[[Wiring], Awaitable[Any]]  # builds what a process runs (its service object) once it is connected
 
 
-def wire(*, name: str, settings: CommonSettings, router: NatsRouter | None = None,
-         health: str | None = None) -> Wiring:
+def wire(*, name: str, settings: CommonSettings, router: NatsRouter | None = None, health: str | None = None) -> Wiring:
     """Built before a process runs: logging, its broker (not yet connected) with the router's subscribers and
     liveness answers on tm.rpc.health.<health or name>, a place for its loops."""
     configure_logging(settings.log_level)
     link = BusLink()
-    broker = make_broker(settings.nats_url, name=name, link=link, creds=settings.nats_creds,
-                         ca_file=settings.nats_ca_file)
+    broker = make_broker(
+        settings.nats_url, name=name, link=link, creds=settings.nats_creds, ca_file=settings.nats_ca_file
+    )
     if router is not None:
         broker.include_router(router)
     add_health(broker, health or name)
@@ -126,17 +136,29 @@ def wire(*, name: str, settings: CommonSettings, router: NatsRouter | None = Non
 
 
 @asynccontextmanager
-async def running(w: Wiring, *, settings: CommonSettings, setup: Setup | None = None, declare: bool = True,
-                  database: bool = True, start: bool = False,
-                  stop: Callable[[], Any] | None = None) -> AsyncIterator[Any]:
+async def running(
+    w: Wiring,
+    *,
+    settings: CommonSettings,
+    setup: Setup | None = None,
+    declare: bool = True,
+    database: bool = True,
+    start: bool = False,
+    stop: Callable[[], Any] | None = None,
+) -> AsyncIterator[Any]:
     """A process running: the bus connected (every stream declared unless `declare` is False: agents may not),
     one database client (`database`), what `setup` builds (in the context under the process's name), the broker
     started when `start` (a FastStream app starts its own); on exit the loops, the broker, then the database. A
     replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
     process once it leads (a FastStream app's `exit`)."""
     leased = settings.leader_lease and w.name in LEASED
-    await connect(w.broker, declare=declare, replicas=settings.stream_replicas, leases=leased,
-                  log_max_bytes=settings.log_stream_max_bytes)
+    await connect(
+        w.broker,
+        declare=declare,
+        replicas=settings.stream_replicas,
+        leases=leased,
+        log_max_bytes=settings.log_stream_max_bytes,
+    )
     if leased:
         await lead(w, stop=stop)
     client = make_client(settings.mongo_url) if database else None
@@ -190,9 +212,16 @@ async def lead(w: Wiring, *, stop: Callable[[], Any] | None) -> None:
 
 
 def service_app(
-    *, settings: CommonSettings, name: str = "", router: NatsRouter | None = None, setup: Setup | None = None,
-    wiring: Wiring | None = None, declare: bool = True, database: bool = True,
-    after_startup: Sequence[Hook] = (), on_shutdown: Sequence[Hook] = (),
+    *,
+    settings: CommonSettings,
+    name: str = "",
+    router: NatsRouter | None = None,
+    setup: Setup | None = None,
+    wiring: Wiring | None = None,
+    declare: bool = True,
+    database: bool = True,
+    after_startup: Sequence[Hook] = (),
+    on_shutdown: Sequence[Hook] = (),
 ) -> FastStream:
     """One bus process (a service, or an agent given its `wiring` built beforehand): `wire`d, and `running` for
     as long as FastStream runs it; `after_startup` hooks run once its subscribers listen, `on_shutdown` ones before

@@ -1,4 +1,5 @@
 """Settings common to every trainmaster process, read once at start from TRAINMASTER_* variables."""
+
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +20,20 @@ def own_mongo_url(service: str) -> Any:
     """A service's `mongo_url` field: TRAINMASTER_<SERVICE>_MONGO_URL, else the common MONGO_URL (one deployment
     serving every service, each in its own database)."""
     own = f"TRAINMASTER_{service.upper()}_MONGO_URL"
-    return Field(DEFAULT_MONGO_URL, validation_alias=AliasChoices(own, "MONGO_URL"),
-                 description=f"The {service}'s database server: {own}, else MONGO_URL.")
+    return Field(
+        DEFAULT_MONGO_URL,
+        validation_alias=AliasChoices(own, "MONGO_URL"),
+        description=f"The {service}'s database server: {own}, else MONGO_URL.",
+    )
 
 
 def own_mongo_db(service: str) -> Any:
     """A service's `mongo_db` field: its own database (TRAINMASTER_<SERVICE>_MONGO_DB renames it)."""
-    return Field(database_name(service), validation_alias=AliasChoices(f"TRAINMASTER_{service.upper()}_MONGO_DB",
-                                                                       "TRAINMASTER_MONGO_DB"),
-                 description=f"The {service}'s own database: its collections, nobody else's.")
+    return Field(
+        database_name(service),
+        validation_alias=AliasChoices(f"TRAINMASTER_{service.upper()}_MONGO_DB", "TRAINMASTER_MONGO_DB"),
+        description=f"The {service}'s own database: its collections, nobody else's.",
+    )
 
 
 class CommonSettings(BaseSettings):
@@ -35,19 +41,36 @@ class CommonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore", populate_by_name=True)
 
-    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server with JetStream enabled (several "
-                          "servers of one cluster: comma-separated URLs).")
-    nats_creds: Path | None = Field(None, description="This process's own bus credentials (`.creds`: user JWT and "
-                                    "seed); the server refuses anonymous clients. `make run` gives each its own.")
+    nats_url: str = Field(
+        "nats://127.0.0.1:4222",
+        description="NATS server with JetStream enabled (several servers of one cluster: comma-separated URLs).",
+    )
+    nats_creds: Path | None = Field(
+        None,
+        description="This process's own bus credentials (`.creds`: user JWT and "
+        "seed); the server refuses anonymous clients. `make run` gives each its own.",
+    )
     nats_ca_file: Path | None = Field(None, description="CA of the NATS server's certificate, for a tls:// URL.")
-    stream_replicas: int = Field(1, ge=1, le=5, description="Copies of each JetStream stream: 3 on a 3-server NATS "
-                                 "cluster (docs/operations.md), 1 on a single server.")
-    log_stream_max_bytes: int = Field(LOG_STREAM_MAX_BYTES, ge=1024 ** 2, description="Bytes of output the bus "
-                                      "keeps at most (the stream TM_LOGS, a week at most), the oldest going first; "
-                                      "each job's stored output has its own cap besides.")
-    leader_lease: bool = Field(False, description="Run as one of several replicas: a service that must act once "
-                               "(placement, monitor, billing, estimator) waits for its leader lease before it starts "
-                               "and exits when it loses it (docs/operations.md).")
+    stream_replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        description="Copies of each JetStream stream: 3 on a 3-server NATS "
+        "cluster (docs/operations.md), 1 on a single server.",
+    )
+    log_stream_max_bytes: int = Field(
+        LOG_STREAM_MAX_BYTES,
+        ge=1024**2,
+        description="Bytes of output the bus "
+        "keeps at most (the stream TM_LOGS, a week at most), the oldest going first; "
+        "each job's stored output has its own cap besides.",
+    )
+    leader_lease: bool = Field(
+        False,
+        description="Run as one of several replicas: a service that must act once "
+        "(placement, monitor, billing, estimator) waits for its leader lease before it starts "
+        "and exits when it loses it (docs/operations.md).",
+    )
     mongo_url: str = Field(
         DEFAULT_MONGO_URL,
         validation_alias="MONGO_URL",

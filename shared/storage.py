@@ -6,6 +6,7 @@ A project's storage is `<storage root>/<project>/` and `<checkpoint root>/<proje
 symlinks) before they are compared, so `file:///data/shared/../../etc` is `/etc`. An http(s) URL must also reach a
 public address or a host the operator allows (`[storage] allow_hosts`, TRAINMASTER_EGRESS_ALLOW): shared.egress.
 """
+
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,11 @@ class StoragePolicy(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     allowed_urls: tuple[str, ...] = DEFAULT_ALLOWED_URLS
-    allow_hosts: tuple[str, ...] = Field((), description="Hosts, IPs or networks an http(s) URL may reach although "
-                                         "they are not public (shared.egress.Policy entries).")
+    allow_hosts: tuple[str, ...] = Field(
+        (),
+        description="Hosts, IPs or networks an http(s) URL may reach although "
+        "they are not public (shared.egress.Policy entries).",
+    )
     storage_root: str = Field(description="Projects' storage: <root>/<project>/ (file:// or a remote URL).")
     checkpoint_root: str = Field(description="Checkpoints: <root>/<project>/<job>.")
 
@@ -53,11 +57,17 @@ class StorageSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TRAINMASTER_", extra="ignore")
 
     cluster_file: Path = Field(Path("cluster.toml"), description="Its [storage] section holds allowed_urls.")
-    storage_file: Path | None = Field(None, description="Where [storage] is read when not the cluster file (an "
-                                      "on-demand agent's own cluster file has only its node).")
+    storage_file: Path | None = Field(
+        None,
+        description="Where [storage] is read when not the cluster file (an "
+        "on-demand agent's own cluster file has only its node).",
+    )
     allowed_urls: list[str] | None = Field(None, description="JSON list; overrides the cluster file's.")
-    egress_allow: str | None = Field(None, description="Comma-separated hosts, IPs or networks a job's http(s) URLs "
-                                     "may reach although not public; overrides the cluster file's allow_hosts.")
+    egress_allow: str | None = Field(
+        None,
+        description="Comma-separated hosts, IPs or networks a job's http(s) URLs "
+        "may reach although not public; overrides the cluster file's allow_hosts.",
+    )
     storage_url: str | None = Field(None, description="Projects' storage root; default file://<data_dir>/storage.")
     checkpoint_url: str | None = Field(None, description="Checkpoint root; default file://<data_dir>/checkpoints.")
 
@@ -72,9 +82,12 @@ class StorageSettings(BaseSettings):
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         data = data_dir.resolve()
-        return StoragePolicy(allowed_urls=tuple(allowed), allow_hosts=hosts,
-                             storage_root=self.storage_url or f"file://{data / 'storage'}",
-                             checkpoint_root=self.checkpoint_url or f"file://{data / 'checkpoints'}")
+        return StoragePolicy(
+            allowed_urls=tuple(allowed),
+            allow_hosts=hosts,
+            storage_root=self.storage_url or f"file://{data / 'storage'}",
+            checkpoint_root=self.checkpoint_url or f"file://{data / 'checkpoints'}",
+        )
 
 
 def cluster_storage(path: Path) -> dict:
@@ -90,7 +103,7 @@ def cluster_allowed_urls(section: dict) -> tuple[str, ...]:
     if allowed is None:
         return DEFAULT_ALLOWED_URLS
     if not isinstance(allowed, list) or not all(isinstance(a, str) and "://" in a for a in allowed):
-        raise ValueError("[storage] allowed_urls must be a list of URL prefixes such as \"s3://bucket/\"")
+        raise ValueError('[storage] allowed_urls must be a list of URL prefixes such as "s3://bucket/"')
     return tuple(allowed)
 
 
@@ -98,14 +111,18 @@ def cluster_allow_hosts(section: dict) -> tuple[str, ...]:
     """`allow_hosts` of a `[storage]` section (none by default)."""
     hosts = section.get("allow_hosts", [])
     if not isinstance(hosts, list) or not all(isinstance(h, str) for h in hosts):
-        raise ValueError("[storage] allow_hosts must be a list of hosts, IPs or networks such as \"10.20.0.0/16\"")
+        raise ValueError('[storage] allow_hosts must be a list of hosts, IPs or networks such as "10.20.0.0/16"')
     return tuple(hosts)
 
 
 def check_segment(value: str) -> str:
     """An id that becomes one path segment: letters, digits, `_`, `-`, `.`, not starting with a dot."""
-    if not value or len(value) > 128 or value[0] == "." or any(not (c.isascii() and (c.isalnum() or c in "_-."))
-                                                                 for c in value):
+    if (
+        not value
+        or len(value) > 128
+        or value[0] == "."
+        or any(not (c.isascii() and (c.isalnum() or c in "_-.")) for c in value)
+    ):
         raise StorageError(f"{value!r} is not a valid id for a path")
     return value
 
@@ -139,16 +156,20 @@ def check_url(url: str, *, policy: StoragePolicy, project_id: str) -> str:
     if path is not None:
         if any(_inside(path, prefix) for prefix in (*own, *policy.allowed_urls) if local_path(prefix) is not None):
             return url
-        raise StorageError(f"local path {path} is outside this project's storage ({own[0]}) and the cluster's "
-                           f"allowed URLs ({', '.join(policy.allowed_urls) or 'none'})")
+        raise StorageError(
+            f"local path {path} is outside this project's storage ({own[0]}) and the cluster's "
+            f"allowed URLs ({', '.join(policy.allowed_urls) or 'none'})"
+        )
     scheme, rest = url.split("://", 1)
     if ".." in rest.split("/"):
         raise StorageError("`..` is not allowed in a URL")
     normalized = f"{scheme.lower()}://{rest}"
     if any(normalized.startswith(prefix) for prefix in (*own, *policy.allowed_urls)):
         return url
-    raise StorageError(f"not in this project's storage ({own[0]}) or the cluster's allowed URLs "
-                       f"({', '.join(policy.allowed_urls) or 'none'})")
+    raise StorageError(
+        f"not in this project's storage ({own[0]}) or the cluster's allowed URLs "
+        f"({', '.join(policy.allowed_urls) or 'none'})"
+    )
 
 
 def job_urls(algorithm) -> Iterator[tuple[str, str]]:
@@ -175,8 +196,9 @@ def refused_urls(algorithm, *, policy: StoragePolicy, project_id: str) -> list[t
     return problems
 
 
-async def refused_addresses(algorithm, *, policy: StoragePolicy,
-                            resolve: egress.Resolver = egress.system_resolve) -> list[tuple[str, str]]:
+async def refused_addresses(
+    algorithm, *, policy: StoragePolicy, resolve: egress.Resolver = egress.system_resolve
+) -> list[tuple[str, str]]:
     """(field, reason) for each http(s) URL of the algorithm whose host resolves to an address the job may not
     reach (loopback, private, link-local and the rest of shared.egress, unless the operator allows it)."""
     return await egress.refused_http(job_urls(algorithm), policy.egress(), resolve=resolve)

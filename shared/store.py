@@ -12,6 +12,7 @@ are queried but never indexed (an index there hides matching documents), and a p
 fields (it returns `{"status.phase": 1}` as a flat "status.phase" key). Every query but one by `_id` scans the
 collection there, indexes or not: what is counted often lives in a small collection of its own.
 """
+
 import asyncio
 import hashlib
 import json
@@ -67,8 +68,15 @@ def make_client(url: str) -> AsyncMongoClient:
     primary election; on one server (the embedded one) both mean nothing more than an acknowledged write."""
     counts = os.environ.get(COUNTS_DIR)
     listeners = [CommandCounts(Path(counts))] if counts else []
-    return AsyncMongoClient(url, tz_aware=True, serverSelectionTimeoutMS=5000, connectTimeoutMS=5000, w="majority",
-                            retryWrites=True, event_listeners=listeners)
+    return AsyncMongoClient(
+        url,
+        tz_aware=True,
+        serverSelectionTimeoutMS=5000,
+        connectTimeoutMS=5000,
+        w="majority",
+        retryWrites=True,
+        event_listeners=listeners,
+    )
 
 
 def embedded_socket(data_dir: Path, service: str) -> Path:
@@ -135,8 +143,12 @@ def unchanged(current: dict[str, Any]) -> dict[str, Any]:
 
 
 async def flush(
-    broker: NatsBroker, collection: AsyncCollection, doc_id: Any, entries: list[dict[str, Any]] | None = None,
-    *, deferred: "DeferredPulls | None" = None,
+    broker: NatsBroker,
+    collection: AsyncCollection,
+    doc_id: Any,
+    entries: list[dict[str, Any]] | None = None,
+    *,
+    deferred: "DeferredPulls | None" = None,
 ) -> None:
     """Publish a document's pending events in order, pulling each off once the stream has it (`deferred`: a
     moment later, or with the document's next write)."""
@@ -164,8 +176,9 @@ class DeferredPulls:
     into it: no command of their own). Until then they sit in the outbox, published; a crash leaves them for the
     relay, which publishes them again under the same message id (the stream stores one) and pulls them off."""
 
-    def __init__(self, collection: AsyncCollection, *, delay_s: float,
-                 pulled: Callable[[Any, set[str]], None] | None = None) -> None:
+    def __init__(
+        self, collection: AsyncCollection, *, delay_s: float, pulled: Callable[[Any, set[str]], None] | None = None
+    ) -> None:
         self.collection, self.delay_s, self.pulled = collection, delay_s, pulled
         self.waiting: dict[Any, set[str]] = {}  # doc id -> events published, still in its outbox
         self._timer: asyncio.Task | None = None
@@ -194,8 +207,10 @@ class DeferredPulls:
         if not batch:
             return
         try:
-            await _pulls(self.collection, [pull_entry(doc_id, event_id) for doc_id, ids in batch.items()
-                                           for event_id in sorted(ids)])
+            await _pulls(
+                self.collection,
+                [pull_entry(doc_id, event_id) for doc_id, ids in batch.items() for event_id in sorted(ids)],
+            )
         except Exception as exc:  # left in the outboxes: the relay publishes them again (stored once) and pulls
             log.warning("published events not pulled off %s: %r", self.collection.name, exc)
             return
@@ -225,21 +240,30 @@ async def _pulls(collection: AsyncCollection, pulls: list[Pull]) -> None:
 
 async def _publish(broker: NatsBroker, entry: dict[str, Any]) -> None:
     subject = entry["subject"]
-    await broker.publish(entry["payload"], subject, stream=stream_of(subject).name,
-                         headers={"Nats-Msg-Id": dedup_id(broker, subject, entry["event_id"])}, timeout=10)
+    await broker.publish(
+        entry["payload"],
+        subject,
+        stream=stream_of(subject).name,
+        headers={"Nats-Msg-Id": dedup_id(broker, subject, entry["event_id"])},
+        timeout=10,
+    )
 
 
 def pull_entry(doc_id: Any, event_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """The (filter, update) that takes a published event off its document's outbox."""
-    return ({"_id": doc_id, f"{OUTBOX}.event_id": event_id},
-            {"$pull": {OUTBOX: {"event_id": event_id}}, "$inc": {OUTBOX_COUNT: -1, REVISION: 1}})
+    return (
+        {"_id": doc_id, f"{OUTBOX}.event_id": event_id},
+        {"$pull": {OUTBOX: {"event_id": event_id}}, "$inc": {OUTBOX_COUNT: -1, REVISION: 1}},
+    )
 
 
-async def flush_many(broker: NatsBroker, collection: AsyncCollection,
-                     items: Sequence[tuple[Any, list[dict[str, Any]]]]) -> list[Exception | None]:
+async def flush_many(
+    broker: NatsBroker, collection: AsyncCollection, items: Sequence[tuple[Any, list[dict[str, Any]]]]
+) -> list[Exception | None]:
     """`flush` for many documents at once: each document's events published in order (the documents side by
     side), then every published event pulled off in one bulk write. Answers per document: None, or the error
     that stopped its publishing (what was not published stays in its outbox, for the relay)."""
+
     async def publish_all(doc_id: Any, entries: list[dict[str, Any]]) -> tuple[list[Pull], Exception | None]:
         pulls: list[Pull] = []
         for entry in entries:
@@ -286,13 +310,15 @@ class DocumentStore:
     the same writers as `remember` (a write that keeps an outbox it read from another process would keep them).
     """
 
-    def __init__(self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0,
-                 defer_pulls_s: float = 0.0) -> None:
+    def __init__(
+        self, collection: AsyncCollection, broker: NatsBroker, *, remember: int = 0, defer_pulls_s: float = 0.0
+    ) -> None:
         self.collection = collection
         self.broker = broker
         self._remembered: Lru[Any, bytes] = Lru(remember)  # doc id -> the stored document, as BSON
-        self._deferred = (DeferredPulls(collection, delay_s=defer_pulls_s, pulled=self._pulled)
-                          if defer_pulls_s > 0 else None)
+        self._deferred = (
+            DeferredPulls(collection, delay_s=defer_pulls_s, pulled=self._pulled) if defer_pulls_s > 0 else None
+        )
 
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
@@ -314,11 +340,13 @@ class DocumentStore:
             fields, events = outcome
             if await self.save(doc_id, fields, current, events):
                 return True
-        raise ConflictsExhausted(f"{self.collection.name} {doc_id!r}: changed by another writer {attempts} times "
-                                 "in a row")
+        raise ConflictsExhausted(
+            f"{self.collection.name} {doc_id!r}: changed by another writer {attempts} times in a row"
+        )
 
-    async def save(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
-                   events: Sequence[Message]) -> bool:
+    async def save(
+        self, doc_id: Any, fields: Fields, current: dict[str, Any] | None, events: Sequence[Message]
+    ) -> bool:
         """Write fields and events if nobody changed the document since `current` was read; then publish."""
         self._remembered.pop(doc_id)
         update = await self._write(doc_id, fields, current, events)
@@ -330,8 +358,10 @@ class DocumentStore:
         if self._remembered.size and self._deferred is not None:  # as stored: its events pulled off later
             self._keep(doc_id, {"_id": doc_id, **update})
         elif self._remembered.size:  # as stored once every event is pulled off: each took one off, added a revision
-            self._keep(doc_id, {"_id": doc_id, **update, OUTBOX: [], OUTBOX_COUNT: 0,
-                                REVISION: update[REVISION] + len(pending)})
+            self._keep(
+                doc_id,
+                {"_id": doc_id, **update, OUTBOX: [], OUTBOX_COUNT: 0, REVISION: update[REVISION] + len(pending)},
+            )
         return True
 
     def _pulled(self, doc_id: Any, event_ids: set[str]) -> None:
@@ -358,21 +388,26 @@ class DocumentStore:
     def _codec(self) -> CodecOptions:
         return getattr(self.collection, "codec_options", None) or CodecOptions(tz_aware=True)
 
-    async def write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
-                    events: Sequence[Message]) -> list[dict[str, Any]] | None:
+    async def write(
+        self, doc_id: Any, fields: Fields, current: dict[str, Any] | None, events: Sequence[Message]
+    ) -> list[dict[str, Any]] | None:
         """Write fields and events (a new document when `current` is None) without publishing; returns the
         pending outbox entries, or None when the document changed since `current` was read (or already exists)."""
         update = await self._write(doc_id, fields, current, events)
         return None if update is None else update[OUTBOX]
 
-    async def _write(self, doc_id: Any, fields: Fields, current: dict[str, Any] | None,
-                     events: Sequence[Message]) -> dict[str, Any] | None:
+    async def _write(
+        self, doc_id: Any, fields: Fields, current: dict[str, Any] | None, events: Sequence[Message]
+    ) -> dict[str, Any] | None:
         """`write`, answering the whole document as stored (None: not written). Events already published and
         waiting for their deferred pull are dropped from the outbox here (folded into this write)."""
         deferred = self._deferred if current is not None else None
         published = deferred.published(doc_id) if deferred is not None else set()
-        kept = current if current is None or not published else {
-            **current, OUTBOX: [e for e in current.get(OUTBOX, []) if e["event_id"] not in published]}
+        kept = (
+            current
+            if current is None or not published
+            else {**current, OUTBOX: [e for e in current.get(OUTBOX, []) if e["event_id"] not in published]}
+        )
         update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, kept, events)
         if current is None:
             try:
@@ -387,16 +422,19 @@ class DocumentStore:
             deferred.dropped(doc_id, published)
         return update
 
-    async def insert_many(self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
-                          ) -> list[list[dict[str, Any]] | None]:
+    async def insert_many(
+        self, items: Sequence[tuple[Any, Fields, Sequence[Message]]]
+    ) -> list[list[dict[str, Any]] | None]:
         """`write` of many new documents in one command: per item its pending outbox entries, or None where a
         unique index refused it (the others are written all the same)."""
-        updates = [with_outbox({k: v for k, v in fields.items() if k != "_id"}, None, events)
-                   for _, fields, events in items]
+        updates = [
+            with_outbox({k: v for k, v in fields.items() if k != "_id"}, None, events) for _, fields, events in items
+        ]
         refused: set[int] = set()
         try:
-            await self.collection.insert_many([{"_id": doc_id, **update} for (doc_id, _, _), update
-                                               in zip(items, updates)], ordered=False)
+            await self.collection.insert_many(
+                [{"_id": doc_id, **update} for (doc_id, _, _), update in zip(items, updates)], ordered=False
+            )
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(error.get("code") != DUPLICATE_KEY for error in errors):

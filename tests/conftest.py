@@ -1,4 +1,5 @@
 """Fixtures shared by every tier: the whole stack on free ports in a temporary directory."""
+
 import asyncio
 import json
 import re
@@ -77,8 +78,13 @@ def pytest_collection_modifyitems(config, items) -> None:
     with one stack on the GPUs and one report. The session's own `stack` starts once per worker that needs it."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            group = ("mlperf-replays" if "mlperf_replays" in item.fixturenames else
-                     "gpu" if item.nodeid.startswith("tests/gpu/") else item.nodeid.split("::")[0])
+            group = (
+                "mlperf-replays"
+                if "mlperf_replays" in item.fixturenames
+                else "gpu"
+                if item.nodeid.startswith("tests/gpu/")
+                else item.nodeid.split("::")[0]
+            )
             item.add_marker(pytest.mark.xdist_group(group))
 
 
@@ -119,23 +125,39 @@ def servers():
         yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}"}
 
 
-def start_stack(data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None,
-                **settings: Any) -> Stack:
+def start_stack(
+    data, *, cluster: str, servers: dict, extra_env: dict[str, str] | None = None, **settings: Any
+) -> Stack:
     """The whole stack on free ports under `data`, ready (every node of `cluster` registered); `settings`
     override StackSettings (a NATS cluster, service replicas)."""
     (data / "cluster.toml").write_text(cluster)
     exchange(data).mkdir(mode=0o777)
     exchange(data).chmod(0o777)  # tasks run as users of their own: a place both they and the tests may write
-    settings = StackSettings(**{"data_dir": data, "nats_port": free_port(), "api_port": free_port(),
-                                "cluster_file": data / "cluster.toml", "admin_token": ADMIN_TOKEN,
-                                "heartbeat_interval_s": 0.5, "node_timeout_s": 3, "checkpoint_sync_s": 0.5,
-                                "mongo_url": servers.get("mongo_url"), **settings})
-    stack = Stack(settings, extra_env={"TRAINMASTER_MODEL_DIR": str(models_dir()), "TRAINMASTER_WEBHOOK_ALLOW_HOSTS":
-                                       "127.0.0.1",  # the tests' local webhook receivers
-                                       "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
-                                       "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
-                                       "TRAINMASTER_BUDGET_CHECK_S": "1",  # budgets checked each second, not each 5
-                                       **(extra_env or {})})
+    settings = StackSettings(
+        **{
+            "data_dir": data,
+            "nats_port": free_port(),
+            "api_port": free_port(),
+            "cluster_file": data / "cluster.toml",
+            "admin_token": ADMIN_TOKEN,
+            "heartbeat_interval_s": 0.5,
+            "node_timeout_s": 3,
+            "checkpoint_sync_s": 0.5,
+            "mongo_url": servers.get("mongo_url"),
+            **settings,
+        }
+    )
+    stack = Stack(
+        settings,
+        extra_env={
+            "TRAINMASTER_MODEL_DIR": str(models_dir()),
+            "TRAINMASTER_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",  # the tests' local webhook receivers
+            "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
+            "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
+            "TRAINMASTER_BUDGET_CHECK_S": "1",  # budgets checked each second, not each 5
+            **(extra_env or {}),
+        },
+    )
     try:
         stack.start_all()
         wait_until_ready(stack)

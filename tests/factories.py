@@ -1,4 +1,5 @@
 """Keyword-argument factories for test data, with unique names per call."""
+
 import itertools
 import uuid
 from datetime import UTC, datetime
@@ -18,70 +19,180 @@ def unique(prefix: str = "job") -> str:
 
 def job_body(*, name: str | None = None, command: str = "true", validate: bool = False, **spec: Any) -> dict[str, Any]:
     """A POST /v2/{project}/training-jobs body."""
-    resource = {k: spec.pop(k) for k in list(spec) if k in ("node_count", "gpu_count", "min_gpu_memory_gb",
-                                                            "cpu_count", "memory_gb", "flavor_id", "pool_id")}
-    placement = {k: spec.pop(k) for k in list(spec) if k in ("allowed", "priority", "expected_duration_s",
-                                                             "gpu_models", "max_price_per_hour", "deadline",
-                                                             "checkpoint_interval_s")}
+    resource = {
+        k: spec.pop(k)
+        for k in list(spec)
+        if k in ("node_count", "gpu_count", "min_gpu_memory_gb", "cpu_count", "memory_gb", "flavor_id", "pool_id")
+    }
+    placement = {
+        k: spec.pop(k)
+        for k in list(spec)
+        if k
+        in (
+            "allowed",
+            "priority",
+            "expected_duration_s",
+            "gpu_models",
+            "max_price_per_hour",
+            "deadline",
+            "checkpoint_interval_s",
+        )
+    }
     algorithm = {k: spec.pop(k) for k in list(spec) if k in ("engine", "code_dir", "boot_file", "inputs", "outputs")}
     metrics = spec.pop("metrics", [])
-    body = {"kind": "job", "metadata": {"name": unique() if name is None else name},
-            "algorithm": {"command": command, "metrics": metrics, "environments": spec.pop("environments", {}),
-                          "parameters": spec.pop("parameters", []), **algorithm},
-            "spec": {"resource": resource, "placement": placement, **spec}}
+    body = {
+        "kind": "job",
+        "metadata": {"name": unique() if name is None else name},
+        "algorithm": {
+            "command": command,
+            "metrics": metrics,
+            "environments": spec.pop("environments", {}),
+            "parameters": spec.pop("parameters", []),
+            **algorithm,
+        },
+        "spec": {"resource": resource, "placement": placement, **spec},
+    }
     if validate:
         JobCreate.model_validate(body)
     return body
 
 
-def submitted(*, job_id: str | None = None, command: str = "true", node_count: int = 1,
-              created: datetime = T0, **spec: Any) -> JobSubmitted:
+def submitted(
+    *, job_id: str | None = None, command: str = "true", node_count: int = 1, created: datetime = T0, **spec: Any
+) -> JobSubmitted:
     job_id = job_id or unique()
     body = JobCreate.model_validate(job_body(command=command, node_count=node_count, **spec))
-    return JobSubmitted(event_id=f"{job_id}:submitted", job_id=job_id, project_id="p", user_name="alice",
-                        name=job_id, algorithm=body.algorithm, spec=body.spec, create_time=created)
+    return JobSubmitted(
+        event_id=f"{job_id}:submitted",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        name=job_id,
+        algorithm=body.algorithm,
+        spec=body.spec,
+        create_time=created,
+    )
 
 
-def placed(job_id: str, *, attempt: int = 1, nodes: tuple[str, ...] = ("n1",), command: str = "true",
-           price: float | None = 1.0, kind: str = "local", gpus: int = 1, node_gpus: int = 0,
-           gpu_tflops: float | None = None, gpu_indices: tuple[int, ...] = (),
-           gpu_memory_gb: float = 0) -> JobPlaced:
+def placed(
+    job_id: str,
+    *,
+    attempt: int = 1,
+    nodes: tuple[str, ...] = ("n1",),
+    command: str = "true",
+    price: float | None = 1.0,
+    kind: str = "local",
+    gpus: int = 1,
+    node_gpus: int = 0,
+    gpu_tflops: float | None = None,
+    gpu_indices: tuple[int, ...] = (),
+    gpu_memory_gb: float = 0,
+) -> JobPlaced:
     """A placement made at T0, each rank's node at `price` per hour with `node_gpus` GPUs (0: not said), `gpus`
     per rank (`gpu_indices` given, of `gpu_memory_gb` each)."""
-    return JobPlaced(event_id=f"{job_id}:placed:{attempt}", occurred_at=T0, job_id=job_id, attempt=attempt,
-                     assignments=tuple(Assignment(rank=r, node_id=n, node_kind=kind, price_per_hour=price,
-                                                  node_gpu_count=node_gpus, gpu_indices=gpu_indices,
-                                                  gpu_memory_gb=gpu_memory_gb, gpu_tflops=gpu_tflops)
-                                       for r, n in enumerate(nodes)),
-                     launch=Launch(algorithm=algorithm(command),
-                                   spec=Spec.model_validate({"resource": {"gpu_count": gpus}})))
+    return JobPlaced(
+        event_id=f"{job_id}:placed:{attempt}",
+        occurred_at=T0,
+        job_id=job_id,
+        attempt=attempt,
+        assignments=tuple(
+            Assignment(
+                rank=r,
+                node_id=n,
+                node_kind=kind,
+                price_per_hour=price,
+                node_gpu_count=node_gpus,
+                gpu_indices=gpu_indices,
+                gpu_memory_gb=gpu_memory_gb,
+                gpu_tflops=gpu_tflops,
+            )
+            for r, n in enumerate(nodes)
+        ),
+        launch=Launch(algorithm=algorithm(command), spec=Spec.model_validate({"resource": {"gpu_count": gpus}})),
+    )
 
 
-def chunk(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", seq: int = 0,
-          lines: tuple[str, ...] = ("hello",), last: bool = False) -> LogChunk:
+def chunk(
+    job_id: str,
+    *,
+    attempt: int = 1,
+    rank: int = 0,
+    node_id: str = "n1",
+    seq: int = 0,
+    lines: tuple[str, ...] = ("hello",),
+    last: bool = False,
+) -> LogChunk:
     """A chunk of a task's output as the agent of `node_id` ships it."""
-    return LogChunk(event_id=f"{job_id}:{attempt}:{rank}:{node_id}:log:{seq}", job_id=job_id, attempt=attempt,
-                    rank=rank, node_id=node_id, seq=seq, lines=tuple(LogLine(t=float(seq), line=x) for x in lines),
-                    last=last)
+    return LogChunk(
+        event_id=f"{job_id}:{attempt}:{rank}:{node_id}:log:{seq}",
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        node_id=node_id,
+        seq=seq,
+        lines=tuple(LogLine(t=float(seq), line=x) for x in lines),
+        last=last,
+    )
 
 
 def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", at: datetime = T0) -> TaskStarted:
-    return TaskStarted(event_id=f"{job_id}:{attempt}:{rank}:started", job_id=job_id, attempt=attempt, rank=rank,
-                       node_id=node_id, node_kind="local", price_per_hour=1.0, gpu_count=1, project_id="p",
-                       user_name="alice", pid=123, started_at=at)
+    return TaskStarted(
+        event_id=f"{job_id}:{attempt}:{rank}:started",
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        node_id=node_id,
+        node_kind="local",
+        price_per_hour=1.0,
+        gpu_count=1,
+        project_id="p",
+        user_name="alice",
+        pid=123,
+        started_at=at,
+    )
 
 
-def exited(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1", code: int | None = 0,
-           reason: str = "completed", at: datetime = T0) -> TaskExited:
-    return TaskExited(event_id=f"{job_id}:{attempt}:{rank}:exited", job_id=job_id, attempt=attempt, rank=rank,
-                      node_id=node_id, exit_code=code, reason=reason, ended_at=at)
+def exited(
+    job_id: str,
+    *,
+    attempt: int = 1,
+    rank: int = 0,
+    node_id: str = "n1",
+    code: int | None = 0,
+    reason: str = "completed",
+    at: datetime = T0,
+) -> TaskExited:
+    return TaskExited(
+        event_id=f"{job_id}:{attempt}:{rank}:exited",
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        node_id=node_id,
+        exit_code=code,
+        reason=reason,
+        ended_at=at,
+    )
 
 
-def node(*, node_id: str | None = None, kind: str = "local", gpus: int = 1, gpu_memory_gb: float = 24,
-         tflops: float = 100, cpu: float = 8, memory_gb: float = 32, price: float = 1.0) -> NodeInfo:
-    return NodeInfo(node_id=node_id or unique("node"), kind=kind, cpu_count=cpu, memory_gb=memory_gb,
-                    price_per_hour=price, gpus=tuple(Gpu(index=i, model="GPU", memory_gb=gpu_memory_gb,
-                                                         tflops=tflops) for i in range(gpus)))
+def node(
+    *,
+    node_id: str | None = None,
+    kind: str = "local",
+    gpus: int = 1,
+    gpu_memory_gb: float = 24,
+    tflops: float = 100,
+    cpu: float = 8,
+    memory_gb: float = 32,
+    price: float = 1.0,
+) -> NodeInfo:
+    return NodeInfo(
+        node_id=node_id or unique("node"),
+        kind=kind,
+        cpu_count=cpu,
+        memory_gb=memory_gb,
+        price_per_hour=price,
+        gpus=tuple(Gpu(index=i, model="GPU", memory_gb=gpu_memory_gb, tflops=tflops) for i in range(gpus)),
+    )
 
 
 def algorithm(command: str = "true") -> Algorithm:

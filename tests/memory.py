@@ -1,4 +1,5 @@
 """An in-memory twin of the few collection operations the services use, for handler tests in milliseconds."""
+
 import copy
 from types import SimpleNamespace
 from typing import Any
@@ -26,12 +27,15 @@ def _matches(doc: dict, query: dict) -> bool:
         flat = values + [v for value in values if isinstance(value, list) for v in value]
         if isinstance(condition, dict) and any(k.startswith("$") for k in condition):
             for op, arg in condition.items():
-                checks = {"$gt": lambda v, arg=arg: v is not None and v > arg,
-                          "$lt": lambda v, arg=arg: v is not None and v < arg,
-                          "$gte": lambda v, arg=arg: v is not None and v >= arg,
-                          "$lte": lambda v, arg=arg: v is not None and v <= arg,
-                          "$in": lambda v, arg=arg: v in arg,
-                          "$ne": lambda v, arg=arg: v != arg, "$nin": lambda v, arg=arg: v not in arg}
+                checks = {
+                    "$gt": lambda v, arg=arg: v is not None and v > arg,
+                    "$lt": lambda v, arg=arg: v is not None and v < arg,
+                    "$gte": lambda v, arg=arg: v is not None and v >= arg,
+                    "$lte": lambda v, arg=arg: v is not None and v <= arg,
+                    "$in": lambda v, arg=arg: v in arg,
+                    "$ne": lambda v, arg=arg: v != arg,
+                    "$nin": lambda v, arg=arg: v not in arg,
+                }
                 if op == "$exists":
                     if bool(values) != arg:
                         return False
@@ -144,8 +148,14 @@ class MemoryCollection:
             current[key] = [item for item in current.get(key, []) if not _matches(item, condition)]
         return Result(1)
 
-    async def find_one_and_update(self, query: dict, update: dict, projection: dict | None = None,
-                                  upsert: bool = False, return_document: bool = False) -> dict | None:
+    async def find_one_and_update(
+        self,
+        query: dict,
+        update: dict,
+        projection: dict | None = None,
+        upsert: bool = False,
+        return_document: bool = False,
+    ) -> dict | None:
         """`return_document`: pymongo's ReturnDocument.AFTER is True, BEFORE False."""
         before = next((copy.deepcopy(d) for d in self.docs.values() if _matches(d, query)), None)
         if before is None and not upsert:

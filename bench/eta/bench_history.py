@@ -35,12 +35,19 @@ def main(argv=None) -> int:
         model.save(path)
         size_kb = path.stat().st_size / 1024
         HistoryPredictor.load(path)
-    print(json.dumps({
-        "runs": len(runs), "load_corpus_s": round(t1 - t0, 2),
-        "train_mlp_s": round(t2 - t1, 2), "train_with_calibration_s": round(t3 - t2, 2),
-        "predict_ms": round((t4 - t3) / len(feats) * 1000, 3), "model_kb": round(size_kb, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    }))
+    print(
+        json.dumps(
+            {
+                "runs": len(runs),
+                "load_corpus_s": round(t1 - t0, 2),
+                "train_mlp_s": round(t2 - t1, 2),
+                "train_with_calibration_s": round(t3 - t2, 2),
+                "predict_ms": round((t4 - t3) / len(feats) * 1000, 3),
+                "model_kb": round(size_kb, 1),
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            }
+        )
+    )
     return 0
 
 

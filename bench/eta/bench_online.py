@@ -16,10 +16,17 @@ from services.estimator.model.evalunits import EvalUnits
 def run_job(*, updates: int, eval_every: int, with_target: bool, unseen: bool = False) -> list[float]:
     """One synthetic job: progress every update, a metric value every `eval_every` updates; `unseen`: of a benchmark
     the history never trained on (its work in evaluation units, v3.1's learned figures)."""
-    prior = HistoryPrior(duration_s=updates * 1.2, duration_low_s=updates, duration_high_s=updates * 1.5,
-                         work=updates * 100.0, work_low=updates * 90.0, work_high=updates * 110.0,
-                         benchmark="newbench" if unseen else "bert", seen=not unseen,
-                         eval_units=EvalUnits(ratio=(1.3, 14.6, 47.1), steps=(1.0, 13.2, 53.1)))
+    prior = HistoryPrior(
+        duration_s=updates * 1.2,
+        duration_low_s=updates,
+        duration_high_s=updates * 1.5,
+        work=updates * 100.0,
+        work_low=updates * 90.0,
+        work_high=updates * 110.0,
+        benchmark="newbench" if unseen else "bert",
+        seen=not unseen,
+        eval_units=EvalUnits(ratio=(1.3, 14.6, 47.1), steps=(1.0, 13.2, 53.1)),
+    )
     est = OnlineEstimator(target=0.72 if with_target else None, mode="max", prior=prior)
     costs = []
     for i in range(1, updates + 1):
@@ -56,19 +63,25 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=20)
     ap.add_argument("--updates", type=int, default=2000, help="updates per job")
     ap.add_argument("--eval-every", type=int, default=20, help="updates between metric values")
-    ap.add_argument("--own-jobs", action="store_true",
-                    help="researchers' own jobs through JobModel (declared target, no history) instead")
+    ap.add_argument(
+        "--own-jobs",
+        action="store_true",
+        help="researchers' own jobs through JobModel (declared target, no history) instead",
+    )
     ap.add_argument("--unseen", action="store_true", help="jobs of a benchmark the history never trained on")
     args = ap.parse_args(argv)
     costs = []
     started = time.perf_counter()
     for j in range(args.jobs):
-        costs += (run_own_job(updates=args.updates) if args.own_jobs else
-                  run_job(updates=args.updates, eval_every=args.eval_every, with_target=j % 4 != 3,
-                          unseen=args.unseen))
+        costs += (
+            run_own_job(updates=args.updates)
+            if args.own_jobs
+            else run_job(updates=args.updates, eval_every=args.eval_every, with_target=j % 4 != 3, unseen=args.unseen)
+        )
     costs.sort()
     report = {
-        "path": "own-jobs" if args.own_jobs else "online-unseen" if args.unseen else "online", "updates": len(costs),
+        "path": "own-jobs" if args.own_jobs else "online-unseen" if args.unseen else "online",
+        "updates": len(costs),
         "mean_ms": round(statistics.fmean(costs), 4),
         "p50_ms": round(costs[len(costs) // 2], 4),
         "p99_ms": round(costs[int(len(costs) * 0.99)], 4),

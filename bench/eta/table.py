@@ -1,6 +1,6 @@
 """Markdown tables of a `trainmaster-eta-eval` report, as the README quotes them.
 
-    python -m bench.eta.table bench/eta/results/eval-round-v3.1-v4.0.json [--benchmarks]
+python -m bench.eta.table bench/eta/results/eval-round-v3.1-v4.0.json [--benchmarks]
 """
 
 from __future__ import annotations
@@ -17,14 +17,18 @@ def _pct(value) -> str:
 def _line(label: str, cut: str, s: dict) -> str:
     if not s.get("n"):
         return f"| {label} | {cut} | 0 / {s.get('n_total', 0)} | — | — | {_pct(s.get('within_20pct', 0.0))} | — |"
-    return (f"| {label} | {cut} | {s['n']} / {s['n_total']} | {_pct(s['median_ape'])} | {_pct(s['mape'])} | "
-            f"{_pct(s['within_20pct'])} | {_pct(s.get('coverage_10_90'))} |")
+    return (
+        f"| {label} | {cut} | {s['n']} / {s['n_total']} | {_pct(s['median_ape'])} | {_pct(s['mape'])} | "
+        f"{_pct(s['within_20pct'])} | {_pct(s.get('coverage_10_90'))} |"
+    )
 
 
 def groups_table(report: dict, methods: list[str]) -> str:
     """Every cut of each method: all runs, then seen and unseen benchmarks, then new accelerators."""
-    rows = ["| method, runs | cut | scored / total | median error | MAPE | within ±20% | 10–90% coverage |",
-            "|---|---|---:|---:|---:|---:|---:|"]
+    rows = [
+        "| method, runs | cut | scored / total | median error | MAPE | within ±20% | 10–90% coverage |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for method in methods:
         entry = report["methods"][method]
         for group in ("all", "seen", "unseen", "new_accelerator"):

@@ -5,6 +5,7 @@ runs each fleet size on its own fresh stack and prints a Markdown table (`make b
 1,000 nodes, 30 s, 100 jobs). Each run is bounded: registration and readiness (`--ready-timeout`), the steady
 window (`--seconds`), the job burst (`--jobs-timeout`).
 """
+
 import argparse
 import asyncio
 import json
@@ -17,23 +18,43 @@ from pathlib import Path
 
 from bench.scale.run import measure, start_stack
 
-COLUMNS = (("nodes", "nodes"), ("nodes_ready", "ready"), ("all_ready_s", "all ready after (s)"),
-           ("false_lost", "false losses"), ("heartbeat_interval_announced_s", "heartbeat interval told (s)"),
-           ("max_lag", "max lag (msgs)"),
-           ("nodes_limit100_p95_ms", "GET /v2/nodes?limit=100 p95 (ms)"), ("jobs_completed", "jobs done"),
-           ("jobs_per_s", "jobs/s"), ("submit_to_running_p50_s", "submit→Running p50 (s)"),
-           ("submit_to_running_p95_s", "p95 (s)"), ("monitor_cpu", "monitor CPU %"), ("monitor_rss", "monitor RSS MB"),
-           ("nats_cpu", "nats CPU %"), ("database_cpu", "database CPU %"))
+COLUMNS = (
+    ("nodes", "nodes"),
+    ("nodes_ready", "ready"),
+    ("all_ready_s", "all ready after (s)"),
+    ("false_lost", "false losses"),
+    ("heartbeat_interval_announced_s", "heartbeat interval told (s)"),
+    ("max_lag", "max lag (msgs)"),
+    ("nodes_limit100_p95_ms", "GET /v2/nodes?limit=100 p95 (ms)"),
+    ("jobs_completed", "jobs done"),
+    ("jobs_per_s", "jobs/s"),
+    ("submit_to_running_p50_s", "submit→Running p50 (s)"),
+    ("submit_to_running_p95_s", "p95 (s)"),
+    ("monitor_cpu", "monitor CPU %"),
+    ("monitor_rss", "monitor RSS MB"),
+    ("nats_cpu", "nats CPU %"),
+    ("database_cpu", "database CPU %"),
+)
 
 
 def one(args: argparse.Namespace, nodes: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="tm-scale-") as tmp:
-        stack = start_stack(Path(tmp), interval_s=args.interval, timeout_s=args.timeout, nodes=nodes,
-                            count_commands=args.count_commands)
+        stack = start_stack(
+            Path(tmp), interval_s=args.interval, timeout_s=args.timeout, nodes=nodes, count_commands=args.count_commands
+        )
         try:
-            return asyncio.run(measure(stack, nodes=nodes, seconds=args.seconds, jobs=args.jobs,
-                                       interval_s=args.interval, task_s=args.task_s,
-                                       ready_timeout_s=args.ready_timeout, jobs_timeout_s=args.jobs_timeout))
+            return asyncio.run(
+                measure(
+                    stack,
+                    nodes=nodes,
+                    seconds=args.seconds,
+                    jobs=args.jobs,
+                    interval_s=args.interval,
+                    task_s=args.task_s,
+                    ready_timeout_s=args.ready_timeout,
+                    jobs_timeout_s=args.jobs_timeout,
+                )
+            )
         finally:
             stack.stop_all()
             if args.logs:
@@ -47,9 +68,13 @@ def database_cpu(cpu: dict) -> float | None:
 
 
 def row(result: dict) -> str:
-    flat = {**result, "monitor_cpu": result["cpu_percent_steady"].get("monitor"),
-            "monitor_rss": result["peak_rss_mb"].get("monitor"), "nats_cpu": result["cpu_percent_steady"].get("nats"),
-            "database_cpu": database_cpu(result["cpu_percent_steady"])}
+    flat = {
+        **result,
+        "monitor_cpu": result["cpu_percent_steady"].get("monitor"),
+        "monitor_rss": result["peak_rss_mb"].get("monitor"),
+        "nats_cpu": result["cpu_percent_steady"].get("nats"),
+        "database_cpu": database_cpu(result["cpu_percent_steady"]),
+    }
     return "| " + " | ".join("—" if flat.get(k) is None else str(flat[k]) for k, _ in COLUMNS) + " |"
 
 
@@ -67,8 +92,11 @@ def main() -> None:
     parser.add_argument("--jobs-timeout", type=float, default=300)
     parser.add_argument("--logs", default="", help="keep every process's log under this folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object (one fleet size)")
-    parser.add_argument("--count-commands", action="store_true",
-                        help="database commands per node (registration and steady window), by process")
+    parser.add_argument(
+        "--count-commands",
+        action="store_true",
+        help="database commands per node (registration and steady window), by process",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped benchmark still stops its stack
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

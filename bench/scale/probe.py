@@ -1,4 +1,5 @@
 """What the scale benchmark watches: node verdicts, consumer lag, CPU and memory per process, API latency."""
+
 import asyncio
 import json
 import os
@@ -37,8 +38,12 @@ def cpu_spent(before: dict[str, float], after: dict[str, float]) -> dict[str, fl
 
 def machine() -> dict[str, object]:
     """The cores a run had: the machine's and those this process may run on (a container or `taskset` has fewer)."""
-    return {"arch": platform.machine(), "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
-            "python": platform.python_version()}
+    return {
+        "arch": platform.machine(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)),
+        "python": platform.python_version(),
+    }
 
 
 def rss_mb(pid: int, key: str = "VmRSS") -> float:
@@ -88,8 +93,9 @@ class Watch:
 
     async def open(self) -> None:
         # the operator's own inbox: services answer only into inboxes of those that may ask them
-        self.nc = await nats.connect(servers(self.nats_url), user_credentials=str(self.creds),
-                                     inbox_prefix=busroles.inbox(busroles.OPERATOR))
+        self.nc = await nats.connect(
+            servers(self.nats_url), user_credentials=str(self.creds), inbox_prefix=busroles.inbox(busroles.OPERATOR)
+        )
         self.js = self.nc.jetstream()
 
         async def on_state(msg) -> None:

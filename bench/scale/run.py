@@ -1,4 +1,5 @@
 """One scale run: a fresh stack without agents, N simulated nodes, a steady window, then a burst of jobs."""
+
 import asyncio
 import logging
 import os
@@ -26,15 +27,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_stack(data: Path, *, interval_s: float, timeout_s: float, nodes: int = 0,
-                count_commands: bool = False) -> Stack:
+def start_stack(
+    data: Path, *, interval_s: float, timeout_s: float, nodes: int = 0, count_commands: bool = False
+) -> Stack:
     """NATS, the database and the five services; no agent (the simulated fleet of `nodes` is the only one, each a
     record of the cluster file). `count_commands`: each process counts its database commands
     (`shared.store.CommandCounts`)."""
     (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n" + cluster_records(nodes))
-    stack = Stack(StackSettings(data_dir=data / "data", nats_port=free_port(), api_port=free_port(),
-                                cluster_file=data / "cluster.toml", admin_token=TOKEN, mongo_url=None,
-                                log_level="WARNING", heartbeat_interval_s=interval_s, node_timeout_s=timeout_s))
+    stack = Stack(
+        StackSettings(
+            data_dir=data / "data",
+            nats_port=free_port(),
+            api_port=free_port(),
+            cluster_file=data / "cluster.toml",
+            admin_token=TOKEN,
+            mongo_url=None,
+            log_level="WARNING",
+            heartbeat_interval_s=interval_s,
+            node_timeout_s=timeout_s,
+        )
+    )
     # no-op jobs need no history model: without the MLPerf logs the estimator trains none, and the minutes of CPU a
     # fresh stack's first training takes are not the control plane's
     stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
@@ -93,8 +105,11 @@ async def burst(api: httpx.AsyncClient, *, jobs: int, clients: int, timeout_s: f
     async def client() -> None:
         while not queue.empty() and time.perf_counter() - started < timeout_s:
             i = queue.get_nowait()
-            body = {"metadata": {"name": f"scale-{i}"}, "algorithm": {"command": "true"},
-                    "spec": {"resource": {"gpu_count": 1, "cpu_count": 1, "memory_gb": 1}}}
+            body = {
+                "metadata": {"name": f"scale-{i}"},
+                "algorithm": {"command": "true"},
+                "spec": {"resource": {"gpu_count": 1, "cpu_count": 1, "memory_gb": 1}},
+            }
             (await api.post(f"/v2/{PROJECT}/training-jobs", json=body)).raise_for_status()
             submitted.append(i)
 
@@ -102,8 +117,11 @@ async def burst(api: httpx.AsyncClient, *, jobs: int, clients: int, timeout_s: f
     await asyncio.gather(*(client() for _ in range(clients)))
     accept_s = time.perf_counter() - started
     while time.perf_counter() - started < timeout_s:
-        page = (await api.get(f"/v2/{PROJECT}/training-jobs",
-                              params={"limit": 1, "phase": ["Pending", "Creating", "Running"]})).json()
+        page = (
+            await api.get(
+                f"/v2/{PROJECT}/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating", "Running"]}
+            )
+        ).json()
         if page["total"] == 0:
             break
         await asyncio.sleep(0.5)
@@ -112,30 +130,47 @@ async def burst(api: httpx.AsyncClient, *, jobs: int, clients: int, timeout_s: f
     for offset in range(0, jobs, 500):
         page = await api.get(f"/v2/{PROJECT}/training-jobs", params={"limit": 500, "offset": offset})
         items += page.json()["items"]
-    latencies = [(j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000 for j in items
-                 if j["status"].get("start_time")]
+    latencies = [
+        (j["status"]["start_time"] - j["metadata"]["create_time"]) / 1000
+        for j in items
+        if j["status"].get("start_time")
+    ]
     # Where the wait is: before placement decides (the queue), or between the decision and the task's start.
     first = [(j["metadata"]["create_time"], j["status"]["attempts"][0]) for j in items if j["status"].get("attempts")]
     to_placed = [(a["placed_at"] - created) / 1000 for created, a in first]
     placed_to_running = [(a["start_time"] - a["placed_at"]) / 1000 for _, a in first if a.get("start_time")]
     completed = sum(j["status"]["phase"] == "Completed" for j in items)
-    return {"jobs": jobs, "jobs_submitted": len(submitted), "jobs_completed": completed,
-            "accepted_per_s": round(len(submitted) / accept_s, 1),
-            "jobs_per_s": round(completed / finish_s, 2), "burst_s": round(finish_s, 1),
-            "submit_to_running_p50_s": _round(percentile(latencies, 0.5)),
-            "submit_to_running_p95_s": _round(percentile(latencies, 0.95)),
-            "submit_to_placed_p50_s": _round(percentile(to_placed, 0.5)),
-            "submit_to_placed_p95_s": _round(percentile(to_placed, 0.95)),
-            "placed_to_running_p50_s": _round(percentile(placed_to_running, 0.5)),
-            "placed_to_running_p95_s": _round(percentile(placed_to_running, 0.95))}
+    return {
+        "jobs": jobs,
+        "jobs_submitted": len(submitted),
+        "jobs_completed": completed,
+        "accepted_per_s": round(len(submitted) / accept_s, 1),
+        "jobs_per_s": round(completed / finish_s, 2),
+        "burst_s": round(finish_s, 1),
+        "submit_to_running_p50_s": _round(percentile(latencies, 0.5)),
+        "submit_to_running_p95_s": _round(percentile(latencies, 0.95)),
+        "submit_to_placed_p50_s": _round(percentile(to_placed, 0.5)),
+        "submit_to_placed_p95_s": _round(percentile(to_placed, 0.95)),
+        "placed_to_running_p50_s": _round(percentile(placed_to_running, 0.5)),
+        "placed_to_running_p95_s": _round(percentile(placed_to_running, 0.95)),
+    }
 
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
-async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interval_s: float, task_s: float,
-                  ready_timeout_s: float, jobs_timeout_s: float) -> dict:
+async def measure(
+    stack: Stack,
+    *,
+    nodes: int,
+    seconds: float,
+    jobs: int,
+    interval_s: float,
+    task_s: float,
+    ready_timeout_s: float,
+    jobs_timeout_s: float,
+) -> dict:
     creds = bench_creds(stack)
     output = stack.data_dir / "sim-output"
     output.mkdir(exist_ok=True)
@@ -162,8 +197,12 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
             latency, latency_failed = await nodes_latency(api, samples=20, spread_s=seconds)
             steady_cpu = cpu.percent()
             counted = await command_counts(stack)
-            log.info("steady window over: %d heartbeats sent, %d nodes lost, monitor %s",
-                     sum(a.heartbeats for a in fleet.agents.values()), len(watch.lost), watch.monitor_details)
+            log.info(
+                "steady window over: %d heartbeats sent, %d nodes lost, monitor %s",
+                sum(a.heartbeats for a in fleet.agents.values()),
+                len(watch.lost),
+                watch.monitor_details,
+            )
             states = await node_states(api)
             if jobs:
                 await history_model_trained(api)  # a fresh stack's first training would share the burst's CPU
@@ -183,29 +222,46 @@ async def measure(stack: Stack, *, nodes: int, seconds: float, jobs: int, interv
     cpu_over_run = cpu_spent(cpu_at_start, cpu_seconds(pids))
     ready = sum(states.get(n) in ("ready", "busy") for n in sims)
     timeout_s = max(stack.settings.node_timeout_s, fleet.pace.timeout_s or 0.0)  # as announced for the fleet
-    false = [(n, at) for n, at in lost if n in fleet.agents
-             and fleet.spoke_within(n, start=at - timeout_s + 1.0, end=at - 1.0)]
+    false = [
+        (n, at)
+        for n, at in lost
+        if n in fleet.agents and fleet.spoke_within(n, start=at - timeout_s + 1.0, end=at - 1.0)
+    ]
     return {
-        "nodes": nodes, "seconds": seconds, "heartbeat_interval_s": interval_s,
-        "heartbeat_interval_announced_s": fleet.pace.interval_s, "node_timeout_announced_s": fleet.pace.timeout_s,
-        "nodes_ready": ready, "all_ready_s": round(all_ready_s, 1) if ready == nodes else None,
+        "nodes": nodes,
+        "seconds": seconds,
+        "heartbeat_interval_s": interval_s,
+        "heartbeat_interval_announced_s": fleet.pace.interval_s,
+        "node_timeout_announced_s": fleet.pace.timeout_s,
+        "nodes_ready": ready,
+        "all_ready_s": round(all_ready_s, 1) if ready == nodes else None,
         # A loss is false when the node was speaking: the bench sent one of its heartbeats within the node timeout
         # before the loss was announced (less a second for the heartbeat to arrive). A node the bench itself left
         # silent that long (its own send lag) is lost for real.
-        "false_lost": len(false), "false_lost_nodes": len({n for n, _ in false}),
+        "false_lost": len(false),
+        "false_lost_nodes": len({n for n, _ in false}),
         "lost_while_silent": len(lost) - len(false),
         "max_lag": max([*watch.max_lag.values(), watch.heartbeat_backlog_max], default=0),
-        "lag_by_consumer": watch.max_lag, "heartbeat_backlog_max": watch.heartbeat_backlog_max,
+        "lag_by_consumer": watch.max_lag,
+        "heartbeat_backlog_max": watch.heartbeat_backlog_max,
         "bench_send_lag_max_s": round(fleet.send_lag_max_s, 3),
-        "heartbeats_sent": sum(a.heartbeats for a in fleet.agents.values()), "monitor_health": watch.monitor_details,
+        "heartbeats_sent": sum(a.heartbeats for a in fleet.agents.values()),
+        "monitor_health": watch.monitor_details,
         "nodes_limit100_p50_ms": _round(1000 * percentile(latency, 0.5)) if latency else None,
         "nodes_limit100_p95_ms": _round(1000 * percentile(latency, 0.95)) if latency else None,
         "nodes_limit100_failed": latency_failed,
         **({"jobs": 0, "jobs_completed": 0, "jobs_per_s": None, "submit_to_running_p95_s": None} | result),
         "cpu_percent_steady": steady_cpu,
         "cpu_s_over_run": cpu_over_run,
-        **({"db_commands_per_node_registered": {name: round(sum(c.values()) / nodes, 2)
-                                                for name, c in sorted(counted.items())}} if counted else {}),
+        **(
+            {
+                "db_commands_per_node_registered": {
+                    name: round(sum(c.values()) / nodes, 2) for name, c in sorted(counted.items())
+                }
+            }
+            if counted
+            else {}
+        ),
         "rss_mb": {name: rss_mb(pid) for name, pid in pids.items()},
         "peak_rss_mb": {name: rss_mb(pid, "VmHWM") for name, pid in pids.items()},
         "machine": machine(),

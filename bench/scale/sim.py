@@ -5,6 +5,7 @@ Each simulated node borrows the agent's methods, so what reaches the bus is byte
 only the task is simulated: a start command is answered with `started`, one output line shipped by the agent's
 `LogShipper`, then `exited` (code 0) after `task_s`.
 """
+
 import asyncio
 import bisect
 import logging
@@ -38,9 +39,17 @@ COMMAND = TypeAdapter(NodeCommand)
 def permissions() -> Permissions:
     """The bench's own identity, minted by the bench only: it speaks for every node (as each node's agent may for
     its own) and reads every node's commands through one consumer of its own."""
-    return Permissions(publish=("tm.node.evt.*.registered", "tm.node.evt.*.heartbeat", "tm.job.task.*.>", "tm.log.*.*",
-                                *busroles.reads(IDENTITY, COMMANDS)),
-                       subscribe=(NODE_CADENCE,), inbox=busroles.inbox(IDENTITY))
+    return Permissions(
+        publish=(
+            "tm.node.evt.*.registered",
+            "tm.node.evt.*.heartbeat",
+            "tm.job.task.*.>",
+            "tm.log.*.*",
+            *busroles.reads(IDENTITY, COMMANDS),
+        ),
+        subscribe=(NODE_CADENCE,),
+        inbox=busroles.inbox(IDENTITY),
+    )
 
 
 @dataclass
@@ -73,18 +82,26 @@ class SimAgent:
 
 
 def sim_node(i: int, *, gpus: int) -> NodeInfo:
-    return NodeInfo(node_id=f"sim-{i:05d}", kind="local", cpu_count=64, memory_gb=512, price_per_hour=1.0,
-                    labels={"pool": "default"},
-                    gpus=tuple(Gpu(index=g, model="SIM-GPU", memory_gb=80, tflops=300) for g in range(gpus)))
+    return NodeInfo(
+        node_id=f"sim-{i:05d}",
+        kind="local",
+        cpu_count=64,
+        memory_gb=512,
+        price_per_hour=1.0,
+        labels={"pool": "default"},
+        gpus=tuple(Gpu(index=g, model="SIM-GPU", memory_gb=80, tflops=300) for g in range(gpus)),
+    )
 
 
 def cluster_records(nodes: int, *, gpus: int = 8) -> str:
     """The simulated nodes as cluster-file records (`agent = false`: the stack starts no agent for them), so that
     the services take their registrations as they do a real static node's."""
-    return "".join(f'[[nodes]]\nid = "sim-{i:05d}"\nagent = false\nkind = "local"\ncpu_count = 64\n'
-                   f'memory_gb = 512\nprice_per_hour = 1.0\n'
-                   f'gpus = [{{ model = "SIM-GPU", memory_gb = 80, tflops = 300, count = {gpus} }}]\n\n'
-                   for i in range(nodes))
+    return "".join(
+        f'[[nodes]]\nid = "sim-{i:05d}"\nagent = false\nkind = "local"\ncpu_count = 64\n'
+        f"memory_gb = 512\nprice_per_hour = 1.0\n"
+        f'gpus = [{{ model = "SIM-GPU", memory_gb = 80, tflops = 300, count = {gpus} }}]\n\n'
+        for i in range(nodes)
+    )
 
 
 @dataclass
@@ -104,8 +121,9 @@ class SimFleet:
     async def open(self) -> None:
         self.broker = make_broker(self.nats_url, name=IDENTITY, creds=self.creds)
         await connect(self.broker, declare=False)
-        self.agents = {n.node_id: SimAgent(n, self.broker) for n in (sim_node(i, gpus=self.gpus)
-                                                                      for i in range(self.nodes))}
+        self.agents = {
+            n.node_id: SimAgent(n, self.broker) for n in (sim_node(i, gpus=self.gpus) for i in range(self.nodes))
+        }
         # as every agent does: heartbeat at the interval the monitor announces for the fleet's size
         self.pace = Pace(self.interval_s)
 
@@ -151,12 +169,19 @@ class SimFleet:
     async def answer_commands(self) -> None:
         """Start commands of every simulated node through the bench's own consumer: started, then exited."""
         js = self.broker.config.connection_state.stream
-        config = ConsumerConfig(name=IDENTITY, durable_name=IDENTITY, filter_subject=COMMANDS,
-                                ack_policy=AckPolicy.EXPLICIT, deliver_policy=DeliverPolicy.NEW,
-                                max_ack_pending=10_000, ack_wait=30)
+        config = ConsumerConfig(
+            name=IDENTITY,
+            durable_name=IDENTITY,
+            filter_subject=COMMANDS,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.NEW,
+            max_ack_pending=10_000,
+            ack_wait=30,
+        )
         await js.add_consumer(NODE_COMMANDS.name, config=config)
-        sub = await js.pull_subscribe_bind(durable=IDENTITY, stream=NODE_COMMANDS.name,
-                                           inbox_prefix=f"{busroles.inbox(IDENTITY)}.".encode())
+        sub = await js.pull_subscribe_bind(
+            durable=IDENTITY, stream=NODE_COMMANDS.name, inbox_prefix=f"{busroles.inbox(IDENTITY)}.".encode()
+        )
         running: set[asyncio.Task] = set()
         while True:
             try:
@@ -176,9 +201,14 @@ class SimFleet:
         key = f"{command.job_id}:{command.attempt}:{command.rank}"
         task = SimTask(start=command)
         agent.tasks[key] = task
-        shipper = LogShipper(job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                             node_id=agent.node.node_id, path=self.output_dir / f"{key.replace(':', '-')}.log",
-                             publish=agent.publish_reliably)
+        shipper = LogShipper(
+            job_id=command.job_id,
+            attempt=command.attempt,
+            rank=command.rank,
+            node_id=agent.node.node_id,
+            path=self.output_dir / f"{key.replace(':', '-')}.log",
+            publish=agent.publish_reliably,
+        )
         await agent.publish_reliably(agent._started_event(task))
         self.started += 1
         shipper.add(LogLine(t=time.time(), s="out", line="simulated task"))

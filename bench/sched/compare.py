@@ -2,6 +2,7 @@
 
 Usage: PYTHONPATH=. python bench/sched/compare.py --pods PODS.csv --nodes NODES.csv [--local N --reserved M]
 """
+
 import argparse
 import json
 import sys

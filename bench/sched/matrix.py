@@ -3,6 +3,7 @@
 Usage: PYTHONPATH=. python bench/sched/matrix.py --data ../shared/data/alibaba-gpu-v2023 [--quick] [--workers 2]
 Cells already in `--cache` (JSON lines) are not run again, so an interrupted run resumes.
 """
+
 import argparse
 import json
 import sys
@@ -24,8 +25,9 @@ MAX_WORKERS = 2  # the VM has two cores shared with everything else
 
 
 def variants(data: Path) -> list[str]:
-    return sorted(p.name.removeprefix("openb_pod_list_").removesuffix(".csv")
-                  for p in data.glob("openb_pod_list_*.csv"))
+    return sorted(
+        p.name.removeprefix("openb_pod_list_").removesuffix(".csv") for p in data.glob("openb_pod_list_*.csv")
+    )
 
 
 def runs(names: list[str], sizes, sigmas, policies=("trainmaster", SPOT, *BASELINES)) -> list[tuple]:
@@ -48,9 +50,22 @@ def _key(run: tuple) -> str:
 def _simulate(job: tuple) -> tuple[str, dict]:
     (policy, variant, local, reserved, sigma), data, extra = job
     spot = ["--spot"] if policy == SPOT else []
-    argv = ["--pods", str(data / f"openb_pod_list_{variant}.csv"), "--nodes",
-            str(data / "openb_node_list_gpu_node.csv"), "--policy", policy.removesuffix("+spot"), "--local",
-            str(local), "--reserved", str(reserved), "--estimate-error", str(sigma), *spot, *extra]
+    argv = [
+        "--pods",
+        str(data / f"openb_pod_list_{variant}.csv"),
+        "--nodes",
+        str(data / "openb_node_list_gpu_node.csv"),
+        "--policy",
+        policy.removesuffix("+spot"),
+        "--local",
+        str(local),
+        "--reserved",
+        str(reserved),
+        "--estimate-error",
+        str(sigma),
+        *spot,
+        *extra,
+    ]
     return _key((policy, variant, local, reserved, sigma)), simulate(sim_parser().parse_args(argv))
 
 
@@ -59,36 +74,54 @@ def cell(results: dict[str, dict], variant: str, local: int, reserved: int, sigm
     burst = results.get(_key(("burst", variant, local, reserved, 0.0)))
     if tm is None or burst is None:
         return None
-    dollars = tm["on_demand_dollars"] / burst["on_demand_dollars"] if burst["on_demand_dollars"] else (
-        1.0 if tm["on_demand_dollars"] == 0 else float("inf"))
+    dollars = (
+        tm["on_demand_dollars"] / burst["on_demand_dollars"]
+        if burst["on_demand_dollars"]
+        else (1.0 if tm["on_demand_dollars"] == 0 else float("inf"))
+    )
     jct = tm["avg_jct_s"] / burst["avg_jct_s"]
     limit = 1.05 if sigma == 0 else 1.08
     holds = tm["on_demand_dollars"] <= burst["on_demand_dollars"] + 0.005 and jct <= limit
     tuned = variant in TUNING_VARIANTS and (local, reserved) in TUNING_SIZES
     others = {p: results.get(_key((p, variant, local, reserved, 0.0))) for p in BASELINES[1:]}
     spot = results.get(_key((SPOT, variant, local, reserved, sigma)))
-    return {"variant": variant, "size": f"{local}+{reserved}", "sigma": sigma, "tuned_on": tuned,
-            "tm_dollars": tm["on_demand_dollars"], "burst_dollars": burst["on_demand_dollars"],
-            "tm_jct_s": tm["avg_jct_s"], "burst_jct_s": burst["avg_jct_s"], "dollar_ratio": round(dollars, 3),
-            "jct_ratio": round(jct, 3), "holds": holds,
-            **{f"{p}_dollars": r["on_demand_dollars"] for p, r in others.items() if r},
-            **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r},
-            **(_spot_fields(spot, burst) if spot else {})}
+    return {
+        "variant": variant,
+        "size": f"{local}+{reserved}",
+        "sigma": sigma,
+        "tuned_on": tuned,
+        "tm_dollars": tm["on_demand_dollars"],
+        "burst_dollars": burst["on_demand_dollars"],
+        "tm_jct_s": tm["avg_jct_s"],
+        "burst_jct_s": burst["avg_jct_s"],
+        "dollar_ratio": round(dollars, 3),
+        "jct_ratio": round(jct, 3),
+        "holds": holds,
+        **{f"{p}_dollars": r["on_demand_dollars"] for p, r in others.items() if r},
+        **{f"{p}_jct_s": r["avg_jct_s"] for p, r in others.items() if r},
+        **(_spot_fields(spot, burst) if spot else {}),
+    }
 
 
 def _spot_fields(spot: dict, burst: dict) -> dict:
     """The spot column of a cell: cloud dollars (on-demand + spot) and completion against burst's."""
     dollars = spot.get("cloud_dollars", spot["on_demand_dollars"])
-    return {"spot_dollars": dollars, "spot_jct_s": spot["avg_jct_s"], "spot_interruptions": spot["spot_interruptions"],
-            "spot_jct_ratio": round(spot["avg_jct_s"] / burst["avg_jct_s"], 3),
-            "spot_dollar_ratio": round(dollars / burst["on_demand_dollars"], 3) if burst["on_demand_dollars"] else (
-                1.0 if dollars == 0 else float("inf"))}
+    return {
+        "spot_dollars": dollars,
+        "spot_jct_s": spot["avg_jct_s"],
+        "spot_interruptions": spot["spot_interruptions"],
+        "spot_jct_ratio": round(spot["avg_jct_s"] / burst["avg_jct_s"], 3),
+        "spot_dollar_ratio": round(dollars / burst["on_demand_dollars"], 3)
+        if burst["on_demand_dollars"]
+        else (1.0 if dollars == 0 else float("inf")),
+    }
 
 
 def spot_summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> dict:
     """The spot column over the chosen cells: total cloud dollars against burst's, completions within the limit."""
-    chosen = [c for c in cells if c["sigma"] == sigma and (tuned is None or c["tuned_on"] == tuned)
-              and "spot_dollars" in c]
+    chosen = [
+        c for c in cells if c["sigma"] == sigma and (tuned is None or c["tuned_on"] == tuned) and "spot_dollars" in c
+    ]
     if not chosen:
         return {}
     limit = 1.05 if sigma == 0 else 1.08
@@ -96,11 +129,18 @@ def spot_summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) 
     ratio = round(spot / burst, 3) if burst else None
     within = sum(c["spot_jct_ratio"] <= limit for c in chosen)
     worst = max(chosen, key=lambda c: c["spot_jct_ratio"])
-    return {"sigma": sigma, "cells": len(chosen), "spot_dollars": round(spot), "burst_dollars": round(burst),
-            "total_dollar_ratio": ratio, "within_completion": within, "max_jct_ratio": worst["spot_jct_ratio"],
-            "worst": f"{worst['variant']} {worst['size']}",
-            "interruptions": sum(c["spot_interruptions"] for c in chosen),
-            "goal_met": ratio is not None and ratio <= SPOT_GOAL and within == len(chosen)}
+    return {
+        "sigma": sigma,
+        "cells": len(chosen),
+        "spot_dollars": round(spot),
+        "burst_dollars": round(burst),
+        "total_dollar_ratio": ratio,
+        "within_completion": within,
+        "max_jct_ratio": worst["spot_jct_ratio"],
+        "worst": f"{worst['variant']} {worst['size']}",
+        "interruptions": sum(c["spot_interruptions"] for c in chosen),
+        "goal_met": ratio is not None and ratio <= SPOT_GOAL and within == len(chosen),
+    }
 
 
 def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> dict:
@@ -111,15 +151,20 @@ def summary(cells: list[dict], sigma: float, *, tuned: bool | None = None) -> di
     burst = sum(c["burst_dollars"] for c in chosen)
     worst = max(chosen, key=lambda c: (not c["holds"], max(c["jct_ratio"], c["dollar_ratio"])))
     limit = 1.05 if sigma == 0 else 1.08
-    return {"sigma": sigma, "cells": len(chosen), "holding": sum(c["holds"] for c in chosen),
-            "within_completion": sum(c["jct_ratio"] <= limit for c in chosen),
-            "within_dollars": sum(c["tm_dollars"] <= c["burst_dollars"] + 0.005 for c in chosen),
-            "tm_dollars": round(tm), "burst_dollars": round(burst),
-            "total_dollar_ratio": round(tm / burst, 3) if burst else None,
-            "max_jct_ratio": max(c["jct_ratio"] for c in chosen),
-            "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} "
-                     f"vs ${worst['burst_dollars']:,.0f},"
-                     f" completion x{worst['jct_ratio']}"}
+    return {
+        "sigma": sigma,
+        "cells": len(chosen),
+        "holding": sum(c["holds"] for c in chosen),
+        "within_completion": sum(c["jct_ratio"] <= limit for c in chosen),
+        "within_dollars": sum(c["tm_dollars"] <= c["burst_dollars"] + 0.005 for c in chosen),
+        "tm_dollars": round(tm),
+        "burst_dollars": round(burst),
+        "total_dollar_ratio": round(tm / burst, 3) if burst else None,
+        "max_jct_ratio": max(c["jct_ratio"] for c in chosen),
+        "worst": f"{worst['variant']} {worst['size']}: ${worst['tm_dollars']:,.0f} "
+        f"vs ${worst['burst_dollars']:,.0f},"
+        f" completion x{worst['jct_ratio']}",
+    }
 
 
 def _num(value: float | None, spec: str) -> str:
@@ -132,29 +177,37 @@ def _jct(c: dict, policy: str) -> str:
 
 
 def print_matrix(cells: list[dict]) -> None:
-    print(f"{'variant':12} {'size':6} {'sigma':>5} {'tm $':>10} {'burst $':>10} {'$ ratio':>8} {'jct ratio':>9} "
-          f"{'b-after $':>10} {'b-after jct':>11} {'w-local jct':>11} {'fifo jct':>8} {'spot $':>10} {'spot jct':>8} "
-          f"{'holds':>6}")
+    print(
+        f"{'variant':12} {'size':6} {'sigma':>5} {'tm $':>10} {'burst $':>10} {'$ ratio':>8} {'jct ratio':>9} "
+        f"{'b-after $':>10} {'b-after jct':>11} {'w-local jct':>11} {'fifo jct':>8} {'spot $':>10} {'spot jct':>8} "
+        f"{'holds':>6}"
+    )
     for c in cells:
         mark = "" if c["tuned_on"] else " (held out)"
-        print(f"{c['variant']:12} {c['size']:6} {c['sigma']:>5} {c['tm_dollars']:>10,.0f} {c['burst_dollars']:>10,.0f} "
-              f"{c['dollar_ratio']:>8} {c['jct_ratio']:>9} {_num(c.get('burst-after_dollars'), ',.0f'):>10} "
-              f"{_jct(c, 'burst-after'):>11} {_jct(c, 'wait-local'):>11} {_jct(c, 'local-fifo'):>8} "
-              f"{_num(c.get('spot_dollars'), ',.0f'):>10} {_num(c.get('spot_jct_ratio'), '.3f'):>8} "
-              f"{'yes' if c['holds'] else 'NO':>6}{mark}")
+        print(
+            f"{c['variant']:12} {c['size']:6} {c['sigma']:>5} {c['tm_dollars']:>10,.0f} {c['burst_dollars']:>10,.0f} "
+            f"{c['dollar_ratio']:>8} {c['jct_ratio']:>9} {_num(c.get('burst-after_dollars'), ',.0f'):>10} "
+            f"{_jct(c, 'burst-after'):>11} {_jct(c, 'wait-local'):>11} {_jct(c, 'local-fifo'):>8} "
+            f"{_num(c.get('spot_dollars'), ',.0f'):>10} {_num(c.get('spot_jct_ratio'), '.3f'):>8} "
+            f"{'yes' if c['holds'] else 'NO':>6}{mark}"
+        )
     for sigma in SIGMAS:
         for label, tuned in (("all", None), ("tuned-on", True), ("held-out", False)):
             s = summary(cells, sigma, tuned=tuned)
             if s:
-                print(f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold ($ {s['within_dollars']}, "
-                      f"completion {s['within_completion']}); total ${s['tm_dollars']:,} vs ${s['burst_dollars']:,}: x"
-                      f"{s['total_dollar_ratio']} of burst; max completion x{s['max_jct_ratio']}; worst {s['worst']}")
+                print(
+                    f"sigma {sigma} {label:9}: {s['holding']}/{s['cells']} cells hold ($ {s['within_dollars']}, "
+                    f"completion {s['within_completion']}); total ${s['tm_dollars']:,} vs ${s['burst_dollars']:,}: x"
+                    f"{s['total_dollar_ratio']} of burst; max completion x{s['max_jct_ratio']}; worst {s['worst']}"
+                )
             s = spot_summary(cells, sigma, tuned=tuned)
             if s:
-                print(f"sigma {sigma} {label:9} spot: {s['cells']} cells; cloud ${s['spot_dollars']:,} vs burst "
-                      f"${s['burst_dollars']:,}: x{s['total_dollar_ratio']} (goal <= x{SPOT_GOAL}); completion within "
-                      f"limit in {s['within_completion']}/{s['cells']}, max x{s['max_jct_ratio']} ({s['worst']}); "
-                      f"{s['interruptions']} interruptions; goal {'met' if s['goal_met'] else 'NOT met'}")
+                print(
+                    f"sigma {sigma} {label:9} spot: {s['cells']} cells; cloud ${s['spot_dollars']:,} vs burst "
+                    f"${s['burst_dollars']:,}: x{s['total_dollar_ratio']} (goal <= x{SPOT_GOAL}); completion within "
+                    f"limit in {s['within_completion']}/{s['cells']}, max x{s['max_jct_ratio']} ({s['worst']}); "
+                    f"{s['interruptions']} interruptions; goal {'met' if s['goal_met'] else 'NOT met'}"
+                )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,8 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     names = args.variants or (list(TUNING_VARIANTS) if args.quick else variants(args.data))
-    sizes = [tuple(int(n) for n in s.split("+")) for s in args.sizes] if args.sizes else (
-        TUNING_SIZES if args.quick else SIZES)
+    sizes = (
+        [tuple(int(n) for n in s.split("+")) for s in args.sizes]
+        if args.sizes
+        else (TUNING_SIZES if args.quick else SIZES)
+    )
     sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
     todo = runs(names, sizes, sigmas, tuple(args.policies))
     results: dict[str, dict] = {}
@@ -193,12 +249,19 @@ def main(argv: list[str] | None = None) -> int:
                 with args.cache.open("a") as f:
                     f.write(json.dumps([key, result]) + "\n")
             dollars = result.get("cloud_dollars", result["on_demand_dollars"])
-            print(f"done {key}: ${dollars:,.0f}, avg completion {result['avg_jct_s']:,.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"done {key}: ${dollars:,.0f}, avg completion {result['avg_jct_s']:,.0f} s", file=sys.stderr, flush=True
+            )
     cells = [c for v in names for size in sizes for sigma in sigmas if (c := cell(results, v, *size, sigma))]
     if args.json:
-        json.dump({"cells": cells, "summary": [summary(cells, s) for s in SIGMAS],
-                   "spot": [spot_summary(cells, s) for s in SIGMAS]}, sys.stdout)
+        json.dump(
+            {
+                "cells": cells,
+                "summary": [summary(cells, s) for s in SIGMAS],
+                "spot": [spot_summary(cells, s) for s in SIGMAS],
+            },
+            sys.stdout,
+        )
         print()
     else:
         print_matrix(cells)

@@ -5,6 +5,7 @@ is the held-out ones (odd sweep chunks, MLPerf v4.0).
 
     .venv/bin/python -m bench.search [--tune] [--orders 3] [--out bench/search/results.json]
 """
+
 import argparse
 import itertools
 import json
@@ -29,33 +30,44 @@ def run(groups: list[Group], pruner: str, *, config: Config, orders: int, parall
         for order in range(orders):
             curves = list(group.curves)
             random.Random(f"{group.name}:{order}").shuffle(curves)
-            outcomes.append(simulate(curves, pruner, parallelism=parallelism, config=config,
-                                     key=f"{group.name}:{order}"))
+            outcomes.append(
+                simulate(curves, pruner, parallelism=parallelism, config=config, key=f"{group.name}:{order}")
+            )
     return outcomes
 
 
 def summary(outcomes: list[Outcome], baseline: list[Outcome]) -> dict:
     spent, full = sum(o.gpu_s for o in outcomes), sum(o.gpu_s for o in baseline)
-    return {"gpu_hours": spent / 3600, "saved_pct": 100 * (1 - spent / full) if full else 0.0,
-            "best_stopped_pct": 100 * sum(o.best_stopped for o in outcomes) / max(1, len(outcomes)),
-            "searches": len(outcomes), "pruned": sum(o.pruned for o in outcomes),
-            "mean_regret": sum(o.regret for o in outcomes) / max(1, len(outcomes))}
+    return {
+        "gpu_hours": spent / 3600,
+        "saved_pct": 100 * (1 - spent / full) if full else 0.0,
+        "best_stopped_pct": 100 * sum(o.best_stopped for o in outcomes) / max(1, len(outcomes)),
+        "searches": len(outcomes),
+        "pruned": sum(o.pruned for o in outcomes),
+        "mean_regret": sum(o.regret for o in outcomes) / max(1, len(outcomes)),
+    }
 
 
 def tune(sets: dict[str, list[Group]], *, orders: int, parallelism: int) -> tuple[Config, list[dict]]:
     """Hyperband's min_resource that stops the best trial least often (then saves most) on the tuning searches;
     then the predicted setting saving most among those that stop the best no more often than that hyperband.
     Savings are averaged over the sources (hours would let MLPerf's accelerator-hours drown the sweep's)."""
-    bases = {name: run(groups, "none", config=Config(), orders=orders, parallelism=parallelism)
-             for name, groups in sets.items()}
+    bases = {
+        name: run(groups, "none", config=Config(), orders=orders, parallelism=parallelism)
+        for name, groups in sets.items()
+    }
     tried, chosen = [], Config()
 
     def score(pruner: str, config: Config) -> dict:
-        parts = [summary(run(groups, pruner, config=config, orders=orders, parallelism=parallelism), bases[name])
-                 for name, groups in sets.items()]
+        parts = [
+            summary(run(groups, pruner, config=config, orders=orders, parallelism=parallelism), bases[name])
+            for name, groups in sets.items()
+        ]
         searches = sum(p["searches"] for p in parts)
-        return {"saved_pct": sum(p["saved_pct"] for p in parts) / len(parts),
-                "best_stopped_pct": sum(p["best_stopped_pct"] * p["searches"] for p in parts) / searches}
+        return {
+            "saved_pct": sum(p["saved_pct"] for p in parts) / len(parts),
+            "best_stopped_pct": sum(p["best_stopped_pct"] * p["searches"] for p in parts) / searches,
+        }
 
     def pick(pruner: str, grid: dict, key) -> tuple[Config, dict]:
         best = None
@@ -63,25 +75,37 @@ def tune(sets: dict[str, list[Group]], *, orders: int, parallelism: int) -> tupl
             config = replace(chosen, **dict(zip(grid, values)))
             result = score(pruner, config)
             tried.append({"pruner": pruner, **dict(zip(grid, values)), **result})
-            print(f"  tune {pruner} {dict(zip(grid, values))}: saved {result['saved_pct']:.1f}% (mean over sources) "
-                  f"best stopped {result['best_stopped_pct']:.1f}%", flush=True)
+            print(
+                f"  tune {pruner} {dict(zip(grid, values))}: saved {result['saved_pct']:.1f}% (mean over sources) "
+                f"best stopped {result['best_stopped_pct']:.1f}%",
+                flush=True,
+            )
             if best is None or key(result) > best[0]:
                 best = (key(result), config, result)
         return best[1], best[2]
 
     chosen, bar = pick("hyperband", HYPERBAND_GRID, lambda s: (-s["best_stopped_pct"], s["saved_pct"]))
-    chosen, _ = pick("predicted", GRID, lambda s: (s["best_stopped_pct"] <= bar["best_stopped_pct"],
-                                                    s["saved_pct"] if s["best_stopped_pct"] <= bar["best_stopped_pct"]
-                                                    else -s["best_stopped_pct"]))
+    chosen, _ = pick(
+        "predicted",
+        GRID,
+        lambda s: (
+            s["best_stopped_pct"] <= bar["best_stopped_pct"],
+            s["saved_pct"] if s["best_stopped_pct"] <= bar["best_stopped_pct"] else -s["best_stopped_pct"],
+        ),
+    )
     return chosen, tried
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'searches':<26} {'pruner':<10} {'n':>4} {'hours':>10} {'saved %':>8} {'best stopped %':>15} "
-             f"{'pruned':>7} {'regret':>9}"]
+    lines = [
+        f"{'searches':<26} {'pruner':<10} {'n':>4} {'hours':>10} {'saved %':>8} {'best stopped %':>15} "
+        f"{'pruned':>7} {'regret':>9}"
+    ]
     for r in rows:
-        lines.append(f"{r['set']:<26} {r['pruner']:<10} {r['searches']:>4} {r['gpu_hours']:>10.3f} "
-                     f"{r['saved_pct']:>8.1f} {r['best_stopped_pct']:>15.1f} {r['pruned']:>7} {r['mean_regret']:>9.4f}")
+        lines.append(
+            f"{r['set']:<26} {r['pruner']:<10} {r['searches']:>4} {r['gpu_hours']:>10.3f} "
+            f"{r['saved_pct']:>8.1f} {r['best_stopped_pct']:>15.1f} {r['pruned']:>7} {r['mean_regret']:>9.4f}"
+        )
     return "\n".join(lines)
 
 
@@ -107,10 +131,14 @@ def main() -> None:
                 continue
             base = run(chosen, "none", config=config, orders=args.orders, parallelism=args.parallelism)
             for pruner in PRUNERS:
-                outcomes = base if pruner == "none" else run(chosen, pruner, config=config, orders=args.orders,
-                                                             parallelism=args.parallelism)
-                rows.append({"set": f"{source}/{split} ({len(chosen)} groups)", "pruner": pruner,
-                             **summary(outcomes, base)})
+                outcomes = (
+                    base
+                    if pruner == "none"
+                    else run(chosen, pruner, config=config, orders=args.orders, parallelism=args.parallelism)
+                )
+                rows.append(
+                    {"set": f"{source}/{split} ({len(chosen)} groups)", "pruner": pruner, **summary(outcomes, base)}
+                )
     print(f"settings (hyperband hb_*, predicted z/reach/min_progress): {asdict(config)}")
     print("hours: CPU-hours for the sweep (recorded wall time), accelerator-hours for MLPerf")
     print(table(rows))

@@ -5,6 +5,7 @@ digits sweep (`params` adds `data`, `steps`, and `mean` where the printed loss i
 
     nice -n 10 .venv/bin/python -m bench.search.broad --runs 1100 --until 03:20
 """
+
 import math
 import random
 import time
@@ -34,8 +35,9 @@ def load(name: str) -> tuple[np.ndarray, np.ndarray, bool]:
     if name in ("wine", "breast_cancer", "iris", "diabetes"):
         x, y = getattr(datasets, f"load_{name}")(return_X_y=True)
     elif name == "blobs":
-        x, y = datasets.make_classification(n_samples=2000, n_features=20, n_informative=8, n_classes=4,
-                                            flip_y=0.05, random_state=0)
+        x, y = datasets.make_classification(
+            n_samples=2000, n_features=20, n_informative=8, n_classes=4, flip_y=0.05, random_state=0
+        )
     else:
         x, y = datasets.make_friedman1(n_samples=2000, noise=0.5, random_state=0)
     x = (x - x.mean(0)) / (x.std(0) + 1e-9)
@@ -52,11 +54,22 @@ def run_params(index: int) -> tuple[str, dict]:
     group = GROUPS[0] if draw < 0.5 else GROUPS[1] if draw < 0.8 else GROUPS[2]
     opt = rng.choice(("sgd", "adam"))
     low, high = (2e-3, 0.2) if opt == "sgd" else (2e-4, 2e-2)
-    data = rng.choice(REGRESSION) if group == "reg-mlp" else \
-        "digits" if group == "np-mlp-mean" and rng.random() < 0.6 else rng.choice(TABULAR)
-    params = {"data": data, "lr": round(math.exp(rng.uniform(math.log(low), math.log(high))), 6),
-              "width": rng.choice((16, 32, 64)), "batch": rng.choice((16, 32, 64)), "seed": rng.randrange(5),
-              "opt": opt, "steps": rng.choice((600, 1000, 1500, 2200, 3000))}
+    data = (
+        rng.choice(REGRESSION)
+        if group == "reg-mlp"
+        else "digits"
+        if group == "np-mlp-mean" and rng.random() < 0.6
+        else rng.choice(TABULAR)
+    )
+    params = {
+        "data": data,
+        "lr": round(math.exp(rng.uniform(math.log(low), math.log(high))), 6),
+        "width": rng.choice((16, 32, 64)),
+        "batch": rng.choice((16, 32, 64)),
+        "seed": rng.randrange(5),
+        "opt": opt,
+        "steps": rng.choice((600, 1000, 1500, 2200, 3000)),
+    }
     if group == "np-mlp-mean":
         params |= {"mean": rng.choice((20, 50, 50, 100)), "pause": rng.choice((0.0005, 0.001, 0.002))}
     return group, params
@@ -74,8 +87,12 @@ def numpy_mlp(params: dict, data: tuple, classes: int) -> dict:
     x, y, xv, yv = data
     rng = np.random.default_rng(params["seed"])
     width, batch = params["width"], params["batch"]
-    weights = [rng.normal(0, x.shape[1] ** -0.5, (x.shape[1], width)), np.zeros(width),
-               rng.normal(0, width ** -0.5, (width, classes)), np.zeros(classes)]
+    weights = [
+        rng.normal(0, x.shape[1] ** -0.5, (x.shape[1], width)),
+        np.zeros(width),
+        rng.normal(0, width**-0.5, (width, classes)),
+        np.zeros(classes),
+    ]
     first, second = [np.zeros_like(w) for w in weights], [np.zeros_like(w) for w in weights]
     every = max(1, math.ceil(params["steps"] / MAX_POINTS))
     points, recent, start = [], [], time.monotonic()
@@ -101,32 +118,49 @@ def numpy_mlp(params: dict, data: tuple, classes: int) -> dict:
                 weights[i] += first[i]
             else:
                 first[i] = 0.9 * first[i] + 0.1 * grad
-                second[i] = 0.999 * second[i] + 0.001 * grad ** 2
-                weights[i] -= params["lr"] * (first[i] / (1 - 0.9 ** step)) / (
-                    np.sqrt(second[i] / (1 - 0.999 ** step)) + 1e-8)
-        recent = (recent + [loss if math.isfinite(loss) else 1e3])[-params["mean"]:]
+                second[i] = 0.999 * second[i] + 0.001 * grad**2
+                weights[i] -= (
+                    params["lr"] * (first[i] / (1 - 0.9**step)) / (np.sqrt(second[i] / (1 - 0.999**step)) + 1e-8)
+                )
+        recent = (recent + [loss if math.isfinite(loss) else 1e3])[-params["mean"] :]
         if params["pause"]:
             time.sleep(params["pause"])
         if step % every == 0 or step == params["steps"]:
             _, pv = forward(xv)
             val_loss = float(-np.log(np.maximum(pv[np.arange(len(yv)), yv], 1e-12)).mean())
-            points.append({"t": round(time.monotonic() - start, 4), "step": step,
-                           "epoch": round(step * batch / len(x), 4), "loss": _finite(sum(recent) / len(recent)),
-                           "val_loss": _finite(val_loss), "val_acc": round(float((pv.argmax(1) == yv).mean()), 4)})
+            points.append(
+                {
+                    "t": round(time.monotonic() - start, 4),
+                    "step": step,
+                    "epoch": round(step * batch / len(x), 4),
+                    "loss": _finite(sum(recent) / len(recent)),
+                    "val_loss": _finite(val_loss),
+                    "val_acc": round(float((pv.argmax(1) == yv).mean()), 4),
+                }
+            )
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
 
 def torch_mlp(params: dict, data: tuple, classification: bool, classes: int) -> dict:
     """A two-hidden-layer PyTorch MLP, cross-entropy or (regression) mean squared error; a point every
     `steps // MAX_POINTS` steps (the training loss averaged since the last point)."""
-    x, y, xv, yv = (torch.tensor(a, dtype=torch.long if (i % 2 and classification) else torch.float32)
-                    for i, a in enumerate(data))
+    x, y, xv, yv = (
+        torch.tensor(a, dtype=torch.long if (i % 2 and classification) else torch.float32) for i, a in enumerate(data)
+    )
     torch.manual_seed(params["seed"])
     width, batch = params["width"], params["batch"]
-    model = nn.Sequential(nn.Linear(x.shape[1], width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                          nn.Linear(width, classes if classification else 1))
-    optimizer = (torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=0.9) if params["opt"] == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=params["lr"]))
+    model = nn.Sequential(
+        nn.Linear(x.shape[1], width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, classes if classification else 1),
+    )
+    optimizer = (
+        torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=0.9)
+        if params["opt"] == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=params["lr"])
+    )
     loss_fn = nn.CrossEntropyLoss() if classification else (lambda out, t: nn.functional.mse_loss(out[:, 0], t))
     every = max(1, math.ceil(params["steps"] / MAX_POINTS))
     points, running, count, start = [], 0.0, 0, time.monotonic()
@@ -134,7 +168,7 @@ def torch_mlp(params: dict, data: tuple, classification: bool, classes: int) -> 
     for step in range(1, params["steps"] + 1):
         if at + batch > len(x):
             order, at = torch.randperm(len(x)), 0
-        index = order[at:at + batch]
+        index = order[at : at + batch]
         at += batch
         optimizer.zero_grad()
         loss = loss_fn(model(x[index]), y[index])
@@ -148,10 +182,16 @@ def torch_mlp(params: dict, data: tuple, classification: bool, classes: int) -> 
                 out = model(xv)
                 val_loss = loss_fn(out, yv).item()
                 val_acc = (out.argmax(1) == yv).float().mean().item() if classification else None
-            points.append({"t": round(time.monotonic() - start, 4), "step": step,
-                           "epoch": round(step * batch / len(x), 4), "loss": _finite(running / count),
-                           "val_loss": _finite(val_loss),
-                           "val_acc": round(val_acc, 4) if val_acc is not None else None})
+            points.append(
+                {
+                    "t": round(time.monotonic() - start, 4),
+                    "step": step,
+                    "epoch": round(step * batch / len(x), 4),
+                    "loss": _finite(running / count),
+                    "val_loss": _finite(val_loss),
+                    "val_acc": round(val_acc, 4) if val_acc is not None else None,
+                }
+            )
             running, count = 0.0, 0
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
@@ -164,15 +204,19 @@ def main(argv: list[str] | None = None) -> None:
             group, params = run_params(index)
             x, y, classification = loaded[params["data"]]
             data, classes = split(x, y), int(y.max()) + 1 if classification else 1
-            result = numpy_mlp(params, data, classes) if group == "np-mlp-mean" else \
-                torch_mlp(params, data, classification, classes)
+            result = (
+                numpy_mlp(params, data, classes)
+                if group == "np-mlp-mean"
+                else torch_mlp(params, data, classification, classes)
+            )
             summary = f"{group} {params} wall={result['wall_s']:.2f}s loss={result['points'][-1]['loss']:.4f}"
             return {"group": group, "params": params, **result, "epochs": result["points"][-1]["epoch"]}, summary
 
         return one
 
-    record_runs(argv, description=__doc__.splitlines()[0], default_runs=1100, default_out=DATA, prefix="broad",
-                prepare=prepare)
+    record_runs(
+        argv, description=__doc__.splitlines()[0], default_runs=1100, default_out=DATA, prefix="broad", prepare=prepare
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ The networks are trained on the calibration split only (`owncorpus.HELD_OUT_SEED
 
     nice -n 10 .venv/bin/python -m bench.search.calibrate        # --metrics loss,val_loss,val_acc
 """
+
 import argparse
 import json
 import time
@@ -27,8 +28,10 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     table = calibrate(owncorpus.load_corpus(args.sweep), [m.strip() for m in args.metrics.split(",")])
     args.out.write_text(json.dumps(table, separators=(",", ":")) + "\n")
-    print(f"{args.out}: {len(table['nets'])} networks on {table['fit_samples']} samples of {table['runs']} runs, "
-          f"pads {table['pads']}, {time.monotonic() - started:.0f} s")
+    print(
+        f"{args.out}: {len(table['nets'])} networks on {table['fit_samples']} samples of {table['runs']} runs, "
+        f"pads {table['pads']}, {time.monotonic() - started:.0f} s"
+    )
 
 
 if __name__ == "__main__":

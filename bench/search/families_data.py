@@ -2,6 +2,7 @@
 digits shifted on a larger canvas, synthetic sequence tasks, Python's own standard-library sources as text, two
 spirals, a larger synthetic classification, and a low-rank ratings matrix. Fixed seeds: every run sees the same data.
 """
+
 import argparse
 import collections
 import functools
@@ -35,12 +36,14 @@ def shape(kind: str, size: int, rng: np.random.Generator) -> np.ndarray:
     dy, dx = yy - cy, xx - cx
     dist = np.hypot(dy, dx)
     width = max(1.0, r / 3)
-    mask = {"disk": dist <= r,
-            "ring": np.abs(dist - r) <= width / 2 + 0.3,
-            "square": (np.abs(dy) <= r) & (np.abs(dx) <= r),
-            "triangle": (dy <= r) & (dy >= -r) & (np.abs(dx) <= (dy + r) / 2),
-            "plus": ((np.abs(dy) <= width / 2) | (np.abs(dx) <= width / 2)) & (np.maximum(abs(dy), abs(dx)) <= r),
-            "cross": ((np.abs(dy - dx) <= width / 1.4) | (np.abs(dy + dx) <= width / 1.4)) & (dist <= r * 1.2)}[kind]
+    mask = {
+        "disk": dist <= r,
+        "ring": np.abs(dist - r) <= width / 2 + 0.3,
+        "square": (np.abs(dy) <= r) & (np.abs(dx) <= r),
+        "triangle": (dy <= r) & (dy >= -r) & (np.abs(dx) <= (dy + r) / 2),
+        "plus": ((np.abs(dy) <= width / 2) | (np.abs(dx) <= width / 2)) & (np.maximum(abs(dy), abs(dx)) <= r),
+        "cross": ((np.abs(dy - dx) <= width / 1.4) | (np.abs(dy + dx) <= width / 1.4)) & (dist <= r * 1.2),
+    }[kind]
     return mask * rng.uniform(0.5, 1.0) + rng.normal(0, 0.25, (size, size))
 
 
@@ -60,7 +63,7 @@ def shifted_digits(size: int = 12) -> tuple:
     rng = np.random.default_rng(0)
     canvas = np.zeros((len(x), 1, size, size))
     for i, (oy, ox) in enumerate(rng.integers(0, size - 7, (len(x), 2))):
-        canvas[i, 0, oy:oy + 8, ox:ox + 8] = x[i].reshape(8, 8) / 16.0
+        canvas[i, 0, oy : oy + 8, ox : ox + 8] = x[i].reshape(8, 8) / 16.0
     return _split(canvas, y)
 
 
@@ -77,8 +80,9 @@ def spirals(n: int = 2000, turns: float = 1.75, noise: float = 0.08) -> tuple:
 @functools.cache
 def wide_classification(n: int = 12000) -> tuple:
     """A larger synthetic classification (40 features, 6 classes, 8% labels flipped): slower epochs."""
-    x, y = datasets.make_classification(n_samples=n, n_features=40, n_informative=16, n_classes=6,
-                                        n_clusters_per_class=2, flip_y=0.08, random_state=0)
+    x, y = datasets.make_classification(
+        n_samples=n, n_features=40, n_informative=16, n_classes=6, n_clusters_per_class=2, flip_y=0.08, random_state=0
+    )
     return _split((x - x.mean(0)) / x.std(0), y)
 
 
@@ -118,7 +122,7 @@ def sequences(task: str, batch: int, length: int, gen: torch.Generator, *, held:
         cut = int(0.9 * len(corpus))
         corpus = corpus[cut:] if held else corpus[:cut]
         start = torch.randint(0, len(corpus) - length - 1, (batch,), generator=gen)
-        window = torch.stack([corpus[s:s + length + 1] for s in start.tolist()])
+        window = torch.stack([corpus[s : s + length + 1] for s in start.tolist()])
         return window[:, :-1], window[:, 1:], torch.ones(batch, length, dtype=torch.bool)
     if task == "parity":
         bits = torch.randint(0, 2, (batch, length), generator=gen)

@@ -2,6 +2,7 @@
 point written at chosen steps the way a real job prints (`t` is the wall time of the printed line, as in
 `record.py` and `broad.py`). The printed loss is the mean since the last line (`avg`), the last batch's loss
 (`last`, noisy) or an exponential moving average (`ema`)."""
+
 import math
 import time
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from bench.search.record import _finite
 @dataclass
 class Printed:
     """The training loss a script prints: `avg` since the last line, `last` batch, or `ema` with `beta`."""
+
     kind: str = "avg"
     beta: float = 0.98
     total: float = 0.0
@@ -38,6 +40,7 @@ class Printed:
 @dataclass
 class Task:
     """What a family hands the loop: a model, its batches, its loss, its validation, when it prints."""
+
     model: torch.nn.Module
     draw: Callable[[int], tuple]  # step -> (inputs, targets[, mask])
     loss: Callable[..., torch.Tensor]  # (model, *batch) -> scalar loss
@@ -50,10 +53,12 @@ class Task:
 def fit(task: Task, params: dict) -> dict:
     """Train for `params["steps"]` steps; the points and the wall time, in `broad.py`'s shape."""
     steps = params["steps"]
-    opt = optimizer(params["opt"], [p for p in task.model.parameters()], lr=params["lr"],
-                    weight_decay=params.get("wd", 0.0))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(opt, multiplier(params.get("schedule", "constant"), steps,
-                                                                  warmup=params.get("warmup", 0)))
+    opt = optimizer(
+        params["opt"], [p for p in task.model.parameters()], lr=params["lr"], weight_decay=params.get("wd", 0.0)
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        opt, multiplier(params.get("schedule", "constant"), steps, warmup=params.get("warmup", 0))
+    )
     printed = Printed(params.get("printed", "avg"), params.get("ema", 0.98))
     points, seen, start = [], 0, time.monotonic()
     for step in range(1, steps + 1):
@@ -72,10 +77,16 @@ def fit(task: Task, params: dict) -> dict:
             task.model.eval()
             with torch.no_grad():
                 val_loss, val_acc = task.evaluate(task.model)
-            points.append({"t": round(time.monotonic() - start, 4), "step": step,
-                           "epoch": round(seen / task.train_size, 4), "loss": _finite(printed.line()),
-                           "val_loss": _finite(val_loss),
-                           "val_acc": round(val_acc, 4) if val_acc is not None else None})
+            points.append(
+                {
+                    "t": round(time.monotonic() - start, 4),
+                    "step": step,
+                    "epoch": round(seen / task.train_size, 4),
+                    "loss": _finite(printed.line()),
+                    "val_loss": _finite(val_loss),
+                    "val_acc": round(val_acc, 4) if val_acc is not None else None,
+                }
+            )
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
 

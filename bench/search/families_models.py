@@ -1,5 +1,6 @@
 """The small networks of the new families: a convolutional net, a causal transformer, a GRU language model, MLPs and a
 matrix factorisation; and the optimisers and learning-rate schedules they train with."""
+
 import math
 
 import torch
@@ -10,9 +11,13 @@ def conv_net(*, channels: int, depth: int, size: int, classes: int, norm: bool) 
     """`depth` blocks of 3x3 convolution (batch norm optional), ReLU and 2x2 pooling, then a linear classifier."""
     layers, width = [], 1
     for block in range(depth):
-        out = channels * 2 ** block
-        layers += [nn.Conv2d(width, out, 3, padding=1), *([nn.BatchNorm2d(out)] if norm else []), nn.ReLU(),
-                   nn.MaxPool2d(2)]
+        out = channels * 2**block
+        layers += [
+            nn.Conv2d(width, out, 3, padding=1),
+            *([nn.BatchNorm2d(out)] if norm else []),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        ]
         width, size = out, size // 2
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(width * size * size, classes))
 
@@ -83,6 +88,7 @@ def optimizer(name: str, parameters, *, lr: float, weight_decay: float = 0.0) ->
 def multiplier(schedule: str, steps: int, *, warmup: int = 0):
     """The learning rate's factor at a step: `constant`, `warmup` (linear ramp, then flat), `step` (x0.1 at 50%
     and 75%), `cosine`, or `warmup-cosine`."""
+
     def factor(step: int) -> float:
         if warmup and step < warmup and schedule in ("warmup", "warmup-cosine"):
             return (step + 1) / warmup
@@ -93,4 +99,5 @@ def multiplier(schedule: str, steps: int, *, warmup: int = 0):
             done = min(1.0, (step - start) / max(1, steps - start))
             return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * done))
         return 1.0
+
     return factor

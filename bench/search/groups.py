@@ -1,5 +1,6 @@
 """Searches to replay: chunks of the recorded digits sweep (bench/search/data) and groups of MLPerf runs of one
 benchmark and round that differ in hyperparameters (../shared/data/mlperf, parsed by the estimator's loader)."""
+
 import gzip
 import json
 import random
@@ -30,15 +31,24 @@ def sweep_groups(path: Path = SWEEP, *, metric: str = "val_loss", size: int = TR
         return []
     by_group: dict[str, list[Curve]] = defaultdict(list)
     for row in _rows(path):
-        points = tuple(Point(p["t"], p.get("step", i + 1), p[metric]) for i, p in enumerate(row["points"])
-                           if isinstance(p.get(metric), int | float))
+        points = tuple(
+            Point(p["t"], p.get("step", i + 1), p[metric])
+            for i, p in enumerate(row["points"])
+            if isinstance(p.get(metric), int | float)
+        )
         if len(points) >= MIN_POINTS:
             by_group[row["group"]].append(Curve(run=row["run"], points=points))
     out = []
     for name, curves in sorted(by_group.items()):
         for i in range(len(curves) // size):
-            out.append(Group(f"sweep/{name}/{i}", "sweep", "tune" if i % 2 == 0 else "test",
-                             tuple(curves[i * size:(i + 1) * size])))
+            out.append(
+                Group(
+                    f"sweep/{name}/{i}",
+                    "sweep",
+                    "tune" if i % 2 == 0 else "test",
+                    tuple(curves[i * size : (i + 1) * size]),
+                )
+            )
     return out
 
 
@@ -54,24 +64,32 @@ def _rows(path: Path) -> list[dict]:
     return rows
 
 
-def mlperf_groups(tarballs: list[Path], *, cache_dir: Path | None = None, size: int = TRIALS,
-                  seed: int = 0) -> list[Group]:
+def mlperf_groups(
+    tarballs: list[Path], *, cache_dir: Path | None = None, size: int = TRIALS, seed: int = 0
+) -> list[Group]:
     """Per round and benchmark, up to `size` runs spread over its distinct (batch size, learning rate) settings,
     each cut at the group's common progress (all trials get the same budget), eval metric oriented to lower-better.
     The first tarball (older round) is for tuning, the others are the held-out test."""
     from services.estimator.model.corpus import load_cached
+
     out = []
     for index, tarball in enumerate(tarballs):
-        runs = [r for r in load_cached(tarball, cache_dir=cache_dir)
-                if r.duration_s > 30 and len([o for o in r.evals if o.progress is not None]) >= MIN_POINTS]
+        runs = [
+            r
+            for r in load_cached(tarball, cache_dir=cache_dir)
+            if r.duration_s > 30 and len([o for o in r.evals if o.progress is not None]) >= MIN_POINTS
+        ]
         by_bench: dict[str, list] = defaultdict(list)
         for run in runs:
             by_bench[run.benchmark].append(run)
         for bench, members in sorted(by_bench.items()):
             group = _mlperf_group(members, size=size, seed=seed)
             if group:
-                out.append(Group(f"mlperf/{members[0].version}/{bench}", "mlperf", "tune" if index == 0 else "test",
-                                 tuple(group)))
+                out.append(
+                    Group(
+                        f"mlperf/{members[0].version}/{bench}", "mlperf", "tune" if index == 0 else "test", tuple(group)
+                    )
+                )
     return out
 
 
@@ -93,8 +111,11 @@ def _mlperf_group(runs: list, *, size: int, seed: int) -> list[Curve]:
     common = min(ends)
     curves = []
     for run in chosen:
-        points = tuple(Point(o.t_s, o.progress, sign[run.mode] * o.value) for o in run.evals
-                       if o.progress is not None and o.progress <= common * (1 + 1e-9))
+        points = tuple(
+            Point(o.t_s, o.progress, sign[run.mode] * o.value)
+            for o in run.evals
+            if o.progress is not None and o.progress <= common * (1 + 1e-9)
+        )
         if len(points) >= MIN_POINTS:
             curves.append(Curve(run=run.run_id, points=points, gpus=float(run.accelerators)))
     return curves if len(curves) >= 6 else []

@@ -8,6 +8,7 @@ simulated: the machine's load changes the pace, as it does for real jobs.
 
     nice -n 10 .venv/bin/python -m bench.search.record --runs 400 --until 19:20
 """
+
 import argparse
 import gzip
 import json
@@ -42,8 +43,13 @@ def run_params(index: int) -> tuple[str, dict, int]:
     opt = rng.choice(("sgd", "adam"))
     low, high = LR_RANGE[opt]
     lr = math.exp(rng.uniform(math.log(low), math.log(high)))
-    params = {"lr": round(lr, 6), "width": rng.choice((16, 32, 64, 128)), "batch": rng.choice((16, 32, 64, 128)),
-              "seed": rng.randrange(5), "opt": opt}
+    params = {
+        "lr": round(lr, 6),
+        "width": rng.choice((16, 32, 64, 128)),
+        "batch": rng.choice((16, 32, 64, 128)),
+        "seed": rng.randrange(5),
+        "opt": opt,
+    }
     base = rng.choice((6, 8, 10, 15)) if group == "digits-cnn" else rng.choice((10, 15, 20, 30))
     epochs = max(4, round(base * math.sqrt(params["batch"] / 32)))  # larger batches: cheaper epochs, more of them
     return group, params, epochs
@@ -61,17 +67,23 @@ def split_digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def build(group: str, width: int) -> nn.Module:
     if group == "digits-mlp":
-        return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                             nn.Linear(width, 10))
+        return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
     if group == "digits-deep":  # four tanh layers: training starts slowly and its loss decays like a power law
         layers = [nn.Linear(64, width), nn.Tanh()]
         for _ in range(3):
             layers += [nn.Linear(width, width), nn.Tanh()]
         return nn.Sequential(*layers, nn.Linear(width, 10))
     channels = max(4, width // 4)
-    return nn.Sequential(nn.Unflatten(1, (1, 8, 8)), nn.Conv2d(1, channels, 3, padding=1), nn.ReLU(),
-                         nn.MaxPool2d(2), nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(channels * 16, 10))
+    return nn.Sequential(
+        nn.Unflatten(1, (1, 8, 8)),
+        nn.Conv2d(1, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(channels, channels, 3, padding=1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(channels * 16, 10),
+    )
 
 
 def train(group: str, params: dict, epochs: int, data: tuple) -> dict:
@@ -79,8 +91,11 @@ def train(group: str, params: dict, epochs: int, data: tuple) -> dict:
     x_train, y_train, x_val, y_val = data
     torch.manual_seed(params["seed"])
     model = build(group, params["width"])
-    optimizer = (torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=0.9) if params["opt"] == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=params["lr"]))
+    optimizer = (
+        torch.optim.SGD(model.parameters(), lr=params["lr"], momentum=0.9)
+        if params["opt"] == "sgd"
+        else torch.optim.Adam(model.parameters(), lr=params["lr"])
+    )
     loss_fn = nn.CrossEntropyLoss()
     per_epoch = math.ceil(len(x_train) / params["batch"])
     every = max(1, math.ceil(per_epoch * epochs / MAX_POINTS))
@@ -89,7 +104,7 @@ def train(group: str, params: dict, epochs: int, data: tuple) -> dict:
     for epoch in range(epochs):
         order = torch.randperm(len(x_train))
         for i in range(per_epoch):
-            index = order[i * params["batch"]:(i + 1) * params["batch"]]
+            index = order[i * params["batch"] : (i + 1) * params["batch"]]
             optimizer.zero_grad()
             loss = loss_fn(model(x_train[index]), y_train[index])
             loss.backward()
@@ -103,10 +118,16 @@ def train(group: str, params: dict, epochs: int, data: tuple) -> dict:
                     logits = model(x_val)
                     val_loss = loss_fn(logits, y_val).item()
                     val_acc = (logits.argmax(1) == y_val).float().mean().item()
-                points.append({"t": round(time.monotonic() - start, 4), "step": step,
-                               "epoch": round(epoch + (i + 1) / per_epoch, 4),
-                               "loss": _finite(running / count), "val_loss": _finite(val_loss),
-                               "val_acc": round(val_acc, 4)})
+                points.append(
+                    {
+                        "t": round(time.monotonic() - start, 4),
+                        "step": step,
+                        "epoch": round(epoch + (i + 1) / per_epoch, 4),
+                        "loss": _finite(running / count),
+                        "val_loss": _finite(val_loss),
+                        "val_acc": round(val_acc, 4),
+                    }
+                )
                 running, count = 0.0, 0
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
@@ -117,9 +138,15 @@ def _finite(value: float) -> float:
 
 def machine() -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"node": platform.node(), "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "python": platform.python_version(),
-            "load1": round(load, 2) if load is not None else None}
+    return {
+        "node": platform.node(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "load1": round(load, 2) if load is not None else None,
+    }
 
 
 def recorded(path: Path) -> set[str]:
@@ -147,14 +174,22 @@ def recorded(path: Path) -> set[str]:
     return done
 
 
-def record_runs(argv: list[str] | None, *, description: str, default_runs: int, default_out: Path, prefix: str,
-                prepare: Callable[[], Callable[[int], tuple[dict, str]]]) -> None:
+def record_runs(
+    argv: list[str] | None,
+    *,
+    description: str,
+    default_runs: int,
+    default_out: Path,
+    prefix: str,
+    prepare: Callable[[], Callable[[int], tuple[dict, str]]],
+) -> None:
     """A recorder's loop: `--runs`, `--until`, `--out`; runs already recorded are skipped, each new one appended as
     one JSON line. `prepare()` loads the data once and returns what trains run `index`: its line (group, params,
     points, wall_s, epochs) and a one-line summary to print."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--runs", type=int, default=default_runs,
-                        help="run indices 0..N-1 (already recorded ones skipped)")
+    parser.add_argument(
+        "--runs", type=int, default=default_runs, help="run indices 0..N-1 (already recorded ones skipped)"
+    )
     parser.add_argument("--until", default=None, help="stop starting runs after HH:MM UTC")
     parser.add_argument("--out", type=Path, default=default_out)
     args = parser.parse_args(argv)
@@ -184,14 +219,17 @@ def main(argv: list[str] | None = None) -> None:
         def one(index: int) -> tuple[dict, str]:
             group, params, epochs = run_params(index)
             result = train(group, params, epochs, data)
-            summary = (f"{group} {params} epochs={epochs} wall={result['wall_s']:.2f}s "
-                       f"val_acc={result['points'][-1]['val_acc']:.3f}")
+            summary = (
+                f"{group} {params} epochs={epochs} wall={result['wall_s']:.2f}s "
+                f"val_acc={result['points'][-1]['val_acc']:.3f}"
+            )
             return {"group": group, "params": params, **result, "epochs": epochs}, summary
 
         return one
 
-    record_runs(argv, description=__doc__.splitlines()[0], default_runs=400, default_out=DATA, prefix="sweep",
-                prepare=prepare)
+    record_runs(
+        argv, description=__doc__.splitlines()[0], default_runs=400, default_out=DATA, prefix="sweep", prepare=prepare
+    )
 
 
 def _deadline(until: str | None) -> float | None:

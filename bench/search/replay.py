@@ -1,6 +1,7 @@
 """Replay recorded learning curves through a search's pruners (the service's own code) as if the runs were the
 trials of one search: trials start in order, `parallelism` at a time, each one's points arrive at its own pace,
 and after every point the pruner decides; a stopped trial frees its slot at once."""
+
 import heapq
 from dataclasses import dataclass
 
@@ -33,8 +34,9 @@ class Outcome:
     pruned: int
 
 
-def simulate(curves: list[Curve], pruner: str, *, parallelism: int = 4, config: Config = Config(),
-             key: str = "replay") -> Outcome:
+def simulate(
+    curves: list[Curve], pruner: str, *, parallelism: int = 4, config: Config = Config(), key: str = "replay"
+) -> Outcome:
     """Run the group as one search and account GPU-seconds spent."""
     n = len(curves)
     start: dict[int, float] = {}
@@ -54,8 +56,15 @@ def simulate(curves: list[Curve], pruner: str, *, parallelism: int = 4, config: 
             following += 1
 
     def state(now: float) -> list[Trial]:
-        return [Trial(trial=k, points=tuple(shifted[k][:seen[k]]),
-                      done=k in ended and not ended[k][1], stopped=k in ended and ended[k][1]) for k in start]
+        return [
+            Trial(
+                trial=k,
+                points=tuple(shifted[k][: seen[k]]),
+                done=k in ended and not ended[k][1],
+                stopped=k in ended and ended[k][1],
+            )
+            for k in start
+        ]
 
     launch(0.0)
     while queue:
@@ -75,5 +84,10 @@ def simulate(curves: list[Curve], pruner: str, *, parallelism: int = 4, config: 
     full = sum(c.wall_s * c.gpus for c in curves)
     true_best = min(range(n), key=lambda k: curves[k].final)
     found = min(curves[k].final for k in ended if not ended[k][1])
-    return Outcome(gpu_s=gpu_s, full_gpu_s=full, best_stopped=ended[true_best][1],
-                   regret=found - curves[true_best].final, pruned=sum(1 for e in ended.values() if e[1]))
+    return Outcome(
+        gpu_s=gpu_s,
+        full_gpu_s=full,
+        best_stopped=ended[true_best][1],
+        regret=found - curves[true_best].final,
+        pruned=sum(1 for e in ended.values() if e[1]),
+    )

@@ -1,4 +1,5 @@
 """python -m services.agent --node-id ID [--cluster-file PATH]"""
+
 import argparse
 
 from shared.service import run

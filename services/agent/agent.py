@@ -1,4 +1,5 @@
 """The node agent's behaviour: register, heartbeat, start and stop tasks, report how they end."""
+
 import asyncio
 import logging
 import os
@@ -44,11 +45,23 @@ LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's
 
 
 class Agent:
-    def __init__(self, *, node: NodeInfo, root: Path, publish: Publish, checkpoints: CheckpointStore,
-                 preparer: Preparer, storage: StoragePolicy, confinement: Confinement | None = None,
-                 checkpoint_sync_s: float = 5, shutdown_grace_s: float = 5, hangs: HangPolicy | None = None,
-                 output_rate: Callable[[], OutputRate | None] = lambda: None,
-                 disk_quota_gb: float | None = None, output_update_s: float = UPDATE_EVERY_S) -> None:
+    def __init__(
+        self,
+        *,
+        node: NodeInfo,
+        root: Path,
+        publish: Publish,
+        checkpoints: CheckpointStore,
+        preparer: Preparer,
+        storage: StoragePolicy,
+        confinement: Confinement | None = None,
+        checkpoint_sync_s: float = 5,
+        shutdown_grace_s: float = 5,
+        hangs: HangPolicy | None = None,
+        output_rate: Callable[[], OutputRate | None] = lambda: None,
+        disk_quota_gb: float | None = None,
+        output_update_s: float = UPDATE_EVERY_S,
+    ) -> None:
         self.node = node
         self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
         self.output_rate = output_rate  # each task's own allowance of output (None: unlimited)
@@ -72,8 +85,9 @@ class Agent:
         self.heartbeats = 0
 
     async def register(self) -> None:
-        await self.publish_reliably(NodeRegistered(event_id=f"{self.node.node_id}:boot:{self.boot_id}",
-                                                   node=self.node, boot_id=self.boot_id))
+        await self.publish_reliably(
+            NodeRegistered(event_id=f"{self.node.node_id}:boot:{self.boot_id}", node=self.node, boot_id=self.boot_id)
+        )
 
     async def heartbeat(self) -> None:
         """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
@@ -82,15 +96,30 @@ class Agent:
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
-        await self.publish(NodeHeartbeat(event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
-                                         node_id=self.node.node_id, boot_id=self.boot_id, running=running,
-                                         gpus=gpus))
+        await self.publish(
+            NodeHeartbeat(
+                event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
+                node_id=self.node.node_id,
+                boot_id=self.boot_id,
+                running=running,
+                gpus=gpus,
+            )
+        )
         if not gpus:
             return
-        held = await asyncio.to_thread(lambda: [probe.process_memory_gb(t.start.gpu_indices, group_pids(t.pid))
-                                                if t.start.gpu_indices else None for t in tasks])
-        samples = task_samples([(t.start, memory) for t, memory in zip(tasks, held)], gpus,
-                               node_id=self.node.node_id, seq=self.heartbeats, t=time.time())
+        held = await asyncio.to_thread(
+            lambda: [
+                probe.process_memory_gb(t.start.gpu_indices, group_pids(t.pid)) if t.start.gpu_indices else None
+                for t in tasks
+            ]
+        )
+        samples = task_samples(
+            [(t.start, memory) for t, memory in zip(tasks, held)],
+            gpus,
+            node_id=self.node.node_id,
+            seq=self.heartbeats,
+            t=time.time(),
+        )
         for failed in await asyncio.gather(*(self.publish(s) for s in samples), return_exceptions=True):
             if isinstance(failed, Exception):  # a sample lost; the next heartbeat sends another
                 log.warning("GPU telemetry not sent: %r", failed)
@@ -104,8 +133,9 @@ class Agent:
                 await self.publish(self._started_event(self.tasks[key]))
             elif key not in self.launching and key not in self.journal.exited:
                 # taken by an earlier run of this agent, which died with it
-                await self._report_exit(self._exited(command, reason="terminated",
-                                                     message="the agent restarted while this task ran"))
+                await self._report_exit(
+                    self._exited(command, reason="terminated", message="the agent restarted while this task ran")
+                )
             return
         self.journal.mark_started(key)
         launch = asyncio.create_task(self._launch(key, command))
@@ -118,9 +148,15 @@ class Agent:
         job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
         workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
         workdir.mkdir(mode=0o700, exist_ok=True)
-        shipper = LogShipper(job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                             node_id=self.node.node_id, path=workdir / "output.log", publish=self.publish_reliably,
-                             rate=self.output_rate())
+        shipper = LogShipper(
+            job_id=command.job_id,
+            attempt=command.attempt,
+            rank=command.rank,
+            node_id=self.node.node_id,
+            path=workdir / "output.log",
+            publish=self.publish_reliably,
+            rate=self.output_rate(),
+        )
         note = shipper.note
         user = cgroup = None
         try:
@@ -128,13 +164,20 @@ class Agent:
             if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
                 raise PrepareError("; ".join(f"{field}: {reason}" for field, reason in refused))
             if self.preparer.needs_work(command):
-                await self.publish_reliably(TaskPreparing(
-                    event_id=f"{key}:preparing", job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                    node_id=self.node.node_id))
+                await self.publish_reliably(
+                    TaskPreparing(
+                        event_id=f"{key}:preparing",
+                        job_id=command.job_id,
+                        attempt=command.attempt,
+                        rank=command.rank,
+                        node_id=self.node.node_id,
+                    )
+                )
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            manifest = await asyncio.to_thread(self.checkpoints.restore, command.project_id, command.job_id,
-                                               workdir / "checkpoint")
+            manifest = await asyncio.to_thread(
+                self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"
+            )
             (workdir / "tmp").mkdir(exist_ok=True)
             reach, cover, tmpfs = [str(workdir)], None, None
             if self.confinement is not None:
@@ -145,12 +188,23 @@ class Agent:
                 engine = [env["VIRTUAL_ENV"]] if "VIRTUAL_ENV" in env else []
                 reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
                 if rules.cgroups is not None:
-                    cgroup = await asyncio.to_thread(rules.cgroups.create, name=f"uid-{user.uid}",
-                                                     memory_gb=command.spec.resource.memory_gb)
+                    cgroup = await asyncio.to_thread(
+                        rules.cgroups.create, name=f"uid-{user.uid}", memory_gb=command.spec.resource.memory_gb
+                    )
             quota = self.disk_quota_gb
-            task = await spawn(command, env=env, workdir=workdir, argv=argv, launch_dir=self.launches, user=user,
-                               reach=reach, cover=cover, cgroup=cgroup, tmpfs_bytes=tmpfs,
-                               file_size=int(quota * 2**30) if quota else None)
+            task = await spawn(
+                command,
+                env=env,
+                workdir=workdir,
+                argv=argv,
+                launch_dir=self.launches,
+                user=user,
+                reach=reach,
+                cover=cover,
+                cgroup=cgroup,
+                tmpfs_bytes=tmpfs,
+                file_size=int(quota * 2**30) if quota else None,
+            )
             task.update_every_s = self.output_update_s
         except asyncio.CancelledError:
             await asyncio.to_thread(self._release, workdir, user, cgroup)
@@ -180,10 +234,18 @@ class Agent:
             self.launching[key].cancel()
         elif key not in self.journal.started and key not in self.journal.stopped:
             self.journal.mark_stopped(key)
-            await self.publish_reliably(TaskExited(
-                event_id=f"{key}:exited", job_id=command.job_id, attempt=command.attempt, rank=command.rank,
-                node_id=self.node.node_id, reason="not_started", message=f"stopped before start: {command.reason}",
-                ended_at=utcnow()))
+            await self.publish_reliably(
+                TaskExited(
+                    event_id=f"{key}:exited",
+                    job_id=command.job_id,
+                    attempt=command.attempt,
+                    rank=command.rank,
+                    node_id=self.node.node_id,
+                    reason="not_started",
+                    message=f"stopped before start: {command.reason}",
+                    ended_at=utcnow(),
+                )
+            )
 
     async def shutdown(self, reason: str = "agent_shutdown") -> None:
         """Stop every task (it is requeued elsewhere) and wait for their reports."""
@@ -196,12 +258,18 @@ class Agent:
 
     async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
         start = task.start
-        helpers = [asyncio.create_task(task.enforce_memory(memory_limit_gb(start, self.node))),
-                   asyncio.create_task(self._sync_checkpoints(task)),
-                   asyncio.create_task(watch(task, node_id=self.node.node_id, policy=self.hangs,
-                                             publish=self.publish_reliably)),
-                   *[asyncio.create_task(self._upload_periodically(task, o)) for o in start.algorithm.outputs
-                     if o.mode == "upload_periodically"]]
+        helpers = [
+            asyncio.create_task(task.enforce_memory(memory_limit_gb(start, self.node))),
+            asyncio.create_task(self._sync_checkpoints(task)),
+            asyncio.create_task(
+                watch(task, node_id=self.node.node_id, policy=self.hangs, publish=self.publish_reliably)
+            ),
+            *[
+                asyncio.create_task(self._upload_periodically(task, o))
+                for o in start.algorithm.outputs
+                if o.mode == "upload_periodically"
+            ],
+        ]
         if self.disk_quota_gb:
             helpers.append(asyncio.create_task(enforce_disk(task, self.disk_quota_gb)))
         status = await task.pump(shipper.add)
@@ -238,9 +306,13 @@ class Agent:
         for job_id, attempt, rank in self.journal.unreported():
             key = Journal.key(job_id, attempt, rank)
             if key not in self.tasks and key not in self.launching:
-                await self._report_exit(self._exited(TaskRef(job_id=job_id, attempt=attempt, rank=rank),
-                                                     reason="terminated",
-                                                     message="the agent restarted while this task ran"))
+                await self._report_exit(
+                    self._exited(
+                        TaskRef(job_id=job_id, attempt=attempt, rank=rank),
+                        reason="terminated",
+                        message="the agent restarted while this task ran",
+                    )
+                )
 
     def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
@@ -265,8 +337,12 @@ class Agent:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
         try:
             task.uploaded[output.name] = await asyncio.to_thread(
-                Mirror(output.url).sync, output_dir(task.workdir, output), task.uploaded.get(output.name, {}),
-                delete=False, anchor=task.workdir)
+                Mirror(output.url).sync,
+                output_dir(task.workdir, output),
+                task.uploaded.get(output.name, {}),
+                delete=False,
+                anchor=task.workdir,
+            )
         except Exception as exc:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
@@ -279,8 +355,14 @@ class Agent:
 
     async def _sync_once(self, task: TaskProcess) -> None:
         try:
-            task.manifest = await asyncio.to_thread(self.checkpoints.sync, task.start.project_id, task.start.job_id,
-                                                    task.workdir / "checkpoint", task.manifest, task.workdir)
+            task.manifest = await asyncio.to_thread(
+                self.checkpoints.sync,
+                task.start.project_id,
+                task.start.job_id,
+                task.workdir / "checkpoint",
+                task.manifest,
+                task.workdir,
+            )
         except Exception as exc:  # storage hiccup: the next sync tries again
             log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
 
@@ -288,23 +370,43 @@ class Agent:
         start = task.start
         return TaskStarted(
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:started",
-            job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
-            node_kind=self.node.kind, price_per_hour=self.node.price_per_hour, gpu_count=len(start.gpu_indices),
+            job_id=start.job_id,
+            attempt=start.attempt,
+            rank=start.rank,
+            node_id=self.node.node_id,
+            node_kind=self.node.kind,
+            price_per_hour=self.node.price_per_hour,
+            gpu_count=len(start.gpu_indices),
             node_gpu_count=len(self.node.gpus),
             gpu_model=next((g.model for g in self.node.gpus if g.index in start.gpu_indices), ""),
             world_size=start.world_size,
-            project_id=start.project_id, user_name=start.user_name, pid=task.pid,
+            project_id=start.project_id,
+            user_name=start.user_name,
+            pid=task.pid,
             started_at=datetime.fromtimestamp(task.started_at, UTC),
         )
 
-    def _exited(self, start: StartTask | TaskRef, *, reason: str, message: str, status: int | None = None,
-                oom: str | None = None) -> TaskExited:
+    def _exited(
+        self,
+        start: StartTask | TaskRef,
+        *,
+        reason: str,
+        message: str,
+        status: int | None = None,
+        oom: str | None = None,
+    ) -> TaskExited:
         return TaskExited(
             event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:exited",
-            job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=self.node.node_id,
+            job_id=start.job_id,
+            attempt=start.attempt,
+            rank=start.rank,
+            node_id=self.node.node_id,
             exit_code=None if status is None else (status if status >= 0 else 128 - status),
             signal=-status if status is not None and status < 0 else None,
-            reason=reason, oom=oom, message=message, ended_at=utcnow(),
+            reason=reason,
+            oom=oom,
+            message=message,
+            ended_at=utcnow(),
         )
 
     async def publish_reliably(self, message: Message | LogChunk) -> None:

@@ -1,4 +1,5 @@
 """Agent wiring: one process per compute node."""
+
 import logging
 import os
 import signal
@@ -41,47 +42,95 @@ SHARED_LOCKS = Path("/run/trainmaster/task-uids")
 class AgentSettings(CommonSettings, StorageSettings):
     node_id: str
     use_nvml: bool = True
-    measure_gpus: bool = Field(True, description="Measure each NVML GPU's dense BF16 matmul TFLOPS at start (a "
-                               "separate process; placement plans with it, bounded by the table's figure).")
+    measure_gpus: bool = Field(
+        True,
+        description="Measure each NVML GPU's dense BF16 matmul TFLOPS at start (a "
+        "separate process; placement plans with it, bounded by the table's figure).",
+    )
     measure_python: str = Field("", description="The Python with torch and CUDA that measures (empty: the agent's).")
-    measure_timeout_s: float = Field(60.0, gt=0, le=600, description="The measurement is killed past this; the "
-                                     "table's figures stand.")
+    measure_timeout_s: float = Field(
+        60.0, gt=0, le=600, description="The measurement is killed past this; the table's figures stand."
+    )
     shutdown_grace_s: float = 5
     checkpoint_sync_s: float = 5
-    hang_timeout_s: float = Field(DEFAULT_TIMEOUT_S, ge=0, description="The cluster's hang timeout: a task with "
-                                  "no sign of life this long is reported hung (a job's spec.hang_timeout_s wins); "
-                                  "0 turns detection off.")
-    hang_gpu_busy_percent: float = Field(5.0, ge=0, le=100, description="A task's GPU at or above this "
-                                         "utilisation (NVML) is a sign of life.")
-    task_uid_first: int | None = Field(None, ge=1000, description="Tasks run as uids from here (when root); "
-                                       "unset: this stack's own range, from the host's registry of ranges.")
+    hang_timeout_s: float = Field(
+        DEFAULT_TIMEOUT_S,
+        ge=0,
+        description="The cluster's hang timeout: a task with "
+        "no sign of life this long is reported hung (a job's spec.hang_timeout_s wins); "
+        "0 turns detection off.",
+    )
+    hang_gpu_busy_percent: float = Field(
+        5.0, ge=0, le=100, description="A task's GPU at or above this utilisation (NVML) is a sign of life."
+    )
+    task_uid_first: int | None = Field(
+        None,
+        ge=1000,
+        description="Tasks run as uids from here (when root); "
+        "unset: this stack's own range, from the host's registry of ranges.",
+    )
     task_uid_count: int = Field(65_536, ge=1, description="How many uids tasks may use (one per running task).")
-    task_uid_lock_dir: Path | None = Field(None, description="Claims shared by this stack's agents on the host, "
-                                           "so two running tasks never share a uid (unset: <data dir>/task-uids, "
-                                           "or /run/trainmaster/task-uids when task_uid_first is set).")
-    task_uid_registry: Path = Field(Path("/run/trainmaster/task-uid-ranges.json"), description="Every stack's "
-                                    "uid range on this host, by data directory: two stacks never share a uid.")
-    task_tmpfs_mb: int = Field(1024, ge=1, description="Size of each of a task's private /tmp, /var/tmp, /dev/shm "
-                               "and /run/lock (memory, counted in its memory limit).")
-    task_disk_gb: float = Field(100, ge=0, description="Most a task may write to its working directory "
-                                "(measured every 2 s; no single file larger); 0: no quota.")
+    task_uid_lock_dir: Path | None = Field(
+        None,
+        description="Claims shared by this stack's agents on the host, "
+        "so two running tasks never share a uid (unset: <data dir>/task-uids, "
+        "or /run/trainmaster/task-uids when task_uid_first is set).",
+    )
+    task_uid_registry: Path = Field(
+        Path("/run/trainmaster/task-uid-ranges.json"),
+        description="Every stack's uid range on this host, by data directory: two stacks never share a uid.",
+    )
+    task_tmpfs_mb: int = Field(
+        1024,
+        ge=1,
+        description="Size of each of a task's private /tmp, /var/tmp, /dev/shm "
+        "and /run/lock (memory, counted in its memory limit).",
+    )
+    task_disk_gb: float = Field(
+        100,
+        ge=0,
+        description="Most a task may write to its working directory "
+        "(measured every 2 s; no single file larger); 0: no quota.",
+    )
     task_pids_max: int = Field(16_384, ge=16, description="Most processes and threads a task may have at once.")
-    task_cgroups: bool = Field(True, description="A cgroup per task (memory_gb and task_pids_max enforced by the "
-                               "kernel) where the host lets the agent make them.")
-    task_shared_dirs: list[Path] = Field(default_factory=list, description="Paths every task may reach (their "
-                                         "own permissions apply), such as a read-only dataset directory.")
-    spot_metadata_url: str | None = Field(None, description="Instance metadata to watch for a spot interruption "
-                                          "notice (EC2: http://169.254.169.254); off when unset.")
+    task_cgroups: bool = Field(
+        True,
+        description="A cgroup per task (memory_gb and task_pids_max enforced by the "
+        "kernel) where the host lets the agent make them.",
+    )
+    task_shared_dirs: list[Path] = Field(
+        default_factory=list,
+        description="Paths every task may reach (their own permissions apply), such as a read-only dataset directory.",
+    )
+    spot_metadata_url: str | None = Field(
+        None,
+        description="Instance metadata to watch for a spot interruption "
+        "notice (EC2: http://169.254.169.254); off when unset.",
+    )
     spot_poll_s: float = Field(5.0, gt=0, description="How often the spot metadata is read.")
     spot_act_on_rebalance: bool = Field(False, description="Leave on a rebalance recommendation too.")
-    output_lines_per_s: float = Field(500.0, gt=0, description="Lines a second a task may print; past it (and its "
-                                      "burst) lines are dropped and one notice line says how many.")
+    output_lines_per_s: float = Field(
+        500.0,
+        gt=0,
+        description="Lines a second a task may print; past it (and its "
+        "burst) lines are dropped and one notice line says how many.",
+    )
     output_bytes_per_s: float = Field(64 * 1024, gt=0, description="Bytes a second a task may print, likewise.")
-    output_burst_s: float = Field(30.0, gt=0, le=3600, description="Seconds of either allowance a quiet task "
-                                  "saves up for a burst (a dependency install, a stack trace).")
-    output_update_s: float = Field(UPDATE_EVERY_S, gt=0, le=3600, description="A bar a task redraws with "
-                                   "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
-                                   "and its last frame always.")
+    output_burst_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Seconds of either allowance a quiet task "
+        "saves up for a burst (a dependency install, a stack trace).",
+    )
+    output_update_s: float = Field(
+        UPDATE_EVERY_S,
+        gt=0,
+        le=3600,
+        description="A bar a task redraws with "
+        "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
+        "and its last frame always.",
+    )
 
 
 def task_uid_first(settings: AgentSettings) -> int:
@@ -91,8 +140,10 @@ def task_uid_first(settings: AgentSettings) -> int:
     try:
         return claim_range(settings.task_uid_registry, data_dir=settings.data_dir, count=settings.task_uid_count)
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"no task uid range for this stack in {settings.task_uid_registry}: {exc}; set "
-                         "TRAINMASTER_TASK_UID_FIRST (and a lock directory every stack sharing it uses)") from exc
+        raise SystemExit(
+            f"no task uid range for this stack in {settings.task_uid_registry}: {exc}; set "
+            "TRAINMASTER_TASK_UID_FIRST (and a lock directory every stack sharing it uses)"
+        ) from exc
 
 
 def task_uid_locks(settings: AgentSettings) -> Path:
@@ -105,15 +156,25 @@ def task_uid_locks(settings: AgentSettings) -> Path:
 def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
     """Tasks as users of their own when the agent is root; None (tasks run as the agent's user) otherwise."""
     if not is_root():
-        log.warning("the agent does not run as root: tasks run as its own user (uid %d) and can read what it can, "
-                    "its environment in /proc and its data directory included", os.geteuid())
+        log.warning(
+            "the agent does not run as root: tasks run as its own user (uid %d) and can read what it can, "
+            "its environment in /proc and its data directory included",
+            os.geteuid(),
+        )
         return None
-    users = TaskUsers(first_uid=task_uid_first(settings), count=settings.task_uid_count,
-                      lock_dir=task_uid_locks(settings))
+    users = TaskUsers(
+        first_uid=task_uid_first(settings), count=settings.task_uid_count, lock_dir=task_uid_locks(settings)
+    )
     local_roots = [Path(p) for p in (local_path(storage.storage_root), local_path(storage.checkpoint_root)) if p]
-    return confinement(users=users, sdk_dir=SDK_DIR, data_dir=settings.data_dir, storage_dirs=local_roots,
-                       shared_dirs=settings.task_shared_dirs, tmpfs_mb=settings.task_tmpfs_mb,
-                       cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups))
+    return confinement(
+        users=users,
+        sdk_dir=SDK_DIR,
+        data_dir=settings.data_dir,
+        storage_dirs=local_roots,
+        shared_dirs=settings.task_shared_dirs,
+        tmpfs_mb=settings.task_tmpfs_mb,
+        cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups),
+    )
 
 
 def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
@@ -123,22 +184,37 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
     if settings.node_id not in entries:
         raise SystemExit(f"node {settings.node_id!r} is not in {settings.cluster_file} (has: {', '.join(entries)})")
     measure = partial(measure_tflops, python=settings.measure_python, timeout_s=settings.measure_timeout_s)
-    node = describe_node(entries[settings.node_id], use_nvml=settings.use_nvml, virtual=True,
-                         measure=measure if settings.measure_gpus else None)
+    node = describe_node(
+        entries[settings.node_id],
+        use_nvml=settings.use_nvml,
+        virtual=True,
+        measure=measure if settings.measure_gpus else None,
+    )
     storage = settings.storage_policy(settings.data_dir)
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))
-    return Agent(node=node, root=root, publish=lambda message: publish(w.broker, message),
-                 checkpoints=CheckpointStore(storage.checkpoint_root),
-                 preparer=Preparer(root / "engines", cluster.engines_by_name(),
-                                   downloads=Downloads(policy=storage.egress())), storage=storage,
-                 confinement=task_confinement(settings, storage), checkpoint_sync_s=settings.checkpoint_sync_s,
-                 shutdown_grace_s=settings.shutdown_grace_s, disk_quota_gb=settings.task_disk_gb,
-                 hangs=HangPolicy(timeout_s=settings.hang_timeout_s, busy_percent=settings.hang_gpu_busy_percent,
-                                  gpus=GpuProbe() if node.resources_source == "nvml" else None),
-                 output_rate=lambda: OutputRate(lines_per_s=settings.output_lines_per_s,
-                                                bytes_per_s=settings.output_bytes_per_s,
-                                                burst_s=settings.output_burst_s),
-                 output_update_s=settings.output_update_s)
+    return Agent(
+        node=node,
+        root=root,
+        publish=lambda message: publish(w.broker, message),
+        checkpoints=CheckpointStore(storage.checkpoint_root),
+        preparer=Preparer(root / "engines", cluster.engines_by_name(), downloads=Downloads(policy=storage.egress())),
+        storage=storage,
+        confinement=task_confinement(settings, storage),
+        checkpoint_sync_s=settings.checkpoint_sync_s,
+        shutdown_grace_s=settings.shutdown_grace_s,
+        disk_quota_gb=settings.task_disk_gb,
+        hangs=HangPolicy(
+            timeout_s=settings.hang_timeout_s,
+            busy_percent=settings.hang_gpu_busy_percent,
+            gpus=GpuProbe() if node.resources_source == "nvml" else None,
+        ),
+        output_rate=lambda: OutputRate(
+            lines_per_s=settings.output_lines_per_s,
+            bytes_per_s=settings.output_bytes_per_s,
+            burst_s=settings.output_burst_s,
+        ),
+        output_update_s=settings.output_update_s,
+    )
 
 
 def create_app(settings: AgentSettings) -> FastStream:
@@ -162,10 +238,12 @@ def create_app(settings: AgentSettings) -> FastStream:
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
         if settings.spot_metadata_url:
-            watcher = SpotWatcher(url=settings.spot_metadata_url, poll_s=settings.spot_poll_s,
-                                  act_on_rebalance=settings.spot_act_on_rebalance,
-                                  on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(),
-                                                                                                signal.SIGTERM)))
+            watcher = SpotWatcher(
+                url=settings.spot_metadata_url,
+                poll_s=settings.spot_poll_s,
+                act_on_rebalance=settings.spot_act_on_rebalance,
+                on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(), signal.SIGTERM)),
+            )
             w.background.spawn("spot", watcher.run)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
@@ -174,8 +252,9 @@ def create_app(settings: AgentSettings) -> FastStream:
         await w.background.stop()
 
     # its credentials may not create or change streams (declare=False); it keeps no database
-    app = service_app(settings=settings, wiring=w, declare=False, database=False, after_startup=[started],
-                      on_shutdown=[stopping])
+    app = service_app(
+        settings=settings, wiring=w, declare=False, database=False, after_startup=[started], on_shutdown=[stopping]
+    )
     app.agent = agent
     app.pace = pace
     return app

@@ -3,6 +3,7 @@ the next one overwrites (tqdm, Keras and Lightning redraw their bars so), as doe
 back up (nested tqdm bars). Of a run of updates only the latest is
 shipped, at most every UPDATE_EVERY_S, and the last one of the run always: the log store gets the bar's progress,
 not every frame of it."""
+
 import math
 
 UPDATE_EVERY_S = 2.0

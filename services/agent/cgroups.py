@@ -6,6 +6,7 @@ run time. Task cgroups sit under the agent's own cgroup, so whatever limits the 
 the agent first moves itself into a leaf `agent`, as a delegated service must). Without a writable hierarchy (not
 root, a container) there are none, and the agent measures its tasks' memory itself.
 """
+
 import logging
 import os
 import signal
@@ -75,8 +76,10 @@ def choose_layout(*, mounts: dict[str, Path], own: dict[str, str], v2_controller
         leaf = None if own.get("", "/") == "/" else base / "agent"
         return Layout(version=2, memory=base / TASKS, pids=None, agent_leaf=leaf)
     if "memory" in mounts:
+
         def under(controller: str) -> Path:
             return mounts[controller] / own.get(controller, "/").lstrip("/") / TASKS
+
         return Layout(version=1, memory=under("memory"), pids=under("pids") if "pids" in mounts else None)
     return None
 
@@ -85,12 +88,21 @@ def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int) -> Task
     """The task's cgroup directories and the limits to write, in order."""
     if layout.version == 2:
         cg = layout.memory / name
-        return TaskCgroup(dirs=(cg,), oom_file=cg / "memory.events", limits=(
-            (cg / "memory.max", str(memory_bytes)), (cg / "memory.swap.max", "0"),
-            (cg / "memory.oom.group", "1"), (cg / "pids.max", str(pids_max))))
+        return TaskCgroup(
+            dirs=(cg,),
+            oom_file=cg / "memory.events",
+            limits=(
+                (cg / "memory.max", str(memory_bytes)),
+                (cg / "memory.swap.max", "0"),
+                (cg / "memory.oom.group", "1"),
+                (cg / "pids.max", str(pids_max)),
+            ),
+        )
     memory = layout.memory / name
-    limits = [(memory / "memory.limit_in_bytes", str(memory_bytes)),
-              (memory / "memory.memsw.limit_in_bytes", str(memory_bytes))]
+    limits = [
+        (memory / "memory.limit_in_bytes", str(memory_bytes)),
+        (memory / "memory.memsw.limit_in_bytes", str(memory_bytes)),
+    ]
     dirs = [memory]
     if layout.pids is not None:
         dirs.append(layout.pids / name)

@@ -1,4 +1,5 @@
 """Directories mirrored through fsspec: checkpoints while a task runs (restored on any node), inputs, outputs."""
+
 import asyncio
 import ctypes
 import logging
@@ -23,8 +24,9 @@ class Mirror:
 
     def __init__(self, url: str) -> None:
         if is_http(url):  # fsspec would connect wherever DNS says, and follow redirects
-            raise ValueError("http(s) URLs are fetched through the egress policy (services.agent.downloads), "
-                             "never mirrored")
+            raise ValueError(
+                "http(s) URLs are fetched through the egress policy (services.agent.downloads), never mirrored"
+            )
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url)
 
@@ -41,7 +43,7 @@ class Mirror:
             self.fs.get_file(remote, str(local / remote.rsplit("/", 1)[-1]))
             return _scan(local)
         for path in self.fs.find(remote):
-            target = local / path[len(remote) + 1:]
+            target = local / path[len(remote) + 1 :]
             target.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(path, str(target))
         return _scan(local)
@@ -89,8 +91,9 @@ class CheckpointStore:
     def restore(self, project_id: str, job_id: str, local: Path) -> Manifest:
         return Mirror(self.location(project_id, job_id)).restore(local)
 
-    def sync(self, project_id: str, job_id: str, local: Path, uploaded: Manifest,
-             anchor: Path | None = None) -> Manifest:
+    def sync(
+        self, project_id: str, job_id: str, local: Path, uploaded: Manifest, anchor: Path | None = None
+    ) -> Manifest:
         return Mirror(self.location(project_id, job_id)).sync(local, uploaded, anchor=anchor)
 
 
@@ -209,7 +212,7 @@ class ChangeWatch:
         offset = 0
         while offset + EVENT.size <= len(data):
             wd, mask, _, length = EVENT.unpack_from(data, offset)
-            name = data[offset + EVENT.size:offset + EVENT.size + length].rstrip(b"\0").decode(errors="replace")
+            name = data[offset + EVENT.size : offset + EVENT.size + length].rstrip(b"\0").decode(errors="replace")
             offset += EVENT.size + length
             if mask & IN_Q_OVERFLOW:
                 self.changed.set()

@@ -4,6 +4,7 @@ DNS may have changed since the submitter checked the URL, so every connection (e
 resolves the host again, checks every address and connects to an address it checked (shared.egress); proxy
 variables are ignored.
 """
+
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ def file_name(url: str) -> str:
 @dataclass(frozen=True)
 class Downloads:
     """Fetches http(s) URLs into a directory, reaching only what the policy allows."""
+
     policy: Policy = field(default_factory=Policy)
     resolve: Resolver = system_resolve
 
@@ -47,8 +49,9 @@ class Downloads:
 
     async def _save(self, url: str, path: Path) -> int:
         size = 0
-        async with guarded_client(self.policy, timeout_s=TIMEOUT_S, resolve=self.resolve,
-                                  max_redirects=MAX_REDIRECTS) as client:
+        async with guarded_client(
+            self.policy, timeout_s=TIMEOUT_S, resolve=self.resolve, max_redirects=MAX_REDIRECTS
+        ) as client:
             async with client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise OSError(f"HTTP {response.status_code}")

@@ -5,6 +5,7 @@
 
 prints {"gpus": [{"index": 0, "tflops": 712.3, "dtype": "bfloat16", "n": 8192}, ...]} or {"gpus": [], "error": ...};
 it exits 0 either way (a machine without torch or CUDA is an answer, not a failure)."""
+
 import argparse
 import json
 import math
@@ -23,8 +24,12 @@ def measure(torch, index: int, *, n: int, seconds: float) -> dict:
         return {"index": index, "error": f"busy: {free / 2**30:.1f} of {total / 2**30:.1f} GiB free"}
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         try:
-            return {"index": index, "dtype": str(dtype).removeprefix("torch."), "n": n,
-                    "tflops": _timed(torch, device, dtype, n=n, seconds=seconds)}
+            return {
+                "index": index,
+                "dtype": str(dtype).removeprefix("torch."),
+                "n": n,
+                "tflops": _timed(torch, device, dtype, n=n, seconds=seconds),
+            }
         except (RuntimeError, TypeError) as exc:  # no kernel for the type on this GPU, or out of memory
             error = f"{type(exc).__name__}: {str(exc)[:200]}"
             torch.cuda.empty_cache()

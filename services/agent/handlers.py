@@ -1,4 +1,5 @@
 """Agent subscriber: this node's commands, and what each does."""
+
 from faststream import Context
 from faststream.nats import NatsRouter
 

@@ -5,6 +5,7 @@ file TRAINMASTER_PROGRESS_FILE touched, as the SDK's `progress()` does), a new c
 reads its GPUs through NVML (`nvidia-ml-py`, optional), one of the task's GPUs busy. The decisions are pure
 functions of the times seen; `watch` is the loop that gathers them for one task.
 """
+
 import asyncio
 import logging
 import os
@@ -104,8 +105,9 @@ def progress_mark(workdir: Path) -> int | None:
         return None
 
 
-async def watch(task: "TaskProcess", *, node_id: str, policy: HangPolicy,
-                publish: Callable[[Message], Awaitable[None]]) -> None:
+async def watch(
+    task: "TaskProcess", *, node_id: str, policy: HangPolicy, publish: Callable[[Message], Awaitable[None]]
+) -> None:
     """Follow one task until cancelled (when it ends), reporting each quiet spell and its end."""
     start = task.start
     timeout_s = policy.timeout_for(start.spec)
@@ -118,14 +120,21 @@ async def watch(task: "TaskProcess", *, node_id: str, policy: HangPolicy,
         await asyncio.sleep(check_interval(timeout_s))
         busy = await gpus_busy(policy, start.gpu_indices)
         now = time.monotonic()
-        quiet, verdict = judge(quiet, last_sign=latest_sign(task, signs, now=now, busy=bool(busy)), now=now,
-                               timeout_s=timeout_s)
+        quiet, verdict = judge(
+            quiet, last_sign=latest_sign(task, signs, now=now, busy=bool(busy)), now=now, timeout_s=timeout_s
+        )
         if verdict == "hung":
-            report = hung(start, node_id=node_id, quiet=quiet, now=now, gpus_watched=busy is not None,
-                          progressed=progressed(signs, task.manifest, worked_s=quiet.last_sign - began,
-                                                timeout_s=timeout_s))
-            log.warning("task %s quiet for %.1fs (timeout %gs): reported hung", report.event_id, report.idle_s,
-                        timeout_s)
+            report = hung(
+                start,
+                node_id=node_id,
+                quiet=quiet,
+                now=now,
+                gpus_watched=busy is not None,
+                progressed=progressed(signs, task.manifest, worked_s=quiet.last_sign - began, timeout_s=timeout_s),
+            )
+            log.warning(
+                "task %s quiet for %.1fs (timeout %gs): reported hung", report.event_id, report.idle_s, timeout_s
+            )
             await publish(report)
         elif verdict == "resumed":
             log.info("task %s:%d:%d shows life again", start.job_id, start.attempt, start.rank)
@@ -140,14 +149,27 @@ async def gpus_busy(policy: HangPolicy, indices: Sequence[int]) -> bool | None:
     return None if busiest is None else busiest >= policy.busy_percent
 
 
-def hung(start: StartTask, *, node_id: str, quiet: Quiet, now: float, gpus_watched: bool,
-         progressed: bool) -> TaskHung:
-    return TaskHung(event_id=f"{start.job_id}:{start.attempt}:{start.rank}:hung:{quiet.spell}", job_id=start.job_id,
-                    attempt=start.attempt, rank=start.rank, node_id=node_id, spell=quiet.spell,
-                    idle_s=round(now - quiet.last_sign, 3), gpus_watched=gpus_watched, progressed=progressed)
+def hung(start: StartTask, *, node_id: str, quiet: Quiet, now: float, gpus_watched: bool, progressed: bool) -> TaskHung:
+    return TaskHung(
+        event_id=f"{start.job_id}:{start.attempt}:{start.rank}:hung:{quiet.spell}",
+        job_id=start.job_id,
+        attempt=start.attempt,
+        rank=start.rank,
+        node_id=node_id,
+        spell=quiet.spell,
+        idle_s=round(now - quiet.last_sign, 3),
+        gpus_watched=gpus_watched,
+        progressed=progressed,
+    )
 
 
 def resumed(start: StartTask, *, node_id: str, quiet: Quiet) -> TaskResumed:
-    return TaskResumed(event_id=f"{start.job_id}:{start.attempt}:{start.rank}:resumed:{quiet.spell}",
-                       job_id=start.job_id, attempt=start.attempt, rank=start.rank, node_id=node_id,
-                       spell=quiet.spell, idle_s=round(quiet.last_sign - quiet.reported_sign, 3))
+    return TaskResumed(
+        event_id=f"{start.job_id}:{start.attempt}:{start.rank}:resumed:{quiet.spell}",
+        job_id=start.job_id,
+        attempt=start.attempt,
+        rank=start.rank,
+        node_id=node_id,
+        spell=quiet.spell,
+        idle_s=round(quiet.last_sign - quiet.reported_sign, 3),
+    )

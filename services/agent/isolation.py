@@ -5,6 +5,7 @@ when no process of that uid is alive. When the task ends every process of its ui
 host (System V IPC, temporary files) is removed and its working directory is given back to the agent's user, so
 the next task that gets the uid finds nothing of this one.
 """
+
 import errno
 import fcntl
 import logging
@@ -125,8 +126,16 @@ class Confinement:
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 
-def confinement(*, users: TaskUsers, sdk_dir: Path, data_dir: Path, storage_dirs: list[Path],
-                shared_dirs: list[Path], cgroups: Cgroups | None = None, tmpfs_mb: int = 1024) -> Confinement:
+def confinement(
+    *,
+    users: TaskUsers,
+    sdk_dir: Path,
+    data_dir: Path,
+    storage_dirs: list[Path],
+    shared_dirs: list[Path],
+    cgroups: Cgroups | None = None,
+    tmpfs_mb: int = 1024,
+) -> Confinement:
     """The task's view of the host: the agent's Python and the SDK reachable, its data and home hidden."""
     python = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
     reach = tuple(sorted(python | {str(sdk_dir)} | {str(p) for p in shared_dirs}))

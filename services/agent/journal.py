@@ -1,5 +1,6 @@
 """What this agent has ever started, reported ended, or been told to skip, kept on disk so a restarted agent
 never reruns a task and reports the end of those its previous run took down with it."""
+
 import json
 import os
 from pathlib import Path
@@ -42,8 +43,9 @@ class Journal:
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("w") as f:
-            json.dump({"started": sorted(self.started), "stopped": sorted(self.stopped),
-                       "exited": sorted(self.exited)}, f)
+            json.dump(
+                {"started": sorted(self.started), "stopped": sorted(self.stopped), "exited": sorted(self.exited)}, f
+            )
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(self.path)

@@ -5,6 +5,7 @@ With an IPC namespace and private temporary directories per task these die with 
 top of the host's temporary directories (POSIX shared memory and message queues are files there) would otherwise
 wait for the next task given the same uid.
 """
+
 import ctypes
 import logging
 import os
@@ -30,15 +31,20 @@ def ipc_ids(text: str, *, id_column: str, uid: int) -> list[int]:
         at_id, at_uid, at_cuid = header.index(id_column), header.index("uid"), header.index("cuid")
     except ValueError:
         return []
-    return [int(row[at_id]) for row in lines[1:]
-            if len(row) > max(at_id, at_uid, at_cuid) and str(uid) in (row[at_uid], row[at_cuid])]
+    return [
+        int(row[at_id])
+        for row in lines[1:]
+        if len(row) > max(at_id, at_uid, at_cuid) and str(uid) in (row[at_uid], row[at_cuid])
+    ]
 
 
 def _remove_ipc(kind: str, ident: int) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    result = {"shm": lambda: libc.shmctl(ident, IPC_RMID, None),
-              "sem": lambda: libc.semctl(ident, 0, IPC_RMID),
-              "msg": lambda: libc.msgctl(ident, IPC_RMID, None)}[kind]()
+    result = {
+        "shm": lambda: libc.shmctl(ident, IPC_RMID, None),
+        "sem": lambda: libc.semctl(ident, 0, IPC_RMID),
+        "msg": lambda: libc.msgctl(ident, IPC_RMID, None),
+    }[kind]()
     if result != 0:
         log.warning("removing System V %s %d failed: %s", kind, ident, os.strerror(ctypes.get_errno()))
 

@@ -3,6 +3,7 @@
 Opened on first use; without the package or a driver it reads nothing (None, or no readings), once logged. The hang
 detector and the heartbeat's telemetry read through the same probe.
 """
+
 import logging
 from collections.abc import Sequence
 
@@ -26,8 +27,9 @@ class GpuProbe:
         if nvml is None or not indices:
             return None
         try:
-            return float(max(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu
-                             for i in indices))
+            return float(
+                max(nvml.nvmlDeviceGetUtilizationRates(nvml.nvmlDeviceGetHandleByIndex(i)).gpu for i in indices)
+            )
         except nvml.NVMLError as exc:
             log.warning("reading GPU utilisation failed: %r", exc)
             return None
@@ -42,14 +44,18 @@ class GpuProbe:
         for index in indices:
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                raw = {"index": index, "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
-                       "memory_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB}
+                raw = {
+                    "index": index,
+                    "util_percent": nvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                    "memory_used_gb": nvml.nvmlDeviceGetMemoryInfo(handle).used / GIB,
+                }
             except nvml.NVMLError as exc:
                 log.warning("reading GPU %d failed: %r", index, exc)
                 continue
             raw["power_w"] = _optional(nvml, lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000, handle)  # mW
-            raw["temp_c"] = _optional(nvml, lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU),
-                                      handle)
+            raw["temp_c"] = _optional(
+                nvml, lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU), handle
+            )
             found.append({k: round(v, 3) if isinstance(v, float) else v for k, v in raw.items()})
         return readings(found)
 

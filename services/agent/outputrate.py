@@ -1,4 +1,5 @@
 """How fast a task may print (pure): token buckets of lines and bytes; past them lines are dropped and counted."""
+
 from dataclasses import dataclass, field
 
 
@@ -54,5 +55,7 @@ class OutputRate:
 
 
 def dropped_notice(count: int, rate: OutputRate) -> str:
-    return (f"[trainmaster] {count} lines dropped: the task printed faster than {rate.lines_per_s:g} lines/s or "
-            f"{rate.bytes_per_s:g} bytes/s (with {rate.burst_s:g} s of either saved up)")
+    return (
+        f"[trainmaster] {count} lines dropped: the task printed faster than {rate.lines_per_s:g} lines/s or "
+        f"{rate.bytes_per_s:g} bytes/s (with {rate.burst_s:g} s of either saved up)"
+    )

@@ -1,5 +1,6 @@
 """An agent's heartbeat interval: its own configured one, slowed to what the monitor announces for a large fleet
 (`NodeCadence`, services/monitor/cadence.py)."""
+
 import logging
 
 from pydantic import ValidationError

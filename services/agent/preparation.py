@@ -1,4 +1,5 @@
 """Before a task starts: its training environment (a cached virtual environment), its code and its inputs."""
+
 import asyncio
 import hashlib
 import json
@@ -92,8 +93,10 @@ class Preparer:
     def packages(self, engine: Engine) -> tuple[list[str], str | None]:
         entry = self.catalogue.get(engine.name or "", {})
         if engine.name and not entry and not engine.packages and not engine.image:
-            raise PrepareError(f"engine {engine.name!r} is not in this node's catalogue "
-                               f"(has: {', '.join(sorted(self.catalogue)) or 'none'})")
+            raise PrepareError(
+                f"engine {engine.name!r} is not in this node's catalogue "
+                f"(has: {', '.join(sorted(self.catalogue)) or 'none'})"
+            )
         return sorted(set(entry.get("packages", [])) | set(engine.packages)), engine.image or entry.get("image")
 
     def _key(self, packages: list[str]) -> str:
@@ -106,8 +109,10 @@ class Preparer:
         if not where:
             return None
         if engine.packages or engine.image:
-            raise PrepareError(f"engine {engine.name!r} is an existing environment of the node: nothing can be "
-                               "installed into it (give the packages under another engine name)")
+            raise PrepareError(
+                f"engine {engine.name!r} is an existing environment of the node: nothing can be "
+                "installed into it (give the packages under another engine name)"
+            )
         path = Path(sys.prefix) if where == AGENT_ENVIRONMENT else Path(where)
         if not path.is_absolute() or not (path / "bin" / "python").exists():
             raise PrepareError(f"engine {engine.name!r}: {where!r} is not a Python environment of this node")
@@ -130,9 +135,11 @@ class Preparer:
         packages, image = self.packages(engine)
         if image and not packages:
             runtime = shutil.which("docker") or shutil.which("podman")
-            raise PrepareError(f"engine image {image}: running containers needs a container engine on the node "
-                               f"({'found ' + runtime + ' but' if runtime else 'none found, and'} this agent runs "
-                               "tasks as processes); give the engine's packages to use a virtual environment")
+            raise PrepareError(
+                f"engine image {image}: running containers needs a container engine on the node "
+                f"({'found ' + runtime + ' but' if runtime else 'none found, and'} this agent runs "
+                "tasks as processes); give the engine's packages to use a virtual environment"
+            )
         key = self._key(packages)
         venv = self.root / key
         async with self.locks.setdefault(key, asyncio.Lock()):
@@ -143,16 +150,27 @@ class Preparer:
             shutil.rmtree(venv, ignore_errors=True)  # what a failed build left (it has no .ready)
             await self._run([sys.executable, "-m", "venv", str(venv)], what="python -m venv")
             if packages:
-                await self._run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check",
-                                 "--no-input", *packages], what="pip install")
+                await self._run(
+                    [
+                        str(venv / "bin" / "python"),
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--no-input",
+                        *packages,
+                    ],
+                    what="pip install",
+                )
             (venv / ".ready").write_text(json.dumps(packages))
             note(f"engine {engine.name or key} prepared")
             return venv
 
     async def _run(self, argv: list[str], *, what: str) -> None:
         # readable by every task user whatever the agent's umask (an environment holds no secret)
-        process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
-                                                       stderr=asyncio.subprocess.STDOUT, umask=0o022)
+        process = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, umask=0o022
+        )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), timeout=PIP_TIMEOUT_S)
         except TimeoutError:

@@ -5,6 +5,7 @@ What bounds it: the quota plus what the task writes between two measurements (DI
 speed). Its private /tmp, /var/tmp, /dev/shm and /run/lock are memory (tmpfs of bounded size, counted in its
 memory cgroup), not disk.
 """
+
 import asyncio
 import os
 import signal
@@ -47,8 +48,9 @@ async def past_quota(task: "TaskProcess", quota_gb: float) -> bool:
     if not over_quota(used, quota_gb):
         return False
     task.disk_full = True
-    task.tail.append(f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory "
-                     f"({used / 2**30:.2f} GB)")
+    task.tail.append(
+        f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory ({used / 2**30:.2f} GB)"
+    )
     return True
 
 

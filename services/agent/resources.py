@@ -1,5 +1,6 @@
 """What a node offers: read from NVML when the machine has NVIDIA GPUs, else from its cluster-file entry
 (`shared.cluster`)."""
+
 import logging
 import os
 import socket
@@ -14,8 +15,19 @@ from services.agent.throughput import with_measured
 log = logging.getLogger(__name__)
 
 # Dense BF16 tensor TFLOPS by model, for GPUs found through NVML (the driver does not report it).
-KNOWN_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0, "L4": 121.0,
-                "V100": 125.0, "T4": 65.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "A6000": 155.0}
+KNOWN_TFLOPS = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+    "A10": 125.0,
+    "L4": 121.0,
+    "V100": 125.0,
+    "T4": 65.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "A6000": 155.0,
+}
 
 
 def load_cluster(path: Path) -> dict[str, NodeEntry]:
@@ -81,8 +93,13 @@ def gpus_from_nvml() -> tuple[Gpu, ...] | None:
         pynvml.nvmlShutdown()
 
 
-def describe_node(entry: NodeEntry | Mapping[str, Any], *, use_nvml: bool, virtual: bool,
-                  measure: Callable[[], dict[int, float]] | None = None) -> NodeInfo:
+def describe_node(
+    entry: NodeEntry | Mapping[str, Any],
+    *,
+    use_nvml: bool,
+    virtual: bool,
+    measure: Callable[[], dict[int, float]] | None = None,
+) -> NodeInfo:
     """The node record to register: real GPUs when NVML finds them (each with its throughput when `measure` is
     given and measures it), the configured ones otherwise."""
     node = node_from_config(entry, virtual=virtual)
@@ -91,7 +108,9 @@ def describe_node(entry: NodeEntry | Mapping[str, Any], *, use_nvml: bool, virtu
         log.info("NVML found %d GPU(s); the cluster file's GPU list is not used", len(found))
         if measure is not None:
             found = with_measured(found, measure())
-            log.info("GPU throughput: %s", ", ".join(f"{g.index}: {g.measured_tflops} TFLOPS measured, "
-                                                      f"{g.tflops} in the table" for g in found))
+            log.info(
+                "GPU throughput: %s",
+                ", ".join(f"{g.index}: {g.measured_tflops} TFLOPS measured, {g.tflops} in the table" for g in found),
+            )
         return node.model_copy(update={"gpus": found, "resources_source": "nvml", "virtual": False})
     return node

@@ -1,4 +1,5 @@
 """One task as a real OS process: its own process group, its environment, its output line by line."""
+
 import asyncio
 import json
 import os
@@ -26,13 +27,28 @@ from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 TAIL_LINES = 20
 # The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,
 # credentials included, never reaches a task); the job's own variables and ours are added after.
-INHERITED_ENV = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH",
-                           "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "HIP_VISIBLE_DEVICES"})
+INHERITED_ENV = frozenset(
+    {
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "NVIDIA_VISIBLE_DEVICES",
+        "NVIDIA_DRIVER_CAPABILITIES",
+        "HIP_VISIBLE_DEVICES",
+    }
+)
 INHERITED_ENV_PREFIXES = ("LC_",)
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
 SHIM = Path(__file__).resolve().parent / "shim.py"
-GPU_OOM = re.compile(r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
-                     r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory")
+GPU_OOM = re.compile(
+    r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
+    r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory"
+)
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 MEMORY_CHECK_S = 0.5
 EXIT_POLL_S = 0.05
@@ -51,12 +67,25 @@ def agent_account() -> str:
 def identity(account: str, workdir: Path) -> dict[str, str]:
     """Who the task is and where its caches go (PyTorch's compilers, Triton, XDG): all in its own directory."""
     cache = workdir / ".cache"
-    return {"USER": account, "LOGNAME": account, "HOME": str(workdir), "XDG_CACHE_HOME": str(cache),
-            "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    return {
+        "USER": account,
+        "LOGNAME": account,
+        "HOME": str(workdir),
+        "XDG_CACHE_HOME": str(cache),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "torchinductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+    }
 
 
-def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: dict[str, str],
-                     sdk_dir: Path = SDK_DIR, account: str | None = None) -> dict[str, str]:
+def task_environment(
+    start: StartTask,
+    node: NodeInfo,
+    *,
+    workdir: Path,
+    base: dict[str, str],
+    sdk_dir: Path = SDK_DIR,
+    account: str | None = None,
+) -> dict[str, str]:
     """The task's environment: the allowed part of the agent's, parameters, the job's variables, ours last
     (`account`: the task user's name; the agent's own when None)."""
     gpus = [g for g in node.gpus if g.index in start.gpu_indices]
@@ -67,27 +96,29 @@ def task_environment(start: StartTask, node: NodeInfo, *, workdir: Path, base: d
     env.update({p.name: p.value for p in start.algorithm.parameters})
     env.update(start.algorithm.environments)
     env.update(identity(account or agent_account(), workdir))
-    env.update({
-        "TMPDIR": str(workdir / "tmp"),
-        "TRAINMASTER_JOB_ID": start.job_id,
-        "TRAINMASTER_PROJECT_ID": start.project_id,
-        "TRAINMASTER_ATTEMPT": str(start.attempt),
-        "TRAINMASTER_NODE_ID": node.node_id,
-        "TRAINMASTER_WORK_DIR": str(workdir),
-        "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
-        "TRAINMASTER_PROGRESS_FILE": str(workdir / PROGRESS_FILE),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(sdk_dir), env.get("PYTHONPATH", "")) if p),
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA_VISIBLE_DEVICES then counts GPUs as NVML (and we) do
-        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
-        "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
-        "TRAINMASTER_GPU_MEMORY_GB": f"{min(g.memory_gb for g in gpus):g}" if gpus else "0",
-        "RANK": str(start.rank),
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": str(start.world_size),
-        "MASTER_ADDR": start.master_addr,
-        "MASTER_PORT": str(start.master_port),
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        {
+            "TMPDIR": str(workdir / "tmp"),
+            "TRAINMASTER_JOB_ID": start.job_id,
+            "TRAINMASTER_PROJECT_ID": start.project_id,
+            "TRAINMASTER_ATTEMPT": str(start.attempt),
+            "TRAINMASTER_NODE_ID": node.node_id,
+            "TRAINMASTER_WORK_DIR": str(workdir),
+            "TRAINMASTER_CHECKPOINT_DIR": str(workdir / "checkpoint"),
+            "TRAINMASTER_PROGRESS_FILE": str(workdir / PROGRESS_FILE),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(sdk_dir), env.get("PYTHONPATH", "")) if p),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # CUDA_VISIBLE_DEVICES then counts GPUs as NVML (and we) do
+            "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in start.gpu_indices),
+            "TRAINMASTER_GPU_MODEL": gpus[0].model if gpus else "",
+            "TRAINMASTER_GPU_MEMORY_GB": f"{min(g.memory_gb for g in gpus):g}" if gpus else "0",
+            "RANK": str(start.rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(start.world_size),
+            "MASTER_ADDR": start.master_addr,
+            "MASTER_PORT": str(start.master_port),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -127,13 +158,16 @@ class TaskProcess:
         stdout, stderr = self.process.stdout, self.process.stderr
         if stdout is None or stderr is None:
             raise RuntimeError("the shim was started without pipes for its output")
-        readers = [asyncio.create_task(self._read(stdout, "out", on_line)),
-                   asyncio.create_task(self._read(stderr, "err", on_line))]
+        readers = [
+            asyncio.create_task(self._read(stdout, "out", on_line)),
+            asyncio.create_task(self._read(stderr, "err", on_line)),
+        ]
         status = await self._ended()
         if status != -signal.SIGKILL:
             await asyncio.wait(readers, timeout=self.stop_grace_s if self.stop_reason is not None else DRAIN_S)
-        await asyncio.to_thread(kill_tree, self.process.pid, uid=self.user.uid if self.user else None,
-                                marker=self.marker)
+        await asyncio.to_thread(
+            kill_tree, self.process.pid, uid=self.user.uid if self.user else None, marker=self.marker
+        )
         _, late = await asyncio.wait(readers, timeout=DRAIN_S)
         for reader in late:  # something outside the task's group, uid and environment holds its output: not read
             reader.cancel()
@@ -193,8 +227,10 @@ class TaskProcess:
                     return
             elif (used := group_rss(self.process.pid)) > limit:
                 self.oom = "host"
-                self.tail.append(f"killed by trainmaster: out of memory: the task used {used / 2**30:.2f} GB of host "
-                                 f"memory, more than the {limit_gb:g} GB it was given (spec.resource.memory_gb)")
+                self.tail.append(
+                    f"killed by trainmaster: out of memory: the task used {used / 2**30:.2f} GB of host "
+                    f"memory, more than the {limit_gb:g} GB it was given (spec.resource.memory_gb)"
+                )
                 self._signal_group(signal.SIGKILL)
                 return
             await asyncio.sleep(MEMORY_CHECK_S)
@@ -203,9 +239,11 @@ class TaskProcess:
         """Whether the kernel killed a process of the task's cgroup for memory (noted once)."""
         if self.oom != "host" and self.cgroup is not None and read_oom_kills(self.cgroup) > 0:
             self.oom = "host"
-            self.tail.append(f"killed by trainmaster: out of memory: the task's processes reached the {limit_gb:g} GB "
-                             "of host memory it was given (spec.resource.memory_gb; /dev/shm and detached processes "
-                             "included)")
+            self.tail.append(
+                f"killed by trainmaster: out of memory: the task's processes reached the {limit_gb:g} GB "
+                "of host memory it was given (spec.resource.memory_gb; /dev/shm and detached processes "
+                "included)"
+            )
         return self.oom == "host"
 
     def _signal_group(self, sig: signal.Signals) -> None:
@@ -236,8 +274,12 @@ def kill_tree(leader: int, *, uid: int | None, marker: str) -> None:
 def memory_limit_gb(start: StartTask, node: NodeInfo) -> float:
     """The host memory a task may use: what placement launched it with (a command from before placement decided
     it: its GPUs' share of this node, or the CPU job's default)."""
-    return host_memory_gb(start.spec.resource.memory_gb, gpus=len(start.gpu_indices), node_memory_gb=node.memory_gb,
-                          node_gpus=len(node.gpus))
+    return host_memory_gb(
+        start.spec.resource.memory_gb,
+        gpus=len(start.gpu_indices),
+        node_memory_gb=node.memory_gb,
+        node_gpus=len(node.gpus),
+    )
 
 
 def group_rss(leader: int) -> int:
@@ -255,10 +297,20 @@ def group_rss(leader: int) -> int:
         return 0
 
 
-async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: str | None = None,
-                launch_dir: Path, user: TaskUser | None = None, reach: Sequence[str] = (),
-                cover: dict[str, int] | None = None, cgroup: TaskCgroup | None = None,
-                tmpfs_bytes: int | None = None, file_size: int | None = None) -> TaskProcess:
+async def spawn(
+    start: StartTask,
+    *,
+    env: dict[str, str],
+    workdir: Path,
+    argv: str | None = None,
+    launch_dir: Path,
+    user: TaskUser | None = None,
+    reach: Sequence[str] = (),
+    cover: dict[str, int] | None = None,
+    cgroup: TaskCgroup | None = None,
+    tmpfs_bytes: int | None = None,
+    file_size: int | None = None,
+) -> TaskProcess:
     """Start the task's command under the shim, as the leader of a new process group (as `user` when given).
 
     The shim is run by file path in isolated mode with an empty environment: the job's variables (LD_PRELOAD, say)
@@ -266,16 +318,26 @@ async def spawn(start: StartTask, *, env: dict[str, str], workdir: Path, argv: s
     agent's own directory, not in the command line (every user can read those)."""
     workdir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
-    launch = {"command": argv or start.algorithm.command, "env": {**env, TASK_MARKER: marker}, "cwd": str(workdir),
-              "user": {"uid": user.uid, "gid": user.gid, "name": env.get("USER", "")} if user else None,
-              "reach": list(reach), "cover": cover or {}, "cgroup_procs": cgroup.procs_files if cgroup else [],
-              "tmpfs_size": tmpfs_bytes, "file_size": file_size}
+    launch = {
+        "command": argv or start.algorithm.command,
+        "env": {**env, TASK_MARKER: marker},
+        "cwd": str(workdir),
+        "user": {"uid": user.uid, "gid": user.gid, "name": env.get("USER", "")} if user else None,
+        "reach": list(reach),
+        "cover": cover or {},
+        "cgroup_procs": cgroup.procs_files if cgroup else [],
+        "tmpfs_size": tmpfs_bytes,
+        "file_size": file_size,
+    }
     path = launch_dir / f"{uuid.uuid4().hex}.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(launch, f)
     try:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", str(SHIM), str(path),
+            sys.executable,
+            "-I",
+            str(SHIM),
+            str(path),
             cwd=workdir,
             env={"PATH": os.defpath},
             stdin=asyncio.subprocess.DEVNULL,

@@ -19,6 +19,7 @@ task's processes, limits the size of any file the task writes (the disk quota), 
 shim how the command ended and reaps orphans until it is killed with the rest of the group; when it dies, the
 kernel kills everything left in the namespace.
 """
+
 import ctypes
 import json
 import os
@@ -49,8 +50,9 @@ def _searchable(path: str, uid: int, gid: int) -> bool:
 
 def plan(*, reach: list[str], cover: dict[str, int], uid: int, gid: int) -> dict[str, tuple[int, set[str]]]:
     """Directories to cover (tmpfs mode, the children to show through it) so that `reach` is reachable."""
-    covers: dict[str, tuple[int, set[str]]] = {os.path.realpath(p): (mode, set()) for p, mode in cover.items()
-                                                if os.path.isdir(p)}
+    covers: dict[str, tuple[int, set[str]]] = {
+        os.path.realpath(p): (mode, set()) for p, mode in cover.items() if os.path.isdir(p)
+    }
     covers.pop("/", None)
     for target in reach:
         target = os.path.realpath(target)
@@ -66,12 +68,19 @@ def plan(*, reach: list[str], cover: dict[str, int], uid: int, gid: int) -> dict
 
 def account_files(*, passwd: str, group: str, name: str, uid: int, gid: int, home: str) -> tuple[str, str]:
     """The host's /etc/passwd and /etc/group, less any entry of that name or id, plus one for the task's user."""
+
     def kept(text: str, number: int) -> str:
         rows = [row for row in text.splitlines() if row.strip()]
-        return "".join(f"{row}\n" for row in rows
-                       if row.split(":")[0] != name and (row.split(":") + ["", "", ""])[2] != str(number))
-    return (f"{kept(passwd, uid)}{name}:x:{uid}:{gid}:trainmaster task:{home}:/bin/sh\n",
-            f"{kept(group, gid)}{name}:x:{gid}:\n")
+        return "".join(
+            f"{row}\n"
+            for row in rows
+            if row.split(":")[0] != name and (row.split(":") + ["", "", ""])[2] != str(number)
+        )
+
+    return (
+        f"{kept(passwd, uid)}{name}:x:{uid}:{gid}:trainmaster task:{home}:/bin/sh\n",
+        f"{kept(group, gid)}{name}:x:{gid}:\n",
+    )
 
 
 def _read(path: str) -> str:
@@ -85,8 +94,9 @@ def _read(path: str) -> str:
 def show_account(*, name: str, uid: int, gid: int, home: str, scratch: str = "/tmp") -> None:
     """Bind generated passwd and group files over the host's, in this mount namespace only (written to the
     task's private `scratch` tmpfs, then unlinked: the mounts keep them)."""
-    texts = account_files(passwd=_read("/etc/passwd"), group=_read("/etc/group"), name=name, uid=uid, gid=gid,
-                          home=home)
+    texts = account_files(
+        passwd=_read("/etc/passwd"), group=_read("/etc/group"), name=name, uid=uid, gid=gid, home=home
+    )
     for target, text in zip(("/etc/passwd", "/etc/group"), texts):
         source = os.path.join(scratch, f".trainmaster-{os.path.basename(target)}")
         with open(os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "w") as f:
@@ -102,15 +112,20 @@ def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None =
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
     size = f",size={tmpfs_size}" if tmpfs_size else ""
     # handles on what each cover hides, taken in the new namespace (a bind mount's source must be in it)
-    originals = {(parent, child): os.open(os.path.join(parent, child), os.O_PATH | os.O_NOFOLLOW)
-                 for parent, (_, children) in covers.items() for child in children
-                 if os.path.lexists(os.path.join(parent, child))}
+    originals = {
+        (parent, child): os.open(os.path.join(parent, child), os.O_PATH | os.O_NOFOLLOW)
+        for parent, (_, children) in covers.items()
+        for child in children
+        if os.path.lexists(os.path.join(parent, child))
+    }
     for parent in sorted(covers, key=lambda p: p.count("/")):  # outer first: inner ones are reached through them
         mode, children = covers[parent]
         if not os.path.isdir(parent):  # inside an outer cover and on no path the task needs: hidden already
             continue
-        _check(LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o}{size}".encode()),
-               f"cover {parent}")
+        _check(
+            LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o}{size}".encode()),
+            f"cover {parent}",
+        )
         for child in sorted(children):
             fd = originals.get((parent, child))
             if fd is None:
@@ -120,8 +135,10 @@ def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None =
                 os.mkdir(target)
             else:
                 open(target, "x").close()
-            _check(LIBC.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None),
-                   f"show {target}")
+            _check(
+                LIBC.mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None),
+                f"show {target}",
+            )
     for fd in originals.values():
         os.close(fd)
 
@@ -153,8 +170,14 @@ def init(launch: dict, as_user: dict, *, report: int, own_pids: bool) -> None:
     if launch.get("file_size"):
         resource.setrlimit(resource.RLIMIT_FSIZE, (launch["file_size"], launch["file_size"]))
     me = os.getpid()
-    child = subprocess.Popen(["/bin/sh", "-c", launch["command"]], cwd=launch["cwd"], env=launch["env"],
-                             restore_signals=True, preexec_fn=lambda: _bind_to(me), **as_user)
+    child = subprocess.Popen(
+        ["/bin/sh", "-c", launch["command"]],
+        cwd=launch["cwd"],
+        env=launch["env"],
+        restore_signals=True,
+        preexec_fn=lambda: _bind_to(me),
+        **as_user,
+    )
     while True:
         try:
             pid, status = os.wait()
@@ -176,18 +199,27 @@ def confine(launch: dict) -> tuple[dict, bool]:
     try:
         join_cgroups(launch.get("cgroup_procs", []))
     except OSError as exc:
-        print(f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent "
-              "instead", file=sys.stderr, flush=True)
+        print(
+            f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent instead",
+            file=sys.stderr,
+            flush=True,
+        )
     try:  # mount, IPC and (for its children) PID namespaces of its own
         _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID))
         namespaced = True
     except OSError as exc:  # no CAP_SYS_ADMIN: the task still runs as its own user, with less in reach
-        print(f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
-              "user cannot enter are out of its reach", file=sys.stderr, flush=True)
+        print(
+            f"[trainmaster] no private mount namespace for this task ({exc}); paths under directories its "
+            "user cannot enter are out of its reach",
+            file=sys.stderr,
+            flush=True,
+        )
         namespaced = False
     if namespaced:  # from here on a failure ends the task: it never runs half covered
-        isolate(plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
-                tmpfs_size=launch.get("tmpfs_size"))
+        isolate(
+            plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
+            tmpfs_size=launch.get("tmpfs_size"),
+        )
         try:
             show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
         except OSError as exc:  # USER, LOGNAME and HOME still name it

@@ -1,4 +1,5 @@
 """Output lines of a task to the bus in ordered chunks, and to a file beside the attempt."""
+
 import asyncio
 import logging
 import time
@@ -16,8 +17,15 @@ MAX_LINES_PER_CHUNK = 500
 
 class LogShipper:
     def __init__(
-        self, *, job_id: str, attempt: int, rank: int, node_id: str, path: Path,
-        publish: Callable[[LogChunk], Awaitable[None]], rate: OutputRate | None = None,
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        rank: int,
+        node_id: str,
+        path: Path,
+        publish: Callable[[LogChunk], Awaitable[None]],
+        rate: OutputRate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id, self.attempt, self.rank, self.node_id = job_id, attempt, rank, node_id
@@ -78,15 +86,23 @@ class LogShipper:
                 last = closing and len(lines) == len(self.buffer)
                 # the node in the id too: no other publisher's chunk can share it, signed or not (`bus.dedup_id`)
                 event_id = f"{self.job_id}:{self.attempt}:{self.rank}:{self.node_id}:log:{self.seq}"
-                chunk = LogChunk(event_id=event_id, job_id=self.job_id, attempt=self.attempt, rank=self.rank,
-                                 node_id=self.node_id, seq=self.seq, lines=lines, last=last)
+                chunk = LogChunk(
+                    event_id=event_id,
+                    job_id=self.job_id,
+                    attempt=self.attempt,
+                    rank=self.rank,
+                    node_id=self.node_id,
+                    seq=self.seq,
+                    lines=lines,
+                    last=last,
+                )
                 try:
                     await self.publish(chunk)
                 except Exception as exc:  # the bus is down: keep the lines, try again shortly
                     log.warning("log chunk %s not shipped yet: %r", chunk.event_id, exc)
                     await asyncio.sleep(1)
                     continue
-                del self.buffer[:len(lines)]
+                del self.buffer[: len(lines)]
                 self.seq += 1
                 self.ended = last
             if closing:

@@ -1,6 +1,7 @@
 """Spot preemption: the agent of a spot node watches the instance metadata for the interruption notice (about two
 minutes ahead on EC2) and a rebalance recommendation. On a notice it snapshots and stops its tasks (SIGTERM: the
 checkpoint contract) and leaves; their attempts are requeued and the jobs resume elsewhere from the checkpoint."""
+
 import asyncio
 import json
 import logging
@@ -47,8 +48,14 @@ def parse_notice(kind: str, status: int, body: bytes) -> Notice | None:
 class SpotWatcher:
     """Polls the metadata service; calls `on_notice` once, for an interruption (or a rebalance if asked)."""
 
-    def __init__(self, *, url: str, on_notice: Callable[[Notice], Awaitable[None]], poll_s: float = 5.0,
-                 act_on_rebalance: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        on_notice: Callable[[Notice], Awaitable[None]],
+        poll_s: float = 5.0,
+        act_on_rebalance: bool = False,
+    ) -> None:
         self.url = url.rstrip("/")
         self.on_notice = on_notice
         self.poll_s = poll_s
@@ -75,8 +82,11 @@ class SpotWatcher:
             rebalance = await self._get(client, REBALANCE, "rebalance")
             if rebalance and not self.rebalance_seen:
                 self.rebalance_seen = True
-                log.warning("spot rebalance recommendation at %s%s", rebalance.time,
-                            ": leaving now" if self.act_on_rebalance else "")
+                log.warning(
+                    "spot rebalance recommendation at %s%s",
+                    rebalance.time,
+                    ": leaving now" if self.act_on_rebalance else "",
+                )
                 if self.act_on_rebalance:
                     return rebalance
         except httpx.HTTPError as exc:
@@ -102,11 +112,19 @@ class SpotWatcher:
 def leave_on_notice(agent, *, exit_process: Callable[[], None]) -> Callable[[Notice], Awaitable[None]]:
     """What a notice does: tell placement (the node gets no more work and is given back), snapshot and stop every
     task (their ends reported, their jobs requeued from the checkpoint), then leave."""
+
     async def on_notice(notice: Notice) -> None:
         node_id = agent.node.node_id
-        await agent.publish_reliably(NodeInterrupted(
-            event_id=f"{node_id}:{agent.boot_id}:interrupted", node_id=node_id, kind=notice.kind,
-            action=notice.action, notice_time=notice.time))
+        await agent.publish_reliably(
+            NodeInterrupted(
+                event_id=f"{node_id}:{agent.boot_id}:interrupted",
+                node_id=node_id,
+                kind=notice.kind,
+                action=notice.action,
+                notice_time=notice.time,
+            )
+        )
         await agent.shutdown(reason=f"spot {notice.kind}: {notice.action} at {notice.time}")
         exit_process()
+
     return on_notice

@@ -12,5 +12,8 @@ OLDER_NAMES = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "NCCL_ASYNC_ERROR_HANDLING"}
 
 def collective_defaults(own: dict[str, str]) -> dict[str, str]:
     """The collective-communication settings a task gets, less those its job sets itself (`own`)."""
-    return {name: value for name, value in COLLECTIVE_DEFAULTS.items()
-            if name not in own and OLDER_NAMES.get(name) not in own}
+    return {
+        name: value
+        for name, value in COLLECTIVE_DEFAULTS.items()
+        if name not in own and OLDER_NAMES.get(name) not in own
+    }

@@ -1,4 +1,5 @@
 """A running task's share of the node's GPU readings: one TaskTelemetry per task per heartbeat."""
+
 from collections.abc import Iterable
 
 import psutil
@@ -6,8 +7,9 @@ import psutil
 from shared.events import GpuReading, StartTask, TaskTelemetry
 
 
-def task_samples(tasks: Iterable[tuple[StartTask, float | None]], gpus: tuple[GpuReading, ...], *, node_id: str,
-                 seq: int, t: float) -> list[TaskTelemetry]:
+def task_samples(
+    tasks: Iterable[tuple[StartTask, float | None]], gpus: tuple[GpuReading, ...], *, node_id: str, seq: int, t: float
+) -> list[TaskTelemetry]:
     """For each task given GPUs (with the GPU memory its processes hold, where read), the readings of its own
     GPUs; a task none of whose GPUs was read gets no sample."""
     by_index = {g.index: g for g in gpus}
@@ -15,10 +17,19 @@ def task_samples(tasks: Iterable[tuple[StartTask, float | None]], gpus: tuple[Gp
     for start, process_memory_gb in tasks:
         own = tuple(by_index[i] for i in start.gpu_indices if i in by_index)
         if own:
-            samples.append(TaskTelemetry(event_id=f"{start.job_id}:{start.attempt}:{start.rank}:gpu:{node_id}:{seq}",
-                                         job_id=start.job_id, attempt=start.attempt, rank=start.rank,
-                                         node_id=node_id, seq=seq, t=round(t, 3), gpus=own,
-                                         process_memory_gb=process_memory_gb))
+            samples.append(
+                TaskTelemetry(
+                    event_id=f"{start.job_id}:{start.attempt}:{start.rank}:gpu:{node_id}:{seq}",
+                    job_id=start.job_id,
+                    attempt=start.attempt,
+                    rank=start.rank,
+                    node_id=node_id,
+                    seq=seq,
+                    t=round(t, 3),
+                    gpus=own,
+                    process_memory_gb=process_memory_gb,
+                )
+            )
     return samples
 
 

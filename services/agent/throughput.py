@@ -1,5 +1,6 @@
 """The node's GPUs measured at start: `gpubench.py` run in a process of its own under a hard timeout (a broken
 driver never hangs the agent, and no CUDA context stays in it), its answer read as a claim like any other."""
+
 import json
 import logging
 import math
@@ -23,8 +24,9 @@ Runner = Callable[[list[str], float, dict[str, str]], str]
 
 def run_process(command: list[str], timeout_s: float, env: dict[str, str]) -> str:
     """The command's standard output; killed past `timeout_s`."""
-    done = subprocess.run(command, capture_output=True, timeout=timeout_s, env=env, check=True,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        command, capture_output=True, timeout=timeout_s, env=env, check=True, stdin=subprocess.DEVNULL
+    )
     return done.stdout.decode(errors="replace")
 
 
@@ -54,15 +56,22 @@ def parse(output: str) -> dict[int, float]:
         index, tflops = row.get("index"), row.get("tflops")
         if row.get("error"):
             log.info("GPU %s not measured: %s", index, str(row["error"])[:200])
-        if (isinstance(index, int) and not isinstance(index, bool) and index >= 0
-                and isinstance(tflops, int | float) and not isinstance(tflops, bool)
-                and math.isfinite(tflops) and 0 < tflops < MAX_TFLOPS):
+        if (
+            isinstance(index, int)
+            and not isinstance(index, bool)
+            and index >= 0
+            and isinstance(tflops, int | float)
+            and not isinstance(tflops, bool)
+            and math.isfinite(tflops)
+            and 0 < tflops < MAX_TFLOPS
+        ):
             found[index] = float(tflops)
     return found
 
 
-def measure_tflops(*, python: str = "", timeout_s: float = 60.0, runner: Runner = run_process,
-                   environ: dict[str, str] | None = None) -> dict[int, float]:
+def measure_tflops(
+    *, python: str = "", timeout_s: float = 60.0, runner: Runner = run_process, environ: dict[str, str] | None = None
+) -> dict[int, float]:
     """Each GPU's dense matmul TFLOPS by index, measured by `python` (empty: the agent's own); {} when it cannot
     be measured (no torch, no CUDA, a crash, past the timeout)."""
     command = [python or sys.executable, str(BENCH)]
@@ -79,5 +88,6 @@ def measure_tflops(*, python: str = "", timeout_s: float = 60.0, runner: Runner 
 
 def with_measured(gpus: tuple[Gpu, ...], measured: dict[int, float]) -> tuple[Gpu, ...]:
     """The GPUs with the figure measured for their index (the others as they were)."""
-    return tuple(g.model_copy(update={"measured_tflops": measured[g.index]}) if g.index in measured else g
-                 for g in gpus)
+    return tuple(
+        g.model_copy(update={"measured_tflops": measured[g.index]}) if g.index in measured else g for g in gpus
+    )

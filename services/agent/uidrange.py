@@ -1,5 +1,6 @@
 """Each stack on a host gets a uid range of its own, so no task of one stack ever runs as a uid another stack's
 task had: the ranges are recorded by data directory in a host-wide registry (a JSON file under a lock)."""
+
 import fcntl
 import json
 import os

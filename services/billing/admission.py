@@ -1,5 +1,6 @@
 """Quotas and admission: each project's quotas and budgets (read and written here alone), and whether a project
 and user may take on a job or a paid node (the rules in services/billing/quota.py)."""
+
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +32,11 @@ class QuotaBook:
 
     async def save(self, project_id: str, quotas: ProjectQuotas) -> None:
         self.known.pop(project_id)  # a failed write leaves the next read to the database
-        await self.quotas.replace_one({"_id": project_id},  # nx-27017 wants the _id in an upsert's doc
-                                      {"_id": project_id, "quotas": quotas.model_dump()}, upsert=True)
+        await self.quotas.replace_one(
+            {"_id": project_id},  # nx-27017 wants the _id in an upsert's doc
+            {"_id": project_id, "quotas": quotas.model_dump()},
+            upsert=True,
+        )
         self.known.put(project_id, quotas)
 
     async def projects(self) -> list[str]:
@@ -59,8 +63,14 @@ class Admission:
             await self.changed(request.project_id)
         month = policy.month_start(utcnow())
         report = await self.reports.usage(UsageQuery(project_id=request.project_id, start=month))
-        return QuotasReply(project_id=request.project_id, quotas=current, month_start=month, used=report.total,
-                           used_by_user=report.by_user, gpus_in_use=report.gpus_in_use)
+        return QuotasReply(
+            project_id=request.project_id,
+            quotas=current,
+            month_start=month,
+            used=report.total,
+            used_by_user=report.by_user,
+            gpus_in_use=report.gpus_in_use,
+        )
 
     async def admit(self, query: AdmitQuery) -> AdmitReply:
         """Allowed unless the project's or the user's quota or budget would be exceeded."""
@@ -68,18 +78,33 @@ class Admission:
         user_limits = limits.users.get(query.user_name)
         if not _limited(limits) and not (user_limits and _limited(user_limits)):
             return AdmitReply(allowed=True)
-        if query.purpose == "submit" and query.estimated_cost == 0 and query.estimated_gpu_hours == 0 \
-                and query.gpus == 0:
+        if (
+            query.purpose == "submit"
+            and query.estimated_cost == 0
+            and query.estimated_gpu_hours == 0
+            and query.gpus == 0
+        ):
             return AdmitReply(allowed=True, limited=True)  # a first look: the caller prices the job next
         report = await self.reports.usage(UsageQuery(project_id=query.project_id, start=policy.month_start(utcnow())))
-        refusal = policy.check(limits, scope=query.project_id, used=report.total, gpus_in_use=report.gpus_in_use,
-                               gpus_queued=await self._queued_gpus(query), query=query)
+        refusal = policy.check(
+            limits,
+            scope=query.project_id,
+            used=report.total,
+            gpus_in_use=report.gpus_in_use,
+            gpus_queued=await self._queued_gpus(query),
+            query=query,
+        )
         if refusal is None and user_limits is not None:
             used = next((r for r in report.by_user if r.key == query.user_name), UsageTotals(key=query.user_name))
             mine = await self.reports.running({"project_id": query.project_id, "user_name": query.user_name})
-            refusal = policy.check(user_limits, scope=f"{query.project_id}/{query.user_name}", used=used,
-                                   gpus_in_use=sum(d["gpu_count"] for d in mine),
-                                   gpus_queued=await self._queued_gpus(query, user=True), query=query)
+            refusal = policy.check(
+                user_limits,
+                scope=f"{query.project_id}/{query.user_name}",
+                used=used,
+                gpus_in_use=sum(d["gpu_count"] for d in mine),
+                gpus_queued=await self._queued_gpus(query, user=True),
+                query=query,
+            )
         return (refusal or AdmitReply(allowed=True)).model_copy(update={"limited": True})
 
     async def _queued_gpus(self, query: AdmitQuery, *, user: bool = False) -> int:
@@ -89,8 +114,9 @@ class Admission:
             return 0
         scope = {"project_id": query.project_id} | ({"user_name": query.user_name} if user else {})
         running = {d["job_id"] for d in await self.reports.running(scope)}
-        return await self.placements.unfinished_gpus(project_id=query.project_id,
-                                                     user_name=query.user_name if user else None, running=running)
+        return await self.placements.unfinished_gpus(
+            project_id=query.project_id, user_name=query.user_name if user else None, running=running
+        )
 
 
 def _limited(q: Any) -> bool:

@@ -1,5 +1,6 @@
 """Budget alerts: the 80% and 100% marks of each project's and user's monthly budget, each raised once, its
 notification written with it (the outbox relay publishes what a crash left unpublished)."""
+
 from dataclasses import dataclass
 
 from shared.clock import utcnow
@@ -30,22 +31,29 @@ class BudgetAlerts:
         for user, q in scopes:
             total = report.total.spend if user is None else spent.get(user, 0.0)
             for pct in policy.due_alerts(q, spent=total):
-                await self._alert(project_id, user, pct=pct, budget=q.budget_per_month, spent=total,
-                                  month=policy.month_key(now))
+                await self._alert(
+                    project_id, user, pct=pct, budget=q.budget_per_month, spent=total, month=policy.month_key(now)
+                )
 
     async def check_all(self) -> None:
         """Every project with a budget (running attempts spend without any event)."""
         for project_id in await self.book.projects():
             await self.check(project_id)
 
-    async def _alert(self, project_id: str, user: str | None, *, pct: int, budget: float | None, spent: float,
-                     month: str) -> None:
+    async def _alert(
+        self, project_id: str, user: str | None, *, pct: int, budget: float | None, spent: float, month: str
+    ) -> None:
         """Raise one alert once: the record and its notification in one write; an alert already raised is not
         raised again."""
         event_id = f"budget:{project_id}:{user or '*'}:{month}:{budget:g}:{pct}"
         who = f"user {user} in project {project_id}" if user else f"project {project_id}"
-        notification = Notification(event_id=event_id, project_id=project_id, job_id="", user_name=user or "",
-                                    kind="budget", message=f"{who} has used {pct}% of its {month} budget: "
-                                                           f"${spent:.4f} of ${budget:g}")
+        notification = Notification(
+            event_id=event_id,
+            project_id=project_id,
+            job_id="",
+            user_name=user or "",
+            kind="budget",
+            message=f"{who} has used {pct}% of its {month} budget: ${spent:.4f} of ${budget:g}",
+        )
         raised = {"project_id": project_id, "user_name": user, "month": month, "budget": budget, "pct": pct}
         await self.store.save(event_id, raised, None, [notification])

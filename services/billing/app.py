@@ -1,4 +1,5 @@
 """Billing wiring: the append-only ledgers of attempts and node lifetimes, quotas, budget alerts."""
+
 import logging
 from pathlib import Path
 
@@ -23,10 +24,17 @@ class BillingSettings(CommonSettings):
     mongo_db: str = own_mongo_db(SERVICE)
     budget_check_s: float = Field(5.0, gt=0, description="How often running attempts are checked against budgets.")
     reconcile_s: float = Field(15.0, gt=0, description="How often open attempts are checked against job statuses.")
-    cluster_file: Path = Field(Path("cluster.toml"), description="Its [[nodes]] are the static nodes' records: "
-                               "a registration is charged as its entry says, not as the agent claims.")
-    reconcile_grace_s: float = Field(30.0, ge=0, description="How long a status must have said an attempt ended "
-                                     "before billing, with no end report of its own, closes it at that end.")
+    cluster_file: Path = Field(
+        Path("cluster.toml"),
+        description="Its [[nodes]] are the static nodes' records: "
+        "a registration is charged as its entry says, not as the agent claims.",
+    )
+    reconcile_grace_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a status must have said an attempt ended "
+        "before billing, with no end report of its own, closes it at that end.",
+    )
 
 
 def create_app(settings: BillingSettings | None = None) -> FastStream:
@@ -34,12 +42,18 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
 
     async def setup(w: Wiring) -> Billing:
         db = w.db
-        billing = build(ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes,
-                        nodes_open=db.billing_nodes_open, node_info=db.billing_node_info, quotas=db.billing_quotas,
-                        alerts=DocumentStore(db.billing_alerts, w.broker),
-                        placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts,
-                                              parked=db.billing_parked),
-                        reconcile_grace_s=settings.reconcile_grace_s, static=limits_from_file(settings.cluster_file))
+        billing = build(
+            ledger=db.billing_ledger,
+            open=db.billing_open,
+            nodes=db.billing_nodes,
+            nodes_open=db.billing_nodes_open,
+            node_info=db.billing_node_info,
+            quotas=db.billing_quotas,
+            alerts=DocumentStore(db.billing_alerts, w.broker),
+            placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked),
+            reconcile_grace_s=settings.reconcile_grace_s,
+            static=limits_from_file(settings.cluster_file),
+        )
         attempts = billing.attempts
         await attempts.ledger.create_index([("project_id", 1), ("started_at", 1)])
         await attempts.ledger.create_index([("project_id", 1), ("t0", 1)])

@@ -1,5 +1,6 @@
 """The attempt ledger: a line opened when a placed task's start is seen, closed when its end is seen (or its node
 is lost, or reconciliation finds its end report lost), each attempt charged exactly once."""
+
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,8 +40,9 @@ class Attempts:
     async def placed(self, event: JobPlaced) -> None:
         """Learn where each rank of the attempt runs; charge what its nodes reported before this arrived."""
         for waiting, at in await self.placements.placed(event):
-            await (self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else
-                   self.exited(waiting, seen=at))
+            await (
+                self.started(waiting, seen=at) if isinstance(waiting, TaskStarted) else self.exited(waiting, seen=at)
+            )
             await self.placements.unpark(waiting)
         self.placements.settled(event)
 
@@ -52,9 +54,13 @@ class Attempts:
         if placement is None:
             return
         info = await self.records.get(event.node_id)
-        entry = open_entry(key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
-                           terms=rank_terms(placement, event.rank, info), project_id=placement.get("project_id"),
-                           user_name=placement.get("user_name"), started_at=charged_from(placement, seen=seen))
+        entry = open_entry(
+            key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
+            terms=rank_terms(placement, event.rank, info),
+            project_id=placement.get("project_id"),
+            user_name=placement.get("user_name"),
+            started_at=charged_from(placement, seen=seen),
+        )
         if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
             return
         try:
@@ -90,8 +96,12 @@ class Attempts:
         ids = sorted({d["job_id"] for d in running})
         jobs = {j["_id"]: j async for j in self.placements.jobs.find({"_id": {"$in": ids}})} if ids else {}
         for opened in running:
-            end = missed_end(jobs.get(opened["job_id"]), attempt=opened["attempt"], now=now.timestamp(),
-                             grace_s=self.reconcile_grace_s)
+            end = missed_end(
+                jobs.get(opened["job_id"]),
+                attempt=opened["attempt"],
+                now=now.timestamp(),
+                grace_s=self.reconcile_grace_s,
+            )
             if end is not None:
                 await self._close(opened["_id"], ended_at=datetime.fromtimestamp(end, UTC), reason="reconciled")
                 closed += 1
@@ -103,8 +113,9 @@ class Attempts:
         """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe)."""
         count = 0
         async for line in self.ledger.find({"t0": None}):
-            await self.ledger.update_one({"_id": line["_id"]},
-                                         {"$set": epoch_bounds(line["started_at"], line["ended_at"])})
+            await self.ledger.update_one(
+                {"_id": line["_id"]}, {"$set": epoch_bounds(line["started_at"], line["ended_at"])}
+            )
             count += 1
         return count
 
@@ -118,8 +129,9 @@ class Attempts:
         if opened is None:
             return
         try:
-            await self.ledger.insert_one(close_entry(opened, ended_at=max(ended_at, opened["started_at"]),
-                                                     reason=reason))
+            await self.ledger.insert_one(
+                close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
+            )
         except DuplicateKeyError:
             pass
         await self.open.delete_one({"_id": key})

@@ -1,4 +1,5 @@
 """Billing subscribers: jobs, placements, task starts and ends, the fleet's nodes, usage, quota and admission."""
+
 from collections.abc import Awaitable, Callable
 from operator import attrgetter
 from typing import Any
@@ -7,8 +8,19 @@ from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
-from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, NodeEvent, NodeProvisioned, \
-    NodeRegistered, NodeReleased, NodeStateChanged, TaskExited, TaskStarted
+from shared.events import (
+    JobEvent,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    NodeEvent,
+    NodeProvisioned,
+    NodeRegistered,
+    NodeReleased,
+    NodeStateChanged,
+    TaskExited,
+    TaskStarted,
+)
 from shared.handlers import Handler, HandlerTable, dispatch
 from shared.keyed import keyed_durable, stored_at
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
@@ -21,16 +33,20 @@ Part = Callable[[Billing], Any]
 
 def to(part: Part, method: Callable[..., Awaitable[Any]]) -> Handler[Billing]:
     """A handler that hands the event (and its keywords) to one part of billing."""
+
     async def handle(billing: Billing, event: Any, **kwargs: Any) -> Any:
         return await method(part(billing), event, **kwargs)
+
     return handle
 
 
 def each(*handlers: Handler[Billing]) -> Handler[Billing]:
     """A handler that hands the event to several, one after the other."""
+
     async def handle(billing: Billing, event: Any) -> None:
         for handler in handlers:
             await handler(billing, event)
+
     return handle
 
 

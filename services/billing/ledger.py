@@ -1,4 +1,5 @@
 """The usage ledger as pure functions: one entry per task attempt, priced by the node it ran on."""
+
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
@@ -7,17 +8,23 @@ from shared.pricing import rank_price_per_hour
 from shared.rpc import UsageTotals
 
 
-def open_entry(*, key: dict[str, Any], terms: dict[str, Any], project_id: str | None, user_name: str | None,
-               started_at: datetime) -> dict[str, Any]:
+def open_entry(
+    *, key: dict[str, Any], terms: dict[str, Any], project_id: str | None, user_name: str | None, started_at: datetime
+) -> dict[str, Any]:
     """An attempt that started and has not ended yet, priced at its share of its node on the `terms` placement
     recorded (the rank's node, its kind, GPUs and price: `placements.rank_terms`): attempts side by side on one
     node together pay the node's price, not each all of it."""
     price, gpus, node_gpus = terms["price_per_hour"], terms["gpu_count"], terms["node_gpu_count"]
     return {
-        "_id": f"{key['job_id']}:{key['attempt']}:{key['rank']}", **key,
-        "project_id": project_id, "user_name": user_name,
-        "node_id": terms["node_id"], "node_kind": terms["node_kind"],
-        "gpu_count": gpus, "node_gpu_count": node_gpus, "node_price_per_hour": price,
+        "_id": f"{key['job_id']}:{key['attempt']}:{key['rank']}",
+        **key,
+        "project_id": project_id,
+        "user_name": user_name,
+        "node_id": terms["node_id"],
+        "node_kind": terms["node_kind"],
+        "gpu_count": gpus,
+        "node_gpu_count": node_gpus,
+        "node_price_per_hour": price,
         "price_per_hour": rank_price_per_hour(price, gpus=gpus, node_gpus=node_gpus),
         "started_at": started_at,
     }
@@ -76,13 +83,31 @@ def lifetime_id(opened: dict[str, Any]) -> str:
     return f"{opened['node_id']}@{opened['started_at'].isoformat()}"
 
 
-def open_lifetime(*, node_id: str, kind: str, price_per_hour: float, gpu_count: int, started_at: datetime,
-                  project_id: str | None = None, user_name: str | None = None, source: str,
-                  for_job_id: str | None = None) -> dict[str, Any]:
+def open_lifetime(
+    *,
+    node_id: str,
+    kind: str,
+    price_per_hour: float,
+    gpu_count: int,
+    started_at: datetime,
+    project_id: str | None = None,
+    user_name: str | None = None,
+    source: str,
+    for_job_id: str | None = None,
+) -> dict[str, Any]:
     """A node that is being charged (on-demand) or offers capacity (owned) from `started_at`."""
-    return {"_id": node_id, "node_id": node_id, "node_kind": kind, "price_per_hour": price_per_hour,
-            "gpu_count": gpu_count, "started_at": started_at, "project_id": project_id, "user_name": user_name,
-            "for_job_id": for_job_id, "source": source}
+    return {
+        "_id": node_id,
+        "node_id": node_id,
+        "node_kind": kind,
+        "price_per_hour": price_per_hour,
+        "gpu_count": gpu_count,
+        "started_at": started_at,
+        "project_id": project_id,
+        "user_name": user_name,
+        "for_job_id": for_job_id,
+        "source": source,
+    }
 
 
 def close_lifetime(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> dict[str, Any]:

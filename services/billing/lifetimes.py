@@ -1,6 +1,7 @@
 """Node lifetimes recorded exactly once: a rented node is charged from provisioning to release, an owned node
 offers capacity from registration (or turning ready) to its loss. One open record per node, one closed line per
 lifetime (its id names the node and the moment it began), so the same event seen again never charges twice."""
+
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -51,9 +52,17 @@ class Lifetimes:
             info = await self.records.get(node_id)
         if info is None:
             return
-        opened = open_lifetime(node_id=node_id, kind=info["kind"], price_per_hour=info["price_per_hour"],
-                               gpu_count=info["gpu_count"], started_at=at, project_id=info.get("project_id"),
-                               user_name=info.get("user_name"), for_job_id=info.get("for_job_id"), source=source)
+        opened = open_lifetime(
+            node_id=node_id,
+            kind=info["kind"],
+            price_per_hour=info["price_per_hour"],
+            gpu_count=info["gpu_count"],
+            started_at=at,
+            project_id=info.get("project_id"),
+            user_name=info.get("user_name"),
+            for_job_id=info.get("for_job_id"),
+            source=source,
+        )
         if await self.nodes.find_one({"_id": lifetime_id(opened)}, {"_id": 1}):
             return  # this lifetime was already charged: the same event again
         try:

@@ -1,6 +1,7 @@
 """Which attempts billing may charge: those placement made, as reported by an agent of the node each rank was
 placed on. A task event that arrives before the placement it refers to waits here (parked, bounded in number and
 age) and is replayed when the placement comes, instead of being lost or charged on its own word."""
+
 import logging
 import time
 from collections.abc import Collection
@@ -34,13 +35,25 @@ def placement_doc(event: JobPlaced, owner: dict[str, Any] | None) -> dict[str, A
     them, when placement made it (Unix seconds; no attempt is charged from before), and whose job it is (from its
     submission)."""
     gpus = event.launch.spec.resource.gpu_count
-    return {"_id": attempt_key(event.job_id, event.attempt), "job_id": event.job_id, "attempt": event.attempt,
-            "nodes": {str(a.rank): a.node_id for a in event.assignments},
-            "terms": {str(a.rank): {"node_id": a.node_id, "node_kind": a.node_kind, "price_per_hour": a.price_per_hour,
-                                    "node_gpu_count": a.node_gpu_count, "gpu_count": len(a.gpu_indices) or gpus}
-                      for a in event.assignments},
-            "placed_t": event.occurred_at.timestamp(),
-            "project_id": (owner or {}).get("project_id"), "user_name": (owner or {}).get("user_name")}
+    return {
+        "_id": attempt_key(event.job_id, event.attempt),
+        "job_id": event.job_id,
+        "attempt": event.attempt,
+        "nodes": {str(a.rank): a.node_id for a in event.assignments},
+        "terms": {
+            str(a.rank): {
+                "node_id": a.node_id,
+                "node_kind": a.node_kind,
+                "price_per_hour": a.price_per_hour,
+                "node_gpu_count": a.node_gpu_count,
+                "gpu_count": len(a.gpu_indices) or gpus,
+            }
+            for a in event.assignments
+        },
+        "placed_t": event.occurred_at.timestamp(),
+        "project_id": (owner or {}).get("project_id"),
+        "user_name": (owner or {}).get("user_name"),
+    }
 
 
 def rank_terms(placement: dict[str, Any], rank: int, node: dict[str, Any] | None) -> dict[str, Any]:
@@ -50,12 +63,15 @@ def rank_terms(placement: dict[str, Any], rank: int, node: dict[str, Any] | None
     terms = dict((placement.get("terms") or {}).get(str(rank)) or {})
     node = node or {}
     node_id = terms.get("node_id") or placement["nodes"][str(rank)]
-    return {"node_id": node_id,
-            "node_kind": terms.get("node_kind") or node.get("kind", ""),
-            "price_per_hour": terms["price_per_hour"] if terms.get("price_per_hour") is not None
-            else float(node.get("price_per_hour", 0.0)),
-            "node_gpu_count": terms.get("node_gpu_count") or node.get("gpu_count", 0),
-            "gpu_count": terms.get("gpu_count", 0)}
+    return {
+        "node_id": node_id,
+        "node_kind": terms.get("node_kind") or node.get("kind", ""),
+        "price_per_hour": terms["price_per_hour"]
+        if terms.get("price_per_hour") is not None
+        else float(node.get("price_per_hour", 0.0)),
+        "node_gpu_count": terms.get("node_gpu_count") or node.get("gpu_count", 0),
+        "gpu_count": terms.get("gpu_count", 0),
+    }
 
 
 def charged_from(placement: dict[str, Any], *, seen: datetime) -> datetime:
@@ -79,9 +95,16 @@ def status_update(event: JobStatusChanged, *, seen: float) -> tuple[dict[str, An
     final = event.end_time.timestamp() if event.phase.is_finished() and event.end_time else None
     newer = {"$or": [{"version": {"$lt": event.version}}, {"version": {"$exists": False}}]}
     return {"_id": event.job_id, **newer}, {
-        "$set": {"version": event.version, "attempt": event.attempt, "final_at": final, "ends": ends,
-                 "seen_at": seen, "finished": event.phase.is_finished()},
-        "$setOnInsert": {"project_id": event.project_id, "user_name": event.user_name}}
+        "$set": {
+            "version": event.version,
+            "attempt": event.attempt,
+            "final_at": final,
+            "ends": ends,
+            "seen_at": seen,
+            "finished": event.phase.is_finished(),
+        },
+        "$setOnInsert": {"project_id": event.project_id, "user_name": event.user_name},
+    }
 
 
 def status_said(event: JobStatusChanged) -> dict[str, Any]:
@@ -127,16 +150,24 @@ class Placements:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
         resource = event.spec.resource
         try:
-            await self.jobs.insert_one({"_id": event.job_id, "project_id": event.project_id,
-                                        "user_name": event.user_name, "finished": False, "version": 0,
-                                        "gpus": resource.gpu_count * resource.node_count})
+            await self.jobs.insert_one(
+                {
+                    "_id": event.job_id,
+                    "project_id": event.project_id,
+                    "user_name": event.user_name,
+                    "finished": False,
+                    "version": 0,
+                    "gpus": resource.gpu_count * resource.node_count,
+                }
+            )
         except DuplicateKeyError:
             return  # the stored record stands (it is read when needed)
         self.owners.put(event.job_id, {"project_id": event.project_id, "user_name": event.user_name})
         self.statuses.put(event.job_id, (0, SUBMITTED_SAYS))
 
-    async def unfinished_gpus(self, *, project_id: str, user_name: str | None = None,
-                              running: Collection[str] = ()) -> int:
+    async def unfinished_gpus(
+        self, *, project_id: str, user_name: str | None = None, running: Collection[str] = ()
+    ) -> int:
         """GPUs the scope's jobs not finished ask for, but for the `running` ones (their attempts count them)."""
         scope = {"project_id": project_id, "finished": False} | ({"user_name": user_name} if user_name else {})
         return sum([d.get("gpus", 0) async for d in self.jobs.find(scope, {"gpus": 1}) if d["_id"] not in running])
@@ -169,8 +200,10 @@ class Placements:
             return []
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
-        return [(TASK_EVENT.validate_python(d["payload"]),
-                 datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC)) for d in waiting]
+        return [
+            (TASK_EVENT.validate_python(d["payload"]), datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC))
+            for d in waiting
+        ]
 
     async def unpark(self, event: TaskStarted | TaskExited) -> None:
         await self.parked.delete_one({"_id": event.event_id})
@@ -195,9 +228,15 @@ class Placements:
             case "charge":
                 return placement
             case "drop":
-                log.warning("%s of job %s attempt %d rank %d from node %s not charged: placed on %s", event.type,
-                            event.job_id, event.attempt, event.rank, event.node_id,
-                            placement["nodes"].get(str(event.rank), "no such rank"))
+                log.warning(
+                    "%s of job %s attempt %d rank %d from node %s not charged: placed on %s",
+                    event.type,
+                    event.job_id,
+                    event.attempt,
+                    event.rank,
+                    event.node_id,
+                    placement["nodes"].get(str(event.rank), "no such rank"),
+                )
             case "park":
                 await self._park(event, seen=seen)
         return None
@@ -206,18 +245,28 @@ class Placements:
         now = time.time()
         expired = await self.parked.delete_many({"parked_at": {"$lt": now - PARK_TTL_S}})
         if expired.deleted_count:
-            log.warning("%d task events dropped: no placement for them within %.0fs", expired.deleted_count,
-                        PARK_TTL_S)
+            log.warning("%d task events dropped: no placement for them within %.0fs", expired.deleted_count, PARK_TTL_S)
         if await self.parked.count_documents({}) >= PARK_MAX:
-            log.warning("%s of job %s from node %s dropped: %d events already wait for a placement", event.type,
-                        event.job_id, event.node_id, PARK_MAX)
+            log.warning(
+                "%s of job %s from node %s dropped: %d events already wait for a placement",
+                event.type,
+                event.job_id,
+                event.node_id,
+                PARK_MAX,
+            )
             return
         (await self._waiting_for()).add(attempt_key(event.job_id, event.attempt))  # before it is stored
         try:
-            await self.parked.insert_one({"_id": event.event_id, "attempt_key": attempt_key(event.job_id,
-                                          event.attempt), "order": 0 if isinstance(event, TaskStarted) else 1,
-                                          "parked_at": now, "seen_t": seen.timestamp(),
-                                          "payload": event.model_dump(mode="json")})
+            await self.parked.insert_one(
+                {
+                    "_id": event.event_id,
+                    "attempt_key": attempt_key(event.job_id, event.attempt),
+                    "order": 0 if isinstance(event, TaskStarted) else 1,
+                    "parked_at": now,
+                    "seen_t": seen.timestamp(),
+                    "payload": event.model_dump(mode="json"),
+                }
+            )
         except DuplicateKeyError:
             return
         log.info("%s of job %s attempt %d waits for its placement", event.type, event.job_id, event.attempt)

@@ -1,5 +1,6 @@
 """What billing knows of each node (kind, GPUs, price, for whom): written when placement rents it or it registers,
 read at every task start. Billing alone writes it, so the records it wrote are remembered, not read again."""
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,14 +53,25 @@ class NodeRecords:
             node = capped
         info = {"kind": node.kind, "gpu_count": len(node.gpus), "price_per_hour": node.price_per_hour}
         # One write that keeps what else is known of the node (whose rented node it is); numbers and names only.
-        return self._written(node.node_id, await self.node_info.find_one_and_update(
-            {"_id": node.node_id}, {"$set": info}, upsert=True, return_document=ReturnDocument.AFTER))
+        return self._written(
+            node.node_id,
+            await self.node_info.find_one_and_update(
+                {"_id": node.node_id}, {"$set": info}, upsert=True, return_document=ReturnDocument.AFTER
+            ),
+        )
 
     async def provisioned(self, event: NodeProvisioned) -> dict[str, Any]:
         """A rented node's record: what placement rented it as, and for whom."""
-        info = {"kind": "on_demand", "gpu_count": event.gpu_count, "price_per_hour": event.price_per_hour,
-                "project_id": event.project_id, "user_name": event.user_name, "for_job_id": event.for_job_id,
-                "_id": event.node_id, "source": "provisioned"}
+        info = {
+            "kind": "on_demand",
+            "gpu_count": event.gpu_count,
+            "price_per_hour": event.price_per_hour,
+            "project_id": event.project_id,
+            "user_name": event.user_name,
+            "for_job_id": event.for_job_id,
+            "_id": event.node_id,
+            "source": "provisioned",
+        }
         await self.node_info.replace_one({"_id": event.node_id}, info, upsert=True)
         self._written(event.node_id, info)
         return info

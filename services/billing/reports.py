@@ -1,5 +1,6 @@
 """Usage reports: attempts and node lifetimes inside a window, running ones charged up to now (the sums in
 services/billing/usage.py)."""
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,8 +11,19 @@ from pymongo.asynchronous.collection import AsyncCollection
 from shared.clock import utcnow
 from shared.rpc import UsageQuery, UsageReport, UsageTotals
 from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime
-from services.billing.usage import FIELD, KINDS, Sums, Table, add_entry, add_group, idle_parts, on_demand, owned, \
-    rows, window_filters
+from services.billing.usage import (
+    FIELD,
+    KINDS,
+    Sums,
+    Table,
+    add_entry,
+    add_group,
+    idle_parts,
+    on_demand,
+    owned,
+    rows,
+    window_filters,
+)
 
 
 @dataclass
@@ -41,8 +53,7 @@ class Reports:
         tables: dict[str, Table] = {f: {} for f in {field, "user_name", "node_kind"}}
         for by, table in tables.items():
             for kind in KINDS:
-                for doc in await self._group({**scope, **inside, "node_kind": kind}, by=by,
-                                             nodes=kind == "on_demand"):
+                for doc in await self._group({**scope, **inside, "node_kind": kind}, by=by, nodes=kind == "on_demand"):
                     add_group(table, doc, kind=kind)
         fleet = scope == {}
         busy: dict[str, float] = {}
@@ -54,11 +65,13 @@ class Reports:
             for doc in await self._group(inside, by="node_kind"):
                 busy[doc["_id"]] = doc["gpu_hours"]
         for doc in await self._group({**inside, "node_kind": "on_demand"}, by="node_id"):
-            per_node[doc["_id"]] = Sums(attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"],
-                                        gpu_hours=doc["gpu_hours"])
+            per_node[doc["_id"]] = Sums(
+                attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"], gpu_hours=doc["gpu_hours"]
+            )
         extra = [d for e in edges async for d in self.ledger.find(e)]
-        running = [close_entry(d, ended_at=max(now, d["started_at"]), reason="running")
-                   async for d in self.open.find({})]
+        running = [
+            close_entry(d, ended_at=max(now, d["started_at"]), reason="running") async for d in self.open.find({})
+        ]
         in_scope_running = [r for r in running if all(r.get(k) == v for k, v in scope.items())]
         for entry in extra + running:
             part = clip(entry, start=query.start, end=query.end)
@@ -70,32 +83,52 @@ class Reports:
             if part["node_kind"] in OWNED_KINDS:
                 busy[part["node_kind"]] = busy.get(part["node_kind"], 0.0) + part["gpu_hours"]
             elif part["node_kind"] == "on_demand":
-                per_node.setdefault(part["node_id"], Sums()).add(attempts=1, seconds=part["seconds"],
-                                                                 gpu_hours=part["gpu_hours"], cost=part["cost"],
-                                                                 nodes=())
+                per_node.setdefault(part["node_id"], Sums()).add(
+                    attempts=1, seconds=part["seconds"], gpu_hours=part["gpu_hours"], cost=part["cost"], nodes=()
+                )
         lifetimes = await self._lifetimes(query.start, query.end, now=now)
-        idle = [p for p in idle_parts(lifetimes, per_node)
-                if (not query.project_id or p.project_id == query.project_id)
-                and (not query.user_name or p.user_name == query.user_name) and not query.job_id]
+        idle = [
+            p
+            for p in idle_parts(lifetimes, per_node)
+            if (not query.project_id or p.project_id == query.project_id)
+            and (not query.user_name or p.user_name == query.user_name)
+            and not query.job_id
+        ]
         total = (rows(tables[field], idle, group_by=None) or [UsageTotals()])[0]
         summary = on_demand(lifetimes, idle)
         if not fleet:
-            summary = summary.model_copy(update={"nodes": total.on_demand_nodes, "seconds": total.on_demand_seconds,
-                                                 "cost": total.on_demand_cost, "idle_cost": sum(p.cost for p in idle)})
+            summary = summary.model_copy(
+                update={
+                    "nodes": total.on_demand_nodes,
+                    "seconds": total.on_demand_seconds,
+                    "cost": total.on_demand_cost,
+                    "idle_cost": sum(p.cost for p in idle),
+                }
+            )
         return UsageReport(
-            project_id=query.project_id, start=query.start, end=query.end, total=total,
+            project_id=query.project_id,
+            start=query.start,
+            end=query.end,
+            total=total,
             by_user=rows(tables["user_name"], idle, group_by="user"),
             by_node_kind=rows(tables["node_kind"], idle, group_by="node_kind"),
-            open_attempts=len(in_scope_running), group_by=query.group_by,
+            open_attempts=len(in_scope_running),
+            group_by=query.group_by,
             groups=rows(tables[field], idle, group_by=query.group_by),
-            owned=owned([line for line in lifetimes if line["node_kind"] in OWNED_KINDS], busy), on_demand=summary,
+            owned=owned([line for line in lifetimes if line["node_kind"] in OWNED_KINDS], busy),
+            on_demand=summary,
             gpus_in_use=sum(r["gpu_count"] for r in in_scope_running),
         )
 
     async def _group(self, match: dict[str, Any], *, by: str, nodes: bool = False) -> list[dict[str, Any]]:
         """Sums of closed attempts per value of one field, computed by the database."""
-        group: dict[str, Any] = {"_id": f"${by}", "attempts": {"$sum": 1}, "seconds": {"$sum": "$seconds"},
-                                 "gpu_hours": {"$sum": "$gpu_hours"}, "cost": {"$sum": "$cost"}}
+        group: dict[str, Any] = {
+            "_id": f"${by}",
+            "attempts": {"$sum": 1},
+            "seconds": {"$sum": "$seconds"},
+            "gpu_hours": {"$sum": "$gpu_hours"},
+            "cost": {"$sum": "$cost"},
+        }
         if nodes:
             group["nodes"] = {"$addToSet": "$node_id"}
         aggregate = getattr(self.ledger, "aggregate", None)
@@ -104,8 +137,17 @@ class Reports:
         table: Table = {}  # in-memory twin (service tests): the same sums, here
         async for entry in self.ledger.find(match):
             add_entry(table, entry, by=by)
-        return [{"_id": key, "attempts": s.attempts, "seconds": s.seconds, "gpu_hours": s.gpu_hours,
-                 "cost": s.cost, "nodes": sorted(s.nodes)} for (key, _), s in table.items()]
+        return [
+            {
+                "_id": key,
+                "attempts": s.attempts,
+                "seconds": s.seconds,
+                "gpu_hours": s.gpu_hours,
+                "cost": s.cost,
+                "nodes": sorted(s.nodes),
+            }
+            for (key, _), s in table.items()
+        ]
 
     async def _lifetimes(self, start: datetime | None, end: datetime | None, *, now: datetime) -> list[dict]:
         """Node lifetimes clipped to the window, running ones up to now."""
@@ -113,6 +155,8 @@ class Reports:
         if start:
             overlap["ended_at"] = {"$gt": start}
         closed = [d async for d in self.nodes.find(overlap)]
-        running = [close_lifetime(d, ended_at=max(now, d["started_at"]), reason="running")
-                   async for d in self.nodes_open.find({})]
+        running = [
+            close_lifetime(d, ended_at=max(now, d["started_at"]), reason="running")
+            async for d in self.nodes_open.find({})
+        ]
         return [part for line in closed + running if (part := clip(line, start=start, end=end))]

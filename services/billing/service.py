@@ -1,4 +1,5 @@
 """Billing's parts, each over its own collections, and the one place they are put together."""
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,10 +30,20 @@ class Billing:
     alerts: BudgetAlerts
 
 
-def build(*, ledger: AsyncCollection, open: AsyncCollection, nodes: AsyncCollection, nodes_open: AsyncCollection,
-          node_info: AsyncCollection, quotas: AsyncCollection, alerts: DocumentStore, placements: Placements,
-          static: dict[str, NodeLimits] | None, reconcile_grace_s: float = 60.0,
-          clock: Callable[[], datetime] = utcnow) -> Billing:
+def build(
+    *,
+    ledger: AsyncCollection,
+    open: AsyncCollection,
+    nodes: AsyncCollection,
+    nodes_open: AsyncCollection,
+    node_info: AsyncCollection,
+    quotas: AsyncCollection,
+    alerts: DocumentStore,
+    placements: Placements,
+    static: dict[str, NodeLimits] | None,
+    reconcile_grace_s: float = 60.0,
+    clock: Callable[[], datetime] = utcnow,
+) -> Billing:
     """Billing's parts over their collections; `static`: the static nodes' records (None: registrations taken as
     said, for in-memory tests only); `clock`: billing's own now, no report is charged past it."""
     reports = Reports(ledger=ledger, open=open, nodes=nodes, nodes_open=nodes_open, clock=clock)
@@ -40,9 +51,17 @@ def build(*, ledger: AsyncCollection, open: AsyncCollection, nodes: AsyncCollect
     budgets = BudgetAlerts(store=alerts, book=book, reports=reports)
     records = NodeRecords(node_info=node_info, static=static)
     return Billing(
-        attempts=Attempts(ledger=ledger, open=open, placements=placements, records=records, spent=budgets.check,
-                          reconcile_grace_s=reconcile_grace_s, clock=clock),
+        attempts=Attempts(
+            ledger=ledger,
+            open=open,
+            placements=placements,
+            records=records,
+            spent=budgets.check,
+            reconcile_grace_s=reconcile_grace_s,
+            clock=clock,
+        ),
         lifetimes=Lifetimes(nodes=nodes, nodes_open=nodes_open, records=records, spent=budgets.check),
-        reports=reports, admission=Admission(book=book, reports=reports, placements=placements,
-                                             changed=budgets.check),
-        alerts=budgets)
+        reports=reports,
+        admission=Admission(book=book, reports=reports, placements=placements, changed=budgets.check),
+        alerts=budgets,
+    )

@@ -3,6 +3,7 @@
 Attempts that lie wholly inside the window are summed on the server, one `$group` per node kind (nx-27017 groups
 by one field only); the few that straddle an edge of the window, and those still running, are clipped here.
 """
+
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,15 +39,23 @@ def add_entry(table: Table, entry: dict[str, Any], *, by: str) -> None:
     """Count one (clipped) attempt entry into the table."""
     kind = entry.get("node_kind", "")
     table.setdefault((str(entry.get(by) or ""), kind), Sums()).add(
-        attempts=1, seconds=entry["seconds"], gpu_hours=entry["gpu_hours"], cost=entry["cost"],
-        nodes=[entry["node_id"]] if kind == "on_demand" else [])
+        attempts=1,
+        seconds=entry["seconds"],
+        gpu_hours=entry["gpu_hours"],
+        cost=entry["cost"],
+        nodes=[entry["node_id"]] if kind == "on_demand" else [],
+    )
 
 
 def add_group(table: Table, doc: dict[str, Any], *, kind: str) -> None:
     """Count one `$group` result row (for one node kind) into the table."""
     table.setdefault((str(doc["_id"] or ""), kind), Sums()).add(
-        attempts=doc["attempts"], seconds=doc["seconds"], gpu_hours=doc["gpu_hours"], cost=doc["cost"],
-        nodes=doc.get("nodes") or [])
+        attempts=doc["attempts"],
+        seconds=doc["seconds"],
+        gpu_hours=doc["gpu_hours"],
+        cost=doc["cost"],
+        nodes=doc.get("nodes") or [],
+    )
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,9 @@ class Idle:
     cost: float
 
     def key(self, group_by: GroupBy) -> str:
-        return {"user": self.user_name, "project": self.project_id, "node": self.node_id,
-                "node_kind": "on_demand"}[group_by]
+        return {"user": self.user_name, "project": self.project_id, "node": self.node_id, "node_kind": "on_demand"}[
+            group_by
+        ]
 
 
 def idle_parts(lifetimes: Iterable[dict[str, Any]], used: dict[str, Sums]) -> list[Idle]:
@@ -79,10 +89,18 @@ def idle_parts(lifetimes: Iterable[dict[str, Any]], used: dict[str, Sums]) -> li
     parts = []
     for node_id, (line, seconds, cost, gpu_hours) in per_node.items():
         taken = used.get(node_id, Sums())
-        free = (max(0.0, 1 - taken.gpu_hours / gpu_hours) * seconds if gpu_hours > 0
-                else max(0.0, seconds - taken.seconds))
-        parts.append(Idle(node_id=node_id, project_id=line.get("project_id") or "",
-                          user_name=line.get("user_name") or "", seconds=free, cost=max(0.0, cost - taken.cost)))
+        free = (
+            max(0.0, 1 - taken.gpu_hours / gpu_hours) * seconds if gpu_hours > 0 else max(0.0, seconds - taken.seconds)
+        )
+        parts.append(
+            Idle(
+                node_id=node_id,
+                project_id=line.get("project_id") or "",
+                user_name=line.get("user_name") or "",
+                seconds=free,
+                cost=max(0.0, cost - taken.cost),
+            )
+        )
     return parts
 
 
@@ -138,8 +156,12 @@ def owned(capacity: Iterable[dict[str, Any]], busy: dict[str, float]) -> dict[st
 def on_demand(lifetimes: Iterable[dict[str, Any]], idle: Iterable[Idle]) -> OnDemandUsage:
     """Fleet-wide on-demand nodes: how many, how long, how much, how much of it idle."""
     lines = [line for line in lifetimes if line["node_kind"] == "on_demand"]
-    return OnDemandUsage(nodes=len({line["node_id"] for line in lines}), seconds=sum(line["seconds"] for line in lines),
-                         cost=sum(line["cost"] for line in lines), idle_cost=sum(p.cost for p in idle))
+    return OnDemandUsage(
+        nodes=len({line["node_id"] for line in lines}),
+        seconds=sum(line["seconds"] for line in lines),
+        cost=sum(line["cost"] for line in lines),
+        idle_cost=sum(p.cost for p in idle),
+    )
 
 
 def window_filters(start: datetime | None, end: datetime | None) -> tuple[dict, list[dict]]:

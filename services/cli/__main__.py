@@ -1,4 +1,5 @@
 """`trainmaster` (or `python -m services.cli`): submit, list, follow and manage training jobs."""
+
 import argparse
 import os
 import sys
@@ -33,9 +34,13 @@ def common() -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     shared = common()
-    root = argparse.ArgumentParser(prog="trainmaster", parents=[shared], epilog=EPILOG,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter,
-                                   description="Run training jobs on trainmaster's hybrid GPU fleet.")
+    root = argparse.ArgumentParser(
+        prog="trainmaster",
+        parents=[shared],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run training jobs on trainmaster's hybrid GPU fleet.",
+    )
     sub = root.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler, help_: str) -> argparse.ArgumentParser:
@@ -64,8 +69,13 @@ def parser() -> argparse.ArgumentParser:
     s = command("submit", commands.submit, "submit a job from flags and/or a YAML job file (the request body)")
     job_flags(s)
     s.add_argument("--follow", action="store_true", help="then follow its output to the end (exit = the job's)")
-    job_flags(command("estimate", commands.estimate,
-                      "where a job could run, how long and at what cost (a dry run: nothing is created)"))
+    job_flags(
+        command(
+            "estimate",
+            commands.estimate,
+            "where a job could run, how long and at what cost (a dry run: nothing is created)",
+        )
+    )
 
     ls = command("list", commands.list_jobs, "list the project's jobs")
     ls.add_argument("--phase", action="append", help="only jobs in this phase (repeatable)")
@@ -87,9 +97,11 @@ def parser() -> argparse.ArgumentParser:
     lg.add_argument("--progress", action="store_true", help="a progress bar on stderr even when it is not a terminal")
     lg.add_argument("--no-progress", action="store_true", help="no progress bar on stderr while following")
 
-    for name, handler, help_ in (("terminate", commands.act("terminate"), "terminate a job"),
-                                 ("migrate", commands.act("migrate"), "move a running job to another node"),
-                                 ("delete", commands.delete, "delete a finished job")):
+    for name, handler, help_ in (
+        ("terminate", commands.act("terminate"), "terminate a job"),
+        ("migrate", commands.act("migrate"), "move a running job to another node"),
+        ("delete", commands.delete, "delete a finished job"),
+    ):
         command(name, handler, help_).add_argument("job_id")
 
     command("nodes", commands.nodes, "the fleet: kind, GPUs, price, state, jobs")
@@ -110,18 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     args.json = getattr(args, "json", False)
     try:
-        args.settings = load(url=getattr(args, "url", None), token=getattr(args, "token", None),
-                             project=getattr(args, "project", None))
+        args.settings = load(
+            url=getattr(args, "url", None), token=getattr(args, "token", None), project=getattr(args, "project", None)
+        )
         if not args.settings.token:
-            raise CliError("no token: give --token, set TRAINMASTER_TOKEN or put token = \"...\" in "
-                           f"{config_file()}", exit_code=EXIT_CONFIG)
-        code = args.handler(args, Api(url=args.settings.url, token=args.settings.token,
-                                      handover_s=args.settings.handover_s))
+            raise CliError(
+                f'no token: give --token, set TRAINMASTER_TOKEN or put token = "..." in {config_file()}',
+                exit_code=EXIT_CONFIG,
+            )
+        code = args.handler(
+            args, Api(url=args.settings.url, token=args.settings.token, handover_s=args.settings.handover_s)
+        )
         sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
         return code
     except CliError as exc:
-        return complain(("error " + exc.error_code if exc.error_code else "error") + ": " + exc.message,
-                        exc.exit_code)
+        return complain(("error " + exc.error_code if exc.error_code else "error") + ": " + exc.message, exc.exit_code)
     except httpx.InvalidURL as exc:
         return complain(f"error: invalid API URL: {exc}", EXIT_USAGE)
     except httpx.HTTPError as exc:

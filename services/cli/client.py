@@ -6,6 +6,7 @@ is changing leader), is passed over for the next, and when none answers the requ
 HANDOVER_S. A request that may have reached a replica before its connection broke is tried again only if it
 changes nothing (GET, HEAD): a job created twice would be worse than an error.
 """
+
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,13 +49,25 @@ def retry_after(response: httpx.Response) -> float:
 
 
 class Api:
-    def __init__(self, *, url: str, token: str, timeout_s: float = 30, handover_s: float = HANDOVER_S,
-                 transport: httpx.BaseTransport | None = None, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self,
+        *,
+        url: str,
+        token: str,
+        timeout_s: float = 30,
+        handover_s: float = HANDOVER_S,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         if not urls:
             raise CliError("no API URL given", exit_code=EXIT_CONFIG)
-        self.replicas = [httpx.Client(base_url=u, timeout=timeout_s, transport=transport,
-                                      headers={"Authorization": f"Bearer {token}"}) for u in urls]
+        self.replicas = [
+            httpx.Client(
+                base_url=u, timeout=timeout_s, transport=transport, headers={"Authorization": f"Bearer {token}"}
+            )
+            for u in urls
+        ]
         self.current, self.handover_s, self.sleep = 0, handover_s, sleep
 
     @property
@@ -70,8 +83,9 @@ class Api:
                 break
             if time.monotonic() + wait > deadline:
                 if response is None:
-                    raise CliError(f"cannot reach {', '.join(str(r.base_url) for r in self.replicas)}",
-                                   exit_code=EXIT_UNAVAILABLE)
+                    raise CliError(
+                        f"cannot reach {', '.join(str(r.base_url) for r in self.replicas)}", exit_code=EXIT_UNAVAILABLE
+                    )
                 break
             self.sleep(wait)
         if response.status_code >= 400:
@@ -87,8 +101,11 @@ class Api:
                 response = self.http.request(method, path, **kwargs)
             except httpx.HTTPError as exc:
                 if method.upper() not in SAFE and not isinstance(exc, httpx.ConnectError):
-                    raise CliError(f"lost {self.http.base_url} during a {method} (it may have been applied: look "
-                                   f"before trying again): {exc}", exit_code=EXIT_UNAVAILABLE) from None
+                    raise CliError(
+                        f"lost {self.http.base_url} during a {method} (it may have been applied: look "
+                        f"before trying again): {exc}",
+                        exit_code=EXIT_UNAVAILABLE,
+                    ) from None
             else:
                 if response.status_code != 503:
                     return response, 0.0

@@ -1,4 +1,5 @@
 """One function per command: call the API, print a table (or the JSON with --json), return the exit code."""
+
 import argparse
 import sys
 from typing import Any
@@ -19,8 +20,11 @@ def project(args: argparse.Namespace, api: Api) -> str:
     me = api.call("GET", "/v2/me")
     if len(me["projects"]) == 1:
         return me["projects"][0]
-    raise CliError(f"say which project (--project or TRAINMASTER_PROJECT); {me['user_name']} may use: "
-                   f"{', '.join(me['projects']) or 'any (admin)'}", exit_code=EXIT_CONFIG)
+    raise CliError(
+        f"say which project (--project or TRAINMASTER_PROJECT); {me['user_name']} may use: "
+        f"{', '.join(me['projects']) or 'any (admin)'}",
+        exit_code=EXIT_CONFIG,
+    )
 
 
 def jobs_path(args: argparse.Namespace, api: Api, job_id: str = "") -> str:
@@ -32,8 +36,9 @@ def submit(args: argparse.Namespace, api: Api) -> int:
     job = api.call("POST", jobs_path(args, api), json=jobfile.body(args))
     if args.follow:
         out(args, job, f"submitted {job['metadata']['name']}: {job['metadata']['id']}")
-        return follow.logs(api, jobs_path(args, api, job["metadata"]["id"]), task="worker-0",
-                           progress=sys.stderr.isatty())
+        return follow.logs(
+            api, jobs_path(args, api, job["metadata"]["id"]), task="worker-0", progress=sys.stderr.isatty()
+        )
     return out(args, job, job["metadata"]["id"])
 
 
@@ -68,15 +73,19 @@ def top(args: argparse.Namespace, api: Api) -> int:
     """The project's running jobs with their GPUs' utilisation and memory now."""
     page = api.call("GET", jobs_path(args, api), params={"phase": ["Running"], "limit": args.limit})
     rows = [(job, gpu_now(api, jobs_path(args, api, job["metadata"]["id"]))) for job in page["items"]]
-    return out(args, [{"job_id": job["metadata"]["id"], "gpu": now} for job, now in rows],
-               render.table(render.TOP_HEADERS, [render.top_row(job, now) for job, now in rows]))
+    return out(
+        args,
+        [{"job_id": job["metadata"]["id"], "gpu": now} for job, now in rows],
+        render.table(render.TOP_HEADERS, [render.top_row(job, now) for job, now in rows]),
+    )
 
 
 def logs(args: argparse.Namespace, api: Api) -> int:
     path = jobs_path(args, api, args.job_id)
     if args.follow:
-        return follow.logs(api, path, task=args.task, progress=args.progress or (sys.stderr.isatty()
-                                                                                  and not args.no_progress))
+        return follow.logs(
+            api, path, task=args.task, progress=args.progress or (sys.stderr.isatty() and not args.no_progress)
+        )
     text = "".join(api.log_pages(f"{path}/logs", task=args.task))
     print(render.dumps({"job_id": args.job_id, "task": args.task, "text": text}) if args.json else text, end="")
     return 0
@@ -85,8 +94,12 @@ def logs(args: argparse.Namespace, api: Api) -> int:
 def act(action: str):
     def command(args: argparse.Namespace, api: Api) -> int:
         job = api.call("POST", f"{jobs_path(args, api, args.job_id)}/actions", json={"action_type": action})
-        return out(args, job, f"{job['metadata']['name']} ({job['metadata']['id']}): {action} requested, now "
-                              f"{job['status']['phase']}")
+        return out(
+            args,
+            job,
+            f"{job['metadata']['name']} ({job['metadata']['id']}): {action} requested, now {job['status']['phase']}",
+        )
+
     return command
 
 
@@ -119,10 +132,21 @@ def jobs_on(node: dict) -> str:
 
 def nodes(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("GET", "/v2/nodes")
-    rows = [[n["node_id"], n.get("kind", "?"), n["state"], gpus(n),
-             f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
-             f"{n.get('cpu_count', 0):g}", f"{n.get('memory_gb', 0):g}", f"{n.get('price_per_hour', 0):.2f}",
-             gpus_now(n), jobs_on(n)] for n in answer["items"]]
+    rows = [
+        [
+            n["node_id"],
+            n.get("kind", "?"),
+            n["state"],
+            gpus(n),
+            f"{sum(g['tflops'] for g in n.get('gpus') or []):g}",
+            f"{n.get('cpu_count', 0):g}",
+            f"{n.get('memory_gb', 0):g}",
+            f"{n.get('price_per_hour', 0):.2f}",
+            gpus_now(n),
+            jobs_on(n),
+        ]
+        for n in answer["items"]
+    ]
     headers = ("node", "kind", "state", "gpus", "tflops", "cpus", "mem_gb", "$/hour", "gpus_now", "jobs")
     return out(args, answer, render.table(headers, rows))
 
@@ -133,12 +157,24 @@ def usage(args: argparse.Namespace, api: Api) -> int:
     headers = ("", "attempts", "hours", "gpu_hours", "cost")
 
     def rows(items: list[dict]) -> list[list[Any]]:
-        return [[i["key"] or "total", i["attempts"], f"{i['seconds'] / 3600:.3f}", f"{i['gpu_hours']:.3f}",
-                 f"{i['cost']:.2f}" if i["cost"] >= 1 else f"{i['cost']:.4f}"] for i in items]
+        return [
+            [
+                i["key"] or "total",
+                i["attempts"],
+                f"{i['seconds'] / 3600:.3f}",
+                f"{i['gpu_hours']:.3f}",
+                f"{i['cost']:.2f}" if i["cost"] >= 1 else f"{i['cost']:.4f}",
+            ]
+            for i in items
+        ]
 
-    text = "\n\n".join([render.table(("by user", *headers[1:]), rows(report["by_user"])),
-                        render.table(("by node kind", *headers[1:]), rows(report["by_node_kind"])),
-                        render.table(headers, rows([report["total"]]))])
+    text = "\n\n".join(
+        [
+            render.table(("by user", *headers[1:]), rows(report["by_user"])),
+            render.table(("by node kind", *headers[1:]), rows(report["by_node_kind"])),
+            render.table(headers, rows([report["total"]])),
+        ]
+    )
     if report.get("open_attempts"):
         text += f"\n({report['open_attempts']} attempt(s) still running, charged up to now)"
     return out(args, report, text)
@@ -148,10 +184,18 @@ def estimate(args: argparse.Namespace, api: Api) -> int:
     """The dry run: where the job could run, for how long, at what cost; nothing is created."""
     answer = api.call("POST", jobs_path(args, api), params={"dry_run": "true"}, json=jobfile.body(args))
     headers = ("kind", "node or type", "gpus", "$/hour", "hours", "expected $", "free now")
-    rows = [[c["node_kind"], c["node_id"] or c["instance_type"] or "", f"{c['gpus']} {c['gpu_model']}".strip(),
-             f"{c['price_per_hour']:.2f}", f"{c['predicted_duration_s'] / 3600:.2f}", f"{c['expected_cost']:.2f}",
-             "yes" if c["free_now"] else f"no (+{c['startup_delay_s']:.0f}s boot)" if c["startup_delay_s"] else "no"]
-            for c in answer["candidates"]]
+    rows = [
+        [
+            c["node_kind"],
+            c["node_id"] or c["instance_type"] or "",
+            f"{c['gpus']} {c['gpu_model']}".strip(),
+            f"{c['price_per_hour']:.2f}",
+            f"{c['predicted_duration_s'] / 3600:.2f}",
+            f"{c['expected_cost']:.2f}",
+            "yes" if c["free_now"] else f"no (+{c['startup_delay_s']:.0f}s boot)" if c["startup_delay_s"] else "no",
+        ]
+        for c in answer["candidates"]
+    ]
     text = render.table(headers, rows)
     for kind, why in answer.get("unplaceable_kinds", {}).items():
         text += f"\n{kind}: {why}"
@@ -161,8 +205,15 @@ def estimate(args: argparse.Namespace, api: Api) -> int:
 def quota(args: argparse.Namespace, api: Api) -> int:
     """Show the project's quotas and month to date; with limits given, set them (the admin)."""
     path = f"/v2/{project(args, api)}/quotas"
-    limits = {k: v for k, v in (("max_gpus", args.max_gpus), ("gpu_hours_per_month", args.gpu_hours),
-                                ("budget_per_month", args.budget)) if v is not None}
+    limits = {
+        k: v
+        for k, v in (
+            ("max_gpus", args.max_gpus),
+            ("gpu_hours_per_month", args.gpu_hours),
+            ("budget_per_month", args.budget),
+        )
+        if v is not None
+    }
     if limits and args.user:
         current = api.call("GET", path)["quotas"]["users"].get(args.user, {})
         answer = api.call("PUT", f"{path}/users/{args.user}", json={**current, **limits})
@@ -177,9 +228,18 @@ def quota(args: argparse.Namespace, api: Api) -> int:
         return "none" if value is None else f"{value:g}"
 
     rows = [["project", limit(q["max_gpus"]), limit(q["gpu_hours_per_month"]), limit(q["budget_per_month"])]]
-    rows += [[f"user {name}", limit(u.get("max_gpus")), limit(u.get("gpu_hours_per_month")),
-              limit(u.get("budget_per_month"))] for name, u in sorted(q["users"].items())]
+    rows += [
+        [
+            f"user {name}",
+            limit(u.get("max_gpus")),
+            limit(u.get("gpu_hours_per_month")),
+            limit(u.get("budget_per_month")),
+        ]
+        for name, u in sorted(q["users"].items())
+    ]
     text = render.table(("scope", "max gpus", "gpu-hours/month", "budget $/month"), rows)
-    text += (f"\nthis month: {used['gpu_hours']:.2f} GPU-hours, ${used['spend']:.2f} spent, "
-             f"{answer['gpus_in_use']} GPU(s) in use")
+    text += (
+        f"\nthis month: {used['gpu_hours']:.2f} GPU-hours, ${used['spend']:.2f} spent, "
+        f"{answer['gpus_in_use']} GPU(s) in use"
+    )
     return out(args, answer, text)

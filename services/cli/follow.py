@@ -1,4 +1,5 @@
 """Following a job to its end: its output on stdout, a live progress bar with the ETA, its outcome as exit code."""
+
 import sys
 import threading
 import time

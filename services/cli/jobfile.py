@@ -1,4 +1,5 @@
 """The create body: a YAML (or JSON) job file in the shape of POST /v2/{project}/training-jobs, then flags."""
+
 import sys
 from pathlib import Path
 from typing import Any
@@ -7,8 +8,13 @@ import yaml
 
 from services.cli.client import EXIT_USAGE, CliError
 
-RESOURCE_FLAGS = {"nodes": "node_count", "gpus": "gpu_count", "min_gpu_memory_gb": "min_gpu_memory_gb",
-                  "cpus": "cpu_count", "memory_gb": "memory_gb"}
+RESOURCE_FLAGS = {
+    "nodes": "node_count",
+    "gpus": "gpu_count",
+    "min_gpu_memory_gb": "min_gpu_memory_gb",
+    "cpus": "cpu_count",
+    "memory_gb": "memory_gb",
+}
 PLACEMENT_FLAGS = {"allowed": "allowed", "priority": "priority", "expected_duration": "expected_duration_s"}
 
 
@@ -76,6 +82,9 @@ def body(args: Any) -> dict[str, Any]:
     if args.max_duration is not None:
         spec["max_duration_s"] = args.max_duration
     if not algorithm.get("command"):
-        raise CliError("a job needs a command (--command, or a job file with algorithm.command); without a name "
-                       "(--name, metadata.name) the API gives it one", exit_code=EXIT_USAGE)
+        raise CliError(
+            "a job needs a command (--command, or a job file with algorithm.command); without a name "
+            "(--name, metadata.name) the API gives it one",
+            exit_code=EXIT_USAGE,
+        )
     return job

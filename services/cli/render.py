@@ -1,4 +1,5 @@
 """Plain-text output: tables, durations, the progress bar with its ETA."""
+
 import json
 import math
 import time
@@ -132,9 +133,11 @@ def phase_line(job: dict) -> str:
     status = job["status"]
     secondary = status.get("secondary_phase") or status["phase"]
     where = ", ".join(status.get("node_ids") or []) or status.get("node_id") or ""
-    return (f"{job['metadata']['name']}: {status['phase']}"
-            + (f" [{secondary}]" if secondary != status["phase"] else "")
-            + (f" on {where}" if where else ""))
+    return (
+        f"{job['metadata']['name']}: {status['phase']}"
+        + (f" [{secondary}]" if secondary != status["phase"] else "")
+        + (f" on {where}" if where else "")
+    )
 
 
 def money(value: float | None) -> str:
@@ -148,17 +151,26 @@ def closing_line(job: dict, *, cost: float | None, exit_code: int) -> str:
     status = job["status"]
     where = ", ".join(status.get("node_ids") or []) or status.get("node_id") or ""
     reason = f" ({status['reason']})" if status.get("reason") and status["phase"] != "Completed" else ""
-    return (f"{job['metadata']['name']} ({job['metadata']['id']}): {status['phase']}{reason} after "
-            f"{duration(status['duration'] / 1000)}" + (f" on {where}" if where else "")
-            + f", cost {money(cost)}, exit {exit_code}")
+    return (
+        f"{job['metadata']['name']} ({job['metadata']['id']}): {status['phase']}{reason} after "
+        f"{duration(status['duration'] / 1000)}"
+        + (f" on {where}" if where else "")
+        + f", cost {money(cost)}, exit {exit_code}"
+    )
 
 
 def job_row(job: dict) -> list[Any]:
     status = job["status"]
-    return [job["metadata"]["id"], job["metadata"]["name"], job["metadata"]["user_name"],
-            status["phase"] + (f"/{status['secondary_phase']}" if status["secondary_phase"] != status["phase"] else ""),
-            ",".join(status.get("node_ids") or []) or "-", progress_text(job), eta_text(job),
-            ago(job["metadata"]["create_time"])]
+    return [
+        job["metadata"]["id"],
+        job["metadata"]["name"],
+        job["metadata"]["user_name"],
+        status["phase"] + (f"/{status['secondary_phase']}" if status["secondary_phase"] != status["phase"] else ""),
+        ",".join(status.get("node_ids") or []) or "-",
+        progress_text(job),
+        eta_text(job),
+        ago(job["metadata"]["create_time"]),
+    ]
 
 
 JOB_HEADERS = ("id", "name", "user", "phase", "node", "progress", "eta", "created")
@@ -187,8 +199,10 @@ def job_detail(job: dict, gpu: dict[str, float] | None = None) -> str:
     for task in status.get("task_statuses") or []:
         lines.append(f"  {task['task']}   exit {task.get('exit_code')}   {task.get('message', '').strip()[:200]}")
     for attempt in status.get("attempts") or []:
-        lines.append(f"  attempt {attempt['attempt']}  {', '.join(attempt['node_ids'])}  {attempt['reason']}"
-                     f" → {attempt.get('outcome') or 'running'}")
+        lines.append(
+            f"  attempt {attempt['attempt']}  {', '.join(attempt['node_ids'])}  {attempt['reason']}"
+            f" → {attempt.get('outcome') or 'running'}"
+        )
     return "\n".join(lines)
 
 
@@ -199,8 +213,7 @@ def memory_text(resource: dict) -> str:
 
 def gpu_now(report: dict) -> dict[str, float]:
     """The latest value of each GPU series (system series of `GET .../metrics`): gpu_util, gpu_memory_gb, ..."""
-    return {s["name"]: s["points"][-1][1] for s in report.get("series") or []
-            if s.get("system") and s.get("points")}
+    return {s["name"]: s["points"][-1][1] for s in report.get("series") or [] if s.get("system") and s.get("points")}
 
 
 def gpu_text(now: dict[str, float]) -> str:
@@ -213,9 +226,16 @@ def gpu_text(now: dict[str, float]) -> str:
 
 def top_row(job: dict, now: dict[str, float]) -> list[Any]:
     status = job["status"]
-    return [job["metadata"]["id"], job["metadata"]["name"], ",".join(status.get("node_ids") or []) or "-",
-            progress_text(job), eta_text(job), _figure(now.get("gpu_util"), "{:.0f}%"),
-            _figure(now.get("gpu_memory_gb"), "{:.1f}"), _figure(now.get("gpu_memory_peak_gb"), "{:.1f}")]
+    return [
+        job["metadata"]["id"],
+        job["metadata"]["name"],
+        ",".join(status.get("node_ids") or []) or "-",
+        progress_text(job),
+        eta_text(job),
+        _figure(now.get("gpu_util"), "{:.0f}%"),
+        _figure(now.get("gpu_memory_gb"), "{:.1f}"),
+        _figure(now.get("gpu_memory_peak_gb"), "{:.1f}"),
+    ]
 
 
 TOP_HEADERS = ("id", "name", "node", "progress", "eta", "gpu", "gpu_mem_gb", "peak_gb")

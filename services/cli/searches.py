@@ -1,4 +1,5 @@
 """`trainmaster search`: create, list, show and stop hyperparameter searches."""
+
 import argparse
 import sys
 import time
@@ -20,25 +21,45 @@ def value(v) -> str:
 def summary_row(search: dict) -> list[str]:
     best = search["status"].get("best") or {}
     done = sum(1 for t in search["trials"] if t["state"] != "Running")
-    return [search["metadata"]["id"], search["metadata"]["name"], search["status"]["phase"],
-            search["spec"]["pruner"], f"{done}/{search['spec']['max_trials']}", value(best.get("value")),
-            render.ago(search["metadata"]["create_time"])]
+    return [
+        search["metadata"]["id"],
+        search["metadata"]["name"],
+        search["status"]["phase"],
+        search["spec"]["pruner"],
+        f"{done}/{search['spec']['max_trials']}",
+        value(best.get("value")),
+        render.ago(search["metadata"]["create_time"]),
+    ]
 
 
 def detail(search: dict) -> str:
     status, spec = search["status"], search["spec"]
     names = sorted(spec["space"])
-    lines = [f"{search['metadata']['name']} ({search['metadata']['id']}): {status['phase']}"
-             f"{' - ' + status['reason'] if status.get('reason') else ''}",
-             f"objective {spec['objective']['mode']} {spec['objective']['metric']}, pruner {spec['pruner']}, "
-             f"parallelism {spec['parallelism']}, {status['gpu_hours']:.3f} GPU-hours",
-             *([f"note: {status['message']}"] if status.get("message") else [])]
+    lines = [
+        f"{search['metadata']['name']} ({search['metadata']['id']}): {status['phase']}"
+        f"{' - ' + status['reason'] if status.get('reason') else ''}",
+        f"objective {spec['objective']['mode']} {spec['objective']['metric']}, pruner {spec['pruner']}, "
+        f"parallelism {spec['parallelism']}, {status['gpu_hours']:.3f} GPU-hours",
+        *([f"note: {status['message']}"] if status.get("message") else []),
+    ]
     best = status.get("best")
     if best:
-        lines.append(f"best: trial {best['trial']} = {value(best['value'])} with "
-                     + ", ".join(f"{k}={value(v)}" for k, v in sorted(best["parameters"].items())))
-    rows = [[t["trial"], t["job_id"], t["state"], value(t.get("value")), value(t.get("step")),
-             *[value(t["parameters"].get(n)) for n in names], t.get("reason", "")[:60]] for t in search["trials"]]
+        lines.append(
+            f"best: trial {best['trial']} = {value(best['value'])} with "
+            + ", ".join(f"{k}={value(v)}" for k, v in sorted(best["parameters"].items()))
+        )
+    rows = [
+        [
+            t["trial"],
+            t["job_id"],
+            t["state"],
+            value(t.get("value")),
+            value(t.get("step")),
+            *[value(t["parameters"].get(n)) for n in names],
+            t.get("reason", "")[:60],
+        ]
+        for t in search["trials"]
+    ]
     lines.append(render.table(("trial", "job", "state", "value", "step", *names, "reason"), rows))
     return "\n".join(lines)
 
@@ -60,9 +81,11 @@ def created(search: dict) -> str:
     """What a new search will do, and how to follow it."""
     spec, meta = search["spec"], search["metadata"]
     space = ", ".join(sorted(spec["space"]))
-    return (f"search {meta['name']} ({meta['id']}): up to {spec['max_trials']} trials over {space}, "
-            f"{spec['parallelism']} at a time, {spec['objective']['mode']} {spec['objective']['metric']}, "
-            f"pruner {spec['pruner']}\nfollow it: trainmaster search get --follow {meta['id']}")
+    return (
+        f"search {meta['name']} ({meta['id']}): up to {spec['max_trials']} trials over {space}, "
+        f"{spec['parallelism']} at a time, {spec['objective']['mode']} {spec['objective']['metric']}, "
+        f"pruner {spec['pruner']}\nfollow it: trainmaster search get --follow {meta['id']}"
+    )
 
 
 def progress_line(search: dict) -> str:
@@ -72,8 +95,9 @@ def progress_line(search: dict) -> str:
         states[trial["state"].lower()] = states.get(trial["state"].lower(), 0) + 1
     best = search["status"].get("best")
     counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "no trial yet"
-    return (f"{search['metadata']['name']} {search['status']['phase']}: {counts} of {search['spec']['max_trials']}"
-            + (f"; best {value(best['value'])} (trial {best['trial']})" if best else ""))
+    return f"{search['metadata']['name']} {search['status']['phase']}: {counts} of {search['spec']['max_trials']}" + (
+        f"; best {value(best['value'])} (trial {best['trial']})" if best else ""
+    )
 
 
 POLL_S = 2.0
@@ -95,8 +119,13 @@ def follow(api: Api, search_path: str, *, sleep=time.sleep) -> dict:
 
 def list_searches(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("GET", path(args, api), params={"limit": args.limit, "offset": args.offset})
-    return out(args, answer, render.table(("id", "name", "phase", "pruner", "trials", "best", "created"),
-                                          [summary_row(s) for s in answer["items"]]))
+    return out(
+        args,
+        answer,
+        render.table(
+            ("id", "name", "phase", "pruner", "trials", "best", "created"), [summary_row(s) for s in answer["items"]]
+        ),
+    )
 
 
 def get(args: argparse.Namespace, api: Api) -> int:
@@ -114,7 +143,8 @@ def add_parser(sub: argparse._SubParsersAction, shared: argparse.ArgumentParser)
     """The `search` command and its actions, beside the other commands."""
     help_ = "hyperparameter searches: create from a YAML/JSON file, list, get, stop"
     actions = sub.add_parser("search", help=help_, description=help_).add_subparsers(
-        dest="search_command", required=True, metavar="ACTION")
+        dest="search_command", required=True, metavar="ACTION"
+    )
 
     def action(name: str, handler, text: str) -> argparse.ArgumentParser:
         p = actions.add_parser(name, parents=[shared], help=text, description=text)
@@ -133,6 +163,10 @@ def add_parser(sub: argparse._SubParsersAction, shared: argparse.ArgumentParser)
     ls.add_argument("--offset", type=int, default=0)
     g = action("get", get, "a search's trials, their parameters, values and states, and the best")
     g.add_argument("search_id")
-    g.add_argument("-f", "--follow", action="store_true", help="until the search ends, a line each time a trial "
-                   "changes state (on stderr), then the table")
+    g.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="until the search ends, a line each time a trial changes state (on stderr), then the table",
+    )
     action("stop", stop, "stop a search: no new trial, running trials terminated").add_argument("search_id")

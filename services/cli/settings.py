@@ -1,4 +1,5 @@
 """Where the CLI finds its server and token: flags, then TRAINMASTER_* environment, then the config file."""
+
 from pathlib import Path
 
 from pydantic import Field
@@ -20,12 +21,20 @@ class CliSettings(BaseSettings):
     url: str = Field(DEFAULT_URL, description="The API's base URL (several replicas: comma-separated).")
     token: str | None = Field(None, description="A bearer token (tm_...).")
     project: str | None = Field(None, description="The project jobs go to; else the token's only project.")
-    handover_s: float = Field(HANDOVER_S, ge=0, description="How long to keep trying while no replica answers (or "
-                                                             "each says 503) before giving up.")
+    handover_s: float = Field(
+        HANDOVER_S,
+        ge=0,
+        description="How long to keep trying while no replica answers (or each says 503) before giving up.",
+    )
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, **_: PydanticBaseSettingsSource):
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        **_: PydanticBaseSettingsSource,
+    ):
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
 
 

@@ -1,4 +1,5 @@
 """Estimator wiring: remaining-time estimates from each job's own metric curve."""
+
 from pathlib import Path
 
 from faststream import FastStream
@@ -21,27 +22,42 @@ class EstimatorSettings(CommonSettings):
     mongo_url: str = own_mongo_url(SERVICE)
     mongo_db: str = own_mongo_db(SERVICE)
     model_dir: Path | None = Field(None, description="Versioned history models; default <data dir>/models.")
-    mlperf_dir: Path = Field(REPO.parent / "shared" / "data" / "mlperf",
-                             description="MLPerf training-log tarballs the first history model is trained on.")
+    mlperf_dir: Path = Field(
+        REPO.parent / "shared" / "data" / "mlperf",
+        description="MLPerf training-log tarballs the first history model is trained on.",
+    )
     retrain_every: int = Field(20, ge=1, description="Completed jobs that trigger a new model version.")
-    train_threads: int = Field(1, ge=1, le=64, description="CPU threads torch may use when training a history model "
-                               "(in a process of its own, at lower priority; the estimator itself never loads torch).")
+    train_threads: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="CPU threads torch may use when training a history model "
+        "(in a process of its own, at lower priority; the estimator itself never loads torch).",
+    )
 
 
 def create_app(settings: EstimatorSettings | None = None) -> FastStream:
     settings = settings or EstimatorSettings()
 
     async def setup(w: Wiring) -> Estimator:
-        models = ModelStore(directory=settings.model_dir or settings.data_dir / "models",
-                            corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")), retrain_every=settings.retrain_every,
-                            threads=settings.train_threads)
+        models = ModelStore(
+            directory=settings.model_dir or settings.data_dir / "models",
+            corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")),
+            retrain_every=settings.retrain_every,
+            threads=settings.train_threads,
+        )
         # written by this service only: remembered, its published events pulled off later
         jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
-        estimator = Estimator(broker=w.broker, jobs=jobs, points=w.db.estimator_points,
-                              history=w.db.estimator_history, own_runs=w.db.estimator_own_runs,
-                              models=models, origins=Origins(placements=w.db.estimator_placements,
-                                                             all_read=lambda: read_up(w.broker, PLACED)),
-                              telemetry=w.db.estimator_telemetry)
+        estimator = Estimator(
+            broker=w.broker,
+            jobs=jobs,
+            points=w.db.estimator_points,
+            history=w.db.estimator_history,
+            own_runs=w.db.estimator_own_runs,
+            models=models,
+            origins=Origins(placements=w.db.estimator_placements, all_read=lambda: read_up(w.broker, PLACED)),
+            telemetry=w.db.estimator_telemetry,
+        )
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
         await estimator.telemetry.create_index([("job_id", 1), ("t", 1)])
         await estimator.origins.prepare()

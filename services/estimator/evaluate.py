@@ -39,19 +39,28 @@ def scorable(run) -> bool:
 
 
 def _row(run, now, pred, **extra) -> dict:
-    return {"truth": run.duration_s, "now": now, "pred": pred, "benchmark": run.benchmark,
-            "accelerator": normalise_accelerator(run.accelerator), **extra}
+    return {
+        "truth": run.duration_s,
+        "now": now,
+        "pred": pred,
+        "benchmark": run.benchmark,
+        "accelerator": normalise_accelerator(run.accelerator),
+        **extra,
+    }
 
 
 def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0) -> dict[str, dict]:
     """Per-method, per-cut rows of one train/test split (unscorable test runs: rows without a prediction)."""
     predictor = train_with_calibration(train, folds=folds, seed=seed)
-    baselines = {"median_duration": MedianDuration(train),
-                 "work_over_throughput": WorkOverThroughput(train), "optimus_only": CurveOnly(),
-                 # Not a method: the median work of every run with the same benchmark and batch
-                 # size, the test runs included, over the live rate. What is left of its error
-                 # is run-to-run variance no feature known before the cut can explain (seeds).
-                 "bound_median_work_all_runs": WorkOverThroughput(train + test)}
+    baselines = {
+        "median_duration": MedianDuration(train),
+        "work_over_throughput": WorkOverThroughput(train),
+        "optimus_only": CurveOnly(),
+        # Not a method: the median work of every run with the same benchmark and batch
+        # size, the test runs included, over the live rate. What is left of its error
+        # is run-to-run variance no feature known before the cut can explain (seeds).
+        "bound_median_work_all_runs": WorkOverThroughput(train + test),
+    }
     rows: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
     for run in test:
         est = make_estimator(run, predictor)
@@ -59,10 +68,12 @@ def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0)
         def visit(frac, now, est, run=run):
             e = est.estimate(now)
             pred = now + e.remaining_s if math.isfinite(e.remaining_s) else None
-            rows[HEADLINE_METHOD][frac].append(_row(run, now, pred, low=e.low_s, high=e.high_s,
-                                                    method=e.method, run_id=run.run_id))
+            rows[HEADLINE_METHOD][frac].append(
+                _row(run, now, pred, low=e.low_s, high=e.high_s, method=e.method, run_id=run.run_id)
+            )
             for name, base in baselines.items():
                 rows[name][frac].append(_row(run, now, base.total(run, now, est)))
+
         replay(run, est, CUTS, visit)
     for run in unscorable:
         for method in [HEADLINE_METHOD, *baselines]:
@@ -92,9 +103,19 @@ def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0, by: str = "subm
     return [set(subs[i::k]) for i in range(k)]
 
 
-def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: int = 0, seed: int = 0,
-                   share: float = 1 / 3, targets=None, cache_dir: Path | None = None) -> dict:
+def run_evaluation(
+    train_paths,
+    test_path,
+    *,
+    split: str = "submitter",
+    kfold: int = 0,
+    seed: int = 0,
+    share: float = 1 / 3,
+    targets=None,
+    cache_dir: Path | None = None,
+) -> dict:
     """Load corpora, split, evaluate every method at every cut; the report the README quotes."""
+
     def load(path):
         return load_cached(path, targets=targets, cache_dir=cache_dir)
 
@@ -109,11 +130,20 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
     else:
         by = split
         pool = [r for r in others + test_all if is_usable(r)]
-        helds = (split_kfold(pool, test_all, k=kfold, seed=seed, by=by) if kfold > 1
-                 else split_holdout(pool, test_all, share=share, seed=seed, by=by))
-        plans = [(held, [r for r in pool if split_key(r, by) not in held],
-                  [r for r in test_ok if split_key(r, by) in held],
-                  [r for r in test_bad if split_key(r, by) in held]) for held in helds]
+        helds = (
+            split_kfold(pool, test_all, k=kfold, seed=seed, by=by)
+            if kfold > 1
+            else split_holdout(pool, test_all, share=share, seed=seed, by=by)
+        )
+        plans = [
+            (
+                held,
+                [r for r in pool if split_key(r, by) not in held],
+                [r for r in test_ok if split_key(r, by) in held],
+                [r for r in test_bad if split_key(r, by) in held],
+            )
+            for held in helds
+        ]
     merged: dict[str, dict[float, list]] = defaultdict(lambda: defaultdict(list))
     splits = []
     seen_bench, seen_accel = set(), set()
@@ -122,10 +152,15 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
         seen_a = {normalise_accelerator(r.accelerator) for r in train}
         seen_bench |= seen_b
         seen_accel |= seen_a
-        splits.append({f"held_out_{split if split != 'round' else 'submitter'}s":
-                       sorted(held) if held else None, "train_runs": len(train),
-                       "test_runs": len(test) + len(bad), "test_unscorable": len(bad),
-                       "unseen_benchmarks": sorted({r.benchmark for r in test + bad} - seen_b)})
+        splits.append(
+            {
+                f"held_out_{split if split != 'round' else 'submitter'}s": sorted(held) if held else None,
+                "train_runs": len(train),
+                "test_runs": len(test) + len(bad),
+                "test_unscorable": len(bad),
+                "unseen_benchmarks": sorted({r.benchmark for r in test + bad} - seen_b),
+            }
+        )
         for method, by_cut in evaluate_split(train, test, unscorable=bad, seed=seed).items():
             for frac, rows in by_cut.items():
                 for row in rows:
@@ -136,16 +171,23 @@ def run_evaluation(train_paths, test_path, *, split: str = "submitter", kfold: i
 
 
 def _report(merged, *, split, splits, test_path, train_paths) -> dict:
-    report = {"split": split, "train": [str(p) for p in train_paths], "test": str(test_path),
-              "headline_method": HEADLINE_METHOD, "cuts": [f"{int(c * 100)}%" for c in CUTS],
-              "unseen_benchmarks": sorted({b for s in splits for b in s["unseen_benchmarks"]}),
-              "splits": splits, "methods": {}}
+    report = {
+        "split": split,
+        "train": [str(p) for p in train_paths],
+        "test": str(test_path),
+        "headline_method": HEADLINE_METHOD,
+        "cuts": [f"{int(c * 100)}%" for c in CUTS],
+        "unseen_benchmarks": sorted({b for s in splits for b in s["unseen_benchmarks"]}),
+        "splits": splits,
+        "methods": {},
+    }
     for method, by_cut in merged.items():
         entry = {f"{int(f * 100)}%": summarise(rows) for f, rows in sorted(by_cut.items())}
-        entry["by_benchmark"] = {f"{int(f * 100)}%": _grouped(rows, "benchmark")
-                                 for f, rows in sorted(by_cut.items())}
-        entry["by_group"] = {f"{int(f * 100)}%": {**_grouped(rows, "group_bench"), **_grouped(rows, "group_accel")}
-                             for f, rows in sorted(by_cut.items())}
+        entry["by_benchmark"] = {f"{int(f * 100)}%": _grouped(rows, "benchmark") for f, rows in sorted(by_cut.items())}
+        entry["by_group"] = {
+            f"{int(f * 100)}%": {**_grouped(rows, "group_bench"), **_grouped(rows, "group_accel")}
+            for f, rows in sorted(by_cut.items())
+        }
         report["methods"][method] = entry
     return report
 
@@ -158,20 +200,26 @@ def _grouped(rows, key):
 
 
 def _print_table(report: dict) -> None:
-    print(f"split {report['split']}: train {report['train']} test {report['test']}; "
-          f"unseen benchmarks {report['unseen_benchmarks']}")
+    print(
+        f"split {report['split']}: train {report['train']} test {report['test']}; "
+        f"unseen benchmarks {report['unseen_benchmarks']}"
+    )
     for method, entry in report["methods"].items():
         print(f"\n{method}{' (headline)' if method == report['headline_method'] else ''}")
-        print(f"{'cut':>5} {'group':>16} {'n':>5} {'n_tot':>5} {'medAPE':>7} {'MAPE':>7} {'<=20%':>6} "
-              f"{'remErr_s':>9} {'cov':>5}")
+        print(
+            f"{'cut':>5} {'group':>16} {'n':>5} {'n_tot':>5} {'medAPE':>7} {'MAPE':>7} {'<=20%':>6} "
+            f"{'remErr_s':>9} {'cov':>5}"
+        )
         for cut in report["cuts"]:
             for group, s in [("all", entry[cut]), *entry["by_group"][cut].items()]:
                 if not s.get("n"):
                     continue
                 cov = s.get("coverage_10_90")
-                print(f"{cut:>5} {group:>16} {s['n']:>5} {s['n_total']:>5} {s['median_ape']:7.3f} "
-                      f"{s['mape']:7.3f} {s['within_20pct']:6.3f} {s['median_abs_err_remaining_s']:9.1f} "
-                      f"{'' if cov is None else f'{cov:5.3f}'}")
+                print(
+                    f"{cut:>5} {group:>16} {s['n']:>5} {s['n_total']:>5} {s['median_ape']:7.3f} "
+                    f"{s['mape']:7.3f} {s['within_20pct']:6.3f} {s['median_abs_err_remaining_s']:9.1f} "
+                    f"{'' if cov is None else f'{cov:5.3f}'}"
+                )
 
 
 def read_targets(path: str):
@@ -189,26 +237,50 @@ def read_targets(path: str):
 def main(argv=None) -> int:
     """CLI: trainmaster-eta-eval --train TARBALL [...] --test TARBALL [--split round|submitter] [--kfold K]."""
     defaults = [str(p) for p in default_tarballs()]
-    ap = argparse.ArgumentParser(prog="trainmaster-eta-eval", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="trainmaster-eta-eval", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--train", nargs="+", default=defaults[:-1] or defaults)
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
-    ap.add_argument("--split", choices=("submitter", "benchmark", "accelerator", "round", "family", "unseen"),
-                    default="submitter", help="family: own-jobs only, leave-one-family-out (fine-tunes the curve "
-                    "prior per family); unseen: own-jobs only, the shipped estimator on the families it never saw")
-    ap.add_argument("--kfold", type=int, default=0,
-                    help="k folds over test submitters or benchmarks (submitter, benchmark split)")
-    ap.add_argument("--share", type=float, default=1 / 3,
-                    help="held-out share of submitters or benchmarks (submitter, benchmark split)")
-    ap.add_argument("--targets", help='JSON {"<benchmark>": {"metric", "target", "mode"}} for benchmarks '
-                                      "the built-in table does not know")
-    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "trainmaster" / "eta-corpus",
-                    help="parsed-corpus cache folder ('' to disable)")
+    ap.add_argument(
+        "--split",
+        choices=("submitter", "benchmark", "accelerator", "round", "family", "unseen"),
+        default="submitter",
+        help="family: own-jobs only, leave-one-family-out (fine-tunes the curve "
+        "prior per family); unseen: own-jobs only, the shipped estimator on the families it never saw",
+    )
+    ap.add_argument(
+        "--kfold", type=int, default=0, help="k folds over test submitters or benchmarks (submitter, benchmark split)"
+    )
+    ap.add_argument(
+        "--share",
+        type=float,
+        default=1 / 3,
+        help="held-out share of submitters or benchmarks (submitter, benchmark split)",
+    )
+    ap.add_argument(
+        "--targets",
+        help='JSON {"<benchmark>": {"metric", "target", "mode"}} for benchmarks the built-in table does not know',
+    )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path.home() / ".cache" / "trainmaster" / "eta-corpus",
+        help="parsed-corpus cache folder ('' to disable)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--corpus", choices=("mlperf", "own-jobs"), default="mlperf",
-                    help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds")
-    ap.add_argument("--sweep", type=Path, nargs="+",
-                    help="own-jobs: the recorded files (default: the shipped ones, families.jsonl.gz when recorded)")
+    ap.add_argument(
+        "--corpus",
+        choices=("mlperf", "own-jobs"),
+        default="mlperf",
+        help="own-jobs: the recorded small trainings (bench/search/data), held-out seeds",
+    )
+    ap.add_argument(
+        "--sweep",
+        type=Path,
+        nargs="+",
+        help="own-jobs: the recorded files (default: the shipped ones, families.jsonl.gz when recorded)",
+    )
     ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
     ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -223,9 +295,16 @@ def main(argv=None) -> int:
     try:
         targets = read_targets(args.targets) if args.targets else None
         started = time.time()
-        report = run_evaluation(args.train, args.test, split=args.split, kfold=args.kfold, seed=args.seed,
-                                share=args.share, targets=targets,
-                                cache_dir=args.cache if str(args.cache) else None)
+        report = run_evaluation(
+            args.train,
+            args.test,
+            split=args.split,
+            kfold=args.kfold,
+            seed=args.seed,
+            share=args.share,
+            targets=targets,
+            cache_dir=args.cache if str(args.cache) else None,
+        )
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
     return _emit(report, args, started=started, table=_print_table)
@@ -234,23 +313,31 @@ def main(argv=None) -> int:
 def _own_jobs(args, ap) -> int:
     from services.estimator import owneval
     from services.estimator.model import owncorpus, owncurve
+
     try:
         started = time.time()
         if args.split == "family":
             from services.estimator import ownfamily
-            report = ownfamily.run_family_evaluation(tuple(args.sweep or owncorpus.CORPUS), refit=args.refit,
-                                                     cache_dir=args.cache if str(args.cache) else None)
+
+            report = ownfamily.run_family_evaluation(
+                tuple(args.sweep or owncorpus.CORPUS),
+                refit=args.refit,
+                cache_dir=args.cache if str(args.cache) else None,
+            )
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
         if args.split == "unseen":
             from services.estimator import ownfamily
+
             report = ownfamily.run_unseen_evaluation(tuple(args.sweep or (owncorpus.FAMILIES,)))
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
-        report = owneval.run_own_evaluation(tuple(args.sweep or owncorpus.TRAINED), refit=args.refit,
-                                            calibration_path=args.calibration or owncurve.CALIBRATION)
+        report = owneval.run_own_evaluation(
+            tuple(args.sweep or owncorpus.TRAINED),
+            refit=args.refit,
+            calibration_path=args.calibration or owncurve.CALIBRATION,
+        )
     except (OSError, ValueError) as exc:
         ap.error(str(exc))
     return _emit(report, args, started=started, table=owneval.print_own_table)
-
 
 
 def _emit(report: dict, args, *, started: float, table) -> int:

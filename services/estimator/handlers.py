@@ -1,4 +1,5 @@
 """Estimator subscribers: which jobs exist and declare metrics, and their output."""
+
 from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
@@ -57,8 +58,9 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
 # Samples in any order (each stored by its own id, series sorted by time): a batch in flight, not one at a time.
 @router.subscriber(**durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64, ordered=False))
 @retry_transient
-async def on_telemetry(sample: TaskTelemetry, message: NatsMessage,
-                       estimator: Estimator = Context("estimator")) -> None:
+async def on_telemetry(
+    sample: TaskTelemetry, message: NatsMessage, estimator: Estimator = Context("estimator")
+) -> None:
     """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped), timed when
     the bus server stored them (the node's own clock is a claim)."""
     if await estimator.origins.admit(sample, deliveries=deliveries(message)):

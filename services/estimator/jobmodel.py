@@ -1,4 +1,5 @@
 """One job's estimate: its metric points, what is known of it (features), and the online estimator (pure)."""
+
 import math
 import zlib
 from dataclasses import dataclass, field
@@ -15,17 +16,34 @@ from services.estimator.model.targets import TARGETS, metric_scalar
 from services.estimator.tracker import METRICS_PREFIX, JobTracker
 
 # MLLOG header keys that describe the run (MLPerf logs carry them before training starts).
-FEATURE_KEYS = {"submission_benchmark": "benchmark", "global_batch_size": "batch_size",
-                "opt_base_learning_rate": "learning_rate", "opt_learning_rate": "learning_rate"}
+FEATURE_KEYS = {
+    "submission_benchmark": "benchmark",
+    "global_batch_size": "batch_size",
+    "opt_base_learning_rate": "learning_rate",
+    "opt_learning_rate": "learning_rate",
+}
 # Job parameters that name the same features, for scripts that do not write MLLOG.
-PARAMETER_KEYS = {"benchmark": "benchmark", "task": "benchmark", "batch_size": "batch_size",
-                  "learning_rate": "learning_rate", "lr": "learning_rate"}
+PARAMETER_KEYS = {
+    "benchmark": "benchmark",
+    "task": "benchmark",
+    "batch_size": "batch_size",
+    "learning_rate": "learning_rate",
+    "lr": "learning_rate",
+}
 # Parameters declaring the amount of work, in the units the job reports its progress in (its `step` group or
 # MLLOG epoch/samples): with it, the live rate alone gives an estimate, whatever the job is. A script may also
 # report it (`trainmaster_task.report(step=..., total_steps=...)`, the same units as its `step`); what the spec
 # declares comes first.
-WORK_KEYS = ("max_steps", "total_steps", "num_steps", "epochs", "num_epochs", "max_epochs", "train_samples",
-             "total_samples")
+WORK_KEYS = (
+    "max_steps",
+    "total_steps",
+    "num_steps",
+    "epochs",
+    "num_epochs",
+    "max_epochs",
+    "train_samples",
+    "total_samples",
+)
 MAX_WORK = 1e15
 # Parameters naming the hardware the features refer to (a replay of another system's run, say); they win over
 # the node's own GPUs.
@@ -91,8 +109,11 @@ class JobModel:
             self.started_at = line.t
         if self.printed is None:
             self.printed = PrintedWork(start=self.started_at, declared=self._declared_work())
-        self.progress_line = record is None and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX)) \
+        self.progress_line = (
+            record is None
+            and not line.line.startswith((METRICS_PREFIX, MLLOG_PREFIX))
             and self.printed.observe(line.line, line.t)
+        )
         if record is not None and record.key in FEATURE_KEYS:
             self._feature(FEATURE_KEYS[record.key], record.value)
         if record is not None and record.key == "run_start" and self.run_started_at is None:
@@ -160,11 +181,21 @@ class JobModel:
             rate = self.online.rate() if self.online is not None else None
             declared = self._declared_work()
             unit = declared[0] if declared else ("step" if self.work_source == "sdk" else None)
-            fields |= {"done": done, "total": total, "unit": unit, "rate": rate[0] if rate else None,
-                       "source": self.work_source or "mllog"}
+            fields |= {
+                "done": done,
+                "total": total,
+                "unit": unit,
+                "rate": rate[0] if rate else None,
+                "source": self.work_source or "mllog",
+            }
         elif printed is not None:
-            fields |= {"done": printed.done, "total": printed.total, "unit": printed.unit,
-                       "rate": self.printed.rate(), "source": printed.source}
+            fields |= {
+                "done": printed.done,
+                "total": printed.total,
+                "unit": printed.unit,
+                "rate": self.printed.rate(),
+                "source": printed.source,
+            }
         for name in ("done", "total", "rate"):  # a job's own numbers: shown only when they are sane
             value = fields.get(name)
             if value is not None and not (math.isfinite(value) and 0 <= value <= MAX_WORK):
@@ -179,9 +210,14 @@ class JobModel:
         if e is None or not all(math.isfinite(v) for v in (e.remaining_s, e.low_s, e.high_s)):
             return None
         remaining = max(0.0, e.remaining_s)
-        return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
-                   low_s=max(0.0, min(e.low_s, remaining)), high_s=max(e.high_s, remaining), method="rate",
-                   updated_at=datetime.fromtimestamp(now, UTC))
+        return Eta(
+            remaining_s=remaining,
+            finish_time=datetime.fromtimestamp(now + remaining, UTC),
+            low_s=max(0.0, min(e.low_s, remaining)),
+            high_s=max(e.high_s, remaining),
+            method="rate",
+            updated_at=datetime.fromtimestamp(now, UTC),
+        )
 
     def _declared_work(self) -> tuple[str, float] | None:
         """(unit, amount) of the work a spec parameter declares, when its name says the unit."""
@@ -200,9 +236,14 @@ class JobModel:
             e = self.online.estimate(now)
             if e.method not in ("none",) and all(math.isfinite(v) for v in (e.remaining_s, e.low_s, e.high_s)):
                 remaining = max(0.0, e.remaining_s)
-                return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
-                           low_s=max(0.0, min(e.low_s, remaining)), high_s=max(e.high_s, remaining),
-                           method=e.method, progress=self._progress(now, remaining))
+                return Eta(
+                    remaining_s=remaining,
+                    finish_time=datetime.fromtimestamp(now + remaining, UTC),
+                    low_s=max(0.0, min(e.low_s, remaining)),
+                    high_s=max(e.high_s, remaining),
+                    method=e.method,
+                    progress=self._progress(now, remaining),
+                )
         return self.tracker.estimate(now)
 
     def history_run(self, *, job_id: str, project: str, start: float, end: float) -> dict | None:
@@ -213,13 +254,26 @@ class JobModel:
         if features is None or not self.seen:
             return None
         start = self.run_started_at or start  # MLPerf durations run from run_start, after initialisation
-        run = {"run_id": job_id, "version": "trainmaster", "submitter": project, "system": features.accelerator,
-               "benchmark": features.benchmark, "accelerator": features.accelerator,
-               "accelerators_per_node": max(1, features.accelerators // features.nodes), "nodes": features.nodes,
-               "batch_size": features.batch_size, "learning_rate": features.learning_rate,
-               "run_start_ms": int(start * 1000), "run_stop_ms": int(end * 1000), "status": "success",
-               "observations": [{"t_s": t - start, "progress": progress, "value": value}
-                                for t, progress, value in self.seen if t >= start]}
+        run = {
+            "run_id": job_id,
+            "version": "trainmaster",
+            "submitter": project,
+            "system": features.accelerator,
+            "benchmark": features.benchmark,
+            "accelerator": features.accelerator,
+            "accelerators_per_node": max(1, features.accelerators // features.nodes),
+            "nodes": features.nodes,
+            "batch_size": features.batch_size,
+            "learning_rate": features.learning_rate,
+            "run_start_ms": int(start * 1000),
+            "run_stop_ms": int(end * 1000),
+            "status": "success",
+            "observations": [
+                {"t_s": t - start, "progress": progress, "value": value}
+                for t, progress, value in self.seen
+                if t >= start
+            ],
+        }
         if (target := self._target()) is not None:  # a declared target makes a new benchmark learnable
             run |= {"target_value": target[1], "target_mode": target[2]}
         return run
@@ -239,19 +293,31 @@ class JobModel:
             kept = [round(i * every) for i in range(OWN_RUN_POINTS)]
         counted = any(p.step is None for p in points)  # then a point's step is its place among all the job's
         key = "loss" if spec.mode == "min" else "val_acc"
-        return {"run": job_id, "group": "trainmaster", "params": {"seed": zlib.crc32(job_id.encode()) % OWN_RUN_SEEDS},
-                "points": [{"t": points[i].t - start, "step": float(i + 1) if counted else points[i].step,
-                            key: points[i].value} for i in kept],
-                "wall_s": end - start, "machine": self.accelerator}
+        return {
+            "run": job_id,
+            "group": "trainmaster",
+            "params": {"seed": zlib.crc32(job_id.encode()) % OWN_RUN_SEEDS},
+            "points": [
+                {"t": points[i].t - start, "step": float(i + 1) if counted else points[i].step, key: points[i].value}
+                for i in kept
+            ],
+            "wall_s": end - start,
+            "machine": self.accelerator,
+        }
 
     def job_features(self) -> JobFeatures | None:
         benchmark = self.features.get("benchmark")
         if not benchmark:
             return None
-        return JobFeatures(benchmark=str(benchmark), batch_size=float(self.features.get("batch_size", 0) or 0),
-                           learning_rate=float(self.features.get("learning_rate", 0) or 0),
-                           accelerator=self.accelerator, accelerators=self.gpus * self.nodes, nodes=self.nodes,
-                           tflops=self.node_tflops())
+        return JobFeatures(
+            benchmark=str(benchmark),
+            batch_size=float(self.features.get("batch_size", 0) or 0),
+            learning_rate=float(self.features.get("learning_rate", 0) or 0),
+            accelerator=self.accelerator,
+            accelerators=self.gpus * self.nodes,
+            nodes=self.nodes,
+            tflops=self.node_tflops(),
+        )
 
     def node_tflops(self) -> float | None:
         """The placed node's GPU speed, unless the job declares other hardware (a replay of another system)."""
@@ -275,11 +341,15 @@ class JobModel:
             return
         prior = predictor.prior(features) if with_prior else None
         self.built_from = built_from
-        self.online = OnlineEstimator(start_time=start, target=target[1] if target else None,
-                                      mode=target[2] if target else "max", prior=prior,
-                                      total_work=float(work) if work else None,
-                                      calibration=predictor.blend if with_prior else None,
-                                      key=features.benchmark if features else None)
+        self.online = OnlineEstimator(
+            start_time=start,
+            target=target[1] if target else None,
+            mode=target[2] if target else "max",
+            prior=prior,
+            total_work=float(work) if work else None,
+            calibration=predictor.blend if with_prior else None,
+            key=features.benchmark if features else None,
+        )
         for t, progress, value in self.seen:  # replay what was seen before
             self.online.observe(t, progress=progress, metric_value=value)
 

@@ -1,5 +1,6 @@
 """Versioned history models on disk: the newest is served; a new one is trained in the background at first
 start (from the MLPerf corpus) and again each time enough jobs have completed (corpus + those jobs)."""
+
 import asyncio
 import json
 import logging
@@ -50,8 +51,11 @@ class ModelStore:
 
     def status(self) -> dict:
         """What an operator asks: which version is served, which are on disk, whether one is being trained."""
-        return {"version": self.version, "on_disk": self.versions(),
-                "training": self.training is not None and self.training.returncode is None}
+        return {
+            "version": self.version,
+            "on_disk": self.versions(),
+            "training": self.training is not None and self.training.returncode is None,
+        }
 
     async def train(self, runs: list[dict] | None = None) -> None:
         """Start training the next version in a process of its own (one at a time)."""
@@ -62,14 +66,24 @@ class ModelStore:
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         out = self.directory / f"history-v{(self.versions() or [0])[-1] + 1}.npz"
-        argv = [sys.executable, "-m", "services.estimator.train", "--out", str(out), "--threads", str(self.threads),
-                "--corpus", *corpus]
+        argv = [
+            sys.executable,
+            "-m",
+            "services.estimator.train",
+            "--out",
+            str(out),
+            "--threads",
+            str(self.threads),
+            "--corpus",
+            *corpus,
+        ]
         if runs:
             extra = self.directory / "completed-runs.json"
             extra.write_text(json.dumps(runs))
             argv += ["--runs", str(extra)]
-        log.info("training history model %s on %d tarball(s) and %d completed job(s)", out.name, len(corpus),
-                 len(runs or []))
+        log.info(
+            "training history model %s on %d tarball(s) and %d completed job(s)", out.name, len(corpus), len(runs or [])
+        )
         dies = dies_with_parent(signal.SIGKILL)  # a training whose estimator died is of no use
 
         def preexec() -> None:
@@ -78,8 +92,12 @@ class ModelStore:
                 dies()
 
         self.training = await asyncio.create_subprocess_exec(
-            *argv, stdout=(self.directory / "training.log").open("ab"), stderr=asyncio.subprocess.STDOUT,
-            env={**os.environ, **background_env(self.threads)}, preexec_fn=preexec)
+            *argv,
+            stdout=(self.directory / "training.log").open("ab"),
+            stderr=asyncio.subprocess.STDOUT,
+            env={**os.environ, **background_env(self.threads)},
+            preexec_fn=preexec,
+        )
 
 
 async def refresh_forever(store: ModelStore, *, interval_s: float = 5.0) -> None:

@@ -64,8 +64,13 @@ def _summary(rows: list[dict]) -> dict:
     return out
 
 
-def run_own_evaluation(sweep: Path | tuple = owncorpus.TRAINED, *, calibration_path: Path = CALIBRATION,
-                       refit: bool = False, metrics=tuple(owncorpus.METRICS)) -> dict:
+def run_own_evaluation(
+    sweep: Path | tuple = owncorpus.TRAINED,
+    *,
+    calibration_path: Path = CALIBRATION,
+    refit: bool = False,
+    metrics=tuple(owncorpus.METRICS),
+) -> dict:
     """Every method at every cut on the held-out seeds' cases; the headline is the loss."""
     paths = (sweep,) if isinstance(sweep, Path) else tuple(sweep)
     runs = owncorpus.load_corpus(paths)
@@ -73,6 +78,7 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.TRAINED, *, calibration_p
         raise ValueError(f"param[--sweep] invalid: no runs in {sweep}")
     if refit:
         from services.estimator.model.owntrain import calibrate  # torch, only when asked
+
         calibration = calibrate(runs, list(metrics))
     else:
         loaded = load_calibration(calibration_path)
@@ -82,15 +88,26 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.TRAINED, *, calibration_p
     if sorted(calibration.get("held_out_seeds", [])) != sorted(owncorpus.HELD_OUT_SEEDS):
         raise ValueError("param[--calibration] invalid: it was not fitted with the evaluation's seeds held out")
     test = {m: owncorpus.split(owncorpus.cases(runs, m))[1] for m in metrics}
-    report: dict[str, Any] = {"corpus": "own-jobs", "sweep": ", ".join(str(p) for p in paths), "runs": len(runs),
-              "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS), "headline_method": HEADLINE_METHOD,
-              "headline_metric": HEADLINE_METRIC, "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
-              "test_cases": {m: len(c) for m, c in test.items()},
-              "calibration": {k: v for k, v in calibration.items() if k != "nets"}, "methods": {}}
+    report: dict[str, Any] = {
+        "corpus": "own-jobs",
+        "sweep": ", ".join(str(p) for p in paths),
+        "runs": len(runs),
+        "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS),
+        "headline_method": HEADLINE_METHOD,
+        "headline_metric": HEADLINE_METRIC,
+        "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
+        "test_cases": {m: len(c) for m, c in test.items()},
+        "calibration": {k: v for k, v in calibration.items() if k != "nets"},
+        "methods": {},
+    }
     prior = priornet.load()
-    for method, table, with_prior in ((HEADLINE_METHOD, calibration, prior), (PRIOR_METHOD, calibration, prior),
-                                      ("fitted_curve", calibration, None),
-                                      ("power_law_uncalibrated", None, None), ("previous_rate", None, None)):
+    for method, table, with_prior in (
+        (HEADLINE_METHOD, calibration, prior),
+        (PRIOR_METHOD, calibration, prior),
+        ("fitted_curve", calibration, None),
+        ("power_law_uncalibrated", None, None),
+        ("previous_rate", None, None),
+    ):
         by_metric = {m: _rows(cases, method, table, with_prior) for m, cases in test.items()}
         entry = {}
         for cut in owncorpus.CUTS:
@@ -106,14 +123,18 @@ def run_own_evaluation(sweep: Path | tuple = owncorpus.TRAINED, *, calibration_p
 
 
 def print_own_table(report: dict) -> None:
-    print(f"own-jobs corpus {report['sweep']}: {report['runs']} runs, held-out seeds {report['held_out_seeds']}, "
-          f"test cases {report['test_cases']}")
+    print(
+        f"own-jobs corpus {report['sweep']}: {report['runs']} runs, held-out seeds {report['held_out_seeds']}, "
+        f"test cases {report['test_cases']}"
+    )
     for method, entry in report["methods"].items():
         print(f"\n{method}{' (headline)' if method == report['headline_method'] else ''}")
         print(f"{'cut':>5} {'metric':>9} {'n':>4} {'n_tot':>5} {'medAPE':>7} {'<=20%':>6} {'cov':>6} {'width':>6}")
         for cut in report["cuts"]:
             for metric, s in entry["by_metric"][cut].items():
                 cov, width = s.get("coverage_10_90"), s.get("median_band_width_over_truth")
-                print(f"{cut:>5} {metric:>9} {s['n']:>4} {s['n_total']:>5} {s.get('median_ape', math.nan):7.3f} "
-                      f"{s['within_20pct']:6.3f} {'' if cov is None else f'{cov:6.3f}'} "
-                      f"{'' if width is None else f'{width:6.2f}'}")
+                print(
+                    f"{cut:>5} {metric:>9} {s['n']:>4} {s['n_total']:>5} {s.get('median_ape', math.nan):7.3f} "
+                    f"{s['within_20pct']:6.3f} {'' if cov is None else f'{cov:6.3f}'} "
+                    f"{'' if width is None else f'{width:6.2f}'}"
+                )

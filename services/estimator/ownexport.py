@@ -8,6 +8,7 @@ checked on the held-out seed (theirs included) before it replaces the shipped on
     python -m bench.search.calibrate --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --out new.json
     trainmaster-eta-eval --corpus own-jobs --sweep bench/search/data/*.jsonl.gz own-runs.jsonl.gz --calibration new.json
 """
+
 import argparse
 import asyncio
 import gzip
@@ -29,8 +30,7 @@ def corpus_line(doc: dict) -> str | None:
 def database_url(settings: EstimatorSettings) -> str:
     """TRAINMASTER_ESTIMATOR_MONGO_URL or MONGO_URL when set, else the estimator's embedded database `make run`
     started in the data directory."""
-    return settings.mongo_url if "mongo_url" in settings.model_fields_set else embedded_url(settings.data_dir,
-                                                                                             SERVICE)
+    return settings.mongo_url if "mongo_url" in settings.model_fields_set else embedded_url(settings.data_dir, SERVICE)
 
 
 async def export(out: Path, settings: EstimatorSettings) -> int:

@@ -29,8 +29,9 @@ PAD_SEEDS = (3, 4)
 HEADLINE = "prior_and_fit_blend"  # what the tracker serves
 
 
-def _rows(test: list[owncorpus.Case], *, calibration: dict | None, prior,
-          blend: bool = False) -> dict[float, list[dict]]:
+def _rows(
+    test: list[owncorpus.Case], *, calibration: dict | None, prior, blend: bool = False
+) -> dict[float, list[dict]]:
     return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=blend)
 
 
@@ -49,8 +50,14 @@ def _tuned(train, pretrained, train_runs: list[dict], *, held: str, cache_dir: P
     return tuned
 
 
-def run_family_evaluation(paths=owncorpus.CORPUS, *, refit: bool = False, metrics=(HEADLINE_METRIC,),
-                          only: tuple[str, ...] = (), cache_dir: Path | None = None) -> dict:
+def run_family_evaluation(
+    paths=owncorpus.CORPUS,
+    *,
+    refit: bool = False,
+    metrics=(HEADLINE_METRIC,),
+    only: tuple[str, ...] = (),
+    cache_dir: Path | None = None,
+) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
@@ -72,10 +79,12 @@ def run_family_evaluation(paths=owncorpus.CORPUS, *, refit: bool = False, metric
             "curve_prior": {"prior": train.with_pads(train.mixed(tuned, pretrained), pads), "calibration": None},
             "prior_fine_tuned_only": {"prior": train.with_pads(tuned, pads), "calibration": None},
             "prior_synthetic_only": {"prior": train.with_pads(pretrained, pads), "calibration": None},
-            "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped}}
+            "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped},
+        }
         fitted = shipped
         if refit:
             from services.estimator.model.owntrain import calibrate
+
             fitted = calibrate(train_runs, list(metrics))
             methods["own_curve_refit"] = {"prior": None, "calibration": fitted}
         methods[HEADLINE] = {"prior": methods["curve_prior"]["prior"], "calibration": fitted, "blend": True}
@@ -105,7 +114,8 @@ def run_unseen_evaluation(paths=(owncorpus.FAMILIES,), *, metrics=(HEADLINE_METR
     methods: dict[str, dict[str, Any]] = {
         HEADLINE: {"prior": prior, "calibration": shipped, "blend": True},
         "curve_prior": {"prior": prior, "calibration": None},
-        "own_curve_shipped": {"prior": None, "calibration": shipped}}
+        "own_curve_shipped": {"prior": None, "calibration": shipped},
+    }
     families = sorted({owncorpus.family(r) for r in runs})
     rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
     for fam in families:
@@ -120,11 +130,20 @@ def run_unseen_evaluation(paths=(owncorpus.FAMILIES,), *, metrics=(HEADLINE_METR
 
 
 def _report(rows, *, families, runs, paths, refit) -> dict:
-    report: dict[str, Any] = {"corpus": "own-jobs", "split": "family", "sweep": ", ".join(str(p) for p in paths),
-                              "runs": runs, "families": families, "fit_seeds": list(FIT_SEEDS),
-                              "pad_seeds": list(PAD_SEEDS), "headline_method": HEADLINE,
-                              "headline_metric": HEADLINE_METRIC, "refit_baseline": refit,
-                              "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS], "methods": {}}
+    report: dict[str, Any] = {
+        "corpus": "own-jobs",
+        "split": "family",
+        "sweep": ", ".join(str(p) for p in paths),
+        "runs": runs,
+        "families": families,
+        "fit_seeds": list(FIT_SEEDS),
+        "pad_seeds": list(PAD_SEEDS),
+        "headline_method": HEADLINE,
+        "headline_metric": HEADLINE_METRIC,
+        "refit_baseline": refit,
+        "cuts": [f"{int(c * 100)}%" for c in owncorpus.CUTS],
+        "methods": {},
+    }
     for method, by_metric in rows.items():
         entry: dict[str, Any] = {}
         for metric, by_family in by_metric.items():
@@ -140,18 +159,26 @@ def _report(rows, *, families, runs, paths, refit) -> dict:
 
 def print_family_table(report: dict) -> None:
     if report["split"] == "unseen":
-        print(f"own-jobs corpus, families the shipped estimator never saw: {report['runs']} runs, families "
-              f"{report['families']}; the served prior and calibration as shipped, every seed scored")
+        print(
+            f"own-jobs corpus, families the shipped estimator never saw: {report['runs']} runs, families "
+            f"{report['families']}; the served prior and calibration as shipped, every seed scored"
+        )
     else:
-        print(f"own-jobs corpus, leave-one-family-out: {report['runs']} runs, families {report['families']}; "
-              f"fine-tuned on seeds {report['fit_seeds']}, pads from seeds {report['pad_seeds']} of the other "
-              "families")
+        print(
+            f"own-jobs corpus, leave-one-family-out: {report['runs']} runs, families {report['families']}; "
+            f"fine-tuned on seeds {report['fit_seeds']}, pads from seeds {report['pad_seeds']} of the other "
+            "families"
+        )
     for method, entry in report["methods"].items():
         for metric, by_family in entry.items():
-            print(f"\n{method}{' (headline)' if method == report['headline_method'] else ''}, {metric}: "
-                  "within ±20% (10-90% coverage) at " + " / ".join(report["cuts"]))
+            print(
+                f"\n{method}{' (headline)' if method == report['headline_method'] else ''}, {metric}: "
+                "within ±20% (10-90% coverage) at " + " / ".join(report["cuts"])
+            )
             for fam, by_cut in by_family.items():
-                cells = [f"{s['within_20pct'] * 100:5.1f}% ({s.get('coverage_10_90', float('nan')) * 100:5.1f}%)"
-                         for s in by_cut.values()]
+                cells = [
+                    f"{s['within_20pct'] * 100:5.1f}% ({s.get('coverage_10_90', float('nan')) * 100:5.1f}%)"
+                    for s in by_cut.values()
+                ]
                 n = next(iter(by_cut.values()))["n_total"]
                 print(f"  {fam:>14} n={n:<4} " + "  ".join(cells))

@@ -1,5 +1,6 @@
 """Estimator's service layer: follow each job's output, keep its metric points, publish its ETA as it changes,
 and learn from the jobs that complete."""
+
 import logging
 import time
 from dataclasses import dataclass, field
@@ -55,8 +56,10 @@ def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: in
 def job_model(job: dict[str, Any]) -> JobModel:
     """A job's model as stored at its submission (and its GPUs' speed once placed), before any output."""
     # Stored from a validated submission; one stored before RE2 checked patterns is skipped by the tracker.
-    model = JobModel([MetricSpec.model_construct(**m) for m in job["metrics"]],
-                     [Parameter.model_validate(p) for p in job.get("parameters", [])])
+    model = JobModel(
+        [MetricSpec.model_construct(**m) for m in job["metrics"]],
+        [Parameter.model_validate(p) for p in job.get("parameters", [])],
+    )
     model.tflops = job.get("tflops")
     return model
 
@@ -78,9 +81,12 @@ class Estimator:
         return {"history_model": self.models.status(), "live_jobs": len(self.live)}
 
     async def submitted(self, event: JobSubmitted) -> None:
-        fields = {"metrics": [m.model_dump() for m in event.algorithm.metrics],
-                  "parameters": [p.model_dump() for p in event.algorithm.parameters],
-                  "project_id": event.project_id, "finished": False}
+        fields = {
+            "metrics": [m.model_dump() for m in event.algorithm.metrics],
+            "parameters": [p.model_dump() for p in event.algorithm.parameters],
+            "project_id": event.project_id,
+            "finished": False,
+        }
         if await self.jobs.save(event.job_id, fields, None, []):  # a redelivery finds it stored: nothing changes
             self.live[event.job_id] = job_model(fields)  # nothing observed yet: its events need no read to find it
 
@@ -101,13 +107,21 @@ class Estimator:
         model = await self._model(event.job_id)
         if model is None or event.rank != 0:
             return
-        if self.origins is not None and verdict(await self.origins.nodes(event.job_id, event.attempt), event,
-                                                all_placements_read=True) != "keep":
-            log.warning("dropped the start of job %s attempt %d from node %s: not placed there", event.job_id,
-                        event.attempt, event.node_id)
+        if (
+            self.origins is not None
+            and verdict(await self.origins.nodes(event.job_id, event.attempt), event, all_placements_read=True)
+            != "keep"
+        ):
+            log.warning(
+                "dropped the start of job %s attempt %d from node %s: not placed there",
+                event.job_id,
+                event.attempt,
+                event.node_id,
+            )
             return
-        model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count,
-                      nodes=event.world_size)
+        model.started(
+            at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count, nodes=event.world_size
+        )
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         if not event.phase.is_finished():
@@ -123,8 +137,11 @@ class Estimator:
         model = await self._model(chunk.job_id)
         if model is None:
             return
-        kept = [(i, line) for i, line in enumerate(chunk.lines)
-                if model.observe(line) or model.carried_progress() or ":::MLLOG" in line.line]
+        kept = [
+            (i, line)
+            for i, line in enumerate(chunk.lines)
+            if model.observe(line) or model.carried_progress() or ":::MLLOG" in line.line
+        ]
         if kept:
             await self._store(chunk, kept)
         now = time.time()
@@ -135,8 +152,12 @@ class Estimator:
             return
         self.last_published[chunk.job_id] = now
         # No outbox: an estimate is derived, superseded by the next, and an unacknowledged chunk is redelivered.
-        await publish(self.broker, EtaEstimated(
-            event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta))
+        await publish(
+            self.broker,
+            EtaEstimated(
+                event_id=f"{chunk.job_id}:eta:{chunk.attempt}:{chunk.rank}:{chunk.seq}", job_id=chunk.job_id, eta=eta
+            ),
+        )
 
     async def task_telemetry(self, sample: TaskTelemetry) -> None:
         """Keep a running job's sample of the GPUs placement gave the rank (ids by task and number: redelivery adds
@@ -146,14 +167,27 @@ class Estimator:
         given = await self.origins.given(sample.job_id, sample.attempt, sample.rank)
         kept = believed(sample, given)
         if not kept:
-            log.warning("dropped GPU telemetry of job %s attempt %d rank %d from node %s: no reading of its own "
-                        "GPUs within their memory", sample.job_id, sample.attempt, sample.rank, sample.node_id)
+            log.warning(
+                "dropped GPU telemetry of job %s attempt %d rank %d from node %s: no reading of its own "
+                "GPUs within their memory",
+                sample.job_id,
+                sample.attempt,
+                sample.rank,
+                sample.node_id,
+            )
             return
         try:
-            await self.telemetry.insert_one({"_id": dedup_key(sample), "job_id": sample.job_id,
-                                             "attempt": sample.attempt, "rank": sample.rank, "t": sample.t,
-                                             "seq": sample.seq,
-                                             **summary(kept, believed_process_memory(sample, given))})
+            await self.telemetry.insert_one(
+                {
+                    "_id": dedup_key(sample),
+                    "job_id": sample.job_id,
+                    "attempt": sample.attempt,
+                    "rank": sample.rank,
+                    "t": sample.t,
+                    "seq": sample.seq,
+                    **summary(kept, believed_process_memory(sample, given)),
+                }
+            )
         except DuplicateKeyError:
             pass
 
@@ -185,12 +219,22 @@ class Estimator:
         if model is None:
             return MetricsReport(job_id=query.job_id, series=[])
         specs = {m.name: m for m in model.metrics}
-        series = [MetricSeries(name=name, target=specs[name].target if name in specs else None,
-                               mode=specs[name].mode if name in specs else None,
-                               points=[(p.t, p.value, p.step) for p in
-                                       (thin(points, query.max_points, value=lambda p: p.value) if query.whole
-                                        else points[-query.max_points:])])
-                  for name, points in sorted(model.tracker.points.items())]
+        series = [
+            MetricSeries(
+                name=name,
+                target=specs[name].target if name in specs else None,
+                mode=specs[name].mode if name in specs else None,
+                points=[
+                    (p.t, p.value, p.step)
+                    for p in (
+                        thin(points, query.max_points, value=lambda p: p.value)
+                        if query.whole
+                        else points[-query.max_points :]
+                    )
+                ],
+            )
+            for name, points in sorted(model.tracker.points.items())
+        ]
         series += await self.system_series(query.job_id, max_points=query.max_points)
         return MetricsReport(job_id=query.job_id, series=series)
 
@@ -210,8 +254,10 @@ class Estimator:
     async def _store(self, chunk: LogChunk, lines: list[tuple[int, LogLine]]) -> None:
         """Keep the lines that carried metrics, printed progress or MLLOG records (ids by position: redelivery adds
         nothing)."""
-        docs = [{"_id": f"{dedup_key(chunk)}:{i}",
-                 "job_id": chunk.job_id, "t": line.t, "line": line.line} for i, line in lines]
+        docs = [
+            {"_id": f"{dedup_key(chunk)}:{i}", "job_id": chunk.job_id, "t": line.t, "line": line.line}
+            for i, line in lines
+        ]
         try:
             await self.points.insert_many(docs, ordered=False)
         except BulkWriteError:

@@ -1,4 +1,5 @@
 """A job's GPU telemetry: which readings of a sample are believed, and the system series they make (pure)."""
+
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,8 +19,7 @@ def believed(sample: TaskTelemetry, given: Given | None) -> tuple[GpuReading, ..
     if given is None:
         return ()
     most = given.gpu_memory_gb + MEMORY_SLACK_GB if given.gpu_memory_gb > 0 else None
-    return tuple(g for g in sample.gpus if g.index in given.gpu_indices
-                 and (most is None or g.memory_used_gb <= most))
+    return tuple(g for g in sample.gpus if g.index in given.gpu_indices and (most is None or g.memory_used_gb <= most))
 
 
 def believed_process_memory(sample: TaskTelemetry, given: Given | None) -> float | None:
@@ -35,10 +35,13 @@ def summary(gpus: tuple[GpuReading, ...], process_memory_gb: float | None = None
     memory its own processes hold (where NVML reports it)."""
     powers = [g.power_w for g in gpus if g.power_w is not None]
     temps = [g.temp_c for g in gpus if g.temp_c is not None]
-    return {"gpu_util": round(sum(g.util_percent for g in gpus) / len(gpus), 3),
-            "gpu_memory_gb": max(g.memory_used_gb for g in gpus),
-            "gpu_power_w": round(sum(powers), 3) if powers else None,
-            "gpu_temp_c": max(temps) if temps else None, "gpu_process_memory_gb": process_memory_gb}
+    return {
+        "gpu_util": round(sum(g.util_percent for g in gpus) / len(gpus), 3),
+        "gpu_memory_gb": max(g.memory_used_gb for g in gpus),
+        "gpu_power_w": round(sum(powers), 3) if powers else None,
+        "gpu_temp_c": max(temps) if temps else None,
+        "gpu_process_memory_gb": process_memory_gb,
+    }
 
 
 def system_series(samples: Iterable[Mapping[str, Any]], *, peak_before: float = 0.0) -> list[MetricSeries]:

@@ -1,4 +1,5 @@
 """A long curve thinned to a few points: the whole run kept, each slice by its lowest and highest value."""
+
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -16,7 +17,7 @@ def thin(points: Sequence[P], max_points: int, *, value: Callable[[P], float]) -
     slices = (max_points - 2) // 2
     kept: list[P] = [points[0]]
     for k in range(slices):
-        part = inner[k * len(inner) // slices:(k + 1) * len(inner) // slices]
+        part = inner[k * len(inner) // slices : (k + 1) * len(inner) // slices]
         if not part:
             continue
         low = min(range(len(part)), key=lambda i: value(part[i]))

@@ -1,4 +1,5 @@
 """Metric points from a job's output and a remaining-time estimate from its own curve (pure, no I/O)."""
+
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -27,8 +28,9 @@ class MetricPoint:
     step: float | None = None
 
 
-def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[Pattern | None],
-               record: LogRecord | None = None) -> list[MetricPoint]:
+def parse_line(
+    line: str, t: float, metrics: list[MetricSpec], patterns: list[Pattern | None], record: LogRecord | None = None
+) -> list[MetricPoint]:
     """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS), the SDK's
     `TRAINMASTER_METRICS {json}` reports and MLLOG key/value records (`record`: the line's MLLOG record when the
     caller has parsed it already). Whatever the line holds, a value that is no finite number is skipped alone."""
@@ -39,7 +41,7 @@ def parse_line(line: str, t: float, metrics: list[MetricSpec], patterns: list[Pa
         if match:
             points += _matched(spec.name, t, match, value_group(pattern), "step" in pattern.groupindex)
     if line.startswith(METRICS_PREFIX):
-        points += _reported(parse_json(line[len(METRICS_PREFIX):]), t)
+        points += _reported(parse_json(line[len(METRICS_PREFIX) :]), t)
     record = record or parse_mllog_line(line)
     if record is not None and (value := finite(record.value)) is not None:
         points.append(MetricPoint(record.key, t, value, record.progress()))
@@ -64,8 +66,11 @@ def _reported(report, t: float) -> list[MetricPoint]:
     if not isinstance(report, dict):
         return []
     step = finite(report.get("step"))
-    return [MetricPoint(name, t, value, step) for name, raw in list(report.items())[:MAX_REPORTED]
-            if len(name) <= MAX_KEY_CHARS and (value := finite(raw)) is not None]
+    return [
+        MetricPoint(name, t, value, step)
+        for name, raw in list(report.items())[:MAX_REPORTED]
+        if len(name) <= MAX_KEY_CHARS and (value := finite(raw)) is not None
+    ]
 
 
 @dataclass
@@ -93,8 +98,12 @@ class JobTracker:
     def estimate(self, now: float, start: float | None = None) -> Eta | None:
         """Time until the slowest targeted metric reaches its target, from its own curve so far (`start`: when the
         job started; its first point otherwise)."""
-        estimates = [e for spec in self.metrics if spec.target is not None
-                     if (e := eta_for(self.points.get(spec.name, []), spec, now, start=start))]
+        estimates = [
+            e
+            for spec in self.metrics
+            if spec.target is not None
+            if (e := eta_for(self.points.get(spec.name, []), spec, now, start=start))
+        ]
         return max(estimates, key=lambda e: e.remaining_s) if estimates else None
 
 
@@ -118,8 +127,15 @@ def prior() -> priornet.PriorNet | None:
     return priornet.load()
 
 
-def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: float | None = None,
-            table: dict | None = None, curve_prior: priornet.PriorNet | None | bool = True) -> Eta | None:
+def eta_for(
+    points: list[MetricPoint],
+    spec: MetricSpec,
+    now: float,
+    *,
+    start: float | None = None,
+    table: dict | None = None,
+    curve_prior: priornet.PriorNet | None | bool = True,
+) -> Eta | None:
     """The own-curve estimate (`curveprior.estimate.estimate`, the curve prior blended with the fitted curve, what
     the harness scores) of one targeted metric; `curve_prior` True: the shipped prior, False: none (the fitted
     curve alone), or the prior to use."""
@@ -129,16 +145,30 @@ def eta_for(points: list[MetricPoint], spec: MetricSpec, now: float, *, start: f
     kept = _thinned(points)
     steps = [p.step for p in kept]
     net = prior() if curve_prior is True else (curve_prior or None)
-    est = estimate([p.t - origin for p in kept], None if None in steps else steps, [p.value for p in kept],
-                   target=spec.target, mode=spec.mode, elapsed=now - origin,
-                   calibration=table if table is not None else calibration(), prior=net, blend=True)
+    est = estimate(
+        [p.t - origin for p in kept],
+        None if None in steps else steps,
+        [p.value for p in kept],
+        target=spec.target,
+        mode=spec.mode,
+        elapsed=now - origin,
+        calibration=table if table is not None else calibration(),
+        prior=net,
+        blend=True,
+    )
     if est is None:
         return None
     elapsed = now - origin
     remaining = max(0.0, est.total_s - elapsed)
-    return Eta(remaining_s=remaining, finish_time=datetime.fromtimestamp(now + remaining, UTC),
-               low_s=max(0.0, min(est.low_s - elapsed, remaining)), high_s=max(est.high_s - elapsed, remaining),
-               method=est.kind, progress=est.fraction, updated_at=datetime.fromtimestamp(now, UTC))
+    return Eta(
+        remaining_s=remaining,
+        finish_time=datetime.fromtimestamp(now + remaining, UTC),
+        low_s=max(0.0, min(est.low_s - elapsed, remaining)),
+        high_s=max(est.high_s - elapsed, remaining),
+        method=est.kind,
+        progress=est.fraction,
+        updated_at=datetime.fromtimestamp(now, UTC),
+    )
 
 
 def _thinned(points: list[MetricPoint]) -> list[MetricPoint]:

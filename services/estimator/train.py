@@ -1,8 +1,9 @@
 """Train the history model in a process of its own (so the estimator keeps answering), and save it.
 
-    python -m services.estimator.train --out DIR/history-v3.npz --corpus A.tar.gz B.tar.gz [--runs runs.json]
-        [--threads 1]
+python -m services.estimator.train --out DIR/history-v3.npz --corpus A.tar.gz B.tar.gz [--runs runs.json]
+    [--threads 1]
 """
+
 import argparse
 import json
 import os
@@ -30,8 +31,13 @@ def learnable(runs: list[Run]) -> list[Run]:
 BACKGROUND_NICE = 10  # the services on this machine come first
 # Every thread pool numpy and torch may open (OpenMP, MKL, OpenBLAS, numexpr, Accelerate): each reads its size once,
 # when its library loads, by default one thread a core; numpy loads with this module, before any code could bound it.
-THREAD_POOLS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                "VECLIB_MAXIMUM_THREADS")
+THREAD_POOLS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+)
 
 
 def background_env(threads: int) -> dict[str, str]:

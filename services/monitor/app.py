@@ -28,15 +28,26 @@ class MonitorSettings(CommonSettings):
     mongo_url: str = own_mongo_url(SERVICE)
     mongo_db: str = own_mongo_db(SERVICE)
     liveness_check_s: float = 1.0
-    persist_seen_s: float = Field(30.0, gt=0, description="How often nodes' last_seen is written (in bulk); "
-                                  "liveness itself lives in memory.")
-    heartbeats_per_s: float = Field(2500.0, ge=0, description="Heartbeats a second the control plane takes: a "
-                                    "larger fleet is told to heartbeat less often (the node timeout grows with the "
-                                    "interval); 0 keeps the configured interval whatever the fleet's size.")
-    cluster_file: Path = Field(Path("cluster.toml"), description="Its [[nodes]] are the static nodes' records: "
-                               "a registration is capped to its entry.")
-    hang_grace_s: float = Field(300.0, ge=0, description="How long a job suspected hung (Running[Hanging]) may "
-                                "show signs of life again before it is snapshotted and restarted.")
+    persist_seen_s: float = Field(
+        30.0, gt=0, description="How often nodes' last_seen is written (in bulk); liveness itself lives in memory."
+    )
+    heartbeats_per_s: float = Field(
+        2500.0,
+        ge=0,
+        description="Heartbeats a second the control plane takes: a "
+        "larger fleet is told to heartbeat less often (the node timeout grows with the "
+        "interval); 0 keeps the configured interval whatever the fleet's size.",
+    )
+    cluster_file: Path = Field(
+        Path("cluster.toml"),
+        description="Its [[nodes]] are the static nodes' records: a registration is capped to its entry.",
+    )
+    hang_grace_s: float = Field(
+        300.0,
+        ge=0,
+        description="How long a job suspected hung (Running[Hanging]) may "
+        "show signs of life again before it is snapshotted and restarted.",
+    )
 
 
 def create_app(settings: MonitorSettings | None = None) -> FastStream:
@@ -46,26 +57,37 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         # Jobs are remembered as last written (the monitor and its relay are their only writers); nodes are not:
         # their last_seen is written in bulk beside the store.
         jobs = DocumentStore(w.db.monitor_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
-        monitor = Monitor(jobs=jobs,
-                          nodes=DocumentStore(w.db.monitor_nodes, w.broker), node_timeout_s=settings.node_timeout_s,
-                          started_at=utcnow(), link=w.link, fleet=Fleet(persist_every_s=settings.persist_seen_s),
-                          heartbeat_interval_s=settings.heartbeat_interval_s,
-                          heartbeats_per_s=settings.heartbeats_per_s,
-                          records=NodeRecords(static=limits_from_file(settings.cluster_file),
-                                              rented=w.db.monitor_rented))
+        monitor = Monitor(
+            jobs=jobs,
+            nodes=DocumentStore(w.db.monitor_nodes, w.broker),
+            node_timeout_s=settings.node_timeout_s,
+            started_at=utcnow(),
+            link=w.link,
+            fleet=Fleet(persist_every_s=settings.persist_seen_s),
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            heartbeats_per_s=settings.heartbeats_per_s,
+            records=NodeRecords(static=limits_from_file(settings.cluster_file), rented=w.db.monitor_rented),
+        )
         log.info("%d nodes known", await monitor.load_fleet())
         # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
         # tells the liveness check whether it has read all that arrived.
         client = w.broker.config.connection_state.connection
-        intake = await client.subscribe(HEARTBEATS, cb=heartbeat_intake(monitor), pending_msgs_limit=1_000_000,
-                                        pending_bytes_limit=512 * 1024 * 1024)
+        intake = await client.subscribe(
+            HEARTBEATS,
+            cb=heartbeat_intake(monitor),
+            pending_msgs_limit=1_000_000,
+            pending_bytes_limit=512 * 1024 * 1024,
+        )
         monitor.backlog = lambda: intake.pending_msgs
         monitor.settle = lambda: client.flush(timeout=SETTLE_TIMEOUT_S)
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)
         w.background.every("cadence", CADENCE_CHECK_S, monitor.announce_cadence, tolerate=TRANSIENT_ERRORS)
-        w.background.every("hangs", settings.liveness_check_s,
-                           lambda: restart_overdue(monitor, grace_s=settings.hang_grace_s, now=utcnow()))
+        w.background.every(
+            "hangs",
+            settings.liveness_check_s,
+            lambda: restart_overdue(monitor, grace_s=settings.hang_grace_s, now=utcnow()),
+        )
         w.background.every("last-seen", settings.persist_seen_s, monitor.persist_seen, tolerate=TRANSIENT_ERRORS)
         await JOBS.resume(w.broker)  # before any job event is read
         return monitor

@@ -12,6 +12,7 @@ it (the previous timeout stays in force meanwhile). The interval shrinks only wh
 below what the current interval was chosen for, so a fleet near a step does not flap between two intervals.
 Pure: no I/O, the clock is passed in.
 """
+
 import math
 from dataclasses import dataclass, field
 

@@ -4,6 +4,7 @@ Heartbeats land here and nowhere else unless they change something (`nodes.chang
 last_seen in bulk every `persist_every_s` (a restarted monitor then knows roughly when each node was last heard)
 and every other change at once, with its events. No I/O here: `Monitor` reads and writes, this only remembers.
 """
+
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -78,4 +79,4 @@ class Fleet:
         """The total and one page of nodes by id."""
         if self._order is None:
             self._order = sorted(self.records)
-        return len(self._order), [self.records[n] for n in self._order[offset:offset + limit]]
+        return len(self._order), [self.records[n] for n in self._order[offset : offset + limit]]

@@ -1,4 +1,5 @@
 """Monitor subscribers: decode, hand to the service layer through EVENT_HANDLERS."""
+
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -38,8 +39,13 @@ log = logging.getLogger(__name__)
 
 TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
 NODES_PAGE_MAX = 1000
-TASK_TRANSITIONS = {TaskPreparing: state.task_preparing, TaskStarted: state.task_started, TaskExited: state.task_exited,
-                    TaskHung: hangs.task_hung, TaskResumed: hangs.task_resumed}
+TASK_TRANSITIONS = {
+    TaskPreparing: state.task_preparing,
+    TaskStarted: state.task_started,
+    TaskExited: state.task_exited,
+    TaskHung: hangs.task_hung,
+    TaskResumed: hangs.task_resumed,
+}
 
 
 async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
@@ -63,15 +69,17 @@ async def task_changed(monitor: Monitor, event: TaskEvent) -> None:
 async def terminate(monitor: Monitor, event: JobTerminateRequested) -> None:
     """Someone asked to terminate the job."""
     now = utcnow()
-    await monitor.apply(event.job_id,
-                        lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now))
+    await monitor.apply(
+        event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
+    )
 
 
 async def migrate(monitor: Monitor, event: JobMigrateRequested) -> None:
     """Snapshot the job and continue it elsewhere."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: job and state.migrate(
-        job, cause=event.cause, attempt=event.attempt, now=now))
+    await monitor.apply(
+        event.job_id, lambda job: job and state.migrate(job, cause=event.cause, attempt=event.attempt, now=now)
+    )
 
 
 async def unplaceable(monitor: Monitor, event: JobUnplaceable) -> None:
@@ -102,8 +110,14 @@ def _task_change(job: state.JobState | None, event: TaskEvent, *, now: datetime)
         log.warning("%s for unknown job %s from node %s dropped", event.type, event.job_id, event.node_id)
         return None
     if not state.from_placed_node(job, event):
-        log.warning("%s of job %s attempt %d rank %d from node %s dropped: that attempt was not placed there",
-                    event.type, event.job_id, event.attempt, event.rank, event.node_id)
+        log.warning(
+            "%s of job %s attempt %d rank %d from node %s dropped: that attempt was not placed there",
+            event.type,
+            event.job_id,
+            event.attempt,
+            event.rank,
+            event.node_id,
+        )
         return state.foreign_task(job, event, now=now)
     return TASK_TRANSITIONS[type(event)](job, event, now=now)
 
@@ -185,11 +199,14 @@ def _bounded(query: dict, name: str, default: int, most: int) -> int:
 
 
 @router.subscriber(RPC_TERMINATE)
-async def terminate_now(request: JobTerminateRequested, monitor: Monitor = Context("monitor")) -> JobStatusChanged | None:
+async def terminate_now(
+    request: JobTerminateRequested, monitor: Monitor = Context("monitor")
+) -> JobStatusChanged | None:
     """Terminate synchronously so the API can answer with the new phase; None for an unknown job."""
     now = utcnow()
-    await monitor.apply(request.job_id,
-                        lambda job: job and state.terminate(job, requested_by=request.requested_by, now=now))
+    await monitor.apply(
+        request.job_id, lambda job: job and state.terminate(job, requested_by=request.requested_by, now=now)
+    )
     return await monitor.snapshot(request.job_id, now=now)
 
 
@@ -197,6 +214,7 @@ async def terminate_now(request: JobTerminateRequested, monitor: Monitor = Conte
 async def migrate_now(request: JobMigrateRequested, monitor: Monitor = Context("monitor")) -> JobStatusChanged | None:
     """Start a migration synchronously so the API can answer with the job's state."""
     now = utcnow()
-    await monitor.apply(request.job_id, lambda job: job and state.migrate(
-        job, cause=request.cause, attempt=request.attempt, now=now))
+    await monitor.apply(
+        request.job_id, lambda job: job and state.migrate(job, cause=request.cause, attempt=request.attempt, now=now)
+    )
     return await monitor.snapshot(request.job_id, now=now)

@@ -1,4 +1,5 @@
 """Node liveness as pure functions: heartbeats in, ready/lost verdicts out."""
+
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -22,8 +23,11 @@ class NodeRecord(BaseModel):
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
     gpus: tuple[GpuReading, ...] = Field((), description="Each recorded GPU as the last heartbeat read it.")
-    claims_refused: dict[str, str] = Field(default_factory=dict, description="What the node's last registration "
-                                           "claimed beyond its record (shared/noderecords.py), for the admin.")
+    claims_refused: dict[str, str] = Field(
+        default_factory=dict,
+        description="What the node's last registration "
+        "claimed beyond its record (shared/noderecords.py), for the admin.",
+    )
 
 
 class Sighting(BaseModel):
@@ -89,8 +93,12 @@ def changed(stored: NodeRecord | None, node: NodeRecord) -> bool:
     database at once, with their events; a plain heartbeat does not."""
     if stored is None:
         return True
-    return node.model_copy(update={"last_seen": stored.last_seen, "gpu_utilization": stored.gpu_utilization,
-                                   "gpus": stored.gpus}) != stored
+    return (
+        node.model_copy(
+            update={"last_seen": stored.last_seen, "gpu_utilization": stored.gpu_utilization, "gpus": stored.gpus}
+        )
+        != stored
+    )
 
 
 def stale(stored_last_seen: datetime | None, last_seen: datetime, *, every_s: float) -> bool:
@@ -112,8 +120,10 @@ def silent(nodes: list[NodeRecord], *, now: datetime, timeout_s: float) -> list[
 
 
 def declare_lost(node: NodeRecord) -> tuple[NodeRecord, NodeStateChanged]:
-    return (node.model_copy(update={"state": "lost", "running": (), "gpus": ()}),  # no figure of a silent node
-            _state(node.node_id, "lost", node.last_seen))
+    return (
+        node.model_copy(update={"state": "lost", "running": (), "gpus": ()}),  # no figure of a silent node
+        _state(node.node_id, "lost", node.last_seen),
+    )
 
 
 def _state(node_id: str, state: Literal["ready", "lost"], at: datetime) -> NodeStateChanged:

@@ -2,6 +2,7 @@
 nodes placement rented (from their NodeProvisioned, kept in `monitor_rented`). A registration is capped to its
 node's record before the monitor stores it (shared/noderecords.py), so GET /v2/nodes shows the node as its record
 allows it, with what it claimed beyond that."""
+
 from dataclasses import dataclass, field
 
 from pymongo.asynchronous.collection import AsyncCollection
@@ -19,8 +20,9 @@ class NodeRecords:
     async def provisioned(self, event: NodeProvisioned) -> None:
         """Keep a rented node's record (the same event again writes the same)."""
         if self.rented is not None and event.limits is not None:
-            await self.rented.replace_one({"_id": event.node_id},
-                                          {"_id": event.node_id, **event.limits.model_dump()}, upsert=True)
+            await self.rented.replace_one(
+                {"_id": event.node_id}, {"_id": event.node_id, **event.limits.model_dump()}, upsert=True
+            )
 
     async def limits(self, node_id: str) -> NodeLimits | None:
         if node_id in self.static:

@@ -1,4 +1,5 @@
 """The monitor's service layer: load, apply a pure transition, persist with its events, retry on conflict."""
+
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -33,9 +34,15 @@ def restart_events(sighting: Sighting) -> list:
     node = sighting.node
     events = [sighting.event] if sighting.event else []
     if sighting.restarted:
-        events.append(NodeTasksLost(event_id=f"{node.node_id}:{node.boot_id}:tasks_lost", node_id=node.node_id,
-                                    cause=f"agent on {node.node_id} restarted", alive=node.running,
-                                    started_only=True))
+        events.append(
+            NodeTasksLost(
+                event_id=f"{node.node_id}:{node.boot_id}:tasks_lost",
+                node_id=node.node_id,
+                cause=f"agent on {node.node_id} restarted",
+                alive=node.running,
+                started_only=True,
+            )
+        )
     return events
 
 
@@ -63,8 +70,11 @@ class Monitor:
 
     def __post_init__(self) -> None:
         self.first_writes = GroupCommit(self._store_new_nodes)
-        self.cadence = Cadence(base_interval_s=self.heartbeat_interval_s, base_timeout_s=self.node_timeout_s,
-                               budget_per_s=self.heartbeats_per_s)
+        self.cadence = Cadence(
+            base_interval_s=self.heartbeat_interval_s,
+            base_timeout_s=self.node_timeout_s,
+            budget_per_s=self.heartbeats_per_s,
+        )
 
     def timeout(self) -> float:
         """The silence after which a ready node is lost, now (it grows with the heartbeat interval)."""
@@ -76,17 +86,28 @@ class Monitor:
         nodes = self.fleet.size()
         changed = self.cadence.update(nodes, now)
         if changed:
-            log.info("heartbeat interval %.1f s, node timeout %.0f s for %d nodes", self.cadence.interval_s,
-                     self.cadence.timeout(now), nodes)
+            log.info(
+                "heartbeat interval %.1f s, node timeout %.0f s for %d nodes",
+                self.cadence.interval_s,
+                self.cadence.timeout(now),
+                nodes,
+            )
         if self.cadence.due(now, changed=changed):
-            await publish(self.nodes.broker, NodeCadence(
-                event_id=f"cadence:{self.cadence.interval_s}", interval_s=self.cadence.interval_s,
-                timeout_s=self.cadence.timeout(now)))
+            await publish(
+                self.nodes.broker,
+                NodeCadence(
+                    event_id=f"cadence:{self.cadence.interval_s}",
+                    interval_s=self.cadence.interval_s,
+                    timeout_s=self.cadence.timeout(now),
+                ),
+            )
 
-    async def apply(self, job_id: str, change: Callable[[JobState | None], Outcome | None], *,
-                    new: bool = False) -> None:
+    async def apply(
+        self, job_id: str, change: Callable[[JobState | None], Outcome | None], *, new: bool = False
+    ) -> None:
         """Apply a transition to one job; idempotent because the transition sees the stored state (`new`: the
         job's first event, written without a read; a stored job refuses it and is read)."""
+
         def write(doc: dict | None) -> tuple[dict, list] | None:
             current = JobState.model_validate(doc) if doc else None
             try:
@@ -108,9 +129,13 @@ class Monitor:
     def health_details(self) -> dict:
         """Node liveness as `GET /healthz` shows it: how many nodes, and whether heartbeats are read as they come."""
         states = [r.state for r in self.fleet.records.values()]
-        return {"nodes": len(states), "nodes_ready": states.count("ready"), "nodes_lost": states.count("lost"),
-                "heartbeat_backlog": self.backlog(),
-                "heartbeats_read_s_ago": round(self.fleet.clock() - self.fleet.caught_up_at, 3)}
+        return {
+            "nodes": len(states),
+            "nodes_ready": states.count("ready"),
+            "nodes_lost": states.count("lost"),
+            "heartbeat_backlog": self.backlog(),
+            "heartbeats_read_s_ago": round(self.fleet.clock() - self.fleet.caught_up_at, 3),
+        }
 
     async def load_fleet(self) -> int:
         """At start: every stored node into memory, each heard now (silence counts from this start)."""
@@ -126,8 +151,9 @@ class Monitor:
         gives it no work) and with the refusal, for the admin to see."""
         node_id = event.node.node_id
         info, refused = (event.node, {}) if self.records is None else await self.records.admit(event.node)
-        await self.sighted(node_id, boot_id=event.boot_id, at=event.occurred_at, info=info, running=(),
-                           claims_refused=refused)
+        await self.sighted(
+            node_id, boot_id=event.boot_id, at=event.occurred_at, info=info, running=(), claims_refused=refused
+        )
         if (utcnow() - event.occurred_at).total_seconds() < self.timeout():
             self.fleet.hear(node_id)
 
@@ -138,8 +164,13 @@ class Monitor:
         self.fleet.hear(event.node_id)
         if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
             current = self.fleet.records.get(event.node_id)
-            seen = {"boot_id": event.boot_id, "at": event.occurred_at, "running": event.running,
-                    "gpu_utilization": event.gpu_utilization, "gpus": event.gpus}
+            seen = {
+                "boot_id": event.boot_id,
+                "at": event.occurred_at,
+                "running": event.running,
+                "gpu_utilization": event.gpu_utilization,
+                "gpus": event.gpus,
+            }
             sighting = liveness.sighted(current, node_id=event.node_id, **seen)
             if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
                 self._beside(event.node_id, self.sighted(event.node_id, **seen))
@@ -177,8 +208,12 @@ class Monitor:
         nodes = self.fleet.take_dirty()
         for i in range(0, len(nodes), 500):
             await self.nodes.collection.bulk_write(
-                [UpdateOne({"_id": n.node_id}, {"$set": {"last_seen_s": n.last_seen.timestamp()}})
-                 for n in nodes[i:i + 500]], ordered=False)
+                [
+                    UpdateOne({"_id": n.node_id}, {"$set": {"last_seen_s": n.last_seen.timestamp()}})
+                    for n in nodes[i : i + 500]
+                ],
+                ordered=False,
+            )
         return len(nodes)
 
     async def sighted(self, node_id: str, **seen) -> None:
@@ -238,8 +273,10 @@ class Monitor:
                 continue  # not caught up with this attempt yet
             superseded = job.attempt > ref.attempt or job.phase.is_finished() or str(ref.rank) not in job.tasks
             if superseded:
-                await publish(self.jobs.broker, stop(ref.job_id, ref.attempt, node_id, rank=ref.rank,
-                                                     reason="fenced", grace_s=0, now=now))
+                await publish(
+                    self.jobs.broker,
+                    stop(ref.job_id, ref.attempt, node_id, rank=ref.rank, reason="fenced", grace_s=0, now=now),
+                )
 
     async def check_liveness(self) -> None:
         """Nodes that went silent, and jobs that ran past their max_duration_s."""
@@ -248,8 +285,12 @@ class Monitor:
 
     async def expire_overdue(self, now: datetime) -> None:
         """Terminate running jobs past their max_duration_s."""
-        overdue = [d["_id"] async for d in self.jobs.collection.find(
-            {"phase": Phase.RUNNING.value, "max_duration_s": {"$gt": 0}}, {"_id": 1})]
+        overdue = [
+            d["_id"]
+            async for d in self.jobs.collection.find(
+                {"phase": Phase.RUNNING.value, "max_duration_s": {"$gt": 0}}, {"_id": 1}
+            )
+        ]
         for job_id in overdue:
             await self.apply(job_id, lambda job: job and expire(job, now=now))
 
@@ -312,11 +353,15 @@ class Monitor:
         alive = {(t.job_id, t.attempt, t.rank) for t in event.alive}
         ids = [doc["_id"] async for doc in self.jobs.collection.find({"assignments.node_id": node_id}, {"_id": 1})]
         for job_id in ids:
+
             def lose(job: JobState | None) -> Outcome | None:
                 if job is None:
                     return None
-                mine = [(job.job_id, job.attempt, int(r)) for r, t in job.tasks.items() if t.node_id == node_id
-                        and (t.state == "running" or not event.started_only)]
+                mine = [
+                    (job.job_id, job.attempt, int(r))
+                    for r, t in job.tasks.items()
+                    if t.node_id == node_id and (t.state == "running" or not event.started_only)
+                ]
                 if not mine or all(key in alive for key in mine):
                     return None
                 return node_lost(job, node_id, now=at, cause=cause)

@@ -3,6 +3,7 @@
 Every phase change goes through `switch`, which checks the state machine and builds the JobStatusChanged.
 Fencing: a task of an attempt that is not the job's current one is told to stop and otherwise ignored.
 """
+
 from datetime import datetime
 from typing import Literal
 
@@ -28,8 +29,16 @@ from shared.jobs import Phase, SecondaryPhase, check_transition
 
 ATTEMPT_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.TERMINATING})
 # Why an attempt begins, by why the one before it went back to the queue.
-ATTEMPT_REASON = {"node_lost": "node_lost", "oom_gpu": "oom", "oom_host": "oom", "migrated": "migrated",
-                  "slow": "slow", "reclaimed": "reclaimed", "stopped": "restarted", "hung": "hung"}
+ATTEMPT_REASON = {
+    "node_lost": "node_lost",
+    "oom_gpu": "oom",
+    "oom_host": "oom",
+    "migrated": "migrated",
+    "slow": "slow",
+    "reclaimed": "reclaimed",
+    "stopped": "restarted",
+    "hung": "hung",
+}
 REPEATED_FAILURES = 3
 
 
@@ -87,8 +96,13 @@ def switch(job: JobState, phase: Phase, secondary: SecondaryPhase, *, reason: st
         check_transition(job.phase, phase)
     end_time = now if phase.is_finished() else job.end_time
     new = job.model_copy(
-        update={"phase": phase, "secondary_phase": secondary, "reason": reason, "version": job.version + 1,
-                "end_time": end_time}
+        update={
+            "phase": phase,
+            "secondary_phase": secondary,
+            "reason": reason,
+            "version": job.version + 1,
+            "end_time": end_time,
+        }
     )
     return new, [snapshot(new, now=now, previous=job.phase)]
 
@@ -164,16 +178,29 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
     or already placed) starts nothing."""
     if event.attempt <= job.attempt or job.phase != Phase.PENDING or job.assignments:
         return job, []
-    job = job.model_copy(update={
-        "attempt": event.attempt,
-        "assignments": event.assignments,
-        "tasks": {str(a.rank): TaskRecord(node_id=a.node_id) for a in event.assignments},
-        "attempts": job.attempts + (Attempt(attempt=event.attempt, node_ids=tuple(  # rank order: node_ids[rank]
-            a.node_id for a in sorted(event.assignments, key=lambda a: a.rank)), placed_at=now,
-            reason=ATTEMPT_REASON.get(job.requeue_cause or "", "started")),),
-        "stop_cause": None,
-        "hung_ranks": (), "hung_since": None, "hung_idle_s": 0.0, "hung_progressed": False,
-    })
+    job = job.model_copy(
+        update={
+            "attempt": event.attempt,
+            "assignments": event.assignments,
+            "tasks": {str(a.rank): TaskRecord(node_id=a.node_id) for a in event.assignments},
+            "attempts": job.attempts
+            + (
+                Attempt(
+                    attempt=event.attempt,
+                    node_ids=tuple(  # rank order: node_ids[rank]
+                        a.node_id for a in sorted(event.assignments, key=lambda a: a.rank)
+                    ),
+                    placed_at=now,
+                    reason=ATTEMPT_REASON.get(job.requeue_cause or "", "started"),
+                ),
+            ),
+            "stop_cause": None,
+            "hung_ranks": (),
+            "hung_since": None,
+            "hung_idle_s": 0.0,
+            "hung_progressed": False,
+        }
+    )
     nodes = ", ".join(job.node_ids)
     job, events = switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
     return job, events + starts(job, event, now=now)
@@ -182,12 +209,25 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
 def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]:
     """One StartTask per rank of the placed attempt, as the job's own project and user."""
     launch = event.launch
-    return [StartTask(event_id=f"{event.job_id}:{event.attempt}:{a.rank}:start", occurred_at=now, node_id=a.node_id,
-                      job_id=event.job_id, attempt=event.attempt, rank=a.rank, world_size=len(event.assignments),
-                      master_addr=launch.master_addr, master_port=launch.master_port, gpu_indices=a.gpu_indices,
-                      project_id=job.project_id, user_name=job.user_name, algorithm=launch.algorithm,
-                      spec=launch.spec)
-            for a in event.assignments]
+    return [
+        StartTask(
+            event_id=f"{event.job_id}:{event.attempt}:{a.rank}:start",
+            occurred_at=now,
+            node_id=a.node_id,
+            job_id=event.job_id,
+            attempt=event.attempt,
+            rank=a.rank,
+            world_size=len(event.assignments),
+            master_addr=launch.master_addr,
+            master_port=launch.master_port,
+            gpu_indices=a.gpu_indices,
+            project_id=job.project_id,
+            user_name=job.user_name,
+            algorithm=launch.algorithm,
+            spec=launch.spec,
+        )
+        for a in event.assignments
+    ]
 
 
 def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExited) -> bool:
@@ -196,8 +236,10 @@ def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExi
     if event.attempt == job.attempt and job.tasks:
         task = job.tasks.get(str(event.rank))
         return task is not None and task.node_id == event.node_id
-    return any(a.attempt == event.attempt and 0 <= event.rank < len(a.node_ids) and a.node_ids[event.rank] == event.node_id
-               for a in job.attempts)
+    return any(
+        a.attempt == event.attempt and 0 <= event.rank < len(a.node_ids) and a.node_ids[event.rank] == event.node_id
+        for a in job.attempts
+    )
 
 
 def foreign_task(job: JobState, event: TaskPreparing | TaskStarted | TaskExited, *, now: datetime) -> Outcome:
@@ -210,12 +252,22 @@ def foreign_task(job: JobState, event: TaskPreparing | TaskStarted | TaskExited,
 
 def task_preparing(job: JobState, event: TaskPreparing, *, now: datetime) -> Outcome:
     task = job.tasks.get(str(event.rank))
-    if (event.attempt != job.attempt or task is None or task.node_id != event.node_id or task.state != "assigned"
-            or job.phase != Phase.PENDING
-            or job.secondary_phase == SecondaryPhase.PREPARING):
+    if (
+        event.attempt != job.attempt
+        or task is None
+        or task.node_id != event.node_id
+        or task.state != "assigned"
+        or job.phase != Phase.PENDING
+        or job.secondary_phase == SecondaryPhase.PREPARING
+    ):
         return job, []
-    return switch(job, Phase.PENDING, SecondaryPhase.PREPARING,
-                  reason=f"preparing its environment, code and inputs on {event.node_id}", now=now)
+    return switch(
+        job,
+        Phase.PENDING,
+        SecondaryPhase.PREPARING,
+        reason=f"preparing its environment, code and inputs on {event.node_id}",
+        now=now,
+    )
 
 
 def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome:
@@ -233,11 +285,21 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     # When the monitor heard of the start, not when the agent says it was: a node's clock is only its claim.
     job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": now}))
     if job.phase == Phase.TERMINATING:
-        return job, [stop(job.job_id, job.attempt, event.node_id, rank=event.rank, reason="terminated",
-                          grace_s=job.grace_s, now=now)]
+        return job, [
+            stop(
+                job.job_id,
+                job.attempt,
+                event.node_id,
+                rank=event.rank,
+                reason="terminated",
+                grace_s=job.grace_s,
+                now=now,
+            )
+        ]
     if job.phase == Phase.PENDING and all(t.started_at for t in job.tasks.values()):
-        attempts = tuple(a.model_copy(update={"started_at": now}) if a.attempt == job.attempt else a
-                         for a in job.attempts)
+        attempts = tuple(
+            a.model_copy(update={"started_at": now}) if a.attempt == job.attempt else a for a in job.attempts
+        )
         job = job.model_copy(update={"start_time": job.start_time or now, "attempts": attempts})
         return switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason="all tasks started", now=now)
     return job, []
@@ -252,25 +314,49 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
         return job, []
     if event.reason == "completed" and (task.state != "running" or event.exit_code != 0):
         detail = "without having started" if task.state != "running" else f"with exit code {event.exit_code}"
-        event = event.model_copy(update={"reason": "failed", "message": f"worker-{event.rank} reported completing "
-                                         f"{detail}; taken as a failure"})
-    job = _with_task(job, event.rank, task.model_copy(update={
-        "state": "exited", "ended_at": now, "exit_code": event.exit_code,
-        "reason": event.reason, "message": event.message,
-    }))
+        event = event.model_copy(
+            update={
+                "reason": "failed",
+                "message": f"worker-{event.rank} reported completing {detail}; taken as a failure",
+            }
+        )
+    job = _with_task(
+        job,
+        event.rank,
+        task.model_copy(
+            update={
+                "state": "exited",
+                "ended_at": now,
+                "exit_code": event.exit_code,
+                "reason": event.reason,
+                "message": event.message,
+            }
+        ),
+    )
     all_exited = all(t.state == "exited" for t in job.tasks.values())
     if job.phase == Phase.TERMINATING:
         if not all_exited:
             return job, []
-        return switch(_end_attempt(job, "terminated", now), Phase.TERMINATED, SecondaryPhase.TERMINATED,
-                      reason=job.reason, now=now)
+        return switch(
+            _end_attempt(job, "terminated", now),
+            Phase.TERMINATED,
+            SecondaryPhase.TERMINATED,
+            reason=job.reason,
+            now=now,
+        )
     if job.phase not in ATTEMPT_ACTIVE:
         return job, []
     if event.reason == "completed":
-        if all_exited and all(t.reason == "completed" and t.exit_code == 0 and t.started_at
-                              for t in job.tasks.values()):
-            return switch(_end_attempt(job, "completed", now), Phase.COMPLETED, SecondaryPhase.COMPLETED,
-                          reason="all tasks exited 0", now=now)
+        if all_exited and all(
+            t.reason == "completed" and t.exit_code == 0 and t.started_at for t in job.tasks.values()
+        ):
+            return switch(
+                _end_attempt(job, "completed", now),
+                Phase.COMPLETED,
+                SecondaryPhase.COMPLETED,
+                reason="all tasks exited 0",
+                now=now,
+            )
         return job, []
     if event.reason == "oom":
         cause = "oom_gpu" if event.oom == "gpu" else "oom_host"
@@ -294,8 +380,12 @@ def expire(job: JobState, *, now: datetime) -> Outcome:
     ran = (now - job.start_time).total_seconds()
     if ran <= job.max_duration_s:
         return job, []
-    return terminate(job, requested_by=f"trainmaster: max_duration_s of {job.max_duration_s}s exceeded", now=now,
-                     reason=f"ran past its max_duration_s ({job.max_duration_s}s)")
+    return terminate(
+        job,
+        requested_by=f"trainmaster: max_duration_s of {job.max_duration_s}s exceeded",
+        now=now,
+        reason=f"ran past its max_duration_s ({job.max_duration_s}s)",
+    )
 
 
 def terminate(job: JobState, *, requested_by: str, now: datetime, reason: str | None = None) -> Outcome:
@@ -313,8 +403,13 @@ def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outc
     if node_id not in job.node_ids or job.phase not in ATTEMPT_ACTIVE:
         return job, []
     if job.phase == Phase.TERMINATING:
-        return switch(_end_attempt(job, "terminated", now), Phase.TERMINATED, SecondaryPhase.TERMINATED,
-                      reason=f"{job.reason}; {cause}", now=now)
+        return switch(
+            _end_attempt(job, "terminated", now),
+            Phase.TERMINATED,
+            SecondaryPhase.TERMINATED,
+            reason=f"{job.reason}; {cause}",
+            now=now,
+        )
     return requeue(job, cause="node_lost", detail=cause, now=now)
 
 
@@ -330,8 +425,14 @@ def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime) -
     job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)
     requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "stopped"))
     if requeues == REPEATED_FAILURES and cause in ("node_lost", "stopped"):  # out-of-memory escalates instead
-        queued.append(notify(job, "repeated_failures", f"attempt {job.attempt} ended abnormally ({detail}); "
-                             f"{requeues} attempts have now failed", now=now))
+        queued.append(
+            notify(
+                job,
+                "repeated_failures",
+                f"attempt {job.attempt} ended abnormally ({detail}); {requeues} attempts have now failed",
+                now=now,
+            )
+        )
     return job, events + stops + queued
 
 
@@ -340,8 +441,9 @@ def migrate(job: JobState, *, cause: RequeueCause, attempt: int | None, now: dat
     if job.phase != Phase.RUNNING or job.stop_cause or (attempt is not None and attempt != job.attempt):
         return job, []
     job = job.model_copy(update={"stop_cause": cause})
-    job, events = switch(job, Phase.RUNNING, SecondaryPhase.RUNNING, reason=f"taking a snapshot to move ({cause})",
-                         now=now)
+    job, events = switch(
+        job, Phase.RUNNING, SecondaryPhase.RUNNING, reason=f"taking a snapshot to move ({cause})", now=now
+    )
     return job, events + stop_all(job, reason=cause, now=now)
 
 
@@ -355,15 +457,23 @@ def unplaceable(job: JobState, *, reason: str, now: datetime) -> Outcome:
 
 
 def notify(job: JobState, kind: str, message: str, *, now: datetime) -> Notification:
-    return Notification(event_id=f"{job.job_id}:notify:{kind}:{job.version}", occurred_at=now,
-                        project_id=job.project_id, job_id=job.job_id, user_name=job.user_name, kind=kind,
-                        message=message)
+    return Notification(
+        event_id=f"{job.job_id}:notify:{kind}:{job.version}",
+        occurred_at=now,
+        project_id=job.project_id,
+        job_id=job.job_id,
+        user_name=job.user_name,
+        kind=kind,
+        message=message,
+    )
 
 
 def _note_start(job: JobState, attempt: int, started_at: datetime) -> JobState:
     """A superseded attempt that started anyway is on record (it ran, and was billed) until it is stopped."""
-    attempts = tuple(a.model_copy(update={"started_at": started_at}) if a.attempt == attempt and not a.started_at
-                     else a for a in job.attempts)
+    attempts = tuple(
+        a.model_copy(update={"started_at": started_at}) if a.attempt == attempt and not a.started_at else a
+        for a in job.attempts
+    )
     return job.model_copy(update={"attempts": attempts})
 
 
@@ -373,8 +483,7 @@ def _with_task(job: JobState, rank: int, task: TaskRecord) -> JobState:
 
 def _end_attempt(job: JobState, outcome: str, now: datetime) -> JobState:
     attempts = tuple(
-        a.model_copy(update={"ended_at": now, "outcome": outcome}) if a.attempt == job.attempt and not a.ended_at
-        else a
+        a.model_copy(update={"ended_at": now, "outcome": outcome}) if a.attempt == job.attempt and not a.ended_at else a
         for a in job.attempts
     )
     return job.model_copy(update={"attempts": attempts})

@@ -1,4 +1,5 @@
 """Placement's records as the pure policy's inputs: nodes, capacity given out, the catalogue (no I/O)."""
+
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,9 +26,16 @@ def reference_tflops(nodes: Iterable[NodeInfo]) -> float:
     return statistics.median(values) if values else 100.0
 
 
-def policy_node(info: NodeInfo, used: Usage | None = None, *, ready_at: float | None = None,
-                idle_since: float | None = None, reserved_for: str | None = None,
-                instance_type: str | None = None, spot: bool = False) -> Node:
+def policy_node(
+    info: NodeInfo,
+    used: Usage | None = None,
+    *,
+    ready_at: float | None = None,
+    idle_since: float | None = None,
+    reserved_for: str | None = None,
+    instance_type: str | None = None,
+    spot: bool = False,
+) -> Node:
     """The policy's node: GPUs numbered by position in index order; a node without GPUs has none to give."""
     used = used or Usage()
     gpus = sorted(info.gpus, key=lambda g: g.index)
@@ -57,9 +65,17 @@ def policy_node(info: NodeInfo, used: Usage | None = None, *, ready_at: float | 
 def catalogue_from(entries: Iterable[Mapping]) -> tuple[InstanceType, ...]:
     """The on-demand catalogue of a cluster file's [[instance_types]]."""
     return tuple(
-        InstanceType(name=e["name"], gpus=int(e["gpus"]), gpu_model=e["gpu_model"],
-                     gpu_memory_gb=float(e["gpu_memory_gb"]), tflops=float(e["tflops"]), cpu=float(e["cpu"]),
-                     memory_gb=float(e["memory_gb"]), price_per_hour=float(e["price_per_hour"]),
-                     startup_delay_s=float(e.get("startup_delay_s", 60)), spot=e.get("market") == "spot")
+        InstanceType(
+            name=e["name"],
+            gpus=int(e["gpus"]),
+            gpu_model=e["gpu_model"],
+            gpu_memory_gb=float(e["gpu_memory_gb"]),
+            tflops=float(e["tflops"]),
+            cpu=float(e["cpu"]),
+            memory_gb=float(e["memory_gb"]),
+            price_per_hour=float(e["price_per_hour"]),
+            startup_delay_s=float(e.get("startup_delay_s", 60)),
+            spot=e.get("market") == "spot",
+        )
         for e in entries
     )

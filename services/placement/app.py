@@ -1,4 +1,5 @@
 """Placement wiring: a single process that owns the queue and decides where each attempt runs."""
+
 from pathlib import Path
 
 from faststream import FastStream
@@ -35,11 +36,17 @@ class PlacementSettings(CommonSettings):
     idle_release_s: float = Field(600, ge=0, description="On-demand nodes idle this long are given back.")
     pullback_min_remaining_s: float = Field(3600, ge=0, description="Pull back only jobs with this much left.")
     migration_s: float = Field(300, ge=0, description="What a snapshot and restore cost in time (pull-back sums).")
-    provider: str = Field("local-process", description="Where on-demand nodes come from, for catalogue entries "
-                          "that name no `provider` (local-process, ec2 or kubernetes).")
+    provider: str = Field(
+        "local-process",
+        description="Where on-demand nodes come from, for catalogue entries "
+        "that name no `provider` (local-process, ec2 or kubernetes).",
+    )
     reconcile_s: float = Field(60, gt=0, description="How often cloud instances are matched with node records.")
-    nats_minter: Path | None = Field(None, description="Mints and revokes rented nodes' bus credentials (`make run` "
-                                     "writes it); without it rented agents get none (a server without auth).")
+    nats_minter: Path | None = Field(
+        None,
+        description="Mints and revokes rented nodes' bus credentials (`make run` "
+        "writes it); without it rented agents get none (a server without auth).",
+    )
 
 
 def create_app(settings: PlacementSettings | None = None) -> FastStream:
@@ -49,25 +56,40 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         cluster = read_cluster(settings.cluster_file, missing_ok=True)
         entries = catalogue_entries(cluster, base=settings.cluster_file.parent, default_provider=settings.provider)
         providers = make_provider(settings, w.broker, entries=entries, sections=cluster.providers)
-        fleet = Fleet(store=DocumentStore(w.db.placement_nodes, w.broker), provider=providers,
-                      catalogue=catalogue_from(entries), static=limits_of(cluster))
+        fleet = Fleet(
+            store=DocumentStore(w.db.placement_nodes, w.broker),
+            provider=providers,
+            catalogue=catalogue_from(entries),
+            static=limits_of(cluster),
+        )
         bind(providers, fleet)
         tradeoff = tradeoff_from(cluster)
-        config = PolicyConfig(policy=settings.policy, idle_release_s=settings.idle_release_s,
-                              pullback_min_remaining_s=settings.pullback_min_remaining_s,
-                              migration_s=settings.migration_s, exchange_rate=tradeoff.exchange_rate,
-                              cost_sensitive_weight=tradeoff.cost_sensitive_weight)
+        config = PolicyConfig(
+            policy=settings.policy,
+            idle_release_s=settings.idle_release_s,
+            pullback_min_remaining_s=settings.pullback_min_remaining_s,
+            migration_s=settings.migration_s,
+            exchange_rate=tradeoff.exchange_rate,
+            cost_sensitive_weight=tradeoff.cost_sensitive_weight,
+        )
         jobs = DocumentStore(w.db.placement_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
-        placement = Placement(jobs=jobs, fleet=fleet,
-                              slow_factor=settings.slow_factor, config=config, flavors=cluster.flavors,
-                              fair=FairShare(w.db.placement_usage), tradeoff=tradeoff,
-                              estimates=Estimates(broker=w.broker))
+        placement = Placement(
+            jobs=jobs,
+            fleet=fleet,
+            slow_factor=settings.slow_factor,
+            config=config,
+            flavors=cluster.flavors,
+            fair=FairShare(w.db.placement_usage),
+            tradeoff=tradeoff,
+            estimates=Estimates(broker=w.broker),
+        )
         await placement.load()
         w.background.spawn("outbox", lambda: relay(w.broker, [placement.jobs.collection, fleet.store.collection]))
         w.background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
         if providers.reconcilers():  # cloud instances no record owns are given back
-            w.background.spawn("reconcile", lambda: reconcile_loop(fleet=fleet, providers=providers,
-                                                                   interval_s=settings.reconcile_s))
+            w.background.spawn(
+                "reconcile", lambda: reconcile_loop(fleet=fleet, providers=providers, interval_s=settings.reconcile_s)
+            )
         for watcher in providers.watchers():  # a node whose Pod failed is seen at once, not after its silence
             w.background.spawn(f"watch-{watcher.name}", lambda watcher=watcher: watcher.watch(placement.pod_failed))
         await JOBS.resume(w.broker)  # before any job event is read
@@ -76,9 +98,14 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)
 
 
-def make_provider(settings: PlacementSettings, broker: NatsBroker, *, entries: list[dict],
-                  sections: dict) -> Providers:
-    return make_providers(entries=entries, sections=sections, default=settings.provider,
-                          data_dir=settings.data_dir.resolve(), broker=broker, nats_url=settings.nats_url,
-                          minter=settings.nats_minter, ca_file=settings.nats_ca_file)
-
+def make_provider(settings: PlacementSettings, broker: NatsBroker, *, entries: list[dict], sections: dict) -> Providers:
+    return make_providers(
+        entries=entries,
+        sections=sections,
+        default=settings.provider,
+        data_dir=settings.data_dir.resolve(),
+        broker=broker,
+        nats_url=settings.nats_url,
+        minter=settings.nats_minter,
+        ca_file=settings.nats_ca_file,
+    )

@@ -1,5 +1,6 @@
 """Applying the engine's decisions: a start becomes a published placement, a rental asks billing first, an idle
 rented node goes back, a pull-back snapshots the job and keeps the owned node for it."""
+
 import logging
 import zlib
 
@@ -15,8 +16,9 @@ from services.placement.queue import JobQueue, QueueItem
 log = logging.getLogger(__name__)
 
 
-async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
-                inputs: PolicyInputs) -> tuple[int, dict[str, str]]:
+async def apply(
+    decisions: list[Decision], *, queue: JobQueue, fleet: Fleet, inputs: PolicyInputs
+) -> tuple[int, dict[str, str]]:
     """Carry the decisions out in order; returns the jobs started and why each waiting job waits."""
     started, waiting = 0, {}
     for decision in decisions:
@@ -25,16 +27,24 @@ async def apply(decisions: list[Decision], *, queue: JobQueue, fleet: Fleet,
                 item = queue.items.get(job_id)
                 if item is None or item.state != "queued":
                     continue
-                assignments = tuple(assignment(r, fleet.nodes[n].info, inputs.gpu_ids(n, g))
-                                    for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True)))
+                assignments = tuple(
+                    assignment(r, fleet.nodes[n].info, inputs.gpu_ids(n, g))
+                    for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True))
+                )
                 for node_id in node_ids:
                     await fleet.claimed(node_id)
                 await place(item, assignments, queue=queue, fleet=fleet, why=why)
                 started += 1
             case Provision(instance_type=name, count=count, job_id=job_id):
                 item = queue.items[job_id]
-                await fleet.provision(name, count, job_id=job_id, project_id=item.project_id,
-                                      user_name=item.user_name, expected_hours=inputs.hours(item))
+                await fleet.provision(
+                    name,
+                    count,
+                    job_id=job_id,
+                    project_id=item.project_id,
+                    user_name=item.user_name,
+                    expected_hours=inputs.hours(item),
+                )
             case Release(node_id=node_id):
                 await fleet.release(node_id, reason="idle")
             case PullBack(job_id=job_id, from_node_id=source, to_node_id=target):
@@ -53,28 +63,60 @@ def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assig
     the node's agent says of itself)."""
     gpus = [g for g in info.gpus if g.index in gpu_indices]
     measured = bool(gpus) and all(g.measured_tflops is not None and g.speed > 0 for g in gpus)
-    return Assignment(rank=rank, node_id=info.node_id, gpu_indices=gpu_indices, node_kind=info.kind,
-                      price_per_hour=info.price_per_hour, node_gpu_count=len(info.gpus),
-                      gpu_memory_gb=max((g.memory_gb for g in gpus), default=0.0),
-                      gpu_tflops=min(g.speed for g in gpus) if measured else None)
+    return Assignment(
+        rank=rank,
+        node_id=info.node_id,
+        gpu_indices=gpu_indices,
+        node_kind=info.kind,
+        price_per_hour=info.price_per_hour,
+        node_gpu_count=len(info.gpus),
+        gpu_memory_gb=max((g.memory_gb for g in gpus), default=0.0),
+        gpu_tflops=min(g.speed for g in gpus) if measured else None,
+    )
 
 
-async def place(item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet,
-                why: str = "") -> None:
+async def place(
+    item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet, why: str = ""
+) -> None:
     """The job's next attempt on these nodes, published with what its ranks launch."""
     attempt = item.attempt + 1
     master = fleet.nodes[assignments[0].node_id].info.address
     port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
     infos = [fleet.nodes[a.node_id].info for a in assignments]
-    memory = min(host_memory_gb(item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb,
-                                node_gpus=len(info.gpus)) for info in infos)
+    memory = min(
+        host_memory_gb(
+            item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb, node_gpus=len(info.gpus)
+        )
+        for info in infos
+    )
     resource = item.needs.model_copy(update={"memory_gb": memory})
-    launch = Launch(master_addr=master, master_port=port, algorithm=item.algorithm,
-                    spec=item.spec.model_copy(update={"resource": resource}))
-    events = [JobPlaced(event_id=f"{item.job_id}:placed:{attempt}", occurred_at=utcnow(), job_id=item.job_id,
-                        attempt=attempt, assignments=assignments, launch=launch, why=why)]
-    placed = item.model_copy(update={"state": "placed", "attempt": attempt, "assignments": assignments,
-                                     "exclude": (), "moving": False, "memory_gb": memory})
+    launch = Launch(
+        master_addr=master,
+        master_port=port,
+        algorithm=item.algorithm,
+        spec=item.spec.model_copy(update={"resource": resource}),
+    )
+    events = [
+        JobPlaced(
+            event_id=f"{item.job_id}:placed:{attempt}",
+            occurred_at=utcnow(),
+            job_id=item.job_id,
+            attempt=attempt,
+            assignments=assignments,
+            launch=launch,
+            why=why,
+        )
+    ]
+    placed = item.model_copy(
+        update={
+            "state": "placed",
+            "attempt": attempt,
+            "assignments": assignments,
+            "exclude": (),
+            "moving": False,
+            "memory_gb": memory,
+        }
+    )
     await queue.save(placed, events)
     log.info("job %s attempt %d placed on %s", item.job_id, attempt, ", ".join(a.node_id for a in assignments))
 
@@ -86,7 +128,12 @@ async def pull_back(job_id: str, source: str, target: str, *, queue: JobQueue, f
         return
     await fleet.reserve(target, job_id)
     await fleet.release_when_idle(source)
-    event = JobMigrateRequested(event_id=f"{job_id}:migrate:reclaimed:{item.attempt}", job_id=job_id,
-                                requested_by="placement", cause="reclaimed", attempt=item.attempt)
+    event = JobMigrateRequested(
+        event_id=f"{job_id}:migrate:reclaimed:{item.attempt}",
+        job_id=job_id,
+        requested_by="placement",
+        cause="reclaimed",
+        attempt=item.attempt,
+    )
     await queue.save(item.model_copy(update={"moving": True}), [event])
     log.info("pulling %s back from %s to %s", job_id, source, target)

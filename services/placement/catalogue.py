@@ -1,5 +1,6 @@
 """Flavors and pools: what a job may name instead of raw resources, and which groups of nodes exist (pure); and
 the rentable catalogue read from its data file."""
+
 import csv
 import io
 import math
@@ -26,20 +27,38 @@ def flavors(nodes: Iterable[NodeInfo], catalogue: Iterable[InstanceType], declar
         key = (gpu.model if gpu else "cpu", len(node.gpus))
         flavor = shapes.get(key)
         if flavor is None:
-            shapes[key] = Flavor(flavor_id=_name(key), gpu_model=key[0] if gpu else "", gpu_count=len(node.gpus),
-                                 gpu_memory_gb=min((g.memory_gb for g in node.gpus), default=0),
-                                 tflops=gpu.tflops if gpu else 0, cpu_count=node.cpu_count,
-                                 memory_gb=node.memory_gb, price_per_hour=node.price_per_hour, max_node_count=1)
+            shapes[key] = Flavor(
+                flavor_id=_name(key),
+                gpu_model=key[0] if gpu else "",
+                gpu_count=len(node.gpus),
+                gpu_memory_gb=min((g.memory_gb for g in node.gpus), default=0),
+                tflops=gpu.tflops if gpu else 0,
+                cpu_count=node.cpu_count,
+                memory_gb=node.memory_gb,
+                price_per_hour=node.price_per_hour,
+                max_node_count=1,
+            )
         else:
-            shapes[key] = flavor.model_copy(update={"max_node_count": flavor.max_node_count + 1,
-                                                    "price_per_hour": min(flavor.price_per_hour or 0,
-                                                                          node.price_per_hour)})
+            shapes[key] = flavor.model_copy(
+                update={
+                    "max_node_count": flavor.max_node_count + 1,
+                    "price_per_hour": min(flavor.price_per_hour or 0, node.price_per_hour),
+                }
+            )
     for it in catalogue:
         key = (it.gpu_model, it.gpus)
         if key not in shapes:
-            shapes[key] = Flavor(flavor_id=_name(key), gpu_model=it.gpu_model, gpu_count=it.gpus,
-                                 gpu_memory_gb=it.gpu_memory_gb, tflops=it.tflops, cpu_count=it.cpu,
-                                 memory_gb=it.memory_gb, price_per_hour=it.price_per_hour, max_node_count=64)
+            shapes[key] = Flavor(
+                flavor_id=_name(key),
+                gpu_model=it.gpu_model,
+                gpu_count=it.gpus,
+                gpu_memory_gb=it.gpu_memory_gb,
+                tflops=it.tflops,
+                cpu_count=it.cpu,
+                memory_gb=it.memory_gb,
+                price_per_hour=it.price_per_hour,
+                max_node_count=64,
+            )
     return sorted(shapes.values(), key=lambda f: f.flavor_id)
 
 
@@ -47,9 +66,15 @@ def pools(nodes: Iterable[NodeInfo]) -> list[Pool]:
     groups: dict[str, list[NodeInfo]] = {}
     for node in nodes:
         groups.setdefault(node.labels.get("pool", "default"), []).append(node)
-    return [Pool(pool_id=name, node_ids=sorted(n.node_id for n in members),
-                 kinds=sorted({n.kind for n in members}), gpus=sum(len(n.gpus) for n in members))
-            for name, members in sorted(groups.items())]
+    return [
+        Pool(
+            pool_id=name,
+            node_ids=sorted(n.node_id for n in members),
+            kinds=sorted({n.kind for n in members}),
+            gpus=sum(len(n.gpus) for n in members),
+        )
+        for name, members in sorted(groups.items())
+    ]
 
 
 def catalogue(nodes: list[NodeInfo], instance_types: Iterable[InstanceType], declared) -> Catalogue:
@@ -63,8 +88,18 @@ def _name(key: tuple) -> str:
 
 # --- The rentable catalogue as a data file (SkyPilot-like columns), which an operator updates --------------------
 DATA_DIR = Path(__file__).parent / "data"
-OFFER_COLUMNS = ("instance_type", "accelerator", "accelerator_count", "vcpus", "memory_gib", "price", "spot_price",
-                 "region", "zone", "startup_s")
+OFFER_COLUMNS = (
+    "instance_type",
+    "accelerator",
+    "accelerator_count",
+    "vcpus",
+    "memory_gib",
+    "price",
+    "spot_price",
+    "region",
+    "zone",
+    "startup_s",
+)
 OFFER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,47}$")  # becomes part of node ids and TOML strings
 SPOT_SUFFIX = ".spot"
 
@@ -109,18 +144,33 @@ def read_offers(text: str, gpus: Mapping[str, tuple[float, float]]) -> list[Offe
             raise ValueError(f"catalogue line {line}: accelerator {accelerator!r} is not in the GPU table")
         tflops, memory = gpus.get(accelerator, (0.0, 0.0))
         spot = (row.get("spot_price") or "").strip()
-        offers.append(Offer(
-            instance_type=_name_field(row, "instance_type", line), accelerator=accelerator,
-            count=int(_number(row, "accelerator_count", line)) if accelerator else 0, gpu_memory_gb=memory,
-            tflops=tflops, cpu=_number(row, "vcpus", line), memory_gb=_number(row, "memory_gib", line),
-            price=_number(row, "price", line), spot_price=_number(row, "spot_price", line) if spot else None,
-            region=_name_field(row, "region", line), zone=_name_field(row, "zone", line),
-            startup_s=_number(row, "startup_s", line)))
+        offers.append(
+            Offer(
+                instance_type=_name_field(row, "instance_type", line),
+                accelerator=accelerator,
+                count=int(_number(row, "accelerator_count", line)) if accelerator else 0,
+                gpu_memory_gb=memory,
+                tflops=tflops,
+                cpu=_number(row, "vcpus", line),
+                memory_gb=_number(row, "memory_gib", line),
+                price=_number(row, "price", line),
+                spot_price=_number(row, "spot_price", line) if spot else None,
+                region=_name_field(row, "region", line),
+                zone=_name_field(row, "zone", line),
+                startup_s=_number(row, "startup_s", line),
+            )
+        )
     return offers
 
 
-def offered(offers: Iterable[Offer], *, provider: str, region: str | None = None,
-            instance_types: Iterable[str] | None = None, spot: bool = False) -> list[dict]:
+def offered(
+    offers: Iterable[Offer],
+    *,
+    provider: str,
+    region: str | None = None,
+    instance_types: Iterable[str] | None = None,
+    spot: bool = False,
+) -> list[dict]:
     """[[instance_types]] entries from catalogue rows: one per type (its cheapest zone first), and with `spot` a
     second one named `<type>.spot` at the spot price."""
     wanted = set(instance_types) if instance_types is not None else None
@@ -139,12 +189,24 @@ def offered(offers: Iterable[Offer], *, provider: str, region: str | None = None
         for market, price in markets:
             by_price = sorted(group, key=lambda o: o.price if market == "on_demand" else (o.spot_price or o.price))
             o = group[0]
-            entries.append({"name": name + (SPOT_SUFFIX if market == "spot" else ""), "gpus": o.count,
-                            "gpu_model": o.accelerator, "gpu_memory_gb": o.gpu_memory_gb, "tflops": o.tflops,
-                            "cpu": o.cpu, "memory_gb": o.memory_gb, "price_per_hour": price,
-                            "startup_delay_s": max(x.startup_s for x in group), "provider": provider,
-                            "market": market, "cloud_type": name, "region": o.region,
-                            "zones": [x.zone for x in by_price]})
+            entries.append(
+                {
+                    "name": name + (SPOT_SUFFIX if market == "spot" else ""),
+                    "gpus": o.count,
+                    "gpu_model": o.accelerator,
+                    "gpu_memory_gb": o.gpu_memory_gb,
+                    "tflops": o.tflops,
+                    "cpu": o.cpu,
+                    "memory_gb": o.memory_gb,
+                    "price_per_hour": price,
+                    "startup_delay_s": max(x.startup_s for x in group),
+                    "provider": provider,
+                    "market": market,
+                    "cloud_type": name,
+                    "region": o.region,
+                    "zones": [x.zone for x in by_price],
+                }
+            )
     return entries
 
 
@@ -162,8 +224,13 @@ def catalogue_entries(cluster: ClusterFile, *, base: Path, default_provider: str
         path = lambda key, default: (base / section[key]) if key in section else default  # noqa: E731
         gpus = read_gpus(path("gpus_file", DATA_DIR / "gpus.csv").read_text())
         offers = read_offers(path("file", DATA_DIR / "catalogue.csv").read_text(), gpus)
-        entries += offered(offers, provider=section.get("provider", default_provider), region=section.get("region"),
-                           instance_types=section.get("instance_types"), spot=bool(section.get("spot", False)))
+        entries += offered(
+            offers,
+            provider=section.get("provider", default_provider),
+            region=section.get("region"),
+            instance_types=section.get("instance_types"),
+            spot=bool(section.get("spot", False)),
+        )
     return entries
 
 

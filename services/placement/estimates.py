@@ -4,6 +4,7 @@ The estimator answers from its history model when the job names a `benchmark` pa
 `batch_size`, `learning_rate`); otherwise, or when it does not answer in time, the owner's `expected_duration_s`
 stands, with a wider uncertainty. The policy prices rented time at the upper end of that uncertainty.
 """
+
 import asyncio
 import logging
 import math
@@ -48,9 +49,14 @@ def query_for(parameters: Sequence[Parameter], resource: Resource, accelerator: 
             return 0.0
         return value if math.isfinite(value) and value >= 0 else 0.0
 
-    return PredictQuery(benchmark=benchmark[:128], batch_size=number("batch_size"),
-                        learning_rate=number("learning_rate"), accelerator=accelerator[:128] or "unknown",
-                        accelerators=max(1, resource.gpu_count), nodes=resource.node_count)
+    return PredictQuery(
+        benchmark=benchmark[:128],
+        batch_size=number("batch_size"),
+        learning_rate=number("learning_rate"),
+        accelerator=accelerator[:128] or "unknown",
+        accelerators=max(1, resource.gpu_count),
+        nodes=resource.node_count,
+    )
 
 
 def from_reply(reply: PredictReply) -> Estimate | None:
@@ -88,8 +94,11 @@ class Estimates:
     async def refresh(self, queries: list[PredictQuery], *, now: float | None = None) -> None:
         """Ask for the queries not cached (at most a handful at once, each bounded by the timeout)."""
         now = time.time() if now is None else now
-        todo = {q.model_dump_json(): q for q in queries
-                if (hit := self.cache.get(q.model_dump_json())) is None or now - hit[0] >= self.ttl_s}
+        todo = {
+            q.model_dump_json(): q
+            for q in queries
+            if (hit := self.cache.get(q.model_dump_json())) is None or now - hit[0] >= self.ttl_s
+        }
         if not todo or self.broker is None:
             return
         answers = await asyncio.gather(*(self._ask(q) for q in list(todo.values())[:32]))
@@ -105,8 +114,9 @@ class Estimates:
         if self.broker is None:
             return None
         try:
-            reply = await self.broker.request(MetricsQuery(job_id=job_id, max_points=1), RPC_METRICS,
-                                              timeout=PEAK_TIMEOUT_S)
+            reply = await self.broker.request(
+                MetricsQuery(job_id=job_id, max_points=1), RPC_METRICS, timeout=PEAK_TIMEOUT_S
+            )
             return recorded_peak(MetricsReport.model_validate(await reply.decode()))
         except Exception as exc:  # no estimator, a timeout or a malformed answer: today's rule alone
             log.warning("no recorded GPU memory peak of job %s: %r", job_id, exc)

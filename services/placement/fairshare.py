@@ -1,4 +1,5 @@
 """Recent GPU-hours per user (halved every week) that order the queue fairly, kept across restarts."""
+
 import asyncio
 import math
 import time
@@ -42,8 +43,15 @@ class FairShare:
         if not doc:
             return
         pairs = doc.get("usage") if isinstance(doc.get("usage"), list) else []
-        self.usage = {str(p[0]): float(p[1]) for p in pairs if isinstance(p, list) and len(p) == 2
-                      and isinstance(p[1], int | float) and math.isfinite(p[1]) and p[1] >= 0}
+        self.usage = {
+            str(p[0]): float(p[1])
+            for p in pairs
+            if isinstance(p, list)
+            and len(p) == 2
+            and isinstance(p[1], int | float)
+            and math.isfinite(p[1])
+            and p[1] >= 0
+        }
         at = doc.get("at")
         self.at = float(at) if isinstance(at, int | float) and math.isfinite(at) else time.time()
 
@@ -53,6 +61,8 @@ class FairShare:
         if self.collection is None:
             return
         async with self.saving:
-            await self.collection.replace_one({"_id": DOC_ID}, {"_id": DOC_ID, "at": self.at,
-                                                                "usage": [[u, h] for u, h in self.usage.items()]},
-                                              upsert=True)
+            await self.collection.replace_one(
+                {"_id": DOC_ID},
+                {"_id": DOC_ID, "at": self.at, "usage": [[u, h] for u, h in self.usage.items()]},
+                upsert=True,
+            )

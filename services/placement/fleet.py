@@ -1,4 +1,5 @@
 """The nodes placement may use, and the life of the on-demand ones it pays for: provision, use, release."""
+
 import asyncio
 import logging
 import time
@@ -77,18 +78,29 @@ class Fleet:
 
     def policy_nodes(self, usage: Mapping[str, Usage]) -> tuple[Node, ...]:
         """Nodes that can take work now, or will once booted, as the policy sees them (`usage`: capacity given out)."""
-        return tuple(self._view(n, usage.get(n.node_id)) for n in self.nodes.values()
-                     if n.info and n.state in ("ready", "provisioning"))
+        return tuple(
+            self._view(n, usage.get(n.node_id))
+            for n in self.nodes.values()
+            if n.info and n.state in ("ready", "provisioning")
+        )
 
     def _view(self, node: FleetNode, used: Usage | None) -> Node:
-        built_from = (None if used is None else (frozenset(used.gpus), used.cpu, used.memory_gb),
-                      self.idle_since.get(node.node_id))
+        built_from = (
+            None if used is None else (frozenset(used.gpus), used.cpu, used.memory_gb),
+            self.idle_since.get(node.node_id),
+        )
         hit = self._views.get(node.node_id)
         if hit is not None and hit[0] is node and hit[1] == built_from:
             return hit[2]
-        view = policy_node(node.info, used, ready_at=node.ready_at, reserved_for=node.reserved_for,
-                           idle_since=built_from[1], instance_type=node.instance_type,
-                           spot=any(i.spot for i in self.catalogue if i.name == node.instance_type))
+        view = policy_node(
+            node.info,
+            used,
+            ready_at=node.ready_at,
+            reserved_for=node.reserved_for,
+            idle_since=built_from[1],
+            instance_type=node.instance_type,
+            spot=any(i.spot for i in self.catalogue if i.name == node.instance_type),
+        )
         self._views[node.node_id] = (node, built_from, view)
         return view
 
@@ -143,8 +155,14 @@ class Fleet:
             return False
         return await self.seen(claimed.node_id, info=info, state="ready", refused=refused)
 
-    async def seen(self, node_id: str, *, info: NodeInfo | None, state: Literal["ready", "lost"],
-                   refused: dict[str, str] | None = None) -> bool:
+    async def seen(
+        self,
+        node_id: str,
+        *,
+        info: NodeInfo | None,
+        state: Literal["ready", "lost"],
+        refused: dict[str, str] | None = None,
+    ) -> bool:
         """A registration or a liveness verdict; returns whether anything changed."""
         current = self.nodes.get(node_id)
         if current and current.state == "released":
@@ -186,16 +204,21 @@ class Fleet:
         if node and node.provisioned:
             await self._save(node.model_copy(update={"release_when_idle": True}), [])
 
-    async def provision(self, instance_name: str, count: int, *, job_id: str, project_id: str, user_name: str,
-                        expected_hours: float) -> list[str]:
+    async def provision(
+        self, instance_name: str, count: int, *, job_id: str, project_id: str, user_name: str, expected_hours: float
+    ) -> list[str]:
         """Create on-demand nodes for a job, if billing admits the spend; return their ids."""
         instance = next((i for i in self.catalogue if i.name == instance_name), None)
         if instance is None:
             log.error("instance type %s is not in the catalogue", instance_name)
             return []
-        query = AdmitQuery(project_id=project_id, user_name=user_name, purpose="provision",
-                           gpus=instance.gpus * count,
-                           estimated_cost=instance.price_per_hour * count * max(expected_hours, 0.0))
+        query = AdmitQuery(
+            project_id=project_id,
+            user_name=user_name,
+            purpose="provision",
+            gpus=instance.gpus * count,
+            estimated_cost=instance.price_per_hour * count * max(expected_hours, 0.0),
+        )
         verdict = await self._admit(query)
         if not verdict.allowed:
             if job_id not in self.refused:
@@ -207,14 +230,28 @@ class Fleet:
         ids = []
         for _ in range(count):
             node_id = f"od-{instance.name.replace('.', '-')}-{uuid.uuid4().hex[:6]}"
-            node = FleetNode(node_id=node_id, info=None, state="provisioning", provisioned=True,
-                             instance_type=instance.name, ready_at=time.time() + instance.startup_delay_s,
-                             reserved_for=job_id)
-            event = NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type=instance.name,
-                                    provider=self.provider.name, price_per_hour=instance.price_per_hour,
-                                    gpu_count=instance.gpus, provisioned_at=now, for_job_id=job_id,
-                                    limits=rented_limits(node_id, instance),
-                                    project_id=project_id, user_name=user_name)
+            node = FleetNode(
+                node_id=node_id,
+                info=None,
+                state="provisioning",
+                provisioned=True,
+                instance_type=instance.name,
+                ready_at=time.time() + instance.startup_delay_s,
+                reserved_for=job_id,
+            )
+            event = NodeProvisioned(
+                event_id=f"{node_id}:provisioned",
+                node_id=node_id,
+                instance_type=instance.name,
+                provider=self.provider.name,
+                price_per_hour=instance.price_per_hour,
+                gpu_count=instance.gpus,
+                provisioned_at=now,
+                for_job_id=job_id,
+                limits=rented_limits(node_id, instance),
+                project_id=project_id,
+                user_name=user_name,
+            )
             await self._save(node, [event])
             asyncio.create_task(self._boot(node_id, instance))
             ids.append(node_id)

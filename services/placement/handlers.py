@@ -1,4 +1,5 @@
 """Placement subscribers: jobs to queue, status changes that free capacity, nodes joining and leaving."""
+
 from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
@@ -82,8 +83,9 @@ async def on_node_state(event: NodeStateChanged, placement: Placement = Context(
 
 @router.subscriber(**durable("tm.node.evt.*.interrupted", consumer="placement-node-interruptions"))
 @retry_transient
-async def on_node_interrupted(event: NodeInterrupted, message=Context("message"),
-                              placement: Placement = Context("placement")) -> None:
+async def on_node_interrupted(
+    event: NodeInterrupted, message=Context("message"), placement: Placement = Context("placement")
+) -> None:
     """Spot nodes' notices; an agent speaks for its own node only."""
     if event.subject == message.raw_message.subject:
         await dispatch(EVENT_HANDLERS, event, placement)

@@ -1,5 +1,6 @@
 """The policy's inputs from placement's records: jobs as the policy sees them, running work, capacity given out,
 each queued job's constraint (nodes kept for it, nodes it moves away from, its pool), GPU numbering."""
+
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,33 +30,67 @@ class PolicyInputs:
     def job_request(self, item) -> JobRequest:
         """A queue item (QueueItem) as the policy's job: the estimator's duration when it has one."""
         estimate = self.estimates.cached(query_for(item.algorithm.parameters, item.needs, ""))
-        return self._request(item.spec, item.needs, job_id=item.job_id, user_name=item.user_name,
-                             project_id=item.project_id, submitted_at=item.submitted_at.timestamp(),
-                             estimate=estimate or fallback(item.spec.placement.expected_duration_s))
+        return self._request(
+            item.spec,
+            item.needs,
+            job_id=item.job_id,
+            user_name=item.user_name,
+            project_id=item.project_id,
+            submitted_at=item.submitted_at.timestamp(),
+            estimate=estimate or fallback(item.spec.placement.expected_duration_s),
+        )
 
-    def spec_request(self, spec: Spec, *, project_id: str, user_name: str, now: float,
-                     parameters: Sequence[Parameter] = ()) -> tuple[JobRequest, str]:
+    def spec_request(
+        self, spec: Spec, *, project_id: str, user_name: str, now: float, parameters: Sequence[Parameter] = ()
+    ) -> tuple[JobRequest, str]:
         """A job not submitted yet (a dry run) as the policy's job, and where its duration comes from: the
         estimator's answer when it has one (`refresh_one` asked it), as for a queued job."""
-        estimate = self.estimates.cached(query_for(parameters, spec.resource, ""), now=now) or \
-            fallback(spec.placement.expected_duration_s)
-        job = self._request(spec, spec.resource, job_id="dry-run", user_name=user_name, project_id=project_id,
-                            submitted_at=now, estimate=estimate)
+        estimate = self.estimates.cached(query_for(parameters, spec.resource, ""), now=now) or fallback(
+            spec.placement.expected_duration_s
+        )
+        job = self._request(
+            spec,
+            spec.resource,
+            job_id="dry-run",
+            user_name=user_name,
+            project_id=project_id,
+            submitted_at=now,
+            estimate=estimate,
+        )
         return job, estimate.source
 
-    def _request(self, spec: Spec, needs: Resource, *, job_id: str, user_name: str, project_id: str,
-                 submitted_at: float, estimate: Estimate) -> JobRequest:
+    def _request(
+        self,
+        spec: Spec,
+        needs: Resource,
+        *,
+        job_id: str,
+        user_name: str,
+        project_id: str,
+        submitted_at: float,
+        estimate: Estimate,
+    ) -> JobRequest:
         prefs = spec.placement
-        return JobRequest(id=job_id, user=user_name, submitted_at=submitted_at,
-                          expected_duration_s=prefs.expected_duration_s or DEFAULT_DURATION_S,
-                          allowed=prefs.allowed, priority=prefs.priority, gpu_count=needs.gpu_count,
-                          min_gpu_memory_gb=needs.min_gpu_memory_gb, gpu_models=frozenset(prefs.gpu_models),
-                          node_count=needs.node_count, cpu=needs.cpu_count, memory_gb=needs.memory_gb,
-                          predicted_duration_s=estimate.duration_s, duration_sigma=estimate.sigma,
-                          exchange_rate=self.tradeoff.rate_for(project_id),
-                          max_price_per_hour=prefs.max_price_per_hour,
-                          checkpoint_interval_s=prefs.checkpoint_interval_s,
-                          deadline=prefs.deadline.timestamp() if prefs.deadline else None)
+        return JobRequest(
+            id=job_id,
+            user=user_name,
+            submitted_at=submitted_at,
+            expected_duration_s=prefs.expected_duration_s or DEFAULT_DURATION_S,
+            allowed=prefs.allowed,
+            priority=prefs.priority,
+            gpu_count=needs.gpu_count,
+            min_gpu_memory_gb=needs.min_gpu_memory_gb,
+            gpu_models=frozenset(prefs.gpu_models),
+            node_count=needs.node_count,
+            cpu=needs.cpu_count,
+            memory_gb=needs.memory_gb,
+            predicted_duration_s=estimate.duration_s,
+            duration_sigma=estimate.sigma,
+            exchange_rate=self.tradeoff.rate_for(project_id),
+            max_price_per_hour=prefs.max_price_per_hour,
+            checkpoint_interval_s=prefs.checkpoint_interval_s,
+            deadline=prefs.deadline.timestamp() if prefs.deadline else None,
+        )
 
     async def refresh_one(self, spec: Spec, parameters: Sequence[Parameter], now: float) -> None:
         """Ask the estimator about a job not submitted yet (a dry run), unless asked lately (bounded wait)."""
@@ -76,13 +111,24 @@ class PolicyInputs:
         placed = list(placed)
         nodes = self.fleet.policy_nodes(usage(placed))
         known = {n.id for n in nodes}
-        running = tuple(RunningJob(job=self.job_request(i), node_ids=ids,
-                                   gpu_indices=tuple(self.positions(a) for a in i.assignments),
-                                   started_at=self.started(i, now), expected_end_at=self.ends_at(i, now))
-                        for i in placed if i.needs.gpu_count > 0
-                        and set(ids := tuple(a.node_id for a in i.assignments)) <= known)
-        return ClusterState(nodes=nodes, queue=tuple(self.job_request(i) for i in queued), running=running,
-                            catalogue=self.fleet.catalogue, usage_by_user=self.fair.decayed(now))
+        running = tuple(
+            RunningJob(
+                job=self.job_request(i),
+                node_ids=ids,
+                gpu_indices=tuple(self.positions(a) for a in i.assignments),
+                started_at=self.started(i, now),
+                expected_end_at=self.ends_at(i, now),
+            )
+            for i in placed
+            if i.needs.gpu_count > 0 and set(ids := tuple(a.node_id for a in i.assignments)) <= known
+        )
+        return ClusterState(
+            nodes=nodes,
+            queue=tuple(self.job_request(i) for i in queued),
+            running=running,
+            catalogue=self.fleet.catalogue,
+            usage_by_user=self.fair.decayed(now),
+        )
 
     def constraints(self, queued: Iterable) -> dict[str, Constraint]:
         """Queued jobs that may go only to nodes kept for them, must avoid nodes they left, or keep to a pool."""
@@ -92,8 +138,9 @@ class PolicyInputs:
                 mine.setdefault(node.reserved_for, set()).add(node.node_id)
         found = {}
         for item in queued:
-            constraint = Constraint(only=frozenset(mine.get(item.job_id, ())), exclude=frozenset(item.exclude),
-                                    pool=item.needs.pool_id)
+            constraint = Constraint(
+                only=frozenset(mine.get(item.job_id, ())), exclude=frozenset(item.exclude), pool=item.needs.pool_id
+            )
             if constraint != Constraint():
                 found[item.job_id] = constraint
         return found

@@ -1,5 +1,6 @@
 """Placement's queue storage: one record per job (what it needs, where its current attempt runs), in memory and
 persisted with the events each change emits (placement runs as one process: in memory is authoritative)."""
+
 import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime

@@ -1,6 +1,7 @@
 """Placement's service layer: what each event does to the queue and the fleet, and one scheduling loop. The queue's
 storage is `queue.py`, the policy's inputs `inputs.py`, carrying decisions out `apply.py`; the engine that decides
 is `policy/`."""
+
 import asyncio
 import logging
 import time
@@ -53,8 +54,9 @@ class Placement:
 
     def __post_init__(self) -> None:
         self.store = JobQueue(self.jobs)
-        self.inputs = PolicyInputs(fleet=self.fleet, config=self.config, fair=self.fair, tradeoff=self.tradeoff,
-                                   estimates=self.estimates)
+        self.inputs = PolicyInputs(
+            fleet=self.fleet, config=self.config, fair=self.fair, tradeoff=self.tradeoff, estimates=self.estimates
+        )
 
     @property
     def queue(self) -> dict[str, QueueItem]:
@@ -76,8 +78,16 @@ class Placement:
     async def submitted(self, event: JobSubmitted) -> None:
         if event.job_id in self.queue:
             return
-        await self.store.add(QueueItem(job_id=event.job_id, project_id=event.project_id, user_name=event.user_name,
-                                       algorithm=event.algorithm, spec=event.spec, submitted_at=event.create_time))
+        await self.store.add(
+            QueueItem(
+                job_id=event.job_id,
+                project_id=event.project_id,
+                user_name=event.user_name,
+                algorithm=event.algorithm,
+                spec=event.spec,
+                submitted_at=event.create_time,
+            )
+        )
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         item = self.queue.get(event.job_id)
@@ -99,30 +109,50 @@ class Placement:
         previous = [self.fleet.nodes[a.node_id].info for a in item.assignments if a.node_id in self.fleet.nodes]
         needs, exclude = item.needs, ()
         if cause == "oom_gpu":
-            used = [g.memory_gb for n, a in zip(previous, item.assignments) for g in n.gpus
-                    if g.index in a.gpu_indices] or [g.memory_gb for n in previous for g in n.gpus] or [0]
+            used = (
+                [g.memory_gb for n, a in zip(previous, item.assignments) for g in n.gpus if g.index in a.gpu_indices]
+                or [g.memory_gb for n in previous for g in n.gpus]
+                or [0]
+            )
             everything = self.fleet.known_nodes() + tuple(as_node(i) for i in self.fleet.catalogue)
-            need = gpu_memory_after_oom(asked_gb=needs.min_gpu_memory_gb, had_gb=max(used),
-                                        peak_gb=await self.estimates.peak_gpu_memory(item.job_id),
-                                        largest_gb=max((n.gpu_memory_gb for n in everything if n.gpu_count),
-                                                       default=0.0))
-            needs = needs.model_copy(update={"min_gpu_memory_gb": min(need, 1024),
-                                             "gpu_count": max(1, needs.gpu_count)})
+            need = gpu_memory_after_oom(
+                asked_gb=needs.min_gpu_memory_gb,
+                had_gb=max(used),
+                peak_gb=await self.estimates.peak_gpu_memory(item.job_id),
+                largest_gb=max((n.gpu_memory_gb for n in everything if n.gpu_count), default=0.0),
+            )
+            needs = needs.model_copy(
+                update={"min_gpu_memory_gb": min(need, 1024), "gpu_count": max(1, needs.gpu_count)}
+            )
         elif cause == "oom_host":
             needs = needs.model_copy(update={"memory_gb": item.given_memory_gb * 2})
         elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
-        item = item.model_copy(update={"state": "queued", "assignments": (), "resource": needs, "exclude": exclude,
-                                       "moving": False, "memory_gb": None})
+        item = item.model_copy(
+            update={
+                "state": "queued",
+                "assignments": (),
+                "resource": needs,
+                "exclude": exclude,
+                "moving": False,
+                "memory_gb": None,
+            }
+        )
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()
         if cause in ("oom_gpu", "oom_host") and not ever_placeable(nodes, self.fleet.catalogue, job):
-            what = (f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU" if cause == "oom_gpu"
-                    else f"{needs.memory_gb:g} GB of host memory")
+            what = (
+                f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU"
+                if cause == "oom_gpu"
+                else f"{needs.memory_gb:g} GB of host memory"
+            )
             everything = nodes + tuple(as_node(i) for i in self.fleet.catalogue)
-            reason = (f"out of {'GPU' if cause == 'oom_gpu' else 'host'} memory: the job needs {what}; "
-                      f"{largest(everything, job)}")
-            event = JobUnplaceable(event_id=f"{item.job_id}:unplaceable:{item.attempt}", job_id=item.job_id,
-                                   reason=reason)
+            reason = (
+                f"out of {'GPU' if cause == 'oom_gpu' else 'host'} memory: the job needs {what}; "
+                f"{largest(everything, job)}"
+            )
+            event = JobUnplaceable(
+                event_id=f"{item.job_id}:unplaceable:{item.attempt}", job_id=item.job_id, reason=reason
+            )
             await self.store.save(item.model_copy(update={"state": "held"}), [event])
             return
         await self.store.save(item, [])
@@ -133,27 +163,53 @@ class Placement:
         if item and event.eta and item.state == "placed":
             self.inputs.expected_end[item.job_id] = event.eta.finish_time.timestamp()
         expected = item.spec.placement.expected_duration_s if item else None
-        if not (item and expected and event.eta and item.state == "placed" and item.started_at
-                and item.slow_checked < item.attempt):
+        if not (
+            item
+            and expected
+            and event.eta
+            and item.state == "placed"
+            and item.started_at
+            and item.slow_checked < item.attempt
+        ):
             return
         elapsed = (event.occurred_at - item.started_at).total_seconds()
         if elapsed + event.eta.remaining_s <= self.slow_factor * expected:
             return
-        current = sum(g.speed for a in item.assignments if a.node_id in self.fleet.nodes
-                      for g in self.fleet.nodes[a.node_id].info.gpus if g.index in a.gpu_indices)
+        current = sum(
+            g.speed
+            for a in item.assignments
+            if a.node_id in self.fleet.nodes
+            for g in self.fleet.nodes[a.node_id].info.gpus
+            if g.index in a.gpu_indices
+        )
         faster = self._faster_node(item, current)
         item = item.model_copy(update={"slow_checked": item.attempt})
-        message = (f"expected {expected}s, estimated {elapsed + event.eta.remaining_s:.0f}s "
-                   f"({self.slow_factor:g}x is the limit)")
+        message = (
+            f"expected {expected}s, estimated {elapsed + event.eta.remaining_s:.0f}s "
+            f"({self.slow_factor:g}x is the limit)"
+        )
         if faster:
-            events = [JobMigrateRequested(event_id=f"{item.job_id}:migrate:slow:{item.attempt}",
-                                          job_id=item.job_id, requested_by="placement", cause="slow",
-                                          attempt=item.attempt)]
+            events = [
+                JobMigrateRequested(
+                    event_id=f"{item.job_id}:migrate:slow:{item.attempt}",
+                    job_id=item.job_id,
+                    requested_by="placement",
+                    cause="slow",
+                    attempt=item.attempt,
+                )
+            ]
             log.info("job %s is slow (%s): moving to %s", item.job_id, message, faster)
         else:
-            events = [Notification(event_id=f"{item.job_id}:notify:slow:{item.attempt}", project_id=item.project_id,
-                                   job_id=item.job_id, user_name=item.user_name, kind="slow_no_faster_option",
-                                   message=f"job is slow: {message}; no faster resources are free")]
+            events = [
+                Notification(
+                    event_id=f"{item.job_id}:notify:slow:{item.attempt}",
+                    project_id=item.project_id,
+                    job_id=item.job_id,
+                    user_name=item.user_name,
+                    kind="slow_no_faster_option",
+                    message=f"job is slow: {message}; no faster resources are free",
+                )
+            ]
         await self.store.save(item, events)
 
     def _faster_node(self, item: QueueItem, current_tflops: float) -> str | None:
@@ -161,8 +217,14 @@ class Placement:
         now = time.time()
         state = self.inputs.state(self._kept_queued(), self.store.placed(), now)
         here = frozenset(a.node_id for a in item.assignments)
-        return faster_node(state, self.inputs.job_request(item), away_from=here, tflops_now=current_tflops, now=now,
-                           config=self.inputs.config_now())
+        return faster_node(
+            state,
+            self.inputs.job_request(item),
+            away_from=here,
+            tflops_now=current_tflops,
+            now=now,
+            config=self.inputs.config_now(),
+        )
 
     async def deleted(self, job_id: str) -> None:
         """A finished job was deleted; one placement still counts as queued or running stays."""
@@ -221,21 +283,27 @@ class Placement:
         """A dry run: what the configured policy decides for the job queued behind the jobs waiting now (with their
         constraints), at the price it decides it; the estimator's duration when it has answered."""
         now = time.time()
-        job, source = self.inputs.spec_request(query.spec, project_id=query.project_id, user_name=query.user_name,
-                                               now=now, parameters=query.parameters)
+        job, source = self.inputs.spec_request(
+            query.spec, project_id=query.project_id, user_name=query.user_name, now=now, parameters=query.parameters
+        )
         pool = query.spec.resource.pool_id
         queued = list(self.store.waiting())
-        return candidates(self.inputs.state(queued, self.store.placed(), now), job, now=now,
-                          config=self.inputs.config_now(), known=self.fleet.known_nodes(), source=source,
-                          constraint=Constraint(pool=pool) if pool else None,
-                          constraints=self.inputs.constraints(queued))
+        return candidates(
+            self.inputs.state(queued, self.store.placed(), now),
+            job,
+            now=now,
+            config=self.inputs.config_now(),
+            known=self.fleet.known_nodes(),
+            source=source,
+            constraint=Constraint(pool=pool) if pool else None,
+            constraints=self.inputs.constraints(queued),
+        )
 
     async def _charge_fair_share(self, item: "QueueItem", event: JobStatusChanged) -> None:
         """Recent GPU-hours per user (halved every week) order the queue fairly; persisted across restarts."""
         if not (item.started_at and event.end_time):
             return
-        hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * \
-            item.needs.node_count
+        hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * item.needs.node_count
         await self.fair.charge(item.user_name, hours)
 
 

@@ -12,6 +12,7 @@ exchange_rate = 4.0            # this project pays more for speed (billing's bud
 earliest finish. Renting is always bounded by the project's budget: billing's admission (`tm.rpc.billing.admit`)
 refuses a rental the budget cannot pay for.
 """
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.cluster import ClusterFile
@@ -32,8 +33,12 @@ class Tradeoff(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    exchange_rate: float = Field(DEFAULTS.exchange_rate, ge=0, le=MAX_RATE,
-                                 description="On-demand dollars worth paying to finish one GPU-hour sooner.")
+    exchange_rate: float = Field(
+        DEFAULTS.exchange_rate,
+        ge=0,
+        le=MAX_RATE,
+        description="On-demand dollars worth paying to finish one GPU-hour sooner.",
+    )
     cost_sensitive_weight: float = Field(DEFAULTS.cost_sensitive_weight, ge=0, le=1)
     projects: dict[str, ProjectTradeoff] = Field(default_factory=dict, max_length=10_000)
 

@@ -1,4 +1,5 @@
 """`make run`: the whole stack in the foreground until Ctrl-C."""
+
 import signal
 import sys
 import time
@@ -37,13 +38,16 @@ def main() -> None:
         stack.stop_all()
         sys.exit(1)
     token_file = stack.data_dir / "admin-token"
-    print(f"trainmaster is up: API {stack.api_url} (docs at {stack.api_url}/docs), NATS {stack.nats_url}, "
-          f"databases {databases(stack)}\n  nodes: {', '.join(stack.node_ids())}\n"
-          f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
-          f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
-          f"  logs: {stack.data_dir / 'logs'}\n"
-          f"  the CLI: `source {Path(sys.prefix) / 'bin' / 'activate'}` puts `trainmaster` on the PATH; "
-          f"portal: {stack.api_url}/ui/\n  Ctrl-C stops everything.", flush=True)
+    print(
+        f"trainmaster is up: API {stack.api_url} (docs at {stack.api_url}/docs), NATS {stack.nats_url}, "
+        f"databases {databases(stack)}\n  nodes: {', '.join(stack.node_ids())}\n"
+        f"  admin token: {'TRAINMASTER_ADMIN_TOKEN' if stack.settings.admin_token else token_file}\n"
+        f"  bus credentials (one per process; the admin's for your own tools): {stack.data_dir / 'bus' / 'creds'}\n"
+        f"  logs: {stack.data_dir / 'logs'}\n"
+        f"  the CLI: `source {Path(sys.prefix) / 'bin' / 'activate'}` puts `trainmaster` on the PATH; "
+        f"portal: {stack.api_url}/ui/\n  Ctrl-C stops everything.",
+        flush=True,
+    )
     restarted: dict[str, float] = {}
     while not stopping:  # the supervisor: what exits is started again (a replica that lost its lease, a crash)
         for name, again in stack.restart_dead(restarted):

@@ -4,6 +4,7 @@ nx-27017 has no authentication, and a TCP port on loopback is open to every loca
 file (0600, in the 0700 data directory) is reachable only by the user running the stack; the services reach it
 as `mongodb://<socket path, url-quoted>`, which PyMongo reads as a Unix socket (the name ends in `.sock`).
 """
+
 import asyncio
 import os
 import sys

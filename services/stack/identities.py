@@ -4,6 +4,7 @@ Everything lives under `<data dir>/bus` (0700, files 0600): `keys.json` (operato
 account seeds; only this process reads it), `creds/<identity>.creds` (one per service, agent and the admin),
 `placement/minter.json` (what placement needs to mint and revoke rented nodes' users, and its revocations).
 """
+
 import argparse
 import asyncio
 import json
@@ -64,10 +65,19 @@ class Identities:
         if self.minter_file.exists():
             return Minter.load(self.minter_file)
         keys = self.keys()
-        _, updater = mint_user(name="account-updater", account=public_key(keys["system"]), signer_seed=keys["system"],
-                               permissions=busroles.account_updater(public_key(keys["account"])))
-        minter = Minter(account=public_key(keys["account"]), account_signer_seed=keys["account_signer"],
-                        operator_signer_seed=keys["operator_signer"], account_name=APP_ACCOUNT, system_creds=updater)
+        _, updater = mint_user(
+            name="account-updater",
+            account=public_key(keys["system"]),
+            signer_seed=keys["system"],
+            permissions=busroles.account_updater(public_key(keys["account"])),
+        )
+        minter = Minter(
+            account=public_key(keys["account"]),
+            account_signer_seed=keys["account_signer"],
+            operator_signer_seed=keys["operator_signer"],
+            account_name=APP_ACCOUNT,
+            system_creds=updater,
+        )
         write_secret(self.minter_file, minter.to_json())
         return minter
 
@@ -77,8 +87,9 @@ class Identities:
         seed_file = self.root / "users" / f"{identity}.seed"
         if not seed_file.exists():
             write_secret(seed_file, new_seed("user"))
-        _, text = self.minter().mint(name=identity, permissions=permissions_of(identity),
-                                     seed=seed_file.read_text().strip())
+        _, text = self.minter().mint(
+            name=identity, permissions=permissions_of(identity), seed=seed_file.read_text().strip()
+        )
         return write_secret(self.root / "creds" / f"{identity}.creds", text)
 
     def server_config(self, *, resolver_dir: Path) -> str:
@@ -86,20 +97,31 @@ class Identities:
         keys = self.keys()
         system = public_key(keys["system"])
         accounts = {
-            system: account_jwt(name="SYS", account=system, operator_signer_seed=keys["operator_signer"],
-                                jetstream=False),
+            system: account_jwt(
+                name="SYS", account=system, operator_signer_seed=keys["operator_signer"], jetstream=False
+            ),
             public_key(keys["account"]): self.minter().account_jwt(),
         }
         preload = "".join(f'  {key}: "{token}"\n' for key, token in accounts.items())
-        operator = operator_jwt(operator_seed=keys["operator"], signer_seed=keys["operator_signer"],
-                                system_account=system)
-        return (f'operator: "{operator}"\nsystem_account: "{system}"\n'
-                f'resolver: {{\n  type: full\n  dir: "{resolver_dir}"\n  allow_delete: false\n  interval: "2m"\n}}\n'
-                f"resolver_preload: {{\n{preload}}}\n")
+        operator = operator_jwt(
+            operator_seed=keys["operator"], signer_seed=keys["operator_signer"], system_account=system
+        )
+        return (
+            f'operator: "{operator}"\nsystem_account: "{system}"\n'
+            f'resolver: {{\n  type: full\n  dir: "{resolver_dir}"\n  allow_delete: false\n  interval: "2m"\n}}\n'
+            f"resolver_preload: {{\n{preload}}}\n"
+        )
 
 
-async def prepare_bus(url: str, *, creds: Path, node_ids: list[str], ca_file: Path | None = None,
-                      replicas: int = 1, ready_s: float = CLUSTER_READY_S) -> None:
+async def prepare_bus(
+    url: str,
+    *,
+    creds: Path,
+    node_ids: list[str],
+    ca_file: Path | None = None,
+    replicas: int = 1,
+    ready_s: float = CLUSTER_READY_S,
+) -> None:
     """As the admin: declare every stream (`replicas` copies each) and each node's command consumer (agents may do
     neither). A cluster just started has no JetStream leader for a few seconds: declaring is retried until then."""
     broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
@@ -135,8 +157,14 @@ def main() -> None:
     args = parser.parse_args()
     identities, node_ids = Identities(args.dir), agent_node_ids(args.cluster_file)
     if args.action == "prepare":
-        asyncio.run(prepare_bus(args.nats_url, creds=identities.root / "creds" / "admin" / "nats.creds",
-                                node_ids=node_ids, replicas=args.replicas))
+        asyncio.run(
+            prepare_bus(
+                args.nats_url,
+                creds=identities.root / "creds" / "admin" / "nats.creds",
+                node_ids=node_ids,
+                replicas=args.replicas,
+            )
+        )
         return
     for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)

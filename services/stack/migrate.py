@@ -5,6 +5,7 @@ Before each service had a database of its own, `make run` kept every collection 
 copy of it under its own name, where its own server reads it (`<data dir>/db/<service>/<database>.db`), and the
 old file is renamed aside: kept, never read again. A copy also holds the other services' collections, unread.
 """
+
 import os
 import sqlite3
 from contextlib import closing

@@ -1,5 +1,6 @@
 """Start and stop the whole stack as child processes: NATS, an embedded database per service, five services,
 agents."""
+
 import asyncio
 import contextlib
 import os
@@ -32,17 +33,31 @@ class StackSettings(BaseSettings):
 
     data_dir: Path = Path(".trainmaster")
     nats_port: int = 4222
-    nats_servers: int = Field(1, description="NATS servers started here: 3 make a JetStream cluster on "
-                                        "loopback (clients on nats_port, +1, +2; routes on nats_port+10, +11, +12) "
-                                        "whose streams keep 3 copies, so any one server may fail.")
-    stream_replicas: int | None = Field(None, ge=1, le=5, description="Copies of each stream; default: one per "
-                                        "server started here (1 with an external NATS).")
+    nats_servers: int = Field(
+        1,
+        description="NATS servers started here: 3 make a JetStream cluster on "
+        "loopback (clients on nats_port, +1, +2; routes on nats_port+10, +11, +12) "
+        "whose streams keep 3 copies, so any one server may fail.",
+    )
+    stream_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=5,
+        description="Copies of each stream; default: one per server started here (1 with an external NATS).",
+    )
     api_port: int = 8080
     api_host: str = "127.0.0.1"
-    mongo_url: str | None = Field(None, validation_alias="MONGO_URL", description="External MongoDB (every service "
-                                  "in a database of its own there); else an embedded server per service.")
-    nats_url: str | None = Field(None, description="External NATS (JetStream on, configured with the auth block "
-                                 "`python -m services.stack.identities` writes); else one is started here.")
+    mongo_url: str | None = Field(
+        None,
+        validation_alias="MONGO_URL",
+        description="External MongoDB (every service "
+        "in a database of its own there); else an embedded server per service.",
+    )
+    nats_url: str | None = Field(
+        None,
+        description="External NATS (JetStream on, configured with the auth block "
+        "`python -m services.stack.identities` writes); else one is started here.",
+    )
     nats_tls_cert: Path | None = Field(None, description="Server certificate: the NATS started here speaks TLS.")
     nats_tls_key: Path | None = Field(None, description="Its private key.")
     nats_ca_file: Path | None = Field(None, description="CA that signed the server's certificate (clients check).")
@@ -53,9 +68,12 @@ class StackSettings(BaseSettings):
     checkpoint_sync_s: float = 5.0
     checkpoint_url: str | None = None
     log_level: str = "INFO"
-    service_replicas: int = Field(1, description="Processes of each service: 2 run a second of each (the second API "
-                                  "on api_port + 1); of placement, monitor, billing and the estimator one leads "
-                                  "(a leader lease on the bus) and the other takes over when it dies.")
+    service_replicas: int = Field(
+        1,
+        description="Processes of each service: 2 run a second of each (the second API "
+        "on api_port + 1); of placement, monitor, billing and the estimator one leads "
+        "(a leader lease on the bus) and the other takes over when it dies.",
+    )
 
     @field_validator("service_replicas")
     @classmethod
@@ -150,8 +168,9 @@ class Stack:
     def nats_url(self) -> str:
         """Every server's URL: a client reconnects to another when its server goes."""
         scheme = "tls" if self.settings.nats_tls_cert else "nats"
-        return self.settings.nats_url or ",".join(f"{scheme}://127.0.0.1:{self.settings.nats_port + i}"
-                                                  for i in range(self.settings.nats_servers))
+        return self.settings.nats_url or ",".join(
+            f"{scheme}://127.0.0.1:{self.settings.nats_port + i}" for i in range(self.settings.nats_servers)
+        )
 
     @property
     def stream_replicas(self) -> int:
@@ -172,16 +191,21 @@ class Stack:
         s = self.settings
         # the stack's own settings, not the shell's; a database URL only to the service it is for (`env_of`)
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_") and k != "MONGO_URL"}
-        env.update({
-            "TRAINMASTER_NATS_URL": self.nats_url,
-            "TRAINMASTER_STREAM_REPLICAS": str(self.stream_replicas),
-            "TRAINMASTER_DATA_DIR": str(self.data_dir), "TRAINMASTER_API_HOST": s.api_host,
-            "TRAINMASTER_API_PORT": str(s.api_port), "TRAINMASTER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
-            "TRAINMASTER_NODE_TIMEOUT_S": str(s.node_timeout_s), "TRAINMASTER_LOG_LEVEL": s.log_level,
-            "TRAINMASTER_CHECKPOINT_SYNC_S": str(s.checkpoint_sync_s),
-            "TRAINMASTER_CLUSTER_FILE": str(s.cluster_file.resolve()),
-            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]),
-        })
+        env.update(
+            {
+                "TRAINMASTER_NATS_URL": self.nats_url,
+                "TRAINMASTER_STREAM_REPLICAS": str(self.stream_replicas),
+                "TRAINMASTER_DATA_DIR": str(self.data_dir),
+                "TRAINMASTER_API_HOST": s.api_host,
+                "TRAINMASTER_API_PORT": str(s.api_port),
+                "TRAINMASTER_HEARTBEAT_INTERVAL_S": str(s.heartbeat_interval_s),
+                "TRAINMASTER_NODE_TIMEOUT_S": str(s.node_timeout_s),
+                "TRAINMASTER_LOG_LEVEL": s.log_level,
+                "TRAINMASTER_CHECKPOINT_SYNC_S": str(s.checkpoint_sync_s),
+                "TRAINMASTER_CLUSTER_FILE": str(s.cluster_file.resolve()),
+                "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]),
+            }
+        )
         if s.admin_token:
             env["TRAINMASTER_ADMIN_TOKEN"] = s.admin_token
         if s.checkpoint_url:
@@ -206,8 +230,9 @@ class Stack:
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.data_dir, 0o700)
 
-    def _spawn(self, name: str, argv: list[str], *, env: dict[str, str] | None = None,
-               umask: int = -1) -> subprocess.Popen:
+    def _spawn(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, umask: int = -1
+    ) -> subprocess.Popen:
         self.make_data_dir()
         logs = self.data_dir / "logs"
         logs.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -216,9 +241,16 @@ class Stack:
         # SIGKILL (services do not exit on SIGTERM once the bus is gone; a kill loses nothing: every change is
         # written with its events, and the bus and the database survive one).
         with_stack = dies_with_parent(signal.SIGTERM if name.startswith("agent-") else signal.SIGKILL)
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env or self.env(),
-                                   start_new_session=True, cwd=Path(__file__).resolve().parents[2], umask=umask,
-                                   preexec_fn=with_stack)
+        process = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env or self.env(),
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+            umask=umask,
+            preexec_fn=with_stack,
+        )
         self.processes[name] = process
         return process
 
@@ -236,13 +268,18 @@ class Stack:
         names itself and routes to the others on loopback."""
         s, i = self.settings, self.nats_servers.index(name)
         config, store = self.data_dir / f"{name}.conf", self.data_dir / name  # "nats": as a single server has it
-        tls = (f'tls {{\n  cert_file: "{s.nats_tls_cert.resolve()}"\n  key_file: "{s.nats_tls_key.resolve()}"\n}}\n'
-               if s.nats_tls_cert and s.nats_tls_key else "")
+        tls = (
+            f'tls {{\n  cert_file: "{s.nats_tls_cert.resolve()}"\n  key_file: "{s.nats_tls_key.resolve()}"\n}}\n'
+            if s.nats_tls_cert and s.nats_tls_key
+            else ""
+        )
         cluster = ""
         if s.nats_servers > 1:
             routes = ", ".join(f'"nats-route://127.0.0.1:{s.nats_port + 10 + j}"' for j in range(s.nats_servers))
-            cluster = (f'server_name: "{name}"\ncluster {{\n  name: "trainmaster"\n'
-                       f'  listen: "127.0.0.1:{s.nats_port + 10 + i}"\n  routes: [{routes}]\n}}\n')
+            cluster = (
+                f'server_name: "{name}"\ncluster {{\n  name: "trainmaster"\n'
+                f'  listen: "127.0.0.1:{s.nats_port + 10 + i}"\n  routes: [{routes}]\n}}\n'
+            )
         config.write_text(
             f'listen: "127.0.0.1:{s.nats_port + i}"\nmax_payload: 8MB\nmax_control_line: 32KB\n{cluster}'
             f'jetstream {{\n  store_dir: "{store}"\n  sync_interval: always\n}}\n{tls}'
@@ -273,10 +310,22 @@ class Stack:
         for path in {folder, self.database_socket_of(service).parent}:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(path, 0o700)
-        self._spawn(f"database-{service}", [
-            sys.executable, "-m", "services.stack.database", str(self.database_socket_of(service)),
-            "--data-dir", str(folder), "--log-file", str(self.data_dir / "logs" / f"database-{service}-server.log"),
-            "--pid-file", str(self.data_dir / f"database-{service}.pid")], umask=0o077)
+        self._spawn(
+            f"database-{service}",
+            [
+                sys.executable,
+                "-m",
+                "services.stack.database",
+                str(self.database_socket_of(service)),
+                "--data-dir",
+                str(folder),
+                "--log-file",
+                str(self.data_dir / "logs" / f"database-{service}-server.log"),
+                "--pid-file",
+                str(self.data_dir / f"database-{service}.pid"),
+            ],
+            umask=0o077,
+        )
 
     def start_service(self, name: str, *, replica: int = 1) -> None:
         """A service's process; its second replica is named "<service>-2" (and serves the API one port up)."""
@@ -296,8 +345,11 @@ class Stack:
         return [(name, r) for name in SERVICES for r in range(1, self.settings.service_replicas + 1)]
 
     def start_agent(self, node_id: str) -> None:
-        self._spawn(f"agent-{node_id}", [sys.executable, "-m", "services.agent", "--node-id", node_id],
-                    env=self.env_of(f"agent-{node_id}"))
+        self._spawn(
+            f"agent-{node_id}",
+            [sys.executable, "-m", "services.agent", "--node-id", node_id],
+            env=self.env_of(f"agent-{node_id}"),
+        )
 
     def admin_creds(self) -> Path:
         """Bus credentials that may do anything (the stack's own set-up; tests)."""
@@ -305,8 +357,15 @@ class Stack:
 
     def prepare_bus(self) -> None:
         """Declare the streams and each static node's command consumer (agents may do neither themselves)."""
-        asyncio.run(prepare_bus(self.nats_url, creds=self.admin_creds(), node_ids=self.node_ids(),
-                                ca_file=self.settings.nats_ca_file, replicas=self.stream_replicas))
+        asyncio.run(
+            prepare_bus(
+                self.nats_url,
+                creds=self.admin_creds(),
+                node_ids=self.node_ids(),
+                ca_file=self.settings.nats_ca_file,
+                replicas=self.stream_replicas,
+            )
+        )
 
     def node_ids(self) -> list[str]:
         return agent_node_ids(self.settings.cluster_file)

@@ -9,8 +9,9 @@ if __name__ == "__main__":
     try:
         settings = SubmitterSettings()
     except ValidationError as exc:  # e.g. an admin token too short: say so and stop, before anything listens
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in exc.errors()
+        )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
     uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="warning")

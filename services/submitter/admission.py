@@ -1,4 +1,5 @@
 """A new job's price (from placement's candidates) and billing's admission of it against quotas and budgets."""
+
 from shared.bus import RPC_ADMIT
 from shared.jobs import JobCreate
 from shared.rpc import AdmitQuery, AdmitReply, CandidatesReply
@@ -22,14 +23,24 @@ def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float
     return decided.expected_cost, gpus * decided.predicted_duration_s / 3600
 
 
-async def admit(requester: Requester, *, project_id: str, user_name: str, body: JobCreate,
-                answer: CandidatesReply | None) -> None:
+async def admit(
+    requester: Requester, *, project_id: str, user_name: str, body: JobCreate, answer: CandidatesReply | None
+) -> None:
     """Ask billing once, at the price placement's `answer` gives; NotAdmitted (billing's code: 406008 quota,
     406029 budget) for a job the project's or user's quota or budget cannot take."""
     cost, gpu_hours = price(body, answer)
-    reply = AdmitReply.model_validate(await requester.ask(RPC_ADMIT, AdmitQuery(
-        project_id=project_id, user_name=user_name, purpose="submit",
-        gpus=body.spec.resource.gpu_count * body.spec.resource.node_count, estimated_cost=cost,
-        estimated_gpu_hours=gpu_hours)))
+    reply = AdmitReply.model_validate(
+        await requester.ask(
+            RPC_ADMIT,
+            AdmitQuery(
+                project_id=project_id,
+                user_name=user_name,
+                purpose="submit",
+                gpus=body.spec.resource.gpu_count * body.spec.resource.node_count,
+                estimated_cost=cost,
+                estimated_gpu_hours=gpu_hours,
+            ),
+        )
+    )
     if not reply.allowed:
         raise NotAdmitted(reply.reason, code=reply.error_code, status=reply.http_status)

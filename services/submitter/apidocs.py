@@ -1,13 +1,16 @@
 """The API reference (Swagger UI at /docs, ReDoc at /redoc) from files the API serves itself: no CDN, no inline script."""
+
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
 router = APIRouter(include_in_schema=False)
 VENDOR = "/ui/vendor"
 # the pages' own CSP: the portal's, plus the blob: worker ReDoc builds its search index in
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "worker-src 'self' blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
-       "frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "worker-src 'self' blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; "
+    "frame-ancestors 'none'"
+)
 HEADERS = {"Cache-Control": "no-cache", "Content-Security-Policy": CSP, "X-Frame-Options": "DENY"}
 
 SWAGGER = f"""<!DOCTYPE html>

@@ -1,4 +1,5 @@
 """Submitter wiring: the REST API (FastAPI) and its bus subscriptions, in one process."""
+
 import logging
 from contextlib import asynccontextmanager
 
@@ -40,14 +41,23 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     api_host: str = "127.0.0.1"
     api_port: int = 8080
     admin_token: str | None = Field(None, description="The admin token (32+ characters); a new one revokes the old.")
-    webhook_allow_hosts: str = Field("", description="Comma-separated hosts, IPs or networks (10.0.0.0/8) webhooks "
-                                     "may reach although they are not public.")
+    webhook_allow_hosts: str = Field(
+        "",
+        description="Comma-separated hosts, IPs or networks (10.0.0.0/8) webhooks "
+        "may reach although they are not public.",
+    )
     max_body_bytes: int = Field(1_048_576, ge=1024, description="Larger request bodies get 413.")
-    rate_per_s: float = Field(20, gt=0, description="Requests a second per user, all his tokens together (token "
-                              "bucket); the admin's are not limited.")
+    rate_per_s: float = Field(
+        20,
+        gt=0,
+        description="Requests a second per user, all his tokens together (token bucket); the admin's are not limited.",
+    )
     rate_burst: float = Field(100, ge=1, description="Requests a user may make at once.")
-    max_tokens_per_user: int = Field(MAX_TOKENS_PER_USER, ge=1, description="Live (unexpired, unrevoked) tokens a "
-                                     "user may hold; the admin's are not counted.")
+    max_tokens_per_user: int = Field(
+        MAX_TOKENS_PER_USER,
+        ge=1,
+        description="Live (unexpired, unrevoked) tokens a user may hold; the admin's are not counted.",
+    )
     max_queued_per_project: int = Field(1000, ge=1, description="Jobs accepted but not yet running, per project.")
     max_queued_per_user: int = Field(500, ge=1, description="Jobs accepted but not yet running, per user.")
     log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
@@ -59,8 +69,9 @@ class SubmitterSettings(CommonSettings, StorageSettings):
         return check_admin_token(value)
 
 
-def build_submitter(settings: SubmitterSettings, *, repo: Repository, broker: NatsBroker,
-                    storage: StoragePolicy) -> Submitter:
+def build_submitter(
+    settings: SubmitterSettings, *, repo: Repository, broker: NatsBroker, storage: StoragePolicy
+) -> Submitter:
     """The use cases, once: the repository, the intake and queue caps, the storage policy, the bus."""
     caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
     return Submitter(repo=repo, intake=Intake(repo, caps), caps=caps, storage=storage, requester=Requester(broker))
@@ -69,8 +80,12 @@ def build_submitter(settings: SubmitterSettings, *, repo: Repository, broker: Na
 async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage: StoragePolicy) -> None:
     """The API's stores (indexes made), the first admin token and the API's loops; in app.state for the routes."""
     db = w.db
-    repo = Repository(db=db, broker=w.broker, log_cap_bytes=settings.log_cap_bytes,
-                      origins=Origins(placements=db.api_placements, all_read=lambda: read_up(w.broker, PLACED)))
+    repo = Repository(
+        db=db,
+        broker=w.broker,
+        log_cap_bytes=settings.log_cap_bytes,
+        origins=Origins(placements=db.api_placements, all_read=lambda: read_up(w.broker, PLACED)),
+    )
     tokens = Tokens(db.api_users, db.api_tokens, max_per_user=settings.max_tokens_per_user)
     audit_log = audit.AuditLog(db.api_audit)
     searches = SearchStore(db.api_searches)
@@ -85,19 +100,31 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
     w.background.spawn("webhooks", lambda: notifications.deliver_forever(repo.notifications, policy=app.state.egress))
-    w.background.spawn("searches", Driver(store=searches, port=SubmitterPort(submitter),
-                                          interval_s=settings.search_pass_s).run_forever)
+    w.background.spawn(
+        "searches", Driver(store=searches, port=SubmitterPort(submitter), interval_s=settings.search_pass_s).run_forever
+    )
 
 
 async def bootstrap_admin(tokens: Tokens, audit_log: audit.AuditLog, settings: SubmitterSettings) -> None:
     """The admin's token: a generated one shown once, a rotated one's predecessors revoked and audited."""
     generated = await tokens.bootstrap_admin(configured=settings.admin_token, data_dir=settings.data_dir)
     if generated:
-        print(f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n"
-              f"  {generated}\n", flush=True)
+        print(
+            f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n  {generated}\n",
+            flush=True,
+        )
     for token_id in tokens.revoked_at_start:
-        await audit_log.begin(principal=None, action="admin_token.rotate", method="", path="", template="",
-                              project_id=None, target_id=token_id, client_ip="", state="done")
+        await audit_log.begin(
+            principal=None,
+            action="admin_token.rotate",
+            method="",
+            path="",
+            template="",
+            project_id=None,
+            target_id=token_id,
+            client_ip="",
+            state="done",
+        )
 
 
 def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
@@ -110,9 +137,15 @@ def create_app(settings: SubmitterSettings | None = None) -> FastAPI:
         async with running(w, settings=settings, setup=lambda w: open_api(app, w, settings, storage), start=True):
             yield
 
-    app = FastAPI(title="trainmaster", version="0.1.0", lifespan=lifespan, dependencies=[Depends(audit.record)],
-                  docs_url=None, redoc_url=None,
-                  description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.")
+    app = FastAPI(
+        title="trainmaster",
+        version="0.1.0",
+        lifespan=lifespan,
+        dependencies=[Depends(audit.record)],
+        docs_url=None,
+        redoc_url=None,
+        description="Run AI training jobs on a hybrid fleet of owned, reserved and on-demand GPU nodes.",
+    )
     app.state.rate = RateLimiter(rate=settings.rate_per_s, burst=settings.rate_burst)
     app.state.egress = egress.Policy.parse(settings.webhook_allow_hosts.split(","))  # webhooks only
     app.add_middleware(audit.AuditMiddleware)  # inside the body limit: a refused body changes nothing

@@ -3,6 +3,7 @@
 Written ahead: the record is stored before the change runs, and a change whose record cannot be stored is refused
 (503, nothing changed). Its outcome (HTTP status, target id, a small summary) is added when the request ends,
 retried a few times; a record whose outcome could not be added stays `begun` (the change may have happened)."""
+
 import asyncio
 import json
 import logging
@@ -46,8 +47,11 @@ def _job_create(params: dict, body: dict, answer: dict) -> tuple[str | None, dic
     if not isinstance(meta, dict) or not isinstance(resource, dict):
         return None, {}
     target = (answer.get("metadata") or {}).get("id") if isinstance(answer.get("metadata"), dict) else None
-    return target, {"name": _text(meta.get("name")), "gpu_count": _text(resource.get("gpu_count")),
-                    "node_count": _text(resource.get("node_count"))}
+    return target, {
+        "name": _text(meta.get("name")),
+        "gpu_count": _text(resource.get("gpu_count")),
+        "node_count": _text(resource.get("node_count")),
+    }
 
 
 def _v1_create(params: dict, body: dict, answer: dict) -> tuple[str | None, dict]:
@@ -72,23 +76,51 @@ def _numbers(body: dict) -> dict:
 ACTIONS: dict[tuple[str, str], tuple[str, Summary]] = {
     ("POST", "/v2/{project_id}/training-jobs"): ("job.create", _job_create),
     ("POST", "/v1/{project_id}/training-jobs"): ("job.create", _v1_create),
-    ("POST", "/v2/{project_id}/training-jobs/{job_id}/actions"):
-        ("job.action", lambda p, b, a: (p.get("job_id"), {"action_type": _text(b.get("action_type"))})),
+    ("POST", "/v2/{project_id}/training-jobs/{job_id}/actions"): (
+        "job.action",
+        lambda p, b, a: (p.get("job_id"), {"action_type": _text(b.get("action_type"))}),
+    ),
     ("DELETE", "/v2/{project_id}/training-jobs/{job_id}"): ("job.delete", lambda p, b, a: (p.get("job_id"), {})),
-    ("POST", "/v2/users"): ("user.create", lambda p, b, a: (_text(b.get("user_name")), {
-        "projects": [_text(x, 64) for x in (b.get("projects") or [])[:20]] if isinstance(b.get("projects"), list)
-        else None, "admin": _text(b.get("admin")), "token_id": _text(a.get("token_id")),
-        "expires_in": _text(b.get("expires_in"))})),
-    ("POST", "/v2/users/{user_name}/tokens"): ("token.create", lambda p, b, a: (_text(a.get("token_id")), {
-        "user_name": p.get("user_name"), "expires_in": _text(b.get("expires_in"))})),
-    ("DELETE", "/v2/users/{user_name}/tokens/{token_id}"):
-        ("token.revoke", lambda p, b, a: (p.get("token_id"), {"user_name": p.get("user_name")})),
-    ("PUT", "/v2/{project_id}/quotas"): ("quota.set", lambda p, b, a: (p.get("project_id"), {
-        **_numbers(b), "users": sorted(b["users"])[:20] if isinstance(b.get("users"), dict) else None})),
-    ("PUT", "/v2/{project_id}/quotas/users/{user_name}"):
-        ("quota.set_user", lambda p, b, a: (p.get("user_name"), _numbers(b))),
-    ("PUT", "/v2/{project_id}/notifications"):
-        ("webhook.set", lambda p, b, a: (p.get("project_id"), {"webhook": _origin(b.get("webhook_url"))})),
+    ("POST", "/v2/users"): (
+        "user.create",
+        lambda p, b, a: (
+            _text(b.get("user_name")),
+            {
+                "projects": [_text(x, 64) for x in (b.get("projects") or [])[:20]]
+                if isinstance(b.get("projects"), list)
+                else None,
+                "admin": _text(b.get("admin")),
+                "token_id": _text(a.get("token_id")),
+                "expires_in": _text(b.get("expires_in")),
+            },
+        ),
+    ),
+    ("POST", "/v2/users/{user_name}/tokens"): (
+        "token.create",
+        lambda p, b, a: (
+            _text(a.get("token_id")),
+            {"user_name": p.get("user_name"), "expires_in": _text(b.get("expires_in"))},
+        ),
+    ),
+    ("DELETE", "/v2/users/{user_name}/tokens/{token_id}"): (
+        "token.revoke",
+        lambda p, b, a: (p.get("token_id"), {"user_name": p.get("user_name")}),
+    ),
+    ("PUT", "/v2/{project_id}/quotas"): (
+        "quota.set",
+        lambda p, b, a: (
+            p.get("project_id"),
+            {**_numbers(b), "users": sorted(b["users"])[:20] if isinstance(b.get("users"), dict) else None},
+        ),
+    ),
+    ("PUT", "/v2/{project_id}/quotas/users/{user_name}"): (
+        "quota.set_user",
+        lambda p, b, a: (p.get("user_name"), _numbers(b)),
+    ),
+    ("PUT", "/v2/{project_id}/notifications"): (
+        "webhook.set",
+        lambda p, b, a: (p.get("project_id"), {"webhook": _origin(b.get("webhook_url"))}),
+    ),
 }
 
 
@@ -99,8 +131,9 @@ def describe(method: str, template: str, params: dict, body: bytes, answer: byte
         return action, None, {}
     try:
         request, response = json.loads(body or b"{}"), json.loads(answer or b"{}")
-        target, summary = summarise(params, request if isinstance(request, dict) else {},
-                                    response if isinstance(response, dict) else {})
+        target, summary = summarise(
+            params, request if isinstance(request, dict) else {}, response if isinstance(response, dict) else {}
+        )
     except (ValueError, TypeError, AttributeError, KeyError):
         target, summary = None, {"unreadable": True}
     if action == "job.action" and summary.get("action_type") in ("terminate", "migrate"):
@@ -137,18 +170,41 @@ class AuditLog:
             except Exception:
                 if attempt == TRIES:
                     raise
-                await asyncio.sleep(0.05 * 2 ** attempt)
+                await asyncio.sleep(0.05 * 2**attempt)
 
-    async def begin(self, *, principal: Principal | None, action: str, method: str, path: str, template: str,
-                    project_id: str | None, target_id: str | None, client_ip: str, summary: dict | None = None,
-                    state: str = "begun") -> str:
+    async def begin(
+        self,
+        *,
+        principal: Principal | None,
+        action: str,
+        method: str,
+        path: str,
+        template: str,
+        project_id: str | None,
+        target_id: str | None,
+        client_ip: str,
+        summary: dict | None = None,
+        state: str = "begun",
+    ) -> str:
         """Store the record of a change about to happen; raises when it cannot be stored."""
         entry_id = uuid.uuid4().hex
-        doc = {"_id": entry_id, "at": utcnow(), "at_s": time.time(), "action": action, "method": method,
-               "path": path[:512], "route": template, "project_id": project_id, "target_id": target_id,
-               "user_name": principal.user_name if principal else "system",
-               "token_id": principal.token_id if principal else "", "client_ip": client_ip, "state": state,
-               "status": None, "summary": summary or {}}
+        doc = {
+            "_id": entry_id,
+            "at": utcnow(),
+            "at_s": time.time(),
+            "action": action,
+            "method": method,
+            "path": path[:512],
+            "route": template,
+            "project_id": project_id,
+            "target_id": target_id,
+            "user_name": principal.user_name if principal else "system",
+            "token_id": principal.token_id if principal else "",
+            "client_ip": client_ip,
+            "state": state,
+            "status": None,
+            "summary": summary or {},
+        }
         await self._retry(lambda: self.collection.insert_one(doc))
         return entry_id
 
@@ -176,13 +232,20 @@ async def record(request: Request) -> None:
     action, _, _ = describe(request.method, template, params, b"", b"")
     try:
         holder["entry_id"] = await request.app.state.audit.begin(
-            principal=principal, action=action, method=request.method, path=request.url.path, template=template,
-            project_id=_text(params.get("project_id")), target_id=_text(params.get("job_id")),
-            client_ip=request.client.host if request.client else "")
+            principal=principal,
+            action=action,
+            method=request.method,
+            path=request.url.path,
+            template=template,
+            project_id=_text(params.get("project_id")),
+            target_id=_text(params.get("job_id")),
+            client_ip=request.client.host if request.client else "",
+        )
     except Exception as exc:
         log.error("audit log unavailable, %s %s refused: %r", request.method, request.url.path, exc)
-        raise ApiError(503, errors.SERVICE_UNAVAILABLE,
-                       "the audit log cannot be written; nothing was changed, try again") from None
+        raise ApiError(
+            503, errors.SERVICE_UNAVAILABLE, "the audit log cannot be written; nothing was changed, try again"
+        ) from None
     holder.update(template=template, params=params)
 
 
@@ -203,14 +266,14 @@ class AuditMiddleware:
         async def tee_receive() -> Message:
             message = await receive()
             if message["type"] == "http.request" and len(request_body) <= KEEP_BYTES:
-                request_body.extend(message.get("body", b"")[:KEEP_BYTES + 1])
+                request_body.extend(message.get("body", b"")[: KEEP_BYTES + 1])
             return message
 
         async def tee_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
             elif message["type"] == "http.response.body" and len(response_body) <= KEEP_BYTES:
-                response_body.extend(message.get("body", b"")[:KEEP_BYTES + 1])
+                response_body.extend(message.get("body", b"")[: KEEP_BYTES + 1])
             await send(message)
 
         try:
@@ -224,11 +287,17 @@ class AuditMiddleware:
         body, answer = (b if len(b) <= KEEP_BYTES else b"" for b in (body, answer))
         action, target, summary = describe(scope["method"], holder["template"], holder["params"], body, answer)
         try:
-            await scope["app"].state.audit.finish(holder["entry_id"], action=action, status=status, target_id=target,
-                                                  summary=summary)
+            await scope["app"].state.audit.finish(
+                holder["entry_id"], action=action, status=status, target_id=target, summary=summary
+            )
         except Exception as exc:
-            log.error("audit record %s of %s %s kept without its outcome: %r", holder["entry_id"], scope["method"],
-                      scope["path"], exc)
+            log.error(
+                "audit record %s of %s %s kept without its outcome: %r",
+                holder["entry_id"],
+                scope["method"],
+                scope["path"],
+                exc,
+            )
 
 
 class AuditEntry(BaseModel):
@@ -236,8 +305,10 @@ class AuditEntry(BaseModel):
     at: str
     user_name: str
     token_id: str
-    action: str = Field(description="job.create, job.terminate, job.migrate, job.delete, user.create, token.create, "
-                                    "token.revoke, quota.set, quota.set_user, webhook.set, admin_token.rotate, ...")
+    action: str = Field(
+        description="job.create, job.terminate, job.migrate, job.delete, user.create, token.create, "
+        "token.revoke, quota.set, quota.set_user, webhook.set, admin_token.rotate, ..."
+    )
     method: str
     path: str
     project_id: str | None
@@ -257,13 +328,16 @@ class AuditPage(BaseModel):
 
 
 @router.get("/v2/audit", response_model=AuditPage, summary="Who changed what, when, from where (admin)")
-async def list_entries(request: Request, principal: Principal = Depends(authenticate),
-                       project: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None,
-                       user: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = None,
-                       from_: Annotated[datetime | None, Query(alias="from")] = None,
-                       to: Annotated[datetime | None, Query()] = None,
-                       offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-                       limit: Annotated[int, Query(ge=1, le=500)] = 50) -> AuditPage:
+async def list_entries(
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    project: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_-]{1,64}$")] = None,
+    user: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9_.-]{1,64}$")] = None,
+    from_: Annotated[datetime | None, Query(alias="from")] = None,
+    to: Annotated[datetime | None, Query()] = None,
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> AuditPage:
     principal.require_admin()
     query: dict[str, Any] = {}
     if project:
@@ -276,9 +350,27 @@ async def list_entries(request: Request, principal: Principal = Depends(authenti
     if from_ and to and as_utc(to) <= as_utc(from_):
         raise ApiError(400, errors.PARAM_INVALID, "param[to] invalid: must be after from")
     total, docs = await request.app.state.audit.page(query, offset=offset, limit=limit)
-    items = [AuditEntry(id=d["_id"], at=datetime.fromtimestamp(d["at_s"], UTC).isoformat(),
-                        target_id=_identifier(d.get("target_id")),  # entries written before ids were text
-                        **{k: d.get(k) for k in ("user_name", "token_id", "action", "method", "path", "project_id",
-                                                 "client_ip", "state", "status", "summary")})
-             for d in docs]
+    items = [
+        AuditEntry(
+            id=d["_id"],
+            at=datetime.fromtimestamp(d["at_s"], UTC).isoformat(),
+            target_id=_identifier(d.get("target_id")),  # entries written before ids were text
+            **{
+                k: d.get(k)
+                for k in (
+                    "user_name",
+                    "token_id",
+                    "action",
+                    "method",
+                    "path",
+                    "project_id",
+                    "client_ip",
+                    "state",
+                    "status",
+                    "summary",
+                )
+            },
+        )
+        for d in docs
+    ]
     return AuditPage(total=total, count=len(items), offset=offset, limit=limit, items=items)

@@ -1,4 +1,5 @@
 """Bearer tokens: each belongs to a user and the projects it may use; stored hashed; the admin acts everywhere."""
+
 import asyncio
 import hashlib
 import logging
@@ -44,8 +45,9 @@ class Principal:
 
     def require_project(self, project_id: str) -> None:
         if not PROJECT_ID.match(project_id):
-            raise ApiError(400, PARAM_INVALID, f"param[project_id] invalid: {project_id[:80]!r} must match "
-                                               f"{PROJECT_ID.pattern}")
+            raise ApiError(
+                400, PARAM_INVALID, f"param[project_id] invalid: {project_id[:80]!r} must match {PROJECT_ID.pattern}"
+            )
         if not self.is_admin and project_id not in self.projects:
             raise ApiError(403, NO_PERMISSION, f"no operation permission on project {project_id}")
 
@@ -73,8 +75,10 @@ def digest(token: str) -> str:
 def check_admin_token(value: str | None) -> str | None:
     """A configured admin token must be long enough not to be guessed."""
     if value is not None and len(value) < MIN_ADMIN_TOKEN:
-        raise ValueError(f"TRAINMASTER_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has "
-                         f"{len(value)}); leave it unset to have one generated")
+        raise ValueError(
+            f"TRAINMASTER_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN} characters (it has "
+            f"{len(value)}); leave it unset to have one generated"
+        )
     return value
 
 
@@ -84,9 +88,14 @@ def iso(seconds: float | None) -> str | None:
 
 def public(doc: dict) -> dict:
     """What a token's owner and the admin may see of it: never the secret nor its hash."""
-    return {"token_id": doc["token_id"], "user_name": doc["user_name"], "created": iso(doc.get("created_s")),
-            "expires": iso(doc.get("expires_s")), "last_used": iso(doc.get("last_used_s")),
-            "source": doc.get("source", "api")}
+    return {
+        "token_id": doc["token_id"],
+        "user_name": doc["user_name"],
+        "created": iso(doc.get("created_s")),
+        "expires": iso(doc.get("expires_s")),
+        "last_used": iso(doc.get("last_used_s")),
+        "source": doc.get("source", "api"),
+    }
 
 
 def write_secret(path: Path, value: str) -> None:
@@ -106,9 +115,15 @@ def write_secret(path: Path, value: str) -> None:
 
 
 class Tokens:
-    def __init__(self, users: AsyncCollection, tokens: AsyncCollection, *,
-                 clock: Callable[[], float] = time.time, max_per_user: int = MAX_TOKENS_PER_USER,
-                 cache_s: float = CACHE_S) -> None:
+    def __init__(
+        self,
+        users: AsyncCollection,
+        tokens: AsyncCollection,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_per_user: int = MAX_TOKENS_PER_USER,
+        cache_s: float = CACHE_S,
+    ) -> None:
         self.users, self.tokens, self.clock, self.max_per_user = users, tokens, clock, max_per_user
         self.cache_s = cache_s
         self._known: Lru[str, tuple[float, dict, dict]] = Lru(CACHE_SIZE if cache_s > 0 else 0)
@@ -121,32 +136,43 @@ class Tokens:
             if not doc.get("token_id"):
                 created = doc.get("created_at")
                 created_s = as_utc(created).timestamp() if isinstance(created, datetime) else self.clock()
-                await self.tokens.update_one({"_id": doc["_id"]}, {"$set": {"token_id": new_token_id(),
-                                                                            "created_s": created_s}})
+                await self.tokens.update_one(
+                    {"_id": doc["_id"]}, {"$set": {"token_id": new_token_id(), "created_s": created_s}}
+                )
         await self.tokens.create_index("token_id", unique=True)
         await self.tokens.create_index("user_name")
 
-    async def issue(self, user_name: str, *, expires_in: int | None = None, source: str = "api",
-                    capped: bool = True) -> tuple[str, dict]:
+    async def issue(
+        self, user_name: str, *, expires_in: int | None = None, source: str = "api", capped: bool = True
+    ) -> tuple[str, dict]:
         """A new token for the user (the secret, returned once) and what may be shown of it; 409 (406035) when
         `capped` and the user already holds `max_per_user` live tokens."""
         async with self._issuing:
             token, now = new_token(), self.clock()
             if capped:
-                refusal = tokens_full(user_name=user_name, live=await self.live_count(user_name, now=now),
-                                      cap=self.max_per_user)
+                refusal = tokens_full(
+                    user_name=user_name, live=await self.live_count(user_name, now=now), cap=self.max_per_user
+                )
                 if refusal is not None:
                     raise refusal
-            doc = {"_id": digest(token), "token_id": new_token_id(), "user_name": user_name, "created_at": utcnow(),
-                   "created_s": now, "expires_s": now + expires_in if expires_in else None, "last_used_s": None,
-                   "source": source}
+            doc = {
+                "_id": digest(token),
+                "token_id": new_token_id(),
+                "user_name": user_name,
+                "created_at": utcnow(),
+                "created_s": now,
+                "expires_s": now + expires_in if expires_in else None,
+                "last_used_s": None,
+                "source": source,
+            }
             await self.tokens.insert_one(doc)
         return token, public(doc)
 
     async def live_count(self, user_name: str, *, now: float) -> int:
         """The user's tokens that still work (a revoked one is deleted; an expired one is kept until revoked)."""
-        return await self.tokens.count_documents({"user_name": user_name, "$or": [
-            {"expires_s": None}, {"expires_s": {"$gt": now}}]})
+        return await self.tokens.count_documents(
+            {"user_name": user_name, "$or": [{"expires_s": None}, {"expires_s": {"$gt": now}}]}
+        )
 
     async def principal(self, token: str) -> Principal | None:
         """Who holds the token; None when it is unknown or its user is gone; 401 when it has expired."""
@@ -160,8 +186,12 @@ class Tokens:
         if now - (record.get("last_used_s") or 0) >= TOUCH_EVERY_S:
             await self.tokens.update_one({"_id": record["_id"]}, {"$set": {"last_used_s": now}})
             record["last_used_s"] = now  # the remembered copy too: one touch a minute, not one per cache miss
-        return Principal(user_name=user["_id"], projects=frozenset(user.get("projects", [])),
-                         is_admin=bool(user.get("admin")), token_id=record.get("token_id", ""))
+        return Principal(
+            user_name=user["_id"],
+            projects=frozenset(user.get("projects", [])),
+            is_admin=bool(user.get("admin")),
+            token_id=record.get("token_id", ""),
+        )
 
     async def _lookup(self, key: str, *, now: float) -> tuple[dict, dict] | None:
         """The token's record and its user: remembered for `cache_s`, else read (and remembered when valid)."""
@@ -207,10 +237,12 @@ class Tokens:
         A configured token replaces every token made at an earlier start (a changed one revokes the old); without
         one, a token configured earlier is revoked and the generated one (kept in the data directory) is used."""
         check_admin_token(configured)
-        await self.users.update_one({"_id": ADMIN}, {"$setOnInsert": {"projects": [], "admin": True,
-                                                                       "created_at": utcnow()}}, upsert=True)
-        made_at_start = [d async for d in self.tokens.find({"user_name": ADMIN})
-                         if d.get("source") in (*BOOTSTRAP, None)]  # None: stored before tokens had a source
+        await self.users.update_one(
+            {"_id": ADMIN}, {"$setOnInsert": {"projects": [], "admin": True, "created_at": utcnow()}}, upsert=True
+        )
+        made_at_start = [
+            d async for d in self.tokens.find({"user_name": ADMIN}) if d.get("source") in (*BOOTSTRAP, None)
+        ]  # None: stored before tokens had a source
         keep = digest(configured) if configured else None
         if not configured:
             path = data_dir / "admin-token"
@@ -225,9 +257,18 @@ class Tokens:
         if configured:
             if not await self.tokens.find_one({"_id": keep}):
                 now = self.clock()
-                await self.tokens.insert_one({"_id": keep, "token_id": new_token_id(), "user_name": ADMIN,
-                                              "created_at": utcnow(), "created_s": now, "expires_s": None,
-                                              "last_used_s": None, "source": "configured"})
+                await self.tokens.insert_one(
+                    {
+                        "_id": keep,
+                        "token_id": new_token_id(),
+                        "user_name": ADMIN,
+                        "created_at": utcnow(),
+                        "created_s": now,
+                        "expires_s": None,
+                        "last_used_s": None,
+                        "source": "configured",
+                    }
+                )
             return None
         if keep:
             return None

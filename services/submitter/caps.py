@@ -1,4 +1,5 @@
 """Caps on jobs accepted but not yet running, per project and per user: counted on the repository's queue view."""
+
 import asyncio
 import math
 import time
@@ -53,16 +54,16 @@ class QueueCaps:
         """For new jobs of (project, user), in arrival order: None for one that may be queued, else its refusal;
         each one admitted counts against those after it. One count per project and per user of the group."""
         projects, users = sorted({p for p, _ in owners}), sorted({u for _, u in owners})
-        counts = await asyncio.gather(*(repo.queued_count(project_id=p) for p in projects),
-                                      *(repo.queued_count(user_name=u) for u in users))
+        counts = await asyncio.gather(
+            *(repo.queued_count(project_id=p) for p in projects), *(repo.queued_count(user_name=u) for u in users)
+        )
         queued = {("project", p): n for p, n in zip(projects, counts)}
-        queued |= {("user", u): n for u, n in zip(users, counts[len(projects):])}
+        queued |= {("user", u): n for u, n in zip(users, counts[len(projects) :])}
         answers: list[QueueFull | None] = []
         for project_id, user_name in owners:
-            refusal = (queue_full(scope="project", name=project_id, cap=self.per_project,
-                                  queued=queued[("project", project_id)])
-                       or queue_full(scope="user", name=user_name, cap=self.per_user,
-                                     queued=queued[("user", user_name)]))
+            refusal = queue_full(
+                scope="project", name=project_id, cap=self.per_project, queued=queued[("project", project_id)]
+            ) or queue_full(scope="user", name=user_name, cap=self.per_user, queued=queued[("user", user_name)])
             if refusal is None:
                 queued[("project", project_id)] += 1
                 queued[("user", user_name)] += 1

@@ -1,4 +1,5 @@
 """Placement's catalogue (flavors and pools), and what a flavor or pool named in a job's body means."""
+
 from shared.bus import RPC_CATALOGUE
 from shared.jobs import JobCreate
 from shared.rpc import Catalogue
@@ -25,10 +26,17 @@ async def resolve(requester: Requester, body: JobCreate) -> JobCreate:
     if flavor is None:
         raise Invalid("spec.resource.flavor_id", f"no flavor {resource.flavor_id!r} (GET /v2/flavors lists them)")
     if resource.node_count > flavor.max_node_count:
-        raise Invalid("spec.resource.node_count", f"flavor {flavor.flavor_id} allows at most "
-                                                  f"{flavor.max_node_count} node(s)")
-    sized = resource.model_copy(update={"gpu_count": flavor.gpu_count, "min_gpu_memory_gb": flavor.gpu_memory_gb,
-                                        "cpu_count": flavor.cpu_count, "memory_gb": flavor.memory_gb})
+        raise Invalid(
+            "spec.resource.node_count", f"flavor {flavor.flavor_id} allows at most {flavor.max_node_count} node(s)"
+        )
+    sized = resource.model_copy(
+        update={
+            "gpu_count": flavor.gpu_count,
+            "min_gpu_memory_gb": flavor.gpu_memory_gb,
+            "cpu_count": flavor.cpu_count,
+            "memory_gb": flavor.memory_gb,
+        }
+    )
     placement = body.spec.placement
     if flavor.gpu_model and not placement.gpu_models:
         placement = placement.model_copy(update={"gpu_models": [flavor.gpu_model]})

@@ -1,4 +1,5 @@
 """Commands to the monitor about one job (terminate, migrate): asked over request/reply, or left on the stream."""
+
 import logging
 
 from shared.bus import publish

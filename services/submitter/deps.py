@@ -1,5 +1,6 @@
 """What a route takes from the app: the use cases, built once at start (`app.build_submitter`), and the path
 parameters the routes share."""
+
 from typing import Annotated
 
 from fastapi import Path, Request

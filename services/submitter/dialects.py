@@ -6,6 +6,7 @@ are accepted and reported back: in the response's `ignored_fields` and in the jo
 environment. A key seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are
 bounded.
 """
+
 import json
 import posixpath
 from shlex import quote
@@ -28,12 +29,26 @@ from services.submitter.usecases import SubmitJob
 
 IGNORED_ENV = "MODELARTS_V1_IGNORED"
 # ModelArts v1 job statuses ("Job Statuses" table): INIT, WAITING, RUNNING, KILLING, COMPLETED, FAILED, KILLED, LOST.
-V1_STATUS = {"Creating": 1, "Pending": 7, "Running": 8, "Terminating": 9, "Completed": 10, "Failed": 11,
-             "Terminated": 12, "Abnormal": 14}
+V1_STATUS = {
+    "Creating": 1,
+    "Pending": 7,
+    "Running": 8,
+    "Terminating": 9,
+    "Completed": 10,
+    "Failed": 11,
+    "Terminated": 12,
+    "Abnormal": 14,
+}
 # Where a v2 field came from in the v1 body, so a validation error names the field the caller sent.
-V1_FIELD = {"metadata.name": "job_name", "metadata.description": "job_desc", "metadata.workspace_id": "workspace_id",
-            "spec.resource.node_count": "config.worker_server_num", "algorithm.command": "config.user_command",
-            "algorithm.parameters": "config.parameter", "algorithm.environments": "config.parameter"}
+V1_FIELD = {
+    "metadata.name": "job_name",
+    "metadata.description": "job_desc",
+    "metadata.workspace_id": "workspace_id",
+    "spec.resource.node_count": "config.worker_server_num",
+    "algorithm.command": "config.user_command",
+    "algorithm.parameters": "config.parameter",
+    "algorithm.environments": "config.parameter",
+}
 
 
 class V1Model(BaseModel):
@@ -53,8 +68,9 @@ V1Id = Annotated[int, Strict(), Field(ge=0, le=2**63 - 1)]
 
 class V1Parameter(V1Model):
     label: str | None = Field(None, max_length=256, description="Parameter name.")
-    value: str | int | float | bool | None = Field(None, description="Parameter value (a number or a boolean is "
-                                                   "taken as its text).")
+    value: str | int | float | bool | None = Field(
+        None, description="Parameter value (a number or a boolean is taken as its text)."
+    )
 
     @field_validator("value")
     @classmethod
@@ -98,16 +114,19 @@ class V1Volume(V1Model):
 
 
 class V1Config(V1Model):
-    worker_server_num: Annotated[int, Strict()] = Field(description="Number of workers: becomes "
-                                                        "spec.resource.node_count.")
+    worker_server_num: Annotated[int, Strict()] = Field(
+        description="Number of workers: becomes spec.resource.node_count."
+    )
     app_url: V1Text | None = Field(None, description="Code directory; the boot file runs from it.")
     boot_file_url: V1Text | None = Field(None, description="Boot file, run with python3 (relative to app_url).")
-    parameter: list[V1Parameter] = Field(default_factory=list, max_length=100,
-                                         description="Becomes --label=value and parameters.")
+    parameter: list[V1Parameter] = Field(
+        default_factory=list, max_length=100, description="Becomes --label=value and parameters."
+    )
     data_url: V1Text | None = Field(None, description="Passed as --data_url and DATA_URL.")
     train_url: V1Text | None = Field(None, description="Passed as --train_url and TRAIN_URL.")
-    user_command: str | None = Field(None, max_length=8192, description="Run as the job's command instead of the "
-                                     "boot file.")
+    user_command: str | None = Field(
+        None, max_length=8192, description="Run as the job's command instead of the boot file."
+    )
     dataset_id: V1Text | None = None
     dataset_version_id: V1Text | None = None
     data_source: list[V1DataSource] | None = Field(None, max_length=20)
@@ -149,8 +168,9 @@ class V1Error(BaseModel):
 
 
 def v1_error(status: int, code: str, message: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content=V1Error(error_code=code, error_msg=message,
-                                                            error_message=message).model_dump())
+    return JSONResponse(
+        status_code=status, content=V1Error(error_code=code, error_msg=message, error_message=message).model_dump()
+    )
 
 
 class V1Route(APIRoute):
@@ -168,8 +188,9 @@ class V1Route(APIRoute):
                 status, code, message, _ = errors.described(exc)
                 return v1_error(status, code, message)
             except (RequestValidationError, HTTPException) as exc:
-                answer = errors.validation_error(exc) if isinstance(exc, RequestValidationError) \
-                    else errors.http_error(exc)
+                answer = (
+                    errors.validation_error(exc) if isinstance(exc, RequestValidationError) else errors.http_error(exc)
+                )
                 body = json.loads(answer.body)
                 return v1_error(answer.status_code, body["error_code"], body["error_msg"])
 
@@ -191,18 +212,24 @@ def ignored_fields(body: V1JobCreate) -> dict[str, Any]:
 def command(config: V1Config, args: list[str]) -> str:
     """The shell command: user_command as given, else python3 on the boot file with ModelArts' --key=value args."""
     if config.user_command:
-        return (f"{config.user_command}\ncode=$?\n[ $code -eq 127 ] && echo 'trainmaster (v1 dialect): "
-                f"config.user_command could not start: it runs on the node itself, without config.user_image_url' >&2"
-                "\nexit $code")
+        return (
+            f"{config.user_command}\ncode=$?\n[ $code -eq 127 ] && echo 'trainmaster (v1 dialect): "
+            f"config.user_command could not start: it runs on the node itself, without config.user_image_url' >&2"
+            "\nexit $code"
+        )
     if not config.boot_file_url:
         raise Invalid("config.boot_file_url", "needed unless config.user_command is given")
     app = config.app_url or ""
     boot = posixpath.join(app, config.boot_file_url)
-    missing = (f"trainmaster (v1 dialect): boot file {boot} (config.boot_file_url) does not exist on this node; "
-               "OBS paths are not fetched, give a path on the node")
+    missing = (
+        f"trainmaster (v1 dialect): boot file {boot} (config.boot_file_url) does not exist on this node; "
+        "OBS paths are not fetched, give a path on the node"
+    )
     enter = f"cd {quote(app)} || exit 2\n" if app else ""
-    return (f"if [ ! -f {quote(boot)} ]; then echo {quote(missing)} >&2; exit 2; fi\n"
-            f"{enter}exec python3 {quote(boot)} {' '.join(quote(a) for a in args)}").rstrip()
+    return (
+        f"if [ ! -f {quote(boot)} ]; then echo {quote(missing)} >&2; exit 2; fi\n"
+        f"{enter}exec python3 {quote(boot)} {' '.join(quote(a) for a in args)}"
+    ).rstrip()
 
 
 def translate(body: V1JobCreate) -> tuple[dict[str, Any], list[str]]:
@@ -221,12 +248,16 @@ def translate(body: V1JobCreate) -> tuple[dict[str, Any], list[str]]:
     note = f" [v1 ignored: {', '.join(ignored)}]"
     if ignored and len(description) + len(note) <= 256:
         description += note
-    v2 = {"kind": "job",
-          "metadata": {"name": body.job_name, "description": description, "workspace_id": body.workspace_id},
-          "algorithm": {"command": command(config, [f"--{k}={v}" for k, v in urls + parameters]),
-                        "parameters": [{"name": k, "value": v} for k, v in parameters],
-                        "environments": environments},
-          "spec": {"resource": {"node_count": config.worker_server_num}}}
+    v2 = {
+        "kind": "job",
+        "metadata": {"name": body.job_name, "description": description, "workspace_id": body.workspace_id},
+        "algorithm": {
+            "command": command(config, [f"--{k}={v}" for k, v in urls + parameters]),
+            "parameters": [{"name": k, "value": v} for k, v in parameters],
+            "environments": environments,
+        },
+        "spec": {"resource": {"node_count": config.worker_server_num}},
+    }
     return v2, list(ignored)
 
 
@@ -243,20 +274,28 @@ def v2_body(payload: dict[str, Any]) -> JobCreate:
         raise RequestValidationError(problems) from None
 
 
-@router.post("", response_model=V1Created, summary="Create a training job (ModelArts v1 body)",
-             responses={400: {"model": V1Error}, 401: {"model": V1Error}, 409: {"model": V1Error}})
-async def create_v1(project_id: ProjectId, body: V1JobCreate, request: Request,
-                    principal: Principal = Depends(authenticate)) -> V1Created:
+@router.post(
+    "",
+    response_model=V1Created,
+    summary="Create a training job (ModelArts v1 body)",
+    responses={400: {"model": V1Error}, 401: {"model": V1Error}, 409: {"model": V1Error}},
+)
+async def create_v1(
+    project_id: ProjectId, body: V1JobCreate, request: Request, principal: Principal = Depends(authenticate)
+) -> V1Created:
     payload, ignored = translate(body)
     try:
         v2 = v2_body(payload)
         principal.require_project(project_id)
-        job = await use_cases(request).submit(SubmitJob(project_id=project_id, user_name=principal.user_name,
-                                                        body=v2))
+        job = await use_cases(request).submit(SubmitJob(project_id=project_id, user_name=principal.user_name, body=v2))
     except Invalid as exc:  # name the v1 field the caller sent, as validation errors do
         if exc.field in V1_FIELD:
             raise Invalid(V1_FIELD[exc.field], exc.detail) from None
         raise
-    return V1Created(job_id=job.metadata.id, job_name=job.metadata.name, status=V1_STATUS[job.status.phase.value],
-                     create_time=job.metadata.create_time, ignored_fields=ignored)
-
+    return V1Created(
+        job_id=job.metadata.id,
+        job_name=job.metadata.name,
+        status=V1_STATUS[job.status.phase.value],
+        create_time=job.metadata.create_time,
+        ignored_fields=ignored,
+    )

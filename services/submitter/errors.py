@@ -1,6 +1,7 @@
 """API errors in the style of Baidu BML's 4060xx table (seed 001): {"error_code", "error_msg"} naming the field.
 The use cases raise domain refusals (`refusals`); `ANSWERS` is the one place that gives each its HTTP status and
 error code."""
+
 import logging
 
 from fastapi import FastAPI, Request
@@ -9,8 +10,17 @@ from fastapi.responses import JSONResponse
 from pymongo.errors import ConnectionFailure
 from starlette.exceptions import HTTPException
 
-from services.submitter.refusals import (Invalid, NameTaken, NotAdmitted, NotFinished, NotFound, QueueFull, Refused,
-                                         ServiceAway, WrongPhase)
+from services.submitter.refusals import (
+    Invalid,
+    NameTaken,
+    NotAdmitted,
+    NotFinished,
+    NotFound,
+    QueueFull,
+    Refused,
+    ServiceAway,
+    WrongPhase,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +43,16 @@ NOT_FOUND = "406040"
 USER_EXISTS = "406041"
 TOO_MANY_REQUESTS = "406042"
 # Starlette's own answers (no route, wrong method, unparseable body) in the same shape.
-HTTP_CODES = {400: PARAM_INVALID, 401: UNAUTHENTICATED, 403: NO_PERMISSION, 404: NOT_FOUND, 405: PARAM_INVALID,
-              413: PARAM_TOO_LONG, 415: PARAM_INVALID, 429: TOO_MANY_REQUESTS}
+HTTP_CODES = {
+    400: PARAM_INVALID,
+    401: UNAUTHENTICATED,
+    403: NO_PERMISSION,
+    404: NOT_FOUND,
+    405: PARAM_INVALID,
+    413: PARAM_TOO_LONG,
+    415: PARAM_INVALID,
+    429: TOO_MANY_REQUESTS,
+}
 
 
 # Each refusal of a use case: its HTTP status, its error code and the headers it carries. NotAdmitted passes on
@@ -129,8 +147,9 @@ def install(app: FastAPI) -> None:
         """The database did not answer in time (down, or overloaded): nothing of the request may be assumed done,
         and it can be repeated (a create's name is unique)."""
         log.warning("database unavailable: %r", exc)
-        return answer(503, SERVICE_UNAVAILABLE, "the job store is unavailable right now; retry shortly",
-                      {"Retry-After": "2"})
+        return answer(
+            503, SERVICE_UNAVAILABLE, "the job store is unavailable right now; retry shortly", {"Retry-After": "2"}
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

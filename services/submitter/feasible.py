@@ -1,6 +1,7 @@
 """Could any node of the fleet or the on-demand catalogue ever hold this job? Placement's dry run answers (the one
 asked for the submission); when it says no, the fields to blame are found by relaxing them one by one and asking
 again (only for refused jobs)."""
+
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,20 +23,37 @@ class Relaxation:
 
 
 RELAXATIONS = (
-    Relaxation("spec.resource.node_count", lambda s: s.resource.node_count > 1,
-               lambda d: d["resource"].update(node_count=1)),
-    Relaxation("spec.placement.gpu_models", lambda s: bool(s.placement.gpu_models),
-               lambda d: d["placement"].update(gpu_models=[])),
-    Relaxation("spec.resource.min_gpu_memory_gb", lambda s: s.resource.min_gpu_memory_gb > 0,
-               lambda d: d["resource"].update(min_gpu_memory_gb=0)),
-    Relaxation("spec.resource.gpu_count", lambda s: s.resource.gpu_count > 0,
-               lambda d: d["resource"].update(gpu_count=0, min_gpu_memory_gb=0)),
-    Relaxation("spec.resource.cpu_count", lambda s: s.resource.cpu_count > 0.001,
-               lambda d: d["resource"].update(cpu_count=0.001)),
-    Relaxation("spec.resource.memory_gb", lambda s: (s.resource.memory_gb or 0) > 0.001,
-               lambda d: d["resource"].update(memory_gb=0.001)),
-    Relaxation("spec.placement.allowed", lambda s: s.placement.allowed != "any",
-               lambda d: d["placement"].update(allowed="any")),
+    Relaxation(
+        "spec.resource.node_count", lambda s: s.resource.node_count > 1, lambda d: d["resource"].update(node_count=1)
+    ),
+    Relaxation(
+        "spec.placement.gpu_models",
+        lambda s: bool(s.placement.gpu_models),
+        lambda d: d["placement"].update(gpu_models=[]),
+    ),
+    Relaxation(
+        "spec.resource.min_gpu_memory_gb",
+        lambda s: s.resource.min_gpu_memory_gb > 0,
+        lambda d: d["resource"].update(min_gpu_memory_gb=0),
+    ),
+    Relaxation(
+        "spec.resource.gpu_count",
+        lambda s: s.resource.gpu_count > 0,
+        lambda d: d["resource"].update(gpu_count=0, min_gpu_memory_gb=0),
+    ),
+    Relaxation(
+        "spec.resource.cpu_count",
+        lambda s: s.resource.cpu_count > 0.001,
+        lambda d: d["resource"].update(cpu_count=0.001),
+    ),
+    Relaxation(
+        "spec.resource.memory_gb",
+        lambda s: (s.resource.memory_gb or 0) > 0.001,
+        lambda d: d["resource"].update(memory_gb=0.001),
+    ),
+    Relaxation(
+        "spec.placement.allowed", lambda s: s.placement.allowed != "any", lambda d: d["placement"].update(allowed="any")
+    ),
 )
 
 
@@ -85,17 +103,20 @@ async def check(spec: Spec, answer: CandidatesReply, ask: Callable[[Spec], Await
     raise refusal(await blame(spec, placeable), answer)
 
 
-def asker(requester: Requester, *, project_id: str,
-          user_name: str) -> Callable[[Spec], Awaitable[CandidatesReply]]:
+def asker(requester: Requester, *, project_id: str, user_name: str) -> Callable[[Spec], Awaitable[CandidatesReply]]:
     """Placement's dry run of a spec, for this caller."""
+
     async def ask(spec: Spec) -> CandidatesReply:
-        return await requester.spec_candidates(spec, project_id=project_id, user_name=user_name,
-                                               timeout=FEASIBLE_TIMEOUT_S)
+        return await requester.spec_candidates(
+            spec, project_id=project_id, user_name=user_name, timeout=FEASIBLE_TIMEOUT_S
+        )
+
     return ask
 
 
-async def refuse_unplaceable(requester: Requester, spec: Spec, answer: CandidatesReply | None, *,
-                             project_id: str, user_name: str) -> None:
+async def refuse_unplaceable(
+    requester: Requester, spec: Spec, answer: CandidatesReply | None, *, project_id: str, user_name: str
+) -> None:
     """Invalid for a job no node nor instance type could ever hold, judged on placement's `answer` to the
     submission; without one (placement away) the job is taken: it waits in the queue, submissions do not stop
     with placement. Only a refused job asks again (to find the fields to blame)."""

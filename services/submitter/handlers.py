@@ -1,4 +1,5 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
+
 from faststream import Context
 from faststream.exceptions import NackMessage
 from faststream.nats import NatsMessage, NatsRouter

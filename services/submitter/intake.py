@@ -3,6 +3,7 @@ one group is written go out together as the next, its caps counted once per proj
 entries and list entries written in one command each, their announcements published side by side and pulled off
 their outboxes in one write. Before, each job took five round trips to the database under one lock, and a burst
 was accepted no faster than those round trips (about 8 jobs a second on the 2-core VM)."""
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,9 @@ class Intake:
         answers: list[Any] = [None] * len(group)
         waiting = list(range(len(group)))
         while waiting:
-            refusals = await self.caps.admit_group(self.repo, [(group[i].doc["project_id"],
-                                                                group[i].doc["user_name"]) for i in waiting])
+            refusals = await self.caps.admit_group(
+                self.repo, [(group[i].doc["project_id"], group[i].doc["user_name"]) for i in waiting]
+            )
             admitted = [i for i, refusal in zip(waiting, refusals) if refusal is None]
             for i, refusal in zip(waiting, refusals):
                 answers[i] = refusal

@@ -1,5 +1,6 @@
 """Limits at the API's edge: body size, requests per user (a token bucket), live tokens per user (queued jobs per
 project and user: `caps`)."""
+
 import math
 from dataclasses import dataclass, field
 
@@ -15,8 +16,10 @@ DRAIN_BYTES = 64 * 1024 * 1024
 
 
 def too_large(max_bytes: int) -> dict:
-    return {"error_code": errors.PARAM_TOO_LONG,
-            "error_msg": f"param[body] invalid: the request body is larger than {max_bytes} bytes"}
+    return {
+        "error_code": errors.PARAM_TOO_LONG,
+        "error_msg": f"param[body] invalid: the request body is larger than {max_bytes} bytes",
+    }
 
 
 class BodyLimit:
@@ -33,8 +36,11 @@ class BodyLimit:
         length = headers.get(b"content-length")
         if length is not None:
             if not length.strip().isdigit():
-                return await _reply(send, 400, {"error_code": errors.PARAM_INVALID,
-                                                "error_msg": "param[Content-Length] invalid: not a number"})
+                return await _reply(
+                    send,
+                    400,
+                    {"error_code": errors.PARAM_INVALID, "error_msg": "param[Content-Length] invalid: not a number"},
+                )
             if int(length) > self.max_bytes:
                 return await self._refuse(headers, receive, send, received=0)
         elif b"transfer-encoding" not in headers:
@@ -132,15 +138,23 @@ class RateLimiter:
         wait = self.take(key, now)
         if wait > 0:
             retry = max(1, math.ceil(wait))
-            raise ApiError(429, errors.TOO_MANY_REQUESTS, f"too many requests from user {key}: at most {self.rate:g}"
-                           f" a second, all his tokens together (bursts of {self.burst:g}); retry after {retry} s",
-                           headers={"Retry-After": str(retry)})
+            raise ApiError(
+                429,
+                errors.TOO_MANY_REQUESTS,
+                f"too many requests from user {key}: at most {self.rate:g}"
+                f" a second, all his tokens together (bursts of {self.burst:g}); retry after {retry} s",
+                headers={"Retry-After": str(retry)},
+            )
 
 
 def tokens_full(*, user_name: str, live: int, cap: int) -> ApiError | None:
     """The refusal of one more token when the user already holds `cap` live (unexpired, unrevoked) ones, else None."""
     if live < cap:
         return None
-    return ApiError(409, errors.LIMIT_REACHED, f"param[user_name] invalid: the live token quantity of user "
-                    f"{user_name} has reached the upper limit ({live} of {cap} unexpired tokens); revoke one "
-                    f"(DELETE /v2/users/{user_name}/tokens/{{token_id}}) or wait until one expires")
+    return ApiError(
+        409,
+        errors.LIMIT_REACHED,
+        f"param[user_name] invalid: the live token quantity of user "
+        f"{user_name} has reached the upper limit ({live} of {cap} unexpired tokens); revoke one "
+        f"(DELETE /v2/users/{user_name}/tokens/{{token_id}}) or wait until one expires",
+    )

@@ -4,6 +4,7 @@ Lines are numbered from 0, the first line the rank ever printed; lines dropped t
 output cap keep their numbers, so an offset means the same line before and after a trim. The `--- attempt N ---`
 separators and the dropped-lines notice are not numbered.
 """
+
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,19 +31,30 @@ def reported_ranks(event: JobStatusChanged) -> list[int]:
     marked last, before that report."""
     if not event.phase.is_finished() or not event.attempt:
         return []
-    return [int(t.task.rsplit("-", 1)[-1]) for t in event.task_statuses
-            if t.exit_code is not None and t.task.rsplit("-", 1)[-1].isdigit()]
+    return [
+        int(t.task.rsplit("-", 1)[-1])
+        for t in event.task_statuses
+        if t.exit_code is not None and t.task.rsplit("-", 1)[-1].isdigit()
+    ]
 
 
 async def output_stored(repo: Repository, event: JobStatusChanged, *, now: datetime) -> bool:
     """Whether a status may be shown: a finished one only once its tasks' final output is stored (output and status
     travel on different streams), so a job shown Completed has its last line stored; never held past
     OUTPUT_HOLD_S."""
-    missing = [rank for rank in reported_ranks(event)
-               if not await repo.output.complete(event.job_id, attempt=event.attempt, rank=rank)]
+    missing = [
+        rank
+        for rank in reported_ranks(event)
+        if not await repo.output.complete(event.job_id, attempt=event.attempt, rank=rank)
+    ]
     if missing and (now - event.occurred_at).total_seconds() > OUTPUT_HOLD_S:
-        log.warning("job %s shown %s without all of its output (ranks %s): not stored after %.0fs", event.job_id,
-                    event.phase, missing, OUTPUT_HOLD_S)
+        log.warning(
+            "job %s shown %s without all of its output (ranks %s): not stored after %.0fs",
+            event.job_id,
+            event.phase,
+            missing,
+            OUTPUT_HOLD_S,
+        )
         return True
     return not missing
 
@@ -52,8 +64,9 @@ def contiguous(chunks: list[dict], position: tuple[int, int]) -> list[dict]:
     out = []
     attempt, seq = position
     for chunk in chunks:
-        if (chunk["attempt"] == attempt and chunk["seq"] == seq + 1) or (chunk["attempt"] > attempt
-                                                                          and chunk["seq"] == 0):
+        if (chunk["attempt"] == attempt and chunk["seq"] == seq + 1) or (
+            chunk["attempt"] > attempt and chunk["seq"] == 0
+        ):
             out.append(chunk)
             attempt, seq = chunk["attempt"], chunk["seq"]
         else:
@@ -62,8 +75,9 @@ def contiguous(chunks: list[dict], position: tuple[int, int]) -> list[dict]:
 
 
 def render_chunk(chunk: dict, previous_attempt: int) -> str:
-    header = f"--- attempt {chunk['attempt']} ---\n" if chunk["attempt"] != previous_attempt and \
-        previous_attempt > 0 else ""
+    header = (
+        f"--- attempt {chunk['attempt']} ---\n" if chunk["attempt"] != previous_attempt and previous_attempt > 0 else ""
+    )
     return header + "".join(f"{line}\n" for line in chunk["lines"])
 
 

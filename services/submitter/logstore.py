@@ -1,6 +1,7 @@
 """api_logs and api_log_sizes: a job's stored output, each chunk once, capped per job (the oldest goes first), and
 the counters that say when a task's output is all stored. The only door to those collections (`logs` reads pages
 and follows output through it)."""
+
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -62,18 +63,26 @@ class LogStore:
         lines = [line.line for line in chunk.lines]
         size = chunk_bytes(lines)
         try:
-            await self.chunks.insert_one({
-                "_id": dedup_key(chunk),
-                "job_id": chunk.job_id, "attempt": chunk.attempt, "rank": chunk.rank, "seq": chunk.seq,
-                "lines": lines, "bytes": size, "last": chunk.last,
-            })
+            await self.chunks.insert_one(
+                {
+                    "_id": dedup_key(chunk),
+                    "job_id": chunk.job_id,
+                    "attempt": chunk.attempt,
+                    "rank": chunk.rank,
+                    "seq": chunk.seq,
+                    "lines": lines,
+                    "bytes": size,
+                    "last": chunk.last,
+                }
+            )
         except (DuplicateKeyError, BulkWriteError):
             return
         update: dict[str, Any] = {"$inc": {"bytes": size, _chunks_key(chunk.attempt, chunk.rank): 1}}
         if chunk.last:
             update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}
-        total = await self.sizes.find_one_and_update({"_id": chunk.job_id}, update, upsert=True,
-                                                     return_document=ReturnDocument.AFTER)
+        total = await self.sizes.find_one_and_update(
+            {"_id": chunk.job_id}, update, upsert=True, return_document=ReturnDocument.AFTER
+        )
         if total:
             self.counts.put(chunk.job_id, total)
         if total and total.get("bytes", 0) > self.cap_bytes:
@@ -99,7 +108,8 @@ class LogStore:
             size = old.get("bytes", chunk_bytes(old["lines"]))
             excess -= size
             await self.sizes.update_one(
-                {"_id": job_id}, {"$inc": {"bytes": -size, f"dropped_{old['rank']}": len(old["lines"])}})
+                {"_id": job_id}, {"$inc": {"bytes": -size, f"dropped_{old['rank']}": len(old["lines"])}}
+            )
 
     async def complete(self, job_id: str, *, attempt: int, rank: int) -> bool:
         """Whether one task's output is all stored: its chunk marked last and every chunk before it (or some of its
@@ -119,8 +129,10 @@ class LogStore:
         return last is not None and await self.chunks.count_documents(where) > last["seq"]
 
     async def _has_last(self, job_id: str, attempt: int, rank: int) -> bool:
-        return await self.chunks.find_one({"job_id": job_id, "attempt": attempt, "rank": rank, "last": True},
-                                          {"seq": 1}) is not None
+        return (
+            await self.chunks.find_one({"job_id": job_id, "attempt": attempt, "rank": rank, "last": True}, {"seq": 1})
+            is not None
+        )
 
     async def dropped_lines(self, job_id: str, *, rank: int) -> int:
         """Lines of this rank's output that went to keep the job under its cap."""
@@ -130,8 +142,11 @@ class LogStore:
     async def after(self, job_id: str, *, rank: int, position: tuple[int, int]) -> list[dict[str, Any]]:
         """Chunks of one rank after (attempt, seq), in order."""
         attempt, seq = position
-        query = {"job_id": job_id, "rank": rank,
-                 "$or": [{"attempt": attempt, "seq": {"$gt": seq}}, {"attempt": {"$gt": attempt}}]}
+        query = {
+            "job_id": job_id,
+            "rank": rank,
+            "$or": [{"attempt": attempt, "seq": {"$gt": seq}}, {"attempt": {"$gt": attempt}}],
+        }
         return [d async for d in self.chunks.find(query).sort([("attempt", 1), ("seq", 1)])]
 
     async def each(self, job_id: str, *, rank: int) -> AsyncIterator[dict[str, Any]]:

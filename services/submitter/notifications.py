@@ -1,4 +1,5 @@
 """Job events that need a person: kept per project and delivered to its webhook, retried with backoff."""
+
 import asyncio
 import logging
 import time
@@ -60,8 +61,12 @@ async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict
         update = {"state": "delivered", "attempts": attempts, "error": ""}
     else:
         failed = attempts >= MAX_ATTEMPTS
-        update = {"state": "failed" if failed else "pending", "attempts": attempts, "error": error,
-                  "next_try": time.time() + backoff(attempts)}
+        update = {
+            "state": "failed" if failed else "pending",
+            "attempts": attempts,
+            "error": error,
+            "next_try": time.time() + backoff(attempts),
+        }
     await store.tried(doc["_id"], update)
 
 
@@ -78,29 +83,45 @@ async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:
         return "unreachable"
 
 
-@router.put("/v2/{project_id}/notifications", response_model=NotificationSettings,
-            summary="Where the project's notifications go")
-async def configure(project_id: ProjectId, body: NotificationSettings, request: Request,
-                    principal: Principal = Depends(authenticate)):
+@router.put(
+    "/v2/{project_id}/notifications",
+    response_model=NotificationSettings,
+    summary="Where the project's notifications go",
+)
+async def configure(
+    project_id: ProjectId, body: NotificationSettings, request: Request, principal: Principal = Depends(authenticate)
+):
     principal.require_project(project_id)
     url = str(body.webhook_url) if body.webhook_url else None
     if url:
         try:
             await check_url(request.app.state.egress, url)
         except Refused as exc:
-            raise Invalid("webhook_url", f"{exc}; webhooks go to public addresses only (an operator may allow "
-                                         "hosts: TRAINMASTER_WEBHOOK_ALLOW_HOSTS)") from None
+            raise Invalid(
+                "webhook_url",
+                f"{exc}; webhooks go to public addresses only (an operator may allow "
+                "hosts: TRAINMASTER_WEBHOOK_ALLOW_HOSTS)",
+            ) from None
     await use_cases(request).repo.notifications.set_webhook_url(project_id, url)
     return NotificationSettings(webhook_url=url)
 
 
 @router.get("/v2/{project_id}/notifications", summary="The project's notification settings and recent ones")
-async def recent(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
-                 limit: Annotated[int, Query(ge=1, le=500)] = 50) -> dict:
+async def recent(
+    project_id: ProjectId,
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict:
     principal.require_project(project_id)
     store = use_cases(request).repo.notifications
     docs = await store.recent(project_id, limit=limit)
-    items = [{"id": d["_id"], **{k: d[k] for k in ("job_id", "user_name", "kind", "message", "state", "attempts",
-                                                  "error")}, "created_at": d["created_at"].isoformat()}
-             for d in docs]
+    items = [
+        {
+            "id": d["_id"],
+            **{k: d[k] for k in ("job_id", "user_name", "kind", "message", "state", "attempts", "error")},
+            "created_at": d["created_at"].isoformat(),
+        }
+        for d in docs
+    ]
     return {"webhook_url": await store.webhook_url(project_id), "count": len(items), "items": items}

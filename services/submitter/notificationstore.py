@@ -1,5 +1,6 @@
 """api_notifications and api_projects: notifications kept for delivery, and where each project's go. The only door
 to those collections (`notifications` delivers through it)."""
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,11 +19,21 @@ class NotificationStore:
     async def record(self, event: Notification) -> None:
         """Keep a notification once (a redelivered event adds nothing) for the delivery loop."""
         try:
-            await self.notifications.insert_one({
-                "_id": event.event_id, "project_id": event.project_id, "job_id": event.job_id,
-                "user_name": event.user_name, "kind": event.kind, "message": event.message,
-                "created_at": event.occurred_at, "state": "pending", "attempts": 0, "next_try": 0.0, "error": "",
-            })
+            await self.notifications.insert_one(
+                {
+                    "_id": event.event_id,
+                    "project_id": event.project_id,
+                    "job_id": event.job_id,
+                    "user_name": event.user_name,
+                    "kind": event.kind,
+                    "message": event.message,
+                    "created_at": event.occurred_at,
+                    "state": "pending",
+                    "attempts": 0,
+                    "next_try": 0.0,
+                    "error": "",
+                }
+            )
         except DuplicateKeyError:
             pass
 
@@ -33,7 +44,8 @@ class NotificationStore:
     async def claim(self, doc: dict[str, Any], *, until: float) -> bool:
         """Move a due notification's next try to `until`, unless another replica moved it first (then False)."""
         taken = await self.notifications.update_one(
-            {"_id": doc["_id"], "state": "pending", "next_try": doc["next_try"]}, {"$set": {"next_try": until}})
+            {"_id": doc["_id"], "state": "pending", "next_try": doc["next_try"]}, {"$set": {"next_try": until}}
+        )
         return taken.modified_count == 1
 
     async def tried(self, notification_id: str, update: dict[str, Any]) -> None:

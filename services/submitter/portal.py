@@ -1,4 +1,5 @@
 """The researcher's portal: static pages under /ui that talk to the REST API with the user's bearer token."""
+
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -10,11 +11,18 @@ from services.submitter.errors import ApiError
 
 UI = Path(__file__).resolve().parent / "ui"
 router = APIRouter(include_in_schema=False)
-MEDIA = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml",
-         ".md": "text/markdown"}
+MEDIA = {
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".html": "text/html",
+    ".svg": "image/svg+xml",
+    ".md": "text/markdown",
+}
 # scripts only from the portal's own files (no inline script can run); style attributes are set by the pages
-CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'")
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
 PORTAL_HEADERS = {"Cache-Control": "no-cache", "Content-Security-Policy": CSP, "X-Frame-Options": "DENY"}
 EVERY_RESPONSE = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer")]
 

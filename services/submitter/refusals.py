@@ -49,8 +49,9 @@ class NotFinished(Refused):
     """Only a finished job can be deleted."""
 
     def __init__(self, job_id: str, *, phase: str) -> None:
-        super().__init__(f"job {job_id} is {phase}: only Completed, Failed or Terminated jobs can be deleted; "
-                         "terminate it first")
+        super().__init__(
+            f"job {job_id} is {phase}: only Completed, Failed or Terminated jobs can be deleted; terminate it first"
+        )
         self.job_id, self.phase = job_id, phase
 
 
@@ -60,8 +61,10 @@ class QueueFull(Refused):
     retry = True
 
     def __init__(self, *, scope: str, name: str, queued: int, cap: int) -> None:
-        super().__init__(f"the queued job quantity of {scope} {name} has reached the upper limit ({queued} of {cap} "
-                         "not yet running); wait for some to start or terminate them")
+        super().__init__(
+            f"the queued job quantity of {scope} {name} has reached the upper limit ({queued} of {cap} "
+            "not yet running); wait for some to start or terminate them"
+        )
         self.scope, self.name, self.queued, self.cap = scope, name, queued, cap
 
 

@@ -1,6 +1,7 @@
 """The submitter's collections: jobs as the API shows them, their views (queue, list), the placements their output
 is checked against; their output (`logstore`) and notifications (`notificationstore`) through stores of their own.
 The one door to them: no other module of the submitter names a collection."""
+
 import asyncio
 import time
 from dataclasses import dataclass, field
@@ -40,8 +41,13 @@ def list_entry(doc: dict[str, Any]) -> dict[str, Any]:
     server, and seconds sort the same everywhere)."""
     created = doc["create_time"]
     created = datetime.fromisoformat(created) if isinstance(created, str) else created
-    return {"_id": doc["_id"], "project_id": doc["project_id"], "created_s": created.timestamp(),
-            "phase": doc.get("status", {}).get("phase"), "v": doc.get("status_version", 0)}
+    return {
+        "_id": doc["_id"],
+        "project_id": doc["project_id"],
+        "created_s": created.timestamp(),
+        "phase": doc.get("status", {}).get("phase"),
+        "v": doc.get("status_version", 0),
+    }
 
 
 def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,13 +121,34 @@ class Repository:
         pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
         stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
         if stored:
-            await self.queue.bulk_write([UpdateOne({"_id": doc["_id"]}, {"$set": {
-                "project_id": doc["project_id"], "user_name": doc["user_name"], "v": doc.get("status_version", 0)}},
-                upsert=True) for doc in stored], ordered=False)
-            await self.listing.bulk_write([UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
-                                           for entry in map(list_entry, stored)], ordered=False)
-        return [NameTaken(doc["name"], project_id=doc["project_id"]) if entries is None else entries
-                for (doc, _), entries in zip(new, pending)]
+            await self.queue.bulk_write(
+                [
+                    UpdateOne(
+                        {"_id": doc["_id"]},
+                        {
+                            "$set": {
+                                "project_id": doc["project_id"],
+                                "user_name": doc["user_name"],
+                                "v": doc.get("status_version", 0),
+                            }
+                        },
+                        upsert=True,
+                    )
+                    for doc in stored
+                ],
+                ordered=False,
+            )
+            await self.listing.bulk_write(
+                [
+                    UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
+                    for entry in map(list_entry, stored)
+                ],
+                ordered=False,
+            )
+        return [
+            NameTaken(doc["name"], project_id=doc["project_id"]) if entries is None else entries
+            for (doc, _), entries in zip(new, pending)
+        ]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         """Jobs of a project or of a user accepted and not yet running."""
@@ -140,12 +167,18 @@ class Repository:
             if _unversioned(have.pop(d["_id"], None)) != _unversioned(entry):  # entries from before versions stay
                 changed.append(entry)
             if d.get("status", {}).get("phase") in QUEUED_PHASES:
-                queued.append({"_id": d["_id"], "project_id": d["project_id"], "user_name": d["user_name"],
-                               "v": d.get("status_version", 0)})
+                queued.append(
+                    {
+                        "_id": d["_id"],
+                        "project_id": d["project_id"],
+                        "user_name": d["user_name"],
+                        "v": d.get("status_version", 0),
+                    }
+                )
         if have:  # entries of jobs that are gone
             await self.listing.delete_many({"_id": {"$in": list(have)}})
         for i in range(0, len(queued), 1000):
-            await self.queue.insert_many(queued[i:i + 1000])
+            await self.queue.insert_many(queued[i : i + 1000])
         for entry in changed:
             await self.listing.replace_one({"_id": entry["_id"]}, entry, upsert=True)
         return len(queued)
@@ -164,12 +197,22 @@ class Repository:
         """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says."""
         version = doc.get("status_version", 0)
         if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
-            await self._versioned(self.queue, doc["_id"], version, {"$set": {
-                "project_id": doc["project_id"], "user_name": doc["user_name"], "v": version},
-                "$unset": {"gone_s": ""}})
+            await self._versioned(
+                self.queue,
+                doc["_id"],
+                version,
+                {
+                    "$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": version},
+                    "$unset": {"gone_s": ""},
+                },
+            )
         elif queue:
-            await self._versioned(self.queue, doc["_id"], version, {"$set": {"v": version, "gone_s": time.time()},
-                                                                    "$unset": {"project_id": "", "user_name": ""}})
+            await self._versioned(
+                self.queue,
+                doc["_id"],
+                version,
+                {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}},
+            )
             await self._sweep_queue()
         entry = list_entry(doc)
         await self._versioned(self.listing, entry.pop("_id"), version, {"$set": entry})
@@ -261,8 +304,11 @@ class Repository:
         status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
         entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
         before = await self.jobs.find_one_and_update(
-            {"_id": event.job_id, "status_version": {"$lt": event.version}}, {"$set": status_fields(event)},
-            projection=VIEW_FIELDS, return_document=ReturnDocument.BEFORE)
+            {"_id": event.job_id, "status_version": {"$lt": event.version}},
+            {"$set": status_fields(event)},
+            projection=VIEW_FIELDS,
+            return_document=ReturnDocument.BEFORE,
+        )
         if before is None:
             await self.sync_views(event.job_id)
             return
@@ -274,5 +320,12 @@ class Repository:
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         eta = event.eta.model_dump(mode="json") if event.eta else None
-        await update_grouped(self.jobs, [({"_id": event.job_id, "status.phase": {
-            "$nin": ["Completed", "Failed", "Terminated"]}}, {"$set": {"status.eta": eta}})])
+        await update_grouped(
+            self.jobs,
+            [
+                (
+                    {"_id": event.job_id, "status.phase": {"$nin": ["Completed", "Failed", "Terminated"]}},
+                    {"$set": {"status.eta": eta}},
+                )
+            ],
+        )

@@ -1,4 +1,5 @@
 """Usage and spend reports, quotas and budgets (a new job's admission: `admission`)."""
+
 import csv
 import io
 from typing import Annotated, Literal
@@ -28,33 +29,54 @@ def to_csv(report: UsageReport) -> str:
     writer.writeheader()
     for row in [*report.groups, report.total.model_copy(update={"key": "(total)"})]:
         data = row.model_dump()
-        writer.writerow({report.group_by: data.pop("key"), **{k: round(v, 6) if isinstance(v, float) else v
-                                                              for k, v in data.items()}})
+        writer.writerow(
+            {
+                report.group_by: data.pop("key"),
+                **{k: round(v, 6) if isinstance(v, float) else v for k, v in data.items()},
+            }
+        )
     return out.getvalue()
 
 
-@router.get("/v2/{project_id}/usage", response_model=UsageReport, tags=["usage"], summary="Usage and spend",
-            description="Attempts, owned utilisation and on-demand spend in [from, to). group_by=project is for the "
-                        "admin and covers every project. format=csv: one line per group, then the total.")
-async def usage(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
-                start: Annotated[str | None, Query(alias="from", description="ISO-8601 start")] = None,
-                end: Annotated[str | None, Query(alias="to", description="ISO-8601 end")] = None,
-                group_by: GroupBy = "user", format: Literal["json", "csv"] = "json",
-                job_id: Annotated[str | None, Query(max_length=64, description="Only this job: its cost so far")]
-                = None):
+@router.get(
+    "/v2/{project_id}/usage",
+    response_model=UsageReport,
+    tags=["usage"],
+    summary="Usage and spend",
+    description="Attempts, owned utilisation and on-demand spend in [from, to). group_by=project is for the "
+    "admin and covers every project. format=csv: one line per group, then the total.",
+)
+async def usage(
+    project_id: ProjectId,
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    start: Annotated[str | None, Query(alias="from", description="ISO-8601 start")] = None,
+    end: Annotated[str | None, Query(alias="to", description="ISO-8601 end")] = None,
+    group_by: GroupBy = "user",
+    format: Literal["json", "csv"] = "json",
+    job_id: Annotated[str | None, Query(max_length=64, description="Only this job: its cost so far")] = None,
+):
     if group_by == "project":
         principal.require_admin()
     else:
         principal.require_project(project_id)
     try:
-        query = UsageQuery(project_id=None if group_by == "project" else project_id, start=start, end=end,
-                           group_by=group_by, job_id=job_id)
+        query = UsageQuery(
+            project_id=None if group_by == "project" else project_id,
+            start=start,
+            end=end,
+            group_by=group_by,
+            job_id=job_id,
+        )
     except ValueError as exc:
         raise ApiError(400, errors.PARAM_INVALID, f"param[from/to] invalid: {exc.errors()[0]['msg']}") from None
     report = UsageReport.model_validate(await use_cases(request).requester.ask(RPC_USAGE, query, timeout=15))
     if format == "csv":
-        return Response(to_csv(report), media_type="text/csv; charset=utf-8",
-                        headers={"content-disposition": f'attachment; filename="usage-{project_id}.csv"'})
+        return Response(
+            to_csv(report),
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="usage-{project_id}.csv"'},
+        )
     return report
 
 
@@ -66,25 +88,44 @@ async def quotas(request: Request, question: QuotasRequest) -> dict:
     return await use_cases(request).requester.ask(RPC_QUOTAS, question)
 
 
-@router.get("/v2/{project_id}/quotas", response_model=QuotasReply, tags=["quotas"],
-            summary="The project's quotas and budgets, and its month so far")
+@router.get(
+    "/v2/{project_id}/quotas",
+    response_model=QuotasReply,
+    tags=["quotas"],
+    summary="The project's quotas and budgets, and its month so far",
+)
 async def get_quotas(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate)):
     principal.require_project(project_id)
     return QuotasReply.model_validate(await quotas(request, QuotasRequest(project_id=project_id)))
 
 
-@router.put("/v2/{project_id}/quotas", response_model=QuotasReply, tags=["quotas"],
-            summary="Replace the project's quotas and budgets (admin)")
-async def put_quotas(project_id: ProjectId, body: ProjectQuotas, request: Request,
-                     principal: Principal = Depends(authenticate)):
+@router.put(
+    "/v2/{project_id}/quotas",
+    response_model=QuotasReply,
+    tags=["quotas"],
+    summary="Replace the project's quotas and budgets (admin)",
+)
+async def put_quotas(
+    project_id: ProjectId, body: ProjectQuotas, request: Request, principal: Principal = Depends(authenticate)
+):
     principal.require_admin()
     return QuotasReply.model_validate(await quotas(request, QuotasRequest(project_id=project_id, project=body)))
 
 
-@router.put("/v2/{project_id}/quotas/users/{user_name}", response_model=QuotasReply, tags=["quotas"],
-            summary="Set one user's quotas and budget in the project (admin)")
-async def put_user_quota(project_id: ProjectId, user_name: UserName, body: Quota, request: Request,
-                         principal: Principal = Depends(authenticate)):
+@router.put(
+    "/v2/{project_id}/quotas/users/{user_name}",
+    response_model=QuotasReply,
+    tags=["quotas"],
+    summary="Set one user's quotas and budget in the project (admin)",
+)
+async def put_user_quota(
+    project_id: ProjectId,
+    user_name: UserName,
+    body: Quota,
+    request: Request,
+    principal: Principal = Depends(authenticate),
+):
     principal.require_admin()
-    return QuotasReply.model_validate(await quotas(request, QuotasRequest(
-        project_id=project_id, user_name=user_name, user=body)))
+    return QuotasReply.model_validate(
+        await quotas(request, QuotasRequest(project_id=project_id, user_name=user_name, user=body))
+    )

@@ -1,4 +1,5 @@
 """/v2/flavors and /v2/pools: placement's catalogue, as a job's body may name it."""
+
 from fastapi import APIRouter, Depends, Request
 
 from shared.rpc import Flavor, Pool

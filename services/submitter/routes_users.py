@@ -1,4 +1,5 @@
 """Users and their tokens: create users (admin), issue, list and revoke tokens (the admin or the user himself)."""
+
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -13,15 +14,18 @@ from services.submitter.errors import ApiError
 router = APIRouter(tags=["users"])
 TEN_YEARS_S = 10 * 365 * 86400
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
-ExpiresIn = Annotated[int | None, Field(None, strict=True, ge=1, le=TEN_YEARS_S,
-                                        description="Seconds until the token stops working; none: never.")]
+ExpiresIn = Annotated[
+    int | None,
+    Field(None, strict=True, ge=1, le=TEN_YEARS_S, description="Seconds until the token stops working; none: never."),
+]
 
 
 class UserCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     user_name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    projects: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Field(default_factory=list,
-                                                                                     max_length=100)
+    projects: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Field(
+        default_factory=list, max_length=100
+    )
     admin: Annotated[bool, Field(strict=True)] = False
     expires_in: ExpiresIn = None
 
@@ -65,8 +69,14 @@ async def existing_user(request: Request, user_name: str) -> dict:
 
 
 def issued(user: dict, token: str, info: dict) -> IssuedToken:
-    return IssuedToken(user_name=user["_id"], projects=user.get("projects", []), admin=bool(user.get("admin")),
-                       token=token, token_id=info["token_id"], expires=info["expires"])
+    return IssuedToken(
+        user_name=user["_id"],
+        projects=user.get("projects", []),
+        admin=bool(user.get("admin")),
+        token=token,
+        token_id=info["token_id"],
+        expires=info["expires"],
+    )
 
 
 @router.post("/v2/users", status_code=201, response_model=IssuedToken, summary="Create a user")
@@ -88,20 +98,28 @@ async def list_users(request: Request, principal: Principal = Depends(authentica
     return [User(user_name=d["_id"], projects=d.get("projects", []), admin=bool(d.get("admin"))) for d in docs]
 
 
-@router.post("/v2/users/{user_name}/tokens", status_code=201, response_model=IssuedToken,
-             summary="Issue another token (the admin, or the user himself); at most TRAINMASTER_MAX_TOKENS_PER_USER "
-                     "live ones")
-async def issue_token(user_name: UserName, request: Request, body: TokenCreate | None = None,
-                      principal: Principal = Depends(authenticate)):
+@router.post(
+    "/v2/users/{user_name}/tokens",
+    status_code=201,
+    response_model=IssuedToken,
+    summary="Issue another token (the admin, or the user himself); at most TRAINMASTER_MAX_TOKENS_PER_USER live ones",
+)
+async def issue_token(
+    user_name: UserName, request: Request, body: TokenCreate | None = None, principal: Principal = Depends(authenticate)
+):
     principal.require_self_or_admin(user_name)
     user = await existing_user(request, user_name)
     expires_in = body.expires_in if body else None
-    return issued(user, *await request.app.state.tokens.issue(user_name, expires_in=expires_in,
-                                                              capped=not user.get("admin")))
+    return issued(
+        user, *await request.app.state.tokens.issue(user_name, expires_in=expires_in, capped=not user.get("admin"))
+    )
 
 
-@router.get("/v2/users/{user_name}/tokens", response_model=TokenList,
-            summary="A user's tokens: id, created, expires, last used (never the secret)")
+@router.get(
+    "/v2/users/{user_name}/tokens",
+    response_model=TokenList,
+    summary="A user's tokens: id, created, expires, last used (never the secret)",
+)
 async def list_tokens(user_name: UserName, request: Request, principal: Principal = Depends(authenticate)):
     principal.require_self_or_admin(user_name)
     await existing_user(request, user_name)
@@ -109,10 +127,17 @@ async def list_tokens(user_name: UserName, request: Request, principal: Principa
     return TokenList(count=len(items), items=[TokenInfo(**i) for i in items])
 
 
-@router.delete("/v2/users/{user_name}/tokens/{token_id}", status_code=204,
-               summary="Revoke a token (the admin, or the user himself); it stops working at once")
-async def revoke_token(user_name: UserName, token_id: Annotated[str, Path(pattern=r"^tk_[0-9a-f]{16}$")],
-                       request: Request, principal: Principal = Depends(authenticate)) -> Response:
+@router.delete(
+    "/v2/users/{user_name}/tokens/{token_id}",
+    status_code=204,
+    summary="Revoke a token (the admin, or the user himself); it stops working at once",
+)
+async def revoke_token(
+    user_name: UserName,
+    token_id: Annotated[str, Path(pattern=r"^tk_[0-9a-f]{16}$")],
+    request: Request,
+    principal: Principal = Depends(authenticate),
+) -> Response:
     principal.require_self_or_admin(user_name)
     if not await request.app.state.tokens.revoke(user_name, token_id):
         raise ApiError(404, errors.NOT_FOUND, f"user {user_name} has no token {token_id}")

@@ -1,4 +1,5 @@
 """Asking the services that own an answer, over request/reply: one way to do it, one refusal when they are away."""
+
 import asyncio
 import time
 from dataclasses import dataclass
@@ -42,11 +43,19 @@ class Requester:
 
     async def candidates(self, body: JobCreate, *, project_id: str, user_name: str) -> CandidatesReply:
         """Where the job could run, how long and at what cost (placement's dry run: the one pricing of a job)."""
-        return await self.spec_candidates(body.spec, project_id=project_id, user_name=user_name,
-                                          parameters=body.algorithm.parameters)
+        return await self.spec_candidates(
+            body.spec, project_id=project_id, user_name=user_name, parameters=body.algorithm.parameters
+        )
 
-    async def spec_candidates(self, spec: Spec, *, project_id: str, user_name: str, timeout: float | None = None,
-                              parameters: list[Parameter] | None = None) -> CandidatesReply:
+    async def spec_candidates(
+        self,
+        spec: Spec,
+        *,
+        project_id: str,
+        user_name: str,
+        timeout: float | None = None,
+        parameters: list[Parameter] | None = None,
+    ) -> CandidatesReply:
         """Placement's dry run of a job's spec (with its parameters, the estimator's duration where it has one)."""
         query = CandidatesQuery(spec=spec, user_name=user_name, project_id=project_id, parameters=parameters or [])
         return CandidatesReply.model_validate(await self.ask(RPC_CANDIDATES, query, timeout=timeout))

@@ -5,6 +5,7 @@ call the same methods.
 One submission asks placement for candidates once and billing once: the price billing admits against is the
 price placement's candidates gave, and the same answer says whether anything could ever hold the job.
 """
+
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -52,8 +53,9 @@ class Submitter:
 
     async def prepare(self, *, project_id: str, body: JobCreate) -> JobCreate:
         """Refuse storage the agents would refuse; fill a named flavor's resources, check a named pool."""
-        refused = refused_urls(body.algorithm, policy=self.storage, project_id=project_id) or \
-            await refused_addresses(body.algorithm, policy=self.storage)
+        refused = refused_urls(body.algorithm, policy=self.storage, project_id=project_id) or await refused_addresses(
+            body.algorithm, policy=self.storage
+        )
         if refused:  # outside the project's storage, the cluster's allow-list or public addresses: agents refuse too
             raise Invalid(*refused[0])
         return await resolve(self.requester, body)
@@ -78,8 +80,7 @@ class Submitter:
         await self.caps.check(self.repo, project_id=project_id, user_name=user_name)  # before asking anyone
         answer = await self.offers(body, project_id=project_id, user_name=user_name)
         await admission.admit(self.requester, project_id=project_id, user_name=user_name, body=body, answer=answer)
-        await feasible.refuse_unplaceable(self.requester, body.spec, answer, project_id=project_id,
-                                          user_name=user_name)
+        await feasible.refuse_unplaceable(self.requester, body.spec, answer, project_id=project_id, user_name=user_name)
         return await self._store(command, body=body, job_id=command.job_id or str(uuid.uuid4()))
 
     async def _store(self, command: SubmitJob, *, body: JobCreate, job_id: str) -> Job:
@@ -87,11 +88,21 @@ class Submitter:
         the outbox relay: the job is stored, its creation stands); both in groups with the jobs submitted
         alongside. A taken name (or id) is the repository's NameTaken."""
         project_id, user_name, now = command.project_id, command.user_name, utcnow()
-        doc = {**new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now),
-               **command.links}
-        event = JobSubmitted(event_id=f"{job_id}:submitted", occurred_at=now, job_id=job_id, project_id=project_id,
-                             user_name=user_name, name=body.metadata.name, algorithm=body.algorithm,
-                             spec=body.spec, create_time=now)
+        doc = {
+            **new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now),
+            **command.links,
+        }
+        event = JobSubmitted(
+            event_id=f"{job_id}:submitted",
+            occurred_at=now,
+            job_id=job_id,
+            project_id=project_id,
+            user_name=user_name,
+            name=body.metadata.name,
+            algorithm=body.algorithm,
+            spec=body.spec,
+            create_time=now,
+        )
         entries = await self.intake.store(Arrival(doc, event))  # the caps counted again, with the jobs alongside
         try:
             await self.intake.announce((job_id, entries))
@@ -105,10 +116,16 @@ class Submitter:
         if await self.repo.name_taken(project_id, body.metadata.name):
             raise NameTaken(body.metadata.name, project_id=project_id)
         answer = await self.requester.candidates(body, project_id=project_id, user_name=user_name)
-        await feasible.check(body.spec, answer, feasible.asker(self.requester, project_id=project_id,
-                                                               user_name=user_name))
-        return {"dry_run": True, "valid": True, "project_id": project_id, "name": body.metadata.name,
-                **answer.model_dump(mode="json")}
+        await feasible.check(
+            body.spec, answer, feasible.asker(self.requester, project_id=project_id, user_name=user_name)
+        )
+        return {
+            "dry_run": True,
+            "valid": True,
+            "project_id": project_id,
+            "name": body.metadata.name,
+            **answer.model_dump(mode="json"),
+        }
 
     async def stored(self, project_id: str, job_id: str) -> dict[str, Any]:
         """The job as stored; NotFound when the project has no such job."""
@@ -117,28 +134,35 @@ class Submitter:
             raise NotFound(job_id)
         return doc
 
-    async def act(self, *, project_id: str, job_id: str, action: Literal["terminate", "migrate"],
-                  requested_by: str) -> Job:
+    async def act(
+        self, *, project_id: str, job_id: str, action: Literal["terminate", "migrate"], requested_by: str
+    ) -> Job:
         """Ask the monitor to terminate the job, or to migrate it (only a Running job moves); the job as it is
         after the monitor's answer (or as it was, when the command waits on the stream)."""
         doc = await self.stored(project_id, job_id)
         phase = doc["status"]["phase"]
         if phase in FINISHED_NAMES or (action == "migrate" and phase != "Running"):
-            raise WrongPhase(job_id, phase=phase, done=f"{action}d",
-                             hint=" (only Running jobs move)" if action == "migrate" else "")
+            raise WrongPhase(
+                job_id, phase=phase, done=f"{action}d", hint=" (only Running jobs move)" if action == "migrate" else ""
+            )
         if action == "terminate":
             await self.terminate(job_id, requested_by=requested_by)
         else:
-            command = JobMigrateRequested(event_id=f"{job_id}:migrate:{uuid.uuid4().hex}", job_id=job_id,
-                                          requested_by=requested_by, attempt=doc["status"].get("attempt"))
+            command = JobMigrateRequested(
+                event_id=f"{job_id}:migrate:{uuid.uuid4().hex}",
+                job_id=job_id,
+                requested_by=requested_by,
+                attempt=doc["status"].get("attempt"),
+            )
             await send_command(self.requester.broker, self.repo, command, RPC_MIGRATE)
         return render(await self.stored(project_id, job_id))
 
     async def terminate(self, job_id: str, *, requested_by: str) -> None:
         """Terminate a job on someone's behalf (its user, a search pruning its trial); the job's reason names
         them."""
-        command = JobTerminateRequested(event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id,
-                                        requested_by=requested_by)
+        command = JobTerminateRequested(
+            event_id=f"{job_id}:terminate:{uuid.uuid4().hex}", job_id=job_id, requested_by=requested_by
+        )
         await send_command(self.requester.broker, self.repo, command, RPC_TERMINATE)
 
     async def delete(self, *, project_id: str, job_id: str) -> None:

@@ -1,4 +1,5 @@
 """The job as the API shows it (ModelArts v2 shape), and how stored jobs follow the monitor's events."""
+
 from datetime import datetime
 from typing import Any, Literal
 
@@ -7,8 +8,6 @@ from pydantic import BaseModel, Field
 from shared.clock import as_utc, utcnow
 from shared.events import Eta, JobStatusChanged, TaskStatus
 from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
-
-
 
 
 class JobMetadata(BaseModel):
@@ -93,8 +92,13 @@ def aged(eta: dict[str, Any] | None, now: datetime) -> Eta | None:
         return None
     eta = Eta.model_validate(eta)
     elapsed = max(0.0, (now - as_utc(eta.updated_at)).total_seconds())
-    return eta.model_copy(update={"remaining_s": max(0.0, eta.remaining_s - elapsed),
-                                  "low_s": max(0.0, eta.low_s - elapsed), "high_s": max(0.0, eta.high_s - elapsed)})
+    return eta.model_copy(
+        update={
+            "remaining_s": max(0.0, eta.remaining_s - elapsed),
+            "low_s": max(0.0, eta.low_s - elapsed),
+            "high_s": max(0.0, eta.high_s - elapsed),
+        }
+    )
 
 
 def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
@@ -105,15 +109,29 @@ def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
     node_ids = status.get("node_ids", [])
     node_count = doc["spec"]["resource"]["node_count"]
     return Job(
-        metadata=JobMetadata(id=doc["_id"], name=doc["name"], description=doc["description"],
-                             create_time=_ms(doc["create_time"]), user_name=doc["user_name"],
-                             workspace_id=doc["workspace_id"], project_id=doc["project_id"]),
+        metadata=JobMetadata(
+            id=doc["_id"],
+            name=doc["name"],
+            description=doc["description"],
+            create_time=_ms(doc["create_time"]),
+            user_name=doc["user_name"],
+            workspace_id=doc["workspace_id"],
+            project_id=doc["project_id"],
+        ),
         status=JobStatus(
-            phase=status["phase"], secondary_phase=status["secondary_phase"], duration=max(0, running_ms),
-            start_time=_ms(start), end_time=_ms(end), node_id=node_ids[0] if node_ids else "", node_ids=node_ids,
-            attempt=status.get("attempt", 0), reason=status.get("reason", ""),
-            tasks=[f"worker-{r}" for r in range(node_count)], task_statuses=status.get("task_statuses", []),
-            attempts=status.get("attempts", []), eta=aged(status.get("eta"), now),
+            phase=status["phase"],
+            secondary_phase=status["secondary_phase"],
+            duration=max(0, running_ms),
+            start_time=_ms(start),
+            end_time=_ms(end),
+            node_id=node_ids[0] if node_ids else "",
+            node_ids=node_ids,
+            attempt=status.get("attempt", 0),
+            reason=status.get("reason", ""),
+            tasks=[f"worker-{r}" for r in range(node_count)],
+            task_statuses=status.get("task_statuses", []),
+            attempts=status.get("attempts", []),
+            eta=aged(status.get("eta"), now),
         ),
         algorithm=Algorithm.model_validate(doc["algorithm"]),
         spec=Spec.model_validate(doc["spec"]),
@@ -132,8 +150,15 @@ def status_fields(event: JobStatusChanged) -> dict[str, Any]:
         "status.end_time": _ms(event.end_time),
         "status.task_statuses": [t.model_dump() for t in event.task_statuses],
         "status.attempts": [
-            {"attempt": a.attempt, "node_ids": list(a.node_ids), "placed_at": _ms(a.placed_at),
-             "start_time": _ms(a.started_at), "end_time": _ms(a.ended_at), "reason": a.reason, "outcome": a.outcome}
+            {
+                "attempt": a.attempt,
+                "node_ids": list(a.node_ids),
+                "placed_at": _ms(a.placed_at),
+                "start_time": _ms(a.started_at),
+                "end_time": _ms(a.ended_at),
+                "reason": a.reason,
+                "outcome": a.outcome,
+            }
             for a in event.attempts
         ],
         "status_version": event.version,

@@ -1,4 +1,5 @@
 """Fixtures of the end-to-end tier alone."""
+
 import httpx
 import pytest
 import pytest_asyncio
@@ -45,8 +46,12 @@ memory_gb = 32
 price_per_hour = 2.0
 startup_delay_s = 1
 """
-TUNING = {"TRAINMASTER_IDLE_RELEASE_S": "2", "TRAINMASTER_PULLBACK_MIN_REMAINING_S": "5",
-          "TRAINMASTER_MIGRATION_S": "10", "TRAINMASTER_SCHEDULE_TICK_S": "1"}
+TUNING = {
+    "TRAINMASTER_IDLE_RELEASE_S": "2",
+    "TRAINMASTER_PULLBACK_MIN_REMAINING_S": "5",
+    "TRAINMASTER_MIGRATION_S": "10",
+    "TRAINMASTER_SCHEDULE_TICK_S": "1",
+}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,7 @@ def fleet(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def client(fleet):
-    async with httpx.AsyncClient(base_url=fleet.api_url, timeout=30,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+    async with httpx.AsyncClient(
+        base_url=fleet.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as api:
         yield api

@@ -1,4 +1,5 @@
 """Driving jobs through the REST API."""
+
 import httpx
 
 from tests.conftest import eventually, wait_until_ready
@@ -31,13 +32,16 @@ async def logs(api: httpx.AsyncClient, project: str, job_id: str) -> str:
     return response.text
 
 
-async def logs_containing(api: httpx.AsyncClient, project: str, job_id: str, *needles: str,
-                          timeout_s: float = 20) -> str:
+async def logs_containing(
+    api: httpx.AsyncClient, project: str, job_id: str, *needles: str, timeout_s: float = 20
+) -> str:
     """The job's log once every needle is in it (logs travel on their own stream, so a job can be Completed a
     moment before its last lines are stored); the log as it is when they never all come."""
+
     async def complete() -> str | None:
         text = await logs(api, project, job_id)
         return text if all(n in text for n in needles) else None
+
     try:
         return await eventually(complete, timeout_s=timeout_s, interval_s=0.3)
     except AssertionError:

@@ -1,5 +1,6 @@
 """What a run of many jobs under faults must end with (the chaos and failover tests): every job finished, no two
 attempts of a job overlapping, and the usage ledger exactly one line per attempt that ran."""
+
 from collections import defaultdict
 from pathlib import Path
 
@@ -11,17 +12,20 @@ FINISHED = ("Completed", "Failed", "Terminated")
 
 async def all_finished(api, project: str, *, jobs: int, context: str = "", timeout_s: float = 180) -> list[dict]:
     """The project's jobs once all `jobs` are finished (AssertionError naming a few stuck ones otherwise)."""
+
     async def finished():
         items = await listing(api, project)
-        return items if items and len(items) == jobs and all(
-            j["status"]["phase"] in FINISHED for j in items) else None
+        return items if items and len(items) == jobs and all(j["status"]["phase"] in FINISHED for j in items) else None
 
     try:
         return await eventually(finished, timeout_s=timeout_s, interval_s=2)
     except AssertionError:
         items = await listing(api, project) or []
-        stuck = [(j["metadata"]["id"], j["status"]["phase"], j["status"]["reason"], j["status"]["attempts"])
-                 for j in items if j["status"]["phase"] not in FINISHED]
+        stuck = [
+            (j["metadata"]["id"], j["status"]["phase"], j["status"]["reason"], j["status"]["attempts"])
+            for j in items
+            if j["status"]["phase"] not in FINISHED
+        ]
         raise AssertionError(f"{len(items)} jobs, not finished: {stuck[:3]} {context}") from None
 
 

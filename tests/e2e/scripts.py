@@ -1,7 +1,8 @@
 """Training scripts the recovery tests submit: they use only the checkpoint contract (standard library)."""
+
 from shlex import quote
 
-COUNTER = r'''
+COUNTER = r"""
 import json, os, signal, sys, time
 total, every, pause = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 ckpt = os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "state.json")
@@ -25,7 +26,7 @@ for step in range(start, total):
     if stop:
         print(f"saved {step} on SIGTERM", flush=True)
         sys.exit(0)
-'''
+"""
 
 
 def counter(*, total: int, every: int, pause: float) -> str:
@@ -33,7 +34,7 @@ def counter(*, total: int, every: int, pause: float) -> str:
     return f"python3 -c {quote(COUNTER)} {total} {every} {pause}"
 
 
-GPU_HUNGRY = r'''
+GPU_HUNGRY = r"""
 import os, sys
 have, need = float(os.environ["TRAINMASTER_GPU_MEMORY_GB"]), float(sys.argv[1])
 print(f"GPU has {have} GB, model needs {need} GB", flush=True)
@@ -41,7 +42,7 @@ if have < need:
     print(f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {need - have:.2f} GiB", file=sys.stderr)
     sys.exit(1)
 print("trained", flush=True)
-'''
+"""
 
 
 def gpu_hungry(need_gb: float) -> str:
@@ -49,14 +50,14 @@ def gpu_hungry(need_gb: float) -> str:
     return f"python3 -c {quote(GPU_HUNGRY)} {need_gb}"
 
 
-DDP = r'''
+DDP = r"""
 import os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
 print(f"rank {dist.get_rank()} of {dist.get_world_size()} sum {value.item()}", flush=True)
 dist.destroy_process_group()
-'''
+"""
 
 
 def ddp(python: str) -> str:
@@ -64,7 +65,7 @@ def ddp(python: str) -> str:
     return f"{python} -c {quote(DDP)}"
 
 
-HANGS_ONCE = r'''
+HANGS_ONCE = r"""
 import sys, time
 import trainmaster_task as tm
 start = tm.load_step()
@@ -77,7 +78,7 @@ if tm.attempt() > 1:
 tm.save_step(step)
 print(f"saved {step}; now stuck", flush=True)
 time.sleep(600)  # no output, no progress mark, no new checkpoint: hung
-'''
+"""
 
 
 def hangs_once() -> str:
@@ -85,13 +86,13 @@ def hangs_once() -> str:
     return f"python3 -c {quote(HANGS_ONCE)}"
 
 
-QUIET = r'''
+QUIET = r"""
 import sys, time
 import trainmaster_task as tm
 for _ in range(int(sys.argv[1])):
     tm.progress()  # no output at all, but a progress mark
     time.sleep(0.25)
-'''
+"""
 
 
 def quiet_but_progressing(marks: int) -> str:

@@ -1,4 +1,5 @@
 """Authentication, project isolation and input validation through the REST API."""
+
 import httpx
 import pytest
 
@@ -21,9 +22,10 @@ async def test_no_token_is_401_and_healthz_is_open(stack):
 async def test_users_see_only_their_projects(stack, api):
     alice = (await api.post("/v2/users", json={"user_name": unique("alice"), "projects": ["team-a"]})).json()
     bob = (await api.post("/v2/users", json={"user_name": unique("bob"), "projects": ["team-b"]})).json()
-    async with httpx.AsyncClient(base_url=stack.api_url,
-                                 headers={"Authorization": f"Bearer {alice['token']}"}) as as_alice, \
-            httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {bob['token']}"}) as as_bob:
+    async with (
+        httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {alice['token']}"}) as as_alice,
+        httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {bob['token']}"}) as as_bob,
+    ):
         job = await submit(as_alice, "team-a", command="true")
         assert job["metadata"]["user_name"] == alice["user_name"]
         job_id = job["metadata"]["id"]
@@ -36,16 +38,19 @@ async def test_users_see_only_their_projects(stack, api):
         assert (await api.get(f"/v2/team-a/training-jobs/{job_id}")).status_code == 200  # the admin sees all
 
 
-@pytest.mark.parametrize("mutate,field,code", [
-    (lambda b: b["metadata"].update(name="x" * 65), "metadata.name", "406016"),
-    (lambda b: b["metadata"].update(name=""), "metadata.name", "406015"),
-    (lambda b: b["metadata"].update(description="d" * 257), "metadata.description", "406018"),
-    (lambda b: b["algorithm"].pop("command"), "algorithm", "406001"),  # command or boot_file is required
-    (lambda b: b["spec"]["resource"].update(gpu_count=-1), "spec.resource.gpu_count", "406001"),
-    (lambda b: b["spec"]["placement"].update(allowed="mars"), "spec.placement.allowed", "406001"),
-    (lambda b: b["spec"].update(surprise=1), "spec.surprise", "406001"),
-    (lambda b: b["algorithm"].update(metrics=[{"name": "l", "regex": "("}]), "algorithm.metrics.0.regex", "406001"),
-])
+@pytest.mark.parametrize(
+    "mutate,field,code",
+    [
+        (lambda b: b["metadata"].update(name="x" * 65), "metadata.name", "406016"),
+        (lambda b: b["metadata"].update(name=""), "metadata.name", "406015"),
+        (lambda b: b["metadata"].update(description="d" * 257), "metadata.description", "406018"),
+        (lambda b: b["algorithm"].pop("command"), "algorithm", "406001"),  # command or boot_file is required
+        (lambda b: b["spec"]["resource"].update(gpu_count=-1), "spec.resource.gpu_count", "406001"),
+        (lambda b: b["spec"]["placement"].update(allowed="mars"), "spec.placement.allowed", "406001"),
+        (lambda b: b["spec"].update(surprise=1), "spec.surprise", "406001"),
+        (lambda b: b["algorithm"].update(metrics=[{"name": "l", "regex": "("}]), "algorithm.metrics.0.regex", "406001"),
+    ],
+)
 async def test_bad_bodies_are_400_naming_the_field_and_create_nothing(api, project, mutate, field, code):
     body = job_body()
     mutate(body)
@@ -56,8 +61,9 @@ async def test_bad_bodies_are_400_naming_the_field_and_create_nothing(api, proje
 
 
 async def test_malformed_json_and_duplicate_names(api, project):
-    response = await api.post(f"/v2/{project}/training-jobs", content=b"{not json",
-                              headers={"content-type": "application/json"})
+    response = await api.post(
+        f"/v2/{project}/training-jobs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["error_code"] == "406001"
     job = await submit(api, project, command="sleep 5")
     duplicate = await api.post(f"/v2/{project}/training-jobs", json=job_body(name=job["metadata"]["name"]))
@@ -69,8 +75,9 @@ async def test_unknown_job_and_bad_action(api, project):
     missing = await api.get(f"/v2/{project}/training-jobs/nope")
     assert missing.status_code == 404 and missing.json()["error_code"] == "406012"
     job = await submit(api, project, command="true")
-    bad = await api.post(f"/v2/{project}/training-jobs/{job['metadata']['id']}/actions",
-                         json={"action_type": "explode"})
+    bad = await api.post(
+        f"/v2/{project}/training-jobs/{job['metadata']['id']}/actions", json={"action_type": "explode"}
+    )
     assert bad.status_code == 400 and "param[action_type]" in bad.json()["error_msg"]
 
 

@@ -1,6 +1,7 @@
 """Chaos: 200 short checkpointing jobs while every service, one agent and the NATS server are SIGKILLed and
 restarted at random moments. Every job ends exactly once, no two attempts of a job ever run at the same time,
 and the usage ledger holds exactly one line per attempt that ran."""
+
 import asyncio
 import json
 import random
@@ -18,7 +19,7 @@ from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
 JOBS = 200
-TICKING = r'''
+TICKING = r"""
 import json, os, sys, time
 marker, ckpt = sys.argv[1], os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "step")
 start = int(open(ckpt).read()) + 1 if os.path.exists(ckpt) else 0
@@ -29,7 +30,7 @@ for step in range(start, 6):
     with open(ckpt + ".tmp", "w") as f:
         f.write(str(step))
     os.replace(ckpt + ".tmp", ckpt)
-'''
+"""
 
 
 async def test_chaos(api, project, stack, shared_dir):
@@ -44,8 +45,9 @@ async def test_chaos(api, project, stack, shared_dir):
 
     async def submit_all() -> None:
         for _ in range(JOBS):
-            body = job_body(name=unique("c"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5,
-                            memory_gb=0.5)
+            body = job_body(
+                name=unique("c"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5, memory_gb=0.5
+            )
             await post_until_accepted(api, url, body)
 
     async def chaos() -> None:
@@ -69,5 +71,15 @@ async def test_chaos(api, project, stack, shared_dir):
     recovered = sum(1 for j in items if len(j["status"]["attempts"]) > 1)
     ran = await ledger_settles(api, project)
     wait_until_ready(stack)
-    print("\nCHAOS " + json.dumps({"jobs": JOBS, "kills": kills, "jobs_recovered": recovered,
-                                   "attempts_run": ran, "seconds": round(time.monotonic() - started, 1)}))
+    print(
+        "\nCHAOS "
+        + json.dumps(
+            {
+                "jobs": JOBS,
+                "kills": kills,
+                "jobs_recovered": recovered,
+                "attempts_run": ran,
+                "seconds": round(time.monotonic() - started, 1),
+            }
+        )
+    )

@@ -1,4 +1,5 @@
 """The `trainmaster` CLI against the running stack: every command, as a researcher types it."""
+
 import json
 import os
 import subprocess
@@ -12,20 +13,32 @@ from tests.factories import unique
 
 pytestmark = pytest.mark.e2e
 
-TRAIN = ("python3 -c \"import time\nfor step in range(1, 31):\n"
-         "    print(f'step {step} loss {1.0 - step * 0.03:.3f}', flush=True)\n    time.sleep(0.15)\n\"")
+TRAIN = (
+    'python3 -c "import time\nfor step in range(1, 31):\n'
+    "    print(f'step {step} loss {1.0 - step * 0.03:.3f}', flush=True)\n    time.sleep(0.15)\n\""
+)
 LOSS = "loss:loss (?P<value>[0-9.]+):min:0.1"
 
 
 @pytest.fixture
 def cli(stack, project, tmp_path):
     """Run `python -m services.cli ARGS` with the stack in its environment; return (exit code, stdout, stderr)."""
-    env = {**os.environ, "TRAINMASTER_URL": stack.api_url, "TRAINMASTER_TOKEN": ADMIN_TOKEN,
-           "TRAINMASTER_PROJECT": project, "HOME": str(tmp_path)}
+    env = {
+        **os.environ,
+        "TRAINMASTER_URL": stack.api_url,
+        "TRAINMASTER_TOKEN": ADMIN_TOKEN,
+        "TRAINMASTER_PROJECT": project,
+        "HOME": str(tmp_path),
+    }
 
     def run(*args: str, timeout_s: float = 90, **extra_env: str) -> tuple[int, str, str]:
-        done = subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                              timeout=timeout_s, env={**env, **extra_env})
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**env, **extra_env},
+        )
         return done.returncode, done.stdout, done.stderr
 
     return run
@@ -45,8 +58,25 @@ def wait_phase(cli, job_id: str, *phases: str, timeout_s: float = 60) -> dict:
 
 def test_submit_watch_logs_list_get_and_usage(cli):
     name = unique("cli")
-    code, out, err = cli("submit", "--name", name, "--command", TRAIN, "--metric", LOSS, "--gpus", "1",
-                         "--allowed", "local", "--priority", "cost", "--expected-duration", "30", "--param", "lr=0.1")
+    code, out, err = cli(
+        "submit",
+        "--name",
+        name,
+        "--command",
+        TRAIN,
+        "--metric",
+        LOSS,
+        "--gpus",
+        "1",
+        "--allowed",
+        "local",
+        "--priority",
+        "cost",
+        "--expected-duration",
+        "30",
+        "--param",
+        "lr=0.1",
+    )
     assert code == 0, err
     job_id = out.strip()
 
@@ -69,8 +99,9 @@ def test_submit_watch_logs_list_get_and_usage(cli):
     code, out, _ = cli("get", job_id)
     assert code == 0 and name in out and "Completed" in out and "placement local/cost" in out
     job = json.loads(cli("--json", "get", job_id)[1])
-    assert job["spec"]["resource"]["gpu_count"] == 1 and job["algorithm"]["parameters"] == [{"name": "lr",
-                                                                                              "value": "0.1"}]
+    assert job["spec"]["resource"]["gpu_count"] == 1 and job["algorithm"]["parameters"] == [
+        {"name": "lr", "value": "0.1"}
+    ]
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -107,8 +138,9 @@ spec:
 
 
 def test_migrate_terminate_and_delete(cli):
-    code, out, err = cli("submit", "--name", unique("cli-long"), "--command", "sleep 60", "--gpus", "1",
-                         "--allowed", "local")
+    code, out, err = cli(
+        "submit", "--name", unique("cli-long"), "--command", "sleep 60", "--gpus", "1", "--allowed", "local"
+    )
     job_id = out.strip()
     assert code == 0, err
     wait_phase(cli, job_id, "Running")
@@ -153,14 +185,16 @@ def test_the_config_file_is_read(cli, tmp_path, stack, project):
     config = tmp_path / "home" / ".config" / "trainmaster"
     config.mkdir(parents=True)
     (config / "config.toml").write_text(f'url = "{stack.api_url}"\ntoken = "{ADMIN_TOKEN}"\nproject = "{project}"\n')
-    code, out, err = cli("list", HOME=str(tmp_path / "home"), TRAINMASTER_URL="", TRAINMASTER_TOKEN="",
-                         TRAINMASTER_PROJECT="")
+    code, out, err = cli(
+        "list", HOME=str(tmp_path / "home"), TRAINMASTER_URL="", TRAINMASTER_TOKEN="", TRAINMASTER_PROJECT=""
+    )
     assert code == 0 and out.startswith("ID"), err
 
 
 def test_estimate_and_quota(cli):
-    code, out, err = cli("estimate", "--name", "what-if", "--command", "true", "--gpus", "1",
-                         "--expected-duration", "3600")
+    code, out, err = cli(
+        "estimate", "--name", "what-if", "--command", "true", "--gpus", "1", "--expected-duration", "3600"
+    )
     assert code == 0, err
     assert "reserved" in out and "EXPECTED $" in out
     code, out, err = cli("--json", "estimate", "--name", "what-if", "--command", "true", "--gpus", "1")

@@ -1,4 +1,5 @@
 """Costs through the REST API against the real stack: charges, owned vs rented spend, budgets, alerts, csv."""
+
 import asyncio
 import csv
 import io
@@ -20,8 +21,9 @@ HEARTBEAT_S = 0.5  # the stack fixture's heartbeat interval
 async def user_client(stack, api: httpx.AsyncClient, project: str, name: str) -> httpx.AsyncClient:
     created = await api.post("/v2/users", json={"user_name": name, "projects": [project]})
     assert created.status_code == 201, created.text
-    return httpx.AsyncClient(base_url=stack.api_url, timeout=30,
-                             headers={"Authorization": f"Bearer {created.json()['token']}"})
+    return httpx.AsyncClient(
+        base_url=stack.api_url, timeout=30, headers={"Authorization": f"Bearer {created.json()['token']}"}
+    )
 
 
 async def prices(api: httpx.AsyncClient) -> dict[str, float]:
@@ -54,11 +56,12 @@ async def test_a_job_is_charged_its_run_time_times_its_share_of_its_node_price(a
 
 async def test_the_usage_report_splits_owned_and_rented_spend_per_user(stack, api, project):
     ana, bob = unique("ana"), unique("bob")
-    async with await user_client(stack, api, project, ana) as as_ana, \
-            await user_client(stack, api, project, bob) as as_bob:
+    async with (
+        await user_client(stack, api, project, ana) as as_ana,
+        await user_client(stack, api, project, bob) as as_bob,
+    ):
         owned = await submit(as_ana, project, command="sleep 1", allowed="local", gpu_count=1)
-        rented = await submit(as_bob, project, command="sleep 1", gpu_count=1, min_gpu_memory_gb=60,
-                              allowed="cloud")
+        rented = await submit(as_bob, project, command="sleep 1", gpu_count=1, min_gpu_memory_gb=60, allowed="cloud")
         for job in (owned, rented):
             await wait_phase(api, project, job["metadata"]["id"], "Completed", timeout_s=120)
 
@@ -86,13 +89,15 @@ async def test_a_budget_stops_a_submission_with_406029_and_creates_nothing(stack
         assert (refused.status_code, refused.json()["error_code"]) == (403, "406037")
         set_ = await api.put(f"/v2/{project}/quotas", json={"budget_per_month": 0.01, "max_gpus": 2})
         assert set_.status_code == 200 and set_.json()["quotas"]["budget_per_month"] == 0.01
-        response = await as_member.post(f"/v2/{project}/training-jobs",
-                                        json=job_body(allowed="local", expected_duration_s=3600))
+        response = await as_member.post(
+            f"/v2/{project}/training-jobs", json=job_body(allowed="local", expected_duration_s=3600)
+        )
         assert response.status_code == 403, response.text
         assert response.json()["error_code"] == "406029"
         assert "budget_per_month] quota exceeded" in response.json()["error_msg"]
-        too_wide = await as_member.post(f"/v2/{project}/training-jobs",
-                                        json=job_body(gpu_count=1, node_count=3, expected_duration_s=1))
+        too_wide = await as_member.post(
+            f"/v2/{project}/training-jobs", json=job_body(gpu_count=1, node_count=3, expected_duration_s=1)
+        )
         assert too_wide.json()["error_code"] == "406008"
         assert (await as_member.get(f"/v2/{project}/training-jobs")).json()["total"] == 0
         read = await as_member.get(f"/v2/{project}/quotas")
@@ -142,15 +147,27 @@ async def test_usage_as_csv(api, project):
 
 async def test_a_rented_node_is_charged_its_lifetime_times_its_price_once(stack, api, project):
     node_id, now = unique("od"), utcnow()
-    provisioned = NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type="a2",
-                                  provider="test", price_per_hour=3.6, gpu_count=1,
-                                  provisioned_at=now - timedelta(hours=2), project_id=project, user_name="ana")
+    provisioned = NodeProvisioned(
+        event_id=f"{node_id}:provisioned",
+        node_id=node_id,
+        instance_type="a2",
+        provider="test",
+        price_per_hour=3.6,
+        gpu_count=1,
+        provisioned_at=now - timedelta(hours=2),
+        project_id=project,
+        user_name="ana",
+    )
     released = NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=now - timedelta(minutes=30))
     client = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
     try:
         js = client.jetstream()
-        for event in (provisioned, released, released.model_copy(update={"event_id": "again"}),
-                      provisioned.model_copy(update={"event_id": "late"})):  # new ids: past the stream's de-dup
+        for event in (
+            provisioned,
+            released,
+            released.model_copy(update={"event_id": "again"}),
+            provisioned.model_copy(update={"event_id": "late"}),
+        ):  # new ids: past the stream's de-dup
             await js.publish(event.subject, event.model_dump_json().encode(), headers={"Nats-Msg-Id": event.event_id})
     finally:
         await client.close()

@@ -1,4 +1,5 @@
 """The ModelArts v1 dialect: the seed's (002) own sample requests create jobs that fail with a clear message."""
+
 import httpx
 import pytest
 
@@ -37,7 +38,7 @@ SAMPLE_2 = {
         "parameter": [{"label": "CUSTOM_PARAM1", "value": "1"}],
         "spec_id": 1,
         "user_command": "bash -x /home/work/run_train.sh python /home/work/user-job-dir/app/mnist/mnist_softmax.py "
-                        "--data_url /home/work/user-job-dir/app/mnist_data",
+        "--data_url /home/work/user-job-dir/app/mnist_data",
         "user_image_url": "100.125.5.235:20202/jobmng/custom-cpu-base:1.0",
         "train_url": "/usr/train/",
         "log_url": "/usr/log/",
@@ -47,21 +48,56 @@ SAMPLE_2 = {
     },
 }
 # The seed's third sample is its first with NFS and host-path volumes.
-SAMPLE_3 = {**SAMPLE_1, "job_name": "TestModelArtsJob3", "config": {**SAMPLE_1["config"], "volumes": [
-    {"nfs": {"id": "43b37236-9afa-4855-8174-32254b9562e7", "src_path": "192.168.8.150:/",
-             "dest_path": "/home/work/nas", "read_only": False}},
-    {"host_path": {"src_path": "/root/work", "dest_path": "/home/mind", "read_only": False}},
-]}}
-COMMON_IGNORED = {"config.dataset_id", "config.dataset_version_id", "config.spec_id", "config.engine_id",
-                  "config.log_url", "config.model_id", "config.pool_id"}
+SAMPLE_3 = {
+    **SAMPLE_1,
+    "job_name": "TestModelArtsJob3",
+    "config": {
+        **SAMPLE_1["config"],
+        "volumes": [
+            {
+                "nfs": {
+                    "id": "43b37236-9afa-4855-8174-32254b9562e7",
+                    "src_path": "192.168.8.150:/",
+                    "dest_path": "/home/work/nas",
+                    "read_only": False,
+                }
+            },
+            {"host_path": {"src_path": "/root/work", "dest_path": "/home/mind", "read_only": False}},
+        ],
+    },
+}
+COMMON_IGNORED = {
+    "config.dataset_id",
+    "config.dataset_version_id",
+    "config.spec_id",
+    "config.engine_id",
+    "config.log_url",
+    "config.model_id",
+    "config.pool_id",
+}
 
 
-@pytest.mark.parametrize(("sample", "ignored", "message"), [
-    (SAMPLE_1, COMMON_IGNORED, "boot file /usr/app/boot.py (config.boot_file_url) does not exist"),
-    (SAMPLE_2, {"config.spec_id", "config.engine_id", "config.log_url", "config.model_id", "config.pool_id",
-                "config.user_image_url", "config.boot_file_url"}, "config.user_command could not start"),
-    (SAMPLE_3, COMMON_IGNORED | {"config.volumes"}, "does not exist on this node"),
-], ids=["boot-file", "custom-image", "volumes"])
+@pytest.mark.parametrize(
+    ("sample", "ignored", "message"),
+    [
+        (SAMPLE_1, COMMON_IGNORED, "boot file /usr/app/boot.py (config.boot_file_url) does not exist"),
+        (
+            SAMPLE_2,
+            {
+                "config.spec_id",
+                "config.engine_id",
+                "config.log_url",
+                "config.model_id",
+                "config.pool_id",
+                "config.user_image_url",
+                "config.boot_file_url",
+            },
+            "config.user_command could not start",
+        ),
+        (SAMPLE_3, COMMON_IGNORED | {"config.volumes"}, "does not exist on this node"),
+    ],
+    ids=["boot-file", "custom-image", "volumes"],
+)
 async def test_seed_sample_creates_a_job_that_fails_clearly(api, project, sample, ignored, message):
     response = await api.post(f"/v1/{project}/training-jobs", json=sample)
     assert response.status_code == 200, response.text

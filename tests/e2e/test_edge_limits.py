@@ -1,6 +1,7 @@
 """Limits at the edge, through the real server: body size, a burst from one token, queued-job caps, paged and
 capped output, and jobs no node could ever hold. A fleet of its own: one 1-GPU node (kept busy, so GPU jobs
 queue) and one CPU node."""
+
 import asyncio
 import sys
 
@@ -32,9 +33,13 @@ price_per_hour = 0.2
 """
 USER_CAP, PROJECT_CAP, LOG_CAP = 150, 180, 100_000
 # a slower token bucket than the default (20/s, bursts of 100), so that it speaks on a loaded 2-core test machine
-LIMITS = {"TRAINMASTER_RATE_PER_S": "5", "TRAINMASTER_RATE_BURST": "50",
-          "TRAINMASTER_MAX_QUEUED_PER_USER": str(USER_CAP), "TRAINMASTER_MAX_QUEUED_PER_PROJECT": str(PROJECT_CAP),
-          "TRAINMASTER_LOG_CAP_BYTES": str(LOG_CAP)}
+LIMITS = {
+    "TRAINMASTER_RATE_PER_S": "5",
+    "TRAINMASTER_RATE_BURST": "50",
+    "TRAINMASTER_MAX_QUEUED_PER_USER": str(USER_CAP),
+    "TRAINMASTER_MAX_QUEUED_PER_PROJECT": str(PROJECT_CAP),
+    "TRAINMASTER_LOG_CAP_BYTES": str(LOG_CAP),
+}
 PROJECT = "edge"
 OTHER = "edge-other"  # for the tests after the caps test, which leaves PROJECT's queue full
 
@@ -48,8 +53,9 @@ def edge(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def admin(edge):
-    async with httpx.AsyncClient(base_url=edge.api_url, timeout=60,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+    async with httpx.AsyncClient(
+        base_url=edge.api_url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as api:
         # GPU jobs after it queue (an hour: the module takes minutes on a loaded machine; the stack's stop ends it)
         blocker = await submit(api, PROJECT, command="sleep 3600", gpu_count=1)
         await wait_phase(api, PROJECT, blocker["metadata"]["id"], "Running")
@@ -59,8 +65,9 @@ async def admin(edge):
 async def member(edge, admin) -> httpx.AsyncClient:
     user = (await admin.post("/v2/users", json={"user_name": unique("u"), "projects": [PROJECT]})).json()
     limits = httpx.Limits(max_connections=50)
-    return httpx.AsyncClient(base_url=edge.api_url, timeout=120, limits=limits,
-                             headers={"Authorization": f"Bearer {user['token']}"})
+    return httpx.AsyncClient(
+        base_url=edge.api_url, timeout=120, limits=limits, headers={"Authorization": f"Bearer {user['token']}"}
+    )
 
 
 def error(response: httpx.Response, status: int, code: str) -> str:
@@ -90,8 +97,10 @@ async def test_a_burst_of_1000_gets_429s_and_loses_none_of_the_accepted(edge, ad
 
         async def one(i: int) -> httpx.Response:
             async with in_flight:
-                return await client.post(f"/v2/{PROJECT}/training-jobs",
-                                         json=job_body(name=f"burst-{i}", command="true", gpu_count=1))
+                return await client.post(
+                    f"/v2/{PROJECT}/training-jobs", json=job_body(name=f"burst-{i}", command="true", gpu_count=1)
+                )
+
         answers = await asyncio.gather(*(one(i) for i in range(1000)))
         statuses = [a.status_code for a in answers]
         assert set(statuses) <= {201, 429, 503}, {s for s in statuses if s not in (201, 429, 503)}
@@ -108,6 +117,7 @@ async def test_a_burst_of_1000_gets_429s_and_loses_none_of_the_accepted(edge, ad
             listed = (await admin.get(f"/v2/{PROJECT}/training-jobs", params={"limit": 500})).json()
             mine = [j for j in listed["items"] if j["metadata"]["name"].startswith("burst-")]
             return mine if all(j["status"]["phase"] != "Creating" for j in mine) else None
+
         mine = await eventually(all_announced, timeout_s=120, interval_s=1)  # the monitor saw every one
         assert {j["metadata"]["id"] for j in mine} == accepted  # each 201 stored, nothing stored without its 201
         waiting = [j for j in mine if j["status"]["phase"] == "Pending"]
@@ -116,8 +126,9 @@ async def test_a_burst_of_1000_gets_429s_and_loses_none_of_the_accepted(edge, ad
 
 
 async def queued_in(admin) -> int:
-    return (await admin.get(f"/v2/{PROJECT}/training-jobs", params={"phase": ["Creating", "Pending"],
-                                                                     "limit": 1})).json()["total"]
+    return (
+        await admin.get(f"/v2/{PROJECT}/training-jobs", params={"phase": ["Creating", "Pending"], "limit": 1})
+    ).json()["total"]
 
 
 async def create_until_refused(client, prefix: str, *, most: int | None = None) -> tuple[int, httpx.Response | None]:
@@ -125,8 +136,9 @@ async def create_until_refused(client, prefix: str, *, most: int | None = None) 
     are made; how many were made and the refusal."""
     created = 0
     while most is None or created < most:
-        answer = await client.post(f"/v2/{PROJECT}/training-jobs",
-                                   json=job_body(name=f"{prefix}-{created}", command="true", gpu_count=1))
+        answer = await client.post(
+            f"/v2/{PROJECT}/training-jobs", json=job_body(name=f"{prefix}-{created}", command="true", gpu_count=1)
+        )
         if answer.status_code == 429 and answer.json()["error_code"] == "406042":  # too fast: wait, again
             await asyncio.sleep(int(answer.headers["retry-after"]))
             continue
@@ -154,7 +166,7 @@ async def test_queued_jobs_are_capped_per_user_and_per_project(edge, admin):
 
 async def test_output_is_paged_and_capped_with_the_drop_said(edge, admin):
     script = "for i in range(3000): print(f'line {i:05d} ' + 'x' * 88, flush=True)"  # 100 bytes a line: 300 KB
-    job = await submit(admin, OTHER, command=f"{sys.executable} -c \"{script}\"", allowed="local")
+    job = await submit(admin, OTHER, command=f'{sys.executable} -c "{script}"', allowed="local")
     job_id = job["metadata"]["id"]
     await wait_phase(admin, OTHER, job_id, "Completed", timeout_s=90)
     path = f"/v2/{OTHER}/training-jobs/{job_id}/logs"
@@ -162,6 +174,7 @@ async def test_output_is_paged_and_capped_with_the_drop_said(edge, admin):
     async def complete():
         page = await admin.get(path, params={"offset": 2999, "limit": 1})
         return page if page.text.startswith("line 02999") else None
+
     await eventually(complete, timeout_s=30)
     lines, offset, pages = [], 0, 0
     while True:
@@ -173,8 +186,7 @@ async def test_output_is_paged_and_capped_with_the_drop_said(edge, admin):
             break
     dropped = int(page.headers["x-log-dropped"])
     assert 0 < dropped < 3000 and offset == 3000 and pages > 1
-    assert lines[0] == f"… {dropped} earlier lines dropped (the job's stored output is capped; the oldest goes " \
-                       "first) …"
+    assert lines[0] == f"… {dropped} earlier lines dropped (the job's stored output is capped; the oldest goes first) …"
     assert lines[1:] == [f"line {i:05d} " + "x" * 88 for i in range(dropped, 3000)]
     assert (3000 - dropped) * 100 <= LOG_CAP
     followed = await admin.get(path, params={"follow": "true"})
@@ -188,8 +200,10 @@ async def test_a_job_no_node_could_ever_hold_is_refused_in_every_dialect(edge, a
     huge = job_body(node_count=64, cpu_count=1000)
     for params in ({}, {"dry_run": "true"}):
         msg = error(await admin.post(path, params=params, json=huge), 400, "406001")
-        assert msg.startswith("param[spec.resource.node_count] invalid: no node of the fleet") and \
-            "param[spec.resource.cpu_count]" in msg
+        assert (
+            msg.startswith("param[spec.resource.node_count] invalid: no node of the fleet")
+            and "param[spec.resource.cpu_count]" in msg
+        )
     memory = job_body(gpu_count=16, min_gpu_memory_gb=128)  # 2 TB of GPU memory per node
     assert error(await admin.post(path, json=memory), 400, "406001").startswith("param[spec.resource.gpu_count]")
     v1 = {"job_name": unique("v1"), "config": {"worker_server_num": 64, "user_command": "true"}}

@@ -1,4 +1,5 @@
 """What a job runs with: a cached engine environment built with real pip, code, inputs and outputs."""
+
 import re
 import sys
 from pathlib import Path
@@ -15,16 +16,26 @@ ON_RESERVED = {"gpu_count": 1, "gpu_models": ["A100-40GB"]}  # one node, so its 
 
 async def test_an_engine_is_prepared_once_per_node_and_reused(api, project, status_log):
     engine = {"name": "six-env", "packages": ["six==1.16.0"]}
-    first = await submit(api, project, command="python -c 'import six, sys; print(\"six\", six.__version__, "
-                                               "sys.prefix)'", engine=engine, **ON_RESERVED)
+    first = await submit(
+        api,
+        project,
+        command="python -c 'import six, sys; print(\"six\", six.__version__, sys.prefix)'",
+        engine=engine,
+        **ON_RESERVED,
+    )
     done = await wait_phase(api, project, first["metadata"]["id"], "Completed", "Failed", timeout_s=240)
     assert done["status"]["phase"] == "Completed", done["status"]
     text = await logs_containing(api, project, first["metadata"]["id"], "six 1.16.0", "preparing engine six-env")
     assert "six 1.16.0" in text and "[trainmaster] preparing engine six-env: pip install six==1.16.0" in text
     assert ("Pending", "Preparing") in status_log.phases[first["metadata"]["id"]]
 
-    second = await submit(api, project, command="python -c 'import six; print(\"six again\", six.__version__)'",
-                          engine=engine, **ON_RESERVED)
+    second = await submit(
+        api,
+        project,
+        command="python -c 'import six; print(\"six again\", six.__version__)'",
+        engine=engine,
+        **ON_RESERVED,
+    )
     done = await wait_phase(api, project, second["metadata"]["id"], "Completed", "Failed", timeout_s=60)
     assert done["status"]["phase"] == "Completed", done["status"]
     text = await logs_containing(api, project, second["metadata"]["id"], "six again 1.16.0", "ready (cached")
@@ -49,11 +60,12 @@ async def test_code_is_fetched_and_its_boot_file_run(api, project, stack):
     job = await submit(api, project, command="", code_dir=f"file://{code}", boot_file="train.py")
     done = await wait_phase(api, project, job["metadata"]["id"], "Completed", "Failed")
     assert done["status"]["phase"] == "Completed", done["status"]
-    assert "hello from the code dir" in await logs_containing(api, project, job["metadata"]["id"],
-                                                              "hello from the code dir")
+    assert "hello from the code dir" in await logs_containing(
+        api, project, job["metadata"]["id"], "hello from the code dir"
+    )
 
 
-WRITER = r'''
+WRITER = r"""
 import os, pathlib, time
 data = pathlib.Path(os.environ["TRAINMASTER_INPUT_DATA"], "numbers.txt").read_text().split()
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_MODEL"])
@@ -62,16 +74,21 @@ for step in range(40):
     (out / f"attempt-{attempt}.txt").write_text(f"sum {sum(map(int, data))} step {step}\n")
     print(f"step {step}", flush=True)
     time.sleep(0.25)
-'''
+"""
 
 
 async def test_inputs_come_in_and_outputs_go_out_during_the_run_and_across_a_move(api, project, stack):
     inputs, outputs = project_storage(stack, project) / "in", project_storage(stack, project) / "out"
     inputs.mkdir(parents=True)
     (inputs / "numbers.txt").write_text("1 2 3 4\n")
-    job = await submit(api, project, command=f"{sys.executable} -c '{WRITER}'", allowed="local",
-                       inputs=[{"name": "data", "url": str(inputs)}],
-                       outputs=[{"name": "model", "url": f"file://{outputs}", "period_s": 1}])
+    job = await submit(
+        api,
+        project,
+        command=f"{sys.executable} -c '{WRITER}'",
+        allowed="local",
+        inputs=[{"name": "data", "url": str(inputs)}],
+        outputs=[{"name": "model", "url": f"file://{outputs}", "period_s": 1}],
+    )
     job_id = job["metadata"]["id"]
     await wait_phase(api, project, job_id, "Running")
     first = outputs / "attempt-1.txt"

@@ -2,6 +2,7 @@
 with a warm-up and a cosine schedule, an EMA of the batch loss printed as `iter N loss X`; none of the own-jobs
 corpus's families (digits MLP/CNN scripts, numpy MLP loops with a running mean, tabular MLPs, a regression).
 Its target declared, nothing else: the curve prior's band must hold the truth at most cuts."""
+
 import asyncio
 import sys
 from shlex import quote
@@ -13,7 +14,7 @@ from tests.e2e.helpers import submit
 
 pytestmark = pytest.mark.e2e
 
-CONV_TRAINING = r'''
+CONV_TRAINING = r"""
 import math, sys, time
 import numpy as np
 target, pause = float(sys.argv[1]), float(sys.argv[2])
@@ -54,17 +55,17 @@ for step in range(1, steps + 1):
         print(f"iter {step} loss {ema:.4f}", flush=True)
         if ema <= target:
             break
-'''
+"""
 TARGETS = (0.45, 0.35)  # early on the fast fall, and on the slow part the schedule's decay carries
 CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
 
 
 async def conv_training(api, project: str, target: float) -> tuple[dict[float, bool], dict]:
     """Run the training to `target`; whether the truth was inside the band at each cut, and the band shown."""
-    metric = {"name": "loss", "regex": r"iter (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min",
-              "target": target}
-    job = await submit(api, project, metrics=[metric],
-                       command=f"{sys.executable} -c {quote(CONV_TRAINING)} {target} 0.015")
+    metric = {"name": "loss", "regex": r"iter (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min", "target": target}
+    job = await submit(
+        api, project, metrics=[metric], command=f"{sys.executable} -c {quote(CONV_TRAINING)} {target} 0.015"
+    )
     current, seen = await follow_eta(api, project, job["metadata"]["id"])
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000

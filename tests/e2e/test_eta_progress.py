@@ -1,6 +1,7 @@
 """A job that declares nothing and prints a tqdm-style bar (carriage returns, no newline until it ends) gets its
 ETA from that bar through the whole stack: the agent ships the bar's frames as updates, the estimator reads them,
 and the job's status says the progress, its unit, rate and source and the time to its end (issue 32)."""
+
 import asyncio
 import sys
 import time
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 # tqdm's own format, written by hand: the project's environment has no tqdm (the real library's output is read in
 # tests/unit/estimator/test_progress_formats.py)
-BAR_JOB = r'''
+BAR_JOB = r"""
 import sys, time
 total, pause = int(sys.argv[1]), float(sys.argv[2])
 began = time.time()
@@ -27,7 +28,7 @@ for i in range(total + 1):
         time.sleep(pause)
 sys.stderr.write("\n")
 print("done", flush=True)
-'''
+"""
 STEPS, PAUSE = 300, 0.1  # 30 s
 CUTS = (0.3, 0.5, 0.8)
 
@@ -48,8 +49,13 @@ async def test_a_job_printing_a_tqdm_bar_gets_its_eta_from_it(api, project):
     total = end - start
     assert seen, "no ETA while the bar moved"
     last = seen[-1][1]
-    assert (last["source"], last["unit"], last["total"], last["until"], last["target"]) == ("tqdm", "it", STEPS,
-                                                                                            "end", None)
+    assert (last["source"], last["unit"], last["total"], last["until"], last["target"]) == (
+        "tqdm",
+        "it",
+        STEPS,
+        "end",
+        None,
+    )
     assert 0 < last["done"] <= STEPS and last["rate"] > 0
     for cut in CUTS:  # the latest estimate by each cut puts the end within a fifth of the run of the real one
         before = [(t, eta) for t, eta in seen if t - start <= cut * total]

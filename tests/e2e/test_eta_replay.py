@@ -3,6 +3,7 @@
 The log was recorded on 64 nodes of 8 H100s and is replayed on a one-GPU test node, which is all the history
 model is told: its prior is hours. The live progress and metric curve must pull the estimate to the minute the
 run really takes (the accuracy of the prior on the right hardware is measured by `make bench-eta`)."""
+
 import asyncio
 import sys
 from shlex import quote
@@ -39,7 +40,7 @@ async def test_a_replayed_mlperf_run_sees_its_eta_converge(mlperf_replays):
 # `step N loss X`, its target declared, no history, no amount of work; it stops when its smoothed loss meets the
 # target (~850 steps: 20-30 s here). The estimate comes from its own curve with the band learned on the recorded
 # trainings (`trainmaster-eta-eval --corpus own-jobs` measures it over held-out runs).
-OWN_TRAINING = r'''
+OWN_TRAINING = r"""
 import gzip, importlib.util, os, sys, time
 import numpy as np
 target, pause = float(sys.argv[1]), float(sys.argv[2])
@@ -76,7 +77,7 @@ for step in range(1, 2501):
         print(f"step {step} loss {sum(recent) / len(recent):.4f}", flush=True)
         if sum(recent) / len(recent) <= target:
             break
-'''
+"""
 # Three targets of the same training, as a small sweep would declare them: the 80% band is a statement over runs,
 # and one run's cuts are not independent (a curve whose tail is slower than most is missed at every early cut), so
 # "most cuts" is counted over all three. The deepest target sits on the loss's slow tail, the hard case.
@@ -90,8 +91,9 @@ def own_metric(target: float) -> dict:
 
 async def own_training(api, project: str, target: float) -> dict[float, bool]:
     """Run the training to `target`; whether the truth was inside the band at each cut, after the per-run checks."""
-    job = await submit(api, project, metrics=[own_metric(target)],
-                       command=f"{sys.executable} -c {quote(OWN_TRAINING)} {target} 0.025")
+    job = await submit(
+        api, project, metrics=[own_metric(target)], command=f"{sys.executable} -c {quote(OWN_TRAINING)} {target} 0.025"
+    )
     current, seen = await follow_eta(api, project, job["metadata"]["id"])
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000

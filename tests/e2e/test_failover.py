@@ -3,6 +3,7 @@ one NATS server (the jobs stream's leader), the leading placement, monitor and b
 SIGKILLed in turn and not restarted: every job ends exactly once, no two attempts of a job overlap, the API answers
 through the other replica, each killed leader's replica takes over, and the usage ledger holds one line per
 attempt that ran."""
+
 import asyncio
 import json
 import signal
@@ -27,9 +28,15 @@ HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 @pytest.fixture(scope="module")
 def replicated(tmp_path_factory, servers):
-    stack = start_stack(tmp_path_factory.mktemp("replicated"), cluster=CLUSTER, servers=servers, nats_servers=3,
-                        service_replicas=2, nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
-                        api_port=free_ports_at(0, 1))
+    stack = start_stack(
+        tmp_path_factory.mktemp("replicated"),
+        cluster=CLUSTER,
+        servers=servers,
+        nats_servers=3,
+        service_replicas=2,
+        nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
+        api_port=free_ports_at(0, 1),
+    )
     yield stack
     stack.stop_all()
 
@@ -39,8 +46,7 @@ class Api:
 
     def __init__(self, stack: Stack) -> None:
         ports = (stack.settings.api_port, stack.settings.api_port + 1)
-        self.clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", headers=HEADERS, timeout=10)
-                        for p in ports]
+        self.clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", headers=HEADERS, timeout=10) for p in ports]
         self.failed = 0
 
     async def request(self, method: str, url: str, **kwargs) -> httpx.Response:
@@ -77,14 +83,19 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
     marker = exchange(stack.settings.data_dir) / "ticks"
     marker.touch()
     marker.chmod(0o666)  # appended to by every job, each its own user
-    admin = await nats.connect(stack.nats_url.split(","), user_credentials=str(stack.admin_creds()),
-                               max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    admin = await nats.connect(
+        stack.nats_url.split(","),
+        user_credentials=str(stack.admin_creds()),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+    )
     kills, takeovers = [], {}
 
     async def submit_all() -> None:
         for _ in range(JOBS):
-            body = job_body(name=unique("f"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5,
-                            memory_gb=0.5)
+            body = job_body(
+                name=unique("f"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5, memory_gb=0.5
+            )
             response = await api.request("POST", f"/v2/{project}/training-jobs", json=body)
             assert response.status_code in (201, 409), response.text  # 409: an earlier try got through
             await asyncio.sleep(0.1)
@@ -92,16 +103,20 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
     async def kill_in_turn() -> None:
         await asyncio.sleep(1.5)
         info = await admin.jetstream().stream_info("TM_JOBS")
-        victims = [info.cluster.leader, *[await leader(stack, admin, s) for s in ("placement", "monitor", "billing")],
-                   "submitter"]
+        victims = [
+            info.cluster.leader,
+            *[await leader(stack, admin, s) for s in ("placement", "monitor", "billing")],
+            "submitter",
+        ]
         for victim in victims:
             stack.signal(victim, signal.SIGKILL)
             killed_at = time.monotonic()
             kills.append(victim)
             for service in ("placement", "monitor", "billing"):
                 if victim.startswith(service):
-                    await eventually(lambda s=service, v=victim: _new_leader(stack, admin, s, v), timeout_s=30,
-                                     interval_s=0.2)
+                    await eventually(
+                        lambda s=service, v=victim: _new_leader(stack, admin, s, v), timeout_s=30, interval_s=0.2
+                    )
                     takeovers[service] = round(time.monotonic() - killed_at, 1)
             await asyncio.sleep(2)
 

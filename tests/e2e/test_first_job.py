@@ -1,6 +1,7 @@
 """The README's first job, exactly as the README shows it, and the PyTorch example as its docs say, both run to
 Completed on the stack's cluster (its default engine is the project's environment); a follower of the first job's
 output sees its last line, printed just before it exited."""
+
 import json
 import shlex
 from pathlib import Path
@@ -21,19 +22,27 @@ def readme_first_job() -> dict:
 
 async def test_the_readme_first_job_and_the_pytorch_example_complete_as_written(api, project):
     first = readme_first_job()
-    example = {"kind": "job", "metadata": {"name": "pytorch-example"}, "algorithm": {
-        "command": "python3 -m trainmaster_examples.pytorch_train --steps 100",
-        "environments": {"OMP_NUM_THREADS": "1"},  # a tiny model: threads only contend on a small test machine
-        "metrics": [{"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}]},
-        "spec": {"resource": {"node_count": 1, "gpu_count": 1, "cpu_count": 1, "memory_gb": 4},
-                 "placement": {"allowed": "local", "expected_duration_s": 600}}}
+    example = {
+        "kind": "job",
+        "metadata": {"name": "pytorch-example"},
+        "algorithm": {
+            "command": "python3 -m trainmaster_examples.pytorch_train --steps 100",
+            "environments": {"OMP_NUM_THREADS": "1"},  # a tiny model: threads only contend on a small test machine
+            "metrics": [{"name": "loss", "regex": "loss (?P<value>[0-9.e-]+)", "target": 0.01}],
+        },
+        "spec": {
+            "resource": {"node_count": 1, "gpu_count": 1, "cpu_count": 1, "memory_gb": 4},
+            "placement": {"allowed": "local", "expected_duration_s": 600},
+        },
+    }
     ids = []
     for body in (first, example):
         response = await api.post(f"/v2/{project}/training-jobs", json=body)
         assert response.status_code == 201, response.text
         ids.append(response.json()["metadata"]["id"])
-    async with api.stream("GET", f"/v2/{project}/training-jobs/{ids[0]}/logs", params={"follow": "true"},
-                          timeout=60) as followed:
+    async with api.stream(
+        "GET", f"/v2/{project}/training-jobs/{ids[0]}/logs", params={"follow": "true"}, timeout=60
+    ) as followed:
         text = "".join([part async for part in followed.aiter_text()])
     assert text.splitlines()[-1] == "step 59 loss 0.0167", text[-500:]  # printed just before it exited
     for job_id in ids:

@@ -1,4 +1,5 @@
 """Identity through the whole stack: webhook targets, token expiry and revocation, the audit log, the fleet view."""
+
 import os
 import subprocess
 import sys
@@ -19,8 +20,16 @@ def as_user(stack, token: str) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=stack.api_url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
-@pytest.mark.parametrize("url", ["http://169.254.169.254/latest/meta-data/", "http://10.1.2.3/hook",
-                                 "http://localhost:8080/hook", "http://[::1]:8080/hook", "http://0.0.0.0/"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.1.2.3/hook",
+        "http://localhost:8080/hook",
+        "http://[::1]:8080/hook",
+        "http://0.0.0.0/",
+    ],
+)
 async def test_webhooks_to_internal_addresses_are_refused(api, project, url):
     response = await api.put(f"/v2/{project}/notifications", json={"webhook_url": url})
     assert response.status_code == 400, response.text
@@ -30,8 +39,10 @@ async def test_webhooks_to_internal_addresses_are_refused(api, project, url):
 
 async def test_jobs_fetching_internal_addresses_are_refused(stack, api, project):
     """The API's own port and the metadata service as a job's input or code: refused, dry run included."""
-    attacks = {"algorithm.inputs.0.url": {"inputs": [{"name": "data", "url": f"{stack.api_url}/healthz"}]},
-               "algorithm.code_dir": {"code_dir": "http://169.254.169.254/latest/meta-data/"}}
+    attacks = {
+        "algorithm.inputs.0.url": {"inputs": [{"name": "data", "url": f"{stack.api_url}/healthz"}]},
+        "algorithm.code_dir": {"code_dir": "http://169.254.169.254/latest/meta-data/"},
+    }
     for field, fields in attacks.items():
         for query in ("", "?dry_run=true"):
             response = await api.post(f"/v2/{project}/training-jobs{query}", json=job_body(**fields))
@@ -64,6 +75,7 @@ async def test_tokens_expire_list_and_revoke(stack, api):
         async with as_user(stack, short["token"]) as client:
             answer = await client.get("/v2/me")
             return answer if answer.status_code == 401 else None
+
     answer = await eventually(expired, timeout_s=15, interval_s=0.3)
     assert answer.json()["error_code"] == "406039" and "expired" in answer.json()["error_msg"]
 
@@ -75,8 +87,9 @@ async def test_every_change_to_a_job_is_in_the_audit_log(stack, api):
         job = await submit(client, project, command="sleep 30")
         job_id = job["metadata"]["id"]
         await wait_phase(client, project, job_id, "Running", "Pending")
-        assert (await client.post(f"/v2/{project}/training-jobs/{job_id}/actions",
-                                  json={"action_type": "terminate"})).status_code == 202
+        assert (
+            await client.post(f"/v2/{project}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
+        ).status_code == 202
         await wait_phase(client, project, job_id, "Terminated", "Failed", "Completed")
         assert (await client.delete(f"/v2/{project}/training-jobs/{job_id}")).status_code == 204
         assert (await client.get("/v2/audit")).status_code == 403
@@ -99,6 +112,7 @@ async def test_the_fleet_view_hides_other_projects_jobs_from_members(stack, api)
         async def on_a_node():  # nodes report their tasks with their heartbeat
             items = (await api.get("/v2/nodes")).json()["items"]
             return [t for n in items for t in n["running"] if t["job_id"] == job_id]
+
         assert (await eventually(on_a_node, timeout_s=15))[0]["project_id"] == theirs
         async with as_user(stack, user["token"]) as nina:
             view = (await nina.get("/v2/nodes")).json()["items"]
@@ -109,9 +123,14 @@ async def test_the_fleet_view_hides_other_projects_jobs_from_members(stack, api)
 
 
 def test_a_short_admin_token_stops_the_submitter_at_start(tmp_path):
-    env = {**os.environ, "TRAINMASTER_ADMIN_TOKEN": "only-sixteen-chr", "TRAINMASTER_DATA_DIR": str(tmp_path),
-           "TRAINMASTER_API_PORT": "1"}
-    done = subprocess.run([sys.executable, "-m", "services.submitter"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {
+        **os.environ,
+        "TRAINMASTER_ADMIN_TOKEN": "only-sixteen-chr",
+        "TRAINMASTER_DATA_DIR": str(tmp_path),
+        "TRAINMASTER_API_PORT": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "services.submitter"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode != 0
     assert "TRAINMASTER_ADMIN_TOKEN must be at least 32 characters" in done.stderr

@@ -1,4 +1,5 @@
 """The job lifecycle end to end: REST API → bus → services → agent → real processes, and back."""
+
 import os
 import secrets
 import signal
@@ -12,10 +13,10 @@ from tests.e2e.helpers import get, logs, restart_agent, submit, wait_phase
 pytestmark = pytest.mark.e2e
 
 TRAIN = (
-    "python3 -c \"import time\n"
+    'python3 -c "import time\n'
     "for step in range(1, 31):\n"
     "    print(f'step {step} loss {1.0 - step * 0.03:.3f}', flush=True)\n"
-    "    time.sleep(0.15)\n\""
+    '    time.sleep(0.15)\n"'
 )
 LOSS = {"name": "loss", "regex": r"loss (?P<value>[0-9.]+)", "mode": "min", "target": 0.1}
 
@@ -123,8 +124,9 @@ async def test_a_queued_job_can_be_terminated_before_it_runs(api, project):
     await wait_phase(api, project, job_id, "Pending")
     response = await api.post(f"/v2/{project}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
     assert response.status_code == 202 and response.json()["status"]["phase"] == "Terminated"
-    await api.post(f"/v2/{project}/training-jobs/{blocker['metadata']['id']}/actions",
-                   json={"action_type": "terminate"})
+    await api.post(
+        f"/v2/{project}/training-jobs/{blocker['metadata']['id']}/actions", json={"action_type": "terminate"}
+    )
     await wait_phase(api, project, blocker["metadata"]["id"], "Terminated", "Failed")
 
 
@@ -165,8 +167,16 @@ async def test_logs_follow_streams_until_the_job_ends(api, project):
 
 
 async def test_the_task_environment(api, project):
-    job = await submit(api, project, command="env | sort", gpu_count=1, min_gpu_memory_gb=30, allowed="cloud",
-                       parameters=[{"name": "lr", "value": "0.01"}], environments={"MY_VAR": "x"})
+    job = await submit(
+        api,
+        project,
+        command="env | sort",
+        gpu_count=1,
+        min_gpu_memory_gb=30,
+        allowed="cloud",
+        parameters=[{"name": "lr", "value": "0.01"}],
+        environments={"MY_VAR": "x"},
+    )
     job_id = job["metadata"]["id"]
     done = await wait_phase(api, project, job_id, "Completed", "Failed")
     text = await eventually(lambda: _logs_with(api, project, job_id, "TRAINMASTER_JOB_ID"))
@@ -178,8 +188,7 @@ async def test_the_task_environment(api, project):
     assert "MONGO_URL" not in env and "TRAINMASTER_NATS_URL" not in env
 
 
-async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, project, stack, status_log,
-                                                                       shared_dir):
+async def test_agent_killed_the_job_goes_abnormal_lost_and_is_requeued(api, project, stack, status_log, shared_dir):
     marker = shared_dir / "runs"
     marker.touch()
     marker.chmod(0o666)  # appended to by each attempt, each its own user

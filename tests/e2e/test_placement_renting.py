@@ -1,4 +1,5 @@
 """Renting on-demand nodes: provisioned when waiting costs more time, released when idle, pulled back from."""
+
 import asyncio
 import time
 
@@ -41,8 +42,9 @@ async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(cli
     local = await occupy(client, project, "local")
     reserved = await occupy(client, project, "cloud")
     # owned nodes free in an hour: renting at $2/h saves that hour's wait, worth more at the default exchange rate
-    job = await submit(client, project, command=counter(total=3000, every=5, pause=0.1), gpu_count=1,
-                       expected_duration_s=1800)
+    job = await submit(
+        client, project, command=counter(total=3000, every=5, pause=0.1), gpu_count=1, expected_duration_s=1800
+    )
     job_id = job["metadata"]["id"]
     running = await wait_phase(client, project, job_id, "Running", timeout_s=60)
     rented_node = running["status"]["node_ids"][0]
@@ -59,8 +61,7 @@ async def test_a_job_on_a_rented_node_is_pulled_back_when_a_local_node_frees(cli
     assert moved["status"]["attempts"][1]["node_ids"] == ["lab-1"]
 
     async def released():
-        return next((n for n in await rented(client) if n["node_id"] == rented_node and n["state"] == "released"),
-                    None)
+        return next((n for n in await rented(client) if n["node_id"] == rented_node and n["state"] == "released"), None)
 
     await eventually(released, timeout_s=30)
     await terminate(client, project, reserved, moved)

@@ -1,5 +1,6 @@
 """The design's placement rules, each shown through the REST API on a fleet of its own with an on-demand
 catalogue: one local node, one reserved node, and rentable instances that boot in a second."""
+
 import asyncio
 
 import pytest
@@ -9,14 +10,16 @@ from tests.factories import job_body
 
 pytestmark = pytest.mark.e2e
 
+
 async def rented(api) -> list[dict]:
     return [n for n in (await api.get("/v2/nodes")).json()["items"] if n["node_id"].startswith("od-")]
 
 
 async def terminate(api, project, *jobs) -> None:
     for job in jobs:
-        await api.post(f"/v2/{project}/training-jobs/{job['metadata']['id']}/actions",
-                       json={"action_type": "terminate"})
+        await api.post(
+            f"/v2/{project}/training-jobs/{job['metadata']['id']}/actions", json={"action_type": "terminate"}
+        )
     for job in jobs:
         await wait_phase(api, project, job["metadata"]["id"], "Terminated", "Completed", "Failed")
 
@@ -64,8 +67,10 @@ async def test_a_two_node_job_no_pair_of_local_nodes_could_hold_is_refused(clien
 
 
 async def test_a_cost_sensitive_job_waits_for_owned_capacity_when_that_is_cheaper(client, project):
-    blockers = [await submit(client, project, command="sleep 4", gpu_count=1, allowed=kind, expected_duration_s=5)
-                for kind in ("local", "cloud")]
+    blockers = [
+        await submit(client, project, command="sleep 4", gpu_count=1, allowed=kind, expected_duration_s=5)
+        for kind in ("local", "cloud")
+    ]
     for blocker in blockers:
         await wait_phase(client, project, blocker["metadata"]["id"], "Running")
     job = await submit(client, project, command="true", gpu_count=1, priority="cost", expected_duration_s=600)
@@ -75,8 +80,11 @@ async def test_a_cost_sensitive_job_waits_for_owned_capacity_when_that_is_cheape
 
 
 async def test_a_dry_run_estimates_each_allowed_kind_and_creates_nothing(client, project):
-    body = {"metadata": {"name": "what-if"}, "algorithm": {"command": "true"},
-            "spec": {"resource": {"gpu_count": 1}, "placement": {"expected_duration_s": 7200}}}
+    body = {
+        "metadata": {"name": "what-if"},
+        "algorithm": {"command": "true"},
+        "spec": {"resource": {"gpu_count": 1}, "placement": {"expected_duration_s": 7200}},
+    }
     response = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=body)
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -94,6 +102,9 @@ async def test_a_dry_run_estimates_each_allowed_kind_and_creates_nothing(client,
     none = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"}, json=local_only)
     assert none.status_code == 400 and "param[spec.resource.gpu_count]" in none.json()["error_msg"]
     assert "local: no local node can host 2 GPU(s)" in none.json()["error_msg"]
-    bad = await client.post(f"/v2/{project}/training-jobs", params={"dry_run": "true"},
-                            json={**body, "spec": {"resource": {"gpu_count": -1}}})
+    bad = await client.post(
+        f"/v2/{project}/training-jobs",
+        params={"dry_run": "true"},
+        json={**body, "spec": {"resource": {"gpu_count": -1}}},
+    )
     assert bad.status_code == 400 and "param[spec.resource.gpu_count]" in bad.json()["error_msg"]

@@ -1,4 +1,5 @@
 """The portal in headless Chromium: sign in, submit, watch the curve and ETA, terminate, nodes and costs pages."""
+
 import os
 import time
 from pathlib import Path
@@ -11,8 +12,14 @@ from tests.factories import unique
 pytestmark = pytest.mark.e2e
 
 CHROMIUM = Path("/usr/bin/chromium")
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+]
 TRAIN = """python3 -c "import math, time
 for step in range(1, 601):
     print(f'step {step} loss {2.0 - 0.003 * step + 0.03 * math.sin(step):.4f}', flush=True)
@@ -93,8 +100,10 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     job_id = page.url.rsplit("/", 1)[1]
 
     page.wait_for_selector("#job-phase [data-phase=Running]", timeout=60_000)
-    wait_for(lambda: (page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length") or 0) > 20,
-             what="the metric curve")
+    wait_for(
+        lambda: (page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length") or 0) > 20,
+        what="the metric curve",
+    )
     wait_for(lambda: page.get_attribute("#metric-chart", "data-band") == "drawn", what="the ETA band")
     wait_for(lambda: page.evaluate("TM.charts.metric.data.datasets[0].data.length") > 40, what="a longer curve")
     assert page.evaluate("TM.charts.metric.data.datasets[1].data[0].y") == 0.3  # the target line
@@ -140,10 +149,14 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     page.screenshot(path=shots / "06-job-terminated.png", full_page=True)
 
     page.click("a[data-nav=costs]")
-    wait_for(lambda: page.evaluate("TM.charts.byUser && TM.charts.byUser.data.labels.includes('admin')"),
-             what="the cost by user chart")
-    wait_for(lambda: page.evaluate("TM.charts.byKind && TM.charts.byKind.data.labels.includes('local')"),
-             what="the cost by node kind chart")
+    wait_for(
+        lambda: page.evaluate("TM.charts.byUser && TM.charts.byUser.data.labels.includes('admin')"),
+        what="the cost by user chart",
+    )
+    wait_for(
+        lambda: page.evaluate("TM.charts.byKind && TM.charts.byKind.data.labels.includes('local')"),
+        what="the cost by node kind chart",
+    )
     page.wait_for_timeout(300)
     page.screenshot(path=shots / "07-costs.png", full_page=True)
 
@@ -156,8 +169,12 @@ def test_a_user_lands_in_their_own_project(stack, page, shots):
     import httpx
 
     user, project = unique("ana"), unique("vision")
-    issued = httpx.post(f"{stack.api_url}/v2/users", json={"user_name": user, "projects": [project]},
-                        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=10)
+    issued = httpx.post(
+        f"{stack.api_url}/v2/users",
+        json={"user_name": user, "projects": [project]},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        timeout=10,
+    )
     assert issued.status_code == 201, issued.text
     page.goto(f"{stack.api_url}/ui/#/jobs")
     page.evaluate("localStorage.clear(); sessionStorage.clear()")
@@ -177,8 +194,12 @@ def test_a_user_lands_in_their_own_project(stack, page, shots):
 def test_the_api_reference_renders_offline_under_its_policy(stack, page):
     """Swagger UI and ReDoc from the API's own files: rendered, with no CSP refusal (the fixture fails on one)."""
     outside: list[str] = []
-    page.on("request", lambda r: not r.url.startswith(stack.api_url) and not r.url.startswith(("data:", "blob:"))
-            and outside.append(r.url))
+    page.on(
+        "request",
+        lambda r: (
+            not r.url.startswith(stack.api_url) and not r.url.startswith(("data:", "blob:")) and outside.append(r.url)
+        ),
+    )
     page.goto(f"{stack.api_url}/docs")
     page.wait_for_selector(".swagger-ui .info .title:has-text('trainmaster')")
     page.wait_for_selector(".opblock-tag-section")
@@ -192,20 +213,35 @@ def test_a_link_opens_its_job_after_sign_in_with_cost_gpu_and_the_whole_curve(st
 
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     steps = 2400  # more points than the API returns: the curve must be thinned, not cut to its last ones
-    body = {"metadata": {"name": unique("linked")}, "algorithm": {
-        "command": f"python3 -c \"import time; [print(f'step {{s}} loss {{25 / (s + 1):.5f}}', flush=True) or "
-                   f"time.sleep(0.002) for s in range({steps})]\"",
-        "metrics": [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)", "mode": "min"}]},
-        "spec": {"resource": {"gpu_count": 1}, "placement": {"allowed": "local"}}}
+    body = {
+        "metadata": {"name": unique("linked")},
+        "algorithm": {
+            "command": f"python3 -c \"import time; [print(f'step {{s}} loss {{25 / (s + 1):.5f}}', flush=True) or "
+            f'time.sleep(0.002) for s in range({steps})]"',
+            "metrics": [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)", "mode": "min"}],
+        },
+        "spec": {"resource": {"gpu_count": 1}, "placement": {"allowed": "local"}},
+    }
     created = httpx.post(f"{stack.api_url}/v2/{project}/training-jobs", json=body, headers=admin, timeout=30)
     assert created.status_code == 201, created.text
     job_id = created.json()["metadata"]["id"]
-    wait_for(lambda: httpx.get(f"{stack.api_url}/v2/{project}/training-jobs/{job_id}", headers=admin,
-                               timeout=10).json()["status"]["phase"] == "Completed", what="the job's end")
+    wait_for(
+        lambda: (
+            httpx.get(f"{stack.api_url}/v2/{project}/training-jobs/{job_id}", headers=admin, timeout=10).json()[
+                "status"
+            ]["phase"]
+            == "Completed"
+        ),
+        what="the job's end",
+    )
     users = [unique("ana") for _ in range(2)]
     for user in users:
-        answer = httpx.post(f"{stack.api_url}/v2/users", json={"user_name": user, "projects": [user + "-proj"]},
-                            headers=admin, timeout=10)
+        answer = httpx.post(
+            f"{stack.api_url}/v2/users",
+            json={"user_name": user, "projects": [user + "-proj"]},
+            headers=admin,
+            timeout=10,
+        )
         assert answer.status_code == 201, answer.text
 
     page.goto(f"{stack.api_url}/ui/")
@@ -221,10 +257,15 @@ def test_a_link_opens_its_job_after_sign_in_with_cost_gpu_and_the_whole_curve(st
     assert "RTX" in node and "/h" in node, node  # the GPU model and the node's price
     wait_for(lambda: "priority" in page.inner_text("#job-why"), what="why placement chose the node")
     last = round(25 / steps, 5)  # the estimator reads the output as it comes: the last point may come late
-    curve = wait_for(lambda: page.evaluate("TM.charts.metric && TM.charts.metric.data.datasets[0].data.length "
-                                           f"&& TM.charts.metric.data.datasets[0].data.at(-1).y === {last} "
-                                           "&& TM.charts.metric.data.datasets[0].data"),
-                     what="the whole curve", timeout_s=90)
+    curve = wait_for(
+        lambda: page.evaluate(
+            "TM.charts.metric && TM.charts.metric.data.datasets[0].data.length "
+            f"&& TM.charts.metric.data.datasets[0].data.at(-1).y === {last} "
+            "&& TM.charts.metric.data.datasets[0].data"
+        ),
+        what="the whole curve",
+        timeout_s=90,
+    )
     values = [p["y"] for p in curve]
     assert len(values) <= 2000 and values[0] == 25.0, values[:3]  # thinned, from the first point on
     assert page.get_attribute("#job-link", "href").endswith(f"#/job/{job_id}?project={project}")
@@ -245,22 +286,39 @@ def test_a_search_chart_is_on_a_log_scale_when_a_first_loss_dwarfs_the_rest(stac
 
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     command = "python3 -c \"[print(f'step {s} loss {25 if s == 0 else 0.5 / s:.4f}') for s in range(40)]\""
-    body = {"max_trials": 2, "parallelism": 2, "objective": {"metric": "loss", "mode": "min"},
-            "space": {"lr": {"type": "float", "low": 0.01, "high": 0.1}},
-            "template": {"algorithm": {"command": command, "metrics": [
-                {"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min"}]},
-                "spec": {"placement": {"allowed": "local"}}}}
+    body = {
+        "max_trials": 2,
+        "parallelism": 2,
+        "objective": {"metric": "loss", "mode": "min"},
+        "space": {"lr": {"type": "float", "low": 0.01, "high": 0.1}},
+        "template": {
+            "algorithm": {
+                "command": command,
+                "metrics": [{"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", "mode": "min"}],
+            },
+            "spec": {"placement": {"allowed": "local"}},
+        },
+    }
     created = httpx.post(f"{stack.api_url}/v2/{project}/searches", json=body, headers=admin, timeout=30)
     assert created.status_code == 201, created.text
     search_id = created.json()["metadata"]["id"]
-    wait_for(lambda: httpx.get(f"{stack.api_url}/v2/{project}/searches/{search_id}", headers=admin,
-                               timeout=10).json()["status"]["phase"] != "Running", what="the search's end")
+    wait_for(
+        lambda: (
+            httpx.get(f"{stack.api_url}/v2/{project}/searches/{search_id}", headers=admin, timeout=10).json()["status"][
+                "phase"
+            ]
+            != "Running"
+        ),
+        what="the search's end",
+    )
     page.goto(f"{stack.api_url}/ui/")
     page.evaluate(f"localStorage.setItem('trainmaster.token', '{ADMIN_TOKEN}')")
     page.goto(f"{stack.api_url}/ui/#/search/{search_id}?project={project}")
     page.reload()  # signs in with the stored token
-    wait_for(lambda: page.evaluate("TM.charts.search && TM.charts.search.data.datasets.length") == 2,
-             what="both trials' curves")
+    wait_for(
+        lambda: page.evaluate("TM.charts.search && TM.charts.search.data.datasets.length") == 2,
+        what="both trials' curves",
+    )
     wait_for(lambda: page.evaluate("TM.charts.search.options.scales.y.type") == "logarithmic", what="a log scale")
     assert page.evaluate("TM.charts.search.options.scales.y.max") < 25  # the first loss does not set the range
     assert "trials: 2 completed (of 2)" in page.inner_text("#search-summary")

@@ -1,5 +1,6 @@
 """The README's commands, taken from the README itself (the ```sh blocks after `<!-- readme-test -->`), run as a
 newcomer runs them, top to bottom, twice in a row, against the test stack: every command exits 0."""
+
 import os
 import re
 import subprocess
@@ -42,12 +43,12 @@ def test_the_readme_runs_as_written_twice(stack, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINMASTER_")}
     env.update(PYTHONPATH=str(ROOT), HOME=str(tmp_path), PATH=os.defpath)
     for run in (1, 2):
-        done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True,
-                              timeout=150)
+        done = subprocess.run(["bash", "-c", script], cwd=folder, env=env, capture_output=True, text=True, timeout=150)
         assert done.returncode == 0, (run, done.stdout[-3000:], done.stderr[-3000:])
         assert "Traceback" not in done.stderr and "already exists in project" not in done.stdout, (run, done.stdout)
-        closings = re.findall(r"^job-[0-9a-f]{8} \(\S+\): Completed after .* cost \$[0-9.]+, exit 0$", done.stderr,
-                              flags=re.M)
+        closings = re.findall(
+            r"^job-[0-9a-f]{8} \(\S+\): Completed after .* cost \$[0-9.]+, exit 0$", done.stderr, flags=re.M
+        )
         assert len(closings) == 2, (run, done.stderr[-3000:])  # the CLI's job and the PyTorch example
         assert re.search(r"^search-[0-9a-f]{8} Completed: ", done.stderr, flags=re.M), (run, done.stderr[-3000:])
         assert "best: trial" in done.stdout, (run, done.stdout[-3000:])

@@ -1,4 +1,5 @@
 """Snapshot, re-place, recover: lost agents, out-of-memory, migration, distributed jobs."""
+
 import json
 import re
 import signal
@@ -25,8 +26,9 @@ async def step_reached(api, project, job_id, step):
 
 async def test_a_killed_agent_costs_at_most_one_checkpoint_interval(api, project, stack):
     every, pause = 10, 0.1  # a checkpoint each second; the agent syncs every 0.5 s
-    job = await submit(api, project, command=counter(total=60, every=every, pause=pause), allowed="local",
-                       termination_grace_s=5)
+    job = await submit(
+        api, project, command=counter(total=60, every=every, pause=pause), allowed="local", termination_grace_s=5
+    )
     job_id = job["metadata"]["id"]
     first = await wait_phase(api, project, job_id, "Running")
     reached = await eventually(lambda: step_reached(api, project, job_id, 25), timeout_s=30, interval_s=0.05)
@@ -108,8 +110,9 @@ async def test_a_gpu_job_naming_no_host_memory_gets_its_gpus_share_not_one_gb(ap
 
 
 async def test_migrate_moves_a_running_job_and_it_continues_from_its_snapshot(api, project):
-    job = await submit(api, project, command=counter(total=80, every=1000, pause=0.1), allowed="local",
-                       termination_grace_s=10)
+    job = await submit(
+        api, project, command=counter(total=80, every=1000, pause=0.1), allowed="local", termination_grace_s=10
+    )
     job_id = job["metadata"]["id"]
     first = await wait_phase(api, project, job_id, "Running")
     await eventually(lambda: step_reached(api, project, job_id, 15), timeout_s=30, interval_s=0.05)
@@ -134,15 +137,19 @@ async def test_a_two_rank_pytorch_ddp_job_runs_across_two_agents(api, project):
     assert done["status"]["phase"] == "Completed", done["status"]
     assert sorted(done["status"]["node_ids"]) == ["local-1", "local-2"]
     for rank in (0, 1):
-        text = (await api.get(f"/v2/{project}/training-jobs/{job_id}/logs",
-                              params={"task": f"worker-{rank}"})).text
+        text = (await api.get(f"/v2/{project}/training-jobs/{job_id}/logs", params={"task": f"worker-{rank}"})).text
         assert f"rank {rank} of 2 sum 3.0" in text
 
 
 async def test_the_pytorch_example_resumes_from_its_checkpoint_after_a_move(api, project):
     script = Path(__file__).resolve().parents[2] / "services/agent/sdk/trainmaster_examples/pytorch_train.py"
-    job = await submit(api, project, command=f"{PYTHON} {script} --steps 1500 --checkpoint-every 200",
-                       allowed="local", metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.e-]+)"}])
+    job = await submit(
+        api,
+        project,
+        command=f"{PYTHON} {script} --steps 1500 --checkpoint-every 200",
+        allowed="local",
+        metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.e-]+)"}],
+    )
     job_id = job["metadata"]["id"]
     await wait_phase(api, project, job_id, "Running")
     await eventually(lambda: step_reached(api, project, job_id, 300), timeout_s=60, interval_s=0.1)
@@ -157,10 +164,12 @@ async def test_the_pytorch_example_resumes_from_its_checkpoint_after_a_move(api,
 
 async def test_a_hung_job_is_restarted_from_its_checkpoint_and_a_quiet_progressing_one_is_left_alone(api, project):
     timeout_s = 3
-    stuck = await submit(api, project, command=hangs_once(), allowed="local", hang_timeout_s=timeout_s,
-                         termination_grace_s=1)
-    quiet = await submit(api, project, command=quiet_but_progressing(marks=28), allowed="local",
-                         hang_timeout_s=timeout_s)
+    stuck = await submit(
+        api, project, command=hangs_once(), allowed="local", hang_timeout_s=timeout_s, termination_grace_s=1
+    )
+    quiet = await submit(
+        api, project, command=quiet_but_progressing(marks=28), allowed="local", hang_timeout_s=timeout_s
+    )
     stuck_id, quiet_id = stuck["metadata"]["id"], quiet["metadata"]["id"]
     flagged = await eventually(lambda: _notices(api, project, stuck_id), timeout_s=timeout_s + 30, interval_s=0.2)
     assert [n["kind"] for n in flagged] == ["hung"]  # with the job in Running/Hanging, until its grace is over

@@ -1,4 +1,5 @@
 """A hostile metric pattern against hostile output lines stalls nothing: /healthz answers within a second."""
+
 import asyncio
 
 import httpx
@@ -11,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 # 40 a's and a '!' take a backtracking engine hours on (a+)+$; the 10,000-character lines are cut before matching.
 FLOOD = (
-    "python3 -c \"import time\n"
+    'python3 -c "import time\n'
     "for i in range(80):\n"
     "    print('a' * 40 + '!', flush=True)\n"
     "    print('a' * 10000 + '!', flush=True)\n"
@@ -48,8 +49,11 @@ async def test_a_catastrophic_pattern_on_long_lines_never_stalls_healthz(api, st
 
 
 def test_a_pattern_re2_refuses_is_a_406001_naming_the_field(stack, admin_headers):
-    body = {"kind": "job", "metadata": {"name": "backref"}, "algorithm": {"command": "true", "metrics": [
-        {"name": "loss", "regex": r"loss (?P<value>[0-9.]+) \1"}]}}
+    body = {
+        "kind": "job",
+        "metadata": {"name": "backref"},
+        "algorithm": {"command": "true", "metrics": [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+) \1"}]},
+    }
     response = httpx.post(f"{stack.api_url}/v2/p-regex/training-jobs", json=body, headers=admin_headers, timeout=10)
     assert response.status_code == 400
     assert response.json()["error_code"] == "406001"

@@ -1,4 +1,5 @@
 """Crash every service in turn while jobs flow: no job is lost, none runs twice, the ledger matches."""
+
 import asyncio
 import signal
 from collections import Counter
@@ -35,8 +36,7 @@ async def listing(api: httpx.AsyncClient, project: str) -> list[dict] | None:
         return None
 
 
-async def test_killing_each_service_while_50_jobs_flow_loses_none_and_runs_none_twice(api, project, stack,
-                                                                                      shared_dir):
+async def test_killing_each_service_while_50_jobs_flow_loses_none_and_runs_none_twice(api, project, stack, shared_dir):
     marker = shared_dir / "runs"
     marker.touch()
     marker.chmod(0o666)  # appended to by every job, each its own user
@@ -63,8 +63,13 @@ async def test_killing_each_service_while_50_jobs_flow_loses_none_and_runs_none_
 
     async def all_finished():
         items = await listing(api, project)
-        return items if items and len(items) == JOBS and all(
-            j["status"]["phase"] in ("Completed", "Failed", "Terminated") for j in items) else None
+        return (
+            items
+            if items
+            and len(items) == JOBS
+            and all(j["status"]["phase"] in ("Completed", "Failed", "Terminated") for j in items)
+            else None
+        )
 
     items = await eventually(all_finished, timeout_s=150, interval_s=1)
     assert Counter(j["status"]["phase"] for j in items) == {"Completed": JOBS}

@@ -1,5 +1,6 @@
 """Schemathesis over the running submitter's OpenAPI, with real job ids seeded so the per-job routes are reached:
 no generated request, valid or not, gets a server error, and 2xx answers match the schema."""
+
 import random
 import time
 
@@ -39,8 +40,9 @@ def strategy(operation, seeded: dict[str, list[str]]):
         options.append(operation.as_strategy(generation_mode=mode))
         if names:
             aimed = st.fixed_dictionaries({n: st.sampled_from(seeded.get(n, ["x"])) for n in names})
-            options.append(aimed.flatmap(lambda path, mode=mode: operation.as_strategy(generation_mode=mode,
-                                                                                       path_parameters=path)))
+            options.append(
+                aimed.flatmap(lambda path, mode=mode: operation.as_strategy(generation_mode=mode, path_parameters=path))
+            )
     return st.one_of(options)
 
 
@@ -56,8 +58,13 @@ def test_no_server_errors_over_the_openapi(stack, admin_headers):
     for result in schema.get_all_operations():
         operation = result.ok()
 
-        @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=strategy(operation, seeded))
         def fuzz(case):
             if time.monotonic() > deadline:
@@ -71,8 +78,10 @@ def test_no_server_errors_over_the_openapi(stack, admin_headers):
                 return
             calls.append(response.status_code)
             if response.status_code >= 500:
-                errors.append(f"{case.method} {case.formatted_path} {case.query} {case.body!r:.300} -> "
-                              f"{response.status_code} {response.text[:300]}")
+                errors.append(
+                    f"{case.method} {case.formatted_path} {case.query} {case.body!r:.300} -> "
+                    f"{response.status_code} {response.text[:300]}"
+                )
             elif response.status_code < 300:
                 try:
                     case.validate_response(response, checks=[response_schema_conformance])

@@ -2,6 +2,7 @@
 files are out of reach; a job's own project storage works. On a node of its own (two task uids, a small disk
 quota): the next task on a uid finds nothing the last one left, a task sees no other task's process, memory
 anywhere in the task counts, the disk quota holds, and a standard PyTorch job knows who it is."""
+
 import json
 import os
 import sys
@@ -20,10 +21,11 @@ from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
 
-SAVE = ('import os, sys; '
-        'open(os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "model.txt"), "w").write(sys.argv[1])')
+SAVE = (
+    'import os, sys; open(os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "model.txt"), "w").write(sys.argv[1])'
+)
 
-PROBE = r'''
+PROBE = r"""
 import glob, json, os, sys
 data, other, secrets = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 result = {"uid": os.getuid(), "secrets_seen": [], "reads": {}}
@@ -46,7 +48,7 @@ try:
 except OSError as exc:
     result["database"] = type(exc).__name__
 print("PROBE " + json.dumps(result), flush=True)
-'''
+"""
 
 
 async def test_a_job_cannot_reach_the_platform_or_another_projects_storage(api, stack, project):
@@ -65,14 +67,18 @@ async def test_a_job_cannot_reach_the_platform_or_another_projects_storage(api, 
     (mine / "mine.txt").write_text("my own data")
     others = [str(checkpoint), str(data / "checkpoints" / saver_id), str(data / "checkpoints" / owner)]
     secrets = [ADMIN_TOKEN, "MONGO_URL=", "TRAINMASTER_NATS"]
-    probe = await submit(api, intruder, command=f"{sys.executable} -c {quote(PROBE)} {data} "
-                                                f"{quote(json.dumps(others))} {quote(json.dumps(secrets))} "
-                                                f"{stack.database_socket_of('submitter')}",
-                         inputs=[{"name": "mine", "url": f"file://{mine}"}])
+    probe = await submit(
+        api,
+        intruder,
+        command=f"{sys.executable} -c {quote(PROBE)} {data} "
+        f"{quote(json.dumps(others))} {quote(json.dumps(secrets))} "
+        f"{stack.database_socket_of('submitter')}",
+        inputs=[{"name": "mine", "url": f"file://{mine}"}],
+    )
     done = await wait_phase(api, intruder, probe["metadata"]["id"], "Completed", "Failed")
     text = await logs_containing(api, intruder, probe["metadata"]["id"], "PROBE ")
     assert done["status"]["phase"] == "Completed", (done["status"], text)
-    result = json.loads(next(line for line in text.splitlines() if line.startswith("PROBE "))[len("PROBE "):])
+    result = json.loads(next(line for line in text.splitlines() if line.startswith("PROBE "))[len("PROBE ") :])
     assert result["secrets_seen"] == [], result
     for path, outcome in result["reads"].items():
         assert outcome in ("PermissionError", "FileNotFoundError"), (path, outcome)
@@ -109,16 +115,21 @@ SCRIPTS = Path(__file__).resolve().parent / "isolation_scripts"  # outside /tmp:
 @pytest.fixture(scope="module")
 def lone(tmp_path_factory, servers):
     # two uids: two tasks may run at once, and one after another they get the same uid
-    stack = start_stack(tmp_path_factory.mktemp("lone"), cluster=LONE, servers=servers,
-                        extra_env={"TRAINMASTER_TASK_UID_COUNT": "2", "TRAINMASTER_TASK_DISK_GB": "0.1"})
+    stack = start_stack(
+        tmp_path_factory.mktemp("lone"),
+        cluster=LONE,
+        servers=servers,
+        extra_env={"TRAINMASTER_TASK_UID_COUNT": "2", "TRAINMASTER_TASK_DISK_GB": "0.1"},
+    )
     yield stack
     stack.stop_all()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def admin(lone):
-    async with httpx.AsyncClient(base_url=lone.api_url, timeout=60,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=lone.api_url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as client:
         yield client
 
 
@@ -129,7 +140,7 @@ async def finished(api, project: str, command: str, **body) -> tuple[dict, str]:
 
 
 def tagged(text: str, tag: str):
-    return json.loads(next(line for line in text.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
+    return json.loads(next(line for line in text.splitlines() if line.startswith(tag + " "))[len(tag) + 1 :])
 
 
 @ROOT_ONLY
@@ -153,8 +164,9 @@ async def test_a_task_cannot_see_another_tasks_processes_or_command_line(admin):
     other = await submit(admin, project, command=f"sleep 120 || echo {marker}")
     await wait_phase(admin, project, other["metadata"]["id"], "Running")
     done, seen = await finished(admin, project, f"{sys.executable} {SCRIPTS / 'procs.py'} {marker[:10]} {marker[10:]}")
-    await admin.post(f"/v2/{project}/training-jobs/{other['metadata']['id']}/actions",
-                     json={"action_type": "terminate"})
+    await admin.post(
+        f"/v2/{project}/training-jobs/{other['metadata']['id']}/actions", json={"action_type": "terminate"}
+    )
     assert done["status"]["phase"] == "Completed", (done["status"], seen)
     result = tagged(seen, "PROCS")
     assert result["seen"] == [] and result["count"] <= 4, result  # its PID 1, its shell, itself

@@ -1,5 +1,6 @@
 """The GPU tier: the whole stack on one node whose GPUs NVML finds, with real CUDA jobs. Every test here is
 skipped, not faked, on a machine without an NVIDIA GPU that NVML and PyTorch's CUDA both see (`make test-gpu`)."""
+
 import json
 import os
 import shutil
@@ -100,8 +101,9 @@ def gpu_stack(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="session")
 async def gpu_api(gpu_stack):
-    async with httpx.AsyncClient(base_url=gpu_stack.api_url, timeout=30,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=gpu_stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as client:
         yield client
 
 

@@ -1,4 +1,5 @@
 """The CUDA jobs the GPU tier submits: each a `python3 -c` program run in the agent's own environment (torch)."""
+
 from shlex import quote
 
 # Adam on an ill-conditioned least-squares problem (a rotated power-law spectrum, so Adam's per-coordinate steps do
@@ -6,7 +7,7 @@ from shlex import quote
 # that falls as a power law, as training losses do, and that the estimator must predict the end of. Calibrated on
 # a CPU (same seed): the loss is 0.051 at step 100, 0.014 at 500 and reaches 0.01 near step 700, so with a pause
 # of 1 s every 10 steps a run takes about 70 s.
-ADAM = r'''
+ADAM = r"""
 import sys, time, torch
 target, pause = float(sys.argv[1]), float(sys.argv[2])
 assert torch.cuda.is_available(), "no CUDA in the task"
@@ -30,26 +31,26 @@ for step in range(1, 100_000):
             print(f"target {target} reached at step {step}", flush=True)
             break
         time.sleep(pause)
-'''
+"""
 
 # Asks the GPU for more memory than it has, as a model too large for it would: PyTorch's own out-of-memory error.
-OOM = r'''
+OOM = r"""
 import torch
 total = torch.cuda.get_device_properties(0).total_memory
 print(f"allocating {2 * total / 2**30:.0f} GiB", flush=True)
 torch.empty(2 * total, dtype=torch.uint8, device="cuda")
-'''
+"""
 
 # Holds GPU memory and does nothing, saying nothing: hung, as a deadlocked collective leaves a job.
-IDLE = r'''
+IDLE = r"""
 import time, torch
 held = torch.ones(256, 1024, 1024, device="cuda")
 print("holding the GPU, idle", flush=True)
 time.sleep(3600)
-'''
+"""
 
 # Busy on the GPU for `seconds` without a line of output: a long step, alive (NVML shows the GPU at work).
-BUSY = r'''
+BUSY = r"""
 import sys, time, torch
 seconds = float(sys.argv[1])
 a = torch.randn(4096, 4096, device="cuda")
@@ -60,7 +61,7 @@ while time.monotonic() < end:
         b = a @ a
     torch.cuda.synchronize()
 print("done", float(b[0, 0]), flush=True)
-'''
+"""
 
 
 def python(script: str, *args: object) -> str:

@@ -1,6 +1,7 @@
 """Real CUDA jobs on the stack's one GPU node: what only a GPU walks (NVML's GPUs and their measured throughput, a
 CUDA training and its estimate, CUDA's out-of-memory, a GPU's utilisation as a sign of life). Figures go to the
 session's report (conftest `report`)."""
+
 from datetime import datetime
 
 import pytest
@@ -29,8 +30,9 @@ async def notices(api, job_id: str) -> list[dict]:
 async def test_the_node_registers_nvmls_gpus_with_their_measured_throughput(gpu_api, report):
     nodes = (await gpu_api.get("/v2/nodes")).json()["items"]
     node = next(n for n in nodes if n["node_id"] == NODE_ID)
-    report["gpus"] = [{k: g.get(k) for k in ("index", "model", "memory_gb", "tflops", "measured_tflops")}
-                      for g in node["gpus"]]
+    report["gpus"] = [
+        {k: g.get(k) for k in ("index", "model", "memory_gb", "tflops", "measured_tflops")} for g in node["gpus"]
+    ]
     assert node["resources_source"] == "nvml" and len(node["gpus"]) == nvidia_gpus()
     for gpu in node["gpus"]:
         assert gpu["measured_tflops"] and gpu["measured_tflops"] > 0, gpu
@@ -54,12 +56,24 @@ async def test_an_adam_training_completes_on_its_first_attempt_and_its_eta_band_
     attempts = done["status"]["attempts"]
     assert [(a["reason"], a["outcome"]) for a in attempts] == [("started", "completed")]  # default memory sufficed
     end = seconds(attempts[0]["ended_at"])
-    rows = [{"remaining_true_s": round(end - seconds(at), 1), "low_s": round(e["low_s"], 1),
-             "remaining_s": round(e["remaining_s"], 1), "high_s": round(e["high_s"], 1), "method": e["method"]}
-            for at, e in sorted(samples.items())]
+    rows = [
+        {
+            "remaining_true_s": round(end - seconds(at), 1),
+            "low_s": round(e["low_s"], 1),
+            "remaining_s": round(e["remaining_s"], 1),
+            "high_s": round(e["high_s"], 1),
+            "method": e["method"],
+        }
+        for at, e in sorted(samples.items())
+    ]
     hits = sum(r["low_s"] <= r["remaining_true_s"] <= r["high_s"] for r in rows)
-    report["adam"] = {"job_id": job_id, "run_s": round(end - seconds(attempts[0]["started_at"]), 1),
-                      "samples": len(rows), "band_holds_truth": hits, "estimates": rows}
+    report["adam"] = {
+        "job_id": job_id,
+        "run_s": round(end - seconds(attempts[0]["started_at"]), 1),
+        "samples": len(rows),
+        "band_holds_truth": hits,
+        "estimates": rows,
+    }
     assert len(rows) >= 5, rows
     assert hits > len(rows) / 2, report["adam"]
 
@@ -74,8 +88,9 @@ async def test_a_cuda_out_of_memory_is_recognised_and_fails_the_job_saying_so(gp
 
 
 async def test_an_idle_silent_job_holding_the_gpu_is_flagged_hanging(gpu_api, report):
-    job = await submit(gpu_api, PROJECT, command=python(IDLE), gpu_count=1, hang_timeout_s=HANG_TIMEOUT_S,
-                       termination_grace_s=1)
+    job = await submit(
+        gpu_api, PROJECT, command=python(IDLE), gpu_count=1, hang_timeout_s=HANG_TIMEOUT_S, termination_grace_s=1
+    )
     job_id = job["metadata"]["id"]
     try:
         await wait_phase(gpu_api, PROJECT, job_id, "Running", timeout_s=120)
@@ -90,8 +105,9 @@ async def test_an_idle_silent_job_holding_the_gpu_is_flagged_hanging(gpu_api, re
 @pytest_asyncio.fixture(scope="module")
 async def busy_job(gpu_api) -> dict:
     """A job busy on its GPU three hang timeouts long without printing, run to its end."""
-    job = await submit(gpu_api, PROJECT, command=python(BUSY, 3 * HANG_TIMEOUT_S), gpu_count=1,
-                       hang_timeout_s=HANG_TIMEOUT_S)
+    job = await submit(
+        gpu_api, PROJECT, command=python(BUSY, 3 * HANG_TIMEOUT_S), gpu_count=1, hang_timeout_s=HANG_TIMEOUT_S
+    )
     return await wait_phase(gpu_api, PROJECT, job["metadata"]["id"], "Completed", "Failed", timeout_s=300)
 
 
@@ -108,8 +124,10 @@ async def test_the_busy_jobs_gpu_utilisation_is_visible(gpu_api, busy_job, repor
     series = (await gpu_api.get(f"/v2/{PROJECT}/training-jobs/{job_id}/metrics")).json()["series"]
     util = next((s for s in series if s["name"] == "gpu_util"), None)
     if util is None:
-        pytest.skip("no gpu_util series in the job's metrics: GPU telemetry (branch `telemetry`) is not in this "
-                    "build, so utilisation is not checked")
+        pytest.skip(
+            "no gpu_util series in the job's metrics: GPU telemetry (branch `telemetry`) is not in this "
+            "build, so utilisation is not checked"
+        )
     values = [p[1] for p in util["points"]]
     report.setdefault("busy", {})["gpu_util"] = {"points": len(values), "max": max(values, default=None)}
     assert values and max(values) > 50, report["busy"]["gpu_util"]

@@ -1,5 +1,6 @@
 """On a machine with an NVIDIA GPU (skipped elsewhere, never faked): the agent's NVML reader gives the figures
 `nvidia-smi` shows for the same GPU, so the telemetry a heartbeat carries is NVML's own."""
+
 import shutil
 import subprocess
 
@@ -21,11 +22,23 @@ def gpu_count() -> int:
 
 def smi(index: int) -> dict[str, float | None]:
     """nvidia-smi's own view of one GPU: memory used (GiB), temperature, power (W; None: not supported)."""
-    out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=memory.used,temperature.gpu,power.draw",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            "nvidia-smi",
+            f"--id={index}",
+            "--query-gpu=memory.used,temperature.gpu,power.draw",
+            "--format=csv,noheader,nounits",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     memory, temp, power = (x.strip() for x in out.split(","))
-    return {"memory_used_gb": float(memory) / 1024, "temp_c": float(temp),
-            "power_w": float(power) if power.replace(".", "", 1).isdigit() else None}
+    return {
+        "memory_used_gb": float(memory) / 1024,
+        "temp_c": float(temp),
+        "power_w": float(power) if power.replace(".", "", 1).isdigit() else None,
+    }
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is None, reason="nvidia-smi is not installed")

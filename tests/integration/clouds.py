@@ -1,5 +1,6 @@
 """The tests' clouds: moto's EC2 as a server on 127.0.0.1, a local instance-metadata endpoint, and machines that are
 local processes (the test acts as the cloud or the kubelet and starts each rented node's agent as it was told)."""
+
 import asyncio
 import json
 import os
@@ -12,9 +13,15 @@ from pathlib import Path
 from services.stack.processes import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
-            "AWS_EC2_METADATA_DISABLED": "true"}
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def loopback_only(url: str) -> str:
@@ -38,8 +45,14 @@ class Machines:
     def boot(self, key: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         log = (self.root / f"{key}.console").open("ab")
-        self.running[key] = subprocess.Popen(argv, env={**self.base_env(), **(env or {})}, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root)
+        self.running[key] = subprocess.Popen(
+            argv,
+            env={**self.base_env(), **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=self.root,
+        )
 
     def halt(self, key: str, *, timeout_s: float = 15) -> None:
         """What the cloud does to a terminated machine: SIGTERM (its agent reports on the way out), then off."""
@@ -70,7 +83,8 @@ class Metadata:
             def do_PUT(self) -> None:
                 _, instance, path = self.path.split("/", 2) if self.path.count("/") >= 2 else ("", "", "")
                 self._answer(200, f"token-{instance}".encode()) if path == "latest/api/token" else self._answer(
-                    404, b"")
+                    404, b""
+                )
 
             def do_GET(self) -> None:
                 _, instance, path = self.path.split("/", 2) if self.path.count("/") >= 2 else ("", "", "")
@@ -78,9 +92,10 @@ class Metadata:
                     self._answer(401, b"")
                     return
                 metadata.reads[instance] = metadata.reads.get(instance, 0) + 1
-                doc = {"latest/meta-data/spot/instance-action": metadata.interruptions.get(instance),
-                       "latest/meta-data/events/recommendations/rebalance": metadata.rebalances.get(instance)
-                       }.get(path)
+                doc = {
+                    "latest/meta-data/spot/instance-action": metadata.interruptions.get(instance),
+                    "latest/meta-data/events/recommendations/rebalance": metadata.rebalances.get(instance),
+                }.get(path)
                 self._answer(200, json.dumps(doc).encode()) if doc else self._answer(404, b"Not Found")
 
             def _answer(self, status: int, body: bytes) -> None:

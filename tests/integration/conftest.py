@@ -1,4 +1,5 @@
 """Fixtures of the integration tier: real servers shared by the tests of one module."""
+
 import pytest
 
 from services.stack.processes import Stack, StackSettings
@@ -11,8 +12,7 @@ from tests.integration.test_bus_security import CLUSTER
 def bus_and_database(tmp_path_factory):
     """A stack's NATS server and database server, nothing else."""
     data = tmp_path_factory.mktemp("servers")
-    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_url=None,
-                                nats_url=None))
+    stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_url=None, nats_url=None))
     stack.start_nats()
     stack.start_database()
     yield stack

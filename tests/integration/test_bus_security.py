@@ -1,4 +1,5 @@
 """The bus against a real NATS server configured as `make run` does: identities, permissions, revocation."""
+
 import asyncio
 import shutil
 import ssl
@@ -54,8 +55,14 @@ class Client:
         async def on_closed() -> None:
             self.closed.set()
 
-        self.nc = await nats.connect(server.nats_url, user_credentials=str(creds), inbox_prefix=inbox,
-                                     error_cb=on_error, closed_cb=on_closed, allow_reconnect=False)
+        self.nc = await nats.connect(
+            server.nats_url,
+            user_credentials=str(creds),
+            inbox_prefix=inbox,
+            error_cb=on_error,
+            closed_cb=on_closed,
+            allow_reconnect=False,
+        )
         return self
 
     async def settle(self) -> list[str]:
@@ -75,9 +82,16 @@ async def as_agent(server: Stack, node_id: str) -> Client:
 async def command_for(server: Stack, node_id: str) -> StartTask:
     """A start command with a secret in it, in the commands stream (published as the operator)."""
     job_id = unique("j")
-    command = StartTask(event_id=f"{job_id}:start", node_id=node_id, job_id=job_id, attempt=1, project_id="p",
-                        user_name="u", algorithm=algorithm("true").model_copy(update={"environments": {
-                            "HF_TOKEN": "secret-of-" + job_id}}), spec=spec())
+    command = StartTask(
+        event_id=f"{job_id}:start",
+        node_id=node_id,
+        job_id=job_id,
+        attempt=1,
+        project_id="p",
+        user_name="u",
+        algorithm=algorithm("true").model_copy(update={"environments": {"HF_TOKEN": "secret-of-" + job_id}}),
+        spec=spec(),
+    )
     broker = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
     await connect(broker)
     await publish(broker, command)
@@ -92,15 +106,36 @@ async def test_a_client_without_credentials_cannot_connect(server):
 
 async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
     agent = await as_agent(server, "n1")
-    for allowed in ("tm.node.evt.n1.heartbeat", "tm.job.task.n1.exited", "tm.job.task.n1.hung", "tm.log.n1.j-1",
-                    "tm.telemetry.n1.j-1"):
+    for allowed in (
+        "tm.node.evt.n1.heartbeat",
+        "tm.job.task.n1.exited",
+        "tm.job.task.n1.hung",
+        "tm.log.n1.j-1",
+        "tm.telemetry.n1.j-1",
+    ):
         await agent.nc.publish(allowed, b"{}")
     assert await agent.settle() == []  # what it may do goes through: the refusals below are the server's
-    forbidden = ("tm.job.status", "tm.node.cmd.n2.start", "tm.node.cmd.n1.start", "tm.node.cmd.n1.stop",
-                 "tm.rpc.billing.quotas", "tm.rpc.billing.admit", "tm.node.evt.n2.heartbeat",
-                 "tm.node.evt.n2.registered", "tm.node.evt.released", "tm.job.task.n2.exited", "tm.job.task.exited",
-                 "tm.log.n2.j-1", "tm.notify.p", "$JS.API.STREAM.DELETE.TM_JOBS", "tm.job.task.n2.hung",
-                 "tm.job.task.n2.resumed", "tm.telemetry.n2.j-1", "tm.telemetry.n1", "tm.telemetry.n1.j-1.x")
+    forbidden = (
+        "tm.job.status",
+        "tm.node.cmd.n2.start",
+        "tm.node.cmd.n1.start",
+        "tm.node.cmd.n1.stop",
+        "tm.rpc.billing.quotas",
+        "tm.rpc.billing.admit",
+        "tm.node.evt.n2.heartbeat",
+        "tm.node.evt.n2.registered",
+        "tm.node.evt.released",
+        "tm.job.task.n2.exited",
+        "tm.job.task.exited",
+        "tm.log.n2.j-1",
+        "tm.notify.p",
+        "$JS.API.STREAM.DELETE.TM_JOBS",
+        "tm.job.task.n2.hung",
+        "tm.job.task.n2.resumed",
+        "tm.telemetry.n2.j-1",
+        "tm.telemetry.n1",
+        "tm.telemetry.n1.j-1.x",
+    )
     for subject in forbidden:
         await agent.nc.publish(subject, b"{}")
     errors = await agent.settle()
@@ -111,8 +146,16 @@ async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
 
 async def test_an_agent_cannot_subscribe_to_other_nodes_commands_or_everything(server):
     agent = await as_agent(server, "n1")
-    forbidden = ("tm.node.cmd.n2.>", "tm.node.cmd.>", "tm.>", ">", "_INBOX.>", "_INBOX_submitter.>",
-                 "_INBOX_agent-n2.>", "tm.rpc.billing.quotas")
+    forbidden = (
+        "tm.node.cmd.n2.>",
+        "tm.node.cmd.>",
+        "tm.>",
+        ">",
+        "_INBOX.>",
+        "_INBOX_submitter.>",
+        "_INBOX_agent-n2.>",
+        "tm.rpc.billing.quotas",
+    )
     for subject in forbidden:
         await agent.nc.subscribe(subject)
     errors = await agent.settle()
@@ -134,10 +177,12 @@ async def test_an_agent_reads_its_own_commands_and_not_another_nodes_through_jet
 
     attempts = {
         "their consumer": lambda: js.pull_subscribe_bind("agent-n2", stream="TM_NODE_CMD"),
-        "a consumer of its own on their subject": lambda: js.pull_subscribe("tm.node.cmd.n2.>", durable="spy",
-                                                                             stream="TM_NODE_CMD"),
-        "its consumer widened": lambda: js.add_consumer("TM_NODE_CMD", durable_name="agent-n1", name="agent-n1",
-                                                        filter_subject="tm.node.cmd.>"),
+        "a consumer of its own on their subject": lambda: js.pull_subscribe(
+            "tm.node.cmd.n2.>", durable="spy", stream="TM_NODE_CMD"
+        ),
+        "its consumer widened": lambda: js.add_consumer(
+            "TM_NODE_CMD", durable_name="agent-n1", name="agent-n1", filter_subject="tm.node.cmd.>"
+        ),
         "a stored message by sequence": lambda: js.get_msg("TM_NODE_CMD", seq=1),
         "the last message of their subject": lambda: js.get_last_msg("TM_NODE_CMD", "tm.node.cmd.n2.start"),
         "a direct get": lambda: js.get_msg("TM_NODE_CMD", subject="tm.node.cmd.n2.start", direct=True),
@@ -184,8 +229,7 @@ async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server
     server.identities.minter()
     placement = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
     await placement.connect()  # with placement's own permissions: it may create the rented agent's consumer
-    credentials = NodeCredentials(minter_file=server.identities.minter_file, broker=placement,
-                                  nats_url=server.nats_url)
+    credentials = NodeCredentials(minter_file=server.identities.minter_file, broker=placement, nats_url=server.nats_url)
     node_id = unique("od")
     creds = await credentials.issue(node_id, tmp_path)
     assert creds.stat().st_mode & 0o777 == 0o600
@@ -198,8 +242,13 @@ async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server
     await credentials.revoke(node_id, tmp_path)
     await asyncio.wait_for(agent.closed.wait(), timeout=5)  # the server cut the live connection
     with pytest.raises(NatsError, match="Authorization Violation"):
-        await nats.connect(server.nats_url, user_credentials=str(copy), allow_reconnect=False,
-                           max_reconnect_attempts=0, connect_timeout=2)
+        await nats.connect(
+            server.nats_url,
+            user_credentials=str(copy),
+            allow_reconnect=False,
+            max_reconnect_attempts=0,
+            connect_timeout=2,
+        )
     assert not creds.exists()
     other = await as_agent(server, "n1")  # other identities are untouched
     assert await other.settle() == []
@@ -219,11 +268,39 @@ def certificates(folder) -> tuple:
     """A throw-away CA and a server certificate for 127.0.0.1 it signed."""
     run = lambda *argv: subprocess.run(["openssl", *argv], cwd=folder, check=True, capture_output=True)  # noqa: E731
     (folder / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-        "-subj", "/CN=trainmaster-test-ca")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=trainmaster-test-ca",
+    )
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=nats")
-    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-        "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "1",
+        "-extfile",
+        "san.ext",
+    )
     return folder / "ca.pem", folder / "server.pem", folder / "server.key"
 
 
@@ -231,28 +308,51 @@ def certificates(folder) -> tuple:
 async def test_the_bus_speaks_tls_when_configured(tmp_path):
     ca, cert, key = certificates(tmp_path)
     (tmp_path / "cluster.toml").write_text(CLUSTER)
-    stack = Stack(StackSettings(data_dir=tmp_path / "data", nats_port=free_port(), nats_url=None,
-                                cluster_file=tmp_path / "cluster.toml", nats_tls_cert=cert, nats_tls_key=key,
-                                nats_ca_file=ca))
+    stack = Stack(
+        StackSettings(
+            data_dir=tmp_path / "data",
+            nats_port=free_port(),
+            nats_url=None,
+            cluster_file=tmp_path / "cluster.toml",
+            nats_tls_cert=cert,
+            nats_tls_key=key,
+            nats_ca_file=ca,
+        )
+    )
     try:
         stack.start_nats()
         assert stack.nats_url.startswith("tls://")
         await asyncio.to_thread(stack.prepare_bus)  # connects with the CA file, as every process does
         with pytest.raises((NatsError, ssl.SSLError, OSError)):  # a client that does not trust that CA
-            await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()), allow_reconnect=False,
-                               max_reconnect_attempts=0, connect_timeout=2)
+            await nats.connect(
+                stack.nats_url,
+                user_credentials=str(stack.admin_creds()),
+                allow_reconnect=False,
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )
         with pytest.raises((NatsError, OSError)):  # nor in clear text
-            await nats.connect(stack.nats_url.replace("tls://", "nats://"), allow_reconnect=False,
-                               user_credentials=str(stack.admin_creds()), max_reconnect_attempts=0,
-                               connect_timeout=2)
+            await nats.connect(
+                stack.nats_url.replace("tls://", "nats://"),
+                allow_reconnect=False,
+                user_credentials=str(stack.admin_creds()),
+                max_reconnect_attempts=0,
+                connect_timeout=2,
+            )
     finally:
         stack.stop_all()
 
 
 async def test_a_service_has_only_its_roles_rights(server):
     estimator = await Client().open(server, server.identities.creds("estimator"), inbox=busroles.inbox("estimator"))
-    forbidden = ("tm.node.cmd.n1.start", "tm.job.status", "tm.job.task.n1.exited", "tm.rpc.billing.quotas",
-                 "$JS.API.CONSUMER.INFO.TM_NODE_CMD.agent-n1", "$JS.API.STREAM.MSG.GET.TM_NODE_CMD")
+    forbidden = (
+        "tm.node.cmd.n1.start",
+        "tm.job.status",
+        "tm.job.task.n1.exited",
+        "tm.rpc.billing.quotas",
+        "$JS.API.CONSUMER.INFO.TM_NODE_CMD.agent-n1",
+        "$JS.API.STREAM.MSG.GET.TM_NODE_CMD",
+    )
     for subject in forbidden:
         await estimator.nc.publish(subject, b"{}")
     await estimator.nc.publish("tm.eta.j-1", b"{}")
@@ -277,8 +377,9 @@ async def test_an_agent_cannot_drop_another_nodes_event_by_sending_its_message_i
     attacker = await as_agent(server, "n1")
     decoy = genuine.model_copy(update={"node_id": "n1"})  # legal on its own subject, with the id n2 will use
     for msg_id in (genuine.event_id, f"{genuine.subject}#{genuine.event_id}"):
-        await attacker.nc.jetstream().publish(decoy.subject, decoy.model_dump_json().encode(),
-                                             headers={"Nats-Msg-Id": msg_id})
+        await attacker.nc.jetstream().publish(
+            decoy.subject, decoy.model_dump_json().encode(), headers={"Nats-Msg-Id": msg_id}
+        )
     agent = make_broker(server.nats_url, name="agent-n2", creds=agent_creds(server, "n2"))
     await connect(agent, declare=False)
     await publish(agent, genuine)
@@ -328,8 +429,7 @@ async def test_an_agent_cannot_have_a_service_answer_its_event_onto_a_platform_s
     agent = await as_agent(server, "n1")
     events = [exited(unique("j"), node_id="n1") for _ in PLATFORM]
     for event, reply in zip(events, PLATFORM):
-        await agent.nc.jetstream().publish(event.subject, event.model_dump_json().encode(),
-                                           headers={"reply_to": reply})
+        await agent.nc.jetstream().publish(event.subject, event.model_dump_json().encode(), headers={"reply_to": reply})
     for _ in range(50):
         if len(handled) == len(events):
             break

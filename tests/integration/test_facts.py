@@ -1,5 +1,6 @@
 """Facts from the platform, claims from the node, against a real NATS server and database with one agent's real
 credentials: billing and placement run as `make run` starts them (their own identities, the cluster file)."""
+
 import asyncio
 import time
 from datetime import UTC, datetime, timedelta
@@ -35,9 +36,15 @@ def stack(tmp_path_factory):
 
 
 def settings(stack: Stack, kind, identity: str, **extra):
-    return kind(nats_url=stack.nats_url, nats_creds=stack.identities.creds(identity),
-                mongo_url=stack.mongo_url_of(identity), mongo_db=unique("facts").replace("-", "_"),
-                cluster_file=stack.settings.cluster_file, data_dir=stack.settings.data_dir, **extra)
+    return kind(
+        nats_url=stack.nats_url,
+        nats_creds=stack.identities.creds(identity),
+        mongo_url=stack.mongo_url_of(identity),
+        mongo_db=unique("facts").replace("-", "_"),
+        cluster_file=stack.settings.cluster_file,
+        data_dir=stack.settings.data_dir,
+        **extra,
+    )
 
 
 async def as_identity(stack: Stack, identity: str):
@@ -64,15 +71,25 @@ async def test_an_exit_dated_2100_by_the_placed_nodes_agent_costs_the_seconds_th
         agent = await as_identity(stack, "agent-n1")
         begun = datetime.now(UTC)
         await publish(submitter, submitted(job_id=job_id))
-        await publish(placement, placed(job_id, nodes=("n1",), price=0.5).model_copy(
-            update={"occurred_at": begun - timedelta(seconds=1)}))
-        await publish(agent, started(job_id, node_id="n1", at=begun.replace(year=2000)).model_copy(
-            update={"price_per_hour": 50_000.0, "gpu_count": 8, "node_gpu_count": 1, "node_kind": "on_demand"}))
+        await publish(
+            placement,
+            placed(job_id, nodes=("n1",), price=0.5).model_copy(update={"occurred_at": begun - timedelta(seconds=1)}),
+        )
+        await publish(
+            agent,
+            started(job_id, node_id="n1", at=begun.replace(year=2000)).model_copy(
+                update={"price_per_hour": 50_000.0, "gpu_count": 8, "node_gpu_count": 1, "node_kind": "on_demand"}
+            ),
+        )
         await publish(agent, exited(job_id, node_id="n1", at=begun.replace(year=2100)))
         line = await until(lambda: billing.attempts.ledger.find_one({"job_id": job_id}))
         ended = datetime.now(UTC)
-        assert begun - timedelta(seconds=1) <= line["started_at"].replace(tzinfo=UTC) <= \
-            line["ended_at"].replace(tzinfo=UTC) <= ended
+        assert (
+            begun - timedelta(seconds=1)
+            <= line["started_at"].replace(tzinfo=UTC)
+            <= line["ended_at"].replace(tzinfo=UTC)
+            <= ended
+        )
         assert line["seconds"] < (ended - begun).total_seconds() + 1
         assert (line["gpu_count"], line["node_kind"], line["node_price_per_hour"]) == (1, "local", 0.5)
         report = await billing.reports.usage(UsageQuery(project_id="p"))
@@ -86,11 +103,23 @@ async def test_a_registration_claiming_eight_big_gpus_does_not_grow_the_node_pla
     async with TestApp(app):
         service = app.broker.context.get("placement")
         agent = await as_identity(stack, "agent-n1")
-        await publish(agent, NodeRegistered(event_id=unique("n1:boot"), boot_id="forged", node=node(
-            node_id="n1", kind="local", gpus=8, gpu_memory_gb=80, tflops=312, cpu=96, memory_gb=1024, price=0.0)))
+        await publish(
+            agent,
+            NodeRegistered(
+                event_id=unique("n1:boot"),
+                boot_id="forged",
+                node=node(
+                    node_id="n1", kind="local", gpus=8, gpu_memory_gb=80, tflops=312, cpu=96, memory_gb=1024, price=0.0
+                ),
+            ),
+        )
         kept = await until(lambda: asyncio.sleep(0, service.fleet.nodes.get("n1")))
-        assert (kept.info.kind, kept.info.price_per_hour, len(kept.info.gpus), kept.info.gpus[0].memory_gb) == \
-            ("reserved", 0.5, 1, 24)
+        assert (kept.info.kind, kept.info.price_per_hour, len(kept.info.gpus), kept.info.gpus[0].memory_gb) == (
+            "reserved",
+            0.5,
+            1,
+            24,
+        )
         assert kept.claims_refused["gpus"] == "claimed 8, record 1"
         submitter = await as_identity(stack, "submitter")
         job_id = unique("big")

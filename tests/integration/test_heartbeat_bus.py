@@ -1,4 +1,5 @@
 """Heartbeats on a real NATS server: core NATS from the agent's identity to the monitor's, never stored."""
+
 import asyncio
 
 import nats
@@ -21,8 +22,9 @@ def server(tmp_path_factory):
 
 
 async def test_an_agents_heartbeat_reaches_the_monitor_and_no_stream(server):
-    monitor = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("monitor")),
-                                 inbox_prefix="_INBOX_monitor")
+    monitor = await nats.connect(
+        server.nats_url, user_credentials=str(server.identities.creds("monitor")), inbox_prefix="_INBOX_monitor"
+    )
     heard: asyncio.Queue = asyncio.Queue()
 
     async def on_heartbeat(msg) -> None:
@@ -45,8 +47,9 @@ async def test_an_agents_heartbeat_reaches_the_monitor_and_no_stream(server):
 async def test_the_monitor_tells_agents_the_heartbeat_interval_and_only_the_monitor_may(server):
     """The announcement reaches an agent's identity; an agent's own attempt to announce one is refused by the
     server (an agent that could would slow every other node's heartbeat down, or fence them)."""
-    agent = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("agent-n1")),
-                               inbox_prefix="_INBOX_agent-n1")
+    agent = await nats.connect(
+        server.nats_url, user_credentials=str(server.identities.creds("agent-n1")), inbox_prefix="_INBOX_agent-n1"
+    )
     pace = Pace(2.0)
     heard = asyncio.Event()
 
@@ -61,8 +64,12 @@ async def test_the_monitor_tells_agents_the_heartbeat_interval_and_only_the_moni
     async def on_error(exc) -> None:
         errors.append(str(exc).lower())
 
-    rogue = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("agent-n1")),
-                               inbox_prefix="_INBOX_agent-n1", error_cb=on_error)
+    rogue = await nats.connect(
+        server.nats_url,
+        user_credentials=str(server.identities.creds("agent-n1")),
+        inbox_prefix="_INBOX_agent-n1",
+        error_cb=on_error,
+    )
     await rogue.publish(NODE_CADENCE, announcement(30.0))
     await rogue.flush()
     await asyncio.sleep(0.5)

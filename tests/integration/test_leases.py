@@ -1,4 +1,5 @@
 """Leader leases on a real NATS server: one replica leads, the other takes over when it stops renewing."""
+
 import asyncio
 import time
 
@@ -15,8 +16,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("leases"), nats_port=free_port(), mongo_url=None,
-                                nats_url=None))
+    stack = Stack(
+        StackSettings(data_dir=tmp_path_factory.mktemp("leases"), nats_port=free_port(), mongo_url=None, nats_url=None)
+    )
     stack.start_nats()
     stack.prepare_bus()
     yield stack
@@ -28,8 +30,12 @@ async def client(server, identity: str, errors: list | None = None):
         if errors is not None:
             errors.append(exc)
 
-    return await nats.connect(server.nats_url, user_credentials=str(server.identities.creds(identity)),
-                              inbox_prefix=f"_INBOX_{identity}", error_cb=error)
+    return await nats.connect(
+        server.nats_url,
+        user_credentials=str(server.identities.creds(identity)),
+        inbox_prefix=f"_INBOX_{identity}",
+        error_cb=error,
+    )
 
 
 async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_renewing(server):

@@ -1,4 +1,5 @@
 """The bus as a 3-server JetStream cluster on loopback: every stream on all three, any one server killed."""
+
 import asyncio
 import os
 import signal
@@ -14,8 +15,15 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("cluster"), nats_servers=3, mongo_url=None,
-                                nats_port=free_ports_at(0, 1, 2, 10, 11, 12), nats_url=None))
+    stack = Stack(
+        StackSettings(
+            data_dir=tmp_path_factory.mktemp("cluster"),
+            nats_servers=3,
+            mongo_url=None,
+            nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
+            nats_url=None,
+        )
+    )
     stack.start_nats()
     stack.prepare_bus()
     yield stack
@@ -25,8 +33,12 @@ def cluster(tmp_path_factory):
 async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_server(cluster):
     assert cluster.nats_servers == ["nats", "nats-2", "nats-3"] and cluster.nats_url.count(",") == 2
     assert cluster.env()["TRAINMASTER_STREAM_REPLICAS"] == "3"
-    nc = await nats.connect(cluster.nats_url.split(","), user_credentials=str(cluster.admin_creds()),
-                            max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    nc = await nats.connect(
+        cluster.nats_url.split(","),
+        user_credentials=str(cluster.admin_creds()),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.2,
+    )
     js = nc.jetstream()
     try:
         jobs = await js.stream_info("TM_JOBS")

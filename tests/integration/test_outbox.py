@@ -1,4 +1,5 @@
 """The outbox and the streams against a real NATS server and the database server."""
+
 import asyncio
 from datetime import UTC, datetime
 
@@ -86,8 +87,15 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
     repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
     await repo.create_indexes()
     first, second = submitted(), submitted()
-    doc = {"_id": first.job_id, "project_id": "p", "name": "train", "user_name": "alice",
-           "create_time": first.create_time, "status": {"phase": "Creating"}, "status_version": 0}
+    doc = {
+        "_id": first.job_id,
+        "project_id": "p",
+        "name": "train",
+        "user_name": "alice",
+        "create_time": first.create_time,
+        "status": {"phase": "Creating"},
+        "status_version": 0,
+    }
     pending = await repo.insert(doc, first)
     with pytest.raises(NameTaken):
         await repo.insert({**doc, "_id": second.job_id}, second)
@@ -113,9 +121,18 @@ async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_an
 
     def arrival(name: str, user: str = "alice") -> Arrival:
         event = submitted()
-        return Arrival({"_id": event.job_id, "project_id": "p", "name": name, "user_name": user,
-                        "create_time": event.create_time, "status": {"phase": "Creating"}, "status_version": 0},
-                       event)
+        return Arrival(
+            {
+                "_id": event.job_id,
+                "project_id": "p",
+                "name": name,
+                "user_name": user,
+                "create_time": event.create_time,
+                "status": {"phase": "Creating"},
+                "status_version": 0,
+            },
+            event,
+        )
 
     await repo.insert(*vars(arrival("old")).values())
     burst = [arrival("a"), arrival("b"), arrival("a"), arrival("old"), arrival("c"), arrival("d"), arrival("e", "bob")]
@@ -139,12 +156,17 @@ async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_an
 async def test_a_remembered_document_is_what_the_database_would_answer(bus_and_database, wiring):
     broker, collection = wiring
     store = DocumentStore(collection, broker, remember=10)
-    fields = {"phase": "Running", "at": datetime(2026, 11, 25, 9, 30, 0, 123000, tzinfo=UTC),
-              "ranks": (0, 1), "tasks": {"0": {"node": "n1", "exit": None}}}
+    fields = {
+        "phase": "Running",
+        "at": datetime(2026, 11, 25, 9, 30, 0, 123000, tzinfo=UTC),
+        "ranks": (0, 1),
+        "tasks": {"0": {"node": "n1", "exit": None}},
+    }
     job_id = unique("j")
     event = JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id)
     assert await store.save(job_id, fields, None, [event])
     assert store._recall(job_id) == await collection.find_one({"_id": job_id})
-    assert await store.update(job_id, lambda doc: ({**doc, "phase": "Completed"}, [
-        JobDeleted(event_id=f"{job_id}:deleted-2", job_id=job_id)]))
+    assert await store.update(
+        job_id, lambda doc: ({**doc, "phase": "Completed"}, [JobDeleted(event_id=f"{job_id}:deleted-2", job_id=job_id)])
+    )
     assert store._recall(job_id) == await collection.find_one({"_id": job_id})

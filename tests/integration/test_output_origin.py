@@ -1,6 +1,7 @@
 """Output on a real NATS server configured as `make run` does: one node's agent, with its own credentials, publishes
 chunks on its own log subject naming a job placed on another node, first and with the sequence numbers (and
 message ids) the real chunks will carry; the submitter stores none of them, and the real output arrives whole."""
+
 import asyncio
 
 import pytest
@@ -21,13 +22,15 @@ INJECTED = ('TRAINMASTER_METRICS {"loss": 0.00001}', "target reached")
 @pytest.fixture
 async def submitter(cluster_servers):
     """The submitter's bus handlers, as the submitter (its own credentials), on the real server and database."""
-    broker = make_broker(cluster_servers.nats_url, name="submitter",
-                         creds=cluster_servers.identities.creds("submitter"))
+    broker = make_broker(
+        cluster_servers.nats_url, name="submitter", creds=cluster_servers.identities.creds("submitter")
+    )
     broker.include_router(router)
     client = make_client(cluster_servers.mongo_url_of("submitter"))
     db = client[unique("db").replace("-", "_")]
-    repo = Repository(db=db, broker=broker, origins=Origins(placements=db.api_placements,
-                                                            all_read=lambda: read_up(broker, PLACED)))
+    repo = Repository(
+        db=db, broker=broker, origins=Origins(placements=db.api_placements, all_read=lambda: read_up(broker, PLACED))
+    )
     broker.context.set_global("repo", repo)
     await connect(broker)
     await broker.start()
@@ -53,8 +56,9 @@ async def until(check, *, tries: int = 100) -> bool:
 async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopped(cluster_servers, submitter):
     broker, repo = submitter
     job_id = unique("j")
-    placement = make_broker(cluster_servers.nats_url, name="placement",
-                            creds=cluster_servers.identities.creds("placement"))
+    placement = make_broker(
+        cluster_servers.nats_url, name="placement", creds=cluster_servers.identities.creds("placement")
+    )
     await connect(placement)
     await publish(placement, placed(job_id, nodes=("n2",)))
     await placement.stop()
@@ -64,8 +68,9 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
         forged = chunk(job_id, node_id="n1", seq=seq, lines=INJECTED, last=seq == 2)
         await publish(attacker, forged)
         for msg_id in (f"{job_id}:1:0:n2:log:{seq}", f"{job_id}:1:0:log:{seq}"):
-            await raw.nc.jetstream().publish(forged.subject, forged.model_dump_json().encode(),
-                                             headers={"Nats-Msg-Id": msg_id})
+            await raw.nc.jetstream().publish(
+                forged.subject, forged.model_dump_json().encode(), headers={"Nats-Msg-Id": msg_id}
+            )
     await publish(attacker, chunk(job_id, attempt=7, node_id="n1", lines=INJECTED))  # an attempt never placed
     await attacker.stop()
     await raw.nc.close()
@@ -85,11 +90,12 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
 
 
 async def test_the_output_stream_keeps_at_most_its_configured_bytes(cluster_servers):
-    broker = make_broker(cluster_servers.nats_url, name="estimator",
-                         creds=cluster_servers.identities.creds("estimator"))
+    broker = make_broker(
+        cluster_servers.nats_url, name="estimator", creds=cluster_servers.identities.creds("estimator")
+    )
     streams = []
-    for configured in (64 * 1024 ** 2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
+    for configured in (64 * 1024**2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
         await connect(broker, log_max_bytes=configured)
         streams.append((await broker.config.connection_state.stream.stream_info(LOGS.name)).config.max_bytes)
         await broker.stop()
-    assert streams == [64 * 1024 ** 2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024 ** 3
+    assert streams == [64 * 1024**2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024**3

@@ -1,4 +1,5 @@
 """The own-jobs export against the database server: what the estimator kept is written as the corpus reads it."""
+
 import pytest
 
 from shared.store import make_client
@@ -12,8 +13,15 @@ pytestmark = pytest.mark.integration
 
 async def test_kept_runs_are_exported_as_a_corpus_file(bus_and_database, tmp_path):
     database = unique("own").replace("-", "_")
-    runs = [{"run": f"job-{i}", "group": "trainmaster", "params": {"seed": i},
-             "points": [{"t": float(t), "step": float(t), "loss": 1.0 / t} for t in range(1, 30)]} for i in range(3)]
+    runs = [
+        {
+            "run": f"job-{i}",
+            "group": "trainmaster",
+            "params": {"seed": i},
+            "points": [{"t": float(t), "step": float(t), "loss": 1.0 / t} for t in range(1, 30)],
+        }
+        for i in range(3)
+    ]
     url = bus_and_database.mongo_url_of("estimator")
     client = make_client(url)
     try:

@@ -1,6 +1,7 @@
 """The EC2 provider against moto's EC2 served on 127.0.0.1 (real boto3 calls over HTTP). The test acts as the
 cloud: for each instance moto reports, it runs the instance's user data (the cloud-init script) as a local machine,
 and halts the machine when the instance is terminated."""
+
 import asyncio
 import base64
 import json
@@ -39,8 +40,10 @@ def aws():
     url = loopback_only(f"http://127.0.0.1:{server.get_host_and_port()[1]}")
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=url)
     vpc = ec2.create_vpc(CidrBlock="10.7.0.0/16")["Vpc"]["VpcId"]
-    subnets = [ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=f"us-east-1{z}")
-               ["Subnet"]["SubnetId"] for i, z in enumerate("ab")]
+    subnets = [
+        ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.7.{i}.0/24", AvailabilityZone=f"us-east-1{z}")["Subnet"]["SubnetId"]
+        for i, z in enumerate("ab")
+    ]
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     yield SimpleNamespace(url=url, ec2=ec2, subnets=subnets, image=image)
     server.stop()
@@ -49,19 +52,37 @@ def aws():
 
 
 def entry(name: str = "g.small", *, market: str = "on_demand", price: float = 2.0) -> dict:
-    return {"name": name, "gpus": 1, "gpu_model": "A10G", "gpu_memory_gb": 24, "tflops": 125, "cpu": 4,
-            "memory_gb": 16, "price_per_hour": price, "startup_delay_s": 0, "provider": "ec2", "market": market,
-            "cloud_type": "g5.xlarge"}
+    return {
+        "name": name,
+        "gpus": 1,
+        "gpu_model": "A10G",
+        "gpu_memory_gb": 24,
+        "tflops": 125,
+        "cpu": 4,
+        "memory_gb": 16,
+        "price_per_hour": price,
+        "startup_delay_s": 0,
+        "provider": "ec2",
+        "market": market,
+        "cloud_type": "g5.xlarge",
+    }
 
 
 def provider(aws, tmp_path: Path, *entries: dict, cluster: str | None = None):
     from services.placement.providers.ec2 import EC2Provider, EC2Settings
 
-    settings = EC2Settings(region="us-east-1", endpoint_url=aws.url, image_id=aws.image, subnet_ids=aws.subnets,
-                           cluster_name=cluster or f"c{uuid.uuid4().hex[:8]}", bus_url="nats://10.0.0.1:4222")
+    settings = EC2Settings(
+        region="us-east-1",
+        endpoint_url=aws.url,
+        image_id=aws.image,
+        subnet_ids=aws.subnets,
+        cluster_name=cluster or f"c{uuid.uuid4().hex[:8]}",
+        bus_url="nats://10.0.0.1:4222",
+    )
     entries = entries or (entry(),)
-    return EC2Provider(settings=settings, offers=offer_infos(list(entries)),
-                       maker=NodeMaker(boot=settings, folder=tmp_path)), catalogue_from(entries)
+    return EC2Provider(
+        settings=settings, offers=offer_infos(list(entries)), maker=NodeMaker(boot=settings, folder=tmp_path)
+    ), catalogue_from(entries)
 
 
 def instances(aws, cluster: str) -> list[dict]:
@@ -80,8 +101,10 @@ def refuse_in(client, code: str, subnets: set[str] | None = None) -> list[str]:
         subnet = params["body"].get("SubnetId")
         asked.append(subnet)
         if subnets is None or subnet in subnets:
-            return AWSResponse("", 400, {}, None), {"Error": {"Code": code, "Message": f"no {code} here"},
-                                                    "ResponseMetadata": {"HTTPStatusCode": 400}}
+            return AWSResponse("", 400, {}, None), {
+                "Error": {"Code": code, "Message": f"no {code} here"},
+                "ResponseMetadata": {"HTTPStatusCode": 400},
+            }
         return None
 
     client.meta.events.register("before-call.ec2.RunInstances", refuse)
@@ -94,21 +117,25 @@ async def test_an_instance_carries_its_tags_its_market_and_its_node(aws, tmp_pat
     ec2.maker.job_of = lambda node_id: "job-1"
     await ec2.provision("od-a", catalogue[0])
     await ec2.provision("od-b", catalogue[1])
-    found = {next(t["Value"] for t in i["Tags"] if t["Key"] == "trainmaster:node-id"): i
-             for i in instances(aws, cluster)}
+    found = {
+        next(t["Value"] for t in i["Tags"] if t["Key"] == "trainmaster:node-id"): i for i in instances(aws, cluster)
+    }
     assert set(found) == {"od-a", "od-b"}
     a, b = found["od-a"], found["od-b"]
     assert a["InstanceType"] == "g5.xlarge" and a.get("InstanceLifecycle") != "spot"
     assert b.get("InstanceLifecycle") == "spot"
     assert {"Key": "trainmaster:job", "Value": "job-1"} in a["Tags"]
-    script = base64.b64decode(aws.ec2.describe_instance_attribute(InstanceId=a["InstanceId"], Attribute="userData")
-                              ["UserData"]["Value"]).decode()
+    script = base64.b64decode(
+        aws.ec2.describe_instance_attribute(InstanceId=a["InstanceId"], Attribute="userData")["UserData"]["Value"]
+    ).decode()
     assert script.startswith("#!/bin/bash") and 'id = "od-a"' in script
     assert "export TRAINMASTER_NATS_URL=nats://10.0.0.1:4222" in script
     assert "TRAINMASTER_SPOT_METADATA_URL" not in script  # on-demand: nothing to watch
     await ec2.release("od-a", None)
-    assert [i["State"]["Name"] for i in instances(aws, cluster) if i["InstanceId"] == a["InstanceId"]] \
-        in (["shutting-down"], ["terminated"])
+    assert [i["State"]["Name"] for i in instances(aws, cluster) if i["InstanceId"] == a["InstanceId"]] in (
+        ["shutting-down"],
+        ["terminated"],
+    )
     await ec2.release("od-a", None)  # again: nothing left, no error
 
 
@@ -121,8 +148,9 @@ async def test_a_zone_without_capacity_moves_the_node_to_the_next(aws, tmp_path)
     assert made["SubnetId"] == aws.subnets[1]
 
 
-@pytest.mark.parametrize("code, tries", [("InsufficientInstanceCapacity", 2), ("VcpuLimitExceeded", 1),
-                                         ("MaxSpotInstanceCountExceeded", 1)])
+@pytest.mark.parametrize(
+    "code, tries", [("InsufficientInstanceCapacity", 2), ("VcpuLimitExceeded", 1), ("MaxSpotInstanceCountExceeded", 1)]
+)
 async def test_a_type_the_cloud_cannot_give_rests_and_nothing_is_left(aws, tmp_path, code, tries):
     ec2, catalogue = provider(aws, tmp_path)
     asked = refuse_in(ec2.client, code)
@@ -141,8 +169,11 @@ async def test_reconcile_terminates_what_no_record_owns_and_only_that(aws, tmp_p
     await other.provision("od-theirs", catalogue[0])
     orphans = await ec2.reconcile({"od-kept"})
     assert [(o.node_id, o.instance_type) for o in orphans] == [("od-crashed", "g.small")]
-    states = {next(t["Value"] for t in i["Tags"] if t["Key"] == "trainmaster:node-id"): i["State"]["Name"]
-              for c in (ec2, other) for i in instances(aws, c.settings.cluster_name)}
+    states = {
+        next(t["Value"] for t in i["Tags"] if t["Key"] == "trainmaster:node-id"): i["State"]["Name"]
+        for c in (ec2, other)
+        for i in instances(aws, c.settings.cluster_name)
+    }
     assert states["od-kept"] in ("pending", "running") and states["od-theirs"] in ("pending", "running")
     assert states["od-crashed"] in ("shutting-down", "terminated")
     assert await ec2.reconcile({"od-kept"}) == []
@@ -222,8 +253,15 @@ class Cloud:
 def ec2_stack(aws, tmp_path_factory, servers):
     data = tmp_path_factory.mktemp("ec2")
     cluster = f"it-{uuid.uuid4().hex[:8]}"
-    fleet = FLEET.format(url=aws.url, image=aws.image, subnets=json.dumps(aws.subnets), cluster=cluster,
-                         agent=agent_command(), machines=data / "machines", data=data)
+    fleet = FLEET.format(
+        url=aws.url,
+        image=aws.image,
+        subnets=json.dumps(aws.subnets),
+        cluster=cluster,
+        agent=agent_command(),
+        machines=data / "machines",
+        data=data,
+    )
     stack = start_stack(data, cluster=fleet, servers=servers, extra_env={**TUNING, **FAKE_AWS})
     yield SimpleNamespace(stack=stack, cluster=cluster, machines=Machines(data / "machines"), data=data)
     stack.stop_all()
@@ -242,8 +280,9 @@ async def cloud(aws, ec2_stack):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def client(ec2_stack):
-    async with httpx.AsyncClient(base_url=ec2_stack.stack.api_url, timeout=30,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as api:
+    async with httpx.AsyncClient(
+        base_url=ec2_stack.stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as api:
         yield api
 
 
@@ -253,10 +292,16 @@ def jwt_name(creds: str) -> str:
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["name"]
 
 
-async def test_a_rented_instance_registers_runs_a_job_is_released_and_billed(aws, ec2_stack, cloud, client,
-                                                                             project):
-    job = await submit(client, project, command="echo trained-on-ec2", gpu_count=1, priority="time",
-                       expected_duration_s=1800, checkpoint_interval_s=600)  # spot: only for jobs that checkpoint
+async def test_a_rented_instance_registers_runs_a_job_is_released_and_billed(aws, ec2_stack, cloud, client, project):
+    job = await submit(
+        client,
+        project,
+        command="echo trained-on-ec2",
+        gpu_count=1,
+        priority="time",
+        expected_duration_s=1800,
+        checkpoint_interval_s=600,
+    )  # spot: only for jobs that checkpoint
     done = await wait_phase(client, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=40)
     assert done["status"]["phase"] == "Completed", done["status"]
     node_id = done["status"]["node_ids"][0]
@@ -282,8 +327,15 @@ async def test_a_rented_instance_registers_runs_a_job_is_released_and_billed(aws
 
 
 async def test_a_spot_notice_snapshots_the_job_and_it_resumes_elsewhere(aws, ec2_stack, cloud, client, project):
-    job = await submit(client, project, command=counter(total=60, every=5, pause=0.1), gpu_count=1,
-                       priority="time", expected_duration_s=1800, checkpoint_interval_s=60)
+    job = await submit(
+        client,
+        project,
+        command=counter(total=60, every=5, pause=0.1),
+        gpu_count=1,
+        priority="time",
+        expected_duration_s=1800,
+        checkpoint_interval_s=60,
+    )
     job_id = job["metadata"]["id"]
     running = await wait_phase(client, project, job_id, "Running", timeout_s=30)
     first = running["status"]["node_ids"][0]
@@ -305,11 +357,18 @@ async def test_a_spot_notice_snapshots_the_job_and_it_resumes_elsewhere(aws, ec2
 
 
 async def test_an_instance_rented_but_never_recorded_is_terminated(aws, ec2_stack, cloud):
-    tags = [{"Key": "trainmaster:cluster", "Value": ec2_stack.cluster},
-            {"Key": "trainmaster:node-id", "Value": "od-lost-in-a-crash"},
-            {"Key": "trainmaster:instance-type", "Value": "g.small.spot"}]
-    made = aws.ec2.run_instances(ImageId=aws.image, InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
-                                 TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
+    tags = [
+        {"Key": "trainmaster:cluster", "Value": ec2_stack.cluster},
+        {"Key": "trainmaster:node-id", "Value": "od-lost-in-a-crash"},
+        {"Key": "trainmaster:instance-type", "Value": "g.small.spot"},
+    ]
+    made = aws.ec2.run_instances(
+        ImageId=aws.image,
+        InstanceType="g5.xlarge",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": tags}],
+    )
     orphan = made["Instances"][0]["InstanceId"]
 
     async def terminated():

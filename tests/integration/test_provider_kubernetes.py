@@ -1,6 +1,7 @@
 """The Kubernetes provider against kmock's Kubernetes API emulator on 127.0.0.1. The test acts as the kubelet: for
 each Pod it mounts the Secret (writes its files) and runs the container's command as a local process, with the
 container's environment, and stops it when the Pod is deleted."""
+
 import asyncio
 import itertools
 import uuid
@@ -30,8 +31,11 @@ class Emulator(kmock.KubernetesEmulator):
     versions = itertools.count(1)
 
     async def _handle(self, request):
-        if request.resource is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE) \
-                and isinstance(request.data, dict):
+        if (
+            request.resource is not None
+            and request.action in (kmock.action.CREATE, kmock.action.UPDATE)
+            and isinstance(request.data, dict)
+        ):
             meta = request.data.setdefault("metadata", {})
             meta["resourceVersion"] = str(next(self.versions))
             if request.action == kmock.action.CREATE and request.namespace:
@@ -48,18 +52,34 @@ async def k8s():
 
 
 def entry(name: str = "l4.1x") -> dict:
-    return {"name": name, "gpus": 1, "gpu_model": "L4", "gpu_memory_gb": 24, "tflops": 121, "cpu": 4,
-            "memory_gb": 16, "price_per_hour": 0.8, "startup_delay_s": 0, "provider": "kubernetes",
-            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-L4"}}
+    return {
+        "name": name,
+        "gpus": 1,
+        "gpu_model": "L4",
+        "gpu_memory_gb": 24,
+        "tflops": 121,
+        "cpu": 4,
+        "memory_gb": 16,
+        "price_per_hour": 0.8,
+        "startup_delay_s": 0,
+        "provider": "kubernetes",
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+    }
 
 
 def provider(k8s, tmp_path: Path, *, cluster: str | None = None):
     from services.placement.providers.kubernetes import KubernetesProvider, KubernetesSettings
 
-    settings = KubernetesSettings(api_url=k8s.url, namespace=NAMESPACE, image="registry.local/trainmaster:1",
-                                  cluster_name=cluster or f"c{uuid.uuid4().hex[:8]}", bus_url="nats://bus:4222")
-    return KubernetesProvider(settings=settings, offers=offer_infos([entry()]),
-                              maker=NodeMaker(boot=settings, folder=tmp_path)), catalogue_from([entry()])
+    settings = KubernetesSettings(
+        api_url=k8s.url,
+        namespace=NAMESPACE,
+        image="registry.local/trainmaster:1",
+        cluster_name=cluster or f"c{uuid.uuid4().hex[:8]}",
+        bus_url="nats://bus:4222",
+    )
+    return KubernetesProvider(
+        settings=settings, offers=offer_infos([entry()]), maker=NodeMaker(boot=settings, folder=tmp_path)
+    ), catalogue_from([entry()])
 
 
 async def listed(k8s, kind: str, cluster: str) -> list[dict]:
@@ -113,9 +133,11 @@ async def test_a_pod_that_fails_is_reported_by_the_watch_and_a_released_one_is_n
             await kube.provision(node_id, catalogue[0])
         await kube.release("od-idle", None)  # placement's own deletion is no failure
         async with httpx.AsyncClient(base_url=k8s.url) as api:
-            await api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/tm-od-failing/status",
-                            json={"status": {"phase": "Failed", "reason": "OOMKilled"}},
-                            headers={"Content-Type": "application/merge-patch+json"})
+            await api.patch(
+                f"/api/v1/namespaces/{NAMESPACE}/pods/tm-od-failing/status",
+                json={"status": {"phase": "Failed", "reason": "OOMKilled"}},
+                headers={"Content-Type": "application/merge-patch+json"},
+            )
         assert await asyncio.wait_for(gone.get(), timeout=10) == ("od-failing", "pod failed (OOMKilled)")
         assert gone.empty()
     finally:
@@ -203,8 +225,9 @@ class Kubelet:
             local = root / mount["name"]
             local.mkdir(parents=True, exist_ok=True)
             if "secret" in volume:
-                secret = (await api.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/"
-                                        f"{volume['secret']['secretName']}")).json()
+                secret = (
+                    await api.get(f"/api/v1/namespaces/{NAMESPACE}/secrets/{volume['secret']['secretName']}")
+                ).json()
                 for key, text in secret["stringData"].items():
                     (local / key).write_text(text)
             paths[mount["mountPath"]] = str(local)
@@ -214,8 +237,11 @@ class Kubelet:
 
         env = {e["name"]: mapped(e["value"]) for e in container["env"]}
         self.machines.boot(name, [mapped(a) for a in container["command"]], env=env)
-        await api.patch(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status", json={"status": {"phase": "Running"}},
-                        headers={"Content-Type": "application/merge-patch+json"})
+        await api.patch(
+            f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/status",
+            json={"status": {"phase": "Running"}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
 
 
 @pytest.fixture(scope="module")
@@ -238,21 +264,25 @@ async def kubelet(k8s, k8s_stack):
 
 
 async def test_a_rented_pod_registers_runs_a_job_and_is_deleted_when_idle(k8s, k8s_stack, kubelet, project):
-    async with httpx.AsyncClient(base_url=k8s_stack.stack.api_url, timeout=30,
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
-        job = await submit(client, project, command="echo trained-in-a-pod", gpu_count=1, priority="time",
-                           expected_duration_s=1800)
+    async with httpx.AsyncClient(
+        base_url=k8s_stack.stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    ) as client:
+        job = await submit(
+            client, project, command="echo trained-in-a-pod", gpu_count=1, priority="time", expected_duration_s=1800
+        )
         done = await wait_phase(client, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=40)
         assert done["status"]["phase"] == "Completed", done["status"]
         node_id = done["status"]["node_ids"][0]
         assert node_id.startswith("od-l4-1x-")
-        pod = next(p for p in kubelet.started.values() if p["metadata"]["labels"]["trainmaster.io/node-id"]
-                   == node_id)
+        pod = next(p for p in kubelet.started.values() if p["metadata"]["labels"]["trainmaster.io/node-id"] == node_id)
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
         async def deleted():
-            return not [p for p in await listed(k8s, "pods", k8s_stack.cluster)
-                        if p["metadata"]["name"] == pod["metadata"]["name"]]
+            return not [
+                p
+                for p in await listed(k8s, "pods", k8s_stack.cluster)
+                if p["metadata"]["name"] == pod["metadata"]["name"]
+            ]
 
         await poll(deleted, timeout_s=20)  # idle for 2 s: given back
 

@@ -1,6 +1,7 @@
 """How the Kubernetes provider finds and authenticates to the API (lightkube): a kubeconfig's contexts (a client
 certificate over verified TLS, an exec plugin's token), the pod's service account in the cluster, and what it
 refuses. The API server is a small TLS server on 127.0.0.1 that records who called it."""
+
 import asyncio
 import base64
 import datetime
@@ -23,29 +24,46 @@ from services.placement.providers.wiring import make_providers
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 EXEC_PLUGIN = Path(__file__).parent.parent / "data" / "kube" / "exec_credential.py"
-ENTRY = {"name": "l4.1x", "gpus": 1, "gpu_model": "L4", "gpu_memory_gb": 24, "tflops": 121, "cpu": 4,
-         "memory_gb": 16, "price_per_hour": 0.8, "provider": "kubernetes"}
+ENTRY = {
+    "name": "l4.1x",
+    "gpus": 1,
+    "gpu_model": "L4",
+    "gpu_memory_gb": 24,
+    "tflops": 121,
+    "cpu": 4,
+    "memory_gb": 16,
+    "price_per_hour": 0.8,
+    "provider": "kubernetes",
+}
 
 
 def _cert(name: str, key, *, issuer: tuple | None = None, ca: bool = False, ip: str | None = None):
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     signer_name, signer_key = issuer or (subject, key)
     now = datetime.datetime.now(datetime.UTC)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(signer_name).public_key(key.public_key())
-               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(signer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if ip:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]),
-                                        critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip))]), critical=False
+        )
     return builder.sign(signer_key, hashes.SHA256())
 
 
 def _pem(obj) -> bytes:
     if isinstance(obj, x509.Certificate):
         return obj.public_bytes(serialization.Encoding.PEM)
-    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return obj.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +74,13 @@ def pki(tmp_path_factory):
     ca = _cert("cluster-ca", ca_key, ca=True)
     server = _cert("kube-apiserver", server_key, issuer=(ca.subject, ca_key), ip="127.0.0.1")
     client = _cert("trainmaster-placement", client_key, issuer=(ca.subject, ca_key))
-    files = {"ca.crt": _pem(ca), "server.crt": _pem(server), "server.key": _pem(server_key),
-             "client.crt": _pem(client), "client.key": _pem(client_key)}
+    files = {
+        "ca.crt": _pem(ca),
+        "server.crt": _pem(server),
+        "server.key": _pem(server_key),
+        "client.crt": _pem(client),
+        "client.key": _pem(client_key),
+    }
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder
@@ -77,12 +100,16 @@ class ApiServer:
         headers = dict(line.split(": ", 1) for line in head.split("\r\n")[1:] if ": " in line)
         peer = writer.get_extra_info("peercert") or {}
         cn = next((v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"), None)
-        self.seen.append({"path": head.split(" ")[1], "auth": headers.get("authorization")
-                          or headers.get("Authorization"), "cn": cn})
-        body = json.dumps({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"},
-                           "items": []}).encode()
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.seen.append(
+            {"path": head.split(" ")[1], "auth": headers.get("authorization") or headers.get("Authorization"), "cn": cn}
+        )
+        body = json.dumps(
+            {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": []}
+        ).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         await writer.drain()
         writer.close()
 
@@ -96,23 +123,44 @@ async def api(pki):
     listener.close()
 
 
-def kubeconfig(tmp_path: Path, pki: Path, url: str, *, insecure: bool = False,
-               exec_version: str = "client.authentication.k8s.io/v1beta1") -> Path:
+def kubeconfig(
+    tmp_path: Path,
+    pki: Path,
+    url: str,
+    *,
+    insecure: bool = False,
+    exec_version: str = "client.authentication.k8s.io/v1beta1",
+) -> Path:
     """Two contexts: `prod` (the default) with a client certificate, `dev` with an exec plugin's token."""
     b64 = lambda name: base64.b64encode((pki / name).read_bytes()).decode()  # noqa: E731
     cluster = {"server": url, "certificate-authority-data": b64("ca.crt")}
     if insecure:
         cluster = {"server": url, "insecure-skip-tls-verify": True}
     config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "prod",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "prod",
         "clusters": [{"name": "gpu-cluster", "cluster": cluster}],
-        "users": [{"name": "cert", "user": {"client-certificate-data": b64("client.crt"),
-                                            "client-key-data": b64("client.key")}},
-                  {"name": "eks", "user": {"exec": {"apiVersion": exec_version,
-                                                    "command": sys.executable,
-                                                    "args": [str(EXEC_PLUGIN), "token-from-the-plugin"]}}}],
-        "contexts": [{"name": "prod", "context": {"cluster": "gpu-cluster", "user": "cert"}},
-                     {"name": "dev", "context": {"cluster": "gpu-cluster", "user": "eks"}}],
+        "users": [
+            {
+                "name": "cert",
+                "user": {"client-certificate-data": b64("client.crt"), "client-key-data": b64("client.key")},
+            },
+            {
+                "name": "eks",
+                "user": {
+                    "exec": {
+                        "apiVersion": exec_version,
+                        "command": sys.executable,
+                        "args": [str(EXEC_PLUGIN), "token-from-the-plugin"],
+                    }
+                },
+            },
+        ],
+        "contexts": [
+            {"name": "prod", "context": {"cluster": "gpu-cluster", "user": "cert"}},
+            {"name": "dev", "context": {"cluster": "gpu-cluster", "user": "eks"}},
+        ],
     }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
@@ -120,24 +168,38 @@ def kubeconfig(tmp_path: Path, pki: Path, url: str, *, insecure: bool = False,
 
 
 def provider(tmp_path: Path, **section) -> KubernetesProvider:
-    settings = KubernetesSettings(image="registry.local/trainmaster:1", cluster_name="c1",
-                                  bus_url="nats://bus:4222", **section)
-    return KubernetesProvider(settings=settings, offers=offer_infos([ENTRY]),
-                              maker=NodeMaker(boot=settings, folder=tmp_path))
+    settings = KubernetesSettings(
+        image="registry.local/trainmaster:1", cluster_name="c1", bus_url="nats://bus:4222", **section
+    )
+    return KubernetesProvider(
+        settings=settings, offers=offer_infos([ENTRY]), maker=NodeMaker(boot=settings, folder=tmp_path)
+    )
 
 
 def wired(tmp_path: Path, **section) -> None:
-    make_providers(entries=[ENTRY], sections={"kubernetes": {"image": "i:1", "cluster_name": "c1", **section}},
-                   default="local-process", data_dir=tmp_path, broker=None, nats_url="nats://bus:4222",
-                   minter=None, ca_file=None)
+    make_providers(
+        entries=[ENTRY],
+        sections={"kubernetes": {"image": "i:1", "cluster_name": "c1", **section}},
+        default="local-process",
+        data_dir=tmp_path,
+        broker=None,
+        nats_url="nats://bus:4222",
+        minter=None,
+        ca_file=None,
+    )
 
 
 async def test_the_kubeconfig_current_context_authenticates_with_its_client_certificate(api, pki, tmp_path):
     kube = provider(tmp_path, kubeconfig=kubeconfig(tmp_path, pki, api.url))
     assert await kube._list("pods") == []
     await kube.close()
-    assert api.seen == [{"path": "/api/v1/namespaces/trainmaster/pods?labelSelector=trainmaster.io%2Fcluster%3Dc1",
-                         "auth": None, "cn": "trainmaster-placement"}]
+    assert api.seen == [
+        {
+            "path": "/api/v1/namespaces/trainmaster/pods?labelSelector=trainmaster.io%2Fcluster%3Dc1",
+            "auth": None,
+            "cn": "trainmaster-placement",
+        }
+    ]
 
 
 async def test_a_named_context_authenticates_with_its_exec_plugins_token(api, pki, tmp_path):

@@ -1,5 +1,6 @@
 """A database per service under `make run`: each service's own embedded server, socket and database, and a data
 directory of the single database before them split on the first start."""
+
 import os
 import stat
 import subprocess
@@ -15,8 +16,13 @@ from services.stack.migrate import SET_ASIDE, SINGLE
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_socket
 
 pytestmark = pytest.mark.integration
-OWNED = {"submitter": "api_jobs", "placement": "placement_jobs", "monitor": "monitor_jobs",
-         "estimator": "estimator_jobs", "billing": "billing_ledger"}
+OWNED = {
+    "submitter": "api_jobs",
+    "placement": "placement_jobs",
+    "monitor": "monitor_jobs",
+    "estimator": "estimator_jobs",
+    "billing": "billing_ledger",
+}
 
 
 def single_database(data_dir) -> None:
@@ -24,8 +30,11 @@ def single_database(data_dir) -> None:
     db = data_dir / "db"
     db.mkdir(mode=0o700, parents=True)
     sock = db / "mongo.sock"
-    server = subprocess.Popen([sys.executable, "-m", "services.stack.database", str(sock), "--data-dir", str(db)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "services.stack.database", str(sock), "--data-dir", str(db)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for_socket(sock)
         with MongoClient("mongodb://" + quote_plus(str(sock))) as client:
@@ -44,8 +53,7 @@ def test_an_old_data_directory_is_split_so_each_service_reads_its_own_collection
         stack.start_database()
         for service, collection in OWNED.items():
             with MongoClient(stack.mongo_url_of(service)) as client:
-                assert client[database_name(service)][collection].find_one({"_id": f"{service}-1"})["owner"] == \
-                    service
+                assert client[database_name(service)][collection].find_one({"_id": f"{service}-1"})["owner"] == service
         assert not (data / "db" / SINGLE).exists() and (data / "db" / SET_ASIDE).exists()
     finally:
         stack.stop_all()

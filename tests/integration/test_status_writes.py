@@ -1,6 +1,7 @@
 """What a job's status costs where it is kept, on the database server itself: the API's views (queue entries, list
 entries, output counters) and billing's record of how attempts ended; in commands, and that each ends at the
 latest status whatever order the statuses come in."""
+
 import asyncio
 from collections import Counter
 from datetime import UTC, datetime
@@ -40,8 +41,9 @@ class Commands(monitoring.CommandListener):
 
 @pytest.fixture(scope="module")
 def database(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("db"), nats_port=free_port(), mongo_url=None,
-                                nats_url=None))
+    stack = Stack(
+        StackSettings(data_dir=tmp_path_factory.mktemp("db"), nats_port=free_port(), mongo_url=None, nats_url=None)
+    )
     stack.start_database("submitter")
     yield stack.mongo_url_of("submitter")
     stack.stop_all()
@@ -57,19 +59,36 @@ async def counted(database):
 
 
 def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -> JobStatusChanged:
-    return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="ana",
-                            version=version, phase=phase, secondary_phase=secondary)
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:{version}",
+        job_id=job_id,
+        project_id="p",
+        user_name="ana",
+        version=version,
+        phase=phase,
+        secondary_phase=secondary,
+    )
 
 
-LIFE = [(Phase.PENDING, SecondaryPhase.QUEUING), (Phase.CREATING, SecondaryPhase.CREATING),
-        (Phase.RUNNING, SecondaryPhase.RUNNING), (Phase.RUNNING, SecondaryPhase.RUNNING),
-        (Phase.COMPLETED, SecondaryPhase.COMPLETED)]
+LIFE = [
+    (Phase.PENDING, SecondaryPhase.QUEUING),
+    (Phase.CREATING, SecondaryPhase.CREATING),
+    (Phase.RUNNING, SecondaryPhase.RUNNING),
+    (Phase.RUNNING, SecondaryPhase.RUNNING),
+    (Phase.COMPLETED, SecondaryPhase.COMPLETED),
+]
 
 
 async def new_job(repo: Repository, job_id: str) -> None:
-    doc = {"_id": job_id, "name": job_id, "project_id": "p", "user_name": "ana", "status_version": 0,
-           "status": {"phase": "Pending", "secondary_phase": "Queuing"},
-           "create_time": datetime(2026, 11, 25, tzinfo=UTC)}
+    doc = {
+        "_id": job_id,
+        "name": job_id,
+        "project_id": "p",
+        "user_name": "ana",
+        "status_version": 0,
+        "status": {"phase": "Pending", "secondary_phase": "Queuing"},
+        "create_time": datetime(2026, 11, 25, tzinfo=UTC),
+    }
     await repo.jobs.insert_one(doc)
     await repo.sync_views(job_id)
 
@@ -130,8 +149,14 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
     repo, _ = counted
     await new_job(repo, "race")
     await repo.apply_status(status("race", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
-    stale = {"_id": "race", "project_id": "p", "user_name": "ana", "status_version": 2,
-             "status": {"phase": "Pending"}, "create_time": datetime(2026, 11, 25, tzinfo=UTC)}
+    stale = {
+        "_id": "race",
+        "project_id": "p",
+        "user_name": "ana",
+        "status_version": 2,
+        "status": {"phase": "Pending"},
+        "create_time": datetime(2026, 11, 25, tzinfo=UTC),
+    }
     await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
@@ -152,8 +177,16 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
-    return LogChunk(event_id=f"j:1:0:{seq}", job_id="j", attempt=1, rank=0, node_id="n", seq=seq, last=last,
-                    lines=(LogLine(t=0.0, s="out", line=f"line {seq}"),))
+    return LogChunk(
+        event_id=f"j:1:0:{seq}",
+        job_id="j",
+        attempt=1,
+        rank=0,
+        node_id="n",
+        seq=seq,
+        last=last,
+        lines=(LogLine(t=0.0, s="out", line=f"line {seq}"),),
+    )
 
 
 async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_or_none(counted):
@@ -197,8 +230,12 @@ async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(coun
         await restarted.status(events[version], seen=2.0)
     assert commands.total() == 4
     kept = await db.billing_jobs.find_one({"_id": "j"})
-    assert (kept["version"], kept["finished"], kept["final_at"], kept["project_id"]) == (5, True, ended.timestamp(),
-                                                                                         "p")
+    assert (kept["version"], kept["finished"], kept["final_at"], kept["project_id"]) == (
+        5,
+        True,
+        ended.timestamp(),
+        "p",
+    )
     await db.billing_jobs.insert_one({"_id": "old", "project_id": "p", "user_name": "ana", "finished": False})
     await placements.status(status("old", 2, Phase.RUNNING, SecondaryPhase.RUNNING), seen=3.0)  # kept before
     assert (await db.billing_jobs.find_one({"_id": "old"}))["version"] == 2  # versions were: it is updated

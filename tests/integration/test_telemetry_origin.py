@@ -2,6 +2,7 @@
 publishes samples on its own telemetry subject naming a job placed on another node (first, with the numbers the
 real samples will carry); the estimator, reading the telemetry stream as itself, keeps none of them, and the real
 node's samples become the job's system series."""
+
 import time
 from types import SimpleNamespace
 
@@ -22,23 +23,36 @@ pytestmark = pytest.mark.integration
 
 
 def sample(job_id: str, *, node_id: str, seq: int, memory_gb: float) -> TaskTelemetry:
-    return TaskTelemetry(event_id=f"{job_id}:1:0:gpu:{node_id}:{seq}", job_id=job_id, attempt=1, node_id=node_id,
-                         seq=seq, t=1000.0 + seq, gpus=[{"index": 0, "util_percent": 90, "memory_used_gb": memory_gb}])
+    return TaskTelemetry(
+        event_id=f"{job_id}:1:0:gpu:{node_id}:{seq}",
+        job_id=job_id,
+        attempt=1,
+        node_id=node_id,
+        seq=seq,
+        t=1000.0 + seq,
+        gpus=[{"index": 0, "util_percent": 90, "memory_used_gb": memory_gb}],
+    )
 
 
 @pytest.fixture
 async def estimator(cluster_servers):
     """The estimator's bus handlers, as the estimator (its own credentials), on the real server and database."""
-    broker = make_broker(cluster_servers.nats_url, name="estimator",
-                         creds=cluster_servers.identities.creds("estimator"))
+    broker = make_broker(
+        cluster_servers.nats_url, name="estimator", creds=cluster_servers.identities.creds("estimator")
+    )
     broker.include_router(router)
     client = make_client(cluster_servers.mongo_url_of("estimator"))
     db = client[unique("db").replace("-", "_")]
-    service = Estimator(broker=broker, jobs=DocumentStore(db.estimator_jobs, broker), points=db.estimator_points,
-                        history=db.estimator_history, own_runs=db.estimator_own_runs,
-                        models=SimpleNamespace(predictor=None, version=None, status=lambda: {}),
-                        origins=Origins(placements=db.estimator_placements, all_read=lambda: read_up(broker, PLACED)),
-                        telemetry=db.estimator_telemetry)
+    service = Estimator(
+        broker=broker,
+        jobs=DocumentStore(db.estimator_jobs, broker),
+        points=db.estimator_points,
+        history=db.estimator_history,
+        own_runs=db.estimator_own_runs,
+        models=SimpleNamespace(predictor=None, version=None, status=lambda: {}),
+        origins=Origins(placements=db.estimator_placements, all_read=lambda: read_up(broker, PLACED)),
+        telemetry=db.estimator_telemetry,
+    )
     broker.context.set_global("estimator", service)
     await connect(broker)
     await JOBS.resume(broker)
@@ -52,8 +66,9 @@ async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_se
     _, service = estimator
     job_id = unique("j")
     await service.jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, [])
-    placement = make_broker(cluster_servers.nats_url, name="placement",
-                            creds=cluster_servers.identities.creds("placement"))
+    placement = make_broker(
+        cluster_servers.nats_url, name="placement", creds=cluster_servers.identities.creds("placement")
+    )
     await connect(placement)
     await publish(placement, placed(job_id, nodes=("n2",), gpu_indices=(0,), gpu_memory_gb=24))
     await placement.stop()
@@ -78,8 +93,9 @@ async def test_other_nodes_samples_are_dropped_and_the_real_ones_are_the_jobs_se
     times = [p[0] for s in report.series if s.name == "gpu_util" for p in s.points]
     assert all(abs(t - time.time()) < 600 for t in times)  # when the server stored them, not the claimed 1001-1003
 
-    placement = make_broker(cluster_servers.nats_url, name="placement",
-                            creds=cluster_servers.identities.creds("placement"))
+    placement = make_broker(
+        cluster_servers.nats_url, name="placement", creds=cluster_servers.identities.creds("placement")
+    )
     await connect(placement)
     try:
         assert await Estimates(broker=placement).peak_gpu_memory(job_id) == 3.0  # asked and answered as themselves

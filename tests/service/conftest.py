@@ -1,4 +1,5 @@
 """Fixtures of the service tier: each service's handlers on a TestNatsBroker, its collections in memory."""
+
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -41,9 +42,12 @@ async def monitor_on_bus(watched: tuple[str, ...]):
         broker.subscriber(subject, stream=stream_of(subject))(recorder(seen[subject]))
 
     async with TestNatsBroker(broker) as test_broker:
-        monitor = Monitor(jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
-                          nodes=DocumentStore(MemoryCollection("nodes"), test_broker),
-                          node_timeout_s=10, started_at=datetime.now(UTC))
+        monitor = Monitor(
+            jobs=DocumentStore(MemoryCollection("jobs"), test_broker),
+            nodes=DocumentStore(MemoryCollection("nodes"), test_broker),
+            node_timeout_s=10,
+            started_at=datetime.now(UTC),
+        )
         test_broker.context.set_global("monitor", monitor)
         yield test_broker, monitor, seen
 
@@ -123,6 +127,7 @@ class Bus:
 def origins(*, all_read: bool = True) -> Origins:
     async def read() -> bool:
         return all_read
+
     return Origins(placements=MemoryCollection("placements"), all_read=read)
 
 
@@ -133,8 +138,14 @@ async def estimator():
     async with TestNatsBroker(broker) as test_broker:
         bus = Bus()
         models = SimpleNamespace(predictor=None, version=None, status=lambda: {})
-        service = Estimator(broker=bus, jobs=DocumentStore(MemoryCollection("jobs"), bus),
-                            points=MemoryCollection("points"), history=MemoryCollection("history"),
-                            own_runs=MemoryCollection("own_runs"), models=models, origins=origins())
+        service = Estimator(
+            broker=bus,
+            jobs=DocumentStore(MemoryCollection("jobs"), bus),
+            points=MemoryCollection("points"),
+            history=MemoryCollection("history"),
+            own_runs=MemoryCollection("own_runs"),
+            models=models,
+            origins=origins(),
+        )
         test_broker.context.set_global("estimator", service)
         yield test_broker, service, bus

@@ -1,4 +1,5 @@
 """Billing under TestNatsBroker: node lifetimes exactly once and reconciled, admission, budget alerts once."""
+
 from datetime import timedelta
 
 import pytest
@@ -30,9 +31,18 @@ async def deliver(broker, service: Billing, *events) -> None:
 
 
 def provisioned(node_id: str, *, at=T0, price=3.6, user="ana") -> NodeProvisioned:
-    return NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id, instance_type="a2", provider="fake",
-                           price_per_hour=price, gpu_count=1, provisioned_at=at, for_job_id="j", project_id="p",
-                           user_name=user)
+    return NodeProvisioned(
+        event_id=f"{node_id}:provisioned",
+        node_id=node_id,
+        instance_type="a2",
+        provider="fake",
+        price_per_hour=price,
+        gpu_count=1,
+        provisioned_at=at,
+        for_job_id="j",
+        project_id="p",
+        user_name=user,
+    )
 
 
 def released(node_id: str, *, at) -> NodeReleased:
@@ -40,16 +50,22 @@ def released(node_id: str, *, at) -> NodeReleased:
 
 
 def on_demand_start(job_id: str, *, node_id: str, at, user="bob") -> TaskStarted:
-    return started(job_id, node_id=node_id, at=at).model_copy(update={"node_kind": "on_demand",
-                                                                       "price_per_hour": 3.6, "user_name": user})
+    return started(job_id, node_id=node_id, at=at).model_copy(
+        update={"node_kind": "on_demand", "price_per_hour": 3.6, "user_name": user}
+    )
 
 
 async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once(billing):
     broker, service, _ = billing
     lifetimes = {"od-1": 2.5, "od-2": 0.75, "od-3": 10.0}
     for node_id, hours in lifetimes.items():
-        for event in [provisioned(node_id), provisioned(node_id), released(node_id, at=T0 + timedelta(hours=hours)),
-                      released(node_id, at=T0 + timedelta(hours=hours)), provisioned(node_id)]:
+        for event in [
+            provisioned(node_id),
+            provisioned(node_id),
+            released(node_id, at=T0 + timedelta(hours=hours)),
+            released(node_id, at=T0 + timedelta(hours=hours)),
+            provisioned(node_id),
+        ]:
             await publish(broker, event)  # every event twice, and a late duplicate after the release
     lines = list(service.lifetimes.nodes.docs.values())
     assert len(lines) == 3 and service.lifetimes.nodes_open.docs == {}
@@ -77,8 +93,10 @@ async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifeti
 async def test_a_lost_node_that_was_never_released_is_charged_up_to_its_last_heartbeat(billing):
     broker, service, _ = billing
     await publish(broker, provisioned("od-9"))
-    await publish(broker, NodeStateChanged(event_id="od-9:lost", node_id="od-9", state="lost",
-                                           last_seen=T0 + timedelta(minutes=30)))
+    await publish(
+        broker,
+        NodeStateChanged(event_id="od-9:lost", node_id="od-9", state="lost", last_seen=T0 + timedelta(minutes=30)),
+    )
     await publish(broker, released("od-9", at=T0 + timedelta(hours=5)))  # after the loss: nothing more
     [line] = service.lifetimes.nodes.docs.values()
     assert (line["seconds"], line["cost"]) == (1800, pytest.approx(1.8))
@@ -91,8 +109,9 @@ async def test_owned_capacity_from_registration_to_loss_gives_utilisation(billin
     await publish(broker, placed("j", nodes=("ws",)))
     await deliver(broker, service, started("j", node_id="ws", at=T0))
     await deliver(broker, service, exited("j", node_id="ws", at=T0 + timedelta(hours=1)))
-    await publish(broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost",
-                                           last_seen=T0 + timedelta(hours=4)))
+    await publish(
+        broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost", last_seen=T0 + timedelta(hours=4))
+    )
     report = await service.reports.usage(UsageQuery(project_id="p"))
     local = report.owned["local"]
     assert (local.available_gpu_hours, local.busy_gpu_hours, local.idle_gpu_hours) == (8, 1, 7)
@@ -114,8 +133,9 @@ async def test_a_budget_refuses_a_submission_and_a_paid_node(billing):
 
 async def test_max_gpus_counts_the_queued_jobs_of_the_project_and_of_the_user(billing):
     broker, service, _ = billing
-    await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(max_gpus=4,
-                                                                                 users={"alice": Quota(max_gpus=2)})))
+    await service.admission.set_quotas(
+        QuotasRequest(project_id="p", project=ProjectQuotas(max_gpus=4, users={"alice": Quota(max_gpus=2)}))
+    )
     await publish(broker, submitted(job_id="queued", gpu_count=2))  # alice's, not started
     await publish(broker, submitted(job_id="running", gpu_count=1))
     await publish(broker, placed("running"))
@@ -126,17 +146,29 @@ async def test_max_gpus_counts_the_queued_jobs_of_the_project_and_of_the_user(bi
     assert refused.error_code == "406008" and "1 GPUs in use + 2 queued + 2 asked > 4" in refused.reason
     refused = await service.admission.admit(ask.model_copy(update={"user_name": "alice"}))
     assert "[p/alice.max_gpus]" in refused.reason  # alice: 1 running + 2 queued + 1 > 2
-    assert (await service.admission.admit(ask.model_copy(update={"user_name": "alice",
-                                                                 "purpose": "provision"}))).allowed
-    await publish(broker, JobStatusChanged(event_id="queued:status:9", job_id="queued", project_id="p",
-                                           user_name="alice", version=9, phase=Phase.TERMINATED,
-                                           secondary_phase=SecondaryPhase.TERMINATED, end_time=T0))
+    assert (
+        await service.admission.admit(ask.model_copy(update={"user_name": "alice", "purpose": "provision"}))
+    ).allowed
+    await publish(
+        broker,
+        JobStatusChanged(
+            event_id="queued:status:9",
+            job_id="queued",
+            project_id="p",
+            user_name="alice",
+            version=9,
+            phase=Phase.TERMINATED,
+            secondary_phase=SecondaryPhase.TERMINATED,
+            end_time=T0,
+        ),
+    )
     assert (await service.admission.admit(ask.model_copy(update={"gpus": 3}))).allowed  # finished jobs no longer count
 
 
 async def test_each_budget_alert_is_published_once(billing):
     broker, service, sent = billing
     from shared.clock import utcnow
+
     now = utcnow()
     service.attempts.clock.at(now - timedelta(hours=1))
     await service.admission.set_quotas(QuotasRequest(project_id="p", project=ProjectQuotas(budget_per_month=1.0)))

@@ -1,4 +1,5 @@
 """Billing and placement handlers under TestNatsBroker, with their collections in memory."""
+
 from datetime import timedelta
 
 import pytest
@@ -30,9 +31,16 @@ async def billing():
 async def test_an_attempt_seen_twice_is_charged_once(billing):
     broker, service = billing
     await publish(broker, submitted(job_id="j"))
-    await deliver(broker, service, placed("j"), started("j", at=T0), started("j", at=T0),
-                  exited("j", at=T0 + timedelta(hours=2)), exited("j", at=T0 + timedelta(hours=2)),
-                  started("j", at=T0))
+    await deliver(
+        broker,
+        service,
+        placed("j"),
+        started("j", at=T0),
+        started("j", at=T0),
+        exited("j", at=T0 + timedelta(hours=2)),
+        exited("j", at=T0 + timedelta(hours=2)),
+        started("j", at=T0),
+    )
     report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.attempts, report.total.cost, report.open_attempts) == (1, 2.0, 0)
 
@@ -41,8 +49,9 @@ async def test_a_lost_node_closes_its_attempts_at_the_last_heartbeat(billing):
     broker, service = billing
     await publish(broker, submitted(job_id="j"))
     await deliver(broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0))
-    await publish(broker, NodeStateChanged(event_id="n1:lost", node_id="n1", state="lost",
-                                           last_seen=T0 + timedelta(minutes=30)))
+    await publish(
+        broker, NodeStateChanged(event_id="n1:lost", node_id="n1", state="lost", last_seen=T0 + timedelta(minutes=30))
+    )
     report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.seconds, report.by_node_kind[0].key) == (1800, "local")
 
@@ -56,21 +65,34 @@ async def test_a_job_is_placed_on_a_node_that_fits_once_it_registers(placement):
     assert await service.schedule_once() == 0
     await publish(broker, NodeRegistered(event_id="g", node=node(node_id="gpu-box", gpu_memory_gb=80), boot_id="b"))
     assert await service.schedule_once() == 1
-    assert [(p["job_id"], p["attempt"], [(a["node_id"], a["gpu_indices"]) for a in p["assignments"]])
-            for p in placements] == [("j", 1, [("gpu-box", [0])])]
+    assert [
+        (p["job_id"], p["attempt"], [(a["node_id"], a["gpu_indices"]) for a in p["assignments"]]) for p in placements
+    ] == [("j", 1, [("gpu-box", [0])])]
     assert await service.schedule_once() == 0  # placed once
 
 
 def running(job_id: str, *, attempt: int = 1, at=T0) -> JobStatusChanged:
-    return JobStatusChanged(event_id=f"{job_id}:status:3", job_id=job_id, project_id="p", user_name="alice",
-                            version=3, phase=Phase.RUNNING, secondary_phase=SecondaryPhase.RUNNING, attempt=attempt,
-                            node_ids=("slow-box",), start_time=at)
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:3",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=3,
+        phase=Phase.RUNNING,
+        secondary_phase=SecondaryPhase.RUNNING,
+        attempt=attempt,
+        node_ids=("slow-box",),
+        start_time=at,
+    )
 
 
 def estimate(job_id: str, *, remaining_s: float, at) -> EtaEstimated:
-    return EtaEstimated(event_id=f"{job_id}:eta:{remaining_s}", occurred_at=at, job_id=job_id,
-                        eta=Eta(remaining_s=remaining_s, finish_time=at, low_s=remaining_s, high_s=remaining_s,
-                                method="rate"))
+    return EtaEstimated(
+        event_id=f"{job_id}:eta:{remaining_s}",
+        occurred_at=at,
+        job_id=job_id,
+        eta=Eta(remaining_s=remaining_s, finish_time=at, low_s=remaining_s, high_s=remaining_s, method="rate"),
+    )
 
 
 @pytest.fixture
@@ -84,8 +106,7 @@ async def slow_job():
         service = placement_service(test_broker, slow_factor=1.5)
         test_broker.context.set_global("placement", service)
         await publish(test_broker, submitted(job_id="j", gpu_count=1, expected_duration_s=100))
-        await publish(test_broker, NodeRegistered(event_id="s", boot_id="b",
-                                                  node=node(node_id="slow-box", tflops=10)))
+        await publish(test_broker, NodeRegistered(event_id="s", boot_id="b", node=node(node_id="slow-box", tflops=10)))
         assert await service.schedule_once() == 1
         await publish(test_broker, running("j"))
         yield test_broker, service, seen
@@ -114,9 +135,17 @@ async def test_a_deletion_of_a_job_placement_still_runs_is_ignored(placement):
     await publish(broker, submitted(job_id="j", gpu_count=1))
     await publish(broker, JobDeleted(event_id="j:deleted", job_id="j"))
     assert service.queue["j"].state == "queued" and "j" in service.queued
-    await service.status_changed(JobStatusChanged(
-        event_id="j:status:9", job_id="j", project_id="p", user_name="alice", version=9, phase=Phase.TERMINATED,
-        secondary_phase=SecondaryPhase.TERMINATED))
+    await service.status_changed(
+        JobStatusChanged(
+            event_id="j:status:9",
+            job_id="j",
+            project_id="p",
+            user_name="alice",
+            version=9,
+            phase=Phase.TERMINATED,
+            secondary_phase=SecondaryPhase.TERMINATED,
+        )
+    )
     await publish(broker, JobDeleted(event_id="j:deleted:2", job_id="j"))
     assert "j" not in service.queue and await service.jobs.load("j") is None
 
@@ -129,12 +158,19 @@ async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_
     async with TestNatsBroker(broker) as test_broker:
         service = in_memory(test_broker, open=ReadCounting("open"), node_info=ReadCounting("node_info"))
         test_broker.context.set_global("billing", service)
-        await publish(test_broker, NodeRegistered(event_id="n1:reg", node=node(node_id="n1", price=3.0),
-                                                 occurred_at=T0, boot_id="b"))
+        await publish(
+            test_broker,
+            NodeRegistered(event_id="n1:reg", node=node(node_id="n1", price=3.0), occurred_at=T0, boot_id="b"),
+        )
         service.lifetimes.records.node_info.reads = 0
         await publish(test_broker, submitted(job_id="j"))
-        await deliver(test_broker, service, placed("j", nodes=("n1",)), started("j", node_id="n1", at=T0),
-                      exited("j", node_id="n1", at=T0 + timedelta(hours=2)))
+        await deliver(
+            test_broker,
+            service,
+            placed("j", nodes=("n1",)),
+            started("j", node_id="n1", at=T0),
+            exited("j", node_id="n1", at=T0 + timedelta(hours=2)),
+        )
         assert (service.lifetimes.records.node_info.reads, service.attempts.open.reads) == (0, 0)
         report = await service.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0) and report.total.cost > 0

@@ -1,5 +1,6 @@
 """Attempts whose end report was lost (a service killed mid-ack) are closed by reconciliation against the jobs'
 statuses: at the end the status gives, once, and never while the attempt may still run."""
+
 from datetime import timedelta
 
 from shared.bus import publish
@@ -11,12 +12,21 @@ from tests.factories import T0, exited, placed, started, submitted
 HOUR = timedelta(hours=1)
 
 
-def status(job_id: str, version: int, phase: Phase, *, attempt: int = 1, attempts: tuple[Attempt, ...] = (),
-           end=None) -> JobStatusChanged:
-    return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="alice",
-                            version=version, phase=phase, secondary_phase=SecondaryPhase(phase.value)
-                            if phase != Phase.PENDING else SecondaryPhase.QUEUING, attempt=attempt,
-                            attempts=attempts, end_time=end)
+def status(
+    job_id: str, version: int, phase: Phase, *, attempt: int = 1, attempts: tuple[Attempt, ...] = (), end=None
+) -> JobStatusChanged:
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:{version}",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=version,
+        phase=phase,
+        secondary_phase=SecondaryPhase(phase.value) if phase != Phase.PENDING else SecondaryPhase.QUEUING,
+        attempt=attempt,
+        attempts=attempts,
+        end_time=end,
+    )
 
 
 def tried(attempt: int, *, ended=None, outcome: str = "") -> Attempt:

@@ -1,4 +1,5 @@
 """Billing charges only attempts placement made, as reported by an agent of the node each rank was placed on."""
+
 import time
 from datetime import timedelta
 
@@ -52,9 +53,13 @@ async def test_a_forged_pair_for_a_job_that_never_existed_charges_nothing(billin
 
 async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_nothing(billing):
     broker, service = billing
-    for event in [submitted(job_id="j"), placed("j", nodes=("n1",)),
-                  forged(started("j", node_id="n9", at=T0)), forged(exited("j", node_id="n9", at=HOURS_2)),
-                  forged(started("j", rank=1, node_id="n1", at=T0))]:  # a rank placement never made
+    for event in [
+        submitted(job_id="j"),
+        placed("j", nodes=("n1",)),
+        forged(started("j", node_id="n9", at=T0)),
+        forged(exited("j", node_id="n9", at=HOURS_2)),
+        forged(started("j", rank=1, node_id="n1", at=T0)),
+    ]:  # a rank placement never made
         await publish(broker, event)
     attempts = service.attempts
     assert attempts.ledger.docs == {} and attempts.open.docs == {} and attempts.placements.parked.docs == {}
@@ -63,16 +68,23 @@ async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_n
 async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(billing):
     broker, service = billing
     claimed = started("j", node_id="n1", at=T0).model_copy(update={"project_id": "other", "user_name": "mallory"})
-    await deliver(broker, service, submitted(job_id="j"), placed("j", nodes=("n1",)), claimed,
-                  exited("j", node_id="n1", at=HOURS_2))
+    await deliver(
+        broker,
+        service,
+        submitted(job_id="j"),
+        placed("j", nodes=("n1",)),
+        claimed,
+        exited("j", node_id="n1", at=HOURS_2),
+    )
     [line] = service.attempts.ledger.docs.values()
     assert (line["project_id"], line["user_name"], line["node_id"], line["cost"]) == ("p", "alice", "n1", 2.0)
 
 
 async def test_task_events_that_come_before_their_placement_wait_for_it(billing):
     broker, service = billing
-    await deliver(broker, service, submitted(job_id="j"), started("j", node_id="n1", at=T0),
-                  exited("j", node_id="n1", at=HOURS_2))
+    await deliver(
+        broker, service, submitted(job_id="j"), started("j", node_id="n1", at=T0), exited("j", node_id="n1", at=HOURS_2)
+    )
     assert service.attempts.ledger.docs == {} and len(service.attempts.placements.parked.docs) == 2
     await deliver(broker, service, placed("j", nodes=("n1",)))  # later still: each waited from when it was seen
     [line] = service.attempts.ledger.docs.values()
@@ -118,8 +130,16 @@ async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_char
     await publish(broker, submitted(job_id="j"))
     await publish(broker, placed("j", nodes=("n1",), price=2.0, node_gpus=4))
     service.attempts.clock.at(T0 + timedelta(minutes=5))
-    await publish(broker, forged(started("j", node_id="n1", at=T0.replace(year=2000)), price_per_hour=5000.0,
-                                 gpu_count=8, node_gpu_count=1, node_kind="on_demand"))
+    await publish(
+        broker,
+        forged(
+            started("j", node_id="n1", at=T0.replace(year=2000)),
+            price_per_hour=5000.0,
+            gpu_count=8,
+            node_gpu_count=1,
+            node_kind="on_demand",
+        ),
+    )
     service.attempts.clock.at(T0 + timedelta(minutes=65))
     await publish(broker, forged(exited("j", node_id="n1", at=T0.replace(year=2100))))
     [line] = service.attempts.ledger.docs.values()
@@ -145,16 +165,43 @@ async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lif
     """Row 5 in billing: a static node claiming 8 GPUs at $0, a stranger, and a rented node claiming to be local
     and free: billing keeps the cluster file's figures, ignores the stranger and keeps what it rented."""
     broker, service, _ = lifetimes_billing
-    ws = limits_from_entry({"id": "ws", "kind": "reserved", "price_per_hour": 1.5, "gpus": [
-        {"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 2}]})
+    ws = limits_from_entry(
+        {
+            "id": "ws",
+            "kind": "reserved",
+            "price_per_hour": 1.5,
+            "gpus": [{"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 2}],
+        }
+    )
     service.lifetimes.records.static = {"ws": ws}
-    await publish(broker, NodeProvisioned(event_id="od:provisioned", node_id="od", instance_type="x2",
-                                          provider="fake", price_per_hour=4.0, gpu_count=2, provisioned_at=T0,
-                                          for_job_id="j1", project_id="p", user_name="ana"))
+    await publish(
+        broker,
+        NodeProvisioned(
+            event_id="od:provisioned",
+            node_id="od",
+            instance_type="x2",
+            provider="fake",
+            price_per_hour=4.0,
+            gpu_count=2,
+            provisioned_at=T0,
+            for_job_id="j1",
+            project_id="p",
+            user_name="ana",
+        ),
+    )
     for node_id in ("ws", "stranger", "od"):
-        await publish(broker, NodeRegistered(event_id=f"{node_id}:boot", occurred_at=T0, boot_id="b", node=node(
-            node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, price=0.0)))
-    infos = {d["_id"]: (d["kind"], d["gpu_count"], d["price_per_hour"])
-             for d in service.lifetimes.records.node_info.docs.values()}
+        await publish(
+            broker,
+            NodeRegistered(
+                event_id=f"{node_id}:boot",
+                occurred_at=T0,
+                boot_id="b",
+                node=node(node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, price=0.0),
+            ),
+        )
+    infos = {
+        d["_id"]: (d["kind"], d["gpu_count"], d["price_per_hour"])
+        for d in service.lifetimes.records.node_info.docs.values()
+    }
     assert infos == {"ws": ("reserved", 2, 1.5), "od": ("on_demand", 2, 4.0)}
     assert sorted(service.lifetimes.nodes_open.docs) == ["od", "ws"]

@@ -1,5 +1,6 @@
 """The estimator reads a job's printed progress from its output chunks, publishes the ETA with it, and keeps the
 lines that carried it, so an estimator that restarts replays them and knows the progress again."""
+
 import time
 from datetime import timedelta
 from types import SimpleNamespace
@@ -21,15 +22,25 @@ class Bus:
 
 
 def estimator(bus: Bus, **collections) -> Estimator:
-    return Estimator(broker=bus, jobs=collections.get("jobs") or DocumentStore(MemoryCollection("jobs"), bus),
-                     points=collections.get("points") or MemoryCollection("points"),
-                     history=MemoryCollection("history"), own_runs=MemoryCollection("own_runs"),
-                     models=SimpleNamespace(predictor=None, version=None))  # no history model trained
+    return Estimator(
+        broker=bus,
+        jobs=collections.get("jobs") or DocumentStore(MemoryCollection("jobs"), bus),
+        points=collections.get("points") or MemoryCollection("points"),
+        history=MemoryCollection("history"),
+        own_runs=MemoryCollection("own_runs"),
+        models=SimpleNamespace(predictor=None, version=None),
+    )  # no history model trained
 
 
 def chunk(job_id: str, seq: int, lines: list[tuple[float, str]]) -> LogChunk:
-    return LogChunk(event_id=f"{job_id}:1:0:n1:log:{seq}", job_id=job_id, attempt=1, node_id="n1", seq=seq,
-                    lines=tuple(LogLine(t=t, line=line) for t, line in lines))
+    return LogChunk(
+        event_id=f"{job_id}:1:0:n1:log:{seq}",
+        job_id=job_id,
+        attempt=1,
+        node_id="n1",
+        seq=seq,
+        lines=tuple(LogLine(t=t, line=line) for t, line in lines),
+    )
 
 
 async def test_printed_progress_gives_the_published_eta_and_survives_a_restart():

@@ -1,4 +1,5 @@
 """The monitor's handlers under TestNatsBroker, with its collections in memory."""
+
 from datetime import UTC, datetime
 
 from shared.bus import publish
@@ -34,7 +35,11 @@ async def test_the_monitor_starts_the_ranks_of_a_placement_it_accepts(monitor_br
     await publish(broker, placed("j", command="python train.py"))
     [start] = seen["tm.node.cmd.n1.start"]
     assert (start["job_id"], start["attempt"], start["rank"], start["algorithm"]["command"]) == (
-        "j", 1, 0, "python train.py")
+        "j",
+        1,
+        0,
+        "python train.py",
+    )
 
 
 async def test_a_job_terminated_before_its_placement_arrives_is_never_started(monitor_broker):

@@ -1,5 +1,6 @@
 """The monitor's hang handling under TestNatsBroker: a report from the placed node suspects the job, the grace
 check restarts it from its checkpoint; reports from elsewhere change nothing."""
+
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -52,8 +53,11 @@ async def test_a_hang_reported_by_another_node_changes_nothing(hang_broker):
     broker, monitor, seen = hang_broker
     before = await monitor.jobs.load("j")
     await publish(broker, hung("j", node_id="n9"))  # on n9's own subject, for a task n9 does not run
-    await broker.publish(hung("j").model_dump(mode="json"), "tm.job.task.n9.hung",  # n1's report, on n9's subject
-                         stream=stream_of("tm.job.task.n9.hung").name)
+    await broker.publish(
+        hung("j").model_dump(mode="json"),
+        "tm.job.task.n9.hung",  # n1's report, on n9's subject
+        stream=stream_of("tm.job.task.n9.hung").name,
+    )
     after = await monitor.jobs.load("j")
     assert (after["secondary_phase"], after["version"], list(after["hung_ranks"])) == ("Running", before["version"], [])
     assert seen["tm.notify.p"] == []

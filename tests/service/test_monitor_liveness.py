@@ -1,5 +1,6 @@
 """Node liveness in the monitor: heartbeats stay in memory, the database sees changes, a lagging intake fences
 nobody."""
+
 import asyncio
 from datetime import timedelta
 
@@ -43,16 +44,23 @@ async def heard(monitor, event: NodeHeartbeat) -> None:
 
 
 def beat(node_id: str, n: int, *, running=(), boot_id: str = "b1") -> NodeHeartbeat:
-    return NodeHeartbeat(event_id=f"{node_id}:{boot_id}:hb:{n}", node_id=node_id, boot_id=boot_id, running=running,
-                         occurred_at=T0 + timedelta(seconds=2 * n))
+    return NodeHeartbeat(
+        event_id=f"{node_id}:{boot_id}:hb:{n}",
+        node_id=node_id,
+        boot_id=boot_id,
+        running=running,
+        occurred_at=T0 + timedelta(seconds=2 * n),
+    )
 
 
 async def fleet_of(broker, monitor, clock: Clock, *node_ids: str) -> CountingCollection:
     monitor.nodes.collection = CountingCollection()
     monitor.fleet = Fleet(persist_every_s=30, clock=clock)
     for node_id in node_ids:
-        await publish(broker, NodeRegistered(event_id=f"{node_id}:boot:b1", node=node(node_id=node_id), boot_id="b1",
-                                             occurred_at=T0))
+        await publish(
+            broker,
+            NodeRegistered(event_id=f"{node_id}:boot:b1", node=node(node_id=node_id), boot_id="b1", occurred_at=T0),
+        )
     return monitor.nodes.collection
 
 
@@ -113,10 +121,22 @@ async def test_a_fleet_coming_up_is_stored_in_groups_and_a_node_stored_meanwhile
     _, monitor, _ = monitor_broker
     monitor.nodes.collection = nodes = InsertCounting()
     monitor.fleet = Fleet(persist_every_s=30, clock=Clock())
-    registrations = [NodeRegistered(event_id=f"n{i}:boot:b1", node=node(node_id=f"n{i}"), boot_id="b1",
-                                    occurred_at=T0) for i in range(40)]
-    await nodes.insert_one({"_id": "n7", "node_id": "n7", "boot_id": "b0", "last_seen": T0, "state": "lost",
-                            "rev": 1, "_outbox": [], "_outbox_n": 0})  # stored by another process just now
+    registrations = [
+        NodeRegistered(event_id=f"n{i}:boot:b1", node=node(node_id=f"n{i}"), boot_id="b1", occurred_at=T0)
+        for i in range(40)
+    ]
+    await nodes.insert_one(
+        {
+            "_id": "n7",
+            "node_id": "n7",
+            "boot_id": "b0",
+            "last_seen": T0,
+            "state": "lost",
+            "rev": 1,
+            "_outbox": [],
+            "_outbox_n": 0,
+        }
+    )  # stored by another process just now
     await asyncio.gather(*(monitor.registered(r) for r in registrations))
     assert nodes.insert_commands < 10  # 40 new nodes arrived together
     assert len(nodes.docs) == 40 and all(d["_outbox"] == [] for d in nodes.docs.values())

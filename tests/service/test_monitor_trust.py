@@ -1,4 +1,5 @@
 """The monitor takes an agent's word on a task only from the node the task's attempt was placed on."""
+
 from datetime import timedelta
 
 from shared.bus import RPC_NODES, publish
@@ -25,8 +26,12 @@ async def test_a_forged_exit_from_another_node_leaves_the_job_unchanged(monitor_
     broker, monitor, seen = monitor_broker
     await running(broker)
     before = await monitor.jobs.load("j")
-    for report in [exited("j"), exited("j", code=1, reason="failed"), exited("j", code=None, reason="oom"),
-                   exited("j", code=None, reason="terminated")]:
+    for report in [
+        exited("j"),
+        exited("j", code=1, reason="failed"),
+        exited("j", code=None, reason="oom"),
+        exited("j", code=None, reason="terminated"),
+    ]:
         await publish(broker, forged(report))
     after = await monitor.jobs.load("j")
     assert (after["phase"], after["version"], after["tasks"]) == ("Running", before["version"], before["tasks"])
@@ -107,22 +112,52 @@ async def test_a_registration_is_stored_as_its_record_allows_and_the_admin_sees_
     """Row 5 in the monitor: a static node claiming 8 x A100-80GB, local and free; a rented node doing the same;
     a node no record names. GET /v2/nodes (the monitor's RPC) shows each as its record allows, and the claims."""
     broker, monitor, _ = monitor_broker
-    ws = {"id": "ws-1", "kind": "reserved", "price_per_hour": 1.6, "cpu_count": 16, "memory_gb": 64,
-          "gpus": [{"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 1}]}
+    ws = {
+        "id": "ws-1",
+        "kind": "reserved",
+        "price_per_hour": 1.6,
+        "cpu_count": 16,
+        "memory_gb": 64,
+        "gpus": [{"model": "A100-40GB", "memory_gb": 40, "tflops": 312, "count": 1}],
+    }
     monitor.records = NodeRecords(static={"ws-1": limits_from_entry(ws)}, rented=MemoryCollection("rented"))
-    rented = {"id": "od-1", "kind": "on_demand", "price_per_hour": 1.01, "cpu_count": 8, "memory_gb": 32,
-              "labels": {"instance_type": "a10g.1x", "provisioned_by": "trainmaster"},
-              "gpus": [{"model": "A10G", "memory_gb": 24, "tflops": 125, "count": 1}]}
-    await publish(broker, NodeProvisioned(event_id="od-1:provisioned", node_id="od-1", instance_type="a10g.1x",
-                                          provider="x", price_per_hour=1.01, gpu_count=1, provisioned_at=T0,
-                                          limits=limits_from_entry(rented)))
+    rented = {
+        "id": "od-1",
+        "kind": "on_demand",
+        "price_per_hour": 1.01,
+        "cpu_count": 8,
+        "memory_gb": 32,
+        "labels": {"instance_type": "a10g.1x", "provisioned_by": "trainmaster"},
+        "gpus": [{"model": "A10G", "memory_gb": 24, "tflops": 125, "count": 1}],
+    }
+    await publish(
+        broker,
+        NodeProvisioned(
+            event_id="od-1:provisioned",
+            node_id="od-1",
+            instance_type="a10g.1x",
+            provider="x",
+            price_per_hour=1.01,
+            gpu_count=1,
+            provisioned_at=T0,
+            limits=limits_from_entry(rented),
+        ),
+    )
     for node_id in ("ws-1", "od-1", "stranger"):
-        await publish(broker, NodeRegistered(event_id=f"{node_id}:boot", boot_id="b", node=node(
-            node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, tflops=312, price=0.0)))
+        await publish(
+            broker,
+            NodeRegistered(
+                event_id=f"{node_id}:boot",
+                boot_id="b",
+                node=node(node_id=node_id, kind="local", gpus=8, gpu_memory_gb=80, tflops=312, price=0.0),
+            ),
+        )
     answer = await (await broker.request({"offset": 0, "limit": 10}, RPC_NODES)).decode()
     nodes = {n["node_id"]: n for n in answer["items"]}
-    offered = {k: (n["info"] or {}).get("kind") and (n["info"]["kind"], len(n["info"]["gpus"]),
-                                                     n["info"]["price_per_hour"]) for k, n in nodes.items()}
+    offered = {
+        k: (n["info"] or {}).get("kind") and (n["info"]["kind"], len(n["info"]["gpus"]), n["info"]["price_per_hour"])
+        for k, n in nodes.items()
+    }
     assert offered == {"ws-1": ("reserved", 1, 1.6), "od-1": ("on_demand", 1, 1.01), "stranger": None}
     assert nodes["ws-1"]["claims_refused"]["gpus"] == "claimed 8, record 1"
     assert nodes["od-1"]["claims_refused"]["kind"] == "claimed local, record on_demand"

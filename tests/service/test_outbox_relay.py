@@ -1,5 +1,6 @@
 """A state change and its events in one write: when the bus is away at the moment of the change (or the process dies
 right after it), the events wait in the document's outbox and the relay publishes them, once."""
+
 import asyncio
 from datetime import timedelta
 
@@ -54,8 +55,16 @@ async def test_a_budget_alert_raised_while_the_bus_is_away_is_published_by_the_r
 
 
 def finished(job_id: str) -> JobStatusChanged:
-    return JobStatusChanged(event_id=f"{job_id}:status:9", job_id=job_id, project_id="p", user_name="alice",
-                            version=9, phase=Phase.FAILED, secondary_phase=SecondaryPhase.FAILED, attempt=1)
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:9",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=9,
+        phase=Phase.FAILED,
+        secondary_phase=SecondaryPhase.FAILED,
+        attempt=1,
+    )
 
 
 async def test_a_job_that_finishes_while_the_bus_is_away_gets_its_final_estimate_from_the_relay_once():
@@ -67,9 +76,14 @@ async def test_a_job_that_finishes_while_the_bus_is_away_gets_its_final_estimate
         etas.append(message)
 
     async with TestNatsBroker(bus) as broker:
-        estimator = Estimator(broker=broker, jobs=DocumentStore(MemoryCollection("jobs"), Down()),
-                              points=MemoryCollection("points"), history=MemoryCollection("history"),
-                              own_runs=MemoryCollection("own_runs"), models=None)
+        estimator = Estimator(
+            broker=broker,
+            jobs=DocumentStore(MemoryCollection("jobs"), Down()),
+            points=MemoryCollection("points"),
+            history=MemoryCollection("history"),
+            own_runs=MemoryCollection("own_runs"),
+            models=None,
+        )
         await estimator.submitted(submitted(job_id="j"))
         with pytest.raises(ConnectionError):
             await estimator.status_changed(finished("j"))

@@ -1,6 +1,7 @@
 """Output is taken only from the node that runs the task: a node's agent may publish chunks naming any job on its
 own log subject, and neither the submitter (which shows them) nor the estimator (which reads metrics from them)
 takes one for a job, attempt or rank placed elsewhere; nor can such chunks take the real ones' places."""
+
 import asyncio
 
 import pytest
@@ -17,7 +18,7 @@ from tests.factories import chunk, placed, unique
 from tests.service.conftest import origins
 from tests.unit.api_app import Db
 
-INJECTED = ("TRAINMASTER_METRICS {\"loss\": 0.00001}", "loss=0.00001", "all done, target reached")
+INJECTED = ('TRAINMASTER_METRICS {"loss": 0.00001}', "loss=0.00001", "all done, target reached")
 
 
 @pytest.fixture
@@ -62,9 +63,17 @@ async def test_chunks_sent_first_with_the_coming_sequence_numbers_take_no_real_c
 async def test_the_estimator_reads_no_metric_from_a_node_the_task_was_not_placed_on(estimator):
     broker, service, bus = estimator
     job_id = unique("j")
-    await service.jobs.save(job_id, {"metrics": [MetricSpec(name="loss", regex=r"loss=([0-9.]+)", mode="min",
-                                                            target=0.001).model_dump()],
-                                     "parameters": [], "project_id": "p", "finished": False}, None, [])
+    await service.jobs.save(
+        job_id,
+        {
+            "metrics": [MetricSpec(name="loss", regex=r"loss=([0-9.]+)", mode="min", target=0.001).model_dump()],
+            "parameters": [],
+            "project_id": "p",
+            "finished": False,
+        },
+        None,
+        [],
+    )
     await publish(broker, placed(job_id, nodes=("n1",)))
     for seq in range(3):
         await publish(broker, chunk(job_id, node_id="n9", seq=seq, lines=INJECTED))
@@ -95,12 +104,15 @@ async def test_a_chunk_for_a_placement_never_made_is_dropped_once_every_placemen
 
 
 async def test_a_line_that_is_no_utf_8_is_stored_and_read_not_lost(submitter, estimator):
-    for broker, stored in ((submitter[0], lambda: submitter[1].db.api_logs.docs),
-                           (estimator[0], lambda: estimator[1].points.docs)):
+    for broker, stored in (
+        (submitter[0], lambda: submitter[1].db.api_logs.docs),
+        (estimator[0], lambda: estimator[1].points.docs),
+    ):
         job_id = unique("j")
         if broker is estimator[0]:
-            await estimator[1].jobs.save(job_id, {"metrics": [], "parameters": [], "project_id": "p",
-                                                  "finished": False}, None, [])
+            await estimator[1].jobs.save(
+                job_id, {"metrics": [], "parameters": [], "project_id": "p", "finished": False}, None, []
+            )
         await publish(broker, placed(job_id, nodes=("n1",)))
         raw = chunk(job_id, lines=("x",)).model_dump_json().replace('"line":"x"', '"line":"\\ud800 :::MLLOG {}"')
         await broker.publish(raw.encode(), f"tm.log.n1.{job_id}")

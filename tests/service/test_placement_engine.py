@@ -1,5 +1,6 @@
 """Placement under TestNatsBroker: one engine places every job and prices the dry run (the price shown is the price
 decided); jobs without GPUs, jobs moving away and jobs in a pool go through it too."""
+
 import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
@@ -37,22 +38,29 @@ async def test_the_dry_runs_first_candidate_is_where_the_job_goes_at_that_price(
     await register(broker, node(node_id="cheap", gpus=2, tflops=50, price=1.0))
     await register(broker, node(node_id="fast", gpus=2, tflops=200, price=8.0))
     job = dict(gpu_count=1, expected_duration_s=3600, priority=priority)
-    [first, *_] = placement.candidates(CandidatesQuery(spec=spec(resource={"gpu_count": 1}, placement={
-        "expected_duration_s": 3600, "priority": priority}), user_name="alice", project_id="p")).candidates
+    [first, *_] = placement.candidates(
+        CandidatesQuery(
+            spec=spec(resource={"gpu_count": 1}, placement={"expected_duration_s": 3600, "priority": priority}),
+            user_name="alice",
+            project_id="p",
+        )
+    ).candidates
     await publish(broker, submitted(job_id="j", **job))
     assert await placement.schedule_once() == 1
     assert where(placement, "j") == [first.node_id]
     share = {"cheap": 0.5, "fast": 4.0}[first.node_id]  # the job's GPU of the node's price, as billing charges it
-    assert first.price_per_hour == share and first.expected_cost == pytest.approx(share * first.predicted_duration_s
-                                                                                  / 3600, abs=1e-6)
+    assert first.price_per_hour == share and first.expected_cost == pytest.approx(
+        share * first.predicted_duration_s / 3600, abs=1e-6
+    )
 
 
 async def test_a_job_without_gpus_is_placed_by_the_engine_at_the_price_its_dry_run_shows(service):
     broker, placement = service
     await register(broker, node(node_id="gpu-box", kind="reserved", gpus=1, price=3.0))
     await register(broker, node(node_id="cpu-box", gpus=0, price=0.5))
-    reply = placement.candidates(CandidatesQuery(spec=spec(resource={"cpu_count": 2}), user_name="alice",
-                                                 project_id="p"))
+    reply = placement.candidates(
+        CandidatesQuery(spec=spec(resource={"cpu_count": 2}), user_name="alice", project_id="p")
+    )
     assert [(c.node_id, c.price_per_hour) for c in reply.candidates] == [("cpu-box", 0.5), ("gpu-box", 3.0)]
     await publish(broker, submitted(job_id="j", cpu_count=2))
     assert await placement.schedule_once() == 1
@@ -65,9 +73,20 @@ async def test_a_job_that_moved_away_is_placed_anywhere_but_where_it_was(service
     await publish(broker, submitted(job_id="j", gpu_count=1))
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
     await register(broker, node(node_id="second", tflops=100))
-    await publish(broker, JobStatusChanged(event_id="j:status:5", job_id="j", project_id="p", user_name="alice",
-                                           version=5, phase=Phase.PENDING, secondary_phase=SecondaryPhase.QUEUING,
-                                           attempt=1, requeue_cause="migrated"))
+    await publish(
+        broker,
+        JobStatusChanged(
+            event_id="j:status:5",
+            job_id="j",
+            project_id="p",
+            user_name="alice",
+            version=5,
+            phase=Phase.PENDING,
+            secondary_phase=SecondaryPhase.QUEUING,
+            attempt=1,
+            requeue_cause="migrated",
+        ),
+    )
     assert placement.queue["j"].exclude == ("first",)
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
 
@@ -86,8 +105,13 @@ async def test_a_dry_run_is_weighed_behind_the_jobs_queued_before_it(service):
     await register(broker, node(node_id="fast", gpus=1, tflops=200, price=1.0))
     await register(broker, node(node_id="slow", gpus=1, tflops=150, price=1.0))
     await publish(broker, submitted(job_id="ahead", gpu_count=1, expected_duration_s=3600))
-    [first, *_] = placement.candidates(CandidatesQuery(spec=spec(resource={"gpu_count": 1}, placement={
-        "expected_duration_s": 3600}), user_name="alice", project_id="p")).candidates
+    [first, *_] = placement.candidates(
+        CandidatesQuery(
+            spec=spec(resource={"gpu_count": 1}, placement={"expected_duration_s": 3600}),
+            user_name="alice",
+            project_id="p",
+        )
+    ).candidates
     assert first.node_id == "slow"  # the job queued first takes the fast node
     await publish(broker, submitted(job_id="j", gpu_count=1, expected_duration_s=3600))
     assert await placement.schedule_once() == 2

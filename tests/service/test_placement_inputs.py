@@ -1,5 +1,6 @@
 """Placement's policy inputs: the estimator's predictions, the exchange rate per project, fair share kept across a
 restart, and node verdicts that cost nothing when nothing waits."""
+
 import asyncio
 from datetime import timedelta
 
@@ -27,8 +28,13 @@ BERT = [{"name": "benchmark", "value": "bert"}, {"name": "batch_size", "value": 
 
 def _placement(broker, *, usage: MemoryCollection | None = None, **kw) -> Placement:
     fleet = Fleet(store=DocumentStore(MemoryCollection("nodes"), broker), provider=FakeProvider())
-    return Placement(jobs=DocumentStore(MemoryCollection("jobs"), broker), fleet=fleet,
-                     fair=FairShare(usage or MemoryCollection("usage")), estimates=Estimates(broker=broker), **kw)
+    return Placement(
+        jobs=DocumentStore(MemoryCollection("jobs"), broker),
+        fleet=fleet,
+        fair=FairShare(usage or MemoryCollection("usage")),
+        estimates=Estimates(broker=broker),
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -83,8 +89,9 @@ async def test_a_projects_exchange_rate_reaches_the_policy(bus):
     assert tradeoff.exchange_rate == 1.5 and tradeoff.rate_for("other") is None
 
 
-@pytest.mark.parametrize("section", [{"exchange_rate": -1}, {"exchange_rat": 1},
-                                     {"projects": {"p": {"exchange_rate": "fast"}}}])
+@pytest.mark.parametrize(
+    "section", [{"exchange_rate": -1}, {"exchange_rat": 1}, {"projects": {"p": {"exchange_rate": "fast"}}}]
+)
 def test_a_bad_placement_section_is_refused_naming_the_field(section):
     with pytest.raises(SystemExit, match="exchange_rat"):
         tradeoff_from(ClusterFile(placement=section))
@@ -98,12 +105,26 @@ async def test_fair_share_usage_survives_a_restart(bus):
     await publish(broker, submitted(job_id="j", gpu_count=2))
     await publish(broker, NodeRegistered(event_id="r", node=node(node_id="box", gpus=2), boot_id="b"))
     assert await service.schedule_once() == 1
-    for version, phase, secondary in ((3, Phase.RUNNING, SecondaryPhase.RUNNING),
-                                      (4, Phase.COMPLETED, SecondaryPhase.COMPLETED)):
-        await publish(broker, JobStatusChanged(
-            event_id=f"j:status:{version}", job_id="j", project_id="p", user_name="alice", version=version,
-            phase=phase, secondary_phase=secondary, attempt=1, node_ids=("box",), start_time=T0,
-            end_time=T0 + timedelta(hours=3) if phase == Phase.COMPLETED else None))
+    for version, phase, secondary in (
+        (3, Phase.RUNNING, SecondaryPhase.RUNNING),
+        (4, Phase.COMPLETED, SecondaryPhase.COMPLETED),
+    ):
+        await publish(
+            broker,
+            JobStatusChanged(
+                event_id=f"j:status:{version}",
+                job_id="j",
+                project_id="p",
+                user_name="alice",
+                version=version,
+                phase=phase,
+                secondary_phase=secondary,
+                attempt=1,
+                node_ids=("box",),
+                start_time=T0,
+                end_time=T0 + timedelta(hours=3) if phase == Phase.COMPLETED else None,
+            ),
+        )
 
     restarted = _placement(broker, usage=usage)
     await restarted.load()
@@ -181,6 +202,7 @@ async def test_a_pass_rebuilds_only_the_nodes_that_changed():
     assert service.fleet.reference_tflops() == 200.0
 
     from services.placement.adapter import Usage
+
     used = {a.node_id: Usage(gpus={0}, cpu=1.0, memory_gb=2.0)}
     busy = {n.id: n for n in service.fleet.policy_nodes(used)}
     assert busy[a.node_id].free_gpu_indices == (1,) and busy[b.node_id] is first[b.node_id]
@@ -198,9 +220,12 @@ async def test_a_dry_run_asks_the_estimator_as_a_queued_job_would(bus):
     service = _placement(broker)
     broker.context.set_global("placement", service)
     await publish(broker, NodeRegistered(event_id="n:r", node=node(node_id="n", gpus=1), boot_id="b"))
-    query = CandidatesQuery(spec=Spec.model_validate({"resource": {"gpu_count": 1},
-                                                      "placement": {"expected_duration_s": 60}}),
-                            user_name="alice", project_id="p", parameters=BERT)
+    query = CandidatesQuery(
+        spec=Spec.model_validate({"resource": {"gpu_count": 1}, "placement": {"expected_duration_s": 60}}),
+        user_name="alice",
+        project_id="p",
+        parameters=BERT,
+    )
     reply = CandidatesReply.model_validate(await (await broker.request(query, RPC_CANDIDATES)).decode())
 
     [first] = reply.candidates

@@ -1,5 +1,6 @@
 """Placement under TestNatsBroker decides the host memory of a job that names none: its GPUs' share of the node it
 is placed on, shown by the dry run, launched with the attempt, held against the node, doubled after running out."""
+
 import pytest
 
 from shared.bus import publish
@@ -35,7 +36,9 @@ async def test_asked_host_memory_and_the_cpu_jobs_default_are_what_the_dry_run_s
     await publish(broker, submitted(job_id="cpu", cpu_count=1))
     assert await service.schedule_once() == 2
     assert sorted((p["job_id"], p["launch"]["spec"]["resource"]["memory_gb"]) for p in placements) == [
-        ("asked", 3), ("cpu", 1)]
+        ("asked", 3),
+        ("cpu", 1),
+    ]
 
 
 async def test_the_share_a_placed_job_holds_is_not_given_to_the_next_job(placement):  # noqa: F811
@@ -48,14 +51,28 @@ async def test_the_share_a_placed_job_holds_is_not_given_to_the_next_job(placeme
 
 
 @pytest.mark.parametrize("cause, expected", [("oom_host", 32), ("migrated", None)])
-async def test_after_running_out_of_host_memory_the_next_attempt_asks_twice_what_it_was_given(placement, cause,  # noqa: F811,E501
-                                                                                               expected):
+async def test_after_running_out_of_host_memory_the_next_attempt_asks_twice_what_it_was_given(
+    placement,
+    cause,  # noqa: F811,E501
+    expected,
+):
     broker, service, _ = placement
     await register(broker, node(node_id="box", gpus=4, memory_gb=64))
     await publish(broker, submitted(job_id="j", gpu_count=1))
     assert await service.schedule_once() == 1 and service.queue["j"].memory_gb == 16
-    await publish(broker, JobStatusChanged(event_id="j:status:5", job_id="j", project_id="p", user_name="alice",
-                                           version=5, phase=Phase.PENDING, secondary_phase=SecondaryPhase.QUEUING,
-                                           attempt=1, requeue_cause=cause))
+    await publish(
+        broker,
+        JobStatusChanged(
+            event_id="j:status:5",
+            job_id="j",
+            project_id="p",
+            user_name="alice",
+            version=5,
+            phase=Phase.PENDING,
+            secondary_phase=SecondaryPhase.QUEUING,
+            attempt=1,
+            requeue_cause=cause,
+        ),
+    )
     item = service.queue["j"]
     assert (item.state, item.needs.memory_gb, item.memory_gb) == ("queued", expected, None)

@@ -1,5 +1,6 @@
 """Reconciling rented machines with node records: orphans given back and billed from launch, spot-interrupted
 nodes kept from work then released, types the cloud refused hidden (a cloud twin in memory)."""
+
 from datetime import UTC, datetime
 
 import pytest
@@ -16,10 +17,30 @@ from services.placement.providers.reconcile import Providers, node_interrupted, 
 from tests.memory import MemoryCollection
 
 LAUNCHED = datetime(2026, 11, 23, 9, 0, tzinfo=UTC)
-ENTRIES = [{"name": "g.small", "gpus": 1, "gpu_model": "A10G", "gpu_memory_gb": 24, "tflops": 125, "cpu": 4,
-            "memory_gb": 16, "price_per_hour": 2.0, "provider": "ec2"},
-           {"name": "g.big", "gpus": 4, "gpu_model": "A10G", "gpu_memory_gb": 24, "tflops": 125, "cpu": 48,
-            "memory_gb": 192, "price_per_hour": 8.0, "provider": "ec2"}]
+ENTRIES = [
+    {
+        "name": "g.small",
+        "gpus": 1,
+        "gpu_model": "A10G",
+        "gpu_memory_gb": 24,
+        "tflops": 125,
+        "cpu": 4,
+        "memory_gb": 16,
+        "price_per_hour": 2.0,
+        "provider": "ec2",
+    },
+    {
+        "name": "g.big",
+        "gpus": 4,
+        "gpu_model": "A10G",
+        "gpu_memory_gb": 24,
+        "tflops": 125,
+        "cpu": 48,
+        "memory_gb": 192,
+        "price_per_hour": 8.0,
+        "provider": "ec2",
+    },
+]
 
 
 class Cloud:
@@ -40,8 +61,10 @@ class Cloud:
         self.machines.discard(node_id)
 
     async def reconcile(self, owned: set[str]) -> list[Orphan]:
-        orphans = [Orphan(instance_id=f"i-{n}", node_id=n, instance_type="g.small", job_id="job-9",
-                          launched_at=LAUNCHED) for n in sorted(self.machines - owned)]
+        orphans = [
+            Orphan(instance_id=f"i-{n}", node_id=n, instance_type="g.small", job_id="job-9", launched_at=LAUNCHED)
+            for n in sorted(self.machines - owned)
+        ]
         self.machines &= owned
         return orphans
 
@@ -62,11 +85,18 @@ async def world():
     async with TestNatsBroker(broker):
         cloud = Cloud(["od-kept", "od-crashed"])
         providers = Providers({"ec2": cloud}, offer_infos(ENTRIES))
-        fleet = Fleet(store=DocumentStore(MemoryCollection("nodes"), broker), provider=providers,
-                      catalogue=catalogue_from(ENTRIES))
+        fleet = Fleet(
+            store=DocumentStore(MemoryCollection("nodes"), broker),
+            provider=providers,
+            catalogue=catalogue_from(ENTRIES),
+        )
         providers.instance_of = lambda node_id: getattr(fleet.nodes.get(node_id), "instance_type", None)
-        await fleet._save(FleetNode(node_id="od-kept", state="ready", provisioned=True, instance_type="g.small",
-                                    reserved_for="job-1"), [])
+        await fleet._save(
+            FleetNode(
+                node_id="od-kept", state="ready", provisioned=True, instance_type="g.small", reserved_for="job-1"
+            ),
+            [],
+        )
         yield fleet, providers, cloud, seen
 
 
@@ -79,8 +109,13 @@ async def test_an_orphan_is_given_back_and_billed_once_from_its_launch(world):
     assert record["state"] == "released"
     provisioned = NodeProvisioned.model_validate(next(e for e in seen if e["type"] == "NodeProvisioned"))
     released = NodeReleased.model_validate(next(e for e in seen if e["type"] == "NodeReleased"))
-    assert (provisioned.node_id, provisioned.provisioned_at, provisioned.price_per_hour, provisioned.gpu_count,
-            provisioned.for_job_id) == ("od-crashed", LAUNCHED, 2.0, 1, "job-9")
+    assert (
+        provisioned.node_id,
+        provisioned.provisioned_at,
+        provisioned.price_per_hour,
+        provisioned.gpu_count,
+        provisioned.for_job_id,
+    ) == ("od-crashed", LAUNCHED, 2.0, 1, "job-9")
     assert released.node_id == "od-crashed" and released.reason == "orphan"
     cloud.machines.add("od-crashed")  # the cloud was slow to forget it: terminated again, billed no more
     await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full)
@@ -124,8 +159,9 @@ async def test_a_failed_pod_of_a_registered_node_stops_its_work_at_once_and_of_a
     assert await pod_failed(fleet, "od-kept", "pod failed (OOMKilled)")
     assert fleet.nodes["od-kept"].state == "lost" and fleet.nodes["od-kept"].reserved_for is None
     assert "od-kept" in providers.leaving and cloud.released == []  # the monitor requeues its tasks first
-    await fleet._save(FleetNode(node_id="od-starting", state="provisioning", provisioned=True,
-                                instance_type="g.small"), [])
+    await fleet._save(
+        FleetNode(node_id="od-starting", state="provisioning", provisioned=True, instance_type="g.small"), []
+    )
     assert await pod_failed(fleet, "od-starting", "pod failed")
     assert cloud.released == ["od-starting"] and fleet.nodes["od-starting"].state == "released"
     released = NodeReleased.model_validate(next(e for e in seen if e["type"] == "NodeReleased"))

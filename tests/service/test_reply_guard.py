@@ -1,4 +1,5 @@
 """A process answers only into an identity's inbox, whatever reply subject a request or an event names."""
+
 from faststream.nats import TestNatsBroker
 
 from shared.bus import durable, make_broker
@@ -28,7 +29,8 @@ async def test_a_request_or_event_aimed_at_a_platform_subject_is_not_answered_th
         assert await (await test_broker.request({"q": 1}, rpc)).decode() == {"answer": 42}
         await test_broker.publish({"q": 2}, rpc, reply_to="tm.job.status")  # refused: not handled, not answered
         event = exited(unique("j"), node_id="n1")
-        await test_broker.publish(event.model_dump(mode="json"), event.subject, stream="TM_JOBS",
-                                  headers={"reply_to": "tm.job.status"})  # handled, never answered
+        await test_broker.publish(
+            event.model_dump(mode="json"), event.subject, stream="TM_JOBS", headers={"reply_to": "tm.job.status"}
+        )  # handled, never answered
     assert handled == [("rpc", {"q": 1}), ("event", event.job_id)]
     assert landed == []

@@ -1,4 +1,5 @@
 """The submitter's real FastAPI app (middleware, dependencies, routes) on in-memory collections, without the bus."""
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ ADMIN_TOKEN = "unit-admin-token-0123456789abcdef0123"
 @dataclass
 class FakeBroker:
     """Answers request/reply with canned payloads per subject."""
+
     answers: dict[str, Any] = field(default_factory=dict)
 
     async def request(self, payload, subject: str, timeout: float = 0):
@@ -49,20 +51,28 @@ async def make_app(*, allow: list[str] | None = None, clock=None, broker=None, r
     await tokens.bootstrap_admin(configured=ADMIN_TOKEN, data_dir=Path("/nonexistent"))  # configured: never read
     app.state.tokens, app.state.audit = tokens, AuditLog(db.api_audit)
     broker = broker or FakeBroker()
-    app.state.submitter = build_submitter(settings, repo=repo or Repository(db=db, broker=broker), broker=broker,
-                                          storage=settings.storage_policy(settings.data_dir))
+    app.state.submitter = build_submitter(
+        settings,
+        repo=repo or Repository(db=db, broker=broker),
+        broker=broker,
+        storage=settings.storage_policy(settings.data_dir),
+    )
     app.state.egress = Policy.parse(allow or [])
     return app, db, tokens
 
 
 def client(app, token: str | None = ADMIN_TOKEN) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=("203.0.113.7", 40000)),
-                             base_url="http://api.test", headers=headers)
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app, client=("203.0.113.7", 40000)),
+        base_url="http://api.test",
+        headers=headers,
+    )
 
 
-async def add_user(tokens: Tokens, name: str, projects: list[str], *, admin: bool = False,
-                   expires_in: int | None = None) -> str:
+async def add_user(
+    tokens: Tokens, name: str, projects: list[str], *, admin: bool = False, expires_in: int | None = None
+) -> str:
     await tokens.users.insert_one({"_id": name, "projects": projects, "admin": admin})
     token, _ = await tokens.issue(name, expires_in=expires_in)
     return token

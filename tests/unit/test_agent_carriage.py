@@ -1,5 +1,6 @@
 """A task's bars redrawn with carriage returns are shipped as the updates they are: the latest frame at most every
 UPDATE_EVERY_S and the last one of each run, never every frame, never a line holding them all."""
+
 import shlex
 from pathlib import Path
 
@@ -23,7 +24,7 @@ def shipped(chunks: list[bytes], *, step_s: float) -> list[str]:
 def test_a_real_tqdm_output_ships_a_frame_now_and_then_and_the_last_of_each_bar():
     raw = TQDM.read_bytes()
     frames = raw.count(b"\r")  # a plain bar, then nested ones (their frames end with a newline and a cursor-up)
-    lines = shipped([raw[i:i + 100] for i in range(0, len(raw), 100)], step_s=0.1)  # 100 bytes every 0.1 s
+    lines = shipped([raw[i : i + 100] for i in range(0, len(raw), 100)], step_s=0.1)  # 100 bytes every 0.1 s
     assert not any("\r" in line for line in lines)
     seconds = len(raw) / 100 * 0.1
     # a frame every UPDATE_EVERY_S at most, and the last of each run (the first bar's, each epoch's)
@@ -50,7 +51,7 @@ def test_a_line_past_the_cap_is_shipped_in_pieces():
     assert [len(p) for p in pieces] == [MAX_LINE_BYTES] * 2 and splitter.end() == ["x" * 5]
 
 
-BAR = r'''
+BAR = r"""
 import sys, time
 for i in range(2001):
     sys.stderr.write(f"\r{i // 20}%|##| {i}/2000 [00:01<00:02, 900it/s]")
@@ -58,16 +59,25 @@ for i in range(2001):
     time.sleep(0.0005)
 sys.stderr.write("\n")
 print("done", flush=True)
-'''
+"""
 
 
 async def test_the_agent_ships_a_bars_frames_as_updates_not_one_line_of_them_all(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=False)
     job = unique("bar")
-    await agent.start(StartTask(event_id=f"{job}:1:0:start", node_id="n1", job_id=job, attempt=1, project_id="p",
-                                user_name="alice", spec=spec(),
-                                algorithm=Algorithm(command=f"python3 -c {shlex.quote(BAR)}")))
+    await agent.start(
+        StartTask(
+            event_id=f"{job}:1:0:start",
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            project_id="p",
+            user_name="alice",
+            spec=spec(),
+            algorithm=Algorithm(command=f"python3 -c {shlex.quote(BAR)}"),
+        )
+    )
     await until(lambda: [m for m in sent if isinstance(m, TaskExited)], sent=sent)
     lines = [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]
     bar = [line for line in lines if "/2000" in line]

@@ -1,5 +1,6 @@
 """The pure parts of a task's confinement: where its cgroups go and what they limit, its passwd entry, which System
 V objects are its uid's, and each stack's own uid range."""
+
 import json
 from pathlib import Path
 
@@ -23,29 +24,39 @@ V1_OWN = "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
 
 def test_v1_task_cgroups_go_under_the_agents_own_in_the_memory_and_pids_hierarchies():
     layout = choose_layout(mounts=cgroup_mounts(V1_MOUNTS), own=own_cgroups(V1_OWN), v2_controllers=set())
-    assert layout == Layout(version=1, memory=Path("/sys/fs/cgroup/memory/process_api/abc/trainmaster-tasks"),
-                            pids=Path("/sys/fs/cgroup/pids/trainmaster-tasks"))
+    assert layout == Layout(
+        version=1,
+        memory=Path("/sys/fs/cgroup/memory/process_api/abc/trainmaster-tasks"),
+        pids=Path("/sys/fs/cgroup/pids/trainmaster-tasks"),
+    )
     cg = plan(layout, name="uid-7", memory_bytes=2**30, pids_max=100)
     memory = layout.memory / "uid-7"
     assert cg.dirs == (memory, Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7"))
-    assert cg.limits == ((memory / "memory.limit_in_bytes", str(2**30)),
-                         (memory / "memory.memsw.limit_in_bytes", str(2**30)),
-                         (Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7/pids.max"), "100"))
+    assert cg.limits == (
+        (memory / "memory.limit_in_bytes", str(2**30)),
+        (memory / "memory.memsw.limit_in_bytes", str(2**30)),
+        (Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7/pids.max"), "100"),
+    )
     assert cg.oom_file == memory / "memory.oom_control"
     assert cg.procs_files == [str(d / "cgroup.procs") for d in cg.dirs]
 
 
 def test_v2_with_a_memory_controller_wins_and_the_agent_moves_into_a_leaf():
     mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n")
-    layout = choose_layout(mounts=mounts, own=own_cgroups("0::/system.slice/agent.service\n"),
-                           v2_controllers={"cpu", "memory", "pids"})
+    layout = choose_layout(
+        mounts=mounts, own=own_cgroups("0::/system.slice/agent.service\n"), v2_controllers={"cpu", "memory", "pids"}
+    )
     base = Path("/sys/fs/cgroup/system.slice/agent.service")
     assert layout == Layout(version=2, memory=base / "trainmaster-tasks", pids=None, agent_leaf=base / "agent")
     cg = plan(layout, name="uid-7", memory_bytes=512, pids_max=64)
     task = base / "trainmaster-tasks" / "uid-7"
     assert cg.dirs == (task,) and cg.oom_file == task / "memory.events"
-    assert dict(cg.limits) == {task / "memory.max": "512", task / "memory.swap.max": "0",
-                               task / "memory.oom.group": "1", task / "pids.max": "64"}
+    assert dict(cg.limits) == {
+        task / "memory.max": "512",
+        task / "memory.swap.max": "0",
+        task / "memory.oom.group": "1",
+        task / "pids.max": "64",
+    }
 
 
 def test_v2_at_the_root_needs_no_leaf_and_no_memory_controller_means_no_cgroups():
@@ -63,8 +74,7 @@ def test_oom_kills_are_read_from_v1_and_v2_files():
 def test_the_task_gets_a_passwd_and_group_entry_of_its_own_and_no_host_entry_shadows_it():
     passwd = "root:x:0:0:root:/root:/bin/bash\ntm-200001:x:5:5::/:/bin/sh\nold:x:200001:1::/:/bin/sh\n"
     group = "root:x:0:\nold:x:200001:\n"
-    users, groups = account_files(passwd=passwd, group=group, name="tm-200001", uid=200001, gid=200001,
-                                  home="/data/w")
+    users, groups = account_files(passwd=passwd, group=group, name="tm-200001", uid=200001, gid=200001, home="/data/w")
     assert users == "root:x:0:0:root:/root:/bin/bash\ntm-200001:x:200001:200001:trainmaster task:/data/w:/bin/sh\n"
     assert groups == "root:x:0:\ntm-200001:x:200001:\n"
 
@@ -118,8 +128,9 @@ def test_the_registry_keeps_each_stacks_range_and_forgets_stacks_whose_data_is_g
 
 
 def test_a_stack_claims_its_own_range_under_its_data_dir_and_a_configured_range_host_wide(tmp_path):
-    own = AgentSettings(node_id="n", data_dir=tmp_path / "data", task_uid_registry=tmp_path / "ranges.json",
-                        task_uid_count=10)
+    own = AgentSettings(
+        node_id="n", data_dir=tmp_path / "data", task_uid_registry=tmp_path / "ranges.json", task_uid_count=10
+    )
     assert task_uid_first(own) == 200_000 and task_uid_locks(own) == tmp_path / "data" / "task-uids"
     other = own.model_copy(update={"data_dir": tmp_path / "other"})
     (tmp_path / "data").mkdir()

@@ -1,6 +1,7 @@
 """The agent fetches a job's http(s) code and inputs through the egress policy, again at fetch time: a URL that
 passed submission but now resolves to the loopback (DNS rebinding), a redirect to an internal address, and a
 loopback URL the submitter never saw are refused before any request reaches them."""
+
 import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -54,8 +55,16 @@ def inputs(url: str) -> Algorithm:
 
 
 def start(url: str, job_id: str = "j1") -> StartTask:
-    return StartTask(event_id=f"{job_id}:1:0:start", node_id="n1", job_id=job_id, attempt=1, project_id="vision",
-                     user_name="alice", algorithm=inputs(url), spec=spec())
+    return StartTask(
+        event_id=f"{job_id}:1:0:start",
+        node_id="n1",
+        job_id=job_id,
+        attempt=1,
+        project_id="vision",
+        user_name="alice",
+        algorithm=inputs(url),
+        spec=spec(),
+    )
 
 
 async def fetch(preparer: Preparer, url: str, tmp_path) -> None:
@@ -79,13 +88,15 @@ async def test_a_name_that_rebinds_to_the_loopback_after_submission_is_refused_a
     assert Files.hits == []
 
 
-async def test_an_allowed_host_is_fetched_without_proxies_and_a_redirect_to_a_refused_one_is_not(port, tmp_path,
-                                                                                               monkeypatch):
+async def test_an_allowed_host_is_fetched_without_proxies_and_a_redirect_to_a_refused_one_is_not(
+    port, tmp_path, monkeypatch
+):
     monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # followed, every fetch would fail
     monkeypatch.setenv("ALL_PROXY", "http://127.0.0.1:9")
     resolve = resolver({"data.example.test": ["127.0.0.1"], "evil.example.test": ["127.0.0.1"]})
-    preparer = Preparer(tmp_path / "engines", {},
-                        downloads=Downloads(policy=Policy.parse(["data.example.test"]), resolve=resolve))
+    preparer = Preparer(
+        tmp_path / "engines", {}, downloads=Downloads(policy=Policy.parse(["data.example.test"]), resolve=resolve)
+    )
     await fetch(preparer, f"http://data.example.test:{port}/train.csv", tmp_path)
     assert (tmp_path / "work" / "inputs" / "data" / "train.csv").read_bytes() == b"dataset bytes"
     with pytest.raises(PrepareError, match="evil.example.test resolves to 127.0.0.1, a loopback address"):
@@ -102,9 +113,14 @@ async def test_the_agent_ends_the_attempt_start_failed_with_the_reason(port, tmp
 
     resolve = resolver({"rebind.example.test": [["93.184.216.34"], ["127.0.0.1"]]})
     storage = StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c")
-    agent = Agent(node=node(node_id="n1"), root=tmp_path / "agent", publish=publish, storage=storage,
-                  checkpoints=CheckpointStore(storage.checkpoint_root),
-                  preparer=Preparer(tmp_path / "engines", {}, downloads=Downloads(resolve=resolve)))
+    agent = Agent(
+        node=node(node_id="n1"),
+        root=tmp_path / "agent",
+        publish=publish,
+        storage=storage,
+        checkpoints=CheckpointStore(storage.checkpoint_root),
+        preparer=Preparer(tmp_path / "engines", {}, downloads=Downloads(resolve=resolve)),
+    )
     url = f"http://rebind.example.test:{port}/healthz"
     assert await refused_addresses(inputs(url), policy=storage, resolve=resolve) == []  # passed submission
     await agent.start(start(url))

@@ -1,4 +1,5 @@
 """A task's environment is an allow-list of the agent's, plus the job's variables and ours: no secret passes."""
+
 from pathlib import Path
 
 from shared.events import StartTask
@@ -7,18 +8,36 @@ from services.agent.runner import agent_account, task_environment
 from tests.factories import node, spec
 
 AGENT_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
-    "TRAINMASTER_ADMIN_TOKEN": "admin", "TRAINMASTER_NATS_URL": "nats://u:p@bus:4222", "MONGO_URL": "mongodb://x",
-    "AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "secret", "HF_TOKEN": "hf_agent", "NATS_CREDS": "/c",
-    "PYTHONPATH": "/repo", "LD_PRELOAD": "/evil.so", "HOME": "/root", "SSH_AUTH_SOCK": "/tmp/ssh",
+    "PATH": "/usr/local/bin:/usr/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "TZ": "UTC",
+    "TRAINMASTER_ADMIN_TOKEN": "admin",
+    "TRAINMASTER_NATS_URL": "nats://u:p@bus:4222",
+    "MONGO_URL": "mongodb://x",
+    "AWS_ACCESS_KEY_ID": "AKIA",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "HF_TOKEN": "hf_agent",
+    "NATS_CREDS": "/c",
+    "PYTHONPATH": "/repo",
+    "LD_PRELOAD": "/evil.so",
+    "HOME": "/root",
+    "SSH_AUTH_SOCK": "/tmp/ssh",
 }
 
 
 def environment(**algorithm) -> dict[str, str]:
-    start = StartTask(event_id="j:1:0:start", node_id="n1", job_id="j", attempt=1, project_id="p", user_name="a",
-                      algorithm=Algorithm(command="true", **algorithm), spec=spec())
-    return task_environment(start, node(node_id="n1"), workdir=Path("/w/attempt"), base=AGENT_ENV,
-                            sdk_dir=Path("/sdk"))
+    start = StartTask(
+        event_id="j:1:0:start",
+        node_id="n1",
+        job_id="j",
+        attempt=1,
+        project_id="p",
+        user_name="a",
+        algorithm=Algorithm(command="true", **algorithm),
+        spec=spec(),
+    )
+    return task_environment(start, node(node_id="n1"), workdir=Path("/w/attempt"), base=AGENT_ENV, sdk_dir=Path("/sdk"))
 
 
 def test_only_allowed_variables_of_the_agent_reach_the_task():
@@ -31,8 +50,9 @@ def test_only_allowed_variables_of_the_agent_reach_the_task():
 
 
 def test_the_jobs_own_variables_and_parameters_are_kept_and_ours_win():
-    env = environment(environments={"HF_TOKEN": "hf_job", "PYTHONPATH": "/mine"},
-                      parameters=[{"name": "lr", "value": "0.1"}])
+    env = environment(
+        environments={"HF_TOKEN": "hf_job", "PYTHONPATH": "/mine"}, parameters=[{"name": "lr", "value": "0.1"}]
+    )
     assert env["HF_TOKEN"] == "hf_job" and env["lr"] == "0.1"
     assert env["PYTHONPATH"] == "/sdk:/mine" and env["TRAINMASTER_JOB_ID"] == "j"
 

@@ -1,4 +1,5 @@
 """The agent's hang detection: signs of life, quiet spells reported once, collective-communication defaults."""
+
 import asyncio
 import os
 import sys
@@ -32,8 +33,17 @@ from tests.unit.test_job_validation import errors
 
 
 def start(*, gpus: tuple[int, ...] = (), **spec_fields) -> StartTask:
-    return StartTask(event_id="j:1:0:start", node_id="n1", job_id="j", attempt=1, project_id="p", user_name="a",
-                     algorithm=Algorithm(command="true"), spec=spec(**spec_fields), gpu_indices=gpus)
+    return StartTask(
+        event_id="j:1:0:start",
+        node_id="n1",
+        job_id="j",
+        attempt=1,
+        project_id="p",
+        user_name="a",
+        algorithm=Algorithm(command="true"),
+        spec=spec(**spec_fields),
+        gpu_indices=gpus,
+    )
 
 
 @dataclass
@@ -203,17 +213,30 @@ def test_every_task_gets_collective_timeouts_unless_its_job_sets_them():
 
 
 def environment(**algorithm) -> dict[str, str]:
-    command = StartTask(event_id="j:1:0:start", node_id="n1", job_id="j", attempt=1, project_id="p", user_name="a",
-                        algorithm=Algorithm(command="true", **algorithm), spec=spec())
+    command = StartTask(
+        event_id="j:1:0:start",
+        node_id="n1",
+        job_id="j",
+        attempt=1,
+        project_id="p",
+        user_name="a",
+        algorithm=Algorithm(command="true", **algorithm),
+        spec=spec(),
+    )
     return task_environment(command, node(node_id="n1"), workdir=Path("/w/attempt"), base={"PATH": "/usr/bin"})
 
 
-@pytest.mark.parametrize("body, field_name", [({"hang_timeout_s": -1}, "spec.hang_timeout_s"),
-                                               ({"hang_timeout_s": "60"}, "spec.hang_timeout_s"),
-                                               ({"hang_timeout_s": 1.5}, "spec.hang_timeout_s"),
-                                               ({"hang_restarts": -1}, "spec.hang_restarts"),
-                                               ({"hang_restarts": 101}, "spec.hang_restarts"),
-                                               ({"hang_restarts": True}, "spec.hang_restarts")])
+@pytest.mark.parametrize(
+    "body, field_name",
+    [
+        ({"hang_timeout_s": -1}, "spec.hang_timeout_s"),
+        ({"hang_timeout_s": "60"}, "spec.hang_timeout_s"),
+        ({"hang_timeout_s": 1.5}, "spec.hang_timeout_s"),
+        ({"hang_restarts": -1}, "spec.hang_restarts"),
+        ({"hang_restarts": 101}, "spec.hang_restarts"),
+        ({"hang_restarts": True}, "spec.hang_restarts"),
+    ],
+)
 def test_hang_settings_are_validated_with_the_field_named(body, field_name):
     assert errors(job_body(**body)) == [field_name]
 
@@ -226,29 +249,45 @@ def make_agent(root: Path, sent: list) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
 
-    return Agent(node=node(node_id="n1"), root=root, publish=publish, preparer=Preparer(root / "engines", {}),
-                 checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
-                 storage=StoragePolicy(storage_root=f"file://{root}/storage",
-                                       checkpoint_root=f"file://{root}/checkpoints"))
+    return Agent(
+        node=node(node_id="n1"),
+        root=root,
+        publish=publish,
+        preparer=Preparer(root / "engines", {}),
+        checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
+        storage=StoragePolicy(storage_root=f"file://{root}/storage", checkpoint_root=f"file://{root}/checkpoints"),
+    )
 
 
 def start_task(job_id: str, command: str, *, timeout_s: int) -> StartTask:
-    return StartTask(event_id=f"{job_id}:1:0:start", node_id="n1", job_id=job_id, attempt=1, project_id="p",
-                     user_name="a", algorithm=Algorithm(command=command), spec=spec(hang_timeout_s=timeout_s))
+    return StartTask(
+        event_id=f"{job_id}:1:0:start",
+        node_id="n1",
+        job_id=job_id,
+        attempt=1,
+        project_id="p",
+        user_name="a",
+        algorithm=Algorithm(command=command),
+        spec=spec(hang_timeout_s=timeout_s),
+    )
 
 
 async def test_an_agent_reports_its_quiet_task_and_its_return_and_never_a_quiet_one_marking_progress(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent)
-    quiet_spell = (f"{sys.executable} -c 'import time; print(1, flush=True); time.sleep(2); print(2, flush=True); "
-                   "time.sleep(0.6)'")
-    marking = f"{sys.executable} -c 'import time, trainmaster_task as tm\nfor _ in range(16): tm.progress(); " \
-              "time.sleep(0.2)'"  # prints nothing for 3 s, a progress mark five times a second
+    quiet_spell = (
+        f"{sys.executable} -c 'import time; print(1, flush=True); time.sleep(2); print(2, flush=True); time.sleep(0.6)'"
+    )
+    marking = (
+        f"{sys.executable} -c 'import time, trainmaster_task as tm\nfor _ in range(16): tm.progress(); "
+        "time.sleep(0.2)'"
+    )  # prints nothing for 3 s, a progress mark five times a second
     await agent.start(start_task("quiet", quiet_spell, timeout_s=1))
     await agent.start(start_task("marking", marking, timeout_s=2))
     await asyncio.wait_for(_until(lambda: sum(isinstance(m, TaskExited) for m in sent) == 2), timeout=30)
-    told = {job: [m.type for m in sent if m.job_id == job and not isinstance(m, LogChunk)]
-            for job in ("quiet", "marking")}
+    told = {
+        job: [m.type for m in sent if m.job_id == job and not isinstance(m, LogChunk)] for job in ("quiet", "marking")
+    }
     assert told["marking"] == ["TaskStarted", "TaskExited"]
     assert told["quiet"][0] == "TaskStarted" and told["quiet"][-2:] == ["TaskResumed", "TaskExited"]
     assert "TaskHung" in told["quiet"]

@@ -1,5 +1,6 @@
 """A task run by a root agent is a user of its own: the agent's /proc, its data and other projects' storage are out
 of reach, while its working directory, the SDK, Python and its checkpoints still work. Real processes."""
+
 import asyncio
 import ctypes
 import json
@@ -27,7 +28,7 @@ from tests.factories import node, spec, unique
 NODE = node(node_id="n1")
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="tasks get users of their own only when the agent is root")
 
-PROBE = r'''
+PROBE = r"""
 import json, os, sys
 data, other = sys.argv[1], sys.argv[2]
 result = {"uid": os.getuid(), "home": oct(os.stat(os.environ["HOME"]).st_mode & 0o777)}
@@ -47,29 +48,61 @@ ckpt = os.environ["TRAINMASTER_CHECKPOINT_DIR"]
 open(os.path.join(ckpt, "state.txt"), "w").write("saved")
 os.symlink(os.path.join(data, "admin-token"), os.path.join(ckpt, "leak"))
 print("RESULT " + json.dumps(result), flush=True)
-'''
+"""
 
 
-def make_agent(tmp_path: Path, sent: list, *, confined: bool, uids: int = 20,
-               disk_quota_gb: float | None = None, cgroups: bool = True) -> Agent:
+def make_agent(
+    tmp_path: Path,
+    sent: list,
+    *,
+    confined: bool,
+    uids: int = 20,
+    disk_quota_gb: float | None = None,
+    cgroups: bool = True,
+) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
 
     data = tmp_path / "data"
     policy = StoragePolicy(storage_root=f"file://{data}/storage", checkpoint_root=f"file://{data}/checkpoints")
     first = random.randrange(300_000, 900_000, 100)  # apart from any other test run on this host
-    rules = confinement(users=TaskUsers(first_uid=first, count=uids, lock_dir=tmp_path / "uids"), sdk_dir=SDK_DIR,
-                        data_dir=data, storage_dirs=[data / "checkpoints"], shared_dirs=[],
-                        cgroups=detect(pids_max=1024, enabled=cgroups), tmpfs_mb=64) if confined else None
-    return Agent(node=NODE, root=data / "agents" / "n1", publish=publish, preparer=Preparer(data / "engines", {}),
-                 checkpoints=CheckpointStore(policy.checkpoint_root), storage=policy, confinement=rules,
-                 checkpoint_sync_s=0.2, disk_quota_gb=disk_quota_gb)
+    rules = (
+        confinement(
+            users=TaskUsers(first_uid=first, count=uids, lock_dir=tmp_path / "uids"),
+            sdk_dir=SDK_DIR,
+            data_dir=data,
+            storage_dirs=[data / "checkpoints"],
+            shared_dirs=[],
+            cgroups=detect(pids_max=1024, enabled=cgroups),
+            tmpfs_mb=64,
+        )
+        if confined
+        else None
+    )
+    return Agent(
+        node=NODE,
+        root=data / "agents" / "n1",
+        publish=publish,
+        preparer=Preparer(data / "engines", {}),
+        checkpoints=CheckpointStore(policy.checkpoint_root),
+        storage=policy,
+        confinement=rules,
+        checkpoint_sync_s=0.2,
+        disk_quota_gb=disk_quota_gb,
+    )
 
 
 def start(job_id: str, command: str, *, project: str = "p", memory_gb: float = 1, **fields) -> StartTask:
-    return StartTask(event_id=f"{job_id}:1:0:start", node_id="n1", job_id=job_id, attempt=1, project_id=project,
-                     user_name="alice", algorithm=Algorithm(command=command, **fields),
-                     spec=spec(resource={"memory_gb": memory_gb}))
+    return StartTask(
+        event_id=f"{job_id}:1:0:start",
+        node_id="n1",
+        job_id=job_id,
+        attempt=1,
+        project_id=project,
+        user_name="alice",
+        algorithm=Algorithm(command=command, **fields),
+        spec=spec(resource={"memory_gb": memory_gb}),
+    )
 
 
 async def ended(job_id: str, sent: list) -> tuple[TaskExited, str]:
@@ -131,13 +164,17 @@ async def test_two_running_tasks_get_different_users_and_a_user_is_reused_only_a
     assert int(third.splitlines()[0]) in uids  # given back when its task ended
 
 
-async def test_the_agent_refuses_a_url_outside_the_projects_storage_even_when_the_submitter_let_it_through(
-        tmp_path):
+async def test_the_agent_refuses_a_url_outside_the_projects_storage_even_when_the_submitter_let_it_through(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=False)
     job_id = unique("url")
-    ended, output = await run(agent, start(job_id, "cat $TRAINMASTER_INPUT_SECRETS/passwd",
-                                            inputs=[{"name": "secrets", "url": "file:///etc/passwd"}]), sent)
+    ended, output = await run(
+        agent,
+        start(
+            job_id, "cat $TRAINMASTER_INPUT_SECRETS/passwd", inputs=[{"name": "secrets", "url": "file:///etc/passwd"}]
+        ),
+        sent,
+    )
     assert ended.reason == "start_failed"
     assert "algorithm.inputs.0.url" in ended.message and "/etc/passwd" in ended.message
     assert "root:" not in output
@@ -182,7 +219,7 @@ print("FOUND " + json.dumps(found), flush=True)
 
 
 def result_of(output: str, tag: str):
-    return json.loads(next(line for line in output.splitlines() if line.startswith(tag + " "))[len(tag) + 1:])
+    return json.loads(next(line for line in output.splitlines() if line.startswith(tag + " "))[len(tag) + 1 :])
 
 
 @root_only
@@ -191,11 +228,13 @@ async def test_the_next_task_given_the_same_uid_in_another_project_finds_nothing
     os.chmod("/run/lock", 0o1777)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True, uids=1)  # one uid: B gets A's
-    first, output = await run(agent, start(unique("a"), f"{sys.executable} -c {quote(LEAVE)} && id -u", project="a"),
-                              sent)
+    first, output = await run(
+        agent, start(unique("a"), f"{sys.executable} -c {quote(LEAVE)} && id -u", project="a"), sent
+    )
     assert first.reason == "completed" and "LEFT" in output, output
-    second, found = await run(agent, start(unique("b"), f"{sys.executable} -c {quote(FIND)} && id -u", project="b"),
-                              sent)
+    second, found = await run(
+        agent, start(unique("b"), f"{sys.executable} -c {quote(FIND)} && id -u", project="b"), sent
+    )
     assert second.reason == "completed", found
     assert output.splitlines()[-1] == found.splitlines()[-1]  # the same uid
     assert result_of(found, "FOUND") == {"shm": [], "files": []}
@@ -244,8 +283,9 @@ time.sleep(60)
 async def test_memory_held_by_a_detached_process_counts_against_memory_gb(tmp_path, cgroups):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True, cgroups=cgroups)
-    ended, output = await run(agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5),
-                              sent)  # 1.5 GB
+    ended, output = await run(
+        agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5), sent
+    )  # 1.5 GB
     assert ended.reason == "oom" and ended.oom == "host", (ended, output)
     assert "out of memory" in ended.message and "HELD" not in output
 
@@ -345,8 +385,11 @@ def test_without_namespaces_the_uids_system_v_objects_and_temporary_files_are_sw
         os.lchown(path, uid, uid)  # as the task would have made them
 
     def owned() -> list[int]:
-        return [ident for kind, column in KINDS.items()
-                for ident in ipc_ids((SYSVIPC / kind).read_text(), id_column=column, uid=uid)]
+        return [
+            ident
+            for kind, column in KINDS.items()
+            for ident in ipc_ids((SYSVIPC / kind).read_text(), id_column=column, uid=uid)
+        ]
 
     assert len(owned()) == 3
     assert sweep_ipc(uid) == 3 and owned() == []
@@ -359,7 +402,8 @@ async def test_a_task_in_its_own_pid_namespace_ends_with_its_commands_code_or_si
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True)
     coded, _ = await run(agent, start(unique("code"), "echo $$; exit 3"), sent)
-    signalled, _ = await run(agent, start(unique("sig"), f"{sys.executable} -c 'import os; os.kill(os.getpid(), 15)'"),
-                             sent)
+    signalled, _ = await run(
+        agent, start(unique("sig"), f"{sys.executable} -c 'import os; os.kill(os.getpid(), 15)'"), sent
+    )
     assert (coded.reason, coded.exit_code) == ("failed", 3)
     assert (signalled.reason, signalled.exit_code) == ("failed", 143)  # as its shell reports a SIGTERM

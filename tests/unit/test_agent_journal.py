@@ -1,4 +1,5 @@
 """A restarted agent reports the end of the tasks its previous run died with, once, and never reruns them."""
+
 import asyncio
 import json
 
@@ -17,15 +18,27 @@ def make_agent(root, sent: list) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
 
-    return Agent(node=NODE, root=root, publish=publish, checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
-                 preparer=Preparer(root / "engines", {}),
-                 storage=StoragePolicy(storage_root=f"file://{root}/storage",
-                                       checkpoint_root=f"file://{root}/checkpoints"))
+    return Agent(
+        node=NODE,
+        root=root,
+        publish=publish,
+        checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
+        preparer=Preparer(root / "engines", {}),
+        storage=StoragePolicy(storage_root=f"file://{root}/storage", checkpoint_root=f"file://{root}/checkpoints"),
+    )
 
 
 def start(job_id: str, command: str = "true") -> StartTask:
-    return StartTask(event_id=f"{job_id}:1:0:start", node_id="n1", job_id=job_id, attempt=1, project_id="p",
-                     user_name="alice", algorithm=algorithm(command), spec=spec())
+    return StartTask(
+        event_id=f"{job_id}:1:0:start",
+        node_id="n1",
+        job_id=job_id,
+        attempt=1,
+        project_id="p",
+        user_name="alice",
+        algorithm=algorithm(command),
+        spec=spec(),
+    )
 
 
 async def test_tasks_an_earlier_run_died_with_are_reported_ended_once(tmp_path):
@@ -34,7 +47,8 @@ async def test_tasks_an_earlier_run_died_with_are_reported_ended_once(tmp_path):
     sent: list = []
     await make_agent(tmp_path, sent).report_unreported()
     assert [(type(m), m.job_id, m.attempt, m.rank, m.reason, m.node_id) for m in sent] == [
-        (TaskExited, "j", 1, 0, "terminated", "n1")]
+        (TaskExited, "j", 1, 0, "terminated", "n1")
+    ]
     again: list = []
     agent = make_agent(tmp_path, again)  # restarted once more
     await agent.report_unreported()
@@ -60,6 +74,7 @@ async def test_a_task_that_ended_normally_is_not_reported_again_after_a_restart(
 def test_a_journal_from_before_ends_were_kept_reports_nothing(tmp_path):
     (tmp_path / "journal.json").write_text(json.dumps({"started": ["a:b:1:0"], "stopped": []}))
     assert Journal(tmp_path / "journal.json").unreported() == []
-    (tmp_path / "journal.json").write_text(json.dumps({"started": ["a:b:1:0", "c:2:1"], "stopped": ["c:2:1"],
-                                                       "exited": []}))
+    (tmp_path / "journal.json").write_text(
+        json.dumps({"started": ["a:b:1:0", "c:2:1"], "stopped": ["c:2:1"], "exited": []})
+    )
     assert Journal(tmp_path / "journal.json").unreported() == [("a:b", 1, 0)]  # ids may hold a colon

@@ -1,5 +1,6 @@
 """The agent's host-memory watch: the limit a task gets, and a task killed for going over it says how much it used
 and what it was given."""
+
 import asyncio
 import re
 import sys
@@ -27,6 +28,9 @@ async def test_a_task_over_its_host_memory_is_killed_saying_what_it_used_and_wha
     finally:
         if process.returncode is None:
             process.kill()
-    used = re.fullmatch(r"killed by trainmaster: out of memory: the task used ([0-9.]+) GB of host memory, more "
-                        r"than the 0.03 GB it was given \(spec.resource.memory_gb\)", task.tail[-1])
+    used = re.fullmatch(
+        r"killed by trainmaster: out of memory: the task used ([0-9.]+) GB of host memory, more "
+        r"than the 0.03 GB it was given \(spec.resource.memory_gb\)",
+        task.tail[-1],
+    )
     assert task.oom == "host" and used and float(used.group(1)) > 0.03

@@ -1,5 +1,6 @@
 """A task's whole process tree dies with its shim (OOM killer, an operator's SIGKILL): the end is reported once,
 nothing of the task keeps running, and none of its output is shipped after that end. Real processes."""
+
 import asyncio
 import os
 import random
@@ -21,7 +22,7 @@ from services.agent.runner import SDK_DIR
 from tests.factories import node, spec, unique
 
 # The task: a child in its group, a grandchild that left the group (setsid), both printing; then it prints forever.
-TREE = r'''
+TREE = r"""
 import os, subprocess, sys, time
 loop = "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.05)"
 child = subprocess.Popen([sys.executable, "-c", loop])
@@ -30,7 +31,7 @@ print(f"PIDS {os.getpid()} {child.pid} {detached.pid}", flush=True)
 while True:
     print("main", flush=True)
     time.sleep(0.05)
-'''
+"""
 
 
 def make_agent(tmp_path: Path, sent: list, *, confined: bool) -> Agent:
@@ -39,13 +40,26 @@ def make_agent(tmp_path: Path, sent: list, *, confined: bool) -> Agent:
 
     data = tmp_path / "data"
     policy = StoragePolicy(storage_root=f"file://{data}/storage", checkpoint_root=f"file://{data}/checkpoints")
-    rules = confinement(users=TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=20,
-                                        lock_dir=tmp_path / "uids"),
-                        sdk_dir=SDK_DIR, data_dir=data, storage_dirs=[data / "checkpoints"],
-                        shared_dirs=[]) if confined else None
-    return Agent(node=node(node_id="n1"), root=data / "agents" / "n1", publish=publish,
-                 preparer=Preparer(data / "engines", {}), checkpoints=CheckpointStore(policy.checkpoint_root),
-                 storage=policy, confinement=rules)
+    rules = (
+        confinement(
+            users=TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=20, lock_dir=tmp_path / "uids"),
+            sdk_dir=SDK_DIR,
+            data_dir=data,
+            storage_dirs=[data / "checkpoints"],
+            shared_dirs=[],
+        )
+        if confined
+        else None
+    )
+    return Agent(
+        node=node(node_id="n1"),
+        root=data / "agents" / "n1",
+        publish=publish,
+        preparer=Preparer(data / "engines", {}),
+        checkpoints=CheckpointStore(policy.checkpoint_root),
+        storage=policy,
+        confinement=rules,
+    )
 
 
 def gone(pid: int) -> bool:
@@ -63,15 +77,26 @@ async def until(check, *, timeout_s: float = 20, sent: list = ()):
     raise AssertionError(f"timed out; sent: {list(sent)[-5:]}")
 
 
-@pytest.mark.parametrize("confined", [
-    pytest.param(True, marks=pytest.mark.skipif(os.geteuid() != 0, reason="task users need a root agent")), False])
+@pytest.mark.parametrize(
+    "confined",
+    [pytest.param(True, marks=pytest.mark.skipif(os.geteuid() != 0, reason="task users need a root agent")), False],
+)
 async def test_killing_the_shim_kills_the_task_tree_and_reports_its_end_once(tmp_path, confined):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=confined)
     job = unique("shim")
-    await agent.start(StartTask(event_id=f"{job}:1:0:start", node_id="n1", job_id=job, attempt=1, project_id="p",
-                                user_name="alice", spec=spec(),
-                                algorithm=Algorithm(command=f"python3 -c {shlex.quote(TREE)}")))
+    await agent.start(
+        StartTask(
+            event_id=f"{job}:1:0:start",
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            project_id="p",
+            user_name="alice",
+            spec=spec(),
+            algorithm=Algorithm(command=f"python3 -c {shlex.quote(TREE)}"),
+        )
+    )
 
     def pids() -> list[int] | None:
         lines = [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]
@@ -88,20 +113,22 @@ async def test_killing_the_shim_kills_the_task_tree_and_reports_its_end_once(tmp
     await asyncio.sleep(1)  # anything still alive would print (and be shipped) within this
     exits = [i for i, m in enumerate(sent) if isinstance(m, TaskExited)]
     assert len(exits) == 1 and ended[0].exit_code == 137 and ended[0].reason == "failed"
-    assert not [m for m in sent[exits[0]:] if isinstance(m, LogChunk)], "output shipped after the end was reported"
+    assert not [m for m in sent[exits[0] :] if isinstance(m, LogChunk)], "output shipped after the end was reported"
     assert all(gone(pid) for pid in tree)
 
 
-SAVER = r'''
+SAVER = r"""
 import signal, sys, time
 signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), print("saved on SIGTERM", flush=True), sys.exit(0)))
 print("running", flush=True)
 time.sleep(60)
-'''
+"""
 
 
-@pytest.mark.parametrize("confined", [
-    pytest.param(True, marks=pytest.mark.skipif(os.geteuid() != 0, reason="task users need a root agent")), False])
+@pytest.mark.parametrize(
+    "confined",
+    [pytest.param(True, marks=pytest.mark.skipif(os.geteuid() != 0, reason="task users need a root agent")), False],
+)
 async def test_a_stopped_task_still_saves_after_the_shell_above_it_ended(tmp_path, confined):
     from shared.events import StopTask
 
@@ -109,12 +136,22 @@ async def test_a_stopped_task_still_saves_after_the_shell_above_it_ended(tmp_pat
     agent = make_agent(tmp_path, sent, confined=confined)
     job = unique("saver")
     # a compound command: the shell forks the script, and the group's SIGTERM ends the shell (and the shim) first
-    await agent.start(StartTask(event_id=f"{job}:1:0:start", node_id="n1", job_id=job, attempt=1, project_id="p",
-                                user_name="alice", spec=spec(),
-                                algorithm=Algorithm(command=f"python3 -c {shlex.quote(SAVER)}; true")))
+    await agent.start(
+        StartTask(
+            event_id=f"{job}:1:0:start",
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            project_id="p",
+            user_name="alice",
+            spec=spec(),
+            algorithm=Algorithm(command=f"python3 -c {shlex.quote(SAVER)}; true"),
+        )
+    )
     lines = lambda: [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]  # noqa: E731
     await until(lambda: "running" in lines(), sent=sent)
-    await agent.stop(StopTask(event_id=f"{job}:stop", node_id="n1", job_id=job, attempt=1, reason="migrated",
-                              grace_s=10))
+    await agent.stop(
+        StopTask(event_id=f"{job}:stop", node_id="n1", job_id=job, attempt=1, reason="migrated", grace_s=10)
+    )
     [ended] = await until(lambda: [m for m in sent if isinstance(m, TaskExited)], sent=sent)
     assert ended.reason == "terminated" and "saved on SIGTERM" in lines()

@@ -1,4 +1,5 @@
 """The storage allow-list: a job reaches its own project's storage and what the operator allows, nothing else."""
+
 import os
 
 import pytest
@@ -13,8 +14,11 @@ def policy(tmp_path) -> StoragePolicy:
     (tmp_path / "storage" / "vision").mkdir(parents=True)
     (tmp_path / "storage" / "nlp").mkdir(parents=True)
     (tmp_path / "shared").mkdir()
-    return StoragePolicy(allowed_urls=(*DEFAULT_ALLOWED_URLS, f"file://{tmp_path}/shared/"),
-                         storage_root=f"file://{tmp_path}/storage", checkpoint_root=f"file://{tmp_path}/ckpt")
+    return StoragePolicy(
+        allowed_urls=(*DEFAULT_ALLOWED_URLS, f"file://{tmp_path}/shared/"),
+        storage_root=f"file://{tmp_path}/storage",
+        checkpoint_root=f"file://{tmp_path}/ckpt",
+    )
 
 
 def allowed(url: str, policy: StoragePolicy, project: str = "vision") -> bool:
@@ -33,9 +37,17 @@ def test_the_projects_own_storage_and_checkpoints_are_allowed(policy, tmp_path):
 
 
 def test_host_paths_and_other_projects_are_refused(policy, tmp_path):
-    for url in ("file:///etc/passwd", "/etc/passwd", f"file://{tmp_path}/storage/nlp/model.pt",
-                f"file://{tmp_path}/ckpt/nlp/job-1", f"file://{tmp_path}/storage/vision-evil/x",
-                f"file://{tmp_path}/storage", "FILE:///etc/shadow", "file://localhost/etc/passwd", "relative/path"):
+    for url in (
+        "file:///etc/passwd",
+        "/etc/passwd",
+        f"file://{tmp_path}/storage/nlp/model.pt",
+        f"file://{tmp_path}/ckpt/nlp/job-1",
+        f"file://{tmp_path}/storage/vision-evil/x",
+        f"file://{tmp_path}/storage",
+        "FILE:///etc/shadow",
+        "file://localhost/etc/passwd",
+        "relative/path",
+    ):
         assert not allowed(url, policy), url
 
 
@@ -50,8 +62,15 @@ def test_dot_dot_and_links_are_resolved_before_the_prefix_is_compared(policy, tm
 
 def test_remote_schemes_follow_the_allow_list(policy):
     assert allowed("https://example.com/x.tar", policy) and allowed("HTTP://example.com/x", policy)
-    for url in ("ftp://host/x", "memory://x", "simplecache::file:///etc/passwd", "s3://b/a::file:///etc/passwd",
-                "s3://bucket/../other", "https://host/a\x00b", "zip://x::s3://b/y"):
+    for url in (
+        "ftp://host/x",
+        "memory://x",
+        "simplecache::file:///etc/passwd",
+        "s3://b/a::file:///etc/passwd",
+        "s3://bucket/../other",
+        "https://host/a\x00b",
+        "zip://x::s3://b/y",
+    ):
         assert not allowed(url, policy), url
     strict = policy.model_copy(update={"allowed_urls": ("s3://team-bucket/",)})
     assert allowed("s3://team-bucket/x", strict) and allowed("S3://team-bucket/x", strict)
@@ -62,8 +81,13 @@ def test_no_bucket_is_allowed_by_default_but_the_projects_own():
     remote = StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt")
     assert remote.allowed_urls == DEFAULT_ALLOWED_URLS
     assert allowed("s3://tm/storage/vision/data", remote) and allowed("s3://tm/ckpt/vision/j1", remote)
-    for url in ("s3://bucket/data", "s3://tm/storage/nlp/data", "s3://tm/ckpt/nlp/j1", "s3://tm/storage/visionx/a",
-                "s3://tm/other"):
+    for url in (
+        "s3://bucket/data",
+        "s3://tm/storage/nlp/data",
+        "s3://tm/ckpt/nlp/j1",
+        "s3://tm/storage/visionx/a",
+        "s3://tm/other",
+    ):
         assert not allowed(url, remote), url
 
 
@@ -76,14 +100,21 @@ def test_a_remote_project_root_gives_each_project_its_prefix():
 
 
 def test_every_url_of_a_job_is_checked_and_named_by_its_field(policy, tmp_path):
-    algorithm = Algorithm(command="true", code_dir=f"file://{tmp_path}/storage/vision/code",
-                          inputs=[{"name": "ok", "url": "https://example.com/x"},
-                                  {"name": "bad", "url": "file:///etc/passwd"}],
-                          outputs=[{"name": "out", "url": f"file://{tmp_path}/storage/nlp/out"},
-                                   {"name": "post", "url": "https://example.com/upload"}])
+    algorithm = Algorithm(
+        command="true",
+        code_dir=f"file://{tmp_path}/storage/vision/code",
+        inputs=[{"name": "ok", "url": "https://example.com/x"}, {"name": "bad", "url": "file:///etc/passwd"}],
+        outputs=[
+            {"name": "out", "url": f"file://{tmp_path}/storage/nlp/out"},
+            {"name": "post", "url": "https://example.com/upload"},
+        ],
+    )
     refused = refused_urls(algorithm, policy=policy, project_id="vision")
-    assert [field for field, _ in refused] == ["algorithm.inputs.1.url", "algorithm.outputs.0.url",
-                                               "algorithm.outputs.1.url"]
+    assert [field for field, _ in refused] == [
+        "algorithm.inputs.1.url",
+        "algorithm.outputs.0.url",
+        "algorithm.outputs.1.url",
+    ]
     assert "outputs cannot be http(s)" in refused[2][1]
 
 
@@ -94,8 +125,10 @@ def test_the_cluster_file_sets_the_allow_list_and_the_environment_overrides_it(t
     policy = settings.storage_policy(tmp_path / "data")
     assert policy.allowed_urls == ("s3://team/", "file:///data/shared/")
     assert policy.storage_root == f"file://{tmp_path}/data/storage"
-    assert StorageSettings(cluster_file=tmp_path / "none.toml").storage_policy(tmp_path).allowed_urls == \
-        DEFAULT_ALLOWED_URLS
+    assert (
+        StorageSettings(cluster_file=tmp_path / "none.toml").storage_policy(tmp_path).allowed_urls
+        == DEFAULT_ALLOWED_URLS
+    )
     monkeypatch.setenv("TRAINMASTER_ALLOWED_URLS", '["https://"]')
     assert StorageSettings(cluster_file=cluster).storage_policy(tmp_path).allowed_urls == ("https://",)
     monkeypatch.delenv("TRAINMASTER_ALLOWED_URLS")

@@ -1,5 +1,6 @@
 """The API reference (/docs, /redoc) loads only files the API serves itself, under a CSP that allows no inline
 script."""
+
 import re
 from urllib.parse import urlsplit
 

@@ -1,4 +1,5 @@
 """The audit log: every change by a person is stored before it happens (or refused), with who, what, from where."""
+
 import json
 from datetime import UTC, datetime
 
@@ -45,8 +46,7 @@ async def test_changes_are_recorded_with_who_what_and_from_where():
     assert user["summary"]["projects"] == ["vision"] and user["summary"]["token_id"] == ana["token_id"]
     assert user["client_ip"] == "203.0.113.7" and user["token_id"].startswith("tk_")
     assert webhook["project_id"] == "vision" and webhook["summary"] == {"webhook": "https://93.184.216.34:8443"}
-    assert (issued["user_name"], issued["token_id"], issued["target_id"]) == ("ana", ana["token_id"],
-                                                                               extra["token_id"])
+    assert (issued["user_name"], issued["token_id"], issued["target_id"]) == ("ana", ana["token_id"], extra["token_id"])
     assert (revoked["target_id"], revoked["status"]) == (extra["token_id"], 204)
     assert "s3cret" not in json.dumps(records, default=str) and ana["token"] not in json.dumps(records, default=str)
 
@@ -115,21 +115,63 @@ async def test_the_log_is_for_the_admin_with_filters_and_paging():
         assert (await admin.get("/v2/audit", params={"project": "../x"})).status_code == 400
 
 
-@pytest.mark.parametrize("method, route, params, body, answer, expected", [
-    ("POST", "/v2/{project_id}/training-jobs", {"project_id": "p"},
-     {"metadata": {"name": "r1"}, "spec": {"resource": {"gpu_count": 2}}, "algorithm": {"environments": {"HF": "x"}}},
-     {"metadata": {"id": "job-1"}}, ("job.create", "job-1", {"name": "r1", "gpu_count": 2, "node_count": None})),
-    ("POST", "/v2/{project_id}/training-jobs/{job_id}/actions", {"project_id": "p", "job_id": "j"},
-     {"action_type": "migrate"}, {}, ("job.migrate", "j", {"action_type": "migrate"})),
-    ("DELETE", "/v2/{project_id}/training-jobs/{job_id}", {"project_id": "p", "job_id": "j"}, {}, {},
-     ("job.delete", "j", {})),
-    ("POST", "/v1/{project_id}/training-jobs", {"project_id": "p"}, {"job_name": "a" * 500}, {"job_id": "j9"},
-     ("job.create", "j9", {"name": "a" * 128, "dialect": "v1"})),
-    ("POST", "/v2/{project_id}/training-jobs", {"project_id": "p"}, {"metadata": ["hostile"]}, {},
-     ("job.create", None, {})),
-    ("PUT", "/v2/{project_id}/anything-new", {"project_id": "p"}, {"secret": "x"}, {},
-     ("PUT /v2/{project_id}/anything-new", None, {})),
-])
+@pytest.mark.parametrize(
+    "method, route, params, body, answer, expected",
+    [
+        (
+            "POST",
+            "/v2/{project_id}/training-jobs",
+            {"project_id": "p"},
+            {
+                "metadata": {"name": "r1"},
+                "spec": {"resource": {"gpu_count": 2}},
+                "algorithm": {"environments": {"HF": "x"}},
+            },
+            {"metadata": {"id": "job-1"}},
+            ("job.create", "job-1", {"name": "r1", "gpu_count": 2, "node_count": None}),
+        ),
+        (
+            "POST",
+            "/v2/{project_id}/training-jobs/{job_id}/actions",
+            {"project_id": "p", "job_id": "j"},
+            {"action_type": "migrate"},
+            {},
+            ("job.migrate", "j", {"action_type": "migrate"}),
+        ),
+        (
+            "DELETE",
+            "/v2/{project_id}/training-jobs/{job_id}",
+            {"project_id": "p", "job_id": "j"},
+            {},
+            {},
+            ("job.delete", "j", {}),
+        ),
+        (
+            "POST",
+            "/v1/{project_id}/training-jobs",
+            {"project_id": "p"},
+            {"job_name": "a" * 500},
+            {"job_id": "j9"},
+            ("job.create", "j9", {"name": "a" * 128, "dialect": "v1"}),
+        ),
+        (
+            "POST",
+            "/v2/{project_id}/training-jobs",
+            {"project_id": "p"},
+            {"metadata": ["hostile"]},
+            {},
+            ("job.create", None, {}),
+        ),
+        (
+            "PUT",
+            "/v2/{project_id}/anything-new",
+            {"project_id": "p"},
+            {"secret": "x"},
+            {},
+            ("PUT /v2/{project_id}/anything-new", None, {}),
+        ),
+    ],
+)
 def test_describe_keeps_a_small_summary_and_never_the_secrets(method, route, params, body, answer, expected):
     assert describe(method, route, params, json.dumps(body).encode(), json.dumps(answer).encode()) == expected
 

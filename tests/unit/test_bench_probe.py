@@ -1,4 +1,5 @@
 """What the benchmarks report of the machine and of each process's CPU."""
+
 import os
 
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
@@ -18,5 +19,5 @@ def test_cpu_spent_is_per_process_and_in_all():
 def test_cpu_seconds_of_a_process_grow_as_it_works_and_a_gone_one_is_zero():
     before = cpu_seconds({"me": os.getpid()})
     sum(i * i for i in range(3_000_000))
-    after = cpu_seconds({"me": os.getpid(), "gone": 2 ** 22 + 1})
+    after = cpu_seconds({"me": os.getpid(), "gone": 2**22 + 1})
     assert after["me"] > before["me"] and after["gone"] == 0.0

@@ -1,4 +1,5 @@
 """Billing is parts over their own collections: none of them may be missing."""
+
 import dataclasses
 import importlib
 import pkgutil
@@ -15,8 +16,11 @@ def dataclasses_of_billing() -> list[type]:
     found = []
     for info in pkgutil.iter_modules(services.billing.__path__):
         module = importlib.import_module(f"services.billing.{info.name}")
-        found += [v for v in vars(module).values() if dataclasses.is_dataclass(v) and isinstance(v, type)
-                  and v.__module__ == module.__name__]
+        found += [
+            v
+            for v in vars(module).values()
+            if dataclasses.is_dataclass(v) and isinstance(v, type) and v.__module__ == module.__name__
+        ]
     return found
 
 
@@ -29,4 +33,3 @@ def test_no_part_of_billing_takes_a_collection_that_may_be_missing():
             if admits & {AsyncCollection, DocumentStore} and type(None) in admits:
                 optional.append(f"{cls.__name__}.{name}")
     assert not optional, f"collections that may be None: {optional}"
-

@@ -35,8 +35,13 @@ def test_a_budget_refuses_what_the_month_cannot_pay_for():
 
 
 def test_gpu_hours_per_month():
-    refused = check(Quota(gpu_hours_per_month=10), scope="p", used=UsageTotals(gpu_hours=9), gpus_in_use=0,
-                    query=ask(estimated_gpu_hours=2))
+    refused = check(
+        Quota(gpu_hours_per_month=10),
+        scope="p",
+        used=UsageTotals(gpu_hours=9),
+        gpus_in_use=0,
+        query=ask(estimated_gpu_hours=2),
+    )
     assert refused.error_code == QUOTA_EXCEEDED
 
 

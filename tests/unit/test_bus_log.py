@@ -1,5 +1,6 @@
 """FastStream's supervisor lines: a JetStream pull timing out inside nats-py while a stream has no leader yet is an
 INFO line without traceback; any other failure of a subscriber's task stays an ERROR with its traceback."""
+
 import logging
 
 import nats.js.client
@@ -8,9 +9,11 @@ import pytest
 from shared.buslog import ACCESS_LOGGER, ExpectedBusWaits, quiet_expected_bus_waits
 
 # FastStream 0.7's own words (faststream/_internal/endpoint/subscriber/supervisor.py)
-RETRYING = ("Task-29 raised an exception, retrying...\nIf this behavior causes issues, you can disable it via setting "
-            "the FASTSTREAM_SUPERVISOR_DISABLED env to 1. Also, please consider opening issue on the repository: "
-            "https://github.com/ag2ai/faststream.")
+RETRYING = (
+    "Task-29 raised an exception, retrying...\nIf this behavior causes issues, you can disable it via setting "
+    "the FASTSTREAM_SUPERVISOR_DISABLED env to 1. Also, please consider opening issue on the repository: "
+    "https://github.com/ag2ai/faststream."
+)
 
 
 def raised_in(filename: str, function: str, exc: BaseException) -> BaseException:
@@ -49,8 +52,13 @@ def test_a_pull_that_times_out_in_nats_while_the_stream_elects_its_leader_is_one
     assert "Traceback" not in caplog.text and "opening issue" not in caplog.text
 
 
-@pytest.mark.parametrize("exc", [raised_in(nats.js.client.__file__, "_fetch_n", ConnectionError("refused")),
-                                 raised_in(__file__, "our_handler", TimeoutError())])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        raised_in(nats.js.client.__file__, "_fetch_n", ConnectionError("refused")),
+        raised_in(__file__, "our_handler", TimeoutError()),
+    ],
+)
 def test_any_other_failure_of_a_subscribers_task_stays_an_error_with_its_traceback(access_log, exc):
     logger, caplog = access_log
     logger.log(logging.ERROR, RETRYING, exc_info=exc)

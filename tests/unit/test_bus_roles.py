@@ -1,4 +1,5 @@
 """Bus identities as pure data: JWTs, each role's permissions, the subject check receivers apply."""
+
 import re
 from pathlib import Path
 
@@ -14,8 +15,13 @@ DURABLE = re.compile(r'durable\(\s*([A-Z_]+|"[^"]+")\s*,\s*consumer="([^"]+)"')
 
 
 def minter() -> Minter:
-    return Minter(account=public_key(new_seed("account")), account_signer_seed=new_seed("account"),
-                  operator_signer_seed=new_seed("operator"), account_name="t", system_creds="")
+    return Minter(
+        account=public_key(new_seed("account")),
+        account_signer_seed=new_seed("account"),
+        operator_signer_seed=new_seed("operator"),
+        account_name="t",
+        system_creds="",
+    )
 
 
 def test_every_durable_consumer_of_a_service_is_in_its_roles_permissions():
@@ -88,10 +94,23 @@ def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():
     assert "resp" in busroles.agent("n1").claims()  # once, to the reply subject of its health probe only
 
 
-@pytest.mark.parametrize("subject, inbox", [
-    ("_INBOX_submitter.Xy12.ab", True), ("_INBOX_agent-n1.abc", True), ("_INBOX_placement.a.b.c", True),
-    ("tm.job.status", False), ("tm.node.cmd.n2.stop", False), ("_INBOX.abc", False), ("_INBOX_submitter", False),
-    ("_INBOX_submitter.>", False), ("_INBOX_submitter.*", False), ("$KV.tm_leaders.monitor", False),
-    ("_INBOX_sub.mitter..x", False), ("_INBOX_x.a b", False), ("", False)])
+@pytest.mark.parametrize(
+    "subject, inbox",
+    [
+        ("_INBOX_submitter.Xy12.ab", True),
+        ("_INBOX_agent-n1.abc", True),
+        ("_INBOX_placement.a.b.c", True),
+        ("tm.job.status", False),
+        ("tm.node.cmd.n2.stop", False),
+        ("_INBOX.abc", False),
+        ("_INBOX_submitter", False),
+        ("_INBOX_submitter.>", False),
+        ("_INBOX_submitter.*", False),
+        ("$KV.tm_leaders.monitor", False),
+        ("_INBOX_sub.mitter..x", False),
+        ("_INBOX_x.a b", False),
+        ("", False),
+    ],
+)
 def test_an_inbox_is_an_identitys_own_reply_space(subject, inbox):
     assert replies.is_inbox(subject) is inbox

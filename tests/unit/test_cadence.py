@@ -1,5 +1,6 @@
 """The heartbeat interval grows with the fleet, and changing it never fences a node that heartbeats as told
 (services/monitor/cadence.py, services/agent/pace.py)."""
+
 import pytest
 
 from shared.events import NodeCadence
@@ -71,9 +72,17 @@ def test_an_agent_slows_down_as_told_but_never_below_its_own_interval():
     assert pace.heard(announcement(1.0)) and pace.interval_s == 2.0  # faster than configured: not taken
 
 
-@pytest.mark.parametrize("data", [b"", b"{", b'{"event_id": "c", "interval_s": 0, "timeout_s": 1}',
-                                  b'{"event_id": "c", "interval_s": 1e9, "timeout_s": 1}',
-                                  b'{"event_id": "c", "interval_s": "soon", "timeout_s": 1}', b"\xff" * 100])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"{",
+        b'{"event_id": "c", "interval_s": 0, "timeout_s": 1}',
+        b'{"event_id": "c", "interval_s": 1e9, "timeout_s": 1}',
+        b'{"event_id": "c", "interval_s": "soon", "timeout_s": 1}',
+        b"\xff" * 100,
+    ],
+)
 def test_an_announcement_that_does_not_parse_or_is_out_of_bounds_changes_nothing(data):
     pace = Pace(2.0)
     assert not pace.heard(data) and pace.interval_s == 2.0

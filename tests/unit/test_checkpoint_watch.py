@@ -1,5 +1,6 @@
 """Checkpoints are mirrored when a file in the checkpoint directory is complete, not only on the sync timer (a node
 killed just after a save then loses nothing of it). Real processes and a real inotify."""
+
 import asyncio
 import os
 
@@ -37,15 +38,34 @@ async def test_a_saved_checkpoint_is_mirrored_long_before_the_timer(tmp_path):
 
     data = tmp_path / "data"
     policy = StoragePolicy(storage_root=f"file://{data}/storage", checkpoint_root=f"file://{data}/checkpoints")
-    agent = Agent(node=node(node_id="n1"), root=data / "agents" / "n1", publish=publish,
-                  preparer=Preparer(data / "engines", {}), checkpoints=CheckpointStore(policy.checkpoint_root),
-                  storage=policy, checkpoint_sync_s=TIMER_S, shutdown_grace_s=1)
+    agent = Agent(
+        node=node(node_id="n1"),
+        root=data / "agents" / "n1",
+        publish=publish,
+        preparer=Preparer(data / "engines", {}),
+        checkpoints=CheckpointStore(policy.checkpoint_root),
+        storage=policy,
+        checkpoint_sync_s=TIMER_S,
+        shutdown_grace_s=1,
+    )
     job = unique("ckpt")
-    save = ('import os, time; d = os.environ["TRAINMASTER_CHECKPOINT_DIR"]; '
-            'open(d + "/model.pt.tmp", "w").write("step 7"); os.replace(d + "/model.pt.tmp", d + "/model.pt"); '
-            'print("saved", flush=True); time.sleep(60)')
-    await agent.start(StartTask(event_id=f"{job}:1:0:start", node_id="n1", job_id=job, attempt=1, project_id="p",
-                                user_name="alice", algorithm=Algorithm(command=f"python3 -c '{save}'"), spec=spec()))
+    save = (
+        'import os, time; d = os.environ["TRAINMASTER_CHECKPOINT_DIR"]; '
+        'open(d + "/model.pt.tmp", "w").write("step 7"); os.replace(d + "/model.pt.tmp", d + "/model.pt"); '
+        'print("saved", flush=True); time.sleep(60)'
+    )
+    await agent.start(
+        StartTask(
+            event_id=f"{job}:1:0:start",
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            project_id="p",
+            user_name="alice",
+            algorithm=Algorithm(command=f"python3 -c '{save}'"),
+            spec=spec(),
+        )
+    )
     mirrored = data / "checkpoints" / "p" / job / "model.pt"
     try:
         for _ in range(300):

@@ -1,4 +1,5 @@
 """A child started with `dies_with_parent` does not outlive its parent, however the parent dies."""
+
 import os
 import signal
 import subprocess
@@ -20,8 +21,12 @@ signal.pause()
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG) is Linux's")
 def test_a_child_dies_when_its_parent_is_killed():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True,
-                              cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
     child = int(parent.stdout.readline())
     assert alive(child)
     parent.send_signal(signal.SIGKILL)

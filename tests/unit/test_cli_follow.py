@@ -1,5 +1,6 @@
 """`trainmaster` tells the story of a job it follows (a line per phase, then phase, cost and exit code), summarises a
 new search, follows one, and ends quietly when its reader goes away."""
+
 import os
 import subprocess
 import sys
@@ -17,9 +18,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def job(phase: str, *, node: str = "local-1", exit_code: int | None = None) -> dict:
     tasks = [{"task": "worker-0", "exit_code": exit_code}] if exit_code is not None else []
-    return {"metadata": {"id": "j-1", "name": "first-job"},
-            "status": {"phase": phase, "secondary_phase": phase, "node_ids": [node] if phase != "Pending" else [],
-                       "duration": 21_000, "reason": "", "task_statuses": tasks}}
+    return {
+        "metadata": {"id": "j-1", "name": "first-job"},
+        "status": {
+            "phase": phase,
+            "secondary_phase": phase,
+            "node_ids": [node] if phase != "Pending" else [],
+            "duration": 21_000,
+            "reason": "",
+            "task_statuses": tasks,
+        },
+    }
 
 
 def fake_api(phases: list[dict], *, cost: float = 0.0123) -> tuple[Api, list[str]]:
@@ -63,12 +72,17 @@ def test_search_get_follow_polls_until_the_search_ends(capsys):
     running = {**SEARCH, "status": {**SEARCH["status"], "phase": "Running"}}
     done = {**SEARCH, "status": {**SEARCH["status"], "phase": "Completed"}}
     answers = [running, running, done]
-    api = Api(url="http://api", token="t",
-              transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers.pop(0))))
+    api = Api(
+        url="http://api",
+        token="t",
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers.pop(0))),
+    )
     assert searches.follow(api, "/v2/p/searches/s-1", sleep=lambda s: None)["status"]["phase"] == "Completed"
     err = capsys.readouterr().err.splitlines()
-    assert err == ["sweep Running: 1 completed, 1 pruned of 3; best 0.25 (trial 0)",
-                   "sweep Completed: 1 completed, 1 pruned of 3; best 0.25 (trial 0)"]
+    assert err == [
+        "sweep Running: 1 completed, 1 pruned of 3; best 0.25 (trial 0)",
+        "sweep Completed: 1 completed, 1 pruned of 3; best 0.25 (trial 0)",
+    ]
     assert parser().parse_args(["search", "get", "--follow", "s-1"]).follow is True
 
 
@@ -88,16 +102,24 @@ def test_a_closed_pipe_ends_quietly(lines, tmp_path):
         "from services.cli import __main__ as cli, commands\n"
         f"commands.list_jobs = lambda args, api: [print(f'job {{i}}') for i in range({lines})] and 0\n"
         "cli.Api = lambda **kw: None\n"
-        "sys.exit(cli.main(['--url', 'http://x', '--token', 't', '-p', 'p', 'list']))\n")
+        "sys.exit(cli.main(['--url', 'http://x', '--token', 't', '-p', 'p', 'list']))\n"
+    )
     pipeline = f"{sys.executable} {script} | head -1"
-    done = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": ROOT})
+    done = subprocess.run(
+        ["bash", "-c", pipeline],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     assert done.stdout == "job 0\n"
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
 def test_submit_without_a_name_leaves_it_to_the_api():
     from services.cli import jobfile
+
     args = parser().parse_args(["submit", "--command", "true", "--gpus", "1"])
     assert jobfile.body(args)["metadata"] == {}
 
@@ -106,8 +128,11 @@ def test_search_create_follow_summarises_then_follows_to_the_table(monkeypatch, 
     monkeypatch.setattr(searches, "POLL_S", 0.0)
     done = {**SEARCH, "status": {**SEARCH["status"], "phase": "Completed"}}
     answers = [SEARCH, done]
-    api = Api(url="http://api", token="t",
-              transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers.pop(0))))
+    api = Api(
+        url="http://api",
+        token="t",
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answers.pop(0))),
+    )
     (tmp_path / "s.yaml").write_text("space: {}\n")
     args = parser().parse_args(["-p", "p", "search", "create", "-f", str(tmp_path / "s.yaml"), "--follow"])
     args.json, args.settings = False, type("S", (), {"project": "p"})()

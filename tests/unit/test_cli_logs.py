@@ -1,4 +1,5 @@
 """`trainmaster logs` reads a long log page by page, as the API pages it."""
+
 import httpx
 
 from services.cli.client import Api
@@ -8,11 +9,17 @@ LINES = [f"line {i}\n" for i in range(25)]
 
 def paged(request: httpx.Request) -> httpx.Response:
     offset, limit = int(request.url.params.get("offset", 0)), 10
-    page = LINES[offset:offset + limit]
+    page = LINES[offset : offset + limit]
     more = offset + limit < len(LINES)
-    return httpx.Response(200, text="".join(page), headers={
-        "X-Log-Offset": str(offset), "X-Log-Next-Offset": str(offset + len(page)),
-        "X-Log-More": "true" if more else "false"})
+    return httpx.Response(
+        200,
+        text="".join(page),
+        headers={
+            "X-Log-Offset": str(offset),
+            "X-Log-Next-Offset": str(offset + len(page)),
+            "X-Log-More": "true" if more else "false",
+        },
+    )
 
 
 def test_every_page_is_read_in_order():
@@ -21,7 +28,8 @@ def test_every_page_is_read_in_order():
 
 
 def test_a_server_that_does_not_advance_ends_the_loop():
-    stuck = lambda request: httpx.Response(200, text="x\n", headers={"X-Log-More": "true",  # noqa: E731
-                                                                      "X-Log-Next-Offset": "0"})
+    def stuck(request):
+        return httpx.Response(200, text="x\n", headers={"X-Log-More": "true", "X-Log-Next-Offset": "0"})
+
     api = Api(url="http://api", token="t", transport=httpx.MockTransport(stuck))
     assert list(api.log_pages("/logs")) == ["x\n"]

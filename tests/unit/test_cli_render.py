@@ -1,4 +1,5 @@
 """The CLI's pure parts: job files and flags, tables, the progress bar, exit codes."""
+
 import io
 from types import SimpleNamespace
 
@@ -10,24 +11,56 @@ from services.cli.follow import EXIT_TERMINATED, Bar, job_exit
 
 
 def job(*, phase="Running", eta=None, exits=(), name="j1") -> dict:
-    return {"metadata": {"id": "0f" * 18, "name": name, "user_name": "ana", "create_time": 0, "project_id": "p",
-                         "description": ""},
-            "status": {"phase": phase, "secondary_phase": phase, "duration": 65_000, "node_id": "local-1",
-                       "node_ids": ["local-1"], "eta": eta,
-                       "task_statuses": [{"task": "worker-0", "exit_code": c, "message": ""} for c in exits]}}
+    return {
+        "metadata": {
+            "id": "0f" * 18,
+            "name": name,
+            "user_name": "ana",
+            "create_time": 0,
+            "project_id": "p",
+            "description": "",
+        },
+        "status": {
+            "phase": phase,
+            "secondary_phase": phase,
+            "duration": 65_000,
+            "node_id": "local-1",
+            "node_ids": ["local-1"],
+            "eta": eta,
+            "task_statuses": [{"task": "worker-0", "exit_code": c, "message": ""} for c in exits],
+        },
+    }
 
 
 def flags(**given) -> SimpleNamespace:
-    names = ("file", "name", "description", "command", "param", "env", "metric", "nodes", "gpus", "min_gpu_memory_gb",
-             "cpus", "memory_gb", "allowed", "priority", "expected_duration", "max_duration")
+    names = (
+        "file",
+        "name",
+        "description",
+        "command",
+        "param",
+        "env",
+        "metric",
+        "nodes",
+        "gpus",
+        "min_gpu_memory_gb",
+        "cpus",
+        "memory_gb",
+        "allowed",
+        "priority",
+        "expected_duration",
+        "max_duration",
+    )
     return SimpleNamespace(**{n: given.get(n) for n in names})
 
 
 def test_flags_override_the_job_file(tmp_path):
     path = tmp_path / "job.yaml"
-    path.write_text("metadata: {name: from-file}\nalgorithm:\n  command: train\n"
-                    "  parameters: [{name: lr, value: '1'}]\n"
-                    "spec: {resource: {gpu_count: 4}}\n")
+    path.write_text(
+        "metadata: {name: from-file}\nalgorithm:\n  command: train\n"
+        "  parameters: [{name: lr, value: '1'}]\n"
+        "spec: {resource: {gpu_count: 4}}\n"
+    )
     body = jobfile.body(flags(file=str(path), gpus=1, param=["lr=0.1", "bs=8"], allowed="local"))
     assert body["metadata"]["name"] == "from-file" and body["algorithm"]["command"] == "train"
     assert body["spec"]["resource"]["gpu_count"] == 1 and body["spec"]["placement"] == {"allowed": "local"}
@@ -41,11 +74,14 @@ def test_a_job_needs_a_command_and_leaves_a_missing_name_to_the_api():
     assert jobfile.body(flags(command="true"))["metadata"] == {}
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("loss:loss (?P<value>[0-9.]+)", {"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}),
-    ("acc:acc=(\\d+):max", {"name": "acc", "regex": "acc=(\\d+)", "mode": "max"}),
-    ("loss:a:(\\d+):min:0.1", {"name": "loss", "regex": "a:(\\d+)", "mode": "min", "target": 0.1}),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("loss:loss (?P<value>[0-9.]+)", {"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}),
+        ("acc:acc=(\\d+):max", {"name": "acc", "regex": "acc=(\\d+)", "mode": "max"}),
+        ("loss:a:(\\d+):min:0.1", {"name": "loss", "regex": "a:(\\d+)", "mode": "min", "target": 0.1}),
+    ],
+)
 def test_metric_flag(text, expected):
     assert jobfile.metric(text) == expected
 
@@ -61,10 +97,17 @@ def test_table_aligns_columns():
     assert render.table(("a", "bb"), [["xxx", 1], ["y", None]]).splitlines() == ["A    BB", "xxx  1", "y"]
 
 
-@pytest.mark.parametrize(("phase", "exits", "code"), [
-    ("Completed", (0,), 0), ("Failed", (3,), 3), ("Failed", (None,), 1), ("Failed", (0, 7), 7),
-    ("Terminated", (143,), EXIT_TERMINATED), ("Failed", (300,), 255),
-])
+@pytest.mark.parametrize(
+    ("phase", "exits", "code"),
+    [
+        ("Completed", (0,), 0),
+        ("Failed", (3,), 3),
+        ("Failed", (None,), 1),
+        ("Failed", (0, 7), 7),
+        ("Terminated", (143,), EXIT_TERMINATED),
+        ("Failed", (300,), 255),
+    ],
+)
 def test_a_followed_job_exits_with_its_outcome(phase, exits, code):
     assert job_exit(job(phase=phase, exits=exits)) == code
 
@@ -93,26 +136,45 @@ def test_a_narrow_eta_band_is_shown_precisely_and_a_wide_one_as_the_rough_range_
     assert "ETA about 2 min, could be 1–6 min" in render.bar(wide)
 
 
-PRINTED = {"progress": 0.3, "remaining_s": 700, "low_s": 650, "high_s": 760, "done": 300, "total": 1000,
-           "unit": "it", "rate": 1.0, "source": "tqdm", "until": "end", "target": None}
+PRINTED = {
+    "progress": 0.3,
+    "remaining_s": 700,
+    "low_s": 650,
+    "high_s": 760,
+    "done": 300,
+    "total": 1000,
+    "unit": "it",
+    "rate": 1.0,
+    "source": "tqdm",
+    "until": "end",
+    "target": None,
+}
 
 
 def test_list_get_and_follow_show_the_progress_its_unit_rate_and_source():
     row = render.job_row(job(eta=PRINTED))
     assert "30% tqdm" in row
-    detailed = {**job(eta=PRINTED), "spec": {"resource": {"node_count": 1, "gpu_count": 0, "cpu_count": 1},
-                                             "placement": {"allowed": "any", "priority": "normal"}},
-                "algorithm": {"command": "python train.py"}}
+    detailed = {
+        **job(eta=PRINTED),
+        "spec": {
+            "resource": {"node_count": 1, "gpu_count": 0, "cpu_count": 1},
+            "placement": {"allowed": "any", "priority": "normal"},
+        },
+        "algorithm": {"command": "python train.py"},
+    }
     assert "progress   30% (300/1000 it, 1 it/s, from tqdm)" in render.job_detail(detailed)
     assert "30% (300/1000 it, 1 it/s, from tqdm)" in render.bar(job(eta=PRINTED))
 
 
-@pytest.mark.parametrize(("fields", "shown"), [
-    ({"until": "target", "target": "ahead"}, "to target 11m40s"),
-    ({"until": "end", "target": "reached"}, "target reached, ends in 11m40s"),
-    ({"until": "target", "target": "reached"}, "target reached"),
-    ({"until": "end", "target": "unreachable"}, "target unreachable before the end, ends in 11m40s"),
-    ({}, "11m40s"),
-])
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        ({"until": "target", "target": "ahead"}, "to target 11m40s"),
+        ({"until": "end", "target": "reached"}, "target reached, ends in 11m40s"),
+        ({"until": "target", "target": "reached"}, "target reached"),
+        ({"until": "end", "target": "unreachable"}, "target unreachable before the end, ends in 11m40s"),
+        ({}, "11m40s"),
+    ],
+)
 def test_the_eta_says_whether_it_runs_to_the_target_and_whether_the_target_was_reached(fields, shown):
     assert render.eta_text(job(eta={**PRINTED, **fields})).startswith(shown)

@@ -1,5 +1,6 @@
 """The CLI with several API replicas: an unreachable one or a 503 is passed over, a hand-over waited out, and a
 request that may have been applied is never sent twice."""
+
 import httpx
 import pytest
 
@@ -20,14 +21,18 @@ class Fleet:
         outcome = self.outcomes[host].pop(0) if len(self.outcomes[host]) > 1 else self.outcomes[host][0]
         if isinstance(outcome, Exception):
             raise outcome
-        return httpx.Response(outcome, json={"ok": outcome} if outcome < 400 else {
-            "error_code": "406003", "error_msg": "billing service did not answer"}, headers={"Retry-After": "1"})
+        return httpx.Response(
+            outcome,
+            json={"ok": outcome}
+            if outcome < 400
+            else {"error_code": "406003", "error_msg": "billing service did not answer"},
+            headers={"Retry-After": "1"},
+        )
 
 
 def api(fleet: Fleet, **kwargs) -> tuple[Api, list[float]]:
     waits: list[float] = []
-    return Api(url=f"{A}, {B}", token="t", transport=httpx.MockTransport(fleet), sleep=waits.append,
-               **kwargs), waits
+    return Api(url=f"{A}, {B}", token="t", transport=httpx.MockTransport(fleet), sleep=waits.append, **kwargs), waits
 
 
 def test_an_unreachable_replica_is_passed_over_and_the_next_request_starts_where_the_last_answered():

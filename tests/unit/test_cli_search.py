@@ -1,16 +1,45 @@
 """`trainmaster search`: its commands parse and a search prints as a table of trials."""
+
 from services.cli.__main__ import parser
 from services.cli.searches import detail, summary_row
 
-SEARCH = {"metadata": {"id": "s-1", "name": "sweep", "create_time": 0},
-          "spec": {"pruner": "predicted", "max_trials": 3, "parallelism": 2, "space": {"lr": {}, "opt": {}},
-                   "objective": {"metric": "loss", "mode": "min"}},
-          "status": {"phase": "Running", "best": {"trial": 0, "parameters": {"lr": 0.01, "opt": "sgd"},
-                                                  "value": 0.25}, "reason": "", "gpu_hours": 0.5, "message": ""},
-          "trials": [{"trial": 0, "job_id": "s-1-t0", "state": "Completed", "value": 0.25, "step": 30.0,
-                      "parameters": {"lr": 0.01, "opt": "sgd"}, "reason": ""},
-                     {"trial": 1, "job_id": "s-1-t1", "state": "Pruned", "value": 0.9, "step": 10.0,
-                      "parameters": {"lr": 0.2, "opt": "adam"}, "reason": "predicted: cannot beat 0.25"}]}
+SEARCH = {
+    "metadata": {"id": "s-1", "name": "sweep", "create_time": 0},
+    "spec": {
+        "pruner": "predicted",
+        "max_trials": 3,
+        "parallelism": 2,
+        "space": {"lr": {}, "opt": {}},
+        "objective": {"metric": "loss", "mode": "min"},
+    },
+    "status": {
+        "phase": "Running",
+        "best": {"trial": 0, "parameters": {"lr": 0.01, "opt": "sgd"}, "value": 0.25},
+        "reason": "",
+        "gpu_hours": 0.5,
+        "message": "",
+    },
+    "trials": [
+        {
+            "trial": 0,
+            "job_id": "s-1-t0",
+            "state": "Completed",
+            "value": 0.25,
+            "step": 30.0,
+            "parameters": {"lr": 0.01, "opt": "sgd"},
+            "reason": "",
+        },
+        {
+            "trial": 1,
+            "job_id": "s-1-t1",
+            "state": "Pruned",
+            "value": 0.9,
+            "step": 10.0,
+            "parameters": {"lr": 0.2, "opt": "adam"},
+            "reason": "predicted: cannot beat 0.25",
+        },
+    ],
+}
 
 
 def test_search_commands_parse():

@@ -1,4 +1,5 @@
 """Where the CLI finds its server, token and project: flags, then environment, then the config file."""
+
 from services.cli.client import HANDOVER_S
 from services.cli.settings import DEFAULT_URL, load
 
@@ -10,8 +11,12 @@ def test_flags_win_over_environment_over_the_config_file(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("TRAINMASTER_URL", "TRAINMASTER_TOKEN", "TRAINMASTER_PROJECT", "TRAINMASTER_HANDOVER_S"):
         monkeypatch.delenv(name, raising=False)
-    assert load().model_dump() == {"url": "http://file:1", "token": "file-token", "project": "file-project",
-                                   "handover_s": HANDOVER_S}
+    assert load().model_dump() == {
+        "url": "http://file:1",
+        "token": "file-token",
+        "project": "file-project",
+        "handover_s": HANDOVER_S,
+    }
 
     monkeypatch.setenv("TRAINMASTER_TOKEN", "env-token")
     monkeypatch.setenv("TRAINMASTER_PROJECT", "")  # empty is unset

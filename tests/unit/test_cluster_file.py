@@ -1,4 +1,5 @@
 """The cluster file, parsed in one place: every process reads the same nodes, engines and sections from it."""
+
 from pathlib import Path
 
 import pytest
@@ -12,14 +13,21 @@ REPO_FILE = Path(__file__).parents[2] / "cluster.toml"
 
 def test_the_shipped_file_gives_every_reader_the_same_nodes():
     cluster = read_cluster(REPO_FILE)
-    assert set(limits_of(cluster)) == set(load_cluster(REPO_FILE)) == set(agent_node_ids(REPO_FILE)) == \
-        {e.id for e in cluster.nodes} and cluster.nodes
+    assert (
+        set(limits_of(cluster))
+        == set(load_cluster(REPO_FILE))
+        == set(agent_node_ids(REPO_FILE))
+        == {e.id for e in cluster.nodes}
+        and cluster.nodes
+    )
     assert "pytorch" in cluster.engines_by_name() and cluster.storage["allowed_urls"]
 
 
 def test_an_honest_agent_describes_its_node_as_its_record_allows_labels_that_are_not_text_included():
-    entry = parse_cluster('[[nodes]]\nid = "ws"\ncpu_count = 8\nmemory_gb = 32\nlabels = { rack = 3 }\n'
-                          'gpus = [{ model = "L4", memory_gb = 24, count = 2 }]\n').nodes[0]
+    entry = parse_cluster(
+        '[[nodes]]\nid = "ws"\ncpu_count = 8\nmemory_gb = 32\nlabels = { rack = 3 }\n'
+        'gpus = [{ model = "L4", memory_gb = 24, count = 2 }]\n'
+    ).nodes[0]
     described = node_from_config(entry, virtual=True)
     assert described.labels == {"rack": "3", "pool": "default"}
     assert capped(described, limits_from_entry(entry)) == (described, {})

@@ -1,4 +1,5 @@
 """Thinning a curve keeps its whole run: the ends, and each slice's lowest and highest value."""
+
 from services.estimator.thinning import thin
 
 

@@ -1,4 +1,5 @@
 """The API's edge without a stack: body size, parse errors and strict types answer in the documented shape."""
+
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -58,15 +59,16 @@ async def test_a_streamed_body_within_the_limit_goes_through(client):
 
     async def chunks():
         for i in range(0, len(payload), 10):
-            yield payload[i:i + 10]
+            yield payload[i : i + 10]
 
     response = await client.post("/jobs", content=chunks(), headers={"content-type": "application/json"})
     assert response.status_code == 200 and response.json() == {"name": "streamed"}
 
 
 async def test_a_bad_content_length_is_400(client):
-    response = await client.post("/jobs", content=b"{}", headers={"content-type": "application/json",
-                                                                  "content-length": "-1"})
+    response = await client.post(
+        "/jobs", content=b"{}", headers={"content-type": "application/json", "content-length": "-1"}
+    )
     shaped(response, 400, "406001", "Content-Length")
 
 
@@ -87,21 +89,28 @@ async def test_unknown_routes_and_methods_answer_in_the_error_shape(client):
     assert wrong.status_code == 405 and set(wrong.json()) == {"error_code", "error_msg"}
 
 
-@pytest.mark.parametrize(("mutate", "field"), [
-    (lambda b: b["spec"]["resource"].update(gpu_count=True), "spec.resource.gpu_count"),
-    (lambda b: b["spec"]["resource"].update(node_count="1"), "spec.resource.node_count"),
-    (lambda b: b["spec"]["resource"].update(cpu_count=False), "spec.resource.cpu_count"),
-    (lambda b: b["spec"]["resource"].update(memory_gb="8"), "spec.resource.memory_gb"),
-    (lambda b: b["spec"].update(max_duration_s=True), "spec.max_duration_s"),
-    (lambda b: b["spec"]["placement"].update(expected_duration_s="60"), "spec.placement.expected_duration_s"),
-    (lambda b: b["algorithm"].update(command="echo a\u0000b"), "algorithm.command"),
-    (lambda b: b["algorithm"].update(environments={"DATASET": "x\u0000"}), "algorithm.environments"),
-    (lambda b: b["algorithm"].update(parameters=[{"name": "lr", "value": "0.1\u0000"}]),
-     "algorithm.parameters.0.value"),
-    (lambda b: b["metadata"].update(description="d\u0000"), "metadata.description"),
-    (lambda b: b["algorithm"].update(metrics=[{"name": "loss", "regex": "loss (?P<value>.+)", "target": True}]),
-     "algorithm.metrics.0.target"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda b: b["spec"]["resource"].update(gpu_count=True), "spec.resource.gpu_count"),
+        (lambda b: b["spec"]["resource"].update(node_count="1"), "spec.resource.node_count"),
+        (lambda b: b["spec"]["resource"].update(cpu_count=False), "spec.resource.cpu_count"),
+        (lambda b: b["spec"]["resource"].update(memory_gb="8"), "spec.resource.memory_gb"),
+        (lambda b: b["spec"].update(max_duration_s=True), "spec.max_duration_s"),
+        (lambda b: b["spec"]["placement"].update(expected_duration_s="60"), "spec.placement.expected_duration_s"),
+        (lambda b: b["algorithm"].update(command="echo a\u0000b"), "algorithm.command"),
+        (lambda b: b["algorithm"].update(environments={"DATASET": "x\u0000"}), "algorithm.environments"),
+        (
+            lambda b: b["algorithm"].update(parameters=[{"name": "lr", "value": "0.1\u0000"}]),
+            "algorithm.parameters.0.value",
+        ),
+        (lambda b: b["metadata"].update(description="d\u0000"), "metadata.description"),
+        (
+            lambda b: b["algorithm"].update(metrics=[{"name": "loss", "regex": "loss (?P<value>.+)", "target": True}]),
+            "algorithm.metrics.0.target",
+        ),
+    ],
+)
 async def test_strict_types_and_null_bytes_are_refused_naming_the_field(client, mutate, field):
     body = job_body()
     mutate(body)
@@ -131,5 +140,7 @@ async def test_a_database_that_does_not_answer_is_a_503_in_the_documented_shape(
     async with api_app.client(app) as api:
         answer = await api.get("/v2/p/training-jobs")
     assert answer.status_code == 503 and answer.headers["retry-after"] == "2"
-    assert answer.json() == {"error_code": "406003",
-                             "error_msg": "the job store is unavailable right now; retry shortly"}
+    assert answer.json() == {
+        "error_code": "406003",
+        "error_msg": "the job store is unavailable right now; retry shortly",
+    }

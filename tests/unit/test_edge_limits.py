@@ -1,4 +1,5 @@
 """Rate limits per user, caps on queued jobs, and the blame of a job nothing could ever hold (pure parts)."""
+
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
@@ -55,11 +56,18 @@ def test_queue_full_names_the_scope_and_the_cap():
 
 
 def api_repository() -> Repository:
-    return Repository(db=SimpleNamespace(api_jobs=MemoryCollection("jobs"), api_queue=MemoryCollection("queue"),
-                                         api_job_list=MemoryCollection("list"), api_logs=MemoryCollection("logs"),
-                                         api_log_sizes=MemoryCollection("sizes"),
-                                         api_notifications=MemoryCollection("notifications"),
-                                         api_projects=MemoryCollection("projects")), broker=None)
+    return Repository(
+        db=SimpleNamespace(
+            api_jobs=MemoryCollection("jobs"),
+            api_queue=MemoryCollection("queue"),
+            api_job_list=MemoryCollection("list"),
+            api_logs=MemoryCollection("logs"),
+            api_log_sizes=MemoryCollection("sizes"),
+            api_notifications=MemoryCollection("notifications"),
+            api_projects=MemoryCollection("projects"),
+        ),
+        broker=None,
+    )
 
 
 CREATED = datetime(2026, 11, 25, tzinfo=UTC)
@@ -68,8 +76,16 @@ CREATED = datetime(2026, 11, 25, tzinfo=UTC)
 async def test_queue_caps_count_only_jobs_not_yet_running():
     repo = api_repository()
     for i, phase in enumerate(["Creating", "Pending", "Running", "Completed", "Pending"]):
-        await repo.jobs.insert_one({"_id": str(i), "project_id": "p" if i < 4 else "q", "user_name": "ana",
-                                    "status": {"phase": phase}, "status_version": 1, "create_time": CREATED})
+        await repo.jobs.insert_one(
+            {
+                "_id": str(i),
+                "project_id": "p" if i < 4 else "q",
+                "user_name": "ana",
+                "status": {"phase": phase},
+                "status_version": 1,
+                "create_time": CREATED,
+            }
+        )
     assert await repo.rebuild_views() == 3
     await QueueCaps(per_project=3, per_user=4).check(repo, project_id="p", user_name="ana")
     with pytest.raises(QueueFull) as refused:
@@ -113,15 +129,30 @@ async def test_the_early_check_trusts_a_fresh_count_with_room_and_counts_again_w
 
 
 def status(job_id: str, *, version: int, phase: Phase) -> JobStatusChanged:
-    return JobStatusChanged(event_id=f"{job_id}:status:{version}", job_id=job_id, project_id="p", user_name="ana",
-                            version=version, phase=phase, secondary_phase=SecondaryPhase.RUNNING)
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:{version}",
+        job_id=job_id,
+        project_id="p",
+        user_name="ana",
+        version=version,
+        phase=phase,
+        secondary_phase=SecondaryPhase.RUNNING,
+    )
 
 
 async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_come_in():
     repo = api_repository()
-    await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
-                                "status": {"phase": "Creating"}, "status_version": 0,
-                                "create_time": CREATED})
+    await repo.jobs.insert_one(
+        {
+            "_id": "j",
+            "name": "j",
+            "project_id": "p",
+            "user_name": "ana",
+            "status": {"phase": "Creating"},
+            "status_version": 0,
+            "create_time": CREATED,
+        }
+    )
     await repo.sync_views("j")
     assert await repo.queued_count(project_id="p") == 1
     await repo.apply_status(status("j", version=3, phase=Phase.RUNNING))
@@ -133,9 +164,17 @@ async def test_the_queue_follows_each_jobs_latest_status_whatever_order_they_com
 
 async def test_a_stale_queue_write_loses_to_the_newer_status_written_before_it():
     repo = api_repository()
-    await repo.jobs.insert_one({"_id": "j", "name": "j", "project_id": "p", "user_name": "ana",
-                                "status": {"phase": "Pending"}, "status_version": 2,
-                                "create_time": CREATED})
+    await repo.jobs.insert_one(
+        {
+            "_id": "j",
+            "name": "j",
+            "project_id": "p",
+            "user_name": "ana",
+            "status": {"phase": "Pending"},
+            "status_version": 2,
+            "create_time": CREATED,
+        }
+    )
     await repo.sync_views("j")
     read = repo.jobs.find_one
 
@@ -154,9 +193,16 @@ async def test_a_stale_queue_write_loses_to_the_newer_status_written_before_it()
 async def test_a_page_of_jobs_is_sorted_and_counted_on_the_list_entries_and_follows_each_jobs_status():
     repo = api_repository()
     for i in range(5):
-        await repo.jobs.insert_one({"_id": f"j{i}", "project_id": "p" if i != 2 else "q", "user_name": "ana",
-                                    "status": {"phase": "Pending"}, "status_version": 1,
-                                    "create_time": CREATED + timedelta(seconds=i)})
+        await repo.jobs.insert_one(
+            {
+                "_id": f"j{i}",
+                "project_id": "p" if i != 2 else "q",
+                "user_name": "ana",
+                "status": {"phase": "Pending"},
+                "status_version": 1,
+                "create_time": CREATED + timedelta(seconds=i),
+            }
+        )
     await repo.rebuild_views()
     total, docs = await repo.page("p", phases=[], offset=1, limit=2)
     assert total == 4 and [d["_id"] for d in docs] == ["j3", "j1"]  # newest first, another project's left out
@@ -177,8 +223,18 @@ def fleet_answer(spec: Spec) -> CandidatesReply:
     kinds = {"local": local, "on_demand": rented, "reserved": False}
     if spec.placement.allowed == "local":
         kinds = {"local": local}
-    offers = [Candidate(node_kind=k, price_per_hour=1, predicted_duration_s=1, duration_source="default",
-                        expected_cost=1, free_now=True) for k, ok in kinds.items() if ok]
+    offers = [
+        Candidate(
+            node_kind=k,
+            price_per_hour=1,
+            predicted_duration_s=1,
+            duration_source="default",
+            expected_cost=1,
+            free_now=True,
+        )
+        for k, ok in kinds.items()
+        if ok
+    ]
     return CandidatesReply(candidates=offers, unplaceable_kinds={k: "no node" for k, ok in kinds.items() if not ok})
 
 
@@ -186,16 +242,22 @@ async def ask(spec: Spec) -> CandidatesReply:
     return fleet_answer(spec)
 
 
-@pytest.mark.parametrize(("resource", "allowed", "fields"), [
-    ({"node_count": 64, "cpu_count": 1000}, "any", ["spec.resource.cpu_count"]),
-    ({"gpu_count": 2, "min_gpu_memory_gb": 1024}, "any", ["spec.resource.min_gpu_memory_gb"]),
-    ({"gpu_count": 16}, "any", ["spec.resource.gpu_count"]),
-    ({"node_count": 2}, "local", ["spec.resource.node_count"]),
-    ({"node_count": 2, "cpu_count": 12}, "any", ["spec.resource.node_count"]),  # either: the first that helps
-    ({"gpu_count": 1, "min_gpu_memory_gb": 40}, "local", ["spec.resource.min_gpu_memory_gb"]),
-    ({"gpu_count": 1, "min_gpu_memory_gb": 60, "cpu_count": 20}, "local", ["spec.resource.min_gpu_memory_gb",
-                                                                            "spec.resource.cpu_count"]),
-])
+@pytest.mark.parametrize(
+    ("resource", "allowed", "fields"),
+    [
+        ({"node_count": 64, "cpu_count": 1000}, "any", ["spec.resource.cpu_count"]),
+        ({"gpu_count": 2, "min_gpu_memory_gb": 1024}, "any", ["spec.resource.min_gpu_memory_gb"]),
+        ({"gpu_count": 16}, "any", ["spec.resource.gpu_count"]),
+        ({"node_count": 2}, "local", ["spec.resource.node_count"]),
+        ({"node_count": 2, "cpu_count": 12}, "any", ["spec.resource.node_count"]),  # either: the first that helps
+        ({"gpu_count": 1, "min_gpu_memory_gb": 40}, "local", ["spec.resource.min_gpu_memory_gb"]),
+        (
+            {"gpu_count": 1, "min_gpu_memory_gb": 60, "cpu_count": 20},
+            "local",
+            ["spec.resource.min_gpu_memory_gb", "spec.resource.cpu_count"],
+        ),
+    ],
+)
 async def test_a_job_nothing_could_hold_is_refused_naming_the_field(resource, allowed, fields):
     spec = Spec.model_validate({"resource": resource, "placement": {"allowed": allowed}})
     with pytest.raises(Invalid) as refused:
@@ -227,9 +289,16 @@ async def test_blame_names_every_field_that_cannot_be_kept():
 async def test_a_restart_rewrites_only_the_list_entries_that_differ_from_the_jobs():
     repo = api_repository()
     for i in range(3):
-        await repo.jobs.insert_one({"_id": f"j{i}", "project_id": "p", "user_name": "ana",
-                                    "status": {"phase": "Completed"}, "status_version": 4,
-                                    "create_time": CREATED + timedelta(seconds=i)})
+        await repo.jobs.insert_one(
+            {
+                "_id": f"j{i}",
+                "project_id": "p",
+                "user_name": "ana",
+                "status": {"phase": "Completed"},
+                "status_version": 4,
+                "create_time": CREATED + timedelta(seconds=i),
+            }
+        )
     await repo.rebuild_views()
     await repo.listing.update_one({"_id": "j1"}, {"$set": {"phase": "Running"}})  # a crash between the two writes
     await repo.listing.insert_one({"_id": "gone", "project_id": "p", "created_s": 0.0, "phase": "Completed"})

@@ -1,4 +1,5 @@
 """Stored output: paged by lines, capped per job (the oldest goes, and the log says so), followed across a trim."""
+
 import asyncio
 from types import SimpleNamespace
 
@@ -9,15 +10,28 @@ from tests.memory import MemoryCollection
 
 
 def repository(*, cap: int = 1 << 20) -> Repository:
-    db = SimpleNamespace(api_jobs=MemoryCollection(), api_logs=MemoryCollection(), api_log_sizes=MemoryCollection(),
-                         api_notifications=MemoryCollection(), api_projects=MemoryCollection())
+    db = SimpleNamespace(
+        api_jobs=MemoryCollection(),
+        api_logs=MemoryCollection(),
+        api_log_sizes=MemoryCollection(),
+        api_notifications=MemoryCollection(),
+        api_projects=MemoryCollection(),
+    )
     return Repository(db=db, broker=None, log_cap_bytes=cap)
 
 
 async def ship(repo: Repository, *, job_id: str = "j", attempt: int = 1, seq: int, lines: list[str], rank: int = 0):
-    await repo.output.add(LogChunk(event_id=f"{job_id}:{attempt}:{rank}:{seq}", job_id=job_id, attempt=attempt,
-                                   rank=rank, node_id="n1", seq=seq,
-                                   lines=tuple(LogLine(t=0, line=line) for line in lines)))
+    await repo.output.add(
+        LogChunk(
+            event_id=f"{job_id}:{attempt}:{rank}:{seq}",
+            job_id=job_id,
+            attempt=attempt,
+            rank=rank,
+            node_id="n1",
+            seq=seq,
+            lines=tuple(LogLine(t=0, line=line) for line in lines),
+        )
+    )
 
 
 async def test_pages_cover_the_output_once_and_say_where_the_next_starts():
@@ -52,8 +66,7 @@ async def test_past_the_cap_the_oldest_chunks_go_and_the_log_says_so():
     assert dropped > 0 and dropped + stored // 10 == 300  # every line is either stored or counted as dropped
     page = await read_page(repo.output, "j", rank=0, offset=0, limit=10_000)
     lines = page.text.splitlines()
-    assert lines[0] == f"… {dropped} earlier lines dropped (the job's stored output is capped; the oldest goes " \
-                       "first) …"
+    assert lines[0] == f"… {dropped} earlier lines dropped (the job's stored output is capped; the oldest goes first) …"
     assert lines[-1] == "029-00009" and len(lines) == 1 + 300 - dropped
     assert (page.offset, page.next_offset, page.dropped) == (dropped, 300, dropped)
     same = await read_page(repo.output, "j", rank=0, offset=295, limit=10)  # numbers survive the trim

@@ -1,4 +1,5 @@
 """Each process's table of what it reacts to, and the dispatch that follows it."""
+
 import importlib
 import inspect
 import logging
@@ -38,8 +39,7 @@ def delivered(router: NatsRouter) -> dict[str, set[type]]:
 
 def tables() -> list[tuple[str, dict, NatsRouter]]:
     services = [(s, importlib.import_module(f"services.{s}.handlers")) for s in SERVICES]
-    return [(s, m.EVENT_HANDLERS, m.router) for s, m in services] + [("agent", COMMAND_HANDLERS,
-                                                                       command_router("n1"))]
+    return [(s, m.EVENT_HANDLERS, m.router) for s, m in services] + [("agent", COMMAND_HANDLERS, command_router("n1"))]
 
 
 class Recorder:
@@ -71,10 +71,15 @@ def test_every_entry_of_a_table_is_a_message_one_of_its_subscriptions_delivers(p
     subscriptions = delivered(router)
     deliverable = set().union(*subscriptions.values())
     assert table and all(issubclass(t, Message) for t in table)
-    assert set(table) <= deliverable, f"{process} handles what none of its subscriptions delivers: " \
-                                      f"{sorted(t.__name__ for t in set(table) - deliverable)}"
-    idle = [name for name, kinds in subscriptions.items() if kinds <= set(Message.__subclasses__()) and
-            not kinds & set(table)]
+    assert set(table) <= deliverable, (
+        f"{process} handles what none of its subscriptions delivers: "
+        f"{sorted(t.__name__ for t in set(table) - deliverable)}"
+    )
+    idle = [
+        name
+        for name, kinds in subscriptions.items()
+        if kinds <= set(Message.__subclasses__()) and not kinds & set(table)
+    ]
     assert not idle, f"{process}: subscriptions whose every message the table drops: {idle}"
 
 

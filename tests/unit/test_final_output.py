@@ -1,5 +1,6 @@
 """A job shows Completed only once its final output is stored: a follower that stops at the end sees the last line,
 even when the status overtakes the output (they travel on different streams)."""
+
 import asyncio
 from datetime import timedelta
 from types import SimpleNamespace
@@ -17,27 +18,59 @@ from tests.memory import MemoryCollection
 
 
 def repository() -> Repository:
-    db = SimpleNamespace(api_jobs=MemoryCollection(), api_queue=MemoryCollection(), api_job_list=MemoryCollection(),
-                         api_logs=MemoryCollection(), api_log_sizes=MemoryCollection(),
-                         api_notifications=MemoryCollection(), api_projects=MemoryCollection())
+    db = SimpleNamespace(
+        api_jobs=MemoryCollection(),
+        api_queue=MemoryCollection(),
+        api_job_list=MemoryCollection(),
+        api_logs=MemoryCollection(),
+        api_log_sizes=MemoryCollection(),
+        api_notifications=MemoryCollection(),
+        api_projects=MemoryCollection(),
+    )
     return Repository(db=db, broker=None)
 
 
 def chunk(seq: int, *lines: str, last: bool = False) -> LogChunk:
-    return LogChunk(event_id=f"j:1:0:log:{seq}", job_id="j", attempt=1, rank=0, node_id="n1", seq=seq,
-                    lines=tuple(LogLine(t=0, line=line) for line in lines), last=last)
+    return LogChunk(
+        event_id=f"j:1:0:log:{seq}",
+        job_id="j",
+        attempt=1,
+        rank=0,
+        node_id="n1",
+        seq=seq,
+        lines=tuple(LogLine(t=0, line=line) for line in lines),
+        last=last,
+    )
 
 
 def completed(*, at=None) -> JobStatusChanged:
-    return JobStatusChanged(event_id="j:status:3", occurred_at=at or utcnow(), job_id="j", project_id="p",
-                            user_name="ana", version=3, phase=Phase.COMPLETED, secondary_phase=SecondaryPhase.COMPLETED,
-                            attempt=1, node_ids=("n1",), task_statuses=(TaskStatus(task="worker-0", exit_code=0),))
+    return JobStatusChanged(
+        event_id="j:status:3",
+        occurred_at=at or utcnow(),
+        job_id="j",
+        project_id="p",
+        user_name="ana",
+        version=3,
+        phase=Phase.COMPLETED,
+        secondary_phase=SecondaryPhase.COMPLETED,
+        attempt=1,
+        node_ids=("n1",),
+        task_statuses=(TaskStatus(task="worker-0", exit_code=0),),
+    )
 
 
 async def test_completed_waits_for_the_last_line_and_a_follower_sees_it():
     repo = repository()
-    await repo.jobs.insert_one({"_id": "j", "project_id": "p", "user_name": "u", "status_version": 2,
-                                "status": {"phase": "Running"}, "create_time": utcnow()})
+    await repo.jobs.insert_one(
+        {
+            "_id": "j",
+            "project_id": "p",
+            "user_name": "u",
+            "status_version": 2,
+            "status": {"phase": "Running"},
+            "create_time": utcnow(),
+        }
+    )
     await repo.output.add(chunk(0, "step 1"))
     broker = NatsBroker()
     broker.include_router(router)

@@ -1,5 +1,6 @@
 """A GPU's measured speed is a claim: bounded by its record and its table figure, then placement and the estimator
 plan with it."""
+
 import pytest
 
 from shared.jobs import MetricSpec, Parameter
@@ -13,30 +14,44 @@ from services.placement.apply import assignment
 from tests.factories import node, placed, submitted, unique
 from tests.memory import MemoryCollection
 
-A100 = {"id": "ws-1", "kind": "local", "price_per_hour": 1.0,
-        "gpus": [{"model": "A100", "memory_gb": 40, "tflops": 312, "count": 2}]}
+A100 = {
+    "id": "ws-1",
+    "kind": "local",
+    "price_per_hour": 1.0,
+    "gpus": [{"model": "A100", "memory_gb": 40, "tflops": 312, "count": 2}],
+}
 
 
 def measured(info, *figures):
-    return info.model_copy(update={"gpus": tuple(g.model_copy(update={"measured_tflops": f})
-                                                 for g, f in zip(info.gpus, figures))})
+    return info.model_copy(
+        update={"gpus": tuple(g.model_copy(update={"measured_tflops": f}) for g, f in zip(info.gpus, figures))}
+    )
 
 
-@pytest.mark.parametrize(("table", "figure", "speed"), [
-    (989.0, 700.0, 700.0),  # slower than the datasheet, as real GPUs are: the measurement counts
-    (989.0, 1000.0, 1000.0),  # a boost clock: a little over is believed
-    (312.0, 5000.0, 312.0 * 1.1),  # a node boasting: no more than the table's figure and its slack
-    (989.0, None, 989.0),  # not measured: the table
-    (0.0, 700.0, 0.0),  # a model the table does not know: nothing to bound a claim by, so it is not believed
-])
+@pytest.mark.parametrize(
+    ("table", "figure", "speed"),
+    [
+        (989.0, 700.0, 700.0),  # slower than the datasheet, as real GPUs are: the measurement counts
+        (989.0, 1000.0, 1000.0),  # a boost clock: a little over is believed
+        (312.0, 5000.0, 312.0 * 1.1),  # a node boasting: no more than the table's figure and its slack
+        (989.0, None, 989.0),  # not measured: the table
+        (0.0, 700.0, 0.0),  # a model the table does not know: nothing to bound a claim by, so it is not believed
+    ],
+)
 def test_a_gpus_speed_is_its_measured_figure_bounded_by_its_table_figure(table, figure, speed):
     assert Gpu(index=0, model="G", memory_gb=80, tflops=table, measured_tflops=figure).speed == pytest.approx(speed)
 
 
 def test_a_measured_figure_over_the_records_is_capped_to_it_and_said():
     claimed = measured(node(node_id="ws-1", gpus=2, tflops=312, gpu_memory_gb=40, price=1.0), 9999.0, 280.0)
-    claimed = claimed.model_copy(update={"gpus": tuple(g.model_copy(update={"model": "A100"}) for g in claimed.gpus),
-                                         "labels": {"pool": "default"}, "cpu_count": 8, "memory_gb": 32})
+    claimed = claimed.model_copy(
+        update={
+            "gpus": tuple(g.model_copy(update={"model": "A100"}) for g in claimed.gpus),
+            "labels": {"pool": "default"},
+            "cpu_count": 8,
+            "memory_gb": 32,
+        }
+    )
     info, refused = capped(claimed, limits_from_entry(A100))
     assert [g.measured_tflops for g in info.gpus] == [343.2, 280.0]
     assert refused == {"gpus[0].measured_tflops": "claimed 9999.0, record 343.2"}
@@ -58,14 +73,17 @@ def test_a_placed_rank_carries_the_measured_speed_of_its_slowest_gpu_as_placemen
 
 
 def test_the_estimator_plans_with_the_placed_nodes_speed_unless_the_job_declares_other_hardware():
-    model = JobModel(metrics=[MetricSpec(name="loss", regex=r"loss (?P<value>[0-9.]+)", mode="min")],
-                     parameters=[Parameter(name="benchmark", value="bert")])
+    model = JobModel(
+        metrics=[MetricSpec(name="loss", regex=r"loss (?P<value>[0-9.]+)", mode="min")],
+        parameters=[Parameter(name="benchmark", value="bert")],
+    )
     model.started(at=0.0, accelerator="NVIDIA H100 80GB HBM3", gpus=1, nodes=1)
     assert model.job_features().resolved().tflops == 989.0  # not placed by a record that says: the table
     model.tflops = 700.0
     assert model.job_features().resolved().tflops == 700.0
-    replay = JobModel(metrics=model.metrics, parameters=[*model.parameters, Parameter(name="accelerator",
-                                                                                      value="A100")])
+    replay = JobModel(
+        metrics=model.metrics, parameters=[*model.parameters, Parameter(name="accelerator", value="A100")]
+    )
     replay.started(at=0.0, accelerator="NVIDIA H100 80GB HBM3", gpus=1, nodes=1)
     replay.tflops = 700.0
     assert replay.job_features().resolved().tflops == 312.0
@@ -93,8 +111,12 @@ class Origins:
 
 async def test_the_estimator_takes_the_speed_from_placements_record_and_keeps_it_over_a_restart():
     job_id = unique("fast")
-    stores = dict(jobs=DocumentStore(MemoryCollection("jobs"), Bus()), points=MemoryCollection("points"),
-                  history=MemoryCollection("history"), own_runs=MemoryCollection("own_runs"))
+    stores = dict(
+        jobs=DocumentStore(MemoryCollection("jobs"), Bus()),
+        points=MemoryCollection("points"),
+        history=MemoryCollection("history"),
+        own_runs=MemoryCollection("own_runs"),
+    )
     estimator = Estimator(broker=Bus(), models=None, origins=Origins(), **stores)
     await estimator.submitted(submitted(job_id=job_id))
     await estimator.placed(placed(job_id, attempt=2, gpu_tflops=650.0))

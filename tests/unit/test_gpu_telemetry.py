@@ -1,5 +1,6 @@
 """GPU telemetry: the agent's NVML reader (a fake pynvml), the bounds every reading is held to, which readings the
 monitor and the estimator believe, and the per-GPU figures `GET /v2/nodes` shows to members and admin alike."""
+
 import math
 import os
 import sys
@@ -78,8 +79,10 @@ def test_the_reader_gives_each_gpu_s_utilisation_memory_power_and_temperature(mo
 
 
 def test_the_gpu_memory_a_task_s_processes_hold_is_theirs_only_where_nvml_reports_it(monkeypatch):
-    fake = FakeNvml({0: (0, 0, 0, 0), 1: (0, 0, 0, 0)},
-                    processes={0: [(100, 2 * GIB), (999, 30 * GIB)], 1: [(101, GIB), (102, None)]})
+    fake = FakeNvml(
+        {0: (0, 0, 0, 0), 1: (0, 0, 0, 0)},
+        processes={0: [(100, 2 * GIB), (999, 30 * GIB)], 1: [(101, GIB), (102, None)]},
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     probe = GpuProbe()
     assert probe.process_memory_gb([0, 1], {100, 101, 102}) == 3.0  # another's process (999) is not the task's
@@ -97,20 +100,37 @@ def test_a_figure_nvml_gets_wrong_costs_that_gpu_s_reading_only(monkeypatch):
     assert [g.index for g in GpuProbe().read([0, 1])] == [1]
 
 
-@pytest.mark.parametrize("bad", [{"util_percent": 101}, {"util_percent": -1}, {"util_percent": math.nan},
-                                 {"memory_used_gb": math.inf}, {"memory_used_gb": 2000}, {"memory_used_gb": -1},
-                                 {"power_w": math.nan}, {"power_w": 1e9}, {"temp_c": 1e6}, {"index": -1},
-                                 {"index": MAX_GPU_READINGS}, {"util_percent": "busy"}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"util_percent": 101},
+        {"util_percent": -1},
+        {"util_percent": math.nan},
+        {"memory_used_gb": math.inf},
+        {"memory_used_gb": 2000},
+        {"memory_used_gb": -1},
+        {"power_w": math.nan},
+        {"power_w": 1e9},
+        {"temp_c": 1e6},
+        {"index": -1},
+        {"index": MAX_GPU_READINGS},
+        {"util_percent": "busy"},
+    ],
+)
 def test_a_reading_out_of_bounds_is_dropped_and_the_heartbeat_kept(bad):
-    beat = NodeHeartbeat.model_validate({"event_id": "e", "node_id": "n1", "boot_id": "b",
-                                         "gpus": [{**reading(1), **bad}, reading(2), "junk", None]})
+    beat = NodeHeartbeat.model_validate(
+        {"event_id": "e", "node_id": "n1", "boot_id": "b", "gpus": [{**reading(1), **bad}, reading(2), "junk", None]}
+    )
     assert [g.index for g in beat.gpus] == [2]
 
 
 def test_a_heartbeat_carries_at_most_one_reading_per_gpu_and_a_bounded_number():
-    beat = NodeHeartbeat(event_id="e", node_id="n1", boot_id="b",
-                         gpus=[reading(0, util_percent=1), reading(0, util_percent=99)]
-                         + [reading(i) for i in range(1, 500)])
+    beat = NodeHeartbeat(
+        event_id="e",
+        node_id="n1",
+        boot_id="b",
+        gpus=[reading(0, util_percent=1), reading(0, util_percent=99)] + [reading(i) for i in range(1, 500)],
+    )
     # the first MAX_GPU_READINGS entries are read (one a second reading of GPU 0: dropped), the rest never
     assert len(beat.gpus) == MAX_GPU_READINGS - 1 and beat.gpus[0].util_percent == 1
     assert NodeHeartbeat(event_id="e", node_id="n1", boot_id="b", gpus="not a list").gpus == ()
@@ -118,25 +138,40 @@ def test_a_heartbeat_carries_at_most_one_reading_per_gpu_and_a_bounded_number():
 
 def test_each_task_s_sample_holds_its_own_gpus_only():
     gpus = tuple(GpuReading(**reading(i)) for i in range(4))
-    one, two = task_samples([(start(gpus=(1, 3)), 2.5), (start(gpus=(0, 9)), None), (start(gpus=()), None)], gpus,
-                            node_id="n1", seq=5, t=1000.0)
+    one, two = task_samples(
+        [(start(gpus=(1, 3)), 2.5), (start(gpus=(0, 9)), None), (start(gpus=()), None)],
+        gpus,
+        node_id="n1",
+        seq=5,
+        t=1000.0,
+    )
     assert [g.index for g in one.gpus] == [1, 3] and [g.index for g in two.gpus] == [0]
     assert (one.process_memory_gb, two.process_memory_gb) == (2.5, None)
     assert one.subject == "tm.telemetry.n1.j" and one.seq == 5
 
 
 async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_sample(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml({0: (90, 20.0, 300_000, 70), 1: (5, 1.0, 60_000, 40)},
-                                                        processes={0: [(os.getpid(), 3 * GIB), (1, 9 * GIB)]}))
+    monkeypatch.setitem(
+        sys.modules,
+        "pynvml",
+        FakeNvml(
+            {0: (90, 20.0, 300_000, 70), 1: (5, 1.0, 60_000, 40)}, processes={0: [(os.getpid(), 3 * GIB), (1, 9 * GIB)]}
+        ),
+    )
     sent: list = []
 
     async def publish(message) -> None:
         sent.append(message)
 
-    agent = Agent(node=node(node_id="n1", gpus=2), root=tmp_path, publish=publish,
-                  preparer=Preparer(tmp_path / "engines", {}), checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
-                  storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
-                  hangs=HangPolicy(gpus=GpuProbe()))
+    agent = Agent(
+        node=node(node_id="n1", gpus=2),
+        root=tmp_path,
+        publish=publish,
+        preparer=Preparer(tmp_path / "engines", {}),
+        checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
+        storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
+        hangs=HangPolicy(gpus=GpuProbe()),
+    )
     agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)), pid=os.getpid())  # this process: the task
     await agent.heartbeat()
     beat, sample = sent
@@ -147,8 +182,9 @@ async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_samp
 
 def test_the_monitor_keeps_a_reading_only_for_a_recorded_gpu_within_its_memory():
     info = node(node_id="n1", gpus=2, gpu_memory_gb=24)
-    claimed = tuple(GpuReading(**r) for r in (reading(0, memory_used_gb=23.9), reading(1, memory_used_gb=80),
-                                              reading(5)))
+    claimed = tuple(
+        GpuReading(**r) for r in (reading(0, memory_used_gb=23.9), reading(1, memory_used_gb=80), reading(5))
+    )
     record = sighted(None, node_id="n1", boot_id="b", at=T0, info=info, running=()).node
     beat = sighted(record, node_id="n1", boot_id="b", at=T0, running=(), gpus=claimed).node
     assert [g.index for g in beat.gpus] == [0]
@@ -157,8 +193,15 @@ def test_the_monitor_keeps_a_reading_only_for_a_recorded_gpu_within_its_memory()
 
 
 def test_the_estimator_keeps_readings_of_the_rank_s_own_gpus_within_their_memory():
-    sample = TaskTelemetry(event_id="e", job_id="j", attempt=1, node_id="n1", seq=1, t=1.0,
-                           gpus=[reading(0, memory_used_gb=20), reading(1, memory_used_gb=90), reading(2)])
+    sample = TaskTelemetry(
+        event_id="e",
+        job_id="j",
+        attempt=1,
+        node_id="n1",
+        seq=1,
+        t=1.0,
+        gpus=[reading(0, memory_used_gb=20), reading(1, memory_used_gb=90), reading(2)],
+    )
     assert [g.index for g in estimator_believes(sample, Given(gpu_indices=(0, 1), gpu_memory_gb=24))] == [0]
     assert [g.index for g in estimator_believes(sample, Given(gpu_indices=(0, 1), gpu_memory_gb=0))] == [0, 1]
     assert estimator_believes(sample, None) == ()
@@ -166,17 +209,30 @@ def test_the_estimator_keeps_readings_of_the_rank_s_own_gpus_within_their_memory
     assert believed_process_memory(held, Given(gpu_indices=(0, 1), gpu_memory_gb=24)) == 40.0  # two GPUs' worth
     assert believed_process_memory(held, Given(gpu_indices=(0,), gpu_memory_gb=24)) is None  # more than it has
     for bad in (math.nan, -1, math.inf, "3", True, 10**9):
-        assert TaskTelemetry(event_id="e", job_id="j", attempt=1, node_id="n1", seq=1, t=1.0,
-                             process_memory_gb=bad).process_memory_gb is None
+        assert (
+            TaskTelemetry(
+                event_id="e", job_id="j", attempt=1, node_id="n1", seq=1, t=1.0, process_memory_gb=bad
+            ).process_memory_gb
+            is None
+        )
 
 
 def test_system_series_peak_counts_earlier_samples():
-    gpus = (GpuReading(**reading(0, util_percent=20, memory_used_gb=4, power_w=100, temp_c=50)),
-            GpuReading(**reading(1, util_percent=60, memory_used_gb=6, power_w=None, temp_c=70)))
-    assert summary(gpus, 5.5) == {"gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": 100.0, "gpu_temp_c": 70.0,
-                                  "gpu_process_memory_gb": 5.5}
-    docs = [{"t": 1.0, "gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": None, "gpu_temp_c": 70.0},
-            {"t": 2.0, "gpu_util": 10.0, "gpu_memory_gb": 3.0, "gpu_power_w": None, "gpu_temp_c": 60.0}]
+    gpus = (
+        GpuReading(**reading(0, util_percent=20, memory_used_gb=4, power_w=100, temp_c=50)),
+        GpuReading(**reading(1, util_percent=60, memory_used_gb=6, power_w=None, temp_c=70)),
+    )
+    assert summary(gpus, 5.5) == {
+        "gpu_util": 40.0,
+        "gpu_memory_gb": 6.0,
+        "gpu_power_w": 100.0,
+        "gpu_temp_c": 70.0,
+        "gpu_process_memory_gb": 5.5,
+    }
+    docs = [
+        {"t": 1.0, "gpu_util": 40.0, "gpu_memory_gb": 6.0, "gpu_power_w": None, "gpu_temp_c": 70.0},
+        {"t": 2.0, "gpu_util": 10.0, "gpu_memory_gb": 3.0, "gpu_power_w": None, "gpu_temp_c": 60.0},
+    ]
     series = {s.name: s for s in system_series(docs, peak_before=8.0)}
     assert set(series) == {"gpu_util", "gpu_memory_gb", "gpu_memory_peak_gb", "gpu_temp_c"}
     assert [p[1] for p in series["gpu_memory_peak_gb"].points] == [8.0, 8.0]
@@ -186,14 +242,25 @@ def test_system_series_peak_counts_earlier_samples():
 async def test_nodes_show_each_gpu_s_figures_to_a_member_and_the_admin_and_no_job():
     app, db, store = await make_app()
     info = node(node_id="n1", gpus=2).model_dump(mode="json")
-    app.state.submitter.requester.broker.answers[RPC_NODES] = {"total": 1, "offset": 0, "items": [{
-        "node_id": "n1", "state": "ready", "last_seen": "2026-11-23T15:00:00Z", "boot_id": "b", "info": info,
-        "running": [{"job_id": "job-theirs", "attempt": 1, "rank": 0}],
-        "gpus": [reading(1, util_percent=77, memory_used_gb=12.0)]}]}
+    app.state.submitter.requester.broker.answers[RPC_NODES] = {
+        "total": 1,
+        "offset": 0,
+        "items": [
+            {
+                "node_id": "n1",
+                "state": "ready",
+                "last_seen": "2026-11-23T15:00:00Z",
+                "boot_id": "b",
+                "info": info,
+                "running": [{"job_id": "job-theirs", "attempt": 1, "rank": 0}],
+                "gpus": [reading(1, util_percent=77, memory_used_gb=12.0)],
+            }
+        ],
+    }
     await db.api_jobs.insert_one({"_id": "job-theirs", "project_id": "speech"})
     secret = await add_user(store, "ana", ["vision"])
     for token in (secret, None):
-        async with (client(app, secret) if token else client(app)) as caller:
+        async with client(app, secret) if token else client(app) as caller:
             [shown] = (await caller.get("/v2/nodes")).json()["items"]
         idle, busy = shown["gpus"]
         assert (busy["index"], busy["util_percent"], busy["memory_used_gb"], busy["memory_gb"]) == (1, 77, 12.0, 24)

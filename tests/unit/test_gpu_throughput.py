@@ -1,4 +1,5 @@
 """The agent measures its GPUs at start: a separate process under a hard timeout, its answer parsed as hostile."""
+
 import json
 import subprocess
 import sys
@@ -19,23 +20,43 @@ def answer(*rows, **extra) -> str:
 
 
 def test_the_benchmarks_answer_gives_each_gpus_figure_by_index():
-    output = "loading torch\n" + answer({"index": 0, "tflops": 712.5, "dtype": "bfloat16"},
-                                       {"index": 1, "tflops": 640})
+    output = "loading torch\n" + answer({"index": 0, "tflops": 712.5, "dtype": "bfloat16"}, {"index": 1, "tflops": 640})
     assert parse(output) == {0: 712.5, 1: 640.0}
 
 
-@pytest.mark.parametrize("row", [
-    {"index": 0, "tflops": float("nan")}, {"index": 0, "tflops": float("inf")}, {"index": 0, "tflops": -5},
-    {"index": 0, "tflops": 0}, {"index": 0, "tflops": 1e9}, {"index": 0, "tflops": "712"}, {"index": -1, "tflops": 7},
-    {"index": True, "tflops": 7}, {"index": "0", "tflops": 7}, {"index": 0, "tflops": True},
-    {"index": 0, "error": "busy: 3.0 of 80.0 GiB free"}, "0:712", None,
-])
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"index": 0, "tflops": float("nan")},
+        {"index": 0, "tflops": float("inf")},
+        {"index": 0, "tflops": -5},
+        {"index": 0, "tflops": 0},
+        {"index": 0, "tflops": 1e9},
+        {"index": 0, "tflops": "712"},
+        {"index": -1, "tflops": 7},
+        {"index": True, "tflops": 7},
+        {"index": "0", "tflops": 7},
+        {"index": 0, "tflops": True},
+        {"index": 0, "error": "busy: 3.0 of 80.0 GiB free"},
+        "0:712",
+        None,
+    ],
+)
 def test_a_figure_that_is_not_a_finite_positive_number_for_an_index_is_dropped(row):
     assert parse(answer(row)) == {}
 
 
-@pytest.mark.parametrize("output", ["", "garbage", "[1, 2]", '{"gpus": 5}', '{"gpus": [], "error": "no CUDA"}',
-                                    answer({"index": 0, "tflops": 7}) + "trailing garbage"])
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",
+        "garbage",
+        "[1, 2]",
+        '{"gpus": 5}',
+        '{"gpus": [], "error": "no CUDA"}',
+        answer({"index": 0, "tflops": 7}) + "trailing garbage",
+    ],
+)
 def test_an_answer_that_is_not_the_expected_shape_gives_no_figures(output):
     assert parse(output) == {}
 
@@ -83,8 +104,7 @@ def test_measured_figures_go_to_their_gpus_by_index():
 
 
 def test_nvml_gpus_are_measured_and_configured_ones_are_not(monkeypatch):
-    entry = {"id": "box", "kind": "local", "max_gpus": 1,
-             "gpus": [{"model": "A100", "memory_gb": 40, "tflops": 312}]}
+    entry = {"id": "box", "kind": "local", "max_gpus": 1, "gpus": [{"model": "A100", "memory_gb": 40, "tflops": 312}]}
     calls = []
 
     def measure():
@@ -101,8 +121,10 @@ def test_nvml_gpus_are_measured_and_configured_ones_are_not(monkeypatch):
 
 
 def test_measuring_leaves_no_torch_and_so_no_cuda_context_in_the_agents_process():
-    probe = ("import sys; from services.agent.throughput import measure_tflops; measure_tflops(timeout_s=120); "
-             "print('torch' in sys.modules)")
+    probe = (
+        "import sys; from services.agent.throughput import measure_tflops; measure_tflops(timeout_s=120); "
+        "print('torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
 
@@ -123,8 +145,11 @@ class FakeTorch:
 
         self.torch, self.refused = torch, refused
         self.bfloat16, self.float16, self.float32 = torch.bfloat16, torch.float16, torch.float32
-        self.cuda = SimpleNamespace(mem_get_info=lambda device: (free * 80 * 2**30, 80 * 2**30),
-                                    synchronize=lambda device=None: None, empty_cache=lambda: None)
+        self.cuda = SimpleNamespace(
+            mem_get_info=lambda device: (free * 80 * 2**30, 80 * 2**30),
+            synchronize=lambda device=None: None,
+            empty_cache=lambda: None,
+        )
 
     def device(self, kind, index):
         return "cpu"

@@ -1,4 +1,5 @@
 """Group commit: each caller gets its own answer; a burst is written in few groups, in arrival order."""
+
 import asyncio
 
 import pytest
@@ -26,7 +27,8 @@ async def test_a_burst_is_written_in_few_groups_and_each_caller_gets_its_own_ans
     commit = GroupCommit(write)
     answers = await asyncio.gather(*(commit(n) for n in range(20)), return_exceptions=True)
     assert [a if isinstance(a, int) else str(a) for a in answers] == [
-        n * 10 if n % 2 == 0 else f"odd {n}" for n in range(20)]
+        n * 10 if n % 2 == 0 else f"odd {n}" for n in range(20)
+    ]
     assert write.groups == [list(range(20))]  # all arrived before the writer ran: one group, in arrival order
     late = [asyncio.create_task(commit(n)) for n in (20, 22)]
     await asyncio.sleep(0)  # both arrive; the writer starts on them before 24 arrives, which waits for the next
@@ -56,6 +58,7 @@ async def test_a_failed_group_write_fails_every_caller_of_that_group_only():
 async def test_a_write_that_answers_the_wrong_number_of_items_fails_its_group():
     async def short(group: list[int]) -> list:
         return group[:-1]
+
     commit = GroupCommit(short)
     answers = await asyncio.gather(commit(1), commit(2), return_exceptions=True)
     assert [str(a) for a in answers] == ["a group write answered 1 of 2 items"] * 2

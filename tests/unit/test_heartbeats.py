@@ -1,4 +1,5 @@
 """Heartbeats are core NATS: no stream stores them, so no consumer (billing's fleet ledger) receives one."""
+
 import re
 
 from shared import bus, busroles

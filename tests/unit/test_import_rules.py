@@ -1,6 +1,7 @@
 """The import rules, kept by machine: a service imports only `shared` and its own package, `shared` no service,
 the placement policy no I/O (it drives the service, the simulator and the benchmarks alike), and no module imports
 itself back through others. Read from the source (AST), so lazy and TYPE_CHECKING imports count too."""
+
 import ast
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,12 +12,51 @@ PROJECT = ("shared", "services", "tests", "bench", "docs")
 # behalf: the cluster file (one agent per node entry) and the admin token (the submitter's rule for its length).
 LAUNCHER_READS = {"services.agent.resources", "services.submitter.auth"}
 # Modules through which code reaches a disk, a network, a database, a process or the bus.
-IO_MODULES = {"asyncio", "aiohttp", "boto3", "botocore", "faststream", "fsspec", "glob", "http", "httpx", "importlib",
-              "io", "kubernetes", "multiprocessing", "nats", "os", "pathlib", "pickle", "psutil", "pymongo",
-              "requests", "s3fs", "shelve", "shutil", "socket", "sqlite3", "ssl", "subprocess", "tempfile", "urllib"}
+IO_MODULES = {
+    "asyncio",
+    "aiohttp",
+    "boto3",
+    "botocore",
+    "faststream",
+    "fsspec",
+    "glob",
+    "http",
+    "httpx",
+    "importlib",
+    "io",
+    "kubernetes",
+    "multiprocessing",
+    "nats",
+    "os",
+    "pathlib",
+    "pickle",
+    "psutil",
+    "pymongo",
+    "requests",
+    "s3fs",
+    "shelve",
+    "shutil",
+    "socket",
+    "sqlite3",
+    "ssl",
+    "subprocess",
+    "tempfile",
+    "urllib",
+}
 IO_BUILTINS = {"open", "print", "input", "exec", "eval", "__import__", "breakpoint"}
-IO_METHODS = {"read_text", "read_bytes", "write_text", "write_bytes", "open", "unlink", "mkdir", "touch", "iterdir",
-              "rglob", "glob"}
+IO_METHODS = {
+    "read_text",
+    "read_bytes",
+    "write_text",
+    "write_bytes",
+    "open",
+    "unlink",
+    "mkdir",
+    "touch",
+    "iterdir",
+    "rglob",
+    "glob",
+}
 POLICY = "services.placement.policy"
 
 
@@ -39,7 +79,7 @@ def imported(source: str, *, module: str, is_package: bool = False) -> Iterator[
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             yield from (base if alias.name == "*" else f"{base}.{alias.name}" for alias in node.names)
 
@@ -132,8 +172,9 @@ def test_shared_imports_no_service_nor_tests():
 def test_the_cli_is_a_client_of_the_rest_api_only():
     """It runs on a researcher's machine and speaks HTTP: no bus, database or service code comes with it."""
     cli = {m: p for m, p in KNOWN.items() if m.startswith("services.cli")}
-    assert {m: sorted(n for n in project_imports(p, KNOWN) if not n.startswith("services.cli"))
-            for m, p in cli.items()} == {m: [] for m in cli}
+    assert {
+        m: sorted(n for n in project_imports(p, KNOWN) if not n.startswith("services.cli")) for m, p in cli.items()
+    } == {m: [] for m in cli}
 
 
 def test_the_placement_policy_and_what_it_imports_do_no_io():
@@ -157,20 +198,34 @@ def test_a_relative_import_of_another_service_is_caught():
     assert names == {"services.submitter.auth", "services.billing.jobs"}
     assert outsiders("services.billing.service", names) == ["services.submitter.auth"]
     assert outsiders("services.stack.processes", {"services.agent.resources", "services.agent.runner"}) == [
-        "services.agent.runner"]
+        "services.agent.runner"
+    ]
 
 
 def test_io_is_caught_in_imports_builtins_and_file_methods():
-    source = ("import pymongo\nfrom asyncio import create_subprocess_exec\nimport os.path\n"
-              "def f(p):\n    if TYPE_CHECKING:\n        import nats\n    open(p)\n    return p.read_text()\n")
-    assert sorted(io_uses(source)) == [".read_text()", "import asyncio", "import nats", "import os.path",
-                                       "import pymongo", "open()"]
+    source = (
+        "import pymongo\nfrom asyncio import create_subprocess_exec\nimport os.path\n"
+        "def f(p):\n    if TYPE_CHECKING:\n        import nats\n    open(p)\n    return p.read_text()\n"
+    )
+    assert sorted(io_uses(source)) == [
+        ".read_text()",
+        "import asyncio",
+        "import nats",
+        "import os.path",
+        "import pymongo",
+        "open()",
+    ]
     assert io_uses("import math\nfrom dataclasses import dataclass\nx = math.log(2)\n") == []
 
 
 def test_a_circle_through_a_lazy_or_type_only_import_is_caught():
     known = dict.fromkeys(["p", "p.a", "p.b", "p.c", "p.d"], ROOT)
-    sources = {"p.a": "if TYPE_CHECKING:\n    from p.b import B", "p.b": "def f():\n    from p import c",
-               "p.c": "import p.a", "p.d": "from p.a import f", "p": ""}
+    sources = {
+        "p.a": "if TYPE_CHECKING:\n    from p.b import B",
+        "p.b": "def f():\n    from p import c",
+        "p.c": "import p.a",
+        "p.d": "from p.a import f",
+        "p": "",
+    }
     graph = {m: {owner(n, known) for n in imported(text, module=m)} - {None} for m, text in sources.items()}
     assert circles(graph) == [["p.a", "p.b", "p.c"]]

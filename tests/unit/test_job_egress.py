@@ -1,5 +1,6 @@
 """A job's http(s) URLs (code, inputs) under the webhooks' address policy: every address form that is not public is
 refused, named by its field, unless the operator allows the host or its network."""
+
 import pytest
 
 from shared.jobs import Algorithm
@@ -7,13 +8,22 @@ from shared.storage import StoragePolicy, refused_addresses
 from tests.unit.addresses import NOT_PUBLIC, PUBLIC, in_url, resolver
 
 POLICY = StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt")
-RESOLVE = resolver({"rebind.example.test": ["127.0.0.1"], "mixed.example.test": ["93.184.216.34", "10.0.0.7"],
-                    "localhost": ["127.0.0.1", "::1"], "svc.internal": ["10.20.1.1"]})
+RESOLVE = resolver(
+    {
+        "rebind.example.test": ["127.0.0.1"],
+        "mixed.example.test": ["93.184.216.34", "10.0.0.7"],
+        "localhost": ["127.0.0.1", "::1"],
+        "svc.internal": ["10.20.1.1"],
+    }
+)
 
 
 async def refused(url: str, *, policy: StoragePolicy = POLICY, field: str = "inputs") -> list[tuple[str, str]]:
-    algorithm = Algorithm(command="true", code_dir=url) if field == "code_dir" else \
-        Algorithm(command="true", inputs=[{"name": "data", "url": url}])
+    algorithm = (
+        Algorithm(command="true", code_dir=url)
+        if field == "code_dir"
+        else Algorithm(command="true", inputs=[{"name": "data", "url": url}])
+    )
     return await refused_addresses(algorithm, policy=policy, resolve=RESOLVE)
 
 
@@ -30,15 +40,18 @@ async def test_public_addresses_pass(address):
     assert await refused(f"https://{in_url(address)}/data.tar") == []
 
 
-@pytest.mark.parametrize("url, why", [
-    ("http://127.0.0.1:8000/healthz", "127.0.0.1 is a loopback address"),
-    ("http://169.254.169.254/latest/meta-data/", "link-local"),
-    ("HTTP://[::ffff:169.254.169.254]/", "link-local"),
-    ("https://rebind.example.test/x", "resolves to 127.0.0.1"),
-    ("https://mixed.example.test/x", "resolves to 10.0.0.7"),
-    ("https://nowhere.example.test/x", "does not resolve"),
-    ("http:///x", "no host"),
-])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://127.0.0.1:8000/healthz", "127.0.0.1 is a loopback address"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("HTTP://[::ffff:169.254.169.254]/", "link-local"),
+        ("https://rebind.example.test/x", "resolves to 127.0.0.1"),
+        ("https://mixed.example.test/x", "resolves to 10.0.0.7"),
+        ("https://nowhere.example.test/x", "does not resolve"),
+        ("http:///x", "no host"),
+    ],
+)
 async def test_refusals_say_why(url, why):
     [(_, reason)] = await refused(url)
     assert why in reason

@@ -2,6 +2,7 @@
 cloud metadata service, a private network) with 406001 naming the field, in a create and in a dry run; the
 operator's allowance admits a host explicitly. (A v1 body has no URL the agent fetches: data_url and train_url are
 the task's arguments.)"""
+
 import pytest
 
 from shared.storage import StoragePolicy
@@ -10,11 +11,13 @@ from tests.unit.addresses import NOT_PUBLIC, in_url
 from tests.unit.test_search_api import app_and_client, body as search_body
 from tests.unit.test_submission import PROJECT, api, client
 
-ATTACKS = [("inputs", "http://127.0.0.1:8000/healthz", "127.0.0.1 is a loopback address"),
-           ("inputs", "http://169.254.169.254/latest/meta-data/iam/", "169.254.169.254 is a link-local address"),
-           ("inputs", "http://localhost:8000/healthz", "localhost resolves to"),
-           ("code_dir", "https://[0:0:0:0:0:ffff:a00:1]/code.tar", "private address"),
-           ("inputs", "http://100.64.0.9/x", "CGNAT")]
+ATTACKS = [
+    ("inputs", "http://127.0.0.1:8000/healthz", "127.0.0.1 is a loopback address"),
+    ("inputs", "http://169.254.169.254/latest/meta-data/iam/", "169.254.169.254 is a link-local address"),
+    ("inputs", "http://localhost:8000/healthz", "localhost resolves to"),
+    ("code_dir", "https://[0:0:0:0:0:ffff:a00:1]/code.tar", "private address"),
+    ("inputs", "http://100.64.0.9/x", "CGNAT"),
+]
 
 
 async def egress_api():
@@ -35,8 +38,9 @@ def body(where: str, url: str, *, name: str = "egress") -> dict:
 async def test_an_input_or_code_at_an_internal_address_is_refused(where, url, why, dry_run):
     app = await egress_api()
     async with client(app) as http:
-        response = await http.post(f"/v2/{PROJECT}/training-jobs{'?dry_run=true' if dry_run else ''}",
-                                   json=body(where, url))
+        response = await http.post(
+            f"/v2/{PROJECT}/training-jobs{'?dry_run=true' if dry_run else ''}", json=body(where, url)
+        )
     assert response.status_code == 400, response.text
     field = "algorithm.code_dir" if where == "code_dir" else "algorithm.inputs.0.url"
     assert response.json()["error_code"] == "406001"
@@ -49,8 +53,9 @@ async def test_an_input_or_code_at_an_internal_address_is_refused(where, url, wh
 async def test_every_address_form_is_refused_through_the_api(address):
     app = await egress_api()
     async with client(app) as http:
-        response = await http.post(f"/v2/{PROJECT}/training-jobs?dry_run=true",
-                                   json=body("inputs", f"http://{in_url(address)}:8000/x"))
+        response = await http.post(
+            f"/v2/{PROJECT}/training-jobs?dry_run=true", json=body("inputs", f"http://{in_url(address)}:8000/x")
+        )
     message = response.json()["error_msg"]
     assert response.status_code == 400 and message.startswith("param[algorithm.inputs.0.url] invalid: ")
     # a compressed IPv6 literal (`::`) is already refused as a chained URL; every other form by its address
@@ -71,8 +76,10 @@ async def test_a_search_template_is_refused_the_same_way():
 async def test_an_output_to_an_http_url_is_refused():
     app = await egress_api()
     async with client(app) as http:
-        response = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(
-            name="out", outputs=[{"name": "model", "url": "https://93.184.216.34/upload"}]))
+        response = await http.post(
+            f"/v2/{PROJECT}/training-jobs",
+            json=job_body(name="out", outputs=[{"name": "model", "url": "https://93.184.216.34/upload"}]),
+        )
     assert response.status_code == 400
     assert response.json()["error_msg"].startswith("param[algorithm.outputs.0.url] invalid: outputs cannot be http")
 

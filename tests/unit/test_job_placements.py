@@ -1,5 +1,6 @@
 """GET .../training-jobs/{id}/placements: each attempt's nodes and why placement chose them, as the submitter read
 it from placement's own event; another project's job does not exist for the caller."""
+
 from shared.origin import Origins
 from tests.factories import placed
 from tests.unit.api_app import add_user, client, make_app
@@ -20,7 +21,8 @@ async def test_a_jobs_placements_say_where_and_why():
     async with client(app, ana) as api:
         answer = await api.get("/v2/vision/training-jobs/j-1/placements")
         assert answer.status_code == 200, answer.text
-        assert answer.json() == [{"attempt": 1, "nodes": {"0": "reserved-1"},
-                                  "why": "reserved-1 (reserved) ends in 1.0 min"}]
+        assert answer.json() == [
+            {"attempt": 1, "nodes": {"0": "reserved-1"}, "why": "reserved-1 (reserved) ends in 1.0 min"}
+        ]
     async with client(app, bob) as api:
         assert (await api.get("/v2/vision/training-jobs/j-1/placements")).status_code in (403, 404)

@@ -1,4 +1,5 @@
 """The monitor's job state machine: each event's effect, fencing, and refusals."""
+
 from datetime import timedelta
 
 import pytest
@@ -100,7 +101,9 @@ def test_an_accepted_placement_starts_every_rank_in_the_same_change():
     assert statuses(events) == [(Phase.PENDING, SecondaryPhase.SCHEDULED)]
     commands = starts(events)
     assert [(c.node_id, c.rank, c.world_size, c.attempt, c.event_id) for c in commands] == [
-        ("a", 0, 2, 1, "j:1:0:start"), ("b", 1, 2, 1, "j:1:1:start")]
+        ("a", 0, 2, 1, "j:1:0:start"),
+        ("b", 1, 2, 1, "j:1:1:start"),
+    ]
     assert {c.algorithm.command for c in commands} == {"python train.py"}
     assert {(c.project_id, c.user_name) for c in commands} == {("p", "alice")}  # the job's own, as submitted
 
@@ -157,8 +160,15 @@ def test_losing_an_unrelated_node_changes_nothing():
     assert state.node_lost(job, "other", now=T0, cause="x") == (job, [])
 
 
-@pytest.mark.parametrize("current,target", [(Phase.COMPLETED, Phase.RUNNING), (Phase.PENDING, Phase.COMPLETED),
-                                            (Phase.TERMINATED, Phase.PENDING), (Phase.CREATING, Phase.RUNNING)])
+@pytest.mark.parametrize(
+    "current,target",
+    [
+        (Phase.COMPLETED, Phase.RUNNING),
+        (Phase.PENDING, Phase.COMPLETED),
+        (Phase.TERMINATED, Phase.PENDING),
+        (Phase.CREATING, Phase.RUNNING),
+    ],
+)
 def test_illegal_transitions_are_refused(current, target):
     with pytest.raises(IllegalTransition):
         check_transition(current, target)

@@ -1,4 +1,5 @@
 """How a stored job is shown: the estimate counts down between the estimator's updates."""
+
 from datetime import timedelta
 
 from shared.events import Eta
@@ -7,8 +8,14 @@ from tests.factories import T0
 
 
 def stored(remaining: float, low: float, high: float) -> dict:
-    return Eta(remaining_s=remaining, finish_time=T0 + timedelta(seconds=remaining), low_s=low, high_s=high,
-               method="throughput", updated_at=T0).model_dump(mode="json")
+    return Eta(
+        remaining_s=remaining,
+        finish_time=T0 + timedelta(seconds=remaining),
+        low_s=low,
+        high_s=high,
+        method="throughput",
+        updated_at=T0,
+    ).model_dump(mode="json")
 
 
 def test_the_estimate_counts_down_with_the_clock_and_keeps_its_finish_time():

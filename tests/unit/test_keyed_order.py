@@ -1,4 +1,5 @@
 """Order per key, concurrency across keys: the state machines' consumers (`shared.keyed`)."""
+
 import asyncio
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -66,8 +67,9 @@ async def test_a_passing_failure_is_retried_in_place_so_no_later_event_of_its_ke
 
 def delivered(seq: int) -> SimpleNamespace:
     """A JetStream message as the handler's `message` parameter sees it: only its consumer sequence matters."""
-    return SimpleNamespace(raw_message=SimpleNamespace(metadata=SimpleNamespace(
-        sequence=SimpleNamespace(consumer=seq))))
+    return SimpleNamespace(
+        raw_message=SimpleNamespace(metadata=SimpleNamespace(sequence=SimpleNamespace(consumer=seq)))
+    )
 
 
 async def test_deliveries_that_reach_the_handler_out_of_order_are_taken_in_delivery_order():

@@ -7,8 +7,9 @@ TERMS = {"node_id": "n1", "node_kind": "local", "price_per_hour": 1.0, "node_gpu
 
 
 def entry(seconds=3600):
-    opened = open_entry(key={"job_id": "j", "attempt": 1, "rank": 0}, terms=TERMS, project_id="p",
-                        user_name="alice", started_at=T0)
+    opened = open_entry(
+        key={"job_id": "j", "attempt": 1, "rank": 0}, terms=TERMS, project_id="p", user_name="alice", started_at=T0
+    )
     return close_entry(opened, ended_at=opened["started_at"] + timedelta(seconds=seconds), reason="completed")
 
 

@@ -51,8 +51,10 @@ def test_a_monitor_behind_its_heartbeats_declares_nobody_lost():
     heard = {"a": 100.0, "b": 95.0}
     assert overdue(heard, ["a", "b"], caught_up_at=104.0, timeout_s=10) == []  # b's beats may still be queued
     assert overdue(heard, ["a", "b"], caught_up_at=106.0, timeout_s=10) == ["b"]
-    assert overdue(heard, ["a"], caught_up_at=1000.0, timeout_s=10) == ["a"] and overdue({}, ["c"], caught_up_at=1e6,
-                                                                                          timeout_s=10) == []
+    assert (
+        overdue(heard, ["a"], caught_up_at=1000.0, timeout_s=10) == ["a"]
+        and overdue({}, ["c"], caught_up_at=1e6, timeout_s=10) == []
+    )
 
 
 def test_the_bulk_written_last_seen_counts_when_it_is_newer():

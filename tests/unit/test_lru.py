@@ -1,4 +1,5 @@
 """The bounded memory behind remembered job states, quotas and placements."""
+
 import pytest
 
 from shared.lru import Lru

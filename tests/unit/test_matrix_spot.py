@@ -1,12 +1,18 @@
 """The matrix's spot column: cloud dollars (on-demand + spot) and completion against burst, totals against the goal."""
+
 import pytest
 
 from bench.sched.matrix import SPOT, SPOT_GOAL, _key, cell, runs, spot_summary
 
 
 def _result(*, dollars: float, jct: float, spot: float = 0.0, interruptions: int = 0) -> dict:
-    return {"on_demand_dollars": dollars, "spot_dollars": spot, "cloud_dollars": dollars + spot, "avg_jct_s": jct,
-            "spot_interruptions": interruptions}
+    return {
+        "on_demand_dollars": dollars,
+        "spot_dollars": spot,
+        "cloud_dollars": dollars + spot,
+        "avg_jct_s": jct,
+        "spot_interruptions": interruptions,
+    }
 
 
 def _cells(spot_dollars: float, spot_jct: float) -> list[dict]:

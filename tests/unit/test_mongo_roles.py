@@ -1,5 +1,6 @@
 """docker compose's database access: one user per service, a role covering exactly the collections its code uses,
 authentication on, no published MongoDB port."""
+
 import re
 from pathlib import Path
 
@@ -15,8 +16,10 @@ def roles() -> dict[str, set[str]]:
     """The COLLECTIONS table of deploy/mongo-init.js."""
     script = (ROOT / "deploy" / "mongo-init.js").read_text()
     table = re.search(r"const COLLECTIONS = \{(.*?)\n\};", script, re.S).group(1)
-    return {service: set(re.findall(r'"([a-z_]+)"', names))
-            for service, names in re.findall(r"(\w+): \[(.*?)\]", table, re.S)}
+    return {
+        service: set(re.findall(r'"([a-z_]+)"', names))
+        for service, names in re.findall(r"(\w+): \[(.*?)\]", table, re.S)
+    }
 
 
 def collections_used(service: str) -> set[str]:

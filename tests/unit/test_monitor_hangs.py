@@ -1,4 +1,5 @@
 """Hung jobs in the monitor: suspected, back to life, restarted from the checkpoint, failed after the streak."""
+
 from datetime import timedelta
 
 from shared.events import TaskHung, TaskResumed
@@ -9,15 +10,39 @@ from tests.factories import T0, exited, placed, started, submitted
 GRACE = 60
 
 
-def hung(job_id: str = "j", *, attempt: int = 1, rank: int = 0, node_id: str = "n1", spell: int = 1,
-         progressed: bool = False, gpus: bool = False) -> TaskHung:
-    return TaskHung(event_id=f"{job_id}:{attempt}:{rank}:hung:{spell}", job_id=job_id, attempt=attempt, rank=rank,
-                    node_id=node_id, spell=spell, idle_s=30, gpus_watched=gpus, progressed=progressed)
+def hung(
+    job_id: str = "j",
+    *,
+    attempt: int = 1,
+    rank: int = 0,
+    node_id: str = "n1",
+    spell: int = 1,
+    progressed: bool = False,
+    gpus: bool = False,
+) -> TaskHung:
+    return TaskHung(
+        event_id=f"{job_id}:{attempt}:{rank}:hung:{spell}",
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        node_id=node_id,
+        spell=spell,
+        idle_s=30,
+        gpus_watched=gpus,
+        progressed=progressed,
+    )
 
 
 def resumed(job_id: str = "j", *, attempt: int = 1, rank: int = 0, spell: int = 1) -> TaskResumed:
-    return TaskResumed(event_id=f"{job_id}:{attempt}:{rank}:resumed:{spell}", job_id=job_id, attempt=attempt,
-                       rank=rank, node_id="n1", spell=spell, idle_s=42)
+    return TaskResumed(
+        event_id=f"{job_id}:{attempt}:{rank}:resumed:{spell}",
+        job_id=job_id,
+        attempt=attempt,
+        rank=rank,
+        node_id="n1",
+        spell=spell,
+        idle_s=42,
+    )
 
 
 def running(*, nodes: tuple[str, ...] = ("n1",), attempt: int = 1, job=None, **spec) -> state.JobState:

@@ -1,4 +1,5 @@
 """A node's registration against its record: the cluster file's entry (or a rented node's) caps what it claims."""
+
 import tomllib
 
 from shared.noderecords import admitted, capped, limits_from_entry
@@ -26,16 +27,34 @@ def test_an_honest_registration_is_its_record_unchanged():
 
 def test_row_5_eight_big_gpus_local_and_free_are_capped_to_the_record():
     honest = node_from_config(ENTRY, virtual=True)
-    forged = honest.model_copy(update={"kind": "local", "price_per_hour": 0.0, "cpu_count": 256, "labels": {},
-                                       "gpus": tuple(Gpu(index=i, model="A100-80GB", memory_gb=80, tflops=624)
-                                                     for i in range(8))})
+    forged = honest.model_copy(
+        update={
+            "kind": "local",
+            "price_per_hour": 0.0,
+            "cpu_count": 256,
+            "labels": {},
+            "gpus": tuple(Gpu(index=i, model="A100-80GB", memory_gb=80, tflops=624) for i in range(8)),
+        }
+    )
     node_info, refused = capped(forged, limits_from_entry(ENTRY))
-    assert (node_info.kind, node_info.price_per_hour, node_info.cpu_count, len(node_info.gpus)) == \
-        ("reserved", 1.6, 16, 1)
+    assert (node_info.kind, node_info.price_per_hour, node_info.cpu_count, len(node_info.gpus)) == (
+        "reserved",
+        1.6,
+        16,
+        1,
+    )
     assert node_info.gpus[0] == Gpu(index=0, model="A100-40GB", memory_gb=40, tflops=312)
     assert node_info.labels == honest.labels
-    assert set(refused) == {"kind", "price_per_hour", "cpu_count", "labels", "gpus", "gpus[0].model",
-                            "gpus[0].memory_gb", "gpus[0].tflops"}
+    assert set(refused) == {
+        "kind",
+        "price_per_hour",
+        "cpu_count",
+        "labels",
+        "gpus",
+        "gpus[0].model",
+        "gpus[0].memory_gb",
+        "gpus[0].tflops",
+    }
     assert refused["gpus"] == "claimed 8, record 1"
 
 

@@ -1,5 +1,6 @@
 """A task may print only so fast: past its lines/s and bytes/s (and the burst it saved up) lines are dropped, and
 one notice line says how many before the next line that goes out, or at the end."""
+
 from shared.events import LogChunk, LogLine
 from services.agent.outputrate import OutputRate
 from services.agent.shipping import LogShipper
@@ -24,7 +25,7 @@ def test_bytes_past_the_allowance_are_refused_whatever_the_line_count():
     rate = OutputRate(lines_per_s=1_000_000, bytes_per_s=1000, burst_s=1)
     assert rate.admit(499, now=0.0) and rate.admit(499, now=0.0)
     assert not rate.admit(0, now=0.0)
-    assert rate.admit(10 ** 8, now=5.0)  # a line longer than the whole allowance waits for all of it
+    assert rate.admit(10**8, now=5.0)  # a line longer than the whole allowance waits for all of it
     assert not rate.admit(0, now=5.0)
 
 
@@ -36,8 +37,16 @@ async def test_a_task_printing_100_mb_ships_its_allowance_and_one_notice(tmp_pat
 
     clock = Clock()
     rate = OutputRate(lines_per_s=100, bytes_per_s=64 * 1024, burst_s=10)
-    shipper = LogShipper(job_id="j", attempt=1, rank=0, node_id="n1", path=tmp_path / "output.log", publish=publish,
-                         rate=rate, clock=clock)
+    shipper = LogShipper(
+        job_id="j",
+        attempt=1,
+        rank=0,
+        node_id="n1",
+        path=tmp_path / "output.log",
+        publish=publish,
+        rate=rate,
+        clock=clock,
+    )
     line = "x" * 1023
     for _ in range(100 * 1024):  # 100 MB in one go
         shipper.add(LogLine(t=0.0, line=line))
@@ -48,8 +57,10 @@ async def test_a_task_printing_100_mb_ships_its_allowance_and_one_notice(tmp_pat
     shipped = [text for text in lines if text == line]
     assert len(shipped) == 640  # 10 s of 64 KiB, in 1 KiB lines
     notices = [text for text in lines if "lines dropped" in text]
-    assert notices == [f"[trainmaster] {100 * 1024 - 640} lines dropped: the task printed faster than 100 lines/s "
-                       "or 65536 bytes/s (with 10 s of either saved up)"]
+    assert notices == [
+        f"[trainmaster] {100 * 1024 - 640} lines dropped: the task printed faster than 100 lines/s "
+        "or 65536 bytes/s (with 10 s of either saved up)"
+    ]
     assert lines[-2:] == [notices[0], "after a second"]
     assert (tmp_path / "output.log").stat().st_size < 1024 * 1024
 
@@ -60,8 +71,16 @@ async def test_what_is_dropped_at_the_end_is_noticed_at_the_end(tmp_path):
     async def publish(chunk: LogChunk) -> None:
         chunks.append(chunk)
 
-    shipper = LogShipper(job_id="j", attempt=1, rank=0, node_id="n1", path=tmp_path / "output.log", publish=publish,
-                         rate=OutputRate(lines_per_s=1, bytes_per_s=1000, burst_s=3), clock=Clock())
+    shipper = LogShipper(
+        job_id="j",
+        attempt=1,
+        rank=0,
+        node_id="n1",
+        path=tmp_path / "output.log",
+        publish=publish,
+        rate=OutputRate(lines_per_s=1, bytes_per_s=1000, burst_s=3),
+        clock=Clock(),
+    )
     for i in range(10):
         shipper.add(LogLine(t=0.0, line=f"line {i}"))
     shipper.note("own line, never dropped")

@@ -1,12 +1,22 @@
 """What a watch event on a Pod says about its node: only this cluster's node Pods, by their label and their name."""
+
 from services.placement.providers.kubernetes import pod_name
 from services.placement.providers.podwatch import failed_node
 
 
-def pod(*, node: str = "od-l4-1", cluster: str = "c1", name: str | None = None, phase: str = "Running",
-        reason: str | None = None, deleting: bool = False) -> dict:
-    meta = {"name": name or pod_name(node), "labels": {"trainmaster.io/cluster": cluster,
-                                                       "trainmaster.io/node-id": node}}
+def pod(
+    *,
+    node: str = "od-l4-1",
+    cluster: str = "c1",
+    name: str | None = None,
+    phase: str = "Running",
+    reason: str | None = None,
+    deleting: bool = False,
+) -> dict:
+    meta = {
+        "name": name or pod_name(node),
+        "labels": {"trainmaster.io/cluster": cluster, "trainmaster.io/node-id": node},
+    }
     if deleting:
         meta["deletionTimestamp"] = "2026-11-26T15:00:00Z"
     return {"metadata": meta, "status": {"phase": phase, **({"reason": reason} if reason else {})}}

@@ -1,5 +1,6 @@
 """The portal's pages carry a Content-Security-Policy and run no inline script; every answer says nosniff and sends
 no referrer; /v2/nodes shows other projects' jobs only to the admin."""
+
 import re
 from pathlib import Path
 
@@ -23,8 +24,12 @@ async def test_portal_pages_have_a_strict_content_security_policy():
 async def test_every_answer_says_nosniff_and_no_referrer():
     app, _, _ = await make_app()
     async with client(app, None) as anonymous, client(app) as admin:
-        for response in (await anonymous.get("/v2/me"), await admin.get("/v2/me"), await anonymous.get("/ui/"),
-                         await admin.put("/v2/p/notifications", json={"webhook_url": "http://127.0.0.1/"})):
+        for response in (
+            await anonymous.get("/v2/me"),
+            await admin.get("/v2/me"),
+            await anonymous.get("/ui/"),
+            await admin.put("/v2/p/notifications", json={"webhook_url": "http://127.0.0.1/"}),
+        ):
             assert response.headers["x-content-type-options"] == "nosniff"
             assert response.headers["referrer-policy"] == "no-referrer"
 
@@ -40,11 +45,21 @@ def test_the_pages_hold_no_inline_script_and_tokens_stay_in_the_session_by_defau
 
 
 def nodes_answer() -> list[dict]:
-    return [{"node_id": "local-1", "state": "ready", "last_seen": "2026-11-23T15:00:00Z", "boot_id": "b",
-             "info": {"kind": "local"}, "running": [{"job_id": "job-mine", "attempt": 1, "rank": 0},
-                                                     {"job_id": "job-theirs", "attempt": 2, "rank": 0},
-                                                     {"job_id": "job-unknown", "attempt": 1, "rank": 0}]},
-            {"node_id": "local-2", "state": "ready", "last_seen": "2026-11-23T15:00:00Z", "info": {}, "running": []}]
+    return [
+        {
+            "node_id": "local-1",
+            "state": "ready",
+            "last_seen": "2026-11-23T15:00:00Z",
+            "boot_id": "b",
+            "info": {"kind": "local"},
+            "running": [
+                {"job_id": "job-mine", "attempt": 1, "rank": 0},
+                {"job_id": "job-theirs", "attempt": 2, "rank": 0},
+                {"job_id": "job-unknown", "attempt": 1, "rank": 0},
+            ],
+        },
+        {"node_id": "local-2", "state": "ready", "last_seen": "2026-11-23T15:00:00Z", "info": {}, "running": []},
+    ]
 
 
 async def test_a_member_sees_only_his_projects_jobs_on_each_node():

@@ -1,4 +1,5 @@
 """Job-supplied metric patterns: RE2 only, checked at submission, matched against bounded lines."""
+
 import pytest
 from pydantic import ValidationError
 
@@ -42,16 +43,19 @@ def test_named_groups_work_under_re2():
     assert pattern.search("epoch 1 step 12 loss 2.5e-1").groupdict() == {"step": "12", "value": "2.5e-1"}
 
 
-@pytest.mark.parametrize(("regex", "why"), [
-    (r"(?P<value>\d+) \1", "RE2"),  # backreference
-    (r"(?=loss)loss (?P<value>[0-9.]+)", "RE2"),  # lookahead
-    (r"(?<!val_)loss (?P<value>[0-9.]+)", "RE2"),  # lookbehind
-    (r"loss (?P<value>[0-9.]+", "RE2"),  # unbalanced
-    (r"(?P<value>a{1000}){1000}", "RE2"),  # a program RE2 will not build
-    (r"loss [0-9.]+", "`value`"),  # no group for the metric
-    (r"step (\d+) loss ([0-9.]+)", "`value`"),  # two unnamed groups: which one is the metric?
-    (r"step (?P<step>\d+) loss [0-9.]+", "`value`"),  # only the step
-])
+@pytest.mark.parametrize(
+    ("regex", "why"),
+    [
+        (r"(?P<value>\d+) \1", "RE2"),  # backreference
+        (r"(?=loss)loss (?P<value>[0-9.]+)", "RE2"),  # lookahead
+        (r"(?<!val_)loss (?P<value>[0-9.]+)", "RE2"),  # lookbehind
+        (r"loss (?P<value>[0-9.]+", "RE2"),  # unbalanced
+        (r"(?P<value>a{1000}){1000}", "RE2"),  # a program RE2 will not build
+        (r"loss [0-9.]+", "`value`"),  # no group for the metric
+        (r"step (\d+) loss ([0-9.]+)", "`value`"),  # two unnamed groups: which one is the metric?
+        (r"step (?P<step>\d+) loss [0-9.]+", "`value`"),  # only the step
+    ],
+)
 def test_patterns_re2_refuses_or_without_a_value_group_name_the_field(regex, why):
     fields, message = refusal(regex)
     assert fields == ["algorithm.metrics.1.regex"] and why in message
@@ -62,11 +66,14 @@ def test_a_valid_pattern_is_accepted():
     assert JobCreate.model_validate(body).algorithm.metrics[0].regex == r"loss (?P<value>[0-9.]+)"
 
 
-@pytest.mark.parametrize(("regex", "line", "value", "step"), [
-    (r"loss=([0-9.]+)", "epoch 1 loss=0.25", 0.25, None),  # SageMaker's convention: the one unnamed group
-    (r"step (?P<step>\d+) loss=([0-9.]+)", "step 7 loss=0.5", 0.5, 7.0),  # named `step`, the unnamed one the value
-    (r"(?P<value>[0-9.]+) after (\d+)", "0.75 after 3", 0.75, None),  # the named `value` wins
-])
+@pytest.mark.parametrize(
+    ("regex", "line", "value", "step"),
+    [
+        (r"loss=([0-9.]+)", "epoch 1 loss=0.25", 0.25, None),  # SageMaker's convention: the one unnamed group
+        (r"step (?P<step>\d+) loss=([0-9.]+)", "step 7 loss=0.5", 0.5, 7.0),  # named `step`, the unnamed one the value
+        (r"(?P<value>[0-9.]+) after (\d+)", "0.75 after 3", 0.75, None),  # the named `value` wins
+    ],
+)
 def test_one_unnamed_group_is_the_value_at_submission_and_when_matched(regex, line, value, step):
     body = job_body(metrics=[{"name": "loss", "regex": regex}])
     spec = JobCreate.model_validate(body).algorithm.metrics[0]

@@ -1,4 +1,5 @@
 """POST/GET /v2/{project}/searches and the stop action on the real app (in-memory collections)."""
+
 import pytest
 
 from services.submitter.searches.store import SearchStore
@@ -6,13 +7,26 @@ from tests.unit.api_app import add_user, client, make_app
 
 
 def body(**changes) -> dict:
-    return {"name": "lr-sweep", "template": {"metadata": {"name": "t"}, "algorithm": {
-        "command": "python3 train.py", "metrics": [{"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}]}},
-        "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
-                  "width": {"type": "int", "low": 16, "high": 256},
-                  "opt": {"type": "categorical", "choices": ["sgd", "adam"]}},
-        "objective": {"metric": "loss", "mode": "min"}, "max_trials": 8, "parallelism": 4,
-        "pruner": "predicted", **changes}
+    return {
+        "name": "lr-sweep",
+        "template": {
+            "metadata": {"name": "t"},
+            "algorithm": {
+                "command": "python3 train.py",
+                "metrics": [{"name": "loss", "regex": "loss (?P<value>[0-9.]+)"}],
+            },
+        },
+        "space": {
+            "lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True},
+            "width": {"type": "int", "low": 16, "high": 256},
+            "opt": {"type": "categorical", "choices": ["sgd", "adam"]},
+        },
+        "objective": {"metric": "loss", "mode": "min"},
+        "max_trials": 8,
+        "parallelism": 4,
+        "pruner": "predicted",
+        **changes,
+    }
 
 
 async def app_and_client(token=None):
@@ -29,8 +43,14 @@ async def test_create_get_list_and_stop():
         assert created.status_code == 201, created.text
         search_id = created.json()["metadata"]["id"]
         shown = (await api.get(f"/v2/vision/searches/{search_id}")).json()
-        assert shown["status"] == {"phase": "Running", "best": None, "reason": "", "gpu_hours": 0.0,
-                                   "dollars": 0.0, "message": ""}
+        assert shown["status"] == {
+            "phase": "Running",
+            "best": None,
+            "reason": "",
+            "gpu_hours": 0.0,
+            "dollars": 0.0,
+            "message": "",
+        }
         assert shown["trials"] == [] and shown["spec"]["pruner"] == "predicted"
         listed = (await api.get("/v2/vision/searches")).json()
         assert listed["total"] == 1 and listed["items"][0]["metadata"]["id"] == search_id
@@ -44,31 +64,34 @@ async def test_create_get_list_and_stop():
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("change, field", [
-    ({"space": {"lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}}, "space.lr.low"),
-    ({"space": {"lr": {"type": "float", "low": 0.5, "high": 0.1}}}, "space.lr.high"),
-    ({"space": {"lr": {"type": "float", "low": "a", "high": 0.1}}}, "space.lr.low"),
-    ({"space": {"lr": {"type": "float", "high": 0.1}}}, "space.lr.low"),
-    ({"space": {"w": {"type": "int", "low": 1.5, "high": 4}}}, "space.w.low"),
-    ({"space": {"w": {"type": "int", "low": 1, "high": 4, "choices": [1]}}}, "space.w.choices"),
-    ({"space": {"o": {"type": "categorical", "choices": []}}}, "space.o.choices"),
-    ({"space": {"o": {"type": "categorical", "choices": ["a"], "low": 1}}}, "space.o.low"),
-    ({"space": {"o": {"type": "categorical"}}}, "space.o.choices"),
-    ({"space": {"o": {"type": "tuple"}}}, "space.o.type"),
-    ({"space": {"o": {"type": "float", "low": 1, "high": 2, "step": 1}}}, "space.o.step"),
-    ({"space": {"bad name": {"type": "float", "low": 1, "high": 2}}}, "space.bad name.[key]"),
-    ({"space": {}}, "space"),
-    ({"max_trials": 0}, "max_trials"),
-    ({"max_trials": 1001}, "max_trials"),
-    ({"parallelism": 0}, "parallelism"),
-    ({"pruner": "asha"}, "pruner"),
-    ({"objective": {"metric": "loss", "mode": "up"}}, "objective.mode"),
-    ({"objective": {"metric": "loss", "mode": "max"}}, "body"),
-    ({"template": {"metadata": {"name": "t"}, "algorithm": {}}}, "template.algorithm"),
-    ({"max_dollars": -1}, "max_dollars"),
-    ({"max_gpu_hours": 0}, "max_gpu_hours"),
-    ({"name": "bad name"}, "name"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"space": {"lr": {"type": "float", "low": 0.0, "high": 0.1, "log": True}}}, "space.lr.low"),
+        ({"space": {"lr": {"type": "float", "low": 0.5, "high": 0.1}}}, "space.lr.high"),
+        ({"space": {"lr": {"type": "float", "low": "a", "high": 0.1}}}, "space.lr.low"),
+        ({"space": {"lr": {"type": "float", "high": 0.1}}}, "space.lr.low"),
+        ({"space": {"w": {"type": "int", "low": 1.5, "high": 4}}}, "space.w.low"),
+        ({"space": {"w": {"type": "int", "low": 1, "high": 4, "choices": [1]}}}, "space.w.choices"),
+        ({"space": {"o": {"type": "categorical", "choices": []}}}, "space.o.choices"),
+        ({"space": {"o": {"type": "categorical", "choices": ["a"], "low": 1}}}, "space.o.low"),
+        ({"space": {"o": {"type": "categorical"}}}, "space.o.choices"),
+        ({"space": {"o": {"type": "tuple"}}}, "space.o.type"),
+        ({"space": {"o": {"type": "float", "low": 1, "high": 2, "step": 1}}}, "space.o.step"),
+        ({"space": {"bad name": {"type": "float", "low": 1, "high": 2}}}, "space.bad name.[key]"),
+        ({"space": {}}, "space"),
+        ({"max_trials": 0}, "max_trials"),
+        ({"max_trials": 1001}, "max_trials"),
+        ({"parallelism": 0}, "parallelism"),
+        ({"pruner": "asha"}, "pruner"),
+        ({"objective": {"metric": "loss", "mode": "up"}}, "objective.mode"),
+        ({"objective": {"metric": "loss", "mode": "max"}}, "body"),
+        ({"template": {"metadata": {"name": "t"}, "algorithm": {}}}, "template.algorithm"),
+        ({"max_dollars": -1}, "max_dollars"),
+        ({"max_gpu_hours": 0}, "max_gpu_hours"),
+        ({"name": "bad name"}, "name"),
+    ],
+)
 async def test_invalid_bodies_name_the_field(change, field):
     app, _, _ = await app_and_client()
     async with client(app) as api:

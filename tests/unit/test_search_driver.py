@@ -1,5 +1,6 @@
 """The search driver on an in-memory store and a fake submitter: trials start up to parallelism, losing ones are
 pruned and told to end, a restarted driver asks nothing twice, a stop ends the search."""
+
 import math
 from dataclasses import dataclass, field
 
@@ -14,19 +15,37 @@ T0 = 1_800_000_000_000
 
 
 def search_doc(*, pruner: str = "none", max_trials: int = 4, parallelism: int = 2, **extra) -> dict:
-    spec = SearchCreate.model_validate({
-        "name": "sweep", "template": {"metadata": {"name": "x"}, "algorithm": {"command": "train"}},
-        "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}},
-        "objective": {"metric": "loss", "mode": "min", "max_step": 20}, "max_trials": max_trials,
-        "parallelism": parallelism, "pruner": pruner, **extra})
-    return {"_id": "s-unit", "project_id": "p", "name": "sweep", "user_name": "ana", "create_time": None,
-            "spec": spec.model_dump(mode="json"), "seed": 7, "phase": "Running", "trials": [], "best": None,
-            "dollars_per_hour": 2.0}
+    spec = SearchCreate.model_validate(
+        {
+            "name": "sweep",
+            "template": {"metadata": {"name": "x"}, "algorithm": {"command": "train"}},
+            "space": {"lr": {"type": "float", "low": 1e-4, "high": 0.1, "log": True}},
+            "objective": {"metric": "loss", "mode": "min", "max_step": 20},
+            "max_trials": max_trials,
+            "parallelism": parallelism,
+            "pruner": pruner,
+            **extra,
+        }
+    )
+    return {
+        "_id": "s-unit",
+        "project_id": "p",
+        "name": "sweep",
+        "user_name": "ana",
+        "create_time": None,
+        "spec": spec.model_dump(mode="json"),
+        "seed": 7,
+        "phase": "Running",
+        "trials": [],
+        "best": None,
+        "dollars_per_hour": 2.0,
+    }
 
 
 @dataclass
 class FakePort:
     """Jobs as the submitter's view would show them; each trial's loss floor is set per trial number."""
+
     floors: dict[int, float] = field(default_factory=dict)
     jobs: dict[str, dict] = field(default_factory=dict)
     submitted: list[str] = field(default_factory=list)
@@ -39,8 +58,12 @@ class FakePort:
             raise self.refuse
         assert job_id not in self.jobs, "a trial was submitted twice"
         self.submitted.append(job_id)
-        self.jobs[job_id] = {"_id": job_id, "status": {"phase": "Running", "start_time": T0, "end_time": 0},
-                             "spec": {"resource": {"gpu_count": 1, "node_count": 1}}, "trial": trial}
+        self.jobs[job_id] = {
+            "_id": job_id,
+            "status": {"phase": "Running", "start_time": T0, "end_time": 0},
+            "spec": {"resource": {"gpu_count": 1, "node_count": 1}},
+            "trial": trial,
+        }
         self.steps[job_id] = 0
 
     async def job(self, job_id):
@@ -92,8 +115,9 @@ async def test_parameters_are_the_same_for_the_same_seed_and_trial():
     await Driver(store=store, port=FakePort()).pass_once(now_ms=T0)
     other, _ = await started(search_doc())
     await Driver(store=other, port=FakePort()).pass_once(now_ms=T0)
-    assert (await store.get("p", "s-unit"))["trials"][0]["parameters"] == \
-        (await other.get("p", "s-unit"))["trials"][0]["parameters"]
+    assert (await store.get("p", "s-unit"))["trials"][0]["parameters"] == (await other.get("p", "s-unit"))["trials"][0][
+        "parameters"
+    ]
 
 
 @pytest.mark.asyncio

@@ -1,14 +1,17 @@
 """The portal's search pages: served under the portal's Content-Security-Policy, linked from the navigation, and
 every value they interpolate into HTML goes through an escaping or formatting helper."""
+
 import re
 from pathlib import Path
 
 from tests.unit.api_app import client, make_app
 
 UI = Path(__file__).resolve().parents[2] / "services" / "submitter" / "ui"
-SAFE = re.compile(r"^(TM\.(esc|badge|ago)\(|num\(|encodeURIComponent\(|t\.trial( === bestTrial \? \" best\" : \"\")?$|"
-                  r"done$|names\.length \+ 5$|(names|search\.trials|page\.items)\.map\(|"
-                  r"t\.state === \"Pruned\" \? \"pruned\" : \"\"$|best \? num\()")
+SAFE = re.compile(
+    r"^(TM\.(esc|badge|ago)\(|num\(|encodeURIComponent\(|t\.trial( === bestTrial \? \" best\" : \"\")?$|"
+    r"done$|names\.length \+ 5$|(names|search\.trials|page\.items)\.map\(|"
+    r"t\.state === \"Pruned\" \? \"pruned\" : \"\"$|best \? num\()"
+)
 
 
 async def test_the_search_page_is_served_with_the_portal_policy_and_linked():

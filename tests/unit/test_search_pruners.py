@@ -1,4 +1,5 @@
 """The search pruners and the curve projection: pure functions of trials' points."""
+
 import math
 
 import pytest
@@ -7,8 +8,16 @@ from services.submitter.searches.curvefit import project
 from services.submitter.searches.pruners import Config, Point, Trial, decide, horizon
 
 
-def curve(number: int, *, floor: float, steps: int = 20, upto: int | None = None, done: bool = False,
-          start: float = 0.0, stopped: bool = False) -> Trial:
+def curve(
+    number: int,
+    *,
+    floor: float,
+    steps: int = 20,
+    upto: int | None = None,
+    done: bool = False,
+    start: float = 0.0,
+    stopped: bool = False,
+) -> Trial:
     """A saturating loss curve reaching `floor`, one point a step, a second apart."""
     upto = steps if upto is None else upto
     points = tuple(Point(start + s, s, floor + 2.0 * math.exp(-s / 4)) for s in range(1, upto + 1))
@@ -23,8 +32,9 @@ def test_none_never_prunes():
 def test_horizon_is_given_or_learned_from_the_first_completed_trial():
     assert horizon([curve(0, floor=1, upto=5)], None) is None
     assert horizon([curve(0, floor=1, upto=5)], 40) == 40
-    assert horizon([curve(0, floor=1, steps=20, done=True), curve(1, floor=1, steps=30, done=True, start=100)],
-                   None) == 20
+    assert (
+        horizon([curve(0, floor=1, steps=20, done=True), curve(1, floor=1, steps=30, done=True, start=100)], None) == 20
+    )
 
 
 def test_median_stops_a_trial_worse_than_the_completed_median_and_keeps_a_good_one():
@@ -94,10 +104,13 @@ def test_unknown_pruner_is_refused():
 
 def test_predicted_gives_a_trial_the_late_drop_a_completed_trial_had_after_the_same_step():
     """A step schedule: flat at 2.0 until step 15, then down to 0.5; a rival finished at 1.0 earlier."""
+
     def stepped(number: int, *, upto: int, done: bool, start: float) -> Trial:
         values = [2.0 + 0.01 * (20 - s) if s < 15 else 0.5 for s in range(1, upto + 1)]
-        return Trial(trial=number, points=tuple(Point(start + s, s, v) for s, v in zip(range(1, upto + 1), values)),
-                     done=done)
+        return Trial(
+            trial=number, points=tuple(Point(start + s, s, v) for s, v in zip(range(1, upto + 1), values)), done=done
+        )
+
     finished = stepped(0, upto=20, done=True, start=0)
     rival = curve(1, floor=1.0, done=True, start=30)
     plateau = stepped(2, upto=12, done=False, start=60)

@@ -1,14 +1,17 @@
 """Trial parameters: drawn inside the space, the same for the same seed and trial, passed to the job as text."""
+
 import math
 
 from services.submitter.searches.models import Param
 from services.submitter.searches.space import as_text, sample
 from services.submitter.searches.trials import trial_body
 
-SPACE = {"lr": Param(type="float", low=1e-4, high=0.1, log=True),
-         "width": Param(type="int", low=16, high=256),
-         "layers": Param(type="int", low=1, high=8, log=True),
-         "opt": Param(type="categorical", choices=["sgd", "adam"])}
+SPACE = {
+    "lr": Param(type="float", low=1e-4, high=0.1, log=True),
+    "width": Param(type="int", low=16, high=256),
+    "layers": Param(type="int", low=1, high=8, log=True),
+    "opt": Param(type="categorical", choices=["sgd", "adam"]),
+}
 
 
 def test_draws_stay_in_the_space_and_cover_it():
@@ -33,8 +36,16 @@ def test_values_become_text_that_reads_back_the_same():
 
 
 def test_a_trial_is_the_template_with_its_values_appended_to_the_parameters():
-    search = {"_id": "s-1", "name": "sweep", "spec": {"template": {
-        "metadata": {"name": "x"}, "algorithm": {"command": "train", "parameters": [{"name": "data", "value": "d"}]}}}}
+    search = {
+        "_id": "s-1",
+        "name": "sweep",
+        "spec": {
+            "template": {
+                "metadata": {"name": "x"},
+                "algorithm": {"command": "train", "parameters": [{"name": "data", "value": "d"}]},
+            }
+        },
+    }
     body = trial_body(search, trial=2, parameters={"lr": 0.01, "opt": "adam"}, name="sweep-2")
     assert [(p.name, p.value) for p in body.algorithm.parameters] == [("data", "d"), ("lr", "0.01"), ("opt", "adam")]
     assert body.metadata.name == "sweep-2" and "trial 2 of search s-1" in body.metadata.description

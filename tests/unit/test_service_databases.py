@@ -1,5 +1,6 @@
 """Each service's database: its own URL (falling back to the common MONGO_URL) and its own database name; under
 `make run` its own embedded server, which no other process is told of."""
+
 import pytest
 
 from services.billing.app import BillingSettings
@@ -9,8 +10,13 @@ from services.placement.app import PlacementSettings
 from services.stack.processes import SERVICES, Stack, StackSettings
 from services.submitter.app import SubmitterSettings
 
-KINDS = {"submitter": SubmitterSettings, "placement": PlacementSettings, "monitor": MonitorSettings,
-         "estimator": EstimatorSettings, "billing": BillingSettings}
+KINDS = {
+    "submitter": SubmitterSettings,
+    "placement": PlacementSettings,
+    "monitor": MonitorSettings,
+    "estimator": EstimatorSettings,
+    "billing": BillingSettings,
+}
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +56,9 @@ def test_under_make_run_each_service_is_told_only_of_its_own_server_and_agents_o
 
 def test_with_an_external_database_every_service_gets_it(tmp_path):
     (tmp_path / "cluster.toml").write_text("")
-    stack = Stack(StackSettings(data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml",
-                                mongo_url="mongodb://mongo:27017"))
+    stack = Stack(
+        StackSettings(data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml", mongo_url="mongodb://mongo:27017")
+    )
     assert {stack.env_of(service)["MONGO_URL"] for service in SERVICES} == {"mongodb://mongo:27017"}
     stack.start_database()  # starts nothing
     assert stack.processes == {}

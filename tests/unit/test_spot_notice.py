@@ -1,24 +1,36 @@
 """The spot notice: reading the metadata's answers (hostile ones too), what the agent does on one, and when
 placement should choose spot at all."""
+
 import pytest
 
 from services.agent.spot import Notice, leave_on_notice, parse_notice
 from services.placement.policy.spot import SpotOffer, choose_spot, expected_cost
 
 
-@pytest.mark.parametrize("kind, status, body, expected", [
-    ("interruption", 200, b'{"action": "terminate", "time": "2026-11-23T18:00:00Z"}',
-     Notice("interruption", "terminate", "2026-11-23T18:00:00Z")),
-    ("interruption", 200, b'{"action": "hibernate", "time": "t"}', Notice("interruption", "hibernate", "t")),
-    ("interruption", 404, b"Not Found", None),
-    ("interruption", 200, b'{"action": "rm -rf /", "time": "t"}', None),
-    ("interruption", 200, b"[1, 2]", None),
-    ("interruption", 200, b"not json", None),
-    ("interruption", 200, b'{"action": "terminate", "time": "' + b"x" * 5000 + b'"}', None),
-    ("rebalance", 200, b'{"noticeTime": "2026-11-23T17:58:00Z"}', Notice("rebalance", "rebalance",
-                                                                          "2026-11-23T17:58:00Z")),
-    ("rebalance", 200, b'{"noticeTime": 5}', None),
-])
+@pytest.mark.parametrize(
+    "kind, status, body, expected",
+    [
+        (
+            "interruption",
+            200,
+            b'{"action": "terminate", "time": "2026-11-23T18:00:00Z"}',
+            Notice("interruption", "terminate", "2026-11-23T18:00:00Z"),
+        ),
+        ("interruption", 200, b'{"action": "hibernate", "time": "t"}', Notice("interruption", "hibernate", "t")),
+        ("interruption", 404, b"Not Found", None),
+        ("interruption", 200, b'{"action": "rm -rf /", "time": "t"}', None),
+        ("interruption", 200, b"[1, 2]", None),
+        ("interruption", 200, b"not json", None),
+        ("interruption", 200, b'{"action": "terminate", "time": "' + b"x" * 5000 + b'"}', None),
+        (
+            "rebalance",
+            200,
+            b'{"noticeTime": "2026-11-23T17:58:00Z"}',
+            Notice("rebalance", "rebalance", "2026-11-23T17:58:00Z"),
+        ),
+        ("rebalance", 200, b'{"noticeTime": 5}', None),
+    ],
+)
 def test_parse_notice(kind, status, body, expected):
     assert parse_notice(kind, status, body) == expected
 
@@ -53,8 +65,7 @@ def test_spot_is_for_jobs_that_checkpoint_and_only_when_it_pays():
     assert not choose_spot(cheap, checkpoints=False, duration_s=7200, checkpoint_interval_s=600)
     risky = SpotOffer(price_per_hour=0.9, on_demand_price_per_hour=1.0, interruptions_per_hour=2.0)
     assert not choose_spot(risky, checkpoints=True, duration_s=7200, checkpoint_interval_s=600)
-    assert not choose_spot(cheap, checkpoints=True, duration_s=7200, checkpoint_interval_s=600,
-                           deadline_slack_s=10)
+    assert not choose_spot(cheap, checkpoints=True, duration_s=7200, checkpoint_interval_s=600, deadline_slack_s=10)
     cost, total = expected_cost(cheap, duration_s=3600, checkpoint_interval_s=600)
     assert total == pytest.approx(3600 + 0.1 * (300 + 300)) and cost == pytest.approx(0.4 * total / 3600)
 

@@ -1,4 +1,5 @@
 """What `make run` hands its processes: the platform services see no GPU (they are the tasks'), agents see theirs."""
+
 from services.stack.processes import SERVICES
 from tests.unit.test_stack_restart import stack_of
 

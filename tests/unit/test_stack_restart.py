@@ -1,4 +1,5 @@
 """`make run` supervises: a process that exited is started again as it was (a service replica on its own port)."""
+
 import time
 
 import pytest
@@ -11,8 +12,16 @@ CLUSTER = '[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\np
 
 def test_each_kind_of_process_is_started_again_as_it_was(tmp_path, monkeypatch):
     (tmp_path / "cluster.toml").write_text(CLUSTER)
-    stack = Stack(StackSettings(data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml", service_replicas=2,
-                                nats_servers=3, mongo_url=None, nats_url=None))
+    stack = Stack(
+        StackSettings(
+            data_dir=tmp_path,
+            cluster_file=tmp_path / "cluster.toml",
+            service_replicas=2,
+            nats_servers=3,
+            mongo_url=None,
+            nats_url=None,
+        )
+    )
     started = []
     monkeypatch.setattr(stack, "start_service", lambda name, *, replica=1: started.append(("service", name, replica)))
     monkeypatch.setattr(stack, "start_agent", lambda node: started.append(("agent", node)))
@@ -25,8 +34,9 @@ def test_each_kind_of_process_is_started_again_as_it_was(tmp_path, monkeypatch):
 
 def stack_of(tmp_path) -> Stack:
     (tmp_path / "cluster.toml").write_text(CLUSTER)
-    return Stack(StackSettings(data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml", mongo_url=None,
-                               nats_url=None))
+    return Stack(
+        StackSettings(data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml", mongo_url=None, nats_url=None)
+    )
 
 
 def test_a_service_that_exits_while_the_stack_starts_is_started_again_and_the_stack_comes_up(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Published events pulled off later (`DocumentStore(defer_pulls_s=...)`): a job's next write drops them for nothing,
 what is left goes in one bulk write; every event is published once and no outbox keeps what went out."""
+
 import asyncio
 
 from shared.events import JobDeleted
@@ -13,6 +14,7 @@ def bump(job_id: str):
     def change(doc):
         n = doc["n"] + 1 if doc else 1
         return {"n": n}, [JobDeleted(event_id=f"{job_id}:{n}", job_id=job_id)]
+
     return change
 
 
@@ -26,8 +28,7 @@ async def test_a_jobs_next_write_drops_its_published_events_and_the_rest_go_in_o
     await asyncio.sleep(DELAY_S * 3)
     assert collection.pull_writes == [4]  # one write for every job's last event
     assert all(doc[OUTBOX] == [] and doc["_outbox_n"] == 0 for doc in collection.docs.values())
-    assert sorted(p["event_id"] for _, p in bus.published) == sorted(f"j{i}:{n}" for i in range(4)
-                                                                     for n in range(1, 5))
+    assert sorted(p["event_id"] for _, p in bus.published) == sorted(f"j{i}:{n}" for i in range(4) for n in range(1, 5))
 
 
 async def test_after_the_deferred_pull_the_remembered_document_is_what_is_stored():

@@ -1,4 +1,5 @@
 """The one conflict-retry helper: load, change, save until no one wrote in between, and raise when it gives up."""
+
 import asyncio
 
 import pytest
@@ -131,6 +132,7 @@ async def test_what_was_published_before_a_failure_is_pulled_off_and_the_rest_st
 
 class Reading(DocumentStore):
     """Counts the documents it reads."""
+
     reads = 0
 
     async def load(self, doc_id):
@@ -139,8 +141,7 @@ class Reading(DocumentStore):
 
 
 def bump(doc):
-    return {"n": doc["n"] + 1 if doc else 1, "at": [1, 2]}, [JobDeleted(event_id=f"d:{doc and doc['n']}",
-                                                                           job_id="d")]
+    return {"n": doc["n"] + 1 if doc else 1, "at": [1, 2]}, [JobDeleted(event_id=f"d:{doc and doc['n']}", job_id="d")]
 
 
 async def test_a_remembered_document_changes_without_a_read_and_a_stale_one_costs_a_lost_race():
@@ -185,6 +186,7 @@ async def test_a_new_document_is_inserted_without_a_read_and_a_stored_one_is_rea
     assert not await jobs.update("j", create, new=True)  # redelivered: the insert is refused, the stored one read
     assert collection.reads == 1 and collection.docs["j"]["n"] == 1
     collection.reads = 0
-    assert await jobs.update("k", lambda doc: ({"n": (doc or {}).get("n", 0) + 1}, []) if doc else None, new=True) \
-        is False  # nothing to make of nothing: what is stored (none) decides
+    assert (
+        await jobs.update("k", lambda doc: ({"n": (doc or {}).get("n", 0) + 1}, []) if doc else None, new=True) is False
+    )  # nothing to make of nothing: what is stored (none) decides
     assert collection.reads == 1 and "k" not in collection.docs

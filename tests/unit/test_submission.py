@@ -1,4 +1,5 @@
 """One submission, whatever the dialect, asks placement for candidates once and billing once, at placement's price."""
+
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +19,15 @@ from tests.memory import MemoryCollection
 from tests.unit.api_app import client, make_app
 
 PROJECT = "vision"
-OFFER = Candidate(node_kind="local", node_id="n1", price_per_hour=3.0, predicted_duration_s=7200,
-                  duration_source="estimator", expected_cost=6.0, free_now=True)
+OFFER = Candidate(
+    node_kind="local",
+    node_id="n1",
+    price_per_hour=3.0,
+    predicted_duration_s=7200,
+    duration_source="estimator",
+    expected_cost=6.0,
+    free_now=True,
+)
 
 
 @dataclass
@@ -37,8 +45,9 @@ class CountingBroker:
             raise TimeoutError("placement is away")
         if subject == RPC_ADMIT and sum(s == RPC_ADMIT for s, _ in self.asked) <= self.billing_away_for:
             raise NoRespondersError
-        answer = {RPC_CANDIDATES: CandidatesReply(candidates=[OFFER]).model_dump(mode="json"),
-                  RPC_ADMIT: self.admit}[subject]
+        answer = {RPC_CANDIDATES: CandidatesReply(candidates=[OFFER]).model_dump(mode="json"), RPC_ADMIT: self.admit}[
+            subject
+        ]
         return SimpleNamespace(decode=lambda: _async(answer))
 
     def subjects(self) -> list[str]:
@@ -120,8 +129,10 @@ async def test_placement_is_asked_with_the_parameters_the_estimator_needs_and_bi
 async def test_a_v1_submission_takes_the_same_path():
     app = await api()
     async with client(app) as http:
-        created = await http.post(f"/v1/{PROJECT}/training-jobs", json={
-            "job_name": "v1-one", "config": {"worker_server_num": 1, "user_command": "true"}})
+        created = await http.post(
+            f"/v1/{PROJECT}/training-jobs",
+            json={"job_name": "v1-one", "config": {"worker_server_num": 1, "user_command": "true"}},
+        )
     assert created.status_code == 200, created.text
     assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
     assert admitted_at(app).estimated_cost == 6.0
@@ -130,8 +141,13 @@ async def test_a_v1_submission_takes_the_same_path():
 @pytest.mark.asyncio
 async def test_a_search_trial_takes_the_same_path():
     app = await api()
-    search = {"_id": "s-1", "name": "sweep", "project_id": PROJECT, "user_name": "ana",
-              "spec": {"template": job_body(name="t")}}
+    search = {
+        "_id": "s-1",
+        "name": "sweep",
+        "project_id": PROJECT,
+        "user_name": "ana",
+        "spec": {"template": job_body(name="t")},
+    }
     await SubmitterPort(app.state.submitter).submit(search, trial=0, job_id="s-1-0", parameters={"lr": 0.1})
     assert (await jobs(app).find_one({"_id": "s-1-0"}))["search_id"] == "s-1"
     assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
@@ -149,8 +165,9 @@ async def test_without_placement_the_job_is_priced_at_the_default_and_taken():
 
 @pytest.mark.asyncio
 async def test_a_refused_admission_stores_nothing():
-    app = await api(admit={"allowed": False, "limited": True, "reason": "budget", "error_code": "406029",
-                           "http_status": 403})
+    app = await api(
+        admit={"allowed": False, "limited": True, "reason": "budget", "error_code": "406029", "http_status": 403}
+    )
     async with client(app) as http:
         refused = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="costly"))
     assert refused.status_code == 403 and refused.json()["error_code"] == "406029"

@@ -1,6 +1,7 @@
 """The submitter's shape, kept by machine (read from the source, as the import rules are): its collections are
 reached only through its stores, and its use cases know nothing of the web, so a route, the ModelArts v1 dialect
 and a search's trials call the same `Submitter` with plain values."""
+
 import ast
 from pathlib import Path
 
@@ -12,12 +13,44 @@ STORES = {"Repository", "LogStore", "NotificationStore", "Tokens", "AuditLog", "
 # Modules that may name the database or a collection by name: the stores' own and the wiring that hands each its
 # collections.
 NAMING = {f"{PACKAGE}.{m}" for m in ("repository", "logstore", "notificationstore", "app")}
-COLLECTION_METHODS = {"find", "find_one", "insert_one", "update_one", "update_many", "delete_one", "delete_many",
-                      "count_documents", "replace_one", "bulk_write", "aggregate", "distinct", "find_one_and_update",
-                      "find_one_and_delete", "find_one_and_replace", "create_index", "command"}
+COLLECTION_METHODS = {
+    "find",
+    "find_one",
+    "insert_one",
+    "update_one",
+    "update_many",
+    "delete_one",
+    "delete_many",
+    "count_documents",
+    "replace_one",
+    "bulk_write",
+    "aggregate",
+    "distinct",
+    "find_one_and_update",
+    "find_one_and_delete",
+    "find_one_and_replace",
+    "create_index",
+    "command",
+}
 # The use cases and everything they stand on: no FastAPI, no Starlette, however deep.
-CORE = {f"{PACKAGE}.{m}" for m in ("usecases", "refusals", "admission", "feasible", "catalogue", "rpc", "intake",
-                                   "caps", "commands", "repository", "logstore", "notificationstore", "views")}
+CORE = {
+    f"{PACKAGE}.{m}"
+    for m in (
+        "usecases",
+        "refusals",
+        "admission",
+        "feasible",
+        "catalogue",
+        "rpc",
+        "intake",
+        "caps",
+        "commands",
+        "repository",
+        "logstore",
+        "notificationstore",
+        "views",
+    )
+}
 WEB = ("fastapi", "starlette")
 
 
@@ -29,14 +62,22 @@ def collection_reaches(source: str) -> list[str]:
     """What a module does to a collection outside a store: `.db`, a collection by name (`db.api_*`), or one of a
     collection's methods called outside the methods of a store class."""
     tree = ast.parse(source)
-    inside_stores = {id(node) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) and cls.name in STORES
-                     for node in ast.walk(cls)}
+    inside_stores = {
+        id(node)
+        for cls in ast.walk(tree)
+        if isinstance(cls, ast.ClassDef) and cls.name in STORES
+        for node in ast.walk(cls)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and (node.attr == "db" or _names_the_database(node.value)):
             found.append(f"line {node.lineno}: .{node.attr}")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in COLLECTION_METHODS and id(node) not in inside_stores):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in COLLECTION_METHODS
+            and id(node) not in inside_stores
+        ):
             found.append(f"line {node.lineno}: .{node.func.attr}()")
     return found
 
@@ -84,11 +125,17 @@ def _imported(path: Path) -> set[str]:
 
 # -- the checks themselves catch what they are for ------------------------------------------------------------------
 def test_a_collection_reached_around_the_stores_is_caught():
-    source = ("class Repository:\n    async def get(self):\n        return await self.jobs.find_one({})\n"
-              "async def route(request):\n    await request.app.state.repo.db.api_projects.update_one({}, {})\n"
-              "    await repo.jobs.find_one({})\n")
-    assert sorted(collection_reaches(source)) == ["line 5: .api_projects", "line 5: .db", "line 5: .update_one()",
-                                                  "line 6: .find_one()"]
+    source = (
+        "class Repository:\n    async def get(self):\n        return await self.jobs.find_one({})\n"
+        "async def route(request):\n    await request.app.state.repo.db.api_projects.update_one({}, {})\n"
+        "    await repo.jobs.find_one({})\n"
+    )
+    assert sorted(collection_reaches(source)) == [
+        "line 5: .api_projects",
+        "line 5: .db",
+        "line 5: .update_one()",
+        "line 6: .find_one()",
+    ]
 
 
 def test_a_web_import_behind_a_use_case_is_caught(tmp_path):

@@ -1,5 +1,6 @@
 """The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
 and what each worker keeps apart."""
+
 import pytest
 
 from tests import conftest
@@ -25,24 +26,34 @@ class Item:
 
 
 def test_a_modules_tests_share_a_worker_and_so_its_module_scoped_stack():
-    items = [Item("tests/e2e/test_failover.py::test_a"), Item("tests/e2e/test_failover.py::test_b[1]"),
-             Item("tests/e2e/test_chaos.py::test_chaos", "stack")]
+    items = [
+        Item("tests/e2e/test_failover.py::test_a"),
+        Item("tests/e2e/test_failover.py::test_b[1]"),
+        Item("tests/e2e/test_chaos.py::test_chaos", "stack"),
+    ]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.group() for i in items] == ["tests/e2e/test_failover.py", "tests/e2e/test_failover.py",
-                                          "tests/e2e/test_chaos.py"]
+    assert [i.group() for i in items] == [
+        "tests/e2e/test_failover.py",
+        "tests/e2e/test_failover.py",
+        "tests/e2e/test_chaos.py",
+    ]
 
 
 def test_the_mlperf_replays_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
-    items = [Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
-             Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
-             Item("tests/gpu/test_gpu_jobs.py::test_c", "gpu_api"), Item("tests/gpu/test_nvml_telemetry.py::test_d"),
-             Item("tests/e2e/test_search.py::test_e", group="by-hand")]
+    items = [
+        Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
+        Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
+        Item("tests/gpu/test_gpu_jobs.py::test_c", "gpu_api"),
+        Item("tests/gpu/test_nvml_telemetry.py::test_d"),
+        Item("tests/e2e/test_search.py::test_e", group="by-hand"),
+    ]
     conftest.pytest_collection_modifyitems(None, items)
     assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "gpu", "gpu", "by-hand"]
 
 
 def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     monkeypatch.setattr(conftest, "MODELS", tmp_path)
     for worker in ({}, {"id": "gw0"}, {"id": "gw1"}):
         monkeypatch.setattr(conftest, "WORKER", worker)

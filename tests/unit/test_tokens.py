@@ -1,4 +1,5 @@
 """Tokens: expiry, listing without secrets, revocation, the admin token's rotation and file, the 32-character rule."""
+
 import os
 import stat
 
@@ -180,8 +181,9 @@ async def test_a_user_holds_at_most_the_cap_of_live_tokens():
         for asker in (as_ana, admin):  # the admin issuing for her counts the same
             refused = await asker.post("/v2/users/ana/tokens")
             assert (refused.status_code, refused.json()["error_code"]) == (409, "406035"), refused.text
-            assert refused.json()["error_msg"].startswith("param[user_name] invalid: the live token quantity of "
-                                                          "user ana has reached the upper limit (3 of 3")
+            assert refused.json()["error_msg"].startswith(
+                "param[user_name] invalid: the live token quantity of user ana has reached the upper limit (3 of 3"
+            )
         assert (await as_ana.get("/v2/users/ana/tokens")).json()["count"] == 3
         clock.now += 60  # an expired token no longer counts
         assert (await as_ana.post("/v2/users/ana/tokens")).status_code == 201
@@ -194,9 +196,16 @@ async def test_a_user_holds_at_most_the_cap_of_live_tokens():
         assert {(await admin.post(f"/v2/users/{ADMIN}/tokens")).status_code for _ in range(4)} == {201}
 
 
-@pytest.mark.parametrize("body, field", [({"expires_in": True}, "expires_in"), ({"expires_in": "60"}, "expires_in"),
-                                         ({"expires_in": 0}, "expires_in"), ({"expires_in": 1.5}, "expires_in"),
-                                         ({"expires_in": 60, "scope": "all"}, "scope")])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"expires_in": True}, "expires_in"),
+        ({"expires_in": "60"}, "expires_in"),
+        ({"expires_in": 0}, "expires_in"),
+        ({"expires_in": 1.5}, "expires_in"),
+        ({"expires_in": 60, "scope": "all"}, "scope"),
+    ],
+)
 async def test_a_bad_expiry_is_refused_naming_the_field(body, field):
     app, _, _ = await make_app()
     async with client(app) as admin:

@@ -1,4 +1,5 @@
 """`trainmaster token list|create|revoke` and the fleet table's view of other projects' tasks."""
+
 from services.cli import commands
 from services.cli.__main__ import parser
 
@@ -14,8 +15,18 @@ class FakeApi:
         if method == "POST":
             return {"token": "tm_secret", "token_id": "tk_0123456789abcdef", "expires": "2027-01-01T00:00:00Z"}
         if method == "GET":
-            return {"count": 1, "items": [{"token_id": "tk_0123456789abcdef", "created": "2026-11-23T15:00:00Z",
-                                           "expires": None, "last_used": None, "source": "api"}]}
+            return {
+                "count": 1,
+                "items": [
+                    {
+                        "token_id": "tk_0123456789abcdef",
+                        "created": "2026-11-23T15:00:00Z",
+                        "expires": None,
+                        "last_used": None,
+                        "source": "api",
+                    }
+                ],
+            }
         return None
 
 
@@ -32,8 +43,10 @@ def test_token_commands_act_on_your_own_tokens_by_default(capsys):
     assert "tk_0123456789abcdef" in run(["token", "list"], api, capsys)
     run(["token", "revoke", "tk_0123456789abcdef"], api, capsys)
     assert [c for c in api.calls if c[1] != "/v2/me"] == [
-        ("POST", "/v2/users/ana/tokens", {"expires_in": 600}), ("GET", "/v2/users/ana/tokens", None),
-        ("DELETE", "/v2/users/ana/tokens/tk_0123456789abcdef", None)]
+        ("POST", "/v2/users/ana/tokens", {"expires_in": 600}),
+        ("GET", "/v2/users/ana/tokens", None),
+        ("DELETE", "/v2/users/ana/tokens/tk_0123456789abcdef", None),
+    ]
 
 
 def test_a_new_token_is_alone_on_stdout(capsys):

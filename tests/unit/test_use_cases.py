@@ -1,6 +1,7 @@
 """The submitter's use cases called as a trial, a CLI or a test would: plain values in, a job view or a domain
 refusal out, no request and no HTTP; and each refusal answered by the API exactly as before (status, error code,
 message, headers), from the one table in `errors`."""
+
 import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -39,8 +40,9 @@ class UniqueNames(MemoryCollection):
     """api_jobs with its unique (project_id, name) index."""
 
     async def insert_one(self, doc: dict):
-        if any((d.get("project_id"), d.get("name")) == (doc.get("project_id"), doc.get("name"))
-               for d in self.docs.values()):
+        if any(
+            (d.get("project_id"), d.get("name")) == (doc.get("project_id"), doc.get("name")) for d in self.docs.values()
+        ):
             raise DuplicateKeyError(f"duplicate name {doc.get('name')}")
         return await super().insert_one(doc)
 
@@ -72,8 +74,12 @@ def submitter(**bus: Any) -> Submitter:
     settings = SubmitterSettings(nats_url="nats://127.0.0.1:1", max_queued_per_user=2)
     broker = Bus(**bus)
     db = Db(api_jobs=UniqueNames("api_jobs"))
-    return build_submitter(settings, repo=Repository(db=db, broker=broker), broker=broker,
-                           storage=StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt"))
+    return build_submitter(
+        settings,
+        repo=Repository(db=db, broker=broker),
+        broker=broker,
+        storage=StoragePolicy(storage_root="s3://tm/storage", checkpoint_root="s3://tm/ckpt"),
+    )
 
 
 def command(name: str, **kw: Any) -> SubmitJob:
@@ -81,9 +87,17 @@ def command(name: str, **kw: Any) -> SubmitJob:
 
 
 async def finish(use: Submitter, job_id: str) -> None:
-    await use.repo.apply_status(JobStatusChanged(event_id=f"{job_id}:status:9", job_id=job_id, project_id=PROJECT,
-                                                 user_name="ana", version=9, phase=Phase.COMPLETED,
-                                                 secondary_phase=SecondaryPhase.COMPLETED))
+    await use.repo.apply_status(
+        JobStatusChanged(
+            event_id=f"{job_id}:status:9",
+            job_id=job_id,
+            project_id=PROJECT,
+            user_name="ana",
+            version=9,
+            phase=Phase.COMPLETED,
+            secondary_phase=SecondaryPhase.COMPLETED,
+        )
+    )
 
 
 async def test_a_job_is_submitted_with_plain_values_and_announced():
@@ -114,8 +128,9 @@ async def test_the_caps_billing_and_storage_refuse_before_anything_is_stored():
     with pytest.raises(NotAdmitted) as refused:
         await refusing.submit(command("costly"))
     assert refused.value.retry and refused.value.code == "406029"
-    outside = command("outside").body.model_copy(update={"algorithm": command("x").body.algorithm.model_copy(
-        update={"code_dir": "/etc"})})
+    outside = command("outside").body.model_copy(
+        update={"algorithm": command("x").body.algorithm.model_copy(update={"code_dir": "/etc"})}
+    )
     with pytest.raises(Invalid) as invalid:
         await use.submit(SubmitJob(project_id=PROJECT, user_name="bob", body=outside))
     assert invalid.value.field == "algorithm.code_dir" and not await use.repo.name_taken(PROJECT, "outside")
@@ -139,32 +154,74 @@ async def test_act_and_delete_refuse_by_phase_and_for_a_missing_job():
 
 
 ANSWERS = [  # the status, body and headers each refusal was answered with before use cases raised them
-    (Invalid("spec.resource.pool_id", "no pool 'x' (GET /v2/pools lists them)"), 400,
-     {"error_code": "406001", "error_msg": "param[spec.resource.pool_id] invalid: no pool 'x' (GET /v2/pools lists "
-                                           "them)"}, None),
-    (NameTaken("one", project_id="vision"), 409,
-     {"error_code": "406026", "error_msg": "job name one already exists in project vision"}, None),
-    (NameTaken("sweep", project_id="vision", what="search"), 409,
-     {"error_code": "406026", "error_msg": "search name sweep already exists in project vision"}, None),
+    (
+        Invalid("spec.resource.pool_id", "no pool 'x' (GET /v2/pools lists them)"),
+        400,
+        {
+            "error_code": "406001",
+            "error_msg": "param[spec.resource.pool_id] invalid: no pool 'x' (GET /v2/pools lists them)",
+        },
+        None,
+    ),
+    (
+        NameTaken("one", project_id="vision"),
+        409,
+        {"error_code": "406026", "error_msg": "job name one already exists in project vision"},
+        None,
+    ),
+    (
+        NameTaken("sweep", project_id="vision", what="search"),
+        409,
+        {"error_code": "406026", "error_msg": "search name sweep already exists in project vision"},
+        None,
+    ),
     (NotFound("j-1"), 404, {"error_code": "406012", "error_msg": "job j-1 does not exist"}, None),
     (NotFound("s-1", what="search"), 404, {"error_code": "406012", "error_msg": "search s-1 does not exist"}, None),
-    (WrongPhase("j-1", phase="Pending", done="migrated", hint=" (only Running jobs move)"), 409,
-     {"error_code": "406027", "error_msg": "job j-1 is Pending and cannot be migrated (only Running jobs move)"},
-     None),
-    (WrongPhase("s-1", phase="Completed", done="stopped", what="search"), 409,
-     {"error_code": "406027", "error_msg": "search s-1 is Completed and cannot be stopped"}, None),
-    (NotFinished("j-1", phase="Running"), 409,
-     {"error_code": "406014", "error_msg": "job j-1 is Running: only Completed, Failed or Terminated jobs can be "
-                                           "deleted; terminate it first"}, None),
-    (QueueFull(scope="user", name="ana", queued=500, cap=500), 429,
-     {"error_code": "406035", "error_msg": "the queued job quantity of user ana has reached the upper limit (500 of "
-                                           "500 not yet running); wait for some to start or terminate them"},
-     {"retry-after": "10"}),
-    (NotAdmitted("[vision.budget] quota exceeded: no", code="406029", status=403), 403,
-     {"error_code": "406029", "error_msg": "[vision.budget] quota exceeded: no"}, None),
+    (
+        WrongPhase("j-1", phase="Pending", done="migrated", hint=" (only Running jobs move)"),
+        409,
+        {"error_code": "406027", "error_msg": "job j-1 is Pending and cannot be migrated (only Running jobs move)"},
+        None,
+    ),
+    (
+        WrongPhase("s-1", phase="Completed", done="stopped", what="search"),
+        409,
+        {"error_code": "406027", "error_msg": "search s-1 is Completed and cannot be stopped"},
+        None,
+    ),
+    (
+        NotFinished("j-1", phase="Running"),
+        409,
+        {
+            "error_code": "406014",
+            "error_msg": "job j-1 is Running: only Completed, Failed or Terminated jobs can be "
+            "deleted; terminate it first",
+        },
+        None,
+    ),
+    (
+        QueueFull(scope="user", name="ana", queued=500, cap=500),
+        429,
+        {
+            "error_code": "406035",
+            "error_msg": "the queued job quantity of user ana has reached the upper limit (500 of "
+            "500 not yet running); wait for some to start or terminate them",
+        },
+        {"retry-after": "10"},
+    ),
+    (
+        NotAdmitted("[vision.budget] quota exceeded: no", code="406029", status=403),
+        403,
+        {"error_code": "406029", "error_msg": "[vision.budget] quota exceeded: no"},
+        None,
+    ),
     (NotAdmitted("no", code="", status=403), 403, {"error_code": "406008", "error_msg": "no"}, None),
-    (ServiceAway("billing", TimeoutError()), 503,
-     {"error_code": "406003", "error_msg": "billing service did not answer: TimeoutError()"}, {"retry-after": "1"}),
+    (
+        ServiceAway("billing", TimeoutError()),
+        503,
+        {"error_code": "406003", "error_msg": "billing service did not answer: TimeoutError()"},
+        {"retry-after": "1"},
+    ),
 ]
 
 
@@ -188,14 +245,24 @@ async def test_the_routes_answer_the_use_cases_refusals_as_before():
         job_id = (await admin.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="r"))).json()["metadata"]["id"]
         jobs = f"/v2/{PROJECT}/training-jobs/{job_id}"
         moved = await admin.post(f"{jobs}/actions", json={"action_type": "migrate"})
-        assert (moved.status_code, moved.json()) == (409, {"error_code": "406027", "error_msg": (
-            f"job {job_id} is Creating and cannot be migrated (only Running jobs move)")})
+        assert (moved.status_code, moved.json()) == (
+            409,
+            {
+                "error_code": "406027",
+                "error_msg": (f"job {job_id} is Creating and cannot be migrated (only Running jobs move)"),
+            },
+        )
         deleted = await admin.delete(jobs)
         assert (deleted.status_code, deleted.json()["error_code"]) == (409, "406014")
-        for hidden in (await bob.get(jobs), await bob.delete(jobs),
-                       await bob.post(f"{jobs}/actions", json={"action_type": "terminate"})):
-            assert (hidden.status_code, hidden.json()) == (404, {"error_code": "406012",
-                                                                 "error_msg": f"job {job_id} does not exist"})
+        for hidden in (
+            await bob.get(jobs),
+            await bob.delete(jobs),
+            await bob.post(f"{jobs}/actions", json={"action_type": "terminate"}),
+        ):
+            assert (hidden.status_code, hidden.json()) == (
+                404,
+                {"error_code": "406012", "error_msg": f"job {job_id} does not exist"},
+            )
         taken = await admin.post(f"/v2/{PROJECT}/training-jobs?dry_run=true", json=job_body(name="r"))
         assert (taken.status_code, taken.json()["error_code"]) == (409, "406026")
         assert (await admin.post(f"{jobs}/actions", json={"action_type": "terminate"})).status_code == 202

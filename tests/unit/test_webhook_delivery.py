@@ -1,5 +1,6 @@
 """Webhooks: configuration refuses what is not public (400 naming webhook_url), delivery checks again at every
 connection, follows no redirect, and stores only the HTTP status or "unreachable"."""
+
 import asyncio
 import socket
 import threading
@@ -12,9 +13,17 @@ from services.submitter import notifications
 from services.submitter.notificationstore import NotificationStore
 from tests.unit.api_app import add_user, client, make_app
 
-REFUSED = ["http://127.0.0.1:8080/hook", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
-           "http://10.1.2.3/hook", "http://[::1]:9000/hook", "http://[::ffff:127.0.0.1]/", "http://100.64.0.9/",
-           "http://0.0.0.0:80/", "http://192.168.0.1/"]
+REFUSED = [
+    "http://127.0.0.1:8080/hook",
+    "http://localhost/hook",
+    "http://169.254.169.254/latest/meta-data/",
+    "http://10.1.2.3/hook",
+    "http://[::1]:9000/hook",
+    "http://[::ffff:127.0.0.1]/",
+    "http://100.64.0.9/",
+    "http://0.0.0.0:80/",
+    "http://192.168.0.1/",
+]
 
 
 @pytest.mark.parametrize("url", REFUSED)
@@ -83,8 +92,18 @@ def receiver():
 async def deliver_once(url: str, policy: Policy) -> dict:
     app, db, _ = await make_app()
     await db.api_projects.insert_one({"_id": "vision", "webhook_url": url})
-    doc = {"_id": "n-1", "project_id": "vision", "job_id": "j-1", "user_name": "ana", "kind": "oom_unplaceable",
-           "message": "too big", "state": "pending", "attempts": 0, "next_try": 0.0, "error": ""}
+    doc = {
+        "_id": "n-1",
+        "project_id": "vision",
+        "job_id": "j-1",
+        "user_name": "ana",
+        "kind": "oom_unplaceable",
+        "message": "too big",
+        "state": "pending",
+        "attempts": 0,
+        "next_try": 0.0,
+        "error": "",
+    }
     await db.api_notifications.insert_one(doc)
     async with guarded_client(policy) as http:
         await notifications.deliver(store(db), http, doc)
@@ -130,8 +149,9 @@ async def test_of_two_api_replicas_only_one_takes_a_due_notification():
 
 async def test_the_delivery_loop_takes_what_is_due():
     _, db, _ = await make_app()
-    await db.api_notifications.insert_one({"_id": "n2", "project_id": "nowhere", "state": "pending", "next_try": 0.0,
-                                           "attempts": 0})
+    await db.api_notifications.insert_one(
+        {"_id": "n2", "project_id": "nowhere", "state": "pending", "next_try": 0.0, "attempts": 0}
+    )
     loop = asyncio.create_task(notifications.deliver_forever(store(db), policy=Policy.parse([]), interval_s=0.01))
     try:
         for _ in range(200):

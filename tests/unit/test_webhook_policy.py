@@ -1,4 +1,5 @@
 """Webhook targets: only public addresses, judged after resolution, unless an operator allows the host."""
+
 import ipaddress
 
 import pytest
@@ -17,15 +18,23 @@ def test_public_addresses_pass(address):
     assert why_blocked(ipaddress.ip_address(address)) is None
 
 
-@pytest.mark.parametrize("url, why", [
-    ("http://127.0.0.1:8080/hook", "loopback"), ("http://[::1]/hook", "loopback"),
-    ("http://169.254.169.254/latest/meta-data/", "link-local"), ("https://10.1.2.3/x", "private"),
-    ("http://[::ffff:127.0.0.1]/", "loopback"), ("http://100.64.1.2/", "CGNAT"),
-    ("http://rebind.example.test/hook", "resolves to 127.0.0.1"),
-    ("http://mixed.example.test/hook", "resolves to 10.0.0.7"),
-    ("http://nowhere.example.test/", "does not resolve"),
-    ("ftp://93.184.216.34/", "http"), ("file:///etc/passwd", "http"), ("http:///path", "no host"),
-])
+@pytest.mark.parametrize(
+    "url, why",
+    [
+        ("http://127.0.0.1:8080/hook", "loopback"),
+        ("http://[::1]/hook", "loopback"),
+        ("http://169.254.169.254/latest/meta-data/", "link-local"),
+        ("https://10.1.2.3/x", "private"),
+        ("http://[::ffff:127.0.0.1]/", "loopback"),
+        ("http://100.64.1.2/", "CGNAT"),
+        ("http://rebind.example.test/hook", "resolves to 127.0.0.1"),
+        ("http://mixed.example.test/hook", "resolves to 10.0.0.7"),
+        ("http://nowhere.example.test/", "does not resolve"),
+        ("ftp://93.184.216.34/", "http"),
+        ("file:///etc/passwd", "http"),
+        ("http:///path", "no host"),
+    ],
+)
 async def test_refused_urls_say_why(url, why):
     resolve = resolver({"rebind.example.test": ["127.0.0.1"], "mixed.example.test": ["93.184.216.34", "10.0.0.7"]})
     with pytest.raises(Refused, match=why):

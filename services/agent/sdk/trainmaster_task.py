@@ -17,6 +17,7 @@ means "save now and exit" (the grace period before SIGKILL is the job's spec.ter
 TRAINMASTER_PROGRESS_FILE marks progress (a job with no output, progress mark or new checkpoint for its
 spec.hang_timeout_s is suspected hung).
 """
+
 import json
 import os
 import signal

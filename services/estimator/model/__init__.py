@@ -6,6 +6,12 @@ from services.estimator.model.mllog import MetricSpec, RegexMetricParser, parse_
 from services.estimator.model.online import Estimate, OnlineEstimator
 
 __all__ = [
-    "Estimate", "HistoryPredictor", "HistoryPrior", "JobFeatures", "MetricSpec",
-    "OnlineEstimator", "RegexMetricParser", "parse_mllog_line",
+    "Estimate",
+    "HistoryPredictor",
+    "HistoryPrior",
+    "JobFeatures",
+    "MetricSpec",
+    "OnlineEstimator",
+    "RegexMetricParser",
+    "parse_mllog_line",
 ]

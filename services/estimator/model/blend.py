@@ -60,8 +60,7 @@ def default_weights(fraction: float, available: set[str], *, unseen: bool = Fals
     """Uncalibrated weights: trust history early, the live throughput later; on an unseen benchmark the
     history's work is a guess, so its own curve leads."""
     live = min(1.0, fraction / 0.2)
-    raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live,
-           "curve_loose": 0.1 * live}
+    raw = {"history": 1.0 - 0.8 * live, "throughput": 0.8 * live + 0.1, "curve": 0.3 * live, "curve_loose": 0.1 * live}
     if unseen:
         raw = {"history": 0.1, "throughput": 0.1, "curve": 1.0, "curve_loose": 0.5, EVAL_UNITS: 0.7}
     return _normalise({k: v for k, v in raw.items() if k in available})
@@ -72,8 +71,9 @@ def _normalise(weights: dict[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in weights.items()} if total > 0 else {}
 
 
-def blend(components: dict[str, float], *, fraction: float, key: str,
-          table: dict | None) -> tuple[float, float, float, str]:
+def blend(
+    components: dict[str, float], *, fraction: float, key: str, table: dict | None
+) -> tuple[float, float, float, str]:
     """(total, low, high, method) from total-duration components (seconds)."""
     cell = find_cell(table, key, fraction)
     if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
@@ -158,8 +158,9 @@ def fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
             continue
         weights, biases, scales, centred = {}, {}, {}, {}
         for name in COMPONENTS:
-            errs = np.array([math.log(r["components"][name] / r["truth"]) if r["components"].get(name)
-                             else np.nan for r in rows])
+            errs = np.array(
+                [math.log(r["components"][name] / r["truth"]) if r["components"].get(name) else np.nan for r in rows]
+            )
             present = errs[np.isfinite(errs)]
             # A component seen in few of the cell's rows (a loose curve) still gets its own figures when
             # there are enough of them; weights come from its covariance with the others.
@@ -171,8 +172,13 @@ def fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
                 weights[name] = 1.0 / (scales[name] ** 2 + VAR_FLOOR)
                 sd = max(scales[name], math.sqrt(VAR_FLOOR))
                 centred[name] = np.clip(errs - biases[name], -CLIP_SD * sd, CLIP_SD * sd)
-        table.setdefault(key, {})[b] = {"w": _normalise(weights), "cbias": biases,
-                                        "ws": subset_weights(scales, centred), "q": DEFAULT_Q, "bias": 0.0}
+        table.setdefault(key, {})[b] = {
+            "w": _normalise(weights),
+            "cbias": biases,
+            "ws": subset_weights(scales, centred),
+            "q": DEFAULT_Q,
+            "bias": 0.0,
+        }
     table[EDGES_KEY] = list(BUCKET_EDGES)
     return table
 

@@ -27,14 +27,18 @@ MIN_RUNS_TO_LEAVE_OUT = 10
 MAX_UNSEEN_RUNS_PER_BENCHMARK = 40
 
 
-def make_estimator(run, predictor: HistoryPredictor | None, *, use_target: bool = True,
-                   use_calibration: bool = True) -> OnlineEstimator:
+def make_estimator(
+    run, predictor: HistoryPredictor | None, *, use_target: bool = True, use_calibration: bool = True
+) -> OnlineEstimator:
     """Estimator for a corpus run, as the service would build it before the run starts."""
     prior = predictor.prior(features_from_run(run)) if predictor is not None else None
     return OnlineEstimator(
-        target=run.target if use_target else None, mode=run.mode, prior=prior,
+        target=run.target if use_target else None,
+        mode=run.mode,
+        prior=prior,
         calibration=predictor.blend if predictor is not None and use_calibration else None,
-        key=run.benchmark)
+        key=run.benchmark,
+    )
 
 
 def replay(run, estimator, cuts: Iterable[float], visit: Callable) -> None:
@@ -67,8 +71,16 @@ def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
         def visit(_, now, est, run=run):
             fraction, comps = est.snapshot(now)
             if any(comps.values()) and not est._reached:
-                samples.append({"key": est.key, "fraction": fraction, "run": run.run_id,
-                                "truth": run.duration_s, "components": comps})
+                samples.append(
+                    {
+                        "key": est.key,
+                        "fraction": fraction,
+                        "run": run.run_id,
+                        "truth": run.duration_s,
+                        "components": comps,
+                    }
+                )
+
         replay(run, est, cuts, visit)
     return samples
 
@@ -84,8 +96,7 @@ def _subsample(runs, seed: int):
     return out
 
 
-def train_with_calibration(runs, *, folds: int = 3, seed: int = 0,
-                           epochs: int = 400) -> HistoryPredictor:
+def train_with_calibration(runs, *, folds: int = 3, seed: int = 0, epochs: int = 400) -> HistoryPredictor:
     """Train the history MLP on all runs and fit the blend table on submitter-held-out folds."""
     submitters = sorted({r.submitter for r in runs})
     random.Random(seed).shuffle(submitters)
@@ -119,8 +130,7 @@ def leave_benchmarks_out(runs, *, seed: int = 0, epochs: int = 400) -> tuple[lis
     for bench in sorted(by):
         if len(by[bench]) < MIN_RUNS_TO_LEAVE_OUT:
             continue
-        part = HistoryPredictor(seed=seed, epochs=epochs).train(
-            [r for r in runs if r.benchmark != bench], folds=1)
+        part = HistoryPredictor(seed=seed, epochs=epochs).train([r for r in runs if r.benchmark != bench], folds=1)
         held = rng.sample(by[bench], min(len(by[bench]), MAX_UNSEEN_RUNS_PER_BENCHMARK))
         for run in held:
             prior = part.prior(features_from_run(run))

@@ -19,8 +19,14 @@ _RESULT_PATH = re.compile(r"(?:^|/)([^/]+)/results/([^/]+)/([^/]+)/result_(\d+)\
 _SYSTEM_PATH = re.compile(r"(?:^|/)([^/]+)/systems/([^/]+)\.json$")
 _VERSION = re.compile(r"v(\d+\.\d+)")
 # Only these keys are decoded; the rest of a log is skipped for speed.
-_KEYS = ("run_start", "run_stop", "global_batch_size", "opt_base_learning_rate",
-         "lars_opt_base_learning_rate", *sorted(MARK_KEYS))
+_KEYS = (
+    "run_start",
+    "run_stop",
+    "global_batch_size",
+    "opt_base_learning_rate",
+    "lars_opt_base_learning_rate",
+    *sorted(MARK_KEYS),
+)
 _KEY_PATTERN = re.compile(r'"key": "(' + "|".join(_KEYS) + r')"')
 
 
@@ -88,8 +94,7 @@ class Run:
         if self.target is None:
             return None
         for o in self.observations:
-            if o.value is not None and o.progress is not None and reached(
-                    o.value, self.target, self.mode):
+            if o.value is not None and o.progress is not None and reached(o.value, self.target, self.mode):
                 return o.progress
         marks = [o.progress for o in self.observations if o.progress is not None]
         return max(marks) if marks else None
@@ -105,8 +110,7 @@ def default_tarballs() -> list[Path]:
     return sorted(DEFAULT_DATA_DIR.glob("*.tar.gz"))
 
 
-def load_corpus(path: str | Path, *, usable_only: bool = True,
-                targets: dict[str, Target] | None = None) -> list[Run]:
+def load_corpus(path: str | Path, *, usable_only: bool = True, targets: dict[str, Target] | None = None) -> list[Run]:
     """Read every result file of one tarball; keep successful runs with timings if asked.
 
     Benchmarks of the built-in table are read with it; others with `targets` (declared), or,
@@ -132,8 +136,17 @@ def load_corpus(path: str | Path, *, usable_only: bool = True,
                 declared = None if bench in TARGETS else targets.get(bench)
                 if bench in TARGETS or declared is not None or not usable_only:
                     run_id = f"v{version}/{org}/{system}/{bench}/{idx}"
-                    runs.append(parse_run(data, run_id=run_id, version=version, org=org,
-                                          system=system, benchmark=bench, declared=declared))
+                    runs.append(
+                        parse_run(
+                            data,
+                            run_id=run_id,
+                            version=version,
+                            org=org,
+                            system=system,
+                            benchmark=bench,
+                            declared=declared,
+                        )
+                    )
     for run in runs:
         _apply_system(run, systems.get((run.run_id.split("/")[1], run.system), {}))
     if usable_only:
@@ -146,16 +159,20 @@ def load_corpora(paths, *, targets: dict[str, Target] | None = None) -> list[Run
     return [run for path in paths for run in load_corpus(path, targets=targets)]
 
 
-def load_cached(path: str | Path, *, targets: dict[str, Target] | None = None,
-                cache_dir: Path | None = None) -> list[Run]:
+def load_cached(
+    path: str | Path, *, targets: dict[str, Target] | None = None, cache_dir: Path | None = None
+) -> list[Run]:
     """Every run of a tarball (usable or not), parsed once: later calls read a pickle keyed by the
     tarball's identity, the declared targets and this parser's code."""
     path = Path(path)
     if cache_dir is None:
         return load_corpus(path, usable_only=False, targets=targets)
     here = Path(__file__).parent
-    key = hashlib.sha256(repr((str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns,
-                               sorted((targets or {}).items()))).encode())
+    key = hashlib.sha256(
+        repr(
+            (str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns, sorted((targets or {}).items()))
+        ).encode()
+    )
     for name in ("corpus.py", "mllog.py", "targets.py"):
         key.update((here / name).read_bytes())
     cached = Path(cache_dir) / f"{path.stem}-{key.hexdigest()[:16]}.pkl"
@@ -177,18 +194,28 @@ MIN_DURATION_S = 30.0
 
 def is_usable(run: Run) -> bool:
     """Successful, timed runs whose logged metric reached the target."""
-    return (run.status == "success" and run.duration_s >= MIN_DURATION_S
-            and run.total_work is not None
-            and run.reached_target())
+    return (
+        run.status == "success"
+        and run.duration_s >= MIN_DURATION_S
+        and run.total_work is not None
+        and run.reached_target()
+    )
 
 
-def parse_run(text: str, *, run_id: str, version: str, org: str, system: str,
-              benchmark: str, declared: Target | None = None) -> Run:
+def parse_run(
+    text: str, *, run_id: str, version: str, org: str, system: str, benchmark: str, declared: Target | None = None
+) -> Run:
     """Build a `Run` from the text of one result file (`declared`: target of a benchmark not in TARGETS)."""
     # The folder names the organisation; many logs say SUBMISSION_ORG_PLACEHOLDER.
-    run = Run(run_id=run_id, version=version, submitter=org, system=system, benchmark=benchmark,
-              target_value=declared.value if declared else None,
-              target_mode=declared.mode if declared else None)
+    run = Run(
+        run_id=run_id,
+        version=version,
+        submitter=org,
+        system=system,
+        benchmark=benchmark,
+        target_value=declared.value if declared else None,
+        target_mode=declared.mode if declared else None,
+    )
     metric = declared.metric if declared else "eval_accuracy"
     records = []
     for line in text.splitlines():
@@ -230,8 +257,7 @@ def _timeline(records, run: Run, metric: str = "eval_accuracy") -> list[Observat
             # Offline evaluations (stable_diffusion) are stamped after run_stop: place them
             # at the moment the run stopped, the earliest time their result is known.
             t_ms = min(rec.time_ms, stop)
-            merged.setdefault((t_ms if progress is None else -1.0, progress), []).append(
-                (t_ms, value))
+            merged.setdefault((t_ms if progress is None else -1.0, progress), []).append((t_ms, value))
     mode = run.mode
     for (_, progress), items in merged.items():
         worst = min(v for _, v in items) if mode == "max" else max(v for _, v in items)

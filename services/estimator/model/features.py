@@ -12,10 +12,23 @@ from services.estimator.model.targets import task_of
 # seen/new accelerator groups; kept as they were so the groups compare across versions): substrings matched
 # in order. The numbers the model computes with are `hardware.TABLE`'s.
 ACCELERATOR_TFLOPS = (
-    ("h200", 989.0), ("gh200", 989.0), ("h100-pcie", 756.0), ("h100", 989.0),
-    ("a100", 312.0), ("a30", 165.0), ("l40s", 362.0), ("l40", 181.0), ("l4", 121.0),
-    ("a10g", 70.0), ("a5000", 111.0), ("4090", 165.0), ("gaudi", 432.0), ("v5p", 459.0),
-    ("v5e", 197.0), ("mi300", 1307.0), ("7900", 123.0),
+    ("h200", 989.0),
+    ("gh200", 989.0),
+    ("h100-pcie", 756.0),
+    ("h100", 989.0),
+    ("a100", 312.0),
+    ("a30", 165.0),
+    ("l40s", 362.0),
+    ("l40", 181.0),
+    ("l4", 121.0),
+    ("a10g", 70.0),
+    ("a5000", 111.0),
+    ("4090", 165.0),
+    ("gaudi", 432.0),
+    ("v5p", 459.0),
+    ("v5e", 197.0),
+    ("mi300", 1307.0),
+    ("7900", 123.0),
 )
 
 
@@ -69,11 +82,15 @@ class JobFeatures:
         task, family = task_of(self.benchmark)
         known = hardware(self.accelerator)
         return JobFeatures(
-            benchmark=self.benchmark, batch_size=self.batch_size,
-            learning_rate=self.learning_rate, accelerator=self.accelerator,
-            accelerators=max(1, int(self.accelerators)), nodes=max(1, int(self.nodes)),
+            benchmark=self.benchmark,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            accelerator=self.accelerator,
+            accelerators=max(1, int(self.accelerators)),
+            nodes=max(1, int(self.nodes)),
             tflops=self.tflops or (known.tflops if known else None),
-            task=self.task or task, family=self.family or family,
+            task=self.task or task,
+            family=self.family or family,
             memory_gbps=self.memory_gbps or (known.memory_gbps if known else None),
             link_gbps=self.link_gbps or (known.link_gbps if known else None),
         )
@@ -85,8 +102,12 @@ class JobFeatures:
 def features_from_run(run) -> JobFeatures:
     """Features of a corpus `Run`."""
     return JobFeatures(
-        benchmark=run.benchmark, batch_size=run.batch_size, learning_rate=run.learning_rate,
-        accelerator=run.accelerator, accelerators=run.accelerators, nodes=run.nodes,
+        benchmark=run.benchmark,
+        batch_size=run.batch_size,
+        learning_rate=run.learning_rate,
+        accelerator=run.accelerator,
+        accelerators=run.accelerators,
+        nodes=run.nodes,
     ).resolved()
 
 
@@ -94,14 +115,29 @@ CATEGORICAL = ("benchmark", "task", "family", "accelerator")
 
 
 def categorical_values(feat: JobFeatures) -> dict[str, str]:
-    return {"benchmark": feat.benchmark, "task": feat.task or "unknown",
-            "family": feat.family or "unknown",
-            "accelerator": normalise_accelerator(feat.accelerator)}
+    return {
+        "benchmark": feat.benchmark,
+        "task": feat.task or "unknown",
+        "family": feat.family or "unknown",
+        "accelerator": normalise_accelerator(feat.accelerator),
+    }
 
 
-NUMERIC = ("batch_size", "learning_rate", "tflops", "tflops_known", "nodes", "accelerators",
-           "total_tflops", "batch_per_accelerator", "memory_gbps", "bytes_per_flop", "link_gbps",
-           "link_per_tflops", "bandwidth_known")
+NUMERIC = (
+    "batch_size",
+    "learning_rate",
+    "tflops",
+    "tflops_known",
+    "nodes",
+    "accelerators",
+    "total_tflops",
+    "batch_per_accelerator",
+    "memory_gbps",
+    "bytes_per_flop",
+    "link_gbps",
+    "link_per_tflops",
+    "bandwidth_known",
+)
 
 
 def numeric_values(feat: JobFeatures) -> list[float]:
@@ -116,9 +152,15 @@ def numeric_values(feat: JobFeatures) -> list[float]:
     return [
         math.log1p(max(feat.batch_size, 0.0)),
         math.log10(feat.learning_rate) if feat.learning_rate > 0 else -6.0,
-        math.log1p(tflops), 1.0 if tflops else 0.0,
-        math.log(feat.nodes), math.log(feat.accelerators), math.log1p(total),
+        math.log1p(tflops),
+        1.0 if tflops else 0.0,
+        math.log(feat.nodes),
+        math.log(feat.accelerators),
+        math.log1p(total),
         math.log1p(max(feat.batch_size, 0.0) / feat.accelerators),
-        math.log1p(memory), math.log(memory / tflops) if known else 0.0,
-        math.log1p(link), math.log(link / tflops) if known else 0.0, 1.0 if known else 0.0,
+        math.log1p(memory),
+        math.log(memory / tflops) if known else 0.0,
+        math.log1p(link),
+        math.log(link / tflops) if known else 0.0,
+        1.0 if known else 0.0,
     ]

@@ -65,6 +65,7 @@ WORK_INPUTS = ("benchmark", "task", "family", "batch_size", "learning_rate")
 
 def forward(weights: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     """historynet.MLP's forward pass on numpy: [log work, log unit cost] per row of `x`."""
+
     def layer(name: str, h: np.ndarray) -> np.ndarray:
         return h @ weights[f"{name}.weight"].T + weights[f"{name}.bias"]
 
@@ -175,8 +176,14 @@ class HistoryPredictor:
         self.x_std = raw.std(axis=0) + 1e-6
         x = self._encode(feats + unseen)
         target = y - np.array([self._offset(f) for f in feats])
-        self.weights = historynet.fit(x, np.concatenate([target, target]), hidden=self.hidden,
-                                      work_mask=self._work_mask(), epochs=self.epochs, seed=self.seed)
+        self.weights = historynet.fit(
+            x,
+            np.concatenate([target, target]),
+            hidden=self.hidden,
+            work_mask=self._work_mask(),
+            epochs=self.epochs,
+            seed=self.seed,
+        )
 
     def _work_mask(self) -> list[float]:
         mask = []
@@ -211,8 +218,7 @@ class HistoryPredictor:
             shrunk = math.sqrt(w * bench) if bench else w
             work = self.work_table.get(_work_key(f), shrunk)
             # The same system configuration seen often enough: its median duration.
-            out.append((work, self.duration_table.get(_duration_key(f),
-                                                      work * cost / compute_tflops(f))))
+            out.append((work, self.duration_table.get(_duration_key(f), work * cost / compute_tflops(f))))
         return out
 
     def prior(self, features: JobFeatures) -> HistoryPrior:
@@ -229,9 +235,16 @@ class HistoryPredictor:
         if not seen:  # biased on benchmarks it never saw: the band is theirs, the point stays inside it
             wq_lo, dq_lo, wq_hi, dq_hi = min(wq_lo, 0.0), min(dq_lo, 0.0), max(wq_hi, 0.0), max(dq_hi, 0.0)
         return HistoryPrior(
-            duration_s=dur, duration_low_s=dur * math.exp(dq_lo), duration_high_s=dur * math.exp(dq_hi),
-            work=work, work_low=work * math.exp(wq_lo), work_high=work * math.exp(wq_hi),
-            benchmark=feat.benchmark, seen=seen, eval_units=self.eval_units)
+            duration_s=dur,
+            duration_low_s=dur * math.exp(dq_lo),
+            duration_high_s=dur * math.exp(dq_hi),
+            work=work,
+            work_low=work * math.exp(wq_lo),
+            work_high=work * math.exp(wq_hi),
+            benchmark=feat.benchmark,
+            seen=seen,
+            eval_units=self.eval_units,
+        )
 
     def predict(self, features: JobFeatures) -> tuple[float, float, float]:
         """(duration_s, low_s, high_s) before the job starts."""
@@ -241,11 +254,19 @@ class HistoryPredictor:
     # -- persistence --------------------------------------------------------------------
     def state(self) -> dict:
         return {
-            "format_version": FORMAT_VERSION, "hidden": self.hidden, "epochs": self.epochs,
-            "seed": self.seed, "vocab": self.vocab, "offsets": self.offsets,
-            "x_mean": self.x_mean.tolist(), "x_std": self.x_std.tolist(),
-            "quantiles": self.quantiles, "blend": self.blend, "work_table": self.work_table,
-            "duration_table": self.duration_table, "log_range": self.log_range,
+            "format_version": FORMAT_VERSION,
+            "hidden": self.hidden,
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "vocab": self.vocab,
+            "offsets": self.offsets,
+            "x_mean": self.x_mean.tolist(),
+            "x_std": self.x_std.tolist(),
+            "quantiles": self.quantiles,
+            "blend": self.blend,
+            "work_table": self.work_table,
+            "duration_table": self.duration_table,
+            "log_range": self.log_range,
             "eval_units": self.eval_units.to_state() if self.eval_units else None,
         }
 

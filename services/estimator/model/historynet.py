@@ -1,5 +1,6 @@
 """The history model's network and its training (torch, imported only by whoever trains: the training process);
 the served model runs the same network on numpy (history.forward), so the estimator never loads torch or CUDA."""
+
 import numpy as np
 import torch
 from torch import nn
@@ -12,8 +13,9 @@ class MLP(nn.Module):
         super().__init__()
         self.register_buffer("work_mask", torch.as_tensor(work_mask, dtype=torch.float32))
         self.work = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.duration = nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
-                                      nn.ReLU(), nn.Linear(hidden, 1))
+        self.duration = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
 
     def forward(self, x):
         return torch.cat([self.work(x * self.work_mask), self.duration(x)], dim=1)
@@ -29,8 +31,9 @@ def limit_threads(threads: int) -> None:
         pass
 
 
-def fit(x: np.ndarray, target: np.ndarray, *, hidden: int, work_mask: list[float], epochs: int,
-        seed: int) -> dict[str, np.ndarray]:
+def fit(
+    x: np.ndarray, target: np.ndarray, *, hidden: int, work_mask: list[float], epochs: int, seed: int
+) -> dict[str, np.ndarray]:
     """Train the network on the CPU (no GPU is ever touched); returns its weights by state_dict name."""
     torch.manual_seed(seed)
     inputs, goal = torch.from_numpy(x), torch.tensor(target, dtype=torch.float32)

@@ -121,15 +121,19 @@ def parse_mllog_line(line: str) -> LogRecord | None:
     start = line.find(MLLOG_PREFIX)
     if start < 0:
         return None
-    obj = parse_json(line[start + len(MLLOG_PREFIX):])
+    obj = parse_json(line[start + len(MLLOG_PREFIX) :])
     if not isinstance(obj, dict) or not isinstance(obj.get("key"), str) or len(obj["key"]) > MAX_KEY_CHARS:
         return None
     metadata = obj.get("metadata")
     time_ms = finite(obj.get("time_ms"))
     if time_ms is None:
         return None
-    return LogRecord(key=obj["key"], value=obj.get("value"), time_ms=int(time_ms),
-                     metadata=metadata if isinstance(metadata, dict) else {})
+    return LogRecord(
+        key=obj["key"],
+        value=obj.get("value"),
+        time_ms=int(time_ms),
+        metadata=metadata if isinstance(metadata, dict) else {},
+    )
 
 
 @dataclass(frozen=True)

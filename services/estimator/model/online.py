@@ -48,11 +48,19 @@ class Estimate(NamedTuple):
 class OnlineEstimator:
     """Stateful estimator of one job; feed `observe`, ask `estimate`."""
 
-    def __init__(self, *, start_time: float = 0.0, target: float | None = None,
-                 mode: str = "max", total_work: float | None = None,
-                 prior: HistoryPrior | None = None, calibration: dict | None = None,
-                 key: str | None = None, count_stall: bool = False,
-                 eval_units: bool = EVAL_UNITS_BY_DEFAULT) -> None:
+    def __init__(
+        self,
+        *,
+        start_time: float = 0.0,
+        target: float | None = None,
+        mode: str = "max",
+        total_work: float | None = None,
+        prior: HistoryPrior | None = None,
+        calibration: dict | None = None,
+        key: str | None = None,
+        count_stall: bool = False,
+        eval_units: bool = EVAL_UNITS_BY_DEFAULT,
+    ) -> None:
         if mode not in ("max", "min"):
             raise ValueError("mode must be 'max' or 'min'")
         self.start_time, self.target, self.mode = start_time, target, mode
@@ -80,15 +88,13 @@ class OnlineEstimator:
         self._evals_at: list[float] = []  # progress at the first two evaluations: the job's own units of work
 
     # -- input ------------------------------------------------------------------------
-    def observe(self, t_seconds: float, progress: float | None = None,
-                metric_value: float | None = None) -> None:
+    def observe(self, t_seconds: float, progress: float | None = None, metric_value: float | None = None) -> None:
         """Record progress (samples, steps or epochs) and/or a metric value at a time."""
         t = float(t_seconds) - self.start_time
         # A mark repeating the last progress (the evaluation logged after a block ends)
         # is dropped: the time a progress was first reached is what measures the rate,
         # and a flat pair of marks would read as a stall.
-        if (progress is not None and math.isfinite(progress)
-                and (not self._marks_p or progress > self._marks_p[-1])):
+        if progress is not None and math.isfinite(progress) and (not self._marks_p or progress > self._marks_p[-1]):
             self._marks_t.append(t)
             self._marks_p.append(float(progress))
             if len(self._marks_t) > MAX_MARKS:
@@ -153,7 +159,8 @@ class OnlineEstimator:
         else:
             target = target if self.mode == "max" else -target
         cross, self._curve_spread, self._fits = predict_crossing_spread(
-            self._metric_x, self._metric_y, target, warm=self._fits)
+            self._metric_x, self._metric_y, target, warm=self._fits
+        )
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
@@ -174,8 +181,7 @@ class OnlineEstimator:
         p = self.prior
         if not self.use_eval_units or p is None or p.seen or p.eval_units is None or not self._evals_at:
             return None
-        return p.eval_units.work(first=self._evals_at[0],
-                                 second=self._evals_at[1] if len(self._evals_at) > 1 else None)
+        return p.eval_units.work(first=self._evals_at[0], second=self._evals_at[1] if len(self._evals_at) > 1 else None)
 
     def _plateau_target(self) -> float | None:
         """Without a target, aim at 99% of the way to the fitted asymptote."""
@@ -190,14 +196,22 @@ class OnlineEstimator:
     def components(self, now: float) -> dict[str, float | None]:
         """Total-duration candidates (seconds since start) from each source."""
         elapsed = now - self.start_time
-        comps: dict[str, float | None] = {"history": None, "throughput": None, "curve": None, BASELINE: None,
-                                          EVAL_UNITS: None}
+        comps: dict[str, float | None] = {
+            "history": None,
+            "throughput": None,
+            "curve": None,
+            BASELINE: None,
+            EVAL_UNITS: None,
+        }
         if self.prior is not None:
             p = self.prior
             # An unseen benchmark's band spans orders of magnitude: its tail says nothing of how long a run
             # that has lasted this long will last, so only a seen benchmark's duration is conditioned on it.
-            comps["history"] = (survived(p.duration_s, p.duration_low_s, p.duration_high_s, passed=elapsed)
-                                if p.seen else max(p.duration_s, elapsed))
+            comps["history"] = (
+                survived(p.duration_s, p.duration_low_s, p.duration_high_s, passed=elapsed)
+                if p.seen
+                else max(p.duration_s, elapsed)
+            )
         live = self.rate(elapsed if self.count_stall else None)
         if self._metric_clock and self.curve_work() is not None:
             comps["curve"] = max(self.curve_work(), elapsed)
@@ -216,9 +230,15 @@ class OnlineEstimator:
             if self.total_work is None:
                 # The baseline as it is: the history's median work, not conditioned on what was passed.
                 comps[BASELINE] = max(t_last + max(self.prior.work - p_last, 0.0) / rate, elapsed)
-            if self.prior is not None and len(self._marks_t) >= 3 and not (
-                    self.prior.duration_low_s / SPEED_CONTRADICTED <= comps["throughput"]
-                    <= self.prior.duration_high_s * SPEED_CONTRADICTED):
+            if (
+                self.prior is not None
+                and len(self._marks_t) >= 3
+                and not (
+                    self.prior.duration_low_s / SPEED_CONTRADICTED
+                    <= comps["throughput"]
+                    <= self.prior.duration_high_s * SPEED_CONTRADICTED
+                )
+            ):
                 comps["history"] = None
         own, own_band = self.eval_units_work() if work is None else None, None
         if own is not None:
@@ -231,8 +251,9 @@ class OnlineEstimator:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
         return self._capped(self._uncontradicted(comps, own_band), elapsed)
 
-    def _uncontradicted(self, comps: dict[str, float | None],
-                        own_band: tuple[float, float] | None = None) -> dict[str, float | None]:
+    def _uncontradicted(
+        self, comps: dict[str, float | None], own_band: tuple[float, float] | None = None
+    ) -> dict[str, float | None]:
         """An unseen benchmark's history is a guess from other benchmarks (and from the hardware as declared):
         once its own curve, or its work in its own evaluations' units, puts the run's total outside that guess's
         10-90% band widened by SPEED_CONTRADICTED, or the guess falls outside the band of the evaluations' units
@@ -244,7 +265,8 @@ class OnlineEstimator:
             return comps
         inside_prior = p.duration_low_s / SPEED_CONTRADICTED <= own <= p.duration_high_s * SPEED_CONTRADICTED
         inside_own = own_band is None or (
-            own_band[0] / SPEED_CONTRADICTED <= history <= own_band[1] * SPEED_CONTRADICTED)
+            own_band[0] / SPEED_CONTRADICTED <= history <= own_band[1] * SPEED_CONTRADICTED
+        )
         return comps if inside_prior and inside_own else {**comps, "history": None}
 
     def _capped(self, comps: dict, elapsed: float) -> dict[str, float | None]:
@@ -262,8 +284,7 @@ class OnlineEstimator:
         fraction, comps = self.snapshot(now)
         if not any(comps.values()):
             return Estimate(math.nan, math.nan, math.nan, math.nan, "none")
-        total, low, high, method = blend(comps, fraction=fraction, key=self.key,
-                                         table=self.calibration)
+        total, low, high, method = blend(comps, fraction=fraction, key=self.key, table=self.calibration)
         total = max(total, elapsed)
         remaining = total - elapsed
         low_s = max(0.0, min(low - elapsed, remaining))
@@ -278,8 +299,11 @@ class OnlineEstimator:
         elif comps.get("curve") is not None and not self._curve_spread < CURVE_LOOSE_SPREAD:
             comps["curve_loose"] = comps.pop("curve")
         curve = ("curve", "curve_loose")
-        order = (("curve", EVAL_UNITS, "curve_loose", "throughput", "history") if self.key == UNSEEN
-                 else ("throughput", "history", *curve))
+        order = (
+            ("curve", EVAL_UNITS, "curve_loose", "throughput", "history")
+            if self.key == UNSEEN
+            else ("throughput", "history", *curve)
+        )
         # On an unseen benchmark the work behind throughput and history is a guess; its own curve is not.
         guess = next((comps[k] for k in order if comps.get(k)), None)
         fraction = min(1.0, (now - self.start_time) / guess) if guess else 0.0

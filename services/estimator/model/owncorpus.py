@@ -109,25 +109,39 @@ def make_case(run: dict, metric: str, u: float | None = None, smooth: bool | Non
     sign = 1.0 if mode == "min" else -1.0
     values = [sign * p[metric] for p in points]
     if smooth and metric == "loss":
-        values = [float(np.mean(values[max(0, i - PRINT_MEAN + 1):i + 1])) for i in range(len(values))]
+        values = [float(np.mean(values[max(0, i - PRINT_MEAN + 1) : i + 1])) for i in range(len(values))]
     horizon = u * points[-1]["t"]
     if not all(math.isfinite(v) for v in values):
         return None
     at = max(i for i, p in enumerate(points) if p["t"] <= horizon or i == 0)
     # The level the curve has reached there (a median of neighbouring points), not one lucky low point.
-    goal = float(np.median(values[max(0, at - SMOOTH_TARGET):at + SMOOTH_TARGET + 1]))
+    goal = float(np.median(values[max(0, at - SMOOTH_TARGET) : at + SMOOTH_TARGET + 1]))
     hit = next(i for i, v in enumerate(values) if v <= goal)
     if hit < MIN_TRUTH_POINTS or goal >= values[0]:
         return None
-    return Case(run["run"], run["group"], int(run["params"]["seed"]), metric, mode, sign * goal,
-                points[hit]["t"], tuple(p["t"] for p in points[:hit + 1]),
-                tuple(float(p["step"]) for p in points[:hit + 1]), tuple(sign * v for v in values[:hit + 1]),
-                family(run))
+    return Case(
+        run["run"],
+        run["group"],
+        int(run["params"]["seed"]),
+        metric,
+        mode,
+        sign * goal,
+        points[hit]["t"],
+        tuple(p["t"] for p in points[: hit + 1]),
+        tuple(float(p["step"]) for p in points[: hit + 1]),
+        tuple(sign * v for v in values[: hit + 1]),
+        family(run),
+    )
 
 
 def cases(runs: list[dict], metric: str = "loss", *, us=(None,), smooths=(None,)) -> list[Case]:
-    return [c for run in runs for u in us for smooth in (smooths if metric == "loss" else (None,))
-            if (c := make_case(run, metric, u, smooth)) is not None]
+    return [
+        c
+        for run in runs
+        for u in us
+        for smooth in (smooths if metric == "loss" else (None,))
+        if (c := make_case(run, metric, u, smooth)) is not None
+    ]
 
 
 def split(all_cases: list[Case], held: tuple = HELD_OUT_SEEDS) -> tuple[list[Case], list[Case]]:
@@ -156,8 +170,9 @@ def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.nd
     return np.asarray(xs, float), np.asarray(ys, float)
 
 
-def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None,
-                   blend: bool = False) -> dict[float, list[dict]]:
+def evaluate_cases(
+    test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None, blend: bool = False
+) -> dict[float, list[dict]]:
     """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None.
     With `prior` (a `curveprior.net.PriorNet`) the estimate is the one the tracker serves with it."""
     rows: dict[float, list[dict]] = {cut: [] for cut in cuts}
@@ -165,12 +180,20 @@ def evaluate_cases(test: list[Case], calibration: dict | None, *, cuts=CUTS, pri
         for cut in cuts:
             now = cut * case.truth
             ts, xs, values = prefix(case, now)
-            est = estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now,
-                           calibration=calibration, prior=prior, blend=blend)
+            est = estimate(
+                ts,
+                xs,
+                values,
+                target=case.target,
+                mode=case.mode,
+                elapsed=now,
+                calibration=calibration,
+                prior=prior,
+                blend=blend,
+            )
             row = {"truth": case.truth, "now": now, "pred": None, "benchmark": case.group, "run_id": case.run}
             if est is not None:
-                row |= {"pred": est.total_s, "low": est.low_s - now, "high": est.high_s - now,
-                        "method": est.kind}
+                row |= {"pred": est.total_s, "low": est.low_s - now, "high": est.high_s - now, "method": est.kind}
             rows[cut].append(row)
     return rows
 

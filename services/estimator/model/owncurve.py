@@ -101,8 +101,27 @@ def power_crossing(xs: np.ndarray, y: np.ndarray, target: float) -> float:
     return hit * scale if math.isfinite(hit) else math.inf
 
 
-FEATURES = ("z10", "z25", "z50", "z75", "z90", "zlast", "way", "slope", "power", "power_ok", "first", "linear",
-            "drift", "noise", "depth", "depth_start", "depth_slope", "depth_pace", "depth_ok")
+FEATURES = (
+    "z10",
+    "z25",
+    "z50",
+    "z75",
+    "z90",
+    "zlast",
+    "way",
+    "slope",
+    "power",
+    "power_ok",
+    "first",
+    "linear",
+    "drift",
+    "noise",
+    "depth",
+    "depth_start",
+    "depth_slope",
+    "depth_pace",
+    "depth_ok",
+)
 FLOOR = 1e-3  # normalised gaps below this are the target's noise
 SEEN_EDGES = (0.15, 0.25, 0.4, 0.6)  # bins of the fraction of the training seen, each with its own pads
 
@@ -152,11 +171,24 @@ def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> 
     linear, drift = _recent_pace(tau, z, last)
     cross = power_crossing(x, y, goal)
     power_total = ts[-1] + max(cross - x[-1], 0.0) / rate if math.isfinite(cross) else math.inf
-    power = min(max((power_total - origin) / span, 1.0), MAX_OVER_ELAPSED) if math.isfinite(power_total) \
+    power = (
+        min(max((power_total - origin) / span, 1.0), MAX_OVER_ELAPSED)
+        if math.isfinite(power_total)
         else MAX_OVER_ELAPSED
-    features = (*gaps, math.log(max(last, FLOOR)), min(max(1 - last, -1.0), 1.0), min(max(slope, -5.0), 5.0),
-                math.log(power), float(math.isfinite(power_total)), float(min(tau[0], 1.0)), linear, drift,
-                _noise(z), *_depth(tau, y, goal, mode=mode))
+    )
+    features = (
+        *gaps,
+        math.log(max(last, FLOOR)),
+        min(max(1 - last, -1.0), 1.0),
+        min(max(slope, -5.0), 5.0),
+        math.log(power),
+        float(math.isfinite(power_total)),
+        float(min(tau[0], 1.0)),
+        linear,
+        drift,
+        _noise(z),
+        *_depth(tau, y, goal, mode=mode),
+    )
     return Prefix(features, origin, span, power_total)
 
 
@@ -182,8 +214,7 @@ def _depth(tau: np.ndarray, y: np.ndarray, goal: float, *, mode: str) -> tuple[f
     left = y - floor
     if goal - floor <= 0 or np.any(left <= 0) or (mode == "max" and np.any(y > 0)):
         return 0.0, 0.0, 0.0, 0.0, 0.0
-    now, start = (math.log(float(np.mean(left[-SMOOTH:])) / (goal - floor)),
-                  math.log(float(left[0]) / (goal - floor)))
+    now, start = (math.log(float(np.mean(left[-SMOOTH:])) / (goal - floor)), math.log(float(left[0]) / (goal - floor)))
     late = tau >= 0.5
     slope = 0.0
     if late.sum() >= 2 and np.ptp(tau[late]) > 0:
@@ -205,8 +236,9 @@ def reached(values, *, target: float, mode: str) -> bool:
     return len(y) > 0 and y[-1] <= goal
 
 
-def own_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
-                 calibration: dict | None) -> OwnEstimate | None:
+def own_estimate(
+    ts, xs, values, *, target: float, mode: str, elapsed: float, calibration: dict | None
+) -> OwnEstimate | None:
     """Total duration and 10-90% band (seconds since the start) from the curve seen by `elapsed`."""
     if len(values) and reached(values, target=target, mode=mode):
         return OwnEstimate(elapsed, elapsed, elapsed, "reached", 1.0)
@@ -217,13 +249,21 @@ def own_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
         q10, q50, q90 = learned_quantiles(prefix.features, calibration)
         kind = "curve-learned"
     else:  # no calibration: the power law's own total, or the way covered, with a wide band
-        q50 = prefix.features[FEATURES.index("power")] if prefix.features[FEATURES.index("power_ok")] else \
-            -math.log(max(prefix.features[FEATURES.index("way")], 1 / MAX_OVER_ELAPSED))
+        q50 = (
+            prefix.features[FEATURES.index("power")]
+            if prefix.features[FEATURES.index("power_ok")]
+            else -math.log(max(prefix.features[FEATURES.index("way")], 1 / MAX_OVER_ELAPSED))
+        )
         q10, q90, kind = q50 + DEFAULT_BAND[0], q50 + DEFAULT_BAND[1], "curve"
     q10, q50, q90 = (min(max(q, 0.0), math.log(MAX_OVER_ELAPSED)) for q in (q10, min(max(q50, q10), q90), q90))
     total, low, high = (prefix.origin + prefix.span * math.exp(q) for q in (q50, q10, q90))
-    return OwnEstimate(max(total, elapsed), max(min(low, total), elapsed), max(high, total), kind,
-                       min(1.0, elapsed / max(total, elapsed)))
+    return OwnEstimate(
+        max(total, elapsed),
+        max(min(low, total), elapsed),
+        max(high, total),
+        kind,
+        min(1.0, elapsed / max(total, elapsed)),
+    )
 
 
 def learned_quantiles(features, calibration: dict) -> tuple[float, float, float]:

@@ -1,5 +1,6 @@
 """A job's time to its end from the progress it prints (pure): the reader's progress fed to a rate-only online
 estimator, rebuilt when the unit or the total changes (its marks counted in another unit mean nothing to it)."""
+
 from dataclasses import dataclass, field
 
 from services.estimator.model.online import Estimate, OnlineEstimator
@@ -7,8 +8,14 @@ from services.estimator.model.progress import MAX_TOTAL, Progress, ProgressReade
 
 # A declared amount of work's parameter names the unit it counts in: a printed count without its total (Lightning's
 # epochs, DeepSpeed's `step=`) is measured against it.
-DECLARED_UNITS = {"max_steps": "step", "total_steps": "step", "num_steps": "step", "epochs": "epoch",
-                  "num_epochs": "epoch", "max_epochs": "epoch"}
+DECLARED_UNITS = {
+    "max_steps": "step",
+    "total_steps": "step",
+    "num_steps": "step",
+    "epochs": "epoch",
+    "num_epochs": "epoch",
+    "max_epochs": "epoch",
+}
 SAME_UNIT = {"it": "step", "step": "step", "epoch": "epoch"}
 
 

@@ -5,6 +5,7 @@ torchrun/DeepSpeed step logs and `step N/M` lines, read without any declaration.
 it is in) and gives its progress: done and total in the unit it counts in, the rate and which format said so.
 Every number is a claim of the job's: a total past MAX_TOTAL, a count past its total, a bar whose total changes
 each time it prints are ignored."""
+
 import re
 from dataclasses import dataclass, field
 
@@ -18,20 +19,31 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\x00-\x07\x0b-\x1f]")
 SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 NUMBER = r"\d{1,16}(?:\.\d{1,6})?[kMGT]?"
 # tqdm: `desc: 37%|███▋      | 370/1000 [00:12<00:20, 30.1it/s, loss=1.2]`
-TQDM = re.compile(rf"(?P<desc>[^|%]{{0,{MAX_DESC * 2}}}?)\s*\d{{1,3}}%\|[^|]{{0,120}}\|\s*(?P<n>{NUMBER})/"
-                  rf"(?P<total>{NUMBER})\s*\[(?P<info>[^\]]{{0,200}})\]")
-TQDM_RATE = re.compile(rf"(?:(?P<rate>{NUMBER})\s?(?P<unit>[A-Za-z_]{{0,16}})/s|"
-                       rf"(?P<inv>{NUMBER})\s?s/(?P<inv_unit>[A-Za-z_]{{0,16}}))")
+TQDM = re.compile(
+    rf"(?P<desc>[^|%]{{0,{MAX_DESC * 2}}}?)\s*\d{{1,3}}%\|[^|]{{0,120}}\|\s*(?P<n>{NUMBER})/"
+    rf"(?P<total>{NUMBER})\s*\[(?P<info>[^\]]{{0,200}})\]"
+)
+TQDM_RATE = re.compile(
+    rf"(?:(?P<rate>{NUMBER})\s?(?P<unit>[A-Za-z_]{{0,16}})/s|"
+    rf"(?P<inv>{NUMBER})\s?s/(?P<inv_unit>[A-Za-z_]{{0,16}}))"
+)
 # rich (Lightning's RichProgressBar): `Epoch 2/9  ━━━━━━━━━━━━ 20/20 0:00:03 • 6.3it/s loss: 0.77`
-RICH = re.compile(rf"^(?P<desc>[^━]{{0,{MAX_DESC * 2}}}?)\s*━{{1,200}}\s+(?P<n>\d{{1,13}})/(?P<total>\d{{1,13}})\s"
-                  rf"[^•]{{0,40}}•\s*(?P<rate>{NUMBER})(?P<unit>[A-Za-z_]{{0,16}})/s")
+RICH = re.compile(
+    rf"^(?P<desc>[^━]{{0,{MAX_DESC * 2}}}?)\s*━{{1,200}}\s+(?P<n>\d{{1,13}})/(?P<total>\d{{1,13}})\s"
+    rf"[^•]{{0,40}}•\s*(?P<rate>{NUMBER})(?P<unit>[A-Za-z_]{{0,16}})/s"
+)
 # Keras: `125/1875 [==>...........] - ETA: 1:02 - loss: 0.3` (2) or `125/1875 ━━━━━━━━━━ 3s 2ms/step` (3)
-KERAS = re.compile(r"^\s*(?P<n>\d{1,13})/(?P<total>\d{1,13})\s+(?:\[[=>.]{1,200}\]|━{1,200})"
-                   r"(?:.{0,40}?(?P<per>\d{1,9})(?P<per_unit>ms|s|us)/step)?")
+KERAS = re.compile(
+    r"^\s*(?P<n>\d{1,13})/(?P<total>\d{1,13})\s+(?:\[[=>.]{1,200}\]|━{1,200})"
+    r"(?:.{0,40}?(?P<per>\d{1,9})(?P<per_unit>ms|s|us)/step)?"
+)
 EPOCH = re.compile(r"\bepoch\s*[:\[]?\s*(?P<n>\d{1,9})\s*(?:/|of)\s*(?P<total>\d{1,9})\b", re.IGNORECASE)
 # `step 120/1000`, `Step [120/1000]`, `iteration 120 of 1000`, Megatron's `iteration      120/  500000 |`
-STEPS = re.compile(r"\b(?:global[_ ]?)?(?:step|iteration|iter)s?\s*[:=#\[]?\s*(?P<n>\d{1,13})\s*(?:/|of)\s*"
-                   r"(?P<total>\d{1,13})\b", re.IGNORECASE)
+STEPS = re.compile(
+    r"\b(?:global[_ ]?)?(?:step|iteration|iter)s?\s*[:=#\[]?\s*(?P<n>\d{1,13})\s*(?:/|of)\s*"
+    r"(?P<total>\d{1,13})\b",
+    re.IGNORECASE,
+)
 # DeepSpeed's `[Rank 0] step=120, skipped=0, lr=[...]` and `global_step=120`: a count without its total
 STEP_COUNT = re.compile(r"(?:^|[\s,\[(])(?:global_)?step\s?[=:]\s?(?P<n>\d{1,13})\b")
 # Hugging Face Trainer's log dicts: `{'loss': 0.69, 'grad_norm': 1.2, 'learning_rate': 4e-05, 'epoch': 0.5}`
@@ -68,7 +80,7 @@ class Progress:
 def scaled(text: str) -> float | None:
     """`1.2k` -> 1200.0; None past MAX_TOTAL."""
     suffix = text[-1] if text[-1] in SCALE else ""
-    value = float(text[:len(text) - len(suffix)]) * SCALE[suffix]
+    value = float(text[: len(text) - len(suffix)]) * SCALE[suffix]
     return value if value <= MAX_TOTAL else None
 
 
@@ -101,8 +113,11 @@ def read_line(line: str) -> list[Reading]:
         readings.append(Reading("steps", int(m["n"]), int(m["total"]), "steps", unit="step"))
     elif (m := STEP_COUNT.search(text)) is not None:
         readings.append(Reading("steps", int(m["n"]), None, "steps", unit="step"))
-    return [r for r in readings if (r.total is None or 0 <= r.n <= r.total <= MAX_TOTAL and r.total > 0)
-            and (r.kind != "epoch" or r.n >= 1)]  # `Epoch 3/10` counts from 1
+    return [
+        r
+        for r in readings
+        if (r.total is None or 0 <= r.n <= r.total <= MAX_TOTAL and r.total > 0) and (r.kind != "epoch" or r.n >= 1)
+    ]  # `Epoch 3/10` counts from 1
 
 
 def _number(text: str | None) -> float | None:
@@ -227,8 +242,11 @@ class ProgressReader:
         else:
             outer_key, outer = max(pool or bars, key=lambda kb: kb[1].last)
         # The bar inside it: of those making rounds, the one that moved most (an evaluation's moves less)
-        inner = max((b for k, b in self._shown() if k != outer_key and _nested(b, outer)),
-                    key=lambda b: b.increments, default=None)
+        inner = max(
+            (b for k, b in self._shown() if k != outer_key and _nested(b, outer)),
+            key=lambda b: b.increments,
+            default=None,
+        )
         source = self.flavour or outer.source
         if inner is not None:  # nested bars: counted in the inner bar's unit
             # an inner bar drawn before the outer one moved on: its count is of a round the outer one counts
@@ -237,8 +255,7 @@ class ProgressReader:
         if self.epoch is not None and (outer.resets > 0 or outer.source in ("keras", "lightning")):
             # a bar per epoch (Keras, Lightning): the epochs before this one, full, and this one's count
             begun, epochs = self.epoch
-            return Progress((begun - 1) * outer.total + outer.n, epochs * outer.total, outer.unit, source,
-                            outer.rate)
+            return Progress((begun - 1) * outer.total + outer.n, epochs * outer.total, outer.unit, source, outer.rate)
         if (waiting := self._waiting(outer)) is not None:  # an outer bar drawn at 0 once, its first round
             return Progress(outer.n, waiting.total * outer.total, outer.unit, source, outer.rate)
         if self.bar_epoch is not None:  # Lightning's bar without the epochs to run: epochs done so far
@@ -247,17 +264,30 @@ class ProgressReader:
 
     def _shown(self) -> list[tuple[tuple[str, float], Bar]]:
         """Bars drawn twice (a total that changes is a new bar each time) and not an evaluation's, oldest first."""
-        return sorted(((k, b) for k, b in self.bars.items() if b.sightings >= 2 and not ASIDE.search(k[0])),
-                      key=lambda kb: kb[1].first)
+        return sorted(
+            ((k, b) for k, b in self.bars.items() if b.sightings >= 2 and not ASIDE.search(k[0])),
+            key=lambda kb: kb[1].first,
+        )
 
     def _waiting(self, bar: Bar) -> Bar | None:
         """The bar drawn once, at 0, just before `bar` started its first round: nested tqdm's outer bar, drawn
         again only when that round ends."""
         if bar.resets:
             return None
-        return next((b for k, b in self.bars.items() if b.sightings == 1 and b.n == 0 and b.first <= bar.first
-                     and b is not bar and not ASIDE.search(k[0]) and b.total * bar.total <= MAX_TOTAL
-                     and bar.first - b.first <= bar.last - bar.first), None)
+        return next(
+            (
+                b
+                for k, b in self.bars.items()
+                if b.sightings == 1
+                and b.n == 0
+                and b.first <= bar.first
+                and b is not bar
+                and not ASIDE.search(k[0])
+                and b.total * bar.total <= MAX_TOTAL
+                and bar.first - b.first <= bar.last - bar.first
+            ),
+            None,
+        )
 
     def _lines(self) -> Progress | None:
         if self.steps is not None:
@@ -270,5 +300,9 @@ class ProgressReader:
 def _nested(inner: Bar, outer: Bar) -> bool:
     """An inner bar makes its rounds while the outer one moves at most once a round (nested tqdm); an evaluation
     bar between training steps does not (the training bar moved many times between its rounds)."""
-    return inner.first >= outer.first and outer.increments <= inner.resets + 1 and inner.resets + inner.n > 0 \
+    return (
+        inner.first >= outer.first
+        and outer.increments <= inner.resets + 1
+        and inner.resets + inner.n > 0
         and outer.total < MAX_TOTAL / max(inner.total, 1)
+    )

@@ -1,4 +1,5 @@
 """Placement policy: pure functions shared by the placement service, the simulator and the benchmarks."""
+
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, PullBack, Release, Start, Wait
 from services.placement.policy.models import ClusterState, InstanceType, JobRequest, Node, RunningJob

@@ -1,4 +1,5 @@
 """Baselines to compare against: `local-fifo` (owned only, strict FCFS) and `burst` (owned now, else pay now)."""
+
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, Wait
 from services.placement.policy.models import OWNED_KINDS, ClusterState
@@ -40,8 +41,17 @@ def _burst(state: ClusterState, now: float, config: PolicyConfig, *, after_s: fl
     for job in fifo(state.queue):
         allowed = job_kinds(job, ALL_KINDS)
         owned = tuple(k for k in allowed if k in OWNED_KINDS)
-        shape = (owned, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu,
-                 job.memory_gb, job.max_price_per_hour, job.id in p.index.claimed)
+        shape = (
+            owned,
+            job.gpu_count,
+            job.node_count,
+            job.min_gpu_memory_gb,
+            job.gpu_models,
+            job.cpu,
+            job.memory_gb,
+            job.max_price_per_hour,
+            job.id in p.index.claimed,
+        )
         options = [] if shape in owned_full else node_options(job, p.index, kinds=owned, config=config, wait=False)
         if options:
             p.apply(job, min(options, key=lambda o: (o.finish, o.kind_rank)))
@@ -65,4 +75,3 @@ def _burst(state: ClusterState, now: float, config: PolicyConfig, *, after_s: fl
             p.wait(job, "no node or instance type can host this job")
     p.release_idle()
     return p.decisions
-

@@ -4,6 +4,7 @@ Each GPU is a slot with the time it becomes available (`avail_at`) and the start
 holding it (`hold_from`). A job may start now on a free slot only if it ends before `hold_from`: that is backfill
 that never delays a reservation. Future capacity ignores CPU and memory (they are checked against the node's size).
 """
+
 import heapq
 import itertools
 from dataclasses import dataclass
@@ -194,7 +195,7 @@ class CapacityIndex:
         sets = self.free_now[key]
         claimed = self.claimed.get(job.id)
         own = [view.node.id for view in claimed if bucket_key(view.node) == key] if claimed else []
-        if not own and not any(sets[job.gpu_count:]):
+        if not own and not any(sets[job.gpu_count :]):
             return None  # no node of the bucket has enough GPUs free
         candidates = itertools.chain(own, *(sets[count] for count in range(job.gpu_count, len(sets))))
         for scanned, node_id in enumerate(candidates):
@@ -217,11 +218,15 @@ class CapacityIndex:
         heap = self._heap(key, job.gpu_count)
         popped: list[tuple[float, int, str, int]] = []
         own = self.claimed.get(job.id)
-        picks: list[tuple[float, NodeView]] = [
-            (view.avail_for(job.gpu_count), view)
-            for view in own
-            if bucket_key(view.node) == key and view.node.gpu_count >= job.gpu_count
-        ][: job.node_count] if own else []
+        picks: list[tuple[float, NodeView]] = (
+            [
+                (view.avail_for(job.gpu_count), view)
+                for view in own
+                if bucket_key(view.node) == key and view.node.gpu_count >= job.gpu_count
+            ][: job.node_count]
+            if own
+            else []
+        )
         if not picks and job.node_count == 1 and limit > 0:
             # The usual case, answered from the top of the heap without popping (entries are totally ordered by
             # their unique seq, so popping and pushing back would leave the same order).

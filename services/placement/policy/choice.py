@@ -1,4 +1,5 @@
 """What pick() weighs: one way to run a job (start now, wait for nodes, or provision one) with its finish and cost."""
+
 from dataclasses import dataclass
 
 from services.placement.policy.capacity import NodeView

@@ -1,4 +1,5 @@
 """Tunables of the placement policy; defaults carry their reason."""
+
 from dataclasses import dataclass
 
 

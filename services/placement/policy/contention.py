@@ -5,6 +5,7 @@ free local GPUs and the jobs that can run nowhere else wait behind it. Here a jo
 owned option, the time it adds to that backlog at the backlog's own exchange rates: holding g GPUs for d seconds on
 a kind of N GPUs delays every job of the backlog by about g * d / N (pure; one `Backlog` per pass).
 """
+
 from dataclasses import dataclass, field
 
 from services.placement.policy.choice import Option
@@ -43,8 +44,14 @@ class Backlog:
             self.value[kind] = max(0.0, self.value[kind] - value_per_s)
 
 
-def backlog(state: ClusterState, *, now: float, config: PolicyConfig, owned_only: dict[str, tuple[str, ...]],
-            value_per_s: dict[str, float]) -> Backlog:
+def backlog(
+    state: ClusterState,
+    *,
+    now: float,
+    config: PolicyConfig,
+    owned_only: dict[str, tuple[str, ...]],
+    value_per_s: dict[str, float],
+) -> Backlog:
     """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds."""
     out = Backlog()
     for node in state.nodes:

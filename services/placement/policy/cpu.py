@@ -4,6 +4,7 @@ Such a rank is billed its whole node (`shared.pricing`), so the cheapest node th
 free wins (a CPU-only node before a GPU node of the same price, owned before rented on ties). Nothing is rented for
 them: the catalogue holds GPU nodes. Oldest first; a job that fits nowhere now waits and lets later ones go.
 """
+
 from collections.abc import Callable, Iterable
 
 from shared.pricing import rank_price_per_hour
@@ -18,15 +19,26 @@ def rank_price(node: Node, job: JobRequest) -> float:
     return rank_price_per_hour(node.price_per_hour, gpus=job.gpu_count, node_gpus=node.gpu_count)
 
 
-def cheapest_hosts(nodes: Iterable[Node], job: JobRequest, *, now: float, free: dict[str, tuple[float, float]] | None,
-                   allows: Allows | None = None) -> list[Node] | None:
+def cheapest_hosts(
+    nodes: Iterable[Node],
+    job: JobRequest,
+    *,
+    now: float,
+    free: dict[str, tuple[float, float]] | None,
+    allows: Allows | None = None,
+) -> list[Node] | None:
     """The nodes (one per rank, one kind) that would cost the job least; with `free` (node -> free CPU, memory) only
     those that have room now, else any that could ever host it."""
     best: tuple[float, int, list[Node]] | None = None
     for kind in KINDS_FOR_ALLOWED[job.allowed]:
-        hosts = sorted((n for n in nodes if n.kind == kind and _room(n, job, now=now, free=free)
-                        and (allows is None or allows(job, n))),
-                       key=lambda n: (rank_price(n, job), n.gpu_count, n.id))[:job.node_count]
+        hosts = sorted(
+            (
+                n
+                for n in nodes
+                if n.kind == kind and _room(n, job, now=now, free=free) and (allows is None or allows(job, n))
+            ),
+            key=lambda n: (rank_price(n, job), n.gpu_count, n.id),
+        )[: job.node_count]
         if len(hosts) < job.node_count:
             continue
         key = (sum(rank_price(n, job) for n in hosts), KIND_RANK[kind], hosts)
@@ -35,8 +47,9 @@ def cheapest_hosts(nodes: Iterable[Node], job: JobRequest, *, now: float, free: 
     return best[2] if best else None
 
 
-def place_cpu_jobs(nodes: Iterable[Node], jobs: Iterable[JobRequest], *, now: float,
-                   allows: Allows | None = None) -> list[Decision]:
+def place_cpu_jobs(
+    nodes: Iterable[Node], jobs: Iterable[JobRequest], *, now: float, allows: Allows | None = None
+) -> list[Decision]:
     """Start or Wait for each job of `gpu_count` 0; `allows(job, node)` narrows where a job may go."""
     nodes = list(nodes)
     free = {n.id: (n.free_cpu, n.free_memory_gb) for n in nodes}

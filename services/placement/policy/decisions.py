@@ -1,4 +1,5 @@
 """Outputs of the placement policy: what the caller should do now."""
+
 from dataclasses import dataclass, field
 
 

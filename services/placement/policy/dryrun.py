@@ -4,6 +4,7 @@ decides for the whole queue; the offer shown first is that decision, priced as b
 offers (per allowed kind the option the policy's rules would take on that kind's nodes, and every instance type it
 could rent) weigh the job against the cluster as it is; and a faster node for a slow job.
 """
+
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,8 +48,15 @@ class Offer:
     chosen: bool = False
 
 
-def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig,
-           constraint: Constraint | None = None, constraints: Mapping[str, Constraint] | None = None) -> list[Offer]:
+def offers(
+    state: ClusterState,
+    job: JobRequest,
+    *,
+    now: float,
+    config: PolicyConfig,
+    constraint: Constraint | None = None,
+    constraints: Mapping[str, Constraint] | None = None,
+) -> list[Offer]:
     """First (`chosen`) what the engine decides for the job queued behind `state.queue` (whose own constraints are
     `constraints`), then per allowed kind the option the policy would take on that kind's nodes and every instance
     type it could rent; [] when nothing could host the job now."""
@@ -67,17 +75,29 @@ def offers(state: ClusterState, job: JobRequest, *, now: float, config: PolicyCo
     if chosen is None:  # no reservation (blocked, or past the pass's bounds): what it would wait for, as weighed now
         waits = [o for o in options if o.action != "provision"] if isinstance(decision, Wait) else options
         chosen = _offer(pick_market(waits or options, job, now=now, config=config), job, chosen=True)
-    shown = [pick(mine, job, now=now, config=config) for kind in kinds
-             if (mine := [o for o in options if o.instance is None and _kind(o) == kind])]
+    shown = [
+        pick(mine, job, now=now, config=config)
+        for kind in kinds
+        if (mine := [o for o in options if o.instance is None and _kind(o) == kind])
+    ]
     shown += [o for o in options if o.instance is not None]
-    rest = [offer for o in sorted(shown, key=lambda o: (o.cost, o.duration))
-            if (offer := _offer(o, job)).node_ids != chosen.node_ids or offer.instance != chosen.instance]
+    rest = [
+        offer
+        for o in sorted(shown, key=lambda o: (o.cost, o.duration))
+        if (offer := _offer(o, job)).node_ids != chosen.node_ids or offer.instance != chosen.instance
+    ]
     return [chosen] + rest
 
 
-def decided(state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig,
-            constraint: Constraint | None = None,
-            constraints: Mapping[str, Constraint] | None = None) -> Decision | None:
+def decided(
+    state: ClusterState,
+    job: JobRequest,
+    *,
+    now: float,
+    config: PolicyConfig,
+    constraint: Constraint | None = None,
+    constraints: Mapping[str, Constraint] | None = None,
+) -> Decision | None:
     """The engine's decision for `job` submitted now behind the queue (None: the pass left it undecided)."""
     mine = dict(constraints or {}) | ({job.id: constraint} if constraint is not None else {})
     for decision in place(dataclasses.replace(state, queue=state.queue + (job,)), now, config, mine):
@@ -86,8 +106,9 @@ def decided(state: ClusterState, job: JobRequest, *, now: float, config: PolicyC
     return None
 
 
-def _decided_offer(decision: Decision | None, state: ClusterState, job: JobRequest, *, now: float,
-                   config: PolicyConfig) -> Offer | None:
+def _decided_offer(
+    decision: Decision | None, state: ClusterState, job: JobRequest, *, now: float, config: PolicyConfig
+) -> Offer | None:
     """The decision as an offer, priced by the rule billing charges (the nodes' share, or the rental's hours)."""
     if isinstance(decision, Provision):
         it = next((i for i in state.catalogue if i.name == decision.instance_type), None)
@@ -96,10 +117,18 @@ def _decided_offer(decision: Decision | None, state: ClusterState, job: JobReque
         duration = job.duration_on(it.tflops, config.reference_tflops)
         if it.spot:
             duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s)
-        return Offer(kind="on_demand", node_ids=(), instance=it, gpu_model=it.gpu_model,
-                     price_per_hour=it.price_per_hour * job.node_count, duration_s=duration,
-                     cost=rent_cost(job, it, duration), free_now=False, start_at=now + it.startup_delay_s,
-                     chosen=True)
+        return Offer(
+            kind="on_demand",
+            node_ids=(),
+            instance=it,
+            gpu_model=it.gpu_model,
+            price_per_hour=it.price_per_hour * job.node_count,
+            duration_s=duration,
+            cost=rent_cost(job, it, duration),
+            free_now=False,
+            start_at=now + it.startup_delay_s,
+            chosen=True,
+        )
     if not isinstance(decision, (Start, Wait)) or not decision.node_ids:
         return None
     by_id = {n.id: n for n in state.nodes}
@@ -109,13 +138,30 @@ def _decided_offer(decision: Decision | None, state: ClusterState, job: JobReque
     duration = job.duration_on(min(n.tflops for n in nodes), config.reference_tflops)
     hourly = sum(n.price_per_hour * job.gpu_count / n.gpu_count for n in nodes)
     start = decision.until if isinstance(decision, Wait) and decision.until is not None else now
-    return Offer(kind=nodes[0].kind, node_ids=tuple(decision.node_ids), instance=None, gpu_model=nodes[0].gpu_model,
-                 price_per_hour=hourly, duration_s=duration, cost=hourly * duration / 3600,
-                 free_now=isinstance(decision, Start), start_at=start, chosen=True)
+    return Offer(
+        kind=nodes[0].kind,
+        node_ids=tuple(decision.node_ids),
+        instance=None,
+        gpu_model=nodes[0].gpu_model,
+        price_per_hour=hourly,
+        duration_s=duration,
+        cost=hourly * duration / 3600,
+        free_now=isinstance(decision, Start),
+        start_at=start,
+        chosen=True,
+    )
 
 
-def faster_node(state: ClusterState, job: JobRequest, *, away_from: frozenset[str], tflops_now: float,
-                now: float, config: PolicyConfig, factor: float = 1.2) -> str | None:
+def faster_node(
+    state: ClusterState,
+    job: JobRequest,
+    *,
+    away_from: frozenset[str],
+    tflops_now: float,
+    now: float,
+    config: PolicyConfig,
+    factor: float = 1.2,
+) -> str | None:
     """A node free now, none of `away_from`, where the job's GPUs would have more than `factor` times `tflops_now`."""
     if not job.gpu_count:
         return None
@@ -129,8 +175,7 @@ def faster_node(state: ClusterState, job: JobRequest, *, away_from: frozenset[st
 
 def _index(state: ClusterState, nodes: tuple[Node, ...], job: JobRequest, *, now: float) -> CapacityIndex:
     """The capacity the job could use now; nodes kept for queued jobs stay theirs."""
-    return CapacityIndex(dataclasses.replace(state, nodes=nodes, queue=state.queue + (job,)), now=now,
-                         kinds=ALL_KINDS)
+    return CapacityIndex(dataclasses.replace(state, nodes=nodes, queue=state.queue + (job,)), now=now, kinds=ALL_KINDS)
 
 
 def _kind(option: Option) -> str:
@@ -141,14 +186,31 @@ def _kind(option: Option) -> str:
 def _offer(option: Option, job: JobRequest, *, chosen: bool = False) -> Offer:
     it = option.instance
     if it is not None:
-        return Offer(kind="on_demand", node_ids=(), instance=it, gpu_model=it.gpu_model,
-                     price_per_hour=it.price_per_hour * job.node_count, duration_s=option.duration, cost=option.cost,
-                     free_now=False, start_at=option.start_at, chosen=chosen)
+        return Offer(
+            kind="on_demand",
+            node_ids=(),
+            instance=it,
+            gpu_model=it.gpu_model,
+            price_per_hour=it.price_per_hour * job.node_count,
+            duration_s=option.duration,
+            cost=option.cost,
+            free_now=False,
+            start_at=option.start_at,
+            chosen=chosen,
+        )
     views = [view for view, _ in option.picks] if option.picks else option.views
-    return Offer(kind=views[0].node.kind, node_ids=tuple(v.node.id for v in views), instance=None,
-                 gpu_model=views[0].node.gpu_model, price_per_hour=share_per_hour(views, job.gpu_count),
-                 duration_s=option.duration, cost=option.cost, free_now=option.action == "start",
-                 start_at=option.start_at, chosen=chosen)
+    return Offer(
+        kind=views[0].node.kind,
+        node_ids=tuple(v.node.id for v in views),
+        instance=None,
+        gpu_model=views[0].node.gpu_model,
+        price_per_hour=share_per_hour(views, job.gpu_count),
+        duration_s=option.duration,
+        cost=option.cost,
+        free_now=option.action == "start",
+        start_at=option.start_at,
+        chosen=chosen,
+    )
 
 
 def _cpu_offers(nodes: tuple[Node, ...], job: JobRequest, *, now: float, config: PolicyConfig) -> list[Offer]:
@@ -165,8 +227,18 @@ def _cpu_offers(nodes: tuple[Node, ...], job: JobRequest, *, now: float, config:
         if hosts is None:
             continue
         hourly = sum(rank_price(n, job) for n in hosts)
-        found.append(Offer(kind=kind, node_ids=tuple(n.id for n in hosts), instance=None,
-                           gpu_model=hosts[0].gpu_model, price_per_hour=hourly, duration_s=duration,
-                           cost=hourly * duration / 3600, free_now=room_now is not None, start_at=now,
-                           chosen=decided is not None and hosts == decided))
+        found.append(
+            Offer(
+                kind=kind,
+                node_ids=tuple(n.id for n in hosts),
+                instance=None,
+                gpu_model=hosts[0].gpu_model,
+                price_per_hour=hourly,
+                duration_s=duration,
+                cost=hourly * duration / 3600,
+                free_now=room_now is not None,
+                start_at=now,
+                chosen=decided is not None and hosts == decided,
+            )
+        )
     return sorted(found, key=lambda o: (not o.chosen, o.cost, o.duration_s))

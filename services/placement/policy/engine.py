@@ -6,6 +6,7 @@ for it), never the nodes it is moving away from (`exclude`, after a move or a sl
 `pool`'s nodes (`Node.pool`: the node's "pool" label, else "default", as GET /v2/pools groups them). A job kept to
 nodes or to a pool rents nothing.
 """
+
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,12 +29,16 @@ class Constraint:
         return not self.only and self.pool is None
 
     def allows(self, node: Node) -> bool:
-        return ((not self.only or node.id in self.only) and node.id not in self.exclude
-                and (self.pool is None or node.pool == self.pool))
+        return (
+            (not self.only or node.id in self.only)
+            and node.id not in self.exclude
+            and (self.pool is None or node.pool == self.pool)
+        )
 
 
-def place(state: ClusterState, now: float, config: PolicyConfig,
-          constraints: Mapping[str, Constraint] | None = None) -> list[Decision]:
+def place(
+    state: ClusterState, now: float, config: PolicyConfig, constraints: Mapping[str, Constraint] | None = None
+) -> list[Decision]:
     """Decisions for the whole queue; with no constraint and no GPU-less job, exactly `schedule`'s."""
     constraints = constraints or {}
     kept = {node_id for c in constraints.values() for node_id in c.only}
@@ -54,13 +59,23 @@ def place(state: ClusterState, now: float, config: PolicyConfig,
     return [d for d in decisions if not isinstance(d, Release)] + releases
 
 
-def one_job(state: ClusterState, job: JobRequest, constraint: Constraint, *, nodes: tuple[Node, ...], now: float,
-            config: PolicyConfig) -> list[Decision]:
+def one_job(
+    state: ClusterState,
+    job: JobRequest,
+    constraint: Constraint,
+    *,
+    nodes: tuple[Node, ...],
+    now: float,
+    config: PolicyConfig,
+) -> list[Decision]:
     """The policy's decision for one job on the nodes its constraint leaves it (and the catalogue, if it rents)."""
-    sub = dataclasses.replace(state, queue=(job,), nodes=tuple(n for n in nodes if constraint.allows(n)),
-                              catalogue=state.catalogue if constraint.rents else ())
-    return [d for d in schedule(sub, now, config)
-            if isinstance(d, (Start, Provision, Wait)) and d.job_id == job.id]
+    sub = dataclasses.replace(
+        state,
+        queue=(job,),
+        nodes=tuple(n for n in nodes if constraint.allows(n)),
+        catalogue=state.catalogue if constraint.rents else (),
+    )
+    return [d for d in schedule(sub, now, config) if isinstance(d, (Start, Provision, Wait)) and d.job_id == job.id]
 
 
 def taken(nodes: tuple[Node, ...], decisions: list[Decision], state: ClusterState) -> tuple[Node, ...]:
@@ -82,15 +97,19 @@ def taken(nodes: tuple[Node, ...], decisions: list[Decision], state: ClusterStat
             out.append(node)
             continue
         gpus, cpu, memory = used[node.id]
-        out.append(dataclasses.replace(
-            node, free_gpu_indices=tuple(i for i in node.free_gpu_indices if i not in gpus),
-            free_cpu=max(0.0, node.free_cpu - cpu), free_memory_gb=max(0.0, node.free_memory_gb - memory),
-            reserved_for=None))
+        out.append(
+            dataclasses.replace(
+                node,
+                free_gpu_indices=tuple(i for i in node.free_gpu_indices if i not in gpus),
+                free_cpu=max(0.0, node.free_cpu - cpu),
+                free_memory_gb=max(0.0, node.free_memory_gb - memory),
+                reserved_for=None,
+            )
+        )
     return tuple(out)
 
 
-def _use(used: dict[str, list], node_id: str, gpus: tuple[int, ...], job: JobRequest | None,
-         node: Node | None) -> None:
+def _use(used: dict[str, list], node_id: str, gpus: tuple[int, ...], job: JobRequest | None, node: Node | None) -> None:
     entry = used.setdefault(node_id, [set(), 0.0, 0.0])
     entry[0].update(gpus)
     entry[1] += job.cpu if job else 0.0

@@ -1,5 +1,6 @@
 """Whether a node or an instance type could ever host a job (what one rank pays for its part of a node is
 `shared.pricing.rank_price_per_hour`, the rule billing charges by)."""
+
 from collections.abc import Iterable
 
 from services.placement.policy.models import KINDS_FOR_ALLOWED, InstanceType, JobRequest, Node
@@ -8,10 +9,17 @@ from services.placement.policy.options import fits
 
 def could_host(node: Node, job: JobRequest) -> bool:
     """Whether `node`, empty, could run one rank of `job`: its kind, GPUs, GPU memory and model, CPU and memory."""
-    gpus_fit = job.gpu_count == 0 or (node.gpu_count >= job.gpu_count and node.gpu_memory_gb >= job.min_gpu_memory_gb
-                                      and job.accepts_model(node.gpu_model))
-    return (node.kind in KINDS_FOR_ALLOWED[job.allowed] and gpus_fit and node.cpu >= job.cpu
-            and node.memory_gb >= job.memory_on(node.memory_gb, node.gpu_count))
+    gpus_fit = job.gpu_count == 0 or (
+        node.gpu_count >= job.gpu_count
+        and node.gpu_memory_gb >= job.min_gpu_memory_gb
+        and job.accepts_model(node.gpu_model)
+    )
+    return (
+        node.kind in KINDS_FOR_ALLOWED[job.allowed]
+        and gpus_fit
+        and node.cpu >= job.cpu
+        and node.memory_gb >= job.memory_on(node.memory_gb, node.gpu_count)
+    )
 
 
 def could_rent(job: JobRequest, instance: InstanceType) -> bool:
@@ -60,8 +68,18 @@ def gpu_memory_after_oom(*, asked_gb: float, had_gb: float, peak_gb: float | Non
 
 def as_node(instance: InstanceType) -> Node:
     """An instance type as the idle node it would become (to weigh it as a host)."""
-    return Node(id=f"catalogue-{instance.name}", kind="on_demand", gpu_model=instance.gpu_model,
-                gpu_count=instance.gpus, gpu_memory_gb=instance.gpu_memory_gb, tflops=instance.tflops,
-                cpu=instance.cpu, memory_gb=instance.memory_gb, price_per_hour=instance.price_per_hour,
-                free_gpu_indices=tuple(range(instance.gpus)), free_cpu=instance.cpu,
-                free_memory_gb=instance.memory_gb, instance_type=instance.name)
+    return Node(
+        id=f"catalogue-{instance.name}",
+        kind="on_demand",
+        gpu_model=instance.gpu_model,
+        gpu_count=instance.gpus,
+        gpu_memory_gb=instance.gpu_memory_gb,
+        tflops=instance.tflops,
+        cpu=instance.cpu,
+        memory_gb=instance.memory_gb,
+        price_per_hour=instance.price_per_hour,
+        free_gpu_indices=tuple(range(instance.gpus)),
+        free_cpu=instance.cpu,
+        free_memory_gb=instance.memory_gb,
+        instance_type=instance.name,
+    )

@@ -6,6 +6,7 @@ bought for speed (bench/sched/README.md, "Spot in the plan": 0.88x burst's dolla
 spot replaces on-demand rentals and never displaces owned capacity: the decision is made without spot offers, and
 only when it is to rent are the rentals, spot included, weighed again (each spot one with its expected lost work).
 """
+
 from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import JobRequest

@@ -1,4 +1,5 @@
 """Inputs of the placement policy: nodes, on-demand instance types, jobs and the cluster snapshot."""
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal

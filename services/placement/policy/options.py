@@ -1,4 +1,5 @@
 """Candidate placements for one job and the two rules that pick among them (time- and cost-sensitive)."""
+
 import math
 
 from services.placement.policy import why
@@ -41,8 +42,16 @@ def node_options(
             hourly = share_per_hour([v for v, _ in picks], job.gpu_count)
             if job.max_price_per_hour is None or hourly <= job.max_price_per_hour:
                 found.append(
-                    Option("start", now, now + duration, hourly * duration / 3600, paid, KIND_RANK[bucket.kind],
-                           duration, picks=picks)
+                    Option(
+                        "start",
+                        now,
+                        now + duration,
+                        hourly * duration / 3600,
+                        paid,
+                        KIND_RANK[bucket.kind],
+                        duration,
+                        picks=picks,
+                    )
                 )
         if not wait:
             continue
@@ -54,8 +63,16 @@ def node_options(
         hourly = share_per_hour(views, job.gpu_count)
         if job.max_price_per_hour is None or hourly <= job.max_price_per_hour:
             found.append(
-                Option("wait", at, at + duration, hourly * duration / 3600, paid, KIND_RANK[bucket.kind], duration,
-                       views=views)
+                Option(
+                    "wait",
+                    at,
+                    at + duration,
+                    hourly * duration / 3600,
+                    paid,
+                    KIND_RANK[bucket.kind],
+                    duration,
+                    views=views,
+                )
             )
     return found
 
@@ -86,12 +103,16 @@ def provision_options(
             continue
         duration = job.duration_on(it.tflops, config.reference_tflops)
         if it.spot:
-            duration = spot_duration(duration, checkpoint_interval_s=job.checkpoint_interval_s,
-                                     interruptions_per_hour=it.interruptions_per_hour)
+            duration = spot_duration(
+                duration,
+                checkpoint_interval_s=job.checkpoint_interval_s,
+                interruptions_per_hour=it.interruptions_per_hour,
+            )
         start = now + it.startup_delay_s
         cost = rent_cost(job, it, duration)
-        found.append(Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration,
-                            instance=it))
+        found.append(
+            Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration, instance=it)
+        )
     return found
 
 
@@ -141,8 +162,13 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     soonest = min(o.finish for o in options)
     tolerance = value * max(config.finish_tolerance_s, config.finish_tolerance_frac * (soonest - now))
     near = [o for score, o in scored if score <= best + tolerance + 1e-9]
-    chosen = near[0] if len(near) == 1 else min(
-        near, key=lambda o: (o.paid, (o.cost * risk if o.paid else 0.0) + o.charge, o.finish, o.cost, o.kind_rank))
+    chosen = (
+        near[0]
+        if len(near) == 1
+        else min(
+            near, key=lambda o: (o.paid, (o.cost * risk if o.paid else 0.0) + o.charge, o.finish, o.cost, o.kind_rank)
+        )
+    )
     chosen.why = why.explain(chosen, options, job=job, now=now)
     return chosen
 
@@ -173,8 +199,7 @@ def cheapest_owned(options: list[Option], *, value: float, now: float, config: P
     owned = [o for o in options if not o.paid]
     if len(owned) < 2:
         return options
-    scores = [((0.0 if o.kind_rank == KIND_RANK["reserved"] else o.cost) + value * (o.finish - now), o)
-              for o in owned]
+    scores = [((0.0 if o.kind_rank == KIND_RANK["reserved"] else o.cost) + value * (o.finish - now), o) for o in owned]
     best = min(score for score, _ in scores)
     tolerance = max(config.finish_tolerance_frac * best, 1e-9)
     keep = {id(o) for score, o in scores if score <= best + tolerance}

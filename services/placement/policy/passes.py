@@ -1,4 +1,5 @@
 """One scheduling pass: the capacity index, the decisions made so far and the queue order."""
+
 import heapq
 from collections.abc import Iterator, Mapping
 
@@ -38,8 +39,12 @@ class Pass:
                     view.reserve(job.gpu_count, start=option.start_at, end=option.finish)
                 self.reservations += 1
             ids = tuple(view.node.id for view in option.views)
-            self.wait(job, f"waiting for {option.views[0].node.kind} node {', '.join(ids)}", until=option.start_at,
-                      node_ids=ids)
+            self.wait(
+                job,
+                f"waiting for {option.views[0].node.kind} node {', '.join(ids)}",
+                until=option.start_at,
+                node_ids=ids,
+            )
 
     def wait(self, job: JobRequest, reason: str, *, until: float | None = None, node_ids: tuple[str, ...] = ()) -> None:
         self.decisions.append(Wait(job.id, reason, until, node_ids=node_ids))
@@ -74,8 +79,14 @@ class FairQueue:
         heapq.heapify(self.heap)
 
     def _key(self, job: JobRequest, seq: int) -> tuple:
-        return (job.priority != "time", job.allowed != "local", self.usage.get(job.user, 0.0), job.submitted_at,
-                seq, job)
+        return (
+            job.priority != "time",
+            job.allowed != "local",
+            self.usage.get(job.user, 0.0),
+            job.submitted_at,
+            seq,
+            job,
+        )
 
     def take(self, limit: int) -> Iterator[JobRequest]:
         taken = 0

@@ -1,4 +1,5 @@
 """Pull-back: move a long job from a paid on-demand node to an owned node that has gone idle."""
+
 from services.placement.policy.capacity import expected_end
 from services.placement.policy.decisions import PullBack
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, RunningJob

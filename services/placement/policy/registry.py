@@ -1,4 +1,5 @@
 """The one entry point: `schedule(state, now, config)` runs the policy named in the config."""
+
 from collections.abc import Callable
 
 from services.placement.policy.baselines import schedule_burst, schedule_burst_after, schedule_local_fifo

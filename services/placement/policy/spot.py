@@ -3,6 +3,7 @@
 A spot node can be taken back with two minutes' notice. A job that checkpoints loses at most one checkpoint
 interval plus a restart each time; one that does not loses everything it did. So spot is offered only to jobs
 that checkpoint, and its price is weighed with the expected time lost to interruptions."""
+
 from dataclasses import dataclass
 
 DEFAULT_INTERRUPTIONS_PER_HOUR = 0.05  # AWS's spot advisor's "<5%" band, per month, is far lower; be wary
@@ -16,8 +17,9 @@ class SpotOffer:
     interruptions_per_hour: float = DEFAULT_INTERRUPTIONS_PER_HOUR
 
 
-def expected_cost(offer: SpotOffer, *, duration_s: float, checkpoint_interval_s: float,
-                  restart_s: float = RESTART_S) -> tuple[float, float]:
+def expected_cost(
+    offer: SpotOffer, *, duration_s: float, checkpoint_interval_s: float, restart_s: float = RESTART_S
+) -> tuple[float, float]:
     """(expected dollars, expected seconds) to finish `duration_s` of work on spot: each interruption costs half a
     checkpoint interval of redone work plus a restart, all of it billed."""
     hours = duration_s / 3600
@@ -27,8 +29,14 @@ def expected_cost(offer: SpotOffer, *, duration_s: float, checkpoint_interval_s:
     return offer.price_per_hour * total_s / 3600, total_s
 
 
-def choose_spot(offer: SpotOffer, *, checkpoints: bool, duration_s: float, checkpoint_interval_s: float,
-                deadline_slack_s: float | None = None) -> bool:
+def choose_spot(
+    offer: SpotOffer,
+    *,
+    checkpoints: bool,
+    duration_s: float,
+    checkpoint_interval_s: float,
+    deadline_slack_s: float | None = None,
+) -> bool:
     """Spot for a job that checkpoints, when it is cheaper in expectation than on-demand and the time it may lose
     fits the job's deadline slack (None: no deadline)."""
     if not checkpoints or duration_s <= 0:
@@ -39,8 +47,9 @@ def choose_spot(offer: SpotOffer, *, checkpoints: bool, duration_s: float, check
     return cost < offer.on_demand_price_per_hour * duration_s / 3600
 
 
-def spot_duration(duration_s: float, *, checkpoint_interval_s: float | None,
-                  interruptions_per_hour: float | None = None) -> float:
+def spot_duration(
+    duration_s: float, *, checkpoint_interval_s: float | None, interruptions_per_hour: float | None = None
+) -> float:
     """The expected time on spot to finish `duration_s` of work (the policy prices and plans a spot offer with it);
     a job that declares no checkpoint interval is never offered spot, so it has no spot duration."""
     if checkpoint_interval_s is None:

@@ -1,4 +1,5 @@
 """`trainmaster` and `wait-local`: fair-share queue, backfill behind reservations, time/cost rules."""
+
 from services.placement.policy.capacity import INF
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.contention import Backlog, backlog
@@ -28,11 +29,26 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
     for job in queue.take(config.max_jobs_per_pass):
         allowed = job_kinds(job, kinds)
         rents = "on_demand" in allowed  # a shape that may rent is never blocked: no tuple to build for it
-        shape = None if rents else (allowed, job.gpu_count, job.node_count, job.min_gpu_memory_gb, job.gpu_models,
-                                    job.cpu, job.memory_gb, job.max_price_per_hour)
+        shape = (
+            None
+            if rents
+            else (
+                allowed,
+                job.gpu_count,
+                job.node_count,
+                job.min_gpu_memory_gb,
+                job.gpu_models,
+                job.cpu,
+                job.memory_gb,
+                job.max_price_per_hour,
+            )
+        )
         base = job.duration_on(config.reference_tflops, config.reference_tflops)
-        if (p.reservations >= config.reservation_depth and base >= (INF if rents else blocked.get(shape, INF))
-                and job.id not in p.index.claimed):
+        if (
+            p.reservations >= config.reservation_depth
+            and base >= (INF if rents else blocked.get(shape, INF))
+            and job.id not in p.index.claimed
+        ):
             p.wait(job, "waiting for owned capacity")  # capacity only shrinks in a pass: nothing free for it
             continue
         options = node_options(job, p.index, kinds=allowed, config=config, wait=True)
@@ -61,7 +77,10 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
 
 def _backlog(state: ClusterState, now: float, config: PolicyConfig, kinds: frozenset[str]) -> Backlog:
     """The jobs queued at the start of the pass that may only run on owned capacity, and what their time is worth."""
-    owned_only = {job.id: allowed for job in state.queue
-                  if "on_demand" not in (allowed := job_kinds(job, kinds)) and job.gpu_count}
+    owned_only = {
+        job.id: allowed
+        for job in state.queue
+        if "on_demand" not in (allowed := job_kinds(job, kinds)) and job.gpu_count
+    }
     values = {job.id: time_value_per_s(job, config) for job in state.queue if job.id in owned_only}
     return backlog(state, now=now, config=config, owned_only=owned_only, value_per_s=values)

@@ -1,4 +1,5 @@
 """Why placement chose an option: a sentence from the options it weighed, recorded with the placement."""
+
 from services.placement.policy.choice import Option
 from services.placement.policy.models import JobRequest
 
@@ -35,8 +36,11 @@ def one(option: Option, *, now: float) -> str:
 
 def explain(chosen: Option, options: list[Option], *, job: JobRequest, now: float) -> str:
     """The choice, the rule that made it, and the next best alternatives by finish time."""
-    rule = ("time priority: the soonest finish, rented dollars weighed at the exchange rate" if job.priority == "time"
-            else "cost priority: the fewest dollars, time weighed at a fraction of the exchange rate")
+    rule = (
+        "time priority: the soonest finish, rented dollars weighed at the exchange rate"
+        if job.priority == "time"
+        else "cost priority: the fewest dollars, time weighed at a fraction of the exchange rate"
+    )
     seen, others = {_nodes(chosen)}, list[Option]()
     for option in sorted((o for o in options if o is not chosen), key=lambda o: (o.finish, o.cost)):
         if _nodes(option) not in seen and len(others) < SHOWN:  # one line per node set: its soonest option

@@ -1,4 +1,5 @@
 """The provider interface: where on-demand nodes come from, and what every provider shares."""
+
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -38,10 +39,10 @@ class Provider(Protocol):
 
 def node_entry(node_id: str, instance: InstanceType) -> str:
     """The cluster-file entry of a provisioned node."""
-    return (f'[[nodes]]\nid = "{node_id}"\nkind = "on_demand"\ncpu_count = {instance.cpu}\n'
-            f'memory_gb = {instance.memory_gb}\nprice_per_hour = {instance.price_per_hour}\n'
-            f'gpus = [{{ model = "{instance.gpu_model}", memory_gb = {instance.gpu_memory_gb}, '
-            f'tflops = {instance.tflops}, count = {instance.gpus} }}]\n'
-            f'labels = {{ instance_type = "{instance.name}", provisioned_by = "trainmaster" }}\n')
-
-
+    return (
+        f'[[nodes]]\nid = "{node_id}"\nkind = "on_demand"\ncpu_count = {instance.cpu}\n'
+        f"memory_gb = {instance.memory_gb}\nprice_per_hour = {instance.price_per_hour}\n"
+        f'gpus = [{{ model = "{instance.gpu_model}", memory_gb = {instance.gpu_memory_gb}, '
+        f"tflops = {instance.tflops}, count = {instance.gpus} }}]\n"
+        f'labels = {{ instance_type = "{instance.name}", provisioned_by = "trainmaster" }}\n'
+    )

@@ -1,5 +1,6 @@
 """What a rented node is started with: the cloud-init user data of an EC2 instance, the Secret and Pod of a
 Kubernetes node. Pure rendering; the agent's own minted credentials travel in them, nothing of placement's."""
+
 import re
 import secrets
 import shlex
@@ -16,18 +17,31 @@ class NodeBoot(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    bus_url: str = Field("", description="The NATS URL as rented nodes reach it; placement's own when empty "
-                         "(right only when that one is reachable from the nodes, not 127.0.0.1).")
-    cluster_name: str = Field("trainmaster", pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$",
-                              description="Tags/labels every rented node with it; reconcile owns only these.")
+    bus_url: str = Field(
+        "",
+        description="The NATS URL as rented nodes reach it; placement's own when empty "
+        "(right only when that one is reachable from the nodes, not 127.0.0.1).",
+    )
+    cluster_name: str = Field(
+        "trainmaster",
+        pattern=r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$",
+        description="Tags/labels every rented node with it; reconcile owns only these.",
+    )
     agent_command: str = Field("trainmaster-agent", description="How the node starts the agent.")
     install_command: str = Field("", description="Run before the agent starts (EC2), e.g. `pip install ...`.")
     node_root: str = Field("/var/lib/trainmaster", description="Where the node keeps its agent's files.")
     agent_env: dict[str, str] = Field(default_factory=dict, description="More agent settings (storage URLs ...).")
-    release_wait_s: float = Field(30, ge=0, le=300, description="How long a release waits for the machine to be "
-                                  "gone (its agent reporting its tasks' ends) before revoking its credentials.")
-    spot_metadata_url: str = Field("http://169.254.169.254", description="Instance metadata the agent of a spot "
-                                   "node watches for the interruption notice.")
+    release_wait_s: float = Field(
+        30,
+        ge=0,
+        le=300,
+        description="How long a release waits for the machine to be "
+        "gone (its agent reporting its tasks' ends) before revoking its credentials.",
+    )
+    spot_metadata_url: str = Field(
+        "http://169.254.169.254",
+        description="Instance metadata the agent of a spot node watches for the interruption notice.",
+    )
 
 
 @dataclass(frozen=True)
@@ -41,11 +55,11 @@ class Bootstrap:
     ca: str | None = None
 
 
-def agent_env(boot: NodeBoot, *, root: str, spot: bool, has_creds: bool, has_ca: bool,
-              data_dir: str | None = None) -> dict[str, str]:
+def agent_env(
+    boot: NodeBoot, *, root: str, spot: bool, has_creds: bool, has_ca: bool, data_dir: str | None = None
+) -> dict[str, str]:
     """The agent's TRAINMASTER_* settings on the node (its files under `root`, its state in `data_dir`)."""
-    env = {**boot.agent_env, "TRAINMASTER_NATS_URL": boot.bus_url,
-           "TRAINMASTER_DATA_DIR": data_dir or f"{root}/data"}
+    env = {**boot.agent_env, "TRAINMASTER_NATS_URL": boot.bus_url, "TRAINMASTER_DATA_DIR": data_dir or f"{root}/data"}
     if has_creds:
         env["TRAINMASTER_NATS_CREDS"] = f"{root}/agent.creds"
     if has_ca:
@@ -60,22 +74,32 @@ def agent_env(boot: NodeBoot, *, root: str, spot: bool, has_creds: bool, has_ca:
 
 def user_data(boot: Bootstrap, *, root: str, install_command: str, agent_command: str) -> str:
     """A cloud-init shell script: write the node's files (0600), install, start the agent in the foreground."""
-    files = {"cluster.toml": boot.cluster_entry, "agent.env": "".join(
-        f"export {k}={shlex.quote(v)}\n" for k, v in sorted(boot.env.items()))}
+    files = {
+        "cluster.toml": boot.cluster_entry,
+        "agent.env": "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(boot.env.items())),
+    }
     if boot.creds:
         files["agent.creds"] = boot.creds
     if boot.ca:
         files["ca.pem"] = boot.ca
-    lines = ["#!/bin/bash", f"# trainmaster node {boot.node_id}: written by placement, run once by cloud-init",
-             "set -euo pipefail", "umask 077", f"ROOT={shlex.quote(root)}", 'mkdir -p "$ROOT/data"']
+    lines = [
+        "#!/bin/bash",
+        f"# trainmaster node {boot.node_id}: written by placement, run once by cloud-init",
+        "set -euo pipefail",
+        "umask 077",
+        f"ROOT={shlex.quote(root)}",
+        'mkdir -p "$ROOT/data"',
+    ]
     for name, text in files.items():
         end = _delimiter(text)
         lines += [f"cat > \"$ROOT/{name}\" <<'{end}'", text.rstrip("\n"), end]
     if install_command:
         lines.append(install_command)
-    lines += ['set -a; . "$ROOT/agent.env"; set +a',
-              f'exec {agent_command} --node-id {shlex.quote(boot.node_id)} --cluster-file "$ROOT/cluster.toml" '
-              '>> "$ROOT/agent.log" 2>&1']
+    lines += [
+        'set -a; . "$ROOT/agent.env"; set +a',
+        f'exec {agent_command} --node-id {shlex.quote(boot.node_id)} --cluster-file "$ROOT/cluster.toml" '
+        '>> "$ROOT/agent.log" 2>&1',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -86,13 +110,30 @@ def secret_manifest(boot: Bootstrap, *, name: str, labels: dict[str, str]) -> di
         data["agent.creds"] = boot.creds
     if boot.ca:
         data["ca.pem"] = boot.ca
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": name, "labels": labels}, "stringData": data}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {"name": name, "labels": labels},
+        "stringData": data,
+    }
 
 
-def pod_manifest(boot: Bootstrap, *, name: str, labels: dict[str, str], image: str, gpus: int, cpu: float,
-                 memory_gb: float, node_selector: dict[str, str], mount: str, data_dir: str, agent_command: str,
-                 service_account: str | None = None) -> dict:
+def pod_manifest(
+    boot: Bootstrap,
+    *,
+    name: str,
+    labels: dict[str, str],
+    image: str,
+    gpus: int,
+    cpu: float,
+    memory_gb: float,
+    node_selector: dict[str, str],
+    mount: str,
+    data_dir: str,
+    agent_command: str,
+    service_account: str | None = None,
+) -> dict:
     """The node as a Pod: the agent image with the node's GPUs as `nvidia.com/gpu` limits."""
     limits = {"cpu": f"{cpu:g}", "memory": f"{int(memory_gb * 1024)}Mi"}
     if gpus:
@@ -101,17 +142,29 @@ def pod_manifest(boot: Bootstrap, *, name: str, labels: dict[str, str], image: s
         "restartPolicy": "Never",  # a node that died is released and rented again, never silently restarted
         "nodeSelector": node_selector,
         "automountServiceAccountToken": False,  # the agent needs no Kubernetes API access
-        "containers": [{
-            "name": "agent", "image": image,
-            "command": [*shlex.split(agent_command), "--node-id", boot.node_id, "--cluster-file",
-                        f"{mount}/cluster.toml"],
-            "env": [{"name": k, "value": v} for k, v in sorted(boot.env.items())],
-            "resources": {"limits": limits, "requests": dict(limits)},
-            "volumeMounts": [{"name": "node", "mountPath": mount, "readOnly": True},
-                             {"name": "data", "mountPath": data_dir}],
-        }],
-        "volumes": [{"name": "node", "secret": {"secretName": name, "defaultMode": 0o400}},
-                    {"name": "data", "emptyDir": {}}],
+        "containers": [
+            {
+                "name": "agent",
+                "image": image,
+                "command": [
+                    *shlex.split(agent_command),
+                    "--node-id",
+                    boot.node_id,
+                    "--cluster-file",
+                    f"{mount}/cluster.toml",
+                ],
+                "env": [{"name": k, "value": v} for k, v in sorted(boot.env.items())],
+                "resources": {"limits": limits, "requests": dict(limits)},
+                "volumeMounts": [
+                    {"name": "node", "mountPath": mount, "readOnly": True},
+                    {"name": "data", "mountPath": data_dir},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "node", "secret": {"secretName": name, "defaultMode": 0o400}},
+            {"name": "data", "emptyDir": {}},
+        ],
     }
     if service_account:
         spec["serviceAccountName"] = service_account

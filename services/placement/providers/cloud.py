@@ -1,5 +1,6 @@
 """What the cloud providers share: the offers they rent (from the catalogue), the node's start-up bundle with its
 own minted credentials, and a cool-down for instance types the cloud has no capacity for."""
+
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,8 +29,10 @@ class OfferInfo(BaseModel):
 
 
 def offer_infos(entries: list[Mapping]) -> dict[str, OfferInfo]:
-    return {str(e["name"]): OfferInfo.model_validate(
-        {**e, "cloud_type": e.get("cloud_type") or str(e["name"])}) for e in entries}
+    return {
+        str(e["name"]): OfferInfo.model_validate({**e, "cloud_type": e.get("cloud_type") or str(e["name"])})
+        for e in entries
+    }
 
 
 @dataclass
@@ -56,16 +59,19 @@ class NodeMaker:
     ca_text: str | None = None
     job_of: Callable[[str], str | None] = lambda node_id: None
 
-    async def bundle(self, node_id: str, instance: InstanceType, *, root: str, spot: bool,
-                     data_dir: str | None = None) -> Bootstrap:
+    async def bundle(
+        self, node_id: str, instance: InstanceType, *, root: str, spot: bool, data_dir: str | None = None
+    ) -> Bootstrap:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         creds = None
         if self.credentials:
             creds = (await self.credentials.issue(node_id, self.folder)).read_text()
-        ca = self.ca_text or (self.credentials.ca_file.read_text()
-                              if self.credentials and self.credentials.ca_file else None)
-        env = agent_env(self.boot, root=root, spot=spot, has_creds=creds is not None, has_ca=ca is not None,
-                        data_dir=data_dir)
+        ca = self.ca_text or (
+            self.credentials.ca_file.read_text() if self.credentials and self.credentials.ca_file else None
+        )
+        env = agent_env(
+            self.boot, root=root, spot=spot, has_creds=creds is not None, has_ca=ca is not None, data_dir=data_dir
+        )
         return Bootstrap(node_id=node_id, cluster_entry=node_entry(node_id, instance), env=env, creds=creds, ca=ca)
 
     async def forget(self, node_id: str) -> None:

@@ -1,5 +1,6 @@
 """Each rented node gets bus credentials of its own, minted here (placement holds the application account's
 signing key) and handed to its agent; they are revoked on the server when the node is released."""
+
 import asyncio
 import logging
 import ssl
@@ -47,12 +48,18 @@ class NodeCredentials:
             account = minter.revoke(user_file.read_text().strip())
             write_secret(self.minter_file, minter.to_json())
         tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
-        client = await nats.connect(servers(self.nats_url), user_credentials=RawCredentials(minter.system_creds),
-                                    tls=tls, inbox_prefix=busroles.inbox("account-updater"), connect_timeout=5,
-                                    max_reconnect_attempts=3)
+        client = await nats.connect(
+            servers(self.nats_url),
+            user_credentials=RawCredentials(minter.system_creds),
+            tls=tls,
+            inbox_prefix=busroles.inbox("account-updater"),
+            connect_timeout=5,
+            max_reconnect_attempts=3,
+        )
         try:
-            reply = await client.request(f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(),
-                                         timeout=5)
+            reply = await client.request(
+                f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(), timeout=5
+            )
             if b'"error"' in reply.data:
                 raise RuntimeError(f"the server refused the revocation of {node_id}: {reply.data[:300]!r}")
         finally:
@@ -60,5 +67,3 @@ class NodeCredentials:
         user_file.unlink(missing_ok=True)
         (folder / f"{node_id}.creds").unlink(missing_ok=True)
         log.info("revoked the bus credentials of %s", node_id)
-
-

@@ -1,5 +1,6 @@
 """AWS EC2: a rented node is an instance (on-demand or spot) started with cloud-init user data that writes its
 agent's own credentials and starts it; released with TerminateInstances; found again by its tags."""
+
 import asyncio
 import logging
 import time
@@ -13,12 +14,30 @@ from services.placement.providers.bootstrap import NodeBoot, user_data
 from services.placement.providers.cloud import Cooldown, NodeMaker, OfferInfo
 
 log = logging.getLogger(__name__)
-TAG_CLUSTER, TAG_NODE, TAG_JOB, TAG_TYPE = ("trainmaster:cluster", "trainmaster:node-id", "trainmaster:job",
-                                            "trainmaster:instance-type")
-ZONE_ERRORS = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity", "InsufficientCapacity",
-                         "Unsupported", "InsufficientCapacityOnOutpost"})  # try the next zone
-TYPE_ERRORS = frozenset({"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded",
-                         "SpotMaxPriceTooLow", "InsufficientReservedInstanceCapacity"})  # this type, any zone
+TAG_CLUSTER, TAG_NODE, TAG_JOB, TAG_TYPE = (
+    "trainmaster:cluster",
+    "trainmaster:node-id",
+    "trainmaster:job",
+    "trainmaster:instance-type",
+)
+ZONE_ERRORS = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientCapacity",
+        "Unsupported",
+        "InsufficientCapacityOnOutpost",
+    }
+)  # try the next zone
+TYPE_ERRORS = frozenset(
+    {
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "InsufficientReservedInstanceCapacity",
+    }
+)  # this type, any zone
 LIVE_STATES = ["pending", "running", "stopping", "stopped"]  # shutting-down: already going
 
 
@@ -50,15 +69,20 @@ class EC2Provider:
         self.offers = offers
         self.maker = maker
         self.cooldown = Cooldown(settings.unavailable_s)
-        self.client = boto3.session.Session().client("ec2", region_name=settings.region,
-                                                     endpoint_url=settings.endpoint_url)
+        self.client = boto3.session.Session().client(
+            "ec2", region_name=settings.region, endpoint_url=settings.endpoint_url
+        )
 
     async def provision(self, node_id: str, instance: InstanceType) -> None:
         offer = self.offers.get(instance.name) or OfferInfo(name=instance.name, cloud_type=instance.name)
         spot = offer.market == "spot"
         boot = await self.maker.bundle(node_id, instance, root=f"{self.settings.node_root}/{node_id}", spot=spot)
-        script = user_data(boot, root=f"{self.settings.node_root}/{node_id}",
-                           install_command=self.settings.install_command, agent_command=self.settings.agent_command)
+        script = user_data(
+            boot,
+            root=f"{self.settings.node_root}/{node_id}",
+            install_command=self.settings.install_command,
+            agent_command=self.settings.agent_command,
+        )
         request = self._request(node_id, instance.name, offer, script)
         try:
             instance_id = await asyncio.to_thread(self._run, request, offer)
@@ -75,12 +99,18 @@ class EC2Provider:
         job = self.maker.job_of(node_id)
         if job:
             tags[TAG_JOB] = job
-        request = {"InstanceType": offer.cloud_type, "MinCount": 1, "MaxCount": 1, "UserData": script,
-                   "TagSpecifications": [{"ResourceType": rt, "Tags": [{"Key": k, "Value": v} for k, v in
-                                                                     tags.items()]}
-                                         for rt in ("instance", "volume")],
-                   "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
-                   "InstanceInitiatedShutdownBehavior": "terminate"}
+        request = {
+            "InstanceType": offer.cloud_type,
+            "MinCount": 1,
+            "MaxCount": 1,
+            "UserData": script,
+            "TagSpecifications": [
+                {"ResourceType": rt, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
+                for rt in ("instance", "volume")
+            ],
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "InstanceInitiatedShutdownBehavior": "terminate",
+        }
         if s.image_id:
             request["ImageId"] = s.image_id
         if s.launch_template:
@@ -92,8 +122,10 @@ class EC2Provider:
         if s.key_name:
             request["KeyName"] = s.key_name
         if offer.market == "spot":
-            request["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+            request["InstanceMarketOptions"] = {
+                "MarketType": "spot",
+                "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+            }
         return request
 
     def _run(self, request: dict, offer: OfferInfo) -> str:
@@ -122,8 +154,9 @@ class EC2Provider:
             await asyncio.to_thread(self.client.terminate_instances, InstanceIds=ids)
             log.info("terminated %s (%s)", node_id, ", ".join(ids))
             deadline = time.monotonic() + self.settings.release_wait_s
-            while time.monotonic() < deadline and await asyncio.to_thread(self._instances, {TAG_NODE: node_id},
-                                                                         states=[*LIVE_STATES, "shutting-down"]):
+            while time.monotonic() < deadline and await asyncio.to_thread(
+                self._instances, {TAG_NODE: node_id}, states=[*LIVE_STATES, "shutting-down"]
+            ):
                 await asyncio.sleep(2)  # its OS is stopping the agent, which reports its tasks' ends
         await self.maker.forget(node_id)
 
@@ -135,9 +168,15 @@ class EC2Provider:
             node_id = tags.get(TAG_NODE, "")
             if node_id in owned:
                 continue
-            orphans.append(Orphan(instance_id=item["InstanceId"], node_id=node_id,
-                                  instance_type=tags.get(TAG_TYPE, item.get("InstanceType", "")),
-                                  job_id=tags.get(TAG_JOB), launched_at=item["LaunchTime"]))
+            orphans.append(
+                Orphan(
+                    instance_id=item["InstanceId"],
+                    node_id=node_id,
+                    instance_type=tags.get(TAG_TYPE, item.get("InstanceType", "")),
+                    job_id=tags.get(TAG_JOB),
+                    launched_at=item["LaunchTime"],
+                )
+            )
         if orphans:
             await asyncio.to_thread(self.client.terminate_instances, InstanceIds=[o.instance_id for o in orphans])
             for orphan in orphans:
@@ -147,8 +186,10 @@ class EC2Provider:
         return orphans
 
     def _instances(self, tags: dict[str, str], states: list[str] = LIVE_STATES) -> list[dict]:
-        filters = [{"Name": f"tag:{TAG_CLUSTER}", "Values": [self.settings.cluster_name]},
-                   {"Name": "instance-state-name", "Values": states}]
+        filters = [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.settings.cluster_name]},
+            {"Name": "instance-state-name", "Values": states},
+        ]
         filters += [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
         found = []
         for page in self.client.get_paginator("describe_instances").paginate(Filters=filters):

@@ -1,6 +1,7 @@
 """Where the Kubernetes API is and who placement is to it: a kubeconfig file and one of its contexts (tokens,
 client certificates, exec plugins such as `aws eks get-token`), an explicit server, or the pod's own service
 account. lightkube does the speaking; this only chooses."""
+
 from pathlib import Path
 
 import yaml
@@ -12,28 +13,52 @@ EXEC_VERSIONS = ("client.authentication.k8s.io/v1beta1", "client.authentication.
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
-def connection(*, kubeconfig: Path | None, context: str | None, api_url: str | None, token_file: Path | None,
-               ca_file: Path | None, service_account: Path = IN_CLUSTER) -> SingleConfig:
+def connection(
+    *,
+    kubeconfig: Path | None,
+    context: str | None,
+    api_url: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    service_account: Path = IN_CLUSTER,
+) -> SingleConfig:
     """The one configuration placement uses, in this order: the kubeconfig's context (its current one when none
     is named), an explicit `api_url` (with `token_file`/`ca_file`, else the service account's when present), the
     service account of the pod placement runs in (`KUBERNETES_SERVICE_HOST`, as the kubelet sets it)."""
     try:
-        config = _chosen(kubeconfig=kubeconfig, context=context, api_url=api_url, token_file=token_file,
-                         ca_file=ca_file, service_account=service_account)
+        config = _chosen(
+            kubeconfig=kubeconfig,
+            context=context,
+            api_url=api_url,
+            token_file=token_file,
+            ca_file=ca_file,
+            service_account=service_account,
+        )
     except (ConfigError, KeyError, yaml.YAMLError) as exc:  # KeyError: a cluster or user the file does not have
         raise ValueError(f"Kubernetes API: {exc}") from None
     plugin = config.user.exec if config.user else None
     if plugin and plugin.apiVersion not in EXEC_VERSIONS:  # lightkube would fail each call later, not here
-        raise ValueError(f"context {config.context_name!r}: exec plugin {plugin.command!r} speaks "
-                         f"{plugin.apiVersion}; {' or '.join(EXEC_VERSIONS)} is needed")
+        raise ValueError(
+            f"context {config.context_name!r}: exec plugin {plugin.command!r} speaks "
+            f"{plugin.apiVersion}; {' or '.join(EXEC_VERSIONS)} is needed"
+        )
     if config.cluster.insecure:
-        raise ValueError(f"context {config.context_name!r} skips TLS verification: placement does not send "
-                         "credentials to an API server it cannot verify")
+        raise ValueError(
+            f"context {config.context_name!r} skips TLS verification: placement does not send "
+            "credentials to an API server it cannot verify"
+        )
     return config
 
 
-def _chosen(*, kubeconfig: Path | None, context: str | None, api_url: str | None, token_file: Path | None,
-            ca_file: Path | None, service_account: Path) -> SingleConfig:
+def _chosen(
+    *,
+    kubeconfig: Path | None,
+    context: str | None,
+    api_url: str | None,
+    token_file: Path | None,
+    ca_file: Path | None,
+    service_account: Path,
+) -> SingleConfig:
     if kubeconfig is not None:
         return _found(KubeConfig.from_file(kubeconfig.expanduser()).get(context), f"{kubeconfig}: no context")
     if api_url is not None:

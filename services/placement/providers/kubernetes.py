@@ -2,6 +2,7 @@
 the catalogue entry's node selector; its files (its own bus credentials among them) in a Secret. Release deletes
 both; reconcile finds them by label; a watch on this cluster's Pods reports a node whose Pod failed at once. The
 API is spoken through lightkube (kubeconfig contexts, exec plugins, client certificates, the service account)."""
+
 import asyncio
 import logging
 import re
@@ -33,15 +34,18 @@ WATCH_RETRY_S = 5.0
 class KubernetesSettings(NodeBoot):
     """The cluster file's [providers.kubernetes]."""
 
-    kubeconfig: Path | None = Field(None, description="A kubeconfig file (outside the cluster): its contexts' "
-                                    "tokens, client certificates and exec plugins are used.")
+    kubeconfig: Path | None = Field(
+        None,
+        description="A kubeconfig file (outside the cluster): its contexts' "
+        "tokens, client certificates and exec plugins are used.",
+    )
     context: str | None = Field(None, description="The kubeconfig's context (default: its current-context).")
-    api_url: str | None = Field(None, description="The API server, without a kubeconfig (default: in the "
-                                "cluster, the pod's service account's).")
+    api_url: str | None = Field(
+        None, description="The API server, without a kubeconfig (default: in the cluster, the pod's service account's)."
+    )
     namespace: str = Field("trainmaster", pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     token_file: Path | None = Field(None, description="Bearer token with api_url (default: the service account's).")
-    ca_file: Path | None = Field(None, description="The API server's CA with api_url (default: the service "
-                                 "account's).")
+    ca_file: Path | None = Field(None, description="The API server's CA with api_url (default: the service account's).")
     service_account_dir: Path = Field(IN_CLUSTER, description="Where the pod's service account is mounted.")
     image: str = Field(description="The agent image (trainmaster installed, `trainmaster-agent` on the PATH).")
     service_account: str | None = Field(None, description="The node Pods' service account (none needs API rights).")
@@ -60,9 +64,14 @@ class KubernetesProvider:
         self.settings = settings
         self.offers = offers
         self.maker = maker
-        self.config = connection(kubeconfig=settings.kubeconfig, context=settings.context, api_url=settings.api_url,
-                                 token_file=settings.token_file, ca_file=settings.ca_file,
-                                 service_account=settings.service_account_dir)
+        self.config = connection(
+            kubeconfig=settings.kubeconfig,
+            context=settings.context,
+            api_url=settings.api_url,
+            token_file=settings.token_file,
+            ca_file=settings.ca_file,
+            service_account=settings.service_account_dir,
+        )
         self.deleting: set[str] = set()  # Pods placement deleted: their end is no failure
         self._api: AsyncClient | None = None
 
@@ -70,8 +79,13 @@ class KubernetesProvider:
     def api(self) -> AsyncClient:
         """One client (an exec plugin's token is kept between calls), made on first use, in the running loop."""
         if self._api is None:
-            self._api = AsyncClient(config=self.config, namespace=self.settings.namespace, timeout=httpx.Timeout(15),
-                                    trust_env=False, field_manager="trainmaster-placement")
+            self._api = AsyncClient(
+                config=self.config,
+                namespace=self.settings.namespace,
+                timeout=httpx.Timeout(15),
+                trust_env=False,
+                field_manager="trainmaster-placement",
+            )
         return self._api
 
     def _labels(self, node_id: str, instance_type: str) -> dict[str, str]:
@@ -86,10 +100,20 @@ class KubernetesProvider:
         boot = await self.maker.bundle(node_id, instance, root=s.node_root, spot=False, data_dir=s.data_dir)
         name, labels = pod_name(node_id), self._labels(node_id, instance.name)
         secret = secret_manifest(boot, name=name, labels=labels)
-        pod = pod_manifest(boot, name=name, labels=labels, image=s.image, gpus=instance.gpus, cpu=instance.cpu,
-                           memory_gb=instance.memory_gb, node_selector=offer.node_selector, mount=s.node_root,
-                           data_dir=s.data_dir,
-                           agent_command=s.agent_command, service_account=s.service_account)
+        pod = pod_manifest(
+            boot,
+            name=name,
+            labels=labels,
+            image=s.image,
+            gpus=instance.gpus,
+            cpu=instance.cpu,
+            memory_gb=instance.memory_gb,
+            node_selector=offer.node_selector,
+            mount=s.node_root,
+            data_dir=s.data_dir,
+            agent_command=s.agent_command,
+            service_account=s.service_account,
+        )
         job = self.maker.job_of(node_id)
         if job:
             pod["metadata"]["annotations"] = {ANNOTATION_JOB: job}
@@ -113,8 +137,9 @@ class KubernetesProvider:
             async with asyncio.timeout(self.settings.release_wait_s):
                 await self._gone(name)
         except TimeoutError:
-            log.warning("pod %s still terminating after %.0f s: its Secret is deleted now", name,
-                        self.settings.release_wait_s)
+            log.warning(
+                "pod %s still terminating after %.0f s: its Secret is deleted now", name, self.settings.release_wait_s
+            )
         await self._delete("secrets", name)
         await self.maker.forget(node_id)
         log.info("released %s", node_id)
@@ -160,10 +185,15 @@ class KubernetesProvider:
                     continue
                 await self._delete(kind, meta["name"])
                 if kind == "pods":
-                    orphans.append(Orphan(instance_id=meta["name"], node_id=node_id,
-                                          instance_type=(meta.get("labels") or {}).get(LABEL_TYPE, ""),
-                                          job_id=(meta.get("annotations") or {}).get(ANNOTATION_JOB),
-                                          launched_at=_created(meta)))
+                    orphans.append(
+                        Orphan(
+                            instance_id=meta["name"],
+                            node_id=node_id,
+                            instance_type=(meta.get("labels") or {}).get(LABEL_TYPE, ""),
+                            job_id=(meta.get("annotations") or {}).get(ANNOTATION_JOB),
+                            launched_at=_created(meta),
+                        )
+                    )
                     log.warning("deleted orphan pod %s of node %s", meta["name"], node_id)
         for orphan in orphans:
             if NAME.match(orphan.node_id):

@@ -1,5 +1,6 @@
 """`local-process` starts an agent process on this machine that registers as an on-demand node of the requested
 instance type once its start-up delay has passed (for `make run` and tests)."""
+
 import asyncio
 import logging
 import os
@@ -54,8 +55,17 @@ class LocalProcessProvider:
                 env["TRAINMASTER_NATS_CA_FILE"] = str(self.credentials.ca_file)
         logs = self.root / f"{node_id}.log"
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.agent", "--node-id", node_id, "--cluster-file", str(cluster_file),
-            env=env, stdout=logs.open("ab"), stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            sys.executable,
+            "-m",
+            "services.agent",
+            "--node-id",
+            node_id,
+            "--cluster-file",
+            str(cluster_file),
+            env=env,
+            stdout=logs.open("ab"),
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
         )
         (self.root / f"{node_id}.pid").write_text(str(process.pid))  # `make run` stops it with the stack
         log.info("provisioned %s (%s) as process %d", node_id, instance.name, process.pid)

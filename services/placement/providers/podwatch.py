@@ -1,4 +1,5 @@
 """What a watch event on a Pod says about its node: gone (failed, ended, being deleted) or nothing. Pure."""
+
 import re
 from collections.abc import Callable
 

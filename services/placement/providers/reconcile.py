@@ -1,5 +1,6 @@
 """Providers per catalogue entry, and the loop that keeps the cloud and the node records in step: nothing rented
 is forgotten (an orphan is given back and billed from its launch to now), and types the cloud refused rest."""
+
 import asyncio
 import logging
 import time
@@ -19,8 +20,12 @@ log = logging.getLogger(__name__)
 class Providers:
     """The provider interface over several providers: each catalogue entry names the one that rents it."""
 
-    def __init__(self, by_name: dict[str, Provider], offers: dict[str, OfferInfo],
-                 instance_of: Callable[[str], str | None] = lambda node_id: None) -> None:
+    def __init__(
+        self,
+        by_name: dict[str, Provider],
+        offers: dict[str, OfferInfo],
+        instance_of: Callable[[str], str | None] = lambda node_id: None,
+    ) -> None:
         self.by_name = by_name
         self.offers = offers
         self.instance_of = instance_of
@@ -57,8 +62,14 @@ class Providers:
         return [p for p in self.by_name.values() if hasattr(p, "watch")]
 
 
-async def record_orphans(store: DocumentStore, orphans: list[Orphan], *, catalogue: dict[str, InstanceType],
-                         provider: str, now: datetime | None = None) -> int:
+async def record_orphans(
+    store: DocumentStore,
+    orphans: list[Orphan],
+    *,
+    catalogue: dict[str, InstanceType],
+    provider: str,
+    now: datetime | None = None,
+) -> int:
     """Bill orphans no record ever knew (a crash between renting and recording) from launch to now."""
     recorded = 0
     for orphan in orphans:
@@ -66,13 +77,19 @@ async def record_orphans(store: DocumentStore, orphans: list[Orphan], *, catalog
         if await store.load(node_id):
             continue  # a record saw it (and billing with it); it was released, the cloud was slow to forget
         known = catalogue.get(orphan.instance_type)
-        events = [NodeProvisioned(event_id=f"{node_id}:provisioned", node_id=node_id,
-                                  instance_type=orphan.instance_type or "unknown", provider=provider,
-                                  price_per_hour=known.price_per_hour if known else 0.0,
-                                  gpu_count=known.gpus if known else 0,
-                                  provisioned_at=orphan.launched_at, for_job_id=orphan.job_id),
-                  NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=now or utcnow(),
-                               reason="orphan")]
+        events = [
+            NodeProvisioned(
+                event_id=f"{node_id}:provisioned",
+                node_id=node_id,
+                instance_type=orphan.instance_type or "unknown",
+                provider=provider,
+                price_per_hour=known.price_per_hour if known else 0.0,
+                gpu_count=known.gpus if known else 0,
+                provisioned_at=orphan.launched_at,
+                for_job_id=orphan.job_id,
+            ),
+            NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=now or utcnow(), reason="orphan"),
+        ]
         doc = {"node_id": node_id, "state": "released", "provisioned": True, "instance_type": orphan.instance_type}
         if await store.save(node_id, doc, None, events):
             recorded += 1

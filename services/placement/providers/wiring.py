@@ -1,4 +1,5 @@
 """Builds the providers a cluster file's catalogue names, from its [providers.<name>] tables."""
+
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,15 +16,25 @@ from services.placement.providers.reconcile import Providers
 KNOWN = ("local-process", "ec2", "kubernetes")
 
 
-def make_providers(*, entries: list[Mapping], sections: Mapping[str, Any], default: str, data_dir: Path,
-                   broker: NatsBroker, nats_url: str, minter: Path | None, ca_file: Path | None) -> Providers:
+def make_providers(
+    *,
+    entries: list[Mapping],
+    sections: Mapping[str, Any],
+    default: str,
+    data_dir: Path,
+    broker: NatsBroker,
+    nats_url: str,
+    minter: Path | None,
+    ca_file: Path | None,
+) -> Providers:
     offers = offer_infos(list(entries))
     names = {o.provider for o in offers.values()} | {default}
     unknown = sorted(names - set(KNOWN))
     if unknown:
         raise SystemExit(f"unknown provider {', '.join(unknown)} (available: {', '.join(KNOWN)})")
-    credentials = NodeCredentials(minter_file=minter, broker=broker, nats_url=nats_url,
-                                  ca_file=ca_file) if minter else None
+    credentials = (
+        NodeCredentials(minter_file=minter, broker=broker, nats_url=nats_url, ca_file=ca_file) if minter else None
+    )
     providers = Providers({}, offers)
     for name in sorted(names):
         if name == "local-process":
@@ -32,8 +43,9 @@ def make_providers(*, entries: list[Mapping], sections: Mapping[str, Any], defau
             continue
         section = {"bus_url": nats_url, **(sections.get(name) or {})}
         try:
-            providers.by_name[name] = _cloud(name, section, offers=offers, credentials=credentials,
-                                             folder=data_dir / "rented", providers=providers)
+            providers.by_name[name] = _cloud(
+                name, section, offers=offers, credentials=credentials, folder=data_dir / "rented", providers=providers
+            )
         except (ValidationError, ValueError) as exc:
             raise SystemExit(f"cluster file [providers.{name}]: {exc}") from None
     providers.name = "+".join(sorted(providers.by_name))
@@ -41,8 +53,9 @@ def make_providers(*, entries: list[Mapping], sections: Mapping[str, Any], defau
 
 
 def _cloud(name: str, section: Mapping[str, Any], *, offers, credentials, folder: Path, providers: Providers):
-    maker = NodeMaker(boot=None, folder=folder, credentials=credentials,
-                      job_of=lambda node_id: providers.job_of(node_id))
+    maker = NodeMaker(
+        boot=None, folder=folder, credentials=credentials, job_of=lambda node_id: providers.job_of(node_id)
+    )
     if name == "ec2":
         from services.placement.providers.ec2 import EC2Provider, EC2Settings
 

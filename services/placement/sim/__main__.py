@@ -1,4 +1,5 @@
 """`python -m services.placement.sim` and the `trainmaster-sim` console script."""
+
 import sys
 
 from services.placement.sim.cli import main

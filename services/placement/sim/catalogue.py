@@ -4,6 +4,7 @@ TFLOPS are *effective training* throughput, not datasheet peaks: the A10G's 31.2
 trains at about V100 speed, so it is listed at half its peak. G2 and G3 are anonymised in the Alibaba trace; we
 assume a mid (G2, most of the trace's nodes) and an upper (G3, 8-GPU, 128-core nodes) class.
 """
+
 from dataclasses import dataclass
 
 from services.placement.policy import InstanceType

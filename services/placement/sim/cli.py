@@ -1,4 +1,5 @@
 """`trainmaster-sim`: replay a trace on a hybrid cluster under one placement policy."""
+
 import argparse
 import json
 import sys
@@ -27,46 +28,88 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--local", type=int, default=DEFAULT_LOCAL, help="first N nodes of the list are local")
     p.add_argument("--reserved", type=int, default=DEFAULT_RESERVED, help="next M nodes are reserved cloud")
     p.add_argument("--idle-release-s", type=float, default=POLICY_DEFAULTS.idle_release_s)
-    p.add_argument("--finish-tolerance-frac", type=float, default=POLICY_DEFAULTS.finish_tolerance_frac,
-                   help="time-sensitive: finishes this close (fraction of time to finish) count as equal")
-    p.add_argument("--exchange-rate", type=float, default=POLICY_DEFAULTS.exchange_rate,
-                   help="on-demand dollars worth paying to finish one GPU-hour sooner (0: never rent to save time)")
-    p.add_argument("--burst-after-s", type=float, default=POLICY_DEFAULTS.burst_after_s,
-                   help="burst-after: a job rents only after waiting this long")
+    p.add_argument(
+        "--finish-tolerance-frac",
+        type=float,
+        default=POLICY_DEFAULTS.finish_tolerance_frac,
+        help="time-sensitive: finishes this close (fraction of time to finish) count as equal",
+    )
+    p.add_argument(
+        "--exchange-rate",
+        type=float,
+        default=POLICY_DEFAULTS.exchange_rate,
+        help="on-demand dollars worth paying to finish one GPU-hour sooner (0: never rent to save time)",
+    )
+    p.add_argument(
+        "--burst-after-s",
+        type=float,
+        default=POLICY_DEFAULTS.burst_after_s,
+        help="burst-after: a job rents only after waiting this long",
+    )
     p.add_argument("--local-only-frac", type=float, default=TRACE_DEFAULTS.local_only_frac)
     p.add_argument("--cloud-only-frac", type=float, default=TRACE_DEFAULTS.cloud_only_frac)
     p.add_argument("--estimate-error", type=float, default=0.0, help="log-normal sigma on expected durations")
-    p.add_argument("--duration-source", default="trace", choices=sorted(SOURCES),
-                   help="trace: oracle (or --estimate-error); history: per-user median of finished jobs, like the "
-                        "estimator, the owner's (erroneous) expectation until then")
-    p.add_argument("--spot", action="store_true",
-                   help="also offer every instance type on spot (sim/spot.py), to jobs that checkpoint")
+    p.add_argument(
+        "--duration-source",
+        default="trace",
+        choices=sorted(SOURCES),
+        help="trace: oracle (or --estimate-error); history: per-user median of finished jobs, like the "
+        "estimator, the owner's (erroneous) expectation until then",
+    )
+    p.add_argument(
+        "--spot",
+        action="store_true",
+        help="also offer every instance type on spot (sim/spot.py), to jobs that checkpoint",
+    )
     p.add_argument("--spot-seed", type=int, default=0, help="seed of the spot interruptions")
-    p.add_argument("--spot-hazard-scale", type=float, default=1.0,
-                   help="multiply every family's interruption hazard (the policy is told the same)")
+    p.add_argument(
+        "--spot-hazard-scale",
+        type=float,
+        default=1.0,
+        help="multiply every family's interruption hazard (the policy is told the same)",
+    )
     p.add_argument("--limit", type=int, default=0, help="replay only the first N jobs (0 = all)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
 def simulate(args: argparse.Namespace) -> dict:
-    options = TraceOptions(local_only_frac=args.local_only_frac, cloud_only_frac=args.cloud_only_frac,
-                           estimate_error=args.estimate_error)
+    options = TraceOptions(
+        local_only_frac=args.local_only_frac, cloud_only_frac=args.cloud_only_frac, estimate_error=args.estimate_error
+    )
     jobs, skipped = load_jobs(args.pods, options)
     if args.limit:
         jobs = jobs[: args.limit]
     nodes = load_nodes(args.nodes, local=args.local, reserved=args.reserved)
-    config = PolicyConfig(policy=args.policy, reference_tflops=REFERENCE_TFLOPS, idle_release_s=args.idle_release_s,
-                          finish_tolerance_frac=args.finish_tolerance_frac, exchange_rate=args.exchange_rate,
-                          burst_after_s=args.burst_after_s)
+    config = PolicyConfig(
+        policy=args.policy,
+        reference_tflops=REFERENCE_TFLOPS,
+        idle_release_s=args.idle_release_s,
+        finish_tolerance_frac=args.finish_tolerance_frac,
+        exchange_rate=args.exchange_rate,
+        burst_after_s=args.burst_after_s,
+    )
     started = time.perf_counter()
     spot = spot_offers(DEFAULT_CATALOGUE, hazard_scale=args.spot_hazard_scale) if args.spot else ()
     catalogue = DEFAULT_CATALOGUE + spot
-    out = Simulation(jobs, nodes, catalogue=catalogue, config=config, durations=SOURCES[args.duration_source](),
-                     spot_seed=args.spot_seed).run()
-    result = {"policy": args.policy, "local_nodes": args.local, "reserved_nodes": args.reserved,
-              "estimate_error": args.estimate_error, "duration_source": args.duration_source, "spot": args.spot,
-              "spot_seed": args.spot_seed, "spot_hazard_scale": args.spot_hazard_scale}
+    out = Simulation(
+        jobs,
+        nodes,
+        catalogue=catalogue,
+        config=config,
+        durations=SOURCES[args.duration_source](),
+        spot_seed=args.spot_seed,
+    ).run()
+    result = {
+        "policy": args.policy,
+        "local_nodes": args.local,
+        "reserved_nodes": args.reserved,
+        "estimate_error": args.estimate_error,
+        "duration_source": args.duration_source,
+        "spot": args.spot,
+        "spot_seed": args.spot_seed,
+        "spot_hazard_scale": args.spot_hazard_scale,
+    }
     result |= summarise(jobs, out)
     result["skipped_no_gpu"] = skipped.no_gpu
     result["skipped_never_scheduled"] = skipped.never_scheduled

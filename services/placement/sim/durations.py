@@ -1,4 +1,5 @@
 """Where the simulated placement's duration estimates come from: the trace (oracle or log-normal error) or history."""
+
 import math
 import statistics
 from collections import deque
@@ -37,8 +38,9 @@ class HistorySource(DurationSource):
         if seen is None or len(seen) < HISTORY_MIN:
             return replace(job, duration_sigma=max(job.duration_sigma, OWNER_SIGMA))
         logs = [math.log(max(v, 1.0)) for v in seen]
-        return replace(job, predicted_duration_s=math.exp(statistics.median(logs)),
-                       duration_sigma=statistics.pstdev(logs))
+        return replace(
+            job, predicted_duration_s=math.exp(statistics.median(logs)), duration_sigma=statistics.pstdev(logs)
+        )
 
     def observe(self, job: JobRequest, run_time_s: float) -> None:
         self.history.setdefault(job.user, deque(maxlen=HISTORY_KEEP)).append(run_time_s)

@@ -1,4 +1,5 @@
 """Discrete-event replay of a trace against the placement policy (the very functions the service calls)."""
+
 import heapq
 import math
 import time
@@ -57,17 +58,47 @@ class SimNode:
     @classmethod
     def of(cls, node: Node, *, created_at: float = 0.0) -> "SimNode":
         """The replay's state of a node the policy sees as `node`."""
-        return cls(node.id, node.kind, node.gpu_model, node.gpu_count, node.gpu_memory_gb, node.tflops, node.cpu,
-                   node.memory_gb, node.price_per_hour, set(node.free_gpu_indices), node.free_cpu,
-                   node.free_memory_gb, instance_type=node.instance_type, ready_at=node.ready_at,
-                   reserved_for=node.reserved_for, idle_since=node.idle_since, created_at=created_at,
-                   spot=node.spot)
+        return cls(
+            node.id,
+            node.kind,
+            node.gpu_model,
+            node.gpu_count,
+            node.gpu_memory_gb,
+            node.tflops,
+            node.cpu,
+            node.memory_gb,
+            node.price_per_hour,
+            set(node.free_gpu_indices),
+            node.free_cpu,
+            node.free_memory_gb,
+            instance_type=node.instance_type,
+            ready_at=node.ready_at,
+            reserved_for=node.reserved_for,
+            idle_since=node.idle_since,
+            created_at=created_at,
+            spot=node.spot,
+        )
 
     def snapshot(self) -> Node:
-        return Node(self.id, self.kind, self.gpu_model, self.gpu_count, self.gpu_memory_gb, self.tflops, self.cpu,
-                    self.memory_gb, self.price_per_hour, tuple(sorted(self.free)), self.free_cpu,
-                    self.free_memory_gb, instance_type=self.instance_type, ready_at=self.ready_at,
-                    idle_since=self.idle_since, reserved_for=self.reserved_for, spot=self.spot)
+        return Node(
+            self.id,
+            self.kind,
+            self.gpu_model,
+            self.gpu_count,
+            self.gpu_memory_gb,
+            self.tflops,
+            self.cpu,
+            self.memory_gb,
+            self.price_per_hour,
+            tuple(sorted(self.free)),
+            self.free_cpu,
+            self.free_memory_gb,
+            instance_type=self.instance_type,
+            ready_at=self.ready_at,
+            idle_since=self.idle_since,
+            reserved_for=self.reserved_for,
+            spot=self.spot,
+        )
 
 
 @dataclass(slots=True)
@@ -102,8 +133,16 @@ class Outcome:
 
 
 class Simulation:
-    def __init__(self, jobs: list[TraceJob], nodes: list[Node], *, catalogue: tuple[InstanceType, ...],
-                 config: PolicyConfig, durations: DurationSource | None = None, spot_seed: int = 0):
+    def __init__(
+        self,
+        jobs: list[TraceJob],
+        nodes: list[Node],
+        *,
+        catalogue: tuple[InstanceType, ...],
+        config: PolicyConfig,
+        durations: DurationSource | None = None,
+        spot_seed: int = 0,
+    ):
         self.jobs = {j.request.id: j for j in jobs}
         self.catalogue = catalogue
         self.types = {it.name: it for it in catalogue}
@@ -266,13 +305,15 @@ class Simulation:
             self.out.od_nodes_created += not it.spot
             self.out.spot_nodes_created += it.spot
             node_id = f"od-{self.out.od_nodes_created + self.out.spot_nodes_created:05d}"
-            rented = replace(as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id,
-                             spot=it.spot)
+            rented = replace(
+                as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id, spot=it.spot
+            )
             self.nodes[node_id] = SimNode.of(rented, created_at=now)
             self._push(now + it.startup_delay_s, WAKE, node_id)
             if it.spot:
-                hazard = DEFAULT_INTERRUPTIONS_PER_HOUR if it.interruptions_per_hour is None else \
-                    it.interruptions_per_hour
+                hazard = (
+                    DEFAULT_INTERRUPTIONS_PER_HOUR if it.interruptions_per_hour is None else it.interruptions_per_hour
+                )
                 after = interruption_after_s(node_id, hazard_per_hour=hazard, seed=self.spot_seed)
                 if math.isfinite(after):
                     self._push(now + after, INTERRUPT, node_id)

@@ -1,4 +1,5 @@
 """Figures of one simulated run."""
+
 from services.placement.sim.engine import Outcome
 from services.placement.sim.trace import TraceJob
 
@@ -43,8 +44,9 @@ def summarise(jobs: list[TraceJob], out: Outcome) -> dict[str, float | int]:
         "spot_interruptions": out.interruptions,
         "jobs_interrupted": out.jobs_interrupted,
         "lost_compute_h": round(out.lost_compute_s / 3600, 2),
-        "owned_utilisation": (round(out.owned_busy_gpu_s / (out.owned_gpus * makespan), 4)
-                              if makespan and out.owned_gpus else 0.0),
+        "owned_utilisation": (
+            round(out.owned_busy_gpu_s / (out.owned_gpus * makespan), 4) if makespan and out.owned_gpus else 0.0
+        ),
         "deadline_misses": misses + (len(jobs) - len(done)),
         "pullbacks": out.pullbacks,
         "passes": out.passes,

@@ -7,6 +7,7 @@ AWS Spot Instance Advisor's monthly "frequency of interruption" bucket (bench/sc
 family gets and why). A node's time to interruption is exponential, drawn from a hash of the seed and the node id,
 so a run is reproducible and one node's draw does not depend on the order of events.
 """
+
 import math
 import statistics
 from dataclasses import replace
@@ -49,16 +50,22 @@ def spot_fractions(data_dir: Path = DATA_DIR) -> tuple[dict[str, float], float]:
     return {f: statistics.median(rs) for f, rs in ratios.items()}, overall
 
 
-def spot_offers(catalogue: tuple[InstanceType, ...], *, hazard_scale: float = 1.0,
-                data_dir: Path = DATA_DIR) -> tuple[InstanceType, ...]:
+def spot_offers(
+    catalogue: tuple[InstanceType, ...], *, hazard_scale: float = 1.0, data_dir: Path = DATA_DIR
+) -> tuple[InstanceType, ...]:
     """One spot entry (`<type>.spot`) per on-demand type, at its family's fraction and with its family's hazard
     (times `hazard_scale`, to test how much the result owes to the buckets)."""
     by_family, overall = spot_fractions(data_dir)
     return tuple(
-        replace(it, name=it.name + SPOT_SUFFIX, spot=True,
-                interruptions_per_hour=family_hazard(it.name) * hazard_scale,
-                price_per_hour=round(it.price_per_hour * by_family.get(family(it.name), overall), 4))
-        for it in catalogue if not it.spot
+        replace(
+            it,
+            name=it.name + SPOT_SUFFIX,
+            spot=True,
+            interruptions_per_hour=family_hazard(it.name) * hazard_scale,
+            price_per_hour=round(it.price_per_hour * by_family.get(family(it.name), overall), 4),
+        )
+        for it in catalogue
+        if not it.spot
     )
 
 

@@ -1,4 +1,5 @@
 """Turn the Alibaba GPU trace (pods and nodes CSV) into simulator jobs and a hybrid cluster."""
+
 import csv
 import hashlib
 import math
@@ -72,8 +73,11 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
     name, qos = row["name"], row["qos"]
     priority: Literal["time", "cost"] = "time" if qos in ("LS", "Guaranteed") else "cost"
     draw = stable_fraction(name, "allowed")
-    allowed: Literal["local", "cloud", "any"] = "local" if draw < options.local_only_frac else (
-        "cloud" if draw < options.local_only_frac + options.cloud_only_frac else "any")
+    allowed: Literal["local", "cloud", "any"] = (
+        "local"
+        if draw < options.local_only_frac
+        else ("cloud" if draw < options.local_only_frac + options.cloud_only_frac else "any")
+    )
     factor, slack = (
         (options.ts_deadline_factor, options.ts_deadline_slack_s)
         if priority == "time"
@@ -83,7 +87,8 @@ def _job(row: dict[str, str], gpus: int, run_time: float, options: TraceOptions)
     expected = run_time
     if options.estimate_error > 0:
         z = math.sqrt(-2 * math.log(max(stable_fraction(name, "u1"), 1e-12))) * math.cos(
-            2 * math.pi * stable_fraction(name, "u2"))
+            2 * math.pi * stable_fraction(name, "u2")
+        )
         expected = run_time * math.exp(options.estimate_error * z)
     models = frozenset(m for m in row["gpu_spec"].split("|") if m)
     request = JobRequest(
@@ -117,7 +122,20 @@ def load_nodes(path: str, *, local: int, reserved: int) -> list[Node]:
             gpus = int(row["gpu"])
             factor = 1.0 if kind == "local" else RESERVED_PRICE_FACTOR
             cpu, memory_gb = int(row["cpu_milli"]) / 1000, int(row["memory_mib"]) / 1024
-            specs.append(Node(row["sn"], kind, row["model"], gpus, model.memory_gb, model.tflops, cpu, memory_gb,
-                              round(gpus * model.owned_price_per_gpu_hour * factor, 4),
-                              free_gpu_indices=tuple(range(gpus)), free_cpu=cpu, free_memory_gb=memory_gb))
+            specs.append(
+                Node(
+                    row["sn"],
+                    kind,
+                    row["model"],
+                    gpus,
+                    model.memory_gb,
+                    model.tflops,
+                    cpu,
+                    memory_gb,
+                    round(gpus * model.owned_price_per_gpu_hour * factor, 4),
+                    free_gpu_indices=tuple(range(gpus)),
+                    free_cpu=cpu,
+                    free_memory_gb=memory_gb,
+                )
+            )
     return specs

@@ -1,5 +1,6 @@
 """Where a partial learning curve is going: saturating fits of the best-so-far value against scaled progress, their
 projection at the end and an interval from their residuals and disagreement (pure numpy, no I/O)."""
+
 import math
 from dataclasses import dataclass
 
@@ -37,9 +38,9 @@ def fit_family(family: str, x: np.ndarray, y: np.ndarray) -> tuple[float, float]
     a = np.maximum(a, 0.0)  # a curve that gets worse with progress is flat here
     c = ym - a * um
     residual = y[None, :] - (c[:, None] + a[:, None] * u)
-    rmse = np.sqrt((residual ** 2).mean(axis=1))
+    rmse = np.sqrt((residual**2).mean(axis=1))
     best = int(np.argmin(rmse))
-    at_end = c[best] + a[best] * _basis(family, np.ones(1), grid[best:best + 1])[0, 0]
+    at_end = c[best] + a[best] * _basis(family, np.ones(1), grid[best : best + 1])[0, 0]
     return float(at_end), float(rmse[best])
 
 
@@ -47,8 +48,9 @@ def best_so_far(values: list[float]) -> list[float]:
     return list(np.minimum.accumulate(np.asarray(values, float)))
 
 
-def project(steps: list[float], values: list[float], *, horizon: float, z: float = 2.0,
-            reach: float = 0.5, tail: float = 0.67) -> Projection | None:
+def project(
+    steps: list[float], values: list[float], *, horizon: float, z: float = 2.0, reach: float = 0.5, tail: float = 0.67
+) -> Projection | None:
     """Project the best-so-far curve to `horizon` (values lower-is-better). The optimistic bound widens with the
     distance still to go: z residual sigmas plus `reach` times the improvement seen so far, scaled by 1 - progress."""
     x = np.asarray(steps, float) / horizon

@@ -2,6 +2,7 @@
 rejects, starts new ones up to parallelism and budget, and stores the search. Every step is written before it is
 done and every trial job has a deterministic id (`<search>-t<k>`), so a driver that restarts asks nothing twice
 and loses no trial."""
+
 import asyncio
 import logging
 import math
@@ -42,8 +43,11 @@ def trial_job_id(search_id: str, trial: int) -> str:
 def oriented(points: list[tuple[float, float, float | None]], mode: str) -> tuple[Point, ...]:
     """Metric points (unix time, value, step or null) as the pruners take them: lower is better, steps counted."""
     sign = -1.0 if mode == "max" else 1.0
-    return tuple(Point(t, step if step is not None else i + 1, sign * value)
-                 for i, (t, value, step) in enumerate(points) if math.isfinite(value))
+    return tuple(
+        Point(t, step if step is not None else i + 1, sign * value)
+        for i, (t, value, step) in enumerate(points)
+        if math.isfinite(value)
+    )
 
 
 def job_state(trial: dict, job: dict | None) -> tuple[str, str]:
@@ -141,29 +145,49 @@ class Driver:
             if points:
                 value = min(p.value for p in points)
                 entry.update(value=-value if mode == "max" else value, step=points[-1].step)
-            if state == "Pruned" and job and job["status"]["phase"] not in ("Completed", "Failed", "Terminated",
-                                                                            "Terminating"):
+            if (
+                state == "Pruned"
+                and job
+                and job["status"]["phase"] not in ("Completed", "Failed", "Terminated", "Terminating")
+            ):
                 entry["terminate"] = True  # stored pruned, its job not yet told (a restart in between)
-            trials.append(Trial(trial=entry["trial"], points=points, done=state == "Completed",
-                                stopped=state in ("Pruned", "Failed")))
+            trials.append(
+                Trial(
+                    trial=entry["trial"],
+                    points=points,
+                    done=state == "Completed",
+                    stopped=state in ("Pruned", "Failed"),
+                )
+            )
         doc.update(gpu_hours=gpu_hours, dollars=hours * doc.get("dollars_per_hour", 0.0))
         if doc.get("stop_requested"):
             for entry in doc["trials"]:
                 if entry["state"] in ACTIVE:
-                    entry.update(state="Failed", reason=f"stopped with the search by {doc['stop_requested']}",
-                                 terminate=True)
+                    entry.update(
+                        state="Failed", reason=f"stopped with the search by {doc['stop_requested']}", terminate=True
+                    )
         else:
             running = {t.trial for t in trials if not t.done and not t.stopped}
-            for number, why in decide(spec.pruner, trials, max_step=spec.objective.max_step, key=doc["_id"],
-                                      only=running).items():
+            for number, why in decide(
+                spec.pruner, trials, max_step=spec.objective.max_step, key=doc["_id"], only=running
+            ).items():
                 entry = doc["trials"][number]
                 entry.update(state="Pruned", reason=why, terminate=True)
                 log.info("search %s: trial %d pruned: %s", doc["_id"], number, why)
         count, why = room(doc, spec)
         for number in range(len(doc["trials"]), len(doc["trials"]) + count):
-            doc["trials"].append({"trial": number, "job_id": trial_job_id(doc["_id"], number), "state": "Running",
-                                  "parameters": sample(spec.space, seed=doc["seed"], trial=number), "value": None,
-                                  "step": None, "reason": "", "submitted": False})
+            doc["trials"].append(
+                {
+                    "trial": number,
+                    "job_id": trial_job_id(doc["_id"], number),
+                    "state": "Running",
+                    "parameters": sample(spec.space, seed=doc["seed"], trial=number),
+                    "value": None,
+                    "step": None,
+                    "reason": "",
+                    "submitted": False,
+                }
+            )
         doc["message"] = why if why != "stopped" else ""
         doc = await self.store.save(doc)  # intentions first: a crash below is finished by the next pass
         await self.act(doc)
@@ -177,8 +201,9 @@ class Driver:
                 await self.port.terminate(entry["job_id"], requested_by=who)
             if not entry.get("submitted") and entry["state"] in ACTIVE:
                 try:
-                    await self.port.submit(doc, trial=entry["trial"], job_id=entry["job_id"],
-                                           parameters=entry["parameters"])
+                    await self.port.submit(
+                        doc, trial=entry["trial"], job_id=entry["job_id"], parameters=entry["parameters"]
+                    )
                     entry["submitted"] = True
                 except Submitted as exc:
                     if exc.retry:
@@ -191,6 +216,7 @@ class Driver:
         active = any(t["state"] in ACTIVE for t in doc["trials"])
         if not active and (doc.get("stop_requested") or room(doc, spec)[0] == 0):
             doc["phase"] = "Stopped" if doc.get("stop_requested") else "Completed"
-            doc["reason"] = doc.get("message") or ("stopped by " + doc["stop_requested"] if doc.get("stop_requested")
-                                                   else f"{len(doc['trials'])} trials")
+            doc["reason"] = doc.get("message") or (
+                "stopped by " + doc["stop_requested"] if doc.get("stop_requested") else f"{len(doc['trials'])} trials"
+            )
         return await self.store.save(doc)

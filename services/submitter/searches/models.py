@@ -1,4 +1,5 @@
 """A search as the API takes and shows it (strict on write, every error naming its field)."""
+
 import math
 import secrets
 from typing import Annotated, Any, Literal
@@ -9,8 +10,15 @@ from shared.jobs import PARAM_NAME_PATTERN, Float, Int, JobCreate, Strict
 
 PRUNERS = ("none", "median", "hyperband", "predicted")
 MAX_TRIALS = 1000
-Name = Annotated[str, Field(min_length=1, max_length=48, pattern=r"^[A-Za-z0-9_-]+$",
-                            description="Letters, digits, `_` and `-`; trial jobs are named `<name>-<k>`.")]
+Name = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=48,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="Letters, digits, `_` and `-`; trial jobs are named `<name>-<k>`.",
+    ),
+]
 
 
 Choice = Annotated[str, Field(max_length=256)] | Int | Float | bool
@@ -64,18 +72,27 @@ class Param(Strict):
 
 
 class Objective(Strict):
-    metric: str = Field(pattern=PARAM_NAME_PATTERN, description="A metric of the template's algorithm.metrics (or "
-                        "one its output reports).")
+    metric: str = Field(
+        pattern=PARAM_NAME_PATTERN,
+        description="A metric of the template's algorithm.metrics (or one its output reports).",
+    )
     mode: Literal["min", "max"] = "min"
-    max_step: Float | None = Field(None, gt=0, le=1e15, description="The step a trial ends at, when known; "
-                                   "otherwise the pruners learn it from the first completed trials.")
+    max_step: Float | None = Field(
+        None,
+        gt=0,
+        le=1e15,
+        description="The step a trial ends at, when known; "
+        "otherwise the pruners learn it from the first completed trials.",
+    )
 
 
 class SearchCreate(Strict):
     """The body of POST /v2/{project_id}/searches."""
 
-    name: Name = Field(default_factory=lambda: f"search-{secrets.token_hex(4)}",
-                       description="Absent: `search-` and 8 random hex digits.")
+    name: Name = Field(
+        default_factory=lambda: f"search-{secrets.token_hex(4)}",
+        description="Absent: `search-` and 8 random hex digits.",
+    )
     template: JobCreate = Field(description="A job body as POST /v2/{project_id}/training-jobs takes it.")
     space: dict[Annotated[str, Field(pattern=PARAM_NAME_PATTERN)], Param] = Field(min_length=1, max_length=50)
     objective: Objective
@@ -92,8 +109,9 @@ class SearchCreate(Strict):
         clash = sorted(fixed & set(self.space))
         if clash:
             raise ValueError(f"space names {', '.join(clash)} are also fixed parameters of template.algorithm")
-        if self.objective.mode != next((m.mode for m in self.template.algorithm.metrics
-                                        if m.name == self.objective.metric), self.objective.mode):
+        if self.objective.mode != next(
+            (m.mode for m in self.template.algorithm.metrics if m.name == self.objective.metric), self.objective.mode
+        ):
             raise ValueError("objective.mode differs from the mode of the template's metric of that name")
         return self
 

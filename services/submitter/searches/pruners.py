@@ -16,6 +16,7 @@ the points alone, so a driver that restarts decides the same again (nothing is k
   The optimistic bound is the lower of the fit's and of the trial's best so far minus the most any completed
   trial still improved after the same step (a learning-rate schedule's late drops are in the search's history).
 """
+
 import binascii
 import math
 import statistics
@@ -69,8 +70,15 @@ def final_value(trial: Trial) -> float | None:
     return min((p.value for p in trial.points), default=None)
 
 
-def decide(pruner: str, trials: list[Trial], *, max_step: float | None = None, key: str = "",
-           config: Config = Config(), only: set[int] | None = None) -> dict[int, str]:
+def decide(
+    pruner: str,
+    trials: list[Trial],
+    *,
+    max_step: float | None = None,
+    key: str = "",
+    config: Config = Config(),
+    only: set[int] | None = None,
+) -> dict[int, str]:
     """Running trials to stop now, each with the reason (`only`: look at these trials alone)."""
     if pruner == "none":
         return {}
@@ -105,8 +113,10 @@ def median(trials: list[Trial], running: list[Trial], *, end: float | None, conf
             continue
         best, middle = final_value(trial), statistics.median(others)
         if best > middle:
-            out[trial.trial] = (f"median rule: best {best:.6g} by step {step:g} is worse than the median "
-                                f"{middle:.6g} of {len(others)} completed trials there")
+            out[trial.trial] = (
+                f"median rule: best {best:.6g} by step {step:g} is worse than the median "
+                f"{middle:.6g} of {len(others)} completed trials there"
+            )
     return out
 
 
@@ -121,7 +131,7 @@ class _Brackets:
     def __post_init__(self) -> None:
         for index in range(self.n):
             s = self.n - 1 - index
-            self.budgets.append(math.ceil(self.n * self.eta ** s / (s + 1)))
+            self.budgets.append(math.ceil(self.n * self.eta**s / (s + 1)))
 
     def of(self, key: str, trial: int) -> int:
         n = binascii.crc32(f"{key}_{trial}".encode()) % sum(self.budgets)
@@ -157,8 +167,10 @@ def hyperband(trials: list[Trial], running: list[Trial], *, end: float, key: str
         competing = recorded.setdefault((bracket, rung), [])
         competing.append(value)
         if not _promotable(value, competing, eta):
-            stopped[number] = (f"hyperband: bracket {bracket}, rung {rung} (step {step:g}): {value:.6g} is not in "
-                               f"the best 1/{eta} of {len(competing)}")
+            stopped[number] = (
+                f"hyperband: bracket {bracket}, rung {rung} (step {step:g}): {value:.6g} is not in "
+                f"the best 1/{eta} of {len(competing)}"
+            )
     return {t.trial: stopped[t.trial] for t in running if t.trial in stopped}
 
 
@@ -175,8 +187,9 @@ def predicted(trials: list[Trial], running: list[Trial], *, end: float, config: 
         progress = trial.points[-1].step / end
         if progress < config.min_progress:
             continue
-        projections[trial.trial] = project([p.step for p in trial.points], [p.value for p in trial.points],
-                                           horizon=end, z=config.z, reach=config.reach)
+        projections[trial.trial] = project(
+            [p.step for p in trial.points], [p.value for p in trial.points], horizon=end, z=config.z, reach=config.reach
+        )
     done = [t for t in trials if t.done and t.points]
     out = {}
     for trial in running:
@@ -191,10 +204,12 @@ def predicted(trials: list[Trial], running: list[Trial], *, end: float, config: 
             continue
         bar = min(rivals)
         if low > bar + config.margin * abs(bar):
-            out[trial.trial] = (f"predicted: final value projected {mine.value:.6g} (optimistic {low:.6g}) "
-                                f"cannot beat {bar:.6g}: at step {trial.points[-1].step:g} of {end:g}, "
-                                f"{len(trial.points)} points, {config.z:g} sigma, near-tie margin "
-                                f"{config.margin:.1%} (stops only above {bar + config.margin * abs(bar):.6g})")
+            out[trial.trial] = (
+                f"predicted: final value projected {mine.value:.6g} (optimistic {low:.6g}) "
+                f"cannot beat {bar:.6g}: at step {trial.points[-1].step:g} of {end:g}, "
+                f"{len(trial.points)} points, {config.z:g} sigma, near-tie margin "
+                f"{config.margin:.1%} (stops only above {bar + config.margin * abs(bar):.6g})"
+            )
     return out
 
 

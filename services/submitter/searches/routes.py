@@ -1,4 +1,5 @@
 """/v2/{project_id}/searches: create, list, inspect and stop hyperparameter searches."""
+
 import logging
 import secrets
 import uuid
@@ -10,8 +11,16 @@ from shared.clock import utcnow
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.refusals import NameTaken, NotFound, WrongPhase
-from services.submitter.searches.models import (Best, SearchAction, SearchCreate, SearchList, SearchMetadata,
-                                                SearchStatus, SearchView, TrialView)
+from services.submitter.searches.models import (
+    Best,
+    SearchAction,
+    SearchCreate,
+    SearchList,
+    SearchMetadata,
+    SearchStatus,
+    SearchView,
+    TrialView,
+)
 from services.submitter.searches.store import SearchNameTaken, SearchStore
 from services.submitter.views import _ms
 
@@ -26,13 +35,24 @@ def store(request: Request) -> SearchStore:
 def render(doc: dict[str, Any]) -> SearchView:
     best = doc.get("best")
     return SearchView(
-        metadata=SearchMetadata(id=doc["_id"], name=doc["name"], project_id=doc["project_id"],
-                                user_name=doc["user_name"], create_time=_ms(doc["create_time"])),
+        metadata=SearchMetadata(
+            id=doc["_id"],
+            name=doc["name"],
+            project_id=doc["project_id"],
+            user_name=doc["user_name"],
+            create_time=_ms(doc["create_time"]),
+        ),
         spec={**doc["spec"], "seed": doc["seed"]},
-        status=SearchStatus(phase=doc["phase"], best=Best(**best) if best else None, reason=doc.get("reason", ""),
-                            gpu_hours=doc.get("gpu_hours", 0.0), dollars=doc.get("dollars", 0.0),
-                            message=doc.get("message", "")),
-        trials=[TrialView(**{k: t.get(k) for k in TrialView.model_fields if k in t}) for t in doc["trials"]])
+        status=SearchStatus(
+            phase=doc["phase"],
+            best=Best(**best) if best else None,
+            reason=doc.get("reason", ""),
+            gpu_hours=doc.get("gpu_hours", 0.0),
+            dollars=doc.get("dollars", 0.0),
+            message=doc.get("message", ""),
+        ),
+        trials=[TrialView(**{k: t.get(k) for k in TrialView.model_fields if k in t}) for t in doc["trials"]],
+    )
 
 
 async def load(request: Request, principal: Principal, project_id: str, search_id: str) -> dict[str, Any]:
@@ -43,8 +63,9 @@ async def load(request: Request, principal: Principal, project_id: str, search_i
 
 
 @router.post("", status_code=201, response_model=SearchView, summary="Start a hyperparameter search")
-async def create_search(project_id: ProjectId, body: SearchCreate, request: Request,
-                        principal: Principal = Depends(authenticate)) -> SearchView:
+async def create_search(
+    project_id: ProjectId, body: SearchCreate, request: Request, principal: Principal = Depends(authenticate)
+) -> SearchView:
     principal.require_project(project_id)
     submitter = use_cases(request)
     template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
@@ -54,11 +75,23 @@ async def create_search(project_id: ProjectId, body: SearchCreate, request: Requ
         cost, gpu_hours = await submitter.quote(template, project_id=project_id, user_name=principal.user_name)
         hours = gpu_hours / max(1, template.spec.resource.gpu_count * template.spec.resource.node_count)
         dollars = cost / hours if hours > 0 else 0.0
-    doc = {"_id": "s-" + uuid.uuid4().hex[:12], "project_id": project_id, "name": body.name,
-           "user_name": principal.user_name, "create_time": utcnow(), "spec": body.model_dump(mode="json"),
-           "seed": body.seed if body.seed is not None else secrets.randbelow(2**31), "phase": "Running",
-           "trials": [], "best": None, "reason": "", "message": "", "gpu_hours": 0.0, "dollars": 0.0,
-           "dollars_per_hour": dollars}
+    doc = {
+        "_id": "s-" + uuid.uuid4().hex[:12],
+        "project_id": project_id,
+        "name": body.name,
+        "user_name": principal.user_name,
+        "create_time": utcnow(),
+        "spec": body.model_dump(mode="json"),
+        "seed": body.seed if body.seed is not None else secrets.randbelow(2**31),
+        "phase": "Running",
+        "trials": [],
+        "best": None,
+        "reason": "",
+        "message": "",
+        "gpu_hours": 0.0,
+        "dollars": 0.0,
+        "dollars_per_hour": dollars,
+    }
     doc["spec"].pop("seed", None)
     try:
         await store(request).insert(doc)
@@ -68,24 +101,38 @@ async def create_search(project_id: ProjectId, body: SearchCreate, request: Requ
 
 
 @router.get("", response_model=SearchList, summary="List searches")
-async def list_searches(project_id: ProjectId, request: Request, principal: Principal = Depends(authenticate),
-                        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-                        limit: Annotated[int, Query(ge=1, le=500)] = 50) -> SearchList:
+async def list_searches(
+    project_id: ProjectId,
+    request: Request,
+    principal: Principal = Depends(authenticate),
+    offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> SearchList:
     principal.require_project(project_id)
     total, docs = await store(request).page(project_id, offset=offset, limit=limit)
     return SearchList(total=total, items=[render(d) for d in docs])
 
 
 @router.get("/{search_id}", response_model=SearchView, summary="Show a search: its trials and the best so far")
-async def get_search(project_id: ProjectId, search_id: JobId, request: Request,
-                     principal: Principal = Depends(authenticate)) -> SearchView:
+async def get_search(
+    project_id: ProjectId, search_id: JobId, request: Request, principal: Principal = Depends(authenticate)
+) -> SearchView:
     return render(await load(request, principal, project_id, search_id))
 
 
-@router.post("/{search_id}/actions", status_code=202, response_model=SearchView,
-             summary="Stop a search: no new trial starts, running trials are terminated")
-async def act(project_id: ProjectId, search_id: JobId, action: SearchAction, request: Request,
-              principal: Principal = Depends(authenticate)) -> SearchView:
+@router.post(
+    "/{search_id}/actions",
+    status_code=202,
+    response_model=SearchView,
+    summary="Stop a search: no new trial starts, running trials are terminated",
+)
+async def act(
+    project_id: ProjectId,
+    search_id: JobId,
+    action: SearchAction,
+    request: Request,
+    principal: Principal = Depends(authenticate),
+) -> SearchView:
     doc = await load(request, principal, project_id, search_id)
     if not await store(request).request_stop(project_id, search_id, by=principal.user_name):
         raise WrongPhase(search_id, phase=doc["phase"], done="stopped", what="search")

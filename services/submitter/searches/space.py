@@ -1,4 +1,5 @@
 """Trial parameters drawn from a search space: trial k of a search always gets the same values (idempotent)."""
+
 import math
 import random
 from typing import Any
@@ -20,8 +21,11 @@ def _draw(param: Param, rng: random.Random) -> Any:
             value = math.exp(rng.uniform(math.log(param.low), math.log(param.high + 1)))
             return min(param.high, max(param.low, int(value)))
         return rng.randint(param.low, param.high)
-    value = math.exp(rng.uniform(math.log(param.low), math.log(param.high))) if param.log \
+    value = (
+        math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
+        if param.log
         else rng.uniform(param.low, param.high)
+    )
     return min(param.high, max(param.low, float(f"{value:.6g}")))  # the value the job's environment shows
 
 

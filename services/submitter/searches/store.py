@@ -1,5 +1,6 @@
 """api_searches: one document per search (its spec, trials and phase), replaced whole under a version check
 (the embedded database stores a `$push`ed document or a `$set` datetime as text)."""
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,8 @@ class SearchStore:
         return fresh
 
     async def request_stop(self, project_id: str, search_id: str, *, by: str) -> bool:
-        result = await self.collection.update_one({"_id": search_id, "project_id": project_id, "phase": "Running"},
-                                                  {"$set": {"stop_requested": by}, "$inc": {"version": 1}})
+        result = await self.collection.update_one(
+            {"_id": search_id, "project_id": project_id, "phase": "Running"},
+            {"$set": {"stop_requested": by}, "$inc": {"version": 1}},
+        )
         return bool(result.matched_count)

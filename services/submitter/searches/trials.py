@@ -1,6 +1,7 @@
 """The driver's hands inside the submitter: trials are submitted through the one job-submission use case (caps,
 admission, placeability, outbox), told to end as the terminate action does, and read through the job view and the
 estimator's metrics; all through the same `Submitter` the routes call."""
+
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +21,12 @@ def trial_body(search: dict[str, Any], *, trial: int, parameters: dict[str, Any]
     """The template with the trial's name and its values appended to algorithm.parameters."""
     body = JobCreate.model_validate(search["spec"]["template"])
     fixed = list(body.algorithm.parameters)
-    algorithm = body.algorithm.model_copy(update={"parameters": fixed + [
-        Parameter(name=k, value=as_text(v)) for k, v in sorted(parameters.items())]})
-    metadata = body.metadata.model_copy(update={"name": name, "description": f"trial {trial} of search "
-                                                                              f"{search['_id']} ({search['name']})"})
+    algorithm = body.algorithm.model_copy(
+        update={"parameters": fixed + [Parameter(name=k, value=as_text(v)) for k, v in sorted(parameters.items())]}
+    )
+    metadata = body.metadata.model_copy(
+        update={"name": name, "description": f"trial {trial} of search {search['_id']} ({search['name']})"}
+    )
     return body.model_copy(update={"algorithm": algorithm, "metadata": metadata})
 
 
@@ -38,9 +41,15 @@ class SubmitterPort:
         for name in (f"{search['name']}-{trial}", job_id):  # the readable name, or the id when a job took it
             body = trial_body(search, trial=trial, parameters=parameters, name=name)
             try:
-                await self.submitter.submit(SubmitJob(project_id=search["project_id"], user_name=search["user_name"],
-                                                      body=body, job_id=job_id,
-                                                      links={"search_id": search["_id"], "search_trial": trial}))
+                await self.submitter.submit(
+                    SubmitJob(
+                        project_id=search["project_id"],
+                        user_name=search["user_name"],
+                        body=body,
+                        job_id=job_id,
+                        links={"search_id": search["_id"], "search_trial": trial},
+                    )
+                )
                 return
             except NameTaken:
                 if await repo.exists(job_id):

@@ -10,6 +10,7 @@ the repository:
 Each framework runs in its own process on a tiny random model (no download), its output written byte for byte to
 <name>.txt and trimmed to MAX_BYTES.
 """
+
 import os
 import subprocess
 import sys
@@ -83,17 +84,23 @@ SCRIPTS = {"tqdm": TQDM, "hf-trainer": HF, "lightning": LIGHTNING, "lightning-tq
 
 
 def main() -> None:
-    env = {**os.environ, "KERAS_BACKEND": "torch", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "torch",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     for name, script in SCRIPTS.items():
         if len(sys.argv) > 1 and name not in sys.argv[1:]:
             continue
-        done = subprocess.run([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=600)
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600
+        )
         raw = done.stdout
         if len(raw) > MAX_BYTES:  # the head and the tail: how it starts and how it ends
-            head, tail = raw[:MAX_BYTES // 2], raw[-MAX_BYTES // 2:]
-            raw = head[:max(head.rfind(b"\r"), head.rfind(b"\n")) + 1] + tail[tail.find(b"\r"):]
+            head, tail = raw[: MAX_BYTES // 2], raw[-MAX_BYTES // 2 :]
+            raw = head[: max(head.rfind(b"\r"), head.rfind(b"\n")) + 1] + tail[tail.find(b"\r") :]
         (HERE / f"{name}.txt").write_bytes(raw)
         print(name, done.returncode, len(raw))
 

@@ -1,4 +1,5 @@
 """Writes `argv[1]` MB to its working directory, 10 MB a file."""
+
 import os
 import sys
 import time

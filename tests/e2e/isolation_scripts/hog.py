@@ -1,4 +1,5 @@
 """Holds `argv[1]` MB in a detached process (out of the task's process group, its parent gone) for two seconds."""
+
 import os
 import sys
 import time

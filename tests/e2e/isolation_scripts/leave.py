@@ -1,4 +1,5 @@
 """Leaves a System V shared-memory segment and files in /run/lock and /dev/shm behind, then exits."""
+
 import ctypes
 import json
 import os

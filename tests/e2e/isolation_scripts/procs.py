@@ -1,4 +1,5 @@
 """Reads every command line its /proc shows, looking for another task's (the marker comes in two halves)."""
+
 import glob
 import json
 import sys

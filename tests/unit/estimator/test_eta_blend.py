@@ -13,10 +13,17 @@ def samples(n=400, seed=0):
     out = []
     for _ in range(n):
         truth = float(rng.uniform(100, 1000))
-        out.append({"key": "bert", "fraction": 0.25, "truth": truth, "components": {
-            "history": truth * math.exp(0.1 + rng.normal(0, 0.2)),
-            "throughput": truth * math.exp(-0.05 + rng.normal(0, 0.03)),
-        }})
+        out.append(
+            {
+                "key": "bert",
+                "fraction": 0.25,
+                "truth": truth,
+                "components": {
+                    "history": truth * math.exp(0.1 + rng.normal(0, 0.2)),
+                    "throughput": truth * math.exp(-0.05 + rng.normal(0, 0.03)),
+                },
+            }
+        )
     return out
 
 
@@ -38,8 +45,9 @@ def test_fit_table_prefers_the_precise_component_and_removes_bias():
     assert cell["w"]["throughput"] > 0.9
     assert cell["cbias"]["throughput"] == pytest.approx(-0.05, abs=0.01)
     truth = 500.0
-    total, low, high, method = blend({"history": truth * 1.1, "throughput": truth * math.exp(-0.05)},
-                                     fraction=0.25, key="bert", table=table)
+    total, low, high, method = blend(
+        {"history": truth * 1.1, "throughput": truth * math.exp(-0.05)}, fraction=0.25, key="bert", table=table
+    )
     assert total == pytest.approx(truth, rel=0.02)
     assert method.startswith("throughput")
 
@@ -73,10 +81,17 @@ def correlated_samples(n=600, seed=0, fraction=0.85):
     for _ in range(n):
         truth = float(rng.uniform(100, 1000))
         work = rng.normal(0, 0.1)
-        out.append({"key": "bert", "fraction": fraction, "truth": truth, "components": {
-            "throughput": truth * math.exp(work + rng.normal(0, 0.02)),
-            "history": truth * math.exp(work + rng.normal(0, 0.1)),
-        }})
+        out.append(
+            {
+                "key": "bert",
+                "fraction": fraction,
+                "truth": truth,
+                "components": {
+                    "throughput": truth * math.exp(work + rng.normal(0, 0.02)),
+                    "history": truth * math.exp(work + rng.normal(0, 0.1)),
+                },
+            }
+        )
     return out
 
 
@@ -103,14 +118,24 @@ def test_a_loose_curve_is_calibrated_apart_and_an_old_table_reads_it_as_a_curve(
     for i in range(400):
         truth = float(rng.uniform(100, 1000))
         name, sd = ("curve", 0.03) if i % 2 else ("curve_loose", 0.5)
-        rows.append({"key": "bert", "fraction": 0.5, "truth": truth, "components": {
-            "throughput": truth * math.exp(rng.normal(0, 0.1)), name: truth * math.exp(rng.normal(0, sd))}})
+        rows.append(
+            {
+                "key": "bert",
+                "fraction": 0.5,
+                "truth": truth,
+                "components": {
+                    "throughput": truth * math.exp(rng.normal(0, 0.1)),
+                    name: truth * math.exp(rng.normal(0, sd)),
+                },
+            }
+        )
     cell = fit_table(rows)["bert"][str(bucket(0.5))]
     assert cell["ws"]["curve+throughput"]["curve"] > 0.8
     assert cell["ws"]["curve_loose+throughput"]["curve_loose"] < 0.1
-    old = {"*": {str(bucket(0.5)): {"w": {"throughput": 0.5, "curve": 0.5}, "cbias": {}, "q": (-0.1, 0.1),
-                                    "bias": 0.0}}}
-    total, *_ , method = blend({"throughput": 100.0, "curve_loose": 400.0}, fraction=0.5, key="bert", table=old)
+    old = {
+        "*": {str(bucket(0.5)): {"w": {"throughput": 0.5, "curve": 0.5}, "cbias": {}, "q": (-0.1, 0.1), "bias": 0.0}}
+    }
+    total, *_, method = blend({"throughput": 100.0, "curve_loose": 400.0}, fraction=0.5, key="bert", table=old)
     assert total == pytest.approx(200.0) and set(method.split("+")) == {"throughput", "curve"}
 
 
@@ -122,8 +147,18 @@ def late_samples(n=600, seed=0, *, curve_outliers=0.35, baseline_sd=0.08):
     for i in range(n):
         truth = float(rng.uniform(100, 1000))
         curve = rng.normal(0, 0.02) + (0.7 if rng.random() < curve_outliers else 0.0)
-        out.append({"key": "bert", "fraction": 0.85, "truth": truth, "run": f"r{i}", "components": {
-            "curve": truth * math.exp(curve), BASELINE: truth * math.exp(rng.normal(0, baseline_sd))}})
+        out.append(
+            {
+                "key": "bert",
+                "fraction": 0.85,
+                "truth": truth,
+                "run": f"r{i}",
+                "components": {
+                    "curve": truth * math.exp(curve),
+                    BASELINE: truth * math.exp(rng.normal(0, baseline_sd)),
+                },
+            }
+        )
     return out
 
 
@@ -133,23 +168,39 @@ def test_late_in_a_run_the_blend_falls_back_on_the_baseline_where_cross_fitting_
     assert cell["ws"][f"curve+{BASELINE}"]["curve"] > 0.5
     assert cell["lam"] == 1.0
     base = 500.0
-    total, low, high, method = blend({"curve": 2 * base, BASELINE: base}, fraction=0.85, key="bert",
-                                     table={"bert": {str(bucket(0.85)): cell}, EDGES_KEY: list(BUCKET_EDGES)})
+    total, low, high, method = blend(
+        {"curve": 2 * base, BASELINE: base},
+        fraction=0.85,
+        key="bert",
+        table={"bert": {str(bucket(0.85)): cell}, EDGES_KEY: list(BUCKET_EDGES)},
+    )
     assert method == BASELINE
     # With the evidence behind it, the late estimate is the baseline up to the calibrated bias and band.
     assert abs(math.log(total / base)) <= max(abs(q) for q in cell["q"]) and low <= base <= high
-    inside = sum(low_ <= s["truth"] <= high_ for s in late_samples(seed=1)
-                 for _, low_, high_, _ in [blend(s["components"], fraction=0.85, key="bert",
-                                                 table={"bert": {str(bucket(0.85)): cell},
-                                                        EDGES_KEY: list(BUCKET_EDGES)})])
+    inside = sum(
+        low_ <= s["truth"] <= high_
+        for s in late_samples(seed=1)
+        for _, low_, high_, _ in [
+            blend(
+                s["components"],
+                fraction=0.85,
+                key="bert",
+                table={"bert": {str(bucket(0.85)): cell}, EDGES_KEY: list(BUCKET_EDGES)},
+            )
+        ]
+    )
     assert 0.7 <= inside / 600 <= 0.9  # the band is the baseline's own errors
 
 
 def test_the_blend_keeps_its_own_weights_where_it_beats_the_baseline():
     cell = fit_table(late_samples(curve_outliers=0.0, baseline_sd=0.3))["bert"][str(bucket(0.85))]
     assert cell["lam"] <= 0.25
-    total, *_ = blend({"curve": 500.0, BASELINE: 900.0}, fraction=0.85, key="bert", table=fit_table(
-        late_samples(curve_outliers=0.0, baseline_sd=0.3)))
+    total, *_ = blend(
+        {"curve": 500.0, BASELINE: 900.0},
+        fraction=0.85,
+        key="bert",
+        table=fit_table(late_samples(curve_outliers=0.0, baseline_sd=0.3)),
+    )
     assert total == pytest.approx(500.0, rel=0.15)
 
 
@@ -159,11 +210,18 @@ def test_on_a_benchmark_never_trained_on_the_blend_falls_back_on_its_own_curve()
     for i in range(800):
         truth = float(rng.uniform(100, 1000))
         history = rng.normal(0, 0.02) + (0.7 if rng.random() < 0.35 else 0.0)
-        rows.append({"key": "<unseen>", "fraction": 0.85, "truth": truth, "run": f"r{i}", "group": f"b{i % 8}",
-                     "components": {"history": truth * math.exp(history),
-                                    "curve": truth * math.exp(rng.normal(0, 0.08))}})
+        rows.append(
+            {
+                "key": "<unseen>",
+                "fraction": 0.85,
+                "truth": truth,
+                "run": f"r{i}",
+                "group": f"b{i % 8}",
+                "components": {"history": truth * math.exp(history), "curve": truth * math.exp(rng.normal(0, 0.08))},
+            }
+        )
     table = fit_table(rows)
     cell = table["<unseen>"][str(bucket(0.85))]
     assert cell["ws"]["curve+history"]["history"] > 0.5 and cell["lam"] == 1.0
-    total, *_ , method = blend({"history": 1000.0, "curve": 500.0}, fraction=0.85, key="<unseen>", table=table)
+    total, *_, method = blend({"history": 1000.0, "curve": 500.0}, fraction=0.85, key="<unseen>", table=table)
     assert method == "curve" and total == pytest.approx(500.0, rel=0.1)

@@ -1,5 +1,6 @@
 """The curve prior (issue 31): synthetic curves timed by first passage, the prefix encoding, the Riemann output,
 the served network's band, and the own-jobs families."""
+
 import gzip
 import json
 import math
@@ -58,8 +59,9 @@ def test_the_truth_bins_and_the_riemann_quantiles():
     p[10] = 1.0
     q10, q50, q90 = priornet.quantiles(p, (0.1, 0.5, 0.9))  # uniform within its bin
     width = enc.EDGES[11] - enc.EDGES[10]
-    assert (q10, q50, q90) == pytest.approx((enc.EDGES[10] + 0.1 * width, enc.EDGES[10] + 0.5 * width,
-                                             enc.EDGES[10] + 0.9 * width))
+    assert (q10, q50, q90) == pytest.approx(
+        (enc.EDGES[10] + 0.1 * width, enc.EDGES[10] + 0.5 * width, enc.EDGES[10] + 0.9 * width)
+    )
     p = np.zeros(enc.BINS + 1)
     p[0], p[-1] = 0.5, 0.5  # even odds the target never comes
     assert priornet.quantiles(p, (0.9,)) == [pytest.approx(priornet.LOG_HORIZON)]
@@ -67,8 +69,10 @@ def test_the_truth_bins_and_the_riemann_quantiles():
 
 def _tiny(seed=0, pads=()):
     rng = np.random.default_rng(seed)
-    layers = ((rng.normal(size=(8, enc.N_INPUTS)), rng.normal(size=8)), (rng.normal(size=(enc.BINS + 1, 8)),
-                                                                         rng.normal(size=enc.BINS + 1)))
+    layers = (
+        (rng.normal(size=(8, enc.N_INPUTS)), rng.normal(size=8)),
+        (rng.normal(size=(enc.BINS + 1, 8)), rng.normal(size=enc.BINS + 1)),
+    )
     edges = (0.15, 0.25, 0.4, 0.6) if pads else ()
     return priornet.PriorNet(layers, np.zeros(enc.N_INPUTS), np.ones(enc.N_INPUTS), edges, pads)
 
@@ -116,8 +120,7 @@ def test_the_shipped_prior_is_wide_early_and_narrower_late_and_holds_a_clean_pow
 
 def test_without_a_prior_the_fitted_curve_serves():
     ts, xs, ys = power_loss(60)
-    got = estimate(ts[:30], xs[:30], ys[:30], target=ys[-1], mode="min", elapsed=ts[29], calibration=None,
-                   prior=None)
+    got = estimate(ts[:30], xs[:30], ys[:30], target=ys[-1], mode="min", elapsed=ts[29], calibration=None, prior=None)
     assert got.kind == "curve"
 
 
@@ -129,8 +132,10 @@ def test_a_run_s_family_is_its_own_field_or_its_group_s(tmp_path):
     path = tmp_path / "families.jsonl.gz"
     points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i} for i in range(1, 61)]
     with gzip.open(path, "wt") as f:
-        f.write(json.dumps({"run": "c1", "group": "conv", "family": "conv-adam", "params": {"seed": 1},
-                            "points": points}) + "\n")
+        f.write(
+            json.dumps({"run": "c1", "group": "conv", "family": "conv-adam", "params": {"seed": 1}, "points": points})
+            + "\n"
+        )
     runs = owncorpus.load_corpus((tmp_path / "missing.jsonl.gz", path))
     (case,) = owncorpus.cases(runs, "loss")
     assert case.family == "conv-adam"
@@ -140,6 +145,7 @@ def test_a_run_s_family_is_its_own_field_or_its_group_s(tmp_path):
 def test_the_blend_lies_between_its_readings_and_its_band_holds_both_bands():
     from services.estimator.model.curveprior.estimate import blended
     from services.estimator.model.owncurve import OwnEstimate
+
     prior = OwnEstimate(40.0, 20.0, 120.0, "curve-prior", 0.25)
     fitted = OwnEstimate(20.0, 15.0, 25.0, "curve-learned", 0.5)  # sure of itself, and shorter
     got = blended(prior, fitted, elapsed=10.0)
@@ -154,8 +160,9 @@ def test_the_family_split_never_fine_tunes_or_pads_on_the_held_out_family(monkey
 
     def runs(group, **extra):
         points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i} for i in range(1, 61)]
-        return [{"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra}
-                for s in range(5)]
+        return [
+            {"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra} for s in range(5)
+        ]
 
     corpus = runs("digits-mlp") + runs("digits-cnn") + runs("x", family="conv-adam")
     monkeypatch.setattr(owncorpus, "load_corpus", lambda paths: corpus)

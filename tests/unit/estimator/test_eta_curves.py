@@ -6,11 +6,14 @@ import pytest
 from services.estimator.model.curves import crossing, fit_family, predict_crossing
 
 
-@pytest.mark.parametrize("name,true,params", [
-    ("exp", lambda x: 0.9 - 0.8 * np.exp(-2.0 * x), None),
-    ("power", lambda x: 0.9 - 0.3 * x ** -0.7, None),
-    ("optimus", lambda x: 1.0 - 1.0 / (4.0 * x + 1.5), None),
-])
+@pytest.mark.parametrize(
+    "name,true,params",
+    [
+        ("exp", lambda x: 0.9 - 0.8 * np.exp(-2.0 * x), None),
+        ("power", lambda x: 0.9 - 0.3 * x**-0.7, None),
+        ("optimus", lambda x: 1.0 - 1.0 / (4.0 * x + 1.5), None),
+    ],
+)
 def test_each_family_fits_its_own_curve(name, true, params):
     x = np.linspace(0.1, 1.0, 12)
     fit = fit_family(name, x, true(x))
@@ -38,4 +41,3 @@ def test_predict_crossing_never_returns_a_point_behind_the_data():
     y = np.linspace(0.1, 0.5, 10)
     cross, _ = predict_crossing(x, y, 0.6)
     assert cross > 10 or cross == math.inf
-

@@ -1,4 +1,5 @@
 """The evaluation harness on a small synthetic corpus: round split, declared targets, what is counted."""
+
 import io
 import json
 import math
@@ -11,14 +12,16 @@ from services.estimator import evaluate
 from services.estimator.model import calibrate
 from services.estimator.model.targets import parse_targets
 
-SYSTEM = {"accelerator_model_name": "NVIDIA H100-SXM5-80GB", "number_of_nodes": "1",
-          "accelerators_per_node": "8"}
+SYSTEM = {"accelerator_model_name": "NVIDIA H100-SXM5-80GB", "number_of_nodes": "1", "accelerators_per_node": "8"}
 
 
 def run_log(*, target, mode="max", work=40, rate=1.0, status="success", metric="eval_accuracy", evals=8):
     """A run whose metric approaches `target` and meets it at `work` epochs, `rate` epochs a second."""
-    lines = [mllog("global_batch_size", 256, t_ms=0), mllog("opt_base_learning_rate", 0.001, t_ms=0),
-             mllog("run_start", t_ms=1000)]
+    lines = [
+        mllog("global_batch_size", 256, t_ms=0),
+        mllog("opt_base_learning_rate", 0.001, t_ms=0),
+        mllog("run_start", t_ms=1000),
+    ]
     sign = 1 if mode == "max" else -1
     for i in range(1, evals + 1):
         epoch = work * i / evals
@@ -47,14 +50,18 @@ def write_round(path, runs):
 @pytest.fixture(scope="module")
 def rounds(tmp_path_factory):
     base = tmp_path_factory.mktemp("rounds")
-    train = write_round(base / "mlperf-training-v1.0.tar.gz",
-                        [("bert", run_log(target=0.72, work=40 + i % 4, rate=1.0 + i % 3 * 0.2)) for i in range(24)]
-                        + [("resnet", run_log(target=0.759, work=30 + i % 3)) for i in range(24)]
-                        + [("ssd", run_log(target=0.34, work=8 + i % 2, rate=0.1)) for i in range(12)])
-    test = write_round(base / "mlperf-training-v2.0.tar.gz",
-                       [("bert", run_log(target=0.72, work=41)) for _ in range(6)]
-                       + [("newbench", run_log(target=2.5, mode="min", work=50, metric="eval_loss")) for _ in range(5)]
-                       + [("bert", run_log(target=0.72, status="aborted"))])  # not a success: not counted
+    train = write_round(
+        base / "mlperf-training-v1.0.tar.gz",
+        [("bert", run_log(target=0.72, work=40 + i % 4, rate=1.0 + i % 3 * 0.2)) for i in range(24)]
+        + [("resnet", run_log(target=0.759, work=30 + i % 3)) for i in range(24)]
+        + [("ssd", run_log(target=0.34, work=8 + i % 2, rate=0.1)) for i in range(12)],
+    )
+    test = write_round(
+        base / "mlperf-training-v2.0.tar.gz",
+        [("bert", run_log(target=0.72, work=41)) for _ in range(6)]
+        + [("newbench", run_log(target=2.5, mode="min", work=50, metric="eval_loss")) for _ in range(5)]
+        + [("bert", run_log(target=0.72, status="aborted"))],
+    )  # not a success: not counted
     return train, test
 
 
@@ -67,6 +74,7 @@ def quick(monkeypatch):
     def train(runs, **kwargs):
         trained_on.extend(runs)
         return real(runs, epochs=40, **kwargs)
+
     monkeypatch.setattr(evaluate, "train_with_calibration", train)
     return trained_on
 
@@ -105,7 +113,10 @@ def test_a_benchmark_without_any_target_is_counted_as_a_miss(rounds, quick):
     assert (cut["n"], cut["n_total"]) == (6, 11)
     assert cut["within_20pct"] <= 6 / 11
     assert report["methods"]["eta_blend"]["by_benchmark"]["50%"]["newbench"] == {
-        "n": 0, "n_total": 5, "within_20pct": 0.0}
+        "n": 0,
+        "n_total": 5,
+        "within_20pct": 0.0,
+    }
 
 
 def test_round_split_refuses_to_train_on_its_test_tarball(rounds, quick):
@@ -116,8 +127,9 @@ def test_round_split_refuses_to_train_on_its_test_tarball(rounds, quick):
 
 def test_submitter_split_holds_the_test_submitters_out_of_training(rounds, quick):
     train, test = rounds
-    report = evaluate.run_evaluation([train, test], test, split="submitter", kfold=3,
-                                     targets=parse_targets(NEW_TARGETS))
+    report = evaluate.run_evaluation(
+        [train, test], test, split="submitter", kfold=3, targets=parse_targets(NEW_TARGETS)
+    )
     held = {s for split in report["splits"] for s in split["held_out_submitters"]}
     assert held == {"org0", "org1", "org2"}
     assert report["methods"]["eta_blend"]["20%"]["n_total"] == 11
@@ -137,24 +149,44 @@ def test_cli_writes_the_json_report(rounds, quick, tmp_path, capsys):
     targets = tmp_path / "targets.json"
     targets.write_text(json.dumps(NEW_TARGETS))
     out = tmp_path / "report.json"
-    assert evaluate.main(["--split", "round", "--train", str(train), "--test", str(test), "--targets",
-                          str(targets), "--cache", str(tmp_path / "cache"), "--out", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--split",
+                "round",
+                "--train",
+                str(train),
+                "--test",
+                str(test),
+                "--targets",
+                str(targets),
+                "--cache",
+                str(tmp_path / "cache"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     assert report["methods"]["eta_blend"]["by_benchmark"]["20%"]["newbench"]["n"] == 5
     assert "eta_blend (headline)" in capsys.readouterr().out
     assert list((tmp_path / "cache").glob("*.pkl"))  # parsed once, read back next time
 
 
-@pytest.mark.parametrize(("body", "field"), [
-    ('{"x": {"target": "high"}}', "targets.x.target"),
-    ('{"x": {"target": 1, "mode": "up"}}', "targets.x.mode"),
-    ('{"x": {"target": 1, "metric": "a b"}}', "targets.x.metric"),
-    ('{"x": 3}', "targets.x"),
-    ('{"../x": {"target": 1}}', "targets"),
-    ('[1]', "targets"),
-    ('{"x": {"target": NaN}}', "targets.x.target"),
-    ('not json', "--targets"),
-])
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"x": {"target": "high"}}', "targets.x.target"),
+        ('{"x": {"target": 1, "mode": "up"}}', "targets.x.mode"),
+        ('{"x": {"target": 1, "metric": "a b"}}', "targets.x.metric"),
+        ('{"x": 3}', "targets.x"),
+        ('{"../x": {"target": 1}}', "targets"),
+        ("[1]", "targets"),
+        ('{"x": {"target": NaN}}', "targets.x.target"),
+        ("not json", "--targets"),
+    ],
+)
 def test_a_bad_targets_file_is_refused_naming_the_field(rounds, tmp_path, capsys, body, field):
     train, test = rounds
     path = tmp_path / "targets.json"

@@ -1,4 +1,5 @@
 """A benchmark never trained on: its work to target in multiples of its own first evaluation's work."""
+
 import pytest
 from eta_factories import make_run
 
@@ -11,9 +12,11 @@ from services.estimator.model.online import OnlineEstimator
 def test_each_training_benchmark_weighs_the_same_in_the_learned_ratio():
     # 30 runs that meet the target at their 2nd evaluation, 3 at their 10th, 3 at their 20th: the median benchmark
     # is the one at 10, not the crowd's 2.
-    runs = ([make_run(benchmark="unet3d", evals=2, run_id=f"v/o/s/unet3d/{i}") for i in range(30)]
-            + [make_run(benchmark="bert", evals=10, run_id=f"v/o/s/bert/{i}") for i in range(3)]
-            + [make_run(benchmark="rnnt", evals=20, run_id=f"v/o/s/rnnt/{i}") for i in range(3)])
+    runs = (
+        [make_run(benchmark="unet3d", evals=2, run_id=f"v/o/s/unet3d/{i}") for i in range(30)]
+        + [make_run(benchmark="bert", evals=10, run_id=f"v/o/s/bert/{i}") for i in range(3)]
+        + [make_run(benchmark="rnnt", evals=20, run_id=f"v/o/s/rnnt/{i}") for i in range(3)]
+    )
     units = learn(runs)
     assert units.ratio[1] == pytest.approx(10.0)
     assert units.ratio[0] < units.ratio[1] < units.ratio[2]
@@ -29,8 +32,17 @@ def test_the_second_evaluation_gives_the_cadence():
 
 def unseen_prior(units: EvalUnits) -> HistoryPrior:
     """What the history says of a benchmark it never saw: a duration 100x off, in other benchmarks' units."""
-    return HistoryPrior(duration_s=1e5, duration_low_s=5e4, duration_high_s=2e5, work=5.0, work_low=1.0,
-                        work_high=25.0, benchmark="newbench", seen=False, eval_units=units)
+    return HistoryPrior(
+        duration_s=1e5,
+        duration_low_s=5e4,
+        duration_high_s=2e5,
+        work=5.0,
+        work_low=1.0,
+        work_high=25.0,
+        benchmark="newbench",
+        seen=False,
+        eval_units=units,
+    )
 
 
 def replay(est: OnlineEstimator, *, until: float, first_eval: float, every: float, start: float = 10) -> None:
@@ -71,8 +83,17 @@ def test_evaluation_units_are_off_unless_asked_for():
 
 def test_a_benchmark_the_history_knows_is_not_timed_in_evaluation_units():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
-    seen = HistoryPrior(duration_s=1000.0, duration_low_s=800.0, duration_high_s=1200.0, work=1000.0,
-                        work_low=800.0, work_high=1200.0, benchmark="bert", seen=True, eval_units=units)
+    seen = HistoryPrior(
+        duration_s=1000.0,
+        duration_low_s=800.0,
+        duration_high_s=1200.0,
+        work=1000.0,
+        work_low=800.0,
+        work_high=1200.0,
+        benchmark="bert",
+        seen=True,
+        eval_units=units,
+    )
     est = OnlineEstimator(target=0.9, eval_units=True, prior=seen)
     replay(est, until=150, first_eval=100, every=100)
     assert est.snapshot(150.0)[1][EVAL_UNITS] is None
@@ -82,8 +103,17 @@ def test_a_guess_outside_the_band_of_the_jobs_own_units_leaves_the_blend():
     # The history's band is so wide (held-out benchmarks span orders of magnitude) that the job's own total lies
     # inside it; its point, 100x the job's own units' 90% bound, is what is contradicted.
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
-    wide = HistoryPrior(duration_s=1e5, duration_low_s=10.0, duration_high_s=1e7, work=5.0, work_low=0.01,
-                        work_high=1e4, benchmark="newbench", seen=False, eval_units=units)
+    wide = HistoryPrior(
+        duration_s=1e5,
+        duration_low_s=10.0,
+        duration_high_s=1e7,
+        work=5.0,
+        work_low=0.01,
+        work_high=1e4,
+        benchmark="newbench",
+        seen=False,
+        eval_units=units,
+    )
     est = OnlineEstimator(target=0.9, eval_units=True, prior=wide)
     replay(est, until=150, first_eval=100, every=100)
     _, comps = est.snapshot(150.0)

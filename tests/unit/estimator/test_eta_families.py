@@ -1,5 +1,6 @@
 """The held-out families of the own-jobs corpus (`bench/search/families.py`): the recorded file reads through
 `owncorpus` with each run's family, every family gives cases, and the families' mid-run changes are real."""
+
 import gzip
 import inspect
 import json
@@ -32,8 +33,9 @@ def test_the_recorded_families_load_through_the_corpus_with_their_family():
 
 def test_every_family_gives_cases_and_accuracy_is_read_as_maximised():
     runs = recorded_families()
-    by_metric = {m: owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
-                 for m in owncorpus.METRICS}
+    by_metric = {
+        m: owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True)) for m in owncorpus.METRICS
+    }
     assert set(Counter(c.group for c in by_metric["loss"])) == set(families.FAMILIES)
     accuracy = by_metric["val_acc"]
     assert accuracy and {c.mode for c in accuracy} == {"max"} and all(c.values[-1] >= c.target for c in accuracy)
@@ -46,8 +48,7 @@ def test_runs_are_deterministic_take_turns_and_vary_pace_and_depth():
     assert [f for f, _ in drawn[:7]] == list(families.FAMILIES)
     for key in ("lr", "batch", "seed", "opt", "steps", "schedule", "printed"):
         assert len({p.get(key) for _, p in drawn}) > 1
-    assert {p["shift"] for f, p in drawn if f == "pace-shift"} == {"unfreeze", "batch-ramp", "print-change",
-                                                                     "throttle"}
+    assert {p["shift"] for f, p in drawn if f == "pace-shift"} == {"unfreeze", "batch-ramp", "print-change", "throttle"}
     assert {p["schedule"] for _, p in drawn} == {"constant", "warmup", "step", "cosine", "warmup-cosine"}
     assert {p["opt"] for _, p in drawn} == {"sgd", "adam", "adamw"}
 
@@ -55,11 +56,19 @@ def test_runs_are_deterministic_take_turns_and_vary_pace_and_depth():
 def test_a_printed_ema_is_smoothed_once():
     _, params = next((f, p) for f, p in (families.run_params(i) for i in range(200)) if p["printed"] == "ema")
     assert params["mean"] == round((1 + params["ema"]) / (1 - params["ema"]))
-    points = [{"t": float(i), "step": i, "epoch": i / 10, "loss": 2.0 / i + (0.3 if i % 2 else 0.0),
-               "val_loss": None, "val_acc": None} for i in range(1, 60)]
+    points = [
+        {
+            "t": float(i),
+            "step": i,
+            "epoch": i / 10,
+            "loss": 2.0 / i + (0.3 if i % 2 else 0.0),
+            "val_loss": None,
+            "val_acc": None,
+        }
+        for i in range(1, 60)
+    ]
     run = {"run": "families-x", "group": "noisy-ema", "params": params, "points": points}
-    assert owncorpus.make_case(run, "loss", u=0.8, smooth=True) == owncorpus.make_case(run, "loss", u=0.8,
-                                                                                      smooth=False)
+    assert owncorpus.make_case(run, "loss", u=0.8, smooth=True) == owncorpus.make_case(run, "loss", u=0.8, smooth=False)
 
 
 def short(index: int, **change) -> tuple[str, dict]:
@@ -90,8 +99,11 @@ def test_the_pace_changes_mid_run():
     ramp = families.build("pace-shift", base | {"shift": "batch-ramp", "width": 8, "batch": 4})
     assert len(ramp.draw(50)[1]) == 4 and len(ramp.draw(51)[1]) == 16
     for slower, gaps in ((3, {10, 30}), (0.25, {10, 2})):  # a line every 10 steps, then every 30 or 2
-        marks = sorted(families.build("pace-shift", base | {"shift": "print-change", "width": 8, "batch": 8,
-                                                            "slower": slower}).marks)
+        marks = sorted(
+            families.build(
+                "pace-shift", base | {"shift": "print-change", "width": 8, "batch": 8, "slower": slower}
+            ).marks
+        )
         assert {b - a for a, b in zip(marks, marks[1:])} == gaps
 
 

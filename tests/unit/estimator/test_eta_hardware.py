@@ -1,4 +1,5 @@
 """The accelerator's numbers (peak dense TFLOPS, memory and interconnect bandwidth) and the history model using them."""
+
 import numpy as np
 import pytest
 from eta_factories import make_run
@@ -10,10 +11,26 @@ from services.estimator.model.history import HistoryPredictor
 
 # Every accelerator model name of the MLPerf Training v3.1 and v4.0 results, as their systems files spell them.
 ROUND_NAMES = (
-    "NVIDIA H100-SXM5-80GB", "NVIDIA H100-PCIe-80GB", "NVIDIA L40", "NVIDIA A30", "NVIDIA H100-SXM5-96GB",
-    "NVIDIA A100-PCIe-80GB", "Intel Gaudi2", "NVIDIA L40S", "NVIDIA RTX A5000", "NVIDIA L4", "NVIDIA H100-SXM-80GB",
-    "NVIDIA A100 - PCIe - 80 GB", "NVIDIA A100-SXM-40GB", "NVIDIA A10G", "TPU-v5e", "NVIDIA H200-SXM5-141GB",
-    "NVIDIA A100-SXM4-80GB", "Intel(R) Gaudi(R) 2 AI Accelerator", "TPU-v5p", "AMD Radeon RX 7900 XTX",
+    "NVIDIA H100-SXM5-80GB",
+    "NVIDIA H100-PCIe-80GB",
+    "NVIDIA L40",
+    "NVIDIA A30",
+    "NVIDIA H100-SXM5-96GB",
+    "NVIDIA A100-PCIe-80GB",
+    "Intel Gaudi2",
+    "NVIDIA L40S",
+    "NVIDIA RTX A5000",
+    "NVIDIA L4",
+    "NVIDIA H100-SXM-80GB",
+    "NVIDIA A100 - PCIe - 80 GB",
+    "NVIDIA A100-SXM-40GB",
+    "NVIDIA A10G",
+    "TPU-v5e",
+    "NVIDIA H200-SXM5-141GB",
+    "NVIDIA A100-SXM4-80GB",
+    "Intel(R) Gaudi(R) 2 AI Accelerator",
+    "TPU-v5p",
+    "AMD Radeon RX 7900 XTX",
     "NVIDIA GeForce RTX 4090",
 )
 
@@ -60,8 +77,18 @@ def memory_bound_corpus():
         count = (8, 16)[(i // 10) % 2]
         work = {"bert": 3000.0, "resnet": 40.0}[bench] * rng.uniform(0.98, 1.02)
         rate = {"bert": 1.0, "resnet": 0.01}[bench] * hardware(accel).memory_gbps * count / 8000
-        runs.append(make_run(benchmark=bench, submitter=f"org{i % 4}", work=work, rate=rate, accelerator=accel,
-                             accelerators_per_node=count, evals=4, run_id=f"v4.0/org{i % 4}/s/{bench}/{i}"))
+        runs.append(
+            make_run(
+                benchmark=bench,
+                submitter=f"org{i % 4}",
+                work=work,
+                rate=rate,
+                accelerator=accel,
+                accelerators_per_node=count,
+                evals=4,
+                run_id=f"v4.0/org{i % 4}/s/{bench}/{i}",
+            )
+        )
     return runs
 
 
@@ -69,22 +96,30 @@ def test_an_accelerator_never_trained_on_is_predicted_from_its_numbers():
     # Gaudi2 has A100's class of TFLOPS but more memory bandwidth: in a memory-bound world it runs 0.83x an A100's
     # time. By TFLOPS alone (the former model) it came out 2-3x long.
     model = HistoryPredictor(epochs=300).train(memory_bound_corpus(), folds=1)
-    truth = make_run(benchmark="bert", work=3000.0, accelerator="Intel Gaudi2", accelerators_per_node=8,
-                     rate=hardware("Intel Gaudi2").memory_gbps * 8 / 8000)
+    truth = make_run(
+        benchmark="bert",
+        work=3000.0,
+        accelerator="Intel Gaudi2",
+        accelerators_per_node=8,
+        rate=hardware("Intel Gaudi2").memory_gbps * 8 / 8000,
+    )
     predicted = model.predict(features_from_run(truth))[0]
     assert predicted == pytest.approx(truth.duration_s, rel=0.25)
 
 
 def test_accelerator_split_holds_out_each_accelerator_model_under_every_spelling():
-    runs = [make_run(accelerator=a, run_id=f"v3.1/o/s/bert/{i}") for i, a in enumerate(
-        ("NVIDIA H100-SXM5-80GB", "H100-SXM-80GB", "NVIDIA L40S", "Intel Gaudi2"))]
+    runs = [
+        make_run(accelerator=a, run_id=f"v3.1/o/s/bert/{i}")
+        for i, a in enumerate(("NVIDIA H100-SXM5-80GB", "H100-SXM-80GB", "NVIDIA L40S", "Intel Gaudi2"))
+    ]
     folds = evaluate.split_kfold(runs, runs, k=3, by="accelerator")
     assert sorted(w for fold in folds for w in fold) == ["gaudi", "h100", "l40s"]
     assert evaluate.split_key(runs[0], "accelerator") == evaluate.split_key(runs[1], "accelerator")
 
 
-@pytest.mark.parametrize("name", ["", "x" * 100_000, "b" + "9" * 50_000, "NVIDIA\x00H100\u202e", "(r)" * 1000,
-                                  "🚀 GPU"])
+@pytest.mark.parametrize(
+    "name", ["", "x" * 100_000, "b" + "9" * 50_000, "NVIDIA\x00H100\u202e", "(r)" * 1000, "🚀 GPU"]
+)
 def test_a_node_claiming_any_name_gets_numbers_or_none_never_an_error(name):
     known = hardware(name)  # the name is the node's claim (TaskStarted.gpu_model) or the job's declaration
     assert known is None or (known.tflops > 0 and known.memory_gbps > 0 and known.link_gbps > 0)

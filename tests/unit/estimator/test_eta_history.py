@@ -21,9 +21,18 @@ def tiny_corpus():
         accel = ("NVIDIA H100-SXM5-80GB", "NVIDIA A100-SXM4-80GB")[i % 2]
         count = (8, 16)[(i // 2) % 2]
         rate = {"bert": 10.0, "resnet": 0.05, "ssd": 0.005}[bench] * accelerator_tflops(accel) * count / 8000
-        runs.append(make_run(benchmark=bench, submitter=f"org{i % 5}", work=work, rate=rate,
-                             accelerator=accel, accelerators_per_node=count, evals=4,
-                             run_id=f"v4.0/org{i % 5}/s/{bench}/{i}"))
+        runs.append(
+            make_run(
+                benchmark=bench,
+                submitter=f"org{i % 5}",
+                work=work,
+                rate=rate,
+                accelerator=accel,
+                accelerators_per_node=count,
+                evals=4,
+                run_id=f"v4.0/org{i % 5}/s/{bench}/{i}",
+            )
+        )
     return runs
 
 
@@ -49,10 +58,8 @@ def test_bands_bracket_the_prediction(trained):
 
 def test_faster_hardware_predicts_shorter_duration(trained):
     _, model = trained
-    slow = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA A100-SXM4-80GB",
-                       accelerators=8)
-    fast = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB",
-                       accelerators=16)
+    slow = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA A100-SXM4-80GB", accelerators=8)
+    fast = JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB", accelerators=16)
     assert model.predict(fast)[0] < model.predict(slow)[0]
 
 
@@ -77,6 +84,7 @@ def test_save_load_round_trip(trained, tmp_path):
 
 def test_load_rejects_other_format_versions_and_the_old_torch_files(trained, tmp_path):
     import torch
+
     _, model = trained
     state = model.state()
     state["format_version"] = 999
@@ -93,6 +101,7 @@ def test_the_served_numpy_network_computes_what_the_trained_torch_network_does(t
 
     from services.estimator.model.history import forward
     from services.estimator.model.historynet import MLP
+
     runs, model = trained
     x = model._encode([features_from_run(r) for r in runs[:10]])
     net = MLP(x.shape[1], model.hidden, model._work_mask())
@@ -105,26 +114,36 @@ def test_the_served_numpy_network_computes_what_the_trained_torch_network_does(t
 def test_serving_a_history_model_never_imports_torch(trained, tmp_path):
     _, model = trained
     model.save(tmp_path / "history.npz")
-    code = ("import sys; from services.estimator.app import create_app; "
-            "from services.estimator.model import HistoryPredictor, JobFeatures; "
-            f"HistoryPredictor.load({str(tmp_path / 'history.npz')!r}).predict(JobFeatures(benchmark='bert')); "
-            "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[3])
+    code = (
+        "import sys; from services.estimator.app import create_app; "
+        "from services.estimator.model import HistoryPredictor, JobFeatures; "
+        f"HistoryPredictor.load({str(tmp_path / 'history.npz')!r}).predict(JobFeatures(benchmark='bert')); "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
     assert out.stdout.strip() == "False"
 
 
 def test_duration_scales_with_a_system_larger_than_any_trained_on(trained):
     # Trained on 8 and 16 accelerators: 64 must come out faster, near the 4x its TFLOPS give.
     _, model = trained
-    feats = [JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB",
-                         accelerators=n) for n in (16, 64)]
+    feats = [
+        JobFeatures(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB", accelerators=n)
+        for n in (16, 64)
+    ]
     sixteen, sixty_four = (model.predict(f)[0] for f in feats)
     assert 2.0 < sixteen / sixty_four < 8.0
 
 
 def test_accelerator_spellings_share_one_vocabulary_word():
     from services.estimator.model.features import normalise_accelerator
+
     assert normalise_accelerator("NVIDIA H100-SXM5-80GB") == normalise_accelerator("H100-SXM-80GB")
     assert normalise_accelerator("NVIDIA H100-PCIe-80GB") != normalise_accelerator("NVIDIA H100-SXM5-80GB")
     assert normalise_accelerator("Some New Chip") == "somenewchip"

@@ -5,18 +5,27 @@ from services.estimator.jobmodel import JobModel
 
 
 def mllog(key, t, value=None, **metadata):
-    record = {"namespace": "", "time_ms": int(t * 1000), "event_type": "POINT_IN_TIME", "key": key,
-              "value": value, "metadata": metadata}
+    record = {
+        "namespace": "",
+        "time_ms": int(t * 1000),
+        "event_type": "POINT_IN_TIME",
+        "key": key,
+        "value": value,
+        "metadata": metadata,
+    }
     return LogLine(t=t, line=":::MLLOG " + json.dumps(record))
 
 
 def test_live_mllog_progress_is_read_like_the_corpus_and_timed_from_run_start():
     model = JobModel(metrics=[])
     model.started(at=100.0, accelerator="NVIDIA H100-SXM5-80GB", gpus=8, nodes=2)
-    for line in (mllog("submission_benchmark", 101.0, "gnn"), mllog("run_start", 130.0),
-                 mllog("epoch_start", 131.0, epoch_num=1),  # announces work about to start: not progress
-                 mllog("eval_accuracy", 141.0, 0.60, epoch_num=0.05),
-                 mllog("eval_accuracy", 151.0, 0.65, epoch_num=0.1)):
+    for line in (
+        mllog("submission_benchmark", 101.0, "gnn"),
+        mllog("run_start", 130.0),
+        mllog("epoch_start", 131.0, epoch_num=1),  # announces work about to start: not progress
+        mllog("eval_accuracy", 141.0, 0.60, epoch_num=0.05),
+        mllog("eval_accuracy", 151.0, 0.65, epoch_num=0.1),
+    ):
         model.observe(line)
     assert [(t, p) for t, p, _ in model.seen] == [(141.0, 0.05), (151.0, 0.1)]
     model.estimate(152.0, predictor=None, version=None)  # builds the online estimator: gnn's target is known
@@ -29,10 +38,14 @@ def test_a_completed_job_becomes_a_corpus_run_of_its_progress_and_target_metric_
 
     model = JobModel(metrics=[])
     model.started(at=100.0, accelerator="NVIDIA H100-SXM5-80GB", gpus=8, nodes=2)
-    for line in (mllog("submission_benchmark", 101.0, "gnn"), mllog("seed", 102.0, 7),
-                 mllog("train_samples", 103.0, 3901), mllog("run_start", 130.0),  # numbers, neither metric nor work
-                 mllog("eval_accuracy", 141.0, 0.60, epoch_num=0.05),
-                 mllog("eval_accuracy", 151.0, 0.75, epoch_num=0.1)):  # gnn's target, 0.72, met here
+    for line in (
+        mllog("submission_benchmark", 101.0, "gnn"),
+        mllog("seed", 102.0, 7),
+        mllog("train_samples", 103.0, 3901),
+        mllog("run_start", 130.0),  # numbers, neither metric nor work
+        mllog("eval_accuracy", 141.0, 0.60, epoch_num=0.05),
+        mllog("eval_accuracy", 151.0, 0.75, epoch_num=0.1),
+    ):  # gnn's target, 0.72, met here
         model.observe(line)
     run = model.history_run(job_id="j1", project="p", start=100.0, end=152.0)
     path = tmp_path / "runs.json"
@@ -125,7 +138,8 @@ def test_an_amount_of_work_the_script_reports_gives_an_estimate_from_the_rate_al
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-5", "0", "1e400", "lots", "1e16"])
 def test_hostile_declared_work_is_ignored(value):
-    model = JobModel(metrics=[], parameters=[Parameter(name="max_steps", value=value),
-                                             Parameter(name="batch_size", value=value)])
+    model = JobModel(
+        metrics=[], parameters=[Parameter(name="max_steps", value=value), Parameter(name="batch_size", value=value)]
+    )
     assert "total_work" not in model.features and "batch_size" not in model.features
     assert model.estimate(5.0, predictor=None, version=None) is None

@@ -23,10 +23,12 @@ def test_progress_prefers_samples_and_ignores_booleans():
 
 
 def test_regex_parser_named_groups_and_plain_group():
-    parser = RegexMetricParser([
-        MetricSpec("loss", r"step (?P<step>\d+) loss=(?P<value>[-\d.e]+)"),
-        MetricSpec("acc", r"acc: ([\d.]+)"),
-    ])
+    parser = RegexMetricParser(
+        [
+            MetricSpec("loss", r"step (?P<step>\d+) loss=(?P<value>[-\d.e]+)"),
+            MetricSpec("acc", r"acc: ([\d.]+)"),
+        ]
+    )
     points = parser.parse("step 120 loss=2.5e-1 acc: 0.93")
     assert [(p.name, p.value, p.step) for p in points] == [("loss", 0.25, 120.0), ("acc", 0.93, None)]
     assert parser.parse("nothing here") == []

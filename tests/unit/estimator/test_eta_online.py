@@ -47,8 +47,9 @@ def test_min_mode_target_is_met_when_metric_drops_below():
 
 
 def test_history_prior_alone_before_any_progress():
-    prior = HistoryPrior(duration_s=500.0, duration_low_s=400.0, duration_high_s=650.0,
-                         work=5000.0, work_low=4000.0, work_high=6000.0)
+    prior = HistoryPrior(
+        duration_s=500.0, duration_low_s=400.0, duration_high_s=650.0, work=5000.0, work_low=4000.0, work_high=6000.0
+    )
     e = OnlineEstimator(prior=prior).estimate(100.0)
     assert e.remaining_s == pytest.approx(400.0, rel=0.01)
     assert e.method == "history"
@@ -56,8 +57,9 @@ def test_history_prior_alone_before_any_progress():
 
 
 def test_live_throughput_takes_over_from_history():
-    prior = HistoryPrior(duration_s=5000.0, duration_low_s=4000.0, duration_high_s=6000.0,
-                         work=2000.0, work_low=1800.0, work_high=2200.0)
+    prior = HistoryPrior(
+        duration_s=5000.0, duration_low_s=4000.0, duration_high_s=6000.0, work=2000.0, work_low=1800.0, work_high=2200.0
+    )
     est = OnlineEstimator(prior=prior)
     feed_linear(est, rate=10.0, until=100.0)
     e = est.estimate(100.0)
@@ -68,8 +70,9 @@ def test_live_throughput_takes_over_from_history():
 
 
 def test_history_that_agrees_with_the_live_rate_stays_in_the_blend():
-    prior = HistoryPrior(duration_s=220.0, duration_low_s=180.0, duration_high_s=260.0,
-                         work=2000.0, work_low=1800.0, work_high=2200.0)
+    prior = HistoryPrior(
+        duration_s=220.0, duration_low_s=180.0, duration_high_s=260.0, work=2000.0, work_low=1800.0, work_high=2200.0
+    )
     est = OnlineEstimator(prior=prior)
     feed_linear(est, rate=10.0, until=40.0)
     e = est.estimate(40.0)
@@ -79,8 +82,16 @@ def test_history_that_agrees_with_the_live_rate_stays_in_the_blend():
 
 def unseen_prior(duration_s: float) -> HistoryPrior:
     """A benchmark the model never trained on: a guess with a band of a factor ~30 either way."""
-    return HistoryPrior(duration_s=duration_s, duration_low_s=duration_s / 30, duration_high_s=duration_s * 30,
-                        work=500.0, work_low=5.0, work_high=50_000.0, benchmark="new", seen=False)
+    return HistoryPrior(
+        duration_s=duration_s,
+        duration_low_s=duration_s / 30,
+        duration_high_s=duration_s * 30,
+        work=500.0,
+        work_low=5.0,
+        work_high=50_000.0,
+        benchmark="new",
+        seen=False,
+    )
 
 
 @pytest.mark.parametrize("guess, kept", [(100_000.0, False), (60.0, True)])
@@ -137,8 +148,17 @@ def test_evaluation_repeating_the_last_progress_does_not_read_as_a_stall():
 
 def test_an_unseen_benchmark_s_prior_work_does_not_drive_the_rate_estimate():
     from services.estimator.model.history import UNSEEN
-    wild = HistoryPrior(duration_s=5000.0, duration_low_s=1.0, duration_high_s=1e7, work=1e9, work_low=1.0,
-                        work_high=1e12, benchmark="never_seen", seen=False)
+
+    wild = HistoryPrior(
+        duration_s=5000.0,
+        duration_low_s=1.0,
+        duration_high_s=1e7,
+        work=1e9,
+        work_low=1.0,
+        work_high=1e12,
+        benchmark="never_seen",
+        seen=False,
+    )
     est = OnlineEstimator(target=0.8, mode="max", prior=wild)
     feed_linear(est, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))
     comps = est.components(35.0)
@@ -149,6 +169,7 @@ def test_an_unseen_benchmark_s_prior_work_does_not_drive_the_rate_estimate():
 
 def test_survived_is_the_median_given_what_is_already_passed():
     from services.estimator.model.online import survived
+
     assert survived(100.0, 70.0, 140.0, passed=10.0) == pytest.approx(100.0, rel=1e-6)  # early: the median
     assert survived(100.0, 70.0, 140.0, passed=100.0) == pytest.approx(120.0, rel=0.01)  # the upper half's median
     late = survived(100.0, 70.0, 140.0, passed=200.0)
@@ -157,8 +178,9 @@ def test_survived_is_the_median_given_what_is_already_passed():
 
 
 def test_a_run_past_the_history_s_work_is_not_finishing_now():
-    prior = HistoryPrior(duration_s=100.0, duration_low_s=80.0, duration_high_s=125.0,
-                         work=1000.0, work_low=800.0, work_high=1250.0)
+    prior = HistoryPrior(
+        duration_s=100.0, duration_low_s=80.0, duration_high_s=125.0, work=1000.0, work_low=800.0, work_high=1250.0
+    )
     est = OnlineEstimator(prior=prior, target=0.9)
     feed_linear(est, rate=10.0, until=110.0)  # 1,100 done, the target not met
     comps = est.components(110.0)
@@ -172,6 +194,7 @@ def test_a_run_past_the_history_s_work_is_not_finishing_now():
 
 def test_a_curve_whose_families_disagree_is_a_loose_curve():
     import random
+
     rng = random.Random(0)
     tight = OnlineEstimator(target=0.8, mode="max")
     feed_linear(tight, rate=10.0, until=35.0, every=3.0, metric=lambda p: 0.95 - 0.9 * math.exp(-p / 300))

@@ -1,4 +1,5 @@
 """The own-curve ETA (a job that declares a target and nothing else): curve reading, learned band, corpus."""
+
 import math
 
 import numpy as np
@@ -21,8 +22,11 @@ from services.estimator.owneval import previous_rate
 def loss_curve(n=40, *, every=10, rate=50.0, offset=0.0, floor=0.05):
     """(t, step, loss) of a power-law loss printed every `every` steps at `rate` steps a second after `offset` s."""
     steps = [every * (i + 1) for i in range(n)]
-    return ([offset + s / rate for s in steps], [float(s) for s in steps],
-            [floor + 2.2 * (1 + s / 100) ** -0.9 for s in steps])
+    return (
+        [offset + s / rate for s in steps],
+        [float(s) for s in steps],
+        [floor + 2.2 * (1 + s / 100) ** -0.9 for s in steps],
+    )
 
 
 def test_the_progress_rate_follows_a_change_of_pace():
@@ -55,11 +59,9 @@ def test_a_maximised_metric_reads_like_a_minimised_one():
 
 def test_nothing_to_extrapolate_gives_no_estimate_and_a_met_target_gives_zero():
     rising = [1.0 + 0.1 * i for i in range(6)]
-    assert own_estimate(list(range(1, 7)), None, rising, target=0.0, mode="min", elapsed=6.0,
-                        calibration=None) is None
+    assert own_estimate(list(range(1, 7)), None, rising, target=0.0, mode="min", elapsed=6.0, calibration=None) is None
     assert own_estimate([1.0], [10.0], [2.0], target=0.1, mode="min", elapsed=1.0, calibration=None) is None
-    done = own_estimate([1.0, 2.0, 3.0], None, [1.0, 0.5, 0.09], target=0.1, mode="min", elapsed=3.5,
-                        calibration=None)
+    done = own_estimate([1.0, 2.0, 3.0], None, [1.0, 0.5, 0.09], target=0.1, mode="min", elapsed=3.5, calibration=None)
     assert done == OwnEstimate(3.5, 3.5, 3.5, "reached", 1.0)
 
 
@@ -102,18 +104,26 @@ def test_a_case_is_timed_at_the_first_value_meeting_its_target():
 def test_a_run_printing_a_running_mean_is_taken_as_printed_and_a_regression_has_no_accuracy_case():
     points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i, "val_acc": None} for i in range(1, 61)]
     averaged = {"run": "m1", "group": "np-mlp-mean", "params": {"seed": 0, "mean": 50}, "points": points}
-    assert owncorpus.make_case(averaged, "loss", u=0.5, smooth=True) == owncorpus.make_case(averaged, "loss", u=0.5,
-                                                                                          smooth=False)
+    assert owncorpus.make_case(averaged, "loss", u=0.5, smooth=True) == owncorpus.make_case(
+        averaged, "loss", u=0.5, smooth=False
+    )
     assert owncorpus.make_case(averaged, "val_acc", u=0.5) is None
 
 
 def test_the_band_is_the_ensembles_mean_widened_by_the_pads_of_its_phase():
     def constant(mid, gap):  # a "network" that ignores its input: (mid - gap, mid, mid + gap) with softplus gaps
         raw = math.log(math.expm1(gap))
-        return {"mean": [0.0] * len(FEATURES), "std": [1.0] * len(FEATURES),
-                "layers": [[[[0.0] * len(FEATURES)] * 3, [mid, raw, raw]]]}
-    table = {"nets": [constant(1.0, 0.5), constant(2.0, 0.5)], "pad_edges": [0.15, 0.25, 0.4, 0.6],
-             "pads": [[0.0, 0.0], [0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]]}
+        return {
+            "mean": [0.0] * len(FEATURES),
+            "std": [1.0] * len(FEATURES),
+            "layers": [[[[0.0] * len(FEATURES)] * 3, [mid, raw, raw]]],
+        }
+
+    table = {
+        "nets": [constant(1.0, 0.5), constant(2.0, 0.5)],
+        "pad_edges": [0.15, 0.25, 0.4, 0.6],
+        "pads": [[0.0, 0.0], [0.1, 0.2], [0.3, 0.4], [0.5, 0.6], [0.7, 0.8]],
+    }
     low, mid, high = learned_quantiles([0.0] * len(FEATURES), table)
     assert mid == pytest.approx(1.5)  # exp(-1.5) = 0.22 of the training seen: the second phase's pads
     assert low == pytest.approx(1.0 - 0.1) and high == pytest.approx(2.0 + 0.2)

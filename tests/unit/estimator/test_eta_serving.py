@@ -1,5 +1,6 @@
 """The estimator's history model is trained in a background process of its own: at lower priority, with torch held
 to the configured threads, on the CPU; the estimator serves it without torch."""
+
 import asyncio
 import subprocess
 import sys
@@ -29,9 +30,11 @@ async def test_training_is_started_with_the_configured_torch_threads(tmp_path, m
 
 
 def test_the_training_process_lowers_its_priority_and_bounds_torchs_threads():
-    code = ("import os, torch; before = os.nice(0); from services.estimator.train import settle; settle(1); "
-            "from services.estimator.train import BACKGROUND_NICE; "
-            "print(torch.get_num_threads(), torch.get_num_interop_threads(), "
-            "os.nice(0) == min(19, max(before, BACKGROUND_NICE)))")  # a suite run under `nice` starts niced already
+    code = (
+        "import os, torch; before = os.nice(0); from services.estimator.train import settle; settle(1); "
+        "from services.estimator.train import BACKGROUND_NICE; "
+        "print(torch.get_num_threads(), torch.get_num_interop_threads(), "
+        "os.nice(0) == min(19, max(before, BACKGROUND_NICE)))"
+    )  # a suite run under `nice` starts niced already
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.split() == ["1", "1", "True"]

@@ -1,4 +1,5 @@
 """The sweep recorder (`bench/search/record.py`): deterministic runs, the contract's line format, resumable file."""
+
 import gzip
 import json
 

@@ -1,5 +1,6 @@
 """A job's output is hostile: no line may make the estimator raise (and lose the chunk it came in); a value that is
 no finite number is skipped alone, the rest of the line and of the chunk still read."""
+
 import json
 import math
 
@@ -12,17 +13,47 @@ from services.estimator.jobmodel import JobModel
 from services.estimator.model.mllog import parse_mllog_line
 from services.estimator.tracker import MAX_METRICS, JobTracker, parse_line
 
-HUGE = 10 ** 400  # float() of it overflows
-SPECS = [MetricSpec(name="loss", regex=r"loss=([0-9.eE+-]+)", mode="min", target=0.1),
-         MetricSpec(name="acc", regex=r"step (?P<step>[0-9.eE+-]+) acc (?P<value>\S+)", mode="max")]
+HUGE = 10**400  # float() of it overflows
+SPECS = [
+    MetricSpec(name="loss", regex=r"loss=([0-9.eE+-]+)", mode="min", target=0.1),
+    MetricSpec(name="acc", regex=r"step (?P<step>[0-9.eE+-]+) acc (?P<value>\S+)", mode="max"),
+]
 # Any character a decoded chunk can hold, lone surrogates (invalid UTF-8 once encoded) included.
 CHARS = st.characters(min_codepoint=0, max_codepoint=0x10FFFF, blacklist_categories=())
-SCALARS = (st.none() | st.booleans() | st.floats(allow_nan=True, allow_infinity=True) | st.integers()
-           | st.integers(min_value=10 ** 300, max_value=10 ** 420) | st.text(CHARS, max_size=20))
-JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.sampled_from(["key", "value", "time_ms", "metadata", "step", "loss",
-                                                       "epoch_num", "samples_count", "step_num", "metric"])
-                                      | st.text(CHARS, max_size=8), inner, max_size=6), max_leaves=20)
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.integers()
+    | st.integers(min_value=10**300, max_value=10**420)
+    | st.text(CHARS, max_size=20)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "key",
+                    "value",
+                    "time_ms",
+                    "metadata",
+                    "step",
+                    "loss",
+                    "epoch_num",
+                    "samples_count",
+                    "step_num",
+                    "metric",
+                ]
+            )
+            | st.text(CHARS, max_size=8),
+            inner,
+            max_size=6,
+        )
+    ),
+    max_leaves=20,
+)
 PREFIXES = st.sampled_from(["TRAINMASTER_METRICS ", ":::MLLOG ", "x :::MLLOG ", ""])
 
 
@@ -30,15 +61,21 @@ def dumped(value) -> str:
     return json.dumps(value, allow_nan=True)
 
 
-LINES = (st.builds(lambda p, v: p + dumped(v), PREFIXES, JSON)
-         | st.builds(lambda p, t: p + t, PREFIXES, st.text(CHARS, max_size=200))
-         | st.builds(lambda n, v: f"step {n} acc {v} loss={v}", st.text(CHARS, max_size=8),
-                     st.sampled_from(["nan", "inf", "-inf", "1e400", "9" * 400, "0.5", "1e-5", "--"])))
+LINES = (
+    st.builds(lambda p, v: p + dumped(v), PREFIXES, JSON)
+    | st.builds(lambda p, t: p + t, PREFIXES, st.text(CHARS, max_size=200))
+    | st.builds(
+        lambda n, v: f"step {n} acc {v} loss={v}",
+        st.text(CHARS, max_size=8),
+        st.sampled_from(["nan", "inf", "-inf", "1e400", "9" * 400, "0.5", "1e-5", "--"]),
+    )
+)
 
 
 def model(benchmark: str | None = None) -> JobModel:
-    parameters = [Parameter(name="benchmark", value=benchmark), Parameter(name="batch_size", value="32")] \
-        if benchmark else []
+    parameters = (
+        [Parameter(name="benchmark", value=benchmark), Parameter(name="batch_size", value="32")] if benchmark else []
+    )
     return JobModel(metrics=SPECS, parameters=parameters)
 
 
@@ -47,8 +84,10 @@ def finite_points(points) -> bool:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(LINES, min_size=1, max_size=5), st.sampled_from([None, "resnet", "unet3d", "stable_diffusion",
-                                                                  "maskrcnn", "ssd"]))
+@given(
+    st.lists(LINES, min_size=1, max_size=5),
+    st.sampled_from([None, "resnet", "unet3d", "stable_diffusion", "maskrcnn", "ssd"]),
+)
 def test_no_line_makes_the_estimator_raise(lines, benchmark):
     job = model(benchmark)
     for i, line in enumerate(lines):
@@ -57,21 +96,24 @@ def test_no_line_makes_the_estimator_raise(lines, benchmark):
     job.estimate(float(len(lines)), None, None)
 
 
-@pytest.mark.parametrize("line", [
-    "TRAINMASTER_METRICS [1, 2, 3]",
-    'TRAINMASTER_METRICS "loss"',
-    "TRAINMASTER_METRICS 12",
-    f'TRAINMASTER_METRICS {{"loss": {HUGE}}}',
-    f'TRAINMASTER_METRICS {{"step": {HUGE}, "loss": 0.5}}',
-    "TRAINMASTER_METRICS " + "[" * 100_000 + "]" * 100_000,
-    "TRAINMASTER_METRICS {\"loss\": " + "9" * 5000 + "}",  # more digits than Python converts
-    f':::MLLOG {{"key": "eval_accuracy", "value": {HUGE}, "time_ms": 1, "metadata": {{"epoch_num": 1}}}}',
-    f':::MLLOG {{"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": {{"epoch_num": {HUGE}}}}}',
-    ':::MLLOG {"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": [1]}',
-    ':::MLLOG {"key": "eval_accuracy", "value": 0.5, "time_ms": Infinity, "metadata": {}}',
-    ':::MLLOG {"key": "epoch_stop", "value": null, "time_ms": 1, "metadata": {"epoch_num": 1e308}}',
-    f"loss={'9' * 400}",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "TRAINMASTER_METRICS [1, 2, 3]",
+        'TRAINMASTER_METRICS "loss"',
+        "TRAINMASTER_METRICS 12",
+        f'TRAINMASTER_METRICS {{"loss": {HUGE}}}',
+        f'TRAINMASTER_METRICS {{"step": {HUGE}, "loss": 0.5}}',
+        "TRAINMASTER_METRICS " + "[" * 100_000 + "]" * 100_000,
+        'TRAINMASTER_METRICS {"loss": ' + "9" * 5000 + "}",  # more digits than Python converts
+        f':::MLLOG {{"key": "eval_accuracy", "value": {HUGE}, "time_ms": 1, "metadata": {{"epoch_num": 1}}}}',
+        f':::MLLOG {{"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": {{"epoch_num": {HUGE}}}}}',
+        ':::MLLOG {"key": "eval_accuracy", "value": 0.5, "time_ms": 1, "metadata": [1]}',
+        ':::MLLOG {"key": "eval_accuracy", "value": 0.5, "time_ms": Infinity, "metadata": {}}',
+        ':::MLLOG {"key": "epoch_stop", "value": null, "time_ms": 1, "metadata": {"epoch_num": 1e308}}',
+        f"loss={'9' * 400}",
+    ],
+)
 def test_hostile_report_and_mllog_lines_are_skipped_not_raised(line):
     for benchmark in (None, "unet3d", "ssd"):
         job = model(benchmark)

@@ -2,6 +2,7 @@
 ahead, reached or unreachable (issue 32; issue 36 item 4). The replay measures the goals: a fixed-length job printing
 any format at a constant pace is predicted within 10% of its real length from 10% of its run on; with an evaluation
 every epoch (a pace that changes) within 20%."""
+
 import math
 
 import pytest
@@ -65,10 +66,17 @@ def deepspeed(k: int, e: int, s: int) -> list[str]:  # with max_steps declared
     return [f"[2026-11-26 12:00:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] step={k}, skipped=0, lr=[0.0001]"]
 
 
-FORMATS = {"tqdm": (tqdm, []), "tqdm-nested": (nested, []), "hf-trainer": (hf, []),
-           "lightning-rich": (lightning_rich, []), "lightning-tqdm": (lightning_tqdm, [("max_epochs", EPOCHS)]),
-           "keras": (keras, []), "steps": (steps, []), "megatron": (megatron, []),
-           "deepspeed": (deepspeed, [("max_steps", STEPS)])}
+FORMATS = {
+    "tqdm": (tqdm, []),
+    "tqdm-nested": (nested, []),
+    "hf-trainer": (hf, []),
+    "lightning-rich": (lightning_rich, []),
+    "lightning-tqdm": (lightning_tqdm, [("max_epochs", EPOCHS)]),
+    "keras": (keras, []),
+    "steps": (steps, []),
+    "megatron": (megatron, []),
+    "deepspeed": (deepspeed, [("max_steps", STEPS)]),
+}
 
 
 def run(fmt, *, evaluation_s: float) -> list[tuple[float, str]]:
@@ -180,17 +188,37 @@ def test_a_target_the_curve_reaches_only_after_the_declared_max_steps_says_unrea
     for i in range(10, 401, 10):  # the curve crosses 0.02 near step 1380
         model.observe(LogLine(t=float(i), line=f"step {i} loss {2 * math.exp(-i / 300):.4f}"))
     eta = model.estimate(400.0, None, None)
-    assert (eta.until, eta.target, eta.source, eta.unit, eta.total) == ("end", "unreachable", "declaration", "step",
-                                                                         1000)
+    assert (eta.until, eta.target, eta.source, eta.unit, eta.total) == (
+        "end",
+        "unreachable",
+        "declaration",
+        "step",
+        1000,
+    )
     assert eta.remaining_s == pytest.approx(600, rel=0.05)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.integers(-10**6, 10**20), st.integers(-10**6, 10**20),
-                          st.sampled_from(["{p}%|#| {n}/{m} [00:01<00:02, {n}it/s]", "step {n}/{m}", "Epoch {n}/{m}",
-                                           "{n}/{m} ━━━━ 1s {m}ms/step", "step={n}",
-                                           'TRAINMASTER_METRICS {{"step": {n}}}',
-                                           "step {n} loss {m}"])), max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-(10**6), 10**20),
+            st.integers(-(10**6), 10**20),
+            st.sampled_from(
+                [
+                    "{p}%|#| {n}/{m} [00:01<00:02, {n}it/s]",
+                    "step {n}/{m}",
+                    "Epoch {n}/{m}",
+                    "{n}/{m} ━━━━ 1s {m}ms/step",
+                    "step={n}",
+                    'TRAINMASTER_METRICS {{"step": {n}}}',
+                    "step {n} loss {m}",
+                ]
+            ),
+        ),
+        max_size=40,
+    )
+)
 def test_no_printed_progress_makes_the_estimate_raise(lines):
     spec = MetricSpec(name="loss", regex=r"step (?P<step>-?\d+) loss (?P<value>-?[0-9.]+)", mode="min", target=0.1)
     model = JobModel(metrics=[spec], parameters=[Parameter(name="max_steps", value="100")])

@@ -1,6 +1,7 @@
 """Progress read from what jobs print: the real libraries' output (captured by tests/data/progress/capture.py, read
 as the agent ships it: one line per newline or carriage return), hand-written lines where no library was run, and
 hostile lines that must be ignored without raising."""
+
 import re
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def test_a_plain_tqdm_bar_and_nested_bars_count_in_the_outermost_that_moves():
     assert first[-1].done == 200
     # `Epoch` (3) around `Iteration` (40, leave=False): counted in iterations over all epochs, from the first round
     # on (the outer bar is drawn at 0 once before it, then only when a round ends)
-    nested = seen[len(first):]
+    nested = seen[len(first) :]
     assert nested and {p.total for p in nested} == {120}
     assert nested[-1].done == 120
     assert all(b.done >= a.done for a, b in zip(nested, nested[1:]))
@@ -68,8 +69,13 @@ def test_step_lines_of_torchrun_deepspeed_and_megatron():
 
     assert last("step 120/1000 loss=2.3") == last("Step [120/1000] loss: 2.3")
     assert last(" iteration      120/    1000 | consumed samples: 3840 | lm loss: 7.1").done == 120
-    assert last("[2026-11-26 12:00:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=120, skipped=0, "
-                "lr=[0.0001], mom=[(0.9, 0.999)]").total is None  # DeepSpeed: a count, its total is declared
+    assert (
+        last(
+            "[2026-11-26 12:00:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=120, skipped=0, "
+            "lr=[0.0001], mom=[(0.9, 0.999)]"
+        ).total
+        is None
+    )  # DeepSpeed: a count, its total is declared
     assert last("Epoch [3/10] loss 0.2").total == 10
 
 
@@ -84,10 +90,18 @@ def test_hostile_bars_are_ignored():
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=200)
-                | st.builds(lambda n, m, d: f"{d}{n}%|█| {n}/{m} [00:01<00:02, {n}it/s]\rEpoch {n}/{m}",
-                            st.integers(-10, 10 ** 20), st.integers(-10, 10 ** 20), st.text(max_size=10)),
-                max_size=30))
+@given(
+    st.lists(
+        st.text(st.characters(min_codepoint=0, max_codepoint=0x10FFFF), max_size=200)
+        | st.builds(
+            lambda n, m, d: f"{d}{n}%|█| {n}/{m} [00:01<00:02, {n}it/s]\rEpoch {n}/{m}",
+            st.integers(-10, 10**20),
+            st.integers(-10, 10**20),
+            st.text(max_size=10),
+        ),
+        max_size=30,
+    )
+)
 def test_no_line_makes_the_reader_raise(lines):
     reader = ProgressReader()
     for i, line in enumerate(lines):

@@ -1,4 +1,5 @@
 """Keyword-argument factories for placement policy tests."""
+
 import itertools
 
 from services.placement.policy import ClusterState, InstanceType, JobRequest, Node, PolicyConfig, RunningJob
@@ -11,9 +12,18 @@ def make_node(**overrides) -> Node:
     gpu_count = overrides.pop("gpu_count", 2)
     free = overrides.pop("free", gpu_count)
     fields = dict(
-        id=f"node-{n}", kind="local", gpu_model="V100", gpu_count=gpu_count, gpu_memory_gb=16.0, tflops=10.0,
-        cpu=32.0, memory_gb=128.0, price_per_hour=0.5 * gpu_count, free_gpu_indices=tuple(range(free)),
-        free_cpu=32.0, free_memory_gb=128.0,
+        id=f"node-{n}",
+        kind="local",
+        gpu_model="V100",
+        gpu_count=gpu_count,
+        gpu_memory_gb=16.0,
+        tflops=10.0,
+        cpu=32.0,
+        memory_gb=128.0,
+        price_per_hour=0.5 * gpu_count,
+        free_gpu_indices=tuple(range(free)),
+        free_cpu=32.0,
+        free_memory_gb=128.0,
     )
     fields.update(overrides)
     return Node(**fields)
@@ -27,8 +37,17 @@ def make_job(**overrides) -> JobRequest:
 
 
 def make_instance(**overrides) -> InstanceType:
-    fields = dict(name="cloud.1gpu", gpus=1, gpu_model="V100", gpu_memory_gb=16.0, tflops=10.0, cpu=8.0,
-                  memory_gb=64.0, price_per_hour=3.0, startup_delay_s=120.0)
+    fields = dict(
+        name="cloud.1gpu",
+        gpus=1,
+        gpu_model="V100",
+        gpu_memory_gb=16.0,
+        tflops=10.0,
+        cpu=8.0,
+        memory_gb=64.0,
+        price_per_hour=3.0,
+        startup_delay_s=120.0,
+    )
     fields.update(overrides)
     return InstanceType(**fields)
 

@@ -1,4 +1,5 @@
 """Constraint rules: where a job may run at all."""
+
 import pytest
 
 from services.placement.policy import Provision, Start, Wait, schedule
@@ -17,8 +18,9 @@ def test_local_only_job_waits_for_local_while_cloud_is_idle():
     local = make_node(kind="local", free=0)
     reserved = make_node(kind="reserved")
     job = make_job(allowed="local", priority="time")
-    state = make_state(nodes=(local, reserved), queue=(job,), running=(busy(local, until=5000.0),),
-                       catalogue=(make_instance(),))
+    state = make_state(
+        nodes=(local, reserved), queue=(job,), running=(busy(local, until=5000.0),), catalogue=(make_instance(),)
+    )
 
     decisions = schedule(state, 0.0, config())
 
@@ -76,8 +78,9 @@ def test_two_node_job_is_all_or_nothing_on_nodes_of_one_kind():
     busy_local = make_node(kind="local", gpu_count=4, free=0)
     free_reserved = make_node(kind="reserved", gpu_count=4)
     job = make_job(node_count=2, gpu_count=4)
-    state = make_state(nodes=(free_local, busy_local, free_reserved), queue=(job,),
-                       running=(busy(busy_local, until=900.0),))
+    state = make_state(
+        nodes=(free_local, busy_local, free_reserved), queue=(job,), running=(busy(busy_local, until=900.0),)
+    )
 
     decisions = schedule(state, 0.0, config())
 

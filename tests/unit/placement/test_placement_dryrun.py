@@ -1,4 +1,5 @@
 """A dry run shows what the policy decides, at the price it decides it (policy/dryrun.py)."""
+
 import dataclasses
 import random
 
@@ -75,8 +76,9 @@ def test_a_faster_free_node_is_found_away_from_where_the_job_runs():
     here, quick = make_node(kind="local", free=0, tflops=10.0), make_node(kind="local", tflops=30.0)
     job = make_job(gpu_count=1)
     state = make_state(nodes=(here, quick))
-    assert faster_node(state, job, away_from=frozenset({here.id}), tflops_now=10.0, now=0.0,
-                       config=config()) == quick.id
+    assert (
+        faster_node(state, job, away_from=frozenset({here.id}), tflops_now=10.0, now=0.0, config=config()) == quick.id
+    )
     assert faster_node(state, job, away_from=frozenset({here.id}), tflops_now=26.0, now=0.0, config=config()) is None
 
 
@@ -102,8 +104,12 @@ def test_availability_read_without_a_view_is_what_the_view_says():
     for _ in range(300):
         gpus = rng.choice((1, 2, 4, 8))
         free = rng.randrange(gpus + 1)
-        node = make_node(gpu_count=gpus, free=free, kind=rng.choice(("local", "reserved", "on_demand")),
-                         ready_at=rng.choice((None, None, 50.0, 200.0)))
+        node = make_node(
+            gpu_count=gpus,
+            free=free,
+            kind=rng.choice(("local", "reserved", "on_demand")),
+            ready_at=rng.choice((None, None, 50.0, 200.0)),
+        )
         nodes.append(node)
         if free < gpus:
             running.append(busy(node, until=rng.uniform(-100.0, 5000.0)))

@@ -1,5 +1,6 @@
 """The service's pass (policy/engine.py): jobs without GPUs, jobs moving away, kept to nodes or to a pool, all by
 the one policy."""
+
 from services.placement.policy import Provision, Release, Start, Wait, schedule
 from services.placement.policy.engine import Constraint, place
 from tests.unit.placement.placement_factories import config, make_instance, make_job, make_node, make_state, of_type
@@ -34,8 +35,11 @@ def test_jobs_without_gpus_share_a_node_until_its_cpu_or_memory_is_gone():
 
 def test_a_job_without_gpus_keeps_to_its_allowed_kinds_and_gangs_on_one_kind():
     one = dict(cpu=1.0, free_cpu=1.0)
-    local, r1, r2 = (cpu_node(kind="local", **one), cpu_node(kind="reserved", id="r1", **one),
-                     cpu_node(kind="reserved", id="r2", **one))
+    local, r1, r2 = (
+        cpu_node(kind="local", **one),
+        cpu_node(kind="reserved", id="r1", **one),
+        cpu_node(kind="reserved", id="r2", **one),
+    )
     cloud = make_job(gpu_count=0, allowed="cloud", cpu=1.0)
     gang = make_job(gpu_count=0, node_count=2, cpu=1.0, submitted_at=1.0)
     [a, b] = place(make_state(nodes=(local, r1, r2), queue=(cloud, gang)), 0.0, config())
@@ -83,8 +87,12 @@ def test_capacity_the_queue_takes_is_not_given_again_to_constrained_or_gpu_less_
     first = make_job(gpu_count=1, cpu=3.0)
     moving = make_job(gpu_count=1, submitted_at=1.0)
     small = make_job(gpu_count=0, cpu=2.0, submitted_at=2.0)
-    decisions = place(make_state(nodes=(box,), queue=(first, moving, small)), 0.0, config(),
-                      {moving.id: Constraint(exclude=frozenset({"gone"}))})
+    decisions = place(
+        make_state(nodes=(box,), queue=(first, moving, small)),
+        0.0,
+        config(),
+        {moving.id: Constraint(exclude=frozenset({"gone"}))},
+    )
     assert [d.job_id for d in of_type(decisions, Start)] == [first.id]
 
 
@@ -93,6 +101,10 @@ def test_a_node_kept_for_one_job_is_not_taken_by_another_moving_job():
     owner = make_job(id="owner", gpu_count=1, submitted_at=5.0)
     moving = make_job(gpu_count=1, submitted_at=0.0)
     state = make_state(nodes=(kept,), queue=(moving, owner))
-    decisions = place(state, 0.0, config(), {"owner": Constraint(only=frozenset({kept.id})),
-                                             moving.id: Constraint(exclude=frozenset({"gone"}))})
+    decisions = place(
+        state,
+        0.0,
+        config(),
+        {"owner": Constraint(only=frozenset({kept.id})), moving.id: Constraint(exclude=frozenset({"gone"}))},
+    )
     assert of_type(decisions, Start) == [Start("owner", (kept.id,), ((0,),))]

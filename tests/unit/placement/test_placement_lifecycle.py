@@ -1,4 +1,5 @@
 """On-demand lifecycle: releasing idle nodes and pulling long jobs back to owned nodes."""
+
 import pytest
 
 from services.placement.policy import PullBack, Release, RunningJob, Start, schedule
@@ -35,8 +36,9 @@ def test_idle_on_demand_node_is_reused_rather_than_released():
 def _on_demand_running(*, remaining_h: float, allowed: str = "any", price: float = 4.0, priority: str = "cost"):
     node = make_node(kind="on_demand", gpu_count=1, free=0, price_per_hour=price)
     job = make_job(allowed=allowed, priority=priority)
-    run = RunningJob(job=job, node_ids=(node.id,), gpu_indices=((0,),), started_at=0.0,
-                     expected_end_at=remaining_h * HOUR)
+    run = RunningJob(
+        job=job, node_ids=(node.id,), gpu_indices=((0,),), started_at=0.0, expected_end_at=remaining_h * HOUR
+    )
     return node, run
 
 
@@ -86,8 +88,7 @@ def test_pull_back_waits_for_the_queue_when_configured_to():
     busy_owned = make_node(kind="local", gpu_count=1, free=0, gpu_model="other")
     node, run = _on_demand_running(remaining_h=5)
     waiting = make_job(allowed="local", gpu_models=frozenset({"other"}))
-    state = make_state(nodes=(owned, busy_owned, node), running=(run, busy(busy_owned, until=HOUR)),
-                       queue=(waiting,))
+    state = make_state(nodes=(owned, busy_owned, node), running=(run, busy(busy_owned, until=HOUR)), queue=(waiting,))
 
     assert of_type(schedule(state, 0.0, config(pullback_only_when_queue_empty=True)), PullBack) == []
     assert len(of_type(schedule(state, 0.0, config()), PullBack)) == 1
@@ -106,8 +107,9 @@ def test_time_sensitive_job_is_not_pulled_back_onto_a_much_slower_gpu():
 def test_owned_only_policies_never_pay(policy):
     owned = make_node(kind="local", free=0)
     job = make_job(priority="time")
-    state = make_state(nodes=(owned,), queue=(job,), running=(busy(owned, until=100 * HOUR),),
-                       catalogue=(make_instance(),))
+    state = make_state(
+        nodes=(owned,), queue=(job,), running=(busy(owned, until=100 * HOUR),), catalogue=(make_instance(),)
+    )
 
     decisions = schedule(state, 0.0, config(policy=policy))
 

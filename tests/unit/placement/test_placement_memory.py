@@ -1,5 +1,6 @@
 """Host memory of a job that names none: a GPU job gets its GPUs' share of the node it is placed on (CUDA's own
 libraries take more than a GB of host memory), a job without GPUs the old 1 GB; what a job asks for stands."""
+
 import pytest
 
 from shared.jobs import CPU_JOB_MEMORY_GB, Resource, host_memory_gb
@@ -13,9 +14,15 @@ def test_a_resource_without_host_memory_leaves_it_to_placement():
     assert Resource(gpu_count=1).memory_gb is None and Resource(memory_gb=2).memory_gb == 2
 
 
-@pytest.mark.parametrize("gpus, node_gpus, node_memory, expected", [
-    (1, 4, 64.0, 16.0), (4, 4, 64.0, 64.0), (2, 8, 1024.0, 256.0), (1, 1, 12.0, 12.0),
-])
+@pytest.mark.parametrize(
+    "gpus, node_gpus, node_memory, expected",
+    [
+        (1, 4, 64.0, 16.0),
+        (4, 4, 64.0, 64.0),
+        (2, 8, 1024.0, 256.0),
+        (1, 1, 12.0, 12.0),
+    ],
+)
 def test_a_gpu_job_gets_its_gpus_share_of_the_nodes_memory(gpus, node_gpus, node_memory, expected):
     assert host_memory_gb(None, gpus=gpus, node_memory_gb=node_memory, node_gpus=node_gpus) == expected
 

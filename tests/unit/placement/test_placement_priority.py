@@ -32,8 +32,9 @@ def test_time_sensitive_job_provisions_on_demand_instead_of_waiting():
 def test_time_sensitive_job_waits_when_owned_capacity_frees_sooner_than_a_node_boots():
     node, running = _owned_busy_for(0.01)
     job = make_job(priority="time", expected_duration_s=HOUR)
-    state = make_state(nodes=(node,), queue=(job,), running=(running,),
-                       catalogue=(make_instance(startup_delay_s=600.0),))
+    state = make_state(
+        nodes=(node,), queue=(job,), running=(running,), catalogue=(make_instance(startup_delay_s=600.0),)
+    )
 
     [wait] = schedule(state, 0.0, config())
 
@@ -65,9 +66,12 @@ def test_cost_sensitive_job_waits_when_cheaper_and_the_deadline_allows():
 def test_cost_sensitive_job_pays_when_waiting_would_miss_the_deadline():
     node, running = _owned_busy_for(10)
     job = make_job(priority="cost", expected_duration_s=HOUR, deadline=5 * HOUR)
-    state = make_state(nodes=(node,), queue=(job,), running=(running,),
-                       catalogue=(make_instance(name="dear", price_per_hour=9.0),
-                                  make_instance(name="cheap", price_per_hour=2.0)))
+    state = make_state(
+        nodes=(node,),
+        queue=(job,),
+        running=(running,),
+        catalogue=(make_instance(name="dear", price_per_hour=9.0), make_instance(name="cheap", price_per_hour=2.0)),
+    )
 
     [provision] = schedule(state, 0.0, config())
 
@@ -87,15 +91,19 @@ def test_cost_sensitive_job_picks_the_cheaper_total_not_the_cheaper_hour():
 def test_predicted_duration_overrides_the_owners_expectation():
     node, running = _owned_busy_for(0.01)
     long_by_estimate = make_job(priority="time", expected_duration_s=60.0, predicted_duration_s=20 * HOUR)
-    state = make_state(nodes=(node,), queue=(long_by_estimate,), running=(running,),
-                       catalogue=(make_instance(tflops=20.0),))
+    state = make_state(
+        nodes=(node,), queue=(long_by_estimate,), running=(running,), catalogue=(make_instance(tflops=20.0),)
+    )
 
     [decision] = schedule(state, 0.0, config(exchange_rate=1e6))
 
     assert isinstance(decision, Provision)
     short = make_job(priority="time", expected_duration_s=60.0)
-    [decision] = schedule(make_state(nodes=(node,), queue=(short,), running=(running,),
-                                     catalogue=(make_instance(tflops=20.0),)), 0.0, config(exchange_rate=1e6))
+    [decision] = schedule(
+        make_state(nodes=(node,), queue=(short,), running=(running,), catalogue=(make_instance(tflops=20.0),)),
+        0.0,
+        config(exchange_rate=1e6),
+    )
     assert isinstance(decision, Wait)
 
 
@@ -124,8 +132,12 @@ def test_exchange_rate_zero_waits_however_long_but_still_rents_what_nothing_owne
     node, running = _owned_busy_for(1000)
     job = make_job(priority="time", expected_duration_s=HOUR)
     cloud_only = make_job(priority="time", expected_duration_s=HOUR, gpu_count=4)
-    state = make_state(nodes=(node,), queue=(job, cloud_only), running=(running,),
-                       catalogue=(make_instance(), make_instance(name="cloud.4gpu", gpus=4, price_per_hour=12.0)))
+    state = make_state(
+        nodes=(node,),
+        queue=(job, cloud_only),
+        running=(running,),
+        catalogue=(make_instance(), make_instance(name="cloud.4gpu", gpus=4, price_per_hour=12.0)),
+    )
 
     decisions = schedule(state, 0.0, config(exchange_rate=0.0))
 
@@ -160,10 +172,16 @@ def test_an_uncertain_duration_is_not_sent_to_a_rental_on_a_guess():
     guessed = make_job(priority="time", expected_duration_s=HOUR, duration_sigma=1.0)
     catalogue = (make_instance(),)
 
-    [sure] = schedule(make_state(nodes=(node,), queue=(known,), running=(running,), catalogue=catalogue), 0.0,
-                      config(exchange_rate=2.0))
-    [unsure] = schedule(make_state(nodes=(node,), queue=(guessed,), running=(running,), catalogue=catalogue), 0.0,
-                        config(exchange_rate=2.0))
+    [sure] = schedule(
+        make_state(nodes=(node,), queue=(known,), running=(running,), catalogue=catalogue),
+        0.0,
+        config(exchange_rate=2.0),
+    )
+    [unsure] = schedule(
+        make_state(nodes=(node,), queue=(guessed,), running=(running,), catalogue=catalogue),
+        0.0,
+        config(exchange_rate=2.0),
+    )
 
     assert isinstance(sure, Provision) and isinstance(unsure, Wait)
 

@@ -1,5 +1,6 @@
 """The whole queue's cost: the wait a placement causes others, the wait already done, reserved before slow local,
 and rental types near-tied in dollars (issue #33, items 1-3)."""
+
 from services.placement.policy import Provision, Start, Wait, schedule
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
@@ -23,8 +24,9 @@ def test_a_job_that_could_rent_takes_a_free_local_gpu_when_nobody_waits_for_it()
     local = make_node(kind="local", gpu_count=2, price_per_hour=0.7)
     could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
     local_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
-    state = make_state(nodes=(local,), queue=(could_rent, local_only),
-                       catalogue=(make_instance(name="t4.1x", price_per_hour=0.3),))
+    state = make_state(
+        nodes=(local,), queue=(could_rent, local_only), catalogue=(make_instance(name="t4.1x", price_per_hour=0.3),)
+    )
 
     decisions = schedule(state, 0.0, config())
 
@@ -48,8 +50,9 @@ def test_a_job_that_has_waited_what_renting_costs_rents_instead_of_waiting_longe
 def test_a_job_that_has_waited_little_still_waits_for_owned_capacity_freeing_soon():
     job = make_job(priority="cost", submitted_at=0.0, expected_duration_s=10 * HOUR)
     node, running = _slipping_owned(busy_until_h=15)
-    state = make_state(nodes=(node,), queue=(job,), running=(running,),
-                       catalogue=(make_instance(name="v100.1x", price_per_hour=1.0),))
+    state = make_state(
+        nodes=(node,), queue=(job,), running=(running,), catalogue=(make_instance(name="v100.1x", price_per_hour=1.0),)
+    )
 
     [decision] = schedule(state, 5 * HOUR, config())
 

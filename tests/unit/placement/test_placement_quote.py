@@ -1,5 +1,6 @@
 """The quote is the decision: on random fleets and queues (seeded, bounded), the offer a dry run shows first is what
 the configured policy decides for the job once it is queued behind the others, at the price billing charges."""
+
 import dataclasses
 import random
 
@@ -24,30 +25,53 @@ def random_fleet(rng: random.Random):
     for _ in range(rng.randint(1, 5)):
         gpus = rng.choice((1, 2, 4, 8))
         free = rng.randint(0, gpus)
-        node = make_node(kind=rng.choice(("local", "local", "reserved")), gpu_count=gpus, free=free,
-                         gpu_model=rng.choice(("P100", "V100")), tflops=rng.choice((9.3, 15.0)),
-                         price_per_hour=rng.choice((0.35, 1.5)) * gpus)
+        node = make_node(
+            kind=rng.choice(("local", "local", "reserved")),
+            gpu_count=gpus,
+            free=free,
+            gpu_model=rng.choice(("P100", "V100")),
+            tflops=rng.choice((9.3, 15.0)),
+            price_per_hour=rng.choice((0.35, 1.5)) * gpus,
+        )
         nodes.append(node)
         if free < gpus:
             held = tuple(range(free, gpus))
             job = make_job(user=f"u{rng.randint(0, 3)}", gpu_count=len(held))
-            running.append(RunningJob(job=job, node_ids=(node.id,), gpu_indices=(held,), started_at=0.0,
-                                      expected_end_at=now + rng.uniform(0.1, 40) * HOUR))
-    catalogue = tuple(make_instance(name=f"type{i}", gpus=g, tflops=t, price_per_hour=p * g,
-                                    startup_delay_s=rng.choice((60.0, 300.0)))
-                      for i, (g, t, p) in enumerate(rng.sample(
-                          [(1, 8.1, 0.53), (1, 31.2, 1.0), (4, 15.0, 3.06), (8, 8.1, 0.98), (8, 31.2, 2.0)],
-                          k=rng.randint(0, 3))))
+            running.append(
+                RunningJob(
+                    job=job,
+                    node_ids=(node.id,),
+                    gpu_indices=(held,),
+                    started_at=0.0,
+                    expected_end_at=now + rng.uniform(0.1, 40) * HOUR,
+                )
+            )
+    catalogue = tuple(
+        make_instance(
+            name=f"type{i}", gpus=g, tflops=t, price_per_hour=p * g, startup_delay_s=rng.choice((60.0, 300.0))
+        )
+        for i, (g, t, p) in enumerate(
+            rng.sample(
+                [(1, 8.1, 0.53), (1, 31.2, 1.0), (4, 15.0, 3.06), (8, 8.1, 0.98), (8, 31.2, 2.0)], k=rng.randint(0, 3)
+            )
+        )
+    )
     queue = tuple(random_job(rng, submitted_at=now - rng.uniform(0, 30) * HOUR) for _ in range(rng.randint(0, 8)))
     usage = {f"u{i}": rng.uniform(0, 50) for i in range(4)}
-    return make_state(nodes=tuple(nodes), running=tuple(running), queue=queue, catalogue=catalogue,
-                      usage_by_user=usage), now
+    return make_state(
+        nodes=tuple(nodes), running=tuple(running), queue=queue, catalogue=catalogue, usage_by_user=usage
+    ), now
 
 
 def random_job(rng: random.Random, **overrides):
-    fields = dict(user=f"u{rng.randint(0, 3)}", priority=rng.choice(("time", "cost")),
-                  allowed=rng.choice(("any", "any", "local", "cloud")), gpu_count=rng.choice((1, 1, 2, 4, 8)),
-                  expected_duration_s=rng.uniform(0.2, 60) * HOUR, duration_sigma=rng.choice((0.0, 0.3)))
+    fields = dict(
+        user=f"u{rng.randint(0, 3)}",
+        priority=rng.choice(("time", "cost")),
+        allowed=rng.choice(("any", "any", "local", "cloud")),
+        gpu_count=rng.choice((1, 1, 2, 4, 8)),
+        expected_duration_s=rng.uniform(0.2, 60) * HOUR,
+        duration_sigma=rng.choice((0.0, 0.3)),
+    )
     return make_job(**(fields | overrides))
 
 
@@ -109,7 +133,8 @@ def test_a_dry_run_keeps_to_the_constraints_of_the_jobs_queued_ahead():
     job = make_job(allowed="cloud", submitted_at=HOUR, expected_duration_s=HOUR)
     state = make_state(nodes=(kept,), queue=(ahead,), catalogue=(make_instance(name="v100.1x"),))
 
-    [first, *_] = offers(state, job, now=HOUR, config=config(),
-                         constraints={"kept-job": Constraint(only=frozenset({kept.id}))})
+    [first, *_] = offers(
+        state, job, now=HOUR, config=config(), constraints={"kept-job": Constraint(only=frozenset({kept.id}))}
+    )
 
     assert first.instance is not None and first.instance.name == "v100.1x"

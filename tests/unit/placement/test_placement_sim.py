@@ -1,4 +1,5 @@
 """The simulator replays a small trace through the same policy functions."""
+
 import json
 
 import pytest

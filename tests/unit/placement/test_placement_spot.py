@@ -1,4 +1,5 @@
 """Spot capacity: only for jobs that declare a checkpoint interval, priced with the work interruptions lose."""
+
 import pytest
 
 from services.placement.policy import Provision, schedule
@@ -26,8 +27,12 @@ def test_a_job_that_does_not_checkpoint_never_runs_on_spot_however_cheap():
 def test_a_job_that_only_spot_could_run_without_a_checkpoint_is_not_rented_spot():
     job = make_job(priority="time", expected_duration_s=HOUR)
     node = make_node(kind="local", free=0)
-    state = make_state(nodes=(node,), queue=(job,), running=(busy(node, until=10 * HOUR),),
-                       catalogue=(make_instance(name="cloud.1gpu.spot", price_per_hour=0.3, spot=True),))
+    state = make_state(
+        nodes=(node,),
+        queue=(job,),
+        running=(busy(node, until=10 * HOUR),),
+        catalogue=(make_instance(name="cloud.1gpu.spot", price_per_hour=0.3, spot=True),),
+    )
 
     assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, Provision)]
 

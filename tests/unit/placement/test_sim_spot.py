@@ -1,5 +1,6 @@
 """Spot in the simulator: offers priced from the catalogue file, interruptions at the documented hazard (seeded),
 the work since the last checkpoint lost, and spot only for jobs that checkpoint."""
+
 import json
 import math
 
@@ -69,9 +70,11 @@ def test_a_checkpoint_keeps_only_whole_intervals():
 
 def test_the_trace_declares_checkpoints_for_jobs_expected_past_an_hour(tmp_path):
     pods = tmp_path / "pods.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
-                    "deletion_time,scheduled_time\n"
-                    "short,4000,8192,1,1000,,LS,Running,0,3600,0\nlong,4000,8192,1,1000,,LS,Running,0,3601,0\n")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+        "deletion_time,scheduled_time\n"
+        "short,4000,8192,1,1000,,LS,Running,0,3600,0\nlong,4000,8192,1,1000,,LS,Running,0,3601,0\n"
+    )
 
     jobs, _ = load_jobs(str(pods), TraceOptions())
 
@@ -83,8 +86,14 @@ ON_DEMAND = InstanceType("t", 1, "G2", 24, 12.0, 8, 64, 1.0, 120.0)
 
 
 def _job(job_id: str, run_s: float, checkpoint_interval_s: float | None) -> TraceJob:
-    request = JobRequest(id=job_id, user="u", submitted_at=0.0, expected_duration_s=run_s, allowed="cloud",
-                         checkpoint_interval_s=checkpoint_interval_s)
+    request = JobRequest(
+        id=job_id,
+        user="u",
+        submitted_at=0.0,
+        expected_duration_s=run_s,
+        allowed="cloud",
+        checkpoint_interval_s=checkpoint_interval_s,
+    )
     return TraceJob(request, run_s, "LS")
 
 
@@ -97,8 +106,11 @@ def test_an_interrupted_job_loses_the_work_since_its_checkpoint_pays_the_restore
     run_s, startup, restore = 10 * HOUR, SPOT.startup_delay_s, PolicyConfig().migration_s
     draw = lambda node, seed: interruption_after_s(node, hazard_per_hour=0.2, seed=seed)  # noqa: E731
     # a seed whose first node is taken back mid-run and whose second node outlives the rest of the job
-    seed = next(s for s in range(1000) if startup + HOUR < draw("od-00001", s) < startup + 9 * HOUR
-                and draw("od-00002", s) > 2 * run_s)
+    seed = next(
+        s
+        for s in range(1000)
+        if startup + HOUR < draw("od-00001", s) < startup + 9 * HOUR and draw("od-00002", s) > 2 * run_s
+    )
     taken_back = draw("od-00001", seed)
     elapsed = taken_back - startup
     kept = kept_compute_s(elapsed, checkpoint_interval_s=1800.0)
@@ -119,7 +131,10 @@ def test_the_same_seed_replays_the_same_run():
 
     assert first.interruptions > 0
     assert (first.finished, first.spot_dollars, first.lost_compute_s) == (
-        again.finished, again.spot_dollars, again.lost_compute_s)
+        again.finished,
+        again.spot_dollars,
+        again.lost_compute_s,
+    )
     assert (first.finished, first.lost_compute_s) != (other.finished, other.lost_compute_s)
 
 
@@ -136,24 +151,43 @@ def test_an_idle_spot_node_is_not_given_to_a_job_that_does_not_checkpoint(policy
     plain = make_job(priority="time", allowed="cloud", expected_duration_s=HOUR)
     saver = make_job(priority="time", allowed="cloud", expected_duration_s=HOUR, checkpoint_interval_s=600.0)
 
-    decisions = schedule(make_state(nodes=(spot_node,), queue=(plain,), catalogue=(make_instance(),)), 0.0,
-                         config(policy=policy))
+    decisions = schedule(
+        make_state(nodes=(spot_node,), queue=(plain,), catalogue=(make_instance(),)), 0.0, config(policy=policy)
+    )
     assert not [d for d in decisions if isinstance(d, Start)]
     assert [d.instance_type for d in decisions if isinstance(d, Provision)] == ["cloud.1gpu"]
 
-    decisions = schedule(make_state(nodes=(spot_node,), queue=(saver,), catalogue=(make_instance(),)), 0.0,
-                         config(policy=policy))
+    decisions = schedule(
+        make_state(nodes=(spot_node,), queue=(saver,), catalogue=(make_instance(),)), 0.0, config(policy=policy)
+    )
     assert [d.node_ids for d in decisions if isinstance(d, Start)] == [(spot_node.id,)]
 
 
 def test_the_cli_reports_spot_dollars_apart_and_never_spot_without_the_flag(tmp_path, capsys):
     pods, nodes = tmp_path / "pods.csv", tmp_path / "nodes.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
-                    "deletion_time,scheduled_time\np-long,4000,8192,1,1000,,LS,Running,0,36000,0\n"
-                    "p-short,4000,8192,1,1000,,LS,Running,0,1800,0\n")
+    pods.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+        "deletion_time,scheduled_time\np-long,4000,8192,1,1000,,LS,Running,0,36000,0\n"
+        "p-short,4000,8192,1,1000,,LS,Running,0,1800,0\n"
+    )
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn-0,32000,131072,1,G2\n")
-    argv = ["--pods", str(pods), "--nodes", str(nodes), "--local", "0", "--reserved", "0", "--policy", "burst",
-            "--local-only-frac", "0", "--cloud-only-frac", "0", "--json"]
+    argv = [
+        "--pods",
+        str(pods),
+        "--nodes",
+        str(nodes),
+        "--local",
+        "0",
+        "--reserved",
+        "0",
+        "--policy",
+        "burst",
+        "--local-only-frac",
+        "0",
+        "--cloud-only-frac",
+        "0",
+        "--json",
+    ]
 
     assert main(argv) == 0
     plain = json.loads(capsys.readouterr().out)
@@ -176,7 +210,8 @@ def test_spot_replaces_a_rental_but_never_leaves_a_free_owned_gpu_idle():
     assert isinstance(start, Start) and start.node_ids == (slow_owned.id,)
 
     busy_owned = make_node(kind="local", gpu_count=1, tflops=5.0, free=0)
-    state = make_state(nodes=(busy_owned,), queue=(job,), running=(busy(busy_owned, until=30 * HOUR),),
-                       catalogue=(on_demand, spot))
+    state = make_state(
+        nodes=(busy_owned,), queue=(job,), running=(busy(busy_owned, until=30 * HOUR),), catalogue=(on_demand, spot)
+    )
     [provision] = schedule(state, 0.0, config())
     assert isinstance(provision, Provision) and provision.instance_type == "cloud.1gpu.spot"

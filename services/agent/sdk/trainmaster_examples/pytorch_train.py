@@ -6,6 +6,7 @@ and the helper on every task's PYTHONPATH; the cluster's default engine brings P
 loss passes 0.01 near step 870 and ends near 0.005 (the data's noise, 0.05², bounds it at 0.0025); `--lr` (or the
 environment variable `lr`, as a search sets it) changes the rate.
 """
+
 import argparse
 import os
 

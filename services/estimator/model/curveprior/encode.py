@@ -60,9 +60,20 @@ def encode(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Encod
         slope = float(np.polyfit(np.log(np.maximum(tau[late], 1e-3)), lz[late], 1)[0])
     noise = math.log(max(float(np.median(np.abs(np.diff(z, 2)))), 1e-4)) if len(z) >= 4 else math.log(0.1)
     depth_now, depth_start, depth_ok = _depth(y, goal, mode=mode, ref=ref)
-    scalars = [math.log(max(last, FLOOR)), min(max(last, -1.0), 3.0), min(max(slope, -5.0), 5.0), noise,
-               math.log(len(z)), float(tau[0]), depth_now, depth_start, depth_ok, float(mode == "max"),
-               float(xs is None or any(x is None for x in xs)), math.log(max(float(np.min(z)), FLOOR))]
+    scalars = [
+        math.log(max(last, FLOOR)),
+        min(max(last, -1.0), 3.0),
+        min(max(slope, -5.0), 5.0),
+        noise,
+        math.log(len(z)),
+        float(tau[0]),
+        depth_now,
+        depth_start,
+        depth_ok,
+        float(mode == "max"),
+        float(xs is None or any(x is None for x in xs)),
+        math.log(max(float(np.min(z)), FLOOR)),
+    ]
     vector = np.concatenate([cells, np.asarray(scalars)])
     return Encoded(np.nan_to_num(vector, nan=0.0, posinf=5.0, neginf=-5.0), float(origin), float(span))
 

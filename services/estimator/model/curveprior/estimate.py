@@ -9,8 +9,7 @@ from services.estimator.model.curveprior.net import PriorNet
 from services.estimator.model.owncurve import OwnEstimate, own_estimate, reached
 
 
-def prior_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
-                   prior: PriorNet) -> OwnEstimate | None:
+def prior_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float, prior: PriorNet) -> OwnEstimate | None:
     """Total duration (s since the start) and its 10-90% band from the prior's distribution of the crossing, or
     None when the prefix holds too little. A band reaching the horizon says the target may never come."""
     if len(values) and reached(values, target=target, mode=mode):
@@ -20,12 +19,27 @@ def prior_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float,
         return None
     q10, q50, q90, _never = prior.band(read.x)
     total, low, high = (read.origin + read.span * math.exp(q) for q in (q50, q10, q90))
-    return OwnEstimate(max(total, elapsed), max(min(low, total), elapsed), max(high, total), "curve-prior",
-                       min(1.0, elapsed / max(total, elapsed)))
+    return OwnEstimate(
+        max(total, elapsed),
+        max(min(low, total), elapsed),
+        max(high, total),
+        "curve-prior",
+        min(1.0, elapsed / max(total, elapsed)),
+    )
 
 
-def estimate(ts, xs, values, *, target: float, mode: str, elapsed: float, calibration: dict | None,
-             prior: PriorNet | None, blend: bool = False) -> OwnEstimate | None:
+def estimate(
+    ts,
+    xs,
+    values,
+    *,
+    target: float,
+    mode: str,
+    elapsed: float,
+    calibration: dict | None,
+    prior: PriorNet | None,
+    blend: bool = False,
+) -> OwnEstimate | None:
     """The own-job estimate: the prior's when one is given and the prefix reads, else the fitted curve's
     (`owncurve.own_estimate`); with `blend` (what the tracker serves), both where both read (`blended`): the
     prior alone was less often within ±20% on families it never saw, the fitted curve alone sure of itself on an
@@ -47,5 +61,6 @@ def blended(prior: OwnEstimate, fitted: OwnEstimate, *, elapsed: float) -> OwnEs
     ahead = math.sqrt(max(prior.total_s - elapsed, 1e-9) * max(fitted.total_s - elapsed, 1e-9))
     total = elapsed + ahead
     low, high = min(prior.low_s, fitted.low_s), max(prior.high_s, fitted.high_s)
-    return OwnEstimate(total, min(low, total), max(high, total), "curve-prior+fit",
-                       min(1.0, elapsed / max(total, elapsed)))
+    return OwnEstimate(
+        total, min(low, total), max(high, total), "curve-prior+fit", min(1.0, elapsed / max(total, elapsed))
+    )

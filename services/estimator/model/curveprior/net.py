@@ -57,10 +57,14 @@ class PriorNet:
     def save(self, path: Path, **meta) -> None:
         arrays: dict[str, np.ndarray] = {f"w{i}": w.astype(np.float32) for i, (w, _) in enumerate(self.layers)}
         arrays |= {f"b{i}": b.astype(np.float32) for i, (_, b) in enumerate(self.layers)}
-        arrays |= {"version": np.asarray(FORMAT_VERSION), "mean": self.mean.astype(np.float32),
-                   "std": self.std.astype(np.float32), "pad_edges": np.asarray(self.pad_edges, float),
-                   "pads": np.asarray(self.pads, float).reshape(-1, 2),
-                   "mix_pretrained": np.asarray(sum(w for _, w in self.mixed))}
+        arrays |= {
+            "version": np.asarray(FORMAT_VERSION),
+            "mean": self.mean.astype(np.float32),
+            "std": self.std.astype(np.float32),
+            "pad_edges": np.asarray(self.pad_edges, float),
+            "pads": np.asarray(self.pads, float).reshape(-1, 2),
+            "mix_pretrained": np.asarray(sum(w for _, w in self.mixed)),
+        }
         arrays |= {f"meta_{k}": np.asarray(v) for k, v in meta.items()}
         np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first keyword
 

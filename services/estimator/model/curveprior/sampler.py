@@ -49,9 +49,9 @@ def shape(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
     if family == 1:  # exponential
         return np.exp(-x)
     if family == 2:  # log-power / MMF: 1 / (1 + x^alpha)
-        return 1.0 / (1.0 + x ** alpha)
+        return 1.0 / (1.0 + x**alpha)
     if family == 3:  # Janoschek / Weibull: exp(-x^alpha)
-        return np.exp(-(x ** alpha))
+        return np.exp(-(x**alpha))
     if family == 4:  # ilog2: slow, 1 / log(x + e)
         return 1.0 / np.log(x * alpha + math.e)
     return 1.0 / (1.0 + x) ** (alpha * 0.5) * np.exp(-x * 0.1)  # a power law with an exponential cut-off
@@ -99,8 +99,11 @@ def printed_series(rng: np.random.Generator, clean: np.ndarray, *, mode: str) ->
     else:  # additive, scaled by the way the curve travels (an accuracy's noise does not shrink with its error)
         noisy = clean + sigma * eps * (clean if mode == "min" else 0.1)
     if smoothed:
-        noisy = _running_mean(noisy, int(rng.integers(2, 21))) if rng.random() < 0.5 else \
-            _ema(noisy, rng.uniform(0.5, 0.98))
+        noisy = (
+            _running_mean(noisy, int(rng.integers(2, 21)))
+            if rng.random() < 0.5
+            else _ema(noisy, rng.uniform(0.5, 0.98))
+        )
     return noisy
 
 
@@ -160,7 +163,7 @@ def sample(rng: np.random.Generator, *, cuts: int = 4) -> list[Sample]:
         hit = len(printed) if goal < np.min(printed) else int(np.argmax(printed <= goal))
     else:
         at = int(np.searchsorted(u, rng.uniform(0.15, 1.0)))
-        window = printed[max(0, at - 2):at + 3]
+        window = printed[max(0, at - 2) : at + 3]
         goal = float(np.quantile(window, 0.5 if rng.random() < 0.7 else rng.uniform(0.0, 0.5)))
         hit = int(np.argmax(printed <= goal))
     if hit < 3:
@@ -176,6 +179,7 @@ def sample(rng: np.random.Generator, *, cuts: int = 4) -> list[Sample]:
         seen = int(np.searchsorted(ts, elapsed, side="right"))
         if seen < 2 or seen > hit:
             continue
-        out.append(Sample(ts[:seen], steps[:seen] if with_steps else None, values[:seen], target, mode,
-                          float(elapsed), truth))
+        out.append(
+            Sample(ts[:seen], steps[:seen] if with_steps else None, values[:seen], target, mode, float(elapsed), truth)
+        )
     return out

@@ -49,8 +49,7 @@ def synthetic(curves: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(xs, np.float32), np.asarray(ys, np.int64)
 
 
-def recorded(cases: list[owncorpus.Case], cuts=owncorpus.CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray,
-                                                                                np.ndarray]:
+def recorded(cases: list[owncorpus.Case], cuts=owncorpus.CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(inputs, truth bins, truth log ratios) of the recorded cases at every cut."""
     xs, ys, rs = [], [], []
     for case in cases:
@@ -66,18 +65,32 @@ def recorded(cases: list[owncorpus.Case], cuts=owncorpus.CALIBRATION_CUTS) -> tu
 
 
 def training_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
-    return [c for m in METRICS for c in owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
-            if c.seed in seeds]
+    return [
+        c
+        for m in METRICS
+        for c in owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
+        if c.seed in seeds
+    ]
 
 
 def _module(hidden: int = HIDDEN) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(N_INPUTS, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, BINS + 1))
+    return nn.Sequential(
+        nn.Linear(N_INPUTS, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, BINS + 1),
+    )
 
 
 def _to_prior(module: nn.Sequential, mean: np.ndarray, std: np.ndarray) -> PriorNet:
-    layers = tuple((m.weight.detach().numpy().astype(np.float64), m.bias.detach().numpy().astype(np.float64))
-                   for m in module if isinstance(m, nn.Linear))
+    layers = tuple(
+        (m.weight.detach().numpy().astype(np.float64), m.bias.detach().numpy().astype(np.float64))
+        for m in module
+        if isinstance(m, nn.Linear)
+    )
     return PriorNet(layers, mean.astype(np.float64), std.astype(np.float64))
 
 
@@ -89,8 +102,19 @@ def _from_prior(net: PriorNet) -> nn.Sequential:
     return module
 
 
-def fit(module: nn.Sequential, x: np.ndarray, y: np.ndarray, *, mean: np.ndarray, std: np.ndarray, epochs: int,
-        lr: float, seed: int, deadline: float = math.inf, batch: int = 1024) -> nn.Sequential:
+def fit(
+    module: nn.Sequential,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    mean: np.ndarray,
+    std: np.ndarray,
+    epochs: int,
+    lr: float,
+    seed: int,
+    deadline: float = math.inf,
+    batch: int = 1024,
+) -> nn.Sequential:
     """Cross-entropy of the truth's bin, Adam with a cosine schedule, until `epochs` or the deadline."""
     torch.manual_seed(seed)
     xt = torch.tensor((x - mean) / std, dtype=torch.float32)
@@ -103,7 +127,7 @@ def fit(module: nn.Sequential, x: np.ndarray, y: np.ndarray, *, mean: np.ndarray
         order = torch.randperm(len(y), generator=gen)
         total = 0.0
         for start in range(0, len(y), batch):
-            idx = order[start:start + batch]
+            idx = order[start : start + batch]
             loss = nn.functional.cross_entropy(module(xt[idx]), yt[idx])
             opt.zero_grad()
             loss.backward()
@@ -124,8 +148,9 @@ def pretrain(*, curves: int, seed: int, epochs: int, deadline: float) -> PriorNe
     return _to_prior(module, mean, std)
 
 
-def finetune(base: PriorNet, cases: list[owncorpus.Case], *, seed: int = 0, epochs: int = 6,
-             synthetic_curves: int = 6000) -> PriorNet:
+def finetune(
+    base: PriorNet, cases: list[owncorpus.Case], *, seed: int = 0, epochs: int = 6, synthetic_curves: int = 6000
+) -> PriorNet:
     """The prior trained further on recorded cases, mixed with fresh synthetic ones so it keeps what it knew."""
     x, y, _ = recorded(cases)
     sx, sy = synthetic(synthetic_curves, seed=10_000 + seed)
@@ -150,8 +175,14 @@ def with_pads(net: PriorNet, samples: tuple[np.ndarray, np.ndarray]) -> PriorNet
     `pad_samples` (training loss, targets and cuts spread as the evaluation's)."""
     x, truths = samples
     q = np.array([quantiles(p, (0.1, 0.5, 0.9)) for p in net.probabilities(x)])
-    return PriorNet(net.layers, net.mean, net.std, tuple(SEEN_EDGES),
-                    tuple((float(down), float(up)) for down, up in conformal_pads(q, truths)), net.mixed)
+    return PriorNet(
+        net.layers,
+        net.mean,
+        net.std,
+        tuple(SEEN_EDGES),
+        tuple((float(down), float(up)) for down, up in conformal_pads(q, truths)),
+        net.mixed,
+    )
 
 
 def pad_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
