@@ -2,6 +2,7 @@
 
 import math
 
+from shared.pricing import rank_price_per_hour
 from services.placement.policy import why
 from services.placement.policy.capacity import CapacityIndex, NodeView
 from services.placement.policy.choice import Option
@@ -23,8 +24,9 @@ _JOB_KINDS: dict[tuple[str, frozenset[str]], tuple[str, ...]] = {}  # a few (all
 
 
 def share_per_hour(views: list[NodeView], gpus: int) -> float:
-    """What the job's ranks cost per hour: the GPU share of each node's (amortised or on-demand) price."""
-    return sum(v.node.price_per_hour * gpus / v.node.gpu_count for v in views)
+    """What the job's ranks cost per hour: each rank's share of its node's (amortised or on-demand) price, as billing
+    charges it (`shared.pricing`)."""
+    return sum(rank_price_per_hour(v.node.price_per_hour, gpus=gpus, node_gpus=v.node.gpu_count) for v in views)
 
 
 def node_options(
