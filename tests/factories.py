@@ -5,7 +5,17 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.events import Assignment, JobPlaced, JobSubmitted, Launch, LogChunk, LogLine, TaskExited, TaskStarted
+from shared.events import (
+    Assignment,
+    JobPlaced,
+    JobSubmitted,
+    Launch,
+    LogChunk,
+    LogLine,
+    NodeProvisioned,
+    TaskExited,
+    TaskStarted,
+)
 from shared.jobs import Algorithm, JobCreate, Spec
 from shared.nodes import Gpu, NodeInfo
 
@@ -201,3 +211,19 @@ def algorithm(command: str = "true") -> Algorithm:
 
 def spec(**kw: Any) -> Spec:
     return Spec.model_validate(kw)
+
+
+def provisioned(node_id: str = "od", *, price: float = 4.0, gpus: int = 2, for_job_id: str = "j1") -> NodeProvisioned:
+    """Placement's record of renting `node_id` (instance type x2) for project p, user ana, at T0."""
+    return NodeProvisioned(
+        event_id=f"{node_id}:provisioned",
+        node_id=node_id,
+        instance_type="x2",
+        provider="fake",
+        price_per_hour=price,
+        gpu_count=gpus,
+        provisioned_at=T0,
+        for_job_id=for_job_id,
+        project_id="p",
+        user_name="ana",
+    )

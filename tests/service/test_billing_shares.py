@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 
 from shared.bus import publish
-from shared.events import NodeProvisioned, NodeRegistered, NodeReleased
+from shared.events import NodeRegistered, NodeReleased
 from shared.rpc import UsageQuery
-from tests.factories import T0, exited, node, placed, started, submitted
+from tests.factories import T0, exited, node, placed, provisioned, started, submitted
 from tests.service.test_billing_lifetimes import deliver
 
 HOUR = timedelta(hours=1)
@@ -39,18 +39,7 @@ async def test_two_one_gpu_jobs_on_a_rented_two_gpu_node_pay_its_price_once(bill
     broker, service, _ = billing
     await publish(
         broker,
-        NodeProvisioned(
-            event_id="od:provisioned",
-            node_id="od",
-            instance_type="x2",
-            provider="fake",
-            price_per_hour=4.0,
-            gpu_count=2,
-            provisioned_at=T0,
-            for_job_id="j1",
-            project_id="p",
-            user_name="ana",
-        ),
+        provisioned(),
     )
     await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2))
     await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + HOUR, reason="idle"))
@@ -83,18 +72,7 @@ async def test_a_rented_node_half_used_is_charged_half_idle_to_whoever_rented_it
     broker, service, _ = billing
     await publish(
         broker,
-        NodeProvisioned(
-            event_id="od:provisioned",
-            node_id="od",
-            instance_type="x2",
-            provider="fake",
-            price_per_hour=4.0,
-            gpu_count=2,
-            provisioned_at=T0,
-            for_job_id="j1",
-            project_id="p",
-            user_name="ana",
-        ),
+        provisioned(),
     )
     await deliver(
         broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2, user="bob", jobs=("j1",))
@@ -112,18 +90,7 @@ async def test_a_jobs_cost_so_far_is_its_own_attempts_without_the_rented_nodes_i
     broker, service, _ = billing
     await publish(
         broker,
-        NodeProvisioned(
-            event_id="od:provisioned",
-            node_id="od",
-            instance_type="x2",
-            provider="fake",
-            price_per_hour=4.0,
-            gpu_count=2,
-            provisioned_at=T0,
-            for_job_id="j1",
-            project_id="p",
-            user_name="ana",
-        ),
+        provisioned(),
     )
     await deliver(broker, service, *two_jobs_on("od", kind="on_demand", price=4.0, node_gpus=2, jobs=("j1",)))
     await publish(broker, NodeReleased(event_id="od:released", node_id="od", released_at=T0 + 2 * HOUR, reason="idle"))

@@ -7,13 +7,13 @@ import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish
-from shared.events import NodeProvisioned, NodeRegistered
+from shared.events import NodeRegistered
 from shared.noderecords import limits_from_entry
 from shared.rpc import UsageQuery
 from services.billing import placements as placements_module
 from services.billing.handlers import router
 from tests.billing_twin import in_memory
-from tests.factories import T0, exited, node, placed, started, submitted
+from tests.factories import T0, exited, node, placed, provisioned, started, submitted
 from tests.service.conftest import billing_on_bus
 from tests.service.test_billing_lifetimes import deliver
 
@@ -176,18 +176,7 @@ async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lif
     service.lifetimes.records.static = {"ws": ws}
     await publish(
         broker,
-        NodeProvisioned(
-            event_id="od:provisioned",
-            node_id="od",
-            instance_type="x2",
-            provider="fake",
-            price_per_hour=4.0,
-            gpu_count=2,
-            provisioned_at=T0,
-            for_job_id="j1",
-            project_id="p",
-            user_name="ana",
-        ),
+        provisioned(),
     )
     for node_id in ("ws", "stranger", "od"):
         await publish(
