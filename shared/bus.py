@@ -1,5 +1,6 @@
 """The bus: JetStream streams, durable consumers, publishing with de-duplication, request/reply subjects."""
 
+import asyncio
 import functools
 import hmac
 import logging
@@ -14,9 +15,16 @@ from faststream.exceptions import NackMessage, RejectMessage
 from faststream.message import StreamMessage
 from faststream.middlewares import AckPolicy
 from faststream.nats import JStream, NatsBroker, NatsCredentials, NatsSecurity, PullSub
-from nats.errors import Error as NatsError
-from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.errors import (
+    ConnectionReconnectingError,
+    Error as NatsError,
+    NoRespondersError,
+    StaleConnectionError,
+    TimeoutError as NatsTimeoutError,
+)
+from nats.js.api import ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableError
+from nats.js.manager import JetStreamManager
 from pymongo.errors import PyMongoError
 
 from shared.buscreds import dedup_key
@@ -28,6 +36,15 @@ log = logging.getLogger(__name__)
 _DEDUP_KEYS: "weakref.WeakKeyDictionary[NatsBroker, bytes]" = weakref.WeakKeyDictionary()
 ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
+DECLARE_PATIENCE_S = 60.0  # a process starting while the bus restarts or elects its leaders keeps declaring this long
+# What a JetStream API request meets while the server restarts or its streams' leaders are elected (not a refusal).
+BUS_AWAY = (
+    NatsTimeoutError,
+    NoRespondersError,
+    ServiceUnavailableError,
+    ConnectionReconnectingError,
+    StaleConnectionError,
+)
 
 
 def _stream(name: str, *subjects: str, **config: Any) -> JStream:
@@ -180,10 +197,27 @@ async def connect(
         config = stream.config.evolve(num_replicas=replicas)
         if stream is LOGS:
             config = config.evolve(max_bytes=log_max_bytes)
+        await declare_stream(streams, config, patience_s=DECLARE_PATIENCE_S)
+
+
+async def declare_stream(streams: JetStreamManager, config: StreamConfig, *, patience_s: float) -> None:
+    """Create a stream, or bring an existing one to `config`. A bus that is away (restarting, electing leaders) is
+    waited for up to `patience_s`, so a process started in that moment starts instead of exiting; a refusal is
+    raised at once."""
+    deadline, pause = time.monotonic() + patience_s, 0.2
+    while True:
         try:
-            await streams.add_stream(config=config)
-        except BadRequestError:
-            await streams.update_stream(config=config)
+            try:
+                await streams.add_stream(config=config)
+            except BadRequestError:
+                await streams.update_stream(config=config)
+            return
+        except BUS_AWAY as exc:
+            if time.monotonic() + pause > deadline:
+                raise
+            log.warning("declaring stream %s: the bus is away (%r); trying again in %.1f s", config.name, exc, pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 5.0)
 
 
 def subjects_overlap(a: str, b: str) -> bool:

@@ -4,8 +4,19 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN, exchange, start_stack
+from tests.conftest import ADMIN_TOKEN, exchange, start_stack, wait_until_ready
 from tests.e2e.eta_replays import Replays
+
+
+@pytest.fixture(autouse=True)
+def whole_stack(request):
+    """Each test on the session's stack starts with every process of it running: one an earlier test killed and
+    left dead (a test that failed before it restarted it) is started again first, so one failure stays one."""
+    if "stack" in request.fixturenames:
+        stack = request.getfixturevalue("stack")
+        if stack.restart_dead({}):
+            wait_until_ready(stack)
+    yield
 
 
 @pytest_asyncio.fixture(scope="session")

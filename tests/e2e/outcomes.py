@@ -1,13 +1,40 @@
 """What a run of many jobs under faults must end with (the chaos and failover tests): every job finished, no two
 attempts of a job overlapping, and the usage ledger exactly one line per attempt that ran."""
 
+import asyncio
+import contextlib
 from collections import defaultdict
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
+from typing import Any
 
+import httpx
+
+from services.stack.processes import Stack
 from tests.conftest import eventually
-from tests.e2e.test_resilience import listing
 
 FINISHED = ("Completed", "Failed", "Terminated")
+
+
+async def post_until_accepted(api: httpx.AsyncClient, url: str, body: dict) -> None:
+    """Submit through a submitter that may be down; a 409 means an earlier try got through."""
+    for _ in range(200):
+        try:
+            response = await api.post(url, json=body)
+            if response.status_code in (201, 409):
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"could not submit {body['metadata']['name']}")
+
+
+async def listing(api: httpx.AsyncClient, project: str) -> list[dict] | None:
+    try:
+        response = await api.get(f"/v2/{project}/training-jobs", params={"limit": 500})
+        return response.json()["items"] if response.status_code == 200 else None
+    except httpx.TransportError:
+        return None
 
 
 async def all_finished(api, project: str, *, jobs: int, context: str = "", timeout_s: float = 180) -> list[dict]:
@@ -63,3 +90,28 @@ async def ledger_settles(api, project: str, *, timeout_s: float = 60) -> int:
         usage = (await api.get(f"/v2/{project}/usage")).json()
         raise AssertionError(f"ledger {usage['total']} open {usage['open_attempts']}, attempts run {ran}") from None
     return ran
+
+
+@contextlib.asynccontextmanager
+async def supervised_after(stack: Stack, faults: Coroutine[Any, Any, Any]) -> AsyncIterator["asyncio.Task[Any]"]:
+    """Run `faults` (kills, and restarts by hand) beside the body; once it is done, start again each process that
+    exits on its own, as `make run`'s supervisor does (a service restarted the moment the bus went down may fail
+    its start and exit). Yields the faults' task (await it for their result); on the way out, whatever is dead is
+    started again, so the next test finds the stack whole even when this one failed."""
+    faults_task = asyncio.ensure_future(faults)
+
+    async def supervise() -> None:
+        await asyncio.wait([faults_task])
+        restarted: dict[str, float] = {}
+        while True:
+            stack.restart_dead(restarted)
+            await asyncio.sleep(0.5)
+
+    supervisor = asyncio.create_task(supervise())
+    try:
+        yield faults_task
+    finally:
+        supervisor.cancel()
+        faults_task.cancel()
+        await asyncio.gather(supervisor, faults_task, return_exceptions=True)
+        stack.restart_dead({})

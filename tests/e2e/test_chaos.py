@@ -12,9 +12,14 @@ import pytest
 
 from services.stack.processes import SERVICES
 from tests.conftest import wait_until_ready
-from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
+from tests.e2e.outcomes import (
+    all_finished,
+    assert_attempts_never_overlapped,
+    ledger_settles,
+    post_until_accepted,
+    supervised_after,
+)
 from tests.e2e.scripts import quote
-from tests.e2e.test_resilience import post_until_accepted
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
@@ -63,13 +68,14 @@ async def test_chaos(api, project, stack, shared_dir):
             else:
                 stack.start_service(victim)
 
-    await asyncio.gather(submit_all(), chaos())
-
-    items = await all_finished(api, project, jobs=JOBS, context=f"kills {kills}")
-    assert {j["status"]["phase"] for j in items} == {"Completed"}
-    assert_attempts_never_overlapped(marker, items)
-    recovered = sum(1 for j in items if len(j["status"]["attempts"]) > 1)
-    ran = await ledger_settles(api, project)
+    async with supervised_after(stack, chaos()) as faults:
+        await submit_all()
+        await faults
+        items = await all_finished(api, project, jobs=JOBS, context=f"kills {kills}")
+        assert {j["status"]["phase"] for j in items} == {"Completed"}
+        assert_attempts_never_overlapped(marker, items)
+        recovered = sum(1 for j in items if len(j["status"]["attempts"]) > 1)
+        ran = await ledger_settles(api, project)
     wait_until_ready(stack)
     print(
         "\nCHAOS "

@@ -9,31 +9,11 @@ import pytest
 
 from services.stack.processes import SERVICES
 from tests.conftest import eventually, wait_until_ready
+from tests.e2e.outcomes import all_finished, post_until_accepted, supervised_after
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
 JOBS = 50
-
-
-async def post_until_accepted(api: httpx.AsyncClient, url: str, body: dict) -> None:
-    """Submit through a submitter that may be down; a 409 means an earlier try got through."""
-    for _ in range(200):
-        try:
-            response = await api.post(url, json=body)
-            if response.status_code in (201, 409):
-                return
-        except httpx.TransportError:
-            pass
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"could not submit {body['metadata']['name']}")
-
-
-async def listing(api: httpx.AsyncClient, project: str) -> list[dict] | None:
-    try:
-        response = await api.get(f"/v2/{project}/training-jobs", params={"limit": 500})
-        return response.json()["items"] if response.status_code == 200 else None
-    except httpx.TransportError:
-        return None
 
 
 async def test_killing_each_service_while_50_jobs_flow_loses_none_and_runs_none_twice(api, project, stack, shared_dir):
@@ -58,31 +38,22 @@ async def test_killing_each_service_while_50_jobs_flow_loses_none_and_runs_none_
             stack.start_service(service)
         return killed
 
-    _, killed = await asyncio.gather(submit_all(), chaos())
-    assert killed == list(SERVICES)
+    async with supervised_after(stack, chaos()) as faults:
+        await submit_all()
+        assert await faults == list(SERVICES)
 
-    async def all_finished():
-        items = await listing(api, project)
-        return (
-            items
-            if items
-            and len(items) == JOBS
-            and all(j["status"]["phase"] in ("Completed", "Failed", "Terminated") for j in items)
-            else None
-        )
+        items = await all_finished(api, project, jobs=JOBS, timeout_s=150)
+        assert Counter(j["status"]["phase"] for j in items) == {"Completed": JOBS}
+        runs = Counter(marker.read_text().split())
+        assert len(runs) == JOBS and set(runs.values()) == {1}, runs.most_common(3)
+        assert {j["metadata"]["id"] for j in items} == set(runs)
 
-    items = await eventually(all_finished, timeout_s=150, interval_s=1)
-    assert Counter(j["status"]["phase"] for j in items) == {"Completed": JOBS}
-    runs = Counter(marker.read_text().split())
-    assert len(runs) == JOBS and set(runs.values()) == {1}, runs.most_common(3)
-    assert {j["metadata"]["id"] for j in items} == set(runs)
+        async def ledger_complete():
+            try:
+                usage = (await api.get(f"/v2/{project}/usage")).json()
+            except httpx.TransportError:
+                return None
+            return usage if usage["total"]["attempts"] == JOBS and usage["open_attempts"] == 0 else None
 
-    async def ledger_complete():
-        try:
-            usage = (await api.get(f"/v2/{project}/usage")).json()
-        except httpx.TransportError:
-            return None
-        return usage if usage["total"]["attempts"] == JOBS and usage["open_attempts"] == 0 else None
-
-    await eventually(ledger_complete, timeout_s=30)
+        await eventually(ledger_complete, timeout_s=30)
     wait_until_ready(stack)
