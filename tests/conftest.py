@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import os
 import re
 import socket
 import subprocess
@@ -86,6 +87,26 @@ def pytest_collection_modifyitems(config, items) -> None:
                 else item.nodeid.split("::")[0]
             )
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With TRAINMASTER_TEST_TIMELINE=<file>: one JSON line per test (worker, start, seconds, group) appended to it,
+    to see which worker the suite waits for (docs/operations.md, "Tests")."""
+    timeline = os.environ.get("TRAINMASTER_TEST_TIMELINE")
+    started = time.time()
+    yield
+    if timeline:
+        group = item.get_closest_marker("xdist_group")
+        line = {
+            "worker": WORKER.get("id", "main"),
+            "test": item.nodeid,
+            "group": group.args[0] if group and group.args else "",
+            "start": round(started, 2),
+            "seconds": round(time.time() - started, 2),
+        }
+        with open(timeline, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 def models_dir() -> Path:
