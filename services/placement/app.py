@@ -1,6 +1,8 @@
 """Placement wiring: a single process that owns the queue and decides where each attempt runs."""
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -98,7 +100,9 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
     return service_app(name=SERVICE, settings=settings, router=router, setup=setup)
 
 
-def make_provider(settings: PlacementSettings, broker: NatsBroker, *, entries: list[dict], sections: dict) -> Providers:
+def make_provider(
+    settings: PlacementSettings, broker: NatsBroker, *, entries: Sequence[Mapping[str, Any]], sections: dict
+) -> Providers:
     return make_providers(
         entries=entries,
         sections=sections,

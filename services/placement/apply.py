@@ -28,7 +28,7 @@ async def apply(
                 if item is None or item.state != "queued":
                     continue
                 assignments = tuple(
-                    assignment(r, fleet.nodes[n].info, inputs.gpu_ids(n, g))
+                    assignment(r, fleet.info(n), inputs.gpu_ids(n, g))
                     for r, (n, g) in enumerate(zip(node_ids, gpus, strict=True))
                 )
                 for node_id in node_ids:
@@ -80,9 +80,9 @@ async def place(
 ) -> None:
     """The job's next attempt on these nodes, published with what its ranks launch."""
     attempt = item.attempt + 1
-    master = fleet.nodes[assignments[0].node_id].info.address
+    master = fleet.info(assignments[0].node_id).address
     port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
-    infos = [fleet.nodes[a.node_id].info for a in assignments]
+    infos = [fleet.info(a.node_id) for a in assignments]
     memory = min(
         host_memory_gb(
             item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb, node_gpus=len(info.gpus)

@@ -123,6 +123,8 @@ class Estimates:
             return None
 
     async def _ask(self, query: PredictQuery) -> Estimate | None:
+        if self.broker is None:
+            return None
         try:
             reply = await self.broker.request(query, RPC_PREDICT, timeout=self.timeout_s)
             return from_reply(PredictReply.model_validate(await reply.decode()))

@@ -70,6 +70,18 @@ class Fleet:
     def broker(self) -> NatsBroker:
         return self.store.broker
 
+    def info(self, node_id: str) -> NodeInfo:
+        """What a registered node said of itself (KeyError: no such node, or a rented one still booting)."""
+        node = self.nodes.get(node_id)
+        if node is None or node.info is None:
+            raise KeyError(f"node {node_id} has not registered")
+        return node.info
+
+    def registration(self, node_id: str) -> NodeInfo | None:
+        """What the node said of itself, if it is known and has registered."""
+        node = self.nodes.get(node_id)
+        return node.info if node else None
+
     async def load(self) -> None:
         async for doc in self.store.collection.find({"state": {"$ne": "released"}}):
             node = FleetNode.model_validate(doc)
@@ -92,6 +104,8 @@ class Fleet:
         hit = self._views.get(node.node_id)
         if hit is not None and hit[0] is node and hit[1] == built_from:
             return hit[2]
+        if node.info is None:
+            raise ValueError(f"node {node.node_id} has not registered: it has no policy view")
         view = policy_node(
             node.info,
             used,

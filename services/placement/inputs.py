@@ -163,7 +163,7 @@ class PolicyInputs:
         return tuple(order.index(i) for i in assignment.gpu_indices if i in order)
 
     def gpu_ids(self, node_id: str, positions: tuple[int, ...]) -> tuple[int, ...]:
-        info = self.fleet.nodes[node_id].info
+        info = self.fleet.info(node_id)
         order = [g.index for g in sorted(info.gpus, key=lambda g: g.index)]
         return tuple(order[p] for p in positions)
 

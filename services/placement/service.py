@@ -5,8 +5,9 @@ is `policy/`."""
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from shared.events import (
     EtaEstimated,
@@ -14,6 +15,7 @@ from shared.events import (
     JobStatusChanged,
     JobSubmitted,
     JobUnplaceable,
+    Message,
     Notification,
 )
 from shared.jobs import Phase
@@ -50,7 +52,7 @@ class Placement:
     fair: FairShare = field(default_factory=FairShare)  # recent GPU-hours per user, persisted
     tradeoff: Tradeoff = field(default_factory=Tradeoff)  # exchange rate per project ([placement] of cluster.toml)
     estimates: Estimates = field(default_factory=lambda: Estimates(broker=None))
-    flavors: list[dict] = field(default_factory=list)  # the cluster file's [[flavors]]
+    flavors: Sequence[Mapping[str, Any]] = ()  # the cluster file's [[flavors]]
 
     def __post_init__(self) -> None:
         self.store = JobQueue(self.jobs)
@@ -106,12 +108,14 @@ class Placement:
 
     async def _requeue(self, item: QueueItem, cause: str | None) -> None:
         """Back in the queue; after an out-of-memory it needs more, after a move it avoids where it was."""
-        previous = [self.fleet.nodes[a.node_id].info for a in item.assignments if a.node_id in self.fleet.nodes]
-        needs, exclude = item.needs, ()
+        # Each rank's node as it registered (a node forgotten since is left out, its rank with it).
+        previous = [(info, a) for a in item.assignments if (info := self.fleet.registration(a.node_id)) is not None]
+        needs = item.needs
+        exclude: tuple[str, ...] = ()
         if cause == "oom_gpu":
             used = (
-                [g.memory_gb for n, a in zip(previous, item.assignments) for g in n.gpus if g.index in a.gpu_indices]
-                or [g.memory_gb for n in previous for g in n.gpus]
+                [g.memory_gb for n, a in previous for g in n.gpus if g.index in a.gpu_indices]
+                or [g.memory_gb for n, _ in previous for g in n.gpus]
                 or [0]
             )
             everything = self.fleet.known_nodes() + tuple(as_node(i) for i in self.fleet.catalogue)
@@ -178,8 +182,8 @@ class Placement:
         current = sum(
             g.speed
             for a in item.assignments
-            if a.node_id in self.fleet.nodes
-            for g in self.fleet.nodes[a.node_id].info.gpus
+            if (info := self.fleet.registration(a.node_id)) is not None
+            for g in info.gpus
             if g.index in a.gpu_indices
         )
         faster = self._faster_node(item, current)
@@ -188,6 +192,7 @@ class Placement:
             f"expected {expected}s, estimated {elapsed + event.eta.remaining_s:.0f}s "
             f"({self.slow_factor:g}x is the limit)"
         )
+        events: list[Message]
         if faster:
             events = [
                 JobMigrateRequested(

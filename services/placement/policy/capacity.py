@@ -51,7 +51,7 @@ class NodeView:
         self.free = sorted(node.free_gpu_indices) if ready else []
         self.free_cpu = node.free_cpu
         self.free_mem = node.free_memory_gb
-        start = now if ready else node.ready_at
+        start = now if ready or node.ready_at is None else node.ready_at
         free_set = set(node.free_gpu_indices)
         self.avail_at = {
             i: start if i in free_set else busy_until.get(i, now + UNKNOWN_BUSY_S) for i in range(node.gpu_count)
@@ -133,7 +133,7 @@ class CapacityIndex:
             self.free_now[key] = sets
         self.claimed: dict[str, list[NodeView]] = {}
         for node_id, job_id in self._claims.items():
-            self.claimed.setdefault(job_id, []).append(self.view(node_id))
+            self.claimed.setdefault(job_id, []).append(self.member(node_id))
         self._heaps: dict[tuple[BucketKey, int], list[tuple[float, int, str, int]]] = {}
         self._eligible: dict[tuple, list[BucketKey]] = {}
 
@@ -145,6 +145,13 @@ class CapacityIndex:
             if node is None:
                 return None
             view = self.views[node_id] = NodeView(node, self._busy_on(node), self.now, self._claims.get(node_id))
+        return view
+
+    def member(self, node_id: str) -> NodeView:
+        """The view of a node of this pass: every id the buckets, heaps and claims hold is one."""
+        view = self.view(node_id)
+        if view is None:
+            raise KeyError(f"{node_id} is not a node of this pass")
         return view
 
     def _busy_on(self, node: Node) -> dict[int, float]:
@@ -166,7 +173,7 @@ class CapacityIndex:
         view = self.views.get(node_id)
         if view is None and 0 < gpus <= self._free_count[node_id]:
             return self.now, 0  # ready with enough GPUs free: a view built now would say the same (version 0)
-        view = view or self.view(node_id)
+        view = view or self.member(node_id)
         return view.avail_for(gpus), view.version
 
     def eligible(self, job: JobRequest, kinds: tuple[str, ...]) -> list[BucketKey]:
@@ -201,7 +208,7 @@ class CapacityIndex:
         for scanned, node_id in enumerate(candidates):
             if scanned >= limit + len(own):
                 return None
-            view = self.view(node_id)
+            view = self.member(node_id)
             if len(view.free) < job.gpu_count or any(view is v for v, _ in picks):
                 continue
             if view.free_cpu < job.cpu or view.free_mem < _memory(job, view.node) or view.claimed_by_other(job.id):
@@ -232,7 +239,7 @@ class CapacityIndex:
             # their unique seq, so popping and pushing back would leave the same order).
             while heap:
                 at, seq, node_id, version = heap[0]
-                view = self.view(node_id)
+                view = self.member(node_id)
                 if version == view.version:
                     break
                 heapq.heapreplace(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
@@ -246,7 +253,7 @@ class CapacityIndex:
         while heap and len(picks) < job.node_count and len(popped) < limit:
             entry = heapq.heappop(heap)
             at, seq, node_id, version = entry
-            view = self.view(node_id)
+            view = self.member(node_id)
             if version != view.version:
                 heapq.heappush(heap, (view.avail_for(job.gpu_count), seq, node_id, view.version))
                 continue

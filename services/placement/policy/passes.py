@@ -32,6 +32,8 @@ class Pass:
             node_ids = tuple(view.node.id for view, _ in option.picks)
             self.decisions.append(Start(job.id, node_ids, tuple(indices for _, indices in option.picks), option.why))
         elif option.action == "provision":
+            if option.instance is None:
+                raise ValueError("an option to provision names no instance type")
             self.decisions.append(Provision(option.instance.name, job.node_count, job.id))
         else:
             if self.reservations < self.config.reservation_depth:
@@ -58,7 +60,7 @@ class Pass:
                 and node.idle_since is not None
                 and self.now - node.idle_since >= self.config.idle_release_s
                 and node.is_ready(self.now)
-                and not (view := self.index.view(node.id)).touched
+                and not (view := self.index.member(node.id)).touched
                 and view.claimed_for is None
                 and len(view.free) == node.gpu_count
             ):

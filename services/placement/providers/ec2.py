@@ -133,7 +133,8 @@ class EC2Provider:
         from botocore.exceptions import ClientError
 
         errors = []
-        for subnet in self.settings.subnet_ids or [None]:
+        subnets: list[str | None] = [*self.settings.subnet_ids] or [None]
+        for subnet in subnets:
             try:
                 reply = self.client.run_instances(**request, **({"SubnetId": subnet} if subnet else {}))
                 return reply["Instances"][0]["InstanceId"]
@@ -154,9 +155,7 @@ class EC2Provider:
             await asyncio.to_thread(self.client.terminate_instances, InstanceIds=ids)
             log.info("terminated %s (%s)", node_id, ", ".join(ids))
             deadline = time.monotonic() + self.settings.release_wait_s
-            while time.monotonic() < deadline and await asyncio.to_thread(
-                self._instances, {TAG_NODE: node_id}, states=[*LIVE_STATES, "shutting-down"]
-            ):
+            while time.monotonic() < deadline and await self._any_left(node_id):
                 await asyncio.sleep(2)  # its OS is stopping the agent, which reports its tasks' ends
         await self.maker.forget(node_id)
 
@@ -184,6 +183,11 @@ class EC2Provider:
                 if NAME.match(orphan.node_id):  # a tag is text anyone with EC2 access may write
                     await self.maker.forget(orphan.node_id)
         return orphans
+
+    async def _any_left(self, node_id: str) -> bool:
+        """Whether any instance of the node is still live or shutting down."""
+        left = await asyncio.to_thread(self._instances, {TAG_NODE: node_id}, [*LIVE_STATES, "shutting-down"])
+        return bool(left)
 
     def _instances(self, tags: dict[str, str], states: list[str] = LIVE_STATES) -> list[dict]:
         filters = [

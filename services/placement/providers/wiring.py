@@ -1,14 +1,14 @@
 """Builds the providers a cluster file's catalogue names, from its [providers.<name>] tables."""
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from faststream.nats import NatsBroker
 from pydantic import ValidationError
 
-from services.placement.providers.cloud import NodeMaker, offer_infos
+from services.placement.providers.cloud import NodeBoot, NodeMaker, offer_infos
 from services.placement.providers.credentials import NodeCredentials
 from services.placement.providers.local_process import LocalProcessProvider
 from services.placement.providers.reconcile import Providers
@@ -18,7 +18,7 @@ KNOWN = ("local-process", "ec2", "kubernetes")
 
 def make_providers(
     *,
-    entries: list[Mapping],
+    entries: Sequence[Mapping],
     sections: Mapping[str, Any],
     default: str,
     data_dir: Path,
@@ -53,20 +53,18 @@ def make_providers(
 
 
 def _cloud(name: str, section: Mapping[str, Any], *, offers, credentials, folder: Path, providers: Providers):
-    maker = NodeMaker(
-        boot=None, folder=folder, credentials=credentials, job_of=lambda node_id: providers.job_of(node_id)
-    )
+    def maker(boot: NodeBoot) -> NodeMaker:
+        return NodeMaker(boot=boot, folder=folder, credentials=credentials, job_of=providers.job_of)
+
     if name == "ec2":
         from services.placement.providers.ec2 import EC2Provider, EC2Settings
 
-        settings = EC2Settings.model_validate(section)
-        maker.boot = settings
-        return EC2Provider(settings=settings, offers=offers, maker=maker)
+        ec2 = EC2Settings.model_validate(section)
+        return EC2Provider(settings=ec2, offers=offers, maker=maker(ec2))
     from services.placement.providers.kubernetes import KubernetesProvider, KubernetesSettings
 
-    settings = KubernetesSettings.model_validate(section)
-    maker.boot = settings
-    return KubernetesProvider(settings=settings, offers=offers, maker=maker)
+    kubernetes = KubernetesSettings.model_validate(section)
+    return KubernetesProvider(settings=kubernetes, offers=offers, maker=maker(kubernetes))
 
 
 def bind(providers: Providers, fleet) -> None:

@@ -20,6 +20,7 @@ from services.placement.policy import (
     schedule,
 )
 from services.placement.policy.hosting import as_node
+from services.placement.policy.models import NodeKind
 from services.placement.policy.spot import DEFAULT_INTERRUPTIONS_PER_HOUR
 from services.placement.sim.durations import DurationSource
 from services.placement.sim.spot import interruption_after_s, kept_compute_s
@@ -36,7 +37,7 @@ class SimNode:
     sees it as one again (`snapshot`), as the service's fleet hands the policy a `Node` per node record."""
 
     id: str
-    kind: str
+    kind: NodeKind
     gpu_model: str
     gpu_count: int
     gpu_memory_gb: float
@@ -197,18 +198,17 @@ class Simulation:
         self.out.policy_seconds += time.perf_counter() - started
         self.out.passes += 1
         for d in decisions:
-            kind = type(d)
-            if kind is Wait:  # most decisions: checked first
+            if type(d) is Wait:  # most decisions: checked first
                 if d.retry_at is not None and d.retry_at > now and d.retry_at not in self.ticks:
                     self.ticks.add(d.retry_at)
                     self._push(d.retry_at, TICK, "")
-            elif kind is Start:
+            elif type(d) is Start:
                 self._start(d, now)
-            elif kind is Provision:
+            elif type(d) is Provision:
                 self._provision(d, now)
-            elif kind is Release:
+            elif type(d) is Release:
                 self._release(d.node_id, now)
-            elif kind is PullBack:
+            elif type(d) is PullBack:
                 self._pull_back(d, now)
 
     def _node(self, node_id: str) -> Node:
@@ -260,7 +260,7 @@ class Simulation:
         job = self.jobs[job_id].request
         nodes = [self.nodes[n] for n in node_ids]
         for node, idx in zip(nodes, indices, strict=True):
-            self._take(node, idx, job.cpu, job.memory_gb, now)
+            self._take(node, idx, job.cpu, job.memory_on(node.memory_gb, node.gpu_count), now)
         tflops = min(n.tflops for n in nodes)
         end = start + self.work_left[job_id] * self.config.reference_tflops / tflops
         self.seq += 1
@@ -288,7 +288,7 @@ class Simulation:
             node.busy_gpu_s += len(idx) * max(0.0, now - seg.start)
             if node.kind != "on_demand":
                 self.out.owned_busy_gpu_s += len(idx) * max(0.0, now - seg.start)
-            self._give(node, idx, job.cpu, job.memory_gb, now)
+            self._give(node, idx, job.cpu, job.memory_on(node.memory_gb, node.gpu_count), now)
         computed = max(0.0, now - seg.start) if kept_s is None else kept_s
         done = computed * seg.tflops / self.config.reference_tflops
         self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)

@@ -215,3 +215,18 @@ def test_spot_replaces_a_rental_but_never_leaves_a_free_owned_gpu_idle():
     )
     [provision] = schedule(state, 0.0, config())
     assert isinstance(provision, Provision) and provision.instance_type == "cloud.1gpu.spot"
+
+
+def test_a_job_naming_no_host_memory_takes_its_gpus_share_in_the_simulator_and_gives_it_back():
+    node = make_node(gpu_count=4, memory_gb=128.0, free_memory_gb=128.0)
+    job = TraceJob(
+        JobRequest(id="share", user="u", submitted_at=0.0, expected_duration_s=HOUR, gpu_count=1, memory_gb=None),
+        HOUR,
+        "LS",
+    )
+    sim = Simulation([job], [node], catalogue=(), config=PolicyConfig(policy="burst", reference_tflops=10.0))
+
+    out = sim.run()  # a None here used to be subtracted from the node's free memory (TypeError)
+
+    assert out.finished["share"] == pytest.approx(HOUR)
+    assert sim.nodes[node.id].free_memory_gb == pytest.approx(128.0)
