@@ -105,7 +105,7 @@ class Agent:
                 gpus=gpus,
             )
         )
-        if not gpus:
+        if not gpus or probe is None:
             return
         held = await asyncio.to_thread(
             lambda: [
@@ -189,7 +189,7 @@ class Agent:
                 reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
                 if rules.cgroups is not None:
                     cgroup = await asyncio.to_thread(
-                        rules.cgroups.create, name=f"uid-{user.uid}", memory_gb=command.spec.resource.memory_gb
+                        rules.cgroups.create, name=f"uid-{user.uid}", memory_gb=memory_limit_gb(command, self.node)
                     )
             quota = self.disk_quota_gb
             task = await spawn(
@@ -275,7 +275,7 @@ class Agent:
         status = await task.pump(shipper.add)
         for helper in helpers:
             helper.cancel()
-        task.out_of_memory(start.spec.resource.memory_gb)  # the kernel may have been quicker than our last look
+        task.out_of_memory(memory_limit_gb(start, self.node))  # the kernel may have been quicker than our last look
         if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
             await past_quota(task, self.disk_quota_gb)
         if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
@@ -318,7 +318,7 @@ class Agent:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
         if cgroup is not None:
             remove(cgroup)
-        if user is None:
+        if user is None or self.confinement is None:  # a task user comes only with confinement
             return
         kill_user(user.uid)
         chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())

@@ -255,6 +255,4 @@ def create_app(settings: AgentSettings) -> FastStream:
     app = service_app(
         settings=settings, wiring=w, declare=False, database=False, after_startup=[started], on_shutdown=[stopping]
     )
-    app.agent = agent
-    app.pace = pace
     return app

@@ -72,11 +72,13 @@ class Preparer:
             note(f"fetching input {item.name} from {item.url}")
             await self._fetch(item.url, target, what=f"inputs.{item.name}")
             env[f"TRAINMASTER_INPUT_{env_name(item.name)}"] = str(target)
-        for item in alg.outputs:
-            output_dir(workdir, item).mkdir(parents=True, exist_ok=True)
-            env[f"TRAINMASTER_OUTPUT_{env_name(item.name)}"] = str(output_dir(workdir, item))
+        for out in alg.outputs:
+            output_dir(workdir, out).mkdir(parents=True, exist_ok=True)
+            env[f"TRAINMASTER_OUTPUT_{env_name(out.name)}"] = str(output_dir(workdir, out))
         if alg.command:
             return alg.command
+        if not alg.boot_file:
+            raise ValueError("the algorithm names neither a command nor a boot_file")
         return f"{quote(python)} {quote(str(workdir / 'code' / alg.boot_file))}"
 
     async def _fetch(self, url: str, target: Path, *, what: str) -> None:

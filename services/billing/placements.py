@@ -5,8 +5,8 @@ age) and is replayed when the placement comes, instead of being lost or charged 
 import logging
 import time
 from collections.abc import Collection
-from datetime import UTC, datetime
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
@@ -114,7 +114,12 @@ def status_said(event: JobStatusChanged) -> dict[str, Any]:
     return {k: v for k, v in update["$set"].items() if k not in ("version", "seen_at")}
 
 
-SUBMITTED_SAYS = {"attempt": 0, "final_at": None, "ends": {}, "finished": False}  # a record as submission stores it
+SUBMITTED_SAYS: dict[str, Any] = {
+    "attempt": 0,
+    "final_at": None,
+    "ends": {},
+    "finished": False,
+}  # a record as submission stores it
 
 
 def missed_end(job: dict[str, Any] | None, *, attempt: int, now: float, grace_s: float) -> float | None:
@@ -235,7 +240,7 @@ class Placements:
                     event.attempt,
                     event.rank,
                     event.node_id,
-                    placement["nodes"].get(str(event.rank), "no such rank"),
+                    placement["nodes"].get(str(event.rank), "no such rank") if placement else "no placement",
                 )
             case "park":
                 await self._park(event, seen=seen)

@@ -11,8 +11,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.events import NodeProvisioned
 from shared.lru import Lru
-from shared.nodes import NodeInfo
 from shared.noderecords import NodeLimits, admitted
+from shared.nodes import NodeInfo
 
 REMEMBERED_NODES = 20_000  # nodes whose kind, GPUs and price are kept in memory (a few hundred bytes each)
 

@@ -1,6 +1,7 @@
 """Where the CLI finds its server and token: flags, then TRAINMASTER_* environment, then the config file."""
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -33,11 +34,14 @@ class CliSettings(BaseSettings):
         settings_cls: type[BaseSettings],
         init_settings: PydanticBaseSettingsSource,
         env_settings: PydanticBaseSettingsSource,
-        **_: PydanticBaseSettingsSource,
-    ):
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The flags, then the environment, then the config file (no .env file, no secrets directory)."""
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
 
 
 def load(**flags: str | None) -> CliSettings:
     """Settings with the flags that were given winning over everything else."""
-    return CliSettings(**{k: v for k, v in flags.items() if v is not None})
+    given: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    return CliSettings(**given)

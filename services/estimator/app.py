@@ -48,6 +48,8 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         )
         # written by this service only: remembered, its published events pulled off later
         jobs = DocumentStore(w.db.estimator_jobs, w.broker, remember=REMEMBER_JOBS, defer_pulls_s=DEFER_PULLS_S)
+        origins = Origins(placements=w.db.estimator_placements, all_read=lambda: read_up(w.broker, PLACED))
+        telemetry = w.db.estimator_telemetry
         estimator = Estimator(
             broker=w.broker,
             jobs=jobs,
@@ -55,12 +57,12 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
             history=w.db.estimator_history,
             own_runs=w.db.estimator_own_runs,
             models=models,
-            origins=Origins(placements=w.db.estimator_placements, all_read=lambda: read_up(w.broker, PLACED)),
-            telemetry=w.db.estimator_telemetry,
+            origins=origins,
+            telemetry=telemetry,
         )
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
-        await estimator.telemetry.create_index([("job_id", 1), ("t", 1)])
-        await estimator.origins.prepare()
+        await telemetry.create_index([("job_id", 1), ("t", 1)])
+        await origins.prepare()
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))
         await JOBS.resume(w.broker)  # before any job event is read

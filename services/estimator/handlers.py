@@ -51,7 +51,8 @@ async def on_placed(event: JobPlaced, estimator: Estimator = Context("estimator"
 @retry_transient
 async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
     """Jobs' output, from the node each task was placed on (anything else is dropped)."""
-    if await estimator.origins.admit(chunk, deliveries=deliveries(message)):
+    origins = estimator.origins  # None: no record to check the node against, so nothing is believed
+    if origins is not None and await origins.admit(chunk, deliveries=deliveries(message)):
         await dispatch(EVENT_HANDLERS, chunk, estimator)
 
 
@@ -63,7 +64,8 @@ async def on_telemetry(
 ) -> None:
     """Running tasks' GPU samples, from the node each task was placed on (anything else is dropped), timed when
     the bus server stored them (the node's own clock is a claim)."""
-    if await estimator.origins.admit(sample, deliveries=deliveries(message)):
+    origins = estimator.origins  # None: no record to check the node against, so nothing is believed
+    if origins is not None and await origins.admit(sample, deliveries=deliveries(message)):
         stored = stored_at(message)  # to the microsecond: samples sent in one burst keep their order
         timed = sample if stored is None else sample.model_copy(update={"t": stored.timestamp()})
         await dispatch(EVENT_HANDLERS, timed, estimator)

@@ -2,6 +2,7 @@
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -158,7 +159,9 @@ class JobModel:
         if spec is None:
             chosen = eta if eta is not None and (self.work_source or self.features.get("benchmark")) else end or eta
             return self._shown(chosen, until="end", target=None)
-        if reached([p.value for p in self.tracker.points.get(spec.name, [])], target=spec.target, mode=spec.mode):
+        if spec.target is not None and reached(
+            [p.value for p in self.tracker.points.get(spec.name, [])], target=spec.target, mode=spec.mode
+        ):
             return self._shown(end or eta, until="end" if end else "target", target="reached")
         if eta is not None and self.work_source and self.online is not None:
             # a declared amount of work: the online estimate is the time to its end, the curve the time to target
@@ -175,6 +178,7 @@ class JobModel:
             return None
         fields: dict = {"until": until, "target": target}
         printed = self.printed.progress if self.printed is not None else None
+        printed_rate = self.printed.rate() if self.printed is not None else None
         if self.work_source or self.features.get("benchmark"):
             done = next((p for _, p, _ in reversed(self.seen) if p is not None), None)
             total = self.features.get("total_work")
@@ -193,7 +197,7 @@ class JobModel:
                 "done": printed.done,
                 "total": printed.total,
                 "unit": printed.unit,
-                "rate": self.printed.rate(),
+                "rate": printed_rate,
                 "source": printed.source,
             }
         for name in ("done", "total", "rate"):  # a job's own numbers: shown only when they are sane
@@ -285,9 +289,9 @@ class JobModel:
         too few points to ever make a case."""
         spec = self._declared()
         points = [p for p in self.tracker.points.get(spec.name, []) if start <= p.t <= end] if spec else []
-        if len(points) <= MIN_CASE_POINTS:
+        if spec is None or len(points) <= MIN_CASE_POINTS:
             return None
-        kept = range(len(points))
+        kept: Sequence[int] = range(len(points))
         if len(points) > OWN_RUN_POINTS:
             every = (len(points) - 1) / (OWN_RUN_POINTS - 1)
             kept = [round(i * every) for i in range(OWN_RUN_POINTS)]
@@ -339,7 +343,7 @@ class JobModel:
         work = self.features.get("total_work")
         if target is None and not with_prior and not work:
             return
-        prior = predictor.prior(features) if with_prior else None
+        prior = predictor.prior(features) if predictor is not None and features is not None else None
         self.built_from = built_from
         self.online = OnlineEstimator(
             start_time=start,
@@ -347,7 +351,7 @@ class JobModel:
             mode=target[2] if target else "max",
             prior=prior,
             total_work=float(work) if work else None,
-            calibration=predictor.blend if with_prior else None,
+            calibration=predictor.blend if predictor is not None and features is not None else None,
             key=features.benchmark if features else None,
         )
         for t, progress, value in self.seen:  # replay what was seen before
@@ -359,7 +363,7 @@ class JobModel:
 
     def _target(self) -> tuple[str, float, str] | None:
         """(metric name, target, mode): the job's own, else MLPerf's for its benchmark."""
-        if (spec := self._declared()) is not None:
+        if (spec := self._declared()) is not None and spec.target is not None:
             return spec.name, spec.target, spec.mode
         benchmark = self.features.get("benchmark")
         if benchmark in TARGETS:

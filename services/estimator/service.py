@@ -93,7 +93,8 @@ class Estimator:
     async def placed(self, event: JobPlaced) -> None:
         """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
         rank 0's GPUs as placement recorded it (the history prior's TFLOPS)."""
-        await self.origins.placed(event)
+        if self.origins is not None:
+            await self.origins.placed(event)
         rank0 = next((a for a in event.assignments if a.rank == 0), None)
         model = await self._model(event.job_id)
         if model is None or rank0 is None:
@@ -162,8 +163,8 @@ class Estimator:
     async def task_telemetry(self, sample: TaskTelemetry) -> None:
         """Keep a running job's sample of the GPUs placement gave the rank (ids by task and number: redelivery adds
         nothing); readings of other GPUs, or past their recorded memory, are dropped."""
-        if await self._model(sample.job_id) is None:
-            return
+        if self.origins is None or self.telemetry is None or await self._model(sample.job_id) is None:
+            return  # no record to check the node's claim against, or nowhere to keep it
         given = await self.origins.given(sample.job_id, sample.attempt, sample.rank)
         kept = believed(sample, given)
         if not kept:
@@ -267,6 +268,8 @@ class Estimator:
         """A completed job becomes training data: its curve toward a declared target for the own-job band
         (exported and refitted offline, `ownexport`), its features and timing for the history model, whose enough
         new runs train a new version."""
+        if event.start_time is None or event.end_time is None:
+            return  # never ran: no curve and no timing to learn from
         start, end = event.start_time.timestamp(), event.end_time.timestamp()
         if (own := model.own_run(job_id=event.job_id, start=start, end=end)) is not None:
             try:

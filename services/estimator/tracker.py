@@ -37,8 +37,7 @@ def parse_line(
     points = []
     head = clip(line)
     for spec, pattern in zip(metrics, patterns):
-        match = pattern.search(head) if pattern is not None else None
-        if match:
+        if pattern is not None and (match := pattern.search(head)):
             points += _matched(spec.name, t, match, value_group(pattern), "step" in pattern.groupindex)
     if line.startswith(METRICS_PREFIX):
         points += _reported(parse_json(line[len(METRICS_PREFIX) :]), t)
@@ -139,7 +138,7 @@ def eta_for(
     """The own-curve estimate (`curveprior.estimate.estimate`, the curve prior blended with the fitted curve, what
     the harness scores) of one targeted metric; `curve_prior` True: the shipped prior, False: none (the fitted
     curve alone), or the prior to use."""
-    if not points:
+    if not points or spec.target is None:
         return None
     origin = min(start if start is not None else points[0].t, points[0].t)
     kept = _thinned(points)

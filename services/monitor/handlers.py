@@ -20,8 +20,8 @@ from shared.events import (
     JobUnplaceable,
     NodeEvent,
     NodeHeartbeat,
-    NodeRegistered,
     NodeProvisioned,
+    NodeRegistered,
     NodeReleased,
     NodeTasksLost,
     TaskExited,
@@ -37,9 +37,9 @@ from services.monitor.service import Monitor
 
 log = logging.getLogger(__name__)
 
-TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
+TaskEvent = state.TaskEvent
 NODES_PAGE_MAX = 1000
-TASK_TRANSITIONS = {
+TASK_TRANSITIONS: dict[type, Callable[..., state.Outcome]] = {
     TaskPreparing: state.task_preparing,
     TaskStarted: state.task_started,
     TaskExited: state.task_exited,
@@ -57,7 +57,7 @@ async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
 async def placed(monitor: Monitor, event: JobPlaced) -> None:
     """Placement chose nodes for an attempt."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: job and state.placed(job, event, now=now))
+    await monitor.apply(event.job_id, lambda job: None if job is None else state.placed(job, event, now=now))
 
 
 async def task_changed(monitor: Monitor, event: TaskEvent) -> None:
@@ -70,7 +70,8 @@ async def terminate(monitor: Monitor, event: JobTerminateRequested) -> None:
     """Someone asked to terminate the job."""
     now = utcnow()
     await monitor.apply(
-        event.job_id, lambda job: job and state.terminate(job, requested_by=event.requested_by, now=now)
+        event.job_id,
+        lambda job: None if job is None else state.terminate(job, requested_by=event.requested_by, now=now),
     )
 
 
@@ -78,14 +79,17 @@ async def migrate(monitor: Monitor, event: JobMigrateRequested) -> None:
     """Snapshot the job and continue it elsewhere."""
     now = utcnow()
     await monitor.apply(
-        event.job_id, lambda job: job and state.migrate(job, cause=event.cause, attempt=event.attempt, now=now)
+        event.job_id,
+        lambda job: None if job is None else state.migrate(job, cause=event.cause, attempt=event.attempt, now=now),
     )
 
 
 async def unplaceable(monitor: Monitor, event: JobUnplaceable) -> None:
     """No node can ever host the job as it now needs."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: job and state.unplaceable(job, reason=event.reason, now=now))
+    await monitor.apply(
+        event.job_id, lambda job: None if job is None else state.unplaceable(job, reason=event.reason, now=now)
+    )
 
 
 async def tasks_lost(monitor: Monitor, event: NodeTasksLost) -> None:
@@ -205,7 +209,8 @@ async def terminate_now(
     """Terminate synchronously so the API can answer with the new phase; None for an unknown job."""
     now = utcnow()
     await monitor.apply(
-        request.job_id, lambda job: job and state.terminate(job, requested_by=request.requested_by, now=now)
+        request.job_id,
+        lambda job: None if job is None else state.terminate(job, requested_by=request.requested_by, now=now),
     )
     return await monitor.snapshot(request.job_id, now=now)
 
@@ -215,6 +220,7 @@ async def migrate_now(request: JobMigrateRequested, monitor: Monitor = Context("
     """Start a migration synchronously so the API can answer with the job's state."""
     now = utcnow()
     await monitor.apply(
-        request.job_id, lambda job: job and state.migrate(job, cause=request.cause, attempt=request.attempt, now=now)
+        request.job_id,
+        lambda job: None if job is None else state.migrate(job, cause=request.cause, attempt=request.attempt, now=now),
     )
     return await monitor.snapshot(request.job_id, now=now)

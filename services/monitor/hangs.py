@@ -110,4 +110,4 @@ async def restart_overdue(monitor: "Monitor", *, grace_s: float, now: datetime) 
         )
     ]
     for job_id in suspected:
-        await monitor.apply(job_id, lambda job: job and restart_hung(job, grace_s=grace_s, now=now))
+        await monitor.apply(job_id, lambda job: None if job is None else restart_hung(job, grace_s=grace_s, now=now))

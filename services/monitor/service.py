@@ -12,7 +12,15 @@ from pymongo import UpdateOne
 from shared.batch import GroupCommit
 from shared.bus import TRANSIENT_ERRORS, BusLink, publish
 from shared.clock import utcnow
-from shared.events import JobStatusChanged, NodeCadence, NodeHeartbeat, NodeRegistered, NodeTasksLost, TaskRef
+from shared.events import (
+    JobStatusChanged,
+    Message,
+    NodeCadence,
+    NodeHeartbeat,
+    NodeRegistered,
+    NodeTasksLost,
+    TaskRef,
+)
 from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
@@ -32,7 +40,7 @@ async def _nothing() -> None:
 def restart_events(sighting: Sighting) -> list:
     """What a sighting announces: the node's new state, and the tasks an agent restart lost."""
     node = sighting.node
-    events = [sighting.event] if sighting.event else []
+    events: list[Message] = [sighting.event] if sighting.event else []
     if sighting.restarted:
         events.append(
             NodeTasksLost(
@@ -164,7 +172,7 @@ class Monitor:
         self.fleet.hear(event.node_id)
         if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
             current = self.fleet.records.get(event.node_id)
-            seen = {
+            seen: dict[str, Any] = {  # what liveness.sighted and self.sighted take, by name
                 "boot_id": event.boot_id,
                 "at": event.occurred_at,
                 "running": event.running,
@@ -251,7 +259,7 @@ class Monitor:
         await self._fence(node_id, sighting.node.running, now=seen["at"])
         return True
 
-    async def _store_new_nodes(self, items: list[tuple[str, dict, list]]) -> list[bool]:
+    async def _store_new_nodes(self, items: list[tuple[str, dict, list]]) -> list[bool | Exception]:
         """Insert a group of new nodes with their events in one command, then publish the events side by side;
         per node whether it was inserted (an event that could not be published stays for the relay)."""
         pending = await self.nodes.insert_many(items)
@@ -292,7 +300,7 @@ class Monitor:
             )
         ]
         for job_id in overdue:
-            await self.apply(job_id, lambda job: job and expire(job, now=now))
+            await self.apply(job_id, lambda job: None if job is None else expire(job, now=now))
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""

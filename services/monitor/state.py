@@ -21,12 +21,16 @@ from shared.events import (
     StartTask,
     StopTask,
     TaskExited,
+    TaskHung,
     TaskPreparing,
+    TaskResumed,
     TaskStarted,
     TaskStatus,
 )
 from shared.jobs import Phase, SecondaryPhase, check_transition
 
+# What an agent says of one of its tasks.
+TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
 ATTEMPT_ACTIVE = frozenset({Phase.PENDING, Phase.RUNNING, Phase.TERMINATING})
 # Why an attempt begins, by why the one before it went back to the queue.
 ATTEMPT_REASON = {
@@ -230,7 +234,7 @@ def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]
     ]
 
 
-def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExited) -> bool:
+def from_placed_node(job: JobState, event: TaskEvent) -> bool:
     """Whether the event's node is where its attempt placed its rank (for an earlier attempt too): the only node
     whose agent may speak for that task. Anything else is forged or misrouted."""
     if event.attempt == job.attempt and job.tasks:
@@ -242,7 +246,7 @@ def from_placed_node(job: JobState, event: TaskPreparing | TaskStarted | TaskExi
     )
 
 
-def foreign_task(job: JobState, event: TaskPreparing | TaskStarted | TaskExited, *, now: datetime) -> Outcome:
+def foreign_task(job: JobState, event: TaskEvent, *, now: datetime) -> Outcome:
     """An event from a node its attempt was not placed on changes nothing; a start there is told to stop (fencing
     an attempt this monitor never accepted), which stops nothing anywhere else."""
     if not isinstance(event, TaskStarted):
@@ -273,8 +277,10 @@ def task_preparing(job: JobState, event: TaskPreparing, *, now: datetime) -> Out
 def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome:
     task = job.tasks.get(str(event.rank))
     current = event.attempt == job.attempt and task is not None and task.node_id == event.node_id
-    if not current or job.phase not in ATTEMPT_ACTIVE:
-        fence = [stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)]
+    if task is None or not current or job.phase not in ATTEMPT_ACTIVE:
+        fence: list[Message] = [
+            stop(job.job_id, event.attempt, event.node_id, rank=event.rank, reason="fenced", grace_s=0, now=now)
+        ]
         noted = _note_start(job, event.attempt, now)
         if noted != job and job.phase.is_finished():  # no later status would carry it to the API: one more does
             noted = noted.model_copy(update={"version": job.version + 1})
@@ -359,7 +365,7 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
             )
         return job, []
     if event.reason == "oom":
-        cause = "oom_gpu" if event.oom == "gpu" else "oom_host"
+        cause: RequeueCause = "oom_gpu" if event.oom == "gpu" else "oom_host"
         return requeue(job, cause=cause, detail=f"out of {event.oom} memory on {event.node_id}", now=now)
     if event.reason == "terminated":
         if job.stop_cause:

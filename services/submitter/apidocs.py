@@ -1,4 +1,5 @@
-"""The API reference (Swagger UI at /docs, ReDoc at /redoc) from files the API serves itself: no CDN, no inline script."""
+"""The API reference (Swagger UI at /docs, ReDoc at /redoc) from files the API serves itself: no CDN, no inline
+script."""
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse

@@ -4,9 +4,8 @@ import logging
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
-from pydantic import Field, field_validator
-
 from faststream.nats import NatsBroker
+from pydantic import Field, field_validator
 
 from shared import egress
 from shared.bus import read_up
@@ -15,13 +14,23 @@ from shared.service import Wiring, running, wire
 from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.storage import StoragePolicy, StorageSettings
 from shared.store import relay
-from services.submitter import errors, notifications, routes_admin, routes_billing, routes_catalogue, routes_jobs
-from services.submitter import apidocs, dialects, portal
-from services.submitter import audit, routes_users
+from services.submitter import (
+    apidocs,
+    audit,
+    dialects,
+    errors,
+    notifications,
+    portal,
+    routes_admin,
+    routes_billing,
+    routes_catalogue,
+    routes_jobs,
+    routes_users,
+)
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
+from services.submitter.caps import QueueCaps
 from services.submitter.handlers import PLACED, router as bus_router
 from services.submitter.intake import Intake
-from services.submitter.caps import QueueCaps
 from services.submitter.limits import BodyLimit, RateLimiter
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester

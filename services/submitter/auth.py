@@ -15,10 +15,10 @@ from pathlib import Path
 from fastapi import Request
 from pymongo.asynchronous.collection import AsyncCollection
 
-from services.submitter.errors import NO_PERMISSION, PARAM_INVALID, UNAUTHENTICATED, ApiError
-from services.submitter.limits import tokens_full
 from shared.clock import as_utc, utcnow
 from shared.lru import Lru
+from services.submitter.errors import NO_PERMISSION, PARAM_INVALID, UNAUTHENTICATED, ApiError
+from services.submitter.limits import tokens_full
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """ModelArts v1 dialect: POST /v1/{project_id}/training-jobs (seed 002), translated to the v2 create.
 
-A v1 body becomes a v2 `JobCreate` and goes through the one submission use case (`usecases.Submitter.submit`), so validation,
-naming rules and the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images, pools, specs)
-are accepted and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED`
+A v1 body becomes a v2 `JobCreate` and goes through the one submission use case (`usecases.Submitter.submit`), so
+validation, naming rules and the bus event are the v2 ones. Fields that mean nothing here (OBS datasets, images,
+pools, specs) are accepted and reported back: in the response's `ignored_fields` and in the job's `MODELARTS_V1_IGNORED`
 environment. A key seed 002 does not define, at any level, is refused (406001 naming it); lists and strings are
 bounded.
 """
@@ -16,8 +16,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from starlette.exceptions import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator
+from starlette.exceptions import HTTPException
 
 from shared.jobs import JobCreate, no_null_bytes
 from services.submitter import errors
@@ -191,7 +191,7 @@ class V1Route(APIRoute):
                 answer = (
                     errors.validation_error(exc) if isinstance(exc, RequestValidationError) else errors.http_error(exc)
                 )
-                body = json.loads(answer.body)
+                body = json.loads(bytes(answer.body))
                 return v1_error(answer.status_code, body["error_code"], body["error_msg"])
 
         return v1_handler

@@ -25,8 +25,12 @@ class Arrival:
 class Intake:
     def __init__(self, repo: Repository, caps: QueueCaps, *, max_group: int = MAX_GROUP) -> None:
         self.repo, self.caps = repo, caps
-        self.store = GroupCommit(self._store, max_size=max_group)  # Arrival → outbox entries; QueueFull, NameTaken
-        self.announce = GroupCommit(self._announce, max_size=max_group)  # (job id, entries) → None
+        # Arrival → outbox entries; QueueFull, NameTaken
+        self.store: GroupCommit[Arrival, Any] = GroupCommit(self._store, max_size=max_group)
+        # (job id, entries) → None
+        self.announce: GroupCommit[tuple[str, list[dict[str, Any]]], None] = GroupCommit(
+            self._announce, max_size=max_group
+        )
 
     async def _store(self, group: list[Arrival]) -> list[Any]:
         """Counted and stored in one step (one group at a time): a burst cannot overshoot the caps. A job whose

@@ -6,13 +6,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
+from pydantic import ValidationError
 
 from shared.bus import RPC_QUOTAS, RPC_USAGE
 from shared.rpc import GroupBy, ProjectQuotas, Quota, QuotasReply, QuotasRequest, UsageQuery, UsageReport, UsageTotals
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
-from services.submitter.errors import ApiError
 from services.submitter.deps import ProjectId, use_cases
+from services.submitter.errors import ApiError
 
 router = APIRouter()
 UserName = Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
@@ -68,7 +69,7 @@ async def usage(
             group_by=group_by,
             job_id=job_id,
         )
-    except ValueError as exc:
+    except ValidationError as exc:
         raise ApiError(400, errors.PARAM_INVALID, f"param[from/to] invalid: {exc.errors()[0]['msg']}") from None
     report = UsageReport.model_validate(await use_cases(request).requester.ask(RPC_USAGE, query, timeout=15))
     if format == "csv":

@@ -18,10 +18,10 @@ from shared.jobs import FINISHED, JobCreate
 from shared.rpc import CandidatesReply, MetricsQuery, MetricsReport
 from shared.storage import StoragePolicy, refused_addresses, refused_urls
 from services.submitter import admission, feasible
+from services.submitter.caps import QueueCaps
 from services.submitter.catalogue import resolve
 from services.submitter.commands import send_command
 from services.submitter.intake import Arrival, Intake
-from services.submitter.caps import QueueCaps
 from services.submitter.refusals import Invalid, NameTaken, NotFinished, NotFound, ServiceAway, WrongPhase
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester

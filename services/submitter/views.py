@@ -90,13 +90,13 @@ def aged(eta: dict[str, Any] | None, now: datetime) -> Eta | None:
     estimator's updates (which come with the job's output), its finish time stays."""
     if not eta:
         return None
-    eta = Eta.model_validate(eta)
-    elapsed = max(0.0, (now - as_utc(eta.updated_at)).total_seconds())
-    return eta.model_copy(
+    stored = Eta.model_validate(eta)
+    elapsed = max(0.0, (now - as_utc(stored.updated_at)).total_seconds())
+    return stored.model_copy(
         update={
-            "remaining_s": max(0.0, eta.remaining_s - elapsed),
-            "low_s": max(0.0, eta.low_s - elapsed),
-            "high_s": max(0.0, eta.high_s - elapsed),
+            "remaining_s": max(0.0, stored.remaining_s - elapsed),
+            "low_s": max(0.0, stored.low_s - elapsed),
+            "high_s": max(0.0, stored.high_s - elapsed),
         }
     )
 
@@ -140,7 +140,7 @@ def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:
 
 def status_fields(event: JobStatusChanged) -> dict[str, Any]:
     """`$set` of a status event onto the stored job; ETA goes once the job has finished."""
-    fields = {
+    fields: dict[str, Any] = {
         "status.phase": event.phase.value,
         "status.secondary_phase": event.secondary_phase.value,
         "status.reason": event.reason,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +74,7 @@ def _normalise(weights: dict[str, float]) -> dict[str, float]:
 
 
 def blend(
-    components: dict[str, float], *, fraction: float, key: str, table: dict | None
+    components: Mapping[str, float | None], *, fraction: float, key: str, table: dict | None
 ) -> tuple[float, float, float, str]:
     """(total, low, high, method) from total-duration components (seconds)."""
     cell = find_cell(table, key, fraction)
@@ -96,7 +98,8 @@ def blend(
     biases = cell.get("cbias", {}) if cell is not None else {}
     if cell is not None and cell.get("lam", 0.0) > 0:
         weights = _shrunk(weights, cell["lam"], anchor(available, biases, key=key))
-    log_total = sum(w * (math.log(components[k]) - biases.get(k, 0.0)) for k, w in weights.items())
+    present = {k: v for k, v in components.items() if v is not None}  # every weighted one is `available`
+    log_total = sum(w * (math.log(present[k]) - biases.get(k, 0.0)) for k, w in weights.items())
     q_lo, q_hi = cell["q"] if cell is not None else DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
     total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
@@ -152,7 +155,7 @@ def group_samples(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
 
 def fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
     """Per cell: each component's bias, its weights for every subset of components; no shrinkage, no band."""
-    table: dict[str, dict] = {}
+    table: dict[str, Any] = {}  # cells by key, and the bucket edges under EDGES_KEY
     for (key, b), rows in groups.items():
         if len(rows) < MIN_SAMPLES:
             continue

@@ -87,12 +87,12 @@ def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], 
         if key == B.EDGES_KEY:
             continue
         for b in cells:
-            loss = losses.get((key, b))
-            if loss is None or counts[(key, b)] < MIN_HELD:
+            cell_loss = losses.get((key, b))
+            if cell_loss is None or counts[(key, b)] < MIN_HELD:
                 out[(key, b)] = 0.0
                 continue
-            best = float(loss.min())
-            out[(key, b)] = float(max(lam for lam, v in zip(steps, loss) if v <= best))
+            best = float(cell_loss.min())
+            out[(key, b)] = float(max(lam for lam, v in zip(steps, cell_loss) if v <= best))
     return out
 
 

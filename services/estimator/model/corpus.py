@@ -102,7 +102,7 @@ class Run:
     def reached_target(self) -> bool:
         if self.target is None:
             return False
-        return any(reached(o.value, self.target, self.mode) for o in self.evals)
+        return any(o.value is not None and reached(o.value, self.target, self.mode) for o in self.evals)
 
 
 def default_tarballs() -> list[Path]:
@@ -117,8 +117,8 @@ def load_corpus(path: str | Path, *, usable_only: bool = True, targets: dict[str
     when not usable_only, without a target (they cannot be scored, but they are counted)."""
     targets = targets or {}
     path = Path(path)
-    version = _VERSION.search(path.name)
-    version = version.group(1) if version else path.stem
+    named = _VERSION.search(path.name)
+    version = named.group(1) if named else path.stem
     runs, systems = [], {}
     with tarfile.open(path, "r:*") as tar:
         for member in tar:
@@ -128,10 +128,13 @@ def load_corpus(path: str | Path, *, usable_only: bool = True, targets: dict[str
             res_match = _RESULT_PATH.search(member.name)
             if sys_match is None and res_match is None:
                 continue
-            data = tar.extractfile(member).read().decode("utf-8", "replace")
+            file = tar.extractfile(member)
+            if file is None:
+                continue
+            data = file.read().decode("utf-8", "replace")
             if sys_match:
                 systems[(sys_match.group(1), sys_match.group(2))] = _safe_json(data)
-            else:
+            elif res_match is not None:
                 org, system, bench, idx = res_match.groups()
                 declared = None if bench in TARGETS else targets.get(bench)
                 if bench in TARGETS or declared is not None or not usable_only:
@@ -273,14 +276,15 @@ def _monotone_progress(obs: list[Observation]) -> list[Observation]:
     ceiling = max(evals) if evals else float("inf")
     out, best = [], float("-inf")
     for o in obs:
+        kept: Observation | None = o
         if o.progress is not None:
             bad = o.progress < best or (o.value is None and o.progress > ceiling)
             if bad:
-                o = Observation(t_s=o.t_s, value=o.value) if o.value is not None else None
+                kept = Observation(t_s=o.t_s, value=o.value) if o.value is not None else None
             elif o.value is not None:
                 best = o.progress
-        if o is not None:
-            out.append(o)
+        if kept is not None:
+            out.append(kept)
     return out
 
 

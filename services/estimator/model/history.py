@@ -6,8 +6,10 @@ import dataclasses
 import io
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -82,13 +84,14 @@ class HistoryPredictor:
         self.hidden, self.epochs, self.seed = hidden, epochs, seed
         self.vocab: dict[str, list[str]] = {}
         self.offsets: dict[str, tuple[float, float]] = {}  # benchmark -> mean log work, duration
-        self.x_mean = self.x_std = None
+        self.x_mean: np.ndarray = np.zeros(0, np.float32)  # the inputs' scaling, set by fitting or loading
+        self.x_std: np.ndarray = np.ones(0, np.float32)
         self.quantiles: dict[str, tuple[float, ...]] = {}  # benchmark -> work q10,q90, dur q10,q90
         self.blend: dict = {}  # filled by calibrate.train_with_calibration; saved with the model
         self.work_table: dict[str, float] = {}  # "benchmark|batch" -> median work seen
         self.duration_table: dict[str, float] = {}  # "benchmark|accel|count|batch" -> median s
         self.log_range: list[list[float]] | None = None  # [[lo, hi] log work, [lo, hi] log unit cost]
-        self.weights: dict[str, np.ndarray] | None = None  # the network's, by state_dict name
+        self.weights: dict[str, np.ndarray] = {}  # the network's, by state_dict name (none before fitting)
         self.eval_units: EvalUnits | None = None  # total / first-evaluation work across benchmarks
 
     # -- encoding -----------------------------------------------------------------------
@@ -158,13 +161,13 @@ class HistoryPredictor:
 
         cats = [categorical_values(f) for f in feats]
         self.vocab = {n: ["<unk>"] + sorted({c[n] for c in cats}) for n in CATEGORICAL}
-        self.offsets = {"*": tuple(float(v) for v in y.mean(axis=0))}
+        self.offsets = {"*": _pair(y.mean(axis=0))}
         for key in ("benchmark", "task", "family"):
             names = [getattr(f, key) or "unknown" for f in feats]
             for b in set(names):
                 mask = np.array([x == b for x in names])
                 name = b if key == "benchmark" else f"{key}:{b}"
-                self.offsets[name] = tuple(float(v) for v in y[mask].mean(axis=0))
+                self.offsets[name] = _pair(y[mask].mean(axis=0))
         self.log_range = [[float(y[:, i].min()) - LOG_MARGIN, float(y[:, i].max()) + LOG_MARGIN] for i in (0, 1)]
         # Every run is shown twice, the second time with its accelerator unknown: a model of a
         # held-out accelerator (a new GPU, a submitter's own) then falls back on its TFLOPS, not
@@ -212,14 +215,14 @@ class HistoryPredictor:
         # of those runs beats the network (checked on submitter-held-out splits).
         # With no such runs, the network is shrunk halfway (in log) to the benchmark median:
         # batch-size extrapolation by the network is noisy for unseen batch sizes.
-        out = []
+        result = []
         for f, (w, cost) in zip(feats, preds):
             bench = self.work_table.get(f"{f.benchmark}|*")
             shrunk = math.sqrt(w * bench) if bench else w
             work = self.work_table.get(_work_key(f), shrunk)
             # The same system configuration seen often enough: its median duration.
-            out.append((work, self.duration_table.get(_duration_key(f), work * cost / compute_tflops(f))))
-        return out
+            result.append((work, self.duration_table.get(_duration_key(f), work * cost / compute_tflops(f))))
+        return result
 
     def prior(self, features: JobFeatures) -> HistoryPrior:
         """Work and duration to target, each with its 10-90% band."""
@@ -273,7 +276,9 @@ class HistoryPredictor:
     def save(self, path) -> None:
         """Write the weights, vocabulary, calibration and format version to one .npz file (numpy only)."""
         with open(path, "wb") as f:
-            np.savez(f, state=np.array(json.dumps(self.state())), **{f"w:{k}": v for k, v in self.weights.items()})
+            arrays: dict[str, Any] = {"state": np.array(json.dumps(self.state()))}
+            arrays.update({f"w:{k}": v for k, v in self.weights.items()})
+            np.savez(f, **arrays)
 
     @classmethod
     def load(cls, path) -> HistoryPredictor:
@@ -286,7 +291,7 @@ class HistoryPredictor:
         if state.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"unsupported history model format {state.get('format_version')}")
         self = cls(hidden=state["hidden"], epochs=state["epochs"], seed=state["seed"])
-        self.vocab, self.offsets = state["vocab"], {k: tuple(v) for k, v in state["offsets"].items()}
+        self.vocab, self.offsets = state["vocab"], {k: _pair(v) for k, v in state["offsets"].items()}
         self.x_mean = np.asarray(state["x_mean"], np.float32)
         self.x_std = np.asarray(state["x_std"], np.float32)
         self.quantiles = {k: tuple(v) for k, v in state["quantiles"].items()}
@@ -336,3 +341,8 @@ def _duration_table(feats: list[JobFeatures], log_duration: np.ndarray) -> dict[
     for f, d in zip(feats, log_duration):
         groups.setdefault(_duration_key(f), []).append(float(d))
     return {k: float(np.exp(np.median(v))) for k, v in groups.items() if len(v) >= MIN_RUNS_FOR_TABLE}
+
+
+def _pair(values: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """Mean log work and log unit cost, as two floats."""
+    return float(values[0]), float(values[1])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from shared.safe_regex import Pattern, clip, compile_metric, value_group
 
@@ -74,7 +74,7 @@ def mark_progress(rec: LogRecord, benchmark: str, batch_size: float = 0.0) -> fl
     return finite(value)
 
 
-def _is_num(value) -> bool:
+def _is_num(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

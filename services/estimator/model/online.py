@@ -116,6 +116,8 @@ class OnlineEstimator:
                     self._reached = True
 
     def _met(self, value: float) -> bool:
+        if self.target is None:
+            return False
         return value >= self.target if self.mode == "max" else value <= self.target
 
     # -- live parts -------------------------------------------------------------------
@@ -213,8 +215,8 @@ class OnlineEstimator:
                 else max(p.duration_s, elapsed)
             )
         live = self.rate(elapsed if self.count_stall else None)
-        if self._metric_clock and self.curve_work() is not None:
-            comps["curve"] = max(self.curve_work(), elapsed)
+        if self._metric_clock and (crossing := self.curve_work()) is not None:
+            comps["curve"] = max(crossing, elapsed)
         if live is None:
             return self._capped(self._uncontradicted(comps), elapsed)
         rate, t_last, p_last = live
@@ -226,8 +228,8 @@ class OnlineEstimator:
             # given that (a run past the median work of its kind is not "finishing now").
             work = survived(self.prior.work, self.prior.work_low, self.prior.work_high, passed=p_last)
         if work is not None:
-            comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
-            if self.total_work is None:
+            throughput = comps["throughput"] = max(t_last + max(work - p_last, 0.0) / rate, elapsed)
+            if self.total_work is None and self.prior is not None:
                 # The baseline as it is: the history's median work, not conditioned on what was passed.
                 comps[BASELINE] = max(t_last + max(self.prior.work - p_last, 0.0) / rate, elapsed)
             if (
@@ -235,7 +237,7 @@ class OnlineEstimator:
                 and len(self._marks_t) >= 3
                 and not (
                     self.prior.duration_low_s / SPEED_CONTRADICTED
-                    <= comps["throughput"]
+                    <= throughput
                     <= self.prior.duration_high_s * SPEED_CONTRADICTED
                 )
             ):
@@ -245,7 +247,8 @@ class OnlineEstimator:
             # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
             needed = survived(own[1], own[0], own[2], passed=p_last)
             comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
-            own_band = tuple(max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
+            low_s, high_s = (max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
+            own_band = (low_s, high_s)
         curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)

@@ -36,7 +36,10 @@ def fit_net(
         out = net(xt)
         mid = out[:, 0]
         qs = (mid - nn.functional.softplus(out[:, 1]), mid, mid + nn.functional.softplus(out[:, 2]))
-        loss = sum(torch.mean(torch.maximum(q * (yt - pred), (q - 1) * (yt - pred))) for q, pred in zip(QUANTILES, qs))
+        loss = sum(
+            (torch.mean(torch.maximum(q * (yt - pred), (q - 1) * (yt - pred))) for q, pred in zip(QUANTILES, qs)),
+            torch.zeros(()),
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

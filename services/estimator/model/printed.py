@@ -43,7 +43,7 @@ class PrintedWork:
             return True
         self.progress = Progress(progress.done, total, progress.unit, progress.source, progress.rate)
         key = (progress.unit, total)
-        if key != self.key:  # marks counted in another unit or of another total mean nothing to the new one
+        if key != self.key or self.online is None:  # marks in another unit or of another total mean nothing here
             self.key = key
             self.online = OnlineEstimator(start_time=self.start, total_work=total, count_stall=True)
         self.online.observe(t, progress=progress.done)  # it keeps only marks that move forward, thinned

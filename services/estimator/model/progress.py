@@ -188,11 +188,12 @@ class ProgressReader:
             if reading.kind == "epoch-fraction":
                 self.flavour = "hf-trainer"
             elif reading.kind == "epoch":
-                self._epoch(int(reading.n), int(reading.total), reading.source)
+                if reading.total is not None:  # read_line gives every epoch its total
+                    self._epoch(int(reading.n), int(reading.total), reading.source)
             elif reading.kind == "steps":
                 self.steps = Progress(reading.n, reading.total, "step", "steps")
-            else:
-                self._bar(reading, t)
+            elif reading.total is not None:  # a bar without a total says nothing of the work left
+                self._bar(reading, reading.total, t)
         now = self.progress()
         if now is not None and self.last is not None and (now.unit, now.total) == (self.last.unit, self.last.total):
             # a bar drawn at 0 again before its next round is named (Lightning's): the work done stays done
@@ -209,13 +210,13 @@ class ProgressReader:
         self.epoch = (n, total) if self.epoch_total_seen in (None, total) else None
         self.epoch_total_seen, self.epoch_source = total, source
 
-    def _bar(self, r: Reading, t: float) -> None:
-        key = (r.name, r.total)
+    def _bar(self, r: Reading, total: float, t: float) -> None:
+        key = (r.name, total)
         bar = self.bars.get(key)
         if bar is None:
             if len(self.bars) >= MAX_BARS:
                 del self.bars[min(self.bars, key=lambda k: self.bars[k].last)]
-            self.bars[key] = Bar(r.n, r.total, t, t, r.unit, r.source, r.rate)
+            self.bars[key] = Bar(r.n, total, t, t, r.unit, r.source, r.rate)
         else:
             bar.sightings += 1
             bar.increments += r.n > bar.n

@@ -62,9 +62,9 @@ def project(
     start = min(len(x) - MIN_POINTS, int(len(x) * (1 - tail)))
     x, y = x[start:], y[start:]
     progress = float(min(1.0, x[-1]))
-    ends, errors = zip(*(fit_family(f, x, y) for f in GRIDS))
+    fitted, errors = zip(*(fit_family(f, x, y) for f in GRIDS))
     last = float(y[-1])
-    ends = [min(last, e) for e in ends]  # the best so far can only get better
+    ends = [min(last, e) for e in fitted]  # the best so far can only get better
     central = float(np.median(ends))
     sigma = max(errors) * math.sqrt(len(x) / max(1, len(x) - 3))
     seen = float(y[0] - y[-1]) + float(np.ptp(ends))

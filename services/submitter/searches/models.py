@@ -70,6 +70,18 @@ class Param(Strict):
             raise ValueError("only categorical dimensions have choices")
         return value
 
+    def bounds(self) -> tuple[float, float]:
+        """[low, high] of a float or int dimension (validation gives both to every numeric one)."""
+        if self.low is None or self.high is None:
+            raise ValueError(f"a {self.type} dimension without bounds")
+        return self.low, self.high
+
+    def options(self) -> list[Choice]:
+        """The choices of a categorical dimension (validation gives every one some)."""
+        if self.choices is None:
+            raise ValueError(f"a {self.type} dimension has no choices")
+        return self.choices
+
 
 class Objective(Strict):
     metric: str = Field(

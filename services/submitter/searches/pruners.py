@@ -112,7 +112,7 @@ def median(trials: list[Trial], running: list[Trial], *, end: float | None, conf
         if len(others) < config.median_startup:
             continue
         best, middle = final_value(trial), statistics.median(others)
-        if best > middle:
+        if best is not None and best > middle:
             out[trial.trial] = (
                 f"median rule: best {best:.6g} by step {step:g} is worse than the median "
                 f"{middle:.6g} of {len(others)} completed trials there"
@@ -215,5 +215,9 @@ def predicted(trials: list[Trial], running: list[Trial], *, end: float, config: 
 
 def _still_to_come(done: list[Trial], step: float) -> float:
     """The most a completed trial of this search improved after `step` (schedules that drop late show here)."""
-    gains = [before - final_value(t) for t in done if (before := _best_until(t, step)) is not None]
+    gains = [
+        before - final
+        for t in done
+        if (before := _best_until(t, step)) is not None and (final := final_value(t)) is not None
+    ]
     return max(gains, default=0.0)

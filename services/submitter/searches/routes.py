@@ -75,7 +75,7 @@ async def create_search(
         cost, gpu_hours = await submitter.quote(template, project_id=project_id, user_name=principal.user_name)
         hours = gpu_hours / max(1, template.spec.resource.gpu_count * template.spec.resource.node_count)
         dollars = cost / hours if hours > 0 else 0.0
-    doc = {
+    doc: dict[str, Any] = {
         "_id": "s-" + uuid.uuid4().hex[:12],
         "project_id": project_id,
         "name": body.name,

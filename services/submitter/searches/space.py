@@ -15,18 +15,16 @@ def sample(space: dict[str, Param], *, seed: int, trial: int) -> dict[str, Any]:
 
 def _draw(param: Param, rng: random.Random) -> Any:
     if param.type == "categorical":
-        return param.choices[rng.randrange(len(param.choices))]
+        choices = param.options()
+        return choices[rng.randrange(len(choices))]
+    low, high = param.bounds()
     if param.type == "int":
         if param.log:  # uniform in log over [low, high + 1), then down to an integer
-            value = math.exp(rng.uniform(math.log(param.low), math.log(param.high + 1)))
-            return min(param.high, max(param.low, int(value)))
-        return rng.randint(param.low, param.high)
-    value = (
-        math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
-        if param.log
-        else rng.uniform(param.low, param.high)
-    )
-    return min(param.high, max(param.low, float(f"{value:.6g}")))  # the value the job's environment shows
+            value = math.exp(rng.uniform(math.log(low), math.log(high + 1)))
+            return min(high, max(low, int(value)))
+        return rng.randint(int(low), int(high))
+    value = math.exp(rng.uniform(math.log(low), math.log(high))) if param.log else rng.uniform(low, high)
+    return min(high, max(low, float(f"{value:.6g}")))  # the value the job's environment shows
 
 
 def as_text(value: Any) -> str:

@@ -65,7 +65,7 @@ class SubmitterPort:
     async def points(self, job_id: str, *, metric: str) -> list[tuple[float, float, float | None]]:
         report = await self.submitter.metrics(job_id, max_points=MAX_POINTS, whole=False)
         series = next((s for s in report.series if s.name == metric), None)
-        return [] if series is None else [tuple(p) for p in series.points]
+        return [] if series is None else list(series.points)
 
     async def terminate(self, job_id: str, *, requested_by: str) -> None:
         await self.submitter.terminate(job_id, requested_by=requested_by)
