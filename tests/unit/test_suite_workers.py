@@ -1,6 +1,11 @@
 """The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
 and what each worker keeps apart."""
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests import conftest
@@ -60,3 +65,34 @@ def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_unti
         assert conftest.models_dir() == (tmp_path / "gw1" if worker.get("id") == "gw1" else tmp_path)
     (tmp_path / "history-v1.npz").write_bytes(b"a trained model")  # from then on, every stack serves it
     assert conftest.models_dir() == tmp_path
+
+
+def test_the_longest_groups_go_out_first_then_the_whole_stack_tiers_then_the_quick_ones():
+    items = [
+        Item("tests/unit/test_a.py::test_a"),
+        Item("tests/service/test_b.py::test_b"),
+        Item("tests/e2e/test_lifecycle.py::test_c", "stack"),
+        Item("tests/integration/test_d.py::test_d"),
+        Item("tests/e2e/test_readme.py::test_e", "stack"),
+        Item("tests/e2e/test_eta_replay.py::test_f", "mlperf_replays"),
+    ]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.nodeid.split("::")[1] for i in items] == ["test_e", "test_f", "test_c", "test_d", "test_b", "test_a"]
+
+
+def test_under_two_workers_each_modules_tests_run_on_one_worker():
+    """The whole point of the groups, checked through pytest-xdist itself (pytest 9.2 stopped reading the ids
+    pytest-xdist 3.8 rewrites: every module was spread over both workers, its stack started twice)."""
+    root = Path(__file__).resolve().parents[2]
+    modules = ["tests/unit/placement/test_sim_spot.py", "tests/unit/placement/test_placement_sim.py"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "-n", "2", "--dist", "loadgroup", *modules],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    ran = re.findall(r"\[(gw\d)\] .*?PASSED (\S+?)::", done.stdout)
+    workers = {module: {w for w, m in ran if m == module} for module in modules}
+    assert all(len(w) == 1 for w in workers.values()) and len(ran) > 10, workers
