@@ -305,6 +305,12 @@ class TaskStarted(Message):
     user_name: str
     pid: int
     started_at: datetime
+    boot_id: str = Field(
+        "",
+        max_length=64,
+        description="The run of the agent that started the task: a restart of the agent loses only the tasks its "
+        "earlier runs started.",
+    )
 
 
 class TaskPreparing(Message):
@@ -386,6 +392,12 @@ class NodeTasksLost(Message):
         False,
         description="Only started tasks are lost: the node's agent restarted and "
         "will still receive the start commands it had not taken yet.",
+    )
+    boot_id: str = Field(
+        "",
+        max_length=64,
+        description="With started_only: the agent's run now up; the tasks it started itself are not lost (their "
+        "starts may be read before this).",
     )
 
 

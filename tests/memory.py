@@ -10,7 +10,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 def _values(doc: Any, path: list[str]) -> list[Any]:
     if not path:
         return [doc]
-    if isinstance(doc, list):
+    if isinstance(doc, list | tuple):  # BSON stores a tuple as an array, as it does a list
         return [v for item in doc for v in _values(item, path)]
     if isinstance(doc, dict) and path[0] in doc:
         return _values(doc[path[0]], path[1:])
@@ -24,7 +24,7 @@ def _matches(doc: dict, query: dict) -> bool:
                 return False
             continue
         values = _values(doc, key.split("."))
-        flat = values + [v for value in values if isinstance(value, list) for v in value]
+        flat = values + [v for value in values if isinstance(value, list | tuple) for v in value]
         if isinstance(condition, dict) and any(k.startswith("$") for k in condition):
             for op, arg in condition.items():
                 checks = {

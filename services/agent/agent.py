@@ -378,6 +378,7 @@ class Agent:
             price_per_hour=self.node.price_per_hour,
             gpu_count=len(start.gpu_indices),
             node_gpu_count=len(self.node.gpus),
+            boot_id=self.boot_id,
             gpu_model=next((g.model for g in self.node.gpus if g.index in start.gpu_indices), ""),
             world_size=start.world_size,
             project_id=start.project_id,

@@ -49,6 +49,7 @@ def restart_events(sighting: Sighting) -> list:
                 cause=f"agent on {node.node_id} restarted",
                 alive=node.running,
                 started_only=True,
+                boot_id=node.boot_id,
             )
         )
     return events
@@ -368,7 +369,9 @@ class Monitor:
                 mine = [
                     (job.job_id, job.attempt, int(r))
                     for r, t in job.tasks.items()
-                    if t.node_id == node_id and (t.state == "running" or not event.started_only)
+                    if t.node_id == node_id
+                    and (t.state == "running" or not event.started_only)
+                    and not (event.boot_id and t.boot_id == event.boot_id)  # started by the run that is up
                 ]
                 if not mine or all(key in alive for key in mine):
                     return None

@@ -51,6 +51,7 @@ class TaskRecord(BaseModel):
 
     node_id: str
     state: Literal["assigned", "running", "exited"] = "assigned"
+    boot_id: str = ""  # the agent run that started it (TaskStarted), when it said
     started_at: datetime | None = None
     ended_at: datetime | None = None
     exit_code: int | None = None
@@ -289,7 +290,9 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     if task.state != "assigned":
         return job, []
     # When the monitor heard of the start, not when the agent says it was: a node's clock is only its claim.
-    job = _with_task(job, event.rank, task.model_copy(update={"state": "running", "started_at": now}))
+    job = _with_task(
+        job, event.rank, task.model_copy(update={"state": "running", "started_at": now, "boot_id": event.boot_id})
+    )
     if job.phase == Phase.TERMINATING:
         return job, [
             stop(

@@ -64,10 +64,11 @@ def assert_attempts_never_overlapped(marker: Path, items: list[dict]) -> None:
         job_id, attempt, at = line.split()
         ticks[job_id][int(attempt)].append(float(at))
     assert set(ticks) == {j["metadata"]["id"] for j in items}
+    recorded = {j["metadata"]["id"]: j["status"]["attempts"] for j in items}
     for job_id, attempts in ticks.items():
         spans = [(min(t), max(t)) for _, t in sorted(attempts.items())]
         for (_, end), (begin, _) in zip(spans, spans[1:]):
-            assert end < begin, f"two attempts of {job_id} overlapped: {spans}"
+            assert end < begin, f"two attempts of {job_id} overlapped: {spans}; recorded: {recorded[job_id]}"
 
 
 async def ledger_settles(api, project: str, *, timeout_s: float = 60) -> int:

@@ -3,6 +3,7 @@
 from datetime import UTC, datetime
 
 from shared.bus import publish
+from shared.events import NodeTasksLost
 from services.monitor import state
 from tests.factories import exited, placed, started, submitted
 
@@ -56,3 +57,29 @@ async def test_a_task_of_an_unknown_attempt_is_told_to_stop(monitor_broker):
     await publish(broker, submitted(job_id="j"))
     await publish(broker, started("j", node_id="n9"))
     assert [(s["attempt"], s["reason"]) for s in seen["tm.node.cmd.n9.stop"]] == [(1, "fenced")]
+
+
+def _restarted(node_id: str, boot_id: str) -> NodeTasksLost:
+    return NodeTasksLost(
+        event_id=f"{node_id}:{boot_id}:tasks_lost",
+        node_id=node_id,
+        cause=f"agent on {node_id} restarted",
+        started_only=True,
+        boot_id=boot_id,
+    )
+
+
+async def test_an_agent_restart_loses_the_tasks_its_earlier_run_started_not_those_it_started_itself(monitor_broker):
+    """The restarted agent takes the start commands waiting for it at once: a start it made may be read before the
+    monitor's word that the agent restarted, and that task is running (requeueing it ran two attempts at once)."""
+    broker, monitor, _ = monitor_broker
+    for job_id, boot in (("new", "b2"), ("old", "b1")):
+        await publish(broker, submitted(job_id=job_id))
+        await publish(broker, placed(job_id))
+        await publish(broker, started(job_id).model_copy(update={"boot_id": boot}))
+
+    await publish(broker, _restarted("n1", "b2"))
+
+    new, old = await monitor.jobs.load("new"), await monitor.jobs.load("old")
+    assert new["phase"] == "Running" and [a["outcome"] for a in new["attempts"]] == [""]
+    assert old["phase"] == "Pending" and old["attempts"][-1]["outcome"] == "node_lost"
