@@ -1,7 +1,7 @@
 """Where the CLI finds its server and token: flags, then TRAINMASTER_* environment, then the config file."""
 
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -41,7 +41,21 @@ class CliSettings(BaseSettings):
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file())
 
 
-def load(**flags: str | None) -> CliSettings:
+class Flags(TypedDict, total=False):
+    """The flags that were given (one not given is absent: None would win over the environment and the file)."""
+
+    url: str
+    token: str
+    project: str
+
+
+def load(*, url: str | None = None, token: str | None = None, project: str | None = None) -> CliSettings:
     """Settings with the flags that were given winning over everything else."""
-    given: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
-    return CliSettings(**given)
+    flags: Flags = {}
+    if url is not None:
+        flags["url"] = url
+    if token is not None:
+        flags["token"] = token
+    if project is not None:
+        flags["project"] = project
+    return CliSettings(**flags)

@@ -3,6 +3,7 @@
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any, Protocol
 
 from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
@@ -39,7 +40,14 @@ log = logging.getLogger(__name__)
 
 TaskEvent = state.TaskEvent
 NODES_PAGE_MAX = 1000
-TASK_TRANSITIONS: dict[type, Callable[..., state.Outcome]] = {
+
+
+class TaskTransition(Protocol):
+    # The event is of the table key's type, which a dict's value type cannot name (as shared.handlers' Handler).
+    def __call__(self, job: state.JobState, event: Any, /, *, now: datetime) -> state.Outcome: ...
+
+
+TASK_TRANSITIONS: dict[type[state.TaskEvent], TaskTransition] = {
     TaskPreparing: state.task_preparing,
     TaskStarted: state.task_started,
     TaskExited: state.task_exited,

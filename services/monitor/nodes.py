@@ -2,7 +2,7 @@
 
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,18 @@ class NodeRecord(BaseModel):
         description="What the node's last registration "
         "claimed beyond its record (shared/noderecords.py), for the admin.",
     )
+
+
+class Seen(TypedDict):
+    """What a registration or heartbeat says of its node: the keyword arguments of `sighted` past the node id."""
+
+    boot_id: str
+    at: datetime
+    info: NotRequired[NodeInfo | None]
+    running: NotRequired[tuple[TaskRef, ...] | None]
+    gpu_utilization: NotRequired[float | None]
+    gpus: NotRequired[tuple[GpuReading, ...]]
+    claims_refused: NotRequired[dict[str, str] | None]
 
 
 class Sighting(BaseModel):

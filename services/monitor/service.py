@@ -5,7 +5,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Unpack
 
 from pymongo import UpdateOne
 
@@ -26,7 +26,7 @@ from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
-from services.monitor.nodes import NodeRecord, Sighting, record_of
+from services.monitor.nodes import NodeRecord, Seen, Sighting, record_of
 from services.monitor.records import NodeRecords
 from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
 
@@ -37,7 +37,7 @@ async def _nothing() -> None:
     return None
 
 
-def restart_events(sighting: Sighting) -> list:
+def restart_events(sighting: Sighting) -> list[Message]:
     """What a sighting announces: the node's new state, and the tasks an agent restart lost."""
     node = sighting.node
     events: list[Message] = [sighting.event] if sighting.event else []
@@ -72,7 +72,7 @@ class Monitor:
     heartbeats_per_s: float = 0.0
     cadence: Cadence = field(init=False, repr=False)
     # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
-    first_writes: GroupCommit = field(init=False, repr=False)
+    first_writes: GroupCommit[tuple[str, dict, list], bool] = field(init=False, repr=False)
     # Writes a heartbeat calls for run beside the intake, one at a time per node (`_beside`).
     _writing: set[str] = field(default_factory=set, init=False, repr=False)
     _background: set[asyncio.Task] = field(default_factory=set, init=False, repr=False)
@@ -173,7 +173,7 @@ class Monitor:
         self.fleet.hear(event.node_id)
         if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
             current = self.fleet.records.get(event.node_id)
-            seen: dict[str, Any] = {  # what liveness.sighted and self.sighted take, by name
+            seen: Seen = {
                 "boot_id": event.boot_id,
                 "at": event.occurred_at,
                 "running": event.running,
@@ -225,7 +225,7 @@ class Monitor:
             )
         return len(nodes)
 
-    async def sighted(self, node_id: str, **seen) -> None:
+    async def sighted(self, node_id: str, **seen: Unpack[Seen]) -> None:
         """Record a registration or heartbeat; an agent restart loses the tasks it no longer runs. A node never
         stored goes out with the others that first spoke at the same moment (one insert for a burst); one that
         someone stored meanwhile is read and updated as any other."""
@@ -250,7 +250,7 @@ class Monitor:
             log.info("node %s %s", node_id, "restarted" if sighting.restarted else "ready")
         await self._fence(node_id, sighting.node.running, now=seen["at"])
 
-    async def _first_sighting(self, node_id: str, seen: dict) -> bool:
+    async def _first_sighting(self, node_id: str, seen: Seen) -> bool:
         """Store a node never stored before, in a group; False when it was stored already (nothing written)."""
         sighting = liveness.sighted(None, node_id=node_id, **seen)
         if not await self.first_writes((node_id, sighting.node.model_dump(), restart_events(sighting))):

@@ -26,17 +26,17 @@ class Intake:
     def __init__(self, repo: Repository, caps: QueueCaps, *, max_group: int = MAX_GROUP) -> None:
         self.repo, self.caps = repo, caps
         # Arrival → outbox entries; QueueFull, NameTaken
-        self.store: GroupCommit[Arrival, Any] = GroupCommit(self._store, max_size=max_group)
+        self.store: GroupCommit[Arrival, list[dict[str, Any]]] = GroupCommit(self._store, max_size=max_group)
         # (job id, entries) → None
         self.announce: GroupCommit[tuple[str, list[dict[str, Any]]], None] = GroupCommit(
             self._announce, max_size=max_group
         )
 
-    async def _store(self, group: list[Arrival]) -> list[Any]:
+    async def _store(self, group: list[Arrival]) -> list[list[dict[str, Any]] | Exception]:
         """Counted and stored in one step (one group at a time): a burst cannot overshoot the caps. A job whose
         name turns out taken did not use its place under the caps: those refused for want of one are counted
         again (and stored if they now fit), as they would have been had they come one at a time."""
-        answers: list[Any] = [None] * len(group)
+        answers: dict[int, list[dict[str, Any]] | Exception] = {}  # by the job's place in the group
         waiting = list(range(len(group)))
         while waiting:
             refusals = await self.caps.admit_group(
@@ -44,13 +44,14 @@ class Intake:
             )
             admitted = [i for i, refusal in zip(waiting, refusals) if refusal is None]
             for i, refusal in zip(waiting, refusals):
-                answers[i] = refusal
+                if refusal is not None:
+                    answers[i] = refusal
             stored = await self.repo.insert_many([(group[i].doc, group[i].event) for i in admitted]) if admitted else []
             for i, entries in zip(admitted, stored):
                 answers[i] = entries
             taken = any(isinstance(entries, NameTaken) for entries in stored)
             waiting = [i for i in waiting if i not in admitted] if taken else []
-        return answers
+        return [answers[i] for i in range(len(group))]
 
     async def _announce(self, group: list[tuple[str, list[dict[str, Any]]]]) -> list[Exception | None]:
         return await self.repo.publish_many(group)

@@ -92,7 +92,7 @@ def make_agent(
     )
 
 
-def start(job_id: str, command: str, *, project: str = "p", memory_gb: float = 1, **fields) -> StartTask:
+def start(job_id: str, command: str, *, project: str = "p", memory_gb: float | None = 1, **fields) -> StartTask:
     return StartTask(
         event_id=f"{job_id}:1:0:start",
         node_id="n1",
@@ -288,6 +288,19 @@ async def test_memory_held_by_a_detached_process_counts_against_memory_gb(tmp_pa
     )  # 1.5 GB
     assert ended.reason == "oom" and ended.oom == "host", (ended, output)
     assert "out of memory" in ended.message and "HELD" not in output
+
+
+@root_only
+async def test_a_start_naming_no_host_memory_is_confined_to_the_memory_placement_would_have_given(tmp_path):
+    """A start command from before placement decided a rank's host memory (memory_gb unset): its cgroup gets the
+    CPU job's default (no GPUs here), as the agent's own measure does; it used to fail at the cgroup's creation."""
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    ended, output = await run(
+        agent, start(unique("nomem"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=None), sent
+    )  # 1.5 GB
+    assert ended.reason == "oom" and ended.oom == "host", (ended, output)
+    assert "reached the 1 GB of host memory" in ended.message and "HELD" not in output
 
 
 @root_only
