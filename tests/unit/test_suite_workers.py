@@ -1,6 +1,7 @@
 """The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
 and what each worker keeps apart."""
 
+import os
 import re
 import subprocess
 import sys
@@ -91,6 +92,7 @@ def test_under_two_workers_each_modules_tests_run_on_one_worker():
         capture_output=True,
         text=True,
         timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "TRAINMASTER_TEST_TIMELINE"},  # not this suite's timeline
     )
     assert done.returncode == 0, done.stdout[-3000:]
     ran = re.findall(r"\[(gw\d)\] .*?PASSED (\S+?)::", done.stdout)
