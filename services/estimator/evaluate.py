@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from services.estimator.model.baselines import CurveOnly, MedianDuration, WorkOverThroughput
+from services.estimator.model.baselines import Baseline, CurveOnly, MedianDuration, WorkOverThroughput
 from services.estimator.model.calibrate import make_estimator, replay, train_with_calibration
 from services.estimator.model.corpus import default_tarballs, is_usable, load_cached
 from services.estimator.model.features import normalise_accelerator
@@ -52,7 +52,7 @@ def _row(run, now, pred, **extra) -> dict:
 def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0) -> dict[str, dict]:
     """Per-method, per-cut rows of one train/test split (unscorable test runs: rows without a prediction)."""
     predictor = train_with_calibration(train, folds=folds, seed=seed)
-    baselines = {
+    baselines: dict[str, Baseline] = {
         "median_duration": MedianDuration(train),
         "work_over_throughput": WorkOverThroughput(train),
         "optimus_only": CurveOnly(),
