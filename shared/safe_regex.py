@@ -12,6 +12,7 @@ _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a rejected pattern is the submitter's answer, not a line in our logs
 
 Pattern: TypeAlias = re2._Regexp
+Match: TypeAlias = re2._Match
 
 
 def compile_pattern(regex: str) -> Pattern:

@@ -19,13 +19,15 @@ import random
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from services.estimator.model.baselines import CurveOnly, MedianDuration, WorkOverThroughput
+from services.estimator.model.baselines import Baseline, CurveOnly, MedianDuration, WorkOverThroughput
 from services.estimator.model.calibrate import make_estimator, replay, train_with_calibration
-from services.estimator.model.corpus import default_tarballs, is_usable, load_cached
+from services.estimator.model.corpus import Run, default_tarballs, is_usable, load_cached
 from services.estimator.model.features import normalise_accelerator
-from services.estimator.model.targets import parse_targets
+from services.estimator.model.online import OnlineEstimator
+from services.estimator.model.targets import Target, parse_targets
 from services.estimator.scoring import summarise
 
 CUTS = (0.1, 0.2, 0.3, 0.5, 0.8)
@@ -33,12 +35,12 @@ HEADLINE_METHOD = "eta_blend"
 MAX_TARGETS_FILE = 1 << 20
 
 
-def scorable(run) -> bool:
+def scorable(run: Run) -> bool:
     """A successful test run the harness can replay and score: a target, progress, the target met."""
     return run.succeeded and run.target is not None and run.total_work is not None and run.reached_target()
 
 
-def _row(run, now, pred, **extra) -> dict:
+def _row(run: Run, now: float, pred: float | None, **extra: object) -> dict:
     return {
         "truth": run.duration_s,
         "now": now,
@@ -49,10 +51,12 @@ def _row(run, now, pred, **extra) -> dict:
     }
 
 
-def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0) -> dict[str, dict]:
+def evaluate_split(
+    train: list[Run], test: list[Run], *, unscorable: Sequence[Run] = (), folds: int = 3, seed: int = 0
+) -> dict[str, dict]:
     """Per-method, per-cut rows of one train/test split (unscorable test runs: rows without a prediction)."""
     predictor = train_with_calibration(train, folds=folds, seed=seed)
-    baselines = {
+    baselines: dict[str, Baseline] = {
         "median_duration": MedianDuration(train),
         "work_over_throughput": WorkOverThroughput(train),
         "optimus_only": CurveOnly(),
@@ -65,7 +69,7 @@ def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0)
     for run in test:
         est = make_estimator(run, predictor)
 
-        def visit(frac, now, est, run=run):
+        def visit(frac: float, now: float, est: OnlineEstimator, run: Run = run) -> None:
             e = est.estimate(now)
             pred = now + e.remaining_s if math.isfinite(e.remaining_s) else None
             rows[HEADLINE_METHOD][frac].append(
@@ -83,12 +87,14 @@ def evaluate_split(train, test, *, unscorable=(), folds: int = 3, seed: int = 0)
 
 
 # -- splits -------------------------------------------------------------------------------
-def split_key(run, by: str) -> str:
+def split_key(run: Run, by: str) -> str:
     """What a split holds out of a run: its submitter, benchmark, or accelerator model (the vocabulary's word)."""
     return normalise_accelerator(run.accelerator) if by == "accelerator" else getattr(run, by)
 
 
-def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0, by: str = "submitter"):
+def split_holdout(
+    runs_train: Iterable[Run], runs_test: Iterable[Run], *, share: float = 1 / 3, seed: int = 0, by: str = "submitter"
+) -> list[set[str]]:
     """Hold out a share of the test corpus's submitters (or benchmarks); drop them from training too."""
     subs = sorted({split_key(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
@@ -96,7 +102,9 @@ def split_holdout(runs_train, runs_test, *, share: float = 1 / 3, seed: int = 0,
     return [held]
 
 
-def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0, by: str = "submitter"):
+def split_kfold(
+    runs_train: Iterable[Run], runs_test: Iterable[Run], *, k: int, seed: int = 0, by: str = "submitter"
+) -> list[set[str]]:
     """k folds over the test corpus's submitters (or benchmarks); each fold is held out of training."""
     subs = sorted({split_key(r, by) for r in runs_test})
     random.Random(seed).shuffle(subs)
@@ -104,19 +112,19 @@ def split_kfold(runs_train, runs_test, *, k: int, seed: int = 0, by: str = "subm
 
 
 def run_evaluation(
-    train_paths,
-    test_path,
+    train_paths: Sequence[str | Path],
+    test_path: str | Path,
     *,
     split: str = "submitter",
     kfold: int = 0,
     seed: int = 0,
     share: float = 1 / 3,
-    targets=None,
+    targets: dict[str, Target] | None = None,
     cache_dir: Path | None = None,
 ) -> dict:
     """Load corpora, split, evaluate every method at every cut; the report the README quotes."""
 
-    def load(path):
+    def load(path: str | Path) -> list[Run]:
         return load_cached(path, targets=targets, cache_dir=cache_dir)
 
     test_all = [r for r in load(test_path) if r.succeeded]
@@ -126,7 +134,9 @@ def run_evaluation(
     if split == "round":
         if any(str(p) == str(test_path) for p in train_paths):
             raise ValueError("param[--train] invalid: a round split never trains on its --test tarball")
-        plans = [(None, [r for r in others if is_usable(r)], test_ok, test_bad)]
+        plans: list[tuple[set[str] | None, list[Run], list[Run], list[Run]]] = [
+            (None, [r for r in others if is_usable(r)], test_ok, test_bad)
+        ]
     else:
         by = split
         pool = [r for r in others + test_all if is_usable(r)]
@@ -170,8 +180,15 @@ def run_evaluation(
     return _report(merged, split=split, splits=splits, test_path=test_path, train_paths=train_paths)
 
 
-def _report(merged, *, split, splits, test_path, train_paths) -> dict:
-    report = {
+def _report(
+    merged: dict[str, dict[float, list]],
+    *,
+    split: str,
+    splits: list[dict],
+    test_path: str | Path,
+    train_paths: Sequence[str | Path],
+) -> dict:
+    report: dict = {  # the JSON document the README quotes
         "split": split,
         "train": [str(p) for p in train_paths],
         "test": str(test_path),
@@ -192,7 +209,7 @@ def _report(merged, *, split, splits, test_path, train_paths) -> dict:
     return report
 
 
-def _grouped(rows, key):
+def _grouped(rows: list[dict], key: str) -> dict[str, dict]:
     by = defaultdict(list)
     for r in rows:
         by[r[key]].append(r)
@@ -222,7 +239,7 @@ def _print_table(report: dict) -> None:
                 )
 
 
-def read_targets(path: str):
+def read_targets(path: str) -> dict[str, Target]:
     """The `--targets` file, checked field by field."""
     raw = Path(path).read_bytes()
     if len(raw) > MAX_TARGETS_FILE:
@@ -234,7 +251,7 @@ def read_targets(path: str):
     return parse_targets(obj)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """CLI: trainmaster-eta-eval --train TARBALL [...] --test TARBALL [--split round|submitter] [--kfold K]."""
     defaults = [str(p) for p in default_tarballs()]
     ap = argparse.ArgumentParser(
@@ -310,7 +327,7 @@ def main(argv=None) -> int:
     return _emit(report, args, started=started, table=_print_table)
 
 
-def _own_jobs(args, ap) -> int:
+def _own_jobs(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     from services.estimator import owneval
     from services.estimator.model import owncorpus, owncurve
 
@@ -340,7 +357,7 @@ def _own_jobs(args, ap) -> int:
     return _emit(report, args, started=started, table=owneval.print_own_table)
 
 
-def _emit(report: dict, args, *, started: float, table) -> int:
+def _emit(report: dict, args: argparse.Namespace, *, started: float, table: Callable[[dict], None]) -> int:
     """Time the report, write it where asked (`--out`), print it as JSON (`--json`) or as a table."""
     report["seconds"] = round(time.time() - started, 1)
     if args.out:

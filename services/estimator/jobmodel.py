@@ -9,12 +9,12 @@ from datetime import UTC, datetime
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec, Parameter
 from services.estimator.model import HistoryPredictor, JobFeatures, OnlineEstimator, parse_mllog_line
-from services.estimator.model.mllog import MLLOG_PREFIX, mark_progress
+from services.estimator.model.mllog import MLLOG_PREFIX, LogRecord, mark_progress
 from services.estimator.model.owncorpus import MIN_TRUTH_POINTS as MIN_CASE_POINTS
 from services.estimator.model.owncurve import reached
 from services.estimator.model.printed import DECLARED_UNITS, PrintedWork
 from services.estimator.model.targets import TARGETS, metric_scalar
-from services.estimator.tracker import METRICS_PREFIX, JobTracker
+from services.estimator.tracker import METRICS_PREFIX, JobTracker, MetricPoint
 
 # MLLOG header keys that describe the run (MLPerf logs carry them before training starts).
 FEATURE_KEYS = {
@@ -129,7 +129,9 @@ class JobModel:
                 self.online.observe(line.t, progress=seen[0], metric_value=seen[1])
         return points
 
-    def _observation(self, record, points) -> tuple[float | None, float | None] | None:
+    def _observation(
+        self, record: LogRecord | None, points: list[MetricPoint]
+    ) -> tuple[float | None, float | None] | None:
         """(progress, target metric value) a line carries for the online estimator."""
         target = self._target()
         benchmark = self.features.get("benchmark")
@@ -376,12 +378,14 @@ class JobModel:
         elapsed = max(0.0, now - self.started_at)
         return elapsed / (elapsed + remaining) if elapsed + remaining > 0 else None
 
-    def _feature(self, name: str, value) -> None:
+    def _feature(self, name: str, value: object) -> None:
         """Keep a feature only when it is sane: a short name, or a finite, positive, bounded number."""
         if name == "benchmark":
             text = str(value).strip().lower()[:64]
             if text:
                 self.features[name] = text
+            return
+        if not isinstance(value, str | int | float):  # a list, an object or null where a number belongs
             return
         try:
             number = float(value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import numpy as np
 
 from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import net as priornet
-from services.estimator.model.owncurve import CALIBRATION, load_calibration
+from services.estimator.model.owncurve import CALIBRATION, Series, load_calibration
 from services.estimator.scoring import summarise
 
 HEADLINE_METHOD = "own_curve"  # what the tracker serves: the curve prior and the fitted curve blended
@@ -24,7 +25,9 @@ HEADLINE_METRIC = "loss"
 RATE_WINDOW = 50  # the previous tracker's window of recent points
 
 
-def previous_rate(ts, values, *, target: float, mode: str, now: float) -> tuple[float, float, float] | None:
+def previous_rate(
+    ts: Series, values: Series, *, target: float, mode: str, now: float
+) -> tuple[float, float, float] | None:
     """(total, low, high) of the former `method: rate`: a line through the last 50 values, its band the slope's
     relative standard error (kept as the baseline the issue measured)."""
     ts, ys = np.asarray(ts[-RATE_WINDOW:], float), np.asarray(values[-RATE_WINDOW:], float)
@@ -40,7 +43,9 @@ def previous_rate(ts, values, *, target: float, mode: str, now: float) -> tuple[
     return now + remaining, now + remaining * (1 - relative / 2), now + remaining * (1 + relative)
 
 
-def _rows(test, method: str, calibration: dict | None, prior=None) -> dict[float, list[dict]]:
+def _rows(
+    test: list[owncorpus.Case], method: str, calibration: dict | None, prior: priornet.PriorNet | None = None
+) -> dict[float, list[dict]]:
     if method != "previous_rate":
         return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=method == HEADLINE_METHOD)
     rows: dict[float, list[dict]] = {cut: [] for cut in owncorpus.CUTS}
@@ -69,7 +74,7 @@ def run_own_evaluation(
     *,
     calibration_path: Path = CALIBRATION,
     refit: bool = False,
-    metrics=tuple(owncorpus.METRICS),
+    metrics: Sequence[str] = tuple(owncorpus.METRICS),
 ) -> dict:
     """Every method at every cut on the held-out seeds' cases; the headline is the loss."""
     paths = (sweep,) if isinstance(sweep, Path) else tuple(sweep)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from services.estimator.model import owncorpus
@@ -30,12 +32,14 @@ HEADLINE = "prior_and_fit_blend"  # what the tracker serves
 
 
 def _rows(
-    test: list[owncorpus.Case], *, calibration: dict | None, prior, blend: bool = False
+    test: list[owncorpus.Case], *, calibration: dict | None, prior: priornet.PriorNet | None, blend: bool = False
 ) -> dict[float, list[dict]]:
     return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=blend)
 
 
-def _tuned(train, pretrained, train_runs: list[dict], *, held: str, cache_dir: Path | None):
+def _tuned(
+    train: ModuleType, pretrained: priornet.PriorNet, train_runs: list[dict], *, held: str, cache_dir: Path | None
+) -> priornet.PriorNet:
     """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
     training runs' digest: a re-run of the table does not fine-tune again)."""
     digest = hashlib.sha256(priornet.PRETRAINED.read_bytes())
@@ -51,10 +55,10 @@ def _tuned(train, pretrained, train_runs: list[dict], *, held: str, cache_dir: P
 
 
 def run_family_evaluation(
-    paths=owncorpus.CORPUS,
+    paths: Iterable[Path] = owncorpus.CORPUS,
     *,
     refit: bool = False,
-    metrics=(HEADLINE_METRIC,),
+    metrics: Sequence[str] = (HEADLINE_METRIC,),
     only: tuple[str, ...] = (),
     cache_dir: Path | None = None,
 ) -> dict:
@@ -96,7 +100,9 @@ def run_family_evaluation(
     return _report(rows, families=families, runs=len(runs), paths=paths, refit=refit)
 
 
-def run_unseen_evaluation(paths=(owncorpus.FAMILIES,), *, metrics=(HEADLINE_METRIC,)) -> dict:
+def run_unseen_evaluation(
+    paths: Iterable[Path] = (owncorpus.FAMILIES,), *, metrics: Sequence[str] = (HEADLINE_METRIC,)
+) -> dict:
     """The estimator as shipped (the served prior with its pads, the shipped calibration, and their blend as the
     tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the families
     file (`owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new kind of training meets."""
@@ -129,7 +135,14 @@ def run_unseen_evaluation(paths=(owncorpus.FAMILIES,), *, metrics=(HEADLINE_METR
     return report
 
 
-def _report(rows, *, families, runs, paths, refit) -> dict:
+def _report(
+    rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]],
+    *,
+    families: list[str],
+    runs: int,
+    paths: Iterable[Path],
+    refit: bool,
+) -> dict:
     report: dict[str, Any] = {
         "corpus": "own-jobs",
         "split": "family",

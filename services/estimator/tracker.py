@@ -6,7 +6,7 @@ from functools import cache
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
-from shared.safe_regex import Pattern, clip, compile_metric, value_group
+from shared.safe_regex import Match, Pattern, clip, compile_metric, value_group
 from services.estimator.model.curveprior import net as priornet
 from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
@@ -47,7 +47,7 @@ def parse_line(
     return points
 
 
-def _matched(name: str, t: float, match, group: str | int, has_step: bool) -> list[MetricPoint]:
+def _matched(name: str, t: float, match: Match, group: str | int, has_step: bool) -> list[MetricPoint]:
     value = _number(match.group(group))
     step = _number(match.group("step")) if has_step else None
     return [] if value is None else [MetricPoint(name, t, value, step)]
@@ -60,7 +60,7 @@ def _number(text: str | None) -> float | None:
         return None
 
 
-def _reported(report, t: float) -> list[MetricPoint]:
+def _reported(report: object, t: float) -> list[MetricPoint]:
     """The points of an SDK report: its finite numbers by name (at most MAX_REPORTED), `step` their progress."""
     if not isinstance(report, dict):
         return []

@@ -16,7 +16,9 @@ from shared.rpc import Catalogue, Flavor, Pool
 from services.placement.policy import InstanceType
 
 
-def flavors(nodes: Iterable[NodeInfo], catalogue: Iterable[InstanceType], declared: Iterable[Mapping[str, Any]]):
+def flavors(
+    nodes: Iterable[NodeInfo], catalogue: Iterable[InstanceType], declared: Iterable[Mapping[str, Any]]
+) -> list[Flavor]:
     """The cluster file's [[flavors]]; without any, one per shape of node the fleet has or may rent."""
     declared = list(declared)
     if declared:
@@ -77,7 +79,9 @@ def pools(nodes: Iterable[NodeInfo]) -> list[Pool]:
     ]
 
 
-def catalogue(nodes: list[NodeInfo], instance_types: Iterable[InstanceType], declared) -> Catalogue:
+def catalogue(
+    nodes: list[NodeInfo], instance_types: Iterable[InstanceType], declared: Iterable[Mapping[str, Any]]
+) -> Catalogue:
     return Catalogue(flavors=flavors(nodes, instance_types, declared), pools=pools(nodes))
 
 

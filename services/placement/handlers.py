@@ -84,7 +84,7 @@ async def on_node_state(event: NodeStateChanged, placement: Placement = Context(
 @router.subscriber(**durable("tm.node.evt.*.interrupted", consumer="placement-node-interruptions"))
 @retry_transient
 async def on_node_interrupted(
-    event: NodeInterrupted, message=Context("message"), placement: Placement = Context("placement")
+    event: NodeInterrupted, message: NatsMessage, placement: Placement = Context("placement")
 ) -> None:
     """Spot nodes' notices; an agent speaks for its own node only."""
     if event.subject == message.raw_message.subject:

@@ -13,6 +13,7 @@ from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
 from services.placement.policy import ClusterState, JobRequest, PolicyConfig, RunningJob
 from services.placement.policy.engine import Constraint
+from services.placement.queue import QueueItem
 from services.placement.tradeoff import Tradeoff
 
 
@@ -27,7 +28,7 @@ class PolicyInputs:
     estimates: Estimates = field(default_factory=lambda: Estimates(broker=None))
     expected_end: dict[str, float] = field(default_factory=dict)  # job -> unix time, from the estimator's ETA
 
-    def job_request(self, item) -> JobRequest:
+    def job_request(self, item: QueueItem) -> JobRequest:
         """A queue item (QueueItem) as the policy's job: the estimator's duration when it has one."""
         estimate = self.estimates.cached(query_for(item.algorithm.parameters, item.needs, ""))
         return self._request(
@@ -145,13 +146,13 @@ class PolicyInputs:
                 found[item.job_id] = constraint
         return found
 
-    def hours(self, item) -> float:
+    def hours(self, item: QueueItem) -> float:
         return (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
 
-    def started(self, item, now: float) -> float:
+    def started(self, item: QueueItem, now: float) -> float:
         return item.started_at.timestamp() if item.started_at else now
 
-    def ends_at(self, item, now: float) -> float:
+    def ends_at(self, item: QueueItem, now: float) -> float:
         if item.job_id in self.expected_end:
             return self.expected_end[item.job_id]
         return self.started(item, now) + (item.spec.placement.expected_duration_s or DEFAULT_DURATION_S)

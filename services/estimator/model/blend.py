@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,7 @@ def _own_pool(key: str) -> bool:
     return key.startswith("<")
 
 
-def bucket(fraction: float, edges=BUCKET_EDGES) -> int:
+def bucket(fraction: float, edges: Sequence[float] = BUCKET_EDGES) -> int:
     """Index of the fraction-of-run bucket."""
     return bisect.bisect_right(edges, max(0.0, fraction))
 
@@ -130,7 +130,7 @@ def _cell_weights(cell: dict, available: set[str]) -> dict[str, float]:
     return _normalise({k: cell["w"].get(k, 0.0) for k in available})
 
 
-def _subset_key(names) -> str:
+def _subset_key(names: Iterable[str]) -> str:
     return "+".join(sorted(names))
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 import random
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from services.estimator.model.blendfit import fit_table
+from services.estimator.model.corpus import Run
 from services.estimator.model.features import features_from_run
 from services.estimator.model.history import UNSEEN, HistoryPredictor, quantile_row
 from services.estimator.model.online import OnlineEstimator
@@ -28,7 +29,7 @@ MAX_UNSEEN_RUNS_PER_BENCHMARK = 40
 
 
 def make_estimator(
-    run, predictor: HistoryPredictor | None, *, use_target: bool = True, use_calibration: bool = True
+    run: Run, predictor: HistoryPredictor | None, *, use_target: bool = True, use_calibration: bool = True
 ) -> OnlineEstimator:
     """Estimator for a corpus run, as the service would build it before the run starts."""
     prior = predictor.prior(features_from_run(run)) if predictor is not None else None
@@ -41,7 +42,9 @@ def make_estimator(
     )
 
 
-def replay(run, estimator, cuts: Iterable[float], visit: Callable) -> None:
+def replay(
+    run: Run, estimator: OnlineEstimator, cuts: Iterable[float], visit: Callable[[float, float, OnlineEstimator], None]
+) -> None:
     """Feed observations in time order; at each cut (fraction of duration) call visit."""
     obs = run.observations
     i = 0
@@ -61,14 +64,14 @@ def calibration_cuts(run_id: str, n: int = CALIBRATION_CUTS_PER_RUN) -> list[flo
     return sorted(rng.uniform(lo, hi) for _ in range(n))
 
 
-def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
+def calibration_samples(runs: Iterable[Run], predictor: HistoryPredictor) -> list[dict]:
     """Components and truth of every run at its calibration cuts, for `blendfit.fit_table`."""
     samples = []
     for run in runs:
         est = make_estimator(run, predictor, use_calibration=False)
         cuts = calibration_cuts(run.run_id)
 
-        def visit(_, now, est, run=run):
+        def visit(_: float, now: float, est: OnlineEstimator, run: Run = run) -> None:
             fraction, comps = est.snapshot(now)
             if any(comps.values()) and not est._reached:
                 samples.append(
@@ -85,7 +88,7 @@ def calibration_samples(runs, predictor: HistoryPredictor) -> list[dict]:
     return samples
 
 
-def _subsample(runs, seed: int):
+def _subsample(runs: Iterable[Run], seed: int) -> list[Run]:
     by: dict[str, list] = {}
     for r in runs:
         by.setdefault(r.benchmark, []).append(r)
@@ -96,7 +99,9 @@ def _subsample(runs, seed: int):
     return out
 
 
-def train_with_calibration(runs, *, folds: int = 3, seed: int = 0, epochs: int = 400) -> HistoryPredictor:
+def train_with_calibration(
+    runs: Sequence[Run], *, folds: int = 3, seed: int = 0, epochs: int = 400
+) -> HistoryPredictor:
     """Train the history MLP on all runs and fit the blend table on submitter-held-out folds."""
     submitters = sorted({r.submitter for r in runs})
     random.Random(seed).shuffle(submitters)
@@ -117,7 +122,9 @@ def train_with_calibration(runs, *, folds: int = 3, seed: int = 0, epochs: int =
     return predictor
 
 
-def leave_benchmarks_out(runs, *, seed: int = 0, epochs: int = 400) -> tuple[list[dict], list[list[float]]]:
+def leave_benchmarks_out(
+    runs: Sequence[Run], *, seed: int = 0, epochs: int = 400
+) -> tuple[list[dict], list[list[float]]]:
     """Calibration samples (key UNSEEN) and log prior residuals [work, duration] of each benchmark held
     out of a model trained on all the others."""
     by: dict[str, list] = {}

@@ -7,10 +7,11 @@ import json
 import pickle
 import re
 import tarfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.estimator.model.mllog import MARK_KEYS, mark_progress, parse_mllog_line
+from services.estimator.model.mllog import MARK_KEYS, LogRecord, mark_progress, parse_mllog_line
 from services.estimator.model.targets import TARGETS, Target, metric_scalar, reached
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mlperf"
@@ -157,7 +158,7 @@ def load_corpus(path: str | Path, *, usable_only: bool = True, targets: dict[str
     return runs
 
 
-def load_corpora(paths, *, targets: dict[str, Target] | None = None) -> list[Run]:
+def load_corpora(paths: Iterable[str | Path], *, targets: dict[str, Target] | None = None) -> list[Run]:
     """`load_corpus` over several tarballs."""
     return [run for path in paths for run in load_corpus(path, targets=targets)]
 
@@ -241,7 +242,7 @@ def parse_run(
     return run
 
 
-def _timeline(records, run: Run, metric: str = "eval_accuracy") -> list[Observation]:
+def _timeline(records: Iterable[LogRecord], run: Run, metric: str = "eval_accuracy") -> list[Observation]:
     start, stop = run.run_start_ms, run.run_stop_ms or float("inf")
     merged: dict[tuple[float, float | None], list] = {}
     obs = []
@@ -294,7 +295,9 @@ def _apply_system(run: Run, desc: dict) -> None:
     run.nodes = max(1, int(_num(desc.get("number_of_nodes"), 1)))
 
 
-def _num(value, default: float = 0.0) -> float:
+def _num(value: object, default: float = 0.0) -> float:
+    if not isinstance(value, str | int | float):  # a list, an object or null where a number belongs
+        return default
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -7,25 +7,27 @@ progress is scaled to [0, 1] by the largest progress seen, which keeps fits well
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 
-def _power(x, a, b, c):
+def _power(x: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
     return c - a * np.power(x, -b)
 
 
-def _exp(x, a, b, c):
+def _exp(x: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
     return c - a * np.exp(-b * x)
 
 
-def _optimus(x, a, b, c):
+def _optimus(x: np.ndarray, a: float, b: float, c: float) -> np.ndarray:
     # Optimus (Peng et al., EuroSys'18): loss = 1 / (a*k + b) + c, here for "higher is better".
     return c - 1.0 / (a * x + b)
 
 
-def _log(x, a, b):
+def _log(x: np.ndarray, a: float, b: float) -> np.ndarray:
     return a + b * np.log(x)
 
 
@@ -48,7 +50,7 @@ FAMILIES = {
 }
 
 
-def crossing(name: str, params, target: float) -> float:
+def crossing(name: str, params: Iterable[float], target: float) -> float:
     """Scaled progress at which the fitted curve reaches `target` (inf if never)."""
     p = list(params)
     try:
@@ -122,7 +124,7 @@ def fit_family(name: str, x: np.ndarray, y: np.ndarray) -> Fit | None:
     return Fit(name, (k, g, c), rmse)
 
 
-def _best_on_grid(name: str, x: np.ndarray, y: np.ndarray, grid) -> tuple | None:
+def _best_on_grid(name: str, x: np.ndarray, y: np.ndarray, grid: Iterable[float]) -> tuple | None:
     best = None
     for g in grid:
         design = np.column_stack([np.ones_like(x), -_basis(name, x, g)])
@@ -136,7 +138,9 @@ def _best_on_grid(name: str, x: np.ndarray, y: np.ndarray, grid) -> tuple | None
     return best
 
 
-def fit_all(x, y, *, warm: dict | None = None, families=tuple(FAMILIES)) -> dict[str, Fit]:
+def fit_all(
+    x: npt.ArrayLike, y: npt.ArrayLike, *, warm: dict | None = None, families: Iterable[str] = tuple(FAMILIES)
+) -> dict[str, Fit]:
     """Fit every family with more points than parameters (`warm` is accepted, unused)."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     fits = {}
@@ -149,7 +153,9 @@ def fit_all(x, y, *, warm: dict | None = None, families=tuple(FAMILIES)) -> dict
     return fits
 
 
-def predict_crossing(x, y, target: float, *, warm: dict | None = None) -> tuple[float, dict]:
+def predict_crossing(
+    x: npt.ArrayLike, y: npt.ArrayLike, target: float, *, warm: dict | None = None
+) -> tuple[float, dict]:
     """Median over families of the progress (in x units) at which y reaches target.
 
     Learning curves are often sigmoid (flat, then falling, then flat); only the recent half of
@@ -160,7 +166,9 @@ def predict_crossing(x, y, target: float, *, warm: dict | None = None) -> tuple[
     return cross, fits
 
 
-def predict_crossing_spread(x, y, target: float, *, warm: dict | None = None) -> tuple[float, float, dict]:
+def predict_crossing_spread(
+    x: npt.ArrayLike, y: npt.ArrayLike, target: float, *, warm: dict | None = None
+) -> tuple[float, float, dict]:
     """`predict_crossing` and how far the families disagree: log(latest / earliest crossing), inf when one
     of them never reaches the target (the fit's own uncertainty about where the curve meets it)."""
     x, y = np.asarray(x, float), np.asarray(y, float)

@@ -10,9 +10,12 @@ evaluations after the first, learned the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from services.estimator.model.corpus import Run
 
 # Each training benchmark weighs the same in the learned distribution (its runs' quantiles at these levels): an
 # unseen benchmark is one draw of a benchmark, not of a run, and unet3d's 876 runs must not outvote gpt3's 33.
@@ -46,7 +49,7 @@ class EvalUnits:
         return cls(ratio=_three(state["ratio"]), steps=_three(state["steps"]))
 
 
-def eval_marks(run) -> tuple[float, float | None] | None:
+def eval_marks(run: Run) -> tuple[float, float | None] | None:
     """Work at a corpus run's first evaluation and at its second (None without one); None without a timed one."""
     points = [o.progress for o in run.evals if o.progress is not None and o.progress > 0]
     if not points:
@@ -54,7 +57,7 @@ def eval_marks(run) -> tuple[float, float | None] | None:
     return points[0], (points[1] if len(points) > 1 and points[1] > points[0] else None)
 
 
-def learn(runs) -> EvalUnits | None:
+def learn(runs: Iterable[Run]) -> EvalUnits | None:
     """The distribution over benchmarks of the ratio and of the evaluations after the first, from finished runs."""
     ratios: dict[str, list[float]] = {}
     steps: dict[str, list[float]] = {}
@@ -74,7 +77,7 @@ def learn(runs) -> EvalUnits | None:
     return EvalUnits(ratio=_three(np.quantile(pooled_r, levels)), steps=_three(np.quantile(pooled_k, levels)))
 
 
-def _three(values) -> tuple[float, float, float]:
+def _three(values: Iterable[float]) -> tuple[float, float, float]:
     """(low, median, high) as floats; anything but three values is refused."""
     low, mid, high = (float(v) for v in values)
     return low, mid, high

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from services.estimator.model.corpus import Run
 from services.estimator.model.hardware import hardware, squeeze
 from services.estimator.model.targets import task_of
 
@@ -99,7 +100,7 @@ class JobFeatures:
         return asdict(self)
 
 
-def features_from_run(run) -> JobFeatures:
+def features_from_run(run: Run) -> JobFeatures:
     """Features of a corpus `Run`."""
     return JobFeatures(
         benchmark=run.benchmark,

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from services.estimator.model import evalunits
+from services.estimator.model.corpus import Run
 from services.estimator.model.evalunits import EvalUnits
 from services.estimator.model.features import (
     CATEGORICAL,
@@ -121,10 +122,11 @@ class HistoryPredictor:
         return benchmark in self.offsets and benchmark != "*"
 
     # -- training -----------------------------------------------------------------------
-    def train(self, runs, *, folds: int = 3) -> HistoryPredictor:
+    def train(self, runs: Sequence[Run], *, folds: int = 3) -> HistoryPredictor:
         """Fit on corpus runs; out-of-fold residuals by submitter calibrate the bands."""
+        runs = [r for r in runs if r.total_work is not None]  # a run that never showed its work cannot be fitted
         feats = [features_from_run(r) for r in runs]
-        y = np.log([[r.total_work, r.duration_s] for r in runs])
+        y = np.log([[work, r.duration_s] for r in runs if (work := r.total_work) is not None])
         cost = _unit_cost(feats, y)
         groups = [r.submitter for r in runs]
         resid = self._oof_residuals(feats, y, cost, groups, folds) if folds > 1 else None
@@ -137,7 +139,9 @@ class HistoryPredictor:
         self._set_quantiles([f.benchmark for f in feats], resid)
         return self
 
-    def _oof_residuals(self, feats, y, cost, groups, folds):
+    def _oof_residuals(
+        self, feats: list[JobFeatures], y: np.ndarray, cost: np.ndarray, groups: list[str], folds: int
+    ) -> np.ndarray:
         names = sorted(set(groups))
         rng = np.random.default_rng(self.seed)
         rng.shuffle(names)
@@ -273,7 +277,7 @@ class HistoryPredictor:
             "eval_units": self.eval_units.to_state() if self.eval_units else None,
         }
 
-    def save(self, path) -> None:
+    def save(self, path: str | Path) -> None:
         """Write the weights, vocabulary, calibration and format version to one .npz file (numpy only)."""
         with open(path, "wb") as f:
             arrays: dict[str, Any] = {"state": np.array(json.dumps(self.state()))}
@@ -281,7 +285,7 @@ class HistoryPredictor:
             np.savez(f, **arrays)
 
     @classmethod
-    def load(cls, path) -> HistoryPredictor:
+    def load(cls, path: str | Path) -> HistoryPredictor:
         try:
             with np.load(io.BytesIO(Path(path).read_bytes()), allow_pickle=False) as stored:
                 state = json.loads(str(stored["state"])) if "state" in stored.files else {}

@@ -9,6 +9,8 @@ from torch import nn
 class MLP(nn.Module):
     """Two heads on one input vector: log work (masked inputs) and log duration."""
 
+    work_mask: torch.Tensor  # a buffer: saved with the weights, never trained
+
     def __init__(self, n_in: int, hidden: int, work_mask: list[float]) -> None:
         super().__init__()
         self.register_buffer("work_mask", torch.as_tensor(work_mask, dtype=torch.float32))
@@ -17,7 +19,7 @@ class MLP(nn.Module):
             nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1)
         )
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.work(x * self.work_mask), self.duration(x)], dim=1)
 
 

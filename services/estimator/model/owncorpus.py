@@ -16,12 +16,14 @@ import gzip
 import json
 import math
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from services.estimator.model.curveprior.estimate import estimate
+from services.estimator.model.curveprior.net import PriorNet
 from services.estimator.model.owncurve import read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
@@ -70,7 +72,7 @@ def family(run: dict) -> str:
     return GROUP_FAMILY.get(run["group"], run["group"])
 
 
-def load_corpus(paths=CORPUS) -> list[dict]:
+def load_corpus(paths: Iterable[Path] = CORPUS) -> list[dict]:
     """The runs of every recorded file (a missing one has none), each with its `family` (`family()`: as recorded, or
     else its group's)."""
     return [{**run, "family": family(run)} for path in paths for run in load_sweep(path)]
@@ -134,7 +136,13 @@ def make_case(run: dict, metric: str, u: float | None = None, smooth: bool | Non
     )
 
 
-def cases(runs: list[dict], metric: str = "loss", *, us=(None,), smooths=(None,)) -> list[Case]:
+def cases(
+    runs: list[dict],
+    metric: str = "loss",
+    *,
+    us: Iterable[float | None] = (None,),
+    smooths: Iterable[bool | None] = (None,),
+) -> list[Case]:
     return [
         c
         for run in runs
@@ -155,7 +163,7 @@ def prefix(case: Case, elapsed: float) -> tuple[list, list, list]:
     return list(case.ts[:n]), list(case.xs[:n]), list(case.values[:n])
 
 
-def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray]:
+def samples(train: list[Case], cuts: Iterable[float] = CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray]:
     """(features, log(true training time to target / training time so far)) at every cut of every case."""
     xs, ys = [], []
     for case in train:
@@ -171,7 +179,12 @@ def samples(train: list[Case], cuts=CALIBRATION_CUTS) -> tuple[np.ndarray, np.nd
 
 
 def evaluate_cases(
-    test: list[Case], calibration: dict | None, *, cuts=CUTS, prior=None, blend: bool = False
+    test: list[Case],
+    calibration: dict | None,
+    *,
+    cuts: Iterable[float] = CUTS,
+    prior: PriorNet | None = None,
+    blend: bool = False,
 ) -> dict[float, list[dict]]:
     """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None.
     With `prior` (a `curveprior.net.PriorNet`) the estimate is the one the tracker serves with it."""

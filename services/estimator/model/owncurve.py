@@ -17,8 +17,10 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 import numpy as np
 
@@ -32,6 +34,9 @@ SMOOTH = 3  # the last value is the mean of the last few (a printed loss is nois
 MAX_OVER_ELAPSED = 50.0  # no estimate puts the end beyond this many times the time elapsed
 # Uncalibrated band (no calibration file) around log(total training time): wide, it says how little is known.
 DEFAULT_BAND = (-1.0, 1.0)
+
+Series: TypeAlias = Sequence[float] | np.ndarray  # a curve's times or values, as read or as an array
+Marks: TypeAlias = Sequence[float | None] | np.ndarray | None  # its progress, None where a point has none
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class Prefix:
     power_total: float
 
 
-def oriented(values, target: float, mode: str) -> tuple[np.ndarray, float]:
+def oriented(values: Series, target: float, mode: str) -> tuple[np.ndarray, float]:
     """Values and target turned so that lower is better."""
     if mode not in ("min", "max"):
         raise ValueError("mode must be 'min' or 'max'")
@@ -126,7 +131,9 @@ FLOOR = 1e-3  # normalised gaps below this are the target's noise
 SEEN_EDGES = (0.15, 0.25, 0.4, 0.6)  # bins of the fraction of the training seen, each with its own pads
 
 
-def training_clock(ts, xs, y: np.ndarray, *, elapsed: float):
+def training_clock(
+    ts: Series, xs: Marks, y: np.ndarray, *, elapsed: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, float, float] | None:
     """(times, progress, values, rate, origin, span) of a prefix on the training's own clock: the job's progress
     rate extrapolated back to progress 0 (its origin; a slow start-up is not training) and the training time so
     far; the clock itself when a point has no progress. None when there is too little to read."""
@@ -146,7 +153,7 @@ def training_clock(ts, xs, y: np.ndarray, *, elapsed: float):
     return None if span <= 0 else (ts, x, y, rate, origin, span)
 
 
-def read_prefix(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Prefix | None:
+def read_prefix(ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float) -> Prefix | None:
     """Features of the curve seen by `elapsed` (points: t since start, progress or None, value), or None when
     there is too little to read. The value axis is normalised by the way from the first value to the target
     (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1)."""
@@ -231,13 +238,13 @@ def _noise(z: np.ndarray) -> float:
     return math.log(max(float(np.median(np.abs(np.diff(z, 2)))), 1e-4))
 
 
-def reached(values, *, target: float, mode: str) -> bool:
+def reached(values: Series, *, target: float, mode: str) -> bool:
     y, goal = oriented(list(values)[-1:], target, mode)
     return len(y) > 0 and y[-1] <= goal
 
 
 def own_estimate(
-    ts, xs, values, *, target: float, mode: str, elapsed: float, calibration: dict | None
+    ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float, calibration: dict | None
 ) -> OwnEstimate | None:
     """Total duration and 10-90% band (seconds since the start) from the curve seen by `elapsed`."""
     if len(values) and reached(values, target=target, mode=mode):
@@ -266,7 +273,7 @@ def own_estimate(
     )
 
 
-def learned_quantiles(features, calibration: dict) -> tuple[float, float, float]:
+def learned_quantiles(features: Sequence[float], calibration: dict) -> tuple[float, float, float]:
     """(10%, 50%, 90%) of log(training time to target / training time so far): the mean of the ensemble's
     quantiles, widened by the conformal pads of the bin of the fraction of the training the median says is seen
     (early in a run the network misses by more than late: one pad for all would over-cover the end)."""
@@ -276,7 +283,7 @@ def learned_quantiles(features, calibration: dict) -> tuple[float, float, float]
     return float(q10 - low), float(q50), float(q90 + high)
 
 
-def quantile_net(features, net: dict) -> tuple[float, float, float]:
+def quantile_net(features: Sequence[float], net: dict) -> tuple[float, float, float]:
     """(10%, 50%, 90%) quantiles of log(training time to target / training time so far): a small MLP trained
     with the pinball loss on the corpus (weights in the calibration file)."""
     x = (np.asarray(features, float) - np.asarray(net["mean"])) / np.asarray(net["std"])

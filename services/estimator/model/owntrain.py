@@ -5,6 +5,8 @@ is fitted on all seeds but one and scored on that one; the conformal pads that m
 cover 80% come from those out-of-fold scores.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from torch import nn
@@ -72,7 +74,7 @@ def conformal_pads(q: np.ndarray, y: np.ndarray, *, miss: float = 0.1) -> list[l
     return [pads(bins == b) if np.sum(bins == b) >= MIN_PAD_SAMPLES else overall for b in range(len(SEEN_EDGES) + 1)]
 
 
-def calibrate(runs: list[dict], metrics: list[str], *, pad_metrics=PAD_METRICS) -> dict:
+def calibrate(runs: list[dict], metrics: list[str], *, pad_metrics: Sequence[str] = PAD_METRICS) -> dict:
     """Cross-fitted by seed: one network per seed of the calibration split, fitted on the others; each scores the
     seed it never saw, and the pads come from all those out-of-fold scores (every run serves both the fit and
     the pad); the networks together are the ensemble the live estimate averages."""

@@ -43,7 +43,7 @@ _SD_FID_MAX = 90.0
 _SD_CLIP_MIN = 0.15
 
 
-def metric_scalar(benchmark: str, value, metadata: dict | None = None) -> float | None:
+def metric_scalar(benchmark: str, value: object, metadata: dict | None = None) -> float | None:
     """Reduce an `eval_accuracy` value to the scalar compared with `TARGETS[benchmark]`."""
     metadata = metadata or {}
     if benchmark == "maskrcnn" and isinstance(value, dict):
@@ -101,7 +101,7 @@ MAX_DECLARED = 256
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
 
-def parse_targets(obj) -> dict[str, Target]:
+def parse_targets(obj: object) -> dict[str, Target]:
     """Declared targets `{"<benchmark>": {"metric", "target", "mode"}}`; ValueError names the bad field."""
     if not isinstance(obj, dict):
         raise ValueError("param[targets] invalid: expected an object of benchmark -> target")

@@ -1,6 +1,6 @@
 """Pull-back: move a long job from a paid on-demand node to an owned node that has gone idle."""
 
-from services.placement.policy.capacity import expected_end
+from services.placement.policy.capacity import NodeView, expected_end
 from services.placement.policy.decisions import PullBack
 from services.placement.policy.models import KINDS_FOR_ALLOWED, OWNED_KINDS, RunningJob
 from services.placement.policy.options import share_per_hour, time_value_per_s
@@ -35,7 +35,9 @@ def pull_back(p: Pass) -> None:
         moved += 1
 
 
-def _best_target(p: Pass, run: RunningJob, od_tflops: float, remaining: float, od_hourly: float):
+def _best_target(
+    p: Pass, run: RunningJob, od_tflops: float, remaining: float, od_hourly: float
+) -> tuple[NodeView, tuple[int, ...], float] | None:
     config, now, index, job = p.config, p.now, p.index, run.job
     kinds = tuple(k for k in KINDS_FOR_ALLOWED[job.allowed] if k in OWNED_KINDS)
     best, best_net = None, 0.0

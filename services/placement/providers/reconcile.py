@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from shared.clock import utcnow
 from shared.events import NodeProvisioned, NodeReleased
@@ -13,6 +14,9 @@ from shared.store import DocumentStore
 from services.placement.policy import InstanceType
 from services.placement.providers.base import Orphan, Provider
 from services.placement.providers.cloud import OfferInfo
+
+if TYPE_CHECKING:  # the fleet keeps its providers: imported for its type only
+    from services.placement.fleet import Fleet
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +103,7 @@ async def record_orphans(
 INTERRUPTED_GRACE_S = 30.0  # the agent's snapshot, its tasks' ends reported, before its identity is revoked
 
 
-async def node_interrupted(fleet, node_id: str, *, grace_s: float = INTERRUPTED_GRACE_S) -> bool:
+async def node_interrupted(fleet: "Fleet", node_id: str, *, grace_s: float = INTERRUPTED_GRACE_S) -> bool:
     """A spot node's notice: it gets no more work now (placement's view: lost) and is released once its agent
     had time to snapshot and report, or sooner when the monitor finds it gone."""
     node = fleet.nodes.get(node_id)
@@ -114,7 +118,7 @@ async def node_interrupted(fleet, node_id: str, *, grace_s: float = INTERRUPTED_
     return True
 
 
-async def pod_failed(fleet, node_id: str, reason: str) -> bool:
+async def pod_failed(fleet: "Fleet", node_id: str, reason: str) -> bool:
     """Its Pod failed, ended or is being deleted (a watch saw it, no heartbeat timeout waited for): a node that never
     registered is given back now; a registered one gets no more work now and is released as an interrupted node is
     (the monitor finds it silent and requeues what ran there)."""
@@ -126,7 +130,7 @@ async def pod_failed(fleet, node_id: str, reason: str) -> bool:
     return await node_interrupted(fleet, node_id)
 
 
-async def release_lost(fleet, providers: Providers, now: float | None = None) -> list[str]:
+async def release_lost(fleet: "Fleet", providers: Providers, now: float | None = None) -> list[str]:
     """Rented nodes placement no longer uses but still pays for (lost, interrupted, a release that failed)."""
     now = time.time() if now is None else now
     released = []
@@ -138,7 +142,7 @@ async def release_lost(fleet, providers: Providers, now: float | None = None) ->
     return released
 
 
-async def reconcile_once(*, fleet, providers: Providers, full_catalogue: tuple[InstanceType, ...]) -> int:
+async def reconcile_once(*, fleet: "Fleet", providers: Providers, full_catalogue: tuple[InstanceType, ...]) -> int:
     """One round: give back orphans, hide types the cloud refused (placement rents the next one instead)."""
     fleet.catalogue = tuple(i for i in full_catalogue if providers.available(i.name))
     await release_lost(fleet, providers)
@@ -152,7 +156,7 @@ async def reconcile_once(*, fleet, providers: Providers, full_catalogue: tuple[I
     return found
 
 
-async def reconcile_loop(*, fleet, providers: Providers, interval_s: float) -> None:
+async def reconcile_loop(*, fleet: "Fleet", providers: Providers, interval_s: float) -> None:
     full = tuple(fleet.catalogue)
     while True:
         try:

@@ -3,15 +3,19 @@
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from faststream.nats import NatsBroker
 from pydantic import ValidationError
 
-from services.placement.providers.cloud import NodeBoot, NodeMaker, offer_infos
+from services.placement.providers.base import Provider
+from services.placement.providers.cloud import NodeBoot, NodeMaker, OfferInfo, offer_infos
 from services.placement.providers.credentials import NodeCredentials
 from services.placement.providers.local_process import LocalProcessProvider
 from services.placement.providers.reconcile import Providers
+
+if TYPE_CHECKING:  # the fleet keeps its providers: imported for its type only
+    from services.placement.fleet import Fleet
 
 KNOWN = ("local-process", "ec2", "kubernetes")
 
@@ -52,7 +56,15 @@ def make_providers(
     return providers
 
 
-def _cloud(name: str, section: Mapping[str, Any], *, offers, credentials, folder: Path, providers: Providers):
+def _cloud(
+    name: str,
+    section: Mapping[str, Any],
+    *,
+    offers: dict[str, OfferInfo],
+    credentials: NodeCredentials | None,
+    folder: Path,
+    providers: Providers,
+) -> Provider:
     def maker(boot: NodeBoot) -> NodeMaker:
         return NodeMaker(boot=boot, folder=folder, credentials=credentials, job_of=providers.job_of)
 
@@ -67,7 +79,7 @@ def _cloud(name: str, section: Mapping[str, Any], *, offers, credentials, folder
     return KubernetesProvider(settings=kubernetes, offers=offers, maker=maker(kubernetes))
 
 
-def bind(providers: Providers, fleet) -> None:
+def bind(providers: Providers, fleet: "Fleet") -> None:
     """Let the providers read the fleet's records: which job a node is rented for, which type it is."""
     providers.job_of = lambda node_id: getattr(fleet.nodes.get(node_id), "reserved_for", None)
     providers.instance_of = lambda node_id: getattr(fleet.nodes.get(node_id), "instance_type", None)

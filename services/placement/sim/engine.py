@@ -3,6 +3,7 @@
 import heapq
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from services.placement.policy import (
@@ -255,7 +256,9 @@ class Simulation:
             self._push(now + self.config.idle_release_s, WAKE, node.id)
         self.cache.pop(node.id, None)
 
-    def _begin(self, job_id: str, node_ids, indices, *, now: float, start: float) -> None:
+    def _begin(
+        self, job_id: str, node_ids: Sequence[str], indices: Sequence[tuple[int, ...]], *, now: float, start: float
+    ) -> None:
         """Hold the GPUs from `now`; the job computes from `start` (later than now after a migration)."""
         job = self.jobs[job_id].request
         nodes = [self.nodes[n] for n in node_ids]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.estimator.model.owncurve import MIN_POINTS, oriented, training_clock
+from services.estimator.model.owncurve import MIN_POINTS, Marks, Series, oriented, training_clock
 
 GRID = 16  # cells of tau the prefix is averaged into
 HORIZON = 50.0  # the crossing is placed within this many times the training time so far, or "beyond"
@@ -34,7 +34,7 @@ class Encoded:
     span: float
 
 
-def encode(ts, xs, values, *, target: float, mode: str, elapsed: float) -> Encoded | None:
+def encode(ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float) -> Encoded | None:
     """The prefix seen by `elapsed` (t since start, progress or None, value) as the network's input; None when it
     holds too little (fewer than MIN_POINTS, already at the target, moving away from it)."""
     y, goal = oriented(values, target, mode)

@@ -6,10 +6,12 @@ import math
 
 from services.estimator.model.curveprior.encode import encode
 from services.estimator.model.curveprior.net import PriorNet
-from services.estimator.model.owncurve import OwnEstimate, own_estimate, reached
+from services.estimator.model.owncurve import Marks, OwnEstimate, Series, own_estimate, reached
 
 
-def prior_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float, prior: PriorNet) -> OwnEstimate | None:
+def prior_estimate(
+    ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float, prior: PriorNet
+) -> OwnEstimate | None:
     """Total duration (s since the start) and its 10-90% band from the prior's distribution of the crossing, or
     None when the prefix holds too little. A band reaching the horizon says the target may never come."""
     if len(values) and reached(values, target=target, mode=mode):
@@ -29,9 +31,9 @@ def prior_estimate(ts, xs, values, *, target: float, mode: str, elapsed: float, 
 
 
 def estimate(
-    ts,
-    xs,
-    values,
+    ts: Series,
+    xs: Marks,
+    values: Series,
     *,
     target: float,
     mode: str,

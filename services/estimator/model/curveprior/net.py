@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class PriorNet:
         low, high = pads_for(self.pad_edges, self.pads, q50)
         return max(q10 - low, 0.0), q50, min(q90 + high, LOG_HORIZON), float(p[-1])
 
-    def save(self, path: Path, **meta) -> None:
+    def save(self, path: Path, **meta: object) -> None:
         arrays: dict[str, np.ndarray] = {f"w{i}": w.astype(np.float32) for i, (w, _) in enumerate(self.layers)}
         arrays |= {f"b{i}": b.astype(np.float32) for i, (_, b) in enumerate(self.layers)}
         arrays |= {
@@ -69,7 +70,7 @@ class PriorNet:
         np.savez_compressed(path, **arrays)  # type: ignore[arg-type]  # numpy's stub types the first keyword
 
 
-def pads_for(edges, pads, q50: float) -> tuple[float, float]:
+def pads_for(edges: Sequence[float], pads: Sequence[Sequence[float]], q50: float) -> tuple[float, float]:
     """The (down, up) pads of the bin of the fraction of the training the median says is seen."""
     if not pads or len(pads) != len(edges) + 1:
         return 0.0, 0.0
@@ -77,7 +78,7 @@ def pads_for(edges, pads, q50: float) -> tuple[float, float]:
     return float(down), float(up)
 
 
-def quantiles(p: np.ndarray, levels) -> list[float]:
+def quantiles(p: np.ndarray, levels: Iterable[float]) -> list[float]:
     """Quantiles of r under the Riemann distribution `p` (uniform within each bin, the last bin beyond the
     horizon); a level past the finite mass is the horizon."""
     cdf = np.cumsum(p[:BINS])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,7 +50,9 @@ def synthetic(curves: int, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(xs, np.float32), np.asarray(ys, np.int64)
 
 
-def recorded(cases: list[owncorpus.Case], cuts=owncorpus.CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def recorded(
+    cases: list[owncorpus.Case], cuts: Iterable[float] = owncorpus.CALIBRATION_CUTS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(inputs, truth bins, truth log ratios) of the recorded cases at every cut."""
     xs, ys, rs = [], [], []
     for case in cases:
@@ -64,7 +67,7 @@ def recorded(cases: list[owncorpus.Case], cuts=owncorpus.CALIBRATION_CUTS) -> tu
     return np.asarray(xs, np.float32).reshape(-1, N_INPUTS), np.asarray(ys, np.int64), np.asarray(rs)
 
 
-def training_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
+def training_cases(runs: list[dict], seeds: Collection[int]) -> list[owncorpus.Case]:
     return [
         c
         for m in METRICS
@@ -185,7 +188,7 @@ def with_pads(net: PriorNet, samples: tuple[np.ndarray, np.ndarray]) -> PriorNet
     )
 
 
-def pad_cases(runs: list[dict], seeds) -> list[owncorpus.Case]:
+def pad_cases(runs: list[dict], seeds: Collection[int]) -> list[owncorpus.Case]:
     return [c for c in owncorpus.cases(runs, "loss", us=owncorpus.PAD_U, smooths=(False, True)) if c.seed in seeds]
 
 
