@@ -122,6 +122,10 @@ class MemoryCollection:
             return Result(0)
         key = current["_id"] if current else query["_id"]
         self.docs[key] = {"_id": key, **copy.deepcopy(doc)}
+        if current is None:  # as MongoDB says of an upsert's insert
+            result = Result(0)
+            result.upserted_id = key
+            return result
         return Result(1)
 
     async def update_one(self, query: dict, update: dict, upsert: bool = False) -> Result:
