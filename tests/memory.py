@@ -228,6 +228,12 @@ class ReadCounting(MemoryCollection):
         self.reads += 1
         return super().find(query, projection)
 
+    async def replace_one(self, query: dict, doc: dict, upsert: bool = False):
+        reads = self.reads  # the in-memory replace finds by a read of its own: no command of the database's
+        result = await super().replace_one(query, doc, upsert=upsert)
+        self.reads = reads
+        return result
+
     async def delete_one(self, query: dict):
         reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's
         result = await super().delete_one(query)
