@@ -122,6 +122,10 @@ class MemoryCollection:
             return Result(0)
         key = current["_id"] if current else query["_id"]
         self.docs[key] = {"_id": key, **copy.deepcopy(doc)}
+        if current is None:  # as MongoDB says of an upsert's insert
+            result = Result(0)
+            result.upserted_id = key
+            return result
         return Result(1)
 
     async def update_one(self, query: dict, update: dict, upsert: bool = False) -> Result:
@@ -223,6 +227,12 @@ class ReadCounting(MemoryCollection):
     def find(self, query: dict | None = None, projection: dict | None = None):
         self.reads += 1
         return super().find(query, projection)
+
+    async def replace_one(self, query: dict, doc: dict, upsert: bool = False):
+        reads = self.reads  # the in-memory replace finds by a read of its own: no command of the database's
+        result = await super().replace_one(query, doc, upsert=upsert)
+        self.reads = reads
+        return result
 
     async def delete_one(self, query: dict):
         reads = self.reads  # the in-memory delete finds by a read of its own: no command of the database's

@@ -13,7 +13,7 @@ from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
 from shared.lru import Lru
 from services.billing.ledger import close_entry, epoch_bounds, open_entry
-from services.billing.placements import Placements, charged_from, missed_end, rank_terms
+from services.billing.placements import Placements, attempt_key, charged_from, missed_end, rank_terms
 from services.billing.records import NodeRecords, as_read
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class Attempts:
             user_name=placement.get("user_name"),
             started_at=charged_from(placement, seen=seen),
         )
-        if await self.ledger.find_one({"_id": entry["_id"]}, {"_id": 1}):
+        if await self._closed(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
         try:
             await self.open.insert_one(entry)
@@ -124,6 +124,14 @@ class Attempts:
         now = self.clock()
         return min(seen, now) if seen is not None else now
 
+    async def _closed(self, line_id: str, attempt: str) -> bool:
+        """Whether the line was closed already: known here for an attempt whose placement this process stored
+        first (its closes are all this process's), else asked of the ledger."""
+        closed_here = self.placements.first_placed.get(attempt)
+        if closed_here is not None:
+            return line_id in closed_here
+        return await self.ledger.find_one({"_id": line_id}, {"_id": 1}) is not None
+
     async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
         opened = self.opened.get(key) or await self.open.find_one({"_id": key})
         if opened is None:
@@ -134,6 +142,10 @@ class Attempts:
             )
         except DuplicateKeyError:
             pass
+        if (
+            closed_here := self.placements.first_placed.get(attempt_key(opened["job_id"], opened["attempt"]))
+        ) is not None:
+            closed_here.add(key)
         await self.open.delete_one({"_id": key})
         self.opened.pop(key)
         await self.spent(opened["project_id"])

@@ -114,6 +114,13 @@ def status_said(event: JobStatusChanged) -> dict[str, Any]:
     return {k: v for k, v in update["$set"].items() if k not in ("version", "seen_at")}
 
 
+def nothing_new(said: dict[str, Any], kept: dict[str, Any]) -> bool:
+    """Whether a status says nothing of how the job's attempts ended that the kept one did not. The attempt it is
+    at alone is no news: it is read only beside an end (`missed_end`, with `final_at`), and each status that
+    carries one carries its attempt too, so a job moving to its next attempt is not written."""
+    return {k: v for k, v in said.items() if k != "attempt"} == {k: v for k, v in kept.items() if k != "attempt"}
+
+
 SUBMITTED_SAYS: dict[str, Any] = {
     "attempt": 0,
     "final_at": None,
@@ -150,6 +157,10 @@ class Placements:
     # Each job's newest status as kept here (version, what it says): a status that says nothing new, or an older
     # one, is not written (each job's events come in order; a restarted billing writes the first it sees).
     statuses: Lru[str, tuple[int, dict[str, Any]]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    # The attempts whose placement this process stored first, with the lines of theirs it closed since: no line of
+    # such an attempt was opened before (a task event before its placement waits), so whether one was closed is
+    # known here without a read of the ledger (`Attempts.started`).
+    first_placed: Lru[str, set[str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
@@ -180,9 +191,9 @@ class Placements:
     async def status(self, event: JobStatusChanged, *, seen: float) -> None:
         """Keep what the job's newest status says of how its attempts ended (for reconciliation): one conditional
         write; an older or repeated status finds the record newer (the upsert then meets the record's id). A
-        status that says what the kept one said is not written."""
+        status that says nothing new of the attempts' ends (`nothing_new`) is not written."""
         said, kept = status_said(event), self.statuses.get(event.job_id)
-        if kept is not None and (event.version <= kept[0] or said == kept[1]):
+        if kept is not None and (event.version <= kept[0] or nothing_new(said, kept[1])):
             if event.version > kept[0]:
                 self.statuses.put(event.job_id, (event.version, said))  # nothing new, and the record's seen_at
             return  # stays when billing first learned it
@@ -199,8 +210,10 @@ class Placements:
         when it was seen."""
         owner = self.owners.get(event.job_id) or await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
-        await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
+        stored = await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
         self.known.put(doc["_id"], doc)
+        if stored.upserted_id is not None:
+            self.first_placed.put(doc["_id"], set())
         if doc["_id"] not in await self._waiting_for():
             return []
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]

@@ -22,6 +22,7 @@ from shared.events import (
     TaskTelemetry,
 )
 from shared.jobs import MetricSpec, Parameter, Phase
+from shared.lru import Lru
 from shared.origin import Origins, dedup_key, verdict
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from shared.store import DocumentStore
@@ -34,6 +35,7 @@ from services.estimator.thinning import thin
 log = logging.getLogger(__name__)
 
 PUBLISH_EVERY_S = 1.0
+FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are dropped without a read
 
 
 def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimated]] | None:
@@ -76,6 +78,9 @@ class Estimator:
     telemetry: AsyncCollection | None = None  # each task's GPU samples, as system series (the bus handlers need it)
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
+    # Jobs this process saw finish (a job never runs again once finished): output that comes after the end, on its
+    # own consumer (a task's last chunk, most often), is dropped without reading the job to learn it finished.
+    finished: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
 
     def health_details(self) -> dict:
         return {"history_model": self.models.status(), "live_jobs": len(self.live)}
@@ -131,6 +136,7 @@ class Estimator:
         if event.phase == Phase.COMPLETED and model is not None and event.start_time and event.end_time:
             await self._learn(event, model)
         await self.jobs.update(event.job_id, finish)
+        self.finished.put(event.job_id, True)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
 
@@ -242,6 +248,8 @@ class Estimator:
     async def _model(self, job_id: str, *, finished_too: bool = False) -> JobModel | None:
         if job_id in self.live:
             return self.live[job_id]
+        if not finished_too and self.finished.get(job_id):
+            return None
         job = await self.jobs.load(job_id)
         if job is None or (job.get("finished") and not finished_too):
             return None

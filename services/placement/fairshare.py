@@ -20,6 +20,8 @@ class FairShare:
     usage: dict[str, float] = field(default_factory=dict)
     at: float = field(default_factory=time.time)
     saving: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)  # jobs finish concurrently
+    changes: int = field(default=0, repr=False)  # charges that added hours, in memory
+    saved: int = field(default=0, repr=False)  # of those, how many the last write held
 
     def decayed(self, now: float) -> dict[str, float]:
         factor = 0.5 ** (max(0.0, now - self.at) / HALF_LIFE_S)
@@ -30,10 +32,14 @@ class FairShare:
         self.at = max(self.at, now)
 
     async def charge(self, user: str, gpu_hours: float, *, now: float | None = None) -> None:
+        """Add a finished job's GPU-hours and write them through; a charge of none (a job without GPUs) writes
+        nothing: the decay since the stored moment is computed again from it after a restart."""
         now = time.time() if now is None else now
         self.decay(now)
-        if math.isfinite(gpu_hours) and gpu_hours > 0:
-            self.usage[user] = self.usage.get(user, 0.0) + gpu_hours
+        if not (math.isfinite(gpu_hours) and gpu_hours > 0):
+            return
+        self.usage[user] = self.usage.get(user, 0.0) + gpu_hours
+        self.changes += 1
         await self.save()
 
     async def load(self) -> None:
@@ -57,12 +63,19 @@ class FairShare:
 
     async def save(self) -> None:
         """Write what is in memory now; one write at a time, each taking its picture once it has the lock, so the
-        last write is of the latest state (two charges of jobs finishing together cannot land out of order)."""
+        last write is of the latest state (two charges of jobs finishing together cannot land out of order). A
+        charge whose hours a write taken after it already holds writes nothing more (charges that come together
+        share one write)."""
         if self.collection is None:
             return
+        wanted = self.changes
         async with self.saving:
+            if wanted and self.saved >= wanted:
+                return
+            taken = self.changes
             await self.collection.replace_one(
                 {"_id": DOC_ID},
                 {"_id": DOC_ID, "at": self.at, "usage": [[u, h] for u, h in self.usage.items()]},
                 upsert=True,
             )
+            self.saved = taken

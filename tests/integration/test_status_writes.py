@@ -15,7 +15,7 @@ from services.billing.placements import Placements
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import Repository
 from tests.conftest import free_port
-from tests.factories import submitted, unique
+from tests.factories import placed, submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -252,8 +252,22 @@ async def test_billing_writes_only_the_statuses_that_say_something_new_of_a_jobs
     commands.sent.clear()
     for event in life:
         await placements.status(event, seen=float(event.version))
-    # Pending says what the submission stored; Creating moves to attempt 1; Running twice says nothing new;
-    # Completed ends it: two writes for five statuses.
-    assert commands.total() == 2, dict(commands.sent)
+    # Pending says what the submission stored; Creating moves to attempt 1, which alone is no news (it was a
+    # write); Running twice says nothing new; Completed ends it: one write for five statuses.
+    assert commands.total() == 1, dict(commands.sent)
     kept = await db.billing_jobs.find_one({"_id": "n"})
     assert (kept["version"], kept["attempt"], kept["finished"], kept["final_at"]) == (5, 1, True, ended.timestamp())
+
+
+async def test_billing_knows_on_the_database_server_whether_it_stored_a_placement_first(counted):
+    """The upsert's answer says so (`Attempts.started` then reads no ledger); a placement stored before, by an
+    earlier process or delivery, is not taken as first."""
+    repo, _ = counted
+    db = repo.db
+    placements = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    await placements.submitted(submitted(job_id="f"))
+    await placements.placed(placed("f"))
+    assert placements.first_placed.get("f:1") == set()
+    restarted = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
+    await restarted.placed(placed("f"))
+    assert restarted.first_placed.get("f:1") is None

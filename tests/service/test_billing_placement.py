@@ -207,3 +207,31 @@ async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_on
         report = await service.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (3, 2)  # c's start waited, then was charged
         assert not parked.docs
+
+
+async def test_a_start_reads_no_ledger_where_this_billing_stored_the_placement_and_a_start_sent_again_opens_nothing():
+    """No line of an attempt opens before its placement is stored, and this process closes every line of one it
+    stored first: whether a line was closed is known without a read. A start sent again after the end (a node's
+    word, any number of times) opens nothing; a billing that did not store the placement asks the ledger."""
+    broker = NatsBroker()
+    broker.include_router(billing_router)
+    async with TestNatsBroker(broker) as test_broker:
+        ledger = ReadCounting("ledger")
+        service = in_memory(test_broker, ledger=ledger)
+        test_broker.context.set_global("billing", service)
+        await publish(test_broker, submitted(job_id="j"))
+        await deliver(test_broker, service, placed("j"), started("j", at=T0), exited("j", at=T0 + timedelta(hours=2)))
+        again = started("j", at=T0 + timedelta(hours=3)).model_copy(update={"event_id": "j:1:0:started-again"})
+        await deliver(test_broker, service, again)
+        await deliver(test_broker, service, placed("j"), started("j", at=T0 + timedelta(hours=3)))  # redelivered
+        assert ledger.reads == 0
+        report = await service.reports.usage(UsageQuery(project_id="p"))
+        assert (report.total.attempts, report.total.cost, report.open_attempts) == (1, 2.0, 0)
+
+        ledger.reads = 0  # the report's own
+        restarted = in_memory(test_broker, ledger=ledger, attempts=service.attempts.placements.attempts)
+        test_broker.context.set_global("billing", restarted)
+        await deliver(test_broker, restarted, placed("j"), again)  # its placement was stored before: read
+        assert ledger.reads == 1
+        report = await restarted.reports.usage(UsageQuery(project_id="p"))
+        assert (report.total.attempts, report.open_attempts) == (1, 0)

@@ -5,7 +5,8 @@ import time
 from datetime import timedelta
 from types import SimpleNamespace
 
-from shared.events import EtaEstimated, LogChunk, LogLine
+from shared.events import EtaEstimated, JobStatusChanged, LogChunk, LogLine
+from shared.jobs import Phase, SecondaryPhase
 from shared.origin import Origins
 from shared.store import DocumentStore
 from services.estimator.service import Estimator
@@ -30,6 +31,18 @@ def estimator(bus: Bus, **collections) -> Estimator:
         own_runs=MemoryCollection("own_runs"),
         models=SimpleNamespace(predictor=None, version=None),
     )  # no history model trained
+
+
+def status(job_id: str, phase: Phase) -> JobStatusChanged:
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:9",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=9,
+        phase=phase,
+        secondary_phase=SecondaryPhase(phase.value),
+    )
 
 
 def chunk(job_id: str, seq: int, lines: list[tuple[float, str]]) -> LogChunk:
@@ -71,6 +84,17 @@ async def test_a_job_submitted_to_this_estimator_is_found_by_its_output_without_
     await live.log_chunk(chunk(job_id, 0, lines))
     assert (jobs.reads, points.reads) == (0, 0)
     assert [m.eta.done for m in bus.sent if isinstance(m, EtaEstimated)] == [100]
+
+
+async def test_output_that_comes_after_its_job_finished_here_is_dropped_without_a_read():
+    job_id, bus = unique("late"), Bus()
+    jobs, points = ReadCounting("jobs"), ReadCounting("points")
+    live = estimator(bus, jobs=DocumentStore(jobs, bus, remember=10), points=points)
+    await live.submitted(submitted(job_id=job_id))
+    await live.status_changed(status(job_id, Phase.FAILED))
+    await live.log_chunk(chunk(job_id, 0, [(time.time(), "  5%|#   | 5/100 [00:05<01:35, 1.00it/s]")]))
+    assert (jobs.reads, points.reads) == (0, 0)
+    assert not [m for m in bus.sent if isinstance(m, EtaEstimated)] and not points.docs
 
 
 async def test_a_start_counts_only_from_the_node_its_rank_was_placed_on():

@@ -231,3 +231,31 @@ async def test_a_dry_run_asks_the_estimator_as_a_queued_job_would(bus):
     [first] = reply.candidates
     assert [q["benchmark"] for q in asked] == ["bert"]
     assert (first.predicted_duration_s, first.duration_source) == (7200.0, "estimator")
+
+
+async def test_fair_share_writes_nothing_for_a_job_without_gpus_and_once_for_charges_that_come_together():
+    usage = MemoryCollection("usage")
+    replace = usage.replace_one
+    writes = []
+    held = asyncio.Event()
+
+    async def counted_write(query, doc, upsert=False):  # the first write of hours waits while more jobs finish
+        writes.append(doc)
+        if len(writes) == 1 and doc["usage"]:
+            await held.wait()
+        return await replace(query, doc, upsert=upsert)
+
+    usage.replace_one = counted_write
+    fair = FairShare(usage)
+    await fair.charge("alice", 0.0)  # a no-op job: nothing to add
+    assert writes == []
+    first = asyncio.create_task(fair.charge("alice", 1.0))
+    await asyncio.sleep(0)
+    others = asyncio.gather(*(fair.charge(user, 2.0) for user in ("bob", "carol", "dave")))
+    await asyncio.sleep(0)
+    held.set()
+    await asyncio.gather(first, others)
+    assert len(writes) == 2  # the first, then one for the three that came while it was written (four before)
+    restarted = FairShare(usage)
+    await restarted.load()
+    assert restarted.usage == pytest.approx({"alice": 1.0, "bob": 2.0, "carol": 2.0, "dave": 2.0}, rel=1e-3)
