@@ -84,6 +84,7 @@ def blend(
     available = {k for k, v in components.items() if v is not None and v > 0 and math.isfinite(v)}
     if not available:
         return math.nan, math.nan, math.nan, "none"
+    available -= implausible(components, available, cell, key=key)
     # Per-benchmark weights overfit the few submitters behind them: they are shrunk halfway
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
     pooled = find_cell(table, "*", fraction)
@@ -104,6 +105,29 @@ def blend(
     total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
     return total, total * math.exp(q_lo), total * math.exp(q_hi), method
+
+
+def implausible(components: Mapping[str, float | None], available: set[str], cell: dict | None, *, key: str) -> set:
+    """Components of an own-pool estimate (a benchmark never trained on) too far from the job's own anchor to blend.
+
+    A cell's weights were fitted on errors clipped at CLIP_SD robust standard deviations of each component
+    (`cscale`): a component whose debiased log distance to the anchor (its own curve, else its evaluations' units)
+    exceeds CLIP_SD times the two components' scales together is a guess the fit never saw and the job's own
+    evidence contradicts (a history trained on other benchmarks, hundreds of times off); no weight stands for it.
+    Cells saved without `cscale` keep every component."""
+    scales = cell.get("cscale") if cell is not None and _own_pool(key) else None
+    if not scales:
+        return set()
+    biases = cell.get("cbias", {}) if cell is not None else {}
+    name = anchor(available, biases, key=key)
+    if name is None or name not in scales:
+        return set()
+    logs = {k: math.log(v) - biases.get(k, 0.0) for k, v in components.items() if k in available and v is not None}
+    return {
+        k
+        for k in logs
+        if k != name and k in scales and abs(logs[k] - logs[name]) > CLIP_SD * (scales[k] + scales[name])
+    }
 
 
 def anchor(available: set[str], biases: dict, *, key: str) -> str | None:
@@ -178,6 +202,7 @@ def fit_weights(groups: dict[tuple[str, str], list[dict]]) -> dict:
         table.setdefault(key, {})[b] = {
             "w": _normalise(weights),
             "cbias": biases,
+            "cscale": {k: max(v, math.sqrt(VAR_FLOOR)) for k, v in scales.items()},
             "ws": subset_weights(scales, centred),
             "q": DEFAULT_Q,
             "bias": 0.0,
