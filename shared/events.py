@@ -23,6 +23,8 @@ Id = Annotated[
     ),
 ]
 AttemptNo = Annotated[int, Field(ge=0, le=1_000_000)]
+# Which run of an agent speaks (a fresh uuid hex at each start): a node's claim, bounded like every other.
+BootId = Annotated[str, Field(max_length=64, description="The agent's run: a new one at each start of the agent")]
 RankNo = Annotated[int, Field(ge=0, le=65_535)]
 
 
@@ -428,7 +430,7 @@ class NodeRegistered(Message):
     type: Literal["NodeRegistered"] = "NodeRegistered"
 
     node: NodeInfo
-    boot_id: str
+    boot_id: BootId
 
 
 MAX_GPU_READINGS = 64  # per heartbeat or telemetry sample: a bounded message whatever a node claims
@@ -469,7 +471,7 @@ class NodeHeartbeat(Message):
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
 
     node_id: Id
-    boot_id: str
+    boot_id: BootId
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
     gpus: tuple[GpuReading, ...] = Field(
