@@ -288,9 +288,16 @@ def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+def admin_client(stack: Stack, *, timeout: float = 30) -> httpx.AsyncClient:
+    """A client of `stack`'s API with the admin token (open it with `async with`)."""
+    return httpx.AsyncClient(
+        base_url=stack.api_url, timeout=timeout, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    )
+
+
 @pytest_asyncio.fixture(scope="session")
-async def api(stack, admin_headers):
-    async with httpx.AsyncClient(base_url=stack.api_url, headers=admin_headers, timeout=30) as client:
+async def api(stack):
+    async with admin_client(stack) as client:
         yield client
 
 

@@ -1,10 +1,9 @@
 """Fixtures of the end-to-end tier alone."""
 
-import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN, exchange, start_stack, wait_until_ready
+from tests.conftest import admin_client, exchange, start_stack, wait_until_ready
 from tests.e2e.eta_replays import Replays
 
 
@@ -74,7 +73,5 @@ def fleet(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def client(fleet):
-    async with httpx.AsyncClient(
-        base_url=fleet.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as api:
+    async with admin_client(fleet) as api:
         yield api

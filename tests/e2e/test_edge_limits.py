@@ -9,7 +9,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN, eventually, start_stack
+from tests.conftest import admin_client, eventually, start_stack
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import job_body, unique
 
@@ -53,9 +53,7 @@ def edge(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def admin(edge):
-    async with httpx.AsyncClient(
-        base_url=edge.api_url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as api:
+    async with admin_client(edge, timeout=60) as api:
         # GPU jobs after it queue (an hour: the module takes minutes on a loaded machine; the stack's stop ends it)
         blocker = await submit(api, PROJECT, command="sleep 3600", gpu_count=1)
         await wait_phase(api, PROJECT, blocker["metadata"]["id"], "Running")

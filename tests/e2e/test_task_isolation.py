@@ -10,12 +10,11 @@ import uuid
 from pathlib import Path
 from shlex import quote
 
-import httpx
 import pytest
 import pytest_asyncio
 
 from services.stack.processes import SERVICES
-from tests.conftest import ADMIN_TOKEN, start_stack
+from tests.conftest import ADMIN_TOKEN, admin_client, start_stack
 from tests.e2e.helpers import logs_containing, submit, wait_phase
 from tests.factories import job_body, unique
 
@@ -127,9 +126,7 @@ def lone(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def admin(lone):
-    async with httpx.AsyncClient(
-        base_url=lone.api_url, timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as client:
+    async with admin_client(lone, timeout=60) as client:
         yield client
 
 

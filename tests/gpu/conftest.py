@@ -8,11 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import ADMIN_TOKEN, start_stack
+from tests.conftest import admin_client, start_stack
 
 HERE = Path(__file__).resolve().parent
 NODE_ID = "gpu-1"
@@ -101,9 +100,7 @@ def gpu_stack(tmp_path_factory, servers):
 
 @pytest_asyncio.fixture(scope="session")
 async def gpu_api(gpu_stack):
-    async with httpx.AsyncClient(
-        base_url=gpu_stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as client:
+    async with admin_client(gpu_stack) as client:
         yield client
 
 

@@ -11,14 +11,13 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 import pytest_asyncio
 
 from services.placement.adapter import catalogue_from
 from services.placement.providers import Unavailable
 from services.placement.providers.cloud import NodeMaker, offer_infos
-from tests.conftest import ADMIN_TOKEN, start_stack
+from tests.conftest import ADMIN_TOKEN, admin_client, start_stack
 from tests.e2e.helpers import get, logs_containing, submit, wait_phase
 from tests.e2e.scripts import counter
 from tests.integration.clouds import FAKE_AWS, Machines, Metadata, agent_command, loopback_only, poll
@@ -280,9 +279,7 @@ async def cloud(aws, ec2_stack):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def client(ec2_stack):
-    async with httpx.AsyncClient(
-        base_url=ec2_stack.stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as api:
+    async with admin_client(ec2_stack.stack) as api:
         yield api
 
 

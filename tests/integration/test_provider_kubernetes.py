@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from services.placement.adapter import catalogue_from
 from services.placement.providers.cloud import NodeMaker, offer_infos
-from tests.conftest import ADMIN_TOKEN, start_stack
+from tests.conftest import admin_client, start_stack
 from tests.e2e.helpers import submit, wait_phase
 from tests.integration.clouds import Machines, agent_command, loopback_only, poll
 
@@ -264,9 +264,7 @@ async def kubelet(k8s, k8s_stack):
 
 
 async def test_a_rented_pod_registers_runs_a_job_and_is_deleted_when_idle(k8s, k8s_stack, kubelet, project):
-    async with httpx.AsyncClient(
-        base_url=k8s_stack.stack.api_url, timeout=30, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    ) as client:
+    async with admin_client(k8s_stack.stack) as client:
         job = await submit(
             client, project, command="echo trained-in-a-pod", gpu_count=1, priority="time", expected_duration_s=1800
         )
