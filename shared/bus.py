@@ -352,6 +352,13 @@ async def create_agent_consumer(broker: NatsBroker, node_id: str) -> None:
     await broker.config.connection_state.stream.add_consumer(NODE_COMMANDS.name, config=config)
 
 
+async def forget_starts(broker: NatsBroker, node_id: str) -> None:
+    """Drop the start commands still waiting for a node in its command stream (stops stay: stopping what does not
+    run is harmless). The monitor does it when it declares the node lost and requeues its work: an agent that comes
+    back must not run an attempt the platform has already given to another node."""
+    await broker.config.connection_state.stream.purge_stream(NODE_COMMANDS.name, subject=f"tm.node.cmd.{node_id}.start")
+
+
 def dedup_id(broker: NatsBroker, subject: str, event_id: str) -> str:
     """The JetStream message id of an event: stable across retries and restarts of the publisher, and keyed by
     its own secret (`buscreds.dedup_key`), so no other publisher into the stream (an agent) can predict it and

@@ -74,6 +74,9 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
         "tm.job.node_lost",
         "tm.node.cmd.*.start",
         "tm.node.cmd.*.stop",
+        # it drops a lost node's waiting starts (shared.bus.forget_starts); the purge request names the stream,
+        # not the node, so this reaches every node's commands: the monitor issues all of them anyway
+        f"$JS.API.STREAM.PURGE.{bus.NODE_COMMANDS.name}",
         "tm.node.evt.state",
         "tm.notify.*",
         bus.NODE_CADENCE,

@@ -6,7 +6,7 @@ from pathlib import Path
 from faststream import FastStream
 from pydantic import Field
 
-from shared.bus import HEARTBEATS, TRANSIENT_ERRORS
+from shared.bus import HEARTBEATS, TRANSIENT_ERRORS, forget_starts
 from shared.clock import utcnow
 from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
@@ -80,6 +80,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         )
         monitor.backlog = lambda: intake.pending_msgs
         monitor.settle = lambda: client.flush(timeout=SETTLE_TIMEOUT_S)
+        monitor.forget_starts = lambda node_id: forget_starts(w.broker, node_id)
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)
         w.background.every("cadence", CADENCE_CHECK_S, monitor.announce_cadence, tolerate=TRANSIENT_ERRORS)

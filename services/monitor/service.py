@@ -37,6 +37,10 @@ async def _nothing() -> None:
     return None
 
 
+async def _forget_nothing(node_id: str) -> None:
+    return None
+
+
 def restart_events(sighting: Sighting) -> list[Message]:
     """What a sighting announces: the node's new state, and the tasks an agent restart lost."""
     node = sighting.node
@@ -66,6 +70,10 @@ class Monitor:
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
     settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`flush`)
+    # Drop the start commands still queued for a node (shared.bus.forget_starts); nodes whose purge failed are
+    # retried at each liveness check while they stay lost.
+    forget_starts: Callable[[str], Awaitable[None]] = _forget_nothing
+    unforgotten: set[str] = field(default_factory=set)
     # The heartbeat interval agents are told, grown with the fleet (0 heartbeats a second: never adapted), and
     # the node timeout that goes with it.
     heartbeat_interval_s: float = 2.0
@@ -319,6 +327,8 @@ class Monitor:
 
     async def check_silent_nodes(self, now: datetime) -> None:
         """Declare lost every node silent past its timeout, and requeue what ran there."""
+        if self.unforgotten:
+            await self._forget_starts()
         timeout = self.timeout()
         if (now - self.started_at).total_seconds() < timeout:
             return  # just restarted: let heartbeats that queued up while we were down arrive first
@@ -355,6 +365,25 @@ class Monitor:
         if await self.nodes.save(node_id, lost.model_dump(), doc, [event, tasks_lost]):
             self.fleet.stored(lost)
             log.warning("node %s lost: silent since %s", node_id, node.last_seen.isoformat(timespec="seconds"))
+            self.unforgotten.add(node_id)
+            await self._forget_starts()
+
+    async def _forget_starts(self) -> None:
+        """Drop the starts still queued for lost nodes, before the requeue their loss causes can place the work
+        again: an agent that comes back would otherwise run an attempt already given to another node (the monitor
+        fences a superseded start only once it is reported, and a short task runs through before the stop). A node
+        heard again since is left alone: what is queued for it now is its new work."""
+        for node_id in sorted(self.unforgotten):
+            record = self.fleet.records.get(node_id)
+            if record is None or record.state != "lost":
+                self.unforgotten.discard(node_id)
+                continue
+            try:
+                await self.forget_starts(node_id)
+            except TRANSIENT_ERRORS as exc:
+                log.warning("node %s: its queued starts not dropped yet (%r); retried", node_id, exc)
+                continue
+            self.unforgotten.discard(node_id)
 
     async def lose_tasks(self, event: NodeTasksLost, *, at: datetime) -> None:
         """Requeue the jobs whose current attempt ran on the node, unless their task there is still alive."""

@@ -11,7 +11,7 @@ from nats.errors import Error as NatsError
 
 from shared import bus, busroles
 from shared.bus import connect, create_agent_consumer, durable, make_broker, publish
-from shared.events import StartTask, TaskExited
+from shared.events import StartTask, StopTask, TaskExited
 from services.placement.providers import NodeCredentials
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
@@ -199,6 +199,47 @@ async def test_an_agent_reads_its_own_commands_and_not_another_nodes_through_jet
     assert any("permissions violation" in e for e in errors)
     assert not any(theirs.job_id in e for e in errors)
     await agent.nc.close()
+
+
+async def test_the_monitor_drops_a_lost_nodes_queued_starts_and_nothing_else_and_an_agent_cannot(server):
+    """A start queued for a node that is then declared lost never reaches its agent when it comes back; its stops
+    and other nodes' starts stay; an agent may not purge (it could drop another node's work)."""
+    stale, also_stale, theirs = [await command_for(server, n) for n in ("n1", "n1", "n2")]
+    operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
+    await connect(operator)
+    stop = StopTask(event_id=f"{stale.job_id}:stop", node_id="n1", job_id=stale.job_id, attempt=1)
+    await publish(operator, stop)
+    await operator.stop()
+
+    rogue = await as_agent(server, "n1")
+    with pytest.raises((NatsError, TimeoutError)):
+        await rogue.nc.jetstream(timeout=1).purge_stream("TM_NODE_CMD", subject="tm.node.cmd.n2.start")
+    await rogue.nc.close()
+
+    monitor = make_broker(server.nats_url, name="monitor", creds=server.identities.creds("monitor"))
+    await connect(monitor, declare=False)
+    await bus.forget_starts(monitor, "n1")
+    await monitor.stop()
+
+    async def delivered(node_id: str) -> bytes:
+        agent = await as_agent(server, node_id)
+        own = await agent.nc.jetstream(timeout=1).pull_subscribe_bind(f"agent-{node_id}", stream="TM_NODE_CMD")
+        messages = []
+        for _ in range(10):  # a fetch may return part of what waits
+            try:
+                batch = await own.fetch(batch=100, timeout=1)
+            except TimeoutError:
+                break
+            for m in batch:
+                await m.ack()
+            messages += batch
+        await agent.nc.close()
+        return b"".join(m.data for m in messages)
+
+    back = await delivered("n1")
+    assert b'"StopTask"' in back and stale.job_id.encode() in back  # the stop, not the start
+    assert b'"StartTask"' not in back and also_stale.job_id.encode() not in back
+    assert theirs.job_id.encode() in await delivered("n2")
 
 
 async def test_an_event_on_a_subject_its_payload_does_not_imply_is_dropped(server):

@@ -204,3 +204,50 @@ async def test_first_heartbeats_of_a_fleet_coming_up_are_read_without_waiting_fo
     await monitor.written()
     assert len(nodes.docs) == 40 and nodes.insert_commands < 10
     assert all(monitor.fleet.records[f"n{i}"].state == "ready" for i in range(40))
+
+
+async def test_a_lost_nodes_queued_starts_are_dropped_and_a_failed_drop_is_retried_while_it_stays_lost(monitor_broker):
+    """Starts still queued for a node the monitor declares lost are dropped before its work is placed again: an
+    agent that comes back must not run an attempt already given to another node."""
+    broker, monitor, _ = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1", "n2")
+    asked: list[str] = []
+    answers = [TimeoutError("bus away"), None, None]
+
+    async def forget(node_id: str) -> None:
+        asked.append(node_id)
+        failure = answers.pop(0)
+        if failure:
+            raise failure
+
+    monitor.forget_starts = forget
+    clock.now += 60
+    await heard(monitor, beat("n2", 30))
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "lost" and asked == ["n1"]  # n2 spoke: nothing dropped for it
+    await monitor.check_silent_nodes(utcnow())
+    assert asked == ["n1", "n1"] and not monitor.unforgotten  # the failed drop, retried
+    await monitor.check_silent_nodes(utcnow())
+    assert asked == ["n1", "n1"]  # once done, not again
+
+
+async def test_a_node_heard_again_before_its_starts_were_dropped_keeps_what_is_queued_for_it(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1")
+    asked: list[str] = []
+
+    async def forget(node_id: str) -> None:
+        asked.append(node_id)
+        raise TimeoutError("bus away")
+
+    monitor.forget_starts = forget
+    clock.now += 60
+    await monitor.check_silent_nodes(utcnow())
+    assert asked == ["n1"] and monitor.unforgotten == {"n1"}
+    await heard(monitor, beat("n1", 40))  # back: what is queued for it now is its new work
+    await monitor.check_silent_nodes(utcnow())
+    assert asked == ["n1"] and not monitor.unforgotten
