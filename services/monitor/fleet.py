@@ -61,6 +61,10 @@ class Fleet:
         """Every heartbeat that reached this process has been read."""
         self.caught_up_at = self.clock()
 
+    def gone(self, node_ids: Iterable[str]) -> frozenset[str]:
+        """Those of the nodes this monitor holds as lost or released (a node it never heard of is not gone)."""
+        return frozenset(n for n in node_ids if n in self.records and self.records[n].state != "ready")
+
     def overdue(self, timeout_s: float, among: Iterable[str] | None = None) -> list[str]:
         """Ready nodes (of `among`, or all) silent past the timeout, judged as of when the intake was caught up."""
         ids = self.records if among is None else among

@@ -65,7 +65,8 @@ async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
 async def placed(monitor: Monitor, event: JobPlaced) -> None:
     """Placement chose nodes for an attempt."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: None if job is None else state.placed(job, event, now=now))
+    gone = monitor.fleet.gone(a.node_id for a in event.assignments)
+    await monitor.apply(event.job_id, lambda job: None if job is None else state.placed(job, event, now=now, gone=gone))
 
 
 async def task_changed(monitor: Monitor, event: TaskEvent) -> None:

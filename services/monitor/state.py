@@ -4,6 +4,7 @@ Every phase change goes through `switch`, which checks the state machine and bui
 Fencing: a task of an attempt that is not the job's current one is told to stop and otherwise ignored.
 """
 
+from collections.abc import Collection
 from datetime import datetime
 from typing import Literal
 
@@ -178,9 +179,11 @@ def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
     return switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason="queued", now=now)
 
 
-def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
+def placed(job: JobState, event: JobPlaced, *, now: datetime, gone: Collection[str] = ()) -> Outcome:
     """Accept a placement and start its ranks, in the same write; a job no longer waiting for one (terminated,
-    or already placed) starts nothing."""
+    or already placed) starts nothing. A placement on a node the monitor has already lost or released (`gone`:
+    placement had not heard yet) sends that node nothing and goes back to the queue at once: a start queued for a
+    lost node would run when its agent came back, whatever the job had become meanwhile."""
     if event.attempt <= job.attempt or job.phase != Phase.PENDING or job.assignments:
         return job, []
     job = job.model_copy(
@@ -208,6 +211,11 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime) -> Outcome:
     )
     nodes = ", ".join(job.node_ids)
     job, events = switch(job, Phase.PENDING, SecondaryPhase.SCHEDULED, reason=f"placed on {nodes}", now=now)
+    away = sorted({a.node_id for a in event.assignments} & set(gone))
+    if away:
+        detail = f"placed on {', '.join(away)}, lost before the attempt started"
+        job, requeued = requeue(job, cause="node_lost", detail=detail, now=now)
+        return job, events + requeued
     return job, events + starts(job, event, now=now)
 
 

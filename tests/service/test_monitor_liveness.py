@@ -10,7 +10,7 @@ from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import list_nodes
-from tests.factories import T0, node
+from tests.factories import T0, node, placed, submitted
 from tests.memory import MemoryCollection
 from tests.service.conftest import recorder
 from tests.unit.test_liveness import Clock
@@ -251,3 +251,23 @@ async def test_a_node_heard_again_before_its_starts_were_dropped_keeps_what_is_q
     await heard(monitor, beat("n1", 40))  # back: what is queued for it now is its new work
     await monitor.check_silent_nodes(utcnow())
     assert asked == ["n1"] and not monitor.unforgotten
+
+
+async def test_a_placement_on_a_node_already_lost_sends_it_nothing_and_goes_back_to_the_queue(monitor_broker):
+    """Placement may not have heard yet that a node is lost: the monitor starts nothing there (a start queued for
+    a lost node runs when its agent comes back, whatever the job has become) and requeues the attempt at once."""
+    broker, monitor, seen = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1")
+    clock.now += 60
+    await monitor.check_silent_nodes(utcnow())
+    assert monitor.fleet.records["n1"].state == "lost"
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    job = await monitor.jobs.load("j")
+    assert seen["tm.node.cmd.n1.start"] == []
+    assert job["phase"] == "Pending" and not job["assignments"] and job["attempts"][-1]["outcome"] == "node_lost"
+    await heard(monitor, beat("n1", 40))
+    await publish(broker, placed("j", attempt=2))
+    assert [s["attempt"] for s in seen["tm.node.cmd.n1.start"]] == [2]  # back: placed there again, started
