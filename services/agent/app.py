@@ -28,6 +28,7 @@ from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, node_entries
 from services.agent.runner import SDK_DIR
+from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
 from services.agent.uidrange import claim_range
@@ -91,6 +92,15 @@ class AgentSettings(CommonSettings, StorageSettings):
         ge=0,
         description="Most a task may write to its working directory "
         "(measured every 2 s; no single file larger); 0: no quota.",
+    )
+    download_max_gb: float = Field(
+        50,
+        ge=0,
+        description="Most one of a task's downloads (its code_dir, an input, its restored checkpoint) may write "
+        "to the node's disk; past it the download stops, its file is removed and the task fails; 0: no cap.",
+    )
+    task_downloads_max_gb: float = Field(
+        100, ge=0, description="Most a task's code_dir and inputs may write all together, likewise; 0: no cap."
     )
     task_pids_max: int = Field(16_384, ge=16, description="Most processes and threads a task may have at once.")
     task_cgroups: bool = Field(
@@ -196,8 +206,17 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
         node=node,
         root=root,
         publish=lambda message: publish(w.broker, message),
-        checkpoints=CheckpointStore(storage.checkpoint_root),
-        preparer=Preparer(root / "engines", cluster.engines_by_name(), downloads=Downloads(policy=storage.egress())),
+        checkpoints=CheckpointStore(
+            storage.checkpoint_root, max_bytes=int(settings.download_max_gb * GB) if settings.download_max_gb else None
+        ),
+        preparer=Preparer(
+            root / "engines",
+            cluster.engines_by_name(),
+            downloads=Downloads(policy=storage.egress()),
+            caps=partial(
+                Tally.of, per_download_gb=settings.download_max_gb, per_task_gb=settings.task_downloads_max_gb
+            ),
+        ),
         storage=storage,
         confinement=task_confinement(settings, storage),
         checkpoint_sync_s=settings.checkpoint_sync_s,

@@ -12,11 +12,13 @@ import fsspec
 
 from shared.egress import is_http
 from shared.storage import check_segment
+from services.agent.sizecap import Tally, TooLarge
 
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) last uploaded
 PARTIAL = (".tmp", ".partial")  # being written by the task: mirrored once renamed
+CHUNK = 1 << 20
 
 
 class Mirror:
@@ -33,20 +35,37 @@ class Mirror:
     def _remote(self, relative: str = "") -> str:
         return f"{self.root.rstrip('/')}/{relative}".rstrip("/")
 
-    def restore(self, local: Path) -> Manifest:
-        """Copy the remote contents into `local`; what is there now counts as uploaded."""
+    def restore(self, local: Path, tally: Tally | None = None) -> Manifest:
+        """Copy the remote contents into `local`, within the tally's caps (all of it counts as one download);
+        what is there now counts as uploaded."""
         local.mkdir(parents=True, exist_ok=True)
         remote = self._remote()
         if not self.fs.exists(remote):
             return {}
         if self.fs.isfile(remote):
-            self.fs.get_file(remote, str(local / remote.rsplit("/", 1)[-1]))
-            return _scan(local)
-        for path in self.fs.find(remote):
-            target = local / path[len(remote) + 1 :]
+            files = {remote: local / remote.rsplit("/", 1)[-1]}
+        else:
+            files = {path: local / path[len(remote) + 1 :] for path in self.fs.find(remote)}
+        tally, size = tally or Tally(), 0
+        tally.expect(sum(self.fs.size(path) or 0 for path in files))  # a listing refuses early, the copy counts
+        for path, target in files.items():
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(path, str(target))
+            size = self._copy(path, target, tally, size)
         return _scan(local)
+
+    def _copy(self, path: str, target: Path, tally: Tally, size: int) -> int:
+        """Copy one remote file, counting its bytes as part of a download `size` long so far; a file cut short
+        at a cap is removed."""
+        try:
+            with self.fs.open(path, "rb") as source, open(target, "wb") as out:
+                while chunk := source.read(CHUNK):
+                    size += len(chunk)
+                    tally.count(size, len(chunk))
+                    out.write(chunk)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        return size
 
     def sync(self, local: Path, uploaded: Manifest, *, delete: bool = True, anchor: Path | None = None) -> Manifest:
         """Upload what changed since the last sync (and drop what was deleted); return the new manifest.
@@ -82,14 +101,18 @@ class Mirror:
 class CheckpointStore:
     """Every job's checkpoint directory under one storage URL, by project: <url>/<project>/<job>."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, max_bytes: int | None = None) -> None:
         self.url = url.rstrip("/")
+        self.max_bytes = max_bytes  # what a restored checkpoint may be (None: no cap)
 
     def location(self, project_id: str, job_id: str) -> str:
         return f"{self.url}/{check_segment(project_id)}/{check_segment(job_id)}"
 
     def restore(self, project_id: str, job_id: str, local: Path) -> Manifest:
-        return Mirror(self.location(project_id, job_id)).restore(local)
+        try:
+            return Mirror(self.location(project_id, job_id)).restore(local, Tally(per_download=self.max_bytes))
+        except TooLarge as exc:
+            raise TooLarge(f"checkpoint {self.location(project_id, job_id)}: {exc}") from None
 
     def sync(
         self, project_id: str, job_id: str, local: Path, uploaded: Manifest, anchor: Path | None = None

@@ -2,7 +2,7 @@
 
 DNS may have changed since the submitter checked the URL, so every connection (each redirect hop included)
 resolves the host again, checks every address and connects to an address it checked (shared.egress); proxy
-variables are ignored.
+variables are ignored. What is written is counted against the task's caps (services.agent.sizecap).
 """
 
 import os
@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from shared.egress import Policy, Resolver, guarded_client, system_resolve
+from services.agent.sizecap import Tally
 
 MAX_REDIRECTS = 5  # dataset hosts often send to a CDN; each hop is checked like the first
 TIMEOUT_S = 60.0  # per connect and read, not the whole download
@@ -33,21 +34,21 @@ class Downloads:
     policy: Policy = field(default_factory=Policy)
     resolve: Resolver = system_resolve
 
-    async def fetch(self, url: str, target: Path) -> int:
+    async def fetch(self, url: str, target: Path, tally: Tally | None = None) -> int:
         """Save the URL's body as `target/<file_name(url)>` and return its size; raise (httpx.HTTPError, OSError)
-        when it cannot, a refused address included."""
+        when it cannot, a refused address and a body past the tally's caps (TooLarge) included."""
         target.mkdir(parents=True, exist_ok=True)
         path = target / file_name(url)
         partial = path.with_name(path.name + ".partial")
         try:
-            size = await self._save(url, partial)
+            size = await self._save(url, partial, tally or Tally())
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
         os.replace(partial, path)
         return size
 
-    async def _save(self, url: str, path: Path) -> int:
+    async def _save(self, url: str, path: Path, tally: Tally) -> int:
         size = 0
         async with guarded_client(
             self.policy, timeout_s=TIMEOUT_S, resolve=self.resolve, max_redirects=MAX_REDIRECTS
@@ -55,8 +56,11 @@ class Downloads:
             async with client.stream("GET", url) as response:
                 if response.status_code != 200:
                     raise OSError(f"HTTP {response.status_code}")
+                if (announced := response.headers.get("content-length", "")).isdigit():
+                    tally.expect(int(announced))  # refused early; what is written is still counted below
                 with open(path, "wb") as out:
-                    async for chunk in response.aiter_bytes(CHUNK):
-                        out.write(chunk)
+                    async for chunk in response.aiter_bytes(CHUNK):  # decoded: a gzip body counts as it expands
                         size += len(chunk)
+                        tally.count(size, len(chunk))
+                        out.write(chunk)
         return size

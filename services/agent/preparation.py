@@ -16,6 +16,7 @@ from shared.events import StartTask
 from shared.jobs import DataOut, Engine
 from services.agent.checkpoints import Mirror
 from services.agent.downloads import Downloads
+from services.agent.sizecap import Tally, TooLarge
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900
@@ -38,9 +39,17 @@ AGENT_ENVIRONMENT = "agent"  # an engine whose `environment` is this runs tasks 
 
 
 class Preparer:
-    def __init__(self, root: Path, catalogue: dict[str, dict], *, downloads: Downloads | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        catalogue: dict[str, dict],
+        *,
+        downloads: Downloads | None = None,
+        caps: Callable[[], Tally] = Tally,
+    ) -> None:
         self.root = root
         self.downloads = downloads or Downloads()  # http(s): public addresses only unless the operator allows
+        self.caps = caps  # a fresh tally per task: what its code and inputs may write (default: no cap)
         # engine name -> {"packages": [...], "image": ..., "environment": ..., "default": bool} from the cluster file
         self.catalogue = catalogue
         self.default = next((name for name, entry in sorted(catalogue.items()) if entry.get("default")), None)
@@ -56,7 +65,7 @@ class Preparer:
 
     async def prepare(self, start: StartTask, workdir: Path, env: dict[str, str], note: Note) -> str:
         """Make the attempt's directory ready and return the command to run."""
-        alg = start.algorithm
+        alg, tally = start.algorithm, self.caps()
         python = "python3"
         if engine := self.engine_of(start):
             venv = await self.engine(engine, note)
@@ -65,12 +74,12 @@ class Preparer:
             python = str(venv / "bin" / "python")
         if alg.code_dir:
             note(f"fetching code from {alg.code_dir}")
-            await self._fetch(alg.code_dir, workdir / "code", what="code_dir")
+            await self._fetch(alg.code_dir, workdir / "code", what="code_dir", tally=tally)
             env["TRAINMASTER_CODE_DIR"] = str(workdir / "code")
         for item in alg.inputs:
             target = workdir / "inputs" / (item.local_dir or item.name)
             note(f"fetching input {item.name} from {item.url}")
-            await self._fetch(item.url, target, what=f"inputs.{item.name}")
+            await self._fetch(item.url, target, what=f"inputs.{item.name}", tally=tally)
             env[f"TRAINMASTER_INPUT_{env_name(item.name)}"] = str(target)
         for out in alg.outputs:
             output_dir(workdir, out).mkdir(parents=True, exist_ok=True)
@@ -81,12 +90,15 @@ class Preparer:
             raise ValueError("the algorithm names neither a command nor a boot_file")
         return f"{quote(python)} {quote(str(workdir / 'code' / alg.boot_file))}"
 
-    async def _fetch(self, url: str, target: Path, *, what: str) -> None:
+    async def _fetch(self, url: str, target: Path, *, what: str, tally: Tally) -> None:
         try:
             if is_http(url):  # the egress policy, checked at each connection (DNS may have changed since submission)
-                await self.downloads.fetch(url, target)
+                await self.downloads.fetch(url, target, tally)
                 return
-            files = await asyncio.to_thread(Mirror(url).restore, target)
+            files = await asyncio.to_thread(Mirror(url).restore, target, tally)
+        except TooLarge as exc:  # the task will not run: what this fetch wrote goes too
+            await asyncio.to_thread(shutil.rmtree, target, True)
+            raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc
         except Exception as exc:
             raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc
         if not files:
