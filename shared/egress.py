@@ -74,10 +74,18 @@ class Policy:
         if self.host_allowed(host) or any(address in n for n in self.allow_networks if n.version == address.version):
             return
         reason = why_blocked(address)
-        if reason and host.strip("[]") == str(address):
+        if reason and literal(host) == address:
             raise Refused(f"{host} is a {reason} address")
         if reason:
             raise Refused(f"{host} resolves to {address}, a {reason} address")
+
+
+def literal(host: str) -> Address | None:
+    """The address a host names literally (`::ffff:10.0.0.1` as well as `::ffff:a00:1`), None for a name."""
+    try:
+        return ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return None
 
 
 async def system_resolve(host: str, port: int) -> list[str]:
@@ -94,6 +102,8 @@ async def system_resolve(host: str, port: int) -> list[str]:
 async def checked_addresses(policy: Policy, host: str, port: int, *, resolve: Resolver = system_resolve) -> list[str]:
     """The host's addresses, each one allowed; Refused when one is not (a name must not mix in a private one)."""
     bare = host.strip("[]")
+    if "%" in bare:  # fe80::1%eth0 picks the interface to leave by: what no public address needs
+        raise Refused(f"{host}: zone ids (%) are not allowed in an address")
     try:
         addresses = await resolve(bare, port)
     except (OSError, UnicodeError) as exc:

@@ -7,7 +7,9 @@ symlinks) before they are compared, so `file:///data/shared/../../etc` is `/etc`
 public address or a host the operator allows (`[storage] allow_hosts`, TRAINMASTER_EGRESS_ALLOW): shared.egress.
 """
 
+import ipaddress
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,11 +147,38 @@ def _inside(path: str, prefix: str) -> bool:
     return root is not None and (path == root or path.startswith(root.rstrip("/") + "/"))
 
 
+# an http(s) URL's authority whose host is an IPv6 literal: [userinfo@][address](:port)
+BRACKETED = re.compile(r"(?P<user>[^@\[\]]*@)?\[(?P<address>[^\]]*)\](?::[0-9]*)?")
+
+
+def without_ipv6_host(url: str) -> str:
+    """The URL with an http(s) URL's bracketed IPv6 host taken out, so that its `::` is not read as a chain (where
+    the address may connect is shared.egress's to judge); StorageError when the brackets hold anything else."""
+    if not egress.is_http(url):
+        return url
+    scheme, rest = url.split("://", 1)
+    end = next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+    authority = rest[:end]
+    if "[" not in authority and "]" not in authority:
+        return url
+    match = BRACKETED.fullmatch(authority)
+    if match is None:
+        raise StorageError("the URL's host is not a valid IPv6 address in brackets")
+    address = match["address"]
+    if "%" in address:
+        raise StorageError("zone ids (%) are not allowed in an IPv6 address")
+    try:
+        ipaddress.IPv6Address(address)
+    except ValueError:
+        raise StorageError(f"{address!r} is not an IPv6 address") from None
+    return f"{scheme}://{authority.replace(f'[{address}]', '[ipv6]')}{rest[end:]}"
+
+
 def check_url(url: str, *, policy: StoragePolicy, project_id: str) -> str:
     """Return `url` when the project's job may use it; raise StorageError saying why not."""
     if "\x00" in url or any(ord(c) < 32 for c in url):
         raise StorageError("control characters are not allowed")
-    if "::" in url:
+    if "::" in without_ipv6_host(url):
         raise StorageError("chained URLs (::) are not allowed")
     own = policy.project_prefixes(check_segment(project_id))
     path = local_path(url)
