@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import json
+import math
 import pickle
 import re
 import tarfile
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.estimator.model.mllog import MARK_KEYS, LogRecord, mark_progress, parse_mllog_line
+from services.estimator.model.mllog import MARK_KEYS, LogRecord, mark_progress, parse_json, parse_mllog_line
 from services.estimator.model.targets import TARGETS, Target, metric_scalar, reached
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mlperf"
@@ -192,6 +192,8 @@ def load_cached(
     return runs
 
 
+# More nodes or accelerators per node than any system has: an odd file's field, skipped.
+MAX_COUNT = 1_000_000
 # A few logs stop seconds after run_start (smoke tests); they are not training runs.
 MIN_DURATION_S = 30.0
 
@@ -291,22 +293,29 @@ def _monotone_progress(obs: list[Observation]) -> list[Observation]:
 
 def _apply_system(run: Run, desc: dict) -> None:
     run.accelerator = str(desc.get("accelerator_model_name") or "unknown").strip() or "unknown"
-    run.accelerators_per_node = int(_num(desc.get("accelerators_per_node"), 0))
-    run.nodes = max(1, int(_num(desc.get("number_of_nodes"), 1)))
+    run.accelerators_per_node = _count(desc.get("accelerators_per_node"), 0)
+    run.nodes = max(1, _count(desc.get("number_of_nodes"), 1))
 
 
 def _num(value: object, default: float = 0.0) -> float:
+    """The number a field holds, or `default` for anything else: a list, null, text, infinity, NaN, or an integer
+    too large for a float (a hostile or odd file must not stop the corpus build)."""
     if not isinstance(value, str | int | float):  # a list, an object or null where a number belongs
         return default
     try:
-        return float(value)
-    except (TypeError, ValueError):
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if math.isfinite(number) else default
+
+
+def _count(value: object, default: int) -> int:
+    """A whole count of a system description (nodes, accelerators per node), or `default` past MAX_COUNT."""
+    number = _num(value, default)
+    return int(number) if 0 <= number <= MAX_COUNT else default
 
 
 def _safe_json(text: str) -> dict:
-    try:
-        obj = json.loads(text)
-        return obj if isinstance(obj, dict) else {}
-    except ValueError:
-        return {}
+    """A system description as a dict, numbers cleaned; {} when it is no JSON object (too deep, invalid)."""
+    obj = parse_json(text)
+    return obj if isinstance(obj, dict) else {}
