@@ -309,7 +309,7 @@ class Placement:
         if not (item.started_at and event.end_time):
             return
         hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * item.needs.node_count
-        await self.fair.charge(item.user_name, hours)
+        await self.fair.charge(item.user_name, hours, key=item.job_id)
 
 
 async def scheduling_loop(placement: Placement, *, tick_s: float = 5.0) -> None:

@@ -184,7 +184,7 @@ async def test_charges_of_jobs_finishing_together_are_all_kept_whatever_order_th
 
     usage.replace_one = slow_first_write
     fair = FairShare(usage)
-    await asyncio.gather(fair.charge("alice", 2.0), fair.charge("bob", 3.0))
+    await asyncio.gather(fair.charge("alice", 2.0, key="a"), fair.charge("bob", 3.0, key="b"))
     restarted = FairShare(usage)
     await restarted.load()
     assert restarted.usage == pytest.approx({"alice": 2.0, "bob": 3.0}, rel=1e-3)
@@ -247,11 +247,11 @@ async def test_fair_share_writes_nothing_for_a_job_without_gpus_and_once_for_cha
 
     usage.replace_one = counted_write
     fair = FairShare(usage)
-    await fair.charge("alice", 0.0)  # a no-op job: nothing to add
+    await fair.charge("alice", 0.0, key="none")  # a no-op job: nothing to add
     assert writes == []
-    first = asyncio.create_task(fair.charge("alice", 1.0))
+    first = asyncio.create_task(fair.charge("alice", 1.0, key="a"))
     await asyncio.sleep(0)
-    others = asyncio.gather(*(fair.charge(user, 2.0) for user in ("bob", "carol", "dave")))
+    others = asyncio.gather(*(fair.charge(user, 2.0, key=user) for user in ("bob", "carol", "dave")))
     await asyncio.sleep(0)
     held.set()
     await asyncio.gather(first, others)
