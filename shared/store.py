@@ -323,6 +323,11 @@ class DocumentStore:
     async def load(self, doc_id: Any) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": doc_id})
 
+    async def delete(self, doc_id: Any) -> None:
+        """The document goes, its remembered copy with it (and the events still in its outbox)."""
+        self._remembered.pop(doc_id)
+        await self.collection.delete_one({"_id": doc_id})
+
     async def update(self, doc_id: Any, change: Change, *, attempts: int = MAX_CONFLICTS, new: bool = False) -> bool:
         """Load (or recall), change, save until no one wrote in between; `change` returns None when there is
         nothing to write. Returns whether it wrote; raises ConflictsExhausted after `attempts` lost races.

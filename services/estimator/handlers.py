@@ -4,7 +4,16 @@ from faststream import Context
 from faststream.nats import NatsMessage, NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
-from shared.events import JobEvent, JobPlaced, JobStatusChanged, JobSubmitted, LogChunk, TaskStarted, TaskTelemetry
+from shared.events import (
+    JobDeleted,
+    JobEvent,
+    JobPlaced,
+    JobStatusChanged,
+    JobSubmitted,
+    LogChunk,
+    TaskStarted,
+    TaskTelemetry,
+)
 from shared.handlers import HandlerTable, dispatch
 from shared.keyed import keyed_durable, stored_at
 from shared.origin import deliveries
@@ -12,11 +21,12 @@ from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
 # Learn each job's metrics, parse metric points out of its output and refresh the estimate; stop estimating once
-# the job has finished.
+# the job has finished, and forget it once it is deleted.
 EVENT_HANDLERS: HandlerTable[Estimator] = {
     JobSubmitted: Estimator.submitted,
     TaskStarted: Estimator.task_started,
     JobStatusChanged: Estimator.status_changed,
+    JobDeleted: Estimator.deleted,
     JobPlaced: Estimator.placed,
     LogChunk: Estimator.log_chunk,
     TaskTelemetry: Estimator.task_telemetry,

@@ -13,6 +13,7 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError
 from shared.bus import publish
 from shared.events import (
     EtaEstimated,
+    JobDeleted,
     JobPlaced,
     JobStatusChanged,
     JobSubmitted,
@@ -139,6 +140,20 @@ class Estimator:
         self.finished.put(event.job_id, True)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
+
+    async def deleted(self, event: JobDeleted) -> None:
+        """A deleted job (only a finished one is: the submitter's word) is tracked no more: its record, metric
+        lines, GPU samples and placements go; output that comes later is dropped unread. What it taught the
+        history model and the own-jobs corpus stays."""
+        self.finished.put(event.job_id, True)
+        self.live.pop(event.job_id, None)
+        self.last_published.pop(event.job_id, None)
+        if self.origins is not None:
+            await self.origins.forget(event.job_id)
+        await self.points.delete_many({"job_id": event.job_id})
+        if self.telemetry is not None:
+            await self.telemetry.delete_many({"job_id": event.job_id})
+        await self.jobs.delete(event.job_id)
 
     async def log_chunk(self, chunk: LogChunk) -> None:
         model = await self._model(chunk.job_id)
