@@ -59,6 +59,21 @@ def restart_events(sighting: Sighting) -> list[Message]:
     return events
 
 
+def overdue_query(now: datetime) -> dict:
+    """Running jobs whose deadline (JobState.deadline) has passed, or that were stored without one."""
+    return {
+        "phase": Phase.RUNNING.value,
+        "$or": [
+            {"deadline": {"$lt": now}},
+            {"deadline": {"$exists": False}, "max_duration_s": {"$gt": 0}},
+        ],
+    }
+
+
+# What overdue_query reads by: running jobs, by deadline.
+DEADLINE_INDEX = [("phase", 1), ("deadline", 1)]
+
+
 @dataclass
 class Monitor:
     jobs: DocumentStore
@@ -301,13 +316,9 @@ class Monitor:
         await self.expire_overdue(utcnow())
 
     async def expire_overdue(self, now: datetime) -> None:
-        """Terminate running jobs past their max_duration_s."""
-        overdue = [
-            d["_id"]
-            async for d in self.jobs.collection.find(
-                {"phase": Phase.RUNNING.value, "max_duration_s": {"$gt": 0}}, {"_id": 1}
-            )
-        ]
+        """Terminate running jobs past their max_duration_s: only those whose deadline has passed are read (by
+        the `deadline` index), and jobs stored before it was (no `deadline` yet) until their next write."""
+        overdue = [d["_id"] async for d in self.jobs.collection.find(overdue_query(now), {"_id": 1})]
         for job_id in overdue:
             await self.apply(job_id, lambda job: None if job is None else expire(job, now=now))
 

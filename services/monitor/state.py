@@ -5,10 +5,10 @@ Fencing: a task of an attempt that is not the job's current one is told to stop 
 """
 
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from shared.events import (
     Assignment,
@@ -91,6 +91,14 @@ class JobState(BaseModel):
     @property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(a.node_id for a in self.assignments)
+
+    @computed_field  # type: ignore[prop-decorator]  # stored with the job: the overdue sweep reads only what is due
+    @property
+    def deadline(self) -> datetime | None:
+        """When the job has run its max_duration_s since it first started; None without either."""
+        if not self.max_duration_s or self.start_time is None:
+            return None
+        return self.start_time + timedelta(seconds=self.max_duration_s)
 
 
 Outcome = tuple[JobState, list[Message]]
@@ -392,10 +400,7 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
 
 def expire(job: JobState, *, now: datetime) -> Outcome:
     """A job running longer than its max_duration_s is terminated (BML's max_duration)."""
-    if job.phase != Phase.RUNNING or not job.max_duration_s or not job.start_time:
-        return job, []
-    ran = (now - job.start_time).total_seconds()
-    if ran <= job.max_duration_s:
+    if job.phase != Phase.RUNNING or job.deadline is None or now <= job.deadline:
         return job, []
     return terminate(
         job,

@@ -1,0 +1,55 @@
+"""The sweep for jobs past their max_duration_s reads only the running jobs whose deadline has passed (and those
+stored before jobs carried one), not every running job with a limit, every second."""
+
+from datetime import UTC, datetime, timedelta
+
+from shared.bus import publish
+from tests.factories import placed, started, submitted
+from tests.memory import Cursor, MemoryCollection
+
+
+class DocsCounting(MemoryCollection):
+    """Counts the documents the monitor's finds return (what a database would send it)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.read = 0
+
+    def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
+        cursor = super().find(query, projection)
+        self.read += len(cursor.docs)
+        return cursor
+
+
+async def run(broker, job_id: str, **spec) -> None:
+    for event in (submitted(job_id=job_id, **spec), placed(job_id), started(job_id)):
+        await publish(broker, event)
+
+
+async def test_the_overdue_sweep_reads_only_the_jobs_past_their_deadline(monitor_broker):
+    broker, monitor, seen = monitor_broker
+    jobs = monitor.jobs.collection = DocsCounting("jobs")
+    for i in range(10):
+        await run(broker, f"long-{i}", max_duration_s=3600)
+        await run(broker, f"unlimited-{i}")
+    await run(broker, "short", max_duration_s=1)
+
+    now = datetime.now(UTC)
+    jobs.read = 0
+    await monitor.expire_overdue(now)
+    assert jobs.read == 0  # nothing is past its deadline yet
+    await monitor.expire_overdue(now + timedelta(seconds=5))
+    assert jobs.read == 1  # the short job alone
+    assert (await monitor.jobs.load("short"))["phase"] == "Terminating"
+    assert {doc["phase"] for doc in jobs.docs.values() if doc["_id"] != "short"} == {"Running"}
+    jobs.read = 0
+    await monitor.expire_overdue(now + timedelta(seconds=5))
+    assert jobs.read == 0  # terminating: not read again
+
+
+async def test_a_job_stored_before_deadlines_is_still_expired(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    await run(broker, "old", max_duration_s=1)
+    monitor.jobs.collection.docs["old"].pop("deadline", None)  # as an earlier monitor wrote it
+    await monitor.expire_overdue(datetime.now(UTC) + timedelta(seconds=5))
+    assert (await monitor.jobs.load("old"))["phase"] == "Terminating"
