@@ -43,11 +43,13 @@ class Mirror:
         if not self.fs.exists(remote):
             return {}
         if self.fs.isfile(remote):
+            listed = {remote: self.fs.info(remote)}
             files = {remote: local / remote.rsplit("/", 1)[-1]}
         else:
-            files = {path: local / path[len(remote) + 1 :] for path in self.fs.find(remote)}
+            listed = self.fs.find(remote, detail=True)
+            files = {path: local / path[len(remote) + 1 :] for path in listed}
         tally, size = tally or Tally(), 0
-        tally.expect(sum(self.fs.size(path) or 0 for path in files))  # a listing refuses early, the copy counts
+        tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
         for path, target in files.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             size = self._copy(path, target, tally, size)
@@ -136,6 +138,12 @@ def open_confined(top: Path, relative: str) -> int:
         os.close(file)
         raise OSError(f"{relative} is not a regular file")
     return file
+
+
+def listed_size(info: dict) -> int:
+    """The size a listing gives a file (a claim of the storage: 0 when it gives none that makes sense)."""
+    size = info.get("size")
+    return size if isinstance(size, int) and size > 0 else 0
 
 
 def _scan(local: Path) -> Manifest:

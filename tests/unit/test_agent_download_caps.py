@@ -122,12 +122,22 @@ async def test_an_fsspec_input_past_the_cap_is_refused_by_its_listing(tmp_path):
     assert not (tmp_path / "work" / "inputs" / "d0").exists()
 
 
+def test_a_single_fsspec_file_past_the_cap_is_refused(tmp_path):
+    (tmp_path / "huge.bin").write_bytes(b"z" * (2 * CAP))
+    with pytest.raises(TooLarge, match="one download may be"):
+        Mirror(f"file://{tmp_path}/huge.bin").restore(tmp_path / "local", Tally(per_download=CAP))
+    assert list((tmp_path / "local").iterdir()) == []
+
+
 def test_an_fsspec_listing_that_lies_about_sizes_is_still_stopped_by_what_is_copied(tmp_path, monkeypatch):
     source = tmp_path / "bucket"
     source.mkdir()
     (source / "huge.bin").write_bytes(b"z" * (2 * CAP))
     mirror = Mirror(f"file://{source}")
-    monkeypatch.setattr(mirror.fs, "size", lambda path: 1)
+    find = mirror.fs.find
+    monkeypatch.setattr(
+        mirror.fs, "find", lambda path, **kw: {p: {**info, "size": 1} for p, info in find(path, **kw).items()}
+    )
     with pytest.raises(TooLarge, match="one download may be"):
         mirror.restore(tmp_path / "local", Tally(per_download=CAP))
     assert list((tmp_path / "local").iterdir()) == []
