@@ -1,6 +1,7 @@
 """The node agent's behaviour: register, heartbeat, start and stop tasks, report how they end."""
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -281,7 +282,7 @@ class Agent:
             if not launch.cancelling():  # cancelled once: it is reporting its end
                 log.warning("fenced: %s stopped while preparing (%.1f s unacknowledged)", key, fence.silent_s())
                 launch.cancel()
-                launch.add_done_callback(lambda _, key=key: self._cancelled_unbegun(key))
+                launch.add_done_callback(functools.partial(self._cancelled_unbegun, key))
         for key, task in list(self.tasks.items()):
             if task.stop_reason is None:
                 log.warning("fenced: stopping %s, no heartbeat acknowledged for %.1f s", key, fence.silent_s())
@@ -290,7 +291,7 @@ class Agent:
                 self.supervisors.add(stop)
                 stop.add_done_callback(self.supervisors.discard)
 
-    def _cancelled_unbegun(self, key: str) -> None:
+    def _cancelled_unbegun(self, key: str, _launch: asyncio.Task) -> None:
         """A launch cancelled before it ran a step ends without its own report (nor forgetting itself): report
         it here, so the monitor hears its end all the same."""
         if self.launching.pop(key, None) is None:
