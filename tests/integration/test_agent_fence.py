@@ -23,7 +23,7 @@ EXITED = "tm.job.task.n1.exited"
 
 @pytest.fixture
 def stack(tmp_path):
-    """NATS with n1's identity and command consumer, and n1's agent (3 s node timeout, fenced after 1.6 s)."""
+    """NATS with n1's identity and command consumer, and n1's agent (3 s node timeout, fenced after 2 s)."""
     (tmp_path / "cluster.toml").write_text(CLUSTER)
     stack = Stack(
         StackSettings(
@@ -37,8 +37,8 @@ def stack(tmp_path):
         ),
         extra_env={
             "TRAINMASTER_USE_NVML": "false",
-            "TRAINMASTER_FENCE_MARGIN_S": "1.4",
-            "TRAINMASTER_FENCE_GRACE_S": "0.3",
+            "TRAINMASTER_FENCE_MARGIN_S": "1.0",
+            "TRAINMASTER_FENCE_GRACE_S": "0.1",
         },
     )
     try:
