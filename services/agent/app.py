@@ -239,13 +239,29 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
             burst_s=settings.output_burst_s,
         ),
         output_update_s=settings.output_update_s,
-        # the node timeout the monitor announced (it grows with the fleet), else the one it is configured with
         fence=Fence(
-            timeout_s=lambda: pace.timeout_s or settings.node_timeout_s,
+            timeout_s=lambda: node_timeout_s(pace, settings),
             margin_s=settings.fence_margin_s,
             grace_s=settings.fence_grace_s,
         ),
         acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
+    )
+
+
+def node_timeout_s(pace: Pace, settings: AgentSettings) -> float:
+    """The silence after which the monitor calls a node lost: as it last announced it (it grows with the fleet, and
+    a shorter one is in force only once every agent could hear it), else as the monitor is configured (the same
+    `node_timeout_s` setting)."""
+    return pace.timeout_s or settings.node_timeout_s
+
+
+def fence_check(pace: Pace, settings: AgentSettings) -> str | None:
+    """What is wrong with fencing at the pace the monitor announced (a monitor configured apart from its agents)."""
+    return margin_problem(
+        timeout_s=node_timeout_s(pace, settings),
+        margin_s=settings.fence_margin_s,
+        grace_s=settings.fence_grace_s,
+        interval_s=pace.interval_s,
     )
 
 
@@ -275,6 +291,8 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         async def heard(msg) -> None:
             pace.heard(msg.data)
+            if problem := fence_check(pace, settings):  # it still fences early (safe), but stops work too soon
+                log.error("the node timeout the monitor announces does not suit this agent's fence: %s", problem)
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)

@@ -8,13 +8,14 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from shared.events import NodeHeartbeat, StartTask, StopTask, TaskExited, TaskStarted
+from shared.events import NodeCadence, NodeHeartbeat, StartTask, StopTask, TaskExited, TaskStarted
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
-from services.agent.app import AgentSettings
+from services.agent.app import AgentSettings, fence_check, node_timeout_s
 from services.agent.checkpoints import CheckpointStore
 from services.agent.fence import CHECK_S, RESERVE_S, Fence, fence_due, margin_problem
 from services.agent.journal import Journal
+from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.monitor.app import MonitorSettings
 from tests.factories import algorithm, node, spec, unique
@@ -253,3 +254,16 @@ async def test_a_fenced_task_whose_end_an_agent_restart_lost_is_reported_fenced(
         ("j", "stopped: fenced"),
         ("k", "the agent restarted while this task ran"),
     ]
+
+
+def test_the_fence_counts_with_the_node_timeout_the_monitor_announces_and_its_own_until_then():
+    settings = AgentSettings(node_id="n")
+    pace = Pace(settings.heartbeat_interval_s)
+    assert node_timeout_s(pace, settings) == settings.node_timeout_s
+    assert fence_check(pace, settings) is None
+    pace.heard(NodeCadence(event_id="c", interval_s=4.0, timeout_s=20.0).model_dump_json().encode())
+    assert node_timeout_s(pace, settings) == 20.0  # a large fleet: slower heartbeats, a longer timeout
+    assert fence_check(pace, settings) is None
+    pace.heard(NodeCadence(event_id="c", interval_s=2.0, timeout_s=3.0).model_dump_json().encode())
+    assert node_timeout_s(pace, settings) == 3.0  # a monitor configured apart: fenced early, and said so
+    assert "fence_margin_s" in (fence_check(pace, settings) or "")
