@@ -281,10 +281,11 @@ class Agent:
         for key, launch in list(self.launching.items()):
             if not launch.cancelling():  # cancelled once: it is reporting its end
                 log.warning("fenced: %s stopped while preparing (%.1f s unacknowledged)", key, fence.silent_s())
+                self.journal.mark_fenced(key)
                 launch.cancel()
                 launch.add_done_callback(functools.partial(self._cancelled_unbegun, key))
-        for key, task in list(self.tasks.items()):
-            if task.stop_reason is None:
+        for key, task in list(self.tasks.items()):  # those that ended and are not yet reported too: their
+            if task.stop_reason is None:  # checkpoint and outputs, if not stored yet, are no longer theirs to write
                 log.warning("fenced: stopping %s, no heartbeat acknowledged for %.1f s", key, fence.silent_s())
                 self.journal.mark_fenced(key)
                 stop = asyncio.create_task(task.stop(reason=FENCED, grace_s=fence.grace_s))

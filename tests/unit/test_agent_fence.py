@@ -3,6 +3,7 @@ clock stands for the time, the tasks are real processes."""
 
 import asyncio
 import os
+import signal
 import sys
 
 import pytest
@@ -267,3 +268,22 @@ def test_the_fence_counts_with_the_node_timeout_the_monitor_announces_and_its_ow
     pace.heard(NodeCadence(event_id="c", interval_s=2.0, timeout_s=3.0).model_dump_json().encode())
     assert node_timeout_s(pace, settings) == 3.0  # a monitor configured apart: fenced early, and said so
     assert "fence_margin_s" in (fence_check(pace, settings) or "")
+
+
+async def test_a_task_that_ended_during_the_silence_and_is_not_yet_reported_is_fenced_too(tmp_path):
+    """Its exit waits for the bus behind its last output; its outputs and final checkpoint are not stored yet, so
+    it may no longer store them, and its attempt is reported stopped (the job runs again), not ended by itself."""
+    bus, clock = Bus(), Clock()
+    agent = make_agent(tmp_path, bus, clock)
+    job_id = unique("j")
+    pid = await running(agent, bus, tmp_path, job_id)
+    bus.down = True
+    os.killpg(pid, signal.SIGTERM)  # from outside the agent: the script saves a checkpoint and ends
+    await until(lambda: not alive(pid), "the task ended by itself")
+    clock.now += WINDOW_S
+    await agent.fence_if_unheard()
+    bus.down = False
+    await until(lambda: bus.exits(), "its end reported once the bus is back")
+    [exited] = bus.exits()
+    assert (exited.reason, exited.message) == ("terminated", "stopped: fenced")  # unfenced: failed, code 143
+    assert Journal(tmp_path / "journal.json").fenced == {Journal.key(job_id, 1, 0)}
