@@ -57,6 +57,7 @@ class SimTask:
     start: StartTask
     pid: int = 0
     started_at: float = field(default_factory=time.time)
+    stop_reason: str | None = None  # never stopped here (the agent's heartbeat leaves fenced tasks out)
 
 
 class SimAgent:
@@ -76,6 +77,8 @@ class SimAgent:
         self.tasks: dict[str, SimTask] = {}
         self.broker = broker
         self.hangs = HangPolicy()  # no NVML: simulated GPUs send no readings
+        self.fence = None  # simulated nodes never fence: a heartbeat is not waited for
+        self.acknowledge = None
 
     async def publish(self, message) -> None:
         await publish(self.broker, message)

@@ -1,6 +1,7 @@
 """The node agent's behaviour: register, heartbeat, start and stop tasks, report how they end."""
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -28,6 +29,7 @@ from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
+from services.agent.fence import FENCED, Fence
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
@@ -41,6 +43,7 @@ from services.agent.telemetry import group_pids, task_samples
 log = logging.getLogger(__name__)
 
 Publish = Callable[[Message], Awaitable[None]]
+Acknowledge = Callable[[], Awaitable[None]]  # returns once the server has everything published so far, else raises
 LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's directory: never the task's
 
 
@@ -61,8 +64,12 @@ class Agent:
         output_rate: Callable[[], OutputRate | None] = lambda: None,
         disk_quota_gb: float | None = None,
         output_update_s: float = UPDATE_EVERY_S,
+        fence: Fence | None = None,
+        acknowledge: Acknowledge | None = None,
     ) -> None:
         self.node = node
+        self.fence = fence  # stop every task when no heartbeat has been acknowledged for its window
+        self.acknowledge = acknowledge
         self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
         self.output_rate = output_rate  # each task's own allowance of output (None: unlimited)
         self.disk_quota_gb = disk_quota_gb
@@ -92,10 +99,11 @@ class Agent:
     async def heartbeat(self) -> None:
         """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
         self.heartbeats += 1
-        tasks = list(self.tasks.values())
+        tasks = [t for t in self.tasks.values() if t.stop_reason != FENCED]  # fenced: dead or dying, not running
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
+        sent_at = self.fence.clock() if self.fence else 0.0
         await self.publish(
             NodeHeartbeat(
                 event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
@@ -105,6 +113,13 @@ class Agent:
                 gpus=gpus,
             )
         )
+        if self.fence is not None and self.acknowledge is not None:
+            try:
+                await self.acknowledge()
+            except Exception as exc:  # the bus did not answer: the silence grows towards the fence
+                log.warning("heartbeat not acknowledged, %.1f s since one was: %r", self.fence.silent_s(), exc)
+                return
+            self.fence.acked(sent_at)
         if not gpus or probe is None:
             return
         held = await asyncio.to_thread(
@@ -256,6 +271,40 @@ class Agent:
         if self.supervisors:
             await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
 
+    async def fence_if_unheard(self) -> None:
+        """Stop every task (the stop command's path: SIGTERM, the fence's grace, SIGKILL, cleanup) once no heartbeat
+        has been acknowledged for the fence's window: the monitor may soon call this node lost and place its jobs
+        again. Their ends are reported when the bus answers again (journalled as fenced until then)."""
+        fence = self.fence
+        if fence is None or not fence.due():
+            return
+        for key, launch in list(self.launching.items()):
+            if not launch.cancelling():  # cancelled once: it is reporting its end
+                log.warning("fenced: %s stopped while preparing (%.1f s unacknowledged)", key, fence.silent_s())
+                self.journal.mark_fenced(key)
+                launch.cancel()
+                launch.add_done_callback(functools.partial(self._cancelled_unbegun, key))
+        for key, task in list(self.tasks.items()):  # those that ended and are not yet reported too: their
+            if task.stop_reason is None:  # checkpoint and outputs, if not stored yet, are no longer theirs to write
+                log.warning("fenced: stopping %s, no heartbeat acknowledged for %.1f s", key, fence.silent_s())
+                self.journal.mark_fenced(key)
+                stop = asyncio.create_task(task.stop(reason=FENCED, grace_s=fence.grace_s))
+                self.supervisors.add(stop)
+                stop.add_done_callback(self.supervisors.discard)
+
+    def _cancelled_unbegun(self, key: str, _launch: asyncio.Task) -> None:
+        """A launch cancelled before it ran a step ends without its own report (nor forgetting itself): report
+        it here, so the monitor hears its end all the same."""
+        if self.launching.pop(key, None) is None:
+            return
+        job_id, attempt, rank = key.rsplit(":", 2)
+        ref = TaskRef(job_id=job_id, attempt=int(attempt), rank=int(rank))
+        report = asyncio.create_task(
+            self._report_exit(self._exited(ref, reason="terminated", message="stopped while preparing"))
+        )
+        self.supervisors.add(report)
+        report.add_done_callback(self.supervisors.discard)
+
     async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
         start = task.start
         helpers = [
@@ -280,11 +329,15 @@ class Agent:
             await past_quota(task, self.disk_quota_gb)
         if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
             await asyncio.to_thread(kill_user, task.user.uid)
-        await shipper.close()
-        await self._sync_once(task)
-        for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
-            await self._upload(task, output)
-        await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+        if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
+            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await shipper.close()
+        else:
+            await shipper.close()
+            await self._sync_once(task)
+            for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
+                await self._upload(task, output)
+            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
@@ -306,11 +359,12 @@ class Agent:
         for job_id, attempt, rank in self.journal.unreported():
             key = Journal.key(job_id, attempt, rank)
             if key not in self.tasks and key not in self.launching:
+                fenced = key in self.journal.fenced
                 await self._report_exit(
                     self._exited(
                         TaskRef(job_id=job_id, attempt=attempt, rank=rank),
                         reason="terminated",
-                        message="the agent restarted while this task ran",
+                        message=f"stopped: {FENCED}" if fenced else "the agent restarted while this task ran",
                     )
                 )
 
@@ -335,6 +389,8 @@ class Agent:
 
     async def _upload(self, task: TaskProcess, output: DataOut) -> None:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
+        if task.stop_reason == FENCED:  # its attempt may already run elsewhere: that one writes, not this
+            return
         try:
             task.uploaded[output.name] = await asyncio.to_thread(
                 Mirror(output.url).sync,
@@ -354,6 +410,8 @@ class Agent:
                 await self._sync_once(task)
 
     async def _sync_once(self, task: TaskProcess) -> None:
+        if task.stop_reason == FENCED:  # the next attempt may have restored the checkpoint: it is its writer now
+            return
         try:
             task.manifest = await asyncio.to_thread(
                 self.checkpoints.sync,

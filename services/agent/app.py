@@ -1,13 +1,14 @@
 """Agent wiring: one process per compute node."""
 
 import logging
+import math
 import os
 import signal
 from functools import partial
 from pathlib import Path
 
 from faststream import FastStream
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from shared.bus import NODE_CADENCE, publish
 from shared.cluster import read_cluster
@@ -19,6 +20,7 @@ from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
+from services.agent.fence import CHECK_S, Fence, margin_problem
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
@@ -141,6 +143,29 @@ class AgentSettings(CommonSettings, StorageSettings):
         "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
         "and its last frame always.",
     )
+    fence_margin_s: float = Field(
+        4.0,
+        gt=0,
+        description="The agent stops its own tasks once no heartbeat it sent in the "
+        "node timeout less this has been acknowledged by the bus, so they are dead before "
+        "the monitor can call the node lost and place their jobs again; it must hold twice "
+        "fence_grace_s and 0.75 s more (services/agent/fence.py).",
+    )
+    fence_grace_s: float = Field(
+        1.0, ge=0, description="SIGTERM to SIGKILL for a task its agent stops when the bus stopped answering."
+    )
+
+    @model_validator(mode="after")
+    def _fence_fits(self) -> "AgentSettings":
+        problem = margin_problem(
+            timeout_s=self.node_timeout_s,
+            margin_s=self.fence_margin_s,
+            grace_s=self.fence_grace_s,
+            interval_s=self.heartbeat_interval_s,
+        )
+        if problem:
+            raise ValueError(problem)
+        return self
 
 
 def task_uid_first(settings: AgentSettings) -> int:
@@ -187,8 +212,8 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
     )
 
 
-def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
-    """The node described (NVML or the cluster file), its storage, engines and task confinement."""
+def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
+    """The node described (NVML or the cluster file), its storage, engines, task confinement and fence."""
     cluster = read_cluster(settings.cluster_file)
     entries = node_entries(cluster, source=settings.cluster_file)
     if settings.node_id not in entries:
@@ -233,18 +258,50 @@ def build_agent(settings: AgentSettings, w: Wiring) -> Agent:
             burst_s=settings.output_burst_s,
         ),
         output_update_s=settings.output_update_s,
+        fence=Fence(
+            timeout_s=lambda: node_timeout_s(pace, settings),
+            margin_s=settings.fence_margin_s,
+            grace_s=settings.fence_grace_s,
+        ),
+        acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
     )
+
+
+def node_timeout_s(pace: Pace, settings: AgentSettings) -> float:
+    """The silence after which the monitor calls a node lost: as it last announced it (it grows with the fleet, and
+    a shorter one is in force only once every agent could hear it), else as the monitor is configured (the same
+    `node_timeout_s` setting)."""
+    return pace.timeout_s or settings.node_timeout_s
+
+
+def fence_check(pace: Pace, settings: AgentSettings) -> str | None:
+    """What is wrong with fencing at the pace the monitor announced (a monitor configured apart from its agents)."""
+    return margin_problem(
+        timeout_s=node_timeout_s(pace, settings),
+        margin_s=settings.fence_margin_s,
+        grace_s=settings.fence_grace_s,
+        interval_s=pace.interval_s,
+    )
+
+
+async def acknowledged(w: Wiring, *, timeout_s: float) -> None:
+    """Return once the server has read everything this agent published so far (a PING answered after it: the
+    server reads a connection in order), else raise. Heartbeats are core NATS, with no acknowledgement of their
+    own."""
+    client = w.broker.config.connection_state.connection
+    if not client.is_connected:  # reconnecting: nats-py's flush would return without asking the server
+        raise ConnectionError("not connected to the bus")
+    await client.flush(timeout=max(1, math.ceil(timeout_s)))
 
 
 def create_app(settings: AgentSettings) -> FastStream:
     w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
-    agent = build_agent(settings, w)
+    # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
+    pace = Pace(settings.heartbeat_interval_s)
+    agent = build_agent(settings, w, pace)
     node = agent.node
     w.broker.include_router(command_router(node.node_id))
     w.broker.context.set_global("agent", agent)
-
-    # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
-    pace = Pace(settings.heartbeat_interval_s)
 
     async def started() -> None:
         await agent.register()
@@ -253,9 +310,12 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         async def heard(msg) -> None:
             pace.heard(msg.data)
+            if problem := fence_check(pace, settings):  # it still fences early (safe), but stops work too soon
+                log.error("the node timeout the monitor announces does not suit this agent's fence: %s", problem)
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
+        w.background.every("fence", CHECK_S, agent.fence_if_unheard)
         if settings.spot_metadata_url:
             watcher = SpotWatcher(
                 url=settings.spot_metadata_url,

@@ -12,11 +12,13 @@ class Journal:
         self.started: set[str] = set()
         self.stopped: set[str] = set()
         self.exited: set[str] = set()
+        self.fenced: set[str] = set()  # started tasks the agent stopped itself, its heartbeats unacknowledged
         if path.exists():
             data = json.loads(path.read_text())
             self.started, self.stopped = set(data["started"]), set(data["stopped"])
             # journals written before ends were kept: every started task counts as reported
             self.exited = set(data.get("exited", data["started"]))
+            self.fenced = set(data.get("fenced", []))
 
     @staticmethod
     def key(job_id: str, attempt: int, rank: int) -> str:
@@ -28,6 +30,10 @@ class Journal:
 
     def mark_stopped(self, key: str) -> None:
         self.stopped.add(key)
+        self._save()
+
+    def mark_fenced(self, key: str) -> None:
+        self.fenced.add(key)
         self._save()
 
     def mark_exited(self, key: str) -> None:
@@ -44,7 +50,13 @@ class Journal:
         tmp = self.path.with_suffix(".tmp")
         with tmp.open("w") as f:
             json.dump(
-                {"started": sorted(self.started), "stopped": sorted(self.stopped), "exited": sorted(self.exited)}, f
+                {
+                    "started": sorted(self.started),
+                    "stopped": sorted(self.stopped),
+                    "exited": sorted(self.exited),
+                    "fenced": sorted(self.fenced),
+                },
+                f,
             )
             f.flush()
             os.fsync(f.fileno())

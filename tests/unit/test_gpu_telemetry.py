@@ -172,7 +172,7 @@ async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_samp
         storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
         hangs=HangPolicy(gpus=GpuProbe()),
     )
-    agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)), pid=os.getpid())  # this process: the task
+    agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)), pid=os.getpid(), stop_reason=None)  # the task
     await agent.heartbeat()
     beat, sample = sent
     assert isinstance(beat, NodeHeartbeat) and [(g.index, g.util_percent) for g in beat.gpus] == [(0, 90), (1, 5)]
