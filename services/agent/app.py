@@ -143,6 +143,13 @@ class AgentSettings(CommonSettings, StorageSettings):
         "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
         "and its last frame always.",
     )
+    fence: bool = Field(
+        True,
+        description="Stop this node's tasks when the bus stops acknowledging its heartbeats "
+        "(before the monitor could call the node lost and run their jobs elsewhere). Off: a "
+        "node cut off from the bus keeps running its tasks beside their next attempts until it "
+        "is back and told to stop; a bus outage longer than the window no longer stops every task.",
+    )
     fence_margin_s: float = Field(
         4.0,
         gt=0,
@@ -157,7 +164,7 @@ class AgentSettings(CommonSettings, StorageSettings):
 
     @model_validator(mode="after")
     def _fence_fits(self) -> "AgentSettings":
-        problem = margin_problem(
+        problem = self.fence and margin_problem(
             timeout_s=self.node_timeout_s,
             margin_s=self.fence_margin_s,
             grace_s=self.fence_grace_s,
@@ -262,7 +269,9 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
             timeout_s=lambda: node_timeout_s(pace, settings),
             margin_s=settings.fence_margin_s,
             grace_s=settings.fence_grace_s,
-        ),
+        )
+        if settings.fence
+        else None,
         acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
     )
 
@@ -310,12 +319,14 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         async def heard(msg) -> None:
             pace.heard(msg.data)
-            if problem := fence_check(pace, settings):  # it still fences early (safe), but stops work too soon
+            # a monitor configured apart from its agents: it still fences early (safe), but stops work too soon
+            if settings.fence and (problem := fence_check(pace, settings)):
                 log.error("the node timeout the monitor announces does not suit this agent's fence: %s", problem)
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
-        w.background.every("fence", CHECK_S, agent.fence_if_unheard)
+        if settings.fence:
+            w.background.every("fence", CHECK_S, agent.fence_if_unheard)
         if settings.spot_metadata_url:
             watcher = SpotWatcher(
                 url=settings.spot_metadata_url,

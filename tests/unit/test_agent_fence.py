@@ -148,6 +148,8 @@ def test_a_margin_too_small_for_the_kill_or_a_window_of_less_than_two_heartbeats
     assert "two heartbeat" in (margin_problem(timeout_s=10, margin_s=4, grace_s=1, interval_s=3.5) or "")
     with pytest.raises(ValidationError, match="fence_margin_s"):
         AgentSettings(node_id="n", fence_margin_s=1.0, fence_grace_s=1.0)
+    # an operator who turns the fence off is not held to its margins, and the agent gets none
+    assert AgentSettings(node_id="n", fence=False, fence_margin_s=1.0, fence_grace_s=1.0).fence is False
 
 
 def test_the_agent_and_the_monitor_agree_on_the_node_timeout_by_default():
