@@ -6,9 +6,10 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from shared.clock import utcnow
 from shared.events import (
@@ -244,9 +245,9 @@ class Agent:
         key = Journal.key(command.job_id, command.attempt, command.rank)
         task = self.tasks.get(key)
         if task is not None:
-            asyncio.create_task(task.stop(reason=command.reason, grace_s=command.grace_s))
+            self._beside(task.stop(reason=command.reason, grace_s=command.grace_s))
         elif key in self.launching:
-            self.launching[key].cancel()
+            self._cancel_launch(key)
         elif key not in self.journal.started and key not in self.journal.stopped:
             self.journal.mark_stopped(key)
             await self.publish_reliably(
@@ -264,10 +265,10 @@ class Agent:
 
     async def shutdown(self, reason: str = "agent_shutdown") -> None:
         """Stop every task (it is requeued elsewhere) and wait for their reports."""
-        for launch in list(self.launching.values()):
-            launch.cancel()
+        for key in list(self.launching):
+            self._cancel_launch(key)
         for task in list(self.tasks.values()):
-            asyncio.create_task(task.stop(reason=reason, grace_s=self.shutdown_grace_s))
+            self._beside(task.stop(reason=reason, grace_s=self.shutdown_grace_s))
         if self.supervisors:
             await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
 
@@ -282,15 +283,27 @@ class Agent:
             if not launch.cancelling():  # cancelled once: it is reporting its end
                 log.warning("fenced: %s stopped while preparing (%.1f s unacknowledged)", key, fence.silent_s())
                 self.journal.mark_fenced(key)
-                launch.cancel()
-                launch.add_done_callback(functools.partial(self._cancelled_unbegun, key))
+                self._cancel_launch(key)
         for key, task in list(self.tasks.items()):  # those that ended and are not yet reported too: their
             if task.stop_reason is None:  # checkpoint and outputs, if not stored yet, are no longer theirs to write
                 log.warning("fenced: stopping %s, no heartbeat acknowledged for %.1f s", key, fence.silent_s())
                 self.journal.mark_fenced(key)
-                stop = asyncio.create_task(task.stop(reason=FENCED, grace_s=fence.grace_s))
-                self.supervisors.add(stop)
-                stop.add_done_callback(self.supervisors.discard)
+                self._beside(task.stop(reason=FENCED, grace_s=fence.grace_s))
+
+    def _cancel_launch(self, key: str) -> None:
+        """Cancel a task still preparing, once (a second cancel could cut its end report short); a launch
+        cancelled before its first step reports its end through `_cancelled_unbegun`."""
+        launch = self.launching[key]
+        if launch.cancelling():
+            return
+        launch.cancel()
+        launch.add_done_callback(functools.partial(self._cancelled_unbegun, key))
+
+    def _beside(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a stop beside the caller, held until it ends (a bare task may be collected before it runs)."""
+        stop = asyncio.create_task(work)
+        self.supervisors.add(stop)
+        stop.add_done_callback(self.supervisors.discard)
 
     def _cancelled_unbegun(self, key: str, _launch: asyncio.Task) -> None:
         """A launch cancelled before it ran a step ends without its own report (nor forgetting itself): report
