@@ -152,6 +152,8 @@ def _gain(
     best = pick_market(rentals, job, now=now, config=config)
     if best.instance is None:
         return 0.0, None
-    later = best.finish + config.migration_s - (now + remaining)  # negative when the rental is faster
+    # the time the move costs the job; a faster rental's gain is not counted: making room is paid for by the jobs
+    # it serves, not by the moved job's own speed-up (`pick` already chose the owned GPU for it, near-ties included)
+    later = max(0.0, best.finish + config.migration_s - (now + remaining))
     cost = best.cost * risk_factor(run.job, config) + time_value_per_s(run.job, config) * later
     return saved - cost - config.migration_fixed_cost, best.instance.name

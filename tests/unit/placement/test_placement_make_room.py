@@ -107,3 +107,16 @@ def test_the_simulator_moves_the_job_to_a_rental_and_the_local_only_jobs_run_on_
     assert out.pullbacks == 1
     assert start + 990 * HOUR < out.finished[long.id] <= start + 990 * HOUR + 2 * config().migration_s + 1.0
     assert out.od_dollars > 0
+
+
+def test_a_faster_rental_does_not_move_a_job_the_waiting_jobs_do_not_pay_for():
+    # on a slow owned GPU; a 3x faster rental would save the job itself ~667 h ($1,333 at its rate) for $167, but the
+    # one job waiting behind it would gain at most its 20 h ($10): the move would be for the job's own speed, which
+    # `pick` already weighed when it chose the owned GPU
+    node, long = _held_local(left_h=1000)
+    other = make_node(kind="local", gpu_count=1, free=0, price_per_hour=0.35)
+    soon = RunningJob(make_job(allowed="local"), (other.id,), ((0,),), started_at=0.0, expected_end_at=20 * HOUR)
+    fast = make_instance(name="a10g.1x", tflops=30.0, price_per_hour=0.5)
+    state = make_state(nodes=(node, other), running=(long, soon), queue=_local_only(1), catalogue=(fast,))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
