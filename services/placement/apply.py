@@ -1,5 +1,6 @@
 """Applying the engine's decisions: a start becomes a published placement, a rental asks billing first, an idle
-rented node goes back, a pull-back snapshots the job and keeps the owned node for it."""
+rented node goes back, a pull-back snapshots the job and keeps the owned node for it, a move to make room rents for
+the job first (billing admits it) and then snapshots it (its next attempt is kept to the rented node)."""
 
 import logging
 import zlib
@@ -10,7 +11,7 @@ from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.placement.fleet import Fleet
 from services.placement.inputs import PolicyInputs
-from services.placement.policy import Decision, Provision, PullBack, Release, Start, Wait
+from services.placement.policy import Decision, MakeRoom, Provision, PullBack, Release, Start, Wait
 from services.placement.queue import JobQueue, QueueItem
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ async def apply(
                 await fleet.release(node_id, reason="idle")
             case PullBack(job_id=job_id, from_node_id=source, to_node_id=target):
                 await pull_back(job_id, source, target, queue=queue, fleet=fleet)
+            case MakeRoom(job_id=job_id, instance_type=name, count=count):
+                await make_room(job_id, name, count, queue=queue, fleet=fleet, inputs=inputs)
             case Wait(job_id=job_id, reason=reason):
                 waiting[job_id] = reason
     for node in list(fleet.nodes.values()):
@@ -137,3 +140,35 @@ async def pull_back(job_id: str, source: str, target: str, *, queue: JobQueue, f
     )
     await queue.save(item.model_copy(update={"moving": True}), [event])
     log.info("pulling %s back from %s to %s", job_id, source, target)
+
+
+async def make_room(
+    job_id: str, instance_type: str, count: int, *, queue: JobQueue, fleet: Fleet, inputs: PolicyInputs
+) -> None:
+    """Rent for a running job that leaves an owned GPU to jobs that may only run there, then snapshot it: once the
+    agent requeues it (cause "migrated") it avoids the nodes it left and is kept to the nodes rented for it. Billing
+    refusing the rental leaves the job where it is."""
+    item = queue.items.get(job_id)
+    if item is None or item.state != "placed" or item.moving:
+        return
+    rented = await fleet.provision(
+        instance_type,
+        count,
+        job_id=job_id,
+        project_id=item.project_id,
+        user_name=item.user_name,
+        expected_hours=inputs.hours(item),
+    )
+    if not rented:
+        return
+    event = JobMigrateRequested(
+        event_id=f"{job_id}:migrate:make-room:{item.attempt}",
+        job_id=job_id,
+        requested_by="placement",
+        cause="migrated",
+        attempt=item.attempt,
+    )
+    await queue.save(item.model_copy(update={"moving": True}), [event])
+    log.info(
+        "moving %s to %s to make room on %s", job_id, ", ".join(rented), ", ".join(a.node_id for a in item.assignments)
+    )

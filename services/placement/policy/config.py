@@ -36,6 +36,11 @@ class PolicyConfig:
     # A time-sensitive job is moved only if it then ends at most this fraction of its remaining time later.
     pullback_max_slowdown: float = 0.10
     max_pullbacks_per_pass: int = 8
+    # Make room (the reverse of pull-back, policy/makeroom.py): a running job that may rent and checkpoints, with at
+    # least this long left, is moved off an owned GPU to a rental when the wait it takes off the owned-only jobs
+    # queued behind it is worth more than the rental and the time the move costs it; at most this many per pass.
+    make_room_min_remaining_s: float = 24 * 3600.0
+    make_room_max_per_pass: int = 4
     # The design pulls back only when nothing waits; owned GPUs still free after the queue pass are wanted by no
     # waiting job either (each job was offered them), so by default those may be used as well.
     pullback_only_when_queue_empty: bool = False

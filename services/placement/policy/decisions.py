@@ -40,6 +40,17 @@ class PullBack:
 
 
 @dataclass(frozen=True, slots=True)
+class MakeRoom:
+    """Rent `count` nodes of `instance_type` for running `job_id`, checkpoint it on the owned `node_ids` and resume it
+    on the rented nodes (kept for it), so that jobs that may only run on owned capacity get those GPUs."""
+
+    job_id: str
+    node_ids: tuple[str, ...]
+    instance_type: str
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Wait:
     """Leave `job_id` queued; `until` is the estimated start when known; `retry_at`: run a pass then; `node_ids`:
     the nodes it waits for, when it holds a reservation on them (what a dry run prices)."""
@@ -51,4 +62,4 @@ class Wait:
     node_ids: tuple[str, ...] = field(default=(), compare=False)
 
 
-Decision = Start | Provision | Release | PullBack | Wait
+Decision = Start | Provision | Release | PullBack | MakeRoom | Wait

@@ -4,6 +4,7 @@ from services.placement.policy.capacity import INF
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.contention import Backlog, backlog
 from services.placement.policy.decisions import Decision
+from services.placement.policy.makeroom import make_room
 from services.placement.policy.market import pick_market
 from services.placement.policy.models import ClusterState
 from services.placement.policy.options import job_kinds, node_options, provision_options, time_value_per_s
@@ -68,6 +69,8 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
             waits.started(job, choice, owned_only=not rents, value_per_s=time_value_per_s(job, config))
         if choice.action != "wait":
             queue.charge(job, choice.duration)
+    if waits is not None:
+        make_room(p)
     examined_all = len(state.queue) <= config.max_jobs_per_pass
     if "on_demand" in kinds and examined_all and (p.waiting == 0 or not config.pullback_only_when_queue_empty):
         pull_back(p)

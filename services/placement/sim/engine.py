@@ -10,6 +10,7 @@ from services.placement.policy import (
     ClusterState,
     InstanceType,
     JobRequest,
+    MakeRoom,
     Node,
     PolicyConfig,
     Provision,
@@ -20,6 +21,7 @@ from services.placement.policy import (
     Wait,
     schedule,
 )
+from services.placement.policy.engine import Constraint, place
 from services.placement.policy.hosting import as_node
 from services.placement.policy.models import NodeKind
 from services.placement.policy.spot import DEFAULT_INTERRUPTIONS_PER_HOUR
@@ -127,6 +129,7 @@ class Outcome:
     jobs_interrupted: int = 0
     lost_compute_s: float = 0.0  # computed since a job's last checkpoint when its node was taken back
     pullbacks: int = 0
+    moves_to_make_room: int = 0  # running jobs moved off owned GPUs to rentals (policy/makeroom.py)
     owned_busy_gpu_s: float = 0.0
     owned_gpus: int = 0
     passes: int = 0
@@ -163,6 +166,7 @@ class Simulation:
         self.ticks: set[float] = set()
         self.spot_seed = spot_seed
         self.restoring: set[str] = set()  # interrupted jobs: the next start first restores their checkpoint
+        self.kept: dict[str, frozenset[str]] = {}  # jobs moved to make room -> the nodes rented for them
         for j in jobs:
             self._push(j.request.submitted_at, ARRIVE, j.request.id)
 
@@ -195,7 +199,8 @@ class Simulation:
             usage_by_user=self._usage(now),
         )
         started = time.perf_counter()
-        decisions = schedule(state, now, self.config)
+        kept = {j: Constraint(only=ids) for j, nodes in self.kept.items() if (ids := nodes & self.nodes.keys())}
+        decisions = place(state, now, self.config, kept) if kept else schedule(state, now, self.config)
         self.out.policy_seconds += time.perf_counter() - started
         self.out.passes += 1
         for d in decisions:
@@ -211,6 +216,8 @@ class Simulation:
                 self._release(d.node_id, now)
             elif type(d) is PullBack:
                 self._pull_back(d, now)
+            elif type(d) is MakeRoom:
+                self._make_room(d, now)
 
     def _node(self, node_id: str) -> Node:
         node = self.cache.get(node_id)
@@ -277,6 +284,7 @@ class Simulation:
     def _start(self, d: Start, now: float) -> None:
         job = self.queue.pop(d.job_id)
         restore = self.config.migration_s if d.job_id in self.restoring else 0.0
+        self.kept.pop(d.job_id, None)
         self.restoring.discard(d.job_id)
         self._begin(d.job_id, d.node_ids, d.gpu_indices, now=now, start=now + restore)
         self.out.started[d.job_id] = now
@@ -302,12 +310,14 @@ class Simulation:
         self.out.finished[job_id] = now
         self.durations.observe(self.jobs[job_id].request, self.jobs[job_id].run_time_s)
 
-    def _provision(self, d: Provision, now: float) -> None:
+    def _provision(self, d: Provision, now: float) -> list[str]:
         it = self.types[d.instance_type]
+        ids = []
         for _ in range(d.count):
             self.out.od_nodes_created += not it.spot
             self.out.spot_nodes_created += it.spot
             node_id = f"od-{self.out.od_nodes_created + self.out.spot_nodes_created:05d}"
+            ids.append(node_id)
             rented = replace(
                 as_node(it), id=node_id, ready_at=now + it.startup_delay_s, reserved_for=d.job_id, spot=it.spot
             )
@@ -320,6 +330,7 @@ class Simulation:
                 after = interruption_after_s(node_id, hazard_per_hour=hazard, seed=self.spot_seed)
                 if math.isfinite(after):
                     self._push(now + after, INTERRUPT, node_id)
+        return ids
 
     def _release(self, node_id: str, now: float) -> None:
         assert len(self.nodes[node_id].free) == self.nodes[node_id].gpu_count, f"{node_id} is not idle"
@@ -362,3 +373,14 @@ class Simulation:
         self._stop(d.job_id, now)
         self._begin(d.job_id, (d.to_node_id,), (d.gpu_indices,), now=now, start=now + self.config.migration_s)
         self.out.pullbacks += 1
+
+    def _make_room(self, d: MakeRoom, now: float) -> None:
+        """Rent for the job, checkpoint it where it runs (it keeps all its computing) and queue it again, kept to the
+        rented nodes (as the service keeps a job to nodes rented for it); the freed GPUs are placed at once."""
+        ids = self._provision(Provision(d.instance_type, d.count, d.job_id), now)
+        self._stop(d.job_id, now)
+        self.queue[d.job_id] = self._requeued(d.job_id)
+        self.restoring.add(d.job_id)
+        self.kept[d.job_id] = frozenset(ids)
+        self.out.moves_to_make_room += 1
+        self._push(now, TICK, "")

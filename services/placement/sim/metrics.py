@@ -49,6 +49,7 @@ def summarise(jobs: list[TraceJob], out: Outcome) -> dict[str, float | int]:
         ),
         "deadline_misses": misses + (len(jobs) - len(done)),
         "pullbacks": out.pullbacks,
+        "moves_to_make_room": out.moves_to_make_room,
         "passes": out.passes,
         "policy_ms_per_pass": round(1000 * out.policy_seconds / max(out.passes, 1), 3),
     }

@@ -1,0 +1,159 @@
+"""Make room: move a long job that could rent off an owned GPU when jobs that may only run there queue behind it.
+
+A job that could rent may take a free owned GPU at a moment nobody queued for it (the wait it causes is then charged
+at nothing, `contention.py`) and hold it for months; the jobs that may only run on owned capacity and arrive later
+wait behind it. The reverse of pull-back: once such jobs wait, a running job that may rent, checkpoints and still has
+long to run is moved to a rental (checkpointed, resumed on a node rented for it) when the wait it takes off them, at
+their own exchange rates, is worth more than the rental's dollars and the time the move costs it. Single-node jobs
+only (pure; the weighing of `contention.Backlog.charge`, capped by each waiting job's expected wait).
+"""
+
+import bisect
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from services.placement.policy.capacity import expected_end
+from services.placement.policy.decisions import MakeRoom, Start, Wait
+from services.placement.policy.hosting import could_host
+from services.placement.policy.market import pick_market
+from services.placement.policy.models import OWNED_KINDS, JobRequest, Node, RunningJob
+from services.placement.policy.options import job_kinds, provision_options, risk_factor, time_value_per_s
+from services.placement.policy.passes import Pass
+
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class Shape:
+    """Owned-only jobs of one shape left waiting this pass: what their time is worth and how long each still waits
+    (its Wait's `until`; unknown: as long as anything), sorted by that wait, with prefix sums."""
+
+    job: JobRequest  # one of them: what a node must offer to run any of them
+    kinds: tuple[str, ...]
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (wait s, $ per s)
+    _at: list[float] = field(default_factory=list)
+    _value: list[float] = field(default_factory=list)  # prefix sums of $ per s
+    _weighted: list[float] = field(default_factory=list)  # prefix sums of $ per s * wait (finite waits)
+
+    def index(self) -> None:
+        self.waits.sort()
+        self._at = [w for w, _ in self.waits]
+        self._value = [0.0, *itertools.accumulate(v for _, v in self.waits)]
+        self._weighted = [0.0, *itertools.accumulate(v * w if w < INF else 0.0 for w, v in self.waits)]
+
+    def relief(self, cut: float) -> float:
+        """Dollars of waiting taken off these jobs when each waits `cut` seconds less (never below zero)."""
+        i = bisect.bisect_left(self._at, cut)
+        return self._weighted[i] + cut * (self._value[-1] - self._value[i])
+
+    def shorten(self, cut: float) -> None:
+        self.waits = [(max(0.0, w - cut), v) for w, v in self.waits]
+        self.index()
+
+
+def waiting_shapes(p: Pass) -> list[Shape]:
+    """The owned-only single-node jobs this pass left waiting, grouped by what they need of a node."""
+    started = {d.job_id for d in p.decisions if isinstance(d, Start)}
+    until = {d.job_id: d.until for d in p.decisions if isinstance(d, Wait)}
+    shapes: dict[tuple, Shape] = {}
+    for job in p.state.queue:
+        kinds = job_kinds(job, p.kinds)
+        if "on_demand" in kinds or not job.gpu_count or job.node_count != 1 or job.id in started:
+            continue
+        key = (kinds, job.gpu_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu, job.memory_gb)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = Shape(job, kinds)
+        at = until.get(job.id)
+        shape.waits.append((INF if at is None else max(0.0, at - p.now), time_value_per_s(job, p.config)))
+    for shape in shapes.values():
+        shape.index()
+    return list(shapes.values())
+
+
+def served(shape: Shape, node: Node, gpus: int) -> bool:
+    """Whether jobs of this shape could run on `gpus` GPUs of `node` once freed."""
+    return node.kind in shape.kinds and shape.job.gpu_count <= gpus and could_host(node, shape.job)
+
+
+def remaining_job(run: RunningJob, node: Node, remaining_s: float, reference_tflops: float) -> JobRequest:
+    """The running job as what is left of it, at the reference throughput (what a rental would run)."""
+    left = remaining_s * node.tflops / reference_tflops
+    predicted = None if run.job.predicted_duration_s is None else left
+    return dataclasses.replace(run.job, expected_duration_s=left, predicted_duration_s=predicted)
+
+
+def make_room(p: Pass) -> None:
+    """Moves, largest saving first, at most `make_room_max_per_pass`; each takes its wait off the jobs it serves, so
+    the next is weighed on what is left."""
+    config, now = p.config, p.now
+    if "on_demand" not in p.kinds or config.make_room_max_per_pass <= 0:
+        return
+    nodes = {n.id: n for n in p.state.nodes}
+    candidates = []
+    for run in p.state.running:
+        node = nodes.get(run.node_ids[0]) if len(run.node_ids) == 1 else None
+        if (
+            node is None
+            or node.kind not in OWNED_KINDS
+            or run.job.checkpoint_interval_s is None
+            or "on_demand" not in job_kinds(run.job, p.kinds)
+        ):
+            continue
+        remaining = expected_end(run, now) - now
+        if remaining >= config.make_room_min_remaining_s:
+            candidates.append((run, node, remaining))
+    if not candidates:
+        return
+    shapes = waiting_shapes(p)
+    if not shapes:
+        return
+    kind_gpus: dict[str, int] = {}
+    for n in p.state.nodes:
+        kind_gpus[n.kind] = kind_gpus.get(n.kind, 0) + n.gpu_count
+    scored = sorted(
+        (
+            (_gain(p, run, node, remaining, shapes, kind_gpus[node.kind])[0], run, node, remaining)
+            for run, node, remaining in candidates
+        ),
+        key=lambda c: (-c[0], c[1].job.id),
+    )
+    moved = 0
+    for first, run, node, remaining in scored:
+        if first <= 0 or moved >= config.make_room_max_per_pass:
+            break
+        gain, rental = _gain(p, run, node, remaining, shapes, kind_gpus[node.kind])
+        if gain <= 0 or rental is None:
+            continue
+        cut = run.job.gpu_count * remaining / max(kind_gpus[node.kind], 1)
+        for shape in shapes:
+            if served(shape, node, run.job.gpu_count):
+                shape.shorten(cut)
+        p.decisions.append(MakeRoom(run.job.id, run.node_ids, rental, run.job.node_count))
+        moved += 1
+
+
+def _gain(
+    p: Pass, run: RunningJob, node: Node, remaining: float, shapes: list[Shape], kind_gpus: int
+) -> tuple[float, str | None]:
+    """What moving the job to its best rental saves in all (the waiting taken off others - the rental's dollars at
+    the upper quantile - the time the move costs the job at its rate), and that rental's instance type. Freeing g
+    GPUs of a kind of N for the d seconds the job has left shortens each served wait by about g * d / N."""
+    config, now = p.config, p.now
+    cut = run.job.gpu_count * remaining / max(kind_gpus, 1)
+    saved = sum(shape.relief(cut) for shape in shapes if served(shape, node, run.job.gpu_count))
+    if saved <= 0:
+        return 0.0, None
+    job = remaining_job(run, node, remaining, config.reference_tflops)
+    rentals = provision_options(job, p.state.catalogue, now=now, config=config)
+    if not rentals:
+        return 0.0, None
+    best = pick_market(rentals, job, now=now, config=config)
+    if best.instance is None:
+        return 0.0, None
+    # the time the move costs the job; a faster rental's gain is not counted: making room is paid for by the jobs
+    # it serves, not by the moved job's own speed-up (`pick` already chose the owned GPU for it, near-ties included)
+    later = max(0.0, best.finish + config.migration_s - (now + remaining))
+    cost = best.cost * risk_factor(run.job, config) + time_value_per_s(run.job, config) * later
+    return saved - cost - config.migration_fixed_cost, best.instance.name

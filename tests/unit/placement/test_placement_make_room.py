@@ -1,0 +1,122 @@
+"""Make room: a long job that could rent is moved off an owned GPU once jobs that may only run there queue behind it
+(the reverse of pull-back; issue #33, the worst miss's next step)."""
+
+from services.placement.policy import MakeRoom, RunningJob, schedule
+from services.placement.sim.engine import Simulation
+from services.placement.sim.trace import TraceJob
+from tests.unit.placement.placement_factories import config, make_instance, make_job, make_node, make_state
+
+HOUR = 3600.0
+T4 = dict(name="t4.1x", price_per_hour=0.5)
+
+
+def _held_local(*, left_h: float, **job):
+    """The only local GPU, held by a job that could rent, started at 0 and expected to run `left_h` hours more."""
+    node = make_node(kind="local", gpu_count=1, free=0, price_per_hour=0.35)
+    fields = dict(priority="time", allowed="any", expected_duration_s=left_h * HOUR, checkpoint_interval_s=1800.0)
+    fields.update(job)
+    long = make_job(**fields)
+    return node, RunningJob(long, (node.id,), ((0,),), started_at=0.0, expected_end_at=left_h * HOUR)
+
+
+def _local_only(n: int) -> tuple:
+    return tuple(make_job(priority="cost", allowed="local", expected_duration_s=HOUR) for _ in range(n))
+
+
+def test_a_long_job_that_could_rent_makes_room_for_the_local_only_jobs_queued_behind_it():
+    node, long = _held_local(left_h=1000)
+    state = make_state(nodes=(node,), running=(long,), queue=_local_only(20), catalogue=(make_instance(**T4),))
+
+    decisions = schedule(state, 0.0, config())
+
+    # 20 jobs at $0.5/h wait ~1,000 h less ($10,000); the rental costs $500 and is as fast
+    assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in decisions
+
+
+def test_nothing_moves_when_no_local_only_job_waits():
+    node, long = _held_local(left_h=1000)
+    state = make_state(nodes=(node,), running=(long,), catalogue=(make_instance(**T4),))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_a_job_that_does_not_checkpoint_is_not_moved():
+    node, long = _held_local(left_h=1000, checkpoint_interval_s=None)
+    state = make_state(nodes=(node,), running=(long,), queue=_local_only(20), catalogue=(make_instance(**T4),))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_a_job_with_little_left_is_not_moved():
+    node, long = _held_local(left_h=10)
+    state = make_state(nodes=(node,), running=(long,), queue=_local_only(20), catalogue=(make_instance(**T4),))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_a_job_that_may_not_rent_is_not_moved():
+    node, long = _held_local(left_h=1000, allowed="local")
+    state = make_state(nodes=(node,), running=(long,), queue=_local_only(20), catalogue=(make_instance(**T4),))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_the_move_is_not_made_when_the_rental_costs_more_than_the_wait_it_saves():
+    node, long = _held_local(left_h=1000)
+    # one job at $0.5/h waiting at most 1,000 h ($500) against $3,000 of renting
+    state = make_state(
+        nodes=(node,),
+        running=(long,),
+        queue=_local_only(1),
+        catalogue=(make_instance(name="v100.1x", price_per_hour=3.0),),
+    )
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_the_saving_counts_each_waiting_job_no_longer_than_it_would_wait():
+    node, long = _held_local(left_h=1000)
+    other = make_node(kind="local", gpu_count=1, free=0, price_per_hour=0.35)
+    soon = RunningJob(make_job(allowed="local"), (other.id,), ((0,),), started_at=0.0, expected_end_at=2 * HOUR)
+    # the 20 jobs get the other GPU within about 20 h: moving the long job saves them 20 h at most, not 1,000 h
+    state = make_state(
+        nodes=(node, other), running=(long, soon), queue=_local_only(20), catalogue=(make_instance(**T4),)
+    )
+
+    assert not [d for d in schedule(state, 0.0, config(reservation_depth=64)) if isinstance(d, MakeRoom)]
+
+
+def test_the_simulator_moves_the_job_to_a_rental_and_the_local_only_jobs_run_on_the_freed_gpu():
+    node = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    long = make_job(priority="time", allowed="any", expected_duration_s=1000 * HOUR, checkpoint_interval_s=1800.0)
+    later = [
+        make_job(priority="cost", allowed="local", submitted_at=10 * HOUR + i, expected_duration_s=HOUR)
+        for i in range(20)
+    ]
+    jobs = [TraceJob(j, j.expected_duration_s, "BE") for j in (long, *later)]
+    sim = Simulation(jobs, [node], catalogue=(make_instance(**T4),), config=config())
+
+    out = sim.run()
+
+    assert out.moves_to_make_room == 1
+    start = out.started[long.id]  # its last start: on the rental, once booted
+    assert 10 * HOUR + 120.0 <= start <= 10 * HOUR + 130.0
+    assert all(out.finished[j.id] <= 40 * HOUR for j in later)  # not behind 1,000 h of the long job
+    # the long job computed 10 h locally, the rest on the rental (restoring first) and, once the local-only jobs
+    # were done, back on the local GPU (pulled back): no work lost, two restores
+    assert out.pullbacks == 1
+    assert start + 990 * HOUR < out.finished[long.id] <= start + 990 * HOUR + 2 * config().migration_s + 1.0
+    assert out.od_dollars > 0
+
+
+def test_a_faster_rental_does_not_move_a_job_the_waiting_jobs_do_not_pay_for():
+    # on a slow owned GPU; a 3x faster rental would save the job itself ~667 h ($1,333 at its rate) for $167, but the
+    # one job waiting behind it would gain at most its 20 h ($10): the move would be for the job's own speed, which
+    # `pick` already weighed when it chose the owned GPU
+    node, long = _held_local(left_h=1000)
+    other = make_node(kind="local", gpu_count=1, free=0, price_per_hour=0.35)
+    soon = RunningJob(make_job(allowed="local"), (other.id,), ((0,),), started_at=0.0, expected_end_at=20 * HOUR)
+    fast = make_instance(name="a10g.1x", tflops=30.0, price_per_hour=0.5)
+    state = make_state(nodes=(node, other), running=(long, soon), queue=_local_only(1), catalogue=(fast,))
+
+    assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
