@@ -132,9 +132,8 @@ def read(
         for cut in cuts:
             now = cut * case.truth
             ts, xs, values = owncorpus.prefix(case, now)
-            kw = {"target": case.target, "mode": case.mode, "elapsed": now}
-            p = prior_estimate(ts, xs, values, prior=prior, **kw)
-            f = own_estimate(ts, xs, values, calibration=calibration, **kw)
+            p = prior_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now, prior=prior)
+            f = own_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now, calibration=calibration)
             if p is None or f is None or "reached" in (p.kind, f.kind) or now <= 0:
                 continue
             families.append(case.family)
