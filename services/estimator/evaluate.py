@@ -337,7 +337,7 @@ def _own_jobs(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
             from services.estimator import ownfamily
 
             report = ownfamily.run_family_evaluation(
-                tuple(args.sweep or owncorpus.CORPUS),
+                tuple(args.sweep or owncorpus.TRAINED),
                 refit=args.refit,
                 cache_dir=args.cache if str(args.cache) else None,
             )

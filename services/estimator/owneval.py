@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from services.estimator.model import owncorpus
-from services.estimator.model.curveprior import net as priornet
+from services.estimator.model.curveprior import blendtable, net as priornet
 from services.estimator.model.owncurve import CALIBRATION, Series, load_calibration
 from services.estimator.scoring import summarise
 
@@ -47,7 +47,10 @@ def _rows(
     test: list[owncorpus.Case], method: str, calibration: dict | None, prior: priornet.PriorNet | None = None
 ) -> dict[float, list[dict]]:
     if method != "previous_rate":
-        return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=method == HEADLINE_METHOD)
+        blend = method == HEADLINE_METHOD
+        return owncorpus.evaluate_cases(
+            test, calibration, prior=prior, blend=blend, table=blendtable.load() if blend else None
+        )
     rows: dict[float, list[dict]] = {cut: [] for cut in owncorpus.CUTS}
     for case in test:
         for cut in owncorpus.CUTS:

@@ -13,16 +13,15 @@ here (fine-tuning), never by the service.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from services.estimator import ownnested
 from services.estimator.model import owncorpus
-from services.estimator.model.curveprior import net as priornet
+from services.estimator.model.curveprior import blendtable, net as priornet
+from services.estimator.model.curveprior.blendtable import BlendTable
 from services.estimator.model.owncurve import CALIBRATION, load_calibration
 from services.estimator.owneval import HEADLINE_METRIC, _summary
 
@@ -32,37 +31,26 @@ HEADLINE = "prior_and_fit_blend"  # what the tracker serves
 
 
 def _rows(
-    test: list[owncorpus.Case], *, calibration: dict | None, prior: priornet.PriorNet | None, blend: bool = False
+    test: list[owncorpus.Case],
+    *,
+    calibration: dict | None,
+    prior: priornet.PriorNet | None,
+    blend: bool = False,
+    table: BlendTable | None = None,
 ) -> dict[float, list[dict]]:
-    return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=blend)
-
-
-def _tuned(
-    train: ModuleType, pretrained: priornet.PriorNet, train_runs: list[dict], *, held: str, cache_dir: Path | None
-) -> priornet.PriorNet:
-    """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
-    training runs' digest: a re-run of the table does not fine-tune again)."""
-    digest = hashlib.sha256(priornet.PRETRAINED.read_bytes())
-    digest.update(json.dumps(sorted(r["run"] for r in train_runs)).encode())
-    path = cache_dir / f"curveprior-without-{held}-{digest.hexdigest()[:16]}.npz" if cache_dir else None
-    if path is not None and (cached := priornet.load(path)) is not None:
-        return cached
-    tuned = train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS))
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tuned.save(path)
-    return tuned
+    return owncorpus.evaluate_cases(test, calibration, prior=prior, blend=blend, table=table)
 
 
 def run_family_evaluation(
-    paths: Iterable[Path] = owncorpus.CORPUS,
+    paths: Iterable[Path] = owncorpus.TRAINED,
     *,
     refit: bool = False,
     metrics: Sequence[str] = (HEADLINE_METRIC,),
     only: tuple[str, ...] = (),
     cache_dir: Path | None = None,
 ) -> dict:
-    """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`."""
+    """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`. Nested: the
+    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`)."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
     runs = owncorpus.load_corpus(tuple(paths))
@@ -73,30 +61,36 @@ def run_family_evaluation(
         raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
     shipped = load_calibration(CALIBRATION)
     families = sorted({owncorpus.family(r) for r in runs})
-    rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
-    for held in [f for f in families if not only or f in only]:
-        train_runs = [r for r in runs if owncorpus.family(r) != held]
-        test_runs = [r for r in runs if owncorpus.family(r) == held]
-        pads = train.pad_samples(train.pad_cases(train_runs, PAD_SEEDS))
-        tuned = _tuned(train, pretrained, train_runs, held=held, cache_dir=cache_dir)
+    samples = ownnested.curve_samples(runs)
+    folds: dict[str, dict[str, Any]] = {}
+    for held in families:  # every family's readings, whichever are scored: each fits the others' tables
+        part = ownnested.fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir)
         methods: dict[str, dict[str, Any]] = {
-            "curve_prior": {"prior": train.with_pads(train.mixed(tuned, pretrained), pads), "calibration": None},
-            "prior_fine_tuned_only": {"prior": train.with_pads(tuned, pads), "calibration": None},
-            "prior_synthetic_only": {"prior": train.with_pads(pretrained, pads), "calibration": None},
+            HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
+            "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
+            "former_blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
+            "curve_prior": {"prior": part.prior, "calibration": None},
+            "prior_fine_tuned_only": {"prior": train.with_pads(part.tuned, part.pads), "calibration": None},
+            "prior_synthetic_only": {"prior": train.with_pads(pretrained, part.pads), "calibration": None},
+            "fitted_curve_without_family": {"prior": None, "calibration": part.curve},
             "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped},
         }
-        fitted = shipped
         if refit:
             from services.estimator.model.owntrain import calibrate
 
-            fitted = calibrate(train_runs, list(metrics))
-            methods["own_curve_refit"] = {"prior": None, "calibration": fitted}
-        methods[HEADLINE] = {"prior": methods["curve_prior"]["prior"], "calibration": fitted, "blend": True}
+            train_runs = [r for r in runs if owncorpus.family(r) != held]
+            methods["own_curve_refit"] = {"prior": None, "calibration": calibrate(train_runs, list(metrics))}
+        folds[held] = {"readings": part.readings, "methods": methods}
+        print(f"family {held}: read", flush=True)
+    rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
+    for held in [f for f in families if not only or f in only]:
+        table = ownnested.table_from(ownnested.concat([v["readings"] for f, v in folds.items() if f != held]))
+        methods = folds[held]["methods"]
+        methods[HEADLINE]["table"] = methods["blend_shipped_fit_saw_family"]["table"] = table
         for metric in metrics:
-            test = owncorpus.cases(test_runs, metric)
+            test = owncorpus.cases([r for r in runs if owncorpus.family(r) == held], metric)
             for method, how in methods.items():
                 rows[method][metric][held] = _rows(test, **how)
-        print(f"family {held}: {len(test_runs)} runs held out", flush=True)
     return _report(rows, families=families, runs=len(runs), paths=paths, refit=refit)
 
 
@@ -118,7 +112,8 @@ def run_unseen_evaluation(
         raise ValueError(f"cannot read the served prior {priornet.WEIGHTS}")
     shipped = load_calibration(CALIBRATION)
     methods: dict[str, dict[str, Any]] = {
-        HEADLINE: {"prior": prior, "calibration": shipped, "blend": True},
+        HEADLINE: {"prior": prior, "calibration": shipped, "blend": True, "table": blendtable.load()},
+        "former_blend": {"prior": prior, "calibration": shipped, "blend": True},
         "curve_prior": {"prior": prior, "calibration": None},
         "own_curve_shipped": {"prior": None, "calibration": shipped},
     }

@@ -7,7 +7,7 @@ from functools import cache
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
 from shared.safe_regex import Match, Pattern, clip, compile_metric, value_group
-from services.estimator.model.curveprior import net as priornet
+from services.estimator.model.curveprior import blendtable, net as priornet
 from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
 from services.estimator.model.owncurve import load_calibration
@@ -126,6 +126,12 @@ def prior() -> priornet.PriorNet | None:
     return priornet.load()
 
 
+@cache
+def blend_table() -> blendtable.BlendTable | None:
+    """The shipped blend of the prior and the fitted curve (read once); None: the former fixed blend."""
+    return blendtable.load()
+
+
 def eta_for(
     points: list[MetricPoint],
     spec: MetricSpec,
@@ -154,6 +160,7 @@ def eta_for(
         calibration=table if table is not None else calibration(),
         prior=net,
         blend=True,
+        table=blend_table(),
     )
     if est is None:
         return None

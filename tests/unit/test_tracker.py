@@ -25,7 +25,7 @@ def test_mllog_records_become_points():
 
 def test_a_declared_target_gets_the_own_curve_estimate_from_the_job_start():
     from services.estimator.model.curveprior.estimate import estimate
-    from services.estimator.tracker import calibration, prior
+    from services.estimator.tracker import blend_table, calibration, prior
 
     s = MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)", mode="min", target=0.2)
     tracker = JobTracker([s])
@@ -43,6 +43,7 @@ def test_a_declared_target_gets_the_own_curve_estimate_from_the_job_start():
         calibration=calibration(),
         prior=prior(),
         blend=True,
+        table=blend_table(),
     )
     assert eta.remaining_s == pytest.approx(own.total_s - 51.0)
     assert eta.low_s == pytest.approx(own.low_s - 51.0) and eta.high_s == pytest.approx(own.high_s - 51.0)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from services.estimator.model.curveprior.blendtable import BlendTable
 from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.curveprior.net import PriorNet
 from services.estimator.model.owncurve import read_prefix
@@ -185,6 +186,7 @@ def evaluate_cases(
     cuts: Iterable[float] = CUTS,
     prior: PriorNet | None = None,
     blend: bool = False,
+    table: BlendTable | None = None,
 ) -> dict[float, list[dict]]:
     """Rows in the MLPerf harness's shape (truth, now, pred, low/high remaining) per cut; no estimate: pred None.
     With `prior` (a `curveprior.net.PriorNet`) the estimate is the one the tracker serves with it."""
@@ -203,6 +205,7 @@ def evaluate_cases(
                 calibration=calibration,
                 prior=prior,
                 blend=blend,
+                table=table,
             )
             row = {"truth": case.truth, "now": now, "pred": None, "benchmark": case.group, "run_id": case.run}
             if est is not None:

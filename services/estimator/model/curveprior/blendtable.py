@@ -1,0 +1,150 @@
+"""The learned blend of the curve prior and the fitted curve (pure): a weight between the two readings and a band
+sized on runs of families neither reading was fitted on, per phase of the run when bins are given.
+
+Both readings are totals since the start; the blend works in a = log(total / elapsed) (0: finishing now), the
+scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w per bin of the fraction of the run
+the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
+families missed more often on the fourth, `docs/estimator.md`). The band is [a + low · s, a + high · s], s the
+prior's own half-width plus half the readings' disagreement (where the prior is unsure or the two disagree, it is
+wide; the fitted curve's band is not read: it was sized on the recorded families it was fitted on): `low`/`high`
+are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per
+family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+TABLE = Path(__file__).with_name("blend.json")
+FORMAT_VERSION = 1  # cells [weight, low, high]
+EDGES: tuple[float, ...] = ()  # bins of the fraction of the run seen (none: per-phase cells did not carry over)
+WEIGHTS = (0.25, 0.375, 0.5, 0.625, 0.75)  # the prior's share tried: neither reading is ever dropped
+MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure readings that agree
+MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
+WITHIN = 0.2
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One phase's weight of the prior and band quantiles (in units of the readings' half-width)."""
+
+    weight: float = 0.5
+    low: float = -1.0
+    high: float = 1.0
+
+
+@dataclass(frozen=True)
+class BlendTable:
+    edges: tuple[float, ...]
+    cells: tuple[Cell, ...]
+
+    def cell(self, fraction: float) -> Cell:
+        if len(self.cells) != len(self.edges) + 1:
+            return Cell()
+        return self.cells[int(np.searchsorted(self.edges, fraction, side="right"))]
+
+
+class Reading(NamedTuple):
+    """A reading as log(total / elapsed): its median, 10% and 90%."""
+
+    mid: float
+    low: float
+    high: float
+
+
+def reading(total: float, low: float, high: float, *, elapsed: float) -> Reading:
+    def log_ratio(v: float) -> float:
+        return math.log(max(v, elapsed) / elapsed)
+
+    return Reading(log_ratio(total), log_ratio(low), log_ratio(high))
+
+
+def phase(prior: Reading, fitted: Reading) -> float:
+    """The fraction of the run seen, as the two medians' geometric mean says."""
+    return math.exp(-(prior.mid + fitted.mid) / 2)
+
+
+def scale(prior: Reading, fitted: Reading) -> float:
+    """The prior's half-width plus half the two medians' distance (log units)."""
+    return max((prior.high - prior.low + abs(prior.mid - fitted.mid)) / 2, MIN_SCALE)
+
+
+def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
+    """The blended median and 10-90% band, all as log(total / elapsed) (never below 0: not before now)."""
+    cell = table.cell(phase(prior, fitted))
+    mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
+    s = scale(prior, fitted)
+    return Reading(mid, max(mid + cell.low * s, 0.0), max(mid + cell.high * s, mid))
+
+
+def fit_table(
+    prior: np.ndarray, fitted: np.ndarray, truth: np.ndarray, groups: Sequence[str], *, edges: Sequence[float] = EDGES
+) -> BlendTable:
+    """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
+    log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same)."""
+    weight = _family_weights(groups)
+    readings = [(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)]
+    bins = np.searchsorted(edges, [phase(p, f) for p, f in readings], side="right")
+    scales = np.array([scale(p, f) for p, f in readings])
+    whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight)
+    cells = []
+    for b in range(len(edges) + 1):
+        m = bins == b
+        cells.append(_cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m]) if m.sum() >= MIN_ROWS else whole)
+    return BlendTable(tuple(edges), tuple(cells))
+
+
+def _family_weights(groups: Sequence[str]) -> np.ndarray:
+    names, index, counts = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
+    return 1.0 / (counts[index] * len(names))
+
+
+def _cell(a_p: np.ndarray, a_f: np.ndarray, truth: np.ndarray, s: np.ndarray, weight: np.ndarray) -> Cell:
+    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles. No bias
+    is learned: one learned on other families moved the held-out one's median the wrong way as often as not."""
+    best: tuple[float, float] | None = None
+    for w in WEIGHTS:
+        pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
+        score = float(np.sum(weight * (np.abs(np.exp(pred - truth) - 1) <= WITHIN)))
+        if best is None or score > best[0] + 1e-9:
+            best = (score, w)
+    assert best is not None
+    w = best[1]
+    z = (truth - np.maximum(w * a_p + (1 - w) * a_f, 0.0)) / s
+    return Cell(w, weighted_quantile(z, weight, 0.1), weighted_quantile(z, weight, 0.9))
+
+
+def weighted_quantile(values: np.ndarray, weight: np.ndarray, level: float) -> float:
+    order = np.argsort(values)
+    cdf = np.cumsum(weight[order]) / np.sum(weight)
+    return float(values[order][min(int(np.searchsorted(cdf, level)), len(values) - 1)])
+
+
+def save(table: BlendTable, path: Path = TABLE, **meta: object) -> None:
+    cells = [[round(c.weight, 4), round(c.low, 4), round(c.high, 4)] for c in table.cells]
+    path.write_text(json.dumps({"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, **meta}) + "\n")
+
+
+def load(path: Path = TABLE) -> BlendTable | None:
+    """The shipped table; None when missing, unreadable or of another format (the former blend applies)."""
+    try:
+        raw = json.loads(path.read_text())
+        if raw.get("version") != FORMAT_VERSION:
+            return None
+        edges = tuple(float(e) for e in raw["edges"])
+        values = [[float(v) for v in c] for c in raw["cells"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    ok = (
+        len(values) == len(edges) + 1
+        and list(edges) == sorted(edges)
+        and all(len(c) == 3 and all(math.isfinite(v) for v in c) and 0 <= c[0] <= 1 and c[1] <= c[2] for c in values)
+    )
+    return BlendTable(edges, tuple(Cell(*c) for c in values)) if ok else None

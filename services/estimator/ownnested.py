@@ -1,0 +1,204 @@
+"""Leave-one-family-out readings of the own-job ETA's two parts, for the blend table (offline; torch).
+
+For each recorded family, the curve prior fine-tuned without it (`ownfamily`'s fold, mixed with the synthetic prior
+and padded on the other families' seeds 3-4, as served) and a fitted-curve network fitted without it (one
+`owntrain.fit_net` on the other families' seeds 0-3) read every case of that family: neither part has seen it. The
+blend table (`curveprior.blendtable`) is fitted on those readings, so the weight it gives the fitted curve is the
+weight it earns on a family it never saw, not on the ones it was fitted on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from services.estimator.model import owncorpus
+from services.estimator.model.curveprior import blendtable
+from services.estimator.model.curveprior.estimate import prior_estimate
+from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
+from services.estimator.model.owncurve import FEATURES, own_estimate
+
+FIT_SEEDS = (0, 1, 2)  # the prior's fine-tuning (as `ownfamily`)
+PAD_SEEDS = (3, 4)  # its pads
+CURVE_SEEDS = (0, 1, 2, 3)  # the fitted curve's network (as `owntrain`)
+ROW_U = owncorpus.CALIBRATION_U
+ROW_METRICS = tuple(owncorpus.METRICS)
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Per (case, cut) where both parts read: family, prior and fitted readings (n, 3), log(true total/elapsed)."""
+
+    families: list[str]
+    prior: np.ndarray
+    fitted: np.ndarray
+    truth: np.ndarray
+
+    def where(self, keep: np.ndarray) -> Readings:
+        return Readings(
+            [f for f, k in zip(self.families, keep) if k], self.prior[keep], self.fitted[keep], self.truth[keep]
+        )
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What was built without one family: the fine-tuned prior, the prior as served (mixed, padded), the pads'
+    samples, the fitted-curve calibration, and the readings of the family's cases by both."""
+
+    tuned: PriorNet
+    prior: PriorNet
+    pads: tuple[np.ndarray, np.ndarray]
+    curve: dict
+    readings: Readings
+
+
+def fold(
+    runs: list[dict],
+    *,
+    held: str,
+    pretrained: PriorNet,
+    samples: dict[str, tuple[np.ndarray, np.ndarray]],
+    cache_dir: Path | None,
+) -> Fold:
+    """The parts built without the family `held`, and their readings of its cases."""
+    from services.estimator.model.curveprior import train  # torch
+
+    train_runs = [r for r in runs if owncorpus.family(r) != held]
+    pads = train.pad_samples(train.pad_cases(train_runs, PAD_SEEDS))
+    tuned = tuned_without(train, pretrained, train_runs, held=held, cache_dir=cache_dir)
+    prior = train.with_pads(train.mixed(tuned, pretrained), pads)
+    curve = fold_curve(samples, held=held)
+    test_runs = [r for r in runs if owncorpus.family(r) == held]
+    return Fold(tuned, prior, pads, curve, read(row_cases(test_runs), prior=prior, calibration=curve))
+
+
+def tuned_without(
+    train: ModuleType, pretrained: PriorNet, train_runs: list[dict], *, held: str, cache_dir: Path | None
+) -> PriorNet:
+    """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
+    training runs' digest: a re-run does not fine-tune again)."""
+    digest = hashlib.sha256(PRETRAINED.read_bytes())
+    digest.update(json.dumps(sorted(r["run"] for r in train_runs)).encode())
+    path = cache_dir / f"curveprior-without-{held}-{digest.hexdigest()[:16]}.npz" if cache_dir else None
+    if path is not None and (cached := load_prior(path)) is not None:
+        return cached
+    tuned = train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tuned.save(path)
+    return tuned
+
+
+def curve_samples(runs: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS."""
+    out = {}
+    for fam in sorted({owncorpus.family(r) for r in runs}):
+        cases = [
+            c
+            for m in owncorpus.METRICS
+            for c in owncorpus.cases(
+                [r for r in runs if owncorpus.family(r) == fam], m, us=owncorpus.CALIBRATION_U, smooths=(False, True)
+            )
+            if c.seed in CURVE_SEEDS
+        ]
+        out[fam] = owncorpus.samples(cases)
+    return out
+
+
+def fold_curve(samples: dict[str, tuple[np.ndarray, np.ndarray]], *, held: str) -> dict:
+    """A fitted-curve calibration (one network, no pads) fitted on every family but `held`."""
+    from services.estimator.model.owntrain import fit_net
+
+    x = np.concatenate([v[0] for f, v in samples.items() if f != held])
+    y = np.concatenate([v[1] for f, v in samples.items() if f != held])
+    return {"features": list(FEATURES), "nets": [fit_net(x, y, seed=0)]}
+
+
+def read(
+    cases: Iterable[owncorpus.Case], *, prior: PriorNet, calibration: dict, cuts: Sequence[float] = owncorpus.PAD_CUTS
+) -> Readings:
+    """Both parts' readings of every case at every cut where both read and the target is not yet met."""
+    families, p_rows, f_rows, truths = [], [], [], []
+    for case in cases:
+        for cut in cuts:
+            now = cut * case.truth
+            ts, xs, values = owncorpus.prefix(case, now)
+            p = prior_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now, prior=prior)
+            f = own_estimate(ts, xs, values, target=case.target, mode=case.mode, elapsed=now, calibration=calibration)
+            if p is None or f is None or "reached" in (p.kind, f.kind) or now <= 0:
+                continue
+            families.append(case.family)
+            p_rows.append(blendtable.reading(p.total_s, p.low_s, p.high_s, elapsed=now))
+            f_rows.append(blendtable.reading(f.total_s, f.low_s, f.high_s, elapsed=now))
+            truths.append(math.log(case.truth / now))
+    return Readings(
+        families, np.asarray(p_rows, float).reshape(-1, 3), np.asarray(f_rows, float).reshape(-1, 3), np.asarray(truths)
+    )
+
+
+def row_cases(runs: list[dict]) -> list[owncorpus.Case]:
+    """The cases the table is fitted on: every metric, targets at ROW_U, the loss printed raw and as a mean."""
+    return [c for m in ROW_METRICS for c in owncorpus.cases(runs, m, us=ROW_U, smooths=(False, True))]
+
+
+def concat(parts: Sequence[Readings]) -> Readings:
+    return Readings(
+        [f for p in parts for f in p.families],
+        np.concatenate([p.prior for p in parts]),
+        np.concatenate([p.fitted for p in parts]),
+        np.concatenate([p.truth for p in parts]),
+    )
+
+
+def table_from(readings: Readings) -> blendtable.BlendTable | None:
+    """The table fitted on `readings`; None (the former fixed blend) when they are too few to fit one."""
+    if len(readings.truth) < blendtable.MIN_ROWS:
+        return None
+    return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families)
+
+
+def build_table(
+    paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None
+) -> tuple[blendtable.BlendTable | None, int]:
+    """The served table: fitted on every recorded family's readings by parts built without it; (table, rows)."""
+    runs = owncorpus.load_corpus(tuple(paths))
+    pretrained = load_prior(PRETRAINED)
+    if pretrained is None:
+        raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
+    samples = curve_samples(runs)
+    parts = [
+        fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir).readings
+        for held in sorted({owncorpus.family(r) for r in runs})
+    ]
+    readings = concat(parts)
+    return table_from(readings), len(readings.truth)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m services.estimator.ownnested`: fit the served blend table (`make eta-prior`, after the prior)."""
+    import torch
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--out", type=Path, default=blendtable.TABLE)
+    ap.add_argument("--cache", type=Path, help="folder for the per-family fine-tuned priors (reused when present)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    table, rows = build_table(cache_dir=args.cache)
+    if table is None:
+        raise SystemExit(f"too few readings ({rows}) to fit a blend table")
+    blendtable.save(table, args.out, rows=rows, families_file=[p.name for p in owncorpus.TRAINED])
+    print(f"{args.out}: {rows} readings, {time.monotonic() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
