@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -19,6 +20,7 @@ from shared.lru import Lru
 from shared.origin import Origins
 from shared.store import DocumentStore
 from services.submitter.caps import QUEUED_PHASES
+from services.submitter.later import LaterWrites, older_than
 from services.submitter.logstore import LOG_CAP_BYTES, LogStore
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken
@@ -30,6 +32,11 @@ from services.submitter.views import status_fields
 TOMBSTONE_S = 120.0
 SWEEP_EVERY = 100  # tombstones older than TOMBSTONE_S are deleted once every this many jobs leaving the queue
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
+FINISHED_REMEMBERED = 100_000  # jobs seen finishing here (never to run again): their late estimates are not written
+# A list entry of a phase that does not end the job is written this much later, replaced by the job's next phase
+# if that comes first (a short job's Pending and Running): a page filtered by phase may see a job's previous phase
+# this long; a phase that ends the job is written at once (a page read right after the job ends shows it).
+LIST_LATER_S = 0.5
 
 
 VIEW_FIELDS = {"status": 1, "status_version": 1, "project_id": 1, "user_name": 1, "create_time": 1}  # whole
@@ -54,11 +61,6 @@ def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
 
 
-def older_than(version: int) -> dict[str, Any]:
-    """The filter of a view entry written for an older status than `version` (or before entries had versions)."""
-    return {"$or": [{"v": {"$lt": version}}, {"v": {"$exists": False}}]}
-
-
 @dataclass
 class Repository:
     db: AsyncDatabase
@@ -66,6 +68,8 @@ class Repository:
     log_cap_bytes: int = LOG_CAP_BYTES
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
+    list_later_s: float = LIST_LATER_S  # 0: every list entry at once
+    finished_here: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
     left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
     output: LogStore = field(init=False, repr=False)  # the jobs' stored output
     notifications: NotificationStore = field(init=False, repr=False)  # notifications and the projects' webhooks
@@ -88,6 +92,11 @@ class Repository:
         """One small document per job accepted and not yet running: what the queue caps count. A count over
         every job ever stored is a scan of the whole history on the embedded server, at each submission."""
         return self.db.api_queue
+
+    @cached_property
+    def later_entries(self) -> LaterWrites:
+        """List entries of phases a job passes through, written a moment later (`LIST_LATER_S`)."""
+        return LaterWrites(self.listing, delay_s=self.list_later_s)
 
     @property
     def listing(self):
@@ -193,8 +202,10 @@ class Repository:
         else:
             await self._write_views(doc, queue=True)
 
-    async def _write_views(self, doc: dict[str, Any], *, queue: bool) -> None:
-        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says."""
+    async def _write_views(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
+        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says; `later`:
+        a list entry of a phase that does not end the job waits (`LIST_LATER_S`; it updates the entry the job's
+        insert made, never makes one)."""
         version = doc.get("status_version", 0)
         if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
             await self._versioned(
@@ -215,7 +226,12 @@ class Repository:
             )
             await self._sweep_queue()
         entry = list_entry(doc)
-        await self._versioned(self.listing, entry.pop("_id"), version, {"$set": entry})
+        job_id = entry.pop("_id")
+        if later and self.list_later_s > 0 and entry["phase"] not in FINISHED:
+            self.later_entries.add(job_id, version, {"$set": entry})
+            return
+        self.later_entries.drop(job_id)
+        await self._versioned(self.listing, job_id, version, {"$set": entry})
 
     @staticmethod
     async def _versioned(collection, job_id: str, version: int, update: dict[str, Any]) -> None:
@@ -291,6 +307,7 @@ class Repository:
     async def delete(self, job_id: str, *, finished: list[str]) -> bool:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
+            self.later_entries.drop(job_id)
             await self.queue.delete_one({"_id": job_id})
             await self.listing.delete_one({"_id": job_id})
             await self.output.forget(job_id)
@@ -303,6 +320,8 @@ class Repository:
         again (a crash may have come between the job's write and theirs). The views follow the phase alone, so a
         status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
         entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
+        if event.phase.is_finished():  # for good, whichever of its statuses this process writes
+            self.finished_here.put(event.job_id, True)
         before = await self.jobs.find_one_and_update(
             {"_id": event.job_id, "status_version": {"$lt": event.version}},
             {"$set": status_fields(event)},
@@ -316,9 +335,13 @@ class Repository:
         if phase == was:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
-        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES))
+        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
+        """Show the job's latest estimate (None: none) while it has not finished. An estimate of a job this process
+        saw finish (the estimator's last word on it, mostly) writes nothing: the finished status cleared it."""
+        if self.finished_here.get(event.job_id):
+            return
         eta = event.eta.model_dump(mode="json") if event.eta else None
         await update_grouped(
             self.jobs,

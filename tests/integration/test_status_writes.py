@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
-from shared.events import JobStatusChanged, LogChunk, LogLine
+from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine
 from shared.jobs import Phase, SecondaryPhase
 from services.billing.placements import Placements
 from services.stack.processes import Stack, StackSettings
@@ -54,7 +54,9 @@ async def counted(database):
     commands = Commands()
     client = AsyncMongoClient(database, tz_aware=True, event_listeners=[commands])
     db = client[unique("views").replace("-", "_")]
-    yield Repository(db=db, broker=None), commands
+    repo = Repository(db=db, broker=None)
+    yield repo, commands
+    repo.later_entries.waiting.clear()  # what a test left waiting is not written after the client closed
     await client.close()
 
 
@@ -107,10 +109,13 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert commands.total() == 1
     for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
         await repo.apply_status(status("j", version, phase, secondary))
-    # Each is one write, then: Creating, list entry; Running, queue + list entry; Running again, nothing;
-    # Completed, list entry (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
-    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase).
-    assert commands.total() == 1 + 2 + 3 + 1 + 2, dict(commands.sent)
+    # Each is one write, then: Creating, a list entry that waits; Running, the queue entry (the list entry waits,
+    # replacing Creating's); Running again, nothing; Completed, its list entry at once, which drops the waiting one
+    # (versioned entries need no re-read; it was 5 commands a status: a write, two reads, two entries, then
+    # 1 + 3 + 4 + 1 + 3 with one re-read a phase, then 1 + 2 + 3 + 1 + 2 with every list entry at once).
+    assert commands.total() == 1 + 1 + 2 + 1 + 2, dict(commands.sent)
+    await repo.later_entries.write_now()
+    assert commands.total() == 7  # nothing was left waiting
     assert await views(repo, "j") == (False, "Completed")
 
 
@@ -122,7 +127,9 @@ async def test_the_views_of_jobs_whose_statuses_come_together_are_written_togeth
     commands.sent.clear()
     await asyncio.gather(*(repo.apply_status(status(job_id, 2, *LIFE[1])) for job_id in jobs))  # Creating
     assert commands.sent["findAndModify"] == 20  # each job's own conditional write
-    assert commands.sent["update"] < 10, dict(commands.sent)  # 20 list entries, in groups (one command each)
+    assert commands.sent["update"] == 0, dict(commands.sent)  # 20 list entries of a passing phase wait
+    await repo.later_entries.write_now()
+    assert commands.sent["update"] == 1, dict(commands.sent)  # then go out in one write
     assert {(await views(repo, job_id))[1] for job_id in jobs} == {"Creating"}
 
 
@@ -139,6 +146,7 @@ async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency
     await new_job(repo, "requeued")
     await repo.apply_status(status("requeued", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
     await repo.apply_status(status("requeued", 4, Phase.PENDING, SecondaryPhase.QUEUING))
+    await repo.later_entries.write_now()
     assert await views(repo, "requeued") == (True, "Pending")
     assert await repo.queued_count(project_id="p") == 1
 
@@ -157,6 +165,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "status": {"phase": "Pending"},
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
+    await repo.later_entries.write_now()  # version 3's list entry, which waited
     await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
@@ -271,3 +280,51 @@ async def test_billing_knows_on_the_database_server_whether_it_stored_a_placemen
     restarted = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
     await restarted.placed(placed("f"))
     assert restarted.first_placed.get("f:1") is None
+
+
+async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_ends_first(counted, monkeypatch):
+    """A short job's Pending and Running entries wait and are replaced; one whose phase lasts is written a moment
+    later, all jobs' in one command; the phase that ends a job is written at once (a page shows it right away)."""
+    repo, commands = counted
+    repo.later_entries.delay_s = 0.05
+    for job_id in ("short", "long-1", "long-2"):
+        await new_job(repo, job_id)
+    commands.sent.clear()
+    await repo.apply_status(status("short", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.apply_status(status("short", 3, Phase.COMPLETED, SecondaryPhase.COMPLETED))
+    assert await views(repo, "short") == (False, "Completed")  # at once, before anything waited out
+    await repo.apply_status(status("long-1", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.apply_status(status("long-2", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    assert (await views(repo, "long-1"))[1] == "Pending"  # its Running entry waits
+    sent = commands.total()
+    await asyncio.sleep(0.2)
+    assert commands.total() == sent + 1, dict(commands.sent)  # both waiting entries in one write
+    assert await views(repo, "long-1") == (False, "Running") and await views(repo, "long-2") == (False, "Running")
+    assert commands.sent["update"] == 2 + 1 + 1 + 1  # short: queue, list; long-*: queue each; the waiting pair
+
+
+async def test_a_waiting_list_entry_of_a_deleted_job_does_not_make_it_again(counted):
+    repo, _ = counted
+    await new_job(repo, "gone")
+    await repo.apply_status(status("gone", 2, Phase.RUNNING, SecondaryPhase.RUNNING))  # its entry waits
+    await repo.listing.delete_one({"_id": "gone"})  # deleted meanwhile (by another replica, say)
+    await repo.later_entries.write_now()
+    assert await repo.listing.find_one({"_id": "gone"}) is None
+
+
+async def test_an_estimate_of_a_job_seen_finishing_here_writes_nothing(counted):
+    repo, commands = counted
+    await new_job(repo, "e")
+    eta = Eta(remaining_s=5, finish_time=datetime(2026, 11, 25, 1, tzinfo=UTC), low_s=1, high_s=9, method="rate")
+    commands.sent.clear()
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:1", job_id="e", eta=eta))
+    assert commands.total() == 1 and (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"]["remaining_s"] == 5
+    await repo.apply_status(status("e", 2, Phase.COMPLETED, SecondaryPhase.COMPLETED))
+    sent = commands.total()
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:2", job_id="e", eta=eta))  # late
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:final", job_id="e", eta=None))  # the estimator's last word
+    assert commands.total() == sent
+    assert (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"] is None
+    other = Repository(db=repo.db, broker=None)  # a replica that did not see it finish: refused by the database
+    await other.apply_eta(EtaEstimated(event_id="e:eta:3", job_id="e", eta=eta))
+    assert (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"] is None
