@@ -61,6 +61,16 @@ def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
 
 
+def moved_from(event: JobStatusChanged) -> str | None:
+    """The phase a status moved its job from, where it says so and the views follow from it alone: None for a
+    status that does not say (the views are then written from the job as stored) or that puts the job in the
+    queue (its entry is made only for a job still stored)."""
+    was = event.previous_phase.value if event.previous_phase is not None else None
+    if was is None or (event.phase.value in QUEUED_PHASES and was not in QUEUED_PHASES):
+        return None
+    return was
+
+
 @dataclass
 class Repository:
     db: AsyncDatabase
@@ -204,40 +214,48 @@ class Repository:
 
     async def _write_views(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
         """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says; `later`:
-        a list entry of a phase that does not end the job waits (`LIST_LATER_S`; it updates the entry the job's
-        insert made, never makes one)."""
+        a list entry of a phase that does not end the job waits (`LIST_LATER_S`)."""
         version = doc.get("status_version", 0)
-        if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
-            await self._versioned(
-                self.queue,
-                doc["_id"],
-                version,
-                {
-                    "$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": version},
-                    "$unset": {"gone_s": ""},
-                },
+        if queue:
+            queued = doc.get("status", {}).get("phase") in QUEUED_PHASES
+            await self._queue_entry(
+                doc["_id"], version, owner=(doc["project_id"], doc["user_name"]) if queued else None
             )
-        elif queue:
-            await self._versioned(
-                self.queue,
-                doc["_id"],
-                version,
-                {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}},
-            )
-            await self._sweep_queue()
         entry = list_entry(doc)
         job_id = entry.pop("_id")
-        if later and self.list_later_s > 0 and entry["phase"] not in FINISHED:
-            self.later_entries.add(job_id, version, {"$set": entry})
+        await self._list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)
+
+    async def _queue_entry(self, job_id: str, version: int, *, owner: tuple[str, str] | None) -> None:
+        """The job's place in the queue for its status `version`: held by its (project, user), or (None) a
+        tombstone that holds none."""
+        if owner is not None:
+            update = {"$set": {"project_id": owner[0], "user_name": owner[1], "v": version}, "$unset": {"gone_s": ""}}
+            await self._versioned(self.queue, job_id, version, update)
+            return
+        await self._versioned(
+            self.queue,
+            job_id,
+            version,
+            {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}},
+        )
+        await self._sweep_queue()
+
+    async def _list_entry(
+        self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool
+    ) -> None:
+        """The job's list entry for its status `version`; one of a phase that does not end the job waits when
+        `later` (`LaterWrites`: it updates the entry the job's insert made, never makes one)."""
+        if later and self.list_later_s > 0 and update["$set"]["phase"] not in FINISHED:
+            self.later_entries.add(job_id, version, update)
             return
         self.later_entries.drop(job_id)
-        await self._versioned(self.listing, job_id, version, {"$set": entry})
+        await self._versioned(self.listing, job_id, version, update, upsert=upsert)
 
     @staticmethod
-    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any]) -> None:
+    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any], *, upsert: bool = True) -> None:
         """One view entry written for the job's status `version`, unless one for a newer status is there (its word
         stands); with other jobs' entries written at the same moment (`shared.grouped`)."""
-        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=True)
+        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=upsert)
 
     async def _sweep_queue(self) -> None:
         """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
@@ -322,6 +340,9 @@ class Repository:
         entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
         if event.phase.is_finished():  # for good, whichever of its statuses this process writes
             self.finished_here.put(event.job_id, True)
+        if moved_from(event) is not None:
+            await self._apply_moved(event)
+            return
         before = await self.jobs.find_one_and_update(
             {"_id": event.job_id, "status_version": {"$lt": event.version}},
             {"$set": status_fields(event)},
@@ -336,6 +357,22 @@ class Repository:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
         await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
+
+    async def _apply_moved(self, event: JobStatusChanged) -> None:
+        """A status that says its job's phase before it (the monitor's every status does: `previous_phase` at
+        `version - 1`) and does not put the job in the queue: its write and its entries need no answer, so each
+        goes with whatever else is written at that moment (`shared.grouped`). Each version moves the entries it
+        moved the phase for, refused where a newer one wrote them, so they end at the latest status whatever the
+        order; a redelivery rewrites nothing. Entries are updated, never made: a deleted job's stay gone."""
+        update = {"$set": status_fields(event)}
+        await update_grouped(self.jobs, [({"_id": event.job_id, "status_version": {"$lt": event.version}}, update)])
+        phase, was = event.phase.value, moved_from(event)
+        if phase == was:
+            return
+        if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
+            await self._queue_entry(event.job_id, event.version, owner=None)
+        entry = {"$set": {"phase": phase, "v": event.version}}
+        await self._list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         """Show the job's latest estimate (None: none) while it has not finished. An estimate of a job this process

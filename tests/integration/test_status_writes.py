@@ -60,7 +60,9 @@ async def counted(database):
     await client.close()
 
 
-def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -> JobStatusChanged:
+def status(
+    job_id: str, version: int, phase: Phase, secondary: SecondaryPhase, *, previous: Phase | None = None
+) -> JobStatusChanged:
     return JobStatusChanged(
         event_id=f"{job_id}:status:{version}",
         job_id=job_id,
@@ -69,6 +71,7 @@ def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -
         version=version,
         phase=phase,
         secondary_phase=secondary,
+        previous_phase=previous,
     )
 
 
@@ -328,3 +331,95 @@ async def test_an_estimate_of_a_job_seen_finishing_here_writes_nothing(counted):
     other = Repository(db=repo.db, broker=None)  # a replica that did not see it finish: refused by the database
     await other.apply_eta(EtaEstimated(event_id="e:eta:3", job_id="e", eta=eta))
     assert (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"] is None
+
+
+# As the monitor sends them: each status says the phase its job had at the version before.
+SAID = [
+    (Phase.PENDING, SecondaryPhase.QUEUING, Phase.CREATING),
+    (Phase.PENDING, SecondaryPhase.SCHEDULED, Phase.PENDING),
+    (Phase.RUNNING, SecondaryPhase.RUNNING, Phase.PENDING),
+    (Phase.COMPLETED, SecondaryPhase.COMPLETED, Phase.RUNNING),
+]
+
+
+def said(job_id: str, version: int) -> JobStatusChanged:
+    phase, secondary, previous = SAID[version - 1]
+    return status(job_id, version, phase, secondary, previous=previous)
+
+
+async def created(repo: Repository, job_id: str) -> None:
+    """A job as the intake stores it: Creating, with its queue and list entries."""
+    doc = {
+        "_id": job_id,
+        "name": job_id,
+        "project_id": "p",
+        "user_name": "ana",
+        "status_version": 0,
+        "status": {"phase": "Creating", "secondary_phase": "Creating"},
+        "create_time": datetime(2026, 11, 25, tzinfo=UTC),
+    }
+    await repo.jobs.insert_one(doc)
+    await repo.sync_views(job_id)
+
+
+async def test_a_status_that_says_the_phase_before_it_is_written_without_reading_or_answering(counted):
+    repo, commands = counted
+    await created(repo, "s")
+    commands.sent.clear()
+    for version in range(1, 5):
+        await repo.apply_status(said("s", version))
+    # One update a status; Running's queue tombstone; Completed's list entry (Pending's and Running's waited and
+    # were dropped by it). No findAndModify, no read.
+    assert dict(commands.sent) == {"update": 4 + 1 + 1}
+    await repo.later_entries.write_now()
+    assert commands.total() == 6 and await views(repo, "s") == (False, "Completed")
+    job = await repo.jobs.find_one({"_id": "s"})
+    assert (job["status_version"], job["status"]["phase"]) == (4, "Completed")
+
+
+async def test_statuses_that_say_the_phase_before_them_end_at_the_latest_whatever_order(counted):
+    repo, _ = counted
+    for n, order in enumerate([[4, 3, 2, 1], [2, 1, 4, 3], [1, 3, 2, 4], [3, 4, 1, 2]]):
+        job_id = f"o{n}"
+        await created(repo, job_id)
+        await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))
+        await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))  # every one redelivered
+        await repo.later_entries.write_now()
+        assert await views(repo, job_id) == (False, "Completed"), order
+        assert (await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] == "Completed"
+    await created(repo, "back")
+    for version in (1, 2, 3):
+        await repo.apply_status(said("back", version))
+    # Back to the queue: a status that puts the job in the queue is written as before (the job read back), so a
+    # deleted job's late one makes it no place in the queue.
+    await repo.apply_status(status("back", 4, Phase.PENDING, SecondaryPhase.QUEUING, previous=Phase.RUNNING))
+    await repo.later_entries.write_now()
+    assert await views(repo, "back") == (True, "Pending") and await repo.queued_count(user_name="ana") == 1
+
+
+async def test_the_statuses_of_jobs_that_come_together_are_written_together(counted):
+    repo, commands = counted
+    jobs = [f"together-{n}" for n in range(20)]
+    for job_id in jobs:
+        await created(repo, job_id)
+        for version in (1, 2):
+            await repo.apply_status(said(job_id, version))
+    commands.sent.clear()
+    await asyncio.gather(*(repo.apply_status(said(job_id, 3)) for job_id in jobs))  # Running
+    # 20 job writes and 20 queue tombstones, in groups (one command each); each was a findAndModify and an update
+    assert commands.sent["findAndModify"] == 0 and commands.total() <= 6, dict(commands.sent)
+    assert await repo.queued_count(project_id="p") == 0
+    assert {(await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] for job_id in jobs} == {"Running"}
+
+
+async def test_a_late_status_of_a_deleted_job_makes_it_no_entries(counted):
+    repo, _ = counted
+    await created(repo, "d")
+    for version in (1, 2, 3, 4):
+        await repo.apply_status(said("d", version))
+    assert await repo.delete("d", finished=["Completed"])
+    for version in (3, 4):  # redelivered after the job was deleted
+        await repo.apply_status(said("d", version))
+    await repo.later_entries.write_now()
+    assert await repo.listing.find_one({"_id": "d"}) is None and await repo.jobs.find_one({"_id": "d"}) is None
+    assert await repo.queued_count(project_id="p") == 0
