@@ -4,18 +4,23 @@ latest status whatever order the statuses come in."""
 
 import asyncio
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
-from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine
+from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine, NodeRegistered
 from shared.jobs import Phase, SecondaryPhase
+from shared.rpc import UsageQuery
+from shared.store import DocumentStore
+from services.billing.attempts import move_open_lines
+from services.billing.ledger import open_entry
 from services.billing.placements import Placements
+from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
 from services.submitter.repository import Repository
 from tests.conftest import free_port
-from tests.factories import placed, submitted, unique
+from tests.factories import T0, exited, node, placed, started, submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -423,3 +428,67 @@ async def test_a_late_status_of_a_deleted_job_makes_it_no_entries(counted):
     await repo.later_entries.write_now()
     assert await repo.listing.find_one({"_id": "d"}) is None and await repo.jobs.find_one({"_id": "d"}) is None
     assert await repo.queued_count(project_id="p") == 0
+
+
+async def no_budgets(project_id: str) -> None:
+    pass
+
+
+def billing_over(db, *, clock) -> Billing:
+    return build(
+        ledger=db.billing_ledger,
+        nodes=db.billing_nodes,
+        nodes_open=db.billing_nodes_open,
+        node_info=db.billing_node_info,
+        quotas=db.billing_quotas,
+        alerts=DocumentStore(db.billing_alerts, None),
+        placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked),
+        static=None,
+        clock=clock,
+    )
+
+
+async def test_an_attempts_line_is_one_document_inserted_open_and_replaced_closed(counted):
+    """Billing's line of an attempt on the database server: one insert when it starts, one replace when it ends
+    (it was an insert, then an insert into the ledger and a delete); the sums read only closed lines, what runs is
+    read from memory, and a billing that starts again reads the open lines back."""
+    repo, commands = counted
+    db, now = repo.db, T0 + timedelta(hours=3)
+    billing = billing_over(db, clock=lambda: now)
+    billing.attempts.spent = no_budgets
+    await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
+    for job_id in ("a", "b"):
+        await billing.attempts.submitted(submitted(job_id=job_id))
+        await billing.attempts.placed(placed(job_id))
+    commands.sent.clear()
+    await billing.attempts.started(started("a"), seen=T0)
+    await billing.attempts.started(started("b"), seen=T0)
+    await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
+    await billing.attempts.started(started("a"), seen=T0 + timedelta(hours=2))  # a start seen again: nothing
+    assert dict(commands.sent) == {"insert": 2, "update": 1}, dict(commands.sent)
+    report = await billing.reports.usage(UsageQuery(project_id="p"))
+    assert (report.total.attempts, report.open_attempts) == (2, 1)  # a closed, b running for 3 h so far
+    assert report.total.cost == pytest.approx(2.0 + 3.0)
+    again = billing_over(db, clock=lambda: now)  # a billing that starts again
+    assert await again.attempts.load() == 1 and list(again.attempts.running) == ["b:1:0"]
+    await again.attempts.exited(exited("b"), seen=T0 + timedelta(hours=3))
+    closed = await db.billing_ledger.find_one({"_id": "b:1:0"})
+    assert "open" not in closed and closed["cost"] == pytest.approx(3.0)
+    assert (await again.reports.usage(UsageQuery(project_id="p"))).total.cost == pytest.approx(5.0)
+
+
+async def test_lines_kept_open_in_the_old_collection_are_moved_into_the_ledger(counted):
+    repo, _ = counted
+    db = repo.db
+    line = open_entry(
+        key={"job_id": "old", "attempt": 1, "rank": 0},
+        terms={"node_id": "n1", "node_kind": "local", "price_per_hour": 1.0, "gpu_count": 0, "node_gpu_count": 0},
+        project_id="p",
+        user_name="alice",
+        started_at=T0,
+    )
+    await db.billing_open.insert_one({k: v for k, v in line.items() if k != "open"})
+    assert await move_open_lines(db.billing_open, db.billing_ledger) == 1
+    assert await move_open_lines(db.billing_open, db.billing_ledger) == 0  # a second start moves nothing
+    billing = billing_over(db, clock=lambda: T0 + timedelta(hours=1))
+    assert await billing.attempts.load() == 1 and await db.billing_open.count_documents({}) == 0
