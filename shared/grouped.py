@@ -1,16 +1,16 @@
-"""Updates that need no answer of their own, written with whatever else is being written at that moment.
+"""Writes that need no answer of their own, written with whatever else is being written at that moment.
 
-In a burst the handlers of many jobs write at the same time: each update handed here waits for the group being
-written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk write per collection instead of one
-command each; a lone update is written at once, alone. For writes whose caller needs no count or document back:
-outbox pulls, versioned view entries, a job's ETA.
+In a burst the handlers of many jobs write at the same time: each update (or insert) handed here waits for the
+group being written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk write per collection
+instead of one command each; a lone one is written at once, alone. For writes whose caller needs no count or
+document back: outbox pulls, versioned view entries, a job's ETA and status, audit records.
 """
 
 import asyncio
 import weakref
 from typing import Any
 
-from pymongo import UpdateOne
+from pymongo import InsertOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -18,7 +18,8 @@ from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
-Item = tuple[AsyncCollection, list[Update], bool]  # the collection, its updates, whether they upsert
+Request = InsertOne | UpdateOne
+Item = tuple[AsyncCollection, list[Request]]
 
 _GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
 
@@ -26,10 +27,20 @@ _GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = w
 async def update_grouped(collection: AsyncCollection, updates: list[Update], *, upsert: bool = False) -> None:
     """Write `updates` (each an update_one) in the next group. With `upsert`, a duplicate key is no error: the
     filter refused an entry a newer write made (a versioned entry), whose word stands."""
+    await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates])
+
+
+async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> None:
+    """Insert `doc` in the next group; one already stored under its id is no error (a retried insert whose answer
+    was lost: the stored one stands)."""
+    await _grouped(collection, [InsertOne(doc)])
+
+
+async def _grouped(collection: AsyncCollection, requests: list[Request]) -> None:
     loop = asyncio.get_running_loop()
     if loop not in _GROUPS:
         _GROUPS[loop] = GroupCommit(_write_group)
-    await _GROUPS[loop]((collection, updates, upsert))
+    await _GROUPS[loop]((collection, requests))
 
 
 def collection_key(collection: AsyncCollection) -> tuple[int, str]:
@@ -39,10 +50,9 @@ def collection_key(collection: AsyncCollection) -> tuple[int, str]:
 
 async def _write_group(items: list[Item]) -> list[Exception | None]:
     """One write per collection, each item answered with its collection's outcome."""
-    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[UpdateOne]]] = {}
-    for collection, updates, upsert in items:
-        requests = by_collection.setdefault(collection_key(collection), (collection, []))[1]
-        requests.extend(UpdateOne(f, u, upsert=upsert) for f, u in updates)
+    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request]]] = {}
+    for collection, requests in items:
+        by_collection.setdefault(collection_key(collection), (collection, []))[1].extend(requests)
     outcome: dict[tuple[int, str], Exception | None] = {}
     for key, (collection, requests) in by_collection.items():
         try:
@@ -50,13 +60,15 @@ async def _write_group(items: list[Item]) -> list[Exception | None]:
             outcome[key] = None
         except Exception as exc:
             outcome[key] = exc
-    return [outcome[collection_key(c)] for c, _, _ in items]
+    return [outcome[collection_key(c)] for c, _ in items]
 
 
-async def _write(collection: AsyncCollection, requests: list[UpdateOne]) -> None:
+async def _write(collection: AsyncCollection, requests: list[Request]) -> None:
     try:
-        if len(requests) == 1:
-            request = requests[0]
+        request = requests[0] if len(requests) == 1 else None
+        if isinstance(request, InsertOne):
+            await collection.insert_one(request._doc)
+        elif isinstance(request, UpdateOne):
             await collection.update_one(request._filter, request._doc, upsert=bool(request._upsert))
         else:
             await collection.bulk_write(requests, ordered=False)

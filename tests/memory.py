@@ -4,6 +4,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
+from pymongo import InsertOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 
@@ -168,9 +169,12 @@ class MemoryCollection:
         return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
 
     async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
-        """UpdateOne requests only (what the services send in bulk)."""
+        """UpdateOne and InsertOne requests (what the services send in bulk)."""
         for request in requests:
-            await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
+            if isinstance(request, InsertOne):
+                await self.insert_one(request._doc)
+            else:
+                await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
         return Result(len(requests))
 
     async def delete_one(self, query: dict) -> Result:

@@ -1,6 +1,7 @@
 """What a job's status costs where it is kept, on the database server itself: the API's views (queue entries, list
 entries, output counters) and billing's record of how attempts ended; in commands, and that each ends at the
-latest status whatever order the statuses come in."""
+latest status whatever order the statuses come in. Also what a job's other records cost: its attempts' billing
+lines and its submission's audit records."""
 
 import asyncio
 from collections import Counter
@@ -18,6 +19,7 @@ from services.billing.ledger import open_entry
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
+from services.submitter.audit import AuditLog
 from services.submitter.repository import Repository
 from tests.conftest import free_port
 from tests.factories import T0, exited, node, placed, started, submitted, unique
@@ -492,3 +494,26 @@ async def test_lines_kept_open_in_the_old_collection_are_moved_into_the_ledger(c
     assert await move_open_lines(db.billing_open, db.billing_ledger) == 0  # a second start moves nothing
     billing = billing_over(db, clock=lambda: T0 + timedelta(hours=1))
     assert await billing.attempts.load() == 1 and await db.billing_open.count_documents({}) == 0
+
+
+async def test_audit_records_begun_and_finished_together_are_written_together(counted):
+    """A submission's record before the change and its outcome after: a burst's (the intake stores its jobs in one
+    group, so their requests finish together) share one write each way; a lone one is written at once."""
+    repo, commands = counted
+    audit_log = AuditLog(repo.db.api_audit)
+    begin = {"principal": None, "method": "POST", "path": "/v2/p/training-jobs", "template": "", "client_ip": ""}
+    commands.sent.clear()
+    ids = await asyncio.gather(
+        *(audit_log.begin(action="job.create", project_id="p", target_id=None, **begin) for _ in range(20))
+    )
+    assert commands.sent["insert"] <= 3, dict(commands.sent)  # 20 records in groups
+    await asyncio.gather(
+        *(
+            audit_log.finish(i, action="job.create", status=201, target_id=f"j{n}", summary={})
+            for n, i in enumerate(ids)
+        )
+    )
+    assert commands.sent["update"] <= 3, dict(commands.sent)
+    stored = {d["_id"]: d async for d in repo.db.api_audit.find({})}
+    assert len(stored) == 20 and {d["state"] for d in stored.values()} == {"done"}
+    assert isinstance(stored[ids[0]]["at"], datetime)  # inserted, not $set: a datetime stays one on the server
