@@ -108,6 +108,11 @@ class Repository:
         """List entries of phases a job passes through, written a moment later (`LIST_LATER_S`)."""
         return LaterWrites(self.listing, delay_s=self.list_later_s)
 
+    @cached_property
+    def later_leaves(self) -> LaterWrites:
+        """Queue entries of jobs that left the queue, written a moment later (`LIST_LATER_S`)."""
+        return LaterWrites(self.queue, delay_s=self.list_later_s)
+
     @property
     def listing(self):
         """One small document per job (project, creation second, phase): what a page of a job list counts and
@@ -214,31 +219,40 @@ class Repository:
 
     async def _write_views(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
         """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says; `later`:
-        a list entry of a phase that does not end the job waits (`LIST_LATER_S`)."""
+        a list entry of a phase that does not end the job, and a queue entry that leaves the queue, wait
+        (`LIST_LATER_S`)."""
         version = doc.get("status_version", 0)
         if queue:
             queued = doc.get("status", {}).get("phase") in QUEUED_PHASES
-            await self._queue_entry(
-                doc["_id"], version, owner=(doc["project_id"], doc["user_name"]) if queued else None
-            )
+            owner = (doc["project_id"], doc["user_name"]) if queued else None
+            await self._queue_entry(doc["_id"], version, owner=owner, later=later)
         entry = list_entry(doc)
         job_id = entry.pop("_id")
         await self._list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)
 
-    async def _queue_entry(self, job_id: str, version: int, *, owner: tuple[str, str] | None) -> None:
+    async def _queue_entry(
+        self, job_id: str, version: int, *, owner: tuple[str, str] | None, later: bool = False
+    ) -> None:
         """The job's place in the queue for its status `version`: held by its (project, user), or (None) a
-        tombstone that holds none."""
+        tombstone that holds none; `later`: the tombstone waits (`LaterWrites`) like a passing phase's list entry,
+        so the caps count a job that just left the queue a moment longer (never one that just entered it)."""
         if owner is not None:
+            self.later_leaves.drop(job_id)
             update = {"$set": {"project_id": owner[0], "user_name": owner[1], "v": version}, "$unset": {"gone_s": ""}}
             await self._versioned(self.queue, job_id, version, update)
             return
-        await self._versioned(
-            self.queue,
-            job_id,
-            version,
-            {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}},
-        )
+        tombstone = {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}}
+        if later and self.list_later_s > 0:
+            self.later_leaves.add(job_id, version, tombstone)
+        else:
+            self.later_leaves.drop(job_id)
+            await self._versioned(self.queue, job_id, version, tombstone)
         await self._sweep_queue()
+
+    async def write_waiting(self) -> None:
+        """The entries that wait, written now."""
+        await self.later_entries.write_now()
+        await self.later_leaves.write_now()
 
     async def _list_entry(
         self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool
@@ -326,6 +340,7 @@ class Repository:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
             self.later_entries.drop(job_id)
+            self.later_leaves.drop(job_id)
             await self.queue.delete_one({"_id": job_id})
             await self.listing.delete_one({"_id": job_id})
             await self.output.forget(job_id)
@@ -370,7 +385,7 @@ class Repository:
         if phase == was:
             return
         if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
-            await self._queue_entry(event.job_id, event.version, owner=None)
+            await self._queue_entry(event.job_id, event.version, owner=None, later=True)
         entry = {"$set": {"phase": phase, "v": event.version}}
         await self._list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 

@@ -64,6 +64,7 @@ async def counted(database):
     repo = Repository(db=db, broker=None)
     yield repo, commands
     repo.later_entries.waiting.clear()  # what a test left waiting is not written after the client closed
+    repo.later_leaves.waiting.clear()
     await client.close()
 
 
@@ -119,13 +120,14 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert commands.total() == 1
     for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
         await repo.apply_status(status("j", version, phase, secondary))
-    # Each is one write, then: Creating, a list entry that waits; Running, the queue entry (the list entry waits,
-    # replacing Creating's); Running again, nothing; Completed, its list entry at once, which drops the waiting one
-    # (versioned entries need no re-read; it was 5 commands a status: a write, two reads, two entries, then
-    # 1 + 3 + 4 + 1 + 3 with one re-read a phase, then 1 + 2 + 3 + 1 + 2 with every list entry at once).
-    assert commands.total() == 1 + 1 + 2 + 1 + 2, dict(commands.sent)
-    await repo.later_entries.write_now()
-    assert commands.total() == 7  # nothing was left waiting
+    # Each is one write, then: Creating, a list entry that waits; Running, a queue tombstone that waits (the list
+    # entry waits too, replacing Creating's); Running again, nothing; Completed, its list entry at once, which
+    # drops the waiting one (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
+    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase, then 1 + 2 + 3 + 1 + 2 with every entry at
+    # once).
+    assert commands.total() == 1 + 1 + 1 + 1 + 2, dict(commands.sent)
+    await repo.write_waiting()
+    assert commands.total() == 7  # the tombstone (with any other job's that waited)
     assert await views(repo, "j") == (False, "Completed")
 
 
@@ -138,7 +140,7 @@ async def test_the_views_of_jobs_whose_statuses_come_together_are_written_togeth
     await asyncio.gather(*(repo.apply_status(status(job_id, 2, *LIFE[1])) for job_id in jobs))  # Creating
     assert commands.sent["findAndModify"] == 20  # each job's own conditional write
     assert commands.sent["update"] == 0, dict(commands.sent)  # 20 list entries of a passing phase wait
-    await repo.later_entries.write_now()
+    await repo.write_waiting()
     assert commands.sent["update"] == 1, dict(commands.sent)  # then go out in one write
     assert {(await views(repo, job_id))[1] for job_id in jobs} == {"Creating"}
 
@@ -156,7 +158,7 @@ async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency
     await new_job(repo, "requeued")
     await repo.apply_status(status("requeued", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
     await repo.apply_status(status("requeued", 4, Phase.PENDING, SecondaryPhase.QUEUING))
-    await repo.later_entries.write_now()
+    await repo.write_waiting()
     assert await views(repo, "requeued") == (True, "Pending")
     assert await repo.queued_count(project_id="p") == 1
 
@@ -175,7 +177,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "status": {"phase": "Pending"},
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
-    await repo.later_entries.write_now()  # version 3's list entry, which waited
+    await repo.write_waiting()  # version 3's list entry, which waited
     await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
@@ -186,13 +188,14 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
     for n in range(3):
         await new_job(repo, f"t{n}")
         await repo.apply_status(status(f"t{n}", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.write_waiting()
     assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
     assert await repo.queued_count(project_id="p") == 0
     monkeypatch.setattr("services.submitter.repository.SWEEP_EVERY", 1)
     monkeypatch.setattr("services.submitter.repository.TOMBSTONE_S", -1.0)
     await new_job(repo, "t3")
     await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
-    assert await repo.queue.count_documents({}) == 0
+    assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
@@ -296,21 +299,21 @@ async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_e
     """A short job's Pending and Running entries wait and are replaced; one whose phase lasts is written a moment
     later, all jobs' in one command; the phase that ends a job is written at once (a page shows it right away)."""
     repo, commands = counted
-    repo.later_entries.delay_s = 0.05
+    repo.later_entries.delay_s = repo.later_leaves.delay_s = 0.05
     for job_id in ("short", "long-1", "long-2"):
         await new_job(repo, job_id)
     commands.sent.clear()
     await repo.apply_status(status("short", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     await repo.apply_status(status("short", 3, Phase.COMPLETED, SecondaryPhase.COMPLETED))
-    assert await views(repo, "short") == (False, "Completed")  # at once, before anything waited out
+    assert (await views(repo, "short"))[1] == "Completed"  # at once, before anything waited out
     await repo.apply_status(status("long-1", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     await repo.apply_status(status("long-2", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     assert (await views(repo, "long-1"))[1] == "Pending"  # its Running entry waits
     sent = commands.total()
     await asyncio.sleep(0.2)
-    assert commands.total() == sent + 1, dict(commands.sent)  # both waiting entries in one write
+    assert commands.total() == sent + 2, dict(commands.sent)  # the waiting list entries in one write, tombstones
     assert await views(repo, "long-1") == (False, "Running") and await views(repo, "long-2") == (False, "Running")
-    assert commands.sent["update"] == 2 + 1 + 1 + 1  # short: queue, list; long-*: queue each; the waiting pair
+    assert commands.sent["update"] == 1 + 1 + 1  # short's Completed entry; the waiting list entries; 3 tombstones
 
 
 async def test_a_waiting_list_entry_of_a_deleted_job_does_not_make_it_again(counted):
@@ -318,7 +321,7 @@ async def test_a_waiting_list_entry_of_a_deleted_job_does_not_make_it_again(coun
     await new_job(repo, "gone")
     await repo.apply_status(status("gone", 2, Phase.RUNNING, SecondaryPhase.RUNNING))  # its entry waits
     await repo.listing.delete_one({"_id": "gone"})  # deleted meanwhile (by another replica, say)
-    await repo.later_entries.write_now()
+    await repo.write_waiting()
     assert await repo.listing.find_one({"_id": "gone"}) is None
 
 
@@ -375,10 +378,10 @@ async def test_a_status_that_says_the_phase_before_it_is_written_without_reading
     commands.sent.clear()
     for version in range(1, 5):
         await repo.apply_status(said("s", version))
-    # One update a status; Running's queue tombstone; Completed's list entry (Pending's and Running's waited and
-    # were dropped by it). No findAndModify, no read.
-    assert dict(commands.sent) == {"update": 4 + 1 + 1}
-    await repo.later_entries.write_now()
+    # One update a status; Completed's list entry (Pending's and Running's waited and were dropped by it);
+    # Running's queue tombstone waits. No findAndModify, no read.
+    assert dict(commands.sent) == {"update": 4 + 1}
+    await repo.write_waiting()
     assert commands.total() == 6 and await views(repo, "s") == (False, "Completed")
     job = await repo.jobs.find_one({"_id": "s"})
     assert (job["status_version"], job["status"]["phase"]) == (4, "Completed")
@@ -391,7 +394,7 @@ async def test_statuses_that_say_the_phase_before_them_end_at_the_latest_whateve
         await created(repo, job_id)
         await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))
         await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))  # every one redelivered
-        await repo.later_entries.write_now()
+        await repo.write_waiting()
         assert await views(repo, job_id) == (False, "Completed"), order
         assert (await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] == "Completed"
     await created(repo, "back")
@@ -400,7 +403,7 @@ async def test_statuses_that_say_the_phase_before_them_end_at_the_latest_whateve
     # Back to the queue: a status that puts the job in the queue is written as before (the job read back), so a
     # deleted job's late one makes it no place in the queue.
     await repo.apply_status(status("back", 4, Phase.PENDING, SecondaryPhase.QUEUING, previous=Phase.RUNNING))
-    await repo.later_entries.write_now()
+    await repo.write_waiting()
     assert await views(repo, "back") == (True, "Pending") and await repo.queued_count(user_name="ana") == 1
 
 
@@ -414,8 +417,10 @@ async def test_the_statuses_of_jobs_that_come_together_are_written_together(coun
     commands.sent.clear()
     await asyncio.gather(*(repo.apply_status(said(job_id, 3)) for job_id in jobs))  # Running
     # 20 job writes and 20 queue tombstones, in groups (one command each); each was a findAndModify and an update
-    assert commands.sent["findAndModify"] == 0 and commands.total() <= 6, dict(commands.sent)
-    assert await repo.queued_count(project_id="p") == 0
+    assert commands.sent["findAndModify"] == 0 and commands.total() <= 3, dict(commands.sent)
+    assert await repo.queued_count(project_id="p") == 20  # they left the queue, counted a moment longer
+    await repo.write_waiting()  # their tombstones, in one write
+    assert commands.total() <= 4 and await repo.queued_count(project_id="p") == 0
     assert {(await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] for job_id in jobs} == {"Running"}
 
 
@@ -427,7 +432,7 @@ async def test_a_late_status_of_a_deleted_job_makes_it_no_entries(counted):
     assert await repo.delete("d", finished=["Completed"])
     for version in (3, 4):  # redelivered after the job was deleted
         await repo.apply_status(said("d", version))
-    await repo.later_entries.write_now()
+    await repo.write_waiting()
     assert await repo.listing.find_one({"_id": "d"}) is None and await repo.jobs.find_one({"_id": "d"}) is None
     assert await repo.queued_count(project_id="p") == 0
 
