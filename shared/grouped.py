@@ -1,9 +1,10 @@
-"""Writes that need no answer of their own, written with whatever else is being written at that moment.
+"""Writes that need no document or count back, written with whatever else is being written at that moment.
 
 In a burst the handlers of many jobs write at the same time: each update (or insert) handed here waits for the
 group being written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk write per collection
-instead of one command each; a lone one is written at once, alone. For writes whose caller needs no count or
-document back: outbox pulls, versioned view entries, a job's ETA and status, audit records.
+instead of one command each; a lone one is written at once, alone. For outbox pulls, versioned view entries, a
+job's ETA and status, audit records, and inserts whose caller only needs to know whether a unique index refused them
+(a document's first state, a billing line).
 """
 
 import asyncio
@@ -30,17 +31,18 @@ async def update_grouped(collection: AsyncCollection, updates: list[Update], *, 
     await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates])
 
 
-async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> None:
-    """Insert `doc` in the next group; one already stored under its id is no error (a retried insert whose answer
-    was lost: the stored one stands)."""
-    await _grouped(collection, [InsertOne(doc)])
+async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> bool:
+    """Insert `doc` in the next group; False where a unique index refused it (one stored under its id, say: a
+    redelivery, or a retried insert whose answer was lost), whatever else its group held."""
+    return not await _grouped(collection, [InsertOne(doc)])
 
 
-async def _grouped(collection: AsyncCollection, requests: list[Request]) -> None:
+async def _grouped(collection: AsyncCollection, requests: list[Request]) -> bool:
+    """Whether a unique index refused any of `requests`."""
     loop = asyncio.get_running_loop()
     if loop not in _GROUPS:
         _GROUPS[loop] = GroupCommit(_write_group)
-    await _GROUPS[loop]((collection, requests))
+    return await _GROUPS[loop]((collection, requests))
 
 
 def collection_key(collection: AsyncCollection) -> tuple[int, str]:
@@ -48,22 +50,29 @@ def collection_key(collection: AsyncCollection) -> tuple[int, str]:
     return id(collection.database.client), collection.full_name
 
 
-async def _write_group(items: list[Item]) -> list[Exception | None]:
-    """One write per collection, each item answered with its collection's outcome."""
-    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request]]] = {}
-    for collection, requests in items:
-        by_collection.setdefault(collection_key(collection), (collection, []))[1].extend(requests)
-    outcome: dict[tuple[int, str], Exception | None] = {}
-    for key, (collection, requests) in by_collection.items():
+async def _write_group(items: list[Item]) -> list[bool | Exception]:
+    """One write per collection; each item answered with whether a unique index refused any of its requests, or
+    the exception its collection's write raised."""
+    by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request], list[tuple[int, range]]]] = {}
+    for n, (collection, requests) in enumerate(items):
+        _, pending, spans = by_collection.setdefault(collection_key(collection), (collection, [], []))
+        spans.append((n, range(len(pending), len(pending) + len(requests))))
+        pending.extend(requests)
+    answers: list[bool | Exception] = [False] * len(items)
+    for collection, requests, spans in by_collection.values():
         try:
-            await _write(collection, requests)
-            outcome[key] = None
+            refused = await _write(collection, requests)
         except Exception as exc:
-            outcome[key] = exc
-    return [outcome[collection_key(c)] for c, _ in items]
+            for n, _ in spans:
+                answers[n] = exc
+            continue
+        for n, span in spans:
+            answers[n] = any(i in refused for i in span)
+    return answers
 
 
-async def _write(collection: AsyncCollection, requests: list[Request]) -> None:
+async def _write(collection: AsyncCollection, requests: list[Request]) -> set[int]:
+    """The requests written, in one command; the indexes of those a unique index refused."""
     try:
         request = requests[0] if len(requests) == 1 else None
         if isinstance(request, InsertOne):
@@ -73,7 +82,10 @@ async def _write(collection: AsyncCollection, requests: list[Request]) -> None:
         else:
             await collection.bulk_write(requests, ordered=False)
     except DuplicateKeyError:
-        pass
+        return {0}
     except BulkWriteError as exc:
-        if any(error.get("code") != DUPLICATE_KEY for error in exc.details.get("writeErrors", [])):
+        errors = exc.details.get("writeErrors", [])
+        if any(error.get("code") != DUPLICATE_KEY for error in errors):
             raise
+        return {error["index"] for error in errors}
+    return set()

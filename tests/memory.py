@@ -169,12 +169,19 @@ class MemoryCollection:
         return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
 
     async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
-        """UpdateOne and InsertOne requests (what the services send in bulk)."""
-        for request in requests:
-            if isinstance(request, InsertOne):
-                await self.insert_one(request._doc)
-            else:
-                await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
+        """UpdateOne and InsertOne requests (what the services send in bulk), unordered: a duplicate key refuses
+        its own request only, reported by index as the server does."""
+        errors = []
+        for index, request in enumerate(requests):
+            try:
+                if isinstance(request, InsertOne):
+                    await self.insert_one(request._doc)
+                else:
+                    await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
+            except DuplicateKeyError:
+                errors.append({"index": index, "code": 11000})
+        if errors:
+            raise BulkWriteError({"writeErrors": errors})
         return Result(len(requests))
 
     async def delete_one(self, query: dict) -> Result:

@@ -14,6 +14,7 @@ from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
+from shared.grouped import insert_grouped
 from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
 from services.billing.placements import Placements, attempt_key, charged_from, missed_end, rank_terms
 from services.billing.records import NodeRecords, as_read
@@ -83,9 +84,7 @@ class Attempts:
         )
         if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
-        try:
-            await self.ledger.insert_one(entry)
-        except DuplicateKeyError:
+        if not await insert_grouped(self.ledger, entry):  # with other attempts' that start at the same moment
             return  # opened, or opened and closed, by an earlier delivery: the stored line stands
         self.running[entry["_id"]] = as_read(self.ledger, entry)
 

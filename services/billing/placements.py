@@ -14,6 +14,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
+from shared.grouped import insert_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -165,18 +166,15 @@ class Placements:
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
         resource = event.spec.resource
-        try:
-            await self.jobs.insert_one(
-                {
-                    "_id": event.job_id,
-                    "project_id": event.project_id,
-                    "user_name": event.user_name,
-                    "finished": False,
-                    "version": 0,
-                    "gpus": resource.gpu_count * resource.node_count,
-                }
-            )
-        except DuplicateKeyError:
+        record = {
+            "_id": event.job_id,
+            "project_id": event.project_id,
+            "user_name": event.user_name,
+            "finished": False,
+            "version": 0,
+            "gpus": resource.gpu_count * resource.node_count,
+        }
+        if not await insert_grouped(self.jobs, record):  # with other jobs' submitted at the same moment
             return  # the stored record stands (it is read when needed)
         self.owners.put(event.job_id, {"project_id": event.project_id, "user_name": event.user_name})
         self.statuses.put(event.job_id, (0, SUBMITTED_SAYS))

@@ -11,6 +11,7 @@ import pytest
 from pymongo import AsyncMongoClient, monitoring
 
 from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine, NodeRegistered
+from shared.grouped import insert_grouped
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from shared.store import DocumentStore
@@ -522,3 +523,17 @@ async def test_audit_records_begun_and_finished_together_are_written_together(co
     stored = {d["_id"]: d async for d in repo.db.api_audit.find({})}
     assert len(stored) == 20 and {d["state"] for d in stored.values()} == {"done"}
     assert isinstance(stored[ids[0]]["at"], datetime)  # inserted, not $set: a datetime stays one on the server
+
+
+async def test_inserts_made_together_go_in_one_write_each_told_whether_it_was_refused(counted):
+    """What a document's first state, billing's record of a job and an attempt's line are stored by: a burst's
+    inserts share one command, and each learns whether a unique index refused it (a redelivery: stored before)."""
+    repo, commands = counted
+    collection = repo.db.grouped_inserts
+    await collection.insert_one({"_id": "j3"})
+    commands.sent.clear()
+    answers = await asyncio.gather(*(insert_grouped(collection, {"_id": f"j{n}", "n": n}) for n in range(8)))
+    assert answers == [n != 3 for n in range(8)]
+    assert commands.sent["insert"] <= 2, dict(commands.sent)  # the first alone, the rest together
+    assert await collection.count_documents({}) == 8 and (await collection.find_one({"_id": "j3"})).get("n") is None
+    assert await insert_grouped(collection, {"_id": "j9"}) and not await insert_grouped(collection, {"_id": "j9"})
