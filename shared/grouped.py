@@ -11,7 +11,7 @@ import asyncio
 import weakref
 from typing import Any
 
-from pymongo import InsertOne, UpdateOne
+from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
@@ -19,16 +19,21 @@ from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
-Request = InsertOne | UpdateOne
+Request = InsertOne | ReplaceOne | UpdateOne
 Item = tuple[AsyncCollection, list[Request]]
 
 _GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
 
 
-async def update_grouped(collection: AsyncCollection, updates: list[Update], *, upsert: bool = False) -> None:
+async def update_grouped(collection: AsyncCollection, updates: list[Update], *, upsert: bool = False) -> bool:
     """Write `updates` (each an update_one) in the next group. With `upsert`, a duplicate key is no error: the
-    filter refused an entry a newer write made (a versioned entry), whose word stands."""
-    await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates])
+    filter refused an entry a newer write made (a versioned entry), whose word stands; True where that happened."""
+    return await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates])
+
+
+async def replace_grouped(collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any]) -> None:
+    """Replace the document `query` finds (none: nothing) in the next group."""
+    await _grouped(collection, [ReplaceOne(query, doc)])
 
 
 async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> bool:
@@ -77,6 +82,8 @@ async def _write(collection: AsyncCollection, requests: list[Request]) -> set[in
         request = requests[0] if len(requests) == 1 else None
         if isinstance(request, InsertOne):
             await collection.insert_one(request._doc)
+        elif isinstance(request, ReplaceOne):
+            await collection.replace_one(request._filter, request._doc, upsert=bool(request._upsert))
         elif isinstance(request, UpdateOne):
             await collection.update_one(request._filter, request._doc, upsert=bool(request._upsert))
         else:

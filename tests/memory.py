@@ -4,7 +4,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from pymongo import InsertOne
+from pymongo import InsertOne, ReplaceOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 
@@ -169,13 +169,15 @@ class MemoryCollection:
         return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
 
     async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
-        """UpdateOne and InsertOne requests (what the services send in bulk), unordered: a duplicate key refuses
-        its own request only, reported by index as the server does."""
+        """UpdateOne, ReplaceOne and InsertOne requests (what the services send in bulk), unordered: a duplicate
+        key refuses its own request only, reported by index as the server does."""
         errors = []
         for index, request in enumerate(requests):
             try:
                 if isinstance(request, InsertOne):
                     await self.insert_one(request._doc)
+                elif isinstance(request, ReplaceOne):
+                    await self.replace_one(request._filter, request._doc, upsert=bool(request._upsert))
                 else:
                     await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
             except DuplicateKeyError:

@@ -14,7 +14,7 @@ from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
-from shared.grouped import insert_grouped
+from shared.grouped import insert_grouped, replace_grouped
 from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
 from services.billing.placements import Placements, attempt_key, charged_from, missed_end, rank_terms
 from services.billing.records import NodeRecords, as_read
@@ -154,7 +154,7 @@ class Attempts:
         if opened is None:
             return
         line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
-        await self.ledger.replace_one({"_id": key, OPEN: True}, line)
+        await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line)  # with other attempts' ending then
         if (
             closed_here := self.placements.first_placed.get(attempt_key(opened["job_id"], opened["attempt"]))
         ) is not None:

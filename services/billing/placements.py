@@ -14,7 +14,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
-from shared.grouped import insert_grouped
+from shared.grouped import insert_grouped, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -196,9 +196,7 @@ class Placements:
                 self.statuses.put(event.job_id, (event.version, said))  # nothing new, and the record's seen_at
             return  # stays when billing first learned it
         query, update = status_update(event, seen=seen)
-        try:
-            await self.jobs.update_one(query, update, upsert=True)
-        except DuplicateKeyError:
+        if await update_grouped(self.jobs, [(query, update)], upsert=True):  # with other jobs' statuses
             self.statuses.pop(event.job_id)  # a newer one is stored: read it when it matters
             return
         self.statuses.put(event.job_id, (event.version, said))
@@ -208,10 +206,9 @@ class Placements:
         when it was seen."""
         owner = self.owners.get(event.job_id) or await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
-        stored = await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
-        self.known.put(doc["_id"], doc)
-        if stored.upserted_id is not None:
+        if await insert_grouped(self.attempts, doc):  # a placement never changes once made: stored once
             self.first_placed.put(doc["_id"], set())
+        self.known.put(doc["_id"], doc)
         if doc["_id"] not in await self._waiting_for():
             return []
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
