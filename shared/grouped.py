@@ -42,6 +42,20 @@ async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> bo
     return not await _grouped(collection, [InsertOne(doc)])
 
 
+WRITE = "_w"  # a conditional replacement's own mark: which of a group's replacements matched, where not all did
+
+
+class Conditional(ReplaceOne):
+    """A replacement whose caller learns whether its filter found the document (`replace_if`)."""
+
+
+async def replace_if(collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any]) -> bool:
+    """Replace the document `query` finds, in the next group (the group's conditional replacements of a collection
+    in one command of their own); whether it found it. `doc` carries a mark of its own under `WRITE` (a fresh one
+    each write): where a group's did not all match, each is read back to learn whose did."""
+    return not await _grouped(collection, [Conditional(query, doc)])
+
+
 async def _grouped(collection: AsyncCollection, requests: list[Request]) -> bool:
     """Whether a unique index refused any of `requests`."""
     loop = asyncio.get_running_loop()
@@ -66,7 +80,7 @@ async def _write_group(items: list[Item]) -> list[bool | Exception]:
     answers: list[bool | Exception] = [False] * len(items)
     for collection, requests, spans in by_collection.values():
         try:
-            refused = await _write(collection, requests)
+            refused = await _write_answered(collection, requests)
         except Exception as exc:
             for n, _ in spans:
                 answers[n] = exc
@@ -74,6 +88,28 @@ async def _write_group(items: list[Item]) -> list[bool | Exception]:
         for n, span in spans:
             answers[n] = any(i in refused for i in span)
     return answers
+
+
+async def _write_answered(collection: AsyncCollection, requests: list[Request]) -> set[int]:
+    """`_write`, the conditional replacements apart: the indexes of the requests refused (a unique index) or not
+    matched (a conditional replacement whose document was not as its filter said)."""
+    conditional = [i for i, r in enumerate(requests) if isinstance(r, Conditional)]
+    if not conditional:
+        return await _write(collection, requests)
+    others = [i for i, r in enumerate(requests) if not isinstance(r, Conditional)]
+    refused = {others[i] for i in await _write(collection, [requests[i] for i in others])} if others else set()
+    replacements = [requests[i] for i in conditional]
+    if len(replacements) == 1:
+        [only] = replacements
+        matched = (await collection.replace_one(only._filter, only._doc)).matched_count
+        return refused | (set() if matched else {conditional[0]})
+    if (await collection.bulk_write(replacements, ordered=False)).matched_count == len(replacements):
+        return refused
+    for i, request in zip(conditional, replacements):  # some did not match: whose did, each read by its id
+        stored = await collection.find_one({"_id": request._filter["_id"]}, {WRITE: 1})
+        if stored is None or stored.get(WRITE) != request._doc.get(WRITE):
+            refused.add(i)
+    return refused
 
 
 async def _write(collection: AsyncCollection, requests: list[Request]) -> set[int]:

@@ -171,20 +171,24 @@ class MemoryCollection:
     async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
         """UpdateOne, ReplaceOne and InsertOne requests (what the services send in bulk), unordered: a duplicate
         key refuses its own request only, reported by index as the server does."""
-        errors = []
+        errors, matched = [], 0
         for index, request in enumerate(requests):
             try:
                 if isinstance(request, InsertOne):
                     await self.insert_one(request._doc)
                 elif isinstance(request, ReplaceOne):
-                    await self.replace_one(request._filter, request._doc, upsert=bool(request._upsert))
+                    matched += (
+                        await self.replace_one(request._filter, request._doc, bool(request._upsert))
+                    ).matched_count
                 else:
-                    await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
+                    matched += (
+                        await self.update_one(request._filter, request._doc, bool(request._upsert))
+                    ).matched_count
             except DuplicateKeyError:
                 errors.append({"index": index, "code": 11000})
         if errors:
             raise BulkWriteError({"writeErrors": errors})
-        return Result(len(requests))
+        return Result(matched)
 
     async def delete_one(self, query: dict) -> Result:
         doc = await self.find_one(query)
