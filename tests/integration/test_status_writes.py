@@ -560,3 +560,13 @@ async def test_conditional_replacements_made_together_go_in_one_write_each_told_
         "j2": 2,
         "j4": 2,
     }
+
+
+async def test_chunks_of_output_stored_together_share_one_insert_and_a_redelivery_counts_once(counted):
+    repo, commands = counted
+    chunks = [chunk(0).model_copy(update={"job_id": f"out-{n}", "event_id": f"out-{n}:1:0:0"}) for n in range(10)]
+    commands.sent.clear()
+    await asyncio.gather(*(repo.output.add(c) for c in chunks + chunks[:3]))  # three of them delivered twice
+    assert commands.sent["insert"] <= 3, dict(commands.sent)  # one alone, the rest in groups
+    assert commands.sent["findAndModify"] == 10  # each stored chunk counted once
+    assert [(await repo.output.sizes.find_one({"_id": f"out-{n}"}))["chunks_1_0"] for n in range(10)] == [1] * 10
