@@ -48,6 +48,10 @@ WRITE = "_w"  # a conditional replacement's own mark: which of a group's replace
 class Conditional(ReplaceOne):
     """A replacement whose caller learns whether its filter found the document (`replace_if`)."""
 
+    def __init__(self, query: dict[str, Any], doc: dict[str, Any]) -> None:
+        super().__init__(query, doc)
+        self.query, self.doc = query, doc
+
 
 async def replace_if(collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any]) -> bool:
     """Replace the document `query` finds, in the next group (the group's conditional replacements of a collection
@@ -98,16 +102,16 @@ async def _write_answered(collection: AsyncCollection, requests: list[Request]) 
         return await _write(collection, requests)
     others = [i for i, r in enumerate(requests) if not isinstance(r, Conditional)]
     refused = {others[i] for i in await _write(collection, [requests[i] for i in others])} if others else set()
-    replacements = [requests[i] for i in conditional]
+    replacements = [r for r in requests if isinstance(r, Conditional)]
     if len(replacements) == 1:
         [only] = replacements
-        matched = (await collection.replace_one(only._filter, only._doc)).matched_count
+        matched = (await collection.replace_one(only.query, only.doc)).matched_count
         return refused | (set() if matched else {conditional[0]})
     if (await collection.bulk_write(replacements, ordered=False)).matched_count == len(replacements):
         return refused
     for i, request in zip(conditional, replacements):  # some did not match: whose did, each read by its id
-        stored = await collection.find_one({"_id": request._filter["_id"]}, {WRITE: 1})
-        if stored is None or stored.get(WRITE) != request._doc.get(WRITE):
+        stored = await collection.find_one({"_id": request.query["_id"]}, {WRITE: 1})
+        if stored is None or stored.get(WRITE) != request.doc.get(WRITE):
             refused.add(i)
     return refused
 
