@@ -114,7 +114,7 @@ async def views(repo: Repository, job_id: str) -> tuple[bool, str]:
     return "project_id" in entry, (await repo.listing.find_one({"_id": job_id}))["phase"]
 
 
-async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_nine(counted):
+async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_seven(counted):
     repo, commands = counted
     await new_job(repo, "j")
     commands.sent.clear()
