@@ -100,9 +100,7 @@ def lifetimes() -> list[dict]:
 async def run(url: str, *, jobs: int, repeats: int) -> dict:
     client = make_client(url)
     db = client["bench"]
-    billing = Reports(
-        ledger=db.billing_ledger, open=db.billing_open, nodes=db.billing_nodes, nodes_open=db.billing_nodes_open
-    )
+    billing = Reports(ledger=db.billing_ledger, open={}, nodes=db.billing_nodes, nodes_open=db.billing_nodes_open)
     await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
     await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
     await billing.ledger.create_index("ended_at")

@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -33,11 +34,11 @@ from bson.codec_options import CodecOptions
 from faststream.nats import NatsBroker
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import BulkWriteError
 
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
-from shared.grouped import collection_key, update_grouped
+from shared.grouped import WRITE, collection_key, insert_grouped, replace_if, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -415,13 +416,11 @@ class DocumentStore:
         )
         update = with_outbox({k: v for k, v in fields.items() if k != "_id"}, kept, events)
         if current is None:
-            try:
-                await self.collection.insert_one({"_id": doc_id, **update})
-            except DuplicateKeyError:
-                return None
+            if not await insert_grouped(self.collection, {"_id": doc_id, **update}):
+                return None  # stored already
         else:
-            result = await self.collection.replace_one({"_id": doc_id, **unchanged(current)}, update)
-            if result.matched_count == 0:
+            update[WRITE] = uuid.uuid4().hex  # with other documents' changes of this moment: ours, told apart
+            if not await replace_if(self.collection, {"_id": doc_id, **unchanged(current)}, update):
                 return None
         if deferred is not None and published:
             deferred.dropped(doc_id, published)

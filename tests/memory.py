@@ -4,6 +4,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
+from pymongo import InsertOne, ReplaceOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 
@@ -168,10 +169,26 @@ class MemoryCollection:
         return await self.find_one({"_id": before["_id"] if before else query["_id"]}) if return_document else before
 
     async def bulk_write(self, requests: list, ordered: bool = True) -> Result:
-        """UpdateOne requests only (what the services send in bulk)."""
-        for request in requests:
-            await self.update_one(request._filter, request._doc, upsert=bool(request._upsert))
-        return Result(len(requests))
+        """UpdateOne, ReplaceOne and InsertOne requests (what the services send in bulk), unordered: a duplicate
+        key refuses its own request only, reported by index as the server does."""
+        errors, matched = [], 0
+        for index, request in enumerate(requests):
+            try:
+                if isinstance(request, InsertOne):
+                    await self.insert_one(request._doc)
+                elif isinstance(request, ReplaceOne):
+                    matched += (
+                        await self.replace_one(request._filter, request._doc, bool(request._upsert))
+                    ).matched_count
+                else:
+                    matched += (
+                        await self.update_one(request._filter, request._doc, bool(request._upsert))
+                    ).matched_count
+            except DuplicateKeyError:
+                errors.append({"index": index, "code": 11000})
+        if errors:
+            raise BulkWriteError({"writeErrors": errors})
+        return Result(matched)
 
     async def delete_one(self, query: dict) -> Result:
         doc = await self.find_one(query)

@@ -11,6 +11,7 @@ from shared.noderecords import limits_from_file
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import DocumentStore, relay
+from services.billing.attempts import move_open_lines
 from services.billing.handlers import JOBS, router
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
@@ -44,7 +45,6 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         db = w.db
         billing = build(
             ledger=db.billing_ledger,
-            open=db.billing_open,
             nodes=db.billing_nodes,
             nodes_open=db.billing_nodes_open,
             node_info=db.billing_node_info,
@@ -60,7 +60,10 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         await attempts.ledger.create_index("ended_at")
         if backfilled := await attempts.backfill_epochs():
             log.info("ledger: %d lines given Unix-second bounds", backfilled)
-        await attempts.open.create_index("node_id")
+        await attempts.ledger.create_index("open")  # the open lines, read at the start
+        if moved := await move_open_lines(db.billing_open, attempts.ledger):
+            log.info("ledger: %d open lines moved in from billing_open", moved)
+        log.info("%d attempts running", await attempts.load())
         await attempts.placements.jobs.create_index([("project_id", 1), ("finished", 1)])  # max_gpus: queued jobs
         await db.billing_parked.create_index("attempt_key")
         await db.billing_parked.create_index("parked_at")

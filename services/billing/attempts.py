@@ -1,5 +1,8 @@
 """The attempt ledger: a line opened when a placed task's start is seen, closed when its end is seen (or its node
-is lost, or reconciliation finds its end report lost), each attempt charged exactly once."""
+is lost, or reconciliation finds its end report lost), each attempt charged exactly once. One document per attempt
+and rank: inserted open (the same line seen again, open or closed, is refused by its id), replaced by its closed
+line once; the open ones are also kept in memory, all of them (billing alone writes them, one leader at a time,
+which reads them at its start), so nothing scans the ledger for what runs."""
 
 import logging
 from collections.abc import Awaitable, Callable
@@ -11,28 +14,46 @@ from pymongo.errors import DuplicateKeyError
 
 from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
-from shared.lru import Lru
-from services.billing.ledger import close_entry, epoch_bounds, open_entry
+from shared.grouped import insert_grouped, replace_grouped
+from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
 from services.billing.placements import Placements, attempt_key, charged_from, missed_end, rank_terms
 from services.billing.records import NodeRecords, as_read
 
 log = logging.getLogger(__name__)
 
-REMEMBERED_OPEN = 20_000  # running attempts' lines kept in memory, as inserted, until closed
 Spent = Callable[[str], Awaitable[None]]  # told the project whose money a closed line spent
+
+
+async def move_open_lines(old: AsyncCollection, ledger: AsyncCollection) -> int:
+    """Lines kept open in a collection of their own (before the ledger kept them, open) moved into the ledger,
+    before `Attempts.load`; a line already there (moved by a start that died before the delete) stands."""
+    moved = 0
+    async for line in old.find({}):
+        try:
+            await ledger.insert_one({**line, OPEN: True})
+            moved += 1
+        except DuplicateKeyError:
+            pass
+        await old.delete_one({"_id": line["_id"]})
+    return moved
 
 
 @dataclass
 class Attempts:
-    ledger: AsyncCollection  # closed attempts
-    open: AsyncCollection  # running attempts
+    ledger: AsyncCollection  # every attempt's line: open while it runs, then closed
     placements: Placements  # what placement decided: the only attempts that are charged
     records: NodeRecords  # each node's price where a placement did not record it
     spent: Spent  # an attempt closed: its project's budgets are looked at
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
-    # The lines of the attempts billing opened, as it wrote them (billing alone writes them): read at every end.
-    opened: Lru[str, dict] = field(default_factory=lambda: Lru(REMEMBERED_OPEN), repr=False)
+    # Every open line, as written (`load` reads them at the start): what runs, for the ends, reports and admission.
+    running: dict[str, dict] = field(default_factory=dict, repr=False)
+
+    async def load(self) -> int:
+        """At the start, before any event: the open lines into memory. Returns how many attempts run."""
+        self.running.clear()
+        self.running.update({d["_id"]: d async for d in self.ledger.find({OPEN: True})})
+        return len(self.running)
 
     async def submitted(self, event: JobSubmitted) -> None:
         await self.placements.submitted(event)
@@ -61,13 +82,11 @@ class Attempts:
             user_name=placement.get("user_name"),
             started_at=charged_from(placement, seen=seen),
         )
-        if await self._closed(entry["_id"], attempt_key(event.job_id, event.attempt)):
+        if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
-        try:
-            await self.open.insert_one(entry)
-        except DuplicateKeyError:
-            return  # opened by an earlier delivery: the stored line stands
-        self.opened.put(entry["_id"], as_read(self.open, entry))
+        if not await insert_grouped(self.ledger, entry):  # with other attempts' that start at the same moment
+            return  # opened, or opened and closed, by an earlier delivery: the stored line stands
+        self.running[entry["_id"]] = as_read(self.ledger, entry)
 
     async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
         """Close the attempt's line when its end is seen; the end time the agent reports is not read."""
@@ -83,8 +102,8 @@ class Attempts:
         """A node lost: its running attempts end at its last sign of life."""
         if event.state == "ready":
             return
-        async for opened in self.open.find({"node_id": event.node_id}, {"_id": 1}):
-            await self._close(opened["_id"], ended_at=event.last_seen, reason="node_lost")
+        for line_id in [k for k, line in self.running.items() if line["node_id"] == event.node_id]:
+            await self._close(line_id, ended_at=event.last_seen, reason="node_lost")
 
     async def reconcile(self, *, now: datetime | None = None) -> int:
         """Close the open attempts whose end report never came, though the job's status says they ended (finished
@@ -92,7 +111,7 @@ class Attempts:
         end report that comes later finds nothing open."""
         now = now or self.clock()
         closed = 0
-        running = [d async for d in self.open.find({})]
+        running = list(self.running.values())
         ids = sorted({d["job_id"] for d in running})
         jobs = {j["_id"]: j async for j in self.placements.jobs.find({"_id": {"$in": ids}})} if ids else {}
         for opened in running:
@@ -112,7 +131,7 @@ class Attempts:
     async def backfill_epochs(self) -> int:
         """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe)."""
         count = 0
-        async for line in self.ledger.find({"t0": None}):
+        async for line in self.ledger.find({"t0": None, **CLOSED_ONLY}):
             await self.ledger.update_one(
                 {"_id": line["_id"]}, {"$set": epoch_bounds(line["started_at"], line["ended_at"])}
             )
@@ -124,28 +143,21 @@ class Attempts:
         now = self.clock()
         return min(seen, now) if seen is not None else now
 
-    async def _closed(self, line_id: str, attempt: str) -> bool:
-        """Whether the line was closed already: known here for an attempt whose placement this process stored
-        first (its closes are all this process's), else asked of the ledger."""
-        closed_here = self.placements.first_placed.get(attempt)
-        if closed_here is not None:
-            return line_id in closed_here
-        return await self.ledger.find_one({"_id": line_id}, {"_id": 1}) is not None
+    def _closed_here(self, line_id: str, attempt: str) -> bool:
+        """Whether this process closed the line (known for an attempt whose placement it stored first): a start
+        seen again is not even sent to the ledger, which would refuse it."""
+        return line_id in (self.placements.first_placed.get(attempt) or ())
 
     async def _close(self, key: str, *, ended_at: datetime, reason: str) -> None:
-        opened = self.opened.get(key) or await self.open.find_one({"_id": key})
+        """The open line replaced by its closed one, once (a line closed already is no longer open: nothing)."""
+        opened = self.running.get(key)
         if opened is None:
             return
-        try:
-            await self.ledger.insert_one(
-                close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
-            )
-        except DuplicateKeyError:
-            pass
+        line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
+        await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line)  # with other attempts' ending then
         if (
             closed_here := self.placements.first_placed.get(attempt_key(opened["job_id"], opened["attempt"]))
         ) is not None:
             closed_here.add(key)
-        await self.open.delete_one({"_id": key})
-        self.opened.pop(key)
+        self.running.pop(key, None)
         await self.spent(opened["project_id"])

@@ -7,16 +7,21 @@ from typing import Any
 from shared.pricing import rank_price_per_hour
 from shared.rpc import UsageTotals
 
+OPEN = "open"  # marks an attempt's line while the attempt runs
+CLOSED_ONLY = {OPEN: {"$ne": True}}  # the filter of closed lines (sums and windows read only those)
+
 
 def open_entry(
     *, key: dict[str, Any], terms: dict[str, Any], project_id: str | None, user_name: str | None, started_at: datetime
 ) -> dict[str, Any]:
-    """An attempt that started and has not ended yet, priced at its share of its node on the `terms` placement
-    recorded (the rank's node, its kind, GPUs and price: `placements.rank_terms`): attempts side by side on one
-    node together pay the node's price, not each all of it."""
+    """An attempt that started and has not ended yet (`open`: its line in the ledger until `close_entry` replaces
+    it), priced at its share of its node on the `terms` placement recorded (the rank's node, its kind, GPUs and
+    price: `placements.rank_terms`): attempts side by side on one node together pay the node's price, not each all
+    of it."""
     price, gpus, node_gpus = terms["price_per_hour"], terms["gpu_count"], terms["node_gpu_count"]
     return {
         "_id": f"{key['job_id']}:{key['attempt']}:{key['rank']}",
+        OPEN: True,
         **key,
         "project_id": project_id,
         "user_name": user_name,
@@ -34,7 +39,7 @@ def close_entry(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> d
     """The ledger entry of a finished attempt: its seconds on the node times the node's price."""
     seconds = max(0.0, (ended_at - opened["started_at"]).total_seconds())
     return {
-        **opened,
+        **{k: v for k, v in opened.items() if k != OPEN},
         "ended_at": ended_at,
         **epoch_bounds(opened["started_at"], ended_at),
         "reason": reason,

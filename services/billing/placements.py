@@ -14,6 +14,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
+from shared.grouped import insert_grouped, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -165,18 +166,15 @@ class Placements:
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
         resource = event.spec.resource
-        try:
-            await self.jobs.insert_one(
-                {
-                    "_id": event.job_id,
-                    "project_id": event.project_id,
-                    "user_name": event.user_name,
-                    "finished": False,
-                    "version": 0,
-                    "gpus": resource.gpu_count * resource.node_count,
-                }
-            )
-        except DuplicateKeyError:
+        record = {
+            "_id": event.job_id,
+            "project_id": event.project_id,
+            "user_name": event.user_name,
+            "finished": False,
+            "version": 0,
+            "gpus": resource.gpu_count * resource.node_count,
+        }
+        if not await insert_grouped(self.jobs, record):  # with other jobs' submitted at the same moment
             return  # the stored record stands (it is read when needed)
         self.owners.put(event.job_id, {"project_id": event.project_id, "user_name": event.user_name})
         self.statuses.put(event.job_id, (0, SUBMITTED_SAYS))
@@ -198,9 +196,7 @@ class Placements:
                 self.statuses.put(event.job_id, (event.version, said))  # nothing new, and the record's seen_at
             return  # stays when billing first learned it
         query, update = status_update(event, seen=seen)
-        try:
-            await self.jobs.update_one(query, update, upsert=True)
-        except DuplicateKeyError:
+        if await update_grouped(self.jobs, [(query, update)], upsert=True):  # with other jobs' statuses
             self.statuses.pop(event.job_id)  # a newer one is stored: read it when it matters
             return
         self.statuses.put(event.job_id, (event.version, said))
@@ -210,10 +206,9 @@ class Placements:
         when it was seen."""
         owner = self.owners.get(event.job_id) or await self.jobs.find_one({"_id": event.job_id})
         doc = placement_doc(event, owner)
-        stored = await self.attempts.replace_one({"_id": doc["_id"]}, doc, upsert=True)
-        self.known.put(doc["_id"], doc)
-        if stored.upserted_id is not None:
+        if await insert_grouped(self.attempts, doc):  # a placement never changes once made: stored once
             self.first_placed.put(doc["_id"], set())
+        self.known.put(doc["_id"], doc)
         if doc["_id"] not in await self._waiting_for():
             return []
         waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]

@@ -10,7 +10,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.clock import utcnow
 from shared.rpc import UsageQuery, UsageReport, UsageTotals
-from services.billing.ledger import OWNED_KINDS, clip, close_entry, close_lifetime
+from services.billing.ledger import CLOSED_ONLY, OWNED_KINDS, clip, close_entry, close_lifetime
 from services.billing.usage import (
     FIELD,
     KINDS,
@@ -30,15 +30,15 @@ from services.billing.usage import (
 class Reports:
     """The read side of the ledgers: reads the attempts' and the nodes' collections, writes nothing."""
 
-    ledger: AsyncCollection  # closed attempts
-    open: AsyncCollection  # running attempts
+    ledger: AsyncCollection  # attempts' lines: the closed ones are read here (the open ones are in `open`)
+    open: dict[str, dict[str, Any]]  # running attempts' lines, all (`Attempts.running`)
     nodes: AsyncCollection  # closed node lifetimes
     nodes_open: AsyncCollection  # node lifetimes still running
     clock: Callable[[], datetime] = utcnow  # running attempts and lifetimes are charged up to this now
 
     async def running(self, scope: dict[str, Any]) -> list[dict[str, Any]]:
         """The running attempts' lines of a scope (project, user)."""
-        return [d async for d in self.open.find(scope)]
+        return [d for d in list(self.open.values()) if all(d.get(k) == v for k, v in scope.items())]
 
     async def usage(self, query: UsageQuery) -> UsageReport:
         """Attempts and node lifetimes inside [start, end), running ones charged up to now."""
@@ -68,9 +68,9 @@ class Reports:
             per_node[doc["_id"]] = Sums(
                 attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"], gpu_hours=doc["gpu_hours"]
             )
-        extra = [d for e in edges async for d in self.ledger.find(e)]
+        extra = [d for e in edges async for d in self.ledger.find({**e, **CLOSED_ONLY})]
         running = [
-            close_entry(d, ended_at=max(now, d["started_at"]), reason="running") async for d in self.open.find({})
+            close_entry(d, ended_at=max(now, d["started_at"]), reason="running") for d in list(self.open.values())
         ]
         in_scope_running = [r for r in running if all(r.get(k) == v for k, v in scope.items())]
         for entry in extra + running:
@@ -122,6 +122,7 @@ class Reports:
 
     async def _group(self, match: dict[str, Any], *, by: str, nodes: bool = False) -> list[dict[str, Any]]:
         """Sums of closed attempts per value of one field, computed by the database."""
+        match = {**match, **CLOSED_ONLY}
         group: dict[str, Any] = {
             "_id": f"${by}",
             "attempts": {"$sum": 1},

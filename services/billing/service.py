@@ -33,7 +33,6 @@ class Billing:
 def build(
     *,
     ledger: AsyncCollection,
-    open: AsyncCollection,
     nodes: AsyncCollection,
     nodes_open: AsyncCollection,
     node_info: AsyncCollection,
@@ -46,14 +45,15 @@ def build(
 ) -> Billing:
     """Billing's parts over their collections; `static`: the static nodes' records (None: registrations taken as
     said, for in-memory tests only); `clock`: billing's own now, no report is charged past it."""
-    reports = Reports(ledger=ledger, open=open, nodes=nodes, nodes_open=nodes_open, clock=clock)
+    running: dict[str, dict] = {}  # every open line: written by the attempts, read by the reports
+    reports = Reports(ledger=ledger, open=running, nodes=nodes, nodes_open=nodes_open, clock=clock)
     book = QuotaBook(quotas=quotas)
     budgets = BudgetAlerts(store=alerts, book=book, reports=reports)
     records = NodeRecords(node_info=node_info, static=static)
     return Billing(
         attempts=Attempts(
             ledger=ledger,
-            open=open,
+            running=running,
             placements=placements,
             records=records,
             spent=budgets.check,

@@ -76,6 +76,10 @@ class JobQueue:
             self.queued.discard(item.job_id)
         self.dirty.set()
 
+    def keep(self, item: QueueItem) -> None:
+        """The item changed in memory only, in what nothing reads after a restart: its next `save` stores it."""
+        self.items[item.job_id] = item
+
     async def add(self, item: QueueItem) -> bool:
         """A new job's item, written only when none is stored (a redelivered submission, even of a job long done,
         changes nothing): one insert, no read."""

@@ -99,7 +99,11 @@ class Placement:
             await self._charge_fair_share(item, event)
             await self.store.save(item.model_copy(update={"state": "done"}), [])
         elif event.phase == Phase.RUNNING and event.start_time and item.started_at is None:
-            await self.store.save(item.model_copy(update={"started_at": event.start_time}), [])
+            started = item.model_copy(update={"started_at": event.start_time})
+            if clocked(item):
+                await self.store.save(started, [])
+            else:
+                self.store.keep(started)  # written with its next change; a restart reads the start of none
         elif event.attempt == item.attempt and item.state in ("placed", "held"):
             if event.phase == Phase.ABNORMAL:
                 await self.store.save(item.model_copy(update={"state": "held", "assignments": ()}), [])
@@ -310,6 +314,12 @@ class Placement:
             return
         hours = (event.end_time - item.started_at).total_seconds() / 3600 * item.needs.gpu_count * item.needs.node_count
         await self.fair.charge(item.user_name, hours, key=item.job_id)
+
+
+def clocked(item: QueueItem) -> bool:
+    """Whether the job's start is read after a restart: its GPUs' expected end (the policy's running work) or its
+    slowness check (an expected duration) runs from it. A job without either is not written when it starts."""
+    return item.needs.gpu_count > 0 or bool(item.spec.placement.expected_duration_s)
 
 
 async def scheduling_loop(placement: Placement, *, tick_s: float = 5.0) -> None:

@@ -22,6 +22,7 @@ from pymongo.errors import DuplicateKeyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.clock import as_utc, utcnow
+from shared.grouped import insert_grouped, update_grouped
 from services.submitter import errors
 from services.submitter.auth import Principal, authenticate
 from services.submitter.errors import ApiError
@@ -205,14 +206,14 @@ class AuditLog:
             "status": None,
             "summary": summary or {},
         }
-        await self._retry(lambda: self.collection.insert_one(doc))
+        await self._retry(lambda: insert_grouped(self.collection, doc))  # with others begun at the same moment
         return entry_id
 
     async def finish(self, entry_id: str, *, action: str, status: int, target_id: str | None, summary: dict) -> None:
         update = {"state": "done", "action": action, "status": status, "summary": summary}
         if target_id:
             update["target_id"] = target_id
-        await self._retry(lambda: self.collection.update_one({"_id": entry_id}, {"$set": update}))
+        await self._retry(lambda: update_grouped(self.collection, [({"_id": entry_id}, {"$set": update})]))
 
     async def page(self, query: dict[str, Any], *, offset: int, limit: int) -> tuple[int, list[dict]]:
         """How many entries match, and a page of them, newest first."""

@@ -9,9 +9,9 @@ from typing import Any
 
 from pymongo import ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from shared.events import LogChunk
+from shared.grouped import insert_grouped
 from shared.lru import Lru
 from shared.origin import dedup_key
 
@@ -62,21 +62,21 @@ class LogStore:
         """Keep a chunk of output once; past the job's cap its oldest chunks go (and are counted as dropped)."""
         lines = [line.line for line in chunk.lines]
         size = chunk_bytes(lines)
-        try:
-            await self.chunks.insert_one(
-                {
-                    "_id": dedup_key(chunk),
-                    "job_id": chunk.job_id,
-                    "attempt": chunk.attempt,
-                    "rank": chunk.rank,
-                    "seq": chunk.seq,
-                    "lines": lines,
-                    "bytes": size,
-                    "last": chunk.last,
-                }
-            )
-        except (DuplicateKeyError, BulkWriteError):
-            return
+        stored = await insert_grouped(  # with other jobs' chunks of this moment
+            self.chunks,
+            {
+                "_id": dedup_key(chunk),
+                "job_id": chunk.job_id,
+                "attempt": chunk.attempt,
+                "rank": chunk.rank,
+                "seq": chunk.seq,
+                "lines": lines,
+                "bytes": size,
+                "last": chunk.last,
+            },
+        )
+        if not stored:
+            return  # a redelivery: counted when it was stored
         update: dict[str, Any] = {"$inc": {"bytes": size, _chunks_key(chunk.attempt, chunk.rank): 1}}
         if chunk.last:
             update["$set"] = {_last_key(chunk.attempt, chunk.rank): chunk.seq}

@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from faststream.nats import NatsBroker
@@ -19,6 +20,7 @@ from shared.lru import Lru
 from shared.origin import Origins
 from shared.store import DocumentStore
 from services.submitter.caps import QUEUED_PHASES
+from services.submitter.later import LaterWrites, older_than
 from services.submitter.logstore import LOG_CAP_BYTES, LogStore
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken
@@ -30,6 +32,11 @@ from services.submitter.views import status_fields
 TOMBSTONE_S = 120.0
 SWEEP_EVERY = 100  # tombstones older than TOMBSTONE_S are deleted once every this many jobs leaving the queue
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
+FINISHED_REMEMBERED = 100_000  # jobs seen finishing here (never to run again): their late estimates are not written
+# A list entry of a phase that does not end the job is written this much later, replaced by the job's next phase
+# if that comes first (a short job's Pending and Running): a page filtered by phase may see a job's previous phase
+# this long; a phase that ends the job is written at once (a page read right after the job ends shows it).
+LIST_LATER_S = 0.5
 
 
 VIEW_FIELDS = {"status": 1, "status_version": 1, "project_id": 1, "user_name": 1, "create_time": 1}  # whole
@@ -54,9 +61,14 @@ def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
 
 
-def older_than(version: int) -> dict[str, Any]:
-    """The filter of a view entry written for an older status than `version` (or before entries had versions)."""
-    return {"$or": [{"v": {"$lt": version}}, {"v": {"$exists": False}}]}
+def moved_from(event: JobStatusChanged) -> str | None:
+    """The phase a status moved its job from, where it says so and the views follow from it alone: None for a
+    status that does not say (the views are then written from the job as stored) or that puts the job in the
+    queue (its entry is made only for a job still stored)."""
+    was = event.previous_phase.value if event.previous_phase is not None else None
+    if was is None or (event.phase.value in QUEUED_PHASES and was not in QUEUED_PHASES):
+        return None
+    return was
 
 
 @dataclass
@@ -66,6 +78,8 @@ class Repository:
     log_cap_bytes: int = LOG_CAP_BYTES
     known_owners: Lru[str, str] = field(default_factory=lambda: Lru(OWNERS_REMEMBERED), repr=False)
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
+    list_later_s: float = LIST_LATER_S  # 0: every list entry at once
+    finished_here: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
     left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
     output: LogStore = field(init=False, repr=False)  # the jobs' stored output
     notifications: NotificationStore = field(init=False, repr=False)  # notifications and the projects' webhooks
@@ -88,6 +102,16 @@ class Repository:
         """One small document per job accepted and not yet running: what the queue caps count. A count over
         every job ever stored is a scan of the whole history on the embedded server, at each submission."""
         return self.db.api_queue
+
+    @cached_property
+    def later_entries(self) -> LaterWrites:
+        """List entries of phases a job passes through, written a moment later (`LIST_LATER_S`)."""
+        return LaterWrites(self.listing, delay_s=self.list_later_s)
+
+    @cached_property
+    def later_leaves(self) -> LaterWrites:
+        """Queue entries of jobs that left the queue, written a moment later (`LIST_LATER_S`)."""
+        return LaterWrites(self.queue, delay_s=self.list_later_s)
 
     @property
     def listing(self):
@@ -193,35 +217,59 @@ class Repository:
         else:
             await self._write_views(doc, queue=True)
 
-    async def _write_views(self, doc: dict[str, Any], *, queue: bool) -> None:
-        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says."""
+    async def _write_views(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
+        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says; `later`:
+        a list entry of a phase that does not end the job, and a queue entry that leaves the queue, wait
+        (`LIST_LATER_S`)."""
         version = doc.get("status_version", 0)
-        if queue and doc.get("status", {}).get("phase") in QUEUED_PHASES:
-            await self._versioned(
-                self.queue,
-                doc["_id"],
-                version,
-                {
-                    "$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": version},
-                    "$unset": {"gone_s": ""},
-                },
-            )
-        elif queue:
-            await self._versioned(
-                self.queue,
-                doc["_id"],
-                version,
-                {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}},
-            )
-            await self._sweep_queue()
+        if queue:
+            queued = doc.get("status", {}).get("phase") in QUEUED_PHASES
+            owner = (doc["project_id"], doc["user_name"]) if queued else None
+            await self._queue_entry(doc["_id"], version, owner=owner, later=later)
         entry = list_entry(doc)
-        await self._versioned(self.listing, entry.pop("_id"), version, {"$set": entry})
+        job_id = entry.pop("_id")
+        await self._list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)
+
+    async def _queue_entry(
+        self, job_id: str, version: int, *, owner: tuple[str, str] | None, later: bool = False
+    ) -> None:
+        """The job's place in the queue for its status `version`: held by its (project, user), or (None) a
+        tombstone that holds none; `later`: the tombstone waits (`LaterWrites`) like a passing phase's list entry,
+        so the caps count a job that just left the queue a moment longer (never one that just entered it)."""
+        if owner is not None:
+            self.later_leaves.drop(job_id)
+            update = {"$set": {"project_id": owner[0], "user_name": owner[1], "v": version}, "$unset": {"gone_s": ""}}
+            await self._versioned(self.queue, job_id, version, update)
+            return
+        tombstone = {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}}
+        if later and self.list_later_s > 0:
+            self.later_leaves.add(job_id, version, tombstone)
+        else:
+            self.later_leaves.drop(job_id)
+            await self._versioned(self.queue, job_id, version, tombstone)
+        await self._sweep_queue()
+
+    async def write_waiting(self) -> None:
+        """The entries that wait, written now."""
+        await self.later_entries.write_now()
+        await self.later_leaves.write_now()
+
+    async def _list_entry(
+        self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool
+    ) -> None:
+        """The job's list entry for its status `version`; one of a phase that does not end the job waits when
+        `later` (`LaterWrites`: it updates the entry the job's insert made, never makes one)."""
+        if later and self.list_later_s > 0 and update["$set"]["phase"] not in FINISHED:
+            self.later_entries.add(job_id, version, update)
+            return
+        self.later_entries.drop(job_id)
+        await self._versioned(self.listing, job_id, version, update, upsert=upsert)
 
     @staticmethod
-    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any]) -> None:
+    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any], *, upsert: bool = True) -> None:
         """One view entry written for the job's status `version`, unless one for a newer status is there (its word
         stands); with other jobs' entries written at the same moment (`shared.grouped`)."""
-        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=True)
+        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=upsert)
 
     async def _sweep_queue(self) -> None:
         """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
@@ -291,6 +339,8 @@ class Repository:
     async def delete(self, job_id: str, *, finished: list[str]) -> bool:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
+            self.later_entries.drop(job_id)
+            self.later_leaves.drop(job_id)
             await self.queue.delete_one({"_id": job_id})
             await self.listing.delete_one({"_id": job_id})
             await self.output.forget(job_id)
@@ -303,6 +353,11 @@ class Repository:
         again (a crash may have come between the job's write and theirs). The views follow the phase alone, so a
         status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
         entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
+        if event.phase.is_finished():  # for good, whichever of its statuses this process writes
+            self.finished_here.put(event.job_id, True)
+        if moved_from(event) is not None:
+            await self._apply_moved(event)
+            return
         before = await self.jobs.find_one_and_update(
             {"_id": event.job_id, "status_version": {"$lt": event.version}},
             {"$set": status_fields(event)},
@@ -316,9 +371,29 @@ class Repository:
         if phase == was:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
-        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES))
+        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
+
+    async def _apply_moved(self, event: JobStatusChanged) -> None:
+        """A status that says its job's phase before it (the monitor's every status does: `previous_phase` at
+        `version - 1`) and does not put the job in the queue: its write and its entries need no answer, so each
+        goes with whatever else is written at that moment (`shared.grouped`). Each version moves the entries it
+        moved the phase for, refused where a newer one wrote them, so they end at the latest status whatever the
+        order; a redelivery rewrites nothing. Entries are updated, never made: a deleted job's stay gone."""
+        update = {"$set": status_fields(event)}
+        await update_grouped(self.jobs, [({"_id": event.job_id, "status_version": {"$lt": event.version}}, update)])
+        phase, was = event.phase.value, moved_from(event)
+        if phase == was:
+            return
+        if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
+            await self._queue_entry(event.job_id, event.version, owner=None, later=True)
+        entry = {"$set": {"phase": phase, "v": event.version}}
+        await self._list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
+        """Show the job's latest estimate (None: none) while it has not finished. An estimate of a job this process
+        saw finish (the estimator's last word on it, mostly) writes nothing: the finished status cleared it."""
+        if self.finished_here.get(event.job_id):
+            return
         eta = event.eta.model_dump(mode="json") if event.eta else None
         await update_grouped(
             self.jobs,

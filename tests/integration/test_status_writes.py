@@ -1,21 +1,30 @@
 """What a job's status costs where it is kept, on the database server itself: the API's views (queue entries, list
 entries, output counters) and billing's record of how attempts ended; in commands, and that each ends at the
-latest status whatever order the statuses come in."""
+latest status whatever order the statuses come in. Also what a job's other records cost: its attempts' billing
+lines and its submission's audit records."""
 
 import asyncio
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
-from shared.events import JobStatusChanged, LogChunk, LogLine
+from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine, NodeRegistered
+from shared.grouped import WRITE, insert_grouped, replace_if
 from shared.jobs import Phase, SecondaryPhase
+from shared.rpc import UsageQuery
+from shared.store import DocumentStore
+from services.billing.attempts import move_open_lines
+from services.billing.ledger import open_entry
 from services.billing.placements import Placements
+from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
+from services.submitter.audit import AuditLog
 from services.submitter.repository import Repository
 from tests.conftest import free_port
-from tests.factories import placed, submitted, unique
+from tests.factories import T0, exited, node, placed, started, submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -54,11 +63,16 @@ async def counted(database):
     commands = Commands()
     client = AsyncMongoClient(database, tz_aware=True, event_listeners=[commands])
     db = client[unique("views").replace("-", "_")]
-    yield Repository(db=db, broker=None), commands
+    repo = Repository(db=db, broker=None)
+    yield repo, commands
+    repo.later_entries.waiting.clear()  # what a test left waiting is not written after the client closed
+    repo.later_leaves.waiting.clear()
     await client.close()
 
 
-def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -> JobStatusChanged:
+def status(
+    job_id: str, version: int, phase: Phase, secondary: SecondaryPhase, *, previous: Phase | None = None
+) -> JobStatusChanged:
     return JobStatusChanged(
         event_id=f"{job_id}:status:{version}",
         job_id=job_id,
@@ -67,6 +81,7 @@ def status(job_id: str, version: int, phase: Phase, secondary: SecondaryPhase) -
         version=version,
         phase=phase,
         secondary_phase=secondary,
+        previous_phase=previous,
     )
 
 
@@ -99,7 +114,7 @@ async def views(repo: Repository, job_id: str) -> tuple[bool, str]:
     return "project_id" in entry, (await repo.listing.find_one({"_id": job_id}))["phase"]
 
 
-async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_nine(counted):
+async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_seven(counted):
     repo, commands = counted
     await new_job(repo, "j")
     commands.sent.clear()
@@ -107,10 +122,14 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert commands.total() == 1
     for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
         await repo.apply_status(status("j", version, phase, secondary))
-    # Each is one write, then: Creating, list entry; Running, queue + list entry; Running again, nothing;
-    # Completed, list entry (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
-    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase).
-    assert commands.total() == 1 + 2 + 3 + 1 + 2, dict(commands.sent)
+    # Each is one write, then: Creating, a list entry that waits; Running, a queue tombstone that waits (the list
+    # entry waits too, replacing Creating's); Running again, nothing; Completed, its list entry at once, which
+    # drops the waiting one (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
+    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase, then 1 + 2 + 3 + 1 + 2 with every entry at
+    # once).
+    assert commands.total() == 1 + 1 + 1 + 1 + 2, dict(commands.sent)
+    await repo.write_waiting()
+    assert commands.total() == 7  # the tombstone (with any other job's that waited)
     assert await views(repo, "j") == (False, "Completed")
 
 
@@ -122,7 +141,9 @@ async def test_the_views_of_jobs_whose_statuses_come_together_are_written_togeth
     commands.sent.clear()
     await asyncio.gather(*(repo.apply_status(status(job_id, 2, *LIFE[1])) for job_id in jobs))  # Creating
     assert commands.sent["findAndModify"] == 20  # each job's own conditional write
-    assert commands.sent["update"] < 10, dict(commands.sent)  # 20 list entries, in groups (one command each)
+    assert commands.sent["update"] == 0, dict(commands.sent)  # 20 list entries of a passing phase wait
+    await repo.write_waiting()
+    assert commands.sent["update"] == 1, dict(commands.sent)  # then go out in one write
     assert {(await views(repo, job_id))[1] for job_id in jobs} == {"Creating"}
 
 
@@ -139,6 +160,7 @@ async def test_the_views_end_at_the_latest_status_whatever_order_and_concurrency
     await new_job(repo, "requeued")
     await repo.apply_status(status("requeued", 3, Phase.RUNNING, SecondaryPhase.RUNNING))
     await repo.apply_status(status("requeued", 4, Phase.PENDING, SecondaryPhase.QUEUING))
+    await repo.write_waiting()
     assert await views(repo, "requeued") == (True, "Pending")
     assert await repo.queued_count(project_id="p") == 1
 
@@ -157,6 +179,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "status": {"phase": "Pending"},
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
+    await repo.write_waiting()  # version 3's list entry, which waited
     await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
@@ -167,13 +190,14 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
     for n in range(3):
         await new_job(repo, f"t{n}")
         await repo.apply_status(status(f"t{n}", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.write_waiting()
     assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
     assert await repo.queued_count(project_id="p") == 0
     monkeypatch.setattr("services.submitter.repository.SWEEP_EVERY", 1)
     monkeypatch.setattr("services.submitter.repository.TOMBSTONE_S", -1.0)
     await new_job(repo, "t3")
     await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
-    assert await repo.queue.count_documents({}) == 0
+    assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
@@ -271,3 +295,278 @@ async def test_billing_knows_on_the_database_server_whether_it_stored_a_placemen
     restarted = Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked)
     await restarted.placed(placed("f"))
     assert restarted.first_placed.get("f:1") is None
+
+
+async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_ends_first(counted, monkeypatch):
+    """A short job's Pending and Running entries wait and are replaced; one whose phase lasts is written a moment
+    later, all jobs' in one command; the phase that ends a job is written at once (a page shows it right away)."""
+    repo, commands = counted
+    repo.later_entries.delay_s = repo.later_leaves.delay_s = 0.05
+    for job_id in ("short", "long-1", "long-2"):
+        await new_job(repo, job_id)
+    commands.sent.clear()
+    await repo.apply_status(status("short", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.apply_status(status("short", 3, Phase.COMPLETED, SecondaryPhase.COMPLETED))
+    assert (await views(repo, "short"))[1] == "Completed"  # at once, before anything waited out
+    await repo.apply_status(status("long-1", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.apply_status(status("long-2", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    assert (await views(repo, "long-1"))[1] == "Pending"  # its Running entry waits
+    sent = commands.total()
+    await asyncio.sleep(0.2)
+    assert commands.total() == sent + 2, dict(commands.sent)  # the waiting list entries in one write, tombstones
+    assert await views(repo, "long-1") == (False, "Running") and await views(repo, "long-2") == (False, "Running")
+    assert commands.sent["update"] == 1 + 1 + 1  # short's Completed entry; the waiting list entries; 3 tombstones
+
+
+async def test_a_waiting_list_entry_of_a_deleted_job_does_not_make_it_again(counted):
+    repo, _ = counted
+    await new_job(repo, "gone")
+    await repo.apply_status(status("gone", 2, Phase.RUNNING, SecondaryPhase.RUNNING))  # its entry waits
+    await repo.listing.delete_one({"_id": "gone"})  # deleted meanwhile (by another replica, say)
+    await repo.write_waiting()
+    assert await repo.listing.find_one({"_id": "gone"}) is None
+
+
+async def test_an_estimate_of_a_job_seen_finishing_here_writes_nothing(counted):
+    repo, commands = counted
+    await new_job(repo, "e")
+    eta = Eta(remaining_s=5, finish_time=datetime(2026, 11, 25, 1, tzinfo=UTC), low_s=1, high_s=9, method="rate")
+    commands.sent.clear()
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:1", job_id="e", eta=eta))
+    assert commands.total() == 1 and (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"]["remaining_s"] == 5
+    await repo.apply_status(status("e", 2, Phase.COMPLETED, SecondaryPhase.COMPLETED))
+    sent = commands.total()
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:2", job_id="e", eta=eta))  # late
+    await repo.apply_eta(EtaEstimated(event_id="e:eta:final", job_id="e", eta=None))  # the estimator's last word
+    assert commands.total() == sent
+    assert (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"] is None
+    other = Repository(db=repo.db, broker=None)  # a replica that did not see it finish: refused by the database
+    await other.apply_eta(EtaEstimated(event_id="e:eta:3", job_id="e", eta=eta))
+    assert (await repo.jobs.find_one({"_id": "e"}))["status"]["eta"] is None
+
+
+# As the monitor sends them: each status says the phase its job had at the version before.
+SAID = [
+    (Phase.PENDING, SecondaryPhase.QUEUING, Phase.CREATING),
+    (Phase.PENDING, SecondaryPhase.SCHEDULED, Phase.PENDING),
+    (Phase.RUNNING, SecondaryPhase.RUNNING, Phase.PENDING),
+    (Phase.COMPLETED, SecondaryPhase.COMPLETED, Phase.RUNNING),
+]
+
+
+def said(job_id: str, version: int) -> JobStatusChanged:
+    phase, secondary, previous = SAID[version - 1]
+    return status(job_id, version, phase, secondary, previous=previous)
+
+
+async def created(repo: Repository, job_id: str) -> None:
+    """A job as the intake stores it: Creating, with its queue and list entries."""
+    doc = {
+        "_id": job_id,
+        "name": job_id,
+        "project_id": "p",
+        "user_name": "ana",
+        "status_version": 0,
+        "status": {"phase": "Creating", "secondary_phase": "Creating"},
+        "create_time": datetime(2026, 11, 25, tzinfo=UTC),
+    }
+    await repo.jobs.insert_one(doc)
+    await repo.sync_views(job_id)
+
+
+async def test_a_status_that_says_the_phase_before_it_is_written_without_reading_or_answering(counted):
+    repo, commands = counted
+    await created(repo, "s")
+    commands.sent.clear()
+    for version in range(1, 5):
+        await repo.apply_status(said("s", version))
+    # One update a status; Completed's list entry (Pending's and Running's waited and were dropped by it);
+    # Running's queue tombstone waits. No findAndModify, no read.
+    assert dict(commands.sent) == {"update": 4 + 1}
+    await repo.write_waiting()
+    assert commands.total() == 6 and await views(repo, "s") == (False, "Completed")
+    job = await repo.jobs.find_one({"_id": "s"})
+    assert (job["status_version"], job["status"]["phase"]) == (4, "Completed")
+
+
+async def test_statuses_that_say_the_phase_before_them_end_at_the_latest_whatever_order(counted):
+    repo, _ = counted
+    for n, order in enumerate([[4, 3, 2, 1], [2, 1, 4, 3], [1, 3, 2, 4], [3, 4, 1, 2]]):
+        job_id = f"o{n}"
+        await created(repo, job_id)
+        await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))
+        await asyncio.gather(*(repo.apply_status(said(job_id, v)) for v in order))  # every one redelivered
+        await repo.write_waiting()
+        assert await views(repo, job_id) == (False, "Completed"), order
+        assert (await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] == "Completed"
+    await created(repo, "back")
+    for version in (1, 2, 3):
+        await repo.apply_status(said("back", version))
+    # Back to the queue: a status that puts the job in the queue is written as before (the job read back), so a
+    # deleted job's late one makes it no place in the queue.
+    await repo.apply_status(status("back", 4, Phase.PENDING, SecondaryPhase.QUEUING, previous=Phase.RUNNING))
+    await repo.write_waiting()
+    assert await views(repo, "back") == (True, "Pending") and await repo.queued_count(user_name="ana") == 1
+
+
+async def test_the_statuses_of_jobs_that_come_together_are_written_together(counted):
+    repo, commands = counted
+    jobs = [f"together-{n}" for n in range(20)]
+    for job_id in jobs:
+        await created(repo, job_id)
+        for version in (1, 2):
+            await repo.apply_status(said(job_id, version))
+    commands.sent.clear()
+    await asyncio.gather(*(repo.apply_status(said(job_id, 3)) for job_id in jobs))  # Running
+    # 20 job writes and 20 queue tombstones, in groups (one command each); each was a findAndModify and an update
+    assert commands.sent["findAndModify"] == 0 and commands.total() <= 3, dict(commands.sent)
+    assert await repo.queued_count(project_id="p") == 20  # they left the queue, counted a moment longer
+    await repo.write_waiting()  # their tombstones, in one write
+    assert commands.total() <= 4 and await repo.queued_count(project_id="p") == 0
+    assert {(await repo.jobs.find_one({"_id": job_id}))["status"]["phase"] for job_id in jobs} == {"Running"}
+
+
+async def test_a_late_status_of_a_deleted_job_makes_it_no_entries(counted):
+    repo, _ = counted
+    await created(repo, "d")
+    for version in (1, 2, 3, 4):
+        await repo.apply_status(said("d", version))
+    assert await repo.delete("d", finished=["Completed"])
+    for version in (3, 4):  # redelivered after the job was deleted
+        await repo.apply_status(said("d", version))
+    await repo.write_waiting()
+    assert await repo.listing.find_one({"_id": "d"}) is None and await repo.jobs.find_one({"_id": "d"}) is None
+    assert await repo.queued_count(project_id="p") == 0
+
+
+async def no_budgets(project_id: str) -> None:
+    pass
+
+
+def billing_over(db, *, clock) -> Billing:
+    return build(
+        ledger=db.billing_ledger,
+        nodes=db.billing_nodes,
+        nodes_open=db.billing_nodes_open,
+        node_info=db.billing_node_info,
+        quotas=db.billing_quotas,
+        alerts=DocumentStore(db.billing_alerts, None),
+        placements=Placements(jobs=db.billing_jobs, attempts=db.billing_attempts, parked=db.billing_parked),
+        static=None,
+        clock=clock,
+    )
+
+
+async def test_an_attempts_line_is_one_document_inserted_open_and_replaced_closed(counted):
+    """Billing's line of an attempt on the database server: one insert when it starts, one replace when it ends
+    (it was an insert, then an insert into the ledger and a delete); the sums read only closed lines, what runs is
+    read from memory, and a billing that starts again reads the open lines back."""
+    repo, commands = counted
+    db, now = repo.db, T0 + timedelta(hours=3)
+    billing = billing_over(db, clock=lambda: now)
+    billing.attempts.spent = no_budgets
+    await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
+    for job_id in ("a", "b"):
+        await billing.attempts.submitted(submitted(job_id=job_id))
+        await billing.attempts.placed(placed(job_id))
+    commands.sent.clear()
+    await billing.attempts.started(started("a"), seen=T0)
+    await billing.attempts.started(started("b"), seen=T0)
+    await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
+    await billing.attempts.started(started("a"), seen=T0 + timedelta(hours=2))  # a start seen again: nothing
+    assert dict(commands.sent) == {"insert": 2, "update": 1}, dict(commands.sent)
+    report = await billing.reports.usage(UsageQuery(project_id="p"))
+    assert (report.total.attempts, report.open_attempts) == (2, 1)  # a closed, b running for 3 h so far
+    assert report.total.cost == pytest.approx(2.0 + 3.0)
+    again = billing_over(db, clock=lambda: now)  # a billing that starts again
+    assert await again.attempts.load() == 1 and list(again.attempts.running) == ["b:1:0"]
+    await again.attempts.exited(exited("b"), seen=T0 + timedelta(hours=3))
+    closed = await db.billing_ledger.find_one({"_id": "b:1:0"})
+    assert "open" not in closed and closed["cost"] == pytest.approx(3.0)
+    assert (await again.reports.usage(UsageQuery(project_id="p"))).total.cost == pytest.approx(5.0)
+
+
+async def test_lines_kept_open_in_the_old_collection_are_moved_into_the_ledger(counted):
+    repo, _ = counted
+    db = repo.db
+    line = open_entry(
+        key={"job_id": "old", "attempt": 1, "rank": 0},
+        terms={"node_id": "n1", "node_kind": "local", "price_per_hour": 1.0, "gpu_count": 0, "node_gpu_count": 0},
+        project_id="p",
+        user_name="alice",
+        started_at=T0,
+    )
+    await db.billing_open.insert_one({k: v for k, v in line.items() if k != "open"})
+    assert await move_open_lines(db.billing_open, db.billing_ledger) == 1
+    assert await move_open_lines(db.billing_open, db.billing_ledger) == 0  # a second start moves nothing
+    billing = billing_over(db, clock=lambda: T0 + timedelta(hours=1))
+    assert await billing.attempts.load() == 1 and await db.billing_open.count_documents({}) == 0
+
+
+async def test_audit_records_begun_and_finished_together_are_written_together(counted):
+    """A submission's record before the change and its outcome after: a burst's (the intake stores its jobs in one
+    group, so their requests finish together) share one write each way; a lone one is written at once."""
+    repo, commands = counted
+    audit_log = AuditLog(repo.db.api_audit)
+    begin = {"principal": None, "method": "POST", "path": "/v2/p/training-jobs", "template": "", "client_ip": ""}
+    commands.sent.clear()
+    ids = await asyncio.gather(
+        *(audit_log.begin(action="job.create", project_id="p", target_id=None, **begin) for _ in range(20))
+    )
+    assert commands.sent["insert"] <= 3, dict(commands.sent)  # 20 records in groups
+    await asyncio.gather(
+        *(
+            audit_log.finish(i, action="job.create", status=201, target_id=f"j{n}", summary={})
+            for n, i in enumerate(ids)
+        )
+    )
+    assert commands.sent["update"] <= 3, dict(commands.sent)
+    stored = {d["_id"]: d async for d in repo.db.api_audit.find({})}
+    assert len(stored) == 20 and {d["state"] for d in stored.values()} == {"done"}
+    assert isinstance(stored[ids[0]]["at"], datetime)  # inserted, not $set: a datetime stays one on the server
+
+
+async def test_inserts_made_together_go_in_one_write_each_told_whether_it_was_refused(counted):
+    """What a document's first state, billing's record of a job and an attempt's line are stored by: a burst's
+    inserts share one command, and each learns whether a unique index refused it (a redelivery: stored before)."""
+    repo, commands = counted
+    collection = repo.db.grouped_inserts
+    await collection.insert_one({"_id": "j3"})
+    commands.sent.clear()
+    answers = await asyncio.gather(*(insert_grouped(collection, {"_id": f"j{n}", "n": n}) for n in range(8)))
+    assert answers == [n != 3 for n in range(8)]
+    assert commands.sent["insert"] <= 2, dict(commands.sent)  # the first alone, the rest together
+    assert await collection.count_documents({}) == 8 and (await collection.find_one({"_id": "j3"})).get("n") is None
+    assert await insert_grouped(collection, {"_id": "j9"}) and not await insert_grouped(collection, {"_id": "j9"})
+
+
+async def test_conditional_replacements_made_together_go_in_one_write_each_told_whether_it_matched(counted):
+    """What a state machine's change of a job is stored by (`DocumentStore`): a burst's share one command; where
+    one lost a race (its document changed since it was read), each is read back by its own mark to tell which."""
+    repo, commands = counted
+    collection = repo.db.grouped_replacements
+    await collection.insert_many([{"_id": f"j{n}", "rev": 1} for n in range(6)])
+
+    def change(n: int, rev: int) -> Any:  # each write with a mark of its own, as DocumentStore's
+        return replace_if(collection, {"_id": f"j{n}", "rev": rev}, {"rev": rev + 1, WRITE: unique("w")})
+
+    commands.sent.clear()
+    assert await asyncio.gather(*(change(n, 1) for n in range(6))) == [True] * 6
+    assert commands.sent["update"] <= 2 and "find" not in commands.sent, dict(commands.sent)  # one alone, the rest
+    commands.sent.clear()
+    answers = await asyncio.gather(*(change(n, 1 if n in (2, 4) else 2) for n in range(6)))  # 2 and 4: stale
+    assert answers == [n not in (2, 4) for n in range(6)]
+    assert {d["_id"]: d["rev"] async for d in collection.find({})} == {f"j{n}": 3 for n in range(6)} | {
+        "j2": 2,
+        "j4": 2,
+    }
+
+
+async def test_chunks_of_output_stored_together_share_one_insert_and_a_redelivery_counts_once(counted):
+    repo, commands = counted
+    chunks = [chunk(0).model_copy(update={"job_id": f"out-{n}", "event_id": f"out-{n}:1:0:0"}) for n in range(10)]
+    commands.sent.clear()
+    await asyncio.gather(*(repo.output.add(c) for c in chunks + chunks[:3]))  # three of them delivered twice
+    assert commands.sent["insert"] <= 3, dict(commands.sent)  # one alone, the rest in groups
+    assert commands.sent["findAndModify"] == 10  # each stored chunk counted once
+    assert [(await repo.output.sizes.find_one({"_id": f"out-{n}"}))["chunks_1_0"] for n in range(10)] == [1] * 10

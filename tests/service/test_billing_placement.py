@@ -156,7 +156,7 @@ async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_
     broker = NatsBroker()
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
-        service = in_memory(test_broker, open=ReadCounting("open"), node_info=ReadCounting("node_info"))
+        service = in_memory(test_broker, ledger=ReadCounting("ledger"), node_info=ReadCounting("node_info"))
         test_broker.context.set_global("billing", service)
         await publish(
             test_broker,
@@ -171,7 +171,7 @@ async def test_an_attempt_reads_neither_its_nodes_record_nor_its_open_line_that_
             started("j", node_id="n1", at=T0),
             exited("j", node_id="n1", at=T0 + timedelta(hours=2)),
         )
-        assert (service.lifetimes.records.node_info.reads, service.attempts.open.reads) == (0, 0)
+        assert (service.lifetimes.records.node_info.reads, service.attempts.ledger.reads) == (0, 0)
         report = await service.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0) and report.total.cost > 0
 
@@ -212,7 +212,8 @@ async def test_placements_read_no_owner_and_look_for_waiting_events_once_then_on
 async def test_a_start_reads_no_ledger_where_this_billing_stored_the_placement_and_a_start_sent_again_opens_nothing():
     """No line of an attempt opens before its placement is stored, and this process closes every line of one it
     stored first: whether a line was closed is known without a read. A start sent again after the end (a node's
-    word, any number of times) opens nothing; a billing that did not store the placement asks the ledger."""
+    word, any number of times) opens nothing; for a billing that did not store the placement, the ledger refuses it
+    (the attempt's line has its id: one document per attempt and rank, open or closed)."""
     broker = NatsBroker()
     broker.include_router(billing_router)
     async with TestNatsBroker(broker) as test_broker:
@@ -231,7 +232,7 @@ async def test_a_start_reads_no_ledger_where_this_billing_stored_the_placement_a
         ledger.reads = 0  # the report's own
         restarted = in_memory(test_broker, ledger=ledger, attempts=service.attempts.placements.attempts)
         test_broker.context.set_global("billing", restarted)
-        await deliver(test_broker, restarted, placed("j"), again)  # its placement was stored before: read
-        assert ledger.reads == 1
+        await deliver(test_broker, restarted, placed("j"), again)  # its placement was stored before
+        assert ledger.reads == 0 and restarted.attempts.running == {}
         report = await restarted.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0)

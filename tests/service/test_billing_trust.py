@@ -46,7 +46,7 @@ async def test_a_forged_pair_for_a_job_that_never_existed_charges_nothing(billin
     big = forged(started("ghost", at=T0), price_per_hour=5000.0, node_id="n1")
     await publish(broker, big)
     await publish(broker, forged(exited("ghost", at=HOURS_2)))
-    assert service.attempts.ledger.docs == {} and service.attempts.open.docs == {}
+    assert service.attempts.ledger.docs == {} and service.attempts.running == {}
     report = await service.reports.usage(UsageQuery(project_id="p"))
     assert (report.total.attempts, report.total.cost, report.open_attempts) == (0, 0.0, 0)
 
@@ -62,7 +62,7 @@ async def test_a_forged_pair_from_a_node_the_attempt_was_not_placed_on_charges_n
     ]:  # a rank placement never made
         await publish(broker, event)
     attempts = service.attempts
-    assert attempts.ledger.docs == {} and attempts.open.docs == {} and attempts.placements.parked.docs == {}
+    assert attempts.ledger.docs == {} and attempts.running == {} and attempts.placements.parked.docs == {}
 
 
 async def test_the_legitimate_flow_is_billed_to_the_submitting_project_and_user(billing):
@@ -89,7 +89,7 @@ async def test_task_events_that_come_before_their_placement_wait_for_it(billing)
     await deliver(broker, service, placed("j", nodes=("n1",)))  # later still: each waited from when it was seen
     [line] = service.attempts.ledger.docs.values()
     assert (line["_id"], line["cost"]) == ("j:1:0", 2.0)
-    assert service.attempts.open.docs == {} and service.attempts.placements.parked.docs == {}
+    assert service.attempts.running == {} and service.attempts.placements.parked.docs == {}
 
 
 async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
@@ -104,7 +104,7 @@ async def test_waiting_is_bounded_in_number_and_age(billing, monkeypatch):
     await publish(broker, started("ghost-9", at=T0))
     assert [d["attempt_key"] for d in parked.values()] == ["ghost-9:1"]
     await publish(broker, placed("ghost-0"))  # too late: what it would have vouched for is gone
-    assert service.attempts.ledger.docs == {} and service.attempts.open.docs == {}
+    assert service.attempts.ledger.docs == {} and service.attempts.running == {}
 
 
 async def test_a_placement_is_read_once_and_remembered_for_its_tasks_start_and_end(billing):
@@ -120,7 +120,7 @@ async def test_a_placement_is_read_once_and_remembered_for_its_tasks_start_and_e
     service.attempts.placements.known.clear()  # a restarted billing: read from the database, then remembered
     await publish(broker, started("j", node_id="n9", at=HOURS_2))
     await publish(broker, started("j", node_id="n9", at=HOURS_2 + timedelta(seconds=1)))
-    assert len(reads) == 1 and service.attempts.open.docs == {}  # and a node it was not placed on is still refused
+    assert len(reads) == 1 and service.attempts.running == {}  # and a node it was not placed on is still refused
 
 
 async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_charged(billing):

@@ -1,6 +1,8 @@
 """Placement under TestNatsBroker: one engine places every job and prices the dry run (the price shown is the price
 decided); jobs without GPUs, jobs moving away and jobs in a pool go through it too."""
 
+from datetime import UTC, datetime
+
 import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
@@ -116,3 +118,37 @@ async def test_a_dry_run_is_weighed_behind_the_jobs_queued_before_it(service):
     await publish(broker, submitted(job_id="j", gpu_count=1, expected_duration_s=3600))
     assert await placement.schedule_once() == 2
     assert (where(placement, "ahead"), where(placement, "j")) == (["fast"], ["slow"])
+
+
+def status(job_id: str, version: int, phase: Phase, **fields) -> JobStatusChanged:
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:{version}",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=version,
+        phase=phase,
+        secondary_phase=SecondaryPhase(phase.value),
+        attempt=1,
+        **fields,
+    )
+
+
+async def test_the_start_of_a_job_nothing_clocks_is_stored_with_its_next_change_not_on_its_own(service):
+    """A job without GPUs or an expected duration: nothing reads its start after a restart, so its Running status
+    writes nothing; a GPU job's start is stored at once (its expected end runs from it)."""
+    broker, placement = service
+    await register(broker, node(node_id="box", gpus=1))
+    await register(broker, node(node_id="cpu-box", gpus=0))
+    await publish(broker, submitted(job_id="cpu", cpu_count=1))
+    await publish(broker, submitted(job_id="gpu", gpu_count=1))
+    assert await placement.schedule_once() == 2
+    stored = placement.store.store.collection.docs
+    started = datetime(2026, 11, 26, tzinfo=UTC)
+    before = dict(stored["cpu"])
+    for job_id in ("cpu", "gpu"):
+        await publish(broker, status(job_id, 3, Phase.RUNNING, start_time=started, node_ids=("box",)))
+    assert stored["cpu"] == before and placement.queue["cpu"].started_at == started  # kept in memory only
+    assert stored["gpu"]["started_at"] == started
+    await publish(broker, status("cpu", 4, Phase.COMPLETED, start_time=started, end_time=started))
+    assert (stored["cpu"]["state"], stored["cpu"]["started_at"]) == ("done", started)

@@ -67,6 +67,7 @@ def api_repository() -> Repository:
             api_projects=MemoryCollection("projects"),
         ),
         broker=None,
+        list_later_s=0,  # every list entry at once: these follow the versions' races, not the waiting
     )
 
 

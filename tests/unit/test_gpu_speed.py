@@ -99,6 +99,13 @@ def test_the_estimator_keeps_the_latest_attempts_speed_with_the_job_once():
     assert with_tflops(None, 700.0, attempt=1) is None
 
 
+def test_a_job_placed_where_no_speed_is_known_is_not_written_until_one_is():
+    job = {"_id": "j", "metrics": []}
+    assert with_tflops(job, None, attempt=1) is None  # a job without GPUs: its placements cost no write
+    kept, _ = with_tflops(job, 700.0, attempt=2)
+    assert with_tflops(kept, None, attempt=3)[0] == {**kept, "tflops": None, "placed_attempt": 3}
+
+
 class Bus:
     async def publish(self, *_, **__) -> None:
         pass

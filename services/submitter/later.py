@@ -1,0 +1,60 @@
+"""Versioned view entries written a moment later: a job passes through phases that last less than a second (Pending,
+Running of a short job), so the entry of a phase that does not end the job waits `delay_s`, and one of the same job
+handed in meanwhile (or written at once: a phase that ends it) replaces it. What is still waiting then goes out in
+one grouped write for all jobs. Lost with the process (a crash, a stop): the views are rebuilt from the jobs at the
+next start, and a job's next phase that ends it writes its entry at once whatever waited."""
+
+import asyncio
+import logging
+from typing import Any
+
+from pymongo.asynchronous.collection import AsyncCollection
+
+from shared.grouped import update_grouped
+
+log = logging.getLogger(__name__)
+
+
+def older_than(version: int) -> dict[str, Any]:
+    """The filter of a view entry written for an older status than `version` (or before entries had versions)."""
+    return {"$or": [{"v": {"$lt": version}}, {"v": {"$exists": False}}]}
+
+
+class LaterWrites:
+    """One collection's entries waiting to be written, the newest per job."""
+
+    def __init__(self, collection: AsyncCollection, *, delay_s: float) -> None:
+        self.collection, self.delay_s = collection, delay_s
+        self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # job id -> (status version, update)
+        self._timer: asyncio.Task | None = None
+
+    def add(self, job_id: str, version: int, update: dict[str, Any]) -> None:
+        """The job's entry for status `version`, written in `delay_s` unless a newer one replaces it first."""
+        if job_id in self.waiting and self.waiting[job_id][0] >= version:
+            return
+        self.waiting[job_id] = (version, update)
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().create_task(self._later())
+
+    def drop(self, job_id: str) -> None:
+        """The job's entry is being written at once (for a newer status) or is gone: nothing waits for it."""
+        self.waiting.pop(job_id, None)
+
+    async def write_now(self) -> None:
+        """What waits, written now (all in one grouped write). Only entries that exist are updated: one of a job
+        deleted meanwhile is not made again."""
+        batch, self.waiting = self.waiting, {}
+        if batch:
+            await update_grouped(
+                self.collection, [({"_id": job_id, **older_than(v)}, update) for job_id, (v, update) in batch.items()]
+            )
+
+    async def _later(self) -> None:
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self._timer = None
+        try:
+            await self.write_now()
+        except Exception as exc:  # rebuilt from the jobs at the next start; a job's next phase writes its own
+            log.warning("view entries not written to %s: %r", self.collection.name, exc)
