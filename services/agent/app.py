@@ -269,6 +269,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
             timeout_s=lambda: node_timeout_s(pace, settings),
             margin_s=settings.fence_margin_s,
             grace_s=settings.fence_grace_s,
+            interval_s=lambda: pace.interval_s,
         )
         if settings.fence
         else None,
@@ -319,9 +320,9 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         async def heard(msg) -> None:
             pace.heard(msg.data)
-            # a monitor configured apart from its agents: it still fences early (safe), but stops work too soon
+            # a monitor configured apart from its agents: a window under two heartbeats fences nothing (Fence.due)
             if settings.fence and (problem := fence_check(pace, settings)):
-                log.error("the node timeout the monitor announces does not suit this agent's fence: %s", problem)
+                log.error("the node timeout the monitor announces does not suit this agent's fence (off): %s", problem)
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)

@@ -57,6 +57,10 @@ class Fence:
     margin_s: float
     grace_s: float  # SIGTERM to SIGKILL for a fenced task
     clock: Callable[[], float] = time.monotonic
+    # the heartbeat interval in force: a window shorter than two of them (a monitor announcing a node timeout this
+    # agent cannot fence within, logged as an error at each announcement) fences nothing, since one late beat would
+    # stop every task of a healthy node, and fencing at once would stop them all for ever
+    interval_s: Callable[[], float] = lambda: 0.0
     acked_at: float = field(init=False)  # when the last heartbeat the server acknowledged was sent
 
     def __post_init__(self) -> None:
@@ -67,7 +71,10 @@ class Fence:
         self.acked_at = max(self.acked_at, sent_at)
 
     def due(self) -> bool:
-        return fence_due(acked_at=self.acked_at, now=self.clock(), timeout_s=self.timeout_s(), margin_s=self.margin_s)
+        timeout_s = self.timeout_s()
+        if window_s(timeout_s=timeout_s, margin_s=self.margin_s) < 2 * self.interval_s():
+            return False
+        return fence_due(acked_at=self.acked_at, now=self.clock(), timeout_s=timeout_s, margin_s=self.margin_s)
 
     def silent_s(self) -> float:
         return self.clock() - self.acked_at

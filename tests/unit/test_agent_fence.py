@@ -289,3 +289,15 @@ async def test_a_task_that_ended_during_the_silence_and_is_not_yet_reported_is_f
     [exited] = bus.exits()
     assert (exited.reason, exited.message) == ("terminated", "stopped: fenced")  # unfenced: failed, code 143
     assert Journal(tmp_path / "journal.json").fenced == {Journal.key(job_id, 1, 0)}
+
+
+def test_a_node_timeout_announced_too_short_for_two_heartbeats_fences_nothing():
+    """A rented agent keeps its own defaults (2 s heartbeats, 4 s margin) while a monitor announces 3 s: fencing
+    at once would stop every task it ever runs; it does not fence there (the error is logged) and fences again once
+    a timeout it can fence within is announced."""
+    clock, announced = Clock(), [3.0]
+    fence = Fence(timeout_s=lambda: announced[0], margin_s=4.0, grace_s=1.0, clock=clock, interval_s=lambda: 2.0)
+    clock.now += 60
+    assert not fence.due()
+    announced[0] = 10.0
+    assert fence.due()  # 60 s unacknowledged against a 6 s window
