@@ -330,6 +330,20 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     return job, []
 
 
+def exit_before_start(job: JobState, event: TaskExited) -> bool:
+    """Whether a "completed" exit of the current attempt's task comes before the monitor heard that task start: the
+    start may still be on its way (a delivery lost with a bus server and redelivered later), so the exit waits for
+    it a while before it counts as a task completing without having started."""
+    task = job.tasks.get(str(event.rank))
+    return (
+        event.reason == "completed"
+        and event.attempt == job.attempt
+        and task is not None
+        and task.node_id == event.node_id
+        and task.state not in ("running", "exited")
+    )
+
+
 def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     """A task of the current attempt ended, as its placed node says (`from_placed_node`), timed when the monitor
     heard it. Only a task that started can complete, and only with exit code 0: a "completed" exit of a task

@@ -1,10 +1,15 @@
 """The monitor's handlers under TestNatsBroker, with its collections in memory."""
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
+
+import pytest
+from faststream.exceptions import NackMessage
 
 from shared.bus import publish
 from shared.events import NodeTasksLost
 from services.monitor import state
+from services.monitor.handlers import START_WAITS, on_job_event
 from tests.factories import exited, placed, started, submitted
 
 
@@ -83,3 +88,31 @@ async def test_an_agent_restart_loses_the_tasks_its_earlier_run_started_not_thos
     new, old = await monitor.jobs.load("new"), await monitor.jobs.load("old")
     assert new["phase"] == "Running" and [a["outcome"] for a in new["attempts"]] == [""]
     assert old["phase"] == "Pending" and old["attempts"][-1]["outcome"] == "node_lost"
+
+
+class Delivered:
+    """What the handler reads of a JetStream message: how often it was delivered (no consumer sequence)."""
+
+    def __init__(self, times: int) -> None:
+        self.raw_message = SimpleNamespace(metadata=SimpleNamespace(num_delivered=times))
+
+
+async def test_an_exit_that_overtook_its_start_waits_for_it_and_only_then_counts_as_a_failure(monitor_broker):
+    """A start delivered to the monitor and lost with a bus server comes again after the ack wait; its exit, read
+    first, went straight to "completed without having started": a failure of a job that ran fine (the failover test
+    caught it). The exit now goes back to the stream while the start may still come."""
+    broker, monitor, _ = monitor_broker
+    for job_id in ("ok", "never"):
+        await publish(broker, submitted(job_id=job_id))
+        await publish(broker, placed(job_id))
+    with pytest.raises(NackMessage):
+        await on_job_event(event=exited("ok"), message=Delivered(1), monitor=monitor)
+    await publish(broker, started("ok"))  # the start, redelivered
+    await on_job_event(event=exited("ok"), message=Delivered(2), monitor=monitor)
+    assert (await monitor.jobs.load("ok"))["phase"] == "Completed"
+
+    with pytest.raises(NackMessage):
+        await on_job_event(event=exited("never"), message=Delivered(START_WAITS - 1), monitor=monitor)
+    await on_job_event(event=exited("never"), message=Delivered(START_WAITS), monitor=monitor)
+    never = await monitor.jobs.load("never")
+    assert never["phase"] == "Failed" and "without having started" in never["reason"]
