@@ -13,6 +13,7 @@ from shared.events import (
     LogChunk,
     LogLine,
     NodeProvisioned,
+    StartTask,
     TaskExited,
     TaskStarted,
 )
@@ -211,6 +212,20 @@ def algorithm(command: str = "true") -> Algorithm:
 
 def spec(**kw: Any) -> Spec:
     return Spec.model_validate(kw)
+
+
+def start_task(job_id: str, command: str = "true", *, node_id: str = "n1") -> StartTask:
+    """The monitor's command to run attempt 1, rank 0 of a job on a node, as alice of project p."""
+    return StartTask(
+        event_id=f"{job_id}:1:0:start",
+        node_id=node_id,
+        job_id=job_id,
+        attempt=1,
+        project_id="p",
+        user_name="alice",
+        algorithm=algorithm(command),
+        spec=spec(),
+    )
 
 
 def provisioned(node_id: str = "od", *, price: float = 4.0, gpus: int = 2, for_job_id: str = "j1") -> NodeProvisioned:

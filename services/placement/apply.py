@@ -4,6 +4,7 @@ the job first (billing admits it) and then snapshots it (its next attempt is kep
 
 import logging
 import zlib
+from typing import Literal
 
 from shared.clock import utcnow
 from shared.events import Assignment, JobMigrateRequested, JobPlaced, Launch
@@ -131,14 +132,7 @@ async def pull_back(job_id: str, source: str, target: str, *, queue: JobQueue, f
         return
     await fleet.reserve(target, job_id)
     await fleet.release_when_idle(source)
-    event = JobMigrateRequested(
-        event_id=f"{job_id}:migrate:reclaimed:{item.attempt}",
-        job_id=job_id,
-        requested_by="placement",
-        cause="reclaimed",
-        attempt=item.attempt,
-    )
-    await queue.save(item.model_copy(update={"moving": True}), [event])
+    await _snapshot(item, queue, cause="reclaimed", tag="reclaimed")
     log.info("pulling %s back from %s to %s", job_id, source, target)
 
 
@@ -161,14 +155,19 @@ async def make_room(
     )
     if not rented:
         return
-    event = JobMigrateRequested(
-        event_id=f"{job_id}:migrate:make-room:{item.attempt}",
-        job_id=job_id,
-        requested_by="placement",
-        cause="migrated",
-        attempt=item.attempt,
-    )
-    await queue.save(item.model_copy(update={"moving": True}), [event])
+    await _snapshot(item, queue, cause="migrated", tag="make-room")
     log.info(
         "moving %s to %s to make room on %s", job_id, ", ".join(rented), ", ".join(a.node_id for a in item.assignments)
     )
+
+
+async def _snapshot(item: QueueItem, queue: JobQueue, *, cause: Literal["reclaimed", "migrated"], tag: str) -> None:
+    """Mark the placed job moving and ask its agent to snapshot it, in one write (the id is one per attempt)."""
+    event = JobMigrateRequested(
+        event_id=f"{item.job_id}:migrate:{tag}:{item.attempt}",
+        job_id=item.job_id,
+        requested_by="placement",
+        cause=cause,
+        attempt=item.attempt,
+    )
+    await queue.save(item.model_copy(update={"moving": True}), [event])

@@ -11,10 +11,10 @@ import psutil
 import pytest
 
 from shared.bus import connect, make_broker, publish, stream_of
-from shared.events import StartTask, TaskExited
+from shared.events import TaskExited
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import eventually, free_port
-from tests.factories import algorithm, spec, unique
+from tests.factories import start_task, unique
 
 pytestmark = pytest.mark.integration
 CLUSTER = '[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n'
@@ -65,16 +65,7 @@ async def test_an_agent_cut_off_from_the_bus_stops_its_task_and_reports_it_when_
     await connect(admin, declare=False)
     await publish(  # the agent reads it once it is up
         admin,
-        StartTask(
-            event_id=f"{job_id}:1:0:start",
-            node_id="n1",
-            job_id=job_id,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            algorithm=algorithm(f"exec sleep {seconds}"),
-            spec=spec(),
-        ),
+        start_task(job_id, f"exec sleep {seconds}"),
     )
     await admin.stop()
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from shared.events import NodeCadence, NodeHeartbeat, StartTask, StopTask, TaskExited, TaskStarted
+from shared.events import NodeCadence, NodeHeartbeat, StopTask, TaskExited, TaskStarted
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
 from services.agent.app import AgentSettings, fence_check, node_timeout_s
@@ -19,7 +19,7 @@ from services.agent.journal import Journal
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.monitor.app import MonitorSettings
-from tests.factories import algorithm, node, spec, unique
+from tests.factories import node, start_task, unique
 
 NODE = node(node_id="n1")
 TIMEOUT_S, MARGIN_S, GRACE_S = 10.0, 4.0, 0.5
@@ -87,18 +87,7 @@ async def running(agent: Agent, bus: Bus, root, job_id: str) -> int:
     """Start the checkpointing task of `job_id` and return its pid once it is ready for a SIGTERM."""
     script = root / "task.py"
     script.write_text(SAVES_ON_SIGTERM)
-    await agent.start(
-        StartTask(
-            event_id=f"{job_id}:1:0:start",
-            node_id="n1",
-            job_id=job_id,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            algorithm=algorithm(f"{sys.executable} {script}"),
-            spec=spec(),
-        )
-    )
+    await agent.start(start_task(job_id, f"{sys.executable} {script}"))
     ready = root / "jobs" / job_id / "attempt-1-rank-0" / "ready"
     for _ in range(400):
         started = [m for m in bus.sent if isinstance(m, TaskStarted) and m.job_id == job_id]
@@ -223,18 +212,7 @@ async def test_a_task_preparing_when_the_fence_falls_never_starts(tmp_path, begu
         return ["true"]
 
     agent.preparer.prepare = slow_prepare  # type: ignore[method-assign]
-    await agent.start(
-        StartTask(
-            event_id=f"{job_id}:1:0:start",
-            node_id="n1",
-            job_id=job_id,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            algorithm=algorithm("true"),
-            spec=spec(),
-        )
-    )
+    await agent.start(start_task(job_id, "true"))
     assert Journal.key(job_id, 1, 0) in agent.launching
     if begun:
         await asyncio.wait_for(preparing.wait(), timeout=20)

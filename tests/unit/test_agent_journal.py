@@ -3,13 +3,13 @@
 import asyncio
 import json
 
-from shared.events import StartTask, TaskExited, TaskStarted
+from shared.events import TaskExited, TaskStarted
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.journal import Journal
 from services.agent.preparation import Preparer
-from tests.factories import algorithm, node, spec
+from tests.factories import node, start_task
 
 NODE = node(node_id="n1")
 
@@ -28,19 +28,6 @@ def make_agent(root, sent: list) -> Agent:
     )
 
 
-def start(job_id: str, command: str = "true") -> StartTask:
-    return StartTask(
-        event_id=f"{job_id}:1:0:start",
-        node_id="n1",
-        job_id=job_id,
-        attempt=1,
-        project_id="p",
-        user_name="alice",
-        algorithm=algorithm(command),
-        spec=spec(),
-    )
-
-
 async def test_tasks_an_earlier_run_died_with_are_reported_ended_once(tmp_path):
     # what a run of the agent leaves behind when it is killed while job j:1:0 runs
     (tmp_path / "journal.json").write_text(json.dumps({"started": ["j:1:0"], "stopped": [], "exited": []}))
@@ -52,14 +39,14 @@ async def test_tasks_an_earlier_run_died_with_are_reported_ended_once(tmp_path):
     again: list = []
     agent = make_agent(tmp_path, again)  # restarted once more
     await agent.report_unreported()
-    await agent.start(start("j"))  # and its start command redelivered
+    await agent.start(start_task("j"))  # and its start command redelivered
     assert again == []
 
 
 async def test_a_task_that_ended_normally_is_not_reported_again_after_a_restart(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent)
-    await agent.start(start("k"))
+    await agent.start(start_task("k"))
     for _ in range(200):
         if any(isinstance(m, TaskExited) for m in sent):
             break

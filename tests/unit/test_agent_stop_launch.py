@@ -4,23 +4,10 @@ import asyncio
 
 import pytest
 
-from shared.events import StartTask, StopTask, TaskStarted
+from shared.events import StopTask, TaskStarted
 from services.agent.journal import Journal
-from tests.factories import algorithm, spec, unique
+from tests.factories import start_task, unique
 from tests.unit.test_agent_fence import Bus, Clock, make_agent, until
-
-
-def start_of(job_id: str) -> StartTask:
-    return StartTask(
-        event_id=f"{job_id}:1:0:start",
-        node_id="n1",
-        job_id=job_id,
-        attempt=1,
-        project_id="p",
-        user_name="alice",
-        algorithm=algorithm("true"),
-        spec=spec(),
-    )
 
 
 @pytest.mark.parametrize("how", ["stop", "twice", "shutdown"])
@@ -31,7 +18,7 @@ async def test_a_launch_stopped_before_its_first_step_reports_its_end_and_is_for
     agent = make_agent(tmp_path, bus, Clock())
     job_id = unique("j")
     stop = StopTask(event_id=f"{job_id}:stop", node_id="n1", job_id=job_id, attempt=1, grace_s=1)
-    await agent.start(start_of(job_id))  # no await between: the launch has not run
+    await agent.start(start_task(job_id))  # no await between: the launch has not run
     if how == "shutdown":
         await agent.shutdown()
     else:
