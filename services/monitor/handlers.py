@@ -181,7 +181,7 @@ async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor =
 
 
 async def _start_unheard(monitor: Monitor, event: TaskExited) -> bool:
-    doc = await monitor.jobs.load(event.job_id)
+    doc = await monitor.jobs.current(event.job_id)  # the monitor remembers its jobs: no read as a rule
     return doc is not None and state.exit_before_start(state.JobState.model_validate(doc), event)
 
 

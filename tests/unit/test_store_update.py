@@ -164,6 +164,16 @@ async def test_a_remembered_document_changes_without_a_read_and_a_stale_one_cost
     assert jobs._recall("d") is None and jobs._recall("g") is not None
 
 
+async def test_the_current_document_is_the_remembered_one_without_a_read_else_the_stored_one():
+    jobs = Reading(MemoryCollection(), Bus(), remember=1)
+    await jobs.update("d", bump)
+    reads = jobs.reads
+    assert (await jobs.current("d"))["n"] == 1 and jobs.reads == reads  # remembered: no read
+    await jobs.update("e", bump)  # pushes "d" out
+    reads = jobs.reads
+    assert (await jobs.current("d"))["n"] == 1 and jobs.reads == reads + 1
+
+
 async def test_nothing_is_remembered_of_a_write_whose_events_did_not_all_go_out():
     jobs = DocumentStore(MemoryCollection(), Refusing(), remember=10)
     with pytest.raises(ConnectionError):
