@@ -116,10 +116,11 @@ async def test_a_status_without_reported_ends_is_not_held():
 
 async def test_the_agent_ships_its_final_chunk_marked_before_reporting_the_end(tmp_path):
     from shared.events import TaskExited
-    from tests.unit.test_agent_journal import make_agent, start
+    from tests.factories import start_task
+    from tests.unit.test_agent_journal import make_agent
 
     sent: list = []
-    await make_agent(tmp_path, sent).start(start("k", "echo first; echo 'the last line'"))
+    await make_agent(tmp_path, sent).start(start_task("k", "echo first; echo 'the last line'"))
     for _ in range(400):
         if any(isinstance(m, TaskExited) for m in sent):
             break
