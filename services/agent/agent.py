@@ -39,6 +39,7 @@ from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
+from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.telemetry import group_pids, task_samples
 
 log = logging.getLogger(__name__)
@@ -90,11 +91,27 @@ class Agent:
         private_dir(root)
         self.launches = private_dir(root / "launch")
         self.journal = Journal(root / "journal.json")
+        self.heard_file = root / "silences.json"
+        heard = load(self.heard_file) if fence is not None else None
+        if fence is not None and heard is not None:  # the node's silences go on from its previous run's
+            fence.resume(silences=heard.silences, unheard_for_s=unheard_for_s(heard, now_wall=time.time()))
         self.heartbeats = 0
+
+    def silences(self) -> int:
+        """How often this node went unheard past its fence window (0 without a fence): what a start must carry."""
+        if self.fence is None:
+            return 0
+        self.fence.due()
+        return self.fence.silences
 
     async def register(self) -> None:
         await self.publish_reliably(
-            NodeRegistered(event_id=f"{self.node.node_id}:boot:{self.boot_id}", node=self.node, boot_id=self.boot_id)
+            NodeRegistered(
+                event_id=f"{self.node.node_id}:boot:{self.boot_id}",
+                node=self.node,
+                boot_id=self.boot_id,
+                silences=self.silences(),
+            )
         )
 
     async def heartbeat(self) -> None:
@@ -104,7 +121,7 @@ class Agent:
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
-        sent_at = self.fence.clock() if self.fence else 0.0
+        sent_at, sent_wall = (self.fence.clock() if self.fence else 0.0), time.time()
         await self.publish(
             NodeHeartbeat(
                 event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
@@ -112,6 +129,7 @@ class Agent:
                 boot_id=self.boot_id,
                 running=running,
                 gpus=gpus,
+                silences=self.silences(),
             )
         )
         if self.fence is not None and self.acknowledge is not None:
@@ -121,6 +139,7 @@ class Agent:
                 log.warning("heartbeat not acknowledged, %.1f s since one was: %r", self.fence.silent_s(), exc)
                 return
             self.fence.acked(sent_at)
+            await asyncio.to_thread(save, self.heard_file, Heard(self.silences(), sent_wall))
         if not gpus or probe is None:
             return
         held = await asyncio.to_thread(
@@ -153,11 +172,25 @@ class Agent:
                     self._exited(command, reason="terminated", message="the agent restarted while this task ran")
                 )
             return
+        if command.silences < self.silences():
+            await self._refuse(key, command)
+            return
         self.journal.mark_started(key)
         launch = asyncio.create_task(self._launch(key, command))
         self.launching[key] = launch
         self.supervisors.add(launch)
         launch.add_done_callback(self.supervisors.discard)
+
+    async def _refuse(self, key: str, command: StartTask) -> None:
+        """A start issued before this node's latest silence: the monitor may have called the node lost and given
+        the attempt to another since, and dropped the starts it knew were queued here; this one was delivered after
+        that. It never runs; its end is reported, so an attempt still waiting for it goes back to the queue."""
+        log.warning(
+            "refused %s: issued before this node's silence %d (it carries %d)", key, self.silences(), command.silences
+        )
+        self.journal.mark_stopped(key)
+        message = "refused: issued before this node last went unheard (it may have been declared lost)"
+        await self._report_exit(self._exited(command, reason="terminated", message=message))
 
     async def _launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
