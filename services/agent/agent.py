@@ -37,6 +37,7 @@ from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
+from services.agent.retention import Retention, remove_empty
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
 from services.agent.silences import Heard, load, save, unheard_for_s
@@ -68,8 +69,12 @@ class Agent:
         output_update_s: float = UPDATE_EVERY_S,
         fence: Fence | None = None,
         acknowledge: Acknowledge | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.node = node
+        self.retention = retention  # removes finished attempts' directories (None: they stay)
+        if retention is not None:  # before any command: what a previous run left is finished (its tasks died)
+            retention.adopt()
         self.fence = fence  # stop every task when no heartbeat has been acknowledged for its window
         self.acknowledge = acknowledge
         self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
@@ -259,6 +264,7 @@ class Agent:
             await asyncio.to_thread(self._release, workdir, user, cgroup)
             await shipper.close()
             await self._report_exit(self._exited(command, reason="terminated", message="stopped while preparing"))
+            await self._finished(workdir)
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
             await asyncio.to_thread(self._release, workdir, user, cgroup)
@@ -266,6 +272,7 @@ class Agent:
             note(f"could not start: {message}")
             await shipper.close()
             await self._report_exit(self._exited(command, reason="start_failed", message=message))
+            await self._finished(workdir)
             return
         finally:
             self.launching.pop(key, None)
@@ -397,6 +404,20 @@ class Agent:
             reason, message = "failed", describe_exit(status, task.tail)
         await self._report_exit(self._exited(start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
+        await self._finished(task.workdir)
+
+    async def _finished(self, workdir: Path) -> None:
+        """An attempt's end is reported (its output, checkpoint and outputs stored before): its directory is
+        finished, kept for the retention within the budget."""
+        if self.retention is not None:
+            await asyncio.to_thread(self.retention.ended, workdir)
+            await self.sweep_attempts()
+
+    async def sweep_attempts(self) -> None:
+        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty)."""
+        if self.retention is not None:
+            removed = await asyncio.to_thread(self.retention.sweep)
+            remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
 
     async def report_unreported(self) -> None:
         """Report the end of tasks an earlier run of this agent started and died with (killed, power lost): their

@@ -29,6 +29,7 @@ from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, node_entries
+from services.agent.retention import SWEEP_S, Retention
 from services.agent.runner import SDK_DIR
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
@@ -142,6 +143,19 @@ class AgentSettings(CommonSettings, StorageSettings):
         description="A bar a task redraws with "
         "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
         "and its last frame always.",
+    )
+    attempt_retention_s: float = Field(
+        3600.0,
+        ge=0,
+        description="How long a finished attempt's directory (code, inputs, outputs, its checkpoint copy, "
+        "output.log) stays on the node once its end is reported (everything in it is stored by then); 0: removed "
+        "at once. A restarted agent counts what its previous run left from its start.",
+    )
+    attempts_kept_gb: float = Field(
+        20.0,
+        ge=0,
+        description="Most the finished attempts' directories may hold on the node together; past it the oldest "
+        "are removed first, whatever their retention.",
     )
     fence: bool = Field(
         True,
@@ -274,6 +288,11 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
         if settings.fence
         else None,
         acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
+        retention=Retention(
+            jobs=root / "jobs",
+            retention_s=settings.attempt_retention_s,
+            budget_bytes=int(settings.attempts_kept_gb * GB),
+        ),
     )
 
 
@@ -326,6 +345,7 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
+        w.background.every("finished attempts", SWEEP_S, agent.sweep_attempts)
         if settings.fence:
             w.background.every("fence", CHECK_S, agent.fence_if_unheard)
         if settings.spot_metadata_url:
