@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 FENCED = "fenced"  # the stop reason of a task its own agent stopped (TaskExited: terminated, "stopped: fenced")
 CHECK_S = 0.25  # how often the agent looks whether it must fence (a comparison: nothing to spare)
 RESERVE_S = 0.5  # the kill of what is left (every process of the task's uid and marker) and its exit noticed
+DEFAULT_MARGIN_S, DEFAULT_GRACE_S = 4.0, 1.0  # for the default node timeout (10 s) and heartbeat interval (2 s)
+MARGIN_SHARE = 0.4  # of a shorter node timeout: as the default margin is of the default timeout
 
 
 def window_s(*, timeout_s: float, margin_s: float) -> float:
@@ -35,6 +37,20 @@ def window_s(*, timeout_s: float, margin_s: float) -> float:
 def fence_due(*, acked_at: float, now: float, timeout_s: float, margin_s: float) -> bool:
     """Whether no heartbeat sent in the last window has been acknowledged: the node's tasks must stop now."""
     return now - acked_at >= window_s(timeout_s=timeout_s, margin_s=margin_s)
+
+
+def fitted_margin(*, timeout_s: float, interval_s: float) -> float:
+    """The margin when none is set: the default where it leaves two heartbeats in the window, else the same share
+    of the node timeout, no more than leaves two heartbeats (a node timeout too short for any is `margin_problem`'s
+    to tell)."""
+    if timeout_s - DEFAULT_MARGIN_S >= 2 * interval_s:
+        return DEFAULT_MARGIN_S
+    return min(MARGIN_SHARE * timeout_s, timeout_s - 2 * interval_s)
+
+
+def fitted_grace(margin_s: float) -> float:
+    """The grace when none is set: the default, or what the margin holds (twice the grace, the check, the reserve)."""
+    return max(0.0, min(DEFAULT_GRACE_S, (margin_s - CHECK_S - RESERVE_S) / 2))
 
 
 def margin_problem(*, timeout_s: float, margin_s: float, grace_s: float, interval_s: float) -> str | None:
