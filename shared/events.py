@@ -25,6 +25,15 @@ Id = Annotated[
 AttemptNo = Annotated[int, Field(ge=0, le=1_000_000)]
 # Which run of an agent speaks (a fresh uuid hex at each start): a node's claim, bounded like every other.
 BootId = Annotated[str, Field(max_length=64, description="The agent's run: a new one at each start of the agent")]
+Silences = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=1_000_000_000,
+        description="How often the node went unheard past its fence window, over its agent's runs "
+        "(services/agent/fence.py); a start issued at a lower count than the agent's is refused.",
+    ),
+]
 RankNo = Annotated[int, Field(ge=0, le=65_535)]
 
 
@@ -271,6 +280,7 @@ class StartTask(Message):
     user_name: str
     algorithm: Algorithm
     spec: Spec
+    silences: Silences = 0  # the node's count when the monitor issued this start (its last report)
 
 
 class StopTask(Message):
@@ -431,6 +441,7 @@ class NodeRegistered(Message):
 
     node: NodeInfo
     boot_id: BootId
+    silences: Silences = 0
 
 
 MAX_GPU_READINGS = 64  # per heartbeat or telemetry sample: a bounded message whatever a node claims
@@ -472,6 +483,7 @@ class NodeHeartbeat(Message):
 
     node_id: Id
     boot_id: BootId
+    silences: Silences = 0
     running: tuple[TaskRef, ...] = ()
     gpu_utilization: float | None = None
     gpus: tuple[GpuReading, ...] = Field(

@@ -37,8 +37,10 @@ from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
+from services.agent.retention import Retention, remove_empty
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
+from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.telemetry import group_pids, task_samples
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,12 @@ class Agent:
         output_update_s: float = UPDATE_EVERY_S,
         fence: Fence | None = None,
         acknowledge: Acknowledge | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.node = node
+        self.retention = retention  # removes finished attempts' directories (None: they stay)
+        if retention is not None:  # before any command: what a previous run left is finished (its tasks died)
+            retention.adopt()
         self.fence = fence  # stop every task when no heartbeat has been acknowledged for its window
         self.acknowledge = acknowledge
         self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
@@ -90,11 +96,27 @@ class Agent:
         private_dir(root)
         self.launches = private_dir(root / "launch")
         self.journal = Journal(root / "journal.json")
+        self.heard_file = root / "silences.json"
+        heard = load(self.heard_file) if fence is not None else None
+        if fence is not None and heard is not None:  # the node's silences go on from its previous run's
+            fence.resume(silences=heard.silences, unheard_for_s=unheard_for_s(heard, now_wall=time.time()))
         self.heartbeats = 0
+
+    def silences(self) -> int:
+        """How often this node went unheard past its fence window (0 without a fence): what a start must carry."""
+        if self.fence is None:
+            return 0
+        self.fence.due()
+        return self.fence.silences
 
     async def register(self) -> None:
         await self.publish_reliably(
-            NodeRegistered(event_id=f"{self.node.node_id}:boot:{self.boot_id}", node=self.node, boot_id=self.boot_id)
+            NodeRegistered(
+                event_id=f"{self.node.node_id}:boot:{self.boot_id}",
+                node=self.node,
+                boot_id=self.boot_id,
+                silences=self.silences(),
+            )
         )
 
     async def heartbeat(self) -> None:
@@ -104,7 +126,7 @@ class Agent:
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
-        sent_at = self.fence.clock() if self.fence else 0.0
+        sent_at, sent_wall = (self.fence.clock() if self.fence else 0.0), time.time()
         await self.publish(
             NodeHeartbeat(
                 event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
@@ -112,6 +134,7 @@ class Agent:
                 boot_id=self.boot_id,
                 running=running,
                 gpus=gpus,
+                silences=self.silences(),
             )
         )
         if self.fence is not None and self.acknowledge is not None:
@@ -121,6 +144,7 @@ class Agent:
                 log.warning("heartbeat not acknowledged, %.1f s since one was: %r", self.fence.silent_s(), exc)
                 return
             self.fence.acked(sent_at)
+            await asyncio.to_thread(save, self.heard_file, Heard(self.silences(), sent_wall))
         if not gpus or probe is None:
             return
         held = await asyncio.to_thread(
@@ -153,11 +177,25 @@ class Agent:
                     self._exited(command, reason="terminated", message="the agent restarted while this task ran")
                 )
             return
+        if command.silences < self.silences():
+            await self._refuse(key, command)
+            return
         self.journal.mark_started(key)
         launch = asyncio.create_task(self._launch(key, command))
         self.launching[key] = launch
         self.supervisors.add(launch)
         launch.add_done_callback(self.supervisors.discard)
+
+    async def _refuse(self, key: str, command: StartTask) -> None:
+        """A start issued before this node's latest silence: the monitor may have called the node lost and given
+        the attempt to another since, and dropped the starts it knew were queued here; this one was delivered after
+        that. It never runs; its end is reported, so an attempt still waiting for it goes back to the queue."""
+        log.warning(
+            "refused %s: issued before this node's silence %d (it carries %d)", key, self.silences(), command.silences
+        )
+        self.journal.mark_stopped(key)
+        message = "refused: issued before this node last went unheard (it may have been declared lost)"
+        await self._report_exit(self._exited(command, reason="terminated", message=message))
 
     async def _launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
@@ -226,6 +264,7 @@ class Agent:
             await asyncio.to_thread(self._release, workdir, user, cgroup)
             await shipper.close()
             await self._report_exit(self._exited(command, reason="terminated", message="stopped while preparing"))
+            await self._finished(workdir)
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
             await asyncio.to_thread(self._release, workdir, user, cgroup)
@@ -233,6 +272,7 @@ class Agent:
             note(f"could not start: {message}")
             await shipper.close()
             await self._report_exit(self._exited(command, reason="start_failed", message=message))
+            await self._finished(workdir)
             return
         finally:
             self.launching.pop(key, None)
@@ -364,6 +404,20 @@ class Agent:
             reason, message = "failed", describe_exit(status, task.tail)
         await self._report_exit(self._exited(start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
+        await self._finished(task.workdir)
+
+    async def _finished(self, workdir: Path) -> None:
+        """An attempt's end is reported (its output, checkpoint and outputs stored before): its directory is
+        finished, kept for the retention within the budget."""
+        if self.retention is not None:
+            await asyncio.to_thread(self.retention.ended, workdir)
+            await self.sweep_attempts()
+
+    async def sweep_attempts(self) -> None:
+        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty)."""
+        if self.retention is not None:
+            removed = await asyncio.to_thread(self.retention.sweep)
+            remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
 
     async def report_unreported(self) -> None:
         """Report the end of tasks an earlier run of this agent started and died with (killed, power lost): their

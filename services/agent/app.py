@@ -6,6 +6,7 @@ import os
 import signal
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from faststream import FastStream
 from pydantic import Field, model_validator
@@ -20,7 +21,15 @@ from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import detect
 from services.agent.checkpoints import CheckpointStore
 from services.agent.downloads import Downloads
-from services.agent.fence import CHECK_S, Fence, margin_problem
+from services.agent.fence import (
+    CHECK_S,
+    DEFAULT_GRACE_S,
+    DEFAULT_MARGIN_S,
+    Fence,
+    fitted_grace,
+    fitted_margin,
+    margin_problem,
+)
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
@@ -29,6 +38,7 @@ from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, node_entries
+from services.agent.retention import SWEEP_S, Retention
 from services.agent.runner import SDK_DIR
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
@@ -143,6 +153,19 @@ class AgentSettings(CommonSettings, StorageSettings):
         "carriage returns (tqdm, Keras) goes out as its latest frame at most this often, "
         "and its last frame always.",
     )
+    attempt_retention_s: float = Field(
+        3600.0,
+        ge=0,
+        description="How long a finished attempt's directory (code, inputs, outputs, its checkpoint copy, "
+        "output.log) stays on the node once its end is reported (everything in it is stored by then); 0: removed "
+        "at once. A restarted agent counts what its previous run left from its start.",
+    )
+    attempts_kept_gb: float = Field(
+        20.0,
+        ge=0,
+        description="Most the finished attempts' directories may hold on the node together; past it the oldest "
+        "are removed first, whatever their retention.",
+    )
     fence: bool = Field(
         True,
         description="Stop this node's tasks when the bus stops acknowledging its heartbeats "
@@ -151,16 +174,38 @@ class AgentSettings(CommonSettings, StorageSettings):
         "is back and told to stop; a bus outage longer than the window no longer stops every task.",
     )
     fence_margin_s: float = Field(
-        4.0,
+        DEFAULT_MARGIN_S,
         gt=0,
         description="The agent stops its own tasks once no heartbeat it sent in the "
         "node timeout less this has been acknowledged by the bus, so they are dead before "
         "the monitor can call the node lost and place their jobs again; it must hold twice "
-        "fence_grace_s and 0.75 s more (services/agent/fence.py).",
+        "fence_grace_s and 0.75 s more (services/agent/fence.py). Unset: 4 s, or for a node timeout "
+        "that leaves less than two heartbeats past 4 s, 0.4 of the timeout (at most what leaves two).",
     )
     fence_grace_s: float = Field(
-        1.0, ge=0, description="SIGTERM to SIGKILL for a task its agent stops when the bus stopped answering."
+        DEFAULT_GRACE_S,
+        ge=0,
+        description="SIGTERM to SIGKILL for a task its agent stops when the bus stopped answering. "
+        "Unset: 1 s, or what the margin holds.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fit_fence(cls, data: Any) -> Any:
+        """A fence margin or grace not set is fitted to the node timeout and heartbeat interval the agent is given
+        (a rented node gets the stack's: a short timeout with the 4 s default margin would not start)."""
+        if not isinstance(data, dict) or ("fence_margin_s" in data and "fence_grace_s" in data):
+            return data
+        fields = cls.model_fields
+        try:
+            timeout_s = float(data.get("node_timeout_s", fields["node_timeout_s"].default))
+            interval_s = float(data.get("heartbeat_interval_s", fields["heartbeat_interval_s"].default))
+            margin_s = float(data.get("fence_margin_s", fitted_margin(timeout_s=timeout_s, interval_s=interval_s)))
+        except (TypeError, ValueError):  # not numbers: the fields' own validation says so
+            return data
+        if margin_s <= 0:  # no fence fits this timeout: the defaults stand, and `_fence_fits` says why
+            return data
+        return {"fence_margin_s": margin_s, "fence_grace_s": fitted_grace(margin_s), **data}
 
     @model_validator(mode="after")
     def _fence_fits(self) -> "AgentSettings":
@@ -274,6 +319,11 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
         if settings.fence
         else None,
         acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
+        retention=Retention(
+            jobs=root / "jobs",
+            retention_s=settings.attempt_retention_s,
+            budget_bytes=int(settings.attempts_kept_gb * GB),
+        ),
     )
 
 
@@ -326,6 +376,7 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
+        w.background.every("finished attempts", SWEEP_S, agent.sweep_attempts)
         if settings.fence:
             w.background.every("fence", CHECK_S, agent.fence_if_unheard)
         if settings.spot_metadata_url:

@@ -11,6 +11,11 @@ own check period and a reserve for the kill and its cleanup. The node timeout is
 which grows it with the fleet) and, until one is heard, the agent's own setting, the same `node_timeout_s` the
 monitor is configured with (`CommonSettings`; the stack gives every process the same). Pure: the clock is passed
 in.
+
+The fence also counts the node's silences: each time no acknowledged heartbeat was sent within the window, the
+count goes up (a restarted agent continues its previous run's count, `resume`). The monitor may have called the node
+lost during any of them and dropped its queued starts; a start it issued before the last one (`StartTask.silences`,
+the count the node had last reported) may have been delivered only after that drop, so it is `stale` and refused.
 """
 
 import time
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 FENCED = "fenced"  # the stop reason of a task its own agent stopped (TaskExited: terminated, "stopped: fenced")
 CHECK_S = 0.25  # how often the agent looks whether it must fence (a comparison: nothing to spare)
 RESERVE_S = 0.5  # the kill of what is left (every process of the task's uid and marker) and its exit noticed
+DEFAULT_MARGIN_S, DEFAULT_GRACE_S = 4.0, 1.0  # for the default node timeout (10 s) and heartbeat interval (2 s)
+MARGIN_SHARE = 0.4  # of a shorter node timeout: as the default margin is of the default timeout
 
 
 def window_s(*, timeout_s: float, margin_s: float) -> float:
@@ -30,6 +37,20 @@ def window_s(*, timeout_s: float, margin_s: float) -> float:
 def fence_due(*, acked_at: float, now: float, timeout_s: float, margin_s: float) -> bool:
     """Whether no heartbeat sent in the last window has been acknowledged: the node's tasks must stop now."""
     return now - acked_at >= window_s(timeout_s=timeout_s, margin_s=margin_s)
+
+
+def fitted_margin(*, timeout_s: float, interval_s: float) -> float:
+    """The margin when none is set: the default where it leaves two heartbeats in the window, else the same share
+    of the node timeout, no more than leaves two heartbeats (a node timeout too short for any is `margin_problem`'s
+    to tell)."""
+    if timeout_s - DEFAULT_MARGIN_S >= 2 * interval_s:
+        return DEFAULT_MARGIN_S
+    return min(MARGIN_SHARE * timeout_s, timeout_s - 2 * interval_s)
+
+
+def fitted_grace(margin_s: float) -> float:
+    """The grace when none is set: the default, or what the margin holds (twice the grace, the check, the reserve)."""
+    return max(0.0, min(DEFAULT_GRACE_S, (margin_s - CHECK_S - RESERVE_S) / 2))
 
 
 def margin_problem(*, timeout_s: float, margin_s: float, grace_s: float, interval_s: float) -> str | None:
@@ -62,19 +83,37 @@ class Fence:
     # stop every task of a healthy node, and fencing at once would stop them all for ever
     interval_s: Callable[[], float] = lambda: 0.0
     acked_at: float = field(init=False)  # when the last heartbeat the server acknowledged was sent
+    silences: int = field(init=False, default=0)  # windows without an acknowledged heartbeat, this node's whole life
+    _unheard: bool = field(init=False, default=False)  # in one of them now
 
     def __post_init__(self) -> None:
         self.acked_at = self.clock()  # a fresh agent runs nothing: its first window counts from its start
+
+    def resume(self, *, silences: int, unheard_for_s: float) -> None:
+        """Continue a previous run's count, its last acknowledged heartbeat sent `unheard_for_s` ago (a gap of the
+        window or more counts as one more silence at the next look)."""
+        self.silences = silences
+        self.acked_at = self.clock() - unheard_for_s
 
     def acked(self, sent_at: float) -> None:
         """The heartbeat sent at `sent_at` (this clock) reached the server; an older answer changes nothing."""
         self.acked_at = max(self.acked_at, sent_at)
 
     def due(self) -> bool:
+        """Whether the node is unheard past the window now (a new silence counted as it begins)."""
         timeout_s = self.timeout_s()
-        if window_s(timeout_s=timeout_s, margin_s=self.margin_s) < 2 * self.interval_s():
-            return False
-        return fence_due(acked_at=self.acked_at, now=self.clock(), timeout_s=timeout_s, margin_s=self.margin_s)
+        due = window_s(timeout_s=timeout_s, margin_s=self.margin_s) >= 2 * self.interval_s() and fence_due(
+            acked_at=self.acked_at, now=self.clock(), timeout_s=timeout_s, margin_s=self.margin_s
+        )
+        if due and not self._unheard:
+            self.silences += 1
+        self._unheard = due
+        return due
+
+    def stale(self, silences: int) -> bool:
+        """Whether a start issued when the node had reported `silences` came before its latest silence."""
+        self.due()
+        return silences < self.silences
 
     def silent_s(self) -> float:
         return self.clock() - self.acked_at

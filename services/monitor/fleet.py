@@ -65,6 +65,10 @@ class Fleet:
         """Those of the nodes this monitor holds as lost or released (a node it never heard of is not gone)."""
         return frozenset(n for n in node_ids if n in self.records and self.records[n].state != "ready")
 
+    def silences(self, node_ids: Iterable[str]) -> dict[str, int]:
+        """Each node's silences as it last reported them (0 for a node never heard): what its starts carry."""
+        return {n: self.records[n].silences if n in self.records else 0 for n in node_ids}
+
     def overdue(self, timeout_s: float, among: Iterable[str] | None = None) -> list[str]:
         """Ready nodes (of `among`, or all) silent past the timeout, judged as of when the intake was caught up."""
         ids = self.records if among is None else among

@@ -67,8 +67,12 @@ async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
 async def placed(monitor: Monitor, event: JobPlaced) -> None:
     """Placement chose nodes for an attempt."""
     now = utcnow()
-    gone = monitor.fleet.gone(a.node_id for a in event.assignments)
-    await monitor.apply(event.job_id, lambda job: None if job is None else state.placed(job, event, now=now, gone=gone))
+    nodes = [a.node_id for a in event.assignments]
+    gone, silences = monitor.fleet.gone(nodes), monitor.fleet.silences(nodes)
+    await monitor.apply(
+        event.job_id,
+        lambda job: None if job is None else state.placed(job, event, now=now, gone=gone, silences=silences),
+    )
 
 
 async def task_changed(monitor: Monitor, event: TaskEvent) -> None:

@@ -18,6 +18,7 @@ class NodeRecord(BaseModel):
     node_id: str
     info: NodeInfo | None = None
     boot_id: str = ""
+    silences: int = 0  # as the node last reported them: what its starts carry (StartTask.silences)
     last_seen: datetime
     state: Literal["ready", "lost", "released"] = "ready"
     running: tuple[TaskRef, ...] = ()
@@ -35,6 +36,7 @@ class Seen(TypedDict):
 
     boot_id: str
     at: datetime
+    silences: NotRequired[int]
     info: NotRequired[NodeInfo | None]
     running: NotRequired[tuple[TaskRef, ...] | None]
     gpu_utilization: NotRequired[float | None]
@@ -58,6 +60,7 @@ def sighted(
     node_id: str,
     boot_id: str,
     at: datetime,
+    silences: int = 0,
     info: NodeInfo | None = None,
     running: tuple[TaskRef, ...] | None = None,
     gpu_utilization: float | None = None,
@@ -69,7 +72,7 @@ def sighted(
         return Sighting(node=node)  # a given-back node's last words
     if node is not None and at < node.last_seen and boot_id == node.boot_id:
         return Sighting(node=node if info is None or node.info else node.model_copy(update={"info": info}))
-    update = {"boot_id": boot_id, "last_seen": at, "state": "ready"}
+    update = {"boot_id": boot_id, "silences": silences, "last_seen": at, "state": "ready"}
     if info is not None:
         update["info"] = info
     if claims_refused is not None:

@@ -184,7 +184,13 @@ class Monitor:
         node_id = event.node.node_id
         info, refused = (event.node, {}) if self.records is None else await self.records.admit(event.node)
         await self.sighted(
-            node_id, boot_id=event.boot_id, at=event.occurred_at, info=info, running=(), claims_refused=refused
+            node_id,
+            boot_id=event.boot_id,
+            at=event.occurred_at,
+            silences=event.silences,
+            info=info,
+            running=(),
+            claims_refused=refused,
         )
         if (utcnow() - event.occurred_at).total_seconds() < self.timeout():
             self.fleet.hear(node_id)
@@ -199,6 +205,7 @@ class Monitor:
             seen: Seen = {
                 "boot_id": event.boot_id,
                 "at": event.occurred_at,
+                "silences": event.silences,
                 "running": event.running,
                 "gpu_utilization": event.gpu_utilization,
                 "gpus": event.gpus,

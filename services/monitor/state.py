@@ -4,7 +4,7 @@ Every phase change goes through `switch`, which checks the state machine and bui
 Fencing: a task of an attempt that is not the job's current one is told to stop and otherwise ignored.
 """
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -187,11 +187,20 @@ def submitted(event: JobSubmitted, *, now: datetime) -> Outcome:
     return switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason="queued", now=now)
 
 
-def placed(job: JobState, event: JobPlaced, *, now: datetime, gone: Collection[str] = ()) -> Outcome:
+def placed(
+    job: JobState,
+    event: JobPlaced,
+    *,
+    now: datetime,
+    gone: Collection[str] = (),
+    silences: Mapping[str, int] | None = None,
+) -> Outcome:
     """Accept a placement and start its ranks, in the same write; a job no longer waiting for one (terminated,
     or already placed) starts nothing. A placement on a node the monitor has already lost or released (`gone`:
     placement had not heard yet) sends that node nothing and goes back to the queue at once: a start queued for a
-    lost node would run when its agent came back, whatever the job had become meanwhile."""
+    lost node would run when its agent came back, whatever the job had become meanwhile. Each start carries its
+    node's `silences` as last reported: one delivered after a later silence (and perhaps the node's loss) is
+    refused by its agent."""
     if event.attempt <= job.attempt or job.phase != Phase.PENDING or job.assignments:
         return job, []
     job = job.model_copy(
@@ -224,10 +233,10 @@ def placed(job: JobState, event: JobPlaced, *, now: datetime, gone: Collection[s
         detail = f"placed on {', '.join(away)}, lost before the attempt started"
         job, requeued = requeue(job, cause="node_lost", detail=detail, now=now)
         return job, events + requeued
-    return job, events + starts(job, event, now=now)
+    return job, events + starts(job, event, now=now, silences=silences or {})
 
 
-def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]:
+def starts(job: JobState, event: JobPlaced, *, now: datetime, silences: Mapping[str, int]) -> list[StartTask]:
     """One StartTask per rank of the placed attempt, as the job's own project and user."""
     launch = event.launch
     return [
@@ -246,6 +255,7 @@ def starts(job: JobState, event: JobPlaced, *, now: datetime) -> list[StartTask]
             user_name=job.user_name,
             algorithm=launch.algorithm,
             spec=launch.spec,
+            silences=silences.get(a.node_id, 0),
         )
         for a in event.assignments
     ]

@@ -20,6 +20,7 @@ from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
 from services.placement.handlers import JOBS, router
 from services.placement.policy import PolicyConfig
+from services.placement.providers.bootstrap import Liveness
 from services.placement.providers.reconcile import Providers, reconcile_loop
 from services.placement.providers.wiring import bind, make_providers
 from services.placement.service import Placement, scheduling_loop
@@ -112,4 +113,5 @@ def make_provider(
         nats_url=settings.nats_url,
         minter=settings.nats_minter,
         ca_file=settings.nats_ca_file,
+        liveness=Liveness(heartbeat_interval_s=settings.heartbeat_interval_s, node_timeout_s=settings.node_timeout_s),
     )

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from shared.bus import connect, make_broker, publish, stream_of
-from shared.events import TaskExited
+from shared.events import NodeHeartbeat, TaskExited
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import eventually, free_port
 from tests.factories import start_task, unique
@@ -97,3 +97,54 @@ async def test_an_agent_cut_off_from_the_bus_stops_its_task_and_reports_it_when_
     finally:
         await nc.close()
         await asyncio.sleep(0)
+
+
+async def test_a_start_issued_before_the_bus_went_away_and_delivered_after_never_runs(stack):
+    """The monitor's outbox relays a start it wrote before it called the node lost (and dropped its queued starts)
+    only once the bus is back: the agent, which went unheard past its window meanwhile, refuses it and reports it;
+    a start issued at the count its heartbeats now carry runs."""
+    stale_job, fresh_job = unique("j"), unique("j")
+    seconds = f"{random.randint(100_000, 999_999)}"
+    nc = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
+    beats = await nc.subscribe("tm.node.evt.n1.heartbeat")
+    assert NodeHeartbeat.model_validate_json((await beats.next_msg(timeout=30)).data).silences == 0
+    await nc.close()
+    stack.signal("nats", signal.SIGKILL)
+    await asyncio.sleep(3)  # past the agent's 2 s window: it counts a silence (the monitor would call n1 lost)
+    stack.start_nats()
+    nc = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
+    try:
+        beats = await nc.subscribe("tm.node.evt.n1.heartbeat")
+        silences = 0
+        while silences == 0:  # heartbeats the client buffered while the bus was gone come first
+            silences = NodeHeartbeat.model_validate_json((await beats.next_msg(timeout=60)).data).silences
+        admin = make_broker(stack.nats_url, name="admin", creds=stack.admin_creds())
+        await connect(admin, declare=False)
+        await publish(admin, start_task(stale_job, f"exec sleep {seconds}"))  # issued at 0, relayed now
+        js = nc.jetstream()
+
+        async def reported() -> TaskExited | None:
+            try:
+                msg = await js.get_last_msg(stream_of(EXITED).name, EXITED)
+            except nats.js.errors.NotFoundError:
+                return None
+            return TaskExited.model_validate_json(msg.data)
+
+        refused = await eventually(reported, timeout_s=60)
+        assert (refused.job_id, refused.reason) == (stale_job, "terminated")
+        assert refused.message.startswith("refused") and not processes(["sleep", seconds])
+        # a start taken before the agent's first heartbeat since the bus came back is acknowledged would still be
+        # fenced (the same silence): wait for a heartbeat sent after the refusal, acknowledged by the time it is read
+        while NodeHeartbeat.model_validate_json((await beats.next_msg(timeout=30)).data).occurred_at <= (
+            refused.ended_at
+        ):
+            pass
+        await publish(admin, start_task(fresh_job, f"exec sleep {seconds}").model_copy(update={"silences": silences}))
+        await admin.stop()
+
+        async def fresh_runs() -> bool:
+            return bool(processes(["sleep", seconds]))
+
+        await eventually(fresh_runs, timeout_s=60)
+    finally:
+        await nc.close()

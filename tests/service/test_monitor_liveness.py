@@ -10,7 +10,7 @@ from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import list_nodes
-from tests.factories import T0, node, placed, submitted
+from tests.factories import T0, exited, node, placed, submitted
 from tests.memory import MemoryCollection
 from tests.service.conftest import recorder
 from tests.unit.test_liveness import Clock
@@ -43,11 +43,12 @@ async def heard(monitor, event: NodeHeartbeat) -> None:
     await monitor.written()
 
 
-def beat(node_id: str, n: int, *, running=(), boot_id: str = "b1") -> NodeHeartbeat:
+def beat(node_id: str, n: int, *, running=(), boot_id: str = "b1", silences: int = 0) -> NodeHeartbeat:
     return NodeHeartbeat(
         event_id=f"{node_id}:{boot_id}:hb:{n}",
         node_id=node_id,
         boot_id=boot_id,
+        silences=silences,
         running=running,
         occurred_at=T0 + timedelta(seconds=2 * n),
     )
@@ -271,3 +272,25 @@ async def test_a_placement_on_a_node_already_lost_sends_it_nothing_and_goes_back
     await heard(monitor, beat("n1", 40))
     await publish(broker, placed("j", attempt=2))
     assert [s["attempt"] for s in seen["tm.node.cmd.n1.start"]] == [2]  # back: placed there again, started
+
+
+async def test_a_start_carries_its_nodes_silences_as_last_reported_and_a_refused_one_requeues_its_attempt(
+    monitor_broker,
+):
+    """The agent refuses a start issued at a lower count of silences than its own (one written before the node's
+    loss and delivered after the drop of its queued starts); the count comes from the node's latest report, is
+    stored with the node, and the refusal's report puts an attempt still waiting for that start back in the queue."""
+    broker, monitor, seen = monitor_broker
+    clock = Clock()
+    await fleet_of(broker, monitor, clock, "n1")
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    await heard(monitor, beat("n1", 1, silences=2))  # back from two silences
+    assert (await monitor.nodes.load("n1"))["silences"] == 2
+    await publish(broker, submitted(job_id="k"))
+    await publish(broker, placed("k"))
+    assert [(s["job_id"], s["silences"]) for s in seen["tm.node.cmd.n1.start"]] == [("j", 0), ("k", 2)]
+    refusal = exited("j", code=None, reason="terminated")
+    await publish(broker, refusal.model_copy(update={"message": "refused: issued before this node last went unheard"}))
+    job = await monitor.jobs.load("j")
+    assert job["phase"] == "Pending" and not job["assignments"] and job["attempts"][-1]["outcome"] == "stopped"

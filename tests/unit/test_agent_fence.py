@@ -5,6 +5,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -279,3 +280,51 @@ def test_a_node_timeout_announced_too_short_for_two_heartbeats_fences_nothing():
     assert not fence.due()
     announced[0] = 10.0
     assert fence.due()  # 60 s unacknowledged against a 6 s window
+
+
+async def test_a_start_issued_before_the_nodes_latest_silence_never_runs_and_its_end_is_reported(tmp_path):
+    """A start the monitor wrote before it called this node lost, delivered only after it dropped the node's queued
+    starts (its outbox relayed once the bus was back): the agent refuses it, since it was issued at a lower count
+    of silences than the node has now, and reports its end, so an attempt still waiting for it is queued again."""
+    bus, clock = Bus(), Clock()
+    agent = make_agent(tmp_path, bus, clock)
+    await agent.heartbeat()
+    assert bus.sent[-1].silences == 0
+    bus.down = True
+    clock.now += WINDOW_S
+    await agent.fence_if_unheard()  # the silence the monitor may have taken for the node's loss
+    bus.down = False
+    await agent.heartbeat()
+    assert bus.sent[-1].silences == 1  # the monitor's next starts for this node carry 1
+    stale_job, fresh_job = unique("j"), unique("j")
+    ran = tmp_path / "ran"
+    stale = start_task(stale_job, f"touch {ran}")  # issued when the node had reported 0
+    await agent.start(stale)
+    await agent.start(stale)  # redelivered: refused once, reported once
+    [refused] = bus.exits()
+    assert (refused.job_id, refused.reason) == (stale_job, "terminated")
+    assert refused.message.startswith("refused: issued before this node last went unheard")
+    assert not any(isinstance(m, TaskStarted) for m in bus.sent) and not agent.launching
+    await agent.start(start_task(fresh_job, "true").model_copy(update={"silences": 1}))
+    await until(lambda: any(isinstance(m, TaskStarted) and m.job_id == fresh_job for m in bus.sent), "the fresh start")
+    await until(lambda: len(bus.exits()) == 2, "the fresh task's end")
+    assert not ran.exists()
+
+
+async def test_a_restarted_agent_goes_on_counting_and_a_gap_of_the_window_since_its_last_heartbeat_is_a_silence(
+    tmp_path,
+):
+    bus, clock = Bus(), Clock()
+    agent = make_agent(tmp_path, bus, clock)
+    assert agent.silences() == 0  # a node's first run
+    bus.down = True
+    clock.now += WINDOW_S
+    await agent.fence_if_unheard()
+    bus.down = False
+    await agent.heartbeat()  # acknowledged: the count and the time are kept on disk
+    assert make_agent(tmp_path, bus, Clock()).silences() == 1  # restarted at once: the same count
+    heard = tmp_path / "silences.json"
+    heard.write_text(f'{{"silences": 1, "acked_wall": {time.time() - WINDOW_S - 1}}}')
+    assert make_agent(tmp_path, bus, Clock()).silences() == 2  # down longer than the window: perhaps lost
+    heard.write_text("{not json")
+    assert make_agent(tmp_path, bus, Clock()).silences() >= 1  # a doubt is a silence

@@ -3,14 +3,47 @@
 import subprocess
 
 import pytest
+from pydantic import ValidationError
 
-from services.placement.providers.bootstrap import Bootstrap, NodeBoot, agent_env, pod_manifest, user_data
+from services.agent.app import AgentSettings
+from services.agent.fence import margin_problem
+from services.placement.policy import InstanceType
+from services.placement.providers.bootstrap import (
+    Bootstrap,
+    Liveness,
+    NodeBoot,
+    agent_env,
+    pod_manifest,
+    user_data,
+)
+from services.placement.providers.wiring import make_providers
 
 BOOT = Bootstrap(
     node_id="od-a",
     cluster_entry='[[nodes]]\nid = "od-a"\n',
     env={"TRAINMASTER_NATS_URL": "nats://bus:4222", "TRAINMASTER_X": "it's $(rm -rf /)"},
     creds="-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n",
+)
+ENTRY = {
+    "name": "l4.1x",
+    "gpus": 1,
+    "gpu_model": "L4",
+    "gpu_memory_gb": 24,
+    "tflops": 121,
+    "cpu": 4,
+    "memory_gb": 16,
+    "price_per_hour": 0.8,
+}
+INSTANCE = InstanceType(
+    name="l4.1x",
+    gpus=1,
+    gpu_model="L4",
+    gpu_memory_gb=24,
+    tflops=121,
+    cpu=4,
+    memory_gb=16,
+    price_per_hour=0.8,
+    startup_delay_s=0,
 )
 
 
@@ -64,3 +97,48 @@ def test_the_pod_asks_for_its_gpus_and_mounts_its_secret_read_only():
     assert container["resources"]["limits"] == {"cpu": "8", "memory": "32768Mi", "nvidia.com/gpu": "2"}
     assert {"name": "node", "mountPath": "/etc/tm", "readOnly": True} in container["volumeMounts"]
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+
+
+async def test_a_rented_agent_gets_the_stacks_heartbeat_and_node_timeout_and_its_fence_fits_them(tmp_path, monkeypatch):
+    """Placement's own interval and timeout (the monitor's) travel with a rented node's agent settings, and the
+    agent fits its fence margin and grace to them: with its 4 s default margin under a 3 s timeout it would not
+    start (its settings' check); the provider's own agent_env still wins."""
+    providers = make_providers(
+        entries=[{**ENTRY, "provider": "kubernetes"}],
+        sections={"kubernetes": {"image": "i:1", "cluster_name": "c1", "api_url": "https://kube.invalid"}},
+        default="local-process",
+        data_dir=tmp_path,
+        broker=None,
+        nats_url="nats://bus:4222",
+        minter=None,
+        ca_file=None,
+        liveness=Liveness(heartbeat_interval_s=0.5, node_timeout_s=3.0),
+    )
+    boot = await providers.by_name["kubernetes"].maker.bundle("od-a", INSTANCE, root="/r", spot=False)
+    assert (boot.env["TRAINMASTER_HEARTBEAT_INTERVAL_S"], boot.env["TRAINMASTER_NODE_TIMEOUT_S"]) == ("0.5", "3.0")
+    for name, value in boot.env.items():
+        monkeypatch.setenv(name, value)
+    settings = AgentSettings(node_id="od-a")
+    assert (settings.node_timeout_s, settings.heartbeat_interval_s) == (3.0, 0.5)
+    assert (
+        settings.fence
+        and margin_problem(
+            timeout_s=3.0, margin_s=settings.fence_margin_s, grace_s=settings.fence_grace_s, interval_s=0.5
+        )
+        is None
+    )
+    assert settings.fence_margin_s < 4.0 and settings.fence_grace_s > 0
+    own = NodeBoot(bus_url="nats://b", agent_env={"TRAINMASTER_HEARTBEAT_INTERVAL_S": "0.25"})
+    timing = Liveness(heartbeat_interval_s=2.0, node_timeout_s=10.0)
+    env = agent_env(own, root="/r", spot=False, has_creds=False, has_ca=False, liveness=timing)
+    assert (env["TRAINMASTER_HEARTBEAT_INTERVAL_S"], env["TRAINMASTER_NODE_TIMEOUT_S"]) == ("0.25", "10.0")
+
+
+def test_an_agent_fits_an_unset_fence_to_its_node_timeout_and_keeps_what_is_set():
+    assert (AgentSettings(node_id="n").fence_margin_s, AgentSettings(node_id="n").fence_grace_s) == (4.0, 1.0)
+    short = AgentSettings(node_id="n", node_timeout_s=3.0, heartbeat_interval_s=0.5)
+    assert (round(short.fence_margin_s, 3), round(short.fence_grace_s, 3)) == (1.2, 0.225)
+    chosen = AgentSettings(node_id="n", node_timeout_s=3.0, heartbeat_interval_s=0.5, fence_margin_s=1.0)
+    assert (chosen.fence_margin_s, chosen.fence_grace_s) == (1.0, 0.125)  # the grace fitted to the margin set
+    with pytest.raises(ValidationError, match="two heartbeat intervals"):  # no fence fits: said, not guessed
+        AgentSettings(node_id="n", node_timeout_s=3.0, heartbeat_interval_s=2.0)

@@ -45,6 +45,21 @@ class NodeBoot(BaseModel):
 
 
 @dataclass(frozen=True)
+class Liveness:
+    """How the stack judges its nodes (placement's own settings, the monitor's): every rented agent gets them, or it
+    would heartbeat and fence by its defaults (a 10 s timeout) under a monitor that calls it lost sooner."""
+
+    heartbeat_interval_s: float
+    node_timeout_s: float
+
+    def env(self) -> dict[str, str]:
+        return {
+            "TRAINMASTER_HEARTBEAT_INTERVAL_S": repr(self.heartbeat_interval_s),
+            "TRAINMASTER_NODE_TIMEOUT_S": repr(self.node_timeout_s),
+        }
+
+
+@dataclass(frozen=True)
 class Bootstrap:
     """One node's start: its cluster-file entry, its agent's settings and its own bus credentials."""
 
@@ -56,10 +71,21 @@ class Bootstrap:
 
 
 def agent_env(
-    boot: NodeBoot, *, root: str, spot: bool, has_creds: bool, has_ca: bool, data_dir: str | None = None
+    boot: NodeBoot,
+    *,
+    root: str,
+    spot: bool,
+    has_creds: bool,
+    has_ca: bool,
+    data_dir: str | None = None,
+    liveness: Liveness | None = None,
 ) -> dict[str, str]:
-    """The agent's TRAINMASTER_* settings on the node (its files under `root`, its state in `data_dir`)."""
-    env = {**boot.agent_env, "TRAINMASTER_NATS_URL": boot.bus_url, "TRAINMASTER_DATA_DIR": data_dir or f"{root}/data"}
+    """The agent's TRAINMASTER_* settings on the node (its files under `root`, its state in `data_dir`); the
+    stack's heartbeat interval and node timeout unless the provider's `agent_env` says otherwise (its agent fits
+    its fence to them)."""
+    timing = liveness.env() if liveness else {}
+    env = {**timing, **boot.agent_env, "TRAINMASTER_NATS_URL": boot.bus_url}
+    env["TRAINMASTER_DATA_DIR"] = data_dir or f"{root}/data"
     if has_creds:
         env["TRAINMASTER_NATS_CREDS"] = f"{root}/agent.creds"
     if has_ca:

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.placement.policy import InstanceType
 from services.placement.providers.base import node_entry
-from services.placement.providers.bootstrap import Bootstrap, NodeBoot, agent_env
+from services.placement.providers.bootstrap import Bootstrap, Liveness, NodeBoot, agent_env
 from services.placement.providers.credentials import NodeCredentials
 
 
@@ -58,6 +58,7 @@ class NodeMaker:
     credentials: NodeCredentials | None = None
     ca_text: str | None = None
     job_of: Callable[[str], str | None] = lambda node_id: None
+    liveness: Liveness | None = None  # the stack's heartbeat interval and node timeout, for its agent
 
     async def bundle(
         self, node_id: str, instance: InstanceType, *, root: str, spot: bool, data_dir: str | None = None
@@ -70,7 +71,13 @@ class NodeMaker:
             self.credentials.ca_file.read_text() if self.credentials and self.credentials.ca_file else None
         )
         env = agent_env(
-            self.boot, root=root, spot=spot, has_creds=creds is not None, has_ca=ca is not None, data_dir=data_dir
+            self.boot,
+            root=root,
+            spot=spot,
+            has_creds=creds is not None,
+            has_ca=ca is not None,
+            data_dir=data_dir,
+            liveness=self.liveness,
         )
         return Bootstrap(node_id=node_id, cluster_entry=node_entry(node_id, instance), env=env, creds=creds, ca=ca)
 

@@ -9,6 +9,7 @@ from faststream.nats import NatsBroker
 from pydantic import ValidationError
 
 from services.placement.providers.base import Provider
+from services.placement.providers.bootstrap import Liveness
 from services.placement.providers.cloud import NodeBoot, NodeMaker, OfferInfo, offer_infos
 from services.placement.providers.credentials import NodeCredentials
 from services.placement.providers.local_process import LocalProcessProvider
@@ -30,6 +31,7 @@ def make_providers(
     nats_url: str,
     minter: Path | None,
     ca_file: Path | None,
+    liveness: Liveness | None = None,
 ) -> Providers:
     offers = offer_infos(list(entries))
     names = {o.provider for o in offers.values()} | {default}
@@ -48,7 +50,13 @@ def make_providers(
         section = {"bus_url": nats_url, **(sections.get(name) or {})}
         try:
             providers.by_name[name] = _cloud(
-                name, section, offers=offers, credentials=credentials, folder=data_dir / "rented", providers=providers
+                name,
+                section,
+                offers=offers,
+                credentials=credentials,
+                folder=data_dir / "rented",
+                providers=providers,
+                liveness=liveness,
             )
         except (ValidationError, ValueError) as exc:
             raise SystemExit(f"cluster file [providers.{name}]: {exc}") from None
@@ -64,9 +72,10 @@ def _cloud(
     credentials: NodeCredentials | None,
     folder: Path,
     providers: Providers,
+    liveness: Liveness | None,
 ) -> Provider:
     def maker(boot: NodeBoot) -> NodeMaker:
-        return NodeMaker(boot=boot, folder=folder, credentials=credentials, job_of=providers.job_of)
+        return NodeMaker(boot=boot, folder=folder, credentials=credentials, job_of=providers.job_of, liveness=liveness)
 
     if name == "ec2":
         from services.placement.providers.ec2 import EC2Provider, EC2Settings
