@@ -180,7 +180,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
     await repo.write_waiting()  # version 3's list entry, which waited
-    await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
+    await repo.views.write(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
 
@@ -193,11 +193,34 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
     await repo.write_waiting()
     assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
     assert await repo.queued_count(project_id="p") == 0
-    monkeypatch.setattr("services.submitter.repository.SWEEP_EVERY", 1)
-    monkeypatch.setattr("services.submitter.repository.TOMBSTONE_S", -1.0)
+    monkeypatch.setattr("services.submitter.viewentries.SWEEP_EVERY", 1)
+    monkeypatch.setattr("services.submitter.viewentries.TOMBSTONE_S", -1.0)
     await new_job(repo, "t3")
     await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
+
+
+async def test_the_caps_count_the_queue_in_memory_never_fewer_than_stored_and_a_restart_rebuilds_it(counted):
+    repo, commands = counted
+
+    async def stored(**owner) -> int:
+        return await repo.queue.count_documents({**owner, "gone_s": {"$exists": False}})
+
+    for n in range(3):
+        await new_job(repo, f"c{n}")
+    commands.sent.clear()
+    assert await repo.queued_count(project_id="p") == 3 == await repo.queued_count(user_name="ana")
+    assert commands.total() == 0  # a count on the database at each submission before
+    await repo.apply_status(status("c0", 2, Phase.RUNNING, SecondaryPhase.RUNNING, previous=Phase.PENDING))
+    assert await repo.queued_count(project_id="p") == 3 == await stored(project_id="p")  # its tombstone waits
+    await repo.write_waiting()
+    assert await repo.queued_count(project_id="p") == 2 == await stored(project_id="p")
+    await repo.apply_status(status("c0", 1, Phase.PENDING, SecondaryPhase.QUEUING))  # older: puts nothing back
+    await repo.apply_status(status("c1", 3, Phase.PENDING, SecondaryPhase.QUEUING))  # still queued, newer
+    assert await repo.queued_count(user_name="ana") == 2 == await stored(user_name="ana")
+    again = Repository(db=repo.db, broker=None)  # a restart: counted from the jobs themselves
+    assert await again.queued_count(project_id="p") == 0
+    assert await again.rebuild_views() == 2 and await again.queued_count(user_name="ana") == 2
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:

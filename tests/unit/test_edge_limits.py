@@ -12,6 +12,7 @@ from services.submitter import feasible
 from services.submitter.caps import QueueCaps, queue_full
 from services.submitter.errors import ApiError, described
 from services.submitter.limits import RateLimiter, TokenBucket
+from services.submitter.queued import QueuedCounts
 from services.submitter.refusals import Invalid, QueueFull
 from services.submitter.repository import Repository
 from tests.memory import MemoryCollection
@@ -315,3 +316,18 @@ async def test_a_restart_rewrites_only_the_list_entries_that_differ_from_the_job
     assert writes == ["j1"]
     total, docs = await repo.page("p", phases=["Completed"], offset=0, limit=10)
     assert total == 3 and [d["_id"] for d in docs] == ["j2", "j1", "j0"]
+
+
+def test_the_queue_counted_in_memory_ends_at_each_jobs_latest_entry_whatever_order():
+    for order in ([1, 2, 3], [3, 2, 1], [2, 3, 1]):
+        counts = QueuedCounts()
+        owners = {1: ("p", "ana"), 2: None, 3: ("p", "ana")}  # queued, left, requeued
+        for version in order:
+            counts.put("j", version, owners[version], now=float(version))
+        assert counts.count(project_id="p") == 1 == counts.count(user_name="ana"), order
+    counts.put("k", 1, ("q", "bo"), now=0.0)
+    counts.put("k", 2, None, now=5.0)
+    counts.put("gone", 2, None, now=1.0, upsert=False)  # a waiting tombstone of a deleted job makes no entry
+    assert counts.count(project_id="q") == 0 and "gone" not in counts.entries
+    counts.sweep(before=6.0)
+    assert "k" not in counts.entries and counts.count(project_id="p") == 1
