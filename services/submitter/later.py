@@ -6,7 +6,6 @@ next start, and a job's next phase that ends it writes its entry at once whateve
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
@@ -24,15 +23,8 @@ def older_than(version: int) -> dict[str, Any]:
 class LaterWrites:
     """One collection's entries waiting to be written, the newest per job."""
 
-    def __init__(
-        self,
-        collection: AsyncCollection,
-        *,
-        delay_s: float,
-        written: Callable[[dict[str, tuple[int, dict[str, Any]]]], None] | None = None,
-    ) -> None:
+    def __init__(self, collection: AsyncCollection, *, delay_s: float) -> None:
         self.collection, self.delay_s = collection, delay_s
-        self.written = written  # told what was written (job id -> (status version, update)), once it is
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # job id -> (status version, update)
         self._timer: asyncio.Task | None = None
 
@@ -56,8 +48,6 @@ class LaterWrites:
             await update_grouped(
                 self.collection, [({"_id": job_id, **older_than(v)}, update) for job_id, (v, update) in batch.items()]
             )
-            if self.written is not None:
-                self.written(batch)
 
     async def _later(self) -> None:
         try:

@@ -117,8 +117,12 @@ class Repository:
         ]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
-        """Jobs of a project or of a user accepted and not yet running (the queue view, counted in memory)."""
-        return self.views.queued_count(project_id=project_id, user_name=user_name)
+        """Jobs of a project or of a user accepted and not yet running (counted on the queue view)."""
+        return await self.views.queued_count(project_id=project_id, user_name=user_name)
+
+    def queued_added(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        """Places in the queue this process gave a project's or a user's jobs since it started (only grows)."""
+        return self.views.added[("project", project_id) if project_id else ("user", user_name or "")]
 
     async def rebuild_views(self) -> int:
         """At start: the views from the jobs themselves (`ViewEntries.rebuild`); how many jobs are queued."""
@@ -131,7 +135,6 @@ class Repository:
         doc = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
         if doc is None:
             await self.queue.delete_one({"_id": job_id})
-            self.views.queued.drop(job_id)
         else:
             await self.views.write(doc, queue=True)
 

@@ -1,9 +1,10 @@
-"""The views of the submitter's jobs: a queue entry per job accepted and not yet running (what the caps count, also
-counted in memory: `QueuedCounts`) and a list entry per job (what a page counts and sorts), each written for a status
-version and refused where one for a newer status is there. Written by the repository as a job is stored and its
-statuses come; no other module names these collections."""
+"""The views of the submitter's jobs: a queue entry per job accepted and not yet running (what the caps count; the
+places this process gave are also counted in memory, `added`) and a list entry per job (what a page counts and
+sorts), each written for a status version and refused where one for a newer status is there. Written by the
+repository as a job is stored and its statuses come; no other module names these collections."""
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -15,7 +16,6 @@ from shared.grouped import update_grouped
 from shared.jobs import FINISHED
 from services.submitter.caps import QUEUED_PHASES
 from services.submitter.later import LaterWrites, older_than
-from services.submitter.queued import Owner, QueuedCounts
 
 # A job that left the queue keeps a versioned tombstone there this long (no project: the caps do not count it), so
 # an older status handled at the same moment cannot put it back; statuses of one job race only while handled side
@@ -45,6 +45,9 @@ def list_entry(doc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+Owner = tuple[str, str]  # (project, user) of a job holding a place in the queue
+
+
 def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
 
@@ -59,23 +62,30 @@ class ViewEntries:
     queue: AsyncCollection  # api_queue
     listing: AsyncCollection  # api_job_list
     list_later_s: float = LIST_LATER_S  # 0: every entry at once
-    queued: QueuedCounts = field(default_factory=QueuedCounts, repr=False)  # the queue view, counted in memory
+    # Places in the queue this process gave since it started, by ("project" | "user", name): they only grow (a job
+    # leaving the queue is not taken off), so a count read from the view plus those given since never counts fewer
+    # than the view holds, whatever another replica took off meanwhile (`QueueCaps`).
+    added: Counter[tuple[str, str]] = field(default_factory=Counter, repr=False)
     left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
     later_entries: LaterWrites = field(init=False, repr=False)  # list entries of passing phases, written later
     later_leaves: LaterWrites = field(init=False, repr=False)  # tombstones of jobs that left the queue, later
 
     def __post_init__(self) -> None:
         self.later_entries = LaterWrites(self.listing, delay_s=self.list_later_s)
-        self.later_leaves = LaterWrites(self.queue, delay_s=self.list_later_s, written=self._tombstones_written)
+        self.later_leaves = LaterWrites(self.queue, delay_s=self.list_later_s)
 
     async def create_indexes(self) -> None:
         await self.queue.create_index([("project_id", 1)])
         await self.queue.create_index([("user_name", 1)])
         await self.listing.create_index([("project_id", 1), ("created_s", -1)])
 
-    def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+    async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         """Jobs of a project or of a user accepted and not yet running, as the queue view holds them."""
-        return self.queued.count(project_id=project_id, user_name=user_name)
+        return await self.queue.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
+
+    def _added(self, owner: Owner) -> None:
+        self.added[("project", owner[0])] += 1
+        self.added[("user", owner[1])] += 1
 
     async def add_new(self, stored: list[dict[str, Any]]) -> None:
         """The entries of jobs just stored: a queue entry and a list entry each, one command per collection."""
@@ -90,10 +100,8 @@ class ViewEntries:
             ],
             ordered=False,
         )
-        now = time.time()
         for doc in stored:
-            self.queued.entries.pop(doc["_id"], None)  # written whatever was there
-            self.queued.put(doc["_id"], _version(doc), (doc["project_id"], doc["user_name"]), now=now)
+            self._added((doc["project_id"], doc["user_name"]))
         await self.listing.bulk_write(
             [UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True) for entry in map(list_entry, stored)],
             ordered=False,
@@ -112,13 +120,11 @@ class ViewEntries:
             if _unversioned(have.pop(d["_id"], None)) != _unversioned(entry):  # entries from before versions stay
                 changed.append(entry)
             if (owner := _owner(d)) is not None:
-                queued.append((d["_id"], _version(d), owner))
+                queued.append({"_id": d["_id"], "project_id": owner[0], "user_name": owner[1], "v": _version(d)})
         if have:  # entries of jobs that are gone
             await self.listing.delete_many({"_id": {"$in": list(have)}})
-        docs = [{"_id": j, "project_id": o[0], "user_name": o[1], "v": v} for j, v, o in queued]
-        for i in range(0, len(docs), 1000):
-            await self.queue.insert_many(docs[i : i + 1000])
-        self.queued.reset(queued)
+        for i in range(0, len(queued), 1000):
+            await self.queue.insert_many(queued[i : i + 1000])
         for entry in changed:
             await self.listing.replace_one({"_id": entry["_id"]}, entry, upsert=True)
         return len(queued)
@@ -128,7 +134,6 @@ class ViewEntries:
         self.later_entries.drop(job_id)
         self.later_leaves.drop(job_id)
         await self.queue.delete_one({"_id": job_id})
-        self.queued.drop(job_id)
         await self.listing.delete_one({"_id": job_id})
 
     async def write(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
@@ -150,7 +155,7 @@ class ViewEntries:
             self.later_leaves.drop(job_id)
             update = {"$set": {"project_id": owner[0], "user_name": owner[1], "v": version}, "$unset": {"gone_s": ""}}
             await _versioned(self.queue, job_id, version, update)
-            self.queued.put(job_id, version, owner, now=time.time())
+            self._added(owner)
             return
         tombstone = {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}}
         if later and self.list_later_s > 0:
@@ -158,7 +163,6 @@ class ViewEntries:
         else:
             self.later_leaves.drop(job_id)
             await _versioned(self.queue, job_id, version, tombstone)
-            self.queued.put(job_id, version, None, now=tombstone["$set"]["gone_s"])
         await self._sweep_queue()
 
     async def list_entry(self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool) -> None:
@@ -175,19 +179,12 @@ class ViewEntries:
         await self.later_entries.write_now()
         await self.later_leaves.write_now()
 
-    def _tombstones_written(self, written: dict[str, tuple[int, dict[str, Any]]]) -> None:
-        """Tombstones that waited, written (each only where the job's entry is there and older)."""
-        for job_id, (version, update) in written.items():
-            self.queued.put(job_id, version, None, now=update["$set"]["gone_s"], upsert=False)
-
     async def _sweep_queue(self) -> None:
         """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
         self.left_queue += 1
         if self.left_queue >= SWEEP_EVERY:
             self.left_queue = 0
-            before = time.time() - TOMBSTONE_S
-            await self.queue.delete_many({"gone_s": {"$lt": before}})
-            self.queued.sweep(before)
+            await self.queue.delete_many({"gone_s": {"$lt": time.time() - TOMBSTONE_S}})
 
 
 def _version(doc: dict[str, Any]) -> int:

@@ -22,6 +22,9 @@ from services.billing.placements import Placements
 from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
 from services.submitter.audit import AuditLog
+from services.submitter.caps import QueueCaps
+from services.submitter.intake import Arrival, Intake
+from services.submitter.refusals import QueueFull
 from services.submitter.repository import Repository
 from tests.conftest import free_port
 from tests.factories import T0, exited, node, placed, started, submitted, unique
@@ -200,27 +203,43 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
     assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
 
 
-async def test_the_caps_count_the_queue_in_memory_never_fewer_than_stored_and_a_restart_rebuilds_it(counted):
+async def test_the_intake_counts_the_queue_once_a_moment_and_never_fewer_than_it_holds(counted):
     repo, commands = counted
+    intake = Intake(repo, QueueCaps(per_project=5, per_user=100))
 
-    async def stored(**owner) -> int:
-        return await repo.queue.count_documents({**owner, "gone_s": {"$exists": False}})
+    async def submit(name: str) -> str:
+        event = submitted(job_id=unique(name))
+        doc = {
+            "_id": event.job_id,
+            "project_id": "p",
+            "name": name,
+            "user_name": "ana",
+            "create_time": event.create_time,
+            "status": {"phase": "Pending"},
+            "status_version": 0,
+        }
+        await intake.store(Arrival(doc, event))
+        return event.job_id
 
-    for n in range(3):
-        await new_job(repo, f"c{n}")
-    commands.sent.clear()
-    assert await repo.queued_count(project_id="p") == 3 == await repo.queued_count(user_name="ana")
-    assert commands.total() == 0  # a count on the database at each submission before
-    await repo.apply_status(status("c0", 2, Phase.RUNNING, SecondaryPhase.RUNNING, previous=Phase.PENDING))
-    assert await repo.queued_count(project_id="p") == 3 == await stored(project_id="p")  # its tombstone waits
+    async def stored() -> int:
+        """What the queue view holds (the test's own count not counted)."""
+        queued = await repo.queued_count(project_id="p")
+        commands.sent["aggregate"] -= 1
+        return queued
+
+    jobs = [await submit(f"q{n}") for n in range(4)]  # one at a time: a group each
+    assert commands.sent["aggregate"] == 2  # the project and the user counted once (twice a group before)
+    for job_id in jobs[:2]:  # two start: the count it remembers still holds them
+        await repo.apply_status(status(job_id, 1, Phase.RUNNING, SecondaryPhase.RUNNING, previous=Phase.PENDING))
     await repo.write_waiting()
-    assert await repo.queued_count(project_id="p") == 2 == await stored(project_id="p")
-    await repo.apply_status(status("c0", 1, Phase.PENDING, SecondaryPhase.QUEUING))  # older: puts nothing back
-    await repo.apply_status(status("c1", 3, Phase.PENDING, SecondaryPhase.QUEUING))  # still queued, newer
-    assert await repo.queued_count(user_name="ana") == 2 == await stored(user_name="ana")
-    again = Repository(db=repo.db, broker=None)  # a restart: counted from the jobs themselves
-    assert await again.queued_count(project_id="p") == 0
-    assert await again.rebuild_views() == 2 and await again.queued_count(user_name="ana") == 2
+    await submit("q4")  # 4 remembered: room for one
+    assert commands.sent["aggregate"] == 2 and await stored() == 3
+    await submit("q5")  # 5 remembered would refuse it: counted again (3), so let in
+    await submit("q6")
+    assert commands.sent["aggregate"] == 3 and await stored() == 5
+    with pytest.raises(QueueFull):  # 5 of 5, as counted again
+        await submit("q7")
+    assert commands.sent["aggregate"] == 4 and await stored() == 5
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
