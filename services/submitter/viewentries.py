@@ -113,10 +113,10 @@ class ViewEntries:
         of a phase that does not end the job waits (`LIST_LATER_S`), unless the job `entered` the queue with it."""
         entry = list_entry(doc)
         job_id = entry.pop("_id")
-        if entry["phase"] in QUEUED_PHASES and (entered or not later):  # a place in the queue, given now
-            later = False
+        given = entry["phase"] in QUEUED_PHASES and (entered or not later)  # a place in the queue, given now
+        await self.list_entry(job_id, entry["v"], {"$set": entry}, later=later and not given, upsert=True)
+        if given:  # once written: a count read meanwhile that missed it is not taken for one that has it
             self._added(doc["project_id"], doc["user_name"])
-        await self.list_entry(job_id, entry["v"], {"$set": entry}, later=later, upsert=True)
 
     async def list_entry(self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool) -> None:
         """The job's list entry for its status `version`; one of a phase that does not end the job waits when
