@@ -1,5 +1,4 @@
-"""Caps on jobs accepted but not yet running, per project and per user: counted on the jobs' list entries in a
-queued phase."""
+"""Caps on jobs accepted but not yet running, per project and per user: counted on the repository's queue view."""
 
 import asyncio
 import math
@@ -18,11 +17,11 @@ def queue_full(*, scope: str, name: str, queued: int, cap: int) -> QueueFull | N
     return None if queued < cap else QueueFull(scope=scope, name=name, queued=queued, cap=cap)
 
 
-# A count of the queued list entries is trusted this long, plus the places this process gave since
-# (`Repository.queued_added`: they only grow, so jobs that left the queue meanwhile are still counted, never fewer
-# than the entries hold); past it, or where it would refuse, they are counted again (jobs that left the queue are
-# then let go). Another API replica's new jobs are not in it: what several replicas may overshoot a cap by is what
-# the others accepted this long, at most. One submitter alone never overshoots: every place it gives is counted.
+# A count of the queue view is trusted this long, plus the places this process gave since (`Repository.queued_added`:
+# they only grow, so jobs that left the queue meanwhile are still counted, never fewer than the view holds); past
+# it, or where it would refuse, the view is counted again (jobs that left the queue are then let go). Another API
+# replica's new jobs are not in it: what several replicas may overshoot a cap by is what the others accepted this
+# long, at most. One submitter alone never overshoots: every place it gives is counted.
 REMEMBER_S = 2.0
 
 Key = tuple[str, str]  # ("project" | "user", name)
@@ -35,7 +34,7 @@ def _asked(key: Key) -> dict[str, str]:
 @dataclass
 class QueueCaps:
     """Caps on jobs accepted but not yet running; the count and the insert are one step (the intake writes one
-    group of new jobs at a time, counted by `admit_group`), the count read from the list entries at most every
+    group of new jobs at a time, counted by `admit_group`), the count read from the queue view at most every
     `REMEMBER_S` per project and user while it leaves room (a burst's every group counted it twice before)."""
 
     per_project: int
@@ -63,7 +62,7 @@ class QueueCaps:
 
     async def admit_group(self, repo, owners: list[tuple[str, str]]) -> list[QueueFull | None]:
         """For new jobs of (project, user), in arrival order: None for one that may be queued, else its refusal;
-        each one admitted counts against those after it. A project or user is counted on the list entries unless
+        each one admitted counts against those after it. A project or user is counted on the queue view unless
         its remembered count leaves room for all of the group's jobs."""
         asked = Counter([("project", p) for p, _ in owners] + [("user", u) for _, u in owners])
         now = self.clock()

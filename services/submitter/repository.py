@@ -1,4 +1,4 @@
-"""The submitter's collections: jobs as the API shows them, their list view (`viewentries`), the placements their output
+"""The submitter's collections: jobs as the API shows them, their views (queue, list), the placements their output
 is checked against; their output (`logstore`) and notifications (`notificationstore`) through stores of their own.
 The one door to them: no other module of the submitter names a collection."""
 
@@ -66,8 +66,13 @@ class Repository:
 
     @cached_property
     def views(self) -> ViewEntries:
-        """The jobs' list entries (what a page counts and sorts, and the queue caps count)."""
-        return ViewEntries(self.db.api_job_list, list_later_s=self.list_later_s)
+        """The jobs' queue and list entries."""
+        return ViewEntries(self.db.api_queue, self.db.api_job_list, list_later_s=self.list_later_s)
+
+    @property
+    def queue(self):
+        """The queue view (`ViewEntries`)."""
+        return self.views.queue
 
     @property
     def listing(self):
@@ -77,6 +82,10 @@ class Repository:
     @property
     def later_entries(self) -> LaterWrites:
         return self.views.later_entries
+
+    @property
+    def later_leaves(self) -> LaterWrites:
+        return self.views.later_leaves
 
     async def create_indexes(self) -> None:
         await self.jobs.create_index([("project_id", 1), ("name", 1)], unique=True)
@@ -96,7 +105,7 @@ class Repository:
         return stored
 
     async def insert_many(self, new: list[tuple[dict[str, Any], Message]]) -> list[list[dict[str, Any]] | NameTaken]:
-        """`insert` of many jobs in two commands (the jobs, their list entries): per job its
+        """`insert` of many jobs in three commands (the jobs, their queue entries, their list entries): per job its
         pending outbox entries, or NameTaken where the unique (project_id, name) index or the id refused it."""
         pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
         stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
@@ -108,7 +117,7 @@ class Repository:
         ]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
-        """Jobs of a project or of a user accepted and not yet running (counted on the list view)."""
+        """Jobs of a project or of a user accepted and not yet running (counted on the queue view)."""
         return await self.views.queued_count(project_id=project_id, user_name=user_name)
 
     def queued_added(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
@@ -117,15 +126,17 @@ class Repository:
 
     async def rebuild_views(self) -> int:
         """At start: the views from the jobs themselves (`ViewEntries.rebuild`); how many jobs are queued."""
-        return await self.views.rebuild(self.jobs, legacy_queue=self.db.api_queue)
+        return await self.views.rebuild(self.jobs)
 
     async def sync_views(self, job_id: str) -> None:
-        """Bring the job's list entry in line with its stored phase (a redelivered or older status:
+        """Bring the job's queue entry and list entry in line with its stored phase (a redelivered or older status:
         a crash may have come between the job's write and theirs). Entries are versioned: a write for an older
         status than the entry's is refused, so concurrent writers end at the latest version's views."""
         doc = await self.jobs.find_one({"_id": job_id}, VIEW_FIELDS)
-        if doc is not None:
-            await self.views.write(doc)
+        if doc is None:
+            await self.queue.delete_one({"_id": job_id})
+        else:
+            await self.views.write(doc, queue=True)
 
     async def write_waiting(self) -> None:
         """The entries that wait, written now."""
@@ -201,8 +212,8 @@ class Repository:
     async def apply_status(self, event: JobStatusChanged) -> None:
         """Newer versions only: a redelivered or out-of-order event changes nothing but brings the views in line
         again (a crash may have come between the job's write and theirs). The views follow the phase alone, so a
-        status that keeps it costs one command; one that changes it writes the job's list entry, refused where a
-        newer status already wrote it."""
+        status that keeps it costs one command; one that changes it writes only the entries it moves (the queue
+        entry only when the job enters or leaves the queue), each refused where a newer status already wrote it."""
         if event.phase.is_finished():  # for good, whichever of its statuses this process writes
             self.finished_here.put(event.job_id, True)
         if moved_from(event) is not None:
@@ -221,7 +232,7 @@ class Repository:
         if phase == was:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
-        await self.views.write(after, entered=phase in QUEUED_PHASES and was not in QUEUED_PHASES, later=True)
+        await self.views.write(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
 
     async def _apply_moved(self, event: JobStatusChanged) -> None:
         """A status that says its job's phase before it (the monitor's every status does: `previous_phase` at
@@ -234,6 +245,8 @@ class Repository:
         phase, was = event.phase.value, moved_from(event)
         if phase == was:
             return
+        if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
+            await self.views.queue_entry(event.job_id, event.version, owner=None, later=True)
         entry = {"$set": {"phase": phase, "v": event.version}}
         await self.views.list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 

@@ -69,6 +69,7 @@ async def counted(database):
     repo = Repository(db=db, broker=None)
     yield repo, commands
     repo.later_entries.waiting.clear()  # what a test left waiting is not written after the client closed
+    repo.later_leaves.waiting.clear()
     await client.close()
 
 
@@ -111,12 +112,12 @@ async def new_job(repo: Repository, job_id: str) -> None:
 
 
 async def views(repo: Repository, job_id: str) -> tuple[bool, str]:
-    """Whether the job holds a place in the queue as its list entry says (what the caps count), and its phase."""
-    phase = (await repo.listing.find_one({"_id": job_id}))["phase"]
-    return phase in ("Creating", "Pending"), phase
+    """Whether the job holds a place in the queue (a tombstone holds none), and its list entry's phase."""
+    entry = await repo.queue.find_one({"_id": job_id}) or {}
+    return "project_id" in entry, (await repo.listing.find_one({"_id": job_id}))["phase"]
 
 
-async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_six(counted):
+async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_seven(counted):
     repo, commands = counted
     await new_job(repo, "j")
     commands.sent.clear()
@@ -124,14 +125,14 @@ async def test_a_status_that_keeps_the_phase_costs_one_command_and_a_whole_life_
     assert commands.total() == 1
     for version, (phase, secondary) in enumerate(LIFE[1:], start=2):
         await repo.apply_status(status("j", version, phase, secondary))
-    # Each is one write, then: Creating, a list entry that waits; Running, a list entry that waits, replacing
-    # Creating's (what the caps count: there is no queue view of its own, whose tombstone was a seventh command);
-    # Running again, nothing; Completed, its list entry at once, which drops the waiting one (versioned entries
-    # need no re-read; it was 5 commands a status: a write, two reads, two entries, then 1 + 3 + 4 + 1 + 3 with one
-    # re-read a phase, then 1 + 2 + 3 + 1 + 2 with every entry at once).
+    # Each is one write, then: Creating, a list entry that waits; Running, a queue tombstone that waits (the list
+    # entry waits too, replacing Creating's); Running again, nothing; Completed, its list entry at once, which
+    # drops the waiting one (versioned entries need no re-read; it was 5 commands a status: a write, two reads,
+    # two entries, then 1 + 3 + 4 + 1 + 3 with one re-read a phase, then 1 + 2 + 3 + 1 + 2 with every entry at
+    # once).
     assert commands.total() == 1 + 1 + 1 + 1 + 2, dict(commands.sent)
     await repo.write_waiting()
-    assert commands.total() == 6  # nothing waited
+    assert commands.total() == 7  # the tombstone (with any other job's that waited)
     assert await views(repo, "j") == (False, "Completed")
 
 
@@ -182,9 +183,24 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
     await repo.write_waiting()  # version 3's list entry, which waited
-    await repo.views.write(stale)  # what version 2 (back to the queue) writes after version 3's
+    await repo.views.write(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
+
+
+async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted, monkeypatch):
+    repo, _ = counted
+    for n in range(3):
+        await new_job(repo, f"t{n}")
+        await repo.apply_status(status(f"t{n}", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    await repo.write_waiting()
+    assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
+    assert await repo.queued_count(project_id="p") == 0
+    monkeypatch.setattr("services.submitter.viewentries.SWEEP_EVERY", 1)
+    monkeypatch.setattr("services.submitter.viewentries.TOMBSTONE_S", -1.0)
+    await new_job(repo, "t3")
+    await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
+    assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
 
 
 async def test_the_intake_counts_the_queue_once_a_moment_and_never_fewer_than_it_holds(counted):
@@ -330,7 +346,7 @@ async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_e
     """A short job's Pending and Running entries wait and are replaced; one whose phase lasts is written a moment
     later, all jobs' in one command; the phase that ends a job is written at once (a page shows it right away)."""
     repo, commands = counted
-    repo.later_entries.delay_s = 0.05
+    repo.later_entries.delay_s = repo.later_leaves.delay_s = 0.05
     for job_id in ("short", "long-1", "long-2"):
         await new_job(repo, job_id)
     commands.sent.clear()
@@ -342,9 +358,9 @@ async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_e
     assert (await views(repo, "long-1"))[1] == "Pending"  # its Running entry waits
     sent = commands.total()
     await asyncio.sleep(0.2)
-    assert commands.total() == sent + 1, dict(commands.sent)  # the waiting list entries in one write
+    assert commands.total() == sent + 2, dict(commands.sent)  # the waiting list entries in one write, tombstones
     assert await views(repo, "long-1") == (False, "Running") and await views(repo, "long-2") == (False, "Running")
-    assert commands.sent["update"] == 1 + 1  # short's Completed entry; the waiting list entries
+    assert commands.sent["update"] == 1 + 1 + 1  # short's Completed entry; the waiting list entries; 3 tombstones
 
 
 async def test_a_waiting_list_entry_of_a_deleted_job_does_not_make_it_again(counted):
@@ -389,7 +405,7 @@ def said(job_id: str, version: int) -> JobStatusChanged:
 
 
 async def created(repo: Repository, job_id: str) -> None:
-    """A job as the intake stores it: Creating, with its list entry."""
+    """A job as the intake stores it: Creating, with its queue and list entries."""
     doc = {
         "_id": job_id,
         "name": job_id,
@@ -409,48 +425,13 @@ async def test_a_status_that_says_the_phase_before_it_is_written_without_reading
     commands.sent.clear()
     for version in range(1, 5):
         await repo.apply_status(said("s", version))
-    # One update a status; Completed's list entry (Pending's and Running's waited and were dropped by it). No
-    # findAndModify, no read, no queue tombstone (the caps count list entries).
+    # One update a status; Completed's list entry (Pending's and Running's waited and were dropped by it);
+    # Running's queue tombstone waits. No findAndModify, no read.
     assert dict(commands.sent) == {"update": 4 + 1}
     await repo.write_waiting()
-    assert commands.total() == 5 and await views(repo, "s") == (False, "Completed")
+    assert commands.total() == 6 and await views(repo, "s") == (False, "Completed")
     job = await repo.jobs.find_one({"_id": "s"})
     assert (job["status_version"], job["status"]["phase"]) == (4, "Completed")
-
-
-async def test_the_caps_count_list_entries_one_back_in_the_queue_at_once_and_a_new_job_is_two_writes(counted):
-    repo, commands = counted
-    event = submitted(job_id=unique("i"))
-    doc = {
-        "_id": event.job_id,
-        "name": "i",
-        "project_id": "p",
-        "user_name": "ana",
-        "status_version": 0,
-        "status": {"phase": "Creating", "secondary_phase": "Creating"},
-        "create_time": event.create_time,
-    }
-    commands.sent.clear()
-    await repo.insert_many([(doc, event)])
-    assert dict(commands.sent) == {"insert": 1, "update": 1}  # the job, its list entry (a queue entry was a third)
-    for version in (1, 2, 3):  # Pending, Pending (scheduled), Running
-        await repo.apply_status(said(event.job_id, version))
-    assert await repo.queued_count(project_id="p") == 1  # its Running entry waits: counted a moment longer
-    await repo.write_waiting()
-    assert await repo.queued_count(project_id="p") == 0 == await repo.queued_count(user_name="ana")
-    await repo.apply_status(status(event.job_id, 4, Phase.PENDING, SecondaryPhase.QUEUING, previous=Phase.RUNNING))
-    assert await repo.queued_count(user_name="ana") == 1  # back in the queue: counted at once, nothing waits
-    assert not repo.later_entries.waiting
-
-
-async def test_a_restart_rewrites_list_entries_that_do_not_name_their_user_and_empties_the_old_queue_view(counted):
-    repo, _ = counted
-    await created(repo, "old")
-    await repo.listing.update_one({"_id": "old"}, {"$unset": {"user_name": ""}})  # as an earlier version wrote it
-    await repo.db.api_queue.insert_one({"_id": "old", "project_id": "p", "user_name": "ana", "v": 0})
-    again = Repository(db=repo.db, broker=None)
-    assert await again.rebuild_views() == 1
-    assert await again.queued_count(user_name="ana") == 1 and await repo.db.api_queue.count_documents({}) == 0
 
 
 async def test_statuses_that_say_the_phase_before_them_end_at_the_latest_whatever_order(counted):
