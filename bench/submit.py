@@ -31,7 +31,7 @@ from shared.settings import database_name
 from shared.store import COUNTS_DIR
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
-from services.submitter.repository import list_entry
+from services.submitter.viewentries import list_entry
 from services.submitter.views import new_job, status_fields
 
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires

@@ -1,6 +1,7 @@
 """Job events that need a person: kept per project and delivered to its webhook, retried with backoff."""
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ MAX_ATTEMPTS = 8
 CLAIM_S = 60.0  # longer than one delivery may take (its timeouts)
 BACKOFF_S = 1.0  # doubles each failed try, capped below
 MAX_BACKOFF_S = 300.0
+IDLE_S = 5.0  # due notifications are looked for at least this often (another replica's, claims run out)
 
 
 class NotificationSettings(BaseModel):
@@ -32,14 +34,19 @@ def backoff(attempts: int) -> float:
     return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (attempts - 1))
 
 
-async def deliver_forever(store: NotificationStore, *, policy: Policy, interval_s: float = 0.5) -> None:
-    """Deliver due notifications; slow or failing webhooks never hold up the bus."""
+async def deliver_forever(store: NotificationStore, *, policy: Policy, idle_s: float = IDLE_S) -> None:
+    """Deliver due notifications; slow or failing webhooks never hold up the bus. Looked for as soon as this process
+    keeps one, when a retry comes due, and every `idle_s` (those another replica kept and did not deliver, claims
+    that ran out): a poll every half second was two reads a second whether anything came or not."""
     async with guarded_client(policy) as client:
         while True:
+            store.recorded.clear()  # before the read: one kept meanwhile wakes the next wait at once
             now = time.time()
             mine = [doc for doc in await store.due(now) if await claim(store, doc, now=now)]
-            await asyncio.gather(*(deliver(store, client, doc) for doc in mine))
-            await asyncio.sleep(interval_s)
+            retries = await asyncio.gather(*(deliver(store, client, doc) for doc in mine))
+            wait = min([idle_s] + [at - time.time() for at in retries if at is not None])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(store.recorded.wait(), timeout=max(wait, 0.0))
 
 
 async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) -> bool:
@@ -48,26 +55,28 @@ async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) ->
     return await store.claim(doc, until=now + CLAIM_S)
 
 
-async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict[str, Any]) -> None:
+async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict[str, Any]) -> float | None:
+    """Try one notification; when its next try is (Unix seconds), None when there is none."""
     url = await store.webhook_url(doc["project_id"])
     if not url:
         await store.tried(doc["_id"], {"state": "kept"})
-        return
+        return None
     payload = {k: doc[k] for k in ("project_id", "job_id", "user_name", "kind", "message")}
     payload["id"] = doc["_id"]
     attempts = doc["attempts"] + 1
     error = await post(client, url, payload)
+    next_try = time.time() + backoff(attempts) if error and attempts < MAX_ATTEMPTS else None
     if not error:
-        update = {"state": "delivered", "attempts": attempts, "error": ""}
+        update: dict[str, Any] = {"state": "delivered", "attempts": attempts, "error": ""}
     else:
-        failed = attempts >= MAX_ATTEMPTS
         update = {
-            "state": "failed" if failed else "pending",
+            "state": "failed" if next_try is None else "pending",
             "attempts": attempts,
             "error": error,
-            "next_try": time.time() + backoff(attempts),
+            "next_try": next_try if next_try is not None else time.time() + backoff(attempts),
         }
     await store.tried(doc["_id"], update)
+    return next_try
 
 
 async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:

@@ -1,7 +1,8 @@
 """api_notifications and api_projects: notifications kept for delivery, and where each project's go. The only door
 to those collections (`notifications` delivers through it)."""
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from pymongo import DESCENDING
@@ -15,6 +16,7 @@ from shared.events import Notification
 class NotificationStore:
     notifications: AsyncCollection  # api_notifications: one document per notification, with its delivery state
     projects: AsyncCollection  # api_projects: each project's settings (its webhook URL)
+    recorded: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set by each one this process keeps
 
     async def record(self, event: Notification) -> None:
         """Keep a notification once (a redelivered event adds nothing) for the delivery loop."""
@@ -35,7 +37,8 @@ class NotificationStore:
                 }
             )
         except DuplicateKeyError:
-            pass
+            return
+        self.recorded.set()
 
     async def due(self, now: float) -> list[dict[str, Any]]:
         """Notifications waiting for delivery whose next try has come."""

@@ -3,14 +3,12 @@ is checked against; their output (`logstore`) and notifications (`notificationst
 The one door to them: no other module of the submitter names a collection."""
 
 import asyncio
-import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import cached_property
 from typing import Any
 
 from faststream.nats import NatsBroker
-from pymongo import DESCENDING, ReturnDocument, UpdateOne
+from pymongo import DESCENDING, ReturnDocument
 from pymongo.asynchronous.database import AsyncDatabase
 
 from shared.events import EtaEstimated, JobStatusChanged, Message
@@ -20,45 +18,15 @@ from shared.lru import Lru
 from shared.origin import Origins
 from shared.store import DocumentStore
 from services.submitter.caps import QUEUED_PHASES
-from services.submitter.later import LaterWrites, older_than
+from services.submitter.later import LaterWrites
 from services.submitter.logstore import LOG_CAP_BYTES, LogStore
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken
+from services.submitter.viewentries import LIST_LATER_S, VIEW_FIELDS, ViewEntries
 from services.submitter.views import status_fields
 
-# A job that left the queue keeps a versioned tombstone there this long (no project: the caps do not count it), so
-# an older status handled at the same moment cannot put it back; statuses of one job race only while handled side
-# by side (one fetched batch, a redelivery after ACK_WAIT_S), seconds apart at most.
-TOMBSTONE_S = 120.0
-SWEEP_EVERY = 100  # tombstones older than TOMBSTONE_S are deleted once every this many jobs leaving the queue
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
 FINISHED_REMEMBERED = 100_000  # jobs seen finishing here (never to run again): their late estimates are not written
-# A list entry of a phase that does not end the job is written this much later, replaced by the job's next phase
-# if that comes first (a short job's Pending and Running): a page filtered by phase may see a job's previous phase
-# this long; a phase that ends the job is written at once (a page read right after the job ends shows it).
-LIST_LATER_S = 0.5
-
-
-VIEW_FIELDS = {"status": 1, "status_version": 1, "project_id": 1, "user_name": 1, "create_time": 1}  # whole
-# top-level fields: nx-27017 flattens dotted ones
-
-
-def list_entry(doc: dict[str, Any]) -> dict[str, Any]:
-    """A job's list entry: its creation time as Unix seconds (a datetime set by `$set` is a string on the embedded
-    server, and seconds sort the same everywhere)."""
-    created = doc["create_time"]
-    created = datetime.fromisoformat(created) if isinstance(created, str) else created
-    return {
-        "_id": doc["_id"],
-        "project_id": doc["project_id"],
-        "created_s": created.timestamp(),
-        "phase": doc.get("status", {}).get("phase"),
-        "v": doc.get("status_version", 0),
-    }
-
-
-def _unversioned(entry: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if entry is None else {k: v for k, v in entry.items() if k != "v"}
 
 
 def moved_from(event: JobStatusChanged) -> str | None:
@@ -80,7 +48,6 @@ class Repository:
     origins: Origins | None = None  # the placements output is checked against (the bus handlers need it)
     list_later_s: float = LIST_LATER_S  # 0: every list entry at once
     finished_here: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
-    left_queue: int = field(default=0, repr=False)  # jobs that left the queue since the last sweep
     output: LogStore = field(init=False, repr=False)  # the jobs' stored output
     notifications: NotificationStore = field(init=False, repr=False)  # notifications and the projects' webhooks
 
@@ -97,36 +64,34 @@ class Repository:
         """Jobs as every service stores its state: with their outgoing events, by revision."""
         return DocumentStore(self.jobs, self.broker)
 
+    @cached_property
+    def views(self) -> ViewEntries:
+        """The jobs' queue and list entries."""
+        return ViewEntries(self.db.api_queue, self.db.api_job_list, list_later_s=self.list_later_s)
+
     @property
     def queue(self):
-        """One small document per job accepted and not yet running: what the queue caps count. A count over
-        every job ever stored is a scan of the whole history on the embedded server, at each submission."""
-        return self.db.api_queue
-
-    @cached_property
-    def later_entries(self) -> LaterWrites:
-        """List entries of phases a job passes through, written a moment later (`LIST_LATER_S`)."""
-        return LaterWrites(self.listing, delay_s=self.list_later_s)
-
-    @cached_property
-    def later_leaves(self) -> LaterWrites:
-        """Queue entries of jobs that left the queue, written a moment later (`LIST_LATER_S`)."""
-        return LaterWrites(self.queue, delay_s=self.list_later_s)
+        """The queue view (`ViewEntries`)."""
+        return self.views.queue
 
     @property
     def listing(self):
-        """One small document per job (project, creation second, phase): what a page of a job list counts and
-        sorts, before the page's own jobs are read by id. Sorting the jobs themselves reads every stored job on the
-        embedded server at each page (1.5 s a page with 3,000 stored)."""
-        return self.db.api_job_list
+        """The list view (`ViewEntries`)."""
+        return self.views.listing
+
+    @property
+    def later_entries(self) -> LaterWrites:
+        return self.views.later_entries
+
+    @property
+    def later_leaves(self) -> LaterWrites:
+        return self.views.later_leaves
 
     async def create_indexes(self) -> None:
         await self.jobs.create_index([("project_id", 1), ("name", 1)], unique=True)
         await self.jobs.create_index([("project_id", 1), ("create_time", -1)])
         await self.jobs.create_index([("user_name", 1)])
-        await self.queue.create_index([("project_id", 1)])
-        await self.queue.create_index([("user_name", 1)])
-        await self.listing.create_index([("project_id", 1), ("created_s", -1)])
+        await self.views.create_indexes()
         await self.output.create_indexes()
         await self.db.api_tokens.create_index("user_name")
         if self.origins is not None:
@@ -145,67 +110,23 @@ class Repository:
         pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
         stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
         if stored:
-            await self.queue.bulk_write(
-                [
-                    UpdateOne(
-                        {"_id": doc["_id"]},
-                        {
-                            "$set": {
-                                "project_id": doc["project_id"],
-                                "user_name": doc["user_name"],
-                                "v": doc.get("status_version", 0),
-                            }
-                        },
-                        upsert=True,
-                    )
-                    for doc in stored
-                ],
-                ordered=False,
-            )
-            await self.listing.bulk_write(
-                [
-                    UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True)
-                    for entry in map(list_entry, stored)
-                ],
-                ordered=False,
-            )
+            await self.views.add_new(stored)
         return [
             NameTaken(doc["name"], project_id=doc["project_id"]) if entries is None else entries
             for (doc, _), entries in zip(new, pending)
         ]
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
-        """Jobs of a project or of a user accepted and not yet running."""
-        return await self.queue.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
+        """Jobs of a project or of a user accepted and not yet running (counted on the queue view)."""
+        return await self.views.queued_count(project_id=project_id, user_name=user_name)
+
+    def queued_added(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        """Places in the queue this process gave a project's or a user's jobs since it started (only grows)."""
+        return self.views.added[("project", project_id) if project_id else ("user", user_name or "")]
 
     async def rebuild_views(self) -> int:
-        """At start, before anything is submitted or projected: the queue from the jobs themselves, and the list
-        entries that differ from them written (in step, that is none: a restart rewrites nothing of the history),
-        in one read of the jobs (they are kept exact while the process runs; one that died between a job's write
-        and its entries is mended here). Returns how many jobs are queued."""
-        await self.queue.delete_many({})
-        have = {d["_id"]: d async for d in self.listing.find({})}
-        queued, changed = [], []
-        async for d in self.jobs.find({}, VIEW_FIELDS):
-            entry = list_entry(d)
-            if _unversioned(have.pop(d["_id"], None)) != _unversioned(entry):  # entries from before versions stay
-                changed.append(entry)
-            if d.get("status", {}).get("phase") in QUEUED_PHASES:
-                queued.append(
-                    {
-                        "_id": d["_id"],
-                        "project_id": d["project_id"],
-                        "user_name": d["user_name"],
-                        "v": d.get("status_version", 0),
-                    }
-                )
-        if have:  # entries of jobs that are gone
-            await self.listing.delete_many({"_id": {"$in": list(have)}})
-        for i in range(0, len(queued), 1000):
-            await self.queue.insert_many(queued[i : i + 1000])
-        for entry in changed:
-            await self.listing.replace_one({"_id": entry["_id"]}, entry, upsert=True)
-        return len(queued)
+        """At start: the views from the jobs themselves (`ViewEntries.rebuild`); how many jobs are queued."""
+        return await self.views.rebuild(self.jobs)
 
     async def sync_views(self, job_id: str) -> None:
         """Bring the job's queue entry and list entry in line with its stored phase (a redelivered or older status:
@@ -215,68 +136,11 @@ class Repository:
         if doc is None:
             await self.queue.delete_one({"_id": job_id})
         else:
-            await self._write_views(doc, queue=True)
-
-    async def _write_views(self, doc: dict[str, Any], *, queue: bool, later: bool = False) -> None:
-        """The job's list entry, and (`queue`) its queue entry, as its stored phase at its version says; `later`:
-        a list entry of a phase that does not end the job, and a queue entry that leaves the queue, wait
-        (`LIST_LATER_S`)."""
-        version = doc.get("status_version", 0)
-        if queue:
-            queued = doc.get("status", {}).get("phase") in QUEUED_PHASES
-            owner = (doc["project_id"], doc["user_name"]) if queued else None
-            await self._queue_entry(doc["_id"], version, owner=owner, later=later)
-        entry = list_entry(doc)
-        job_id = entry.pop("_id")
-        await self._list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)
-
-    async def _queue_entry(
-        self, job_id: str, version: int, *, owner: tuple[str, str] | None, later: bool = False
-    ) -> None:
-        """The job's place in the queue for its status `version`: held by its (project, user), or (None) a
-        tombstone that holds none; `later`: the tombstone waits (`LaterWrites`) like a passing phase's list entry,
-        so the caps count a job that just left the queue a moment longer (never one that just entered it)."""
-        if owner is not None:
-            self.later_leaves.drop(job_id)
-            update = {"$set": {"project_id": owner[0], "user_name": owner[1], "v": version}, "$unset": {"gone_s": ""}}
-            await self._versioned(self.queue, job_id, version, update)
-            return
-        tombstone = {"$set": {"v": version, "gone_s": time.time()}, "$unset": {"project_id": "", "user_name": ""}}
-        if later and self.list_later_s > 0:
-            self.later_leaves.add(job_id, version, tombstone)
-        else:
-            self.later_leaves.drop(job_id)
-            await self._versioned(self.queue, job_id, version, tombstone)
-        await self._sweep_queue()
+            await self.views.write(doc, queue=True)
 
     async def write_waiting(self) -> None:
         """The entries that wait, written now."""
-        await self.later_entries.write_now()
-        await self.later_leaves.write_now()
-
-    async def _list_entry(
-        self, job_id: str, version: int, update: dict[str, Any], *, later: bool, upsert: bool
-    ) -> None:
-        """The job's list entry for its status `version`; one of a phase that does not end the job waits when
-        `later` (`LaterWrites`: it updates the entry the job's insert made, never makes one)."""
-        if later and self.list_later_s > 0 and update["$set"]["phase"] not in FINISHED:
-            self.later_entries.add(job_id, version, update)
-            return
-        self.later_entries.drop(job_id)
-        await self._versioned(self.listing, job_id, version, update, upsert=upsert)
-
-    @staticmethod
-    async def _versioned(collection, job_id: str, version: int, update: dict[str, Any], *, upsert: bool = True) -> None:
-        """One view entry written for the job's status `version`, unless one for a newer status is there (its word
-        stands); with other jobs' entries written at the same moment (`shared.grouped`)."""
-        await update_grouped(collection, [({"_id": job_id, **older_than(version)}, update)], upsert=upsert)
-
-    async def _sweep_queue(self) -> None:
-        """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""
-        self.left_queue += 1
-        if self.left_queue >= SWEEP_EVERY:
-            self.left_queue = 0
-            await self.queue.delete_many({"gone_s": {"$lt": time.time() - TOMBSTONE_S}})
+        await self.views.write_waiting()
 
     async def publish(self, job_id: str, entries: list[dict[str, Any]]) -> None:
         await self.store.flush(job_id, entries)
@@ -339,10 +203,7 @@ class Repository:
     async def delete(self, job_id: str, *, finished: list[str]) -> bool:
         result = await self.jobs.delete_one({"_id": job_id, "status.phase": {"$in": finished}})
         if result.deleted_count:
-            self.later_entries.drop(job_id)
-            self.later_leaves.drop(job_id)
-            await self.queue.delete_one({"_id": job_id})
-            await self.listing.delete_one({"_id": job_id})
+            await self.views.gone(job_id)
             await self.output.forget(job_id)
             if self.origins is not None:
                 await self.origins.forget(job_id)
@@ -371,7 +232,7 @@ class Repository:
         if phase == was:
             return
         after = {**before, "status": {**before.get("status", {}), "phase": phase}, "status_version": event.version}
-        await self._write_views(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
+        await self.views.write(after, queue=(phase in QUEUED_PHASES) != (was in QUEUED_PHASES), later=True)
 
     async def _apply_moved(self, event: JobStatusChanged) -> None:
         """A status that says its job's phase before it (the monitor's every status does: `previous_phase` at
@@ -385,9 +246,9 @@ class Repository:
         if phase == was:
             return
         if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
-            await self._queue_entry(event.job_id, event.version, owner=None, later=True)
+            await self.views.queue_entry(event.job_id, event.version, owner=None, later=True)
         entry = {"$set": {"phase": phase, "v": event.version}}
-        await self._list_entry(event.job_id, event.version, entry, later=True, upsert=False)
+        await self.views.list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         """Show the job's latest estimate (None: none) while it has not finished. An estimate of a job this process

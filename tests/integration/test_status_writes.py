@@ -22,6 +22,9 @@ from services.billing.placements import Placements
 from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
 from services.submitter.audit import AuditLog
+from services.submitter.caps import QueueCaps
+from services.submitter.intake import Arrival, Intake
+from services.submitter.refusals import QueueFull
 from services.submitter.repository import Repository
 from tests.conftest import free_port
 from tests.factories import T0, exited, node, placed, started, submitted, unique
@@ -180,7 +183,7 @@ async def test_an_older_status_whose_views_land_last_does_not_overwrite_the_newe
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
     await repo.write_waiting()  # version 3's list entry, which waited
-    await repo._write_views(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
+    await repo.views.write(stale, queue=True)  # what version 2 (back to the queue) writes after version 3's
     assert await views(repo, "race") == (False, "Running")
     assert await repo.queued_count(project_id="p") == 0 and await repo.queued_count(user_name="ana") == 0
 
@@ -193,11 +196,50 @@ async def test_tombstones_of_jobs_that_left_the_queue_long_ago_are_swept(counted
     await repo.write_waiting()
     assert await repo.queue.count_documents({}) == 3  # tombstones, none counted
     assert await repo.queued_count(project_id="p") == 0
-    monkeypatch.setattr("services.submitter.repository.SWEEP_EVERY", 1)
-    monkeypatch.setattr("services.submitter.repository.TOMBSTONE_S", -1.0)
+    monkeypatch.setattr("services.submitter.viewentries.SWEEP_EVERY", 1)
+    monkeypatch.setattr("services.submitter.viewentries.TOMBSTONE_S", -1.0)
     await new_job(repo, "t3")
     await repo.apply_status(status("t3", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     assert [d["_id"] async for d in repo.queue.find({})] == ["t3"]  # the others swept; its own tombstone waits
+
+
+async def test_the_intake_counts_the_queue_once_a_moment_and_never_fewer_than_it_holds(counted):
+    repo, commands = counted
+    intake = Intake(repo, QueueCaps(per_project=5, per_user=100))
+
+    async def submit(name: str) -> str:
+        event = submitted(job_id=unique(name))
+        doc = {
+            "_id": event.job_id,
+            "project_id": "p",
+            "name": name,
+            "user_name": "ana",
+            "create_time": event.create_time,
+            "status": {"phase": "Pending"},
+            "status_version": 0,
+        }
+        await intake.store(Arrival(doc, event))
+        return event.job_id
+
+    async def stored() -> int:
+        """What the queue view holds (the test's own count not counted)."""
+        queued = await repo.queued_count(project_id="p")
+        commands.sent["aggregate"] -= 1
+        return queued
+
+    jobs = [await submit(f"q{n}") for n in range(4)]  # one at a time: a group each
+    assert commands.sent["aggregate"] == 2  # the project and the user counted once (twice a group before)
+    for job_id in jobs[:2]:  # two start: the count it remembers still holds them
+        await repo.apply_status(status(job_id, 1, Phase.RUNNING, SecondaryPhase.RUNNING, previous=Phase.PENDING))
+    await repo.write_waiting()
+    await submit("q4")  # 4 remembered: room for one
+    assert commands.sent["aggregate"] == 2 and await stored() == 3
+    await submit("q5")  # 5 remembered would refuse it: counted again (3), so let in
+    await submit("q6")
+    assert commands.sent["aggregate"] == 3 and await stored() == 5
+    with pytest.raises(QueueFull):  # 5 of 5, as counted again
+        await submit("q7")
+    assert commands.sent["aggregate"] == 4 and await stored() == 5
 
 
 def chunk(seq: int, *, last: bool = False) -> LogChunk:
@@ -213,7 +255,7 @@ def chunk(seq: int, *, last: bool = False) -> LogChunk:
     )
 
 
-async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_or_none(counted):
+async def test_whether_a_tasks_output_is_all_stored_is_answered_from_memory_or_one_read(counted):
     repo, commands = counted
     await repo.output.add(chunk(0))
     await repo.output.add(chunk(2, last=True))
@@ -222,19 +264,22 @@ async def test_whether_a_tasks_output_is_all_stored_is_one_read_of_its_counters_
     await repo.output.add(chunk(1))  # a redelivery is refused and not counted twice
     commands.sent.clear()
     assert await repo.output.complete("j", attempt=1, rank=0)
-    assert commands.total() == 0  # the counters as this process wrote them say so
-    other = Repository(db=repo.db, broker=None)  # another replica (or after a restart): one read
+    assert commands.total() == 0  # the chunks as this process stored them say so
+    other = Repository(db=repo.db, broker=None)  # another replica (or after a restart): one read of the chunks
     assert await other.output.complete("j", attempt=1, rank=0)
     assert commands.total() == 1
     assert not await repo.output.complete("j", attempt=2, rank=0)  # another attempt's output: none stored
 
 
-async def test_a_chunk_stored_without_its_count_is_still_found_by_counting_the_chunks(counted):
+async def test_a_task_whose_chunks_skip_a_number_is_not_complete_whatever_their_count(counted):
     repo, _ = counted
     await repo.output.add(chunk(0))
-    await repo.output.add(chunk(1, last=True))
-    await repo.output.sizes.update_one({"_id": "j"}, {"$inc": {"chunks_1_0": -1}})  # a crash before the count
-    assert await repo.output.complete("j", attempt=1, rank=0)
+    await repo.output.add(chunk(5))  # past the last: a count of chunks would say "all"
+    await repo.output.add(chunk(2, last=True))
+    other = Repository(db=repo.db, broker=None)
+    assert not await other.output.complete("j", attempt=1, rank=0)
+    await other.output.add(chunk(1))
+    assert await Repository(db=repo.db, broker=None).output.complete("j", attempt=1, rank=0)
 
 
 async def test_billing_keeps_the_newest_status_of_a_job_in_one_command_each(counted):
@@ -562,11 +607,12 @@ async def test_conditional_replacements_made_together_go_in_one_write_each_told_
     }
 
 
-async def test_chunks_of_output_stored_together_share_one_insert_and_a_redelivery_counts_once(counted):
+async def test_chunks_of_output_stored_together_share_one_insert_and_write_nothing_else(counted):
     repo, commands = counted
     chunks = [chunk(0).model_copy(update={"job_id": f"out-{n}", "event_id": f"out-{n}:1:0:0"}) for n in range(10)]
     commands.sent.clear()
     await asyncio.gather(*(repo.output.add(c) for c in chunks + chunks[:3]))  # three of them delivered twice
     assert commands.sent["insert"] <= 3, dict(commands.sent)  # one alone, the rest in groups
-    assert commands.sent["findAndModify"] == 10  # each stored chunk counted once
-    assert [(await repo.output.sizes.find_one({"_id": f"out-{n}"}))["chunks_1_0"] for n in range(10)] == [1] * 10
+    assert commands.total() == commands.sent["insert"]  # each chunk's counter was a findAndModify of its own
+    assert [repo.output.counts.get(f"out-{n}")["chunks_1_0"] for n in range(10)] == [1] * 10  # counted once
+    assert await repo.output.chunks.count_documents({}) == 10

@@ -98,35 +98,47 @@ async def test_queue_caps_count_only_jobs_not_yet_running():
 
 
 class CountedQueue:
-    """A queue of `queued` jobs per project and user that counts how often it is counted."""
+    """A queue of `queued` jobs per project and user that counts how often it is counted, and the places in it this
+    process gave (`added`)."""
 
     def __init__(self, queued: int) -> None:
-        self.queued, self.counts = queued, 0
+        self.queued, self.counts, self.added = queued, 0, 0
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         self.counts += 1
         return self.queued
 
+    def queued_added(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        return self.added
 
-async def test_the_early_check_trusts_a_fresh_count_with_room_and_counts_again_when_full_or_old():
+    def give(self) -> None:
+        """The intake stores one job."""
+        self.queued += 1
+        self.added += 1
+
+
+async def test_the_caps_trust_a_fresh_count_plus_the_places_given_since_and_count_again_to_refuse_or_when_old():
     now = [100.0]
     caps, queue = QueueCaps(per_project=3, per_user=10, clock=lambda: now[0]), CountedQueue(queued=1)
-    assert await caps.admit_group(queue, [("p", "ana")]) == [None]  # the intake stores one: 2 queued
-    assert queue.counts == 2
+    assert await caps.admit_group(queue, [("p", "ana")]) == [None]
+    assert queue.counts == 2  # the project and the user
+    queue.give()  # 2 queued
     await caps.check(queue, project_id="p", user_name="ana")
-    assert queue.counts == 2  # answered from the intake's count
+    assert await caps.admit_group(queue, [("p", "ana")]) == [None]
+    queue.give()  # 3 of 3
+    assert queue.counts == 2  # 1 counted + the places given since: room, twice
+    queue.queued = 1  # two left the queue (their statuses handled by another API replica, say)
+    await caps.check(queue, project_id="p", user_name="ana")  # 3 remembered would refuse: the project counted again
+    assert queue.counts == 3
     now[0] += 2.0
     await caps.check(queue, project_id="p", user_name="ana")
-    assert queue.counts == 4  # too old: counted
-    queue.queued = 2
-    assert await caps.admit_group(queue, [("p", "ana")]) == [None]  # now 3 of 3
-    queue.queued = 3
-    with pytest.raises(QueueFull):
-        await caps.check(queue, project_id="p", user_name="ana")  # full: counted again, and refused
-    assert queue.counts == 8
-    queue.queued = 0  # the queue drained: a remembered full count refuses no one
+    assert queue.counts == 5  # too old: both counted
+    queue.queued = 3  # another replica stored two: not seen before the count is old (what replicas may overshoot)
     await caps.check(queue, project_id="p", user_name="ana")
-    assert queue.counts == 10
+    now[0] += 2.0
+    with pytest.raises(QueueFull):
+        await caps.check(queue, project_id="p", user_name="ana")
+    assert queue.counts == 7
 
 
 def status(job_id: str, *, version: int, phase: Phase) -> JobStatusChanged:

@@ -53,14 +53,14 @@ async def test_a_redelivered_chunk_is_counted_once():
     repo = repository()
     await ship(repo, seq=0, lines=["a" * 99])
     await ship(repo, seq=0, lines=["a" * 99])
-    assert (await repo.output.sizes.find_one({"_id": "j"}))["bytes"] == 100
+    assert await repo.output.stored_bytes("j") == 100
 
 
 async def test_past_the_cap_the_oldest_chunks_go_and_the_log_says_so():
     repo = repository(cap=2000)
     for seq in range(30):  # 30 chunks of 10 lines of 10 bytes: 3,000 bytes
         await ship(repo, seq=seq, lines=[f"{seq:03d}-{i:05d}" for i in range(10)])
-    stored = (await repo.output.sizes.find_one({"_id": "j"}))["bytes"]
+    stored = await repo.output.stored_bytes("j")
     assert stored <= 2000
     dropped = await repo.output.dropped_lines("j", rank=0)
     assert dropped > 0 and dropped + stored // 10 == 300  # every line is either stored or counted as dropped
@@ -107,6 +107,6 @@ async def test_chunks_stored_concurrently_are_trimmed_once_not_once_each():
     repo = repository(cap=2000)
     repo.output.chunks, repo.output.sizes = Yielding(), Yielding()
     await asyncio.gather(*(ship(repo, seq=seq, lines=[f"{seq:03d}-{i:05d}" for i in range(10)]) for seq in range(30)))
-    stored = (await repo.output.sizes.find_one({"_id": "j"}))["bytes"]
+    stored = await repo.output.stored_bytes("j")
     assert 2000 * 0.9 - 100 <= stored <= 2000  # back under the cap, not emptied by thirty trims at once
     assert await repo.output.dropped_lines("j", rank=0) + stored // 10 == 300

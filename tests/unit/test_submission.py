@@ -1,5 +1,6 @@
 """One submission, whatever the dialect, asks placement for candidates once and billing once, at placement's price."""
 
+from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -63,6 +64,7 @@ class MemoryRepo:
     """The few repository calls a submission makes."""
 
     jobs: MemoryCollection = field(default_factory=MemoryCollection)
+    added: Counter = field(default_factory=Counter)  # places in the queue given, by project and by user
 
     async def insert_many(self, new: list[tuple[dict, Any]]) -> list[list[dict] | NameTaken]:
         stored: list[list[dict] | NameTaken] = []
@@ -71,6 +73,7 @@ class MemoryRepo:
                 stored.append(NameTaken(doc["name"], project_id=doc["project_id"]))
             else:
                 await self.jobs.insert_one(doc)
+                self.added.update([doc["project_id"], "user:" + doc["user_name"]])
                 stored.append([{"event_id": event.event_id}])
         return stored
 
@@ -82,6 +85,9 @@ class MemoryRepo:
 
     async def queued_count(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
         return await self.jobs.count_documents({"project_id": project_id} if project_id else {"user_name": user_name})
+
+    def queued_added(self, *, project_id: str | None = None, user_name: str | None = None) -> int:
+        return self.added[project_id or f"user:{user_name}"]
 
 
 async def api(**broker: Any):

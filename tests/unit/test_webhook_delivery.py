@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from shared.egress import Policy, guarded_client
+from shared.events import Notification
 from services.submitter import notifications
 from services.submitter.notificationstore import NotificationStore
 from tests.unit.api_app import add_user, client, make_app
@@ -152,7 +153,7 @@ async def test_the_delivery_loop_takes_what_is_due():
     await db.api_notifications.insert_one(
         {"_id": "n2", "project_id": "nowhere", "state": "pending", "next_try": 0.0, "attempts": 0}
     )
-    loop = asyncio.create_task(notifications.deliver_forever(store(db), policy=Policy.parse([]), interval_s=0.01))
+    loop = asyncio.create_task(notifications.deliver_forever(store(db), policy=Policy.parse([]), idle_s=0.01))
     try:
         for _ in range(200):
             if (await db.api_notifications.find_one({"_id": "n2"}))["state"] != "pending":
@@ -161,3 +162,28 @@ async def test_the_delivery_loop_takes_what_is_due():
     finally:
         loop.cancel()
     assert (await db.api_notifications.find_one({"_id": "n2"}))["state"] == "kept"  # no webhook: kept for the API
+
+
+async def test_delivery_reads_when_a_notification_is_kept_not_twice_a_second():
+    _, db, _ = await make_app()
+    notes, reads = store(db), []
+    due = notes.due
+
+    async def counted_due(now: float) -> list[dict]:
+        reads.append(now)
+        return await due(now)
+
+    notes.due = counted_due  # type: ignore[method-assign]
+    loop = asyncio.create_task(notifications.deliver_forever(notes, policy=Policy(), idle_s=60))
+    await asyncio.sleep(1.0)
+    assert len(reads) == 1  # a read every half second before, whether anything came or not
+    await notes.record(
+        Notification(event_id="n-1", project_id="vision", job_id="j-1", user_name="ana", kind="hung", message="m")
+    )
+    for _ in range(500):
+        if (await db.api_notifications.find_one({"_id": "n-1"}))["state"] != "pending":
+            break
+        await asyncio.sleep(0.01)
+    loop.cancel()
+    assert (await db.api_notifications.find_one({"_id": "n-1"}))["state"] == "kept"  # no webhook: kept at once
+    assert len(reads) == 2
