@@ -70,7 +70,9 @@ def test_the_printed_ema_is_the_scripts_recursion():
 def test_an_accuracy_is_printed_in_steps_of_one_example():
     acc = noise.quantised(np.random.default_rng(5), np.linspace(0.1, 0.9, 40))
     sizes = [n for n in range(50, 5001) if np.allclose(acc * n, np.round(acc * n), atol=1e-6)]
-    assert sizes and not np.allclose(np.linspace(0.1, 0.9, 40) * sizes[0], np.round(np.linspace(0.1, 0.9, 40) * sizes[0]))
+    assert sizes and not np.allclose(
+        np.linspace(0.1, 0.9, 40) * sizes[0], np.round(np.linspace(0.1, 0.9, 40) * sizes[0])
+    )
 
 
 def test_a_cadence_can_change_mid_run():
@@ -113,3 +115,13 @@ def test_the_sampler_is_reproducible_and_its_truth_is_a_first_crossing():
             kinds["few"] += len(s.values) < 15
             kinds["many"] += len(s.values) > 200
     assert kinds["never"] and kinds["few"] and kinds["many"]
+
+
+def test_pre_training_is_reproducible_to_the_last_weight():
+    pytest.importorskip("torch")
+    from services.estimator.model.curveprior import train
+
+    first, again = (train.pretrain(curves=200, seed=3, epochs=1, deadline=math.inf) for _ in range(2))
+    assert all(
+        np.array_equal(a, b) for (wa, ba), (wb, bb) in zip(first.layers, again.layers) for a, b in ((wa, wb), (ba, bb))
+    )
