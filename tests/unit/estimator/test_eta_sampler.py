@@ -125,3 +125,12 @@ def test_pre_training_is_reproducible_to_the_last_weight():
     assert all(
         np.array_equal(a, b) for (wa, ba), (wb, bb) in zip(first.layers, again.layers) for a, b in ((wa, wb), (ba, bb))
     )
+
+
+def test_a_curve_still_falling_when_the_run_ends_is_not_taught_as_never_meeting_a_target_near_its_end():
+    u = np.linspace(0.01, 1.0, 300)
+    clean = 0.02 + 2.2 * (1 + 100 * u) ** -0.9  # a clean power law, still falling at the end
+    printed = clean + 1e-6 * np.random.default_rng(7).standard_normal(300)
+    for seed in range(300):
+        goal, hit = sampler.goal_and_hit(np.random.default_rng(seed), u, clean, printed)
+        assert hit < len(printed) or goal < 0.9 * clean.min()  # only a target far below it is never met

@@ -158,11 +158,13 @@ def timeline(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, 
 def goal_and_hit(rng: np.random.Generator, u: np.ndarray, clean: np.ndarray, printed: np.ndarray) -> tuple[float, int]:
     """The target (lower is better) and the index of the first printed point at or below it (len: never)."""
     draw = rng.random()
+    tail = slice(int(len(clean) * 0.7), None)
+    jitter = float(np.std(printed[tail] - clean[tail]))
     if draw < UNREACHABLE:
         goal = float(np.min(clean)) * rng.uniform(0.2, 0.9) - 3 * float(np.std(np.diff(printed)))
-    elif draw < UNREACHABLE + NOISY_PLATEAU:  # just below the plateau: the noise's excursions meet it, or not
-        tail = slice(int(len(clean) * 0.7), None)
-        jitter = float(np.std(printed[tail] - clean[tail]))
+    elif draw < UNREACHABLE + NOISY_PLATEAU and np.ptp(clean[tail]) < jitter:
+        # just below a plateau the clean curve has reached (still falling, it would meet the target after the run
+        # ended, which is no "never"): the noise's excursions meet it, or nothing does
         goal = float(np.min(clean[tail])) - rng.uniform(0.0, 2.5) * jitter
     else:
         at = int(np.searchsorted(u, rng.uniform(0.15, 1.0)))
