@@ -147,6 +147,7 @@ def pretrain(*, curves: int, seed: int, epochs: int, deadline: float) -> PriorNe
     x, y = synthetic(curves, seed=seed)
     print(f"{len(y)} synthetic samples of {curves} curves", flush=True)
     mean, std = x.mean(0), x.std(0) + 1e-3
+    torch.manual_seed(seed)  # the initial weights too: unseeded, two builds of the same curves differed
     module = fit(_module(), x, y, mean=mean, std=std, epochs=epochs, lr=2e-3, seed=seed, deadline=deadline)
     return _to_prior(module, mean, std)
 
