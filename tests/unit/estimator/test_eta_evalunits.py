@@ -76,9 +76,16 @@ def test_evaluations_that_start_late_are_timed_by_their_cadence():
     assert total == pytest.approx(1000.0, rel=0.2)
 
 
+def test_evaluation_units_are_off_unless_asked_for():
+    units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
+    est = OnlineEstimator(target=0.9, prior=unseen_prior(units))
+    replay(est, until=150, first_eval=100, every=100)
+    assert est.snapshot(150.0)[1][EVAL_UNITS] is None
+
+
 def test_evaluation_units_stand_in_until_the_job_has_a_curve_of_its_own():
     units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
-    est = OnlineEstimator(target=0.85, prior=unseen_prior(units))  # on by default
+    est = OnlineEstimator(target=0.85, eval_units=True, prior=unseen_prior(units))
     for t in range(10, 1001, 10):
         est.observe(float(t), progress=float(t))
         if t % 100 == 0:  # an accuracy rising toward 0.9, evaluated every 100 units
