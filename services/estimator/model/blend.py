@@ -85,6 +85,7 @@ def blend(
     if not available:
         return math.nan, math.nan, math.nan, "none"
     available -= implausible(components, available, cell, key=key)
+    bias, (q_lo, q_hi) = _bias_band(cell, available, key=key)
     # Per-benchmark weights overfit the few submitters behind them: they are shrunk halfway
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
     pooled = find_cell(table, "*", fraction)
@@ -101,10 +102,31 @@ def blend(
         weights = _shrunk(weights, cell["lam"], anchor(available, biases, key=key))
     present = {k: v for k, v in components.items() if v is not None}  # every weighted one is `available`
     log_total = sum(w * (math.log(present[k]) - biases.get(k, 0.0)) for k, w in weights.items())
-    q_lo, q_hi = cell["q"] if cell is not None else DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
-    total = math.exp(log_total + (cell.get("bias", 0.0) if cell is not None else 0.0))
+    total = math.exp(log_total + bias)
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
     return total, total * math.exp(q_lo), total * math.exp(q_hi), method
+
+
+def blended_subset(components: Mapping[str, float | None], *, fraction: float, key: str, table: dict | None) -> str:
+    """The combination of components `blend` weighs for these components (its key in a cell's "sbias")."""
+    cell = find_cell(table, key, fraction)
+    if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
+        components = {**components, "curve": components["curve_loose"], "curve_loose": None}
+    available = {k for k, v in components.items() if v is not None and v > 0 and math.isfinite(v)}
+    available -= implausible(components, available, cell, key=key)
+    return _subset_key(available & set(cell.get("cbias", {}) if cell is not None else ()))
+
+
+def _bias_band(cell: dict | None, available: set[str], *, key: str) -> tuple[float, tuple[float, float]]:
+    """The cell's remaining bias and 10/90% band; in an own pool, those of the combination of components at hand
+    when the cell has them ("sbias"): a component a few rows have (evaluation units) must not move the others'."""
+    if cell is None:
+        return 0.0, DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
+    own = cell.get("sbias", {}).get(_subset_key(available & set(cell.get("cbias", {})))) if _own_pool(key) else None
+    if own is not None:
+        return float(own[0]), (float(own[1]), float(own[2]))
+    q_lo, q_hi = cell["q"]
+    return cell.get("bias", 0.0), (q_lo, q_hi)
 
 
 def implausible(components: Mapping[str, float | None], available: set[str], cell: dict | None, *, key: str) -> set:

@@ -20,6 +20,8 @@ from services.estimator.model import blend as B
 HIT = (math.log(1 / 1.2), math.log(1 / 0.8))
 # Fewer held-out rows than this in a cell (both halves together) keep the cell's own weights (lam 0).
 MIN_HELD = 40
+# Rows a combination of components needs in an own-pool cell for a bias and band of its own (else the cell's).
+MIN_SUBSET_ROWS = 2 * B.MIN_SAMPLES
 
 
 def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90) -> dict:
@@ -38,17 +40,39 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
         cell = table.get(key, {}).get(b)
         if cell is None:
             continue
-        resid = []
+        resid, subsets = [], []
         for r in rows:
             total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
             if math.isfinite(total):
                 resid.append(math.log(r["truth"] / total))
+                subsets.append(B.blended_subset(r["components"], fraction=r["fraction"], key=key, table=table))
         if len(resid) >= B.MIN_SAMPLES:
             # What bias is left after blending is removed too; the band is the spread around it.
-            cell["bias"] = float(np.median(resid))
-            centred = np.asarray(resid) - cell["bias"]
-            cell["q"] = tuple(float(v) for v in np.quantile(centred, [q_low, q_high]))
+            cell["bias"], cell["q"] = _bias_band(resid, q_low, q_high)
+            if key.startswith("<"):
+                cell["sbias"] = _subset_bias_bands(resid, subsets, q_low, q_high)
     return table
+
+
+def _bias_band(resid: list[float], q_low: float, q_high: float) -> tuple[float, tuple[float, float]]:
+    """Median of the log residuals and the 10/90% quantiles around it."""
+    bias = float(np.median(resid))
+    q = np.quantile(np.asarray(resid) - bias, [q_low, q_high])
+    return bias, (float(q[0]), float(q[1]))
+
+
+def _subset_bias_bands(resid: list[float], subsets: list[str], q_low: float, q_high: float) -> dict:
+    """[bias, q_low, q_high] of each combination of components with enough rows of its own (an own pool's cell:
+    the combinations there differ by factors, and one shared bias moved every row when a component joined)."""
+    by: dict[str, list[float]] = {}
+    for res, subset in zip(resid, subsets):
+        by.setdefault(subset, []).append(res)
+    out = {}
+    for subset, values in by.items():
+        if len(values) >= MIN_SUBSET_ROWS:
+            bias, (lo, hi) = _bias_band(values, q_low, q_high)
+            out[subset] = [bias, lo, hi]
+    return out
 
 
 def _half(sample: dict) -> int:

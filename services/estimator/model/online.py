@@ -24,13 +24,12 @@ SPEED_CONTRADICTED = 2.0
 # ("curve_loose"): its errors are larger and biased long (measured on v3.1 held-out submitters: at 80% of
 # a run, 88-100% within 20% below it, 10-70% above), and the blend learns how little to trust it.
 CURVE_LOOSE_SPREAD = 0.2
-# An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default: on v3.1's benchmarks
-# held out in turn (`--split benchmark --kfold 3`, the accelerators' numbers in both) the blend went from 2.1 / 6.2 /
-# 18.8 / 26.8 / 49.0% within ±20% at 10/20/30/50/80% of a run without it to 3.0 / 20.4 / 15.6 / 16.2 / 83.5% with it
-# (re-measured with `blend.implausible`: 2.1 / 6.5 / 18.8 / 26.9 / 49.3% off, 3.0 / 20.9 / 15.6 / 16.1 / 83.8% on)
-# (from the second evaluation on only: 4.0 / 6.1 / 17.7 / 28.7 / 73.3%): worse at 50%, the cut of the unseen goal;
-# total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3 guess, and the gain at 80% is mostly
-# estimates of "finishing now", which that cut scores as within (median error 19.8%).
+# An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default; when on, it stands in only
+# until the job has a curve of its own. On v3.1's benchmarks held out three at a time (`--split benchmark --kfold 3`,
+# within ±20% at 10/20/30/50/80% of a run) off: 2.2 / 5.9 / 18.9 / 26.9 / 50.6%; on until a curve: 5.9 / 7.6 / 11.2 /
+# 24.1 / 54.2% (on at every cut, before: 3.0 / 20.9 / 15.6 / 16.1 / 83.8%): still worse at 30 and 50%, the cut of the
+# unseen goal (maskrcnn at 30% 57 -> 6%, stable_diffusion at 50% 100 -> 0%). Total ÷ first-evaluation work spans 1-51
+# across benchmarks, a factor-3 guess, and its rows move the calibration of the early cells of a curve to come.
 EVAL_UNITS_BY_DEFAULT = False
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)
@@ -167,14 +166,13 @@ class OnlineEstimator:
         if not math.isfinite(cross):
             return None
         last = self._metric_x[-1] if self._metric_clock else self._marks_p[-1]
-        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead, in the job's own
-        # units (its evaluations') once it has them.
+        # An unseen benchmark's prior point is a guess: its band's top bounds the curve instead. Not its evaluations'
+        # units: a curve is what replaces them (`components`), so it is not held to their cross-benchmark guess.
         seen = self.prior is not None and self.prior.seen
         if self._metric_clock:
             ref = (self.prior.duration_s if seen else self.prior.duration_high_s) if self.prior else None
         else:
-            own = self.eval_units_work()
-            ref = (self.prior.work if seen else own[2] if own else self.prior.work_high) if self.prior else None
+            ref = (self.prior.work if seen else self.prior.work_high) if self.prior else None
         cap = CURVE_MAX_OVER_PRIOR * ref if ref is not None else last * 5
         return min(max(cross, last), cap)
 
@@ -243,14 +241,16 @@ class OnlineEstimator:
                 )
             ):
                 comps["history"] = None
-        own, own_band = self.eval_units_work() if work is None else None, None
+        curve = self.curve_work() if not self._metric_clock else None
+        # The evaluations' units stand in for a curve the job does not have yet: once it has one, its own
+        # trajectory says more than a ratio learned across other benchmarks (EVAL_UNITS_BY_DEFAULT).
+        own, own_band = self.eval_units_work() if work is None and curve is None else None, None
         if own is not None:
             # The target is not met yet: the work exceeds what was done, as for a seen benchmark's history.
             needed = survived(own[1], own[0], own[2], passed=p_last)
             comps[EVAL_UNITS] = max(t_last + max(needed - p_last, 0.0) / rate, elapsed)
             low_s, high_s = (max(t_last + max(w - p_last, 0.0) / rate, elapsed) for w in (own[0], own[2]))
             own_band = (low_s, high_s)
-        curve = self.curve_work() if not self._metric_clock else None
         if curve is not None:
             comps["curve"] = max(t_last + max(curve - p_last, 0.0) / rate, elapsed)
         return self._capped(self._uncontradicted(comps, own_band), elapsed)

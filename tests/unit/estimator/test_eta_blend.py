@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from services.estimator.model.blend import BASELINE, BUCKET_EDGES, EDGES_KEY, blend, bucket
+from services.estimator.model.blend import BASELINE, BUCKET_EDGES, EDGES_KEY, EVAL_UNITS, blend, bucket
 from services.estimator.model.blendfit import fit_table
 
 
@@ -258,3 +258,22 @@ def test_a_table_saved_without_component_scales_keeps_every_component():
         del cell["cscale"]
     *_, method = blend({"history": 235_000.0, "curve": 500.0}, fraction=0.85, key="<unseen>", table=table)
     assert "history" in method
+
+
+def test_an_unseen_benchmark_s_rows_with_evaluation_units_do_not_move_the_bias_of_rows_without_them():
+    # Rows with the job's curve alone are right; rows that also have evaluation units (jobs early in their run, a
+    # curve 30% long) are long together. One bias for the cell would leave one kind or the other off.
+    rng = np.random.default_rng(6)
+    rows = []
+    for i in range(600):
+        truth = float(rng.uniform(100, 1000))
+        long = 1.3 if i % 2 else 1.0
+        comps = {"curve": truth * long * math.exp(rng.normal(0, 0.03))}
+        if i % 2:
+            comps[EVAL_UNITS] = truth * long * math.exp(rng.normal(0, 0.1))
+        rows.append({"key": "<unseen>", "fraction": 0.3, "truth": truth, "run": f"r{i}", "group": f"b{i % 8}"})
+        rows[-1]["components"] = comps
+    table = fit_table(rows)
+    alone, *_ = blend({"curve": 1000.0}, fraction=0.3, key="<unseen>", table=table)
+    both, *_ = blend({"curve": 1300.0, EVAL_UNITS: 1300.0}, fraction=0.3, key="<unseen>", table=table)
+    assert alone == pytest.approx(1000.0, rel=0.05) and both == pytest.approx(1000.0, rel=0.05)

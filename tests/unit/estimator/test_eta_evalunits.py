@@ -1,5 +1,7 @@
 """A benchmark never trained on: its work to target in multiples of its own first evaluation's work."""
 
+import math
+
 import pytest
 from eta_factories import make_run
 
@@ -79,6 +81,19 @@ def test_evaluation_units_are_off_unless_asked_for():
     est = OnlineEstimator(target=0.9, prior=unseen_prior(units))
     replay(est, until=150, first_eval=100, every=100)
     assert est.snapshot(150.0)[1][EVAL_UNITS] is None
+
+
+def test_evaluation_units_stand_in_until_the_job_has_a_curve_of_its_own():
+    units = EvalUnits(ratio=(5.0, 10.0, 20.0), steps=(4.0, 9.0, 19.0))
+    est = OnlineEstimator(target=0.85, eval_units=True, prior=unseen_prior(units))
+    for t in range(10, 1001, 10):
+        est.observe(float(t), progress=float(t))
+        if t % 100 == 0:  # an accuracy rising toward 0.9, evaluated every 100 units
+            est.observe(float(t), progress=float(t), metric_value=0.9 * (1 - math.exp(-t / 300)))
+        if t == 150:
+            assert est.snapshot(150.0)[1][EVAL_UNITS] is not None  # one evaluation: no curve yet
+    _, comps = est.snapshot(1000.0)
+    assert comps["curve"] is not None and comps[EVAL_UNITS] is None
 
 
 def test_a_benchmark_the_history_knows_is_not_timed_in_evaluation_units():
