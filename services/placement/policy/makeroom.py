@@ -96,6 +96,7 @@ def make_room(p: Pass) -> None:
         node = nodes.get(run.node_ids[0]) if len(run.node_ids) == 1 else None
         if (
             node is None
+            or run.moving
             or node.kind not in OWNED_KINDS
             or run.job.checkpoint_interval_s is None
             or "on_demand" not in job_kinds(run.job, p.kinds)
