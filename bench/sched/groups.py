@@ -2,8 +2,8 @@
 misses in README.md are explained job by job; with `--dollars`, where the on-demand dollars go.
 
 Usage: PYTHONPATH=. python bench/sched/groups.py --pods ../shared/data/alibaba-gpu-v2023/openb_pod_list_gpuspec10.csv \
-    --nodes ../shared/data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv --local 8 --reserved 4 [--estimate-error 0.3] \
-    [--dollars]
+    --nodes ../shared/data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv --local 8 --reserved 4 \
+    [--estimate-error 0.3] [--dollars]
 
 `--dollars`: each stretch a job ran on an on-demand node is charged its GPUs' share of the node's price, by group:
 whether any owned node the job may use could ever host it (no: the floor, what every policy rents), the job's

@@ -122,7 +122,7 @@ def backlog(
 ) -> Backlog:
     """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds."""
     out = Backlog(now=now)
-    kind_of = {}
+    kind_of: dict[str, Kind] = {}
     for node in state.nodes:
         if node.kind in OWNED_KINDS:
             kind = out.kinds.setdefault(node.kind, Kind())
@@ -133,17 +133,17 @@ def backlog(
     for run in state.running:
         end = expected_end(run, now)
         for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
-            if (kind := kind_of.get(node_id)) is not None:
-                kind.ends.extend([end] * len(indices))
+            if (held := kind_of.get(node_id)) is not None:
+                held.ends.extend([end] * len(indices))
     for job in state.queue:
         for name in owned_only.get(job.id, ()):
-            if (kind := out.kinds.get(name)) is not None:
+            if (backlogged := out.kinds.get(name)) is not None:
                 gpus = job.gpu_count * job.node_count
                 order = (job.priority != "time", job.submitted_at, job.id)
                 duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-                kind.queued[job.id] = (order, gpus, value_per_s[job.id], duration)
-                kind.demand += gpus
-                kind.value += value_per_s[job.id]
+                backlogged.queued[job.id] = (order, gpus, value_per_s[job.id], duration)
+                backlogged.demand += gpus
+                backlogged.value += value_per_s[job.id]
     return out
 
 
