@@ -119,6 +119,7 @@ class PolicyInputs:
                 gpu_indices=tuple(self.positions(a) for a in i.assignments),
                 started_at=self.started(i, now),
                 expected_end_at=self.ends_at(i, now),
+                moving=i.moving,
             )
             for i in placed
             if i.needs.gpu_count > 0 and set(ids := tuple(a.node_id for a in i.assignments)) <= known

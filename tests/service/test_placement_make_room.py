@@ -74,3 +74,19 @@ async def test_billing_refusing_the_rental_leaves_the_job_where_it_is(service):
 
     assert not placement.queue["long"].moving and not moves
     assert [a.node_id for a in placement.queue["long"].assignments] == ["owned"]
+
+
+async def test_the_rented_node_stays_kept_for_the_job_while_it_checkpoints(service):
+    broker, placement, _ = service
+    await _long_job_on_the_only_owned_gpu(broker, placement, billing_allows=True)
+    await placement.schedule_once()  # the move: the rental is made, the job asked to snapshot
+    [rented] = [n for n in placement.fleet.nodes.values() if n.provisioned]
+    info = node(node_id=rented.node_id, kind="on_demand", gpus=1, tflops=100, price=0.5)
+    await publish(broker, NodeRegistered(event_id=f"{rented.node_id}:r", node=info, boot_id="b"))
+    await publish(broker, submitted(job_id="urgent", gpu_count=1, allowed="any", expected_duration_s=HOUR))
+
+    # booted; "long" still checkpoints on the owned GPU: its rental is not free to others
+    await placement.schedule_once(now=placement.fleet.nodes[rented.node_id].ready_at + 1)
+
+    assert placement.queue["urgent"].state == "queued"
+    assert placement.fleet.nodes[rented.node_id].reserved_for == "long"

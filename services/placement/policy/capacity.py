@@ -99,11 +99,12 @@ class CapacityIndex:
     """
 
     def __init__(self, state: ClusterState, *, now: float, kinds: frozenset[str]):
-        """A node provisioned for a job stays claimed while it boots and while that job is still queued."""
+        """A node provisioned or kept for a job stays claimed while it boots, while that job is queued and while it
+        checkpoints to move there (a running job that is `moving`): no other job takes the target meanwhile."""
         self.now = now
         self._running = state.running
         self._busy: dict[str, dict[int, float]] | None = None
-        queued = {job.id for job in state.queue}
+        queued = {job.id for job in state.queue} | {run.job.id for run in state.running if run.moving}
         self.nodes: dict[str, Node] = {}
         self.views: dict[str, NodeView] = {}  # built on first use; see `view`
         self._claims: dict[str, str] = {}

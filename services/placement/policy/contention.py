@@ -2,46 +2,114 @@
 
 A free owned GPU costs a job that could rent nothing at the exchange rate, so without this such a job takes the last
 free local GPUs and the jobs that can run nowhere else wait behind it. Here a job that may rent is charged, for an
-owned option, the time it adds to that backlog at the backlog's own exchange rates: holding g GPUs for d seconds on
-a kind of N GPUs delays every job of the backlog by about g * d / N (pure; one `Backlog` per pass).
+owned option, the time it adds to that backlog at the backlog's own exchange rates. Holding g GPUs for d seconds on a
+kind of N GPUs takes g * min(d, t) GPU-seconds of the kind's capacity away before a backlog job that starts t
+seconds from now, so it delays that job by about g * min(d, t) / N: a job that starts after the GPUs come back is
+delayed by the whole g * d / N, one that starts sooner only by what the kind lost until then. When each backlog job
+starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
+backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
 """
 
+import bisect
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
+from services.placement.policy.capacity import expected_end
 from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import OWNED_KINDS, ClusterState, JobRequest
 
+INF = float("inf")
+
+
+@dataclass(slots=True)
+class Waits:
+    """Jobs' waits (seconds from now) and what their time is worth ($ per s), with prefix sums: `relief(cut)` is the
+    dollars of waiting taken off (or put on) them when each is delayed by `cut` seconds but never more than its wait."""
+
+    waits: list[tuple[float, float]] = field(default_factory=list)  # (wait s, $ per s)
+    _at: list[float] = field(default_factory=list)
+    _value: list[float] = field(default_factory=list)  # prefix sums of $ per s
+    _weighted: list[float] = field(default_factory=list)  # prefix sums of $ per s * wait (finite waits)
+
+    def index(self) -> None:
+        self.waits.sort()
+        self._at = [w for w, _ in self.waits]
+        self._value = [0.0, *itertools.accumulate(v for _, v in self.waits)]
+        self._weighted = [0.0, *itertools.accumulate(v * w if w < INF else 0.0 for w, v in self.waits)]
+
+    def relief(self, cut: float) -> float:
+        """Sum over the jobs of $ per s * min(wait, cut)."""
+        i = bisect.bisect_left(self._at, cut)
+        return self._weighted[i] + cut * (self._value[-1] - self._value[i])
+
+
+@dataclass(slots=True)
+class Kind:
+    """One owned kind: its GPUs, GPUs free now, when its busy GPUs are expected back, and its owned-only backlog."""
+
+    gpus: int = 0
+    free: int = 0
+    ends: list[float] = field(default_factory=list)  # expected release time of each busy GPU
+    # job id -> (queue order, GPUs, $ per s, duration s)
+    queued: dict[str, tuple[tuple, int, float, float]] = field(default_factory=dict)
+    demand: int = 0
+    value: float = 0.0
+    _waits: dict[int, Waits] = field(default_factory=dict)
+
+    def waits(self, now: float, taken: int) -> Waits:
+        """Each backlog job's expected start once `taken` of the free GPUs are taken: the backlog in queue order, each
+        job on the first GPUs back (free ones now, busy ones at their expected ends, its predecessors' at theirs);
+        past every GPU the kind has, never (per `taken`; rebuilt after a start)."""
+        out = self._waits.get(taken)
+        if out is None:
+            back = [now] * max(self.free - taken, 0) + self.ends
+            heapq.heapify(back)
+            out = Waits()
+            for _, gpus, value, duration in sorted(self.queued.values()):
+                if gpus > len(back) or gpus <= 0:
+                    out.waits.append((INF, value))
+                    continue
+                start = max(heapq.heappop(back) for _ in range(gpus))
+                for _ in range(gpus):
+                    heapq.heappush(back, start + duration)
+                out.waits.append((max(0.0, start - now), value))
+            out.index()
+            self._waits[taken] = out
+        return out
+
 
 @dataclass(slots=True)
 class Backlog:
-    """Per owned kind: GPUs of the kind, GPUs free now, and the owned-only jobs still queued (GPUs, $ per second)."""
+    """Per owned kind, what a placement there delays (see the module's doc)."""
 
-    gpus: dict[str, int] = field(default_factory=dict)
-    free: dict[str, int] = field(default_factory=dict)
-    demand: dict[str, int] = field(default_factory=dict)
-    value: dict[str, float] = field(default_factory=dict)
+    now: float = 0.0
+    kinds: dict[str, Kind] = field(default_factory=dict)
 
     def charge(self, job: JobRequest, option: Option) -> float:
         """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind."""
-        kind = option_kind(option)
-        if kind not in OWNED_KINDS or not self.value.get(kind):
+        kind = self.kinds.get(option_kind(option))
+        if kind is None or not kind.value:
             return 0.0
         gpus = job.gpu_count * job.node_count
-        if self.demand[kind] + gpus <= self.free.get(kind, 0):
+        if kind.demand + gpus <= kind.free:
             return 0.0  # room for the backlog and this job: nobody waits for it
-        return self.value[kind] * gpus * option.duration / max(self.gpus[kind], 1)
+        return gpus / max(kind.gpus, 1) * kind.waits(self.now, gpus).relief(option.duration)
 
     def started(self, job: JobRequest, option: Option, *, owned_only: bool, value_per_s: float) -> None:
-        """Account for a start decided this pass (the GPUs it takes; an owned-only job leaves the backlog)."""
-        kind = option_kind(option)
-        if kind not in OWNED_KINDS:
+        """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the
+        backlog)."""
+        kind = self.kinds.get(option_kind(option))
+        if kind is None:
             return
         gpus = job.gpu_count * job.node_count
-        self.free[kind] = self.free.get(kind, 0) - gpus
-        if owned_only and kind in self.demand:
-            self.demand[kind] -= gpus
-            self.value[kind] = max(0.0, self.value[kind] - value_per_s)
+        kind.free -= gpus
+        kind.ends.extend([self.now + option.duration] * gpus)
+        if owned_only and kind.queued.pop(job.id, None) is not None:
+            kind.demand -= gpus
+            kind.value = max(0.0, kind.value - value_per_s)
+        kind._waits.clear()
 
 
 def backlog(
@@ -53,16 +121,29 @@ def backlog(
     value_per_s: dict[str, float],
 ) -> Backlog:
     """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds."""
-    out = Backlog()
+    out = Backlog(now=now)
+    kind_of: dict[str, Kind] = {}
     for node in state.nodes:
         if node.kind in OWNED_KINDS:
-            out.gpus[node.kind] = out.gpus.get(node.kind, 0) + node.gpu_count
+            kind = out.kinds.setdefault(node.kind, Kind())
+            kind_of[node.id] = kind
+            kind.gpus += node.gpu_count
             if node.is_ready(now) and node.reserved_for is None:
-                out.free[node.kind] = out.free.get(node.kind, 0) + node.free_gpus
+                kind.free += node.free_gpus
+    for run in state.running:
+        end = expected_end(run, now)
+        for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
+            if (held := kind_of.get(node_id)) is not None:
+                held.ends.extend([end] * len(indices))
     for job in state.queue:
-        for kind in owned_only.get(job.id, ()):
-            out.demand[kind] = out.demand.get(kind, 0) + job.gpu_count * job.node_count
-            out.value[kind] = out.value.get(kind, 0.0) + value_per_s[job.id]
+        for name in owned_only.get(job.id, ()):
+            if (backlogged := out.kinds.get(name)) is not None:
+                gpus = job.gpu_count * job.node_count
+                order = (job.priority != "time", job.submitted_at, job.id)
+                duration = job.duration_on(config.reference_tflops, config.reference_tflops)
+                backlogged.queued[job.id] = (order, gpus, value_per_s[job.id], duration)
+                backlogged.demand += gpus
+                backlogged.value += value_per_s[job.id]
     return out
 
 

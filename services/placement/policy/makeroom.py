@@ -8,12 +8,11 @@ their own exchange rates, is worth more than the rental's dollars and the time t
 only (pure; the weighing of `contention.Backlog.charge`, capped by each waiting job's expected wait).
 """
 
-import bisect
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
+from services.placement.policy.contention import INF, Waits
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
@@ -21,35 +20,23 @@ from services.placement.policy.models import OWNED_KINDS, JobRequest, Node, Runn
 from services.placement.policy.options import job_kinds, provision_options, risk_factor, time_value_per_s
 from services.placement.policy.passes import Pass
 
-INF = float("inf")
-
 
 @dataclass(slots=True)
 class Shape:
     """Owned-only jobs of one shape left waiting this pass: what their time is worth and how long each still waits
-    (its Wait's `until`; unknown: as long as anything), sorted by that wait, with prefix sums."""
+    (its Wait's `until`; unknown: as long as anything)."""
 
     job: JobRequest  # one of them: what a node must offer to run any of them
     kinds: tuple[str, ...]
-    waits: list[tuple[float, float]] = field(default_factory=list)  # (wait s, $ per s)
-    _at: list[float] = field(default_factory=list)
-    _value: list[float] = field(default_factory=list)  # prefix sums of $ per s
-    _weighted: list[float] = field(default_factory=list)  # prefix sums of $ per s * wait (finite waits)
-
-    def index(self) -> None:
-        self.waits.sort()
-        self._at = [w for w, _ in self.waits]
-        self._value = [0.0, *itertools.accumulate(v for _, v in self.waits)]
-        self._weighted = [0.0, *itertools.accumulate(v * w if w < INF else 0.0 for w, v in self.waits)]
+    pending: Waits = field(default_factory=Waits)
 
     def relief(self, cut: float) -> float:
         """Dollars of waiting taken off these jobs when each waits `cut` seconds less (never below zero)."""
-        i = bisect.bisect_left(self._at, cut)
-        return self._weighted[i] + cut * (self._value[-1] - self._value[i])
+        return self.pending.relief(cut)
 
     def shorten(self, cut: float) -> None:
-        self.waits = [(max(0.0, w - cut), v) for w, v in self.waits]
-        self.index()
+        self.pending.waits = [(max(0.0, w - cut), v) for w, v in self.pending.waits]
+        self.pending.index()
 
 
 def waiting_shapes(p: Pass) -> list[Shape]:
@@ -66,9 +53,9 @@ def waiting_shapes(p: Pass) -> list[Shape]:
         if shape is None:
             shape = shapes[key] = Shape(job, kinds)
         at = until.get(job.id)
-        shape.waits.append((INF if at is None else max(0.0, at - p.now), time_value_per_s(job, p.config)))
+        shape.pending.waits.append((INF if at is None else max(0.0, at - p.now), time_value_per_s(job, p.config)))
     for shape in shapes.values():
-        shape.index()
+        shape.pending.index()
     return list(shapes.values())
 
 
@@ -96,6 +83,7 @@ def make_room(p: Pass) -> None:
         node = nodes.get(run.node_ids[0]) if len(run.node_ids) == 1 else None
         if (
             node is None
+            or run.moving
             or node.kind not in OWNED_KINDS
             or run.job.checkpoint_interval_s is None
             or "on_demand" not in job_kinds(run.job, p.kinds)

@@ -128,13 +128,15 @@ class JobRequest:
 
 @dataclass(frozen=True, slots=True)
 class RunningJob:
-    """A job holding GPUs; `expected_end_at` comes from the estimator (or the owner's expectation)."""
+    """A job holding GPUs; `expected_end_at` comes from the estimator (or the owner's expectation). `moving`: it was
+    asked to checkpoint and move (pull-back, make room); the nodes kept for it stay kept until it is queued again."""
 
     job: JobRequest
     node_ids: tuple[str, ...]
     gpu_indices: tuple[tuple[int, ...], ...]
     started_at: float
     expected_end_at: float
+    moving: bool = False
 
 
 @dataclass(frozen=True, slots=True)

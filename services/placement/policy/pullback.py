@@ -16,7 +16,7 @@ def pull_back(p: Pass) -> None:
     for run in p.state.running:
         view = index.view(run.node_ids[0]) if len(run.node_ids) == 1 else None
         remaining = expected_end(run, now) - now
-        if view is None or view.node.kind != "on_demand" or remaining < config.pullback_min_remaining_s:
+        if view is None or run.moving or view.node.kind != "on_demand" or remaining < config.pullback_min_remaining_s:
             continue
         hourly = share_per_hour([view], run.job.gpu_count)
         candidates.append((hourly * remaining, run, view, remaining, hourly))

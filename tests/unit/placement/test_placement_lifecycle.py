@@ -140,6 +140,43 @@ def test_provisioned_node_is_kept_for_its_job_while_it_boots():
     assert Start(mine.id, (booting.id,), ((0,),)) in schedule(state, 100.0, config())
 
 
+def _moving_to(target_kind: str, *, moving: bool) -> tuple:
+    """A job checkpointing on its node to move to a ready, free node kept for it (`reserved_for`), and another job
+    queued that could run on that target now."""
+    target = make_node(kind=target_kind, gpu_count=1, reserved_for="job-mover")
+    source = make_node(kind="on_demand" if target_kind == "local" else "local", gpu_count=1, free=0)
+    mover = RunningJob(make_job(id="job-mover", allowed="any"), (source.id,), ((0,),), 0.0, 50 * HOUR, moving=moving)
+    other = make_job(allowed="any", priority="time", expected_duration_s=50 * HOUR)
+    state = make_state(nodes=(target, source), queue=(other,), running=(mover,), catalogue=(make_instance(),))
+    return state, target, other
+
+
+@pytest.mark.parametrize("target_kind", ["local", "on_demand"])  # a pull-back's owned target, a make-room rental
+def test_a_node_kept_for_a_job_that_checkpoints_towards_it_is_not_taken_by_another(target_kind):
+    state, target, other = _moving_to(target_kind, moving=True)
+
+    decisions = schedule(state, 0.0, config())
+
+    assert not [d for d in of_type(decisions, Start) if target.id in d.node_ids]
+    assert [d for d in decisions if getattr(d, "job_id", "") == other.id]  # it waits or rents instead
+    assert Release(target.id) not in schedule(state, 10 * HOUR, config())
+
+
+def test_a_node_kept_for_a_job_that_runs_elsewhere_and_is_not_moving_is_free_to_others():
+    state, target, other = _moving_to("local", moving=False)
+
+    assert Start(other.id, (target.id,), ((0,),)) in schedule(state, 0.0, config())
+
+
+def test_a_job_already_moving_is_not_moved_again():
+    owned = make_node(kind="local", gpu_count=1, price_per_hour=0.5)
+    node, run = _on_demand_running(remaining_h=5)
+    moving = RunningJob(run.job, run.node_ids, run.gpu_indices, run.started_at, run.expected_end_at, moving=True)
+
+    assert of_type(schedule(make_state(nodes=(owned, node), running=(run,)), 0.0, config()), PullBack)
+    assert of_type(schedule(make_state(nodes=(owned, node), running=(moving,)), 0.0, config()), PullBack) == []
+
+
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="unknown policy"):
         schedule(make_state(), 0.0, config(policy="nope"))

@@ -120,3 +120,22 @@ def test_a_faster_rental_does_not_move_a_job_the_waiting_jobs_do_not_pay_for():
     state = make_state(nodes=(node, other), running=(long, soon), queue=_local_only(1), catalogue=(fast,))
 
     assert not [d for d in schedule(state, 0.0, config()) if isinstance(d, MakeRoom)]
+
+
+def test_the_simulator_keeps_the_rental_for_the_moved_job_while_it_boots_though_another_job_could_take_it():
+    node = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    long = make_job(priority="time", allowed="any", expected_duration_s=1000 * HOUR, checkpoint_interval_s=1800.0)
+    later = [
+        make_job(priority="cost", allowed="local", submitted_at=10 * HOUR + i, expected_duration_s=HOUR)
+        for i in range(20)
+    ]
+    # arrives while the rental boots, time-sensitive and first in the queue order: it would take the rental if free
+    rival = make_job(priority="time", allowed="any", submitted_at=10 * HOUR + 60, expected_duration_s=HOUR)
+    jobs = [TraceJob(j, j.expected_duration_s, "BE") for j in (long, *later, rival)]
+    sim = Simulation(jobs, [node], catalogue=(make_instance(**T4),), config=config())
+
+    out = sim.run()
+
+    assert out.moves_to_make_room == 1
+    assert 10 * HOUR + 120.0 <= out.started[long.id] <= 10 * HOUR + 130.0  # on the rental made for it
+    assert out.od_nodes_created >= 2  # the rival rented its own

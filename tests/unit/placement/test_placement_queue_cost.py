@@ -1,6 +1,8 @@
 """The whole queue's cost: the wait a placement causes others, the wait already done, reserved before slow local,
 and rental types near-tied in dollars (issue #33, items 1-3)."""
 
+import pytest
+
 from services.placement.policy import Provision, Start, Wait, schedule
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
@@ -31,6 +33,27 @@ def test_a_job_that_could_rent_takes_a_free_local_gpu_when_nobody_waits_for_it()
     decisions = schedule(state, 0.0, config())
 
     assert {d.job_id for d in decisions if isinstance(d, Start)} == {could_rent.id, local_only.id}
+
+
+@pytest.mark.parametrize(("other_gpu_back_h", "rents"), [(1, False), (1000, True)])
+def test_a_long_job_that_could_rent_is_charged_only_the_wait_it_adds_before_the_local_only_job_would_start(
+    other_gpu_back_h, rents
+):
+    """Holding 1 of 2 local GPUs for 100 h delays a job that would start when the other GPU is back by about half of
+    the time until then, not half of the 100 h: 1 h away it costs that job little and the long job stays local; 1000 h
+    away (after the 100 h) the whole 50 h of its wait is charged and the long job rents."""
+    local = make_node(kind="local", gpu_count=2, free=1, price_per_hour=0.7)
+    other = busy(local, until=other_gpu_back_h * HOUR)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=100 * HOUR)
+    # its time worth 25 $ per hour (0.25 of a rate of 100): $12.5 for 1 h at half, $1,250 for 100 h at half
+    local_only = make_job(priority="cost", allowed="local", expected_duration_s=HOUR, exchange_rate=100.0)
+    rental = make_instance(name="t4.1x", price_per_hour=3.0)  # $300 for the 100 h
+    state = make_state(nodes=(local,), queue=(could_rent, local_only), running=(other,), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config())
+
+    assert (Provision("t4.1x", 1, could_rent.id) in decisions) is rents
+    assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
 
 
 def _slipping_owned(*, busy_until_h: float):
