@@ -50,6 +50,15 @@ def stack(tmp_path):
         stack.stop_all()
 
 
+async def last_exit(js) -> TaskExited | None:
+    """The last end n1's agent reported, if any."""
+    try:
+        msg = await js.get_last_msg(stream_of(EXITED).name, EXITED)
+    except nats.js.errors.NotFoundError:
+        return None
+    return TaskExited.model_validate_json(msg.data)
+
+
 def processes(argv: list[str]) -> list[psutil.Process]:
     """Live processes running exactly `argv` (a zombie is dead)."""
     found = []
@@ -85,14 +94,7 @@ async def test_an_agent_cut_off_from_the_bus_stops_its_task_and_reports_it_when_
     try:
         js = nc.jetstream()
 
-        async def reported() -> TaskExited | None:
-            try:
-                msg = await js.get_last_msg(stream_of(EXITED).name, EXITED)
-            except nats.js.errors.NotFoundError:
-                return None
-            return TaskExited.model_validate_json(msg.data)
-
-        exited = await eventually(reported, timeout_s=60)
+        exited = await eventually(lambda: last_exit(js), timeout_s=60)
         assert (exited.job_id, exited.reason, exited.message) == (job_id, "terminated", "stopped: fenced")
     finally:
         await nc.close()
@@ -123,14 +125,7 @@ async def test_a_start_issued_before_the_bus_went_away_and_delivered_after_never
         await publish(admin, start_task(stale_job, f"exec sleep {seconds}"))  # issued at 0, relayed now
         js = nc.jetstream()
 
-        async def reported() -> TaskExited | None:
-            try:
-                msg = await js.get_last_msg(stream_of(EXITED).name, EXITED)
-            except nats.js.errors.NotFoundError:
-                return None
-            return TaskExited.model_validate_json(msg.data)
-
-        refused = await eventually(reported, timeout_s=60)
+        refused = await eventually(lambda: last_exit(js), timeout_s=60)
         assert (refused.job_id, refused.reason) == (stale_job, "terminated")
         assert refused.message.startswith("refused") and not processes(["sleep", seconds])
         # a start taken before the agent's first heartbeat since the bus came back is acknowledged would still be

@@ -97,14 +97,15 @@ LIFE = [
 ]
 
 
-async def new_job(repo: Repository, job_id: str) -> None:
+async def new_job(repo: Repository, job_id: str, phase: str = "Pending", secondary: str = "Queuing") -> None:
+    """A job stored with its queue and list entries, in `phase` (Pending by default)."""
     doc = {
         "_id": job_id,
         "name": job_id,
         "project_id": "p",
         "user_name": "ana",
         "status_version": 0,
-        "status": {"phase": "Pending", "secondary_phase": "Queuing"},
+        "status": {"phase": phase, "secondary_phase": secondary},
         "create_time": datetime(2026, 11, 25, tzinfo=UTC),
     }
     await repo.jobs.insert_one(doc)
@@ -406,17 +407,7 @@ def said(job_id: str, version: int) -> JobStatusChanged:
 
 async def created(repo: Repository, job_id: str) -> None:
     """A job as the intake stores it: Creating, with its queue and list entries."""
-    doc = {
-        "_id": job_id,
-        "name": job_id,
-        "project_id": "p",
-        "user_name": "ana",
-        "status_version": 0,
-        "status": {"phase": "Creating", "secondary_phase": "Creating"},
-        "create_time": datetime(2026, 11, 25, tzinfo=UTC),
-    }
-    await repo.jobs.insert_one(doc)
-    await repo.sync_views(job_id)
+    await new_job(repo, job_id, "Creating", "Creating")
 
 
 async def test_a_status_that_says_the_phase_before_it_is_written_without_reading_or_answering(counted):

@@ -14,7 +14,9 @@ from tests.factories import node, start_task
 NODE = node(node_id="n1")
 
 
-def make_agent(root, sent: list) -> Agent:
+def make_agent(root, sent: list, **extra) -> Agent:
+    """An agent on n1 with file storage under `root`, its messages appended to `sent`; `extra`: more of Agent's."""
+
     async def publish(message) -> None:
         sent.append(message)
 
@@ -25,6 +27,7 @@ def make_agent(root, sent: list) -> Agent:
         checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
         preparer=Preparer(root / "engines", {}),
         storage=StoragePolicy(storage_root=f"file://{root}/storage", checkpoint_root=f"file://{root}/checkpoints"),
+        **extra,
     )
 
 

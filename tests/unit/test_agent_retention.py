@@ -6,14 +6,11 @@ import os
 
 from shared.events import LogChunk, TaskExited
 from shared.jobs import Algorithm, DataOut
-from shared.storage import StoragePolicy
 from services.agent.agent import Agent
-from services.agent.checkpoints import CheckpointStore
-from services.agent.preparation import Preparer
 from services.agent.retention import Finished, Retention, size_of, to_remove
-from tests.factories import node, start_task, unique
+from tests.factories import start_task, unique
+from tests.unit.test_agent_journal import make_agent as journal_agent
 
-NODE = node(node_id="n1")
 # writes an output and a checkpoint, then ends
 WORK = "mkdir -p outputs/model && echo weights > outputs/model/w && echo saved > $TRAINMASTER_CHECKPOINT_DIR/state"
 
@@ -27,20 +24,9 @@ class Clock:
 
 
 def make_agent(root, sent: list, *, retention_s: float = 0, budget_bytes: int = 10**9, clock=None) -> Agent:
-    async def publish(message) -> None:
-        sent.append(message)
-
-    return Agent(
-        node=NODE,
-        root=root,
-        publish=publish,
-        checkpoints=CheckpointStore(f"file://{root}/checkpoints"),
-        preparer=Preparer(root / "engines", {}),
-        storage=StoragePolicy(storage_root=f"file://{root}/storage", checkpoint_root=f"file://{root}/checkpoints"),
-        retention=Retention(
-            jobs=root / "jobs", retention_s=retention_s, budget_bytes=budget_bytes, clock=clock or Clock()
-        ),
-    )
+    clock = clock or Clock()
+    retention = Retention(jobs=root / "jobs", retention_s=retention_s, budget_bytes=budget_bytes, clock=clock)
+    return journal_agent(root, sent, retention=retention)
 
 
 def working(root, job_id: str):

@@ -34,17 +34,7 @@ ENTRY = {
     "memory_gb": 16,
     "price_per_hour": 0.8,
 }
-INSTANCE = InstanceType(
-    name="l4.1x",
-    gpus=1,
-    gpu_model="L4",
-    gpu_memory_gb=24,
-    tflops=121,
-    cpu=4,
-    memory_gb=16,
-    price_per_hour=0.8,
-    startup_delay_s=0,
-)
+INSTANCE = InstanceType(**ENTRY, startup_delay_s=0)
 
 
 def test_the_script_writes_the_nodes_files_verbatim_and_starts_its_agent(tmp_path):
