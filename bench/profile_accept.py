@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.submit import NOOP, TOKEN, cluster, free_port, history_model_trained
+from bench.submit import TOKEN, bench_settings, cluster, history_model_trained, submit_noop
 from services.stack.processes import Stack, StackSettings
 
 # The submitter as the stack starts it, with a profile kept from SIGUSR2 (started afresh) to SIGUSR1 (written).
@@ -52,10 +52,7 @@ async def burst(stack: ProfiledStack, *, jobs: int, concurrency: int) -> float:
 
         async def client() -> None:
             for i in names:
-                body = {"metadata": {"name": f"noop-{i}"}, **NOOP}
-                while (response := await api.post("/v2/bench/training-jobs", json=body)).status_code in (429, 503):
-                    await asyncio.sleep(float(response.headers.get("retry-after", 0.5)))
-                response.raise_for_status()
+                await submit_noop(api, i, [])
 
         pid = stack.processes["submitter"].pid
         os.kill(pid, signal.SIGUSR2)
@@ -82,18 +79,7 @@ def main() -> None:
         data = Path(tmp)
         (data / "cluster.toml").write_text(cluster(3))
         out = args.save or data / "submitter.prof"
-        stack = ProfiledStack(
-            StackSettings(
-                data_dir=data,
-                nats_port=free_port(),
-                api_port=free_port(),
-                cluster_file=data / "cluster.toml",
-                admin_token=TOKEN,
-                mongo_url=None,
-                log_level="WARNING",
-            ),
-            out=out,
-        )
+        stack = ProfiledStack(bench_settings(data), out=out)
         stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
         try:
             stack.start_all()

@@ -145,6 +145,29 @@ async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle
     )
 
 
+async def submit_noop(api: httpx.AsyncClient, i: int, refused: list[int]) -> httpx.Response:
+    """Submit no-op job `noop-<i>`, again after each 429 or 503 (said so, nothing stored: a client tries again),
+    whose status codes go to `refused`."""
+    body = {"metadata": {"name": f"noop-{i}"}, **NOOP}
+    while (response := await api.post("/v2/bench/training-jobs", json=body)).status_code in (429, 503):
+        refused.append(response.status_code)
+        await asyncio.sleep(float(response.headers.get("retry-after", 0.5)))
+    return response.raise_for_status()
+
+
+def bench_settings(data: Path) -> StackSettings:
+    """A bench stack's settings: its state under `data`, free ports, the embedded databases, warnings only."""
+    return StackSettings(
+        data_dir=data,
+        nats_port=free_port(),
+        api_port=free_port(),
+        cluster_file=data / "cluster.toml",
+        admin_token=TOKEN,
+        mongo_url=None,
+        log_level="WARNING",
+    )
+
+
 async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_at_start: bool = False) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
@@ -157,12 +180,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
         async def client() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                body = {"metadata": {"name": f"noop-{i}"}, **NOOP}
-                while (response := await api.post("/v2/bench/training-jobs", json=body)).status_code in (429, 503):
-                    refused.append(response.status_code)  # said so, nothing stored: a client tries again
-                    await asyncio.sleep(float(response.headers.get("retry-after", 0.5)))
-                response.raise_for_status()
-                ids.append(response.json()["metadata"]["id"])
+                ids.append((await submit_noop(api, i, refused)).json()["metadata"]["id"])
 
         # right after start, while a fresh stack's estimator trains its first history model (as a user meets it)
         at_start = (
@@ -301,17 +319,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
         data = Path(tmp)
         (data / "cluster.toml").write_text(cluster(args.nodes))
-        stack = Stack(
-            StackSettings(
-                data_dir=data,
-                nats_port=free_port(),
-                api_port=free_port(),
-                cluster_file=data / "cluster.toml",
-                admin_token=TOKEN,
-                mongo_url=None,
-                log_level="WARNING",
-            )
-        )
+        stack = Stack(bench_settings(data))
         if args.no_history_model:
             stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
         if args.count_commands:
