@@ -33,10 +33,21 @@ def _last_key(attempt: int, rank: int) -> str:
     return f"last_{attempt}_{rank}"
 
 
+def _top_key(attempt: int, rank: int) -> str:
+    """Tally of a job's output: the highest number of one task's chunks stored."""
+    return f"top_{attempt}_{rank}"
+
+
 def _all_counted(sizes: dict[str, Any], attempt: int, rank: int) -> bool:
-    """Whether the tally says every chunk of the task up to the one marked last is stored."""
+    """Whether the tally says every chunk of the task up to the one marked last is stored: the task's chunks are
+    distinct numbers from 0 (one stored id each), so last + 1 of them, none above last, are exactly 0..last (a
+    count alone would take numbers past "last" for missing ones)."""
     last = sizes.get(_last_key(attempt, rank))
-    return last is not None and sizes.get(_chunks_key(attempt, rank), 0) > last
+    return (
+        last is not None
+        and sizes.get(_chunks_key(attempt, rank), 0) == last + 1
+        and sizes.get(_top_key(attempt, rank)) == last
+    )
 
 
 def all_stored(seqs: list[int], last: int | None) -> bool:
@@ -90,6 +101,8 @@ class LogStore:
         tally = self.counts.get(chunk.job_id) or self.counts.put(chunk.job_id, {})
         key = _chunks_key(chunk.attempt, chunk.rank)
         tally[key] = tally.get(key, 0) + 1
+        top = _top_key(chunk.attempt, chunk.rank)
+        tally[top] = max(tally.get(top, chunk.seq), chunk.seq)
         if chunk.last:
             tally[_last_key(chunk.attempt, chunk.rank)] = chunk.seq
         tally["unsummed"] = tally.get("unsummed", 0) + size
