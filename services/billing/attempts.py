@@ -84,9 +84,13 @@ class Attempts:
         )
         if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
-        if not await insert_grouped(self.ledger, entry):  # with other attempts' that start at the same moment
-            return  # opened, or opened and closed, by an earlier delivery: the stored line stands
-        self.running[entry["_id"]] = as_read(self.ledger, entry)
+        if await insert_grouped(self.ledger, entry):  # with other attempts' that start at the same moment
+            self.running[entry["_id"]] = as_read(self.ledger, entry)
+            return
+        # opened, or opened and closed, by an earlier delivery (one whose answer was lost, or whose group's write
+        # failed after it landed): the stored line stands, and one still open is this process's to close
+        if (stored := await self.ledger.find_one({"_id": entry["_id"], OPEN: True})) is not None:
+            self.running[entry["_id"]] = stored
 
     async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
         """Close the attempt's line when its end is seen; the end time the agent reports is not read."""

@@ -608,3 +608,21 @@ async def test_chunks_of_output_stored_together_share_one_insert_and_write_nothi
     assert commands.total() == commands.sent["insert"]  # each chunk's counter was a findAndModify of its own
     assert [repo.output.counts.get(f"out-{n}")["chunks_1_0"] for n in range(10)] == [1] * 10  # counted once
     assert await repo.output.chunks.count_documents({}) == 10
+
+
+async def test_a_start_whose_line_landed_though_its_answer_was_lost_is_still_closed_by_its_end(counted):
+    """The line was stored but this billing did not learn it (the answer lost, or the write group failed after it
+    landed): the start's redelivery finds it stored and open, and its end closes it (it stayed open, uncharged)."""
+    repo, _ = counted
+    db, now = repo.db, T0 + timedelta(hours=3)
+    billing = billing_over(db, clock=lambda: now)
+    billing.attempts.spent = no_budgets
+    await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
+    await billing.attempts.submitted(submitted(job_id="a"))
+    await billing.attempts.placed(placed("a"))
+    await billing.attempts.started(started("a"), seen=T0)
+    billing.attempts.running.clear()  # as if the insert's answer never came: stored, not remembered
+    await billing.attempts.started(started("a"), seen=T0)  # the redelivery: the insert is refused
+    await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
+    closed = await db.billing_ledger.find_one({"_id": "a:1:0"})
+    assert "open" not in closed and closed["cost"] == pytest.approx(2.0)
