@@ -48,6 +48,8 @@ class Attempts:
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
     # Every open line, as written (`load` reads them at the start): what runs, for the ends, reports and admission.
     running: dict[str, dict] = field(default_factory=dict, repr=False)
+    # Lines whose insert raised here (the answer lost, or the write group failed after it landed): stored or not.
+    unanswered: set[str] = field(default_factory=set, repr=False)
 
     async def load(self) -> int:
         """At the start, before any event: the open lines into memory. Returns how many attempts run."""
@@ -84,13 +86,19 @@ class Attempts:
         )
         if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
-        if await insert_grouped(self.ledger, entry):  # with other attempts' that start at the same moment
+        try:
+            inserted = await insert_grouped(self.ledger, entry)  # with other attempts' that start at the same moment
+        except Exception:
+            self.unanswered.add(entry["_id"])
+            raise
+        if inserted:
             self.running[entry["_id"]] = as_read(self.ledger, entry)
-            return
-        # opened, or opened and closed, by an earlier delivery (one whose answer was lost, or whose group's write
-        # failed after it landed): the stored line stands, and one still open is this process's to close
-        if (stored := await self.ledger.find_one({"_id": entry["_id"], OPEN: True})) is not None:
+        elif entry["_id"] in self.unanswered and (  # it landed after all: the stored line, still open, is ours
+            stored := await self.ledger.find_one({"_id": entry["_id"], OPEN: True})
+        ):
             self.running[entry["_id"]] = stored
+        # else opened, or opened and closed, by an earlier delivery this process (or its `load`) knows of
+        self.unanswered.discard(entry["_id"])
 
     async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
         """Close the attempt's line when its end is seen; the end time the agent reports is not read."""

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import AutoReconnect
 
 from shared.events import Eta, EtaEstimated, JobStatusChanged, LogChunk, LogLine, NodeRegistered
 from shared.grouped import WRITE, insert_grouped, replace_if
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import UsageQuery
 from shared.store import DocumentStore
+from services.billing import attempts as attempts_module
 from services.billing.attempts import move_open_lines
 from services.billing.ledger import open_entry
 from services.billing.placements import Placements
@@ -610,18 +612,26 @@ async def test_chunks_of_output_stored_together_share_one_insert_and_write_nothi
     assert await repo.output.chunks.count_documents({}) == 10
 
 
-async def test_a_start_whose_line_landed_though_its_answer_was_lost_is_still_closed_by_its_end(counted):
+async def test_a_start_whose_line_landed_though_its_answer_was_lost_is_still_closed_by_its_end(counted, monkeypatch):
     """The line was stored but this billing did not learn it (the answer lost, or the write group failed after it
     landed): the start's redelivery finds it stored and open, and its end closes it (it stayed open, uncharged)."""
     repo, _ = counted
+    real_insert = attempts_module.insert_grouped
+
+    async def lands_then_raises(collection, doc):
+        await real_insert(collection, doc)
+        monkeypatch.setattr(attempts_module, "insert_grouped", real_insert)
+        raise AutoReconnect("the answer was lost")
+
+    monkeypatch.setattr(attempts_module, "insert_grouped", lands_then_raises)
     db, now = repo.db, T0 + timedelta(hours=3)
     billing = billing_over(db, clock=lambda: now)
     billing.attempts.spent = no_budgets
     await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
     await billing.attempts.submitted(submitted(job_id="a"))
     await billing.attempts.placed(placed("a"))
-    await billing.attempts.started(started("a"), seen=T0)
-    billing.attempts.running.clear()  # as if the insert's answer never came: stored, not remembered
+    with pytest.raises(AutoReconnect):
+        await billing.attempts.started(started("a"), seen=T0)
     await billing.attempts.started(started("a"), seen=T0)  # the redelivery: the insert is refused
     await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
     closed = await db.billing_ledger.find_one({"_id": "a:1:0"})
