@@ -96,6 +96,7 @@ class Agent:
         private_dir(root)
         self.launches = private_dir(root / "launch")
         self.journal = Journal(root / "journal.json")
+        self.sweeping = asyncio.Lock()  # retention's records and removals, one at a time
         self.heard_file = root / "silences.json"
         heard = load(self.heard_file) if fence is not None else None
         if fence is not None and heard is not None:  # the node's silences go on from its previous run's
@@ -177,7 +178,7 @@ class Agent:
                     self._exited(command, reason="terminated", message="the agent restarted while this task ran")
                 )
             return
-        if command.silences < self.silences():
+        if self.fence is not None and self.fence.stale(command.silences):
             await self._refuse(key, command)
             return
         self.journal.mark_started(key)
@@ -410,14 +411,17 @@ class Agent:
         """An attempt's end is reported (its output, checkpoint and outputs stored before): its directory is
         finished, kept for the retention within the budget."""
         if self.retention is not None:
-            await asyncio.to_thread(self.retention.ended, workdir)
+            async with self.sweeping:
+                await asyncio.to_thread(self.retention.ended, workdir)
             await self.sweep_attempts()
 
     async def sweep_attempts(self) -> None:
-        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty)."""
+        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty);
+        one sweep at a time (each end and the periodic one), the retention's records touched by one thread."""
         if self.retention is not None:
-            removed = await asyncio.to_thread(self.retention.sweep)
-            remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
+            async with self.sweeping:
+                removed = await asyncio.to_thread(self.retention.sweep)
+                remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
 
     async def report_unreported(self) -> None:
         """Report the end of tasks an earlier run of this agent started and died with (killed, power lost): their

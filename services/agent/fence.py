@@ -111,9 +111,11 @@ class Fence:
         return due
 
     def stale(self, silences: int) -> bool:
-        """Whether a start issued when the node had reported `silences` came before its latest silence."""
+        """Whether a start issued when the node had reported `silences` may come from before its latest silence:
+        any count but the node's own now. A lower one was issued before a silence; a higher one can only be one the
+        node reported before it lost its count (its file unreadable or wiped), so it is as old as that."""
         self.due()
-        return silences < self.silences
+        return silences != self.silences
 
     def silent_s(self) -> float:
         return self.clock() - self.acked_at

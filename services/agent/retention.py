@@ -12,11 +12,12 @@ following links (a link a task planted is removed, never what it points to).
 import logging
 import os
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from services.agent.quota import disk_usage
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +46,13 @@ def to_remove(finished: Iterable[Finished], *, now: float, retention_s: float, b
 
 
 def size_of(path: Path) -> int:
-    """Bytes under `path`: its regular files and its directories themselves (entries take room too; an empty
-    directory is not free), links not followed."""
-    total = 0
-    for root, dirs, files in os.walk(path):  # os.walk does not descend into links to directories
-        for name in [".", *dirs, *files]:
-            try:
-                st = os.lstat(os.path.join(root, name))
-            except OSError:
-                continue
-            if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-                total += max(st.st_size, 1)
-    return total
+    """Disk used under `path`, as the task's quota counts it (allocated blocks: a sparse file is what it holds, not
+    what it claims), links not followed; the directory itself too (an empty one is not free)."""
+    try:
+        own = os.lstat(path).st_blocks * 512
+    except OSError:
+        own = 0
+    return max(own, 1) + disk_usage(str(path))
 
 
 def attempt_dirs(jobs: Path) -> list[Path]:

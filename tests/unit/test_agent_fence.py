@@ -328,3 +328,18 @@ async def test_a_restarted_agent_goes_on_counting_and_a_gap_of_the_window_since_
     assert make_agent(tmp_path, bus, Clock()).silences() == 2  # down longer than the window: perhaps lost
     heard.write_text("{not json")
     assert make_agent(tmp_path, bus, Clock()).silences() >= 1  # a doubt is a silence
+
+
+async def test_a_start_carrying_more_silences_than_a_node_that_lost_its_count_never_runs(tmp_path):
+    """The node had reported 3 silences when a start was issued; its agent restarted with its count file unreadable
+    (the count starts over, 1): the start may be older than the node's latest silence, so it is refused too."""
+    bus, clock = Bus(), Clock()
+    (tmp_path / "silences.json").write_text("{not json")
+    agent = make_agent(tmp_path, bus, clock)
+    assert agent.silences() == 1
+    ran = tmp_path / "ran"
+    job_id = unique("j")
+    await agent.start(start_task(job_id, f"touch {ran}").model_copy(update={"silences": 3}))
+    [refused] = bus.exits()
+    assert (refused.job_id, refused.reason) == (job_id, "terminated") and refused.message.startswith("refused")
+    assert not ran.exists() and not agent.launching

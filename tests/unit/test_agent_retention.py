@@ -101,3 +101,12 @@ async def test_a_restarted_agent_clears_what_its_previous_run_left_without_follo
     await agent.sweep_attempts()
     assert not (tmp_path / "jobs" / "j").exists() and not (tmp_path / "jobs" / "k").exists()
     assert outside.read_text() == "not the task's" and (tmp_path / "jobs").is_dir()  # links removed as links
+
+
+def test_a_sparse_file_counts_what_it_holds_not_what_it_claims(tmp_path):
+    """A task's `truncate -s 1T` file must not push every other finished attempt past the budget at once."""
+    attempt = tmp_path / "attempt-1-rank-0"
+    attempt.mkdir()
+    with open(attempt / "sparse", "wb") as f:
+        f.truncate(1 << 40)
+    assert 0 < size_of(attempt) < 1 << 20
