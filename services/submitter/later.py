@@ -1,8 +1,9 @@
 """Versioned view entries written a moment later: a job passes through phases that last less than a second (Pending,
 Running of a short job), so the entry of a phase that does not end the job waits `delay_s`, and one of the same job
 handed in meanwhile (or written at once: a phase that ends it) replaces it. What is still waiting then goes out in
-one grouped write for all jobs. Lost with the process (a crash, a stop): the views are rebuilt from the jobs at the
-next start, and a job's next phase that ends it writes its entry at once whatever waited."""
+one grouped write for all jobs; a write that fails leaves them waiting for the next. Lost with the process (a crash,
+a stop): the views are rebuilt from the jobs at the next start, and a job's next phase that ends it writes its entry
+at once whatever waited."""
 
 import asyncio
 import logging
@@ -44,10 +45,16 @@ class LaterWrites:
         """What waits, written now (all in one grouped write). Only entries that exist are updated: one of a job
         deleted meanwhile is not made again."""
         batch, self.waiting = self.waiting, {}
-        if batch:
+        if not batch:
+            return
+        try:
             await update_grouped(
                 self.collection, [({"_id": job_id, **older_than(v)}, update) for job_id, (v, update) in batch.items()]
             )
+        except Exception:  # waiting again (a newer entry handed in meanwhile stands), tried again in `delay_s`
+            for job_id, (version, update) in batch.items():
+                self.add(job_id, version, update)
+            raise
 
     async def _later(self) -> None:
         try:
@@ -56,5 +63,7 @@ class LaterWrites:
             self._timer = None
         try:
             await self.write_now()
-        except Exception as exc:  # rebuilt from the jobs at the next start; a job's next phase writes its own
-            log.warning("view entries not written to %s: %r", self.collection.name, exc)
+        except Exception as exc:  # they wait again; a job's next phase writes its own, a restart rebuilds them all
+            log.warning(
+                "view entries not written to %s, tried again in %.1f s: %r", self.collection.name, self.delay_s, exc
+            )

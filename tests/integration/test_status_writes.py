@@ -23,12 +23,13 @@ from services.billing.ledger import open_entry
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
 from services.stack.processes import Stack, StackSettings
+from services.submitter import later as later_module
 from services.submitter.audit import AuditLog
 from services.submitter.caps import QueueCaps
 from services.submitter.intake import Arrival, Intake
 from services.submitter.refusals import QueueFull
 from services.submitter.repository import Repository
-from tests.conftest import free_port
+from tests.conftest import eventually, free_port
 from tests.factories import T0, exited, node, placed, started, submitted, unique
 
 pytestmark = pytest.mark.integration
@@ -636,3 +637,28 @@ async def test_a_start_whose_line_landed_though_its_answer_was_lost_is_still_clo
     await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
     closed = await db.billing_ledger.find_one({"_id": "a:1:0"})
     assert "open" not in closed and closed["cost"] == pytest.approx(2.0)
+
+
+async def test_view_entries_whose_write_failed_wait_and_go_out_with_the_next_try(counted, monkeypatch):
+    """A deferred write that fails (the database away a moment) keeps its entries waiting; they were lost before,
+    leaving a job counted in its queue or shown in an old phase until a restart."""
+    repo, _ = counted
+    entries = repo.db.later_test
+    await entries.insert_one({"_id": "w", "v": 1, "phase": "Pending"})
+    real_update = later_module.update_grouped
+    fails = [AutoReconnect("the database went away")]
+
+    async def fails_once(collection, updates, **kw):
+        if fails:
+            raise fails.pop()
+        return await real_update(collection, updates, **kw)
+
+    monkeypatch.setattr(later_module, "update_grouped", fails_once)
+    later = later_module.LaterWrites(entries, delay_s=0.05)
+    later.add("w", 2, {"$set": {"v": 2, "phase": "Running"}})
+
+    async def written():
+        return (await entries.find_one({"_id": "w"}))["phase"] == "Running"
+
+    await eventually(written, timeout_s=5)
+    assert not fails and not later.waiting
