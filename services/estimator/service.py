@@ -48,11 +48,12 @@ def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimate
 
 def with_tflops(job: dict[str, Any] | None, tflops: float | None, *, attempt: int) -> tuple[dict, list] | None:
     """A known job with the GPU speed of its latest attempt's node (kept for a restart); None when nothing changes
-    (a redelivered placement, or one of an earlier attempt, or no speed known where none was ever stored: a job
-    without GPUs is placed without a write)."""
+    (a redelivered placement, or one of an earlier attempt, or a first attempt with no speed known where none was
+    ever stored: a job without GPUs is placed without a write; a later attempt's is written, so that a late copy of
+    an earlier attempt's placement cannot then give the job that attempt's speed)."""
     if job is None or job.get("placed_attempt", 0) > attempt:
         return None
-    if tflops is None and job.get("tflops") is None and "placed_attempt" not in job:
+    if tflops is None and job.get("tflops") is None and "placed_attempt" not in job and attempt <= 1:
         return None
     if job.get("placed_attempt") == attempt and job.get("tflops") == tflops:
         return None

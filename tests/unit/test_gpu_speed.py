@@ -131,3 +131,10 @@ async def test_the_estimator_takes_the_speed_from_placements_record_and_keeps_it
     assert estimator.live[job_id].tflops == 650.0
     restarted = Estimator(broker=Bus(), models=None, origins=Origins(), **stores)
     assert (await restarted._model(job_id)).tflops == 650.0
+
+
+def test_a_later_attempt_on_a_node_of_no_known_speed_is_kept_so_a_late_earlier_placement_gives_it_no_speed():
+    job = {"_id": "j", "metrics": []}
+    kept, _ = with_tflops(job, None, attempt=2)  # the second attempt, on a node not measured
+    assert kept["placed_attempt"] == 2 and kept["tflops"] is None
+    assert with_tflops(kept, 700.0, attempt=1) is None  # the first attempt's placement, redelivered late
