@@ -341,8 +341,10 @@ class DocumentStore:
         `change(None)` gives without reading; a stored one refuses the insert and the next try reads it."""
         for attempt in range(attempts):
             guessed = new and attempt == 0
-            remembered = self._recall(doc_id) if attempt == 0 else None
-            current = None if guessed else remembered if remembered is not None else await self.load(doc_id)
+            if guessed:
+                current = None
+            else:  # a lost race reads what the other writer stored
+                current = await (self.current(doc_id) if attempt == 0 else self.load(doc_id))
             outcome = change(current)
             if outcome is None and guessed:
                 continue  # nothing to make of nothing: what is stored decides
