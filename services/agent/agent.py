@@ -30,7 +30,7 @@ from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
-from services.agent.fence import FENCED, Fence
+from services.agent.fence import FENCED, Fence, window_s
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
 from services.agent.journal import Journal
@@ -99,6 +99,7 @@ class Agent:
         self.sweeping = asyncio.Lock()  # retention's records and removals, one at a time
         self.heard_file = root / "silences.json"
         heard = load(self.heard_file) if fence is not None else None
+        self.heard_saved: Heard | None = None  # what this run last wrote there
         if fence is not None and heard is not None:  # the node's silences go on from its previous run's
             fence.resume(silences=heard.silences, unheard_for_s=unheard_for_s(heard, now_wall=time.time()))
         self.heartbeats = 0
@@ -145,7 +146,7 @@ class Agent:
                 log.warning("heartbeat not acknowledged, %.1f s since one was: %r", self.fence.silent_s(), exc)
                 return
             self.fence.acked(sent_at)
-            await asyncio.to_thread(save, self.heard_file, Heard(self.silences(), sent_wall))
+            await self._keep_heard(self.fence, self.silences(), sent_wall)
         if not gpus or probe is None:
             return
         held = await asyncio.to_thread(
@@ -164,6 +165,21 @@ class Agent:
         for failed in await asyncio.gather(*(self.publish(s) for s in samples), return_exceptions=True):
             if isinstance(failed, Exception):  # a sample lost; the next heartbeat sends another
                 log.warning("GPU telemetry not sent: %r", failed)
+
+    async def _keep_heard(self, fence: Fence, silences: int, acked_wall: float) -> None:
+        """Write the count and the acknowledged heartbeat's time when the count changed or half the fence window
+        passed since the time written (not at every heartbeat): a restart then takes the gap as at most that much
+        longer than it was, which errs towards counting a silence."""
+        saved, half_window = self.heard_saved, window_s(timeout_s=fence.timeout_s(), margin_s=fence.margin_s) / 2
+        if (
+            saved is not None
+            and saved.acked_wall is not None
+            and saved.silences == silences
+            and acked_wall - saved.acked_wall < half_window
+        ):
+            return
+        self.heard_saved = Heard(silences, acked_wall)
+        await asyncio.to_thread(save, self.heard_file, self.heard_saved)
 
     async def start(self, command: StartTask) -> None:
         key = Journal.key(command.job_id, command.attempt, command.rank)

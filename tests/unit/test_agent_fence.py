@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from shared.events import NodeCadence, NodeHeartbeat, StopTask, TaskExited, TaskStarted
 from shared.storage import StoragePolicy
+from services.agent import agent as agent_module
 from services.agent.agent import Agent
 from services.agent.app import AgentSettings, fence_check, node_timeout_s
 from services.agent.checkpoints import CheckpointStore
@@ -343,3 +344,22 @@ async def test_a_start_carrying_more_silences_than_a_node_that_lost_its_count_ne
     [refused] = bus.exits()
     assert (refused.job_id, refused.reason) == (job_id, "terminated") and refused.message.startswith("refused")
     assert not ran.exists() and not agent.launching
+
+
+async def test_the_count_file_is_written_when_the_count_changes_or_half_a_window_passed_not_at_every_heartbeat(
+    tmp_path, monkeypatch
+):
+    bus, clock = Bus(), Clock()
+    agent = make_agent(tmp_path, bus, clock)
+    wall = [1_000_000.0]
+    monkeypatch.setattr("services.agent.agent.time.time", lambda: wall[0])
+    writes = []
+    real_save = agent_module.save
+    monkeypatch.setattr(agent_module, "save", lambda path, heard: writes.append(heard) or real_save(path, heard))
+    for _ in range(3):  # heartbeats well within half the window of each other
+        await agent.heartbeat()
+        wall[0] += WINDOW_S / 8
+    assert len(writes) == 1
+    wall[0] += WINDOW_S / 2
+    await agent.heartbeat()
+    assert len(writes) == 2 and writes[-1].acked_wall == wall[0]
