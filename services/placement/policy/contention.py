@@ -51,33 +51,67 @@ class Kind:
 
     gpus: int = 0
     free: int = 0
-    ends: list[float] = field(default_factory=list)  # expected release time of each busy GPU
+    ends: dict[float, int] = field(default_factory=dict)  # expected release time -> busy GPUs released then
+    _times: list[float] = field(default_factory=list)  # the keys of `ends`, sorted
+    busy: int = 0  # GPUs in `ends`
     # job id -> (queue order, GPUs, $ per s, duration s)
     queued: dict[str, tuple[tuple, int, float, float]] = field(default_factory=dict)
     demand: int = 0
     value: float = 0.0
     _waits: dict[int, Waits] = field(default_factory=dict)
+    _in_order: list[tuple[tuple, int, float, float]] | None = None  # `queued` sorted, until it changes
+
+    def hold(self, end: float, gpus: int) -> None:
+        """`gpus` busy until `end`."""
+        if end not in self.ends:
+            bisect.insort(self._times, end)
+            self.ends[end] = 0
+        self.ends[end] += gpus
+        self.busy += gpus
 
     def waits(self, now: float, taken: int) -> Waits:
         """Each backlog job's expected start once `taken` of the free GPUs are taken: the backlog in queue order, each
         job on the first GPUs back (free ones now, busy ones at their expected ends, its predecessors' at theirs);
-        past every GPU the kind has, never (per `taken`; rebuilt after a start)."""
+        past every GPU the kind has, never (per `taken`; rebuilt after a start). GPUs coming back at one moment are
+        one entry (time, count): a plan costs the running jobs and the backlog, not every GPU."""
         out = self._waits.get(taken)
         if out is None:
-            back = [now] * max(self.free - taken, 0) + self.ends
+            idle = max(self.free - taken, 0)
+            back, total = ([[now, idle]] if idle else []), idle + self.busy
+            reach = 0  # the backlog takes `demand` GPUs of the pool at most, the first back: the rest never matter
+            for t in self._times:
+                if reach >= self.demand:
+                    break
+                back.append([t, self.ends[t]])
+                reach += self.ends[t]
             heapq.heapify(back)
+            if self._in_order is None:
+                self._in_order = sorted(self.queued.values())
             out = Waits()
-            for _, gpus, value, duration in sorted(self.queued.values()):
-                if gpus > len(back) or gpus <= 0:
+            for _, gpus, value, duration in self._in_order:
+                if gpus > total or gpus <= 0:
                     out.waits.append((INF, value))
                     continue
-                start = max(heapq.heappop(back) for _ in range(gpus))
-                for _ in range(gpus):
-                    heapq.heappush(back, start + duration)
+                start = _take(back, gpus)
+                heapq.heappush(back, [start + duration, gpus])
                 out.waits.append((max(0.0, start - now), value))
             out.index()
             self._waits[taken] = out
         return out
+
+
+def _take(back: list[list], gpus: int) -> float:
+    """Take the first `gpus` GPUs back from the heap of [time, count]; when the last of them is back."""
+    start = -INF
+    while gpus:
+        entry = back[0]
+        start = entry[0]
+        if entry[1] > gpus:
+            entry[1] -= gpus
+            return start
+        gpus -= entry[1]
+        heapq.heappop(back)
+    return start
 
 
 @dataclass(slots=True)
@@ -105,10 +139,11 @@ class Backlog:
             return
         gpus = job.gpu_count * job.node_count
         kind.free -= gpus
-        kind.ends.extend([self.now + option.duration] * gpus)
+        kind.hold(self.now + option.duration, gpus)
         if owned_only and kind.queued.pop(job.id, None) is not None:
             kind.demand -= gpus
             kind.value = max(0.0, kind.value - value_per_s)
+            kind._in_order = None
         kind._waits.clear()
 
 
@@ -134,7 +169,7 @@ def backlog(
         end = expected_end(run, now)
         for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
             if (held := kind_of.get(node_id)) is not None:
-                held.ends.extend([end] * len(indices))
+                held.hold(end, len(indices))
     for job in state.queue:
         for name in owned_only.get(job.id, ()):
             if (backlogged := out.kinds.get(name)) is not None:
