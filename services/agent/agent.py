@@ -73,8 +73,8 @@ class Agent:
     ) -> None:
         self.node = node
         self.retention = retention  # removes finished attempts' directories (None: they stay)
-        if retention is not None:  # before any command: what a previous run left is finished (its tasks died)
-            retention.adopt()
+        self.adopted = False  # what a previous run left is taken as finished at the first sweep, not here
+        self.attempt_dirs: set[Path] = set()  # this run's attempts' directories: never a previous run's
         self.fence = fence  # stop every task when no heartbeat has been acknowledged for its window
         self.acknowledge = acknowledge
         self.output_update_s = output_update_s  # a redrawn bar's latest frame goes out at most this often
@@ -218,6 +218,8 @@ class Agent:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
         job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
         workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
+        if not self.adopted:  # before it exists: the sweep adopting a previous run's directories never takes it
+            self.attempt_dirs.add(workdir)
         workdir.mkdir(mode=0o700, exist_ok=True)
         shipper = LogShipper(
             job_id=command.job_id,
@@ -432,10 +434,14 @@ class Agent:
             await self.sweep_attempts()
 
     async def sweep_attempts(self) -> None:
-        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty);
-        one sweep at a time (each end and the periodic one), the retention's records touched by one thread."""
+        """Remove the finished attempts' directories retention no longer keeps (and job directories left empty),
+        the first time after taking what a previous run left as finished; one sweep at a time (each end and the
+        periodic one), the retention's records touched by one thread."""
         if self.retention is not None:
             async with self.sweeping:
+                if not self.adopted:  # the first: what a previous run left (in a thread: a long walk holds no beat)
+                    await asyncio.to_thread(self.retention.adopt, self.attempt_dirs)
+                    self.adopted, self.attempt_dirs = True, set()
                 removed = await asyncio.to_thread(self.retention.sweep)
                 remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
 
