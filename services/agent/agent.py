@@ -70,8 +70,12 @@ class Agent:
         fence: Fence | None = None,
         acknowledge: Acknowledge | None = None,
         retention: Retention | None = None,
+        connected: Callable[[], bool] = lambda: True,
     ) -> None:
         self.node = node
+        # Whether the bus connection is up: a heartbeat is not sent while it is not (the client would buffer it
+        # and flush it at the reconnection, where the monitor would take the state it says as current).
+        self.connected = connected
         self.retention = retention  # removes finished attempts' directories (None: they stay)
         self.adopted = False  # what a previous run left is taken as finished at the first sweep, not here
         self.attempt_dirs: set[Path] = set()  # this run's attempts' directories: never a previous run's
@@ -124,6 +128,9 @@ class Agent:
     async def heartbeat(self) -> None:
         """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
         self.heartbeats += 1
+        if not self.connected():  # unsent, hence unacknowledged: the silence grows towards the fence as it should
+            log.warning("heartbeat not sent: the bus is not connected")
+            return
         tasks = [t for t in self.tasks.values() if t.stop_reason != FENCED]  # fenced: dead or dying, not running
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
