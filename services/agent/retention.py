@@ -4,9 +4,9 @@ to look into, within a budget, then removed.
 An attempt's directory counts as finished once its end is reported: by then its output has gone to the stream
 (every chunk acknowledged), its last checkpoint and its outputs to storage (a fenced one's deliberately not), and
 the next attempt restores from storage, never from here. A restarted agent takes every directory its previous run
-left as finished at its first sweep (the previous run's tasks died with it). Finished directories go after `retention_s`, and the
-oldest first while they hold more than `budget_bytes` together. Sizes count what the directory holds without
-following links (a link a task planted is removed, never what it points to).
+left as finished at its first sweep (the previous run's tasks died with it). Finished directories go after
+`retention_s`, and the oldest first while they hold more than `budget_bytes` together. Sizes count what the
+directory holds without following links (a link a task planted is removed, never what it points to).
 """
 
 import logging
