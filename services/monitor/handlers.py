@@ -163,15 +163,16 @@ router = NatsRouter()
 
 
 # Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits
-# for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it.
+# for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it. Nothing
+# is sent back to the stream from inside that order: an exit heard before its task's start is kept on the task
+# (`state.task_exited`).
 JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
 
 
 @router.subscriber(**JOBS.subscription)
 @JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor = Context("monitor")) -> None:
-    """Every lifecycle event of every job, each job's in stream order (an exit heard before its task's start is
-    kept on the task, never sent back to the stream: `state.task_exited`)."""
+    """Every lifecycle event of every job, each job's in stream order."""
     await dispatch(EVENT_HANDLERS, event, monitor)
 
 

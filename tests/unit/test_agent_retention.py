@@ -7,8 +7,8 @@ import threading
 
 from shared.events import LogChunk, NodeHeartbeat, TaskExited
 from shared.jobs import Algorithm, DataOut
-from services.agent.agent import Agent
 from services.agent import retention
+from services.agent.agent import Agent
 from services.agent.retention import Finished, Retention, attempt_dirs, size_of, to_remove
 from tests.factories import start_task, unique
 from tests.unit.test_agent_journal import make_agent as journal_agent
