@@ -28,6 +28,7 @@ from services.agent.agent import Agent
 from services.agent.hangs import HangPolicy
 from services.agent.pace import Pace
 from services.agent.shipping import LogShipper
+from services.agent.supervision import exited_event, started_event
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ class SimAgent:
     register = Agent.register
     heartbeat = Agent.heartbeat
     publish_reliably = Agent.publish_reliably
-    _started_event = Agent._started_event
-    _exited = Agent._exited
 
     def __init__(self, node: NodeInfo, broker: NatsBroker) -> None:
         self.node = node
@@ -79,6 +78,7 @@ class SimAgent:
         self.hangs = HangPolicy()  # no NVML: simulated GPUs send no readings
         self.fence = None  # simulated nodes never fence: a heartbeat is not waited for
         self.acknowledge = None
+        self.connected = lambda: True  # heartbeats go out whatever the connection (the bench waits out no outage)
 
     async def publish(self, message) -> None:
         await publish(self.broker, message)
@@ -212,13 +212,14 @@ class SimFleet:
             path=self.output_dir / f"{key.replace(':', '-')}.log",
             publish=agent.publish_reliably,
         )
-        await agent.publish_reliably(agent._started_event(task))
+        await agent.publish_reliably(started_event(agent.node, agent.boot_id, task))
         self.started += 1
         shipper.add(LogLine(t=time.time(), s="out", line="simulated task"))
         await asyncio.sleep(self.task_s)
         agent.tasks.pop(key, None)
         await shipper.close()
-        await agent.publish_reliably(agent._exited(command, reason="completed", message="", status=0))
+        exited = exited_event(agent.node.node_id, command, reason="completed", message="", status=0)
+        await agent.publish_reliably(exited)
         self.exited += 1
 
     async def close(self) -> None:

@@ -319,6 +319,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
         if settings.fence
         else None,
         acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
+        connected=lambda: w.broker.config.connection_state.connection.is_connected,
         retention=Retention(
             jobs=root / "jobs",
             retention_s=settings.attempt_retention_s,

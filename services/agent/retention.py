@@ -3,17 +3,17 @@ to look into, within a budget, then removed.
 
 An attempt's directory counts as finished once its end is reported: by then its output has gone to the stream
 (every chunk acknowledged), its last checkpoint and its outputs to storage (a fenced one's deliberately not), and
-the next attempt restores from storage, never from here. A restarted agent takes every directory it finds as
-finished at its start (the previous run's tasks died with it). Finished directories go after `retention_s`, and the
-oldest first while they hold more than `budget_bytes` together. Sizes count what the directory holds without
-following links (a link a task planted is removed, never what it points to).
+the next attempt restores from storage, never from here. A restarted agent takes every directory its previous run
+left as finished at its first sweep (the previous run's tasks died with it). Finished directories go after
+`retention_s`, and the oldest first while they hold more than `budget_bytes` together. Sizes count what the
+directory holds without following links (a link a task planted is removed, never what it points to).
 """
 
 import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,11 +92,12 @@ class Retention:
         if path.is_dir() and not path.is_symlink():
             self.finished[path] = Finished(path, self.clock(), size_of(path))
 
-    def adopt(self) -> None:
-        """At the agent's start, before it takes any command: every attempt directory a previous run left is
-        finished now (blocking)."""
+    def adopt(self, mine: Container[Path] = ()) -> None:
+        """Every attempt directory a previous run of the agent left is finished now (its tasks died with it): all
+        there are but this run's own (`mine`, each added before its directory is made). Blocking: run it in a
+        thread, after the agent registered (a long walk must not hold back its heartbeats)."""
         for path in attempt_dirs(self.jobs):
-            if path not in self.finished:
+            if path not in self.finished and path not in mine:
                 self.ended(path)
 
     def sweep(self) -> list[Path]:

@@ -6,11 +6,10 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from faststream import Context
-from faststream.exceptions import NackMessage
 from faststream.nats import NatsMessage, NatsRouter
 from nats.aio.msg import Msg
 
-from shared.bus import ACK_WAIT_S, RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, TRANSIENT_ERRORS, durable, retry_transient
+from shared.bus import RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, TRANSIENT_ERRORS, durable, retry_transient
 from shared.clock import utcnow
 from shared.events import (
     JobEvent,
@@ -33,8 +32,7 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import PATIENCE_S, REDELIVERY_MARGIN_S, keyed_durable
-from shared.origin import deliveries
+from shared.keyed import keyed_durable
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
@@ -165,28 +163,17 @@ router = NatsRouter()
 
 
 # Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits
-# for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it.
+# for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it. Nothing
+# is sent back to the stream from inside that order: an exit heard before its task's start is kept on the task
+# (`state.task_exited`).
 JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
-
-
-# A start delivered and lost with a bus server comes again after the ack wait; an exit that overtook it waits that
-# long, in steps, before it counts as a task that completed without starting (a failure).
-START_WAIT_S = 1.0
-START_WAITS = int((ACK_WAIT_S + 2 * REDELIVERY_MARGIN_S + PATIENCE_S) / START_WAIT_S) + 1
 
 
 @router.subscriber(**JOBS.subscription)
 @JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor = Context("monitor")) -> None:
     """Every lifecycle event of every job, each job's in stream order."""
-    if isinstance(event, TaskExited) and deliveries(message) < START_WAITS and await _start_unheard(monitor, event):
-        raise NackMessage(delay=START_WAIT_S)
     await dispatch(EVENT_HANDLERS, event, monitor)
-
-
-async def _start_unheard(monitor: Monitor, event: TaskExited) -> bool:
-    doc = await monitor.jobs.current(event.job_id)  # the monitor remembers its jobs: no read as a rule
-    return doc is not None and state.exit_before_start(state.JobState.model_validate(doc), event)
 
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))

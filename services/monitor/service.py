@@ -28,7 +28,7 @@ from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.nodes import NodeRecord, Seen, Sighting, record_of
 from services.monitor.records import NodeRecords
-from services.monitor.state import JobState, Outcome, expire, node_lost, snapshot, stop
+from services.monitor.state import JobState, Outcome, exits_unstarted, expire, node_lost, snapshot, stop
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ def overdue_query(now: datetime) -> dict:
 
 # What overdue_query reads by: running jobs, by deadline.
 DEADLINE_INDEX = [("phase", 1), ("deadline", 1)]
+# What the sweep of exits kept for a start reads by (JobState.exits_due).
+EXITS_DUE_INDEX = [("exits_due", 1)]
 
 
 @dataclass
@@ -321,6 +323,7 @@ class Monitor:
         """Nodes that went silent, and jobs that ran past their max_duration_s."""
         await self.check_silent_nodes(utcnow())
         await self.expire_overdue(utcnow())
+        await self.exits_without_start(utcnow())
 
     async def expire_overdue(self, now: datetime) -> None:
         """Terminate running jobs past their max_duration_s: only those whose deadline has passed are read (by
@@ -328,6 +331,13 @@ class Monitor:
         overdue = [d["_id"] async for d in self.jobs.collection.find(overdue_query(now), {"_id": 1})]
         for job_id in overdue:
             await self.apply(job_id, lambda job: None if job is None else expire(job, now=now))
+
+    async def exits_without_start(self, now: datetime) -> None:
+        """Apply the exits kept for a start that has not come by their due time (by the `exits_due` index): those
+        tasks completed without having started."""
+        due = [d["_id"] async for d in self.jobs.collection.find({"exits_due": {"$lt": now}}, {"_id": 1})]
+        for job_id in due:
+            await self.apply(job_id, lambda job: None if job is None else exits_unstarted(job, now=now))
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""

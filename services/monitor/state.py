@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from shared.bus import ACK_WAIT_S
 from shared.events import (
     Assignment,
     Attempt,
@@ -29,6 +30,7 @@ from shared.events import (
     TaskStatus,
 )
 from shared.jobs import Phase, SecondaryPhase, check_transition
+from shared.keyed import PATIENCE_S, REDELIVERY_MARGIN_S
 
 # What an agent says of one of its tasks.
 TaskEvent = TaskPreparing | TaskStarted | TaskExited | TaskHung | TaskResumed
@@ -45,6 +47,9 @@ ATTEMPT_REASON = {
     "hung": "hung",
 }
 REPEATED_FAILURES = 3
+# A start delivered to the monitor and lost with a bus server comes again after the ack wait: a "completed" exit
+# heard before its task's start is kept that long for it, then counts as a task that completed without starting.
+START_WAIT_S = ACK_WAIT_S + 2 * REDELIVERY_MARGIN_S + PATIENCE_S
 
 
 class TaskRecord(BaseModel):
@@ -58,6 +63,8 @@ class TaskRecord(BaseModel):
     exit_code: int | None = None
     reason: str = ""
     message: str = ""
+    early_exit: TaskExited | None = None  # a "completed" exit heard before the start, applied when it comes
+    exit_due: datetime | None = None  # when that exit counts without its start (START_WAIT_S after it was heard)
 
 
 class JobState(BaseModel):
@@ -99,6 +106,13 @@ class JobState(BaseModel):
         if not self.max_duration_s or self.start_time is None:
             return None
         return self.start_time + timedelta(seconds=self.max_duration_s)
+
+    @computed_field  # type: ignore[prop-decorator]  # stored with the job: the sweep reads only jobs with one due
+    @property
+    def exits_due(self) -> datetime | None:
+        """When the first exit kept for a start not yet heard counts without it; None without one."""
+        due = [t.exit_due for t in self.tasks.values() if t.exit_due and t.state == "assigned"]
+        return None if not due or self.phase.is_finished() else min(due)
 
 
 Outcome = tuple[JobState, list[Message]]
@@ -316,9 +330,18 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     if task.state != "assigned":
         return job, []
     # When the monitor heard of the start, not when the agent says it was: a node's clock is only its claim.
-    job = _with_task(
-        job, event.rank, task.model_copy(update={"state": "running", "started_at": now, "boot_id": event.boot_id})
+    running = task.model_copy(
+        update={"state": "running", "started_at": now, "boot_id": event.boot_id, "early_exit": None, "exit_due": None}
     )
+    job, events = _started(_with_task(job, event.rank, running), event, now=now)
+    if task.early_exit is None:
+        return job, events
+    job, ended = _exited(job, task.early_exit, now=now)  # the exit heard first, applied in its order now
+    return job, events + ended
+
+
+def _started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome:
+    """What the start of a task of the current attempt (now running) changes for its job."""
     if job.phase == Phase.TERMINATING:
         return job, [
             stop(
@@ -340,27 +363,38 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     return job, []
 
 
-def exit_before_start(job: JobState, event: TaskExited) -> bool:
-    """Whether a "completed" exit of the current attempt's task comes before the monitor heard that task start: the
-    start may still be on its way (a delivery lost with a bus server and redelivered later), so the exit waits for
-    it a while before it counts as a task completing without having started."""
-    task = job.tasks.get(str(event.rank))
-    return (
-        event.reason == "completed"
-        and event.attempt == job.attempt
-        and task is not None
-        and task.node_id == event.node_id
-        and task.state not in ("running", "exited")
-    )
-
-
 def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     """A task of the current attempt ended, as its placed node says (`from_placed_node`), timed when the monitor
-    heard it. Only a task that started can complete, and only with exit code 0: a "completed" exit of a task
-    never started, or one with another code, is that task failing (the node contradicts itself)."""
+    heard it. A "completed" exit heard before the task's start is kept on the task until the start comes (it may be
+    on its way: a delivery lost with a bus server is redelivered after the ack wait), then applied after it
+    (`task_started`), or at `exit_due` without it (`exits_unstarted`). Only a task that started can complete, and
+    only with exit code 0: a "completed" exit of a task never started, or one with another code, is that task
+    failing (the node contradicts itself)."""
     task = job.tasks.get(str(event.rank))
     if event.attempt != job.attempt or task is None or task.node_id != event.node_id or task.state == "exited":
         return job, []
+    if event.reason == "completed" and task.state == "assigned":
+        if task.early_exit is not None:  # the same exit again, or a second one: the first is kept
+            return job, []
+        due = now + timedelta(seconds=START_WAIT_S)
+        return _with_task(job, event.rank, task.model_copy(update={"early_exit": event, "exit_due": due})), []
+    return _exited(job, event, now=now)
+
+
+def exits_unstarted(job: JobState, *, now: datetime) -> Outcome:
+    """Apply the exits kept for starts that did not come by their `exit_due`: each task completed without having
+    started (a failure)."""
+    events: list[Message] = []
+    for _, task in sorted(job.tasks.items(), key=lambda kv: int(kv[0])):
+        if task.early_exit is not None and task.state == "assigned" and task.exit_due and task.exit_due <= now:
+            job, more = _exited(job, task.early_exit, now=now)
+            events += more
+    return job, events
+
+
+def _exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
+    """The exit of a task of the current attempt, placed on its node and not exited yet (`task_exited`)."""
+    task = job.tasks[str(event.rank)]
     if event.reason == "completed" and (task.state != "running" or event.exit_code != 0):
         detail = "without having started" if task.state != "running" else f"with exit code {event.exit_code}"
         event = event.model_copy(
@@ -379,6 +413,8 @@ def task_exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
                 "exit_code": event.exit_code,
                 "reason": event.reason,
                 "message": event.message,
+                "early_exit": None,
+                "exit_due": None,
             }
         ),
     )

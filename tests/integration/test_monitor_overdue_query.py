@@ -7,9 +7,10 @@ import pytest
 
 from shared.jobs import Phase
 from shared.store import make_client
-from services.monitor.service import DEADLINE_INDEX, overdue_query
+from services.monitor import state
+from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, overdue_query
 from services.monitor.state import JobState
-from tests.factories import unique
+from tests.factories import exited, placed, submitted, unique
 
 pytestmark = pytest.mark.integration
 
@@ -45,5 +46,32 @@ async def test_the_sweep_finds_only_the_jobs_due(bus_and_database):
         )
         found = sorted([d["_id"] async for d in jobs.find(overdue_query(datetime.now(UTC)), {"_id": 1})])
         assert found == ["due", "legacy"]
+    finally:
+        await client.close()
+
+
+async def test_the_sweep_of_exits_kept_for_their_start_finds_only_those_due_and_reads_them_back(bus_and_database):
+    """An exit heard before its task's start is stored on the task (the whole report) with the job's `exits_due`;
+    the sweep reads by it, and what it reads back is the exit as heard."""
+    client = make_client(bus_and_database.mongo_url_of("monitor"))
+    try:
+        jobs = client[unique("monitor").replace("-", "_")].monitor_jobs
+        await jobs.create_index(EXITS_DUE_INDEX)
+        now = datetime.now(UTC)
+        docs = []
+        for job_id, heard_s_ago in (("due", state.START_WAIT_S + 5), ("waiting", 1.0), ("none", None)):
+            job, _ = state.submitted(submitted(job_id=job_id), now=now)
+            job, _ = state.placed(job, placed(job_id), now=now)
+            if heard_s_ago is not None:
+                job, _ = state.task_exited(job, exited(job_id), now=now - timedelta(seconds=heard_s_ago))
+            docs.append({"_id": job_id, **job.model_dump()})
+        await jobs.insert_many(docs)
+        found = [d async for d in jobs.find({"exits_due": {"$lt": now}})]
+        assert [d["_id"] for d in found] == ["due"]
+        job = JobState.model_validate(found[0])
+        kept = job.tasks["0"].early_exit
+        assert kept is not None and (kept.event_id, kept.reason, kept.exit_code) == ("due:1:0:exited", "completed", 0)
+        failed, _ = state.exits_unstarted(job, now=now)
+        assert failed.phase == Phase.FAILED and "without having started" in failed.reason
     finally:
         await client.close()

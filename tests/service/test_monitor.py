@@ -1,15 +1,10 @@
 """The monitor's handlers under TestNatsBroker, with its collections in memory."""
 
-from datetime import UTC, datetime
-from types import SimpleNamespace
-
-import pytest
-from faststream.exceptions import NackMessage
+from datetime import UTC, datetime, timedelta
 
 from shared.bus import publish
-from shared.events import NodeTasksLost
+from shared.events import JobTerminateRequested, NodeTasksLost
 from services.monitor import state
-from services.monitor.handlers import START_WAITS, on_job_event
 from tests.factories import exited, placed, started, submitted
 
 
@@ -90,29 +85,42 @@ async def test_an_agent_restart_loses_the_tasks_its_earlier_run_started_not_thos
     assert old["phase"] == "Pending" and old["attempts"][-1]["outcome"] == "node_lost"
 
 
-class Delivered:
-    """What the handler reads of a JetStream message: how often it was delivered (no consumer sequence)."""
-
-    def __init__(self, times: int) -> None:
-        self.raw_message = SimpleNamespace(metadata=SimpleNamespace(num_delivered=times))
-
-
-async def test_an_exit_that_overtook_its_start_waits_for_it_and_only_then_counts_as_a_failure(monitor_broker):
+async def test_an_exit_heard_before_its_start_is_applied_after_it_in_order_once(monitor_broker):
     """A start delivered to the monitor and lost with a bus server comes again after the ack wait; its exit, read
-    first, went straight to "completed without having started": a failure of a job that ran fine (the failover test
-    caught it). The exit now goes back to the stream while the start may still come."""
-    broker, monitor, _ = monitor_broker
-    for job_id in ("ok", "never"):
-        await publish(broker, submitted(job_id=job_id))
-        await publish(broker, placed(job_id))
-    with pytest.raises(NackMessage):
-        await on_job_event(event=exited("ok"), message=Delivered(1), monitor=monitor)
-    await publish(broker, started("ok"))  # the start, redelivered
-    await on_job_event(event=exited("ok"), message=Delivered(2), monitor=monitor)
-    assert (await monitor.jobs.load("ok"))["phase"] == "Completed"
+    first, was sent back to the stream, where a later event of the job overtook it: a termination asked after the
+    task completed turned the job Terminated (and an in-memory broker lost the exit). The exit is now kept on its
+    task and applied when the start comes, before anything after it; the same exit heard again changes nothing."""
+    broker, monitor, seen = monitor_broker
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    await publish(broker, exited("j"))  # its start is still on its way
+    await publish(broker, exited("j"))  # heard again
+    kept = await monitor.jobs.load("j")
+    assert kept["phase"] == "Pending" and kept["tasks"]["0"]["state"] == "assigned"
+    assert kept["tasks"]["0"]["early_exit"]["reason"] == "completed" and kept["exits_due"] is not None
 
-    with pytest.raises(NackMessage):
-        await on_job_event(event=exited("never"), message=Delivered(START_WAITS - 1), monitor=monitor)
-    await on_job_event(event=exited("never"), message=Delivered(START_WAITS), monitor=monitor)
+    await publish(broker, started("j"))  # the start, redelivered
+    await publish(broker, JobTerminateRequested(event_id="j:terminate", job_id="j", requested_by="alice"))
+    await publish(broker, exited("j"))  # the exit once more, as the stream would redeliver it
+
+    done = await monitor.jobs.load("j")
+    assert versions(seen) == [(1, "Pending"), (2, "Pending"), (3, "Running"), (4, "Completed")]
+    assert done["tasks"]["0"]["state"] == "exited" and done["tasks"]["0"]["reason"] == "completed"
+    assert done["tasks"]["0"]["early_exit"] is None and done["exits_due"] is None
+    assert seen["tm.node.cmd.n1.start"] and not [s for s in seen["tm.job.status"] if s["phase"] == "Terminating"]
+
+
+async def test_an_exit_whose_start_never_comes_fails_the_job_once_the_start_could_no_longer_come(monitor_broker):
+    broker, monitor, seen = monitor_broker
+    await publish(broker, submitted(job_id="never"))
+    await publish(broker, placed("never"))
+    await publish(broker, exited("never"))
+    heard = datetime.now(UTC)
+    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S - 1))
+    assert (await monitor.jobs.load("never"))["phase"] == "Pending"
+
+    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S + 1))
+    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S + 2))  # nothing more due
     never = await monitor.jobs.load("never")
     assert never["phase"] == "Failed" and "without having started" in never["reason"]
+    assert versions(seen) == [(1, "Pending"), (2, "Pending"), (3, "Failed")] and never["exits_due"] is None

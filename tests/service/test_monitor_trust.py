@@ -1,16 +1,15 @@
 """The monitor takes an agent's word on a task only from the node the task's attempt was placed on."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from shared.bus import RPC_NODES, publish
 from shared.events import NodeProvisioned, NodeRegistered, TaskPreparing
 from shared.noderecords import limits_from_entry
 from services.monitor import state
-from services.monitor.handlers import START_WAITS, on_job_event
 from services.monitor.records import NodeRecords
 from tests.factories import T0, exited, node, placed, started, submitted
 from tests.memory import MemoryCollection
-from tests.service.test_monitor import Delivered, versions
+from tests.service.test_monitor import versions
 
 
 def forged(event, node_id: str = "n9"):
@@ -81,7 +80,8 @@ async def test_a_completed_exit_of_a_task_that_never_started_does_not_complete_t
     broker, monitor, seen = monitor_broker
     for event in [submitted(job_id="j"), placed("j", nodes=("n1",))]:
         await publish(broker, event)
-    await on_job_event(event=exited("j", node_id="n1"), message=Delivered(START_WAITS), monitor=monitor)
+    await publish(broker, exited("j", node_id="n1"))
+    await monitor.exits_without_start(datetime.now(UTC) + timedelta(seconds=state.START_WAIT_S + 1))
     job = await monitor.jobs.load("j")
     assert job["phase"] == "Failed" and "without having started" in job["reason"]
     assert "Completed" not in [phase for _, phase in versions(seen)]

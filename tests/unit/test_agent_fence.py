@@ -213,7 +213,7 @@ async def test_a_task_preparing_when_the_fence_falls_never_starts(tmp_path, begu
         await gate.wait()
         return ["true"]
 
-    agent.preparer.prepare = slow_prepare  # type: ignore[method-assign]
+    agent.supervisor.preparer.prepare = slow_prepare  # type: ignore[method-assign]
     await agent.start(start_task(job_id, "true"))
     assert Journal.key(job_id, 1, 0) in agent.launching
     if begun:

@@ -307,7 +307,8 @@ async def test_a_start_naming_no_host_memory_is_confined_to_the_memory_placement
 async def test_memory_in_dev_shm_counts_against_memory_gb(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True)
-    agent.confinement = agent.confinement.__class__(**{**agent.confinement.__dict__, "tmpfs_bytes": 2 * 2**30})
+    rules = agent.supervisor.confinement
+    agent.supervisor.confinement = rules.__class__(**{**rules.__dict__, "tmpfs_bytes": 2 * 2**30})
     fill = "dd if=/dev/zero of=/dev/shm/fill bs=1M count=1536 && echo FILLED && sleep 30"
     ended, output = await run(agent, start(unique("shm"), fill, memory_gb=0.5), sent)
     assert ended.reason == "oom" and "out of memory" in ended.message and "FILLED" not in output, (ended, output)

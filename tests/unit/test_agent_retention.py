@@ -3,11 +3,13 @@ after the retention, or sooner past the budget (oldest first); a restarted agent
 
 import asyncio
 import os
+import threading
 
-from shared.events import LogChunk, TaskExited
+from shared.events import LogChunk, NodeHeartbeat, TaskExited
 from shared.jobs import Algorithm, DataOut
+from services.agent import retention
 from services.agent.agent import Agent
-from services.agent.retention import Finished, Retention, size_of, to_remove
+from services.agent.retention import Finished, Retention, attempt_dirs, size_of, to_remove
 from tests.factories import start_task, unique
 from tests.unit.test_agent_journal import make_agent as journal_agent
 
@@ -110,3 +112,38 @@ def test_a_sparse_file_counts_what_it_holds_not_what_it_claims(tmp_path):
     with open(attempt / "sparse", "wb") as f:
         f.truncate(1 << 40)
     assert 0 < size_of(attempt) < 1 << 20
+
+
+async def test_a_slow_look_at_what_a_previous_run_left_holds_back_no_heartbeat_nor_takes_this_runs_attempts(
+    tmp_path, monkeypatch
+):
+    """The walk over a previous run's attempts ran in the agent's constructor, before it registered: a long one on a
+    node's first start could count a silence. It is now the first sweep's, in a thread, and leaves alone the
+    attempts this run made meanwhile."""
+    left = tmp_path / "jobs" / "old" / "attempt-1-rank-0"
+    left.mkdir(parents=True)
+    walked, order = threading.Event(), []
+
+    def slow_walk(jobs):
+        walked.wait(10)  # a walk over many files
+        order.append("walked")
+        return attempt_dirs(jobs)
+
+    monkeypatch.setattr(retention, "attempt_dirs", slow_walk)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, retention_s=3600)
+    sweep = asyncio.create_task(agent.sweep_attempts())
+    await agent.heartbeat()
+    order.append("heartbeat")
+    job_id = unique("j")
+    await agent.start(start_task(job_id, "sleep 30"))
+    mine = tmp_path / "jobs" / job_id / "attempt-1-rank-0"
+    for _ in range(200):
+        if mine.is_dir():
+            break
+        await asyncio.sleep(0.05)
+    walked.set()
+    await sweep
+    assert order == ["heartbeat", "walked"] and [type(m) for m in sent][:1] == [NodeHeartbeat]
+    assert left in agent.retention.finished and mine not in agent.retention.finished
+    await agent.shutdown()

@@ -190,3 +190,23 @@ def test_a_job_past_its_max_duration_is_terminated_with_the_reason():
     assert [s.reason for s in stops(events)] == ["terminated"]
     job, _ = state.task_exited(job, exited("j", code=None, reason="terminated"), now=T0)
     assert job.phase == Phase.TERMINATED and "max_duration_s" in job.reason
+
+
+def test_an_exit_kept_for_its_start_follows_a_termination_asked_meanwhile_and_leaves_with_a_requeue():
+    """The exit heard before its start waits on the task: a termination asked meanwhile stops the task once it is
+    heard starting, and the kept exit then ends the termination; a requeue drops what was kept with the attempt."""
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j"), now=T0)
+    job, events = state.task_exited(job, exited("j"), now=T0)
+    assert events == [] and job.exits_due == T0 + timedelta(seconds=state.START_WAIT_S)
+    job, events = state.terminate(job, requested_by="alice", now=T0)
+    assert statuses(events) == [(Phase.TERMINATING, SecondaryPhase.TERMINATING)]
+    job, events = state.task_started(job, started("j"), now=T0 + timedelta(seconds=3))
+    assert [s.reason for s in stops(events)] == ["terminated"]
+    assert statuses(events) == [(Phase.TERMINATED, SecondaryPhase.TERMINATED)] and job.exits_due is None
+
+    job, _ = state.submitted(submitted(job_id="j"), now=T0)
+    job, _ = state.placed(job, placed("j"), now=T0)
+    job, _ = state.task_exited(job, exited("j"), now=T0)
+    job, _ = state.requeue(job, cause="stopped", detail="test", now=T0)
+    assert job.exits_due is None and state.exits_unstarted(job, now=T0 + timedelta(hours=1)) == (job, [])

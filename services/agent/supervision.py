@@ -1,0 +1,291 @@
+"""A task's launch and supervision on its node: prepare (engine, code, inputs, checkpoint), start it confined, follow
+it to its end (memory, disk, hangs, checkpoints and outputs), clean up and report how it ended."""
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.clock import utcnow
+from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
+from shared.jobs import DataOut
+from shared.nodes import NodeInfo
+from shared.storage import StoragePolicy, check_segment, refused_urls
+from services.agent.cgroups import TaskCgroup, remove
+from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
+from services.agent.fence import FENCED
+from services.agent.hangs import HangPolicy, watch
+from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
+from services.agent.journal import Journal
+from services.agent.outputrate import OutputRate
+from services.agent.preparation import PrepareError, Preparer, output_dir
+from services.agent.quota import enforce_disk, past_quota
+from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
+from services.agent.shipping import LogShipper
+
+log = logging.getLogger(__name__)
+
+LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's directory: never the task's
+
+
+@dataclass
+class Supervisor:
+    """Launches and supervises the agent's tasks: `tasks` and `launching` are the agent's own (shared)."""
+
+    node: NodeInfo
+    root: Path
+    launches: Path  # the launch scripts' private directory
+    boot_id: str
+    checkpoints: CheckpointStore
+    preparer: Preparer
+    storage: StoragePolicy
+    confinement: Confinement | None
+    checkpoint_sync_s: float
+    hangs: HangPolicy
+    output_rate: Callable[[], OutputRate | None]  # each task's own allowance of output (None: unlimited)
+    disk_quota_gb: float | None
+    output_update_s: float  # a redrawn bar's latest frame goes out at most this often
+    publish: Callable[[Message | LogChunk], Awaitable[None]]  # reliably: retried while the bus is unreachable
+    report_exit: Callable[[TaskExited], Awaitable[None]]  # a task's end, published and journalled
+    finished: Callable[[Path], Awaitable[None]]  # an attempt's directory once its end is reported
+    making: Callable[[Path], None]  # an attempt's directory about to be made
+    tasks: dict[str, TaskProcess]
+    launching: dict[str, asyncio.Task]
+
+    async def launch(self, key: str, command: StartTask) -> None:
+        """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
+        job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
+        workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
+        self.making(workdir)  # before it exists
+        workdir.mkdir(mode=0o700, exist_ok=True)
+        shipper = LogShipper(
+            job_id=command.job_id,
+            attempt=command.attempt,
+            rank=command.rank,
+            node_id=self.node.node_id,
+            path=workdir / "output.log",
+            publish=self.publish,
+            rate=self.output_rate(),
+        )
+        note = shipper.note
+        user = cgroup = None
+        try:
+            refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)
+            if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
+                raise PrepareError("; ".join(f"{field}: {reason}" for field, reason in refused))
+            if self.preparer.needs_work(command):
+                await self.publish(
+                    TaskPreparing(
+                        event_id=f"{key}:preparing",
+                        job_id=command.job_id,
+                        attempt=command.attempt,
+                        rank=command.rank,
+                        node_id=self.node.node_id,
+                    )
+                )
+            env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
+            argv = await self.preparer.prepare(command, workdir, env, note)
+            manifest = await asyncio.to_thread(
+                self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"
+            )
+            (workdir / "tmp").mkdir(exist_ok=True)
+            reach, cover, tmpfs = [str(workdir)], None, None
+            if self.confinement is not None:
+                rules = self.confinement
+                user = await asyncio.to_thread(rules.users.claim)
+                env.update(identity(account_name(user.uid), workdir))
+                await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
+                engine = [env["VIRTUAL_ENV"]] if "VIRTUAL_ENV" in env else []
+                reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
+                if rules.cgroups is not None:
+                    cgroup = await asyncio.to_thread(
+                        rules.cgroups.create, name=f"uid-{user.uid}", memory_gb=memory_limit_gb(command, self.node)
+                    )
+            quota = self.disk_quota_gb
+            task = await spawn(
+                command,
+                env=env,
+                workdir=workdir,
+                argv=argv,
+                launch_dir=self.launches,
+                user=user,
+                reach=reach,
+                cover=cover,
+                cgroup=cgroup,
+                tmpfs_bytes=tmpfs,
+                file_size=int(quota * 2**30) if quota else None,
+            )
+            task.update_every_s = self.output_update_s
+        except asyncio.CancelledError:
+            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await shipper.close()
+            await self.report_exit(
+                exited_event(self.node.node_id, command, reason="terminated", message="stopped while preparing")
+            )
+            await self.finished(workdir)
+            return
+        except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
+            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
+            note(f"could not start: {message}")
+            await shipper.close()
+            await self.report_exit(exited_event(self.node.node_id, command, reason="start_failed", message=message))
+            await self.finished(workdir)
+            return
+        finally:
+            self.launching.pop(key, None)
+        task.manifest = manifest
+        self.tasks[key] = task
+        await self.publish(started_event(self.node, self.boot_id, task))
+        await self._supervise(key, task, shipper)
+
+    async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
+        start = task.start
+        helpers = [
+            asyncio.create_task(task.enforce_memory(memory_limit_gb(start, self.node))),
+            asyncio.create_task(self._sync_checkpoints(task)),
+            asyncio.create_task(watch(task, node_id=self.node.node_id, policy=self.hangs, publish=self.publish)),
+            *[
+                asyncio.create_task(self._upload_periodically(task, o))
+                for o in start.algorithm.outputs
+                if o.mode == "upload_periodically"
+            ],
+        ]
+        if self.disk_quota_gb:
+            helpers.append(asyncio.create_task(enforce_disk(task, self.disk_quota_gb)))
+        status = await task.pump(shipper.add)
+        for helper in helpers:
+            helper.cancel()
+        task.out_of_memory(memory_limit_gb(start, self.node))  # the kernel may have been quicker than our last look
+        if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
+            await past_quota(task, self.disk_quota_gb)
+        if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
+            await asyncio.to_thread(kill_user, task.user.uid)
+        if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
+            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await shipper.close()
+        else:
+            await shipper.close()
+            await self._sync_once(task)
+            for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
+                await self._upload(task, output)
+            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+        oom = None
+        if task.stop_reason is not None:
+            reason, message = "terminated", f"stopped: {task.stop_reason}"
+        elif task.disk_full:
+            reason, message = "failed", describe_exit(status, task.tail)
+        elif status == 0:
+            reason, message = "completed", ""
+        elif task.oom:
+            reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
+        else:
+            reason, message = "failed", describe_exit(status, task.tail)
+        await self.report_exit(
+            exited_event(self.node.node_id, start, reason=reason, message=message, status=status, oom=oom)
+        )
+        self.tasks.pop(key, None)
+        await self.finished(task.workdir)
+
+    def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
+        """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
+        if cgroup is not None:
+            remove(cgroup)
+        if user is None or self.confinement is None:  # a task user comes only with confinement
+            return
+        kill_user(user.uid)
+        chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
+        self.confinement.users.release(user)
+
+    async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
+        while True:
+            await asyncio.sleep(output.period_s)
+            await self._upload(task, output)
+
+    async def _upload(self, task: TaskProcess, output: DataOut) -> None:
+        """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
+        if task.stop_reason == FENCED:  # its attempt may already run elsewhere: that one writes, not this
+            return
+        try:
+            task.uploaded[output.name] = await asyncio.to_thread(
+                Mirror(output.url).sync,
+                output_dir(task.workdir, output),
+                task.uploaded.get(output.name, {}),
+                delete=False,
+                anchor=task.workdir,
+            )
+        except Exception as exc:
+            log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
+
+    async def _sync_checkpoints(self, task: TaskProcess) -> None:
+        """Mirror the checkpoint directory when a file in it is complete, and every checkpoint_sync_s anyway."""
+        with ChangeWatch(task.workdir / "checkpoint") as changes:
+            while True:
+                await changes.wait(self.checkpoint_sync_s)
+                await self._sync_once(task)
+
+    async def _sync_once(self, task: TaskProcess) -> None:
+        if task.stop_reason == FENCED:  # the next attempt may have restored the checkpoint: it is its writer now
+            return
+        try:
+            task.manifest = await asyncio.to_thread(
+                self.checkpoints.sync,
+                task.start.project_id,
+                task.start.job_id,
+                task.workdir / "checkpoint",
+                task.manifest,
+                task.workdir,
+            )
+        except Exception as exc:  # storage hiccup: the next sync tries again
+            log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
+
+
+def started_event(node: NodeInfo, boot_id: str, task: TaskProcess) -> TaskStarted:
+    """What the agent (run `boot_id`) says of a task it started."""
+    start = task.start
+    return TaskStarted(
+        event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:started",
+        job_id=start.job_id,
+        attempt=start.attempt,
+        rank=start.rank,
+        node_id=node.node_id,
+        node_kind=node.kind,
+        price_per_hour=node.price_per_hour,
+        gpu_count=len(start.gpu_indices),
+        node_gpu_count=len(node.gpus),
+        boot_id=boot_id,
+        gpu_model=next((g.model for g in node.gpus if g.index in start.gpu_indices), ""),
+        world_size=start.world_size,
+        project_id=start.project_id,
+        user_name=start.user_name,
+        pid=task.pid,
+        started_at=datetime.fromtimestamp(task.started_at, UTC),
+    )
+
+
+def exited_event(
+    node_id: str,
+    start: StartTask | TaskRef,
+    *,
+    reason: str,
+    message: str,
+    status: int | None = None,
+    oom: str | None = None,
+) -> TaskExited:
+    """How a task ended, as its node's agent says (`status`: its exit status, negative for a signal)."""
+    return TaskExited(
+        event_id=f"{Journal.key(start.job_id, start.attempt, start.rank)}:exited",
+        job_id=start.job_id,
+        attempt=start.attempt,
+        rank=start.rank,
+        node_id=node_id,
+        exit_code=None if status is None else (status if status >= 0 else 128 - status),
+        signal=-status if status is not None and status < 0 else None,
+        reason=reason,
+        oom=oom,
+        message=message,
+        ended_at=utcnow(),
+    )
