@@ -70,6 +70,18 @@ def overdue_query(now: datetime) -> dict:
     }
 
 
+def due_query(now: datetime) -> dict:
+    """`overdue_query`, or an exit kept for a start that is due (JobState.exits_due)."""
+    return {"$or": [overdue_query(now), {"exits_due": {"$lt": now}}]}
+
+
+def _settle_due(job: JobState, *, now: datetime) -> Outcome:
+    """The exits due first (a task that completed without starting), then the deadline."""
+    job, events = exits_unstarted(job, now=now)
+    job, more = expire(job, now=now)
+    return job, events + more
+
+
 # What overdue_query reads by: running jobs, by deadline.
 DEADLINE_INDEX = [("phase", 1), ("deadline", 1)]
 # What the sweep of exits kept for a start reads by (JobState.exits_due).
@@ -320,24 +332,17 @@ class Monitor:
                 )
 
     async def check_liveness(self) -> None:
-        """Nodes that went silent, and jobs that ran past their max_duration_s."""
+        """Nodes that went silent, jobs that ran past their max_duration_s, and exits whose start never came."""
         await self.check_silent_nodes(utcnow())
-        await self.expire_overdue(utcnow())
-        await self.exits_without_start(utcnow())
+        await self.expire_due(utcnow())
 
-    async def expire_overdue(self, now: datetime) -> None:
-        """Terminate running jobs past their max_duration_s: only those whose deadline has passed are read (by
-        the `deadline` index), and jobs stored before it was (no `deadline` yet) until their next write."""
-        overdue = [d["_id"] async for d in self.jobs.collection.find(overdue_query(now), {"_id": 1})]
-        for job_id in overdue:
-            await self.apply(job_id, lambda job: None if job is None else expire(job, now=now))
-
-    async def exits_without_start(self, now: datetime) -> None:
-        """Apply the exits kept for a start that has not come by their due time (by the `exits_due` index): those
-        tasks completed without having started."""
-        due = [d["_id"] async for d in self.jobs.collection.find({"exits_due": {"$lt": now}}, {"_id": 1})]
+    async def expire_due(self, now: datetime) -> None:
+        """Terminate running jobs past their max_duration_s and apply the exits kept for a start that did not come
+        by their due time (those tasks completed without having started): only the jobs with one due are read,
+        in one query a check (`due_query`: the embedded database reads the whole collection for each)."""
+        due = [d["_id"] async for d in self.jobs.collection.find(due_query(now), {"_id": 1})]
         for job_id in due:
-            await self.apply(job_id, lambda job: None if job is None else exits_unstarted(job, now=now))
+            await self.apply(job_id, lambda job: None if job is None else _settle_due(job, now=now))
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""

@@ -1,5 +1,6 @@
-"""The overdue sweep's query against the database server: a running job past its deadline and one stored before
-jobs carried a deadline are found; one not due yet, one without a limit and one already ending are not."""
+"""The sweep of what is due (`due_query`) against the database server: a running job past its deadline and one
+stored before jobs carried a deadline are found; one not due yet, one without a limit and one already ending are
+not; an exit kept for its start is found once due."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -8,7 +9,7 @@ import pytest
 from shared.jobs import Phase
 from shared.store import make_client
 from services.monitor import state
-from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, overdue_query
+from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, due_query
 from services.monitor.state import JobState
 from tests.factories import exited, placed, submitted, unique
 
@@ -44,7 +45,7 @@ async def test_the_sweep_finds_only_the_jobs_due(bus_and_database):
                 legacy,
             ]
         )
-        found = sorted([d["_id"] async for d in jobs.find(overdue_query(datetime.now(UTC)), {"_id": 1})])
+        found = sorted([d["_id"] async for d in jobs.find(due_query(datetime.now(UTC)), {"_id": 1})])
         assert found == ["due", "legacy"]
     finally:
         await client.close()
@@ -66,7 +67,7 @@ async def test_the_sweep_of_exits_kept_for_their_start_finds_only_those_due_and_
                 job, _ = state.task_exited(job, exited(job_id), now=now - timedelta(seconds=heard_s_ago))
             docs.append({"_id": job_id, **job.model_dump()})
         await jobs.insert_many(docs)
-        found = [d async for d in jobs.find({"exits_due": {"$lt": now}})]
+        found = [d async for d in jobs.find(due_query(now))]
         assert [d["_id"] for d in found] == ["due"]
         job = JobState.model_validate(found[0])
         kept = job.tasks["0"].early_exit

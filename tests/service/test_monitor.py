@@ -116,11 +116,11 @@ async def test_an_exit_whose_start_never_comes_fails_the_job_once_the_start_coul
     await publish(broker, placed("never"))
     await publish(broker, exited("never"))
     heard = datetime.now(UTC)
-    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S - 1))
+    await monitor.expire_due(heard + timedelta(seconds=state.START_WAIT_S - 1))
     assert (await monitor.jobs.load("never"))["phase"] == "Pending"
 
-    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S + 1))
-    await monitor.exits_without_start(heard + timedelta(seconds=state.START_WAIT_S + 2))  # nothing more due
+    await monitor.expire_due(heard + timedelta(seconds=state.START_WAIT_S + 1))
+    await monitor.expire_due(heard + timedelta(seconds=state.START_WAIT_S + 2))  # nothing more due
     never = await monitor.jobs.load("never")
     assert never["phase"] == "Failed" and "without having started" in never["reason"]
     assert versions(seen) == [(1, "Pending"), (2, "Pending"), (3, "Failed")] and never["exits_due"] is None

@@ -36,14 +36,14 @@ async def test_the_overdue_sweep_reads_only_the_jobs_past_their_deadline(monitor
 
     now = datetime.now(UTC)
     jobs.read = 0
-    await monitor.expire_overdue(now)
+    await monitor.expire_due(now)
     assert jobs.read == 0  # nothing is past its deadline yet
-    await monitor.expire_overdue(now + timedelta(seconds=5))
+    await monitor.expire_due(now + timedelta(seconds=5))
     assert jobs.read == 1  # the short job alone
     assert (await monitor.jobs.load("short"))["phase"] == "Terminating"
     assert {doc["phase"] for doc in jobs.docs.values() if doc["_id"] != "short"} == {"Running"}
     jobs.read = 0
-    await monitor.expire_overdue(now + timedelta(seconds=5))
+    await monitor.expire_due(now + timedelta(seconds=5))
     assert jobs.read == 0  # terminating: not read again
 
 
@@ -51,5 +51,5 @@ async def test_a_job_stored_before_deadlines_is_still_expired(monitor_broker):
     broker, monitor, _ = monitor_broker
     await run(broker, "old", max_duration_s=1)
     monitor.jobs.collection.docs["old"].pop("deadline", None)  # as an earlier monitor wrote it
-    await monitor.expire_overdue(datetime.now(UTC) + timedelta(seconds=5))
+    await monitor.expire_due(datetime.now(UTC) + timedelta(seconds=5))
     assert (await monitor.jobs.load("old"))["phase"] == "Terminating"

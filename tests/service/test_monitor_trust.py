@@ -81,7 +81,7 @@ async def test_a_completed_exit_of_a_task_that_never_started_does_not_complete_t
     for event in [submitted(job_id="j"), placed("j", nodes=("n1",))]:
         await publish(broker, event)
     await publish(broker, exited("j", node_id="n1"))
-    await monitor.exits_without_start(datetime.now(UTC) + timedelta(seconds=state.START_WAIT_S + 1))
+    await monitor.expire_due(datetime.now(UTC) + timedelta(seconds=state.START_WAIT_S + 1))
     job = await monitor.jobs.load("j")
     assert job["phase"] == "Failed" and "without having started" in job["reason"]
     assert "Completed" not in [phase for _, phase in versions(seen)]
