@@ -5,7 +5,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from pymongo import InsertOne, ReplaceOne
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import BulkWriteError, ClientBulkWriteException, DuplicateKeyError
+from pymongo.results import ClientBulkWriteResult
 
 
 def _values(doc: Any, path: list[str]) -> list[Any]:
@@ -83,11 +84,36 @@ class Result:
         self.upserted_id = None
 
 
+class MemoryClient:
+    """The client's `bulk_write` (MongoDB 8.0's command) of the replacements `shared.grouped` sends there, over
+    one memory collection: each answered on its own, a duplicate key refusing its own request only."""
+
+    def __init__(self, collection: "MemoryCollection") -> None:
+        self.collection = collection
+
+    async def bulk_write(
+        self, models: list, ordered: bool = True, verbose_results: bool = False
+    ) -> ClientBulkWriteResult:
+        results: dict[int, Result] = {}
+        errors: list[dict] = []
+        for index, model in enumerate(models):
+            try:
+                results[index] = await self.collection.replace_one(model._filter, model._doc, bool(model._upsert))
+            except DuplicateKeyError as exc:
+                errors.append({"idx": index, "code": 11000, "errmsg": str(exc)})
+                if ordered:
+                    break
+        details = {"anySuccessful": bool(results), "error": None, "writeErrors": errors, "updateResults": results}
+        if errors:
+            raise ClientBulkWriteException(details, verbose_results)
+        return ClientBulkWriteResult(details, acknowledged=True, has_verbose_results=verbose_results)
+
+
 class MemoryCollection:
     def __init__(self, name: str = "memory") -> None:
         self.name = name
         self.full_name = f"{name}-{id(self)}"  # one of its own, as each collection of a client has
-        self.database = SimpleNamespace(client=None)
+        self.database = SimpleNamespace(client=MemoryClient(self))
         self.docs: dict[Any, dict] = {}
 
     def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
