@@ -54,7 +54,7 @@ async def test_a_change_that_landed_and_was_replaced_at_once_by_another_writer_i
     the other writer's mark, so its caller took it as lost and made its change again on top)."""
     ours, other, after = racing
     name = unique("race").replace("-", "_")
-    store = DocumentStore(ours[name].docs, broker=None)  # type: ignore[arg-type]  (no events: nothing published)
+    store = DocumentStore(ours[name].docs, broker=None)  # type: ignore[arg-type]  # no events: nothing published
     await store.collection.insert_many([{"_id": d, "count": 0, REVISION: 1} for d in ("a", "b", "c")])
     current = {d: await store.load(d) for d in ("a", "b", "c")}
     stale = {**current["c"], REVISION: 0}
