@@ -26,6 +26,9 @@ from pymongo.errors import (
 from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
+# The server refuses the `bulkWrite` command itself: not authorized (a role that names each collection's own
+# actions, as deploy/mongo-init.js gives, has no right to it) or unknown there.
+NO_BULK_WRITE = {13, 59}
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
 Item = tuple[AsyncCollection, list[Request]]
@@ -117,9 +120,9 @@ async def _outcomes(collection: AsyncCollection, requests: list[Request]) -> lis
 
 
 async def _replace_each(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
-    """The conditional replacements in one command that answers each (a server before MongoDB 8.0 has none:
-    one command each); True where the filter found nothing. Whether one matched is learned from its own result,
-    never from the document afterwards, which another writer may have replaced since."""
+    """The conditional replacements in one command that answers each (MongoDB 8.0's `bulkWrite`; a server before
+    it, or a user not allowed it: one command each); True where the filter found nothing. Whether one matched is
+    learned from its own result, never from the document afterwards, which another writer may have replaced since."""
     replacements = [r for r in requests if isinstance(r, Conditional)]
     if len(replacements) == 1:
         return [await _replace_one(collection, replacements[0])]
@@ -129,6 +132,8 @@ async def _replace_each(collection: AsyncCollection, requests: list[Request]) ->
         result = await client.bulk_write(ops, ordered=False, verbose_results=True)
         updates, errors = result.update_results, {}
     except ClientBulkWriteException as exc:
+        if isinstance(exc.error, OperationFailure) and exc.error.code in NO_BULK_WRITE:
+            return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
         if exc.error is not None or exc.partial_result is None and not exc.write_errors:
             raise
         updates = exc.partial_result.update_results if exc.partial_result is not None else {}

@@ -9,7 +9,13 @@ from typing import Any
 import pymongo
 import pytest
 from pymongo import AsyncMongoClient, monitoring
-from pymongo.errors import DuplicateKeyError, InvalidOperation, WriteError
+from pymongo.errors import (
+    ClientBulkWriteException,
+    DuplicateKeyError,
+    InvalidOperation,
+    OperationFailure,
+    WriteError,
+)
 
 from shared.grouped import insert_grouped, replace_if, update_grouped
 from shared.store import REVISION, DocumentStore
@@ -104,13 +110,25 @@ async def test_one_items_error_fails_that_item_alone_and_its_group_is_written(ra
     await ours.close()
 
 
-async def test_a_server_without_the_bulk_write_command_answers_each_replacement_as_exactly(racing, monkeypatch):
-    """MongoDB before 8.0 has no `bulkWrite` command (pymongo refuses before sending): each conditional
-    replacement goes as a command of its own, with its own answer."""
+REFUSALS = {
+    "before MongoDB 8.0": InvalidOperation("MongoClient.bulk_write requires MongoDB server version 8.0+."),
+    "not authorized": ClientBulkWriteException(
+        {"error": OperationFailure("not authorized on admin to execute command", 13), "writeErrors": []}, True
+    ),
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+async def test_a_server_without_the_bulk_write_command_answers_each_replacement_as_exactly(
+    racing, monkeypatch, refusal
+):
+    """MongoDB before 8.0 has no `bulkWrite` command (pymongo refuses before sending), and a user whose role names
+    only its collections' actions may not run it: each conditional replacement goes as a command of its own, with
+    its own answer."""
     ours, _, _ = racing
 
     async def no_command(*args, **kwargs):
-        raise InvalidOperation("MongoClient.bulk_write requires MongoDB server version 8.0+.")
+        raise REFUSALS[refusal]
 
     monkeypatch.setattr(AsyncMongoClient, "bulk_write", no_command)
     collection = ours[unique("older").replace("-", "_")].docs
