@@ -76,6 +76,72 @@ class Cursor:
         for doc in self.docs:
             yield copy.deepcopy(doc)
 
+    async def to_list(self, length: int | None = None) -> list[dict]:
+        return [copy.deepcopy(d) for d in self.docs[:length]]
+
+
+def _expression(value: Any, doc: dict, names: dict[str, Any]) -> Any:
+    """An aggregation expression over `doc`: a field ("$f"), a variable ("$$v"), a literal, or one of the few
+    operators the services' pipelines use."""
+    if isinstance(value, str) and value.startswith("$$"):
+        return names[value[2:]]
+    if isinstance(value, str) and value.startswith("$"):
+        return (_values(doc, value[1:].split(".")) or [None])[0]
+    if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)).startswith("$")):
+        return value
+    [(op, arg)] = value.items()
+    if op == "$filter":
+        return [
+            item
+            for item in _expression(arg["input"], doc, names)
+            if _expression(arg["cond"], doc, {**names, arg["as"]: item})
+        ]
+    args = [_expression(a, doc, names) for a in arg] if isinstance(arg, list) else _expression(arg, doc, names)
+    operators: dict[str, Any] = {
+        "$cond": lambda a: a[1] if a[0] else a[2],
+        "$eq": lambda a: a[0] == a[1],
+        "$gte": lambda a: a[0] >= a[1],
+        "$lte": lambda a: a[0] <= a[1],
+        "$and": all,
+        "$size": len,
+    }
+    return operators[op](args)
+
+
+def _group(docs: list[dict], spec: dict) -> list[dict]:
+    """`$group` with `$sum`, `$max` and `$push` accumulators."""
+    groups: dict[Any, dict] = {}
+    for doc in docs:
+        key = _expression(spec["_id"], doc, {})
+        group = groups.setdefault(key, {"_id": key})
+        for name, accumulator in spec.items():
+            if name == "_id":
+                continue
+            [(op, arg)] = accumulator.items()
+            value = _expression(arg, doc, {})
+            if op == "$sum":
+                group[name] = group.get(name, 0) + (value or 0)
+            elif op == "$max":
+                group[name] = value if name not in group else max(group[name], value)
+            else:  # $push
+                group.setdefault(name, []).append(value)
+    return list(groups.values())
+
+
+def _pipeline(docs: list[dict], pipeline: list[dict]) -> list[dict]:
+    """The `$match`, `$group`, `$project` and `$count` stages."""
+    for stage in pipeline:
+        [(name, spec)] = stage.items()
+        if name == "$match":
+            docs = [d for d in docs if _matches(d, spec)]
+        elif name == "$group":
+            docs = _group(docs, spec)
+        elif name == "$project":
+            docs = [{k: d.get(k) if v == 1 else _expression(v, d, {}) for k, v in spec.items() if v != 0} for d in docs]
+        else:  # $count
+            docs = [{spec: len(docs)}] if docs else []
+    return docs
+
 
 class Result:
     def __init__(self, matched: int = 0, deleted: int = 0) -> None:
@@ -237,6 +303,9 @@ class MemoryCollection:
 
     async def count_documents(self, query: dict) -> int:
         return sum(1 for d in self.docs.values() if _matches(d, query))
+
+    async def aggregate(self, pipeline: list[dict]) -> Cursor:
+        return Cursor(_pipeline([copy.deepcopy(d) for d in self.docs.values()], pipeline))
 
     async def create_index(self, *args, **kwargs) -> str:
         return "memory"
