@@ -4,7 +4,9 @@ In a burst the handlers of many jobs write at the same time: each update (or ins
 group being written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk write per collection
 instead of one command each; a lone one is written at once, alone. For outbox pulls, versioned view entries, a
 job's ETA and status, audit records, and inserts whose caller only needs to know whether a unique index refused them
-(a document's first state, a billing line).
+(a document's first state, a billing line). Each item is answered on its own: whether a unique index refused it or,
+for a conditional replacement, whether its filter found the document (as the server answered that replacement), or
+the error its own request met; another item's error is not its own.
 """
 
 import asyncio
@@ -134,7 +136,7 @@ async def _replace_each(collection: AsyncCollection, requests: list[Request]) ->
     except ClientBulkWriteException as exc:
         if isinstance(exc.error, OperationFailure) and exc.error.code in NO_BULK_WRITE:
             return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
-        if exc.error is not None or exc.partial_result is None and not exc.write_errors:
+        if exc.error is not None:  # the command itself failed: none of its requests has an answer
             raise
         updates = exc.partial_result.update_results if exc.partial_result is not None else {}
         errors = {e["idx"]: _error(e) for e in exc.details.get("writeErrors", [])}
