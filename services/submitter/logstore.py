@@ -139,7 +139,10 @@ class LogStore:
 
     async def stored_bytes(self, job_id: str) -> int:
         """The bytes of the job's output stored, summed from its chunks on the server."""
-        pipeline = [{"$match": {"job_id": job_id}}, {"$group": {"_id": None, "bytes": {"$sum": "$bytes"}}}]
+        pipeline: list[dict[str, Any]] = [
+            {"$match": {"job_id": job_id}},
+            {"$group": {"_id": None, "bytes": {"$sum": "$bytes"}}},
+        ]
         summed = await (await self.chunks.aggregate(pipeline)).to_list()
         return int(summed[0]["bytes"]) if summed else 0
 
