@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -18,13 +19,14 @@ from bench.submit import TOKEN, bench_settings, cluster, history_model_trained, 
 from services.stack.processes import Stack, StackSettings
 
 # The submitter as the stack starts it, with a profile kept from SIGUSR2 (started afresh) to SIGUSR1 (written).
+# Written beside it, then renamed: a reader never sees a profile half written.
 LAUNCHER = """
-import cProfile, runpy, signal, sys, time
+import cProfile, os, runpy, signal, sys, time
 out, profile = sys.argv[1], cProfile.Profile(time.process_time)  # CPU, not wall time: the VM is shared
 def fresh(*_):
     profile.disable(); profile.clear(); profile.enable()
 def write(*_):
-    profile.disable(); profile.dump_stats(out)
+    profile.disable(); profile.dump_stats(out + ".part"); os.replace(out + ".part", out)
 signal.signal(signal.SIGUSR2, fresh)
 signal.signal(signal.SIGUSR1, write)
 sys.argv = ["services.submitter"]
@@ -60,12 +62,20 @@ async def burst(stack: ProfiledStack, *, jobs: int, concurrency: int) -> float:
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         accepted_s = time.perf_counter() - started
-        os.kill(pid, signal.SIGUSR1)
-        for _ in range(100):
-            if stack.out.exists():
-                break
-            await asyncio.sleep(0.1)
+        await written(stack.out, ask=lambda: os.kill(pid, signal.SIGUSR1))
         return accepted_s
+
+
+async def written(out: Path, *, ask: Callable[[], None], timeout_s: float = 10.0) -> None:
+    """Ask for the profile (`ask`) and wait until it is written to `out`: a file already there (an earlier run's,
+    `--save` onto it) is removed first, so it is never read for this one."""
+    out.unlink(missing_ok=True)
+    ask()
+    for _ in range(int(timeout_s / 0.1)):
+        if out.exists():
+            return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"the submitter wrote no profile to {out} in {timeout_s:.0f} s")
 
 
 def main() -> None:

@@ -4,20 +4,33 @@ In a burst the handlers of many jobs write at the same time: each update (or ins
 group being written (`shared.batch.GroupCommit`) and goes out with the next one, one bulk write per collection
 instead of one command each; a lone one is written at once, alone. For outbox pulls, versioned view entries, a
 job's ETA and status, audit records, and inserts whose caller only needs to know whether a unique index refused them
-(a document's first state, a billing line).
+(a document's first state, a billing line). Each item is answered on its own: whether a unique index refused it or,
+for a conditional replacement, whether its filter found the document (as the server answered that replacement), or
+the error its own request met; another item's error is not its own.
 """
 
 import asyncio
 import weakref
+from collections.abc import Awaitable
 from typing import Any
 
 from pymongo import InsertOne, ReplaceOne, UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import (
+    BulkWriteError,
+    ClientBulkWriteException,
+    DuplicateKeyError,
+    InvalidOperation,
+    OperationFailure,
+    WriteError,
+)
 
 from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
+# The server refuses the `bulkWrite` command itself: not authorized (a role that names each collection's own
+# actions, as deploy/mongo-init.js gives, has no right to it) or unknown there.
+NO_BULK_WRITE = {13, 59}
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
 Item = tuple[AsyncCollection, list[Request]]
@@ -42,9 +55,6 @@ async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> bo
     return not await _grouped(collection, [InsertOne(doc)])
 
 
-WRITE = "_w"  # a conditional replacement's own mark: which of a group's replacements matched, where not all did
-
-
 class Conditional(ReplaceOne):
     """A replacement whose caller learns whether its filter found the document (`replace_if`)."""
 
@@ -55,8 +65,7 @@ class Conditional(ReplaceOne):
 
 async def replace_if(collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any]) -> bool:
     """Replace the document `query` finds, in the next group (the group's conditional replacements of a collection
-    in one command of their own); whether it found it. `doc` carries a mark of its own under `WRITE` (a fresh one
-    each write): where a group's did not all match, each is read back to learn whose did."""
+    in one command of their own, which answers each on its own); whether it found it."""
     return not await _grouped(collection, [Conditional(query, doc)])
 
 
@@ -73,9 +82,12 @@ def collection_key(collection: AsyncCollection) -> tuple[int, str]:
     return id(collection.database.client), collection.full_name
 
 
+Outcome = bool | Exception  # a request's own answer: refused or not matched (True), written (False), its error
+
+
 async def _write_group(items: list[Item]) -> list[bool | Exception]:
-    """One write per collection; each item answered with whether a unique index refused any of its requests, or
-    the exception its collection's write raised."""
+    """One write per collection (and one for its conditional replacements); each item answered with whether a
+    unique index refused (or a filter missed) any of its requests, or the error one of its own requests met."""
     by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request], list[tuple[int, range]]]] = {}
     for n, (collection, requests) in enumerate(items):
         _, pending, spans = by_collection.setdefault(collection_key(collection), (collection, [], []))
@@ -83,41 +95,82 @@ async def _write_group(items: list[Item]) -> list[bool | Exception]:
         pending.extend(requests)
     answers: list[bool | Exception] = [False] * len(items)
     for collection, requests, spans in by_collection.values():
-        try:
-            refused = await _write_answered(collection, requests)
-        except Exception as exc:
-            for n, _ in spans:
-                answers[n] = exc
-            continue
+        outcomes = await _outcomes(collection, requests)
         for n, span in spans:
-            answers[n] = any(i in refused for i in span)
+            own = [outcomes[i] for i in span]
+            error = next((o for o in own if isinstance(o, Exception)), None)
+            answers[n] = error if error is not None else any(own)
     return answers
 
 
-async def _write_answered(collection: AsyncCollection, requests: list[Request]) -> set[int]:
-    """`_write`, the conditional replacements apart: the indexes of the requests refused (a unique index) or not
-    matched (a conditional replacement whose document was not as its filter said)."""
+async def _outcomes(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
+    """Each request's own outcome: the conditional replacements in a command of their own, so that neither
+    command's failure is taken for the other's."""
+    outcomes: list[Outcome] = [False] * len(requests)
     conditional = [i for i, r in enumerate(requests) if isinstance(r, Conditional)]
-    if not conditional:
-        return await _write(collection, requests)
     others = [i for i, r in enumerate(requests) if not isinstance(r, Conditional)]
-    refused = {others[i] for i in await _write(collection, [requests[i] for i in others])} if others else set()
+    for indexes, write in ((others, _write), (conditional, _replace_each)):
+        if not indexes:
+            continue
+        try:
+            answered = await write(collection, [requests[i] for i in indexes])
+        except Exception as exc:  # the command failed as a whole (the database away, say): so did each of its own
+            answered = [exc] * len(indexes)
+        for i, outcome in zip(indexes, answered):
+            outcomes[i] = outcome
+    return outcomes
+
+
+async def _replace_each(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
+    """The conditional replacements in one command that answers each (MongoDB 8.0's `bulkWrite`; a server before
+    it, or a user not allowed it: one command each); True where the filter found nothing. Whether one matched is
+    learned from its own result, never from the document afterwards, which another writer may have replaced since."""
     replacements = [r for r in requests if isinstance(r, Conditional)]
     if len(replacements) == 1:
-        [only] = replacements
-        matched = (await collection.replace_one(only.query, only.doc)).matched_count
-        return refused | (set() if matched else {conditional[0]})
-    if (await collection.bulk_write(replacements, ordered=False)).matched_count == len(replacements):
-        return refused
-    for i, request in zip(conditional, replacements):  # some did not match: whose did, each read by its id
-        stored = await collection.find_one({"_id": request.query["_id"]}, {WRITE: 1})
-        if stored is None or stored.get(WRITE) != request.doc.get(WRITE):
-            refused.add(i)
-    return refused
+        return [await _replace_one(collection, replacements[0])]
+    client = collection.database.client
+    ops = [ReplaceOne(r.query, r.doc, namespace=collection.full_name) for r in replacements]
+    try:
+        result = await client.bulk_write(ops, ordered=False, verbose_results=True)
+        updates, errors = result.update_results, {}
+    except ClientBulkWriteException as exc:
+        if isinstance(exc.error, OperationFailure) and exc.error.code in NO_BULK_WRITE:
+            return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
+        if exc.error is not None:  # the command itself failed: none of its requests has an answer
+            raise
+        updates = exc.partial_result.update_results if exc.partial_result is not None else {}
+        errors = {e["idx"]: _error(e) for e in exc.details.get("writeErrors", [])}
+    except InvalidOperation:  # no `bulkWrite` command on this server
+        return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
+    return [
+        errors[i] if i in errors else not updates[i].matched_count if i in updates else _unanswered(i)
+        for i in range(len(ops))
+    ]
 
 
-async def _write(collection: AsyncCollection, requests: list[Request]) -> set[int]:
-    """The requests written, in one command; the indexes of those a unique index refused."""
+async def _replace_one(collection: AsyncCollection, request: Conditional) -> bool:
+    return not (await collection.replace_one(request.query, request.doc)).matched_count
+
+
+async def _own_outcome(write: Awaitable[bool]) -> Outcome:
+    try:
+        return await write
+    except Exception as exc:
+        return exc
+
+
+def _error(detail: dict[str, Any]) -> WriteError:
+    """One request's write error, as a single write would have raised it."""
+    kind = DuplicateKeyError if detail.get("code") == DUPLICATE_KEY else WriteError
+    return kind(detail.get("errmsg", "write error"), detail.get("code"), detail)
+
+
+def _unanswered(index: int) -> OperationFailure:
+    return OperationFailure(f"the server answered nothing for the group's request {index}")
+
+
+async def _write(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
+    """The requests written, in one command; for each, whether a unique index refused it, or its own error."""
     try:
         request = requests[0] if len(requests) == 1 else None
         if isinstance(request, InsertOne):
@@ -129,10 +182,11 @@ async def _write(collection: AsyncCollection, requests: list[Request]) -> set[in
         else:
             await collection.bulk_write(requests, ordered=False)
     except DuplicateKeyError:
-        return {0}
+        return [True]
     except BulkWriteError as exc:
-        errors = exc.details.get("writeErrors", [])
-        if any(error.get("code") != DUPLICATE_KEY for error in errors):
-            raise
-        return {error["index"] for error in errors}
-    return set()
+        errors = {e["index"]: e for e in exc.details.get("writeErrors", [])}
+        return [
+            (errors[i].get("code") == DUPLICATE_KEY or _error(errors[i])) if i in errors else False
+            for i in range(len(requests))
+        ]
+    return [False] * len(requests)

@@ -7,7 +7,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from faststream import FastStream
@@ -116,6 +116,9 @@ class Wiring:
     background: Background
     link: BusLink
     db: Any = None
+    # What the process writes last at a graceful stop (what it kept to write later), once its loops and the broker
+    # stopped (nothing is handed in any more) and before the database client closes; each bounds its own wait.
+    closing: list[Callable[[], Awaitable[Any]]] = field(default_factory=list)
 
 
 Setup = Callable[[Wiring], Awaitable[Any]]  # builds what a process runs (its service object) once it is connected
@@ -148,7 +151,8 @@ async def running(
 ) -> AsyncIterator[Any]:
     """A process running: the bus connected (every stream declared unless `declare` is False: agents may not),
     one database client (`database`), what `setup` builds (in the context under the process's name), the broker
-    started when `start` (a FastStream app starts its own); on exit the loops, the broker, then the database. A
+    started when `start` (a FastStream app starts its own); on exit the loops, the broker, what `w.closing` writes
+    last, then the database. A
     replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
     process once it leads (a FastStream app's `exit`)."""
     leased = settings.leader_lease and w.name in LEASED
@@ -174,6 +178,11 @@ async def running(
         await w.background.stop()
         if start:
             await w.broker.stop()
+        for close in w.closing:
+            try:
+                await close()
+            except Exception:  # the database client closes all the same
+                log.exception("%s: a write at stop failed", w.name)
         if client is not None:
             await client.close()
 

@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-import uuid
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -38,7 +37,7 @@ from pymongo.errors import BulkWriteError
 
 from shared.bus import TRANSIENT_ERRORS, dedup_id, stream_of
 from shared.events import Message
-from shared.grouped import WRITE, collection_key, insert_grouped, replace_if, update_grouped
+from shared.grouped import collection_key, insert_grouped, replace_if, update_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -426,7 +425,6 @@ class DocumentStore:
             if not await insert_grouped(self.collection, {"_id": doc_id, **update}):
                 return None  # stored already
         else:
-            update[WRITE] = uuid.uuid4().hex  # with other documents' changes of this moment: ours, told apart
             if not await replace_if(self.collection, {"_id": doc_id, **unchanged(current)}, update):
                 return None
         if deferred is not None and published:

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from pymongo import InsertOne, ReplaceOne
-from pymongo.errors import BulkWriteError, DuplicateKeyError
+from pymongo.errors import BulkWriteError, ClientBulkWriteException, DuplicateKeyError
+from pymongo.results import ClientBulkWriteResult
 
 
 def _values(doc: Any, path: list[str]) -> list[Any]:
@@ -75,6 +76,72 @@ class Cursor:
         for doc in self.docs:
             yield copy.deepcopy(doc)
 
+    async def to_list(self, length: int | None = None) -> list[dict]:
+        return [copy.deepcopy(d) for d in self.docs[:length]]
+
+
+def _expression(value: Any, doc: dict, names: dict[str, Any]) -> Any:
+    """An aggregation expression over `doc`: a field ("$f"), a variable ("$$v"), a literal, or one of the few
+    operators the services' pipelines use."""
+    if isinstance(value, str) and value.startswith("$$"):
+        return names[value[2:]]
+    if isinstance(value, str) and value.startswith("$"):
+        return (_values(doc, value[1:].split(".")) or [None])[0]
+    if not (isinstance(value, dict) and len(value) == 1 and next(iter(value)).startswith("$")):
+        return value
+    [(op, arg)] = value.items()
+    if op == "$filter":
+        return [
+            item
+            for item in _expression(arg["input"], doc, names)
+            if _expression(arg["cond"], doc, {**names, arg["as"]: item})
+        ]
+    args = [_expression(a, doc, names) for a in arg] if isinstance(arg, list) else _expression(arg, doc, names)
+    operators: dict[str, Any] = {
+        "$cond": lambda a: a[1] if a[0] else a[2],
+        "$eq": lambda a: a[0] == a[1],
+        "$gte": lambda a: a[0] >= a[1],
+        "$lte": lambda a: a[0] <= a[1],
+        "$and": all,
+        "$size": len,
+    }
+    return operators[op](args)
+
+
+def _group(docs: list[dict], spec: dict) -> list[dict]:
+    """`$group` with `$sum`, `$max` and `$push` accumulators."""
+    groups: dict[Any, dict] = {}
+    for doc in docs:
+        key = _expression(spec["_id"], doc, {})
+        group = groups.setdefault(key, {"_id": key})
+        for name, accumulator in spec.items():
+            if name == "_id":
+                continue
+            [(op, arg)] = accumulator.items()
+            value = _expression(arg, doc, {})
+            if op == "$sum":
+                group[name] = group.get(name, 0) + (value or 0)
+            elif op == "$max":
+                group[name] = value if name not in group else max(group[name], value)
+            else:  # $push
+                group.setdefault(name, []).append(value)
+    return list(groups.values())
+
+
+def _pipeline(docs: list[dict], pipeline: list[dict]) -> list[dict]:
+    """The `$match`, `$group`, `$project` and `$count` stages."""
+    for stage in pipeline:
+        [(name, spec)] = stage.items()
+        if name == "$match":
+            docs = [d for d in docs if _matches(d, spec)]
+        elif name == "$group":
+            docs = _group(docs, spec)
+        elif name == "$project":
+            docs = [{k: d.get(k) if v == 1 else _expression(v, d, {}) for k, v in spec.items() if v != 0} for d in docs]
+        else:  # $count
+            docs = [{spec: len(docs)}] if docs else []
+    return docs
+
 
 class Result:
     def __init__(self, matched: int = 0, deleted: int = 0) -> None:
@@ -83,11 +150,36 @@ class Result:
         self.upserted_id = None
 
 
+class MemoryClient:
+    """The client's `bulk_write` (MongoDB 8.0's command) of the replacements `shared.grouped` sends there, over
+    one memory collection: each answered on its own, a duplicate key refusing its own request only."""
+
+    def __init__(self, collection: "MemoryCollection") -> None:
+        self.collection = collection
+
+    async def bulk_write(
+        self, models: list, ordered: bool = True, verbose_results: bool = False
+    ) -> ClientBulkWriteResult:
+        results: dict[int, Result] = {}
+        errors: list[dict] = []
+        for index, model in enumerate(models):
+            try:
+                results[index] = await self.collection.replace_one(model._filter, model._doc, bool(model._upsert))
+            except DuplicateKeyError as exc:
+                errors.append({"idx": index, "code": 11000, "errmsg": str(exc)})
+                if ordered:
+                    break
+        details = {"anySuccessful": bool(results), "error": None, "writeErrors": errors, "updateResults": results}
+        if errors:
+            raise ClientBulkWriteException(details, verbose_results)
+        return ClientBulkWriteResult(details, acknowledged=True, has_verbose_results=verbose_results)
+
+
 class MemoryCollection:
     def __init__(self, name: str = "memory") -> None:
         self.name = name
         self.full_name = f"{name}-{id(self)}"  # one of its own, as each collection of a client has
-        self.database = SimpleNamespace(client=None)
+        self.database = SimpleNamespace(client=MemoryClient(self))
         self.docs: dict[Any, dict] = {}
 
     def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
@@ -211,6 +303,9 @@ class MemoryCollection:
 
     async def count_documents(self, query: dict) -> int:
         return sum(1 for d in self.docs.values() if _matches(d, query))
+
+    async def aggregate(self, pipeline: list[dict]) -> Cursor:
+        return Cursor(_pipeline([copy.deepcopy(d) for d in self.docs.values()], pipeline))
 
     async def create_index(self, *args, **kwargs) -> str:
         return "memory"

@@ -18,7 +18,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 from pymongo import DESCENDING
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.clock import as_utc, utcnow
@@ -164,9 +163,7 @@ class AuditLog:
     async def _retry(self, write) -> None:
         for attempt in range(1, TRIES + 1):
             try:
-                await write()
-                return
-            except DuplicateKeyError:  # an insert that went through although its answer was lost
+                await write()  # an insert refused by its id is one an earlier try stored, its answer lost
                 return
             except Exception:
                 if attempt == TRIES:

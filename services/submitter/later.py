@@ -1,9 +1,10 @@
 """Versioned view entries written a moment later: a job passes through phases that last less than a second (Pending,
 Running of a short job), so the entry of a phase that does not end the job waits `delay_s`, and one of the same job
 handed in meanwhile (or written at once: a phase that ends it) replaces it. What is still waiting then goes out in
-one grouped write for all jobs; a write that fails leaves them waiting for the next. Lost with the process (a crash,
-a stop): the views are rebuilt from the jobs at the next start, and a job's next phase that ends it writes its entry
-at once whatever waited."""
+one grouped write for all jobs; a write that fails leaves them waiting for the next. A graceful stop writes what
+waits (`close`, for at most `STOP_WRITE_S`); what a crash (or a stop the database does not answer in time) loses is
+rebuilt from the jobs at the next start, and a job's next phase that ends it writes its entry at once whatever
+waited."""
 
 import asyncio
 import logging
@@ -14,6 +15,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 from shared.grouped import update_grouped
 
 log = logging.getLogger(__name__)
+
+STOP_WRITE_S = 5.0  # a stop waits this long for what waits to be written: past it, the next start rebuilds the views
 
 
 def older_than(version: int) -> dict[str, Any]:
@@ -55,6 +58,17 @@ class LaterWrites:
             for job_id, (version, update) in batch.items():
                 self.add(job_id, version, update)
             raise
+
+    async def close(self, *, timeout_s: float = STOP_WRITE_S) -> None:
+        """At a graceful stop (nothing is handed in any more): what waits, written now, for at most `timeout_s`."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        waiting = len(self.waiting)
+        try:
+            await asyncio.wait_for(self.write_now(), timeout_s)
+        except Exception as exc:  # the time out included: the next start rebuilds the views from the jobs
+            log.warning("%d view entries not written to %s at stop: %r", waiting, self.collection.name, exc)
 
     async def _later(self) -> None:
         try:

@@ -50,9 +50,36 @@ def _all_counted(sizes: dict[str, Any], attempt: int, rank: int) -> bool:
     )
 
 
-def all_stored(seqs: list[int], last: int | None) -> bool:
-    """Whether a task's stored chunks (their numbers) hold every one up to the one marked `last`."""
-    return last is not None and len({seq for seq in seqs if 0 <= seq <= last}) == last + 1
+def held_up_to_last(task: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pipeline that answers, on the server, one task's chunk marked last (`last`, -1: none) and how many
+    distinct chunk numbers from 0 to it are stored (`held`): all of its output is stored when held is last + 1.
+    Standard stages and operators the embedded server also runs (a `$cond` on an expression, not a bare field)."""
+    return [
+        {"$match": task},
+        {"$group": {"_id": "$seq", "marked": {"$max": {"$cond": [{"$eq": ["$last", True]}, 1, 0]}}}},
+        {
+            "$group": {
+                "_id": None,
+                "last": {"$max": {"$cond": [{"$eq": ["$marked", 1]}, "$_id", -1]}},
+                "seqs": {"$push": "$_id"},
+            }
+        },
+        {
+            "$project": {
+                "_id": 0,
+                "last": 1,
+                "held": {
+                    "$size": {
+                        "$filter": {
+                            "input": "$seqs",
+                            "as": "seq",
+                            "cond": {"$and": [{"$gte": ["$$seq", 0]}, {"$lte": ["$$seq", "$last"]}]},
+                        }
+                    }
+                },
+            }
+        },
+    ]
 
 
 def chunk_bytes(lines: list[str]) -> int:
@@ -111,8 +138,13 @@ class LogStore:
             await self.trim(chunk.job_id)
 
     async def stored_bytes(self, job_id: str) -> int:
-        """The bytes of the job's output stored, summed from its chunks."""
-        return sum([d.get("bytes", 0) async for d in self.chunks.find({"job_id": job_id}, {"bytes": 1})])
+        """The bytes of the job's output stored, summed from its chunks on the server."""
+        pipeline: list[dict[str, Any]] = [
+            {"$match": {"job_id": job_id}},
+            {"$group": {"_id": None, "bytes": {"$sum": "$bytes"}}},
+        ]
+        summed = await (await self.chunks.aggregate(pipeline)).to_list()
+        return int(summed[0]["bytes"]) if summed else 0
 
     async def trim(self, job_id: str) -> None:
         """Drop the job's oldest chunks until it is back under 90% of its cap. Oldest by (attempt, seq), not by
@@ -139,16 +171,16 @@ class LogStore:
     async def complete(self, job_id: str, *, attempt: int, rank: int) -> bool:
         """Whether one task's output is all stored: its chunk marked last and every chunk before it (or some of its
         output was trimmed away, when the chunks can no longer tell). Answered first from what this process
-        stored (it counts a chunk only once it is stored, so it never says "all" too early); else the task's
-        chunks are read (one command), and where they do not say so, whether lines of the rank were dropped."""
+        stored (it counts a chunk only once it is stored, so it never says "all" too early); else the server counts
+        the task's chunks (one command, no chunk read back), and where they do not say so, whether lines of the
+        rank were dropped."""
         if _all_counted(self.counts.get(job_id) or {}, attempt, rank):
             return True
-        where = {"job_id": job_id, "attempt": attempt, "rank": rank}
-        stored = [d async for d in self.chunks.find(where, {"seq": 1, "last": 1})]
-        last = next((d["seq"] for d in stored if d.get("last")), None)
-        if all_stored([d["seq"] for d in stored], last):
+        task = {"job_id": job_id, "attempt": attempt, "rank": rank}
+        [counted] = await (await self.chunks.aggregate(held_up_to_last(task))).to_list() or [{"last": -1, "held": 0}]
+        if counted["last"] >= 0 and counted["held"] == counted["last"] + 1:
             return True
-        return last is not None and await self.dropped_lines(job_id, rank=rank) > 0
+        return counted["last"] >= 0 and await self.dropped_lines(job_id, rank=rank) > 0
 
     async def dropped_lines(self, job_id: str, *, rank: int) -> int:
         """Lines of this rank's output that went to keep the job under its cap."""

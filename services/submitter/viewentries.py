@@ -3,6 +3,7 @@ places this process gave are also counted in memory, `added`) and a list entry p
 sorts), each written for a status version and refused where one for a newer status is there. Written by the
 repository as a job is stored and its statuses come; no other module names these collections."""
 
+import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -181,6 +182,10 @@ class ViewEntries:
         """The entries that wait, written now."""
         await self.later_entries.write_now()
         await self.later_leaves.write_now()
+
+    async def close(self) -> None:
+        """At a graceful stop: the entries that wait, written (bounded: `LaterWrites.close`)."""
+        await asyncio.gather(self.later_entries.close(), self.later_leaves.close())
 
     async def _sweep_queue(self) -> None:
         """Now and then, the tombstones of jobs that left the queue long enough ago that no status still races."""

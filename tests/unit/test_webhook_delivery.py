@@ -2,6 +2,7 @@
 connection, follows no redirect, and stores only the HTTP status or "unreachable"."""
 
 import asyncio
+import contextlib
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -148,6 +149,14 @@ async def test_of_two_api_replicas_only_one_takes_a_due_notification():
     assert (await db.api_notifications.find_one({"_id": "n1"}))["next_try"] == 101.0 + notifications.CLAIM_S
 
 
+async def stopped(loop: asyncio.Task) -> None:
+    """The delivery loop cancelled and waited for: it has ended (nothing of it runs on into the next test) and
+    ended by its cancellation, not by an error of its own."""
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+
+
 async def test_the_delivery_loop_takes_what_is_due():
     _, db, _ = await make_app()
     await db.api_notifications.insert_one(
@@ -160,7 +169,7 @@ async def test_the_delivery_loop_takes_what_is_due():
                 break
             await asyncio.sleep(0.01)
     finally:
-        loop.cancel()
+        await stopped(loop)
     assert (await db.api_notifications.find_one({"_id": "n2"}))["state"] == "kept"  # no webhook: kept for the API
 
 
@@ -175,15 +184,17 @@ async def test_delivery_reads_when_a_notification_is_kept_not_twice_a_second():
 
     notes.due = counted_due  # type: ignore[method-assign]
     loop = asyncio.create_task(notifications.deliver_forever(notes, policy=Policy(), idle_s=60))
-    await asyncio.sleep(1.0)
-    assert len(reads) == 1  # a read every half second before, whether anything came or not
-    await notes.record(
-        Notification(event_id="n-1", project_id="vision", job_id="j-1", user_name="ana", kind="hung", message="m")
-    )
-    for _ in range(500):
-        if (await db.api_notifications.find_one({"_id": "n-1"}))["state"] != "pending":
-            break
-        await asyncio.sleep(0.01)
-    loop.cancel()
+    try:
+        await asyncio.sleep(1.0)
+        assert len(reads) == 1  # a read every half second before, whether anything came or not
+        await notes.record(
+            Notification(event_id="n-1", project_id="vision", job_id="j-1", user_name="ana", kind="hung", message="m")
+        )
+        for _ in range(500):
+            if (await db.api_notifications.find_one({"_id": "n-1"}))["state"] != "pending":
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await stopped(loop)
     assert (await db.api_notifications.find_one({"_id": "n-1"}))["state"] == "kept"  # no webhook: kept at once
     assert len(reads) == 2

@@ -1,0 +1,141 @@
+"""A write group answers each of its items on its own (`shared.grouped`), on the embedded database: whether a
+conditional replacement matched is what the server said of it, not what its document reads like afterwards (another
+writer may have replaced it since), and one item's error is that item's alone."""
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pymongo
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+from pymongo.errors import (
+    ClientBulkWriteException,
+    DuplicateKeyError,
+    InvalidOperation,
+    OperationFailure,
+    WriteError,
+)
+
+from shared.grouped import insert_grouped, replace_if, update_grouped
+from shared.store import REVISION, DocumentStore
+from tests.factories import unique
+from tests.integration.test_status_writes import database  # noqa: F401 (the module's embedded server)
+
+pytestmark = pytest.mark.integration
+
+
+class AfterTheWrite(monitoring.CommandListener):
+    """Runs `then` once, right after the first write command the server answers: another writer getting in
+    between a group's write and anything that group does next."""
+
+    def __init__(self) -> None:
+        self.then: Any = None
+
+    def started(self, event) -> None:
+        pass
+
+    def succeeded(self, event) -> None:
+        if self.then is not None and event.command_name in ("update", "bulkWrite"):
+            then, self.then = self.then, None
+            then()
+
+    def failed(self, event) -> None:
+        pass
+
+
+@pytest.fixture
+def racing(database) -> Iterator[tuple[AsyncMongoClient, pymongo.MongoClient, AfterTheWrite]]:  # noqa: F811
+    """A client whose writes another writer (a client of its own) can follow at once."""
+    after = AfterTheWrite()
+    ours = AsyncMongoClient(database, tz_aware=True, event_listeners=[after])
+    other: pymongo.MongoClient = pymongo.MongoClient(database, tz_aware=True)
+    yield ours, other, after
+    other.close()
+
+
+async def test_a_change_that_landed_and_was_replaced_at_once_by_another_writer_is_told_it_landed(racing):
+    """Three changes in one group, one of them stale: the group's command does not match all. Right after it,
+    another writer changes `a` on the revision ours made. Ours landed and must be told so (read back, `a` showed
+    the other writer's mark, so its caller took it as lost and made its change again on top)."""
+    ours, other, after = racing
+    name = unique("race").replace("-", "_")
+    store = DocumentStore(ours[name].docs, broker=None)  # type: ignore[arg-type]  # no events: nothing published
+    await store.collection.insert_many([{"_id": d, "count": 0, REVISION: 1} for d in ("a", "b", "c")])
+    current = {d: await store.load(d) for d in ("a", "b", "c")}
+    stale = {**current["c"], REVISION: 0}
+
+    def the_other_writer() -> None:
+        stored = other[name].docs.find_one({"_id": "a"})
+        assert stored is not None and stored[REVISION] == 2  # ours landed
+        # its own document, as a change writes it (a DocumentStore's with a mark of its own, none here)
+        replaced = other[name].docs.replace_one({"_id": "a", REVISION: 2}, {"count": stored["count"] + 10, REVISION: 3})
+        assert replaced.matched_count == 1
+
+    after.then = the_other_writer
+    answers = await asyncio.gather(
+        store.save("a", {"count": 1}, current["a"], []),
+        store.save("b", {"count": 1}, current["b"], []),
+        store.save("c", {"count": 1}, stale, []),
+    )
+    assert after.then is None  # the other writer did get in between
+    assert answers == [True, True, False]
+    assert [(d["_id"], d["count"]) async for d in store.collection.find({})] == [("a", 11), ("b", 1), ("c", 0)]
+    await ours.close()
+
+
+async def test_one_items_error_fails_that_item_alone_and_its_group_is_written(racing):
+    """An insert and updates beside conditional replacements, one of which breaks a unique index and one update
+    that cannot apply: those two raise, every other item is written and answered as it was (each raised the
+    other's error before, the insert that landed included, so its caller would try it again as refused)."""
+    ours, _, _ = racing
+    collection = ours[unique("isolated").replace("-", "_")].docs
+    await collection.create_index("slot", unique=True)
+    await collection.insert_many([{"_id": f"j{n}", "slot": n, "text": "x", REVISION: 1} for n in range(4)])
+    answers = await asyncio.gather(
+        insert_grouped(collection, {"_id": "new", "slot": 9}),
+        replace_if(collection, {"_id": "j0", REVISION: 1}, {"slot": 0, REVISION: 2}),
+        replace_if(collection, {"_id": "j1", REVISION: 1}, {"slot": 0, REVISION: 2}),  # j0's slot: refused
+        replace_if(collection, {"_id": "j2", REVISION: 7}, {"slot": 2, REVISION: 8}),  # stale
+        update_grouped(collection, [({"_id": "j3"}, {"$inc": {"text": 1}})]),  # not a number
+        update_grouped(collection, [({"_id": "j3"}, {"$set": {"seen": "yes"}})]),
+        return_exceptions=True,
+    )
+    assert answers[0] is True and answers[1] is True and answers[3] is False and answers[5] is False
+    assert isinstance(answers[2], DuplicateKeyError)
+    assert isinstance(answers[4], WriteError) and not isinstance(answers[4], DuplicateKeyError)
+    stored = {d["_id"]: d async for d in collection.find({})}
+    assert stored["new"]["slot"] == 9 and stored["j0"][REVISION] == 2 and stored["j1"][REVISION] == 1
+    assert stored["j3"]["seen"] == "yes" and stored["j3"]["text"] == "x"
+    await ours.close()
+
+
+REFUSALS = {
+    "before MongoDB 8.0": InvalidOperation("MongoClient.bulk_write requires MongoDB server version 8.0+."),
+    "not authorized": ClientBulkWriteException(
+        {"error": OperationFailure("not authorized on admin to execute command", 13), "writeErrors": []}, True
+    ),
+}
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+async def test_a_server_without_the_bulk_write_command_answers_each_replacement_as_exactly(
+    racing, monkeypatch, refusal
+):
+    """MongoDB before 8.0 has no `bulkWrite` command (pymongo refuses before sending), and a user whose role names
+    only its collections' actions may not run it: each conditional replacement goes as a command of its own, with
+    its own answer."""
+    ours, _, _ = racing
+
+    async def no_command(*args, **kwargs):
+        raise REFUSALS[refusal]
+
+    monkeypatch.setattr(AsyncMongoClient, "bulk_write", no_command)
+    collection = ours[unique("older").replace("-", "_")].docs
+    await collection.insert_many([{"_id": f"j{n}", REVISION: 1} for n in range(3)])
+    answers = await asyncio.gather(
+        *(replace_if(collection, {"_id": f"j{n}", REVISION: 1 if n != 1 else 5}, {REVISION: 2}) for n in range(3))
+    )
+    assert answers == [True, False, True]
+    assert [d[REVISION] async for d in collection.find({})] == [2, 1, 2]
+    await ours.close()
