@@ -218,7 +218,7 @@ class SimFleet:
         await asyncio.sleep(self.task_s)
         agent.tasks.pop(key, None)
         await shipper.close()
-        exited = exited_event(agent.node.node_id, command, reason="completed", message="", status=0)
+        exited = exited_event(agent.node, command, reason="completed", message="", status=0)
         await agent.publish_reliably(exited)
         self.exited += 1
 

@@ -30,7 +30,7 @@ from services.agent.isolation import Confinement, private_dir
 from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import Preparer
-from services.agent.retention import Retention, remove_empty
+from services.agent.retention import Retention, attempt_dirs, remove_empty
 from services.agent.runner import TaskProcess
 from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.supervision import Supervisor, exited_event, started_event
@@ -69,8 +69,10 @@ class Agent:
         # and flush it at the reconnection, where the monitor would take the state it says as current).
         self.connected = connected
         self.retention = retention  # removes finished attempts' directories (None: they stay)
-        self.adopted = False  # what a previous run left is taken as finished at the first sweep, not here
-        self.attempt_dirs: set[Path] = set()  # this run's attempts' directories: never a previous run's
+        # The attempt directories a previous run left, listed before this run launches any (two directory levels:
+        # cheap), measured at the first sweep (None after it). Their tasks died with that run; the journal never
+        # launches them again.
+        self.left: list[Path] | None = attempt_dirs(retention.jobs) if retention is not None else None
         self.fence = fence  # stop every task when no heartbeat has been acknowledged for its window
         self.acknowledge = acknowledge
         self.launching: dict[str, asyncio.Task] = {}
@@ -99,7 +101,6 @@ class Agent:
             publish=self.publish_reliably,
             report_exit=self._report_exit,
             finished=self._finished,
-            making=self._making,
             tasks=self.tasks,
             launching=self.launching,
         )
@@ -132,14 +133,14 @@ class Agent:
     async def heartbeat(self) -> None:
         """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
         self.heartbeats += 1
-        if not self.connected():  # unsent, hence unacknowledged: the silence grows towards the fence as it should
-            log.warning("heartbeat not sent: the bus is not connected")
-            return
         tasks = [t for t in self.tasks.values() if t.stop_reason != FENCED]  # fenced: dead or dying, not running
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
         sent_at, sent_wall = (self.fence.clock() if self.fence else 0.0), time.time()
+        if not self.connected():  # unsent, hence unacknowledged: the silence grows towards the fence as it should
+            log.warning("heartbeat not sent: the bus is not connected")  # looked at last: a loss during the read
+            return  # would have the client buffer it and send it, stale, at the reconnection
         await self.publish(
             NodeHeartbeat(
                 event_id=f"{self.node.node_id}:{self.boot_id}:hb:{self.heartbeats}",
@@ -203,7 +204,7 @@ class Agent:
                 # taken by an earlier run of this agent, which died with it
                 await self._report_exit(
                     exited_event(
-                        self.node.node_id,
+                        self.node,
                         command,
                         reason="terminated",
                         message="the agent restarted while this task ran",
@@ -228,7 +229,7 @@ class Agent:
         )
         self.journal.mark_stopped(key)
         message = "refused: issued before this node last went unheard (it may have been declared lost)"
-        await self._report_exit(exited_event(self.node.node_id, command, reason="terminated", message=message))
+        await self._report_exit(exited_event(self.node, command, reason="terminated", message=message))
 
     async def stop(self, command: StopTask) -> None:
         key = Journal.key(command.job_id, command.attempt, command.rank)
@@ -302,18 +303,10 @@ class Agent:
         job_id, attempt, rank = key.rsplit(":", 2)
         ref = TaskRef(job_id=job_id, attempt=int(attempt), rank=int(rank))
         report = asyncio.create_task(
-            self._report_exit(
-                exited_event(self.node.node_id, ref, reason="terminated", message="stopped while preparing")
-            )
+            self._report_exit(exited_event(self.node, ref, reason="terminated", message="stopped while preparing"))
         )
         self.supervisors.add(report)
         report.add_done_callback(self.supervisors.discard)
-
-    def _making(self, workdir: Path) -> None:
-        """An attempt's directory is about to be made: the sweep adopting a previous run's directories never takes
-        it (once that sweep is done, nothing needs to be kept)."""
-        if not self.adopted:
-            self.attempt_dirs.add(workdir)
 
     async def _finished(self, workdir: Path) -> None:
         """An attempt's end is reported (its output, checkpoint and outputs stored before): its directory is
@@ -329,9 +322,9 @@ class Agent:
         periodic one), the retention's records touched by one thread."""
         if self.retention is not None:
             async with self.sweeping:
-                if not self.adopted:  # the first: what a previous run left (in a thread: a long walk holds no beat)
-                    await asyncio.to_thread(self.retention.adopt, self.attempt_dirs)
-                    self.adopted, self.attempt_dirs = True, set()
+                if self.left is not None:  # the first: what a previous run left (measured in a thread: a long
+                    await asyncio.to_thread(self.retention.adopt, self.left)  # walk holds back no heartbeat)
+                    self.left = None
                 removed = await asyncio.to_thread(self.retention.sweep)
                 remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty
 
@@ -345,7 +338,7 @@ class Agent:
                 fenced = key in self.journal.fenced
                 await self._report_exit(
                     exited_event(
-                        self.node.node_id,
+                        self.node,
                         TaskRef(job_id=job_id, attempt=attempt, rank=rank),
                         reason="terminated",
                         message=f"stopped: {FENCED}" if fenced else "the agent restarted while this task ran",

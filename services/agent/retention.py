@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,12 +92,12 @@ class Retention:
         if path.is_dir() and not path.is_symlink():
             self.finished[path] = Finished(path, self.clock(), size_of(path))
 
-    def adopt(self, mine: Container[Path] = ()) -> None:
-        """Every attempt directory a previous run of the agent left is finished now (its tasks died with it): all
-        there are but this run's own (`mine`, each added before its directory is made). Blocking: run it in a
-        thread, after the agent registered (a long walk must not hold back its heartbeats)."""
-        for path in attempt_dirs(self.jobs):
-            if path not in self.finished and path not in mine:
+    def adopt(self, left: Iterable[Path]) -> None:
+        """The attempt directories a previous run of the agent left (`attempt_dirs`, listed before this run made
+        any) are finished now: their tasks died with it. Blocking (measures each): run it in a thread, after the
+        agent registered (a long walk must not hold back its heartbeats)."""
+        for path in left:
+            if path not in self.finished:
                 self.ended(path)
 
     def sweep(self) -> list[Path]:

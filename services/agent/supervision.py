@@ -51,7 +51,6 @@ class Supervisor:
     publish: Callable[[Message | LogChunk], Awaitable[None]]  # reliably: retried while the bus is unreachable
     report_exit: Callable[[TaskExited], Awaitable[None]]  # a task's end, published and journalled
     finished: Callable[[Path], Awaitable[None]]  # an attempt's directory once its end is reported
-    making: Callable[[Path], None]  # an attempt's directory about to be made
     tasks: dict[str, TaskProcess]
     launching: dict[str, asyncio.Task]
 
@@ -59,7 +58,6 @@ class Supervisor:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
         job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
         workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
-        self.making(workdir)  # before it exists
         workdir.mkdir(mode=0o700, exist_ok=True)
         shipper = LogShipper(
             job_id=command.job_id,
@@ -123,7 +121,7 @@ class Supervisor:
             await asyncio.to_thread(self._release, workdir, user, cgroup)
             await shipper.close()
             await self.report_exit(
-                exited_event(self.node.node_id, command, reason="terminated", message="stopped while preparing")
+                exited_event(self.node, command, reason="terminated", message="stopped while preparing")
             )
             await self.finished(workdir)
             return
@@ -132,7 +130,7 @@ class Supervisor:
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
-            await self.report_exit(exited_event(self.node.node_id, command, reason="start_failed", message=message))
+            await self.report_exit(exited_event(self.node, command, reason="start_failed", message=message))
             await self.finished(workdir)
             return
         finally:
@@ -184,9 +182,7 @@ class Supervisor:
             reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
         else:
             reason, message = "failed", describe_exit(status, task.tail)
-        await self.report_exit(
-            exited_event(self.node.node_id, start, reason=reason, message=message, status=status, oom=oom)
-        )
+        await self.report_exit(exited_event(self.node, start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
         await self.finished(task.workdir)
 
@@ -267,7 +263,7 @@ def started_event(node: NodeInfo, boot_id: str, task: TaskProcess) -> TaskStarte
 
 
 def exited_event(
-    node_id: str,
+    node: NodeInfo,
     start: StartTask | TaskRef,
     *,
     reason: str,
@@ -281,7 +277,7 @@ def exited_event(
         job_id=start.job_id,
         attempt=start.attempt,
         rank=start.rank,
-        node_id=node_id,
+        node_id=node.node_id,
         exit_code=None if status is None else (status if status >= 0 else 128 - status),
         signal=-status if status is not None and status < 0 else None,
         reason=reason,

@@ -17,7 +17,9 @@ from services.agent.agent import Agent
 from services.agent.app import AgentSettings, fence_check, node_timeout_s
 from services.agent.checkpoints import CheckpointStore
 from services.agent.fence import CHECK_S, RESERVE_S, Fence, fence_due, margin_problem
+from services.agent.hangs import HangPolicy
 from services.agent.journal import Journal
+from services.agent.nvml import GpuProbe
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
 from services.monitor.app import MonitorSettings
@@ -71,7 +73,8 @@ class Clock:
         return self.now
 
 
-def make_agent(root, bus: Bus, clock: Clock) -> Agent:
+def make_agent(root, bus: Bus, clock: Clock, **extra) -> Agent:
+    """An agent on n1 fenced by `clock`, publishing on `bus`; `extra`: more of Agent's."""
     return Agent(
         node=NODE,
         root=root,
@@ -82,6 +85,7 @@ def make_agent(root, bus: Bus, clock: Clock) -> Agent:
         shutdown_grace_s=1,
         fence=Fence(timeout_s=lambda: TIMEOUT_S, margin_s=MARGIN_S, grace_s=GRACE_S, clock=clock),
         acknowledge=bus.acknowledge,
+        **extra,
     )
 
 
@@ -363,3 +367,21 @@ async def test_the_count_file_is_written_when_the_count_changes_or_half_a_window
     wall[0] += WINDOW_S / 2
     await agent.heartbeat()
     assert len(writes) == 2 and writes[-1].acked_wall == wall[0]
+
+
+async def test_a_connection_lost_while_the_gpus_are_read_sends_no_heartbeat(tmp_path):
+    """The connection was looked at before the GPUs' (NVML) read: one lost during that read still had its heartbeat
+    buffered by the client, to be sent at the reconnection with the count of silences of before the outage. It is
+    now looked at last, right before the publish; the unsent heartbeat is unacknowledged, as it should be."""
+    bus, clock, up = Bus(), Clock(), [True]
+
+    class LostDuringTheRead(GpuProbe):
+        def read(self, indices):
+            up[0] = False
+            return ()
+
+    agent = make_agent(tmp_path, bus, clock, hangs=HangPolicy(gpus=LostDuringTheRead()), connected=lambda: up[0])
+    assert agent.fence is not None
+    acked_at, clock.now = agent.fence.acked_at, clock.now + 1
+    await agent.heartbeat()
+    assert bus.sent == [] and agent.fence.acked_at == acked_at

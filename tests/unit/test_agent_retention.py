@@ -9,7 +9,7 @@ from shared.events import LogChunk, NodeHeartbeat, TaskExited
 from shared.jobs import Algorithm, DataOut
 from services.agent import retention
 from services.agent.agent import Agent
-from services.agent.retention import Finished, Retention, attempt_dirs, size_of, to_remove
+from services.agent.retention import Finished, Retention, size_of, to_remove
 from tests.factories import start_task, unique
 from tests.unit.test_agent_journal import make_agent as journal_agent
 
@@ -118,23 +118,21 @@ async def test_a_slow_look_at_what_a_previous_run_left_holds_back_no_heartbeat_n
     tmp_path, monkeypatch
 ):
     """The walk over a previous run's attempts ran in the agent's constructor, before it registered: a long one on a
-    node's first start could count a silence. It is now the first sweep's, in a thread, and leaves alone the
-    attempts this run made meanwhile."""
+    node's first start could count a silence. They are listed there (cheap) and measured at the first sweep, in a
+    thread: a heartbeat goes out while the measuring goes on; an attempt this run made before it is left alone."""
     left = tmp_path / "jobs" / "old" / "attempt-1-rank-0"
     left.mkdir(parents=True)
-    walked, order = threading.Event(), []
+    measuring, measured, order = threading.Event(), threading.Event(), []
 
-    def slow_walk(jobs):
-        walked.wait(10)  # a walk over many files
-        order.append("walked")
-        return attempt_dirs(jobs)
+    def slow_size(path):
+        measuring.set()
+        measured.wait(5)  # a walk over many files, until the heartbeat is sent (else 5 s)
+        order.append("measured")
+        return size_of(path)
 
-    monkeypatch.setattr(retention, "attempt_dirs", slow_walk)
+    monkeypatch.setattr(retention, "size_of", slow_size)
     sent: list = []
     agent = make_agent(tmp_path, sent, retention_s=3600)
-    sweep = asyncio.create_task(agent.sweep_attempts())
-    await agent.heartbeat()
-    order.append("heartbeat")
     job_id = unique("j")
     await agent.start(start_task(job_id, "sleep 30"))
     mine = tmp_path / "jobs" / job_id / "attempt-1-rank-0"
@@ -142,8 +140,12 @@ async def test_a_slow_look_at_what_a_previous_run_left_holds_back_no_heartbeat_n
         if mine.is_dir():
             break
         await asyncio.sleep(0.05)
-    walked.set()
+    sweep = asyncio.create_task(agent.sweep_attempts())
+    assert await asyncio.to_thread(measuring.wait, 5)  # the sweep is measuring what was left
+    await asyncio.wait_for(agent.heartbeat(), 5)
+    order.append("heartbeat")
+    measured.set()
     await sweep
-    assert order == ["heartbeat", "walked"] and [type(m) for m in sent][:1] == [NodeHeartbeat]
+    assert order == ["heartbeat", "measured"] and any(isinstance(m, NodeHeartbeat) for m in sent)
     assert left in agent.retention.finished and mine not in agent.retention.finished
     await agent.shutdown()
