@@ -111,7 +111,7 @@ class JobState(BaseModel):
     @property
     def exits_due(self) -> datetime | None:
         """When the first exit kept for a start not yet heard counts without it; None without one."""
-        due = [t.exit_due for t in self.tasks.values() if t.exit_due and t.state == "assigned"]
+        due = [t.exit_due for t in self.tasks.values() if t.exit_due]
         return None if not due or self.phase.is_finished() else min(due)
 
 
@@ -333,10 +333,12 @@ def task_started(job: JobState, event: TaskStarted, *, now: datetime) -> Outcome
     running = task.model_copy(
         update={"state": "running", "started_at": now, "boot_id": event.boot_id, "early_exit": None, "exit_due": None}
     )
-    job, events = _started(_with_task(job, event.rank, running), event, now=now)
+    job = _with_task(job, event.rank, running)
     if task.early_exit is None:
-        return job, events
-    job, ended = _exited(job, task.early_exit, now=now)  # the exit heard first, applied in its order now
+        return _started(job, event, now=now)
+    # the exit heard first, applied in its order now; a task gone is not told to stop by a termination
+    job, events = (job, []) if job.phase == Phase.TERMINATING else _started(job, event, now=now)
+    job, ended = _exited(job, task.early_exit, now=now)
     return job, events + ended
 
 
@@ -385,8 +387,11 @@ def exits_unstarted(job: JobState, *, now: datetime) -> Outcome:
     """Apply the exits kept for starts that did not come by their `exit_due`: each task completed without having
     started (a failure)."""
     events: list[Message] = []
-    for _, task in sorted(job.tasks.items(), key=lambda kv: int(kv[0])):
-        if task.early_exit is not None and task.state == "assigned" and task.exit_due and task.exit_due <= now:
+    for rank in sorted(job.tasks, key=int):
+        if job.phase.is_finished():  # ended by an exit applied before
+            break
+        task = job.tasks[rank]  # as the exits applied before left it
+        if task.early_exit and task.exit_due and task.exit_due <= now:
             job, more = _exited(job, task.early_exit, now=now)
             events += more
     return job, events
@@ -471,13 +476,23 @@ def expire(job: JobState, *, now: datetime) -> Outcome:
 
 
 def terminate(job: JobState, *, requested_by: str, now: datetime, reason: str | None = None) -> Outcome:
-    if job.phase.is_finished() or job.phase == Phase.TERMINATING:
+    """Stop the current attempt's tasks, the job Terminated once they have. A job whose every task already said
+    it completed (`completing`) has nothing left to stop: it ends as they said, Completed once their starts are
+    heard (or Failed at `exit_due` without them), whichever of the termination and a late start is read first."""
+    if job.phase.is_finished() or job.phase == Phase.TERMINATING or completing(job):
         return job, []
     reason = reason or f"terminated by {requested_by}"
     if job.phase in (Phase.CREATING, Phase.ABNORMAL) or not job.assignments:
         return switch(job, Phase.TERMINATED, SecondaryPhase.TERMINATED, reason=reason, now=now)
     job, events = switch(job, Phase.TERMINATING, SecondaryPhase.TERMINATING, reason=reason, now=now)
     return job, events + stop_all(job, reason="terminated", now=now)
+
+
+def completing(job: JobState) -> bool:
+    """Whether every task of the current attempt said it completed: its exit applied, or kept for its start."""
+    return bool(job.tasks) and all(
+        t.early_exit is not None or (t.state == "exited" and t.reason == "completed") for t in job.tasks.values()
+    )
 
 
 def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outcome:

@@ -110,6 +110,23 @@ async def test_an_exit_heard_before_its_start_is_applied_after_it_in_order_once(
     assert seen["tm.node.cmd.n1.start"] and not [s for s in seen["tm.job.status"] if s["phase"] == "Terminating"]
 
 
+async def test_a_termination_read_before_the_late_start_of_a_task_that_said_it_completed_leaves_it_completed(
+    monitor_broker,
+):
+    """The termination asked while the exit waited for its start stopped the task once it was heard starting, and the
+    kept exit then ended the job Terminated: the outcome hung on which of the two was read first. Every task having
+    said it completed, nothing is left to stop: the job ends Completed whichever comes first."""
+    broker, monitor, seen = monitor_broker
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    await publish(broker, exited("j"))  # its start is still on its way
+    await publish(broker, JobTerminateRequested(event_id="j:terminate", job_id="j", requested_by="alice"))
+    await publish(broker, started("j"))  # the start, redelivered
+    done = await monitor.jobs.load("j")
+    assert versions(seen) == [(1, "Pending"), (2, "Pending"), (3, "Running"), (4, "Completed")]
+    assert done["tasks"]["0"]["reason"] == "completed" and done["exits_due"] is None
+
+
 async def test_an_exit_whose_start_never_comes_fails_the_job_once_the_start_could_no_longer_come(monitor_broker):
     broker, monitor, seen = monitor_broker
     await publish(broker, submitted(job_id="never"))

@@ -192,19 +192,41 @@ def test_a_job_past_its_max_duration_is_terminated_with_the_reason():
     assert job.phase == Phase.TERMINATED and "max_duration_s" in job.reason
 
 
-def test_an_exit_kept_for_its_start_follows_a_termination_asked_meanwhile_and_leaves_with_a_requeue():
-    """The exit heard before its start waits on the task: a termination asked meanwhile stops the task once it is
-    heard starting, and the kept exit then ends the termination; a requeue drops what was kept with the attempt."""
+def test_a_termination_asked_once_every_task_said_it_completed_leaves_the_job_to_end_completed():
+    """A task's "completed" exit was kept for its late start, and a termination asked meanwhile stopped the task once
+    its start was heard and made the kept exit end the job Terminated, though it had completed before anyone asked
+    (the outcome hung on which of the termination and the start was read first). A job whose every task said it
+    completed has nothing left to stop: the termination changes nothing and the job ends Completed with its start,
+    in either order, or Failed at exit_due without it; a requeue drops what was kept with the attempt."""
     job, _ = state.submitted(submitted(job_id="j"), now=T0)
     job, _ = state.placed(job, placed("j"), now=T0)
-    job, events = state.task_exited(job, exited("j"), now=T0)
-    assert events == [] and job.exits_due == T0 + timedelta(seconds=state.START_WAIT_S)
+    kept, events = state.task_exited(job, exited("j"), now=T0)
+    assert events == [] and kept.exits_due == T0 + timedelta(seconds=state.START_WAIT_S)
+    assert state.terminate(kept, requested_by="alice", now=T0) == (kept, [])
+    job, events = state.task_started(kept, started("j"), now=T0 + timedelta(seconds=3))
+    assert stops(events) == [] and statuses(events)[-1] == (Phase.COMPLETED, SecondaryPhase.COMPLETED)
+    assert state.terminate(job, requested_by="alice", now=T0) == (job, []) and job.exits_due is None
+
+    job, events = state.exits_unstarted(kept, now=T0 + timedelta(seconds=state.START_WAIT_S))
+    assert statuses(events) == [(Phase.FAILED, SecondaryPhase.FAILED)] and "without having started" in job.reason
+
+
+def test_a_termination_stops_the_tasks_still_running_and_no_task_whose_exit_waits_for_its_late_start():
+    """Rank 1 said it completed before its start was heard; rank 0 runs: the termination stops the job, rank 1's
+    late start brings no stop (its node said it is gone) and its kept exit, and the job ends Terminated."""
+    job, _ = state.submitted(submitted(job_id="j", node_count=2), now=T0)
+    job, _ = state.placed(job, placed("j", nodes=("n1", "n2")), now=T0)
+    job, _ = state.task_started(job, started("j"), now=T0)
+    job, _ = state.task_exited(job, exited("j", rank=1, node_id="n2"), now=T0)
     job, events = state.terminate(job, requested_by="alice", now=T0)
     assert statuses(events) == [(Phase.TERMINATING, SecondaryPhase.TERMINATING)]
-    job, events = state.task_started(job, started("j"), now=T0 + timedelta(seconds=3))
-    assert [s.reason for s in stops(events)] == ["terminated"]
-    assert statuses(events) == [(Phase.TERMINATED, SecondaryPhase.TERMINATED)] and job.exits_due is None
+    job, events = state.task_started(job, started("j", rank=1, node_id="n2"), now=T0 + timedelta(seconds=3))
+    assert events == [] and job.tasks["1"].state == "exited" and job.exits_due is None
+    job, events = state.task_exited(job, exited("j", code=None, reason="terminated"), now=T0 + timedelta(seconds=4))
+    assert statuses(events) == [(Phase.TERMINATED, SecondaryPhase.TERMINATED)]
 
+
+def test_an_exit_kept_for_its_start_leaves_with_a_requeue():
     job, _ = state.submitted(submitted(job_id="j"), now=T0)
     job, _ = state.placed(job, placed("j"), now=T0)
     job, _ = state.task_exited(job, exited("j"), now=T0)
