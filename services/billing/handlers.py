@@ -4,10 +4,10 @@ from collections.abc import Awaitable, Callable
 from operator import attrgetter
 from typing import Any
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobEvent,
     JobPlaced,

@@ -1,9 +1,9 @@
 """Estimator subscribers: which jobs exist and declare metrics, and their output."""
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobDeleted,
     JobEvent,

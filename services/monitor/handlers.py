@@ -5,13 +5,13 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from faststream import Context
 from faststream.exceptions import NackMessage
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 from nats.aio.msg import Msg
 
 from shared.bus import ACK_WAIT_S, RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, TRANSIENT_ERRORS, durable, retry_transient
 from shared.clock import utcnow
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobEvent,
     JobMigrateRequested,
