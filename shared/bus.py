@@ -7,7 +7,7 @@ import logging
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -294,6 +294,7 @@ def durable(
     ordered: bool = True,
     keyed: int = 0,
     deliver_new: bool = False,
+    only: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream.
 
@@ -302,6 +303,8 @@ def durable(
     keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in
     `shared.keyed.in_order`, which keeps the messages of one key (a job) in stream order and retries a passing
     failure in place.
+    only: the subjects within `subject` the consumer is delivered (the server filters; stream order is kept), so
+    messages its handlers would drop are never sent, acknowledged or decoded; all of `subject` when empty.
     """
     in_flight = keyed if keyed > 1 else 1 if ordered else 1000
     return {
@@ -317,6 +320,7 @@ def durable(
             ack_wait=ACK_WAIT_S,
             max_ack_pending=in_flight,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            filter_subjects=list(only) or None,
         ),
     }
 

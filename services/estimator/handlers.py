@@ -35,7 +35,7 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 # Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
 PLACED = durable("tm.job.placed", consumer="estimator-placed")
 

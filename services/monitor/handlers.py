@@ -166,7 +166,7 @@ router = NatsRouter()
 
 # Each job's events one at a time in stream order, different jobs concurrently (`in_order`); a restart first waits
 # for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it.
-JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 
 
 # A start delivered and lost with a bus server comes again after the ack wait; an exit that overtook it waits that

@@ -57,7 +57,7 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 
 
 @router.subscriber(**JOBS.subscription)
