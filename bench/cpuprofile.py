@@ -12,18 +12,40 @@ from pathlib import Path
 # What a sample was doing: the first rule, from the innermost frame outwards, whose path fragment a frame holds.
 KINDS = (
     ("logging", ("logging/",)),
+    (
+        "thread hand-offs (worker threads, their queues, waking the loop)",
+        (
+            "threading.py",
+            "queue.py",
+            "concurrent/",
+            "anyio/",
+            "_write_to_self",
+            "to_thread",
+        ),
+    ),
+    ("socket sends and receives", ("selector_events.py", "asyncio/streams.py", "network_layer.py")),
     ("pydantic validation and encoding", ("pydantic/", "pydantic_core", "fast_depends/")),
     ("json", ("json/", "orjson")),
     ("bson and database client", ("bson/", "pymongo/")),
-    ("embedded database (SQL)", ("nx27017", "nx_27017", "sqlite3")),
+    ("embedded database (SQL)", ("nx27017", "nx_27017", "neosqlite", "sqlite3")),
     ("nats client", ("nats/",)),
     ("faststream dispatch", ("faststream/",)),
-    ("http (uvicorn, starlette, fastapi, httpx)", ("uvicorn/", "starlette/", "fastapi/", "h11/", "httpx/", "anyio/")),
-    ("asyncio loop and threads", ("asyncio/", "threading.py", "concurrent/", "selectors.py", "uvloop")),
+    ("http (uvicorn, starlette, fastapi, httpx)", ("uvicorn/", "starlette/", "fastapi/", "h11/", "httpx/")),
+    ("asyncio loop", ("asyncio/", "selectors.py", "contextlib.py")),
     ("project code", ("services/", "shared/")),
 )
+# A sample whose innermost frame waits (for the loop's next event, a worker thread's next job): the thread was woken
+# and runnable but not yet running. On a loaded machine py-spy counts it active; it is kept apart from the CPU shares.
+WAITS = ("EpollSelector.select", "Condition.wait", "Event.wait", "Queue.get")
 # Wrappers every handler runs inside: what the work was for is the project frame within them.
-WRAPPERS = ("shared/keyed.py", "shared/bus.py", "shared/replies.py", "shared/app.py", "shared/lease.py")
+WRAPPERS = (
+    "shared/keyed.py",
+    "shared/bus.py",
+    "shared/replies.py",
+    "shared/app.py",
+    "shared/lease.py",
+    "shared/service.py",
+)
 
 
 def frames(stack: str) -> list[str]:
@@ -32,7 +54,9 @@ def frames(stack: str) -> list[str]:
 
 
 def kind_of(stack: list[str]) -> str:
-    """What the innermost recognised frame of a sample belongs to ('other' when none)."""
+    """What the innermost recognised frame of a sample belongs to ('other' when none; 'waiting' for a wait)."""
+    if stack and stack[-1].startswith(WAITS):
+        return "waiting"
     for frame in reversed(stack):
         for kind, fragments in KINDS:
             if any(fragment in frame for fragment in fragments):
@@ -42,7 +66,8 @@ def kind_of(stack: list[str]) -> str:
 
 def purpose_of(stack: list[str]) -> str:
     """The outermost project function a sample ran for (past the wrappers every handler runs in), as
-    'module.py:function'; 'library' when no project frame is on the stack (the event loop, the bus client)."""
+    'module.py:function'; where none is on the stack, the library task or thread it ran in ('library: <function>',
+    the first frame the event loop or a thread ran)."""
     for frame in stack:
         name, _, where = frame.rpartition(" (")
         path = where.split(":")[0]
@@ -50,7 +75,11 @@ def purpose_of(stack: list[str]) -> str:
             if name.endswith("<module>") or name.endswith("main"):
                 continue
             return f"{'/'.join(path.split('/')[-2:])}:{name.split('.')[-1]}"
-    return "library"
+    names = [frame.rpartition(" (")[0] for frame in stack]
+    for entry in ("Handle._run", "Thread._bootstrap_inner"):
+        if entry in names and names.index(entry) + 1 < len(names):
+            return f"library: {names[names.index(entry) + 1]}"
+    return f"library: {names[-1] if names else '?'}"
 
 
 def read_samples(path: Path) -> Counter[tuple[str, ...]]:
@@ -65,13 +94,17 @@ def read_samples(path: Path) -> Counter[tuple[str, ...]]:
 
 def summarize(samples: Counter[tuple[str, ...]], *, cpu_s: float, jobs: int, top: int = 12) -> dict:
     """A process's CPU per job split by kind and by purpose (its measured CPU seconds shared out in proportion to
-    the samples), in milliseconds a job; the `top` purposes only."""
-    total = sum(samples.values()) or 1
+    the samples that were not waits), in milliseconds a job; the `top` purposes only, and the share of samples that
+    were waits."""
     kinds: Counter[str] = Counter()
     purposes: Counter[str] = Counter()
     for stack, count in samples.items():
-        kinds[kind_of(list(stack))] += count
-        purposes[purpose_of(list(stack))] += count
+        kind = kind_of(list(stack))
+        kinds[kind] += count
+        if kind != "waiting":
+            purposes[purpose_of(list(stack))] += count
+    waits = kinds.pop("waiting", 0)
+    total = sum(kinds.values()) or 1
 
     def ms(counts: Counter[str], limit: int) -> dict[str, float]:
         return {k: round(1000 * cpu_s * v / total / jobs, 2) for k, v in counts.most_common(limit)}
@@ -79,6 +112,7 @@ def summarize(samples: Counter[tuple[str, ...]], *, cpu_s: float, jobs: int, top
     return {
         "cpu_ms_per_job": round(1000 * cpu_s / jobs, 1),
         "samples": total,
+        "waits": round(waits / (total + waits), 2),
         "by_kind": ms(kinds, len(KINDS) + 1),
         "by_purpose": ms(purposes, top),
     }
