@@ -259,30 +259,46 @@ def _event_types() -> dict[str, type[Message]]:
     return found
 
 
-def implied_subject(payload: Any) -> str | None:
-    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
+def parse_event(payload: Any) -> Message | None:
+    """The event a payload names, validated once as its own type (None when it names no known event or does not
+    parse)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
         return None
     cls = _event_types().get(payload["type"])
     try:
-        return cls.model_validate(payload).subject if cls else None
+        event = cls.model_validate(payload) if cls else None
+        return event if event is None or event.subject else None
     except (ValueError, KeyError, AttributeError):
         return None
 
 
-async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
-    """Decoder of every durable consumer: an event must arrive on the subject its payload implies, so whoever
-    may publish only on their own subjects (an agent: its node's) cannot speak for another node in a payload."""
-    payload = await decode(msg)
-    expected = implied_subject(payload)
-    if expected is not None and expected != msg.raw_message.subject:
+def implied_subject(payload: Any) -> str | None:
+    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
+    event = parse_event(payload)
+    return event.subject if event is not None else None
+
+
+def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
+    """The payload's event (`parse_event`), rejected when it arrived on another subject than the one it implies,
+    so whoever may publish only on their own subjects (an agent: its node's) cannot speak for another node in a
+    payload."""
+    event = parse_event(payload)
+    if event is not None and event.subject != msg.raw_message.subject:
         log.warning(
             "dropped %s event: it arrived on %s, its payload belongs on %s",
             payload.get("type"),
             msg.raw_message.subject,
-            expected,
+            event.subject,
         )
         raise RejectMessage()
+    return event
+
+
+async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
+    """Decoder of every durable consumer: an event must arrive on the subject its payload implies
+    (`checked_event`)."""
+    payload = await decode(msg)
+    checked_event(msg, payload)
     return payload
 
 

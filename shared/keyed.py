@@ -21,7 +21,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
-from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, check_subject, durable, stream_of
+from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, checked_event, durable, stream_of
 from shared.clock import utcnow
 from shared.handlers import HandlerTable, subject_filters
 
@@ -207,8 +207,9 @@ class KeyedConsumer:
 
     async def decode(self, msg: Any, decode: Callable[[Any], Awaitable[Any]]) -> Any:
         try:
-            payload = await check_subject(msg, decode)
-            self._event.validate_python(payload)
+            payload = await decode(msg)
+            # validated once, as the type it names; the handler's parameter takes the event as it is
+            event = self._event.validate_python(checked_event(msg, payload) or payload)
         except Exception as exc:  # noqa: BLE001 - anything that would stop it before the handler
             self.deliveries.skip(delivery_seq(msg))
             if not isinstance(exc, RejectMessage):
@@ -218,7 +219,7 @@ class KeyedConsumer:
                     str(exc).splitlines()[0][:200],
                 )
             raise RejectMessage() from exc
-        return payload
+        return event
 
     def in_order(self, key: Callable[[Any], str | None] = job_key) -> Callable:
         return in_order(key, deliveries=self.deliveries)
