@@ -12,11 +12,16 @@ from faststream._internal.context import Context as _Context  # what `faststream
 from faststream.nats.message import NatsMessage as _NatsMessage
 
 
-class Context(_Context):
+class LoopContext(_Context):
     """`faststream.Context(name)`, looked up without leaving the event loop."""
 
     async def use(self, /, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         return super().use(**kwargs)
 
 
-NatsMessage = Annotated[_NatsMessage, Context("message")]
+def Context(name: str) -> Any:  # noqa: N802 - a parameter's default, like `faststream.Context`
+    """A subscriber parameter filled from the broker's context (`context.set_global(name, ...)`)."""
+    return LoopContext(name)
+
+
+NatsMessage = Annotated[_NatsMessage, LoopContext("message")]
