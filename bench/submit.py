@@ -29,6 +29,7 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import database_name
 from shared.store import COUNTS_DIR
+from bench import cpuprofile
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
 from services.submitter.viewentries import list_entry
@@ -168,7 +169,15 @@ def bench_settings(data: Path) -> StackSettings:
     )
 
 
-async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_at_start: bool = False) -> dict:
+async def run(
+    stack: Stack,
+    *,
+    jobs: int,
+    concurrency: int,
+    idle: int = 0,
+    idle_at_start: bool = False,
+    profile: Path | None = None,
+) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -195,6 +204,9 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
         idle_figures = await idle_latency(api, jobs=idle) if idle else {}
         before = await command_counts(stack)
         pids = {name: p.pid for name, p in stack.processes.items()} | {"bench": os.getpid()}
+        bus_before = await cpuprofile.bus_counts(stack.nats_url, stack.admin_creds()) if profile else {}
+        python = {name: pid for name, pid in pids.items() if name not in stack.nats_servers and name != "bench"}
+        samplers = cpuprofile.start(python, profile) if profile else {}
         cpu_before = cpu_seconds(pids)
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -213,6 +225,7 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
             await asyncio.sleep(0.5)
         finish_s = time.perf_counter() - started
         cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
+        profiled = await profile_figures(stack, samplers, bus_before, cpu_over_burst, folder=profile, jobs=jobs)
         per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
@@ -237,9 +250,27 @@ async def run(stack: Stack, *, jobs: int, concurrency: int, idle: int = 0, idle_
         **idle_figures,
         **per_job,
         "cpu_s_over_burst": cpu_over_burst,
+        **profiled,
         "peak_rss_mb": {name: round(peak_rss_mb(p.pid), 1) for name, p in sorted(stack.processes.items())},
         "machine": machine(),
     }
+
+
+async def profile_figures(
+    stack: Stack, samplers: dict, bus_before: dict, cpu: dict[str, float], *, folder: Path | None, jobs: int
+) -> dict:
+    """With `--profile`: each process's CPU per job by kind and by purpose (py-spy's samples over the burst) and
+    the bus messages a job cost."""
+    if folder is None:
+        return {}
+    cpuprofile.stop(samplers)
+    where = {
+        name: cpuprofile.summarize(cpuprofile.read_samples(folder / f"{name}.txt"), cpu_s=cpu[name], jobs=jobs)
+        for name in samplers
+        if (folder / f"{name}.txt").exists()
+    }
+    bus = cpuprofile.per_job(bus_before, await cpuprofile.bus_counts(stack.nats_url, stack.admin_creds()), jobs=jobs)
+    return {"cpu_per_job": where, "bus_messages_per_job": bus}
 
 
 async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600, patience_s: float = 15) -> None:
@@ -310,6 +341,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
     parser.add_argument(
+        "--profile",
+        type=Path,
+        help="sample every Python process with py-spy over the burst into this folder (pip install py-spy): "
+        "CPU per job by kind and purpose, and bus messages per job",
+    )
+    parser.add_argument(
         "--no-history-model",
         action="store_true",
         help="the estimator trains no history model "
@@ -338,6 +375,7 @@ def main() -> None:
                         concurrency=args.concurrency,
                         idle=args.idle,
                         idle_at_start=args.idle_at_start,
+                        profile=args.profile,
                     )
                 ),
             }

@@ -7,7 +7,7 @@ import logging
 import ssl
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -259,30 +259,46 @@ def _event_types() -> dict[str, type[Message]]:
     return found
 
 
-def implied_subject(payload: Any) -> str | None:
-    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
+def parse_event(payload: Any) -> Message | None:
+    """The event a payload names, validated once as its own type (None when it names no known event or does not
+    parse)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
         return None
     cls = _event_types().get(payload["type"])
     try:
-        return cls.model_validate(payload).subject if cls else None
+        event = cls.model_validate(payload) if cls else None
+        return event if event is None or event.subject else None
     except (ValueError, KeyError, AttributeError):
         return None
 
 
-async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
-    """Decoder of every durable consumer: an event must arrive on the subject its payload implies, so whoever
-    may publish only on their own subjects (an agent: its node's) cannot speak for another node in a payload."""
-    payload = await decode(msg)
-    expected = implied_subject(payload)
-    if expected is not None and expected != msg.raw_message.subject:
+def implied_subject(payload: Any) -> str | None:
+    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
+    event = parse_event(payload)
+    return event.subject if event is not None else None
+
+
+def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
+    """The payload's event (`parse_event`), rejected when it arrived on another subject than the one it implies,
+    so whoever may publish only on their own subjects (an agent: its node's) cannot speak for another node in a
+    payload."""
+    event = parse_event(payload)
+    if event is not None and event.subject != msg.raw_message.subject:
         log.warning(
             "dropped %s event: it arrived on %s, its payload belongs on %s",
             payload.get("type"),
             msg.raw_message.subject,
-            expected,
+            event.subject,
         )
         raise RejectMessage()
+    return event
+
+
+async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
+    """Decoder of every durable consumer: an event must arrive on the subject its payload implies
+    (`checked_event`)."""
+    payload = await decode(msg)
+    checked_event(msg, payload)
     return payload
 
 
@@ -294,6 +310,7 @@ def durable(
     ordered: bool = True,
     keyed: int = 0,
     deliver_new: bool = False,
+    only: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream.
 
@@ -302,6 +319,8 @@ def durable(
     keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in
     `shared.keyed.in_order`, which keeps the messages of one key (a job) in stream order and retries a passing
     failure in place.
+    only: the subjects within `subject` the consumer is delivered (the server filters; stream order is kept), so
+    messages its handlers would drop are never sent, acknowledged or decoded; all of `subject` when empty.
     """
     in_flight = keyed if keyed > 1 else 1 if ordered else 1000
     return {
@@ -317,6 +336,7 @@ def durable(
             ack_wait=ACK_WAIT_S,
             max_ack_pending=in_flight,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            filter_subjects=list(only) or None,
         ),
     }
 

@@ -104,14 +104,20 @@ def inbox(identity: str) -> str:
 
 def reads(consumer: str, filter_subject: str, *, create: bool = True) -> tuple[str, ...]:
     """The JetStream API subjects to read one durable consumer (and to create it with exactly that filter); its
-    messages are delivered into the reader's own inbox."""
-    stream = bus.stream_of(filter_subject).name
+    messages are delivered into the reader's own inbox. A consumer of a whole stream may also be created (or
+    updated) with several filters, which the request's subject does not name (`durable(..., only=...)`): it then
+    reads part of what it may read already, never more."""
+    stream = bus.stream_of(filter_subject)
     subjects = (
-        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
-        f"$JS.ACK.{stream}.{consumer}.>",
+        f"$JS.API.CONSUMER.INFO.{stream.name}.{consumer}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}",
+        f"$JS.ACK.{stream.name}.{consumer}.>",
     )
-    return (*subjects, f"$JS.API.CONSUMER.CREATE.{stream}.{consumer}.{filter_subject}") if create else subjects
+    if not create:
+        return subjects
+    whole = [filter_subject] == list(stream.config.subjects or ())
+    narrowed = (f"$JS.API.CONSUMER.CREATE.{stream.name}.{consumer}",) if whole else ()
+    return (*subjects, f"$JS.API.CONSUMER.CREATE.{stream.name}.{consumer}.{filter_subject}", *narrowed)
 
 
 def declares_streams() -> tuple[str, ...]:

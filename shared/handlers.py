@@ -6,9 +6,11 @@ can name a service's own method (`Billing.submitted`) or a short function `(serv
 """
 
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
+from shared.bus import subjects_overlap
 from shared.events import Message
 
 log = logging.getLogger(__name__)
@@ -26,3 +28,10 @@ async def dispatch(table: HandlerTable[S], event: Message, service: S) -> Any:
         log.debug("%s: no handler for %s on %s; dropped", type(service).__name__, type(event).__name__, event.subject)
         return None
     return await handler(service, event)
+
+
+def subject_filters(table: HandlerTable[Any], *, within: str) -> tuple[str, ...]:
+    """The subjects, within a consumer's subject, of the events a table handles (each `{field}` of a subject
+    template a `*`): what the consumer needs delivered, and nothing its handlers would drop."""
+    filters = {re.sub(r"\{[^}]*\}", "*", event.subject_template) for event in table}
+    return tuple(sorted(f for f in filters if subjects_overlap(f, within)))

@@ -16,11 +16,14 @@ from typing import Any, ParamSpec, TypeVar
 
 from faststream.exceptions import RejectMessage
 from faststream.nats import NatsBroker
+from nats.errors import Error as NatsError
+from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
-from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, check_subject, durable, stream_of
+from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, checked_event, durable, stream_of
 from shared.clock import utcnow
+from shared.handlers import HandlerTable, subject_filters
 
 log = logging.getLogger(__name__)
 
@@ -204,8 +207,9 @@ class KeyedConsumer:
 
     async def decode(self, msg: Any, decode: Callable[[Any], Awaitable[Any]]) -> Any:
         try:
-            payload = await check_subject(msg, decode)
-            self._event.validate_python(payload)
+            payload = await decode(msg)
+            # validated once, as the type it names; the handler's parameter takes the event as it is
+            event = self._event.validate_python(checked_event(msg, payload) or payload)
         except Exception as exc:  # noqa: BLE001 - anything that would stop it before the handler
             self.deliveries.skip(delivery_seq(msg))
             if not isinstance(exc, RejectMessage):
@@ -215,7 +219,7 @@ class KeyedConsumer:
                     str(exc).splitlines()[0][:200],
                 )
             raise RejectMessage() from exc
-        return payload
+        return event
 
     def in_order(self, key: Callable[[Any], str | None] = job_key) -> Callable:
         return in_order(key, deliveries=self.deliveries)
@@ -224,10 +228,18 @@ class KeyedConsumer:
         return await resume(broker, self.subscription, self.deliveries)
 
 
-def keyed_durable(subject: str, *, consumer: str, event: Any, width: int = JOBS_IN_FLIGHT) -> KeyedConsumer:
+def keyed_durable(
+    subject: str,
+    *,
+    consumer: str,
+    event: Any,
+    handles: HandlerTable[Any],
+    width: int = JOBS_IN_FLIGHT,
+) -> KeyedConsumer:
     """`durable(subject, consumer=..., keyed=width)` for handlers of `event` (a type or a union) kept in order per
-    job."""
-    return KeyedConsumer(durable(subject, consumer=consumer, keyed=width), event)
+    job, delivered only the subjects of the events its service's table `handles` (`subject_filters`)."""
+    only = subject_filters(handles, within=subject)
+    return KeyedConsumer(durable(subject, consumer=consumer, keyed=width, only=only), event)
 
 
 async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: DeliveryOrder) -> int:
@@ -236,13 +248,13 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
     messages (unacknowledged), wait until they are due again (`ACK_WAIT_S`), so the server hands them out first,
     in order, before anything newer; a later message of their key can then never be handled before them.
     Returns how many there were."""
-    consumer = subscription["durable"]
+    consumer, streams = subscription["durable"], broker.config.connection_state.stream
+    stream = stream_of(subscription["subject"]).name
     try:
-        info = await broker.config.connection_state.stream.consumer_info(
-            stream_of(subscription["subject"]).name, consumer
-        )
+        info = await streams.consumer_info(stream, consumer)
     except NotFoundError:
         return 0
+    await narrow(streams, stream, info.config, subscription["config"].filter_subjects)
     deliveries.resume_after(info.delivered.consumer_seq)
     if info.num_ack_pending:
         wait = redelivery_wait(info.delivered.last_active, now=utcnow())
@@ -254,6 +266,21 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
         )
         await asyncio.sleep(wait)
     return info.num_ack_pending or 0
+
+
+async def narrow(streams: Any, stream: str, stored: ConsumerConfig, only: list[str] | None) -> bool:
+    """Give a consumer an earlier version created with another filter this version's (`only`): the server then
+    delivers what is left of its backlog under the new filter, in stream order. Where the bus refuses (credentials
+    minted before consumers could be narrowed), it goes on as it was, delivered events its handlers drop."""
+    if not only or sorted(stored.filter_subjects or ()) == sorted(only):
+        return False
+    try:
+        await streams.add_consumer(stream, config=stored.evolve(filter_subject=None, filter_subjects=list(only)))
+    except (NatsError, TimeoutError) as exc:
+        log.warning("%s: still delivered %s, not narrowed to %s: %r", stored.name, stored.filter_subject, only, exc)
+        return False
+    log.info("%s: delivered only %s from now on (was %s)", stored.name, only, stored.filter_subject)
+    return True
 
 
 def redelivery_wait(last_delivered: datetime | None, *, now: datetime) -> float:

@@ -4,10 +4,10 @@ from collections.abc import Awaitable, Callable
 from operator import attrgetter
 from typing import Any
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobEvent,
     JobPlaced,
@@ -74,7 +74,7 @@ router = NatsRouter()
 # The whole jobs stream, each job's in its order (different jobs concurrently): a placement is seen before the task
 # events of its attempt (those that come first anyway wait for it), and a task event counts only from the node its
 # rank was placed on.
-JOBS = keyed_durable("tm.job.>", consumer="billing-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="billing-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 
 
 @router.subscriber(**JOBS.subscription)

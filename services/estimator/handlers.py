@@ -1,9 +1,9 @@
 """Estimator subscribers: which jobs exist and declare metrics, and their output."""
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobDeleted,
     JobEvent,
@@ -35,7 +35,7 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 # Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
 PLACED = durable("tm.job.placed", consumer="estimator-placed")
 

@@ -5,12 +5,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 from nats.aio.msg import Msg
 
 from shared.bus import RPC_MIGRATE, RPC_NODES, RPC_TERMINATE, TRANSIENT_ERRORS, durable, retry_transient
 from shared.clock import utcnow
+from shared.context import Context, NatsMessage
 from shared.events import (
     JobEvent,
     JobMigrateRequested,
@@ -166,7 +166,7 @@ router = NatsRouter()
 # for what a dead predecessor held (`shared.keyed.resume` in the app's setup), so nothing later overtakes it. Nothing
 # is sent back to the stream from inside that order: an exit heard before its task's start is kept on the task
 # (`state.task_exited`).
-JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 
 
 @router.subscriber(**JOBS.subscription)

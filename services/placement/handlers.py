@@ -1,9 +1,9 @@
 """Placement subscribers: jobs to queue, status changes that free capacity, nodes joining and leaving."""
 
-from faststream import Context
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import NODE_REGISTERED, RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
+from shared.context import Context, NatsMessage
 from shared.events import (
     EtaEstimated,
     JobDeleted,
@@ -57,7 +57,7 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent)
+JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent, handles=EVENT_HANDLERS)
 
 
 @router.subscriber(**JOBS.subscription)

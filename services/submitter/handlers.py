@@ -1,11 +1,11 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
 
-from faststream import Context
 from faststream.exceptions import NackMessage
-from faststream.nats import NatsMessage, NatsRouter
+from faststream.nats import NatsRouter
 
 from shared.bus import durable, retry_transient
 from shared.clock import utcnow
+from shared.context import Context, NatsMessage
 from shared.events import EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
 from shared.origin import deliveries

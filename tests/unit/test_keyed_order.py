@@ -9,7 +9,7 @@ from faststream.exceptions import RejectMessage
 from pymongo.errors import AutoReconnect
 
 from shared.bus import ACK_WAIT_S
-from shared.events import JobEvent
+from shared.events import JobEvent, TaskStarted
 from shared.keyed import DeliveryOrder, in_order, keyed_durable, redelivery_wait
 
 
@@ -130,8 +130,12 @@ async def test_a_delivery_dropped_before_the_handler_does_not_hold_up_the_next_o
     assert log == [7] and deliveries.last == 7
 
 
+async def _ignored(service: object, event: object) -> None:
+    pass
+
+
 async def test_a_keyed_consumer_rejects_what_is_no_event_of_its_own_and_skips_it_in_the_delivery_order():
-    jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent)
+    jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles={TaskStarted: _ignored})
     jobs.deliveries.resume_after(9)
     msg = delivered(10)
     msg.raw_message.subject = "tm.job.task.n1"
