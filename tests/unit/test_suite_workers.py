@@ -15,10 +15,12 @@ from tests import conftest
 class Item:
     """What the grouping hook reads of a collected test."""
 
-    def __init__(self, nodeid: str, *fixtures: str, group: str | None = None) -> None:
+    def __init__(self, nodeid: str, *fixtures: str, group: str | None = None, watched: str | None = None) -> None:
         self.nodeid, self.fixturenames, self.markers = nodeid, ["request", *fixtures], []
         if group:
             self.markers.append(pytest.mark.xdist_group(group).mark)
+        if watched:
+            self.markers.append(pytest.mark.watched(watched).mark)
 
     def get_closest_marker(self, name: str):
         return next((m for m in self.markers if m.name == name), None)
@@ -45,16 +47,24 @@ def test_a_modules_tests_share_a_worker_and_so_its_module_scoped_stack():
     ]
 
 
-def test_the_mlperf_replays_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
+def test_the_watched_jobs_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
     items = [
-        Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
-        Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
+        Item("tests/e2e/test_eta_replay.py::test_a", "watches", watched="mlperf-seen"),
+        Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "watches", watched="mlperf-unseen"),
         Item("tests/gpu/test_gpu_jobs.py::test_c", "gpu_api"),
         Item("tests/gpu/test_nvml_telemetry.py::test_d"),
         Item("tests/e2e/test_search.py::test_e", group="by-hand"),
+        Item("tests/e2e/test_readme.py::test_f", "stack", "watches"),
     ]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "gpu", "gpu", "by-hand"]
+    assert [(i.nodeid.split("::")[1], i.group()) for i in items] == [
+        ("test_f", "eta-watches"),  # first in its group: it runs while the watched jobs do
+        ("test_a", "eta-watches"),
+        ("test_b", "eta-watches"),
+        ("test_c", "gpu"),
+        ("test_d", "gpu"),
+        ("test_e", "by-hand"),
+    ]
 
 
 def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
@@ -74,11 +84,20 @@ def test_the_longest_groups_go_out_first_then_the_whole_stack_tiers_then_the_qui
         Item("tests/service/test_b.py::test_b"),
         Item("tests/e2e/test_lifecycle.py::test_c", "stack"),
         Item("tests/integration/test_d.py::test_d"),
-        Item("tests/e2e/test_readme.py::test_e", "stack"),
-        Item("tests/e2e/test_eta_replay.py::test_f", "mlperf_replays"),
+        Item("tests/e2e/test_eta_replay.py::test_f", "watches", watched="mlperf-seen"),
+        Item("tests/e2e/test_readme.py::test_e", "stack", "watches"),
+        Item("tests/e2e/test_task_isolation.py::test_g", "stack"),
     ]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.nodeid.split("::")[1] for i in items] == ["test_e", "test_f", "test_c", "test_d", "test_b", "test_a"]
+    assert [i.nodeid.split("::")[1] for i in items] == [
+        "test_e",
+        "test_f",
+        "test_g",
+        "test_c",
+        "test_d",
+        "test_b",
+        "test_a",
+    ]
 
 
 def test_under_two_workers_each_modules_tests_run_on_one_worker():
