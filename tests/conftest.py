@@ -225,6 +225,7 @@ def start_stack(
             "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
             "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
             "TRAINMASTER_BUDGET_CHECK_S": "1",  # budgets checked each second, not each 5
+            "TRAINMASTER_SEARCH_PASS_S": "0.5",  # a search's next trial goes out, and its end is seen, sooner than 2 s
             # the 3 s node timeout: agents fence after 2 s unacknowledged (4 heartbeats), their tasks 0.1 s grace
             "TRAINMASTER_FENCE_MARGIN_S": "1.0",
             "TRAINMASTER_FENCE_GRACE_S": "0.1",
