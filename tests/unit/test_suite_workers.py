@@ -1,15 +1,19 @@
 """The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
 and what each worker keeps apart."""
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests import conftest
+from tests.e2e import watches
 
 
 class Item:
@@ -117,3 +121,28 @@ def test_under_two_workers_each_modules_tests_run_on_one_worker():
     ran = re.findall(r"\[(gw\d)\] .*?PASSED (\S+?)::", done.stdout)
     workers = {module: {w for w, m in ran if m == module} for module in modules}
     assert all(len(w) == 1 for w in workers.values()) and len(ran) > 10, workers
+
+
+async def test_watches_run_side_by_side_each_test_gets_its_result_or_its_error_and_a_cancel_ends_them(monkeypatch):
+    started = threading.Barrier(2, timeout=30)  # both watches under way at once, or neither gets past it
+
+    async def together(api, stack):
+        await asyncio.to_thread(started.wait)
+        return str(api.base_url)
+
+    async def broken(api, stack):
+        await asyncio.to_thread(started.wait)
+        raise ValueError("the job failed")
+
+    async def forever(api, stack):
+        await asyncio.Event().wait()
+
+    for name, watch in (("together", together), ("broken", broken), ("forever", forever)):
+        monkeypatch.setitem(watches.WATCHES, name, watch)
+    stack = SimpleNamespace(api_url="http://127.0.0.1:9")  # never called
+    running = watches.Watches(stack, ["together", "broken", "forever"])
+    assert await running.result("together") == "http://127.0.0.1:9"
+    with pytest.raises(ValueError, match="the job failed"):
+        await running.result("broken")
+    running.cancel()
+    assert running.futures["forever"].cancelled() and not running.thread.is_alive()
