@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 from _pytest.nodeid import coerce_node_id
 
-from services.stack.processes import Stack, StackSettings
+from services.stack.processes import SERVICES, Stack, StackSettings, stop_groups
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef01"  # the submitter refuses fewer than 32 characters
 CLUSTER = """
@@ -76,13 +76,14 @@ def pytest_configure(config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """For `make test` (`-n 2 --dist loadgroup`): a module's tests run on one worker, so each module-scoped stack
-    starts once; the tests of the MLPerf replays run on one worker, so the replays run once; the GPU tier on one,
-    with one stack on the GPUs and one report. The session's own `stack` starts once per worker that needs it."""
+    starts once; the tests of the watched jobs (tests/e2e/watches.py) run on one worker, so the jobs run once, beside
+    the test that only waits with them; the GPU tier on one, with one stack on the GPUs and one report. The
+    session's own `stack` starts once per worker that needs it."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             group = (
-                "mlperf-replays"
-                if "mlperf_replays" in item.fixturenames
+                "eta-watches"
+                if "watches" in item.fixturenames
                 else "gpu"
                 if item.nodeid.startswith("tests/gpu/")
                 else item.nodeid.split("::")[0]
@@ -97,20 +98,18 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 # The longest groups, as measured from a fresh clone (`TRAINMASTER_TEST_TIMELINE`, docs/operations.md "Tests"). The
-# MLPerf replays wait for the history model the stack trains at its first start: on a machine that has none yet
-# (CI's), taken first they would hold a worker idle while it trains.
+# watched jobs' group starts with the README's test: the MLPerf replays wait meanwhile for the history model the
+# stack trains at its first start (on a machine that has none yet, CI's).
 LONGEST = (
-    "tests/e2e/test_readme.py",
+    "eta-watches",
     "tests/e2e/test_task_isolation.py",
     "tests/e2e/test_recovery.py",
     "tests/e2e/test_failover.py",
     "tests/integration/test_provider_ec2.py",
     "tests/e2e/test_chaos.py",
-    "mlperf-replays",
     "tests/e2e/test_edge_limits.py",
     "tests/e2e/test_cli.py",
     "tests/e2e/test_portal.py",
-    "tests/e2e/test_eta_progress.py",
     "tests/e2e/test_costs.py",
     "tests/integration/test_provider_kubernetes.py",
     "tests/e2e/test_placement_renting.py",
@@ -118,13 +117,15 @@ LONGEST = (
 TIERS = ("tests/gpu/", "tests/e2e/", "tests/integration/", "tests/service/", "tests/unit/")
 
 
-def _dispatch_rank(item) -> int:
+def _dispatch_rank(item) -> tuple[int, bool]:
+    """The group's place, then, within it, a test that waits on a watched job after those that run beside them."""
     marker = item.get_closest_marker("xdist_group")
     group = marker.args[0] if marker and marker.args else ""
+    watched = item.get_closest_marker("watched") is not None
     if group in LONGEST:
-        return LONGEST.index(group)
+        return LONGEST.index(group), watched
     tier = next((i for i, prefix in enumerate(TIERS) if item.nodeid.startswith(prefix)), len(TIERS))
-    return len(LONGEST) + tier
+    return len(LONGEST) + tier, watched
 
 
 def _name_the_group(item) -> None:
@@ -224,6 +225,7 @@ def start_stack(
             "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
             "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon
             "TRAINMASTER_BUDGET_CHECK_S": "1",  # budgets checked each second, not each 5
+            "TRAINMASTER_SEARCH_PASS_S": "0.5",  # a search's next trial goes out, and its end is seen, sooner than 2 s
             # the 3 s node timeout: agents fence after 2 s unacknowledged (4 heartbeats), their tasks 0.1 s grace
             "TRAINMASTER_FENCE_MARGIN_S": "1.0",
             "TRAINMASTER_FENCE_GRACE_S": "0.1",
@@ -238,6 +240,19 @@ def start_stack(
         dump_logs(stack)
         raise
     return stack
+
+
+def stop_stack(stack: Stack) -> None:
+    """`Stack.stop_all` in its order (agents, services, on-demand agents, then the databases and the bus), each kind
+    stopped together: one process after another, a stack's teardown took seconds more (an agent about one)."""
+
+    def take(names: list[str]) -> list[subprocess.Popen]:
+        return [stack.processes.pop(name) for name in names]
+
+    stop_groups(take([name for name in stack.processes if name.startswith("agent-")]))
+    stop_groups(take([name for name in stack.processes if name.rsplit("-", 1)[0] in SERVICES]))
+    stack.stop_provisioned()
+    stop_groups(take(list(stack.processes)))
 
 
 def exchange(data: Path) -> Path:
@@ -258,7 +273,7 @@ def shared_dir(stack, request) -> Path:
 def stack(tmp_path_factory, servers) -> Stack:
     stack = start_stack(tmp_path_factory.mktemp("stack"), cluster=CLUSTER, servers=servers)
     yield stack
-    stack.stop_all()
+    stop_stack(stack)
 
 
 def wait_until_ready(stack: Stack, timeout_s: float = 60) -> None:

@@ -3,8 +3,8 @@
 import pytest
 import pytest_asyncio
 
-from tests.conftest import admin_client, exchange, start_stack, wait_until_ready
-from tests.e2e.eta_replays import Replays
+from tests.conftest import admin_client, start_stack, stop_stack, wait_until_ready
+from tests.e2e.watches import Watches
 
 
 @pytest.fixture(autouse=True)
@@ -18,12 +18,14 @@ def whole_stack(request):
     yield
 
 
-@pytest_asyncio.fixture(scope="session")
-async def mlperf_replays(api, stack):
-    """The MLPerf replays of the ETA tests, run side by side (each a minute of real time)."""
-    replays = Replays(api, exchange(stack.settings.data_dir))
-    yield replays
-    replays.cancel()
+@pytest.fixture(scope="session")
+def watches(stack, request):
+    """Every job the session's ETA tests watch (`@pytest.mark.watched`), started side by side in a thread of their
+    own the first time a test asks for them (tests/e2e/watches.py)."""
+    names = sorted({m.args[0] for item in request.session.items for m in item.iter_markers("watched")})
+    running = Watches(stack, names)
+    yield running
+    running.cancel()
 
 
 # The placement-rules and renting tests' fleet: one local node, one reserved node, and rentable instances that
@@ -68,7 +70,7 @@ TUNING = {
 def fleet(tmp_path_factory, servers):
     stack = start_stack(tmp_path_factory.mktemp("rules"), cluster=FLEET, servers=servers, extra_env=TUNING)
     yield stack
-    stack.stop_all()
+    stop_stack(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

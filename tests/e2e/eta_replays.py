@@ -1,7 +1,7 @@
 """Real MLPerf logs replayed as jobs for the ETA tests, and the follower that records every ETA on the way.
 
-A replay takes a minute of real time. The replays the tests need are started side by side the first time one is
-asked for (`Replays`, the session's `mlperf_replays` fixture), so the tier waits one minute for them, not two."""
+A replay takes a minute of real time, mostly waiting: the two the tests need are watches (tests/e2e/watches.py),
+started side by side with the tier's other watched jobs, beside a test that computes meanwhile."""
 
 import asyncio
 import sys
@@ -12,8 +12,10 @@ from shlex import quote
 
 import httpx
 
-from tests.conftest import eventually
+from services.stack.processes import Stack
+from tests.conftest import eventually, exchange
 from tests.e2e.helpers import get, submit
+from tests.e2e.watches import watch
 
 CORPUS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mlperf" / "mlperf-training-v4.0.tar.gz"
 RUN = "NVIDIA/results/eos_n64_ngc24.04_dgl/gnn/result_0.txt"  # 64 s on 64 nodes of 8 H100s
@@ -92,28 +94,21 @@ async def replay(
     return await follow_eta(api, project, job["metadata"]["id"])
 
 
-class Replays:
-    """The ETA tests' replays (`seen`: the gnn log as recorded; `unseen`: renamed, with its declared target),
-    started together once the history model is there, each in a project and a folder of its own."""
+@watch("mlperf-seen")
+async def seen_replay(api: httpx.AsyncClient, stack: Stack) -> tuple[dict, Seen]:
+    """The gnn log as recorded, once the history model is there."""
+    await wait_for_history_model(api)
+    return await _replay(api, stack, "seen", corpus_log())
 
-    def __init__(self, api: httpx.AsyncClient, exchange: Path) -> None:
-        self.api, self.exchange = api, exchange
-        self.tasks: dict[str, asyncio.Task] = {}
 
-    async def result(self, name: str) -> tuple[dict, Seen]:
-        if not self.tasks:
-            await wait_for_history_model(self.api)
-            self.tasks = {
-                "seen": asyncio.create_task(self._replay("seen", corpus_log())),
-                "unseen": asyncio.create_task(self._replay("unseen", unseen_log(), metrics=[UNSEEN_METRIC])),
-            }
-        return await asyncio.shield(self.tasks[name])
+@watch("mlperf-unseen")
+async def unseen_replay(api: httpx.AsyncClient, stack: Stack) -> tuple[dict, Seen]:
+    """The gnn log renamed, with its declared target, once the history model is there."""
+    await wait_for_history_model(api)
+    return await _replay(api, stack, "unseen", unseen_log(), metrics=[UNSEEN_METRIC])
 
-    async def _replay(self, name: str, log: str, **body) -> tuple[dict, Seen]:
-        return await replay(
-            self.api, f"p-eta-replay-{name}", self.exchange / f"eta-replay-{name}", log, speed=1, **body
-        )
 
-    def cancel(self) -> None:
-        for task in self.tasks.values():
-            task.cancel()
+async def _replay(api: httpx.AsyncClient, stack: Stack, name: str, log: str, **body) -> tuple[dict, Seen]:
+    """A replay in a project and a folder of its own."""
+    folder = exchange(stack.settings.data_dir) / f"eta-replay-{name}"
+    return await replay(api, f"p-eta-replay-{name}", folder, log, speed=1, **body)

@@ -10,6 +10,7 @@ from shlex import quote
 import pytest
 
 from tests.e2e.helpers import get, submit
+from tests.e2e.watches import watch
 
 pytestmark = pytest.mark.e2e
 
@@ -33,17 +34,24 @@ STEPS, PAUSE = 300, 0.1  # 30 s
 CUTS = (0.3, 0.5, 0.8)
 
 
-@pytest.mark.timeout(180)
-async def test_a_job_printing_a_tqdm_bar_gets_its_eta_from_it(api, project):
-    job = await submit(api, project, command=f"{sys.executable} -c {quote(BAR_JOB)} {STEPS} {PAUSE}")
-    seen = []  # (wall time, eta) of every estimate on the way
+@watch("tqdm-bar")
+async def bar_job(api, stack) -> tuple[dict, list]:
+    """The job once it ended, and (wall time, eta) of every estimate on the way."""
+    job = await submit(api, "p-eta-tqdm-bar", command=f"{sys.executable} -c {quote(BAR_JOB)} {STEPS} {PAUSE}")
+    seen = []
     while True:
-        current = await get(api, project, job["metadata"]["id"])
+        current = await get(api, "p-eta-tqdm-bar", job["metadata"]["id"])
         if current["status"]["phase"] in ("Completed", "Failed"):
-            break
+            return current, seen
         if eta := current["status"]["eta"]:
             seen.append((time.time(), eta))
         await asyncio.sleep(0.5)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.watched("tqdm-bar")
+async def test_a_job_printing_a_tqdm_bar_gets_its_eta_from_it(watches):
+    current, seen = await watches.result("tqdm-bar")
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
-async def test_a_replayed_mlperf_run_sees_its_eta_converge(mlperf_replays):
-    current, seen = await mlperf_replays.result("seen")
+@pytest.mark.watched("mlperf-seen")
+async def test_a_replayed_mlperf_run_sees_its_eta_converge(watches):
+    current, seen = await watches.result("mlperf-seen")
     assert current["status"]["phase"] == "Completed"
     end = current["status"]["end_time"] / 1000
     start = current["status"]["start_time"] / 1000

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
 @pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
-async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(mlperf_replays):
-    current, seen = await mlperf_replays.result("unseen")
+@pytest.mark.watched("mlperf-unseen")
+async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(watches):
+    current, seen = await watches.result("mlperf-unseen")
     assert current["status"]["phase"] == "Completed"
     start, end = current["status"]["start_time"] / 1000, current["status"]["end_time"] / 1000
     total = end - start

@@ -35,25 +35,32 @@ def shots(tmp_path) -> Path:
     return folder
 
 
-@pytest.fixture
-def page(stack):
+@pytest.fixture(scope="module")
+def browser():
+    """One Chromium for the module (its start took seconds a test); each test gets a context of its own."""
     if not CHROMIUM.exists():
         pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-        page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))  # a blocked script
-        page.on("dialog", lambda dialog: dialog.accept())
-        page.set_default_timeout(30_000)
-        yield page
-        context.close()
+        yield browser
         browser.close()
-        assert not errors, f"JavaScript errors in the portal: {errors}"
+
+
+@pytest.fixture
+def page(stack, browser):
+    """A page in a fresh browser context: no cookie, storage or cache of an earlier test."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda m: "Content Security Policy" in m.text and errors.append(m.text))  # a blocked script
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.set_default_timeout(30_000)
+    yield page
+    context.close()
+    assert not errors, f"JavaScript errors in the portal: {errors}"
 
 
 def wait_for(check, *, timeout_s: float = 45, what: str = "condition"):

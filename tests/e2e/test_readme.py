@@ -11,7 +11,9 @@ import pytest
 
 from tests.conftest import ADMIN_TOKEN
 
-pytestmark = pytest.mark.e2e
+# The ETA tests' watched jobs (tests/e2e/watches.py: a minute or more of real time, mostly waiting) run beside this
+# test, which computes: the suite waits for them once, and not on top of it.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("watches")]
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 README_API = "http://127.0.0.1:8080"

@@ -14,8 +14,8 @@ import pytest
 import pytest_asyncio
 
 from services.stack.processes import SERVICES
-from tests.conftest import ADMIN_TOKEN, admin_client, start_stack
-from tests.e2e.helpers import logs_containing, submit, wait_phase
+from tests.conftest import ADMIN_TOKEN, admin_client, start_stack, stop_stack
+from tests.e2e.helpers import logs, logs_containing, submit, wait_phase
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +121,7 @@ def lone(tmp_path_factory, servers):
         extra_env={"TRAINMASTER_TASK_UID_COUNT": "2", "TRAINMASTER_TASK_DISK_GB": "0.1"},
     )
     yield stack
-    stack.stop_all()
+    stop_stack(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -130,10 +130,13 @@ async def admin(lone):
         yield client
 
 
-async def finished(api, project: str, command: str, **body) -> tuple[dict, str]:
+async def finished(api, project: str, command: str, *, last: str | None = "DONE", **body) -> tuple[dict, str]:
+    """The job once it ended, and its log once `last` is in it (None: as it is then, a job that never prints it)."""
     job = await submit(api, project, command=command, **body)
     done = await wait_phase(api, project, job["metadata"]["id"], "Completed", "Failed", timeout_s=120)
-    return done, await logs_containing(api, project, job["metadata"]["id"], "DONE")
+    if last is None:  # a finished status is shown once its tasks' output is stored (services/submitter/logs.py)
+        return done, await logs(api, project, job["metadata"]["id"])
+    return done, await logs_containing(api, project, job["metadata"]["id"], last)
 
 
 def tagged(text: str, tag: str):
@@ -178,7 +181,7 @@ async def test_memory_held_by_a_detached_process_is_out_of_memory_at_memory_gb(a
 
 
 async def test_a_task_writing_past_the_disk_quota_is_stopped(admin):
-    done, text = await finished(admin, unique("disk"), f"{sys.executable} {SCRIPTS / 'fill.py'} 300")
+    done, text = await finished(admin, unique("disk"), f"{sys.executable} {SCRIPTS / 'fill.py'} 300", last=None)
     assert done["status"]["phase"] == "Failed", (done["status"], text)
     assert "wrote more than 0.1 GB to its work directory" in done["status"]["task_statuses"][0]["message"]
     assert "DONE" not in text

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
+from tests.conftest import free_port, stop_stack
 
 
 @contextmanager
@@ -29,4 +29,4 @@ def real_servers(data: Path, *, cluster: str, database: bool = False) -> Iterato
     try:
         yield stack
     finally:
-        stack.stop_all()
+        stop_stack(stack)

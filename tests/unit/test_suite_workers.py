@@ -1,24 +1,30 @@
 """The suite under pytest-xdist (`make test`): how tests/conftest.py keeps tests that share something on one worker,
 and what each worker keeps apart."""
 
+import asyncio
 import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests import conftest
+from tests.e2e import watches
 
 
 class Item:
     """What the grouping hook reads of a collected test."""
 
-    def __init__(self, nodeid: str, *fixtures: str, group: str | None = None) -> None:
+    def __init__(self, nodeid: str, *fixtures: str, group: str | None = None, watched: str | None = None) -> None:
         self.nodeid, self.fixturenames, self.markers = nodeid, ["request", *fixtures], []
         if group:
             self.markers.append(pytest.mark.xdist_group(group).mark)
+        if watched:
+            self.markers.append(pytest.mark.watched(watched).mark)
 
     def get_closest_marker(self, name: str):
         return next((m for m in self.markers if m.name == name), None)
@@ -45,16 +51,24 @@ def test_a_modules_tests_share_a_worker_and_so_its_module_scoped_stack():
     ]
 
 
-def test_the_mlperf_replays_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
+def test_the_watched_jobs_tests_and_the_gpu_tier_each_share_a_worker_and_a_group_given_by_hand_stays():
     items = [
-        Item("tests/e2e/test_eta_replay.py::test_a", "mlperf_replays"),
-        Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "mlperf_replays"),
+        Item("tests/e2e/test_eta_replay.py::test_a", "watches", watched="mlperf-seen"),
+        Item("tests/e2e/test_eta_unseen_benchmark.py::test_b", "api", "watches", watched="mlperf-unseen"),
         Item("tests/gpu/test_gpu_jobs.py::test_c", "gpu_api"),
         Item("tests/gpu/test_nvml_telemetry.py::test_d"),
         Item("tests/e2e/test_search.py::test_e", group="by-hand"),
+        Item("tests/e2e/test_readme.py::test_f", "stack", "watches"),
     ]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.group() for i in items] == ["mlperf-replays", "mlperf-replays", "gpu", "gpu", "by-hand"]
+    assert [(i.nodeid.split("::")[1], i.group()) for i in items] == [
+        ("test_f", "eta-watches"),  # first in its group: it runs while the watched jobs do
+        ("test_a", "eta-watches"),
+        ("test_b", "eta-watches"),
+        ("test_c", "gpu"),
+        ("test_d", "gpu"),
+        ("test_e", "by-hand"),
+    ]
 
 
 def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
@@ -74,11 +88,20 @@ def test_the_longest_groups_go_out_first_then_the_whole_stack_tiers_then_the_qui
         Item("tests/service/test_b.py::test_b"),
         Item("tests/e2e/test_lifecycle.py::test_c", "stack"),
         Item("tests/integration/test_d.py::test_d"),
-        Item("tests/e2e/test_readme.py::test_e", "stack"),
-        Item("tests/e2e/test_eta_replay.py::test_f", "mlperf_replays"),
+        Item("tests/e2e/test_eta_replay.py::test_f", "watches", watched="mlperf-seen"),
+        Item("tests/e2e/test_readme.py::test_e", "stack", "watches"),
+        Item("tests/e2e/test_task_isolation.py::test_g", "stack"),
     ]
     conftest.pytest_collection_modifyitems(None, items)
-    assert [i.nodeid.split("::")[1] for i in items] == ["test_e", "test_f", "test_c", "test_d", "test_b", "test_a"]
+    assert [i.nodeid.split("::")[1] for i in items] == [
+        "test_e",
+        "test_f",
+        "test_g",
+        "test_c",
+        "test_d",
+        "test_b",
+        "test_a",
+    ]
 
 
 def test_under_two_workers_each_modules_tests_run_on_one_worker():
@@ -98,3 +121,28 @@ def test_under_two_workers_each_modules_tests_run_on_one_worker():
     ran = re.findall(r"\[(gw\d)\] .*?PASSED (\S+?)::", done.stdout)
     workers = {module: {w for w, m in ran if m == module} for module in modules}
     assert all(len(w) == 1 for w in workers.values()) and len(ran) > 10, workers
+
+
+async def test_watches_run_side_by_side_each_test_gets_its_result_or_its_error_and_a_cancel_ends_them(monkeypatch):
+    started = threading.Barrier(2, timeout=30)  # both watches under way at once, or neither gets past it
+
+    async def together(api, stack):
+        await asyncio.to_thread(started.wait)
+        return str(api.base_url)
+
+    async def broken(api, stack):
+        await asyncio.to_thread(started.wait)
+        raise ValueError("the job failed")
+
+    async def forever(api, stack):
+        await asyncio.Event().wait()
+
+    for name, watch in (("together", together), ("broken", broken), ("forever", forever)):
+        monkeypatch.setitem(watches.WATCHES, name, watch)
+    stack = SimpleNamespace(api_url="http://127.0.0.1:9")  # never called
+    running = watches.Watches(stack, ["together", "broken", "forever"])
+    assert await running.result("together") == "http://127.0.0.1:9"
+    with pytest.raises(ValueError, match="the job failed"):
+        await running.result("broken")
+    running.cancel()
+    assert running.futures["forever"].cancelled() and not running.thread.is_alive()

@@ -1,0 +1,72 @@
+"""Jobs the ETA tests watch in real time: a replay's pace or a bar's pauses, a minute of mostly waiting each.
+
+A test asks for its watch with `@pytest.mark.watched(name)` and the session's `watches` fixture; every watch the
+session holds starts at once, in a thread and an event loop of their own, the first time the fixture is set up. Their
+tests share one pytest-xdist group (tests/conftest.py) with a test that only runs beside them (the README's, which
+computes while they wait): it goes first, so the worker runs it while the watched jobs run, and the tier waits for
+them once, not once each and not on top of it. Each test then awaits its watch's result and checks it itself."""
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+
+from services.stack.processes import Stack
+from tests.conftest import admin_client
+
+Watch = Callable[[httpx.AsyncClient, Stack], Awaitable[Any]]
+WATCHES: dict[str, Watch] = {}
+
+
+def watch(name: str) -> Callable[[Watch], Watch]:
+    """Register `name`'s watch: it submits its job through the client given and returns what its test checks."""
+
+    def register(fn: Watch) -> Watch:
+        WATCHES[name] = fn
+        return fn
+
+    return register
+
+
+class Watches:
+    """The watches `names`, started together against `stack` in a thread of their own."""
+
+    def __init__(self, stack: Stack, names: list[str]) -> None:
+        self.futures: dict[str, concurrent.futures.Future] = {name: concurrent.futures.Future() for name in names}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.tasks: list[asyncio.Task] = []
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=asyncio.run, args=(self._all(stack),), name="watches", daemon=True)
+        self.thread.start()
+        self.started.wait(timeout=30)
+
+    async def _all(self, stack: Stack) -> None:
+        self.loop = asyncio.get_running_loop()
+        async with admin_client(stack, timeout=60) as api:
+            self.tasks = [asyncio.create_task(self._one(api, stack, name)) for name in self.futures]
+            self.started.set()
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    async def _one(self, api: httpx.AsyncClient, stack: Stack, name: str) -> None:
+        future = self.futures[name]
+        try:
+            future.set_result(await WATCHES[name](api, stack))
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:  # the test asking for it fails with it
+            future.set_exception(exc)
+
+    async def result(self, name: str) -> Any:
+        """What the watch `name` returned (it raised: that)."""
+        return await asyncio.wrap_future(self.futures[name])
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: every watch ended
+                self.loop.call_soon_threadsafe(task.cancel)  # type: ignore[union-attr]
+        self.thread.join(timeout=10)
