@@ -29,8 +29,8 @@ from pymongo.errors import (
 from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
-# The server refuses the `bulkWrite` command itself: not authorized (a role that names each collection's own
-# actions, as deploy/mongo-init.js gives, has no right to it) or unknown there.
+# The server refuses the `bulkWrite` command itself: not authorized (a user without the cluster's `bulkWrite` action,
+# which deploy/mongo-init.js grants on a volume it made since compose runs mongo:8, none before) or unknown there.
 NO_BULK_WRITE = {13, 59}
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
