@@ -1,5 +1,5 @@
 // One MongoDB database per trainmaster service (trainmaster_<service>: the name each service's settings default
-// to) and one user in it, whose role is limited to the collections that service owns (the README's process table). mongo:7 runs this once, with the root user, when its data volume is first created;
+// to) and one user in it, whose role is limited to the collections that service owns (the README's process table). mongo:8 runs this once, with the root user, when its data volume is first created;
 // docker-compose.yml mounts it into /docker-entrypoint-initdb.d and passes the passwords in the environment.
 // A job, an agent or another service holding one service's credentials reads and writes nothing else: no other
 // collection, no user administration, no other database. Each user authenticates against its own database
@@ -17,6 +17,18 @@ const COLLECTIONS = {
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };
 
+// MongoDB 8.0's client-level `bulkWrite` command (shared/grouped.py sends a group's conditional replacements in
+// one, each answered on its own) needs the `bulkWrite` action on the cluster, which only a role of the admin
+// database can hold. It grants that command alone: the server still checks each of its writes against the
+// user's own collection roles, so no service writes anything more through it. Without it, each replacement is a
+// command of its own.
+const BULK_WRITE = "trainmaster_bulk_write";
+db.getSiblingDB("admin").createRole({
+  role: BULK_WRITE,
+  privileges: [{ resource: { cluster: true }, actions: ["bulkWrite"] }],
+  roles: [],
+});
+
 for (const [service, collections] of Object.entries(COLLECTIONS)) {
   const database = `trainmaster_${service}`;
   const target = db.getSiblingDB(database);
@@ -31,6 +43,10 @@ for (const [service, collections] of Object.entries(COLLECTIONS)) {
     privileges: collections.map((name) => ({ resource: { db: database, collection: name }, actions: ACTIONS })),
     roles: [],
   });
-  target.createUser({ user: service, pwd: password, roles: [{ role: role, db: database }] });
+  target.createUser({
+    user: service,
+    pwd: password,
+    roles: [{ role: role, db: database }, { role: BULK_WRITE, db: "admin" }],
+  });
   print(`trainmaster: user ${service} with role ${role} on ${collections.length} collections of ${database}`);
 }

@@ -22,14 +22,15 @@ from pymongo.errors import (
     DuplicateKeyError,
     InvalidOperation,
     OperationFailure,
+    WriteConcernError,
     WriteError,
 )
 
 from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
-# The server refuses the `bulkWrite` command itself: not authorized (a role that names each collection's own
-# actions, as deploy/mongo-init.js gives, has no right to it) or unknown there.
+# The server refuses the `bulkWrite` command itself: not authorized (a user without the cluster's `bulkWrite` action,
+# which deploy/mongo-init.js grants on a volume it made since compose runs mongo:8, none before) or unknown there.
 NO_BULK_WRITE = {13, 59}
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
@@ -123,29 +124,76 @@ async def _outcomes(collection: AsyncCollection, requests: list[Request]) -> lis
 
 async def _replace_each(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
     """The conditional replacements in one command that answers each (MongoDB 8.0's `bulkWrite`; a server before
-    it, or a user not allowed it: one command each); True where the filter found nothing. Whether one matched is
-    learned from its own result, never from the document afterwards, which another writer may have replaced since."""
+    it, or a user not allowed it: one command each, all at once); True where the filter found nothing. Whether one
+    matched is learned from its own result, never from the document afterwards, which another writer may have
+    replaced since."""
     replacements = [r for r in requests if isinstance(r, Conditional)]
-    if len(replacements) == 1:
-        return [await _replace_one(collection, replacements[0])]
     client = collection.database.client
+    if len(replacements) == 1 or _refuses(client):
+        return await _each(collection, replacements)
     ops = [ReplaceOne(r.query, r.doc, namespace=collection.full_name) for r in replacements]
     try:
         result = await client.bulk_write(ops, ordered=False, verbose_results=True)
-        updates, errors = result.update_results, {}
+    except InvalidOperation:  # no `bulkWrite` command on this server (before MongoDB 8.0): nothing was sent
+        _remember_refusal(client)
+        return await _each(collection, replacements)
     except ClientBulkWriteException as exc:
-        if isinstance(exc.error, OperationFailure) and exc.error.code in NO_BULK_WRITE:
-            return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
-        if exc.error is not None:  # the command itself failed: none of its requests has an answer
-            raise
-        updates = exc.partial_result.update_results if exc.partial_result is not None else {}
-        errors = {e["idx"]: _error(e) for e in exc.details.get("writeErrors", [])}
-    except InvalidOperation:  # no `bulkWrite` command on this server
-        return [await _own_outcome(_replace_one(collection, r)) for r in replacements]
+        error = _top_level(exc.error)
+        if isinstance(error, OperationFailure) and error.code in NO_BULK_WRITE and not exc.details.get("anySuccessful"):
+            _remember_refusal(client)
+            return await _each(collection, replacements)
+        return _answered(exc, error, len(ops))
+    updates = result.update_results
+    return [not updates[i].matched_count if i in updates else _unanswered(i) for i in range(len(ops))]
+
+
+def _answered(exc: ClientBulkWriteException, error: Exception | None, count: int) -> list[Outcome]:
+    """Each of `count` requests as a `bulkWrite` that raised answered it: its own result or write error; `error`
+    (the command's own: the database away, say) for those the server did not answer, raised where it answered
+    none. A write concern error is raised, as a single write raises it: what it applied may not last."""
+    partial = exc.partial_result
+    updates = partial.update_results if partial is not None else {}
+    errors = {e["idx"]: _error(e) for e in exc.details.get("writeErrors", [])}
+    if error is not None and not updates and not errors:
+        raise error from exc
+    if concern := exc.details.get("writeConcernErrors"):
+        raise _write_concern_error(concern[0]) from exc
     return [
-        errors[i] if i in errors else not updates[i].matched_count if i in updates else _unanswered(i)
-        for i in range(len(ops))
+        errors[i] if i in errors else not updates[i].matched_count if i in updates else error or _unanswered(i)
+        for i in range(count)
     ]
+
+
+def _top_level(error: Any) -> Exception | None:
+    """A `bulkWrite`'s own error as pymongo hands it (an exception, or the server's reply where the command failed
+    after it was sent), as an exception."""
+    if error is None or isinstance(error, Exception):
+        return error
+    return OperationFailure(str(error.get("errmsg", "bulkWrite failed")), error.get("code"), error)
+
+
+def _write_concern_error(detail: dict[str, Any]) -> WriteConcernError:
+    return WriteConcernError(str(detail.get("errmsg", "write concern error")), detail.get("code"), detail)
+
+
+# The clients whose server refused the `bulkWrite` command (by id: clients of one server compare equal), asked no
+# more: each group would send one that fails before its replacements. A restart asks again (after an upgrade, say).
+_REFUSING: dict[int, "weakref.ref[Any]"] = {}
+
+
+def _refuses(client: Any) -> bool:
+    known = _REFUSING.get(id(client))
+    return known is not None and known() is client
+
+
+def _remember_refusal(client: Any) -> None:
+    key = id(client)
+    _REFUSING[key] = weakref.ref(client, lambda _: _REFUSING.pop(key, None))
+
+
+async def _each(collection: AsyncCollection, replacements: list[Conditional]) -> list[Outcome]:
+    """One command each, all sent at once (the group waits for the slowest, not for their sum)."""
+    return list(await asyncio.gather(*(_own_outcome(_replace_one(collection, r)) for r in replacements)))
 
 
 async def _replace_one(collection: AsyncCollection, request: Conditional) -> bool:
@@ -184,6 +232,8 @@ async def _write(collection: AsyncCollection, requests: list[Request]) -> list[O
     except DuplicateKeyError:
         return [True]
     except BulkWriteError as exc:
+        if exc.details.get("writeConcernErrors"):  # as a single write raises it: what it applied may not last
+            raise _write_concern_error(exc.details["writeConcernErrors"][0]) from exc
         errors = {e["index"]: e for e in exc.details.get("writeErrors", [])}
         return [
             (errors[i].get("code") == DUPLICATE_KEY or _error(errors[i])) if i in errors else False

@@ -209,7 +209,10 @@ class Placements:
         if await insert_grouped(self.attempts, doc):  # a placement never changes once made: stored once
             self.first_placed.put(doc["_id"], set())
             self.known.put(doc["_id"], doc)
-        elif (stored := self.known.get(doc["_id"]) or await self.attempts.find_one({"_id": doc["_id"]})) is not None:
+        elif (
+            self.known.get(doc["_id"]) is None
+            and (stored := await self.attempts.find_one({"_id": doc["_id"]})) is not None
+        ):
             self.known.put(doc["_id"], stored)  # the one stored first stands, whatever this delivery says
         if doc["_id"] not in await self._waiting_for():
             return []

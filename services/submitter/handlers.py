@@ -12,24 +12,22 @@ from shared.origin import deliveries
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
 
-OUTPUT_RETRY_S = 0.2  # a finished status whose output is not all stored is looked at again this soon, then
-OUTPUT_RETRY_MAX_S = 3.2  # twice as late at each delivery up to this: 9 looks in the 15 s hold (each a count), not 75
+OUTPUT_RETRY_S = 0.2  # a finished status whose output is not all stored is looked at again this soon, then as
+OUTPUT_RETRY_MAX_S = 3.2  # long again as it is old, up to this: 9 looks in the 15 s hold (each a count), not 75
 
 
-class OutputPending(Exception):
-    """A finished status whose tasks' final output is not all stored yet: it comes back later."""
-
-
-def output_retry_s(delivered: int) -> float:
-    """How long a status waiting for its output waits after its `delivered`-th delivery."""
-    return min(OUTPUT_RETRY_S * 2 ** min(max(delivered - 1, 0), 16), OUTPUT_RETRY_MAX_S)
+def output_retry_s(age_s: float) -> float:
+    """How long a status waiting for its output waits, `age_s` after it occurred: judged by its age, as the hold is,
+    not by its deliveries (a redelivery for a database blip, or after a restart, is no wait for output)."""
+    return min(OUTPUT_RETRY_S + max(age_s, 0.0), OUTPUT_RETRY_MAX_S)
 
 
 async def status_changed(repo: Repository, event: JobStatusChanged) -> None:
     """Project the monitor's status onto the job the API shows; a finished one once its final output is stored
     (until then it comes back: `output_retry_s`)."""
-    if not await output_stored(repo, event, now=utcnow()):
-        raise OutputPending(event.job_id)
+    now = utcnow()
+    if not await output_stored(repo, event, now=now):
+        raise NackMessage(delay=output_retry_s((now - event.occurred_at).total_seconds()))
     await repo.apply_status(event)
 
 
@@ -65,12 +63,9 @@ PLACED = durable("tm.job.placed", consumer="submitter-placed")
 
 @router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
 @retry_transient
-async def on_status(event: JobStatusChanged, message: NatsMessage, repo: Repository = Context("repo")) -> None:
+async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
     """Jobs' status changes."""
-    try:
-        await dispatch(EVENT_HANDLERS, event, repo)
-    except OutputPending:
-        raise NackMessage(delay=output_retry_s(deliveries(message))) from None
+    await dispatch(EVENT_HANDLERS, event, repo)
 
 
 @router.subscriber(**PLACED)

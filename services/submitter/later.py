@@ -31,6 +31,7 @@ class LaterWrites:
         self.collection, self.delay_s = collection, delay_s
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # job id -> (status version, update)
         self._timer: asyncio.Task | None = None
+        self._writing = asyncio.Lock()  # one write at a time: a stop waits for the one the timer started
 
     def add(self, job_id: str, version: int, update: dict[str, Any]) -> None:
         """The job's entry for status `version`, written in `delay_s` unless a newer one replaces it first."""
@@ -45,30 +46,38 @@ class LaterWrites:
         self.waiting.pop(job_id, None)
 
     async def write_now(self) -> None:
-        """What waits, written now (all in one grouped write). Only entries that exist are updated: one of a job
-        deleted meanwhile is not made again."""
-        batch, self.waiting = self.waiting, {}
-        if not batch:
-            return
-        try:
-            await update_grouped(
-                self.collection, [({"_id": job_id, **older_than(v)}, update) for job_id, (v, update) in batch.items()]
-            )
-        except Exception:  # waiting again (a newer entry handed in meanwhile stands), tried again in `delay_s`
-            for job_id, (version, update) in batch.items():
-                self.add(job_id, version, update)
-            raise
+        """What waits, written now (all in one grouped write), once a write already under way ended. Only entries
+        that exist are updated: one of a job deleted meanwhile is not made again."""
+        async with self._writing:
+            batch, self.waiting = self.waiting, {}
+            if not batch:
+                return
+            try:
+                await update_grouped(
+                    self.collection,
+                    [({"_id": job_id, **older_than(v)}, update) for job_id, (v, update) in batch.items()],
+                )
+            except BaseException:  # failed or cut off (a stop's time out): waiting again (a newer entry handed in
+                # meanwhile stands), tried again in `delay_s`
+                for job_id, (version, update) in batch.items():
+                    self.add(job_id, version, update)
+                raise
 
     async def close(self, *, timeout_s: float = STOP_WRITE_S) -> None:
-        """At a graceful stop (nothing is handed in any more): what waits, written now, for at most `timeout_s`."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        waiting = len(self.waiting)
+        """At a graceful stop (nothing is handed in any more): the write under way ended, then what waits (what it
+        put back included) written now, for at most `timeout_s` in all."""
+        self._stop_timer()
         try:
             await asyncio.wait_for(self.write_now(), timeout_s)
         except Exception as exc:  # the time out included: the next start rebuilds the views from the jobs
-            log.warning("%d view entries not written to %s at stop: %r", waiting, self.collection.name, exc)
+            log.warning("%d view entries not written to %s at stop: %r", len(self.waiting), self.collection.name, exc)
+        finally:
+            self._stop_timer()  # one a failed write started again: nothing is written after the stop
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def _later(self) -> None:
         try:

@@ -7,6 +7,8 @@ import asyncio
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+from pymongo.errors import AutoReconnect
+
 from shared import service as service_module
 from shared.events import JobStatusChanged
 from shared.jobs import Phase, SecondaryPhase
@@ -113,3 +115,37 @@ async def test_a_stop_waits_for_a_database_that_does_not_answer_only_so_long(cap
     await later.close(timeout_s=0.05)  # returns: the views are rebuilt at the next start
     assert "1 view entries not written to api_job_list at stop" in caplog.text
     await asyncio.sleep(0.6)  # the write handed over ends (the next test's writes share its loop's group writer)
+
+
+class CutOff(MemoryCollection):
+    """A database whose first write is under way until `answer` is set, and then fails (the connection lost);
+    the next ones are written."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.under_way, self.answer, self.failed = asyncio.Event(), asyncio.Event(), False
+
+    async def update_one(self, *args, **kwargs):
+        if not self.failed:
+            self.failed = True
+            self.under_way.set()
+            await self.answer.wait()
+            raise AutoReconnect("connection reset")
+        return await super().update_one(*args, **kwargs)
+
+
+async def test_a_stop_waits_for_the_write_the_timer_started_and_writes_what_it_put_back():
+    """The timer's write was under way when the stop came: the stop found nothing waiting and returned at once, the
+    client closed under that write, and what it put back was written by nobody."""
+    collection = CutOff("api_job_list")
+    await collection.insert_one({"_id": "j", "phase": "Pending", "v": 1})
+    later = LaterWrites(collection, delay_s=0)
+    later.add("j", 2, {"$set": {"phase": "Creating", "v": 2}})
+    await collection.under_way.wait()
+    later.delay_s = 60  # what the failed write puts back would wait past the end of the test
+    stop = asyncio.create_task(later.close(timeout_s=5))
+    await asyncio.sleep(0)  # the stop has begun
+    collection.answer.set()
+    await stop
+    assert (await collection.find_one({"_id": "j"}))["phase"] == "Creating" and not later.waiting
+    assert later._timer is None  # nothing is written after the stop
