@@ -17,18 +17,6 @@ const COLLECTIONS = {
             "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
 };
 
-// MongoDB 8.0's client-level `bulkWrite` command (shared/grouped.py sends a group's conditional replacements in
-// one, each answered on its own) needs the `bulkWrite` action on the cluster, which only a role of the admin
-// database can hold. It grants that command alone: the server still checks each of its writes against the
-// user's own collection roles, so no service writes anything more through it. Without it, each replacement is a
-// command of its own.
-const BULK_WRITE = "trainmaster_bulk_write";
-db.getSiblingDB("admin").createRole({
-  role: BULK_WRITE,
-  privileges: [{ resource: { cluster: true }, actions: ["bulkWrite"] }],
-  roles: [],
-});
-
 for (const [service, collections] of Object.entries(COLLECTIONS)) {
   const database = `trainmaster_${service}`;
   const target = db.getSiblingDB(database);
@@ -43,10 +31,6 @@ for (const [service, collections] of Object.entries(COLLECTIONS)) {
     privileges: collections.map((name) => ({ resource: { db: database, collection: name }, actions: ACTIONS })),
     roles: [],
   });
-  target.createUser({
-    user: service,
-    pwd: password,
-    roles: [{ role: role, db: database }, { role: BULK_WRITE, db: "admin" }],
-  });
+  target.createUser({ user: service, pwd: password, roles: [{ role: role, db: database }] });
   print(`trainmaster: user ${service} with role ${role} on ${collections.length} collections of ${database}`);
 }

@@ -189,7 +189,7 @@ def servers():
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.waiting_utils import wait_for_logs
 
-    mongo = DockerContainer("mongo:7").with_exposed_ports(27017)
+    mongo = DockerContainer("mongo:8.0").with_exposed_ports(27017)
     with mongo:
         wait_for_logs(mongo, "Waiting for connections")
         yield {"mongo_url": f"mongodb://{mongo.get_container_host_ip()}:{mongo.get_exposed_port(27017)}"}
