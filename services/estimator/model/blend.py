@@ -11,7 +11,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,7 +49,8 @@ CLIP_SD = 3.0
 
 # Keys in angle brackets (the history's "<unseen>") are pools of their own: their samples come from benchmarks
 # held out of the model, which say nothing of the seen ones in "*", and their weights are not shrunk toward "*".
-def _own_pool(key: str) -> bool:
+def own_pool(key: str) -> bool:
+    """Whether `key` is a pool of its own (`<unseen>`), not a benchmark shrunk toward "*"."""
     return key.startswith("<")
 
 
@@ -73,30 +74,48 @@ def _normalise(weights: dict[str, float]) -> dict[str, float]:
     return {k: v / total for k, v in weights.items()} if total > 0 else {}
 
 
+class Blended(NamedTuple):
+    """A blend's total, 10-90% band and method, and the combination of components it weighed (its key in an
+    own-pool cell's "sbias")."""
+
+    total: float
+    low: float
+    high: float
+    method: str
+    subset: str
+
+
 def blend(
     components: Mapping[str, float | None], *, fraction: float, key: str, table: dict | None
 ) -> tuple[float, float, float, str]:
     """(total, low, high, method) from total-duration components (seconds)."""
+    total, low, high, method, _ = blend_subset(components, fraction=fraction, key=key, table=table)
+    return total, low, high, method
+
+
+def blend_subset(components: Mapping[str, float | None], *, fraction: float, key: str, table: dict | None) -> Blended:
+    """`blend`, with the combination of components it weighed: what fitting the table needs of each row."""
     cell = find_cell(table, key, fraction)
     if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
         # A table fitted before the loose curve was calibrated apart knows every curve as "curve".
         components = {**components, "curve": components["curve_loose"], "curve_loose": None}
     available = {k for k, v in components.items() if v is not None and v > 0 and math.isfinite(v)}
     if not available:
-        return math.nan, math.nan, math.nan, "none"
+        return Blended(math.nan, math.nan, math.nan, "none", "")
     available -= implausible(components, available, cell, key=key)
-    bias, (q_lo, q_hi) = _bias_band(cell, available, key=key)
+    subset = _subset_key(available & set(cell.get("cbias", {}) if cell is not None else ()))
+    bias, (q_lo, q_hi) = _bias_band(cell, subset, key=key)
     # Per-benchmark weights overfit the few submitters behind them: they are shrunk halfway
     # to the weights pooled over every benchmark. Biases and bands stay per benchmark.
     pooled = find_cell(table, "*", fraction)
     weights = None
-    if cell is not None and _own_pool(key):
+    if cell is not None and own_pool(key):
         weights = _cell_weights(cell, available)
     elif pooled is not None and cell is not None:
         own, pool = _cell_weights(cell, available), _cell_weights(pooled, available)
         weights = _normalise({k: 0.5 * own.get(k, 0.0) + 0.5 * pool.get(k, 0.0) for k in available})
     if not weights:
-        weights = default_weights(fraction, available, unseen=_own_pool(key))
+        weights = default_weights(fraction, available, unseen=own_pool(key))
     biases = cell.get("cbias", {}) if cell is not None else {}
     if cell is not None and cell.get("lam", 0.0) > 0:
         weights = _shrunk(weights, cell["lam"], anchor(available, biases, key=key))
@@ -104,25 +123,16 @@ def blend(
     log_total = sum(w * (math.log(present[k]) - biases.get(k, 0.0)) for k, w in weights.items())
     total = math.exp(log_total + bias)
     method = "+".join(k for k, _ in sorted(weights.items(), key=lambda kv: -kv[1]) if weights[k] >= 0.05)
-    return total, total * math.exp(q_lo), total * math.exp(q_hi), method
+    return Blended(total, total * math.exp(q_lo), total * math.exp(q_hi), method, subset)
 
 
-def blended_subset(components: Mapping[str, float | None], *, fraction: float, key: str, table: dict | None) -> str:
-    """The combination of components `blend` weighs for these components (its key in a cell's "sbias")."""
-    cell = find_cell(table, key, fraction)
-    if cell is not None and "ws" not in cell and components.get("curve_loose") is not None:
-        components = {**components, "curve": components["curve_loose"], "curve_loose": None}
-    available = {k for k, v in components.items() if v is not None and v > 0 and math.isfinite(v)}
-    available -= implausible(components, available, cell, key=key)
-    return _subset_key(available & set(cell.get("cbias", {}) if cell is not None else ()))
-
-
-def _bias_band(cell: dict | None, available: set[str], *, key: str) -> tuple[float, tuple[float, float]]:
+def _bias_band(cell: dict | None, subset: str, *, key: str) -> tuple[float, tuple[float, float]]:
     """The cell's remaining bias and 10/90% band; in an own pool, those of the combination of components at hand
-    when the cell has them ("sbias"): a component a few rows have (evaluation units) must not move the others'."""
+    (`subset`) when the cell has them ("sbias"): a component a few rows have (evaluation units) must not move the
+    others'."""
     if cell is None:
-        return 0.0, DEFAULT_Q_UNSEEN if _own_pool(key) else DEFAULT_Q
-    own = cell.get("sbias", {}).get(_subset_key(available & set(cell.get("cbias", {})))) if _own_pool(key) else None
+        return 0.0, DEFAULT_Q_UNSEEN if own_pool(key) else DEFAULT_Q
+    own = cell.get("sbias", {}).get(subset) if own_pool(key) else None
     if own is not None:
         return float(own[0]), (float(own[1]), float(own[2]))
     q_lo, q_hi = cell["q"]
@@ -137,7 +147,7 @@ def implausible(components: Mapping[str, float | None], available: set[str], cel
     exceeds CLIP_SD times the two components' scales together is a guess the fit never saw and the job's own
     evidence contradicts (a history trained on other benchmarks, hundreds of times off); no weight stands for it.
     Cells saved without `cscale` keep every component."""
-    scales = cell.get("cscale") if cell is not None and _own_pool(key) else None
+    scales = cell.get("cscale") if cell is not None and own_pool(key) else None
     if not scales:
         return set()
     biases = cell.get("cbias", {}) if cell is not None else {}
@@ -154,7 +164,7 @@ def implausible(components: Mapping[str, float | None], available: set[str], cel
 
 def anchor(available: set[str], biases: dict, *, key: str) -> str | None:
     """The component a cell of `key` is shrunk toward, when the job has it and the cell calibrated it."""
-    names = OWN_POOL_ANCHORS if _own_pool(key) else ANCHORS
+    names = OWN_POOL_ANCHORS if own_pool(key) else ANCHORS
     return next((n for n in names if n in available and n in biases), None)
 
 
@@ -184,7 +194,7 @@ def find_cell(table: dict | None, key: str, fraction: float) -> dict | None:
     if not table:
         return None
     b = str(bucket(fraction, table.get(EDGES_KEY, LEGACY_EDGES)))
-    for k in (key,) if _own_pool(key) else (key, "*"):
+    for k in (key,) if own_pool(key) else (key, "*"):
         cell = table.get(k, {}).get(b)
         if cell is not None:
             return cell
@@ -194,7 +204,7 @@ def find_cell(table: dict | None, key: str, fraction: float) -> dict | None:
 def group_samples(samples: list[dict]) -> dict[tuple[str, str], list[dict]]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for s in samples:
-        for key in (s["key"],) if _own_pool(s["key"]) else (s["key"], "*"):
+        for key in (s["key"],) if own_pool(s["key"]) else (s["key"], "*"):
             groups.setdefault((key, str(bucket(s["fraction"]))), []).append(s)
     return groups
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,14 +43,14 @@ def fit_table(samples: list[dict], *, q_low: float = 0.10, q_high: float = 0.90)
             continue
         resid, subsets = [], []
         for r in rows:
-            total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
-            if math.isfinite(total):
-                resid.append(math.log(r["truth"] / total))
-                subsets.append(B.blended_subset(r["components"], fraction=r["fraction"], key=key, table=table))
+            done = B.blend_subset(r["components"], fraction=r["fraction"], key=key, table=table)
+            if math.isfinite(done.total):
+                resid.append(math.log(r["truth"] / done.total))
+                subsets.append(done.subset)
         if len(resid) >= B.MIN_SAMPLES:
             # What bias is left after blending is removed too; the band is the spread around it.
             cell["bias"], cell["q"] = _bias_band(resid, q_low, q_high)
-            if key.startswith("<"):
+            if B.own_pool(key):
                 cell["sbias"] = _subset_bias_bands(resid, subsets, q_low, q_high)
     return table
 
@@ -82,7 +83,10 @@ def _half(sample: dict) -> int:
 
 
 def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], float]:
-    """(key, bucket) -> share of the way to the cell's anchor alone, for every cell of `table`."""
+    """(key, bucket) -> share of the way to the cell's anchor alone, for every cell of `table`.
+
+    Each trial is judged as it would be served: the remaining bias fitted on one half is the cell's, and in an
+    own pool that of each combination of components with MIN_SUBSET_ROWS rows (`_subset_bias_bands`)."""
     losses: dict[tuple[str, str], np.ndarray] = {}
     counts: dict[tuple[str, str], int] = {}
     steps = np.asarray(B.SHRINK_STEPS)
@@ -95,17 +99,16 @@ def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], 
             if cell_key not in fit_groups:
                 continue
             key = cell_key[0]
-            lb_fit, lm_fit, t_fit = _logs(fit_groups[cell_key], key, part)
-            lb, lm, t = _logs(held_rows, key, part)
-            if len(t_fit) < B.MIN_SAMPLES or not len(t):
+            fitted, judged = _logs(fit_groups[cell_key], key, part), _logs(held_rows, key, part)
+            if len(fitted.truth) < B.MIN_SAMPLES or not len(judged.truth):
                 continue
             loss = np.zeros(len(steps))
             for i, lam in enumerate(steps):
-                bias = float(np.median(t_fit - ((1 - lam) * lb_fit + lam * lm_fit)))
-                resid = t - ((1 - lam) * lb + lam * lm) - bias
+                bias = _trial_bias(fitted.truth - fitted.mix(lam), fitted.subsets, judged.subsets, B.own_pool(key))
+                resid = judged.truth - judged.mix(lam) - bias
                 loss[i] = float(np.sum((resid < HIT[0]) | (resid > HIT[1])))
             losses[cell_key] = losses.get(cell_key, 0.0) + loss
-            counts[cell_key] = counts.get(cell_key, 0) + len(t)
+            counts[cell_key] = counts.get(cell_key, 0) + len(judged.truth)
     out = {}
     for key, cells in table.items():
         if key == B.EDGES_KEY:
@@ -120,19 +123,44 @@ def choose_shrinkage(samples: list[dict], table: dict) -> dict[tuple[str, str], 
     return out
 
 
-def _logs(rows: list[dict], key: str, table: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Log blended total (no shrinkage, no cell bias), log calibrated anchor (the blend where the row has
-    none) and log truth of the rows the blend can estimate."""
-    lb, la, t = [], [], []
+def _trial_bias(resid: np.ndarray, subsets: list[str], held: list[str], per_subset: bool) -> np.ndarray | float:
+    """The remaining bias a trial serves each held-out row: the median residual of the fitted half, per combination
+    of components with enough rows of its own in an own pool (as `fit_table` serves them)."""
+    bias = float(np.median(resid))
+    if not per_subset:
+        return bias
+    by: dict[str, list[float]] = {s: [] for s in set(subsets)}
+    for value, s in zip(resid, subsets):
+        by[s].append(value)
+    own = {s: float(np.median(v)) for s, v in by.items() if len(v) >= MIN_SUBSET_ROWS}
+    return np.asarray([own.get(s, bias) for s in held])
+
+
+class _Logs(NamedTuple):
+    """Per row a cell can estimate: log blended total (no shrinkage, no cell bias), log calibrated anchor (the
+    blend where the row has none), log truth, and the combination of components blended."""
+
+    blended: np.ndarray
+    anchor: np.ndarray
+    truth: np.ndarray
+    subsets: list[str]
+
+    def mix(self, lam: float) -> np.ndarray:
+        return (1 - lam) * self.blended + lam * self.anchor
+
+
+def _logs(rows: list[dict], key: str, table: dict) -> _Logs:
+    lb, la, t, subsets = [], [], [], []
     for r in rows:
-        total, _, _, _ = B.blend(r["components"], fraction=r["fraction"], key=key, table=table)
-        if not math.isfinite(total):
+        done = B.blend_subset(r["components"], fraction=r["fraction"], key=key, table=table)
+        if not math.isfinite(done.total):
             continue
         cell = B.find_cell(table, key, r["fraction"])
         cbias = cell.get("cbias", {}) if cell is not None else {}
         available = {k for k, v in r["components"].items() if v is not None and v > 0 and math.isfinite(v)}
         name = B.anchor(available, cbias, key=key)
-        lb.append(math.log(total))
-        la.append(math.log(r["components"][name]) - cbias[name] if name else math.log(total))
+        lb.append(math.log(done.total))
+        la.append(math.log(r["components"][name]) - cbias[name] if name else math.log(done.total))
         t.append(math.log(r["truth"]))
-    return np.asarray(lb), np.asarray(la), np.asarray(t)
+        subsets.append(done.subset)
+    return _Logs(np.asarray(lb), np.asarray(la), np.asarray(t), subsets)

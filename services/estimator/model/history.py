@@ -111,11 +111,14 @@ class HistoryPredictor:
         return (x - self.x_mean) / self.x_std
 
     def _offset(self, feat: JobFeatures) -> tuple[float, float]:
-        """Mean log work and unit cost of the benchmark; of its task or family when it was never trained on."""
-        for key in (feat.benchmark, f"task:{feat.task}", f"family:{feat.family}", "*"):
-            if key in self.offsets:
-                return self.offsets[key]
-        return self.offsets["*"]
+        """Mean log work and unit cost of the benchmark; of every training run when it was never trained on.
+
+        Not its task's or family's: a family word shares a benchmark's units no more than any other (bert held out
+        of v3.1 took gpt3's, the only other transformer, and came out ~200x long); on v3.1's benchmarks held out
+        three at a time the pooled mean was within ±20% at 10/20/30/50/80% of a run on 14.3 / 10.5 / 17.7 / 37.9 /
+        45.4% against 2.2 / 5.9 / 18.9 / 26.9 / 50.2%, its band covering 56-80% against 23-78%. The task and family
+        words still reach the network's inputs."""
+        return self.offsets.get(feat.benchmark, self.offsets["*"])
 
     def seen(self, benchmark: str) -> bool:
         """Whether the model was trained on this benchmark."""
@@ -166,12 +169,10 @@ class HistoryPredictor:
         cats = [categorical_values(f) for f in feats]
         self.vocab = {n: ["<unk>"] + sorted({c[n] for c in cats}) for n in CATEGORICAL}
         self.offsets = {"*": _pair(y.mean(axis=0))}
-        for key in ("benchmark", "task", "family"):
-            names = [getattr(f, key) or "unknown" for f in feats]
-            for b in set(names):
-                mask = np.array([x == b for x in names])
-                name = b if key == "benchmark" else f"{key}:{b}"
-                self.offsets[name] = _pair(y[mask].mean(axis=0))
+        names = [f.benchmark for f in feats]
+        for b in set(names):
+            mask = np.array([x == b for x in names])
+            self.offsets[b] = _pair(y[mask].mean(axis=0))
         self.log_range = [[float(y[:, i].min()) - LOG_MARGIN, float(y[:, i].max()) + LOG_MARGIN] for i in (0, 1)]
         # Every run is shown twice, the second time with its accelerator unknown: a model of a
         # held-out accelerator (a new GPU, a submitter's own) then falls back on its TFLOPS, not

@@ -26,10 +26,11 @@ SPEED_CONTRADICTED = 2.0
 CURVE_LOOSE_SPREAD = 0.2
 # An unseen benchmark's work in its own evaluations' units (`evalunits`) is off by default; when on, it stands in only
 # until the job has a curve of its own. On v3.1's benchmarks held out three at a time (`--split benchmark --kfold 3`,
-# within ±20% at 10/20/30/50/80% of a run) off: 2.2 / 5.9 / 18.9 / 26.9 / 50.6%; on until a curve: 5.9 / 7.6 / 11.2 /
-# 24.1 / 54.2% (on at every cut, before: 3.0 / 20.9 / 15.6 / 16.1 / 83.8%): still worse at 30 and 50%, the cut of the
-# unseen goal (maskrcnn at 30% 57 -> 6%, stable_diffusion at 50% 100 -> 0%). Total ÷ first-evaluation work spans 1-51
-# across benchmarks, a factor-3 guess, and its rows move the calibration of the early cells of a curve to come.
+# within ±20% at 10/20/30/50/80% of a run; the shrinkage judged with each combination's bias, the prior still on its
+# family's scale) off: 2.2 / 5.9 / 18.9 / 26.9 / 50.2%; on until a curve: 1.7 / 4.5 / 11.2 / 24.0 / 54.1% (before that
+# fix 5.9 / 7.6 / 11.2 / 24.1 / 54.2%): still worse at 30 and 50%, the cut of the unseen goal (maskrcnn at 50%
+# 40 -> 19%, stable_diffusion 100 -> 0%). Total ÷ first-evaluation work spans 1-51 across benchmarks, a factor-3
+# guess, and its rows move the calibration of the early cells of a curve to come.
 EVAL_UNITS_BY_DEFAULT = False
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)

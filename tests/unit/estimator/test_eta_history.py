@@ -141,6 +141,18 @@ def test_duration_scales_with_a_system_larger_than_any_trained_on(trained):
     assert 2.0 < sixteen / sixty_four < 8.0
 
 
+def test_a_benchmark_never_trained_on_starts_from_every_run_s_scale_not_from_the_one_its_family_word_names(trained):
+    # "roberta_new" reads as an NLP transformer, like bert alone here (work ~3,000 where resnet's is ~40 and ssd's
+    # ~5): one draw of another benchmark's units, no better than any other. Its prior starts from the mean of every
+    # training run (log-mean work ~84), as a benchmark with no family word does.
+    runs, model = trained
+    unseen = model.prior(JobFeatures(benchmark="roberta_new", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB"))
+    wordless = model.prior(JobFeatures(benchmark="zzz_new", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB"))
+    pooled = float(np.exp(np.mean([np.log(r.total_work) for r in runs])))
+    assert not unseen.seen and unseen.work < 0.2 * 3000.0
+    assert abs(np.log(unseen.work / pooled)) < 1.0 and abs(np.log(unseen.work / wordless.work)) < 1.0
+
+
 def test_accelerator_spellings_share_one_vocabulary_word():
     from services.estimator.model.features import normalise_accelerator
 
