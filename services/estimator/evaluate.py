@@ -345,7 +345,7 @@ def _own_jobs(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
         if args.split == "unseen":
             from services.estimator import ownfamily
 
-            report = ownfamily.run_unseen_evaluation(tuple(args.sweep or (owncorpus.FAMILIES,)))
+            report = ownfamily.run_unseen_evaluation(tuple(args.sweep or owncorpus.UNSEEN))
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
         report = owneval.run_own_evaluation(
             tuple(args.sweep or owncorpus.TRAINED),

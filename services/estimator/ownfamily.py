@@ -61,10 +61,12 @@ def run_family_evaluation(
         raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
     shipped = load_calibration(CALIBRATION)
     families = sorted({owncorpus.family(r) for r in runs})
-    samples = ownnested.curve_samples(runs)
+    samples, encoded = ownnested.curve_samples(runs), ownnested.prior_samples(runs)
     folds: dict[str, dict[str, Any]] = {}
     for held in families:  # every family's readings, whichever are scored: each fits the others' tables
-        part = ownnested.fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir)
+        part = ownnested.fold(
+            runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded
+        )
         methods: dict[str, dict[str, Any]] = {
             HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
             "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
@@ -95,11 +97,11 @@ def run_family_evaluation(
 
 
 def run_unseen_evaluation(
-    paths: Iterable[Path] = (owncorpus.FAMILIES,), *, metrics: Sequence[str] = (HEADLINE_METRIC,)
+    paths: Iterable[Path] = owncorpus.UNSEEN, *, metrics: Sequence[str] = (HEADLINE_METRIC,)
 ) -> dict:
     """The estimator as shipped (the served prior with its pads, the shipped calibration, and their blend as the
     tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the families
-    file (`owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new kind of training meets."""
+    second families file (`owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new kind of training meets."""
     runs = owncorpus.load_corpus(tuple(paths))
     if not runs:
         raise ValueError(f"param[--sweep] invalid: no runs in {paths}")
