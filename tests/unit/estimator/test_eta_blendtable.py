@@ -128,7 +128,7 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
 
     corpus = runs("digits-mlp", 2.0) + runs("x", 3.0, family="conv-adam") + runs("y", 1.0, family="gru")
     monkeypatch.setattr(owncorpus, "load_corpus", lambda paths: corpus)
-    monkeypatch.setattr(train, "finetune", lambda base, cases, **kw: base)
+    monkeypatch.setattr(train, "finetune_samples", lambda base, x, y, **kw: base)
     fitted_on, tables_from = [], []
     real_fit, real_table = owntrain.fit_net, ownnested.table_from
 
