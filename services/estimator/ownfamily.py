@@ -61,7 +61,8 @@ def run_family_evaluation(
         raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
     shipped = load_calibration(CALIBRATION)
     families = sorted({owncorpus.family(r) for r in runs})
-    samples, encoded = ownnested.curve_samples(runs), ownnested.prior_samples(runs)
+    samples = ownnested.curve_samples(runs, cache_dir)
+    encoded = ownnested.prior_samples(runs, cache_dir)
     folds: dict[str, dict[str, Any]] = {}
     for held in families:  # every family's readings, whichever are scored: each fits the others' tables
         part = ownnested.fold(

@@ -106,15 +106,24 @@ class Encoded:
     pad_r: np.ndarray
 
 
-def prior_samples(runs: list[dict]) -> dict[str, Encoded]:
-    """`Encoded` per family of `runs` (a fold concatenates the other families')."""
+def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, Encoded]:
+    """`Encoded` per family of `runs` (a fold concatenates the other families'), cached in `cache_dir` by the
+    family's runs."""
     from services.estimator.model.curveprior import train  # torch
 
     out = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
         own = [r for r in runs if owncorpus.family(r) == fam]
+        path = cache_dir / f"encoded-{fam}-{_digest(own, 'encoded')}.npz" if cache_dir else None
+        if path is not None and path.exists():
+            with np.load(path) as raw:
+                out[fam] = Encoded(raw["tune_x"], raw["tune_y"], raw["pad_x"], raw["pad_r"])
+            continue
         x, y, _ = train.recorded(train.training_cases(own, FIT_SEEDS))
         out[fam] = Encoded(x, y, *train.pad_samples(train.pad_cases(own, PAD_SEEDS)))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, **vars(out[fam]))
     return out
 
 
@@ -178,19 +187,27 @@ def tuned_without(
     return tuned
 
 
-def curve_samples(runs: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS."""
+def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS (cached in
+    `cache_dir` by the family's runs)."""
     out = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
+        own = [r for r in runs if owncorpus.family(r) == fam]
+        path = cache_dir / f"curve-samples-{fam}-{_digest(own, 'curve')}.npz" if cache_dir else None
+        if path is not None and path.exists():
+            with np.load(path) as raw:
+                out[fam] = (raw["x"], raw["y"])
+            continue
         cases = [
             c
             for m in owncorpus.METRICS
-            for c in owncorpus.cases(
-                [r for r in runs if owncorpus.family(r) == fam], m, us=owncorpus.CALIBRATION_U, smooths=(False, True)
-            )
+            for c in owncorpus.cases(own, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
             if c.seed in CURVE_SEEDS
         ]
         out[fam] = owncorpus.samples(cases)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, x=out[fam][0], y=out[fam][1])
     return out
 
 
@@ -254,7 +271,7 @@ def build_table(
     pretrained = load_prior(PRETRAINED)
     if pretrained is None:
         raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
-    samples, encoded = curve_samples(runs), prior_samples(runs)
+    samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
     parts = []
     for held in sorted({owncorpus.family(r) for r in runs}):
         parts.append(

@@ -58,6 +58,29 @@ def test_the_band_covers_every_family_alike_not_the_largest_alone():
     assert abs(np.mean([np.mean(v) for v in covered.values()]) - 0.8) < 0.05 < abs(pooled_by_rows - 0.8)
 
 
+def test_the_band_widens_with_the_readings_disagreement_and_each_ones_doubt_as_its_spread_weighs_them():
+    prior, fitted = bt.Reading(1.0, 0.5, 1.5), bt.Reading(2.0, 1.8, 2.2)
+    assert bt.scale(prior, fitted) == pytest.approx(0.5 + 0.5)  # a table without a spread: as before
+    assert bt.scale(prior, fitted, (1.0, 1.0, 1.0)) == pytest.approx(0.5 + 1.0 + 0.2)
+    unsure_fit = bt.Reading(2.0, 1.0, 3.0)
+    cell = (bt.Cell(0.5, -1.0, 1.0),)
+    for spread, wider in (((1.0, 0.5, 0.0), False), ((1.0, 0.5, 1.0), True)):
+        table = bt.BlendTable((), cell, spread)
+        sure, unsure = bt.combine(prior, fitted, table), bt.combine(prior, unsure_fit, table)
+        assert ((unsure.high - unsure.low) > (sure.high - sure.low) + 1e-9) is wider
+
+
+def test_a_spread_is_fitted_in_its_own_units_and_round_trips(tmp_path):
+    prior, fitted, truth, groups = rows(2000, seed=7, prior_noise=0.3, fit_noise=0.3)
+    narrow = bt.fit_table(prior, fitted, truth, groups, spread=(1.0, 0.5, 0.0))
+    wide = bt.fit_table(prior, fitted, truth, groups, spread=(2.0, 1.0, 0.0))
+    assert wide.cells[0].high == pytest.approx(narrow.cells[0].high / 2, rel=0.02)  # the same band, twice the unit
+    bt.save(wide, tmp_path / "b.json")
+    loaded = bt.load(tmp_path / "b.json")
+    assert loaded is not None and loaded.spread == wide.spread == (2.0, 1.0, 0.0)
+    assert loaded.cells[0].high == pytest.approx(wide.cells[0].high, abs=1e-4)
+
+
 def test_the_blend_never_ends_before_now_and_its_band_holds_the_median():
     table = bt.BlendTable((0.5,), (bt.Cell(0.5, -9.0, -8.0), bt.Cell(0.5, -9.0, -8.0)))
     got = blended(
@@ -90,12 +113,19 @@ def test_the_table_round_trips_and_a_hostile_file_is_no_table(tmp_path):
         '{"version": 1, "edges": [], "cells": [[1.5, -1, 1]]}',  # a weight beyond one
         '{"version": 1, "edges": [0.6, 0.3], "cells": [[0.5, -1, 1], [0.5, -1, 1], [0.5, -1, 1]]}',
         '{"version": 9, "edges": [], "cells": [[0.5, -1, 1]]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, -1, 0]}',  # a negative width
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, Infinity]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [0, 0, 0]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": "wide"}',
         "[]",
         "not json",
     ):
         (tmp_path / "h.json").write_text(text)
         assert bt.load(tmp_path / "h.json") is None
     assert bt.load(tmp_path / "missing.json") is None
+    (tmp_path / "old.json").write_text('{"version": 1, "edges": [], "cells": [[0.25, -0.7, 0.9]]}')
+    assert bt.load(tmp_path / "old.json") == bt.BlendTable((), (bt.Cell(0.25, -0.7, 0.9),), bt.SPREAD)
 
 
 @pytest.mark.skipif(bt.load() is None, reason="the shipped blend table is not in this checkout")

@@ -28,6 +28,8 @@ EDGES: tuple[float, ...] = ()  # bins of the fraction of the run seen (none: per
 WEIGHTS = (0.25, 0.375, 0.5, 0.625, 0.75)  # the prior's share tried: neither reading is ever dropped
 MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure readings that agree
 MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
+# The band's scale: (prior's half-width, the two medians' distance, the fitted curve's half-width) coefficients.
+SPREAD = (1.0, 0.5, 0.0)  # a table saved without one: the prior's half-width plus half the readings' distance
 WITHIN = 0.2
 
 
@@ -44,6 +46,7 @@ class Cell:
 class BlendTable:
     edges: tuple[float, ...]
     cells: tuple[Cell, ...]
+    spread: tuple[float, float, float] = SPREAD
 
     def cell(self, fraction: float) -> Cell:
         if len(self.cells) != len(self.edges) + 1:
@@ -71,34 +74,46 @@ def phase(prior: Reading, fitted: Reading) -> float:
     return math.exp(-(prior.mid + fitted.mid) / 2)
 
 
-def scale(prior: Reading, fitted: Reading) -> float:
-    """The prior's half-width plus half the two medians' distance (log units)."""
-    return max((prior.high - prior.low + abs(prior.mid - fitted.mid)) / 2, MIN_SCALE)
+def scale(prior: Reading, fitted: Reading, spread: Sequence[float] = SPREAD) -> float:
+    """The band's unit (log units): the prior's half-width, the two medians' distance and the fitted curve's
+    half-width, weighed by `spread` (by default the prior's half-width plus half the distance)."""
+    own, apart, fit = spread
+    return max(
+        own * (prior.high - prior.low) / 2 + apart * abs(prior.mid - fitted.mid) + fit * (fitted.high - fitted.low) / 2,
+        MIN_SCALE,
+    )
 
 
 def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
     """The blended median and 10-90% band, all as log(total / elapsed) (never below 0: not before now)."""
     cell = table.cell(phase(prior, fitted))
     mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
-    s = scale(prior, fitted)
+    s = scale(prior, fitted, table.spread)
     return Reading(mid, max(mid + cell.low * s, 0.0), max(mid + cell.high * s, mid))
 
 
 def fit_table(
-    prior: np.ndarray, fitted: np.ndarray, truth: np.ndarray, groups: Sequence[str], *, edges: Sequence[float] = EDGES
+    prior: np.ndarray,
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    groups: Sequence[str],
+    *,
+    edges: Sequence[float] = EDGES,
+    spread: tuple[float, float, float] = SPREAD,
 ) -> BlendTable:
     """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
-    log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same)."""
+    log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same);
+    the band's quantiles per phase (`edges`) in units of `scale` under `spread`."""
     weight = _family_weights(groups)
     readings = [(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)]
     bins = np.searchsorted(edges, [phase(p, f) for p, f in readings], side="right")
-    scales = np.array([scale(p, f) for p, f in readings])
+    scales = np.array([scale(p, f, spread) for p, f in readings])
     whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
         cells.append(_cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m]) if m.sum() >= MIN_ROWS else whole)
-    return BlendTable(tuple(edges), tuple(cells))
+    return BlendTable(tuple(edges), tuple(cells), spread)
 
 
 def _family_weights(groups: Sequence[str]) -> np.ndarray:
@@ -129,7 +144,8 @@ def weighted_quantile(values: np.ndarray, weight: np.ndarray, level: float) -> f
 
 def save(table: BlendTable, path: Path = TABLE, **meta: object) -> None:
     cells = [[round(c.weight, 4), round(c.low, 4), round(c.high, 4)] for c in table.cells]
-    path.write_text(json.dumps({"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, **meta}) + "\n")
+    raw = {"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, "spread": list(table.spread)}
+    path.write_text(json.dumps(raw | meta) + "\n")
 
 
 def load(path: Path = TABLE) -> BlendTable | None:
@@ -140,11 +156,15 @@ def load(path: Path = TABLE) -> BlendTable | None:
             return None
         edges = tuple(float(e) for e in raw["edges"])
         values = [[float(v) for v in c] for c in raw["cells"]]
+        spread = tuple(float(v) for v in raw.get("spread", SPREAD))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     ok = (
         len(values) == len(edges) + 1
         and list(edges) == sorted(edges)
         and all(len(c) == 3 and all(math.isfinite(v) for v in c) and 0 <= c[0] <= 1 and c[1] <= c[2] for c in values)
+        and len(spread) == 3
+        and all(math.isfinite(v) and 0 <= v <= 10 for v in spread)
+        and sum(spread) > 0
     )
-    return BlendTable(edges, tuple(Cell(*c) for c in values)) if ok else None
+    return BlendTable(edges, tuple(Cell(*c) for c in values), (spread[0], spread[1], spread[2])) if ok else None
