@@ -70,6 +70,7 @@ def run_family_evaluation(
         )
         methods: dict[str, dict[str, Any]] = {
             HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
+            "blend_former_form": {"prior": part.prior, "calibration": part.curve, "blend": True},
             "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "former_blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "curve_prior": {"prior": part.prior, "calibration": None},
@@ -87,9 +88,11 @@ def run_family_evaluation(
         print(f"family {held}: read", flush=True)
     rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
     for held in [f for f in families if not only or f in only]:
-        table = ownnested.table_from(ownnested.concat([v["readings"] for f, v in folds.items() if f != held]))
+        others = ownnested.concat([v["readings"] for f, v in folds.items() if f != held])
+        table = ownnested.table_from(others)
         methods = folds[held]["methods"]
         methods[HEADLINE]["table"] = methods["blend_shipped_fit_saw_family"]["table"] = table
+        methods["blend_former_form"]["table"] = ownnested.former_table(others)
         for metric in metrics:
             test = owncorpus.cases([r for r in runs if owncorpus.family(r) == held], metric)
             for method, how in methods.items():

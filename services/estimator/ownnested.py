@@ -263,6 +263,18 @@ def table_from(readings: Readings) -> blendtable.BlendTable | None:
     return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families)
 
 
+# The table's form before the eleven-family split (one cell, the first spread, the prior's share 0.25-0.75): the
+# split's "before" (`ownfamily`'s `blend_former_form`).
+FORMER_FORM = {"edges": (), "spread": (1.0, 0.5, 0.0), "weights": (0.25, 0.375, 0.5, 0.625, 0.75)}
+
+
+def former_table(readings: Readings) -> blendtable.BlendTable | None:
+    """`table_from` in the table's former form (`FORMER_FORM`)."""
+    if len(readings.truth) < blendtable.MIN_ROWS:
+        return None
+    return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families, **FORMER_FORM)
+
+
 def build_table(
     paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None
 ) -> tuple[blendtable.BlendTable | None, int]:

@@ -100,6 +100,7 @@ def fit_table(
     *,
     edges: Sequence[float] = EDGES,
     spread: tuple[float, float, float] = SPREAD,
+    weights: Sequence[float] = WEIGHTS,
 ) -> BlendTable:
     """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
     log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same);
@@ -108,11 +109,13 @@ def fit_table(
     readings = [(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)]
     bins = np.searchsorted(edges, [phase(p, f) for p, f in readings], side="right")
     scales = np.array([scale(p, f, spread) for p, f in readings])
-    whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight)
+    whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight, weights)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
-        cells.append(_cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m]) if m.sum() >= MIN_ROWS else whole)
+        cells.append(
+            _cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m], weights) if m.sum() >= MIN_ROWS else whole
+        )
     return BlendTable(tuple(edges), tuple(cells), spread)
 
 
@@ -121,11 +124,13 @@ def _family_weights(groups: Sequence[str]) -> np.ndarray:
     return 1.0 / (counts[index] * len(names))
 
 
-def _cell(a_p: np.ndarray, a_f: np.ndarray, truth: np.ndarray, s: np.ndarray, weight: np.ndarray) -> Cell:
+def _cell(
+    a_p: np.ndarray, a_f: np.ndarray, truth: np.ndarray, s: np.ndarray, weight: np.ndarray, weights: Sequence[float]
+) -> Cell:
     """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles. No bias
     is learned: one learned on other families moved the held-out one's median the wrong way as often as not."""
     best: tuple[float, float] | None = None
-    for w in WEIGHTS:
+    for w in weights:
         pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
         score = float(np.sum(weight * (np.abs(np.exp(pred - truth) - 1) <= WITHIN)))
         if best is None or score > best[0] + 1e-9:
