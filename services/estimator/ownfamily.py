@@ -48,9 +48,11 @@ def run_family_evaluation(
     metrics: Sequence[str] = (HEADLINE_METRIC,),
     only: tuple[str, ...] = (),
     cache_dir: Path | None = None,
+    baselines: bool = True,
 ) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`. Nested: the
-    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`)."""
+    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`).
+    `baselines`: also the fine-tuned network alone and the synthetic prior alone (each padded again: slower)."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
     runs = owncorpus.load_corpus(tuple(paths))
@@ -74,8 +76,14 @@ def run_family_evaluation(
             "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "former_blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "curve_prior": {"prior": part.prior, "calibration": None},
-            "prior_fine_tuned_only": {"prior": train.with_pads(part.tuned, part.pads), "calibration": None},
-            "prior_synthetic_only": {"prior": train.with_pads(pretrained, part.pads), "calibration": None},
+            **(
+                {
+                    "prior_fine_tuned_only": {"prior": train.with_pads(part.tuned, part.pads), "calibration": None},
+                    "prior_synthetic_only": {"prior": train.with_pads(pretrained, part.pads), "calibration": None},
+                }
+                if baselines
+                else {}
+            ),
             "fitted_curve_without_family": {"prior": None, "calibration": part.curve},
             "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped},
         }

@@ -25,7 +25,7 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import FEATURES, own_estimate
+from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, own_estimate
 
 FIT_SEEDS = (0, 1, 2)  # the prior's fine-tuning (as `ownfamily`)
 PAD_SEEDS = (3, 4)  # its pads
@@ -83,7 +83,13 @@ def fold(
     tune = (np.concatenate([v.tune_x for v in others]), np.concatenate([v.tune_y for v in others]))
     key = _digest(train_runs)
     tuned = tuned_without(train, pretrained, tune, key=key, held=held, cache_dir=cache_dir)
-    prior = train.with_pads(train.mixed(tuned, pretrained), pads)
+    served = train.mixed(tuned, pretrained)
+    padded = _cached_json(
+        cache_dir, f"pads-without-{held}-{key}.json", lambda: [list(p) for p in train.with_pads(served, pads).pads]
+    )
+    prior = PriorNet(
+        served.layers, served.mean, served.std, tuple(SEEN_EDGES), tuple((a, b) for a, b in padded), served.mixed
+    )
     curve = _cached_json(cache_dir, f"curve-without-{held}-{key}.json", lambda: fold_curve(samples, held=held))
     read_key = _digest(test_runs, key)
     path = cache_dir / f"readings-{held}-{read_key}.npz" if cache_dir else None

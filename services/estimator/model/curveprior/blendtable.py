@@ -5,10 +5,11 @@ Both readings are totals since the start; the blend works in a = log(total / ela
 scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w per bin of the fraction of the run
 the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
 families missed more often on the fourth, `docs/estimator.md`). The band is [a + low · s, a + high · s], s the
-prior's own half-width plus half the readings' disagreement (where the prior is unsure or the two disagree, it is
-wide; the fitted curve's band is not read: it was sized on the recorded families it was fitted on): `low`/`high`
-are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per
-family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
+`spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two disagree, it is wide;
+a table saved without a spread: the prior's half-width plus half the disagreement): `low`/`high` are the 10% and
+90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per family, not
+pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
 """
 
 from __future__ import annotations
