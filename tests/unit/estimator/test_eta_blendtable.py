@@ -48,7 +48,7 @@ def test_the_band_covers_every_family_alike_not_the_largest_alone():
     large = rows(3000, seed=5, prior_noise=0.05, fit_noise=0.05, family="tame")
     prior, fitted, truth = (np.concatenate([small[i], large[i]]) for i in range(3))
     groups = small[3] + large[3]
-    table = bt.fit_table(prior, fitted, truth, groups, edges=())
+    table = bt.fit_table(prior, fitted, truth, groups, edges=(), spread=bt.SPREAD)
     covered = {}
     for p, f, t, g in zip(prior, fitted, truth, groups):
         got = bt.combine(bt.Reading(*p), bt.Reading(*f), table)
@@ -73,12 +73,44 @@ def test_the_band_widens_with_the_readings_disagreement_and_each_ones_doubt_as_i
 def test_a_spread_is_fitted_in_its_own_units_and_round_trips(tmp_path):
     prior, fitted, truth, groups = rows(2000, seed=7, prior_noise=0.3, fit_noise=0.3)
     narrow = bt.fit_table(prior, fitted, truth, groups, spread=(1.0, 0.5, 0.0))
+    assert narrow.spread == (1.0, 0.5, 0.0)
     wide = bt.fit_table(prior, fitted, truth, groups, spread=(2.0, 1.0, 0.0))
     assert wide.cells[0].high == pytest.approx(narrow.cells[0].high / 2, rel=0.02)  # the same band, twice the unit
     bt.save(wide, tmp_path / "b.json")
     loaded = bt.load(tmp_path / "b.json")
     assert loaded is not None and loaded.spread == wide.spread == (2.0, 1.0, 0.0)
     assert loaded.cells[0].high == pytest.approx(wide.cells[0].high, abs=1e-4)
+
+
+def test_a_sided_band_reaches_towards_the_reading_the_blend_did_not_follow():
+    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.FIT_SPREAD)
+    assert len(bt.FIT_SPREAD) == 4
+    later = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), table)  # the prior says later
+    earlier = bt.combine(bt.Reading(0.5, 0.3, 0.7), bt.Reading(1.5, 1.4, 1.6), table)  # the prior says sooner
+    assert later.high - later.mid > later.mid - later.low > 0
+    assert earlier.mid - earlier.low > earlier.high - earlier.mid > 0
+    agree = bt.combine(bt.Reading(1.0, 0.2, 3.0), bt.Reading(1.0, 0.9, 1.1), table)
+    assert agree.high - agree.low == pytest.approx(0.2 * bt.MIN_SCALE)  # agreeing readings: the floor
+    former = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.SPREAD)
+    both = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), former)
+    assert both.high - both.mid == pytest.approx(both.mid - both.low)  # a table of three: symmetric, as before
+
+
+def test_a_sided_band_is_sized_on_each_sides_residuals():
+    rng = np.random.default_rng(11)
+    n = 4000
+    truth = rng.uniform(0.2, 2.0, n)
+    prior_mid = truth + rng.normal(0.3, 0.3, n)  # the prior late by about as much as the fit is early
+    fit_mid = truth - np.abs(rng.normal(0.0, 0.2, n))
+    prior = np.stack([prior_mid, prior_mid - 0.4, prior_mid + 0.4], axis=1)
+    fitted = np.stack([fit_mid, fit_mid - 0.1, fit_mid + 0.1], axis=1)
+    table = bt.fit_table(prior, fitted, truth, ["a"] * n)
+    assert table.spread == bt.FIT_SPREAD
+    inside = [
+        (got := bt.combine(bt.Reading(*p), bt.Reading(*f), table)).low <= t <= got.high
+        for p, f, t in zip(prior, fitted, truth)
+    ]
+    assert abs(np.mean(inside) - 0.8) < 0.03
 
 
 def test_the_blend_never_ends_before_now_and_its_band_holds_the_median():
@@ -115,6 +147,7 @@ def test_the_table_round_trips_and_a_hostile_file_is_no_table(tmp_path):
         '{"version": 9, "edges": [], "cells": [[0.5, -1, 1]]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, -1, 0]}',  # a negative width
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, 0, 1, 1]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, Infinity]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [0, 0, 0]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": "wide"}',

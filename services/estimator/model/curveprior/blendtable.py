@@ -31,6 +31,10 @@ MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure 
 MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
 # The band's scale: (prior's half-width, the two medians' distance, the fitted curve's half-width) coefficients.
 SPREAD = (1.0, 0.5, 0.0)  # a table saved without one: the prior's half-width plus half the readings' distance
+# What a table is fitted with (chosen leave-one-family-out over eleven families, `docs/estimator.md`): sided, three
+# times the readings' distance plus three times the reach towards the reading not followed; the readings' own widths
+# did not help a family they were not sized on.
+FIT_SPREAD = (0.0, 3.0, 0.0, 3.0)
 WITHIN = 0.2
 
 
@@ -47,7 +51,7 @@ class Cell:
 class BlendTable:
     edges: tuple[float, ...]
     cells: tuple[Cell, ...]
-    spread: tuple[float, float, float] = SPREAD
+    spread: tuple[float, ...] = SPREAD
 
     def cell(self, fraction: float) -> Cell:
         if len(self.cells) != len(self.edges) + 1:
@@ -85,12 +89,44 @@ def scale(prior: Reading, fitted: Reading, spread: Sequence[float] = SPREAD) -> 
     )
 
 
+def units(
+    prior: np.ndarray, fitted: np.ndarray, mid: np.ndarray, spread: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The band's unit below and above `mid` for rows of readings ((n, 3) arrays of mid, low, high). A spread of
+    three: one unit both ways (`scale`). A spread of four, (own, apart, fit, reach), is sided: each side takes the
+    readings' own widths on that side, the readings' distance, and `reach` times how far each reading's median lies
+    beyond `mid` on that side (the band reaches towards the reading the blend did not follow)."""
+    d = np.abs(prior[:, 0] - fitted[:, 0])
+    if len(spread) == 3:
+        own, apart, fit = spread
+        s = np.maximum(
+            own * (prior[:, 2] - prior[:, 1]) / 2 + apart * d + fit * (fitted[:, 2] - fitted[:, 1]) / 2, MIN_SCALE
+        )
+        return s, s
+    own, apart, fit, reach = spread
+    down = (
+        own * (prior[:, 0] - prior[:, 1])
+        + apart * d
+        + fit * (fitted[:, 0] - fitted[:, 1])
+        + reach * (np.maximum(mid - prior[:, 0], 0) + np.maximum(mid - fitted[:, 0], 0))
+    )
+    up = (
+        own * (prior[:, 2] - prior[:, 0])
+        + apart * d
+        + fit * (fitted[:, 2] - fitted[:, 0])
+        + reach * (np.maximum(prior[:, 0] - mid, 0) + np.maximum(fitted[:, 0] - mid, 0))
+    )
+    return np.maximum(down, MIN_SCALE), np.maximum(up, MIN_SCALE)
+
+
 def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
     """The blended median and 10-90% band, all as log(total / elapsed) (never below 0: not before now)."""
     cell = table.cell(phase(prior, fitted))
     mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
-    s = scale(prior, fitted, table.spread)
-    return Reading(mid, max(mid + cell.low * s, 0.0), max(mid + cell.high * s, mid))
+    down, up = (float(v[0]) for v in units(np.array([prior]), np.array([fitted]), np.array([mid]), table.spread))
+    low = mid + cell.low * (down if cell.low < 0 else up)
+    high = mid + cell.high * (up if cell.high > 0 else down)
+    return Reading(mid, max(low, 0.0), max(high, mid))
 
 
 def fit_table(
@@ -100,24 +136,20 @@ def fit_table(
     groups: Sequence[str],
     *,
     edges: Sequence[float] = EDGES,
-    spread: tuple[float, float, float] = SPREAD,
+    spread: tuple[float, ...] = FIT_SPREAD,
     weights: Sequence[float] = WEIGHTS,
 ) -> BlendTable:
     """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
     log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same);
-    the band's quantiles per phase (`edges`) in units of `scale` under `spread`."""
+    the band's quantiles per phase (`edges`) in the `units` of `spread`."""
     weight = _family_weights(groups)
-    readings = [(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)]
-    bins = np.searchsorted(edges, [phase(p, f) for p, f in readings], side="right")
-    scales = np.array([scale(p, f, spread) for p, f in readings])
-    whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight, weights)
+    bins = np.searchsorted(edges, [phase(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)], side="right")
+    whole = _cell(prior, fitted, truth, weight, weights, spread)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
-        cells.append(
-            _cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m], weights) if m.sum() >= MIN_ROWS else whole
-        )
-    return BlendTable(tuple(edges), tuple(cells), spread)
+        cells.append(_cell(prior[m], fitted[m], truth[m], weight[m], weights, spread) if m.sum() >= MIN_ROWS else whole)
+    return BlendTable(tuple(edges), tuple(cells), tuple(spread))
 
 
 def _family_weights(groups: Sequence[str]) -> np.ndarray:
@@ -126,10 +158,17 @@ def _family_weights(groups: Sequence[str]) -> np.ndarray:
 
 
 def _cell(
-    a_p: np.ndarray, a_f: np.ndarray, truth: np.ndarray, s: np.ndarray, weight: np.ndarray, weights: Sequence[float]
+    prior: np.ndarray,
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    weight: np.ndarray,
+    weights: Sequence[float],
+    spread: Sequence[float],
 ) -> Cell:
-    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles. No bias
-    is learned: one learned on other families moved the held-out one's median the wrong way as often as not."""
+    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles (of the
+    residuals, each over the unit of its side). No bias is learned: one learned on other families moved the
+    held-out one's median the wrong way as often as not."""
+    a_p, a_f = prior[:, 0], fitted[:, 0]
     best: tuple[float, float] | None = None
     for w in weights:
         pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
@@ -138,7 +177,10 @@ def _cell(
             best = (score, w)
     assert best is not None
     w = best[1]
-    z = (truth - np.maximum(w * a_p + (1 - w) * a_f, 0.0)) / s
+    pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
+    down, up = units(prior, fitted, pred, spread)
+    residual = truth - pred
+    z = np.where(residual < 0, residual / down, residual / up)
     return Cell(w, weighted_quantile(z, weight, 0.1), weighted_quantile(z, weight, 0.9))
 
 
@@ -169,8 +211,8 @@ def load(path: Path = TABLE) -> BlendTable | None:
         len(values) == len(edges) + 1
         and list(edges) == sorted(edges)
         and all(len(c) == 3 and all(math.isfinite(v) for v in c) and 0 <= c[0] <= 1 and c[1] <= c[2] for c in values)
-        and len(spread) == 3
+        and len(spread) in (3, 4)
         and all(math.isfinite(v) and 0 <= v <= 10 for v in spread)
         and sum(spread) > 0
     )
-    return BlendTable(edges, tuple(Cell(*c) for c in values), (spread[0], spread[1], spread[2])) if ok else None
+    return BlendTable(edges, tuple(Cell(*c) for c in values), spread) if ok else None
