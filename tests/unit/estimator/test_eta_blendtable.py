@@ -96,6 +96,12 @@ def test_a_sided_band_reaches_towards_the_reading_the_blend_did_not_follow():
     assert both.high - both.mid == pytest.approx(both.mid - both.low)  # a table of three: symmetric, as before
 
 
+def test_a_band_far_apart_readings_stretch_stops_at_the_priors_horizon():
+    table = bt.BlendTable((), (bt.Cell(0.375, -0.75, 1.39),), bt.FIT_SPREAD)
+    got = bt.combine(bt.Reading(math.log(50), 1.0, math.log(50)), bt.Reading(1.5, 1.2, 1.8), table)
+    assert got.high == pytest.approx(math.log(50)) and got.low <= got.mid < got.high  # not 10^10 times the time
+
+
 def test_a_sided_band_is_sized_on_each_sides_residuals():
     rng = np.random.default_rng(11)
     n = 4000

@@ -23,6 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from services.estimator.model.curveprior.net import LOG_HORIZON  # a top beyond 50x the time so far: "may never"
+
 TABLE = Path(__file__).with_name("blend.json")
 FORMAT_VERSION = 1  # cells [weight, low, high]
 EDGES: tuple[float, ...] = ()  # bins of the fraction of the run seen (none: per-phase cells did not carry over)
@@ -125,7 +127,7 @@ def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
     mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
     down, up = (float(v[0]) for v in units(np.array([prior]), np.array([fitted]), np.array([mid]), table.spread))
     low = mid + cell.low * (down if cell.low < 0 else up)
-    high = mid + cell.high * (up if cell.high > 0 else down)
+    high = min(mid + cell.high * (up if cell.high > 0 else down), max(LOG_HORIZON, mid))
     return Reading(mid, max(low, 0.0), max(high, mid))
 
 
