@@ -156,7 +156,9 @@ class ResidualNet(nn.Module):
 
         self.stem = nn.Sequential(nn.Conv2d(1, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
         self.first = block(channels)
-        self.down = nn.Sequential(nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.BatchNorm2d(2 * channels))
+        self.down = nn.Sequential(
+            nn.Conv2d(channels, 2 * channels, 3, stride=2, padding=1), nn.BatchNorm2d(2 * channels)
+        )
         self.second = block(2 * channels)
         self.head = nn.Linear(2 * channels, classes)
 

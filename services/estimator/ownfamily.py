@@ -112,8 +112,9 @@ def run_unseen_evaluation(
     paths: Iterable[Path] = owncorpus.UNSEEN, *, metrics: Sequence[str] = (HEADLINE_METRIC,)
 ) -> dict:
     """The estimator as shipped (the served prior with its pads, the shipped calibration, and their blend as the
-    tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the families
-    second families file (`owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new kind of training meets."""
+    tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the second
+    families file (`owncorpus.UNSEEN`; `owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new
+    kind of training meets."""
     runs = owncorpus.load_corpus(tuple(paths))
     if not runs:
         raise ValueError(f"param[--sweep] invalid: no runs in {paths}")

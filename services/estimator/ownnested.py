@@ -14,10 +14,11 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -142,7 +143,7 @@ def _digest(runs: list[dict], *more: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _cached_json(cache_dir: Path | None, name: str, make):
+def _cached_json(cache_dir: Path | None, name: str, make: Callable[[], Any]) -> Any:
     path = cache_dir / name if cache_dir else None
     if path is not None and path.exists():
         return json.loads(path.read_text())
