@@ -80,7 +80,7 @@ eta-prior: $(STAMP)
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train pretrain --seed 0 \
 		--curves 80000 --epochs 40 $(if $(UNTIL),--until $(UNTIL))
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train finetune --epochs 6
-	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownnested
+	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownnested --cache .trainmaster/eta-cache
 
 TRACE := ../shared/data/alibaba-gpu-v2023
 bench-sched: $(STAMP)

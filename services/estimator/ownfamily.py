@@ -48,9 +48,11 @@ def run_family_evaluation(
     metrics: Sequence[str] = (HEADLINE_METRIC,),
     only: tuple[str, ...] = (),
     cache_dir: Path | None = None,
+    baselines: bool = True,
 ) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`. Nested: the
-    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`)."""
+    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`).
+    `baselines`: also the fine-tuned network alone and the synthetic prior alone (each padded again: slower)."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
     runs = owncorpus.load_corpus(tuple(paths))
@@ -61,17 +63,27 @@ def run_family_evaluation(
         raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
     shipped = load_calibration(CALIBRATION)
     families = sorted({owncorpus.family(r) for r in runs})
-    samples = ownnested.curve_samples(runs)
+    samples = ownnested.curve_samples(runs, cache_dir)
+    encoded = ownnested.prior_samples(runs, cache_dir)
     folds: dict[str, dict[str, Any]] = {}
     for held in families:  # every family's readings, whichever are scored: each fits the others' tables
-        part = ownnested.fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir)
+        part = ownnested.fold(
+            runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded
+        )
         methods: dict[str, dict[str, Any]] = {
             HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
+            "blend_former_form": {"prior": part.prior, "calibration": part.curve, "blend": True},
             "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "former_blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "curve_prior": {"prior": part.prior, "calibration": None},
-            "prior_fine_tuned_only": {"prior": train.with_pads(part.tuned, part.pads), "calibration": None},
-            "prior_synthetic_only": {"prior": train.with_pads(pretrained, part.pads), "calibration": None},
+            **(
+                {
+                    "prior_fine_tuned_only": {"prior": train.with_pads(part.tuned, part.pads), "calibration": None},
+                    "prior_synthetic_only": {"prior": train.with_pads(pretrained, part.pads), "calibration": None},
+                }
+                if baselines
+                else {}
+            ),
             "fitted_curve_without_family": {"prior": None, "calibration": part.curve},
             "own_curve_shipped_saw_family": {"prior": None, "calibration": shipped},
         }
@@ -84,9 +96,11 @@ def run_family_evaluation(
         print(f"family {held}: read", flush=True)
     rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
     for held in [f for f in families if not only or f in only]:
-        table = ownnested.table_from(ownnested.concat([v["readings"] for f, v in folds.items() if f != held]))
+        others = ownnested.concat([v["readings"] for f, v in folds.items() if f != held])
+        table = ownnested.table_from(others)
         methods = folds[held]["methods"]
         methods[HEADLINE]["table"] = methods["blend_shipped_fit_saw_family"]["table"] = table
+        methods["blend_former_form"]["table"] = ownnested.former_table(others)
         for metric in metrics:
             test = owncorpus.cases([r for r in runs if owncorpus.family(r) == held], metric)
             for method, how in methods.items():
@@ -95,11 +109,12 @@ def run_family_evaluation(
 
 
 def run_unseen_evaluation(
-    paths: Iterable[Path] = (owncorpus.FAMILIES,), *, metrics: Sequence[str] = (HEADLINE_METRIC,)
+    paths: Iterable[Path] = owncorpus.UNSEEN, *, metrics: Sequence[str] = (HEADLINE_METRIC,)
 ) -> dict:
     """The estimator as shipped (the served prior with its pads, the shipped calibration, and their blend as the
-    tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the families
-    file (`owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new kind of training meets."""
+    tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the second
+    families file (`owncorpus.UNSEEN`; `owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new
+    kind of training meets."""
     runs = owncorpus.load_corpus(tuple(paths))
     if not runs:
         raise ValueError(f"param[--sweep] invalid: no runs in {paths}")

@@ -14,10 +14,11 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import FEATURES, own_estimate
+from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, own_estimate
 
 FIT_SEEDS = (0, 1, 2)  # the prior's fine-tuning (as `ownfamily`)
 PAD_SEEDS = (3, 4)  # its pads
@@ -68,49 +69,152 @@ def fold(
     pretrained: PriorNet,
     samples: dict[str, tuple[np.ndarray, np.ndarray]],
     cache_dir: Path | None,
+    encoded: dict[str, Encoded] | None = None,
 ) -> Fold:
-    """The parts built without the family `held`, and their readings of its cases."""
+    """The parts built without the family `held`, and their readings of its cases (`encoded`: every family's
+    samples encoded once, `prior_samples`; the readings and the fitted curve cached in `cache_dir` with the
+    fine-tuned prior, by what they were built from)."""
     from services.estimator.model.curveprior import train  # torch
 
     train_runs = [r for r in runs if owncorpus.family(r) != held]
-    pads = train.pad_samples(train.pad_cases(train_runs, PAD_SEEDS))
-    tuned = tuned_without(train, pretrained, train_runs, held=held, cache_dir=cache_dir)
-    prior = train.with_pads(train.mixed(tuned, pretrained), pads)
-    curve = fold_curve(samples, held=held)
     test_runs = [r for r in runs if owncorpus.family(r) == held]
-    return Fold(tuned, prior, pads, curve, read(row_cases(test_runs), prior=prior, calibration=curve))
+    own = encoded if encoded is not None else prior_samples(train_runs)
+    others = [v for f, v in sorted(own.items()) if f != held]
+    pads = (np.concatenate([v.pad_x for v in others]), np.concatenate([v.pad_r for v in others]))
+    tune = (np.concatenate([v.tune_x for v in others]), np.concatenate([v.tune_y for v in others]))
+    key = _digest(train_runs)
+    tuned = tuned_without(train, pretrained, tune, key=key, held=held, cache_dir=cache_dir)
+    served = train.mixed(tuned, pretrained)
+    padded = _cached_json(
+        cache_dir, f"pads-without-{held}-{key}.json", lambda: [list(p) for p in train.with_pads(served, pads).pads]
+    )
+    prior = PriorNet(
+        served.layers, served.mean, served.std, tuple(SEEN_EDGES), tuple((a, b) for a, b in padded), served.mixed
+    )
+    curve = _cached_json(cache_dir, f"curve-without-{held}-{key}.json", lambda: fold_curve(samples, held=held))
+    read_key = _digest(test_runs, key)
+    path = cache_dir / f"readings-{held}-{read_key}.npz" if cache_dir else None
+    readings = load_readings(path) if path is not None and path.exists() else None
+    if readings is None:
+        readings = read(row_cases(test_runs), prior=prior, calibration=curve)
+        if path is not None:
+            save_readings(readings, path)
+    return Fold(tuned, prior, pads, curve, readings)
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One family's samples, encoded once for every fold that trains on it: the prior's fine-tuning inputs and
+    truth bins (seeds FIT_SEEDS), and its pads' inputs and truth log ratios (seeds PAD_SEEDS)."""
+
+    tune_x: np.ndarray
+    tune_y: np.ndarray
+    pad_x: np.ndarray
+    pad_r: np.ndarray
+
+
+def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, Encoded]:
+    """`Encoded` per family of `runs` (a fold concatenates the other families'), cached in `cache_dir` by the
+    family's runs."""
+    from services.estimator.model.curveprior import train  # torch
+
+    out = {}
+    for fam in sorted({owncorpus.family(r) for r in runs}):
+        own = [r for r in runs if owncorpus.family(r) == fam]
+        path = cache_dir / f"encoded-{fam}-{_digest(own, 'encoded')}.npz" if cache_dir else None
+        if path is not None and path.exists():
+            with np.load(path) as raw:
+                out[fam] = Encoded(raw["tune_x"], raw["tune_y"], raw["pad_x"], raw["pad_r"])
+            continue
+        x, y, _ = train.recorded(train.training_cases(own, FIT_SEEDS))
+        out[fam] = Encoded(x, y, *train.pad_samples(train.pad_cases(own, PAD_SEEDS)))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, **vars(out[fam]))
+    return out
+
+
+CACHE_VERSION = "2"  # bumped when what a cached fold is made of changes
+
+
+def _digest(runs: list[dict], *more: str) -> str:
+    digest = hashlib.sha256(PRETRAINED.read_bytes())
+    digest.update(json.dumps([CACHE_VERSION, sorted(r["run"] for r in runs), *more]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cached_json(cache_dir: Path | None, name: str, make: Callable[[], Any]) -> Any:
+    path = cache_dir / name if cache_dir else None
+    if path is not None and path.exists():
+        return json.loads(path.read_text())
+    value = make()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(value))
+    return value
+
+
+def save_readings(readings: Readings, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(
+        path,
+        families=np.asarray(readings.families, str),
+        prior=readings.prior,
+        fitted=readings.fitted,
+        truth=readings.truth,
+    )
+
+
+def load_readings(path: Path) -> Readings | None:
+    try:
+        with np.load(path) as raw:
+            return Readings([str(f) for f in raw["families"]], raw["prior"], raw["fitted"], raw["truth"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def tuned_without(
-    train: ModuleType, pretrained: PriorNet, train_runs: list[dict], *, held: str, cache_dir: Path | None
+    train: ModuleType,
+    pretrained: PriorNet,
+    samples: tuple[np.ndarray, np.ndarray],
+    *,
+    key: str,
+    held: str,
+    cache_dir: Path | None,
 ) -> PriorNet:
-    """The prior fine-tuned on the runs of every family but `held` (cached by the pre-trained file's and the
-    training runs' digest: a re-run does not fine-tune again)."""
-    digest = hashlib.sha256(PRETRAINED.read_bytes())
-    digest.update(json.dumps(sorted(r["run"] for r in train_runs)).encode())
-    path = cache_dir / f"curveprior-without-{held}-{digest.hexdigest()[:16]}.npz" if cache_dir else None
+    """The prior fine-tuned on the samples of every family but `held` (cached by `key`, the pre-trained file's and
+    the training runs' digest: a re-run does not fine-tune again)."""
+    path = cache_dir / f"curveprior-without-{held}-{key}.npz" if cache_dir else None
     if path is not None and (cached := load_prior(path)) is not None:
         return cached
-    tuned = train.finetune(pretrained, train.training_cases(train_runs, FIT_SEEDS))
+    tuned = train.finetune_samples(pretrained, *samples)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tuned.save(path)
     return tuned
 
 
-def curve_samples(runs: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS."""
+def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS (cached in
+    `cache_dir` by the family's runs)."""
     out = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
+        own = [r for r in runs if owncorpus.family(r) == fam]
+        path = cache_dir / f"curve-samples-{fam}-{_digest(own, 'curve')}.npz" if cache_dir else None
+        if path is not None and path.exists():
+            with np.load(path) as raw:
+                out[fam] = (raw["x"], raw["y"])
+            continue
         cases = [
             c
             for m in owncorpus.METRICS
-            for c in owncorpus.cases(
-                [r for r in runs if owncorpus.family(r) == fam], m, us=owncorpus.CALIBRATION_U, smooths=(False, True)
-            )
+            for c in owncorpus.cases(own, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
             if c.seed in CURVE_SEEDS
         ]
         out[fam] = owncorpus.samples(cases)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.savez(path, x=out[fam][0], y=out[fam][1])
     return out
 
 
@@ -166,6 +270,18 @@ def table_from(readings: Readings) -> blendtable.BlendTable | None:
     return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families)
 
 
+# The table's form before the eleven-family split (one cell, the first spread, the prior's share 0.25-0.75): the
+# split's "before" (`ownfamily`'s `blend_former_form`).
+FORMER_FORM = {"edges": (), "spread": (1.0, 0.5, 0.0), "weights": (0.25, 0.375, 0.5, 0.625, 0.75)}
+
+
+def former_table(readings: Readings) -> blendtable.BlendTable | None:
+    """`table_from` in the table's former form (`FORMER_FORM`)."""
+    if len(readings.truth) < blendtable.MIN_ROWS:
+        return None
+    return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families, **FORMER_FORM)
+
+
 def build_table(
     paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None
 ) -> tuple[blendtable.BlendTable | None, int]:
@@ -174,11 +290,13 @@ def build_table(
     pretrained = load_prior(PRETRAINED)
     if pretrained is None:
         raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
-    samples = curve_samples(runs)
-    parts = [
-        fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir).readings
-        for held in sorted({owncorpus.family(r) for r in runs})
-    ]
+    samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
+    parts = []
+    for held in sorted({owncorpus.family(r) for r in runs}):
+        parts.append(
+            fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded).readings
+        )
+        print(f"family {held}: {len(parts[-1].truth)} readings", flush=True)
     readings = concat(parts)
     return table_from(readings), len(readings.truth)
 

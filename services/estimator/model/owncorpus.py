@@ -29,11 +29,14 @@ from services.estimator.model.owncurve import read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
 BROAD = SWEEP.with_name("broad.jsonl.gz")  # other data sets, a regression, numpy loops printing a running mean
-FAMILIES = SWEEP.with_name("families.jsonl.gz")  # runs of further families, each with its `family` (when recorded)
-CORPUS = (SWEEP, BROAD, FAMILIES)
-# What the shipped estimator is fitted on (its calibration, the curve prior's fine-tuning and pads): the families
-# file is never among them, so its seven families stay unseen by what is served (`--split unseen` scores them).
-TRAINED = (SWEEP, BROAD)
+FAMILIES = SWEEP.with_name("families.jsonl.gz")  # runs of seven further families, each with its `family`
+FAMILIES2 = SWEEP.with_name("families2.jsonl.gz")  # five more, recorded before the eleven above were tuned on
+CORPUS = (SWEEP, BROAD, FAMILIES, FAMILIES2)
+# What the shipped estimator is fitted and tuned on (the curve prior's fine-tuning and pads, the blend table, the
+# leave-one-family-out split): eleven families. The second families file is never among them, so its families stay
+# unseen by what is served (`--split unseen` scores them: `UNSEEN`).
+TRAINED = (SWEEP, BROAD, FAMILIES)
+UNSEEN = (FAMILIES2,)
 # The family of a run without a `family` field: its group, the digits sweep's three networks one family (same data,
 # same script): a model that saw the digits MLP has seen what the digits CNN prints.
 GROUP_FAMILY = {"digits-mlp": "digits", "digits-cnn": "digits", "digits-deep": "digits"}

@@ -48,7 +48,7 @@ def test_the_band_covers_every_family_alike_not_the_largest_alone():
     large = rows(3000, seed=5, prior_noise=0.05, fit_noise=0.05, family="tame")
     prior, fitted, truth = (np.concatenate([small[i], large[i]]) for i in range(3))
     groups = small[3] + large[3]
-    table = bt.fit_table(prior, fitted, truth, groups, edges=())
+    table = bt.fit_table(prior, fitted, truth, groups, edges=(), spread=bt.SPREAD)
     covered = {}
     for p, f, t, g in zip(prior, fitted, truth, groups):
         got = bt.combine(bt.Reading(*p), bt.Reading(*f), table)
@@ -56,6 +56,67 @@ def test_the_band_covers_every_family_alike_not_the_largest_alone():
     pooled_by_rows = np.mean([c for v in covered.values() for c in v])
     assert np.mean(covered["wild"]) > 0.5  # pooled by rows, the wild family's 300 would barely move the band
     assert abs(np.mean([np.mean(v) for v in covered.values()]) - 0.8) < 0.05 < abs(pooled_by_rows - 0.8)
+
+
+def test_the_band_widens_with_the_readings_disagreement_and_each_ones_doubt_as_its_spread_weighs_them():
+    prior, fitted = bt.Reading(1.0, 0.5, 1.5), bt.Reading(2.0, 1.8, 2.2)
+    assert bt.scale(prior, fitted) == pytest.approx(0.5 + 0.5)  # a table without a spread: as before
+    assert bt.scale(prior, fitted, (1.0, 1.0, 1.0)) == pytest.approx(0.5 + 1.0 + 0.2)
+    unsure_fit = bt.Reading(2.0, 1.0, 3.0)
+    cell = (bt.Cell(0.5, -1.0, 1.0),)
+    for spread, wider in (((1.0, 0.5, 0.0), False), ((1.0, 0.5, 1.0), True)):
+        table = bt.BlendTable((), cell, spread)
+        sure, unsure = bt.combine(prior, fitted, table), bt.combine(prior, unsure_fit, table)
+        assert ((unsure.high - unsure.low) > (sure.high - sure.low) + 1e-9) is wider
+
+
+def test_a_spread_is_fitted_in_its_own_units_and_round_trips(tmp_path):
+    prior, fitted, truth, groups = rows(2000, seed=7, prior_noise=0.3, fit_noise=0.3)
+    narrow = bt.fit_table(prior, fitted, truth, groups, spread=(1.0, 0.5, 0.0))
+    assert narrow.spread == (1.0, 0.5, 0.0)
+    wide = bt.fit_table(prior, fitted, truth, groups, spread=(2.0, 1.0, 0.0))
+    assert wide.cells[0].high == pytest.approx(narrow.cells[0].high / 2, rel=0.02)  # the same band, twice the unit
+    bt.save(wide, tmp_path / "b.json")
+    loaded = bt.load(tmp_path / "b.json")
+    assert loaded is not None and loaded.spread == wide.spread == (2.0, 1.0, 0.0)
+    assert loaded.cells[0].high == pytest.approx(wide.cells[0].high, abs=1e-4)
+
+
+def test_a_sided_band_reaches_towards_the_reading_the_blend_did_not_follow():
+    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.FIT_SPREAD)
+    assert len(bt.FIT_SPREAD) == 4
+    later = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), table)  # the prior says later
+    earlier = bt.combine(bt.Reading(0.5, 0.3, 0.7), bt.Reading(1.5, 1.4, 1.6), table)  # the prior says sooner
+    assert later.high - later.mid > later.mid - later.low > 0
+    assert earlier.mid - earlier.low > earlier.high - earlier.mid > 0
+    agree = bt.combine(bt.Reading(1.0, 0.2, 3.0), bt.Reading(1.0, 0.9, 1.1), table)
+    assert agree.high - agree.low == pytest.approx(0.2 * bt.MIN_SCALE)  # agreeing readings: the floor
+    former = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.SPREAD)
+    both = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), former)
+    assert both.high - both.mid == pytest.approx(both.mid - both.low)  # a table of three: symmetric, as before
+
+
+def test_a_band_far_apart_readings_stretch_stops_at_the_priors_horizon():
+    table = bt.BlendTable((), (bt.Cell(0.375, -0.75, 1.39),), bt.FIT_SPREAD)
+    got = bt.combine(bt.Reading(math.log(50), 1.0, math.log(50)), bt.Reading(1.5, 1.2, 1.8), table)
+    assert got.high == pytest.approx(math.log(50)) and got.low <= got.mid < got.high  # not 10^10 times the time
+
+
+def test_a_sided_band_is_sized_on_each_sides_residuals():
+    rng = np.random.default_rng(11)
+    n = 4000
+    truth = rng.uniform(0.2, 2.0, n)
+    prior_mid = truth + rng.normal(0.3, 0.3, n)  # the prior late by about as much as the fit is early
+    fit_mid = truth - np.abs(rng.normal(0.0, 0.2, n))
+    prior = np.stack([prior_mid, prior_mid - 0.4, prior_mid + 0.4], axis=1)
+    fitted = np.stack([fit_mid, fit_mid - 0.1, fit_mid + 0.1], axis=1)
+    table = bt.fit_table(prior, fitted, truth, ["a"] * n)
+    assert table.spread == bt.FIT_SPREAD
+    inside = [
+        (got := bt.combine(bt.Reading(*p), bt.Reading(*f), table)).low <= t <= got.high
+        for p, f, t in zip(prior, fitted, truth)
+    ]
+    assert abs(np.mean(inside) - 0.8) < 0.03
 
 
 def test_the_blend_never_ends_before_now_and_its_band_holds_the_median():
@@ -90,12 +151,20 @@ def test_the_table_round_trips_and_a_hostile_file_is_no_table(tmp_path):
         '{"version": 1, "edges": [], "cells": [[1.5, -1, 1]]}',  # a weight beyond one
         '{"version": 1, "edges": [0.6, 0.3], "cells": [[0.5, -1, 1], [0.5, -1, 1], [0.5, -1, 1]]}',
         '{"version": 9, "edges": [], "cells": [[0.5, -1, 1]]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, -1, 0]}',  # a negative width
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, 0, 1, 1]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, Infinity]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [0, 0, 0]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": "wide"}',
         "[]",
         "not json",
     ):
         (tmp_path / "h.json").write_text(text)
         assert bt.load(tmp_path / "h.json") is None
     assert bt.load(tmp_path / "missing.json") is None
+    (tmp_path / "old.json").write_text('{"version": 1, "edges": [], "cells": [[0.25, -0.7, 0.9]]}')
+    assert bt.load(tmp_path / "old.json") == bt.BlendTable((), (bt.Cell(0.25, -0.7, 0.9),), bt.SPREAD)
 
 
 @pytest.mark.skipif(bt.load() is None, reason="the shipped blend table is not in this checkout")
@@ -128,7 +197,7 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
 
     corpus = runs("digits-mlp", 2.0) + runs("x", 3.0, family="conv-adam") + runs("y", 1.0, family="gru")
     monkeypatch.setattr(owncorpus, "load_corpus", lambda paths: corpus)
-    monkeypatch.setattr(train, "finetune", lambda base, cases, **kw: base)
+    monkeypatch.setattr(train, "finetune_samples", lambda base, x, y, **kw: base)
     fitted_on, tables_from = [], []
     real_fit, real_table = owntrain.fit_net, ownnested.table_from
 

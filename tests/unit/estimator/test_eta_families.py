@@ -117,11 +117,15 @@ def test_the_schedules_shape_the_learning_rate():
     assert torch.is_tensor(families.data.shapes()[0]) and families.data.shapes()[0].shape[1:] == (1, 16, 16)
 
 
-def test_nothing_shipped_is_fitted_on_the_held_out_families_and_the_unseen_split_refuses_seen_ones():
+def test_nothing_shipped_is_fitted_on_the_unseen_families_and_the_unseen_split_refuses_seen_ones():
     from services.estimator import ownfamily
     from services.estimator.model.curveprior import train
 
-    assert owncorpus.FAMILIES not in owncorpus.TRAINED and owncorpus.FAMILIES in owncorpus.CORPUS
+    assert owncorpus.FAMILIES in owncorpus.TRAINED  # the seven families of the first file are tuned on now
+    assert owncorpus.UNSEEN == (owncorpus.FAMILIES2,) and owncorpus.FAMILIES2 not in owncorpus.TRAINED
+    assert owncorpus.FAMILIES2 in owncorpus.CORPUS
     assert "owncorpus.load_corpus(owncorpus.TRAINED)" in inspect.getsource(train)  # the prior's fine-tuning
     with pytest.raises(ValueError, match="param\\[--sweep\\] invalid: families"):
         ownfamily.run_unseen_evaluation((owncorpus.BROAD,))
+    with pytest.raises(ValueError, match="param\\[--sweep\\] invalid: families"):
+        ownfamily.run_unseen_evaluation((owncorpus.FAMILIES,))

@@ -5,10 +5,11 @@ Both readings are totals since the start; the blend works in a = log(total / ela
 scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w per bin of the fraction of the run
 the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
 families missed more often on the fourth, `docs/estimator.md`). The band is [a + low · s, a + high · s], s the
-prior's own half-width plus half the readings' disagreement (where the prior is unsure or the two disagree, it is
-wide; the fitted curve's band is not read: it was sized on the recorded families it was fitted on): `low`/`high`
-are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per
-family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
+`spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two disagree, it is wide;
+a table saved without a spread: the prior's half-width plus half the disagreement): `low`/`high` are the 10% and
+90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per family, not
+pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,20 @@ from typing import NamedTuple
 
 import numpy as np
 
+from services.estimator.model.curveprior.net import LOG_HORIZON  # a top beyond 50x the time so far: "may never"
+
 TABLE = Path(__file__).with_name("blend.json")
 FORMAT_VERSION = 1  # cells [weight, low, high]
 EDGES: tuple[float, ...] = ()  # bins of the fraction of the run seen (none: per-phase cells did not carry over)
 WEIGHTS = (0.25, 0.375, 0.5, 0.625, 0.75)  # the prior's share tried: neither reading is ever dropped
 MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure readings that agree
 MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
+# The band's scale: (prior's half-width, the two medians' distance, the fitted curve's half-width) coefficients.
+SPREAD = (1.0, 0.5, 0.0)  # a table saved without one: the prior's half-width plus half the readings' distance
+# What a table is fitted with (chosen leave-one-family-out over eleven families, `docs/estimator.md`): sided, three
+# times the readings' distance plus twice the reach towards the reading not followed; the readings' own widths
+# did not help a family they were not sized on.
+FIT_SPREAD = (0.0, 3.0, 0.0, 2.0)
 WITHIN = 0.2
 
 
@@ -44,6 +53,7 @@ class Cell:
 class BlendTable:
     edges: tuple[float, ...]
     cells: tuple[Cell, ...]
+    spread: tuple[float, ...] = SPREAD
 
     def cell(self, fraction: float) -> Cell:
         if len(self.cells) != len(self.edges) + 1:
@@ -71,34 +81,77 @@ def phase(prior: Reading, fitted: Reading) -> float:
     return math.exp(-(prior.mid + fitted.mid) / 2)
 
 
-def scale(prior: Reading, fitted: Reading) -> float:
-    """The prior's half-width plus half the two medians' distance (log units)."""
-    return max((prior.high - prior.low + abs(prior.mid - fitted.mid)) / 2, MIN_SCALE)
+def scale(prior: Reading, fitted: Reading, spread: Sequence[float] = SPREAD) -> float:
+    """The band's unit (log units): the prior's half-width, the two medians' distance and the fitted curve's
+    half-width, weighed by `spread` (by default the prior's half-width plus half the distance)."""
+    own, apart, fit = spread
+    return max(
+        own * (prior.high - prior.low) / 2 + apart * abs(prior.mid - fitted.mid) + fit * (fitted.high - fitted.low) / 2,
+        MIN_SCALE,
+    )
+
+
+def units(
+    prior: np.ndarray, fitted: np.ndarray, mid: np.ndarray, spread: Sequence[float]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The band's unit below and above `mid` for rows of readings ((n, 3) arrays of mid, low, high). A spread of
+    three: one unit both ways (`scale`). A spread of four, (own, apart, fit, reach), is sided: each side takes the
+    readings' own widths on that side, the readings' distance, and `reach` times how far each reading's median lies
+    beyond `mid` on that side (the band reaches towards the reading the blend did not follow)."""
+    d = np.abs(prior[:, 0] - fitted[:, 0])
+    if len(spread) == 3:
+        own, apart, fit = spread
+        s = np.maximum(
+            own * (prior[:, 2] - prior[:, 1]) / 2 + apart * d + fit * (fitted[:, 2] - fitted[:, 1]) / 2, MIN_SCALE
+        )
+        return s, s
+    own, apart, fit, reach = spread
+    down = (
+        own * (prior[:, 0] - prior[:, 1])
+        + apart * d
+        + fit * (fitted[:, 0] - fitted[:, 1])
+        + reach * (np.maximum(mid - prior[:, 0], 0) + np.maximum(mid - fitted[:, 0], 0))
+    )
+    up = (
+        own * (prior[:, 2] - prior[:, 0])
+        + apart * d
+        + fit * (fitted[:, 2] - fitted[:, 0])
+        + reach * (np.maximum(prior[:, 0] - mid, 0) + np.maximum(fitted[:, 0] - mid, 0))
+    )
+    return np.maximum(down, MIN_SCALE), np.maximum(up, MIN_SCALE)
 
 
 def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
     """The blended median and 10-90% band, all as log(total / elapsed) (never below 0: not before now)."""
     cell = table.cell(phase(prior, fitted))
     mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
-    s = scale(prior, fitted)
-    return Reading(mid, max(mid + cell.low * s, 0.0), max(mid + cell.high * s, mid))
+    down, up = (float(v[0]) for v in units(np.array([prior]), np.array([fitted]), np.array([mid]), table.spread))
+    low = mid + cell.low * (down if cell.low < 0 else up)
+    high = min(mid + cell.high * (up if cell.high > 0 else down), max(LOG_HORIZON, mid))
+    return Reading(mid, max(low, 0.0), max(high, mid))
 
 
 def fit_table(
-    prior: np.ndarray, fitted: np.ndarray, truth: np.ndarray, groups: Sequence[str], *, edges: Sequence[float] = EDGES
+    prior: np.ndarray,
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    groups: Sequence[str],
+    *,
+    edges: Sequence[float] = EDGES,
+    spread: tuple[float, ...] = FIT_SPREAD,
+    weights: Sequence[float] = WEIGHTS,
 ) -> BlendTable:
     """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
-    log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same)."""
+    log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same);
+    the band's quantiles per phase (`edges`) in the `units` of `spread`."""
     weight = _family_weights(groups)
-    readings = [(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)]
-    bins = np.searchsorted(edges, [phase(p, f) for p, f in readings], side="right")
-    scales = np.array([scale(p, f) for p, f in readings])
-    whole = _cell(prior[:, 0], fitted[:, 0], truth, scales, weight)
+    bins = np.searchsorted(edges, [phase(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)], side="right")
+    whole = _cell(prior, fitted, truth, weight, weights, spread)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
-        cells.append(_cell(prior[m, 0], fitted[m, 0], truth[m], scales[m], weight[m]) if m.sum() >= MIN_ROWS else whole)
-    return BlendTable(tuple(edges), tuple(cells))
+        cells.append(_cell(prior[m], fitted[m], truth[m], weight[m], weights, spread) if m.sum() >= MIN_ROWS else whole)
+    return BlendTable(tuple(edges), tuple(cells), tuple(spread))
 
 
 def _family_weights(groups: Sequence[str]) -> np.ndarray:
@@ -106,18 +159,30 @@ def _family_weights(groups: Sequence[str]) -> np.ndarray:
     return 1.0 / (counts[index] * len(names))
 
 
-def _cell(a_p: np.ndarray, a_f: np.ndarray, truth: np.ndarray, s: np.ndarray, weight: np.ndarray) -> Cell:
-    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles. No bias
-    is learned: one learned on other families moved the held-out one's median the wrong way as often as not."""
+def _cell(
+    prior: np.ndarray,
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    weight: np.ndarray,
+    weights: Sequence[float],
+    spread: Sequence[float],
+) -> Cell:
+    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles (of the
+    residuals, each over the unit of its side). No bias is learned: one learned on other families moved the
+    held-out one's median the wrong way as often as not."""
+    a_p, a_f = prior[:, 0], fitted[:, 0]
     best: tuple[float, float] | None = None
-    for w in WEIGHTS:
+    for w in weights:
         pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
         score = float(np.sum(weight * (np.abs(np.exp(pred - truth) - 1) <= WITHIN)))
         if best is None or score > best[0] + 1e-9:
             best = (score, w)
     assert best is not None
     w = best[1]
-    z = (truth - np.maximum(w * a_p + (1 - w) * a_f, 0.0)) / s
+    pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
+    down, up = units(prior, fitted, pred, spread)
+    residual = truth - pred
+    z = np.where(residual < 0, residual / down, residual / up)
     return Cell(w, weighted_quantile(z, weight, 0.1), weighted_quantile(z, weight, 0.9))
 
 
@@ -129,7 +194,8 @@ def weighted_quantile(values: np.ndarray, weight: np.ndarray, level: float) -> f
 
 def save(table: BlendTable, path: Path = TABLE, **meta: object) -> None:
     cells = [[round(c.weight, 4), round(c.low, 4), round(c.high, 4)] for c in table.cells]
-    path.write_text(json.dumps({"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, **meta}) + "\n")
+    raw = {"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, "spread": list(table.spread)}
+    path.write_text(json.dumps(raw | meta) + "\n")
 
 
 def load(path: Path = TABLE) -> BlendTable | None:
@@ -140,11 +206,15 @@ def load(path: Path = TABLE) -> BlendTable | None:
             return None
         edges = tuple(float(e) for e in raw["edges"])
         values = [[float(v) for v in c] for c in raw["cells"]]
+        spread = tuple(float(v) for v in raw.get("spread", SPREAD))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     ok = (
         len(values) == len(edges) + 1
         and list(edges) == sorted(edges)
         and all(len(c) == 3 and all(math.isfinite(v) for v in c) and 0 <= c[0] <= 1 and c[1] <= c[2] for c in values)
+        and len(spread) in (3, 4)
+        and all(math.isfinite(v) and 0 <= v <= 10 for v in spread)
+        and sum(spread) > 0
     )
-    return BlendTable(edges, tuple(Cell(*c) for c in values)) if ok else None
+    return BlendTable(edges, tuple(Cell(*c) for c in values), spread) if ok else None

@@ -13,6 +13,7 @@ come; `finetune` starts from `pretrained.npz` and trains on the recorded runs of
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import time
 from collections.abc import Collection, Iterable
@@ -157,7 +158,20 @@ def finetune(
 ) -> PriorNet:
     """The prior trained further on recorded cases, mixed with fresh synthetic ones so it keeps what it knew."""
     x, y, _ = recorded(cases)
-    sx, sy = synthetic(synthetic_curves, seed=10_000 + seed)
+    return finetune_samples(base, x, y, seed=seed, epochs=epochs, synthetic_curves=synthetic_curves)
+
+
+@functools.lru_cache(maxsize=2)
+def _synthetic_once(curves: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`synthetic`, drawn once a process: every fold of the nested split mixes in the same fresh curves."""
+    return synthetic(curves, seed=seed)
+
+
+def finetune_samples(
+    base: PriorNet, x: np.ndarray, y: np.ndarray, *, seed: int = 0, epochs: int = 6, synthetic_curves: int = 6000
+) -> PriorNet:
+    """`finetune` on recorded samples already encoded ((inputs, truth bins) of `recorded`)."""
+    sx, sy = _synthetic_once(synthetic_curves, 10_000 + seed)
     x, y = np.concatenate([x, sx]), np.concatenate([y, sy])
     module = fit(_from_prior(base), x, y, mean=base.mean, std=base.std, epochs=epochs, lr=3e-4, seed=seed)
     return _to_prior(module, base.mean, base.std)
