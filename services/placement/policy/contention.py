@@ -100,6 +100,13 @@ class Kind:
         return out
 
 
+def delay_dollars(waits: Waits, *, gpus: int, kind_gpus: int, held_s: float) -> float:
+    """Dollars of waiting that holding `gpus` of a kind of `kind_gpus` GPUs for `held_s` seconds puts on jobs with
+    these waits (or takes off them, when freed): each is delayed by gpus * min(held_s, its wait) / kind_gpus. The one
+    rule of the contention charge and of make room."""
+    return gpus / max(kind_gpus, 1) * waits.relief(held_s)
+
+
 def _take(back: list[list], gpus: int) -> float:
     """Take the first `gpus` GPUs back from the heap of [time, count]; when the last of them is back."""
     start = -INF
@@ -129,7 +136,7 @@ class Backlog:
         gpus = job.gpu_count * job.node_count
         if kind.demand + gpus <= kind.free:
             return 0.0  # room for the backlog and this job: nobody waits for it
-        return gpus / max(kind.gpus, 1) * kind.waits(self.now, gpus).relief(option.duration)
+        return delay_dollars(kind.waits(self.now, gpus), gpus=gpus, kind_gpus=kind.gpus, held_s=option.duration)
 
     def started(self, job: JobRequest, option: Option, *, owned_only: bool, value_per_s: float) -> None:
         """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the
