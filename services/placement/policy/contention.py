@@ -56,10 +56,37 @@ class Kind:
     busy: int = 0  # GPUs in `ends`
     # job id -> (queue order, GPUs, $ per s, duration s)
     queued: dict[str, tuple[tuple, int, float, float]] = field(default_factory=dict)
-    demand: int = 0
-    value: float = 0.0
     _waits: dict[int, Waits] = field(default_factory=dict)
     _in_order: list[tuple[tuple, int, float, float]] | None = None  # `queued` sorted, until it changes
+    _totals: tuple[int, float] | None = None  # (demand, value) of `queued`, until it changes
+
+    @property
+    def demand(self) -> int:
+        """GPUs the backlog asks for."""
+        return self._sums()[0]
+
+    @property
+    def value(self) -> float:
+        """What the backlog's time is worth ($ per s)."""
+        return self._sums()[1]
+
+    def _sums(self) -> tuple[int, float]:
+        if self._totals is None:
+            queued = self.queued.values()
+            self._totals = (sum(gpus for _, gpus, _, _ in queued), sum(value for _, _, value, _ in queued))
+        return self._totals
+
+    def enqueue(self, job_id: str, entry: tuple[tuple, int, float, float]) -> None:
+        self.queued[job_id] = entry
+        self._changed()
+
+    def leave(self, job_id: str) -> None:
+        if self.queued.pop(job_id, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        self._in_order = self._totals = None
+        self._waits.clear()
 
     def hold(self, end: float, gpus: int) -> None:
         """`gpus` busy until `end`."""
@@ -138,19 +165,18 @@ class Backlog:
             return 0.0  # room for the backlog and this job: nobody waits for it
         return delay_dollars(kind.waits(self.now, gpus), gpus=gpus, kind_gpus=kind.gpus, held_s=option.duration)
 
-    def started(self, job: JobRequest, option: Option, *, owned_only: bool, value_per_s: float) -> None:
+    def started(self, job: JobRequest, option: Option, *, owned_only: bool) -> None:
         """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the
-        backlog)."""
+        backlog of every kind it queued for, not only the one it starts on)."""
+        if owned_only:
+            for other in self.kinds.values():
+                other.leave(job.id)
         kind = self.kinds.get(option_kind(option))
         if kind is None:
             return
         gpus = job.gpu_count * job.node_count
         kind.free -= gpus
         kind.hold(self.now + option.duration, gpus)
-        if owned_only and kind.queued.pop(job.id, None) is not None:
-            kind.demand -= gpus
-            kind.value = max(0.0, kind.value - value_per_s)
-            kind._in_order = None
         kind._waits.clear()
 
 
@@ -183,9 +209,7 @@ def backlog(
                 gpus = job.gpu_count * job.node_count
                 order = (job.priority != "time", job.submitted_at, job.id)
                 duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-                backlogged.queued[job.id] = (order, gpus, value_per_s[job.id], duration)
-                backlogged.demand += gpus
-                backlogged.value += value_per_s[job.id]
+                backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
     return out
 
 

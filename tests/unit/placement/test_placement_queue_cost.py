@@ -4,6 +4,10 @@ and rental types near-tied in dollars (issue #33, items 1-3)."""
 import pytest
 
 from services.placement.policy import Provision, Start, Wait, schedule
+from services.placement.policy.capacity import CapacityIndex
+from services.placement.policy.choice import Option
+from services.placement.policy.contention import backlog
+from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
 HOUR = 3600.0
@@ -146,3 +150,27 @@ def test_with_nothing_owned_free_a_faster_rental_is_weighed_only_by_its_dollars_
     state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(fast, slow))
 
     assert schedule(state, 0.0, config()) == [Provision("t4.1x", 1, job.id)]
+
+
+def test_an_owned_only_job_queued_for_two_kinds_leaves_both_backlogs_when_it_starts_on_one():
+    local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_count=1, price_per_hour=1.5)
+    owned_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(local, reserved), queue=(owned_only, could_rent))
+    index = CapacityIndex(state, now=0.0, kinds=ALL_KINDS)
+    waits = backlog(
+        state,
+        now=0.0,
+        config=config(),
+        owned_only={owned_only.id: ("local", "reserved")},
+        value_per_s={owned_only.id: 1.0},
+    )
+
+    def on(node, job):
+        return Option("start", 0.0, 10 * HOUR, 0.0, False, 0, 10 * HOUR, picks=[(index.member(node.id), (0,))])
+
+    assert waits.charge(could_rent, on(reserved, could_rent)) > 0  # it would wait behind the reserved GPU
+    waits.started(owned_only, on(local, owned_only), owned_only=True)
+
+    assert waits.charge(could_rent, on(reserved, could_rent)) == 0.0  # it runs on the local GPU: nobody waits
