@@ -133,9 +133,7 @@ def _gain(
     config, now = p.config, p.now
     gpus = run.job.gpu_count
     saved = sum(
-        shape.relief(gpus=gpus, kind_gpus=kind_gpus, held_s=remaining)
-        for shape in shapes
-        if served(shape, node, gpus)
+        shape.relief(gpus=gpus, kind_gpus=kind_gpus, held_s=remaining) for shape in shapes if served(shape, node, gpus)
     )
     if saved <= 0:
         return 0.0, None

@@ -148,7 +148,8 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
 
     Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
     A job that has waited what renting would have cost it waits no longer; rental types near-tied in dollars go to
-    the cheaper.
+    the cheaper; a rental finishing sooner than burst-like service would finish the job (`burst_finish`) gains
+    nothing for the difference (unless the job's rate is above `rental_tie_max_rate`).
     """
     value = time_value_per_s(job, config)
     if job.deadline is not None and job.priority == "cost" and value > 0:
@@ -156,12 +157,15 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     if job.priority == "cost":
         options = cheapest_owned(options, value=value, now=now, config=config)
     risk = risk_factor(job, config)  # paid_dollars, with the factor computed once per job
-    if value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600:
+    thrifty = value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600
+    if thrifty:
         options = cheapest_rentals(options, config=config)
     options = waited_enough(options, job, now=now, value=value, risk=risk)
-    bar = burst_finish(options) if value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600 else -INF
+    bar = burst_finish(options) if thrifty else -INF  # rented time sooner than this is worth nothing
     scored = [
-        ((o.cost * risk if o.paid else 0.0) + o.charge + value * ((max(o.finish, bar) if o.paid else o.finish) - now), o)
+        (o.cost * risk + o.charge + value * (max(o.finish, bar) - now), o)
+        if o.paid
+        else (o.charge + value * (o.finish - now), o)
         for o in options
     ]
     best = min(score for score, _ in scored)
