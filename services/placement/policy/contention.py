@@ -60,6 +60,8 @@ class Kind:
     _in_order: list[tuple[tuple, int, float, float]] | None = None  # `queued` sorted, until it changes
     _totals: tuple[int, float] | None = None  # (demand, value) of `queued`, until it changes
     _after: list[float] = field(default_factory=list)  # suffix sums of $ per s along `_in_order`
+    _gpus: list[int] = field(default_factory=list)  # prefix sums of GPUs along `_in_order`
+    _values: list[float] = field(default_factory=list)  # prefix sums of $ per s along `_in_order`
 
     @property
     def demand(self) -> int:
@@ -104,21 +106,37 @@ class Kind:
         one entry (time, count): a plan costs the running jobs and the backlog, not every GPU."""
         out = self._waits.get(taken)
         if out is None:
-            if self._in_order is None:
-                self._in_order = sorted(self.queued.values())
-                self._after = [*itertools.accumulate((v for _, _, v, _ in reversed(self._in_order)), initial=0.0)]
-                self._after.reverse()
+            order = self._order()
             idle = max(self.free - taken, 0)
+            # the jobs that fit on the idle GPUs, in queue order, start now: planned at once (they wait nothing, so
+            # only the GPUs they give back at their ends and what their time is worth carry on)
+            first = bisect.bisect_right(self._gpus, idle) - 1
+            back = [[now + duration, gpus] for _, gpus, _, duration in order[:first]]
+            if idle > self._gpus[first]:
+                back.append([now, idle - self._gpus[first]])
+            heapq.heapify(back)
             out = self._waits[taken] = Plan(
                 now=now,
-                order=self._in_order,
+                order=order,
                 after=self._after,
                 times=self._times,
                 ends=self.ends,
                 total=idle + self.busy,
-                back=[[now, idle]] if idle else [],
+                back=back,
+                planned=first,
+                _value=[self._values[first]],
             )
         return out
+
+    def _order(self) -> list[tuple[tuple, int, float, float]]:
+        """`queued` in queue order, with the prefix sums of its GPUs and values and the suffix sums of its values."""
+        if self._in_order is None:
+            self._in_order = order = sorted(self.queued.values())
+            self._gpus = [*itertools.accumulate((gpus for _, gpus, _, _ in order), initial=0)]
+            self._values = [*itertools.accumulate((v for _, _, v, _ in order), initial=0.0)]
+            self._after = [*itertools.accumulate((v for _, _, v, _ in reversed(order)), initial=0.0)]
+            self._after.reverse()
+        return self._in_order
 
 
 @dataclass(slots=True)
