@@ -14,6 +14,7 @@ allowed kinds and priority, and how long it runs (an hour or less: no checkpoint
 import sys
 from collections import defaultdict
 
+from shared.pricing import rank_price_per_hour
 from services.placement.policy import PolicyConfig, Start
 from services.placement.policy.hosting import could_host
 from services.placement.policy.models import OWNED_KINDS
@@ -40,7 +41,8 @@ class Recorded(Simulation):
         for node_id, idx in zip(seg.node_ids, seg.indices, strict=True):
             node = self.nodes[node_id]
             if node.kind == "on_demand":
-                self.rented[job_id] += (now - seg.start) / 3600 * node.price_per_hour * len(idx) / node.gpu_count
+                hourly = rank_price_per_hour(node.price_per_hour, gpus=len(idx), node_gpus=node.gpu_count)
+                self.rented[job_id] += (now - seg.start) / 3600 * hourly
         super()._stop(job_id, now, kept_s=kept_s)
 
 

@@ -1,10 +1,12 @@
 """The placement policies on every workload variant x fleet size x estimate error, with the goals per cell.
 
 Usage: PYTHONPATH=. python bench/sched/matrix.py --data ../shared/data/alibaba-gpu-v2023 [--quick] [--workers 2]
-Cells already in `--cache` (JSON lines) are not run again, so an interrupted run resumes.
+Cells already in `--cache` (JSON lines) are not run again, so an interrupted run resumes. Every run is keyed by the
+code that produced it (`code_version`): a cached run of other policy or simulator code is never reused.
 """
 
 import argparse
+import hashlib
 import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -43,8 +45,35 @@ def runs(names: list[str], sizes, sigmas, policies=("trainmaster", SPOT, *BASELI
     return out
 
 
+ROOT = Path(__file__).resolve().parents[2]
+# What a run's result depends on besides its inputs: the policies, the simulator and the shared rules they call.
+CODE = ("services/placement/policy", "services/placement/sim", "shared/pricing.py", "shared/jobs.py")
+
+
+def code_version(root: Path = ROOT) -> str:
+    """A digest of every source file a run depends on (`CODE`): runs cached under another digest are not reused."""
+    digest = hashlib.sha256()
+    for part in CODE:
+        path = root / part
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(file.relative_to(root).as_posix().encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def _key(run: tuple) -> str:
     return "|".join(str(part) for part in run)
+
+
+def load_runs(paths: list[Path], *, code: str) -> dict[str, dict]:
+    """The cached runs of this code (`[key|code, result]` lines); lines of other code, or of none, are skipped."""
+    results: dict[str, dict] = {}
+    for path in paths:
+        for line in path.read_text().splitlines():
+            key, result = json.loads(line)
+            run, _, version = key.rpartition("|")
+            if version == code:
+                results[run] = result
+    return results
 
 
 def _simulate(job: tuple) -> tuple[str, dict]:
@@ -234,11 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
     todo = runs(names, sizes, sigmas, tuple(args.policies))
-    results: dict[str, dict] = {}
-    for path in [*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])]:
-        for line in path.read_text().splitlines():
-            key, result = json.loads(line)
-            results[key] = result
+    code = code_version()
+    results = load_runs([*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])], code=code)
     extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
     extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
     pending = [] if args.report_only else [(run, args.data, extra) for run in todo if _key(run) not in results]
@@ -247,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             results[key] = result
             if args.cache:
                 with args.cache.open("a") as f:
-                    f.write(json.dumps([key, result]) + "\n")
+                    f.write(json.dumps([f"{key}|{code}", result]) + "\n")
             dollars = result.get("cloud_dollars", result["on_demand_dollars"])
             print(
                 f"done {key}: ${dollars:,.0f}, avg completion {result['avg_jct_s']:,.0f} s", file=sys.stderr, flush=True

@@ -56,10 +56,40 @@ class Kind:
     busy: int = 0  # GPUs in `ends`
     # job id -> (queue order, GPUs, $ per s, duration s)
     queued: dict[str, tuple[tuple, int, float, float]] = field(default_factory=dict)
-    demand: int = 0
-    value: float = 0.0
-    _waits: dict[int, Waits] = field(default_factory=dict)
+    _waits: dict[int, "Plan"] = field(default_factory=dict)
     _in_order: list[tuple[tuple, int, float, float]] | None = None  # `queued` sorted, until it changes
+    _totals: tuple[int, float] | None = None  # (demand, value) of `queued`, until it changes
+    _after: list[float] = field(default_factory=list)  # suffix sums of $ per s along `_in_order`
+    _gpus: list[int] = field(default_factory=list)  # prefix sums of GPUs along `_in_order`
+    _values: list[float] = field(default_factory=list)  # prefix sums of $ per s along `_in_order`
+
+    @property
+    def demand(self) -> int:
+        """GPUs the backlog asks for."""
+        return self._sums()[0]
+
+    @property
+    def value(self) -> float:
+        """What the backlog's time is worth ($ per s)."""
+        return self._sums()[1]
+
+    def _sums(self) -> tuple[int, float]:
+        if self._totals is None:
+            queued = self.queued.values()
+            self._totals = (sum(gpus for _, gpus, _, _ in queued), sum(value for _, _, value, _ in queued))
+        return self._totals
+
+    def enqueue(self, job_id: str, entry: tuple[tuple, int, float, float]) -> None:
+        self.queued[job_id] = entry
+        self._changed()
+
+    def leave(self, job_id: str) -> None:
+        if self.queued.pop(job_id, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        self._in_order = self._totals = None
+        self._waits.clear()
 
     def hold(self, end: float, gpus: int) -> None:
         """`gpus` busy until `end`."""
@@ -69,49 +99,114 @@ class Kind:
         self.ends[end] += gpus
         self.busy += gpus
 
-    def waits(self, now: float, taken: int) -> Waits:
+    def waits(self, now: float, taken: int) -> "Plan":
         """Each backlog job's expected start once `taken` of the free GPUs are taken: the backlog in queue order, each
         job on the first GPUs back (free ones now, busy ones at their expected ends, its predecessors' at theirs);
         past every GPU the kind has, never (per `taken`; rebuilt after a start). GPUs coming back at one moment are
         one entry (time, count): a plan costs the running jobs and the backlog, not every GPU."""
         out = self._waits.get(taken)
         if out is None:
+            order = self._order()
             idle = max(self.free - taken, 0)
-            back, total = ([[now, idle]] if idle else []), idle + self.busy
-            reach = 0  # the backlog takes `demand` GPUs of the pool at most, the first back: the rest never matter
-            for t in self._times:
-                if reach >= self.demand:
-                    break
-                back.append([t, self.ends[t]])
-                reach += self.ends[t]
+            # the jobs that fit on the idle GPUs, in queue order, start now: planned at once (they wait nothing, so
+            # only the GPUs they give back at their ends and what their time is worth carry on)
+            first = bisect.bisect_right(self._gpus, idle) - 1
+            back = [[now + duration, gpus] for _, gpus, _, duration in order[:first]]
+            if idle > self._gpus[first]:
+                back.append([now, idle - self._gpus[first]])
             heapq.heapify(back)
-            if self._in_order is None:
-                self._in_order = sorted(self.queued.values())
-            out = Waits()
-            for _, gpus, value, duration in self._in_order:
-                if gpus > total or gpus <= 0:
-                    out.waits.append((INF, value))
-                    continue
-                start = _take(back, gpus)
-                heapq.heappush(back, [start + duration, gpus])
-                out.waits.append((max(0.0, start - now), value))
-            out.index()
-            self._waits[taken] = out
+            out = self._waits[taken] = Plan(
+                now=now,
+                order=order,
+                after=self._after,
+                times=self._times,
+                ends=self.ends,
+                total=idle + self.busy,
+                back=back,
+                planned=first,
+                _value=[self._values[first]],
+            )
         return out
 
+    def _order(self) -> list[tuple[tuple, int, float, float]]:
+        """`queued` in queue order, with the prefix sums of its GPUs and values and the suffix sums of its values."""
+        if self._in_order is None:
+            self._in_order = order = sorted(self.queued.values())
+            self._gpus = [*itertools.accumulate((gpus for _, gpus, _, _ in order), initial=0)]
+            self._values = [*itertools.accumulate((v for _, _, v, _ in order), initial=0.0)]
+            self._after = [*itertools.accumulate((v for _, _, v, _ in reversed(order)), initial=0.0)]
+            self._after.reverse()
+        return self._in_order
 
-def _take(back: list[list], gpus: int) -> float:
-    """Take the first `gpus` GPUs back from the heap of [time, count]; when the last of them is back."""
-    start = -INF
-    while gpus:
-        entry = back[0]
-        start = entry[0]
-        if entry[1] > gpus:
-            entry[1] -= gpus
-            return start
-        gpus -= entry[1]
-        heapq.heappop(back)
-    return start
+
+@dataclass(slots=True)
+class Plan:
+    """A kind's backlog planned in queue order, only as far as asked: each job takes the first GPUs back, so the
+    starts never go down along the queue, and `relief(cut)` needs only the jobs that start before `cut` (every later
+    one counts `cut` in full). The running jobs' ends join the heap of GPUs back only when they are next (valid until
+    the kind changes: `Kind` drops its plans then)."""
+
+    now: float
+    order: list[tuple[tuple, int, float, float]]  # the backlog in queue order: (order, GPUs, $ per s, duration)
+    after: list[float]  # after[i]: $ per s of order[i:]
+    times: list[float]  # when busy GPUs come back, sorted (the kind's)
+    ends: dict[float, int]  # how many then
+    total: int  # GPUs the kind has for the backlog
+    back: list[list]  # heap of [time, count]: GPUs back, those of `times` from `fed` on not yet in it
+    fed: int = 0
+    planned: int = 0  # jobs of `order` planned
+    never: float = 0.0  # $ per s of the planned jobs that never start
+    _at: list[float] = field(default_factory=list)  # the planned jobs' finite waits, in order (non-decreasing)
+    _value: list[float] = field(default_factory=lambda: [0.0])  # prefix sums of their $ per s
+    _weighted: list[float] = field(default_factory=lambda: [0.0])  # prefix sums of $ per s * wait
+
+    def relief(self, cut: float) -> float:
+        """Sum over the backlog of $ per s * min(wait, cut)."""
+        self._plan(cut)
+        i = bisect.bisect_left(self._at, cut)
+        later = self._value[-1] - self._value[i] + self.never + self.after[self.planned]
+        return self._weighted[i] + cut * later
+
+    def _plan(self, cut: float) -> None:
+        """Plan on until a job waits `cut` or more (all after it wait as long) or the backlog is planned."""
+        order, at = self.order, self._at
+        while self.planned < len(order) and (not at or at[-1] < cut):
+            _, gpus, value, duration = order[self.planned]
+            self.planned += 1
+            if gpus > self.total or gpus <= 0:
+                self.never += value
+                continue
+            start = self._take(gpus)
+            heapq.heappush(self.back, [start + duration, gpus])
+            wait = max(0.0, start - self.now)
+            at.append(wait)
+            self._value.append(self._value[-1] + value)
+            self._weighted.append(self._weighted[-1] + value * wait)
+
+    def _take(self, gpus: int) -> float:
+        """Take the first `gpus` GPUs back; when the last of them is back."""
+        back, times = self.back, self.times
+        start = -INF
+        while gpus:
+            while self.fed < len(times) and (not back or times[self.fed] <= back[0][0]):
+                t = times[self.fed]
+                heapq.heappush(back, [t, self.ends[t]])
+                self.fed += 1
+            entry = back[0]
+            start = entry[0]
+            if entry[1] > gpus:
+                entry[1] -= gpus
+                return start
+            gpus -= entry[1]
+            heapq.heappop(back)
+        return start
+
+
+def delay_dollars(waits: "Waits | Plan", *, gpus: int, kind_gpus: int, held_s: float) -> float:
+    """Dollars of waiting that holding `gpus` of a kind of `kind_gpus` GPUs for `held_s` seconds puts on jobs with
+    these waits (or takes off them, when freed): each is delayed by gpus * min(held_s, its wait) / kind_gpus. The one
+    rule of the contention charge and of make room."""
+    return gpus / max(kind_gpus, 1) * waits.relief(held_s)
 
 
 @dataclass(slots=True)
@@ -129,21 +224,20 @@ class Backlog:
         gpus = job.gpu_count * job.node_count
         if kind.demand + gpus <= kind.free:
             return 0.0  # room for the backlog and this job: nobody waits for it
-        return gpus / max(kind.gpus, 1) * kind.waits(self.now, gpus).relief(option.duration)
+        return delay_dollars(kind.waits(self.now, gpus), gpus=gpus, kind_gpus=kind.gpus, held_s=option.duration)
 
-    def started(self, job: JobRequest, option: Option, *, owned_only: bool, value_per_s: float) -> None:
+    def started(self, job: JobRequest, option: Option, *, owned_only: bool) -> None:
         """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the
-        backlog)."""
+        backlog of every kind it queued for, not only the one it starts on)."""
+        if owned_only:
+            for other in self.kinds.values():
+                other.leave(job.id)
         kind = self.kinds.get(option_kind(option))
         if kind is None:
             return
         gpus = job.gpu_count * job.node_count
         kind.free -= gpus
         kind.hold(self.now + option.duration, gpus)
-        if owned_only and kind.queued.pop(job.id, None) is not None:
-            kind.demand -= gpus
-            kind.value = max(0.0, kind.value - value_per_s)
-            kind._in_order = None
         kind._waits.clear()
 
 
@@ -176,9 +270,7 @@ def backlog(
                 gpus = job.gpu_count * job.node_count
                 order = (job.priority != "time", job.submitted_at, job.id)
                 duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-                backlogged.queued[job.id] = (order, gpus, value_per_s[job.id], duration)
-                backlogged.demand += gpus
-                backlogged.value += value_per_s[job.id]
+                backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
     return out
 
 

@@ -5,14 +5,14 @@ at nothing, `contention.py`) and hold it for months; the jobs that may only run 
 wait behind it. The reverse of pull-back: once such jobs wait, a running job that may rent, checkpoints and still has
 long to run is moved to a rental (checkpointed, resumed on a node rented for it) when the wait it takes off them, at
 their own exchange rates, is worth more than the rental's dollars and the time the move costs it. Single-node jobs
-only (pure; the weighing of `contention.Backlog.charge`, capped by each waiting job's expected wait).
+only (pure; the weighing of `contention.Backlog.charge`, by the same rule: `delay_dollars`).
 """
 
 import dataclasses
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
-from services.placement.policy.contention import INF, Waits
+from services.placement.policy.contention import INF, Waits, delay_dollars
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
@@ -30,12 +30,14 @@ class Shape:
     kinds: tuple[str, ...]
     pending: Waits = field(default_factory=Waits)
 
-    def relief(self, cut: float) -> float:
-        """Dollars of waiting taken off these jobs when each waits `cut` seconds less (never below zero)."""
-        return self.pending.relief(cut)
+    def relief(self, *, gpus: int, kind_gpus: int, held_s: float) -> float:
+        """Dollars of waiting taken off these jobs when `gpus` of a kind of `kind_gpus` are freed for `held_s`."""
+        return delay_dollars(self.pending, gpus=gpus, kind_gpus=kind_gpus, held_s=held_s)
 
-    def shorten(self, cut: float) -> None:
-        self.pending.waits = [(max(0.0, w - cut), v) for w, v in self.pending.waits]
+    def shorten(self, *, gpus: int, kind_gpus: int, held_s: float) -> None:
+        """Each wait less the delay freeing those GPUs takes off it (`delay_dollars`'s rule)."""
+        share = gpus / max(kind_gpus, 1)
+        self.pending.waits = [(max(0.0, w - share * min(held_s, w)), v) for w, v in self.pending.waits]
         self.pending.index()
 
 
@@ -114,10 +116,9 @@ def make_room(p: Pass) -> None:
         gain, rental = _gain(p, run, node, remaining, shapes, kind_gpus[node.kind])
         if gain <= 0 or rental is None:
             continue
-        cut = run.job.gpu_count * remaining / max(kind_gpus[node.kind], 1)
         for shape in shapes:
             if served(shape, node, run.job.gpu_count):
-                shape.shorten(cut)
+                shape.shorten(gpus=run.job.gpu_count, kind_gpus=kind_gpus[node.kind], held_s=remaining)
         p.decisions.append(MakeRoom(run.job.id, run.node_ids, rental, run.job.node_count))
         moved += 1
 
@@ -127,10 +128,13 @@ def _gain(
 ) -> tuple[float, str | None]:
     """What moving the job to its best rental saves in all (the waiting taken off others - the rental's dollars at
     the upper quantile - the time the move costs the job at its rate), and that rental's instance type. Freeing g
-    GPUs of a kind of N for the d seconds the job has left shortens each served wait by about g * d / N."""
+    GPUs of a kind of N for the d seconds the job has left shortens each served wait t by g * min(d, t) / N (the
+    contention charge's rule, `delay_dollars`)."""
     config, now = p.config, p.now
-    cut = run.job.gpu_count * remaining / max(kind_gpus, 1)
-    saved = sum(shape.relief(cut) for shape in shapes if served(shape, node, run.job.gpu_count))
+    gpus = run.job.gpu_count
+    saved = sum(
+        shape.relief(gpus=gpus, kind_gpus=kind_gpus, held_s=remaining) for shape in shapes if served(shape, node, gpus)
+    )
     if saved <= 0:
         return 0.0, None
     job = remaining_job(run, node, remaining, config.reference_tflops)

@@ -66,7 +66,7 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
         choice = pick_market(options, job, now=now, config=config)
         p.apply(job, choice)
         if waits is not None and choice.action == "start":
-            waits.started(job, choice, owned_only=not rents, value_per_s=time_value_per_s(job, config))
+            waits.started(job, choice, owned_only=not rents)
         if choice.action != "wait":
             queue.charge(job, choice.duration)
     if waits is not None:

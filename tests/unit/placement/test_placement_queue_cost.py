@@ -4,6 +4,10 @@ and rental types near-tied in dollars (issue #33, items 1-3)."""
 import pytest
 
 from services.placement.policy import Provision, Start, Wait, schedule
+from services.placement.policy.capacity import CapacityIndex
+from services.placement.policy.choice import Option
+from services.placement.policy.contention import backlog
+from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
 HOUR = 3600.0
@@ -109,3 +113,64 @@ def test_a_project_that_pays_a_high_rate_for_time_still_buys_the_faster_rental()
     state = make_state(queue=(job,), catalogue=_two_rentals())
 
     assert schedule(state, 0.0, config()) == [Provision("g5.48xlarge", 1, job.id)]
+
+
+def _slow_free_local_and_a_fast_rental():
+    # 100 h at the reference speed: 200 h on the free local P100, ~33 h on the rental ($34): 167 h sooner is $333 at
+    # the default rate, ten times the rental
+    slow = make_node(kind="local", gpu_model="P100", gpu_count=1, tflops=5.0, price_per_hour=0.35)
+    fast = make_instance(name="g5.xlarge", tflops=30.0, price_per_hour=1.0)
+    return slow, fast
+
+
+def test_a_job_buys_no_speed_beyond_the_free_owned_gpu_burst_would_start_it_on():
+    slow, fast = _slow_free_local_and_a_fast_rental()
+    job = make_job(priority="time", allowed="any", expected_duration_s=100 * HOUR)
+    state = make_state(nodes=(slow,), queue=(job,), catalogue=(fast,))
+
+    assert schedule(state, 0.0, config()) == [Start(job.id, (slow.id,), ((0,),))]
+
+
+def test_a_project_that_pays_a_high_rate_for_time_still_rents_past_a_free_slow_owned_gpu():
+    slow, fast = _slow_free_local_and_a_fast_rental()
+    job = make_job(priority="time", allowed="any", expected_duration_s=100 * HOUR, exchange_rate=50.0)
+    state = make_state(nodes=(slow,), queue=(job,), catalogue=(fast,))
+
+    assert schedule(state, 0.0, config()) == [Provision("g5.xlarge", 1, job.id)]
+
+
+def test_with_nothing_owned_free_a_faster_rental_is_weighed_only_by_its_dollars_against_the_cheapest_per_hour():
+    # burst would rent the cheapest per hour (10 h, $10); the faster type takes 5 h for $12.5: 5 h sooner ($10 at
+    # the rate) is speed beyond burst's finish, so the $2.5 more is not paid
+    node = make_node(kind="local", gpu_count=1, free=0)
+    running = busy(node, until=1000 * HOUR)
+    slow = make_instance(name="t4.1x", tflops=10.0, price_per_hour=1.0)
+    fast = make_instance(name="a10g.1x", tflops=20.0, price_per_hour=2.5)
+    job = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(fast, slow))
+
+    assert schedule(state, 0.0, config()) == [Provision("t4.1x", 1, job.id)]
+
+
+def test_an_owned_only_job_queued_for_two_kinds_leaves_both_backlogs_when_it_starts_on_one():
+    local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_count=1, price_per_hour=1.5)
+    owned_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(local, reserved), queue=(owned_only, could_rent))
+    index = CapacityIndex(state, now=0.0, kinds=ALL_KINDS)
+    waits = backlog(
+        state,
+        now=0.0,
+        config=config(),
+        owned_only={owned_only.id: ("local", "reserved")},
+        value_per_s={owned_only.id: 1.0},
+    )
+
+    def on(node, job):
+        return Option("start", 0.0, 10 * HOUR, 0.0, False, 0, 10 * HOUR, picks=[(index.member(node.id), (0,))])
+
+    assert waits.charge(could_rent, on(reserved, could_rent)) > 0  # it would wait behind the reserved GPU
+    waits.started(owned_only, on(local, owned_only), owned_only=True)
+
+    assert waits.charge(could_rent, on(reserved, could_rent)) == 0.0  # it runs on the local GPU: nobody waits
