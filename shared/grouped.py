@@ -29,9 +29,9 @@ from pymongo.errors import (
 from shared.batch import GroupCommit
 
 DUPLICATE_KEY = 11000
-# The server refuses the `bulkWrite` command itself: not authorized (a user without the cluster's `bulkWrite` action,
-# which deploy/mongo-init.js grants on a volume it made since compose runs mongo:8, none before) or unknown there.
-NO_BULK_WRITE = {13, 59}
+# The server refuses the `bulkWrite` command itself, having applied nothing: not authorized (13), unknown there (59),
+# or not supported (115: a server whose feature compatibility version is still below 8.0, say after an upgrade).
+NO_BULK_WRITE = {13, 59, 115}
 Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
 Item = tuple[AsyncCollection, list[Request]]

@@ -123,6 +123,9 @@ REFUSALS = {
     "not authorized": ClientBulkWriteException(
         {"error": OperationFailure("not authorized on admin to execute command", 13), "writeErrors": []}, True
     ),
+    "feature compatibility below 8.0": ClientBulkWriteException(
+        {"error": OperationFailure("bulkWrite is not supported", 115), "writeErrors": []}, True
+    ),
 }
 
 
@@ -132,7 +135,8 @@ async def test_a_server_without_the_bulk_write_command_answers_each_replacement_
 ):
     """MongoDB before 8.0 has no `bulkWrite` command (pymongo refuses before sending), and a user whose role names
     only its collections' actions may not run it: each conditional replacement goes as a command of its own, with
-    its own answer. The refusal is remembered: the next group is not refused again first (every group was)."""
+    its own answer; so on a MongoDB 8 still at an older feature compatibility version (after an upgrade). The
+    refusal is remembered: the next group is not refused again first (every group was)."""
     ours, _, after = racing
     asked = 0
 
