@@ -60,6 +60,18 @@ def code_version(root: Path = ROOT) -> str:
     return digest.hexdigest()[:12]
 
 
+DEFAULT_DATA = Path("../shared/data/alibaba-gpu-v2023")
+
+
+def run_version(code: str, data: Path, extra: list[str]) -> str:
+    """What a cached run was made with: the code's digest, and the data folder and simulator arguments where they
+    are not the defaults (a run at another exchange rate, hazard scale or trace is never reused for this one)."""
+    if data == DEFAULT_DATA and not extra:
+        return code
+    inputs = json.dumps([str(data.resolve()), extra]).encode()
+    return f"{code}-{hashlib.sha256(inputs).hexdigest()[:8]}"
+
+
 def _key(run: tuple) -> str:
     return "|".join(str(part) for part in run)
 
@@ -241,7 +253,7 @@ def print_matrix(cells: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", type=Path, default=Path("../shared/data/alibaba-gpu-v2023"))
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--quick", action="store_true", help="the tuning subset only (4 variants x 2 sizes, sigma 0)")
     p.add_argument("--variants", nargs="*", help="only these variants")
     p.add_argument("--sizes", nargs="*", help="only these fleet sizes, as LOCAL+RESERVED")
@@ -263,10 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
     todo = runs(names, sizes, sigmas, tuple(args.policies))
-    code = code_version()
-    results = load_runs([*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])], code=code)
     extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
     extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
+    code = run_version(code_version(), args.data, extra)
+    results = load_runs([*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])], code=code)
     pending = [] if args.report_only else [(run, args.data, extra) for run in todo if _key(run) not in results]
     with ProcessPoolExecutor(max_workers=max(1, min(args.workers, MAX_WORKERS))) as pool:
         for key, result in pool.map(_simulate, pending):

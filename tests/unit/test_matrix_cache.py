@@ -2,7 +2,7 @@
 
 import json
 
-from bench.sched.matrix import CODE, code_version, load_runs
+from bench.sched.matrix import CODE, DEFAULT_DATA, code_version, load_runs, run_version
 
 
 def _tree(root, policy: str):
@@ -35,3 +35,16 @@ def test_a_cached_run_of_other_code_or_of_no_code_is_not_reused(tmp_path):
     cache.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
     assert load_runs([cache], code="new") == {"trainmaster|v|16|8|0.0": {"on_demand_dollars": 3.0}}
+
+
+def test_a_run_at_another_exchange_rate_hazard_scale_or_trace_is_kept_apart(tmp_path):
+    """The simulator's arguments and the trace are part of what a cached run was made with: a run at another
+    exchange rate (or hazard scale, or data folder) is not reused for the default one, nor the other way round."""
+    code = "abc"
+    default = run_version(code, DEFAULT_DATA, [])
+    rate = run_version(code, DEFAULT_DATA, ["--exchange-rate", "2.0"])
+    hazard = run_version(code, DEFAULT_DATA, ["--spot-hazard-scale", "2.0"])
+    trace = run_version(code, tmp_path, [])
+    assert default == code  # the default runs keep the code's digest alone (caches made so far stay readable)
+    assert len({default, rate, hazard, trace}) == 4
+    assert run_version(code, DEFAULT_DATA, ["--exchange-rate", "2.0"]) == rate
