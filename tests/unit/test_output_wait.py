@@ -36,7 +36,8 @@ async def test_a_status_waiting_for_output_that_never_comes_is_looked_at_a_bound
         shown = True
         break
     assert shown and waited > OUTPUT_HOLD_S  # shown without its output once the hold passed, as before
-    assert waits[0] == OUTPUT_RETRY_S and waits == sorted(waits) and max(waits) == OUTPUT_RETRY_MAX_S
+    assert waits[0] == pytest.approx(OUTPUT_RETRY_S, abs=0.05)  # the status is a moment old when it is looked at
+    assert waits == sorted(waits) and max(waits) == OUTPUT_RETRY_MAX_S
     assert looks == len(waits) + 1 == 9
 
 
