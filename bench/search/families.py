@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional
 
 from bench.search import families_data as data
-from bench.search.families_fit import Task, classify, every, fit
+from bench.search.families_fit import Task, classify, every, recorder
 from bench.search.families_models import CausalTransformer, Factorisation, GruLanguageModel, conv_net, mlp
 from bench.search.record import record_runs
 
@@ -355,26 +355,13 @@ def pace_shift(params: dict, gen) -> Task:
 
 
 def main(argv: list[str] | None = None) -> None:
-    def prepare() -> Callable[[int], tuple[dict, str]]:
-        def one(index: int) -> tuple[dict, str]:
-            family, params = run_params(index)
-            result = fit(build(family, params), params)
-            last = result["points"][-1]
-            summary = (
-                f"{family} {params} wall={result['wall_s']:.2f}s points={len(result['points'])} "
-                f"loss={last['loss']:.4f} val_acc={last['val_acc']}"
-            )
-            return {"group": family, "family": family, "params": params, **result, "epochs": last["epoch"]}, summary
-
-        return one
-
     record_runs(
         argv,
         description=__doc__.splitlines()[0],
         default_runs=700,
         default_out=DATA,
         prefix="families",
-        prepare=prepare,
+        prepare=lambda: recorder(run_params, build),
     )
 
 

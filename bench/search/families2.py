@@ -18,7 +18,7 @@ from torch.nn import functional
 
 from bench.search import families_data as data
 from bench.search.families import log_uniform, sampler
-from bench.search.families_fit import Task, classify, every, fit
+from bench.search.families_fit import Task, classify, every, recorder
 from bench.search.families_models import mlp
 from bench.search.record import _finite, record_runs
 
@@ -301,29 +301,19 @@ def perplexity(points: list[dict]) -> list[dict]:
     ]
 
 
+def _shown(points: list[dict], params: dict) -> list[dict]:
+    """What a run printed: the language model's loss as perplexity."""
+    return perplexity(points) if params.get("ppl") else points
+
+
 def main(argv: list[str] | None = None) -> None:
-    def prepare() -> Callable[[int], tuple[dict, str]]:
-        def one(index: int) -> tuple[dict, str]:
-            family, params = run_params(index)
-            result = fit(build(family, params), params)
-            if params.get("ppl"):
-                result["points"] = perplexity(result["points"])
-            last = result["points"][-1]
-            summary = (
-                f"{family} {params} wall={result['wall_s']:.2f}s points={len(result['points'])} "
-                f"loss={last['loss']:.4f} val_acc={last['val_acc']}"
-            )
-            return {"group": family, "family": family, "params": params, **result, "epochs": last["epoch"]}, summary
-
-        return one
-
     record_runs(
         argv,
         description=__doc__.splitlines()[0],
         default_runs=100,
         default_out=DATA,
         prefix="families2",
-        prepare=prepare,
+        prepare=lambda: recorder(run_params, build, points=_shown),
     )
 
 

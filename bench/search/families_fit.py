@@ -103,3 +103,28 @@ def classify(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, mask: tor
         logits, y = logits[mask], y[mask]
     loss = torch.nn.functional.cross_entropy(logits, y)
     return loss, (logits.argmax(-1) == y).float().mean().item()
+
+
+def recorder(
+    run_params: Callable[[int], tuple[str, dict]],
+    build: Callable[[str, dict], Task],
+    *,
+    points: Callable[[list[dict], dict], list[dict]] | None = None,
+) -> Callable[[int], tuple[dict, str]]:
+    """One recorded run of a family sweep (`record.record_runs`' `prepare`): the index's family and parameters,
+    trained (`points` rewrites what was printed, e.g. a loss shown as perplexity), in the recorded files' shape,
+    with its summary line."""
+
+    def one(index: int) -> tuple[dict, str]:
+        family, params = run_params(index)
+        result = fit(build(family, params), params)
+        if points is not None:
+            result["points"] = points(result["points"], params)
+        last = result["points"][-1]
+        summary = (
+            f"{family} {params} wall={result['wall_s']:.2f}s points={len(result['points'])} "
+            f"loss={last['loss']:.4f} val_acc={last['val_acc']}"
+        )
+        return {"group": family, "family": family, "params": params, **result, "epochs": last["epoch"]}, summary
+
+    return one

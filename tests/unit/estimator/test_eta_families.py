@@ -12,6 +12,7 @@ import torch
 from services.estimator.model import owncorpus
 
 families = pytest.importorskip("bench.search.families")
+families_fit = pytest.importorskip("bench.search.families_fit")
 
 
 def recorded_families() -> list[dict]:
@@ -81,7 +82,7 @@ def test_a_short_run_of_every_family_records_broads_points():
         family, params = short(index, **({"epochs": 2, "steps": 150} if index == 4 else {}))
         if family in ("attention-seq", "gru-text"):
             params |= {"length": 8}
-        result = families.fit(families.build(family, params), params)
+        result = families_fit.fit(families.build(family, params), params)
         points = result["points"]
         assert set(points[0]) == {"t", "step", "epoch", "loss", "val_loss", "val_acc"}, family
         assert all(a["t"] < b["t"] and a["step"] < b["step"] for a, b in zip(points, points[1:])), family

@@ -10,6 +10,7 @@ from services.estimator.model import owncorpus
 
 families2 = pytest.importorskip("bench.search.families2")
 families = pytest.importorskip("bench.search.families")
+families_fit = pytest.importorskip("bench.search.families_fit")
 
 
 def test_the_new_families_are_none_of_the_eleven_and_take_turns_deterministically():
@@ -32,7 +33,7 @@ def short(family: str, **change) -> dict:
 @pytest.mark.parametrize("family", families2.FAMILIES)
 def test_a_short_run_of_every_family_records_broads_points(family):
     params = short(family, **({"epochs": 2, "train": 256, "batch": 64} if family == "resnet-epochs" else {}))
-    result = families2.fit(families2.build(family, params), params)
+    result = families_fit.fit(families2.build(family, params), params)
     points = result["points"]
     if params.get("ppl"):
         points = families2.perplexity(points)
