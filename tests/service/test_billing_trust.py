@@ -194,3 +194,19 @@ async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lif
     }
     assert infos == {"ws": ("reserved", 2, 1.5), "od": ("on_demand", 2, 4.0)}
     assert sorted(service.lifetimes.nodes_open.docs) == ["od", "ws"]
+
+
+async def test_a_second_placement_of_an_attempt_neither_vouches_for_its_node_nor_sets_its_price(billing):
+    """Billing charges an attempt by the placement it stored first: a second placement of the same attempt (placement
+    sends one attempt once; a copy of another content is a fault or a forgery) changes neither what is charged nor
+    whose report is believed. Its insert is refused; billing had remembered that delivery's document all the same,
+    so the node it named was charged at its price until a restart read the stored one."""
+    broker, service = billing
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j", nodes=("n1",), price=1.0))
+    await publish(broker, forged(placed("j", nodes=("n9",), price=500.0)))
+    await deliver(broker, service, started("j", node_id="n9", at=T0), exited("j", node_id="n9", at=HOURS_2))
+    assert service.attempts.ledger.docs == {} and service.attempts.running == {}
+    await deliver(broker, service, started("j", node_id="n1", at=T0), exited("j", node_id="n1", at=HOURS_2))
+    [line] = service.attempts.ledger.docs.values()
+    assert (line["node_id"], line["cost"]) == ("n1", 2.0)
