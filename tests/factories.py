@@ -242,3 +242,16 @@ def provisioned(node_id: str = "od", *, price: float = 4.0, gpus: int = 2, for_j
         project_id="p",
         user_name="ana",
     )
+
+
+# One rentable instance type as a catalogue lists it (cluster.toml's [[instance_types]]): the tests' L4.
+L4_ENTRY = {
+    "name": "l4.1x",
+    "gpus": 1,
+    "gpu_model": "L4",
+    "gpu_memory_gb": 24,
+    "tflops": 121,
+    "cpu": 4,
+    "memory_gb": 16,
+    "price_per_hour": 0.8,
+}

@@ -16,6 +16,7 @@ from services.placement.adapter import catalogue_from
 from services.placement.providers.cloud import NodeMaker, offer_infos
 from tests.conftest import admin_client, start_stack, stop_stack
 from tests.e2e.helpers import submit, wait_phase
+from tests.factories import L4_ENTRY
 from tests.integration.clouds import Machines, agent_command, loopback_only, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -53,14 +54,8 @@ async def k8s():
 
 def entry(name: str = "l4.1x") -> dict:
     return {
+        **L4_ENTRY,
         "name": name,
-        "gpus": 1,
-        "gpu_model": "L4",
-        "gpu_memory_gb": 24,
-        "tflops": 121,
-        "cpu": 4,
-        "memory_gb": 16,
-        "price_per_hour": 0.8,
         "startup_delay_s": 0,
         "provider": "kubernetes",
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-L4"},

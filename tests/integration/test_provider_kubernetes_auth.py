@@ -21,20 +21,11 @@ from cryptography.x509.oid import NameOID
 from services.placement.providers.cloud import NodeMaker, offer_infos
 from services.placement.providers.kubernetes import KubernetesProvider, KubernetesSettings
 from services.placement.providers.wiring import make_providers
+from tests.factories import L4_ENTRY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 EXEC_PLUGIN = Path(__file__).parent.parent / "data" / "kube" / "exec_credential.py"
-ENTRY = {
-    "name": "l4.1x",
-    "gpus": 1,
-    "gpu_model": "L4",
-    "gpu_memory_gb": 24,
-    "tflops": 121,
-    "cpu": 4,
-    "memory_gb": 16,
-    "price_per_hour": 0.8,
-    "provider": "kubernetes",
-}
+ENTRY = {**L4_ENTRY, "provider": "kubernetes"}
 
 
 def _cert(name: str, key, *, issuer: tuple | None = None, ca: bool = False, ip: str | None = None):

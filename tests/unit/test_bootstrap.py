@@ -17,6 +17,7 @@ from services.placement.providers.bootstrap import (
     user_data,
 )
 from services.placement.providers.wiring import make_providers
+from tests.factories import L4_ENTRY
 
 BOOT = Bootstrap(
     node_id="od-a",
@@ -24,16 +25,7 @@ BOOT = Bootstrap(
     env={"TRAINMASTER_NATS_URL": "nats://bus:4222", "TRAINMASTER_X": "it's $(rm -rf /)"},
     creds="-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n",
 )
-ENTRY = {
-    "name": "l4.1x",
-    "gpus": 1,
-    "gpu_model": "L4",
-    "gpu_memory_gb": 24,
-    "tflops": 121,
-    "cpu": 4,
-    "memory_gb": 16,
-    "price_per_hour": 0.8,
-}
+ENTRY = L4_ENTRY
 INSTANCE = InstanceType(**ENTRY, startup_delay_s=0)
 
 
