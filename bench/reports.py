@@ -10,7 +10,6 @@ import asyncio
 import json
 import platform
 import random
-import socket
 import statistics
 import tempfile
 import time
@@ -26,12 +25,6 @@ from services.stack.processes import Stack, StackSettings
 MONTH = datetime(2026, 10, 1, tzinfo=UTC)
 KINDS = ("local", "reserved", "on_demand")
 PRICES = {"local": 0.4, "reserved": 1.5, "on_demand": 3.6}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def attempts(jobs: int, rng: random.Random) -> list[dict]:

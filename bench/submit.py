@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pymongo import MongoClient
@@ -156,16 +157,18 @@ async def submit_noop(api: httpx.AsyncClient, i: int, refused: list[int]) -> htt
     return response.raise_for_status()
 
 
-def bench_settings(data: Path) -> StackSettings:
-    """A bench stack's settings: its state under `data`, free ports, the embedded databases, warnings only."""
+def bench_settings(data: Path, *, cluster_file: Path | None = None, **more: Any) -> StackSettings:
+    """A bench stack's settings: its state under `data`, free ports, the embedded databases, warnings only; its
+    nodes in `cluster_file` (`data`/cluster.toml by default); `more` settings as given."""
     return StackSettings(
         data_dir=data,
         nats_port=free_port(),
         api_port=free_port(),
-        cluster_file=data / "cluster.toml",
+        cluster_file=cluster_file or data / "cluster.toml",
         admin_token=TOKEN,
         mongo_url=None,
         log_level="WARNING",
+        **more,
     )
 
 

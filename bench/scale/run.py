@@ -3,7 +3,6 @@
 import asyncio
 import logging
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -13,18 +12,11 @@ from shared.buscreds import write_secret
 from shared.store import COUNTS_DIR
 from bench.scale.probe import CpuWindow, Watch, cpu_seconds, cpu_spent, machine, percentile, rss_mb
 from bench.scale.sim import IDENTITY, SimFleet, cluster_records, permissions
-from bench.submit import command_counts, history_model_trained
-from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_port
+from bench.submit import TOKEN, bench_settings, command_counts, history_model_trained
+from services.stack.processes import SERVICES, Stack, wait_for_port
 
 log = logging.getLogger(__name__)
-TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
 PROJECT = "scale"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_stack(
@@ -35,14 +27,9 @@ def start_stack(
     (`shared.store.CommandCounts`)."""
     (data / "cluster.toml").write_text("# the scale benchmark's nodes are simulated\n" + cluster_records(nodes))
     stack = Stack(
-        StackSettings(
-            data_dir=data / "data",
-            nats_port=free_port(),
-            api_port=free_port(),
+        bench_settings(
+            data / "data",
             cluster_file=data / "cluster.toml",
-            admin_token=TOKEN,
-            mongo_url=None,
-            log_level="WARNING",
             heartbeat_interval_s=interval_s,
             node_timeout_s=timeout_s,
         )
