@@ -42,14 +42,22 @@ class Watches:
         self.started = threading.Event()
         self.thread = threading.Thread(target=asyncio.run, args=(self._all(stack),), name="watches", daemon=True)
         self.thread.start()
-        self.started.wait(timeout=30)
+        if not self.started.wait(timeout=30):
+            raise RuntimeError("the watches did not start in 30 s")
 
     async def _all(self, stack: Stack) -> None:
         self.loop = asyncio.get_running_loop()
-        async with admin_client(stack, timeout=60) as api:
-            self.tasks = [asyncio.create_task(self._one(api, stack, name)) for name in self.futures]
+        try:
+            async with admin_client(stack, timeout=60) as api:
+                self.tasks = [asyncio.create_task(self._one(api, stack, name)) for name in self.futures]
+                self.started.set()
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+        except BaseException as exc:  # the watches could not run: every test waiting for one fails with why
+            for future in self.futures.values():
+                if not future.done():
+                    future.set_exception(exc)
             self.started.set()
-            await asyncio.gather(*self.tasks, return_exceptions=True)
+            raise
 
     async def _one(self, api: httpx.AsyncClient, stack: Stack, name: str) -> None:
         future = self.futures[name]
@@ -58,8 +66,9 @@ class Watches:
         except asyncio.CancelledError:
             future.cancel()
             raise
-        except BaseException as exc:  # the test asking for it fails with it
-            future.set_exception(exc)
+        except Exception as exc:  # the test asking for it fails with it
+            if not future.done():  # its test may have given up on it (cancelled) meanwhile
+                future.set_exception(exc)
 
     async def result(self, name: str) -> Any:
         """What the watch `name` returned (it raised: that)."""

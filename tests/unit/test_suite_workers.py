@@ -146,3 +146,14 @@ async def test_watches_run_side_by_side_each_test_gets_its_result_or_its_error_a
         await running.result("broken")
     running.cancel()
     assert running.futures["forever"].cancelled() and not running.thread.is_alive()
+
+
+async def test_watches_that_cannot_start_fail_every_test_waiting_for_one_with_why(monkeypatch):
+    """A failure before any watch runs (the watch's name unknown, the API client not made) reaches each waiting test
+    at once; it does not leave them waiting until their timeouts with the cause printed by a dying thread only."""
+    monkeypatch.delitem(watches.WATCHES, "unknown", raising=False)
+    running = watches.Watches(SimpleNamespace(api_url="http://127.0.0.1:9"), ["unknown"])
+    with pytest.raises(KeyError, match="unknown"):
+        await asyncio.wait_for(running.result("unknown"), timeout=10)
+    running.thread.join(timeout=10)
+    assert not running.thread.is_alive()
