@@ -87,11 +87,11 @@ def test_load_rejects_other_format_versions_and_the_old_torch_files(trained, tmp
 
     _, model = trained
     state = model.state()
-    state["format_version"] = 999
-    with open(tmp_path / "new.npz", "wb") as f:
-        np.savez(f, state=np.array(json.dumps(state)))
+    for name, version in (("new.npz", 999), ("family-offsets.npz", 4)):  # 4: calibrated under the former offsets
+        with open(tmp_path / name, "wb") as f:
+            np.savez(f, state=np.array(json.dumps({**state, "format_version": version})))
     torch.save({**model.state(), "format_version": 2}, tmp_path / "old.pt")
-    for name in ("new.npz", "old.pt"):
+    for name in ("new.npz", "family-offsets.npz", "old.pt"):
         with pytest.raises(ValueError):
             HistoryPredictor.load(tmp_path / name)
 
