@@ -76,9 +76,10 @@ def family(run: dict) -> str:
     return GROUP_FAMILY.get(run["group"], run["group"])
 
 
-def load_corpus(paths: Iterable[Path] = CORPUS) -> list[dict]:
-    """The runs of every recorded file (a missing one has none), each with its `family` (`family()`: as recorded, or
-    else its group's)."""
+def load_corpus(paths: Iterable[Path] = TRAINED) -> list[dict]:
+    """The runs of the recorded files `paths` (a missing one has none; by default what the estimator is fitted and
+    tuned on, never the unseen split unless named), each with its `family` (`family()`: as recorded, or else its
+    group's)."""
     return [{**run, "family": family(run)} for path in paths for run in load_sweep(path)]
 
 

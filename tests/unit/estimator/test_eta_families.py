@@ -130,3 +130,8 @@ def test_nothing_shipped_is_fitted_on_the_unseen_families_and_the_unseen_split_r
         ownfamily.run_unseen_evaluation((owncorpus.BROAD,))
     with pytest.raises(ValueError, match="param\\[--sweep\\] invalid: families"):
         ownfamily.run_unseen_evaluation((owncorpus.FAMILIES,))
+
+
+def test_the_corpus_read_by_default_is_what_the_estimator_is_fitted_on_never_the_unseen_split():
+    unseen = {owncorpus.family(run) for path in owncorpus.UNSEEN for run in owncorpus.load_sweep(path)}
+    assert unseen and unseen.isdisjoint(run["family"] for run in owncorpus.load_corpus())
