@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 from _pytest.nodeid import coerce_node_id
 
-from services.stack.processes import SERVICES, Stack, StackSettings, stop_groups
+from services.stack.processes import Stack, StackSettings
 
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef01"  # the submitter refuses fewer than 32 characters
 CLUSTER = """
@@ -242,19 +242,6 @@ def start_stack(
     return stack
 
 
-def stop_stack(stack: Stack) -> None:
-    """`Stack.stop_all` in its order (agents, services, on-demand agents, then the databases and the bus), each kind
-    stopped together: one process after another, a stack's teardown took seconds more (an agent about one)."""
-
-    def take(names: list[str]) -> list[subprocess.Popen]:
-        return [stack.processes.pop(name) for name in names]
-
-    stop_groups(take([name for name in stack.processes if name.startswith("agent-")]))
-    stop_groups(take([name for name in stack.processes if name.rsplit("-", 1)[0] in SERVICES]))
-    stack.stop_provisioned()
-    stop_groups(take(list(stack.processes)))
-
-
 def exchange(data: Path) -> Path:
     """The directory a stack's tasks can reach (the rest of the host's temporary directories they cannot)."""
     return data / "exchange"
@@ -273,7 +260,7 @@ def shared_dir(stack, request) -> Path:
 def stack(tmp_path_factory, servers) -> Stack:
     stack = start_stack(tmp_path_factory.mktemp("stack"), cluster=CLUSTER, servers=servers)
     yield stack
-    stop_stack(stack)
+    stack.stop_all()
 
 
 def wait_until_ready(stack: Stack, timeout_s: float = 60) -> None:

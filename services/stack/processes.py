@@ -422,15 +422,18 @@ class Stack:
         stop_group(self.processes.pop(name, None), timeout_s=timeout_s)
 
     def stop_all(self) -> None:
-        """Agents first (their tasks are reported), then the services, then the databases and the bus."""
-        for name in [n for n in self.processes if n.startswith("agent-")]:
-            self.stop(name)
-        for name in reversed(SERVICES):  # its replicas together: a waiting one must not take over as one stops
-            replicas = [self.replica_name(name, r) for r in range(1, self.settings.service_replicas + 1)]
-            stop_groups([self.processes.pop(replica, None) for replica in replicas])
+        """Each kind together, in this order: the agents (their tasks are reported), every service's replicas (all
+        at once: a waiting replica cannot take over from one stopping), the on-demand agents, then the databases
+        and the bus (one process after another, a stack's teardown took seconds more: an agent about one)."""
+
+        def take(names: list[str]) -> list[subprocess.Popen | None]:
+            return [self.processes.pop(name, None) for name in names]
+
+        replicas = range(1, self.settings.service_replicas + 1)
+        stop_groups(take([name for name in self.processes if name.startswith("agent-")]))
+        stop_groups(take([self.replica_name(name, r) for name in SERVICES for r in replicas]))
         self.stop_provisioned()
-        for name in (*[n for n in self.processes if n.startswith("database-")], *self.nats_servers):
-            self.stop(name)
+        stop_groups(take(list(self.processes)))  # the databases and the bus servers
 
     def stop_provisioned(self, *, timeout_s: float = 15) -> None:
         """Agents that placement started for on-demand nodes of the local-process provider: SIGTERM, and SIGKILL

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from tests.conftest import admin_client, start_stack, stop_stack
+from tests.conftest import admin_client, start_stack
 
 HERE = Path(__file__).resolve().parent
 NODE_ID = "gpu-1"
@@ -95,7 +95,7 @@ def gpu_stack(tmp_path_factory, servers):
         pytest.fail("a GPU is here but nvidia-ml-py (pynvml) is not installed: the agent could not see it")
     stack = start_stack(tmp_path_factory.mktemp("gpu-stack"), cluster=cluster(nvidia_gpus()), servers=servers)
     yield stack
-    stop_stack(stack)
+    stack.stop_all()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port, stop_stack
+from tests.conftest import free_port
 
 
 @contextmanager
@@ -29,4 +29,4 @@ def real_servers(data: Path, *, cluster: str, database: bool = False) -> Iterato
     try:
         yield stack
     finally:
-        stop_stack(stack)
+        stack.stop_all()
