@@ -122,6 +122,8 @@ def start(pids: dict[str, int], folder: Path, *, rate: int = 67) -> dict[str, su
     """A py-spy sampler on each process (without pausing it), writing raw stacks into `folder/<name>.txt`."""
     spy = shutil.which("py-spy") or str(Path(__file__).resolve().parents[1] / ".venv/bin/py-spy")
     folder.mkdir(parents=True, exist_ok=True)
+    for name in pids:  # a previous run's samples are never read as this run's
+        (folder / f"{name}.txt").unlink(missing_ok=True)
     return {
         name: subprocess.Popen(
             [
@@ -153,6 +155,7 @@ def stop(samplers: dict[str, subprocess.Popen]) -> None:
             sampler.wait(timeout=30)
         except subprocess.TimeoutExpired:
             sampler.kill()
+            sampler.wait()
 
 
 def subject_kind(subject: str) -> str:

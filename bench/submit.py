@@ -212,22 +212,25 @@ async def run(
         samplers = cpuprofile.start(python, profile) if profile else {}
         cpu_before = cpu_seconds(pids)
         started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        accept_s = time.perf_counter() - started
+        try:
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+            accept_s = time.perf_counter() - started
 
-        while True:
-            page = (
-                await api.get(
-                    "/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating", "Running"]}
-                )
-            ).json()
-            if page["total"] == 0:
-                break
-            if time.perf_counter() - started > 600:
-                raise TimeoutError(f"{page['total']} jobs still not finished")
-            await asyncio.sleep(0.5)
-        finish_s = time.perf_counter() - started
-        cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
+            while True:
+                page = (
+                    await api.get(
+                        "/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating", "Running"]}
+                    )
+                ).json()
+                if page["total"] == 0:
+                    break
+                if time.perf_counter() - started > 600:
+                    raise TimeoutError(f"{page['total']} jobs still not finished")
+                await asyncio.sleep(0.5)
+            finish_s = time.perf_counter() - started
+            cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
+        finally:  # the samplers write their files as they stop, and none is left running on a failure
+            cpuprofile.stop(samplers)
         profiled = await profile_figures(stack, samplers, bus_before, cpu_over_burst, folder=profile, jobs=jobs)
         per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
         items, offset = [], 0
@@ -262,11 +265,10 @@ async def run(
 async def profile_figures(
     stack: Stack, samplers: dict, bus_before: dict, cpu: dict[str, float], *, folder: Path | None, jobs: int
 ) -> dict:
-    """With `--profile`: each process's CPU per job by kind and by purpose (py-spy's samples over the burst) and
-    the bus messages a job cost."""
+    """With `--profile`: each process's CPU per job by kind and by purpose (py-spy's samples over the burst, the
+    samplers stopped) and the bus messages a job cost."""
     if folder is None:
         return {}
-    cpuprofile.stop(samplers)
     where = {
         name: cpuprofile.summarize(cpuprofile.read_samples(folder / f"{name}.txt"), cpu_s=cpu[name], jobs=jobs)
         for name in samplers
