@@ -86,7 +86,7 @@ def collection_key(collection: AsyncCollection) -> tuple[int, str]:
 Outcome = bool | Exception  # a request's own answer: refused or not matched (True), written (False), its error
 
 
-async def _write_group(items: list[Item]) -> list[bool | Exception]:
+async def _write_group(items: list[Item]) -> list[Outcome]:
     """One write per collection (and one for its conditional replacements); each item answered with whether a
     unique index refused (or a filter missed) any of its requests, or the error one of its own requests met."""
     by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request], list[tuple[int, range]]]] = {}
@@ -94,7 +94,7 @@ async def _write_group(items: list[Item]) -> list[bool | Exception]:
         _, pending, spans = by_collection.setdefault(collection_key(collection), (collection, [], []))
         spans.append((n, range(len(pending), len(pending) + len(requests))))
         pending.extend(requests)
-    answers: list[bool | Exception] = [False] * len(items)
+    answers: list[Outcome] = [False] * len(items)
     for collection, requests, spans in by_collection.values():
         outcomes = await _outcomes(collection, requests)
         for n, span in spans:
