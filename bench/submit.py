@@ -194,7 +194,7 @@ async def run(
                 i = queue.get_nowait()
                 ids.append((await submit_noop(api, i, refused)).json()["metadata"]["id"])
 
-        # right after start, while a fresh stack's estimator trains its first history model (as a user meets it)
+        # right after start (as a user meets it; the estimator serves the shipped history model from its start)
         at_start = (
             {f"{k}_at_start": v for k, v in (await idle_latency(api, jobs=idle, prefix="idle-at-start")).items()}
             if idle and idle_at_start
@@ -279,17 +279,18 @@ async def profile_figures(
 
 
 async def history_model_trained(api: httpx.AsyncClient, *, timeout_s: float = 600, patience_s: float = 15) -> None:
-    """Wait until the estimator serves a history model and trains none: a fresh stack trains one from the MLPerf
-    logs at its first start (CPU that is not the jobs'). One that has trained nothing and trains nothing for
-    `patience_s` has no logs beside the project and trains none (asked of its health, so torch stays out of here)."""
+    """Wait until the estimator serves a history model and trains none: a fresh stack serves the shipped one, and
+    trains one at its first start only where that cannot be served (CPU that is not the jobs'). One that serves none
+    and trains nothing for `patience_s` has no logs beside the project and trains none (asked of its health, so
+    torch stays out of here)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         answer = await api.get("/healthz")
         details = answer.json().get("services", {}).get("estimator", {}).get("details", {}) if answer.is_success else {}
         model = details.get("history_model", {})
-        if model.get("version") and not model.get("training"):
+        if model.get("version") is not None and not model.get("training"):
             return
-        if not model.get("version") and model.get("training") is False and time.monotonic() - started > patience_s:
+        if model.get("version") is None and model.get("training") is False and time.monotonic() - started > patience_s:
             return
         await asyncio.sleep(1)
     # the burst goes on, but its figures then share the CPU with the training: say so where they are read
@@ -340,8 +341,7 @@ def main() -> None:
     parser.add_argument(
         "--idle-at-start",
         action="store_true",
-        help="the idle jobs also right after start, while "
-        "the estimator trains its first history model (idle_*_at_start), before it is waited for",
+        help="the idle jobs also right after start (idle_*_at_start), before the history model is waited for",
     )
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
     parser.add_argument("--count-commands", action="store_true", help="database commands per job, by process")
@@ -354,8 +354,8 @@ def main() -> None:
     parser.add_argument(
         "--no-history-model",
         action="store_true",
-        help="the estimator trains no history model "
-        "(no MLPerf logs): counts and timings without that first training's CPU",
+        help="the estimator serves and trains no history model "
+        "(neither the shipped one nor MLPerf logs): counts and timings without the prior's work",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tm-bench-") as tmp:
@@ -364,6 +364,7 @@ def main() -> None:
         stack = Stack(bench_settings(data))
         if args.no_history_model:
             stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
+            stack.extra_env["TRAINMASTER_SHIPPED_MODEL"] = str(data / "no-shipped-model")
         if args.count_commands:
             (data / "db-commands").mkdir()
             stack.extra_env[COUNTS_DIR] = str(data / "db-commands")

@@ -63,8 +63,6 @@ default = true
 """
 
 
-# the estimator's history model is trained once per machine, not once per test session
-MODELS = Path.home() / ".cache" / "trainmaster" / "test-models"
 WORKER: dict[str, str] = {}  # this process's pytest-xdist worker ("gw0", "gw1"), when it is one
 
 
@@ -98,8 +96,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 # The longest groups, as measured from a fresh clone (`TRAINMASTER_TEST_TIMELINE`, docs/operations.md "Tests"). The
-# watched jobs' group starts with the README's test: the MLPerf replays wait meanwhile for the history model the
-# stack trains at its first start (on a machine that has none yet, CI's).
+# watched jobs' group starts with the README's test, which computes while they wait.
 LONGEST = (
     "eta-watches",
     "tests/e2e/test_task_isolation.py",
@@ -158,13 +155,6 @@ def pytest_runtest_protocol(item, nextitem):
             f.write(json.dumps(line) + "\n")
 
 
-def models_dir() -> Path:
-    """Where a stack's estimator keeps its models: the machine's; but while the machine has none yet, a directory
-    of its own for each further worker (two stacks training the first version at once would write one file)."""
-    worker = WORKER.get("id", "gw0")
-    return MODELS if worker == "gw0" or any(MODELS.glob("history-v*.npz")) else MODELS / worker
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,7 +210,6 @@ def start_stack(
     stack = Stack(
         settings,
         extra_env={
-            "TRAINMASTER_MODEL_DIR": str(models_dir()),
             "TRAINMASTER_WEBHOOK_ALLOW_HOSTS": "127.0.0.1",  # the tests' local webhook receivers
             "TRAINMASTER_TASK_SHARED_DIRS": json.dumps([str(exchange(data))]),
             "TRAINMASTER_HANG_GRACE_S": "1",  # jobs suspected hung restart soon

@@ -13,6 +13,7 @@ from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
 from services.estimator.handlers import JOBS, PLACED, router
 from services.estimator.modelstore import ModelStore, refresh_forever
 from services.estimator.service import Estimator
+from services.estimator.shipped import SHIPPED
 
 SERVICE = "estimator"
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +26,11 @@ class EstimatorSettings(CommonSettings):
     mlperf_dir: Path = Field(
         REPO.parent / "shared" / "data" / "mlperf",
         description="MLPerf training-log tarballs the first history model is trained on.",
+    )
+    shipped_model: Path | None = Field(
+        SHIPPED,
+        description="The history model served until one is trained here (a path with no file: none; "
+        "the first is then trained at start from the MLPerf logs).",
     )
     retrain_every: int = Field(20, ge=1, description="Completed jobs that trigger a new model version.")
     train_threads: int = Field(
@@ -43,6 +49,7 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         models = ModelStore(
             directory=settings.model_dir or settings.data_dir / "models",
             corpus=sorted(settings.mlperf_dir.glob("*.tar.gz")),
+            shipped=settings.shipped_model,
             retrain_every=settings.retrain_every,
             threads=settings.train_threads,
         )

@@ -1,5 +1,7 @@
-"""Versioned history models on disk: the newest is served; a new one is trained in the background at first
-start (from the MLPerf corpus) and again each time enough jobs have completed (corpus + those jobs)."""
+"""Versioned history models on disk: the newest is served; a new one is trained in the background each time
+enough jobs have completed (corpus + those jobs). Until one is, the model shipped with trainmaster is served
+(`shipped.py`, version 0); a model is trained at first start only where none can be served (the shipped one
+removed, or of another format)."""
 
 import asyncio
 import json
@@ -23,6 +25,7 @@ VERSION = re.compile(r"^history-v(\d+)\.npz$")  # a numpy file: served without t
 class ModelStore:
     directory: Path
     corpus: list[Path]
+    shipped: Path | None = None  # served as version 0 while the directory holds none
     retrain_every: int = 20
     threads: int = 1  # torch's CPU threads in the training process
     predictor: HistoryPredictor | None = None
@@ -35,18 +38,23 @@ class ModelStore:
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := VERSION.match(p.name)))
 
     def load_latest(self) -> bool:
-        """Serve the newest model on disk; True when it changed."""
+        """Serve the newest model on disk, else the shipped one; True when it changed."""
         versions = self.versions()
-        if not versions or versions[-1] == self.version:
+        if versions:
+            newest, path = versions[-1], self.directory / f"history-v{versions[-1]}.npz"
+        elif self.shipped is not None and self.version is None and self.shipped.exists():
+            newest, path = 0, self.shipped
+        else:
             return False
-        path = self.directory / f"history-v{versions[-1]}.npz"
+        if newest == self.version:
+            return False
         try:
             self.predictor = HistoryPredictor.load(path)
         except (ValueError, OSError) as exc:  # another format version, or half a file: keep what we have
             log.warning("history model %s not usable: %r", path, exc)
             return False
-        self.version = versions[-1]
-        log.info("serving history model v%d", self.version)
+        self.version = newest
+        log.info("serving history model v%d (%s)", self.version, path)
         return True
 
     def status(self) -> dict:
@@ -54,6 +62,7 @@ class ModelStore:
         return {
             "version": self.version,
             "on_disk": self.versions(),
+            "shipped": self.version == 0,
             "training": self.training is not None and self.training.returncode is None,
         }
 
@@ -101,7 +110,7 @@ class ModelStore:
 
 
 async def refresh_forever(store: ModelStore, *, interval_s: float = 5.0) -> None:
-    """Pick up newly trained versions; train the first one if there is none."""
+    """Pick up newly trained versions; train the first one if none can be served (not even the shipped one)."""
     store.load_latest()
     if store.version is None:
         await store.train()

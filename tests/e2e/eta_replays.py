@@ -44,19 +44,21 @@ Seen = list[tuple[float, float, float, float]]  # (wall time, remaining, low, hi
 
 
 async def wait_for_history_model(api: httpx.AsyncClient) -> None:
-    """The history model is trained in the background from the corpus at the stack's first start."""
+    """The stack serves the shipped history model (version 0) from its start; one trained at start instead, where
+    that one could not be served, takes minutes."""
 
     async def history_model():
         health = (await api.get("/healthz")).json()["services"]["estimator"]
-        return health.get("details", {}).get("history_model", {}).get("version")
+        return health.get("details", {}).get("history_model", {}).get("version") is not None
 
     await eventually(history_model, timeout_s=600, interval_s=2)
 
 
-async def follow_eta(api: httpx.AsyncClient, project: str, job_id: str) -> tuple[dict, Seen]:
-    """The job once it ended, and every ETA seen on the way."""
+async def follow_eta(api: httpx.AsyncClient, project: str, job_id: str, *, timeout_s: float = 600) -> tuple[dict, Seen]:
+    """The job once it ended, and every ETA seen on the way (the job still running after `timeout_s`: raises)."""
     seen: Seen = []
-    while True:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         current = await get(api, project, job_id)
         if current["status"]["phase"] in ("Completed", "Failed"):
             return current, seen
@@ -64,6 +66,7 @@ async def follow_eta(api: httpx.AsyncClient, project: str, job_id: str) -> tuple
         if eta:
             seen.append((time.time(), eta["remaining_s"], eta["low_s"], eta["high_s"]))
         await asyncio.sleep(0.5)
+    raise TimeoutError(f"job {job_id} had not ended after {timeout_s:.0f} s: {current['status']}")
 
 
 def corpus_log(run: str = RUN) -> str:

@@ -39,13 +39,15 @@ async def bar_job(api, stack) -> tuple[dict, list]:
     """The job once it ended, and (wall time, eta) of every estimate on the way."""
     job = await submit(api, "p-eta-tqdm-bar", command=f"{sys.executable} -c {quote(BAR_JOB)} {STEPS} {PAUSE}")
     seen = []
-    while True:
+    deadline = time.monotonic() + 170  # its test's own timeout is 180 s
+    while time.monotonic() < deadline:
         current = await get(api, "p-eta-tqdm-bar", job["metadata"]["id"])
         if current["status"]["phase"] in ("Completed", "Failed"):
             return current, seen
         if eta := current["status"]["eta"]:
             seen.append((time.time(), eta))
         await asyncio.sleep(0.5)
+    raise TimeoutError(f"the tqdm-bar job had not ended after 170 s: {current['status']}")
 
 
 @pytest.mark.timeout(180)

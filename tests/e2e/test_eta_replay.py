@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
-@pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
+@pytest.mark.timeout(900)  # a stack that could not serve the shipped history model trains one first
 @pytest.mark.watched("mlperf-seen")
 async def test_a_replayed_mlperf_run_sees_its_eta_converge(watches):
     current, seen = await watches.result("mlperf-seen")

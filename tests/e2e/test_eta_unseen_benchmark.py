@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.skipif(not CORPUS.exists(), reason="the MLPerf logs are not beside the project")
-@pytest.mark.timeout(900)  # may first wait for the history model the stack trains at its first start
+@pytest.mark.timeout(900)  # a stack that could not serve the shipped history model trains one first
 @pytest.mark.watched("mlperf-unseen")
 async def test_a_benchmark_never_seen_gets_an_eta_from_its_declared_target(watches):
     current, seen = await watches.result("mlperf-unseen")

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.conftest import admin_client
 
 Watch = Callable[[httpx.AsyncClient, Stack], Awaitable[Any]]
 WATCHES: dict[str, Watch] = {}
+JOIN_S = 10.0  # how long a cancel waits for the watches' thread to end
 
 
 def watch(name: str) -> Callable[[Watch], Watch]:
@@ -71,11 +73,15 @@ class Watches:
                 future.set_exception(exc)
 
     async def result(self, name: str) -> Any:
-        """What the watch `name` returned (it raised: that)."""
-        return await asyncio.wrap_future(self.futures[name])
+        """What the watch `name` returned (it raised: that). A test that gives up waiting (its timeout) leaves the
+        watch's own result alone."""
+        return await asyncio.shield(asyncio.wrap_future(self.futures[name]))
 
     def cancel(self) -> None:
         for task in self.tasks:
             with contextlib.suppress(RuntimeError):  # the loop is closed: every watch ended
                 self.loop.call_soon_threadsafe(task.cancel)  # type: ignore[union-attr]
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=JOIN_S)
+        if self.thread.is_alive():  # a watch that ignores its cancellation: said, not left to hang unseen
+            stuck = [name for name, future in self.futures.items() if not future.done()]
+            warnings.warn(f"watches still running {JOIN_S:.0f} s after they were cancelled: {stuck}", stacklevel=2)

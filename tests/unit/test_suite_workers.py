@@ -71,17 +71,6 @@ def test_the_watched_jobs_tests_and_the_gpu_tier_each_share_a_worker_and_a_group
     ]
 
 
-def test_a_second_worker_trains_its_stacks_models_in_a_directory_of_its_own_until_the_machine_has_one(
-    monkeypatch, tmp_path
-):
-    monkeypatch.setattr(conftest, "MODELS", tmp_path)
-    for worker in ({}, {"id": "gw0"}, {"id": "gw1"}):
-        monkeypatch.setattr(conftest, "WORKER", worker)
-        assert conftest.models_dir() == (tmp_path / "gw1" if worker.get("id") == "gw1" else tmp_path)
-    (tmp_path / "history-v1.npz").write_bytes(b"a trained model")  # from then on, every stack serves it
-    assert conftest.models_dir() == tmp_path
-
-
 def test_the_longest_groups_go_out_first_then_the_whole_stack_tiers_then_the_quick_ones():
     items = [
         Item("tests/unit/test_a.py::test_a"),
@@ -157,3 +146,38 @@ async def test_watches_that_cannot_start_fail_every_test_waiting_for_one_with_wh
         await asyncio.wait_for(running.result("unknown"), timeout=10)
     running.thread.join(timeout=10)
     assert not running.thread.is_alive()
+
+
+async def test_a_test_that_gives_up_on_its_watch_leaves_the_watchs_result_alone(monkeypatch):
+    """The test's timeout cancels its own wait, not the watch: the result is still there for whoever asks."""
+    release = threading.Event()
+
+    async def slow(api, stack):
+        await asyncio.to_thread(release.wait, 30)
+        return "done"
+
+    monkeypatch.setitem(watches.WATCHES, "slow", slow)
+    running = watches.Watches(SimpleNamespace(api_url="http://127.0.0.1:9"), ["slow"])
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(running.result("slow"), timeout=0.2)
+    assert not running.futures["slow"].cancelled()
+    release.set()
+    assert await asyncio.wait_for(running.result("slow"), timeout=10) == "done"
+    running.cancel()
+
+
+async def test_a_watch_that_ignores_its_cancellation_is_reported_at_teardown(monkeypatch):
+    stop = threading.Event()
+
+    async def stubborn(api, stack):
+        stop.wait(30)  # blocks the watches' loop itself: no cancellation reaches it
+
+    monkeypatch.setitem(watches.WATCHES, "stubborn", stubborn)
+    monkeypatch.setattr(watches, "JOIN_S", 0.5)
+    running = watches.Watches(SimpleNamespace(api_url="http://127.0.0.1:9"), ["stubborn"])
+    try:
+        with pytest.warns(UserWarning, match="stubborn"):
+            running.cancel()
+    finally:
+        stop.set()
+        running.thread.join(timeout=30)
