@@ -127,9 +127,9 @@ def durable_subscribers(broker: NatsBroker) -> dict[tuple[str, str], list[str]]:
     """(stream, consumer) -> the filter subjects this process reads it with, for each of its durable subscribers."""
     found = {}
     for subscriber in broker.subscribers:
-        stream, config = getattr(subscriber, "stream", None), getattr(subscriber, "config", None)
-        if stream is not None and config is not None and config.durable_name:
-            only = list(config.filter_subjects or ()) or [subscriber.subject.broker_address]
+        stream, config, subject = (getattr(subscriber, a, None) for a in ("stream", "config", "subject"))
+        if stream is not None and config is not None and subject is not None and config.durable_name:
+            only = list(config.filter_subjects or ()) or [subject.broker_address]
             found[(stream.name, config.durable_name)] = sorted(only)
     return found
 

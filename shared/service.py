@@ -150,11 +150,11 @@ async def running(
     stop: Callable[[], Any] | None = None,
 ) -> AsyncIterator[Any]:
     """A process running: the bus connected and every consumer it reads declared (by the operator: `bound` waits for
-    them, the process may not make them), one database client (`database`), what `setup` builds (in the context under the process's name), the broker
-    started when `start` (a FastStream app starts its own); on exit the loops, the broker, what `w.closing` writes
-    last, then the database. A
-    replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
-    process once it leads (a FastStream app's `exit`)."""
+    them, the process may not make them), one database client (`database`), what `setup` builds (in the context
+    under the process's name), the broker started when `start` (a FastStream app starts its own); on exit the
+    loops, the broker, what `w.closing` writes last, then the database. A replica of a service that must act once
+    first waits for its leader lease; `stop` is how SIGTERM stops the process once it leads (a FastStream app's
+    `exit`)."""
     leased = settings.leader_lease and w.name in LEASED
     await connect(w.broker)
     await bound(w.broker, leases=leased)

@@ -6,7 +6,6 @@ from typing import Any
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
 DEFAULT_MONGO_URL = "mongodb://127.0.0.1:27017"
 
 

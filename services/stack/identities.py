@@ -16,7 +16,6 @@ from nats.errors import Error as NatsError
 
 from shared import busroles
 from shared.bus import LOG_STREAM_MAX_BYTES, make_broker
-from shared.bustopology import declare
 from shared.buscreds import (
     Minter,
     Permissions,
@@ -27,6 +26,7 @@ from shared.buscreds import (
     public_key,
     write_secret,
 )
+from shared.bustopology import declare
 
 APP_ACCOUNT = "trainmaster"
 KEYS = ("operator", "operator_signer", "system", "account", "account_signer")

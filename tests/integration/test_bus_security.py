@@ -537,8 +537,8 @@ async def consumer_create(client: Client, subject: str, config: ConsumerConfig) 
 
 async def test_a_service_cannot_make_its_consumer_push_a_stream_onto_another_subject(server):
     """A push consumer's `deliver_subject` is in the request body: the server would publish the stream's messages
-    there on the account's behalf, past the service's own publish permissions (here, as a request to the monitor). The whole-stream form of the
-    request names no filter: the body chose one too."""
+    there on the account's behalf, past the service's own publish permissions (here, as a request to the monitor).
+    The whole-stream form of the request names no filter: the body chose one too."""
     foreign = "tm.rpc.monitor.terminate"
     watcher = await Watcher().open(server, foreign)
     estimator = await Client().open(server, server.identities.creds("estimator"), inbox=busroles.inbox("estimator"))
