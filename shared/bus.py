@@ -178,14 +178,14 @@ def make_broker(
 async def connect(
     broker: NatsBroker,
     *,
-    declare: bool = True,
+    declare: bool = False,
     replicas: int = 1,
     leases: bool = False,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
 ) -> None:
-    """Connect and make sure every stream exists with its full subject list, before any consumer starts.
+    """Connect; with `declare` (the operator's credentials only: `shared.bustopology.declare`), also make sure every
+    stream exists with its full subject list and limits. A service's credentials may not create or change streams.
 
-    declare: False for agents, which may not create or change streams (the stack and placement did).
     replicas: copies of each stream (3 on a 3-server cluster: any one server may fail).
     leases: the leader-lease bucket too (replicated services).
     log_max_bytes: what the output stream keeps at most."""
@@ -201,21 +201,28 @@ async def connect(
 
 
 async def declare_stream(streams: JetStreamManager, config: StreamConfig, *, patience_s: float) -> None:
-    """Create a stream, or bring an existing one to `config`. A bus that is away (restarting, electing leaders) is
-    waited for up to `patience_s`, so a process started in that moment starts instead of exiting; a refusal is
-    raised at once."""
+    """Create a stream, or bring an existing one to `config` (`patiently`)."""
+
+    async def create_or_update() -> None:
+        try:
+            await streams.add_stream(config=config)
+        except BadRequestError:
+            await streams.update_stream(config=config)
+
+    await patiently(f"declaring stream {config.name}", create_or_update, patience_s=patience_s)
+
+
+async def patiently(what: str, call: Callable[[], Awaitable[Any]], *, patience_s: float) -> Any:
+    """A JetStream API call, through a bus that is away (restarting, electing leaders) for up to `patience_s`, so a
+    process started in that moment starts instead of exiting; a refusal is raised at once."""
     deadline, pause = time.monotonic() + patience_s, 0.2
     while True:
         try:
-            try:
-                await streams.add_stream(config=config)
-            except BadRequestError:
-                await streams.update_stream(config=config)
-            return
+            return await call()
         except BUS_AWAY as exc:
             if time.monotonic() + pause > deadline:
                 raise
-            log.warning("declaring stream %s: the bus is away (%r); trying again in %.1f s", config.name, exc, pause)
+            log.warning("%s: the bus is away (%r); trying again in %.1f s", what, exc, pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 5.0)
 
@@ -270,12 +277,6 @@ def parse_event(payload: Any) -> Message | None:
         return event if event is None or event.subject else None
     except (ValueError, KeyError, AttributeError):
         return None
-
-
-def implied_subject(payload: Any) -> str | None:
-    """The subject an event's payload says it belongs on (None when it names no known event or does not parse)."""
-    event = parse_event(payload)
-    return event.subject if event is not None else None
 
 
 def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
@@ -364,12 +365,19 @@ def agent_subscription(node_id: str) -> dict[str, Any]:
     return durable(subject, consumer=consumer, batch=8)
 
 
-async def create_agent_consumer(broker: NatsBroker, node_id: str) -> None:
-    """Create a node's command consumer on the privileged side, so the agent needs no right to create consumers
-    (with which it could read other nodes' commands)."""
-    consumer, subject = agent_consumer(node_id)
-    config = agent_subscription(node_id)["config"].evolve(name=consumer, durable_name=consumer, filter_subject=subject)
-    await broker.config.connection_state.stream.add_consumer(NODE_COMMANDS.name, config=config)
+def consumer_config(subscription: dict[str, Any]) -> ConsumerConfig:
+    """The consumer a durable subscription (`durable(...)` arguments) reads, as the platform declares it: what
+    nats-py would create for it, so a process binds to it unchanged (`pull_subscribe` creates only what is
+    missing, and a service may not)."""
+    config, name = subscription["config"], subscription["durable"]
+    only = config.filter_subjects
+    return config.evolve(name=name, durable_name=name, filter_subject=None if only else subscription["subject"])
+
+
+def agent_consumer_config(node_id: str) -> ConsumerConfig:
+    """A node's command consumer: made on the privileged side (the operator's declaration for static nodes,
+    placement's minted identity for rented ones), so the agent needs no right to create consumers."""
+    return consumer_config(agent_subscription(node_id))
 
 
 async def forget_starts(broker: NatsBroker, node_id: str) -> None:

@@ -95,16 +95,24 @@ class Permissions:
 
 
 def mint_user(
-    *, name: str, account: str, signer_seed: str, permissions: Permissions, seed: str | None = None
+    *,
+    name: str,
+    account: str,
+    signer_seed: str,
+    permissions: Permissions,
+    seed: str | None = None,
+    expires_at: int | None = None,
 ) -> tuple[str, str]:
     """A user of `account` signed by `signer_seed` (the account's signing or own key): public key, `.creds`.
-    seed: the user's own key when it has one already (a new one is made otherwise)."""
+    seed: the user's own key when it has one already (a new one is made otherwise). expires_at: when the server
+    stops taking it (never when None)."""
     seed = seed or new_seed("user")
     token = encode_jwt(
         subject=public_key(seed),
         name=name,
         signer_seed=signer_seed,
         nats={**permissions.claims(), "issuer_account": account, "type": "user"},
+        expires_at=expires_at,
     )
     return public_key(seed), creds_text(jwt=token, seed=seed)
 
@@ -187,10 +195,17 @@ class Minter:
     revocations: dict[str, int] = field(default_factory=dict)
     issued_at: int = 0
 
-    def mint(self, *, name: str, permissions: Permissions, seed: str | None = None) -> tuple[str, str]:
+    def mint(
+        self, *, name: str, permissions: Permissions, seed: str | None = None, expires_at: int | None = None
+    ) -> tuple[str, str]:
         """A user of the application account (its public key, its `.creds` text)."""
         return mint_user(
-            name=name, account=self.account, signer_seed=self.account_signer_seed, permissions=permissions, seed=seed
+            name=name,
+            account=self.account,
+            signer_seed=self.account_signer_seed,
+            permissions=permissions,
+            seed=seed,
+            expires_at=expires_at,
         )
 
     def revoke(self, user_public_key: str) -> str:

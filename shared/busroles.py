@@ -1,40 +1,20 @@
 """Who may publish and subscribe what on the bus: the README's subject tables as server-enforced permissions.
 
 A durable consumer is read through the JetStream API, not through a subscription, so reading a stream is granted
-as that role's own consumers (info, create with its own filter, fetch, ack) and nothing else: no other consumer,
-no STREAM.MSG.GET, no DIRECT.GET.
+as that role's own consumers (info, fetch, ack) and nothing else: no other consumer, no STREAM.MSG.GET, no
+DIRECT.GET. Nobody but the operator creates or changes a consumer or a stream (`shared.bustopology` declares them).
 """
 
 from shared import bus
 from shared.buscreds import NAME, Permissions
+from shared.bustopology import CONSUMERS as DECLARED
 
 SERVICES = ("submitter", "placement", "monitor", "estimator", "billing")
 
-# role: (durable consumer, filter subject) it reads; the stream follows from the subject. A service's new consumer
-# goes here too (tests/unit/test_bus_roles.py checks every `durable(...)` in services/ is listed).
+# role: (durable consumer, filter subject) it reads; the stream follows from the subject (the consumers the
+# operator declares for it, `shared.bustopology.CONSUMERS`).
 CONSUMERS: dict[str, tuple[tuple[str, str], ...]] = {
-    "submitter": (
-        ("submitter-status", "tm.job.status"),
-        ("submitter-logs", "tm.log.>"),
-        ("submitter-placed", "tm.job.placed"),
-        ("submitter-eta", "tm.eta.>"),
-        ("submitter-notify", "tm.notify.>"),
-    ),
-    "placement": (
-        ("placement-jobs", "tm.job.>"),
-        ("placement-node-registrations", bus.NODE_REGISTERED),
-        ("placement-nodes-state", "tm.node.evt.state"),
-        ("placement-eta", "tm.eta.>"),
-        ("placement-node-interruptions", "tm.node.evt.*.interrupted"),
-    ),
-    "monitor": (("monitor-jobs", "tm.job.>"), ("monitor-nodes", "tm.node.evt.>")),
-    "estimator": (
-        ("estimator-jobs", "tm.job.>"),
-        ("estimator-logs", "tm.log.>"),
-        ("estimator-placed", "tm.job.placed"),
-        ("estimator-telemetry", "tm.telemetry.>"),
-    ),
-    "billing": (("billing-jobs", "tm.job.>"), ("billing-fleet", "tm.node.evt.>")),
+    role: tuple((s["durable"], s["subject"]) for s in subscriptions) for role, subscriptions in DECLARED.items()
 }
 PUBLISHES: dict[str, tuple[str, ...]] = {
     "submitter": (
@@ -64,9 +44,6 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
         bus.RPC_ADMIT,
         bus.RPC_PREDICT,
         bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
-        # it creates the command consumer of each node it rents (the agent may only read it)
-        f"$JS.API.CONSUMER.INFO.{bus.NODE_COMMANDS.name}.*",
-        f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.*.tm.node.cmd.*.>",
     ),
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
     "monitor": (
@@ -102,29 +79,21 @@ def inbox(identity: str) -> str:
     return f"_INBOX_{identity}"
 
 
-def reads(consumer: str, filter_subject: str, *, create: bool = True) -> tuple[str, ...]:
-    """The JetStream API subjects to read one durable consumer (and to create it with exactly that filter); its
-    messages are delivered into the reader's own inbox. A consumer of a whole stream may also be created (or
-    updated) with several filters, which the request's subject does not name (`durable(..., only=...)`): it then
-    reads part of what it may read already, never more."""
+def reads(consumer: str, filter_subject: str) -> tuple[str, ...]:
+    """The JetStream API subjects to read one durable consumer the operator declared: its info, fetch and ack;
+    its messages are delivered into the reader's own inbox. No create: a create request carries the consumer's
+    config in its body (a push consumer's `deliver_subject`, other filters), where no permission reaches."""
     stream = bus.stream_of(filter_subject)
-    subjects = (
+    return (
         f"$JS.API.CONSUMER.INFO.{stream.name}.{consumer}",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream.name}.{consumer}",
         f"$JS.ACK.{stream.name}.{consumer}.>",
     )
-    if not create:
-        return subjects
-    whole = [filter_subject] == list(stream.config.subjects or ())
-    narrowed = (f"$JS.API.CONSUMER.CREATE.{stream.name}.{consumer}",) if whole else ()
-    return (*subjects, f"$JS.API.CONSUMER.CREATE.{stream.name}.{consumer}.{filter_subject}", *narrowed)
 
 
-def declares_streams() -> tuple[str, ...]:
-    """Creating and updating trainmaster's streams (every service does it at start, whichever comes first)."""
-    return tuple(
-        f"$JS.API.STREAM.{verb}.{s.name}" for s in (*bus.STREAMS, bus.LEASES) for verb in ("CREATE", "UPDATE", "INFO")
-    )
+def stream_info() -> tuple[str, ...]:
+    """Reading the config and state of trainmaster's streams (never creating, changing or deleting one)."""
+    return tuple(f"$JS.API.STREAM.INFO.{s.name}" for s in (*bus.STREAMS, bus.LEASES))
 
 
 def leads(role: str) -> tuple[str, ...]:
@@ -152,7 +121,7 @@ def service(role: str) -> Permissions:
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
     answers = tuple(f"{inbox(r)}.>" for r in asked_by(role))
     return Permissions(
-        publish=(*PUBLISHES[role], *consumed, *declares_streams(), *leads(role), *answers),
+        publish=(*PUBLISHES[role], *consumed, *stream_info(), *leads(role), *answers),
         subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
         inbox=inbox(role),
         responses=False,
@@ -176,9 +145,23 @@ def agent(node_id: str) -> Permissions:
         bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"),
     )
     return Permissions(
-        publish=(*events, *reads(consumer, subject, create=False)),
+        publish=(*events, *reads(consumer, subject)),
         subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
         inbox=inbox(f"agent-{node_id}"),
+    )
+
+
+def consumer_maker(node_id: str) -> Permissions:
+    """The short-lived identity placement mints to create a rented node's command consumer (its config fixed by
+    `bus.agent_consumer_config`): that one create request, nothing else."""
+    if not NAME.match(node_id):
+        raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
+    consumer, subject = bus.agent_consumer(node_id)
+    return Permissions(
+        publish=(f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.{consumer}.{subject}",),
+        subscribe=(),
+        inbox=inbox(f"consumer-maker-{node_id}"),
+        responses=False,
     )
 
 

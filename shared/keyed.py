@@ -16,8 +16,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from faststream.exceptions import RejectMessage
 from faststream.nats import NatsBroker
-from nats.errors import Error as NatsError
-from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
@@ -254,7 +252,6 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
         info = await streams.consumer_info(stream, consumer)
     except NotFoundError:
         return 0
-    await narrow(streams, stream, info.config, subscription["config"].filter_subjects)
     deliveries.resume_after(info.delivered.consumer_seq)
     if info.num_ack_pending:
         wait = redelivery_wait(info.delivered.last_active, now=utcnow())
@@ -266,21 +263,6 @@ async def resume(broker: NatsBroker, subscription: dict[str, Any], deliveries: D
         )
         await asyncio.sleep(wait)
     return info.num_ack_pending or 0
-
-
-async def narrow(streams: Any, stream: str, stored: ConsumerConfig, only: list[str] | None) -> bool:
-    """Give a consumer an earlier version created with another filter this version's (`only`): the server then
-    delivers what is left of its backlog under the new filter, in stream order. Where the bus refuses (credentials
-    minted before consumers could be narrowed), it goes on as it was, delivered events its handlers drop."""
-    if not only or sorted(stored.filter_subjects or ()) == sorted(only):
-        return False
-    try:
-        await streams.add_consumer(stream, config=stored.evolve(filter_subject=None, filter_subjects=list(only)))
-    except (NatsError, TimeoutError) as exc:
-        log.warning("%s: still delivered %s, not narrowed to %s: %r", stored.name, stored.filter_subject, only, exc)
-        return False
-    log.info("%s: delivered only %s from now on (was %s)", stored.name, only, stored.filter_subject)
-    return True
 
 
 def redelivery_wait(last_delivered: datetime | None, *, now: datetime) -> float:

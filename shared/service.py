@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field
 
 from shared.bus import RPC_HEALTH, SERVICES as LEASED, BusLink, connect, make_broker
 from shared.buslog import quiet_expected_bus_waits
+from shared.bustopology import bound
 from shared.clock import utcnow
 from shared.lease import Lease, LeaseLost
 from shared.settings import CommonSettings
@@ -144,25 +145,19 @@ async def running(
     *,
     settings: CommonSettings,
     setup: Setup | None = None,
-    declare: bool = True,
     database: bool = True,
     start: bool = False,
     stop: Callable[[], Any] | None = None,
 ) -> AsyncIterator[Any]:
-    """A process running: the bus connected (every stream declared unless `declare` is False: agents may not),
-    one database client (`database`), what `setup` builds (in the context under the process's name), the broker
-    started when `start` (a FastStream app starts its own); on exit the loops, the broker, what `w.closing` writes
-    last, then the database. A
-    replica of a service that must act once first waits for its leader lease; `stop` is how SIGTERM stops the
-    process once it leads (a FastStream app's `exit`)."""
+    """A process running: the bus connected and every consumer it reads declared (by the operator: `bound` waits for
+    them, the process may not make them), one database client (`database`), what `setup` builds (in the context
+    under the process's name), the broker started when `start` (a FastStream app starts its own); on exit the
+    loops, the broker, what `w.closing` writes last, then the database. A replica of a service that must act once
+    first waits for its leader lease; `stop` is how SIGTERM stops the process once it leads (a FastStream app's
+    `exit`)."""
     leased = settings.leader_lease and w.name in LEASED
-    await connect(
-        w.broker,
-        declare=declare,
-        replicas=settings.stream_replicas,
-        leases=leased,
-        log_max_bytes=settings.log_stream_max_bytes,
-    )
+    await connect(w.broker)
+    await bound(w.broker, leases=leased)
     if leased:
         await lead(w, stop=stop)
     client = make_client(settings.mongo_url) if database else None
@@ -227,7 +222,6 @@ def service_app(
     router: NatsRouter | None = None,
     setup: Setup | None = None,
     wiring: Wiring | None = None,
-    declare: bool = True,
     database: bool = True,
     after_startup: Sequence[Hook] = (),
     on_shutdown: Sequence[Hook] = (),
@@ -239,7 +233,7 @@ def service_app(
 
     @asynccontextmanager
     async def lifespan():
-        async with running(w, settings=settings, setup=setup, declare=declare, database=database, stop=app.exit):
+        async with running(w, settings=settings, setup=setup, database=database, stop=app.exit):
             yield
 
     app = FastStream(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))

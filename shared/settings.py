@@ -6,8 +6,6 @@ from typing import Any
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.bus import LOG_STREAM_MAX_BYTES
-
 DEFAULT_MONGO_URL = "mongodb://127.0.0.1:27017"
 
 
@@ -51,20 +49,6 @@ class CommonSettings(BaseSettings):
         "seed); the server refuses anonymous clients. `make run` gives each its own.",
     )
     nats_ca_file: Path | None = Field(None, description="CA of the NATS server's certificate, for a tls:// URL.")
-    stream_replicas: int = Field(
-        1,
-        ge=1,
-        le=5,
-        description="Copies of each JetStream stream: 3 on a 3-server NATS "
-        "cluster (docs/operations.md), 1 on a single server.",
-    )
-    log_stream_max_bytes: int = Field(
-        LOG_STREAM_MAX_BYTES,
-        ge=1024**2,
-        description="Bytes of output the bus "
-        "keeps at most (the stream TM_LOGS, a week at most), the oldest going first; "
-        "each job's stored output has its own cap besides.",
-    )
     leader_lease: bool = Field(
         False,
         description="Run as one of several replicas: a service that must act once "

@@ -394,8 +394,6 @@ def create_app(settings: AgentSettings) -> FastStream:
         await agent.shutdown()
         await w.background.stop()
 
-    # its credentials may not create or change streams (declare=False); it keeps no database
-    app = service_app(
-        settings=settings, wiring=w, declare=False, database=False, after_startup=[started], on_shutdown=[stopping]
-    )
+    # it binds to the command consumer made for it (it may create none); it keeps no database
+    app = service_app(settings=settings, wiring=w, database=False, after_startup=[started], on_shutdown=[stopping])
     return app

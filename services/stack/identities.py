@@ -15,7 +15,7 @@ from pathlib import Path
 from nats.errors import Error as NatsError
 
 from shared import busroles
-from shared.bus import connect, create_agent_consumer, make_broker
+from shared.bus import LOG_STREAM_MAX_BYTES, make_broker
 from shared.buscreds import (
     Minter,
     Permissions,
@@ -26,6 +26,7 @@ from shared.buscreds import (
     public_key,
     write_secret,
 )
+from shared.bustopology import declare
 
 APP_ACCOUNT = "trainmaster"
 KEYS = ("operator", "operator_signer", "system", "account", "account_signer")
@@ -120,31 +121,32 @@ async def prepare_bus(
     node_ids: list[str],
     ca_file: Path | None = None,
     replicas: int = 1,
+    log_max_bytes: int = LOG_STREAM_MAX_BYTES,
     ready_s: float = CLUSTER_READY_S,
 ) -> None:
-    """As the admin: declare every stream (`replicas` copies each) and each node's command consumer (agents may do
-    neither). A cluster just started has no JetStream leader for a few seconds: declaring is retried until then."""
-    broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
+    """As the admin: declare the bus (`shared.bustopology.declare`): every stream (`replicas` copies each), every
+    service's consumer and each node's command consumer; no service or agent may make or change any of them. A
+    cluster just started has no JetStream leader for a few seconds: declaring is retried until then."""
     deadline = time.monotonic() + ready_s
     while True:
+        broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
         try:
-            await connect(broker, replicas=replicas, leases=True)
-            break
+            await declare(broker, node_ids=node_ids, replicas=replicas, log_max_bytes=log_max_bytes)
+            return
         except (NatsError, TimeoutError, ConnectionError) as exc:
             if time.monotonic() > deadline:
-                await broker.stop()
-                raise RuntimeError(f"JetStream would not take the streams within {ready_s:g} s: {exc!r}") from exc
+                raise RuntimeError(
+                    f"JetStream would not take the bus's declaration within {ready_s:g} s: {exc!r}"
+                ) from exc
             await asyncio.sleep(0.5)
-    try:
-        for node_id in node_ids:
-            await create_agent_consumer(broker, node_id)
-    finally:
-        await broker.stop()
+        finally:
+            await broker.stop()
 
 
 def main() -> None:
     """For an operator running NATS and the processes apart (docker compose): write the server's auth block and
-    every identity's `.creds` (`write`), then, once the server is up, its streams and agent consumers (`prepare`)."""
+    every identity's `.creds` (`write`), then, once the server is up and before any service or agent starts,
+    declare the bus: its streams and every consumer (`prepare`, at every deploy: it brings them to this version)."""
     from services.agent.resources import agent_node_ids
 
     parser = argparse.ArgumentParser(prog="python -m services.stack.identities", description=main.__doc__)
@@ -153,6 +155,9 @@ def main() -> None:
     parser.add_argument("--cluster-file", type=Path, default=Path("cluster.toml"), help="the static nodes")
     parser.add_argument("--nats-url", default="nats://nats:4222")
     parser.add_argument("--replicas", type=int, default=1, choices=range(1, 6), help="copies of each stream")
+    parser.add_argument(
+        "--log-max-bytes", type=int, default=LOG_STREAM_MAX_BYTES, help="output the stream TM_LOGS keeps at most"
+    )
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
     args = parser.parse_args()
     identities, node_ids = Identities(args.dir), agent_node_ids(args.cluster_file)
@@ -163,6 +168,7 @@ def main() -> None:
                 creds=identities.root / "creds" / "admin" / "nats.creds",
                 node_ids=node_ids,
                 replicas=args.replicas,
+                log_max_bytes=args.log_max_bytes,
             )
         )
         return

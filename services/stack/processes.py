@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.bus import LOG_STREAM_MAX_BYTES
 from shared.children import dies_with_parent
 from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
@@ -44,6 +45,12 @@ class StackSettings(BaseSettings):
         ge=1,
         le=5,
         description="Copies of each stream; default: one per server started here (1 with an external NATS).",
+    )
+    log_stream_max_bytes: int = Field(
+        LOG_STREAM_MAX_BYTES,
+        ge=1024**2,
+        description="Bytes of output the bus keeps at most (the stream TM_LOGS, a week at most), the oldest going "
+        "first; each job's stored output has its own cap besides.",
     )
     api_port: int = 8080
     api_host: str = "127.0.0.1"
@@ -194,7 +201,6 @@ class Stack:
         env.update(
             {
                 "TRAINMASTER_NATS_URL": self.nats_url,
-                "TRAINMASTER_STREAM_REPLICAS": str(self.stream_replicas),
                 "TRAINMASTER_DATA_DIR": str(self.data_dir),
                 "TRAINMASTER_API_HOST": s.api_host,
                 "TRAINMASTER_API_PORT": str(s.api_port),
@@ -356,7 +362,8 @@ class Stack:
         return self.identities.creds("admin")
 
     def prepare_bus(self) -> None:
-        """Declare the streams and each static node's command consumer (agents may do neither themselves)."""
+        """Declare the bus: the streams, every service's consumers and each static node's command consumer (no
+        service or agent may make or change them)."""
         asyncio.run(
             prepare_bus(
                 self.nats_url,
@@ -364,6 +371,7 @@ class Stack:
                 node_ids=self.node_ids(),
                 ca_file=self.settings.nats_ca_file,
                 replicas=self.stream_replicas,
+                log_max_bytes=self.settings.log_stream_max_bytes,
             )
         )
 

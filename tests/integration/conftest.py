@@ -14,6 +14,7 @@ def bus_and_database(tmp_path_factory):
     data = tmp_path_factory.mktemp("servers")
     stack = Stack(StackSettings(data_dir=data, nats_port=free_port(), mongo_url=None, nats_url=None))
     stack.start_nats()
+    stack.prepare_bus()  # the streams and consumers, as the operator declares them
     stack.start_database()
     yield stack
     stack.stop_all()

@@ -32,7 +32,7 @@ def cluster(tmp_path_factory):
 
 async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_server(cluster):
     assert cluster.nats_servers == ["nats", "nats-2", "nats-3"] and cluster.nats_url.count(",") == 2
-    assert cluster.env()["TRAINMASTER_STREAM_REPLICAS"] == "3"
+    assert cluster.stream_replicas == 3  # the declaration (prepare_bus) makes every stream and consumer so
     nc = await nats.connect(
         cluster.nats_url.split(","),
         user_credentials=str(cluster.admin_creds()),

@@ -90,12 +90,10 @@ async def test_another_nodes_chunks_are_dropped_and_the_real_output_is_not_stopp
 
 
 async def test_the_output_stream_keeps_at_most_its_configured_bytes(cluster_servers):
-    broker = make_broker(
-        cluster_servers.nats_url, name="estimator", creds=cluster_servers.identities.creds("estimator")
-    )
+    broker = make_broker(cluster_servers.nats_url, name="operator", creds=cluster_servers.admin_creds())
     streams = []
-    for configured in (64 * 1024**2, LOG_STREAM_MAX_BYTES):  # a service with another setting updates it
-        await connect(broker, log_max_bytes=configured)
+    for configured in (64 * 1024**2, LOG_STREAM_MAX_BYTES):  # the operator's declaration with another setting
+        await connect(broker, declare=True, log_max_bytes=configured)
         streams.append((await broker.config.connection_state.stream.stream_info(LOGS.name)).config.max_bytes)
         await broker.stop()
     assert streams == [64 * 1024**2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024**3

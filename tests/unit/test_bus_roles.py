@@ -1,17 +1,13 @@
 """Bus identities as pure data: JWTs, each role's permissions, the subject check receivers apply."""
 
-import re
-from pathlib import Path
+import importlib
 
 import pytest
 
-from shared import bus, busroles, replies
+from shared import bus, busroles, bustopology, replies
 from shared.buscreds import Minter, decode_claims, new_seed, public_key
 from shared.events import NodeRegistered
 from tests.factories import exited, node, started
-
-SERVICES_DIR = Path(__file__).resolve().parents[2] / "services"
-DURABLE = re.compile(r'durable\(\s*([A-Z_]+|"[^"]+")\s*,\s*consumer="([^"]+)"')
 
 
 def minter() -> Minter:
@@ -24,15 +20,55 @@ def minter() -> Minter:
     )
 
 
-def test_every_durable_consumer_of_a_service_is_in_its_roles_permissions():
-    declared = {(c, s) for role in busroles.CONSUMERS.values() for c, s in role}
-    found = set()
-    for path in SERVICES_DIR.glob("*/handlers.py"):
-        for subject, consumer in DURABLE.findall(path.read_text()):
-            found.add((consumer, getattr(bus, subject) if subject.isupper() else subject.strip('"')))
-    assert found and found <= declared, found - declared
-    for role, consumers in busroles.CONSUMERS.items():
-        assert all(c.startswith(f"{role}-") for c, _ in consumers)
+def created_by(subscriber) -> dict:
+    """The consumer nats-py's `pull_subscribe` would create for a service's subscriber if it were missing."""
+    config = subscriber.config.evolve(name=subscriber.config.durable_name)
+    if not config.filter_subjects:
+        config = config.evolve(filter_subject=subscriber.subject.broker_address)
+    return {"stream": subscriber.stream.name, **config.as_dict()}
+
+
+@pytest.mark.parametrize("role", busroles.SERVICES)
+def test_the_platform_declares_every_consumer_of_a_service_exactly_as_its_handlers_read_it(role):
+    """A service binds to what the operator declared; were a consumer missing or different, it would read
+    another filter than its handler table names, or (were it allowed to) make its own."""
+    router = importlib.import_module(f"services.{role}.handlers").router
+    subscribed = {
+        s.config.durable_name: created_by(s) for s in router.subscribers if getattr(s, "stream", None) is not None
+    }
+    declared = {
+        s["durable"]: {"stream": bus.stream_of(s["subject"]).name, **bus.consumer_config(s).as_dict()}
+        for s in bustopology.CONSUMERS[role]
+    }
+    assert subscribed and subscribed == declared
+    assert all(c.startswith(f"{role}-") for c in declared)
+    assert busroles.CONSUMERS[role] == tuple((s["durable"], s["subject"]) for s in bustopology.CONSUMERS[role])
+
+
+@pytest.mark.parametrize("identity", [*busroles.SERVICES, "agent-n1"])
+def test_no_service_or_agent_may_create_or_change_a_stream_or_a_consumer(identity):
+    """The body of a create request (a push consumer's deliver_subject, its filters) is out of any permission's
+    reach; a stream update could drop every job's events."""
+    role = busroles.agent("n1") if identity.startswith("agent-") else busroles.service(identity)
+    api = [s for s in role.publish if s.startswith("$JS.API.")]
+    verbs = {s.split(".")[2] + "." + s.split(".")[3] for s in api}
+    assert verbs <= {"CONSUMER.INFO", "CONSUMER.MSG", "STREAM.INFO", "DIRECT.GET", "STREAM.PURGE"}, verbs
+    assert not any(">" in s or "*" in s for s in api), api  # each names its stream and consumer
+    purges = [s for s in api if ".PURGE." in s]
+    assert purges == ([f"$JS.API.STREAM.PURGE.{bus.NODE_COMMANDS.name}"] if identity == "monitor" else [])
+
+
+def test_the_identity_that_makes_a_rented_nodes_consumer_may_create_that_one_and_expires():
+    maker = busroles.consumer_maker("od-1")
+    assert maker.publish == ("$JS.API.CONSUMER.CREATE.TM_NODE_CMD.agent-od-1.tm.node.cmd.od-1.>",)
+    assert maker.subscribe == () and "resp" not in maker.claims()
+    _, creds = minter().mint(name="consumer-maker-od-1", permissions=maker, expires_at=2_000_000_000)
+    assert decode_claims(creds.split("-----BEGIN NATS USER JWT-----\n")[1].split("\n")[0])["exp"] == 2_000_000_000
+    config = bus.agent_consumer_config("od-1")  # fixed by code: a pull consumer of that node's commands only
+    assert config.deliver_subject is None and config.filter_subject == "tm.node.cmd.od-1.>"
+    assert config.name == config.durable_name == "agent-od-1" and not config.filter_subjects
+    with pytest.raises(ValueError, match=r"param\[node_id\]"):
+        busroles.consumer_maker("od.>")
 
 
 def test_an_agent_publishes_only_subjects_carrying_its_node():
@@ -77,9 +113,9 @@ def test_a_minted_user_is_signed_by_the_accounts_signing_key_and_revocation_reis
 
 def test_an_event_is_checked_against_the_subject_its_payload_implies():
     honest = exited("j", node_id="n1")
-    assert bus.implied_subject(honest.model_dump(mode="json")) == "tm.job.task.n1.exited"
-    assert bus.implied_subject({"type": "TaskExited", "node_id": "n2"}) is None  # unparseable: the handler decides
-    assert bus.implied_subject({"no": "type"}) is None and bus.implied_subject([1]) is None
+    assert bus.parse_event(honest.model_dump(mode="json")).subject == "tm.job.task.n1.exited"
+    assert bus.parse_event({"type": "TaskExited", "node_id": "n2"}) is None  # unparseable: the handler decides
+    assert bus.parse_event({"no": "type"}) is None and bus.parse_event([1]) is None
 
 
 def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():

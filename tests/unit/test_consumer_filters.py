@@ -1,12 +1,12 @@
 """Each state machine's jobs consumer is delivered exactly the job events its handler table names (the server
-filters), and a role may narrow only a consumer of a whole stream it already reads."""
+filters), as the operator declares it: no role may create or change it."""
 
 import re
 import typing
 
 import pytest
 
-from shared import busroles
+from shared import busroles, bustopology
 from shared.bus import subjects_overlap
 from shared.events import JobEvent, JobStatusChanged, TaskExited, TaskPreparing
 from shared.handlers import subject_filters
@@ -45,12 +45,10 @@ def test_what_each_state_machine_is_no_longer_sent():
     )
 
 
-def test_only_a_consumer_of_a_whole_stream_may_be_created_with_filters_its_request_does_not_name():
-    monitor_rights = busroles.service("monitor").publish
-    assert "$JS.API.CONSUMER.CREATE.TM_JOBS.monitor-jobs" in monitor_rights
-    assert "$JS.API.CONSUMER.CREATE.TM_JOBS.monitor-jobs.tm.job.>" in monitor_rights
-    submitter_rights = busroles.service("submitter").publish
-    # its status consumer reads one subject of the jobs stream: it may not re-create it for the whole stream
-    assert "$JS.API.CONSUMER.CREATE.TM_JOBS.submitter-status" not in submitter_rights
-    assert "$JS.API.CONSUMER.CREATE.TM_JOBS.submitter-status.tm.job.status" in submitter_rights
-    assert not any(s.startswith("$JS.API.CONSUMER.CREATE.TM_JOBS.monitor") for s in submitter_rights)
+@pytest.mark.parametrize("service", [billing, estimator, monitor, placement], ids=lambda m: m.__name__)
+def test_a_jobs_consumer_is_declared_with_its_tables_filters_and_no_role_may_create_it(service):
+    consumer = service.JOBS.subscription["durable"]
+    declared = next(s for role in bustopology.CONSUMERS.values() for s in role if s["durable"] == consumer)
+    assert declared["config"].filter_subjects == service.JOBS.subscription["config"].filter_subjects
+    for role in busroles.SERVICES:
+        assert not any(s.startswith("$JS.API.CONSUMER.CREATE.") for s in busroles.service(role).publish)

@@ -71,6 +71,7 @@ async def test_a_graceful_stop_writes_the_entries_that_wait_after_the_bus_and_be
     wiring = Wiring(name="submitter", broker=Broker(order), background=Background(), link=BusLink())
     monkeypatch.setattr(app_module, "wire", lambda **kwargs: wiring)
     monkeypatch.setattr(service_module, "connect", connected)
+    monkeypatch.setattr(service_module, "bound", lambda *args, **kwargs: asyncio.sleep(0))  # nothing it reads
     monkeypatch.setattr(service_module, "make_client", lambda url: Client(db, order))
     app = create_app(SubmitterSettings(admin_token=ADMIN_TOKEN, data_dir=tmp_path, nats_url="nats://127.0.0.1:1"))
     async with app.router.lifespan_context(app):

@@ -4,18 +4,19 @@ signing key) and handed to its agent; they are revoked on the server when the no
 import asyncio
 import logging
 import ssl
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
-from faststream.nats import NatsBroker
 from nats.aio.client import RawCredentials
 
 from shared import busroles
-from shared.bus import create_agent_consumer, servers
+from shared.bus import NODE_COMMANDS, agent_consumer_config, servers
 from shared.buscreds import NAME, Minter, write_secret
 
 log = logging.getLogger(__name__)
+CONSUMER_MAKER_TTL_S = 120  # the identity that creates a node's command consumer is refused by the server after this
 
 
 @dataclass
@@ -23,7 +24,6 @@ class NodeCredentials:
     """Bus identities of rented nodes: minted at provisioning, revoked on the server at release."""
 
     minter_file: Path  # the account signing key, the operator signing key and the revocations so far
-    broker: NatsBroker
     nats_url: str
     ca_file: Path | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read-modify-write of the minter file at a time
@@ -34,8 +34,37 @@ class NodeCredentials:
             raise ValueError(f"param[node_id] invalid: {node_id!r} cannot be a bus subject token")
         user, text = Minter.load(self.minter_file).mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
         write_secret(folder / f"{node_id}.user", user)
-        await create_agent_consumer(self.broker, node_id)
+        await self.create_consumer(node_id)
         return write_secret(folder / f"{node_id}.creds", text)
+
+    async def create_consumer(self, node_id: str) -> None:
+        """The node's command consumer, created through an identity minted for it alone: it may create that one
+        consumer (with the node's filter) and expires within minutes. Placement's own bus credentials create no
+        consumer: a consumer's config is in the request's body, where the server checks nothing (a push consumer
+        could send any node's commands into placement's inbox); the config here is fixed by code."""
+        identity = f"consumer-maker-{node_id}"
+        _, text = Minter.load(self.minter_file).mint(
+            name=identity,
+            permissions=busroles.consumer_maker(node_id),
+            expires_at=int(time.time()) + CONSUMER_MAKER_TTL_S,
+        )
+        client = await self.connect(text, inbox=busroles.inbox(identity))
+        try:
+            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=agent_consumer_config(node_id))
+        finally:
+            await client.close()
+
+    async def connect(self, creds: str, *, inbox: str) -> nats.NATS:
+        """A connection of its own as a minted identity (`creds`: its `.creds` text)."""
+        tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
+        return await nats.connect(
+            servers(self.nats_url),
+            user_credentials=RawCredentials(creds),
+            tls=tls,
+            inbox_prefix=inbox,
+            connect_timeout=5,
+            max_reconnect_attempts=3,
+        )
 
     async def revoke(self, node_id: str, folder: Path) -> None:
         """Revoke the node's user: recorded first (a restarted server is configured with it), then pushed; a
@@ -47,15 +76,7 @@ class NodeCredentials:
             minter = Minter.load(self.minter_file)
             account = minter.revoke(user_file.read_text().strip())
             write_secret(self.minter_file, minter.to_json())
-        tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
-        client = await nats.connect(
-            servers(self.nats_url),
-            user_credentials=RawCredentials(minter.system_creds),
-            tls=tls,
-            inbox_prefix=busroles.inbox("account-updater"),
-            connect_timeout=5,
-            max_reconnect_attempts=3,
-        )
+        client = await self.connect(minter.system_creds, inbox=busroles.inbox("account-updater"))
         try:
             reply = await client.request(
                 f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(), timeout=5

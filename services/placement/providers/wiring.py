@@ -38,9 +38,7 @@ def make_providers(
     unknown = sorted(names - set(KNOWN))
     if unknown:
         raise SystemExit(f"unknown provider {', '.join(unknown)} (available: {', '.join(KNOWN)})")
-    credentials = (
-        NodeCredentials(minter_file=minter, broker=broker, nats_url=nats_url, ca_file=ca_file) if minter else None
-    )
+    credentials = NodeCredentials(minter_file=minter, nats_url=nats_url, ca_file=ca_file) if minter else None
     providers = Providers({}, offers)
     for name in sorted(names):
         if name == "local-process":

@@ -1,0 +1,178 @@
+"""The bus as the platform declares it, with the operator's credentials, before any service starts: every stream and
+every service's durable consumer, with the exact config its handlers read it with.
+
+A service only binds to what is declared here (`bound`): its credentials may read its own consumers, never create
+or change one, nor a stream (`shared.busroles`). A consumer's config travels in the body of the create request,
+where no permission reaches: whoever may create a consumer may make it push a stream onto any subject of the
+account, or read a filter the request's subject does not name.
+"""
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+from faststream.nats import NatsBroker
+from nats.js.errors import NotFoundError
+
+from shared.bus import (
+    BUS_AWAY,
+    DECLARE_PATIENCE_S,
+    LEASES,
+    LOG_STREAM_MAX_BYTES,
+    NODE_COMMANDS,
+    NODE_REGISTERED,
+    agent_consumer_config,
+    connect,
+    consumer_config,
+    durable,
+    patiently,
+    stream_of,
+)
+from shared.keyed import JOBS_IN_FLIGHT
+
+log = logging.getLogger(__name__)
+BIND_PATIENCE_S = 120.0  # a process started before the operator declared the bus waits this long, then exits
+
+
+def jobs(consumer: str, *only: str) -> dict[str, Any]:
+    """A state machine's jobs consumer (`shared.keyed.keyed_durable`): delivered only the subjects of the events
+    its handler table names."""
+    return durable("tm.job.>", consumer=consumer, keyed=JOBS_IN_FLIGHT, only=only)
+
+
+# role: the `durable(...)` arguments of every consumer it reads, as its handlers subscribe them (tests/unit/
+# test_bus_roles.py compares each with the service's own subscriber, config for config). A new consumer, or a
+# handler table that handles another event, goes here too: the operator's next declaration makes it.
+CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
+    "submitter": (
+        durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False),
+        durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False),
+        durable("tm.job.placed", consumer="submitter-placed"),
+        durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False),
+        durable("tm.notify.>", consumer="submitter-notify", ordered=False),
+    ),
+    "placement": (
+        jobs("placement-jobs", "tm.job.deleted", "tm.job.status", "tm.job.submitted"),
+        durable(NODE_REGISTERED, consumer="placement-node-registrations"),
+        durable("tm.node.evt.state", consumer="placement-nodes-state"),
+        durable("tm.eta.>", consumer="placement-eta", ordered=False),
+        durable("tm.node.evt.*.interrupted", consumer="placement-node-interruptions"),
+    ),
+    "monitor": (
+        jobs(
+            "monitor-jobs",
+            "tm.job.migrate",
+            "tm.job.node_lost",
+            "tm.job.placed",
+            "tm.job.submitted",
+            "tm.job.task.*.exited",
+            "tm.job.task.*.hung",
+            "tm.job.task.*.preparing",
+            "tm.job.task.*.resumed",
+            "tm.job.task.*.started",
+            "tm.job.terminate",
+            "tm.job.unplaceable",
+        ),
+        durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False),
+    ),
+    "estimator": (
+        jobs(
+            "estimator-jobs",
+            "tm.job.deleted",
+            "tm.job.placed",
+            "tm.job.status",
+            "tm.job.submitted",
+            "tm.job.task.*.started",
+        ),
+        durable("tm.log.>", consumer="estimator-logs", batch=64),
+        durable("tm.job.placed", consumer="estimator-placed"),
+        durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64, ordered=False),
+    ),
+    "billing": (
+        jobs(
+            "billing-jobs",
+            "tm.job.placed",
+            "tm.job.status",
+            "tm.job.submitted",
+            "tm.job.task.*.exited",
+            "tm.job.task.*.started",
+        ),
+        durable("tm.node.evt.>", consumer="billing-fleet"),
+    ),
+}
+
+
+async def declare(
+    broker: NatsBroker,
+    *,
+    node_ids: list[str],
+    replicas: int = 1,
+    log_max_bytes: int = LOG_STREAM_MAX_BYTES,
+) -> None:
+    """As the operator: every stream (`replicas` copies each, the lease bucket included), every service's consumer
+    and each static node's command consumer, created or brought to today's config (a deploy that changes a
+    handler table changes its consumer's filter here, and nowhere else)."""
+    await connect(broker, declare=True, replicas=replicas, leases=True, log_max_bytes=log_max_bytes)
+    streams = broker.config.connection_state.stream
+    wanted = [(stream_of(s["subject"]).name, consumer_config(s)) for role in CONSUMERS.values() for s in role]
+    wanted += [(NODE_COMMANDS.name, agent_consumer_config(node_id)) for node_id in node_ids]
+    for stream, config in wanted:
+        create = functools.partial(streams.add_consumer, stream, config=config)
+        await patiently(f"declaring consumer {config.name}", create, patience_s=DECLARE_PATIENCE_S)
+
+
+def durable_subscribers(broker: NatsBroker) -> dict[tuple[str, str], list[str]]:
+    """(stream, consumer) -> the filter subjects this process reads it with, for each of its durable subscribers."""
+    found = {}
+    for subscriber in broker.subscribers:
+        stream, config, subject = (getattr(subscriber, a, None) for a in ("stream", "config", "subject"))
+        if stream is not None and config is not None and subject is not None and config.durable_name:
+            only = list(config.filter_subjects or ()) or [subject.broker_address]
+            found[(stream.name, config.durable_name)] = sorted(only)
+    return found
+
+
+async def bound(broker: NatsBroker, *, leases: bool = False, patience_s: float = BIND_PATIENCE_S) -> None:
+    """Before a process's subscribers start: wait until every consumer they read (and the lease bucket, `leases`)
+    is declared, saying what is missing while it waits; after `patience_s`, raise (the supervisor starts the
+    process again). A consumer declared with other filters than this version reads is named: the deploy must
+    declare the bus again."""
+    streams, deadline = broker.config.connection_state.stream, time.monotonic() + patience_s
+    readers = durable_subscribers(broker)
+    while True:
+        missing = []
+        for (stream, consumer), only in readers.items():
+            try:
+                info = await streams.consumer_info(stream, consumer)
+            except NotFoundError:
+                missing.append(f"consumer {consumer} of {stream}")
+                continue
+            except BUS_AWAY:
+                missing.append(f"consumer {consumer} of {stream} (the bus did not answer)")
+                continue
+            declared = sorted(info.config.filter_subjects or ()) or [info.config.filter_subject or ""]
+            if declared != only:
+                log.warning(
+                    "consumer %s is declared for %s, this version reads %s: declare the bus again (make run does at "
+                    "every start; compose: bus-prepare)",
+                    consumer,
+                    declared,
+                    only,
+                )
+        if leases:
+            try:
+                await streams.stream_info(LEASES.name)
+            except (NotFoundError, *BUS_AWAY):
+                missing.append(f"stream {LEASES.name}")
+        if not missing:
+            return
+        problem = (
+            f"the bus is not declared yet: {', '.join(missing)} missing (the operator declares it: `make run` at "
+            f"start, compose's bus-prepare: `python -m services.stack.identities prepare`)"
+        )
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{problem}; gave up after {patience_s:g} s")
+        log.warning("%s; waiting", problem)
+        await asyncio.sleep(2.0)
