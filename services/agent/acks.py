@@ -1,0 +1,76 @@
+"""Whether the bus server has read everything this agent published so far: a PING it answered after them (the
+server reads a connection in order). Heartbeats are core NATS, with no acknowledgement of their own; the fence counts
+from the last heartbeat acknowledged this way.
+
+nats-py's `flush` cannot be bounded safely: it queues a waiter for its PING's PONG, and a waiter given up before the
+PONG came (the flush timed out, or its caller was cancelled: a heartbeat cut off at the agent's stop) is still
+queued; the late PONG then resolves that cancelled waiter, `InvalidStateError` ends the client's read loop, and
+the connection reads nothing more (no command, no answer, every later PING unanswered: a stop's drain waits out its
+own 10-s flush, a running agent's heartbeats all go unacknowledged until nats-py finds the connection stale). So one
+PING is in flight at a time, and none is given up while its connection lives: a caller that stops waiting for it
+leaves it running, and the next caller waits for it again before sending its own. One queued on a connection since
+replaced (its waiters were dropped with it) is cancelled, which is safe there.
+"""
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+# What nats-py's flush is given to wait: no bound of its own (a bound cancels its waiter); callers bound their wait.
+UNBOUNDED_S = 365 * 24 * 3600
+
+
+class Connection(Protocol):
+    """What is used of nats-py's client."""
+
+    stats: dict[str, int]
+
+    @property
+    def is_connected(self) -> bool: ...
+
+    async def flush(self, timeout: int) -> None: ...
+
+
+class Acknowledgements:
+    """One PING in flight at a time on this agent's bus connection, never cancelled while that connection lives."""
+
+    def __init__(self, connection: Callable[[], Connection]) -> None:
+        self.connection = connection
+        self.probe: asyncio.Task[None] | None = None
+        self.sent_on: int | None = None  # the connection's reconnection count when the probe's PING was queued
+
+    async def wait(self, *, timeout_s: float) -> None:
+        """Return once the server has answered a PING sent after everything published so far, within `timeout_s`;
+        else raise (ConnectionError while the connection is down, TimeoutError past the time)."""
+        client = self.connection()
+        if not client.is_connected:  # reconnecting: nats-py's flush would return without asking the server
+            raise ConnectionError("not connected to the bus")
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        probe = self.probe
+        if probe is not None and not probe.done():
+            if self.sent_on == client.stats["reconnects"]:
+                await _until(probe, deadline)  # its PONG comes first; a second PING waits for it
+            else:  # queued on a connection since replaced: its PONG never comes, and no read loop holds its waiter
+                probe.cancel()
+        self.probe = asyncio.get_running_loop().create_task(self._ping(client))
+        await _until(self.probe, deadline)
+
+    async def close(self) -> None:
+        """Once the connection is closed (its read loop ended): a PING still in flight is given up."""
+        if self.probe is not None:
+            self.probe.cancel()
+
+    async def _ping(self, client: Connection) -> None:
+        # the state looked at and the PING's waiter queued in one step: nothing runs between them
+        if not client.is_connected:
+            raise ConnectionError("not connected to the bus")
+        self.sent_on = client.stats["reconnects"]
+        await client.flush(timeout=UNBOUNDED_S)
+
+
+async def _until(probe: asyncio.Task[None], deadline: float) -> None:
+    """The probe's outcome, waited for until `deadline` (loop time) without cancelling it."""
+    await asyncio.wait([probe], timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
+    if not probe.done():
+        raise TimeoutError("the bus server has not answered a PING in time")
+    probe.result()
