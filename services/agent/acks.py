@@ -10,6 +10,12 @@ own 10-s flush, a running agent's heartbeats all go unacknowledged until nats-py
 PING is in flight at a time, and none is given up while its connection lives: a caller that stops waiting for it
 leaves it running, and the next caller waits for it again before sending its own. One queued on a connection since
 replaced (its waiters were dropped with it) is cancelled, which is safe there.
+
+nats-py writes a PING to the socket at once but a publish only when its flusher task next runs: a flush called
+right after the heartbeat's publish sent its PING ahead of the heartbeat. The PING goes out from a task of its own,
+which runs after the flusher the publish woke. A flusher still writing earlier output (the socket full) can still
+be overtaken; the heartbeat is then the next thing on the wire, and only a connection lost in between has the
+fence count from a heartbeat the server never read (at most one interval late).
 """
 
 import asyncio
