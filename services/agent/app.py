@@ -12,10 +12,10 @@ from pydantic import Field, model_validator
 
 from shared.bus import NODE_CADENCE, publish
 from shared.cluster import read_cluster
+from shared.pings import Pings
 from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
-from services.agent.acks import Acknowledgements
 from services.agent.agent import Agent
 from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import detect
@@ -264,7 +264,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
     )
 
 
-def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Acknowledgements) -> Agent:
+def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> Agent:
     """The node described (NVML or the cluster file), its storage, engines, task confinement and fence."""
     cluster = read_cluster(settings.cluster_file)
     entries = node_entries(cluster, source=settings.cluster_file)
@@ -349,7 +349,7 @@ def create_app(settings: AgentSettings) -> FastStream:
     w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
     # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
     pace = Pace(settings.heartbeat_interval_s)
-    acks = Acknowledgements(lambda: w.broker.config.connection_state.connection)
+    acks = Pings(lambda: w.broker.config.connection_state.connection)
     w.closing.append(acks.close)  # once the connection is closed: a PING still unanswered is given up
     agent = build_agent(settings, w, pace, acks)
     node = agent.node

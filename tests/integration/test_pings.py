@@ -1,4 +1,4 @@
-"""The agent's heartbeat acknowledgement (a PING answered after the heartbeat) on a real NATS server, its answers
+"""`shared.pings` (the agent's heartbeat acknowledgement, the monitor's settling) on a real NATS server, its answers
 held back by a relay: a PONG that comes after its waiter gave up (a time out, or a heartbeat cut off at the agent's
 stop) left nats-py's read loop ended by InvalidStateError, so the connection read nothing more (no command, no
 answer; a stop's drain waited out its own 10-s flush)."""
@@ -9,7 +9,7 @@ import contextlib
 import nats
 import pytest
 
-from services.agent.acks import Acknowledgements
+from shared.pings import Pings
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import eventually, free_port
 from tests.factories import unique
@@ -98,20 +98,20 @@ async def answers_held(relay: Relay, pings: int) -> None:
 
 async def test_an_acknowledgement_timed_out_leaves_the_connection_reading_once_its_answer_comes(relayed):
     client, relay = relayed
-    acks = Acknowledgements(lambda: client)
+    pings = Pings(lambda: client)
     relay.open.clear()  # the server's answers are held back: this acknowledgement times out
     with pytest.raises(TimeoutError):
-        await acks.wait(timeout_s=0.2)
+        await pings.wait(timeout_s=0.2)
     relay.open.set()  # its PONG comes late
-    await acks.wait(timeout_s=10)  # the next heartbeat is acknowledged
+    await pings.wait(timeout_s=10)  # the next heartbeat is acknowledged
     await still_reads(client)
 
 
 async def test_an_acknowledgement_cut_off_by_the_agents_stop_leaves_the_connection_reading(relayed):
     client, relay = relayed
-    acks = Acknowledgements(lambda: client)
+    pings = Pings(lambda: client)
     relay.open.clear()
-    heartbeat = asyncio.create_task(acks.wait(timeout_s=30))
+    heartbeat = asyncio.create_task(pings.wait(timeout_s=30))
     await answers_held(relay, 1)
     heartbeat.cancel()  # the stop cancels the heartbeat loop while it waits
     with contextlib.suppress(asyncio.CancelledError):
@@ -124,7 +124,7 @@ async def test_a_heartbeat_is_on_the_wire_before_the_ping_that_acknowledges_it(r
     """nats-py writes a PING to the socket at once, a publish when its flusher next runs: the PING answered
     could have gone out ahead of the heartbeat it acknowledged."""
     client, relay = relayed
-    acks = Acknowledgements(lambda: client)
+    pings = Pings(lambda: client)
     await client.publish("tm.node.evt.n1.heartbeat", b"{}")
-    await acks.wait(timeout_s=10)
+    await pings.wait(timeout_s=10)
     assert relay.sent.index(b"PUB tm.node.evt.n1.heartbeat") < relay.sent.rindex(b"PING\r\n")

@@ -1,16 +1,16 @@
-"""The agent's heartbeat acknowledgements against a fake nats-py client: one PING in flight, its waiter never
-cancelled while its connection lives (a late PONG for a cancelled waiter ends nats-py's read loop:
-tests/integration/test_heartbeat_acknowledgement.py), given up once its connection was replaced."""
+"""`shared.pings` (the agent's heartbeat acknowledgement, the monitor's settling) against a fake nats-py client: one
+PING in flight, its waiter never cancelled while its connection lives (a late PONG for a cancelled waiter ends
+nats-py's read loop: tests/integration/test_pings.py), given up once its connection was replaced."""
 
 import asyncio
 
 import pytest
 
-from services.agent.acks import Acknowledgements
+from shared.pings import Pings
 
 
 class Client:
-    """What Acknowledgements uses of nats-py's client: each flush a PING whose PONG the test sends."""
+    """What Pings uses of nats-py's client: each flush a PING whose PONG the test sends."""
 
     def __init__(self) -> None:
         self.is_connected = True
@@ -29,10 +29,10 @@ class Client:
 
 async def test_a_heartbeat_waits_for_the_ping_in_flight_rather_than_giving_it_up():
     client = Client()
-    acks = Acknowledgements(lambda: client)
+    pings = Pings(lambda: client)
     with pytest.raises(TimeoutError):
-        await acks.wait(timeout_s=0.01)
-    second = asyncio.create_task(acks.wait(timeout_s=30))
+        await pings.wait(timeout_s=0.01)
+    second = asyncio.create_task(pings.wait(timeout_s=30))
     await asyncio.sleep(0.01)
     assert len(client.pings) == 1 and not client.pings[0].cancelled()  # no second PING before the first's PONG
     client.pong()  # the late PONG finds its waiter as it left it
@@ -44,8 +44,8 @@ async def test_a_heartbeat_waits_for_the_ping_in_flight_rather_than_giving_it_up
 
 async def test_a_heartbeat_cut_off_leaves_its_ping_waiting_for_its_pong():
     client = Client()
-    acks = Acknowledgements(lambda: client)
-    heartbeat = asyncio.create_task(acks.wait(timeout_s=30))
+    pings = Pings(lambda: client)
+    heartbeat = asyncio.create_task(pings.wait(timeout_s=30))
     await asyncio.sleep(0.01)
     heartbeat.cancel()
     await asyncio.gather(heartbeat, return_exceptions=True)
@@ -55,12 +55,12 @@ async def test_a_heartbeat_cut_off_leaves_its_ping_waiting_for_its_pong():
 
 async def test_a_ping_of_a_connection_since_replaced_is_given_up_for_a_new_one():
     client = Client()
-    acks = Acknowledgements(lambda: client)
+    pings = Pings(lambda: client)
     with pytest.raises(TimeoutError):
-        await acks.wait(timeout_s=0.01)
+        await pings.wait(timeout_s=0.01)
     lost, client.pings = client.pings, []  # nats-py drops the old connection's waiters at a reconnection
     client.stats["reconnects"] += 1
-    heartbeat = asyncio.create_task(acks.wait(timeout_s=30))
+    heartbeat = asyncio.create_task(pings.wait(timeout_s=30))
     await asyncio.sleep(0.01)
     assert lost[0].cancelled() and len(client.pings) == 1
     client.pong()
@@ -71,5 +71,5 @@ async def test_no_ping_while_the_connection_is_down():
     client = Client()
     client.is_connected = False
     with pytest.raises(ConnectionError):
-        await Acknowledgements(lambda: client).wait(timeout_s=1)
+        await Pings(lambda: client).wait(timeout_s=1)
     assert not client.pings
