@@ -68,10 +68,16 @@ def bus(tmp_path_factory):
 
 @pytest.fixture
 async def relayed(bus):
-    """A client connected through a relay, and the relay."""
+    """A client connected through a relay (the errors it reported in `client.errors`), and the relay."""
     relay = Relay(bus.settings.nats_port)
     port = await relay.start()
-    client = await nats.connect(f"nats://127.0.0.1:{port}", user_credentials=str(bus.admin_creds()))
+    errors: list[Exception] = []
+
+    async def reported(error: Exception) -> None:
+        errors.append(error)
+
+    client = await nats.connect(f"nats://127.0.0.1:{port}", user_credentials=str(bus.admin_creds()), error_cb=reported)
+    client.errors = errors
     yield client, relay
     relay.open.set()
     await client.close()
@@ -118,6 +124,25 @@ async def test_an_acknowledgement_cut_off_by_the_agents_stop_leaves_the_connecti
         await heartbeat
     relay.open.set()
     await still_reads(client)
+
+
+async def test_the_stops_drain_after_a_heartbeat_cut_off_is_answered(relayed):
+    """The agent's stop: its heartbeat loop cancelled while a PING waits, then the broker drained (each subscription's
+    own PING queued behind it): the first PONG met the cancelled waiter, the read loop ended, and the drain's PONG
+    was never read: it waited its 10-s flush out and reported a drain timeout."""
+    client, relay = relayed
+    await client.subscribe(unique("commands"))  # drained at the stop: a PING of its own
+    pings = Pings(lambda: client)
+    relay.open.clear()
+    heartbeat = asyncio.create_task(pings.wait(timeout_s=30))
+    await answers_held(relay, 1)
+    heartbeat.cancel()
+    await asyncio.gather(heartbeat, return_exceptions=True)
+    drain = asyncio.create_task(client.drain())
+    await answers_held(relay, 2)
+    relay.open.set()
+    await drain
+    assert client.is_closed and not client.errors
 
 
 async def test_a_heartbeat_is_on_the_wire_before_the_ping_that_acknowledges_it(relayed):
