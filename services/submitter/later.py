@@ -2,9 +2,9 @@
 Running of a short job), so the entry of a phase that does not end the job waits `delay_s`, and one of the same job
 handed in meanwhile (or written at once: a phase that ends it) replaces it. What is still waiting then goes out in
 one grouped write for all jobs; a write that fails leaves them waiting for the next. A graceful stop writes what
-waits (`close`, for at most `STOP_WRITE_S`) and nothing after it, whatever a write still under way then meets; what a crash (or a stop the database does not answer in time) loses is
-rebuilt from the jobs at the next start, and a job's next phase that ends it writes its entry at once whatever
-waited."""
+waits (`close`, for at most `STOP_WRITE_S`), and nothing after it whatever a write still under way then meets;
+what a crash (or a stop the database does not answer in time) loses is rebuilt from the jobs at the next start, and
+a job's next phase that ends it writes its entry at once whatever waited."""
 
 import asyncio
 import logging
