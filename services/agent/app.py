@@ -1,7 +1,6 @@
 """Agent wiring: one process per compute node."""
 
 import logging
-import math
 import os
 import signal
 from functools import partial
@@ -13,6 +12,7 @@ from pydantic import Field, model_validator
 
 from shared.bus import NODE_CADENCE, publish
 from shared.cluster import read_cluster
+from shared.pings import Pings
 from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
@@ -264,7 +264,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
     )
 
 
-def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
+def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> Agent:
     """The node described (NVML or the cluster file), its storage, engines, task confinement and fence."""
     cluster = read_cluster(settings.cluster_file)
     entries = node_entries(cluster, source=settings.cluster_file)
@@ -318,7 +318,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace) -> Agent:
         )
         if settings.fence
         else None,
-        acknowledge=lambda: acknowledged(w, timeout_s=pace.interval_s),
+        acknowledge=lambda: acks.wait(timeout_s=max(1.0, pace.interval_s)),
         connected=lambda: w.broker.config.connection_state.connection.is_connected,
         retention=Retention(
             jobs=root / "jobs",
@@ -345,21 +345,13 @@ def fence_check(pace: Pace, settings: AgentSettings) -> str | None:
     )
 
 
-async def acknowledged(w: Wiring, *, timeout_s: float) -> None:
-    """Return once the server has read everything this agent published so far (a PING answered after it: the
-    server reads a connection in order), else raise. Heartbeats are core NATS, with no acknowledgement of their
-    own."""
-    client = w.broker.config.connection_state.connection
-    if not client.is_connected:  # reconnecting: nats-py's flush would return without asking the server
-        raise ConnectionError("not connected to the bus")
-    await client.flush(timeout=max(1, math.ceil(timeout_s)))
-
-
 def create_app(settings: AgentSettings) -> FastStream:
     w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
     # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
     pace = Pace(settings.heartbeat_interval_s)
-    agent = build_agent(settings, w, pace)
+    acks = Pings(lambda: w.broker.config.connection_state.connection)
+    w.closing.append(acks.close)  # once the connection is closed: a PING still unanswered is given up
+    agent = build_agent(settings, w, pace, acks)
     node = agent.node
     w.broker.include_router(command_router(node.node_id))
     w.broker.context.set_global("agent", agent)

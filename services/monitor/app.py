@@ -9,6 +9,7 @@ from pydantic import Field
 from shared.bus import HEARTBEATS, TRANSIENT_ERRORS, forget_starts
 from shared.clock import utcnow
 from shared.noderecords import limits_from_file
+from shared.pings import Pings
 from shared.service import Wiring, service_app
 from shared.settings import CommonSettings, own_mongo_db, own_mongo_url
 from shared.store import DEFER_PULLS_S, REMEMBER_JOBS, DocumentStore, relay
@@ -81,7 +82,9 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
             pending_bytes_limit=512 * 1024 * 1024,
         )
         monitor.backlog = lambda: intake.pending_msgs
-        monitor.settle = lambda: client.flush(timeout=SETTLE_TIMEOUT_S)
+        pings = Pings(lambda: client)  # a flush bounded by its own timeout could end the client's read loop
+        w.closing.append(pings.close)
+        monitor.settle = lambda: pings.wait(timeout_s=SETTLE_TIMEOUT_S)
         monitor.forget_starts = lambda node_id: forget_starts(w.broker, node_id)
         w.background.spawn("outbox", lambda: relay(w.broker, [monitor.jobs.collection, monitor.nodes.collection]))
         w.background.every("liveness", settings.liveness_check_s, monitor.check_liveness)

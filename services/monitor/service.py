@@ -98,7 +98,7 @@ class Monitor:
     records: NodeRecords | None = None  # what each node may be; None: registrations as said (in-memory tests)
     fleet: Fleet = field(default_factory=Fleet)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
-    settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`flush`)
+    settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`shared.pings`: a PING answered)
     # Drop the start commands still queued for a node (shared.bus.forget_starts); nodes whose purge failed are
     # retried at each liveness check while they stay lost.
     forget_starts: Callable[[str], Awaitable[None]] = _forget_nothing

@@ -2,9 +2,9 @@
 Running of a short job), so the entry of a phase that does not end the job waits `delay_s`, and one of the same job
 handed in meanwhile (or written at once: a phase that ends it) replaces it. What is still waiting then goes out in
 one grouped write for all jobs; a write that fails leaves them waiting for the next. A graceful stop writes what
-waits (`close`, for at most `STOP_WRITE_S`); what a crash (or a stop the database does not answer in time) loses is
-rebuilt from the jobs at the next start, and a job's next phase that ends it writes its entry at once whatever
-waited."""
+waits (`close`, for at most `STOP_WRITE_S`), and nothing after it whatever a write still under way then meets;
+what a crash (or a stop the database does not answer in time) loses is rebuilt from the jobs at the next start, and
+a job's next phase that ends it writes its entry at once whatever waited."""
 
 import asyncio
 import logging
@@ -32,13 +32,14 @@ class LaterWrites:
         self.waiting: dict[str, tuple[int, dict[str, Any]]] = {}  # job id -> (status version, update)
         self._timer: asyncio.Task | None = None
         self._writing = asyncio.Lock()  # one write at a time: a stop waits for the one the timer started
+        self.closed = False  # stopping: what is handed in (or put back by a failed write) waits for no timer
 
     def add(self, job_id: str, version: int, update: dict[str, Any]) -> None:
         """The job's entry for status `version`, written in `delay_s` unless a newer one replaces it first."""
         if job_id in self.waiting and self.waiting[job_id][0] >= version:
             return
         self.waiting[job_id] = (version, update)
-        if self._timer is None:
+        if self._timer is None and not self.closed:
             self._timer = asyncio.get_running_loop().create_task(self._later())
 
     def drop(self, job_id: str) -> None:
@@ -65,14 +66,14 @@ class LaterWrites:
 
     async def close(self, *, timeout_s: float = STOP_WRITE_S) -> None:
         """At a graceful stop (nothing is handed in any more): the write under way ended, then what waits (what it
-        put back included) written now, for at most `timeout_s` in all."""
+        put back included) written now, for at most `timeout_s` in all. No timer starts after: the timer's write,
+        still under way when the stop stopped waiting for it, puts back what fails and writes it no more."""
+        self.closed = True
         self._stop_timer()
         try:
             await asyncio.wait_for(self.write_now(), timeout_s)
         except Exception as exc:  # the time out included: the next start rebuilds the views from the jobs
             log.warning("%d view entries not written to %s at stop: %r", len(self.waiting), self.collection.name, exc)
-        finally:
-            self._stop_timer()  # one a failed write started again: nothing is written after the stop
 
     def _stop_timer(self) -> None:
         if self._timer is not None:

@@ -6,9 +6,10 @@ import contextlib
 import socket
 import threading
 
+import httpx
 import pytest
 
-from tests.conftest import wait_until_ready
+from tests.conftest import eventually, wait_until_ready
 from tests.e2e.helpers import submit, wait_phase
 from tests.e2e.outcomes import assert_attempts_never_overlapped
 from tests.e2e.scripts import quote
@@ -81,6 +82,33 @@ class Partition:
         self.heal()
 
 
+async def boot_ids(api: httpx.AsyncClient) -> dict[str, str]:
+    """Each local node's agent as the monitor knows it (its boot id); none when the API does not answer."""
+    try:
+        nodes = (await api.get("/v2/nodes")).json()["items"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    return {n["node_id"]: n["boot_id"] for n in nodes if n["node_id"] in LOCAL}
+
+
+async def restarted(api: httpx.AsyncClient, stack, before: dict[str, str]) -> None:
+    """Every local node ready again under an agent other than `before`'s, then the whole stack ready. The stack's
+    readiness alone took the agents just stopped for the nodes' word: a node is lost only after the node timeout,
+    so it was met at once, before the new agents were up, and the old agent's silence then had the monitor call
+    the node lost under the next steps (the next test, when it is the clean-up's)."""
+
+    async def new_agents() -> dict | None:
+        try:
+            nodes = {n["node_id"]: n for n in (await api.get("/v2/nodes")).json()["items"]}
+        except httpx.HTTPError:
+            return None
+        up = [n for n in LOCAL if nodes.get(n, {}).get("state") not in (None, "lost")]
+        return nodes if all(n in up and nodes[n]["boot_id"] != before.get(n) for n in LOCAL) else None
+
+    await eventually(new_agents, timeout_s=60)
+    wait_until_ready(stack)
+
+
 def restart_agent(stack, node_id: str, nats_url: str | None) -> None:
     """The node's agent again, connected through `nats_url` (None: the server itself)."""
     stack.stop(f"agent-{node_id}")
@@ -100,9 +128,10 @@ async def test_a_node_cut_off_from_the_bus_stops_its_attempt_before_the_next_one
     marker.chmod(0o666)  # appended to by both attempts, each its own user
     partitions = {node_id: Partition(stack.settings.nats_port) for node_id in LOCAL}
     try:
+        before = await boot_ids(api)
         for node_id, partition in partitions.items():
             restart_agent(stack, node_id, f"nats://127.0.0.1:{partition.port}")
-        wait_until_ready(stack)
+        await restarted(api, stack, before)
         job = await submit(
             api,
             project,
@@ -124,6 +153,7 @@ async def test_a_node_cut_off_from_the_bus_stops_its_attempt_before_the_next_one
     finally:
         for partition in partitions.values():
             partition.close()
+        before = await boot_ids(api)
         for node_id in LOCAL:
             restart_agent(stack, node_id, None)
-        wait_until_ready(stack)
+        await restarted(api, stack, before)

@@ -16,6 +16,7 @@ from shared.service import Background, BusLink, Wiring
 from services.submitter import app as app_module
 from services.submitter.app import SubmitterSettings, create_app
 from services.submitter.later import LaterWrites
+from tests.conftest import eventually
 from tests.memory import MemoryCollection
 from tests.unit.api_app import ADMIN_TOKEN, Db
 
@@ -149,4 +150,24 @@ async def test_a_stop_waits_for_the_write_the_timer_started_and_writes_what_it_p
     collection.answer.set()
     await stop
     assert (await collection.find_one({"_id": "j"}))["phase"] == "Creating" and not later.waiting
+    assert later._timer is None  # nothing is written after the stop
+
+
+async def test_the_timers_write_failing_after_a_stop_that_stopped_waiting_for_it_starts_no_timer(caplog):
+    """The stop gave up on the timer's write under way (the database slow to answer); that write then failed and
+    put its entries back, which started a timer: a write after the stop, again and again while the database fails."""
+    collection = CutOff("api_job_list")
+    await collection.insert_one({"_id": "j", "phase": "Pending", "v": 1})
+    later = LaterWrites(collection, delay_s=0)
+    later.add("j", 2, {"$set": {"phase": "Creating", "v": 2}})
+    await collection.under_way.wait()
+    later.delay_s = 60  # a timer started now would still be waiting when the test looks
+    await later.close(timeout_s=0.05)  # returns while the timer's write is still under way
+    assert "view entries not written to api_job_list at stop" in caplog.text
+    collection.answer.set()  # that write fails now and puts its entry back
+
+    async def put_back() -> bool:
+        return bool(later.waiting)
+
+    await eventually(put_back, interval_s=0.01)
     assert later._timer is None  # nothing is written after the stop
