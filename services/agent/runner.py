@@ -152,6 +152,12 @@ class TaskProcess:
     def pid(self) -> int:
         return self.process.pid
 
+    def in_cgroup(self) -> bool:
+        """Whether the shim has joined the task's cgroup (so far): from then on its limit holds the whole task."""
+        if self._held is not None:
+            return self._held
+        return self.cgroup is not None and self.joined is not None and self.joined.exists()
+
     def held_by_cgroup(self) -> bool:
         """Whether the task's cgroup holds every process of the task, asked once its shim ended: the shim joined it
         before it started anything (its `joined` file says so; only the agent's user can write there), a task's
@@ -237,10 +243,15 @@ class TaskProcess:
 
     async def enforce_memory(self, limit_gb: float) -> None:
         """Kill the whole task when its processes together use more than the memory it asked for: its cgroup's
-        limit, enforced by the kernel, where it has one (a kill there ends the whole task); else measured here."""
+        limit, enforced by the kernel, once the shim joined it (a kill there ends the whole task); else (no cgroup,
+        or one the shim could not join) measured here. The first look comes after a moment: the shim joins its
+        cgroup as it starts."""
         limit = limit_gb * 2**30
         while self.process.returncode is None:
-            if self.cgroup is not None:
+            await asyncio.sleep(MEMORY_CHECK_S)
+            if self.process.returncode is not None:
+                return
+            if self.in_cgroup():
                 if self.out_of_memory(limit_gb):
                     self._signal_group(signal.SIGKILL)
                     return
@@ -252,7 +263,6 @@ class TaskProcess:
                 )
                 self._signal_group(signal.SIGKILL)
                 return
-            await asyncio.sleep(MEMORY_CHECK_S)
 
     def out_of_memory(self, limit_gb: float) -> bool:
         """Whether the kernel killed a process of the task's cgroup for memory (noted once)."""

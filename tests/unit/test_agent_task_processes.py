@@ -7,7 +7,9 @@ import os
 import random
 import signal
 import subprocess
+import sys
 from pathlib import Path
+from shlex import quote
 
 import psutil
 import pytest
@@ -16,7 +18,7 @@ from shared.events import TaskStarted
 from services.agent.cgroups import Cgroups, TaskCgroup, detect, plan, procs, remove
 from services.agent.isolation import TaskUsers
 from tests.factories import unique
-from tests.unit.test_agent_isolation import ended, make_agent, run, start
+from tests.unit.test_agent_isolation import HOG, ended, make_agent, run, start
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="tasks get users and cgroups of their own only under root")
 
@@ -147,3 +149,22 @@ def test_a_uid_not_given_back_is_claimed_only_while_no_process_has_it(tmp_path, 
     finally:
         left.kill()
         left.wait()
+
+
+@root_only
+@with_cgroups
+async def test_a_task_whose_cgroup_was_not_joined_has_its_memory_measured_by_the_agent(tmp_path, monkeypatch):
+    """The shim says so when it cannot join the cgroup; the agent used to wait for the cgroup's own kills, which
+    could not come: the task ran without any memory limit."""
+
+    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:
+        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
+
+    monkeypatch.setattr(Cgroups, "create", unjoinable)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)
+    exited, output = await run(
+        agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5), sent
+    )  # 1.5 GB in a detached process
+    assert "cgroup could not be joined" in output, output
+    assert exited.reason == "oom" and exited.oom == "host" and "HELD" not in output, (exited, output)
