@@ -165,25 +165,60 @@ def read_oom_kills(cg: TaskCgroup) -> int:
         return 0
 
 
-def remove(cg: TaskCgroup) -> None:
-    """Kill every process in the task's cgroups, then remove them."""
+def nested(top: Path) -> list[Path]:
+    """`top` and every cgroup below it, deepest first (the order they can be removed in); FileNotFoundError when
+    `top` is no cgroup (a listing of nothing must not read as a cgroup without processes)."""
+    if not (top / "cgroup.procs").is_file():
+        raise FileNotFoundError(f"no cgroup at {top}")
+
+    def fail(exc: OSError) -> None:
+        raise exc
+
+    return [Path(root) for root, _, _ in os.walk(top, topdown=False, onerror=fail)]
+
+
+def procs(top: Path) -> set[int]:
+    """Every process in the cgroup `top` and those nested below it (OSError where one cannot be read)."""
+    return {int(pid) for group in nested(top) for pid in (group / "cgroup.procs").read_text().split()}
+
+
+def kill_all(top: Path) -> None:
+    """SIGKILL every process of the cgroup `top` (nested ones included) until none is left: what one forks while
+    it dies is in the cgroup too, and found by the next look. OSError where it cannot be read."""
+    if (top / "cgroup.kill").exists():  # v2: the kernel kills the whole subtree
+        (top / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + KILL_WAIT_S
+    while (pids := procs(top)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
+def kill_members(cg: TaskCgroup) -> None:
+    """SIGKILL every process of the task's cgroups (OSError where one cannot be read)."""
     for d in cg.dirs:
-        if not (d / "cgroup.procs").is_file():
-            continue
-        if (d / "cgroup.kill").exists():
-            (d / "cgroup.kill").write_text("1")
-        deadline = time.monotonic() + KILL_WAIT_S
-        while (pids := (d / "cgroup.procs").read_text().split()) and time.monotonic() < deadline:
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
+        kill_all(d)
+
+
+def remove(cg: TaskCgroup) -> None:
+    """Kill every process in the task's cgroups (nested ones included), then remove them."""
+    for d in cg.dirs:
         try:
-            d.rmdir()
+            kill_all(d)
+            groups = nested(d)
+        except FileNotFoundError:  # never made, or gone already
+            continue
         except OSError as exc:
-            log.warning("could not remove the task cgroup %s: %r", d, exc)
+            log.warning("could not empty the task cgroup %s: %r", d, exc)
+            continue
+        for group in groups:
+            try:
+                group.rmdir()
+            except OSError as exc:
+                log.warning("could not remove the task cgroup %s: %r", group, exc)
 
 
 def detect(*, pids_max: int, enabled: bool = True) -> Cgroups | None:

@@ -3,7 +3,9 @@
 A uid is claimed with a lock file (held while the task runs; it goes with the agent if the agent dies) and only
 when no process of that uid is alive. When the task ends every process of its uid is killed, what it left on the
 host (System V IPC, temporary files) is removed and its working directory is given back to the agent's user, so
-the next task that gets the uid finds nothing of this one.
+the next task that gets the uid finds nothing of this one. A uid given back that way is marked so in its lock file:
+the next claim takes it without looking through every process of the host (a uid whose last task's agent died
+before it gave the uid back is looked for among them, as is one never used).
 """
 
 import errno
@@ -63,10 +65,8 @@ class TaskUsers:
 
     def claim(self) -> TaskUser:
         """A uid no running process has and no other task holds."""
-        busy = {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info.get("uids")}
+        busy: set[int] | None = None  # the uids of every process of the host, looked up once where needed
         for uid in range(self.first_uid, self.first_uid + self.count):
-            if uid in busy:
-                continue
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,14 +75,32 @@ class TaskUsers:
                 if exc.errno in (errno.EAGAIN, errno.EACCES):
                     continue
                 raise
+            if os.pread(fd, len(GIVEN_BACK) + 1, 0) != GIVEN_BACK:
+                busy = uids_running() if busy is None else busy
+                if uid in busy:
+                    os.close(fd)
+                    continue
+            os.ftruncate(fd, 0)  # in use: an agent that dies now leaves it to be looked for
             return TaskUser(uid=uid, gid=uid, lock_fd=fd)
         raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
 
-    def release(self, user: TaskUser) -> None:
-        """Give the uid back once nothing of its task is left: processes, System V IPC, temporary files."""
+    def release(self, user: TaskUser, *, workdir: Path) -> None:
+        """Give the uid back once nothing of its task is left: its processes (every one of its uid, found by looking
+        through every process of the host: whatever its cgroup did not hold), its working directory (the agent's
+        again), System V IPC, temporary files; then mark it given back."""
         kill_user(user.uid)
+        chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
         sweep(user.uid)
+        os.pwrite(user.lock_fd, GIVEN_BACK, 0)
         os.close(user.lock_fd)
+
+
+GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
+
+
+def uids_running() -> set[int]:
+    """The real uid of every process of the host."""
+    return {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info.get("uids")}
 
 
 def kill_user(uid: int) -> int:

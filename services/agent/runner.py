@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 import os
 import pwd
 import re
@@ -20,7 +21,7 @@ from shared.events import LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
-from services.agent.cgroups import TaskCgroup, read_oom_kills
+from services.agent.cgroups import TaskCgroup, kill_members, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
@@ -54,6 +55,8 @@ MEMORY_CHECK_S = 0.5
 EXIT_POLL_S = 0.05
 DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read within this
 TASK_MARKER = "TRAINMASTER_TASK_INSTANCE"  # in every task process's environment: found even outside its group
+
+log = logging.getLogger(__name__)
 
 
 def agent_account() -> str:
@@ -131,6 +134,7 @@ class TaskProcess:
     workdir: Path
     user: TaskUser | None = None
     cgroup: TaskCgroup | None = None
+    joined: Path | None = None  # created by the shim once it is in the task's cgroups
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
     oom: str | None = None
@@ -142,10 +146,27 @@ class TaskProcess:
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
     update_every_s: float = UPDATE_EVERY_S  # a redrawn bar's latest frame goes out at most this often
+    _held: bool | None = field(default=None, init=False, repr=False)
 
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def in_cgroup(self) -> bool:
+        """Whether the shim has joined the task's cgroup (so far): from then on its limit holds the whole task."""
+        if self._held is not None:
+            return self._held
+        return self.cgroup is not None and self.joined is not None and self.joined.exists()
+
+    def held_by_cgroup(self) -> bool:
+        """Whether the task's cgroup holds every process of the task, asked once its shim ended: the shim joined it
+        before it started anything (its `joined` file says so; only the agent's user can write there), a task's
+        user cannot move a process out of it, and what a process forks stays in it."""
+        if self._held is None:
+            self._held = self.cgroup is not None and self.joined is not None and self.joined.exists()
+            if self.joined is not None:
+                self.joined.unlink(missing_ok=True)
+        return self._held
 
     async def pump(self, on_line: Callable[[LogLine], None]) -> int:
         """Forward every output line until the shim ends, then kill what is left of the task and forward what it
@@ -166,7 +187,11 @@ class TaskProcess:
         if status != -signal.SIGKILL:
             await asyncio.wait(readers, timeout=self.stop_grace_s if self.stop_reason is not None else DRAIN_S)
         await asyncio.to_thread(
-            kill_tree, self.process.pid, uid=self.user.uid if self.user else None, marker=self.marker
+            kill_tree,
+            self.process.pid,
+            uid=self.user.uid if self.user else None,
+            marker=self.marker,
+            cgroup=self.cgroup if self.held_by_cgroup() else None,
         )
         _, late = await asyncio.wait(readers, timeout=DRAIN_S)
         for reader in late:  # something outside the task's group, uid and environment holds its output: not read
@@ -218,10 +243,15 @@ class TaskProcess:
 
     async def enforce_memory(self, limit_gb: float) -> None:
         """Kill the whole task when its processes together use more than the memory it asked for: its cgroup's
-        limit, enforced by the kernel, where it has one (a kill there ends the whole task); else measured here."""
+        limit, enforced by the kernel, once the shim joined it (a kill there ends the whole task); else (no cgroup,
+        or one the shim could not join) measured here. The first look comes after a moment: the shim joins its
+        cgroup as it starts."""
         limit = limit_gb * 2**30
         while self.process.returncode is None:
-            if self.cgroup is not None:
+            await asyncio.sleep(MEMORY_CHECK_S)
+            if self.process.returncode is not None:
+                return
+            if self.in_cgroup():
                 if self.out_of_memory(limit_gb):
                     self._signal_group(signal.SIGKILL)
                     return
@@ -233,7 +263,6 @@ class TaskProcess:
                 )
                 self._signal_group(signal.SIGKILL)
                 return
-            await asyncio.sleep(MEMORY_CHECK_S)
 
     def out_of_memory(self, limit_gb: float) -> bool:
         """Whether the kernel killed a process of the task's cgroup for memory (noted once)."""
@@ -253,14 +282,21 @@ class TaskProcess:
             pass
 
 
-def kill_tree(leader: int, *, uid: int | None, marker: str) -> None:
-    """SIGKILL what is left of a task: its process group, every process of its uid (a task user's), and every
-    process carrying its marker in its environment (descendants that left the group, when tasks share the agent's
-    uid)."""
+def kill_tree(leader: int, *, uid: int | None, marker: str, cgroup: TaskCgroup | None = None) -> None:
+    """SIGKILL what is left of a task: its process group and, given the cgroup that holds every process of the
+    task, the processes listed there; else every process of its uid (a task user's) and every process carrying its
+    marker in its environment (descendants that left the group, when tasks share the agent's uid), each found by
+    looking through every process of the host."""
     try:
         os.killpg(leader, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if cgroup is not None:
+        try:
+            kill_members(cgroup)
+            return
+        except OSError as exc:  # it cannot answer after all: every process is looked at, as without one
+            log.warning("the processes of the task cgroup %s could not be read: %r", cgroup.dirs, exc)
     if uid is not None:
         kill_user(uid)
     for process in psutil.process_iter():
@@ -318,6 +354,7 @@ async def spawn(
     agent's own directory, not in the command line (every user can read those)."""
     workdir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
+    joined = launch_dir / f"{marker}.joined" if cgroup else None
     launch = {
         "command": argv or start.algorithm.command,
         "env": {**env, TASK_MARKER: marker},
@@ -326,6 +363,7 @@ async def spawn(
         "reach": list(reach),
         "cover": cover or {},
         "cgroup_procs": cgroup.procs_files if cgroup else [],
+        "cgroup_joined": str(joined) if joined else None,
         "tmpfs_size": tmpfs_bytes,
         "file_size": file_size,
     }
@@ -349,7 +387,9 @@ async def spawn(
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return TaskProcess(start=start, process=process, workdir=workdir, user=user, cgroup=cgroup, marker=marker)
+    return TaskProcess(
+        start=start, process=process, workdir=workdir, user=user, cgroup=cgroup, joined=joined, marker=marker
+    )
 
 
 def describe_exit(status: int, tail: deque[str]) -> str:

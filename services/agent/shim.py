@@ -143,11 +143,15 @@ def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None =
         os.close(fd)
 
 
-def join_cgroups(procs_files: list[str]) -> None:
-    """Move this process into the task's cgroups: what it forks from now on is counted against their limits."""
+def join_cgroups(procs_files: list[str], *, joined: str | None = None) -> None:
+    """Move this process into the task's cgroups: what it forks from now on is counted against their limits. Once
+    in all of them, create `joined` (in the agent's private launch directory, where no task can write): the agent
+    then finds the task's processes in its cgroups instead of looking through every process of the host."""
     for path in procs_files:
         with open(path, "w") as f:
             f.write(str(os.getpid()))
+    if procs_files and joined:
+        os.close(os.open(joined, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
 
 
 def _bind_to(parent: int) -> None:
@@ -197,7 +201,7 @@ def confine(launch: dict) -> tuple[dict, bool]:
         return {}, False
     uid, gid = user["uid"], user["gid"]
     try:
-        join_cgroups(launch.get("cgroup_procs", []))
+        join_cgroups(launch.get("cgroup_procs", []), joined=launch.get("cgroup_joined"))
     except OSError as exc:
         print(
             f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent instead",

@@ -160,8 +160,8 @@ class Supervisor:
         task.out_of_memory(memory_limit_gb(start, self.node))  # the kernel may have been quicker than our last look
         if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
             await past_quota(task, self.disk_quota_gb)
-        if task.user is not None:  # what the task left running under its uid (detached on purpose or not)
-            await asyncio.to_thread(kill_user, task.user.uid)
+        if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
+            await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
             await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
             await shipper.close()
@@ -192,9 +192,7 @@ class Supervisor:
             remove(cgroup)
         if user is None or self.confinement is None:  # a task user comes only with confinement
             return
-        kill_user(user.uid)
-        chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
-        self.confinement.users.release(user)
+        self.confinement.users.release(user, workdir=workdir)
 
     async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
         while True:

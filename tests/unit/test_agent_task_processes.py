@@ -1,0 +1,170 @@
+"""Where a root agent finds a task's processes: in the task's cgroup when the shim joined it (no look through every
+process of the host), by its uid once when the uid is given back (whatever left the cgroup or had none), and by
+looking through every process as before where the cgroup cannot answer. Real processes and cgroups."""
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from shlex import quote
+
+import psutil
+import pytest
+
+from shared.events import TaskStarted
+from services.agent.cgroups import Cgroups, TaskCgroup, detect, plan, procs, remove
+from services.agent.isolation import TaskUsers
+from tests.factories import unique
+from tests.unit.test_agent_isolation import HOG, ended, make_agent, run, start
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="tasks get users and cgroups of their own only under root")
+
+
+def cgroups_here() -> Cgroups | None:
+    return detect(pids_max=1024) if os.geteuid() == 0 else None
+
+
+with_cgroups = pytest.mark.skipif(cgroups_here() is None, reason="no writable cgroup hierarchy on this host")
+
+
+@pytest.fixture
+def scans(monkeypatch) -> list[int]:
+    """Every look through all processes of the host (psutil.process_iter), counted."""
+    calls: list[int] = []
+    real = psutil.process_iter
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(psutil, "process_iter", counted)
+    return calls
+
+
+def test_a_cgroups_processes_are_listed_with_those_of_the_groups_nested_in_it(tmp_path):
+    top = tmp_path / "uid-7"
+    (top / "inner" / "deeper").mkdir(parents=True)
+    (top / "cgroup.procs").write_text("11\n12\n")
+    (top / "inner" / "cgroup.procs").write_text("13\n")
+    (top / "inner" / "deeper" / "cgroup.procs").write_text("14\n")
+    assert procs(top) == {11, 12, 13, 14}
+    with pytest.raises(FileNotFoundError):  # no cgroup there: never an empty answer
+        procs(tmp_path / "uid-8")
+
+
+@root_only
+@with_cgroups
+async def test_a_task_held_by_its_cgroup_ends_with_one_look_through_every_process(tmp_path, scans):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)
+    first, _ = await run(agent, start(unique("first"), "true"), sent)
+    assert first.reason == "completed", first
+    scans.clear()
+    second, _ = await run(agent, start(unique("second"), "sleep 0.2 & echo DONE"), sent)
+    assert second.reason == "completed", second
+    # the uid given back by the first task is claimed without a look; its end kills what its cgroup lists; the
+    # uid's one sweep when it is given back (five of them and a read of every process's environment before)
+    assert len(scans) == 1
+
+
+@root_only
+@with_cgroups
+async def test_a_process_of_the_tasks_uid_outside_its_cgroup_is_found_by_its_uid(tmp_path, scans):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)
+    job_id = unique("escape")
+    await agent.start(start(job_id, "while [ ! -e go ]; do sleep 0.05; done; echo DONE"))
+    for _ in range(600):
+        if any(isinstance(m, TaskStarted) and m.job_id == job_id for m in sent):
+            break
+        await asyncio.sleep(0.05)
+    task = next(t for t in agent.tasks.values() if t.start.job_id == job_id)
+    assert task.user is not None
+    escaped = subprocess.Popen(["sleep", "300"], user=task.user.uid, group=task.user.gid, start_new_session=True)
+    try:
+        (task.workdir / "go").touch()
+        exited, _ = await ended(job_id, sent)
+        assert exited.reason == "completed", exited
+        assert task.held_by_cgroup()  # the task itself was in its cgroup: the escaped one is found by its uid
+        assert escaped.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        escaped.kill()
+        escaped.wait()
+
+
+@root_only
+@with_cgroups
+async def test_a_task_whose_cgroup_was_not_joined_is_ended_by_looking_through_every_process(
+    tmp_path, scans, monkeypatch
+):
+    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:  # as a hierarchy gone meanwhile
+        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
+
+    monkeypatch.setattr(Cgroups, "create", unjoinable)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)
+    exited, output = await run(agent, start(unique("unjoined"), "echo DONE"), sent)
+    assert exited.reason == "completed" and "cgroup could not be joined" in output, (exited, output)
+    # its uid and its marker looked for at its end, its uid again after it and when given back (and at the claim)
+    assert len(scans) >= 4
+
+
+@root_only
+@with_cgroups
+def test_removing_a_tasks_cgroup_kills_and_removes_the_groups_nested_in_it():
+    cgroups = cgroups_here()
+    assert cgroups is not None
+    cg = cgroups.create(name=f"nest-{unique()}", memory_gb=0.25)
+    assert cg is not None
+    inner = cg.dirs[0] / "inner"
+    inner.mkdir()
+    sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        (inner / "cgroup.procs").write_text(str(sleeper.pid))
+        remove(cg)
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert not any(Path(d).exists() for d in cg.dirs)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@root_only
+def test_a_uid_not_given_back_is_claimed_only_while_no_process_has_it(tmp_path, scans):
+    first = random.randrange(300_000, 900_000, 100)
+    users = TaskUsers(first_uid=first, count=2, lock_dir=tmp_path / "uids")
+    left = subprocess.Popen(["sleep", "300"], user=first, group=first, start_new_session=True)  # its agent died
+    try:
+        taken = users.claim()
+        assert taken.uid == first + 1 and len(scans) == 1
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        users.release(taken, workdir=workdir)
+        scans.clear()
+        again = TaskUsers(first_uid=first + 1, count=1, lock_dir=tmp_path / "uids")
+        assert again.claim().uid == first + 1 and scans == []  # given back: taken without a look
+    finally:
+        left.kill()
+        left.wait()
+
+
+@root_only
+@with_cgroups
+async def test_a_task_whose_cgroup_was_not_joined_has_its_memory_measured_by_the_agent(tmp_path, monkeypatch):
+    """The shim says so when it cannot join the cgroup; the agent used to wait for the cgroup's own kills, which
+    could not come: the task ran without any memory limit."""
+
+    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:
+        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
+
+    monkeypatch.setattr(Cgroups, "create", unjoinable)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)
+    exited, output = await run(
+        agent, start(unique("hog"), f"{sys.executable} -c {quote(HOG)} 96", memory_gb=0.5), sent
+    )  # 1.5 GB in a detached process
+    assert "cgroup could not be joined" in output, output
+    assert exited.reason == "oom" and exited.oom == "host" and "HELD" not in output, (exited, output)
