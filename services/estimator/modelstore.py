@@ -31,6 +31,7 @@ class ModelStore:
     predictor: HistoryPredictor | None = None
     version: int | None = None
     training: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    refused: set[tuple[Path, int, int]] = field(default_factory=set, repr=False)  # files that did not load
 
     def versions(self) -> list[int]:
         if not self.directory.exists():
@@ -38,24 +39,31 @@ class ModelStore:
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := VERSION.match(p.name)))
 
     def load_latest(self) -> bool:
-        """Serve the newest model on disk, else the shipped one; True when it changed."""
-        versions = self.versions()
-        if versions:
-            newest, path = versions[-1], self.directory / f"history-v{versions[-1]}.npz"
-        elif self.shipped is not None and self.version is None and self.shipped.exists():
-            newest, path = 0, self.shipped
-        else:
-            return False
-        if newest == self.version:
-            return False
-        try:
-            self.predictor = HistoryPredictor.load(path)
-        except (ValueError, OSError) as exc:  # another format version, or half a file: keep what we have
-            log.warning("history model %s not usable: %r", path, exc)
-            return False
-        self.version = newest
-        log.info("serving history model v%d (%s)", self.version, path)
-        return True
+        """Serve the newest model that loads: on disk, else the shipped one (a model on disk of an older format,
+        after an upgrade, is passed over, not served and not a reason to train at start); True when it changed."""
+        candidates = [(v, self.directory / f"history-v{v}.npz") for v in reversed(self.versions())]
+        if self.shipped is not None:
+            candidates.append((0, self.shipped))
+        for version, path in candidates:
+            if self.version is not None and version <= self.version:
+                return False  # the served one is the newest that loads
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            seen = (path, stat.st_mtime_ns, stat.st_size)  # a file refused once is tried again only if it changed
+            if seen in self.refused:
+                continue
+            try:
+                predictor = HistoryPredictor.load(path)
+            except (ValueError, OSError) as exc:  # another format version, or half a file: keep what we have
+                self.refused.add(seen)
+                log.warning("history model %s not usable: %r", path, exc)
+                continue
+            self.predictor, self.version = predictor, version
+            log.info("serving history model v%d (%s)", version, path)
+            return True
+        return False
 
     def status(self) -> dict:
         """What an operator asks: which version is served, which are on disk, whether one is being trained."""

@@ -78,6 +78,18 @@ def provenance(corpus: list[Path]) -> dict:
     }
 
 
+def libraries() -> dict[str, str]:
+    """The numerical libraries the training ran on (a retraining on others may differ in its last digits)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import json, numpy, torch; print(json.dumps([numpy.__version__, torch.__version__]))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    numpy_version, torch_version = json.loads(out.stdout)
+    return {"numpy": numpy_version, "torch": torch_version}
+
+
 def stale(recorded: dict, corpus: list[Path] | None) -> list[str]:
     """Why the shipped model is not what this code trains (from `corpus`, when given): empty when it is."""
     now = provenance(corpus or [])
@@ -88,6 +100,8 @@ def stale(recorded: dict, corpus: list[Path] | None) -> list[str]:
     ]
     if corpus is not None and recorded.get("corpus") != now["corpus"]:
         reasons.append(f"corpus: shipped {recorded.get('corpus')!r}, now {now['corpus']!r}")
+    if SHIPPED.exists() and recorded.get("model_sha256") != file_digest(SHIPPED):
+        reasons.append("model_sha256: the provenance file is not the shipped model's (make history-model)")
     if reasons and recorded.get("sources") != now["sources"]:
         reasons.append(f"sources: shipped {recorded.get('sources')!r}, now {now['sources']!r}")
     return reasons
@@ -108,8 +122,11 @@ def main() -> None:
     if not tarballs:
         raise SystemExit(f"no MLPerf tarballs in {args.corpus}")
     argv = [sys.executable, "-m", "services.estimator.train", "--out", str(SHIPPED), "--corpus", *map(str, tarballs)]
-    subprocess.run(argv, check=True, cwd=REPO)
-    PROVENANCE.write_text(json.dumps(provenance(tarballs), indent=1) + "\n")
+    subprocess.run(argv, check=True, cwd=REPO)  # the model itself is written whole (a file beside it, then renamed)
+    recorded = provenance(tarballs) | {"model_sha256": file_digest(SHIPPED), "libraries": libraries()}
+    tmp = PROVENANCE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(recorded, indent=1) + "\n")
+    tmp.replace(PROVENANCE)
     print(f"wrote {SHIPPED.relative_to(REPO)} and {PROVENANCE.relative_to(REPO)}")
 
 

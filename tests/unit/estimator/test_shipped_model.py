@@ -87,3 +87,27 @@ async def test_without_a_servable_shipped_model_the_first_is_trained_at_start(tm
     [argv] = spawned
     assert argv[argv.index("--out") + 1].endswith("history-v1.npz")
     assert store.version is None and store.predictor is None
+
+
+def test_a_provenance_file_that_is_not_the_shipped_models_is_stale(tmp_path, monkeypatch):
+    recorded = json.loads(shipped.PROVENANCE.read_text())
+    other = tmp_path / "history-shipped.npz"
+    other.write_bytes(shipped.SHIPPED.read_bytes() + b"\0")  # another file than the one it describes
+    monkeypatch.setattr(shipped, "SHIPPED", other)
+    assert any(r.startswith("model_sha256") for r in shipped.stale(recorded, None))
+
+
+async def test_after_an_upgrade_a_model_on_disk_of_an_older_format_is_passed_over_for_the_shipped_one(
+    tmp_path, spawned, caplog
+):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "history-v3.npz").write_bytes(b"a model of a format this code no longer reads")
+    store = ModelStore(directory=models, corpus=[tmp_path / "corpus.tar.gz"], shipped=shipped.SHIPPED)
+    await first_pass(store)
+    assert spawned == [] and store.version == 0 and store.predictor is not None
+    refusals = len([r for r in caplog.records if "not usable" in r.getMessage()])
+    assert not store.load_latest() and refusals == 1  # refused once, not again at every look
+    assert len([r for r in caplog.records if "not usable" in r.getMessage()]) == 1
+    shutil.copy(shipped.SHIPPED, models / "history-v4.npz")  # the next retraining
+    assert store.load_latest() and store.version == 4
