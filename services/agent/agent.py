@@ -31,7 +31,7 @@ from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import Preparer
 from services.agent.retention import Retention, attempt_dirs, remove_empty
-from services.agent.runner import TaskProcess
+from services.agent.runner import TaskProcess, clear_launches
 from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.supervision import Supervisor, exited_event, started_event
 from services.agent.telemetry import group_pids, task_samples
@@ -88,10 +88,13 @@ class Agent:
         self.tasks: dict[str, TaskProcess] = {}
         self.supervisors: set[asyncio.Task] = set()
         private_dir(root)
+        launches = private_dir(root / "launch")
+        if left := clear_launches(launches):
+            log.info("removed %d launch files an earlier run of the agent left", len(left))
         self.supervisor = Supervisor(
             node=node,
             root=root,
-            launches=private_dir(root / "launch"),
+            launches=launches,
             boot_id=self.boot_id,
             checkpoints=checkpoints,
             preparer=preparer,

@@ -120,3 +120,13 @@ async def test_an_agent_heartbeats_while_the_bus_does_not_take_its_registration_
     coming.cancel()
     with pytest.raises(asyncio.CancelledError):
         await coming
+
+
+def test_a_restarted_agent_clears_the_launch_files_and_joined_markers_its_earlier_run_left(tmp_path):
+    # the earlier run crashed mid-task: its task's `joined` marker and a launch file no shim read stayed for ever
+    launches = tmp_path / "launch"
+    launches.mkdir(mode=0o700)
+    (launches / "0123abcd.joined").touch()
+    (launches / "4567ef.json").write_text("{}")
+    make_agent(tmp_path, [])
+    assert list(launches.iterdir()) == []
