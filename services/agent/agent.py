@@ -181,7 +181,11 @@ class Agent:
             return
         held = await asyncio.to_thread(
             lambda: [
-                probe.process_memory_gb(t.start.gpu_indices, group_pids(t.pid)) if t.start.gpu_indices else None
+                probe.process_memory_gb(
+                    t.start.gpu_indices, group_pids(t.pid, cgroup=t.cgroup if t.in_cgroup() else None)
+                )
+                if t.start.gpu_indices
+                else None
                 for t in tasks
             ]
         )
