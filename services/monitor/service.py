@@ -185,9 +185,17 @@ class Monitor:
         }
 
     async def load_fleet(self) -> int:
-        """At start: every stored node into memory, each heard now (silence counts from this start)."""
+        """At start: every stored node into memory, each heard now (silence counts from this start). A last_seen
+        ahead of now is a node's own clock, as monitors before this one stored it: it becomes now (it hid every
+        later heartbeat of that boot)."""
+        now = self.wall()
         async for doc in self.nodes.collection.find({}):
-            self.fleet.loaded(record_of(doc))
+            node = record_of(doc)
+            if node.last_seen > now:
+                node = node.model_copy(update={"last_seen": now})
+                seen = {"last_seen": now, "last_seen_s": now.timestamp()}
+                await self.nodes.collection.update_one({"_id": node.node_id}, {"$set": seen})
+            self.fleet.loaded(node)
         # The agents of a large fleet still heartbeat at the interval they were told: time them by it at once.
         self.cadence.update(self.fleet.size(), self.fleet.clock())
         return len(self.fleet.records)

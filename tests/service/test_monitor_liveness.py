@@ -330,3 +330,16 @@ async def test_a_registration_dated_ahead_is_seen_when_it_arrived(monitor_broker
     ahead = NodeRegistered(event_id="n1:boot:b1", node=node(node_id="n1"), boot_id="b1", occurred_at=CENTURY_AHEAD)
     await publish(broker, ahead)
     assert monitor.fleet.records["n1"].last_seen == T0
+
+
+async def test_a_last_seen_an_older_monitor_took_from_a_node_s_clock_is_set_right_at_start(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    await fleet_of(broker, monitor, Clock(), "n1")
+    await monitor.nodes.collection.update_one({"_id": "n1"}, {"$set": {"last_seen": CENTURY_AHEAD}})
+    monitor.fleet, monitor.wall = Fleet(), lambda: T0 + timedelta(seconds=30)
+    assert await monitor.load_fleet() == 1
+    assert monitor.fleet.records["n1"].last_seen == T0 + timedelta(seconds=30)
+    task = TaskRef(job_id="j", attempt=1)
+    await heard(monitor, beat("n1", 16, running=(task,)))  # sent and received at T0 + 32 s
+    assert monitor.fleet.records["n1"].running == (task,)
+    assert as_utc((await monitor.nodes.load("n1"))["last_seen"]) == T0 + timedelta(seconds=32)
