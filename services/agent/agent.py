@@ -31,12 +31,16 @@ from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import Preparer
 from services.agent.retention import Retention, attempt_dirs, remove_empty
-from services.agent.runner import TaskProcess
+from services.agent.runner import TaskProcess, clear_launches
 from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.supervision import Supervisor, exited_event, started_event
 from services.agent.telemetry import group_pids, task_samples
 
 log = logging.getLogger(__name__)
+
+# Once the agent stops, what the bus will not take is retried this much longer than the tasks' grace, then given up:
+# an end not sent stays unreported in the journal, and the next run of the agent reports it.
+SEND_AFTER_GRACE_S = 5.0
 
 Publish = Callable[[Message], Awaitable[None]]
 Acknowledge = Callable[[], Awaitable[None]]  # returns once the server has everything published so far, else raises
@@ -84,10 +88,13 @@ class Agent:
         self.tasks: dict[str, TaskProcess] = {}
         self.supervisors: set[asyncio.Task] = set()
         private_dir(root)
+        launches = private_dir(root / "launch")
+        if left := clear_launches(launches):
+            log.info("removed %d launch files an earlier run of the agent left", len(left))
         self.supervisor = Supervisor(
             node=node,
             root=root,
-            launches=private_dir(root / "launch"),
+            launches=launches,
             boot_id=self.boot_id,
             checkpoints=checkpoints,
             preparer=preparer,
@@ -112,6 +119,7 @@ class Agent:
         if fence is not None and heard is not None:  # the node's silences go on from its previous run's
             fence.resume(silences=heard.silences, unheard_for_s=unheard_for_s(heard, now_wall=time.time()))
         self.heartbeats = 0
+        self.stop_by: float | None = None  # monotonic: once stopping, when retries of what is unsent end
 
     def silences(self) -> int:
         """How often this node went unheard past its fence window (0 without a fence): what a start must carry."""
@@ -119,6 +127,16 @@ class Agent:
             return 0
         self.fence.due()
         return self.fence.silences
+
+    async def come_up(self, loops: Callable[[], Awaitable[None]]) -> None:
+        """Start the agent's loops (heartbeats), then register and report the ends an earlier run left. Not the
+        other way round: a stream that does not take those yet (a NATS cluster electing its leaders) held back
+        every heartbeat, and the node was lost for the silence of its own start. Nothing needs that order: the
+        monitor reads heartbeats (core NATS) and registrations (a stream) apart, in any order, and a new boot id
+        in either is the agent's restart."""
+        await loops()
+        await self.register()
+        await self.report_unreported()
 
     async def register(self) -> None:
         await self.publish_reliably(
@@ -163,7 +181,11 @@ class Agent:
             return
         held = await asyncio.to_thread(
             lambda: [
-                probe.process_memory_gb(t.start.gpu_indices, group_pids(t.pid)) if t.start.gpu_indices else None
+                probe.process_memory_gb(
+                    t.start.gpu_indices, group_pids(t.pid, cgroup=t.cgroup if t.in_cgroup() else None)
+                )
+                if t.start.gpu_indices
+                else None
                 for t in tasks
             ]
         )
@@ -254,13 +276,15 @@ class Agent:
             )
 
     async def shutdown(self, reason: str = "agent_shutdown") -> None:
-        """Stop every task (it is requeued elsewhere) and wait for their reports."""
+        """Stop every task (it is requeued elsewhere) and wait for their reports, until the stop's deadline: what
+        the bus has not taken by then is not waited for (an end stays in the journal, for the next run)."""
+        self.stop_by = time.monotonic() + self.shutdown_grace_s + SEND_AFTER_GRACE_S
         for key in list(self.launching):
             self._cancel_launch(key)
         for task in list(self.tasks.values()):
             self._beside(task.stop(reason=reason, grace_s=self.shutdown_grace_s))
         if self.supervisors:
-            await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + 5)
+            await asyncio.wait(self.supervisors, timeout=self.shutdown_grace_s + SEND_AFTER_GRACE_S)
 
     async def fence_if_unheard(self) -> None:
         """Stop every task (the stop command's path: SIGTERM, the fence's grace, SIGKILL, cleanup) once no heartbeat
@@ -346,15 +370,27 @@ class Agent:
                 )
 
     async def _report_exit(self, event: TaskExited) -> None:
-        await self.publish_reliably(event)
-        self.journal.mark_exited(Journal.key(event.job_id, event.attempt, event.rank))
+        """Report a task's end; journalled as reported once the bus took it (else the next run reports it)."""
+        if await self._sent(event):
+            self.journal.mark_exited(Journal.key(event.job_id, event.attempt, event.rank))
 
     async def publish_reliably(self, message: Message | LogChunk) -> None:
-        """Publish, retrying while the bus is unreachable: a task's end must never be lost."""
+        """Publish, retrying while the bus is unreachable: a task's end must never be lost while the agent runs;
+        once it stops, the retries end at the stop's deadline (`shutdown`)."""
+        await self._sent(message)
+
+    async def _sent(self, message: Message | LogChunk) -> bool:
+        """Whether the bus took the message, retried each second until it does or the stop's deadline passed."""
         while True:
             try:
                 await self.publish(message)
-                return
+                return True
             except Exception as exc:
+                left = None if self.stop_by is None else self.stop_by - time.monotonic()
+                if left is not None and left <= 0:
+                    log.warning(
+                        "%s not sent: the agent stopped while the bus did not take it (%r)", message.event_id, exc
+                    )
+                    return False
                 log.warning("publishing %s failed, retrying: %r", message.event_id, exc)
-                await asyncio.sleep(1)
+                await asyncio.sleep(1 if left is None else min(1, left))

@@ -356,9 +356,7 @@ def create_app(settings: AgentSettings) -> FastStream:
     w.broker.include_router(command_router(node.node_id))
     w.broker.context.set_global("agent", agent)
 
-    async def started() -> None:
-        await agent.register()
-        await agent.report_unreported()
+    async def loops() -> None:
         client = w.broker.config.connection_state.connection
 
         async def heard(msg) -> None:
@@ -381,6 +379,9 @@ def create_app(settings: AgentSettings) -> FastStream:
             )
             w.background.spawn("spot", watcher.run)
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
+
+    async def started() -> None:
+        await agent.come_up(loops)
 
     async def stopping() -> None:
         await agent.shutdown()

@@ -333,6 +333,18 @@ def group_rss(leader: int) -> int:
         return 0
 
 
+def clear_launches(launch_dir: Path) -> list[str]:
+    """Remove what an earlier run of the agent left in its launch directory, before this run launches anything:
+    launch files no shim read and the `joined` markers of tasks that run died with (no live task owns them);
+    the names removed."""
+    removed = []
+    for entry in os.scandir(launch_dir):
+        if not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
 async def spawn(
     start: StartTask,
     *,

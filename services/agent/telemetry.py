@@ -5,6 +5,7 @@ from collections.abc import Iterable
 import psutil
 
 from shared.events import GpuReading, StartTask, TaskTelemetry
+from services.agent.cgroups import TaskCgroup, procs
 
 
 def task_samples(
@@ -33,8 +34,15 @@ def task_samples(
     return samples
 
 
-def group_pids(leader: int) -> set[int]:
-    """A process and all its descendants (host pids, as NVML names them); empty once it is gone."""
+def group_pids(leader: int, *, cgroup: TaskCgroup | None = None) -> set[int]:
+    """A task's processes (host pids, as NVML names them): those of its cgroup where one holds every process of
+    the task (a file read), else the leader and all its descendants (psutil walks every process of the host);
+    empty once it is gone."""
+    if cgroup is not None:
+        try:
+            return {pid for d in cgroup.dirs[:1] for pid in procs(d)}
+        except OSError:  # it cannot answer after all: the processes are looked through, as without one
+            pass
     try:
         root = psutil.Process(leader)
         return {root.pid, *(p.pid for p in root.children(recursive=True))}

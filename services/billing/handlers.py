@@ -91,8 +91,12 @@ async def on_job_event(event: JobEvent, message: NatsMessage, billing: Billing =
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="billing-fleet"))
 @retry_transient
-async def on_node_event(event: NodeEvent, billing: Billing = Context("billing")) -> None:
-    """Node lifetimes, in stream order."""
+async def on_node_event(event: NodeEvent, message: NatsMessage, billing: Billing = Context("billing")) -> None:
+    """Node lifetimes, in stream order; a registration is timed by when the bus server stored it, never by the
+    time its agent states."""
+    if isinstance(event, NodeRegistered):
+        await billing.lifetimes.registered(event, seen=stored_at(message))
+        return
     await dispatch(EVENT_HANDLERS, event, billing)
 
 

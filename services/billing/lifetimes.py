@@ -10,6 +10,7 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
+from shared.clock import utcnow
 from shared.events import NodeProvisioned, NodeRegistered, NodeReleased, NodeStateChanged
 from services.billing.ledger import close_lifetime, lifetime_id, open_lifetime
 from services.billing.records import NodeRecords
@@ -23,6 +24,7 @@ class Lifetimes:
     nodes_open: AsyncCollection  # node lifetimes still running
     records: NodeRecords  # each node's kind, GPUs and price, for whom
     spent: Spent  # a rented node's lifetime closed: its project's budgets are looked at
+    clock: Callable[[], datetime] = utcnow  # billing's own now: no registration opens a lifetime later than it
 
     async def node_state(self, event: NodeStateChanged) -> None:
         """A node ready opens its lifetime (if none runs); a node lost closes it at its last sign of life."""
@@ -31,11 +33,15 @@ class Lifetimes:
             return
         await self._close(event.node_id, ended_at=event.last_seen, reason="node_lost")
 
-    async def registered(self, event: NodeRegistered) -> None:
-        """Charged as its record says (`NodeRecords.registered`); a node with no record is not charged or counted."""
+    async def registered(self, event: NodeRegistered, *, seen: datetime | None = None) -> None:
+        """Charged as its record says (`NodeRecords.registered`) from when the platform recorded the registration
+        (`seen`: the bus server's time, never later than billing's now), not from the time its agent states; a
+        node with no record is not charged or counted."""
         info = await self.records.registered(event.node)
         if info is not None:
-            await self._open(event.node.node_id, at=event.occurred_at, source="registered", info=info)
+            now = self.clock()
+            at = min(seen, now) if seen is not None else now
+            await self._open(event.node.node_id, at=at, source="registered", info=info)
 
     async def provisioned(self, event: NodeProvisioned) -> None:
         info = await self.records.provisioned(event)

@@ -60,7 +60,7 @@ def build(
             reconcile_grace_s=reconcile_grace_s,
             clock=clock,
         ),
-        lifetimes=Lifetimes(nodes=nodes, nodes_open=nodes_open, records=records, spent=budgets.check),
+        lifetimes=Lifetimes(nodes=nodes, nodes_open=nodes_open, records=records, spent=budgets.check, clock=clock),
         reports=reports,
         admission=Admission(book=book, reports=reports, placements=placements, changed=budgets.check),
         alerts=budgets,

@@ -32,7 +32,7 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import keyed_durable
+from shared.keyed import keyed_durable, stored_at
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
@@ -178,8 +178,11 @@ async def on_job_event(event: JobEvent, message: NatsMessage, monitor: Monitor =
 
 @router.subscriber(**durable("tm.node.evt.>", consumer="monitor-nodes", batch=64, ordered=False))
 @retry_transient
-async def on_node_event(event: NodeEvent, monitor: Monitor = Context("monitor")) -> None:
-    """Registrations and releases (heartbeats are core NATS, never stored: see heartbeat_intake)."""
+async def on_node_event(event: NodeEvent, message: NatsMessage, monitor: Monitor = Context("monitor")) -> None:
+    """Registrations and releases (heartbeats are core NATS, never stored: see heartbeat_intake); a registration is
+    timed by when the bus server stored it, not by the node's clock."""
+    if isinstance(event, NodeRegistered) and (stored := stored_at(message)) is not None:
+        event = event.model_copy(update={"occurred_at": stored})
     await dispatch(EVENT_HANDLERS, event, monitor)
 
 

@@ -107,6 +107,7 @@ class Monitor:
     # the node timeout that goes with it.
     heartbeat_interval_s: float = 2.0
     heartbeats_per_s: float = 0.0
+    wall: Callable[[], datetime] = utcnow  # the monitor's own clock: when a node was heard (a node's is its claim)
     cadence: Cadence = field(init=False, repr=False)
     # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
     first_writes: GroupCommit[tuple[str, dict, list], bool] = field(init=False, repr=False)
@@ -184,41 +185,54 @@ class Monitor:
         }
 
     async def load_fleet(self) -> int:
-        """At start: every stored node into memory, each heard now (silence counts from this start)."""
+        """At start: every stored node into memory, each heard now (silence counts from this start). A last_seen
+        ahead of now is a node's own clock, as monitors before this one stored it: it becomes now (it hid every
+        later heartbeat of that boot)."""
+        now = self.wall()
         async for doc in self.nodes.collection.find({}):
-            self.fleet.loaded(record_of(doc))
+            node = record_of(doc)
+            if node.last_seen > now:
+                node = node.model_copy(update={"last_seen": now})
+                seen = {"last_seen": now, "last_seen_s": now.timestamp()}
+                await self.nodes.collection.update_one({"_id": node.node_id}, {"$set": seen})
+            self.fleet.loaded(node)
         # The agents of a large fleet still heartbeat at the interval they were told: time them by it at once.
         self.cadence.update(self.fleet.size(), self.fleet.clock())
         return len(self.fleet.records)
 
     async def registered(self, event: NodeRegistered) -> None:
-        """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now. What
-        it claims is capped to the node's record; a node without one is stored without what it offers (placement
-        gives it no work) and with the refusal, for the admin to see."""
-        node_id = event.node.node_id
+        """An agent (re)started; a registration read long after it was sent (a replay) says nothing of now. It is
+        timed by when the bus server stored it (`handlers.on_node_event`), never later than now: the time the node
+        states is its claim. What it claims is capped to the node's record; a node without one is stored without
+        what it offers (placement gives it no work) and with the refusal, for the admin to see."""
+        node_id, received = event.node.node_id, self.wall()
+        at = min(event.occurred_at, received)
         info, refused = (event.node, {}) if self.records is None else await self.records.admit(event.node)
         await self.sighted(
             node_id,
             boot_id=event.boot_id,
-            at=event.occurred_at,
+            at=at,
             silences=event.silences,
             info=info,
             running=(),
             claims_refused=refused,
         )
-        if (utcnow() - event.occurred_at).total_seconds() < self.timeout():
+        if (received - at).total_seconds() < self.timeout():
             self.fleet.hear(node_id)
 
     async def heartbeat(self, event: NodeHeartbeat) -> None:
         """A heartbeat (core NATS, read as it arrives): in memory only, unless it changes more than the clock; then
         the write goes on beside the intake, which reads the next heartbeat at once (a fleet coming up sends
-        thousands of first heartbeats: waiting for each node's write would leave the others unread)."""
+        thousands of first heartbeats: waiting for each node's write would leave the others unread). The node is
+        seen when the monitor received the heartbeat, on its own clock: the time the heartbeat states is the node's
+        claim (a clock ahead, or a lie) and decides neither liveness, nor a fence's time, nor a loss's."""
+        received = self.wall()
         self.fleet.hear(event.node_id)
         if event.node_id not in self._writing:  # else its write in flight stores it; this beat is the clock only
             current = self.fleet.records.get(event.node_id)
             seen: Seen = {
                 "boot_id": event.boot_id,
-                "at": event.occurred_at,
+                "at": received,
                 "silences": event.silences,
                 "running": event.running,
                 "gpu_utilization": event.gpu_utilization,
@@ -228,7 +242,7 @@ class Monitor:
             if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
                 self._beside(event.node_id, self.sighted(event.node_id, **seen))
             elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
-                self._beside(event.node_id, self._fence(event.node_id, sighting.node.running, now=event.occurred_at))
+                self._beside(event.node_id, self._fence(event.node_id, sighting.node.running, now=received))
         if self.backlog() == 0:
             self.fleet.caught_up()
 

@@ -388,19 +388,31 @@ class Stack:
             self.start_agent(node_id)
         self.wait_serving(timeout_s=60)
 
+    def api_ports(self) -> list[int]:
+        """The port of each API replica (the second one port up)."""
+        return [self.settings.api_port + r for r in range(self.settings.service_replicas)]
+
     def wait_serving(self, *, timeout_s: float) -> None:
-        """Wait for the API. A process that exits meanwhile is started again, as the supervisor of `make run`
-        does later: on a NATS cluster that is still electing its leaders a service's first bus request can time
-        out, and one replica of the API failing its start must not fail the stack's."""
+        """Wait for every API replica, with no process exited that could be started again. A process that exits
+        meanwhile is started again, as the supervisor of `make run` does later: on a NATS cluster that is still
+        electing its leaders a service's first bus request can time out, and one replica of the API failing its
+        start must not fail the stack's (nor leave it with one replica, or a service without its standby)."""
         deadline = time.monotonic() + timeout_s
         restarted: dict[str, float] = {}
         while True:
             left = deadline - time.monotonic()
             try:
-                return wait_for_port(self.settings.api_port, timeout_s=min(1.0, max(left, 0.05)))
+                for port in self.api_ports():
+                    wait_for_port(port, timeout_s=min(1.0, max(left, 0.05)))
+                exited = [name for name in self.dead() if restarted.get(name) != float("inf")]
+                if not exited:
+                    return
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
+            else:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"processes of the stack exited and did not stay up: {exited}")
             self.restart_dead(restarted)
 
     def restart_dead(self, restarted: dict[str, float]) -> list[tuple[str, bool]]:

@@ -14,7 +14,7 @@ import nats
 import pytest
 
 from shared.bus import LEASES
-from services.stack.processes import Stack, free_ports_at, wait_for_port
+from services.stack.processes import Stack, free_ports_at
 from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, start_stack
 from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
 from tests.e2e.scripts import quote
@@ -38,30 +38,8 @@ def replicated(tmp_path_factory, servers):
         nats_port=free_ports_at(0, 1, 2, 10, 11, 12),
         api_port=free_ports_at(0, 1),
     )
-    every_replica_up(stack)
     yield stack
     stack.stop_all()
-
-
-def every_replica_up(stack: Stack, *, timeout_s: float = 60) -> None:
-    """Both API replicas listening and no process of the stack exited, the dead started again meanwhile.
-    `start_stack` waits for the first API replica only: a replica whose start failed after it (its first bus
-    request timed out while the NATS cluster elected its leaders) stayed dead, and the kills of its partner (the
-    API replica, "no API replica answered"; a leader, with no replica to take over) then failed the test."""
-    deadline, restarted = time.monotonic() + timeout_s, dict[str, float]()
-    while True:
-        again = [name for name, started in stack.restart_dead(restarted) if started]
-        if again:
-            print(f"\nstarted again before the test: {again}")
-        try:
-            for port in (stack.settings.api_port, stack.settings.api_port + 1):
-                wait_for_port(port, timeout_s=1)
-            if not stack.dead():
-                return
-        except TimeoutError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"replicas not all up after {timeout_s} s; exited: {stack.dead()}")
 
 
 class Api:

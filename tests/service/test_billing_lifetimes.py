@@ -199,3 +199,15 @@ async def test_quotas_are_read_once_and_each_change_is_what_the_next_admission_s
     assert (await quotas.find_one({"_id": "p"}))["quotas"]["budget_per_month"] == 1.0  # and stored
     service.admission.book.known.clear()  # a restarted billing reads what was stored
     assert not (await service.admission.admit(ask)).allowed
+
+
+async def test_a_registration_an_agent_dates_years_back_is_charged_from_when_billing_saw_it(billing):
+    broker, service, _ = billing
+    ws = node(node_id="ws", kind="local", gpus=2, price=0.5)
+    claimed = T0 - timedelta(days=3650)  # the agent's clock (or its lie): ten years of capacity never offered
+    await publish(broker, NodeRegistered(event_id="ws:boot", occurred_at=claimed, node=ws, boot_id="b"))
+    await publish(
+        broker, NodeStateChanged(event_id="ws:lost", node_id="ws", state="lost", last_seen=T0 + timedelta(hours=4))
+    )
+    report = await service.reports.usage(UsageQuery(project_id="p"))
+    assert report.owned["local"].available_gpu_hours == 8

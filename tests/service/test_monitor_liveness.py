@@ -2,10 +2,10 @@
 nobody."""
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from shared.bus import NODE_CADENCE, publish
-from shared.clock import utcnow
+from shared.clock import as_utc, utcnow
 from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
@@ -14,6 +14,8 @@ from tests.factories import T0, exited, node, placed, submitted
 from tests.memory import MemoryCollection
 from tests.service.conftest import recorder
 from tests.unit.test_liveness import Clock
+
+CENTURY_AHEAD = datetime(2100, 1, 1, tzinfo=UTC)
 
 
 class CountingCollection(MemoryCollection):
@@ -38,7 +40,9 @@ class CountingCollection(MemoryCollection):
 
 
 async def heard(monitor, event: NodeHeartbeat) -> None:
-    """A heartbeat read, and the write it called for (if any) done."""
+    """A heartbeat read when it was sent (a node whose clock agrees with the monitor's), and the write it called
+    for (if any) done."""
+    monitor.wall = lambda: event.occurred_at
     await monitor.heartbeat(event)
     await monitor.written()
 
@@ -294,3 +298,48 @@ async def test_a_start_carries_its_nodes_silences_as_last_reported_and_a_refused
     await publish(broker, refusal.model_copy(update={"message": "refused: issued before this node last went unheard"}))
     job = await monitor.jobs.load("j")
     assert job["phase"] == "Pending" and not job["assignments"] and job["attempts"][-1]["outcome"] == "stopped"
+
+
+async def test_the_times_a_node_states_decide_nothing_of_its_liveness_the_monitors_clock_does(monitor_broker):
+    # a node whose clock runs a century ahead (or lies) is seen when its heartbeats arrive; set right, what it says
+    # next still counts (a last_seen of 2100 made every later heartbeat "older"); silent, it is lost as silent since
+    # its last heartbeat as the monitor received it (the time billing closes its lifetime at)
+    broker, monitor, _ = monitor_broker
+    clock = Clock()
+    monitor.started_at -= timedelta(minutes=1)
+    await fleet_of(broker, monitor, clock, "n1")
+    received = [T0 + timedelta(seconds=10)]
+    monitor.wall = lambda: received[0]
+    await monitor.heartbeat(beat("n1", 1).model_copy(update={"occurred_at": CENTURY_AHEAD}))
+    await monitor.written()
+    assert monitor.fleet.records["n1"].last_seen == received[0]
+    received[0] += timedelta(seconds=2)
+    task = TaskRef(job_id="j", attempt=1)
+    await monitor.heartbeat(beat("n1", 2, running=(task,)).model_copy(update={"occurred_at": T0}))
+    await monitor.written()
+    assert monitor.fleet.records["n1"].running == (task,)
+    clock.now += 60
+    await monitor.check_silent_nodes(utcnow())
+    lost = await monitor.nodes.load("n1")
+    assert lost["state"] == "lost" and as_utc(lost["last_seen"]) == T0 + timedelta(seconds=12)
+
+
+async def test_a_registration_dated_ahead_is_seen_when_it_arrived(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    monitor.wall = lambda: T0
+    ahead = NodeRegistered(event_id="n1:boot:b1", node=node(node_id="n1"), boot_id="b1", occurred_at=CENTURY_AHEAD)
+    await publish(broker, ahead)
+    assert monitor.fleet.records["n1"].last_seen == T0
+
+
+async def test_a_last_seen_an_older_monitor_took_from_a_node_s_clock_is_set_right_at_start(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    await fleet_of(broker, monitor, Clock(), "n1")
+    await monitor.nodes.collection.update_one({"_id": "n1"}, {"$set": {"last_seen": CENTURY_AHEAD}})
+    monitor.fleet, monitor.wall = Fleet(), lambda: T0 + timedelta(seconds=30)
+    assert await monitor.load_fleet() == 1
+    assert monitor.fleet.records["n1"].last_seen == T0 + timedelta(seconds=30)
+    task = TaskRef(job_id="j", attempt=1)
+    await heard(monitor, beat("n1", 16, running=(task,)))  # sent and received at T0 + 32 s
+    assert monitor.fleet.records["n1"].running == (task,)
+    assert as_utc((await monitor.nodes.load("n1"))["last_seen"]) == T0 + timedelta(seconds=32)

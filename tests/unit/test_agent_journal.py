@@ -3,8 +3,11 @@
 import asyncio
 import json
 
-from shared.events import TaskExited, TaskStarted
+import pytest
+
+from shared.events import NodeRegistered, TaskExited, TaskStarted
 from shared.storage import StoragePolicy
+from services.agent import agent as agent_module
 from services.agent.agent import Agent
 from services.agent.checkpoints import CheckpointStore
 from services.agent.journal import Journal
@@ -68,3 +71,62 @@ def test_a_journal_from_before_ends_were_kept_reports_nothing(tmp_path):
         json.dumps({"started": ["a:b:1:0", "c:2:1"], "stopped": ["c:2:1"], "exited": []})
     )
     assert Journal(tmp_path / "journal.json").unreported() == [("a:b", 1, 0)]  # ids may hold a colon
+
+
+async def test_a_stop_ends_the_retries_of_what_the_bus_will_not_take_and_the_end_waits_for_the_next_run(
+    tmp_path, monkeypatch
+):
+    # an agent stopped while its bus is unreachable retried for ever, until the stack's SIGKILL
+    monkeypatch.setattr(agent_module, "SEND_AFTER_GRACE_S", 0.2, raising=False)
+    (tmp_path / "journal.json").write_text(json.dumps({"started": ["j:1:0"], "stopped": [], "exited": []}))
+    tried: list = []
+
+    async def unreachable(message) -> None:
+        tried.append(message)
+        raise ConnectionError("no bus")
+
+    agent = make_agent(tmp_path, [], shutdown_grace_s=0.1)
+    agent.publish = unreachable
+    reporting = asyncio.create_task(agent.report_unreported())
+    while not tried:
+        await asyncio.sleep(0.01)
+    await agent.shutdown()
+    await asyncio.wait_for(reporting, timeout=10)
+    assert Journal(tmp_path / "journal.json").unreported() == [("j", 1, 0)]  # the next run reports it
+    sent: list = []
+    await make_agent(tmp_path, sent).report_unreported()
+    assert [(type(m), m.job_id) for m in sent] == [(TaskExited, "j")]
+
+
+async def test_an_agent_heartbeats_while_the_bus_does_not_take_its_registration_yet(tmp_path):
+    # a stream still electing its leader refused the registration: the agent sent no heartbeat until it took it
+    tried: list = []
+
+    async def refused(message) -> None:
+        tried.append(message)
+        raise TimeoutError("no response from stream")
+
+    agent = make_agent(tmp_path, [])
+    agent.publish = refused
+    looping: list = []
+
+    async def loops() -> None:
+        looping.append("heartbeat")
+
+    coming = asyncio.create_task(agent.come_up(loops))
+    while not tried:
+        await asyncio.sleep(0.01)
+    assert looping == ["heartbeat"] and [type(m) for m in tried] == [NodeRegistered]
+    coming.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await coming
+
+
+def test_a_restarted_agent_clears_the_launch_files_and_joined_markers_its_earlier_run_left(tmp_path):
+    # the earlier run crashed mid-task: its task's `joined` marker and a launch file no shim read stayed for ever
+    launches = tmp_path / "launch"
+    launches.mkdir(mode=0o700)
+    (launches / "0123abcd.joined").touch()
+    (launches / "4567ef.json").write_text("{}")
+    make_agent(tmp_path, [])
+    assert list(launches.iterdir()) == []

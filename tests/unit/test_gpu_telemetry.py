@@ -14,11 +14,12 @@ from shared.events import MAX_GPU_READINGS, GpuReading, NodeHeartbeat, TaskTelem
 from shared.origin import Given
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
+from services.agent.cgroups import TaskCgroup
 from services.agent.checkpoints import CheckpointStore
 from services.agent.hangs import HangPolicy
 from services.agent.nvml import GpuProbe
 from services.agent.preparation import Preparer
-from services.agent.telemetry import task_samples
+from services.agent.telemetry import group_pids, task_samples
 from services.estimator.telemetry import believed as estimator_believes, believed_process_memory, summary, system_series
 from services.monitor.nodes import declare_lost, sighted
 from tests.factories import T0, node
@@ -172,12 +173,46 @@ async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_samp
         storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
         hangs=HangPolicy(gpus=GpuProbe()),
     )
-    agent.tasks["j:1:0"] = SimpleNamespace(start=start(gpus=(0,)), pid=os.getpid(), stop_reason=None)  # the task
+    agent.tasks["j:1:0"] = SimpleNamespace(  # the task, in no cgroup: its processes are this one and descendants
+        start=start(gpus=(0,)), pid=os.getpid(), stop_reason=None, cgroup=None, in_cgroup=lambda: False
+    )
     await agent.heartbeat()
     beat, sample = sent
     assert isinstance(beat, NodeHeartbeat) and [(g.index, g.util_percent) for g in beat.gpus] == [(0, 90), (1, 5)]
     assert isinstance(sample, TaskTelemetry) and sample.job_id == "j" and [g.index for g in sample.gpus] == [0]
     assert sample.process_memory_gb == 3.0
+
+
+async def test_a_task_s_gpu_memory_is_that_of_the_processes_its_cgroup_lists(tmp_path, monkeypatch):
+    # the shim joined the task's cgroup: its processes are read there (a process that left the shim's tree, a
+    # daemonised data loader, still counts), not by walking every process of the host
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml({0: (90, 20.0, 300_000, 70)}, processes={0: [(4242, 5 * GIB)]}))
+    cg = tmp_path / "cg"
+    (cg / "nested").mkdir(parents=True)
+    (cg / "cgroup.procs").write_text("")
+    (cg / "nested" / "cgroup.procs").write_text("4242\n")
+    sent: list = []
+
+    async def publish(message) -> None:
+        sent.append(message)
+
+    agent = Agent(
+        node=node(node_id="n1", gpus=1),
+        root=tmp_path,
+        publish=publish,
+        preparer=Preparer(tmp_path / "engines", {}),
+        checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
+        storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
+        hangs=HangPolicy(gpus=GpuProbe()),
+    )
+    cgroup = TaskCgroup(dirs=(cg,), limits=(), oom_file=cg / "memory.events")
+    agent.tasks["j:1:0"] = SimpleNamespace(  # its shim is gone (no such pid); the task's process lives on
+        start=start(gpus=(0,)), pid=2**22 + 1, stop_reason=None, cgroup=cgroup, in_cgroup=lambda: True
+    )
+    await agent.heartbeat()
+    _, sample = sent
+    assert sample.process_memory_gb == 5.0
+    assert group_pids(2**22 + 1, cgroup=TaskCgroup(dirs=(tmp_path / "gone",), limits=(), oom_file=cg)) == set()
 
 
 def test_the_monitor_keeps_a_reading_only_for_a_recorded_gpu_within_its_memory():

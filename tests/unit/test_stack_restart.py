@@ -71,3 +71,34 @@ def test_one_that_keeps_exiting_is_started_at_most_every_few_seconds_and_the_wai
     restarted = {"submitter": time.monotonic() - processes.RESTART_AFTER_S - 1}  # long enough ago
     assert stack.restart_dead(restarted) == [("submitter", True), ("database", False)]
     assert stack.restart_dead(restarted) == []
+
+
+def test_the_stack_serves_once_every_api_replica_answers_the_second_started_again_if_it_exited(tmp_path, monkeypatch):
+    # the failover test's stack: the second API replica's first bus request timed out and it exited, while the
+    # first answered; the stack went on with one replica, and killing that one left none
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    settings = StackSettings(
+        data_dir=tmp_path, cluster_file=tmp_path / "cluster.toml", mongo_url=None, nats_url=None, service_replicas=2
+    )
+    stack = Stack(settings)
+    dead, started = ["submitter-2"], []
+    monkeypatch.setattr(stack, "dead", lambda: list(dead))
+    monkeypatch.setattr(stack, "restart", lambda name: started.append(name) or dead.remove(name) or True)
+
+    def port(number, *, timeout_s):  # the first replica listens; the second once it was started again
+        if number != settings.api_port and "submitter-2" not in started:
+            raise TimeoutError("nothing listens")
+
+    monkeypatch.setattr(processes, "wait_for_port", port)
+    stack.wait_serving(timeout_s=5)
+    assert started == ["submitter-2"] and stack.api_ports() == [settings.api_port, settings.api_port + 1]
+
+
+def test_an_agent_that_exited_while_the_api_answers_is_started_again_before_the_stack_serves(tmp_path, monkeypatch):
+    stack = stack_of(tmp_path)
+    dead, started = ["agent-n1"], []
+    monkeypatch.setattr(stack, "dead", lambda: list(dead))
+    monkeypatch.setattr(stack, "restart", lambda name: started.append(name) or dead.remove(name) or True)
+    monkeypatch.setattr(processes, "wait_for_port", lambda _, *, timeout_s: None)
+    stack.wait_serving(timeout_s=5)
+    assert started == ["agent-n1"]
