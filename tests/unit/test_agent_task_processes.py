@@ -1,6 +1,7 @@
 """Where a root agent finds a task's processes: in the task's cgroup when the shim joined it (no look through every
-process of the host), by its uid once when the uid is given back (whatever left the cgroup or had none), and by
-looking through every process as before where the cgroup cannot answer. Real processes and cgroups."""
+process of the host), by its uid when the uid is given back (whatever left the cgroup or had none: a kill sent as
+the uid, then one look), and by looking through every process as before where the cgroup cannot answer; a uid is
+marked given back only once nothing of it is left. Real processes and cgroups."""
 
 import asyncio
 import os
@@ -195,9 +196,10 @@ def test_a_nested_cgroup_gone_mid_walk_leaves_the_rest_killed_and_the_cgroup_not
 HOPPER = "while (sysread(STDIN, my $b, 1)) { fork and exit; syswrite(STDOUT, 'x') }"  # each hop on a byte
 
 
-def hop_during_every_look(monkeypatch, *, trigger: int, hopped: int) -> None:
+def hop_during_every_look(monkeypatch, *, hopper: subprocess.Popen, trigger: int, hopped: int) -> None:
     """Each look through every process makes the hopper fork its successor and exit once the look listed the
-    processes: the race a process that hops on its own wins now and then, won every time."""
+    processes: the race a process that hops on its own wins now and then, won every time (the first hopper, the
+    test's child, reaped: no dead process of the uid is left for the look to see)."""
     real = psutil.process_iter
 
     def looked(*args, **kwargs):
@@ -206,6 +208,7 @@ def hop_during_every_look(monkeypatch, *, trigger: int, hopped: int) -> None:
         try:
             os.write(trigger, b"h")
             os.read(hopped, 1)  # its successor forked (nothing when every hopper is dead)
+            hopper.wait(timeout=10)
         except BrokenPipeError:  # no hopper left to read it
             pass
         if first is not None:
@@ -236,7 +239,7 @@ def test_a_uid_whose_process_forks_its_successor_and_exits_is_emptied_before_it_
     os.close(trigger_r)
     os.close(hopped_w)
     try:
-        hop_during_every_look(monkeypatch, trigger=trigger_w, hopped=hopped_r)
+        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
         workdir = tmp_path / "work"
         workdir.mkdir()
         users.release(taken, workdir=workdir)
@@ -285,3 +288,53 @@ def test_a_uid_whose_cgroup_could_not_be_emptied_is_not_marked_given_back(tmp_pa
     workdir.mkdir()
     agent.supervisor._release(workdir, taken, cg)
     assert (rules.users.lock_dir / str(taken.uid)).read_bytes() == b""
+
+
+@root_only
+def test_a_uid_never_given_back_is_claimed_with_what_a_look_could_not_see_killed(tmp_path, monkeypatch):
+    """A uid whose last agent died (or whose release could not be verified) is looked for; a process that hops
+    past the look is killed by the claim, not left to share the uid with the next task."""
+    users = TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=1, lock_dir=tmp_path / "uids")
+    uid = users.first_uid
+    trigger_r, trigger_w = os.pipe()
+    hopped_r, hopped_w = os.pipe()
+    hopper = subprocess.Popen(
+        ["perl", "-e", HOPPER], user=uid, group=uid, extra_groups=[], stdin=trigger_r, stdout=hopped_w
+    )
+    os.close(trigger_r)
+    os.close(hopped_w)
+    try:
+        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
+        assert users.claim().uid == uid  # no process seen by the look
+        readable, _, _ = select.select([hopped_r], [], [], 10)
+        assert readable and os.read(hopped_r, 64) == b"", "the claimed uid is shared with a process of before"
+    finally:
+        kill_every_process_of(uid)
+        hopper.wait()
+        os.close(trigger_w)
+        os.close(hopped_r)
+
+
+SETUID = """
+import os, sys, time
+other, uid = int(sys.argv[1]), int(sys.argv[2])
+os.setresgid(other, other, other)
+os.setresuid(other, uid, other)  # the uid as its effective one only (as a set-user-ID file of the uid gives)
+os.write(1, b"x")
+time.sleep(300)
+"""
+
+
+@root_only
+def test_a_uid_held_as_a_processs_effective_uid_only_is_in_use(tmp_path):
+    """The claim's look matched real uids only, the kill real and effective ones: a process running with the uid as
+    its effective uid (reading the uid's files, signalling its processes) did not make it busy."""
+    first = random.randrange(300_000, 900_000, 100)
+    users = TaskUsers(first_uid=first, count=2, lock_dir=tmp_path / "uids")
+    holder = subprocess.Popen([sys.executable, "-c", SETUID, str(first + 50), str(first)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.read(1) == b"x"
+        assert users.claim().uid == first + 1
+    finally:
+        holder.kill()
+        holder.wait()
