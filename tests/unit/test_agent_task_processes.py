@@ -17,8 +17,7 @@ import psutil
 import pytest
 
 from shared.events import TaskStarted
-from services.agent import cgroups as cgroups_module
-from services.agent import isolation
+from services.agent import cgroups as cgroups_module, isolation
 from services.agent.cgroups import Cgroups, TaskCgroup, detect, plan, procs, remove
 from services.agent.isolation import GIVEN_BACK, TaskUsers
 from tests.factories import unique
