@@ -67,7 +67,8 @@ class TaskUsers:
         self.lock_dir = private_dir(lock_dir)
 
     def claim(self) -> TaskUser:
-        """A uid no running process has and no other task holds."""
+        """A uid no running process has and no other task holds (one not marked given back is looked for among every
+        process of the host, and what the look could not see is killed with a kill sent as the uid)."""
         busy: set[int] | None = None  # the uids of every process of the host, looked up once where needed
         for uid in range(self.first_uid, self.first_uid + self.count):
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
