@@ -167,19 +167,29 @@ def read_oom_kills(cg: TaskCgroup) -> int:
 
 def nested(top: Path) -> list[Path]:
     """`top` and every cgroup below it, deepest first (the order they can be removed in); FileNotFoundError when
-    `top` is no cgroup (a listing of nothing must not read as a cgroup without processes)."""
+    `top` is no cgroup (a listing of nothing must not read as a cgroup without processes). A nested cgroup removed
+    meanwhile is left out."""
     if not (top / "cgroup.procs").is_file():
         raise FileNotFoundError(f"no cgroup at {top}")
 
     def fail(exc: OSError) -> None:
-        raise exc
+        if not (isinstance(exc, FileNotFoundError) and exc.filename != str(top)):
+            raise exc
 
     return [Path(root) for root, _, _ in os.walk(top, topdown=False, onerror=fail)]
 
 
 def procs(top: Path) -> set[int]:
-    """Every process in the cgroup `top` and those nested below it (OSError where one cannot be read)."""
-    return {int(pid) for group in nested(top) for pid in (group / "cgroup.procs").read_text().split()}
+    """Every process in the cgroup `top` and those nested below it (OSError where one cannot be read; a nested
+    cgroup removed meanwhile has none)."""
+    found: set[int] = set()
+    for group in nested(top):
+        try:
+            found.update(int(pid) for pid in (group / "cgroup.procs").read_text().split())
+        except FileNotFoundError:
+            if group == top:
+                raise
+    return found
 
 
 def kill_all(top: Path) -> None:
@@ -203,22 +213,29 @@ def kill_members(cg: TaskCgroup) -> None:
         kill_all(d)
 
 
-def remove(cg: TaskCgroup) -> None:
-    """Kill every process in the task's cgroups (nested ones included), then remove them."""
+def remove(cg: TaskCgroup) -> bool:
+    """Kill every process in the task's cgroups (nested ones included), then remove them; whether none is left
+    (False, logged, when one could not be emptied or removed: a process may still be in it)."""
+    gone = True
     for d in cg.dirs:
         try:
             kill_all(d)
             groups = nested(d)
-        except FileNotFoundError:  # never made, or gone already
-            continue
         except OSError as exc:
+            if not (d / "cgroup.procs").exists():  # never made, or gone already
+                continue
             log.warning("could not empty the task cgroup %s: %r", d, exc)
+            gone = False
             continue
         for group in groups:
             try:
                 group.rmdir()
+            except FileNotFoundError:  # a nested one removed meanwhile
+                pass
             except OSError as exc:
                 log.warning("could not remove the task cgroup %s: %r", group, exc)
+                gone = False
+    return gone
 
 
 def detect(*, pids_max: int, enabled: bool = True) -> Cgroups | None:

@@ -3,9 +3,10 @@
 A uid is claimed with a lock file (held while the task runs; it goes with the agent if the agent dies) and only
 when no process of that uid is alive. When the task ends every process of its uid is killed, what it left on the
 host (System V IPC, temporary files) is removed and its working directory is given back to the agent's user, so
-the next task that gets the uid finds nothing of this one. A uid given back that way is marked so in its lock file:
-the next claim takes it without looking through every process of the host (a uid whose last task's agent died
-before it gave the uid back is looked for among them, as is one never used).
+the next task that gets the uid finds nothing of this one. A uid given back that way, once a last look found no
+process of it and its cgroup was emptied, is marked so in its lock file: the next claim takes it without looking
+through every process of the host (a uid whose last task's agent died before it gave the uid back, or whose release
+could not be verified, is looked for among them, as is one never used).
 """
 
 import errno
@@ -14,13 +15,15 @@ import logging
 import os
 import signal
 import stat
+import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from services.agent.cgroups import Cgroups
+from services.agent.cgroups import Cgroups, TaskCgroup, remove
 from services.agent.leftovers import sweep
 
 log = logging.getLogger(__name__)
@@ -64,7 +67,8 @@ class TaskUsers:
         self.lock_dir = private_dir(lock_dir)
 
     def claim(self) -> TaskUser:
-        """A uid no running process has and no other task holds."""
+        """A uid no running process has and no other task holds (one not marked given back is looked for among every
+        process of the host, and what the look could not see is killed with a kill sent as the uid)."""
         busy: set[int] | None = None  # the uids of every process of the host, looked up once where needed
         for uid in range(self.first_uid, self.first_uid + self.count):
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -77,44 +81,99 @@ class TaskUsers:
                 raise
             if os.pread(fd, len(GIVEN_BACK) + 1, 0) != GIVEN_BACK:
                 busy = uids_running() if busy is None else busy
-                if uid in busy:
+                if uid in busy or not kill_as(uid):  # one the look could not see (forking its successor) is killed
                     os.close(fd)
                     continue
             os.ftruncate(fd, 0)  # in use: an agent that dies now leaves it to be looked for
             return TaskUser(uid=uid, gid=uid, lock_fd=fd)
         raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
 
-    def release(self, user: TaskUser, *, workdir: Path) -> None:
-        """Give the uid back once nothing of its task is left: its processes (every one of its uid, found by looking
-        through every process of the host: whatever its cgroup did not hold), its working directory (the agent's
-        again), System V IPC, temporary files; then mark it given back."""
-        kill_user(user.uid)
+    def release(self, user: TaskUser, *, workdir: Path, cgroup: TaskCgroup | None = None) -> None:
+        """Give the uid back once nothing of its task is left: its cgroup emptied and removed, every process of its
+        uid killed (whatever its cgroup did not hold) until a look finds none, its working directory the agent's
+        again, System V IPC and temporary files removed; then mark it given back. A uid whose cgroup could not be
+        emptied, or with a process still there after `EVICT_WAIT_S`, is not marked: its next claim looks for it."""
+        emptied = remove(cgroup) if cgroup is not None else True
+        gone = evict(user.uid)
         chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
         sweep(user.uid)
-        os.pwrite(user.lock_fd, GIVEN_BACK, 0)
+        if emptied and gone:
+            os.pwrite(user.lock_fd, GIVEN_BACK, 0)
+        else:
+            log.warning("task uid %d given back unverified: its next claim looks for its processes", user.uid)
         os.close(user.lock_fd)
 
 
 GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
+EVICT_WAIT_S = 5.0  # how long a uid's processes may take to die before its release counts as unverified
+PROCESS_FIELDS = ["uids", "status", "num_threads"]
+
+
+def uids_of(info: dict) -> tuple[int, ...]:
+    """The real, effective and saved uid of a process (from psutil's `PROCESS_FIELDS`); none for one that can no
+    longer run: a zombie, unless it is a thread group whose leader alone exited."""
+    uids = info.get("uids")
+    if not uids or (info.get("status") == psutil.STATUS_ZOMBIE and info.get("num_threads") == 1):
+        return ()
+    return (uids.real, uids.effective, uids.saved)
 
 
 def uids_running() -> set[int]:
-    """The real uid of every process of the host."""
-    return {p.info["uids"].real for p in psutil.process_iter(["uids"]) if p.info.get("uids")}
+    """Every uid (real, effective or saved) a process of the host runs as."""
+    return {uid for p in psutil.process_iter(PROCESS_FIELDS) for uid in uids_of(p.info)}
 
 
 def kill_user(uid: int) -> int:
-    """SIGKILL every process of `uid` (a task's uid is its own: whatever runs under it belongs to the task)."""
+    """SIGKILL every process of `uid` (real, effective or saved: a task's uid is its own, whatever runs under it
+    belongs to the task), found in one look through every process of the host; how many were found."""
     killed = 0
-    for process in psutil.process_iter(["uids"]):
-        uids = process.info.get("uids")
-        if uids and uid in (uids.real, uids.effective):
+    for process in psutil.process_iter(PROCESS_FIELDS):
+        if uid in uids_of(process.info):
             try:
                 os.kill(process.pid, signal.SIGKILL)
                 killed += 1
             except ProcessLookupError:
                 pass
     return killed
+
+
+def kill_as(uid: int) -> bool:
+    """SIGKILL, at once, every process whose real or saved uid is `uid` (kill(-1) sent as that uid: no fork
+    completes meanwhile, so a process that forks its successor and exits cannot slip past it, as it can past a look
+    through every process); whether that kill was sent (False, logged, where it cannot be)."""
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", "kill -9 -1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            env={},
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=EVICT_WAIT_S,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    except OSError as exc:
+        log.warning("could not kill the processes of task uid %d: %r", uid, exc)
+        return False
+    return done.returncode == 0  # not when a process of the uid killed this kill first
+
+
+def evict(uid: int) -> bool:
+    """Kill every process of `uid` until, after a kill sent as the uid, a look through every process finds none
+    of it (those with it as their effective uid only are killed by that look); whether one did within
+    `EVICT_WAIT_S` (False, logged, when a process of the uid is still there or no kill could be sent)."""
+    deadline = time.monotonic() + EVICT_WAIT_S
+    while True:
+        if kill_as(uid) and not kill_user(uid):
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("a process of task uid %d is still there after %g s", uid, EVICT_WAIT_S)
+            return False
+        time.sleep(0.02)
 
 
 def chown_tree(top: Path, *, uid: int, gid: int, skip: frozenset[str] = frozenset()) -> None:

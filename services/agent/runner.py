@@ -154,19 +154,20 @@ class TaskProcess:
 
     def in_cgroup(self) -> bool:
         """Whether the shim has joined the task's cgroup (so far): from then on its limit holds the whole task."""
-        if self._held is not None:
-            return self._held
-        return self.cgroup is not None and self.joined is not None and self.joined.exists()
+        return self._held if self._held is not None else self._joined_now()
 
     def held_by_cgroup(self) -> bool:
         """Whether the task's cgroup holds every process of the task, asked once its shim ended: the shim joined it
         before it started anything (its `joined` file says so; only the agent's user can write there), a task's
         user cannot move a process out of it, and what a process forks stays in it."""
         if self._held is None:
-            self._held = self.cgroup is not None and self.joined is not None and self.joined.exists()
+            self._held = self._joined_now()
             if self.joined is not None:
                 self.joined.unlink(missing_ok=True)
         return self._held
+
+    def _joined_now(self) -> bool:
+        return self.cgroup is not None and self.joined is not None and self.joined.exists()
 
     async def pump(self, on_line: Callable[[LogLine], None]) -> int:
         """Forward every output line until the shim ends, then kill what is left of the task and forward what it

@@ -188,11 +188,10 @@ class Supervisor:
 
     def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
-        if cgroup is not None:
+        if user is not None and self.confinement is not None:  # a task user comes only with confinement
+            self.confinement.users.release(user, workdir=workdir, cgroup=cgroup)
+        elif cgroup is not None:
             remove(cgroup)
-        if user is None or self.confinement is None:  # a task user comes only with confinement
-            return
-        self.confinement.users.release(user, workdir=workdir)
 
     async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
         while True:

@@ -1,10 +1,12 @@
 """Where a root agent finds a task's processes: in the task's cgroup when the shim joined it (no look through every
-process of the host), by its uid once when the uid is given back (whatever left the cgroup or had none), and by
-looking through every process as before where the cgroup cannot answer. Real processes and cgroups."""
+process of the host), by its uid when the uid is given back (whatever left the cgroup or had none: a kill sent as
+the uid, then one look), and by looking through every process as before where the cgroup cannot answer; a uid is
+marked given back only once nothing of it is left. Real processes and cgroups."""
 
 import asyncio
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -15,8 +17,9 @@ import psutil
 import pytest
 
 from shared.events import TaskStarted
+from services.agent import cgroups as cgroups_module, isolation
 from services.agent.cgroups import Cgroups, TaskCgroup, detect, plan, procs, remove
-from services.agent.isolation import TaskUsers
+from services.agent.isolation import GIVEN_BACK, TaskUsers
 from tests.factories import unique
 from tests.unit.test_agent_isolation import HOG, ended, make_agent, run, start
 
@@ -168,3 +171,169 @@ async def test_a_task_whose_cgroup_was_not_joined_has_its_memory_measured_by_the
     )  # 1.5 GB in a detached process
     assert "cgroup could not be joined" in output, output
     assert exited.reason == "oom" and exited.oom == "host" and "HELD" not in output, (exited, output)
+
+
+def test_a_nested_cgroup_gone_mid_walk_leaves_the_rest_killed_and_the_cgroup_not_given_up(tmp_path, monkeypatch):
+    """A nested group removed between the walk and the read of its processes used to read as the whole cgroup
+    gone: nothing of it killed, nothing removed, and nothing said."""
+    monkeypatch.setattr(cgroups_module, "KILL_WAIT_S", 0.1)
+    sleeper = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        top = tmp_path / "uid-9"
+        (top / "gone").mkdir(parents=True)  # listed by the walk, its cgroup.procs gone by the read
+        (top / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        assert procs(top) == {sleeper.pid}
+        cg = TaskCgroup(dirs=(top,), limits=(), oom_file=top / "memory.events")
+        assert remove(cg) is False  # killed, but a directory (not a kernel cgroup) that cannot be removed: said so
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert remove(TaskCgroup(dirs=(tmp_path / "never",), limits=(), oom_file=tmp_path / "x")) is True
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+HOPPER = "while (sysread(STDIN, my $b, 1)) { fork and exit; syswrite(STDOUT, 'x') }"  # each hop on a byte
+
+
+def hop_during_every_look(monkeypatch, *, hopper: subprocess.Popen, trigger: int, hopped: int) -> None:
+    """Each look through every process makes the hopper fork its successor and exit once the look listed the
+    processes: the race a process that hops on its own wins now and then, won every time (the first hopper, the
+    test's child, reaped: no dead process of the uid is left for the look to see)."""
+    real = psutil.process_iter
+
+    def looked(*args, **kwargs):
+        listing = real(*args, **kwargs)
+        first = next(listing, None)  # the processes are listed now
+        try:
+            os.write(trigger, b"h")
+            os.read(hopped, 1)  # its successor forked (nothing when every hopper is dead)
+            hopper.wait(timeout=10)
+        except BrokenPipeError:  # no hopper left to read it
+            pass
+        if first is not None:
+            yield first
+        yield from listing
+
+    monkeypatch.setattr(psutil, "process_iter", looked)
+
+
+def kill_every_process_of(uid: int) -> None:
+    """The test's own clean-up, whatever the code under test did."""
+    for _ in range(3):
+        subprocess.run(["/bin/sh", "-c", "kill -9 -1"], user=uid, group=uid, extra_groups=[], cwd="/", check=False)
+
+
+@root_only
+def test_a_uid_whose_process_forks_its_successor_and_exits_is_emptied_before_it_is_given_back(tmp_path, monkeypatch):
+    """One look through every process (the release's only one before) misses a process forked, after the look
+    listed the processes, by a parent that then exits: it lived on under a uid marked given back, which the next
+    task (another tenant) got without a look. The kill is now sent as the uid first, which no fork slips past."""
+    users = TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=1, lock_dir=tmp_path / "uids")
+    taken = users.claim()
+    trigger_r, trigger_w = os.pipe()
+    hopped_r, hopped_w = os.pipe()  # every hopper holds its write end: its reader sees the end once all are dead
+    hopper = subprocess.Popen(
+        ["perl", "-e", HOPPER], user=taken.uid, group=taken.gid, extra_groups=[], stdin=trigger_r, stdout=hopped_w
+    )
+    os.close(trigger_r)
+    os.close(hopped_w)
+    try:
+        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        users.release(taken, workdir=workdir)
+        readable, _, _ = select.select([hopped_r], [], [], 10)
+        assert readable and os.read(hopped_r, 64) == b"", "a process of the uid outlived its release"
+        assert (users.lock_dir / str(taken.uid)).read_bytes() == GIVEN_BACK
+    finally:
+        kill_every_process_of(taken.uid)
+        hopper.wait()
+        os.close(trigger_w)
+        os.close(hopped_r)
+
+
+@root_only
+def test_a_uid_whose_release_left_a_process_is_not_marked_and_its_next_claim_looks(tmp_path, scans, monkeypatch):
+    """A process of the uid that a kill does not end (one stuck in the kernel): the uid is not marked given back."""
+    monkeypatch.setattr(isolation, "EVICT_WAIT_S", 0.1, raising=False)
+    monkeypatch.setattr(isolation, "kill_user", lambda uid: 1)  # found alive at every look
+    first = random.randrange(300_000, 900_000, 100)
+    users = TaskUsers(first_uid=first, count=1, lock_dir=tmp_path / "uids")
+    taken = users.claim()
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    users.release(taken, workdir=workdir)
+    assert (users.lock_dir / str(first)).read_bytes() == b""
+    scans.clear()
+    assert TaskUsers(first_uid=first, count=1, lock_dir=tmp_path / "uids").claim().uid == first
+    assert len(scans) == 1  # looked for (and found nothing this time: the stuck process was a pretence)
+
+
+@root_only
+def test_a_uid_whose_cgroup_could_not_be_emptied_is_not_marked_given_back(tmp_path, monkeypatch):
+    """remove() used to log and the uid was marked given back anyway: a process left in the cgroup (stuck in the
+    kernel, or past the kill's wait) would share its uid with the next task, taken without a look."""
+    monkeypatch.setattr(cgroups_module, "KILL_WAIT_S", 0.1)
+    agent = make_agent(tmp_path, [], confined=True, uids=1, cgroups=False)
+    rules = agent.supervisor.confinement
+    assert rules is not None
+    taken = rules.users.claim()
+    top = tmp_path / "cgroup" / f"uid-{taken.uid}"
+    top.mkdir(parents=True)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    (top / "cgroup.procs").write_text(f"{pid_max + 1}\n")  # listed, never gone: no process of the host has it
+    cg = TaskCgroup(dirs=(top,), limits=(), oom_file=top / "memory.events")
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    agent.supervisor._release(workdir, taken, cg)
+    assert (rules.users.lock_dir / str(taken.uid)).read_bytes() == b""
+
+
+@root_only
+def test_a_uid_never_given_back_is_claimed_with_what_a_look_could_not_see_killed(tmp_path, monkeypatch):
+    """A uid whose last agent died (or whose release could not be verified) is looked for; a process that hops
+    past the look is killed by the claim, not left to share the uid with the next task."""
+    users = TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=1, lock_dir=tmp_path / "uids")
+    uid = users.first_uid
+    trigger_r, trigger_w = os.pipe()
+    hopped_r, hopped_w = os.pipe()
+    hopper = subprocess.Popen(
+        ["perl", "-e", HOPPER], user=uid, group=uid, extra_groups=[], stdin=trigger_r, stdout=hopped_w
+    )
+    os.close(trigger_r)
+    os.close(hopped_w)
+    try:
+        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
+        assert users.claim().uid == uid  # no process seen by the look
+        readable, _, _ = select.select([hopped_r], [], [], 10)
+        assert readable and os.read(hopped_r, 64) == b"", "the claimed uid is shared with a process of before"
+    finally:
+        kill_every_process_of(uid)
+        hopper.wait()
+        os.close(trigger_w)
+        os.close(hopped_r)
+
+
+SETUID = """
+import os, sys, time
+other, uid = int(sys.argv[1]), int(sys.argv[2])
+os.setresgid(other, other, other)
+os.setresuid(other, uid, other)  # the uid as its effective one only (as a set-user-ID file of the uid gives)
+os.write(1, b"x")
+time.sleep(300)
+"""
+
+
+@root_only
+def test_a_uid_held_as_a_processs_effective_uid_only_is_in_use(tmp_path):
+    """The claim's look matched real uids only, the kill real and effective ones: a process running with the uid as
+    its effective uid (reading the uid's files, signalling its processes) did not make it busy."""
+    first = random.randrange(300_000, 900_000, 100)
+    users = TaskUsers(first_uid=first, count=2, lock_dir=tmp_path / "uids")
+    holder = subprocess.Popen([sys.executable, "-c", SETUID, str(first + 50), str(first)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdout.read(1) == b"x"
+        assert users.claim().uid == first + 1
+    finally:
+        holder.kill()
+        holder.wait()
