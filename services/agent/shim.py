@@ -31,6 +31,7 @@ import sys
 import traceback
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 LIBC = ctypes.CDLL(None, use_errno=True)
@@ -155,13 +156,18 @@ def join_cgroups(procs_files: list[str], *, joined: str | None = None) -> None:
 
 
 def _bind_to(parent: int) -> None:
-    """In the command's process, before exec (after its uid changed, which clears the setting): die with its parent.
+    """In the command's process, before exec (after its uid changed, which clears the setting): die with its parent,
+    and gain no privilege by exec.
 
     Whatever kills the shim or its PID 1 (the OOM killer, an operator) kills the command with it; the agent then
     kills the rest of the group and every process of the task's uid, so no part of the task runs on alone."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGUSR2, signal.SIG_DFL)
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    # No set-user-ID or file capability raises what the task or its children run as: a set-user-ID file another
+    # task left in a shared directory cannot make this one act as that task's uid (nor can any on the host).
+    if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # a kernel that cannot say so: the task does not run
     if os.getppid() != parent:  # the parent died before the signal was armed
         os.kill(os.getpid(), signal.SIGKILL)
 
