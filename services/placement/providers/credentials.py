@@ -12,7 +12,7 @@ import nats
 from nats.aio.client import RawCredentials
 
 from shared import busroles
-from shared.bus import NODE_COMMANDS, agent_consumer_config, servers
+from shared.bus import NODE_COMMANDS, rented_consumer_config, servers
 from shared.buscreds import NAME, Minter, write_secret
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,8 @@ class NodeCredentials:
         """The node's command consumer, created through an identity minted for it alone: it may create that one
         consumer (with the node's filter) and expires within minutes. Placement's own bus credentials create no
         consumer: a consumer's config is in the request's body, where the server checks nothing (a push consumer
-        could send any node's commands into placement's inbox); the config here is fixed by code."""
+        could send any node's commands into placement's inbox); the config here is fixed by code, and the server
+        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S`."""
         identity = f"consumer-maker-{node_id}"
         _, text = Minter.load(self.minter_file).mint(
             name=identity,
@@ -50,7 +51,7 @@ class NodeCredentials:
         )
         client = await self.connect(text, inbox=busroles.inbox(identity))
         try:
-            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=agent_consumer_config(node_id))
+            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=rented_consumer_config(node_id))
         finally:
             await client.close()
 
