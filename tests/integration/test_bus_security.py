@@ -16,7 +16,7 @@ from shared import bus, busroles
 from shared.bus import agent_consumer_config, connect, durable, make_broker, publish
 from shared.buscreds import Minter, decode_claims
 from shared.events import StartTask, StopTask, TaskExited
-from services.placement.providers import NodeCredentials
+from services.placement.providers import NodeCredentials, credentials as credentials_module
 from services.placement.providers.credentials import CONSUMER_MAKER_TTL_S
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
@@ -327,6 +327,17 @@ async def test_the_identity_that_makes_a_rented_nodes_consumer_expires_and_so_do
     await operator.nc.close()
     assert info.config.inactive_threshold == bus.RENTED_CONSUMER_INACTIVE_S
     await credentials.revoke(node_id, tmp_path)
+
+
+async def test_a_consumer_maker_already_expired_on_arrival_is_an_error_that_names_the_clocks(
+    server, tmp_path, monkeypatch
+):
+    """A placement host whose clock is behind the bus servers' by more than the identity's life mints it expired:
+    the rental failed with an authorization error that said nothing of clocks."""
+    monkeypatch.setattr(credentials_module, "CONSUMER_MAKER_TTL_S", -30)  # as seen by a server 150 s ahead
+    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    with pytest.raises(RuntimeError, match="clock"):
+        await credentials.create_consumer(unique("od"))
 
 
 async def test_the_agents_command_consumer_is_created_by_the_privileged_side(server):
