@@ -65,9 +65,11 @@ class Pings:
                 await _until(probe, deadline)  # its PONG comes first; a second PING waits for it
             else:  # queued on a connection since replaced: its PONG never comes, and no read loop holds its waiter
                 probe.cancel()
-        if self.probe is probe:  # not replaced by another caller meanwhile
-            self.probe, self.sent_on = asyncio.get_running_loop().create_task(self._ping(client)), None
-        await _until(self.probe, deadline)
+        latest = self.probe
+        if latest is None or latest is probe:  # not replaced by another caller meanwhile
+            latest = asyncio.get_running_loop().create_task(self._ping(client))
+            self.probe, self.sent_on = latest, None
+        await _until(latest, deadline)
 
     async def close(self) -> None:
         """Once the connection is closed (its read loop ended): a PING still in flight is given up."""
