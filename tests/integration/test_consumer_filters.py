@@ -10,7 +10,15 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from shared import busroles
-from shared.bus import RENTED_CONSUMER_INACTIVE_S, Shrinking, agent_consumer_config, connect, make_broker, publish
+from shared.bus import (
+    RENTED_CONSUMER_INACTIVE_S,
+    Shrinking,
+    agent_consumer_config,
+    connect,
+    filters_of,
+    make_broker,
+    publish,
+)
 from shared.bustopology import bound
 from shared.events import JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
 from shared.jobs import Phase, SecondaryPhase
@@ -56,7 +64,7 @@ async def filters(server, consumer: str, stream: str = "TM_JOBS") -> list[str]:
 
     async def read(js) -> None:
         info = await js.consumer_info(stream, consumer)
-        found.extend(sorted(info.config.filter_subjects or ()) or [info.config.filter_subject])
+        found.extend(filters_of(info.config))
 
     await as_operator(server, read)
     return found
