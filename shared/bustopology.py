@@ -15,7 +15,7 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 from nats.js.api import ConsumerConfig, ConsumerInfo
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 from nats.js.manager import JetStreamManager
 
 from shared.bus import (
@@ -193,7 +193,7 @@ async def tidy(
                 functools.partial(streams.add_consumer, stream, config=rented),
                 patience_s=until(deadline),
             )
-        except BadRequestError as exc:
+        except (BadRequestError, ServerError) as exc:  # a setting no update may change (the server: 400 or 500)
             reason = f"it is not a rented node's consumer as placement makes it ({exc.description})"
     if reason is not None:
         log.warning("deleting consumer %s of %s: %s", name, stream, reason)

@@ -7,7 +7,7 @@ import logging
 
 import nats
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared import busroles
 from shared.bus import (
@@ -208,7 +208,7 @@ async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_mak
     """Consumers made under the credentials of an earlier version (any service could make any) survived every
     declaration: a push consumer sending a node's commands (job secrets) into placement's inbox, one of a declared
     name turned into a push consumer, one reading every node's commands. Rented nodes' stayed forever."""
-    rented, other = unique("od"), unique("od")
+    rented, other, odd = unique("od"), unique("od"), unique("od")
     spy = "_INBOX_placement.spy"
 
     async def plant(js) -> None:
@@ -218,6 +218,12 @@ async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_mak
             ("TM_JOBS", "estimator-placed", {"deliver_subject": spy, "filter_subject": "tm.job.placed"}),
             ("TM_JOBS", "estimator-extra", {"filter_subject": "tm.job.>"}),
             ("TM_NODE_CMD", f"agent-{other}", {"filter_subject": "tm.node.cmd.>"}),
+            # a node's filter, but only what comes after it: no update can make it a rented node's
+            (
+                "TM_NODE_CMD",
+                f"agent-{odd}",
+                {"filter_subject": f"tm.node.cmd.{odd}.>", "deliver_policy": DeliverPolicy.NEW},
+            ),
         ]
         for stream, name, config in planted:
             await js.add_consumer(stream, config=ConsumerConfig(name=name, durable_name=name, **config))
@@ -232,7 +238,7 @@ async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_mak
             consumers.update({info.name: info.config for info in await js.consumers_info(stream)})
 
     await as_operator(server, read)
-    assert not {"agent-spy", "estimator-extra", f"agent-{other}"} & set(consumers)
+    assert not {"agent-spy", "estimator-extra", f"agent-{other}", f"agent-{odd}"} & set(consumers)
     assert not any(config.deliver_subject for config in consumers.values())
     assert consumers["estimator-placed"].filter_subject == "tm.job.placed"  # declared again, a pull consumer
     assert consumers[f"agent-{rented}"].inactive_threshold == RENTED_CONSUMER_INACTIVE_S
