@@ -182,13 +182,18 @@ async def connect(
     replicas: int = 1,
     leases: bool = False,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
+    shrink: bool = False,
+    patience_s: float = DECLARE_PATIENCE_S,
 ) -> None:
     """Connect; with `declare` (the operator's credentials only: `shared.bustopology.declare`), also make sure every
     stream exists with its full subject list and limits. A service's credentials may not create or change streams.
 
     replicas: copies of each stream (3 on a 3-server cluster: any one server may fail).
     leases: the leader-lease bucket too (replicated services).
-    log_max_bytes: what the output stream keeps at most."""
+    log_max_bytes: what the output stream keeps at most.
+    shrink: an existing stream's size or copies may be made smaller (`Shrinking`).
+    patience_s: how long the declaration waits, in all, for a bus that is away (`patiently`)."""
+    deadline = time.monotonic() + patience_s
     await broker.connect()
     if not declare:
         return
@@ -197,19 +202,59 @@ async def connect(
         config = stream.config.evolve(num_replicas=replicas)
         if stream is LOGS:
             config = config.evolve(max_bytes=log_max_bytes)
-        await declare_stream(streams, config, patience_s=DECLARE_PATIENCE_S)
+        await declare_stream(streams, config, patience_s=until(deadline), shrink=shrink)
 
 
-async def declare_stream(streams: JetStreamManager, config: StreamConfig, *, patience_s: float) -> None:
-    """Create a stream, or bring an existing one to `config` (`patiently`)."""
+class Shrinking(ValueError):
+    """A declaration that would make an existing stream keep less (the server drops the excess at once) or fewer
+    copies than it has: refused unless asked for."""
+
+
+# The limits a declaration takes from the operator's settings, and the setting each comes from.
+OPERATOR_LIMITS = {
+    "max_bytes": "TRAINMASTER_LOG_STREAM_MAX_BYTES (bus-prepare --log-max-bytes)",
+    "num_replicas": "TRAINMASTER_STREAM_REPLICAS (bus-prepare --replicas)",
+}
+
+
+def shrunk_limits(existing: StreamConfig, wanted: StreamConfig) -> list[str]:
+    """What `wanted` would shrink of `existing`, one sentence a limit (a limit of -1 or None: none)."""
+    found = []
+    for limit, setting in OPERATOR_LIMITS.items():
+        now, then = getattr(existing, limit), getattr(wanted, limit)
+        if now is None or now < 0:
+            now = float("inf") if limit == "max_bytes" else 1
+        if then is not None and 0 <= then < now:
+            found.append(f"{existing.name} has {limit}={now}, this declaration would make it {then} ({setting})")
+    return found
+
+
+async def declare_stream(
+    streams: JetStreamManager, config: StreamConfig, *, patience_s: float, shrink: bool = False
+) -> None:
+    """Create a stream, or bring an existing one to `config` (`patiently`); a smaller size or fewer copies than the
+    stream has are refused (`Shrinking`) unless `shrink`."""
 
     async def create_or_update() -> None:
         try:
             await streams.add_stream(config=config)
         except BadRequestError:
+            smaller = shrunk_limits((await streams.stream_info(config.name or "")).config, config)
+            if smaller and not shrink:
+                raise Shrinking(
+                    f"refused: {'; '.join(smaller)}. The server would drop what is over the new limit at once: set "
+                    "the setting to what the stream has, or declare with --shrink to mean it"
+                ) from None
+            for line in smaller:
+                log.warning("shrinking: %s", line)
             await streams.update_stream(config=config)
 
     await patiently(f"declaring stream {config.name}", create_or_update, patience_s=patience_s)
+
+
+def until(deadline: float) -> float:
+    """The seconds left before a `time.monotonic()` deadline (0 once past): one bound for many `patiently` calls."""
+    return max(0.0, deadline - time.monotonic())
 
 
 async def patiently(what: str, call: Callable[[], Awaitable[Any]], *, patience_s: float) -> Any:
@@ -365,19 +410,37 @@ def agent_subscription(node_id: str) -> dict[str, Any]:
     return durable(subject, consumer=consumer, batch=8)
 
 
+def created_config(config: ConsumerConfig, *, name: str, subject: str) -> ConsumerConfig:
+    """What nats-py's `pull_subscribe` would create for a durable subscriber (`config`, durable `name`, subscribed
+    to `subject`) were its consumer missing: the one config the platform declares for it, so a process binds to it
+    unchanged (`pull_subscribe` creates only what is missing, and a service may not)."""
+    return config.evolve(name=name, durable_name=name, filter_subject=None if config.filter_subjects else subject)
+
+
 def consumer_config(subscription: dict[str, Any]) -> ConsumerConfig:
-    """The consumer a durable subscription (`durable(...)` arguments) reads, as the platform declares it: what
-    nats-py would create for it, so a process binds to it unchanged (`pull_subscribe` creates only what is
-    missing, and a service may not)."""
-    config, name = subscription["config"], subscription["durable"]
-    only = config.filter_subjects
-    return config.evolve(name=name, durable_name=name, filter_subject=None if only else subscription["subject"])
+    """The consumer a durable subscription (`durable(...)` arguments) reads, as the platform declares it."""
+    return created_config(subscription["config"], name=subscription["durable"], subject=subscription["subject"])
+
+
+def filters_of(config: ConsumerConfig) -> list[str]:
+    """The subjects a consumer is delivered, sorted (its filter subjects, or its one filter subject)."""
+    return sorted(config.filter_subjects or ()) or [config.filter_subject or ""]
 
 
 def agent_consumer_config(node_id: str) -> ConsumerConfig:
     """A node's command consumer: made on the privileged side (the operator's declaration for static nodes,
     placement's minted identity for rented ones), so the agent needs no right to create consumers."""
     return consumer_config(agent_subscription(node_id))
+
+
+# A rented node's agent that has not asked for its commands this long was declared lost long before (the monitor's
+# node timeout) and its work placed elsewhere: the server deletes its consumer (on a cluster, one Raft group each).
+RENTED_CONSUMER_INACTIVE_S = 3600.0
+
+
+def rented_consumer_config(node_id: str) -> ConsumerConfig:
+    """A rented node's command consumer: a static node's, forgotten by the server once unread for a while."""
+    return agent_consumer_config(node_id).evolve(inactive_threshold=RENTED_CONSUMER_INACTIVE_S)
 
 
 async def forget_starts(broker: NatsBroker, node_id: str) -> None:

@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 from faststream.nats import NatsBroker
-from nats.js.errors import NotFoundError
+from nats.js.api import ConsumerConfig, ConsumerInfo
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
+from nats.js.manager import JetStreamManager
 
 from shared.bus import (
     BUS_AWAY,
@@ -23,13 +25,20 @@ from shared.bus import (
     LOG_STREAM_MAX_BYTES,
     NODE_COMMANDS,
     NODE_REGISTERED,
+    STREAMS,
+    agent_consumer,
     agent_consumer_config,
     connect,
     consumer_config,
+    created_config,
     durable,
+    filters_of,
     patiently,
+    rented_consumer_config,
     stream_of,
+    until,
 )
+from shared.buscreds import NAME
 from shared.keyed import JOBS_IN_FLIGHT
 
 log = logging.getLogger(__name__)
@@ -110,17 +119,86 @@ async def declare(
     node_ids: list[str],
     replicas: int = 1,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
+    shrink: bool = False,
+    patience_s: float = DECLARE_PATIENCE_S,
 ) -> None:
     """As the operator: every stream (`replicas` copies each, the lease bucket included), every service's consumer
     and each static node's command consumer, created or brought to today's config (a deploy that changes a
-    handler table changes its consumer's filter here, and nowhere else)."""
-    await connect(broker, declare=True, replicas=replicas, leases=True, log_max_bytes=log_max_bytes)
+    handler table changes its consumer's filter here, and nowhere else); any other consumer is deleted
+    (`unwanted`), a rented node's made to expire once unread. `patience_s`: how long it waits, in all, for a bus
+    that is away."""
+    deadline = time.monotonic() + patience_s
+    await connect(
+        broker,
+        declare=True,
+        replicas=replicas,
+        leases=True,
+        log_max_bytes=log_max_bytes,
+        shrink=shrink,
+        patience_s=patience_s,
+    )
     streams = broker.config.connection_state.stream
     wanted = [(stream_of(s["subject"]).name, consumer_config(s)) for role in CONSUMERS.values() for s in role]
     wanted += [(NODE_COMMANDS.name, agent_consumer_config(node_id)) for node_id in node_ids]
-    for stream, config in wanted:
-        create = functools.partial(streams.add_consumer, stream, config=config)
-        await patiently(f"declaring consumer {config.name}", create, patience_s=DECLARE_PATIENCE_S)
+    names = {(stream, config.name) for stream, config in wanted}
+    for stream in (*STREAMS, LEASES):
+        existing = functools.partial(listed, streams, stream.name)
+        for info in await patiently(f"listing {stream.name}'s consumers", existing, patience_s=until(deadline)):
+            await tidy(streams, stream.name, info.config, declared=names, deadline=deadline)
+    for stream_name, config in wanted:
+        create = functools.partial(streams.add_consumer, stream_name, config=config)
+        await patiently(f"declaring consumer {config.name}", create, patience_s=until(deadline))
+
+
+async def listed(streams: JetStreamManager, stream: str) -> list[ConsumerInfo]:
+    """Every consumer of a stream, page after page."""
+    found: list[ConsumerInfo] = []
+    while page := await streams.consumers_info(stream, offset=len(found)):
+        found += page
+    return found
+
+
+def unwanted(stream: str, config: ConsumerConfig, *, declared: set[tuple[str, str | None]]) -> str | None:
+    """Why an existing consumer has no place on the bus (None: it has one). Declared ones are, unless they push (a
+    push consumer publishes a stream onto any subject with the server's authority); a pull consumer of one node's
+    commands exactly as placement makes it for a rented node is too; anything else was made by someone else (under
+    the credentials of an earlier version every service could make any consumer)."""
+    if config.deliver_subject:
+        return f"it pushes onto {config.deliver_subject}"
+    if (stream, config.name) in declared:
+        return None
+    node_id = (config.name or "").removeprefix("agent-")
+    a_nodes = stream == NODE_COMMANDS.name and config.name == f"agent-{node_id}" and NAME.match(node_id) is not None
+    if a_nodes and filters_of(config) == [agent_consumer(node_id)[1]]:
+        return None
+    return "the platform does not declare it"
+
+
+async def tidy(
+    streams: JetStreamManager,
+    stream: str,
+    config: ConsumerConfig,
+    *,
+    declared: set[tuple[str, str | None]],
+    deadline: float,
+) -> None:
+    """Delete an existing consumer that is `unwanted`; give a rented node's its expiry (one whose config cannot be
+    brought to a rented node's is deleted too)."""
+    name, reason = config.name or "", unwanted(stream, config, declared=declared)
+    if reason is None and (stream, name) not in declared and not config.inactive_threshold:
+        try:
+            rented = rented_consumer_config(name.removeprefix("agent-"))
+            await patiently(
+                f"giving consumer {name} an expiry",
+                functools.partial(streams.add_consumer, stream, config=rented),
+                patience_s=until(deadline),
+            )
+        except (BadRequestError, ServerError) as exc:  # a setting no update may change (the server: 400 or 500)
+            reason = f"it is not a rented node's consumer as placement makes it ({exc.description})"
+    if reason is not None:
+        log.warning("deleting consumer %s of %s: %s", name, stream, reason)
+        delete = functools.partial(streams.delete_consumer, stream, name)
+        await patiently(f"deleting consumer {name}", delete, patience_s=until(deadline))
 
 
 def durable_subscribers(broker: NatsBroker) -> dict[tuple[str, str], list[str]]:
@@ -129,16 +207,16 @@ def durable_subscribers(broker: NatsBroker) -> dict[tuple[str, str], list[str]]:
     for subscriber in broker.subscribers:
         stream, config, subject = (getattr(subscriber, a, None) for a in ("stream", "config", "subject"))
         if stream is not None and config is not None and subject is not None and config.durable_name:
-            only = list(config.filter_subjects or ()) or [subject.broker_address]
-            found[(stream.name, config.durable_name)] = sorted(only)
+            created = created_config(config, name=config.durable_name, subject=subject.broker_address)
+            found[(stream.name, config.durable_name)] = filters_of(created)
     return found
 
 
 async def bound(broker: NatsBroker, *, leases: bool = False, patience_s: float = BIND_PATIENCE_S) -> None:
     """Before a process's subscribers start: wait until every consumer they read (and the lease bucket, `leases`)
     is declared, saying what is missing while it waits; after `patience_s`, raise (the supervisor starts the
-    process again). A consumer declared with other filters than this version reads is named: the deploy must
-    declare the bus again."""
+    process again). A consumer declared with other filters than this version reads is missing too: it was declared
+    for another version (the deploy declares the bus again, or replaces this process)."""
     streams, deadline = broker.config.connection_state.stream, time.monotonic() + patience_s
     readers = durable_subscribers(broker)
     while True:
@@ -152,15 +230,9 @@ async def bound(broker: NatsBroker, *, leases: bool = False, patience_s: float =
             except BUS_AWAY:
                 missing.append(f"consumer {consumer} of {stream} (the bus did not answer)")
                 continue
-            declared = sorted(info.config.filter_subjects or ()) or [info.config.filter_subject or ""]
-            if declared != only:
-                log.warning(
-                    "consumer %s is declared for %s, this version reads %s: declare the bus again (make run does at "
-                    "every start; compose: bus-prepare)",
-                    consumer,
-                    declared,
-                    only,
-                )
+            declared = filters_of(info.config)
+            if declared != only:  # another version's: reading it, this one would take events it cannot handle
+                missing.append(f"consumer {consumer} of {stream} as this version reads it ({only}; not {declared})")
         if leases:
             try:
                 await streams.stream_info(LEASES.name)

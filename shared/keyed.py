@@ -14,12 +14,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
-from faststream.exceptions import RejectMessage
+from faststream.exceptions import NackMessage, RejectMessage
 from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
-from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, checked_event, durable, stream_of
+from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, checked_event, durable, stream_of, subjects_overlap
 from shared.clock import utcnow
 from shared.handlers import HandlerTable, subject_filters
 
@@ -29,6 +29,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 REDELIVERY_MARGIN_S = 1.0
 PATIENCE_S = 2.0  # how long a delivery waits for one before it that has not reached the handler (a lost one)
+SUPERSEDED_NAK_S = 1.0  # a delivery for another version goes back to the consumer this long (below ACK_WAIT_S)
 JOBS_IN_FLIGHT = 32  # a state machine's jobs handled at once (`durable(..., keyed=)`), each job's events one at a time
 
 _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn", default=False)
@@ -196,14 +197,40 @@ def in_order(
 class KeyedConsumer:
     """A state machine's jobs consumer (`keyed_durable`): its subscription, with a decoder that checks the subject
     and the event type up front so a delivery that will not reach the handler is skipped in the delivery order,
-    not waited for; `in_order` for its handler and `resume` for its process's start."""
+    not waited for; `in_order` for its handler and `resume` for its process's start.
+
+    The server delivers only the subjects this version's handler table names. A delivery of another subject means
+    the operator declared the consumer for another version (a deploy's declaration, while this replica still
+    runs): it is given back (nak), never acknowledged, and so is every later one, so this replica neither drops
+    what the new version handles nor handles a job's later event before it; the new version's replica takes them."""
 
     def __init__(self, subscription: dict[str, Any], event: Any) -> None:
         self.deliveries = DeliveryOrder()
         self.subscription = {**subscription, "decoder": self.decode}
         self._event = TypeAdapter(event)
+        self._reads = subscription["config"].filter_subjects or [subscription["subject"]]
+        self.superseded_by: str | None = None  # the first subject delivered that this version does not read
+
+    def superseded(self, msg: Any) -> bool:
+        """Whether this consumer was declared for another version (the server filters: an in-memory broker's
+        deliveries, without JetStream metadata, say nothing)."""
+        if delivery_seq(msg) is None:
+            return False
+        subject = getattr(msg.raw_message, "subject", "")
+        if self.superseded_by is None and not any(subjects_overlap(subject, s) for s in self._reads):
+            self.superseded_by = subject
+            log.error(
+                "%s delivered %s, which this version does not read: the consumer was declared for another "
+                "version; every delivery is given back for it from now on (replace this process)",
+                self.subscription["durable"],
+                subject,
+            )
+        return self.superseded_by is not None
 
     async def decode(self, msg: Any, decode: Callable[[Any], Awaitable[Any]]) -> Any:
+        if self.superseded(msg):
+            self.deliveries.skip(delivery_seq(msg))
+            raise NackMessage(delay=SUPERSEDED_NAK_S)
         try:
             payload = await decode(msg)
             # validated once, as the type it names; the handler's parameter takes the event as it is

@@ -10,7 +10,12 @@ the connection reads nothing more (no command, no heartbeat, no answer; every la
 asking, a stop's drain waits out its own 10-s flush) until nats-py finds it stale minutes later. So one PING is in
 flight at a time, and none is given up while its connection lives: a caller that stops waiting for it leaves it
 running, and the next caller waits for it again before sending its own. One queued on a connection since replaced
-(its waiters were dropped with it) is cancelled, which is safe there.
+(its waiters were dropped with it) is cancelled, which is safe there; one not yet sent is waited for like any.
+Each Pings has one caller at a time in practice (the heartbeat, the liveness loop); a second one is safe too.
+
+Left as it is: nats-py's own reconnect sends a flush with its default timeout (`_attempt_reconnect`); a server that
+answers it too late can still end the read loop that way. Only a fix in nats-py (or in its `_pongs` handling) ends
+that.
 
 nats-py writes a PING to the socket at once but a publish only when its flusher task next runs: a flush called
 right after a publish sent its PING ahead of it. The PING goes out from a task of its own, which runs after the
@@ -44,7 +49,8 @@ class Pings:
     def __init__(self, connection: Callable[[], Connection]) -> None:
         self.connection = connection
         self.probe: asyncio.Task[None] | None = None
-        self.sent_on: int | None = None  # the connection's reconnection count when the probe's PING was queued
+        self.sent_on: int | None = None  # the connection's reconnection count when the probe's PING was queued; None
+        # while the probe has not run (no PING queued: waited for, never cancelled as another connection's)
 
     async def wait(self, *, timeout_s: float) -> None:
         """Return once the server has answered a PING sent after everything this client sent so far, within
@@ -55,12 +61,15 @@ class Pings:
         deadline = asyncio.get_running_loop().time() + timeout_s
         probe = self.probe
         if probe is not None and not probe.done():
-            if self.sent_on == client.stats["reconnects"]:
+            if self.sent_on is None or self.sent_on == client.stats["reconnects"]:
                 await _until(probe, deadline)  # its PONG comes first; a second PING waits for it
             else:  # queued on a connection since replaced: its PONG never comes, and no read loop holds its waiter
                 probe.cancel()
-        self.probe = asyncio.get_running_loop().create_task(self._ping(client))
-        await _until(self.probe, deadline)
+        latest = self.probe
+        if latest is None or latest is probe:  # not replaced by another caller meanwhile
+            latest = asyncio.get_running_loop().create_task(self._ping(client))
+            self.probe, self.sent_on = latest, None
+        await _until(latest, deadline)
 
     async def close(self) -> None:
         """Once the connection is closed (its read loop ended): a PING still in flight is given up."""
@@ -80,4 +89,6 @@ async def _until(probe: asyncio.Task[None], deadline: float) -> None:
     await asyncio.wait([probe], timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
     if not probe.done():
         raise TimeoutError("the bus server has not answered a PING in time")
+    if probe.cancelled():  # given up as another connection's (by another caller, or at close): not our cancellation
+        raise ConnectionError("the PING was given up: its connection was replaced or closed")
     probe.result()

@@ -8,6 +8,7 @@ account seeds; only this process reads it), `creds/<identity>.creds` (one per se
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from nats.errors import Error as NatsError
 
 from shared import busroles
-from shared.bus import LOG_STREAM_MAX_BYTES, make_broker
+from shared.bus import LOG_STREAM_MAX_BYTES, make_broker, until
 from shared.buscreds import (
     Minter,
     Permissions,
@@ -122,19 +123,28 @@ async def prepare_bus(
     ca_file: Path | None = None,
     replicas: int = 1,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
+    shrink: bool = False,
     ready_s: float = CLUSTER_READY_S,
 ) -> None:
     """As the admin: declare the bus (`shared.bustopology.declare`): every stream (`replicas` copies each), every
     service's consumer and each node's command consumer; no service or agent may make or change any of them. A
-    cluster just started has no JetStream leader for a few seconds: declaring is retried until then."""
+    cluster just started has no JetStream leader for a few seconds: declaring is retried until then, `ready_s` in
+    all (each try is given what is left of it)."""
     deadline = time.monotonic() + ready_s
     while True:
         broker = make_broker(url, name="stack", creds=creds, ca_file=ca_file)
         try:
-            await declare(broker, node_ids=node_ids, replicas=replicas, log_max_bytes=log_max_bytes)
+            await declare(
+                broker,
+                node_ids=node_ids,
+                replicas=replicas,
+                log_max_bytes=log_max_bytes,
+                shrink=shrink,
+                patience_s=until(deadline),
+            )
             return
         except (NatsError, TimeoutError, ConnectionError) as exc:
-            if time.monotonic() > deadline:
+            if not until(deadline):
                 raise RuntimeError(
                     f"JetStream would not take the bus's declaration within {ready_s:g} s: {exc!r}"
                 ) from exc
@@ -146,40 +156,64 @@ async def prepare_bus(
 def main() -> None:
     """For an operator running NATS and the processes apart (docker compose): write the server's auth block and
     every identity's `.creds` (`write`), then, once the server is up and before any service or agent starts,
-    declare the bus: its streams and every consumer (`prepare`, at every deploy: it brings them to this version)."""
+    declare the bus: its streams and every consumer (`prepare`, at every deploy: it brings them to this version).
+    The stream settings default to the stack's (TRAINMASTER_STREAM_REPLICAS, TRAINMASTER_LOG_STREAM_MAX_BYTES)."""
     from services.agent.resources import agent_node_ids
+    from services.stack.processes import StackSettings
 
+    settings = StackSettings()
     parser = argparse.ArgumentParser(prog="python -m services.stack.identities", description=main.__doc__)
     parser.add_argument("action", choices=("write", "prepare"))
-    parser.add_argument("--dir", type=Path, required=True, help="where keys and .creds live (kept secret)")
-    parser.add_argument("--cluster-file", type=Path, default=Path("cluster.toml"), help="the static nodes")
-    parser.add_argument("--nats-url", default="nats://nats:4222")
-    parser.add_argument("--replicas", type=int, default=1, choices=range(1, 6), help="copies of each stream")
+    parser.add_argument("--dir", type=Path, help="where keys and .creds live (kept secret); write only")
+    parser.add_argument("--creds", type=Path, help="prepare: the admin's .creds (default: <dir>/creds/admin/)")
+    parser.add_argument("--admin-uid", type=int, help="write: the user that owns the admin's .creds (bus-prepare's)")
+    parser.add_argument("--cluster-file", type=Path, default=settings.cluster_file, help="the static nodes")
+    parser.add_argument("--nats-url", default=settings.nats_url or "nats://nats:4222")
+    parser.add_argument("--ca-file", type=Path, default=settings.nats_ca_file, help="CA of the servers' certificate")
     parser.add_argument(
-        "--log-max-bytes", type=int, default=LOG_STREAM_MAX_BYTES, help="output the stream TM_LOGS keeps at most"
+        "--replicas", type=int, default=settings.stream_replicas or 1, choices=range(1, 6), help="copies of each stream"
     )
+    parser.add_argument(
+        "--log-max-bytes", type=int, default=settings.log_stream_max_bytes, help="output TM_LOGS keeps at most"
+    )
+    parser.add_argument("--shrink", action="store_true", help="prepare: a stream may keep less or fewer copies")
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
     args = parser.parse_args()
-    identities, node_ids = Identities(args.dir), agent_node_ids(args.cluster_file)
+    node_ids = agent_node_ids(args.cluster_file)
     if args.action == "prepare":
-        asyncio.run(
-            prepare_bus(
-                args.nats_url,
-                creds=identities.root / "creds" / "admin" / "nats.creds",
-                node_ids=node_ids,
-                replicas=args.replicas,
-                log_max_bytes=args.log_max_bytes,
-            )
+        if args.creds is None and args.dir is None:
+            parser.error("prepare needs --creds (or --dir)")
+        creds = args.creds or args.dir / "creds" / "admin" / "nats.creds"
+        prepare = prepare_bus(
+            args.nats_url,
+            creds=creds,
+            node_ids=node_ids,
+            ca_file=args.ca_file,
+            replicas=args.replicas,
+            log_max_bytes=args.log_max_bytes,
+            shrink=args.shrink,
         )
+        asyncio.run(prepare)
         return
+    if args.dir is None:
+        parser.error("write needs --dir")
+    write(Identities(args.dir), node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
+
+
+def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:
+    """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block."""
     for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)
-        (path.parent / identity).mkdir(mode=0o700, exist_ok=True)  # one folder per container to mount
-        path.replace(path.parent / identity / "nats.creds")
+        folder = path.parent / identity
+        folder.mkdir(mode=0o700, exist_ok=True)  # one folder per container to mount
+        path.replace(folder / "nats.creds")
+        if identity == "admin" and admin_uid is not None:  # bus-prepare runs as that user, not as root
+            for owned in (folder, folder / "nats.creds"):
+                os.chown(owned, admin_uid, admin_uid)
     identities.minter()
     auth = identities.root / "server" / "auth.conf"  # the only folder the server's container mounts
     auth.parent.mkdir(mode=0o755, exist_ok=True)
-    auth.write_text(identities.server_config(resolver_dir=Path(args.resolver_dir)))
+    auth.write_text(identities.server_config(resolver_dir=resolver_dir))
     auth.chmod(0o644)  # public JWTs only
 
 

@@ -5,6 +5,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import time
 
 import nats
 import pytest
@@ -13,8 +14,10 @@ from nats.js.api import ConsumerConfig, StreamConfig
 
 from shared import bus, busroles
 from shared.bus import agent_consumer_config, connect, durable, make_broker, publish
+from shared.buscreds import Minter, decode_claims
 from shared.events import StartTask, StopTask, TaskExited
-from services.placement.providers import NodeCredentials
+from services.placement.providers import NodeCredentials, credentials as credentials_module
+from services.placement.providers.credentials import CONSUMER_MAKER_TTL_S
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 from tests.factories import algorithm, exited, placed, spec, unique
@@ -296,6 +299,45 @@ async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server
     other = await as_agent(server, "n1")  # other identities are untouched
     assert await other.settle() == []
     await other.nc.close()
+
+
+async def test_the_identity_that_makes_a_rented_nodes_consumer_expires_and_so_does_the_consumer(
+    server, tmp_path, monkeypatch
+):
+    """The identity is refused by the server after minutes; the consumer it makes is deleted by the server once the
+    node has not read it for an hour (each one a Raft group on a cluster, kept forever before)."""
+    minted: list[tuple[str, str]] = []
+    mint = Minter.mint
+
+    def recording(self, **kwargs):
+        user, creds = mint(self, **kwargs)
+        minted.append((kwargs["name"], creds))
+        return user, creds
+
+    monkeypatch.setattr(Minter, "mint", recording)
+    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    node_id = unique("od")
+    now = time.time()
+    await credentials.issue(node_id, tmp_path)
+    claims = {name: decode_claims(creds.split("USER JWT-----\n")[1].split("\n")[0]) for name, creds in minted}
+    assert now < claims[f"consumer-maker-{node_id}"].get("exp", 0) <= now + CONSUMER_MAKER_TTL_S + 1
+    assert "exp" not in claims[f"agent-{node_id}"]  # the node's own identity lasts until it is revoked
+    operator = await Client().open(server, server.admin_creds())
+    info = await operator.nc.jetstream(timeout=2).consumer_info("TM_NODE_CMD", f"agent-{node_id}")
+    await operator.nc.close()
+    assert info.config.inactive_threshold == bus.RENTED_CONSUMER_INACTIVE_S
+    await credentials.revoke(node_id, tmp_path)
+
+
+async def test_a_consumer_maker_already_expired_on_arrival_is_an_error_that_names_the_clocks(
+    server, tmp_path, monkeypatch
+):
+    """A placement host whose clock is behind the bus servers' by more than the identity's life mints it expired:
+    the rental failed with an authorization error that said nothing of clocks."""
+    monkeypatch.setattr(credentials_module, "CONSUMER_MAKER_TTL_S", -30)  # as seen by a server 150 s ahead
+    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    with pytest.raises(RuntimeError, match="clock"):
+        await credentials.create_consumer(unique("od"))
 
 
 async def test_the_agents_command_consumer_is_created_by_the_privileged_side(server):

@@ -7,16 +7,25 @@ import logging
 
 import nats
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared import busroles
-from shared.bus import connect, make_broker, publish
+from shared.bus import (
+    RENTED_CONSUMER_INACTIVE_S,
+    Shrinking,
+    agent_consumer_config,
+    connect,
+    filters_of,
+    make_broker,
+    publish,
+)
 from shared.bustopology import bound
-from shared.events import JobStatusChanged, JobSubmitted
+from shared.events import JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
 from shared.jobs import Phase, SecondaryPhase
 from shared.keyed import keyed_durable
 from services.monitor.handlers import JOBS as MONITOR_JOBS
 from services.placement.handlers import JOBS as PLACEMENT_JOBS
+from services.stack.identities import prepare_bus
 from tests.factories import started, submitted, unique
 from tests.integration.servers import real_servers
 
@@ -55,10 +64,18 @@ async def filters(server, consumer: str, stream: str = "TM_JOBS") -> list[str]:
 
     async def read(js) -> None:
         info = await js.consumer_info(stream, consumer)
-        found.extend(sorted(info.config.filter_subjects or ()) or [info.config.filter_subject])
+        found.extend(filters_of(info.config))
 
     await as_operator(server, read)
     return found
+
+
+async def until(check, *, tries: int = 100) -> bool:
+    for _ in range(tries):
+        if await check():
+            return True
+        await asyncio.sleep(0.1)
+    return False
 
 
 async def delivered(server, role: str, consumer: str) -> list[bytes]:
@@ -111,26 +128,138 @@ async def test_an_earlier_whole_stream_consumer_is_narrowed_by_the_declaration_a
     assert b'"TaskStarted"' in got[1]
 
 
-async def test_a_replica_of_another_version_binds_to_the_declared_consumer_and_cannot_change_it(server):
+async def test_a_replica_of_another_version_neither_binds_to_the_declared_consumer_nor_changes_it(server):
     """In a rolling deploy an old replica's start used to put its own filter back on the shared jobs consumer (and
-    the next new one narrowed it again): now neither may change it, both bind to the one the operator declared."""
+    the next new one narrowed it again): now neither may change it. One whose filter is not the declared one does
+    not read it (it would take events it has no handler for): it waits, saying so, and gives up."""
     declared = await filters(server, "placement-jobs")
     assert declared == ["tm.job.deleted", "tm.job.status", "tm.job.submitted"]
     older = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobSubmitted, handles={JobSubmitted: None})
     placement = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
-    seen: list[str] = []
 
     @placement.subscriber(**older.subscription)
     async def on_event(event: dict) -> None:
-        seen.append(event["type"])
+        pass
 
     await connect(placement)
-    await bound(placement, patience_s=5)
-    await older.resume(placement)
-    await placement.start()
+    with pytest.raises(
+        RuntimeError, match=r"placement-jobs of TM_JOBS as this version reads it \(\['tm.job.submitted'\]"
+    ):
+        await bound(placement, patience_s=0)
     await placement.stop()
     assert await filters(server, "placement-jobs") == declared
     assert PLACEMENT_JOBS.subscription["config"].filter_subjects == declared
+
+
+async def test_a_replica_of_the_version_before_gives_back_what_a_wider_declaration_sends_it(server):
+    """A deploy's declaration widens a jobs consumer while a replica of the version before still reads it. That
+    replica used to drop the event its table names no handler for (acknowledged, or rejected as no event of its
+    type), so the new version's replica never saw it. Now it gives it back, and the new replica handles it."""
+    job = unique("j")
+    older = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent, handles={JobSubmitted: None})
+    newer = keyed_durable(
+        "tm.job.>",
+        consumer="placement-jobs",
+        event=JobEvent,
+        handles={JobSubmitted: None, JobStatusChanged: None, JobDeleted: None},
+    )
+    assert newer.subscription["config"].filter_subjects == await filters(server, "placement-jobs")
+    old = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
+
+    @old.subscriber(**older.subscription)
+    async def on_old(event: JobEvent) -> None:
+        pass
+
+    await connect(old)
+    await old.start()  # it was reading before the declaration widened its consumer
+    operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
+    await connect(operator)
+    for event in (submitted(job_id=job), status(job)):
+        await publish(operator, event)
+    streams = operator.config.connection_state.stream
+    last = (await streams.stream_info("TM_JOBS")).state.last_seq
+
+    async def delivered_to_old() -> bool:
+        return (await streams.consumer_info("TM_JOBS", "placement-jobs")).delivered.stream_seq >= last
+
+    assert await until(delivered_to_old)
+    await old.stop()
+
+    new = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
+    seen: list[tuple[str, str]] = []
+
+    @new.subscriber(**newer.subscription)
+    async def on_new(event: JobEvent) -> None:
+        seen.append((event.job_id, type(event).__name__))
+
+    await connect(new)
+    await bound(new, patience_s=5)
+    await new.start()
+
+    async def handled() -> bool:
+        return (job, "JobStatusChanged") in seen
+
+    assert await until(handled)
+    await new.stop()
+    await operator.stop()
+
+
+async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_makes_rented_nodes_expire(server):
+    """Consumers made under the credentials of an earlier version (any service could make any) survived every
+    declaration: a push consumer sending a node's commands (job secrets) into placement's inbox, one of a declared
+    name turned into a push consumer, one reading every node's commands. Rented nodes' stayed forever."""
+    rented, other, odd = unique("od"), unique("od"), unique("od")
+    spy = "_INBOX_placement.spy"
+
+    async def plant(js) -> None:
+        await js.delete_consumer("TM_JOBS", "estimator-placed")
+        planted = [
+            ("TM_NODE_CMD", "agent-spy", {"deliver_subject": spy, "filter_subject": "tm.node.cmd.n1.>"}),
+            ("TM_JOBS", "estimator-placed", {"deliver_subject": spy, "filter_subject": "tm.job.placed"}),
+            ("TM_JOBS", "estimator-extra", {"filter_subject": "tm.job.>"}),
+            ("TM_NODE_CMD", f"agent-{other}", {"filter_subject": "tm.node.cmd.>"}),
+            # a node's filter, but only what comes after it: no update can make it a rented node's
+            (
+                "TM_NODE_CMD",
+                f"agent-{odd}",
+                {"filter_subject": f"tm.node.cmd.{odd}.>", "deliver_policy": DeliverPolicy.NEW},
+            ),
+        ]
+        for stream, name, config in planted:
+            await js.add_consumer(stream, config=ConsumerConfig(name=name, durable_name=name, **config))
+        await js.add_consumer("TM_NODE_CMD", config=agent_consumer_config(rented))  # made before they expired
+
+    await as_operator(server, plant)
+    await asyncio.to_thread(server.prepare_bus)
+    consumers: dict[str, ConsumerConfig] = {}
+
+    async def read(js) -> None:
+        for stream in ("TM_JOBS", "TM_NODE_CMD"):
+            consumers.update({info.name: info.config for info in await js.consumers_info(stream)})
+
+    await as_operator(server, read)
+    assert not {"agent-spy", "estimator-extra", f"agent-{other}", f"agent-{odd}"} & set(consumers)
+    assert not any(config.deliver_subject for config in consumers.values())
+    assert consumers["estimator-placed"].filter_subject == "tm.job.placed"  # declared again, a pull consumer
+    assert consumers[f"agent-{rented}"].inactive_threshold == RENTED_CONSUMER_INACTIVE_S
+    assert consumers["agent-n1"].inactive_threshold is None  # a static node's waits for its agent whatever the time
+
+
+async def test_a_declaration_that_would_shrink_a_stream_is_refused_naming_the_setting(server):
+    async def kept() -> int:
+        found: list[int] = []
+
+        async def read(js) -> None:
+            found.append((await js.stream_info("TM_LOGS")).config.max_bytes)
+
+        await as_operator(server, read)
+        return found[0]
+
+    before = await kept()
+    with pytest.raises(Shrinking, match=r"TM_LOGS has max_bytes=.*TRAINMASTER_LOG_STREAM_MAX_BYTES"):
+        await prepare_bus(server.nats_url, creds=server.admin_creds(), node_ids=["n1"], log_max_bytes=before // 2)
+    assert await kept() == before
+    await prepare_bus(server.nats_url, creds=server.admin_creds(), node_ids=["n1"], log_max_bytes=before, shrink=True)
 
 
 async def test_a_service_started_before_the_bus_is_declared_waits_saying_what_is_missing(server, caplog):

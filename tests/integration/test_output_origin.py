@@ -93,7 +93,7 @@ async def test_the_output_stream_keeps_at_most_its_configured_bytes(cluster_serv
     broker = make_broker(cluster_servers.nats_url, name="operator", creds=cluster_servers.admin_creds())
     streams = []
     for configured in (64 * 1024**2, LOG_STREAM_MAX_BYTES):  # the operator's declaration with another setting
-        await connect(broker, declare=True, log_max_bytes=configured)
+        await connect(broker, declare=True, log_max_bytes=configured, shrink=True)
         streams.append((await broker.config.connection_state.stream.stream_info(LOGS.name)).config.max_bytes)
         await broker.stop()
     assert streams == [64 * 1024**2, LOG_STREAM_MAX_BYTES] and 0 < LOG_STREAM_MAX_BYTES <= 16 * 1024**3

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
-from faststream.exceptions import RejectMessage
+from faststream.exceptions import NackMessage, RejectMessage
 from pymongo.errors import AutoReconnect
 
 from shared.bus import ACK_WAIT_S
@@ -138,7 +138,7 @@ async def test_a_keyed_consumer_rejects_what_is_no_event_of_its_own_and_skips_it
     jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles={TaskStarted: _ignored})
     jobs.deliveries.resume_after(9)
     msg = delivered(10)
-    msg.raw_message.subject = "tm.job.task.n1"
+    msg.raw_message.subject = "tm.job.task.n1.started"
 
     async def decode(_):
         return {"type": "TaskStarted", "job_id": "j"}  # a hostile or broken publisher: fields missing
@@ -146,6 +146,28 @@ async def test_a_keyed_consumer_rejects_what_is_no_event_of_its_own_and_skips_it
     with pytest.raises(RejectMessage):
         await jobs.decode(msg, decode)
     assert jobs.deliveries.last == 10
+
+
+async def test_a_keyed_consumer_declared_for_another_version_gives_back_every_delivery_from_the_first_it_cannot_read():
+    """A deploy's declaration widened the consumer while this (older) replica reads it: what its table does not name
+    goes back to the consumer for the new version's replica, and so does every later delivery, which would
+    otherwise be handled before an earlier event of its job."""
+    started = {"type": "TaskStarted", "job_id": "j", "node_id": "n1"}
+    jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles={TaskStarted: _ignored})
+    jobs.deliveries.resume_after(9)
+    foreign, later = delivered(10), delivered(11)
+    foreign.raw_message.subject, later.raw_message.subject = "tm.job.status", "tm.job.task.n1.started"
+
+    async def decode(_):
+        return started
+
+    for msg in (foreign, later):
+        with pytest.raises(NackMessage) as given_back:
+            await jobs.decode(msg, decode)
+        assert 0 < given_back.value.extra_options["delay"] < ACK_WAIT_S
+    assert jobs.superseded_by == "tm.job.status" and jobs.deliveries.last == 11
+    in_memory = SimpleNamespace(raw_message=SimpleNamespace(subject="tm.job.status"))  # not filtered by a server
+    assert not keyed_durable("tm.job.>", consumer="m", event=JobEvent, handles={}).superseded(in_memory)
 
 
 def test_a_new_reader_waits_only_until_what_the_dead_one_held_is_due_again():

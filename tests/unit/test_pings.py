@@ -73,3 +73,34 @@ async def test_no_ping_while_the_connection_is_down():
     with pytest.raises(ConnectionError):
         await Pings(lambda: client).wait(timeout_s=1)
     assert not client.pings
+
+
+async def test_a_second_caller_waits_for_a_ping_not_sent_yet_rather_than_cancelling_it_as_another_connections():
+    """The reconnection count of the last PING sent used to stand for a probe created but not run yet: a second
+    caller in that moment, after a reconnect, cancelled it, and the first caller's wait raised CancelledError, which
+    reads as its own cancellation (a heartbeat loop ends)."""
+    client = Client()
+    pings = Pings(lambda: client)
+    first = asyncio.create_task(pings.wait(timeout_s=30))
+    await asyncio.sleep(0.01)
+    client.pong()
+    await first
+    client.stats["reconnects"] += 1  # the connection was replaced since that PING
+    a, b = (asyncio.create_task(pings.wait(timeout_s=30)) for _ in range(2))
+    await asyncio.sleep(0.01)
+    assert len(client.pings) == 1  # one PING in flight: b waits for a's
+    client.pong()
+    await asyncio.sleep(0.01)
+    assert a.done() and a.exception() is None and len(client.pings) == 1  # then b's own
+    client.pong()
+    await b
+
+
+async def test_a_ping_given_up_at_close_is_a_connection_error_to_its_waiter():
+    client = Client()
+    pings = Pings(lambda: client)
+    waiting = asyncio.create_task(pings.wait(timeout_s=30))
+    await asyncio.sleep(0.01)
+    await pings.close()
+    with pytest.raises(ConnectionError):
+        await waiting

@@ -5,14 +5,16 @@ import asyncio
 import logging
 import ssl
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats
 from nats.aio.client import RawCredentials
+from nats.errors import Error as NatsError
 
 from shared import busroles
-from shared.bus import NODE_COMMANDS, agent_consumer_config, servers
+from shared.bus import NODE_COMMANDS, rented_consumer_config, servers
 from shared.buscreds import NAME, Minter, write_secret
 
 log = logging.getLogger(__name__)
@@ -41,21 +43,39 @@ class NodeCredentials:
         """The node's command consumer, created through an identity minted for it alone: it may create that one
         consumer (with the node's filter) and expires within minutes. Placement's own bus credentials create no
         consumer: a consumer's config is in the request's body, where the server checks nothing (a push consumer
-        could send any node's commands into placement's inbox); the config here is fixed by code."""
+        could send any node's commands into placement's inbox); the config here is fixed by code, and the server
+        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S`."""
         identity = f"consumer-maker-{node_id}"
         _, text = Minter.load(self.minter_file).mint(
             name=identity,
             permissions=busroles.consumer_maker(node_id),
             expires_at=int(time.time()) + CONSUMER_MAKER_TTL_S,
         )
-        client = await self.connect(text, inbox=busroles.inbox(identity))
+        refusals: list[str] = []
+
+        async def refused(exc: Exception) -> None:
+            refusals.append(str(exc))
+
         try:
-            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=agent_consumer_config(node_id))
+            client = await self.connect(text, inbox=busroles.inbox(identity), errors=refused)
+        except NatsError as exc:
+            if not any("authorization" in r.lower() for r in refusals):
+                raise
+            raise RuntimeError(
+                f"the bus server refused the identity minted to make {node_id}'s command consumer ({refusals[-1]}): "
+                f"it expires {CONSUMER_MAKER_TTL_S} s after this host's clock, so a placement host whose clock is "
+                "behind the bus servers' by that much mints it already expired; check both clocks (NTP)"
+            ) from exc
+        try:
+            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=rented_consumer_config(node_id))
         finally:
             await client.close()
 
-    async def connect(self, creds: str, *, inbox: str) -> nats.NATS:
-        """A connection of its own as a minted identity (`creds`: its `.creds` text)."""
+    async def connect(
+        self, creds: str, *, inbox: str, errors: Callable[[Exception], Awaitable[None]] | None = None
+    ) -> nats.NATS:
+        """A connection of its own as a minted identity (`creds`: its `.creds` text; `errors`: what the server says
+        to it, a refusal included)."""
         tls = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file else None
         return await nats.connect(
             servers(self.nats_url),
@@ -64,6 +84,7 @@ class NodeCredentials:
             inbox_prefix=inbox,
             connect_timeout=5,
             max_reconnect_attempts=3,
+            error_cb=errors,
         )
 
     async def revoke(self, node_id: str, folder: Path) -> None:

@@ -1,0 +1,106 @@
+"""The operator's declaration of the bus (`identities prepare`, compose's bus-prepare): which existing consumers
+stay, where its stream settings come from, and what its container may touch."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from nats.js.api import ConsumerConfig
+
+from shared import bus
+from shared.bustopology import CONSUMERS, unwanted
+from services.stack import identities
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARED = {(bus.stream_of(s["subject"]).name, s["durable"]) for role in CONSUMERS.values() for s in role}
+DECLARED |= {("TM_NODE_CMD", "agent-n1")}
+
+
+def consumer(name: str, **config) -> ConsumerConfig:
+    return ConsumerConfig(name=name, durable_name=name, **config)
+
+
+@pytest.mark.parametrize(
+    "stream, config",
+    [
+        ("TM_NODE_CMD", consumer("agent-spy", deliver_subject="_INBOX_placement.x", filter_subject="tm.node.cmd.n1.>")),
+        ("TM_JOBS", consumer("monitor-jobs", deliver_subject="tm.rpc.monitor.terminate")),  # a declared name, pushing
+        ("TM_NODE_CMD", consumer("agent-n1", deliver_subject="_INBOX_agent-n1.x", filter_subject="tm.node.cmd.n1.>")),
+        ("TM_JOBS", consumer("estimator-extra", filter_subject="tm.job.>")),
+        ("TM_NODE_CMD", consumer("agent-od-9", filter_subject="tm.node.cmd.>")),  # a node's name, every node's orders
+        ("TM_NODE_CMD", consumer("agent-od-9", filter_subjects=["tm.node.cmd.od-9.>", "tm.node.cmd.n1.>"])),
+        ("TM_JOBS", consumer("agent-od-9", filter_subject="tm.node.cmd.od-9.>")),
+        ("TM_NODE_CMD", ConsumerConfig(filter_subject="tm.node.cmd.n1.>")),  # ephemeral
+    ],
+)
+def test_a_consumer_the_platform_does_not_declare_or_that_pushes_has_to_go(stream, config):
+    assert unwanted(stream, config, declared=DECLARED) is not None
+
+
+@pytest.mark.parametrize(
+    "stream, config",
+    [
+        ("TM_JOBS", bus.consumer_config(CONSUMERS["monitor"][0])),
+        ("TM_NODE_CMD", bus.agent_consumer_config("n1")),
+        ("TM_NODE_CMD", bus.agent_consumer_config("od-9")),  # a rented node's, made before they expired
+        ("TM_NODE_CMD", bus.rented_consumer_config("od-9")),
+    ],
+)
+def test_a_declared_consumer_and_a_rented_nodes_stay(stream, config):
+    assert unwanted(stream, config, declared=DECLARED) is None
+
+
+def test_a_rented_nodes_consumer_expires_once_unread_and_a_static_nodes_never():
+    assert bus.rented_consumer_config("od-9").inactive_threshold == bus.RENTED_CONSUMER_INACTIVE_S
+    assert bus.agent_consumer_config("n1").inactive_threshold is None
+    rented = bus.rented_consumer_config("od-9").evolve(inactive_threshold=None)
+    assert rented == bus.agent_consumer_config("od-9")
+
+
+def test_prepare_takes_the_stacks_stream_settings(monkeypatch, tmp_path):
+    """The services used to read TRAINMASTER_STREAM_REPLICAS and TRAINMASTER_LOG_STREAM_MAX_BYTES; compose's
+    bus-prepare passed neither, and its first declaration put an operator's larger output stream back to 4 GiB."""
+    asked = {}
+
+    async def prepare_bus(url, **kwargs):
+        asked.update(kwargs, url=url)
+
+    (tmp_path / "cluster.toml").write_text('[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n')
+    monkeypatch.setattr(identities, "prepare_bus", prepare_bus)
+    monkeypatch.setenv("TRAINMASTER_STREAM_REPLICAS", "3")
+    monkeypatch.setenv("TRAINMASTER_LOG_STREAM_MAX_BYTES", str(16 * 1024**3))
+    argv = ["identities", "prepare", "--creds", str(tmp_path / "admin.creds")]
+    monkeypatch.setattr("sys.argv", [*argv, "--cluster-file", str(tmp_path / "cluster.toml")])
+    identities.main()
+    assert asked["replicas"] == 3 and asked["log_max_bytes"] == 16 * 1024**3 and asked["shrink"] is False
+    assert asked["creds"] == tmp_path / "admin.creds" and asked["node_ids"] == ["n1"]
+
+
+def test_compose_declares_the_bus_as_nobody_with_the_admins_creds_alone_and_the_stream_settings():
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    prepare = compose["bus-prepare"]
+    assert prepare["user"] == "65534:65534"
+    mounts = [m for m in prepare["volumes"] if isinstance(m, dict)]
+    assert mounts == [
+        {
+            "type": "volume",
+            "source": "bus",
+            "target": "/run/trainmaster/bus",
+            "read_only": True,
+            "volume": {"subpath": "creds/admin"},
+        }
+    ]
+    assert not any(isinstance(m, str) and m.startswith("bus:") for m in prepare["volumes"])
+    command = prepare["command"]
+    assert command[command.index("--creds") + 1] == "/run/trainmaster/bus/nats.creds" and "--dir" not in command
+    assert {"TRAINMASTER_STREAM_REPLICAS", "TRAINMASTER_LOG_STREAM_MAX_BYTES"} <= set(prepare["environment"])
+    keys = compose["bus-keys"]["command"]
+    assert keys[keys.index("--admin-uid") + 1] == "65534"  # the one file bus-prepare reads is nobody's
+
+
+def test_write_gives_the_admins_creds_to_the_user_that_declares(monkeypatch, tmp_path):
+    owners = []
+    monkeypatch.setattr(identities.os, "chown", lambda path, uid, gid: owners.append((Path(path).name, uid, gid)))
+    identities.write(identities.Identities(tmp_path / "bus"), node_ids=["n1"], resolver_dir=tmp_path, admin_uid=7)
+    assert owners == [("admin", 7, 7), ("nats.creds", 7, 7)]
+    assert (tmp_path / "bus" / "creds" / "agent-n1" / "nats.creds").exists()
