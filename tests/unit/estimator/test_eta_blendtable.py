@@ -215,6 +215,47 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
     report = ownfamily.run_family_evaluation(("unused",))
     assert report["families"] == ["conv-adam", "digits", "gru"]
     assert tables_from == [{"digits", "gru"}, {"conv-adam", "gru"}, {"conv-adam", "digits"}]
-    sizes = {f: len(v[1]) for f, v in samples.items()}
-    assert fitted_on == [sum(sizes.values()) - sizes[f] for f in report["families"]]  # the curve never saw it
+    # The fitted curve as shipped (four networks cross-fitted by seed) fitted on the other families' samples only.
+    sizes = {(f, s): len(v.fit[s][1]) for f, v in samples.items() for s in v.fit}
+    assert sorted({s for _, s in sizes}) == [0, 1, 2, 3]
+    assert fitted_on == [
+        sum(n for (f, s), n in sizes.items() if f != held and s != seed)
+        for held in report["families"]
+        for seed in range(4)
+    ]
     assert math.isfinite(report["methods"][report["headline_method"]]["loss"]["all"]["50%"]["within_20pct"])
+
+
+def test_the_shipped_fitted_curve_and_a_folds_are_one_recipe(monkeypatch, tmp_path):
+    """`owncurve.json` (bench.search.calibrate) and a fold's fitted curve (`ownnested`) are the same function of
+    their runs, and a family's cached samples read back as computed."""
+    pytest.importorskip("torch")
+    from services.estimator import ownnested
+    from services.estimator.model import owntrain
+    from services.estimator.model.owncurve import quantile_net
+
+    def runs(group, scale, **extra):
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 61)]
+        for p in points:
+            p["val_loss"], p["val_acc"] = p["loss"] * 1.1, 1 - p["loss"] / (3 * scale)
+        return [
+            {"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra} for s in range(5)
+        ]
+
+    corpus = [{**r, "family": owncorpus.family(r)} for r in runs("digits-mlp", 2.0) + runs("x", 3.0, family="gru")]
+    real_fit = owntrain.fit_net
+    monkeypatch.setattr(owntrain, "fit_net", lambda x, y, **kw: real_fit(x, y, steps=10, **kw))
+    computed = ownnested.curve_samples(corpus, tmp_path)
+    cached = ownnested.curve_samples(corpus, tmp_path)
+    for fam, got in computed.items():
+        assert sorted(cached[fam].fit) == sorted(got.fit) and cached[fam].pad_cases == got.pad_cases
+        for s in got.fit:
+            assert np.array_equal(cached[fam].fit[s][0], got.fit[s][0])
+            assert np.array_equal(cached[fam].pad[s][1], got.pad[s][1])
+    shipped = ownnested.shipped_curve(cached, runs=corpus)
+    assert shipped == owntrain.calibrate(corpus, list(owncorpus.METRICS))
+    assert shipped["runs"] == 10 and shipped["groups"] == ["digits-mlp", "x"] and len(shipped["nets"]) == 4
+    without = ownnested.fold_curve(cached, held="gru", runs=corpus[:5])
+    assert without == owntrain.calibrate(corpus[:5], list(owncorpus.METRICS)) and without["groups"] == ["digits-mlp"]
+    x = np.random.default_rng(0).normal(size=(7, len(shipped["features"])))
+    assert np.allclose(owntrain.quantile_rows(x, shipped["nets"][0]), [quantile_net(r, shipped["nets"][0]) for r in x])
