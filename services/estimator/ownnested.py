@@ -322,14 +322,26 @@ def build_table(
     if curve_out is not None:
         curve_out.write_text(json.dumps(shipped_curve(samples, runs=runs), separators=(",", ":")) + "\n")
         print(f"{curve_out}: fitted on {len(runs)} runs", flush=True)
+    readings = nested_readings(runs, pretrained=pretrained, samples=samples, encoded=encoded, cache_dir=cache_dir)
+    return table_from(readings), len(readings.truth)
+
+
+def nested_readings(
+    runs: list[dict],
+    *,
+    pretrained: PriorNet,
+    samples: dict[str, SeedSamples],
+    encoded: dict[str, Encoded],
+    cache_dir: Path | None,
+) -> Readings:
+    """Every family's readings by the parts built without it (`fold`), family after family."""
     parts = []
     for held in sorted({owncorpus.family(r) for r in runs}):
         parts.append(
             fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded).readings
         )
         print(f"family {held}: {len(parts[-1].truth)} readings", flush=True)
-    readings = concat(parts)
-    return table_from(readings), len(readings.truth)
+    return concat(parts)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -259,3 +259,37 @@ def test_the_shipped_fitted_curve_and_a_folds_are_one_recipe(monkeypatch, tmp_pa
     assert without == owntrain.calibrate(corpus[:5], list(owncorpus.METRICS)) and without["groups"] == ["digits-mlp"]
     x = np.random.default_rng(0).normal(size=(7, len(shipped["features"])))
     assert np.allclose(owntrain.quantile_rows(x, shipped["nets"][0]), [quantile_net(r, shipped["nets"][0]) for r in x])
+
+
+def test_the_tables_form_is_chosen_on_families_each_table_never_read(monkeypatch):
+    """`ownchoice` scores a family by a table fitted on the others' readings, serving each row as the tracker does."""
+    from services.estimator import ownchoice
+    from services.estimator.ownnested import Readings
+
+    rng = np.random.default_rng(3)
+    parts = []
+    for fam, noise in (("a", 0.1), ("b", 0.3), ("c", 0.6)):
+        truth = -np.log(rng.choice(owncorpus.CUTS, 300))
+        prior = np.stack([truth + rng.normal(0, noise, 300), truth - 0.5, truth + 0.5], axis=1)
+        fitted = np.stack([truth + rng.normal(0, noise, 300), truth - 0.3, truth + 0.3], axis=1)
+        parts.append(Readings([fam] * 300, prior, fitted, truth))
+    readings = Readings(
+        [f for p in parts for f in p.families],
+        np.concatenate([p.prior for p in parts]),
+        np.concatenate([p.fitted for p in parts]),
+        np.concatenate([p.truth for p in parts]),
+    )
+    table = bt.fit_table(readings.prior, readings.fitted, readings.truth, readings.families)
+    got = ownchoice.served(table, readings.prior, readings.fitted)
+    for i in range(0, 900, 37):
+        assert got[i] == pytest.approx(
+            bt.combine(bt.Reading(*readings.prior[i]), bt.Reading(*readings.fitted[i]), table)
+        )
+    fitted_on = []
+    real = bt.fit_table
+    monkeypatch.setattr(bt, "fit_table", lambda *a, **kw: fitted_on.append(set(a[3])) or real(*a, **kw))
+    score = ownchoice.score(readings, spread=(0.0, 3.0, 0.0, 2.0))
+    assert fitted_on == [{"b", "c"}, {"a", "c"}, {"a", "b"}]
+    assert set(score.coverage) == {"a", "b", "c"} and set(score.within) == set(owncorpus.CUTS)
+    cells = [v for by_cut in score.coverage.values() for v in by_cut.values()]
+    assert score.inside == sum(0.75 <= v <= 0.85 for v in cells) and score.distance >= 0
