@@ -96,11 +96,15 @@ def score(
 
 
 def candidates() -> list[tuple[tuple[float, ...], Sequence[float]]]:
-    """The band's forms tried (the former symmetric one, sided ones on the readings' widths, their distance and the
-    reach towards the reading not followed) with the prior shares of the table and a wider grid."""
+    """The band's forms tried (the former symmetric one, sided ones on the prior's width, the readings' distance
+    and the reach towards the reading not followed) with the table's prior shares, and the shipped form with a wider
+    grid of shares (the share is chosen by within ±20%, which the band does not move)."""
     spreads: list[tuple[float, ...]] = [(1.0, 0.5, 0.0)]
-    spreads += list(itertools.product((0.0, 0.5), (1.0, 2.0, 3.0, 4.0), (0.0, 0.5), (0.0, 1.0, 2.0, 3.0)))
-    return [(s, w) for w in (blendtable.WEIGHTS, WIDE_WEIGHTS) for s in spreads]
+    spreads += [
+        (own, apart, 0.0, reach)
+        for own, apart, reach in itertools.product((0.0, 0.5), (1.0, 2.0, 3.0, 4.0), (0.0, 1.0, 2.0, 3.0))
+    ]
+    return [(s, blendtable.WEIGHTS) for s in spreads] + [(blendtable.FIT_SPREAD, WIDE_WEIGHTS)]
 
 
 def main(argv: list[str] | None = None) -> None:
