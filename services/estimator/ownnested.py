@@ -320,7 +320,10 @@ def build_table(
         raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
     samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
     if curve_out is not None:
-        curve_out.write_text(json.dumps(shipped_curve(samples, runs=runs), separators=(",", ":")) + "\n")
+        curve = _cached_json(
+            cache_dir, f"calibration-all-{_digest(runs)}.json", lambda: shipped_curve(samples, runs=runs)
+        )
+        curve_out.write_text(json.dumps(curve, separators=(",", ":")) + "\n")
         print(f"{curve_out}: fitted on {len(runs)} runs", flush=True)
     readings = nested_readings(runs, pretrained=pretrained, samples=samples, encoded=encoded, cache_dir=cache_dir)
     return table_from(readings), len(readings.truth)
