@@ -83,7 +83,8 @@ def test_a_spread_is_fitted_in_its_own_units_and_round_trips(tmp_path):
 
 
 def test_a_sided_band_reaches_towards_the_reading_the_blend_did_not_follow():
-    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.FIT_SPREAD)
+    reaching = (0.0, 3.0, 0.0, 2.0)  # the third round's form (the shipped one reaches 0: its quantiles alone sided)
+    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), reaching)
     assert len(bt.FIT_SPREAD) == 4
     later = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), table)  # the prior says later
     earlier = bt.combine(bt.Reading(0.5, 0.3, 0.7), bt.Reading(1.5, 1.4, 1.6), table)  # the prior says sooner
