@@ -213,22 +213,20 @@ def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, 
         path = cache_dir / f"curve-seeds-{fam}-{_digest(own, 'curve', *CURVE_METRICS)}.npz" if cache_dir else None
         if path is not None and path.exists():
             with np.load(path) as raw:
-                out[fam] = SeedSamples(
-                    *(
-                        {
-                            int(k.split("_")[2]): (raw[k], raw[k.replace("_x_", "_y_")])
-                            for k in raw
-                            if k.startswith(f"{part}_x_")
-                        }
-                        for part in ("fit", "pad")
-                    ),
-                    int(raw["pad_cases"]),
-                )
+                by = {
+                    part: {
+                        int(k.split("_")[2]): (raw[k], raw[k.replace("_x_", "_y_")])
+                        for k in raw
+                        if k.startswith(f"{part}_x_")
+                    }
+                    for part in ("fit", "pad")
+                }
+                out[fam] = SeedSamples(by["fit"], by["pad"], int(raw["pad_cases"]))
             continue
         out[fam] = seed_samples(own, CURVE_METRICS)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            arrays = {
+            arrays: dict[str, Any] = {
                 f"{part}_{axis}_{seed}": xy[i]
                 for part, by_seed in (("fit", out[fam].fit), ("pad", out[fam].pad))
                 for seed, xy in by_seed.items()
