@@ -75,7 +75,9 @@ bench-eta: $(STAMP)
 	$(BIN)/python -m bench.eta.bench_history
 
 # The own-job curve prior (services/estimator/model/curveprior): pre-training on synthetic curves from seed 0 (one
-# niced core, at most 20 min: UNTIL=HH:MM UTC stops it sooner), then fine-tuning on the recorded runs' seeds 0-2.
+# niced core, at most 20 min: UNTIL=HH:MM UTC stops it sooner), then fine-tuning on the recorded runs' seeds 0-2, then
+# the leave-one-family-out folds (ownnested): the fitted curve (owncurve.json) and the blend table (blend.json),
+# each fold cached in .trainmaster/eta-cache.
 eta-prior: $(STAMP)
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train pretrain --seed 0 \
 		--curves 80000 --epochs 40 $(if $(UNTIL),--until $(UNTIL))

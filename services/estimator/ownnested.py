@@ -1,10 +1,12 @@
 """Leave-one-family-out readings of the own-job ETA's two parts, for the blend table (offline; torch).
 
 For each recorded family, the curve prior fine-tuned without it (`ownfamily`'s fold, mixed with the synthetic prior
-and padded on the other families' seeds 3-4, as served) and a fitted-curve network fitted without it (one
-`owntrain.fit_net` on the other families' seeds 0-3) read every case of that family: neither part has seen it. The
-blend table (`curveprior.blendtable`) is fitted on those readings, so the weight it gives the fitted curve is the
-weight it earns on a family it never saw, not on the ones it was fitted on.
+and padded on the other families' seeds 3-4, as served) and the fitted curve's calibration fitted without it (what
+`owncurve.json` holds, by the same `owntrain.calibration_from`: four networks cross-fitted on the other families'
+seeds 0-3 and their pads) read every case of that family: neither part has seen it. The blend table
+(`curveprior.blendtable`) is fitted on those readings, so the weight it gives the fitted curve is the weight it earns
+on a family it never saw, not on the ones it was fitted on. The same build writes the shipped `owncurve.json`,
+fitted on every family's samples.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,11 +28,14 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, own_estimate
+from services.estimator.model.owncurve import CALIBRATION, SEEN_EDGES, own_estimate
+
+if TYPE_CHECKING:
+    from services.estimator.model.owntrain import SeedSamples
 
 FIT_SEEDS = (0, 1, 2)  # the prior's fine-tuning (as `ownfamily`)
 PAD_SEEDS = (3, 4)  # its pads
-CURVE_SEEDS = (0, 1, 2, 3)  # the fitted curve's network (as `owntrain`)
+CURVE_METRICS = list(owncorpus.METRICS)  # what the fitted curve's networks are fitted on (as `bench.search.calibrate`)
 ROW_U = owncorpus.CALIBRATION_U
 ROW_METRICS = tuple(owncorpus.METRICS)
 
@@ -67,7 +72,7 @@ def fold(
     *,
     held: str,
     pretrained: PriorNet,
-    samples: dict[str, tuple[np.ndarray, np.ndarray]],
+    samples: dict[str, SeedSamples],
     cache_dir: Path | None,
     encoded: dict[str, Encoded] | None = None,
 ) -> Fold:
@@ -91,8 +96,10 @@ def fold(
     prior = PriorNet(
         served.layers, served.mean, served.std, tuple(SEEN_EDGES), tuple((a, b) for a, b in padded), served.mixed
     )
-    curve = _cached_json(cache_dir, f"curve-without-{held}-{key}.json", lambda: fold_curve(samples, held=held))
-    read_key = _digest(test_runs, key)
+    curve = _cached_json(
+        cache_dir, f"calibration-without-{held}-{key}.json", lambda: fold_curve(samples, held=held, runs=train_runs)
+    )
+    read_key = _digest(test_runs, key, CURVE_RECIPE)
     path = cache_dir / f"readings-{held}-{read_key}.npz" if cache_dir else None
     readings = load_readings(path) if path is not None and path.exists() else None
     if readings is None:
@@ -135,6 +142,7 @@ def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, 
 
 
 CACHE_VERSION = "2"  # bumped when what a cached fold is made of changes
+CURVE_RECIPE = "calibration"  # the fold's fitted curve: `owntrain.calibration_from` (was one network, no pads)
 
 
 def _digest(runs: list[dict], *more: str) -> str:
@@ -194,37 +202,54 @@ def tuned_without(
     return tuned
 
 
-def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The fitted curve's training samples (`owncorpus.samples`) per family, seeds CURVE_SEEDS (cached in
-    `cache_dir` by the family's runs)."""
+def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, SeedSamples]:
+    """The fitted curve's samples by seed (`owntrain.seed_samples`: its networks' and its pads') per family (cached
+    in `cache_dir` by the family's runs)."""
+    from services.estimator.model.owntrain import SeedSamples, seed_samples  # torch
+
     out = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
         own = [r for r in runs if owncorpus.family(r) == fam]
-        path = cache_dir / f"curve-samples-{fam}-{_digest(own, 'curve')}.npz" if cache_dir else None
+        path = cache_dir / f"curve-seeds-{fam}-{_digest(own, 'curve', *CURVE_METRICS)}.npz" if cache_dir else None
         if path is not None and path.exists():
             with np.load(path) as raw:
-                out[fam] = (raw["x"], raw["y"])
+                by = {
+                    part: {
+                        int(k.split("_")[2]): (raw[k], raw[k.replace("_x_", "_y_")])
+                        for k in raw
+                        if k.startswith(f"{part}_x_")
+                    }
+                    for part in ("fit", "pad")
+                }
+                out[fam] = SeedSamples(by["fit"], by["pad"], int(raw["pad_cases"]))
             continue
-        cases = [
-            c
-            for m in owncorpus.METRICS
-            for c in owncorpus.cases(own, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))
-            if c.seed in CURVE_SEEDS
-        ]
-        out[fam] = owncorpus.samples(cases)
+        out[fam] = seed_samples(own, CURVE_METRICS)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, x=out[fam][0], y=out[fam][1])
+            arrays: dict[str, Any] = {
+                f"{part}_{axis}_{seed}": xy[i]
+                for part, by_seed in (("fit", out[fam].fit), ("pad", out[fam].pad))
+                for seed, xy in by_seed.items()
+                for i, axis in enumerate("xy")
+            }
+            np.savez(path, pad_cases=np.asarray(out[fam].pad_cases), **arrays)
     return out
 
 
-def fold_curve(samples: dict[str, tuple[np.ndarray, np.ndarray]], *, held: str) -> dict:
-    """A fitted-curve calibration (one network, no pads) fitted on every family but `held`."""
-    from services.estimator.model.owntrain import fit_net
+def fold_curve(samples: dict[str, SeedSamples], *, held: str, runs: list[dict]) -> dict:
+    """The fitted curve's calibration as shipped (`owntrain.calibration_from`) from every family's samples but
+    `held`'s (`runs`: the other families' runs)."""
+    from services.estimator.model.owntrain import calibration_from, merged
 
-    x = np.concatenate([v[0] for f, v in samples.items() if f != held])
-    y = np.concatenate([v[1] for f, v in samples.items() if f != held])
-    return {"features": list(FEATURES), "nets": [fit_net(x, y, seed=0)]}
+    others = merged([v for f, v in sorted(samples.items()) if f != held])
+    return calibration_from(others, runs=runs, metrics=CURVE_METRICS)
+
+
+def shipped_curve(samples: dict[str, SeedSamples], *, runs: list[dict]) -> dict:
+    """The calibration `owncurve.json` ships: fitted on every family's samples (as `bench.search.calibrate`)."""
+    from services.estimator.model.owntrain import calibration_from, merged
+
+    return calibration_from(merged([v for _, v in sorted(samples.items())]), runs=runs, metrics=CURVE_METRICS)
 
 
 def read(
@@ -283,22 +308,41 @@ def former_table(readings: Readings) -> blendtable.BlendTable | None:
 
 
 def build_table(
-    paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None
+    paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None, curve_out: Path | None = None
 ) -> tuple[blendtable.BlendTable | None, int]:
-    """The served table: fitted on every recorded family's readings by parts built without it; (table, rows)."""
+    """The served table: fitted on every recorded family's readings by parts built without it; (table, rows). With
+    `curve_out`, the shipped fitted curve (`shipped_curve`) is written there first."""
     runs = owncorpus.load_corpus(tuple(paths))
     pretrained = load_prior(PRETRAINED)
     if pretrained is None:
         raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
     samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
+    if curve_out is not None:
+        curve = _cached_json(
+            cache_dir, f"calibration-all-{_digest(runs)}.json", lambda: shipped_curve(samples, runs=runs)
+        )
+        curve_out.write_text(json.dumps(curve, separators=(",", ":")) + "\n")
+        print(f"{curve_out}: fitted on {len(runs)} runs", flush=True)
+    readings = nested_readings(runs, pretrained=pretrained, samples=samples, encoded=encoded, cache_dir=cache_dir)
+    return table_from(readings), len(readings.truth)
+
+
+def nested_readings(
+    runs: list[dict],
+    *,
+    pretrained: PriorNet,
+    samples: dict[str, SeedSamples],
+    encoded: dict[str, Encoded],
+    cache_dir: Path | None,
+) -> Readings:
+    """Every family's readings by the parts built without it (`fold`), family after family."""
     parts = []
     for held in sorted({owncorpus.family(r) for r in runs}):
         parts.append(
             fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded).readings
         )
         print(f"family {held}: {len(parts[-1].truth)} readings", flush=True)
-    readings = concat(parts)
-    return table_from(readings), len(readings.truth)
+    return concat(parts)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -308,10 +352,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--out", type=Path, default=blendtable.TABLE)
     ap.add_argument("--cache", type=Path, help="folder for the per-family fine-tuned priors (reused when present)")
+    ap.add_argument("--curve-out", type=Path, default=CALIBRATION, help="the fitted curve's file (owncurve.json)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     started = time.monotonic()
-    table, rows = build_table(cache_dir=args.cache)
+    table, rows = build_table(cache_dir=args.cache, curve_out=args.curve_out)
     if table is None:
         raise SystemExit(f"too few readings ({rows}) to fit a blend table")
     blendtable.save(table, args.out, rows=rows, families_file=[p.name for p in owncorpus.TRAINED])

@@ -6,13 +6,14 @@ cover 80% come from those out-of-fold scores.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
 from services.estimator.model import owncorpus
-from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, quantile_net
+from services.estimator.model.owncurve import FEATURES, SEEN_EDGES
 
 QUANTILES = (0.1, 0.5, 0.9)
 HIDDEN = 24
@@ -74,10 +75,18 @@ def conformal_pads(q: np.ndarray, y: np.ndarray, *, miss: float = 0.1) -> list[l
     return [pads(bins == b) if np.sum(bins == b) >= MIN_PAD_SAMPLES else overall for b in range(len(SEEN_EDGES) + 1)]
 
 
-def calibrate(runs: list[dict], metrics: list[str], *, pad_metrics: Sequence[str] = PAD_METRICS) -> dict:
-    """Cross-fitted by seed: one network per seed of the calibration split, fitted on the others; each scores the
-    seed it never saw, and the pads come from all those out-of-fold scores (every run serves both the fit and
-    the pad); the networks together are the ensemble the live estimate averages."""
+@dataclass(frozen=True)
+class SeedSamples:
+    """Samples by seed: the networks' (features, log ratio to the truth) at the calibration cuts, and the pads' at
+    their finer cuts on their targets (`pad_cases`: how many cases those came from)."""
+
+    fit: dict[int, tuple[np.ndarray, np.ndarray]]
+    pad: dict[int, tuple[np.ndarray, np.ndarray]]
+    pad_cases: int
+
+
+def seed_samples(runs: list[dict], metrics: Sequence[str], *, pad_metrics: Sequence[str] = PAD_METRICS) -> SeedSamples:
+    """The calibration split's samples of `runs` by seed (held-out seeds never read)."""
     train, _held_out = owncorpus.split(
         [c for m in metrics for c in owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))]
     )
@@ -88,30 +97,87 @@ def calibrate(runs: list[dict], metrics: list[str], *, pad_metrics: Sequence[str
         for c in owncorpus.cases(runs, m, us=owncorpus.PAD_U, smooths=(False, True))
         if c.seed not in owncorpus.HELD_OUT_SEEDS
     ]
-    seeds = sorted({c.seed for c in train})
-    by_seed = {s: owncorpus.samples([c for c in train if c.seed == s]) for s in seeds}
+    return SeedSamples(
+        {s: _rows(owncorpus.samples([c for c in train if c.seed == s])) for s in sorted({c.seed for c in train})},
+        {
+            s: _rows(owncorpus.samples([c for c in pad_cases if c.seed == s], cuts=owncorpus.PAD_CUTS))
+            for s in sorted({c.seed for c in pad_cases})
+        },
+        len(pad_cases),
+    )
+
+
+def _rows(got: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return got[0].reshape(-1, len(FEATURES)), got[1]
+
+
+def merged(parts: Sequence[SeedSamples]) -> SeedSamples:
+    """The samples of several parts (families), seed by seed, in the parts' order."""
+
+    def join(by: list[dict[int, tuple[np.ndarray, np.ndarray]]]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        seeds = sorted({s for part in by for s in part})
+        return {
+            s: (
+                np.concatenate([p[s][0] for p in by if s in p]).reshape(-1, len(FEATURES)),
+                np.concatenate([p[s][1] for p in by if s in p]),
+            )
+            for s in seeds
+        }
+
+    return SeedSamples(join([p.fit for p in parts]), join([p.pad for p in parts]), sum(p.pad_cases for p in parts))
+
+
+def calibration_from(
+    samples: SeedSamples, *, runs: list[dict], metrics: Sequence[str], pad_metrics: Sequence[str] = PAD_METRICS
+) -> dict:
+    """Cross-fitted by seed: one network per seed of the calibration split, fitted on the others; each scores the
+    seed it never saw, and the pads come from all those out-of-fold scores (every run serves both the fit and
+    the pad); the networks together are the ensemble the live estimate averages. `runs`: what the samples are
+    of (recorded in the file)."""
+    seeds = sorted(samples.fit)
     nets, scored, truths = [], [], []
     for seed in seeds:
-        x = np.concatenate([by_seed[s][0] for s in seeds if s != seed])
-        y = np.concatenate([by_seed[s][1] for s in seeds if s != seed])
+        x = np.concatenate([samples.fit[s][0] for s in seeds if s != seed])
+        y = np.concatenate([samples.fit[s][1] for s in seeds if s != seed])
         nets.append(fit_net(x, y, seed=seed))
-        px, py = owncorpus.samples([c for c in pad_cases if c.seed == seed], cuts=owncorpus.PAD_CUTS)
-        scored += [quantile_net(f, nets[-1]) for f in px]
+        px, py = samples.pad.get(seed, (np.zeros((0, len(FEATURES))), np.zeros(0)))
+        scored.append(quantile_rows(px, nets[-1]))
         truths.append(py)
     return {
         "version": 2,
         "features": list(FEATURES),
-        "metrics": metrics,
+        "metrics": list(metrics),
         "runs": len(runs),
         "groups": sorted({r["group"] for r in runs}),
         "fit_seeds": seeds,
-        "fit_samples": int(sum(len(v[1]) for v in by_seed.values())),
-        "pad_cases": len(pad_cases),
-        "pad_samples": len(scored),
+        "fit_samples": int(sum(len(v[1]) for v in samples.fit.values())),
+        "pad_cases": samples.pad_cases,
+        "pad_samples": int(sum(len(t) for t in truths)),
         "held_out_seeds": list(owncorpus.HELD_OUT_SEEDS),
         "pad_metrics": list(pad_metrics),
         "pad_on": "seen",
         "pad_edges": list(SEEN_EDGES),
-        "pads": conformal_pads(np.asarray(scored), np.concatenate(truths)),
+        "pads": conformal_pads(np.concatenate(scored), np.concatenate(truths)),
         "nets": nets,
     }
+
+
+def quantile_rows(x: np.ndarray, net: dict) -> np.ndarray:
+    """`owncurve.quantile_net` of every row of `x` at once: (n, 3) quantiles."""
+    h = (np.asarray(x, float).reshape(-1, len(net["mean"])) - np.asarray(net["mean"])) / np.asarray(net["std"])
+    for i, (w, b) in enumerate(net["layers"]):
+        h = h @ np.asarray(w).T + np.asarray(b)
+        if i < len(net["layers"]) - 1:
+            h = np.maximum(h, 0.0)
+    mid = h[:, 0]
+    return np.stack([mid - np.logaddexp(0.0, h[:, 1]), mid, mid + np.logaddexp(0.0, h[:, 2])], axis=1)
+
+
+def calibrate(runs: list[dict], metrics: list[str], *, pad_metrics: Sequence[str] = PAD_METRICS) -> dict:
+    """`calibration_from` the samples of `runs`, gathered family by family (`owncorpus.family`, sorted) as the
+    leave-one-family-out folds gather theirs (`ownnested`), so either path fits the same file."""
+    families = sorted({owncorpus.family(r) for r in runs})
+    parts = [
+        seed_samples([r for r in runs if owncorpus.family(r) == f], metrics, pad_metrics=pad_metrics) for f in families
+    ]
+    return calibration_from(merged(parts), runs=runs, metrics=metrics, pad_metrics=pad_metrics)

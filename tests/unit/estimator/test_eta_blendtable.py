@@ -83,7 +83,8 @@ def test_a_spread_is_fitted_in_its_own_units_and_round_trips(tmp_path):
 
 
 def test_a_sided_band_reaches_towards_the_reading_the_blend_did_not_follow():
-    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), bt.FIT_SPREAD)
+    reaching = (0.0, 3.0, 0.0, 2.0)  # the third round's form (the shipped one reaches 0: its quantiles alone sided)
+    table = bt.BlendTable((), (bt.Cell(0.25, -0.1, 0.1),), reaching)
     assert len(bt.FIT_SPREAD) == 4
     later = bt.combine(bt.Reading(2.0, 1.5, 2.5), bt.Reading(1.0, 0.9, 1.1), table)  # the prior says later
     earlier = bt.combine(bt.Reading(0.5, 0.3, 0.7), bt.Reading(1.5, 1.4, 1.6), table)  # the prior says sooner
@@ -215,6 +216,81 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
     report = ownfamily.run_family_evaluation(("unused",))
     assert report["families"] == ["conv-adam", "digits", "gru"]
     assert tables_from == [{"digits", "gru"}, {"conv-adam", "gru"}, {"conv-adam", "digits"}]
-    sizes = {f: len(v[1]) for f, v in samples.items()}
-    assert fitted_on == [sum(sizes.values()) - sizes[f] for f in report["families"]]  # the curve never saw it
+    # The fitted curve as shipped (four networks cross-fitted by seed) fitted on the other families' samples only.
+    sizes = {(f, s): len(v.fit[s][1]) for f, v in samples.items() for s in v.fit}
+    assert sorted({s for _, s in sizes}) == [0, 1, 2, 3]
+    assert fitted_on == [
+        sum(n for (f, s), n in sizes.items() if f != held and s != seed)
+        for held in report["families"]
+        for seed in range(4)
+    ]
     assert math.isfinite(report["methods"][report["headline_method"]]["loss"]["all"]["50%"]["within_20pct"])
+
+
+def test_the_shipped_fitted_curve_and_a_folds_are_one_recipe(monkeypatch, tmp_path):
+    """`owncurve.json` (bench.search.calibrate) and a fold's fitted curve (`ownnested`) are the same function of
+    their runs, and a family's cached samples read back as computed."""
+    pytest.importorskip("torch")
+    from services.estimator import ownnested
+    from services.estimator.model import owntrain
+    from services.estimator.model.owncurve import quantile_net
+
+    def runs(group, scale, **extra):
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 61)]
+        for p in points:
+            p["val_loss"], p["val_acc"] = p["loss"] * 1.1, 1 - p["loss"] / (3 * scale)
+        return [
+            {"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra} for s in range(5)
+        ]
+
+    corpus = [{**r, "family": owncorpus.family(r)} for r in runs("digits-mlp", 2.0) + runs("x", 3.0, family="gru")]
+    real_fit = owntrain.fit_net
+    monkeypatch.setattr(owntrain, "fit_net", lambda x, y, **kw: real_fit(x, y, steps=10, **kw))
+    computed = ownnested.curve_samples(corpus, tmp_path)
+    cached = ownnested.curve_samples(corpus, tmp_path)
+    for fam, got in computed.items():
+        assert sorted(cached[fam].fit) == sorted(got.fit) and cached[fam].pad_cases == got.pad_cases
+        for s in got.fit:
+            assert np.array_equal(cached[fam].fit[s][0], got.fit[s][0])
+            assert np.array_equal(cached[fam].pad[s][1], got.pad[s][1])
+    shipped = ownnested.shipped_curve(cached, runs=corpus)
+    assert shipped == owntrain.calibrate(corpus, list(owncorpus.METRICS))
+    assert shipped["runs"] == 10 and shipped["groups"] == ["digits-mlp", "x"] and len(shipped["nets"]) == 4
+    without = ownnested.fold_curve(cached, held="gru", runs=corpus[:5])
+    assert without == owntrain.calibrate(corpus[:5], list(owncorpus.METRICS)) and without["groups"] == ["digits-mlp"]
+    x = np.random.default_rng(0).normal(size=(7, len(shipped["features"])))
+    assert np.allclose(owntrain.quantile_rows(x, shipped["nets"][0]), [quantile_net(r, shipped["nets"][0]) for r in x])
+
+
+def test_the_tables_form_is_chosen_on_families_each_table_never_read(monkeypatch):
+    """`ownchoice` scores a family by a table fitted on the others' readings, serving each row as the tracker does."""
+    from services.estimator import ownchoice
+    from services.estimator.ownnested import Readings
+
+    rng = np.random.default_rng(3)
+    parts = []
+    for fam, noise in (("a", 0.1), ("b", 0.3), ("c", 0.6)):
+        truth = -np.log(rng.choice(owncorpus.CUTS, 300))
+        prior = np.stack([truth + rng.normal(0, noise, 300), truth - 0.5, truth + 0.5], axis=1)
+        fitted = np.stack([truth + rng.normal(0, noise, 300), truth - 0.3, truth + 0.3], axis=1)
+        parts.append(Readings([fam] * 300, prior, fitted, truth))
+    readings = Readings(
+        [f for p in parts for f in p.families],
+        np.concatenate([p.prior for p in parts]),
+        np.concatenate([p.fitted for p in parts]),
+        np.concatenate([p.truth for p in parts]),
+    )
+    table = bt.fit_table(readings.prior, readings.fitted, readings.truth, readings.families)
+    got = ownchoice.served(table, readings.prior, readings.fitted)
+    for i in range(0, 900, 37):
+        assert got[i] == pytest.approx(
+            bt.combine(bt.Reading(*readings.prior[i]), bt.Reading(*readings.fitted[i]), table)
+        )
+    fitted_on = []
+    real = bt.fit_table
+    monkeypatch.setattr(bt, "fit_table", lambda *a, **kw: fitted_on.append(set(a[3])) or real(*a, **kw))
+    score = ownchoice.score(readings, spread=(0.0, 3.0, 0.0, 2.0))
+    assert fitted_on == [{"b", "c"}, {"a", "c"}, {"a", "b"}]
+    assert set(score.coverage) == {"a", "b", "c"} and set(score.within) == set(owncorpus.CUTS)
+    cells = [v for by_cut in score.coverage.values() for v in by_cut.values()]
+    assert score.inside == sum(0.75 <= v <= 0.85 for v in cells) and score.distance >= 0

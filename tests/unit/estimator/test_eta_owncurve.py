@@ -85,6 +85,20 @@ def test_the_shipped_calibration_was_learned_without_the_held_out_seeds():
             assert q10 <= q50 <= q90 and all(math.isfinite(q) for q in (q10, q50, q90))
 
 
+def test_the_shipped_calibration_was_fitted_on_every_family_the_estimator_is_tuned_on():
+    """`owncurve.json` is refitted with the families the prior and the blend table are tuned on (eleven since the
+    third round of issue 31), never on the unseen split's."""
+    table = load_calibration()
+    assert table is not None
+    trained = owncorpus.load_corpus(owncorpus.TRAINED)
+    if not trained:
+        pytest.skip("the recorded corpus is not in this checkout")
+    assert table["runs"] == len(trained)
+    assert table["groups"] == sorted({r["group"] for r in trained})
+    unseen = {r["group"] for r in owncorpus.load_corpus(owncorpus.UNSEEN)}
+    assert not unseen & set(table["groups"])
+
+
 def run(points, *, seed=0, name="r1"):
     return {"run": name, "group": "g", "params": {"seed": seed}, "points": points}
 
