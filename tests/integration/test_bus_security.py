@@ -539,6 +539,7 @@ async def test_a_request_aimed_at_a_platform_subject_is_neither_answered_nor_per
 
     await connect(billing)
     await billing.start()
+    await billing.config.connection_state.connection.flush()  # its subscription is the server's before anyone asks
     submitter = await Client().open(server, server.identities.creds("submitter"), inbox=busroles.inbox("submitter"))
     for reply in PLATFORM:  # the service's code refuses the request
         await submitter.nc.publish(bus.RPC_QUOTAS, b'{"project_id": "p"}', reply=reply)
