@@ -142,15 +142,21 @@ def paid_dollars(option: Option, job: JobRequest, config: PolicyConfig) -> float
     return option.cost * risk_factor(job, config) if option.paid else 0.0
 
 
-def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig) -> Option:
+def pick(
+    options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig, bar: float | None = None
+) -> Option:
     """Least on-demand dollars + the wait it causes others + time to finish at the exchange rate; near-equal scores
     go to owned, then fewer dollars, then sooner.
 
     Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
     A job that has waited what renting would have cost it waits no longer; rental types near-tied in dollars go to
     the cheaper; a rental finishing sooner than burst-like service would finish the job (`burst_finish`) gains
-    nothing for the difference (unless the job's rate is above `rental_tie_max_rate`).
+    nothing for the difference (unless the job's rate is above `rental_tie_max_rate`). That finish is the job's, not
+    the list's: worked out from every option before any rule above drops one, or handed in (`bar`) by a caller that
+    picks among some of the job's options (`market.pick_market`, the dry run).
     """
+    if bar is None:
+        bar = burst_finish(options)
     value = time_value_per_s(job, config)
     if job.deadline is not None and job.priority == "cost" and value > 0:
         options = [o for o in options if o.finish <= job.deadline] or options
@@ -161,7 +167,8 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     if thrifty:
         options = cheapest_rentals(options, config=config)
     options = waited_enough(options, job, now=now, value=value, risk=risk)
-    bar = burst_finish(options) if thrifty else -INF  # rented time sooner than this is worth nothing
+    if not thrifty:
+        bar = -INF  # a project that pays this much for time buys all the speed it can
     scored = [
         (o.cost * risk + o.charge + value * (max(o.finish, bar) - now), o)
         if o.paid
@@ -187,7 +194,9 @@ def burst_finish(options: list[Option]) -> float:
     """When burst-like service would finish the job: on the soonest free owned GPU now, else on an idle rented node
     now, else on the cheapest type to rent (lowest hourly price, as `burst` rents); -inf when it could do none. Rented
     time is worth the exchange rate only down to this finish: speed bought beyond it is dollars the benchmark's bar
-    (burst's completion) does not ask for (bench/sched/README.md, round 5)."""
+    (burst's completion) does not ask for (bench/sched/README.md, round 5). Burst rents on-demand only: spot offers
+    and spot nodes do not count. Pass the job's whole list of options: the bar is the job's, whatever is dropped."""
+    options = [o for o in options if not on_spot(o)]
     starts = [o for o in options if o.action == "start"]
     if owned := [o.finish for o in starts if not o.paid]:
         return min(owned)
@@ -197,6 +206,13 @@ def burst_finish(options: list[Option]) -> float:
     if rentals:
         return min(rentals, key=lambda o: (o.instance.price_per_hour, -o.instance.tflops)).finish  # type: ignore[union-attr]
     return -INF
+
+
+def on_spot(option: Option) -> bool:
+    """An offer of spot capacity: a spot instance type to rent, or a rented spot node."""
+    if option.instance is not None:
+        return option.instance.spot
+    return any(view.node.spot for view, _ in option.picks) or any(view.node.spot for view in option.views)
 
 
 def cheapest_rentals(options: list[Option], *, config: PolicyConfig) -> list[Option]:
