@@ -17,7 +17,13 @@ from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
 from services.placement.policy.models import OWNED_KINDS, JobRequest, Node, RunningJob
-from services.placement.policy.options import job_kinds, provision_options, risk_factor, time_value_per_s
+from services.placement.policy.options import (
+    job_kinds,
+    paid_dollars,
+    provision_options,
+    risk_factor,
+    time_value_per_s,
+)
 from services.placement.policy.passes import Pass
 
 
@@ -147,5 +153,5 @@ def _gain(
     # the time the move costs the job; a faster rental's gain is not counted: making room is paid for by the jobs
     # it serves, not by the moved job's own speed-up (`pick` already chose the owned GPU for it, near-ties included)
     later = max(0.0, best.finish + config.migration_s - (now + remaining))
-    cost = best.cost * risk_factor(run.job, config) + time_value_per_s(run.job, config) * later
+    cost = paid_dollars(best, risk_factor(run.job, config)) + time_value_per_s(run.job, config) * later
     return saved - cost - config.migration_fixed_cost, best.instance.name

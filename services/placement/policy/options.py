@@ -112,8 +112,19 @@ def provision_options(
             )
         start = now + it.startup_delay_s
         cost = rent_cost(job, it, duration)
+        grace = it.price_per_hour * job.node_count * config.idle_release_s / 3600
         found.append(
-            Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration, instance=it)
+            Option(
+                "provision",
+                start,
+                start + duration,
+                cost,
+                True,
+                KIND_RANK["on_demand"],
+                duration,
+                instance=it,
+                grace=grace,
+            )
         )
     return found
 
@@ -137,9 +148,10 @@ def risk_factor(job: JobRequest, config: PolicyConfig) -> float:
     return math.exp(config.risk_z * job.duration_sigma)
 
 
-def paid_dollars(option: Option, job: JobRequest, config: PolicyConfig) -> float:
-    """Expected on-demand dollars of an option (owned capacity is already paid for)."""
-    return option.cost * risk_factor(job, config) if option.paid else 0.0
+def paid_dollars(option: Option, risk: float) -> float:
+    """On-demand dollars an option adds: its cost at the duration's upper quantile (`risk_factor`) and, for a node
+    rented for it, the idle grace before its release; owned capacity is already paid for."""
+    return option.cost * risk + option.grace if option.paid else 0.0
 
 
 def pick(
@@ -162,7 +174,7 @@ def pick(
         options = [o for o in options if o.finish <= job.deadline] or options
     if job.priority == "cost":
         options = cheapest_owned(options, value=value, now=now, config=config)
-    risk = risk_factor(job, config)  # paid_dollars, with the factor computed once per job
+    risk = risk_factor(job, config)  # computed once per job
     thrifty = value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600
     if thrifty:
         options = cheapest_rentals(options, config=config)
@@ -170,7 +182,7 @@ def pick(
     if not thrifty:
         bar = -INF  # a project that pays this much for time buys all the speed it can
     scored = [
-        (o.cost * risk + o.charge + value * (max(o.finish, bar) - now), o)
+        (paid_dollars(o, risk) + o.charge + value * (max(o.finish, bar) - now), o)
         if o.paid
         else (o.charge + value * (o.finish - now), o)
         for o in options
@@ -182,9 +194,7 @@ def pick(
     chosen = (
         near[0]
         if len(near) == 1
-        else min(
-            near, key=lambda o: (o.paid, (o.cost * risk if o.paid else 0.0) + o.charge, o.finish, o.cost, o.kind_rank)
-        )
+        else min(near, key=lambda o: (o.paid, paid_dollars(o, risk) + o.charge, o.finish, o.cost, o.kind_rank))
     )
     chosen.why = why.explain(chosen, options, job=job, now=now)
     return chosen
@@ -216,19 +226,20 @@ def on_spot(option: Option) -> bool:
 
 
 def cheapest_rentals(options: list[Option], *, config: PolicyConfig) -> list[Option]:
-    """Rental types within `rental_tie_frac` of the cheapest rental's dollars are a tie: only the cheapest stays."""
+    """Rental types within `rental_tie_frac` of the cheapest rental's dollars (idle grace included) are a tie: only
+    the cheapest stays."""
     rentals = [o for o in options if o.action == "provision"]
     if len(rentals) < 2:
         return options
-    cheapest = min(rentals, key=lambda o: (o.cost, o.finish))
-    tied = cheapest.cost * (1 + config.rental_tie_frac)
-    return [o for o in options if o.action != "provision" or o is cheapest or o.cost > tied]
+    cheapest = min(rentals, key=lambda o: (o.cost + o.grace, o.finish))
+    tied = (cheapest.cost + cheapest.grace) * (1 + config.rental_tie_frac)
+    return [o for o in options if o.action != "provision" or o is cheapest or o.cost + o.grace > tied]
 
 
 def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: float, risk: float) -> list[Option]:
     """Time already waited counts: once it is worth (at the job's rate) what renting would cost, the job waits no
     longer (it starts now, owned or rented)."""
-    rentals = [o.cost * risk for o in options if o.action == "provision"]
+    rentals = [paid_dollars(o, risk) for o in options if o.action == "provision"]
     if not rentals or value * max(0.0, now - job.submitted_at) < min(rentals):
         return options
     return [o for o in options if o.action != "wait"]

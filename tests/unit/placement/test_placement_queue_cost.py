@@ -230,3 +230,19 @@ def test_the_rental_picked_among_spot_offers_is_weighed_against_burst_on_demand_
     state = make_state(nodes=(node,), queue=(job,), running=(busy(node, until=1000 * HOUR),), catalogue=catalogue)
 
     assert schedule(state, 0.0, config()) == [Provision("t4.spot", 1, job.id)]
+
+
+def test_a_short_rental_is_weighed_with_the_idle_grace_its_node_is_billed_before_release():
+    # 30 min of work: the rental ($3/h) bills 32 min, $1.60, and its node then idles 10 min before release, $0.50
+    # more; the local GPU is back at 57 min, so waiting finishes 55 min later than renting, worth $1.83 at the rate:
+    # more than the rental's bill, less than the bill and the grace
+    node = make_node(kind="local", gpu_count=1, free=0)
+    job = make_job(priority="time", allowed="any", expected_duration_s=HOUR / 2)
+    rental = make_instance(name="a10g.1x", tflops=10.0, price_per_hour=3.0, startup_delay_s=120.0)
+    state = make_state(nodes=(node,), queue=(job,), running=(busy(node, until=0.95 * HOUR),), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config(idle_release_s=600.0))
+
+    assert of_type(decisions, Provision) == []
+    assert [d.job_id for d in of_type(decisions, Wait)] == [job.id]
+    assert schedule(state, 0.0, config(idle_release_s=0.0)) == [Provision("a10g.1x", 1, job.id)]
