@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
-from services.placement.policy.contention import INF, Waits, delay_dollars
+from services.placement.policy.contention import INF, Waits, delay_dollars, delay_share
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
@@ -41,10 +41,8 @@ class Shape:
         return delay_dollars(self.pending, gpus=gpus, kind_gpus=kind_gpus, held_s=held_s)
 
     def shorten(self, *, gpus: int, kind_gpus: int, held_s: float) -> None:
-        """Each wait less the delay freeing those GPUs takes off it (`delay_dollars`'s rule)."""
-        share = gpus / max(kind_gpus, 1)
-        self.pending.waits = [(max(0.0, w - share * min(held_s, w)), v) for w, v in self.pending.waits]
-        self.pending.index()
+        """Each wait less the delay freeing those GPUs takes off it (what `relief` priced)."""
+        self.pending.shorten(delay_share(gpus=gpus, kind_gpus=kind_gpus), held_s)
 
 
 def waiting_shapes(p: Pass) -> list[Shape]:
