@@ -44,10 +44,17 @@ class Waits:
         i = bisect.bisect_left(self._at, cut)
         return self._weighted[i] + cut * (self._value[-1] - self._value[i])
 
-    def shorten(self, share: float, cut: float) -> None:
+    def head(self, count: int) -> list[int]:
+        """The next `count` jobs in line: least wait left, among those that still wait."""
+        return [i for i, (w, _) in enumerate(self.waits) if w > 0][:count]
+
+    def shorten(self, share: float, cut: float, *, head: int = 0) -> None:
         """Each wait less share * min(wait, cut): the delay `delay_dollars(waits, ...)` prices at share * relief(cut),
-        taken off (freed GPUs)."""
-        self.waits = [(max(0.0, w - share * min(cut, w)), v) for w, v in self.waits]
+        taken off (freed GPUs); the first `head` in line (`head`) lose min(wait, cut) whole: they start on them."""
+        first = set(self.head(head))
+        self.waits = [
+            (max(0.0, w - (1.0 if i in first else share) * min(cut, w)), v) for i, (w, v) in enumerate(self.waits)
+        ]
         self.index()
 
 
