@@ -20,3 +20,6 @@ class Option:
     instance: InstanceType | None = None
     why: str = ""  # set on the option pick() chose: why it was chosen (policy/why.py)
     charge: float = 0.0  # dollars of waiting it puts on jobs that may only run there (policy/contention.py)
+    # "provision": dollars of the idle grace after the job before the node rented for it is released
+    # (`PolicyConfig.idle_release_s`): the simulator and billing charge it (to no job), so the policy weighs it too
+    grace: float = 0.0

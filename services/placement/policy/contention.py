@@ -44,6 +44,19 @@ class Waits:
         i = bisect.bisect_left(self._at, cut)
         return self._weighted[i] + cut * (self._value[-1] - self._value[i])
 
+    def head(self, count: int) -> list[int]:
+        """The next `count` jobs in line: least wait left, among those that still wait."""
+        return [i for i, (w, _) in enumerate(self.waits) if w > 0][:count]
+
+    def shorten(self, share: float, cut: float, *, head: int = 0) -> None:
+        """Each wait less share * min(wait, cut): the delay `delay_dollars(waits, ...)` prices at share * relief(cut),
+        taken off (freed GPUs); the first `head` in line (`head`) lose min(wait, cut) whole: they start on them."""
+        first = set(self.head(head))
+        self.waits = [
+            (max(0.0, w - (1.0 if i in first else share) * min(cut, w)), v) for i, (w, v) in enumerate(self.waits)
+        ]
+        self.index()
+
 
 @dataclass(slots=True)
 class Kind:
@@ -80,6 +93,9 @@ class Kind:
         return self._totals
 
     def enqueue(self, job_id: str, entry: tuple[tuple, int, float, float]) -> None:
+        """A backlog job (order, GPUs, $ per s, duration); one that asks for no GPU waits for none: not queued."""
+        if entry[1] <= 0:
+            return
         self.queued[job_id] = entry
         self._changed()
 
@@ -92,12 +108,18 @@ class Kind:
         self._waits.clear()
 
     def hold(self, end: float, gpus: int) -> None:
-        """`gpus` busy until `end`."""
+        """`gpus` busy until `end` (the kind's plans, made without them, are dropped)."""
         if end not in self.ends:
             bisect.insort(self._times, end)
             self.ends[end] = 0
         self.ends[end] += gpus
         self.busy += gpus
+        self._waits.clear()
+
+    def start(self, end: float, gpus: int) -> None:
+        """`gpus` of the free ones taken until `end`."""
+        self.free -= gpus
+        self.hold(end, gpus)
 
     def waits(self, now: float, taken: int) -> "Plan":
         """Each backlog job's expected start once `taken` of the free GPUs are taken: the backlog in queue order, each
@@ -173,7 +195,7 @@ class Plan:
         while self.planned < len(order) and (not at or at[-1] < cut):
             _, gpus, value, duration = order[self.planned]
             self.planned += 1
-            if gpus > self.total or gpus <= 0:
+            if gpus > self.total:
                 self.never += value
                 continue
             start = self._take(gpus)
@@ -202,11 +224,17 @@ class Plan:
         return start
 
 
+def delay_share(*, gpus: int, kind_gpus: int) -> float:
+    """The share of a kind's capacity `gpus` of its `kind_gpus` GPUs are: holding them for d seconds delays a job
+    that waits t by share * min(d, t)."""
+    return gpus / max(kind_gpus, 1)
+
+
 def delay_dollars(waits: "Waits | Plan", *, gpus: int, kind_gpus: int, held_s: float) -> float:
     """Dollars of waiting that holding `gpus` of a kind of `kind_gpus` GPUs for `held_s` seconds puts on jobs with
     these waits (or takes off them, when freed): each is delayed by gpus * min(held_s, its wait) / kind_gpus. The one
-    rule of the contention charge and of make room."""
-    return gpus / max(kind_gpus, 1) * waits.relief(held_s)
+    rule of the contention charge and of make room (which then shortens the waits by it, `Waits.shorten`)."""
+    return delay_share(gpus=gpus, kind_gpus=kind_gpus) * waits.relief(held_s)
 
 
 @dataclass(slots=True)
@@ -235,10 +263,7 @@ class Backlog:
         kind = self.kinds.get(option_kind(option))
         if kind is None:
             return
-        gpus = job.gpu_count * job.node_count
-        kind.free -= gpus
-        kind.hold(self.now + option.duration, gpus)
-        kind._waits.clear()
+        kind.start(self.now + option.duration, job.gpu_count * job.node_count)
 
 
 def backlog(

@@ -18,6 +18,7 @@ from services.placement.policy.market import pick_market
 from services.placement.policy.models import ClusterState, InstanceType, JobRequest, Node
 from services.placement.policy.options import (
     Option,
+    burst_finish,
     job_kinds,
     node_options,
     pick,
@@ -72,11 +73,12 @@ def offers(
         return []
     decision = decided(state, job, now=now, config=config, constraint=constraint, constraints=constraints)
     chosen = _decided_offer(decision, state, job, now=now, config=config)
+    bar = burst_finish(options)  # the job's, as the engine weighs it, whichever of its options are picked from
     if chosen is None:  # no reservation (blocked, or past the pass's bounds): what it would wait for, as weighed now
         waits = [o for o in options if o.action != "provision"] if isinstance(decision, Wait) else options
-        chosen = _offer(pick_market(waits or options, job, now=now, config=config), job, chosen=True)
+        chosen = _offer(pick_market(waits or options, job, now=now, config=config, bar=bar), job, chosen=True)
     shown = [
-        pick(mine, job, now=now, config=config)
+        pick(mine, job, now=now, config=config, bar=bar)
         for kind in kinds
         if (mine := [o for o in options if o.instance is None and _kind(o) == kind])
     ]

@@ -12,12 +12,18 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
-from services.placement.policy.contention import INF, Waits, delay_dollars
+from services.placement.policy.contention import INF, Waits, delay_dollars, delay_share
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
 from services.placement.policy.models import OWNED_KINDS, JobRequest, Node, RunningJob
-from services.placement.policy.options import job_kinds, provision_options, risk_factor, time_value_per_s
+from services.placement.policy.options import (
+    job_kinds,
+    paid_dollars,
+    provision_options,
+    risk_factor,
+    time_value_per_s,
+)
 from services.placement.policy.passes import Pass
 
 
@@ -30,15 +36,38 @@ class Shape:
     kinds: tuple[str, ...]
     pending: Waits = field(default_factory=Waits)
 
-    def relief(self, *, gpus: int, kind_gpus: int, held_s: float) -> float:
-        """Dollars of waiting taken off these jobs when `gpus` of a kind of `kind_gpus` are freed for `held_s`."""
-        return delay_dollars(self.pending, gpus=gpus, kind_gpus=kind_gpus, held_s=held_s)
+    def relief(self, freed: "Freed") -> float:
+        """Dollars of waiting taken off these jobs when g GPUs of a kind of N are freed for d seconds: each wait t
+        shortened by g * min(d, t) / N (`delay_dollars`, the contention charge's rule)."""
+        return delay_dollars(self.pending, gpus=freed.gpus, kind_gpus=freed.kind_gpus, held_s=freed.held_s)
 
-    def shorten(self, *, gpus: int, kind_gpus: int, held_s: float) -> None:
-        """Each wait less the delay freeing those GPUs takes off it (`delay_dollars`'s rule)."""
-        share = gpus / max(kind_gpus, 1)
-        self.pending.waits = [(max(0.0, w - share * min(held_s, w)), v) for w, v in self.pending.waits]
-        self.pending.index()
+    def fits(self, gpus: int) -> int:
+        """How many of these jobs `gpus` freed GPUs start at once."""
+        return gpus // max(self.job.gpu_count, 1)
+
+    def head_relief(self, freed: "Freed") -> float:
+        """What the next jobs in line that fit on the freed GPUs gain beyond `relief`: they start on them now, so
+        their whole wait (up to d) is taken off, not g / N of it."""
+        waits, head = self.pending.waits, self.pending.head(self.fits(freed.gpus))
+        return (1 - freed.share) * sum(waits[i][1] * min(waits[i][0], freed.held_s) for i in head)
+
+    def shorten(self, freed: "Freed", *, head: bool) -> None:
+        """Each wait less the delay freeing those GPUs takes off it (what `relief`, and with `head` `head_relief`,
+        priced)."""
+        self.pending.shorten(freed.share, freed.held_s, head=self.fits(freed.gpus) if head else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Freed:
+    """g GPUs of an owned kind of N freed for the d seconds the job moved off them had left."""
+
+    gpus: int
+    kind_gpus: int
+    held_s: float
+
+    @property
+    def share(self) -> float:
+        return delay_share(gpus=self.gpus, kind_gpus=self.kind_gpus)
 
 
 def waiting_shapes(p: Pass) -> list[Shape]:
@@ -116,9 +145,11 @@ def make_room(p: Pass) -> None:
         gain, rental = _gain(p, run, node, remaining, shapes, kind_gpus[node.kind])
         if gain <= 0 or rental is None:
             continue
-        for shape in shapes:
-            if served(shape, node, run.job.gpu_count):
-                shape.shorten(gpus=run.job.gpu_count, kind_gpus=kind_gpus[node.kind], held_s=remaining)
+        mine = [shape for shape in shapes if served(shape, node, run.job.gpu_count)]
+        freed = Freed(run.job.gpu_count, kind_gpus[node.kind], remaining)
+        starts = _first(mine, freed)
+        for shape in mine:
+            shape.shorten(freed, head=shape is starts)
         p.decisions.append(MakeRoom(run.job.id, run.node_ids, rental, run.job.node_count))
         moved += 1
 
@@ -127,14 +158,16 @@ def _gain(
     p: Pass, run: RunningJob, node: Node, remaining: float, shapes: list[Shape], kind_gpus: int
 ) -> tuple[float, str | None]:
     """What moving the job to its best rental saves in all (the waiting taken off others - the rental's dollars at
-    the upper quantile - the time the move costs the job at its rate), and that rental's instance type. Freeing g
-    GPUs of a kind of N for the d seconds the job has left shortens each served wait t by g * min(d, t) / N (the
-    contention charge's rule, `delay_dollars`)."""
+    the upper quantile and its idle grace - the time the move costs the job at its rate), and that rental's instance
+    type. Freeing g GPUs of a kind of N for the d seconds the job has left shortens each served wait t by
+    g * min(d, t) / N (the contention charge's rule, `delay_dollars`), and the next jobs in line that fit on the g
+    GPUs (of one shape: the one they save most) start on them now, their whole wait off."""
     config, now = p.config, p.now
     gpus = run.job.gpu_count
-    saved = sum(
-        shape.relief(gpus=gpus, kind_gpus=kind_gpus, held_s=remaining) for shape in shapes if served(shape, node, gpus)
-    )
+    mine = [shape for shape in shapes if served(shape, node, gpus)]
+    freed = Freed(gpus, kind_gpus, remaining)
+    first = _first(mine, freed)
+    saved = sum(shape.relief(freed) for shape in mine) + (first.head_relief(freed) if first else 0.0)
     if saved <= 0:
         return 0.0, None
     job = remaining_job(run, node, remaining, config.reference_tflops)
@@ -147,5 +180,11 @@ def _gain(
     # the time the move costs the job; a faster rental's gain is not counted: making room is paid for by the jobs
     # it serves, not by the moved job's own speed-up (`pick` already chose the owned GPU for it, near-ties included)
     later = max(0.0, best.finish + config.migration_s - (now + remaining))
-    cost = best.cost * risk_factor(run.job, config) + time_value_per_s(run.job, config) * later
+    cost = paid_dollars(best, risk_factor(run.job, config)) + time_value_per_s(run.job, config) * later
     return saved - cost - config.migration_fixed_cost, best.instance.name
+
+
+def _first(shapes: list[Shape], freed: Freed) -> Shape | None:
+    """The shape whose next jobs in line the freed GPUs start (the one they save most), None if none waits."""
+    best = max(shapes, key=lambda shape: shape.head_relief(freed), default=None)
+    return best if best is not None and best.head_relief(freed) > 0 else None

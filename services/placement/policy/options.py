@@ -112,8 +112,19 @@ def provision_options(
             )
         start = now + it.startup_delay_s
         cost = rent_cost(job, it, duration)
+        grace = it.price_per_hour * job.node_count * config.idle_release_s / 3600
         found.append(
-            Option("provision", start, start + duration, cost, True, KIND_RANK["on_demand"], duration, instance=it)
+            Option(
+                "provision",
+                start,
+                start + duration,
+                cost,
+                True,
+                KIND_RANK["on_demand"],
+                duration,
+                instance=it,
+                grace=grace,
+            )
         )
     return found
 
@@ -137,33 +148,41 @@ def risk_factor(job: JobRequest, config: PolicyConfig) -> float:
     return math.exp(config.risk_z * job.duration_sigma)
 
 
-def paid_dollars(option: Option, job: JobRequest, config: PolicyConfig) -> float:
-    """Expected on-demand dollars of an option (owned capacity is already paid for)."""
-    return option.cost * risk_factor(job, config) if option.paid else 0.0
+def paid_dollars(option: Option, risk: float) -> float:
+    """On-demand dollars an option adds: its cost at the duration's upper quantile (`risk_factor`) and, for a node
+    rented for it, the idle grace before its release; owned capacity is already paid for."""
+    return option.cost * risk + option.grace if option.paid else 0.0
 
 
-def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig) -> Option:
+def pick(
+    options: list[Option], job: JobRequest, *, now: float, config: PolicyConfig, bar: float | None = None
+) -> Option:
     """Least on-demand dollars + the wait it causes others + time to finish at the exchange rate; near-equal scores
     go to owned, then fewer dollars, then sooner.
 
     Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
     A job that has waited what renting would have cost it waits no longer; rental types near-tied in dollars go to
     the cheaper; a rental finishing sooner than burst-like service would finish the job (`burst_finish`) gains
-    nothing for the difference (unless the job's rate is above `rental_tie_max_rate`).
+    nothing for the difference (unless the job's rate is above `rental_tie_max_rate`). That finish is the job's, not
+    the list's: worked out from every option before any rule above drops one, or handed in (`bar`) by a caller that
+    picks among some of the job's options (`market.pick_market`, the dry run).
     """
+    if bar is None:
+        bar = burst_finish(options)
     value = time_value_per_s(job, config)
     if job.deadline is not None and job.priority == "cost" and value > 0:
         options = [o for o in options if o.finish <= job.deadline] or options
     if job.priority == "cost":
         options = cheapest_owned(options, value=value, now=now, config=config)
-    risk = risk_factor(job, config)  # paid_dollars, with the factor computed once per job
+    risk = risk_factor(job, config)  # computed once per job
     thrifty = value <= config.rental_tie_max_rate * job.gpu_count * job.node_count / 3600
     if thrifty:
         options = cheapest_rentals(options, config=config)
     options = waited_enough(options, job, now=now, value=value, risk=risk)
-    bar = burst_finish(options) if thrifty else -INF  # rented time sooner than this is worth nothing
+    if not thrifty:
+        bar = -INF  # a project that pays this much for time buys all the speed it can
     scored = [
-        (o.cost * risk + o.charge + value * (max(o.finish, bar) - now), o)
+        (paid_dollars(o, risk) + o.charge + value * (max(o.finish, bar) - now), o)
         if o.paid
         else (o.charge + value * (o.finish - now), o)
         for o in options
@@ -175,9 +194,7 @@ def pick(options: list[Option], job: JobRequest, *, now: float, config: PolicyCo
     chosen = (
         near[0]
         if len(near) == 1
-        else min(
-            near, key=lambda o: (o.paid, (o.cost * risk if o.paid else 0.0) + o.charge, o.finish, o.cost, o.kind_rank)
-        )
+        else min(near, key=lambda o: (o.paid, paid_dollars(o, risk) + o.charge, o.finish, o.cost, o.kind_rank))
     )
     chosen.why = why.explain(chosen, options, job=job, now=now)
     return chosen
@@ -187,7 +204,9 @@ def burst_finish(options: list[Option]) -> float:
     """When burst-like service would finish the job: on the soonest free owned GPU now, else on an idle rented node
     now, else on the cheapest type to rent (lowest hourly price, as `burst` rents); -inf when it could do none. Rented
     time is worth the exchange rate only down to this finish: speed bought beyond it is dollars the benchmark's bar
-    (burst's completion) does not ask for (bench/sched/README.md, round 5)."""
+    (burst's completion) does not ask for (bench/sched/README.md, round 5). Burst rents on-demand only: spot offers
+    and spot nodes do not count. Pass the job's whole list of options: the bar is the job's, whatever is dropped."""
+    options = [o for o in options if not on_spot(o)]
     starts = [o for o in options if o.action == "start"]
     if owned := [o.finish for o in starts if not o.paid]:
         return min(owned)
@@ -199,20 +218,28 @@ def burst_finish(options: list[Option]) -> float:
     return -INF
 
 
+def on_spot(option: Option) -> bool:
+    """An offer of spot capacity: a spot instance type to rent, or a rented spot node."""
+    if option.instance is not None:
+        return option.instance.spot
+    return any(view.node.spot for view, _ in option.picks) or any(view.node.spot for view in option.views)
+
+
 def cheapest_rentals(options: list[Option], *, config: PolicyConfig) -> list[Option]:
-    """Rental types within `rental_tie_frac` of the cheapest rental's dollars are a tie: only the cheapest stays."""
+    """Rental types within `rental_tie_frac` of the cheapest rental's dollars (idle grace included) are a tie: only
+    the cheapest stays."""
     rentals = [o for o in options if o.action == "provision"]
     if len(rentals) < 2:
         return options
-    cheapest = min(rentals, key=lambda o: (o.cost, o.finish))
-    tied = cheapest.cost * (1 + config.rental_tie_frac)
-    return [o for o in options if o.action != "provision" or o is cheapest or o.cost > tied]
+    cheapest = min(rentals, key=lambda o: (o.cost + o.grace, o.finish))
+    tied = (cheapest.cost + cheapest.grace) * (1 + config.rental_tie_frac)
+    return [o for o in options if o.action != "provision" or o is cheapest or o.cost + o.grace > tied]
 
 
 def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: float, risk: float) -> list[Option]:
     """Time already waited counts: once it is worth (at the job's rate) what renting would cost, the job waits no
     longer (it starts now, owned or rented)."""
-    rentals = [o.cost * risk for o in options if o.action == "provision"]
+    rentals = [paid_dollars(o, risk) for o in options if o.action == "provision"]
     if not rentals or value * max(0.0, now - job.submitted_at) < min(rentals):
         return options
     return [o for o in options if o.action != "wait"]

@@ -160,3 +160,18 @@ def test_the_saving_counts_the_freed_gpus_share_of_each_wait_as_the_contention_c
         catalogue=(make_instance(name="t4.1x", price_per_hour=0.1),),
     )
     assert [d for d in schedule(state, 0.0, config(reservation_depth=64)) if isinstance(d, MakeRoom)]
+
+
+def test_the_next_job_in_line_that_fits_on_the_freed_gpu_counts_its_whole_wait():
+    # a kind of 8 local GPUs: the long job holds one for 30 h more, the other 7 are busy for 100 h; one time-sensitive
+    # local-only job ($2/h) waits 30 h for the long job's GPU. Freeing it starts that job now: 30 h off its wait
+    # ($60), not 1/8 of it ($7.5, the share every later job in line gains); a ~$15.5 rental pays
+    node, long = _held_local(left_h=30)
+    rest = make_node(kind="local", gpu_count=7, free=0, price_per_hour=2.45)
+    held = RunningJob(
+        make_job(allowed="local"), (rest.id,), (tuple(range(7)),), started_at=0.0, expected_end_at=100 * HOUR
+    )
+    waiting = make_job(priority="time", allowed="local", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(node, rest), running=(long, held), queue=(waiting,), catalogue=(make_instance(**T4),))
+
+    assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in schedule(state, 0.0, config())

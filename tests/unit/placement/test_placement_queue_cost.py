@@ -7,8 +7,17 @@ from services.placement.policy import Provision, Start, Wait, schedule
 from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.choice import Option
 from services.placement.policy.contention import backlog
+from services.placement.policy.options import burst_finish, provision_options
 from services.placement.policy.passes import ALL_KINDS
-from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
+from tests.unit.placement.placement_factories import (
+    busy,
+    config,
+    make_instance,
+    make_job,
+    make_node,
+    make_state,
+    of_type,
+)
 
 HOUR = 3600.0
 
@@ -174,3 +183,66 @@ def test_an_owned_only_job_queued_for_two_kinds_leaves_both_backlogs_when_it_sta
     waits.started(owned_only, on(local, owned_only), owned_only=True)
 
     assert waits.charge(could_rent, on(reserved, could_rent)) == 0.0  # it runs on the local GPU: nobody waits
+
+
+def _burst_bar_fleet(*, local_until: float):
+    """One local GPU busy until `local_until`; a slow type cheapest per hour (what burst rents) and a faster type."""
+    node = make_node(kind="local", gpu_count=1, free=0)
+    slow = make_instance(name="p2.1x", tflops=5.0, price_per_hour=0.55)  # 20 h, $11.02
+    fast = make_instance(name="t4.1x", tflops=10.0, price_per_hour=1.0)  # 10 h, $10.03: within 10% below it
+    return node, busy(node, until=local_until), (slow, fast)
+
+
+def test_a_type_dropped_as_a_near_tie_still_sets_the_bar_burst_would_finish_by():
+    # burst rents p2.1x (cheapest per hour): done at 20 h. t4.1x is cheaper in dollars, so the tie drops p2.1x, but
+    # the bar stays at 20 h: t4.1x's 10 h sooner is worth nothing and $10 buys 1 h against waiting for the local GPU
+    node, running, catalogue = _burst_bar_fleet(local_until=11 * HOUR)
+    job = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=catalogue)
+
+    decisions = schedule(state, 0.0, config())
+
+    assert of_type(decisions, Provision) == []
+    assert [d.job_id for d in of_type(decisions, Wait)] == [job.id]
+
+
+def test_burst_finish_leaves_out_spot_which_burst_never_rents():
+    job = make_job(expected_duration_s=10 * HOUR, checkpoint_interval_s=600.0)
+    on_demand = make_instance(name="t4.1x", tflops=10.0, price_per_hour=1.0)
+    spot = make_instance(name="p2.spot", tflops=5.0, price_per_hour=0.3, spot=True)
+    options = provision_options(job, (spot, on_demand), now=0.0, config=config())
+
+    assert burst_finish(options) == pytest.approx(120.0 + 10 * HOUR)
+
+
+def test_the_rental_picked_among_spot_offers_is_weighed_against_burst_on_demand_finish():
+    # nothing owned free: burst rents t4.1x (10 h). Among the rentals a slow spot type (20 h, ~$6) and a fast one
+    # (10 h, ~$9): 10 h later than burst is worth $20 at the rate, so the fast spot type is taken; weighed against the
+    # slow spot type's own finish (the cheapest per hour) as the bar, it was the slow one, twice burst's time
+    node = make_node(kind="local", gpu_count=1, free=0)
+    catalogue = (
+        make_instance(name="t4.1x", tflops=10.0, price_per_hour=1.0),
+        make_instance(name="a10g.1x", tflops=20.0, price_per_hour=2.5),
+        make_instance(name="p2.spot", tflops=5.0, price_per_hour=0.3, spot=True),
+        make_instance(name="t4.spot", tflops=10.0, price_per_hour=0.9, spot=True),
+    )
+    job = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR, checkpoint_interval_s=600.0)
+    state = make_state(nodes=(node,), queue=(job,), running=(busy(node, until=1000 * HOUR),), catalogue=catalogue)
+
+    assert schedule(state, 0.0, config()) == [Provision("t4.spot", 1, job.id)]
+
+
+def test_a_short_rental_is_weighed_with_the_idle_grace_its_node_is_billed_before_release():
+    # 30 min of work: the rental ($3/h) bills 32 min, $1.60, and its node then idles 10 min before release, $0.50
+    # more; the local GPU is back at 57 min, so waiting finishes 55 min later than renting, worth $1.83 at the rate:
+    # more than the rental's bill, less than the bill and the grace
+    node = make_node(kind="local", gpu_count=1, free=0)
+    job = make_job(priority="time", allowed="any", expected_duration_s=HOUR / 2)
+    rental = make_instance(name="a10g.1x", tflops=10.0, price_per_hour=3.0, startup_delay_s=120.0)
+    state = make_state(nodes=(node,), queue=(job,), running=(busy(node, until=0.95 * HOUR),), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config(idle_release_s=600.0))
+
+    assert of_type(decisions, Provision) == []
+    assert [d.job_id for d in of_type(decisions, Wait)] == [job.id]
+    assert schedule(state, 0.0, config(idle_release_s=0.0)) == [Provision("a10g.1x", 1, job.id)]
