@@ -159,7 +159,7 @@ def main() -> None:
     declare the bus: its streams and every consumer (`prepare`, at every deploy: it brings them to this version).
     The stream settings default to the stack's (TRAINMASTER_STREAM_REPLICAS, TRAINMASTER_LOG_STREAM_MAX_BYTES)."""
     from services.agent.resources import agent_node_ids
-    from services.stack.processes import StackSettings
+    from services.stack.settings import StackSettings
 
     settings = StackSettings()
     parser = argparse.ArgumentParser(prog="python -m services.stack.identities", description=main.__doc__)
