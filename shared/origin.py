@@ -4,9 +4,10 @@ GPU telemetry, checked the same way, for the GPUs placement gave it: `given`).
 A node's agent may publish on its own log subject chunks naming any job; what it says is a claim. A receiver of
 output (the submitter, which shows it; the estimator, which reads metrics from it) keeps a chunk only when
 placement put that attempt's rank on the chunk's node, as the monitor does for task events. Placements are read
-from `tm.job.placed` by a consumer of their own, in stream order; a chunk whose placement has not been read yet
-waits while that consumer still has placements to read (the real one was stored before any output of its task
-existed), and is dropped once it has read them all.
+from `tm.job.placed` by a consumer of their own (`placements_consumer`), up to 64 at once in any order (a placement
+never changes once made), all of a batch's records inserted in one grouped write; a chunk whose placement has not
+been read yet waits while that consumer still has placements to read (the real one was stored before any output of
+its task existed), and is dropped once it has read them all.
 """
 
 import logging
@@ -16,9 +17,10 @@ from typing import Any, Literal, Protocol
 
 from faststream.exceptions import NackMessage
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
 
+from shared.bus import durable
 from shared.events import JobPlaced
+from shared.grouped import insert_grouped
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,14 @@ Verdict = Literal["keep", "wait", "drop"]
 WAIT_S = 0.5  # a chunk that came before its placement was read is looked at again after this long
 MAX_WAITS = 120  # ... at most this often (a minute): a placement read never, after that, was never made
 REMEMBERED = 4096  # placements kept in memory (a placement never changes once made)
+PLACEMENTS_AT_ONCE = 64  # placements a consumer takes in one batch, handled side by side: their records in one write
+
+
+def placements_consumer(consumer: str) -> dict[str, Any]:
+    """The `durable(...)` arguments of a service's own placements consumer: unordered (a placement's record is
+    written once under its attempt's key, so neither order nor a redelivery changes it), a batch at once, so that
+    the records of placements read together go out in one grouped insert (`Origins.placed`), not one each."""
+    return durable("tm.job.placed", consumer=consumer, batch=PLACEMENTS_AT_ONCE, ordered=False)
 
 
 def attempt_key(job_id: str, attempt: int) -> str:
@@ -96,14 +106,15 @@ class Origins:
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def placed(self, event: JobPlaced) -> None:
-        """Keep a placement (a redelivery finds it stored)."""
+        """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment."""
         nodes = placed_nodes(event)
         key = attempt_key(event.job_id, event.attempt)
         if self.known.get(key) == nodes:
             return
         self.known.put(key, nodes)  # before the insert: the same placement from another consumer inserts nothing
         try:
-            await self.placements.insert_one(
+            await insert_grouped(  # False where stored already: nothing to do
+                self.placements,
                 {
                     "_id": key,
                     "job_id": event.job_id,
@@ -111,10 +122,8 @@ class Origins:
                     "nodes": nodes,
                     "gpus": given_gpus(event),
                     "why": event.why,
-                }
+                },
             )
-        except DuplicateKeyError:
-            pass
         except BaseException:
             self.known.pop(key)  # not stored: the delivery comes again
             raise
