@@ -228,7 +228,8 @@ class Monitor:
             if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
                 self._beside(event.node_id, self.sighted(event.node_id, **seen))
             elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
-                self._beside(event.node_id, self._fence(event.node_id, sighting.node.running, now=event.occurred_at))
+                fence = self._fence(event.node_id, sighting.node.running, now=event.occurred_at, as_stored=True)
+                self._beside(event.node_id, fence)
         if self.backlog() == 0:
             self.fleet.caught_up()
 
@@ -314,12 +315,20 @@ class Monitor:
                 log.warning("a new node's events are left to the outbox relay: %r", error)
         return [entries is not None for entries in pending]
 
-    async def _fence(self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime) -> None:
-        """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost)."""
+    async def _fence(
+        self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime, as_stored: bool = False
+    ) -> None:
+        """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost). Each job is
+        judged as this process last wrote it where it remembers it (the monitor and its relay are the jobs' only
+        writers), else as stored; `as_stored`: every one as stored (the look now and then while the running set
+        stays the same, which a remembered copy gone stale, after a hand-over, cannot mislead)."""
         if not running:
             return
         ids = list({t.job_id for t in running})
-        jobs = {d["_id"]: JobState.model_validate(d) async for d in self.jobs.collection.find({"_id": {"$in": ids}})}
+        docs = {} if as_stored else {i: doc for i in ids if (doc := self.jobs.remembered(i)) is not None}
+        if unread := [i for i in ids if i not in docs]:
+            docs.update({d["_id"]: d async for d in self.jobs.collection.find({"_id": {"$in": unread}})})
+        jobs = {job_id: JobState.model_validate(doc) for job_id, doc in docs.items()}
         for ref in running:
             job = jobs.get(ref.job_id)
             if job is None or job.attempt < ref.attempt:
