@@ -103,15 +103,15 @@ class Origins:
     placements: AsyncCollection  # "job:attempt" -> each rank's node
     all_read: Callable[[], Awaitable[bool]]  # whether the placements consumer has read everything stored so far
     known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted here, or found
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def placed(self, event: JobPlaced) -> None:
         """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment."""
-        nodes = placed_nodes(event)
-        key = attempt_key(event.job_id, event.attempt)
-        if self.known.get(key) == nodes:
+        key = self.learn(event)
+        if self.stored.get(key):
             return
-        self.known.put(key, nodes)  # before the insert: the same placement from another consumer inserts nothing
+        self.stored.put(key, True)  # before the insert: the same placement from another consumer inserts nothing
         try:
             await insert_grouped(  # False where stored already: nothing to do
                 self.placements,
@@ -119,19 +119,26 @@ class Origins:
                     "_id": key,
                     "job_id": event.job_id,
                     "attempt": event.attempt,
-                    "nodes": nodes,
+                    "nodes": placed_nodes(event),
                     "gpus": given_gpus(event),
                     "why": event.why,
                 },
             )
         except BaseException:
-            self.known.pop(key)  # not stored: the delivery comes again
+            self.stored.pop(key)  # not stored: the delivery comes again
             raise
+
+    def learn(self, event: JobPlaced) -> str:
+        """Know a placement without storing it (its record is the placements consumer's to write); its key."""
+        key = attempt_key(event.job_id, event.attempt)
+        self.known.put(key, placed_nodes(event))
+        return key
 
     async def forget(self, job_id: str) -> None:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
         async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
             self.known.pop(doc["_id"])
+            self.stored.pop(doc["_id"])
             self.known_gpus.pop(doc["_id"])
         await self.placements.delete_many({"job_id": job_id})
 
@@ -179,6 +186,11 @@ class Origins:
                 "not placed there" if nodes is not None else "never placed",
             )
         return decided == "keep"
+
+
+class NotReadYet(TimeoutError):
+    """A report whose placement the placements consumer has not read yet (nor stored): a passing failure
+    (`shared.bus.TRANSIENT_ERRORS`), retried in place by a keyed consumer until it has read them all."""
 
 
 def deliveries(message: Any) -> int:
