@@ -54,8 +54,7 @@ async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimat
 @router.subscriber(**PLACED)
 @retry_transient
 async def on_placed(event: JobPlaced, estimator: Estimator = Context("estimator")) -> None:
-    """Which node runs each rank of each attempt: its record, with the others read at the same moment (the jobs
-    consumer's handler reads the GPUs' speed from it)."""
+    """Which node runs each rank of each attempt: its record, written with the others read at the same moment."""
     if estimator.origins is not None:
         await estimator.origins.placed(event)
 
