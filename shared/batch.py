@@ -21,10 +21,11 @@ class GroupCommit(Generic[T, R]):
     out with is written. One group at a time, in arrival order, at most `max_size` items each. A caller that
     stops waiting (cancelled) does not take its item back: what was handed over is written."""
 
-    def __init__(self, write: GroupWrite, *, max_size: int = 256) -> None:
+    def __init__(self, write: GroupWrite, *, max_size: int = 256, window_s: float = 0.0) -> None:
+        """window_s: a first caller waits this long for others before its group is written (0: written at once)."""
         if max_size < 1:
             raise ValueError("max_size must be at least 1")
-        self.write, self.max_size = write, max_size
+        self.write, self.max_size, self.window_s = write, max_size, window_s
         self._waiting: list[tuple[T, asyncio.Future]] = []
         self._writer: asyncio.Task | None = None
         self.groups = 0  # how many groups were written (for tests and benchmarks)
@@ -39,6 +40,8 @@ class GroupCommit(Generic[T, R]):
     async def _drain(self) -> None:
         group: list[tuple[T, asyncio.Future]] = []
         try:
+            if self.window_s > 0:
+                await asyncio.sleep(self.window_s)
             while self._waiting:
                 group = self._waiting[: self.max_size]
                 del self._waiting[: self.max_size]

@@ -40,6 +40,7 @@ from shared.bus import (
 )
 from shared.buscreds import NAME
 from shared.keyed import JOBS_IN_FLIGHT
+from shared.origin import placements_consumer
 
 log = logging.getLogger(__name__)
 BIND_PATIENCE_S = 120.0  # a process started before the operator declared the bus waits this long, then exits
@@ -58,7 +59,7 @@ CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
     "submitter": (
         durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False),
         durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False),
-        durable("tm.job.placed", consumer="submitter-placed"),
+        placements_consumer("submitter-placed"),
         durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False),
         durable("tm.notify.>", consumer="submitter-notify", ordered=False),
     ),
@@ -96,7 +97,7 @@ CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
             "tm.job.task.*.started",
         ),
         durable("tm.log.>", consumer="estimator-logs", batch=64),
-        durable("tm.job.placed", consumer="estimator-placed"),
+        placements_consumer("estimator-placed"),
         durable("tm.telemetry.>", consumer="estimator-telemetry", batch=64, ordered=False),
     ),
     "billing": (

@@ -4,9 +4,11 @@ GPU telemetry, checked the same way, for the GPUs placement gave it: `given`).
 A node's agent may publish on its own log subject chunks naming any job; what it says is a claim. A receiver of
 output (the submitter, which shows it; the estimator, which reads metrics from it) keeps a chunk only when
 placement put that attempt's rank on the chunk's node, as the monitor does for task events. Placements are read
-from `tm.job.placed` by a consumer of their own, in stream order; a chunk whose placement has not been read yet
-waits while that consumer still has placements to read (the real one was stored before any output of its task
-existed), and is dropped once it has read them all.
+from `tm.job.placed` by a consumer of their own (`placements_consumer`), up to 64 at once in any order (a placement
+never changes once made): each is known at once, and its record goes out with the others read within 0.2 s, in one
+insert, before its delivery is acknowledged; a chunk whose placement has not been read yet waits while that consumer
+still has placements to read or acknowledge (the real one was stored before any output of its task existed), and is
+dropped once it has read them all.
 """
 
 import logging
@@ -16,9 +18,12 @@ from typing import Any, Literal, Protocol
 
 from faststream.exceptions import NackMessage
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import BulkWriteError
 
+from shared.batch import GroupCommit
+from shared.bus import durable
 from shared.events import JobPlaced
+from shared.grouped import DUPLICATE_KEY
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -27,6 +32,19 @@ Verdict = Literal["keep", "wait", "drop"]
 WAIT_S = 0.5  # a chunk that came before its placement was read is looked at again after this long
 MAX_WAITS = 120  # ... at most this often (a minute): a placement read never, after that, was never made
 REMEMBERED = 4096  # placements kept in memory (a placement never changes once made)
+PLACEMENTS_AT_ONCE = 64  # placements a consumer handles side by side (their records in one write)
+RECORDS_WINDOW_S = 0.2  # a placement's record waits this long for others (its placement is known meanwhile)
+
+
+def placements_consumer(consumer: str) -> dict[str, Any]:
+    """The `@router.subscriber` arguments of a service's own placements consumer: unordered (a placement's record
+    is written once under its attempt's key, so neither order nor a redelivery changes it), up to 64 handled side
+    by side while it goes on fetching (`max_workers`: a handler waiting for its record's write holds no fetch
+    back), so that the records of placements read within `RECORDS_WINDOW_S` go out in one insert, not one each."""
+    return {
+        **durable("tm.job.placed", consumer=consumer, batch=PLACEMENTS_AT_ONCE, ordered=False),
+        "max_workers": PLACEMENTS_AT_ONCE,
+    }
 
 
 def attempt_key(job_id: str, attempt: int) -> str:
@@ -93,36 +111,61 @@ class Origins:
     placements: AsyncCollection  # "job:attempt" -> each rank's node
     all_read: Callable[[], Awaitable[bool]]  # whether the placements consumer has read everything stored so far
     known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted here, or found
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    records: GroupCommit[dict[str, Any], None] = field(init=False, repr=False)  # inserts waiting for their window
+
+    def __post_init__(self) -> None:
+        self.records = GroupCommit(self._insert, max_size=1000, window_s=RECORDS_WINDOW_S)
 
     async def placed(self, event: JobPlaced) -> None:
-        """Keep a placement (a redelivery finds it stored)."""
-        nodes = placed_nodes(event)
-        key = attempt_key(event.job_id, event.attempt)
-        if self.known.get(key) == nodes:
+        """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment."""
+        key = self.learn(event)
+        if self.stored.get(key):
             return
-        self.known.put(key, nodes)  # before the insert: the same placement from another consumer inserts nothing
+        self.stored.put(key, True)  # before the insert: the same placement from another consumer inserts nothing
         try:
-            await self.placements.insert_one(
+            await self.records(
                 {
                     "_id": key,
                     "job_id": event.job_id,
                     "attempt": event.attempt,
-                    "nodes": nodes,
+                    "nodes": placed_nodes(event),
                     "gpus": given_gpus(event),
                     "why": event.why,
                 }
             )
-        except DuplicateKeyError:
-            pass
         except BaseException:
-            self.known.pop(key)  # not stored: the delivery comes again
+            self.stored.pop(key)  # not stored: the delivery comes again
             raise
+
+    async def _insert(self, docs: list[dict[str, Any]]) -> list[None | Exception]:
+        """One insert of a window's records; one stored already (a redelivery, a lost answer) is no error."""
+        try:
+            await self.placements.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            refused = {e["index"]: e for e in exc.details.get("writeErrors", [])}
+            if (exc.details.get("writeConcernErrors") or []) or len(refused) == 0:
+                raise
+            return [
+                None if i not in refused or refused[i].get("code") == DUPLICATE_KEY else BulkWriteError(refused[i])
+                for i in range(len(docs))
+            ]
+        return [None] * len(docs)
+
+    def learn(self, event: JobPlaced) -> str:
+        """Know a placement, its nodes and GPUs, without storing it (its record is the placements consumer's to
+        write); its key."""
+        key = attempt_key(event.job_id, event.attempt)
+        self.known.put(key, placed_nodes(event))
+        self.known_gpus.put(key, given_gpus(event))
+        return key
 
     async def forget(self, job_id: str) -> None:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
         async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
             self.known.pop(doc["_id"])
+            self.stored.pop(doc["_id"])
             self.known_gpus.pop(doc["_id"])
         await self.placements.delete_many({"job_id": job_id})
 
@@ -170,6 +213,11 @@ class Origins:
                 "not placed there" if nodes is not None else "never placed",
             )
         return decided == "keep"
+
+
+class NotReadYet(TimeoutError):
+    """A report whose placement the placements consumer has not read yet (nor stored): a passing failure
+    (`shared.bus.TRANSIENT_ERRORS`), retried in place by a keyed consumer until it has read them all."""
 
 
 def deliveries(message: Any) -> int:

@@ -328,6 +328,10 @@ class DocumentStore:
         remembered = self._recall(doc_id)
         return remembered if remembered is not None else await self.load(doc_id)
 
+    def remembered(self, doc_id: Any) -> dict[str, Any] | None:
+        """The document as this process last wrote it, where it remembers it (no read); else None."""
+        return self._recall(doc_id)
+
     async def delete(self, doc_id: Any) -> None:
         """The document goes, its remembered copy with it (and the events still in its outbox)."""
         self._remembered.pop(doc_id)

@@ -16,7 +16,7 @@ from shared.events import (
 )
 from shared.handlers import HandlerTable, dispatch
 from shared.keyed import keyed_durable, stored_at
-from shared.origin import deliveries
+from shared.origin import deliveries, placements_consumer
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator
 
@@ -36,8 +36,9 @@ router = NatsRouter()
 
 
 JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent, handles=EVENT_HANDLERS)
-# Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
-PLACED = durable("tm.job.placed", consumer="estimator-placed")
+# Placements, a batch at once (their records in one write), only to tell each chunk of output from its task's own
+# node from anyone else's.
+PLACED = placements_consumer("estimator-placed")
 
 
 @router.subscriber(**JOBS.subscription)
@@ -53,8 +54,9 @@ async def on_job_event(event: JobEvent, message: NatsMessage, estimator: Estimat
 @router.subscriber(**PLACED)
 @retry_transient
 async def on_placed(event: JobPlaced, estimator: Estimator = Context("estimator")) -> None:
-    """Which node runs each rank of each attempt."""
-    await dispatch(EVENT_HANDLERS, event, estimator)
+    """Which node runs each rank of each attempt: its record, written with the others read at the same moment."""
+    if estimator.origins is not None:
+        await estimator.origins.placed(event)
 
 
 @router.subscriber(**durable("tm.log.>", consumer="estimator-logs", batch=64))

@@ -24,7 +24,7 @@ from shared.events import (
 )
 from shared.jobs import MetricSpec, Parameter, Phase
 from shared.lru import Lru
-from shared.origin import Origins, dedup_key, verdict
+from shared.origin import NotReadYet, Origins, Verdict, dedup_key, verdict
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
@@ -103,8 +103,8 @@ class Estimator:
     async def placed(self, event: JobPlaced) -> None:
         """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
         rank 0's GPUs as placement recorded it (the history prior's TFLOPS)."""
-        if self.origins is not None:
-            await self.origins.placed(event)
+        if self.origins is not None:  # its record is the placements consumer's to write (`handlers.on_placed`)
+            self.origins.learn(event)
         rank0 = next((a for a in event.assignments if a.rank == 0), None)
         model = await self._model(event.job_id)
         if model is None or rank0 is None:
@@ -118,11 +118,7 @@ class Estimator:
         model = await self._model(event.job_id)
         if model is None or event.rank != 0:
             return
-        if (
-            self.origins is not None
-            and verdict(await self.origins.nodes(event.job_id, event.attempt), event, all_placements_read=True)
-            != "keep"
-        ):
+        if self.origins is not None and await self._judged(event) != "keep":
             log.warning(
                 "dropped the start of job %s attempt %d from node %s: not placed there",
                 event.job_id,
@@ -133,6 +129,17 @@ class Estimator:
         model.started(
             at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count, nodes=event.world_size
         )
+
+    async def _judged(self, event: TaskStarted) -> Verdict:
+        """A start's verdict against its placement; one whose placement this process neither knows nor finds stored
+        waits while the placements consumer has some to read (after a restart: the placement, read before it in
+        this job's order, may not be stored yet)."""
+        assert self.origins is not None
+        nodes = await self.origins.nodes(event.job_id, event.attempt)
+        decided = verdict(nodes, event, all_placements_read=nodes is not None or await self.origins.all_read())
+        if decided == "wait":
+            raise NotReadYet(f"the placement of job {event.job_id} attempt {event.attempt} is not read yet")
+        return decided
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         if not event.phase.is_finished():

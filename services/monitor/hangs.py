@@ -102,7 +102,11 @@ def restart_hung(job: JobState, *, grace_s: float, now: datetime) -> Outcome:
 
 
 async def restart_overdue(monitor: "Monitor", *, grace_s: float, now: datetime) -> None:
-    """Restart (or fail) every job whose hang grace period is over."""
+    """Restart (or fail) every job whose hang grace period is over; no read while no job may be hanging
+    (`Monitor.dues`)."""
+    if not monitor.dues.may_hang:
+        return
+    monitor.dues.hang_sweep_begins()
     suspected = [
         d["_id"]
         async for d in monitor.jobs.collection.find(
@@ -111,3 +115,4 @@ async def restart_overdue(monitor: "Monitor", *, grace_s: float, now: datetime) 
     ]
     for job_id in suspected:
         await monitor.apply(job_id, lambda job: None if job is None else restart_hung(job, grace_s=grace_s, now=now))
+    monitor.dues.hang_swept(bool(suspected))

@@ -25,6 +25,7 @@ from shared.jobs import IllegalTransition, Phase
 from shared.store import DocumentStore
 from services.monitor import nodes as liveness
 from services.monitor.cadence import Cadence
+from services.monitor.dues import Dues
 from services.monitor.fleet import Fleet
 from services.monitor.nodes import NodeRecord, Seen, Sighting, record_of
 from services.monitor.records import NodeRecords
@@ -75,6 +76,9 @@ def due_query(now: datetime) -> dict:
     return {"$or": [overdue_query(now), {"exits_due": {"$lt": now}}]}
 
 
+EXITS_DUE = ({"exits_due": {"$ne": None}}, "exits_due")
+
+
 def _settle_due(job: JobState, *, now: datetime) -> Outcome:
     """The exits due first (a task that completed without starting), then the deadline."""
     job, events = exits_unstarted(job, now=now)
@@ -97,6 +101,7 @@ class Monitor:
     link: BusLink | None = None
     records: NodeRecords | None = None  # what each node may be; None: registrations as said (in-memory tests)
     fleet: Fleet = field(default_factory=Fleet)
+    dues: Dues = field(default_factory=Dues)  # when the sweeps of due and hung jobs can find one (a read each)
     backlog: Callable[[], int] = lambda: 0  # heartbeats received and not yet read (the intake's queue)
     settle: Callable[[], Awaitable[None]] = _nothing  # a round trip to the bus server (`shared.pings`: a PING answered)
     # Drop the start commands still queued for a node (shared.bus.forget_starts); nodes whose purge failed are
@@ -155,6 +160,8 @@ class Monitor:
         """Apply a transition to one job; idempotent because the transition sees the stored state (`new`: the
         job's first event, written without a read; a stored job refuses it and is read)."""
 
+        token = self.dues.begin()
+
         def write(doc: dict | None) -> tuple[dict, list] | None:
             current = JobState.model_validate(doc) if doc else None
             try:
@@ -165,9 +172,15 @@ class Monitor:
             if outcome is None:
                 return None
             new, events = outcome
-            return None if new == current and not events else (new.model_dump(), events)
+            if new == current and not events:
+                return None
+            self.dues.writing(token, new)
+            return new.model_dump(), events
 
-        await self.jobs.update(job_id, write, new=new)
+        try:
+            await self.jobs.update(job_id, write, new=new)
+        finally:
+            self.dues.end(token)
 
     async def snapshot(self, job_id: str, *, now: datetime) -> JobStatusChanged | None:
         doc = await self.jobs.load(job_id)
@@ -242,7 +255,8 @@ class Monitor:
             if sighting.event or sighting.restarted or liveness.changed(current, sighting.node):
                 self._beside(event.node_id, self.sighted(event.node_id, **seen))
             elif self.fleet.beat(sighting.node):  # now and then, not on every beat: fence what still runs there
-                self._beside(event.node_id, self._fence(event.node_id, sighting.node.running, now=received))
+                fence = self._fence(event.node_id, sighting.node.running, now=received, as_stored=True)
+                self._beside(event.node_id, fence)
         if self.backlog() == 0:
             self.fleet.caught_up()
 
@@ -328,12 +342,20 @@ class Monitor:
                 log.warning("a new node's events are left to the outbox relay: %r", error)
         return [entries is not None for entries in pending]
 
-    async def _fence(self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime) -> None:
-        """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost)."""
+    async def _fence(
+        self, node_id: str, running: tuple[TaskRef, ...], *, now: datetime, as_stored: bool = False
+    ) -> None:
+        """Stop tasks a node still runs for attempts that were superseded (the node was taken for lost). Each job is
+        judged as this process last wrote it where it remembers it (the monitor and its relay are the jobs' only
+        writers), else as stored; `as_stored`: every one as stored (the look now and then while the running set
+        stays the same, which a remembered copy gone stale, after a hand-over, cannot mislead)."""
         if not running:
             return
         ids = list({t.job_id for t in running})
-        jobs = {d["_id"]: JobState.model_validate(d) async for d in self.jobs.collection.find({"_id": {"$in": ids}})}
+        docs = {} if as_stored else {i: doc for i in ids if (doc := self.jobs.remembered(i)) is not None}
+        if unread := [i for i in ids if i not in docs]:
+            docs.update({d["_id"]: d async for d in self.jobs.collection.find({"_id": {"$in": unread}})})
+        jobs = {job_id: JobState.model_validate(doc) for job_id, doc in docs.items()}
         for ref in running:
             job = jobs.get(ref.job_id)
             if job is None or job.attempt < ref.attempt:
@@ -354,9 +376,24 @@ class Monitor:
         """Terminate running jobs past their max_duration_s and apply the exits kept for a start that did not come
         by their due time (those tasks completed without having started): only the jobs with one due are read,
         in one query a check (`due_query`: the embedded database reads the whole collection for each)."""
+        if not self.dues.due(now):
+            return  # no job this process wrote (nor any its last sweep read) is due yet: nothing to read
+        self.dues.due_sweep_begins()
         due = [d["_id"] async for d in self.jobs.collection.find(due_query(now), {"_id": 1})]
         for job_id in due:
             await self.apply(job_id, lambda job: None if job is None else _settle_due(job, now=now))
+        # after a sweep that found some, the next one looks again (one it could not settle is still due, as a job an
+        # older version stored without its deadline is: each second, as before); else it reads when the next is due
+        self.dues.due_swept(now if due else await self._next_stored_due())
+
+    async def _next_stored_due(self) -> datetime | None:
+        """When the first stored job is due: the earliest deadline of a running job and exit kept for its start (a
+        document each)."""
+        times = []
+        for query, key in (({"phase": Phase.RUNNING.value, "deadline": {"$ne": None}}, "deadline"), EXITS_DUE):
+            async for doc in self.jobs.collection.find(query, {key: 1}).sort(key, 1).limit(1):
+                times.append(doc[key])
+        return min(times) if times else None
 
     async def released(self, node_id: str) -> None:
         """An on-demand node was given back: it is gone on purpose, not lost."""

@@ -8,7 +8,7 @@ from shared.clock import utcnow
 from shared.context import Context, NatsMessage
 from shared.events import EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
-from shared.origin import deliveries
+from shared.origin import deliveries, placements_consumer
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
 
@@ -57,8 +57,9 @@ EVENT_HANDLERS: HandlerTable[Repository] = {
 }
 
 router = NatsRouter()
-# Placements, in order (few), only to tell each chunk of output from its task's own node from anyone else's.
-PLACED = durable("tm.job.placed", consumer="submitter-placed")
+# Placements, a batch at once (their records in one write), only to tell each chunk of output from its task's own
+# node from anyone else's.
+PLACED = placements_consumer("submitter-placed")
 
 
 @router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))

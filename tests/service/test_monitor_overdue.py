@@ -9,16 +9,25 @@ from tests.memory import Cursor, MemoryCollection
 
 
 class DocsCounting(MemoryCollection):
-    """Counts the documents the monitor's finds return (what a database would send it)."""
+    """Counts the documents the monitor's finds return (what a database would send it, after a sort and limit)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.read = 0
 
     def find(self, query: dict | None = None, projection: dict | None = None) -> Cursor:
-        cursor = super().find(query, projection)
-        self.read += len(cursor.docs)
-        return cursor
+        return Counted(super().find(query, projection).docs, self)
+
+
+class Counted(Cursor):
+    def __init__(self, docs: list[dict], collection: DocsCounting) -> None:
+        super().__init__(docs)
+        self.collection = collection
+
+    async def _iterate(self):
+        async for doc in super()._iterate():
+            self.collection.read += 1
+            yield doc
 
 
 async def run(broker, job_id: str, **spec) -> None:
@@ -37,14 +46,18 @@ async def test_the_overdue_sweep_reads_only_the_jobs_past_their_deadline(monitor
     now = datetime.now(UTC)
     jobs.read = 0
     await monitor.expire_due(now)
-    assert jobs.read == 0  # nothing is past its deadline yet
+    assert jobs.read == 1  # nothing is past its deadline yet; the first sweep learns when the first is (the short job)
+    jobs.read = 0
     await monitor.expire_due(now + timedelta(seconds=5))
     assert jobs.read == 1  # the short job alone
     assert (await monitor.jobs.load("short"))["phase"] == "Terminating"
     assert {doc["phase"] for doc in jobs.docs.values() if doc["_id"] != "short"} == {"Running"}
     jobs.read = 0
     await monitor.expire_due(now + timedelta(seconds=5))
-    assert jobs.read == 0  # terminating: not read again
+    assert jobs.read == 1  # terminating: not read again; the sweep after one that found a job reads the next due
+    jobs.read = 0
+    await monitor.expire_due(now + timedelta(seconds=60))
+    assert jobs.read == 0  # the next is in an hour: no read until then
 
 
 async def test_a_job_stored_before_deadlines_is_still_expired(monitor_broker):

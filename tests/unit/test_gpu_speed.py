@@ -115,6 +115,9 @@ class Origins:
     async def placed(self, event) -> None:
         pass
 
+    def learn(self, event) -> str:
+        return ""
+
 
 async def test_the_estimator_takes_the_speed_from_placements_record_and_keeps_it_over_a_restart():
     job_id = unique("fast")

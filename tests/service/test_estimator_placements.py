@@ -1,0 +1,43 @@
+"""The estimator's placement records (`shared.origin`): written by its placements consumer alone, a batch at once;
+its jobs consumer only learns each placement (a start is judged by it). A start whose placement is neither known
+nor stored waits while the placements consumer has placements to read, then is judged as before."""
+
+import pytest
+
+from shared.bus import publish
+from shared.origin import NotReadYet, Origins
+from tests.factories import T0, placed, started, submitted, unique
+from tests.memory import MemoryCollection
+
+
+async def test_the_jobs_consumer_stores_no_placement_record_and_the_placements_consumer_stores_it_once(estimator):
+    broker, service, _ = estimator
+    job_id = unique("rec")
+    await service.submitted(submitted(job_id=job_id))
+    await service.placed(placed(job_id, nodes=("n2",)))  # the jobs consumer's handler: known, not stored
+    assert service.origins.placements.docs == {}
+    await service.task_started(started(job_id, node_id="n2", at=T0))
+    assert (await service._model(job_id)).started_at == T0.timestamp()
+    for _ in range(2):  # delivered to both consumers (and again): one record
+        await publish(broker, placed(job_id, nodes=("n2",)))
+    assert list(service.origins.placements.docs) == [f"{job_id}:1"]
+
+
+async def test_a_start_whose_placement_is_not_read_yet_waits_for_it_and_is_then_judged(estimator):
+    _, service, _ = estimator
+    job_id, read = unique("wait"), [False]
+
+    async def all_read() -> bool:
+        return read[0]
+
+    service.origins = Origins(placements=MemoryCollection("placements"), all_read=all_read)
+    await service.submitted(submitted(job_id=job_id))
+    with pytest.raises(NotReadYet):  # after a restart: its placement neither known nor stored yet
+        await service.task_started(started(job_id, node_id="n2", at=T0))
+    await service.origins.placed(placed(job_id, nodes=("n2",)))  # the placements consumer stores it
+    service.origins.known.pop(f"{job_id}:1")
+    await service.task_started(started(job_id, node_id="n2", at=T0))
+    assert (await service._model(job_id)).started_at == T0.timestamp()
+    read[0] = True  # every placement read: the start of an attempt never placed is dropped, as before
+    await service.task_started(started(job_id, attempt=2, node_id="n2", at=T0.replace(year=2020)))
+    assert (await service._model(job_id)).started_at == T0.timestamp()
