@@ -165,10 +165,12 @@ def kill_as(uid: int) -> bool:
 def evict(uid: int) -> bool:
     """Kill every process of `uid` until, after a kill sent as the uid, a look through every process finds none
     of it (those with it as their effective uid only are killed by that look); whether one did within
-    `EVICT_WAIT_S` (False, logged, when a process of the uid is still there or no kill could be sent)."""
+    `EVICT_WAIT_S` (False, logged, when a process of the uid is still there or no kill could be sent). The look
+    runs even where the kill could not be sent: a process of the uid may kill the kill (it runs as the uid)."""
     deadline = time.monotonic() + EVICT_WAIT_S
     while True:
-        if kill_as(uid) and not kill_user(uid):
+        sent = kill_as(uid)  # a process of the uid can kill this kill first: the look runs whatever came of it
+        if not kill_user(uid) and sent:
             return True
         if time.monotonic() >= deadline:
             log.warning("a process of task uid %d is still there after %g s", uid, EVICT_WAIT_S)

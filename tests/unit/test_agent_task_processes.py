@@ -337,3 +337,23 @@ def test_a_uid_held_as_a_processs_effective_uid_only_is_in_use(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+@root_only
+def test_a_kill_the_uid_itself_killed_first_still_leaves_the_look_to_kill_and_the_uid_unmarked(tmp_path, monkeypatch):
+    """A process of the uid can kill the kill sent as the uid (it runs as that uid) before it is sent: the look
+    through every process then still kills what it sees, and the uid is not marked given back."""
+    monkeypatch.setattr(isolation, "EVICT_WAIT_S", 0.5, raising=False)
+    users = TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=1, lock_dir=tmp_path / "uids")
+    taken = users.claim()
+    monkeypatch.setattr(isolation, "kill_as", lambda uid: False)  # killed first, every time
+    survivor = subprocess.Popen(["sleep", "60"], user=taken.uid, group=taken.gid, extra_groups=[])
+    try:
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        users.release(taken, workdir=workdir)
+        assert survivor.wait(timeout=10) == -signal.SIGKILL
+        assert (users.lock_dir / str(taken.uid)).read_bytes() == b""
+    finally:
+        kill_every_process_of(taken.uid)
+        survivor.wait()
