@@ -106,6 +106,24 @@ def test_each_stack_gets_a_range_no_other_overlaps_and_keeps_it():
         choose_first({}, key="/a", count=2**31)
 
 
+def test_a_range_never_holds_a_uid_of_the_hosts_accounts():
+    """A task must never run as a person's or a daemon's uid (a directory service's accounts often sit high)."""
+    assert choose_first({}, key="/a", count=100, accounts={0, 1000, 200_050}) == 200_051
+    taken = {"/a": [200_000, 100]}
+    assert choose_first(taken, key="/a", count=100, accounts={200_099}) == 200_100  # an account made since: moved
+    assert choose_first(taken, key="/b", count=100, accounts={200_150}) == 200_151
+
+
+def test_a_configured_range_holding_an_account_refuses_to_start(tmp_path, monkeypatch):
+    from services.agent import app as agent_app
+
+    monkeypatch.setattr(agent_app, "account_uids", lambda: {1000, 65534})
+    settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=1000, task_uid_count=65_536)
+    with pytest.raises(SystemExit, match="1000, 65534"):
+        agent_app.task_uid_first(settings)
+    assert agent_app.task_uid_first(settings.model_copy(update={"task_uid_first": 300_000})) == 300_000
+
+
 def test_disk_usage_counts_files_below_and_follows_no_link(tmp_path):
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "f").write_bytes(b"x" * 100_000)
