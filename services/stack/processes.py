@@ -301,6 +301,7 @@ class Stack:
                 ca_file=self.settings.nats_ca_file,
                 replicas=self.stream_replicas,
                 log_max_bytes=self.settings.log_stream_max_bytes,
+                prune=self.settings.bus_prune,
             )
         )
 
