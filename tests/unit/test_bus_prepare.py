@@ -180,6 +180,7 @@ def test_compose_declares_the_bus_as_nobody_with_the_admins_creds_alone_and_the_
     command = prepare["command"]
     assert command[command.index("--creds") + 1] == "/run/trainmaster/bus/nats.creds" and "--dir" not in command
     assert {"TRAINMASTER_STREAM_REPLICAS", "TRAINMASTER_LOG_STREAM_MAX_BYTES"} <= set(prepare["environment"])
+    assert prepare["environment"]["TRAINMASTER_BUS_PRUNE"] == "${TRAINMASTER_BUS_PRUNE:-false}"
     keys = compose["bus-keys"]["command"]
     assert keys[keys.index("--admin-uid") + 1] == "65534"  # the one file bus-prepare reads is nobody's
 
