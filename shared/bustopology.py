@@ -15,7 +15,7 @@ from typing import Any
 
 from faststream.nats import NatsBroker
 from nats.js.api import ConsumerConfig, ConsumerInfo
-from nats.js.errors import BadRequestError, NotFoundError, ServerError
+from nats.js.errors import APIError, NotFoundError
 from nats.js.manager import JetStreamManager
 
 from shared.bus import (
@@ -44,6 +44,10 @@ from shared.origin import placements_consumer
 
 log = logging.getLogger(__name__)
 BIND_PATIENCE_S = 120.0  # a process started before the operator declared the bus waits this long, then exits
+# nats-server's "consumer create" error (JSConsumerCreateErrF), with which it also refuses an update of a setting no
+# update may change ("deliver policy can not be updated", "can not update push consumer to pull based"); it wraps
+# other failures too (storage, a cluster's raft), so its text decides (`cannot_update`)
+CONSUMER_CREATE_ERR = 10012
 
 
 def jobs(consumer: str, *only: str) -> dict[str, Any]:
@@ -121,13 +125,14 @@ async def declare(
     replicas: int = 1,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
     shrink: bool = False,
+    prune: bool = False,
     patience_s: float = DECLARE_PATIENCE_S,
 ) -> None:
     """As the operator: every stream (`replicas` copies each, the lease bucket included), every service's consumer
     and each static node's command consumer, created or brought to today's config (a deploy that changes a
-    handler table changes its consumer's filter here, and nowhere else); any other consumer is deleted
-    (`unwanted`), a rented node's made to expire once unread. `patience_s`: how long it waits, in all, for a bus
-    that is away."""
+    handler table changes its consumer's filter here, and nowhere else); a consumer that has no place on the bus is
+    deleted (`unwanted`; `prune`: any it does not declare), a rented node's made to expire once unread.
+    `patience_s`: how long it waits, in all, for a bus that is away."""
     deadline = time.monotonic() + patience_s
     await connect(
         broker,
@@ -145,7 +150,7 @@ async def declare(
     for stream in (*STREAMS, LEASES):
         existing = functools.partial(listed, streams, stream.name)
         for info in await patiently(f"listing {stream.name}'s consumers", existing, patience_s=until(deadline)):
-            await tidy(streams, stream.name, info.config, declared=names, deadline=deadline)
+            await tidy(streams, stream.name, info.config, declared=names, prune=prune, deadline=deadline)
     for stream_name, config in wanted:
         create = functools.partial(streams.add_consumer, stream_name, config=config)
         await patiently(f"declaring consumer {config.name}", create, patience_s=until(deadline))
@@ -159,20 +164,44 @@ async def listed(streams: JetStreamManager, stream: str) -> list[ConsumerInfo]:
     return found
 
 
-def unwanted(stream: str, config: ConsumerConfig, *, declared: set[tuple[str, str | None]]) -> str | None:
-    """Why an existing consumer has no place on the bus (None: it has one). Declared ones are, unless they push (a
-    push consumer publishes a stream onto any subject with the server's authority); a pull consumer of one node's
-    commands exactly as placement makes it for a rented node is too; anything else was made by someone else (under
-    the credentials of an earlier version every service could make any consumer)."""
+def rented(stream: str, config: ConsumerConfig) -> bool:
+    """Whether a consumer is a pull consumer of one node's commands exactly as placement makes it for a rented
+    node (with its expiry or without: made before they expired)."""
+    node_id = agents_node(stream, config.name)
+    return node_id is not None and not config.deliver_subject and filters_of(config) == [agent_consumer(node_id)[1]]
+
+
+def agents_node(stream: str, name: str | None) -> str | None:
+    """The node whose agent may read a consumer of this name (`agent-<node>` of TM_NODE_CMD), if any."""
+    node_id = (name or "").removeprefix("agent-")
+    is_agents = stream == NODE_COMMANDS.name and name == f"agent-{node_id}" and NAME.match(node_id) is not None
+    return node_id if is_agents else None
+
+
+def unwanted(
+    stream: str, config: ConsumerConfig, *, declared: set[tuple[str, str | None]], prune: bool = False
+) -> str | None:
+    """Why an existing consumer has no place on the bus (None: it stays). A push consumer never has one, even under
+    a declared name: it publishes a stream onto any subject with the server's authority. A pull consumer has one
+    when declared, or a rented node's as placement makes it; under a name an agent may read (`agent-<node>`), any
+    other goes, whatever it reads. Any other pull consumer no identity but the operator may read (services and
+    agents read only their own names) is harmless: a newer version's (a rollback's declaration), an operator's. It
+    goes only when pruning (`identities prepare --prune`); it was made by someone else (under the credentials of an
+    earlier version every service could make any consumer)."""
     if config.deliver_subject:
         return f"it pushes onto {config.deliver_subject}"
-    if (stream, config.name) in declared:
+    if (stream, config.name) in declared or rented(stream, config):
         return None
-    node_id = (config.name or "").removeprefix("agent-")
-    a_nodes = stream == NODE_COMMANDS.name and config.name == f"agent-{node_id}" and NAME.match(node_id) is not None
-    if a_nodes and filters_of(config) == [agent_consumer(node_id)[1]]:
-        return None
-    return "the platform does not declare it"
+    if agents_node(stream, config.name) is not None:
+        return "its agent may read it, and it is no rented node's consumer as placement makes it"
+    return "the platform does not declare it (pruning)" if prune else None
+
+
+def cannot_update(exc: APIError) -> bool:
+    """Whether the server refused a consumer's update for a setting no update may change, not for a passing
+    trouble (a cluster changing leaders answers 500 too)."""
+    text = (exc.description or "").lower()
+    return exc.err_code == CONSUMER_CREATE_ERR and ("can not be updated" in text or "can not update" in text)
 
 
 async def tidy(
@@ -181,25 +210,40 @@ async def tidy(
     config: ConsumerConfig,
     *,
     declared: set[tuple[str, str | None]],
+    prune: bool = False,
     deadline: float,
 ) -> None:
-    """Delete an existing consumer that is `unwanted`; give a rented node's its expiry (one whose config cannot be
-    brought to a rented node's is deleted too)."""
-    name, reason = config.name or "", unwanted(stream, config, declared=declared)
-    if reason is None and (stream, name) not in declared and not config.inactive_threshold:
-        try:
-            rented = rented_consumer_config(name.removeprefix("agent-"))
-            await patiently(
-                f"giving consumer {name} an expiry",
-                functools.partial(streams.add_consumer, stream, config=rented),
-                patience_s=until(deadline),
-            )
-        except (BadRequestError, ServerError) as exc:  # a setting no update may change (the server: 400 or 500)
-            reason = f"it is not a rented node's consumer as placement makes it ({exc.description})"
+    """Delete an existing consumer that is `unwanted`; give a rented node's its expiry (one whose config no update
+    can bring to a rented node's is deleted too; any other refusal fails the declaration, to be run again)."""
+    name, reason = config.name or "", unwanted(stream, config, declared=declared, prune=prune)
+    mine = (stream, name) in declared
+    if reason is None and not mine and rented(stream, config) and not config.inactive_threshold:
+        reason = await expire(streams, stream, name, deadline=deadline)
+    if reason is None and not mine and not rented(stream, config):
+        log.warning(
+            "keeping consumer %s of %s: the platform does not declare it, and only the operator may read it (a newer "
+            "version's, an operator's); `python -m services.stack.identities prepare --prune` deletes it",
+            name,
+            stream,
+        )
     if reason is not None:
         log.warning("deleting consumer %s of %s: %s", name, stream, reason)
         delete = functools.partial(streams.delete_consumer, stream, name)
         await patiently(f"deleting consumer {name}", delete, patience_s=until(deadline))
+
+
+async def expire(streams: JetStreamManager, stream: str, name: str, *, deadline: float) -> str | None:
+    """Give a rented node's consumer made before they expired its expiry; why it has to go when no update can."""
+    config = rented_consumer_config(name.removeprefix("agent-"))
+    try:
+        update = functools.partial(streams.add_consumer, stream, config=config)
+        await patiently(f"giving consumer {name} an expiry", update, patience_s=until(deadline))
+    except APIError as exc:
+        if not cannot_update(exc):
+            log.error("consumer %s of %s kept, its expiry not given: %r (declare again)", name, stream, exc)
+            raise
+        return f"it is not a rented node's consumer as placement makes it ({exc.description})"
+    return None
 
 
 def durable_subscribers(broker: NatsBroker) -> dict[tuple[str, str], list[str]]:

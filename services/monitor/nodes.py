@@ -70,9 +70,11 @@ def sighted(
     """A node spoke: refresh it, note an agent restart (new boot id), bring a lost node back."""
     if node is not None and node.state == "released":
         return Sighting(node=node)  # a given-back node's last words
-    if node is not None and at < node.last_seen and boot_id == node.boot_id:
-        return Sighting(node=node if info is None or node.info else node.model_copy(update={"info": info}))
-    update = {"boot_id": boot_id, "silences": silences, "last_seen": at, "state": "ready"}
+    same_boot = node is not None and boot_id == node.boot_id
+    if node is not None and same_boot and at < node.last_seen:
+        return Sighting(node=told(node, silences=silences, info=info, claims_refused=claims_refused))
+    update: dict[str, Any] = {"boot_id": boot_id, "last_seen": at, "state": "ready"}
+    update["silences"] = max(node.silences, silences) if node is not None and same_boot else silences
     if info is not None:
         update["info"] = info
     if claims_refused is not None:
@@ -86,6 +88,20 @@ def sighted(
     restarted = bool(node.boot_id) and node.boot_id != boot_id
     event = _state(node_id, "ready", at) if node.state == "lost" else None
     return Sighting(node=node.model_copy(update=update), restarted=restarted, event=event)
+
+
+def told(
+    node: NodeRecord, *, silences: int, info: NodeInfo | None, claims_refused: dict[str, str] | None
+) -> NodeRecord:
+    """What a sighting of the node's current boot says whatever its time (a registration stored before a heartbeat
+    the monitor received, on two clocks, is no older news): the boot's record, its refused claims, and its count of
+    silences, which only grows within a boot. Liveness (last_seen, state) and what runs stay the newer sighting's."""
+    update: dict[str, Any] = {"silences": max(node.silences, silences)}
+    if info is not None:
+        update |= {"info": info, "gpus": believed(node.gpus, info)}
+    if claims_refused is not None:
+        update["claims_refused"] = claims_refused
+    return node.model_copy(update=update)
 
 
 def believed(gpus: tuple[GpuReading, ...], info: NodeInfo | None) -> tuple[GpuReading, ...]:

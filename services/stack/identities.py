@@ -124,10 +124,12 @@ async def prepare_bus(
     replicas: int = 1,
     log_max_bytes: int = LOG_STREAM_MAX_BYTES,
     shrink: bool = False,
+    prune: bool = False,
     ready_s: float = CLUSTER_READY_S,
 ) -> None:
     """As the admin: declare the bus (`shared.bustopology.declare`): every stream (`replicas` copies each), every
-    service's consumer and each node's command consumer; no service or agent may make or change any of them. A
+    service's consumer and each node's command consumer; no service or agent may make or change any of them
+    (`prune`: every consumer it does not declare is deleted, not only those some identity could misuse). A
     cluster just started has no JetStream leader for a few seconds: declaring is retried until then, `ready_s` in
     all (each try is given what is left of it)."""
     deadline = time.monotonic() + ready_s
@@ -140,6 +142,7 @@ async def prepare_bus(
                 replicas=replicas,
                 log_max_bytes=log_max_bytes,
                 shrink=shrink,
+                prune=prune,
                 patience_s=until(deadline),
             )
             return
@@ -177,6 +180,12 @@ def main() -> None:
         "--log-max-bytes", type=int, default=settings.log_stream_max_bytes, help="output TM_LOGS keeps at most"
     )
     parser.add_argument("--shrink", action="store_true", help="prepare: a stream may keep less or fewer copies")
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        default=settings.bus_prune,
+        help="prepare: delete every consumer the platform does not declare (a newer version's, an operator's)",
+    )
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
     args = parser.parse_args()
     node_ids = agent_node_ids(args.cluster_file)
@@ -192,6 +201,7 @@ def main() -> None:
             replicas=args.replicas,
             log_max_bytes=args.log_max_bytes,
             shrink=args.shrink,
+            prune=args.prune,
         )
         asyncio.run(prepare)
         return

@@ -301,6 +301,7 @@ class Stack:
                 ca_file=self.settings.nats_ca_file,
                 replicas=self.stream_replicas,
                 log_max_bytes=self.settings.log_stream_max_bytes,
+                prune=self.settings.bus_prune,
             )
         )
 
@@ -322,10 +323,12 @@ class Stack:
         return [self.settings.api_port + r for r in range(self.settings.service_replicas)]
 
     def wait_serving(self, *, timeout_s: float) -> None:
-        """Wait for every API replica, with no process exited that could be started again. A process that exits
-        meanwhile is started again, as the supervisor of `make run` does later: on a NATS cluster that is still
-        electing its leaders a service's first bus request can time out, and one replica of the API failing its
-        start must not fail the stack's (nor leave it with one replica, or a service without its standby)."""
+        """Wait for every API replica, with every process up: none exited, and each one started again here up for
+        RESTART_AFTER_S since (alive at one look is no start that held). A process that exits meanwhile is started
+        again, as the supervisor of `make run` does later: on a NATS cluster that is still electing its leaders a
+        service's first bus request can time out, and one replica of the API failing its start must not fail the
+        stack's (nor leave it with one replica, or a service without its standby). One that cannot be started
+        again (a database) fails the wait at once."""
         deadline = time.monotonic() + timeout_s
         restarted: dict[str, float] = {}
         while True:
@@ -333,16 +336,19 @@ class Stack:
             try:
                 for port in self.api_ports():
                     wait_for_port(port, timeout_s=min(1.0, max(left, 0.05)))
-                exited = [name for name in self.dead() if restarted.get(name) != float("inf")]
-                if not exited:
+                waiting = unsettled(self.dead(), restarted, now=time.monotonic())
+                if not waiting:
                     return
             except TimeoutError:
                 if time.monotonic() >= deadline:
                     raise
             else:
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"processes of the stack exited and did not stay up: {exited}")
-            self.restart_dead(restarted)
+                    raise TimeoutError(f"processes of the stack exited and did not stay up: {waiting}")
+                time.sleep(0.1)
+            lost = [name for name, again in self.restart_dead(restarted) if not again]
+            if lost:
+                raise RuntimeError(f"processes of the stack exited and cannot be started again: {lost}")
 
     def restart_dead(self, restarted: dict[str, float]) -> list[tuple[str, bool]]:
         """Start again each process that exited, none more often than every RESTART_AFTER_S (`restarted`: when
@@ -422,6 +428,12 @@ class Stack:
 
     def dead(self) -> list[str]:
         return [name for name, p in self.processes.items() if p.poll() is not None]
+
+
+def unsettled(dead: list[str], restarted: dict[str, float], *, now: float) -> list[str]:
+    """The processes a stack coming up still waits for: each that is dead, and each started again (at the time
+    `restarted` holds) less than RESTART_AFTER_S before `now`."""
+    return sorted({*dead, *(name for name, at in restarted.items() if now - at < RESTART_AFTER_S)})
 
 
 def stop_group(process: subprocess.Popen | None, *, timeout_s: float = 15) -> None:

@@ -31,6 +31,12 @@ class StackSettings(BaseSettings):
         description="Bytes of output the bus keeps at most (the stream TM_LOGS, a week at most), the oldest going "
         "first; each job's stored output has its own cap besides.",
     )
+    bus_prune: bool = Field(
+        False,
+        description="The bus's declaration deletes every consumer it does not declare on trainmaster's streams (a "
+        "newer version's after a rollback, an operator's); else only those no one may keep (push consumers, and "
+        "under a name an agent may read), logging the others.",
+    )
     api_port: int = 8080
     api_host: str = "127.0.0.1"
     mongo_url: str | None = Field(

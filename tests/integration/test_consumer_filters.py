@@ -204,10 +204,11 @@ async def test_a_replica_of_the_version_before_gives_back_what_a_wider_declarati
     await operator.stop()
 
 
-async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_makes_rented_nodes_expire(server):
+async def test_the_declaration_deletes_the_consumers_no_one_may_keep_and_makes_rented_nodes_expire(server):
     """Consumers made under the credentials of an earlier version (any service could make any) survived every
     declaration: a push consumer sending a node's commands (job secrets) into placement's inbox, one of a declared
-    name turned into a push consumer, one reading every node's commands. Rented nodes' stayed forever."""
+    name turned into a push consumer, one reading every node's commands. Rented nodes' stayed forever. A pull
+    consumer no identity may read goes only when pruning (a rollback's declaration deleted the newer version's)."""
     rented, other, odd = unique("od"), unique("od"), unique("od")
     spy = "_INBOX_placement.spy"
 
@@ -238,11 +239,24 @@ async def test_the_declaration_deletes_the_consumers_it_does_not_declare_and_mak
             consumers.update({info.name: info.config for info in await js.consumers_info(stream)})
 
     await as_operator(server, read)
-    assert not {"agent-spy", "estimator-extra", f"agent-{other}", f"agent-{odd}"} & set(consumers)
+    assert not {"agent-spy", f"agent-{other}", f"agent-{odd}"} & set(consumers)
     assert not any(config.deliver_subject for config in consumers.values())
     assert consumers["estimator-placed"].filter_subject == "tm.job.placed"  # declared again, a pull consumer
     assert consumers[f"agent-{rented}"].inactive_threshold == RENTED_CONSUMER_INACTIVE_S
     assert consumers["agent-n1"].inactive_threshold is None  # a static node's waits for its agent whatever the time
+    # a pull consumer no identity may read (a newer version's after a rollback, an operator's) stays unless pruned
+    assert "estimator-extra" in consumers
+    await prepare_bus(
+        server.nats_url,
+        creds=server.admin_creds(),
+        node_ids=server.node_ids(),
+        replicas=server.stream_replicas,
+        log_max_bytes=server.settings.log_stream_max_bytes,
+        prune=True,
+    )
+    consumers.clear()
+    await as_operator(server, read)
+    assert "estimator-extra" not in consumers and f"agent-{rented}" in consumers and "agent-n1" in consumers
 
 
 async def test_a_declaration_that_would_shrink_a_stream_is_refused_naming_the_setting(server):

@@ -7,9 +7,11 @@ from datetime import UTC, datetime, timedelta
 from shared.bus import NODE_CADENCE, publish
 from shared.clock import as_utc, utcnow
 from shared.events import NodeHeartbeat, NodeRegistered, TaskRef
+from shared.noderecords import limits_from_entry
 from services.monitor.cadence import Cadence
 from services.monitor.fleet import Fleet
 from services.monitor.handlers import list_nodes
+from services.monitor.records import NodeRecords
 from tests.factories import T0, exited, node, placed, submitted
 from tests.memory import MemoryCollection
 from tests.service.conftest import recorder
@@ -343,3 +345,48 @@ async def test_a_last_seen_an_older_monitor_took_from_a_node_s_clock_is_set_righ
     await heard(monitor, beat("n1", 16, running=(task,)))  # sent and received at T0 + 32 s
     assert monitor.fleet.records["n1"].running == (task,)
     assert as_utc((await monitor.nodes.load("n1"))["last_seen"]) == T0 + timedelta(seconds=32)
+
+
+def registration(node_id: str, boot_id: str, *, at: datetime, cpu: float, gpus: int, silences: int = 0):
+    return NodeRegistered(
+        event_id=f"{node_id}:boot:{boot_id}",
+        node=node(node_id=node_id, cpu=cpu, gpus=gpus),
+        boot_id=boot_id,
+        silences=silences,
+        occurred_at=at,
+    )
+
+
+def with_record(monitor, node_id: str) -> None:
+    """The node's record: 8 CPUs and 2 GPUs at most."""
+    entry = {"id": node_id, "kind": "local", "price_per_hour": 1.0, "cpu_count": 8, "max_gpus": 2}
+    monitor.records = NodeRecords(static={node_id: limits_from_entry(entry)}, rented=MemoryCollection("rented"))
+
+
+async def test_a_restarted_nodes_registration_stored_before_its_first_heartbeat_arrived_still_counts(monitor_broker):
+    """The agent heartbeats (core NATS, timed on receipt) before it registers (a stream, timed when stored): on two
+    clocks the registration looks 5 ms older than the heartbeat. Its record and refused claims are still the new
+    boot's; only liveness is timed."""
+    broker, monitor, _ = monitor_broker
+    with_record(monitor, "n1")
+    monitor.wall = lambda: T0
+    await publish(broker, registration("n1", "b1", at=T0, cpu=8, gpus=2))
+    assert monitor.fleet.records["n1"].info.cpu_count == 8 and "gpus" not in monitor.fleet.records["n1"].claims_refused
+    first = beat("n1", 30, boot_id="b2", silences=1)  # received at T0 + 60 s
+    await heard(monitor, first)
+    monitor.wall = lambda: first.occurred_at + timedelta(seconds=1)
+    await publish(broker, registration("n1", "b2", at=first.occurred_at - timedelta(milliseconds=5), cpu=4, gpus=3))
+    stored = await monitor.nodes.load("n1")
+    assert (stored["boot_id"], stored["info"]["cpu_count"], len(stored["info"]["gpus"])) == ("b2", 4, 2)
+    assert stored["claims_refused"]["gpus"] == "claimed 3, record 2" and stored["silences"] == 1
+    assert as_utc(stored["last_seen"]) == first.occurred_at and monitor.fleet.records["n1"].info.cpu_count == 4
+
+
+async def test_a_new_nodes_refused_claims_are_stored_when_its_heartbeat_came_first(monitor_broker):
+    broker, monitor, _ = monitor_broker
+    with_record(monitor, "n2")
+    first = beat("n2", 1)
+    await heard(monitor, first)
+    await publish(broker, registration("n2", "b1", at=first.occurred_at - timedelta(milliseconds=5), cpu=16, gpus=1))
+    stored = await monitor.nodes.load("n2")
+    assert stored["info"]["cpu_count"] == 8 and stored["claims_refused"]["cpu_count"] == "claimed 16.0, record 8.0"

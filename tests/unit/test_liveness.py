@@ -95,3 +95,11 @@ def test_the_fleet_pages_nodes_by_id():
     assert total == 3 and [n.node_id for n in page] == ["b", "c"]
     fleet.stored(sighted(None, node_id="0", boot_id="b", at=T0).node)
     assert [n.node_id for n in fleet.page(offset=0, limit=2)[1]] == ["0", "a"]
+
+
+def test_a_late_registration_of_the_current_boot_sets_its_record_and_never_lowers_its_silences():
+    hb = sighted(None, node_id="n", boot_id="b1", at=T0 + timedelta(seconds=5), silences=3).node
+    s = sighted(hb, node_id="n", boot_id="b1", at=T0, silences=2, info=node(node_id="n", cpu=4), claims_refused={})
+    assert (s.node.info.cpu_count, s.node.silences, s.node.last_seen) == (4, 3, T0 + timedelta(seconds=5))
+    later = sighted(s.node, node_id="n", boot_id="b1", at=T0 + timedelta(seconds=7), silences=2)
+    assert later.node.silences == 3
