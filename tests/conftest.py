@@ -19,6 +19,12 @@ from _pytest.nodeid import coerce_node_id
 
 from services.stack.processes import Stack, StackSettings
 
+# `make test` runs two pytest-xdist workers on two cores: each worker's numerical libraries (and the jobs its stacks
+# run) get one thread, set before numpy or torch loads (nothing above imports them). With a thread a core each, two
+# workers training at once spin against each other (OpenMP waits by spinning): a 15-s test took 300 s beside another.
+for _pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS"):
+    os.environ.setdefault(_pool, "1")
+
 ADMIN_TOKEN = "test-admin-token-0123456789abcdef01"  # the submitter refuses fewer than 32 characters
 CLUSTER = """
 [[nodes]]

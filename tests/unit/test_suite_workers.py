@@ -181,3 +181,10 @@ async def test_a_watch_that_ignores_its_cancellation_is_reported_at_teardown(mon
     finally:
         stop.set()
         running.thread.join(timeout=30)
+
+
+def test_a_test_process_trains_on_one_thread():
+    """Two workers share two cores: one thread each, or OpenMP's spinning makes both crawl (tests/conftest.py)."""
+    import torch
+
+    assert torch.get_num_threads() == int(os.environ["OMP_NUM_THREADS"])  # 1 unless the caller set another
