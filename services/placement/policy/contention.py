@@ -13,6 +13,7 @@ backlog's own durations, in queue order (time-sensitive first, then submission) 
 import bisect
 import heapq
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
@@ -25,19 +26,22 @@ INF = float("inf")
 
 @dataclass(slots=True)
 class Waits:
-    """Jobs' waits (seconds from now) and what their time is worth ($ per s), with prefix sums: `relief(cut)` is the
-    dollars of waiting taken off (or put on) them when each is delayed by `cut` seconds but never more than its wait."""
+    """Jobs' waits (seconds from now), what their time is worth ($ per s) and their queue order, with prefix sums:
+    `relief(cut)` is the dollars of waiting taken off (or put on) them when each is delayed by `cut` seconds but never
+    more than its wait."""
 
-    waits: list[tuple[float, float]] = field(default_factory=list)  # (wait s, $ per s)
+    waits: list[tuple[float, float, tuple]] = field(default_factory=list)  # (wait s, $ per s, queue order)
     _at: list[float] = field(default_factory=list)
     _value: list[float] = field(default_factory=list)  # prefix sums of $ per s
     _weighted: list[float] = field(default_factory=list)  # prefix sums of $ per s * wait (finite waits)
+    _queue: list[int] = field(default_factory=list)  # indices of `waits` in queue order
 
     def index(self) -> None:
         self.waits.sort()
-        self._at = [w for w, _ in self.waits]
-        self._value = [0.0, *itertools.accumulate(v for _, v in self.waits)]
-        self._weighted = [0.0, *itertools.accumulate(v * w if w < INF else 0.0 for w, v in self.waits)]
+        self._at = [w for w, _, _ in self.waits]
+        self._value = [0.0, *itertools.accumulate(v for _, v, _ in self.waits)]
+        self._weighted = [0.0, *itertools.accumulate(v * w if w < INF else 0.0 for w, v, _ in self.waits)]
+        self._queue = sorted(range(len(self.waits)), key=lambda i: self.waits[i][2])
 
     def relief(self, cut: float) -> float:
         """Sum over the jobs of $ per s * min(wait, cut)."""
@@ -45,15 +49,15 @@ class Waits:
         return self._weighted[i] + cut * (self._value[-1] - self._value[i])
 
     def head(self, count: int) -> list[int]:
-        """The next `count` jobs in line: least wait left, among those that still wait."""
-        return [i for i, (w, _) in enumerate(self.waits) if w > 0][:count]
+        """The next `count` jobs in line: in queue order (the engine's), among those that still wait."""
+        return list(itertools.islice((i for i in self._queue if self.waits[i][0] > 0), count))
 
-    def shorten(self, share: float, cut: float, *, head: int = 0) -> None:
+    def shorten(self, share: float, cut: float, *, started: Collection[int] = ()) -> None:
         """Each wait less share * min(wait, cut): the delay `delay_dollars(waits, ...)` prices at share * relief(cut),
-        taken off (freed GPUs); the first `head` in line (`head`) lose min(wait, cut) whole: they start on them."""
-        first = set(self.head(head))
+        taken off (freed GPUs); the jobs `started` (indices) start on them now: they wait no more this pass."""
         self.waits = [
-            (max(0.0, w - (1.0 if i in first else share) * min(cut, w)), v) for i, (w, v) in enumerate(self.waits)
+            (0.0 if i in started else max(0.0, w - share * min(cut, w)), v, order)
+            for i, (w, v, order) in enumerate(self.waits)
         ]
         self.index()
 
@@ -293,10 +297,15 @@ def backlog(
         for name in owned_only.get(job.id, ()):
             if (backlogged := out.kinds.get(name)) is not None:
                 gpus = job.gpu_count * job.node_count
-                order = (job.priority != "time", job.submitted_at, job.id)
+                order = queue_order(job)
                 duration = job.duration_on(config.reference_tflops, config.reference_tflops)
                 backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
     return out
+
+
+def queue_order(job: JobRequest) -> tuple:
+    """The engine's queue order: time-sensitive first, then submission."""
+    return (job.priority != "time", job.submitted_at, job.id)
 
 
 def option_kind(option: Option) -> str:

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
-from services.placement.policy.contention import INF, Waits, delay_dollars, delay_share
+from services.placement.policy.contention import INF, Waits, delay_dollars, delay_share, queue_order
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
@@ -45,17 +45,6 @@ class Shape:
         """How many of these jobs `gpus` freed GPUs start at once."""
         return gpus // max(self.job.gpu_count, 1)
 
-    def head_relief(self, freed: "Freed") -> float:
-        """What the next jobs in line that fit on the freed GPUs gain beyond `relief`: they start on them now, so
-        their whole wait (up to d) is taken off, not g / N of it."""
-        waits, head = self.pending.waits, self.pending.head(self.fits(freed.gpus))
-        return (1 - freed.share) * sum(waits[i][1] * min(waits[i][0], freed.held_s) for i in head)
-
-    def shorten(self, freed: "Freed", *, head: bool) -> None:
-        """Each wait less the delay freeing those GPUs takes off it (what `relief`, and with `head` `head_relief`,
-        priced)."""
-        self.pending.shorten(freed.share, freed.held_s, head=self.fits(freed.gpus) if head else 0)
-
 
 @dataclass(frozen=True, slots=True)
 class Freed:
@@ -84,7 +73,8 @@ def waiting_shapes(p: Pass) -> list[Shape]:
         if shape is None:
             shape = shapes[key] = Shape(job, kinds)
         at = until.get(job.id)
-        shape.pending.waits.append((INF if at is None else max(0.0, at - p.now), time_value_per_s(job, p.config)))
+        wait = INF if at is None else max(0.0, at - p.now)
+        shape.pending.waits.append((wait, time_value_per_s(job, p.config), queue_order(job)))
     for shape in shapes.values():
         shape.pending.index()
     return list(shapes.values())
@@ -147,9 +137,9 @@ def make_room(p: Pass) -> None:
             continue
         mine = [shape for shape in shapes if served(shape, node, run.job.gpu_count)]
         freed = Freed(run.job.gpu_count, kind_gpus[node.kind], remaining)
-        starts = _first(mine, freed)
+        starts = starters(mine, freed)
         for shape in mine:
-            shape.shorten(freed, head=shape is starts)
+            shape.pending.shorten(freed.share, freed.held_s, started={i for s, i in starts if s is shape})
         p.decisions.append(MakeRoom(run.job.id, run.node_ids, rental, run.job.node_count))
         moved += 1
 
@@ -161,13 +151,12 @@ def _gain(
     the upper quantile and its idle grace - the time the move costs the job at its rate), and that rental's instance
     type. Freeing g GPUs of a kind of N for the d seconds the job has left shortens each served wait t by
     g * min(d, t) / N (the contention charge's rule, `delay_dollars`), and the next jobs in line that fit on the g
-    GPUs (of one shape: the one they save most) start on them now, their whole wait off."""
+    GPUs (in the engine's queue order, `starters`) start on them now, their whole wait off."""
     config, now = p.config, p.now
     gpus = run.job.gpu_count
     mine = [shape for shape in shapes if served(shape, node, gpus)]
     freed = Freed(gpus, kind_gpus, remaining)
-    first = _first(mine, freed)
-    saved = sum(shape.relief(freed) for shape in mine) + (first.head_relief(freed) if first else 0.0)
+    saved = sum(shape.relief(freed) for shape in mine) + head_relief(starters(mine, freed), freed)
     if saved <= 0:
         return 0.0, None
     job = remaining_job(run, node, remaining, config.reference_tflops)
@@ -184,7 +173,26 @@ def _gain(
     return saved - cost - config.migration_fixed_cost, best.instance.name
 
 
-def _first(shapes: list[Shape], freed: Freed) -> Shape | None:
-    """The shape whose next jobs in line the freed GPUs start (the one they save most), None if none waits."""
-    best = max(shapes, key=lambda shape: shape.head_relief(freed), default=None)
-    return best if best is not None and best.head_relief(freed) > 0 else None
+def starters(shapes: list[Shape], freed: Freed) -> list[tuple[Shape, int]]:
+    """The waiting jobs the freed GPUs start now, as (shape, index in its `pending`): the next in line of every shape
+    served, in the engine's queue order, each on the freed GPUs still left if it fits on them."""
+    line = sorted(
+        (shape.pending.waits[i][2], n, i)
+        for n, shape in enumerate(shapes)
+        for i in shape.pending.head(shape.fits(freed.gpus))
+    )
+    left, out = freed.gpus, []
+    for _, n, i in line:
+        gpus = max(shapes[n].job.gpu_count, 1)
+        if gpus <= left:
+            left -= gpus
+            out.append((shapes[n], i))
+    return out
+
+
+def head_relief(starts: list[tuple[Shape, int]], freed: Freed) -> float:
+    """What the jobs the freed GPUs start gain beyond their share (`Shape.relief`): their whole wait up to d comes
+    off, not g / N of it (the pricing is capped at d; the wait itself is gone, `Waits.shorten`)."""
+    return (1 - freed.share) * sum(
+        shape.pending.waits[i][1] * min(shape.pending.waits[i][0], freed.held_s) for shape, i in starts
+    )

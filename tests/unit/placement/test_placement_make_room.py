@@ -1,10 +1,12 @@
 """Make room: a long job that could rent is moved off an owned GPU once jobs that may only run there queue behind it
 (the reverse of pull-back; issue #33, the worst miss's next step)."""
 
-from services.placement.policy import MakeRoom, RunningJob, schedule
+from services.placement.policy import JobRequest, MakeRoom, RunningJob, Wait, schedule
+from services.placement.policy.makeroom import make_room
+from services.placement.policy.passes import ALL_KINDS, Pass
 from services.placement.sim.engine import Simulation
 from services.placement.sim.trace import TraceJob
-from tests.unit.placement.placement_factories import config, make_instance, make_job, make_node, make_state
+from tests.unit.placement.placement_factories import busy, config, make_instance, make_job, make_node, make_state
 
 HOUR = 3600.0
 T4 = dict(name="t4.1x", price_per_hour=0.5)
@@ -175,3 +177,53 @@ def test_the_next_job_in_line_that_fits_on_the_freed_gpu_counts_its_whole_wait()
     state = make_state(nodes=(node, rest), running=(long, held), queue=(waiting,), catalogue=(make_instance(**T4),))
 
     assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in schedule(state, 0.0, config())
+
+
+def _two_movable(*waiting: JobRequest) -> Pass:
+    """A kind of 8 local GPUs: two long jobs that could rent hold one each for 40 h more, the other 6 are busy for
+    200 h; `waiting` are queued (the test gives their Waits, as the engine's plan would); a $1/h rental for the 40 h
+    left costs about $40 a move."""
+    nodes, running = [], []
+    for _ in range(2):
+        node, long = _held_local(left_h=40, exchange_rate=0.01)
+        nodes.append(node)
+        running.append(long)
+    rest = make_node(kind="local", gpu_count=6, free=0, price_per_hour=2.1)
+    state = make_state(
+        nodes=(*nodes, rest),
+        running=(*running, busy(rest, until=200 * HOUR)),
+        queue=waiting,
+        catalogue=(make_instance(name="t4.1x", price_per_hour=1.0),),
+    )
+    return Pass(state, now=0.0, config=config(), kinds=ALL_KINDS)
+
+
+def _local_only_at(rate: float, submitted_at: float, **job) -> JobRequest:
+    fields = dict(priority="time", allowed="local", exchange_rate=rate, submitted_at=submitted_at)
+    return make_job(expected_duration_s=HOUR, **fields, **job)
+
+
+def test_a_job_started_on_freed_gpus_is_not_counted_starting_again_by_the_next_move_of_the_pass():
+    # B1 ($2/h) waits 100 h, B2 ($0.5/h) 101 h; each move frees 1 GPU of 8 for 40 h. The first move starts B1: its
+    # 40 h whole ($80: $70 beyond its 1/8 share) and 1/8 of B2's 40 h ($2.5) pay for a ~$40 rental. B1 then waits
+    # no more: a second move would start B2, worth its 40 h at $0.5/h ($20 with its share), not B1's $70 again
+    b1, b2 = _local_only_at(2.0, 0.0), _local_only_at(0.5, 1.0)
+    p = _two_movable(b1, b2)
+    p.decisions = [Wait(b1.id, "waiting", until=100 * HOUR), Wait(b2.id, "waiting", until=101 * HOUR)]
+
+    make_room(p)
+
+    assert len([d for d in p.decisions if isinstance(d, MakeRoom)]) == 1
+
+
+def test_the_freed_gpu_starts_the_next_job_in_queue_order_not_the_one_that_would_save_most():
+    # B1 ($0.5/h) is first in line and waits 100 h; B2 ($2/h, of another shape: it needs 8 GB) waits as long behind
+    # it. The freed GPU starts B1 ($17.5 beyond its share), not B2 ($70): with both shares ($2.5 + $10) that is $30,
+    # and a ~$40 rental does not pay
+    b1, b2 = _local_only_at(0.5, 0.0), _local_only_at(2.0, 1.0, min_gpu_memory_gb=8.0)
+    p = _two_movable(b1, b2)
+    p.decisions = [Wait(b1.id, "waiting", until=100 * HOUR), Wait(b2.id, "waiting", until=100 * HOUR)]
+
+    make_room(p)
+
+    assert not [d for d in p.decisions if isinstance(d, MakeRoom)]

@@ -4,7 +4,10 @@ import random
 
 import pytest
 
-from services.placement.policy.contention import Kind, Waits, delay_dollars, delay_share
+from services.placement.policy.capacity import NodeView
+from services.placement.policy.choice import Option
+from services.placement.policy.contention import Kind, Waits, backlog, delay_dollars, delay_share
+from tests.unit.placement.placement_factories import config, make_job, make_node, make_state
 
 INF = float("inf")
 
@@ -69,26 +72,88 @@ def test_a_backlog_entry_of_no_gpu_waits_for_none_wherever_it_is_in_the_queue(ah
     assert plan(waiting, no_gpu).relief(7200.0) == pytest.approx(plan(waiting).relief(7200.0)) == 0.5 * 3600.0
 
 
+def _waits(rng: random.Random) -> Waits:
+    """Up to 8 jobs: finite or unknown waits, their $ per s, a queue order."""
+    waits = Waits(
+        [
+            (rng.choice((INF, rng.uniform(0, 9000))), rng.uniform(0, 1), (rng.random(), i))
+            for i in range(rng.randrange(8))
+        ]
+    )
+    waits.index()
+    return waits
+
+
 def test_the_wait_taken_off_by_shortening_is_what_delay_dollars_prices():
     rng = random.Random(5)
     for _ in range(40):
-        waits = Waits([(rng.choice((INF, rng.uniform(0, 9000))), rng.uniform(0, 1)) for _ in range(rng.randrange(8))])
-        waits.index()
-        before = list(waits.waits)
+        waits = _waits(rng)
         gpus = rng.randrange(1, 5)
         kind_gpus, held = gpus + rng.randrange(0, 8), rng.uniform(0, 12000)  # a kind has the GPUs freed
-        priced = delay_dollars(waits, gpus=gpus, kind_gpus=kind_gpus, held_s=held)
-        waits.shorten(delay_share(gpus=gpus, kind_gpus=kind_gpus), held)
-        taken = sum(v * (w - after) for (w, v), (after, _) in zip(before, waits.waits, strict=True) if w < INF)
-        taken += sum(v * min(held, w) * gpus / max(kind_gpus, 1) for w, v in before if w == INF)
+        share = delay_share(gpus=gpus, kind_gpus=kind_gpus)
+        finite = Waits([entry for entry in waits.waits if entry[0] < INF])
+        finite.index()
+        priced = delay_dollars(finite, gpus=gpus, kind_gpus=kind_gpus, held_s=held)
+        before = list(waits.waits)
+
+        waits.shorten(share, held)
+
+        taken = sum(v * (w - after) for (w, v, _), (after, _, _) in zip(before, waits.waits, strict=True) if w < INF)
         assert taken == pytest.approx(priced, rel=1e-9, abs=1e-9)
+        assert [e for e in waits.waits if e[0] == INF] == [e for e in before if e[0] == INF]  # unknown stays unknown
 
 
-def test_a_start_on_a_kind_drops_the_plans_made_before_it():
-    kind = Kind(gpus=2, free=2)
-    kind.enqueue("j1", ((False, 1.0, "j1"), 1, 1.0, 600.0))
-    assert kind.waits(0.0, 1).relief(3600.0) == 0.0  # one GPU left for it: it starts now
+def test_the_jobs_started_wait_no_more_and_the_rest_lose_their_share():
+    rng = random.Random(7)
+    for _ in range(40):
+        waits = _waits(rng)
+        share, held = rng.uniform(0, 1), rng.uniform(0, 12000)
+        started = set(waits.head(rng.randrange(0, 3)))
+        before = list(waits.waits)
 
-    kind.start(7200.0, 1)  # one GPU taken for two hours
+        waits.shorten(share, held, started=started)
 
-    assert kind.waits(0.0, 1).relief(3600.0) == pytest.approx(3600.0)  # the other taken too: it waits past the cut
+        expected = sorted(
+            (0.0 if i in started else max(0.0, w - share * min(held, w)), v, order)
+            for i, (w, v, order) in enumerate(before)
+        )
+        assert waits.waits == expected
+        assert not set(waits.head(len(before))) & {j for j, e in enumerate(waits.waits) if e[0] == 0.0}
+
+
+def test_the_next_in_line_is_taken_in_queue_order_among_the_jobs_still_waiting():
+    waits = Waits([(50.0, 1.0, (True, 2.0, "c")), (10.0, 1.0, (False, 9.0, "b")), (0.0, 1.0, (False, 0.0, "a"))])
+    waits.index()
+
+    # "a" is first in line but waits for nothing; the time-sensitive "b" comes before "c" whatever their waits
+    assert [waits.waits[i][2][2] for i in waits.head(2)] == ["b", "c"]
+
+    waits.shorten(0.0, 100.0, started=set(waits.head(1)))
+    assert [waits.waits[i][2][2] for i in waits.head(2)] == ["c"]  # "b" started: never the next in line again
+
+
+def test_a_charge_after_a_start_on_a_kind_counts_the_gpus_the_start_took():
+    # two local GPUs, free; two local-only one-GPU jobs of 10 min queued. A job that could rent asks about one GPU for
+    # an hour: one queued job starts now, the other waits 10 min (1/2 of it charged). Once another such job has
+    # started on a GPU for 2 h, the same ask leaves the queued jobs no GPU until 2 h: each waits past the hour
+    node = make_node(kind="local", gpu_count=2)
+    queued = [make_job(allowed="local", expected_duration_s=600.0) for _ in range(2)]
+    first, second = make_job(allowed="any"), make_job(allowed="any")
+    state = make_state(nodes=(node,), queue=(*queued, first, second))
+    out = backlog(
+        state,
+        now=0.0,
+        config=config(),
+        owned_only={job.id: ("local",) for job in queued},
+        value_per_s={job.id: 1.0 / 3600 for job in state.queue},
+    )
+    view = NodeView(node, {}, 0.0, None)
+
+    def on_one_gpu(hours: float) -> Option:
+        return Option("start", 0.0, hours * 3600, 0.0, False, 0, hours * 3600, picks=[(view, (0,))])
+
+    assert out.charge(second, on_one_gpu(1)) == pytest.approx(0.5 * 600 / 3600)
+
+    out.started(first, on_one_gpu(2), owned_only=False)
+
+    assert out.charge(second, on_one_gpu(1)) == pytest.approx(0.5 * 2 * 3600 / 3600)
