@@ -28,6 +28,7 @@ from services.placement.handlers import JOBS as PLACEMENT_JOBS
 from services.stack.identities import prepare_bus
 from tests.factories import started, submitted, unique
 from tests.integration.servers import real_servers
+from tests.integration.test_output_origin import until
 
 pytestmark = pytest.mark.integration
 CLUSTER = '[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n'
@@ -68,14 +69,6 @@ async def filters(server, consumer: str, stream: str = "TM_JOBS") -> list[str]:
 
     await as_operator(server, read)
     return found
-
-
-async def until(check, *, tries: int = 100) -> bool:
-    for _ in range(tries):
-        if await check():
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 async def delivered(server, role: str, consumer: str) -> list[bytes]:

@@ -151,6 +151,23 @@ def test_each_task_s_sample_holds_its_own_gpus_only():
     assert one.subject == "tm.telemetry.n1.j" and one.seq == 5
 
 
+def heartbeating_agent(tmp_path, *, gpus: int, sent: list) -> Agent:
+    """An agent of node n1 with `gpus` GPUs whose every message goes to `sent`."""
+
+    async def publish(message) -> None:
+        sent.append(message)
+
+    return Agent(
+        node=node(node_id="n1", gpus=gpus),
+        root=tmp_path,
+        publish=publish,
+        preparer=Preparer(tmp_path / "engines", {}),
+        checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
+        storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
+        hangs=HangPolicy(gpus=GpuProbe()),
+    )
+
+
 async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_sample(tmp_path, monkeypatch):
     monkeypatch.setitem(
         sys.modules,
@@ -160,19 +177,7 @@ async def test_the_agent_s_heartbeat_carries_its_gpus_and_sends_each_task_s_samp
         ),
     )
     sent: list = []
-
-    async def publish(message) -> None:
-        sent.append(message)
-
-    agent = Agent(
-        node=node(node_id="n1", gpus=2),
-        root=tmp_path,
-        publish=publish,
-        preparer=Preparer(tmp_path / "engines", {}),
-        checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
-        storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
-        hangs=HangPolicy(gpus=GpuProbe()),
-    )
+    agent = heartbeating_agent(tmp_path, gpus=2, sent=sent)
     agent.tasks["j:1:0"] = SimpleNamespace(  # the task, in no cgroup: its processes are this one and descendants
         start=start(gpus=(0,)), pid=os.getpid(), stop_reason=None, cgroup=None, in_cgroup=lambda: False
     )
@@ -192,19 +197,7 @@ async def test_a_task_s_gpu_memory_is_that_of_the_processes_its_cgroup_lists(tmp
     (cg / "cgroup.procs").write_text("")
     (cg / "nested" / "cgroup.procs").write_text("4242\n")
     sent: list = []
-
-    async def publish(message) -> None:
-        sent.append(message)
-
-    agent = Agent(
-        node=node(node_id="n1", gpus=1),
-        root=tmp_path,
-        publish=publish,
-        preparer=Preparer(tmp_path / "engines", {}),
-        checkpoints=CheckpointStore(f"file://{tmp_path}/c"),
-        storage=StoragePolicy(storage_root=f"file://{tmp_path}/s", checkpoint_root=f"file://{tmp_path}/c"),
-        hangs=HangPolicy(gpus=GpuProbe()),
-    )
+    agent = heartbeating_agent(tmp_path, gpus=1, sent=sent)
     cgroup = TaskCgroup(dirs=(cg,), limits=(), oom_file=cg / "memory.events")
     agent.tasks["j:1:0"] = SimpleNamespace(  # its shim is gone (no such pid); the task's process lives on
         start=start(gpus=(0,)), pid=2**22 + 1, stop_reason=None, cgroup=cgroup, in_cgroup=lambda: True
