@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from faststream.exceptions import NackMessage
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from shared.batch import GroupCommit
 from shared.bus import durable
@@ -34,6 +34,7 @@ MAX_WAITS = 120  # ... at most this often (a minute): a placement read never, af
 REMEMBERED = 4096  # placements kept in memory (a placement never changes once made)
 PLACEMENTS_AT_ONCE = 64  # placements a consumer handles side by side (their records in one write)
 RECORDS_WINDOW_S = 0.2  # a placement's record waits this long for others (its placement is known meanwhile)
+RESTART_WAIT_S = 120.0  # a start waits for its placement's record only this long after its process judged the first
 
 
 def placements_consumer(consumer: str) -> dict[str, Any]:
@@ -111,47 +112,80 @@ class Origins:
     placements: AsyncCollection  # "job:attempt" -> each rank's node
     all_read: Callable[[], Awaitable[bool]]  # whether the placements consumer has read everything stored so far
     known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
-    stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted here, or found
+    stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted by this process
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
     records: GroupCommit[dict[str, Any], None] = field(init=False, repr=False)  # inserts waiting for their window
+    restart_wait_s: float = RESTART_WAIT_S
+    _waits_until: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.records = GroupCommit(self._insert, max_size=1000, window_s=RECORDS_WINDOW_S)
 
     async def placed(self, event: JobPlaced) -> None:
-        """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment."""
+        """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment. Only a
+        landed write marks it stored: a redelivery while its first delivery's write is still out (a slow database
+        past the acknowledgement wait) writes it again rather than be acknowledged on the strength of a write that
+        may yet fail (the record stored twice is a duplicate key, no error)."""
         key = self.learn(event)
         if self.stored.get(key):
             return
-        self.stored.put(key, True)  # before the insert: the same placement from another consumer inserts nothing
-        try:
-            await self.records(
-                {
-                    "_id": key,
-                    "job_id": event.job_id,
-                    "attempt": event.attempt,
-                    "nodes": placed_nodes(event),
-                    "gpus": given_gpus(event),
-                    "why": event.why,
-                }
-            )
-        except BaseException:
-            self.stored.pop(key)  # not stored: the delivery comes again
-            raise
+        await self.records(
+            {
+                "_id": key,
+                "job_id": event.job_id,
+                "attempt": event.attempt,
+                "nodes": placed_nodes(event),
+                "gpus": given_gpus(event),
+                "why": event.why,
+            }
+        )
+        self.stored.put(key, True)
 
     async def _insert(self, docs: list[dict[str, Any]]) -> list[None | Exception]:
-        """One insert of a window's records; one stored already (a redelivery, a lost answer) is no error."""
+        """One insert of a window's records; one stored already (a redelivery, a lost answer) is no error. A
+        failure that is not the database's (a record the driver cannot encode) is one record's: each is then
+        inserted alone, so the others are stored and only that delivery fails."""
         try:
             await self.placements.insert_many(docs, ordered=False)
-        except BulkWriteError as exc:
-            refused = {e["index"]: e for e in exc.details.get("writeErrors", [])}
-            if (exc.details.get("writeConcernErrors") or []) or len(refused) == 0:
-                raise
-            return [
-                None if i not in refused or refused[i].get("code") == DUPLICATE_KEY else BulkWriteError(refused[i])
-                for i in range(len(docs))
-            ]
+        except PyMongoError as exc:
+            if not isinstance(exc, BulkWriteError):
+                raise  # the database is away: every record of the group comes again
+            return self._refused(docs, exc)
+        except Exception:
+            return [await self._insert_alone(doc) for doc in docs]
         return [None] * len(docs)
+
+    async def _insert_alone(self, doc: dict[str, Any]) -> None | Exception:
+        try:
+            await self.placements.insert_one(doc)
+        except DuplicateKeyError:
+            return None
+        except PyMongoError:
+            raise
+        except Exception as exc:
+            return exc
+        return None
+
+    @staticmethod
+    def _refused(docs: list[dict[str, Any]], exc: BulkWriteError) -> list[None | Exception]:
+        """Each record's answer from an unordered insert that refused some: a duplicate is stored already."""
+        refused = {e["index"]: e for e in exc.details.get("writeErrors", [])}
+        if (exc.details.get("writeConcernErrors") or []) or len(refused) == 0:
+            raise exc
+        return [
+            None if i not in refused or refused[i].get("code") == DUPLICATE_KEY else BulkWriteError(refused[i])
+            for i in range(len(docs))
+        ]
+
+    def may_wait(self, now: float) -> bool:
+        """Whether a report read in its job's order after the placement (a start) may wait for the placement's
+        record: only for `restart_wait_s` after this process judged its first (the backlog after a restart, whose
+        placements were read before it). Later, the placement of such a report was read first in this process, so
+        one neither known nor stored was never made: waiting for it would only let a node hold the consumer's
+        slots with starts of attempts never placed."""
+        if self._waits_until is None:
+            self._waits_until = now + self.restart_wait_s
+        return now < self._waits_until
 
     def learn(self, event: JobPlaced) -> str:
         """Know a placement, its nodes and GPUs, without storing it (its record is the placements consumer's to

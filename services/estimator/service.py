@@ -132,11 +132,12 @@ class Estimator:
 
     async def _judged(self, event: TaskStarted) -> Verdict:
         """A start's verdict against its placement; one whose placement this process neither knows nor finds stored
-        waits while the placements consumer has some to read (after a restart: the placement, read before it in
-        this job's order, may not be stored yet)."""
+        waits while the placements consumer has some to read, in the first minutes after a restart only (the
+        placement, read before it in this job's order, may not be stored yet; `Origins.may_wait`)."""
         assert self.origins is not None
         nodes = await self.origins.nodes(event.job_id, event.attempt)
-        decided = verdict(nodes, event, all_placements_read=nodes is not None or await self.origins.all_read())
+        read = nodes is not None or not self.origins.may_wait(time.monotonic()) or await self.origins.all_read()
+        decided = verdict(nodes, event, all_placements_read=read)
         if decided == "wait":
             raise NotReadYet(f"the placement of job {event.job_id} attempt {event.attempt} is not read yet")
         return decided

@@ -41,3 +41,18 @@ async def test_a_start_whose_placement_is_not_read_yet_waits_for_it_and_is_then_
     read[0] = True  # every placement read: the start of an attempt never placed is dropped, as before
     await service.task_started(started(job_id, attempt=2, node_id="n2", at=T0.replace(year=2020)))
     assert (await service._model(job_id)).started_at == T0.timestamp()
+
+
+async def test_past_the_first_minutes_a_start_of_an_attempt_never_placed_is_dropped_at_once(estimator):
+    """Its placement would have been read first in this process: a node's forged starts hold no slot of the jobs
+    consumer while placements keep flowing (the placements consumer never quite all read)."""
+    _, service, _ = estimator
+
+    async def never_all_read() -> bool:
+        return False
+
+    job_id = unique("forged")
+    service.origins = Origins(placements=MemoryCollection("placements"), all_read=never_all_read, restart_wait_s=0)
+    await service.submitted(submitted(job_id=job_id))
+    await service.task_started(started(job_id, attempt=999, node_id="n2", at=T0))  # dropped, no NotReadYet
+    assert (await service._model(job_id)).started_at is None

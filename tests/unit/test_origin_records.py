@@ -6,7 +6,8 @@ again at the next delivery."""
 import asyncio
 
 import pytest
-from pymongo.errors import AutoReconnect
+from bson.errors import InvalidDocument
+from pymongo.errors import AutoReconnect, BulkWriteError
 
 from shared.origin import Origins, attempt_key
 from tests.factories import chunk, placed, unique
@@ -83,3 +84,72 @@ async def test_a_record_stored_already_is_no_error_and_one_not_stored_is_written
     inserts = records.inserts
     await origins.placed(placed(other))  # redelivered once more: stored here, nothing written
     assert records.inserts == inserts
+
+
+class SlowFirstWrite(CountingInserts):
+    """The first insert hangs until let go, then fails (a database electing a primary past the ack wait)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+
+    async def insert_many(self, docs, ordered=True):
+        if self.inserts == 0:
+            self.inserts += 1
+            await self.gate.wait()
+            raise AutoReconnect("primary stepped down")
+        return await super().insert_many(docs, ordered=ordered)
+
+
+async def test_a_redelivery_while_the_first_write_is_out_is_not_acknowledged_before_a_write_lands():
+    records = SlowFirstWrite()
+    origins = Origins(placements=records, all_read=all_read)
+    job_id = unique("j")
+    first = asyncio.create_task(origins.placed(placed(job_id)))
+    while records.inserts == 0:  # its group's write is out (past the window)
+        await asyncio.sleep(0.05)
+    again = asyncio.create_task(origins.placed(placed(job_id)))  # redelivered: the ack wait ran out
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not again.done()  # not acknowledged on the strength of a write that has not landed
+    records.gate.set()
+    with pytest.raises(AutoReconnect):
+        await first
+    await again  # its own write
+    assert list(records.docs) == [attempt_key(job_id, 1)]
+
+
+class RefusesOneRecord(CountingInserts):
+    """The driver cannot send one record (`InvalidDocument`, raised before anything is written)."""
+
+    async def insert_many(self, docs, ordered=True):
+        if any(doc["job_id"].startswith("bad") for doc in docs):
+            raise InvalidDocument("cannot encode object")
+        return await super().insert_many(docs, ordered=ordered)
+
+    async def insert_one(self, doc):
+        if doc["job_id"].startswith("bad"):
+            raise InvalidDocument("cannot encode object")
+        return await super().insert_one(doc)
+
+
+async def test_a_record_the_driver_refuses_fails_alone_and_the_rest_of_its_group_is_stored():
+    records = RefusesOneRecord()
+    origins = Origins(placements=records, all_read=all_read)
+    good, bad = [unique("j") for _ in range(3)], unique("bad")
+    outcomes = await asyncio.gather(*(origins.placed(placed(j)) for j in [*good, bad]), return_exceptions=True)
+    assert outcomes[:3] == [None] * 3 and isinstance(outcomes[3], InvalidDocument)
+    assert sorted(records.docs) == sorted(attempt_key(j, 1) for j in good)
+
+
+class WriteConcernLost(CountingInserts):
+    async def insert_many(self, docs, ordered=True):
+        await super().insert_many(docs, ordered=ordered)
+        raise BulkWriteError({"writeErrors": [], "writeConcernErrors": [{"code": 64, "errmsg": "waiting"}]})
+
+
+async def test_a_write_concern_error_fails_the_whole_group_so_every_record_comes_again():
+    origins = Origins(placements=WriteConcernLost(), all_read=all_read)
+    outcomes = await asyncio.gather(*(origins.placed(placed(unique("j"))) for _ in range(3)), return_exceptions=True)
+    assert all(isinstance(o, BulkWriteError) for o in outcomes)
+    assert len(origins.stored) == 0  # none marked stored: each delivery writes again
