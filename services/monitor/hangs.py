@@ -102,11 +102,11 @@ def restart_hung(job: JobState, *, grace_s: float, now: datetime) -> Outcome:
 
 
 async def restart_overdue(monitor: "Monitor", *, grace_s: float, now: datetime) -> None:
-    """Restart (or fail) every job whose hang grace period is over; no read while no job may be hanging
-    (`Monitor.dues`)."""
-    if not monitor.dues.may_hang:
+    """Restart (or fail) every job whose hang grace period is over; no read while no job may be hanging, but for
+    one a minute (`Monitor.dues`)."""
+    if not monitor.dues.hang_due(now):
         return
-    monitor.dues.hang_sweep_begins()
+    monitor.dues.hang_sweep_begins(now)
     suspected = [
         d["_id"]
         async for d in monitor.jobs.collection.find(

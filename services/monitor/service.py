@@ -378,7 +378,7 @@ class Monitor:
         in one query a check (`due_query`: the embedded database reads the whole collection for each)."""
         if not self.dues.due(now):
             return  # no job this process wrote (nor any its last sweep read) is due yet: nothing to read
-        self.dues.due_sweep_begins()
+        self.dues.due_sweep_begins(now)
         due = [d["_id"] async for d in self.jobs.collection.find(due_query(now), {"_id": 1})]
         for job_id in due:
             await self.apply(job_id, lambda job: None if job is None else _settle_due(job, now=now))
