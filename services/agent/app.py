@@ -43,7 +43,7 @@ from services.agent.runner import SDK_DIR
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
-from services.agent.uidrange import account_uids, accounts_within, claim_range
+from services.agent.uidrange import account_uids, accounts_within, claim_range, subordinate_spans
 
 log = logging.getLogger(__name__)
 
@@ -223,11 +223,12 @@ class AgentSettings(CommonSettings, StorageSettings):
 def task_uid_first(settings: AgentSettings) -> int:
     """The configured first task uid, else this stack's own range's from the host's registry."""
     if settings.task_uid_first is not None:
-        if clash := accounts_within(settings.task_uid_first, settings.task_uid_count, account_uids()):
+        first, count = settings.task_uid_first, settings.task_uid_count
+        if clash := accounts_within(first, count, account_uids(), subordinate_spans()):
             raise SystemExit(
-                f"TRAINMASTER_TASK_UID_FIRST={settings.task_uid_first} with TRAINMASTER_TASK_UID_COUNT="
-                f"{settings.task_uid_count} includes uids of this host's accounts ({clash[:5]}): a task would run as "
-                "them; choose a range no account uses"
+                f"TRAINMASTER_TASK_UID_FIRST={first} with TRAINMASTER_TASK_UID_COUNT={count} includes ids of this "
+                f"host's accounts, groups or subordinate id ranges (from {clash[:5]}): a task would run as them; "
+                "choose a range none uses"
             )
         return settings.task_uid_first
     try:

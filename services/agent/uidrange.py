@@ -2,6 +2,7 @@
 task had: the ranges are recorded by data directory in a host-wide registry (a JSON file under a lock)."""
 
 import fcntl
+import grp
 import json
 import os
 import pwd
@@ -10,29 +11,59 @@ from pathlib import Path
 
 FIRST_UID = 200_000
 LAST_UID = 2**31 - 2  # uids above are treated as invalid by some tools
+SUBORDINATE_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
+
+Span = tuple[int, int]  # ids from the first up to, not including, the second
 
 
 def account_uids() -> set[int]:
-    """The uids of the host's accounts (a task must never run as a person's or a daemon's uid)."""
-    return {entry.pw_uid for entry in pwd.getpwall()}
+    """The uids of the host's accounts and the gids of its groups, as enumerated (a task must never run as a
+    person's or a daemon's uid, nor with a group's gid). A directory service (sssd, LDAP, winbind) enumerates none
+    by default: docs/security.md says to set the range by hand on such hosts."""
+    return {entry.pw_uid for entry in pwd.getpwall()} | {entry.gr_gid for entry in grp.getgrall()}
 
 
-def accounts_within(first: int, count: int, accounts: Iterable[int]) -> list[int]:
-    return sorted(uid for uid in accounts if first <= uid < first + count)
+def subordinate_spans(files: Iterable[Path] = SUBORDINATE_FILES) -> list[Span]:
+    """The subordinate id ranges handed to users (`/etc/subuid`, `/etc/subgid`: a rootless container's processes
+    run as these ids, so a task given one could signal them or read their files); a line that is not
+    `name:first:count` is passed over."""
+    spans = []
+    for path in files:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.strip().split(":")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit() and int(parts[2]) > 0:
+                spans.append((int(parts[1]), int(parts[1]) + int(parts[2])))
+    return spans
+
+
+def host_spans(accounts: Iterable[int] = (), spans: Iterable[Span] = ()) -> list[Span]:
+    return sorted([(uid, uid + 1) for uid in accounts] + list(spans))
+
+
+def accounts_within(first: int, count: int, accounts: Iterable[int], spans: Iterable[Span] = ()) -> list[int]:
+    """The first id of each account or subordinate range that overlaps `count` ids from `first`."""
+    return [start for start, end in host_spans(accounts, spans) if start < first + count and first < end]
 
 
 def choose_first(
-    taken: dict[str, list[int]], *, key: str, count: int, base: int = FIRST_UID, accounts: Iterable[int] = ()
+    taken: dict[str, list[int]],
+    *,
+    key: str,
+    count: int,
+    base: int = FIRST_UID,
+    accounts: Iterable[int] = (),
+    spans: Iterable[Span] = (),
 ) -> int:
-    """The first uid of `key`'s range: the one it has, else the lowest `count` uids from `base` that no range and
-    no account of the host overlaps (an account made inside a range since moves that range)."""
-    accounts = set(accounts)
-    if key in taken and taken[key][1] == count and not accounts_within(taken[key][0], count, accounts):
+    """The first uid of `key`'s range: the one it has, else the lowest `count` uids from `base` that no range, no
+    account of the host and no subordinate range overlaps (one made inside a range since moves that range)."""
+    held = [span for span in host_spans(accounts, spans) if span[1] > base]
+    if key in taken and taken[key][1] == count and not accounts_within(taken[key][0], count, (), held):
         return taken[key][0]
-    others = sorted(
-        [(first, first + size) for name, (first, size) in taken.items() if name != key]
-        + [(uid, uid + 1) for uid in accounts if uid >= base]
-    )
+    others = sorted([(first, first + size) for name, (first, size) in taken.items() if name != key] + held)
     first = base
     for start, end in others:
         if first + count <= start:
@@ -52,7 +83,7 @@ def claim_range(registry: Path, *, data_dir: Path, count: int) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX)
         text = os.read(fd, 1 << 22).decode() or "{}"
         taken = {name: span for name, span in json.loads(text).items() if name == key or os.path.isdir(name)}
-        first = choose_first(taken, key=key, count=count, accounts=account_uids())
+        first = choose_first(taken, key=key, count=count, accounts=account_uids(), spans=subordinate_spans())
         taken[key] = [first, count]
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)

@@ -1,6 +1,7 @@
 """The pure parts of a task's confinement: where its cgroups go and what they limit, its passwd entry, which System
 V objects are its uid's, and each stack's own uid range."""
 
+import grp
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, oom_kil
 from services.agent.leftovers import ipc_ids
 from services.agent.quota import disk_usage, over_quota
 from services.agent.shim import account_files
-from services.agent.uidrange import choose_first, claim_range
+from services.agent.uidrange import account_uids, choose_first, claim_range, subordinate_spans
 
 V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
 cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
@@ -118,6 +119,7 @@ def test_a_configured_range_holding_an_account_refuses_to_start(tmp_path, monkey
     from services.agent import app as agent_app
 
     monkeypatch.setattr(agent_app, "account_uids", lambda: {1000, 65534})
+    monkeypatch.setattr(agent_app, "subordinate_spans", lambda: [])
     settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=1000, task_uid_count=65_536)
     with pytest.raises(SystemExit, match="1000, 65534"):
         agent_app.task_uid_first(settings)
@@ -155,3 +157,22 @@ def test_a_stack_claims_its_own_range_under_its_data_dir_and_a_configured_range_
     assert task_uid_first(other) == 200_010
     shared = own.model_copy(update={"task_uid_first": 500_000})
     assert task_uid_first(shared) == 500_000 and task_uid_locks(shared) == Path("/run/trainmaster/task-uids")
+
+
+def test_a_range_holds_no_subordinate_ids_of_rootless_containers_and_no_groups_gid(tmp_path, monkeypatch):
+    """A user's `/etc/subuid` range is where their rootless containers run: a task given one of those ids could
+    signal those processes or read their files (and a group's gid gives its files)."""
+    subuid = tmp_path / "subuid"
+    subuid.write_text("alice:100000:65536\nbob:165536:65536\ncarol:231072:65536\n# comment\nbroken:x:1\n")
+    spans = subordinate_spans([subuid, tmp_path / "absent"])
+    assert spans == [(100_000, 165_536), (165_536, 231_072), (231_072, 296_608)]
+    assert choose_first({}, key="/a", count=65_536, spans=spans) == 296_608
+    assert choose_first({"/a": [200_000, 65_536]}, key="/a", count=65_536, spans=spans) == 296_608  # moved
+    from services.agent import app as agent_app
+
+    monkeypatch.setattr(agent_app, "account_uids", lambda: set())
+    monkeypatch.setattr(agent_app, "subordinate_spans", lambda: spans)
+    settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=250_000, task_uid_count=100)
+    with pytest.raises(SystemExit, match="231072"):
+        agent_app.task_uid_first(settings)
+    assert {entry.gr_gid for entry in grp.getgrall()} <= account_uids()
