@@ -90,3 +90,21 @@ async def test_callers_waiting_when_the_writer_is_cancelled_are_cancelled_not_le
     commit._writer.cancel()  # the service shutting down mid-write
     answers = await asyncio.gather(*callers, return_exceptions=True)
     assert all(isinstance(a, asyncio.CancelledError) for a in answers) and commit._writer is None
+
+
+async def test_callers_of_one_window_go_out_in_one_group_and_a_shutdown_during_the_window_cancels_them():
+    write = Recorder()
+    commit = GroupCommit(write, window_s=0.05)
+    first = asyncio.create_task(commit(0))
+    await asyncio.sleep(0.01)  # well inside the window: it waits for the others
+    assert write.groups == []
+    assert await asyncio.gather(first, commit(2)) == [0, 20]
+    assert write.groups == [[0, 2]]
+    waiting = [asyncio.create_task(commit(n)) for n in (4, 6)]
+    await asyncio.sleep(0.01)
+    assert commit._writer is not None
+    commit._writer.cancel()  # the broker stops during the window: nobody is left waiting, nothing is written
+    for task in waiting:
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert write.groups == [[0, 2]]
