@@ -353,10 +353,18 @@ async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Aw
     (`checked_event`); one of a type this version does not know is given back for a newer replica where a platform
     service published it, dropped elsewhere (`shared.unknowntypes`)."""
     payload = await decode(msg)
-    if checked_event(msg, payload) is None and (kind := unknown_type(payload, known=_event_types())) is not None:
+    if checked_event(msg, payload) is None:
+        unknown_event(msg, payload)
+    return payload
+
+
+def unknown_event(msg: StreamMessage, payload: Any) -> None:
+    """Raise what becomes of an event of a type this version does not know: given back for a newer replica where a
+    platform service published it, dropped elsewhere (`UNKNOWN_DROPPED`; `shared.unknowntypes`). Nothing for any
+    other payload."""
+    if (kind := unknown_type(payload, known=_event_types())) is not None:
         subject = msg.raw_message.subject
         hold_or_drop(msg, kind=kind, held_here=not any(subjects_overlap(subject, s) for s in UNKNOWN_DROPPED))
-    return payload
 
 
 def durable(

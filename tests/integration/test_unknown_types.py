@@ -9,6 +9,7 @@ import pytest
 from shared.bus import connect, make_broker
 from shared.bustopology import CONSUMERS, bound
 from shared.events import NodeEvent
+from services.placement.handlers import JOBS as PLACEMENT_JOBS
 from tests.factories import unique
 from tests.integration.servers import real_servers
 from tests.integration.test_consumer_filters import CLUSTER
@@ -32,10 +33,10 @@ def envelope(kind: str) -> dict:
     return {"type": kind, "event_id": unique(kind), "occurred_at": "2026-11-27T10:00:00Z", "node_id": "n1"}
 
 
-async def read_in_turn(server, *, role: str, consumer: str, subject: str, payload: dict) -> list[dict]:
+async def read_in_turn(server, *, role: str, subscription: dict, subject: str, payload: dict) -> list[dict]:
     """Publish `payload` on `subject`; a replica of this version reads the consumer until the server delivered it,
     then one of a newer version (a decoder that takes any payload) reads it: what the newer one was delivered."""
-    subscription = declared(role, consumer)
+    consumer = subscription["durable"]
     operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
     await connect(operator)
     js = operator.config.connection_state.stream
@@ -79,20 +80,21 @@ async def read_in_turn(server, *, role: str, consumer: str, subject: str, payloa
 
 
 @pytest.mark.parametrize(
-    ("role", "consumer", "subject"),
+    ("role", "subscription", "subject"),
     [
-        ("monitor", "monitor-nodes", "tm.node.evt.drained"),
-        ("billing", "billing-fleet", "tm.node.evt.drained"),
-        ("submitter", "submitter-status", "tm.job.status"),
+        ("monitor", declared("monitor", "monitor-nodes"), "tm.node.evt.drained"),
+        ("billing", declared("billing", "billing-fleet"), "tm.node.evt.drained"),
+        ("submitter", declared("submitter", "submitter-status"), "tm.job.status"),
+        ("placement", PLACEMENT_JOBS.subscription, "tm.job.status"),
     ],
-    ids=["unordered", "ordered", "submitter"],
+    ids=["unordered", "ordered", "submitter", "keyed"],
 )
 async def test_a_replica_of_the_version_before_gives_back_a_platform_event_of_a_type_it_does_not_know(
-    server, role, consumer, subject
+    server, role, subscription, subject
 ):
     """It used to acknowledge it as no event of its own (rejected): the newer replica never saw it."""
     payload = envelope(unique("NodeDrained"))
-    got = await read_in_turn(server, role=role, consumer=consumer, subject=subject, payload=payload)
+    got = await read_in_turn(server, role=role, subscription=subscription, subject=subject, payload=payload)
     assert [e["type"] for e in got] == [payload["type"]]
 
 
@@ -100,6 +102,10 @@ async def test_an_unknown_type_on_a_nodes_own_subject_is_dropped_not_held(server
     """What an agent may publish: its garbage never holds a consumer back (agents come after their readers)."""
     payload = envelope(unique("NodeDrained"))
     got = await read_in_turn(
-        server, role="monitor", consumer="monitor-nodes", subject="tm.node.evt.n1.interrupted", payload=payload
+        server,
+        role="monitor",
+        subscription=declared("monitor", "monitor-nodes"),
+        subject="tm.node.evt.n1.interrupted",
+        payload=payload,
     )
     assert got == []
