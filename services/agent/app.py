@@ -43,7 +43,7 @@ from services.agent.runner import SDK_DIR
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
-from services.agent.uidrange import account_uids, accounts_within, claim_range
+from services.agent.uidrange import LAST_UID, account_uids, accounts_within, claim_range
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +228,12 @@ def task_uid_first(settings: AgentSettings) -> int:
                 f"TRAINMASTER_TASK_UID_FIRST={settings.task_uid_first} with TRAINMASTER_TASK_UID_COUNT="
                 f"{settings.task_uid_count} includes uids of this host's accounts ({clash[:5]}): a task would run as "
                 "them; choose a range no account uses"
+            )
+        if settings.task_uid_first + settings.task_uid_count - 1 > LAST_UID:
+            raise SystemExit(
+                f"TRAINMASTER_TASK_UID_FIRST={settings.task_uid_first} with TRAINMASTER_TASK_UID_COUNT="
+                f"{settings.task_uid_count} goes past uid {LAST_UID}: the uids above are those task uids' processes "
+                "are killed from; choose a lower range"
             )
         return settings.task_uid_first
     try:

@@ -451,8 +451,13 @@ def test_where_the_shadow_uid_cannot_be_taken_the_kill_is_sent_as_the_uid_itself
         inside.wait()
 
 
-def test_task_uids_end_below_their_shadows():
+def test_task_uids_end_below_their_shadows(tmp_path):
     """A range reaching 2**31 would give a task the uid of another task's killer."""
+    from services.agent import app as agent_app
+
     with pytest.raises(ValueError, match="at or below"):
         TaskUsers(first_uid=2**31 - 10, count=10, lock_dir=Path("/nonexistent"))
+    settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=2**31 - 10, task_uid_count=10)
+    with pytest.raises(SystemExit, match="goes past uid"):
+        agent_app.task_uid_first(settings)
     assert isolation.shadow_uid(2**31 - 2) == 2**32 - 2  # the last one is still a uid ((uid_t)-1 is none)
