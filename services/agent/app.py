@@ -32,7 +32,7 @@ from services.agent.fence import (
 )
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
-from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir, shadow_uid
 from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
@@ -221,6 +221,19 @@ class AgentSettings(CommonSettings, StorageSettings):
 
 
 def task_uid_first(settings: AgentSettings) -> int:
+    """The first task uid (`range_first`), refused where the uids the range's processes are killed from
+    (`isolation.shadow_uid`) hold one of the host's accounts."""
+    first = range_first(settings)
+    if clash := accounts_within(shadow_uid(first), settings.task_uid_count, account_uids()):
+        raise SystemExit(
+            f"the processes of task uids from {first} are killed from uids {shadow_uid(first)} on, which include uids "
+            f"of this host's accounts ({clash[:5]}): their processes would be killed too; set "
+            "TRAINMASTER_TASK_UID_FIRST to a range whose shadows no account uses"
+        )
+    return first
+
+
+def range_first(settings: AgentSettings) -> int:
     """The configured first task uid, else this stack's own range's from the host's registry."""
     if settings.task_uid_first is not None:
         if clash := accounts_within(settings.task_uid_first, settings.task_uid_count, account_uids()):

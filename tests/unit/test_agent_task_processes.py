@@ -451,8 +451,9 @@ def test_where_the_shadow_uid_cannot_be_taken_the_kill_is_sent_as_the_uid_itself
         inside.wait()
 
 
-def test_task_uids_end_below_their_shadows(tmp_path):
-    """A range reaching 2**31 would give a task the uid of another task's killer."""
+def test_task_uids_end_below_their_shadows_and_no_account_is_a_shadow(tmp_path, monkeypatch):
+    """A range reaching 2**31 would give a task the uid of another task's killer; a killer whose real uid is an
+    account's would kill that account's processes with the task's."""
     from services.agent import app as agent_app
 
     with pytest.raises(ValueError, match="at or below"):
@@ -460,4 +461,10 @@ def test_task_uids_end_below_their_shadows(tmp_path):
     settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=2**31 - 10, task_uid_count=10)
     with pytest.raises(SystemExit, match="goes past uid"):
         agent_app.task_uid_first(settings)
+    shadowed = settings.model_copy(update={"task_uid_first": 300_000})
+    monkeypatch.setattr(agent_app, "account_uids", lambda: {1000, isolation.shadow_uid(300_005)})
+    with pytest.raises(SystemExit, match="include uids of this host's accounts"):  # a host account's processes
+        agent_app.task_uid_first(shadowed)
+    monkeypatch.setattr(agent_app, "account_uids", lambda: {1000})
+    assert agent_app.task_uid_first(shadowed) == 300_000
     assert isolation.shadow_uid(2**31 - 2) == 2**32 - 2  # the last one is still a uid ((uid_t)-1 is none)
