@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from shared import unknowntypes
 from shared.bus import connect, make_broker
 from shared.bustopology import CONSUMERS, bound
 from shared.events import NodeEvent
@@ -107,5 +108,16 @@ async def test_an_unknown_type_on_a_nodes_own_subject_is_dropped_not_held(server
         subscription=declared("monitor", "monitor-nodes"),
         subject="tm.node.evt.n1.interrupted",
         payload=payload,
+    )
+    assert got == []
+
+
+async def test_an_unknown_type_no_newer_replica_took_in_time_is_dropped(server, monkeypatch):
+    """The bound on what a platform service's unknown type may hold back: its age by the server's clock."""
+    monkeypatch.setattr(unknowntypes, "UNKNOWN_TYPE_PATIENCE_S", 0.0)
+    payload = envelope(unique("NodeDrained"))
+    subscription = declared("billing", "billing-fleet")  # in order: one held would hold back all after it
+    got = await read_in_turn(
+        server, role="billing", subscription=subscription, subject="tm.node.evt.drained", payload=payload
     )
     assert got == []
