@@ -30,6 +30,7 @@ from pymongo.errors import PyMongoError
 from shared.buscreds import dedup_key
 from shared.events import Message
 from shared.replies import ReplyGuard
+from shared.unknowntypes import hold_or_drop, unknown_type
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,13 @@ TELEMETRY_SUBJECT = "tm.telemetry.{node_id}.{job_id}"  # a running task's GPUs, 
 NODE_REGISTERED = NODE_EVENT.format(node_id="*", event="registered")
 HEARTBEATS = NODE_EVENT.format(node_id="*", event="heartbeat")  # core NATS: liveness is now or never
 NODE_CADENCE = "tm.node.cadence"  # core NATS: the monitor announces the heartbeat interval to every agent
+# Where an event of a type this version does not know is dropped, not given back for a newer replica: what an agent
+# of any version may publish (its node's own subjects: its garbage must not hold a consumer back) and a node's
+# commands (read by its agent alone, which no replica of a newer version replaces).
+UNKNOWN_DROPPED = (
+    *(t.format(node_id="*", event="*", job_id="*") for t in (NODE_EVENT, TASK_EVENT, LOG_SUBJECT, TELEMETRY_SUBJECT)),
+    "tm.node.cmd.>",
+)
 
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
@@ -342,10 +350,21 @@ def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
 
 async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
     """Decoder of every durable consumer: an event must arrive on the subject its payload implies
-    (`checked_event`)."""
+    (`checked_event`); one of a type this version does not know is given back for a newer replica where a platform
+    service published it, dropped elsewhere (`shared.unknowntypes`)."""
     payload = await decode(msg)
-    checked_event(msg, payload)
+    if checked_event(msg, payload) is None:
+        unknown_event(msg, payload)
     return payload
+
+
+def unknown_event(msg: StreamMessage, payload: Any) -> None:
+    """Raise what becomes of an event of a type this version does not know: given back for a newer replica where a
+    platform service published it, dropped elsewhere (`UNKNOWN_DROPPED`; `shared.unknowntypes`). Nothing for any
+    other payload."""
+    if (kind := unknown_type(payload, known=_event_types())) is not None:
+        subject = msg.raw_message.subject
+        hold_or_drop(msg, kind=kind, held_here=not any(subjects_overlap(subject, s) for s in UNKNOWN_DROPPED))
 
 
 def durable(
@@ -438,9 +457,11 @@ def agent_consumer_config(node_id: str) -> ConsumerConfig:
 RENTED_CONSUMER_INACTIVE_S = 3600.0
 
 
-def rented_consumer_config(node_id: str) -> ConsumerConfig:
-    """A rented node's command consumer: a static node's, forgotten by the server once unread for a while."""
-    return agent_consumer_config(node_id).evolve(inactive_threshold=RENTED_CONSUMER_INACTIVE_S)
+def rented_consumer_config(node_id: str, *, boot_s: float = 0.0) -> ConsumerConfig:
+    """A rented node's command consumer: a static node's, forgotten by the server once unread for a while, that
+    while counted from the latest its agent may start (`boot_s` after the consumer is made: a Pod pending for GPUs
+    that long is still waited for) to its first read, and from its last read after that."""
+    return agent_consumer_config(node_id).evolve(inactive_threshold=RENTED_CONSUMER_INACTIVE_S + max(boot_s, 0.0))
 
 
 async def forget_starts(broker: NatsBroker, node_id: str) -> None:

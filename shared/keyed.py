@@ -19,7 +19,15 @@ from faststream.nats import NatsBroker
 from nats.js.errors import NotFoundError
 from pydantic import TypeAdapter
 
-from shared.bus import ACK_WAIT_S, TRANSIENT_ERRORS, checked_event, durable, stream_of, subjects_overlap
+from shared.bus import (
+    ACK_WAIT_S,
+    TRANSIENT_ERRORS,
+    checked_event,
+    durable,
+    stream_of,
+    subjects_overlap,
+    unknown_event,
+)
 from shared.clock import utcnow
 from shared.handlers import HandlerTable, subject_filters
 
@@ -202,7 +210,10 @@ class KeyedConsumer:
     The server delivers only the subjects this version's handler table names. A delivery of another subject means
     the operator declared the consumer for another version (a deploy's declaration, while this replica still
     runs): it is given back (nak), never acknowledged, and so is every later one, so this replica neither drops
-    what the new version handles nor handles a job's later event before it; the new version's replica takes them."""
+    what the new version handles nor handles a job's later event before it; the new version's replica takes them.
+    An event of a type this version does not know, on a subject it reads, is given back too where a platform
+    service published it (`shared.unknowntypes`); it is skipped in the delivery order, so its job's later events
+    are not held behind it."""
 
     def __init__(self, subscription: dict[str, Any], event: Any) -> None:
         self.deliveries = DeliveryOrder()
@@ -234,7 +245,13 @@ class KeyedConsumer:
         try:
             payload = await decode(msg)
             # validated once, as the type it names; the handler's parameter takes the event as it is
-            event = self._event.validate_python(checked_event(msg, payload) or payload)
+            known = checked_event(msg, payload)
+            if known is None:
+                unknown_event(msg, payload)
+            event = self._event.validate_python(known or payload)
+        except NackMessage:  # a type of a newer version, given back for its replica (`shared.unknowntypes`)
+            self.deliveries.skip(delivery_seq(msg))
+            raise
         except Exception as exc:  # noqa: BLE001 - anything that would stop it before the handler
             self.deliveries.skip(delivery_seq(msg))
             if not isinstance(exc, RejectMessage):

@@ -32,7 +32,7 @@ from services.agent.fence import (
 )
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
-from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir
+from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir, shadow_uid
 from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
@@ -43,7 +43,7 @@ from services.agent.runner import SDK_DIR
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
-from services.agent.uidrange import account_uids, accounts_within, claim_range, subordinate_spans
+from services.agent.uidrange import LAST_UID, account_uids, accounts_within, claim_range, subordinate_spans
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +221,19 @@ class AgentSettings(CommonSettings, StorageSettings):
 
 
 def task_uid_first(settings: AgentSettings) -> int:
+    """The first task uid (`range_first`), refused where the uids the range's processes are killed from
+    (`isolation.shadow_uid`) hold one of the host's accounts."""
+    first = range_first(settings)
+    if clash := accounts_within(shadow_uid(first), settings.task_uid_count, account_uids()):
+        raise SystemExit(
+            f"the processes of task uids from {first} are killed from uids {shadow_uid(first)} on, which include uids "
+            f"of this host's accounts ({clash[:5]}): their processes would be killed too; set "
+            "TRAINMASTER_TASK_UID_FIRST to a range whose shadows no account uses"
+        )
+    return first
+
+
+def range_first(settings: AgentSettings) -> int:
     """The configured first task uid, else this stack's own range's from the host's registry."""
     if settings.task_uid_first is not None:
         first, count = settings.task_uid_first, settings.task_uid_count
@@ -229,6 +242,12 @@ def task_uid_first(settings: AgentSettings) -> int:
                 f"TRAINMASTER_TASK_UID_FIRST={first} with TRAINMASTER_TASK_UID_COUNT={count} includes ids of this "
                 f"host's accounts, groups or subordinate id ranges (from {clash[:5]}): a task would run as them; "
                 "choose a range none uses"
+            )
+        if settings.task_uid_first + settings.task_uid_count - 1 > LAST_UID:
+            raise SystemExit(
+                f"TRAINMASTER_TASK_UID_FIRST={settings.task_uid_first} with TRAINMASTER_TASK_UID_COUNT="
+                f"{settings.task_uid_count} goes past uid {LAST_UID}: the uids above are those task uids' processes "
+                "are killed from; choose a lower range"
             )
         return settings.task_uid_first
     try:

@@ -11,6 +11,7 @@ could not be verified, is looked for among them, as is one never used).
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -25,6 +26,7 @@ import psutil
 
 from services.agent.cgroups import Cgroups, TaskCgroup, remove
 from services.agent.leftovers import sweep
+from services.agent.uidrange import LAST_UID
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +65,14 @@ class TaskUsers:
     def __init__(self, *, first_uid: int, count: int, lock_dir: Path) -> None:
         if first_uid < 1000 or count < 1:
             raise ValueError("task uids must be a non-empty range above the system's (first uid >= 1000)")
+        if first_uid + count - 1 > LAST_UID:
+            raise ValueError(f"task uids must end at or below {LAST_UID} (the uids above are their killers')")
         self.first_uid, self.count = first_uid, count
         self.lock_dir = private_dir(lock_dir)
 
     def claim(self) -> TaskUser:
         """A uid no running process has and no other task holds (one not marked given back is looked for among every
-        process of the host, and what the look could not see is killed with a kill sent as the uid)."""
+        process of the host, and what the look could not see is killed by `kill_as`)."""
         busy: set[int] | None = None  # the uids of every process of the host, looked up once where needed
         for uid in range(self.first_uid, self.first_uid + self.count):
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -137,16 +141,22 @@ def kill_user(uid: int) -> int:
     return killed
 
 
-def kill_as(uid: int) -> bool:
-    """SIGKILL, at once, every process whose real or saved uid is `uid` (kill(-1) sent as that uid: no fork
-    completes meanwhile, so a process that forks its successor and exits cannot slip past it, as it can past a look
-    through every process); whether that kill was sent (False, logged, where it cannot be)."""
+KILLER = Path(__file__).resolve().parent / "killer.py"
+SHADOW_UNAVAILABLE = 3  # the killer's exit status when the host cannot give it the shadow uid
+SHADOW_OFFSET = 2**31  # above every range (uidrange.LAST_UID): uids no account uses, as many tools misread them
+
+
+def shadow_uid(uid: int) -> int:
+    """The real and saved uid of the process that kills task uid `uid`'s processes: one of its own (no two task
+    uids' killers can signal each other) that no process of a task ever has."""
+    return uid + SHADOW_OFFSET
+
+
+def run_killer(uid: int, *, shadow: int) -> int:
+    """The killer's exit status (`killer.py`), run as root with an empty environment; 1 where it could not run."""
     try:
         done = subprocess.run(
-            ["/bin/sh", "-c", "kill -9 -1"],
-            user=uid,
-            group=uid,
-            extra_groups=[],
+            [sys.executable, "-I", "-S", str(KILLER), str(uid), str(shadow)],
             env={},
             cwd="/",
             stdin=subprocess.DEVNULL,
@@ -155,21 +165,44 @@ def kill_as(uid: int) -> bool:
             timeout=EVICT_WAIT_S,
         )
     except subprocess.TimeoutExpired:
-        return False
+        return 1
     except OSError as exc:
         log.warning("could not kill the processes of task uid %d: %r", uid, exc)
-        return False
-    return done.returncode == 0  # not when a process of the uid killed this kill first
+        return 1
+    return done.returncode
+
+
+@functools.cache
+def warn_no_shadow() -> None:
+    """Said once per agent run."""
+    log.warning(
+        "task uids' killers cannot take their shadow uids (from %d; not mapped in this user namespace?): the "
+        "processes of a task uid are killed by a kill sent as the uid itself, which one of them can kill first",
+        SHADOW_OFFSET,
+    )
+
+
+def kill_as(uid: int) -> bool:
+    """SIGKILL, at once, every process whose real or saved uid is `uid` (kill(-1) with `uid` as the effective uid:
+    no fork completes meanwhile, so a process that forks its successor and exits cannot slip past it, as it can past
+    a look through every process), sent from a process whose real and saved uid is the uid's shadow, which no process
+    of `uid` may signal; whether that kill was sent (False where it cannot be). Where the host cannot give the
+    shadow, the kill is sent as `uid` itself (warned once): a process of the uid may then kill it first."""
+    status = run_killer(uid, shadow=shadow_uid(uid))
+    if status == SHADOW_UNAVAILABLE:
+        warn_no_shadow()
+        status = run_killer(uid, shadow=uid)
+    return status == 0
 
 
 def evict(uid: int) -> bool:
-    """Kill every process of `uid` until, after a kill sent as the uid, a look through every process finds none
-    of it (those with it as their effective uid only are killed by that look); whether one did within
-    `EVICT_WAIT_S` (False, logged, when a process of the uid is still there or no kill could be sent). The look
-    runs even where the kill could not be sent: a process of the uid may kill the kill (it runs as the uid)."""
+    """Kill every process of `uid` until, after a kill sent with it as the effective uid (`kill_as`), a look through
+    every process finds none of it (those with it as their effective uid only are killed by that look); whether one
+    did within `EVICT_WAIT_S` (False, logged, when a process of the uid is still there or no kill could be sent).
+    The look runs even where the kill could not be sent (sent as the uid itself, a process of it may kill it)."""
     deadline = time.monotonic() + EVICT_WAIT_S
     while True:
-        sent = kill_as(uid)  # a process of the uid can kill this kill first: the look runs whatever came of it
+        sent = kill_as(uid)  # where sent as the uid itself, a process of it can kill it first: the look runs anyway
         if not kill_user(uid) and sent:
             return True
         if time.monotonic() >= deadline:

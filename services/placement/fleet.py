@@ -22,9 +22,9 @@ from shared.store import DocumentStore
 from services.placement.adapter import Usage, policy_node, reference_tflops
 from services.placement.policy import InstanceType, Node
 from services.placement.providers import Provider, node_entry
+from services.placement.providers.base import REGISTER_PATIENCE_S
 
 log = logging.getLogger(__name__)
-REGISTER_PATIENCE_S = 120  # a provisioned node that has not registered this long after boot is given back
 ADMIT_TIMEOUT_S = 3
 
 

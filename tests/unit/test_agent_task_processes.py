@@ -357,3 +357,114 @@ def test_a_kill_the_uid_itself_killed_first_still_leaves_the_look_to_kill_and_th
     finally:
         kill_every_process_of(taken.uid)
         survivor.wait()
+
+
+KILLING_HOPPER = """
+vec(my $in = '', 0, 1) = 1;
+while (1) {
+    kill 9, -1;  # every other process of its uid, a kill sent as the uid included
+    next unless select(my $ready = $in, undef, undef, 0);
+    sysread(STDIN, my $b, 1) or exit;
+    fork and exit;
+    syswrite(STDOUT, 'x');
+}
+"""  # it hops on a byte, as HOPPER, and between hops kills every process of its uid but itself
+
+
+def kill_every_process_of_from_outside(uid: int, *, other: int) -> None:
+    """The test's own clean-up, which no process of `uid` can kill (real uid `other`, unused), whatever the code
+    under test did."""
+    code = f"import os; os.setgroups([]); os.setresgid({other}, {other}, {other}); os.setresuid({other}, {uid}, {other}); os.kill(-1, 9)"  # noqa: E501
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", code], check=False)
+
+
+@root_only
+def test_a_uid_whose_process_kills_its_uid_while_it_hops_is_emptied_before_it_is_given_back(tmp_path, monkeypatch):
+    """Where no cgroup and no PID namespace holds a task, a process that kept killing every process of its uid
+    (so the kill sent as the uid died before it was sent) while forking its successor past every look outlived its
+    task: the uid was never marked given back but the process ran on, unbilled. The kill now comes from a process
+    whose real and saved uid is the uid's shadow, which no process of the uid may signal."""
+    monkeypatch.setattr(isolation, "EVICT_WAIT_S", 0.5, raising=False)  # what the code before spent hunting it
+    first = random.randrange(300_000, 900_000, 100)
+    users = TaskUsers(first_uid=first, count=1, lock_dir=tmp_path / "uids")
+    taken = users.claim()
+    trigger_r, trigger_w = os.pipe()
+    hopped_r, hopped_w = os.pipe()
+    hopper = subprocess.Popen(
+        ["perl", "-e", KILLING_HOPPER],
+        user=taken.uid,
+        group=taken.gid,
+        extra_groups=[],
+        stdin=trigger_r,
+        stdout=hopped_w,
+    )
+    os.close(trigger_r)
+    os.close(hopped_w)
+    try:
+        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        users.release(taken, workdir=workdir)
+        readable, _, _ = select.select([hopped_r], [], [], 10)
+        assert readable and os.read(hopped_r, 64) == b"", "a process of the uid outlived its release"
+        assert (users.lock_dir / str(taken.uid)).read_bytes() == GIVEN_BACK
+    finally:
+        kill_every_process_of_from_outside(taken.uid, other=first + 1)
+        hopper.wait()
+        os.close(trigger_w)
+        os.close(hopped_r)
+
+
+IN_NARROW_USERNS = """
+import ctypes, os, sys
+from services.agent import isolation
+assert ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0  # CLONE_NEWUSER, mapped by the test
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+sys.stdin.readline()
+print(isolation.run_killer(int(sys.argv[1]), shadow=isolation.shadow_uid(int(sys.argv[1]))), isolation.kill_as(int(sys.argv[1])))
+"""  # noqa: E501
+
+
+@root_only
+def test_where_the_shadow_uid_cannot_be_taken_the_kill_is_sent_as_the_uid_itself(tmp_path):
+    """A user namespace that maps no uid from 2**31 (the shadows): the killer says so, and the processes of the uid
+    are still killed, by a kill sent as the uid itself."""
+    uid = random.randrange(300_000, 900_000, 100)
+    sleeper = subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[])
+    inside = subprocess.Popen(
+        [sys.executable, "-c", IN_NARROW_USERNS, str(uid)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert inside.stdin is not None and inside.stdout is not None
+        assert inside.stdout.readline() == "ready\n"
+        for ids in ("uid_map", "gid_map"):
+            Path(f"/proc/{inside.pid}/{ids}").write_text(f"0 0 {2**31}\n")
+        inside.stdin.write("go\n")
+        inside.stdin.flush()
+        assert inside.stdout.readline().split() == [str(isolation.SHADOW_UNAVAILABLE), "True"]
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        inside.kill()
+        inside.wait()
+
+
+def test_task_uids_end_below_their_shadows_and_no_account_is_a_shadow(tmp_path, monkeypatch):
+    """A range reaching 2**31 would give a task the uid of another task's killer; a killer whose real uid is an
+    account's would kill that account's processes with the task's."""
+    from services.agent import app as agent_app
+
+    with pytest.raises(ValueError, match="at or below"):
+        TaskUsers(first_uid=2**31 - 10, count=10, lock_dir=Path("/nonexistent"))
+    settings = agent_app.AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=2**31 - 10, task_uid_count=10)
+    with pytest.raises(SystemExit, match="goes past uid"):
+        agent_app.task_uid_first(settings)
+    shadowed = settings.model_copy(update={"task_uid_first": 300_000})
+    monkeypatch.setattr(agent_app, "account_uids", lambda: {1000, isolation.shadow_uid(300_005)})
+    with pytest.raises(SystemExit, match="include uids of this host's accounts"):  # a host account's processes
+        agent_app.task_uid_first(shadowed)
+    monkeypatch.setattr(agent_app, "account_uids", lambda: {1000})
+    assert agent_app.task_uid_first(shadowed) == 300_000
+    assert isolation.shadow_uid(2**31 - 2) == 2**32 - 2  # the last one is still a uid ((uid_t)-1 is none)

@@ -6,6 +6,13 @@ from typing import Protocol
 
 from services.placement.policy import InstanceType
 
+REGISTER_PATIENCE_S = 120  # a provisioned node that has not registered this long after boot is given back
+
+
+def boot_allowance_s(instance: InstanceType) -> float:
+    """The longest placement waits for a node of this type to register once it is rented (then gives it back)."""
+    return instance.startup_delay_s + REGISTER_PATIENCE_S
+
 
 class Unavailable(Exception):
     """The cloud has no capacity (or quota) for this instance type now: placement should try another."""

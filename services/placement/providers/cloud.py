@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from services.placement.policy import InstanceType
-from services.placement.providers.base import node_entry
+from services.placement.providers.base import boot_allowance_s, node_entry
 from services.placement.providers.bootstrap import Bootstrap, Liveness, NodeBoot, agent_env
 from services.placement.providers.credentials import NodeCredentials
 
@@ -66,7 +66,8 @@ class NodeMaker:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         creds = None
         if self.credentials:
-            creds = (await self.credentials.issue(node_id, self.folder)).read_text()
+            issued = await self.credentials.issue(node_id, self.folder, boot_s=boot_allowance_s(instance))
+            creds = issued.read_text()
         ca = self.ca_text or (
             self.credentials.ca_file.read_text() if self.credentials and self.credentials.ca_file else None
         )

@@ -30,21 +30,23 @@ class NodeCredentials:
     ca_file: Path | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read-modify-write of the minter file at a time
 
-    async def issue(self, node_id: str, folder: Path) -> Path:
-        """Mint the node's agent credentials (0600 file) and create the consumer of its commands."""
+    async def issue(self, node_id: str, folder: Path, *, boot_s: float = 0.0) -> Path:
+        """Mint the node's agent credentials (0600 file) and create the consumer of its commands (`boot_s`: the
+        longest its agent may take to start, waited for before the consumer's expiry counts)."""
         if not NAME.match(node_id):
             raise ValueError(f"param[node_id] invalid: {node_id!r} cannot be a bus subject token")
         user, text = Minter.load(self.minter_file).mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
         write_secret(folder / f"{node_id}.user", user)
-        await self.create_consumer(node_id)
+        await self.create_consumer(node_id, boot_s=boot_s)
         return write_secret(folder / f"{node_id}.creds", text)
 
-    async def create_consumer(self, node_id: str) -> None:
+    async def create_consumer(self, node_id: str, *, boot_s: float = 0.0) -> None:
         """The node's command consumer, created through an identity minted for it alone: it may create that one
         consumer (with the node's filter) and expires within minutes. Placement's own bus credentials create no
         consumer: a consumer's config is in the request's body, where the server checks nothing (a push consumer
         could send any node's commands into placement's inbox); the config here is fixed by code, and the server
-        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S`."""
+        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S` (before its first read,
+        that and `boot_s`)."""
         identity = f"consumer-maker-{node_id}"
         _, text = Minter.load(self.minter_file).mint(
             name=identity,
@@ -67,7 +69,9 @@ class NodeCredentials:
                 "behind the bus servers' by that much mints it already expired; check both clocks (NTP)"
             ) from exc
         try:
-            await client.jetstream(timeout=10).add_consumer(NODE_COMMANDS.name, config=rented_consumer_config(node_id))
+            await client.jetstream(timeout=10).add_consumer(
+                NODE_COMMANDS.name, config=rented_consumer_config(node_id, boot_s=boot_s)
+            )
         finally:
             await client.close()
 

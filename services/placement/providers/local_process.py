@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from services.placement.policy import InstanceType
-from services.placement.providers.base import node_entry
+from services.placement.providers.base import REGISTER_PATIENCE_S, node_entry
 from services.placement.providers.credentials import NodeCredentials
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,9 @@ class LocalProcessProvider:
         cluster_file.write_text(node_entry(node_id, instance))
         env = {**self.env, "TRAINMASTER_USE_NVML": "false"}
         if self.credentials:
-            env["TRAINMASTER_NATS_CREDS"] = str(await self.credentials.issue(node_id, self.root))
+            # its boot is over (slept above): its agent starts now, registering within the patience
+            issued = await self.credentials.issue(node_id, self.root, boot_s=REGISTER_PATIENCE_S)
+            env["TRAINMASTER_NATS_CREDS"] = str(issued)
             if self.credentials.ca_file:
                 env["TRAINMASTER_NATS_CA_FILE"] = str(self.credentials.ca_file)
         logs = self.root / f"{node_id}.log"

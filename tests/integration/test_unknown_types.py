@@ -1,0 +1,123 @@
+"""A fixed-subject consumer's replica meets an event type its version does not know (a rolling deploy adding one):
+given back for the newer replica where a platform service publishes, dropped where an agent may publish."""
+
+import asyncio
+import json
+
+import pytest
+
+from shared import unknowntypes
+from shared.bus import connect, make_broker
+from shared.bustopology import CONSUMERS, bound
+from shared.events import NodeEvent
+from services.placement.handlers import JOBS as PLACEMENT_JOBS
+from tests.factories import unique
+from tests.integration.servers import real_servers
+from tests.integration.test_consumer_filters import CLUSTER
+from tests.integration.test_output_origin import until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with real_servers(tmp_path_factory.mktemp("unknown"), cluster=CLUSTER) as stack:
+        yield stack
+
+
+def declared(role: str, consumer: str) -> dict:
+    return next(s for s in CONSUMERS[role] if s["durable"] == consumer)
+
+
+def envelope(kind: str) -> dict:
+    """A newer version's event: the envelope every event has, of a type this version does not know."""
+    return {"type": kind, "event_id": unique(kind), "occurred_at": "2026-11-27T10:00:00Z", "node_id": "n1"}
+
+
+async def read_in_turn(server, *, role: str, subscription: dict, subject: str, payload: dict) -> list[dict]:
+    """Publish `payload` on `subject`; a replica of this version reads the consumer until the server delivered it,
+    then one of a newer version (a decoder that takes any payload) reads it: what the newer one was delivered."""
+    consumer = subscription["durable"]
+    operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
+    await connect(operator)
+    js = operator.config.connection_state.stream
+    stream = subscription["stream"].name
+    await js.purge_stream(stream)  # what earlier tests left held (an ordered consumer would wait behind it)
+    await js.publish(subject, json.dumps(payload).encode(), headers={"Nats-Msg-Id": payload["event_id"]})
+    last = (await js.stream_info(stream)).state.last_seq
+    old = make_broker(server.nats_url, name=role, creds=server.identities.creds(role))
+
+    @old.subscriber(**subscription)
+    async def on_old(event: NodeEvent) -> None:
+        pass
+
+    await connect(old)
+    await bound(old, patience_s=5)
+    await old.start()
+
+    async def delivered_to_old() -> bool:
+        return (await js.consumer_info(stream, consumer)).delivered.stream_seq >= last
+
+    assert await until(delivered_to_old)
+    await asyncio.sleep(0.3)  # its decision (ack, term or nak) reaches the server
+    await old.stop()
+    new = make_broker(server.nats_url, name=role, creds=server.identities.creds(role))
+    seen: list[dict] = []
+
+    @new.subscriber(**{**subscription, "decoder": None})
+    async def on_new(event: dict) -> None:
+        seen.append(event)
+
+    await connect(new)
+    await new.start()
+
+    async def given_to_new() -> bool:
+        return any(e.get("event_id") == payload["event_id"] for e in seen)
+
+    await until(given_to_new, tries=40)
+    await new.stop()
+    await operator.stop()
+    return [e for e in seen if e.get("event_id") == payload["event_id"]]
+
+
+@pytest.mark.parametrize(
+    ("role", "subscription", "subject"),
+    [
+        ("monitor", declared("monitor", "monitor-nodes"), "tm.node.evt.drained"),
+        ("billing", declared("billing", "billing-fleet"), "tm.node.evt.drained"),
+        ("submitter", declared("submitter", "submitter-status"), "tm.job.status"),
+        ("placement", PLACEMENT_JOBS.subscription, "tm.job.status"),
+    ],
+    ids=["unordered", "ordered", "submitter", "keyed"],
+)
+async def test_a_replica_of_the_version_before_gives_back_a_platform_event_of_a_type_it_does_not_know(
+    server, role, subscription, subject
+):
+    """It used to acknowledge it as no event of its own (rejected): the newer replica never saw it."""
+    payload = envelope(unique("NodeDrained"))
+    got = await read_in_turn(server, role=role, subscription=subscription, subject=subject, payload=payload)
+    assert [e["type"] for e in got] == [payload["type"]]
+
+
+async def test_an_unknown_type_on_a_nodes_own_subject_is_dropped_not_held(server):
+    """What an agent may publish: its garbage never holds a consumer back (agents come after their readers)."""
+    payload = envelope(unique("NodeDrained"))
+    got = await read_in_turn(
+        server,
+        role="monitor",
+        subscription=declared("monitor", "monitor-nodes"),
+        subject="tm.node.evt.n1.interrupted",
+        payload=payload,
+    )
+    assert got == []
+
+
+async def test_an_unknown_type_no_newer_replica_took_in_time_is_dropped(server, monkeypatch):
+    """The bound on what a platform service's unknown type may hold back: its age by the server's clock."""
+    monkeypatch.setattr(unknowntypes, "UNKNOWN_TYPE_PATIENCE_S", 0.0)
+    payload = envelope(unique("NodeDrained"))
+    subscription = declared("billing", "billing-fleet")  # in order: one held would hold back all after it
+    got = await read_in_turn(
+        server, role="billing", subscription=subscription, subject="tm.node.evt.drained", payload=payload
+    )
+    assert got == []
