@@ -2,11 +2,13 @@
 
 Everything lives under `<data dir>/bus` (0700, files 0600): `keys.json` (operator, system and application
 account seeds; only this process reads it), `creds/<identity>.creds` (one per service, agent and the admin),
-`placement/minter.json` (what placement needs to mint and revoke rented nodes' users, and its revocations).
+`minter/minter.json` (what the minter process needs to mint and revoke rented nodes' users, and its revocations;
+an older data dir's `placement/minter.json` is moved there at start: placement holds no signing key any more).
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -38,6 +40,8 @@ def permissions_of(identity: str) -> Permissions:
     """admin, a service's name, or agent-<node id>."""
     if identity == "admin":
         return busroles.admin()
+    if identity == busroles.MINTER:
+        return busroles.minter()
     if identity in busroles.SERVICES:
         return busroles.service(identity)
     if identity.startswith("agent-"):
@@ -51,6 +55,11 @@ class Identities:
 
     @property
     def minter_file(self) -> Path:
+        return self.root / "minter" / "minter.json"
+
+    @property
+    def placement_minter_file(self) -> Path:
+        """Where placement kept the signing keys before the minter process held them (moved at start)."""
         return self.root / "placement" / "minter.json"
 
     def keys(self) -> dict[str, str]:
@@ -63,9 +72,16 @@ class Identities:
         return seeds
 
     def minter(self) -> Minter:
-        """Placement's minter, revocations included (made on first use)."""
-        if self.minter_file.exists():
-            return Minter.load(self.minter_file)
+        """The minter process's keys and state, revocations included (made on first use, or moved from where
+        placement kept them: its copy is deleted)."""
+        if not self.minter_file.exists():
+            write_secret(self.minter_file, (self.moved_minter() or self.new_minter()).to_json())
+            self.placement_minter_file.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.placement_minter_file.parent.rmdir()
+        return Minter.load(self.minter_file)
+
+    def new_minter(self) -> Minter:
         keys = self.keys()
         _, updater = mint_user(
             name="account-updater",
@@ -73,14 +89,23 @@ class Identities:
             signer_seed=keys["system"],
             permissions=busroles.account_updater(public_key(keys["account"])),
         )
-        minter = Minter(
+        return Minter(
             account=public_key(keys["account"]),
             account_signer_seed=keys["account_signer"],
             operator_signer_seed=keys["operator_signer"],
             account_name=APP_ACCOUNT,
             system_creds=updater,
         )
-        write_secret(self.minter_file, minter.to_json())
+
+    def moved_minter(self) -> Minter | None:
+        """Placement's old minter file, with the users it minted for rented nodes still live (their `.user` files
+        in the data dir), so that their release still revokes them."""
+        if not self.placement_minter_file.exists():
+            return None
+        minter = Minter.load(self.placement_minter_file)
+        for folder in ("provisioned", "rented"):
+            for user_file in sorted((self.root.parent / folder).glob("*.user")):
+                minter.minted.setdefault(user_file.stem, []).append(user_file.read_text().strip())
         return minter
 
     def creds(self, identity: str) -> Path:
@@ -89,8 +114,13 @@ class Identities:
         seed_file = self.root / "users" / f"{identity}.seed"
         if not seed_file.exists():
             write_secret(seed_file, new_seed("user"))
-        _, text = self.minter().mint(
-            name=identity, permissions=permissions_of(identity), seed=seed_file.read_text().strip()
+        keys = self.keys()
+        _, text = mint_user(
+            name=identity,
+            account=public_key(keys["account"]),
+            signer_seed=keys["account_signer"],
+            permissions=permissions_of(identity),
+            seed=seed_file.read_text().strip(),
         )
         return write_secret(self.root / "creds" / f"{identity}.creds", text)
 
@@ -212,7 +242,7 @@ def main() -> None:
 
 def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:
     """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block."""
-    for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
+    for identity in ("admin", busroles.MINTER, *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)
         folder = path.parent / identity
         folder.mkdir(mode=0o700, exist_ok=True)  # one folder per container to mount

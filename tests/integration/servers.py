@@ -1,10 +1,12 @@
 """The real servers an integration test talks to: NATS with trainmaster's streams and identities, and the embedded
 database when asked, from a cluster file of the test's own."""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+from shared.busroles import MINTER
+from services.minter.app import MinterProcess, MinterSettings
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 
@@ -30,3 +32,22 @@ def real_servers(data: Path, *, cluster: str, database: bool = False) -> Iterato
         yield stack
     finally:
         stack.stop_all()
+
+
+@asynccontextmanager
+async def running_minter(stack: Stack) -> AsyncIterator[MinterProcess]:
+    """The minter as `make run` starts it (its own credentials, the stack's minter file), in this test's loop."""
+    stack.identities.minter()
+    minter = MinterProcess(
+        MinterSettings(
+            nats_url=stack.nats_url,
+            nats_creds=stack.identities.creds(MINTER),
+            minter_file=stack.identities.minter_file,
+            cluster_file=stack.settings.cluster_file,
+        )
+    )
+    client = await minter.start()
+    try:
+        yield minter
+    finally:
+        await client.close()
