@@ -18,8 +18,15 @@ from shared import busroles
 from shared.bus import servers
 from shared.buscreds import Minter, write_secret
 from shared.cluster import read_cluster
-from shared.minting import MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE, MintAgent, MintConsumerMaker, MinterAnswer
-from shared.minting import RevokeNode
+from shared.minting import (
+    MINT_AGENT,
+    MINT_CONSUMER_MAKER,
+    REVOKE_NODE,
+    MintAgent,
+    MintConsumerMaker,
+    MinterAnswer,
+    RevokeNode,
+)
 from shared.service import configure_logging
 from shared.settings import CommonSettings
 from services.minter.rules import Refused, mint_agent, mint_consumer_maker, revoke_node
@@ -49,21 +56,28 @@ class MinterProcess:
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if subject == MINT_AGENT:
-                user, creds = mint_agent(minter, MintAgent.model_validate_json(data), static=self.static)
-                write_secret(self.settings.minter_file, minter.to_json())
-                return MinterAnswer(creds=creds, user=user)
+                return self.agent(minter, MintAgent.model_validate_json(data))
             if subject == MINT_CONSUMER_MAKER:
-                request = MintConsumerMaker.model_validate_json(data)
-                user, creds = mint_consumer_maker(minter, request, static=self.static, now=time.time())
-                return MinterAnswer(creds=creds, user=user)
+                return self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
             if subject == REVOKE_NODE:
-                request = RevokeNode.model_validate_json(data)
-                account = revoke_node(minter, request)
-                write_secret(self.settings.minter_file, minter.to_json())  # first: a restarted server is given it
-                await self.push(minter, account)
-                log.info("revoked the bus identities of %s", request.node_id)
-                return MinterAnswer()
+                return await self.revoke(minter, RevokeNode.model_validate_json(data))
         raise Refused(f"no such request: {subject}")
+
+    def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
+        user, creds = mint_agent(minter, request, static=self.static)
+        write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
+        return MinterAnswer(creds=creds, user=user)
+
+    def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:
+        user, creds = mint_consumer_maker(minter, request, static=self.static, now=time.time())
+        return MinterAnswer(creds=creds, user=user)
+
+    async def revoke(self, minter: Minter, request: RevokeNode) -> MinterAnswer:
+        account = revoke_node(minter, request)
+        write_secret(self.settings.minter_file, minter.to_json())  # first: a restarted server is configured with it
+        await self.push(minter, account)
+        log.info("revoked the bus identities of %s", request.node_id)
+        return MinterAnswer()
 
     async def push(self, minter: Minter, account: str) -> None:
         """The re-issued account to the server, which then closes the revoked users' connections."""
@@ -76,7 +90,8 @@ class MinterProcess:
             max_reconnect_attempts=3,
         )
         try:
-            reply = await client.request(f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(), timeout=5)
+            subject = f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE"
+            reply = await client.request(subject, account.encode(), timeout=5)
         finally:
             await client.close()
         if b'"error"' in reply.data:

@@ -13,11 +13,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.busroles import MINTER
 from shared.children import dies_with_parent
 from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
 from services.agent.resources import agent_node_ids
-from shared.busroles import MINTER
 from services.stack.identities import Identities, prepare_bus
 from services.stack.migrate import split_single_database
 from services.stack.settings import StackSettings

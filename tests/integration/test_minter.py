@@ -57,9 +57,9 @@ async def test_nothing_placement_holds_signs_a_user_that_reads_every_nodes_comma
             wide = await Client().open(server, path)
         except NatsError:
             continue  # refused: not a key the account trusts
-        seen = []
+        seen: list[bytes] = []
 
-        async def record(msg) -> None:
+        async def record(msg, seen=seen) -> None:
             seen.append(msg.data)
 
         await wide.nc.subscribe("tm.node.cmd.>", cb=record)
@@ -106,7 +106,8 @@ async def test_a_minted_agent_speaks_only_for_its_own_node(server, tmp_path):
 
 async def test_no_identity_but_placement_may_ask_the_minter(server):
     async with running_minter(server):
-        for identity, creds in (("agent-n1", agent_creds(server, "n1")), ("monitor", server.identities.creds("monitor"))):
+        others = (("agent-n1", agent_creds(server, "n1")), ("monitor", server.identities.creds("monitor")))
+        for identity, creds in others:
             client = await Client().open(server, creds, inbox=busroles.inbox(identity))
             with pytest.raises((NatsError, asyncio.TimeoutError)):
                 await client.nc.request(MINT_AGENT, b'{"node_id": "od-stolen"}', timeout=1)
