@@ -1,8 +1,10 @@
 """The minter's grants as pure decisions, and an older data dir's placement minter moved to it."""
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from shared import busroles
 from shared.buscreds import Minter, decode_claims, new_seed, public_key, write_secret
@@ -90,3 +92,21 @@ def test_the_stack_starts_the_minter_again_when_it_exits(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(stack, "start_minter", lambda: started.append(busroles.MINTER))
     assert stack.restart(busroles.MINTER) and started == [busroles.MINTER]
+
+
+def bus_folders(service: dict) -> list[str]:
+    """The folders of the `bus` volume (keys, creds, the minter's file) a compose service mounts."""
+    mounts = [m for m in service.get("volumes", ()) if isinstance(m, dict) and m.get("source") == "bus"]
+    return [m["volume"]["subpath"] for m in mounts]
+
+
+def test_under_compose_only_the_minter_mounts_its_keys_and_placement_only_its_own_creds():
+    """Placement's containers mounted `placement/` of the bus volume: the account's and the operator's signing keys."""
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text())["services"]
+    assert bus_folders(compose["placement"]) == ["creds/placement"]
+    assert compose["placement"]["environment"]["TRAINMASTER_NATS_MINTER"] == "true"
+    assert bus_folders(compose[busroles.MINTER]) == ["creds/minter", "minter"]
+    holders = [
+        name for name, service in compose.items() if "minter" in bus_folders(service) or "bus:/bus" in str(service)
+    ]
+    assert holders == ["bus-keys", busroles.MINTER]
