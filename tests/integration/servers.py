@@ -1,11 +1,17 @@
 """The real servers an integration test talks to: NATS with trainmaster's streams and identities, and the embedded
 database when asked, from a cluster file of the test's own."""
 
+import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+import nats
+from nats.errors import NoRespondersError
+
 from shared.busroles import MINTER
+from shared.minting import MINT_AGENT
 from services.minter.app import MinterProcess, MinterSettings
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
@@ -48,6 +54,27 @@ async def running_minter(stack: Stack) -> AsyncIterator[MinterProcess]:
     )
     client = await minter.start()
     try:
+        await answering(stack)
         yield minter
     finally:
         await client.close()
+
+
+async def answering(stack: Stack, *, patience_s: float = 5.0) -> None:
+    """Once the minter answers (a request it refuses, so nothing changes): the server may tell a request sent right
+    after the minter subscribed that no one listens."""
+    operator = await nats.connect(
+        stack.nats_url, user_credentials=str(stack.admin_creds()), inbox_prefix="_INBOX_admin"
+    )
+    deadline = time.monotonic() + patience_s
+    try:
+        while True:
+            try:
+                await operator.request(MINT_AGENT, b"{}", timeout=patience_s)
+                return
+            except NoRespondersError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+    finally:
+        await operator.close()

@@ -128,3 +128,30 @@ async def test_placement_cannot_have_a_static_nodes_or_a_services_identity_revok
     await again.close()
     await agent.nc.close()
     await placement.nc.close()
+
+
+async def test_a_request_whose_answer_would_go_elsewhere_than_an_inbox_mints_nothing(server):
+    """The answer carries an identity's seed: a request naming a platform subject (or another identity's inbox) as
+    its reply subject is dropped before anything is minted."""
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    aimed, honest = unique("od"), unique("od")
+    async with running_minter(server):
+        for reply in ("tm.job.status", f"{busroles.inbox('agent-n1')}.x"):
+            await placement.nc.publish(MINT_AGENT, json.dumps({"node_id": aimed}).encode(), reply=reply)
+        assert (await ask(placement, MINT_AGENT, {"node_id": honest})).creds  # answered after the two before it
+    minted = server.identities.minter().minted
+    assert honest in minted and aimed not in minted
+    await placement.nc.close()
+
+
+async def test_placement_waits_for_a_minter_that_is_not_listening_yet(server, tmp_path):
+    """A minter starting (or started again by the stack) is asked again, not a failed rental."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    node_id = unique("od")
+    issuing = asyncio.create_task(credentials.issue(node_id, tmp_path))
+    await asyncio.sleep(0.5)  # its first requests find no one
+    assert not issuing.done()
+    async with running_minter(server):
+        creds = await issuing
+        assert decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["name"] == f"agent-{node_id}"
+        await credentials.revoke(node_id, tmp_path)

@@ -2,15 +2,17 @@
 key that signs users or the account) and handed to its agent; they are revoked on the server when the node is
 released."""
 
+import asyncio
 import logging
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 from nats.aio.client import RawCredentials
-from nats.errors import Error as NatsError
+from nats.errors import Error as NatsError, NoRespondersError
 
 from shared import busroles
 from shared.bus import NODE_COMMANDS, rented_consumer_config, servers
@@ -29,6 +31,7 @@ from shared.minting import (
 
 log = logging.getLogger(__name__)
 MINTER_TIMEOUT_S = 10.0
+MINTER_PATIENCE_S = 15.0  # the stack starts a minter that exited again within seconds
 
 
 @dataclass
@@ -41,10 +44,19 @@ class NodeCredentials:
     ca_file: Path | None = None
 
     async def ask(self, subject: str, request: ForNode) -> MinterAnswer:
-        """The minter's answer; its refusal raises."""
+        """The minter's answer; its refusal raises. A minter not listening (starting, or started again by its
+        supervisor) is asked again for `MINTER_PATIENCE_S`."""
         client = await self.connect(self.creds.read_text(), inbox=busroles.inbox("placement"))
+        deadline = time.monotonic() + MINTER_PATIENCE_S
         try:
-            reply = await client.request(subject, request.model_dump_json().encode(), timeout=MINTER_TIMEOUT_S)
+            while True:
+                try:
+                    reply = await client.request(subject, request.model_dump_json().encode(), timeout=MINTER_TIMEOUT_S)
+                    break
+                except NoRespondersError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
         finally:
             await client.close()
         answer = MinterAnswer.model_validate_json(reply.data)
