@@ -52,6 +52,9 @@ def permissions_of(identity: str) -> Permissions:
 @dataclass
 class Identities:
     root: Path  # <data dir>/bus
+    # the stack runs its own NATS (configured from these keys at every start): the signing keys placement held
+    # before the minter did are replaced when its file is moved; an external server keeps them (see docs)
+    retire_moved_keys: bool = False
 
     @property
     def minter_file(self) -> Path:
@@ -64,6 +67,10 @@ class Identities:
 
     def keys(self) -> dict[str, str]:
         """The operator's and accounts' seeds, made on first use and kept (a restarted server trusts the same)."""
+        self.move_placement_minter()
+        return self.stored_keys()
+
+    def stored_keys(self) -> dict[str, str]:
         path = self.root / "keys.json"
         if path.exists():
             return json.loads(path.read_text())
@@ -72,17 +79,41 @@ class Identities:
         return seeds
 
     def minter(self) -> Minter:
-        """The minter process's keys and state, revocations included (made on first use, or moved from where
-        placement kept them: its copy is deleted)."""
+        """The minter process's keys and state, revocations included (made on first use)."""
+        self.move_placement_minter()
         if not self.minter_file.exists():
-            write_secret(self.minter_file, (self.moved_minter() or self.new_minter()).to_json())
-            self.placement_minter_file.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self.placement_minter_file.parent.rmdir()
+            write_secret(self.minter_file, self.new_minter().to_json())
         return Minter.load(self.minter_file)
 
+    def move_placement_minter(self) -> None:
+        """Placement's old minter file, to the minter: with the users it minted for rented nodes still live (their
+        `.user` files in the data dir), so that their release still revokes them, and (`retire_moved_keys`) new
+        account and operator signing keys, the account re-issued newer: what placement held signs nothing any
+        more. Placement's copy is deleted."""
+        old = self.placement_minter_file
+        if not old.exists():
+            return
+        if not self.minter_file.exists():
+            minter = Minter.load(old)
+            for node_id, user in rented_users(self.root.parent):
+                if user not in minter.minted.setdefault(node_id, []):
+                    minter.minted[node_id].append(user)
+            if self.retire_moved_keys:
+                minter.account_signer_seed, minter.operator_signer_seed = new_seed("account"), new_seed("operator")
+                keys = {
+                    **self.stored_keys(),
+                    "account_signer": minter.account_signer_seed,
+                    "operator_signer": minter.operator_signer_seed,
+                }
+                write_secret(self.root / "keys.json", json.dumps(keys, indent=1))
+                minter.issued_at = max(int(time.time()), minter.issued_at + 1)
+            write_secret(self.minter_file, minter.to_json())
+        old.unlink()
+        with contextlib.suppress(OSError):
+            old.parent.rmdir()
+
     def new_minter(self) -> Minter:
-        keys = self.keys()
+        keys = self.stored_keys()
         _, updater = mint_user(
             name="account-updater",
             account=public_key(keys["system"]),
@@ -96,17 +127,6 @@ class Identities:
             account_name=APP_ACCOUNT,
             system_creds=updater,
         )
-
-    def moved_minter(self) -> Minter | None:
-        """Placement's old minter file, with the users it minted for rented nodes still live (their `.user` files
-        in the data dir), so that their release still revokes them."""
-        if not self.placement_minter_file.exists():
-            return None
-        minter = Minter.load(self.placement_minter_file)
-        for folder in ("provisioned", "rented"):
-            for user_file in sorted((self.root.parent / folder).glob("*.user")):
-                minter.minted.setdefault(user_file.stem, []).append(user_file.read_text().strip())
-        return minter
 
     def creds(self, identity: str) -> Path:
         """A fresh `.creds` file for one process (re-minted at every start, so it carries today's permissions;
@@ -143,6 +163,13 @@ class Identities:
             f'resolver: {{\n  type: full\n  dir: "{resolver_dir}"\n  allow_delete: false\n  interval: "2m"\n}}\n'
             f"resolver_preload: {{\n{preload}}}\n"
         )
+
+
+def rented_users(data_dir: Path) -> list[tuple[str, str]]:
+    """(node id, user public key) of each rented node whose identity placement minted and has not revoked yet (the
+    `.user` files of the local-process and the cloud providers)."""
+    files = [f for folder in ("provisioned", "rented") for f in sorted((data_dir / folder).glob("*.user"))]
+    return [(f.stem, f.read_text().strip()) for f in files]
 
 
 async def prepare_bus(

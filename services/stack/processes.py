@@ -118,7 +118,7 @@ class Stack:
 
     @property
     def identities(self) -> Identities:
-        return Identities(self.data_dir / "bus")
+        return Identities(self.data_dir / "bus", retire_moved_keys=not self.settings.nats_url)
 
     @property
     def api_url(self) -> str:

@@ -155,3 +155,59 @@ async def test_placement_waits_for_a_minter_that_is_not_listening_yet(server, tm
         creds = await issuing
         assert decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["name"] == f"agent-{node_id}"
         await credentials.revoke(node_id, tmp_path)
+
+
+@pytest.fixture
+def own_servers(tmp_path):
+    (tmp_path / "stack").mkdir()
+    with real_servers(tmp_path / "stack", cluster=CLUSTER) as stack:
+        yield stack
+
+
+async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_keys_it_never_held(own_servers, tmp_path):
+    """An older data dir: `bus/placement/minter.json` held the account's and the operator's signing keys. The stack
+    moves it to the minter and replaces both keys; what they signed (a user a compromised placement minted itself
+    before) is refused, the stream data and the rented nodes' revocation are kept."""
+    stack = own_servers
+    credentials = NodeCredentials(creds=stack.identities.creds("placement"), nats_url=stack.nats_url)
+    async with running_minter(stack):
+        rented = await credentials.issue("od-kept", tmp_path)
+    own = mint_user(
+        name="placements-own",
+        account=public_key(stack.identities.keys()["account"]),
+        signer_seed=stack.identities.minter().account_signer_seed,
+        permissions=busroles.admin(),
+    )[1]
+    (tmp_path / "own.creds").write_text(own)
+    command = await command_for(stack, "n1")
+    for name in stack.nats_servers:
+        stack.stop(name)
+    old = stack.identities.placement_minter_file  # the data dir as the version before this one left it
+    old.parent.mkdir(mode=0o700)
+    before = json.loads(stack.identities.minter_file.read_text())
+    before.pop("minted")  # no such field then
+    old.write_text(json.dumps(before))
+    stack.identities.minter_file.unlink()
+    stack.identities.minter_file.parent.rmdir()
+    (stack.data_dir / "provisioned").mkdir(mode=0o700)
+    (tmp_path / "od-kept.user").replace(stack.data_dir / "provisioned" / "od-kept.user")
+
+    stack.start_nats()
+    assert not old.exists() and stack.identities.minter().minted == {"od-kept": [public_key_of(rented)]}
+    for refused in (tmp_path / "own.creds", rented):
+        with pytest.raises(NatsError, match="Authorization Violation"):
+            await nats.connect(stack.nats_url, user_credentials=str(refused), allow_reconnect=False)
+    operator = await Client().open(stack, stack.admin_creds(), inbox=busroles.inbox(busroles.OPERATOR))
+    kept = await operator.nc.jetstream(timeout=5).get_last_msg("TM_NODE_CMD", "tm.node.cmd.n1.>")
+    assert command.job_id.encode() in kept.data
+    await operator.nc.close()
+    credentials = NodeCredentials(creds=stack.identities.creds("placement"), nats_url=stack.nats_url)  # as minted
+    async with running_minter(stack):  # at every start
+        fresh = await credentials.issue(unique("od"), tmp_path)
+        agent = await Client().open(stack, fresh)
+        await agent.nc.close()
+        await credentials.revoke("od-kept", stack.data_dir / "provisioned")  # pushed, with the new operator key
+
+
+def public_key_of(creds: Path) -> str:
+    return decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["sub"]

@@ -54,11 +54,16 @@ def test_a_revocation_revokes_what_was_minted_for_that_node_and_nothing_else():
     assert m.issued_at > issued and m.minted == {"od-2": [other]}
 
 
-def test_placements_old_minter_file_moves_to_the_minter_with_its_revocations_and_live_rented_users(tmp_path):
+@pytest.mark.parametrize("own_server", [False, True])
+def test_placements_old_minter_file_moves_to_the_minter_with_its_revocations_and_live_rented_users(
+    tmp_path, own_server
+):
     """Placement kept the account and operator signing keys (`bus/placement/minter.json`): moved at start, placement's
-    copy deleted; the users it minted for nodes still rented are revoked at their release."""
-    identities = Identities(tmp_path / "bus")
-    keys = identities.keys()
+    copy deleted; the users it minted for nodes still rented are revoked at their release. A stack that configures
+    its own server replaces both keys (the account re-issued newer); one whose server is configured elsewhere keeps
+    them (its server trusts them)."""
+    identities = Identities(tmp_path / "bus", retire_moved_keys=own_server)
+    keys = identities.stored_keys()
     old = Minter(
         account=public_key(keys["account"]),
         account_signer_seed=keys["account_signer"],
@@ -74,9 +79,14 @@ def test_placements_old_minter_file_moves_to_the_minter_with_its_revocations_and
     write_secret(tmp_path / "provisioned" / "od-1.user", live)
 
     moved = identities.minter()
-    assert (moved.revocations, moved.issued_at, moved.minted) == ({"UOLD": 7}, 9, {"od-1": [live]})
+    assert (moved.revocations, moved.minted) == ({"UOLD": 7}, {"od-1": [live]})
     assert not identities.placement_minter_file.exists() and identities.minter_file.stat().st_mode & 0o777 == 0o600
     assert "UOLD" in decode_claims(identities.minter().account_jwt())["nats"]["revocations"]
+    signers = (moved.account_signer_seed, moved.operator_signer_seed)
+    assert (signers == (keys["account_signer"], keys["operator_signer"])) is not own_server
+    assert (moved.issued_at > 9) is own_server
+    now = identities.keys()
+    assert (now["account_signer"], now["operator_signer"]) == signers and now["account"] == keys["account"]
 
 
 def test_make_run_gives_placement_no_key_and_the_minter_its_file(tmp_path):
