@@ -244,6 +244,12 @@ def main() -> None:
         help="prepare: delete every consumer the platform does not declare (a newer version's, an operator's)",
     )
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
+    parser.add_argument(
+        "--retire-placement-keys",
+        action="store_true",
+        help="write: replace the signing keys an older version gave placement (placement/minter.json) when moving "
+        "them to the minter; then restart every NATS server (it must load the new auth.conf before any process)",
+    )
     args = parser.parse_args()
     node_ids = agent_node_ids(args.cluster_file)
     if args.action == "prepare":
@@ -264,7 +270,8 @@ def main() -> None:
         return
     if args.dir is None:
         parser.error("write needs --dir")
-    write(Identities(args.dir), node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
+    identities = Identities(args.dir, retire_moved_keys=args.retire_placement_keys)
+    write(identities, node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
 
 
 def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:

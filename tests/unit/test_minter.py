@@ -1,6 +1,7 @@
 """The minter's grants as pure decisions, and an older data dir's placement minter moved to it."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from shared import busroles
 from shared.buscreds import Minter, decode_claims, new_seed, public_key, write_secret
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.rules import Refused, mint_agent, mint_consumer_maker, revoke_node
-from services.stack.identities import Identities
+from services.stack.identities import Identities, write
 from tests.unit.test_bus_roles import minter
 from tests.unit.test_stack_restart import stack_of
 
@@ -120,3 +121,19 @@ def test_under_compose_only_the_minter_mounts_its_keys_and_placement_only_its_ow
         name for name, service in compose.items() if "minter" in bus_folders(service) or "bus:/bus" in str(service)
     ]
     assert holders == ["bus-keys", busroles.MINTER]
+
+
+def test_compose_bus_keys_writes_the_minters_creds_and_can_retire_the_keys_placement_held(tmp_path):
+    identities = Identities(tmp_path / "bus", retire_moved_keys=True)
+    held = identities.stored_keys()["account_signer"]
+    old = identities.new_minter().__dict__
+    old.pop("minted")
+    write_secret(identities.placement_minter_file, json.dumps(old))
+
+    write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None)
+    assert (tmp_path / "bus" / "creds" / busroles.MINTER / "nats.creds").exists()
+    assert not identities.placement_minter_file.exists()
+    auth = (tmp_path / "bus" / "server" / "auth.conf").read_text()
+    account = next(t for t in re.findall(r'"(ey[^"]+)"', auth) if decode_claims(t)["sub"] == old["account"])
+    assert decode_claims(account)["nats"]["signing_keys"] == [public_key(identities.keys()["account_signer"])]
+    assert public_key(held) not in auth
