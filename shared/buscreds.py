@@ -2,8 +2,8 @@
 
 An operator signs two accounts: the application account (JetStream on; every trainmaster process is one of its
 users) and the system account (the server's own; only used to push account updates). Users are signed by the
-application account's signing key, so whoever holds that key (the stack; placement for rented nodes) can mint
-users without being able to change the account itself.
+application account's signing key, so whoever holds that key (the stack; the minter process for rented nodes) can
+mint users without being able to change the account itself.
 """
 
 import base64
@@ -183,9 +183,10 @@ def write_secret(path: Path, text: str) -> Path:
 
 @dataclass
 class Minter:
-    """What placement holds to give a rented node an identity and take it back: the application account's
-    signing key (users), the operator's signing key (the account, re-issued with its revocations) and a system
-    account user allowed only to push that account's update to the server."""
+    """What the minter process (`services.minter`) holds to give a rented node an identity and take it back: the
+    application account's signing key (users), the operator's signing key (the account, re-issued with its
+    revocations), a system account user allowed only to push that account's update to the server, and the public
+    keys it minted for each node (what a node's revocation revokes). Placement holds none of it."""
 
     account: str  # the application account's public key
     account_signer_seed: str
@@ -194,6 +195,7 @@ class Minter:
     system_creds: str
     revocations: dict[str, int] = field(default_factory=dict)
     issued_at: int = 0
+    minted: dict[str, list[str]] = field(default_factory=dict)  # node id -> user public keys not yet revoked
 
     def mint(
         self, *, name: str, permissions: Permissions, seed: str | None = None, expires_at: int | None = None
@@ -208,10 +210,10 @@ class Minter:
             expires_at=expires_at,
         )
 
-    def revoke(self, user_public_key: str) -> str:
-        """Record the revocation; returns the account JWT to push (its issue time strictly later than the last)."""
+    def revoke(self, *user_public_keys: str) -> str:
+        """Record the revocations; returns the account JWT to push (its issue time strictly later than the last)."""
         now = int(time.time())
-        self.revocations[user_public_key] = now
+        self.revocations.update(dict.fromkeys(user_public_keys, now))
         self.issued_at = max(now, self.issued_at + 1)
         return self.account_jwt()
 

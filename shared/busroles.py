@@ -5,7 +5,7 @@ as that role's own consumers (info, fetch, ack) and nothing else: no other consu
 DIRECT.GET. Nobody but the operator creates or changes a consumer or a stream (`shared.bustopology` declares them).
 """
 
-from shared import bus
+from shared import bus, minting
 from shared.buscreds import NAME, Permissions
 from shared.bustopology import CONSUMERS as DECLARED
 
@@ -44,6 +44,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
         bus.RPC_ADMIT,
         bus.RPC_PREDICT,
         bus.RPC_METRICS,  # a job's recorded GPU memory peak, when it ran out of GPU memory
+        *minting.SUBJECTS,  # a rented node's identities, asked of the minter: placement holds no signing key
     ),
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
     "monitor": (
@@ -161,6 +162,20 @@ def consumer_maker(node_id: str) -> Permissions:
         publish=(f"$JS.API.CONSUMER.CREATE.{bus.NODE_COMMANDS.name}.{consumer}.{subject}",),
         subscribe=(),
         inbox=inbox(f"consumer-maker-{node_id}"),
+        responses=False,
+    )
+
+
+MINTER = "minter"
+
+
+def minter() -> Permissions:
+    """The minter process: it answers placement's (and the operator's) requests for rented nodes' identities, into
+    their inboxes only."""
+    return Permissions(
+        publish=tuple(f"{inbox(r)}.>" for r in ("placement", OPERATOR)),
+        subscribe=minting.SUBJECTS,
+        inbox=inbox(MINTER),
         responses=False,
     )
 

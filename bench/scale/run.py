@@ -43,6 +43,7 @@ def start_stack(
     stack.start_nats()
     stack.start_database()
     stack.prepare_bus()
+    stack.start_minter()  # placement asks it for rented nodes' identities, as under `make run`
     for name in SERVICES:
         stack.start_service(name)
     wait_for_port(stack.settings.api_port, timeout_s=60)

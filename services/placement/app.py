@@ -45,10 +45,10 @@ class PlacementSettings(CommonSettings):
         "that name no `provider` (local-process, ec2 or kubernetes).",
     )
     reconcile_s: float = Field(60, gt=0, description="How often cloud instances are matched with node records.")
-    nats_minter: Path | None = Field(
-        None,
-        description="Mints and revokes rented nodes' bus credentials (`make run` "
-        "writes it); without it rented agents get none (a server without auth).",
+    nats_minter: bool = Field(
+        False,
+        description="Ask the minter (`make run` starts it) for rented nodes' bus credentials, "
+        "with this process's own; without it rented agents get none (a server without auth).",
     )
 
 
@@ -111,7 +111,7 @@ def make_provider(
         data_dir=settings.data_dir.resolve(),
         broker=broker,
         nats_url=settings.nats_url,
-        minter=settings.nats_minter,
+        minter=settings.nats_creds if settings.nats_minter else None,
         ca_file=settings.nats_ca_file,
         liveness=Liveness(heartbeat_interval_s=settings.heartbeat_interval_s, node_timeout_s=settings.node_timeout_s),
     )

@@ -2,11 +2,13 @@
 
 Everything lives under `<data dir>/bus` (0700, files 0600): `keys.json` (operator, system and application
 account seeds; only this process reads it), `creds/<identity>.creds` (one per service, agent and the admin),
-`placement/minter.json` (what placement needs to mint and revoke rented nodes' users, and its revocations).
+`minter/minter.json` (what the minter process needs to mint and revoke rented nodes' users, and its revocations;
+an older data dir's `placement/minter.json` is moved there at start: placement holds no signing key any more).
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -38,6 +40,8 @@ def permissions_of(identity: str) -> Permissions:
     """admin, a service's name, or agent-<node id>."""
     if identity == "admin":
         return busroles.admin()
+    if identity == busroles.MINTER:
+        return busroles.minter()
     if identity in busroles.SERVICES:
         return busroles.service(identity)
     if identity.startswith("agent-"):
@@ -48,13 +52,25 @@ def permissions_of(identity: str) -> Permissions:
 @dataclass
 class Identities:
     root: Path  # <data dir>/bus
+    # the stack runs its own NATS (configured from these keys at every start): the signing keys placement held
+    # before the minter did are replaced when its file is moved; an external server keeps them (see docs)
+    retire_moved_keys: bool = False
 
     @property
     def minter_file(self) -> Path:
+        return self.root / "minter" / "minter.json"
+
+    @property
+    def placement_minter_file(self) -> Path:
+        """Where placement kept the signing keys before the minter process held them (moved at start)."""
         return self.root / "placement" / "minter.json"
 
     def keys(self) -> dict[str, str]:
         """The operator's and accounts' seeds, made on first use and kept (a restarted server trusts the same)."""
+        self.move_placement_minter()
+        return self.stored_keys()
+
+    def stored_keys(self) -> dict[str, str]:
         path = self.root / "keys.json"
         if path.exists():
             return json.loads(path.read_text())
@@ -63,25 +79,54 @@ class Identities:
         return seeds
 
     def minter(self) -> Minter:
-        """Placement's minter, revocations included (made on first use)."""
-        if self.minter_file.exists():
-            return Minter.load(self.minter_file)
-        keys = self.keys()
+        """The minter process's keys and state, revocations included (made on first use)."""
+        self.move_placement_minter()
+        if not self.minter_file.exists():
+            write_secret(self.minter_file, self.new_minter().to_json())
+        return Minter.load(self.minter_file)
+
+    def move_placement_minter(self) -> None:
+        """Placement's old minter file, to the minter: with the users it minted for rented nodes still live (their
+        `.user` files in the data dir), so that their release still revokes them, and (`retire_moved_keys`) new
+        account and operator signing keys, the account re-issued newer: what placement held signs nothing any
+        more. Placement's copy is deleted."""
+        old = self.placement_minter_file
+        if not old.exists():
+            return
+        if not self.minter_file.exists():
+            minter = Minter.load(old)
+            for node_id, user in rented_users(self.root.parent):
+                if user not in minter.minted.setdefault(node_id, []):
+                    minter.minted[node_id].append(user)
+            if self.retire_moved_keys:
+                minter.account_signer_seed, minter.operator_signer_seed = new_seed("account"), new_seed("operator")
+                keys = {
+                    **self.stored_keys(),
+                    "account_signer": minter.account_signer_seed,
+                    "operator_signer": minter.operator_signer_seed,
+                }
+                write_secret(self.root / "keys.json", json.dumps(keys, indent=1))
+                minter.issued_at = max(int(time.time()), minter.issued_at + 1)
+            write_secret(self.minter_file, minter.to_json())
+        old.unlink()
+        with contextlib.suppress(OSError):
+            old.parent.rmdir()
+
+    def new_minter(self) -> Minter:
+        keys = self.stored_keys()
         _, updater = mint_user(
             name="account-updater",
             account=public_key(keys["system"]),
             signer_seed=keys["system"],
             permissions=busroles.account_updater(public_key(keys["account"])),
         )
-        minter = Minter(
+        return Minter(
             account=public_key(keys["account"]),
             account_signer_seed=keys["account_signer"],
             operator_signer_seed=keys["operator_signer"],
             account_name=APP_ACCOUNT,
             system_creds=updater,
         )
-        write_secret(self.minter_file, minter.to_json())
-        return minter
 
     def creds(self, identity: str) -> Path:
         """A fresh `.creds` file for one process (re-minted at every start, so it carries today's permissions;
@@ -89,8 +134,13 @@ class Identities:
         seed_file = self.root / "users" / f"{identity}.seed"
         if not seed_file.exists():
             write_secret(seed_file, new_seed("user"))
-        _, text = self.minter().mint(
-            name=identity, permissions=permissions_of(identity), seed=seed_file.read_text().strip()
+        keys = self.keys()
+        _, text = mint_user(
+            name=identity,
+            account=public_key(keys["account"]),
+            signer_seed=keys["account_signer"],
+            permissions=permissions_of(identity),
+            seed=seed_file.read_text().strip(),
         )
         return write_secret(self.root / "creds" / f"{identity}.creds", text)
 
@@ -113,6 +163,13 @@ class Identities:
             f'resolver: {{\n  type: full\n  dir: "{resolver_dir}"\n  allow_delete: false\n  interval: "2m"\n}}\n'
             f"resolver_preload: {{\n{preload}}}\n"
         )
+
+
+def rented_users(data_dir: Path) -> list[tuple[str, str]]:
+    """(node id, user public key) of each rented node whose identity placement minted and has not revoked yet (the
+    `.user` files of the local-process and the cloud providers)."""
+    files = [f for folder in ("provisioned", "rented") for f in sorted((data_dir / folder).glob("*.user"))]
+    return [(f.stem, f.read_text().strip()) for f in files]
 
 
 async def prepare_bus(
@@ -187,6 +244,12 @@ def main() -> None:
         help="prepare: delete every consumer the platform does not declare (a newer version's, an operator's)",
     )
     parser.add_argument("--resolver-dir", default="/data/accounts", help="where the server keeps account JWTs")
+    parser.add_argument(
+        "--retire-placement-keys",
+        action="store_true",
+        help="write: replace the signing keys an older version gave placement (placement/minter.json) when moving "
+        "them to the minter; then restart every NATS server (it must load the new auth.conf before any process)",
+    )
     args = parser.parse_args()
     node_ids = agent_node_ids(args.cluster_file)
     if args.action == "prepare":
@@ -207,12 +270,13 @@ def main() -> None:
         return
     if args.dir is None:
         parser.error("write needs --dir")
-    write(Identities(args.dir), node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
+    identities = Identities(args.dir, retire_moved_keys=args.retire_placement_keys)
+    write(identities, node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
 
 
 def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:
     """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block."""
-    for identity in ("admin", *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
+    for identity in ("admin", busroles.MINTER, *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)
         folder = path.parent / identity
         folder.mkdir(mode=0o700, exist_ok=True)  # one folder per container to mount

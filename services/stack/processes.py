@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.busroles import MINTER
 from shared.children import dies_with_parent
 from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
@@ -117,7 +118,7 @@ class Stack:
 
     @property
     def identities(self) -> Identities:
-        return Identities(self.data_dir / "bus")
+        return Identities(self.data_dir / "bus", retire_moved_keys=not self.settings.nats_url)
 
     @property
     def api_url(self) -> str:
@@ -150,12 +151,16 @@ class Stack:
         return {**env, **self.extra_env}
 
     def env_of(self, identity: str) -> dict[str, str]:
-        """A process's environment with its own bus credentials (placement also gets what mints rented nodes')."""
+        """A process's environment with its own bus credentials (the minter also gets its keys; placement, that it
+        may ask the minter for rented nodes' identities)."""
         env = {**self.env(), "TRAINMASTER_NATS_CREDS": str(self.identities.creds(identity))}
         if identity != "submitter":  # no process but the API holds the admin token
             env.pop("TRAINMASTER_ADMIN_TOKEN", None)
         if identity == "placement":
-            env["TRAINMASTER_NATS_MINTER"] = str(self.identities.minter_file)  # made with the first creds
+            env["TRAINMASTER_NATS_MINTER"] = "true"
+        if identity == MINTER:
+            self.identities.minter()  # made, or moved from placement's folder, on first use
+            env.update(HIDE_GPUS, TRAINMASTER_MINTER_FILE=str(self.identities.minter_file))
         if identity in SERVICES:  # the GPUs are the tasks': no platform service (nor what it spawns) may use one
             env.update(HIDE_GPUS, MONGO_URL=self.mongo_url_of(identity))  # its own database; an agent none
         return env
@@ -279,6 +284,11 @@ class Stack:
         """(service, replica) of every service process the stack runs."""
         return [(name, r) for name in SERVICES for r in range(1, self.settings.service_replicas + 1)]
 
+    def start_minter(self) -> None:
+        """The one process holding the keys that sign users and the account (placement asks it for rented
+        nodes' identities)."""
+        self._spawn(MINTER, [sys.executable, "-m", "services.minter"], env=self.env_of(MINTER))
+
     def start_agent(self, node_id: str) -> None:
         self._spawn(
             f"agent-{node_id}",
@@ -312,6 +322,7 @@ class Stack:
         self.start_nats()
         self.start_database()
         self.prepare_bus()
+        self.start_minter()
         for name, replica in self.service_processes():
             self.start_service(name, replica=replica)
         for node_id in self.node_ids():
@@ -420,6 +431,9 @@ class Stack:
                 return True
         if name in self.nats_servers:
             self.start_nats_server(name)
+            return True
+        if name == MINTER:
+            self.start_minter()
             return True
         if name.startswith("agent-") and name.removeprefix("agent-") in self.node_ids():
             self.start_agent(name.removeprefix("agent-"))

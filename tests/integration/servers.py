@@ -1,10 +1,18 @@
 """The real servers an integration test talks to: NATS with trainmaster's streams and identities, and the embedded
 database when asked, from a cluster file of the test's own."""
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
+import nats
+from nats.errors import NoRespondersError
+
+from shared.busroles import MINTER
+from shared.minting import MINT_AGENT
+from services.minter.app import MinterProcess, MinterSettings
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 
@@ -30,3 +38,43 @@ def real_servers(data: Path, *, cluster: str, database: bool = False) -> Iterato
         yield stack
     finally:
         stack.stop_all()
+
+
+@asynccontextmanager
+async def running_minter(stack: Stack) -> AsyncIterator[MinterProcess]:
+    """The minter as `make run` starts it (its own credentials, the stack's minter file), in this test's loop."""
+    stack.identities.minter()
+    minter = MinterProcess(
+        MinterSettings(
+            nats_url=stack.nats_url,
+            nats_creds=stack.identities.creds(MINTER),
+            minter_file=stack.identities.minter_file,
+            cluster_file=stack.settings.cluster_file,
+        )
+    )
+    client = await minter.start()
+    try:
+        await answering(stack)
+        yield minter
+    finally:
+        await client.close()
+
+
+async def answering(stack: Stack, *, patience_s: float = 5.0) -> None:
+    """Once the minter answers (a request it refuses, so nothing changes): the server may tell a request sent right
+    after the minter subscribed that no one listens."""
+    operator = await nats.connect(
+        stack.nats_url, user_credentials=str(stack.admin_creds()), inbox_prefix="_INBOX_admin"
+    )
+    deadline = time.monotonic() + patience_s
+    try:
+        while True:
+            try:
+                await operator.request(MINT_AGENT, b"{}", timeout=patience_s)
+                return
+            except NoRespondersError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+    finally:
+        await operator.close()

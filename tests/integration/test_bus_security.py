@@ -16,12 +16,13 @@ from shared import bus, busroles
 from shared.bus import agent_consumer_config, connect, durable, make_broker, publish
 from shared.buscreds import Minter, decode_claims
 from shared.events import StartTask, StopTask, TaskExited
-from services.placement.providers import NodeCredentials, credentials as credentials_module
-from services.placement.providers.credentials import CONSUMER_MAKER_TTL_S
+from shared.minting import CONSUMER_MAKER_TTL_S
+from services.minter import rules as minter_rules
+from services.placement.providers import NodeCredentials
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 from tests.factories import algorithm, exited, placed, spec, unique
-from tests.integration.servers import real_servers
+from tests.integration.servers import real_servers, running_minter
 
 pytestmark = pytest.mark.integration
 CLUSTER = """
@@ -271,11 +272,16 @@ async def test_an_event_on_a_subject_its_payload_does_not_imply_is_dropped(serve
     assert seen == [honest.job_id]
 
 
+def placements(server: Stack) -> NodeCredentials:
+    """What placement uses to ask the minter for rented nodes' identities: its own credentials."""
+    return NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+
+
 async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server, tmp_path):
-    server.identities.minter()
-    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    credentials = placements(server)
     node_id = unique("od")
-    creds = await credentials.issue(node_id, tmp_path)  # its consumer made by an identity minted for that alone
+    async with running_minter(server):
+        creds = await credentials.issue(node_id, tmp_path)  # its consumer made by an identity minted for that alone
     assert creds.stat().st_mode & 0o777 == 0o600
     agent = await Client().open(server, creds, inbox=busroles.inbox(f"agent-{node_id}"))
     await agent.nc.publish(f"tm.node.evt.{node_id}.heartbeat", b"{}")
@@ -285,7 +291,8 @@ async def test_a_rented_nodes_credentials_are_revoked_when_it_is_released(server
     copy = tmp_path / "kept.creds"
     copy.write_text(creds.read_text())  # what a node that does not want to leave would keep
 
-    await credentials.revoke(node_id, tmp_path)
+    async with running_minter(server):
+        await credentials.revoke(node_id, tmp_path)
     await asyncio.wait_for(agent.closed.wait(), timeout=5)  # the server cut the live connection
     with pytest.raises(NatsError, match="Authorization Violation"):
         await nats.connect(
@@ -315,10 +322,11 @@ async def test_the_identity_that_makes_a_rented_nodes_consumer_expires_and_so_do
         return user, creds
 
     monkeypatch.setattr(Minter, "mint", recording)
-    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    credentials = placements(server)
     node_id = unique("od")
     now = time.time()
-    await credentials.issue(node_id, tmp_path)
+    async with running_minter(server):
+        await credentials.issue(node_id, tmp_path)
     claims = {name: decode_claims(creds.split("USER JWT-----\n")[1].split("\n")[0]) for name, creds in minted}
     assert now < claims[f"consumer-maker-{node_id}"].get("exp", 0) <= now + CONSUMER_MAKER_TTL_S + 1
     assert "exp" not in claims[f"agent-{node_id}"]  # the node's own identity lasts until it is revoked
@@ -326,18 +334,19 @@ async def test_the_identity_that_makes_a_rented_nodes_consumer_expires_and_so_do
     info = await operator.nc.jetstream(timeout=2).consumer_info("TM_NODE_CMD", f"agent-{node_id}")
     await operator.nc.close()
     assert info.config.inactive_threshold == bus.RENTED_CONSUMER_INACTIVE_S
-    await credentials.revoke(node_id, tmp_path)
+    async with running_minter(server):
+        await credentials.revoke(node_id, tmp_path)
 
 
 async def test_a_consumer_maker_already_expired_on_arrival_is_an_error_that_names_the_clocks(
     server, tmp_path, monkeypatch
 ):
-    """A placement host whose clock is behind the bus servers' by more than the identity's life mints it expired:
+    """A minter host whose clock is behind the bus servers' by more than the identity's life mints it expired:
     the rental failed with an authorization error that said nothing of clocks."""
-    monkeypatch.setattr(credentials_module, "CONSUMER_MAKER_TTL_S", -30)  # as seen by a server 150 s ahead
-    credentials = NodeCredentials(minter_file=server.identities.minter_file, nats_url=server.nats_url)
+    monkeypatch.setattr(minter_rules, "CONSUMER_MAKER_TTL_S", -30)  # as seen by a server 150 s ahead
     with pytest.raises(RuntimeError, match="clock"):
-        await credentials.create_consumer(unique("od"))
+        async with running_minter(server):
+            await placements(server).create_consumer(unique("od"))
 
 
 async def test_the_agents_command_consumer_is_created_by_the_privileged_side(server):

@@ -1,44 +1,78 @@
-"""Each rented node gets bus credentials of its own, minted here (placement holds the application account's
-signing key) and handed to its agent; they are revoked on the server when the node is released."""
+"""Each rented node gets bus credentials of its own, minted by the minter (`services.minter`: placement holds no
+key that signs users or the account) and handed to its agent; they are revoked on the server when the node is
+released."""
 
 import asyncio
 import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 from nats.aio.client import RawCredentials
-from nats.errors import Error as NatsError
+from nats.errors import Error as NatsError, NoRespondersError
 
 from shared import busroles
 from shared.bus import NODE_COMMANDS, rented_consumer_config, servers
-from shared.buscreds import NAME, Minter, write_secret
+from shared.buscreds import NAME, write_secret
+from shared.minting import (
+    CONSUMER_MAKER_TTL_S,
+    MINT_AGENT,
+    MINT_CONSUMER_MAKER,
+    REVOKE_NODE,
+    ForNode,
+    MintAgent,
+    MintConsumerMaker,
+    MinterAnswer,
+    RevokeNode,
+)
 
 log = logging.getLogger(__name__)
-CONSUMER_MAKER_TTL_S = 120  # the identity that creates a node's command consumer is refused by the server after this
+MINTER_TIMEOUT_S = 10.0
+MINTER_PATIENCE_S = 15.0  # the stack starts a minter that exited again within seconds
 
 
 @dataclass
 class NodeCredentials:
-    """Bus identities of rented nodes: minted at provisioning, revoked on the server at release."""
+    """Bus identities of rented nodes: minted at provisioning, revoked on the server at release, both asked of the
+    minter with placement's own credentials."""
 
-    minter_file: Path  # the account signing key, the operator signing key and the revocations so far
+    creds: Path  # placement's own `.creds`: it may ask the minter, nothing more
     nats_url: str
     ca_file: Path | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one read-modify-write of the minter file at a time
+
+    async def ask(self, subject: str, request: ForNode) -> MinterAnswer:
+        """The minter's answer; its refusal raises. A minter not listening (starting, or started again by its
+        supervisor) is asked again for `MINTER_PATIENCE_S`."""
+        client = await self.connect(self.creds.read_text(), inbox=busroles.inbox("placement"))
+        deadline = time.monotonic() + MINTER_PATIENCE_S
+        try:
+            while True:
+                try:
+                    reply = await client.request(subject, request.model_dump_json().encode(), timeout=MINTER_TIMEOUT_S)
+                    break
+                except NoRespondersError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+        answer = MinterAnswer.model_validate_json(reply.data)
+        if answer.error:
+            raise RuntimeError(f"the minter refused {subject} for {request.node_id}: {answer.error}")
+        return answer
 
     async def issue(self, node_id: str, folder: Path, *, boot_s: float = 0.0) -> Path:
         """Mint the node's agent credentials (0600 file) and create the consumer of its commands (`boot_s`: the
         longest its agent may take to start, waited for before the consumer's expiry counts)."""
         if not NAME.match(node_id):
             raise ValueError(f"param[node_id] invalid: {node_id!r} cannot be a bus subject token")
-        user, text = Minter.load(self.minter_file).mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
-        write_secret(folder / f"{node_id}.user", user)
+        answer = await self.ask(MINT_AGENT, MintAgent(node_id=node_id))
+        write_secret(folder / f"{node_id}.user", answer.user)
         await self.create_consumer(node_id, boot_s=boot_s)
-        return write_secret(folder / f"{node_id}.creds", text)
+        return write_secret(folder / f"{node_id}.creds", answer.creds)
 
     async def create_consumer(self, node_id: str, *, boot_s: float = 0.0) -> None:
         """The node's command consumer, created through an identity minted for it alone: it may create that one
@@ -48,11 +82,7 @@ class NodeCredentials:
         deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S` (before its first read,
         that and `boot_s`)."""
         identity = f"consumer-maker-{node_id}"
-        _, text = Minter.load(self.minter_file).mint(
-            name=identity,
-            permissions=busroles.consumer_maker(node_id),
-            expires_at=int(time.time()) + CONSUMER_MAKER_TTL_S,
-        )
+        text = (await self.ask(MINT_CONSUMER_MAKER, MintConsumerMaker(node_id=node_id))).creds
         refusals: list[str] = []
 
         async def refused(exc: Exception) -> None:
@@ -65,7 +95,7 @@ class NodeCredentials:
                 raise
             raise RuntimeError(
                 f"the bus server refused the identity minted to make {node_id}'s command consumer ({refusals[-1]}): "
-                f"it expires {CONSUMER_MAKER_TTL_S} s after this host's clock, so a placement host whose clock is "
+                f"it expires {CONSUMER_MAKER_TTL_S} s after the minter's clock, so a minter host whose clock is "
                 "behind the bus servers' by that much mints it already expired; check both clocks (NTP)"
             ) from exc
         try:
@@ -92,24 +122,12 @@ class NodeCredentials:
         )
 
     async def revoke(self, node_id: str, folder: Path) -> None:
-        """Revoke the node's user: recorded first (a restarted server is configured with it), then pushed; a
-        failure raises, so the release is tried again and the node stays ours until its identity is gone."""
+        """Have the minter revoke the node's identities (recorded first, then pushed to the server); a failure
+        raises, so the release is tried again and the node stays ours until its identity is gone."""
         user_file = folder / f"{node_id}.user"
         if not user_file.exists():
             return
-        async with self.lock:
-            minter = Minter.load(self.minter_file)
-            account = minter.revoke(user_file.read_text().strip())
-            write_secret(self.minter_file, minter.to_json())
-        client = await self.connect(minter.system_creds, inbox=busroles.inbox("account-updater"))
-        try:
-            reply = await client.request(
-                f"$SYS.REQ.ACCOUNT.{minter.account}.CLAIMS.UPDATE", account.encode(), timeout=5
-            )
-            if b'"error"' in reply.data:
-                raise RuntimeError(f"the server refused the revocation of {node_id}: {reply.data[:300]!r}")
-        finally:
-            await client.close()
+        await self.ask(REVOKE_NODE, RevokeNode(node_id=node_id))
         user_file.unlink(missing_ok=True)
         (folder / f"{node_id}.creds").unlink(missing_ok=True)
         log.info("revoked the bus credentials of %s", node_id)

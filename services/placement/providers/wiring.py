@@ -33,12 +33,14 @@ def make_providers(
     ca_file: Path | None,
     liveness: Liveness | None = None,
 ) -> Providers:
+    """minter: placement's own `.creds`, with which it asks the minter for rented nodes' identities (None: they
+    get none)."""
     offers = offer_infos(list(entries))
     names = {o.provider for o in offers.values()} | {default}
     unknown = sorted(names - set(KNOWN))
     if unknown:
         raise SystemExit(f"unknown provider {', '.join(unknown)} (available: {', '.join(KNOWN)})")
-    credentials = NodeCredentials(minter_file=minter, nats_url=nats_url, ca_file=ca_file) if minter else None
+    credentials = NodeCredentials(creds=minter, nats_url=nats_url, ca_file=ca_file) if minter else None
     providers = Providers({}, offers)
     for name in sorted(names):
         if name == "local-process":

@@ -1,0 +1,213 @@
+"""A compromised placement against the real NATS server: what it is given mints no identity of its own choosing;
+the minter grants it only an agent for one rented node (and that node's consumer maker), and revokes nothing else."""
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import nats
+import pytest
+from nats.errors import Error as NatsError
+
+from shared import busroles
+from shared.buscreds import Permissions, decode_claims, mint_user, public_key
+from shared.minting import MINT_AGENT, REVOKE_NODE, MinterAnswer, RevokeNode
+from services.placement.providers import NodeCredentials
+from services.stack.processes import Stack
+from tests.factories import unique
+from tests.integration.servers import real_servers, running_minter
+from tests.integration.test_bus_security import CLUSTER, Client, agent_creds, as_agent, command_for
+
+pytestmark = pytest.mark.integration
+SEED = re.compile(r"\bS[OAU][A-Z2-7]{56}\b")  # an nkey seed of an operator, an account or a user
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with real_servers(tmp_path_factory.mktemp("minter"), cluster=CLUSTER) as stack:
+        yield stack
+
+
+def given_to(server: Stack, identity: str) -> set[str]:
+    """Every nkey seed in the files the stack's settings for a process name (what it holds)."""
+    env = server.env_of(identity)
+    files = [Path(v) for k, v in env.items() if k.startswith("TRAINMASTER_") and Path(v).is_file()]
+    return {seed for path in files for seed in SEED.findall(path.read_text())}
+
+
+async def ask(client: Client, subject: str, body: dict) -> MinterAnswer:
+    reply = await client.nc.request(subject, json.dumps(body).encode(), timeout=5)
+    return MinterAnswer.model_validate_json(reply.data)
+
+
+async def test_nothing_placement_holds_signs_a_user_that_reads_every_nodes_commands(server):
+    """Placement held the account's signing key (and the operator's): with it, a user allowed `>` read every node's
+    commands and their job secrets."""
+    account = public_key(server.identities.keys()["account"])
+    seeds = given_to(server, "placement")
+    assert seeds and all(seed.startswith("SU") for seed in seeds)  # its own user key: no operator's, no account's
+    for seed in seeds:
+        _, creds = mint_user(
+            name="wide", account=account, signer_seed=seed, permissions=Permissions(publish=(">",), subscribe=(">",))
+        )
+        path = server.data_dir / "wide.creds"
+        path.write_text(creds)
+        try:
+            wide = await Client().open(server, path)
+        except NatsError:
+            continue  # refused: not a key the account trusts
+        seen: list[bytes] = []
+
+        async def record(msg, seen=seen) -> None:
+            seen.append(msg.data)
+
+        await wide.nc.subscribe("tm.node.cmd.>", cb=record)
+        await wide.nc.flush()
+        command = await command_for(server, "n1")
+        await wide.settle()
+        await wide.nc.close()
+        assert not any(command.job_id.encode() in data for data in seen)
+
+
+async def test_the_minter_grants_no_static_node_no_wildcard_and_no_claims_of_the_requesters(server):
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    async with running_minter(server):
+        for body in (
+            {"node_id": "n1"},  # a node of the cluster file: its identity is the stack's
+            {"node_id": "*"},
+            {"node_id": ">"},
+            {"node_id": "od.*"},
+            {"node_id": unique("od"), "permissions": {"pub": {"allow": [">"]}}},
+        ):
+            answer = await ask(placement, MINT_AGENT, body)
+            assert answer.error and not answer.creds, body
+    await placement.nc.close()
+
+
+async def test_a_minted_agent_speaks_only_for_its_own_node(server, tmp_path):
+    node_id = unique("od")
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    async with running_minter(server):
+        creds = await credentials.issue(node_id, tmp_path)
+    claims = decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])
+    assert claims["nats"]["pub"]["allow"] == list(busroles.agent(node_id).publish)
+    agent = await Client().open(server, creds, inbox=busroles.inbox(f"agent-{node_id}"))
+    await agent.nc.publish(f"tm.node.evt.{node_id}.heartbeat", b"{}")
+    assert await agent.settle() == []
+    await agent.nc.publish("tm.node.evt.n1.heartbeat", b"{}")
+    await agent.nc.subscribe("tm.node.cmd.>")
+    errors = await agent.settle()
+    assert any("tm.node.evt.n1.heartbeat" in e for e in errors) and any("tm.node.cmd.>" in e for e in errors)
+    await agent.nc.close()
+    async with running_minter(server):
+        await credentials.revoke(node_id, tmp_path)
+
+
+async def test_no_identity_but_placement_may_ask_the_minter(server):
+    async with running_minter(server):
+        others = (("agent-n1", agent_creds(server, "n1")), ("monitor", server.identities.creds("monitor")))
+        for identity, creds in others:
+            client = await Client().open(server, creds, inbox=busroles.inbox(identity))
+            with pytest.raises((NatsError, asyncio.TimeoutError)):
+                await client.nc.request(MINT_AGENT, b'{"node_id": "od-stolen"}', timeout=1)
+            assert any(MINT_AGENT in e for e in await client.settle())
+            await client.nc.close()
+
+
+async def test_placement_cannot_have_a_static_nodes_or_a_services_identity_revoked(server):
+    """A revocation revokes what the minter minted for that node, and nothing else."""
+    agent = await as_agent(server, "n1")
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    async with running_minter(server):
+        for node_id in ("n1", "monitor", "placement"):
+            assert (await ask(placement, REVOKE_NODE, RevokeNode(node_id=node_id).model_dump())).error == ""
+    await agent.nc.flush(timeout=2)  # the account update is in force before the minter answers
+    assert not agent.closed.is_set() and await agent.settle() == []
+    again = await nats.connect(server.nats_url, user_credentials=str(server.identities.creds("placement")))
+    await again.close()
+    await agent.nc.close()
+    await placement.nc.close()
+
+
+async def test_a_request_whose_answer_would_go_elsewhere_than_an_inbox_mints_nothing(server):
+    """The answer carries an identity's seed: a request naming a platform subject (or another identity's inbox) as
+    its reply subject is dropped before anything is minted."""
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    aimed, honest = unique("od"), unique("od")
+    async with running_minter(server):
+        for reply in ("tm.job.status", f"{busroles.inbox('agent-n1')}.x"):
+            await placement.nc.publish(MINT_AGENT, json.dumps({"node_id": aimed}).encode(), reply=reply)
+        assert (await ask(placement, MINT_AGENT, {"node_id": honest})).creds  # answered after the two before it
+    minted = server.identities.minter().minted
+    assert honest in minted and aimed not in minted
+    await placement.nc.close()
+
+
+async def test_placement_waits_for_a_minter_that_is_not_listening_yet(server, tmp_path):
+    """A minter starting (or started again by the stack) is asked again, not a failed rental."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    node_id = unique("od")
+    issuing = asyncio.create_task(credentials.issue(node_id, tmp_path))
+    await asyncio.sleep(0.5)  # its first requests find no one
+    assert not issuing.done()
+    async with running_minter(server):
+        creds = await issuing
+        assert decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["name"] == f"agent-{node_id}"
+        await credentials.revoke(node_id, tmp_path)
+
+
+@pytest.fixture
+def own_servers(tmp_path):
+    (tmp_path / "stack").mkdir()
+    with real_servers(tmp_path / "stack", cluster=CLUSTER) as stack:
+        yield stack
+
+
+async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_keys_it_never_held(own_servers, tmp_path):
+    """An older data dir: `bus/placement/minter.json` held the account's and the operator's signing keys. The stack
+    moves it to the minter and replaces both keys; what they signed (a user a compromised placement minted itself
+    before) is refused, the stream data and the rented nodes' revocation are kept."""
+    stack = own_servers
+    credentials = NodeCredentials(creds=stack.identities.creds("placement"), nats_url=stack.nats_url)
+    async with running_minter(stack):
+        rented = await credentials.issue("od-kept", tmp_path)
+    own = mint_user(
+        name="placements-own",
+        account=public_key(stack.identities.keys()["account"]),
+        signer_seed=stack.identities.minter().account_signer_seed,
+        permissions=busroles.admin(),
+    )[1]
+    (tmp_path / "own.creds").write_text(own)
+    command = await command_for(stack, "n1")
+    for name in stack.nats_servers:
+        stack.stop(name)
+    old = stack.identities.placement_minter_file  # the data dir as the version before this one left it
+    old.parent.mkdir(mode=0o700)
+    before = json.loads(stack.identities.minter_file.read_text())
+    before.pop("minted")  # no such field then
+    old.write_text(json.dumps(before))
+    stack.identities.minter_file.unlink()
+    stack.identities.minter_file.parent.rmdir()
+    (stack.data_dir / "provisioned").mkdir(mode=0o700)
+    (tmp_path / "od-kept.user").replace(stack.data_dir / "provisioned" / "od-kept.user")
+
+    stack.start_nats()
+    assert not old.exists() and stack.identities.minter().minted == {"od-kept": [public_key_of(rented)]}
+    for refused in (tmp_path / "own.creds", rented):
+        with pytest.raises(NatsError, match="Authorization Violation"):
+            await nats.connect(stack.nats_url, user_credentials=str(refused), allow_reconnect=False)
+    operator = await Client().open(stack, stack.admin_creds(), inbox=busroles.inbox(busroles.OPERATOR))
+    kept = await operator.nc.jetstream(timeout=5).get_last_msg("TM_NODE_CMD", "tm.node.cmd.n1.>")
+    assert command.job_id.encode() in kept.data
+    await operator.nc.close()
+    credentials = NodeCredentials(creds=stack.identities.creds("placement"), nats_url=stack.nats_url)  # as minted
+    async with running_minter(stack):  # at every start
+        fresh = await credentials.issue(unique("od"), tmp_path)
+        agent = await Client().open(stack, fresh)
+        await agent.nc.close()
+        await credentials.revoke("od-kept", stack.data_dir / "provisioned")  # pushed, with the new operator key
+
+
+def public_key_of(creds: Path) -> str:
+    return decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["sub"]
