@@ -110,6 +110,7 @@ class TaskUsers:
 
 GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
 EVICT_WAIT_S = 5.0  # how long a uid's processes may take to die before its release counts as unverified
+KILLER_WAIT_S = 30.0  # how long the killer (a Python start: seconds on a loaded host) may take to send its kill
 PROCESS_FIELDS = ["uids", "status", "num_threads"]
 
 
@@ -162,7 +163,7 @@ def run_killer(uid: int, *, shadow: int) -> int:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            timeout=EVICT_WAIT_S,
+            timeout=KILLER_WAIT_S,
         )
     except subprocess.TimeoutExpired:
         return 1
