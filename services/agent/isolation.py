@@ -14,10 +14,12 @@ import fcntl
 import functools
 import logging
 import os
+import select
 import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,24 +155,59 @@ def shadow_uid(uid: int) -> int:
     return uid + SHADOW_OFFSET
 
 
+class Killers:
+    """The agent's killer (`killer.py --serve`): started once, it forks a child a kill, so a kill costs a fork of a
+    small one-threaded process, not a Python start (~15 ms of CPU, once or more for every task a node runs). One
+    kill at a time; a killer that died, or did not answer within `KILLER_WAIT_S`, is started again next time."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def run(self, uid: int, *, shadow: int) -> int:
+        """The kill's exit status (`killer.py`); 1 where it could not be sent."""
+        with self._lock:
+            for _ in range(2):  # a killer found dead is started again once
+                try:
+                    process = self._started()
+                    assert process.stdin is not None and process.stdout is not None
+                    process.stdin.write(f"{uid} {shadow}\n".encode())
+                    process.stdin.flush()
+                    ready, _, _ = select.select([process.stdout], [], [], KILLER_WAIT_S)
+                    line = process.stdout.readline() if ready else b""
+                    if line.strip().lstrip(b"-").isdigit():
+                        return int(line)
+                except OSError as exc:
+                    log.warning("could not kill the processes of task uid %d: %r", uid, exc)
+                self.stop()
+            return 1
+
+    def _started(self) -> "subprocess.Popen[bytes]":
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(KILLER), "--serve"],
+                env={},
+                cwd="/",
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+            )
+        return self._process
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+
+KILLERS = Killers()
+
+
 def run_killer(uid: int, *, shadow: int) -> int:
-    """The killer's exit status (`killer.py`), run as root with an empty environment; 1 where it could not run."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-S", str(KILLER), str(uid), str(shadow)],
-            env={},
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=KILLER_WAIT_S,
-        )
-    except subprocess.TimeoutExpired:
-        return 1
-    except OSError as exc:
-        log.warning("could not kill the processes of task uid %d: %r", uid, exc)
-        return 1
-    return done.returncode
+    """The kill's exit status (`killer.py`), sent by the agent's killer as root with an empty environment; 1 where
+    it could not be sent."""
+    return KILLERS.run(uid, shadow=shadow)
 
 
 @functools.cache

@@ -7,6 +7,11 @@ every process whose real or saved uid is the task's; its real and saved uid are 
 or process has, so no process of the task may signal it (a kill sent as the task's uid itself can be killed by a
 process of that uid before it is sent). Exit status: 0 sent, 1 not sent, 3 the shadow cannot be taken (an unmapped
 uid in a user namespace: the caller decides what to do instead), 2 misuse.
+
+`killer.py --serve` is the same, once a kill: it reads "<uid> <shadow uid>" lines on its standard input and, for
+each, forks a child that takes the uids and sends the kill, and writes the child's exit status as a line (a Python
+start costs ~15 ms of CPU, a fork of this one-threaded process well under one). It ends at the end of its input
+(the agent is gone).
 """
 
 import os
@@ -40,5 +45,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def serve() -> int:
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:  # the child alone changes its uids: this process stays root for the next kill
+            os._exit(main(line.split()))
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(f"{os.waitstatus_to_exitcode(status)}\n")
+        sys.stdout.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv[1:]))

@@ -468,3 +468,28 @@ def test_task_uids_end_below_their_shadows_and_no_account_is_a_shadow(tmp_path, 
     monkeypatch.setattr(agent_app, "account_uids", lambda: {1000})
     assert agent_app.task_uid_first(shadowed) == 300_000
     assert isolation.shadow_uid(2**31 - 2) == 2**32 - 2  # the last one is still a uid ((uid_t)-1 is none)
+
+
+@root_only
+def test_one_killer_started_once_kills_for_every_uid_and_a_dead_one_is_started_again():
+    """A kill is a fork of the agent's killer, not a Python start each (~15 ms of CPU for every task a node runs)."""
+    killers = isolation.Killers()
+    uids = [random.randrange(300_000, 900_000, 100) + i for i in range(2)]
+    sleepers = [subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[]) for uid in uids]
+    try:
+        assert killers.run(uids[0], shadow=isolation.shadow_uid(uids[0])) == 0
+        assert sleepers[0].wait(timeout=10) == -signal.SIGKILL and sleepers[1].poll() is None  # its uid's only
+        first = killers._process
+        assert first is not None
+        first.kill()  # died between kills: started again
+        first.wait()
+        assert killers.run(uids[1], shadow=isolation.shadow_uid(uids[1])) == 0
+        assert sleepers[1].wait(timeout=10) == -signal.SIGKILL
+        assert killers._process is not None and killers._process.poll() is None
+        assert killers._process.pid != first.pid
+        assert killers.run(uids[1], shadow=isolation.shadow_uid(uids[1])) == 0  # the same killer, again
+    finally:
+        killers.stop()
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
