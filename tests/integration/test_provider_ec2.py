@@ -327,7 +327,7 @@ async def test_a_spot_notice_snapshots_the_job_and_it_resumes_elsewhere(aws, ec2
     job = await submit(
         client,
         project,
-        command=counter(total=60, every=5, pause=0.1),
+        command=counter(total=60, every=5, pause=0.1, resumed_pause=0.01),
         gpu_count=1,
         priority="time",
         expected_duration_s=1800,
