@@ -183,6 +183,24 @@ async def test_a_watch_that_ignores_its_cancellation_is_reported_at_teardown(mon
         running.thread.join(timeout=30)
 
 
+def test_a_module_stack_stops_while_the_next_tests_run_and_the_session_waits_for_it(monkeypatch):
+    release, stopped = threading.Event(), []
+
+    class Stopping:
+        data_dir = Path("stack0")
+
+        def stop_all(self) -> None:
+            release.wait(30)
+            stopped.append("stack0")
+
+    monkeypatch.setattr(conftest, "STOPPING", [])
+    conftest.stop_later(Stopping())
+    assert stopped == []  # back at once: the stop goes on in its own thread
+    threading.Timer(0.1, release.set).start()
+    conftest.pytest_sessionfinish(None)
+    assert stopped == ["stack0"]
+
+
 def test_a_test_process_trains_on_one_thread():
     """Two workers share two cores: one thread each, or OpenMP's spinning makes both crawl (tests/conftest.py)."""
     import torch
