@@ -6,6 +6,7 @@ import os
 import re
 import socket
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -235,6 +236,22 @@ def start_stack(
         dump_logs(stack)
         raise
     return stack
+
+
+STOPPING: list[threading.Thread] = []  # module stacks stopping (stop_later), waited for at the session's end
+
+
+def stop_later(stack: Stack) -> None:
+    """Stop a module's stack in a thread of its own: the next module's tests start meanwhile, not after the seconds
+    its agents take to stop their tasks; the session waits for every one before it ends."""
+    thread = threading.Thread(target=stack.stop_all, name=f"stop-{stack.data_dir.name}")
+    thread.start()
+    STOPPING.append(thread)
+
+
+def pytest_sessionfinish(session) -> None:
+    for thread in STOPPING:
+        thread.join()
 
 
 def exchange(data: Path) -> Path:

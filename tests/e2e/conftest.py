@@ -3,7 +3,7 @@
 import pytest
 import pytest_asyncio
 
-from tests.conftest import admin_client, start_stack, wait_until_ready
+from tests.conftest import admin_client, start_stack, stop_later, wait_until_ready
 from tests.e2e.watches import Watches
 
 
@@ -70,7 +70,7 @@ TUNING = {
 def fleet(tmp_path_factory, servers):
     stack = start_stack(tmp_path_factory.mktemp("rules"), cluster=FLEET, servers=servers, extra_env=TUNING)
     yield stack
-    stack.stop_all()
+    stop_later(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

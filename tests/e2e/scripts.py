@@ -5,6 +5,8 @@ from shlex import quote
 COUNTER = r"""
 import json, os, signal, sys, time
 total, every, pause = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+if os.environ["TRAINMASTER_ATTEMPT"] != "1" and len(sys.argv) > 4:
+    pause = float(sys.argv[4])
 ckpt = os.path.join(os.environ["TRAINMASTER_CHECKPOINT_DIR"], "state.json")
 stop = False
 def on_term(*_):
@@ -29,9 +31,11 @@ for step in range(start, total):
 """
 
 
-def counter(*, total: int, every: int, pause: float) -> str:
-    """A job that counts steps, checkpoints every `every` steps and resumes where its checkpoint says."""
-    return f"python3 -c {quote(COUNTER)} {total} {every} {pause}"
+def counter(*, total: int, every: int, pause: float, resumed_pause: float | None = None) -> str:
+    """A job that counts steps, checkpoints every `every` steps and resumes where its checkpoint says; an attempt
+    after the first pauses `resumed_pause` a step when given (the test looks at where it resumed, not its pace)."""
+    later = "" if resumed_pause is None else f" {resumed_pause}"
+    return f"python3 -c {quote(COUNTER)} {total} {every} {pause}{later}"
 
 
 GPU_HUNGRY = r"""

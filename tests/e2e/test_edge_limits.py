@@ -9,7 +9,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import admin_client, eventually, start_stack
+from tests.conftest import admin_client, eventually, start_stack, stop_later
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import job_body, unique
 
@@ -48,7 +48,7 @@ OTHER = "edge-other"  # for the tests after the caps test, which leaves PROJECT'
 def edge(tmp_path_factory, servers):
     stack = start_stack(tmp_path_factory.mktemp("edge"), cluster=FLEET, servers=servers, extra_env=LIMITS)
     yield stack
-    stack.stop_all()
+    stop_later(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

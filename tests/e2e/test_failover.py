@@ -15,7 +15,7 @@ import pytest
 
 from shared.bus import LEASES
 from services.stack.processes import Stack, free_ports_at
-from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, start_stack
+from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, start_stack, stop_later
 from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
 from tests.e2e.scripts import quote
 from tests.e2e.test_chaos import TICKING
@@ -39,7 +39,7 @@ def replicated(tmp_path_factory, servers):
         api_port=free_ports_at(0, 1),
     )
     yield stack
-    stack.stop_all()
+    stop_later(stack)
 
 
 class Api:

@@ -27,7 +27,11 @@ async def step_reached(api, project, job_id, step):
 async def test_a_killed_agent_costs_at_most_one_checkpoint_interval(api, project, stack):
     every, pause = 10, 0.1  # a checkpoint each second; the agent syncs every 0.5 s
     job = await submit(
-        api, project, command=counter(total=60, every=every, pause=pause), allowed="local", termination_grace_s=5
+        api,
+        project,
+        command=counter(total=60, every=every, pause=pause, resumed_pause=0.01),
+        allowed="local",
+        termination_grace_s=5,
     )
     job_id = job["metadata"]["id"]
     first = await wait_phase(api, project, job_id, "Running")
@@ -116,7 +120,11 @@ async def test_a_gpu_job_naming_no_host_memory_gets_its_gpus_share_not_one_gb(ap
 
 async def test_migrate_moves_a_running_job_and_it_continues_from_its_snapshot(api, project):
     job = await submit(
-        api, project, command=counter(total=80, every=1000, pause=0.1), allowed="local", termination_grace_s=10
+        api,
+        project,
+        command=counter(total=80, every=1000, pause=0.1, resumed_pause=0.01),
+        allowed="local",
+        termination_grace_s=10,
     )
     job_id = job["metadata"]["id"]
     first = await wait_phase(api, project, job_id, "Running")

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 
 from services.stack.processes import SERVICES
-from tests.conftest import ADMIN_TOKEN, admin_client, start_stack
+from tests.conftest import ADMIN_TOKEN, admin_client, start_stack, stop_later
 from tests.e2e.helpers import logs, logs_containing, submit, wait_phase
 from tests.factories import job_body, unique
 
@@ -121,7 +121,7 @@ def lone(tmp_path_factory, servers):
         extra_env={"TRAINMASTER_TASK_UID_COUNT": "2", "TRAINMASTER_TASK_DISK_GB": "0.1"},
     )
     yield stack
-    stack.stop_all()
+    stop_later(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -12,6 +12,7 @@ from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
+RENEW_S = 0.3  # renewals more often than a service's (shared.lease.RENEW_S): the tests count renewals, not seconds
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,8 @@ async def client(server, identity: str, errors: list | None = None):
 
 async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_renewing(server):
     first_nc, second_nc = await client(server, "placement"), await client(server, "placement")
-    first, second = Lease(first_nc.jetstream(), "placement"), Lease(second_nc.jetstream(), "placement")
+    first = Lease(first_nc.jetstream(), "placement", renew_s=RENEW_S)
+    second = Lease(second_nc.jetstream(), "placement", renew_s=RENEW_S)
     try:
         epoch = await asyncio.wait_for(first.acquire(), timeout=LEASE_TTL_S + 5)  # a previous test's may linger
         assert first.held() and epoch > 0
@@ -87,7 +89,7 @@ async def test_the_lease_bucket_forgets_a_value_after_its_time_to_live(server):
 async def test_a_write_whose_acknowledgement_was_lost_does_not_cost_the_lease(server):
     nc = await client(server, "estimator")
     try:
-        lease = Lease(nc.jetstream(), "estimator")
+        lease = Lease(nc.jetstream(), "estimator", renew_s=RENEW_S)
         epoch = await asyncio.wait_for(lease.acquire(), timeout=LEASE_TTL_S + 5)
         lost_ack = await lease._write(last=lease.revision, timeout_s=2)  # the server took it; we never saw the ack
         assert lost_ack > lease.revision
@@ -105,7 +107,7 @@ async def test_an_agent_aiming_jetstream_answers_at_the_lease_does_not_unseat_th
     """The JetStream API answers whatever reply subject a request names, writing into the lease's key."""
     nc, agent = await client(server, "monitor"), await client(server, "agent-n1")
     try:
-        lease = Lease(nc.jetstream(), "monitor")
+        lease = Lease(nc.jetstream(), "monitor", renew_s=RENEW_S)
         epoch = await asyncio.wait_for(lease.acquire(), timeout=LEASE_TTL_S + 5)
         keeping = asyncio.create_task(lease.keep())
         for _ in range(3):

@@ -17,7 +17,7 @@ import pytest_asyncio
 from services.placement.adapter import catalogue_from
 from services.placement.providers import Unavailable
 from services.placement.providers.cloud import NodeMaker, offer_infos
-from tests.conftest import ADMIN_TOKEN, admin_client, start_stack
+from tests.conftest import ADMIN_TOKEN, admin_client, start_stack, stop_later
 from tests.e2e.helpers import get, logs_containing, submit, wait_phase
 from tests.e2e.scripts import counter
 from tests.integration.clouds import FAKE_AWS, Machines, Metadata, agent_command, loopback_only, poll
@@ -263,7 +263,7 @@ def ec2_stack(aws, tmp_path_factory, servers):
     )
     stack = start_stack(data, cluster=fleet, servers=servers, extra_env={**TUNING, **FAKE_AWS})
     yield SimpleNamespace(stack=stack, cluster=cluster, machines=Machines(data / "machines"), data=data)
-    stack.stop_all()
+    stop_later(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -327,7 +327,7 @@ async def test_a_spot_notice_snapshots_the_job_and_it_resumes_elsewhere(aws, ec2
     job = await submit(
         client,
         project,
-        command=counter(total=60, every=5, pause=0.1),
+        command=counter(total=60, every=5, pause=0.1, resumed_pause=0.01),
         gpu_count=1,
         priority="time",
         expected_duration_s=1800,

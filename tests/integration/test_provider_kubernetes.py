@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from services.placement.adapter import catalogue_from
 from services.placement.providers.cloud import NodeMaker, offer_infos
-from tests.conftest import admin_client, start_stack
+from tests.conftest import admin_client, start_stack, stop_later
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import L4_ENTRY
 from tests.integration.clouds import Machines, agent_command, loopback_only, poll
@@ -246,7 +246,7 @@ def k8s_stack(k8s, tmp_path_factory, servers):
     fleet = FLEET.format(url=k8s.url, cluster=cluster, agent=agent_command())
     stack = start_stack(data, cluster=fleet, servers=servers, extra_env=TUNING)
     yield SimpleNamespace(stack=stack, cluster=cluster, machines=Machines(data / "pods"))
-    stack.stop_all()
+    stop_later(stack)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
