@@ -64,7 +64,7 @@ class GroupCommit(Generic[T, R]):
             self._writer = None
 
 
-def _settle(future: asyncio.Future, result) -> None:
+def _settle(future: asyncio.Future, result: object) -> None:
     if future.done():  # its caller stopped waiting
         return
     if isinstance(result, BaseException):

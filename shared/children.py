@@ -3,12 +3,13 @@
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 PR_SET_PDEATHSIG = 1
 
 
-def dies_with_parent(sig: int):
+def dies_with_parent(sig: int) -> Callable[[], None] | None:
     """A child's pre-exec step (`preexec_fn`): the kernel sends it `sig` when its parent dies, however it dies
     (killed, crashed, a test run interrupted before its fixtures stopped the stack). Orphaned services used to run
     on for hours, reconnecting to a bus and a database that were gone. None off Linux (no such call)."""

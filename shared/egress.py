@@ -6,6 +6,7 @@ import ipaddress
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpcore
@@ -157,7 +158,14 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
     def __init__(self, policy: Policy, *, resolve: Resolver = system_resolve) -> None:
         self.policy, self.resolve, self.inner = policy, resolve, httpcore.AnyIOBackend()
 
-    async def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
         try:
             addresses = await checked_addresses(self.policy, host, port, resolve=self.resolve)
         except Refused as exc:
@@ -172,7 +180,9 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
                 last = exc
         raise last or httpcore.ConnectError("no address")
 
-    async def connect_unix_socket(self, path, timeout=None, socket_options=None):
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
         raise httpcore.ConnectError("unix sockets are not allowed")
 
     async def sleep(self, seconds: float) -> None:

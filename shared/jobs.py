@@ -18,7 +18,7 @@ import re
 import secrets
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -102,7 +102,7 @@ Int = Annotated[int, StrictType()]
 Float = Annotated[float, StrictType(), Field(allow_inf_nan=False)]
 
 
-def no_null_bytes(value, path: str = ""):
+def no_null_bytes(value: Any, path: str = "") -> Any:
     """Refuse a NUL character anywhere in a string, a list or a mapping (keys included)."""
     if isinstance(value, str):
         if "\x00" in value:
@@ -122,7 +122,7 @@ class Strict(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _no_null_bytes(cls, value):
+    def _no_null_bytes(cls, value: Any) -> Any:
         return no_null_bytes(value)
 
 

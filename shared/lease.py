@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable
 
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from shared.bus import LEASE_BUCKET, LEASE_TTL_S, LEASES
@@ -52,7 +53,7 @@ class Lease:
 
     def __init__(
         self,
-        js,
+        js: JetStreamContext,
         role: str,
         *,
         holder: str | None = None,
@@ -145,8 +146,10 @@ class Lease:
             last = await self.js.get_last_msg(LEASES.name, self.subject, direct=True)
         except (NatsError, TimeoutError):
             return None
+        if last.seq is None:
+            return None
         try:
-            value = json.loads(last.data)
+            value = json.loads(last.data or b"")
         except ValueError:
             return last.seq, None
         is_lease = isinstance(value, dict) and set(value) == {"holder", "epoch"} and isinstance(value["holder"], str)

@@ -232,7 +232,7 @@ def service_app(
     w = wiring or wire(name=name, settings=settings, router=router)
 
     @asynccontextmanager
-    async def lifespan():
+    async def lifespan() -> AsyncIterator[None]:
         async with running(w, settings=settings, setup=setup, database=database, stop=app.exit):
             yield
 

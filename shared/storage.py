@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -201,7 +202,7 @@ def check_url(url: str, *, policy: StoragePolicy, project_id: str) -> str:
     )
 
 
-def job_urls(algorithm) -> Iterator[tuple[str, str]]:
+def job_urls(algorithm: Any) -> Iterator[tuple[str, str]]:
     """(field, url) of every URL of an algorithm, fields named as in the API's errors."""
     if algorithm.code_dir:
         yield "algorithm.code_dir", algorithm.code_dir
@@ -211,7 +212,7 @@ def job_urls(algorithm) -> Iterator[tuple[str, str]]:
         yield f"algorithm.outputs.{i}.url", item.url
 
 
-def refused_urls(algorithm, *, policy: StoragePolicy, project_id: str) -> list[tuple[str, str]]:
+def refused_urls(algorithm: Any, *, policy: StoragePolicy, project_id: str) -> list[tuple[str, str]]:
     """(field, reason) for each URL of the algorithm the project may not use (the pure checks; the addresses an
     http(s) URL resolves to are refused_addresses')."""
     problems = []
@@ -226,7 +227,7 @@ def refused_urls(algorithm, *, policy: StoragePolicy, project_id: str) -> list[t
 
 
 async def refused_addresses(
-    algorithm, *, policy: StoragePolicy, resolve: egress.Resolver = egress.system_resolve
+    algorithm: Any, *, policy: StoragePolicy, resolve: egress.Resolver = egress.system_resolve
 ) -> list[tuple[str, str]]:
     """(field, reason) for each http(s) URL of the algorithm whose host resolves to an address the job may not
     reach (loopback, private, link-local and the rest of shared.egress, unless the operator allows it)."""

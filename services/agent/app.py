@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from faststream import FastStream
+from nats.aio.msg import Msg
 from pydantic import Field, model_validator
 
 from shared.bus import NODE_CADENCE, publish
@@ -385,7 +386,7 @@ def create_app(settings: AgentSettings) -> FastStream:
     async def loops() -> None:
         client = w.broker.config.connection_state.connection
 
-        async def heard(msg) -> None:
+        async def heard(msg: Msg) -> None:
             pace.heard(msg.data)
             # a monitor configured apart from its agents: a window under two heartbeats fences nothing (Fence.due)
             if settings.fence and (problem := fence_check(pace, settings)):

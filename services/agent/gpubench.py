@@ -11,12 +11,13 @@ import json
 import math
 import sys
 import time
+from typing import Any
 
 FREE_AT_LEAST = 0.9  # a GPU with less of its memory free is in use (a running task's): not measured, not disturbed
 WARMUP = 3
 
 
-def measure(torch, index: int, *, n: int, seconds: float) -> dict:
+def measure(torch: Any, index: int, *, n: int, seconds: float) -> dict:
     """One GPU: C = A @ B of n x n, warmed up, then timed for about `seconds`; 2 n^3 flops each."""
     device = torch.device("cuda", index)
     free, total = torch.cuda.mem_get_info(device)
@@ -36,7 +37,7 @@ def measure(torch, index: int, *, n: int, seconds: float) -> dict:
     return {"index": index, "error": error}
 
 
-def _timed(torch, device, dtype, *, n: int, seconds: float) -> float:
+def _timed(torch: Any, device: Any, dtype: Any, *, n: int, seconds: float) -> float:
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(WARMUP):

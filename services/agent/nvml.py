@@ -5,7 +5,8 @@ detector and the heartbeat's telemetry read through the same probe.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from shared.events import GpuReading, readings
 
@@ -75,7 +76,7 @@ class GpuProbe:
             used += [p.usedGpuMemory for p in processes if p.pid in pids and isinstance(p.usedGpuMemory, int)]
         return round(sum(used) / GIB, 3) if used else None
 
-    def _open(self):
+    def _open(self) -> Any:
         if self._nvml is None and not self._broken:
             try:
                 import pynvml
@@ -88,7 +89,7 @@ class GpuProbe:
         return self._nvml
 
 
-def _optional(nvml, read, handle) -> float | None:
+def _optional(nvml: Any, read: Callable[[Any], Any], handle: Any) -> float | None:
     """A figure some GPUs do not report (NVML_ERROR_NOT_SUPPORTED): None then."""
     try:
         return float(read(handle))

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -109,7 +110,7 @@ class SpotWatcher:
         return {"X-aws-ec2-metadata-token": self.token} if self.token else {}
 
 
-def leave_on_notice(agent, *, exit_process: Callable[[], None]) -> Callable[[Notice], Awaitable[None]]:
+def leave_on_notice(agent: Any, *, exit_process: Callable[[], None]) -> Callable[[Notice], Awaitable[None]]:
     """What a notice does: tell placement (the node gets no more work and is given back), snapshot and stop every
     task (their ends reported, their jobs requeued from the checkpoint), then leave."""
 

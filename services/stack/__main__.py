@@ -25,7 +25,7 @@ def main() -> None:
         sys.exit(2)
     stopping = False
 
-    def stop(*_) -> None:
+    def stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 

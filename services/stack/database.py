@@ -8,16 +8,18 @@ as `mongodb://<socket path, url-quoted>`, which PyMongo reads as a Unix socket (
 import asyncio
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from nx_27017 import server
 from nx_27017.nx_27017 import main as serve
 
 
-def on_socket(path: Path):
+def on_socket(path: Path) -> Callable[..., Awaitable[None]]:
     """nx-27017's asyncio server, listening on `path` instead of a host and port."""
 
-    async def run_server(host: str, port: int, handler) -> None:
+    async def run_server(host: str, port: int, handler: Any) -> None:
         path.unlink(missing_ok=True)  # what a killed server left
         listener = await asyncio.start_unix_server(lambda r, w: server.handle_client(r, w, handler), path=str(path))
         os.chmod(path, 0o600)

@@ -27,7 +27,7 @@ from pathlib import Path
 _stop = False
 
 
-def _on_sigterm(signum, frame) -> None:
+def _on_sigterm(signum: int, frame: object) -> None:
     global _stop
     _stop = True
 
