@@ -115,8 +115,10 @@ class CommandCounts(monitoring.CommandListener):
 
     def write(self) -> None:
         self.written = time.monotonic()
-        try:
-            self.path.write_text(json.dumps({"argv": sys.argv, "sent": dict(self.sent)}))
+        try:  # whole or not at all: a benchmark reads it at any moment
+            partial = self.path.with_suffix(".json.partial")
+            partial.write_text(json.dumps({"argv": sys.argv, "sent": dict(self.sent)}))
+            partial.replace(self.path)
         except OSError as exc:
             log.warning("database command counts not written to %s: %r", self.path, exc)
 
