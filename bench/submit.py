@@ -126,7 +126,7 @@ NOOP = {"algorithm": {"command": "true"}, "spec": {"resource": {"cpu_count": 0.5
 async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle") -> dict:
     """Submit → Running of one job at a time on an idle stack: each submitted once the one before it finished
     (the stack's own create and start times, so the polling pace does not count)."""
-    latencies = []
+    latencies, split = [], []
     for i in range(jobs):
         response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"{prefix}-{i}"}, **NOOP})
         response.raise_for_status()
@@ -138,15 +138,32 @@ async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle
             await asyncio.sleep(0.02)
         if job["status"]["start_time"]:
             latencies.append((job["status"]["start_time"] - job["metadata"]["create_time"]) / 1000)
+            split.append(phases_of(i, job))
     return (
         {
             "idle_jobs": jobs,
             "idle_submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
             "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
+            "idle_slowest": sorted(split, key=lambda s: -s["submit_to_running_s"])[:3],
         }
         if latencies
         else {}
     )
+
+
+def phases_of(i: int, job: dict) -> dict:
+    """Where the `i`th job's submit → Running went: to its first placement, then to its start (the platform's own
+    times), and on which node."""
+    created, started = job["metadata"]["create_time"], job["status"]["start_time"]
+    first = (job["status"].get("attempts") or [{}])[0]
+    placed = first.get("placed_at") or started
+    return {
+        "job": i,
+        "submit_to_running_s": (started - created) / 1000,
+        "to_placed_s": (placed - created) / 1000,
+        "placed_to_running_s": (started - placed) / 1000,
+        "node": ",".join(first.get("node_ids", [])),
+    }
 
 
 async def submit_noop(api: httpx.AsyncClient, i: int, refused: list[int]) -> httpx.Response:
