@@ -106,20 +106,30 @@ COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes wh
 
 class CommandCounts(monitoring.CommandListener):
     """Database commands this process sent, by collection and command name, written as `<pid>.json` into a folder
-    at most once a second (and when the count is read): where a workload's database work comes from."""
+    at most once a second, and a second after the last one counted at the latest (a process at rest sends none that
+    would write it): where a workload's database work comes from."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / f"{os.getpid()}.json"
         self.sent: Counter[str] = Counter()
         self.written = 0.0
+        self._later: asyncio.TimerHandle | None = None
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         collection = event.command.get(event.command_name)
         self.sent[f"{collection if isinstance(collection, str) else '-'}.{event.command_name}"] += 1
         if time.monotonic() - self.written >= 1.0:
             self.write()
+        elif self._later is None:
+            try:  # the client's event loop (a client without one writes with its next command)
+                self._later = asyncio.get_running_loop().call_later(1.0, self.write)
+            except RuntimeError:
+                pass
 
     def write(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         self.written = time.monotonic()
         try:  # whole or not at all: a benchmark reads it at any moment
             partial = self.path.with_suffix(".json.partial")
