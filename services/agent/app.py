@@ -1,6 +1,5 @@
 """Agent wiring: one process per compute node."""
 
-import asyncio
 import logging
 import os
 import signal
@@ -51,9 +50,6 @@ log = logging.getLogger(__name__)
 # where claims go when the first uid is configured by hand: every stack of the host that shares such a range sees
 # the others' claims (a range from the registry is the stack's alone, its claims under its data directory)
 SHARED_LOCKS = Path("/run/trainmaster/task-uids")
-# Task uids verified at start (one look through every process and a kill sent as each, in a worker thread), so the
-# first tasks' claims need no look: as many as an eight-GPU node starts at once.
-READY_AHEAD = 8
 
 
 class AgentSettings(CommonSettings, StorageSettings):
@@ -377,8 +373,6 @@ def create_app(settings: AgentSettings) -> FastStream:
 
         await client.subscribe(NODE_CADENCE, cb=heard)
         w.background.every("heartbeat", lambda: pace.interval_s, agent.heartbeat)
-        if (confined := agent.supervisor.confinement) is not None:  # the first tasks' uids verified now
-            w.background.spawn("task uids", lambda: asyncio.to_thread(confined.users.ready_ahead, READY_AHEAD))
         w.background.every("finished attempts", SWEEP_S, agent.sweep_attempts)
         if settings.fence:
             w.background.every("fence", CHECK_S, agent.fence_if_unheard)

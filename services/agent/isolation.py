@@ -88,34 +88,6 @@ class TaskUsers:
             return TaskUser(uid=uid, gid=uid, lock_fd=fd)
         raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
 
-    def ready_ahead(self, count: int) -> int:
-        """Before any task (at the agent's start): the first `count` uids of the range that are free and not marked
-        given back verified as their claim would verify them (no process of the uid in one look through every
-        process, then a kill sent as the uid) and marked given back, so that the first tasks' claims take them
-        without a look of their own (which held a fresh agent's first task back: 35-45 ms on an idle two-core host,
-        more under load); how many were marked. A uid held meanwhile is its holder's; one with a process stays
-        unmarked, for its claim to look again."""
-        busy: set[int] | None = None
-        marked = 0
-        for uid in range(self.first_uid, self.first_uid + min(count, self.count)):
-            fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.pread(fd, len(GIVEN_BACK) + 1, 0) == GIVEN_BACK:
-                    continue
-                busy = uids_running() if busy is None else busy
-                if uid in busy or not kill_as(uid):
-                    continue
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, GIVEN_BACK, 0)
-                marked += 1
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-            finally:
-                os.close(fd)  # the lock with it
-        return marked
-
     def release(self, user: TaskUser, *, workdir: Path, cgroup: TaskCgroup | None = None) -> None:
         """Give the uid back once nothing of its task is left: its cgroup emptied and removed, every process of its
         uid killed (whatever its cgroup did not hold) until a look finds none, its working directory the agent's
