@@ -37,6 +37,8 @@ from services.submitter.viewentries import list_entry
 from services.submitter.views import new_job, status_fields
 
 TOKEN = "bench-admin-token-0123456789abcdef0"  # 32+ characters, as the submitter requires
+UNFINISHED = ["Pending", "Creating", "Running"]
+API = "submitter"  # the process whose commands the bench's own polls add to
 
 
 def free_port() -> int:
@@ -124,7 +126,7 @@ NOOP = {"algorithm": {"command": "true"}, "spec": {"resource": {"cpu_count": 0.5
 async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle") -> dict:
     """Submit → Running of one job at a time on an idle stack: each submitted once the one before it finished
     (the stack's own create and start times, so the polling pace does not count)."""
-    latencies = []
+    latencies, split = [], []
     for i in range(jobs):
         response = await api.post("/v2/bench/training-jobs", json={"metadata": {"name": f"{prefix}-{i}"}, **NOOP})
         response.raise_for_status()
@@ -136,15 +138,32 @@ async def idle_latency(api: httpx.AsyncClient, *, jobs: int, prefix: str = "idle
             await asyncio.sleep(0.02)
         if job["status"]["start_time"]:
             latencies.append((job["status"]["start_time"] - job["metadata"]["create_time"]) / 1000)
+            split.append(phases_of(i, job))
     return (
         {
             "idle_jobs": jobs,
             "idle_submit_to_running_p50_s": round(percentile(latencies, 0.5), 3),
             "idle_submit_to_running_p99_s": round(percentile(latencies, 0.99), 3),
+            "idle_slowest": sorted(split, key=lambda s: -s["submit_to_running_s"])[:3],
         }
         if latencies
         else {}
     )
+
+
+def phases_of(i: int, job: dict) -> dict:
+    """Where the `i`th job's submit → Running went: to its first placement, then to its start (the platform's own
+    times), and on which node."""
+    created, started = job["metadata"]["create_time"], job["status"]["start_time"]
+    first = (job["status"].get("attempts") or [{}])[0]
+    placed = first.get("placed_at") or started
+    return {
+        "job": i,
+        "submit_to_running_s": (started - created) / 1000,
+        "to_placed_s": (placed - created) / 1000,
+        "placed_to_running_s": (started - placed) / 1000,
+        "node": ",".join(first.get("node_ids", [])),
+    }
 
 
 async def submit_noop(api: httpx.AsyncClient, i: int, refused: list[int]) -> httpx.Response:
@@ -188,6 +207,7 @@ async def run(
             queue.put_nowait(i)
         ids: list[str] = []
         refused: list[int] = []
+        polls = 0  # the bench's own "all done yet?" pages over the burst
 
         async def client() -> None:
             while not queue.empty():
@@ -217,11 +237,8 @@ async def run(
             accept_s = time.perf_counter() - started
 
             while True:
-                page = (
-                    await api.get(
-                        "/v2/bench/training-jobs", params={"limit": 1, "phase": ["Pending", "Creating", "Running"]}
-                    )
-                ).json()
+                polls += 1
+                page = (await api.get("/v2/bench/training-jobs", params={"limit": 1, "phase": UNFINISHED})).json()
                 if page["total"] == 0:
                     break
                 if time.perf_counter() - started > 600:
@@ -232,7 +249,8 @@ async def run(
         finally:  # the samplers write their files as they stop, and none is left running on a failure
             cpuprofile.stop(samplers)
         profiled = await profile_figures(stack, samplers, bus_before, cpu_over_burst, folder=profile, jobs=jobs)
-        per_job = commands_per_job(before, await command_counts(stack), jobs=jobs)
+        after = await command_counts(stack)
+        per_job = commands_per_job(before, after, jobs=jobs, bench=polls * await poll_commands(api, stack, after))
         items, offset = [], 0
         while page := (await api.get("/v2/bench/training-jobs", params={"limit": 500, "offset": offset})).json()[
             "items"
@@ -311,14 +329,30 @@ async def command_counts(stack: Stack) -> dict[str, Counter]:
     return counts
 
 
-def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, jobs: int) -> dict:
+async def poll_commands(api: httpx.AsyncClient, stack: Stack, counted: dict[str, Counter], *, polls: int = 5) -> float:
+    """The database commands one of the bench's "all done yet?" pages costs the API (a count, a page of one job
+    and that job read), measured on `polls` such pages after the burst (0 when not counted)."""
+    if not counted:
+        return 0.0
+    for _ in range(polls):
+        await api.get("/v2/bench/training-jobs", params={"limit": 1, "phase": ["Completed"]})
+    again = await command_counts(stack)
+    return (sum(again.get(API, Counter()).values()) - sum(counted.get(API, Counter()).values())) / polls
+
+
+def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, jobs: int, bench: float = 0.0) -> dict:
     """Database commands per job of the burst, by process and in all, and the commands each process sent most
     (the background work of the burst's duration, relays and timers, is counted in): every command a process
-    sent at least once every 20 jobs."""
+    sent at least once every 20 jobs. `bench`: the commands the bench's own polls cost the API, left out of the
+    API's figure and of the whole (its kinds in `_top` still hold them), reported apart."""
     if not after:
         return {}
     spent = {name: after[name] - before.get(name, Counter()) for name in after}
-    by_process = {name: round(sum(c.values()) / jobs, 2) for name, c in sorted(spent.items()) if c}
+    by_process = {
+        name: round((sum(c.values()) - (bench if name == API else 0)) / jobs, 2)
+        for name, c in sorted(spent.items())
+        if c
+    }
     top = {
         name: {k: round(v / jobs, 2) for k, v in c.most_common() if v / jobs >= 0.05}
         for name, c in sorted(spent.items())
@@ -328,6 +362,7 @@ def commands_per_job(before: dict[str, Counter], after: dict[str, Counter], *, j
         "db_commands_per_job": round(sum(by_process.values()), 1),
         "db_commands_per_job_by_process": by_process,
         "db_commands_per_job_top": top,
+        "db_commands_per_job_bench_polls": round(bench / jobs, 2),
     }
 
 

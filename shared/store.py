@@ -53,6 +53,12 @@ REMEMBER_JOBS = 4096
 # where `remember` is): a job's next event mostly comes sooner, and its write drops the published ones for nothing.
 DEFER_PULLS_S = 0.5
 MAX_CONFLICTS = 50  # writers of one document are few (a service and the relay): this many lost races is a fault
+# The outbox relay looks through its collections (on the embedded database a scan of every document) at its start,
+# then every `RELAY_EVERY_S` while a publish failed in this process since its last look, and otherwise every
+# `RELAY_IDLE_S`: what another writer left (an API replica that died; a new leader looks at once as it starts).
+# Each look every 2 s whatever happened was most of a resting stack's database commands, and grows with the history.
+RELAY_EVERY_S = 2.0
+RELAY_IDLE_S = 30.0
 
 Fields = dict[str, Any]
 Change = Callable[[dict[str, Any] | None], tuple[Fields, Sequence[Message]] | None]
@@ -100,23 +106,35 @@ COUNTS_DIR = "TRAINMASTER_DB_COMMAND_COUNTS"  # a folder: each process writes wh
 
 class CommandCounts(monitoring.CommandListener):
     """Database commands this process sent, by collection and command name, written as `<pid>.json` into a folder
-    at most once a second (and when the count is read): where a workload's database work comes from."""
+    at most once a second, and a second after the last one counted at the latest (a process at rest sends none that
+    would write it): where a workload's database work comes from."""
 
     def __init__(self, folder: Path) -> None:
         self.path = folder / f"{os.getpid()}.json"
         self.sent: Counter[str] = Counter()
         self.written = 0.0
+        self._later: asyncio.TimerHandle | None = None
 
     def started(self, event: monitoring.CommandStartedEvent) -> None:
         collection = event.command.get(event.command_name)
         self.sent[f"{collection if isinstance(collection, str) else '-'}.{event.command_name}"] += 1
         if time.monotonic() - self.written >= 1.0:
             self.write()
+        elif self._later is None:
+            try:  # the client's event loop (a client without one writes with its next command)
+                self._later = asyncio.get_running_loop().call_later(1.0, self.write)
+            except RuntimeError:
+                pass
 
     def write(self) -> None:
+        if self._later is not None:
+            self._later.cancel()
+            self._later = None
         self.written = time.monotonic()
-        try:
-            self.path.write_text(json.dumps({"argv": sys.argv, "sent": dict(self.sent)}))
+        try:  # whole or not at all: a benchmark reads it at any moment
+            partial = self.path.with_suffix(".json.partial")
+            partial.write_text(json.dumps({"argv": sys.argv, "sent": dict(self.sent)}))
+            partial.replace(self.path)
         except OSError as exc:
             log.warning("database command counts not written to %s: %r", self.path, exc)
 
@@ -162,12 +180,30 @@ async def flush(
             error = exc
             break
         published.append(entry["event_id"])
+    if error is not None:  # before anything else can fail: the relay looks again soon
+        left_behind(collection)
     if published and deferred is not None:
         deferred.add(doc_id, published)
     elif published:
         await _pulls(collection, [pull_entry(doc_id, event_id) for event_id in published])
     if error is not None:
         raise error
+
+
+# The collections where a publish failed in this process since the relay last looked through them.
+_LEFT_BEHIND: set[Any] = set()
+
+
+def _relay_key(collection: AsyncCollection) -> Any:
+    try:
+        return collection_key(collection)
+    except AttributeError:  # a test's in-memory collection without a client
+        return id(collection)
+
+
+def left_behind(collection: AsyncCollection) -> None:
+    """Events of the collection could not be published here: the relay's next look comes at its short interval."""
+    _LEFT_BEHIND.add(_relay_key(collection))
 
 
 class DeferredPulls:
@@ -275,16 +311,31 @@ async def flush_many(
         return pulls, None
 
     outcomes = await asyncio.gather(*(publish_all(doc_id, entries) for doc_id, entries in items))
+    if any(error is not None for _, error in outcomes):
+        left_behind(collection)
     pulls = [pull for done, _ in outcomes for pull in done]
     if pulls:
         await _pulls(collection, pulls)
     return [error for _, error in outcomes]
 
 
-async def relay(broker: NatsBroker, collections: Sequence[AsyncCollection], *, interval_s: float = 2.0) -> None:
-    """Forever: publish what a crash left in any outbox."""
+async def relay(
+    broker: NatsBroker,
+    collections: Sequence[AsyncCollection],
+    *,
+    interval_s: float = RELAY_EVERY_S,
+    idle_s: float = RELAY_IDLE_S,
+) -> None:
+    """Forever: publish what a crash or a failed publish left in any outbox. Each collection is looked through at
+    once, then after `interval_s` where a publish failed here since (`left_behind`), else after `idle_s`."""
+    looked: dict[Any, float] = {}  # collection -> when it was last looked through
     while True:
         for collection in collections:
+            key, now = _relay_key(collection), time.monotonic()
+            if key in looked and key not in _LEFT_BEHIND and now - looked[key] < idle_s:
+                continue
+            _LEFT_BEHIND.discard(key)  # a publish that fails from now on calls for the next look
+            looked[key] = now
             try:
                 deferred = _deferred_of(collection)
                 async for doc in collection.find({OUTBOX_COUNT: {"$gt": 0}}, {"_id": 1, OUTBOX: 1}):
@@ -294,6 +345,7 @@ async def relay(broker: NatsBroker, collections: Sequence[AsyncCollection], *, i
                     await flush(broker, collection, doc["_id"], entries)
             except TRANSIENT_ERRORS as exc:
                 log.warning("outbox relay on %s: %r", collection.name, exc)
+                left_behind(collection)  # looked again at the short interval
         await asyncio.sleep(interval_s)
 
 

@@ -50,7 +50,8 @@ async def test_events_left_in_an_outbox_by_a_crash_are_relayed_once(bus_and_data
     event = JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id)
     entries = outbox_entries([event])
     await collection.insert_one({"_id": job_id, "_outbox": entries, "_outbox_n": 1})  # written, never published
-    relaying = asyncio.create_task(relay(broker, [collection], interval_s=0.1))
+    # another writer's leftovers looked for every 0.1 s (30 s in service)
+    relaying = asyncio.create_task(relay(broker, [collection], interval_s=0.1, idle_s=0.1))
     await asyncio.sleep(0.5)
     await collection.update_one({"_id": job_id}, {"$set": {"_outbox": entries, "_outbox_n": 1}})  # "crash" again
     await asyncio.sleep(0.5)
