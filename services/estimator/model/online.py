@@ -38,8 +38,11 @@ EVAL_UNITS_BY_DEFAULT = False
 # and researchers' own jobs, never on MLPerf) is a component of the `<unseen>` pool: at half a run the four fitted
 # families' median crossing is "never" on most held-out benchmarks (two level off short of the target), which left
 # the history's guess alone. On v3.1's benchmarks held out three at a time, within ±20% at 10/20/30/50/80% of a run
-# 14.3 / 10.5 / 17.7 / 37.9 / 45.4% without it, 7.1 / 14.4 / 6.2 / 42.3 / 58.5% with it (docs/estimator.md).
+# 14.3 / 10.5 / 17.7 / 37.9 / 45.4% without it, 7.1 / 14.4 / 6.2 / 42.3 / 58.5% from a curve's second point on,
+# 13.6 / 13.5 / 6.6 / 44.3 / 57.6% from its fourth (a two-point prefix read by a prior that never saw MLPerf cost
+# the 10% cut half its hits) (docs/estimator.md).
 CURVE_PRIOR_UNSEEN = True
+CURVE_PRIOR_MIN_POINTS = 4
 _CURVE_NET: list[curve_net.PriorNet | None] = []  # loaded on first use (a file read), then kept
 _NORMAL = NormalDist()
 _Z90 = _NORMAL.inv_cdf(0.9)
@@ -272,7 +275,7 @@ class OnlineEstimator:
 
     def curve_prior_total(self, elapsed: float) -> float | None:
         """Total duration the learned curve prior reads off the job's own metric curve (None: too little read)."""
-        if self.target is None or len(self._metric_y) < 2:
+        if self.target is None or len(self._metric_y) < CURVE_PRIOR_MIN_POINTS:
             return None
         if not _CURVE_NET:
             _CURVE_NET.append(curve_net.load())

@@ -215,6 +215,9 @@ def test_an_unseen_benchmark_s_own_curve_is_read_by_the_learned_curve_prior(mode
     # the history's guess, from other benchmarks, says 100,000 s
     unseen = OnlineEstimator(target=target, mode=mode, prior=unseen_prior(100_000.0))
     seen = OnlineEstimator(target=target, mode=mode, prior=dataclasses.replace(unseen_prior(60.0), seen=True))
+    feed_linear(unseen, rate=10.0, until=9.0, every=3.0, metric=metric)
+    assert unseen.components(9.0)["curve_prior"] is None  # three points: too short a prefix to read
+    unseen = OnlineEstimator(target=target, mode=mode, prior=unseen_prior(100_000.0))
     for est in (unseen, seen):
         feed_linear(est, rate=10.0, until=20.0, every=3.0, metric=metric)
     comps = unseen.components(20.0)
