@@ -21,7 +21,9 @@ import numpy as np
 BASELINE = "median_rate"
 # "eval_units": an unseen benchmark's work in multiples of its own first evaluation's (evalunits.py) over the rate.
 EVAL_UNITS = "eval_units"
-COMPONENTS = ("history", "throughput", "curve", "curve_loose", BASELINE, EVAL_UNITS)
+# "curve_prior": an unseen benchmark's total read off its own metric curve by the learned curve prior (curveprior/).
+CURVE_PRIOR = "curve_prior"
+COMPONENTS = ("history", "throughput", "curve", "curve_loose", BASELINE, EVAL_UNITS, CURVE_PRIOR)
 # Shrinkage toward the baseline a cell may take, chosen by cross-fitting on the calibration samples.
 SHRINK_STEPS = (0.0, 0.25, 0.5, 0.75, 1.0)
 # What a cell is shrunk toward: the baseline; on a benchmark never trained on (no history work, so no

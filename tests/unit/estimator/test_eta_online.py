@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -203,3 +204,22 @@ def test_a_curve_whose_families_disagree_is_a_loose_curve():
     for i in range(1, 13):
         plateau.observe(10.0 * i, progress=100.0 * i, metric_value=0.88 - 0.3 / i + rng.uniform(-0.004, 0.004))
     assert set(k for k, v in plateau.snapshot(120.0)[1].items() if v) == {"curve_loose"}
+
+
+@pytest.mark.parametrize(
+    "mode, metric, target",
+    [("max", lambda p: 0.95 - 0.9 * math.exp(-p / 300), 0.8), ("min", lambda p: 0.05 + 0.9 * math.exp(-p / 300), 0.2)],
+)
+def test_an_unseen_benchmark_s_own_curve_is_read_by_the_learned_curve_prior(mode, metric, target):
+    # the target is met at p ~ 537, t ~ 54 s; by t = 20 s the job has printed 6 points;
+    # the history's guess, from other benchmarks, says 100,000 s
+    unseen = OnlineEstimator(target=target, mode=mode, prior=unseen_prior(100_000.0))
+    seen = OnlineEstimator(target=target, mode=mode, prior=dataclasses.replace(unseen_prior(60.0), seen=True))
+    feed_linear(unseen, rate=10.0, until=9.0, every=3.0, metric=metric)
+    assert unseen.components(9.0)["curve_prior"] is None  # three points: too short a prefix to read
+    unseen = OnlineEstimator(target=target, mode=mode, prior=unseen_prior(100_000.0))
+    for est in (unseen, seen):
+        feed_linear(est, rate=10.0, until=20.0, every=3.0, metric=metric)
+    comps = unseen.components(20.0)
+    assert 54.0 / 2 < comps["curve_prior"] < 54.0 * 2  # its own curve, not the day the guess says
+    assert seen.components(20.0).get("curve_prior") is None  # a seen benchmark's calibration is left as it was
