@@ -39,13 +39,25 @@ print(json.dumps(sorted(
 """
 
 
+DATA_SUFFIXES = (".npz", ".json")  # weights and tables beside the training's modules (the curve prior's, say)
+
+
 def training_sources() -> list[str]:
     """The project's source files the training runs, relative to the repository (in a process of its own: it loads
-    torch, which the estimator never does)."""
+    torch, which the estimator never does), and the data files beside them (weights and tables a module of it may
+    read: a retrained curve prior changes what the model's calibration saw), the shipped model's own two left out."""
     out = subprocess.run(
         [sys.executable, "-c", _CLOSURE, str(REPO)], capture_output=True, text=True, check=True, cwd=REPO
     )
-    return json.loads(out.stdout)
+    sources = json.loads(out.stdout)
+    folders = {(REPO / name).parent for name in sources}
+    data = [
+        str(path.relative_to(REPO))
+        for folder in folders
+        for path in folder.iterdir()
+        if path.suffix in DATA_SUFFIXES and path not in (SHIPPED, PROVENANCE)
+    ]
+    return sorted(sources + data)
 
 
 def code_digest(sources: list[str]) -> str:
