@@ -95,6 +95,46 @@ def test_a_job_that_has_waited_little_still_waits_for_owned_capacity_freeing_soo
     assert isinstance(decision, Wait) and decision.until == 15 * HOUR
 
 
+@pytest.mark.parametrize(("waited_h", "rents"), [(1, False), (8, True)])
+def test_the_wait_already_done_counts_with_the_wait_still_ahead(waited_h, rents):
+    """Owned capacity frees 10 h from now; renting costs $30.5 with the grace (1 GPU at $2/h: about 15 h of this
+    job's time, 16 h with the near-tie tolerance). The wait ahead alone (10 h) is worth less, and the old rule waited
+    until the wait done alone reached the rental's price. Counted together, 1 h + 10 h is still less and it waits;
+    8 h + 10 h is more: on day one, knowing that whole wait, it would have rented, so it rents now."""
+    job = make_job(priority="time", submitted_at=0.0, expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    now = waited_h * HOUR
+    node, running = _slipping_owned(busy_until_h=waited_h + 10)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(rental,))
+
+    [decision] = schedule(state, now, config())
+
+    assert (decision == Provision("v100.1x", 1, job.id)) is rents
+    assert isinstance(decision, Wait) is not rents
+
+
+def test_the_wait_already_done_is_counted_from_the_submission_not_from_a_later_clock():
+    """The same job judged at the same moment with the same wait ahead: only its recorded submission differs."""
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    node, running = _slipping_owned(busy_until_h=20)
+    decisions = {
+        submitted_h: schedule(
+            make_state(
+                nodes=(node,),
+                queue=(make_job(id="j", submitted_at=submitted_h * HOUR, expected_duration_s=10 * HOUR),),
+                running=(running,),
+                catalogue=(rental,),
+            ),
+            10 * HOUR,
+            config(),
+        )
+        for submitted_h in (0, 9)
+    }
+
+    assert decisions[0] == [Provision("v100.1x", 1, "j")]
+    assert isinstance(decisions[9][0], Wait)
+
+
 def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one():
     slow_local = make_node(kind="local", gpu_model="P100", gpu_count=1, tflops=9.3, price_per_hour=0.35)
     reserved = make_node(kind="reserved", gpu_model="V100", gpu_count=1, tflops=15.0, price_per_hour=1.5)
