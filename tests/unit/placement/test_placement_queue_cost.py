@@ -69,6 +69,31 @@ def test_a_long_job_that_could_rent_is_charged_only_the_wait_it_adds_before_the_
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
 
 
+def test_taking_the_gpu_the_next_local_only_job_would_start_on_is_charged_its_whole_wait():
+    """Review rev7b P2: a kind of 8 local GPUs, 1 free, 7 busy for 30 h; a long job that could rent is ahead of a
+    local-only job (time worth $4/h). Taking the free GPU delays that job by its whole 30 h ($120), as make room credits freeing
+    it, not by 1/8 of it ($15, the share every later job in line bears): the long job rents ($50), the local-only
+    job starts. Priced by two rules, it took the GPU and make room would move it off one pass later."""
+    node = make_node(kind="local", gpu_count=8, free=1, price_per_hour=2.8)
+    running = busy(node, until=30 * HOUR)
+    could_rent = make_job(allowed="any", submitted_at=0.0, expected_duration_s=100 * HOUR, checkpoint_interval_s=1800.0)
+    # cost-sensitive (queued after the time-sensitive job): its time is worth 0.25 of 16, $4/h
+    local_only = make_job(
+        allowed="local", priority="cost", submitted_at=1.0, expected_duration_s=10 * HOUR, exchange_rate=16.0
+    )
+    state = make_state(
+        nodes=(node,),
+        running=(running,),
+        queue=(could_rent, local_only),
+        catalogue=(make_instance(name="t4.1x", price_per_hour=0.5),),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Provision("t4.1x", 1, could_rent.id) in decisions
+    assert of_type(decisions, Start) == [Start(local_only.id, (node.id,), ((0,),))]
+
+
 def _slipping_owned(*, busy_until_h: float):
     node = make_node(kind="local", gpu_count=1, free=0)
     return node, busy(node, until=busy_until_h * HOUR)
