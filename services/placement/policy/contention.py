@@ -5,7 +5,9 @@ free local GPUs and the jobs that can run nowhere else wait behind it. Here a jo
 owned option, the time it adds to that backlog at the backlog's own exchange rates. Holding g GPUs for d seconds on a
 kind of N GPUs takes g * min(d, t) GPU-seconds of the kind's capacity away before a backlog job that starts t
 seconds from now, so it delays that job by about g * min(d, t) / N: a job that starts after the GPUs come back is
-delayed by the whole g * d / N, one that starts sooner only by what the kind lost until then. When each backlog job
+delayed by the whole g * d / N, one that starts sooner only by what the kind lost until then; the next jobs in line
+that would have started now on the g free GPUs taken are delayed by their whole wait up to d (`head_dollars`, the rule
+make room credits for freeing GPUs: one rule for taking and freeing). When each backlog job
 starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
 backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
 """
@@ -273,7 +275,9 @@ class Backlog:
     kinds: dict[str, Kind] = field(default_factory=dict)
 
     def charge(self, job: JobRequest, option: Option) -> float:
-        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind."""
+        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind: g / N of
+        each backlog job's wait up to the option's duration, and the whole of it for the jobs next in line that would
+        have started now on the free GPUs it takes."""
         kind = self.kinds.get(option_kind(option))
         if kind is None or not kind.value:
             return 0.0

@@ -71,9 +71,9 @@ def test_a_long_job_that_could_rent_is_charged_only_the_wait_it_adds_before_the_
 
 def test_taking_the_gpu_the_next_local_only_job_would_start_on_is_charged_its_whole_wait():
     """Review rev7b P2: a kind of 8 local GPUs, 1 free, 7 busy for 30 h; a long job that could rent is ahead of a
-    local-only job (time worth $4/h). Taking the free GPU delays that job by its whole 30 h ($120), as make room credits freeing
-    it, not by 1/8 of it ($15, the share every later job in line bears): the long job rents ($50), the local-only
-    job starts. Priced by two rules, it took the GPU and make room would move it off one pass later."""
+    local-only job (time worth $4/h). Taking the free GPU delays that job by its whole 30 h ($120), as make room
+    credits freeing it, not by 1/8 of it ($15, the share every later job in line bears): the long job rents ($50),
+    the local-only job starts. Priced by two rules, it took the GPU and make room would move it off a pass later."""
     node = make_node(kind="local", gpu_count=8, free=1, price_per_hour=2.8)
     running = busy(node, until=30 * HOUR)
     could_rent = make_job(allowed="any", submitted_at=0.0, expected_duration_s=100 * HOUR, checkpoint_interval_s=1800.0)
