@@ -5,7 +5,9 @@ free local GPUs and the jobs that can run nowhere else wait behind it. Here a jo
 owned option, the time it adds to that backlog at the backlog's own exchange rates. Holding g GPUs for d seconds on a
 kind of N GPUs takes g * min(d, t) GPU-seconds of the kind's capacity away before a backlog job that starts t
 seconds from now, so it delays that job by about g * min(d, t) / N: a job that starts after the GPUs come back is
-delayed by the whole g * d / N, one that starts sooner only by what the kind lost until then. When each backlog job
+delayed by the whole g * d / N, one that starts sooner only by what the kind lost until then; the next jobs in line
+that would have started now on the g free GPUs taken are delayed by their whole wait up to d (`head_dollars`, the rule
+make room credits for freeing GPUs: one rule for taking and freeing). When each backlog job
 starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
 backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
 """
@@ -13,7 +15,7 @@ backlog's own durations, in queue order (time-sensitive first, then submission) 
 import bisect
 import heapq
 import itertools
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
@@ -154,6 +156,13 @@ class Kind:
             )
         return out
 
+    def displaced(self, taken: int) -> int:
+        """How many backlog jobs, next in line, would start now on the free GPUs but not once `taken` of them are
+        taken (the first jobs of the plan of `taken`)."""
+        self._order()
+        now_free = bisect.bisect_right(self._gpus, self.free) - 1
+        return max(0, now_free - (bisect.bisect_right(self._gpus, max(self.free - taken, 0)) - 1))
+
     def _order(self) -> list[tuple[tuple, int, float, float]]:
         """`queued` in queue order, with the prefix sums of its GPUs and values and the suffix sums of its values."""
         if self._in_order is None:
@@ -185,6 +194,7 @@ class Plan:
     _at: list[float] = field(default_factory=list)  # the planned jobs' finite waits, in order (non-decreasing)
     _value: list[float] = field(default_factory=lambda: [0.0])  # prefix sums of their $ per s
     _weighted: list[float] = field(default_factory=lambda: [0.0])  # prefix sums of $ per s * wait
+    _each: list[tuple[float, float]] = field(default_factory=list)  # (wait, $ per s) of each job planned, in order
 
     def relief(self, cut: float) -> float:
         """Sum over the backlog of $ per s * min(wait, cut)."""
@@ -201,13 +211,21 @@ class Plan:
             self.planned += 1
             if gpus > self.total:
                 self.never += value
+                self._each.append((INF, value))
                 continue
             start = self._take(gpus)
             heapq.heappush(self.back, [start + duration, gpus])
             wait = max(0.0, start - self.now)
+            self._each.append((wait, value))
             at.append(wait)
             self._value.append(self._value[-1] + value)
             self._weighted.append(self._weighted[-1] + value * wait)
+
+    def first(self, count: int, cut: float) -> list[tuple[float, float]]:
+        """(wait, $ per s) of the first `count` jobs planned (those not planned by `cut` wait `cut` or more)."""
+        self._plan(cut)
+        found = self._each[:count]
+        return found + [(INF, v) for _, _, v, _ in self.order[self.planned : self.planned + count - len(found)]]
 
     def _take(self, gpus: int) -> float:
         """Take the first `gpus` GPUs back; when the last of them is back."""
@@ -241,6 +259,14 @@ def delay_dollars(waits: "Waits | Plan", *, gpus: int, kind_gpus: int, held_s: f
     return delay_share(gpus=gpus, kind_gpus=kind_gpus) * waits.relief(held_s)
 
 
+def head_dollars(heads: Iterable[tuple[float, float]], *, share: float, held_s: float) -> float:
+    """What the next jobs in line gain (or lose) beyond their share when g GPUs of a kind of N are freed (or taken)
+    for `held_s`: they start on those GPUs now (or would have), so their whole wait up to `held_s` counts, not
+    g / N of it (`delay_dollars` prices the share). `heads`: (wait, $ per s). The one rule of the contention charge
+    and make room for the head of the line."""
+    return (1 - share) * sum(value * min(wait, held_s) for wait, value in heads)
+
+
 @dataclass(slots=True)
 class Backlog:
     """Per owned kind, what a placement there delays (see the module's doc)."""
@@ -249,14 +275,19 @@ class Backlog:
     kinds: dict[str, Kind] = field(default_factory=dict)
 
     def charge(self, job: JobRequest, option: Option) -> float:
-        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind."""
+        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind: g / N of
+        each backlog job's wait up to the option's duration, and the whole of it for the jobs next in line that would
+        have started now on the free GPUs it takes."""
         kind = self.kinds.get(option_kind(option))
         if kind is None or not kind.value:
             return 0.0
         gpus = job.gpu_count * job.node_count
         if kind.demand + gpus <= kind.free:
             return 0.0  # room for the backlog and this job: nobody waits for it
-        return delay_dollars(kind.waits(self.now, gpus), gpus=gpus, kind_gpus=kind.gpus, held_s=option.duration)
+        plan = kind.waits(self.now, gpus)
+        share = delay_dollars(plan, gpus=gpus, kind_gpus=kind.gpus, held_s=option.duration)
+        heads = plan.first(kind.displaced(gpus), option.duration)
+        return share + head_dollars(heads, share=delay_share(gpus=gpus, kind_gpus=kind.gpus), held_s=option.duration)
 
     def started(self, job: JobRequest, option: Option, *, owned_only: bool) -> None:
         """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the

@@ -12,7 +12,14 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
-from services.placement.policy.contention import INF, Waits, delay_dollars, delay_share, queue_order
+from services.placement.policy.contention import (
+    INF,
+    Waits,
+    delay_dollars,
+    delay_share,
+    head_dollars,
+    queue_order,
+)
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
@@ -192,7 +199,7 @@ def starters(shapes: list[Shape], freed: Freed) -> list[tuple[Shape, int]]:
 
 def head_relief(starts: list[tuple[Shape, int]], freed: Freed) -> float:
     """What the jobs the freed GPUs start gain beyond their share (`Shape.relief`): their whole wait up to d comes
-    off, not g / N of it (the pricing is capped at d; the wait itself is gone, `Waits.shorten`)."""
-    return (1 - freed.share) * sum(
-        shape.pending.waits[i][1] * min(shape.pending.waits[i][0], freed.held_s) for shape, i in starts
-    )
+    off, not g / N of it (the pricing is capped at d; the wait itself is gone, `Waits.shorten`): `head_dollars`, the
+    contention charge's rule for the jobs a taken GPU would have started."""
+    heads = ((shape.pending.waits[i][0], shape.pending.waits[i][1]) for shape, i in starts)
+    return head_dollars(heads, share=freed.share, held_s=freed.held_s)

@@ -160,6 +160,9 @@ def pick(
     """Least on-demand dollars + the wait it causes others + time to finish at the exchange rate; near-equal scores
     go to owned, then fewer dollars, then sooner.
 
+    An option that waits on is weighed with the wait already done (`waited_s`, at the job's rate): a job waits for
+    owned capacity only while its whole wait, done and still ahead, is worth less than renting, so a wait that keeps
+    slipping ends in a rental as it would have on day one had the whole wait been known.
     Cost-sensitive jobs keep to their deadline when an option meets it (unless the rate is 0: never pay for time).
     A job that has waited what renting would have cost it waits no longer; rental types near-tied in dollars go to
     the cheaper; a rental finishing sooner than burst-like service would finish the job (`burst_finish`) gains
@@ -181,10 +184,14 @@ def pick(
     options = waited_enough(options, job, now=now, value=value, risk=risk)
     if not thrifty:
         bar = -INF  # a project that pays this much for time buys all the speed it can
+    done = value * waited_s(job, now)  # charged to every option that waits on: the wait is the job's whole wait
     scored = [
-        (paid_dollars(o, risk) + o.charge + value * (max(o.finish, bar) - now), o)
-        if o.paid
-        else (o.charge + value * (o.finish - now), o)
+        (
+            (paid_dollars(o, risk) + value * (max(o.finish, bar) - now) if o.paid else value * (o.finish - now))
+            + o.charge
+            + (done if o.action == "wait" else 0.0),
+            o,
+        )
         for o in options
     ]
     best = min(score for score, _ in scored)
@@ -240,9 +247,15 @@ def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: 
     """Time already waited counts: once it is worth (at the job's rate) what renting would cost, the job waits no
     longer (it starts now, owned or rented)."""
     rentals = [paid_dollars(o, risk) for o in options if o.action == "provision"]
-    if not rentals or value * max(0.0, now - job.submitted_at) < min(rentals):
+    if not rentals or value * waited_s(job, now) < min(rentals):
         return options
     return [o for o in options if o.action != "wait"]
+
+
+def waited_s(job: JobRequest, now: float) -> float:
+    """Seconds the job has waited so far: since its submission as the platform recorded it (the submitter's clock,
+    `JobSubmitted.create_time`), never a node's."""
+    return max(0.0, now - job.submitted_at)
 
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:

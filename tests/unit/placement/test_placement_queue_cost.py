@@ -69,6 +69,31 @@ def test_a_long_job_that_could_rent_is_charged_only_the_wait_it_adds_before_the_
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
 
 
+def test_taking_the_gpu_the_next_local_only_job_would_start_on_is_charged_its_whole_wait():
+    """Review rev7b P2: a kind of 8 local GPUs, 1 free, 7 busy for 30 h; a long job that could rent is ahead of a
+    local-only job (time worth $4/h). Taking the free GPU delays that job by its whole 30 h ($120), as make room
+    credits freeing it, not by 1/8 of it ($15, the share every later job in line bears): the long job rents ($50),
+    the local-only job starts. Priced by two rules, it took the GPU and make room would move it off a pass later."""
+    node = make_node(kind="local", gpu_count=8, free=1, price_per_hour=2.8)
+    running = busy(node, until=30 * HOUR)
+    could_rent = make_job(allowed="any", submitted_at=0.0, expected_duration_s=100 * HOUR, checkpoint_interval_s=1800.0)
+    # cost-sensitive (queued after the time-sensitive job): its time is worth 0.25 of 16, $4/h
+    local_only = make_job(
+        allowed="local", priority="cost", submitted_at=1.0, expected_duration_s=10 * HOUR, exchange_rate=16.0
+    )
+    state = make_state(
+        nodes=(node,),
+        running=(running,),
+        queue=(could_rent, local_only),
+        catalogue=(make_instance(name="t4.1x", price_per_hour=0.5),),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Provision("t4.1x", 1, could_rent.id) in decisions
+    assert of_type(decisions, Start) == [Start(local_only.id, (node.id,), ((0,),))]
+
+
 def _slipping_owned(*, busy_until_h: float):
     node = make_node(kind="local", gpu_count=1, free=0)
     return node, busy(node, until=busy_until_h * HOUR)
@@ -93,6 +118,46 @@ def test_a_job_that_has_waited_little_still_waits_for_owned_capacity_freeing_soo
     [decision] = schedule(state, 5 * HOUR, config())
 
     assert isinstance(decision, Wait) and decision.until == 15 * HOUR
+
+
+@pytest.mark.parametrize(("waited_h", "rents"), [(1, False), (8, True)])
+def test_the_wait_already_done_counts_with_the_wait_still_ahead(waited_h, rents):
+    """Owned capacity frees 10 h from now; renting costs $30.5 with the grace (1 GPU at $2/h: about 15 h of this
+    job's time, 16 h with the near-tie tolerance). The wait ahead alone (10 h) is worth less, and the old rule waited
+    until the wait done alone reached the rental's price. Counted together, 1 h + 10 h is still less and it waits;
+    8 h + 10 h is more: on day one, knowing that whole wait, it would have rented, so it rents now."""
+    job = make_job(priority="time", submitted_at=0.0, expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    now = waited_h * HOUR
+    node, running = _slipping_owned(busy_until_h=waited_h + 10)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(rental,))
+
+    [decision] = schedule(state, now, config())
+
+    assert (decision == Provision("v100.1x", 1, job.id)) is rents
+    assert isinstance(decision, Wait) is not rents
+
+
+def test_the_wait_already_done_is_counted_from_the_submission_not_from_a_later_clock():
+    """The same job judged at the same moment with the same wait ahead: only its recorded submission differs."""
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    node, running = _slipping_owned(busy_until_h=20)
+    decisions = {
+        submitted_h: schedule(
+            make_state(
+                nodes=(node,),
+                queue=(make_job(id="j", submitted_at=submitted_h * HOUR, expected_duration_s=10 * HOUR),),
+                running=(running,),
+                catalogue=(rental,),
+            ),
+            10 * HOUR,
+            config(),
+        )
+        for submitted_h in (0, 9)
+    }
+
+    assert decisions[0] == [Provision("v100.1x", 1, "j")]
+    assert isinstance(decisions[9][0], Wait)
 
 
 def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one():

@@ -51,9 +51,17 @@ def test_the_plan_charges_what_the_whole_plan_does(seed):
     waits = _whole_plan(now=now, idle=idle, ends=ends, backlog=backlog, total=idle + kind.busy)
     plan = kind.waits(now, taken)
 
+    # the jobs that fit on the idle GPUs in queue order start at once; the plan's `first` are the jobs after them
+    gpus = [e[1] for e in sorted(backlog)]
+    at_once = next((i for i in range(len(gpus)) if sum(gpus[: i + 1]) > idle), len(gpus))
     for cut in [rng.uniform(0, 8000) for _ in range(5)]:  # one plan asked for several cuts, longer or shorter
         expected = sum(value * min(wait, cut) for wait, value in waits)
         assert plan.relief(cut) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+        heads = plan.first(3, cut)
+        expected_heads = [(min(w, cut), v) for w, v in waits[at_once : at_once + 3]]
+        assert [x for w, v in heads for x in (min(w, cut), v)] == pytest.approx(
+            [x for pair in expected_heads for x in pair]
+        )
 
 
 @pytest.mark.parametrize("ahead", [True, False])
@@ -134,8 +142,9 @@ def test_the_next_in_line_is_taken_in_queue_order_among_the_jobs_still_waiting()
 
 def test_a_charge_after_a_start_on_a_kind_counts_the_gpus_the_start_took():
     # two local GPUs, free; two local-only one-GPU jobs of 10 min queued. A job that could rent asks about one GPU for
-    # an hour: one queued job starts now, the other waits 10 min (1/2 of it charged). Once another such job has
-    # started on a GPU for 2 h, the same ask leaves the queued jobs no GPU until 2 h: each waits past the hour
+    # an hour: one queued job starts now, the other, which would have started now on that GPU, waits 10 min (all of
+    # it charged: the head of the line). Once another such job has started on a GPU for 2 h, the same ask leaves the
+    # queued jobs no GPU until 2 h: each waits past the hour (1/2 of the hour each), the first in line the whole hour
     node = make_node(kind="local", gpu_count=2)
     queued = [make_job(allowed="local", expected_duration_s=600.0) for _ in range(2)]
     first, second = make_job(allowed="any"), make_job(allowed="any")
@@ -152,8 +161,8 @@ def test_a_charge_after_a_start_on_a_kind_counts_the_gpus_the_start_took():
     def on_one_gpu(hours: float) -> Option:
         return Option("start", 0.0, hours * 3600, 0.0, False, 0, hours * 3600, picks=[(view, (0,))])
 
-    assert out.charge(second, on_one_gpu(1)) == pytest.approx(0.5 * 600 / 3600)
+    assert out.charge(second, on_one_gpu(1)) == pytest.approx(600 / 3600)
 
     out.started(first, on_one_gpu(2), owned_only=False)
 
-    assert out.charge(second, on_one_gpu(1)) == pytest.approx(0.5 * 2 * 3600 / 3600)
+    assert out.charge(second, on_one_gpu(1)) == pytest.approx(0.5 * 2 * 3600 / 3600 + 0.5 * 3600 / 3600)
