@@ -11,6 +11,8 @@ still has placements to read or acknowledge (the real one was stored before any 
 dropped once it has read them all.
 """
 
+import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -116,6 +118,7 @@ class Origins:
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
     records: GroupCommit[dict[str, Any], None] = field(init=False, repr=False)  # inserts waiting for their window
     restart_wait_s: float = RESTART_WAIT_S
+    _writing: dict[str, "asyncio.Future[None]"] = field(default_factory=dict, repr=False)  # records being written
     _waits_until: float | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,13 +127,14 @@ class Origins:
     async def placed(self, event: JobPlaced) -> None:
         """Keep a placement (a redelivery finds it stored), inserted with the others read at the same moment. Only a
         landed write marks it stored: a redelivery while its first delivery's write is still out (a slow database
-        past the acknowledgement wait) writes it again rather than be acknowledged on the strength of a write that
-        may yet fail (the record stored twice is a duplicate key, no error)."""
+        past the acknowledgement wait) waits for that write and fails with it, rather than be acknowledged on the
+        strength of a write that may yet fail."""
         key = self.learn(event)
         if self.stored.get(key):
             return
-        await self.records(
-            {
+        write = self._writing.get(key)
+        if write is None:  # else another delivery of it (another consumer, a redelivery) waits on the same write
+            record = {
                 "_id": key,
                 "job_id": event.job_id,
                 "attempt": event.attempt,
@@ -138,8 +142,15 @@ class Origins:
                 "gpus": given_gpus(event),
                 "why": event.why,
             }
-        )
+            write = self._writing[key] = asyncio.ensure_future(self.records(record))
+            write.add_done_callback(functools.partial(self._written, key))
+        await asyncio.shield(write)  # its error is every waiting delivery's: each comes again
         self.stored.put(key, True)
+
+    def _written(self, key: str, write: "asyncio.Future[None]") -> None:
+        self._writing.pop(key, None)
+        if not write.cancelled():
+            write.exception()  # retrieved here too: every delivery that waited may have stopped waiting
 
     async def _insert(self, docs: list[dict[str, Any]]) -> list[None | Exception]:
         """One insert of a window's records; one stored already (a redelivery, a lost answer) is no error. A
