@@ -4,7 +4,8 @@
 A form is the prior shares a table may take, the leans it may take (`blendtable.LEANS`: a share per reading from
 the fitted curve's doubt and reach) and the band's `spread`. `choose` picks one on the readings of some families
 only, leave-one-family-out among them (`score`): each family read by a table fitted on the others, the median's
-form first by within ±20% (mean over the evaluation's cuts), then the band's by each family's 10-90% coverage at
+form first by within ±20% (at the evaluation's cuts, every family weighing the same: what transfers to a family
+unlike the largest ones), then the band's by each family's 10-90% coverage at
 each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside). The family
 split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
 table's form is chosen on all of them (`ownnested.build_table`). Nothing here reads the never-seen split.
@@ -55,13 +56,15 @@ SPREADS: tuple[tuple[float, ...], ...] = (
 @dataclass(frozen=True)
 class Score:
     """A form's nested figures: within ±20% per cut (pooled), coverage per family and cut, the mean distance
-    of those coverages outside GOAL (points), how many lie inside, and the prior share each fold chose."""
+    of those coverages outside GOAL (points), how many lie inside, the prior share each fold chose, and within
+    ±20% over the cuts with every family weighing the same."""
 
     within: dict[float, float]
     coverage: dict[str, dict[float, float]]
     distance: float
     inside: int
     weights: tuple[float, ...]
+    family_within: float = 0.0  # within ±20% at the cuts, each family weighing the same
 
 
 def served(table: blendtable.BlendTable, prior: np.ndarray, fitted: np.ndarray) -> np.ndarray:
@@ -138,7 +141,9 @@ def score_tables(
     cells = [v for by_cut in coverage.values() for v in by_cut.values()]
     distance = float(np.mean([max(GOAL[0] - v, v - GOAL[1], 0.0) for v in cells])) * 100
     n_inside = sum(GOAL[0] <= v <= GOAL[1] for v in cells)
-    return Score(within, coverage, distance, n_inside, tuple(chosen))
+    at_cuts = np.isin(cut, cuts)
+    by_family = [hit[(families == f) & at_cuts].mean() for f in sorted(set(readings.families))]
+    return Score(within, coverage, distance, n_inside, tuple(chosen), float(np.mean(by_family)))
 
 
 def choose(
@@ -149,11 +154,11 @@ def choose(
     fitter: Fitter | None = None,
 ) -> Form:
     """The form `score` ranks first on `readings` (leave-one-family-out among their families): the median's
-    (shares, leans) by within ±20%, then the band's spread by coverage; the first of equals."""
+    (shares, leans) by within ±20% (`Score.family_within`), then the band's spread by coverage; the first of equals."""
     if len(set(readings.families)) < 2:  # no family to score a form on: the default
         return Form()
     fitter = fitter or Fitter(readings)
-    best = max(medians, key=lambda f: round(float(np.mean(list(score(readings, f, fitter=fitter).within.values()))), 9))
+    best = max(medians, key=lambda f: round(score(readings, f, fitter=fitter).family_within, 9))
     graded = [(replace(best, spread=s), score(readings, replace(best, spread=s), fitter=fitter)) for s in spreads]
     return min(graded, key=lambda fs: (round(fs[1].distance, 9), -fs[1].inside))[0]
 
@@ -215,8 +220,8 @@ def main(argv: list[str] | None = None) -> None:
 def _print(name: str, got: Score) -> None:
     within = " / ".join(f"{got.within.get(c, float('nan')) * 100:.1f}" for c in owncorpus.CUTS)
     print(
-        f"{name}: distance {got.distance:.2f}, {got.inside} cells inside, within ±20% {within}%, "
-        f"chosen {sorted(set(got.weights))}",
+        f"{name}: distance {got.distance:.2f}, {got.inside} cells inside, within ±20% {within}% "
+        f"(per family {got.family_within * 100:.1f}%), chosen {sorted(set(got.weights))}",
         flush=True,
     )
 
