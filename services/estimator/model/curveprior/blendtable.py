@@ -4,8 +4,10 @@ sized on runs of families neither reading was fitted on, per phase of the run wh
 Both readings are totals since the start; the blend works in a = log(total / elapsed) (0: finishing now), the
 scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w per bin of the fraction of the run
 the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
-families missed more often on the fourth, `docs/estimator.md`). The band is [a + low · s, a + high · s], s the
-prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
+families missed more often on the fourth, `docs/estimator.md`). With a `lean` (fifth round of issue 31), w is per
+reading: the cell's share, its logit moved by learned coefficients of the fitted curve's doubt (its band's width
+over the prior's) and of how far ahead the readings put the end (`shares`). The band is [a + low · s,
+a + high · s], s the prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
 `spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two disagree, it is wide;
 a table saved without a spread: the prior's half-width plus half the disagreement): `low`/`high` are the 10% and
 90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per family, not
@@ -33,10 +35,9 @@ MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure 
 MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
 # The band's scale: (prior's half-width, the two medians' distance, the fitted curve's half-width) coefficients.
 SPREAD = (1.0, 0.5, 0.0)  # a table saved without one: the prior's half-width plus half the readings' distance
-# What a table is fitted with (chosen leave-one-family-out over eleven families by `services.estimator.ownchoice`,
-# `docs/estimator.md`): three times the readings' distance, its quantiles sided; since the fitted curve is refitted
-# on the eleven (fourth round) the reach towards the reading not followed no longer helped (third round: 2), and the
-# readings' own widths did not help a family they were not sized on.
+# What a table is fitted with unless told otherwise (the fourth round's choice over eleven families): three times the
+# readings' distance, its quantiles sided. Since the fifth round the served table's form is chosen when it is built,
+# leave-one-family-out on the readings it is fitted on (`services.estimator.ownchoice.table_for`).
 FIT_SPREAD = (0.0, 3.0, 0.0, 0.0)
 WITHIN = 0.2
 # The lean: the prior's share per reading, its logit moved by LEAN[0] per e-fold the fitted curve's band is wider
