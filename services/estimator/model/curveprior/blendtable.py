@@ -7,11 +7,11 @@ the two readings' geometric mean says is seen (one bin by default: weights and b
 families missed more often on the fourth, `docs/estimator.md`). With a `lean` (fifth round of issue 31), w is per
 reading: the cell's share, its logit moved by learned coefficients of the fitted curve's doubt (its band's width
 over the prior's) and of how far ahead the readings put the end (`shares`). The band is [a + low · s,
-a + high · s], s the prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
-`spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two disagree, it is wide;
-a table saved without a spread: the prior's half-width plus half the disagreement): `low`/`high` are the 10% and
-90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per family, not
-pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+a + high · s], s the prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed
+by the table's `spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two
+disagree, it is wide; a table saved without a spread: the prior's half-width plus half the disagreement):
+`low`/`high` are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same
+(coverage per family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
 """
 
 from __future__ import annotations
