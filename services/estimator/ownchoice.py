@@ -1,18 +1,21 @@
-"""The blend table's form chosen on the nested readings (offline): `python -m services.estimator.ownchoice`.
+"""The blend table's form chosen on nested readings, inside each outer fold (offline, numpy):
+`python -m services.estimator.ownchoice`.
 
-Each candidate (the band's `spread`, the prior shares tried) is scored leave-one-family-out on the readings
-`ownnested` makes (each family read by parts built without it): each family by a table fitted on the other
-families' readings only, at the evaluation's cuts (`owncorpus.CUTS`): within ±20% pooled, and each family's 10-90%
-coverage at each cut against the goal's 75-85% (the mean distance outside it, in points, and the cells inside).
-Nothing here reads the never-seen split.
+A form is the prior shares a table may take, the leans it may take (`blendtable.LEANS`: a share per reading from
+the fitted curve's doubt and reach) and the band's `spread`. `choose` picks one on the readings of some families
+only, leave-one-family-out among them (`score`): each family read by a table fitted on the others, the median's
+form first by within ±20% (at the evaluation's cuts, every family weighing the same: what transfers to a family
+unlike the largest ones), then the band's by each family's 10-90% coverage at
+each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside). The family
+split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
+table's form is chosen on all of them (`ownnested.build_table`). Nothing here reads the never-seen split.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,23 +30,51 @@ WIDE_WEIGHTS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
 
 
 @dataclass(frozen=True)
+class Form:
+    """What a table may be fitted with: the prior shares and leans tried, and the band's spread."""
+
+    weights: tuple[float, ...] = blendtable.WEIGHTS
+    leans: tuple[tuple[float, float], ...] = (blendtable.NO_LEAN,)
+    spread: tuple[float, ...] = blendtable.FIT_SPREAD
+
+
+MEDIANS = (
+    Form(),
+    Form(weights=WIDE_WEIGHTS),
+    Form(leans=blendtable.LEANS),
+    Form(weights=WIDE_WEIGHTS, leans=blendtable.LEANS),
+)
+SPREADS: tuple[tuple[float, ...], ...] = (
+    (1.0, 0.5, 0.0),  # the first table's symmetric band
+    *((0.0, apart, 0.0, reach) for apart in (2.0, 3.0, 4.0) for reach in (0.0, 1.0, 2.0)),
+    (0.5, 3.0, 0.0, 0.0),
+    (0.0, 3.0, 0.5, 0.0),
+    (0.0, 2.0, 0.5, 0.0),
+)
+
+
+@dataclass(frozen=True)
 class Score:
-    """A candidate's nested figures: within ±20% per cut (pooled), coverage per family and cut, the mean distance
-    of those coverages outside GOAL (points), how many lie inside, and the prior share each fold chose."""
+    """A form's nested figures: within ±20% per cut (pooled), coverage per family and cut, the mean distance
+    of those coverages outside GOAL (points), how many lie inside, the prior share each fold chose, and within
+    ±20% over the cuts with every family weighing the same."""
 
     within: dict[float, float]
     coverage: dict[str, dict[float, float]]
     distance: float
     inside: int
     weights: tuple[float, ...]
+    family_within: float = 0.0  # within ±20% at the cuts, each family weighing the same
 
 
 def served(table: blendtable.BlendTable, prior: np.ndarray, fitted: np.ndarray) -> np.ndarray:
     """`blendtable.combine` of every row at once: (n, 3) mid, low, high as log(total / elapsed)."""
-    phases = np.exp(-(prior[:, 0] + fitted[:, 0]) / 2)
-    cells = [table.cell(float(f)) for f in phases]
-    w, lo, hi = (np.array([getattr(c, k) for c in cells]) for k in ("weight", "low", "high"))
-    mid = np.maximum(w * prior[:, 0] + (1 - w) * fitted[:, 0], 0.0)
+    if len(table.cells) != len(table.edges) + 1:
+        table = replace(table, edges=(), cells=(blendtable.Cell(),))
+    bins = np.searchsorted(table.edges, blendtable.phases(prior, fitted), side="right")
+    w, lo, hi = (np.array([getattr(c, k) for c in table.cells])[bins] for k in ("weight", "low", "high"))
+    share = blendtable.shares(prior, fitted, w, table.lean)
+    mid = np.maximum(blendtable.blend_mid(prior, fitted, share), 0.0)
     down, up = blendtable.units(prior, fitted, mid, table.spread)
     low = mid + lo * np.where(lo < 0, down, up)
     high = np.minimum(mid + hi * np.where(hi > 0, up, down), np.maximum(LOG_HORIZON, mid))
@@ -55,28 +86,46 @@ def cut_of(truth: np.ndarray) -> np.ndarray:
     return np.round(np.exp(-truth), 2)
 
 
+class Fitter:
+    """Tables fitted on `readings` less some families, the share and lean chosen once per set of families (the
+    band's spread does not move them)."""
+
+    def __init__(self, readings: Readings) -> None:
+        self.readings = readings
+        self.families = np.asarray(readings.families)
+        self._shares: dict[tuple, tuple[float, tuple[float, float]]] = {}
+
+    def fit(self, form: Form, *, without: Sequence[str] = ()) -> blendtable.BlendTable:
+        r, keep = self.readings, ~np.isin(self.families, list(without))
+        prior, fitted, truth, groups = r.prior[keep], r.fitted[keep], r.truth[keep], list(self.families[keep])
+        key = (tuple(sorted(without)), form.weights, form.leans)
+        if key not in self._shares:
+            weight = blendtable.family_weights(groups)
+            self._shares[key] = blendtable.best_share(prior, fitted, truth, weight, form.weights, form.leans)
+        w, lean = self._shares[key]
+        return blendtable.fit_table(prior, fitted, truth, groups, spread=form.spread, weights=(w,), leans=(lean,))
+
+
 def score(
-    readings: Readings,
-    *,
-    spread: tuple[float, ...],
-    weights: Sequence[float] = blendtable.WEIGHTS,
-    cuts: Sequence[float] = owncorpus.CUTS,
+    readings: Readings, form: Form, *, cuts: Sequence[float] = owncorpus.CUTS, fitter: Fitter | None = None
 ) -> Score:
+    """`form` leave-one-family-out on `readings`: each family read by a table fitted on the others only."""
+    fitter = fitter or Fitter(readings)
+    return score_tables(readings, lambda held: fitter.fit(form, without=(held,)), cuts=cuts)
+
+
+def score_tables(
+    readings: Readings, table_without: Callable[[str], blendtable.BlendTable], *, cuts: Sequence[float]
+) -> Score:
+    """Each family of `readings` read by `table_without(family)`: within ±20% and coverage, as `Score`."""
     families = np.asarray(readings.families)
     cut = cut_of(readings.truth)
     hit = np.zeros(len(cut), bool)
     inside = np.zeros(len(cut), bool)
     chosen = []
     for held in sorted(set(readings.families)):
-        mine, others = families == held, families != held
-        table = blendtable.fit_table(
-            readings.prior[others],
-            readings.fitted[others],
-            readings.truth[others],
-            list(families[others]),
-            spread=spread,
-            weights=weights,
-        )
+        mine = families == held
+        table = table_without(held)
         chosen.append(table.cells[0].weight)
         got = served(table, readings.prior[mine], readings.fitted[mine])
         truth = readings.truth[mine]
@@ -92,23 +141,53 @@ def score(
     cells = [v for by_cut in coverage.values() for v in by_cut.values()]
     distance = float(np.mean([max(GOAL[0] - v, v - GOAL[1], 0.0) for v in cells])) * 100
     n_inside = sum(GOAL[0] <= v <= GOAL[1] for v in cells)
-    return Score(within, coverage, distance, n_inside, tuple(chosen))
+    at_cuts = np.isin(cut, cuts)
+    by_family = [hit[(families == f) & at_cuts].mean() for f in sorted(set(readings.families))]
+    return Score(within, coverage, distance, n_inside, tuple(chosen), float(np.mean(by_family)))
 
 
-def candidates() -> list[tuple[tuple[float, ...], Sequence[float]]]:
-    """The band's forms tried (the former symmetric one, sided ones on the prior's width, the readings' distance
-    and the reach towards the reading not followed) with the table's prior shares, and the shipped form with a wider
-    grid of shares (the share is chosen by within ±20%, which the band does not move)."""
-    spreads: list[tuple[float, ...]] = [(1.0, 0.5, 0.0)]
-    spreads += [
-        (own, apart, 0.0, reach)
-        for own, apart, reach in itertools.product((0.0, 0.5), (1.0, 2.0, 3.0, 4.0), (0.0, 1.0, 2.0, 3.0))
-    ]
-    return [(s, blendtable.WEIGHTS) for s in spreads] + [(blendtable.FIT_SPREAD, WIDE_WEIGHTS)]
+def choose(
+    readings: Readings,
+    *,
+    medians: Sequence[Form] = MEDIANS,
+    spreads: Sequence[tuple[float, ...]] = SPREADS,
+    fitter: Fitter | None = None,
+) -> Form:
+    """The form `score` ranks first on `readings` (leave-one-family-out among their families): the median's
+    (shares, leans) by within ±20% (`Score.family_within`), then the band's spread by coverage; the first of equals."""
+    if len(set(readings.families)) < 2:  # no family to score a form on: the default
+        return Form()
+    fitter = fitter or Fitter(readings)
+    best = max(medians, key=lambda f: round(score(readings, f, fitter=fitter).family_within, 9))
+    graded = [(replace(best, spread=s), score(readings, replace(best, spread=s), fitter=fitter)) for s in spreads]
+    return min(graded, key=lambda fs: (round(fs[1].distance, 9), -fs[1].inside))[0]
+
+
+def table_for(readings: Readings, *, medians: Sequence[Form] = MEDIANS) -> tuple[blendtable.BlendTable | None, Form]:
+    """The table fitted on `readings` in the form `choose` picks on them (nothing else is read); no table (the
+    former blend) when they are too few to fit one."""
+    if len(readings.truth) < blendtable.MIN_ROWS:
+        return None, Form()
+    fitter = Fitter(readings)
+    form = choose(readings, medians=medians, fitter=fitter)
+    return fitter.fit(form), form
+
+
+def nested_score(readings: Readings, *, cuts: Sequence[float] = owncorpus.CUTS) -> tuple[Score, dict[str, Form]]:
+    """Every family read by a table whose form was chosen and fitted on the other families only (`table_for`):
+    the choice itself inside each outer fold."""
+    families = np.asarray(readings.families)
+    tables: dict[str, tuple[blendtable.BlendTable | None, Form]] = {}
+    for held in sorted(set(readings.families)):
+        tables[held] = table_for(readings.where(families != held))
+    fitted = {f: t for f, (t, _) in tables.items() if t is not None}
+    if len(fitted) < len(tables):
+        raise ValueError("too few readings to fit a table without each family")
+    return score_tables(readings, fitted.__getitem__, cuts=cuts), {f: form for f, (_, form) in tables.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print every candidate's nested figures, best coverage first."""
+    """Print each form's figures on all the tuning families' nested readings, and the nested choice's."""
     import torch
 
     from services.estimator import ownnested
@@ -129,13 +208,22 @@ def main(argv: list[str] | None = None) -> None:
         encoded=ownnested.prior_samples(runs, args.cache),
         cache_dir=args.cache,
     )
-    scored = [(s, w, score(readings, spread=s, weights=w)) for s, w in candidates()]
-    for s, w, got in sorted(scored, key=lambda r: (r[2].distance, -sum(r[2].within.values()))):
-        within = " / ".join(f"{got.within.get(c, float('nan')) * 100:.1f}" for c in owncorpus.CUTS)
-        print(
-            f"spread {s} shares {w[0]}-{w[-1]}: distance {got.distance:.2f}, {got.inside} cells inside, "
-            f"within ±20% {within}%, chosen {sorted(set(got.weights))}"
-        )
+    fitter = Fitter(readings)
+    for form in [*MEDIANS, *(replace(MEDIANS[0], spread=s) for s in SPREADS)]:
+        _print(str(form), score(readings, form, fitter=fitter))
+    got, forms = nested_score(readings)
+    _print("chosen inside each outer fold", got)
+    for fam, form in forms.items():
+        print(f"  without {fam}: {form}")
+
+
+def _print(name: str, got: Score) -> None:
+    within = " / ".join(f"{got.within.get(c, float('nan')) * 100:.1f}" for c in owncorpus.CUTS)
+    print(
+        f"{name}: distance {got.distance:.2f}, {got.inside} cells inside, within ±20% {within}% "
+        f"(per family {got.family_within * 100:.1f}%), chosen {sorted(set(got.weights))}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

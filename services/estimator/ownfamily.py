@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from services.estimator import ownnested
+from services.estimator import ownchoice, ownnested
 from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable, net as priornet
 from services.estimator.model.curveprior.blendtable import BlendTable
@@ -51,7 +51,9 @@ def run_family_evaluation(
     baselines: bool = True,
 ) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`. Nested: the
-    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`).
+    blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`), in
+    the form chosen on those readings only (`ownchoice.table_for`; the fourth round's form, chosen once on every
+    family, beside it).
     `baselines`: also the fine-tuned network alone and the synthetic prior alone (each padded again: slower)."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
@@ -72,6 +74,7 @@ def run_family_evaluation(
         )
         methods: dict[str, dict[str, Any]] = {
             HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
+            "blend_fourth_round_form": {"prior": part.prior, "calibration": part.curve, "blend": True},
             "blend_former_form": {"prior": part.prior, "calibration": part.curve, "blend": True},
             "blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
             "former_blend_shipped_fit_saw_family": {"prior": part.prior, "calibration": shipped, "blend": True},
@@ -97,9 +100,11 @@ def run_family_evaluation(
     rows: dict[str, dict[str, dict[str, dict[float, list[dict]]]]] = defaultdict(lambda: defaultdict(dict))
     for held in [f for f in families if not only or f in only]:
         others = ownnested.concat([v["readings"] for f, v in folds.items() if f != held])
-        table = ownnested.table_from(others)
+        table, form = ownchoice.table_for(others)
+        print(f"family {held}: the others chose {form}", flush=True)
         methods = folds[held]["methods"]
         methods[HEADLINE]["table"] = methods["blend_shipped_fit_saw_family"]["table"] = table
+        methods["blend_fourth_round_form"]["table"] = ownnested.table_from(others)
         methods["blend_former_form"]["table"] = ownnested.former_table(others)
         for metric in metrics:
             test = owncorpus.cases([r for r in runs if owncorpus.family(r) == held], metric)

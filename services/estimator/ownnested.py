@@ -16,11 +16,11 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import CALIBRATION, SEEN_EDGES, own_estimate
+from services.estimator.model.owncurve import CALIBRATION, FEATURES, SEEN_EDGES, own_estimate
+from services.estimator.shipped import code_digest
 
 if TYPE_CHECKING:
     from services.estimator.model.owntrain import SeedSamples
@@ -87,7 +88,7 @@ def fold(
     others = [v for f, v in sorted(own.items()) if f != held]
     pads = (np.concatenate([v.pad_x for v in others]), np.concatenate([v.pad_r for v in others]))
     tune = (np.concatenate([v.tune_x for v in others]), np.concatenate([v.tune_y for v in others]))
-    key = _digest(train_runs)
+    key = cache_key(train_runs)
     tuned = tuned_without(train, pretrained, tune, key=key, held=held, cache_dir=cache_dir)
     served = train.mixed(tuned, pretrained)
     padded = _cached_json(
@@ -99,7 +100,7 @@ def fold(
     curve = _cached_json(
         cache_dir, f"calibration-without-{held}-{key}.json", lambda: fold_curve(samples, held=held, runs=train_runs)
     )
-    read_key = _digest(test_runs, key, CURVE_RECIPE)
+    read_key = cache_key(test_runs, key)
     path = cache_dir / f"readings-{held}-{read_key}.npz" if cache_dir else None
     readings = load_readings(path) if path is not None and path.exists() else None
     if readings is None:
@@ -121,33 +122,95 @@ class Encoded:
 
 
 def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, Encoded]:
-    """`Encoded` per family of `runs` (a fold concatenates the other families'), cached in `cache_dir` by the
-    family's runs."""
+    """`Encoded` per family of `runs` (a fold concatenates the other families'), cached in `cache_dir`."""
     from services.estimator.model.curveprior import train  # torch
 
-    out = {}
+    def make(own: list[dict]) -> Encoded:
+        x, y, _ = train.recorded(train.training_cases(own, FIT_SEEDS))
+        return Encoded(x, y, *train.pad_samples(train.pad_cases(own, PAD_SEEDS)))
+
+    return per_family(
+        runs, cache_dir, kind="encoded", make=make, to_arrays=vars, from_arrays=lambda raw: Encoded(**dict(raw))
+    )
+
+
+T = TypeVar("T")
+
+
+def per_family(
+    runs: list[dict],
+    cache_dir: Path | None,
+    *,
+    kind: str,
+    make: Callable[[list[dict]], T],
+    to_arrays: Callable[[T], dict[str, Any]],
+    from_arrays: Callable[[Mapping[str, np.ndarray]], T],
+) -> dict[str, T]:
+    """`make` of each family's runs of `runs`, by family; cached in `cache_dir` as `kind`'s arrays, keyed by the
+    family's runs and the recipe (`_digest`)."""
+    out: dict[str, T] = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
         own = [r for r in runs if owncorpus.family(r) == fam]
-        path = cache_dir / f"encoded-{fam}-{_digest(own, 'encoded')}.npz" if cache_dir else None
+        path = cache_dir / f"{kind}-{fam}-{cache_key(own, kind)}.npz" if cache_dir else None
         if path is not None and path.exists():
             with np.load(path) as raw:
-                out[fam] = Encoded(raw["tune_x"], raw["tune_y"], raw["pad_x"], raw["pad_r"])
+                out[fam] = from_arrays(raw)
             continue
-        x, y, _ = train.recorded(train.training_cases(own, FIT_SEEDS))
-        out[fam] = Encoded(x, y, *train.pad_samples(train.pad_cases(own, PAD_SEEDS)))
+        out[fam] = make(own)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, **vars(out[fam]))
+            np.savez(path, **to_arrays(out[fam]))
     return out
 
 
-CACHE_VERSION = "2"  # bumped when what a cached fold is made of changes
-CURVE_RECIPE = "calibration"  # the fold's fitted curve: `owntrain.calibration_from` (was one network, no pads)
+CACHE_VERSION = "3"  # bumped when what a cached fold is made of changes
+# What a fold's parts and readings are made by (the fitted curve's training, features and cuts, the prior's
+# fine-tuning, encoding and reading): a change to one of these files, or to a constant `recipe` names, is another
+# recipe, and every fold cached under the former one is left unread.
+RECIPE_SOURCES = (
+    "services/estimator/model/owntrain.py",
+    "services/estimator/model/owncurve.py",
+    "services/estimator/model/owncorpus.py",
+    "services/estimator/model/curves.py",
+    "services/estimator/model/curveprior/train.py",
+    "services/estimator/model/curveprior/encode.py",
+    "services/estimator/model/curveprior/net.py",
+    "services/estimator/model/curveprior/estimate.py",
+    "services/estimator/model/curveprior/sampler.py",
+    "services/estimator/model/curveprior/noise.py",
+)
 
 
-def _digest(runs: list[dict], *more: str) -> str:
+def recipe() -> str:
+    """The digest of how a fold is built: `RECIPE_SOURCES` and the constants they are run with (torch)."""
+    from services.estimator.model import owntrain
+
+    constants = (
+        owntrain.STEPS,
+        owntrain.HIDDEN,
+        owntrain.QUANTILES,
+        owntrain.MIN_PAD_SAMPLES,
+        owntrain.PAD_METRICS,
+        FEATURES,
+        SEEN_EDGES,
+        owncorpus.CALIBRATION_CUTS,
+        owncorpus.CALIBRATION_U,
+        owncorpus.PAD_CUTS,
+        owncorpus.PAD_U,
+        owncorpus.HELD_OUT_SEEDS,
+        FIT_SEEDS,
+        PAD_SEEDS,
+        CURVE_METRICS,
+        ROW_U,
+        ROW_METRICS,
+    )
+    return code_digest(list(RECIPE_SOURCES)) + json.dumps(constants)
+
+
+def cache_key(runs: list[dict], *more: str) -> str:
+    """The cache key of what `runs` make by the current `recipe` (and `more`), with the pre-trained prior."""
     digest = hashlib.sha256(PRETRAINED.read_bytes())
-    digest.update(json.dumps([CACHE_VERSION, sorted(r["run"] for r in runs), *more]).encode())
+    digest.update(json.dumps([CACHE_VERSION, recipe(), sorted(r["run"] for r in runs), *more]).encode())
     return digest.hexdigest()[:16]
 
 
@@ -204,36 +267,37 @@ def tuned_without(
 
 def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, SeedSamples]:
     """The fitted curve's samples by seed (`owntrain.seed_samples`: its networks' and its pads') per family (cached
-    in `cache_dir` by the family's runs)."""
-    from services.estimator.model.owntrain import SeedSamples, seed_samples  # torch
+    in `cache_dir`)."""
+    from services.estimator.model.owntrain import seed_samples  # torch
 
-    out = {}
-    for fam in sorted({owncorpus.family(r) for r in runs}):
-        own = [r for r in runs if owncorpus.family(r) == fam]
-        path = cache_dir / f"curve-seeds-{fam}-{_digest(own, 'curve', *CURVE_METRICS)}.npz" if cache_dir else None
-        if path is not None and path.exists():
-            with np.load(path) as raw:
-                by = {
-                    part: {
-                        int(k.split("_")[2]): (raw[k], raw[k.replace("_x_", "_y_")])
-                        for k in raw
-                        if k.startswith(f"{part}_x_")
-                    }
-                    for part in ("fit", "pad")
-                }
-                out[fam] = SeedSamples(by["fit"], by["pad"], int(raw["pad_cases"]))
-            continue
-        out[fam] = seed_samples(own, CURVE_METRICS)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            arrays: dict[str, Any] = {
-                f"{part}_{axis}_{seed}": xy[i]
-                for part, by_seed in (("fit", out[fam].fit), ("pad", out[fam].pad))
-                for seed, xy in by_seed.items()
-                for i, axis in enumerate("xy")
-            }
-            np.savez(path, pad_cases=np.asarray(out[fam].pad_cases), **arrays)
-    return out
+    return per_family(
+        runs,
+        cache_dir,
+        kind="curve-seeds",
+        make=lambda own: seed_samples(own, CURVE_METRICS),
+        to_arrays=_seed_arrays,
+        from_arrays=_seeds_from,
+    )
+
+
+def _seed_arrays(samples: SeedSamples) -> dict[str, Any]:
+    arrays: dict[str, Any] = {
+        f"{part}_{axis}_{seed}": xy[i]
+        for part, by_seed in (("fit", samples.fit), ("pad", samples.pad))
+        for seed, xy in by_seed.items()
+        for i, axis in enumerate("xy")
+    }
+    return arrays | {"pad_cases": np.asarray(samples.pad_cases)}
+
+
+def _seeds_from(raw: Mapping[str, np.ndarray]) -> SeedSamples:
+    from services.estimator.model.owntrain import SeedSamples  # torch
+
+    by = {
+        part: {int(k.split("_")[2]): (raw[k], raw[k.replace("_x_", "_y_")]) for k in raw if k.startswith(f"{part}_x_")}
+        for part in ("fit", "pad")
+    }
+    return SeedSamples(by["fit"], by["pad"], int(raw["pad_cases"]))
 
 
 def fold_curve(samples: dict[str, SeedSamples], *, held: str, runs: list[dict]) -> dict:
@@ -297,7 +361,7 @@ def table_from(readings: Readings) -> blendtable.BlendTable | None:
 
 # The table's form before the eleven-family split (one cell, the first spread, the prior's share 0.25-0.75): the
 # split's "before" (`ownfamily`'s `blend_former_form`).
-FORMER_FORM = {"edges": (), "spread": (1.0, 0.5, 0.0), "weights": (0.25, 0.375, 0.5, 0.625, 0.75)}
+FORMER_FORM: dict[str, Any] = {"edges": (), "spread": (1.0, 0.5, 0.0), "weights": (0.25, 0.375, 0.5, 0.625, 0.75)}
 
 
 def former_table(readings: Readings) -> blendtable.BlendTable | None:
@@ -310,8 +374,9 @@ def former_table(readings: Readings) -> blendtable.BlendTable | None:
 def build_table(
     paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None, curve_out: Path | None = None
 ) -> tuple[blendtable.BlendTable | None, int]:
-    """The served table: fitted on every recorded family's readings by parts built without it; (table, rows). With
-    `curve_out`, the shipped fitted curve (`shipped_curve`) is written there first."""
+    """The served table: fitted on every recorded family's readings by parts built without it, in the form chosen
+    leave-one-family-out on them (`ownchoice.table_for`); (table, rows). With `curve_out`, the shipped fitted curve
+    (`shipped_curve`) is written there first."""
     runs = owncorpus.load_corpus(tuple(paths))
     pretrained = load_prior(PRETRAINED)
     if pretrained is None:
@@ -319,12 +384,18 @@ def build_table(
     samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
     if curve_out is not None:
         curve = _cached_json(
-            cache_dir, f"calibration-all-{_digest(runs)}.json", lambda: shipped_curve(samples, runs=runs)
+            cache_dir, f"calibration-all-{cache_key(runs)}.json", lambda: shipped_curve(samples, runs=runs)
         )
         curve_out.write_text(json.dumps(curve, separators=(",", ":")) + "\n")
         print(f"{curve_out}: fitted on {len(runs)} runs", flush=True)
     readings = nested_readings(runs, pretrained=pretrained, samples=samples, encoded=encoded, cache_dir=cache_dir)
-    return table_from(readings), len(readings.truth)
+    if len(readings.truth) < blendtable.MIN_ROWS:
+        return None, len(readings.truth)
+    from services.estimator.ownchoice import table_for
+
+    table, form = table_for(readings)
+    print(f"form chosen leave-one-family-out on the {len(set(readings.families))} families: {form}", flush=True)
+    return table, len(readings.truth)
 
 
 def nested_readings(

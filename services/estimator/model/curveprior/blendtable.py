@@ -4,12 +4,14 @@ sized on runs of families neither reading was fitted on, per phase of the run wh
 Both readings are totals since the start; the blend works in a = log(total / elapsed) (0: finishing now), the
 scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w per bin of the fraction of the run
 the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
-families missed more often on the fourth, `docs/estimator.md`). The band is [a + low · s, a + high · s], s the
-prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed by the table's
-`spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two disagree, it is wide;
-a table saved without a spread: the prior's half-width plus half the disagreement): `low`/`high` are the 10% and
-90% quantiles of the out-of-family residuals over s, every family weighing the same (coverage per family, not
-pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+families missed more often on the fourth, `docs/estimator.md`). With a `lean` (fifth round of issue 31), w is per
+reading: the cell's share, its logit moved by learned coefficients of the fitted curve's doubt (its band's width
+over the prior's) and of how far ahead the readings put the end (`shares`). The band is [a + low · s,
+a + high · s], s the prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed
+by the table's `spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two
+disagree, it is wide; a table saved without a spread: the prior's half-width plus half the disagreement):
+`low`/`high` are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same
+(coverage per family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,17 @@ MIN_SCALE = 0.05  # the band's half-width floor (log units): a band of two sure 
 MIN_ROWS = 60  # a bin with fewer rows takes the cell of all
 # The band's scale: (prior's half-width, the two medians' distance, the fitted curve's half-width) coefficients.
 SPREAD = (1.0, 0.5, 0.0)  # a table saved without one: the prior's half-width plus half the readings' distance
-# What a table is fitted with (chosen leave-one-family-out over eleven families by `services.estimator.ownchoice`,
-# `docs/estimator.md`): three times the readings' distance, its quantiles sided; since the fitted curve is refitted
-# on the eleven (fourth round) the reach towards the reading not followed no longer helped (third round: 2), and the
-# readings' own widths did not help a family they were not sized on.
+# What a table is fitted with unless told otherwise (the fourth round's choice over eleven families): three times the
+# readings' distance, its quantiles sided. Since the fifth round the served table's form is chosen when it is built,
+# leave-one-family-out on the readings it is fitted on (`services.estimator.ownchoice.table_for`).
 FIT_SPREAD = (0.0, 3.0, 0.0, 0.0)
 WITHIN = 0.2
+# The lean: the prior's share per reading, its logit moved by LEAN[0] per e-fold the fitted curve's band is wider
+# than the prior's (a fit unsure of itself) and by LEAN[1] per unit of log time the readings put the end beyond
+# e times the time so far (a fit extrapolating far). None: one share for every reading, as before. The grid a
+# table may choose from when it is fitted with one (`fit_table`'s `leans`); (0, 0) first, so a tie keeps the share.
+NO_LEAN = (0.0, 0.0)
+LEANS = tuple((doubt, reach) for doubt in (0.0, 0.5, 1.0, 2.0) for reach in (0.0, -0.5, 0.5, -1.0, 1.0))
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,7 @@ class BlendTable:
     edges: tuple[float, ...]
     cells: tuple[Cell, ...]
     spread: tuple[float, ...] = SPREAD
+    lean: tuple[float, float] = NO_LEAN
 
     def cell(self, fraction: float) -> Cell:
         if len(self.cells) != len(self.edges) + 1:
@@ -122,10 +130,29 @@ def units(
     return np.maximum(down, MIN_SCALE), np.maximum(up, MIN_SCALE)
 
 
+def phases(prior: np.ndarray, fitted: np.ndarray) -> np.ndarray:
+    """`phase` of rows of readings ((n, 3) arrays)."""
+    return np.exp(-(prior[:, 0] + fitted[:, 0]) / 2)
+
+
+def shares(prior: np.ndarray, fitted: np.ndarray, base: float | np.ndarray, lean: Sequence[float]) -> np.ndarray:
+    """The prior's share of each row of readings: `base`, its logit moved by the `lean` (`LEANS`)."""
+    if tuple(lean) == NO_LEAN:
+        return np.broadcast_to(np.asarray(base, float), (len(prior),))
+    doubt = np.log(
+        np.maximum(fitted[:, 2] - fitted[:, 1], MIN_SCALE) / np.maximum(prior[:, 2] - prior[:, 1], MIN_SCALE)
+    )
+    reach = np.clip((prior[:, 0] + fitted[:, 0]) / 2, 0.0, LOG_HORIZON) - 1.0
+    b = np.clip(np.asarray(base, float), 1e-3, 1 - 1e-3)
+    logit = np.log(b / (1 - b)) + lean[0] * np.clip(doubt, -3.0, 3.0) + lean[1] * reach
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
 def combine(prior: Reading, fitted: Reading, table: BlendTable) -> Reading:
     """The blended median and 10-90% band, all as log(total / elapsed) (never below 0: not before now)."""
     cell = table.cell(phase(prior, fitted))
-    mid = max(cell.weight * prior.mid + (1 - cell.weight) * fitted.mid, 0.0)
+    w = float(shares(np.array([prior]), np.array([fitted]), cell.weight, table.lean)[0])
+    mid = max(w * prior.mid + (1 - w) * fitted.mid, 0.0)
     down, up = (float(v[0]) for v in units(np.array([prior]), np.array([fitted]), np.array([mid]), table.spread))
     low = mid + cell.low * (down if cell.low < 0 else up)
     high = min(mid + cell.high * (up if cell.high > 0 else down), max(LOG_HORIZON, mid))
@@ -141,23 +168,53 @@ def fit_table(
     edges: Sequence[float] = EDGES,
     spread: tuple[float, ...] = FIT_SPREAD,
     weights: Sequence[float] = WEIGHTS,
+    leans: Sequence[tuple[float, float]] = (NO_LEAN,),
 ) -> BlendTable:
     """The table from rows of held-out families: `prior` and `fitted` (n, 3) readings (mid, low, high as
     log(total / elapsed)), `truth` log(true total / elapsed), `groups` each row's family (each weighs the same);
-    the band's quantiles per phase (`edges`) in the `units` of `spread`."""
-    weight = _family_weights(groups)
-    bins = np.searchsorted(edges, [phase(Reading(*p), Reading(*f)) for p, f in zip(prior, fitted)], side="right")
-    whole = _cell(prior, fitted, truth, weight, weights, spread)
+    the prior's share from `weights` and its lean from `leans` (one for the table: the first phase's choice), the
+    band's quantiles per phase (`edges`) in the `units` of `spread`."""
+    weight = family_weights(groups)
+    bins = np.searchsorted(edges, phases(prior, fitted), side="right")
+    _, lean = best_share(prior, fitted, truth, weight, weights, leans)
+    whole = _cell(prior, fitted, truth, weight, weights, spread, lean)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
-        cells.append(_cell(prior[m], fitted[m], truth[m], weight[m], weights, spread) if m.sum() >= MIN_ROWS else whole)
-    return BlendTable(tuple(edges), tuple(cells), tuple(spread))
+        cells.append(
+            _cell(prior[m], fitted[m], truth[m], weight[m], weights, spread, lean) if m.sum() >= MIN_ROWS else whole
+        )
+    return BlendTable(tuple(edges), tuple(cells), tuple(spread), lean)
 
 
-def _family_weights(groups: Sequence[str]) -> np.ndarray:
+def family_weights(groups: Sequence[str]) -> np.ndarray:
     names, index, counts = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
     return 1.0 / (counts[index] * len(names))
+
+
+def best_share(
+    prior: np.ndarray,
+    fitted: np.ndarray,
+    truth: np.ndarray,
+    weight: np.ndarray,
+    weights: Sequence[float],
+    leans: Sequence[tuple[float, float]] = (NO_LEAN,),
+) -> tuple[float, tuple[float, float]]:
+    """The prior's share and lean whose blend is within ±20% of the most (family-weighed) rows; the first of
+    equals (the grids' order)."""
+    best: tuple[float, float, tuple[float, float]] | None = None
+    for lean in leans:
+        for w in weights:
+            pred = np.maximum(blend_mid(prior, fitted, shares(prior, fitted, w, lean)), 0.0)
+            score = float(np.sum(weight * (np.abs(np.exp(pred - truth) - 1) <= WITHIN)))
+            if best is None or score > best[0] + 1e-9:
+                best = (score, w, (lean[0], lean[1]))
+    assert best is not None
+    return best[1], best[2]
+
+
+def blend_mid(prior: np.ndarray, fitted: np.ndarray, share: np.ndarray) -> np.ndarray:
+    return share * prior[:, 0] + (1 - share) * fitted[:, 0]
 
 
 def _cell(
@@ -167,20 +224,13 @@ def _cell(
     weight: np.ndarray,
     weights: Sequence[float],
     spread: Sequence[float],
+    lean: tuple[float, float] = NO_LEAN,
 ) -> Cell:
-    """The weight whose blend is within ±20% of the most (family-weighed) rows, and its band's quantiles (of the
-    residuals, each over the unit of its side). No bias is learned: one learned on other families moved the
-    held-out one's median the wrong way as often as not."""
-    a_p, a_f = prior[:, 0], fitted[:, 0]
-    best: tuple[float, float] | None = None
-    for w in weights:
-        pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
-        score = float(np.sum(weight * (np.abs(np.exp(pred - truth) - 1) <= WITHIN)))
-        if best is None or score > best[0] + 1e-9:
-            best = (score, w)
-    assert best is not None
-    w = best[1]
-    pred = np.maximum(w * a_p + (1 - w) * a_f, 0.0)
+    """The share whose blend (with `lean`) is within ±20% of the most (family-weighed) rows, and its band's
+    quantiles (of the residuals, each over the unit of its side). No bias is learned: one learned on other
+    families moved the held-out one's median the wrong way as often as not."""
+    w, _ = best_share(prior, fitted, truth, weight, weights, (lean,))
+    pred = np.maximum(blend_mid(prior, fitted, shares(prior, fitted, w, lean)), 0.0)
     down, up = units(prior, fitted, pred, spread)
     residual = truth - pred
     z = np.where(residual < 0, residual / down, residual / up)
@@ -196,6 +246,8 @@ def weighted_quantile(values: np.ndarray, weight: np.ndarray, level: float) -> f
 def save(table: BlendTable, path: Path = TABLE, **meta: object) -> None:
     cells = [[round(c.weight, 4), round(c.low, 4), round(c.high, 4)] for c in table.cells]
     raw = {"version": FORMAT_VERSION, "edges": list(table.edges), "cells": cells, "spread": list(table.spread)}
+    if table.lean != NO_LEAN:
+        raw["lean"] = list(table.lean)
     path.write_text(json.dumps(raw | meta) + "\n")
 
 
@@ -208,6 +260,7 @@ def load(path: Path = TABLE) -> BlendTable | None:
         edges = tuple(float(e) for e in raw["edges"])
         values = [[float(v) for v in c] for c in raw["cells"]]
         spread = tuple(float(v) for v in raw.get("spread", SPREAD))
+        lean = tuple(float(v) for v in raw.get("lean", NO_LEAN))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     ok = (
@@ -217,5 +270,7 @@ def load(path: Path = TABLE) -> BlendTable | None:
         and len(spread) in (3, 4)
         and all(math.isfinite(v) and 0 <= v <= 10 for v in spread)
         and sum(spread) > 0
+        and len(lean) == 2
+        and all(math.isfinite(v) and abs(v) <= 10 for v in lean)
     )
-    return BlendTable(edges, tuple(Cell(*c) for c in values), spread) if ok else None
+    return BlendTable(edges, tuple(Cell(*c) for c in values), spread, (lean[0], lean[1])) if ok else None
