@@ -230,10 +230,18 @@ def test_a_uid_whose_process_forks_its_successor_and_exits_is_emptied_before_it_
     task (another tenant) got without a look. The kill is now sent as the uid first, which no fork slips past."""
     users = TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=1, lock_dir=tmp_path / "uids")
     taken = users.claim()
+    released_past_a_hopper(
+        users, taken, HOPPER, tmp_path, monkeypatch, clean_up=lambda: kill_every_process_of(taken.uid)
+    )
+
+
+def released_past_a_hopper(users, taken, script: str, tmp_path, monkeypatch, *, clean_up) -> None:
+    """Release `taken` while a perl `script` of its uid hops past every look; nothing of it may outlive the release,
+    and the uid is marked given back."""
     trigger_r, trigger_w = os.pipe()
     hopped_r, hopped_w = os.pipe()  # every hopper holds its write end: its reader sees the end once all are dead
     hopper = subprocess.Popen(
-        ["perl", "-e", HOPPER], user=taken.uid, group=taken.gid, extra_groups=[], stdin=trigger_r, stdout=hopped_w
+        ["perl", "-e", script], user=taken.uid, group=taken.gid, extra_groups=[], stdin=trigger_r, stdout=hopped_w
     )
     os.close(trigger_r)
     os.close(hopped_w)
@@ -246,7 +254,7 @@ def test_a_uid_whose_process_forks_its_successor_and_exits_is_emptied_before_it_
         assert readable and os.read(hopped_r, 64) == b"", "a process of the uid outlived its release"
         assert (users.lock_dir / str(taken.uid)).read_bytes() == GIVEN_BACK
     finally:
-        kill_every_process_of(taken.uid)
+        clean_up()
         hopper.wait()
         os.close(trigger_w)
         os.close(hopped_r)
@@ -389,31 +397,14 @@ def test_a_uid_whose_process_kills_its_uid_while_it_hops_is_emptied_before_it_is
     first = random.randrange(300_000, 900_000, 100)
     users = TaskUsers(first_uid=first, count=1, lock_dir=tmp_path / "uids")
     taken = users.claim()
-    trigger_r, trigger_w = os.pipe()
-    hopped_r, hopped_w = os.pipe()
-    hopper = subprocess.Popen(
-        ["perl", "-e", KILLING_HOPPER],
-        user=taken.uid,
-        group=taken.gid,
-        extra_groups=[],
-        stdin=trigger_r,
-        stdout=hopped_w,
+    released_past_a_hopper(
+        users,
+        taken,
+        KILLING_HOPPER,
+        tmp_path,
+        monkeypatch,
+        clean_up=lambda: kill_every_process_of_from_outside(taken.uid, other=first + 1),
     )
-    os.close(trigger_r)
-    os.close(hopped_w)
-    try:
-        hop_during_every_look(monkeypatch, hopper=hopper, trigger=trigger_w, hopped=hopped_r)
-        workdir = tmp_path / "work"
-        workdir.mkdir()
-        users.release(taken, workdir=workdir)
-        readable, _, _ = select.select([hopped_r], [], [], 10)
-        assert readable and os.read(hopped_r, 64) == b"", "a process of the uid outlived its release"
-        assert (users.lock_dir / str(taken.uid)).read_bytes() == GIVEN_BACK
-    finally:
-        kill_every_process_of_from_outside(taken.uid, other=first + 1)
-        hopper.wait()
-        os.close(trigger_w)
-        os.close(hopped_r)
 
 
 IN_NARROW_USERNS = """
