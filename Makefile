@@ -85,7 +85,7 @@ eta-prior: $(STAMP)
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train pretrain --seed 0 \
 		--curves 80000 --epochs 40 $(if $(UNTIL),--until $(UNTIL))
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train finetune --epochs 6
-	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownnested --cache .trainmaster/eta-cache
+	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownbuild --cache .trainmaster/eta-cache
 
 # The history model a fresh install serves (services/estimator/model/history-shipped.npz and its provenance): trained
 # from the MLPerf logs by the code beside it (~1.5 min of one core); a unit test fails when it is not current.

@@ -8,7 +8,7 @@ form first by within ±20% (at the evaluation's cuts, every family weighing the 
 unlike the largest ones), then the band's by each family's 10-90% coverage at
 each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside). The family
 split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
-table's form is chosen on all of them (`ownnested.build_table`). Nothing here reads the never-seen split.
+table's form is chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
 """
 
 from __future__ import annotations

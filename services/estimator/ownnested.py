@@ -11,11 +11,9 @@ fitted on every family's samples.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +26,7 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import CALIBRATION, FEATURES, SEEN_EDGES, own_estimate
+from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, own_estimate
 from services.estimator.shipped import code_digest
 
 if TYPE_CHECKING:
@@ -91,13 +89,13 @@ def fold(
     key = cache_key(train_runs)
     tuned = tuned_without(train, pretrained, tune, key=key, held=held, cache_dir=cache_dir)
     served = train.mixed(tuned, pretrained)
-    padded = _cached_json(
+    padded = cached_json(
         cache_dir, f"pads-without-{held}-{key}.json", lambda: [list(p) for p in train.with_pads(served, pads).pads]
     )
     prior = PriorNet(
         served.layers, served.mean, served.std, tuple(SEEN_EDGES), tuple((a, b) for a, b in padded), served.mixed
     )
-    curve = _cached_json(
+    curve = cached_json(
         cache_dir, f"calibration-without-{held}-{key}.json", lambda: fold_curve(samples, held=held, runs=train_runs)
     )
     read_key = cache_key(test_runs, key)
@@ -214,7 +212,7 @@ def cache_key(runs: list[dict], *more: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _cached_json(cache_dir: Path | None, name: str, make: Callable[[], Any]) -> Any:
+def cached_json(cache_dir: Path | None, name: str, make: Callable[[], Any]) -> Any:
     path = cache_dir / name if cache_dir else None
     if path is not None and path.exists():
         return json.loads(path.read_text())
@@ -371,33 +369,6 @@ def former_table(readings: Readings) -> blendtable.BlendTable | None:
     return blendtable.fit_table(readings.prior, readings.fitted, readings.truth, readings.families, **FORMER_FORM)
 
 
-def build_table(
-    paths: Sequence[Path] = owncorpus.TRAINED, *, cache_dir: Path | None = None, curve_out: Path | None = None
-) -> tuple[blendtable.BlendTable | None, int]:
-    """The served table: fitted on every recorded family's readings by parts built without it, in the form chosen
-    leave-one-family-out on them (`ownchoice.table_for`); (table, rows). With `curve_out`, the shipped fitted curve
-    (`shipped_curve`) is written there first."""
-    runs = owncorpus.load_corpus(tuple(paths))
-    pretrained = load_prior(PRETRAINED)
-    if pretrained is None:
-        raise ValueError(f"cannot read the pre-trained prior {PRETRAINED}")
-    samples, encoded = curve_samples(runs, cache_dir), prior_samples(runs, cache_dir)
-    if curve_out is not None:
-        curve = _cached_json(
-            cache_dir, f"calibration-all-{cache_key(runs)}.json", lambda: shipped_curve(samples, runs=runs)
-        )
-        curve_out.write_text(json.dumps(curve, separators=(",", ":")) + "\n")
-        print(f"{curve_out}: fitted on {len(runs)} runs", flush=True)
-    readings = nested_readings(runs, pretrained=pretrained, samples=samples, encoded=encoded, cache_dir=cache_dir)
-    if len(readings.truth) < blendtable.MIN_ROWS:
-        return None, len(readings.truth)
-    from services.estimator.ownchoice import table_for
-
-    table, form = table_for(readings)
-    print(f"form chosen leave-one-family-out on the {len(set(readings.families))} families: {form}", flush=True)
-    return table, len(readings.truth)
-
-
 def nested_readings(
     runs: list[dict],
     *,
@@ -414,25 +385,3 @@ def nested_readings(
         )
         print(f"family {held}: {len(parts[-1].truth)} readings", flush=True)
     return concat(parts)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m services.estimator.ownnested`: fit the served blend table (`make eta-prior`, after the prior)."""
-    import torch
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--out", type=Path, default=blendtable.TABLE)
-    ap.add_argument("--cache", type=Path, help="folder for the per-family fine-tuned priors (reused when present)")
-    ap.add_argument("--curve-out", type=Path, default=CALIBRATION, help="the fitted curve's file (owncurve.json)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(1)
-    started = time.monotonic()
-    table, rows = build_table(cache_dir=args.cache, curve_out=args.curve_out)
-    if table is None:
-        raise SystemExit(f"too few readings ({rows}) to fit a blend table")
-    blendtable.save(table, args.out, rows=rows, families_file=[p.name for p in owncorpus.TRAINED])
-    print(f"{args.out}: {rows} readings, {time.monotonic() - started:.0f} s")
-
-
-if __name__ == "__main__":
-    main()
