@@ -5,6 +5,10 @@ from pydantic import ValidationError
 
 from services.submitter.app import SubmitterSettings, create_app
 
+# An idle keep-alive connection is closed by the client first: uvicorn's default (5 s) equals httpx's (the CLI's)
+# keep-alive expiry, so a request sent on a connection just as the server closed it failed with a read error.
+KEEP_ALIVE_S = 75
+
 if __name__ == "__main__":
     try:
         settings = SubmitterSettings()
@@ -14,4 +18,10 @@ if __name__ == "__main__":
         )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="warning")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_S,
+    )

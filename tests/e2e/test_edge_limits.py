@@ -9,7 +9,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from tests.conftest import admin_client, eventually, start_stack, stop_later
+from tests.conftest import admin_client, eventually, start_stack, stop_later, stops_done
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import job_body, unique
 
@@ -46,6 +46,7 @@ OTHER = "edge-other"  # for the tests after the caps test, which leaves PROJECT'
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory, servers):
+    stops_done()  # the burst below loads the API: no earlier module's stack stopping beside it
     stack = start_stack(tmp_path_factory.mktemp("edge"), cluster=FLEET, servers=servers, extra_env=LIMITS)
     yield stack
     stop_later(stack)
