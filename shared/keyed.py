@@ -144,16 +144,6 @@ def delivery_seq(message: Any) -> int | None:
         return None
 
 
-def stored_at(message: Any) -> datetime | None:
-    """When the bus server stored a JetStream message (its own clock, not the publisher's word); None for one
-    without JetStream metadata (an in-memory test broker's)."""
-    try:
-        stamp = message.raw_message.metadata.timestamp
-    except Exception:  # noqa: BLE001 - anything without JetStream metadata has no stored time
-        return None
-    return stamp if isinstance(stamp, datetime) and stamp.tzinfo else None
-
-
 def in_order(
     key: Callable[[Any], str | None],
     *,

@@ -12,7 +12,6 @@ is no event of the consumer (no envelope, a known type that does not validate) i
 
 import logging
 from collections.abc import Container
-from datetime import UTC, datetime
 from typing import Any
 
 from faststream.exceptions import NackMessage, RejectMessage
@@ -20,6 +19,7 @@ from pydantic import ValidationError
 
 from shared.clock import utcnow
 from shared.events import Message
+from shared.jsmeta import delivery_facts
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +45,6 @@ def give_back_delay(*, deliveries: int, age_s: float) -> float | None:
     if age_s >= UNKNOWN_TYPE_PATIENCE_S:
         return None
     return min(2.0 ** min(max(deliveries - 1, 0), 16), UNKNOWN_TYPE_NAK_MAX_S)
-
-
-def delivery_facts(message: Any) -> tuple[int, datetime] | None:
-    """How many times the server has delivered a JetStream message and when it stored it (its clock); None for a
-    message without JetStream metadata (an in-memory test broker's)."""
-    try:
-        meta = message.raw_message.metadata
-        delivered, stored = int(meta.num_delivered), meta.timestamp
-    except Exception:  # noqa: BLE001 - anything without JetStream metadata says nothing
-        return None
-    if not isinstance(stored, datetime):
-        return None
-    return delivered, stored if stored.tzinfo else stored.replace(tzinfo=UTC)
 
 
 def hold_or_drop(message: Any, *, kind: str, held_here: bool) -> None:

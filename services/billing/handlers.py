@@ -22,7 +22,8 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import Handler, HandlerTable, dispatch
-from shared.keyed import keyed_durable, stored_at
+from shared.jsmeta import stored_at
+from shared.keyed import keyed_durable
 from shared.rpc import AdmitQuery, AdmitReply, QuotasReply, QuotasRequest, UsageQuery, UsageReport
 from services.billing.attempts import Attempts
 from services.billing.lifetimes import Lifetimes

@@ -15,7 +15,8 @@ from shared.events import (
     TaskTelemetry,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import keyed_durable, stored_at
+from shared.jsmeta import stored_at
+from shared.keyed import keyed_durable
 from shared.origin import deliveries, placements_consumer
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
 from services.estimator.service import Estimator

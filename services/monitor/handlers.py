@@ -32,7 +32,8 @@ from shared.events import (
     TaskStarted,
 )
 from shared.handlers import HandlerTable, dispatch
-from shared.keyed import keyed_durable, stored_at
+from shared.jsmeta import stored_at
+from shared.keyed import keyed_durable
 from services.monitor import hangs, state
 from services.monitor.service import Monitor
 
