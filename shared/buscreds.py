@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,15 +170,29 @@ def dedup_key(creds: Path) -> bytes:
     return hashlib.sha256(b"trainmaster-dedup:" + seed.group(0)).digest()
 
 
-def write_secret(path: Path, text: str) -> Path:
-    """Write a file only its owner can read (0600, atomically, in a 0700 directory)."""
+def write_secret(path: Path, text: str, *, private_folder: bool = True) -> Path:
+    """Write a file only its owner can read (0600), atomically and durably: written under another name, synced,
+    renamed over the old one, and the folder synced, so neither a crash nor a power loss leaves it empty or half
+    written (a lost minter.json would lose its revocations). `private_folder`: the folder made 0700 too."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
+    if private_folder:
+        os.chmod(path.parent, 0o700)
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
     return path
 
 

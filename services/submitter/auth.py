@@ -3,7 +3,6 @@
 import asyncio
 import hashlib
 import logging
-import os
 import re
 import secrets
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 from fastapi import Request
 from pymongo.asynchronous.collection import AsyncCollection
 
+from shared.buscreds import write_secret
 from shared.clock import as_utc, utcnow
 from shared.lru import Lru
 from services.submitter.errors import NO_PERMISSION, PARAM_INVALID, UNAUTHENTICATED, ApiError
@@ -96,22 +96,6 @@ def public(doc: dict) -> dict:
         "last_used": iso(doc.get("last_used_s")),
         "source": doc.get("source", "api"),
     }
-
-
-def write_secret(path: Path, value: str) -> None:
-    """Write a file readable by its owner only, atomically: created 0600 under another name, then renamed."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(value)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
 
 
 class Tokens:
@@ -273,7 +257,7 @@ class Tokens:
         if keep:
             return None
         token, _ = await self.issue(ADMIN, source="generated", capped=False)
-        write_secret(data_dir / "admin-token", token + "\n")
+        write_secret(data_dir / "admin-token", token + "\n", private_folder=False)
         return token
 
 

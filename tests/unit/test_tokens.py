@@ -6,8 +6,9 @@ import stat
 import pytest
 from pydantic import ValidationError
 
+from shared.buscreds import write_secret
 from services.submitter.app import SubmitterSettings
-from services.submitter.auth import ADMIN, Tokens, digest, write_secret
+from services.submitter.auth import ADMIN, Tokens, digest
 from services.submitter.errors import ApiError
 from services.submitter.limits import RateLimiter
 from tests.memory import MemoryCollection
@@ -281,3 +282,26 @@ async def test_a_token_deleted_or_a_user_disabled_elsewhere_stops_within_the_cac
     await store.users.update_one({"_id": "bo"}, {"$set": {"disabled": True}})
     clock.now += store.cache_s
     assert await store.principal(ana) is None and await store.principal(bo) is None
+
+
+def test_a_secret_is_on_disk_before_it_replaces_the_old_one_and_the_rename_is_synced(tmp_path, monkeypatch):
+    """A power loss must not leave an empty or old minter.json (its revocations exist nowhere else): the file's
+    data is synced before the rename, and the folder after it."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        synced.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    write_secret(tmp_path / "bus" / "minter.json", "{}")
+    assert synced == ["file", "rename", "folder"]
+    assert (tmp_path / "bus" / "minter.json").read_text() == "{}"
