@@ -223,12 +223,12 @@ class AgentSettings(CommonSettings, StorageSettings):
 
 def task_uid_first(settings: AgentSettings) -> int:
     """The first task uid (`range_first`), refused where the uids the range's processes are killed from
-    (`isolation.shadow_uid`) hold one of the host's accounts."""
+    (`isolation.shadow_uid`) hold one of the host's accounts or subordinate ids (a rootless container above 2**31)."""
     first = range_first(settings)
-    if clash := accounts_within(shadow_uid(first), settings.task_uid_count, account_uids()):
+    if clash := accounts_within(shadow_uid(first), settings.task_uid_count, account_uids(), subordinate_spans()):
         raise SystemExit(
             f"the processes of task uids from {first} are killed from uids {shadow_uid(first)} on, which include uids "
-            f"of this host's accounts ({clash[:5]}): their processes would be killed too; set "
+            f"of this host's accounts or subordinate id ranges ({clash[:5]}): their processes would be killed too; set "
             "TRAINMASTER_TASK_UID_FIRST to a range whose shadows no account uses"
         )
     return first

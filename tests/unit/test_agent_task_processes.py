@@ -458,6 +458,10 @@ def test_task_uids_end_below_their_shadows_and_no_account_is_a_shadow(tmp_path, 
         agent_app.task_uid_first(shadowed)
     monkeypatch.setattr(agent_app, "account_uids", lambda: {1000})
     assert agent_app.task_uid_first(shadowed) == 300_000
+    rootless = [(isolation.shadow_uid(300_000) - 100, isolation.shadow_uid(300_000) + 65_436)]  # a subuid above 2**31
+    monkeypatch.setattr(agent_app, "subordinate_spans", lambda: rootless)
+    with pytest.raises(SystemExit, match="subordinate id ranges"):  # a rootless container's processes
+        agent_app.task_uid_first(shadowed)
     assert isolation.shadow_uid(2**31 - 2) == 2**32 - 2  # the last one is still a uid ((uid_t)-1 is none)
 
 
