@@ -458,9 +458,9 @@ RENTED_CONSUMER_INACTIVE_S = 3600.0
 
 
 def rented_consumer_config(node_id: str, *, boot_s: float = 0.0) -> ConsumerConfig:
-    """A rented node's command consumer: a static node's, forgotten by the server once unread for a while, that
-    while counted from the latest its agent may start (`boot_s` after the consumer is made: a Pod pending for GPUs
-    that long is still waited for) to its first read, and from its last read after that."""
+    """A rented node's command consumer: a static node's, forgotten by the server once unread for
+    `RENTED_CONSUMER_INACTIVE_S` plus `boot_s` (the latest its agent may start: a Pod pending for GPUs that long is
+    still waited for). The server keeps one threshold throughout, so after the first read it is that sum too."""
     return agent_consumer_config(node_id).evolve(inactive_threshold=RENTED_CONSUMER_INACTIVE_S + max(boot_s, 0.0))
 
 

@@ -49,7 +49,11 @@ def serve() -> int:
     for line in sys.stdin:
         pid = os.fork()
         if pid == 0:  # the child alone changes its uids: this process stays root for the next kill
-            os._exit(main(line.split()))
+            code = 2
+            try:
+                code = main(line.split())
+            finally:  # never back into this loop (reading the agent's stdin beside its parent), whatever main raised
+                os._exit(code)
         _, status = os.waitpid(pid, 0)
         sys.stdout.write(f"{os.waitstatus_to_exitcode(status)}\n")
         sys.stdout.flush()

@@ -79,8 +79,8 @@ class NodeCredentials:
         consumer (with the node's filter) and expires within minutes. Placement's own bus credentials create no
         consumer: a consumer's config is in the request's body, where the server checks nothing (a push consumer
         could send any node's commands into placement's inbox); the config here is fixed by code, and the server
-        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S` (before its first read,
-        that and `boot_s`)."""
+        deletes the consumer once the node has not read it for `RENTED_CONSUMER_INACTIVE_S` plus `boot_s` (one
+        threshold, before the first read and after it)."""
         identity = f"consumer-maker-{node_id}"
         text = (await self.ask(MINT_CONSUMER_MAKER, MintConsumerMaker(node_id=node_id))).creds
         refusals: list[str] = []
