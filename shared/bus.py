@@ -348,23 +348,28 @@ def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
     return event
 
 
-async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
-    """Decoder of every durable consumer: an event must arrive on the subject its payload implies
-    (`checked_event`); one of a type this version does not know is given back for a newer replica where a platform
-    service published it, dropped elsewhere (`shared.unknowntypes`)."""
-    payload = await decode(msg)
-    if checked_event(msg, payload) is None:
-        unknown_event(msg, payload)
-    return payload
+def subject_checker(slots: int) -> Callable[[StreamMessage, Callable[[StreamMessage], Awaitable[Any]]], Awaitable[Any]]:
+    """Decoder of every durable consumer (`slots`: its messages in flight): an event must arrive on the subject its
+    payload implies (`checked_event`); one of a type this version does not know is given back for a newer replica
+    where a platform service published it, dropped elsewhere (`shared.unknowntypes`)."""
+
+    async def check_subject(msg: StreamMessage, decode: Callable[[StreamMessage], Awaitable[Any]]) -> Any:
+        payload = await decode(msg)
+        if checked_event(msg, payload) is None:
+            unknown_event(msg, payload, slots=slots)
+        return payload
+
+    return check_subject
 
 
-def unknown_event(msg: StreamMessage, payload: Any) -> None:
+def unknown_event(msg: StreamMessage, payload: Any, *, slots: int = 1) -> None:
     """Raise what becomes of an event of a type this version does not know: given back for a newer replica where a
     platform service published it, dropped elsewhere (`UNKNOWN_DROPPED`; `shared.unknowntypes`). Nothing for any
     other payload."""
     if (kind := unknown_type(payload, known=_event_types())) is not None:
         subject = msg.raw_message.subject
-        hold_or_drop(msg, kind=kind, held_here=not any(subjects_overlap(subject, s) for s in UNKNOWN_DROPPED))
+        dropped_here = any(subjects_overlap(subject, s) for s in UNKNOWN_DROPPED)
+        hold_or_drop(msg, kind=kind, held_here=not dropped_here, slots=slots)
 
 
 def durable(
@@ -395,7 +400,7 @@ def durable(
         "inbox_prefix": None,  # delivered into the connection's own inbox, the only one its identity may read
         "pull_sub": PullSub(batch_size=keyed if keyed > 1 else 1 if ordered else batch, timeout=0.5),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
-        "decoder": check_subject,
+        "decoder": subject_checker(in_flight),
         "no_reply": True,  # an event is never answered, whatever `reply_to` header its publisher put on it
         "config": ConsumerConfig(
             ack_wait=ACK_WAIT_S,

@@ -210,6 +210,7 @@ class KeyedConsumer:
         self.subscription = {**subscription, "decoder": self.decode}
         self._event = TypeAdapter(event)
         self._reads = subscription["config"].filter_subjects or [subscription["subject"]]
+        self.slots = subscription["config"].max_ack_pending or 1
         self.superseded_by: str | None = None  # the first subject delivered that this version does not read
 
     def superseded(self, msg: Any) -> bool:
@@ -237,7 +238,7 @@ class KeyedConsumer:
             # validated once, as the type it names; the handler's parameter takes the event as it is
             known = checked_event(msg, payload)
             if known is None:
-                unknown_event(msg, payload)
+                unknown_event(msg, payload, slots=self.slots)
             event = self._event.validate_python(known or payload)
         except NackMessage:  # a type of a newer version, given back for its replica (`shared.unknowntypes`)
             self.deliveries.skip(delivery_seq(msg))

@@ -36,3 +36,84 @@ def test_every_subject_an_agent_may_publish_drops_unknown_types(node):
     assert published and all(any(subjects_overlap(s, d) for d in UNKNOWN_DROPPED) for s in published)
     services = [s for role in busroles.SERVICES for s in busroles.PUBLISHES[role] if s.startswith("tm.node.evt")]
     assert services and not any(subjects_overlap(s, d) for s in services for d in UNKNOWN_DROPPED)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def held_message(seq: int, *, consumer: str = "placement-jobs"):
+    """A JetStream delivery as the decoder sees it: the server's metadata (stored just now, delivered once)."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from shared.clock import utcnow
+
+    meta = SimpleNamespace(
+        stream="TM_JOBS",
+        consumer=consumer,
+        sequence=SimpleNamespace(stream=seq),
+        num_delivered=1,
+        timestamp=utcnow() - timedelta(seconds=1),
+    )
+    return SimpleNamespace(raw_message=SimpleNamespace(subject="tm.job.status", metadata=meta))
+
+
+def outcome(message, *, slots: int) -> str:
+    from faststream.exceptions import NackMessage, RejectMessage
+
+    from shared.unknowntypes import hold_or_drop
+
+    try:
+        hold_or_drop(message, kind="NodeDrained", held_here=True, slots=slots)
+    except NackMessage:
+        return "held"
+    except RejectMessage:
+        return "dropped"
+    raise AssertionError("neither held nor dropped")
+
+
+def test_a_consumer_never_holds_more_than_a_share_of_its_slots(monkeypatch):
+    """A held delivery keeps its slot at the server: 32 held events stopped a keyed jobs consumer (no job placed)
+    for up to ten minutes. Now a quarter of its slots at most; the rest are dropped, and a known event always has
+    a slot."""
+    from shared import unknowntypes
+
+    monkeypatch.setattr(unknowntypes, "HOLDS", unknowntypes.Holds(clock=FakeClock()))
+    got = [outcome(held_message(seq), slots=32) for seq in range(1, 34)]
+    assert got == ["held"] * 8 + ["dropped"] * 25
+    assert outcome(held_message(3), slots=32) == "held"  # one it holds is held again when offered again
+    assert outcome(held_message(1, consumer="billing-fleet"), slots=1) == "held"  # each consumer its own
+    assert outcome(held_message(2, consumer="billing-fleet"), slots=1) == "dropped"
+
+
+def test_a_consumer_holds_for_the_patience_once_in_its_process_not_once_per_event(monkeypatch):
+    """A rollback leaves events of the newer version in the streams: an ordered consumer used to stall ten
+    minutes for each of them in turn."""
+    from shared import unknowntypes
+
+    clock = FakeClock()
+    monkeypatch.setattr(unknowntypes, "HOLDS", unknowntypes.Holds(clock=clock))
+    assert outcome(held_message(1, consumer="billing-fleet"), slots=1) == "held"
+    for _ in range(int(UNKNOWN_TYPE_PATIENCE_S // UNKNOWN_TYPE_NAK_MAX_S)):
+        clock.now += UNKNOWN_TYPE_NAK_MAX_S
+        outcome(held_message(1, consumer="billing-fleet"), slots=1)
+    clock.now += UNKNOWN_TYPE_NAK_MAX_S
+    assert outcome(held_message(1, consumer="billing-fleet"), slots=1) == "dropped"
+    clock.now += 3600
+    assert outcome(held_message(2, consumer="billing-fleet"), slots=1) == "dropped"  # no successor came: spent
+    assert outcome(held_message(2, consumer="placement-jobs"), slots=32) == "held"
+
+
+def test_a_delivery_a_newer_replica_took_is_forgotten(monkeypatch):
+    from shared import unknowntypes
+
+    clock = FakeClock()
+    monkeypatch.setattr(unknowntypes, "HOLDS", unknowntypes.Holds(clock=clock))
+    assert outcome(held_message(1, consumer="billing-fleet"), slots=1) == "held"
+    clock.now += 3 * UNKNOWN_TYPE_NAK_MAX_S  # not offered here again: another replica acknowledged it
+    assert outcome(held_message(2, consumer="billing-fleet"), slots=1) == "held"
