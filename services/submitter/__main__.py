@@ -1,4 +1,5 @@
 import sys
+from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
@@ -9,6 +10,19 @@ from services.submitter.app import SubmitterSettings, create_app
 # keep-alive expiry, so a request sent on a connection just as the server closed it failed with a read error.
 KEEP_ALIVE_S = 75
 
+
+def server_options(settings: SubmitterSettings) -> dict[str, Any]:
+    """uvicorn's options: idle connections kept `KEEP_ALIVE_S`, and no more held at once than the setting (each
+    one costs a descriptor; beyond it a request is answered 503)."""
+    return {
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "log_level": "warning",
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "limit_concurrency": settings.api_max_connections,
+    }
+
+
 if __name__ == "__main__":
     try:
         settings = SubmitterSettings()
@@ -18,10 +32,4 @@ if __name__ == "__main__":
         )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
+    uvicorn.run(create_app(settings), **server_options(settings))

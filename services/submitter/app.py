@@ -51,6 +51,13 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     mongo_db: str = own_mongo_db(SERVICE)
     api_host: str = "127.0.0.1"
     api_port: int = 8080
+    api_max_connections: int = Field(
+        1000,
+        ge=1,
+        description="Connections (and requests in progress) the API holds at once; beyond it a request is answered "
+        "503 (idle keep-alive connections are held 75 s: expose the API behind a proxy that caps connections per "
+        "client).",
+    )
     admin_token: str | None = Field(None, description="The admin token (32+ characters); a new one revokes the old.")
     webhook_allow_hosts: str = Field(
         "",
