@@ -179,6 +179,9 @@ async def flush(
         except Exception as exc:  # what follows waits for the relay, in order; what went out is pulled off
             error = exc
             break
+        except BaseException:  # cancelled: the relay looks again soon
+            left_behind(collection)
+            raise
         published.append(entry["event_id"])
     if error is not None:  # before anything else can fail: the relay looks again soon
         left_behind(collection)
@@ -417,7 +420,11 @@ class DocumentStore:
     ) -> bool:
         """Write fields and events if nobody changed the document since `current` was read; then publish."""
         self._remembered.pop(doc_id)
-        update = await self._write(doc_id, fields, current, events)
+        try:
+            update = await self._write(doc_id, fields, current, events)
+        except BaseException:  # it may have landed with its answer lost: the relay looks again soon, not in 30 s
+            left_behind(self.collection)
+            raise
         if update is None:
             return False
         pending = update[OUTBOX]
@@ -503,8 +510,12 @@ class DocumentStore:
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
             if any(error.get("code") != DUPLICATE_KEY for error in errors):
+                left_behind(self.collection)
                 raise
             refused = {error["index"] for error in errors}
+        except BaseException:  # it may have landed with its answer lost: the relay looks again soon, not in 30 s
+            left_behind(self.collection)
+            raise
         return [None if i in refused else update[OUTBOX] for i, update in enumerate(updates)]
 
     async def flush(self, doc_id: Any, entries: list[dict[str, Any]] | None = None) -> None:

@@ -75,3 +75,38 @@ async def test_what_another_writer_left_is_published_at_the_next_idle_look():
         assert [p["event_id"] for _, p in bus.published] == ["left:1"]
     finally:
         relaying.cancel()
+
+
+class AnswerLost(Looked):
+    """A write that lands and whose answer is lost (a retryable write's retry failing in a primary election)."""
+
+    async def update_one(self, *args, **kwargs):
+        await super().update_one(*args, **kwargs)
+        raise ConnectionError("answer lost")
+
+    async def insert_one(self, *args, **kwargs):
+        await super().insert_one(*args, **kwargs)
+        raise ConnectionError("answer lost")
+
+    async def insert_many(self, *args, **kwargs):
+        await super().insert_many(*args, **kwargs)
+        raise ConnectionError("answer lost")
+
+
+@pytest.mark.parametrize("how", ["save", "insert_many"])
+async def test_a_write_that_landed_with_its_answer_lost_is_relayed_soon(how):
+    """Its events are stored and nobody published them: the relay used to find them at its idle look (30 s)."""
+    bus, collection = Bus(), AnswerLost()
+    jobs = DocumentStore(collection, bus)
+    relaying = asyncio.create_task(relay(bus, [collection], interval_s=0.01, idle_s=60))
+    try:
+        await asyncio.sleep(0.1)
+        with pytest.raises(ConnectionError):
+            if how == "save":
+                await jobs.save("lost", {"n": 1}, None, event("lost"))
+            else:
+                await jobs.insert_many([("lost", {"n": 1}, event("lost"))])
+        await eventually(published(bus, 1), timeout_s=5, interval_s=0.01)
+        assert [p["event_id"] for _, p in bus.published] == ["lost:1"]
+    finally:
+        relaying.cancel()
