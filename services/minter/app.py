@@ -57,6 +57,9 @@ class MinterSettings(CommonSettings):
         description="Its nodes are static: none gets a rented identity; its [providers.ec2], the cloud it asks.",
     )
     max_rented_nodes: int = Field(64, ge=1, description="Rented nodes with a live agent identity, at most.")
+    max_revocations: int = Field(
+        50_000, ge=1, description="Revocations the account carries at most; past them no identity is minted."
+    )
     mint_burst: int = Field(64, ge=1, description="Identities (agents and consumer makers) minted at once, at most.")
     mints_per_minute: float = Field(12, gt=0, description="Past the burst, identities minted a minute, at most.")
     ec2_access_key_id: str | None = Field(None, description="Its own EC2 key, allowed DescribeInstances only.")
@@ -76,6 +79,7 @@ class MinterProcess:
         self.limits = Limits(
             static=frozenset(cluster.nodes_by_id()),
             max_rented_nodes=settings.max_rented_nodes,
+            max_revocations=settings.max_revocations,
             bucket=TokenBucket(capacity=settings.mint_burst, per_minute=settings.mints_per_minute),
         )
         self.cloud: EC2Instances | None = cloud_of(

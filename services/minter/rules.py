@@ -21,6 +21,7 @@ class Limits:
     static: frozenset[str]
     max_rented_nodes: int
     bucket: TokenBucket
+    max_revocations: int = 50_000  # ~70 bytes each in the account JWT, whose update must fit NATS's max_payload
 
 
 def rented(node_id: str, *, static: frozenset[str]) -> str:
@@ -51,6 +52,12 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
         raise Refused(f"{node_id} has a live agent identity already: one per node")
     if node_id in minter.retired:
         raise Refused(f"{node_id}'s agent identity was revoked: a node id gets one identity, never another")
+    if len(minter.revocations) >= limits.max_revocations:
+        raise Refused(
+            f"the account carries {len(minter.revocations)} revocations, at most {limits.max_revocations} "
+            "(TRAINMASTER_MAX_REVOCATIONS): a new identity could not be revoked once the account outgrows what the "
+            "server takes"
+        )
     live = sum(1 for users in minter.minted.values() if users)
     if live >= limits.max_rented_nodes:
         raise Refused(

@@ -109,6 +109,18 @@ def test_invented_nodes_past_the_cap_get_no_identity_and_the_refusal_names_the_c
     assert len(m.minted) == 3
 
 
+def test_no_identity_is_minted_once_the_account_carries_its_most_revocations():
+    """Every release adds one to the account JWT, never removed (agent identities carry no expiry): past what the
+    server's max_payload takes, the account update fails and no identity can be revoked any more."""
+    m, bounded = minter(), Limits(static=STATIC, max_rented_nodes=64, bucket=TokenBucket(64, 12), max_revocations=2)
+    for node_id in ("od-1", "od-2"):
+        agent(m, node_id, within=bounded)
+        revoke_node(m, RevokeNode(node_id=node_id))
+    with pytest.raises(Refused, match=r"at most 2 \(TRAINMASTER_MAX_REVOCATIONS\)"):
+        agent(m, "od-3", within=bounded)
+    assert len(m.revocations) == 2 and m.minted == {}
+
+
 def test_mints_past_the_burst_are_refused_naming_the_rate_until_the_bucket_refills():
     m, rate = minter(), limits(burst=3, per_minute=6)
     agent(m, "od-1", within=rate, now=100)
