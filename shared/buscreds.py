@@ -211,6 +211,8 @@ class Minter:
     revocations: dict[str, int] = field(default_factory=dict)
     issued_at: int = 0
     minted: dict[str, list[str]] = field(default_factory=dict)  # node id -> user public keys not yet revoked
+    minted_at: dict[str, int] = field(default_factory=dict)  # node id -> when its agent identity was minted
+    retired: dict[str, int] = field(default_factory=dict)  # node id -> when its identity was revoked: none again
 
     def mint(
         self, *, name: str, permissions: Permissions, seed: str | None = None, expires_at: int | None = None

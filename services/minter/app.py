@@ -1,6 +1,8 @@
 """The minter: the one process that holds the keys which sign bus users and re-issue the account. It answers
 placement's narrow requests (`shared.minting`): an agent identity for one rented node, that node's consumer maker,
-the revocation of a node's identities, pushed to the server through the system account."""
+the revocation of a node's identities, pushed to the server through the system account. Within limits of its own
+(one identity per node, a cap, a rate) and, where the cluster rents from EC2, only for instances the cloud says the
+platform launched: it revokes what no such instance carries after a grace."""
 
 import asyncio
 import logging
@@ -12,7 +14,7 @@ import nats
 from nats.aio.client import RawCredentials
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 
 from shared import busroles
 from shared.bus import servers
@@ -29,7 +31,17 @@ from shared.minting import (
 )
 from shared.service import configure_logging
 from shared.settings import CommonSettings
-from services.minter.rules import Refused, mint_agent, mint_consumer_maker, revoke_node
+from services.minter.bucket import TokenBucket
+from services.minter.cloud import EC2Instances, cloud_of
+from services.minter.rules import (
+    Limits,
+    Refused,
+    may_make_consumer,
+    mint_agent,
+    mint_consumer_maker,
+    revoke_node,
+    unlaunched,
+)
 
 log = logging.getLogger(__name__)
 ASKERS = ("placement", busroles.OPERATOR)  # whose inboxes it answers into (its permissions allow no other)
@@ -40,7 +52,22 @@ class MinterSettings(CommonSettings):
         Path(".trainmaster/bus/minter/minter.json"),
         description="Its keys, revocations and the identities it minted per node (`make run` writes it).",
     )
-    cluster_file: Path = Field(Path("cluster.toml"), description="Its nodes are static: none gets a rented identity.")
+    cluster_file: Path = Field(
+        Path("cluster.toml"),
+        description="Its nodes are static: none gets a rented identity; its [providers.ec2], the cloud it asks.",
+    )
+    max_rented_nodes: int = Field(64, ge=1, description="Rented nodes with a live agent identity, at most.")
+    max_revocations: int = Field(
+        50_000, ge=1, description="Revocations the account carries at most; past them no identity is minted."
+    )
+    mint_burst: int = Field(64, ge=1, description="Identities (agents and consumer makers) minted at once, at most.")
+    mints_per_minute: float = Field(12, gt=0, description="Past the burst, identities minted a minute, at most.")
+    ec2_access_key_id: str | None = Field(None, description="Its own EC2 key, allowed DescribeInstances only.")
+    ec2_secret_access_key: SecretStr | None = Field(None, description="(default: boto3's own chain, e.g. a role)")
+    launch_grace_s: float = Field(
+        300, ge=0, description="How long a node's identity lives before its instance must be pending or running."
+    )
+    verify_every_s: float = Field(60, gt=0, description="How often live identities are checked against the cloud.")
 
 
 class MinterProcess:
@@ -48,7 +75,16 @@ class MinterProcess:
 
     def __init__(self, settings: MinterSettings) -> None:
         self.settings = settings
-        self.static = frozenset(read_cluster(settings.cluster_file, missing_ok=True).nodes_by_id())
+        cluster = read_cluster(settings.cluster_file, missing_ok=True)
+        self.limits = Limits(
+            static=frozenset(cluster.nodes_by_id()),
+            max_rented_nodes=settings.max_rented_nodes,
+            max_revocations=settings.max_revocations,
+            bucket=TokenBucket(capacity=settings.mint_burst, per_minute=settings.mints_per_minute),
+        )
+        self.cloud: EC2Instances | None = cloud_of(
+            cluster.providers, key_id=settings.ec2_access_key_id, secret=settings.ec2_secret_access_key
+        )
         self.lock = asyncio.Lock()
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
 
@@ -58,19 +94,29 @@ class MinterProcess:
             if subject == MINT_AGENT:
                 return self.agent(minter, MintAgent.model_validate_json(data))
             if subject == MINT_CONSUMER_MAKER:
-                return self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
+                return await self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
             if subject == REVOKE_NODE:
                 return await self.revoke(minter, RevokeNode.model_validate_json(data))
         raise Refused(f"no such request: {subject}")
 
     def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
-        user, creds = mint_agent(minter, request, static=self.static)
+        user, creds = mint_agent(minter, request, limits=self.limits, now=time.time(), monotonic=time.monotonic())
         write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
         return MinterAnswer(creds=creds, user=user)
 
-    def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:
-        user, creds = mint_consumer_maker(minter, request, static=self.static, now=time.time())
+    async def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:
+        node_id = may_make_consumer(minter, request, limits=self.limits, monotonic=time.monotonic())
+        if self.cloud and node_id not in await self.launched(self.cloud, node_id):
+            raise Refused(f"{node_id} is no pending or running instance the platform launched ({self.cloud.where})")
+        user, creds = mint_consumer_maker(minter, node_id, now=time.time())
         return MinterAnswer(creds=creds, user=user)
+
+    @staticmethod
+    async def launched(cloud: EC2Instances, node_id: str) -> set[str]:
+        try:
+            return await asyncio.to_thread(cloud.launched, [node_id])
+        except Exception as exc:  # botocore's errors, whatever the cloud or the network says
+            raise Refused(f"the cloud could not be asked about {node_id} ({cloud.where}): {exc}") from exc
 
     async def revoke(self, minter: Minter, request: RevokeNode) -> MinterAnswer:
         account = revoke_node(minter, request)
@@ -78,6 +124,34 @@ class MinterProcess:
         await self.push(minter, account)
         log.info("revoked the bus identities of %s", request.node_id)
         return MinterAnswer()
+
+    async def sweep(self) -> list[str]:
+        """Revoke the identities of nodes minted over `launch_grace_s` ago that no pending or running instance of the
+        cluster carries (invented, never launched, or gone without a release); the nodes revoked."""
+        if self.cloud is None:
+            return []
+        grace_s = self.settings.launch_grace_s
+        if not unlaunched(Minter.load(self.settings.minter_file), launched=None, now=time.time(), grace_s=grace_s):
+            return []
+        launched = await asyncio.to_thread(self.cloud.launched)
+        async with self.lock:
+            minter = Minter.load(self.settings.minter_file)
+            gone = unlaunched(minter, launched=launched, now=time.time(), grace_s=grace_s)
+            if gone:
+                accounts = [revoke_node(minter, RevokeNode(node_id=node_id)) for node_id in gone]
+                write_secret(self.settings.minter_file, minter.to_json())
+                await self.push(minter, accounts[-1])
+                log.warning("revoked %s: no pending or running instance carries them (%s)", gone, self.cloud.where)
+        return gone
+
+    async def sweeping(self) -> None:
+        """`sweep` every `verify_every_s`, until cancelled."""
+        while True:
+            await asyncio.sleep(self.settings.verify_every_s)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("checking the live identities against the cloud failed (tried again)")
 
     async def push(self, minter: Minter, account: str) -> None:
         """The re-issued account to the server, which then closes the revoked users' connections."""
@@ -126,9 +200,10 @@ class MinterProcess:
 async def serve(settings: MinterSettings) -> None:
     """Run until cancelled."""
     configure_logging(settings.log_level)
-    client = await MinterProcess(settings).start()
+    minter = MinterProcess(settings)
+    client = await minter.start()
     log.info("minter: answering %s", ", ".join(busroles.minter().subscribe))
     try:
-        await asyncio.Event().wait()
+        await minter.sweeping()
     finally:
         await client.close()

@@ -1,13 +1,27 @@
-"""What the minter grants, decided over its state (`shared.buscreds.Minter`) without I/O: an identity with the agent
-role of one rented node, that node's two-minute consumer maker, the revocation of what it minted for a node."""
+"""What the minter grants, decided over its state (`shared.buscreds.Minter`) without I/O: one identity with the
+agent role for each rented node (never a second, never again once revoked), that node's two-minute consumer maker
+while it has one, the revocation of what it minted for a node; within a cap on live identities and a rate."""
+
+from dataclasses import dataclass
 
 from shared import busroles
 from shared.buscreds import NAME, Minter
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
+from services.minter.bucket import TokenBucket
 
 
 class Refused(ValueError):
     """A request the minter does not grant (its reason goes back to the requester)."""
+
+
+@dataclass
+class Limits:
+    """What the minter grants at most: the static nodes it never mints for, live rented identities, mints a minute."""
+
+    static: frozenset[str]
+    max_rented_nodes: int
+    bucket: TokenBucket
+    max_revocations: int = 50_000  # ~70 bytes each in the account JWT, whose update must fit NATS's max_payload
 
 
 def rented(node_id: str, *, static: frozenset[str]) -> str:
@@ -20,20 +34,56 @@ def rented(node_id: str, *, static: frozenset[str]) -> str:
     return node_id
 
 
-def mint_agent(minter: Minter, request: MintAgent, *, static: frozenset[str]) -> tuple[str, str]:
-    """A new user with the agent role for the node (public key, `.creds`), recorded for the node's revocation."""
-    node_id = rented(request.node_id, static=static)
+def take_token(limits: Limits, *, monotonic: float) -> None:
+    """One mint off the rate limit, or refused naming it."""
+    if not limits.bucket.take(monotonic):
+        raise Refused(
+            f"rate limit: at most {limits.bucket.capacity} mints at once, then {limits.bucket.per_minute:g} a minute "
+            "(TRAINMASTER_MINT_BURST, TRAINMASTER_MINTS_PER_MINUTE)"
+        )
+
+
+def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float, monotonic: float) -> tuple[str, str]:
+    """A new user with the agent role for the node (public key, `.creds`), recorded for the node's revocation. A
+    node has one: a second beside a live one would read its commands (job secrets included) beside its agent, and
+    one after its revocation would take its place."""
+    node_id = rented(request.node_id, static=limits.static)
+    if minter.minted.get(node_id):
+        raise Refused(f"{node_id} has a live agent identity already: one per node")
+    if node_id in minter.retired:
+        raise Refused(f"{node_id}'s agent identity was revoked: a node id gets one identity, never another")
+    if len(minter.revocations) >= limits.max_revocations:
+        raise Refused(
+            f"the account carries {len(minter.revocations)} revocations, at most {limits.max_revocations} "
+            "(TRAINMASTER_MAX_REVOCATIONS): a new identity could not be revoked once the account outgrows what the "
+            "server takes"
+        )
+    live = sum(1 for users in minter.minted.values() if users)
+    if live >= limits.max_rented_nodes:
+        raise Refused(
+            f"cap: {live} rented nodes have live identities, at most {limits.max_rented_nodes} "
+            "(TRAINMASTER_MAX_RENTED_NODES)"
+        )
+    take_token(limits, monotonic=monotonic)
     user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
-    minter.minted.setdefault(node_id, []).append(user)
+    minter.minted[node_id] = [user]
+    minter.minted_at[node_id] = int(now)
     return user, creds
 
 
-def mint_consumer_maker(
-    minter: Minter, request: MintConsumerMaker, *, static: frozenset[str], now: float
-) -> tuple[str, str]:
-    """The identity that may create the node's command consumer, refused by the server `CONSUMER_MAKER_TTL_S` after
-    `now`."""
-    node_id = rented(request.node_id, static=static)
+def may_make_consumer(minter: Minter, request: MintConsumerMaker, *, limits: Limits, monotonic: float) -> str:
+    """The node id, if it may have a consumer maker: only a node with a live agent identity (no consumer for a node
+    no agent can read), within the rate."""
+    node_id = rented(request.node_id, static=limits.static)
+    if not minter.minted.get(node_id):
+        raise Refused(f"{node_id} has no live agent identity: no consumer maker")
+    take_token(limits, monotonic=monotonic)
+    return node_id
+
+
+def mint_consumer_maker(minter: Minter, node_id: str, *, now: float) -> tuple[str, str]:
+    """The identity that may create the node's command consumer (`may_make_consumer` first), refused by the server
+    `CONSUMER_MAKER_TTL_S` after `now`."""
     return minter.mint(
         name=f"consumer-maker-{node_id}",
         permissions=busroles.consumer_maker(node_id),
@@ -41,7 +91,19 @@ def mint_consumer_maker(
     )
 
 
+def unlaunched(minter: Minter, *, launched: set[str] | None, now: float, grace_s: float) -> list[str]:
+    """The nodes with a live identity minted over `grace_s` before `now` (an older data dir's: any time) that no
+    launched instance carries (`launched`: None before the cloud was asked, so every one that is due)."""
+    due = [n for n, users in minter.minted.items() if users and minter.minted_at.get(n, 0) <= now - grace_s]
+    return sorted(n for n in due if launched is None or n not in launched)
+
+
 def revoke_node(minter: Minter, request: RevokeNode) -> str:
     """Revoke every user minted for the node (none: nothing new); the account JWT to push, re-issued either way so
-    that a push that failed before is made again."""
-    return minter.revoke(*minter.minted.pop(request.node_id, []))
+    that a push that failed before is made again. A node revoked is retired: never minted for again."""
+    users = minter.minted.pop(request.node_id, [])
+    minter.minted_at.pop(request.node_id, None)
+    account = minter.revoke(*users)
+    if users:
+        minter.retired[request.node_id] = minter.issued_at
+    return account

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import nats
 from nats.errors import NoRespondersError
@@ -41,15 +42,16 @@ def real_servers(data: Path, *, cluster: str, database: bool = False) -> Iterato
 
 
 @asynccontextmanager
-async def running_minter(stack: Stack) -> AsyncIterator[MinterProcess]:
-    """The minter as `make run` starts it (its own credentials, the stack's minter file), in this test's loop."""
+async def running_minter(stack: Stack, **settings: Any) -> AsyncIterator[MinterProcess]:
+    """The minter as `make run` starts it (its own credentials, the stack's minter file), in this test's loop;
+    `settings`: other minter settings (its limits, another cluster file)."""
     stack.identities.minter()
     minter = MinterProcess(
         MinterSettings(
             nats_url=stack.nats_url,
             nats_creds=stack.identities.creds(MINTER),
             minter_file=stack.identities.minter_file,
-            cluster_file=stack.settings.cluster_file,
+            **{"cluster_file": stack.settings.cluster_file, **settings},
         )
     )
     client = await minter.start()

@@ -344,9 +344,11 @@ async def test_a_consumer_maker_already_expired_on_arrival_is_an_error_that_name
     """A minter host whose clock is behind the bus servers' by more than the identity's life mints it expired:
     the rental failed with an authorization error that said nothing of clocks."""
     monkeypatch.setattr(minter_rules, "CONSUMER_MAKER_TTL_S", -30)  # as seen by a server 150 s ahead
-    with pytest.raises(RuntimeError, match="clock"):
-        async with running_minter(server):
-            await placements(server).create_consumer(unique("od"))
+    node_id = unique("od")
+    async with running_minter(server):
+        with pytest.raises(RuntimeError, match="clock"):
+            await placements(server).issue(node_id, tmp_path)  # its agent identity, then its consumer maker
+        await placements(server).revoke(node_id, tmp_path)
 
 
 async def test_the_agents_command_consumer_is_created_by_the_privileged_side(server):

@@ -4,7 +4,9 @@ the minter grants it only an agent for one rented node (and that node's consumer
 import asyncio
 import json
 import re
+import uuid
 from pathlib import Path
+from types import SimpleNamespace
 
 import nats
 import pytest
@@ -16,6 +18,7 @@ from shared.minting import MINT_AGENT, REVOKE_NODE, MinterAnswer, RevokeNode
 from services.placement.providers import NodeCredentials
 from services.stack.processes import Stack
 from tests.factories import unique
+from tests.integration.clouds import loopback_only
 from tests.integration.servers import real_servers, running_minter
 from tests.integration.test_bus_security import CLUSTER, Client, agent_creds, as_agent, command_for
 
@@ -211,3 +214,133 @@ async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_ke
 
 def public_key_of(creds: Path) -> str:
     return decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])["sub"]
+
+
+def live_rented(server: Stack) -> int:
+    return sum(1 for users in server.identities.minter().minted.values() if users)
+
+
+async def test_a_live_rented_node_gets_no_second_identity_nor_one_after_its_revocation(server, tmp_path):
+    """A second `MintAgent` for a rented node was granted: a user with the same permissions, reading that node's
+    command stream (job secrets included) beside its agent; and after a revocation, in its place."""
+    node_id = unique("od")
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    async with running_minter(server):
+        await credentials.issue(node_id, tmp_path)
+        first = server.identities.minter().minted[node_id]
+        second = await ask(placement, MINT_AGENT, {"node_id": node_id})
+        assert "one per node" in second.error and not second.creds
+        assert server.identities.minter().minted[node_id] == first and len(first) == 1
+        await credentials.revoke(node_id, tmp_path)
+        again = await ask(placement, MINT_AGENT, {"node_id": node_id})
+        assert "never another" in again.error and not again.creds
+    assert node_id not in server.identities.minter().minted
+    await placement.nc.close()
+
+
+async def test_invented_nodes_past_the_cap_or_the_rate_get_no_identity_and_the_refusal_names_the_limit(server):
+    """A compromised placement minted an identity for any number of invented node ids, as fast as it asked."""
+    placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
+    invented = [unique("od") for _ in range(3)]
+    async with running_minter(server, max_rented_nodes=live_rented(server) + 2):
+        answers = [await ask(placement, MINT_AGENT, {"node_id": node_id}) for node_id in invented]
+        assert [bool(a.creds) for a in answers] == [True, True, False]
+        assert "TRAINMASTER_MAX_RENTED_NODES" in answers[2].error
+        for node_id in invented:
+            await ask(placement, REVOKE_NODE, {"node_id": node_id})
+    invented = [unique("od") for _ in range(3)]
+    async with running_minter(server, mint_burst=2, mints_per_minute=0.01):
+        answers = [await ask(placement, MINT_AGENT, {"node_id": node_id}) for node_id in invented]
+        assert [bool(a.creds) for a in answers] == [True, True, False]
+        assert "rate limit: at most 2 mints at once" in answers[2].error
+        for node_id in invented:
+            await ask(placement, REVOKE_NODE, {"node_id": node_id})
+    assert not set(invented) & set(server.identities.minter().minted)
+    await placement.nc.close()
+
+
+async def test_an_identity_whose_answer_was_lost_is_revoked_at_the_release(server, tmp_path, monkeypatch):
+    """Placement learnt a node's identity only from the minter's answer: one minted but never answered (a timeout)
+    stayed live, and counted against the cap, forever."""
+    node_id = unique("od")
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    answered = NodeCredentials.ask
+
+    async def lost(self, subject, request):
+        await answered(self, subject, request)
+        raise TimeoutError("the answer was lost")
+
+    async with running_minter(server):
+        monkeypatch.setattr(NodeCredentials, "ask", lost)
+        with pytest.raises(TimeoutError):
+            await credentials.issue(node_id, tmp_path)
+        monkeypatch.setattr(NodeCredentials, "ask", answered)
+        assert node_id in server.identities.minter().minted
+        await credentials.revoke(node_id, tmp_path)  # what the failed rental's release does
+    assert node_id not in server.identities.minter().minted
+
+
+KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}  # moto takes any
+
+
+@pytest.fixture(scope="module")
+def ec2(tmp_path_factory):
+    """moto's EC2 on 127.0.0.1, and a cluster file (the stack's nodes) whose [providers.ec2] names it."""
+    boto3 = pytest.importorskip("boto3")
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    url = loopback_only(f"http://127.0.0.1:{server.get_host_and_port()[1]}")
+    client = boto3.client("ec2", region_name="us-east-1", endpoint_url=url, **KEYS)
+    cluster = f"c{uuid.uuid4().hex[:8]}"
+    path = tmp_path_factory.mktemp("ec2") / "cluster.toml"
+    path.write_text(
+        f'{CLUSTER}\n[providers.ec2]\nregion = "us-east-1"\nendpoint_url = "{url}"\ncluster_name = "{cluster}"\n'
+    )
+    yield SimpleNamespace(client=client, cluster=cluster, cluster_file=path)
+    server.stop()
+
+
+def launch(ec2, node_id: str, *, cluster: str | None = None) -> str:
+    """An instance as placement's EC2 provider launches one: tagged with the cluster and the node."""
+    image = ec2.client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    tags = {"trainmaster:cluster": cluster or ec2.cluster, "trainmaster:node-id": node_id}
+    reply = ec2.client.run_instances(
+        ImageId=image,
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}],
+    )
+    return reply["Instances"][0]["InstanceId"]
+
+
+async def test_where_the_cluster_rents_from_ec2_only_a_launched_instance_keeps_its_identity(server, ec2, tmp_path):
+    """The minter believed any node id: an identity for an invented node (or another cluster's instance) lived on
+    and got its command consumer. It asks EC2 itself (its own keys): no consumer maker for a node no pending or
+    running instance of the cluster carries, and after the grace its identity is revoked (the server then refuses
+    it); a launched node keeps its own until its instance is gone."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    invented, elsewhere, launched = unique("od"), unique("od"), unique("od")
+    launch(ec2, elsewhere, cluster="another")
+    settings = {"cluster_file": ec2.cluster_file, "launch_grace_s": 0, "ec2_access_key_id": "testing"}
+    async with running_minter(server, **settings, ec2_secret_access_key="testing") as minter:
+        for node_id in (invented, elsewhere, launched):
+            await credentials.issue(node_id, tmp_path, consumer=False)  # before its machine is launched
+        for node_id in (invented, elsewhere):
+            with pytest.raises(RuntimeError, match="no pending or running instance"):
+                await credentials.create_consumer(node_id)
+        instance = launch(ec2, launched)
+        await credentials.create_consumer(launched)
+        swept = await minter.sweep()  # and what other tests left live on this server
+        assert {invented, elsewhere} <= set(swept) and launched not in swept
+        for node_id in (invented, elsewhere):
+            with pytest.raises(NatsError, match="Authorization Violation"):
+                await nats.connect(
+                    server.nats_url, user_credentials=str(tmp_path / f"{node_id}.creds"), allow_reconnect=False
+                )
+        agent = await Client().open(server, tmp_path / f"{launched}.creds")
+        await agent.nc.close()
+        ec2.client.terminate_instances(InstanceIds=[instance])
+        assert await minter.sweep() == [launched]  # nothing else is live by now
+    assert not {invented, elsewhere, launched} & set(server.identities.minter().minted)

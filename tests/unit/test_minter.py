@@ -10,12 +10,34 @@ import yaml
 from shared import busroles
 from shared.buscreds import Minter, decode_claims, new_seed, public_key, write_secret
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
-from services.minter.rules import Refused, mint_agent, mint_consumer_maker, revoke_node
+from services.minter.bucket import TokenBucket
+from services.minter.rules import (
+    Limits,
+    Refused,
+    may_make_consumer,
+    mint_agent,
+    mint_consumer_maker,
+    revoke_node,
+    unlaunched,
+)
 from services.stack.identities import Identities, write
 from tests.unit.test_bus_roles import minter
 from tests.unit.test_stack_restart import stack_of
 
 STATIC = frozenset({"n1"})
+
+
+def limits(*, max_rented_nodes: int = 64, burst: int = 64, per_minute: float = 12) -> Limits:
+    return Limits(static=STATIC, max_rented_nodes=max_rented_nodes, bucket=TokenBucket(burst, per_minute))
+
+
+def agent(m: Minter, node_id: str, *, within: Limits | None = None, now: float = 1_000.0) -> tuple[str, str]:
+    return mint_agent(m, MintAgent(node_id=node_id), limits=within or limits(), now=now, monotonic=now)
+
+
+def consumer_maker(m: Minter, node_id: str, *, within: Limits | None = None, now: float = 1_000.0) -> tuple[str, str]:
+    allowed = may_make_consumer(m, MintConsumerMaker(node_id=node_id), limits=within or limits(), monotonic=now)
+    return mint_consumer_maker(m, allowed, now=now)
 
 
 def claims_of(creds: str) -> dict:
@@ -24,35 +46,134 @@ def claims_of(creds: str) -> dict:
 
 def test_an_agent_is_minted_with_the_agent_role_of_its_node_alone_and_recorded_for_its_revocation():
     m = minter()
-    user, creds = mint_agent(m, MintAgent(node_id="od-1"), static=STATIC)
+    user, creds = agent(m, "od-1", now=1_234.5)
     assert claims_of(creds)["nats"]["pub"]["allow"] == list(busroles.agent("od-1").publish)
-    assert "exp" not in claims_of(creds) and m.minted == {"od-1": [user]}
+    assert "exp" not in claims_of(creds) and m.minted == {"od-1": [user]} and m.minted_at == {"od-1": 1_234}
 
 
 def test_a_static_node_gets_no_identity_nor_consumer_maker_from_the_minter():
     with pytest.raises(Refused, match="cluster file"):
-        mint_agent(minter(), MintAgent(node_id="n1"), static=STATIC)
+        agent(minter(), "n1")
     with pytest.raises(Refused, match="cluster file"):
-        mint_consumer_maker(minter(), MintConsumerMaker(node_id="n1"), static=STATIC, now=0)
+        consumer_maker(minter(), "n1")
 
 
 def test_a_consumer_maker_expires_and_is_not_kept():
     m = minter()
-    _, creds = mint_consumer_maker(m, MintConsumerMaker(node_id="od-1"), static=STATIC, now=1_000)
-    assert claims_of(creds)["exp"] == 1_000 + CONSUMER_MAKER_TTL_S and m.minted == {}
+    agent(m, "od-1")
+    kept = dict(m.minted)
+    _, creds = consumer_maker(m, "od-1", now=1_000)
+    assert claims_of(creds)["exp"] == 1_000 + CONSUMER_MAKER_TTL_S and m.minted == kept
+
+
+def test_a_second_agent_identity_for_a_node_with_a_live_one_is_refused():
+    """The minter minted one per request: a second user with the same permissions read the node's command stream
+    (job secrets included) beside the real agent."""
+    m = minter()
+    first, _ = agent(m, "od-1")
+    with pytest.raises(Refused, match="live agent identity already"):
+        agent(m, "od-1")
+    assert m.minted == {"od-1": [first]}
+
+
+def test_a_node_whose_identity_was_revoked_gets_none_again():
+    """Revoking a live node's identity and minting it a new one would take the node's place on its commands."""
+    m = minter()
+    agent(m, "od-1")
+    revoke_node(m, RevokeNode(node_id="od-1"))
+    with pytest.raises(Refused, match="never another"):
+        agent(m, "od-1")
+    assert m.minted == {} and set(m.retired) == {"od-1"}
+
+
+def test_a_consumer_maker_only_for_a_node_with_a_live_agent_identity():
+    """Any node id got one: a consumer for a node no agent reads, or for one revoked."""
+    m = minter()
+    with pytest.raises(Refused, match="no live agent identity"):
+        consumer_maker(m, "od-invented")
+    agent(m, "od-1")
+    revoke_node(m, RevokeNode(node_id="od-1"))
+    with pytest.raises(Refused, match="no live agent identity"):
+        consumer_maker(m, "od-1")
+
+
+def test_invented_nodes_past_the_cap_get_no_identity_and_the_refusal_names_the_cap():
+    """Any number of node ids got an identity each."""
+    m, capped = minter(), limits(max_rented_nodes=3)
+    for i in range(3):
+        agent(m, f"od-{i}", within=capped)
+    with pytest.raises(Refused, match=r"at most 3 \(TRAINMASTER_MAX_RENTED_NODES\)"):
+        agent(m, "od-3", within=capped)
+    revoke_node(m, RevokeNode(node_id="od-0"))  # a release makes room
+    agent(m, "od-3", within=capped)
+    assert len(m.minted) == 3
+
+
+def test_no_identity_is_minted_once_the_account_carries_its_most_revocations():
+    """Every release adds one to the account JWT, never removed (agent identities carry no expiry): past what the
+    server's max_payload takes, the account update fails and no identity can be revoked any more."""
+    m, bounded = minter(), Limits(static=STATIC, max_rented_nodes=64, bucket=TokenBucket(64, 12), max_revocations=2)
+    for node_id in ("od-1", "od-2"):
+        agent(m, node_id, within=bounded)
+        revoke_node(m, RevokeNode(node_id=node_id))
+    with pytest.raises(Refused, match=r"at most 2 \(TRAINMASTER_MAX_REVOCATIONS\)"):
+        agent(m, "od-3", within=bounded)
+    assert len(m.revocations) == 2 and m.minted == {}
+
+
+def test_mints_past_the_burst_are_refused_naming_the_rate_until_the_bucket_refills():
+    m, rate = minter(), limits(burst=3, per_minute=6)
+    agent(m, "od-1", within=rate, now=100)
+    consumer_maker(m, "od-1", within=rate, now=100)  # consumer makers count too
+    agent(m, "od-2", within=rate, now=100)
+    with pytest.raises(Refused, match=r"at most 3 mints at once, then 6 a minute"):
+        agent(m, "od-3", within=rate, now=105)
+    with pytest.raises(Refused, match="rate limit"):
+        consumer_maker(m, "od-2", within=rate, now=105)
+    assert "od-3" not in m.minted
+    agent(m, "od-3", within=rate, now=110)  # one token every 10 s
+
+
+def test_a_refused_request_takes_no_token():
+    m, rate = minter(), limits(burst=1)
+    agent(m, "od-1", within=rate)
+    revoke_node(m, RevokeNode(node_id="od-1"))
+    for refused in ("n1", "od-1"):
+        with pytest.raises(Refused):
+            agent(m, refused, within=limits(burst=1))
+    fresh = limits(burst=1)
+    with pytest.raises(Refused, match="never another"):
+        agent(m, "od-1", within=fresh)
+    agent(m, "od-2", within=fresh)
+
+
+def test_the_bucket_refills_at_its_rate_up_to_its_capacity():
+    bucket = TokenBucket(capacity=2, per_minute=60)
+    assert [bucket.take(0), bucket.take(0), bucket.take(0.5), bucket.take(1.0)] == [True, True, False, True]
+    assert [bucket.take(100), bucket.take(100), bucket.take(100)] == [True, True, False]
 
 
 def test_a_revocation_revokes_what_was_minted_for_that_node_and_nothing_else():
     m = minter()
-    first, _ = mint_agent(m, MintAgent(node_id="od-1"), static=STATIC)
-    second, _ = mint_agent(m, MintAgent(node_id="od-1"), static=STATIC)
-    other, _ = mint_agent(m, MintAgent(node_id="od-2"), static=STATIC)
+    first, _ = agent(m, "od-1")
+    other, _ = agent(m, "od-2")
+    m.minted["od-1"].append(second := public_key(new_seed("user")))  # an older data dir's second user of od-1
     account = revoke_node(m, RevokeNode(node_id="od-1"))
     assert set(decode_claims(account)["nats"]["revocations"]) == {first, second}
     issued = m.issued_at
     again = revoke_node(m, RevokeNode(node_id="od-1"))  # a push that failed is made again, newer
     assert decode_claims(again)["nats"]["revocations"] == decode_claims(account)["nats"]["revocations"]
-    assert m.issued_at > issued and m.minted == {"od-2": [other]}
+    assert m.issued_at > issued and m.minted == {"od-2": [other]} and set(m.minted_at) == {"od-2"}
+
+
+def test_identities_past_the_grace_that_no_launched_instance_carries_are_due_for_revocation():
+    m = minter()
+    agent(m, "od-old", now=1_000)
+    agent(m, "od-launched", now=1_000)
+    agent(m, "od-young", now=1_250)
+    m.minted["od-upgraded"] = [public_key(new_seed("user"))]  # moved from an older data dir: no mint time
+    assert unlaunched(m, launched=None, now=1_300, grace_s=100) == ["od-launched", "od-old", "od-upgraded"]
+    assert unlaunched(m, launched={"od-launched"}, now=1_300, grace_s=100) == ["od-old", "od-upgraded"]
 
 
 @pytest.mark.parametrize("own_server", [False, True])

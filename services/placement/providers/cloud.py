@@ -61,12 +61,22 @@ class NodeMaker:
     liveness: Liveness | None = None  # the stack's heartbeat interval and node timeout, for its agent
 
     async def bundle(
-        self, node_id: str, instance: InstanceType, *, root: str, spot: bool, data_dir: str | None = None
+        self,
+        node_id: str,
+        instance: InstanceType,
+        *,
+        root: str,
+        spot: bool,
+        data_dir: str | None = None,
+        consumer: bool = True,
     ) -> Bootstrap:
+        """consumer: False where the machine must be launched before the minter grants it (`launched`)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         creds = None
         if self.credentials:
-            issued = await self.credentials.issue(node_id, self.folder, boot_s=boot_allowance_s(instance))
+            issued = await self.credentials.issue(
+                node_id, self.folder, boot_s=boot_allowance_s(instance), consumer=consumer
+            )
             creds = issued.read_text()
         ca = self.ca_text or (
             self.credentials.ca_file.read_text() if self.credentials and self.credentials.ca_file else None
@@ -81,6 +91,12 @@ class NodeMaker:
             liveness=self.liveness,
         )
         return Bootstrap(node_id=node_id, cluster_entry=node_entry(node_id, instance), env=env, creds=creds, ca=ca)
+
+    async def launched(self, node_id: str, instance: InstanceType) -> None:
+        """The node's command consumer, once its machine is launched (a minter that asks the cloud grants it only
+        for a pending or running instance)."""
+        if self.credentials:
+            await self.credentials.create_consumer(node_id, boot_s=boot_allowance_s(instance))
 
     async def forget(self, node_id: str) -> None:
         """Revoke the node's credentials (idempotent)."""

@@ -76,10 +76,11 @@ class EC2Provider:
     async def provision(self, node_id: str, instance: InstanceType) -> None:
         offer = self.offers.get(instance.name) or OfferInfo(name=instance.name, cloud_type=instance.name)
         spot = offer.market == "spot"
-        boot = await self.maker.bundle(node_id, instance, root=f"{self.settings.node_root}/{node_id}", spot=spot)
+        root = f"{self.settings.node_root}/{node_id}"
+        boot = await self.maker.bundle(node_id, instance, root=root, spot=spot, consumer=False)
         script = user_data(
             boot,
-            root=f"{self.settings.node_root}/{node_id}",
+            root=root,
             install_command=self.settings.install_command,
             agent_command=self.settings.agent_command,
         )
@@ -90,6 +91,7 @@ class EC2Provider:
             self.cooldown.refuse(instance.name)
             await self.maker.forget(node_id)
             raise
+        await self.maker.launched(node_id, instance)  # the minter asks EC2 whether it is
         log.info("rented %s as %s %s (%s)", node_id, offer.cloud_type, instance_id, offer.market)
         return None  # found again by its tag: a handle kept elsewhere could be lost with a crash
 

@@ -1,0 +1,60 @@
+"""Whether a rented node is an instance the platform launched and that is starting or running, asked of the cloud
+itself with the minter's own read-only credentials (never placement's word): EC2, by the tags placement's provider
+puts on every instance it launches."""
+
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, SecretStr
+
+# as services/placement/providers/ec2.py tags its instances (no service imports another)
+TAG_CLUSTER, TAG_NODE = "trainmaster:cluster", "trainmaster:node-id"
+LAUNCHED = ("pending", "running")
+MOST_VALUES = 200  # values one EC2 filter takes
+
+
+class EC2Section(BaseModel):
+    """What the minter reads of the cluster file's [providers.ec2]: where the instances are, which are the cluster's."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    region: str
+    endpoint_url: str | None = None
+    cluster_name: str = "trainmaster"
+
+
+class EC2Instances:
+    """The cluster's pending or running EC2 instances, by node id (DescribeInstances: the only call it makes)."""
+
+    def __init__(self, section: EC2Section, *, key_id: str | None, secret: SecretStr | None) -> None:
+        import boto3  # lazily: only a minter whose cluster rents from EC2 needs it
+
+        keys = {"aws_access_key_id": key_id, "aws_secret_access_key": secret.get_secret_value()} if secret else {}
+        self.where = f"EC2 {section.region}, cluster {section.cluster_name}"
+        self.cluster = section.cluster_name
+        self.client: Any = boto3.session.Session(**keys).client(
+            "ec2", region_name=section.region, endpoint_url=section.endpoint_url
+        )
+
+    def launched(self, node_ids: Iterable[str] | None = None) -> set[str]:
+        """The node ids (among `node_ids`; any when None) that tag a pending or running instance of the cluster."""
+        filters = [
+            {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]},
+            {"Name": "instance-state-name", "Values": list(LAUNCHED)},
+        ]
+        wanted = None if node_ids is None else sorted(set(node_ids))
+        if wanted is not None and len(wanted) <= MOST_VALUES:
+            filters.append({"Name": f"tag:{TAG_NODE}", "Values": wanted})
+        found = set()
+        for page in self.client.get_paginator("describe_instances").paginate(Filters=filters):
+            for instance in (i for r in page["Reservations"] for i in r["Instances"]):
+                found |= {t["Value"] for t in instance.get("Tags", []) if t["Key"] == TAG_NODE}
+        return found if wanted is None else found & set(wanted)
+
+
+def cloud_of(
+    providers: dict[str, dict[str, Any]], *, key_id: str | None, secret: SecretStr | None
+) -> EC2Instances | None:
+    """The cloud to ask, where the cluster file configures one the minter can ask (EC2); None otherwise."""
+    section = providers.get("ec2")
+    return EC2Instances(EC2Section.model_validate(section), key_id=key_id, secret=secret) if section else None
