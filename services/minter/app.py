@@ -5,7 +5,9 @@ the revocation of a node's identities, pushed to the server through the system a
 platform launched: it revokes what no such instance carries after a grace."""
 
 import asyncio
+import fcntl
 import logging
+import os
 import ssl
 import time
 from pathlib import Path
@@ -75,7 +77,7 @@ class MinterProcess:
 
     def __init__(self, settings: MinterSettings) -> None:
         self.settings = settings
-        cluster = read_cluster(settings.cluster_file, missing_ok=True)
+        cluster = read_cluster(settings.cluster_file)  # missing: no start (its static nodes unknown, none refused)
         self.limits = Limits(
             static=frozenset(cluster.nodes_by_id()),
             max_rented_nodes=settings.max_rented_nodes,
@@ -180,6 +182,9 @@ class MinterProcess:
         except (Refused, ValidationError, RuntimeError, NatsError, TimeoutError) as exc:
             log.warning("refused %s: %s", msg.subject, exc)
             answer = MinterAnswer(error=str(exc)[:500])
+        except Exception as exc:  # its file unreadable or unwritable, a newer version's: said at once, not a timeout
+            log.exception("could not answer %s", msg.subject)
+            answer = MinterAnswer(error=f"the minter failed: {type(exc).__name__}: {str(exc)[:400]}")
         await msg.respond(answer.model_dump_json().encode())
 
     async def start(self) -> nats.NATS:
@@ -197,9 +202,24 @@ class MinterProcess:
         return client
 
 
+def hold_alone(minter_file: Path) -> int:
+    """An exclusive lock beside the minter file, held for the process's life (its descriptor): a second minter on
+    the same file would overwrite the first's record of what it minted, and a user missing from it is never
+    revoked. Taken: no start."""
+    minter_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(minter_file.with_name(f".{minter_file.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"another minter runs on {minter_file}: one at a time (compose: one replica)") from None
+    return fd
+
+
 async def serve(settings: MinterSettings) -> None:
     """Run until cancelled."""
     configure_logging(settings.log_level)
+    hold_alone(settings.minter_file)
     minter = MinterProcess(settings)
     client = await minter.start()
     log.info("minter: answering %s", ", ".join(busroles.minter().subscribe))

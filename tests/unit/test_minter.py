@@ -1,6 +1,7 @@
 """The minter's grants as pure decisions, and an older data dir's placement minter moved to it."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -258,3 +259,45 @@ def test_compose_bus_keys_writes_the_minters_creds_and_can_retire_the_keys_place
     account = next(t for t in re.findall(r'"(ey[^"]+)"', auth) if decode_claims(t)["sub"] == old["account"])
     assert decode_claims(account)["nats"]["signing_keys"] == [public_key(identities.keys()["account_signer"])]
     assert public_key(held) not in auth
+
+
+def test_one_minter_at_a_time_on_a_minter_file(tmp_path):
+    """Two would each write what they minted over the other's record: a user missing from it is never revoked."""
+    from services.minter.app import hold_alone
+
+    first = hold_alone(tmp_path / "minter" / "minter.json")
+    with pytest.raises(SystemExit, match="another minter runs"):
+        hold_alone(tmp_path / "minter" / "minter.json")
+    os.close(first)
+    os.close(hold_alone(tmp_path / "minter" / "minter.json"))  # given back with its process
+
+
+def test_a_minter_without_its_cluster_file_does_not_start(tmp_path):
+    """It would not know the static nodes, so it would mint an identity for one (reading its commands)."""
+    from shared.cluster import ClusterFileError
+    from services.minter.app import MinterProcess, MinterSettings
+
+    with pytest.raises(ClusterFileError, match="missing.toml"):
+        MinterProcess(MinterSettings(minter_file=tmp_path / "minter.json", cluster_file=tmp_path / "missing.toml"))
+
+
+async def test_a_request_the_minter_fails_on_is_answered_at_once_with_the_failure(tmp_path):
+    """An unreadable minter file (a newer version's, a full disk) used to leave the request unanswered: placement
+    waited its whole timeout and learned nothing."""
+    from shared.minting import MINT_AGENT, MinterAnswer
+    from services.minter.app import MinterProcess, MinterSettings
+
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text("")
+    (tmp_path / "minter.json").write_text("{not json")
+    process = MinterProcess(MinterSettings(minter_file=tmp_path / "minter.json", cluster_file=cluster))
+    answers: list[bytes] = []
+
+    class Request:
+        subject, reply, data = MINT_AGENT, f"{busroles.inbox('placement')}.x1", b'{"node_id": "od-1"}'
+
+        async def respond(self, data: bytes) -> None:
+            answers.append(data)
+
+    await process.on_request(Request())
+    assert "the minter failed" in (MinterAnswer.model_validate_json(answers[0]).error or "")
