@@ -41,15 +41,13 @@ Marks: TypeAlias = Sequence[float | None] | np.ndarray | None  # its progress, N
 
 @dataclass(frozen=True)
 class OwnEstimate:
-    """Total duration since the start (s), its 10-90% band, how it was made, the run fraction seen, and where the
-    training began (s since the start: the progress extrapolated back to zero; 0 when not read)."""
+    """Total duration since the start (s), its 10-90% band, how it was made, the run fraction seen."""
 
     total_s: float
     low_s: float
     high_s: float
     kind: str
     fraction: float
-    origin: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -288,7 +286,6 @@ def own_estimate(
         max(high, total),
         kind,
         min(1.0, elapsed / max(total, elapsed)),
-        prefix.origin,
     )
 
 

@@ -92,32 +92,3 @@ def test_a_rise_is_dropped_only_when_it_is_clear():
     assert past_rise(ts, xs, up, mode="min") == (ts, xs, up)
     accuracy = [-v for v in rising]  # a maximised metric that first fell
     assert past_rise(ts, None, accuracy, mode="max") == (ts[2:], None, accuracy[2:])
-
-
-def test_a_start_up_moves_the_blended_estimate_and_its_band_by_itself():
-    from services.estimator.model.curveprior.estimate import estimate
-    from services.estimator.tracker import blend_table, calibration, prior
-
-    steps = np.arange(10, 410, 10)
-    values = power_loss(steps)
-
-    def served(start_up: float):
-        times = start_up + 0.5 + steps / 50.0
-        return estimate(
-            list(times),
-            [float(s) for s in steps],
-            list(values),
-            target=0.03,
-            mode="min",
-            elapsed=float(times[-1]),
-            calibration=calibration(),
-            prior=prior(),
-            blend=True,
-            table=blend_table(),
-        )
-
-    quick, slow = served(0.0), served(30.0)  # the same training after 30 s of imports and device set-up
-    assert slow.kind == quick.kind == "curve-prior+fit"
-    assert (slow.total_s, slow.low_s, slow.high_s) == pytest.approx(
-        (quick.total_s + 30.0, quick.low_s + 30.0, quick.high_s + 30.0), abs=1e-6
-    )

@@ -28,7 +28,6 @@ def prior_estimate(
         max(high, total),
         "curve-prior",
         min(1.0, elapsed / max(total, elapsed)),
-        read.origin,
     )
 
 
@@ -65,26 +64,19 @@ def estimate(
 def blended(
     prior: OwnEstimate, fitted: OwnEstimate, *, elapsed: float, table: blendtable.BlendTable | None = None
 ) -> OwnEstimate:
-    """With a `table`, its weight, bias and band for the phase of the run (`blendtable.combine`) on the training's
-    own clock, from its origin, as the table was learned on runs timed from their loop's start (a job's start-up,
-    its imports and the device's set-up, read as training would squeeze both readings toward "now" and their
-    band with them); without one, the geometric mean of the two totals' time still to come and the band that
-    holds both bands."""
-    origin = min(max(min(prior.origin, fitted.origin), 0.0), elapsed)
-    if table is not None and elapsed > origin:
-        span = elapsed - origin
+    """With a `table`, its weight, bias and band for the phase of the run (`blendtable.combine`); without one,
+    the geometric mean of the two totals' time still to come and the band that holds both bands."""
+    if table is not None and elapsed > 0:
         got = blendtable.combine(
-            blendtable.reading(prior.total_s - origin, prior.low_s - origin, prior.high_s - origin, elapsed=span),
-            blendtable.reading(fitted.total_s - origin, fitted.low_s - origin, fitted.high_s - origin, elapsed=span),
+            blendtable.reading(prior.total_s, prior.low_s, prior.high_s, elapsed=elapsed),
+            blendtable.reading(fitted.total_s, fitted.low_s, fitted.high_s, elapsed=elapsed),
             table,
         )
-        total, low, high = (origin + span * math.exp(v) for v in (got.mid, got.low, got.high))
-        return OwnEstimate(
-            total, min(low, total), max(high, total), "curve-prior+fit", min(1.0, elapsed / total), origin
-        )
+        total, low, high = (elapsed * math.exp(v) for v in (got.mid, got.low, got.high))
+        return OwnEstimate(total, min(low, total), max(high, total), "curve-prior+fit", min(1.0, elapsed / total))
     ahead = math.sqrt(max(prior.total_s - elapsed, 1e-9) * max(fitted.total_s - elapsed, 1e-9))
     total = elapsed + ahead
     low, high = min(prior.low_s, fitted.low_s), max(prior.high_s, fitted.high_s)
     return OwnEstimate(
-        total, min(low, total), max(high, total), "curve-prior+fit", min(1.0, elapsed / max(total, elapsed)), origin
+        total, min(low, total), max(high, total), "curve-prior+fit", min(1.0, elapsed / max(total, elapsed))
     )
