@@ -1,6 +1,6 @@
 """Metric points from a job's output and a remaining-time estimate from its own curve (pure, no I/O)."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cache
 
@@ -26,6 +26,7 @@ class MetricPoint:
     t: float
     value: float
     step: float | None = None
+    count: int | None = None  # its place among the job's points of this metric (1, 2, ...), set by the tracker
 
 
 def parse_line(
@@ -78,6 +79,7 @@ class JobTracker:
 
     metrics: list[MetricSpec]
     points: dict[str, list[MetricPoint]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # points seen per metric, thinned ones included
 
     def __post_init__(self) -> None:
         self.patterns = [_compiled(m.regex) for m in self.metrics]
@@ -88,7 +90,8 @@ class JobTracker:
             if point.name not in self.points and len(self.points) >= MAX_METRICS:
                 continue
             kept = self.points.setdefault(point.name, [])
-            kept.append(point)
+            self.counts[point.name] = self.counts.get(point.name, 0) + 1
+            kept.append(replace(point, count=self.counts[point.name]))
             if len(kept) > MAX_KEPT:
                 half = len(kept) // 2
                 kept[:] = kept[:half:2] + kept[half:]
@@ -148,11 +151,10 @@ def eta_for(
         return None
     origin = min(start if start is not None else points[0].t, points[0].t)
     kept = _thinned(points)
-    steps = [p.step for p in kept]
     net = prior() if curve_prior is True else (curve_prior or None)
     est = estimate(
         [p.t - origin for p in kept],
-        None if None in steps else steps,
+        progress_marks(kept),
         [p.value for p in kept],
         target=spec.target,
         mode=spec.mode,
@@ -175,6 +177,18 @@ def eta_for(
         progress=est.fraction,
         updated_at=datetime.fromtimestamp(now, UTC),
     )
+
+
+def progress_marks(points: list[MetricPoint]) -> list[float] | None:
+    """The points' progress: their steps, or where a line prints none, their count among the job's points (a script
+    prints every so many steps: the count is its progress in those units, so the training's origin is read from
+    the pace of its lines, not put at the job's start, before its imports and the device's set-up); None when
+    neither is known for every point."""
+    steps = [p.step for p in points]
+    if None not in steps:
+        return [float(s) for s in steps if s is not None]
+    counts = [p.count for p in points]
+    return None if None in counts else [float(c) for c in counts if c is not None]
 
 
 def _thinned(points: list[MetricPoint]) -> list[MetricPoint]:

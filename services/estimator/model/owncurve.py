@@ -238,6 +238,22 @@ def _noise(z: np.ndarray) -> float:
     return math.log(max(float(np.median(np.abs(np.diff(z, 2)))), 1e-4))
 
 
+def past_rise(ts: Series, xs: Marks, values: Series, *, mode: str) -> tuple[Series, Marks, Series]:
+    """The prefix from its worst value on when it first rose clearly away from the target (an average started
+    from zero, a loss that climbs through a warm-up): the rise is no part of the decline to extrapolate, and
+    against its low first value the falling curve would read as moving away from the target, or as past it. A
+    rise counts when the worst value is among the first half of the points and it rose above the first by more
+    than half of what it has fallen since (a noisy start's jitter does not; a curve still rising has not turned)."""
+    y, _ = oriented(values, 0.0, mode)
+    if len(y) < 2 * MIN_POINTS:
+        return ts, xs, values
+    peak = int(np.argmax(y[: (len(y) + 1) // 2]))
+    rise, fall = float(y[peak] - y[0]), float(y[peak] - np.min(y[peak:]))
+    if peak == 0 or fall <= 0 or not rise > 0.5 * fall:
+        return ts, xs, values
+    return ts[peak:], None if xs is None else xs[peak:], values[peak:]
+
+
 def reached(values: Series, *, target: float, mode: str) -> bool:
     y, goal = oriented(list(values)[-1:], target, mode)
     return len(y) > 0 and y[-1] <= goal

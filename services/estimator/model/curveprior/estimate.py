@@ -7,7 +7,7 @@ import math
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.encode import encode
 from services.estimator.model.curveprior.net import PriorNet
-from services.estimator.model.owncurve import Marks, OwnEstimate, Series, own_estimate, reached
+from services.estimator.model.owncurve import Marks, OwnEstimate, Series, own_estimate, past_rise, reached
 
 
 def prior_estimate(
@@ -47,8 +47,10 @@ def estimate(
     """The own-job estimate: the prior's when one is given and the prefix reads, else the fitted curve's
     (`owncurve.own_estimate`); with `blend` (what the tracker serves), both where both read (`blended`, by the
     learned `table` when given): the prior alone was less often within ±20% on families it never saw, the fitted
-    curve alone sure of itself on an unrecorded kind of training (docs/estimator.md, "The learned curve prior")."""
+    curve alone sure of itself on an unrecorded kind of training (docs/estimator.md, "The learned curve prior").
+    A prefix that first rose away from the target is read from its worst value on (`owncurve.past_rise`)."""
     got = None
+    ts, xs, values = past_rise(ts, xs, values, mode=mode)
     if prior is not None:
         got = prior_estimate(ts, xs, values, target=target, mode=mode, elapsed=elapsed, prior=prior)
         if got is not None and not blend:
