@@ -23,7 +23,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from shared.batch import GroupCommit
-from shared.bus import durable
+from shared.bus import PULL_BATCH_WAIT_S, durable
 from shared.events import JobPlaced
 from shared.grouped import DUPLICATE_KEY
 from shared.lru import Lru
@@ -47,7 +47,9 @@ def placements_consumer(consumer: str) -> dict[str, Any]:
     by side while it goes on fetching (`max_workers`: a handler waiting for its record's write holds no fetch
     back), so that the records of placements read within `RECORDS_WINDOW_S` go out in one insert, not one each."""
     return {
-        **durable("tm.job.placed", consumer=consumer, batch=PLACEMENTS_AT_ONCE, ordered=False),
+        **durable(
+            "tm.job.placed", consumer=consumer, batch=PLACEMENTS_AT_ONCE, ordered=False, wait_s=PULL_BATCH_WAIT_S
+        ),
         "max_workers": PLACEMENTS_AT_ONCE,
     }
 
