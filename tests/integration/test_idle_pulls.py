@@ -1,5 +1,5 @@
-"""What an idle consumer costs the bus: a pull request each `shared.bus.PULL_WAIT_S` (2 s), not two a second; a message that comes
-while one waits is still delivered and handled."""
+"""What an idle consumer costs the bus: a pull request each `shared.bus.PULL_WAIT_S` (2 s), not two a second; a
+message that comes while one waits is still delivered and handled."""
 
 import asyncio
 
