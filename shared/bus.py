@@ -36,6 +36,13 @@ log = logging.getLogger(__name__)
 
 _DEDUP_KEYS: "weakref.WeakKeyDictionary[NatsBroker, bytes]" = weakref.WeakKeyDictionary()
 ACK_WAIT_S = 10  # a message held by a process that died is redelivered after this long
+# How long an idle consumer's pull request waits on the server for a message before the next is sent: a message that
+# comes meanwhile is delivered at once, so a longer wait costs no latency, and each request is a message the server
+# and the process handle (at 0.5 s, about two a second for every idle consumer of every process). A request lost with
+# a bus server that died is sent again after this long. Not for a `max_workers` consumer, whose fetches gather a
+# batch until their wait ends (`PULL_BATCH_WAIT_S`).
+PULL_WAIT_S = 2.0
+PULL_BATCH_WAIT_S = 0.5
 DEDUP_WINDOW_S = 15 * 60  # longer than any outage a service recovers from by relaying its outbox
 DECLARE_PATIENCE_S = 60.0  # a process starting while the bus restarts or elects its leaders keeps declaring this long
 # What a JetStream API request meets while the server restarts or its streams' leaders are elected (not a refusal).
@@ -381,6 +388,7 @@ def durable(
     keyed: int = 0,
     deliver_new: bool = False,
     only: Sequence[str] = (),
+    wait_s: float = PULL_WAIT_S,
 ) -> dict[str, Any]:
     """Keyword arguments for `@router.subscriber` making a durable pull consumer on the subject's stream.
 
@@ -391,6 +399,7 @@ def durable(
     failure in place.
     only: the subjects within `subject` the consumer is delivered (the server filters; stream order is kept), so
     messages its handlers would drop are never sent, acknowledged or decoded; all of `subject` when empty.
+    wait_s: how long each pull request waits for a message (`PULL_WAIT_S`).
     """
     in_flight = keyed if keyed > 1 else 1 if ordered else 1000
     return {
@@ -398,7 +407,7 @@ def durable(
         "stream": stream_of(subject),
         "durable": consumer,
         "inbox_prefix": None,  # delivered into the connection's own inbox, the only one its identity may read
-        "pull_sub": PullSub(batch_size=keyed if keyed > 1 else 1 if ordered else batch, timeout=0.5),
+        "pull_sub": PullSub(batch_size=keyed if keyed > 1 else 1 if ordered else batch, timeout=wait_s),
         "ack_policy": AckPolicy.REJECT_ON_ERROR,
         "decoder": subject_checker(in_flight),
         "no_reply": True,  # an event is never answered, whatever `reply_to` header its publisher put on it

@@ -16,7 +16,14 @@ from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
 from shared.grouped import insert_grouped, replace_grouped
 from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
-from services.billing.placements import Placements, attempt_key, charged_from, missed_end, rank_terms
+from services.billing.placements import (
+    Placements,
+    attempt_key,
+    charged_from,
+    completed_first_time,
+    missed_end,
+    rank_terms,
+)
 from services.billing.records import NodeRecords, as_read
 
 log = logging.getLogger(__name__)
@@ -108,6 +115,16 @@ class Attempts:
         await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=seen, reason=event.reason)
 
     async def job_status(self, event: JobStatusChanged) -> None:
+        """Keep what the status says of the attempts' ends, for reconciliation; not at all for a job that asks
+        for no GPUs and completed in its first attempt with none of its lines open (nothing would read it: its
+        record stays as submitted, unfinished and of no GPUs)."""
+        if (
+            completed_first_time(event)
+            and self.placements.asks_no_gpus(event.job_id)
+            and not any(line["job_id"] == event.job_id for line in self.running.values())
+        ):
+            self.placements.noted(event)
+            return
         await self.placements.status(event, seen=utcnow().timestamp())
 
     async def node_state(self, event: NodeStateChanged) -> None:

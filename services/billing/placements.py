@@ -15,6 +15,7 @@ from pymongo.errors import DuplicateKeyError
 
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, TaskExited, TaskStarted
 from shared.grouped import insert_grouped, update_grouped
+from shared.jobs import Phase
 from shared.lru import Lru
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,14 @@ def nothing_new(said: dict[str, Any], kept: dict[str, Any]) -> bool:
     return {k: v for k, v in said.items() if k != "attempt"} == {k: v for k, v in kept.items() if k != "attempt"}
 
 
+def completed_first_time(event: JobStatusChanged) -> bool:
+    """Whether a status completes its job in its first and only attempt: every rank of it started before this
+    status in the job's order (the monitor completes a job only once each of its tasks started and exited 0), so
+    no line of it opens after the status; what reconciliation would read of it is then never read, but for a
+    line still open when it comes."""
+    return event.phase == Phase.COMPLETED and event.attempt == 1 and all(a.attempt == 1 for a in event.attempts)
+
+
 SUBMITTED_SAYS: dict[str, Any] = {
     "attempt": 0,
     "final_at": None,
@@ -176,14 +185,28 @@ class Placements:
         }
         if not await insert_grouped(self.jobs, record):  # with other jobs' submitted at the same moment
             return  # the stored record stands (it is read when needed)
-        self.owners.put(event.job_id, {"project_id": event.project_id, "user_name": event.user_name})
+        self.owners.put(
+            event.job_id, {"project_id": event.project_id, "user_name": event.user_name, "gpus": record["gpus"]}
+        )
         self.statuses.put(event.job_id, (0, SUBMITTED_SAYS))
+
+    def asks_no_gpus(self, job_id: str) -> bool:
+        """Whether the job, as this process stored its submission, asks for no GPUs (`unfinished_gpus` counts none
+        of it, finished or not); False where this process did not store it."""
+        return (self.owners.get(job_id) or {}).get("gpus") == 0
+
+    def noted(self, event: JobStatusChanged) -> None:
+        """A status kept in memory only (its record needs it not): an older or repeated one is not written."""
+        self.statuses.put(event.job_id, (event.version, status_said(event)))
 
     async def unfinished_gpus(
         self, *, project_id: str, user_name: str | None = None, running: Collection[str] = ()
     ) -> int:
-        """GPUs the scope's jobs not finished ask for, but for the `running` ones (their attempts count them)."""
-        scope = {"project_id": project_id, "finished": False} | ({"user_name": user_name} if user_name else {})
+        """GPUs the scope's jobs not finished ask for, but for the `running` ones (their attempts count them). Only
+        jobs that ask for GPUs are read: a record of one that asks for none may stay unfinished (`job_status`)."""
+        scope = {"project_id": project_id, "finished": False, "gpus": {"$gt": 0}} | (
+            {"user_name": user_name} if user_name else {}
+        )
         return sum([d.get("gpus", 0) async for d in self.jobs.find(scope, {"gpus": 1}) if d["_id"] not in running])
 
     async def status(self, event: JobStatusChanged, *, seen: float) -> None:

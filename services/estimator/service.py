@@ -86,6 +86,9 @@ class Estimator:
     # Jobs this process saw finish (a job never runs again once finished): output that comes after the end, on its
     # own consumer (a task's last chunk, most often), is dropped without reading the job to learn it finished.
     finished: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
+    # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
+    # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
+    unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
 
     def health_details(self) -> dict:
         return {"history_model": self.models.status(), "live_jobs": len(self.live)}
@@ -99,6 +102,7 @@ class Estimator:
         }
         if await self.jobs.save(event.job_id, fields, None, []):  # a redelivery finds it stored: nothing changes
             self.live[event.job_id] = job_model(fields)  # nothing observed yet: its events need no read to find it
+            self.unestimated.put(event.job_id, True)
 
     async def placed(self, event: JobPlaced) -> None:
         """Which node runs each rank of the attempt (the only node whose output of it is read), and the speed of
@@ -143,12 +147,15 @@ class Estimator:
         return decided
 
     async def status_changed(self, event: JobStatusChanged) -> None:
+        """A finished job is learnt from (completed) and tracked no more; its record is marked finished with the
+        final estimate that clears the one shown, unless no estimate of it ever went out (`unestimated`)."""
         if not event.phase.is_finished():
             return
         model = await self._model(event.job_id, finished_too=True)
         if event.phase == Phase.COMPLETED and model is not None and event.start_time and event.end_time:
             await self._learn(event, model)
-        await self.jobs.update(event.job_id, finish)
+        if not self.unestimated.get(event.job_id):  # else nothing to clear: its record stays as submitted
+            await self.jobs.update(event.job_id, finish)
         self.finished.put(event.job_id, True)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
@@ -160,6 +167,7 @@ class Estimator:
         self.finished.put(event.job_id, True)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
+        self.unestimated.pop(event.job_id)
         if self.origins is not None:
             await self.origins.forget(event.job_id)
         await self.points.delete_many({"job_id": event.job_id})
@@ -185,6 +193,7 @@ class Estimator:
         if eta is None:
             return
         self.last_published[chunk.job_id] = now
+        self.unestimated.pop(chunk.job_id)  # before it goes out: its end then clears it
         # No outbox: an estimate is derived, superseded by the next, and an unacknowledged chunk is redelivered.
         await publish(
             self.broker,

@@ -113,3 +113,38 @@ async def test_a_start_counts_only_from_the_node_its_rank_was_placed_on():
 
 async def _all_read() -> bool:
     return True
+
+
+def final_estimates(bus: Bus) -> list[str]:
+    """The jobs whose estimate was cleared (published from the record's outbox, as stored)."""
+    return [m["job_id"] for m in bus.sent if isinstance(m, dict) and m.get("event_id", "").endswith(":eta:final")]
+
+
+async def test_a_job_that_ends_without_an_estimate_of_it_shown_is_not_written_at_its_end():
+    """No estimate went out (no output, or none that says how far it is): its end clears nothing and its record
+    stays as submitted; a job of which one went out is marked finished and its estimate cleared, as before."""
+    bus = Bus()
+    live = estimator(bus)
+    quiet, shown = unique("quiet"), unique("shown")
+    for job_id in (quiet, shown):
+        await live.submitted(submitted(job_id=job_id))
+    now = time.time()
+    await live.log_chunk(chunk(quiet, 0, [(now, "hello")]))  # output that says nothing of its progress
+    await live.log_chunk(chunk(shown, 0, [(now - 10 + i, f"{i}%|#   | {i}/100 [00:0{i}<?, 1.00it/s]") for i in (1, 5)]))
+    for job_id in (quiet, shown):
+        await live.status_changed(status(job_id, Phase.COMPLETED))
+    docs = live.jobs.collection.docs
+    assert (docs[quiet]["finished"], docs[shown]["finished"]) == (False, True)
+    assert final_estimates(bus) == [shown]
+    assert await live._model(quiet) is None  # finished here: its late output is dropped, as before
+
+
+async def test_a_job_submitted_before_this_process_is_written_at_its_end():
+    """Another process may have shown an estimate of it: its end is written and clears it."""
+    bus, job_id = Bus(), unique("older")
+    first = estimator(bus)
+    await first.submitted(submitted(job_id=job_id))
+    restarted = estimator(bus, jobs=first.jobs, points=first.points)
+    await restarted.status_changed(status(job_id, Phase.FAILED))
+    assert first.jobs.collection.docs[job_id]["finished"] is True
+    assert final_estimates(bus) == [job_id]

@@ -85,6 +85,7 @@ async def test_a_job_that_finishes_while_the_bus_is_away_gets_its_final_estimate
             models=None,
         )
         await estimator.submitted(submitted(job_id="j"))
+        estimator.unestimated.pop("j")  # an estimate of it went out: its end clears it
         with pytest.raises(ConnectionError):
             await estimator.status_changed(finished("j"))
         assert (await estimator.jobs.load("j"))["finished"] and etas == []

@@ -9,7 +9,8 @@ import pytest
 from bson.errors import InvalidDocument
 from pymongo.errors import AutoReconnect, BulkWriteError
 
-from shared.origin import Origins, attempt_key
+from shared import origin as origin_module
+from shared.origin import RECORDS_WINDOW_S, Origins, attempt_key
 from tests.factories import chunk, placed, unique
 from tests.memory import MemoryCollection
 
@@ -54,6 +55,12 @@ class CountingInserts(MemoryCollection):
 
 async def all_read() -> bool:
     return True
+
+
+@pytest.fixture(autouse=True)
+def short_window(monkeypatch):
+    """The window of the tests below but the last, which reads a few placements as a burst brings them."""
+    monkeypatch.setattr(origin_module, "RECORDS_WINDOW_S", 0.1)
 
 
 async def test_placements_read_one_after_another_within_the_window_are_stored_in_one_insert():
@@ -155,3 +162,16 @@ async def test_a_write_concern_error_fails_the_whole_group_so_every_record_comes
     outcomes = await asyncio.gather(*(origins.placed(placed(unique("j"))) for _ in range(3)), return_exceptions=True)
     assert all(isinstance(o, BulkWriteError) for o in outcomes)
     assert len(origins.stored) == 0  # none marked stored: each delivery writes again
+
+
+async def test_placements_read_a_few_tenths_of_a_second_apart_share_their_insert():
+    """As a burst of a few jobs a second brings them (at 0.2 s each was an insert of its own)."""
+    records = CountingInserts()
+    origins = Origins(placements=records, all_read=all_read)
+    origins.records.window_s = RECORDS_WINDOW_S  # as the services read them
+    tasks = []
+    for _ in range(3):
+        tasks.append(asyncio.create_task(origins.placed(placed(unique("j")))))
+        await asyncio.sleep(0.3)
+    await asyncio.gather(*tasks)
+    assert records.inserts == 1 and len(records.docs) == 3

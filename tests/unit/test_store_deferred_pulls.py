@@ -4,7 +4,7 @@ what is left goes in one bulk write; every event is published once and no outbox
 import asyncio
 
 from shared.events import JobDeleted
-from shared.store import OUTBOX, DocumentStore, relay
+from shared.store import DEFER_PULLS_S, OUTBOX, DocumentStore, relay
 from tests.unit.test_store_update import Bus, Counted, Reading
 
 DELAY_S = 0.05
@@ -50,3 +50,16 @@ async def test_the_relay_leaves_events_waiting_for_their_pull_and_relays_the_unp
     task.cancel()
     assert [p["event_id"] for _, p in bus.published] == ["published:1", "crashed:1"]  # each once
     assert collection.docs["crashed"][OUTBOX] == []
+
+
+async def test_the_services_pull_the_last_events_of_jobs_ending_a_second_apart_in_one_write():
+    """As the state machines are built (`DEFER_PULLS_S`): jobs ending half a second apart, as a burst of a few jobs
+    a second ends them, share the pull of their last events (at 0.5 s each was one write of its own)."""
+    bus, collection = Bus(), Counted()
+    jobs = DocumentStore(collection, bus, remember=100, defer_pulls_s=DEFER_PULLS_S)
+    for i in range(3):
+        await jobs.update(f"end-{i}", bump(f"end-{i}"), new=True)
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(DEFER_PULLS_S)
+    assert collection.pull_writes == [3]
+    assert all(doc[OUTBOX] == [] for doc in collection.docs.values())
