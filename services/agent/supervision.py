@@ -4,10 +4,11 @@ it to its end (memory, disk, hangs, checkpoints and outputs), clean up and repor
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from shared.clock import utcnow
 from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
@@ -18,7 +19,15 @@ from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
-from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
+from services.agent.isolation import (
+    KILLERS,
+    Confinement,
+    TaskUser,
+    account_name,
+    chown_tree,
+    kill_user,
+    private_dir,
+)
 from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
@@ -53,6 +62,19 @@ class Supervisor:
     finished: Callable[[Path], Awaitable[None]]  # an attempt's directory once its end is reported
     tasks: dict[str, TaskProcess]
     launching: dict[str, asyncio.Task]
+    besides: set[asyncio.Task] = field(default_factory=set)  # work beside the tasks (a uid claimed ahead)
+
+    async def ready(self) -> None:
+        """What a task's first start would otherwise wait for, done now: the killer started and a task uid claimed
+        ahead (a fresh range's first claim looks through every process of the host)."""
+        if self.confinement is not None:
+            await asyncio.to_thread(KILLERS.warm)
+            await asyncio.to_thread(self.confinement.users.ready_one)
+
+    def _beside(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self.besides.add(task)
+        task.add_done_callback(self.besides.discard)
 
     async def launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
@@ -138,6 +160,7 @@ class Supervisor:
         task.manifest = manifest
         self.tasks[key] = task
         await self.publish(started_event(self.node, self.boot_id, task))
+        self._beside(self.ready())  # the next start's uid, claimed once this one is reported
         await self._supervise(key, task, shipper)
 
     async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
