@@ -69,9 +69,7 @@ def test_a_full_range_readies_none_and_a_claim_then_says_so(tmp_path):
 
 
 @root_only
-async def test_an_agent_that_came_up_starts_its_first_task_without_looking_through_every_process(
-    tmp_path, monkeypatch
-):
+async def test_an_agent_that_came_up_starts_its_first_task_without_looking_through_every_process(tmp_path, monkeypatch):
     """Every look for a uid's processes comes after the first task's start was reported (the next uid readied)."""
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True)
