@@ -67,9 +67,13 @@ class Supervisor:
     async def ready(self) -> None:
         """What a task's first start would otherwise wait for, done now: the killer started and a task uid claimed
         ahead (a fresh range's first claim looks through every process of the host)."""
-        if self.confinement is not None:
+        if self.confinement is None:
+            return
+        try:
             await asyncio.to_thread(KILLERS.warm)
             await asyncio.to_thread(self.confinement.users.ready_one)
+        except Exception as exc:  # a task's own claim meets it again, and fails that task alone
+            log.warning("could not claim a task uid ahead: %r", exc)
 
     def _beside(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)

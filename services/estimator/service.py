@@ -242,8 +242,12 @@ class Estimator:
     def warm_up(self) -> PredictReply:
         """Serve the newest model that loads now and predict once with it (its first use of numpy), so neither waits
         for the first question after a start: placement's first estimate used to find no model served yet."""
-        self.models.load_latest()
-        return self.predict(WARM_UP_QUERY)
+        try:
+            self.models.load_latest()
+            return self.predict(WARM_UP_QUERY)
+        except Exception:  # the background refresh tries again; a question meets what is left
+            log.exception("the estimator's warm-up failed; starting without it")
+            return PredictReply()
 
     def predict(self, query: PredictQuery) -> PredictReply:
         """A duration before the job starts, from the history model (when one is trained)."""

@@ -2,6 +2,7 @@
 first run pays once (lazy imports, first validations, the policy's first pass over each kind of job and node) is
 paid then, not by the first job submitted. Nothing is applied, stored, published or asked of another service."""
 
+import logging
 import time
 from datetime import UTC, datetime
 
@@ -12,6 +13,7 @@ from services.placement.policy import ClusterState, Decision, InstanceType, Node
 from services.placement.policy.engine import place
 from services.placement.queue import QueueItem
 
+log = logging.getLogger(__name__)
 NAME = "warm-up"  # no job, node, user or instance type of a cluster is ever read here: the state is built apart
 NODES = (
     Node(
@@ -75,7 +77,16 @@ def jobs() -> list[QueueItem]:
 
 
 def warm_up(inputs: PolicyInputs) -> list[Decision]:
-    """The engine's decisions for the synthetic queue, and a dry run of its GPU job (the answer is dropped)."""
+    """The engine's decisions for the synthetic queue, and a dry run of its GPU job (the answer is dropped); none
+    where the engine fails on it (logged: the first real pass then pays what is left, as before)."""
+    try:
+        return _decide(inputs)
+    except Exception:
+        log.exception("placement's warm-up decision failed; starting without it")
+        return []
+
+
+def _decide(inputs: PolicyInputs) -> list[Decision]:
     now = time.time()
     requests = tuple(inputs.job_request(item) for item in jobs())
     state = ClusterState(nodes=NODES, queue=requests, catalogue=CATALOGUE)

@@ -37,3 +37,12 @@ def test_the_warm_up_decides_for_each_kind_of_job_and_changes_nothing():
     assert [d.job_id for d in decisions if isinstance(d, Provision)] == ["warm-up-8"]
     assert placement.queue == {} and fleet.nodes == {} and placement.estimates.cache == {}
     assert all(not collection.docs for collection in stores.values())
+
+
+def test_a_warm_up_the_engine_fails_on_leaves_placement_to_start(caplog):
+    class Broken:
+        def job_request(self, item):
+            raise ValueError("an engine this synthetic cluster breaks")
+
+    assert warm_up(Broken()) == []  # type: ignore[arg-type]
+    assert "warm-up decision failed" in caplog.text

@@ -92,3 +92,22 @@ async def test_an_agent_that_came_up_starts_its_first_task_without_looking_throu
     ended, output = await run(agent, start(unique("first"), "true"), sent)
     assert ended.reason == "completed", output
     assert False not in looks
+
+
+@root_only
+async def test_an_agent_whose_uid_cannot_be_readied_comes_up_all_the_same(tmp_path, monkeypatch, caplog):
+    """A lock directory gone bad fails each task's own claim, as before; the agent still registers."""
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+
+    def broken() -> None:
+        raise PermissionError("the lock directory")
+
+    monkeypatch.setattr(agent.supervisor.confinement.users, "ready_one", broken)
+
+    async def no_loops() -> None:
+        return None
+
+    await agent.come_up(no_loops)
+    assert "could not claim a task uid ahead" in caplog.text
+    assert any(type(m).__name__ == "NodeRegistered" for m in sent)
