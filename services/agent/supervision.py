@@ -144,7 +144,7 @@ class Supervisor:
             )
             task.update_every_s = self.output_update_s
         except asyncio.CancelledError:
-            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await self._give_back(workdir, user, cgroup)
             await shipper.close()
             await self.report_exit(
                 exited_event(self.node, command, reason="terminated", message="stopped while preparing")
@@ -152,7 +152,7 @@ class Supervisor:
             await self.finished(workdir)
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
-            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await self._give_back(workdir, user, cgroup)
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
@@ -164,7 +164,6 @@ class Supervisor:
         task.manifest = manifest
         self.tasks[key] = task
         await self.publish(started_event(self.node, self.boot_id, task))
-        self._beside(self.ready())  # the next start's uid, claimed once this one is reported
         await self._supervise(key, task, shipper)
 
     async def _supervise(self, key: str, task: TaskProcess, shipper: LogShipper) -> None:
@@ -190,14 +189,14 @@ class Supervisor:
         if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
             await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
-            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup)
             await shipper.close()
         else:
             await shipper.close()
             await self._sync_once(task)
             for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
                 await self._upload(task, output)
-            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
@@ -212,6 +211,13 @@ class Supervisor:
         await self.report_exit(exited_event(self.node, start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
         await self.finished(task.workdir)
+
+    async def _give_back(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None) -> None:
+        """Release the task's uid (`_release`), then claim the next start's uid ahead beside: the lowest free, so
+        most often the one just given back, which needs no look."""
+        await asyncio.to_thread(self._release, workdir, user, cgroup)
+        if user is not None:
+            self._beside(self.ready())
 
     def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""

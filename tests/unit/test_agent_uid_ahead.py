@@ -70,7 +70,8 @@ def test_a_full_range_readies_none_and_a_claim_then_says_so(tmp_path):
 
 @root_only
 async def test_an_agent_that_came_up_starts_its_first_task_without_looking_through_every_process(tmp_path, monkeypatch):
-    """Every look for a uid's processes comes after the first task's start was reported (the next uid readied)."""
+    """The look for a fresh uid's processes is made at the agent's start, before it registers; one task after another
+    then reuse the uid given back, claimed ahead as each ends, without a look."""
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True)
     looks: list[bool] = []  # for each look: whether the task's start was reported before it
@@ -89,9 +90,12 @@ async def test_an_agent_that_came_up_starts_its_first_task_without_looking_throu
     assert looks == [False]  # at its start, before it registered
     assert isolation.KILLERS._process is not None and isolation.KILLERS._process.poll() is None
     looks.clear()
-    ended, output = await run(agent, start(unique("first"), "true"), sent)
-    assert ended.reason == "completed", output
-    assert False not in looks
+    for name in ("first", "second"):  # the second takes the first's uid, given back and claimed ahead again
+        ended, output = await run(agent, start(unique(name), "id -u"), sent)
+        assert ended.reason == "completed", output
+    assert looks == []
+    uids = [int(m.lines[0].line) for m in sent if type(m).__name__ == "LogChunk"]
+    assert len(uids) == 2 and uids[0] == uids[1]
 
 
 @root_only
