@@ -54,6 +54,9 @@ def hop(subject: str, data: bytes) -> str:
     kind = re.sub(r"_INBOX_([a-z]+)[^ ]*", r"reply→\1", subject)
     kind = re.sub(r"^(tm\.log|tm\.telemetry)\.[^.]+\..*", r"\1", kind)
     phase = re.search(rb'"phase":\s*"([A-Za-z]+)"', data) if subject == "tm.job.status" else None
+    ack = re.match(rb'\{"stream":\s*"([A-Z_]+)",\s*"seq":\s*(\d+)', data) if kind.startswith("reply") else None
+    if ack:  # a stream's answer to a publish: the message is stored (and, with `sync_interval: always`, on disk)
+        return f"{kind} (stored in {ack.group(1).decode()} as {ack.group(2).decode()})"
     return kind + (f" ({phase.group(1).decode()})" if phase else "")
 
 
