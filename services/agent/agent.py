@@ -135,6 +135,7 @@ class Agent:
         monitor reads heartbeats (core NATS) and registrations (a stream) apart, in any order, and a new boot id
         in either is the agent's restart."""
         await loops()
+        await self.supervisor.ready()  # before the node is offered work: a first task's start pays no first claim
         await self.register()
         await self.report_unreported()
 

@@ -71,10 +71,39 @@ class TaskUsers:
             raise ValueError(f"task uids must end at or below {LAST_UID} (the uids above are their killers')")
         self.first_uid, self.count = first_uid, count
         self.lock_dir = private_dir(lock_dir)
+        self._spare: TaskUser | None = None  # claimed ahead by `ready_one`, for the next `claim`
+        self._spare_lock = threading.Lock()
 
     def claim(self) -> TaskUser:
-        """A uid no running process has and no other task holds (one not marked given back is looked for among every
-        process of the host, and what the look could not see is killed by `kill_as`)."""
+        """A uid no running process has and no other task holds: the one `ready_one` claimed ahead if there is one,
+        else one found now (one not marked given back is looked for among every process of the host, and what the
+        look could not see is killed by `kill_as`)."""
+        with self._spare_lock:
+            user, self._spare = self._spare, None
+        user = user or self._verified()
+        os.ftruncate(user.lock_fd, 0)  # in use: an agent that dies now leaves it to be looked for
+        return user
+
+    def ready_one(self) -> None:
+        """Claim a uid ahead for the next `claim` (verified as `claim` does, its lock held, its lock file left as it
+        was), unless one is ready or every uid is taken: a fresh range's first claim looks through every process of
+        the host and starts the killer, which a task's start then does not wait for. Nothing can start as the uid
+        meanwhile: only a task is given it, and its lock is ours."""
+        with self._spare_lock:
+            if self._spare is not None:
+                return
+        try:
+            user = self._verified()
+        except NoTaskUser:
+            return
+        with self._spare_lock:
+            if self._spare is None:
+                self._spare = user
+                return
+        os.close(user.lock_fd)  # another thread readied one meanwhile
+
+    def _verified(self) -> TaskUser:
+        """A uid whose lock this process now holds, with no process of it alive; its lock file not yet changed."""
         busy: set[int] | None = None  # the uids of every process of the host, looked up once where needed
         for uid in range(self.first_uid, self.first_uid + self.count):
             fd = os.open(self.lock_dir / str(uid), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -90,7 +119,6 @@ class TaskUsers:
                 if uid in busy or not kill_as(uid):  # one the look could not see (forking its successor) is killed
                     os.close(fd)
                     continue
-            os.ftruncate(fd, 0)  # in use: an agent that dies now leaves it to be looked for
             return TaskUser(uid=uid, gid=uid, lock_fd=fd)
         raise NoTaskUser(f"all {self.count} task uids from {self.first_uid} are in use")
 
@@ -193,6 +221,11 @@ class Killers:
                 stderr=subprocess.DEVNULL,
             )
         return self._process
+
+    def warm(self) -> None:
+        """Start the killer now (a Python start), not at the first kill a task's start or end waits for."""
+        with self._lock:
+            self._started()
 
     def stop(self) -> None:
         if self._process is not None:

@@ -4,10 +4,11 @@ it to its end (memory, disk, hangs, checkpoints and outputs), clean up and repor
 import asyncio
 import logging
 import os
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from shared.clock import utcnow
 from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
@@ -18,7 +19,15 @@ from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
-from services.agent.isolation import Confinement, TaskUser, account_name, chown_tree, kill_user, private_dir
+from services.agent.isolation import (
+    KILLERS,
+    Confinement,
+    TaskUser,
+    account_name,
+    chown_tree,
+    kill_user,
+    private_dir,
+)
 from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
@@ -53,6 +62,23 @@ class Supervisor:
     finished: Callable[[Path], Awaitable[None]]  # an attempt's directory once its end is reported
     tasks: dict[str, TaskProcess]
     launching: dict[str, asyncio.Task]
+    besides: set[asyncio.Task] = field(default_factory=set)  # work beside the tasks (a uid claimed ahead)
+
+    async def ready(self) -> None:
+        """What a task's first start would otherwise wait for, done now: the killer started and a task uid claimed
+        ahead (a fresh range's first claim looks through every process of the host)."""
+        if self.confinement is None:
+            return
+        try:
+            await asyncio.to_thread(KILLERS.warm)
+            await asyncio.to_thread(self.confinement.users.ready_one)
+        except Exception as exc:  # a task's own claim meets it again, and fails that task alone
+            log.warning("could not claim a task uid ahead: %r", exc)
+
+    def _beside(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self.besides.add(task)
+        task.add_done_callback(self.besides.discard)
 
     async def launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
@@ -118,7 +144,7 @@ class Supervisor:
             )
             task.update_every_s = self.output_update_s
         except asyncio.CancelledError:
-            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await self._give_back(workdir, user, cgroup)
             await shipper.close()
             await self.report_exit(
                 exited_event(self.node, command, reason="terminated", message="stopped while preparing")
@@ -126,7 +152,7 @@ class Supervisor:
             await self.finished(workdir)
             return
         except Exception as exc:  # environment, code, inputs or storage: the attempt cannot start
-            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await self._give_back(workdir, user, cgroup)
             message = str(exc) if isinstance(exc, PrepareError) else repr(exc)
             note(f"could not start: {message}")
             await shipper.close()
@@ -163,14 +189,14 @@ class Supervisor:
         if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
             await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
-            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup)
             await shipper.close()
         else:
             await shipper.close()
             await self._sync_once(task)
             for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
                 await self._upload(task, output)
-            await asyncio.to_thread(self._release, task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
             reason, message = "terminated", f"stopped: {task.stop_reason}"
@@ -185,6 +211,13 @@ class Supervisor:
         await self.report_exit(exited_event(self.node, start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
         await self.finished(task.workdir)
+
+    async def _give_back(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None) -> None:
+        """Release the task's uid (`_release`), then claim the next start's uid ahead beside: the lowest free, so
+        most often the one just given back, which needs no look."""
+        await asyncio.to_thread(self._release, workdir, user, cgroup)
+        if user is not None:
+            self._beside(self.ready())
 
     def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""

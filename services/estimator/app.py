@@ -70,6 +70,7 @@ def create_app(settings: EstimatorSettings | None = None) -> FastStream:
         await estimator.points.create_index([("job_id", 1), ("t", 1)])
         await telemetry.create_index([("job_id", 1), ("t", 1)])
         await origins.prepare()
+        estimator.warm_up()  # the served model loaded and asked once before the first question (refresh goes on)
         w.background.spawn("models", lambda: refresh_forever(models))
         w.background.spawn("outbox", lambda: relay(w.broker, [estimator.jobs.collection]))
         await JOBS.resume(w.broker)  # before any job event is read

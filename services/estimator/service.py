@@ -34,6 +34,7 @@ from services.estimator.telemetry import believed, believed_process_memory, summ
 from services.estimator.thinning import thin
 
 log = logging.getLogger(__name__)
+WARM_UP_QUERY = PredictQuery(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB", accelerators=8)
 
 PUBLISH_EVERY_S = 1.0
 FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are dropped without a read
@@ -246,6 +247,16 @@ class Estimator:
             older = self.telemetry.find({"job_id": job_id, "t": {"$lt": latest[0]["t"]}}).sort("gpu_memory_gb", -1)
             peak = next(iter([d.get("gpu_memory_gb", 0.0) async for d in older.limit(1)]), 0.0)
         return system_series(latest, peak_before=peak)
+
+    def warm_up(self) -> PredictReply:
+        """Serve the newest model that loads now and predict once with it (its first use of numpy), so neither waits
+        for the first question after a start: placement's first estimate used to find no model served yet."""
+        try:
+            self.models.load_latest()
+            return self.predict(WARM_UP_QUERY)
+        except Exception:  # the background refresh tries again; a question meets what is left
+            log.exception("the estimator's warm-up failed; starting without it")
+            return PredictReply()
 
     def predict(self, query: PredictQuery) -> PredictReply:
         """A duration before the job starts, from the history model (when one is trained)."""

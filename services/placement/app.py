@@ -25,6 +25,7 @@ from services.placement.providers.reconcile import Providers, reconcile_loop
 from services.placement.providers.wiring import bind, make_providers
 from services.placement.service import Placement, scheduling_loop
 from services.placement.tradeoff import tradeoff_from
+from services.placement.warmup import warm_up
 
 SERVICE = "placement"
 
@@ -87,6 +88,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
             estimates=Estimates(broker=w.broker),
         )
         await placement.load()
+        warm_up(placement.inputs)  # the engine's first-run costs, before the first job (nothing is stored)
         w.background.spawn("outbox", lambda: relay(w.broker, [placement.jobs.collection, fleet.store.collection]))
         w.background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
         if providers.reconcilers():  # cloud instances no record owns are given back

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from faststream.nats import NatsBroker
 
+from shared.asking import request
 from shared.bus import RPC_METRICS, RPC_PREDICT
 from shared.jobs import Parameter, Resource
 from shared.rpc import MetricsQuery, MetricsReport, PredictQuery, PredictReply
@@ -114,9 +115,8 @@ class Estimates:
         if self.broker is None:
             return None
         try:
-            reply = await self.broker.request(
-                MetricsQuery(job_id=job_id, max_points=1), RPC_METRICS, timeout=PEAK_TIMEOUT_S
-            )
+            query = MetricsQuery(job_id=job_id, max_points=1)
+            reply = await request(self.broker, query, RPC_METRICS, timeout=PEAK_TIMEOUT_S)
             return recorded_peak(MetricsReport.model_validate(await reply.decode()))
         except Exception as exc:  # no estimator, a timeout or a malformed answer: today's rule alone
             log.warning("no recorded GPU memory peak of job %s: %r", job_id, exc)
@@ -126,7 +126,7 @@ class Estimates:
         if self.broker is None:
             return None
         try:
-            reply = await self.broker.request(query, RPC_PREDICT, timeout=self.timeout_s)
+            reply = await request(self.broker, query, RPC_PREDICT, timeout=self.timeout_s)
             return from_reply(PredictReply.model_validate(await reply.decode()))
         except Exception as exc:  # no estimator, a timeout or a malformed answer: the owner's figure stands
             log.debug("estimator did not answer %s: %r", query.benchmark, exc)

@@ -11,6 +11,7 @@ from typing import Literal
 from faststream.nats import NatsBroker
 from pydantic import BaseModel, ConfigDict
 
+from shared.asking import request
 from shared.bus import RPC_ADMIT
 from shared.clock import utcnow
 from shared.cluster import parse_cluster
@@ -302,7 +303,7 @@ class Fleet:
     async def _admit(self, query: AdmitQuery) -> AdmitReply:
         """Billing decides whether paying is allowed; nothing paid starts when billing cannot be asked."""
         try:
-            reply = await self.broker.request(query, RPC_ADMIT, timeout=ADMIT_TIMEOUT_S)
+            reply = await request(self.broker, query, RPC_ADMIT, timeout=ADMIT_TIMEOUT_S)
             return AdmitReply.model_validate(await reply.decode())
         except Exception as exc:
             return AdmitReply(allowed=False, reason=f"billing did not answer: {exc!r}")

@@ -2,6 +2,7 @@
 
 import logging
 
+from shared.asking import request
 from shared.bus import publish
 from shared.events import JobStatusChanged
 from services.submitter.repository import Repository
@@ -12,7 +13,7 @@ log = logging.getLogger(__name__)
 async def send_command(broker, repository: Repository, command, subject: str) -> None:
     """Ask the monitor to act; when it does not answer, the durable command reaches it when it is back."""
     try:
-        reply = await broker.request(command, subject, timeout=3)
+        reply = await request(broker, command, subject, timeout=3)
         body = await reply.decode()
         if body:
             await repository.apply_status(JobStatusChanged.model_validate(body))

@@ -1,20 +1,17 @@
 """Asking the services that own an answer, over request/reply: one way to do it, one refusal when they are away."""
 
-import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from faststream.nats import NatsBroker
-from nats.errors import NoRespondersError
 
+from shared.asking import request
 from shared.bus import RPC_CANDIDATES
 from shared.jobs import JobCreate, Parameter, Spec
 from shared.rpc import CandidatesQuery, CandidatesReply
 from services.submitter.refusals import ServiceAway
 
 TIMEOUT_S = 5
-NO_RESPONDER_RETRY_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -26,20 +23,11 @@ class Requester:
     async def ask(self, subject: str, payload: Any, *, timeout: float | None = None) -> Any:
         """The decoded reply; ServiceAway naming the service when it does not answer. While nobody listens (a
         replica taking over as leader, a service restarting) the question is asked again within `timeout`."""
-        deadline = time.monotonic() + (TIMEOUT_S if timeout is None else timeout)
-        while True:
-            try:
-                left = max(0.1, deadline - time.monotonic())
-                reply = await self.broker.request(payload, subject, timeout=left)
-                return await reply.decode()
-            except NoRespondersError as exc:
-                if time.monotonic() + NO_RESPONDER_RETRY_S < deadline:
-                    await asyncio.sleep(NO_RESPONDER_RETRY_S)
-                    continue
-                error: BaseException = exc
-            except Exception as exc:
-                error = exc
-            raise ServiceAway(subject.split(".")[2], error) from None
+        try:
+            reply = await request(self.broker, payload, subject, timeout=TIMEOUT_S if timeout is None else timeout)
+            return await reply.decode()
+        except Exception as exc:
+            raise ServiceAway(subject.split(".")[2], exc) from None
 
     async def candidates(self, body: JobCreate, *, project_id: str, user_name: str) -> CandidatesReply:
         """Where the job could run, how long and at what cost (placement's dry run: the one pricing of a job)."""

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from nats.errors import NoRespondersError
 
+from shared import asking
 from shared.bus import RPC_ADMIT, RPC_CANDIDATES
 from shared.rpc import Candidate, CandidatesReply
 from services.submitter import rpc
@@ -191,7 +192,7 @@ def test_a_job_is_priced_at_the_placement_the_policy_would_decide_not_at_the_che
 
 @pytest.mark.asyncio
 async def test_a_submission_waits_out_a_short_hand_over_of_billing(monkeypatch):
-    monkeypatch.setattr(rpc, "NO_RESPONDER_RETRY_S", 0.01)
+    monkeypatch.setattr(asking, "LONGEST_PAUSE_S", 0.01)
     app = await api(billing_away_for=3)
     async with client(app) as http:
         created = await http.post(f"/v2/{PROJECT}/training-jobs", json=job_body(name="during", gpu_count=1))
@@ -201,7 +202,7 @@ async def test_a_submission_waits_out_a_short_hand_over_of_billing(monkeypatch):
 
 @pytest.mark.asyncio
 async def test_a_service_away_longer_than_the_timeout_is_a_503_with_retry_after(monkeypatch):
-    monkeypatch.setattr(rpc, "NO_RESPONDER_RETRY_S", 0.01)
+    monkeypatch.setattr(asking, "LONGEST_PAUSE_S", 0.01)
     monkeypatch.setattr(rpc, "TIMEOUT_S", 0.1)
     app = await api(billing_away_for=10_000)
     async with client(app) as http:

@@ -2,19 +2,18 @@
 key that signs users or the account) and handed to its agent; they are revoked on the server when the node is
 released."""
 
-import asyncio
 import logging
 import ssl
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import nats
 from nats.aio.client import RawCredentials
-from nats.errors import Error as NatsError, NoRespondersError
+from nats.errors import Error as NatsError
 
 from shared import busroles
+from shared.asking import ask
 from shared.bus import NODE_COMMANDS, rented_consumer_config, servers
 from shared.buscreds import NAME, write_secret
 from shared.minting import (
@@ -47,16 +46,11 @@ class NodeCredentials:
         """The minter's answer; its refusal raises. A minter not listening (starting, or started again by its
         supervisor) is asked again for `MINTER_PATIENCE_S`."""
         client = await self.connect(self.creds.read_text(), inbox=busroles.inbox("placement"))
-        deadline = time.monotonic() + MINTER_PATIENCE_S
+        data = request.model_dump_json().encode()
         try:
-            while True:
-                try:
-                    reply = await client.request(subject, request.model_dump_json().encode(), timeout=MINTER_TIMEOUT_S)
-                    break
-                except NoRespondersError:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.2)
+            reply = await ask(
+                lambda _: client.request(subject, data, timeout=MINTER_TIMEOUT_S), timeout=MINTER_PATIENCE_S
+            )
         finally:
             await client.close()
         answer = MinterAnswer.model_validate_json(reply.data)
