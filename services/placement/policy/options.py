@@ -253,9 +253,11 @@ def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: 
 
 
 def waited_s(job: JobRequest, now: float) -> float:
-    """Seconds the job has waited so far: since its submission as the platform recorded it (the submitter's clock,
-    `JobSubmitted.create_time`), never a node's."""
-    return max(0.0, now - job.submitted_at)
+    """Seconds the job has spent waiting in the queue: since it last entered it (its submission as the platform
+    recorded it, `JobSubmitted.create_time`, or placement's own clock when it queued it again), plus what it waited
+    before earlier runs; the time it held GPUs is not waiting. Never a node's clock."""
+    since = job.submitted_at if job.queued_at is None else job.queued_at
+    return job.waited_before_s + max(0.0, now - since)
 
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:

@@ -7,7 +7,7 @@ from services.placement.policy import Provision, Start, Wait, schedule
 from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.choice import Option
 from services.placement.policy.contention import backlog
-from services.placement.policy.options import burst_finish, provision_options
+from services.placement.policy.options import burst_finish, provision_options, waited_s
 from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import (
     busy,
@@ -158,6 +158,23 @@ def test_the_wait_already_done_is_counted_from_the_submission_not_from_a_later_c
 
     assert decisions[0] == [Provision("v100.1x", 1, "j")]
     assert isinstance(decisions[9][0], Wait)
+
+
+def test_a_job_queued_again_after_it_ran_counts_only_its_time_in_the_queue_not_its_run():
+    """Submitted at 0, it waited 1 h, ran 8 h and was queued again at 9 h (a spot interruption, a lost node); at 10 h
+    the owned GPU frees 10 h later. It has waited 2 h, not 10: 2 h + 10 h is worth less than renting (about 15 h of
+    its time), so it waits; counting its run as waiting (10 h + 10 h) rented."""
+    job = make_job(
+        priority="time", submitted_at=0.0, expected_duration_s=10 * HOUR, queued_at=9 * HOUR, waited_before_s=HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    node, running = _slipping_owned(busy_until_h=20)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(rental,))
+
+    [decision] = schedule(state, 10 * HOUR, config())
+
+    assert isinstance(decision, Wait)
+    assert waited_s(job, 10 * HOUR) == 2 * HOUR
 
 
 def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one():
