@@ -143,6 +143,16 @@ def time_value_per_s(job: JobRequest, config: PolicyConfig) -> float:
     return rate * job.gpu_count * job.node_count / 3600
 
 
+def backlog_value_per_s(job: JobRequest, config: PolicyConfig) -> float:
+    """Dollars a second of an owned-only job's wait is charged to the job that makes it wait (the contention charge,
+    make room): its own rate, a cost-sensitive job's at `cost_sensitive_backlog_weight` where that is set."""
+    weight = config.cost_sensitive_backlog_weight
+    if job.priority != "cost" or weight is None:
+        return time_value_per_s(job, config)
+    rate = config.exchange_rate if job.exchange_rate is None else job.exchange_rate
+    return rate * weight * job.gpu_count * job.node_count / 3600
+
+
 def risk_factor(job: JobRequest, config: PolicyConfig) -> float:
     """Rented time is priced at the duration's upper quantile when the duration is uncertain."""
     return math.exp(config.risk_z * job.duration_sigma)

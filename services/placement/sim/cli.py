@@ -47,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
         help="the share of the exchange rate a cost-sensitive job's time is worth",
     )
     p.add_argument(
+        "--cost-sensitive-backlog-weight",
+        type=float,
+        default=POLICY_DEFAULTS.cost_sensitive_backlog_weight,
+        help="the share of the rate a cost-sensitive owned-only job's wait is charged at (default: its weight)",
+    )
+    p.add_argument(
         "--burst-after-s",
         type=float,
         default=POLICY_DEFAULTS.burst_after_s,
@@ -94,6 +100,7 @@ def simulate(args: argparse.Namespace) -> dict:
         finish_tolerance_frac=args.finish_tolerance_frac,
         exchange_rate=args.exchange_rate,
         cost_sensitive_weight=args.cost_sensitive_weight,
+        cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
         burst_after_s=args.burst_after_s,
     )
     started = time.perf_counter()
