@@ -330,18 +330,19 @@ def test_a_short_rental_is_weighed_with_the_idle_grace_its_node_is_billed_before
     assert schedule(state, 0.0, config(idle_release_s=0.0)) == [Provision("a10g.1x", 1, job.id)]
 
 
-@pytest.mark.parametrize(("backlog_weight", "rents"), [(None, False), (1.0, True)])
-def test_a_cost_sensitive_local_only_jobs_wait_is_charged_at_the_backlog_weight(backlog_weight, rents):
+@pytest.mark.parametrize(("overrides", "rents"), [({"cost_sensitive_backlog_weight": None}, False), ({}, True)])
+def test_a_cost_sensitive_local_only_jobs_wait_is_charged_to_the_job_taking_its_gpu_at_the_full_rate(overrides, rents):
     """The local-only job's 10 h wait is worth $5 at a quarter of the $2 rate, $20 at the full rate; renting costs
-    the job that could rent about $10. Charged at its own weight, the wait is cheaper than the rental and the job that
-    could rent takes the GPU; charged at the backlog weight, the rental is cheaper and the local-only job starts."""
+    the job that could rent about $10. Charged at the waiting job's own weight (before round 8), the wait is cheaper
+    than the rental and the job that could rent takes the GPU; charged in full (the default), the rental is cheaper
+    and the local-only job starts."""
     local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
     could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
     local_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
     rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
     state = make_state(nodes=(local,), queue=(could_rent, local_only), catalogue=(rental,))
 
-    decisions = schedule(state, 0.0, config(cost_sensitive_backlog_weight=backlog_weight))
+    decisions = schedule(state, 0.0, config(**overrides))
 
     assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
     assert (Start(local_only.id, (local.id,), ((0,),)) in decisions) is rents
