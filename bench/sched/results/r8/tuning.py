@@ -9,7 +9,9 @@ from collections import defaultdict
 
 def main(path: str = "bench/sched/results/r8/tuning.jsonl") -> None:
     runs: dict[str, dict[tuple, dict]] = defaultdict(dict)
-    for line in open(path):
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for line in lines:
         key, result = json.loads(line)
         policy, variant, local, reserved, sigma, version = key.split("|")
         runs[version][(policy, variant, f"{local}+{reserved}")] = result
@@ -27,11 +29,15 @@ def main(path: str = "bench/sched/results/r8/tuning.jsonl") -> None:
             tm_total += d
             burst_total += b
             worst = max(worst, jct)
-            print(f"  {variant:11} {size:5} ${d:>9,.0f} / ${b:>9,.0f} = {d / b if b else 1:.3f}x  completion {jct:.3f}x"
-                  f"  {'holds' if ok else 'MISS'}")
+            print(
+                f"  {variant:11} {size:5} ${d:>9,.0f} / ${b:>9,.0f} = {d / b if b else 1:.3f}x  completion {jct:.3f}x"
+                f"  {'holds' if ok else 'MISS'}"
+            )
         if cells:
-            print(f"  {int(held)}/{len(cells)} hold; ${tm_total:,.0f} / ${burst_total:,.0f} = "
-                  f"{tm_total / burst_total:.3f}x; max completion {worst:.3f}x")
+            print(
+                f"  {int(held)}/{len(cells)} hold; ${tm_total:,.0f} / ${burst_total:,.0f} = "
+                f"{tm_total / burst_total:.3f}x; max completion {worst:.3f}x"
+            )
 
 
 if __name__ == "__main__":
