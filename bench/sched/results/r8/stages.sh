@@ -23,3 +23,5 @@ stage s03-168 --sigmas 0.3 --variants $HELD --sizes 16+8
 stage s03-126 --sigmas 0.3 --variants $ALL --sizes 12+6
 stage s03-84 --sigmas 0.3 --variants $HELD --sizes 8+4
 echo "ALLDONE $(date -u +%T)" >> "$log"
+# run after the above, as time allowed: the tuned-on cells at sigma 0.3
+# stage s03-tuned --sigmas 0.3 --variants default gpushare40 gpuspec10 cpu050 --sizes 8+4 16+8
