@@ -263,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", type=Path, default=None, help="JSON lines of finished runs (read, then appended)")
     p.add_argument("--read-cache", type=Path, nargs="*", default=[], help="more finished runs, only read")
     p.add_argument("--exchange-rate", type=float, default=None, help="override the policy default")
+    p.add_argument("--cost-sensitive-weight", type=float, default=None, help="override the policy default")
+    p.add_argument("--cost-sensitive-backlog-weight", type=float, default=None, help="override the policy default")
     p.add_argument("--spot-hazard-scale", type=float, default=1.0, help="spot column: hazards times this")
     p.add_argument("--report-only", action="store_true", help="print the cells the cache has; run nothing")
     p.add_argument("--json", action="store_true")
@@ -276,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
     sigmas = args.sigmas or ((0.0,) if args.quick else SIGMAS)
     todo = runs(names, sizes, sigmas, tuple(args.policies))
     extra = ["--exchange-rate", str(args.exchange_rate)] if args.exchange_rate is not None else []
+    extra += ["--cost-sensitive-weight", str(w)] if (w := args.cost_sensitive_weight) is not None else []
+    extra += (
+        ["--cost-sensitive-backlog-weight", str(b)] if (b := args.cost_sensitive_backlog_weight) is not None else []
+    )
     extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
     code = run_version(code_version(), args.data, extra)
     results = load_runs([*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])], code=code)

@@ -100,10 +100,11 @@ async def place(
         algorithm=item.algorithm,
         spec=item.spec.model_copy(update={"resource": resource}),
     )
+    now = utcnow()
     events = [
         JobPlaced(
             event_id=f"{item.job_id}:placed:{attempt}",
-            occurred_at=utcnow(),
+            occurred_at=now,
             job_id=item.job_id,
             attempt=attempt,
             assignments=assignments,
@@ -119,6 +120,7 @@ async def place(
             "exclude": (),
             "moving": False,
             "memory_gb": memory,
+            "waited_s": item.waited_until(now),
         }
     )
     await queue.save(placed, events)

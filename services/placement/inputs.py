@@ -31,7 +31,7 @@ class PolicyInputs:
     def job_request(self, item: QueueItem) -> JobRequest:
         """A queue item (QueueItem) as the policy's job: the estimator's duration when it has one."""
         estimate = self.estimates.cached(query_for(item.algorithm.parameters, item.needs, ""))
-        return self._request(
+        job = self._request(
             item.spec,
             item.needs,
             job_id=item.job_id,
@@ -40,6 +40,9 @@ class PolicyInputs:
             submitted_at=item.submitted_at.timestamp(),
             estimate=estimate or fallback(item.spec.placement.expected_duration_s),
         )
+        if item.queued_at is not None:
+            job = dataclasses.replace(job, queued_at=item.queued_at.timestamp(), waited_before_s=item.waited_s)
+        return job
 
     def spec_request(
         self, spec: Spec, *, project_id: str, user_name: str, now: float, parameters: Sequence[Parameter] = ()

@@ -33,6 +33,14 @@ class QueueItem(BaseModel):
     slow_checked: int = Field(0, description="The attempt last found slow (acted on once per attempt).")
     moving: bool = Field(False, description="Asked to move (pull-back); its current attempt is ending.")
     memory_gb: float | None = Field(None, description="Host memory per node its current attempt was given.")
+    queued_at: datetime | None = Field(None, description="When placement last queued it again (None: submitted).")
+    waited_s: float = Field(0.0, description="Seconds it waited in the queue before its current attempt.")
+
+    def waited_until(self, now: datetime) -> float:
+        """Seconds spent waiting in the queue by `now` (placement's clock), this stint and the earlier ones; the
+        time an attempt held GPUs is not waiting."""
+        since = self.queued_at or self.submitted_at
+        return self.waited_s + max(0.0, (now - since).total_seconds())
 
     @property
     def needs(self) -> Resource:

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.clock import utcnow
 from shared.events import (
     EtaEstimated,
     JobMigrateRequested,
@@ -144,6 +145,7 @@ class Placement:
                 "exclude": exclude,
                 "moving": False,
                 "memory_gb": None,
+                "queued_at": utcnow(),
             }
         )
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()

@@ -1,7 +1,7 @@
 """Placement under TestNatsBroker: one engine places every job and prices the dry run (the price shown is the price
 decided); jobs without GPUs, jobs moving away and jobs in a pool go through it too."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
@@ -12,7 +12,8 @@ from shared.jobs import Phase, SecondaryPhase
 from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery
 from services.placement.handlers import router as placement_router
-from tests.factories import node, spec, submitted
+from services.placement.policy.options import waited_s
+from tests.factories import T0, node, spec, submitted
 from tests.service.conftest import placement_service
 
 
@@ -152,3 +153,33 @@ async def test_the_start_of_a_job_nothing_clocks_is_stored_with_its_next_change_
     assert stored["gpu"]["started_at"] == started
     await publish(broker, status("cpu", 4, Phase.COMPLETED, start_time=started, end_time=started))
     assert (stored["cpu"]["state"], stored["cpu"]["started_at"]) == ("done", started)
+
+
+async def test_a_job_queued_again_after_it_ran_has_waited_only_its_time_in_the_queue(service, monkeypatch):
+    """Submitted at T0, placed an hour later, queued again (its node lost) eight hours after that: at T0 + 10 h it
+    has waited 2 h (placement's own clock at each change), not the 10 h since its submission."""
+    broker, placement = service
+    await register(broker, node(node_id="box", gpus=1))
+    await publish(broker, submitted(job_id="j", gpu_count=1, created=T0))
+    monkeypatch.setattr("services.placement.apply.utcnow", lambda: T0 + timedelta(hours=1))
+    assert await placement.schedule_once() == 1
+    monkeypatch.setattr("services.placement.service.utcnow", lambda: T0 + timedelta(hours=9))
+    await publish(
+        broker,
+        JobStatusChanged(
+            event_id="j:status:5",
+            job_id="j",
+            project_id="p",
+            user_name="alice",
+            version=5,
+            phase=Phase.PENDING,
+            secondary_phase=SecondaryPhase.QUEUING,
+            attempt=1,
+            requeue_cause="node_lost",
+        ),
+    )
+
+    job = placement.inputs.job_request(placement.queue["j"])
+
+    assert placement.queue["j"].state == "queued"
+    assert waited_s(job, (T0 + timedelta(hours=10)).timestamp()) == 2 * 3600

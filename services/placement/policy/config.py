@@ -17,6 +17,11 @@ class PolicyConfig:
     # Per job, `JobRequest.exchange_rate` (the project's setting) overrides it. Tuned in bench/sched/README.md.
     exchange_rate: float = 2.0
     cost_sensitive_weight: float = 0.25
+    # What a cost-sensitive job's wait for owned capacity (it may run nowhere else) is charged at, as a share of the
+    # rate, to a job that takes the GPUs it waits for (the contention charge; make room credits freeing them the
+    # same); None: `cost_sensitive_weight`. The full rate: the job's own choices weigh its time at a quarter, but the
+    # wait others impose on it counts whole, as its completion does in the goal (bench/sched/README.md, round 8).
+    cost_sensitive_backlog_weight: float | None = 1.0
     # Rental types whose dollars are this close count as tied: the cheaper is taken, whatever its speed (a faster
     # type ~8% pricier per unit of work is not bought on a near-tie), unless the job's rate is above
     # `rental_tie_max_rate` (dollars per GPU-hour: a project that pays that much for time buys the speed).

@@ -25,6 +25,7 @@ from services.placement.policy.hosting import could_host
 from services.placement.policy.market import pick_market
 from services.placement.policy.models import OWNED_KINDS, JobRequest, Node, RunningJob
 from services.placement.policy.options import (
+    backlog_value_per_s,
     job_kinds,
     paid_dollars,
     provision_options,
@@ -81,7 +82,7 @@ def waiting_shapes(p: Pass) -> list[Shape]:
             shape = shapes[key] = Shape(job, kinds)
         at = until.get(job.id)
         wait = INF if at is None else max(0.0, at - p.now)
-        shape.pending.waits.append((wait, time_value_per_s(job, p.config), queue_order(job)))
+        shape.pending.waits.append((wait, backlog_value_per_s(job, p.config), queue_order(job)))
     for shape in shapes.values():
         shape.pending.index()
     return list(shapes.values())

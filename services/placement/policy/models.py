@@ -100,6 +100,10 @@ class JobRequest:
     exchange_rate: float | None = None
     duration_sigma: float = 0.0
     checkpoint_interval_s: float | None = None  # declared by the owner; None: does not checkpoint, never spot
+    # A job queued again after it ran (a spot interruption, a move, a lost node): when it last entered the queue
+    # (None: at its submission) and the seconds it waited in the queue before that (`options.waited_s`).
+    queued_at: float | None = None
+    waited_before_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.allowed not in KINDS_FOR_ALLOWED or self.priority not in ("time", "cost"):

@@ -143,6 +143,16 @@ def time_value_per_s(job: JobRequest, config: PolicyConfig) -> float:
     return rate * job.gpu_count * job.node_count / 3600
 
 
+def backlog_value_per_s(job: JobRequest, config: PolicyConfig) -> float:
+    """Dollars a second of an owned-only job's wait is charged to the job that makes it wait (the contention charge,
+    make room): its own rate, a cost-sensitive job's at `cost_sensitive_backlog_weight` where that is set."""
+    weight = config.cost_sensitive_backlog_weight
+    if job.priority != "cost" or weight is None:
+        return time_value_per_s(job, config)
+    rate = config.exchange_rate if job.exchange_rate is None else job.exchange_rate
+    return rate * weight * job.gpu_count * job.node_count / 3600
+
+
 def risk_factor(job: JobRequest, config: PolicyConfig) -> float:
     """Rented time is priced at the duration's upper quantile when the duration is uncertain."""
     return math.exp(config.risk_z * job.duration_sigma)
@@ -253,9 +263,11 @@ def waited_enough(options: list[Option], job: JobRequest, *, now: float, value: 
 
 
 def waited_s(job: JobRequest, now: float) -> float:
-    """Seconds the job has waited so far: since its submission as the platform recorded it (the submitter's clock,
-    `JobSubmitted.create_time`), never a node's."""
-    return max(0.0, now - job.submitted_at)
+    """Seconds the job has spent waiting in the queue: since it last entered it (its submission as the platform
+    recorded it, `JobSubmitted.create_time`, or placement's own clock when it queued it again), plus what it waited
+    before earlier runs; the time it held GPUs is not waiting. Never a node's clock."""
+    since = job.submitted_at if job.queued_at is None else job.queued_at
+    return job.waited_before_s + max(0.0, now - since)
 
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:

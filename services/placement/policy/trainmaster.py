@@ -7,7 +7,7 @@ from services.placement.policy.decisions import Decision
 from services.placement.policy.makeroom import make_room
 from services.placement.policy.market import pick_market
 from services.placement.policy.models import ClusterState
-from services.placement.policy.options import job_kinds, node_options, provision_options, time_value_per_s
+from services.placement.policy.options import backlog_value_per_s, job_kinds, node_options, provision_options
 from services.placement.policy.passes import ALL_KINDS, OWNED_ONLY, FairQueue, Pass
 from services.placement.policy.pullback import pull_back
 
@@ -85,5 +85,5 @@ def _backlog(state: ClusterState, now: float, config: PolicyConfig, kinds: froze
         for job in state.queue
         if "on_demand" not in (allowed := job_kinds(job, kinds)) and job.gpu_count
     }
-    values = {job.id: time_value_per_s(job, config) for job in state.queue if job.id in owned_only}
+    values = {job.id: backlog_value_per_s(job, config) for job in state.queue if job.id in owned_only}
     return backlog(state, now=now, config=config, owned_only=owned_only, value_per_s=values)

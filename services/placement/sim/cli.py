@@ -41,6 +41,18 @@ def parser() -> argparse.ArgumentParser:
         help="on-demand dollars worth paying to finish one GPU-hour sooner (0: never rent to save time)",
     )
     p.add_argument(
+        "--cost-sensitive-weight",
+        type=float,
+        default=POLICY_DEFAULTS.cost_sensitive_weight,
+        help="the share of the exchange rate a cost-sensitive job's time is worth",
+    )
+    p.add_argument(
+        "--cost-sensitive-backlog-weight",
+        type=float,
+        default=POLICY_DEFAULTS.cost_sensitive_backlog_weight,
+        help="the share of the rate a cost-sensitive owned-only job's wait is charged at (default: its weight)",
+    )
+    p.add_argument(
         "--burst-after-s",
         type=float,
         default=POLICY_DEFAULTS.burst_after_s,
@@ -87,6 +99,8 @@ def simulate(args: argparse.Namespace) -> dict:
         idle_release_s=args.idle_release_s,
         finish_tolerance_frac=args.finish_tolerance_frac,
         exchange_rate=args.exchange_rate,
+        cost_sensitive_weight=args.cost_sensitive_weight,
+        cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
         burst_after_s=args.burst_after_s,
     )
     started = time.perf_counter()

@@ -24,6 +24,7 @@ from services.placement.policy import (
 from services.placement.policy.engine import Constraint, place
 from services.placement.policy.hosting import as_node
 from services.placement.policy.models import NodeKind
+from services.placement.policy.options import waited_s
 from services.placement.policy.spot import DEFAULT_INTERRUPTIONS_PER_HOUR
 from services.placement.sim.durations import DurationSource
 from services.placement.sim.spot import interruption_after_s, kept_compute_s
@@ -167,6 +168,7 @@ class Simulation:
         self.spot_seed = spot_seed
         self.restoring: set[str] = set()  # interrupted jobs: the next start first restores their checkpoint
         self.kept: dict[str, frozenset[str]] = {}  # jobs moved to make room -> the nodes rented for them
+        self.waited: dict[str, float] = {}  # job -> seconds it waited in the queue before its current run
         for j in jobs:
             self._push(j.request.submitted_at, ARRIVE, j.request.id)
 
@@ -283,6 +285,7 @@ class Simulation:
 
     def _start(self, d: Start, now: float) -> None:
         job = self.queue.pop(d.job_id)
+        self.waited[d.job_id] = waited_s(job, now)
         restore = self.config.migration_s if d.job_id in self.restoring else 0.0
         self.kept.pop(d.job_id, None)
         self.restoring.discard(d.job_id)
@@ -358,16 +361,23 @@ class Simulation:
             self.out.lost_compute_s += elapsed - kept
             self.out.jobs_interrupted += 1
             self._stop(job_id, now, kept_s=kept)
-            self.queue[job_id] = self._requeued(job_id)
+            self.queue[job_id] = self._requeued(job_id, now)
             self.restoring.add(job_id)
         self._release(node.id, now)
 
-    def _requeued(self, job_id: str) -> JobRequest:
-        """The job as the queue sees it again: re-estimated, with the work its checkpoint holds taken off."""
+    def _requeued(self, job_id: str, now: float) -> JobRequest:
+        """The job as the queue sees it again: re-estimated, with the work its checkpoint holds taken off, queued
+        from now with the wait before its run kept (its run is not waiting)."""
         job = self.durations.estimate(self.jobs[job_id].request)
         left = self.work_left[job_id] / self.jobs[job_id].run_time_s
         predicted = None if job.predicted_duration_s is None else job.predicted_duration_s * left
-        return replace(job, expected_duration_s=job.expected_duration_s * left, predicted_duration_s=predicted)
+        return replace(
+            job,
+            expected_duration_s=job.expected_duration_s * left,
+            predicted_duration_s=predicted,
+            queued_at=now,
+            waited_before_s=self.waited.get(job_id, 0.0),
+        )
 
     def _pull_back(self, d: PullBack, now: float) -> None:
         self._stop(d.job_id, now)
@@ -379,7 +389,7 @@ class Simulation:
         rented nodes (as the service keeps a job to nodes rented for it); the freed GPUs are placed at once."""
         ids = self._provision(Provision(d.instance_type, d.count, d.job_id), now)
         self._stop(d.job_id, now)
-        self.queue[d.job_id] = self._requeued(d.job_id)
+        self.queue[d.job_id] = self._requeued(d.job_id, now)
         self.restoring.add(d.job_id)
         self.kept[d.job_id] = frozenset(ids)
         self.out.moves_to_make_room += 1

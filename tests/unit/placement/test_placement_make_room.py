@@ -145,7 +145,8 @@ def test_the_simulator_keeps_the_rental_for_the_moved_job_while_it_boots_though_
 
 def test_the_saving_counts_the_freed_gpus_share_of_each_wait_as_the_contention_charge_does():
     # two local GPUs: the long job holds one for 1,000 h, the other is back at 20 h and the 20 local-only jobs wait
-    # 20-39 h for it (590 h at $0.5/h). Freeing 1 GPU of 2 takes 1 * min(1,000 h, t) / 2 off a wait t: $147.5 in
+    # 20-39 h for it (590 h at $0.5/h: their wait charged at their own quarter of the rate, as before round 8).
+    # Freeing 1 GPU of 2 takes 1 * min(1,000 h, t) / 2 off a wait t: $147.5 in
     # all (g * min(d, t) / N, as `contention.py` charges), not min(g * d / N, t) = t ($295): a $200 rental does not pay
     node, long = _held_local(left_h=1000)
     other = make_node(kind="local", gpu_count=1, free=0, price_per_hour=0.35)
@@ -153,7 +154,11 @@ def test_the_saving_counts_the_freed_gpus_share_of_each_wait_as_the_contention_c
     cheap = make_instance(name="t4.1x", price_per_hour=0.2)
     state = make_state(nodes=(node, other), running=(long, soon), queue=_local_only(20), catalogue=(cheap,))
 
-    assert not [d for d in schedule(state, 0.0, config(reservation_depth=64)) if isinstance(d, MakeRoom)]
+    assert not [
+        d
+        for d in schedule(state, 0.0, config(reservation_depth=64, cost_sensitive_backlog_weight=None))
+        if isinstance(d, MakeRoom)
+    ]
     # at $0.1/h ($100) it pays, so the rule above is what stops the move
     state = make_state(
         nodes=(node, other),
@@ -161,7 +166,11 @@ def test_the_saving_counts_the_freed_gpus_share_of_each_wait_as_the_contention_c
         queue=_local_only(20),
         catalogue=(make_instance(name="t4.1x", price_per_hour=0.1),),
     )
-    assert [d for d in schedule(state, 0.0, config(reservation_depth=64)) if isinstance(d, MakeRoom)]
+    assert [
+        d
+        for d in schedule(state, 0.0, config(reservation_depth=64, cost_sensitive_backlog_weight=None))
+        if isinstance(d, MakeRoom)
+    ]
 
 
 def test_the_next_job_in_line_that_fits_on_the_freed_gpu_counts_its_whole_wait():

@@ -7,7 +7,7 @@ from services.placement.policy import Provision, Start, Wait, schedule
 from services.placement.policy.capacity import CapacityIndex
 from services.placement.policy.choice import Option
 from services.placement.policy.contention import backlog
-from services.placement.policy.options import burst_finish, provision_options
+from services.placement.policy.options import burst_finish, provision_options, waited_s
 from services.placement.policy.passes import ALL_KINDS
 from tests.unit.placement.placement_factories import (
     busy,
@@ -158,6 +158,23 @@ def test_the_wait_already_done_is_counted_from_the_submission_not_from_a_later_c
 
     assert decisions[0] == [Provision("v100.1x", 1, "j")]
     assert isinstance(decisions[9][0], Wait)
+
+
+def test_a_job_queued_again_after_it_ran_counts_only_its_time_in_the_queue_not_its_run():
+    """Submitted at 0, it waited 1 h, ran 8 h and was queued again at 9 h (a spot interruption, a lost node); at 10 h
+    the owned GPU frees 10 h later. It has waited 2 h, not 10: 2 h + 10 h is worth less than renting (about 15 h of
+    its time), so it waits; counting its run as waiting (10 h + 10 h) rented."""
+    job = make_job(
+        priority="time", submitted_at=0.0, expected_duration_s=10 * HOUR, queued_at=9 * HOUR, waited_before_s=HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=3.0, startup_delay_s=0.0)
+    node, running = _slipping_owned(busy_until_h=20)
+    state = make_state(nodes=(node,), queue=(job,), running=(running,), catalogue=(rental,))
+
+    [decision] = schedule(state, 10 * HOUR, config())
+
+    assert isinstance(decision, Wait)
+    assert waited_s(job, 10 * HOUR) == 2 * HOUR
 
 
 def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one():
@@ -311,3 +328,22 @@ def test_a_short_rental_is_weighed_with_the_idle_grace_its_node_is_billed_before
     assert of_type(decisions, Provision) == []
     assert [d.job_id for d in of_type(decisions, Wait)] == [job.id]
     assert schedule(state, 0.0, config(idle_release_s=0.0)) == [Provision("a10g.1x", 1, job.id)]
+
+
+@pytest.mark.parametrize(("overrides", "rents"), [({"cost_sensitive_backlog_weight": None}, False), ({}, True)])
+def test_a_cost_sensitive_local_only_jobs_wait_is_charged_to_the_job_taking_its_gpu_at_the_full_rate(overrides, rents):
+    """The local-only job's 10 h wait is worth $5 at a quarter of the $2 rate, $20 at the full rate; renting costs
+    the job that could rent about $10. Charged at the waiting job's own weight (before round 8), the wait is cheaper
+    than the rental and the job that could rent takes the GPU; charged in full (the default), the rental is cheaper
+    and the local-only job starts."""
+    local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    local_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(nodes=(local,), queue=(could_rent, local_only), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config(**overrides))
+
+    assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
+    assert (Start(local_only.id, (local.id,), ((0,),)) in decisions) is rents
+    assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents

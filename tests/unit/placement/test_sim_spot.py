@@ -7,6 +7,7 @@ import math
 import pytest
 
 from services.placement.policy import InstanceType, JobRequest, PolicyConfig, Provision, Start, schedule
+from services.placement.policy.options import waited_s
 from services.placement.sim.catalogue import DEFAULT_CATALOGUE
 from services.placement.sim.cli import main
 from services.placement.sim.engine import Simulation
@@ -122,6 +123,27 @@ def test_an_interrupted_job_loses_the_work_since_its_checkpoint_pays_the_restore
     assert 0 < elapsed - kept < 1800.0
     assert out.finished["j"] == pytest.approx(taken_back + startup + restore + run_s - kept)
     assert out.od_dollars == 0.0 and out.spot_dollars > 0
+
+
+def test_an_interrupted_job_is_queued_again_with_its_wait_kept_and_its_run_not_counted_as_waiting(monkeypatch):
+    """The policy sees the job queued from the interruption, having waited only for its first node to boot."""
+    run_s, startup = 10 * HOUR, SPOT.startup_delay_s
+    draw = lambda node, seed: interruption_after_s(node, hazard_per_hour=0.2, seed=seed)  # noqa: E731
+    seed = next(s for s in range(1000) if startup + HOUR < draw("od-00001", s) < startup + 9 * HOUR)
+    taken_back = draw("od-00001", seed)
+    seen: list[tuple[float, JobRequest]] = []
+
+    def spy(state, now, config):
+        seen.extend((now, job) for job in state.queue)
+        return schedule(state, now, config)
+
+    monkeypatch.setattr("services.placement.sim.engine.schedule", spy)
+    _simulate([_job("j", run_s, 1800.0)], seed=seed)
+
+    [(now, again), *_] = [(now, job) for now, job in seen if now >= taken_back]
+    assert now == pytest.approx(taken_back)
+    assert again.queued_at == pytest.approx(taken_back) and again.waited_before_s == pytest.approx(startup)
+    assert waited_s(again, taken_back + HOUR) == pytest.approx(startup + HOUR)
 
 
 def test_the_same_seed_replays_the_same_run():
