@@ -1,5 +1,7 @@
 """Placement subscribers: jobs to queue, status changes that free capacity, nodes joining and leaving."""
 
+from datetime import datetime, timedelta
+
 from faststream.nats import NatsRouter
 
 from shared.bus import NODE_REGISTERED, RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
@@ -15,10 +17,25 @@ from shared.events import (
     NodeStateChanged,
 )
 from shared.handlers import HandlerTable, dispatch
+from shared.jsmeta import stored_at
 from shared.keyed import keyed_durable
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from services.placement.providers.reconcile import node_interrupted
 from services.placement.service import Placement
+
+# How far before the bus server stored a submission its submitter's clock may say it was made: a replica whose
+# clock runs behind would otherwise make every job it accepts look that much older, and a job that looks as if it
+# waited long enough rents at once (`policy.options.waited_s`).
+SUBMISSION_SKEW = timedelta(seconds=60)
+
+
+def bounded_submission(event: JobEvent, stored: datetime | None) -> JobEvent:
+    """A submission whose `create_time` is at most `SUBMISSION_SKEW` before the server stored it (the server's
+    clock, not the submitter's word); any other event as it is. A submission the outbox published late (a bus
+    outage) counts less waiting than it did: it waits longer for owned GPUs, never rents sooner."""
+    if not isinstance(event, JobSubmitted) or stored is None or event.create_time >= stored - SUBMISSION_SKEW:
+        return event
+    return event.model_copy(update={"create_time": stored - SUBMISSION_SKEW})
 
 
 async def deleted(placement: Placement, event: JobDeleted) -> None:
@@ -64,7 +81,7 @@ JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent, hand
 @JOBS.in_order()
 async def on_job_event(event: JobEvent, message: NatsMessage, placement: Placement = Context("placement")) -> None:
     """Jobs submitted, changing status and deleted: each job's in stream order, different jobs concurrently."""
-    await dispatch(EVENT_HANDLERS, event, placement)
+    await dispatch(EVENT_HANDLERS, bounded_submission(event, stored_at(message)), placement)
 
 
 @router.subscriber(**durable(NODE_REGISTERED, consumer="placement-node-registrations"))

@@ -347,3 +347,19 @@ def test_a_cost_sensitive_local_only_jobs_wait_is_charged_to_the_job_taking_its_
     assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
     assert (Start(local_only.id, (local.id,), ((0,),)) in decisions) is rents
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
+
+
+def test_a_submission_counts_as_made_at_most_a_minute_before_the_bus_server_stored_it():
+    """A submitter replica whose clock runs hours behind made its jobs look hours older: past a point a job that
+    looks as if it waited long enough rents at once. The server's stored time bounds the submitter's word."""
+    from datetime import timedelta
+
+    from services.placement.handlers import SUBMISSION_SKEW, bounded_submission
+    from tests.factories import T0, submitted
+
+    stored = T0 + timedelta(hours=6)
+    behind = submitted(created=T0)
+    assert bounded_submission(behind, stored).create_time == stored - SUBMISSION_SKEW
+    on_time = submitted(created=stored - timedelta(seconds=2))
+    assert bounded_submission(on_time, stored) is on_time
+    assert bounded_submission(behind, None) is behind  # no JetStream metadata (an in-memory broker): as it is
