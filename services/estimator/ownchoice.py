@@ -2,11 +2,13 @@
 `python -m services.estimator.ownchoice`.
 
 A form is the prior shares a table may take, the leans it may take (`blendtable.LEANS`: a share per reading from
-the fitted curve's doubt and reach) and the band's `spread`. `choose` picks one on the readings of some families
+the fitted curve's doubt and reach; `NOVEL_LEANS`: from the reach and the curve's novelty), the band's `spread`
+(with or without a floor at the prior's own width) and whether its quantiles are sized per family and cut. `choose` picks one on the readings of some families
 only, leave-one-family-out among them (`score`): each family read by a table fitted on the others, the median's
 form first by within ±20% (at the evaluation's cuts, every family weighing the same: what transfers to a family
 unlike the largest ones), then the band's by each family's 10-90% coverage at
-each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside). The family
+each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside), then the
+band's quantiles pooled or per family and cut, the same way. The family
 split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
 table's form is chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
 """
@@ -155,32 +157,38 @@ def choose(
     medians: Sequence[Form] = MEDIANS,
     spreads: Sequence[tuple[float, ...]] = SPREADS,
     fitter: Fitter | None = None,
+    cells: bool = True,
 ) -> Form:
     """The form `score` ranks first on `readings` (leave-one-family-out among their families): the median's
     (shares, leans) by within ±20% (`Score.family_within`), then the band's spread by coverage, then whether its
-    quantiles are sized per family and cut (`Form.by_cells`) by coverage; the first of equals."""
+    quantiles are sized per family and cut (`Form.by_cells`, unless `cells` is false) by coverage; the first of
+    equals."""
     if len(set(readings.families)) < 2:  # no family to score a form on: the default
         return Form()
     fitter = fitter or Fitter(readings)
     best = max(medians, key=lambda f: round(score(readings, f, fitter=fitter).family_within, 9))
     graded = [(replace(best, spread=s), score(readings, replace(best, spread=s), fitter=fitter)) for s in spreads]
     band = min(graded, key=lambda fs: (round(fs[1].distance, 9), -fs[1].inside))
-    cells = replace(band[0], by_cells=True)
-    by_cells = score(readings, cells, fitter=fitter)
-    return (
-        cells
-        if (round(by_cells.distance, 9), -by_cells.inside) < (round(band[1].distance, 9), -band[1].inside)
-        else band[0]
-    )
+    if not cells:
+        return band[0]
+    sized = replace(band[0], by_cells=True)
+    got = score(readings, sized, fitter=fitter)
+    return sized if (round(got.distance, 9), -got.inside) < (round(band[1].distance, 9), -band[1].inside) else band[0]
 
 
-def table_for(readings: Readings, *, medians: Sequence[Form] = MEDIANS) -> tuple[blendtable.BlendTable | None, Form]:
+def table_for(
+    readings: Readings,
+    *,
+    medians: Sequence[Form] = MEDIANS,
+    spreads: Sequence[tuple[float, ...]] = SPREADS,
+    cells: bool = True,
+) -> tuple[blendtable.BlendTable | None, Form]:
     """The table fitted on `readings` in the form `choose` picks on them (nothing else is read); no table (the
     former blend) when they are too few to fit one."""
     if len(readings.truth) < blendtable.MIN_ROWS:
         return None, Form()
     fitter = Fitter(readings)
-    form = choose(readings, medians=medians, fitter=fitter)
+    form = choose(readings, medians=medians, spreads=spreads, fitter=fitter, cells=cells)
     return fitter.fit(form), form
 
 

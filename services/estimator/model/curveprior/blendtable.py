@@ -6,12 +6,17 @@ scale on which "within ±20%" is judged: a = w · a_prior + (1 - w) · a_fit, w 
 the two readings' geometric mean says is seen (one bin by default: weights and biases learned per phase on three
 families missed more often on the fourth, `docs/estimator.md`). With a `lean` (fifth round of issue 31), w is per
 reading: the cell's share, its logit moved by learned coefficients of the fitted curve's doubt (its band's width
-over the prior's) and of how far ahead the readings put the end (`shares`). The band is [a + low · s,
+over the prior's), of how far ahead the readings put the end and (sixth round) of the curve's `novelty` (how far
+the fitted reading lies outside the prior's band: a curve unlike the fit's training families leans on the prior)
+(`shares`). The band is [a + low · s,
 a + high · s], s the prior's own half-width, the readings' disagreement and the fitted curve's half-width weighed
 by the table's `spread` (where the prior is unsure, on a curve unlike what it was fine-tuned on, or the two
 disagree, it is wide; a table saved without a spread: the prior's half-width plus half the disagreement):
 `low`/`high` are the 10% and 90% quantiles of the out-of-family residuals over s, every family weighing the same
-(coverage per family, not pooled). `fit_table` learns it from rows of held-out families (`ownnested`).
+(coverage per family, not pooled), or (`by_cells`, sixth round) the pair that puts the most families' coverage at
+each cut inside 75-85% (`bandfit`). A spread's fifth coefficient floors each side of s at that share of the prior's
+own width on that side: where the readings agree on a time neither is sure of (early in a run), the band keeps
+the prior's doubt. `fit_table` learns it from rows of held-out families (`ownnested`).
 """
 
 from __future__ import annotations
@@ -204,6 +209,8 @@ def fit_table(
     _, lean = best_share(prior, fitted, truth, weight, weights, leans)
     names = np.asarray(groups)
     whole = _cell(prior, fitted, truth, weight, weights, spread, lean, names if by_cells else None)
+    if not edges:  # one cell: the whole
+        return BlendTable((), (whole,), tuple(spread), lean)
     cells = []
     for b in range(len(edges) + 1):
         m = bins == b
