@@ -96,7 +96,7 @@ class Fitter:
     def __init__(self, readings: Readings) -> None:
         self.readings = readings
         self.families = np.asarray(readings.families)
-        self._shares: dict[tuple, tuple[float, tuple[float, float]]] = {}
+        self._shares: dict[tuple, tuple[float, tuple[float, ...]]] = {}
 
     def fit(self, form: Form, *, without: Sequence[str] = ()) -> blendtable.BlendTable:
         r, keep = self.readings, ~np.isin(self.families, list(without))
