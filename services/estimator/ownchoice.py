@@ -3,14 +3,14 @@
 
 A form is the prior shares a table may take, the leans it may take (`blendtable.LEANS`: a share per reading from
 the fitted curve's doubt and reach; `NOVEL_LEANS`: from the reach and the curve's novelty), the band's `spread`
-(with or without a floor at the prior's own width) and whether its quantiles are sized per family and cut. `choose` picks one on the readings of some families
-only, leave-one-family-out among them (`score`): each family read by a table fitted on the others, the median's
-form first by within ±20% (at the evaluation's cuts, every family weighing the same: what transfers to a family
-unlike the largest ones), then the band's by each family's 10-90% coverage at
-each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside), then the
-band's quantiles pooled or per family and cut, the same way. The family
-split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
-table's form is chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
+(with or without a floor at the prior's own width) and whether its quantiles are sized per family and cut.
+`choose` picks one on the readings of some families only, leave-one-family-out among them (`score`): each family
+read by a table fitted on the others, the median's form first by within ±20% (at the evaluation's cuts, every
+family weighing the same: what transfers to a family unlike the largest ones), then the band's by each family's
+10-90% coverage at each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells
+inside), then the band's quantiles pooled or per family and cut, the same way. The family split (`ownfamily`)
+scores each family by a table whose form was chosen without it (`table_for`), and the shipped table's form is
+chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
 """
 
 from __future__ import annotations
