@@ -2,13 +2,15 @@
 `python -m services.estimator.ownchoice`.
 
 A form is the prior shares a table may take, the leans it may take (`blendtable.LEANS`: a share per reading from
-the fitted curve's doubt and reach) and the band's `spread`. `choose` picks one on the readings of some families
-only, leave-one-family-out among them (`score`): each family read by a table fitted on the others, the median's
-form first by within ±20% (at the evaluation's cuts, every family weighing the same: what transfers to a family
-unlike the largest ones), then the band's by each family's 10-90% coverage at
-each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells inside). The family
-split (`ownfamily`) scores each family by a table whose form was chosen without it (`table_for`), and the shipped
-table's form is chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
+the fitted curve's doubt and reach; `NOVEL_LEANS`: from the reach and the curve's novelty), the band's `spread`
+(with or without a floor at the prior's own width) and whether its quantiles are sized per family and cut.
+`choose` picks one on the readings of some families only, leave-one-family-out among them (`score`): each family
+read by a table fitted on the others, the median's form first by within ±20% (at the evaluation's cuts, every
+family weighing the same: what transfers to a family unlike the largest ones), then the band's by each family's
+10-90% coverage at each cut against the goal's 75-85% (the mean distance outside it, in points; then the cells
+inside), then the band's quantiles pooled or per family and cut, the same way. The family split (`ownfamily`)
+scores each family by a table whose form was chosen without it (`table_for`), and the shipped table's form is
+chosen on all of them (`ownbuild.build_table`). Nothing here reads the never-seen split.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import numpy as np
 
 from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
+from services.estimator.model.curveprior.bandfit import GOAL, cut_of
 from services.estimator.model.curveprior.net import LOG_HORIZON
 from services.estimator.ownnested import Readings
 
-GOAL = (0.75, 0.85)
 WIDE_WEIGHTS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.875)
+FLOORS = (0.25, 0.5, 1.0)  # the band's floor, a share of the prior's own width on each side
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,9 @@ class Form:
     """What a table may be fitted with: the prior shares and leans tried, and the band's spread."""
 
     weights: tuple[float, ...] = blendtable.WEIGHTS
-    leans: tuple[tuple[float, float], ...] = (blendtable.NO_LEAN,)
+    leans: tuple[tuple[float, ...], ...] = (blendtable.NO_LEAN,)
     spread: tuple[float, ...] = blendtable.FIT_SPREAD
+    by_cells: bool = False  # the band's quantiles per family and cut (`bandfit.cell_band`), not pooled
 
 
 MEDIANS = (
@@ -43,6 +47,8 @@ MEDIANS = (
     Form(weights=WIDE_WEIGHTS),
     Form(leans=blendtable.LEANS),
     Form(weights=WIDE_WEIGHTS, leans=blendtable.LEANS),
+    Form(leans=blendtable.NOVEL_LEANS),
+    Form(weights=WIDE_WEIGHTS, leans=blendtable.NOVEL_LEANS),
 )
 SPREADS: tuple[tuple[float, ...], ...] = (
     (1.0, 0.5, 0.0),  # the first table's symmetric band
@@ -50,6 +56,8 @@ SPREADS: tuple[tuple[float, ...], ...] = (
     (0.5, 3.0, 0.0, 0.0),
     (0.0, 3.0, 0.5, 0.0),
     (0.0, 2.0, 0.5, 0.0),
+    # sixth round: a floor from the prior's own spread (its fifth coefficient), the distance weighing less
+    *((0.0, apart, 0.0, reach, floor) for apart in (1.0, 2.0, 3.0) for reach in (0.0, 1.0) for floor in FLOORS),
 )
 
 
@@ -81,11 +89,6 @@ def served(table: blendtable.BlendTable, prior: np.ndarray, fitted: np.ndarray) 
     return np.stack([mid, np.maximum(low, 0.0), np.maximum(high, mid)], axis=1)
 
 
-def cut_of(truth: np.ndarray) -> np.ndarray:
-    """The cut a reading was made at: its truth is log(total / elapsed) with elapsed = cut · total."""
-    return np.round(np.exp(-truth), 2)
-
-
 class Fitter:
     """Tables fitted on `readings` less some families, the share and lean chosen once per set of families (the
     band's spread does not move them)."""
@@ -93,7 +96,7 @@ class Fitter:
     def __init__(self, readings: Readings) -> None:
         self.readings = readings
         self.families = np.asarray(readings.families)
-        self._shares: dict[tuple, tuple[float, tuple[float, float]]] = {}
+        self._shares: dict[tuple, tuple[float, tuple[float, ...]]] = {}
 
     def fit(self, form: Form, *, without: Sequence[str] = ()) -> blendtable.BlendTable:
         r, keep = self.readings, ~np.isin(self.families, list(without))
@@ -103,7 +106,9 @@ class Fitter:
             weight = blendtable.family_weights(groups)
             self._shares[key] = blendtable.best_share(prior, fitted, truth, weight, form.weights, form.leans)
         w, lean = self._shares[key]
-        return blendtable.fit_table(prior, fitted, truth, groups, spread=form.spread, weights=(w,), leans=(lean,))
+        return blendtable.fit_table(
+            prior, fitted, truth, groups, spread=form.spread, weights=(w,), leans=(lean,), by_cells=form.by_cells
+        )
 
 
 def score(
@@ -152,24 +157,38 @@ def choose(
     medians: Sequence[Form] = MEDIANS,
     spreads: Sequence[tuple[float, ...]] = SPREADS,
     fitter: Fitter | None = None,
+    cells: bool = True,
 ) -> Form:
     """The form `score` ranks first on `readings` (leave-one-family-out among their families): the median's
-    (shares, leans) by within ±20% (`Score.family_within`), then the band's spread by coverage; the first of equals."""
+    (shares, leans) by within ±20% (`Score.family_within`), then the band's spread by coverage, then whether its
+    quantiles are sized per family and cut (`Form.by_cells`, unless `cells` is false) by coverage; the first of
+    equals."""
     if len(set(readings.families)) < 2:  # no family to score a form on: the default
         return Form()
     fitter = fitter or Fitter(readings)
     best = max(medians, key=lambda f: round(score(readings, f, fitter=fitter).family_within, 9))
     graded = [(replace(best, spread=s), score(readings, replace(best, spread=s), fitter=fitter)) for s in spreads]
-    return min(graded, key=lambda fs: (round(fs[1].distance, 9), -fs[1].inside))[0]
+    band = min(graded, key=lambda fs: (round(fs[1].distance, 9), -fs[1].inside))
+    if not cells:
+        return band[0]
+    sized = replace(band[0], by_cells=True)
+    got = score(readings, sized, fitter=fitter)
+    return sized if (round(got.distance, 9), -got.inside) < (round(band[1].distance, 9), -band[1].inside) else band[0]
 
 
-def table_for(readings: Readings, *, medians: Sequence[Form] = MEDIANS) -> tuple[blendtable.BlendTable | None, Form]:
+def table_for(
+    readings: Readings,
+    *,
+    medians: Sequence[Form] = MEDIANS,
+    spreads: Sequence[tuple[float, ...]] = SPREADS,
+    cells: bool = True,
+) -> tuple[blendtable.BlendTable | None, Form]:
     """The table fitted on `readings` in the form `choose` picks on them (nothing else is read); no table (the
     former blend) when they are too few to fit one."""
     if len(readings.truth) < blendtable.MIN_ROWS:
         return None, Form()
     fitter = Fitter(readings)
-    form = choose(readings, medians=medians, fitter=fitter)
+    form = choose(readings, medians=medians, spreads=spreads, fitter=fitter, cells=cells)
     return fitter.fit(form), form
 
 

@@ -154,7 +154,7 @@ def test_the_table_round_trips_and_a_hostile_file_is_no_table(tmp_path):
         '{"version": 9, "edges": [], "cells": [[0.5, -1, 1]]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, -1, 0]}',  # a negative width
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5]}',
-        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, 0, 1, 1]}',
+        '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, 0, 1, 1, 1]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [1, 0.5, Infinity]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": [0, 0, 0]}',
         '{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "spread": "wide"}',
@@ -331,7 +331,7 @@ def test_a_lean_round_trips_and_a_hostile_one_is_no_table(tmp_path):
     assert bt.load(tmp_path / "b.json") == table
     bt.save(bt.BlendTable((), (bt.Cell(0.5, -1.0, 1.2),), bt.FIT_SPREAD), tmp_path / "flat.json")
     assert "lean" not in (tmp_path / "flat.json").read_text()  # a table without one reads as before
-    for lean in ("[1, NaN]", "[1]", "[50, 0]", '"far"', "[1, 2, 3]"):
+    for lean in ("[1, NaN]", "[1]", "[50, 0]", '"far"', "[1, 2, 3, 4]", "[0, 0, 11]"):
         (tmp_path / "h.json").write_text(f'{{"version": 1, "edges": [], "cells": [[0.5, -1, 1]], "lean": {lean}}}')
         assert bt.load(tmp_path / "h.json") is None
 
