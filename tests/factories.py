@@ -8,6 +8,7 @@ from typing import Any
 from shared.events import (
     Assignment,
     JobPlaced,
+    JobStatusChanged,
     JobSubmitted,
     Launch,
     LogChunk,
@@ -17,7 +18,7 @@ from shared.events import (
     TaskExited,
     TaskStarted,
 )
-from shared.jobs import Algorithm, JobCreate, Spec
+from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
 from shared.nodes import Gpu, NodeInfo
 
 _counter = itertools.count()
@@ -255,3 +256,18 @@ L4_ENTRY = {
     "memory_gb": 16,
     "price_per_hour": 0.8,
 }
+
+
+def requeued(job_id: str, cause: str, *, version: int = 5, attempt: int = 1) -> JobStatusChanged:
+    """The monitor's status that puts a job's attempt back in the queue, for `cause` (node_lost, oom_gpu, ...)."""
+    return JobStatusChanged(
+        event_id=f"{job_id}:status:{version}",
+        job_id=job_id,
+        project_id="p",
+        user_name="alice",
+        version=version,
+        phase=Phase.PENDING,
+        secondary_phase=SecondaryPhase.QUEUING,
+        attempt=attempt,
+        requeue_cause=cause,
+    )

@@ -13,7 +13,7 @@ from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery
 from services.placement.handlers import router as placement_router
 from services.placement.policy.options import waited_s
-from tests.factories import T0, node, spec, submitted
+from tests.factories import T0, node, requeued, spec, submitted
 from tests.service.conftest import placement_service
 
 
@@ -78,17 +78,7 @@ async def test_a_job_that_moved_away_is_placed_anywhere_but_where_it_was(service
     await register(broker, node(node_id="second", tflops=100))
     await publish(
         broker,
-        JobStatusChanged(
-            event_id="j:status:5",
-            job_id="j",
-            project_id="p",
-            user_name="alice",
-            version=5,
-            phase=Phase.PENDING,
-            secondary_phase=SecondaryPhase.QUEUING,
-            attempt=1,
-            requeue_cause="migrated",
-        ),
+        requeued("j", "migrated"),
     )
     assert placement.queue["j"].exclude == ("first",)
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
@@ -166,17 +156,7 @@ async def test_a_job_queued_again_after_it_ran_has_waited_only_its_time_in_the_q
     monkeypatch.setattr("services.placement.service.utcnow", lambda: T0 + timedelta(hours=9))
     await publish(
         broker,
-        JobStatusChanged(
-            event_id="j:status:5",
-            job_id="j",
-            project_id="p",
-            user_name="alice",
-            version=5,
-            phase=Phase.PENDING,
-            secondary_phase=SecondaryPhase.QUEUING,
-            attempt=1,
-            requeue_cause="node_lost",
-        ),
+        requeued("j", "node_lost"),
     )
 
     job = placement.inputs.job_request(placement.queue["j"])

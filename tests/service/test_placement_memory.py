@@ -4,10 +4,8 @@ is placed on, shown by the dry run, launched with the attempt, held against the 
 import pytest
 
 from shared.bus import publish
-from shared.events import JobStatusChanged
-from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import CandidatesQuery
-from tests.factories import node, spec, submitted
+from tests.factories import node, requeued, spec, submitted
 from tests.service.test_placement_engine import register
 
 
@@ -62,17 +60,7 @@ async def test_after_running_out_of_host_memory_the_next_attempt_asks_twice_what
     assert await service.schedule_once() == 1 and service.queue["j"].memory_gb == 16
     await publish(
         broker,
-        JobStatusChanged(
-            event_id="j:status:5",
-            job_id="j",
-            project_id="p",
-            user_name="alice",
-            version=5,
-            phase=Phase.PENDING,
-            secondary_phase=SecondaryPhase.QUEUING,
-            attempt=1,
-            requeue_cause=cause,
-        ),
+        requeued("j", cause),
     )
     item = service.queue["j"]
     assert (item.state, item.needs.memory_gb, item.memory_gb) == ("queued", expected, None)

@@ -6,26 +6,15 @@ import pytest
 
 from shared.bus import publish
 from shared.events import JobStatusChanged
-from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import MetricSeries, MetricsReport
 from services.placement.estimates import recorded_peak
 from services.placement.policy.hosting import gpu_memory_after_oom
-from tests.factories import node, submitted
+from tests.factories import node, requeued, submitted
 from tests.service.test_placement_engine import register
 
 
 def oom(job_id: str) -> JobStatusChanged:
-    return JobStatusChanged(
-        event_id=f"{job_id}:status:5",
-        job_id=job_id,
-        project_id="p",
-        user_name="alice",
-        version=5,
-        phase=Phase.PENDING,
-        secondary_phase=SecondaryPhase.QUEUING,
-        attempt=1,
-        requeue_cause="oom_gpu",
-    )
+    return requeued(job_id, "oom_gpu")
 
 
 @pytest.mark.parametrize(
