@@ -1,16 +1,14 @@
 """The real servers an integration test talks to: NATS with trainmaster's streams and identities, and the embedded
 database when asked, from a cluster file of the test's own."""
 
-import asyncio
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import nats
-from nats.errors import NoRespondersError
 
+from shared.asking import ask
 from shared.busroles import MINTER
 from shared.minting import MINT_AGENT
 from services.minter.app import MinterProcess, MinterSettings
@@ -68,15 +66,7 @@ async def answering(stack: Stack, *, patience_s: float = 5.0) -> None:
     operator = await nats.connect(
         stack.nats_url, user_credentials=str(stack.admin_creds()), inbox_prefix="_INBOX_admin"
     )
-    deadline = time.monotonic() + patience_s
     try:
-        while True:
-            try:
-                await operator.request(MINT_AGENT, b"{}", timeout=patience_s)
-                return
-            except NoRespondersError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        await ask(lambda left: operator.request(MINT_AGENT, b"{}", timeout=left), timeout=patience_s)
     finally:
         await operator.close()
