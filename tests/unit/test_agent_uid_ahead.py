@@ -4,7 +4,6 @@ killer), which a node's first task used to wait for (~150 ms of its submit → R
 import os
 import random
 
-import psutil
 import pytest
 
 from shared.events import TaskStarted
@@ -12,22 +11,7 @@ from services.agent import isolation
 from services.agent.isolation import GIVEN_BACK, TaskUsers
 from tests.factories import unique
 from tests.unit.test_agent_isolation import make_agent, run, start
-
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="tasks get users of their own only under root")
-
-
-@pytest.fixture
-def scans(monkeypatch) -> list[int]:
-    """Every look through all processes of the host (psutil.process_iter), counted."""
-    calls: list[int] = []
-    real = psutil.process_iter
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(psutil, "process_iter", counted)
-    return calls
+from tests.unit.test_agent_task_processes import root_only, scans  # noqa: F401 - scans is a fixture
 
 
 @root_only
