@@ -7,8 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
-# as services/placement/providers/ec2.py tags its instances (no service imports another)
-TAG_CLUSTER, TAG_NODE = "trainmaster:cluster", "trainmaster:node-id"
+from shared.cloudtags import TAG_CLUSTER, TAG_NODE
+
 LAUNCHED = ("pending", "running")
 MOST_VALUES = 200  # values one EC2 filter takes
 

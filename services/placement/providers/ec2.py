@@ -8,18 +8,13 @@ import time
 from pydantic import Field
 
 from shared.buscreds import NAME
+from shared.cloudtags import TAG_CLUSTER, TAG_JOB, TAG_NODE, TAG_TYPE
 from services.placement.policy import InstanceType
 from services.placement.providers.base import Orphan, Unavailable
 from services.placement.providers.bootstrap import NodeBoot, user_data
 from services.placement.providers.cloud import Cooldown, NodeMaker, OfferInfo
 
 log = logging.getLogger(__name__)
-TAG_CLUSTER, TAG_NODE, TAG_JOB, TAG_TYPE = (
-    "trainmaster:cluster",
-    "trainmaster:node-id",
-    "trainmaster:job",
-    "trainmaster:instance-type",
-)
 ZONE_ERRORS = frozenset(
     {
         "InsufficientInstanceCapacity",
