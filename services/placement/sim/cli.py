@@ -50,7 +50,7 @@ def parser() -> argparse.ArgumentParser:
         "--cost-sensitive-backlog-weight",
         type=float,
         default=POLICY_DEFAULTS.cost_sensitive_backlog_weight,
-        help="the share of the rate a cost-sensitive owned-only job's wait is charged at (default: its weight)",
+        help="the share of the rate a cost-sensitive owned-only job's wait is charged at (default 1.0: all of it)",
     )
     p.add_argument(
         "--burst-after-s",
