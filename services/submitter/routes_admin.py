@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
+from shared import asking
 from shared.bus import RPC_HEALTH, RPC_NODES, SERVICES
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import use_cases
@@ -82,7 +83,8 @@ async def healthz(request: Request) -> JSONResponse:
 
     async def probe(service: str) -> dict:
         try:
-            reply = await submitter.requester.broker.request({}, RPC_HEALTH.format(service=service), timeout=2)
+            # a service that has just started may not have subscribed yet: asked again while its 2 s last
+            reply = await asking.request(submitter.requester.broker, {}, RPC_HEALTH.format(service=service), timeout=2)
             decoded = await reply.decode()
             return {"ok": True, **(decoded if isinstance(decoded, dict) else {})}
         except Exception as exc:
