@@ -5,6 +5,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from services.submitter.app import SubmitterSettings, create_app
+from services.submitter.connections import HeadTimedProtocol
 
 # An idle keep-alive connection is closed by the client first: uvicorn's default (5 s) equals httpx's (the CLI's)
 # keep-alive expiry, so a request sent on a connection just as the server closed it failed with a read error.
@@ -12,14 +13,16 @@ KEEP_ALIVE_S = 75
 
 
 def server_options(settings: SubmitterSettings) -> dict[str, Any]:
-    """uvicorn's options: idle connections kept `KEEP_ALIVE_S`, and no more held at once than the setting (each
-    one costs a descriptor; beyond it a request is answered 503)."""
+    """uvicorn's options: idle connections kept `KEEP_ALIVE_S`, one that sends no whole request head in time closed
+    (`connections.REQUEST_HEAD_S`), and no more held at once than the setting (each one costs a descriptor; beyond
+    it a request is answered 503)."""
     return {
         "host": settings.api_host,
         "port": settings.api_port,
         "log_level": "warning",
         "timeout_keep_alive": KEEP_ALIVE_S,
         "limit_concurrency": settings.api_max_connections,
+        "http": HeadTimedProtocol,
     }
 
 

@@ -1,10 +1,14 @@
 """The API holds idle keep-alive connections 75 s; how many it holds at once is capped, beyond which a request is
-answered 503 rather than a descriptor spent on it (the real uvicorn server, on a loopback port)."""
+answered 503 rather than a descriptor spent on it; a connection that sends no whole request head in time is closed,
+so silent sockets cannot hold the cap (the real uvicorn server, on a loopback port)."""
 
 import asyncio
+from contextlib import asynccontextmanager
 
+import pytest
 import uvicorn
 
+from services.submitter import connections
 from services.submitter.__main__ import KEEP_ALIVE_S, server_options
 from services.submitter.app import SubmitterSettings
 
@@ -43,3 +47,50 @@ async def test_connections_beyond_the_cap_are_answered_503_and_idle_ones_are_kep
     finally:
         server.should_exit = True
         await asyncio.wait_for(serving, 10)
+
+
+@asynccontextmanager
+async def serving(cap: int):
+    """The real server with the API's options on a loopback port; yields the port."""
+    server = uvicorn.Server(
+        uvicorn.Config(hello, **server_options(SubmitterSettings(api_port=0, api_max_connections=cap)), lifespan="off")
+    )
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def whole_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
+    """One request on a kept connection, its whole response read (head and body), so the next one can follow."""
+    status = await status_of(reader, writer)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    await reader.readexactly(length)
+    return status
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    return await asyncio.wait_for(reader.read(), 10) == b""
+
+
+async def test_silent_connections_are_closed_and_do_not_hold_the_cap(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(connections, "REQUEST_HEAD_S", 0.5)
+    async with serving(cap=3) as port:
+        silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+        half = silent[0][1]
+        half.write(b"GET / HTTP/1.1\r\nHost: x\r\n")  # half a head, then nothing
+        assert [await closed_by_server(r) for r, _ in silent] == [True, True, True]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await whole_exchange(reader, writer) == 200  # the cap is free again
+        await asyncio.sleep(1.0)  # idle after a response: the keep-alive timeout's (75 s), not the head's
+        assert await whole_exchange(reader, writer) == 200
+        writer.close()
+        for _, w in silent:
+            w.close()
