@@ -51,8 +51,8 @@ class HeadTimedProtocol(H11Protocol):
 
     def _head_overdue(self) -> None:
         self.head_timer = None
-        if self._serving() or self.transport.is_closing():
-            return
+        if self._serving() or self.transport.is_closing() or self.transport.get_protocol() is not self:
+            return  # serving a request, already closing, or handed to another protocol (an upgrade)
         if self.conn.our_state != h11.ERROR:
             self.conn.send(h11.ConnectionClosed())
         self.transport.close()
