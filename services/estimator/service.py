@@ -303,7 +303,9 @@ class Estimator:
         model = job_model(job)
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
             model.observe(LogLine(t=doc["t"], line=doc["line"]))
-        if not job.get("finished"):
+        if not job.get("finished") and not finished_too:
+            # a query of its curves, or its end, reads a job without tracking it: one that ended without an estimate
+            # shown keeps an unfinished record (`status_changed`), and a query would have tracked it again for good
             self.live[job_id] = model
         return model
 

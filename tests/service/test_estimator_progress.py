@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from shared.events import EtaEstimated, JobStatusChanged, LogChunk, LogLine
 from shared.jobs import Phase, SecondaryPhase
 from shared.origin import Origins
+from shared.rpc import MetricsQuery
 from shared.store import DocumentStore
 from services.estimator.service import Estimator
 from tests.factories import T0, placed, started, submitted, unique
@@ -148,3 +149,18 @@ async def test_a_job_submitted_before_this_process_is_written_at_its_end():
     await restarted.status_changed(status(job_id, Phase.FAILED))
     assert first.jobs.collection.docs[job_id]["finished"] is True
     assert final_estimates(bus) == [job_id]
+
+
+async def test_the_curves_of_a_finished_job_shown_without_an_estimate_do_not_track_it_again():
+    """Its record still says unfinished (nothing was written at its end): a query of its curves reads them, and its
+    late output is still dropped; it does not come back among the live jobs (rev10 M5)."""
+    bus = Bus()
+    live = estimator(bus)
+    quiet = unique("quiet")
+    await live.submitted(submitted(job_id=quiet))
+    await live.log_chunk(chunk(quiet, 0, [(time.time(), "hello")]))
+    await live.status_changed(status(quiet, Phase.COMPLETED))
+    assert live.jobs.collection.docs[quiet]["finished"] is False
+    await live.metrics(MetricsQuery(job_id=quiet))
+    assert quiet not in live.live
+    assert await live._model(quiet) is None  # its late output: dropped
