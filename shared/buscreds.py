@@ -213,6 +213,7 @@ class Minter:
     minted: dict[str, list[str]] = field(default_factory=dict)  # node id -> user public keys not yet revoked
     minted_at: dict[str, int] = field(default_factory=dict)  # node id -> when its agent identity was minted
     retired: dict[str, int] = field(default_factory=dict)  # node id -> when its identity was revoked: none again
+    rented_from: dict[str, str] = field(default_factory=dict)  # node id -> the provider it is checked against
 
     def mint(
         self, *, name: str, permissions: Permissions, seed: str | None = None, expires_at: int | None = None
