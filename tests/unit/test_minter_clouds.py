@@ -1,8 +1,12 @@
 """The minter checks each rented node against the provider that rented it (EC2, Kubernetes), never "either says
 yes": the decisions (pure), what it reads of a Pod, and the settings of its own credentials."""
 
-import pytest
+from pathlib import Path
 
+import pytest
+import yaml
+
+from shared import busroles
 from shared.buscreds import new_seed, public_key
 from shared.cloudtags import LABEL_CLUSTER, LABEL_NODE, pod_name
 from shared.minting import MintAgent, RevokeNode
@@ -11,8 +15,10 @@ from services.minter.bucket import TokenBucket
 from services.minter.pods import launched_pods
 from services.minter.rules import Limits, Refused, checked_by, mint_agent, revoke_node, unlaunched
 from tests.unit.test_bus_roles import minter
+from tests.unit.test_stack_restart import stack_of
 
 BOTH = frozenset({"ec2", "kubernetes"})
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def limits(providers: frozenset[str]) -> Limits:
@@ -118,3 +124,27 @@ def test_a_minter_whose_cluster_rents_pods_and_that_has_no_way_to_the_api_does_n
     cluster.write_text('[providers.kubernetes]\napi_url = "http://127.0.0.1:1"\n')
     process = MinterProcess(MinterSettings(minter_file=tmp_path / "minter.json", cluster_file=cluster))
     assert process.limits.providers == {"kubernetes"}
+
+
+def test_compose_passes_the_minter_the_settings_of_its_own_cloud_credentials():
+    """Compose gave the minter none of TRAINMASTER_EC2_*: its EC2 check ran with the environment's AWS keys (MinIO's),
+    and every consumer maker was refused."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    environment = compose["minter"]["environment"]
+    for names in MinterSettings.CLOUD_SETTINGS.values():
+        for name in names:
+            assert f"TRAINMASTER_{name.upper()}" in environment, name
+    assert environment["AWS_ACCESS_KEY_ID"] == environment["AWS_SECRET_ACCESS_KEY"] == ""  # not MinIO's root keys
+    assert not any(k.startswith(("TRAINMASTER_EC2_", "TRAINMASTER_K8S_")) for k in compose["placement"]["environment"])
+
+
+def test_make_run_hands_the_shells_cloud_settings_to_the_minter_alone(tmp_path, monkeypatch):
+    """The stack passes no TRAINMASTER_* of the shell to its processes: the minter's own keys never reached it."""
+    names = [f"TRAINMASTER_{n.upper()}" for names in MinterSettings.CLOUD_SETTINGS.values() for n in names]
+    for name in names:
+        monkeypatch.setenv(name, f"value-of-{name}")
+    stack = stack_of(tmp_path)
+    minting = stack.env_of(busroles.MINTER)
+    assert all(minting[name] == f"value-of-{name}" for name in names)
+    for other in ("placement", "monitor", "submitter"):
+        assert not set(names) & set(stack.env_of(other)), other
