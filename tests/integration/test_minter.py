@@ -25,7 +25,7 @@ from tests.integration.clouds import loopback_only
 from tests.integration.servers import real_servers, running_minter
 from tests.integration.test_bus_security import CLUSTER, Client, agent_creds, as_agent, command_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("minted_revoked")]
 SEED = re.compile(r"\bS[OAU][A-Z2-7]{56}\b")  # an nkey seed of an operator, an account or a user
 
 
