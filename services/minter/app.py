@@ -66,6 +66,12 @@ class MinterSettings(CommonSettings):
     max_revocations: int = Field(
         50_000, ge=1, description="Revocations the account carries at most; past them no identity is minted."
     )
+    rented_per_signer: int = Field(
+        500,
+        ge=1,
+        description="Rented agents one rental signing key signs before the next; an older key is dropped with its "
+        "revocations once none of its agents is live.",
+    )
     mint_burst: int = Field(64, ge=1, description="Identities (agents and consumer makers) minted at once, at most.")
     mints_per_minute: float = Field(12, gt=0, description="Past the burst, identities minted a minute, at most.")
     ec2_access_key_id: str | None = Field(None, description="Its own EC2 key, allowed DescribeInstances only.")
@@ -122,6 +128,7 @@ class MinterProcess:
             max_revocations=settings.max_revocations,
             bucket=TokenBucket(capacity=settings.mint_burst, per_minute=settings.mints_per_minute),
             providers=frozenset(self.clouds),
+            per_signer=settings.rented_per_signer,
         )
         self.lock = asyncio.Lock()
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
@@ -130,16 +137,21 @@ class MinterProcess:
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if subject == MINT_AGENT:
-                return self.agent(minter, MintAgent.model_validate_json(data))
+                return await self.agent(minter, MintAgent.model_validate_json(data))
             if subject == MINT_CONSUMER_MAKER:
                 return await self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
             if subject == REVOKE_NODE:
                 return await self.revoke(minter, RevokeNode.model_validate_json(data))
         raise Refused(f"no such request: {subject}")
 
-    def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
+    async def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
+        signers = list(minter.rental_signers)
         user, creds = mint_agent(minter, request, limits=self.limits, now=time.time(), monotonic=time.monotonic())
+        if minter.rental_signers != signers:  # a new signer: the server must trust it before its first agent connects
+            minter.issued_at = max(int(time.time()), minter.issued_at + 1)
         write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
+        if minter.rental_signers != signers:
+            await self.push(minter, minter.account_jwt())
         return MinterAnswer(creds=creds, user=user)
 
     async def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:

@@ -6,7 +6,7 @@ the cluster rents from clouds the minter can ask, each node is checked against t
 from dataclasses import dataclass
 
 from shared import busroles
-from shared.buscreds import NAME, Minter
+from shared.buscreds import NAME, Minter, new_seed, public_key
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.bucket import TokenBucket
 
@@ -24,6 +24,18 @@ class Limits:
     bucket: TokenBucket
     max_revocations: int = 50_000  # ~70 bytes each in the account JWT, whose update must fit NATS's max_payload
     providers: frozenset[str] = frozenset()  # the providers it asks whether a node was launched (none: it asks none)
+    per_signer: int = 500  # rented agents a rental signer signs before the next; carried: per_signer x (live + 1)
+
+
+def rental_signer(minter: Minter, *, per_signer: int) -> str:
+    """The signing key of the next rented agent: the newest rental signer, or a new one once it has signed
+    `per_signer` (a signer's revocations are dropped with it once none of its users is live: `Minter.revoke`)."""
+    current = minter.rental_signers[-1] if minter.rental_signers else None
+    signed = sum(1 for signer in minter.signed_by.values() if current and signer == public_key(current))
+    if current is None or signed >= per_signer:
+        current = new_seed("account")
+        minter.rental_signers.append(current)
+    return current
 
 
 def provider_of(named: str | None, *, providers: frozenset[str]) -> str | None:
@@ -95,7 +107,8 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
             "(TRAINMASTER_MAX_RENTED_NODES)"
         )
     take_token(limits, monotonic=monotonic)
-    user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
+    signer = rental_signer(minter, per_signer=limits.per_signer)
+    user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id), signer_seed=signer)
     minter.minted[node_id] = [user]
     minter.minted_at[node_id] = int(now)
     if provider is not None:

@@ -191,7 +191,8 @@ async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_ke
     old = stack.identities.placement_minter_file  # the data dir as the version before this one left it
     old.parent.mkdir(mode=0o700)
     before = json.loads(stack.identities.minter_file.read_text())
-    before.pop("minted")  # no such field then
+    for field in ("minted", "minted_at", "retired", "rented_from", "rental_signers", "signed_by"):
+        before.pop(field)  # no such fields then (a rented node's identity was signed by the account's signing key)
     old.write_text(json.dumps(before))
     stack.identities.minter_file.unlink()
     stack.identities.minter_file.parent.rmdir()
@@ -454,3 +455,28 @@ async def test_with_both_providers_each_node_is_checked_against_the_one_that_ren
             for node_id in (on_ec2, on_k8s, real_ec2, real_pod):
                 await credentials.revoke(node_id, tmp_path)
     assert not {on_ec2, on_k8s, real_ec2, real_pod} & set(server.identities.minter().minted)
+
+
+async def test_a_rental_signer_whose_agents_are_all_revoked_leaves_the_account_and_they_stay_refused(server, tmp_path):
+    """Revocations were never pruned (agent identities carry no expiry): past TRAINMASTER_MAX_REVOCATIONS nothing
+    was minted. An older rental signer whose agents are all revoked leaves the account with their revocations; the
+    server still refuses those agents (it trusts no user the key signed), and the newer signer's agent connects."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    nodes = [unique("od") for _ in range(3)]
+    async with running_minter(server, rented_per_signer=1):
+        issued = {}
+        for node_id in nodes:  # each signed by a new signer, which the server trusts before the agent is answered
+            kept = tmp_path / f"{node_id}.kept"
+            kept.write_text((await credentials.issue(node_id, tmp_path)).read_text())
+            issued[node_id] = kept
+        users = {node_id: public_key_of(creds) for node_id, creds in issued.items()}
+        for node_id in nodes[:2]:
+            await credentials.revoke(node_id, tmp_path)
+        carried = decode_claims(server.identities.minter().account_jwt())["nats"]
+        assert not {users[n] for n in nodes[:2]} & set(carried.get("revocations", {}))
+        for node_id in nodes[:2]:
+            with pytest.raises(NatsError, match="Authorization Violation"):
+                await refused_by_server(server, issued[node_id])
+        agent = await Client().open(server, issued[nodes[2]])
+        await agent.nc.close()
+        await credentials.revoke(nodes[2], tmp_path)
