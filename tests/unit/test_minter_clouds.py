@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from shared import busroles
-from shared.buscreds import new_seed, public_key
+from shared.buscreds import new_seed, public_key, write_secret
 from shared.cloudtags import LABEL_CLUSTER, LABEL_NODE, pod_name
-from shared.minting import MintAgent, RevokeNode
+from shared.minting import MINT_CONSUMER_MAKER, MintAgent, RevokeNode
 from services.minter.app import MinterProcess, MinterSettings
 from services.minter.bucket import TokenBucket
 from services.minter.pods import launched_pods
@@ -148,3 +148,15 @@ def test_make_run_hands_the_shells_cloud_settings_to_the_minter_alone(tmp_path, 
     assert all(minting[name] == f"value-of-{name}" for name in names)
     for other in ("placement", "monitor", "submitter"):
         assert not set(names) & set(stack.env_of(other)), other
+
+
+async def test_a_node_rented_from_a_provider_no_longer_configured_gets_no_consumer_maker(tmp_path):
+    """Its recorded provider vouches for nothing once the cluster file drops it; no other is asked instead."""
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text('[providers.kubernetes]\napi_url = "http://127.0.0.1:1"\n')
+    m = minter()
+    rent(m, "od-1", "ec2")  # rented while the cluster file had [providers.ec2]
+    write_secret(tmp_path / "minter.json", m.to_json())
+    process = MinterProcess(MinterSettings(minter_file=tmp_path / "minter.json", cluster_file=cluster))
+    with pytest.raises(Refused, match="rented from ec2, which the cluster file no longer configures"):
+        await process.handle(MINT_CONSUMER_MAKER, b'{"node_id": "od-1"}')
