@@ -151,7 +151,12 @@ class MinterProcess:
             minter.issued_at = max(int(time.time()), minter.issued_at + 1)
         write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
         if minter.rental_signers != signers:
-            await self.push(minter, minter.account_jwt())
+            try:
+                await self.push(minter, minter.account_jwt())
+            except Exception:  # the server may not trust it: the next mint makes another, pushed again
+                minter.rental_signers = signers
+                write_secret(self.settings.minter_file, minter.to_json())
+                raise
         return MinterAnswer(creds=creds, user=user)
 
     async def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:

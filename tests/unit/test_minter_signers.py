@@ -4,8 +4,11 @@ trusts no user it signed any more)."""
 
 import random
 
-from shared.buscreds import decode_claims, public_key
-from shared.minting import MintAgent, RevokeNode
+import pytest
+
+from shared.buscreds import Minter, decode_claims, public_key, write_secret
+from shared.minting import MINT_AGENT, MintAgent, RevokeNode
+from services.minter.app import MinterProcess, MinterSettings
 from services.minter.bucket import TokenBucket
 from services.minter.rules import Limits, mint_agent, mint_consumer_maker, revoke_node
 from tests.unit.test_bus_roles import minter
@@ -59,3 +62,26 @@ def test_the_revocations_the_account_carries_stay_bounded_however_many_nodes_wer
             revoke_node(m, RevokeNode(node_id=live.pop(rng.randrange(len(live)))))
         most = max(most, len(m.revocations))
     assert most <= per_signer * (8 + 2) < 190 < len(m.retired)  # each release kept one, for ever
+
+
+async def test_a_new_signer_whose_push_failed_signs_no_later_agent(tmp_path):
+    """The server may not trust a key whose account update failed: an agent it signed later could never connect."""
+    (tmp_path / "cluster.toml").write_text("")
+    write_secret(tmp_path / "minter.json", minter().to_json())
+    settings = MinterSettings(minter_file=tmp_path / "minter.json", cluster_file=tmp_path / "cluster.toml")
+    process, pushed = MinterProcess(settings), []
+
+    async def unreachable(m, account) -> None:
+        raise TimeoutError("the server did not answer")
+
+    async def push(m, account) -> None:
+        pushed.append(decode_claims(account)["nats"]["signing_keys"])
+
+    process.push = unreachable  # type: ignore[method-assign]
+    with pytest.raises(TimeoutError):
+        await process.handle(MINT_AGENT, b'{"node_id": "od-1"}')
+    kept = Minter.load(tmp_path / "minter.json")
+    assert kept.rental_signers == [] and "od-1" in kept.minted  # revoked at its release, as a lost answer is
+    process.push = push  # type: ignore[method-assign]
+    answer = await process.handle(MINT_AGENT, b'{"node_id": "od-2"}')
+    assert pushed and decode_claims(answer.creds.split("USER JWT-----\n")[1].split("\n")[0])["iss"] in pushed[-1]
