@@ -199,9 +199,10 @@ def write_secret(path: Path, text: str, *, private_folder: bool = True) -> Path:
 @dataclass
 class Minter:
     """What the minter process (`services.minter`) holds to give a rented node an identity and take it back: the
-    application account's signing key (users), the operator's signing key (the account, re-issued with its
-    revocations), a system account user allowed only to push that account's update to the server, and the public
-    keys it minted for each node (what a node's revocation revokes). Placement holds none of it."""
+    application account's signing key (users), rental signing keys (rented agents only: each dropped from the
+    account with its agents' revocations once none of them is live), the operator's signing key (the account,
+    re-issued with its revocations), a system account user allowed only to push that account's update to the
+    server, and the public keys it minted for each node (what a node's revocation revokes). Placement holds none."""
 
     account: str  # the application account's public key
     account_signer_seed: str
@@ -213,34 +214,64 @@ class Minter:
     minted: dict[str, list[str]] = field(default_factory=dict)  # node id -> user public keys not yet revoked
     minted_at: dict[str, int] = field(default_factory=dict)  # node id -> when its agent identity was minted
     retired: dict[str, int] = field(default_factory=dict)  # node id -> when its identity was revoked: none again
+    rented_from: dict[str, str] = field(default_factory=dict)  # node id -> the provider it is checked against
+    rental_signers: list[str] = field(default_factory=list)  # signing keys of rented agents only, the newest last
+    signed_by: dict[str, str] = field(default_factory=dict)  # rented agent's public key -> its rental signer's
 
     def mint(
-        self, *, name: str, permissions: Permissions, seed: str | None = None, expires_at: int | None = None
+        self,
+        *,
+        name: str,
+        permissions: Permissions,
+        seed: str | None = None,
+        expires_at: int | None = None,
+        signer_seed: str | None = None,
     ) -> tuple[str, str]:
-        """A user of the application account (its public key, its `.creds` text)."""
-        return mint_user(
+        """A user of the application account (its public key, its `.creds` text), signed by the account's signing
+        key or `signer_seed` (a rental signer, which it records)."""
+        user, creds = mint_user(
             name=name,
             account=self.account,
-            signer_seed=self.account_signer_seed,
+            signer_seed=signer_seed or self.account_signer_seed,
             permissions=permissions,
             seed=seed,
             expires_at=expires_at,
         )
+        if signer_seed is not None:
+            self.signed_by[user] = public_key(signer_seed)
+        return user, creds
 
     def revoke(self, *user_public_keys: str) -> str:
-        """Record the revocations; returns the account JWT to push (its issue time strictly later than the last)."""
+        """Record the revocations and drop what no longer needs carrying (`drop_unused_signers`); returns the
+        account JWT to push (its issue time strictly later than the last)."""
         now = int(time.time())
         self.revocations.update(dict.fromkeys(user_public_keys, now))
+        self.drop_unused_signers()
         self.issued_at = max(now, self.issued_at + 1)
         return self.account_jwt()
 
+    def drop_unused_signers(self) -> list[str]:
+        """Rental signers older than the newest whose every user is revoked: dropped from the account, and with them
+        their users' revocations (the server trusts no user they signed once they are gone, revoked or not); the
+        signers dropped. Users signed by the account's own signing key (the stack's, older data dirs' rented nodes)
+        stay revoked one by one, for ever."""
+        live = {user for users in self.minted.values() for user in users}
+        pinned = {self.signed_by.get(user) for user in live}
+        dropped = [seed for seed in self.rental_signers[:-1] if public_key(seed) not in pinned]
+        gone = {public_key(seed) for seed in dropped}
+        self.rental_signers = [seed for seed in self.rental_signers if seed not in dropped]
+        for user in [u for u, signer in self.signed_by.items() if signer in gone]:
+            del self.signed_by[user]
+            self.revocations.pop(user, None)
+        return sorted(gone)
+
     def account_jwt(self) -> str:
-        """The application account as the server must know it, revocations included."""
+        """The application account as the server must know it, revocations and rental signers included."""
         return account_jwt(
             name=self.account_name,
             account=self.account,
             operator_signer_seed=self.operator_signer_seed,
-            signing_keys=(public_key(self.account_signer_seed),),
+            signing_keys=(public_key(self.account_signer_seed), *map(public_key, self.rental_signers)),
             revocations=self.revocations,
             issued_at=self.issued_at or None,
         )

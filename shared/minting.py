@@ -26,6 +26,14 @@ class ForNode(BaseModel):
 class MintAgent(ForNode):
     """Mint a user with the agent role for this node (a key of its own, made by the minter)."""
 
+    provider: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9-]{1,32}$",
+        description="The provider that rents the node: the minter checks it against that provider alone (where the "
+        "cluster rents from one, it may be left out).",
+        examples=["ec2", "kubernetes"],
+    )
+
 
 class MintConsumerMaker(ForNode):
     """Mint the identity that may create this node's command consumer, for `CONSUMER_MAKER_TTL_S`."""

@@ -1,8 +1,8 @@
 """The minter: the one process that holds the keys which sign bus users and re-issue the account. It answers
 placement's narrow requests (`shared.minting`): an agent identity for one rented node, that node's consumer maker,
 the revocation of a node's identities, pushed to the server through the system account. Within limits of its own
-(one identity per node, a cap, a rate) and, where the cluster rents from EC2, only for instances the cloud says the
-platform launched: it revokes what no such instance carries after a grace."""
+(one identity per node, a cap, a rate) and, where the cluster rents from EC2 or Kubernetes, only for machines the
+provider that rented the node says the platform launched: it revokes what no such machine carries after a grace."""
 
 import asyncio
 import fcntl
@@ -11,12 +11,13 @@ import os
 import ssl
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import nats
 from nats.aio.client import RawCredentials
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from shared import busroles
 from shared.bus import servers
@@ -34,10 +35,12 @@ from shared.minting import (
 from shared.service import configure_logging
 from shared.settings import CommonSettings
 from services.minter.bucket import TokenBucket
-from services.minter.cloud import EC2Instances, cloud_of
+from services.minter.cloud import Cloud, clouds_of
+from services.minter.pods import KubeCredentials
 from services.minter.rules import (
     Limits,
     Refused,
+    checked_by,
     may_make_consumer,
     mint_agent,
     mint_consumer_maker,
@@ -56,20 +59,55 @@ class MinterSettings(CommonSettings):
     )
     cluster_file: Path = Field(
         Path("cluster.toml"),
-        description="Its nodes are static: none gets a rented identity; its [providers.ec2], the cloud it asks.",
+        description="Its nodes are static: none gets a rented identity; its [providers.ec2] and "
+        "[providers.kubernetes], the clouds it asks.",
     )
     max_rented_nodes: int = Field(64, ge=1, description="Rented nodes with a live agent identity, at most.")
     max_revocations: int = Field(
         50_000, ge=1, description="Revocations the account carries at most; past them no identity is minted."
     )
+    rented_per_signer: int = Field(
+        500,
+        ge=1,
+        description="Rented agents one rental signing key signs before the next; an older key is dropped with its "
+        "revocations once none of its agents is live.",
+    )
     mint_burst: int = Field(64, ge=1, description="Identities (agents and consumer makers) minted at once, at most.")
     mints_per_minute: float = Field(12, gt=0, description="Past the burst, identities minted a minute, at most.")
     ec2_access_key_id: str | None = Field(None, description="Its own EC2 key, allowed DescribeInstances only.")
     ec2_secret_access_key: SecretStr | None = Field(None, description="(default: boto3's own chain, e.g. a role)")
+    k8s_kubeconfig: Path | None = Field(None, description="Its own kubeconfig, whose user may get and list pods only.")
+    k8s_context: str | None = Field(None, description="That kubeconfig's context (default: its current-context).")
+    k8s_api_url: str | None = Field(None, description="Without a kubeconfig (default: [providers.kubernetes] api_url).")
+    k8s_token_file: Path | None = Field(
+        None, description="Its own bearer token with the API URL (default: its pod's service account's)."
+    )
+    k8s_ca_file: Path | None = Field(None, description="The API's CA (default: [providers.kubernetes] ca_file).")
     launch_grace_s: float = Field(
         300, ge=0, description="How long a node's identity lives before its instance must be pending or running."
     )
     verify_every_s: float = Field(60, gt=0, description="How often live identities are checked against the cloud.")
+
+    # The settings of its own credentials for each provider it asks: a deployment must pass them (empty: unset).
+    CLOUD_SETTINGS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "ec2": ("ec2_access_key_id", "ec2_secret_access_key"),
+        "kubernetes": ("k8s_kubeconfig", "k8s_context", "k8s_api_url", "k8s_token_file", "k8s_ca_file"),
+    }
+
+    @field_validator(*(name for names in CLOUD_SETTINGS.values() for name in names), mode="before")
+    @classmethod
+    def empty_is_unset(cls, value: object) -> object:
+        """Compose passes an unset variable as an empty string: that is no key, no file, no context."""
+        return None if value == "" else value
+
+    def kube(self) -> KubeCredentials:
+        return KubeCredentials(
+            kubeconfig=self.k8s_kubeconfig,
+            context=self.k8s_context,
+            api_url=self.k8s_api_url,
+            token_file=self.k8s_token_file,
+            ca_file=self.k8s_ca_file,
+        )
 
 
 class MinterProcess:
@@ -78,14 +116,19 @@ class MinterProcess:
     def __init__(self, settings: MinterSettings) -> None:
         self.settings = settings
         cluster = read_cluster(settings.cluster_file)  # missing: no start (its static nodes unknown, none refused)
+        self.clouds: dict[str, Cloud] = clouds_of(
+            cluster.providers,
+            key_id=settings.ec2_access_key_id,
+            secret=settings.ec2_secret_access_key,
+            kube=settings.kube(),
+        )
         self.limits = Limits(
             static=frozenset(cluster.nodes_by_id()),
             max_rented_nodes=settings.max_rented_nodes,
             max_revocations=settings.max_revocations,
             bucket=TokenBucket(capacity=settings.mint_burst, per_minute=settings.mints_per_minute),
-        )
-        self.cloud: EC2Instances | None = cloud_of(
-            cluster.providers, key_id=settings.ec2_access_key_id, secret=settings.ec2_secret_access_key
+            providers=frozenset(self.clouds),
+            per_signer=settings.rented_per_signer,
         )
         self.lock = asyncio.Lock()
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
@@ -94,30 +137,46 @@ class MinterProcess:
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if subject == MINT_AGENT:
-                return self.agent(minter, MintAgent.model_validate_json(data))
+                return await self.agent(minter, MintAgent.model_validate_json(data))
             if subject == MINT_CONSUMER_MAKER:
                 return await self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
             if subject == REVOKE_NODE:
                 return await self.revoke(minter, RevokeNode.model_validate_json(data))
         raise Refused(f"no such request: {subject}")
 
-    def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
+    async def agent(self, minter: Minter, request: MintAgent) -> MinterAnswer:
+        signers = list(minter.rental_signers)
         user, creds = mint_agent(minter, request, limits=self.limits, now=time.time(), monotonic=time.monotonic())
+        if minter.rental_signers != signers:  # a new signer: the server must trust it before its first agent connects
+            minter.issued_at = max(int(time.time()), minter.issued_at + 1)
         write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
+        if minter.rental_signers != signers:
+            try:
+                await self.push(minter, minter.account_jwt())
+            except Exception:  # the server may not trust it: the next mint makes another, pushed again
+                minter.rental_signers = signers
+                write_secret(self.settings.minter_file, minter.to_json())
+                raise
         return MinterAnswer(creds=creds, user=user)
 
     async def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:
         node_id = may_make_consumer(minter, request, limits=self.limits, monotonic=time.monotonic())
-        if self.cloud and node_id not in await self.launched(self.cloud, node_id):
-            raise Refused(f"{node_id} is no pending or running instance the platform launched ({self.cloud.where})")
+        provider = checked_by(minter, node_id, providers=self.limits.providers)
+        if provider is not None:
+            cloud = self.clouds.get(provider)
+            if cloud is None:
+                raise Refused(f"{node_id} was rented from {provider}, which the cluster file no longer configures")
+            if node_id not in await self.launched(cloud, node_id):
+                machine = f"pending or running {cloud.machine} the platform launched"
+                raise Refused(f"{node_id} is no {machine} ({cloud.where})")
         user, creds = mint_consumer_maker(minter, node_id, now=time.time())
         return MinterAnswer(creds=creds, user=user)
 
     @staticmethod
-    async def launched(cloud: EC2Instances, node_id: str) -> set[str]:
+    async def launched(cloud: Cloud, node_id: str) -> set[str]:
         try:
             return await asyncio.to_thread(cloud.launched, [node_id])
-        except Exception as exc:  # botocore's errors, whatever the cloud or the network says
+        except Exception as exc:  # botocore's or httpx's errors, whatever the cloud or the network says
             raise Refused(f"the cloud could not be asked about {node_id} ({cloud.where}): {exc}") from exc
 
     async def revoke(self, minter: Minter, request: RevokeNode) -> MinterAnswer:
@@ -128,22 +187,28 @@ class MinterProcess:
         return MinterAnswer()
 
     async def sweep(self) -> list[str]:
-        """Revoke the identities of nodes minted over `launch_grace_s` ago that no pending or running instance of the
-        cluster carries (invented, never launched, or gone without a release); the nodes revoked."""
-        if self.cloud is None:
+        """Revoke the identities of nodes minted over `launch_grace_s` ago that no pending or running machine of the
+        cluster carries at the provider that rented it (invented, never launched, or gone without a release); the
+        nodes revoked."""
+        if not self.clouds:
             return []
-        grace_s = self.settings.launch_grace_s
-        if not unlaunched(Minter.load(self.settings.minter_file), launched=None, now=time.time(), grace_s=grace_s):
+        grace_s, providers = self.settings.launch_grace_s, self.limits.providers
+        minter = Minter.load(self.settings.minter_file)
+        due = unlaunched(minter, launched=None, now=time.time(), grace_s=grace_s, providers=providers)
+        if not due:
             return []
-        launched = await asyncio.to_thread(self.cloud.launched)
+        launched = {p: await asyncio.to_thread(self.clouds[p].launched) for p in due if p in self.clouds}
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
-            gone = unlaunched(minter, launched=launched, now=time.time(), grace_s=grace_s)
+            found = unlaunched(minter, launched=launched, now=time.time(), grace_s=grace_s, providers=providers)
+            # a node due since the clouds were asked, of a provider not asked, waits for the next sweep
+            by_provider = {p: nodes for p, nodes in found.items() if p in launched or p not in self.clouds}
+            gone = sorted(n for nodes in by_provider.values() for n in nodes)
             if gone:
                 accounts = [revoke_node(minter, RevokeNode(node_id=node_id)) for node_id in gone]
                 write_secret(self.settings.minter_file, minter.to_json())
                 await self.push(minter, accounts[-1])
-                log.warning("revoked %s: no pending or running instance carries them (%s)", gone, self.cloud.where)
+                log.warning("revoked %s: no pending or running machine of the provider that rented them", by_provider)
         return gone
 
     async def sweeping(self) -> None:

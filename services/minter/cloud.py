@@ -1,13 +1,14 @@
 """Whether a rented node is an instance the platform launched and that is starting or running, asked of the cloud
 itself with the minter's own read-only credentials (never placement's word): EC2, by the tags placement's provider
-puts on every instance it launches."""
+puts on every instance it launches; Kubernetes, by its Pods' labels and names (`pods.py`)."""
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from shared.cloudtags import TAG_CLUSTER, TAG_NODE
+from services.minter.pods import KubeCredentials, KubernetesPods, KubernetesSection
 
 LAUNCHED = ("pending", "running")
 MOST_VALUES = 200  # values one EC2 filter takes
@@ -23,8 +24,20 @@ class EC2Section(BaseModel):
     cluster_name: str = "trainmaster"
 
 
+class Cloud(Protocol):
+    """A provider the minter asks which of the cluster's nodes are launched (blocking: called in a thread)."""
+
+    name: str
+    machine: str  # what it launches, as its refusals name it
+    where: str
+
+    def launched(self, node_ids: Iterable[str] | None = None) -> set[str]: ...
+
+
 class EC2Instances:
     """The cluster's pending or running EC2 instances, by node id (DescribeInstances: the only call it makes)."""
+
+    name, machine = "ec2", "instance"
 
     def __init__(self, section: EC2Section, *, key_id: str | None, secret: SecretStr | None) -> None:
         import boto3  # lazily: only a minter whose cluster rents from EC2 needs it
@@ -52,9 +65,13 @@ class EC2Instances:
         return found if wanted is None else found & set(wanted)
 
 
-def cloud_of(
-    providers: dict[str, dict[str, Any]], *, key_id: str | None, secret: SecretStr | None
-) -> EC2Instances | None:
-    """The cloud to ask, where the cluster file configures one the minter can ask (EC2); None otherwise."""
-    section = providers.get("ec2")
-    return EC2Instances(EC2Section.model_validate(section), key_id=key_id, secret=secret) if section else None
+def clouds_of(
+    providers: dict[str, dict[str, Any]], *, key_id: str | None, secret: SecretStr | None, kube: KubeCredentials
+) -> dict[str, Cloud]:
+    """The clouds to ask, by provider: each the cluster file configures that the minter can ask (EC2, Kubernetes)."""
+    clouds: dict[str, Cloud] = {}
+    if "ec2" in providers:
+        clouds["ec2"] = EC2Instances(EC2Section.model_validate(providers["ec2"]), key_id=key_id, secret=secret)
+    if "kubernetes" in providers:
+        clouds["kubernetes"] = KubernetesPods(KubernetesSection.model_validate(providers["kubernetes"]), own=kube)
+    return clouds

@@ -1,11 +1,12 @@
 """What the minter grants, decided over its state (`shared.buscreds.Minter`) without I/O: one identity with the
 agent role for each rented node (never a second, never again once revoked), that node's two-minute consumer maker
-while it has one, the revocation of what it minted for a node; within a cap on live identities and a rate."""
+while it has one, the revocation of what it minted for a node; within a cap on live identities and a rate. Where
+the cluster rents from clouds the minter can ask, each node is checked against the one provider that rented it."""
 
 from dataclasses import dataclass
 
 from shared import busroles
-from shared.buscreds import NAME, Minter
+from shared.buscreds import NAME, Minter, new_seed, public_key
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.bucket import TokenBucket
 
@@ -22,6 +23,46 @@ class Limits:
     max_rented_nodes: int
     bucket: TokenBucket
     max_revocations: int = 50_000  # ~70 bytes each in the account JWT, whose update must fit NATS's max_payload
+    providers: frozenset[str] = frozenset()  # the providers it asks whether a node was launched (none: it asks none)
+    per_signer: int = 500  # rented agents a rental signer signs before the next; carried: per_signer x (live + 1)
+
+
+def rental_signer(minter: Minter, *, per_signer: int) -> str:
+    """The signing key of the next rented agent: the newest rental signer, or a new one once it has signed
+    `per_signer` (a signer's revocations are dropped with it once none of its users is live: `Minter.revoke`)."""
+    current = minter.rental_signers[-1] if minter.rental_signers else None
+    signed = sum(1 for signer in minter.signed_by.values() if current and signer == public_key(current))
+    if current is None or signed >= per_signer:
+        current = new_seed("account")
+        minter.rental_signers.append(current)
+    return current
+
+
+def provider_of(named: str | None, *, providers: frozenset[str]) -> str | None:
+    """The provider a new node is checked against: the one the request names, among those the minter asks (where it
+    asks one, the request may leave it out); None where it asks none. A node no provider can vouch for gets no
+    identity: "either says yes" would let a Pod labelled with an EC2 node's id keep that node's identity."""
+    if not providers:
+        return None
+    if named is None and len(providers) == 1:
+        return next(iter(providers))
+    if named not in providers:
+        raise Refused(
+            f"provider {named!r}: the cluster rents from {', '.join(sorted(providers))}, and a node is checked "
+            "against the provider that rented it (the request names it)"
+        )
+    return named
+
+
+def checked_by(minter: Minter, node_id: str, *, providers: frozenset[str]) -> str | None:
+    """The provider a live node is checked against: the one recorded at its mint; a node minted before the minter
+    recorded it, EC2 (the only provider it asked then) where configured, else the only one; None where it asks none."""
+    if not providers:
+        return None
+    recorded = minter.rented_from.get(node_id)
+    if recorded is not None:
+        return recorded  # one no longer configured vouches for nothing: the node is revoked
+    return "ec2" if "ec2" in providers else min(providers)
 
 
 def rented(node_id: str, *, static: frozenset[str]) -> str:
@@ -48,6 +89,7 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     node has one: a second beside a live one would read its commands (job secrets included) beside its agent, and
     one after its revocation would take its place."""
     node_id = rented(request.node_id, static=limits.static)
+    provider = provider_of(request.provider, providers=limits.providers)
     if minter.minted.get(node_id):
         raise Refused(f"{node_id} has a live agent identity already: one per node")
     if node_id in minter.retired:
@@ -65,9 +107,12 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
             "(TRAINMASTER_MAX_RENTED_NODES)"
         )
     take_token(limits, monotonic=monotonic)
-    user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id))
+    signer = rental_signer(minter, per_signer=limits.per_signer)
+    user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id), signer_seed=signer)
     minter.minted[node_id] = [user]
     minter.minted_at[node_id] = int(now)
+    if provider is not None:
+        minter.rented_from[node_id] = provider
     return user, creds
 
 
@@ -91,11 +136,25 @@ def mint_consumer_maker(minter: Minter, node_id: str, *, now: float) -> tuple[st
     )
 
 
-def unlaunched(minter: Minter, *, launched: set[str] | None, now: float, grace_s: float) -> list[str]:
-    """The nodes with a live identity minted over `grace_s` before `now` (an older data dir's: any time) that no
-    launched instance carries (`launched`: None before the cloud was asked, so every one that is due)."""
-    due = [n for n, users in minter.minted.items() if users and minter.minted_at.get(n, 0) <= now - grace_s]
-    return sorted(n for n in due if launched is None or n not in launched)
+def unlaunched(
+    minter: Minter,
+    *,
+    launched: dict[str, set[str]] | None,
+    now: float,
+    grace_s: float,
+    providers: frozenset[str],
+) -> dict[str, list[str]]:
+    """By the provider each is checked against: the nodes with a live identity minted over `grace_s` before `now`
+    (an older data dir's: any time) that no launched machine of that provider carries (`launched`: provider -> node
+    ids; None before the clouds were asked, so every one that is due). None where the minter asks no provider."""
+    due: dict[str, list[str]] = {}
+    for node_id in sorted(n for n, users in minter.minted.items() if users):
+        provider = checked_by(minter, node_id, providers=providers)
+        if provider is None or minter.minted_at.get(node_id, 0) > now - grace_s:
+            continue
+        if launched is None or node_id not in launched.get(provider, set()):
+            due.setdefault(provider, []).append(node_id)
+    return due
 
 
 def revoke_node(minter: Minter, request: RevokeNode) -> str:
@@ -103,6 +162,7 @@ def revoke_node(minter: Minter, request: RevokeNode) -> str:
     that a push that failed before is made again. A node revoked is retired: never minted for again."""
     users = minter.minted.pop(request.node_id, [])
     minter.minted_at.pop(request.node_id, None)
+    minter.rented_from.pop(request.node_id, None)
     account = minter.revoke(*users)
     if users:
         minter.retired[request.node_id] = minter.issued_at

@@ -24,6 +24,8 @@ from services.stack.settings import StackSettings
 
 SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
+# the minter's own read-only cloud credentials, from the shell to it alone (the stack's settings carry no cloud key)
+MINTER_CLOUD_SETTINGS = ("TRAINMASTER_EC2_", "TRAINMASTER_K8S_")
 HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}  # CUDA (torch's included) then sees no device and holds no GPU memory
 
 
@@ -161,6 +163,7 @@ class Stack:
         if identity == MINTER:
             self.identities.minter()  # made, or moved from placement's folder, on first use
             env.update(HIDE_GPUS, TRAINMASTER_MINTER_FILE=str(self.identities.minter_file))
+            env.update({k: v for k, v in os.environ.items() if k.startswith(MINTER_CLOUD_SETTINGS)})
         if identity in SERVICES:  # the GPUs are the tasks': no platform service (nor what it spawns) may use one
             env.update(HIDE_GPUS, MONGO_URL=self.mongo_url_of(identity))  # its own database; an agent none
         return env

@@ -1,10 +1,11 @@
 """Fixtures of the integration tier: real servers shared by the tests of one module."""
 
 import pytest
+import pytest_asyncio
 
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
-from tests.integration.servers import real_servers
+from tests.integration.servers import real_servers, revoking_what_it_mints
 from tests.integration.test_bus_security import CLUSTER
 
 
@@ -25,3 +26,10 @@ def cluster_servers(tmp_path_factory):
     """NATS with the bus identities of the nodes of test_bus_security's CLUSTER (n1, n2), and the database."""
     with real_servers(tmp_path_factory.mktemp("origin"), cluster=CLUSTER, database=True) as stack:
         yield stack
+
+
+@pytest_asyncio.fixture
+async def minted_revoked(server):
+    """The module's `server`, whose minter revokes every rented identity a test minted there when the test ends."""
+    async with revoking_what_it_mints(server):
+        yield

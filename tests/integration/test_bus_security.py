@@ -24,7 +24,7 @@ from tests.conftest import free_port
 from tests.factories import algorithm, exited, placed, spec, unique
 from tests.integration.servers import real_servers, running_minter
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("minted_revoked")]
 CLUSTER = """
 [[nodes]]
 id = "n1"

@@ -8,12 +8,15 @@ import uuid
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import nats
 import pytest
+import pytest_asyncio
 from nats.errors import Error as NatsError
 
 from shared import busroles
 from shared.buscreds import Permissions, decode_claims, mint_user, public_key
+from shared.cloudtags import LABEL_CLUSTER, LABEL_NODE, pod_name
 from shared.minting import MINT_AGENT, REVOKE_NODE, MinterAnswer, RevokeNode
 from services.placement.providers import NodeCredentials
 from services.stack.processes import Stack
@@ -22,7 +25,7 @@ from tests.integration.clouds import loopback_only
 from tests.integration.servers import real_servers, running_minter
 from tests.integration.test_bus_security import CLUSTER, Client, agent_creds, as_agent, command_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("minted_revoked")]
 SEED = re.compile(r"\bS[OAU][A-Z2-7]{56}\b")  # an nkey seed of an operator, an account or a user
 
 
@@ -188,7 +191,8 @@ async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_ke
     old = stack.identities.placement_minter_file  # the data dir as the version before this one left it
     old.parent.mkdir(mode=0o700)
     before = json.loads(stack.identities.minter_file.read_text())
-    before.pop("minted")  # no such field then
+    for field in ("minted", "minted_at", "retired", "rented_from", "rental_signers", "signed_by"):
+        before.pop(field)  # no such fields then (a rented node's identity was signed by the account's signing key)
     old.write_text(json.dumps(before))
     stack.identities.minter_file.unlink()
     stack.identities.minter_file.parent.rmdir()
@@ -344,3 +348,135 @@ async def test_where_the_cluster_rents_from_ec2_only_a_launched_instance_keeps_i
         ec2.client.terminate_instances(InstanceIds=[instance])
         assert await minter.sweep() == [launched]  # nothing else is live by now
     assert not {invented, elsewhere, launched} & set(server.identities.minter().minted)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def k8s(tmp_path_factory, ec2):
+    """kmock's Kubernetes API on 127.0.0.1, and two cluster files (the stack's nodes): one whose
+    [providers.kubernetes] names it, one that rents from it and from EC2 (moto's)."""
+    pytest.importorskip("kmock")
+    from tests.integration.kube import Served
+
+    async with Served() as api:
+        cluster = f"c{uuid.uuid4().hex[:8]}"
+        section = f'[providers.kubernetes]\napi_url = "{api.url}"\nnamespace = "tm"\ncluster_name = "{cluster}"\n'
+        folder = tmp_path_factory.mktemp("k8s")
+        (folder / "pods.toml").write_text(f"{CLUSTER}\n{section}")
+        both = ec2.cluster_file.read_text().replace(f'cluster_name = "{ec2.cluster}"', f'cluster_name = "{cluster}"')
+        (folder / "both.toml").write_text(f"{both}{section}")
+        yield SimpleNamespace(url=api.url, cluster=cluster, pods=folder / "pods.toml", both=folder / "both.toml")
+
+
+async def create_pod(k8s, node_id: str, *, cluster: str | None = None, name: str | None = None) -> str:
+    """A node's Pod as placement's Kubernetes provider creates one (the API server makes it Pending)."""
+    labels = {LABEL_CLUSTER: cluster or k8s.cluster, LABEL_NODE: node_id}
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name or pod_name(node_id), "labels": labels}}
+    async with httpx.AsyncClient(base_url=k8s.url) as api:
+        (await api.post("/api/v1/namespaces/tm/pods", json=body)).raise_for_status()
+    return body["metadata"]["name"]
+
+
+async def end_pod(k8s, name: str, phase: str) -> None:
+    async with httpx.AsyncClient(base_url=k8s.url) as api:
+        reply = await api.patch(
+            f"/api/v1/namespaces/tm/pods/{name}/status",
+            json={"status": {"phase": phase}},
+            headers={"Content-Type": "application/merge-patch+json"},
+        )
+        reply.raise_for_status()
+
+
+def refused_by_server(server: Stack, creds: Path):
+    return nats.connect(server.nats_url, user_credentials=str(creds), allow_reconnect=False)
+
+
+async def test_where_the_cluster_rents_pods_only_a_pending_or_running_pod_keeps_its_identity(server, k8s, tmp_path):
+    """The minter asked Kubernetes nothing: an invented node id kept its identity and got its command consumer. It
+    asks the API with credentials of its own: no consumer maker for a node whose own Pod of the cluster (its label
+    and name) is not pending or running, and after the grace its identity is revoked; a launched node keeps its own
+    until its Pod ends."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    invented, elsewhere, misnamed, launched = (unique("od") for _ in range(4))
+    await create_pod(k8s, elsewhere, cluster="another")
+    await create_pod(k8s, misnamed, name=f"x-{uuid.uuid4().hex[:6]}")  # labelled with its id, not its Pod
+    async with running_minter(server, cluster_file=k8s.pods, launch_grace_s=0) as minter:
+        try:
+            for node_id in (invented, elsewhere, misnamed, launched):
+                await credentials.issue(node_id, tmp_path, consumer=False, provider="kubernetes")
+            for node_id in (invented, elsewhere, misnamed):
+                with pytest.raises(RuntimeError, match="no pending or running Pod"):
+                    await credentials.create_consumer(node_id)
+            pod = await create_pod(k8s, launched)
+            await credentials.create_consumer(launched)
+            swept = await minter.sweep()
+            assert {invented, elsewhere, misnamed} <= set(swept) and launched not in swept
+            for node_id in (invented, elsewhere, misnamed):
+                with pytest.raises(NatsError, match="Authorization Violation"):
+                    await refused_by_server(server, tmp_path / f"{node_id}.creds")
+            agent = await Client().open(server, tmp_path / f"{launched}.creds")
+            await agent.nc.close()
+            await end_pod(k8s, pod, "Succeeded")
+            assert await minter.sweep() == [launched]
+        finally:
+            for node_id in (invented, elsewhere, misnamed, launched):
+                await credentials.revoke(node_id, tmp_path)
+    assert not {invented, elsewhere, misnamed, launched} & set(server.identities.minter().minted)
+
+
+async def test_with_both_providers_each_node_is_checked_against_the_one_that_rented_it(server, ec2, k8s, tmp_path):
+    """Never "either says yes": an EC2 node whose id a Pod of the cluster carries (anyone who may create Pods may
+    label one) gets no consumer maker and is revoked, and so is a Pod's node whose id an EC2 instance tags."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    on_ec2, on_k8s, real_ec2, real_pod = (unique("od") for _ in range(4))
+    settings = {"cluster_file": k8s.both, "launch_grace_s": 0, "ec2_access_key_id": "testing"}
+    async with running_minter(server, **settings, ec2_secret_access_key="testing") as minter:
+        try:
+            for node_id, provider in (
+                (on_ec2, "ec2"),
+                (on_k8s, "kubernetes"),
+                (real_ec2, "ec2"),
+                (real_pod, "kubernetes"),
+            ):
+                await credentials.issue(node_id, tmp_path, consumer=False, provider=provider)
+            await create_pod(k8s, on_ec2)
+            launch(ec2, on_k8s, cluster=k8s.cluster)
+            launch(ec2, real_ec2, cluster=k8s.cluster)
+            await create_pod(k8s, real_pod)
+            for node_id, machine in ((on_ec2, "instance"), (on_k8s, "Pod")):
+                with pytest.raises(RuntimeError, match=f"no pending or running {machine}"):
+                    await credentials.create_consumer(node_id)
+            for node_id in (real_ec2, real_pod):
+                await credentials.create_consumer(node_id)
+            swept = await minter.sweep()
+            assert {on_ec2, on_k8s} <= set(swept) and not {real_ec2, real_pod} & set(swept)
+            with pytest.raises(RuntimeError, match="checked against the provider that rented it"):
+                await credentials.issue(unique("od"), tmp_path, provider=None)  # which one?
+        finally:
+            for node_id in (on_ec2, on_k8s, real_ec2, real_pod):
+                await credentials.revoke(node_id, tmp_path)
+    assert not {on_ec2, on_k8s, real_ec2, real_pod} & set(server.identities.minter().minted)
+
+
+async def test_a_rental_signer_whose_agents_are_all_revoked_leaves_the_account_and_they_stay_refused(server, tmp_path):
+    """Revocations were never pruned (agent identities carry no expiry): past TRAINMASTER_MAX_REVOCATIONS nothing
+    was minted. An older rental signer whose agents are all revoked leaves the account with their revocations; the
+    server still refuses those agents (it trusts no user the key signed), and the newer signer's agent connects."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    nodes = [unique("od") for _ in range(3)]
+    async with running_minter(server, rented_per_signer=1):
+        issued = {}
+        for node_id in nodes:  # each signed by a new signer, which the server trusts before the agent is answered
+            kept = tmp_path / f"{node_id}.kept"
+            kept.write_text((await credentials.issue(node_id, tmp_path)).read_text())
+            issued[node_id] = kept
+        users = {node_id: public_key_of(creds) for node_id, creds in issued.items()}
+        for node_id in nodes[:2]:
+            await credentials.revoke(node_id, tmp_path)
+        carried = decode_claims(server.identities.minter().account_jwt())["nats"]
+        assert not {users[n] for n in nodes[:2]} & set(carried.get("revocations", {}))
+        for node_id in nodes[:2]:
+            with pytest.raises(NatsError, match="Authorization Violation"):
+                await refused_by_server(server, issued[node_id])
+        agent = await Client().open(server, issued[nodes[2]])
+        await agent.nc.close()
+        await credentials.revoke(nodes[2], tmp_path)

@@ -3,7 +3,6 @@ each Pod it mounts the Secret (writes its files) and runs the container's comman
 container's environment, and stops it when the Pod is deleted."""
 
 import asyncio
-import itertools
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,39 +16,19 @@ from services.placement.providers.cloud import NodeMaker, offer_infos
 from tests.conftest import admin_client, start_stack, stop_later
 from tests.e2e.helpers import submit, wait_phase
 from tests.factories import L4_ENTRY
-from tests.integration.clouds import Machines, agent_command, loopback_only, poll
+from tests.integration.clouds import Machines, agent_command, poll
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-kmock = pytest.importorskip("kmock")
+pytest.importorskip("kmock")
+from tests.integration.kube import Served  # noqa: E402
+
 NAMESPACE = "trainmaster"
-
-
-class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator, filling in what an API server sets on each write: the resourceVersion (a watch resumes
-    from the last one it saw; lightkube's reads it on every event) and, on creation, the namespace of the URL (a
-    namespaced watch only streams objects that carry it)."""
-
-    versions = itertools.count(1)
-
-    async def _handle(self, request):
-        if (
-            request.resource is not None
-            and request.action in (kmock.action.CREATE, kmock.action.UPDATE)
-            and isinstance(request.data, dict)
-        ):
-            meta = request.data.setdefault("metadata", {})
-            meta["resourceVersion"] = str(next(self.versions))
-            if request.action == kmock.action.CREATE and request.namespace:
-                meta.setdefault("namespace", request.namespace)
-        return await super()._handle(request)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def k8s():
-    async with Emulator() as emulator, kmock.Server(emulator) as server:
-        emulator.resources["v1/pods"] = {}
-        emulator.resources["v1/secrets"] = {}
-        yield SimpleNamespace(url=loopback_only(str(server.url).rstrip("/")), emulator=emulator)
+    async with Served() as k8s:
+        yield k8s
 
 
 def entry(name: str = "l4.1x") -> dict:

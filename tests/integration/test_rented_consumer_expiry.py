@@ -13,7 +13,7 @@ from tests.factories import L4_ENTRY, unique
 from tests.integration.servers import real_servers, running_minter
 from tests.integration.test_consumer_filters import CLUSTER
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("minted_revoked")]
 
 
 @pytest.fixture(scope="module")

@@ -173,8 +173,14 @@ def test_identities_past_the_grace_that_no_launched_instance_carries_are_due_for
     agent(m, "od-launched", now=1_000)
     agent(m, "od-young", now=1_250)
     m.minted["od-upgraded"] = [public_key(new_seed("user"))]  # moved from an older data dir: no mint time
-    assert unlaunched(m, launched=None, now=1_300, grace_s=100) == ["od-launched", "od-old", "od-upgraded"]
-    assert unlaunched(m, launched={"od-launched"}, now=1_300, grace_s=100) == ["od-old", "od-upgraded"]
+    ec2 = frozenset({"ec2"})
+    assert unlaunched(m, launched=None, now=1_300, grace_s=100, providers=ec2) == {
+        "ec2": ["od-launched", "od-old", "od-upgraded"]
+    }
+    assert unlaunched(m, launched={"ec2": {"od-launched"}}, now=1_300, grace_s=100, providers=ec2) == {
+        "ec2": ["od-old", "od-upgraded"]
+    }
+    assert unlaunched(m, launched=None, now=1_300, grace_s=100, providers=frozenset()) == {}  # it asks no cloud
 
 
 @pytest.mark.parametrize("own_server", [False, True])

@@ -1,6 +1,6 @@
 """What a watch event on a Pod says about its node: only this cluster's node Pods, by their label and their name."""
 
-from services.placement.providers.kubernetes import pod_name
+from shared.cloudtags import pod_name
 from services.placement.providers.podwatch import failed_node
 
 

@@ -69,13 +69,15 @@ class NodeMaker:
         spot: bool,
         data_dir: str | None = None,
         consumer: bool = True,
+        provider: str | None = None,
     ) -> Bootstrap:
-        """consumer: False where the machine must be launched before the minter grants it (`launched`)."""
+        """consumer: False where the machine must be launched before the minter grants it (`launched`); provider:
+        the one renting it (the minter checks the node against it alone)."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         creds = None
         if self.credentials:
             issued = await self.credentials.issue(
-                node_id, self.folder, boot_s=boot_allowance_s(instance), consumer=consumer
+                node_id, self.folder, boot_s=boot_allowance_s(instance), consumer=consumer, provider=provider
             )
             creds = issued.read_text()
         ca = self.ca_text or (
@@ -94,7 +96,7 @@ class NodeMaker:
 
     async def launched(self, node_id: str, instance: InstanceType) -> None:
         """The node's command consumer, once its machine is launched (a minter that asks the cloud grants it only
-        for a pending or running instance)."""
+        for a pending or running instance or Pod)."""
         if self.credentials:
             await self.credentials.create_consumer(node_id, boot_s=boot_allowance_s(instance))
 

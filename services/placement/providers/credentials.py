@@ -58,14 +58,17 @@ class NodeCredentials:
             raise RuntimeError(f"the minter refused {subject} for {request.node_id}: {answer.error}")
         return answer
 
-    async def issue(self, node_id: str, folder: Path, *, boot_s: float = 0.0, consumer: bool = True) -> Path:
+    async def issue(
+        self, node_id: str, folder: Path, *, boot_s: float = 0.0, consumer: bool = True, provider: str | None = None
+    ) -> Path:
         """Mint the node's agent credentials (0600 file) and create the consumer of its commands (`boot_s`: the
         longest its agent may take to start, waited for before the consumer's expiry counts; `consumer`: False
-        where the minter grants it only once the machine is launched, see `create_consumer`)."""
+        where the minter grants it only once the machine is launched, see `create_consumer`; `provider`: the one
+        renting it, which the minter asks)."""
         if not NAME.match(node_id):
             raise ValueError(f"param[node_id] invalid: {node_id!r} cannot be a bus subject token")
         user_file = write_secret(folder / f"{node_id}.user", "")  # first: a mint whose answer is lost is revoked too
-        answer = await self.ask(MINT_AGENT, MintAgent(node_id=node_id))
+        answer = await self.ask(MINT_AGENT, MintAgent(node_id=node_id, provider=provider))
         write_secret(user_file, answer.user)
         if consumer:
             await self.create_consumer(node_id, boot_s=boot_s)

@@ -72,7 +72,7 @@ class EC2Provider:
         offer = self.offers.get(instance.name) or OfferInfo(name=instance.name, cloud_type=instance.name)
         spot = offer.market == "spot"
         root = f"{self.settings.node_root}/{node_id}"
-        boot = await self.maker.bundle(node_id, instance, root=root, spot=spot, consumer=False)
+        boot = await self.maker.bundle(node_id, instance, root=root, spot=spot, consumer=False, provider=self.name)
         script = user_data(
             boot,
             root=root,

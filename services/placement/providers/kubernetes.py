@@ -17,12 +17,13 @@ from lightkube.resources.core_v1 import Pod, Secret
 from pydantic import Field
 
 from shared.buscreds import NAME
+from shared.cloudtags import LABEL_CLUSTER, LABEL_NODE, pod_name
+from shared.kubeconfig import IN_CLUSTER, connection
 from services.placement.policy import InstanceType
 from services.placement.providers.base import Orphan
 from services.placement.providers.bootstrap import NodeBoot, pod_manifest, secret_manifest
 from services.placement.providers.cloud import NodeMaker, OfferInfo
-from services.placement.providers.kubeconfig import IN_CLUSTER, connection
-from services.placement.providers.podwatch import LABEL_CLUSTER, LABEL_NODE, failed_node
+from services.placement.providers.podwatch import failed_node
 
 log = logging.getLogger(__name__)
 ANNOTATION_JOB, LABEL_TYPE = "trainmaster.io/job", "trainmaster.io/instance-type"
@@ -51,10 +52,6 @@ class KubernetesSettings(NodeBoot):
     service_account: str | None = Field(None, description="The node Pods' service account (none needs API rights).")
     node_root: str = Field("/etc/trainmaster", description="Where the node's Secret is mounted in its Pod.")
     data_dir: str = Field("/var/lib/trainmaster", description="The agent's state (an emptyDir) in its Pod.")
-
-
-def pod_name(node_id: str) -> str:
-    return f"tm-{node_id.lower().replace('_', '-')}"[:63].rstrip("-")
 
 
 class KubernetesProvider:
@@ -97,7 +94,9 @@ class KubernetesProvider:
     async def provision(self, node_id: str, instance: InstanceType) -> None:
         s = self.settings
         offer = self.offers.get(instance.name) or OfferInfo(name=instance.name)
-        boot = await self.maker.bundle(node_id, instance, root=s.node_root, spot=False, data_dir=s.data_dir)
+        boot = await self.maker.bundle(
+            node_id, instance, root=s.node_root, spot=False, data_dir=s.data_dir, consumer=False, provider=self.name
+        )
         name, labels = pod_name(node_id), self._labels(node_id, instance.name)
         secret = secret_manifest(boot, name=name, labels=labels)
         pod = pod_manifest(
@@ -120,6 +119,7 @@ class KubernetesProvider:
         self.deleting.discard(name)
         await self._create(Secret.from_dict(secret))
         await self._create(Pod.from_dict(pod))
+        await self.maker.launched(node_id, instance)  # the minter asks the API whether its Pod is
         log.info("rented %s as pod %s/%s", node_id, s.namespace, name)
 
     async def _create(self, body: Pod | Secret) -> None:

@@ -4,8 +4,8 @@ import re
 from collections.abc import Callable
 
 from shared.buscreds import NAME
+from shared.cloudtags import LABEL_CLUSTER, LABEL_NODE
 
-LABEL_CLUSTER, LABEL_NODE = "trainmaster.io/cluster", "trainmaster.io/node-id"
 ENDED = ("Failed", "Succeeded")  # restartPolicy Never: an agent that exited, for any reason, is not coming back
 REASON = re.compile(r"^[A-Za-z]{1,64}$")  # the API's CamelCase reasons; anything else is not repeated
 

@@ -1,6 +1,7 @@
-"""Where the Kubernetes API is and who placement is to it: a kubeconfig file and one of its contexts (tokens,
-client certificates, exec plugins such as `aws eks get-token`), an explicit server, or the pod's own service
-account. lightkube does the speaking; this only chooses."""
+"""Where the Kubernetes API is and who a process is to it (placement, which rents Pods; the minter, which only reads
+them, with credentials of its own): a kubeconfig file and one of its contexts (tokens, client certificates, exec
+plugins such as `aws eks get-token`), an explicit server, or the pod's own service account. lightkube does the
+speaking; this only chooses."""
 
 from pathlib import Path
 
@@ -22,9 +23,9 @@ def connection(
     ca_file: Path | None,
     service_account: Path = IN_CLUSTER,
 ) -> SingleConfig:
-    """The one configuration placement uses, in this order: the kubeconfig's context (its current one when none
+    """The one configuration a process uses, in this order: the kubeconfig's context (its current one when none
     is named), an explicit `api_url` (with `token_file`/`ca_file`, else the service account's when present), the
-    service account of the pod placement runs in (`KUBERNETES_SERVICE_HOST`, as the kubelet sets it)."""
+    service account of the pod the process runs in (`KUBERNETES_SERVICE_HOST`, as the kubelet sets it)."""
     try:
         config = _chosen(
             kubeconfig=kubeconfig,
@@ -44,8 +45,8 @@ def connection(
         )
     if config.cluster.insecure:
         raise ValueError(
-            f"context {config.context_name!r} skips TLS verification: placement does not send "
-            "credentials to an API server it cannot verify"
+            f"context {config.context_name!r} skips TLS verification: no credential is sent to "
+            "an API server that cannot be verified"
         )
     return config
 
