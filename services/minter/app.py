@@ -86,6 +86,12 @@ class MinterSettings(CommonSettings):
     launch_grace_s: float = Field(
         300, ge=0, description="How long a node's identity lives before its instance must be pending or running."
     )
+    launch_patience_s: float = Field(
+        6,
+        ge=0,
+        description="How long a consumer maker's check asks the cloud again for a machine it does not list yet "
+        "(EC2's Describe calls may not show an instance launched a moment ago); within placement's 10-s wait.",
+    )
     verify_every_s: float = Field(60, gt=0, description="How often live identities are checked against the cloud.")
 
     # The settings of its own credentials for each provider it asks: a deployment must pass them (empty: unset).
@@ -131,15 +137,16 @@ class MinterProcess:
             per_signer=settings.rented_per_signer,
         )
         self.lock = asyncio.Lock()
+        self.pushed: int | None = None  # the account's issue time this process last pushed (None: none yet)
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
 
     async def handle(self, subject: str, data: bytes) -> MinterAnswer:
+        if subject == MINT_CONSUMER_MAKER:  # takes the lock itself: the cloud is asked without it
+            return await self.consumer_maker(MintConsumerMaker.model_validate_json(data))
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if subject == MINT_AGENT:
                 return await self.agent(minter, MintAgent.model_validate_json(data))
-            if subject == MINT_CONSUMER_MAKER:
-                return await self.consumer_maker(minter, MintConsumerMaker.model_validate_json(data))
             if subject == REVOKE_NODE:
                 return await self.revoke(minter, RevokeNode.model_validate_json(data))
         raise Refused(f"no such request: {subject}")
@@ -159,18 +166,37 @@ class MinterProcess:
                 raise
         return MinterAnswer(creds=creds, user=user)
 
-    async def consumer_maker(self, minter: Minter, request: MintConsumerMaker) -> MinterAnswer:
-        node_id = may_make_consumer(minter, request, limits=self.limits, monotonic=time.monotonic())
-        provider = checked_by(minter, node_id, providers=self.limits.providers)
+    async def consumer_maker(self, request: MintConsumerMaker) -> MinterAnswer:
+        """The node's consumer maker, once the provider that rented it lists its machine. The cloud is asked outside
+        the lock (a slow cloud would hold every mint and revocation behind it), so the node is looked up again
+        after: revoked meanwhile, it gets none."""
+        async with self.lock:
+            minter = Minter.load(self.settings.minter_file)
+            node_id = may_make_consumer(minter, request, limits=self.limits, monotonic=time.monotonic())
+            provider = checked_by(minter, node_id, providers=self.limits.providers)
         if provider is not None:
             cloud = self.clouds.get(provider)
             if cloud is None:
                 raise Refused(f"{node_id} was rented from {provider}, which the cluster file no longer configures")
-            if node_id not in await self.launched(cloud, node_id):
-                machine = f"pending or running {cloud.machine} the platform launched"
-                raise Refused(f"{node_id} is no {machine} ({cloud.where})")
-        user, creds = mint_consumer_maker(minter, node_id, now=time.time())
+            await self.until_launched(cloud, node_id)
+        async with self.lock:
+            minter = Minter.load(self.settings.minter_file)
+            if not minter.minted.get(node_id):
+                raise Refused(f"{node_id} has no live agent identity: no consumer maker")
+            user, creds = mint_consumer_maker(minter, node_id, now=time.time())
         return MinterAnswer(creds=creds, user=user)
+
+    async def until_launched(self, cloud: Cloud, node_id: str) -> None:
+        """Returns once the cloud lists the node's machine; asked again (0.5 s, then twice as long up to 2 s) for
+        `launch_patience_s`, since a machine launched a moment ago may not show yet; then refused."""
+        deadline, pause = time.monotonic() + self.settings.launch_patience_s, 0.5
+        while node_id not in await self.launched(cloud, node_id):
+            if time.monotonic() + pause > deadline:
+                raise Refused(
+                    f"{node_id} is no pending or running {cloud.machine} the platform launched ({cloud.where})"
+                )
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     @staticmethod
     async def launched(cloud: Cloud, node_id: str) -> set[str]:
@@ -189,7 +215,9 @@ class MinterProcess:
     async def sweep(self) -> list[str]:
         """Revoke the identities of nodes minted over `launch_grace_s` ago that no pending or running machine of the
         cluster carries at the provider that rented it (invented, never launched, or gone without a release); the
-        nodes revoked."""
+        nodes revoked. First, an account re-issued since this process last pushed one (a push that failed: a
+        swept node is asked about by no one again) is pushed, re-issued newer."""
+        await self.push_pending()
         if not self.clouds:
             return []
         grace_s, providers = self.settings.launch_grace_s, self.limits.providers
@@ -197,7 +225,10 @@ class MinterProcess:
         due = unlaunched(minter, launched=None, now=time.time(), grace_s=grace_s, providers=providers)
         if not due:
             return []
-        launched = {p: await asyncio.to_thread(self.clouds[p].launched) for p in due if p in self.clouds}
+        # a machine the cloud is stopping still carries its agent, whose last reports (its tasks' ends) go out then
+        launched = {
+            p: await asyncio.to_thread(self.clouds[p].launched, None, stopping=True) for p in due if p in self.clouds
+        }
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             found = unlaunched(minter, launched=launched, now=time.time(), grace_s=grace_s, providers=providers)
@@ -211,6 +242,17 @@ class MinterProcess:
                 log.warning("revoked %s: no pending or running machine of the provider that rented them", by_provider)
         return gone
 
+    async def push_pending(self) -> None:
+        """Push the account, re-issued, where its issue time is not the one this process last pushed (at start: once,
+        whatever an earlier process pushed)."""
+        async with self.lock:
+            minter = Minter.load(self.settings.minter_file)
+            if not minter.issued_at or minter.issued_at == self.pushed:
+                return
+            account = minter.revoke()  # no one new: the same account, issued anew (a server takes a newer one only)
+            write_secret(self.settings.minter_file, minter.to_json())
+            await self.push(minter, account)
+
     async def sweeping(self) -> None:
         """`sweep` every `verify_every_s`, until cancelled."""
         while True:
@@ -221,7 +263,13 @@ class MinterProcess:
                 log.exception("checking the live identities against the cloud failed (tried again)")
 
     async def push(self, minter: Minter, account: str) -> None:
-        """The re-issued account to the server, which then closes the revoked users' connections."""
+        """The re-issued account to the server, which then closes the revoked users' connections; its issue time
+        kept as the one last pushed."""
+        await self.update_account(minter, account)
+        self.pushed = minter.issued_at
+
+    async def update_account(self, minter: Minter, account: str) -> None:
+        """The account claims update, through the system account; raises where the server refuses it."""
         client = await nats.connect(
             servers(self.settings.nats_url),
             user_credentials=RawCredentials(minter.system_creds),

@@ -11,6 +11,10 @@ from shared.cloudtags import TAG_CLUSTER, TAG_NODE
 from services.minter.pods import KubeCredentials, KubernetesPods, KubernetesSection
 
 LAUNCHED = ("pending", "running")
+STOPPING = ("shutting-down", "stopping")  # still carrying its agent, which reports its tasks' ends as its OS stops
+# Asked under a deadline: placement waits 10 s for an answer, and botocore's defaults (60-s timeouts, retried) would
+# have held the request far past it, its answer lost.
+CLIENT_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 3, "retries": {"max_attempts": 2, "mode": "standard"}}
 MOST_VALUES = 200  # values one EC2 filter takes
 
 
@@ -31,7 +35,10 @@ class Cloud(Protocol):
     machine: str  # what it launches, as its refusals name it
     where: str
 
-    def launched(self, node_ids: Iterable[str] | None = None) -> set[str]: ...
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
+        """The node ids (among `node_ids`; any when None) whose machine is pending or running (`stopping`: or
+        being stopped)."""
+        ...
 
 
 class EC2Instances:
@@ -41,19 +48,21 @@ class EC2Instances:
 
     def __init__(self, section: EC2Section, *, key_id: str | None, secret: SecretStr | None) -> None:
         import boto3  # lazily: only a minter whose cluster rents from EC2 needs it
+        from botocore.config import Config
 
         keys = {"aws_access_key_id": key_id, "aws_secret_access_key": secret.get_secret_value()} if secret else {}
         self.where = f"EC2 {section.region}, cluster {section.cluster_name}"
         self.cluster = section.cluster_name
         self.client: Any = boto3.session.Session(**keys).client(
-            "ec2", region_name=section.region, endpoint_url=section.endpoint_url
+            "ec2", region_name=section.region, endpoint_url=section.endpoint_url, config=Config(**CLIENT_TIMEOUTS)
         )
 
-    def launched(self, node_ids: Iterable[str] | None = None) -> set[str]:
-        """The node ids (among `node_ids`; any when None) that tag a pending or running instance of the cluster."""
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
+        """The node ids (among `node_ids`; any when None) that tag a pending or running instance of the cluster
+        (`stopping`: or one shutting down or stopping)."""
         filters = [
             {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]},
-            {"Name": "instance-state-name", "Values": list(LAUNCHED)},
+            {"Name": "instance-state-name", "Values": [*LAUNCHED, *(STOPPING if stopping else ())]},
         ]
         wanted = None if node_ids is None else sorted(set(node_ids))
         if wanted is not None and len(wanted) <= MOST_VALUES:

@@ -41,9 +41,10 @@ class KubeCredentials(BaseModel):
     service_account_dir: Path = IN_CLUSTER
 
 
-def launched_pods(pods: Iterable[dict], *, cluster: str) -> set[str]:
+def launched_pods(pods: Iterable[dict], *, cluster: str, stopping: bool = False) -> set[str]:
     """The node ids whose own Pod (this cluster's label and the name placement gives that node's Pod: anyone who may
-    create Pods may label one with another node's id) is pending or running and not being deleted."""
+    create Pods may label one with another node's id) is pending or running and not being deleted (`stopping`:
+    or being deleted, its agent still reporting its tasks' ends)."""
     found = set()
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -51,7 +52,7 @@ def launched_pods(pods: Iterable[dict], *, cluster: str) -> set[str]:
         node_id = labels.get(LABEL_NODE)
         if labels.get(LABEL_CLUSTER) != cluster or not isinstance(node_id, str) or not NAME.match(node_id):
             continue
-        if meta.get("name") != pod_name(node_id) or meta.get("deletionTimestamp"):
+        if meta.get("name") != pod_name(node_id) or (meta.get("deletionTimestamp") and not stopping):
             continue
         if (pod.get("status") or {}).get("phase") in LAUNCHED:
             found.add(node_id)
@@ -82,17 +83,17 @@ class KubernetesPods:
             ) from None
         self.where = f"Kubernetes namespace {section.namespace}, cluster {section.cluster_name}"
         self.cluster = section.cluster_name
-        self.client: Any = Client(
-            config=config, namespace=section.namespace, timeout=httpx.Timeout(15), trust_env=False
-        )
+        self.client: Any = Client(config=config, namespace=section.namespace, timeout=httpx.Timeout(4), trust_env=False)
 
-    def launched(self, node_ids: Iterable[str] | None = None) -> set[str]:
-        """The node ids (among `node_ids`; any when None) whose Pod of the cluster is pending or running."""
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
+        """The node ids (among `node_ids`; any when None) whose Pod of the cluster is pending or running
+        (`stopping`: or being deleted)."""
         from lightkube.resources.core_v1 import Pod
 
         wanted = None if node_ids is None else set(node_ids)
         labels = {LABEL_CLUSTER: self.cluster}
         if wanted is not None and len(wanted) == 1:
             labels[LABEL_NODE] = next(iter(wanted))
-        found = launched_pods((pod.to_dict() for pod in self.client.list(Pod, labels=labels)), cluster=self.cluster)
+        pods = (pod.to_dict() for pod in self.client.list(Pod, labels=labels))
+        found = launched_pods(pods, cluster=self.cluster, stopping=stopping)
         return found if wanted is None else found & wanted
