@@ -286,6 +286,7 @@ async def test_an_identity_whose_answer_was_lost_is_revoked_at_the_release(serve
 
 
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}  # moto takes any
+SHORT_PATIENCE = {"launch_patience_s": 0.5}  # moto and kmock list a machine at once: a refusal need not wait 6 s
 
 
 @pytest.fixture(scope="module")
@@ -327,7 +328,7 @@ async def test_where_the_cluster_rents_from_ec2_only_a_launched_instance_keeps_i
     credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
     invented, elsewhere, launched = unique("od"), unique("od"), unique("od")
     launch(ec2, elsewhere, cluster="another")
-    settings = {"cluster_file": ec2.cluster_file, "launch_grace_s": 0, "ec2_access_key_id": "testing"}
+    settings = {"cluster_file": ec2.cluster_file, "launch_grace_s": 0, "ec2_access_key_id": "testing", **SHORT_PATIENCE}
     async with running_minter(server, **settings, ec2_secret_access_key="testing") as minter:
         for node_id in (invented, elsewhere, launched):
             await credentials.issue(node_id, tmp_path, consumer=False)  # before its machine is launched
@@ -399,7 +400,7 @@ async def test_where_the_cluster_rents_pods_only_a_pending_or_running_pod_keeps_
     invented, elsewhere, misnamed, launched = (unique("od") for _ in range(4))
     await create_pod(k8s, elsewhere, cluster="another")
     await create_pod(k8s, misnamed, name=f"x-{uuid.uuid4().hex[:6]}")  # labelled with its id, not its Pod
-    async with running_minter(server, cluster_file=k8s.pods, launch_grace_s=0) as minter:
+    async with running_minter(server, cluster_file=k8s.pods, launch_grace_s=0, **SHORT_PATIENCE) as minter:
         try:
             for node_id in (invented, elsewhere, misnamed, launched):
                 await credentials.issue(node_id, tmp_path, consumer=False, provider="kubernetes")
@@ -428,7 +429,7 @@ async def test_with_both_providers_each_node_is_checked_against_the_one_that_ren
     label one) gets no consumer maker and is revoked, and so is a Pod's node whose id an EC2 instance tags."""
     credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
     on_ec2, on_k8s, real_ec2, real_pod = (unique("od") for _ in range(4))
-    settings = {"cluster_file": k8s.both, "launch_grace_s": 0, "ec2_access_key_id": "testing"}
+    settings = {"cluster_file": k8s.both, "launch_grace_s": 0, "ec2_access_key_id": "testing", **SHORT_PATIENCE}
     async with running_minter(server, **settings, ec2_secret_access_key="testing") as minter:
         try:
             for node_id, provider in (
