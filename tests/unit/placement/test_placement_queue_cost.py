@@ -394,3 +394,28 @@ def test_a_job_a_rental_could_host_is_not_counted_owned_only():
     decisions = schedule(state, 0.0, config())
 
     assert Start(could_rent.id, (local.id,), ((0,),)) in decisions
+
+
+def test_a_job_that_accepts_only_one_model_is_charged_only_to_jobs_taking_a_gpu_of_that_model():
+    """A reserved kind of one P100, busy for 20 h, and one free V100: the P100-only job waits for the P100 alone, so
+    the job that could rent and takes the V100 for 10 h puts no wait on it and starts. Counted on the kind as a
+    whole (the first form of this round), it was charged half the P100 job's wait and all of it as the next in line
+    ($20 against a $10 rental) and rented while the V100 stood idle."""
+    p100 = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="P100", price_per_hour=0.5)
+    v100 = make_node(kind="reserved", gpu_count=1, gpu_model="V100", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", gpu_models=frozenset({"V100"}), expected_duration_s=10 * HOUR)
+    p100_only = make_job(
+        priority="cost", allowed="cloud", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(p100, v100),
+        running=(busy(p100, until=20 * HOUR),),
+        queue=(could_rent, p100_only),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Start(could_rent.id, (v100.id,), ((0,),)) in decisions
+    assert not any(isinstance(d, Provision) for d in decisions)
