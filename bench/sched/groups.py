@@ -8,10 +8,13 @@ Usage: PYTHONPATH=. python bench/sched/groups.py --pods ../shared/data/alibaba-g
 
 `--dollars`: each stretch a job ran on an on-demand node is charged its GPUs' share of the node's price, by group:
 whether any owned node the job may use could ever host it (no: the floor, what every policy rents), the job's
-allowed kinds and priority, and how long it runs (an hour or less: no checkpoint, never on spot); what no job ran on
-(booting, idle before release) is a line of its own.
+allowed kinds and priority, its GPUs per rank (1, 2, 3+), and how long it runs (an hour or less: no checkpoint, never
+on spot); what no job ran on (booting, idle before release) is a line of its own. With `--json`, one JSON object
+(`groups`: [hostable, allowed, priority, gpus, length, jobs, dollars]; `idle`; `total`) for
+`results/r9/dollars.py`, which sets policies and cells side by side.
 """
 
+import json
 import sys
 from collections import defaultdict
 
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     out = sim.run()
     if args.dollars:
         owned = [n for n in nodes if n.kind in OWNED_KINDS]
-        _dollars(jobs, owned, sim.rented, out.od_dollars)
+        _dollars(jobs, owned, sim.rented, out.od_dollars, as_json=args.json)
         return 0
     groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
     for j in jobs:
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _dollars(jobs, owned, rented: dict[str, float], total: float) -> None:
+def _dollars(jobs, owned, rented: dict[str, float], total: float, *, as_json: bool = False) -> None:
     groups: dict[tuple, list[float]] = defaultdict(lambda: [0, 0.0])
     for j in jobs:
         r = j.request
@@ -87,13 +90,18 @@ def _dollars(jobs, owned, rented: dict[str, float], total: float) -> None:
             continue
         hostable = "owned can" if any(could_host(n, r) for n in owned) else "floor"
         length = "<=1h" if j.run_time_s <= 3600 else ("<=24h" if j.run_time_s <= 86400 else ">24h")
-        g = groups[(hostable, r.allowed, r.priority, length)]
+        gpus = str(r.gpu_count) if r.gpu_count < 3 else "3+"
+        g = groups[(hostable, r.allowed, r.priority, gpus, length)]
         g[0] += 1
         g[1] += rented[r.id]
-    print(f"{'owned host':10} {'allowed':8} {'priority':8} {'runs':6} {'jobs':>6} {'dollars':>10}")
-    for (hostable, allowed, priority, length), (n, dollars) in sorted(groups.items(), key=lambda g: -g[1][1]):
-        print(f"{hostable:10} {allowed:8} {priority:8} {length:6} {n:>6} {dollars:>10,.0f}")
     idle = total - sum(rented.values())
+    if as_json:
+        rows = [[*key, n, round(dollars, 2)] for key, (n, dollars) in sorted(groups.items())]
+        print(json.dumps({"groups": rows, "idle": round(idle, 2), "total": round(total, 2)}))
+        return
+    print(f"{'owned host':10} {'allowed':8} {'priority':8} {'gpus':4} {'runs':6} {'jobs':>6} {'dollars':>10}")
+    for (hostable, allowed, priority, gpus, length), (n, dollars) in sorted(groups.items(), key=lambda g: -g[1][1]):
+        print(f"{hostable:10} {allowed:8} {priority:8} {gpus:4} {length:6} {n:>6} {dollars:>10,.0f}")
     print(f"no job on it (booting, idle before release): ${idle:,.0f}; on-demand ${total:,.0f} in all")
 
 

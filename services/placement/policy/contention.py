@@ -272,14 +272,22 @@ class Backlog:
     """Per owned kind, what a placement there delays (see the module's doc)."""
 
     now: float = 0.0
-    kinds: dict[str, Kind] = field(default_factory=dict)
+    # per owned kind, and per (kind, GPU model) for the owned-only jobs that accept only some models (`model_key`)
+    kinds: dict[str | tuple[str, str], Kind] = field(default_factory=dict)
 
     def charge(self, job: JobRequest, option: Option) -> float:
         """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind: g / N of
         each backlog job's wait up to the option's duration, and the whole of it for the jobs next in line that would
-        have started now on the free GPUs it takes."""
-        kind = self.kinds.get(option_kind(option))
-        if kind is None or not kind.value:
+        have started now on the free GPUs it takes. Jobs that accept only some GPU models wait on those models'
+        GPUs of the kind alone (`model_key`): they are charged to an option on such a GPU, never on another model."""
+        return sum(self._charge(kind, job, option) for kind in self._kinds_of(option))
+
+    def _kinds_of(self, option: Option) -> list[Kind]:
+        name, model = option_kind(option), option_model(option)
+        return [kind for key in (name, model_key(name, model)) if (kind := self.kinds.get(key)) is not None]
+
+    def _charge(self, kind: Kind, job: JobRequest, option: Option) -> float:
+        if not kind.value:
             return 0.0
         gpus = job.gpu_count * job.node_count
         if kind.demand + gpus <= kind.free:
@@ -295,10 +303,8 @@ class Backlog:
         if owned_only:
             for other in self.kinds.values():
                 other.leave(job.id)
-        kind = self.kinds.get(option_kind(option))
-        if kind is None:
-            return
-        kind.start(self.now + option.duration, job.gpu_count * job.node_count)
+        for kind in self._kinds_of(option):
+            kind.start(self.now + option.duration, job.gpu_count * job.node_count)
 
 
 def backlog(
@@ -309,34 +315,51 @@ def backlog(
     owned_only: dict[str, tuple[str, ...]],
     value_per_s: dict[str, float],
 ) -> Backlog:
-    """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds."""
+    """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds. A
+    job that accepts only some GPU models queues on each of those models' GPUs of its kinds, apart from the kind."""
     out = Backlog(now=now)
-    kind_of: dict[str, Kind] = {}
+    models = {m for job in state.queue if job.id in owned_only for m in job.gpu_models}
+    kind_of: dict[str, list[Kind]] = {}
     for node in state.nodes:
         if node.kind in OWNED_KINDS:
-            kind = out.kinds.setdefault(node.kind, Kind())
-            kind_of[node.id] = kind
-            kind.gpus += node.gpu_count
-            if node.is_ready(now) and node.reserved_for is None:
-                kind.free += node.free_gpus
+            keys: list[str | tuple[str, str]] = [node.kind]
+            if node.gpu_model in models:
+                keys.append(model_key(node.kind, node.gpu_model))
+            held = kind_of[node.id] = [out.kinds.setdefault(key, Kind()) for key in keys]
+            for kind in held:
+                kind.gpus += node.gpu_count
+                if node.is_ready(now) and node.reserved_for is None:
+                    kind.free += node.free_gpus
     for run in state.running:
         end = expected_end(run, now)
         for node_id, indices in zip(run.node_ids, run.gpu_indices, strict=True):
-            if (held := kind_of.get(node_id)) is not None:
-                held.hold(end, len(indices))
+            for kind in kind_of.get(node_id, ()):
+                kind.hold(end, len(indices))
     for job in state.queue:
         for name in owned_only.get(job.id, ()):
-            if (backlogged := out.kinds.get(name)) is not None:
-                gpus = job.gpu_count * job.node_count
-                order = queue_order(job)
-                duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-                backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
+            keys = [model_key(name, m) for m in sorted(job.gpu_models)] if job.gpu_models else [name]
+            for key in keys:
+                if (backlogged := out.kinds.get(key)) is not None:
+                    gpus = job.gpu_count * job.node_count
+                    order = queue_order(job)
+                    duration = job.duration_on(config.reference_tflops, config.reference_tflops)
+                    backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
     return out
+
+
+def model_key(kind: str, model: str) -> tuple[str, str]:
+    """Where the owned-only jobs that accept only some GPU models queue: per kind and model."""
+    return (kind, model)
 
 
 def queue_order(job: JobRequest) -> tuple:
     """The engine's queue order: time-sensitive first, then submission."""
     return (job.priority != "time", job.submitted_at, job.id)
+
+
+def option_model(option: Option) -> str:
+    views = [view for view, _ in option.picks] if option.picks else option.views
+    return views[0].node.gpu_model if views else ""
 
 
 def option_kind(option: Option) -> str:

@@ -74,7 +74,7 @@ def waiting_shapes(p: Pass) -> list[Shape]:
     shapes: dict[tuple, Shape] = {}
     for job in p.state.queue:
         kinds = job_kinds(job, p.kinds)
-        if "on_demand" in kinds or not job.gpu_count or job.node_count != 1 or job.id in started:
+        if p.rents(job) or not job.gpu_count or job.node_count != 1 or job.id in started:
             continue
         key = (kinds, job.gpu_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu, job.memory_gb)
         shape = shapes.get(key)

@@ -8,6 +8,7 @@ from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, Release, Start, Wait
 from services.placement.policy.models import ClusterState, JobRequest
+from services.placement.policy.options import fits, job_kinds
 
 ALL_KINDS = frozenset({"local", "reserved", "on_demand"})
 OWNED_ONLY = frozenset({"local", "reserved"})
@@ -23,6 +24,28 @@ class Pass:
         self.decisions: list[Decision] = []
         self.waiting = 0
         self.reservations = 0
+        self._rents: dict[tuple, bool] = {}  # a job's shape -> whether some instance type could host it
+
+    def rents(self, job: JobRequest) -> bool:
+        """Whether the job may rent and some type of the catalogue could host it: a job that asks for a GPU model (or
+        memory, or GPUs) no rental has waits for owned capacity as an owned-only job does, and is counted as one (the
+        contention charge, make room); its `allowed` alone would have it rent."""
+        if "on_demand" not in job_kinds(job, self.kinds):
+            return False
+        key = (
+            job.gpu_count,
+            job.node_count,
+            job.min_gpu_memory_gb,
+            job.gpu_models,
+            job.cpu,
+            job.memory_gb,
+            job.max_price_per_hour,
+            job.checkpoint_interval_s is not None,
+        )
+        found = self._rents.get(key)
+        if found is None:
+            found = self._rents[key] = any(fits(job, it) for it in self.state.catalogue)
+        return found
 
     def apply(self, job: JobRequest, option: Option) -> None:
         if option.action == "start":

@@ -26,10 +26,10 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
     p = Pass(state, now=now, config=config, kinds=kinds)
     queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s)
     blocked: dict[tuple | None, float] = {}  # owned-only shape -> shortest duration that found nothing free this pass
-    waits = _backlog(state, now, config, kinds) if "on_demand" in kinds else None
+    waits = _backlog(p) if "on_demand" in kinds else None
     for job in queue.take(config.max_jobs_per_pass):
         allowed = job_kinds(job, kinds)
-        rents = "on_demand" in allowed  # a shape that may rent is never blocked: no tuple to build for it
+        rents = p.rents(job)  # a shape that may rent is never blocked: no tuple to build for it
         shape = (
             None
             if rents
@@ -78,12 +78,10 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
     return p.decisions
 
 
-def _backlog(state: ClusterState, now: float, config: PolicyConfig, kinds: frozenset[str]) -> Backlog:
-    """The jobs queued at the start of the pass that may only run on owned capacity, and what their time is worth."""
-    owned_only = {
-        job.id: allowed
-        for job in state.queue
-        if "on_demand" not in (allowed := job_kinds(job, kinds)) and job.gpu_count
-    }
+def _backlog(p: Pass) -> Backlog:
+    """The jobs queued at the start of the pass that can only run on owned capacity (they may not rent, or no
+    instance type could host them), and what their time is worth."""
+    state, config = p.state, p.config
+    owned_only = {job.id: job_kinds(job, p.kinds) for job in state.queue if job.gpu_count and not p.rents(job)}
     values = {job.id: backlog_value_per_s(job, config) for job in state.queue if job.id in owned_only}
-    return backlog(state, now=now, config=config, owned_only=owned_only, value_per_s=values)
+    return backlog(state, now=p.now, config=config, owned_only=owned_only, value_per_s=values)

@@ -236,3 +236,17 @@ def test_the_freed_gpu_starts_the_next_job_in_queue_order_not_the_one_that_would
     make_room(p)
 
     assert not [d for d in p.decisions if isinstance(d, MakeRoom)]
+
+
+def test_jobs_no_rental_can_host_are_made_room_for_as_local_only_jobs_are():
+    """Jobs that may rent but ask for the local GPU's model, which no instance type has, wait for owned capacity as
+    local-only jobs do: the long job that could rent is moved for them (round 8 saw only `allowed = local` jobs)."""
+    node, long = _held_local(left_h=1000)
+    model_only = tuple(
+        make_job(priority="cost", allowed="any", gpu_models=frozenset({node.gpu_model}), expected_duration_s=HOUR)
+        for _ in range(20)
+    )
+    t4 = make_instance(**T4, gpu_model="T4")
+    state = make_state(nodes=(node,), running=(long,), queue=model_only, catalogue=(t4,))
+
+    assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in schedule(state, 0.0, config())

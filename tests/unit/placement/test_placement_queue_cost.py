@@ -363,3 +363,59 @@ def test_a_submission_counts_as_made_at_most_a_minute_before_the_bus_server_stor
     on_time = submitted(created=stored - timedelta(seconds=2))
     assert bounded_submission(on_time, stored) is on_time
     assert bounded_submission(behind, None) is behind  # no JetStream metadata (an in-memory broker): as it is
+
+
+def test_a_job_no_rental_can_host_is_counted_owned_only_and_its_wait_charged_to_the_job_taking_its_gpu():
+    """A job that may rent but asks for a GPU model no instance type has (the trace's P100-only jobs) can run only on
+    owned capacity: its 10 h wait ($20 at the full rate) is charged to the job that could rent and would take the
+    last P100, which rents ($10) instead. Round 8 counted only `allowed = local` jobs as owned-only: the could-rent
+    job took the GPU and the P100 job waited 10 h."""
+    local = make_node(kind="local", gpu_count=1, gpu_model="P100", price_per_hour=0.35)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    p100_only = make_job(priority="cost", allowed="any", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(nodes=(local,), queue=(could_rent, p100_only), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Provision("v100.1x", 1, could_rent.id) in decisions
+    assert Start(p100_only.id, (local.id,), ((0,),)) in decisions
+
+
+def test_a_job_a_rental_could_host_is_not_counted_owned_only():
+    """The same pair when the rental has the model the job asks for: it may rent, so its wait is its own choice and
+    nothing is charged for it; the job that could rent keeps the GPU it was first in line for."""
+    local = make_node(kind="local", gpu_count=1, gpu_model="P100", price_per_hour=0.35)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    p100_only = make_job(priority="cost", allowed="any", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR)
+    rental = make_instance(name="p100.1x", gpu_model="P100", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(nodes=(local,), queue=(could_rent, p100_only), catalogue=(rental,))
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Start(could_rent.id, (local.id,), ((0,),)) in decisions
+
+
+def test_a_job_that_accepts_only_one_model_is_charged_only_to_jobs_taking_a_gpu_of_that_model():
+    """A reserved kind of one P100, busy for 20 h, and one free V100: the P100-only job waits for the P100 alone, so
+    the job that could rent and takes the V100 for 10 h puts no wait on it and starts. Counted on the kind as a
+    whole (the first form of this round), it was charged half the P100 job's wait and all of it as the next in line
+    ($20 against a $10 rental) and rented while the V100 stood idle."""
+    p100 = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="P100", price_per_hour=0.5)
+    v100 = make_node(kind="reserved", gpu_count=1, gpu_model="V100", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", gpu_models=frozenset({"V100"}), expected_duration_s=10 * HOUR)
+    p100_only = make_job(
+        priority="cost", allowed="cloud", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(p100, v100),
+        running=(busy(p100, until=20 * HOUR),),
+        queue=(could_rent, p100_only),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Start(could_rent.id, (v100.id,), ((0,),)) in decisions
+    assert not any(isinstance(d, Provision) for d in decisions)
