@@ -6,7 +6,10 @@ submitters held out (`--kfold K` folds, or one held-out share), the rest of it t
 `--split benchmark`: the same with the test tarball's benchmarks held out (every run of a held-out benchmark
 leaves training): with `--train` and `--test` the same tarball (v3.1), the development analogue of a new
 round's unseen benchmarks, so the round's own test runs are not tuned on. `--split accelerator`: the same with the
-test tarball's accelerator models held out (the development analogue of a new round's new accelerators).
+test tarball's accelerator models held out (the development analogue of a new round's new accelerators);
+`--split generation`: their generations held out (every Hopper part together, every TPU), the analogue of hardware
+whose whole generation the history never saw. Every report also groups the test runs by whether their accelerator's
+generation was trained on (`seen_generation`, `new_generation`).
 `--targets FILE` declares the quality target of benchmarks the built-in table does not know.
 """
 
@@ -26,6 +29,7 @@ from services.estimator.model.baselines import Baseline, CurveOnly, MedianDurati
 from services.estimator.model.calibrate import make_estimator, replay, train_with_calibration
 from services.estimator.model.corpus import Run, default_tarballs, is_usable, load_cached
 from services.estimator.model.features import normalise_accelerator
+from services.estimator.model.hardware import generation
 from services.estimator.model.online import OnlineEstimator
 from services.estimator.model.targets import Target, parse_targets
 from services.estimator.scoring import summarise
@@ -47,6 +51,7 @@ def _row(run: Run, now: float, pred: float | None, **extra: object) -> dict:
         "pred": pred,
         "benchmark": run.benchmark,
         "accelerator": normalise_accelerator(run.accelerator),
+        "generation": generation(run.accelerator),
         **extra,
     }
 
@@ -88,8 +93,11 @@ def evaluate_split(
 
 # -- splits -------------------------------------------------------------------------------
 def split_key(run: Run, by: str) -> str:
-    """What a split holds out of a run: its submitter, benchmark, or accelerator model (the vocabulary's word)."""
-    return normalise_accelerator(run.accelerator) if by == "accelerator" else getattr(run, by)
+    """What a split holds out of a run: its submitter, benchmark, accelerator model (the vocabulary's word) or the
+    accelerator's generation."""
+    if by == "accelerator":
+        return normalise_accelerator(run.accelerator)
+    return generation(run.accelerator) if by == "generation" else getattr(run, by)
 
 
 def split_holdout(
@@ -160,6 +168,7 @@ def run_evaluation(
     for held, train, test, bad in plans:
         seen_b = {r.benchmark for r in train}
         seen_a = {normalise_accelerator(r.accelerator) for r in train}
+        seen_g = {generation(r.accelerator) for r in train}
         seen_bench |= seen_b
         seen_accel |= seen_a
         splits.append(
@@ -176,6 +185,7 @@ def run_evaluation(
                 for row in rows:
                     row["group_bench"] = "seen" if row["benchmark"] in seen_b else "unseen"
                     row["group_accel"] = "seen_accelerator" if row["accelerator"] in seen_a else "new_accelerator"
+                    row["group_gen"] = "seen_generation" if row["generation"] in seen_g else "new_generation"
                 merged[method][frac] += rows
     return _report(merged, split=split, splits=splits, test_path=test_path, train_paths=train_paths)
 
@@ -202,7 +212,11 @@ def _report(
         entry = {f"{int(f * 100)}%": summarise(rows) for f, rows in sorted(by_cut.items())}
         entry["by_benchmark"] = {f"{int(f * 100)}%": _grouped(rows, "benchmark") for f, rows in sorted(by_cut.items())}
         entry["by_group"] = {
-            f"{int(f * 100)}%": {**_grouped(rows, "group_bench"), **_grouped(rows, "group_accel")}
+            f"{int(f * 100)}%": {
+                **_grouped(rows, "group_bench"),
+                **_grouped(rows, "group_accel"),
+                **_grouped(rows, "group_gen"),
+            }
             for f, rows in sorted(by_cut.items())
         }
         report["methods"][method] = entry
@@ -261,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--test", default=defaults[-1] if defaults else None)
     ap.add_argument(
         "--split",
-        choices=("submitter", "benchmark", "accelerator", "round", "family", "unseen"),
+        choices=("submitter", "benchmark", "accelerator", "generation", "round", "family", "unseen"),
         default="submitter",
         help="family: own-jobs only, leave-one-family-out (fine-tunes the curve "
         "prior per family); unseen: own-jobs only, the shipped estimator on the families it never saw",

@@ -76,6 +76,19 @@ FAMILIES: tuple[tuple[re.Pattern, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+# Each table row's generation (its first needle's): what a leave-one-generation-out split holds out together, so a
+# new generation is tested as one (H200 and GH200 out with H100, TPU v5p with v5e), not as a sibling of a seen part.
+GENERATIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("blackwell", ("b200",)),
+    ("hopper", ("gh200", "h200", "h100")),
+    ("ampere", ("a100", "a30", "a10g", "a5000")),
+    ("ada", ("l40s", "l40", "l4", "4090")),
+    ("cdna", ("mi300",)),
+    ("gaudi", ("gaudi3", "gaudi")),
+    ("tpu", ("v5p", "v5e")),
+    ("rdna", ("7900",)),
+)
+
 PCIE_GEN5_GBPS = 128.0  # the most a PCIe card of a family the table lacks is given to reach the others
 
 
@@ -101,3 +114,16 @@ def hardware(name: str) -> Hardware | None:
             tflops, memory, link = _row(pcie if "pcie" in key else needles)
             return Hardware(tflops, memory, min(link, PCIE_GEN5_GBPS) if "pcie" in key else link, "family")
     return None
+
+
+def generation(name: str) -> str:
+    """The accelerator's generation word (`GENERATIONS`: the table's row, else its family's), else its squeezed
+    name: a part no row or family knows is a generation of its own."""
+    key = squeeze(name)
+    row = next((needles for needles, *_ in TABLE if all(n in key for n in needles)), None)
+    if row is None:
+        spaced = re.sub(r"[-_/,]", " ", name.lower().replace("(r)", ""))
+        row = next((needles for pattern, needles, _ in FAMILIES if pattern.search(spaced)), None)
+    if row is None:
+        return key.replace("-", "") or "unknown"
+    return next(gen for gen, firsts in GENERATIONS if row[0] in firsts)

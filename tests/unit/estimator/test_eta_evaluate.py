@@ -12,7 +12,8 @@ from services.estimator import evaluate
 from services.estimator.model import calibrate
 from services.estimator.model.targets import parse_targets
 
-SYSTEM = {"accelerator_model_name": "NVIDIA H100-SXM5-80GB", "number_of_nodes": "1", "accelerators_per_node": "8"}
+SYSTEM_GPU = "NVIDIA H100-SXM5-80GB"
+SYSTEM = {"accelerator_model_name": SYSTEM_GPU, "number_of_nodes": "1", "accelerators_per_node": "8"}
 
 
 def run_log(*, target, mode="max", work=40, rate=1.0, status="success", metric="eval_accuracy", evals=8):
@@ -33,10 +34,15 @@ def run_log(*, target, mode="max", work=40, rate=1.0, status="success", metric="
     return "\n".join(lines)
 
 
-def write_round(path, runs):
-    """A tarball shaped like an MLPerf results release: <org>/systems, <org>/results/<system>/<bench>."""
+def write_round(path, runs, *, accelerators=()):
+    """A tarball shaped like an MLPerf results release: <org>/systems, <org>/results/<system>/<bench>; org `o`'s
+    box has `accelerators[o]` where given, else SYSTEM's H100."""
     with tarfile.open(path, "w:gz") as tar:
-        files = [(f"org{o}/systems/box.json", json.dumps(SYSTEM)) for o in range(3)]
+        names = dict(enumerate(accelerators))
+        files = [
+            (f"org{o}/systems/box.json", json.dumps({**SYSTEM, "accelerator_model_name": names.get(o, SYSTEM_GPU)}))
+            for o in range(3)
+        ]
         for i, (bench, text) in enumerate(runs):
             files.append((f"org{i % 3}/results/box/{bench}/result_{i}.txt", text))
         for name, text in files:
@@ -140,6 +146,19 @@ def test_benchmark_split_holds_whole_benchmarks_out_of_one_round(rounds, quick):
     assert sorted(b for h in held for b in h) == ["bert", "resnet", "ssd"]
     assert all(split["unseen_benchmarks"] == h for split, h in zip(report["splits"], held))
     assert report["unseen_benchmarks"] == ["bert", "resnet", "ssd"]
+
+
+def test_a_generation_never_trained_on_is_reported_apart_from_a_new_part_of_a_seen_one(rounds, quick, tmp_path):
+    train, _ = rounds  # every training run on H100s (Hopper)
+    test = write_round(
+        tmp_path / "mlperf-training-v9.0.tar.gz",
+        [("bert", run_log(target=0.72, work=41)) for _ in range(6)],
+        accelerators=("NVIDIA H200-SXM5-141GB", "TPU-v5p", "NVIDIA H100-SXM5-80GB"),
+    )  # runs 0, 3 on H200 (a new part of a seen generation), 1, 4 on TPU v5p (a new generation), 2, 5 on H100
+    groups = evaluate.run_evaluation([train], test, split="round")["methods"]["eta_blend"]["by_group"]["20%"]
+    assert groups["new_accelerator"]["n_total"] == 4
+    assert groups["new_generation"]["n_total"] == 2
+    assert groups["seen_generation"]["n_total"] == 4
 
 
 def test_cli_writes_the_json_report(rounds, quick, tmp_path, capsys):

@@ -6,7 +6,7 @@ from eta_factories import make_run
 
 from services.estimator import evaluate
 from services.estimator.model.features import JobFeatures, features_from_run
-from services.estimator.model.hardware import Hardware, hardware
+from services.estimator.model.hardware import GENERATIONS, TABLE, Hardware, generation, hardware
 from services.estimator.model.history import HistoryPredictor
 
 # Every accelerator model name of the MLPerf Training v3.1 and v4.0 results, as their systems files spell them.
@@ -117,9 +117,25 @@ def test_accelerator_split_holds_out_each_accelerator_model_under_every_spelling
     assert evaluate.split_key(runs[0], "accelerator") == evaluate.split_key(runs[1], "accelerator")
 
 
+def test_generation_split_holds_out_a_whole_generation_its_newer_parts_and_families_included():
+    names = ("NVIDIA H100-SXM5-80GB", "NVIDIA H200-SXM5-141GB", "NVIDIA GH200", "NVIDIA H20", "TPU-v5e", "TPU-v5p")
+    runs = [make_run(accelerator=a, run_id=f"v3.1/o/s/bert/{i}") for i, a in enumerate((*names, "NVIDIA L40S"))]
+    folds = evaluate.split_kfold(runs, runs, k=3, by="generation")
+    assert sorted(w for fold in folds for w in fold) == ["ada", "hopper", "tpu"]
+    assert {evaluate.split_key(r, "generation") for r in runs[:4]} == {"hopper"}  # H20: by its family's pattern
+    assert evaluate.split_key(runs[4], "generation") == evaluate.split_key(runs[5], "generation")
+
+
+def test_every_row_of_the_table_has_a_generation_and_a_part_nobody_knows_is_one_of_its_own():
+    assert {generation(" ".join(needles)) for needles, *_ in TABLE} == {gen for gen, _ in GENERATIONS}
+    assert generation("Acme Matrix-9") == "acmematrix9" != generation("Other Chip")
+    assert generation("") == "unknown"
+
+
 @pytest.mark.parametrize(
     "name", ["", "x" * 100_000, "b" + "9" * 50_000, "NVIDIA\x00H100\u202e", "(r)" * 1000, "🚀 GPU"]
 )
 def test_a_node_claiming_any_name_gets_numbers_or_none_never_an_error(name):
     known = hardware(name)  # the name is the node's claim (TaskStarted.gpu_model) or the job's declaration
+    assert isinstance(generation(name), str)
     assert known is None or (known.tflops > 0 and known.memory_gbps > 0 and known.link_gbps > 0)
