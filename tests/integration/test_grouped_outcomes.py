@@ -274,3 +274,47 @@ async def test_the_api_answers_a_save_whose_group_found_the_database_away_with_5
         response = await admin.post("/v2/test/grouped-save")
     assert (response.status_code, response.headers.get("retry-after")) == (503, "2")
     await ours.close()
+
+
+async def test_a_groups_writes_to_several_collections_of_one_client_go_in_one_command(racing):
+    """Writes to three collections handed at the same moment (a status, its list entry, its queue entry, say): one
+    `bulkWrite` command, each write answered as on its own: an insert, an upsert a unique index refuses, a stale and
+    a current conditional replacement, an update that cannot apply (four commands before, one per collection and
+    one for the conditional replacements)."""
+    ours, _, after = racing
+    database = ours[unique("together").replace("-", "_")]
+    jobs, entries, queue = database.jobs, database.entries, database.queue
+    await entries.create_index("slot", unique=True)
+    await jobs.insert_many([{"_id": f"j{n}", REVISION: 1, "text": "x"} for n in range(2)])
+    await entries.insert_one({"_id": "e0", "slot": 1})
+    after.seen.clear()
+    answers = await asyncio.gather(
+        insert_grouped(jobs, {"_id": "new"}),
+        replace_if(jobs, {"_id": "j0", REVISION: 1}, {REVISION: 2}),
+        replace_if(jobs, {"_id": "j1", REVISION: 7}, {REVISION: 8}),  # stale
+        update_grouped(entries, [({"_id": "e1"}, {"$set": {"slot": 1}})], upsert=True),  # e0's slot: refused
+        update_grouped(queue, [({"_id": "q0"}, {"$set": {"v": 3}})], upsert=True),
+        update_grouped(jobs, [({"_id": "j1"}, {"$inc": {"text": 1}})]),  # not a number
+        return_exceptions=True,
+    )
+    assert answers[:5] == [True, True, False, True, False]  # inserted, matched, stale, refused, written
+    assert isinstance(answers[5], WriteError) and not isinstance(answers[5], DuplicateKeyError)
+    assert after.seen == ["bulkWrite"]
+    assert {d["_id"]: d[REVISION] async for d in jobs.find({}, {REVISION: 1}) if REVISION in d} == {"j0": 2, "j1": 1}
+    assert await jobs.count_documents({"_id": "new"}) == 1 and await queue.count_documents({"v": 3}) == 1
+    assert await entries.count_documents({}) == 1
+    await ours.close()
+
+
+async def test_a_server_without_the_bulk_write_command_gets_a_command_per_collection(racing, monkeypatch):
+    """Where the server refuses `bulkWrite`, the writes to several collections go as before, one command each."""
+    ours, _, after = racing
+    monkeypatch.setattr(AsyncMongoClient, "bulk_write", REFUSING)
+    database = ours[unique("apart").replace("-", "_")]
+    answers = await asyncio.gather(
+        insert_grouped(database.jobs, {"_id": "a"}),
+        update_grouped(database.queue, [({"_id": "a"}, {"$set": {"v": 1}})], upsert=True),
+    )
+    assert answers == [True, False]
+    assert sorted(after.seen) == ["insert", "update"]
+    await ours.close()
