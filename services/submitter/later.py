@@ -33,7 +33,6 @@ class LaterWrites:
         self._timer: asyncio.Task | None = None
         self._writing = asyncio.Lock()  # one write at a time: a stop waits for the one the timer started
         self.closed = False  # stopping: what is handed in (or put back by a failed write) waits for no timer
-        self.along: LaterWrites | None = None  # another collection's entries written with these when they come due
 
     def add(self, job_id: str, version: int, update: dict[str, Any]) -> None:
         """The job's entry for status `version`, written in `delay_s` unless a newer one replaces it first."""
@@ -86,17 +85,9 @@ class LaterWrites:
             await asyncio.sleep(self.delay_s)
         finally:
             self._timer = None
-        along = self.along if self.along is not None and self.along.waiting else None
-        # both handed to the group at once: one command for the two collections (`shared.grouped`)
-        results = await asyncio.gather(
-            self.write_now(), *([along.write_now()] if along is not None else []), return_exceptions=True
-        )
-        for writes, result in zip((self, along), results):
-            if isinstance(result, BaseException) and writes is not None:
-                # they wait again; a job's next phase writes its own, a restart rebuilds them all
-                log.warning(
-                    "view entries not written to %s, tried again in %.1f s: %r",
-                    writes.collection.name,
-                    writes.delay_s,
-                    result,
-                )
+        try:
+            await self.write_now()
+        except Exception as exc:  # they wait again; a job's next phase writes its own, a restart rebuilds them all
+            log.warning(
+                "view entries not written to %s, tried again in %.1f s: %r", self.collection.name, self.delay_s, exc
+            )

@@ -3,7 +3,6 @@ is checked against; their output (`logstore`) and notifications (`notificationst
 The one door to them: no other module of the submitter names a collection."""
 
 import asyncio
-from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -244,17 +243,14 @@ class Repository:
         moved the phase for, refused where a newer one wrote them, so they end at the latest status whatever the
         order; a redelivery rewrites nothing. Entries are updated, never made: a deleted job's stay gone."""
         update = {"$set": status_fields(event)}
-        writes: list[Awaitable[object]] = [
-            update_grouped(self.jobs, [({"_id": event.job_id, "status_version": {"$lt": event.version}}, update)])
-        ]
+        await update_grouped(self.jobs, [({"_id": event.job_id, "status_version": {"$lt": event.version}}, update)])
         phase, was = event.phase.value, moved_from(event)
-        if phase != was:
-            if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
-                writes.append(self.views.queue_entry(event.job_id, event.version, owner=None, later=True))
-            entry = {"$set": {"phase": phase, "v": event.version}}
-            writes.append(self.views.list_entry(event.job_id, event.version, entry, later=True, upsert=False))
-        # handed to the group at once: the job and the entries written now go in one command (`shared.grouped`)
-        await asyncio.gather(*writes)
+        if phase == was:
+            return
+        if was in QUEUED_PHASES and phase not in QUEUED_PHASES:
+            await self.views.queue_entry(event.job_id, event.version, owner=None, later=True)
+        entry = {"$set": {"phase": phase, "v": event.version}}
+        await self.views.list_entry(event.job_id, event.version, entry, later=True, upsert=False)
 
     async def apply_eta(self, event: EtaEstimated) -> None:
         """Show the job's latest estimate (None: none) while it has not finished. An estimate of a job this process

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.grouped import update_grouped
@@ -76,9 +77,6 @@ class ViewEntries:
     def __post_init__(self) -> None:
         self.later_entries = LaterWrites(self.listing, delay_s=self.list_later_s)
         self.later_leaves = LaterWrites(self.queue, delay_s=self.list_later_s)
-        # a job leaving the queue waits in both: whichever comes due takes the other's along (one command)
-        self.later_entries.along = self.later_leaves
-        self.later_leaves.along = self.later_entries
 
     async def create_indexes(self) -> None:
         await self.queue.create_index([("project_id", 1)])
@@ -94,22 +92,23 @@ class ViewEntries:
         self.added[("user", owner[1])] += 1
 
     async def add_new(self, stored: list[dict[str, Any]]) -> None:
-        """The entries of jobs just stored: a queue entry and a list entry each, all in one command with whatever
-        else is written at that moment (`shared.grouped`; one command per collection on a server without
-        `bulkWrite`). The places are counted first: a count that runs ahead refuses nothing it should admit, the
-        caps read the view again where it would refuse."""
+        """The entries of jobs just stored: a queue entry and a list entry each, one command per collection."""
+        await self.queue.bulk_write(
+            [
+                UpdateOne(
+                    {"_id": doc["_id"]},
+                    {"$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": _version(doc)}},
+                    upsert=True,
+                )
+                for doc in stored
+            ],
+            ordered=False,
+        )
         for doc in stored:
             self._added((doc["project_id"], doc["user_name"]))
-        queued = [
-            (
-                {"_id": doc["_id"]},
-                {"$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": _version(doc)}},
-            )
-            for doc in stored
-        ]
-        listed = [({"_id": entry.pop("_id")}, {"$set": entry}) for entry in map(list_entry, stored)]
-        await asyncio.gather(
-            update_grouped(self.queue, queued, upsert=True), update_grouped(self.listing, listed, upsert=True)
+        await self.listing.bulk_write(
+            [UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True) for entry in map(list_entry, stored)],
+            ordered=False,
         )
 
     async def rebuild(self, jobs: AsyncCollection) -> int:
@@ -146,12 +145,11 @@ class ViewEntries:
         a list entry of a phase that does not end the job, and a queue entry that leaves the queue, wait
         (`LIST_LATER_S`)."""
         version = _version(doc)
+        if queue:
+            await self.queue_entry(doc["_id"], version, owner=_owner(doc), later=later)
         entry = list_entry(doc)
         job_id = entry.pop("_id")
-        writes = [self.list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)]
-        if queue:
-            writes.insert(0, self.queue_entry(doc["_id"], version, owner=_owner(doc), later=later))
-        await asyncio.gather(*writes)  # handed to the group at once: those written now go in one command
+        await self.list_entry(job_id, version, {"$set": entry}, later=later, upsert=True)
 
     async def queue_entry(self, job_id: str, version: int, *, owner: Owner | None, later: bool = False) -> None:
         """The job's place in the queue for its status `version`: held by its (project, user), or (None) a
