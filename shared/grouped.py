@@ -95,100 +95,21 @@ Outcome = bool | Exception  # a request's own answer: refused or not matched (Tr
 
 
 async def _write_group(items: list[Item]) -> list[Outcome]:
-    """One command for the group's writes to one database client where its server takes MongoDB 8.0's `bulkWrite`
-    (many collections in one command), else one write per collection (and one for its conditional replacements);
-    each item answered with whether a unique index refused (or a filter missed) any of its requests, or the error
-    one of its own requests met."""
+    """One write per collection (and one for its conditional replacements); each item answered with whether a
+    unique index refused (or a filter missed) any of its requests, or the error one of its own requests met."""
     by_collection: dict[tuple[int, str], tuple[AsyncCollection, list[Request], list[tuple[int, range]]]] = {}
     for n, (collection, requests) in enumerate(items):
         _, pending, spans = by_collection.setdefault(collection_key(collection), (collection, [], []))
         spans.append((n, range(len(pending), len(pending) + len(requests))))
         pending.extend(requests)
-    by_client: dict[tuple[int, str], list[tuple[AsyncCollection, list[Request]]]] = {}
-    for collection, requests, _ in by_collection.values():
-        key = (id(collection.database.client), repr(getattr(collection, "write_concern", None)))
-        by_client.setdefault(key, []).append((collection, requests))
-    outcomes: dict[tuple[int, str], list[Outcome]] = {}
-    for together in by_client.values():
-        answered = await _in_one_command(together) if _commands(together) > 1 else None
-        for collection, requests in together:
-            key = collection_key(collection)
-            outcomes[key] = answered.pop(0) if answered is not None else await _outcomes(collection, requests)
     answers: list[Outcome] = [False] * len(items)
-    for key, (_, _, spans) in by_collection.items():
+    for collection, requests, spans in by_collection.values():
+        outcomes = await _outcomes(collection, requests)
         for n, span in spans:
-            own = [outcomes[key][i] for i in span]
+            own = [outcomes[i] for i in span]
             error = next((o for o in own if isinstance(o, Exception)), None)
             answers[n] = error if error is not None else any(own)
     return answers
-
-
-def _commands(together: list[tuple[AsyncCollection, list[Request]]]) -> int:
-    """How many commands the writes to these collections of one client take one collection at a time."""
-    kinds = [{isinstance(r, Conditional) for r in requests} for _, requests in together]
-    return sum(len(k) for k in kinds)
-
-
-async def _in_one_command(together: list[tuple[AsyncCollection, list[Request]]]) -> list[list[Outcome]] | None:
-    """Every request to these collections of one client in one `bulkWrite` command, answered per collection as
-    `_outcomes` answers; None where the server refuses the command (nothing was applied: written as before)."""
-    client = together[0][0].database.client
-    if _refuses(client):
-        return None
-    ops = [_namespaced(r, collection.full_name) for collection, requests in together for r in requests]
-    conditional = [isinstance(r, Conditional) for _, requests in together for r in requests]
-    flat: list[Outcome]
-    try:
-        result = await client.bulk_write(
-            ops, ordered=False, verbose_results=True, write_concern=getattr(together[0][0], "write_concern", None)
-        )
-    except InvalidOperation:  # no `bulkWrite` command on this server (before MongoDB 8.0): nothing was sent
-        _remember_refusal(client)
-        return None
-    except ClientBulkWriteException as exc:
-        error = _top_level(exc.error)
-        if isinstance(error, OperationFailure) and error.code in NO_BULK_WRITE and not exc.details.get("anySuccessful"):
-            _remember_refusal(client)
-            return None
-        try:
-            flat = _answered(exc, error, len(ops), conditional=conditional)
-        except Exception as failed:  # the command failed as a whole: so did each of its requests
-            flat = [failed] * len(ops)
-    except Exception as exc:  # the database away, say: each request raises it
-        flat = [exc] * len(ops)
-    else:
-        done = {**result.insert_results, **result.update_results}
-        flat = [_own(i, conditional[i], done, {}, None) for i in range(len(ops))]
-    answered, start = [], 0
-    for _, requests in together:
-        answered.append(flat[start : start + len(requests)])
-        start += len(requests)
-    return answered
-
-
-def _namespaced(request: Request, namespace: str) -> Request:
-    """The same request addressed to a collection, as a client-level `bulkWrite` takes it."""
-    if isinstance(request, Conditional):
-        return ReplaceOne(request.query, request.doc, namespace=namespace)
-    if isinstance(request, InsertOne):
-        return InsertOne(request._doc, namespace=namespace)
-    if isinstance(request, ReplaceOne):
-        return ReplaceOne(request._filter, request._doc, upsert=bool(request._upsert), namespace=namespace)
-    return UpdateOne(request._filter, request._doc, upsert=bool(request._upsert), namespace=namespace)
-
-
-def _own(
-    index: int, conditional: bool, done: dict[int, Any], errors: dict[int, Any], error: Exception | None
-) -> Outcome:
-    """One request's answer from a client-level `bulkWrite`: a conditional replacement whether its filter missed, any
-    other whether a unique index refused it (as a single write is answered); its own error; `error` (the command's)
-    or an error of its own where the server answered nothing for it."""
-    if index in errors:
-        detail = errors[index]
-        return True if not conditional and detail.get("code") == DUPLICATE_KEY else _error(detail)
-    if index in done:
-        return not done[index].matched_count if conditional else False
-    return error or _unanswered(index)
 
 
 async def _outcomes(collection: AsyncCollection, requests: list[Request]) -> list[Outcome]:
@@ -234,22 +155,21 @@ async def _replace_each(collection: AsyncCollection, requests: list[Request]) ->
     return [not updates[i].matched_count if i in updates else _unanswered(i) for i in range(len(ops))]
 
 
-def _answered(
-    exc: ClientBulkWriteException, error: Exception | None, count: int, *, conditional: list[bool] | None = None
-) -> list[Outcome]:
+def _answered(exc: ClientBulkWriteException, error: Exception | None, count: int) -> list[Outcome]:
     """Each of `count` requests as a `bulkWrite` that raised answered it: its own result or write error; `error`
     (the command's own: the database away, say) for those the server did not answer, raised where it answered
-    none. A write concern error is raised, as a single write raises it: what it applied may not last.
-    `conditional`: which requests are conditional replacements (all when not given)."""
+    none. A write concern error is raised, as a single write raises it: what it applied may not last."""
     partial = exc.partial_result
-    done = {**partial.insert_results, **partial.update_results} if partial is not None else {}
-    errors = {e["idx"]: e for e in exc.details.get("writeErrors", [])}
-    if error is not None and not done and not errors:
+    updates = partial.update_results if partial is not None else {}
+    errors = {e["idx"]: _error(e) for e in exc.details.get("writeErrors", [])}
+    if error is not None and not updates and not errors:
         raise error from exc
     if concern := exc.details.get("writeConcernErrors"):
         raise _write_concern_error(concern[0]) from exc
-    kinds = conditional if conditional is not None else [True] * count
-    return [_own(i, kinds[i], done, errors, error) for i in range(count)]
+    return [
+        errors[i] if i in errors else not updates[i].matched_count if i in updates else error or _unanswered(i)
+        for i in range(count)
+    ]
 
 
 def _top_level(error: Any) -> Exception | None:

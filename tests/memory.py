@@ -4,7 +4,7 @@ import copy
 from types import SimpleNamespace
 from typing import Any
 
-from pymongo import InsertOne, ReplaceOne, UpdateOne
+from pymongo import InsertOne, ReplaceOne
 from pymongo.errors import BulkWriteError, ClientBulkWriteException, DuplicateKeyError
 from pymongo.results import ClientBulkWriteResult
 
@@ -151,38 +151,25 @@ class Result:
 
 
 class MemoryClient:
-    """The client's `bulk_write` (MongoDB 8.0's command) of the requests `shared.grouped` sends there, over one
-    memory collection: each answered on its own, a duplicate key refusing its own request only."""
+    """The client's `bulk_write` (MongoDB 8.0's command) of the replacements `shared.grouped` sends there, over
+    one memory collection: each answered on its own, a duplicate key refusing its own request only."""
 
     def __init__(self, collection: "MemoryCollection") -> None:
         self.collection = collection
 
     async def bulk_write(
-        self, models: list, ordered: bool = True, verbose_results: bool = False, **_: Any
+        self, models: list, ordered: bool = True, verbose_results: bool = False
     ) -> ClientBulkWriteResult:
         results: dict[int, Result] = {}
-        inserted: dict[int, Any] = {}
         errors: list[dict] = []
         for index, model in enumerate(models):
             try:
-                if isinstance(model, InsertOne):
-                    await self.collection.insert_one(model._doc)
-                    inserted[index] = SimpleNamespace(inserted_id=model._doc["_id"])
-                elif isinstance(model, UpdateOne):
-                    results[index] = await self.collection.update_one(model._filter, model._doc, bool(model._upsert))
-                else:
-                    results[index] = await self.collection.replace_one(model._filter, model._doc, bool(model._upsert))
+                results[index] = await self.collection.replace_one(model._filter, model._doc, bool(model._upsert))
             except DuplicateKeyError as exc:
                 errors.append({"idx": index, "code": 11000, "errmsg": str(exc)})
                 if ordered:
                     break
-        details = {
-            "anySuccessful": bool(results or inserted),
-            "error": None,
-            "writeErrors": errors,
-            "updateResults": results,
-            "insertResults": inserted,
-        }
+        details = {"anySuccessful": bool(results), "error": None, "writeErrors": errors, "updateResults": results}
         if errors:
             raise ClientBulkWriteException(details, verbose_results)
         return ClientBulkWriteResult(details, acknowledged=True, has_verbose_results=verbose_results)
