@@ -36,24 +36,32 @@ Update = tuple[dict[str, Any], dict[str, Any]]  # (filter, update)
 Request = InsertOne | ReplaceOne | UpdateOne
 Item = tuple[AsyncCollection, list[Request]]
 
-_GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GroupCommit]" = weakref.WeakKeyDictionary()
+# The groups of each event loop, by how long a group's first write waits for others (`window_s`).
+_GROUPS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[float, GroupCommit]]" = weakref.WeakKeyDictionary()
 
 
-async def update_grouped(collection: AsyncCollection, updates: list[Update], *, upsert: bool = False) -> bool:
+async def update_grouped(
+    collection: AsyncCollection, updates: list[Update], *, upsert: bool = False, window_s: float = 0.0
+) -> bool:
     """Write `updates` (each an update_one) in the next group. With `upsert`, a duplicate key is no error: the
-    filter refused an entry a newer write made (a versioned entry), whose word stands; True where that happened."""
-    return await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates])
+    filter refused an entry a newer write made (a versioned entry), whose word stands; True where that happened.
+    `window_s`: a write that finds no group waiting waits this long for others (written with those of its window
+    only; 0: at once, with whatever else is written then)."""
+    return await _grouped(collection, [UpdateOne(f, u, upsert=upsert) for f, u in updates], window_s=window_s)
 
 
-async def replace_grouped(collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any]) -> None:
-    """Replace the document `query` finds (none: nothing) in the next group."""
-    await _grouped(collection, [ReplaceOne(query, doc)])
+async def replace_grouped(
+    collection: AsyncCollection, query: dict[str, Any], doc: dict[str, Any], *, window_s: float = 0.0
+) -> None:
+    """Replace the document `query` finds (none: nothing) in the next group (`window_s`: as `update_grouped`)."""
+    await _grouped(collection, [ReplaceOne(query, doc)], window_s=window_s)
 
 
-async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any]) -> bool:
+async def insert_grouped(collection: AsyncCollection, doc: dict[str, Any], *, window_s: float = 0.0) -> bool:
     """Insert `doc` in the next group; False where a unique index refused it (one stored under its id, say: a
-    redelivery, or a retried insert whose answer was lost), whatever else its group held."""
-    return not await _grouped(collection, [InsertOne(doc)])
+    redelivery, or a retried insert whose answer was lost), whatever else its group held (`window_s`: as
+    `update_grouped`)."""
+    return not await _grouped(collection, [InsertOne(doc)], window_s=window_s)
 
 
 class Conditional(ReplaceOne):
@@ -70,12 +78,12 @@ async def replace_if(collection: AsyncCollection, query: dict[str, Any], doc: di
     return not await _grouped(collection, [Conditional(query, doc)])
 
 
-async def _grouped(collection: AsyncCollection, requests: list[Request]) -> bool:
+async def _grouped(collection: AsyncCollection, requests: list[Request], *, window_s: float = 0.0) -> bool:
     """Whether a unique index refused any of `requests`."""
-    loop = asyncio.get_running_loop()
-    if loop not in _GROUPS:
-        _GROUPS[loop] = GroupCommit(_write_group)
-    return await _GROUPS[loop]((collection, requests))
+    groups = _GROUPS.setdefault(asyncio.get_running_loop(), {})
+    if window_s not in groups:
+        groups[window_s] = GroupCommit(_write_group, window_s=window_s)
+    return await groups[window_s]((collection, requests))
 
 
 def collection_key(collection: AsyncCollection) -> tuple[int, str]:

@@ -245,7 +245,18 @@ class DeferredPulls:
 
     async def _later(self) -> None:
         await asyncio.sleep(self.delay_s)
-        batch, self.waiting, self._timer = self.waiting, {}, None
+        self._timer = None
+        await self._pull_waiting()
+
+    async def pull_now(self) -> None:
+        """What waits, pulled off now (a graceful stop: the next start's relay would publish it again)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self._pull_waiting()
+
+    async def _pull_waiting(self) -> None:
+        batch, self.waiting = self.waiting, {}
         if not batch:
             return
         try:
@@ -300,11 +311,16 @@ def pull_entry(doc_id: Any, event_id: str) -> tuple[dict[str, Any], dict[str, An
 
 
 async def flush_many(
-    broker: NatsBroker, collection: AsyncCollection, items: Sequence[tuple[Any, list[dict[str, Any]]]]
+    broker: NatsBroker,
+    collection: AsyncCollection,
+    items: Sequence[tuple[Any, list[dict[str, Any]]]],
+    *,
+    deferred: "DeferredPulls | None" = None,
 ) -> list[Exception | None]:
     """`flush` for many documents at once: each document's events published in order (the documents side by
-    side), then every published event pulled off in one bulk write. Answers per document: None, or the error
-    that stopped its publishing (what was not published stays in its outbox, for the relay)."""
+    side), then every published event pulled off in one bulk write (`deferred`: a moment later, with others).
+    Answers per document: None, or the error that stopped its publishing (what was not published stays in its
+    outbox, for the relay)."""
 
     async def publish_all(doc_id: Any, entries: list[dict[str, Any]]) -> tuple[list[Pull], Exception | None]:
         pulls: list[Pull] = []
@@ -320,7 +336,11 @@ async def flush_many(
     if any(error is not None for _, error in outcomes):
         left_behind(collection)
     pulls = [pull for done, _ in outcomes for pull in done]
-    if pulls:
+    if pulls and deferred is not None:
+        for (doc_id, _), (done, _) in zip(items, outcomes):
+            if done:
+                deferred.add(doc_id, [pull[0][f"{OUTBOX}.event_id"] for pull in done])
+    elif pulls:
         await _pulls(collection, pulls)
     return [error for _, error in outcomes]
 
@@ -526,4 +546,9 @@ class DocumentStore:
         await flush(self.broker, self.collection, doc_id, entries, deferred=self._deferred)
 
     async def flush_many(self, items: Sequence[tuple[Any, list[dict[str, Any]]]]) -> list[Exception | None]:
-        return await flush_many(self.broker, self.collection, items)
+        return await flush_many(self.broker, self.collection, items, deferred=self._deferred)
+
+    async def pull_now(self) -> None:
+        """The published events waiting for their deferred pull, pulled off now (at a graceful stop)."""
+        if self._deferred is not None:
+            await self._deferred.pull_now()

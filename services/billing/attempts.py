@@ -17,6 +17,7 @@ from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateCh
 from shared.grouped import insert_grouped, replace_grouped
 from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
 from services.billing.placements import (
+    WRITE_WINDOW_S,
     Placements,
     attempt_key,
     charged_from,
@@ -94,7 +95,7 @@ class Attempts:
         if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
             return
         try:
-            inserted = await insert_grouped(self.ledger, entry)  # with other attempts' that start at the same moment
+            inserted = await insert_grouped(self.ledger, entry, window_s=WRITE_WINDOW_S)  # with others starting then
         except Exception:
             self.unanswered.add(entry["_id"])
             raise
@@ -183,7 +184,7 @@ class Attempts:
         if opened is None:
             return
         line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
-        await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line)  # with other attempts' ending then
+        await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line, window_s=WRITE_WINDOW_S)  # with others
         if (
             closed_here := self.placements.first_placed.get(attempt_key(opened["job_id"], opened["attempt"]))
         ) is not None:

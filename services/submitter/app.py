@@ -114,6 +114,7 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     await audit_log.prepare()
     w.broker.context.set_global("repo", repo)  # the bus handlers' store
     w.closing.append(repo.views.close)  # the view entries that wait, once the bus handlers stopped
+    w.closing.append(repo.store.pull_now)  # the announcements published and not yet pulled off their outboxes
     await bootstrap_admin(tokens, audit_log, settings)
     app.state.tokens, app.state.audit, app.state.searches = tokens, audit_log, searches
     app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)

@@ -16,7 +16,7 @@ from shared.grouped import update_grouped
 from shared.jobs import FINISHED
 from shared.lru import Lru
 from shared.origin import Origins
-from shared.store import DocumentStore
+from shared.store import DEFER_PULLS_S, DocumentStore
 from services.submitter.caps import QUEUED_PHASES
 from services.submitter.later import LaterWrites
 from services.submitter.logstore import LOG_CAP_BYTES, LogStore
@@ -59,10 +59,12 @@ class Repository:
     def jobs(self):
         return self.db.api_jobs
 
-    @property
+    @cached_property
     def store(self) -> DocumentStore:
-        """Jobs as every service stores its state: with their outgoing events, by revision."""
-        return DocumentStore(self.jobs, self.broker)
+        """Jobs as every service stores its state: with their outgoing events, by revision. A new job's
+        announcement is pulled off its outbox `DEFER_PULLS_S` after its publish, with every other published then (one
+        write for a burst's seconds, not one for each intake group); a crash leaves it to the relay, stored once."""
+        return DocumentStore(self.jobs, self.broker, defer_pulls_s=DEFER_PULLS_S)
 
     @cached_property
     def views(self) -> ViewEntries:

@@ -106,6 +106,9 @@ async def test_a_submitted_job_is_stored_with_its_announcement_and_a_taken_name_
     stored = await repo.jobs.find_one({"_id": first.job_id})
     assert stored["create_time"] == first.create_time and stored["_outbox_n"] == 1  # stored; announced by the relay
     await repo.publish(first.job_id, pending)
+    # published; pulled off its outbox a moment later with others (`DEFER_PULLS_S`), or at a graceful stop
+    assert [e["event_id"] for e in (await repo.jobs.find_one({"_id": first.job_id}))["_outbox"]] == [first.event_id]
+    await repo.store.pull_now()
     assert (await repo.jobs.find_one({"_id": first.job_id}))["_outbox"] == []
     assert await repo.jobs.count_documents({}) == 1
     published = [m for m in await stream_subjects(bus_and_database, "tm.job.submitted") if first.job_id.encode() in m]
@@ -146,6 +149,7 @@ async def test_a_burst_of_submissions_is_stored_in_groups_within_the_caps_and_an
     assert await repo.listing.count_documents({"project_id": "p"}) == 5
     stored = [(a.doc["_id"], entries) for a, entries in zip(burst, answers) if isinstance(entries, list)]
     assert await asyncio.gather(*(intake.announce(item) for item in stored)) == [None] * 4
+    await repo.store.pull_now()  # what a moment later (`DEFER_PULLS_S`) or a graceful stop pulls off
     for job_id, _ in stored:
         doc = await repo.jobs.find_one({"_id": job_id})
         assert doc["_outbox"] == [] and doc["_outbox_n"] == 0

@@ -526,6 +526,35 @@ async def test_an_attempts_line_is_one_document_inserted_open_and_replaced_close
     assert (await again.reports.usage(UsageQuery(project_id="p"))).total.cost == pytest.approx(5.0)
 
 
+async def test_billings_records_of_jobs_that_come_a_moment_apart_share_a_write(counted):
+    """At a few jobs a second billing's handlers of different jobs write a moment apart: each record and line waits
+    `WRITE_WINDOW_S` for the others, so three jobs submitted, placed, started and ended 50 ms apart cost one command
+    for each of the four steps, not one for each job's (twelve)."""
+    repo, commands = counted
+    db, now = repo.db, T0 + timedelta(hours=3)
+    billing = billing_over(db, clock=lambda: now)
+    billing.attempts.spent = no_budgets
+    await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
+    jobs = [unique("w") for _ in range(3)]
+
+    async def apart(step) -> None:
+        async def one(n: int, job_id: str) -> None:
+            await asyncio.sleep(0.05 * n)
+            await step(job_id)
+
+        await asyncio.gather(*(one(n, job_id) for n, job_id in enumerate(jobs)))
+
+    commands.sent.clear()
+    await apart(lambda job_id: billing.attempts.submitted(submitted(job_id=job_id, gpu_count=1)))
+    await apart(lambda job_id: billing.attempts.placed(placed(job_id)))
+    await apart(lambda job_id: billing.attempts.started(started(job_id), seen=T0))
+    await apart(lambda job_id: billing.attempts.exited(exited(job_id), seen=T0 + timedelta(hours=1)))
+    # the parked task events looked for once, by the first placement (by each of the three at once before)
+    assert dict(commands.sent) == {"insert": 3, "update": 1, "find": 1}, dict(commands.sent)
+    report = await billing.reports.usage(UsageQuery(project_id="p"))
+    assert (report.total.attempts, report.open_attempts) == (3, 0)
+
+
 async def test_lines_kept_open_in_the_old_collection_are_moved_into_the_ledger(counted):
     repo, _ = counted
     db = repo.db
@@ -620,8 +649,8 @@ async def test_a_start_whose_line_landed_though_its_answer_was_lost_is_still_clo
     repo, _ = counted
     real_insert = attempts_module.insert_grouped
 
-    async def lands_then_raises(collection, doc):
-        await real_insert(collection, doc)
+    async def lands_then_raises(collection, doc, **kwargs):
+        await real_insert(collection, doc, **kwargs)
         monkeypatch.setattr(attempts_module, "insert_grouped", real_insert)
         raise AutoReconnect("the answer was lost")
 

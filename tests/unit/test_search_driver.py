@@ -1,6 +1,7 @@
 """The search driver on an in-memory store and a fake submitter: trials start up to parallelism, losing ones are
 pruned and told to end, a restarted driver asks nothing twice, a stop ends the search."""
 
+import asyncio
 import math
 from dataclasses import dataclass, field
 
@@ -184,3 +185,33 @@ async def test_gpu_hour_budget_stops_new_trials():
         await driver.pass_once(now_ms=T0 + 3_700_000)
     doc = await store.get("p", "s-unit")
     assert len(doc["trials"]) == 2 and doc["phase"] == "Completed" and "max_gpu_hours" in doc["reason"]
+
+
+class CountedStore(SearchStore):
+    """A store that counts its reads of the running searches."""
+
+    reads: int = 0
+
+    async def running(self) -> list[dict]:
+        self.reads += 1
+        return await super().running()
+
+
+async def test_with_no_search_running_the_driver_reads_them_only_now_and_then_or_after_one_is_stored_here():
+    """At rest the running searches are read every `idle_s`, not at every pass (every 2 s, a scan of the
+    collection on the embedded database); a search this process stores is driven from the next pass on."""
+    store = CountedStore(MemoryCollection())
+    port = FakePort(floors={0: 0.5, 1: 0.5})
+    driver = Driver(store=store, port=port, interval_s=0.01, idle_s=60)
+    task = asyncio.create_task(driver.run_forever())
+    try:
+        await asyncio.sleep(0.3)
+        assert store.reads == 1  # about 30 before
+        await store.insert(search_doc())
+        for _ in range(100):
+            if port.submitted:
+                break
+            await asyncio.sleep(0.01)
+        assert port.submitted and store.reads >= 2
+    finally:
+        task.cancel()

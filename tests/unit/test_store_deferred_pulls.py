@@ -2,10 +2,16 @@
 what is left goes in one bulk write; every event is published once and no outbox keeps what went out."""
 
 import asyncio
+from types import SimpleNamespace
 
 from shared.events import JobDeleted
 from shared.store import DEFER_PULLS_S, OUTBOX, DocumentStore, relay
+from services.submitter.repository import Repository
+from tests.memory import MemoryCollection
 from tests.unit.test_store_update import Bus, Counted, Reading
+
+# the submitter's other collections
+VIEWS = ("api_logs", "api_log_sizes", "api_notifications", "api_projects", "api_queue", "api_job_list")
 
 DELAY_S = 0.05
 
@@ -63,3 +69,21 @@ async def test_the_services_pull_the_last_events_of_jobs_ending_a_second_apart_i
     await asyncio.sleep(DEFER_PULLS_S)
     assert collection.pull_writes == [3]
     assert all(doc[OUTBOX] == [] for doc in collection.docs.values())
+
+
+async def test_the_submitters_new_jobs_announced_half_a_second_apart_are_pulled_off_in_one_write():
+    """A burst of a few jobs a second stores and announces each in a group of its own: their announcements share
+    one pull (one write for each intake group before), and each was published once."""
+    bus, jobs = Bus(), Counted()
+    db = SimpleNamespace(api_jobs=jobs, **{name: MemoryCollection(name) for name in VIEWS})
+    repo = Repository(db=db, broker=bus)  # type: ignore[arg-type]
+    for i in range(3):
+        job_id = f"new-{i}"
+        [pending] = await repo.store.insert_many([(job_id, {"n": 1}, [JobDeleted(event_id=job_id, job_id=job_id)])])
+        assert pending is not None and await repo.publish_many([(job_id, pending)]) == [None]
+        await asyncio.sleep(0.5)
+    assert jobs.pull_writes == []
+    await asyncio.sleep(DEFER_PULLS_S)
+    assert jobs.pull_writes == [3]
+    assert all(doc[OUTBOX] == [] for doc in jobs.docs.values())
+    assert sorted(p["event_id"] for _, p in bus.published) == ["new-0", "new-1", "new-2"]

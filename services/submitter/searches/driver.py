@@ -101,13 +101,23 @@ class Driver:
     interval_s: float = 2.0
     settled: dict[str, tuple[Point, ...]] = field(default_factory=dict)  # finished trials' final curves
 
+    # While no search runs, the running ones are read every `idle_s`, not every pass (a read every 2 s at rest, each
+    # a scan of the collection on the embedded database): a search stored by this process is read at its next pass,
+    # one another API replica stored within `idle_s` (that replica drives it meanwhile).
+    idle_s: float = 30.0
+
     async def run_forever(self) -> None:
+        running, inserted, read_at = True, -1, 0.0
         while True:
-            await self.pass_once()
+            if running or self.store.inserted != inserted or time.monotonic() - read_at >= self.idle_s:
+                inserted, read_at = self.store.inserted, time.monotonic()
+                running = await self.pass_once()
             await asyncio.sleep(self.interval_s)
 
-    async def pass_once(self, *, now_ms: int | None = None) -> None:
-        for doc in await self.store.running():
+    async def pass_once(self, *, now_ms: int | None = None) -> bool:
+        """One step of every running search; whether any was running."""
+        docs = await self.store.running()
+        for doc in docs:
             try:
                 await self.tick(doc, now_ms=now_ms)
             except Conflict:
@@ -116,6 +126,7 @@ class Driver:
                 log.warning("search %s: pass skipped: %s", doc.get("_id"), exc.message)
             except Exception:
                 log.exception("search %s: pass failed; retried on the next one", doc.get("_id"))
+        return bool(docs)
 
     async def curve(self, trial: dict, job: dict | None, *, metric: str, mode: str, now_ms: int) -> tuple[Point, ...]:
         job_id = trial["job_id"]

@@ -19,6 +19,7 @@ class Conflict(Exception):
 @dataclass
 class SearchStore:
     collection: Any
+    inserted: int = 0  # searches this process stored since it started (the driver reads at once after one)
 
     async def create_indexes(self) -> None:
         await self.collection.create_index([("project_id", 1), ("name", 1)], unique=True)
@@ -31,6 +32,7 @@ class SearchStore:
             await self.collection.insert_one({**doc, "version": 0})
         except DuplicateKeyError as exc:
             raise SearchNameTaken(doc["name"]) from exc
+        self.inserted += 1
 
     async def get(self, project_id: str, search_id: str) -> dict[str, Any] | None:
         return await self.collection.find_one({"_id": search_id, "project_id": project_id})
