@@ -80,12 +80,13 @@ bench-eta: $(STAMP)
 # The own-job curve prior (services/estimator/model/curveprior): pre-training on synthetic curves from seed 0 (one
 # niced core, at most 20 min: UNTIL=HH:MM UTC stops it sooner), then fine-tuning on the recorded runs' seeds 0-2, then
 # the leave-one-family-out folds (ownnested): the fitted curve (owncurve.json) and the blend table (blend.json),
-# each fold cached in .trainmaster/eta-cache.
+# each fold cached in .trainmaster/eta-cache; JOBS=N builds the folds in N processes (the same files).
 eta-prior: $(STAMP)
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train pretrain --seed 0 \
 		--curves 80000 --epochs 40 $(if $(UNTIL),--until $(UNTIL))
 	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.model.curveprior.train finetune --epochs 6
-	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownbuild --cache .trainmaster/eta-cache
+	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/python -m services.estimator.ownbuild --cache .trainmaster/eta-cache \
+		$(if $(JOBS),--jobs $(JOBS))
 
 # The history model a fresh install serves (services/estimator/model/history-shipped.npz and its provenance): trained
 # from the MLPerf logs by the code beside it (~1.5 min of one core); a unit test fails when it is not current.

@@ -26,7 +26,8 @@ from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable
 from services.estimator.model.curveprior.estimate import prior_estimate
 from services.estimator.model.curveprior.net import PRETRAINED, PriorNet, load as load_prior
-from services.estimator.model.owncurve import FEATURES, SEEN_EDGES, own_estimate
+from services.estimator.model.forked import in_processes
+from services.estimator.model.owncurve import FEATURES, PLAIN, SEEN_EDGES, own_estimate
 from services.estimator.shipped import code_digest
 
 if TYPE_CHECKING:
@@ -74,10 +75,11 @@ def fold(
     samples: dict[str, SeedSamples],
     cache_dir: Path | None,
     encoded: dict[str, Encoded] | None = None,
+    power_fit: str = PLAIN,
 ) -> Fold:
     """The parts built without the family `held`, and their readings of its cases (`encoded`: every family's
     samples encoded once, `prior_samples`; the readings and the fitted curve cached in `cache_dir` with the
-    fine-tuned prior, by what they were built from)."""
+    fine-tuned prior, by what they were built from; `samples` made with `power_fit`, `curve_samples`)."""
     from services.estimator.model.curveprior import train  # torch
 
     train_runs = [r for r in runs if owncorpus.family(r) != held]
@@ -96,9 +98,11 @@ def fold(
         served.layers, served.mean, served.std, tuple(SEEN_EDGES), tuple((a, b) for a, b in padded), served.mixed
     )
     curve = cached_json(
-        cache_dir, f"calibration-without-{held}-{key}.json", lambda: fold_curve(samples, held=held, runs=train_runs)
+        cache_dir,
+        f"calibration-without-{held}-{cache_key(train_runs, power_fit)}.json",
+        lambda: fold_curve(samples, held=held, runs=train_runs, power_fit=power_fit),
     )
-    read_key = cache_key(test_runs, key)
+    read_key = cache_key(test_runs, key, power_fit)
     path = cache_dir / f"readings-{held}-{read_key}.npz" if cache_dir else None
     readings = load_readings(path) if path is not None and path.exists() else None
     if readings is None:
@@ -119,7 +123,7 @@ class Encoded:
     pad_r: np.ndarray
 
 
-def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, Encoded]:
+def prior_samples(runs: list[dict], cache_dir: Path | None = None, *, jobs: int = 1) -> dict[str, Encoded]:
     """`Encoded` per family of `runs` (a fold concatenates the other families'), cached in `cache_dir`."""
     from services.estimator.model.curveprior import train  # torch
 
@@ -128,7 +132,13 @@ def prior_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, 
         return Encoded(x, y, *train.pad_samples(train.pad_cases(own, PAD_SEEDS)))
 
     return per_family(
-        runs, cache_dir, kind="encoded", make=make, to_arrays=vars, from_arrays=lambda raw: Encoded(**dict(raw))
+        runs,
+        cache_dir,
+        kind="encoded",
+        make=make,
+        to_arrays=vars,
+        from_arrays=lambda raw: Encoded(**dict(raw)),
+        jobs=jobs,
     )
 
 
@@ -143,22 +153,27 @@ def per_family(
     make: Callable[[list[dict]], T],
     to_arrays: Callable[[T], dict[str, Any]],
     from_arrays: Callable[[Mapping[str, np.ndarray]], T],
+    jobs: int = 1,
 ) -> dict[str, T]:
-    """`make` of each family's runs of `runs`, by family; cached in `cache_dir` as `kind`'s arrays, keyed by the
-    family's runs and the recipe (`_digest`)."""
+    """`make` of each family's runs of `runs`, by family (the families not cached in up to `jobs` processes,
+    `in_processes`); cached in `cache_dir` as `kind`'s arrays, keyed by the family's runs and the recipe."""
     out: dict[str, T] = {}
+    missing: dict[str, Path | None] = {}
     for fam in sorted({owncorpus.family(r) for r in runs}):
         own = [r for r in runs if owncorpus.family(r) == fam]
         path = cache_dir / f"{kind}-{fam}-{cache_key(own, kind)}.npz" if cache_dir else None
         if path is not None and path.exists():
             with np.load(path) as raw:
                 out[fam] = from_arrays(raw)
-            continue
-        out[fam] = make(own)
+        else:
+            missing[fam] = path
+    made = in_processes(lambda fam: make([r for r in runs if owncorpus.family(r) == fam]), list(missing), jobs=jobs)
+    for (fam, path), got in zip(missing.items(), made):
+        out[fam] = got
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(path, **to_arrays(out[fam]))
-    return out
+            np.savez(path, **to_arrays(got))
+    return dict(sorted(out.items()))
 
 
 CACHE_VERSION = "3"  # bumped when what a cached fold is made of changes
@@ -263,18 +278,21 @@ def tuned_without(
     return tuned
 
 
-def curve_samples(runs: list[dict], cache_dir: Path | None = None) -> dict[str, SeedSamples]:
-    """The fitted curve's samples by seed (`owntrain.seed_samples`: its networks' and its pads') per family (cached
-    in `cache_dir`)."""
+def curve_samples(
+    runs: list[dict], cache_dir: Path | None = None, *, jobs: int = 1, power_fit: str = PLAIN
+) -> dict[str, SeedSamples]:
+    """The fitted curve's samples by seed (`owntrain.seed_samples`: its networks' and its pads', the power law
+    fitted by `power_fit`) per family (cached in `cache_dir`)."""
     from services.estimator.model.owntrain import seed_samples  # torch
 
     return per_family(
         runs,
         cache_dir,
-        kind="curve-seeds",
-        make=lambda own: seed_samples(own, CURVE_METRICS),
+        kind="curve-seeds" if power_fit == PLAIN else f"curve-seeds-{power_fit}",
+        make=lambda own: seed_samples(own, CURVE_METRICS, power_fit=power_fit),
         to_arrays=_seed_arrays,
         from_arrays=_seeds_from,
+        jobs=jobs,
     )
 
 
@@ -298,20 +316,22 @@ def _seeds_from(raw: Mapping[str, np.ndarray]) -> SeedSamples:
     return SeedSamples(by["fit"], by["pad"], int(raw["pad_cases"]))
 
 
-def fold_curve(samples: dict[str, SeedSamples], *, held: str, runs: list[dict]) -> dict:
+def fold_curve(samples: dict[str, SeedSamples], *, held: str, runs: list[dict], power_fit: str = PLAIN) -> dict:
     """The fitted curve's calibration as shipped (`owntrain.calibration_from`) from every family's samples but
-    `held`'s (`runs`: the other families' runs)."""
+    `held`'s (`runs`: the other families' runs; `power_fit`: what the samples were made with)."""
     from services.estimator.model.owntrain import calibration_from, merged
 
     others = merged([v for f, v in sorted(samples.items()) if f != held])
-    return calibration_from(others, runs=runs, metrics=CURVE_METRICS)
+    return calibration_from(others, runs=runs, metrics=CURVE_METRICS, power_fit=power_fit)
 
 
-def shipped_curve(samples: dict[str, SeedSamples], *, runs: list[dict]) -> dict:
-    """The calibration `owncurve.json` ships: fitted on every family's samples (as `bench.search.calibrate`)."""
+def shipped_curve(samples: dict[str, SeedSamples], *, runs: list[dict], jobs: int = 1, power_fit: str = PLAIN) -> dict:
+    """The calibration `owncurve.json` ships: fitted on every family's samples (as `bench.search.calibrate`), its
+    networks in up to `jobs` processes (`power_fit`: what the samples were made with)."""
     from services.estimator.model.owntrain import calibration_from, merged
 
-    return calibration_from(merged([v for _, v in sorted(samples.items())]), runs=runs, metrics=CURVE_METRICS)
+    others = merged([v for _, v in sorted(samples.items())])
+    return calibration_from(others, runs=runs, metrics=CURVE_METRICS, jobs=jobs, power_fit=power_fit)
 
 
 def read(
@@ -376,12 +396,33 @@ def nested_readings(
     samples: dict[str, SeedSamples],
     encoded: dict[str, Encoded],
     cache_dir: Path | None,
+    jobs: int = 1,
+    power_fit: str = PLAIN,
 ) -> Readings:
-    """Every family's readings by the parts built without it (`fold`), family after family."""
-    parts = []
-    for held in sorted({owncorpus.family(r) for r in runs}):
-        parts.append(
-            fold(runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded).readings
+    """Every family's readings by the parts built without it (`fold`), the folds in up to `jobs` processes
+    (`samples` made with `power_fit`)."""
+
+    def part(held: str) -> Readings:
+        got = fold(
+            runs,
+            held=held,
+            pretrained=pretrained,
+            samples=samples,
+            cache_dir=cache_dir,
+            encoded=encoded,
+            power_fit=power_fit,
         )
-        print(f"family {held}: {len(parts[-1].truth)} readings", flush=True)
-    return concat(parts)
+        print(f"family {held}: {len(got.readings.truth)} readings", flush=True)
+        return got.readings
+
+    if jobs > 1:
+        before_forking()
+    return concat(in_processes(part, sorted({owncorpus.family(r) for r in runs}), jobs=jobs))
+
+
+def before_forking() -> None:
+    """What every fold's fine-tuning draws alike (`train.finetune_samples`' fresh synthetic curves), drawn once
+    here so that forked folds inherit it rather than each drawing it again."""
+    from services.estimator.model.curveprior import train  # torch
+
+    train.synthetic_mix()

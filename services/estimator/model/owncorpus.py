@@ -25,7 +25,7 @@ import numpy as np
 from services.estimator.model.curveprior.blendtable import BlendTable
 from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.curveprior.net import PriorNet
-from services.estimator.model.owncurve import read_prefix
+from services.estimator.model.owncurve import PLAIN, read_prefix
 
 SWEEP = Path(__file__).resolve().parents[3] / "bench" / "search" / "data" / "sweep.jsonl.gz"
 BROAD = SWEEP.with_name("broad.jsonl.gz")  # other data sets, a regression, numpy loops printing a running mean
@@ -168,14 +168,19 @@ def prefix(case: Case, elapsed: float) -> tuple[list, list, list]:
     return list(case.ts[:n]), list(case.xs[:n]), list(case.values[:n])
 
 
-def samples(train: list[Case], cuts: Iterable[float] = CALIBRATION_CUTS) -> tuple[np.ndarray, np.ndarray]:
-    """(features, log(true training time to target / training time so far)) at every cut of every case."""
+def samples(
+    train: list[Case], cuts: Iterable[float] = CALIBRATION_CUTS, *, power_fit: str = PLAIN
+) -> tuple[np.ndarray, np.ndarray]:
+    """(features, log(true training time to target / training time so far)) at every cut of every case (the
+    power law fitted by `power_fit`)."""
     xs, ys = [], []
     for case in train:
         for cut in cuts:
             elapsed = cut * case.truth
             ts, steps, values = prefix(case, elapsed)
-            read = read_prefix(ts, steps, values, target=case.target, mode=case.mode, elapsed=elapsed)
+            read = read_prefix(
+                ts, steps, values, target=case.target, mode=case.mode, elapsed=elapsed, power_fit=power_fit
+            )
             if read is None or case.truth <= read.origin:
                 continue
             xs.append(read.features)

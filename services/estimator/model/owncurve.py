@@ -24,13 +24,15 @@ from typing import TypeAlias
 
 import numpy as np
 
-from services.estimator.model.curves import crossing, fit_family
+from services.estimator.model.curves import crossing
 
 CALIBRATION = Path(__file__).with_name("owncurve.json")
 MIN_POINTS = 2  # fewer metric points give no estimate
 MIN_FIT = 5  # points a power law is fitted on
 HALF_LIFE = 0.25  # the rate's marks halve their weight every quarter of the elapsed time
 SMOOTH = 3  # the last value is the mean of the last few (a printed loss is noisy)
+PLAIN, TAIL = "plain", "tail"  # the power law's fit: every residual alike, or each over its way left to the target
+POWER_FITS = (PLAIN, TAIL)
 MAX_OVER_ELAPSED = 50.0  # no estimate puts the end beyond this many times the time elapsed
 # Uncalibrated band (no calibration file) around log(total training time): wide, it says how little is known.
 DEFAULT_BAND = (-1.0, 1.0)
@@ -91,19 +93,82 @@ def fit_start(y: np.ndarray) -> int:
     return max(0, int(moved[0]) - 1) if len(moved) else 0
 
 
-def power_crossing(xs: np.ndarray, y: np.ndarray, target: float) -> float:
+def power_crossing(xs: np.ndarray, y: np.ndarray, target: float, *, power_fit: str = PLAIN) -> float:
     """Progress at which `a + b·x^-c`, fitted on the declining part of the curve, reaches the target (inf when
-    the fit flattens above it)."""
+    the fit flattens above it). `power_fit`: PLAIN weighs every residual alike, so the high early values decide
+    the fit and the tail, where the crossing is, hardly counts; TAIL weighs each by the inverse of its way left
+    to the target (a relative error), so a deep target is extrapolated from the tail."""
+    if power_fit not in POWER_FITS:
+        raise ValueError(f"power_fit must be one of {POWER_FITS}, not {power_fit!r}")
     start = fit_start(y)
     x, v = xs[start:], y[start:]
     if len(x) < MIN_FIT or x[0] <= 0:
         return math.inf
     scale = float(x[-1])
-    fit = fit_family("power", x / scale, -v)  # the family is "higher is better"
-    if fit is None:
+    weights = None
+    if power_fit == TAIL:
+        way = v - target
+        weights = 1.0 / np.maximum(way, FLOOR * max(float(way[0]), float(np.max(way)))) ** 2
+    params = fit_power(x / scale, -v, weights=weights)  # the family is "higher is better"
+    if params is None:
         return math.inf
-    hit = crossing("power", fit.params, -target)
+    hit = crossing("power", params, -target)
     return hit * scale if math.isfinite(hit) else math.inf
+
+
+POWER_GRID = np.geomspace(0.05, 5.0, 12)  # the power family's shapes, as `curves.fit_family` tries them
+# the finer shapes between each coarse shape's neighbours, where the best coarse one is refined
+_FINE_GRIDS = tuple(
+    np.geomspace(POWER_GRID[max(i - 1, 0)], POWER_GRID[min(i + 1, len(POWER_GRID) - 1)], 9)
+    for i in range(len(POWER_GRID))
+)
+
+
+def fit_power(x: np.ndarray, y: np.ndarray, *, weights: np.ndarray | None = None) -> tuple[float, float, float] | None:
+    """`curves.fit_family("power", x, y)`'s parameters (a, b, c of `c - a·x^-b`), every value of the shape's grid
+    solved at once (the same coarse grid and refinement; its least squares in closed form, not one `lstsq` per
+    value): the fit every prefix's features and every fold's samples make, several times faster. `weights`: of
+    each point's squared residual (None: all alike, as `fit_family`)."""
+    best = _power_on_grid(x, y, POWER_GRID, weights)
+    if best is None:
+        return None
+    i = int(np.searchsorted(POWER_GRID, best[1]))
+    fine = _power_on_grid(x, y, _FINE_GRIDS[i], weights)
+    rmse, b, c, a = fine if fine is not None and fine[0] < best[0] else best
+    return a, b, c
+
+
+def line_slope(x: np.ndarray, y: np.ndarray) -> float:
+    """The least-squares slope of `y` on `x` (`np.polyfit(x, y, 1)[0]` in closed form: this runs at every cut of
+    every sample a fold is built on)."""
+    dx = x - x.mean()
+    return float(dx @ (y - y.mean()) / (dx @ dx))
+
+
+def _power_on_grid(
+    x: np.ndarray, y: np.ndarray, grid: np.ndarray, weights: np.ndarray | None = None
+) -> tuple[float, float, float, float] | None:
+    """(rmse, shape, c, a) of the best least-squares `c - a·x^-shape` over `grid` with a > 0 (the first of equals),
+    or None when no shape gives an improving curve; the squares weighed by `weights` when given."""
+    basis = -np.power(x[None, :], -grid[:, None])
+    if weights is None:
+        centred, dy = basis - basis.mean(axis=1, keepdims=True), y - y.mean()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = (centred @ dy) / np.einsum("ij,ij->i", centred, centred)
+        c = y.mean() - a * basis.mean(axis=1)
+        residual = c[:, None] + a[:, None] * basis - y
+        rmse = np.where(a > 0, np.sqrt(np.mean(residual * residual, axis=1)), np.inf)
+    else:
+        share = weights / weights.sum()
+        mean_basis, mean_y = basis @ share, float(y @ share)
+        centred, dy = basis - mean_basis[:, None], y - mean_y
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = ((centred * share) @ dy) / np.einsum("ij,ij,j->i", centred, centred, share)
+        c = mean_y - a * mean_basis
+        residual = c[:, None] + a[:, None] * basis - y
+        rmse = np.where(a > 0, np.sqrt((residual * residual) @ share), np.inf)
+    i = int(np.argmin(rmse))
+    return (float(rmse[i]), float(grid[i]), float(c[i]), float(a[i])) if np.isfinite(rmse[i]) else None
 
 
 FEATURES = (
@@ -153,10 +218,13 @@ def training_clock(
     return None if span <= 0 else (ts, x, y, rate, origin, span)
 
 
-def read_prefix(ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float) -> Prefix | None:
+def read_prefix(
+    ts: Series, xs: Marks, values: Series, *, target: float, mode: str, elapsed: float, power_fit: str = PLAIN
+) -> Prefix | None:
     """Features of the curve seen by `elapsed` (points: t since start, progress or None, value), or None when
     there is too little to read. The value axis is normalised by the way from the first value to the target
-    (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1)."""
+    (z: 1 at the start, 0 at the target), the time axis by the training time so far (tau: 0 to 1); the power
+    law's crossing by `power_fit` (`power_crossing`)."""
     y, goal = oriented(values, target, mode)
     if len(y) < MIN_POINTS or elapsed <= 0 or y[0] <= goal:
         return None
@@ -174,9 +242,9 @@ def read_prefix(ts: Series, xs: Marks, values: Series, *, target: float, mode: s
     late = tau >= 0.5
     slope = 0.0
     if late.sum() >= 2 and np.ptp(tau[late]) > 0:  # d log(gap) / d log(time): the power law's exponent, locally
-        slope = float(np.polyfit(np.log(tau[late]), np.log(np.maximum(z[late], FLOOR)), 1)[0])
+        slope = line_slope(np.log(tau[late]), np.log(np.maximum(z[late], FLOOR)))
     linear, drift = _recent_pace(tau, z, last)
-    cross = power_crossing(x, y, goal)
+    cross = power_crossing(x, y, goal, power_fit=power_fit)
     power_total = ts[-1] + max(cross - x[-1], 0.0) / rate if math.isfinite(cross) else math.inf
     power = (
         min(max((power_total - origin) / span, 1.0), MAX_OVER_ELAPSED)
@@ -205,9 +273,9 @@ def _recent_pace(tau: np.ndarray, z: np.ndarray, last: float) -> tuple[float, fl
     recent = tau >= 2 / 3
     if recent.sum() < 2 or np.ptp(tau[recent]) <= 0:
         return math.log(MAX_OVER_ELAPSED), 0.0
-    fall = -float(np.polyfit(tau[recent], z[recent], 1)[0])
+    fall = -line_slope(tau[recent], z[recent])
     linear = math.log(min(1 + max(last, 0.0) / fall, MAX_OVER_ELAPSED)) if fall > 0 else math.log(MAX_OVER_ELAPSED)
-    drift = -float(np.polyfit(tau[recent], np.log(np.maximum(z[recent], FLOOR)), 1)[0])
+    drift = -line_slope(tau[recent], np.log(np.maximum(z[recent], FLOOR)))
     return linear, min(max(drift, -10.0), 10.0)
 
 
@@ -225,7 +293,7 @@ def _depth(tau: np.ndarray, y: np.ndarray, goal: float, *, mode: str) -> tuple[f
     late = tau >= 0.5
     slope = 0.0
     if late.sum() >= 2 and np.ptp(tau[late]) > 0:
-        slope = float(np.polyfit(np.log(tau[late]), np.log(left[late]), 1)[0])
+        slope = line_slope(np.log(tau[late]), np.log(left[late]))
     pace = min(max(now, 0.0) / -slope, math.log(MAX_OVER_ELAPSED)) if slope < 0 else math.log(MAX_OVER_ELAPSED)
     return min(max(now, 0.0), 5.0), min(max(start, 0.0), 5.0), min(max(slope, -5.0), 5.0), pace, 1.0
 
@@ -265,7 +333,10 @@ def own_estimate(
     """Total duration and 10-90% band (seconds since the start) from the curve seen by `elapsed`."""
     if len(values) and reached(values, target=target, mode=mode):
         return OwnEstimate(elapsed, elapsed, elapsed, "reached", 1.0)
-    prefix = read_prefix(ts, xs, values, target=target, mode=mode, elapsed=elapsed)
+    fit = calibration.get("power_fit", PLAIN) if calibration else PLAIN
+    if fit not in POWER_FITS:  # a calibration learned on features this code cannot read
+        calibration, fit = None, PLAIN
+    prefix = read_prefix(ts, xs, values, target=target, mode=mode, elapsed=elapsed, power_fit=fit)
     if prefix is None:
         return None
     if calibration and calibration.get("nets") and calibration.get("features") == list(FEATURES):

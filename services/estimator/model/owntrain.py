@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from services.estimator.model import owncorpus
-from services.estimator.model.owncurve import FEATURES, SEEN_EDGES
+from services.estimator.model.forked import in_processes
+from services.estimator.model.owncurve import FEATURES, PLAIN, SEEN_EDGES
 
 QUANTILES = (0.1, 0.5, 0.9)
 HIDDEN = 24
@@ -85,8 +86,11 @@ class SeedSamples:
     pad_cases: int
 
 
-def seed_samples(runs: list[dict], metrics: Sequence[str], *, pad_metrics: Sequence[str] = PAD_METRICS) -> SeedSamples:
-    """The calibration split's samples of `runs` by seed (held-out seeds never read)."""
+def seed_samples(
+    runs: list[dict], metrics: Sequence[str], *, pad_metrics: Sequence[str] = PAD_METRICS, power_fit: str = PLAIN
+) -> SeedSamples:
+    """The calibration split's samples of `runs` by seed (held-out seeds never read; the power law fitted by
+    `power_fit`)."""
     train, _held_out = owncorpus.split(
         [c for m in metrics for c in owncorpus.cases(runs, m, us=owncorpus.CALIBRATION_U, smooths=(False, True))]
     )
@@ -98,9 +102,14 @@ def seed_samples(runs: list[dict], metrics: Sequence[str], *, pad_metrics: Seque
         if c.seed not in owncorpus.HELD_OUT_SEEDS
     ]
     return SeedSamples(
-        {s: _rows(owncorpus.samples([c for c in train if c.seed == s])) for s in sorted({c.seed for c in train})},
         {
-            s: _rows(owncorpus.samples([c for c in pad_cases if c.seed == s], cuts=owncorpus.PAD_CUTS))
+            s: _rows(owncorpus.samples([c for c in train if c.seed == s], power_fit=power_fit))
+            for s in sorted({c.seed for c in train})
+        },
+        {
+            s: _rows(
+                owncorpus.samples([c for c in pad_cases if c.seed == s], cuts=owncorpus.PAD_CUTS, power_fit=power_fit)
+            )
             for s in sorted({c.seed for c in pad_cases})
         },
         len(pad_cases),
@@ -128,22 +137,33 @@ def merged(parts: Sequence[SeedSamples]) -> SeedSamples:
 
 
 def calibration_from(
-    samples: SeedSamples, *, runs: list[dict], metrics: Sequence[str], pad_metrics: Sequence[str] = PAD_METRICS
+    samples: SeedSamples,
+    *,
+    runs: list[dict],
+    metrics: Sequence[str],
+    pad_metrics: Sequence[str] = PAD_METRICS,
+    jobs: int = 1,
+    power_fit: str = PLAIN,
 ) -> dict:
     """Cross-fitted by seed: one network per seed of the calibration split, fitted on the others; each scores the
     seed it never saw, and the pads come from all those out-of-fold scores (every run serves both the fit and
     the pad); the networks together are the ensemble the live estimate averages. `runs`: what the samples are
-    of (recorded in the file)."""
+    of (recorded in the file); the networks fitted in up to `jobs` processes; `power_fit`: how the samples'
+    power law was fitted (recorded in the file, unless PLAIN, so that the live estimate reads it alike)."""
     seeds = sorted(samples.fit)
-    nets, scored, truths = [], [], []
-    for seed in seeds:
+
+    def fitted(seed: int) -> dict:
         x = np.concatenate([samples.fit[s][0] for s in seeds if s != seed])
         y = np.concatenate([samples.fit[s][1] for s in seeds if s != seed])
-        nets.append(fit_net(x, y, seed=seed))
+        return fit_net(x, y, seed=seed)
+
+    nets = in_processes(fitted, seeds, jobs=jobs)
+    scored, truths = [], []
+    for seed, net in zip(seeds, nets):
         px, py = samples.pad.get(seed, (np.zeros((0, len(FEATURES))), np.zeros(0)))
-        scored.append(quantile_rows(px, nets[-1]))
+        scored.append(quantile_rows(px, net))
         truths.append(py)
-    return {
+    return ({"power_fit": power_fit} if power_fit != PLAIN else {}) | {
         "version": 2,
         "features": list(FEATURES),
         "metrics": list(metrics),

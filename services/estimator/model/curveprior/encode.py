@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.estimator.model.owncurve import MIN_POINTS, Marks, Series, oriented, training_clock
+from services.estimator.model.owncurve import MIN_POINTS, Marks, Series, line_slope, oriented, training_clock
 
 GRID = 16  # cells of tau the prefix is averaged into
 HORIZON = 50.0  # the crossing is placed within this many times the training time so far, or "beyond"
@@ -57,7 +57,7 @@ def encode(ts: Series, xs: Marks, values: Series, *, target: float, mode: str, e
     late = tau >= 0.5
     slope = 0.0
     if late.sum() >= 2 and np.ptp(tau[late]) > 0:
-        slope = float(np.polyfit(np.log(np.maximum(tau[late], 1e-3)), lz[late], 1)[0])
+        slope = line_slope(np.log(np.maximum(tau[late], 1e-3)), lz[late])
     noise = math.log(max(float(np.median(np.abs(np.diff(z, 2)))), 1e-4)) if len(z) >= 4 else math.log(0.1)
     depth_now, depth_start, depth_ok = _depth(y, goal, mode=mode, ref=ref)
     scalars = [

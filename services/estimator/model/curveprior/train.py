@@ -167,11 +167,16 @@ def _synthetic_once(curves: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return synthetic(curves, seed=seed)
 
 
+def synthetic_mix(curves: int = 6000, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The fresh synthetic samples a fine-tuning with `seed` mixes in (drawn once a process)."""
+    return _synthetic_once(curves, 10_000 + seed)
+
+
 def finetune_samples(
     base: PriorNet, x: np.ndarray, y: np.ndarray, *, seed: int = 0, epochs: int = 6, synthetic_curves: int = 6000
 ) -> PriorNet:
     """`finetune` on recorded samples already encoded ((inputs, truth bins) of `recorded`)."""
-    sx, sy = _synthetic_once(synthetic_curves, 10_000 + seed)
+    sx, sy = synthetic_mix(synthetic_curves, seed=seed)
     x, y = np.concatenate([x, sx]), np.concatenate([y, sy])
     module = fit(_from_prior(base), x, y, mean=base.mean, std=base.std, epochs=epochs, lr=3e-4, seed=seed)
     return _to_prior(module, base.mean, base.std)
