@@ -124,3 +124,22 @@ def test_an_agent_fits_an_unset_fence_to_its_node_timeout_and_keeps_what_is_set(
     assert (chosen.fence_margin_s, chosen.fence_grace_s) == (1.0, 0.125)  # the grace fitted to the margin set
     with pytest.raises(ValidationError, match="two heartbeat intervals"):  # no fence fits: said, not guessed
         AgentSettings(node_id="n", node_timeout_s=3.0, heartbeat_interval_s=2.0)
+
+
+@pytest.mark.parametrize("cloud", ["ec2", "kubernetes"])
+def test_local_processes_beside_a_cloud_the_minter_checks_do_not_start(tmp_path, cloud):
+    """Every such rental was refused its consumer maker by the minter (no cloud lists a local process), a
+    revocation spent at each try (rev10 M1); the refusal names the instance type."""
+    with pytest.raises(
+        SystemExit, match=f"instance type 'g-local': provider local-process beside \\[providers.{cloud}\\]"
+    ):
+        make_providers(
+            entries=[{**ENTRY, "name": "g-local", "provider": "local-process"}, {**ENTRY, "provider": cloud}],
+            sections={cloud: {}},
+            default="local-process",
+            data_dir=tmp_path,
+            broker=None,
+            nats_url="nats://bus:4222",
+            minter=tmp_path / "placement.creds",
+            ca_file=None,
+        )

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the fleet keeps its providers: imported for its type only
     from services.placement.fleet import Fleet
 
 KNOWN = ("local-process", "ec2", "kubernetes")
+CHECKED_BY_MINTER = ("ec2", "kubernetes")  # the clouds the minter asks whether a rented node is their machine
 
 
 def make_providers(
@@ -40,6 +41,7 @@ def make_providers(
     unknown = sorted(names - set(KNOWN))
     if unknown:
         raise SystemExit(f"unknown provider {', '.join(unknown)} (available: {', '.join(KNOWN)})")
+    local_beside_cloud(offers, sections=sections, minter=minter)
     credentials = NodeCredentials(creds=minter, nats_url=nats_url, ca_file=ca_file) if minter else None
     providers = Providers({}, offers)
     for name in sorted(names):
@@ -62,6 +64,20 @@ def make_providers(
             raise SystemExit(f"cluster file [providers.{name}]: {exc}") from None
     providers.name = "+".join(sorted(providers.by_name))
     return providers
+
+
+def local_beside_cloud(offers: Mapping[str, OfferInfo], *, sections: Mapping[str, Any], minter: Path | None) -> None:
+    """No start for a catalogue that rents local processes beside a cloud the minter checks: the minter then checks
+    every rented node against a cloud, a local process is a machine of none, and each of its rentals would be refused
+    (a failed start, a revocation spent, again for every try)."""
+    checked = sorted(set(sections) & set(CHECKED_BY_MINTER))
+    local = sorted(name for name, offer in offers.items() if offer.provider == "local-process")
+    if minter is not None and checked and local:
+        raise SystemExit(
+            f"instance type {local[0]!r}: provider local-process beside [providers.{checked[0]}]: the minter checks "
+            f"every rented node against {' and '.join(checked)}, where no local process is a machine; rent local "
+            "processes from a cluster file without a cloud"
+        )
 
 
 def _cloud(
