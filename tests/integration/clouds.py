@@ -37,6 +37,7 @@ class Machines:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.running: dict[str, subprocess.Popen] = {}
+        self.halting: list[threading.Thread] = []
 
     def base_env(self) -> dict[str, str]:
         """A fresh machine's environment: nothing of the test's or the stack's (no TRAINMASTER_*, no secrets)."""
@@ -58,9 +59,21 @@ class Machines:
         """What the cloud does to a terminated machine: SIGTERM (its agent reports on the way out), then off."""
         stop_group(self.running.pop(key, None), timeout_s=timeout_s)
 
+    def halt_later(self, key: str, *, timeout_s: float = 15) -> None:
+        """`halt`, in the background: a cloud boots a new machine while another one is stopping (a stopping agent
+        whose identity was revoked with its release waits out its whole stop timeout, 15 s, which held every new
+        machine's boot behind it)."""
+        process = self.running.pop(key, None)
+        thread = threading.Thread(target=stop_group, args=(process,), kwargs={"timeout_s": timeout_s}, daemon=True)
+        thread.start()
+        self.halting.append(thread)
+
     def halt_all(self) -> None:
-        """Every machine at once (one after another, each agent's report on the way out was waited for in turn)."""
+        """Every machine at once (one after another, each agent's report on the way out was waited for in turn),
+        and those stopping in the background waited for."""
         stop_groups([self.running.pop(key) for key in list(self.running)])
+        for thread in self.halting:
+            thread.join()
 
 
 def agent_command() -> str:

@@ -242,7 +242,7 @@ class Cloud:
                 path.write_text(script)
                 self.machines.boot(instance, ["bash", str(path)])
             elif state in ("shutting-down", "terminated") and instance in self.machines.running:
-                self.machines.halt(instance)
+                self.machines.halt_later(instance)
 
     def instance_of(self, node_id: str) -> str:
         return next(i for i, n in self.booted.items() if n == node_id)
