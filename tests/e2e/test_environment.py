@@ -66,13 +66,15 @@ async def test_code_is_fetched_and_its_boot_file_run(api, project, stack):
 
 
 # The first attempt runs 10 s, past its first upload and the move; the second, started over, runs its steps at once.
+# (A file written in place could be uploaded truncated, empty, by a sync that came mid-write, as under load.)
 WRITER = r"""
 import os, pathlib, time
 data = pathlib.Path(os.environ["TRAINMASTER_INPUT_DATA"], "numbers.txt").read_text().split()
 out = pathlib.Path(os.environ["TRAINMASTER_OUTPUT_MODEL"])
 attempt = os.environ["TRAINMASTER_ATTEMPT"]
-for step in range(40):
-    (out / f"attempt-{attempt}.txt").write_text(f"sum {sum(map(int, data))} step {step}\n")
+for step in range(40):  # written whole, then renamed, as a checkpoint is saved: a sync never sees it half-written
+    (out / f".attempt-{attempt}.partial").write_text(f"sum {sum(map(int, data))} step {step}\n")
+    os.replace(out / f".attempt-{attempt}.partial", out / f"attempt-{attempt}.txt")
     print(f"step {step}", flush=True)
     time.sleep(0.25 if attempt == "1" else 0.02)
 """
