@@ -43,13 +43,7 @@ def _burst(state: ClusterState, now: float, config: PolicyConfig, *, after_s: fl
         owned = tuple(k for k in allowed if k in OWNED_KINDS)
         shape = (
             owned,
-            job.gpu_count,
-            job.node_count,
-            job.min_gpu_memory_gb,
-            job.gpu_models,
-            job.cpu,
-            job.memory_gb,
-            job.max_price_per_hour,
+            *job.needs,
             job.id in p.index.claimed,
         )
         options = [] if shape in owned_full else node_options(job, p.index, kinds=owned, config=config, wait=False)

@@ -113,6 +113,20 @@ class JobRequest:
         if (self.exchange_rate is not None and not self.exchange_rate >= 0) or not self.duration_sigma >= 0:
             raise ValueError(f"job {self.id}: exchange_rate and duration_sigma must be >= 0")
 
+    @property
+    def needs(self) -> tuple:
+        """What decides which nodes and types can host the job (jobs alike in it fit alike): the key of the
+        passes' caches of fits."""
+        return (
+            self.gpu_count,
+            self.node_count,
+            self.min_gpu_memory_gb,
+            self.gpu_models,
+            self.cpu,
+            self.memory_gb,
+            self.max_price_per_hour,
+        )
+
     def duration_on(self, tflops: float, reference_tflops: float) -> float:
         """Seconds on GPUs of `tflops`; the estimator's prediction wins over the owner's expectation."""
         base = self.predicted_duration_s if self.predicted_duration_s is not None else self.expected_duration_s

@@ -33,13 +33,7 @@ class Pass:
         if "on_demand" not in job_kinds(job, self.kinds):
             return False
         key = (
-            job.gpu_count,
-            job.node_count,
-            job.min_gpu_memory_gb,
-            job.gpu_models,
-            job.cpu,
-            job.memory_gb,
-            job.max_price_per_hour,
+            *job.needs,
             job.checkpoint_interval_s is not None,
         )
         found = self._rents.get(key)

@@ -35,13 +35,7 @@ def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: f
             if rents
             else (
                 allowed,
-                job.gpu_count,
-                job.node_count,
-                job.min_gpu_memory_gb,
-                job.gpu_models,
-                job.cpu,
-                job.memory_gb,
-                job.max_price_per_hour,
+                *job.needs,
             )
         )
         base = job.duration_on(config.reference_tflops, config.reference_tflops)
