@@ -4,7 +4,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import threading
 import time
@@ -18,7 +17,7 @@ import pytest
 import pytest_asyncio
 from _pytest.nodeid import coerce_node_id
 
-from services.stack.processes import Stack, StackSettings
+from services.stack.processes import Stack, StackSettings, free_ports_at
 
 # `make test` runs two pytest-xdist workers on two cores: each worker's numerical libraries (and the jobs its stacks
 # run) get one thread, set before numpy or torch loads (nothing above imports them). With a thread a core each, two
@@ -163,9 +162,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port outside the range outgoing connections take theirs from (`free_ports_at`)."""
+    return free_ports_at(0)
 
 
 def docker_answers() -> bool:

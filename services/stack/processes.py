@@ -4,6 +4,7 @@ agents."""
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -54,15 +55,32 @@ def wait_for_socket(path: Path, *, timeout_s: float = 30) -> None:
     raise TimeoutError(f"nothing listens on {path} after {timeout_s}s")
 
 
+def outgoing_port_range() -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections (Linux's default where it does not say)."""
+    try:
+        low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports_at(*offsets: int) -> int:
     """A port p with p + offset free on loopback for every offset: where a stack of several NATS servers or API
-    replicas fits (tests and benchmarks lay theirs out with it)."""
+    replicas fits (tests and benchmarks lay theirs out with it). Drawn below the kernel's range for outgoing
+    connections where there is room: a port in that range, free when probed, can be taken by any connection
+    made before the server binds it (a NATS server of a test then found its port in use)."""
+    low, _ = outgoing_port_range()
+    span = max(offsets, default=0)
+    below = low - 1 - span > 10_000
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
+        if below:
+            base = random.randrange(10_000, low - span)
+        else:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                base = probe.getsockname()[1]
         try:
-            for offset in offsets:
+            for offset in offsets or (0,):
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", base + offset))
             return base
@@ -71,12 +89,15 @@ def free_ports_at(*offsets: int) -> int:
     raise RuntimeError(f"no free ports at offsets {offsets}")
 
 
-def wait_for_port(port: int, *, timeout_s: float = 30) -> None:
+def wait_for_port(port: int, *, timeout_s: float = 30, process: subprocess.Popen | None = None) -> None:
+    """Until something listens on the port; a `process` meant to listen there that exits first fails at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process {process.pid} exited ({process.returncode}) before listening on port {port}")
         time.sleep(0.05)
     raise TimeoutError(f"nothing listens on port {port} after {timeout_s}s")
 
@@ -203,8 +224,8 @@ class Stack:
         self.make_data_dir()
         for name in self.nats_servers:
             self.start_nats_server(name)
-        for i in range(self.settings.nats_servers):
-            wait_for_port(self.settings.nats_port + i)
+        for i, name in enumerate(self.nats_servers):
+            wait_for_port(self.settings.nats_port + i, process=self.processes[name])
 
     def start_nats_server(self, name: str) -> None:
         """One NATS server (again, after a kill: its store and accounts are where it left them). In a cluster each
