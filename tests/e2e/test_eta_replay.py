@@ -109,8 +109,6 @@ async def own_training(api, project: str, target: float) -> dict[float, bool]:
         before = [s for s in seen if s[0] - start <= cut * total]
         # no estimate yet by a cut counts as a miss; a second of slack: the poll, the exit
         inside[cut] = bool(before) and before[-1][2] - 1.0 <= end - before[-1][0] <= before[-1][3] + 1.0
-    # once half the run is seen the band holds the truth (measured over held-out sweep runs: `--corpus own-jobs`)
-    assert inside.get(0.5) and inside.get(0.8), (target, inside, total, seen)
     early = [s for s in seen if s[0] - start < 0.3 * total]
     assert max(high / max(low, 0.5) for _, _, low, high in early) >= 3, (target, early)  # early, it admits not knowing
     return inside
@@ -122,3 +120,10 @@ async def test_a_researchers_own_training_gets_an_honest_interval(api, project):
     checks = [ok for inside in results for ok in inside.values()]
     # the truth inside the band at most cuts (an 80% band would hold it at 12 of the 15)
     assert sum(checks) > 0.5 * len(checks), dict(zip(OWN_TARGETS, results))
+    # and once half of a run is seen, at 4 or more of the three runs' 6 late cuts (0.5, 0.8). A band that holds
+    # 80% of the time fails that 1 time in 10; this training's held at 23 of 24 (four runs of the three, on a quiet
+    # machine and in CI). Each run's late cuts were once asserted alone, which a calibrated band fails often: the
+    # deepest target's band at half its run lies about a second from the truth, and a busy machine's timing put it
+    # outside in 2 of 4 whole-suite runs (the blend's band flickers, docs/estimator.md).
+    late = [inside[cut] for inside in results for cut in OWN_CUTS if cut >= 0.5]
+    assert sum(late) >= 4, dict(zip(OWN_TARGETS, results))
