@@ -1,9 +1,10 @@
-"""The API's HTTP connections: one that sends no whole request head in time is closed.
+"""The API's HTTP connections: one that sends no whole request head in time, or no whole body after it, is closed.
 
 uvicorn times a connection out only between requests (after a response, `timeout_keep_alive`); one that never sends a
 request, or sends half a head and stops, is held for good, and every connection held counts against the cap on
 connections (`TRAINMASTER_API_MAX_CONNECTIONS`): a thousand silent sockets from anyone who can reach the port would
-have answered every real request 503 for as long as they stayed open."""
+have answered every real request 503 for as long as they stayed open. A head followed by a body sent a byte now and
+then held its connection the same way (the app waits for the body, and uvicorn times nothing while it does)."""
 
 import asyncio
 
@@ -11,12 +12,14 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 REQUEST_HEAD_S = 10.0  # from the connection (or the first byte after a response) to a whole request head
+REQUEST_BODY_S = 30.0  # from a whole head to the whole body it announced (1 MiB, the default cap, at 35 KB/s)
 
 
 class HeadTimedProtocol(H11Protocol):
-    """uvicorn's h11 protocol, with a deadline on each request head."""
+    """uvicorn's h11 protocol, with a deadline on each request head and one on its body."""
 
     head_timer: asyncio.TimerHandle | None = None
+    body_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -26,15 +29,22 @@ class HeadTimedProtocol(H11Protocol):
         super().data_received(data)
         if self._serving():
             self._disarm()  # a whole head came: the request is the app's now
+            if self.conn.their_state == h11.SEND_BODY:
+                if self.body_timer is None:  # its body to come, within its own deadline
+                    self.body_timer = self.loop.call_later(REQUEST_BODY_S, self._body_overdue)
+            else:
+                self._disarm_body()
         elif self.head_timer is None:
             self._arm()  # the first bytes of the next head, after a response: its own deadline
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._disarm()  # idle between requests: the keep-alive timeout's
+        self._disarm_body()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
         super().connection_lost(exc)
 
     def _serving(self) -> bool:
@@ -49,10 +59,27 @@ class HeadTimedProtocol(H11Protocol):
             self.head_timer.cancel()
             self.head_timer = None
 
+    def _disarm_body(self) -> None:
+        if self.body_timer is not None:
+            self.body_timer.cancel()
+            self.body_timer = None
+
     def _head_overdue(self) -> None:
         self.head_timer = None
         if self._serving() or self.transport.is_closing() or self.transport.get_protocol() is not self:
             return  # serving a request, already closing, or handed to another protocol (an upgrade)
+        self._close()
+
+    def _body_overdue(self) -> None:
+        """The body is not whole in time: the connection is closed, the app's wait for it ends as a disconnect
+        (no route has run on a part of a body)."""
+        self.body_timer = None
+        if self.conn.their_state != h11.SEND_BODY or self.transport.is_closing():
+            return
+        if self.transport.get_protocol() is self:
+            self.transport.close()  # no response: the app has the request (h11 allows none mid-request)
+
+    def _close(self) -> None:
         if self.conn.our_state != h11.ERROR:
             self.conn.send(h11.ConnectionClosed())
         self.transport.close()
