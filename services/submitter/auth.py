@@ -1,6 +1,7 @@
 """Bearer tokens: each belongs to a user and the projects it may use; stored hashed; the admin acts everywhere."""
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import re
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from fastapi import Request
 from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
 
 from shared.buscreds import write_secret
 from shared.clock import as_utc, utcnow
@@ -241,18 +243,19 @@ class Tokens:
         if configured:
             if not await self.tokens.find_one({"_id": keep}):
                 now = self.clock()
-                await self.tokens.insert_one(
-                    {
-                        "_id": keep,
-                        "token_id": new_token_id(),
-                        "user_name": ADMIN,
-                        "created_at": utcnow(),
-                        "created_s": now,
-                        "expires_s": None,
-                        "last_used_s": None,
-                        "source": "configured",
-                    }
-                )
+                with contextlib.suppress(DuplicateKeyError):  # another replica starting beside it stored it first
+                    await self.tokens.insert_one(
+                        {
+                            "_id": keep,
+                            "token_id": new_token_id(),
+                            "user_name": ADMIN,
+                            "created_at": utcnow(),
+                            "created_s": now,
+                            "expires_s": None,
+                            "last_used_s": None,
+                            "source": "configured",
+                        }
+                    )
             return None
         if keep:
             return None

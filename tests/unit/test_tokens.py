@@ -305,3 +305,25 @@ def test_a_secret_is_on_disk_before_it_replaces_the_old_one_and_the_rename_is_sy
     write_secret(tmp_path / "bus" / "minter.json", "{}")
     assert synced == ["file", "rename", "folder"]
     assert (tmp_path / "bus" / "minter.json").read_text() == "{}"
+
+
+async def test_two_replicas_starting_together_both_start_with_the_configured_admin_token(tmp_path):
+    """Each replica reads the token absent, then one stores it first: the other's insert meets it and starts all
+    the same (it raised DuplicateKeyError, and that API replica exited at startup)."""
+    users, stored = MemoryCollection("users"), MemoryCollection("tokens")
+
+    class ReadBeforeTheOther(MemoryCollection):  # the second replica's read came before the first one's insert
+        async def find_one(self, query: dict, projection: dict | None = None):
+            return None if "_id" in query else await stored.find_one(query, projection)
+
+        async def insert_one(self, doc: dict):
+            return await stored.insert_one(doc)
+
+        def find(self, *args, **kwargs):
+            return stored.find(*args, **kwargs)
+
+    configured = "d" * 32
+    await Tokens(users, stored).bootstrap_admin(configured=configured, data_dir=tmp_path)
+    second = Tokens(users, ReadBeforeTheOther("tokens"))
+    assert await second.bootstrap_admin(configured=configured, data_dir=tmp_path) is None
+    assert [d["_id"] for d in stored.docs.values()] == [digest(configured)]
