@@ -5,10 +5,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, exchange
 from tests.factories import unique
 
 pytestmark = pytest.mark.e2e
@@ -18,6 +19,12 @@ TRAIN = (
     "    print(f'step {step} loss {1.0 - step * 0.03:.3f}', flush=True)\n    time.sleep(0.15)\n\""
 )
 LOSS = "loss:loss (?P<value>[0-9.]+):min:0.1"
+
+
+def train_after(go: Path) -> str:
+    """TRAIN once `go` exists: a watch started after the submission sees the job run, however long the CLI took
+    to start (on a loaded machine its first poll came after the 4.5-s job had ended)."""
+    return TRAIN.replace("import time\n", f"import os, time\nwhile not os.path.exists('{go}'): time.sleep(0.1)\n", 1)
 
 
 @pytest.fixture
@@ -41,6 +48,17 @@ def cli(stack, project, tmp_path):
         )
         return done.returncode, done.stdout, done.stderr
 
+    def start(*args: str) -> subprocess.Popen:
+        """The command started, its output piped as text (a watch the test reads while it runs)."""
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+
+    run.start = start  # type: ignore[attr-defined]
     return run
 
 
@@ -56,14 +74,15 @@ def wait_phase(cli, job_id: str, *phases: str, timeout_s: float = 60) -> dict:
     raise AssertionError(f"{job_id} never reached {phases}: {job['status']}")
 
 
-def test_submit_watch_logs_list_get_and_usage(cli):
+def test_submit_watch_logs_list_get_and_usage(cli, stack):
     name = unique("cli")
+    go = exchange(stack.settings.data_dir) / name
     code, out, err = cli(
         "submit",
         "--name",
         name,
         "--command",
-        TRAIN,
+        train_after(go),
         "--metric",
         LOSS,
         "--gpus",
@@ -80,7 +99,11 @@ def test_submit_watch_logs_list_get_and_usage(cli):
     assert code == 0, err
     job_id = out.strip()
 
-    code, out, err = cli("get", job_id, "--watch")
+    watching = cli.start("get", job_id, "--watch")
+    first = watching.stdout.readline()  # its first status line: the watch is polling
+    go.touch()
+    rest, err = watching.communicate(timeout=90)
+    code, out = watching.returncode, first + rest
     assert code == 0, err
     assert "ETA" in out and "[" in out and "Completed" in out.splitlines()[-1], out
     assert "100%" in out.splitlines()[-1]

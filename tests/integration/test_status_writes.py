@@ -351,7 +351,9 @@ async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_e
     """A short job's Pending and Running entries wait and are replaced; one whose phase lasts is written a moment
     later, all jobs' in one command; the phase that ends a job is written at once (a page shows it right away)."""
     repo, commands = counted
-    repo.later_entries.delay_s = repo.later_leaves.delay_s = 0.05
+    # long enough that the four statuses below are applied inside it on a loaded machine (at 0.05 s, the waiting
+    # entries were once written in two commands: the wait ran out between long-1's status and long-2's)
+    repo.later_entries.delay_s = repo.later_leaves.delay_s = 1.0
     for job_id in ("short", "long-1", "long-2"):
         await new_job(repo, job_id)
     commands.sent.clear()
@@ -362,7 +364,12 @@ async def test_a_list_entry_of_a_passing_phase_is_written_later_unless_the_job_e
     await repo.apply_status(status("long-2", 2, Phase.RUNNING, SecondaryPhase.RUNNING))
     assert (await views(repo, "long-1"))[1] == "Pending"  # its Running entry waits
     sent = commands.total()
-    await asyncio.sleep(0.2)
+
+    async def written() -> bool:
+        return commands.total() >= sent + 2
+
+    await eventually(written, timeout_s=10, interval_s=0.05)
+    await asyncio.sleep(0.2)  # nothing more follows
     assert commands.total() == sent + 2, dict(commands.sent)  # the waiting list entries in one write, tombstones
     assert await views(repo, "long-1") == (False, "Running") and await views(repo, "long-2") == (False, "Running")
     assert commands.sent["update"] == 1 + 1 + 1  # short's Completed entry; the waiting list entries; 3 tombstones
