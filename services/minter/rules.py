@@ -9,6 +9,7 @@ from shared import busroles
 from shared.buscreds import NAME, Minter, new_seed, public_key
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.bucket import TokenBucket
+from services.minter.retired import is_retired, retire
 
 
 class Refused(ValueError):
@@ -92,7 +93,7 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     provider = provider_of(request.provider, providers=limits.providers)
     if minter.minted.get(node_id):
         raise Refused(f"{node_id} has a live agent identity already: one per node")
-    if node_id in minter.retired:
+    if is_retired(minter, node_id):
         raise Refused(f"{node_id}'s agent identity was revoked: a node id gets one identity, never another")
     if len(minter.revocations) >= limits.max_revocations:
         raise Refused(
@@ -209,5 +210,5 @@ def revoke_node(minter: Minter, request: RevokeNode) -> str:
     minter.machine_of.pop(request.node_id, None)
     account = minter.revoke(*users)
     if users:
-        minter.retired[request.node_id] = minter.issued_at
+        retire(minter, request.node_id, at=minter.issued_at)
     return account
