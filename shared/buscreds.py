@@ -214,7 +214,9 @@ class Minter:
     minted: dict[str, list[str]] = field(default_factory=dict)  # node id -> user public keys not yet revoked
     minted_at: dict[str, int] = field(default_factory=dict)  # node id -> when its agent identity was minted
     retired: dict[str, int] = field(default_factory=dict)  # node id -> when its identity was revoked: none again
+    retired_filter: str = ""  # older retired ids, folded (base64 Bloom filter: services/minter/retired.py)
     rented_from: dict[str, str] = field(default_factory=dict)  # node id -> the provider it is checked against
+    machine_of: dict[str, str] = field(default_factory=dict)  # node id -> the machine pinned at its first check
     rental_signers: list[str] = field(default_factory=list)  # signing keys of rented agents only, the newest last
     signed_by: dict[str, str] = field(default_factory=dict)  # rented agent's public key -> its rental signer's
 

@@ -40,10 +40,13 @@ from services.minter.pods import KubeCredentials
 from services.minter.rules import (
     Limits,
     Refused,
+    carrier,
     checked_by,
     may_make_consumer,
     mint_agent,
     mint_consumer_maker,
+    pin,
+    pin_found,
     revoke_node,
     unlaunched,
 )
@@ -167,39 +170,49 @@ class MinterProcess:
         return MinterAnswer(creds=creds, user=user)
 
     async def consumer_maker(self, request: MintConsumerMaker) -> MinterAnswer:
-        """The node's consumer maker, once the provider that rented it lists its machine. The cloud is asked outside
-        the lock (a slow cloud would hold every mint and revocation behind it), so the node is looked up again
-        after: revoked meanwhile, it gets none."""
+        """The node's consumer maker, once the provider that rented it lists its machine: the one the node was pinned
+        to at its first check (pinned now where none was). The cloud is asked outside the lock (a slow cloud would
+        hold every mint and revocation behind it), so the node is looked up again after: revoked meanwhile, it gets
+        none."""
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             node_id = may_make_consumer(minter, request, limits=self.limits, monotonic=time.monotonic())
             provider = checked_by(minter, node_id, providers=self.limits.providers)
+        machine = None
         if provider is not None:
             cloud = self.clouds.get(provider)
             if cloud is None:
                 raise Refused(f"{node_id} was rented from {provider}, which the cluster file no longer configures")
-            await self.until_launched(cloud, node_id)
+            machine = await self.until_launched(cloud, node_id, pinned=minter.machine_of.get(node_id))
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if not minter.minted.get(node_id):
                 raise Refused(f"{node_id} has no live agent identity: no consumer maker")
+            if machine is not None and pin(minter, node_id, machine):
+                write_secret(self.settings.minter_file, minter.to_json())
             user, creds = mint_consumer_maker(minter, node_id, now=time.time())
         return MinterAnswer(creds=creds, user=user)
 
-    async def until_launched(self, cloud: Cloud, node_id: str) -> None:
-        """Returns once the cloud lists the node's machine; asked again (0.5 s, then twice as long up to 2 s) for
-        `launch_patience_s`, since a machine launched a moment ago may not show yet; then refused."""
+    async def until_launched(self, cloud: Cloud, node_id: str, *, pinned: str | None) -> str:
+        """The machine that vouches for the node (`carrier`: the `pinned` one, else the only one) once the cloud
+        lists it; asked again (0.5 s, then twice as long up to 2 s) for `launch_patience_s`, since a machine launched
+        a moment ago may not show yet; then refused."""
         deadline, pause = time.monotonic() + self.settings.launch_patience_s, 0.5
-        while node_id not in await self.launched(cloud, node_id):
+        while True:
+            machines = (await self.launched(cloud, node_id)).get(node_id, set())
+            machine = carrier(node_id, machines, pinned=pinned)
+            if machine is not None:
+                return machine
             if time.monotonic() + pause > deadline:
+                own = f": its own, {pinned}, pinned at its first check, is gone" if pinned else ""
                 raise Refused(
-                    f"{node_id} is no pending or running {cloud.machine} the platform launched ({cloud.where})"
+                    f"{node_id} is no pending or running {cloud.machine} the platform launched ({cloud.where}){own}"
                 )
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
 
     @staticmethod
-    async def launched(cloud: Cloud, node_id: str) -> set[str]:
+    async def launched(cloud: Cloud, node_id: str) -> dict[str, set[str]]:
         try:
             return await asyncio.to_thread(cloud.launched, [node_id])
         except Exception as exc:  # botocore's or httpx's errors, whatever the cloud or the network says
@@ -214,9 +227,11 @@ class MinterProcess:
 
     async def sweep(self) -> list[str]:
         """Revoke the identities of nodes minted over `launch_grace_s` ago that no pending or running machine of the
-        cluster carries at the provider that rented it (invented, never launched, or gone without a release); the
-        nodes revoked. First, an account re-issued since this process last pushed one (a push that failed: a
-        swept node is asked about by no one again) is pushed, re-issued newer."""
+        cluster carries at the provider that rented it, or whose pinned machine is gone (invented, never launched,
+        gone without a release, or carried by another machine since); the nodes revoked. The others that one machine
+        carries and none was pinned to (a file written before pins) are pinned to it. First, an account re-issued
+        since this process last pushed one (a push that failed: a swept node is asked about by no one again) is
+        pushed, re-issued newer."""
         await self.push_pending()
         if not self.clouds:
             return []
@@ -235,9 +250,12 @@ class MinterProcess:
             # a node due since the clouds were asked, of a provider not asked, waits for the next sweep
             by_provider = {p: nodes for p, nodes in found.items() if p in launched or p not in self.clouds}
             gone = sorted(n for nodes in by_provider.values() for n in nodes)
-            if gone:
+            asked = {n for nodes in due.values() for n in nodes} - set(gone)
+            pinned = pin_found(minter, launched=launched, providers=providers, among=asked)
+            if gone or pinned:
                 accounts = [revoke_node(minter, RevokeNode(node_id=node_id)) for node_id in gone]
                 write_secret(self.settings.minter_file, minter.to_json())
+            if gone:
                 await self.push(minter, accounts[-1])
                 log.warning("revoked %s: no pending or running machine of the provider that rented them", by_provider)
         return gone

@@ -35,14 +35,14 @@ class Cloud(Protocol):
     machine: str  # what it launches, as its refusals name it
     where: str
 
-    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
-        """The node ids (among `node_ids`; any when None) whose machine is pending or running (`stopping`: or
-        being stopped)."""
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> dict[str, set[str]]:
+        """By node id (among `node_ids`; any when None), the ids of the machines carrying it that are pending or
+        running (`stopping`: or being stopped): a node is pinned to the one that carried it first."""
         ...
 
 
 class EC2Instances:
-    """The cluster's pending or running EC2 instances, by node id (DescribeInstances: the only call it makes)."""
+    """The cluster's pending or running EC2 instances' ids, by node id (DescribeInstances: the only call it makes)."""
 
     name, machine = "ec2", "instance"
 
@@ -57,9 +57,9 @@ class EC2Instances:
             "ec2", region_name=section.region, endpoint_url=section.endpoint_url, config=Config(**CLIENT_TIMEOUTS)
         )
 
-    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
-        """The node ids (among `node_ids`; any when None) that tag a pending or running instance of the cluster
-        (`stopping`: or one shutting down or stopping)."""
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> dict[str, set[str]]:
+        """By node id (among `node_ids`; any when None), the ids of the pending or running instances of the cluster
+        it tags (`stopping`: or those shutting down or stopping)."""
         filters = [
             {"Name": f"tag:{TAG_CLUSTER}", "Values": [self.cluster]},
             {"Name": "instance-state-name", "Values": [*LAUNCHED, *(STOPPING if stopping else ())]},
@@ -67,11 +67,23 @@ class EC2Instances:
         wanted = None if node_ids is None else sorted(set(node_ids))
         if wanted is not None and len(wanted) <= MOST_VALUES:
             filters.append({"Name": f"tag:{TAG_NODE}", "Values": wanted})
-        found = set()
-        for page in self.client.get_paginator("describe_instances").paginate(Filters=filters):
-            for instance in (i for r in page["Reservations"] for i in r["Instances"]):
-                found |= {t["Value"] for t in instance.get("Tags", []) if t["Key"] == TAG_NODE}
-        return found if wanted is None else found & set(wanted)
+        pages = self.client.get_paginator("describe_instances").paginate(Filters=filters)
+        found = instances_by_node(i for page in pages for r in page["Reservations"] for i in r["Instances"])
+        return found if wanted is None else {n: ids for n, ids in found.items() if n in wanted}
+
+
+def instances_by_node(instances: Iterable[dict]) -> dict[str, set[str]]:
+    """By the node id each tags, the ids of the instances (DescribeInstances' answer, already filtered to the
+    cluster's launched ones); one without an id is no machine to pin."""
+    found: dict[str, set[str]] = {}
+    for instance in instances:
+        instance_id = instance.get("InstanceId")
+        if not isinstance(instance_id, str) or not instance_id:
+            continue
+        for tag in instance.get("Tags") or []:
+            if tag.get("Key") == TAG_NODE and isinstance(tag.get("Value"), str):
+                found.setdefault(tag["Value"], set()).add(instance_id)
+    return found
 
 
 def clouds_of(

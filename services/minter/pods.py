@@ -41,26 +41,30 @@ class KubeCredentials(BaseModel):
     service_account_dir: Path = IN_CLUSTER
 
 
-def launched_pods(pods: Iterable[dict], *, cluster: str, stopping: bool = False) -> set[str]:
-    """The node ids whose own Pod (this cluster's label and the name placement gives that node's Pod: anyone who may
-    create Pods may label one with another node's id) is pending or running and not being deleted (`stopping`:
-    or being deleted, its agent still reporting its tasks' ends)."""
-    found = set()
+def launched_pods(pods: Iterable[dict], *, cluster: str, stopping: bool = False) -> dict[str, set[str]]:
+    """By node id, the uids of its own Pods (this cluster's label and the name placement gives that node's Pod:
+    anyone who may create Pods may label one with another node's id) that are pending or running and not being
+    deleted (`stopping`: or being deleted, its agent still reporting its tasks' ends). The uid tells a Pod from a
+    later one under the same name (a real API server sets it on every Pod; one without is no machine to pin)."""
+    found: dict[str, set[str]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        node_id = labels.get(LABEL_NODE)
+        node_id, uid = labels.get(LABEL_NODE), meta.get("uid")
         if labels.get(LABEL_CLUSTER) != cluster or not isinstance(node_id, str) or not NAME.match(node_id):
             continue
         if meta.get("name") != pod_name(node_id) or (meta.get("deletionTimestamp") and not stopping):
             continue
+        if not isinstance(uid, str) or not uid:
+            continue
         if (pod.get("status") or {}).get("phase") in LAUNCHED:
-            found.add(node_id)
+            found.setdefault(node_id, set()).add(uid)
     return found
 
 
 class KubernetesPods:
-    """The cluster's pending or running node Pods, by node id (a list of Pods by label: the only call it makes)."""
+    """The cluster's pending or running node Pods' uids, by node id (a list of Pods by label: the only call it
+    makes)."""
 
     name, machine = "kubernetes", "Pod"
 
@@ -85,9 +89,9 @@ class KubernetesPods:
         self.cluster = section.cluster_name
         self.client: Any = Client(config=config, namespace=section.namespace, timeout=httpx.Timeout(4), trust_env=False)
 
-    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> set[str]:
-        """The node ids (among `node_ids`; any when None) whose Pod of the cluster is pending or running
-        (`stopping`: or being deleted)."""
+    def launched(self, node_ids: Iterable[str] | None = None, *, stopping: bool = False) -> dict[str, set[str]]:
+        """By node id (among `node_ids`; any when None), the uids of its Pods of the cluster that are pending or
+        running (`stopping`: or being deleted)."""
         from lightkube.resources.core_v1 import Pod
 
         wanted = None if node_ids is None else set(node_ids)
@@ -96,4 +100,4 @@ class KubernetesPods:
             labels[LABEL_NODE] = next(iter(wanted))
         pods = (pod.to_dict() for pod in self.client.list(Pod, labels=labels))
         found = launched_pods(pods, cluster=self.cluster, stopping=stopping)
-        return found if wanted is None else found & wanted
+        return found if wanted is None else {n: uids for n, uids in found.items() if n in wanted}

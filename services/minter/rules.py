@@ -9,6 +9,7 @@ from shared import busroles
 from shared.buscreds import NAME, Minter, new_seed, public_key
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.bucket import TokenBucket
+from services.minter.retired import is_retired, retire
 
 
 class Refused(ValueError):
@@ -92,7 +93,7 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     provider = provider_of(request.provider, providers=limits.providers)
     if minter.minted.get(node_id):
         raise Refused(f"{node_id} has a live agent identity already: one per node")
-    if node_id in minter.retired:
+    if is_retired(minter, node_id):
         raise Refused(f"{node_id}'s agent identity was revoked: a node id gets one identity, never another")
     if len(minter.revocations) >= limits.max_revocations:
         raise Refused(
@@ -136,25 +137,68 @@ def mint_consumer_maker(minter: Minter, node_id: str, *, now: float) -> tuple[st
     )
 
 
+def carrier(node_id: str, machines: set[str], *, pinned: str | None) -> str | None:
+    """Of the machines its provider lists carrying the node's id, the one that vouches for it: the one pinned at its
+    first check, whatever else carries the id (anyone who may create Pods or launch tagged instances can make
+    another after the real one is gone); before a pin, the only one (several: refused, ambiguous). None: none
+    vouches (yet)."""
+    if pinned is not None:
+        return pinned if pinned in machines else None
+    if len(machines) > 1:
+        raise Refused(f"{node_id} is carried by {len(machines)} machines ({', '.join(sorted(machines))}): ambiguous")
+    return next(iter(machines), None)
+
+
+def pin(minter: Minter, node_id: str, machine: str) -> bool:
+    """Pin the node to the machine that carried it at its first check (True: newly); refused where another was
+    pinned meanwhile."""
+    pinned = minter.machine_of.get(node_id)
+    if pinned is None:
+        minter.machine_of[node_id] = machine
+        return True
+    if pinned != machine:
+        raise Refused(f"{node_id} is pinned to {pinned}, not {machine}")
+    return False
+
+
 def unlaunched(
     minter: Minter,
     *,
-    launched: dict[str, set[str]] | None,
+    launched: dict[str, dict[str, set[str]]] | None,
     now: float,
     grace_s: float,
     providers: frozenset[str],
 ) -> dict[str, list[str]]:
     """By the provider each is checked against: the nodes with a live identity minted over `grace_s` before `now`
-    (an older data dir's: any time) that no launched machine of that provider carries (`launched`: provider -> node
-    ids; None before the clouds were asked, so every one that is due). None where the minter asks no provider."""
+    (an older data dir's: any time) that no launched machine of that provider vouches for (`carrier`: once pinned,
+    its own machine only; before, any) (`launched`: provider -> node id -> machine ids; None before the clouds were
+    asked, so every one that is due). None where the minter asks no provider."""
     due: dict[str, list[str]] = {}
     for node_id in sorted(n for n, users in minter.minted.items() if users):
         provider = checked_by(minter, node_id, providers=providers)
         if provider is None or minter.minted_at.get(node_id, 0) > now - grace_s:
             continue
-        if launched is None or node_id not in launched.get(provider, set()):
+        machines = set() if launched is None else launched.get(provider, {}).get(node_id, set())
+        pinned = minter.machine_of.get(node_id)
+        if not machines or (pinned is not None and pinned not in machines):
             due.setdefault(provider, []).append(node_id)
     return due
+
+
+def pin_found(
+    minter: Minter, *, launched: dict[str, dict[str, set[str]]], providers: frozenset[str], among: set[str]
+) -> list[str]:
+    """Pin each live unpinned node `among` those asked about (one of a file written before pins, never checked since)
+    that exactly one machine of its provider carries (`launched`: provider -> node id -> machine ids); the nodes
+    pinned."""
+    pinned = []
+    for node_id in sorted(n for n in among if minter.minted.get(n) and n not in minter.machine_of):
+        provider = checked_by(minter, node_id, providers=providers)
+        machines = launched.get(provider, {}).get(node_id, set()) if provider is not None else set()
+        if len(machines) == 1:
+            minter.machine_of[node_id] = next(iter(machines))
+            pinned.append(node_id)
+    return pinned
 
 
 def revoke_node(minter: Minter, request: RevokeNode) -> str:
@@ -163,7 +207,8 @@ def revoke_node(minter: Minter, request: RevokeNode) -> str:
     users = minter.minted.pop(request.node_id, [])
     minter.minted_at.pop(request.node_id, None)
     minter.rented_from.pop(request.node_id, None)
+    minter.machine_of.pop(request.node_id, None)
     account = minter.revoke(*users)
     if users:
-        minter.retired[request.node_id] = minter.issued_at
+        retire(minter, request.node_id, at=minter.issued_at)
     return account

@@ -1,6 +1,7 @@
 """kmock's Kubernetes API emulator as the tests' API server (import it after `pytest.importorskip("kmock")`)."""
 
 import itertools
+import uuid
 from types import SimpleNamespace
 
 import kmock
@@ -10,7 +11,7 @@ from tests.integration.clouds import loopback_only
 
 class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator, filling in what an API server sets on each write: the resourceVersion (a watch resumes
-    from the last one it saw; lightkube's reads it on every event), on creation the namespace of the URL (a
+    from the last one it saw; lightkube's reads it on every event), on creation a new uid, the namespace of the URL (a
     namespaced watch only streams objects that carry it) and a new Pod's phase, Pending."""
 
     versions = itertools.count(1)
@@ -23,6 +24,8 @@ class Emulator(kmock.KubernetesEmulator):
         ):
             meta = request.data.setdefault("metadata", {})
             meta["resourceVersion"] = str(next(self.versions))
+            if request.action == kmock.action.CREATE:
+                meta["uid"] = str(uuid.uuid4())  # the server's, whatever the body says: a later Pod's differs
             if request.action == kmock.action.CREATE and request.namespace:
                 meta.setdefault("namespace", request.namespace)
             if request.action == kmock.action.CREATE and request.resource.plural == "pods" and not request.subresource:

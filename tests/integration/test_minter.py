@@ -191,7 +191,7 @@ async def test_a_data_dir_whose_placement_held_the_signing_keys_restarts_with_ke
     old = stack.identities.placement_minter_file  # the data dir as the version before this one left it
     old.parent.mkdir(mode=0o700)
     before = json.loads(stack.identities.minter_file.read_text())
-    for field in ("minted", "minted_at", "retired", "rented_from", "rental_signers", "signed_by"):
+    for field in ("minted", "minted_at", "retired", "rented_from", "rental_signers", "signed_by", "machine_of"):
         before.pop(field)  # no such fields then (a rented node's identity was signed by the account's signing key)
     old.write_text(json.dumps(before))
     stack.identities.minter_file.unlink()
@@ -481,3 +481,55 @@ async def test_a_rental_signer_whose_agents_are_all_revoked_leaves_the_account_a
         agent = await Client().open(server, issued[nodes[2]])
         await agent.nc.close()
         await credentials.revoke(nodes[2], tmp_path)
+
+
+async def test_a_pod_made_under_a_deleted_nodes_name_and_labels_neither_gets_its_consumer_maker_nor_keeps_it(
+    server, k8s, tmp_path
+):
+    """Anyone who may create Pods in the namespace could revive a node: its Pod deleted, a new one named tm-<node>
+    with its labels passed every later check and the sweep. The node is pinned to its first Pod's uid."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    node_id = unique("od")
+    async with running_minter(server, cluster_file=k8s.pods, launch_grace_s=0, **SHORT_PATIENCE) as minter:
+        try:
+            await credentials.issue(node_id, tmp_path, consumer=False, provider="kubernetes")
+            name = await create_pod(k8s, node_id)
+            await credentials.create_consumer(node_id)
+            assert await minter.sweep() == []
+            async with httpx.AsyncClient(base_url=k8s.url) as api:
+                (await api.delete(f"/api/v1/namespaces/tm/pods/{name}")).raise_for_status()
+            await create_pod(k8s, node_id)  # another's, under the same name and labels
+            with pytest.raises(RuntimeError, match="pinned at its first check, is gone"):
+                await credentials.create_consumer(node_id)
+            assert await minter.sweep() == [node_id]
+            with pytest.raises(NatsError, match="Authorization Violation"):
+                await refused_by_server(server, tmp_path / f"{node_id}.creds")
+        finally:
+            await credentials.revoke(node_id, tmp_path)
+
+
+async def test_an_instance_tagged_with_a_released_nodes_id_after_its_own_terminated_keeps_nothing_alive(
+    server, ec2, tmp_path
+):
+    """Anyone who may launch tagged instances could revive a node whose instance terminated; the node is pinned to
+    its first instance's id."""
+    credentials = NodeCredentials(creds=server.identities.creds("placement"), nats_url=server.nats_url)
+    node_id, instances = unique("od"), []
+    settings = {"cluster_file": ec2.cluster_file, "launch_grace_s": 0, "ec2_access_key_id": "testing", **SHORT_PATIENCE}
+    async with running_minter(server, **settings, ec2_secret_access_key="testing") as minter:
+        try:
+            await credentials.issue(node_id, tmp_path, consumer=False)
+            instances.append(first := launch(ec2, node_id))
+            await credentials.create_consumer(node_id)
+            instances.append(launch(ec2, node_id))  # two at once: the pinned one counts
+            await credentials.create_consumer(node_id)
+            assert await minter.sweep() == []
+            ec2.client.terminate_instances(InstanceIds=[first])
+            with pytest.raises(RuntimeError, match=f"its own, {first}, pinned at its first check, is gone"):
+                await credentials.create_consumer(node_id)
+            assert await minter.sweep() == [node_id]
+            with pytest.raises(NatsError, match="Authorization Violation"):
+                await refused_by_server(server, tmp_path / f"{node_id}.creds")
+        finally:
+            ec2.client.terminate_instances(InstanceIds=instances)
+            await credentials.revoke(node_id, tmp_path)

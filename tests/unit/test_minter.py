@@ -177,7 +177,7 @@ def test_identities_past_the_grace_that_no_launched_instance_carries_are_due_for
     assert unlaunched(m, launched=None, now=1_300, grace_s=100, providers=ec2) == {
         "ec2": ["od-launched", "od-old", "od-upgraded"]
     }
-    assert unlaunched(m, launched={"ec2": {"od-launched"}}, now=1_300, grace_s=100, providers=ec2) == {
+    assert unlaunched(m, launched={"ec2": {"od-launched": {"i-1"}}}, now=1_300, grace_s=100, providers=ec2) == {
         "ec2": ["od-old", "od-upgraded"]
     }
     assert unlaunched(m, launched=None, now=1_300, grace_s=100, providers=frozenset()) == {}  # it asks no cloud

@@ -20,23 +20,25 @@ EC2 = frozenset({"ec2"})
 
 @dataclass
 class FakeCloud:
-    """Lists `running` (and `stopping` when asked for those too); a node in `late` only from its `late[node]`-th ask
-    on; `gate`, when set, holds every ask until it is opened (a slow cloud)."""
+    """Lists `running` (and `stopping` when asked for those too), each carried by `machines[node]` (default one,
+    `i-<node>`); a node in `late` only from its `late[node]`-th ask on; `gate`, when set, holds every ask until it
+    is opened (a slow cloud)."""
 
     running: set[str] = field(default_factory=set)
     stopping: set[str] = field(default_factory=set)
     late: dict[str, int] = field(default_factory=dict)
     gate: threading.Event | None = None
+    machines: dict[str, set[str]] = field(default_factory=dict)  # the ids of the machines carrying a node listed
     asks: int = 0
     name, machine, where = "ec2", "instance", "a fake EC2"
 
-    def launched(self, node_ids=None, *, stopping: bool = False) -> set[str]:
+    def launched(self, node_ids=None, *, stopping: bool = False) -> dict[str, set[str]]:
         self.asks += 1
         if self.gate is not None:
             self.gate.wait(10)
         listed = self.running | (self.stopping if stopping else set())
         listed |= {n for n, from_ask in self.late.items() if self.asks >= from_ask}
-        return listed if node_ids is None else listed & set(node_ids)
+        return {n: self.machines.get(n, {f"i-{n}"}) for n in listed if node_ids is None or n in node_ids}
 
 
 @dataclass

@@ -36,12 +36,12 @@ def test_each_node_is_checked_against_the_provider_that_rented_it_never_either()
     rent(m, "od-ec2", "ec2")
     rent(m, "od-pod", "kubernetes")
     assert m.rented_from == {"od-ec2": "ec2", "od-pod": "kubernetes"}
-    crossed = {"ec2": {"od-pod"}, "kubernetes": {"od-ec2"}}
+    crossed = {"ec2": {"od-pod": {"i-1"}}, "kubernetes": {"od-ec2": {"uid-1"}}}
     assert unlaunched(m, launched=crossed, now=2_000, grace_s=100, providers=BOTH) == {
         "ec2": ["od-ec2"],
         "kubernetes": ["od-pod"],
     }
-    own = {"ec2": {"od-ec2"}, "kubernetes": {"od-pod"}}
+    own = {"ec2": {"od-ec2": {"i-1"}}, "kubernetes": {"od-pod": {"uid-1"}}}
     assert unlaunched(m, launched=own, now=2_000, grace_s=100, providers=BOTH) == {}
     revoke_node(m, RevokeNode(node_id="od-pod"))
     assert m.rented_from == {"od-ec2": "ec2"}
@@ -77,13 +77,14 @@ def test_a_node_minted_before_providers_were_recorded_is_checked_against_ec2_whe
     assert checked_by(m, "od-old", providers=frozenset()) is None
     m.rented_from["od-old"] = "ec2"
     assert unlaunched(
-        m, launched={"kubernetes": {"od-old"}}, now=9, grace_s=0, providers=frozenset({"kubernetes"})
+        m, launched={"kubernetes": {"od-old": {"uid-1"}}}, now=9, grace_s=0, providers=frozenset({"kubernetes"})
     ) == {"ec2": ["od-old"]}
 
 
 def pod(node_id: str, *, cluster: str = "c1", phase: str | None = "Running", **meta) -> dict:
+    labels = {LABEL_CLUSTER: cluster, LABEL_NODE: node_id}
     return {
-        "metadata": {"name": pod_name(node_id), "labels": {LABEL_CLUSTER: cluster, LABEL_NODE: node_id}, **meta},
+        "metadata": {"name": pod_name(node_id), "labels": labels, "uid": f"uid-{node_id}", **meta},
         "status": {"phase": phase} if phase else {},
     }
 
@@ -103,7 +104,7 @@ def test_a_pod_vouches_for_its_own_node_only_while_pending_or_running():
         renamed,
         {"metadata": None, "status": "x"},
     ]
-    assert launched_pods(pods, cluster="c1") == {"od-running", "od-pending"}
+    assert launched_pods(pods, cluster="c1") == {"od-running": {"uid-od-running"}, "od-pending": {"uid-od-pending"}}
 
 
 def test_empty_cloud_settings_are_unset(monkeypatch):
