@@ -210,10 +210,18 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
         tables_from.append(set(readings.families))
         return real_table(readings, **kw)
 
+    made, real_samples = [], ownnested.curve_samples
+
+    def curve_samples(runs, *a, **kw):  # the evaluation's own samples, read here rather than made again
+        made.append((runs, real_samples(runs, *a, **kw)))
+        return made[-1][1]
+
     monkeypatch.setattr(owntrain, "fit_net", fit_net)
     monkeypatch.setattr(ownchoice, "table_for", table_for)
-    samples = ownnested.curve_samples(corpus)
+    monkeypatch.setattr(ownnested, "curve_samples", curve_samples)
     report = ownfamily.run_family_evaluation(("unused",))
+    [(runs, samples)] = made
+    assert runs == corpus  # the samples of every family's runs
     assert report["families"] == ["conv-adam", "digits", "gru"]
     assert tables_from == [{"digits", "gru"}, {"conv-adam", "gru"}, {"conv-adam", "digits"}]
     # The fitted curve as shipped (four networks cross-fitted by seed) fitted on the other families' samples only.
