@@ -188,7 +188,7 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
 
     def runs(group, scale, **extra):
         points = [
-            {"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7, "val_loss": scale / i**0.5} for i in range(1, 61)
+            {"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7, "val_loss": scale / i**0.5} for i in range(1, 31)
         ]
         for p in points:
             p["val_acc"] = 1 - p["val_loss"] / (2 * scale)
@@ -244,7 +244,7 @@ def test_the_shipped_fitted_curve_and_a_folds_are_one_recipe(monkeypatch, tmp_pa
     from services.estimator.model.owncurve import quantile_net
 
     def runs(group, scale, **extra):
-        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 61)]
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 31)]
         for p in points:
             p["val_loss"], p["val_acc"] = p["loss"] * 1.1, 1 - p["loss"] / (3 * scale)
         return [
