@@ -188,7 +188,7 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
 
     def runs(group, scale, **extra):
         points = [
-            {"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7, "val_loss": scale / i**0.5} for i in range(1, 61)
+            {"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7, "val_loss": scale / i**0.5} for i in range(1, 31)
         ]
         for p in points:
             p["val_acc"] = 1 - p["val_loss"] / (2 * scale)
@@ -210,10 +210,18 @@ def test_the_table_that_scores_a_family_never_read_it(monkeypatch):
         tables_from.append(set(readings.families))
         return real_table(readings, **kw)
 
+    made, real_samples = [], ownnested.curve_samples
+
+    def curve_samples(runs, *a, **kw):  # the evaluation's own samples, read here rather than made again
+        made.append((runs, real_samples(runs, *a, **kw)))
+        return made[-1][1]
+
     monkeypatch.setattr(owntrain, "fit_net", fit_net)
     monkeypatch.setattr(ownchoice, "table_for", table_for)
-    samples = ownnested.curve_samples(corpus)
+    monkeypatch.setattr(ownnested, "curve_samples", curve_samples)
     report = ownfamily.run_family_evaluation(("unused",))
+    [(runs, samples)] = made
+    assert runs == corpus  # the samples of every family's runs
     assert report["families"] == ["conv-adam", "digits", "gru"]
     assert tables_from == [{"digits", "gru"}, {"conv-adam", "gru"}, {"conv-adam", "digits"}]
     # The fitted curve as shipped (four networks cross-fitted by seed) fitted on the other families' samples only.
@@ -236,7 +244,7 @@ def test_the_shipped_fitted_curve_and_a_folds_are_one_recipe(monkeypatch, tmp_pa
     from services.estimator.model.owncurve import quantile_net
 
     def runs(group, scale, **extra):
-        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 61)]
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": scale / i**0.7} for i in range(1, 31)]
         for p in points:
             p["val_loss"], p["val_acc"] = p["loss"] * 1.1, 1 - p["loss"] / (3 * scale)
         return [

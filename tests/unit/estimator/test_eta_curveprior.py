@@ -172,7 +172,7 @@ def test_the_family_split_never_fine_tunes_or_pads_on_the_held_out_family(monkey
     from services.estimator.model.curveprior import train
 
     def runs(group, **extra):
-        points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i} for i in range(1, 61)]
+        points = [{"t": 0.1 * i, "step": 10 * i, "loss": 2.0 / i} for i in range(1, 31)]
         return [
             {"run": f"{group}-{s}", "group": group, "params": {"seed": s}, "points": points, **extra} for s in range(5)
         ]
@@ -185,12 +185,20 @@ def test_the_family_split_never_fine_tunes_or_pads_on_the_held_out_family(monkey
     real_fit = owntrain.fit_net  # the fitted curve's networks are not what this test checks: a few steps each
     monkeypatch.setattr(owntrain, "fit_net", lambda x, y, **kw: real_fit(x, y, **(kw | {"steps": 20})))
 
-    encoded = ownnested.prior_samples(corpus)
+    made, real_samples = [], ownnested.prior_samples
+
+    def prior_samples(runs, *a, **kw):  # the evaluation's own encoded samples, read here rather than made again
+        made.append((runs, real_samples(runs, *a, **kw)))
+        return made[-1][1]
+
+    monkeypatch.setattr(ownnested, "prior_samples", prior_samples)
     seen = []
     monkeypatch.setattr(train, "finetune_samples", lambda base, x, y, **kw: seen.append(("fit", x)) or base)
     real_with_pads = train.with_pads
     monkeypatch.setattr(train, "with_pads", lambda net, got: seen.append(("pad", got[0])) or real_with_pads(net, got))
     report = ownfamily.run_family_evaluation(("unused",))
+    [(runs, encoded)] = made
+    assert runs == corpus  # every family's runs encoded
     assert report["families"] == ["conv-adam", "digits"]
     fits = [x for kind, x in seen if kind == "fit"]
     pads = [x for kind, x in seen if kind == "pad"]

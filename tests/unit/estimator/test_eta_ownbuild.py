@@ -47,7 +47,7 @@ def _corpus():
     def runs(group, scale, power, **extra):
         points = [
             {"t": 0.1 * i, "step": 10 * i, "loss": scale / i**power, "val_loss": scale / i ** (power * 0.7)}
-            for i in range(1, 61)
+            for i in range(1, 31)
         ]
         for p in points:
             p["val_acc"] = 1 - p["val_loss"] / (2 * scale)

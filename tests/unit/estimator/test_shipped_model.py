@@ -13,7 +13,20 @@ from services.estimator.model.history import HistoryPredictor
 from services.estimator.modelstore import ModelStore, refresh_forever
 
 
-def test_the_shipped_model_is_what_this_code_trains_from_the_mlperf_logs():
+@pytest.fixture(scope="module")
+def closure() -> list[str]:
+    """The training's sources as this tree has them, found once for the module: each look is a process that
+    imports torch (about 3 s of CPU), and the tree does not change between this module's tests."""
+    return shipped.training_sources()
+
+
+@pytest.fixture
+def sources_once(closure, monkeypatch):
+    """`shipped.training_sources` answers the module's one look (`closure`), a fresh list each call."""
+    monkeypatch.setattr(shipped, "training_sources", lambda: list(closure))
+
+
+def test_the_shipped_model_is_what_this_code_trains_from_the_mlperf_logs(sources_once):
     """A change to the training's code, format or corpus without `make history-model` fails here."""
     HistoryPredictor.load(shipped.SHIPPED)  # of the format served now
     recorded = json.loads(shipped.PROVENANCE.read_text())
@@ -23,7 +36,7 @@ def test_the_shipped_model_is_what_this_code_trains_from_the_mlperf_logs():
     assert "services/estimator/train.py" in recorded["sources"]
 
 
-def test_a_change_to_any_source_the_training_runs_makes_it_stale(monkeypatch):
+def test_a_change_to_any_source_the_training_runs_makes_it_stale(monkeypatch, sources_once):
     recorded = json.loads(shipped.PROVENANCE.read_text())
     sources = shipped.training_sources()
     real = shipped.code_digest
@@ -89,7 +102,7 @@ async def test_without_a_servable_shipped_model_the_first_is_trained_at_start(tm
     assert store.version is None and store.predictor is None
 
 
-def test_a_provenance_file_that_is_not_the_shipped_models_is_stale(tmp_path, monkeypatch):
+def test_a_provenance_file_that_is_not_the_shipped_models_is_stale(tmp_path, monkeypatch, sources_once):
     recorded = json.loads(shipped.PROVENANCE.read_text())
     other = tmp_path / "history-shipped.npz"
     other.write_bytes(shipped.SHIPPED.read_bytes() + b"\0")  # another file than the one it describes
