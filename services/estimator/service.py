@@ -37,7 +37,18 @@ log = logging.getLogger(__name__)
 WARM_UP_QUERY = PredictQuery(benchmark="bert", batch_size=64, accelerator="NVIDIA H100-SXM5-80GB", accelerators=8)
 
 PUBLISH_EVERY_S = 1.0
-FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are dropped without a read
+FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are read without the job's record
+ENDED_KEPT = 64  # the models of the jobs that ended here last: their last chunks, coming after the end, are kept
+
+
+def observed(model: JobModel, chunk: LogChunk) -> list[tuple[int, LogLine]]:
+    """The chunk's lines the model read (its position in the chunk with each): those that carried a metric, printed
+    progress or an MLLOG record, which are kept so a restart, and a finished job's curves, read them again."""
+    return [
+        (i, line)
+        for i, line in enumerate(chunk.lines)
+        if model.observe(line) or model.carried_progress() or ":::MLLOG" in line.line
+    ]
 
 
 def finish(job: dict[str, Any] | None) -> tuple[dict[str, Any], list[EtaEstimated]] | None:
@@ -85,8 +96,11 @@ class Estimator:
     live: dict[str, JobModel] = field(default_factory=dict)
     last_published: dict[str, float] = field(default_factory=dict)
     # Jobs this process saw finish (a job never runs again once finished): output that comes after the end, on its
-    # own consumer (a task's last chunk, most often), is dropped without reading the job to learn it finished.
+    # own consumer (a task's last chunk, most often), is not read as a live job's, and the job is not read to learn
+    # it finished. Its metric lines still belong on its curves: the model of a job that ended here lately reads
+    # them (`ended`), with no estimate; older ones' late output is dropped.
     finished: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
+    ended: Lru[str, JobModel] = field(default_factory=lambda: Lru(ENDED_KEPT), repr=False)
     # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
     # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
     unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
@@ -158,6 +172,8 @@ class Estimator:
         if not self.unestimated.get(event.job_id):  # else nothing to clear: its record stays as submitted
             await self.jobs.update(event.job_id, finish)
         self.finished.put(event.job_id, True)
+        if model is not None:
+            self.ended.put(event.job_id, model)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
 
@@ -166,6 +182,7 @@ class Estimator:
         lines, GPU samples and placements go; output that comes later is dropped unread. What it taught the
         history model and the own-jobs corpus stays."""
         self.finished.put(event.job_id, True)
+        self.ended.pop(event.job_id)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
         self.unestimated.pop(event.job_id)
@@ -179,13 +196,10 @@ class Estimator:
     async def log_chunk(self, chunk: LogChunk) -> None:
         model = await self._model(chunk.job_id)
         if model is None:
+            if (ended := self.ended.get(chunk.job_id)) is not None and (kept := observed(ended, chunk)):
+                await self._store(chunk, kept)  # its last lines, after its end: on its curves, no estimate
             return
-        kept = [
-            (i, line)
-            for i, line in enumerate(chunk.lines)
-            if model.observe(line) or model.carried_progress() or ":::MLLOG" in line.line
-        ]
-        if kept:
+        if kept := observed(model, chunk):
             await self._store(chunk, kept)
         now = time.time()
         if now - self.last_published.get(chunk.job_id, 0) < PUBLISH_EVERY_S:
