@@ -243,12 +243,15 @@ def test_with_nothing_owned_free_a_faster_rental_is_weighed_only_by_its_dollars_
     assert schedule(state, 0.0, config()) == [Provision("t4.1x", 1, job.id)]
 
 
-def test_an_owned_only_job_queued_for_two_kinds_leaves_both_backlogs_when_it_starts_on_one():
+def test_an_owned_only_job_queued_for_two_kinds_leaves_its_queue_when_it_starts_on_one():
+    # the reserved GPU busy: with both free, the one queue over both kinds has room for both jobs and charges nothing
     local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
-    reserved = make_node(kind="reserved", gpu_count=1, price_per_hour=1.5)
+    reserved = make_node(kind="reserved", gpu_count=1, free=0, price_per_hour=1.5)
     owned_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
     could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
-    state = make_state(nodes=(local, reserved), queue=(owned_only, could_rent))
+    state = make_state(
+        nodes=(local, reserved), queue=(owned_only, could_rent), running=(busy(reserved, until=10 * HOUR),)
+    )
     index = CapacityIndex(state, now=0.0, kinds=ALL_KINDS)
     waits = backlog(
         state,
@@ -418,4 +421,54 @@ def test_a_job_that_accepts_only_one_model_is_charged_only_to_jobs_taking_a_gpu_
     decisions = schedule(state, 0.0, config())
 
     assert Start(could_rent.id, (v100.id,), ((0,),)) in decisions
+    assert not any(isinstance(d, Provision) for d in decisions)
+
+
+@pytest.mark.parametrize(("reserved_back_h", "rents"), [(1, False), (100, True)])
+def test_an_owned_only_job_that_may_use_two_kinds_waits_in_one_queue_over_both(reserved_back_h, rents):
+    """A P100-only job (no rental has the model) may use the local P100, free, and the reserved one, busy for 1 h.
+    The job that could rent takes the local one for 10 h: the P100 job then starts on the reserved one at 1 h ($2
+    of its wait at the full rate against a $10 rental), so nothing is rented. Planned on each kind apart (round 9),
+    the local P100 looked like its only GPU: its 10 h ($20) were charged and the job that could rent rented. With the
+    reserved P100 busy for 100 h, the union's wait is long too and the job rents on both."""
+    local = make_node(kind="local", gpu_count=1, gpu_model="P100", price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="P100", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    p100_only = make_job(priority="cost", allowed="any", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(local, reserved),
+        running=(busy(reserved, until=reserved_back_h * HOUR),),
+        queue=(could_rent, p100_only),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
+    assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
+    assert (Start(p100_only.id, (local.id,), ((0,),)) in decisions) is rents
+
+
+def test_an_owned_only_job_that_accepts_two_models_waits_in_one_queue_over_both():
+    """A job that accepts P100 or G2 (no rental has either), on one reserved kind: the free P100 taken for 10 h, it
+    starts on the G2 back at 1 h. Planned per model (round 9), it was charged the P100's 10 h as if the P100 were
+    all it could use."""
+    p100 = make_node(kind="reserved", gpu_count=1, gpu_model="P100", price_per_hour=0.5)
+    g2 = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="G2", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    either = make_job(
+        priority="cost", allowed="cloud", gpu_models=frozenset({"P100", "G2"}), expected_duration_s=10 * HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(p100, g2),
+        running=(busy(g2, until=HOUR),),
+        queue=(could_rent, either),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config())
+
+    assert Start(could_rent.id, (p100.id,), ((0,),)) in decisions
     assert not any(isinstance(d, Provision) for d in decisions)
