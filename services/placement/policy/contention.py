@@ -12,7 +12,7 @@ starts is planned on the kind's free GPUs (less the g taken), the expected ends 
 backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
 
 A "kind" here is one queue: an owned-only job waits for the first GPU back among every owned GPU it may use, so it
-queues once, on all the GPUs of its owned kinds and of the models it accepts (`queue_key`), and a placement is charged
+queues once, on all the GPUs of its owned kinds and of the models it accepts (`queue_keys`), and a placement is charged
 by every queue its GPU is in.
 """
 
@@ -28,6 +28,7 @@ from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import OWNED_KINDS, ClusterState, JobRequest
 
 INF = float("inf")
+QueueKey = tuple[tuple[str, ...], tuple[str, ...]]  # (owned kinds, GPU models: none is any)
 
 
 @dataclass(slots=True)
@@ -275,11 +276,11 @@ def head_dollars(heads: Iterable[tuple[float, float]], *, share: float, held_s: 
 class Backlog:
     """Per queue of owned GPUs, what a placement there delays (see the module's doc). An owned-only job waits for the
     first GPU back among every owned GPU it may use, so it queues once, on the union of its owned kinds and models
-    (`queue_key`); a placement is charged by every queue that holds its GPU."""
+    (`queue_keys`); a placement is charged by every queue that holds its GPU."""
 
     now: float = 0.0
-    # per (owned kinds, GPU models) a backlog job may use (`queue_key`; no models: any)
-    kinds: dict[tuple[tuple[str, ...], tuple[str, ...]], Kind] = field(default_factory=dict)
+    # per (owned kinds, GPU models) a backlog job may use (`queue_keys`; no models: any)
+    kinds: dict[QueueKey, Kind] = field(default_factory=dict)
     _holding: dict[tuple[str, str], list[Kind]] = field(default_factory=dict)  # (kind, model) -> queues of it
 
     def charge(self, job: JobRequest, option: Option) -> float:
@@ -333,14 +334,15 @@ def backlog(
     value_per_s: dict[str, float],
 ) -> Backlog:
     """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its kinds. Each job
-    queues once, on every owned GPU of its owned kinds and of the models it accepts (`queue_key`)."""
+    queues once, on every owned GPU of its owned kinds and of the models it accepts (`queue_keys`)."""
     out = Backlog(now=now)
     keys = {}
     for job in state.queue:
         kinds = owned_only.get(job.id)
-        if kinds is not None and (key := queue_key(kinds, job.gpu_models)) is not None:
-            keys[job.id] = key
-            out.kinds.setdefault(key, Kind())
+        if kinds is not None:
+            keys[job.id] = queue_keys(kinds, job.gpu_models, one=config.one_owned_queue)
+            for key in keys[job.id]:
+                out.kinds.setdefault(key, Kind())
     kind_of: dict[str, list[Kind]] = {}
     for node in state.nodes:
         if node.kind in OWNED_KINDS:
@@ -355,18 +357,24 @@ def backlog(
             for kind in kind_of.get(node_id, ()):
                 kind.hold(end, len(indices))
     for job in state.queue:
-        if (key := keys.get(job.id)) is not None:
+        for key in keys.get(job.id, ()):
             gpus = job.gpu_count * job.node_count
             duration = job.duration_on(config.reference_tflops, config.reference_tflops)
             out.kinds[key].enqueue(job.id, (queue_order(job), gpus, value_per_s[job.id], duration))
     return out
 
 
-def queue_key(kinds: Iterable[str], models: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The one queue an owned-only job waits in: its owned kinds and the GPU models it accepts (none: any); no owned
-    kind, no queue."""
-    owned = tuple(sorted(k for k in set(kinds) if k in OWNED_KINDS))
-    return (owned, tuple(sorted(models))) if owned else None
+def queue_keys(kinds: Iterable[str], models: Iterable[str], *, one: bool = True) -> list[QueueKey]:
+    """The queues an owned-only job waits in: one, over its owned kinds and the GPU models it accepts (none: any);
+    not `one` (`PolicyConfig.one_owned_queue` off, round 9's plan): one per owned kind and per model. No owned kind,
+    no queue."""
+    owned = sorted(k for k in set(kinds) if k in OWNED_KINDS)
+    accepted = sorted(models)
+    if not owned:
+        return []
+    if one:
+        return [(tuple(owned), tuple(accepted))]
+    return [((kind,), (model,) if model else ()) for kind in owned for model in accepted or [""]]
 
 
 def queue_order(job: JobRequest) -> tuple:

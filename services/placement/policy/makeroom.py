@@ -43,16 +43,22 @@ class Shape:
 
     job: JobRequest  # one of them: what a node must offer to run any of them
     kinds: tuple[str, ...]
-    gpus: int = 0  # the owned GPUs of its kinds and models: the one queue they wait in (`contention.queue_key`)
+    # the owned GPUs of its kinds and models: the one queue they wait in (`contention.queue_keys`); None: the freed
+    # GPU's kind (`PolicyConfig.one_owned_queue` off)
+    gpus: int | None = None
     pending: Waits = field(default_factory=Waits)
 
     def relief(self, freed: "Freed") -> float:
         """Dollars of waiting taken off these jobs when g of the N GPUs they may use are freed for d seconds: each
         wait t shortened by g * min(d, t) / N (`delay_dollars`, the contention charge's rule)."""
-        return delay_dollars(self.pending, gpus=freed.gpus, kind_gpus=self.gpus, held_s=freed.held_s)
+        return delay_dollars(self.pending, gpus=freed.gpus, kind_gpus=self.of(freed), held_s=freed.held_s)
 
     def share(self, freed: "Freed") -> float:
-        return delay_share(gpus=freed.gpus, kind_gpus=self.gpus)
+        return delay_share(gpus=freed.gpus, kind_gpus=self.of(freed))
+
+    def of(self, freed: "Freed") -> int:
+        """N: the GPUs these jobs wait for, of which `freed` are freed."""
+        return freed.kind_gpus if self.gpus is None else self.gpus
 
     def fits(self, gpus: int) -> int:
         """How many of these jobs `gpus` freed GPUs start at once."""
@@ -61,10 +67,11 @@ class Shape:
 
 @dataclass(frozen=True, slots=True)
 class Freed:
-    """g owned GPUs freed for the d seconds the job moved off them had left."""
+    """g owned GPUs freed for the d seconds the job moved off them had left, on a kind of `kind_gpus` GPUs."""
 
     gpus: int
     held_s: float
+    kind_gpus: int
 
 
 def waiting_shapes(p: Pass) -> list[Shape]:
@@ -79,7 +86,8 @@ def waiting_shapes(p: Pass) -> list[Shape]:
         key = (kinds, job.gpu_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu, job.memory_gb)
         shape = shapes.get(key)
         if shape is None:
-            shape = shapes[key] = Shape(job, kinds, queue_gpus(p.state.nodes, kinds, job.gpu_models))
+            gpus = queue_gpus(p.state.nodes, kinds, job.gpu_models) if p.config.one_owned_queue else None
+            shape = shapes[key] = Shape(job, kinds, gpus)
         at = until.get(job.id)
         wait = INF if at is None else max(0.0, at - p.now)
         shape.pending.waits.append((wait, backlog_value_per_s(job, p.config), queue_order(job)))
@@ -90,7 +98,7 @@ def waiting_shapes(p: Pass) -> list[Shape]:
 
 def queue_gpus(nodes: Iterable[Node], kinds: tuple[str, ...], models: frozenset[str]) -> int:
     """The owned GPUs of these kinds and models (none: any): the queue a shape waits in, as the contention charge
-    plans it (`contention.queue_key`)."""
+    plans it (`contention.queue_keys`)."""
     owned = [kind for kind in kinds if kind in OWNED_KINDS]
     return sum(n.gpu_count for n in nodes if n.kind in owned and (not models or n.gpu_model in models))
 
@@ -133,19 +141,25 @@ def make_room(p: Pass) -> None:
     shapes = waiting_shapes(p)
     if not shapes:
         return
+    kind_gpus: dict[str, int] = {}
+    for n in p.state.nodes:
+        kind_gpus[n.kind] = kind_gpus.get(n.kind, 0) + n.gpu_count
     scored = sorted(
-        ((_gain(p, run, node, remaining, shapes)[0], run, node, remaining) for run, node, remaining in candidates),
+        (
+            (_gain(p, run, node, remaining, shapes, kind_gpus[node.kind])[0], run, node, remaining)
+            for run, node, remaining in candidates
+        ),
         key=lambda c: (-c[0], c[1].job.id),
     )
     moved = 0
     for first, run, node, remaining in scored:
         if first <= 0 or moved >= config.make_room_max_per_pass:
             break
-        gain, rental = _gain(p, run, node, remaining, shapes)
+        gain, rental = _gain(p, run, node, remaining, shapes, kind_gpus[node.kind])
         if gain <= 0 or rental is None:
             continue
         mine = [shape for shape in shapes if served(shape, node, run.job.gpu_count)]
-        freed = Freed(run.job.gpu_count, remaining)
+        freed = Freed(run.job.gpu_count, remaining, kind_gpus[node.kind])
         starts = starters(mine, freed)
         for shape in mine:
             shape.pending.shorten(shape.share(freed), freed.held_s, started={i for s, i in starts if s is shape})
@@ -153,7 +167,9 @@ def make_room(p: Pass) -> None:
         moved += 1
 
 
-def _gain(p: Pass, run: RunningJob, node: Node, remaining: float, shapes: list[Shape]) -> tuple[float, str | None]:
+def _gain(
+    p: Pass, run: RunningJob, node: Node, remaining: float, shapes: list[Shape], kind_gpus: int
+) -> tuple[float, str | None]:
     """What moving the job to its best rental saves in all (the waiting taken off others - the rental's dollars at
     the upper quantile and its idle grace - the time the move costs the job at its rate), and that rental's instance
     type. Freeing g GPUs of a kind of N for the d seconds the job has left shortens each served wait t by
@@ -163,7 +179,7 @@ def _gain(p: Pass, run: RunningJob, node: Node, remaining: float, shapes: list[S
     config, now = p.config, p.now
     gpus = run.job.gpu_count
     mine = [shape for shape in shapes if served(shape, node, gpus)]
-    freed = Freed(gpus, remaining)
+    freed = Freed(gpus, remaining, kind_gpus)
     saved = sum(shape.relief(freed) for shape in mine) + head_relief(starters(mine, freed), freed)
     if saved <= 0:
         return 0.0, None

@@ -277,9 +277,10 @@ def test_freeing_a_gpu_counts_its_share_of_every_owned_gpu_the_waiting_jobs_may_
         queue=waiting,
         catalogue=(make_instance(**T4, gpu_model="T4"),),
     )
-    p = Pass(state, now=0.0, config=config(), kinds=ALL_KINDS)
-    p.decisions = [Wait(job.id, "waiting", until=100 * HOUR) for job in waiting]
+    for one_queue, moved in ((True, False), (False, True)):  # off: round 9's plan, N the freed GPU's kind
+        p = Pass(state, now=0.0, config=config(one_owned_queue=one_queue), kinds=ALL_KINDS)
+        p.decisions = [Wait(job.id, "waiting", until=100 * HOUR) for job in waiting]
 
-    make_room(p)
+        make_room(p)
 
-    assert not [d for d in p.decisions if isinstance(d, MakeRoom)]
+        assert bool([d for d in p.decisions if isinstance(d, MakeRoom)]) is moved
