@@ -11,9 +11,9 @@ make room credits for freeing GPUs: one rule for taking and freeing). When each 
 starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
 backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
 
-A "kind" here is one queue: an owned-only job waits for the first GPU back among every owned GPU it may use, so it
-queues once, on all the GPUs of its owned kinds and of the models it accepts (`queue_keys`), and a placement is charged
-by every queue its GPU is in.
+A "kind" here is one queue of owned GPUs (`queue_keys`): one per owned kind, and per kind and model for the jobs that
+accept only some models; with `PolicyConfig.one_owned_queue`, one per job's whole set of owned kinds and models (it
+waits for the first GPU back among all of them). A placement is charged by every queue its GPU is in.
 """
 
 import bisect
@@ -274,9 +274,8 @@ def head_dollars(heads: Iterable[tuple[float, float]], *, share: float, held_s: 
 
 @dataclass(slots=True)
 class Backlog:
-    """Per queue of owned GPUs, what a placement there delays (see the module's doc). An owned-only job waits for the
-    first GPU back among every owned GPU it may use, so it queues once, on the union of its owned kinds and models
-    (`queue_keys`); a placement is charged by every queue that holds its GPU."""
+    """Per queue of owned GPUs (`queue_keys`), what a placement there delays (see the module's doc); a placement is
+    charged by every queue that holds its GPU."""
 
     now: float = 0.0
     # per (owned kinds, GPU models) a backlog job may use (`queue_keys`; no models: any)
@@ -317,7 +316,7 @@ class Backlog:
 
     def started(self, job: JobRequest, option: Option, *, owned_only: bool) -> None:
         """Account for a start decided this pass (the GPUs it takes until it ends, in every queue that holds them; an
-        owned-only job leaves its queue)."""
+        owned-only job leaves every queue it is in)."""
         if owned_only:
             for other in self.kinds.values():
                 other.leave(job.id)

@@ -243,15 +243,12 @@ def test_with_nothing_owned_free_a_faster_rental_is_weighed_only_by_its_dollars_
     assert schedule(state, 0.0, config()) == [Provision("t4.1x", 1, job.id)]
 
 
-def test_an_owned_only_job_queued_for_two_kinds_leaves_its_queue_when_it_starts_on_one():
-    # the reserved GPU busy: with both free, the one queue over both kinds has room for both jobs and charges nothing
+def test_an_owned_only_job_queued_for_two_kinds_leaves_both_backlogs_when_it_starts_on_one():
     local = make_node(kind="local", gpu_count=1, price_per_hour=0.35)
-    reserved = make_node(kind="reserved", gpu_count=1, free=0, price_per_hour=1.5)
+    reserved = make_node(kind="reserved", gpu_count=1, price_per_hour=1.5)
     owned_only = make_job(priority="cost", allowed="local", expected_duration_s=10 * HOUR)
     could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
-    state = make_state(
-        nodes=(local, reserved), queue=(owned_only, could_rent), running=(busy(reserved, until=10 * HOUR),)
-    )
+    state = make_state(nodes=(local, reserved), queue=(owned_only, could_rent))
     index = CapacityIndex(state, now=0.0, kinds=ALL_KINDS)
     waits = backlog(
         state,
@@ -444,7 +441,7 @@ def test_an_owned_only_job_that_may_use_two_kinds_waits_in_one_queue_over_both(r
         catalogue=(rental,),
     )
 
-    decisions = schedule(state, 0.0, config())
+    decisions = schedule(state, 0.0, config(one_owned_queue=True))
 
     assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
@@ -469,7 +466,7 @@ def test_an_owned_only_job_that_accepts_two_models_waits_in_one_queue_over_both(
         catalogue=(rental,),
     )
 
-    decisions = schedule(state, 0.0, config())
+    decisions = schedule(state, 0.0, config(one_owned_queue=True))
 
     assert Start(could_rent.id, (p100.id,), ((0,),)) in decisions
     assert not any(isinstance(d, Provision) for d in decisions)
