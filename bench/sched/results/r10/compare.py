@@ -1,5 +1,5 @@
 """Round 10 against round 9, trainmaster at sigma 0: per cell and per split. Round 9's figure of a cell is round 9's
-policy run this round (`check-off.jsonl`: `--one-owned-queue off` at `7cd17e5`, `gpuspec10` 16+8 equal to round 9's
+policy run this round (`check-off.jsonl`: the default, off, at `7cd17e5`, `gpuspec10` 16+8 equal to round 9's
 run to the cent, and 22+12), else its run (`r9/runs-r9*.jsonl`), else round 8's (`r8/runs-r8.jsonl`: the variants
 round 9 counted at round 8's result, and the gpuspec cells it did not run). Round 10 changed only what owned-only jobs
 that may use several owned kinds or GPU models see: the ten variants without a job no instance type could host
