@@ -22,6 +22,10 @@ class PolicyConfig:
     # same); None: `cost_sensitive_weight`. The full rate: the job's own choices weigh its time at a quarter, but the
     # wait others impose on it counts whole, as its completion does in the goal (bench/sched/README.md, round 8).
     cost_sensitive_backlog_weight: float | None = 1.0
+    # True: an owned-only job waits in one queue over every owned GPU it may use (its owned kinds and accepted GPU
+    # models), in the contention charge and make room; False: one queue per owned kind and per model. Off: on the
+    # held-out cells round 10 ran it changed little and one cell was worse on both figures (bench/sched/README.md).
+    one_owned_queue: bool = False
     # Rental types whose dollars are this close count as tied: the cheaper is taken, whatever its speed (a faster
     # type ~8% pricier per unit of work is not bought on a near-tie), unless the job's rate is above
     # `rental_tie_max_rate` (dollars per GPU-hour: a project that pays that much for time buys the speed).

@@ -10,6 +10,10 @@ that would have started now on the g free GPUs taken are delayed by their whole 
 make room credits for freeing GPUs: one rule for taking and freeing). When each backlog job
 starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
 backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
+
+A "kind" here is one queue of owned GPUs (`queue_keys`): one per owned kind, and per kind and model for the jobs that
+accept only some models; with `PolicyConfig.one_owned_queue`, one per job's whole set of owned kinds and models (it
+waits for the first GPU back among all of them). A placement is charged by every queue its GPU is in.
 """
 
 import bisect
@@ -24,6 +28,7 @@ from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import OWNED_KINDS, ClusterState, JobRequest
 
 INF = float("inf")
+QueueKey = tuple[tuple[str, ...], tuple[str, ...]]  # (owned kinds, GPU models: none is any)
 
 
 @dataclass(slots=True)
@@ -269,22 +274,34 @@ def head_dollars(heads: Iterable[tuple[float, float]], *, share: float, held_s: 
 
 @dataclass(slots=True)
 class Backlog:
-    """Per owned kind, what a placement there delays (see the module's doc)."""
+    """Per queue of owned GPUs (`queue_keys`), what a placement there delays (see the module's doc); a placement is
+    charged by every queue that holds its GPU."""
 
     now: float = 0.0
-    # per owned kind, and per (kind, GPU model) for the owned-only jobs that accept only some models (`model_key`)
-    kinds: dict[str | tuple[str, str], Kind] = field(default_factory=dict)
+    # per (owned kinds, GPU models) a backlog job may use (`queue_keys`; no models: any)
+    kinds: dict[QueueKey, Kind] = field(default_factory=dict)
+    _holding: dict[tuple[str, str], list[Kind]] = field(default_factory=dict)  # (kind, model) -> queues of it
 
     def charge(self, job: JobRequest, option: Option) -> float:
-        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog of its kind: g / N of
-        each backlog job's wait up to the option's duration, and the whole of it for the jobs next in line that would
-        have started now on the free GPUs it takes. Jobs that accept only some GPU models wait on those models'
-        GPUs of the kind alone (`model_key`): they are charged to an option on such a GPU, never on another model."""
+        """Dollars of waiting this option of a job that may rent puts on the owned-only backlog that may use its GPU:
+        g / N of each backlog job's wait up to the option's duration (N: the GPUs of that job's queue), and the whole
+        of it for the jobs next in line that would have started now on the free GPUs it takes. A job that accepts
+        only some GPU models is charged to an option on such a GPU, never on another model."""
         return sum(self._charge(kind, job, option) for kind in self._kinds_of(option))
 
     def _kinds_of(self, option: Option) -> list[Kind]:
-        name, model = option_kind(option), option_model(option)
-        return [kind for key in (name, model_key(name, model)) if (kind := self.kinds.get(key)) is not None]
+        return self.holding(option_kind(option), option_model(option))
+
+    def holding(self, kind: str, model: str) -> list[Kind]:
+        """The queues a GPU of this owned kind and model serves."""
+        found = self._holding.get((kind, model))
+        if found is None:
+            found = self._holding[(kind, model)] = [
+                queue
+                for (kinds, models), queue in self.kinds.items()
+                if kind in kinds and (not models or model in models)
+            ]
+        return found
 
     def _charge(self, kind: Kind, job: JobRequest, option: Option) -> float:
         if not kind.value:
@@ -298,8 +315,8 @@ class Backlog:
         return share + head_dollars(heads, share=delay_share(gpus=gpus, kind_gpus=kind.gpus), held_s=option.duration)
 
     def started(self, job: JobRequest, option: Option, *, owned_only: bool) -> None:
-        """Account for a start decided this pass (the GPUs it takes until it ends; an owned-only job leaves the
-        backlog of every kind it queued for, not only the one it starts on)."""
+        """Account for a start decided this pass (the GPUs it takes until it ends, in every queue that holds them; an
+        owned-only job leaves every queue it is in)."""
         if owned_only:
             for other in self.kinds.values():
                 other.leave(job.id)
@@ -315,17 +332,20 @@ def backlog(
     owned_only: dict[str, tuple[str, ...]],
     value_per_s: dict[str, float],
 ) -> Backlog:
-    """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its owned kinds. A
-    job that accepts only some GPU models queues on each of those models' GPUs of its kinds, apart from the kind."""
+    """The backlog at the start of a pass: `owned_only` maps each queued job that may not rent to its kinds. Each job
+    queues once, on every owned GPU of its owned kinds and of the models it accepts (`queue_keys`)."""
     out = Backlog(now=now)
-    models = {m for job in state.queue if job.id in owned_only for m in job.gpu_models}
+    keys = {}
+    for job in state.queue:
+        kinds = owned_only.get(job.id)
+        if kinds is not None:
+            keys[job.id] = queue_keys(kinds, job.gpu_models, one=config.one_owned_queue)
+            for key in keys[job.id]:
+                out.kinds.setdefault(key, Kind())
     kind_of: dict[str, list[Kind]] = {}
     for node in state.nodes:
         if node.kind in OWNED_KINDS:
-            keys: list[str | tuple[str, str]] = [node.kind]
-            if node.gpu_model in models:
-                keys.append(model_key(node.kind, node.gpu_model))
-            held = kind_of[node.id] = [out.kinds.setdefault(key, Kind()) for key in keys]
+            held = kind_of[node.id] = out.holding(node.kind, node.gpu_model)
             for kind in held:
                 kind.gpus += node.gpu_count
                 if node.is_ready(now) and node.reserved_for is None:
@@ -336,20 +356,24 @@ def backlog(
             for kind in kind_of.get(node_id, ()):
                 kind.hold(end, len(indices))
     for job in state.queue:
-        for name in owned_only.get(job.id, ()):
-            keys = [model_key(name, m) for m in sorted(job.gpu_models)] if job.gpu_models else [name]
-            for key in keys:
-                if (backlogged := out.kinds.get(key)) is not None:
-                    gpus = job.gpu_count * job.node_count
-                    order = queue_order(job)
-                    duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-                    backlogged.enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
+        for key in keys.get(job.id, ()):
+            gpus = job.gpu_count * job.node_count
+            duration = job.duration_on(config.reference_tflops, config.reference_tflops)
+            out.kinds[key].enqueue(job.id, (queue_order(job), gpus, value_per_s[job.id], duration))
     return out
 
 
-def model_key(kind: str, model: str) -> tuple[str, str]:
-    """Where the owned-only jobs that accept only some GPU models queue: per kind and model."""
-    return (kind, model)
+def queue_keys(kinds: Iterable[str], models: Iterable[str], *, one: bool = True) -> list[QueueKey]:
+    """The queues an owned-only job waits in: one, over its owned kinds and the GPU models it accepts (none: any);
+    not `one` (`PolicyConfig.one_owned_queue` off, round 9's plan): one per owned kind and per model. No owned kind,
+    no queue."""
+    owned = sorted(k for k in set(kinds) if k in OWNED_KINDS)
+    accepted = sorted(models)
+    if not owned:
+        return []
+    if one:
+        return [(tuple(owned), tuple(accepted))]
+    return [((kind,), (model,) if model else ()) for kind in owned for model in accepted or [""]]
 
 
 def queue_order(job: JobRequest) -> tuple:

@@ -9,6 +9,7 @@ only (pure; the weighing of `contention.Backlog.charge`, by the same rule: `dela
 """
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.placement.policy.capacity import expected_end
@@ -42,12 +43,22 @@ class Shape:
 
     job: JobRequest  # one of them: what a node must offer to run any of them
     kinds: tuple[str, ...]
+    # the owned GPUs of its kinds and models: the one queue they wait in (`contention.queue_keys`); None: the freed
+    # GPU's kind (`PolicyConfig.one_owned_queue` off)
+    gpus: int | None = None
     pending: Waits = field(default_factory=Waits)
 
     def relief(self, freed: "Freed") -> float:
-        """Dollars of waiting taken off these jobs when g GPUs of a kind of N are freed for d seconds: each wait t
-        shortened by g * min(d, t) / N (`delay_dollars`, the contention charge's rule)."""
-        return delay_dollars(self.pending, gpus=freed.gpus, kind_gpus=freed.kind_gpus, held_s=freed.held_s)
+        """Dollars of waiting taken off these jobs when g of the N GPUs they may use are freed for d seconds: each
+        wait t shortened by g * min(d, t) / N (`delay_dollars`, the contention charge's rule)."""
+        return delay_dollars(self.pending, gpus=freed.gpus, kind_gpus=self.of(freed), held_s=freed.held_s)
+
+    def share(self, freed: "Freed") -> float:
+        return delay_share(gpus=freed.gpus, kind_gpus=self.of(freed))
+
+    def of(self, freed: "Freed") -> int:
+        """N: the GPUs these jobs wait for, of which `freed` are freed."""
+        return freed.kind_gpus if self.gpus is None else self.gpus
 
     def fits(self, gpus: int) -> int:
         """How many of these jobs `gpus` freed GPUs start at once."""
@@ -56,15 +67,11 @@ class Shape:
 
 @dataclass(frozen=True, slots=True)
 class Freed:
-    """g GPUs of an owned kind of N freed for the d seconds the job moved off them had left."""
+    """g owned GPUs freed for the d seconds the job moved off them had left, on a kind of `kind_gpus` GPUs."""
 
     gpus: int
-    kind_gpus: int
     held_s: float
-
-    @property
-    def share(self) -> float:
-        return delay_share(gpus=self.gpus, kind_gpus=self.kind_gpus)
+    kind_gpus: int
 
 
 def waiting_shapes(p: Pass) -> list[Shape]:
@@ -79,13 +86,21 @@ def waiting_shapes(p: Pass) -> list[Shape]:
         key = (kinds, job.gpu_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu, job.memory_gb)
         shape = shapes.get(key)
         if shape is None:
-            shape = shapes[key] = Shape(job, kinds)
+            gpus = queue_gpus(p.state.nodes, kinds, job.gpu_models) if p.config.one_owned_queue else None
+            shape = shapes[key] = Shape(job, kinds, gpus)
         at = until.get(job.id)
         wait = INF if at is None else max(0.0, at - p.now)
         shape.pending.waits.append((wait, backlog_value_per_s(job, p.config), queue_order(job)))
     for shape in shapes.values():
         shape.pending.index()
     return list(shapes.values())
+
+
+def queue_gpus(nodes: Iterable[Node], kinds: tuple[str, ...], models: frozenset[str]) -> int:
+    """The owned GPUs of these kinds and models (none: any): the queue a shape waits in, as the contention charge
+    plans it (`contention.queue_keys`)."""
+    owned = [kind for kind in kinds if kind in OWNED_KINDS]
+    return sum(n.gpu_count for n in nodes if n.kind in owned and (not models or n.gpu_model in models))
 
 
 def served(shape: Shape, node: Node, gpus: int) -> bool:
@@ -144,10 +159,10 @@ def make_room(p: Pass) -> None:
         if gain <= 0 or rental is None:
             continue
         mine = [shape for shape in shapes if served(shape, node, run.job.gpu_count)]
-        freed = Freed(run.job.gpu_count, kind_gpus[node.kind], remaining)
+        freed = Freed(run.job.gpu_count, remaining, kind_gpus[node.kind])
         starts = starters(mine, freed)
         for shape in mine:
-            shape.pending.shorten(freed.share, freed.held_s, started={i for s, i in starts if s is shape})
+            shape.pending.shorten(shape.share(freed), freed.held_s, started={i for s, i in starts if s is shape})
         p.decisions.append(MakeRoom(run.job.id, run.node_ids, rental, run.job.node_count))
         moved += 1
 
@@ -159,11 +174,12 @@ def _gain(
     the upper quantile and its idle grace - the time the move costs the job at its rate), and that rental's instance
     type. Freeing g GPUs of a kind of N for the d seconds the job has left shortens each served wait t by
     g * min(d, t) / N (the contention charge's rule, `delay_dollars`), and the next jobs in line that fit on the g
-    GPUs (in the engine's queue order, `starters`) start on them now, their whole wait off."""
+    GPUs (in the engine's queue order, `starters`) start on them now, their whole wait off. N is the GPUs a served
+    shape may use, over all its owned kinds and models: the one queue it waits in."""
     config, now = p.config, p.now
     gpus = run.job.gpu_count
     mine = [shape for shape in shapes if served(shape, node, gpus)]
-    freed = Freed(gpus, kind_gpus, remaining)
+    freed = Freed(gpus, remaining, kind_gpus)
     saved = sum(shape.relief(freed) for shape in mine) + head_relief(starters(mine, freed), freed)
     if saved <= 0:
         return 0.0, None
@@ -202,5 +218,6 @@ def head_relief(starts: list[tuple[Shape, int]], freed: Freed) -> float:
     """What the jobs the freed GPUs start gain beyond their share (`Shape.relief`): their whole wait up to d comes
     off, not g / N of it (the pricing is capped at d; the wait itself is gone, `Waits.shorten`): `head_dollars`, the
     contention charge's rule for the jobs a taken GPU would have started."""
-    heads = ((shape.pending.waits[i][0], shape.pending.waits[i][1]) for shape, i in starts)
-    return head_dollars(heads, share=freed.share, held_s=freed.held_s)
+    return sum(
+        head_dollars([shape.pending.waits[i][:2]], share=shape.share(freed), held_s=freed.held_s) for shape, i in starts
+    )

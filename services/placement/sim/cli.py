@@ -53,6 +53,12 @@ def parser() -> argparse.ArgumentParser:
         help="the share of the rate a cost-sensitive owned-only job's wait is charged at (default 1.0: all of it)",
     )
     p.add_argument(
+        "--one-owned-queue",
+        choices=("on", "off"),
+        default="on" if POLICY_DEFAULTS.one_owned_queue else "off",
+        help="an owned-only job waits in one queue over every owned GPU it may use (off: one per kind and model)",
+    )
+    p.add_argument(
         "--burst-after-s",
         type=float,
         default=POLICY_DEFAULTS.burst_after_s,
@@ -101,6 +107,7 @@ def simulate(args: argparse.Namespace) -> dict:
         exchange_rate=args.exchange_rate,
         cost_sensitive_weight=args.cost_sensitive_weight,
         cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
+        one_owned_queue=args.one_owned_queue == "on",
         burst_after_s=args.burst_after_s,
     )
     started = time.perf_counter()

@@ -250,3 +250,37 @@ def test_jobs_no_rental_can_host_are_made_room_for_as_local_only_jobs_are():
     state = make_state(nodes=(node,), running=(long,), queue=model_only, catalogue=(t4,))
 
     assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in schedule(state, 0.0, config())
+
+
+def test_freeing_a_gpu_counts_its_share_of_every_owned_gpu_the_waiting_jobs_may_use():
+    """Four jobs of 1,000 h that accept only the V100 (no rental has it; $2/h each at the full rate) may use the
+    local V100 a long job that could rent holds for 1,000 h more, and three reserved V100s back at 100 h, where they
+    would start. Moving the long job starts one of them 100 h sooner ($200; the others still wait for the reserved
+    ones): a $500 rental does not pay. Freeing 1 of the 4 GPUs they wait for is priced at 1/4 of each wait and the
+    next job's whole wait ($350); priced as if the local V100 were all they could use (round 9: 1 of 1 GPU), all
+    four waits came off ($800) and the job was moved."""
+    node, long = _held_local(left_h=1000)
+    reserved = make_node(kind="reserved", gpu_count=3, free=0, gpu_model=node.gpu_model, price_per_hour=1.5)
+    waiting = tuple(
+        make_job(
+            priority="cost",
+            allowed="any",
+            gpu_models=frozenset({node.gpu_model}),
+            expected_duration_s=1000 * HOUR,
+            submitted_at=float(i),
+        )
+        for i in range(4)
+    )
+    state = make_state(
+        nodes=(node, reserved),
+        running=(long, busy(reserved, until=100 * HOUR)),
+        queue=waiting,
+        catalogue=(make_instance(**T4, gpu_model="T4"),),
+    )
+    for one_queue, moved in ((True, False), (False, True)):  # off: round 9's plan, N the freed GPU's kind
+        p = Pass(state, now=0.0, config=config(one_owned_queue=one_queue), kinds=ALL_KINDS)
+        p.decisions = [Wait(job.id, "waiting", until=100 * HOUR) for job in waiting]
+
+        make_room(p)
+
+        assert bool([d for d in p.decisions if isinstance(d, MakeRoom)]) is moved

@@ -419,3 +419,74 @@ def test_a_job_that_accepts_only_one_model_is_charged_only_to_jobs_taking_a_gpu_
 
     assert Start(could_rent.id, (v100.id,), ((0,),)) in decisions
     assert not any(isinstance(d, Provision) for d in decisions)
+
+
+@pytest.mark.parametrize(("reserved_back_h", "rents"), [(4, False), (100, True)])
+def test_an_owned_only_job_that_may_use_two_kinds_waits_in_one_queue_over_both(reserved_back_h, rents):
+    """A P100-only job (no rental has the model) may use the local P100, free, and the reserved one, busy for 4 h.
+    The job that could rent takes the local one for 10 h: the P100 job then starts on the reserved one at 4 h ($8
+    of its wait at the full rate against a $10 rental), so nothing is rented. Planned on each kind apart (round 9),
+    the local P100 looked like its only GPU: its 10 h ($20) were charged, the job that could rent rented, and the
+    local P100 stood idle (the cost-sensitive P100 job waits for the paid-for reserved one). With the reserved P100
+    busy for 100 h the union's wait is long too: the job rents and the P100 job takes the local one."""
+    local = make_node(kind="local", gpu_count=1, gpu_model="P100", price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="P100", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    p100_only = make_job(priority="cost", allowed="any", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR)
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(local, reserved),
+        running=(busy(reserved, until=reserved_back_h * HOUR),),
+        queue=(could_rent, p100_only),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config(one_owned_queue=True))
+
+    assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
+    assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
+    assert (Start(p100_only.id, (local.id,), ((0,),)) in decisions) is rents
+
+
+def test_an_owned_only_job_that_accepts_two_models_waits_in_one_queue_over_both():
+    """A job that accepts P100 or G2 (no rental has either), on one reserved kind: the free P100 taken for 10 h, it
+    starts on the G2 back at 1 h. Planned per model (round 9), it was charged the P100's 10 h as if the P100 were
+    all it could use."""
+    p100 = make_node(kind="reserved", gpu_count=1, gpu_model="P100", price_per_hour=0.5)
+    g2 = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="G2", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    either = make_job(
+        priority="cost", allowed="cloud", gpu_models=frozenset({"P100", "G2"}), expected_duration_s=10 * HOUR
+    )
+    rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
+    state = make_state(
+        nodes=(p100, g2),
+        running=(busy(g2, until=HOUR),),
+        queue=(could_rent, either),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 0.0, config(one_owned_queue=True))
+
+    assert Start(could_rent.id, (p100.id,), ((0,),)) in decisions
+    assert not any(isinstance(d, Provision) for d in decisions)
+
+
+def test_with_one_owned_queue_off_the_job_is_planned_per_kind_as_round_9_did():
+    """The setting off keeps round 9's plan: the P100 job queues on the local P100 alone, its 10 h are charged to the
+    job taking it, and that job rents though the reserved P100 is back at 4 h."""
+    local = make_node(kind="local", gpu_count=1, gpu_model="P100", price_per_hour=0.35)
+    reserved = make_node(kind="reserved", gpu_count=1, free=0, gpu_model="P100", price_per_hour=0.5)
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=10 * HOUR)
+    p100_only = make_job(priority="cost", allowed="any", gpu_models=frozenset({"P100"}), expected_duration_s=10 * HOUR)
+    state = make_state(
+        nodes=(local, reserved),
+        running=(busy(reserved, until=4 * HOUR),),
+        queue=(could_rent, p100_only),
+        catalogue=(make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0),),
+    )
+
+    decisions = schedule(state, 0.0, config(one_owned_queue=False))
+
+    assert Provision("v100.1x", 1, could_rent.id) in decisions
+    assert not of_type(decisions, Start)
