@@ -39,6 +39,7 @@ WARM_UP_QUERY = PredictQuery(benchmark="bert", batch_size=64, accelerator="NVIDI
 PUBLISH_EVERY_S = 1.0
 FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are read without the job's record
 ENDED_KEPT = 64  # the models of the jobs that ended here last: their last chunks, coming after the end, are kept
+ENDED_WINDOW_S = 60.0  # for this long after this process saw the end (its clock): the node's word ends there
 
 
 def observed(model: JobModel, chunk: LogChunk) -> list[tuple[int, LogLine]]:
@@ -98,9 +99,11 @@ class Estimator:
     # Jobs this process saw finish (a job never runs again once finished): output that comes after the end, on its
     # own consumer (a task's last chunk, most often), is not read as a live job's, and the job is not read to learn
     # it finished. Its metric lines still belong on its curves: the model of a job that ended here lately reads
-    # them (`ended`), with no estimate; older ones' late output is dropped.
+    # them (`ended`, with the monotonic time they stop being read), with no estimate, for `ENDED_WINDOW_S`: the
+    # node placed for the job may not add points to its curve for as long as the job is kept; older ones' late
+    # output is dropped.
     finished: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
-    ended: Lru[str, JobModel] = field(default_factory=lambda: Lru(ENDED_KEPT), repr=False)
+    ended: Lru[str, tuple[JobModel, float]] = field(default_factory=lambda: Lru(ENDED_KEPT), repr=False)
     # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
     # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
     unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
@@ -173,7 +176,7 @@ class Estimator:
             await self.jobs.update(event.job_id, finish)
         self.finished.put(event.job_id, True)
         if model is not None:
-            self.ended.put(event.job_id, model)
+            self.ended.put(event.job_id, (model, time.monotonic() + ENDED_WINDOW_S))
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
 
@@ -196,7 +199,8 @@ class Estimator:
     async def log_chunk(self, chunk: LogChunk) -> None:
         model = await self._model(chunk.job_id)
         if model is None:
-            if (ended := self.ended.get(chunk.job_id)) is not None and (kept := observed(ended, chunk)):
+            ended = self.ended.get(chunk.job_id)
+            if ended is not None and time.monotonic() < ended[1] and (kept := observed(ended[0], chunk)):
                 await self._store(chunk, kept)  # its last lines, after its end: on its curves, no estimate
             return
         if kept := observed(model, chunk):

@@ -103,6 +103,20 @@ async def test_output_that_comes_after_its_job_finished_here_is_kept_for_its_cur
     assert job_id not in live.live  # not tracked again
 
 
+async def test_output_that_comes_long_after_its_job_finished_is_dropped():
+    """The node placed for the job may add its last lines to the curve for a while after the end (this process's
+    clock: `ENDED_WINDOW_S`), not for as long as the job is remembered."""
+    job_id, bus = unique("later"), Bus()
+    live = estimator(bus)
+    await live.submitted(submitted(job_id=job_id))
+    await live.status_changed(status(job_id, Phase.FAILED))
+    model, until = live.ended.get(job_id)
+    assert until > time.monotonic()
+    live.ended.put(job_id, (model, time.monotonic() - 0.001))  # the window has passed
+    await live.log_chunk(chunk(job_id, 0, [(time.time(), "  5%|#   | 5/100 [00:05<01:35, 1.00it/s]")]))
+    assert not live.points.docs and not [m for m in bus.sent if isinstance(m, EtaEstimated)]
+
+
 async def test_a_start_counts_only_from_the_node_its_rank_was_placed_on():
     job_id, bus = unique("start"), Bus()
     checks = Origins(placements=MemoryCollection("placements"), all_read=_all_read)
