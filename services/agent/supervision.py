@@ -119,6 +119,8 @@ class Supervisor:
             reach, cover, tmpfs = [str(workdir)], None, None
             if self.confinement is not None:
                 rules = self.confinement
+                if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look
+                    await asyncio.wait(set(self.besides))
                 user = await asyncio.to_thread(rules.users.claim)
                 env.update(identity(account_name(user.uid), workdir))
                 await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
