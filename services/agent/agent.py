@@ -35,6 +35,7 @@ from services.agent.runner import TaskProcess, clear_launches
 from services.agent.silences import Heard, load, save, unheard_for_s
 from services.agent.supervision import Supervisor, exited_event, started_event
 from services.agent.telemetry import group_pids, task_samples
+from services.agent.tmplink import forget_links
 
 log = logging.getLogger(__name__)
 
@@ -349,6 +350,7 @@ class Agent:
             async with self.sweeping:
                 if self.left is not None:  # the first: what a previous run left (measured in a thread: a long
                     await asyncio.to_thread(self.retention.adopt, self.left)  # walk holds back no heartbeat)
+                    await asyncio.to_thread(forget_links, self.left)
                     self.left = None
                 removed = await asyncio.to_thread(self.retention.sweep)
                 remove_empty(path.parent for path in removed)  # in the loop: see retention.remove_empty

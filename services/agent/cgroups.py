@@ -28,6 +28,7 @@ class Layout:
     memory: Path
     pids: Path | None
     agent_leaf: Path | None = None  # v2: where the agent moves itself before it enables controllers below
+    enable: str = "+memory +pids"  # v2: the controllers enabled below the agent (pids where it is available)
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,13 @@ def cgroup_mounts(text: str) -> dict[str, Path]:
 
 
 def choose_layout(*, mounts: dict[str, Path], own: dict[str, str], v2_controllers: set[str]) -> Layout | None:
-    """v2 when its hierarchy has the memory controller, else v1 when memory is mounted; None without either."""
+    """v2 when the agent's own cgroup may hand down the memory controller (`v2_controllers`: its
+    cgroup.controllers), else v1 when memory is mounted; None without either."""
     if "" in mounts and "memory" in v2_controllers:
         base = mounts[""] / own.get("", "/").lstrip("/")
         leaf = None if own.get("", "/") == "/" else base / "agent"
-        return Layout(version=2, memory=base / TASKS, pids=None, agent_leaf=leaf)
+        enable = "+memory +pids" if "pids" in v2_controllers else "+memory"
+        return Layout(version=2, memory=base / TASKS, pids=None, agent_leaf=leaf, enable=enable)
     if "memory" in mounts:
 
         def under(controller: str) -> Path:
@@ -130,7 +133,7 @@ class Cgroups:
             if parent is not None:
                 parent.mkdir(exist_ok=True)
         if layout.version == 2:
-            (layout.memory / "cgroup.subtree_control").write_text("+memory +pids")
+            (layout.memory / "cgroup.subtree_control").write_text(layout.enable)
 
     def _delegate(self) -> None:
         """v2 lets a cgroup with processes have no controlled children: the agent moves into a leaf first."""
@@ -138,7 +141,7 @@ class Cgroups:
         if self.layout.agent_leaf is not None:
             self.layout.agent_leaf.mkdir(exist_ok=True)
             (self.layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
-        (top / "cgroup.subtree_control").write_text("+memory +pids")
+        (top / "cgroup.subtree_control").write_text(self.layout.enable)
 
     def create(self, *, name: str, memory_gb: float) -> TaskCgroup | None:
         """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first); None
@@ -238,19 +241,30 @@ def remove(cg: TaskCgroup) -> bool:
     return gone
 
 
-def detect(*, pids_max: int, enabled: bool = True) -> Cgroups | None:
+def detect(*, pids_max: int, enabled: bool = True, proc: Path = Path("/proc/self")) -> Cgroups | None:
     """This host's task cgroups, or None (logged once) where none can be made."""
     if not enabled:
         return None
     try:
-        mounts = cgroup_mounts(Path("/proc/self/mounts").read_text())
-        own = own_cgroups(Path("/proc/self/cgroup").read_text())
-        v2 = set((mounts[""] / "cgroup.controllers").read_text().split()) if "" in mounts else set()
+        mounts = cgroup_mounts((proc / "mounts").read_text())
+        own = own_cgroups((proc / "cgroup").read_text())
+        v2: set[str] = set()
+        if "" in mounts:  # what the agent's own cgroup has from its parent, not what the root has
+            here = mounts[""] / own.get("", "/").lstrip("/")
+            v2 = set((here / "cgroup.controllers").read_text().split())
         layout = choose_layout(mounts=mounts, own=own, v2_controllers=v2)
         if layout is None:
-            log.warning("no cgroup hierarchy with a memory controller: task memory is measured by the agent")
+            if "" in mounts and "memory" in (mounts[""] / "cgroup.controllers").read_text().split():
+                log.warning(
+                    "the memory controller is not delegated to the agent's cgroup %s (it has: %s): task memory is "
+                    "measured by the agent; delegate it (systemd: Delegate=yes) for a cgroup per task",
+                    here,
+                    " ".join(sorted(v2)) or "none",
+                )
+            else:
+                log.warning("no cgroup hierarchy with a memory controller: task memory is measured by the agent")
             return None
         return Cgroups(layout, pids_max=pids_max)
     except OSError as exc:
-        log.warning("task cgroups cannot be made here (%r): task memory is measured by the agent", exc)
+        log.warning("task cgroups cannot be made here (%s): task memory is measured by the agent", exc)
         return None

@@ -359,6 +359,7 @@ async def spawn(
     cgroup: TaskCgroup | None = None,
     tmpfs_bytes: int | None = None,
     file_size: int | None = None,
+    links: dict[str, str] | None = None,
 ) -> TaskProcess:
     """Start the task's command under the shim, as the leader of a new process group (as `user` when given).
 
@@ -379,6 +380,7 @@ async def spawn(
         "cgroup_joined": str(joined) if joined else None,
         "tmpfs_size": tmpfs_bytes,
         "file_size": file_size,
+        "links": links or {},  # made again inside the task's private /tmp (services/agent/tmplink.py)
     }
     path = launch_dir / f"{uuid.uuid4().hex}.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

@@ -230,6 +230,11 @@ def confine(launch: dict) -> tuple[dict, bool]:
             plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
             tmpfs_size=launch.get("tmpfs_size"),
         )
+        for link, target in launch.get("links", {}).items():  # the short TMPDIR, in the task's own /tmp
+            try:
+                os.symlink(target, link)
+            except FileExistsError:  # /tmp not covered: the agent's link on the host is the task's
+                pass
         try:
             show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
         except OSError as exc:  # USER, LOGNAME and HOME still name it

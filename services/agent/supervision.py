@@ -15,6 +15,7 @@ from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparin
 from shared.jobs import DataOut
 from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, refused_urls
+from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
 from services.agent.fence import FENCED
@@ -63,6 +64,7 @@ class Supervisor:
     tasks: dict[str, TaskProcess]
     launching: dict[str, asyncio.Task]
     besides: set[asyncio.Task] = field(default_factory=set)  # work beside the tasks (a uid claimed ahead)
+    tmp_links: dict[Path, Path] = field(default_factory=dict)  # a running attempt's TMPDIR link by its directory
 
     async def ready(self) -> None:
         """What a task's first start would otherwise wait for, done now: the killer started and a task uid claimed
@@ -116,6 +118,10 @@ class Supervisor:
                 self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"
             )
             (workdir / "tmp").mkdir(exist_ok=True)
+            link = await asyncio.to_thread(tmplink.make, workdir / "tmp")
+            if link is not None:  # a short TMPDIR: Unix sockets under it fit (services/agent/tmplink.py)
+                self.tmp_links[workdir] = link
+                env["TMPDIR"] = str(link)
             reach, cover, tmpfs = [str(workdir)], None, None
             if self.confinement is not None:
                 rules = self.confinement
@@ -143,6 +149,7 @@ class Supervisor:
                 cgroup=cgroup,
                 tmpfs_bytes=tmpfs,
                 file_size=int(quota * 2**30) if quota else None,
+                links={env["TMPDIR"]: str(workdir / "tmp")} if link is not None else None,
             )
             task.update_every_s = self.output_update_s
         except asyncio.CancelledError:
@@ -222,7 +229,9 @@ class Supervisor:
             self._beside(self.ready())
 
     def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
-        """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again."""
+        """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again; its
+        TMPDIR link removed."""
+        tmplink.remove(self.tmp_links.pop(workdir, tmplink.link_name(workdir / "tmp")), workdir / "tmp")
         if user is not None and self.confinement is not None:  # a task user comes only with confinement
             self.confinement.users.release(user, workdir=workdir, cgroup=cgroup)
         elif cgroup is not None:

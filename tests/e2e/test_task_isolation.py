@@ -194,3 +194,13 @@ async def test_a_standard_pytorch_job_knows_its_user_and_compiles(api, project):
     who = tagged(text, "WHO")
     assert who["getuser"] == who["pwd"] == who["USER"] and who["home"] == who["HOME"], who
     assert who["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and who["compiled"] == [1.0, 1.0, 1.0]
+
+
+async def test_a_dataloader_with_worker_processes_gets_its_batches(api, project):
+    """Found on the first real-GPU run: the workers' Unix socket under the task's long TMPDIR could not be bound, and
+    the job waited for its first batch for ever. TMPDIR is now a short link to the task's own tmp/ directory."""
+    done, text = await finished(api, project, f"{sys.executable} {SCRIPTS / 'dataloader_workers.py'}", memory_gb=4)
+    assert done["status"]["phase"] == "Completed", (done["status"], text)
+    loaded = tagged(text, "LOADED")
+    assert loaded["sum"] == sum(range(512))
+    assert len(loaded["tmpdir"]) < 40 and loaded["real"].endswith("/tmp"), loaded  # the task's own directory

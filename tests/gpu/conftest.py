@@ -104,12 +104,38 @@ async def gpu_api(gpu_stack):
         yield client
 
 
-@pytest.fixture(scope="session")
-def report():
-    """Figures the tier measured, written to $OUT/gpu-report.json (or the data directory) when the session ends."""
-    figures: dict = {}
-    yield figures
+def out_dir() -> Path:
     out = Path(os.environ.get("OUT") or ".trainmaster")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu-report.json").write_text(json.dumps(figures, indent=2, default=str))
-    print(f"\nGPU tier figures ({out / 'gpu-report.json'}):\n{json.dumps(figures, indent=2, default=str)}")
+    return out
+
+
+class Report(dict):
+    """The tier's figures, written to `$OUT/gpu-report.json` each time one is set: a tier stopped at its time
+    limit (a GPU machine is lent by the minute) still leaves what it measured."""
+
+    def __setitem__(self, key, value) -> None:
+        super().__setitem__(key, value)
+        self.write()
+
+    def write(self) -> None:
+        (out_dir() / "gpu-report.json").write_text(json.dumps(self, indent=2, default=str))
+
+
+@pytest.fixture(scope="session")
+def report():
+    """Figures the tier measured, written to $OUT/gpu-report.json (or .trainmaster) as they are set."""
+    figures = Report()
+    yield figures
+    figures.write()  # what a test changed inside an entry after setting it
+    print(f"\nGPU tier figures ({out_dir() / 'gpu-report.json'}):\n{json.dumps(figures, indent=2, default=str)}")
+
+
+def pytest_runtest_logreport(report):
+    """A failure of the tier is printed, and kept in $OUT/gpu-failures.txt, when it happens, not at the session's
+    end: a tier stopped at its time limit would otherwise show only its F's."""
+    if report.failed and report.nodeid.startswith("tests/gpu/"):
+        text = f"\n==== FAILED {report.nodeid} ({report.when})\n{report.longreprtext[-6000:]}\n"
+        print(text, flush=True)
+        with (out_dir() / "gpu-failures.txt").open("a") as failures:
+            failures.write(text)

@@ -67,3 +67,57 @@ print("done", float(b[0, 0]), flush=True)
 def python(script: str, *args: object) -> str:
     """A job command running `script` with its arguments."""
     return " ".join(["python3", "-c", quote(script), *(quote(str(a)) for a in args)])
+
+
+# What a researcher's everyday PyTorch job does on a GPU, each step a path only a GPU walks inside the task's own
+# user, namespaces and cgroup: the process group from the variables the agent sets (NCCL, env://), a DataLoader
+# with worker processes and pinned memory (tensors pass through the task's /dev/shm), a model under DDP and
+# torch.compile (Inductor and Triton compile kernels into the task's caches), bf16 autocast, and a checkpoint per
+# epoch in TRAINMASTER_CHECKPOINT_DIR. It prints its loss each epoch and, last, a FACTS line the test reads; every
+# minute, every thread's stack (a hang shows where).
+STANDARD = r"""
+import faulthandler, json, os, sys, time
+faulthandler.dump_traceback_later(60, repeat=True)  # where it stands, each minute: a hang shows where
+import torch, torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+epochs = int(sys.argv[1])
+assert torch.cuda.is_available(), "no CUDA in the task"
+dist.init_process_group("nccl", init_method="env://")
+device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+torch.cuda.set_device(device)
+total = torch.ones(1, device=device)
+dist.all_reduce(total)
+torch.manual_seed(0)
+images = torch.randn(8192, 3, 32, 32)
+labels = (images.mean(dim=(1, 2, 3)) > 0).long()
+loader = DataLoader(TensorDataset(images, labels), batch_size=256, shuffle=True, num_workers=2, pin_memory=True,
+                    persistent_workers=True)
+model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1),
+                      nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 2)).to(device)
+model = torch.compile(nn.parallel.DistributedDataParallel(model, device_ids=[device.index]))
+optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+checkpoints = os.environ["TRAINMASTER_CHECKPOINT_DIR"]
+os.makedirs(checkpoints, exist_ok=True)
+print(f"training on {torch.cuda.get_device_name(device)}, world {dist.get_world_size()}", flush=True)
+started = time.monotonic()
+for epoch in range(1, epochs + 1):
+    seen, summed = 0, 0.0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        seen, summed = seen + len(y), summed + loss.item() * len(y)
+    print(f"epoch {epoch} loss {summed / seen:.6f}", flush=True)
+    torch.save({"epoch": epoch, "model": model.state_dict(), "optimiser": optimiser.state_dict()},
+               os.path.join(checkpoints, "last.pt"))
+saved = torch.load(os.path.join(checkpoints, "last.pt"), map_location=device, weights_only=True)
+facts = {"all_reduce": total.item(), "world": dist.get_world_size(), "epoch_saved": saved["epoch"],
+         "device": torch.cuda.get_device_name(device), "seconds": round(time.monotonic() - started, 1),
+         "peak_gpu_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 3)}
+dist.destroy_process_group()
+print("FACTS " + json.dumps(facts), flush=True)
+"""

@@ -2,15 +2,17 @@
 CUDA training and its estimate, CUDA's out-of-memory, a GPU's utilisation as a sign of life). Figures go to the
 session's report (conftest `report`)."""
 
+import json
+import re
 from datetime import datetime
 
 import pytest
 import pytest_asyncio
 
 from tests.conftest import eventually
-from tests.e2e.helpers import get, submit, wait_phase
+from tests.e2e.helpers import get, logs_containing, submit, wait_phase
 from tests.gpu.conftest import NODE_ID, nvidia_gpus
-from tests.gpu.scripts import ADAM, BUSY, IDLE, OOM, python
+from tests.gpu.scripts import ADAM, BUSY, IDLE, OOM, STANDARD, python
 
 PROJECT = "gpu-tier"
 TARGET = 0.01
@@ -76,6 +78,34 @@ async def test_an_adam_training_completes_on_its_first_attempt_and_its_eta_band_
     }
     assert len(rows) >= 5, rows
     assert hits > len(rows) / 2, report["adam"]
+
+
+async def test_an_everyday_pytorch_job_runs_in_the_tasks_own_user_namespaces_and_cgroup(gpu_api, report):
+    """NCCL's process group from the agent's variables, DataLoader workers through the task's /dev/shm with pinned
+    memory, DDP under torch.compile (Triton's kernels built in the task's caches), bf16 autocast, a checkpoint each
+    epoch: with the job's defaults, on its first attempt."""
+    job = await submit(gpu_api, PROJECT, command=python(STANDARD, 3), gpu_count=1)
+    job_id = job["metadata"]["id"]
+    try:
+        done = await wait_phase(gpu_api, PROJECT, job_id, "Completed", "Failed", timeout_s=150)
+    except AssertionError:  # still running: what it printed (its stacks each minute) says where it stands
+        done = await get(gpu_api, PROJECT, job_id)
+    ended = done["status"]["phase"] in ("Completed", "Failed")
+    text = await logs_containing(gpu_api, PROJECT, job_id, "FACTS ", timeout_s=20 if ended else 1)
+    facts = re.search(r"^FACTS (.*)$", text, re.MULTILINE)
+    report["standard"] = {
+        "status": {k: done["status"].get(k) for k in ("phase", "reason", "attempts")},
+        "losses": re.findall(r"^epoch \d+ loss ([0-9.]+)$", text, re.MULTILINE),
+        "facts": json.loads(facts.group(1)) if facts else None,
+        "log_tail": None if facts and ended else text[-6000:],
+    }
+    if not ended:  # the GPU is the next test's
+        await gpu_api.post(f"/v2/{PROJECT}/training-jobs/{job_id}/actions", json={"action_type": "terminate"})
+    assert done["status"]["phase"] == "Completed", report["standard"]
+    assert [(a["reason"], a["outcome"]) for a in done["status"]["attempts"]] == [("started", "completed")]
+    assert facts, report["standard"]
+    assert report["standard"]["facts"]["all_reduce"] == 1.0 and report["standard"]["facts"]["epoch_saved"] == 3
+    assert len(report["standard"]["losses"]) == 3
 
 
 async def test_a_cuda_out_of_memory_is_recognised_and_fails_the_job_saying_so(gpu_api, report):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from services.agent.app import AgentSettings, task_uid_first, task_uid_locks
-from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, oom_kills, own_cgroups, plan
+from services.agent.cgroups import Layout, cgroup_mounts, choose_layout, detect, oom_kills, own_cgroups, plan
 from services.agent.leftovers import ipc_ids
 from services.agent.quota import disk_usage, over_quota
 from services.agent.shim import account_files
@@ -64,6 +64,30 @@ def test_v2_at_the_root_needs_no_leaf_and_no_memory_controller_means_no_cgroups(
     mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     assert choose_layout(mounts=mounts, own={"": "/"}, v2_controllers={"memory"}).agent_leaf is None
     assert choose_layout(mounts=mounts, own={"": "/"}, v2_controllers={"cpu", "pids"}) is None
+
+
+def test_v2_without_pids_below_the_agent_enables_memory_alone():
+    mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
+    layout = choose_layout(mounts=mounts, own=own_cgroups("0::/svc\n"), v2_controllers={"memory", "cpu"})
+    assert layout is not None and layout.enable == "+memory"
+
+
+def test_a_memory_controller_the_root_has_but_the_agents_cgroup_was_not_given_means_no_cgroups(tmp_path, caplog):
+    """Seen on the first real-GPU machine (cgroup v2, memory at the root, the agent under /process_api/<id> whose
+    parent hands down no memory controller): enabling it below the agent failed with "No such file or directory".
+    The agent's own cgroup.controllers decides, and the log says what to delegate."""
+    root = tmp_path / "cg"
+    own = root / "process_api" / "52fc"
+    own.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+    (own / "cgroup.controllers").write_text("cpu pids\n")
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "mounts").write_text(f"cgroup2 {root} cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0\n")
+    (proc / "cgroup").write_text("0::/process_api/52fc\n")
+    assert detect(pids_max=64, proc=proc) is None
+    assert "not delegated to the agent's cgroup" in caplog.text and str(own) in caplog.text
+    assert not (own / "agent").exists()  # nothing made on the way
 
 
 def test_oom_kills_are_read_from_v1_and_v2_files():

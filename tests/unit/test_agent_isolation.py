@@ -210,10 +210,12 @@ print("LEFT", shmid, flush=True)
 FIND = r"""
 import json, os
 uid = str(os.getuid())
+# the way to its home, and its TMPDIR's link into it, are its own
 rows = [line.split() for line in open("/proc/sysvipc/shm").read().splitlines()[1:]]
 found = {"shm": [r[1] for r in rows if uid in (r[7], r[9])],
          "files": [os.path.join(d, n) for d in ("/run/lock", "/dev/shm", "/tmp") if os.path.isdir(d)
-                   for n in os.listdir(d) if not os.environ["HOME"].startswith(os.path.join(d, n))]}
+                   for n in os.listdir(d) if not os.environ["HOME"].startswith(os.path.join(d, n))
+                   and not os.path.realpath(os.path.join(d, n)).startswith(os.environ["HOME"] + "/")]}
 print("FOUND " + json.dumps(found), flush=True)
 """
 

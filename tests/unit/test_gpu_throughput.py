@@ -90,12 +90,17 @@ def test_a_benchmark_that_crashes_or_cannot_start_gives_no_figures(error):
     assert measure_tflops(runner=failing) == {}
 
 
-def test_the_benchmark_script_without_cuda_exits_cleanly_saying_so():
+def test_the_benchmark_script_without_cuda_exits_cleanly_saying_so(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no CUDA device, also on a machine with a GPU
     done = subprocess.run([sys.executable, str(BENCH)], capture_output=True, timeout=120, text=True)
     assert done.returncode == 0
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["gpus"] == [] and result["error"].startswith("no CUDA")
-    assert measure_tflops() == {}  # the agent's own reading of it on this machine: nothing measured
+
+    def without_cuda(command, timeout_s, env):  # the agent shows the script every GPU: none here
+        return run_process(command, timeout_s, {**env, "CUDA_VISIBLE_DEVICES": ""})
+
+    assert measure_tflops(runner=without_cuda) == {}  # the agent's own reading of that answer: nothing measured
 
 
 def test_measured_figures_go_to_their_gpus_by_index():
