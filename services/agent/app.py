@@ -98,7 +98,8 @@ class AgentSettings(CommonSettings, StorageSettings):
         1024,
         ge=1,
         description="Size of each of a task's private /tmp, /var/tmp, /dev/shm "
-        "and /run/lock (memory, counted in its memory limit).",
+        "and /run/lock (memory, counted in its memory limit); a task with a cgroup gets a /dev/shm "
+        "as large as its host memory.",
     )
     task_disk_gb: float = Field(
         100,

@@ -358,6 +358,7 @@ async def spawn(
     cover: dict[str, int] | None = None,
     cgroup: TaskCgroup | None = None,
     tmpfs_bytes: int | None = None,
+    shm_bytes: int | None = None,
     file_size: int | None = None,
     links: dict[str, str] | None = None,
 ) -> TaskProcess:
@@ -379,6 +380,7 @@ async def spawn(
         "cgroup_procs": cgroup.procs_files if cgroup else [],
         "cgroup_joined": str(joined) if joined else None,
         "tmpfs_size": tmpfs_bytes,
+        "shm_size": shm_bytes,  # /dev/shm's own size where it differs (a task with a cgroup: its memory)
         "file_size": file_size,
         "links": links or {},  # made again inside the task's private /tmp (services/agent/tmplink.py)
     }

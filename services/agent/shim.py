@@ -108,10 +108,13 @@ def show_account(*, name: str, uid: int, gid: int, home: str, scratch: str = "/t
             os.unlink(source)
 
 
-def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None = None) -> None:
-    """In the task's own mount namespace, cover each directory, showing only its listed children."""
+def isolate(
+    covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None = None, sizes: dict[str, int] | None = None
+) -> None:
+    """In the task's own mount namespace, cover each directory, showing only its listed children (each tmpfs of
+    `sizes[directory]`, else `tmpfs_size`, bytes)."""
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
-    size = f",size={tmpfs_size}" if tmpfs_size else ""
+    sizes = sizes or {}
     # handles on what each cover hides, taken in the new namespace (a bind mount's source must be in it)
     originals = {
         (parent, child): os.open(os.path.join(parent, child), os.O_PATH | os.O_NOFOLLOW)
@@ -123,9 +126,10 @@ def isolate(covers: dict[str, tuple[int, set[str]]], *, tmpfs_size: int | None =
         mode, children = covers[parent]
         if not os.path.isdir(parent):  # inside an outer cover and on no path the task needs: hidden already
             continue
+        size = sizes.get(parent, tmpfs_size)
+        options = f"mode={mode:o}" + (f",size={size}" if size else "")
         _check(
-            LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode:o}{size}".encode()),
-            f"cover {parent}",
+            LIBC.mount(b"tmpfs", parent.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options.encode()), f"cover {parent}"
         )
         for child in sorted(children):
             fd = originals.get((parent, child))
@@ -229,6 +233,7 @@ def confine(launch: dict) -> tuple[dict, bool]:
         isolate(
             plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
             tmpfs_size=launch.get("tmpfs_size"),
+            sizes={"/dev/shm": launch["shm_size"]} if launch.get("shm_size") else None,
         )
         for link, target in launch.get("links", {}).items():  # the short TMPDIR, in the task's own /tmp
             try:

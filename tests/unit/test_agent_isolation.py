@@ -324,6 +324,20 @@ async def test_private_temporary_directories_are_bounded(tmp_path):
     assert ended.reason == "failed" and "No space left on device" in output, output
 
 
+@root_only
+async def test_dev_shm_holds_as_much_as_the_tasks_memory_where_its_cgroup_counts_it(tmp_path):
+    """PyTorch's DataLoader passes each batch through /dev/shm: a task with a cgroup may fill it up to its memory
+    (the kernel counts it there); its other temporary directories stay at their own bound."""
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)  # 64 MB each
+    fill = "dd if=/dev/zero of=/dev/shm/b bs=1M count=200 && echo SHM-HELD && dd if=/dev/zero of=/tmp/f bs=1M count=100"
+    ended, output = await run(agent, start(unique("shm"), fill, memory_gb=1), sent)
+    if agent.supervisor.confinement.cgroups is None:
+        pytest.skip("no task cgroups on this host: /dev/shm keeps the temporary directories' bound")
+    assert "SHM-HELD" in output, output
+    assert ended.reason == "failed" and "No space left on device" in output, (ended, output)
+
+
 async def test_a_task_writing_past_its_disk_quota_is_stopped(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.05)
