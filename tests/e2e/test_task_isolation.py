@@ -204,3 +204,14 @@ async def test_a_dataloader_with_worker_processes_gets_its_batches(api, project)
     loaded = tagged(text, "LOADED")
     assert loaded["sum"] == sum(range(512))
     assert len(loaded["tmpdir"]) < 40 and loaded["real"].endswith("/tmp"), loaded  # the task's own directory
+
+
+async def test_a_torchrun_job_with_two_local_ranks_runs(api, project):
+    """torchrun starts its ranks, their rendezvous and their workers inside the task's own namespaces."""
+    worker = SCRIPTS / "torchrun_worker.py"
+    command = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 {worker} && echo DONE"
+    done, text = await finished(api, project, command, memory_gb=4, environments={"OMP_NUM_THREADS": "1"})
+    assert done["status"]["phase"] == "Completed", (done["status"], text)
+    ranks = tagged(text, "RANKS")
+    assert ranks["world"] == 2 and ranks["all_reduce"] == 3.0, ranks
+    assert sorted((r["rank"], r["local_rank"], r["seen"]) for r in ranks["ranks"]) == [(0, 0, 128.0), (1, 1, 256.0)]
