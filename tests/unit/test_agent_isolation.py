@@ -437,3 +437,25 @@ async def test_a_task_in_its_own_pid_namespace_ends_with_its_commands_code_or_si
     )
     assert (coded.reason, coded.exit_code) == ("failed", 3)
     assert (signalled.reason, signalled.exit_code) == ("failed", 143)  # as its shell reports a SIGTERM
+
+
+@pytest.mark.parametrize("confined", [False, True], ids=["own-user", "confined"])
+async def test_a_task_binds_a_unix_socket_under_its_tmpdir_and_the_link_goes_with_it(tmp_path, confined):
+    """multiprocessing's resource sharer (a DataLoader's workers) binds `pymp-*/listener-*` under TMPDIR: the
+    attempt's own tmp/ is too deep for a socket's path, its link is not. Confined (the shim's link in the task's
+    private /tmp), or run as the agent's own user (the agent's link on the host); the link is gone once the task has
+    ended."""
+    if confined and os.geteuid() != 0:
+        pytest.skip("confinement needs root")
+    sent: list = []
+    agent = make_agent(tmp_path / ("deep" * 12), sent, confined=confined)
+    bind = (
+        "import os, socket, tempfile; d = tempfile.mkdtemp(prefix='pymp-'); "
+        "s = socket.socket(socket.AF_UNIX); s.bind(os.path.join(d, 'listener-abcdefgh')); "
+        "print('BOUND', os.environ['TMPDIR'], os.path.realpath(d))"
+    )
+    ended, output = await run(agent, start(unique("sock"), f"{sys.executable} -c {quote(bind)}"), sent)
+    assert ended.reason == "completed", (ended, output)
+    link, real = next(line.split()[1:] for line in output.splitlines() if line.startswith("BOUND "))
+    assert link.startswith("/tmp/tm-") and "/attempt-1-rank-0/tmp/pymp-" in real, output
+    assert not os.path.lexists(link)  # the host's link (the task's own went with its namespace)
