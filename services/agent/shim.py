@@ -210,9 +210,11 @@ def confine(launch: dict) -> tuple[dict, bool]:
     if not user:
         return {}, False
     uid, gid = user["uid"], user["gid"]
+    counted = bool(launch.get("cgroup_procs"))  # the task's memory, /dev/shm's included, counted by its cgroup
     try:
         join_cgroups(launch.get("cgroup_procs", []), joined=launch.get("cgroup_joined"))
     except OSError as exc:
+        counted = False
         print(
             f"[trainmaster] the task's cgroup could not be joined ({exc}): its memory is measured by the agent instead",
             file=sys.stderr,
@@ -233,7 +235,7 @@ def confine(launch: dict) -> tuple[dict, bool]:
         isolate(
             plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
             tmpfs_size=launch.get("tmpfs_size"),
-            sizes={"/dev/shm": launch["shm_size"]} if launch.get("shm_size") else None,
+            sizes={"/dev/shm": launch["shm_size"]} if launch.get("shm_size") and counted else None,
         )
         for link, target in launch.get("links", {}).items():  # the short TMPDIR, in the task's own /tmp
             try:

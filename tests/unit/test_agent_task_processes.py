@@ -117,6 +117,26 @@ async def test_a_task_whose_cgroup_was_not_joined_is_ended_by_looking_through_ev
 
 @root_only
 @with_cgroups
+async def test_a_task_whose_cgroup_was_not_joined_keeps_dev_shm_at_the_temporary_directories_bound(
+    tmp_path, monkeypatch
+):
+    """/dev/shm is as large as the task's memory only where its cgroup counts it: unjoined, the agent's own measure
+    would not see it, so it keeps the bound of the other temporary directories (64 MB here)."""
+
+    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:
+        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
+
+    monkeypatch.setattr(Cgroups, "create", unjoinable)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    fill = "dd if=/dev/zero of=/dev/shm/b bs=1M count=100 && echo SHM-HELD"
+    exited, output = await run(agent, start(unique("shm"), fill, memory_gb=1), sent)
+    assert "cgroup could not be joined" in output, output
+    assert exited.reason == "failed" and "No space left on device" in output and "SHM-HELD" not in output, output
+
+
+@root_only
+@with_cgroups
 def test_removing_a_tasks_cgroup_kills_and_removes_the_groups_nested_in_it():
     cgroups = cgroups_here()
     assert cgroups is not None
