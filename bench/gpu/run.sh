@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The one script a session with a GPU machine runs, from the repository root: `bash bench/gpu/run.sh`.
 # The machine has Python 3 with torch (CUDA) and no venv: the project's other dependencies come from wheels
-# carried in .whl/ (cp312, manylinux; see docs/operations.md "Real GPUs" for how to make them), installed into
-# /tmp/site. It prints the GPUs, measures their throughput as the agent does, then runs the GPU tier (tests/gpu)
-# and the unit tests of what the tier relies on. Results (logs, gpu-report.json) go to $OUT when it is set.
+# carried in .whl/ (made here by `bash bench/gpu/wheels.sh`; docs/operations.md "Real GPUs"), installed into
+# /tmp/site. It prints the GPUs and what task isolation stands on, measures their throughput as the agent does, runs
+# the unit tests of that, the tier's everyday PyTorch job directly beside the tier, and the GPU tier (tests/gpu).
+# Results (logs, gpu-report.json, gpu-failures.txt, the stack's logs) go to $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/.trainmaster/gpu-run}"
@@ -37,6 +38,8 @@ PYTEST_PLUGINS=(-p pytest_asyncio.plugin -p pytest_timeout)
     # what the agent's task isolation stands on
     echo "kernel $(uname -r); cgroup: $(stat -fc %T /sys/fs/cgroup)"
     cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null | sed 's/^/cgroup v2 controllers: /'
+    own="/sys/fs/cgroup$(grep '^0::' /proc/self/cgroup | cut -d: -f3)"
+    cat "$own/cgroup.controllers" 2>/dev/null | sed "s|^|controllers handed to $own: |"
     echo "user: $(id); subuid: $(grep -c . /etc/subuid 2>/dev/null || echo none)"
     echo "own cgroup: $(tr '\n' ' ' </proc/self/cgroup)"
     grep cgroup /proc/self/mounts
