@@ -3,6 +3,7 @@ is checked against; their output (`logstore`) and notifications (`notificationst
 The one door to them: no other module of the submitter names a collection."""
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -24,6 +25,8 @@ from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken
 from services.submitter.viewentries import LIST_LATER_S, VIEW_FIELDS, ViewEntries
 from services.submitter.views import status_fields
+
+log = logging.getLogger(__name__)
 
 OWNERS_REMEMBERED = 100_000  # jobs whose project is remembered (it never changes): ~10 MB at most
 FINISHED_REMEMBERED = 100_000  # jobs seen finishing here (never to run again): their late estimates are not written
@@ -99,6 +102,22 @@ class Repository:
         if self.origins is not None:
             await self.origins.prepare()
 
+    async def _entries_of_landed(self, docs: list[dict[str, Any]]) -> None:
+        """After a failed insert: the entries of the jobs it stored all the same (a write that landed with its answer
+        lost). Without them such a job ran unlisted and uncounted: its statuses update entries, never make them,
+        and the client's retry is told the name is taken (seen in the failover test, a replica's database slow to
+        answer). Best effort: a look that fails too leaves them to the next start's rebuild."""
+        try:
+            ids = [doc["_id"] for doc in docs]
+            landed = {d["_id"] async for d in self.jobs.find({"_id": {"$in": ids}}, {"_id": 1})}
+            for doc in docs:
+                if doc["_id"] in landed:
+                    await self.views.write(doc, queue=True)  # versioned: a newer status's entries stand
+        except Exception as exc:
+            log.warning(
+                "entries of jobs stored by a failed insert not written (the next start's rebuild will): %r", exc
+            )
+
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
         [stored] = await self.insert_many([(doc, event)])
@@ -109,7 +128,11 @@ class Repository:
     async def insert_many(self, new: list[tuple[dict[str, Any], Message]]) -> list[list[dict[str, Any]] | NameTaken]:
         """`insert` of many jobs in three commands (the jobs, their queue entries, their list entries): per job its
         pending outbox entries, or NameTaken where the unique (project_id, name) index or the id refused it."""
-        pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
+        try:
+            pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
+        except Exception:
+            await self._entries_of_landed([doc for doc, _ in new])
+            raise
         stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
         if stored:
             await self.views.add_new(stored)

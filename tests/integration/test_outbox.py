@@ -4,6 +4,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import nats
+import pymongo
 import pytest
 
 from shared.bus import connect, make_broker
@@ -175,3 +176,39 @@ async def test_a_remembered_document_is_what_the_database_would_answer(bus_and_d
         job_id, lambda doc: ({**doc, "phase": "Completed"}, [JobDeleted(event_id=f"{job_id}:deleted-2", job_id=job_id)])
     )
     assert store._recall(job_id) == await collection.find_one({"_id": job_id})
+
+
+async def test_a_job_stored_by_an_insert_whose_answer_was_lost_is_listed_and_queued(
+    bus_and_database, wiring, monkeypatch
+):
+    """Seen in the failover test: a replica's insert landed, its answer did not (the database slow under load); the
+    request failed, its retry was told the name is taken, and the job ran without a list entry or a queue entry
+    (its statuses update entries, never make them): listed by no one, counted by no cap."""
+    broker, collection = wiring
+    repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
+    await repo.create_indexes()
+    event = submitted()
+    doc = {
+        "_id": event.job_id,
+        "project_id": "p",
+        "name": "lost-answer",
+        "user_name": "alice",
+        "create_time": event.create_time,
+        "status": {"phase": "Creating"},
+        "status_version": 0,
+    }
+    landed = repo.store.insert_many
+
+    async def answer_lost(items):
+        await landed(items)
+        raise pymongo.errors.AutoReconnect("connection closed")  # as a timeout after the server applied it
+
+    monkeypatch.setattr(repo.store, "insert_many", answer_lost)
+    with pytest.raises(pymongo.errors.AutoReconnect):
+        await repo.insert(doc, event)
+    monkeypatch.undo()
+    with pytest.raises(NameTaken):  # the client's retry
+        await repo.insert({**doc, "_id": submitted().job_id}, submitted())
+    total, listed = await repo.page("p", phases=[], offset=0, limit=10)
+    assert total == 1 and [d["_id"] for d in listed] == [event.job_id]
+    assert await repo.queued_count(project_id="p") == 1 == await repo.queued_count(user_name="alice")
