@@ -102,22 +102,6 @@ class Repository:
         if self.origins is not None:
             await self.origins.prepare()
 
-    async def _entries_of_landed(self, docs: list[dict[str, Any]]) -> None:
-        """After a failed insert: the entries of the jobs it stored all the same (a write that landed with its answer
-        lost). Without them such a job ran unlisted and uncounted: its statuses update entries, never make them,
-        and the client's retry is told the name is taken (seen in the failover test, a replica's database slow to
-        answer). Best effort: a look that fails too leaves them to the next start's rebuild."""
-        try:
-            ids = [doc["_id"] for doc in docs]
-            landed = {d["_id"] async for d in self.jobs.find({"_id": {"$in": ids}}, {"_id": 1})}
-            for doc in docs:
-                if doc["_id"] in landed:
-                    await self.views.write(doc, queue=True)  # versioned: a newer status's entries stand
-        except Exception as exc:
-            log.warning(
-                "entries of jobs stored by a failed insert not written (the next start's rebuild will): %r", exc
-            )
-
     async def insert(self, doc: dict[str, Any], event: Message) -> list[dict[str, Any]]:
         """Store a new job with the event announcing it in its outbox (the relay publishes it if we cannot)."""
         [stored] = await self.insert_many([(doc, event)])
@@ -130,12 +114,15 @@ class Repository:
         pending outbox entries, or NameTaken where the unique (project_id, name) index or the id refused it."""
         try:
             pending = await self.store.insert_many([(doc["_id"], doc, [event]) for doc, event in new])
-        except Exception:
-            await self._entries_of_landed([doc for doc, _ in new])
+            stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
+            if stored:
+                await self.views.add_new(stored)
+        except Exception:  # the jobs may be stored all the same (an answer lost): their entries with them
+            await self._mend_views([doc["_id"] for doc, _ in new])
             raise
-        stored = [doc for (doc, _), entries in zip(new, pending) if entries is not None]
-        if stored:
-            await self.views.add_new(stored)
+        taken = [doc for (doc, _), entries in zip(new, pending) if entries is None]
+        if taken:  # a retry, most often, of a create whose job was stored and whose entries may not have been
+            await self._mend_views([await self.job_id_named(doc["project_id"], doc["name"]) for doc in taken])
         return [
             NameTaken(doc["name"], project_id=doc["project_id"]) if entries is None else entries
             for (doc, _), entries in zip(new, pending)
@@ -195,7 +182,23 @@ class Repository:
 
     async def name_taken(self, project_id: str, name: str) -> bool:
         """Whether a job of the project has this name."""
-        return await self.jobs.find_one({"project_id": project_id, "name": name}, {"_id": 1}) is not None
+        return await self.job_id_named(project_id, name) is not None
+
+    async def job_id_named(self, project_id: str, name: str) -> str | None:
+        doc = await self.jobs.find_one({"project_id": project_id, "name": name}, {"_id": 1})
+        return None if doc is None else doc["_id"]
+
+    async def _mend_views(self, job_ids: list[str | None]) -> None:
+        """The entries of jobs whose create failed after their write or whose name a retry found taken: a job
+        stored whose entries were not (its answer lost, its process killed between the two) ran listed by no one
+        and counted by no cap, its statuses updating entries, never making them (seen in the failover test). Best
+        effort: what this cannot write is left to the next start's rebuild."""
+        try:
+            for job_id in job_ids:
+                if job_id is not None:
+                    await self.sync_views(job_id)
+        except Exception as exc:
+            log.warning("the entries of stored jobs not checked (the next start's rebuild will): %r", exc)
 
     async def finished(self, job_id: str) -> bool:
         """Whether the job is finished, or gone."""

@@ -178,12 +178,14 @@ async def test_a_remembered_document_is_what_the_database_would_answer(bus_and_d
     assert store._recall(job_id) == await collection.find_one({"_id": job_id})
 
 
-async def test_a_job_stored_by_an_insert_whose_answer_was_lost_is_listed_and_queued(
-    bus_and_database, wiring, monkeypatch
+@pytest.mark.parametrize("failure", ["answer lost", "entries failed", "process killed"])
+async def test_a_job_stored_without_its_entries_is_listed_and_queued_again(
+    bus_and_database, wiring, monkeypatch, failure
 ):
-    """Seen in the failover test: a replica's insert landed, its answer did not (the database slow under load); the
-    request failed, its retry was told the name is taken, and the job ran without a list entry or a queue entry
-    (its statuses update entries, never make them): listed by no one, counted by no cap."""
+    """Seen in the failover test: a job was stored and its entries were not (an insert's answer lost, the entries'
+    write failing after it, or the replica killed between the two); its create was answered 503, the retry was told
+    the name is taken, and the job ran without a list entry or a queue entry (its statuses update entries, never
+    make them): listed by no one, counted by no cap. The failed create, else the retry, writes them."""
     broker, collection = wiring
     repo = Repository(db=collection.database.client[unique("api").replace("-", "_")], broker=broker)
     await repo.create_indexes()
@@ -197,18 +199,28 @@ async def test_a_job_stored_by_an_insert_whose_answer_was_lost_is_listed_and_que
         "status": {"phase": "Creating"},
         "status_version": 0,
     }
-    landed = repo.store.insert_many
+    if failure == "process killed":  # the job written, nothing after it
+        await repo.store.insert_many([(doc["_id"], doc, [event])])
+    else:
+        landed = repo.store.insert_many
 
-    async def answer_lost(items):
-        await landed(items)
-        raise pymongo.errors.AutoReconnect("connection closed")  # as a timeout after the server applied it
+        async def insert_answer_lost(items):
+            await landed(items)
+            raise pymongo.errors.AutoReconnect("connection closed")  # as a timeout after the server applied it
 
-    monkeypatch.setattr(repo.store, "insert_many", answer_lost)
-    with pytest.raises(pymongo.errors.AutoReconnect):
-        await repo.insert(doc, event)
-    monkeypatch.undo()
+        async def entries_failed(stored):
+            raise pymongo.errors.AutoReconnect("connection closed")
+
+        if failure == "answer lost":
+            monkeypatch.setattr(repo.store, "insert_many", insert_answer_lost)
+        else:
+            monkeypatch.setattr(repo.views, "add_new", entries_failed)
+        with pytest.raises(pymongo.errors.AutoReconnect):
+            await repo.insert(doc, event)
+        monkeypatch.undo()
+    again = submitted()
     with pytest.raises(NameTaken):  # the client's retry
-        await repo.insert({**doc, "_id": submitted().job_id}, submitted())
+        await repo.insert({**doc, "_id": again.job_id}, again)
     total, listed = await repo.page("p", phases=[], offset=0, limit=10)
     assert total == 1 and [d["_id"] for d in listed] == [event.job_id]
     assert await repo.queued_count(project_id="p") == 1 == await repo.queued_count(user_name="alice")
