@@ -380,7 +380,7 @@ async def spawn(
         "cgroup_procs": cgroup.procs_files if cgroup else [],
         "cgroup_joined": str(joined) if joined else None,
         "tmpfs_size": tmpfs_bytes,
-        "shm_size": shm_bytes,  # /dev/shm's own size where it differs (a task with a cgroup: its memory)
+        "shm_size": shm_bytes,  # /dev/shm's own size, used where the task joins its cgroup (it counts it there)
         "file_size": file_size,
         "links": links or {},  # made again inside the task's private /tmp (services/agent/tmplink.py)
     }

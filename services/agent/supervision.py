@@ -41,15 +41,6 @@ log = logging.getLogger(__name__)
 LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's directory: never the task's
 
 
-def shm_size(command: StartTask, node: NodeInfo, tmpfs: int | None, cgroup: TaskCgroup | None) -> int | None:
-    """A task's /dev/shm: as large as its host memory where its cgroup counts what it holds there (PyTorch's
-    DataLoader passes every batch through it: a worker's batches in flight can be gigabytes), else as small as its
-    other private temporary directories (`tmpfs`), which nothing else bounds."""
-    if cgroup is None or tmpfs is None:
-        return None
-    return max(tmpfs, int(memory_limit_gb(command, node) * 2**30))
-
-
 @dataclass
 class Supervisor:
     """Launches and supervises the agent's tasks: `tasks` and `launching` are the agent's own (shared)."""
@@ -157,7 +148,9 @@ class Supervisor:
                 cover=cover,
                 cgroup=cgroup,
                 tmpfs_bytes=tmpfs,
-                shm_bytes=shm_size(command, self.node, tmpfs, cgroup),
+                # /dev/shm as large as the task's memory (a DataLoader's batches pass through it): the shim
+                # applies it only where the task joined its cgroup, which counts it
+                shm_bytes=max(tmpfs, int(memory_limit_gb(command, self.node) * 2**30)) if tmpfs else None,
                 file_size=int(quota * 2**30) if quota else None,
                 links={env["TMPDIR"]: str(workdir / "tmp")} if link is not None else None,
             )
