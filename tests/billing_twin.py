@@ -8,7 +8,7 @@ from services.billing.service import Billing, build
 from tests.factories import T0
 from tests.memory import Clock, MemoryCollection
 
-COLLECTIONS = ("ledger", "nodes", "nodes_open", "node_info", "quotas")
+COLLECTIONS = ("ledger", "ends", "nodes", "nodes_open", "node_info", "quotas")
 PLACEMENTS = ("jobs", "attempts", "parked")
 
 

@@ -45,6 +45,7 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         db = w.db
         billing = build(
             ledger=db.billing_ledger,
+            ends=db.billing_ends,
             nodes=db.billing_nodes,
             nodes_open=db.billing_nodes_open,
             node_info=db.billing_node_info,

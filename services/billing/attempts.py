@@ -2,12 +2,17 @@
 is lost, or reconciliation finds its end report lost), each attempt charged exactly once. One document per attempt
 and rank: inserted open (the same line seen again, open or closed, is refused by its id), replaced by its closed
 line once; the open ones are also kept in memory, all of them (billing alone writes them, one leader at a time,
-which reads them at its start), so nothing scans the ledger for what runs."""
+which reads them at its start), so nothing scans the ledger for what runs.
+
+A task's start and end may come in either order: the bus keeps each job's events in order, but a delivery lost on
+the way (a bus server killed under it) is delivered again after later ones were handled. An end that finds no line
+is kept (`billing_ends`) until its start comes, which then writes the line closed."""
 
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
@@ -17,6 +22,7 @@ from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateCh
 from shared.grouped import insert_grouped, replace_grouped
 from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
 from services.billing.placements import (
+    PARK_TTL_S,
     WRITE_WINDOW_S,
     Placements,
     attempt_key,
@@ -52,10 +58,13 @@ class Attempts:
     placements: Placements  # what placement decided: the only attempts that are charged
     records: NodeRecords  # each node's price where a placement did not record it
     spent: Spent  # an attempt closed: its project's budgets are looked at
+    ends: AsyncCollection  # ends seen before their start (`ended_first`): one per line, until its start comes
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
     # Every open line, as written (`load` reads them at the start): what runs, for the ends, reports and admission.
     running: dict[str, dict] = field(default_factory=dict, repr=False)
+    # Every end kept in `ends`, as written (`load` reads them): a start that finds its end here writes its line closed.
+    ended_first: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     # Lines whose insert raised here (the answer lost, or the write group failed after it landed): stored or not.
     unanswered: set[str] = field(default_factory=set, repr=False)
 
@@ -63,6 +72,8 @@ class Attempts:
         """At the start, before any event: the open lines into memory. Returns how many attempts run."""
         self.running.clear()
         self.running.update({d["_id"]: d async for d in self.ledger.find({OPEN: True})})
+        self.ended_first.clear()
+        self.ended_first.update({d["_id"]: d async for d in self.ends.find({})})
         return len(self.running)
 
     async def submitted(self, event: JobSubmitted) -> None:
@@ -88,11 +99,13 @@ class Attempts:
         entry = open_entry(
             key={"job_id": event.job_id, "attempt": event.attempt, "rank": event.rank},
             terms=rank_terms(placement, event.rank, info),
-            project_id=placement.get("project_id"),
-            user_name=placement.get("user_name"),
+            **await self._owner(event.job_id, placement),
             started_at=charged_from(placement, seen=seen),
         )
         if entry["_id"] in self.running or self._closed_here(entry["_id"], attempt_key(event.job_id, event.attempt)):
+            return
+        if (end := self.ended_first.get(entry["_id"])) is not None:
+            await self._open_after_end(entry, end)
             return
         try:
             inserted = await insert_grouped(self.ledger, entry, window_s=WRITE_WINDOW_S)  # with others starting then
@@ -107,13 +120,19 @@ class Attempts:
             self.running[entry["_id"]] = stored
         # else opened, or opened and closed, by an earlier delivery this process (or its `load`) knows of
         self.unanswered.discard(entry["_id"])
+        if entry["_id"] in self.running:
+            await self.placements.opened_after_status(event.job_id, seen=seen.timestamp())
 
     async def exited(self, event: TaskExited, *, seen: datetime | None = None) -> None:
         """Close the attempt's line when its end is seen; the end time the agent reports is not read."""
         seen = self._seen(seen)
         if await self.placements.check(event, seen=seen) is None:
             return
-        await self._close(f"{event.job_id}:{event.attempt}:{event.rank}", ended_at=seen, reason=event.reason)
+        key = f"{event.job_id}:{event.attempt}:{event.rank}"
+        if key not in self.running and not await self._opened_elsewhere(key):
+            await self._end_first(key, event, seen=seen)
+            return
+        await self._close(key, ended_at=seen, reason=event.reason)
 
     async def job_status(self, event: JobStatusChanged) -> None:
         """Keep what the status says of the attempts' ends, for reconciliation; not at all for a job that asks
@@ -156,6 +175,7 @@ class Attempts:
                 closed += 1
         if closed:
             log.warning("%d open attempts closed by reconciliation: their end reports were lost", closed)
+        await self._forget_old_ends(now)
         return closed
 
     async def backfill_epochs(self) -> int:
@@ -167,6 +187,54 @@ class Attempts:
             )
             count += 1
         return count
+
+    async def _owner(self, job_id: str, placement: dict[str, Any]) -> dict[str, Any]:
+        """Whose attempt it is: as its placement recorded; where the placement came before the job's submission
+        (a delivery of the submission lost, then delivered again), from the submission as stored since."""
+        if placement.get("project_id") is not None:
+            return {"project_id": placement["project_id"], "user_name": placement.get("user_name")}
+        owner = self.placements.owners.get(job_id) or await self.placements.jobs.find_one({"_id": job_id}) or {}
+        return {"project_id": owner.get("project_id"), "user_name": owner.get("user_name")}
+
+    async def _opened_elsewhere(self, key: str) -> bool:
+        """Whether an end that finds no line open here meets a line anyway: closed already (an end seen again, a
+        node lost, reconciliation), or one whose insert raised here and landed (it is then closed as open)."""
+        if key in self.ended_first:
+            return True
+        if (closed_here := self.placements.first_placed.get(key.rsplit(":", 1)[0])) is not None:
+            return key in closed_here  # placed here first: no line of it was opened but here
+        stored = await self.ledger.find_one({"_id": key})
+        if stored is not None and stored.get(OPEN):
+            self.running[key] = stored
+        return stored is not None
+
+    async def _end_first(self, key: str, event: TaskExited, *, seen: datetime) -> None:
+        """An end whose start has not been seen (a task that never started, or a start delivered again after its
+        end): kept for the start, which writes the line closed; forgotten after `PARK_TTL_S`."""
+        end = {"_id": key, "job_id": event.job_id, "t": seen.timestamp(), "reason": event.reason}
+        if not await insert_grouped(self.ends, end, window_s=WRITE_WINDOW_S):
+            end = await self.ends.find_one({"_id": key}) or end  # an earlier delivery's stands
+        self.ended_first[key] = end
+        log.info("end of attempt line %s seen before its start: kept for it", key)
+
+    async def _open_after_end(self, entry: dict[str, Any], end: dict[str, Any]) -> None:
+        """A start whose end was seen first: its line written closed, at that end, once."""
+        ended_at = max(datetime.fromtimestamp(end["t"], UTC), entry["started_at"])
+        line = close_entry(as_read(self.ledger, entry), ended_at=ended_at, reason=end["reason"])
+        await insert_grouped(self.ledger, line, window_s=WRITE_WINDOW_S)  # refused: written by an earlier delivery
+        await self.ends.delete_one({"_id": entry["_id"]})
+        self.ended_first.pop(entry["_id"], None)
+        self._mark_closed(entry)
+        log.info("attempt line %s written closed: its end had come first", entry["_id"])
+        await self.spent(entry["project_id"])
+
+    async def _forget_old_ends(self, now: datetime) -> None:
+        """Ends whose start never came within `PARK_TTL_S` (a task that failed before it started): never will."""
+        cutoff = now.timestamp() - PARK_TTL_S
+        if stale := [k for k, end in self.ended_first.items() if end["t"] < cutoff]:
+            await self.ends.delete_many({"_id": {"$in": stale}})
+            for key in stale:
+                self.ended_first.pop(key, None)
 
     def _seen(self, seen: datetime | None) -> datetime:
         """When the platform recorded an event (the bus server's time), never later than billing's own now."""
@@ -185,9 +253,11 @@ class Attempts:
             return
         line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
         await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line, window_s=WRITE_WINDOW_S)  # with others
-        if (
-            closed_here := self.placements.first_placed.get(attempt_key(opened["job_id"], opened["attempt"]))
-        ) is not None:
-            closed_here.add(key)
+        self._mark_closed(opened)
         self.running.pop(key, None)
         await self.spent(opened["project_id"])
+
+    def _mark_closed(self, line: dict[str, Any]) -> None:
+        """Known here from now: the line was closed (for an attempt whose placement this process stored first)."""
+        if (closed_here := self.placements.first_placed.get(attempt_key(line["job_id"], line["attempt"]))) is not None:
+            closed_here.add(line["_id"])

@@ -33,6 +33,7 @@ class Billing:
 def build(
     *,
     ledger: AsyncCollection,
+    ends: AsyncCollection,
     nodes: AsyncCollection,
     nodes_open: AsyncCollection,
     node_info: AsyncCollection,
@@ -53,6 +54,7 @@ def build(
     return Billing(
         attempts=Attempts(
             ledger=ledger,
+            ends=ends,
             running=running,
             placements=placements,
             records=records,

@@ -493,6 +493,7 @@ async def no_budgets(project_id: str) -> None:
 def billing_over(db, *, clock) -> Billing:
     return build(
         ledger=db.billing_ledger,
+        ends=db.billing_ends,
         nodes=db.billing_nodes,
         nodes_open=db.billing_nodes_open,
         node_info=db.billing_node_info,
