@@ -12,6 +12,10 @@ from shared.events import Assignment
 from shared.jobs import CPU_JOB_MEMORY_GB, Algorithm, Resource, Spec
 from shared.store import DocumentStore
 
+# How long a deleted job's id is kept (`JobQueue.forget`): far past the bus's ack wait, after which a submission
+# whose acknowledgement was lost is delivered again.
+TOMBSTONE_S = 86400.0
+
 
 class QueueItem(BaseModel):
     """A job as placement keeps it: what it needs and where its current attempt runs."""
@@ -59,7 +63,8 @@ class JobQueue:
     queued: set[str] = field(default_factory=set)  # jobs in state "queued" (O(1): is anything waiting?)
     dirty: asyncio.Event = field(default_factory=asyncio.Event)  # a pass is due
 
-    async def load(self) -> None:
+    async def load(self, *, now: datetime) -> None:
+        await self.store.collection.delete_many({"deleted_t": {"$lt": now.timestamp() - TOMBSTONE_S}})
         async for doc in self.store.collection.find({"state": {"$ne": "done"}}):
             item = self.items[doc["_id"]] = QueueItem.model_validate(doc)
             if item.state == "queued":
@@ -98,7 +103,11 @@ class JobQueue:
         self.dirty.set()
         return True
 
-    async def forget(self, job_id: str) -> None:
-        """A finished job's record goes."""
+    async def forget(self, job_id: str, *, now: datetime) -> None:
+        """A finished job's record goes, but for its id and when (one replace, as the delete was): a submission
+        delivered again after the deletion (its acknowledgement died with a bus server) is then refused by the id,
+        as one of a job done is, instead of queueing the deleted job again. Kept `TOMBSTONE_S` (`load` purges)."""
         self.items.pop(job_id, None)
-        await self.store.collection.delete_one({"_id": job_id, "state": "done"})
+        await self.store.collection.replace_one(
+            {"_id": job_id, "state": "done"}, {"_id": job_id, "state": "done", "deleted_t": now.timestamp()}
+        )

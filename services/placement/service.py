@@ -74,7 +74,7 @@ class Placement:
         return self.store.dirty
 
     async def load(self) -> None:
-        await self.store.load()
+        await self.store.load(now=utcnow())
         await self.fleet.load()
         await self.fair.load()
 
@@ -243,7 +243,7 @@ class Placement:
         if item is not None and item.state != "done":
             log.warning("JobDeleted for %s ignored: it is %s here", job_id, item.state)
             return
-        await self.store.forget(job_id)
+        await self.store.forget(job_id, now=utcnow())
 
     async def node_registered(self, claimed: NodeInfo) -> None:
         """A registration, capped to the node's record; a pass is due as for any verdict."""

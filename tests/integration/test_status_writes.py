@@ -22,6 +22,7 @@ from services.billing.attempts import move_open_lines
 from services.billing.ledger import open_entry
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
+from services.placement.queue import JobQueue, QueueItem
 from services.stack.processes import Stack, StackSettings
 from services.submitter import later as later_module
 from services.submitter.audit import AuditLog
@@ -33,6 +34,13 @@ from tests.conftest import eventually, free_port
 from tests.factories import T0, exited, node, placed, started, submitted, unique
 
 pytestmark = pytest.mark.integration
+ITEM = {
+    "project_id": "p",
+    "user_name": "alice",
+    "algorithm": {"command": "true"},
+    "spec": {"resource": {"cpu_count": 1}},
+    "submitted_at": T0,
+}
 
 
 class Commands(monitoring.CommandListener):
@@ -700,3 +708,22 @@ async def test_view_entries_whose_write_failed_wait_and_go_out_with_the_next_try
 
     await eventually(written, timeout_s=5)
     assert not fails and not later.waiting
+
+
+async def test_a_deleted_jobs_id_is_kept_by_placement_for_a_day_in_one_command(counted):
+    """Placement's record of a deleted job becomes its id and when (one replace, as the delete was), which refuses
+    its submission delivered again; the next start purges such ids older than a day, and nothing else."""
+    repo, commands = counted
+    queue = JobQueue(DocumentStore(repo.db.placement_jobs, None))
+    for job_id in ("kept", "gone", "old"):
+        assert await queue.add(QueueItem.model_validate({**ITEM, "job_id": job_id}))
+        await queue.save(queue.items[job_id].model_copy(update={"state": "done"}), [])
+    before = commands.total()
+    await queue.forget("gone", now=T0 + timedelta(hours=23))
+    assert commands.total() - before == 1
+    await queue.forget("old", now=T0)
+    assert not await queue.add(QueueItem.model_validate({**ITEM, "job_id": "gone"}))  # delivered again: refused
+    await JobQueue(queue.store).load(now=T0 + timedelta(hours=24, seconds=1))
+    stored = {d["_id"]: d async for d in repo.db.placement_jobs.find({})}
+    assert set(stored) == {"kept", "gone"} and set(stored["gone"]) == {"_id", "state", "deleted_t"}
+    assert stored["kept"]["state"] == "done" and "spec" in stored["kept"]
