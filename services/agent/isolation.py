@@ -141,29 +141,46 @@ class TaskUsers:
 GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
 EVICT_WAIT_S = 5.0  # how long a uid's processes may take to die before its release counts as unverified
 KILLER_WAIT_S = 30.0  # how long the killer (a Python start: seconds on a loaded host) may take to send its kill
-PROCESS_FIELDS = ["uids", "status", "num_threads"]
+LIVENESS_FIELDS = ["status", "num_threads"]  # asked only of a process whose uids matter: a second file read
 
 
 def uids_of(info: dict) -> tuple[int, ...]:
-    """The real, effective and saved uid of a process (from psutil's `PROCESS_FIELDS`); none for one that can no
-    longer run: a zombie, unless it is a thread group whose leader alone exited."""
+    """The real, effective and saved uid of a process (from psutil's `uids` and `LIVENESS_FIELDS`); none for one
+    that can no longer run: a zombie, unless it is a thread group whose leader alone exited."""
     uids = info.get("uids")
     if not uids or (info.get("status") == psutil.STATUS_ZOMBIE and info.get("num_threads") == 1):
         return ()
     return (uids.real, uids.effective, uids.saved)
 
 
+def live_uids(process: psutil.Process) -> tuple[int, ...]:
+    """`uids_of` a process listed with its `uids` alone: whether it can still run is asked only here, of a process
+    the caller wants, as `process_iter` would have (a field it may not read is None; a process gone has none)."""
+    try:
+        return uids_of(process.info | process.as_dict(LIVENESS_FIELDS))
+    except psutil.NoSuchProcess:
+        return ()
+
+
 def uids_running() -> set[int]:
-    """Every uid (real, effective or saved) a process of the host runs as."""
-    return {uid for p in psutil.process_iter(PROCESS_FIELDS) for uid in uids_of(p.info)}
+    """Every uid (real, effective or saved) a process of the host runs as (a process that adds none already found
+    is not asked whether it can still run)."""
+    found: set[int] = set()
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info.get("uids")
+        if uids and not found.issuperset(uids):
+            found.update(live_uids(process))
+    return found
 
 
 def kill_user(uid: int) -> int:
     """SIGKILL every process of `uid` (real, effective or saved: a task's uid is its own, whatever runs under it
-    belongs to the task), found in one look through every process of the host; how many were found."""
+    belongs to the task), found in one look through every process of the host (each process's uids read, and
+    whether it can still run asked only of those with `uid`); how many were found."""
     killed = 0
-    for process in psutil.process_iter(PROCESS_FIELDS):
-        if uid in uids_of(process.info):
+    for process in psutil.process_iter(["uids"]):
+        uids = process.info.get("uids")
+        if uids and uid in uids and uid in live_uids(process):
             try:
                 os.kill(process.pid, signal.SIGKILL)
                 killed += 1
