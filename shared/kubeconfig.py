@@ -4,11 +4,13 @@ plugins such as `aws eks get-token`), an explicit server, or the pod's own servi
 speaking; this only chooses."""
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-from lightkube import ConfigError, KubeConfig
-from lightkube.config.kubeconfig import SingleConfig
-from lightkube.config.models import Cluster, User
+if TYPE_CHECKING:
+    from lightkube.config.kubeconfig import SingleConfig
+
+# lightkube (and yaml, httpx beneath it) is imported where a connection is chosen, not here: a process that only
+# names IN_CLUSTER (the minter of a cluster renting no Pods) does not load it, about 0.9 s of CPU at each start
 
 EXEC_VERSIONS = ("client.authentication.k8s.io/v1beta1", "client.authentication.k8s.io/v1alpha1")  # lightkube's
 IN_CLUSTER = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -22,10 +24,13 @@ def connection(
     token_file: Path | None,
     ca_file: Path | None,
     service_account: Path = IN_CLUSTER,
-) -> SingleConfig:
+) -> "SingleConfig":
     """The one configuration a process uses, in this order: the kubeconfig's context (its current one when none
     is named), an explicit `api_url` (with `token_file`/`ca_file`, else the service account's when present), the
     service account of the pod the process runs in (`KUBERNETES_SERVICE_HOST`, as the kubelet sets it)."""
+    import yaml
+    from lightkube import ConfigError
+
     try:
         config = _chosen(
             kubeconfig=kubeconfig,
@@ -59,7 +64,10 @@ def _chosen(
     token_file: Path | None,
     ca_file: Path | None,
     service_account: Path,
-) -> SingleConfig:
+) -> "SingleConfig":
+    from lightkube import ConfigError, KubeConfig
+    from lightkube.config.models import Cluster, User
+
     if kubeconfig is not None:
         return _found(KubeConfig.from_file(kubeconfig.expanduser()).get(context), f"{kubeconfig}: no context")
     if api_url is not None:
@@ -75,7 +83,9 @@ def _chosen(
     return _found(in_pod, "the pod's service account: no configuration")
 
 
-def _found(config: SingleConfig | None, missing: str) -> SingleConfig:
+def _found(config: "SingleConfig | None", missing: str) -> "SingleConfig":
+    from lightkube import ConfigError
+
     if config is None:
         raise ConfigError(missing)
     return config

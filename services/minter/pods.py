@@ -6,7 +6,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict
 
 from shared.buscreds import NAME
@@ -69,7 +68,8 @@ class KubernetesPods:
     name, machine = "kubernetes", "Pod"
 
     def __init__(self, section: KubernetesSection, *, own: KubeCredentials) -> None:
-        from lightkube import Client  # lazily: only a minter whose cluster rents from Kubernetes needs it
+        import httpx  # lazily, as lightkube beneath shared.kubeconfig: only a minter renting Pods needs them
+        from lightkube import Client
 
         try:
             config = connection(

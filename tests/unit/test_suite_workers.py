@@ -204,6 +204,52 @@ def test_a_module_stack_stops_while_the_next_tests_run_and_the_session_waits_for
     assert stopped == ["stack0"]
 
 
+def test_the_session_stack_stops_once_the_next_test_comes_after_every_test_using_it(monkeypatch):
+    stopped = threading.Event()
+
+    class Running:
+        data_dir = Path("session-stack")
+
+        def stop_all(self) -> None:
+            stopped.set()
+
+    items = [
+        Item("tests/unit/test_a.py::test_a"),
+        Item("tests/e2e/test_lifecycle.py::test_b", "stack"),
+        Item("tests/e2e/test_lifecycle.py::test_c", "stack"),
+        Item("tests/integration/test_d.py::test_d", "stack"),
+        Item("tests/integration/test_e.py::test_e"),
+        Item("tests/service/test_f.py::test_f"),
+    ]
+    monkeypatch.setattr(conftest, "SESSION_STACK", {})
+    monkeypatch.setattr(conftest, "STOPPING", [])
+    conftest.pytest_collection_modifyitems(None, items)
+    b, c, d, e, f, a = items
+    one_process = SimpleNamespace(getoption=lambda name, default=None: default)
+    reordering_worker = SimpleNamespace(workerinput={"workerid": "gw0"}, getoption=lambda name, default=None: True)
+    in_order_worker = SimpleNamespace(workerinput={"workerid": "gw0"}, getoption=lambda name, default=None: False)
+
+    def tear_down(item, nextitem, config) -> None:
+        item.config = config
+        hook = conftest.pytest_runtest_teardown(item, nextitem)
+        next(hook)
+        with pytest.raises(StopIteration):
+            hook.send(None)
+
+    conftest.SESSION_STACK["stack"] = Running()
+    # a test using it comes next, one of the tier of the last that does (its module may come later), or the end
+    for item, nextitem in ((b, c), (c, d), (d, e), (d, None)):
+        tear_down(item, nextitem, one_process)
+    tear_down(e, f, reordering_worker)  # its order unknown: an e2e test could still come
+    assert "stack" in conftest.SESSION_STACK and not conftest.STOPPING
+    tear_down(e, f, in_order_worker)  # after the last tier using it
+    assert "stack" not in conftest.SESSION_STACK
+    conftest.pytest_sessionfinish(None)
+    assert stopped.is_set()
+    tear_down(f, a, one_process)  # once stopped, nothing more
+    assert len(conftest.STOPPING) == 1
+
+
 def test_a_test_process_trains_on_one_thread():
     """Two workers share two cores: one thread each, or OpenMP's spinning makes both crawl (tests/conftest.py)."""
     import torch
