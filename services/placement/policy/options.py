@@ -272,12 +272,24 @@ def waited_s(job: JobRequest, now: float) -> float:
 
 def cheapest_owned(options: list[Option], *, value: float, now: float, config: PolicyConfig) -> list[Option]:
     """A cost-sensitive job is billed its share of a local node's price too: among owned options keep those that
-    cost least (amortised share + time at the job's rate); a reserved GPU is paid for whether used or not, so it
-    costs nothing here (reserved before slow local); rented options are weighed against them as usual."""
+    cost least (amortised share + time at the job's rate, and with `PolicyConfig.owned_choice_charge` the wait it
+    causes others, `Option.charge`); a reserved GPU is paid for whether used or not, so it costs nothing here
+    (reserved before slow local); rented options are weighed against them as usual. Without the charge the fastest
+    owned GPU is kept alone, and when owned-only jobs wait for it the job may rent while a slower owned GPU nobody
+    waits for stands free (bench/sched/README.md, round 11)."""
     owned = [o for o in options if not o.paid]
     if len(owned) < 2:
         return options
-    scores = [((0.0 if o.kind_rank == KIND_RANK["reserved"] else o.cost) + value * (o.finish - now), o) for o in owned]
+    charged = config.owned_choice_charge
+    scores = [
+        (
+            (0.0 if o.kind_rank == KIND_RANK["reserved"] else o.cost)
+            + value * (o.finish - now)
+            + (o.charge if charged else 0.0),
+            o,
+        )
+        for o in owned
+    ]
     best = min(score for score, _ in scores)
     tolerance = max(config.finish_tolerance_frac * best, 1e-9)
     keep = {id(o) for score, o in scores if score <= best + tolerance}

@@ -59,6 +59,12 @@ def parser() -> argparse.ArgumentParser:
         help="an owned-only job waits in one queue over every owned GPU it may use (off: one per kind and model)",
     )
     p.add_argument(
+        "--owned-choice-charge",
+        choices=("on", "off"),
+        default="on" if POLICY_DEFAULTS.owned_choice_charge else "off",
+        help="a cost-sensitive job weighs the wait it causes others when it keeps its cheapest owned options",
+    )
+    p.add_argument(
         "--burst-after-s",
         type=float,
         default=POLICY_DEFAULTS.burst_after_s,
@@ -108,6 +114,7 @@ def simulate(args: argparse.Namespace) -> dict:
         cost_sensitive_weight=args.cost_sensitive_weight,
         cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
         one_owned_queue=args.one_owned_queue == "on",
+        owned_choice_charge=args.owned_choice_charge == "on",
         burst_after_s=args.burst_after_s,
     )
     started = time.perf_counter()

@@ -186,6 +186,46 @@ def test_a_cost_sensitive_job_takes_a_free_reserved_gpu_before_a_slow_local_one(
     assert schedule(state, 0.0, config()) == [Start(job.id, (reserved.id,), ((0,),))]
 
 
+@pytest.mark.parametrize(
+    ("g3_job_waits", "owned_choice_charge", "takes"),
+    [(True, True, "g2"), (False, True, "g3"), (True, False, "a rental")],
+)
+def test_a_cost_sensitive_job_weighs_the_wait_it_causes_before_it_keeps_only_the_fastest_owned_gpu(
+    g3_job_waits, owned_choice_charge, takes
+):
+    """Round 11 (`gpuspec05` 22+12, job by job): a cost-sensitive job that may rent kept only its fastest owned option
+    (a reserved G3, 20 h) before the wait it causes was weighed, so the G3 option bore the G3-only job's wait ($40)
+    and lost to a $26 rental while a reserved G2 (33 h, nothing waits for it) stood free. With the wait weighed
+    first (`owned_choice_charge`) it takes the G2; with nobody waiting for the G3 it takes the G3 as before; with the
+    setting off (the default) it rents, as round 9's policy did."""
+    g3 = make_node(kind="reserved", gpu_model="G3", gpu_count=8, free=7, tflops=20.0, price_per_hour=12.0)
+    g2 = make_node(kind="reserved", gpu_model="G2", gpu_count=8, tflops=12.0, price_per_hour=7.2)
+    could_rent = make_job(priority="cost", allowed="any", submitted_at=0.0, expected_duration_s=40 * HOUR)
+    g3_only = make_job(
+        priority="cost",
+        allowed="cloud",
+        gpu_count=8,
+        gpu_models=frozenset({"G3"}),
+        submitted_at=60.0,
+        expected_duration_s=10 * HOUR,
+    )
+    rental = make_instance(name="a10g.1x", gpu_model="A10G", tflops=15.6, price_per_hour=1.0)
+    state = make_state(
+        nodes=(g3, g2),
+        running=(busy(g3, until=10 * HOUR),),
+        queue=(could_rent, g3_only) if g3_job_waits else (could_rent,),
+        catalogue=(rental,),
+    )
+
+    decisions = schedule(state, 120.0, config(owned_choice_charge=owned_choice_charge))
+
+    if takes == "a rental":
+        assert Provision("a10g.1x", 1, could_rent.id) in decisions
+    else:
+        assert not of_type(decisions, Provision)
+        assert Start(could_rent.id, ((g2 if takes == "g2" else g3).id,), ((0,),)) in decisions
+
+
 def _two_rentals():
     slow = make_instance(name="g4dn.metal", gpus=8, tflops=10.0, price_per_hour=8.0)
     fast = make_instance(name="g5.48xlarge", gpus=8, tflops=20.0, price_per_hour=17.2)  # 7.5% more per unit of work
