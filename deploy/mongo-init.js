@@ -14,7 +14,7 @@ const COLLECTIONS = {
   estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs",
               "estimator_placements", "estimator_telemetry"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
-            "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked"],
+            "billing_quotas", "billing_alerts", "billing_jobs", "billing_attempts", "billing_parked", "billing_ends"],
 };
 
 for (const [service, collections] of Object.entries(COLLECTIONS)) {
