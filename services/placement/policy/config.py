@@ -28,8 +28,8 @@ class PolicyConfig:
     one_owned_queue: bool = False
     # True: a cost-sensitive job weighs the wait an owned option causes others (the contention charge) when it keeps
     # its cheapest owned options, so it is not left with only the fastest owned GPU where owned-only jobs wait for that
-    # one; False: the charge is weighed after (round 9's rule). Off: on the held-out cells round 11 ran it was dearer
-    # by cents on one (bench/sched/README.md, round 11).
+    # one; False: the charge is weighed after (round 9's rule). Off: on the held-out cells round 11 ran it fixed
+    # gpuspec05 22+12 but finished later on cpu0 12+6 and gpuspec05 16+8 (bench/sched/README.md, round 11).
     owned_choice_charge: bool = False
     # Rental types whose dollars are this close count as tied: the cheaper is taken, whatever its speed (a faster
     # type ~8% pricier per unit of work is not bought on a near-tie), unless the job's rate is above
