@@ -100,8 +100,7 @@ def status_update(event: JobStatusChanged, *, seen: float) -> tuple[dict[str, An
     if billing has not seen the job's submission yet."""
     ends = {str(a.attempt): a.ended_at.timestamp() for a in event.attempts if a.ended_at}
     final = event.end_time.timestamp() if event.phase.is_finished() and event.end_time else None
-    newer = {"$or": [{"version": {"$lt": event.version}}, {"version": {"$exists": False}}]}
-    return {"_id": event.job_id, **newer}, {
+    return {"_id": event.job_id, **newer_than(event.version)}, {
         "$set": {
             "version": event.version,
             "attempt": event.attempt,
@@ -112,6 +111,11 @@ def status_update(event: JobStatusChanged, *, seen: float) -> tuple[dict[str, An
         },
         "$setOnInsert": {"project_id": event.project_id, "user_name": event.user_name},
     }
+
+
+def newer_than(version: int) -> dict[str, Any]:
+    """The filter of a job's record that holds an older status than `version` (or none yet)."""
+    return {"$or": [{"version": {"$lt": version}}, {"version": {"$exists": False}}]}
 
 
 def status_said(event: JobStatusChanged) -> dict[str, Any]:
@@ -177,8 +181,6 @@ class Placements:
     # such an attempt was opened before (a task event before its placement waits), so whether one was closed is
     # known here without a read of the ledger (`Attempts.started`).
     first_placed: Lru[str, set[str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
-    # The statuses kept in memory only (`noted`), until a line of their job opens after them after all.
-    unwritten: Lru[str, JobStatusChanged] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
 
     async def submitted(self, event: JobSubmitted) -> None:
         """Whose job it is, and the GPUs it asks for until it finishes (`max_gpus` counts queued jobs too)."""
@@ -206,19 +208,18 @@ class Placements:
     def noted(self, event: JobStatusChanged) -> None:
         """A status kept in memory only (its record needs it not): an older or repeated one is not written."""
         self.statuses.put(event.job_id, (event.version, status_said(event)))
-        self.unwritten.put(event.job_id, event)
 
     async def opened_after_status(self, job_id: str, *, seen: float) -> None:
         """A line of the job opened after its completion was kept in memory only (its start delivered again after
-        the completion): the completion is written now, as of `seen`, so that reconciliation closes the line if
-        its end never comes."""
-        event = self.unwritten.get(job_id)
-        if event is None:
+        the completion): what `statuses` keeps of it is written now, as of `seen`, so that reconciliation closes
+        the line if its end never comes (a status kept there that the record holds already finds it as new)."""
+        kept = self.statuses.get(job_id)
+        if kept is None or not kept[1].get("finished"):
             return
-        self.unwritten.pop(job_id)
+        version, said = kept
         self.statuses.pop(job_id)
-        query, update = status_update(event, seen=seen)
-        await update_grouped(self.jobs, [(query, update)], upsert=True, window_s=WRITE_WINDOW_S)
+        update = {"$set": {"version": version, **said, "seen_at": seen}}
+        await update_grouped(self.jobs, [({"_id": job_id, **newer_than(version)}, update)], window_s=WRITE_WINDOW_S)
 
     async def unfinished_gpus(
         self, *, project_id: str, user_name: str | None = None, running: Collection[str] = ()
@@ -239,7 +240,6 @@ class Placements:
             if event.version > kept[0]:
                 self.statuses.put(event.job_id, (event.version, said))  # nothing new, and the record's seen_at
             return  # stays when billing first learned it
-        self.unwritten.pop(event.job_id)  # a newer one is written
         query, update = status_update(event, seen=seen)
         if await update_grouped(self.jobs, [(query, update)], upsert=True, window_s=WRITE_WINDOW_S):  # with others
             self.statuses.pop(event.job_id)  # a newer one is stored: read it when it matters
