@@ -447,8 +447,9 @@ class Stack:
                 pass
 
     def restart(self, name: str) -> bool:
-        """Start again a process of the stack that exited (a service, an agent, a NATS server), as it was started;
-        False for one this cannot restart (a database, a name it does not know)."""
+        """Start again a process of the stack that exited (a service, an agent, a NATS server, a service's embedded
+        database), as it was started; False for a name it does not know. A database server comes back on its own
+        files and socket: what it acknowledged is on disk (SQLite), and the services' clients reconnect to it."""
         for service, replica in self.service_processes():
             if self.replica_name(service, replica) == name:
                 self.start_service(service, replica=replica)
@@ -458,6 +459,9 @@ class Stack:
             return True
         if name == MINTER:
             self.start_minter()
+            return True
+        if name.startswith("database-") and name.removeprefix("database-") in SERVICES and not self.settings.mongo_url:
+            self.start_database_server(name.removeprefix("database-"))
             return True
         if name.startswith("agent-") and name.removeprefix("agent-") in self.node_ids():
             self.start_agent(name.removeprefix("agent-"))

@@ -9,6 +9,7 @@ from urllib.parse import quote_plus
 
 import pytest
 from pymongo import MongoClient
+from pymongo.errors import AutoReconnect
 
 from shared.settings import database_name
 from shared.store import embedded_socket
@@ -83,3 +84,28 @@ def test_each_service_has_its_own_server_on_its_own_private_socket(tmp_path):
     finally:
         stack.stop_all()
     assert os.path.isdir(stack.data_dir / "db" / "billing")
+
+
+def test_a_database_server_that_died_is_started_again_by_the_supervisor_and_keeps_what_it_acknowledged(tmp_path):
+    # `make run`'s supervisor left a dead database server dead: every write of its service failed until the whole
+    # stack was restarted by hand
+    stack = Stack(StackSettings(data_dir=tmp_path / "data", mongo_url=None))
+    try:
+        stack.start_database("billing")
+        with MongoClient(stack.mongo_url_of("billing"), serverSelectionTimeoutMS=20_000) as client:
+            ledger = client[database_name("billing")].billing_ledger
+            ledger.insert_one({"_id": "before"})
+            stack.processes["database-billing"].kill()
+            stack.processes["database-billing"].wait()
+            assert stack.restart_dead({}) == [("database-billing", True)]
+            wait_for_socket(embedded_socket(stack.data_dir, "billing"))
+            for attempt in range(3):  # the same client: its first command on the dead server's connection fails
+                try:
+                    ledger.insert_one({"_id": "after"})
+                    break
+                except AutoReconnect:
+                    assert attempt < 2
+            assert sorted(d["_id"] for d in ledger.find()) == ["after", "before"]
+        assert stack.dead() == []
+    finally:
+        stack.stop_all()

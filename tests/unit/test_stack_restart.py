@@ -30,6 +30,7 @@ def test_each_kind_of_process_is_started_again_as_it_was(tmp_path, monkeypatch):
         assert stack.restart(name)
     assert started == [("service", "placement", 2), ("service", "monitor", 1), ("agent", "n1"), ("nats", "nats-3")]
     assert not stack.restart("database") and not stack.restart("agent-unknown") and not stack.restart("nats-4")
+    assert not stack.restart("database-unknown")
 
 
 def stack_of(tmp_path) -> Stack:
