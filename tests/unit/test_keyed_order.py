@@ -86,6 +86,20 @@ async def test_deliveries_that_reach_the_handler_out_of_order_are_taken_in_deliv
     assert log == [10, 11, 12, 13]
 
 
+async def test_a_turn_that_comes_as_the_wait_runs_out_is_no_lost_delivery(caplog):
+    # it logged "delivery 34: deliveries 34-33 never reached the handler" where none was lost
+    deliveries = DeliveryOrder(patience_s=0.05)
+    deliveries.resume_after(32)
+    waiting = asyncio.ensure_future(deliveries.wait(34))
+    await asyncio.sleep(0)
+    deliveries.last = 33  # delivery 33 took its turn; its wake-up of 34 lost the race with the timeout
+    await asyncio.wait_for(waiting, 2)
+    assert "never reached the handler" not in caplog.text
+    deliveries.resume_after(40)
+    await asyncio.wait_for(deliveries.wait(42), 2)  # 41 never comes: that is said
+    assert "deliveries 41-41 never reached the handler" in caplog.text
+
+
 async def test_a_delivery_that_never_reaches_the_handler_holds_the_next_only_for_a_while():
     log: list[int] = []
     deliveries = DeliveryOrder(patience_s=0.05)
