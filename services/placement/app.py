@@ -23,6 +23,7 @@ from services.placement.policy import PolicyConfig
 from services.placement.providers.bootstrap import Liveness
 from services.placement.providers.reconcile import Providers, reconcile_loop
 from services.placement.providers.wiring import bind, make_providers
+from services.placement.queue import purge_loop
 from services.placement.service import Placement, scheduling_loop
 from services.placement.tradeoff import tradeoff_from
 from services.placement.warmup import warm_up
@@ -91,6 +92,7 @@ def create_app(settings: PlacementSettings | None = None) -> FastStream:
         warm_up(placement.inputs)  # the engine's first-run costs, before the first job (nothing is stored)
         w.background.spawn("outbox", lambda: relay(w.broker, [placement.jobs.collection, fleet.store.collection]))
         w.background.spawn("schedule", lambda: scheduling_loop(placement, tick_s=settings.schedule_tick_s))
+        w.background.spawn("tombstones", lambda: purge_loop(placement.store))
         if providers.reconcilers():  # cloud instances no record owns are given back
             w.background.spawn(
                 "reconcile", lambda: reconcile_loop(fleet=fleet, providers=providers, interval_s=settings.reconcile_s)

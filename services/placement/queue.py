@@ -2,19 +2,25 @@
 persisted with the events each change emits (placement runs as one process: in memory is authoritative)."""
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pymongo.errors import PyMongoError
 
+from shared.clock import utcnow
 from shared.events import Assignment
 from shared.jobs import CPU_JOB_MEMORY_GB, Algorithm, Resource, Spec
 from shared.store import DocumentStore
 
+log = logging.getLogger(__name__)
+
 # How long a deleted job's id is kept (`JobQueue.forget`): far past the bus's ack wait, after which a submission
 # whose acknowledgement was lost is delivered again.
 TOMBSTONE_S = 86400.0
+PURGE_EVERY_S = 3600.0  # how often a running leader purges the ids older than that (each a scan of the records)
 
 
 class QueueItem(BaseModel):
@@ -64,12 +70,16 @@ class JobQueue:
     dirty: asyncio.Event = field(default_factory=asyncio.Event)  # a pass is due
 
     async def load(self, *, now: datetime) -> None:
-        await self.store.collection.delete_many({"deleted_t": {"$lt": now.timestamp() - TOMBSTONE_S}})
+        await self.purge(now=now)
         async for doc in self.store.collection.find({"state": {"$ne": "done"}}):
             item = self.items[doc["_id"]] = QueueItem.model_validate(doc)
             if item.state == "queued":
                 self.queued.add(item.job_id)
         self.dirty.set()
+
+    async def purge(self, *, now: datetime) -> None:
+        """Forget the deleted jobs' ids kept longer than `TOMBSTONE_S`, and nothing else."""
+        await self.store.collection.delete_many({"deleted_t": {"$lt": now.timestamp() - TOMBSTONE_S}})
 
     def waiting(self) -> list[QueueItem]:
         """Queued jobs, oldest first."""
@@ -106,8 +116,20 @@ class JobQueue:
     async def forget(self, job_id: str, *, now: datetime) -> None:
         """A finished job's record goes, but for its id and when (one replace, as the delete was): a submission
         delivered again after the deletion (its acknowledgement died with a bus server) is then refused by the id,
-        as one of a job done is, instead of queueing the deleted job again. Kept `TOMBSTONE_S` (`load` purges)."""
+        as one of a job done is, instead of queueing the deleted job again. Kept `TOMBSTONE_S` (purged at `load` and
+        every `PURGE_EVERY_S` after: `purge_loop`)."""
         self.items.pop(job_id, None)
         await self.store.collection.replace_one(
             {"_id": job_id, "state": "done"}, {"_id": job_id, "state": "done", "deleted_t": now.timestamp()}
         )
+
+
+async def purge_loop(queue: JobQueue, *, every_s: float = PURGE_EVERY_S) -> None:
+    """A running leader's purge of old deleted-job ids (`load` purges at its start): a leader up for months kept
+    every id deleted since."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await queue.purge(now=utcnow())
+        except PyMongoError as exc:
+            log.warning("purging deleted jobs' ids: %r (again in %.0f s)", exc, every_s)

@@ -22,7 +22,7 @@ from services.billing.attempts import move_open_lines
 from services.billing.ledger import open_entry
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
-from services.placement.queue import JobQueue, QueueItem
+from services.placement.queue import JobQueue, QueueItem, purge_loop
 from services.stack.processes import Stack, StackSettings
 from services.submitter import later as later_module
 from services.submitter.audit import AuditLog
@@ -727,3 +727,33 @@ async def test_a_deleted_jobs_id_is_kept_by_placement_for_a_day_in_one_command(c
     stored = {d["_id"]: d async for d in repo.db.placement_jobs.find({})}
     assert set(stored) == {"kept", "gone"} and set(stored["gone"]) == {"_id", "state", "deleted_t"}
     assert stored["kept"]["state"] == "done" and "spec" in stored["kept"]
+
+
+async def test_a_running_placement_leader_purges_old_deleted_ids_every_while_and_survives_a_database_error(counted):
+    # they were purged only at a leader's start: one up for months kept every id deleted since
+    repo, _ = counted
+    queue = JobQueue(DocumentStore(repo.db.placement_jobs, None))
+    for job_id in ("old", "young"):
+        assert await queue.add(QueueItem.model_validate({**ITEM, "job_id": job_id}))
+        await queue.save(queue.items[job_id].model_copy(update={"state": "done"}), [])
+    now = datetime.now(UTC)
+    await queue.forget("old", now=now - timedelta(hours=25))
+    await queue.forget("young", now=now - timedelta(hours=1))
+    real, fails = queue.purge, [AutoReconnect("the database went away")]
+
+    async def purge(*, now):
+        if fails:
+            raise fails.pop()
+        await real(now=now)
+
+    queue.purge = purge  # type: ignore[method-assign]
+    loop = asyncio.create_task(purge_loop(queue, every_s=0.05))
+    try:
+
+        async def purged():
+            return await repo.db.placement_jobs.find_one({"_id": "old"}) is None
+
+        await eventually(purged, timeout_s=5)
+    finally:
+        loop.cancel()
+    assert not fails and await repo.db.placement_jobs.find_one({"_id": "young"}) is not None
