@@ -2,12 +2,14 @@
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import logging
+import os
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -221,8 +223,15 @@ class Tokens:
         """Make sure the admin exists with a token; return a newly generated token (to print once), else None.
 
         A configured token replaces every token made at an earlier start (a changed one revokes the old); without
-        one, a token configured earlier is revoked and the generated one (kept in the data directory) is used."""
+        one, a token configured earlier is revoked and the generated one (kept in the data directory) is used, one
+        replica at a time (`generating`)."""
         check_admin_token(configured)
+        if configured:
+            return await self._bootstrap_admin(configured=configured, data_dir=data_dir)
+        async with generating(data_dir):
+            return await self._bootstrap_admin(configured=None, data_dir=data_dir)
+
+    async def _bootstrap_admin(self, *, configured: str | None, data_dir: Path) -> str | None:
         await self.users.update_one(
             {"_id": ADMIN}, {"$setOnInsert": {"projects": [], "admin": True, "created_at": utcnow()}}, upsert=True
         )
@@ -262,6 +271,22 @@ class Tokens:
         token, _ = await self.issue(ADMIN, source="generated", capped=False)
         write_secret(data_dir / "admin-token", token + "\n", private_folder=False)
         return token
+
+
+@contextlib.asynccontextmanager
+async def generating(data_dir: Path) -> AsyncIterator[None]:
+    """The data directory's lock on the generated admin token, held while a replica reads, revokes and makes it.
+    Two API replicas of `make run` start together on one data directory: one stored its token, the other read it
+    as a stale token not on file, revoked it, made its own, and the first then wrote its revoked token to the file
+    (the admin locked out until the next start). Replicas on other machines have other data directories: they
+    need a configured token (TRAINMASTER_ADMIN_TOKEN)."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(data_dir / "admin-token.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # the lock goes with it
 
 
 async def authenticate(request: Request) -> Principal:

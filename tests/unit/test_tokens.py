@@ -1,5 +1,6 @@
 """Tokens: expiry, listing without secrets, revocation, the admin token's rotation and file, the 32-character rule."""
 
+import asyncio
 import os
 import stat
 
@@ -327,3 +328,25 @@ async def test_two_replicas_starting_together_both_start_with_the_configured_adm
     second = Tokens(users, ReadBeforeTheOther("tokens"))
     assert await second.bootstrap_admin(configured=configured, data_dir=tmp_path) is None
     assert [d["_id"] for d in stored.docs.values()] == [digest(configured)]
+
+
+async def test_two_replicas_generating_the_admin_token_together_leave_a_working_one_on_file(tmp_path):
+    """The first replica stored its generated token and was writing the file when the second read the token as a
+    stale one not on file, revoked it and made its own; the first then wrote its revoked token to the file."""
+    users, stored = MemoryCollection("users"), MemoryCollection("tokens")
+    first, second = Tokens(users, stored), Tokens(users, stored)
+    real_issue = first.issue
+
+    async def slow_issue(*args, **kwargs):  # the first one's file is written a moment after its token is stored
+        got = await real_issue(*args, **kwargs)
+        await asyncio.sleep(0.2)
+        return got
+
+    first.issue = slow_issue  # type: ignore[method-assign]
+    one = asyncio.ensure_future(first.bootstrap_admin(configured=None, data_dir=tmp_path))
+    await asyncio.sleep(0.05)
+    other = await second.bootstrap_admin(configured=None, data_dir=tmp_path)
+    generated = await one
+    on_file = (tmp_path / "admin-token").read_text().strip()
+    assert (await second.principal(on_file)).is_admin and (await first.principal(on_file)).is_admin
+    assert [g for g in (generated, other) if g] == [on_file]  # one made it, the other found it on file
