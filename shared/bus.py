@@ -62,8 +62,13 @@ def _stream(name: str, *subjects: str, **config: Any) -> JStream:
     return stream
 
 
-# Jobs and money: file storage; the server runs with `sync_interval: always`, so an ack means on disk.
-JOBS = _stream("TM_JOBS", "tm.job.>", duplicate_window=DEDUP_WINDOW_S)
+# Jobs and money: file storage; the server runs with `sync_interval: always`, so an ack means on disk. Job events
+# are kept JOB_EVENTS_MAX_AGE_S: every service stores what it needs of them, and a consumer reads them within the ack
+# wait; without a limit the stream grew by every event of every job for ever (~15 KB a job). A service down longer
+# than this would miss what came meanwhile. Declared on an existing stream without a limit, it is applied (the
+# server drops older events at once), not refused: it is no setting an operator chose.
+JOB_EVENTS_MAX_AGE_S = 90 * 86400
+JOBS = _stream("TM_JOBS", "tm.job.>", max_age=JOB_EVENTS_MAX_AGE_S, duplicate_window=DEDUP_WINDOW_S)
 NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_WINDOW_S)
 # Node events, heartbeats excepted: a service's verdicts (`tm.node.evt.<event>`) and an agent's own node events.
 # An agent's new node event (5 tokens) must be added here (tests/unit/test_heartbeats.py checks); heartbeats are
