@@ -31,6 +31,7 @@ from services.estimator.model.corpus import Run, default_tarballs, is_usable, lo
 from services.estimator.model.features import normalise_accelerator
 from services.estimator.model.hardware import generation
 from services.estimator.model.online import OnlineEstimator
+from services.estimator.model.owncurve import POWER_FITS
 from services.estimator.model.targets import Target, parse_targets
 from services.estimator.scoring import summarise
 
@@ -318,7 +319,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="own-jobs --split family: leave out the fine-tuned and the synthetic prior alone (each padded again)",
     )
-    ap.add_argument("--calibration", type=Path, help="own-jobs: the calibration (default: the shipped one)")
+    ap.add_argument(
+        "--calibration",
+        type=Path,
+        help="own-jobs: the calibration (default: the shipped one; --split unseen: the one scored, --split family: "
+        "the baselines' that saw the family, e.g. a build's --curve-out)",
+    )
+    ap.add_argument(
+        "--table",
+        type=Path,
+        help="own-jobs --split unseen: the blend table scored (default: the shipped one; e.g. a build's --out)",
+    )
+    ap.add_argument(
+        "--power-fit",
+        choices=POWER_FITS,
+        help="own-jobs --split family: the power law of every fold's fitted curve (ownbuild --power-fit)",
+    )
     ap.add_argument("--refit", action="store_true", help="own-jobs: fit the calibration here instead")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--out", type=Path, help="also write the JSON report to this file")
@@ -327,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _own_jobs(args, ap)
     if args.split in ("family", "unseen"):
         ap.error(f"param[--split] invalid: the {args.split} split is the own-jobs corpus's (--corpus own-jobs)")
+    for name, given in (("--calibration", args.calibration), ("--table", args.table), ("--power-fit", args.power_fit)):
+        if given is not None:
+            ap.error(f"param[{name}] invalid: it is the own-jobs corpus's (--corpus own-jobs)")
     if not args.test:
         ap.error("no --test tarball and none under the default data folder")
     try:
@@ -351,6 +370,11 @@ def _own_jobs(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
     from services.estimator import owneval
     from services.estimator.model import owncorpus, owncurve
 
+    if args.table is not None and args.split != "unseen":
+        ap.error("param[--table] invalid: only --split unseen scores a given blend table (the others fit their own)")
+    if args.power_fit is not None and args.split != "family":
+        ap.error("param[--power-fit] invalid: only --split family builds its folds (a calibration names its own fit)")
+    calibration = args.calibration or owncurve.CALIBRATION
     try:
         started = time.time()
         if args.split == "family":
@@ -361,17 +385,24 @@ def _own_jobs(args: argparse.Namespace, ap: argparse.ArgumentParser) -> int:
                 refit=args.refit,
                 cache_dir=args.cache if str(args.cache) else None,
                 baselines=not args.no_prior_baselines,
+                power_fit=args.power_fit or owncurve.PLAIN,
+                calibration_path=calibration,
             )
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
         if args.split == "unseen":
             from services.estimator import ownfamily
+            from services.estimator.model.curveprior import blendtable
 
-            report = ownfamily.run_unseen_evaluation(tuple(args.sweep or owncorpus.UNSEEN))
+            report = ownfamily.run_unseen_evaluation(
+                tuple(args.sweep or owncorpus.UNSEEN),
+                calibration_path=calibration,
+                table_path=args.table or blendtable.TABLE,
+            )
             return _emit(report, args, started=started, table=ownfamily.print_family_table)
         report = owneval.run_own_evaluation(
             tuple(args.sweep or owncorpus.TRAINED),
             refit=args.refit,
-            calibration_path=args.calibration or owncurve.CALIBRATION,
+            calibration_path=calibration,
         )
     except (OSError, ValueError) as exc:
         ap.error(str(exc))

@@ -22,7 +22,7 @@ from services.estimator import ownchoice, ownnested
 from services.estimator.model import owncorpus
 from services.estimator.model.curveprior import blendtable, net as priornet
 from services.estimator.model.curveprior.blendtable import BlendTable
-from services.estimator.model.owncurve import CALIBRATION, load_calibration
+from services.estimator.model.owncurve import CALIBRATION, PLAIN, POWER_FITS, load_calibration
 from services.estimator.owneval import HEADLINE_METRIC, _summary
 
 FIT_SEEDS = (0, 1, 2)
@@ -49,12 +49,17 @@ def run_family_evaluation(
     only: tuple[str, ...] = (),
     cache_dir: Path | None = None,
     baselines: bool = True,
+    power_fit: str = PLAIN,
+    calibration_path: Path = CALIBRATION,
 ) -> dict:
     """Per held-out family and pooled, per method and cut: the summary rows of `scoring.summarise`. Nested: the
     blend table that scores a family is fitted on the other families' out-of-family readings (`ownnested`), in
     the form chosen on those readings only (`ownchoice.table_for`; the fourth round's form, chosen once on every
     family, beside it).
-    `baselines`: also the fine-tuned network alone and the synthetic prior alone (each padded again: slower)."""
+    `baselines`: also the fine-tuned network alone and the synthetic prior alone (each padded again: slower).
+    `power_fit`: the fitted curve's power law in every fold (`ownbuild --power-fit`: the same cached samples and
+    folds); `calibration_path`: the fitted curve of the baselines that saw the family (the shipped one, or a build's
+    `--curve-out`)."""
     from services.estimator.model.curveprior import train  # torch: only for this evaluation
 
     runs = owncorpus.load_corpus(tuple(paths))
@@ -63,14 +68,22 @@ def run_family_evaluation(
     pretrained = priornet.load(priornet.PRETRAINED)
     if pretrained is None:
         raise ValueError(f"cannot read the pre-trained prior {priornet.PRETRAINED}")
-    shipped = load_calibration(CALIBRATION)
+    if power_fit not in POWER_FITS:
+        raise ValueError(f"param[--power-fit] invalid: {power_fit!r} is none of {list(POWER_FITS)}")
+    shipped = _calibration(calibration_path)
     families = sorted({owncorpus.family(r) for r in runs})
-    samples = ownnested.curve_samples(runs, cache_dir)
+    samples = ownnested.curve_samples(runs, cache_dir, power_fit=power_fit)
     encoded = ownnested.prior_samples(runs, cache_dir)
     folds: dict[str, dict[str, Any]] = {}
     for held in families:  # every family's readings, whichever are scored: each fits the others' tables
         part = ownnested.fold(
-            runs, held=held, pretrained=pretrained, samples=samples, cache_dir=cache_dir, encoded=encoded
+            runs,
+            held=held,
+            pretrained=pretrained,
+            samples=samples,
+            cache_dir=cache_dir,
+            encoded=encoded,
+            power_fit=power_fit,
         )
         methods: dict[str, dict[str, Any]] = {
             HEADLINE: {"prior": part.prior, "calibration": part.curve, "blend": True},
@@ -110,16 +123,31 @@ def run_family_evaluation(
             test = owncorpus.cases([r for r in runs if owncorpus.family(r) == held], metric)
             for method, how in methods.items():
                 rows[method][metric][held] = _rows(test, **how)
-    return _report(rows, families=families, runs=len(runs), paths=paths, refit=refit)
+    report = _report(rows, families=families, runs=len(runs), paths=paths, refit=refit)
+    report["power_fit"] = power_fit
+    return report
+
+
+def _calibration(path: Path) -> dict:
+    """The fitted curve's file at `path`; a clear error where it cannot be read (a missing or hostile file)."""
+    loaded = load_calibration(path)
+    if loaded is None:
+        raise ValueError(f"param[--calibration] invalid: cannot read a fitted curve from {path}")
+    return loaded
 
 
 def run_unseen_evaluation(
-    paths: Iterable[Path] = owncorpus.UNSEEN, *, metrics: Sequence[str] = (HEADLINE_METRIC,)
+    paths: Iterable[Path] = owncorpus.UNSEEN,
+    *,
+    metrics: Sequence[str] = (HEADLINE_METRIC,),
+    calibration_path: Path = CALIBRATION,
+    table_path: Path = blendtable.TABLE,
 ) -> dict:
     """The estimator as shipped (the served prior with its pads, the shipped calibration, and their blend as the
     tracker serves it), scored on every run, all seeds, of families nothing shipped was fitted on: the second
     families file (`owncorpus.UNSEEN`; `owncorpus.TRAINED` excludes it). No fine-tuning: the figure a user of a new
-    kind of training meets."""
+    kind of training meets. `calibration_path`, `table_path`: another build's fitted curve and blend table
+    (`ownbuild --curve-out`, `--out`) scored in place of the shipped ones."""
     runs = owncorpus.load_corpus(tuple(paths))
     if not runs:
         raise ValueError(f"param[--sweep] invalid: no runs in {paths}")
@@ -130,9 +158,12 @@ def run_unseen_evaluation(
     prior = priornet.load(priornet.WEIGHTS)
     if prior is None:
         raise ValueError(f"cannot read the served prior {priornet.WEIGHTS}")
-    shipped = load_calibration(CALIBRATION)
+    shipped = _calibration(calibration_path)
+    table = blendtable.load(table_path)
+    if table is None:
+        raise ValueError(f"param[--table] invalid: cannot read a blend table from {table_path}")
     methods: dict[str, dict[str, Any]] = {
-        HEADLINE: {"prior": prior, "calibration": shipped, "blend": True, "table": blendtable.load()},
+        HEADLINE: {"prior": prior, "calibration": shipped, "blend": True, "table": table},
         "former_blend": {"prior": prior, "calibration": shipped, "blend": True},
         "curve_prior": {"prior": prior, "calibration": None},
         "own_curve_shipped": {"prior": None, "calibration": shipped},
@@ -147,6 +178,7 @@ def run_unseen_evaluation(
                 rows[method][metric][fam] = _rows(test, **how)
     report = _report(rows, families=families, runs=len(runs), paths=paths, refit=False)
     report["split"] = "unseen"
+    report["power_fit"] = shipped.get("power_fit", PLAIN)
     return report
 
 
