@@ -1,10 +1,13 @@
-"""A process does not load aiohttp at its start (nats-py imports it for the WebSocket transport alone), and the
-stand-in is the real module from its first use on."""
+"""A process does not load aiohttp at its start (nats-py imports it for the WebSocket transport alone), nor httpx's
+command line (httpx imports it, with rich and pygments, wherever they are installed), and a stand-in is the real
+module from its first use on."""
 
 import subprocess
 import sys
 import types
 from pathlib import Path
+
+import pytest
 
 from shared import deferred
 
@@ -44,3 +47,40 @@ def test_a_module_loaded_already_or_not_installed_is_left_alone(monkeypatch):
     monkeypatch.setitem(sys.modules, "tm_loaded_already", loaded)
     deferred.defer("tm_loaded_already", "tm_not_installed_anywhere")
     assert sys.modules["tm_loaded_already"] is loaded and "tm_not_installed_anywhere" not in sys.modules
+
+
+def test_no_process_loads_httpxs_command_line_at_its_start():
+    imports = "; ".join(f"import services.{name}.__main__" for name in (*ENTRIES, "cli"))
+    loaded = "sorted({m.split('.')[0] for m in sys.modules} & {'rich', 'pygments'})"
+    code = f"import sys; {imports}; import httpx; print({loaded})"
+    assert fresh(code) == "[]"
+
+
+def test_httpxs_command_line_loads_when_it_is_called_and_httpx_works_meanwhile():
+    code = """
+import sys
+import services.cli.__main__
+import httpx
+answer = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200, text="ok"))).get("http://x/")
+assert answer.text == "ok" and "rich" not in sys.modules
+try:
+    httpx.main(["--help"])  # what httpx's own console script calls
+except SystemExit as exc:
+    assert exc.code == 0, exc.code
+assert "rich" in sys.modules and type(sys.modules["httpx._main"]) is type(sys)
+print("ok")
+"""
+    assert fresh(code).splitlines()[-1] == "ok"
+
+
+def test_a_deferred_plain_module_is_not_loaded_by_a_from_import_of_a_name_it_calls_later(monkeypatch):
+    monkeypatch.delitem(sys.modules, "json.tool", raising=False)
+    monkeypatch.setitem(deferred.CALLED_LATER, "json.tool", ("main",))
+    deferred.defer("json.tool")
+    stand_in = sys.modules["json.tool"]
+    from json.tool import main  # asks the module for `__path__` first: a plain module has none
+
+    assert sys.modules["json.tool"] is stand_in and not hasattr(stand_in, "__path__")
+    with pytest.raises(SystemExit):
+        main()  # loads json.tool (no file given: it reads standard input, here empty, and exits)
+    assert sys.modules["json.tool"] is not stand_in
