@@ -391,6 +391,7 @@ async def spawn(
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-I",
+            "-S",  # standard library only: no site-packages (their .pth files and finders cost ~40 ms of CPU a task)
             str(SHIM),
             str(path),
             cwd=workdir,
