@@ -267,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost-sensitive-backlog-weight", type=float, default=None, help="override the policy default")
     p.add_argument("--one-owned-queue", choices=("on", "off"), default=None, help="override the policy default")
     p.add_argument("--owned-choice-charge", choices=("on", "off"), default=None, help="override the policy default")
+    p.add_argument("--owned-wait-order", choices=("on", "off"), default=None, help="override the policy default")
     p.add_argument("--spot-hazard-scale", type=float, default=1.0, help="spot column: hazards times this")
     p.add_argument("--report-only", action="store_true", help="print the cells the cache has; run nothing")
     p.add_argument("--json", action="store_true")
@@ -286,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     extra += ["--one-owned-queue", args.one_owned_queue] if args.one_owned_queue is not None else []
     extra += ["--owned-choice-charge", args.owned_choice_charge] if args.owned_choice_charge is not None else []
+    extra += ["--owned-wait-order", args.owned_wait_order] if args.owned_wait_order is not None else []
     extra += ["--spot-hazard-scale", str(args.spot_hazard_scale)] if args.spot_hazard_scale != 1.0 else []
     code = run_version(code_version(), args.data, extra)
     results = load_runs([*args.read_cache, *([args.cache] if args.cache and args.cache.exists() else [])], code=code)

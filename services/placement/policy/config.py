@@ -31,6 +31,10 @@ class PolicyConfig:
     # one; False: the charge is weighed after (round 9's rule). Off: on the held-out cells round 11 ran it fixed
     # gpuspec05 22+12 but finished later on cpu0 12+6 and gpuspec05 16+8 (bench/sched/README.md, round 11).
     owned_choice_charge: bool = False
+    # True: jobs only local nodes may run are queued first, whatever their priority, shortest GPU-seconds per dollar
+    # of wait first (passes.FairQueue), so a short cost-sensitive one does not wait days behind long time-sensitive
+    # ones (cpu0 12+6, bench/sched/README.md round 11); False: time-sensitive first (round 9's order).
+    owned_wait_order: bool = False
     # Rental types whose dollars are this close count as tied: the cheaper is taken, whatever its speed (a faster
     # type ~8% pricier per unit of work is not bought on a near-tie), unless the job's rate is above
     # `rental_tie_max_rate` (dollars per GPU-hour: a project that pays that much for time buys the speed).

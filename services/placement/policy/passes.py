@@ -1,6 +1,7 @@
 """One scheduling pass: the capacity index, the decisions made so far and the queue order."""
 
 import heapq
+import math
 from collections.abc import Iterator, Mapping
 
 from services.placement.policy.capacity import CapacityIndex
@@ -8,7 +9,7 @@ from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, Release, Start, Wait
 from services.placement.policy.models import ClusterState, JobRequest
-from services.placement.policy.options import fits, job_kinds
+from services.placement.policy.options import backlog_value_per_s, fits, job_kinds
 
 ALL_KINDS = frozenset({"local", "reserved", "on_demand"})
 OWNED_ONLY = frozenset({"local", "reserved"})
@@ -88,32 +89,46 @@ class FairQueue:
     """Time-sensitive before cost-sensitive, then jobs only local nodes may run (they have no other choice), then
     least recent usage per user, then submission time.
 
+    With `PolicyConfig.owned_wait_order`, every job only local nodes may run comes first, whatever its priority, in
+    the order of what its wait costs per GPU-second it will hold (Smith's rule: GPU-seconds over the dollars a second
+    of its wait is worth, `backlog_value_per_s`): a short local-only job is not kept for days behind a long one, nor
+    behind a time-sensitive job that could rent.
+
     Usage grows as this pass starts a user's jobs, so one user cannot take every free GPU in one pass.
     """
 
-    def __init__(self, queue: tuple[JobRequest, ...], usage: Mapping[str, float], *, charge_cap_s: float):
+    def __init__(
+        self,
+        queue: tuple[JobRequest, ...],
+        usage: Mapping[str, float],
+        *,
+        charge_cap_s: float,
+        config: PolicyConfig | None = None,
+    ):
         self.usage = {user: hours if hours == hours else 0.0 for user, hours in usage.items()}  # NaN -> 0
         self.charge_cap_s = charge_cap_s
+        self.config = config if config is not None and config.owned_wait_order else None
         self.heap = [self._key(job, seq) for seq, job in enumerate(queue)]
         heapq.heapify(self.heap)
 
     def _key(self, job: JobRequest, seq: int) -> tuple:
-        return (
-            job.priority != "time",
-            job.allowed != "local",
-            self.usage.get(job.user, 0.0),
-            job.submitted_at,
-            seq,
-            job,
-        )
+        return (self._rank(job), self.usage.get(job.user, 0.0), job.submitted_at, seq, job)
+
+    def _rank(self, job: JobRequest) -> tuple:
+        if self.config is None or job.allowed != "local":
+            return (job.priority != "time", job.allowed != "local", 0.0)
+        value = backlog_value_per_s(job, self.config)
+        base = job.duration_on(self.config.reference_tflops, self.config.reference_tflops)
+        area = base * job.gpu_count * job.node_count
+        return (False, False, area / value if value > 0 else math.inf)
 
     def take(self, limit: int) -> Iterator[JobRequest]:
         taken = 0
         while self.heap and taken < limit:
             entry = heapq.heappop(self.heap)
             job = entry[-1]
-            if entry[2] != self.usage.get(job.user, 0.0):
-                heapq.heappush(self.heap, self._key(job, entry[4]))
+            if entry[1] != self.usage.get(job.user, 0.0):
+                heapq.heappush(self.heap, self._key(job, entry[3]))
                 continue
             taken += 1
             yield job

@@ -24,7 +24,7 @@ def schedule_wait_local(state: ClusterState, now: float, config: PolicyConfig) -
 
 def _schedule(state: ClusterState, now: float, config: PolicyConfig, *, kinds: frozenset[str]) -> list[Decision]:
     p = Pass(state, now=now, config=config, kinds=kinds)
-    queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s)
+    queue = FairQueue(state.queue, state.usage_by_user, charge_cap_s=config.fair_share_charge_cap_s, config=config)
     blocked: dict[tuple | None, float] = {}  # owned-only shape -> shortest duration that found nothing free this pass
     waits = _backlog(p) if "on_demand" in kinds else None
     for job in queue.take(config.max_jobs_per_pass):

@@ -65,6 +65,12 @@ def parser() -> argparse.ArgumentParser:
         help="a cost-sensitive job weighs the wait it causes others when it keeps its cheapest owned options",
     )
     p.add_argument(
+        "--owned-wait-order",
+        choices=("on", "off"),
+        default="on" if POLICY_DEFAULTS.owned_wait_order else "off",
+        help="local-only jobs queue first, by GPU-seconds per dollar of wait (off: time-sensitive first)",
+    )
+    p.add_argument(
         "--burst-after-s",
         type=float,
         default=POLICY_DEFAULTS.burst_after_s,
@@ -115,6 +121,7 @@ def simulate(args: argparse.Namespace) -> dict:
         cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
         one_owned_queue=args.one_owned_queue == "on",
         owned_choice_charge=args.owned_choice_charge == "on",
+        owned_wait_order=args.owned_wait_order == "on",
         burst_after_s=args.burst_after_s,
     )
     started = time.perf_counter()
