@@ -69,6 +69,22 @@ def gone(pid: int) -> bool:
         return True
 
 
+async def start(agent: Agent, job: str, command: str) -> None:
+    """Attempt 1 of `job` on node n1, running `command`."""
+    await agent.start(
+        StartTask(
+            event_id=f"{job}:1:0:start",
+            node_id="n1",
+            job_id=job,
+            attempt=1,
+            project_id="p",
+            user_name="alice",
+            spec=spec(),
+            algorithm=Algorithm(command=command),
+        )
+    )
+
+
 async def until(check, *, timeout_s: float = 20, sent: list = ()):
     for _ in range(int(timeout_s / 0.05)):
         if value := check():
@@ -85,18 +101,7 @@ async def test_killing_the_shim_kills_the_task_tree_and_reports_its_end_once(tmp
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=confined)
     job = unique("shim")
-    await agent.start(
-        StartTask(
-            event_id=f"{job}:1:0:start",
-            node_id="n1",
-            job_id=job,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            spec=spec(),
-            algorithm=Algorithm(command=f"python3 -c {shlex.quote(TREE)}"),
-        )
-    )
+    await start(agent, job, f"python3 -c {shlex.quote(TREE)}")
 
     def pids() -> list[int] | None:
         lines = [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]
@@ -136,18 +141,7 @@ async def test_a_stopped_task_still_saves_after_the_shell_above_it_ended(tmp_pat
     agent = make_agent(tmp_path, sent, confined=confined)
     job = unique("saver")
     # a compound command: the shell forks the script, and the group's SIGTERM ends the shell (and the shim) first
-    await agent.start(
-        StartTask(
-            event_id=f"{job}:1:0:start",
-            node_id="n1",
-            job_id=job,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            spec=spec(),
-            algorithm=Algorithm(command=f"python3 -c {shlex.quote(SAVER)}; true"),
-        )
-    )
+    await start(agent, job, f"python3 -c {shlex.quote(SAVER)}; true")
     lines = lambda: [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]  # noqa: E731
     await until(lambda: "running" in lines(), sent=sent)
     await agent.stop(
@@ -163,18 +157,7 @@ async def test_the_shim_starts_python_without_site_packages(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=False)
     job = unique("site")
-    await agent.start(
-        StartTask(
-            event_id=f"{job}:1:0:start",
-            node_id="n1",
-            job_id=job,
-            attempt=1,
-            project_id="p",
-            user_name="alice",
-            spec=spec(),
-            algorithm=Algorithm(command="echo started; sleep 30"),
-        )
-    )
+    await start(agent, job, "echo started; sleep 30")
     await until(lambda: [line for m in sent if isinstance(m, LogChunk) for line in m.lines], sent=sent)
     shim = psutil.Process(next(iter(agent.tasks.values())).pid)
     command = shim.cmdline()

@@ -7,8 +7,6 @@ import sys
 import types
 from pathlib import Path
 
-import pytest
-
 from shared import deferred
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,14 +71,16 @@ print("ok")
     assert fresh(code).splitlines()[-1] == "ok"
 
 
-def test_a_deferred_plain_module_is_not_loaded_by_a_from_import_of_a_name_it_calls_later(monkeypatch):
-    monkeypatch.delitem(sys.modules, "json.tool", raising=False)
-    monkeypatch.setitem(deferred.CALLED_LATER, "json.tool", ("main",))
-    deferred.defer("json.tool")
-    stand_in = sys.modules["json.tool"]
-    from json.tool import main  # asks the module for `__path__` first: a plain module has none
+def test_a_deferred_plain_module_is_not_loaded_by_a_from_import_of_a_name_it_calls_later(tmp_path, monkeypatch):
+    module = "LOADS = []\nLOADS.append(1)\n\n\ndef main(x):\n    return x + len(LOADS)\n"
+    (tmp_path / "tm_called_later.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tm_called_later", raising=False)
+    monkeypatch.setitem(deferred.CALLED_LATER, "tm_called_later", ("main",))
+    deferred.defer("tm_called_later")
+    stand_in = sys.modules["tm_called_later"]
+    from tm_called_later import main  # asks the module for `__path__` first: a plain module has none
 
-    assert sys.modules["json.tool"] is stand_in and not hasattr(stand_in, "__path__")
-    with pytest.raises(SystemExit):
-        main()  # loads json.tool (no file given: it reads standard input, here empty, and exits)
-    assert sys.modules["json.tool"] is not stand_in
+    assert sys.modules["tm_called_later"] is stand_in and not hasattr(stand_in, "__path__")
+    assert main(41) == 42  # loads the real module (its LOADS filled once) and calls its main
+    assert sys.modules["tm_called_later"] is not stand_in and sys.modules["tm_called_later"].LOADS == [1]
