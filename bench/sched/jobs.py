@@ -4,21 +4,21 @@ misses in README.md (round 11 on) are explained job by job.
 
 Usage: PYTHONPATH=. python bench/sched/jobs.py --pods ../shared/data/alibaba-gpu-v2023/openb_pod_list_gpuspec05.csv \
     --nodes ../shared/data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv --local 22 --reserved 12 \
-    [--against burst] [--top 15]
+    [--against burst] [--against-owned-wait-order on|off] [--top 15]
 
 A job's completion is its finish less its submission; its dollars are the on-demand dollars of the stretches it ran
 on rented nodes (`groups.Recorded`); what no job ran on (booting, idle before release) is a line of its own. The
 class is (allowed, priority, GPUs per rank, GPU models asked for, where it first started under each policy).
 """
 
+import dataclasses
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
 
 from bench.sched.groups import Recorded
-from services.placement.policy import PolicyConfig
-from services.placement.sim.catalogue import DEFAULT_CATALOGUE, REFERENCE_TFLOPS
-from services.placement.sim.cli import parser
+from services.placement.sim.catalogue import DEFAULT_CATALOGUE
+from services.placement.sim.cli import parser, policy_config
 from services.placement.sim.trace import TraceOptions, load_jobs, load_nodes
 
 
@@ -32,11 +32,14 @@ class Ran:
     dollars: float
 
 
-def replay(args, policy: str) -> tuple[dict[str, Ran], float, list]:
-    """Every finished job's `Ran` under `policy`, the cell's on-demand dollars, and the trace's jobs."""
+def replay(args, policy: str, *, owned_wait_order: str | None = None) -> tuple[dict[str, Ran], float, list]:
+    """Every finished job's `Ran` under `policy` at the command line's settings (`owned_wait_order` "on"/"off" in place
+    of its own), the cell's on-demand dollars, and the trace's jobs."""
     jobs, _ = load_jobs(args.pods, TraceOptions(estimate_error=args.estimate_error))
     nodes = load_nodes(args.nodes, local=args.local, reserved=args.reserved)
-    config = PolicyConfig(policy=policy, reference_tflops=REFERENCE_TFLOPS, exchange_rate=args.exchange_rate)
+    config = policy_config(args, policy=policy)
+    if owned_wait_order is not None:
+        config = dataclasses.replace(config, owned_wait_order=owned_wait_order == "on")
     sim = Recorded(jobs, nodes, catalogue=DEFAULT_CATALOGUE, config=config)
     out = sim.run()
     ran = {}
@@ -62,10 +65,13 @@ def job_class(request, mine: Ran, theirs: Ran) -> tuple:
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     p.add_argument("--against", default="burst", help="the policy each job is set against")
+    p.add_argument(
+        "--against-owned-wait-order", choices=("on", "off"), default=None, help="the second policy's setting"
+    )
     p.add_argument("--top", type=int, default=15, help="jobs listed by dollars and by completion")
     args = p.parse_args(argv)
     mine, my_total, jobs = replay(args, args.policy)
-    theirs, their_total, _ = replay(args, args.against)
+    theirs, their_total, _ = replay(args, args.against, owned_wait_order=args.against_owned_wait_order)
     requests = {j.request.id: j.request for j in jobs}
     both = [i for i in mine if i in theirs]
     n = len(both)

@@ -9,7 +9,8 @@ delayed by the whole g * d / N, one that starts sooner only by what the kind los
 that would have started now on the g free GPUs taken are delayed by their whole wait up to d (`head_dollars`, the rule
 make room credits for freeing GPUs: one rule for taking and freeing). When each backlog job
 starts is planned on the kind's free GPUs (less the g taken), the expected ends of the jobs running on it and the
-backlog's own durations, in queue order (time-sensitive first, then submission) (pure; one `Backlog` per pass).
+backlog's own durations, in the order the queue serves it (`order.backlog_order`: time-sensitive first, then
+submission; with `PolicyConfig.owned_wait_order`, the queue's own order) (pure; one `Backlog` per pass).
 
 A "kind" here is one queue of owned GPUs (`queue_keys`): one per owned kind, and per kind and model for the jobs that
 accept only some models; with `PolicyConfig.one_owned_queue`, one per job's whole set of owned kinds and models (it
@@ -26,6 +27,7 @@ from services.placement.policy.capacity import expected_end
 from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.models import OWNED_KINDS, ClusterState, JobRequest
+from services.placement.policy.order import backlog_order
 
 INF = float("inf")
 QueueKey = tuple[tuple[str, ...], tuple[str, ...]]  # (owned kinds, GPU models: none is any)
@@ -359,7 +361,8 @@ def backlog(
         for key in keys.get(job.id, ()):
             gpus = job.gpu_count * job.node_count
             duration = job.duration_on(config.reference_tflops, config.reference_tflops)
-            out.kinds[key].enqueue(job.id, (queue_order(job), gpus, value_per_s[job.id], duration))
+            order = backlog_order(job, config, usage=state.usage_by_user)
+            out.kinds[key].enqueue(job.id, (order, gpus, value_per_s[job.id], duration))
     return out
 
 
@@ -374,11 +377,6 @@ def queue_keys(kinds: Iterable[str], models: Iterable[str], *, one: bool = True)
     if one:
         return [(tuple(owned), tuple(accepted))]
     return [((kind,), (model,) if model else ()) for kind in owned for model in accepted or [""]]
-
-
-def queue_order(job: JobRequest) -> tuple:
-    """The engine's queue order: time-sensitive first, then submission."""
-    return (job.priority != "time", job.submitted_at, job.id)
 
 
 def option_model(option: Option) -> str:

@@ -19,7 +19,6 @@ from services.placement.policy.contention import (
     delay_dollars,
     delay_share,
     head_dollars,
-    queue_order,
 )
 from services.placement.policy.decisions import MakeRoom, Start, Wait
 from services.placement.policy.hosting import could_host
@@ -33,6 +32,7 @@ from services.placement.policy.options import (
     risk_factor,
     time_value_per_s,
 )
+from services.placement.policy.order import backlog_order
 from services.placement.policy.passes import Pass
 
 
@@ -90,7 +90,8 @@ def waiting_shapes(p: Pass) -> list[Shape]:
             shape = shapes[key] = Shape(job, kinds, gpus)
         at = until.get(job.id)
         wait = INF if at is None else max(0.0, at - p.now)
-        shape.pending.waits.append((wait, backlog_value_per_s(job, p.config), queue_order(job)))
+        order = backlog_order(job, p.config, usage=p.state.usage_by_user)
+        shape.pending.waits.append((wait, backlog_value_per_s(job, p.config), order))
     for shape in shapes.values():
         shape.pending.index()
     return list(shapes.values())

@@ -1,7 +1,6 @@
 """One scheduling pass: the capacity index, the decisions made so far and the queue order."""
 
 import heapq
-import math
 from collections.abc import Iterator, Mapping
 
 from services.placement.policy.capacity import CapacityIndex
@@ -9,7 +8,8 @@ from services.placement.policy.choice import Option
 from services.placement.policy.config import PolicyConfig
 from services.placement.policy.decisions import Decision, Provision, Release, Start, Wait
 from services.placement.policy.models import ClusterState, JobRequest
-from services.placement.policy.options import backlog_value_per_s, fits, job_kinds
+from services.placement.policy.options import fits, job_kinds
+from services.placement.policy.order import rank, usage_of
 
 ALL_KINDS = frozenset({"local", "reserved", "on_demand"})
 OWNED_ONLY = frozenset({"local", "reserved"})
@@ -105,22 +105,14 @@ class FairQueue:
         charge_cap_s: float,
         config: PolicyConfig | None = None,
     ):
-        self.usage = {user: hours if hours == hours else 0.0 for user, hours in usage.items()}  # NaN -> 0
+        self.usage = {user: usage_of(usage, user) for user in usage}
         self.charge_cap_s = charge_cap_s
         self.config = config if config is not None and config.owned_wait_order else None
         self.heap = [self._key(job, seq) for seq, job in enumerate(queue)]
         heapq.heapify(self.heap)
 
     def _key(self, job: JobRequest, seq: int) -> tuple:
-        return (self._rank(job), self.usage.get(job.user, 0.0), job.submitted_at, seq, job)
-
-    def _rank(self, job: JobRequest) -> tuple:
-        if self.config is None or job.allowed != "local":
-            return (job.priority != "time", job.allowed != "local", 0.0)
-        value = backlog_value_per_s(job, self.config)
-        base = job.duration_on(self.config.reference_tflops, self.config.reference_tflops)
-        area = base * job.gpu_count * job.node_count
-        return (False, False, area / value if value > 0 else math.inf)
+        return (rank(job, self.config), self.usage.get(job.user, 0.0), job.submitted_at, seq, job)
 
     def take(self, limit: int) -> Iterator[JobRequest]:
         taken = 0

@@ -111,19 +111,7 @@ def simulate(args: argparse.Namespace) -> dict:
     if args.limit:
         jobs = jobs[: args.limit]
     nodes = load_nodes(args.nodes, local=args.local, reserved=args.reserved)
-    config = PolicyConfig(
-        policy=args.policy,
-        reference_tflops=REFERENCE_TFLOPS,
-        idle_release_s=args.idle_release_s,
-        finish_tolerance_frac=args.finish_tolerance_frac,
-        exchange_rate=args.exchange_rate,
-        cost_sensitive_weight=args.cost_sensitive_weight,
-        cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
-        one_owned_queue=args.one_owned_queue == "on",
-        owned_choice_charge=args.owned_choice_charge == "on",
-        owned_wait_order=args.owned_wait_order == "on",
-        burst_after_s=args.burst_after_s,
-    )
+    config = policy_config(args)
     started = time.perf_counter()
     spot = spot_offers(DEFAULT_CATALOGUE, hazard_scale=args.spot_hazard_scale) if args.spot else ()
     catalogue = DEFAULT_CATALOGUE + spot
@@ -164,3 +152,20 @@ def main(argv: list[str] | None = None) -> int:
         for key, value in result.items():
             print(f"{key:28} {value}")
     return 0
+
+
+def policy_config(args: argparse.Namespace, *, policy: str | None = None) -> PolicyConfig:
+    """The policy settings the command line names (`policy` instead of `--policy` when given)."""
+    return PolicyConfig(
+        policy=args.policy if policy is None else policy,
+        reference_tflops=REFERENCE_TFLOPS,
+        idle_release_s=args.idle_release_s,
+        finish_tolerance_frac=args.finish_tolerance_frac,
+        exchange_rate=args.exchange_rate,
+        cost_sensitive_weight=args.cost_sensitive_weight,
+        cost_sensitive_backlog_weight=args.cost_sensitive_backlog_weight,
+        one_owned_queue=args.one_owned_queue == "on",
+        owned_choice_charge=args.owned_choice_charge == "on",
+        owned_wait_order=args.owned_wait_order == "on",
+        burst_after_s=args.burst_after_s,
+    )

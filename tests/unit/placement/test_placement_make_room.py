@@ -188,7 +188,7 @@ def test_the_next_job_in_line_that_fits_on_the_freed_gpu_counts_its_whole_wait()
     assert MakeRoom(long.job.id, (node.id,), "t4.1x", 1) in schedule(state, 0.0, config())
 
 
-def _two_movable(*waiting: JobRequest) -> Pass:
+def _two_movable(*waiting: JobRequest, **overrides) -> Pass:
     """A kind of 8 local GPUs: two long jobs that could rent hold one each for 40 h more, the other 6 are busy for
     200 h; `waiting` are queued (the test gives their Waits, as the engine's plan would); a $1/h rental for the 40 h
     left costs about $40 a move."""
@@ -204,7 +204,7 @@ def _two_movable(*waiting: JobRequest) -> Pass:
         queue=waiting,
         catalogue=(make_instance(name="t4.1x", price_per_hour=1.0),),
     )
-    return Pass(state, now=0.0, config=config(), kinds=ALL_KINDS)
+    return Pass(state, now=0.0, config=config(**overrides), kinds=ALL_KINDS)
 
 
 def _local_only_at(rate: float, submitted_at: float, **job) -> JobRequest:
@@ -236,6 +236,18 @@ def test_the_freed_gpu_starts_the_next_job_in_queue_order_not_the_one_that_would
     make_room(p)
 
     assert not [d for d in p.decisions if isinstance(d, MakeRoom)]
+
+
+def test_with_owned_wait_order_the_freed_gpu_starts_the_next_job_the_queue_serves():
+    # the same queue served by `PolicyConfig.owned_wait_order`: of two 1-h local-only jobs B2 ($2/h) comes before B1
+    # ($0.5/h), so the freed GPU starts B2: $70 beyond its share, $82.5 with both shares, pays for a ~$40 rental
+    b1, b2 = _local_only_at(0.5, 0.0), _local_only_at(2.0, 1.0, min_gpu_memory_gb=8.0)
+    p = _two_movable(b1, b2, owned_wait_order=True)
+    p.decisions = [Wait(b1.id, "waiting", until=100 * HOUR), Wait(b2.id, "waiting", until=100 * HOUR)]
+
+    make_room(p)
+
+    assert len([d for d in p.decisions if isinstance(d, MakeRoom)]) == 1
 
 
 def test_jobs_no_rental_can_host_are_made_room_for_as_local_only_jobs_are():

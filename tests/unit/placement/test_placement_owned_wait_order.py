@@ -1,7 +1,21 @@
 """`PolicyConfig.owned_wait_order`: jobs only local nodes may run queue first, by GPU-seconds per dollar of wait."""
 
+import pytest
+
 from services.placement.policy import Provision, Start, schedule
-from tests.unit.placement.placement_factories import config, make_instance, make_job, make_node, make_state, of_type
+from services.placement.policy.capacity import CapacityIndex
+from services.placement.policy.choice import Option
+from services.placement.policy.contention import backlog
+from services.placement.policy.passes import ALL_KINDS
+from tests.unit.placement.placement_factories import (
+    busy,
+    config,
+    make_instance,
+    make_job,
+    make_node,
+    make_state,
+    of_type,
+)
 
 HOUR = 3600.0
 
@@ -62,3 +76,34 @@ def test_jobs_that_may_rent_keep_their_order_behind_the_local_only_ones():
 
     assert _started(state, owned_wait_order=True) == [local_only.id, time_any.id]
     assert _started(state, owned_wait_order=False) == [time_any.id, local_only.id]
+
+
+@pytest.mark.parametrize(("owned_wait_order", "charged"), [(False, 401.0), (True, 6.0)])
+def test_the_contention_charge_plans_the_local_only_queue_in_the_order_the_queue_serves(owned_wait_order, charged):
+    """Two local GPUs, both busy, back at 1 h and 500 h; queued local-only: L (time, 100 h, $2/h) before S (cost, 1 h,
+    $8/h at the full rate). Served time first (off), L starts at 1 h and S at 101 h; served by GPU-seconds over the
+    wait's worth (on), S at 1 h and L at 2 h. A job that holds one of the two GPUs for 100 h is charged half of each
+    wait up to 100 h: off ($2 x 1 + $8 x 100) / 2, on ($8 x 1 + $2 x 2) / 2."""
+    a = make_node(kind="local", gpu_count=1, free=0)
+    b = make_node(kind="local", gpu_count=1, free=0)
+    long_time = make_job(priority="time", allowed="local", expected_duration_s=100 * HOUR, submitted_at=0.0)
+    short_cost = make_job(
+        priority="cost", allowed="local", expected_duration_s=HOUR, exchange_rate=8.0, submitted_at=1.0
+    )
+    could_rent = make_job(priority="time", allowed="any", expected_duration_s=100 * HOUR)
+    state = make_state(
+        nodes=(a, b),
+        running=(busy(a, until=HOUR), busy(b, until=500 * HOUR)),
+        queue=(long_time, short_cost, could_rent),
+    )
+    waits = backlog(
+        state,
+        now=0.0,
+        config=config(owned_wait_order=owned_wait_order),
+        owned_only={long_time.id: ("local",), short_cost.id: ("local",)},
+        value_per_s={long_time.id: 2.0 / HOUR, short_cost.id: 8.0 / HOUR},
+    )
+    view = CapacityIndex(state, now=0.0, kinds=ALL_KINDS).member(a.id)
+    option = Option("wait", HOUR, 101 * HOUR, 0.0, False, 0, 100 * HOUR, views=[view])
+
+    assert waits.charge(could_rent, option) == pytest.approx(charged)

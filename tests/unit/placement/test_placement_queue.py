@@ -1,5 +1,7 @@
 """Queue order (priority, fair share) and backfill behind the head's reservation."""
 
+import pytest
+
 from services.placement.policy import Start, Wait, schedule
 from tests.unit.placement.placement_factories import busy, config, make_job, make_node, make_state, of_type
 
@@ -37,20 +39,29 @@ def test_time_sensitive_jobs_come_before_cost_sensitive_ones():
     assert start.job_id == time_.id
 
 
-def _head_blocked_state(*, short_s: float, long_s: float):
+def _head_blocked_state(*, short_s: float, long_s: float, **head):
     """Two GPUs: one free now, one busy until t=100. The head needs both, so it reserves t=100."""
     node = make_node(gpu_count=2, free=1, kind="local")
     running = busy(node, until=100.0)
-    head = make_job(user="u", gpu_count=2, submitted_at=0.0, allowed="local")
+    head = make_job(user="u", gpu_count=2, submitted_at=0.0, allowed="local", **head)
     short = make_job(user="u", expected_duration_s=short_s, submitted_at=1.0, allowed="local")
     long_ = make_job(user="u", expected_duration_s=long_s, submitted_at=2.0, allowed="local")
     return node, make_state(nodes=(node,), queue=(head, short, long_), running=(running,)), head, short, long_
 
 
-def test_backfill_starts_a_short_job_that_ends_before_the_heads_reservation():
-    node, state, head, short, long_ = _head_blocked_state(short_s=50.0, long_s=500.0)
+# round 9's order (submission among these local-only time jobs), and the local-only order of
+# `PolicyConfig.owned_wait_order` (GPU-seconds over what a second of wait is worth), where a head whose time is worth
+# 500 times more comes first as well
+HEAD_FIRST = pytest.mark.parametrize(
+    ("owned_wait_order", "head"), [(False, {}), (True, {"exchange_rate": 1000.0})], ids=["order-off", "order-on"]
+)
 
-    decisions = schedule(state, 0.0, config())
+
+@HEAD_FIRST
+def test_backfill_starts_a_short_job_that_ends_before_the_heads_reservation(owned_wait_order, head):
+    node, state, head, short, long_ = _head_blocked_state(short_s=50.0, long_s=500.0, **head)
+
+    decisions = schedule(state, 0.0, config(owned_wait_order=owned_wait_order))
 
     assert of_type(decisions, Start) == [Start(short.id, (node.id,), ((0,),))]
     waits = {w.job_id: w for w in of_type(decisions, Wait)}
@@ -58,10 +69,11 @@ def test_backfill_starts_a_short_job_that_ends_before_the_heads_reservation():
     assert long_.id in waits
 
 
-def test_backfill_never_delays_the_head():
-    _, state, head, short, long_ = _head_blocked_state(short_s=150.0, long_s=500.0)
+@HEAD_FIRST
+def test_backfill_never_delays_the_head(owned_wait_order, head):
+    _, state, head, short, long_ = _head_blocked_state(short_s=150.0, long_s=500.0, **head)
 
-    decisions = schedule(state, 0.0, config())
+    decisions = schedule(state, 0.0, config(owned_wait_order=owned_wait_order))
 
     assert of_type(decisions, Start) == []
     assert {w.job_id for w in of_type(decisions, Wait)} == {head.id, short.id, long_.id}

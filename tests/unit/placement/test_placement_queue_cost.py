@@ -63,10 +63,18 @@ def test_a_long_job_that_could_rent_is_charged_only_the_wait_it_adds_before_the_
     rental = make_instance(name="t4.1x", price_per_hour=3.0)  # $300 for the 100 h
     state = make_state(nodes=(local,), queue=(could_rent, local_only), running=(other,), catalogue=(rental,))
 
-    decisions = schedule(state, 0.0, config())
+    decisions = schedule(state, 0.0, config(owned_wait_order=False))  # round 9's order: the time job is weighed first
 
     assert (Provision("t4.1x", 1, could_rent.id) in decisions) is rents
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
+
+    # with the local-only job served first it takes the free GPU; the long job waits the hour it holds it ($2 at the
+    # rate) rather than rent ($300)
+    decisions = schedule(state, 0.0, config(owned_wait_order=True))
+
+    assert of_type(decisions, Start) == [Start(local_only.id, (local.id,), ((0,),))]
+    assert of_type(decisions, Provision) == []
+    assert [(w.job_id, w.until) for w in of_type(decisions, Wait)] == [(could_rent.id, HOUR)]
 
 
 def test_taking_the_gpu_the_next_local_only_job_would_start_on_is_charged_its_whole_wait():
@@ -88,10 +96,18 @@ def test_taking_the_gpu_the_next_local_only_job_would_start_on_is_charged_its_wh
         catalogue=(make_instance(name="t4.1x", price_per_hour=0.5),),
     )
 
-    decisions = schedule(state, 0.0, config())
+    decisions = schedule(state, 0.0, config(owned_wait_order=False))  # round 9's order: the time job is weighed first
 
     assert Provision("t4.1x", 1, could_rent.id) in decisions
     assert of_type(decisions, Start) == [Start(local_only.id, (node.id,), ((0,),))]
+
+    # served first, the local-only job takes the free GPU before the long job is weighed; that one waits the 10 h it
+    # holds it ($20 at the rate) rather than rent ($50)
+    decisions = schedule(state, 0.0, config(owned_wait_order=True))
+
+    assert of_type(decisions, Start) == [Start(local_only.id, (node.id,), ((0,),))]
+    assert of_type(decisions, Provision) == []
+    assert [(w.job_id, w.until) for w in of_type(decisions, Wait)] == [(could_rent.id, 10 * HOUR)]
 
 
 def _slipping_owned(*, busy_until_h: float):
@@ -382,11 +398,17 @@ def test_a_cost_sensitive_local_only_jobs_wait_is_charged_to_the_job_taking_its_
     rental = make_instance(name="v100.1x", price_per_hour=1.0, startup_delay_s=0.0)
     state = make_state(nodes=(local,), queue=(could_rent, local_only), catalogue=(rental,))
 
-    decisions = schedule(state, 0.0, config(**overrides))
+    decisions = schedule(state, 0.0, config(owned_wait_order=False, **overrides))  # round 9's order
 
     assert (Provision("v100.1x", 1, could_rent.id) in decisions) is rents
     assert (Start(local_only.id, (local.id,), ((0,),)) in decisions) is rents
     assert (Start(could_rent.id, (local.id,), ((0,),)) in decisions) is not rents
+
+    # served first, the local-only job takes the GPU at either weight; the time job then rents ($10) rather than wait
+    # the 10 h ($20 at the rate)
+    decisions = schedule(state, 0.0, config(owned_wait_order=True, **overrides))
+
+    assert decisions == [Start(local_only.id, (local.id,), ((0,),)), Provision("v100.1x", 1, could_rent.id)]
 
 
 def test_a_submission_counts_as_made_at_most_a_minute_before_the_bus_server_stored_it():

@@ -90,10 +90,13 @@ def billed(state, job, node_ids, cfg):
     return sum(billed_share(n.price_per_hour, gpus=job.gpu_count, node_gpus=n.gpu_count) for n in nodes) * hours
 
 
-@pytest.mark.parametrize("policy", ["trainmaster", "burst", "wait-local"])
-def test_the_first_offer_is_the_decision_once_queued_at_the_price_billed(policy):
+@pytest.mark.parametrize(
+    ("policy", "owned_wait_order"),
+    [("trainmaster", False), ("trainmaster", True), ("burst", False), ("wait-local", False), ("wait-local", True)],
+)
+def test_the_first_offer_is_the_decision_once_queued_at_the_price_billed(policy, owned_wait_order):
     rng = random.Random(f"quote-{policy}")
-    cfg = config(policy=policy)
+    cfg = config(policy=policy, owned_wait_order=owned_wait_order)
     compared = 0
     for _ in range(FLEETS):
         state, now = random_fleet(rng)

@@ -61,3 +61,24 @@ def test_every_policy_finishes_the_trace(trace, capsys):
     for policy in ("trainmaster", "burst", "local-fifo", "wait-local"):
         result = _run(capsys, trace + ["--policy", policy, "--local", "1", "--reserved", "1"])
         assert result["finished"] == 3, policy
+
+
+def test_jobs_replays_each_side_at_the_command_lines_settings(trace, monkeypatch, capsys):
+    """bench/sched/jobs.py sets one setting against the other (`--against-owned-wait-order`); every other setting of
+    the command line holds for both sides (it read only the exchange rate before)."""
+    from bench.sched import jobs
+
+    seen = []
+
+    class Seen(jobs.Recorded):
+        def __init__(self, *args, config, **kwargs):
+            seen.append((config.policy, config.owned_wait_order, config.exchange_rate, config.one_owned_queue))
+            super().__init__(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(jobs, "Recorded", Seen)
+    argv = ["--local", "1", "--reserved", "0", "--exchange-rate", "3", "--one-owned-queue", "on"]
+    argv += ["--owned-wait-order", "on", "--against", "trainmaster", "--against-owned-wait-order", "off"]
+
+    assert jobs.main(trace + argv) == 0
+    assert seen == [("trainmaster", True, 3.0, True), ("trainmaster", False, 3.0, True)]
+    assert "3 jobs finished under both" in capsys.readouterr().out
