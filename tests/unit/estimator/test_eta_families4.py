@@ -1,0 +1,30 @@
+"""The deep-tail families of the own-jobs corpus (`bench/search/families4.py`, issue 31 item 5), on short runs
+(never on the recorded file)."""
+
+import math
+
+import pytest
+
+families4 = pytest.importorskip("bench.search.families4")
+
+
+def test_the_three_families_take_turns_deterministically_with_the_corpus_seeds():
+    drawn = [families4.run_params(i) for i in range(30)]
+    assert drawn == [families4.run_params(i) for i in range(30)]
+    assert [f for f, _ in drawn[:3]] == list(families4.FAMILIES)
+    assert {p["seed"] for _, p in drawn} <= {0, 1, 2, 3, 4}  # calibration seeds 0-3, held-out seed 4
+    assert all(p["lr"] < 1.0 for f, p in drawn if f == "lstsq-spectrum")  # a stable step (the Hessian is 2 X'X/n)
+
+
+@pytest.mark.parametrize("family", families4.FAMILIES)
+def test_a_short_run_prints_a_finite_falling_loss_at_its_steps(family):
+    params = families4.run_params(families4.FAMILIES.index(family))[1] | {"steps": 200, "pause": 0.0, "every": 20}
+    points = families4.train(family, params)["points"]
+    assert [p["step"] for p in points] == list(range(20, 201, 20))
+    assert all(a["t"] < b["t"] for a, b in zip(points, points[1:])) and all(math.isfinite(p["loss"]) for p in points)
+    assert points[-1]["loss"] < points[0]["loss"]
+
+
+def test_a_loss_far_below_a_thousandth_keeps_its_digits():
+    assert families4._value(1.234567e-7) == pytest.approx(1.23457e-7)  # not rounded to 0 at five decimals
+    assert families4._value(float("nan")) == 1e3
