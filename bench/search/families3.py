@@ -27,7 +27,7 @@ from torch.nn import functional
 
 from bench.search.families import log_uniform
 from bench.search.families_models import mlp
-from bench.search.record import _finite, record_runs
+from bench.search.record import _finite, record_family_runs
 
 DATA = Path(__file__).parent / "data" / "families3.jsonl.gz"
 FAMILIES = ("sgd-regression", "adam-ema")
@@ -124,26 +124,15 @@ def startup_s() -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    def prepare():
-        startup = startup_s()
-
-        def one(index: int) -> tuple[dict, str]:
-            family, params = run_params(index)
-            result = train(family, params)
-            last = result["points"][-1]
-            summary = f"{family} {params} wall={result['wall_s']:.2f}s loss={last['loss']:.5f}"
-            line = {"group": family, "family": family, "params": params, **result, "startup_s": startup}
-            return line | {"epochs": float(params["steps"])}, summary
-
-        return one
-
-    record_runs(
+    record_family_runs(
         argv,
         description=__doc__.splitlines()[0],
         default_runs=16,
         default_out=DATA,
         prefix="families3",
-        prepare=prepare,
+        run_params=run_params,
+        train=train,
+        startup=startup_s,
     )
 
 

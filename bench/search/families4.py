@@ -33,7 +33,7 @@ from torch.nn import functional
 from bench.search.families import log_uniform
 from bench.search.families3 import startup_s
 from bench.search.families_models import conv_net, multiplier
-from bench.search.record import record_runs
+from bench.search.record import record_family_runs
 
 DATA = Path(__file__).parent / "data" / "families4.jsonl.gz"
 FAMILIES = ("logreg-separable", "lstsq-spectrum", "conv-adamw-cosine")
@@ -145,26 +145,15 @@ def train(family: str, params: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    def prepare():
-        startup = startup_s()
-
-        def one(index: int) -> tuple[dict, str]:
-            family, params = run_params(index)
-            result = train(family, params)
-            first, last = result["points"][0], result["points"][-1]
-            summary = f"{family} {params} wall={result['wall_s']:.2f}s loss={first['loss']:.4g}->{last['loss']:.4g}"
-            line = {"group": family, "family": family, "params": params, **result, "startup_s": startup}
-            return line | {"epochs": float(params["steps"])}, summary
-
-        return one
-
-    record_runs(
+    record_family_runs(
         argv,
         description=__doc__.splitlines()[0],
         default_runs=72,
         default_out=DATA,
         prefix="families4",
-        prepare=prepare,
+        run_params=run_params,
+        train=train,
+        startup=startup_s,
     )
 
 

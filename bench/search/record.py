@@ -212,6 +212,43 @@ def record_runs(
         print(f"{run} {summary}", flush=True)
 
 
+def record_family_runs(
+    argv: list[str] | None,
+    *,
+    description: str,
+    default_runs: int,
+    default_out: Path,
+    prefix: str,
+    run_params: Callable[[int], tuple[str, dict]],
+    train: Callable[[str, dict], dict],
+    startup: Callable[[], float],
+) -> None:
+    """`record_runs` for recorders whose run `index` is `train(*run_params(index))` (its points and wall time): each
+    line with its family as group, its parameters, `startup_s` (measured once, `startup()`) and its steps as epochs."""
+
+    def prepare() -> Callable[[int], tuple[dict, str]]:
+        began = startup()
+
+        def one(index: int) -> tuple[dict, str]:
+            family, params = run_params(index)
+            result = train(family, params)
+            first, last = result["points"][0], result["points"][-1]
+            summary = f"{family} {params} wall={result['wall_s']:.2f}s loss={first['loss']:.4g}->{last['loss']:.4g}"
+            line = {"group": family, "family": family, "params": params, **result, "startup_s": began}
+            return line | {"epochs": float(params["steps"])}, summary
+
+        return one
+
+    record_runs(
+        argv,
+        description=description,
+        default_runs=default_runs,
+        default_out=default_out,
+        prefix=prefix,
+        prepare=prepare,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     def prepare() -> Callable[[int], tuple[dict, str]]:
         data = split_digits()

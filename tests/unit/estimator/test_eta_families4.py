@@ -1,6 +1,8 @@
 """The deep-tail families of the own-jobs corpus (`bench/search/families4.py`, issue 31 item 5), on short runs
 (never on the recorded file)."""
 
+import gzip
+import json
 import math
 
 import pytest
@@ -28,3 +30,32 @@ def test_a_short_run_prints_a_finite_falling_loss_at_its_steps(family):
 def test_a_loss_far_below_a_thousandth_keeps_its_digits():
     assert families4._value(1.234567e-7) == pytest.approx(1.23457e-7)  # not rounded to 0 at five decimals
     assert families4._value(float("nan")) == 1e3
+
+
+def test_a_family_recorder_writes_each_run_once_with_its_start_up_and_steps(tmp_path):
+    record = pytest.importorskip("bench.search.record")
+    out, trained = tmp_path / "runs.jsonl.gz", []
+
+    def train(family, params):
+        trained.append(params["seed"])
+        return {"points": [{"t": 0.1, "step": 10, "loss": 1.0}, {"t": 0.2, "step": 20, "loss": 0.5}], "wall_s": 0.2}
+
+    def run(argv):
+        record.record_family_runs(
+            argv,
+            description="test",
+            default_runs=2,
+            default_out=out,
+            prefix="fake",
+            run_params=lambda i: ("toy", {"seed": i, "steps": 20}),
+            train=train,
+            startup=lambda: 1.5,
+        )
+
+    run([])
+    run(["--runs", "3"])  # the two recorded are skipped, one more is trained
+    with gzip.open(out, "rt") as handle:
+        lines = [json.loads(line) for line in handle]
+    assert [line["run"] for line in lines] == ["fake-0000", "fake-0001", "fake-0002"] and trained == [0, 1, 2]
+    assert all(line["family"] == line["group"] == "toy" and line["startup_s"] == 1.5 for line in lines)
+    assert lines[0]["epochs"] == 20.0 and lines[0]["points"][1]["loss"] == 0.5
