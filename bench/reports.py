@@ -19,6 +19,7 @@ from pathlib import Path
 from shared.rpc import UsageQuery
 from shared.store import make_client
 from services.billing.ledger import clip, close_entry, close_lifetime, open_lifetime
+from services.billing.live import LiveLines
 from services.billing.reports import Reports
 from services.stack.processes import Stack, StackSettings
 
@@ -93,7 +94,9 @@ def lifetimes() -> list[dict]:
 async def run(url: str, *, jobs: int, repeats: int) -> dict:
     client = make_client(url)
     db = client["bench"]
-    billing = Reports(ledger=db.billing_ledger, open={}, nodes=db.billing_nodes, nodes_open=db.billing_nodes_open)
+    billing = Reports(
+        ledger=db.billing_ledger, live=LiveLines(), nodes=db.billing_nodes, nodes_open=db.billing_nodes_open
+    )
     await billing.ledger.create_index([("project_id", 1), ("started_at", 1)])
     await billing.ledger.create_index([("project_id", 1), ("t0", 1)])
     await billing.ledger.create_index("ended_at")

@@ -20,7 +20,8 @@ from pymongo.errors import DuplicateKeyError
 from shared.clock import utcnow
 from shared.events import JobPlaced, JobStatusChanged, JobSubmitted, NodeStateChanged, TaskExited, TaskStarted
 from shared.grouped import insert_grouped, replace_grouped
-from services.billing.ledger import CLOSED_ONLY, OPEN, close_entry, epoch_bounds, open_entry
+from services.billing.ledger import CLOSED_ONLY, OPEN, STAMP, close_entry, epoch_bounds, open_entry
+from services.billing.live import LiveLines
 from services.billing.placements import (
     PARK_TTL_S,
     WRITE_WINDOW_S,
@@ -61,17 +62,26 @@ class Attempts:
     ends: AsyncCollection  # ends seen before their start (`ended_first`): one per line, until its start comes
     reconcile_grace_s: float = 60.0  # how long a job's status may say an attempt ended before billing closes it
     clock: Callable[[], datetime] = utcnow  # billing's own now: no report is charged past it
-    # Every open line, as written (`load` reads them at the start): what runs, for the ends, reports and admission.
-    running: dict[str, dict] = field(default_factory=dict, repr=False)
+    # Every open line, as written (`load` reads them at the start), and the closed ones being written or just written:
+    # what runs, for the ends, reports and admission.
+    live: LiveLines = field(default_factory=LiveLines, repr=False)
     # Every end kept in `ends`, as written (`load` reads them): a start that finds its end here writes its line closed.
     ended_first: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     # Lines whose insert raised here (the answer lost, or the write group failed after it landed): stored or not.
     unanswered: set[str] = field(default_factory=set, repr=False)
 
+    @property
+    def running(self) -> dict[str, dict]:
+        """Every open line, by id."""
+        return self.live.running
+
     async def load(self) -> int:
-        """At the start, before any event: the open lines into memory. Returns how many attempts run."""
+        """At the start, before any event: the open lines into memory, the latest stamp (closes stamp after it).
+        Returns how many attempts run."""
         self.running.clear()
         self.running.update({d["_id"]: d async for d in self.ledger.find({OPEN: True})})
+        async for latest in self.ledger.find({STAMP: {"$gt": 0}}, {STAMP: 1}).sort(STAMP, -1).limit(1):
+            self.live.resume(latest[STAMP])
         self.ended_first.clear()
         self.ended_first.update({d["_id"]: d async for d in self.ends.find({})})
         return len(self.running)
@@ -179,12 +189,16 @@ class Attempts:
         return closed
 
     async def backfill_epochs(self) -> int:
-        """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe)."""
+        """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe), and
+        those written before closes were stamped their stamp, 0 (summed by every report)."""
         count = 0
         async for line in self.ledger.find({"t0": None, **CLOSED_ONLY}):
             await self.ledger.update_one(
                 {"_id": line["_id"]}, {"$set": epoch_bounds(line["started_at"], line["ended_at"])}
             )
+            count += 1
+        async for line in self.ledger.find({STAMP: None, **CLOSED_ONLY}, {"_id": 1}):
+            await self.ledger.update_one({"_id": line["_id"]}, {"$set": {STAMP: 0.0}})
             count += 1
         return count
 
@@ -220,8 +234,9 @@ class Attempts:
     async def _open_after_end(self, entry: dict[str, Any], end: dict[str, Any]) -> None:
         """A start whose end was seen first: its line written closed, at that end, once."""
         ended_at = max(datetime.fromtimestamp(end["t"], UTC), entry["started_at"])
-        line = close_entry(as_read(self.ledger, entry), ended_at=ended_at, reason=end["reason"])
-        await insert_grouped(self.ledger, line, window_s=WRITE_WINDOW_S)  # refused: written by an earlier delivery
+        with self.live.closing(close_entry(as_read(self.ledger, entry), ended_at=ended_at, reason=end["reason"])) as w:
+            # refused: written by an earlier delivery
+            w.refused = not await insert_grouped(self.ledger, w.line, window_s=WRITE_WINDOW_S)
         await self.ends.delete_one({"_id": entry["_id"]})
         self.ended_first.pop(entry["_id"], None)
         self._mark_closed(entry)
@@ -252,9 +267,10 @@ class Attempts:
         if opened is None:
             return
         line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
-        await replace_grouped(self.ledger, {"_id": key, OPEN: True}, line, window_s=WRITE_WINDOW_S)  # with others
+        with self.live.closing(line) as write:  # stamped: reports see it open or closed, never neither nor both
+            await replace_grouped(self.ledger, {"_id": key, OPEN: True}, write.line, window_s=WRITE_WINDOW_S)
+            self.running.pop(key, None)
         self._mark_closed(opened)
-        self.running.pop(key, None)
         await self.spent(opened["project_id"])
 
     def _mark_closed(self, line: dict[str, Any]) -> None:

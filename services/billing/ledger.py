@@ -9,6 +9,7 @@ from shared.rpc import UsageTotals
 
 OPEN = "open"  # marks an attempt's line while the attempt runs
 CLOSED_ONLY = {OPEN: {"$ne": True}}  # the filter of closed lines (sums and windows read only those)
+STAMP = "tc"  # a closed line's stamp: when billing began writing it (`live.LiveLines`); 0 where none was drawn
 
 
 def open_entry(
@@ -43,6 +44,7 @@ def close_entry(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> d
         "ended_at": ended_at,
         **epoch_bounds(opened["started_at"], ended_at),
         "reason": reason,
+        STAMP: 0.0,
         "seconds": seconds,
         "gpu_hours": seconds * opened["gpu_count"] / 3600,
         "cost": seconds * opened["price_per_hour"] / 3600,

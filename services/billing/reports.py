@@ -10,7 +10,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from shared.clock import utcnow
 from shared.rpc import UsageQuery, UsageReport, UsageTotals
-from services.billing.ledger import CLOSED_ONLY, OWNED_KINDS, clip, close_entry, close_lifetime
+from services.billing.ledger import CLOSED_ONLY, OWNED_KINDS, STAMP, clip, close_entry, close_lifetime, lifetime_id
+from services.billing.live import LiveLines
 from services.billing.usage import (
     FIELD,
     KINDS,
@@ -30,19 +31,22 @@ from services.billing.usage import (
 class Reports:
     """The read side of the ledgers: reads the attempts' and the nodes' collections, writes nothing."""
 
-    ledger: AsyncCollection  # attempts' lines: the closed ones are read here (the open ones are in `open`)
-    open: dict[str, dict[str, Any]]  # running attempts' lines, all (`Attempts.running`)
+    ledger: AsyncCollection  # attempts' lines: the closed ones are read here (the open ones are in `live`)
+    live: LiveLines  # running attempts' lines, all, and those closing (`Attempts.live`)
     nodes: AsyncCollection  # closed node lifetimes
     nodes_open: AsyncCollection  # node lifetimes still running
     clock: Callable[[], datetime] = utcnow  # running attempts and lifetimes are charged up to this now
 
     async def running(self, scope: dict[str, Any]) -> list[dict[str, Any]]:
         """The running attempts' lines of a scope (project, user)."""
-        return [d for d in list(self.open.values()) if all(d.get(k) == v for k, v in scope.items())]
+        return [d for d in list(self.live.running.values()) if all(d.get(k) == v for k, v in scope.items())]
 
     async def usage(self, query: UsageQuery) -> UsageReport:
-        """Attempts and node lifetimes inside [start, end), running ones charged up to now."""
+        """Attempts and node lifetimes inside [start, end), running ones charged up to now: as they stood at one
+        instant (`live.snapshot`), whatever closes while the ledger is read."""
         now = self.clock()
+        snap = self.live.snapshot()
+        stamped = {STAMP: {"$lt": snap.cutoff}}  # the closed lines the ledger sums; the later ones are in `snap`
         scope: dict[str, Any] = {"project_id": query.project_id} if query.project_id else {}
         if query.user_name:
             scope["user_name"] = query.user_name
@@ -53,7 +57,8 @@ class Reports:
         tables: dict[str, Table] = {f: {} for f in {field, "user_name", "node_kind"}}
         for by, table in tables.items():
             for kind in KINDS:
-                for doc in await self._group({**scope, **inside, "node_kind": kind}, by=by, nodes=kind == "on_demand"):
+                match = {**scope, **inside, **stamped, "node_kind": kind}
+                for doc in await self._group(match, by=by, nodes=kind == "on_demand"):
                     add_group(table, doc, kind=kind)
         fleet = scope == {}
         busy: dict[str, float] = {}
@@ -62,16 +67,15 @@ class Reports:
             for (kind, _), s in tables["node_kind"].items():
                 busy[kind] = busy.get(kind, 0.0) + s.gpu_hours
         else:
-            for doc in await self._group(inside, by="node_kind"):
+            for doc in await self._group({**inside, **stamped}, by="node_kind"):
                 busy[doc["_id"]] = doc["gpu_hours"]
-        for doc in await self._group({**inside, "node_kind": "on_demand"}, by="node_id"):
+        for doc in await self._group({**inside, **stamped, "node_kind": "on_demand"}, by="node_id"):
             per_node[doc["_id"]] = Sums(
                 attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"], gpu_hours=doc["gpu_hours"]
             )
-        extra = [d for e in edges async for d in self.ledger.find({**e, **CLOSED_ONLY})]
-        running = [
-            close_entry(d, ended_at=max(now, d["started_at"]), reason="running") for d in list(self.open.values())
-        ]
+        extra = [d for e in edges async for d in self.ledger.find({**e, **stamped, **CLOSED_ONLY})]
+        extra += snap.closed  # clipped below, as the lines across an edge are
+        running = [close_entry(d, ended_at=max(now, d["started_at"]), reason="running") for d in snap.running]
         in_scope_running = [r for r in running if all(r.get(k) == v for k, v in scope.items())]
         for entry in extra + running:
             part = clip(entry, start=query.start, end=query.end)
@@ -151,13 +155,18 @@ class Reports:
         ]
 
     async def _lifetimes(self, start: datetime | None, end: datetime | None, *, now: datetime) -> list[dict]:
-        """Node lifetimes clipped to the window, running ones up to now."""
-        overlap: dict[str, Any] = {}
-        if start:
-            overlap["ended_at"] = {"$gt": start}
-        closed = [d async for d in self.nodes.find(overlap)]
+        """Node lifetimes clipped to the window, running ones up to now. The running ones are read first: a node
+        whose lifetime closes meanwhile (its closed line written, then its open one deleted) is read open, closed,
+        or both (then once, closed), never neither."""
+        opened = [d async for d in self.nodes_open.find({})]
+        query: dict[str, Any] = {}
+        if start:  # those that overlap the window, and those just closed (read open), wherever they end
+            query = {"$or": [{"ended_at": {"$gt": start}}, {"_id": {"$in": [lifetime_id(d) for d in opened]}}]}
+        closed = [d async for d in self.nodes.find(query)]
+        ids = {d["_id"] for d in closed}
         running = [
             close_lifetime(d, ended_at=max(now, d["started_at"]), reason="running")
-            async for d in self.nodes_open.find({})
+            for d in opened
+            if lifetime_id(d) not in ids
         ]
         return [part for line in closed + running if (part := clip(line, start=start, end=end))]

@@ -13,6 +13,7 @@ from services.billing.admission import Admission, QuotaBook
 from services.billing.alerts import BudgetAlerts
 from services.billing.attempts import Attempts
 from services.billing.lifetimes import Lifetimes
+from services.billing.live import LiveLines
 from services.billing.placements import Placements
 from services.billing.records import NodeRecords
 from services.billing.reports import Reports
@@ -46,8 +47,8 @@ def build(
 ) -> Billing:
     """Billing's parts over their collections; `static`: the static nodes' records (None: registrations taken as
     said, for in-memory tests only); `clock`: billing's own now, no report is charged past it."""
-    running: dict[str, dict] = {}  # every open line: written by the attempts, read by the reports
-    reports = Reports(ledger=ledger, open=running, nodes=nodes, nodes_open=nodes_open, clock=clock)
+    live = LiveLines()  # every open line, and the closing ones: written by the attempts, read by the reports
+    reports = Reports(ledger=ledger, live=live, nodes=nodes, nodes_open=nodes_open, clock=clock)
     book = QuotaBook(quotas=quotas)
     budgets = BudgetAlerts(store=alerts, book=book, reports=reports)
     records = NodeRecords(node_info=node_info, static=static)
@@ -55,7 +56,7 @@ def build(
         attempts=Attempts(
             ledger=ledger,
             ends=ends,
-            running=running,
+            live=live,
             placements=placements,
             records=records,
             spent=budgets.check,

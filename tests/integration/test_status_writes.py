@@ -19,7 +19,7 @@ from shared.rpc import UsageQuery
 from shared.store import DocumentStore
 from services.billing import attempts as attempts_module
 from services.billing.attempts import move_open_lines
-from services.billing.ledger import open_entry
+from services.billing.ledger import STAMP, close_entry, open_entry
 from services.billing.placements import Placements
 from services.billing.service import Billing, build
 from services.placement.queue import JobQueue, QueueItem, purge_loop
@@ -540,6 +540,42 @@ async def test_an_attempts_line_is_one_document_inserted_open_and_replaced_close
     closed = await db.billing_ledger.find_one({"_id": "b:1:0"})
     assert "open" not in closed and closed["cost"] == pytest.approx(3.0)
     assert (await again.reports.usage(UsageQuery(project_id="p"))).total.cost == pytest.approx(5.0)
+
+
+async def test_lines_written_before_closes_were_stamped_are_summed_and_later_closes_stamp_after_the_latest(counted):
+    """On the database server: a closed line of an earlier version (no stamp) is stamped 0 at the start and summed;
+    a leader whose clock is behind the one before it stamps its closes after the ledger's latest, so each report
+    sums them too."""
+    repo, _ = counted
+    db, now = repo.db, T0 + timedelta(hours=3)
+    old = close_entry(
+        open_entry(
+            key={"job_id": "old", "attempt": 1, "rank": 0},
+            terms={"node_id": "n1", "node_kind": "local", "gpu_count": 1, "node_gpu_count": 1, "price_per_hour": 1.0},
+            project_id="p",
+            user_name="alice",
+            started_at=T0,
+        ),
+        ended_at=T0 + timedelta(hours=1),
+        reason="completed",
+    )
+    del old[STAMP]
+    ahead = {**old, "_id": "ahead:1:0", "job_id": "ahead", STAMP: 4e9}  # stamped by a leader far ahead
+    await db.billing_ledger.insert_many([old, ahead])
+    billing = billing_over(db, clock=lambda: now)
+    billing.attempts.spent = no_budgets
+    assert await billing.attempts.backfill_epochs() == 1
+    assert (await db.billing_ledger.find_one({"_id": "old:1:0"}))[STAMP] == 0.0
+    assert await billing.attempts.load() == 0
+    assert (await billing.reports.usage(UsageQuery(project_id="p"))).total.attempts == 2
+    await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
+    await billing.attempts.submitted(submitted(job_id="a"))
+    await billing.attempts.placed(placed("a"))
+    await billing.attempts.started(started("a"), seen=T0)
+    await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
+    assert (await db.billing_ledger.find_one({"_id": "a:1:0"}))[STAMP] > 4e9
+    report = await billing.reports.usage(UsageQuery(project_id="p"))
+    assert (report.total.attempts, report.open_attempts) == (3, 0) and report.total.cost == pytest.approx(4.0)
 
 
 async def test_billings_records_of_jobs_that_come_a_moment_apart_share_a_write(counted):

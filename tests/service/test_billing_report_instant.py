@@ -1,0 +1,161 @@
+"""A usage report is one instant's: an attempt or a node closing while the report reads the ledger (several queries,
+awaits between them) is counted once, open or closed, in every table of the report. Before, an attempt closing
+between the report's first query and its look at the open lines was counted in neither (a fresh suite run's
+`test_usage_as_csv` failed so once)."""
+
+import asyncio
+from datetime import timedelta
+
+from shared.bus import publish
+from shared.rpc import UsageQuery, UsageReport
+from services.billing.ledger import STAMP
+from services.billing.live import LiveLines
+from tests.factories import T0, exited, placed, started, submitted
+from tests.service.test_billing_lifetimes import provisioned, released
+
+HOUR = timedelta(hours=1)
+
+
+async def one_running(broker, service, job_id: str = "j") -> None:
+    """Job j placed and started at T0 on n1 (local, $1/h); billing's clock an hour on."""
+    await publish(broker, submitted(job_id=job_id))
+    await publish(broker, placed(job_id))
+    service.attempts.clock.at(T0)
+    await publish(broker, started(job_id, at=T0))
+    service.attempts.clock.at(T0 + HOUR)
+    assert list(service.attempts.running) == [f"{job_id}:1:0"]
+
+
+def counted_once(report: UsageReport) -> None:
+    """Every table of the report holds the one attempt once: an hour."""
+    assert report.total.attempts == 1 and report.total.seconds == 3600.0
+    assert sum(r.attempts for r in report.by_user) == 1
+    assert sum(r.attempts for r in report.by_node_kind) == 1
+    assert sum(r.attempts for r in report.groups) == 1
+
+
+async def test_an_attempt_closing_between_the_reports_queries_is_counted_once(billing):
+    broker, service, _ = billing
+    await one_running(broker, service)
+    ledger = service.attempts.ledger
+    plain = ledger.aggregate
+    calls = 0
+
+    async def aggregate(pipeline):  # the end is handled once the report's first query has read the ledger
+        nonlocal calls
+        calls += 1
+        result = await plain(pipeline)
+        if calls == 1:
+            await publish(broker, exited("j", at=T0 + HOUR))
+        return result
+
+    ledger.aggregate = aggregate
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+    assert calls > 1 and service.attempts.running == {}  # it closed mid-report
+    del ledger.aggregate
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))  # and after: closed, once
+
+
+async def test_an_attempt_whose_close_is_being_written_when_the_report_starts_is_counted_once(billing):
+    broker, service, _ = billing
+    await one_running(broker, service)
+    ledger = service.attempts.ledger
+    gate, writing = asyncio.Event(), asyncio.Event()
+    plain_write = ledger.replace_one
+
+    async def replace_one(query, doc, **kw):  # the closed line's write waits for the report
+        writing.set()
+        await asyncio.wait_for(gate.wait(), 10)
+        return await plain_write(query, doc, **kw)
+
+    ledger.replace_one = replace_one
+    plain_aggregate = ledger.aggregate
+
+    async def aggregate(pipeline):  # ... and lands after the report's first query
+        result = await plain_aggregate(pipeline)
+        if not gate.is_set():
+            gate.set()
+            for _ in range(20):
+                await asyncio.sleep(0)
+        return result
+
+    ledger.aggregate = aggregate
+    closing = asyncio.create_task(publish(broker, exited("j", at=T0 + HOUR)))
+    await asyncio.wait_for(writing.wait(), 10)
+    assert list(service.attempts.live.writing) == ["j:1:0"]
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+    await asyncio.wait_for(closing, 10)
+    stored = ledger.docs["j:1:0"]
+    assert not stored.get("open") and stored[STAMP] > 0 and service.attempts.live.writing == {}
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+
+
+async def test_a_node_released_between_the_reports_reads_of_its_lifetime_is_counted_once(billing):
+    broker, service, _ = billing
+    await publish(broker, provisioned("od-1", at=T0))
+    lifetimes = service.lifetimes
+    reads = 0
+
+    def closing_after_first_read(collection):
+        plain = collection.find
+
+        def find(query=None, projection=None):
+            docs = list(plain(query, projection).docs)
+
+            async def iterate():
+                nonlocal reads
+                for doc in docs:
+                    yield doc
+                reads += 1
+                if reads == 1:  # the node's release lands between the report's two reads
+                    await publish(broker, released("od-1", at=T0 + HOUR))
+
+            return iterate()
+
+        collection.find = find
+
+    closing_after_first_read(lifetimes.nodes)
+    closing_after_first_read(lifetimes.nodes_open)
+    service.reports.clock = lambda: T0 + 2 * HOUR
+    report = await service.reports.usage(UsageQuery(start=T0 - HOUR))
+    assert reads == 2 and lifetimes.nodes_open.docs == {}  # released mid-report
+    assert report.on_demand.nodes == 1
+    assert round(report.on_demand.cost, 6) == 3.6  # its hour, once (not its hour and then an open hour more)
+
+
+def test_stamps_keep_increasing_after_a_leader_whose_clock_was_ahead():
+    live = LiveLines()
+    live.resume(4e9)  # the ledger's latest stamp: drawn by a leader whose clock ran ahead
+    first = live.stamp()
+    assert first > 4e9 and live.stamp() > first
+
+
+def test_a_closed_line_is_read_from_memory_until_every_earlier_write_has_landed():
+    live = LiveLines(running={"a": {"_id": "a"}, "b": {"_id": "b"}})
+    with live.closing({"_id": "a"}) as a:
+        with live.closing({"_id": "b"}) as b:
+            pass  # b lands while a's write is still under way
+        live.running.pop("b")
+        snap = live.snapshot()
+        assert snap.cutoff == a.line[STAMP] and {d["_id"] for d in snap.closed} == {"a", "b"}
+        assert snap.running == []  # a: being written, read as closed
+    live.running.pop("a")
+    assert live.landed == {} and live.writing == {}  # no write under way: the ledger has them all
+    snap = live.snapshot()
+    assert snap.cutoff > b.line[STAMP] and snap.closed == [] and snap.running == []
+
+
+def test_a_refused_or_failed_write_is_not_kept():
+    live = LiveLines(running={"a": {"_id": "a"}})
+    with live.closing({"_id": "a"}) as a:
+        a.refused = True
+        with live.closing({"_id": "c"}):
+            pass
+        assert set(live.landed) == {"c"}
+    try:
+        with live.closing({"_id": "a"}):
+            raise OSError("lost")
+    except OSError:
+        pass
+    assert live.writing == {} and live.landed == {} and list(live.running) == ["a"]
+    assert live.snapshot().running == [{"_id": "a"}]
