@@ -27,6 +27,7 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from nats.js.manager import JetStreamManager
 from pymongo.errors import PyMongoError
 
+from shared import pulls
 from shared.buscreds import dedup_key
 from shared.events import Message
 from shared.replies import ReplyGuard
@@ -171,6 +172,7 @@ def make_broker(
     own inbox prefix `_INBOX_<name>`, the only one its credentials may subscribe to; it answers only into such
     inboxes (`replies.ReplyGuard`). ca_file: the CA that signed the server's certificate, for a `tls://` URL.
     """
+    pulls.install()  # a fetch hands over a message as soon as it comes (`shared/pulls.py`)
     options: dict[str, Any] = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
     tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
     if creds:
