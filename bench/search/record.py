@@ -133,7 +133,9 @@ def train(group: str, params: dict, epochs: int, data: tuple) -> dict:
 
 
 def _finite(value: float) -> float:
-    return round(value, 5) if math.isfinite(value) else 1e3
+    """A loss as recorded: six significant digits (a loss of 3e-7 stays 3e-7; five decimals made it 0), 1e3 for
+    one that diverged."""
+    return float(f"{value:.6g}") if math.isfinite(value) else 1e3
 
 
 def machine() -> dict:

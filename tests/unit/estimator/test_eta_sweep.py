@@ -40,3 +40,9 @@ def test_the_file_resumes_past_a_truncated_last_line(tmp_path):
         handle.write(json.dumps({"run": "sweep-0002"}) + "\n")
     with gzip.open(path, "rt") as handle:
         assert [json.loads(line)["run"] for line in handle] == ["sweep-0000", "sweep-0002"]
+
+
+def test_a_recorded_loss_keeps_six_significant_digits_however_small():
+    finite = record._finite
+    assert finite(3.14159265e-7) == 3.14159e-7 and finite(1234.56789) == 1234.57 and finite(0.5) == 0.5
+    assert finite(float("nan")) == 1e3 and finite(float("inf")) == 1e3
