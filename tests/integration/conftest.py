@@ -22,6 +22,17 @@ def bus_and_database(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def bus(tmp_path_factory):
+    """A NATS server alone (JetStream, the operator's credentials: `admin_creds()`), for one module's tests."""
+    stack = Stack(
+        StackSettings(data_dir=tmp_path_factory.mktemp("bus"), nats_port=free_port(), mongo_url=None, nats_url=None)
+    )
+    stack.start_nats()
+    yield stack
+    stack.stop_all()
+
+
+@pytest.fixture(scope="module")
 def cluster_servers(tmp_path_factory):
     """NATS with the bus identities of the nodes of test_bus_security's CLUSTER (n1, n2), and the database."""
     with real_servers(tmp_path_factory.mktemp("origin"), cluster=CLUSTER, database=True) as stack:

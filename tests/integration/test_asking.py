@@ -2,23 +2,12 @@
 flushed (9 and 14 of 400 in two series on the 2-core VM, 2026-11-27): `shared.asking` asks again, so none fails."""
 
 import nats
-import pytest
 from nats.errors import NoRespondersError
 
 from shared.asking import ask
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
 from tests.factories import unique
 
 QUESTIONS = 200  # at the rate seen, a bare request fails at least once in 200 far more often than not
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("asking"), nats_port=free_port(), nats_url=None))
-    stack.start_nats()
-    yield stack
-    stack.stop_all()
 
 
 async def test_every_question_asked_right_after_its_responder_subscribed_is_answered(bus):

@@ -10,8 +10,7 @@ import nats
 import pytest
 
 from shared.pings import Pings
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import eventually, free_port
+from tests.conftest import eventually
 from tests.factories import unique
 
 pytestmark = pytest.mark.integration
@@ -56,14 +55,6 @@ class Relay:
         for task in list(self.pumps):
             task.cancel()
         await asyncio.gather(*self.pumps, return_exceptions=True)
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("bus"), nats_port=free_port(), mongo_url=None))
-    stack.start_nats()
-    yield stack
-    stack.stop_all()
 
 
 @pytest.fixture

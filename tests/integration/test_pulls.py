@@ -13,19 +13,9 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from shared import pulls
 from shared.bus import make_broker
-from services.stack.processes import Stack, StackSettings
-from tests.conftest import free_port
 from tests.factories import unique
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def bus(tmp_path_factory):
-    stack = Stack(StackSettings(data_dir=tmp_path_factory.mktemp("bus"), nats_port=free_port(), mongo_url=None))
-    stack.start_nats()
-    yield stack
-    stack.stop_all()
 
 
 @pytest.fixture
