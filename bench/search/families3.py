@@ -15,8 +15,6 @@ first line. One line per run in `data/families3.jsonl.gz`, broad's shape (`point
 """
 
 import random
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
@@ -116,13 +114,6 @@ def train(family: str, params: dict) -> dict:
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
 
-def startup_s() -> float:
-    """Wall time of a fresh interpreter importing torch (what a job's first line waits for)."""
-    began = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torch"], check=True)
-    return round(time.monotonic() - began, 3)
-
-
 def main(argv: list[str] | None = None) -> None:
     record_family_runs(
         argv,
@@ -132,7 +123,6 @@ def main(argv: list[str] | None = None) -> None:
         prefix="families3",
         run_params=run_params,
         train=train,
-        startup=startup_s,
     )
 
 

@@ -15,12 +15,12 @@ optimisers), and were not looked at to choose them.
   the schedule's annealing makes the loss fall faster late in the run.
 
 Each step sleeps `pause` seconds (a heavier model's step, at little CPU); values are printed to six significant
-digits (a loss of 1e-5 is not 0). `startup_s` as in `families3`. One line per run in `data/families4.jsonl.gz`.
+digits (`record._finite`: a loss of 1e-5 is not 0). `startup_s` as in `families3` (`record.torch_startup_s`). One
+line per run in `data/families4.jsonl.gz`.
 
     nice -n 10 .venv/bin/python -m bench.search.families4 --runs 72 --until 12:30
 """
 
-import math
 import random
 import time
 import zlib
@@ -31,9 +31,8 @@ from torch import nn
 from torch.nn import functional
 
 from bench.search.families import log_uniform
-from bench.search.families3 import startup_s
 from bench.search.families_models import conv_net, multiplier
-from bench.search.record import record_family_runs
+from bench.search.record import _finite, record_family_runs
 
 DATA = Path(__file__).parent / "data" / "families4.jsonl.gz"
 FAMILIES = ("logreg-separable", "lstsq-spectrum", "conv-adamw-cosine")
@@ -73,10 +72,6 @@ def run_params(index: int) -> tuple[str, dict]:
         "steps": rng.choice((1200, 2000)),
         "every": rng.choice((10, 20)),
     }
-
-
-def _value(v: float) -> float:
-    return float(f"{v:.6g}") if math.isfinite(v) else 1e3
 
 
 def _logreg(params: dict, gen: torch.Generator):
@@ -140,7 +135,7 @@ def train(family: str, params: dict) -> dict:
             value = ema
         time.sleep(params["pause"])
         if step % params["every"] == 0:
-            points.append({"t": round(time.monotonic() - start, 4), "step": step, "loss": _value(value)})
+            points.append({"t": round(time.monotonic() - start, 4), "step": step, "loss": _finite(value)})
     return {"points": points, "wall_s": round(time.monotonic() - start, 4)}
 
 
@@ -153,7 +148,6 @@ def main(argv: list[str] | None = None) -> None:
         prefix="families4",
         run_params=run_params,
         train=train,
-        startup=startup_s,
     )
 
 

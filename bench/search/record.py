@@ -16,6 +16,8 @@ import math
 import os
 import platform
 import random
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -214,6 +216,13 @@ def record_runs(
         print(f"{run} {summary}", flush=True)
 
 
+def torch_startup_s() -> float:
+    """Wall time of a fresh interpreter importing torch (what a job's first line waits for)."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True)
+    return round(time.monotonic() - began, 3)
+
+
 def record_family_runs(
     argv: list[str] | None,
     *,
@@ -223,7 +232,7 @@ def record_family_runs(
     prefix: str,
     run_params: Callable[[int], tuple[str, dict]],
     train: Callable[[str, dict], dict],
-    startup: Callable[[], float],
+    startup: Callable[[], float] = torch_startup_s,
 ) -> None:
     """`record_runs` for recorders whose run `index` is `train(*run_params(index))` (its points and wall time): each
     line with its family as group, its parameters, `startup_s` (measured once, `startup()`) and its steps as epochs."""
