@@ -60,7 +60,7 @@ def create_app(settings: BillingSettings | None = None) -> FastStream:
         await attempts.ledger.create_index([("project_id", 1), ("t0", 1)])
         await attempts.ledger.create_index("ended_at")
         if backfilled := await attempts.backfill_epochs():
-            log.info("ledger: %d lines given Unix-second bounds", backfilled)
+            log.info("ledger: %d lines given Unix-second bounds or a stamp", backfilled)
         await attempts.ledger.create_index("open")  # the open lines, read at the start
         if moved := await move_open_lines(db.billing_open, attempts.ledger):
             log.info("ledger: %d open lines moved in from billing_open", moved)

@@ -190,15 +190,14 @@ class Attempts:
 
     async def backfill_epochs(self) -> int:
         """Give lines written before reports summed on Unix seconds their t0/t1 (numbers: `$set` is safe), and
-        those written before closes were stamped their stamp, 0 (summed by every report)."""
+        those written before closes were stamped their stamp, 0 (summed by every report): one look through the
+        ledger at the start. Returns how many lines were given either."""
         count = 0
-        async for line in self.ledger.find({"t0": None, **CLOSED_ONLY}):
-            await self.ledger.update_one(
-                {"_id": line["_id"]}, {"$set": epoch_bounds(line["started_at"], line["ended_at"])}
-            )
-            count += 1
-        async for line in self.ledger.find({STAMP: None, **CLOSED_ONLY}, {"_id": 1}):
-            await self.ledger.update_one({"_id": line["_id"]}, {"$set": {STAMP: 0.0}})
+        async for line in self.ledger.find({"$or": [{"t0": None}, {STAMP: None}], **CLOSED_ONLY}):
+            missing = epoch_bounds(line["started_at"], line["ended_at"]) if line.get("t0") is None else {}
+            if line.get(STAMP) is None:
+                missing[STAMP] = 0.0
+            await self.ledger.update_one({"_id": line["_id"]}, {"$set": missing})
             count += 1
         return count
 

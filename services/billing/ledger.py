@@ -120,7 +120,7 @@ def open_lifetime(
 def close_lifetime(opened: dict[str, Any], *, ended_at: datetime, reason: str) -> dict[str, Any]:
     """The ledger line of a node's lifetime: its seconds times its price per hour."""
     line = close_entry(opened, ended_at=max(ended_at, opened["started_at"]), reason=reason)
-    return {**line, "_id": lifetime_id(opened)}
+    return {**{k: v for k, v in line.items() if k != STAMP}, "_id": lifetime_id(opened)}  # stamps: attempts' lines
 
 
 def reconcile(lifetimes: Iterable[dict[str, Any]]) -> dict[str, tuple[float, float]]:

@@ -560,14 +560,18 @@ async def test_lines_written_before_closes_were_stamped_are_summed_and_later_clo
         reason="completed",
     )
     del old[STAMP]
+    older = {k: v for k, v in old.items() if k not in ("t0", "t1")} | {"_id": "older:1:0", "job_id": "older"}
     ahead = {**old, "_id": "ahead:1:0", "job_id": "ahead", STAMP: 4e9}  # stamped by a leader far ahead
-    await db.billing_ledger.insert_many([old, ahead])
+    await db.billing_ledger.insert_many([old, older, ahead])
     billing = billing_over(db, clock=lambda: now)
     billing.attempts.spent = no_budgets
-    assert await billing.attempts.backfill_epochs() == 1
+    assert await billing.attempts.backfill_epochs() == 2  # old: its stamp; older: its stamp and its bounds
     assert (await db.billing_ledger.find_one({"_id": "old:1:0"}))[STAMP] == 0.0
+    stored = await db.billing_ledger.find_one({"_id": "older:1:0"})
+    assert stored[STAMP] == 0.0 and (stored["t0"], stored["t1"]) == (old["t0"], old["t1"])
+    assert await billing.attempts.backfill_epochs() == 0  # a second start finds nothing to give
     assert await billing.attempts.load() == 0
-    assert (await billing.reports.usage(UsageQuery(project_id="p"))).total.attempts == 2
+    assert (await billing.reports.usage(UsageQuery(project_id="p"))).total.attempts == 3
     await billing.lifetimes.registered(NodeRegistered(event_id="n1:r", node=node(node_id="n1"), boot_id="b"))
     await billing.attempts.submitted(submitted(job_id="a"))
     await billing.attempts.placed(placed("a"))
@@ -575,7 +579,7 @@ async def test_lines_written_before_closes_were_stamped_are_summed_and_later_clo
     await billing.attempts.exited(exited("a"), seen=T0 + timedelta(hours=2))
     assert (await db.billing_ledger.find_one({"_id": "a:1:0"}))[STAMP] > 4e9
     report = await billing.reports.usage(UsageQuery(project_id="p"))
-    assert (report.total.attempts, report.open_attempts) == (3, 0) and report.total.cost == pytest.approx(4.0)
+    assert (report.total.attempts, report.open_attempts) == (4, 0) and report.total.cost == pytest.approx(5.0)
 
 
 async def test_billings_records_of_jobs_that_come_a_moment_apart_share_a_write(counted):
