@@ -169,8 +169,9 @@ class Attempts:
         job, or attempt moved on) at least `reconcile_grace_s` ago: at the end the status gives. Idempotent: an
         end report that comes later finds nothing open."""
         now = now or self.clock()
+        await self._settle_doubts()
         closed = 0
-        running = list(self.running.values())
+        running = [line for key, line in self.running.items() if key not in self.live.doubt]
         ids = sorted({d["job_id"] for d in running})
         jobs = {j["_id"]: j async for j in self.placements.jobs.find({"_id": {"$in": ids}})} if ids else {}
         for opened in running:
@@ -234,13 +235,27 @@ class Attempts:
         """A start whose end was seen first: its line written closed, at that end, once."""
         ended_at = max(datetime.fromtimestamp(end["t"], UTC), entry["started_at"])
         with self.live.closing(close_entry(as_read(self.ledger, entry), ended_at=ended_at, reason=end["reason"])) as w:
-            # refused: written by an earlier delivery
+            # refused: written by an earlier delivery, or by this one's write whose answer was lost (its stamp)
             w.refused = not await insert_grouped(self.ledger, w.line, window_s=WRITE_WINDOW_S)
+            if w.refused and w.again:
+                stored = await self.ledger.find_one({"_id": w.line["_id"]})
+                w.refused = stored is None or stored.get(STAMP) != w.line[STAMP]
         await self.ends.delete_one({"_id": entry["_id"]})
         self.ended_first.pop(entry["_id"], None)
         self._mark_closed(entry)
         log.info("attempt line %s written closed: its end had come first", entry["_id"])
         await self.spent(entry["project_id"])
+
+    async def _settle_doubts(self) -> None:
+        """Lines whose closed write raised and was not written again since (its retry given up, or still waiting):
+        the ledger says whether it landed; if so the line is no longer open here, else it is open again."""
+        for key, line in list(self.live.doubt.items()):
+            stored = await self.ledger.find_one({"_id": key})
+            if self.live.doubt.get(key) is not line:  # written again meanwhile
+                continue
+            if self.live.settle(key, stored) and (opened := self.running.pop(key, None)) is not None:
+                self._mark_closed(opened)
+                log.info("attempt line %s: its close, whose answer was lost, had landed", key)
 
     async def _forget_old_ends(self, now: datetime) -> None:
         """Ends whose start never came within `PARK_TTL_S` (a task that failed before it started): never will."""

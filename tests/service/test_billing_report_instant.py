@@ -6,9 +6,11 @@ between the report's first query and its look at the open lines was counted in n
 import asyncio
 from datetime import timedelta
 
+import pytest
+
 from shared.bus import publish
 from shared.rpc import UsageQuery, UsageReport
-from services.billing.ledger import STAMP
+from services.billing.ledger import STAMP, close_entry
 from services.billing.live import LiveLines
 from tests.factories import T0, exited, placed, started, submitted
 from tests.service.test_billing_lifetimes import provisioned, released
@@ -145,7 +147,7 @@ def test_a_closed_line_is_read_from_memory_until_every_earlier_write_has_landed(
     assert snap.cutoff > b.line[STAMP] and snap.closed == [] and snap.running == []
 
 
-def test_a_refused_or_failed_write_is_not_kept():
+def test_a_refused_write_is_not_kept_and_a_failed_one_is_kept_in_doubt_under_its_stamp():
     live = LiveLines(running={"a": {"_id": "a"}})
     with live.closing({"_id": "a"}) as a:
         a.refused = True
@@ -153,9 +155,126 @@ def test_a_refused_or_failed_write_is_not_kept():
             pass
         assert set(live.landed) == {"c"}
     try:
-        with live.closing({"_id": "a"}):
+        with live.closing({"_id": "a"}) as failed:
             raise OSError("lost")
     except OSError:
         pass
-    assert live.writing == {} and live.landed == {} and list(live.running) == ["a"]
-    assert live.snapshot().running == [{"_id": "a"}]
+    assert live.writing == {} and live.landed == {} and list(live.doubt) == ["a"]
+    snap = live.snapshot()  # landed or not: read as closed from memory, the ledger's copy (its stamp) not summed
+    assert snap.running == [] and snap.closed == [failed.line] and snap.cutoff == failed.line[STAMP]
+    later = live.stamp()
+    with live.closing({"_id": "a"}) as again:  # its retry writes it under the same stamp
+        assert again.again and again.line[STAMP] == failed.line[STAMP] < later
+    assert live.doubt == {} and live.snapshot().closed == []
+
+
+def test_a_line_in_doubt_is_settled_by_what_the_ledger_holds():
+    live = LiveLines(running={"a": {"_id": "a"}, "b": {"_id": "b"}})
+    for key in ("a", "b"):
+        try:
+            with live.closing({"_id": key}):
+                raise OSError("lost")
+        except OSError:
+            pass
+    stamps = {k: line[STAMP] for k, line in live.doubt.items()}
+    assert live.settle("a", {"_id": "a", STAMP: stamps["a"]})  # it landed: kept as written
+    assert not live.settle("b", {"_id": "b", "open": True})  # it did not: open again
+    assert live.doubt == {} and live.landed == {}  # nothing under way: the ledger has what landed
+    assert [d["_id"] for d in live.snapshot().running] == ["a", "b"]  # the caller forgets "a" as open
+    assert not live.settle("a", None)  # settled once
+
+
+async def test_a_close_whose_answer_was_lost_is_counted_once_until_and_after_its_retry(billing):
+    """The closed line's write lands but its answer is lost (the write raises): the end is retried in place. Before,
+    the line was open in memory and closed in the ledger meanwhile: a report counted its hour twice."""
+    broker, service, _ = billing
+    await one_running(broker, service)
+    ledger = service.attempts.ledger
+    plain_write = ledger.replace_one
+    writes = 0
+
+    async def replace_one(query, doc, **kw):  # the first write lands, then its answer is lost
+        nonlocal writes
+        writes += 1
+        result = await plain_write(query, doc, **kw)
+        if writes == 1:
+            raise OSError("connection reset")
+        return result
+
+    ledger.replace_one = replace_one
+    closing = asyncio.create_task(publish(broker, exited("j", at=T0 + HOUR)))
+    for _ in range(200):
+        if service.attempts.live.doubt:
+            break
+        await asyncio.sleep(0.01)
+    stored = ledger.docs["j:1:0"]
+    assert not stored.get("open") and list(service.attempts.live.doubt) == ["j:1:0"]  # landed, not known here
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+    await asyncio.wait_for(closing, 10)  # the retry: its filter (the open line) finds nothing, the stamp the same
+    assert writes == 2 and ledger.docs["j:1:0"][STAMP] == stored[STAMP] and service.attempts.running == {}
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_close_whose_write_raised_and_was_not_retried_is_settled_by_reconciliation(billing, landed):
+    broker, service, _ = billing
+    await one_running(broker, service)
+    attempts, ledger = service.attempts, service.attempts.ledger
+    plain_write = ledger.replace_one
+
+    async def raising(query, doc, **kw):  # landed with its answer lost, or not landed at all
+        if landed:
+            await plain_write(query, doc, **kw)
+        raise OSError("connection reset")
+
+    ledger.replace_one = raising
+    with pytest.raises(OSError):
+        await attempts._close("j:1:0", ended_at=T0 + HOUR, reason="exited")  # no retry comes (given up, say)
+    del ledger.replace_one
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+    await attempts.reconcile(now=T0 + HOUR)
+    assert attempts.live.doubt == {}
+    assert bool(ledger.docs["j:1:0"].get("open")) is not landed
+    assert list(attempts.running) == ([] if landed else ["j:1:0"])  # closed here too, or open again
+    counted_once(await service.reports.usage(UsageQuery(project_id="p")))
+
+
+async def test_an_end_seen_first_whose_closed_insert_lost_its_answer_is_kept_once_its_retry_is_refused(billing):
+    """The start finds its end already seen and writes the line closed; the insert lands, its answer is lost, the
+    retry's insert is refused by the line under its id: the same stamp, so this process's own, kept for reports
+    while an older write (another attempt's close, begun first) holds the cutoff before it."""
+    broker, service, _ = billing
+    await one_running(broker, service, "k")
+    live, ledger = service.attempts.live, service.attempts.ledger
+    k = close_entry(live.running["k:1:0"], ended_at=T0 + HOUR, reason="exited")
+    k_write = live.closing(k)  # k's close under way (its write not sent yet) from before j's first insert
+    k_write.__enter__()
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    await publish(broker, exited("j", at=T0 + HOUR))
+    plain_insert = ledger.insert_one
+    inserts = 0
+
+    async def insert_one(doc):
+        nonlocal inserts
+        inserts += 1
+        result = await plain_insert(doc)
+        if inserts == 1:
+            raise OSError("connection reset")
+        return result
+
+    ledger.insert_one = insert_one
+    service.attempts.clock.at(T0)  # the start, seen an hour before the end
+    await asyncio.wait_for(publish(broker, started("j", at=T0)), 10)  # retried in place after the lost answer
+    assert inserts == 2 and live.doubt == {} and list(live.writing) == ["k:1:0"]
+    line = ledger.docs["j:1:0"]
+    assert not line.get("open") and line[STAMP] > live.writing["k:1:0"][STAMP]
+    service.attempts.clock.at(T0 + HOUR)
+    report = await service.reports.usage(UsageQuery(project_id="p"))
+    assert report.total.attempts == 2 and report.total.seconds == 7200.0  # k (being written) and j, once each
+    k_stamp = live.writing["k:1:0"][STAMP]
+    await ledger.replace_one({"_id": "k:1:0"}, {**k, STAMP: k_stamp})  # k's write lands
+    k_write.__exit__(None, None, None)
+    live.running.pop("k:1:0")
+    report = await service.reports.usage(UsageQuery(project_id="p"))
+    assert report.total.attempts == 2 and report.total.seconds == 7200.0
