@@ -70,7 +70,14 @@ def _stream(name: str, *subjects: str, **config: Any) -> JStream:
 # server drops older events at once), not refused: it is no setting an operator chose.
 JOB_EVENTS_MAX_AGE_S = 90 * 86400
 JOBS = _stream("TM_JOBS", "tm.job.>", max_age=JOB_EVENTS_MAX_AGE_S, duplicate_window=DEDUP_WINDOW_S)
-NODE_COMMANDS = _stream("TM_NODE_CMD", "tm.node.cmd.>", duplicate_window=DEDUP_WINDOW_S)
+# Commands to agents: a day. A start carries the job's environment (its secrets among them): kept no longer than any
+# reader needs it (an agent reads its commands within seconds, a rented node's first within its boot; a node silent
+# past the node timeout is declared lost and its waiting starts purged, and one that comes back fences its old
+# attempts). Without a limit, every start of every job was kept on the bus's disk for ever.
+NODE_COMMANDS_MAX_AGE_S = 86400
+NODE_COMMANDS = _stream(
+    "TM_NODE_CMD", "tm.node.cmd.>", max_age=NODE_COMMANDS_MAX_AGE_S, duplicate_window=DEDUP_WINDOW_S
+)
 # Node events, heartbeats excepted: a service's verdicts (`tm.node.evt.<event>`) and an agent's own node events.
 # An agent's new node event (5 tokens) must be added here (tests/unit/test_heartbeats.py checks); heartbeats are
 # core NATS, never stored (HEARTBEATS).

@@ -13,6 +13,7 @@ from shared import busroles
 from shared.bus import (
     ACK_WAIT_S,
     JOB_EVENTS_MAX_AGE_S,
+    NODE_COMMANDS_MAX_AGE_S,
     RENTED_CONSUMER_INACTIVE_S,
     Shrinking,
     agent_consumer_config,
@@ -273,23 +274,26 @@ async def test_a_declaration_that_would_shrink_a_stream_is_refused_naming_the_se
     await prepare_bus(server.nats_url, creds=server.admin_creds(), node_ids=["n1"], log_max_bytes=before, shrink=True)
 
 
-async def test_the_job_events_stream_declared_without_an_age_limit_by_an_older_version_gets_one(server):
-    # it kept every event of every job for ever
+@pytest.mark.parametrize(
+    ("stream", "limit"), [("TM_JOBS", JOB_EVENTS_MAX_AGE_S), ("TM_NODE_CMD", NODE_COMMANDS_MAX_AGE_S)]
+)
+async def test_a_stream_declared_without_an_age_limit_by_an_older_version_gets_one(server, stream, limit):
+    # they kept every event of every job, and every command (a job's environment in each start), for ever
     ages: list[float] = []
 
     async def unlimited(js) -> None:
-        config = (await js.stream_info("TM_JOBS")).config
+        config = (await js.stream_info(stream)).config
         config.max_age = 0
         await js.update_stream(config=config)
 
     async def read(js) -> None:
-        ages.append((await js.stream_info("TM_JOBS")).config.max_age)
+        ages.append((await js.stream_info(stream)).config.max_age)
 
     await as_operator(server, unlimited)
     await as_operator(server, read)
     await prepare_bus(server.nats_url, creds=server.admin_creds(), node_ids=["n1"])  # no --shrink asked for
     await as_operator(server, read)
-    assert ages == [0, JOB_EVENTS_MAX_AGE_S]
+    assert ages == [0, limit]
 
 
 async def test_a_service_started_before_the_bus_is_declared_waits_saying_what_is_missing(server, caplog):
