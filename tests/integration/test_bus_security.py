@@ -9,7 +9,7 @@ import time
 
 import nats
 import pytest
-from nats.errors import Error as NatsError
+from nats.errors import Error as NatsError, NoRespondersError
 from nats.js.api import ConsumerConfig, StreamConfig
 
 from shared import bus, busroles
@@ -567,7 +567,14 @@ async def test_a_request_aimed_at_a_platform_subject_is_neither_answered_nor_per
     await raw.nc.flush()
     for reply in PLATFORM:
         await submitter.nc.publish(bus.RPC_QUOTAS, b"{}", reply=reply)
-    assert (await submitter.nc.request(bus.RPC_QUOTAS, b"{}", timeout=5)).data == b"{}"  # its inbox: allowed
+    try:  # its inbox: allowed
+        answer = await submitter.nc.request(bus.RPC_QUOTAS, b"{}", timeout=5)
+    except NoRespondersError as exc:  # seen once in a whole-suite run (2026-11-28), not reproduced: say what was so
+        raise AssertionError(
+            f"no responder: the answering client connected={raw.nc.is_connected} closed={raw.closed.is_set()} "
+            f"errors={raw.errors} submitter's errors={submitter.errors}"
+        ) from exc
+    assert answer.data == b"{}"
     errors = await raw.settle()
 
     for _ in range(50):  # nats-py hands each -ERR to its callback in a task of its own: wait for them, bounded
