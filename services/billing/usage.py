@@ -165,16 +165,21 @@ def on_demand(lifetimes: Iterable[dict[str, Any]], idle: Iterable[Idle]) -> OnDe
 
 
 def window_filters(start: datetime | None, end: datetime | None) -> tuple[dict, list[dict]]:
-    """The filter of entries wholly inside [start, end) and the (disjoint) filters of those across an edge."""
-    inside: dict[str, Any] = {}  # for $group: on Unix seconds (see ledger.epoch_bounds)
-    if start:
-        inside["t0"] = {"$gte": start.timestamp()}
-    if end:
-        inside["t1"] = {"$lte": end.timestamp()}
+    """The filter of entries wholly inside [start, end) and the (disjoint) filters of those across an edge, all on
+    Unix seconds (`ledger.epoch_bounds`): nx-27017 compares numbers, not datetimes, inside an aggregation's $match,
+    and a `find` joining a datetime range with `$ne` (the closed lines') matched nothing there, so every line across
+    a window's edge was left out of the reports (before 2026-11-28: a month's spend missed the attempts that began
+    in the month before)."""
+    inside: dict[str, Any] = {}
+    s, e = (start.timestamp() if start else None), (end.timestamp() if end else None)
+    if s is not None:
+        inside["t0"] = {"$gte": s}
+    if e is not None:
+        inside["t1"] = {"$lte": e}
     edges = []
-    if start:
-        edges.append({"started_at": {"$lt": start}, "ended_at": {"$gt": start}})
-    if end:
-        started = {"$gte": start, "$lt": end} if start else {"$lt": end}
-        edges.append({"started_at": started, "ended_at": {"$gt": end}})
+    if s is not None:
+        edges.append({"t0": {"$lt": s}, "t1": {"$gt": s}})
+    if e is not None:
+        began = {"$gte": s, "$lt": e} if s is not None else {"$lt": e}
+        edges.append({"t0": began, "t1": {"$gt": e}})
     return inside, edges

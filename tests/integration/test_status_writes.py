@@ -797,3 +797,35 @@ async def test_a_running_placement_leader_purges_old_deleted_ids_every_while_and
     finally:
         loop.cancel()
     assert not fails and await repo.db.placement_jobs.find_one({"_id": "young"}) is not None
+
+
+async def test_lines_across_a_reports_edges_are_counted_clipped_on_the_database_server(counted):
+    """A report over a window (a month's spend, for admission and budgets) counts the part inside it of the lines
+    that began before it or end after it. On the embedded server a `find` joining a datetime range with `$ne` matched
+    nothing, and every such line was left out (the edges are read on Unix seconds now)."""
+    repo, _ = counted
+    db = repo.db
+    terms = {"node_id": "n1", "node_kind": "local", "gpu_count": 1, "node_gpu_count": 1, "price_per_hour": 1.0}
+
+    def line(job_id: str, start_h: float, end_h: float) -> dict:
+        opened = open_entry(
+            key={"job_id": job_id, "attempt": 1, "rank": 0},
+            terms=terms,
+            project_id="p",
+            user_name="alice",
+            started_at=T0 + timedelta(hours=start_h),
+        )
+        return close_entry(opened, ended_at=T0 + timedelta(hours=end_h), reason="completed")
+
+    # before the window, across its start, inside, across its end, across both, after it
+    await db.billing_ledger.insert_many(
+        [line("before", 0, 1), line("into", 1, 3), line("inside", 3, 4), line("out", 4, 7), line("over", 0, 9)]
+        + [line("after", 7, 8)]
+    )
+    billing = billing_over(db, clock=lambda: T0 + timedelta(hours=10))
+    window = {"start": T0 + timedelta(hours=2), "end": T0 + timedelta(hours=6)}
+    for spend_only in (False, True):
+        report = await billing.reports.usage(UsageQuery(project_id="p", **window), spend_only=spend_only)
+        assert report.total.attempts == 4  # into, inside, out, over
+        assert report.total.seconds == pytest.approx((1 + 1 + 2 + 4) * 3600)
+        assert report.total.cost == pytest.approx(8.0)
