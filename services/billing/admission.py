@@ -62,7 +62,7 @@ class Admission:
             await self.book.save(request.project_id, current)
             await self.changed(request.project_id)
         month = policy.month_start(utcnow())
-        report = await self.reports.usage(UsageQuery(project_id=request.project_id, start=month))
+        report = await self.reports.usage(UsageQuery(project_id=request.project_id, start=month), spend_only=True)
         return QuotasReply(
             project_id=request.project_id,
             quotas=current,
@@ -85,7 +85,8 @@ class Admission:
             and query.gpus == 0
         ):
             return AdmitReply(allowed=True, limited=True)  # a first look: the caller prices the job next
-        report = await self.reports.usage(UsageQuery(project_id=query.project_id, start=policy.month_start(utcnow())))
+        month = policy.month_start(utcnow())
+        report = await self.reports.usage(UsageQuery(project_id=query.project_id, start=month), spend_only=True)
         refusal = policy.check(
             limits,
             scope=query.project_id,

@@ -26,7 +26,9 @@ class BudgetAlerts:
         if not scopes:
             return
         now = utcnow()
-        report = await self.reports.usage(UsageQuery(project_id=project_id, start=policy.month_start(now)))
+        report = await self.reports.usage(
+            UsageQuery(project_id=project_id, start=policy.month_start(now)), spend_only=True
+        )
         spent = {r.key: r.spend for r in report.by_user}
         for user, q in scopes:
             total = report.total.spend if user is None else spent.get(user, 0.0)

@@ -41,9 +41,12 @@ class Reports:
         """The running attempts' lines of a scope (project, user)."""
         return [d for d in list(self.live.running.values()) if all(d.get(k) == v for k, v in scope.items())]
 
-    async def usage(self, query: UsageQuery) -> UsageReport:
+    async def usage(self, query: UsageQuery, *, spend_only: bool = False) -> UsageReport:
         """Attempts and node lifetimes inside [start, end), running ones charged up to now: as they stood at one
-        instant (`live.snapshot`), whatever closes while the ledger is read."""
+        instant (`live.snapshot`), whatever closes while the ledger is read. `spend_only` (admission's question):
+        the totals, the rows of `query.group_by` and the GPUs in use, the same as in the whole report; no rows by
+        node kind and no owned utilisation (empty), which took four of the report's ledger reads (each a read of
+        the whole ledger on the embedded database)."""
         now = self.clock()
         snap = self.live.snapshot()
         stamped = {STAMP: {"$lt": snap.cutoff}}  # the closed lines the ledger sums; the later ones are in `snap`
@@ -54,7 +57,7 @@ class Reports:
             scope["job_id"] = query.job_id
         inside, edges = window_filters(query.start, query.end)
         field = FIELD[query.group_by]
-        tables: dict[str, Table] = {f: {} for f in {field, "user_name", "node_kind"}}
+        tables: dict[str, Table] = {f: {} for f in ({field} if spend_only else {field, "user_name", "node_kind"})}
         for by, table in tables.items():
             for kind in KINDS:
                 match = {**scope, **inside, **stamped, "node_kind": kind}
@@ -63,7 +66,9 @@ class Reports:
         fleet = scope == {}
         busy: dict[str, float] = {}
         per_node: dict[str, Sums] = {}
-        if fleet:
+        if spend_only:
+            pass  # owned utilisation is not asked for
+        elif fleet:
             for (kind, _), s in tables["node_kind"].items():
                 busy[kind] = busy.get(kind, 0.0) + s.gpu_hours
         else:
@@ -114,12 +119,12 @@ class Reports:
             start=query.start,
             end=query.end,
             total=total,
-            by_user=rows(tables["user_name"], idle, group_by="user"),
-            by_node_kind=rows(tables["node_kind"], idle, group_by="node_kind"),
+            by_user=rows(tables["user_name"], idle, group_by="user") if "user_name" in tables else [],
+            by_node_kind=rows(tables["node_kind"], idle, group_by="node_kind") if "node_kind" in tables else [],
             open_attempts=len(in_scope_running),
             group_by=query.group_by,
             groups=rows(tables[field], idle, group_by=query.group_by),
-            owned=owned([line for line in lifetimes if line["node_kind"] in OWNED_KINDS], busy),
+            owned={} if spend_only else owned([line for line in lifetimes if line["node_kind"] in OWNED_KINDS], busy),
             on_demand=summary,
             gpus_in_use=sum(r["gpu_count"] for r in in_scope_running),
         )

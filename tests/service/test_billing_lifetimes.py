@@ -211,3 +211,33 @@ async def test_a_registration_an_agent_dates_years_back_is_charged_from_when_bil
     )
     report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.owned["local"].available_gpu_hours == 8
+
+
+async def test_the_spend_only_report_admission_asks_for_is_the_whole_reports_spend(billing):
+    """Admission and budget alerts ask for the month's spend (`spend_only`: fewer ledger reads); its totals, rows
+    and GPUs in use are the whole report's, with owned and on-demand, closed, idle and running lines."""
+    broker, service, _ = billing
+    await publish(broker, provisioned("od-1", user="ana"))
+    await publish(broker, submitted(job_id="j1").model_copy(update={"user_name": "bob"}))
+    await publish(broker, placed("j1", nodes=("od-1",), kind="on_demand", price=3.6))
+    await deliver(broker, service, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
+    await deliver(broker, service, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
+    await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
+    for job_id, user, ends in (("j2", "ana", 3), ("j3", "cem", None)):  # a local attempt closed, one running
+        await publish(broker, submitted(job_id=job_id).model_copy(update={"user_name": user}))
+        await publish(broker, placed(job_id))
+        await deliver(broker, service, started(job_id, at=T0 + timedelta(hours=1)))
+        if ends:
+            await deliver(broker, service, exited(job_id, at=T0 + timedelta(hours=ends)))
+    service.reports.clock = lambda: T0 + timedelta(hours=4)
+    for query in (
+        UsageQuery(project_id="p"),
+        UsageQuery(project_id="p", start=T0 + timedelta(minutes=30)),
+        UsageQuery(project_id="p", start=T0 + timedelta(minutes=30), end=T0 + timedelta(hours=2, minutes=30)),
+    ):
+        whole = await service.reports.usage(query)
+        spend = await service.reports.usage(query, spend_only=True)
+        assert whole.total.spend > 0 and len(whole.by_user) == 3
+        assert spend.total == whole.total and spend.by_user == whole.by_user and spend.groups == whole.groups
+        assert spend.gpus_in_use == whole.gpus_in_use == 1 and spend.on_demand == whole.on_demand
+        assert spend.by_node_kind == [] and spend.owned == {}
