@@ -199,6 +199,7 @@ class Attempts:
             if line.get(STAMP) is None:
                 missing[STAMP] = 0.0
             await self.ledger.update_one({"_id": line["_id"]}, {"$set": missing})
+            self.live.generation += 1  # a line the sums left out (no stamp) now in them
             count += 1
         return count
 

@@ -51,6 +51,9 @@ class LiveLines:
     landed: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     doubt: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)  # their write raised: landed or not
     last: float = 0.0  # the latest stamp drawn (at the start: the ledger's latest, `resume`)
+    # Counts the writes of closed lines begun here (and anything else that changes the closed lines the ledger
+    # sums): while it stands still and nothing is being written, the ledger's sums are what they were (`Reports`).
+    generation: int = 0
 
     def stamp(self) -> float:
         """A stamp later than every one drawn before, here or (after `resume`) by an earlier leader."""
@@ -68,6 +71,7 @@ class LiveLines:
         raised, the line is kept in doubt (it may have landed); a line in doubt written again keeps its stamp, so
         the ledger never holds two stamps of one line."""
         key = line["_id"]
+        self.generation += 1
         doubted = self.doubt.pop(key, None)
         write = Write(line={**line, STAMP: doubted[STAMP] if doubted else self.stamp()}, again=doubted is not None)
         self.writing[key] = write.line

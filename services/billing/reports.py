@@ -1,8 +1,10 @@
 """Usage reports: attempts and node lifetimes inside a window, running ones charged up to now (the sums in
 services/billing/usage.py)."""
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,16 +28,46 @@ from services.billing.usage import (
     window_filters,
 )
 
+# How long a ledger read is reused while no closed line was written here since: bounds what a line written by
+# another process (a leader that lost its lease, its last writes in flight) can stay unseen.
+LEDGER_READ_TTL_S = 5.0
+MAX_KEPT_READS = 256  # distinct questions kept (a report asks up to nine); past it all are forgotten
+
 
 @dataclass
 class Reports:
-    """The read side of the ledgers: reads the attempts' and the nodes' collections, writes nothing."""
+    """The read side of the ledgers: reads the attempts' and the nodes' collections, writes nothing.
+
+    The ledger's closed lines change only by billing's own writes (`live.generation` counts them), so a ledger
+    read (a `$group`, an edge's lines) made while nothing was being written is reused by the next reports of the
+    same question until a write begins (or LEDGER_READ_TTL_S passes): admission asks the month's spend on every
+    submission to a project with quotas, each a read of the whole ledger on the embedded database."""
 
     ledger: AsyncCollection  # attempts' lines: the closed ones are read here (the open ones are in `live`)
     live: LiveLines  # running attempts' lines, all, and those closing (`Attempts.live`)
     nodes: AsyncCollection  # closed node lifetimes
     nodes_open: AsyncCollection  # node lifetimes still running
     clock: Callable[[], datetime] = utcnow  # running attempts and lifetimes are charged up to this now
+    reads: dict[str, tuple[int, float, list[dict[str, Any]]]] = field(default_factory=dict, repr=False)
+    reused: int = 0  # ledger reads answered from `reads` (for tests and benchmarks)
+
+    async def _read(
+        self, question: dict[str, Any], read: Callable[[], Awaitable[list[dict[str, Any]]]], *, generation: int | None
+    ) -> list[dict[str, Any]]:
+        """`read()`'s answer, reused while the ledger's closed lines are as they were (`generation`: the report's
+        snapshot's, None where lines were being written then: not reused, not kept)."""
+        key = json.dumps(question, sort_keys=True, default=str)
+        kept = self.reads.get(key)
+        now = time.monotonic()
+        if generation is not None and kept and kept[0] == generation and now - kept[1] < LEDGER_READ_TTL_S:
+            self.reused += 1
+            return kept[2]
+        answer = await read()
+        if generation is not None and self.live.generation == generation:
+            if len(self.reads) >= MAX_KEPT_READS:
+                self.reads.clear()
+            self.reads[key] = (generation, now, answer)
+        return answer
 
     async def running(self, scope: dict[str, Any]) -> list[dict[str, Any]]:
         """The running attempts' lines of a scope (project, user)."""
@@ -49,6 +81,7 @@ class Reports:
         the whole ledger on the embedded database)."""
         now = self.clock()
         snap = self.live.snapshot()
+        generation = self.live.generation if not snap.closed else None  # nothing being written: reads reusable
         stamped = {STAMP: {"$lt": snap.cutoff}}  # the closed lines the ledger sums; the later ones are in `snap`
         scope: dict[str, Any] = {"project_id": query.project_id} if query.project_id else {}
         if query.user_name:
@@ -60,8 +93,8 @@ class Reports:
         tables: dict[str, Table] = {f: {} for f in ({field} if spend_only else {field, "user_name", "node_kind"})}
         for by, table in tables.items():
             for kind in KINDS:
-                match = {**scope, **inside, **stamped, "node_kind": kind}
-                for doc in await self._group(match, by=by, nodes=kind == "on_demand"):
+                match = {**scope, **inside, "node_kind": kind}
+                for doc in await self._group(match, stamped, by=by, nodes=kind == "on_demand", generation=generation):
                     add_group(table, doc, kind=kind)
         fleet = scope == {}
         busy: dict[str, float] = {}
@@ -72,13 +105,16 @@ class Reports:
             for (kind, _), s in tables["node_kind"].items():
                 busy[kind] = busy.get(kind, 0.0) + s.gpu_hours
         else:
-            for doc in await self._group({**inside, **stamped}, by="node_kind"):
+            for doc in await self._group(inside, stamped, by="node_kind", generation=generation):
                 busy[doc["_id"]] = doc["gpu_hours"]
-        for doc in await self._group({**inside, **stamped, "node_kind": "on_demand"}, by="node_id"):
+        on_demand_lines = {**inside, "node_kind": "on_demand"}
+        for doc in await self._group(on_demand_lines, stamped, by="node_id", generation=generation):
             per_node[doc["_id"]] = Sums(
                 attempts=doc["attempts"], seconds=doc["seconds"], cost=doc["cost"], gpu_hours=doc["gpu_hours"]
             )
-        extra = [d for e in edges async for d in self.ledger.find({**e, **stamped, **CLOSED_ONLY})]
+        extra = []
+        for edge in edges:
+            extra += await self._read({"edge": edge}, self._finder({**edge, **stamped}), generation=generation)
         extra += snap.closed  # clipped below, as the lines across an edge are
         running = [close_entry(d, ended_at=max(now, d["started_at"]), reason="running") for d in snap.running]
         in_scope_running = [r for r in running if all(r.get(k) == v for k, v in scope.items())]
@@ -129,8 +165,26 @@ class Reports:
             gpus_in_use=sum(r["gpu_count"] for r in in_scope_running),
         )
 
-    async def _group(self, match: dict[str, Any], *, by: str, nodes: bool = False) -> list[dict[str, Any]]:
-        """Sums of closed attempts per value of one field, computed by the database."""
+    async def _group(
+        self, match: dict[str, Any], stamped: dict[str, Any], *, by: str, nodes: bool = False, generation: int | None
+    ) -> list[dict[str, Any]]:
+        """Sums of the closed attempts `match` and `stamped` (the report's cutoff) find per value of one field,
+        computed by the database (or reused: `_read`)."""
+        return await self._read(
+            {"group": match, "by": by, "nodes": nodes},
+            lambda: self._grouped({**match, **stamped}, by=by, nodes=nodes),
+            generation=generation,
+        )
+
+    def _finder(self, query: dict[str, Any]) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
+        """A read of the closed lines `query` finds."""
+
+        async def find() -> list[dict[str, Any]]:
+            return [d async for d in self.ledger.find({**query, **CLOSED_ONLY})]
+
+        return find
+
+    async def _grouped(self, match: dict[str, Any], *, by: str, nodes: bool = False) -> list[dict[str, Any]]:
         match = {**match, **CLOSED_ONLY}
         group: dict[str, Any] = {
             "_id": f"${by}",

@@ -278,3 +278,37 @@ async def test_an_end_seen_first_whose_closed_insert_lost_its_answer_is_kept_onc
     live.running.pop("k:1:0")
     report = await service.reports.usage(UsageQuery(project_id="p"))
     assert report.total.attempts == 2 and report.total.seconds == 7200.0
+
+
+async def test_a_report_reuses_the_ledgers_sums_until_a_closed_line_is_written(billing, monkeypatch):
+    """Admission asks the month's spend on every submission to a project with quotas: while no closed line was
+    written here the ledger's sums are reused (the running lines are always read afresh); a close, a write under way
+    or LEDGER_READ_TTL_S makes the next report read the ledger again."""
+    broker, service, _ = billing
+    reports = service.reports
+    await one_running(broker, service)
+    await publish(broker, exited("j", at=T0 + HOUR))
+    await one_running(broker, service, "k")
+    query = UsageQuery(project_id="p", start=T0 - HOUR)
+    first = await reports.usage(query, spend_only=True)
+    assert first.total.attempts == 2 and reports.reused == 0
+    service.attempts.clock.at(T0 + 2 * HOUR)
+    reports.clock = lambda: T0 + 2 * HOUR
+    again = await reports.usage(query, spend_only=True)
+    assert reports.reused > 0 and again.total.attempts == 2
+    assert again.total.seconds == first.total.seconds + 3600  # k, running, charged to the later now
+    reused = reports.reused
+    await publish(broker, exited("k", at=T0 + 2 * HOUR))  # a close: the sums are read again
+    closed = await reports.usage(query, spend_only=True)
+    assert reports.reused == reused and closed.total.attempts == 2 and closed.total.seconds == 3 * 3600
+    elsewhere = {**service.attempts.ledger.docs["k:1:0"], "_id": "x:1:0", "project_id": "q"}
+    with service.attempts.live.closing(elsewhere):  # a write under way: neither reused nor kept
+        await reports.usage(query, spend_only=True)
+    await reports.usage(query, spend_only=True)
+    assert reports.reused == reused
+    # a line another process wrote (a leader that lost its lease): seen once the reads are older than the TTL
+    other = {**service.attempts.ledger.docs["k:1:0"], "_id": "m:1:0", "job_id": "m"}
+    service.attempts.ledger.docs["m:1:0"] = other
+    assert (await reports.usage(query, spend_only=True)).total.attempts == 2
+    monkeypatch.setattr("services.billing.reports.LEDGER_READ_TTL_S", 0.0)
+    assert (await reports.usage(query, spend_only=True)).total.attempts == 3
