@@ -120,6 +120,7 @@ async def run(url: str, *, jobs: int, repeats: int) -> dict:
         times = []
         for _ in range(repeats):
             billing.reads.clear()  # each report reads the ledger (the next case's reuse is timed apart)
+            billing.lifetime_reads.clear()
             started = time.perf_counter()
             report = await billing.usage(query, spend_only=name.startswith("admission"))
             times.append(time.perf_counter() - started)

@@ -2,8 +2,9 @@
 offers capacity from registration (or turning ready) to its loss. One open record per node, one closed line per
 lifetime (its id names the node and the moment it began), so the same event seen again never charges twice."""
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +20,32 @@ Spent = Callable[[str], Awaitable[None]]  # told the project whose money a close
 
 
 @dataclass
+class Writes:
+    """The lifetimes' writes this process made (`generation`: begun) and has under way: while none is under way and
+    none began since a read, the lifetimes read are as stored (`Reports` reuses them)."""
+
+    generation: int = 0
+    under_way: int = 0
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        self.generation += 1
+        self.under_way += 1
+        try:
+            yield
+        finally:
+            self.under_way -= 1
+            self.generation += 1
+
+
+@dataclass
 class Lifetimes:
     nodes: AsyncCollection  # closed node lifetimes
     nodes_open: AsyncCollection  # node lifetimes still running
     records: NodeRecords  # each node's kind, GPUs and price, for whom
     spent: Spent  # a rented node's lifetime closed: its project's budgets are looked at
     clock: Callable[[], datetime] = utcnow  # billing's own now: no registration opens a lifetime later than it
+    writes: Writes = field(default_factory=Writes)  # shared with `Reports`
 
     async def node_state(self, event: NodeStateChanged) -> None:
         """A node ready opens its lifetime (if none runs); a node lost closes it at its last sign of life."""
@@ -72,7 +93,8 @@ class Lifetimes:
         if await self.nodes.find_one({"_id": lifetime_id(opened)}, {"_id": 1}):
             return  # this lifetime was already charged: the same event again
         try:
-            await self.nodes_open.insert_one(opened)
+            with self.writes.writing():
+                await self.nodes_open.insert_one(opened)
         except DuplicateKeyError:
             pass  # already running
 
@@ -81,10 +103,11 @@ class Lifetimes:
         if opened is None:
             return
         line = close_lifetime(opened, ended_at=ended_at, reason=reason)
-        try:
-            await self.nodes.insert_one(line)
-        except DuplicateKeyError:
-            pass
-        await self.nodes_open.delete_one({"_id": node_id})
+        with self.writes.writing():
+            try:
+                await self.nodes.insert_one(line)
+            except DuplicateKeyError:
+                pass
+            await self.nodes_open.delete_one({"_id": node_id})
         if opened.get("project_id"):
             await self.spent(opened["project_id"])

@@ -13,6 +13,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from shared.clock import utcnow
 from shared.rpc import UsageQuery, UsageReport, UsageTotals
 from services.billing.ledger import CLOSED_ONLY, OWNED_KINDS, STAMP, clip, close_entry, close_lifetime, lifetime_id
+from services.billing.lifetimes import Writes
 from services.billing.live import LiveLines
 from services.billing.usage import (
     FIELD,
@@ -48,8 +49,13 @@ class Reports:
     nodes: AsyncCollection  # closed node lifetimes
     nodes_open: AsyncCollection  # node lifetimes still running
     clock: Callable[[], datetime] = utcnow  # running attempts and lifetimes are charged up to this now
+    writes: Writes = field(default_factory=Writes)  # the lifetimes' writes (`Lifetimes.writes`)
     reads: dict[str, tuple[int, float, list[dict[str, Any]]]] = field(default_factory=dict, repr=False)
+    lifetime_reads: dict[str, tuple[int, float, tuple[list[dict], list[dict]]]] = field(
+        default_factory=dict, repr=False
+    )
     reused: int = 0  # ledger reads answered from `reads` (for tests and benchmarks)
+    lifetimes_reused: int = 0  # lifetime reads answered from `lifetime_reads`
 
     async def _read(
         self, question: dict[str, Any], read: Callable[[], Awaitable[list[dict[str, Any]]]], *, generation: int | None
@@ -213,15 +219,32 @@ class Reports:
             for (key, _), s in table.items()
         ]
 
-    async def _lifetimes(self, start: datetime | None, end: datetime | None, *, now: datetime) -> list[dict]:
-        """Node lifetimes clipped to the window, running ones up to now. The running ones are read first: a node
-        whose lifetime closes meanwhile (its closed line written, then its open one deleted) is read open, closed,
-        or both (then once, closed), never neither."""
+    async def _lifetime_lines(self, start: datetime | None) -> tuple[list[dict], list[dict]]:
+        """The open lifetimes, then the closed ones from `start` on (and those of the open ones read, closed
+        meanwhile); reused as `_read` reuses the ledger's, while no lifetime was written since (none under way)."""
+        key = start.isoformat() if start else ""
+        generation = self.writes.generation if not self.writes.under_way else None
+        kept = self.lifetime_reads.get(key)
+        now = time.monotonic()
+        if generation is not None and kept and kept[0] == generation and now - kept[1] < LEDGER_READ_TTL_S:
+            self.lifetimes_reused += 1
+            return kept[2]
         opened = [d async for d in self.nodes_open.find({})]
         query: dict[str, Any] = {}
         if start:  # those that overlap the window, and those just closed (read open), wherever they end
             query = {"$or": [{"ended_at": {"$gt": start}}, {"_id": {"$in": [lifetime_id(d) for d in opened]}}]}
         closed = [d async for d in self.nodes.find(query)]
+        if generation is not None and self.writes.generation == generation:
+            if len(self.lifetime_reads) >= MAX_KEPT_READS:
+                self.lifetime_reads.clear()
+            self.lifetime_reads[key] = (generation, now, (opened, closed))
+        return opened, closed
+
+    async def _lifetimes(self, start: datetime | None, end: datetime | None, *, now: datetime) -> list[dict]:
+        """Node lifetimes clipped to the window, running ones up to now. The running ones are read first: a node
+        whose lifetime closes meanwhile (its closed line written, then its open one deleted) is read open, closed,
+        or both (then once, closed), never neither."""
+        opened, closed = await self._lifetime_lines(start)
         ids = {d["_id"] for d in closed}
         running = [
             close_lifetime(d, ended_at=max(now, d["started_at"]), reason="running")

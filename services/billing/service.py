@@ -12,7 +12,7 @@ from shared.store import DocumentStore
 from services.billing.admission import Admission, QuotaBook
 from services.billing.alerts import BudgetAlerts
 from services.billing.attempts import Attempts
-from services.billing.lifetimes import Lifetimes
+from services.billing.lifetimes import Lifetimes, Writes
 from services.billing.live import LiveLines
 from services.billing.placements import Placements
 from services.billing.records import NodeRecords
@@ -48,7 +48,8 @@ def build(
     """Billing's parts over their collections; `static`: the static nodes' records (None: registrations taken as
     said, for in-memory tests only); `clock`: billing's own now, no report is charged past it."""
     live = LiveLines()  # every open line, and the closing ones: written by the attempts, read by the reports
-    reports = Reports(ledger=ledger, live=live, nodes=nodes, nodes_open=nodes_open, clock=clock)
+    writes = Writes()  # the lifetimes' writes: a report reuses the lifetimes it read while none is made
+    reports = Reports(ledger=ledger, live=live, nodes=nodes, nodes_open=nodes_open, clock=clock, writes=writes)
     book = QuotaBook(quotas=quotas)
     budgets = BudgetAlerts(store=alerts, book=book, reports=reports)
     records = NodeRecords(node_info=node_info, static=static)
@@ -63,7 +64,9 @@ def build(
             reconcile_grace_s=reconcile_grace_s,
             clock=clock,
         ),
-        lifetimes=Lifetimes(nodes=nodes, nodes_open=nodes_open, records=records, spent=budgets.check, clock=clock),
+        lifetimes=Lifetimes(
+            nodes=nodes, nodes_open=nodes_open, records=records, spent=budgets.check, clock=clock, writes=writes
+        ),
         reports=reports,
         admission=Admission(book=book, reports=reports, placements=placements, changed=budgets.check),
         alerts=budgets,

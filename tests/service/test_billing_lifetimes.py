@@ -241,3 +241,21 @@ async def test_the_spend_only_report_admission_asks_for_is_the_whole_reports_spe
         assert spend.total == whole.total and spend.by_user == whole.by_user and spend.groups == whole.groups
         assert spend.gpus_in_use == whole.gpus_in_use == 1 and spend.on_demand == whole.on_demand
         assert spend.by_node_kind == [] and spend.owned == {}
+
+
+async def test_a_report_reuses_the_lifetimes_it_read_until_a_lifetime_is_written(billing):
+    broker, service, _ = billing
+    reports = service.reports
+    await publish(broker, provisioned("od-1"))
+    reports.clock = lambda: T0 + timedelta(hours=1)
+    query = UsageQuery(project_id="p", start=T0)
+    assert (await reports.usage(query, spend_only=True)).on_demand.cost == pytest.approx(3.6)
+    before = reports.lifetimes_reused
+    reports.clock = lambda: T0 + timedelta(hours=2)
+    assert (await reports.usage(query, spend_only=True)).on_demand.cost == pytest.approx(7.2)  # open: to the new now
+    assert reports.lifetimes_reused > before
+    await publish(broker, provisioned("od-2", at=T0 + timedelta(hours=1)))  # a lifetime written: read again
+    assert (await reports.usage(query, spend_only=True)).on_demand.nodes == 2
+    await publish(broker, released("od-1", at=T0 + timedelta(hours=1, minutes=30)))
+    report = await reports.usage(query, spend_only=True)
+    assert report.on_demand.nodes == 2 and report.on_demand.cost == pytest.approx(3.6 * 2.5)
