@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pymongo.asynchronous.collection import AsyncCollection
 
@@ -29,10 +29,37 @@ from services.billing.usage import (
     window_filters,
 )
 
-# How long a ledger read is reused while no closed line was written here since: bounds what a line written by
-# another process (a leader that lost its lease, its last writes in flight) can stay unseen.
+# How long a read is reused while nothing it read was written here since: bounds what a line written by another
+# process (a leader that lost its lease, its last writes in flight) can stay unseen.
+T = TypeVar("T")
 LEDGER_READ_TTL_S = 5.0
 MAX_KEPT_READS = 256  # distinct questions kept (a report asks up to nine); past it all are forgotten
+
+
+@dataclass
+class KeptReads(Generic[T]):
+    """Reads of collections only this process writes, kept while what they read is as it was: `current()` counts
+    the writes begun, and a read is kept only where none began while it was made, and reused while none has begun
+    since (or LEDGER_READ_TTL_S passes)."""
+
+    current: Callable[[], int]
+    kept: dict[str, tuple[int, float, T]] = field(default_factory=dict, repr=False)
+    reused: int = 0  # reads answered from `kept` (for tests and benchmarks)
+
+    async def read(self, question: Any, read: Callable[[], Awaitable[T]], *, generation: int | None) -> T:
+        """`read()`'s answer, or the one kept for `question` at `generation` (None: writes under way when the
+        caller looked: neither reused nor kept)."""
+        key = json.dumps(question, sort_keys=True, default=str)
+        kept, now = self.kept.get(key), time.monotonic()
+        if generation is not None and kept and kept[0] == generation and now - kept[1] < LEDGER_READ_TTL_S:
+            self.reused += 1
+            return kept[2]
+        answer = await read()
+        if generation is not None and self.current() == generation:
+            if len(self.kept) >= MAX_KEPT_READS:
+                self.kept.clear()
+            self.kept[key] = (generation, now, answer)
+        return answer
 
 
 @dataclass
@@ -50,30 +77,12 @@ class Reports:
     nodes_open: AsyncCollection  # node lifetimes still running
     clock: Callable[[], datetime] = utcnow  # running attempts and lifetimes are charged up to this now
     writes: Writes = field(default_factory=Writes)  # the lifetimes' writes (`Lifetimes.writes`)
-    reads: dict[str, tuple[int, float, list[dict[str, Any]]]] = field(default_factory=dict, repr=False)
-    lifetime_reads: dict[str, tuple[int, float, tuple[list[dict], list[dict]]]] = field(
-        default_factory=dict, repr=False
-    )
-    reused: int = 0  # ledger reads answered from `reads` (for tests and benchmarks)
-    lifetimes_reused: int = 0  # lifetime reads answered from `lifetime_reads`
+    ledger_reads: KeptReads[list[dict[str, Any]]] = field(init=False, repr=False)
+    lifetime_reads: KeptReads[tuple[list[dict], list[dict]]] = field(init=False, repr=False)
 
-    async def _read(
-        self, question: dict[str, Any], read: Callable[[], Awaitable[list[dict[str, Any]]]], *, generation: int | None
-    ) -> list[dict[str, Any]]:
-        """`read()`'s answer, reused while the ledger's closed lines are as they were (`generation`: the report's
-        snapshot's, None where lines were being written then: not reused, not kept)."""
-        key = json.dumps(question, sort_keys=True, default=str)
-        kept = self.reads.get(key)
-        now = time.monotonic()
-        if generation is not None and kept and kept[0] == generation and now - kept[1] < LEDGER_READ_TTL_S:
-            self.reused += 1
-            return kept[2]
-        answer = await read()
-        if generation is not None and self.live.generation == generation:
-            if len(self.reads) >= MAX_KEPT_READS:
-                self.reads.clear()
-            self.reads[key] = (generation, now, answer)
-        return answer
+    def __post_init__(self) -> None:
+        self.ledger_reads = KeptReads(lambda: self.live.generation)
+        self.lifetime_reads = KeptReads(lambda: self.writes.generation)
 
     async def running(self, scope: dict[str, Any]) -> list[dict[str, Any]]:
         """The running attempts' lines of a scope (project, user)."""
@@ -105,12 +114,10 @@ class Reports:
         fleet = scope == {}
         busy: dict[str, float] = {}
         per_node: dict[str, Sums] = {}
-        if spend_only:
-            pass  # owned utilisation is not asked for
-        elif fleet:
+        if fleet and not spend_only:
             for (kind, _), s in tables["node_kind"].items():
                 busy[kind] = busy.get(kind, 0.0) + s.gpu_hours
-        else:
+        elif not spend_only:  # (owned utilisation is not asked for a spend)
             for doc in await self._group(inside, stamped, by="node_kind", generation=generation):
                 busy[doc["_id"]] = doc["gpu_hours"]
         on_demand_lines = {**inside, "node_kind": "on_demand"}
@@ -120,7 +127,9 @@ class Reports:
             )
         extra = []
         for edge in edges:
-            extra += await self._read({"edge": edge}, self._finder({**edge, **stamped}), generation=generation)
+            extra += await self.ledger_reads.read(
+                {"edge": edge}, self._finder({**edge, **stamped}), generation=generation
+            )
         extra += snap.closed  # clipped below, as the lines across an edge are
         running = [close_entry(d, ended_at=max(now, d["started_at"]), reason="running") for d in snap.running]
         in_scope_running = [r for r in running if all(r.get(k) == v for k, v in scope.items())]
@@ -175,8 +184,8 @@ class Reports:
         self, match: dict[str, Any], stamped: dict[str, Any], *, by: str, nodes: bool = False, generation: int | None
     ) -> list[dict[str, Any]]:
         """Sums of the closed attempts `match` and `stamped` (the report's cutoff) find per value of one field,
-        computed by the database (or reused: `_read`)."""
-        return await self._read(
+        computed by the database (or reused: `KeptReads`)."""
+        return await self.ledger_reads.read(
             {"group": match, "by": by, "nodes": nodes},
             lambda: self._grouped({**match, **stamped}, by=by, nodes=nodes),
             generation=generation,
@@ -221,24 +230,17 @@ class Reports:
 
     async def _lifetime_lines(self, start: datetime | None) -> tuple[list[dict], list[dict]]:
         """The open lifetimes, then the closed ones from `start` on (and those of the open ones read, closed
-        meanwhile); reused as `_read` reuses the ledger's, while no lifetime was written since (none under way)."""
-        key = start.isoformat() if start else ""
+        meanwhile), as one read: reused while no lifetime was written since (none under way)."""
+
+        async def read() -> tuple[list[dict], list[dict]]:
+            opened = [d async for d in self.nodes_open.find({})]
+            query: dict[str, Any] = {}
+            if start:  # those that overlap the window, and those just closed (read open), wherever they end
+                query = {"$or": [{"ended_at": {"$gt": start}}, {"_id": {"$in": [lifetime_id(d) for d in opened]}}]}
+            return opened, [d async for d in self.nodes.find(query)]
+
         generation = self.writes.generation if not self.writes.under_way else None
-        kept = self.lifetime_reads.get(key)
-        now = time.monotonic()
-        if generation is not None and kept and kept[0] == generation and now - kept[1] < LEDGER_READ_TTL_S:
-            self.lifetimes_reused += 1
-            return kept[2]
-        opened = [d async for d in self.nodes_open.find({})]
-        query: dict[str, Any] = {}
-        if start:  # those that overlap the window, and those just closed (read open), wherever they end
-            query = {"$or": [{"ended_at": {"$gt": start}}, {"_id": {"$in": [lifetime_id(d) for d in opened]}}]}
-        closed = [d async for d in self.nodes.find(query)]
-        if generation is not None and self.writes.generation == generation:
-            if len(self.lifetime_reads) >= MAX_KEPT_READS:
-                self.lifetime_reads.clear()
-            self.lifetime_reads[key] = (generation, now, (opened, closed))
-        return opened, closed
+        return await self.lifetime_reads.read({"start": start}, read, generation=generation)
 
     async def _lifetimes(self, start: datetime | None, end: datetime | None, *, now: datetime) -> list[dict]:
         """Node lifetimes clipped to the window, running ones up to now. The running ones are read first: a node

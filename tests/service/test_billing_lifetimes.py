@@ -75,14 +75,19 @@ async def test_every_on_demand_node_is_charged_its_lifetime_times_its_price_once
     assert report.on_demand.nodes == 3 and report.on_demand.cost == pytest.approx(sum(lifetimes.values()) * 3.6)
 
 
-async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifetime(billing):
-    broker, service, _ = billing
+async def bobs_hour_on_a_node_anas_job_rented(broker, service: Billing) -> None:
+    """od-1 rented for ana's job for two hours ($3.6 an hour); bob's attempt ran on it for one of them."""
     await publish(broker, provisioned("od-1", user="ana"))
     await publish(broker, submitted(job_id="j1").model_copy(update={"user_name": "bob"}))
     await publish(broker, placed("j1", nodes=("od-1",), kind="on_demand", price=3.6))
     await deliver(broker, service, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
     await deliver(broker, service, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
     await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
+
+
+async def test_attempts_on_a_rented_node_plus_its_idle_time_add_up_to_its_lifetime(billing):
+    broker, service, _ = billing
+    await bobs_hour_on_a_node_anas_job_rented(broker, service)
     report = await service.reports.usage(UsageQuery(project_id="p"))
     by_user = {r.key: r for r in report.by_user}
     assert by_user["bob"].on_demand_cost == pytest.approx(3.6)  # the hour bob's attempt ran
@@ -217,12 +222,7 @@ async def test_the_spend_only_report_admission_asks_for_is_the_whole_reports_spe
     """Admission and budget alerts ask for the month's spend (`spend_only`: fewer ledger reads); its totals, rows
     and GPUs in use are the whole report's, with owned and on-demand, closed, idle and running lines."""
     broker, service, _ = billing
-    await publish(broker, provisioned("od-1", user="ana"))
-    await publish(broker, submitted(job_id="j1").model_copy(update={"user_name": "bob"}))
-    await publish(broker, placed("j1", nodes=("od-1",), kind="on_demand", price=3.6))
-    await deliver(broker, service, on_demand_start("j1", node_id="od-1", at=T0 + timedelta(minutes=10), user="bob"))
-    await deliver(broker, service, exited("j1", node_id="od-1", at=T0 + timedelta(minutes=70)))
-    await publish(broker, released("od-1", at=T0 + timedelta(hours=2)))
+    await bobs_hour_on_a_node_anas_job_rented(broker, service)
     for job_id, user, ends in (("j2", "ana", 3), ("j3", "cem", None)):  # a local attempt closed, one running
         await publish(broker, submitted(job_id=job_id).model_copy(update={"user_name": user}))
         await publish(broker, placed(job_id))
@@ -250,10 +250,10 @@ async def test_a_report_reuses_the_lifetimes_it_read_until_a_lifetime_is_written
     reports.clock = lambda: T0 + timedelta(hours=1)
     query = UsageQuery(project_id="p", start=T0)
     assert (await reports.usage(query, spend_only=True)).on_demand.cost == pytest.approx(3.6)
-    before = reports.lifetimes_reused
+    before = reports.lifetime_reads.reused
     reports.clock = lambda: T0 + timedelta(hours=2)
     assert (await reports.usage(query, spend_only=True)).on_demand.cost == pytest.approx(7.2)  # open: to the new now
-    assert reports.lifetimes_reused > before
+    assert reports.lifetime_reads.reused > before
     await publish(broker, provisioned("od-2", at=T0 + timedelta(hours=1)))  # a lifetime written: read again
     assert (await reports.usage(query, spend_only=True)).on_demand.nodes == 2
     await publish(broker, released("od-1", at=T0 + timedelta(hours=1, minutes=30)))

@@ -291,21 +291,21 @@ async def test_a_report_reuses_the_ledgers_sums_until_a_closed_line_is_written(b
     await one_running(broker, service, "k")
     query = UsageQuery(project_id="p", start=T0 - HOUR)
     first = await reports.usage(query, spend_only=True)
-    assert first.total.attempts == 2 and reports.reused == 0
+    assert first.total.attempts == 2 and reports.ledger_reads.reused == 0
     service.attempts.clock.at(T0 + 2 * HOUR)
     reports.clock = lambda: T0 + 2 * HOUR
     again = await reports.usage(query, spend_only=True)
-    assert reports.reused > 0 and again.total.attempts == 2
+    assert reports.ledger_reads.reused > 0 and again.total.attempts == 2
     assert again.total.seconds == first.total.seconds + 3600  # k, running, charged to the later now
-    reused = reports.reused
+    reused = reports.ledger_reads.reused
     await publish(broker, exited("k", at=T0 + 2 * HOUR))  # a close: the sums are read again
     closed = await reports.usage(query, spend_only=True)
-    assert reports.reused == reused and closed.total.attempts == 2 and closed.total.seconds == 3 * 3600
+    assert reports.ledger_reads.reused == reused and closed.total.attempts == 2 and closed.total.seconds == 3 * 3600
     elsewhere = {**service.attempts.ledger.docs["k:1:0"], "_id": "x:1:0", "project_id": "q"}
     with service.attempts.live.closing(elsewhere):  # a write under way: neither reused nor kept
         await reports.usage(query, spend_only=True)
     await reports.usage(query, spend_only=True)
-    assert reports.reused == reused
+    assert reports.ledger_reads.reused == reused
     # a line another process wrote (a leader that lost its lease): seen once the reads are older than the TTL
     other = {**service.attempts.ledger.docs["k:1:0"], "_id": "m:1:0", "job_id": "m"}
     service.attempts.ledger.docs["m:1:0"] = other
