@@ -23,6 +23,7 @@ from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
 from services.agent.cgroups import TaskCgroup, kill_members, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
+from services.agent.spawner import READ_LIMIT, SHIM, ShimProcess, SpawnerGone, spawner
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
 TAIL_LINES = 20
@@ -45,7 +46,6 @@ INHERITED_ENV = frozenset(
 )
 INHERITED_ENV_PREFIXES = ("LC_",)
 SDK_DIR = Path(__file__).resolve().parent / "sdk"
-SHIM = Path(__file__).resolve().parent / "shim.py"
 GPU_OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation"
     r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory"
@@ -130,7 +130,7 @@ class TaskProcess:
     """A started task; `stop_reason` is set once the agent decided to stop it."""
 
     start: StartTask
-    process: asyncio.subprocess.Process
+    process: "asyncio.subprocess.Process | ShimProcess"
     workdir: Path
     user: TaskUser | None = None
     cgroup: TaskCgroup | None = None
@@ -197,6 +197,8 @@ class TaskProcess:
         _, late = await asyncio.wait(readers, timeout=DRAIN_S)
         for reader in late:  # something outside the task's group, uid and environment holds its output: not read
             reader.cancel()
+        if isinstance(self.process, ShimProcess):
+            self.process.close()
         return status
 
     async def _ended(self) -> int:
@@ -388,25 +390,36 @@ async def spawn(
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         json.dump(launch, f)
     try:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            "-S",  # standard library only: no site-packages (their .pth files and finders cost ~40 ms of CPU a task)
-            str(SHIM),
-            str(path),
-            cwd=workdir,
-            env={"PATH": os.defpath},
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            limit=2**20,
-        )
+        process = await start_shim(path, cwd=workdir)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
     return TaskProcess(
         start=start, process=process, workdir=workdir, user=user, cgroup=cgroup, joined=joined, marker=marker
+    )
+
+
+async def start_shim(launch: Path, *, cwd: Path) -> "asyncio.subprocess.Process | ShimProcess":
+    """The shim of launch file `launch`, forked by the agent's shim server (`services/agent/spawner.py`), or
+    started as a Python of its own where the server cannot be reached."""
+    try:
+        return await spawner().start(launch, cwd=cwd)
+    except SpawnerGone as exc:
+        log.warning("%s; this task's shim is started on its own", exc)
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-S",  # standard library only: no site-packages (their .pth files and finders cost ~40 ms of CPU a task)
+        str(SHIM),
+        str(launch),
+        str(os.getpid()),
+        cwd=cwd,
+        env={"PATH": os.defpath},
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+        limit=READ_LIMIT,
     )
 
 

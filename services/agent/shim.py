@@ -1,12 +1,13 @@
 """Runs one task command so that it never outlives its agent (standard library only).
 
-The agent starts this as the leader of a new process group, with `python -I shim.py <launch file>`: the launch
-file (0600, read then deleted here) holds the command, its environment and working directory, and, when the agent
-runs as root, the task's own uid and gid and the paths it must be able to reach. The shim stays with the agent's
-privileges and starts the command as the task's user. The kernel sends SIGUSR2 when the agent dies (parent-death
-signal); the shim then SIGKILLs its whole group, grandchildren included. The command in turn gets SIGKILL when the
-shim dies (its own parent-death signal). A SIGTERM from the agent reaches the whole group directly; the shim waits
-for the command and exits as the command did.
+The agent forks this (below) or starts it, as the leader of a new process group, with `python -I -S shim.py
+<launch file> <agent pid>`: the launch file (0600, read then deleted here) holds the command, its environment and
+working directory, and, when the agent runs as root, the task's own uid and gid and the paths it must be able to
+reach. The shim stays with the agent's privileges and starts the command as the task's user. The kernel sends SIGUSR2
+when its parent (the agent, or the agent's forking server) dies (parent-death signal); the shim then SIGKILLs its
+whole group, grandchildren included. The command in turn gets SIGKILL when the shim dies (its own parent-death
+signal). A SIGTERM from the agent reaches the whole group directly; the shim waits for the command and exits as the
+command did.
 
 With a task user, the shim first joins the task's cgroups (memory and pids limits; everything the task starts
 counts), then enters mount, IPC and PID namespaces of its own. In the mount namespace every directory on the way
@@ -18,6 +19,15 @@ and /etc/passwd and /etc/group are copies with an entry for the task's user (so 
 task's processes, limits the size of any file the task writes (the disk quota), starts the command, tells the
 shim how the command ended and reaps orphans until it is killed with the rest of the group; when it dies, the
 kernel kills everything left in the namespace.
+
+`shim.py --serve <socket fd> <agent pid>` is the same, forked: the agent starts it once (a Python start and these
+imports cost ~60-75 ms of CPU, paid before every task when each task started its own `python -I -S shim.py`); it
+reads requests on its end of a Unix socket pair (a launch file, a working directory and the task's standard input,
+output and error as passed descriptors), forks a child for each that becomes the task's shim as above (a session
+and process group of its own, those descriptors as 0, 1 and 2, nothing else of this process open) and answers with
+the child's pid, then with its exit status once it ends. It holds no launch data: a child reads its own launch file.
+It dies with the agent (parent-death signal), ends when the agent closes the socket, and a shim it forked dies
+with it, so, as before, no task outlives the agent.
 """
 
 import ctypes
@@ -249,13 +259,15 @@ def confine(launch: dict) -> tuple[dict, bool]:
     return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
 
 
-def main() -> None:
-    with open(sys.argv[1]) as f:
+def main(path: str, *, parent: int) -> None:
+    """The task of launch file `path`, run to its end; `parent`: the process whose death ends it (the agent, or the
+    agent's forking server)."""
+    with open(path) as f:
         launch = json.load(f)
-    os.unlink(sys.argv[1])
+    os.unlink(path)
     signal.signal(signal.SIGUSR2, lambda *_: os.killpg(os.getpgrp(), signal.SIGKILL))
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGUSR2)
-    if os.getppid() == 1:  # the agent died before the signal was armed
+    if os.getppid() != parent:  # the parent died before the signal was armed
         os.killpg(os.getpgrp(), signal.SIGKILL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command gets its own SIGTERM from the group signal
     as_user, namespaced = confine(launch)
@@ -284,5 +296,102 @@ def main() -> None:
     sys.exit(code)
 
 
+def serve(channel: int, *, agent: int) -> int:
+    """The forking server (module docstring): requests on socket `channel` until the agent closes it."""
+    import select
+    import socket
+
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != agent:  # the agent died before the signal was armed
+        return 1
+    sock = socket.socket(fileno=channel)
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select below
+    me = os.getpid()
+    while True:
+        try:
+            ready, _, _ = select.select([sock.fileno(), wake_read], [], [])
+        except InterruptedError:
+            continue
+        if wake_read in ready:
+            os.read(wake_read, 4096)
+            for pid, code in _reaped():
+                sock.send(f"exited {pid} {code}".encode())
+        if sock.fileno() in ready:
+            try:
+                data, fds, _, _ = socket.recv_fds(sock, 65536, 3)
+            except OSError:
+                return 0
+            if not data:  # the agent closed its end (it is gone): the shims forked here die with this process
+                return 0
+            sock.send(_fork_shim(data, fds, parent=me).encode())
+
+
+def _reaped() -> list[tuple[int, int]]:
+    """The children that ended (pid, exit status as `subprocess` reports it: -N for signal N), reaped."""
+    ended: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return ended
+        if pid == 0:
+            return ended
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
+
+
+def _fork_shim(data: bytes, fds: list[int], *, parent: int) -> str:
+    """Fork the shim of one request (`{"id", "launch", "cwd"}` and three descriptors); the answer to send."""
+    try:
+        request = json.loads(data)
+        ident = int(request["id"])
+    except (ValueError, KeyError, TypeError):
+        for fd in fds:
+            os.close(fd)
+        return "refused 0 malformed request"
+    try:
+        if len(fds) != 3:
+            return f"refused {ident} expected 3 descriptors, got {len(fds)}"
+        pid = os.fork()
+        if pid == 0:
+            _become_shim(str(request["launch"]), str(request["cwd"]), fds, parent=parent)  # never returns
+        return f"started {ident} {pid}"
+    except OSError as exc:
+        return f"refused {ident} {exc}"
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _become_shim(launch: str, cwd: str, fds: list[int], *, parent: int) -> None:
+    """In a forked child of the server: the task's shim, as if the agent had started `python -I -S shim.py`."""
+    code = 127
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.setsid()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket and pipe, another request's nothing
+        os.chdir(cwd)
+        main(launch, parent=parent)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # the command could not start (its directory gone, say): the task fails with why
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve"]:
+        sys.exit(serve(int(sys.argv[2]), agent=int(sys.argv[3])))
+    main(sys.argv[1], parent=int(sys.argv[2]))

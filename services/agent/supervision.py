@@ -35,6 +35,7 @@ from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
+from services.agent.spawner import SpawnerGone, spawner
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +68,12 @@ class Supervisor:
     tmp_links: dict[Path, Path] = field(default_factory=dict)  # a running attempt's TMPDIR link by its directory
 
     async def ready(self) -> None:
-        """What a task's first start would otherwise wait for, done now: the killer started and a task uid claimed
-        ahead (a fresh range's first claim looks through every process of the host)."""
+        """What a task's first start would otherwise wait for, done now: the shim server and the killer started and
+        a task uid claimed ahead (a fresh range's first claim looks through every process of the host)."""
+        try:
+            await spawner().warm()
+        except SpawnerGone as exc:  # a task's own start meets it again (and starts its shim on its own)
+            log.warning("%s", exc)
         if self.confinement is None:
             return
         try:

@@ -1,6 +1,8 @@
 """What the benchmarks report of the machine and of each process's CPU."""
 
 import os
+import subprocess
+import sys
 
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 
@@ -21,3 +23,25 @@ def test_cpu_seconds_of_a_process_grow_as_it_works_and_a_gone_one_is_zero():
     sum(i * i for i in range(3_000_000))
     after = cpu_seconds({"me": os.getpid(), "gone": 2**22 + 1})
     assert after["me"] > before["me"] and after["gone"] == 0.0
+
+
+def test_cpu_seconds_count_what_a_process_forked_alive_or_reaped():
+    """A task's shim and command are the agent's CPU: a child's work counts while it runs and once it was reaped."""
+    burn = "sum(i * i for i in range(4_000_000))"
+    before = cpu_seconds({"me": os.getpid()})["me"]
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    reaped = cpu_seconds({"me": os.getpid()})["me"]
+    assert reaped - before >= 0.05  # in its parent's children's times once reaped
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"{burn}; print(flush=True); import time; time.sleep(30)"], stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdout is not None
+        child.stdout.readline()  # its work is done
+        alone = cpu_seconds({"child": child.pid})["child"]
+        assert alone >= 0.05 and cpu_seconds({"me": os.getpid()})["me"] - reaped >= alone  # alive, in its parent's
+        both = cpu_seconds({"me": os.getpid(), "child": child.pid})  # a process named on its own counts apart
+        assert both["child"] == alone and both["me"] - reaped < alone
+    finally:
+        child.kill()
+        child.wait()
