@@ -130,3 +130,58 @@ def test_a_restarted_agent_clears_the_launch_files_and_joined_markers_its_earlie
     (launches / "4567ef.json").write_text("{}")
     make_agent(tmp_path, [])
     assert list(launches.iterdir()) == []
+
+
+def test_marks_are_appended_and_read_back_after_a_restart_and_a_compaction(tmp_path):
+    """A mark is one line appended, not a rewrite of every task the node ever ran; the next run reads them all, and
+    a snapshot written again (once the lines outnumber its tasks) keeps every mark."""
+    path = tmp_path / "journal.json"
+    journal = Journal(path, compact_after=4)
+    for n in range(10):
+        key = Journal.key(f"job-{n}", 1, 0)
+        journal.mark_started(key)
+        if n % 2:
+            journal.mark_exited(key)
+    journal.mark_stopped("job-9:1:0")
+    journal.mark_fenced("job-8:1:0")
+    again = Journal(path)
+    assert again.started == {f"job-{n}:1:0" for n in range(10)}
+    assert again.exited == {f"job-{n}:1:0" for n in range(1, 10, 2)}
+    assert (again.stopped, again.fenced) == ({"job-9:1:0"}, {"job-8:1:0"})
+    assert again.unreported() == [(f"job-{n}", 1, 0) for n in (0, 2, 4, 6, 8)]  # a fenced task was not reported
+    assert len(path.read_text().splitlines()) < 1 + 17, "17 marks, the snapshot never written again"
+
+
+def test_a_marks_write_does_not_grow_with_the_nodes_history(tmp_path):
+    """One line appended to the same file, its earlier bytes untouched (the whole journal, ~8 KB here and growing
+    with every task the node ever ran, was written and synced again at every mark)."""
+    path = tmp_path / "journal.json"
+    journal = Journal(path)
+    for n in range(500):
+        journal.mark_started(Journal.key(f"job-{n}", 1, 0))
+    before, inode = path.read_bytes(), path.stat().st_ino
+    journal.mark_exited(Journal.key("job-499", 1, 0))
+    after = path.read_bytes()
+    assert path.stat().st_ino == inode and after.startswith(before) and len(after) - len(before) < 100
+
+
+def test_a_mark_cut_short_by_a_crash_is_left_out_and_the_next_mark_is_read(tmp_path):
+    path = tmp_path / "journal.json"
+    journal = Journal(path)
+    journal.mark_started("a:1:0")
+    journal.mark_started("b:1:0")
+    with path.open("a") as f:
+        f.write('{"kind": "exited", "ke')  # the agent died in this write
+    after = Journal(path)
+    assert after.started == {"a:1:0", "b:1:0"} and after.exited == set()
+    after.mark_exited("a:1:0")
+    assert Journal(path).exited == {"a:1:0"} and Journal(path).unreported() == [("b", 1, 0)]
+
+
+def test_a_journal_written_whole_by_an_earlier_version_takes_marks_after_it(tmp_path):
+    path = tmp_path / "journal.json"
+    path.write_text(json.dumps({"started": ["a:1:0"], "stopped": [], "exited": [], "fenced": []}))  # no newline
+    journal = Journal(path)
+    journal.mark_exited("a:1:0")
+    journal.mark_started("b:1:0")
+    assert Journal(path).exited == {"a:1:0"} and Journal(path).unreported() == [("b", 1, 0)]
