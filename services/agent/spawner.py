@@ -152,7 +152,10 @@ class Spawner:
 
     async def _start_server(self) -> None:
         """Started from the loop's thread (the server's parent-death signal follows the thread that forked it)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError as exc:
+            raise SpawnerGone(f"no socket pair for the shim server: {exc!r}") from exc
         try:
             self._server = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(SHIM), "--serve", str(theirs.fileno()), str(os.getpid())],
