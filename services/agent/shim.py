@@ -365,6 +365,22 @@ def _fork_shim(data: bytes, fds: list[int], *, parent: int) -> str:
             os.close(fd)
 
 
+def _close_from(low: int) -> None:
+    """Close every descriptor from `low` up: those /proc lists (a `closerange` to the descriptor limit is a close a
+    descriptor on a kernel without `close_range`, a million where the limit is that high), else all of them."""
+    try:
+        found = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+        return
+    for fd in found:
+        if fd >= low:
+            try:
+                os.close(fd)
+            except OSError:  # the listing's own descriptor, closed already
+                pass
+
+
 def _become_shim(launch: str, cwd: str, fds: list[int], *, parent: int) -> None:
     """In a forked child of the server: the task's shim, as if the agent had started `python -I -S shim.py`."""
     code = 127
@@ -374,7 +390,7 @@ def _become_shim(launch: str, cwd: str, fds: list[int], *, parent: int) -> None:
         os.setsid()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # the server's socket and pipe, another request's nothing
+        _close_from(3)  # the server's socket and pipe: nothing of the server (nor of another task) stays open
         os.chdir(cwd)
         main(launch, parent=parent)
         code = 0
