@@ -90,11 +90,12 @@ class CpuWindow:
     start: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.start = {name: cpu_s(pid) for name, pid in self.pids.items()}
+        self.start = cpu_seconds(self.pids)
 
     def percent(self) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.at, 1e-6)
-        return {name: round(100 * (cpu_s(pid) - self.start[name]) / elapsed, 1) for name, pid in self.pids.items()}
+        now = cpu_seconds(self.pids)  # each process named counted once (the bench's children are the stack)
+        return {name: round(100 * (now[name] - self.start[name]) / elapsed, 1) for name in self.pids}
 
 
 @dataclass

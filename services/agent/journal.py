@@ -42,7 +42,9 @@ class Journal:
                 continue
             try:
                 mark = json.loads(line)
-                getattr(self, KINDS[KINDS.index(mark["kind"])]).add(str(mark["key"]))
+                if mark["kind"] not in KINDS:
+                    raise ValueError(mark["kind"])
+                getattr(self, mark["kind"]).add(str(mark["key"]))
             except (ValueError, KeyError, TypeError):
                 if n < len(marks) - 1:  # not a write cut short by a crash: say so, keep reading
                     log.warning("journal %s: line %d is not a mark, left out: %r", self.path, n + 2, line[:200])

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from bench.scale.probe import cpu_seconds, cpu_spent, machine
+from bench.scale.probe import CpuWindow, cpu_seconds, cpu_spent, machine
 
 
 def test_the_machine_says_its_cores_and_those_usable():
@@ -39,9 +39,28 @@ def test_cpu_seconds_count_what_a_process_forked_alive_or_reaped():
         assert child.stdout is not None
         child.stdout.readline()  # its work is done
         alone = cpu_seconds({"child": child.pid})["child"]
-        assert alone >= 0.05 and cpu_seconds({"me": os.getpid()})["me"] - reaped >= alone  # alive, in its parent's
+        with_child = cpu_seconds({"me": os.getpid()})["me"]  # alive, in its parent's (in clock ticks: exact sums)
+        assert alone >= 0.05 and round(with_child - reaped, 2) >= alone
         both = cpu_seconds({"me": os.getpid(), "child": child.pid})  # a process named on its own counts apart
         assert both["child"] == alone and both["me"] - reaped < alone
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_window_counts_a_named_child_once():
+    """bench.scale names the stack's processes and the bench itself, their parent: a named child's work is its own
+    row's, not its parent's too."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", "sum(i * i for i in range(6_000_000)); print(flush=True); import time; time.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        window = CpuWindow({"me": os.getpid(), "child": child.pid})
+        assert child.stdout is not None
+        child.stdout.readline()  # its work is done; this process waited meanwhile
+        shares = window.percent()
+        assert shares["child"] > 10 and shares["me"] < shares["child"] / 2
     finally:
         child.kill()
         child.wait()
