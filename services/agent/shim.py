@@ -310,23 +310,50 @@ def serve(channel: int, *, agent: int) -> int:
     signal.set_wakeup_fd(wake_write)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a child's end wakes the select below
     me = os.getpid()
-    while True:
-        try:
-            ready, _, _ = select.select([sock.fileno(), wake_read], [], [])
-        except InterruptedError:
-            continue
-        if wake_read in ready:
-            os.read(wake_read, 4096)
-            for pid, code in _reaped():
-                sock.send(f"exited {pid} {code}".encode())
-        if sock.fileno() in ready:
+    children: set[int] = set()  # forked and not yet reaped: their pids cannot name another process
+    try:
+        while True:
             try:
+                ready, _, _ = select.select([sock.fileno(), wake_read], [], [])
+            except InterruptedError:
+                continue
+            if wake_read in ready:
+                os.read(wake_read, 4096)
+                for pid, code in _reaped():
+                    children.discard(pid)
+                    sock.send(f"exited {pid} {code}".encode())
+            if sock.fileno() in ready:
                 data, fds, _, _ = socket.recv_fds(sock, 65536, 3)
-            except OSError:
-                return 0
-            if not data:  # the agent closed its end (it is gone): the shims forked here die with this process
-                return 0
-            sock.send(_fork_shim(data, fds, parent=me).encode())
+                if not data:  # the agent closed its end (it is gone): the shims forked here die with this process
+                    return 0
+                if answer := _handle(data, fds, parent=me, children=children):
+                    sock.send(answer.encode())
+    except OSError:  # the agent's end is gone
+        return 0
+
+
+def _handle(data: bytes, fds: list[int], *, parent: int, children: set[int]) -> str:
+    """One request: `{"kill": pid}` (a shim whose launch was cancelled: killed with its group if it is still a child
+    here, never a pid reused by another process; no answer), else a shim to fork (`_fork_shim`)."""
+    try:
+        request = json.loads(data)
+        victim = int(request["kill"]) if isinstance(request, dict) and "kill" in request else None
+    except (ValueError, TypeError):
+        request, victim = None, None
+    if victim is None:
+        answer = _fork_shim(request if isinstance(request, dict) else {}, fds, parent=parent)
+        if answer.startswith("started "):
+            children.add(int(answer.split()[2]))
+        return answer
+    for fd in fds:
+        os.close(fd)
+    if victim in children:
+        for kill in (os.kill, os.killpg):  # the group once it has made it
+            try:
+                kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return ""
 
 
 def _reaped() -> list[tuple[int, int]]:
@@ -342,26 +369,23 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def _fork_shim(data: bytes, fds: list[int], *, parent: int) -> str:
-    """Fork the shim of one request (`{"id", "launch", "cwd"}` and three descriptors); the answer to send."""
+def _fork_shim(request: dict, fds: list[int], *, parent: int) -> str:
+    """Fork the shim of one request (`{"id", "launch", "cwd"}` and three descriptors); the answer to send. The child
+    gets only what was read here (a fault reading the request there would run this loop in the child)."""
     try:
-        request = json.loads(data)
-        ident = int(request["id"])
-    except (ValueError, KeyError, TypeError):
-        for fd in fds:
-            os.close(fd)
-        return "refused 0 malformed request"
-    try:
+        ident, launch, cwd = int(request["id"]), str(request["launch"]), str(request["cwd"])
         if len(fds) != 3:
             return f"refused {ident} expected 3 descriptors, got {len(fds)}"
         pid = os.fork()
         if pid == 0:
-            _become_shim(str(request["launch"]), str(request["cwd"]), fds, parent=parent)  # never returns
+            _become_shim(launch, cwd, fds, parent=parent)  # never returns
         return f"started {ident} {pid}"
-    except OSError as exc:
-        return f"refused {ident} {exc}"
+    except (ValueError, KeyError, TypeError):
+        return "refused 0 malformed request"
+    except OSError as exc:  # the fork
+        return f"refused {request['id']} {exc}"
     finally:
-        for fd in fds:
+        for fd in fds:  # the child holds its own copies
             os.close(fd)
 
 

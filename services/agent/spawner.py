@@ -9,8 +9,10 @@ made, its launch file read by itself.
 The server is the shims' parent: their exit statuses come from it, in order after their pids. It dies with the agent
 and a shim dies with it (parent-death signals), so no task outlives either; a server found gone (its socket closed)
 ends the tasks it had forked as the agent's death would (each reads as killed, and the agent's end of a task kills
-what is left of it), and the next launch starts a new one. One server per event loop; where it cannot be started,
-a shim is started as before (`Spawner.start` raises, the caller falls back).
+what is left of it), and the next launch starts a new one. A shim is killed through the server (`{"kill": pid}`):
+only its parent knows whether that pid is still its unreaped child, never another process that reused it. One
+server per event loop; where it cannot be started, a shim is started as before (`Spawner.start` raises, the caller
+falls back).
 """
 
 import asyncio
@@ -77,9 +79,10 @@ class Spawner:
         self._asked: dict[int, asyncio.Future[int]] = {}  # request id -> the shim's pid
         self._live: dict[int, ShimProcess] = {}  # pid -> shim, until its exit status came
         self._buffer: dict[int, int] = {}  # pid -> exit status that came before its ShimProcess was made
-        self._starting: asyncio.Lock | None = None
+        self._starting = asyncio.Lock()
         self._abandoned: set[int] = set()  # request ids whose launch was cancelled before the answer came
         self._unwatched: set[int] = set()  # the pids of their shims, killed, until their end is said
+        self._sending: set[asyncio.Task] = set()  # kills waiting for room on the socket
 
     async def start(self, launch: Path, *, cwd: Path) -> ShimProcess:
         """Fork the shim of launch file `launch` in `cwd`, its input /dev/null and its output on new pipes;
@@ -131,7 +134,22 @@ class Spawner:
             pid = answer.result()
             if self._buffer.pop(pid, None) is None:  # not ended yet
                 self._unwatched.add(pid)
-                _kill(pid)
+                self._kill(pid)
+
+    def _kill(self, pid: int) -> None:
+        """SIGKILL a shim and, once it has made it, its process group: by the server, its parent, which alone knows
+        whether that pid is still its child (here, once it was reaped, the pid may name another process)."""
+        if self._sock is None:
+            return  # the server is gone, and its shims with it
+        request = json.dumps({"kill": pid}).encode()
+        try:
+            self._sock.send(request)
+        except BlockingIOError:  # a full socket: sent once it can take it
+            sending = asyncio.get_running_loop().create_task(_send(self._sock, request, []))
+            self._sending.add(sending)
+            sending.add_done_callback(self._sending.discard)
+        except OSError as exc:
+            self._gone(f"could not be asked: {exc!r}")
 
     @property
     def server_pid(self) -> int | None:
@@ -142,8 +160,6 @@ class Spawner:
         await self._running()
 
     async def _running(self) -> socket.socket:
-        if self._starting is None:
-            self._starting = asyncio.Lock()
         async with self._starting:
             if self._sock is None:
                 await self._start_server()
@@ -196,7 +212,7 @@ class Spawner:
             if ident in self._abandoned:  # its launch was cancelled: forked a moment ago, it has started nothing
                 self._abandoned.discard(ident)
                 self._unwatched.add(pid)
-                _kill(pid)
+                self._kill(pid)
             elif future is not None and not future.done():
                 future.set_result(pid)
         elif kind == "exited" and len(rest) == 2:
@@ -252,7 +268,10 @@ async def _send(sock: socket.socket, request: bytes, fds: list[int]) -> None:
     loop = asyncio.get_running_loop()
     while True:
         try:
-            socket.send_fds(sock, [request], fds)
+            if fds:
+                socket.send_fds(sock, [request], fds)
+            else:
+                sock.send(request)
             return
         except BlockingIOError:
             writable: asyncio.Future[None] = loop.create_future()
@@ -261,15 +280,6 @@ async def _send(sock: socket.socket, request: bytes, fds: list[int]) -> None:
                 await writable
             finally:
                 loop.remove_writer(sock.fileno())
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL a shim and, once it has made it, its process group."""
-    for kill in (os.kill, os.killpg):
-        try:
-            kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 class _Pipe(asyncio.StreamReaderProtocol):

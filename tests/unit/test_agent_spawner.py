@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -148,4 +149,25 @@ async def test_a_launch_cancelled_once_asked_leaves_nothing_running(tmp_path):
         after = await spawner.start(launch_file(tmp_path, "exit 5"), cwd=tmp_path)
         assert await asyncio.wait_for(after.wait(), timeout=30) == 5
     finally:
+        spawner.stop()
+
+
+async def test_the_server_kills_only_a_shim_it_forked_and_has_not_reaped(tmp_path):
+    """A cancelled launch's kill goes through the server: the pid the agent names may have been reaped and reused
+    by then, and only the server, its parent, knows. A pid that is not its unreaped child is left alone."""
+    spawner = Spawner()
+    stranger = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        ended = await spawner.start(launch_file(tmp_path, "exit 0"), cwd=tmp_path)
+        assert await asyncio.wait_for(ended.wait(), timeout=30) == 0  # reaped by the server
+        for pid in (stranger.pid, ended.pid):  # a process the server never forked; a shim it reaped
+            spawner._kill(pid)
+        running = await spawner.start(launch_file(tmp_path, "echo up; sleep 30"), cwd=tmp_path)
+        await asyncio.wait_for(running.stdout.readline(), timeout=30)  # the kills were read before this launch
+        assert stranger.poll() is None, "the server killed a process it did not fork"
+        spawner._kill(running.pid)
+        assert await asyncio.wait_for(running.wait(), timeout=30) == -signal.SIGKILL
+    finally:
+        stranger.kill()
+        stranger.wait()
         spawner.stop()
