@@ -21,10 +21,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from services.agent.cgroups import Cgroups, TaskCgroup, remove
 from services.agent.leftovers import sweep
@@ -141,46 +140,86 @@ class TaskUsers:
 GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
 EVICT_WAIT_S = 5.0  # how long a uid's processes may take to die before its release counts as unverified
 KILLER_WAIT_S = 30.0  # how long the killer (a Python start: seconds on a loaded host) may take to send its kill
-LIVENESS_FIELDS = ["status", "num_threads"]  # asked only of a process whose uids matter: a second file read
+STATUS_READ = 16384  # a status file is 1-2 KiB; read on until its end if it is ever longer
 
 
-def uids_of(info: dict) -> tuple[int, ...]:
-    """The real, effective and saved uid of a process (from psutil's `uids` and `LIVENESS_FIELDS`); none for one
-    that can no longer run: a zombie, unless it is a thread group whose leader alone exited."""
-    uids = info.get("uids")
-    if not uids or (info.get("status") == psutil.STATUS_ZOMBIE and info.get("num_threads") == 1):
-        return ()
-    return (uids.real, uids.effective, uids.saved)
+@dataclass(frozen=True, slots=True)
+class HostProcess:
+    """A process of the host as its /proc/PID/status read it: its real, effective and saved uid, and whether it can
+    still run (not a zombie, unless a thread group whose leader alone exited)."""
+
+    pid: int
+    uids: tuple[int, int, int]
+    can_run: bool
 
 
-def live_uids(process: psutil.Process) -> tuple[int, ...]:
-    """`uids_of` a process listed with its `uids` alone: whether it can still run is asked only here, of a process
-    the caller wants, as `process_iter` would have (a field it may not read is None; a process gone has none)."""
+def parse_status(pid: int, text: bytes) -> HostProcess | None:
+    """A process from its status file's text; None when the text has no uids. Each field is read at the start of
+    a line, the first time it occurs: the one field a process sets (its name, the first line) is written by the
+    kernel with its line breaks escaped, so no process can add a line of its own."""
+    uids = field(text, b"Uid")
     try:
-        return uids_of(process.info | process.as_dict(LIVENESS_FIELDS))
-    except psutil.NoSuchProcess:
-        return ()
+        real, effective, saved = (int(u) for u in uids.split()[:3])
+    except ValueError:
+        return None
+    zombie = field(text, b"State").startswith(b"Z")
+    return HostProcess(pid, (real, effective, saved), not (zombie and field(text, b"Threads") == b"1"))
+
+
+def field(text: bytes, key: bytes) -> bytes:
+    """A status file's field (its first line starting with `key:`), stripped; empty where there is none."""
+    start = text.find(b"\n" + key + b":")
+    if start < 0:
+        return b""
+    start += len(key) + 2
+    end = text.find(b"\n", start)
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+def read_status(pid: int) -> HostProcess | None:
+    """A process read from /proc (one file, no library between: the look below runs at every task's end over every
+    process of the host); None for one gone or unreadable."""
+    try:
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        chunks = [os.read(fd, STATUS_READ)]
+        while len(chunks[-1]) == STATUS_READ:
+            chunks.append(os.read(fd, STATUS_READ))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_status(pid, b"".join(chunks))
+
+
+def host_processes() -> Iterator[HostProcess]:
+    """A look through every process of the host: every pid listed first, then each read in turn (one gone by then
+    is left out, one started after the listing is not seen: `kill_as` covers those)."""
+    pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    for pid in pids:
+        process = read_status(pid)
+        if process is not None:
+            yield process
 
 
 def uids_running() -> set[int]:
-    """Every uid (real, effective or saved) a process of the host runs as (a process that adds none already found
-    is not asked whether it can still run)."""
+    """Every uid (real, effective or saved) a process of the host that can still run runs as."""
     found: set[int] = set()
-    for process in psutil.process_iter(["uids"]):
-        uids = process.info.get("uids")
-        if uids and not found.issuperset(uids):
-            found.update(live_uids(process))
+    for process in host_processes():
+        if process.can_run:
+            found.update(process.uids)
     return found
 
 
 def kill_user(uid: int) -> int:
     """SIGKILL every process of `uid` (real, effective or saved: a task's uid is its own, whatever runs under it
-    belongs to the task), found in one look through every process of the host (each process's uids read, and
-    whether it can still run asked only of those with `uid`); how many were found."""
+    belongs to the task), found in one look through every process of the host; how many were found (a zombie is
+    not: it can no longer run)."""
     killed = 0
-    for process in psutil.process_iter(["uids"]):
-        uids = process.info.get("uids")
-        if uids and uid in uids and uid in live_uids(process):
+    for process in host_processes():
+        if process.can_run and uid in process.uids:
             try:
                 os.kill(process.pid, signal.SIGKILL)
                 killed += 1

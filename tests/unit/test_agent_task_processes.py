@@ -35,15 +35,21 @@ with_cgroups = pytest.mark.skipif(cgroups_here() is None, reason="no writable cg
 
 @pytest.fixture
 def scans(monkeypatch) -> list[int]:
-    """Every look through all processes of the host (psutil.process_iter), counted."""
+    """Every look through all processes of the host, counted: for a uid (`isolation.host_processes`) or for a
+    task's marker (`psutil.process_iter`, the environment of each)."""
     calls: list[int] = []
-    real = psutil.process_iter
+    real_iter, real_look = psutil.process_iter, isolation.host_processes
 
-    def counted(*args, **kwargs):
+    def counted_iter(*args, **kwargs):
         calls.append(1)
-        return real(*args, **kwargs)
+        return real_iter(*args, **kwargs)
 
-    monkeypatch.setattr(psutil, "process_iter", counted)
+    def counted_look():
+        calls.append(1)
+        return real_look()
+
+    monkeypatch.setattr(psutil, "process_iter", counted_iter)
+    monkeypatch.setattr(isolation, "host_processes", counted_look)
     return calls
 
 
@@ -219,10 +225,10 @@ def hop_during_every_look(monkeypatch, *, hopper: subprocess.Popen, trigger: int
     """Each look through every process makes the hopper fork its successor and exit once the look listed the
     processes: the race a process that hops on its own wins now and then, won every time (the first hopper, the
     test's child, reaped: no dead process of the uid is left for the look to see)."""
-    real = psutil.process_iter
+    real = isolation.host_processes
 
-    def looked(*args, **kwargs):
-        listing = real(*args, **kwargs)
+    def looked():
+        listing = real()
         first = next(listing, None)  # the processes are listed now
         try:
             os.write(trigger, b"h")
@@ -234,7 +240,7 @@ def hop_during_every_look(monkeypatch, *, hopper: subprocess.Popen, trigger: int
             yield first
         yield from listing
 
-    monkeypatch.setattr(psutil, "process_iter", looked)
+    monkeypatch.setattr(isolation, "host_processes", looked)
 
 
 def kill_every_process_of(uid: int) -> None:
