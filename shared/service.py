@@ -10,7 +10,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 from faststream import FastStream
+from faststream._internal.cli.supervisors.utils import set_exit
 from faststream.nats import NatsBroker, NatsRouter
 from pydantic import BaseModel, Field
 
@@ -236,5 +238,50 @@ def service_app(
         async with running(w, settings=settings, setup=setup, database=database, stop=app.exit):
             yield
 
-    app = FastStream(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))
+    app = Process(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))
     return app
+
+
+class Process(FastStream):
+    """A FastStream application that waits for its stop instead of looking for it: FastStream's `run` wakes every
+    0.1 s to see whether `exit` was called, about 3.6 ms of CPU a second a process on this machine (half of what an
+    idle service used; ten processes a stack). The same steps as FastStream's `run` otherwise: the signals call
+    `exit`, the lifespan wraps start and stop."""
+
+    _stopped: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def exit(self) -> None:
+        super().exit()
+        stopped, loop = self._stopped, self._loop
+        if stopped is None or loop is None or loop.is_closed():
+            return  # not running yet: `run` sees `_should_exit` when it starts
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            stopped.set()
+        else:  # another thread's call (a signal handler is the loop's own)
+            loop.call_soon_threadsafe(stopped.set)
+
+    async def run(
+        self,
+        log_level: int = logging.INFO,
+        run_extra_options: dict[str, Any] | None = None,
+        sleep_time: float = 0.1,  # FastStream's, unused: nothing is looked for
+    ) -> None:
+        self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
+        if self._should_exit:
+            self._stopped.set()
+        set_exit(lambda *_: self.exit(), sync=False)
+        async with self.lifespan_context(**(run_extra_options or {})):
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._startup, log_level, run_extra_options)
+                    await self._stopped.wait()
+                    await self._shutdown(log_level)
+                    tg.cancel_scope.cancel()
+            except ExceptionGroup as e:
+                for ex in e.exceptions:
+                    raise ex from None

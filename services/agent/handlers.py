@@ -1,9 +1,9 @@
 """Agent subscriber: this node's commands, and what each does."""
 
-from faststream import Context
 from faststream.nats import NatsRouter
 
 from shared.bus import agent_subscription
+from shared.context import Context
 from shared.events import NodeCommand, StartTask, StopTask
 from shared.handlers import HandlerTable, dispatch
 from services.agent.agent import Agent

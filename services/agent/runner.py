@@ -388,7 +388,7 @@ async def spawn(
     }
     path = launch_dir / f"{uuid.uuid4().hex}.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        json.dump(launch, f)
+        f.write(json.dumps(launch))  # the C encoder: json.dump encodes in Python (~130 against ~40 µs a launch)
     try:
         process = await start_shim(path, cwd=workdir)
     except BaseException:

@@ -3,9 +3,10 @@ from typing import Any
 
 import uvicorn
 from pydantic import ValidationError
+from uvicorn.config import STARTUP_FAILURE
 
 from services.submitter.app import SubmitterSettings, create_app
-from services.submitter.connections import HeadTimedProtocol
+from services.submitter.connections import HeadTimedProtocol, QuietServer
 
 # An idle keep-alive connection is closed by the client first: uvicorn's default (5 s) equals httpx's (the CLI's)
 # keep-alive expiry, so a request sent on a connection just as the server closed it failed with a read error.
@@ -35,4 +36,7 @@ if __name__ == "__main__":
         )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
-    uvicorn.run(create_app(settings), **server_options(settings))
+    server = QuietServer(uvicorn.Config(create_app(settings), **server_options(settings)))
+    server.run()
+    if not server.started:  # as `uvicorn.run`: it could not start (the port taken, say)
+        sys.exit(STARTUP_FAILURE)

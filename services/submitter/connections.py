@@ -7,11 +7,15 @@ have answered every real request 503 for as long as they stayed open. A head fol
 then held its connection the same way (the app waits for the body, and uvicorn times nothing while it does)."""
 
 import asyncio
+import contextlib
+from types import FrameType
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 REQUEST_HEAD_S = 10.0  # from the connection (or the first byte after a response) to a whole request head
+TICK_S = 1.0  # how often the server looks at its stop flag and request count between signals
 REQUEST_BODY_S = 30.0  # from a whole head to the whole body it announced (1 MiB, the default cap, at 35 KB/s)
 
 
@@ -83,3 +87,28 @@ class HeadTimedProtocol(H11Protocol):
         if self.conn.our_state != h11.ERROR:
             self.conn.send(h11.ConnectionClosed())
         self.transport.close()
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn's server, ticking once a second (the Date header's refresh, the request limit) instead of ten times a
+    second, and at once when a stop signal comes: uvicorn's own loop wakes every 0.1 s to see whether it should stop
+    (about 3.6 ms of CPU a second on this machine, the idle API's largest cost)."""
+
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000  # every tick is a whole second's: the headers are refreshed
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            should_exit = await self.on_tick(counter)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)  # a signal handler's call: the loop is woken through its pipe

@@ -12,6 +12,7 @@ from faststream.nats import NatsBroker, TestNatsBroker
 from shared.bus import durable
 from shared.context import Context, NatsMessage
 from shared.events import JobDeleted
+from services.agent.handlers import command_router
 from services.billing import handlers as billing
 from services.estimator import handlers as estimator
 from services.monitor import handlers as monitor
@@ -75,3 +76,13 @@ def test_every_service_subscriber_resolves_its_context_on_the_loop(module):
     assert subscribers and fields
     on_a_thread = [name for name, field in fields if not fast_depends.utils.is_coroutine_callable(field.use)]
     assert on_a_thread == []
+
+
+def test_the_agents_command_subscriber_resolves_its_context_on_the_loop():
+    """The agent's subscriber is made per node (`command_router`); it used FastStream's own `Context`: a thread
+    hand-off for every start and stop command."""
+    [subscriber] = command_router("node-1").subscribers
+    handlers = [call.handler._original_call for call in subscriber.calls]
+    fields = [field for handler in handlers for field in _context_fields(handler)]
+    assert fields
+    assert all(fast_depends.utils.is_coroutine_callable(field.use) for field in fields)
