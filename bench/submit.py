@@ -30,7 +30,7 @@ from shared.events import JobStatusChanged
 from shared.jobs import JobCreate, Phase, SecondaryPhase
 from shared.settings import database_name
 from shared.store import COUNTS_DIR
-from bench import cpuprofile
+from bench import cpuprofile, threadprofile
 from bench.scale.probe import cpu_seconds, cpu_spent, machine
 from services.stack.processes import Stack, StackSettings
 from services.submitter.viewentries import list_entry
@@ -199,6 +199,7 @@ async def run(
     idle: int = 0,
     idle_at_start: bool = False,
     profile: Path | None = None,
+    thread_profile: Path | None = None,
 ) -> dict:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=stack.api_url, headers=headers, timeout=60) as api:
@@ -230,6 +231,8 @@ async def run(
         bus_before = await cpuprofile.bus_counts(stack.nats_url, stack.admin_creds()) if profile else {}
         python = {name: pid for name, pid in pids.items() if name not in stack.nats_servers and name != "bench"}
         samplers = cpuprofile.start(python, profile) if profile else {}
+        if thread_profile:
+            threadprofile.start(python)
         cpu_before = cpu_seconds(pids)
         started = time.perf_counter()
         try:
@@ -248,7 +251,10 @@ async def run(
             cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
         finally:  # the samplers write their files as they stop, and none is left running on a failure
             cpuprofile.stop(samplers)
+            written = threadprofile.stop(python, thread_profile) if thread_profile else {}
         profiled = await profile_figures(stack, samplers, bus_before, cpu_over_burst, folder=profile, jobs=jobs)
+        if thread_profile:
+            profiled["thread_profile"] = {name: threadprofile.summarize(path) for name, path in sorted(written.items())}
         after = await command_counts(stack)
         per_job = commands_per_job(before, after, jobs=jobs, bench=polls * await poll_commands(api, stack, after))
         items, offset = [], 0
@@ -387,6 +393,12 @@ def main() -> None:
         "CPU per job by kind and purpose, and bus messages per job",
     )
     parser.add_argument(
+        "--thread-profile",
+        type=Path,
+        help="profile each Python process's main thread by its own CPU over the burst (cProfile, no extra tool) into "
+        "this folder: shares by library and the functions that hold it (bench/threadprofile.py)",
+    )
+    parser.add_argument(
         "--no-history-model",
         action="store_true",
         help="the estimator serves and trains no history model "
@@ -400,6 +412,8 @@ def main() -> None:
         if args.no_history_model:
             stack.extra_env["TRAINMASTER_MLPERF_DIR"] = str(data / "no-mlperf-logs")
             stack.extra_env["TRAINMASTER_SHIPPED_MODEL"] = str(data / "no-shipped-model")
+        if args.thread_profile:
+            stack.extra_env |= threadprofile.env(args.thread_profile, stack.env()["PYTHONPATH"])
         if args.count_commands:
             (data / "db-commands").mkdir()
             stack.extra_env[COUNTS_DIR] = str(data / "db-commands")
@@ -417,6 +431,7 @@ def main() -> None:
                         idle=args.idle,
                         idle_at_start=args.idle_at_start,
                         profile=args.profile,
+                        thread_profile=args.thread_profile,
                     )
                 ),
             }
