@@ -2,6 +2,7 @@
 loops, the database, and how they start and stop."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -254,16 +255,10 @@ class Process(FastStream):
     def exit(self) -> None:
         super().exit()
         stopped, loop = self._stopped, self._loop
-        if stopped is None or loop is None or loop.is_closed():
+        if stopped is None or loop is None:
             return  # not running yet: `run` sees `_should_exit` when it starts
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            stopped.set()
-        else:  # another thread's call (a signal handler is the loop's own)
-            loop.call_soon_threadsafe(stopped.set)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to stop
+            loop.call_soon_threadsafe(stopped.set)  # from any thread or signal handler, the loop woken through its pipe
 
     async def run(
         self,

@@ -1,3 +1,4 @@
+import contextlib
 import sys
 from typing import Any
 
@@ -27,6 +28,16 @@ def server_options(settings: SubmitterSettings) -> dict[str, Any]:
     }
 
 
+def serve(app: Any, options: dict[str, Any]) -> None:
+    """Run the API until a signal stops it, as `uvicorn.run` would (`QuietServer` for its server): a SIGINT ends it
+    cleanly (uvicorn raises the signal it caught again once it stopped), one that could not start exits 3."""
+    server = QuietServer(uvicorn.Config(app, **options))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:  # the port taken, say
+        sys.exit(STARTUP_FAILURE)
+
+
 if __name__ == "__main__":
     try:
         settings = SubmitterSettings()
@@ -36,7 +47,4 @@ if __name__ == "__main__":
         )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
-    server = QuietServer(uvicorn.Config(create_app(settings), **server_options(settings)))
-    server.run()
-    if not server.started:  # as `uvicorn.run`: it could not start (the port taken, say)
-        sys.exit(STARTUP_FAILURE)
+    serve(create_app(settings), server_options(settings))

@@ -5,6 +5,10 @@ once a second instead of ten times, and stops at once on a signal. Each poll cos
 
 import asyncio
 import signal
+import socket
+import subprocess
+import sys
+import time
 
 import anyio
 import pytest
@@ -16,6 +20,7 @@ from services.submitter import connections
 from services.submitter.__main__ import server_options
 from services.submitter.app import SubmitterSettings
 from services.submitter.connections import QuietServer
+from tests.conftest import free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # TestNatsBroker's notice about its own parsing
 
@@ -104,3 +109,43 @@ def stop(server: QuietServer) -> None:
     (uvicorn does that with the signals it caught)."""
     server.handle_exit(signal.SIGTERM, None)
     server._captured_signals.clear()
+
+
+SERVE = """
+import sys
+from services.submitter.__main__ import serve
+
+async def hello(scope, receive, send):
+    pass
+
+serve(hello, {"host": "127.0.0.1", "port": int(sys.argv[1]), "log_level": "warning", "lifespan": "off"})
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_api_stopped_by_a_signal_exits_cleanly(sig):
+    """As `uvicorn.run`: uvicorn raises the signal it caught again once stopped, and a SIGINT raised so would end
+    the process with a traceback (KeyboardInterrupt) and status 130."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVE, str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # listening
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+                time.sleep(0.1)
+        process.send_signal(sig)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert "Traceback" not in err, err
+    if sig == signal.SIGINT:
+        assert (process.returncode, out) == (0, "stopped\n"), err
+    else:  # uvicorn raises SIGTERM again: the process ends by it, as under `uvicorn.run`
+        assert process.returncode == -signal.SIGTERM, err
