@@ -45,7 +45,7 @@ def stop(pids: dict[str, int], folder: Path, *, timeout_s: float = 30) -> dict[s
     while time.monotonic() < deadline and len(written) < len(pids):
         for name, pid in pids.items():
             path = folder / f"{pid}.prof"
-            if name not in written and path.exists() and path.stat().st_size > 0:
+            if name not in written and path.exists():  # renamed into place once whole
                 written[name] = path
         time.sleep(0.2)
     return written

@@ -243,22 +243,50 @@ def service_app(
     return app
 
 
+class Wake:
+    """A stop flag that wakes the loop waiting on it, set from anywhere: the loop itself, another thread or a signal
+    handler installed with `signal.signal` (through `call_soon_threadsafe`, which writes to the loop's pipe). Set
+    before the wait is armed, the wait finds it set."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+        self._early = False
+
+    def arm(self) -> None:
+        """On the loop that will wait."""
+        self._loop, self._event = asyncio.get_running_loop(), asyncio.Event()
+        if self._early:
+            self._event.set()
+
+    def set(self) -> None:
+        loop, event = self._loop, self._event
+        if loop is None or event is None:
+            self._early = True
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing is left waiting
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait(self, timeout_s: float | None = None) -> None:
+        """Until set, or `timeout_s` passed."""
+        assert self._event is not None, "armed first"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout_s)
+
+
 class Process(FastStream):
     """A FastStream application that waits for its stop instead of looking for it: FastStream's `run` wakes every
     0.1 s to see whether `exit` was called, about 3.6 ms of CPU a second a process on this machine (half of what an
     idle service used; ten processes a stack). The same steps as FastStream's `run` otherwise: the signals call
     `exit`, the lifespan wraps start and stop."""
 
-    _stopped: asyncio.Event | None = None
-    _loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stop = Wake()
 
     def exit(self) -> None:
         super().exit()
-        stopped, loop = self._stopped, self._loop
-        if stopped is None or loop is None:
-            return  # not running yet: `run` sees `_should_exit` when it starts
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to stop
-            loop.call_soon_threadsafe(stopped.set)  # from any thread or signal handler, the loop woken through its pipe
+        self._stop.set()
 
     async def run(
         self,
@@ -266,15 +294,13 @@ class Process(FastStream):
         run_extra_options: dict[str, Any] | None = None,
         sleep_time: float = 0.1,  # FastStream's, unused: nothing is looked for
     ) -> None:
-        self._loop, self._stopped = asyncio.get_running_loop(), asyncio.Event()
-        if self._should_exit:
-            self._stopped.set()
+        self._stop.arm()
         set_exit(lambda *_: self.exit(), sync=False)
         async with self.lifespan_context(**(run_extra_options or {})):
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._startup, log_level, run_extra_options)
-                    await self._stopped.wait()
+                    await self._stop.wait()
                     await self._shutdown(log_level)
                     tg.cancel_scope.cancel()
             except ExceptionGroup as e:

@@ -341,9 +341,9 @@ def _handle(data: bytes, fds: list[int], *, parent: int, children: set[int]) -> 
     except (ValueError, TypeError):
         request, victim = None, None
     if victim is None:
-        answer = _fork_shim(request if isinstance(request, dict) else {}, fds, parent=parent)
-        if answer.startswith("started "):
-            children.add(int(answer.split()[2]))
+        answer, pid = _fork_shim(request if isinstance(request, dict) else {}, fds, parent=parent)
+        if pid is not None:
+            children.add(pid)
         return answer
     for fd in fds:
         os.close(fd)
@@ -369,21 +369,24 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def _fork_shim(request: dict, fds: list[int], *, parent: int) -> str:
-    """Fork the shim of one request (`{"id", "launch", "cwd"}` and three descriptors); the answer to send. The child
-    gets only what was read here (a fault reading the request there would run this loop in the child)."""
+def _fork_shim(request: dict, fds: list[int], *, parent: int) -> tuple[str, int | None]:
+    """Fork the shim of one request (`{"id", "launch", "cwd"}` and three descriptors): the answer to send and the
+    child's pid (None where none was forked). The child gets only what was read here (a fault reading the request
+    there would run this loop in the child)."""
     try:
-        ident, launch, cwd = int(request["id"]), str(request["launch"]), str(request["cwd"])
+        try:
+            ident, launch, cwd = int(request["id"]), str(request["launch"]), str(request["cwd"])
+        except (ValueError, KeyError, TypeError):
+            return "refused 0 malformed request", None
         if len(fds) != 3:
-            return f"refused {ident} expected 3 descriptors, got {len(fds)}"
-        pid = os.fork()
+            return f"refused {ident} expected 3 descriptors, got {len(fds)}", None
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            return f"refused {ident} {exc}", None
         if pid == 0:
             _become_shim(launch, cwd, fds, parent=parent)  # never returns
-        return f"started {ident} {pid}"
-    except (ValueError, KeyError, TypeError):
-        return "refused 0 malformed request"
-    except OSError as exc:  # the fork
-        return f"refused {request['id']} {exc}"
+        return f"started {ident} {pid}", pid
     finally:
         for fd in fds:  # the child holds its own copies
             os.close(fd)

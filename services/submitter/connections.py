@@ -7,12 +7,13 @@ have answered every real request 503 for as long as they stayed open. A head fol
 then held its connection the same way (the app waits for the body, and uvicorn times nothing while it does)."""
 
 import asyncio
-import contextlib
 from types import FrameType
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from shared.service import Wake
 
 REQUEST_HEAD_S = 10.0  # from the connection (or the first byte after a response) to a whole request head
 TICK_S = 1.0  # how often the server looks at its stop flag and request count between signals
@@ -94,21 +95,19 @@ class QuietServer(uvicorn.Server):
     second, and at once when a stop signal comes: uvicorn's own loop wakes every 0.1 s to see whether it should stop
     (about 3.6 ms of CPU a second on this machine, the idle API's largest cost)."""
 
-    _wake: asyncio.Event | None = None
-    _loop: asyncio.AbstractEventLoop | None = None
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stop = Wake()
 
     async def main_loop(self) -> None:
-        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        self._stop.arm()
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
             counter = (counter + 10) % 864000  # every tick is a whole second's: the headers are refreshed
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+            await self._stop.wait(TICK_S)
             should_exit = await self.on_tick(counter)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         super().handle_exit(sig, frame)
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(wake.set)  # a signal handler's call: the loop is woken through its pipe
+        self._stop.set()  # uvicorn's signal handler (`signal.signal`): the loop is woken through its pipe

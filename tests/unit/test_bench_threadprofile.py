@@ -2,6 +2,7 @@
 path profiles its main thread by its own CPU between SIGUSR2 and SIGUSR1 and writes the profile; the summary names the
 functions that held it. A real child process."""
 
+import cProfile
 import os
 import subprocess
 import sys
@@ -65,8 +66,6 @@ def test_without_the_variable_the_site_folder_does_nothing(tmp_path):
 
 
 def test_an_empty_profile_is_summarized_as_nothing(tmp_path):
-    import cProfile
-
     empty = tmp_path / "1.prof"
     cProfile.Profile().dump_stats(str(empty))
     assert threadprofile.summarize(empty) == {"profiled_cpu_s": 0.0}
