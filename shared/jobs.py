@@ -269,7 +269,12 @@ class Resource(Strict):
     node_count: Int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
     gpu_count: Int = Field(0, ge=0, le=16, description="GPUs per node.")
     min_gpu_memory_gb: Float = Field(0, ge=0, le=1024, description="Each GPU given has at least this memory.")
-    cpu_count: Float = Field(1, gt=0, le=1024, description="CPU cores per node.")
+    cpu_count: Float = Field(
+        1,
+        gt=0,
+        le=1024,
+        description="CPU cores per node: each task runs pinned to, and its CPU time capped at, as many.",
+    )
     memory_gb: Float | None = Field(
         None,
         gt=0,

@@ -1,23 +1,27 @@
-"""A cgroup per task: its memory (swap included) and its number of processes limited, its out-of-memory kills
-counted, and the whole cgroup killed and removed when the task ends.
+"""A cgroup per task: its memory (swap included), its number of processes and its CPU time (`cpu_count` CPUs' worth:
+cpu.max, or v1's CFS quota) limited, its out-of-memory kills counted, and the whole cgroup killed and removed when
+the task ends.
 
-cgroup v2 (the unified hierarchy, with its memory controller) or v1 (the memory and pids hierarchies), found at
-run time. Task cgroups sit under the agent's own cgroup, so whatever limits the agent limits its tasks too (on v2
-the agent first moves itself into a leaf `agent`, as a delegated service must). Without a writable hierarchy (not
-root, a container) there are none, and the agent measures its tasks' memory itself.
+cgroup v2 (the unified hierarchy, with its memory controller) or v1 (the memory, pids and cpu hierarchies), found at
+run time; the pids and cpu controllers where the host has them (without cpu, a task is held to its CPUs by its
+affinity alone, `services/agent/cpus.py`). Task cgroups sit under the agent's own cgroup, so whatever limits the
+agent limits its tasks too (on v2 the agent first moves itself into a leaf `agent`, as a delegated service must).
+Without a writable hierarchy (not root, a container) there are none, and the agent measures its tasks' memory itself.
 """
 
 import logging
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 TASKS = "trainmaster-tasks"
 KILL_WAIT_S = 5.0
+CPU_PERIOD_US = 100_000  # the CFS period a task's CPU quota is counted over (the kernel's default)
+CPU_QUOTA_MIN_US = 1_000  # the least quota the kernel takes a period
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,17 @@ class Layout:
     memory: Path
     pids: Path | None
     agent_leaf: Path | None = None  # v2: where the agent moves itself before it enables controllers below
-    enable: str = "+memory +pids"  # v2: the controllers enabled below the agent (pids where it is available)
+    enable: str = "+memory +pids"  # v2: the controllers enabled below the agent (pids and cpu where available)
+    cpu: Path | None = None  # v1: the cpu hierarchy's parent of task cgroups (v2: "+cpu" in `enable`)
+
+    @property
+    def limits_cpu(self) -> bool:
+        return self.cpu is not None if self.version == 1 else "+cpu" in self.enable.split()
+
+    def without_cpu(self) -> "Layout":
+        """The same, the cpu controller left out (the host would not hand it down)."""
+        enable = " ".join(c for c in self.enable.split() if c != "+cpu")
+        return replace(self, cpu=None, enable=enable)
 
 
 @dataclass(frozen=True)
@@ -65,7 +79,7 @@ def cgroup_mounts(text: str) -> dict[str, Path]:
             mounts.setdefault("", Path(fields[1]))
         elif fields[2] == "cgroup":
             for option in fields[3].split(","):
-                if option in ("memory", "pids"):
+                if option in ("memory", "pids", "cpu"):
                     mounts.setdefault(option, Path(fields[1]))
     return mounts
 
@@ -76,31 +90,41 @@ def choose_layout(*, mounts: dict[str, Path], own: dict[str, str], v2_controller
     if "" in mounts and "memory" in v2_controllers:
         base = mounts[""] / own.get("", "/").lstrip("/")
         leaf = None if own.get("", "/") == "/" else base / "agent"
-        enable = "+memory +pids" if "pids" in v2_controllers else "+memory"
+        enable = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in v2_controllers)
         return Layout(version=2, memory=base / TASKS, pids=None, agent_leaf=leaf, enable=enable)
     if "memory" in mounts:
 
-        def under(controller: str) -> Path:
+        def under(controller: str) -> Path | None:
+            if controller not in mounts:
+                return None
             return mounts[controller] / own.get(controller, "/").lstrip("/") / TASKS
 
-        return Layout(version=1, memory=under("memory"), pids=under("pids") if "pids" in mounts else None)
+        memory = under("memory")
+        assert memory is not None
+        return Layout(version=1, memory=memory, pids=under("pids"), cpu=under("cpu"))
     return None
 
 
-def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int) -> TaskCgroup:
-    """The task's cgroup directories and the limits to write, in order."""
+def cpu_quota_us(cpu_count: float) -> int:
+    """A period's CPU time for `cpu_count` CPUs (at least the kernel's least)."""
+    return max(CPU_QUOTA_MIN_US, round(cpu_count * CPU_PERIOD_US))
+
+
+def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int, cpu_count: float | None = None) -> TaskCgroup:
+    """The task's cgroup directories and the limits to write, in order (`cpu_count`: its CPU time capped at that
+    many CPUs where the layout has the cpu controller; None: not capped)."""
+    quota = cpu_quota_us(cpu_count) if cpu_count is not None and layout.limits_cpu else None
     if layout.version == 2:
         cg = layout.memory / name
-        return TaskCgroup(
-            dirs=(cg,),
-            oom_file=cg / "memory.events",
-            limits=(
-                (cg / "memory.max", str(memory_bytes)),
-                (cg / "memory.swap.max", "0"),
-                (cg / "memory.oom.group", "1"),
-                (cg / "pids.max", str(pids_max)),
-            ),
-        )
+        limits = [
+            (cg / "memory.max", str(memory_bytes)),
+            (cg / "memory.swap.max", "0"),
+            (cg / "memory.oom.group", "1"),
+            (cg / "pids.max", str(pids_max)),
+        ]
+        if quota is not None:
+            limits.append((cg / "cpu.max", f"{quota} {CPU_PERIOD_US}"))
+        return TaskCgroup(dirs=(cg,), oom_file=cg / "memory.events", limits=tuple(limits))
     memory = layout.memory / name
     limits = [
         (memory / "memory.limit_in_bytes", str(memory_bytes)),
@@ -110,6 +134,10 @@ def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int) -> Task
     if layout.pids is not None:
         dirs.append(layout.pids / name)
         limits.append((layout.pids / name / "pids.max", str(pids_max)))
+    if layout.cpu is not None and quota is not None:
+        dirs.append(layout.cpu / name)
+        limits.append((layout.cpu / name / "cpu.cfs_period_us", str(CPU_PERIOD_US)))
+        limits.append((layout.cpu / name / "cpu.cfs_quota_us", str(quota)))
     return TaskCgroup(dirs=tuple(dirs), limits=tuple(limits), oom_file=memory / "memory.oom_control")
 
 
@@ -126,27 +154,47 @@ class Cgroups:
     """Creates, watches and removes task cgroups on this host's hierarchy."""
 
     def __init__(self, layout: Layout, *, pids_max: int) -> None:
-        self.layout, self.pids_max = layout, pids_max
+        self.pids_max = pids_max
+        try:
+            self.layout = self._set_up(layout)
+        except OSError as exc:
+            if not layout.limits_cpu:
+                raise
+            # the cpu controller refused (v2 will not enable it with a real-time process in the subtree; a v1
+            # hierarchy may be read-only): memory and processes are still limited, CPUs held by affinity alone
+            log.warning("task CPU time cannot be capped here (%r): tasks are held to their CPUs by affinity", exc)
+            self.layout = self._set_up(layout.without_cpu())
+
+    def _set_up(self, layout: Layout) -> Layout:
         if layout.version == 2:
-            self._delegate()
-        for parent in (layout.memory, layout.pids):
+            self._delegate(layout)
+        for parent in (layout.memory, layout.pids, layout.cpu):
             if parent is not None:
                 parent.mkdir(exist_ok=True)
         if layout.version == 2:
             (layout.memory / "cgroup.subtree_control").write_text(layout.enable)
+        return layout
 
-    def _delegate(self) -> None:
+    @staticmethod
+    def _delegate(layout: Layout) -> None:
         """v2 lets a cgroup with processes have no controlled children: the agent moves into a leaf first."""
-        top = self.layout.memory.parent
-        if self.layout.agent_leaf is not None:
-            self.layout.agent_leaf.mkdir(exist_ok=True)
-            (self.layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
-        (top / "cgroup.subtree_control").write_text(self.layout.enable)
+        top = layout.memory.parent
+        if layout.agent_leaf is not None:
+            layout.agent_leaf.mkdir(exist_ok=True)
+            (layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
+        (top / "cgroup.subtree_control").write_text(layout.enable)
 
-    def create(self, *, name: str, memory_gb: float) -> TaskCgroup | None:
-        """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first); None
-        (logged) when the hierarchy refuses it: the agent then measures the task's memory itself."""
-        cg = plan(self.layout, name=name, memory_bytes=int(memory_gb * 2**30), pids_max=self.pids_max)
+    def create(self, *, name: str, memory_gb: float, cpu_count: float | None = None) -> TaskCgroup | None:
+        """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first), its
+        CPU time capped at `cpu_count` CPUs where the host has the cpu controller; None (logged) when the hierarchy
+        refuses it: the agent then measures the task's memory itself."""
+        cg = plan(
+            self.layout,
+            name=name,
+            memory_bytes=int(memory_gb * 2**30),
+            pids_max=self.pids_max,
+            cpu_count=cpu_count,
+        )
         try:
             remove(cg)
             for d in cg.dirs:

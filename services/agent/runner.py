@@ -355,6 +355,7 @@ async def spawn(
     workdir: Path,
     argv: str | None = None,
     launch_dir: Path,
+    cpus: Sequence[int] = (),
     user: TaskUser | None = None,
     reach: Sequence[str] = (),
     cover: dict[str, int] | None = None,
@@ -364,7 +365,8 @@ async def spawn(
     file_size: int | None = None,
     links: dict[str, str] | None = None,
 ) -> TaskProcess:
-    """Start the task's command under the shim, as the leader of a new process group (as `user` when given).
+    """Start the task's command under the shim, as the leader of a new process group (as `user` when given), on
+    the CPUs `cpus` (its affinity; empty: wherever the agent may run).
 
     The shim is run by file path in isolated mode with an empty environment: the job's variables (LD_PRELOAD, say)
     reach only the command, never the shim, which keeps the agent's privileges. They travel in a 0600 file of the
@@ -376,6 +378,7 @@ async def spawn(
         "command": argv or start.algorithm.command,
         "env": {**env, TASK_MARKER: marker},
         "cwd": str(workdir),
+        "cpus": list(cpus),
         "user": {"uid": user.uid, "gid": user.gid, "name": env.get("USER", "")} if user else None,
         "reach": list(reach),
         "cover": cover or {},

@@ -9,16 +9,16 @@ whole group, grandchildren included. The command in turn gets SIGKILL when the s
 signal). A SIGTERM from the agent reaches the whole group directly; the shim waits for the command and exits as the
 command did.
 
-With a task user, the shim first joins the task's cgroups (memory and pids limits; everything the task starts
-counts), then enters mount, IPC and PID namespaces of its own. In the mount namespace every directory on the way
-to the paths the task needs (its working directory, the Python and engine environments, the SDK) that the task's
-user could not enter is covered by an empty tmpfs showing only the next step of that way; the agent's data
-directory and home are always covered, /tmp, /var/tmp, /dev/shm and /run/lock are private tmpfs of bounded size,
-and /etc/passwd and /etc/group are copies with an entry for the task's user (so `getpass.getuser()`, `id` and
-`~` work). A forked copy of the shim is PID 1 of the task's PID namespace: it mounts a /proc showing only the
-task's processes, limits the size of any file the task writes (the disk quota), starts the command, tells the
-shim how the command ended and reaps orphans until it is killed with the rest of the group; when it dies, the
-kernel kills everything left in the namespace.
+The shim first pins itself to the task's CPUs (`cpus` of the launch file; what it starts inherits them). With a task
+user, it then joins the task's cgroups (memory, pids and CPU time limits; everything the task starts counts), then
+enters mount, IPC and PID namespaces of its own. In the mount namespace every directory on the way to the paths the
+task needs (its working directory, the Python and engine environments, the SDK) that the task's user could not enter
+is covered by an empty tmpfs showing only the next step of that way; the agent's data directory and home are always
+covered, /tmp, /var/tmp, /dev/shm and /run/lock are private tmpfs of bounded size, and /etc/passwd and /etc/group
+are copies with an entry for the task's user (so `getpass.getuser()`, `id` and `~` work). A forked copy of the shim
+is PID 1 of the task's PID namespace: it mounts a /proc showing only the task's processes, limits the size of any
+file the task writes (the disk quota), starts the command, tells the shim how the command ended and reaps orphans
+until it is killed with the rest of the group; when it dies, the kernel kills everything left in the namespace.
 
 `shim.py --serve <socket fd> <agent pid>` is the same, forked: the agent starts it once (a Python start and these
 imports cost ~60-75 ms of CPU, paid before every task when each task started its own `python -I -S shim.py`); it
@@ -259,6 +259,17 @@ def confine(launch: dict) -> tuple[dict, bool]:
     return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
 
 
+def pin(cpus: list[int]) -> None:
+    """Run on these CPUs only, and so does all the task starts (affinity is inherited): what sizes its threads by
+    the CPUs it may use (OpenMP, PyTorch, `os.sched_getaffinity`) sizes them to the task's share. None: unchanged."""
+    if not cpus:
+        return
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:  # a CPU gone offline since the agent looked: the task runs, unpinned
+        print(f"[trainmaster] the task could not be pinned to CPUs {cpus} ({exc})", file=sys.stderr, flush=True)
+
+
 def main(path: str, *, parent: int) -> None:
     """The task of launch file `path`, run to its end; `parent`: the process whose death ends it (the agent, or the
     agent's forking server)."""
@@ -270,6 +281,7 @@ def main(path: str, *, parent: int) -> None:
     if os.getppid() != parent:  # the parent died before the signal was armed
         os.killpg(os.getpgrp(), signal.SIGKILL)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command gets its own SIGTERM from the group signal
+    pin(launch.get("cpus") or [])
     as_user, namespaced = confine(launch)
     done, report = os.pipe()
     first = os.fork()

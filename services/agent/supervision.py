@@ -18,6 +18,7 @@ from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
+from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import (
@@ -66,6 +67,10 @@ class Supervisor:
     launching: dict[str, asyncio.Task]
     besides: set[asyncio.Task] = field(default_factory=set)  # work beside the tasks (a uid claimed ahead)
     tmp_links: dict[Path, Path] = field(default_factory=dict)  # a running attempt's TMPDIR link by its directory
+    cpus: CpuAllotment = field(init=False)  # the host CPUs each task is pinned to (`spec.resource.cpu_count`)
+
+    def __post_init__(self) -> None:
+        self.cpus = CpuAllotment(host_cpus(), node_id=self.node.node_id)
 
     async def ready(self) -> None:
         """What a task's first start would otherwise wait for, done now: the shim server and the killer started and
@@ -88,7 +93,14 @@ class Supervisor:
         task.add_done_callback(self.besides.discard)
 
     async def launch(self, key: str, command: StartTask) -> None:
-        """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end."""
+        """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end; its CPUs are given
+        back however it ends (or fails to start)."""
+        try:
+            await self._launch(key, command)
+        finally:
+            self.cpus.give_back(key)
+
+    async def _launch(self, key: str, command: StartTask) -> None:
         job_dir = private_dir(self.root / "jobs" / check_segment(command.job_id))
         workdir = job_dir / f"attempt-{command.attempt}-rank-{command.rank}"
         workdir.mkdir(mode=0o700, exist_ok=True)
@@ -139,7 +151,10 @@ class Supervisor:
                 reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
                 if rules.cgroups is not None:
                     cgroup = await asyncio.to_thread(
-                        rules.cgroups.create, name=f"uid-{user.uid}", memory_gb=memory_limit_gb(command, self.node)
+                        rules.cgroups.create,
+                        name=f"uid-{user.uid}",
+                        memory_gb=memory_limit_gb(command, self.node),
+                        cpu_count=command.spec.resource.cpu_count,
                     )
             quota = self.disk_quota_gb
             task = await spawn(
@@ -148,6 +163,7 @@ class Supervisor:
                 workdir=workdir,
                 argv=argv,
                 launch_dir=self.launches,
+                cpus=self.cpus.take(key, command.spec.resource.cpu_count),
                 user=user,
                 reach=reach,
                 cover=cover,

@@ -23,23 +23,41 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 V1_OWN = "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n"
 
 
-def test_v1_task_cgroups_go_under_the_agents_own_in_the_memory_and_pids_hierarchies():
+def test_v1_task_cgroups_go_under_the_agents_own_in_the_memory_pids_and_cpu_hierarchies():
     layout = choose_layout(mounts=cgroup_mounts(V1_MOUNTS), own=own_cgroups(V1_OWN), v2_controllers=set())
     assert layout == Layout(
         version=1,
         memory=Path("/sys/fs/cgroup/memory/process_api/abc/trainmaster-tasks"),
         pids=Path("/sys/fs/cgroup/pids/trainmaster-tasks"),
+        cpu=Path("/sys/fs/cgroup/cpu/trainmaster-tasks"),
     )
-    cg = plan(layout, name="uid-7", memory_bytes=2**30, pids_max=100)
-    memory = layout.memory / "uid-7"
-    assert cg.dirs == (memory, Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7"))
+    cg = plan(layout, name="uid-7", memory_bytes=2**30, pids_max=100, cpu_count=1.5)
+    memory, cpu = layout.memory / "uid-7", Path("/sys/fs/cgroup/cpu/trainmaster-tasks/uid-7")
+    assert cg.dirs == (memory, Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7"), cpu)
     assert cg.limits == (
         (memory / "memory.limit_in_bytes", str(2**30)),
         (memory / "memory.memsw.limit_in_bytes", str(2**30)),
         (Path("/sys/fs/cgroup/pids/trainmaster-tasks/uid-7/pids.max"), "100"),
+        (cpu / "cpu.cfs_period_us", "100000"),
+        (cpu / "cpu.cfs_quota_us", "150000"),  # 1.5 CPUs' worth a 100 ms period
     )
     assert cg.oom_file == memory / "memory.oom_control"
     assert cg.procs_files == [str(d / "cgroup.procs") for d in cg.dirs]
+    # no CPU count: no cpu cgroup; a combined "cpu,cpuacct" mount is the cpu hierarchy; without it, none
+    assert plan(layout, name="uid-7", memory_bytes=2**30, pids_max=100).dirs == cg.dirs[:2]
+    combined = V1_MOUNTS.replace("/cpu cgroup rw,relatime,cpu ", "/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct ")
+    assert cgroup_mounts(combined)["cpu"] == Path("/sys/fs/cgroup/cpu,cpuacct")
+    bare = choose_layout(mounts=cgroup_mounts(V1_MOUNTS.replace("cpu", "cpuset")), own={}, v2_controllers=set())
+    assert bare is not None and bare.cpu is None and not bare.limits_cpu
+    assert len(plan(bare, name="uid-7", memory_bytes=1, pids_max=1, cpu_count=2).dirs) == 2
+
+
+def test_a_tiny_cpu_count_gets_the_least_quota_the_kernel_takes():
+    layout = Layout(version=1, memory=Path("/m"), pids=None, cpu=Path("/c"))
+    assert (
+        dict(plan(layout, name="t", memory_bytes=1, pids_max=1, cpu_count=0.001).limits)[Path("/c/t/cpu.cfs_quota_us")]
+        == "1000"
+    )
 
 
 def test_v2_with_a_memory_controller_wins_and_the_agent_moves_into_a_leaf():
@@ -48,8 +66,14 @@ def test_v2_with_a_memory_controller_wins_and_the_agent_moves_into_a_leaf():
         mounts=mounts, own=own_cgroups("0::/system.slice/agent.service\n"), v2_controllers={"cpu", "memory", "pids"}
     )
     base = Path("/sys/fs/cgroup/system.slice/agent.service")
-    assert layout == Layout(version=2, memory=base / "trainmaster-tasks", pids=None, agent_leaf=base / "agent")
-    cg = plan(layout, name="uid-7", memory_bytes=512, pids_max=64)
+    assert layout == Layout(
+        version=2,
+        memory=base / "trainmaster-tasks",
+        pids=None,
+        agent_leaf=base / "agent",
+        enable="+memory +pids +cpu",
+    )
+    cg = plan(layout, name="uid-7", memory_bytes=512, pids_max=64, cpu_count=2)
     task = base / "trainmaster-tasks" / "uid-7"
     assert cg.dirs == (task,) and cg.oom_file == task / "memory.events"
     assert dict(cg.limits) == {
@@ -57,7 +81,11 @@ def test_v2_with_a_memory_controller_wins_and_the_agent_moves_into_a_leaf():
         task / "memory.swap.max": "0",
         task / "memory.oom.group": "1",
         task / "pids.max": "64",
+        task / "cpu.max": "200000 100000",  # 2 CPUs' worth a 100 ms period
     }
+    # the cpu controller refused: the same, less its CPU cap
+    assert layout.without_cpu().enable == "+memory +pids" and not layout.without_cpu().limits_cpu
+    assert task / "cpu.max" not in dict(plan(layout.without_cpu(), name="uid-7", memory_bytes=1, pids_max=1).limits)
 
 
 def test_v2_at_the_root_needs_no_leaf_and_no_memory_controller_means_no_cgroups():
@@ -66,10 +94,12 @@ def test_v2_at_the_root_needs_no_leaf_and_no_memory_controller_means_no_cgroups(
     assert choose_layout(mounts=mounts, own={"": "/"}, v2_controllers={"cpu", "pids"}) is None
 
 
-def test_v2_without_pids_below_the_agent_enables_memory_alone():
+def test_v2_enables_below_the_agent_only_the_controllers_it_was_given():
     mounts = cgroup_mounts("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n")
     layout = choose_layout(mounts=mounts, own=own_cgroups("0::/svc\n"), v2_controllers={"memory", "cpu"})
-    assert layout is not None and layout.enable == "+memory"
+    assert layout is not None and layout.enable == "+memory +cpu"
+    alone = choose_layout(mounts=mounts, own=own_cgroups("0::/svc\n"), v2_controllers={"memory"})
+    assert alone is not None and alone.enable == "+memory" and not alone.limits_cpu
 
 
 def test_a_memory_controller_the_root_has_but_the_agents_cgroup_was_not_given_means_no_cgroups(tmp_path, caplog):

@@ -33,6 +33,13 @@ def cgroups_here() -> Cgroups | None:
 with_cgroups = pytest.mark.skipif(cgroups_here() is None, reason="no writable cgroup hierarchy on this host")
 
 
+def unjoinable(self: Cgroups, *, name: str, memory_gb: float, cpu_count: float | None = None) -> TaskCgroup:
+    """`Cgroups.create` of a hierarchy gone meanwhile: the task's cgroups are planned but never made."""
+    return plan(
+        self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16, cpu_count=cpu_count
+    )
+
+
 @pytest.fixture
 def scans(monkeypatch) -> list[int]:
     """Every look through all processes of the host, counted: for a uid (`isolation.host_processes`) or for a
@@ -109,9 +116,6 @@ async def test_a_process_of_the_tasks_uid_outside_its_cgroup_is_found_by_its_uid
 async def test_a_task_whose_cgroup_was_not_joined_is_ended_by_looking_through_every_process(
     tmp_path, scans, monkeypatch
 ):
-    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:  # as a hierarchy gone meanwhile
-        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
-
     monkeypatch.setattr(Cgroups, "create", unjoinable)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True, uids=1)
@@ -128,9 +132,6 @@ async def test_a_task_whose_cgroup_was_not_joined_keeps_dev_shm_at_the_temporary
 ):
     """/dev/shm is as large as the task's memory only where its cgroup counts it: unjoined, the agent's own measure
     would not see it, so it keeps the bound of the other temporary directories (64 MB here)."""
-
-    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:
-        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
 
     monkeypatch.setattr(Cgroups, "create", unjoinable)
     sent: list = []
@@ -185,9 +186,6 @@ def test_a_uid_not_given_back_is_claimed_only_while_no_process_has_it(tmp_path, 
 async def test_a_task_whose_cgroup_was_not_joined_has_its_memory_measured_by_the_agent(tmp_path, monkeypatch):
     """The shim says so when it cannot join the cgroup; the agent used to wait for the cgroup's own kills, which
     could not come: the task ran without any memory limit."""
-
-    def unjoinable(self: Cgroups, *, name: str, memory_gb: float) -> TaskCgroup:
-        return plan(self.layout, name=f"gone-{unique()}", memory_bytes=int(memory_gb * 2**30), pids_max=16)
 
     monkeypatch.setattr(Cgroups, "create", unjoinable)
     sent: list = []
