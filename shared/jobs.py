@@ -273,7 +273,8 @@ class Resource(Strict):
         1,
         gt=0,
         le=1024,
-        description="CPU cores per node: each task runs pinned to, and its CPU time capped at, as many.",
+        description="CPU cores per node: each task runs pinned to, and its CPU time capped at, as many "
+        "(a task with GPUs: at least its GPUs' share of the node's CPUs).",
     )
     memory_gb: Float | None = Field(
         None,

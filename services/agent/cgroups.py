@@ -138,7 +138,8 @@ def plan(layout: Layout, *, name: str, memory_bytes: int, pids_max: int, cpu_cou
         dirs.append(layout.cpu / name)
         limits.append((layout.cpu / name / "cpu.cfs_period_us", str(CPU_PERIOD_US)))
         limits.append((layout.cpu / name / "cpu.cfs_quota_us", str(quota)))
-    return TaskCgroup(dirs=tuple(dirs), limits=tuple(limits), oom_file=memory / "memory.oom_control")
+    unique = tuple(dict.fromkeys(dirs))  # one hierarchy may carry several controllers (`cpu,memory`): one directory
+    return TaskCgroup(dirs=unique, limits=tuple(limits), oom_file=memory / "memory.oom_control")
 
 
 def oom_kills(text: str) -> int:
@@ -155,25 +156,20 @@ class Cgroups:
 
     def __init__(self, layout: Layout, *, pids_max: int) -> None:
         self.pids_max = pids_max
-        try:
-            self.layout = self._set_up(layout)
-        except OSError as exc:
-            if not layout.limits_cpu:
-                raise
-            # the cpu controller refused (v2 will not enable it with a real-time process in the subtree; a v1
-            # hierarchy may be read-only): memory and processes are still limited, CPUs held by affinity alone
-            log.warning("task CPU time cannot be capped here (%r): tasks are held to their CPUs by affinity", exc)
-            self.layout = self._set_up(layout.without_cpu())
-
-    def _set_up(self, layout: Layout) -> Layout:
-        if layout.version == 2:
-            self._delegate(layout)
-        for parent in (layout.memory, layout.pids, layout.cpu):
+        self.layout = layout.without_cpu()
+        if self.layout.version == 2:
+            self._delegate(self.layout)
+        for parent in (self.layout.memory, self.layout.pids):
             if parent is not None:
                 parent.mkdir(exist_ok=True)
-        if layout.version == 2:
-            (layout.memory / "cgroup.subtree_control").write_text(layout.enable)
-        return layout
+        if self.layout.version == 2:
+            (self.layout.memory / "cgroup.subtree_control").write_text(self.layout.enable)
+        if layout.limits_cpu:
+            try:
+                self._add_cpu(layout)
+                self.layout = layout
+            except OSError as exc:  # memory and processes are still limited
+                log.warning("task CPU time cannot be capped here (%r): tasks are held to their CPUs by affinity", exc)
 
     @staticmethod
     def _delegate(layout: Layout) -> None:
@@ -184,29 +180,45 @@ class Cgroups:
             (layout.agent_leaf / "cgroup.procs").write_text(str(os.getpid()))
         (top / "cgroup.subtree_control").write_text(layout.enable)
 
+    @staticmethod
+    def _add_cpu(layout: Layout) -> None:
+        """The cpu controller for task cgroups: v1's parent made, v2's enabled on the way down (v2 refuses it with a
+        real-time process in the subtree; a v1 hierarchy may be read-only)."""
+        if layout.version == 1:
+            assert layout.cpu is not None
+            layout.cpu.mkdir(exist_ok=True)
+            return
+        for parent in (layout.memory.parent, layout.memory):
+            (parent / "cgroup.subtree_control").write_text("+cpu")
+
     def create(self, *, name: str, memory_gb: float, cpu_count: float | None = None) -> TaskCgroup | None:
         """A fresh cgroup for one task (a leftover of the same name, from an agent that died, removed first), its
-        CPU time capped at `cpu_count` CPUs where the host has the cpu controller; None (logged) when the hierarchy
-        refuses it: the agent then measures the task's memory itself."""
-        cg = plan(
-            self.layout,
-            name=name,
-            memory_bytes=int(memory_gb * 2**30),
-            pids_max=self.pids_max,
-            cpu_count=cpu_count,
-        )
+        CPU time capped at `cpu_count` CPUs where the host has the cpu controller; a cap the kernel refuses (v1: above
+        a quota of the agent's own cgroup) is left out, the rest kept. None (logged) when the hierarchy refuses the
+        cgroup: the agent then measures the task's memory itself."""
+        memory_bytes = int(memory_gb * 2**30)
+        cg = plan(self.layout, name=name, memory_bytes=memory_bytes, pids_max=self.pids_max, cpu_count=cpu_count)
         try:
-            remove(cg)
-            for d in cg.dirs:
-                d.mkdir()
-            for path, value in cg.limits:
-                if path.exists():  # memsw only where swap accounting is on
-                    path.write_text(value)
+            self._make(cg)
         except OSError as exc:
-            log.warning("no cgroup for task %s (%r): its memory is measured by the agent", name, exc)
             remove(cg)
-            return None
+            if cpu_count is None or not self.layout.limits_cpu:
+                log.warning("no cgroup for task %s (%r): its memory is measured by the agent", name, exc)
+                return None
+            log.warning(
+                "task %s: its CPU time cannot be capped at %g CPUs (%r); its affinity holds it", name, cpu_count, exc
+            )
+            return self.create(name=name, memory_gb=memory_gb)
         return cg
+
+    @staticmethod
+    def _make(cg: TaskCgroup) -> None:
+        remove(cg)
+        for d in cg.dirs:
+            d.mkdir()
+        for path, value in cg.limits:
+            if path.exists():  # memsw only where swap accounting is on
+                path.write_text(value)
 
 
 def read_oom_kills(cg: TaskCgroup) -> int:

@@ -1,20 +1,26 @@
-"""Which of the host's CPUs each running task is given (`spec.resource.cpu_count`).
+"""Which of the host's CPUs each running task is given, and how many CPUs' worth of time it may use.
 
-Placement counts a job's CPUs against its node's; here the task is held to them. The shim sets the task's CPU
-affinity to the CPUs chosen here before the command starts, so what sizes its threads by the CPUs it may run on
-(OpenMP and so PyTorch's intra-op threads, MKL, `torch.compile`'s compile workers, `os.sched_getaffinity`) sizes
-them to its own share, not to the whole host: on a 64-core node a 2-CPU job no longer starts 64 threads that
-fight its neighbours'. Affinity is a placement a task could widen itself; where task cgroups exist, the task's CPU
-time is also capped at `cpu_count` CPUs (`services/agent/cgroups.py`: cpu.max, or v1's CFS quota), which it cannot.
+Placement counts a job's CPUs (`spec.resource.cpu_count`) against its node's; here the task is held to them. A task
+with GPUs gets at least its GPUs' share of the node's CPUs (`task_cpus`: 1 GPU of an 8-GPU, 128-CPU node, 16), as
+it gets their share of host memory: the default of one CPU would starve its DataLoader workers and NCCL threads.
 
-The CPUs are shared out least-loaded first: a task gets the `ceil(cpu_count)` CPUs that the fewest running tasks
-are pinned to, ties broken in an order that starts at a different CPU on each node, so two agents on one host (a
-test stack's) do not pile their first tasks onto CPU 0. A task asking for more CPUs than the host has gets them all.
+The shim sets the task's CPU affinity to the CPUs chosen here before the command starts, so what sizes its threads
+by the CPUs it may run on (OpenMP and so PyTorch's intra-op threads, MKL, `torch.compile`'s compile workers,
+`os.sched_getaffinity`) sizes them to the task's share, not to the whole host: on a 64-core node a 2-CPU job no
+longer starts 64 threads that fight its neighbours'. Affinity is a placement a task could widen itself; where the
+task has a cgroup with the cpu controller (`services/agent/cgroups.py`: cpu.max, or v1's CFS quota), its CPU time is
+capped too, which it cannot pass. Without one (agent not root, cgroups off, a host that hands down no cpu
+controller) affinity alone holds it.
+
+The CPUs are shared out least-loaded first: a task gets the `ceil(cpus)` CPUs that the fewest running tasks are
+pinned to, ties broken in an order that starts at a different CPU on each node, so two agents on one host (a test
+stack's) do not pile their first tasks onto CPU 0. A task asking for more CPUs than the host has gets them all.
 """
 
 import hashlib
 import math
 import os
+from collections import Counter
 from collections.abc import Iterable
 
 
@@ -35,28 +41,40 @@ def preferred_order(cpus: Iterable[int], node_id: str) -> tuple[int, ...]:
     return tuple(ordered[start:] + ordered[:start])
 
 
+def task_cpus(cpu_count: float, *, gpus: int, node_cpus: float, node_gpus: int) -> float:
+    """The CPUs a task gets: what its job asked for, and at least its GPUs' share of the node's CPUs."""
+    if gpus and node_gpus:
+        return max(cpu_count, node_cpus * min(gpus, node_gpus) / node_gpus)
+    return cpu_count
+
+
 class CpuAllotment:
-    """The CPUs each running task (by its key) is pinned to, and how many tasks each CPU holds."""
+    """The CPUs each running task (by its key) is pinned to."""
 
     def __init__(self, cpus: Iterable[int], *, node_id: str = "") -> None:
         self.order = preferred_order(cpus, node_id)
         if not self.order:
             raise ValueError("a host has at least one CPU")
-        self.load = dict.fromkeys(self.order, 0)
         self.held: dict[str, tuple[int, ...]] = {}
 
-    def take(self, key: str, cpu_count: float) -> tuple[int, ...]:
-        """The CPUs for task `key` asking for `cpu_count` (its CPUs of before, given back first, if it had any)."""
-        self.give_back(key)
-        wanted = min(len(self.order), max(1, math.ceil(cpu_count)))
+    def load(self) -> Counter[int]:
+        """How many running tasks each CPU holds."""
+        load = Counter(dict.fromkeys(self.order, 0))
+        load.update(cpu for cpus in self.held.values() for cpu in cpus)
+        return load
+
+    def take(self, key: str, cpus: float) -> tuple[int, ...]:
+        """The CPUs for task `key` asking for `cpus` CPUs. A task's key is taken once (the agent's journal runs a
+        start once): a second take while it holds CPUs is a mistake, refused (its give-back would free the first's)."""
+        if key in self.held:
+            raise ValueError(f"task {key} holds CPUs already")
+        wanted = min(len(self.order), max(1, math.ceil(cpus)))
+        load = self.load()
         rank = {cpu: i for i, cpu in enumerate(self.order)}
-        chosen = tuple(sorted(sorted(self.order, key=lambda cpu: (self.load[cpu], rank[cpu]))[:wanted]))
-        for cpu in chosen:
-            self.load[cpu] += 1
+        chosen = tuple(sorted(sorted(self.order, key=lambda cpu: (load[cpu], rank[cpu]))[:wanted]))
         self.held[key] = chosen
         return chosen
 
     def give_back(self, key: str) -> None:
         """Task `key` ended (or never started): its CPUs hold one task less. Nothing for a key that holds none."""
-        for cpu in self.held.pop(key, ()):
-            self.load[cpu] -= 1
+        self.held.pop(key, None)

@@ -18,7 +18,7 @@ from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
-from services.agent.cpus import CpuAllotment, host_cpus
+from services.agent.cpus import CpuAllotment, host_cpus, task_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import (
@@ -94,7 +94,7 @@ class Supervisor:
 
     async def launch(self, key: str, command: StartTask) -> None:
         """Prepare (engine, code, inputs, checkpoint), start, then follow the task to its end; its CPUs are given
-        back however it ends (or fails to start)."""
+        back once its processes are gone, and however it fails to start."""
         try:
             await self._launch(key, command)
         finally:
@@ -140,6 +140,13 @@ class Supervisor:
                 self.tmp_links[workdir] = link
                 env["TMPDIR"] = str(link)
             reach, cover, tmpfs = [str(workdir)], None, None
+            cpu_count = task_cpus(
+                command.spec.resource.cpu_count,
+                gpus=len(command.gpu_indices),
+                node_cpus=self.node.cpu_count,
+                node_gpus=len(self.node.gpus),
+            )
+            cpus = self.cpus.take(key, cpu_count)
             if self.confinement is not None:
                 rules = self.confinement
                 if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look
@@ -154,7 +161,7 @@ class Supervisor:
                         rules.cgroups.create,
                         name=f"uid-{user.uid}",
                         memory_gb=memory_limit_gb(command, self.node),
-                        cpu_count=command.spec.resource.cpu_count,
+                        cpu_count=min(cpu_count, len(cpus)),  # no more time than the CPUs it is pinned to have
                     )
             quota = self.disk_quota_gb
             task = await spawn(
@@ -163,7 +170,7 @@ class Supervisor:
                 workdir=workdir,
                 argv=argv,
                 launch_dir=self.launches,
-                cpus=self.cpus.take(key, command.spec.resource.cpu_count),
+                cpus=cpus,
                 user=user,
                 reach=reach,
                 cover=cover,
@@ -214,6 +221,7 @@ class Supervisor:
         if self.disk_quota_gb:
             helpers.append(asyncio.create_task(enforce_disk(task, self.disk_quota_gb)))
         status = await task.pump(shipper.add)
+        self.cpus.give_back(key)  # its processes are gone: the next task may have its CPUs while its end is reported
         for helper in helpers:
             helper.cancel()
         task.out_of_memory(memory_limit_gb(start, self.node))  # the kernel may have been quicker than our last look

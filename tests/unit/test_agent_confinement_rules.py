@@ -52,6 +52,15 @@ def test_v1_task_cgroups_go_under_the_agents_own_in_the_memory_pids_and_cpu_hier
     assert len(plan(bare, name="uid-7", memory_bytes=1, pids_max=1, cpu_count=2).dirs) == 2
 
 
+def test_a_v1_hierarchy_carrying_several_controllers_is_one_directory_of_the_task():
+    mounts = cgroup_mounts("cgroup /sys/fs/cgroup/cpu,memory,pids cgroup rw,cpu,memory,pids 0 0\n")
+    layout = choose_layout(mounts=mounts, own=own_cgroups("3:cpu,memory,pids:/agent\n"), v2_controllers=set())
+    assert layout is not None and layout.memory == layout.cpu == layout.pids
+    cg = plan(layout, name="uid-7", memory_bytes=1, pids_max=2, cpu_count=1)
+    assert cg.dirs == (layout.memory / "uid-7",)  # made once (a second mkdir would fail the task's cgroup)
+    assert {path.name for path, _ in cg.limits} >= {"memory.limit_in_bytes", "pids.max", "cpu.cfs_quota_us"}
+
+
 def test_a_tiny_cpu_count_gets_the_least_quota_the_kernel_takes():
     layout = Layout(version=1, memory=Path("/m"), pids=None, cpu=Path("/c"))
     assert (
