@@ -122,6 +122,13 @@ class AgentSettings(CommonSettings, StorageSettings):
         description="A cgroup per task (memory_gb and task_pids_max enforced by the "
         "kernel) where the host lets the agent make them.",
     )
+    task_pin_cpus: bool = Field(
+        True,
+        description="Pin each task to as many of the host's CPUs as it was given, those the fewest tasks hold (its "
+        "threads then size themselves to its share); off where several agents share one host and so cannot share "
+        "its CPUs out between them (`make run`'s stack turns it off there). The CPU cap of a task's cgroup holds "
+        "either way.",
+    )
     task_shared_dirs: list[Path] = Field(
         default_factory=list,
         description="Paths every task may reach (their own permissions apply), such as a read-only dataset directory.",
@@ -327,6 +334,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> 
         checkpoint_sync_s=settings.checkpoint_sync_s,
         shutdown_grace_s=settings.shutdown_grace_s,
         disk_quota_gb=settings.task_disk_gb,
+        pin_cpus=settings.task_pin_cpus,
         hangs=HangPolicy(
             timeout_s=settings.hang_timeout_s,
             busy_percent=settings.hang_gpu_busy_percent,

@@ -59,6 +59,7 @@ class Supervisor:
     hangs: HangPolicy
     output_rate: Callable[[], OutputRate | None]  # each task's own allowance of output (None: unlimited)
     disk_quota_gb: float | None
+    pin_cpus: bool  # each task pinned to its own CPUs (off: where it may run is the kernel's choice)
     output_update_s: float  # a redrawn bar's latest frame goes out at most this often
     publish: Callable[[Message | LogChunk], Awaitable[None]]  # reliably: retried while the bus is unreachable
     report_exit: Callable[[TaskExited], Awaitable[None]]  # a task's end, published and journalled
@@ -146,7 +147,7 @@ class Supervisor:
                 node_cpus=self.node.cpu_count,
                 node_gpus=len(self.node.gpus),
             )
-            cpus = self.cpus.take(key, cpu_count)
+            cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
             if self.confinement is not None:
                 rules = self.confinement
                 if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look
@@ -161,7 +162,8 @@ class Supervisor:
                         rules.cgroups.create,
                         name=f"uid-{user.uid}",
                         memory_gb=memory_limit_gb(command, self.node),
-                        cpu_count=min(cpu_count, len(cpus)),  # no more time than the CPUs it is pinned to have
+                        # no more time than the CPUs it may run on have
+                        cpu_count=min(cpu_count, len(cpus or self.cpus.order)),
                     )
             quota = self.disk_quota_gb
             task = await spawn(

@@ -171,6 +171,8 @@ class Stack:
             env["TRAINMASTER_CHECKPOINT_URL"] = s.checkpoint_url
         if s.nats_ca_file:
             env["TRAINMASTER_NATS_CA_FILE"] = str(s.nats_ca_file.resolve())
+        if len(self.node_ids()) != 1:  # its agents share this host's CPUs: the kernel places their tasks, not each
+            env["TRAINMASTER_TASK_PIN_CPUS"] = "false"  # agent alone (each would pin its first task to one CPU)
         return {**env, **self.extra_env}
 
     def env_of(self, identity: str) -> dict[str, str]:

@@ -193,7 +193,8 @@ async def test_a_standard_pytorch_job_knows_its_user_and_compiles(api, project):
     # on the shared stack: inductor's precompiled header alone is larger than the small node's disk quota; its C++
     # compile is ~45 s of CPU (two cores busy with other work: 120 s was not always enough)
     script = f"{sys.executable} {SCRIPTS / 'torch_user.py'}"
-    done, text = await finished(api, project, script, memory_gb=4, timeout_s=240)  # pytest-timeout: 300 s
+    # two CPUs: its compile workers size themselves to the CPUs it may use, and its cgroup caps its time at them
+    done, text = await finished(api, project, script, memory_gb=4, cpu_count=2, timeout_s=240)  # pytest-timeout 300 s
     assert done["status"]["phase"] == "Completed", (done["status"], text)
     who = tagged(text, "WHO")
     assert who["getuser"] == who["pwd"] == who["USER"] and who["home"] == who["HOME"], who
@@ -214,7 +215,9 @@ async def test_a_torchrun_job_with_two_local_ranks_runs(api, project):
     """torchrun starts its ranks, their rendezvous and their workers inside the task's own namespaces."""
     worker = SCRIPTS / "torchrun_worker.py"
     command = f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node 2 {worker} && echo DONE"
-    done, text = await finished(api, project, command, memory_gb=4, environments={"OMP_NUM_THREADS": "1"})
+    done, text = await finished(
+        api, project, command, memory_gb=4, cpu_count=2, environments={"OMP_NUM_THREADS": "1"}
+    )  # a CPU for each rank
     assert done["status"]["phase"] == "Completed", (done["status"], text)
     ranks = tagged(text, "RANKS")
     assert ranks["world"] == 2 and ranks["all_reduce"] == 3.0, ranks
