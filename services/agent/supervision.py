@@ -3,6 +3,7 @@ it to its end (memory, disk, hangs, checkpoints and outputs), clean up and repor
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from services.agent.quota import enforce_disk, past_quota
 from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
 from services.agent.shipping import LogShipper
 from services.agent.spawner import SpawnerGone, spawner
+from services.agent.taskenv import thread_defaults
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +150,9 @@ class Supervisor:
                 node_gpus=len(self.node.gpus),
             )
             cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
+            own = {**{p.name: p.value for p in command.algorithm.parameters}, **command.algorithm.environments}
+            usable = math.ceil(min(cpu_count, len(self.cpus.order)))
+            env.update(thread_defaults(own, cpus=usable, pinned=bool(cpus)))
             if self.confinement is not None:
                 rules = self.confinement
                 if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look

@@ -17,3 +17,13 @@ def collective_defaults(own: dict[str, str]) -> dict[str, str]:
         for name, value in COLLECTIVE_DEFAULTS.items()
         if name not in own and OLDER_NAMES.get(name) not in own
     }
+
+
+def thread_defaults(own: dict[str, str], *, cpus: int, pinned: bool) -> dict[str, str]:
+    """OpenMP's thread count (PyTorch's intra-op threads, and MKL's through it) for a task that may use `cpus` CPUs
+    but was not pinned to them (agents sharing a host, `services/agent/cpus.py`): it would size its threads by every
+    CPU of the host and be throttled by its cgroup's CPU cap. Pinned, OpenMP counts the CPUs it may run on itself.
+    Nothing where its job sets the variable (`own`)."""
+    if pinned or "OMP_NUM_THREADS" in own:
+        return {}
+    return {"OMP_NUM_THREADS": str(max(1, cpus))}

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from shared.events import StartTask
+from shared.jobs import Algorithm
 from services.agent import supervision
 from services.agent.cgroups import Cgroups, Layout, remove
 from services.agent.cpus import CpuAllotment, preferred_order, task_cpus
-from tests.factories import algorithm, spec, unique
+from tests.factories import spec, unique
 from tests.unit.test_agent_isolation import ended, make_agent, root_only
 from tests.unit.test_agent_task_processes import cgroups_here, with_cgroups
 
@@ -85,7 +86,7 @@ def test_a_cpu_controller_the_host_refuses_leaves_memory_limited(tmp_path, caplo
     assert (top / "trainmaster-tasks" / "cgroup.subtree_control").read_text() == "+memory +pids"
 
 
-def task(job_id: str, command: str, *, cpu_count: float) -> StartTask:
+def task(job_id: str, command: str, *, cpu_count: float, environments: dict[str, str] | None = None) -> StartTask:
     return StartTask(
         event_id=f"{job_id}:1:0:start",
         node_id="n1",
@@ -93,7 +94,7 @@ def task(job_id: str, command: str, *, cpu_count: float) -> StartTask:
         attempt=1,
         project_id="p",
         user_name="alice",
-        algorithm=algorithm(command),
+        algorithm=Algorithm(command=command, environments=environments or {}),
         spec=spec(resource={"memory_gb": 1, "cpu_count": cpu_count}),
     )
 
@@ -224,3 +225,28 @@ def test_a_cap_the_kernel_refuses_leaves_the_tasks_memory_and_pids_limited(tmp_p
         (parent / "trainmaster-tasks").rmdir()
     finally:
         parent.rmdir()
+
+
+THREADS = "import json, os; print('THREADS ' + json.dumps(os.environ.get('OMP_NUM_THREADS')), flush=True)"
+
+
+async def test_an_unpinned_task_is_told_its_thread_count_and_a_pinned_one_counts_its_cpus(tmp_path):
+    """Agents sharing a host do not pin: OpenMP would size a task's threads by every CPU of the host and its cgroup's
+    cap would throttle them, so the task is told how many CPUs it has (unless its job says)."""
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=False)
+    probe = f'{sys.executable} -c "{AFFINITY}; {THREADS}"'
+    pinned = unique("cpu")
+    await agent.start(task(pinned, probe, cpu_count=1))
+    done, out = await ended(pinned, sent)
+    assert done.reason == "completed" and "THREADS null" in out and len(cpus_seen(out)) == 1, out
+    agent.supervisor.pin_cpus = False
+    free = unique("cpu")
+    await agent.start(task(free, probe, cpu_count=0.5))
+    done, out = await ended(free, sent)
+    assert done.reason == "completed" and 'THREADS "1"' in out, out
+    assert set(cpus_seen(out)) == os.sched_getaffinity(0)  # where it runs is the kernel's choice
+    own = unique("cpu")
+    await agent.start(task(own, probe, cpu_count=1, environments={"OMP_NUM_THREADS": "7"}))
+    done, out = await ended(own, sent)
+    assert done.reason == "completed" and 'THREADS "7"' in out, out
