@@ -126,8 +126,8 @@ class AgentSettings(CommonSettings, StorageSettings):
         True,
         description="Pin each task to as many of the host's CPUs as it was given, those the fewest tasks hold (its "
         "threads then size themselves to its share); off where several agents share one host and so cannot share "
-        "its CPUs out between them (`make run`'s stack turns it off there). The CPU cap of a task's cgroup holds "
-        "either way.",
+        "its CPUs out between them (`make run`'s stack turns it off there). A task's cgroup caps its CPU time "
+        "either way, where it has one.",
     )
     task_shared_dirs: list[Path] = Field(
         default_factory=list,

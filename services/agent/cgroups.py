@@ -169,7 +169,7 @@ class Cgroups:
                 self._add_cpu(layout)
                 self.layout = layout
             except OSError as exc:  # memory and processes are still limited
-                log.warning("task CPU time cannot be capped here (%r): tasks are held to their CPUs by affinity", exc)
+                log.warning("task CPU time cannot be capped here (%r): only pinned tasks are held to their CPUs", exc)
 
     @staticmethod
     def _delegate(layout: Layout) -> None:
@@ -206,7 +206,7 @@ class Cgroups:
                 log.warning("no cgroup for task %s (%r): its memory is measured by the agent", name, exc)
                 return None
             log.warning(
-                "task %s: its CPU time cannot be capped at %g CPUs (%r); its affinity holds it", name, cpu_count, exc
+                "task %s: its CPU time cannot be capped at %g CPUs (%r); made without the cap", name, cpu_count, exc
             )
             return self.create(name=name, memory_gb=memory_gb)
         return cg

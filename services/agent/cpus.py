@@ -13,8 +13,10 @@ capped too, which it cannot pass. Without one (agent not root, cgroups off, a ho
 controller) affinity alone holds it.
 
 The CPUs are shared out least-loaded first: a task gets the `ceil(cpus)` CPUs that the fewest running tasks are
-pinned to, ties broken in an order that starts at a different CPU on each node, so two agents on one host (a test
-stack's) do not pile their first tasks onto CPU 0. A task asking for more CPUs than the host has gets them all.
+pinned to, ties broken in an order that starts at a different CPU on each node. A task asking for more CPUs than the
+agent may use gets them all. Agents that share one host cannot share its CPUs out between them: there pinning is off
+(`task_pin_cpus`; `make run`'s stack turns it off), the kernel places tasks, and a task is told its CPUs in
+`OMP_NUM_THREADS` (`services/agent/taskenv.py`).
 """
 
 import hashlib
@@ -65,7 +67,7 @@ class CpuAllotment:
 
     def take(self, key: str, cpus: float) -> tuple[int, ...]:
         """The CPUs for task `key` asking for `cpus` CPUs. A task's key is taken once (the agent's journal runs a
-        start once): a second take while it holds CPUs is a mistake, refused (its give-back would free the first's)."""
+        start once): a second take while it holds CPUs is a bug, refused rather than counted twice."""
         if key in self.held:
             raise ValueError(f"task {key} holds CPUs already")
         wanted = min(len(self.order), max(1, math.ceil(cpus)))

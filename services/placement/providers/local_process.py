@@ -48,7 +48,8 @@ class LocalProcessProvider:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         cluster_file = self.root / f"{node_id}.toml"
         cluster_file.write_text(node_entry(node_id, instance))
-        env = {**self.env, "TRAINMASTER_USE_NVML": "false"}
+        # its agent shares this host with the stack's: the kernel places its tasks on the host's CPUs, not each agent
+        env = {**self.env, "TRAINMASTER_USE_NVML": "false", "TRAINMASTER_TASK_PIN_CPUS": "false"}
         if self.credentials:
             # its boot is over (slept above): its agent starts now, registering within the patience
             issued = await self.credentials.issue(node_id, self.root, boot_s=REGISTER_PATIENCE_S)
