@@ -109,9 +109,10 @@ async def test_a_budget_stops_a_submission_with_406029_and_creates_nothing(stack
 
 
 async def test_the_80_percent_budget_alert_is_delivered_once(api, project):
-    # RTX-3090 only on local-2 at $0.40/h: 11.5 s is $0.00128, 85% of $0.0015
-    await api.put(f"/v2/{project}/quotas", json={"budget_per_month": 0.0015})
-    body = job_body(command="sleep 11.5", gpu_count=1, expected_duration_s=1)
+    # RTX-3090 only on local-2 at $0.40/h: 16 s is $0.00178, 81% of $0.0022; 100% is 19.8 s, so the attempt's start
+    # and end may take 3.8 s beyond its sleep (2 s was once too little on a loaded 2-core machine: both alerts went)
+    await api.put(f"/v2/{project}/quotas", json={"budget_per_month": 0.0022})
+    body = job_body(command="sleep 16", gpu_count=1, expected_duration_s=1)
     body["spec"]["placement"]["gpu_models"] = ["RTX-3090"]
     response = await api.post(f"/v2/{project}/training-jobs", json=body)
     assert response.status_code == 201, response.text
