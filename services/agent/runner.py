@@ -80,6 +80,11 @@ def identity(account: str, workdir: Path) -> dict[str, str]:
     }
 
 
+def job_variables(start: StartTask) -> dict[str, str]:
+    """The variables the job sets itself: its parameters, then its environment."""
+    return {**{p.name: p.value for p in start.algorithm.parameters}, **start.algorithm.environments}
+
+
 def task_environment(
     start: StartTask,
     node: NodeInfo,
@@ -94,7 +99,7 @@ def task_environment(
     gpus = [g for g in node.gpus if g.index in start.gpu_indices]
     env = {k: v for k, v in base.items() if k in INHERITED_ENV or k.startswith(INHERITED_ENV_PREFIXES)}
     env.setdefault("PATH", os.defpath)
-    own = {**{p.name: p.value for p in start.algorithm.parameters}, **start.algorithm.environments}
+    own = job_variables(start)
     env.update(collective_defaults(own))
     env.update({p.name: p.value for p in start.algorithm.parameters})
     env.update(start.algorithm.environments)

@@ -35,7 +35,15 @@ from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
 from services.agent.quota import enforce_disk, past_quota
-from services.agent.runner import TaskProcess, describe_exit, identity, memory_limit_gb, spawn, task_environment
+from services.agent.runner import (
+    TaskProcess,
+    describe_exit,
+    identity,
+    job_variables,
+    memory_limit_gb,
+    spawn,
+    task_environment,
+)
 from services.agent.shipping import LogShipper
 from services.agent.spawner import SpawnerGone, spawner
 from services.agent.taskenv import thread_defaults
@@ -150,9 +158,8 @@ class Supervisor:
                 node_gpus=len(self.node.gpus),
             )
             cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
-            own = {**{p.name: p.value for p in command.algorithm.parameters}, **command.algorithm.environments}
-            usable = math.ceil(min(cpu_count, len(self.cpus.order)))
-            env.update(thread_defaults(own, cpus=usable, pinned=bool(cpus)))
+            limit = min(cpu_count, len(cpus or self.cpus.order))  # no more than the CPUs it may run on
+            env.update(thread_defaults(job_variables(command), cpus=math.ceil(limit), pinned=bool(cpus)))
             if self.confinement is not None:
                 rules = self.confinement
                 if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look
@@ -167,8 +174,7 @@ class Supervisor:
                         rules.cgroups.create,
                         name=f"uid-{user.uid}",
                         memory_gb=memory_limit_gb(command, self.node),
-                        # no more time than the CPUs it may run on have
-                        cpu_count=min(cpu_count, len(cpus or self.cpus.order)),
+                        cpu_count=limit,
                     )
             quota = self.disk_quota_gb
             task = await spawn(

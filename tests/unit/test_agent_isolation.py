@@ -92,7 +92,9 @@ def make_agent(
     )
 
 
-def start(job_id: str, command: str, *, project: str = "p", memory_gb: float | None = 1, **fields) -> StartTask:
+def start(
+    job_id: str, command: str, *, project: str = "p", memory_gb: float | None = 1, cpu_count: float = 1, **fields
+) -> StartTask:
     return StartTask(
         event_id=f"{job_id}:1:0:start",
         node_id="n1",
@@ -101,7 +103,7 @@ def start(job_id: str, command: str, *, project: str = "p", memory_gb: float | N
         project_id=project,
         user_name="alice",
         algorithm=Algorithm(command=command, **fields),
-        spec=spec(resource={"memory_gb": memory_gb}),
+        spec=spec(resource={"memory_gb": memory_gb, "cpu_count": cpu_count}),
     )
 
 

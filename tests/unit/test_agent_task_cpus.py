@@ -11,13 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from shared.events import StartTask
-from shared.jobs import Algorithm
 from services.agent import supervision
 from services.agent.cgroups import Cgroups, Layout, remove
 from services.agent.cpus import CpuAllotment, preferred_order, task_cpus
-from tests.factories import spec, unique
-from tests.unit.test_agent_isolation import ended, make_agent, root_only
+from tests.factories import unique
+from tests.unit.test_agent_isolation import ended, make_agent, root_only, start
 from tests.unit.test_agent_task_processes import cgroups_here, with_cgroups
 
 AFFINITY = "import json, os; print('CPUS ' + json.dumps(sorted(os.sched_getaffinity(0))), flush=True)"
@@ -86,19 +84,6 @@ def test_a_cpu_controller_the_host_refuses_leaves_memory_limited(tmp_path, caplo
     assert (top / "trainmaster-tasks" / "cgroup.subtree_control").read_text() == "+memory +pids"
 
 
-def task(job_id: str, command: str, *, cpu_count: float, environments: dict[str, str] | None = None) -> StartTask:
-    return StartTask(
-        event_id=f"{job_id}:1:0:start",
-        node_id="n1",
-        job_id=job_id,
-        attempt=1,
-        project_id="p",
-        user_name="alice",
-        algorithm=Algorithm(command=command, environments=environments or {}),
-        spec=spec(resource={"memory_gb": 1, "cpu_count": cpu_count}),
-    )
-
-
 def cpus_seen(output: str) -> list[int]:
     return json.loads(next(line for line in output.splitlines() if line.startswith("CPUS "))[5:])
 
@@ -109,13 +94,13 @@ async def test_two_one_cpu_tasks_run_on_different_cpus_and_a_big_one_on_all(tmp_
     agent = make_agent(tmp_path, sent, confined=False)
     hold = f'{sys.executable} -c "{AFFINITY}; import time; time.sleep(1.5)"'
     one, two = unique("cpu"), unique("cpu")
-    await agent.start(task(one, hold, cpu_count=1))
-    await agent.start(task(two, hold, cpu_count=1))
+    await agent.start(start(one, hold, cpu_count=1))
+    await agent.start(start(two, hold, cpu_count=1))
     (first, out1), (second, out2) = await asyncio.gather(ended(one, sent), ended(two, sent))
     assert first.reason == second.reason == "completed", (out1, out2)
     assert len(cpus_seen(out1)) == len(cpus_seen(out2)) == 1 and cpus_seen(out1) != cpus_seen(out2)
     big = unique("cpu")
-    await agent.start(task(big, f'{sys.executable} -c "{AFFINITY}"', cpu_count=1024))
+    await agent.start(start(big, f'{sys.executable} -c "{AFFINITY}"', cpu_count=1024))
     done, out = await ended(big, sent)
     assert done.reason == "completed" and set(cpus_seen(out)) == os.sched_getaffinity(0), out
     assert not agent.supervisor.cpus.held  # given back once each task's processes were gone
@@ -131,7 +116,7 @@ async def test_a_node_shares_out_only_the_cpus_its_agent_may_use(tmp_path):
     finally:
         os.sched_setaffinity(0, own)
     big = unique("cpu")
-    await agent.start(task(big, f'{sys.executable} -c "{AFFINITY}"', cpu_count=64))
+    await agent.start(start(big, f'{sys.executable} -c "{AFFINITY}"', cpu_count=64))
     done, out = await ended(big, sent)
     assert done.reason == "completed" and cpus_seen(out) == [one], out
 
@@ -144,7 +129,7 @@ async def test_a_task_that_cannot_start_gives_its_cpus_back(tmp_path, monkeypatc
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=False)
     job_id = unique("cpu")
-    await agent.start(task(job_id, "true", cpu_count=1))
+    await agent.start(start(job_id, "true", cpu_count=1))
     done, _ = await ended(job_id, sent)
     assert done.reason == "start_failed" and "no shim for you" in done.message
     for _ in range(100):  # the launch's own end, just after the report
@@ -172,7 +157,7 @@ async def test_a_task_that_widens_its_affinity_is_held_to_its_cpu_count_by_its_c
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True)
     job_id = unique("quota")
-    await agent.start(task(job_id, f"{sys.executable} -c '{SPIN}'", cpu_count=0.1))
+    await agent.start(start(job_id, f"{sys.executable} -c '{SPIN}'", cpu_count=0.1))
     for _ in range(200):
         running = next((t for t in agent.tasks.values() if t.start.job_id == job_id), None)
         if running is not None and running.cgroup is not None:
@@ -241,16 +226,16 @@ async def test_an_unpinned_task_is_told_its_thread_count_and_a_pinned_one_counts
     agent = make_agent(tmp_path, sent, confined=False)
     probe = f'{sys.executable} -c "{AFFINITY}; {THREADS}"'
     pinned = unique("cpu")
-    await agent.start(task(pinned, probe, cpu_count=1))
+    await agent.start(start(pinned, probe, cpu_count=1))
     done, out = await ended(pinned, sent)
     assert done.reason == "completed" and "THREADS null" in out and len(cpus_seen(out)) == 1, out
     agent.supervisor.pin_cpus = False
     free = unique("cpu")
-    await agent.start(task(free, probe, cpu_count=1.5))
+    await agent.start(start(free, probe, cpu_count=1.5))
     done, out = await ended(free, sent)
     assert done.reason == "completed" and f'THREADS "{min(2, len(os.sched_getaffinity(0)))}"' in out, out
     assert set(cpus_seen(out)) == os.sched_getaffinity(0)  # where it runs is the kernel's choice
     own = unique("cpu")
-    await agent.start(task(own, probe, cpu_count=1, environments={"OMP_NUM_THREADS": "7"}))
+    await agent.start(start(own, probe, cpu_count=1, environments={"OMP_NUM_THREADS": "7"}))
     done, out = await ended(own, sent)
     assert done.reason == "completed" and 'THREADS "7"' in out, out
