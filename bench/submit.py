@@ -414,6 +414,7 @@ def main() -> None:
             stack.extra_env["TRAINMASTER_SHIPPED_MODEL"] = str(data / "no-shipped-model")
         if args.thread_profile:
             stack.extra_env |= threadprofile.env(args.thread_profile, stack.env()["PYTHONPATH"])
+            stack.settings.fork_server = False  # each process loads the profiling site itself as it starts
         if args.count_commands:
             (data / "db-commands").mkdir()
             stack.extra_env[COUNTS_DIR] = str(data / "db-commands")

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from shared.children import dies_with_parent
 from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
 from services.agent.resources import agent_node_ids
+from services.stack.forkserver import ForkedProcess, ForkServer, ForkServerError
 from services.stack.identities import Identities, prepare_bus
 from services.stack.migrate import split_single_database
 from services.stack.settings import StackSettings
@@ -89,7 +91,7 @@ def free_ports_at(*offsets: int) -> int:
     raise RuntimeError(f"no free ports at offsets {offsets}")
 
 
-def wait_for_port(port: int, *, timeout_s: float = 30, process: subprocess.Popen | None = None) -> None:
+def wait_for_port(port: int, *, timeout_s: float = 30, process: subprocess.Popen | ForkedProcess | None = None) -> None:
     """Until something listens on the port; a `process` meant to listen there that exits first fails at once."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -102,11 +104,15 @@ def wait_for_port(port: int, *, timeout_s: float = 30, process: subprocess.Popen
     raise TimeoutError(f"nothing listens on port {port} after {timeout_s}s")
 
 
+FORKS_STARTING = threading.Lock()  # one fork server a stack, whichever thread starts its first process
+
+
 @dataclass
 class Stack:
     settings: StackSettings
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen | ForkedProcess] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. service tunables for a test
+    forks: ForkServer | None = field(default=None, repr=False)  # the fork server, once a Python process is started
 
     @property
     def data_dir(self) -> Path:
@@ -198,27 +204,53 @@ class Stack:
 
     def _spawn(
         self, name: str, argv: list[str], *, env: dict[str, str] | None = None, umask: int = -1
-    ) -> subprocess.Popen:
+    ) -> subprocess.Popen | ForkedProcess:
         self.make_data_dir()
         logs = self.data_dir / "logs"
         logs.mkdir(mode=0o700, parents=True, exist_ok=True)
-        out = (logs / f"{name}.log").open("ab")
+        env = env or self.env()
+        cwd = Path(__file__).resolve().parents[2]
         # Gone with the stack: agents by SIGTERM (they stop their tasks); services, the bus and the database by
         # SIGKILL (services do not exit on SIGTERM once the bus is gone; a kill loses nothing: every change is
         # written with its events, and the bus and the database survive one).
-        with_stack = dies_with_parent(signal.SIGTERM if name.startswith("agent-") else signal.SIGKILL)
-        process = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env or self.env(),
-            start_new_session=True,
-            cwd=Path(__file__).resolve().parents[2],
-            umask=umask,
-            preexec_fn=with_stack,
-        )
+        death = signal.SIGTERM if name.startswith("agent-") else signal.SIGKILL
+        with (logs / f"{name}.log").open("ab") as out:
+            forked = self._fork(name, argv, env=env, cwd=cwd, umask=umask, log=out.fileno(), death_signal=death)
+            process: subprocess.Popen | ForkedProcess
+            if forked is not None:
+                process = forked
+            else:
+                process = subprocess.Popen(
+                    argv,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,
+                    cwd=cwd,
+                    umask=umask,
+                    preexec_fn=dies_with_parent(death),
+                )
         self.processes[name] = process
         return process
+
+    def _fork(
+        self, name: str, argv: list[str], *, env: dict[str, str], cwd: Path, umask: int, log: int, death_signal: int
+    ) -> ForkedProcess | None:
+        """`python -m module` forked by the stack's fork server (services/stack/forkserver.py), started at the first
+        such process; None where it does not serve (another program, another interpreter environment, turned off
+        by `fork_server`, gone): the caller starts it as a process of its own."""
+        if not self.settings.fork_server or argv[:2] != [sys.executable, "-m"]:
+            return None
+        with FORKS_STARTING:
+            if self.forks is None:
+                self.forks = ForkServer(self.env(), cwd=cwd, log=self.data_dir / "logs" / "fork-server.log")
+        if not self.forks.serves(argv, env):
+            return None
+        try:
+            return self.forks.spawn(argv, env=env, cwd=cwd, umask=umask, log=log, death_signal=death_signal, name=name)
+        except ForkServerError as exc:
+            print(f"trainmaster: {name} started as a process of its own: {exc}", file=sys.stderr, flush=True)
+            return None
 
     def start_nats(self) -> None:
         if self.settings.nats_url:
@@ -418,7 +450,7 @@ class Stack:
         at once: a waiting replica cannot take over from one stopping), the on-demand agents, then the databases
         and the bus (one process after another, a stack's teardown took seconds more: an agent about one)."""
 
-        def take(names: list[str]) -> list[subprocess.Popen | None]:
+        def take(names: list[str]) -> list[subprocess.Popen | ForkedProcess | None]:
             return [self.processes.pop(name, None) for name in names]
 
         replicas = range(1, self.settings.service_replicas + 1)
@@ -426,6 +458,9 @@ class Stack:
         stop_groups(take([self.replica_name(name, r) for name in SERVICES for r in replicas]))
         self.stop_provisioned()
         stop_groups(take(list(self.processes)))  # the databases and the bus servers
+        if self.forks is not None:
+            self.forks.stop()
+            self.forks = None
 
     def stop_provisioned(self, *, timeout_s: float = 15) -> None:
         """Agents that placement started for on-demand nodes of the local-process provider: SIGTERM, and SIGKILL
@@ -480,12 +515,12 @@ def unsettled(dead: list[str], restarted: dict[str, float], *, now: float) -> li
     return sorted({*dead, *(name for name, at in restarted.items() if now - at < RESTART_AFTER_S)})
 
 
-def stop_group(process: subprocess.Popen | None, *, timeout_s: float = 15) -> None:
+def stop_group(process: subprocess.Popen | ForkedProcess | None, *, timeout_s: float = 15) -> None:
     """SIGTERM a process's whole group, SIGKILL it after `timeout_s`; nothing if it is gone already."""
     stop_groups([process], timeout_s=timeout_s)
 
 
-def stop_groups(processes: list[subprocess.Popen | None], *, timeout_s: float = 15) -> None:
+def stop_groups(processes: list[subprocess.Popen | ForkedProcess | None], *, timeout_s: float = 15) -> None:
     """`stop_group` for several at once (one deadline for all); what a stopped process left running in its group
     (a child it started) is killed with it."""
     running = [p for p in processes if p is not None and p.poll() is None]

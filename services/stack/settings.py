@@ -60,6 +60,12 @@ class StackSettings(BaseSettings):
     checkpoint_sync_s: float = 5.0
     checkpoint_url: str | None = None
     log_level: str = "INFO"
+    fork_server: bool = Field(
+        True,
+        description="The services, agents and embedded databases are forked from one process that imported their "
+        "libraries once (services/stack/forkserver.py: ~0.6 s of CPU less a process); false: each is a Python "
+        "of its own (its command line shows it in `ps`).",
+    )
     service_replicas: int = Field(
         1,
         description="Processes of each service: 2 run a second of each (the second API "
