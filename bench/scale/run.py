@@ -32,6 +32,7 @@ def start_stack(
             cluster_file=data / "cluster.toml",
             heartbeat_interval_s=interval_s,
             node_timeout_s=timeout_s,
+            fork_server=False,  # each process's RSS its own, as in the reports before the fork server
         )
     )
     # no-op jobs need no history model: without the MLPerf logs the estimator trains none, and the minutes of CPU a

@@ -52,9 +52,10 @@ PRELOAD = (
     "uvicorn",
     "nx_27017",
 )
-# The environment the interpreter reads as it starts (not again in a fork): a child whose values differ is started as
-# a Python of its own.
-INTERPRETER_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
+# The environment the interpreter, the dynamic loader and the C library read as they start (not again in a fork: e.g.
+# where `dlopen` looks for libnvidia-ml): a child whose values differ is started as a Python of its own.
+INTERPRETER_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "GLIBC_TUNABLES")
+INTERPRETER_PREFIXES = ("PYTHON", "LD_", "MALLOC_")
 START_TIMEOUT_S = 30.0  # how long a fork may take to say its pid
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
@@ -66,7 +67,7 @@ class ForkServerError(RuntimeError):
 
 def interpreter_env(env: dict[str, str]) -> dict[str, str]:
     """What of `env` the interpreter reads at its start: all the server is given."""
-    return {k: v for k, v in env.items() if k.startswith("PYTHON") or k in INTERPRETER_KEYS}
+    return {k: v for k, v in env.items() if k.startswith(INTERPRETER_PREFIXES) or k in INTERPRETER_KEYS}
 
 
 # --- the stack's side -------------------------------------------------------------------------------------------
@@ -75,14 +76,15 @@ def interpreter_env(env: dict[str, str]) -> dict[str, str]:
 class ForkedProcess:
     """A process the fork server started, as the stack uses a `subprocess.Popen`."""
 
-    def __init__(self, pid: int, conn: socket.socket, args: list[str]) -> None:
+    def __init__(self, pid: int, conn: socket.socket, args: list[str], death_signal: int) -> None:
         self.pid = pid
         self.args = args
+        self.death_signal = death_signal  # what ended it if the server died before telling its end
         self.returncode: int | None = None
         self._conn: socket.socket | None = conn
         self._buffer = b""
         self._lock = threading.Lock()
-        self._started = _start_time(pid)
+        self._started = stat[1] if (stat := _stat(pid)) else None
 
     def poll(self) -> int | None:
         with self._lock:
@@ -94,12 +96,13 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._lock:
+                left = None if deadline is None else deadline - time.monotonic()
+                if self.returncode is None:
+                    self._read(0.1 if left is None else max(0.0, min(left, 0.1)))
                 if self.returncode is not None:
                     return self.returncode
-                left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
-                self._read(0.1 if left is None else min(left, 0.1))
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -116,8 +119,8 @@ class ForkedProcess:
         """Read the exit status if it came within `timeout`; the server gone without one (its children had their
         signal), the process's end is seen in /proc."""
         if self._conn is None:  # the server is gone: the process ended once its pid is another's or nobody's
-            if _start_time(self.pid) != self._started:
-                self.returncode = -signal.SIGKILL
+            if _ended(self.pid, self._started):
+                self.returncode = -self.death_signal
             else:
                 time.sleep(timeout)
             return
@@ -203,7 +206,7 @@ class ForkServer:
         if not line.startswith("pid "):
             status.close()
             raise ForkServerError(f"the fork server could not start {argv[2]}: {line or 'no answer'}")
-        return ForkedProcess(int(line[4:]), status, argv)
+        return ForkedProcess(int(line[4:]), status, argv, int(death_signal))
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """The server ends (its children, if any are left, get their signal)."""
@@ -225,13 +228,20 @@ def _read_line(conn: socket.socket) -> str:
     return data.decode(errors="replace").strip()
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat): None once it is gone."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """The process's state and start time (fields 3 and 22 of /proc/PID/stat); None once it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    return fields[0], fields[19]
+
+
+def _ended(pid: int, started: str | None) -> bool:
+    """Whether the process that started at `started` has ended: gone, its pid another's, or a zombie left to a
+    parent that may never reap it."""
+    stat = _stat(pid)
+    return stat is None or stat[0] == "Z" or stat[1] != started
 
 
 # --- the server's side ------------------------------------------------------------------------------------------
@@ -285,17 +295,33 @@ def serve(control: socket.socket) -> dict[str, Any] | None:
                         pass
                 _report_ends(children, told)
             else:  # the stack closed a child's socket: it has read its status (or let it go)
-                pid, closing = key.data, children[key.data]
-                if closing is not None and closing.recv(64) == b"":
-                    selector.unregister(closing)
-                    closing.close()
-                    if pid in told:
-                        told.discard(pid)
-                        os.waitpid(pid, 0)
-                        del children[pid]
-                    else:
-                        children[pid] = None
-                        _report_ends(children, told)
+                _closed(key.data, children, told, selector)
+                _report_ends(children, told)
+
+
+def _closed(
+    pid: int, children: dict[int, socket.socket | None], told: set[int], selector: selectors.BaseSelector
+) -> None:
+    """The stack's end of a child's socket is readable: closed (end of file, or reset when it closed with our status
+    unread), the child is reaped if it ended, else reaped when it ends; anything else read is ignored."""
+    closing = children.get(pid)
+    if closing is None:
+        return
+    try:
+        data = closing.recv(64)
+    except OSError:
+        data = b""
+    if data:
+        return
+    selector.unregister(closing)
+    closing.close()
+    if pid in told:
+        told.discard(pid)
+        del children[pid]
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    else:
+        children[pid] = None
 
 
 def _report_ends(children: dict[int, socket.socket | None], told: set[int]) -> None:
@@ -306,21 +332,18 @@ def _report_ends(children: dict[int, socket.socket | None], told: set[int]) -> N
         keep = conn is not None
         try:
             ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | (os.WNOWAIT if keep else 0))
-        except ChildProcessError:
-            ended = None
-            del children[pid]
-            continue
-        if ended is None or ended.si_pid == 0:
-            continue
+        except ChildProcessError:  # reaped already (nothing else here reaps): ended, its status unknown
+            code = -signal.SIGKILL
+        else:
+            if ended is None or ended.si_pid == 0:
+                continue
+            code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
         if not keep:
             del children[pid]
             continue
-        code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
-        try:
+        told.add(pid)  # told, or nobody left to tell: reaped once the stack's end closes
+        with contextlib.suppress(OSError):
             conn.sendall(f"exit {code}\n".encode())  # type: ignore[union-attr]
-            told.add(pid)
-        except OSError:  # the stack is gone: nobody to tell
-            told.add(pid)
 
 
 def _close(sockets: Iterable[socket.socket], fds: Iterable[int]) -> None:

@@ -105,6 +105,7 @@ def wait_for_port(port: int, *, timeout_s: float = 30, process: subprocess.Popen
 
 
 FORKS_STARTING = threading.Lock()  # one fork server a stack, whichever thread starts its first process
+FORK_SERVER_DEATHS = 3  # a stack whose fork server died this often starts its processes as before
 
 
 @dataclass
@@ -113,6 +114,7 @@ class Stack:
     processes: dict[str, subprocess.Popen | ForkedProcess] = field(default_factory=dict)
     extra_env: dict[str, str] = field(default_factory=dict)  # e.g. service tunables for a test
     forks: ForkServer | None = field(default=None, repr=False)  # the fork server, once a Python process is started
+    forks_died: int = field(default=0, repr=False)  # fork servers of this stack that died
 
     @property
     def data_dir(self) -> Path:
@@ -237,17 +239,25 @@ class Stack:
         self, name: str, argv: list[str], *, env: dict[str, str], cwd: Path, umask: int, log: int, death_signal: int
     ) -> ForkedProcess | None:
         """`python -m module` forked by the stack's fork server (services/stack/forkserver.py), started at the first
-        such process; None where it does not serve (another program, another interpreter environment, turned off
-        by `fork_server`, gone): the caller starts it as a process of its own."""
+        such process, and again if it died; None where it does not serve (another program, another interpreter
+        environment, turned off by `fork_server`, a fork that failed): the caller starts it as a process of its
+        own."""
         if not self.settings.fork_server or argv[:2] != [sys.executable, "-m"]:
             return None
         with FORKS_STARTING:
+            if self.forks is not None and self.forks.process.poll() is not None:  # it died (its children with it)
+                self.forks.stop()
+                self.forks = None
+                self.forks_died += 1
+            if self.forks_died >= FORK_SERVER_DEATHS:  # it cannot stay up here: processes of their own from now
+                return None
             if self.forks is None:
                 self.forks = ForkServer(self.env(), cwd=cwd, log=self.data_dir / "logs" / "fork-server.log")
-        if not self.forks.serves(argv, env):
+            forks = self.forks
+        if not forks.serves(argv, env):
             return None
         try:
-            return self.forks.spawn(argv, env=env, cwd=cwd, umask=umask, log=log, death_signal=death_signal, name=name)
+            return forks.spawn(argv, env=env, cwd=cwd, umask=umask, log=log, death_signal=death_signal, name=name)
         except ForkServerError as exc:
             print(f"trainmaster: {name} started as a process of its own: {exc}", file=sys.stderr, flush=True)
             return None

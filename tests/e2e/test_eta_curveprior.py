@@ -9,9 +9,8 @@ from shlex import quote
 
 import pytest
 
-from tests.e2e.eta_replays import follow_eta, wait_for_history_model
+from tests.e2e.eta_replays import follow_eta
 from tests.e2e.helpers import submit
-from tests.e2e.watches import watch
 
 pytestmark = pytest.mark.e2e
 
@@ -80,17 +79,9 @@ async def conv_training(api, project: str, target: float) -> tuple[dict[float, b
     return inside, shown
 
 
-@watch("conv-training")
-async def conv_trainings(api, stack) -> list[tuple[dict[float, bool], dict]]:
-    """Both runs side by side (mostly waiting: a watch, beside the README's test), once the history model is there."""
-    await wait_for_history_model(api)
-    return await asyncio.gather(*(conv_training(api, "p-eta-conv-training", target) for target in TARGETS))
-
-
 @pytest.mark.timeout(120)
-@pytest.mark.watched("conv-training")
-async def test_an_unrecorded_kind_of_training_gets_a_band_that_holds_the_truth(watches):
-    results = await watches.result("conv-training")
+async def test_an_unrecorded_kind_of_training_gets_a_band_that_holds_the_truth(api, project):
+    results = await asyncio.gather(*(conv_training(api, project, target) for target in TARGETS))
     checks = [ok for inside, _ in results for ok in inside.values()]
     # An 80% band would hold the truth at 8 of 10 cuts. Measured on the loaded 2-core VM: 5 of 10 in each of three
     # runs (the 10% cuts come before the first lines; on the slow tail the band's top falls 1-7 s short), the

@@ -10,9 +10,8 @@ from shlex import quote
 
 import pytest
 
-from tests.e2e.eta_replays import CORPUS, TRUE_S, follow_eta, wait_for_history_model
+from tests.e2e.eta_replays import CORPUS, TRUE_S, follow_eta
 from tests.e2e.helpers import submit
-from tests.e2e.watches import watch
 
 pytestmark = pytest.mark.e2e
 
@@ -116,18 +115,9 @@ async def own_training(api, project: str, target: float) -> tuple[dict[float, bo
     return inside, early
 
 
-@watch("own-training")
-async def own_trainings(api, stack) -> list[tuple[dict[float, bool], list]]:
-    """The three runs side by side (a minute of mostly waiting: a watch, beside the README's test), once the history
-    model is there, as when this test ran on its own after the tier's first tests."""
-    await wait_for_history_model(api)
-    return await asyncio.gather(*(own_training(api, "p-eta-own-training", target) for target in OWN_TARGETS))
-
-
 @pytest.mark.timeout(180)
-@pytest.mark.watched("own-training")
-async def test_a_researchers_own_training_gets_an_honest_interval(watches):
-    runs = await watches.result("own-training")
+async def test_a_researchers_own_training_gets_an_honest_interval(api, project):
+    runs = await asyncio.gather(*(own_training(api, project, target) for target in OWN_TARGETS))
     results = [inside for inside, _ in runs]
     # early, it admits not knowing: a band at least 3 times as long as it is short before 30% of the run, in two or
     # more of the three runs. Asked of every run once, it failed where a loaded machine's polls saw three early

@@ -1,6 +1,7 @@
 """The stack's fork server (services/stack/forkserver.py): a process forked from it is what `python -m` would have
 started, its exit is the stack's to read, the server never holds what a child is given, and its children go with it."""
 
+import gc
 import json
 import os
 import signal
@@ -114,6 +115,20 @@ def test_an_exit_waits_for_the_stack_to_read_it(server, tmp_path):
     process.kill()  # no longer signalled once its end was read
 
 
+def test_a_status_the_stack_never_reads_leaves_the_server_serving(server, tmp_path):
+    process = spawn(server, tmp_path, "report")
+    pid = process.pid
+    until(lambda: state(pid) == "Z")
+    time.sleep(0.3)  # its status sent, unread: closing our end now resets the server's
+    del process
+    gc.collect()
+    until(lambda: state(pid) is None)  # reaped
+    again = spawn(server, tmp_path, "report")
+    until(lambda: state(again.pid) == "Z")
+    assert again.wait(timeout=0) == 3  # an exit already told is read without waiting
+    assert server.process.poll() is None
+
+
 def test_a_signal_reads_as_popen_reads_it(server, tmp_path):
     process = spawn(server, tmp_path, "sleep")
     until(lambda: (tmp_path / "child.log").exists() and (tmp_path / "child.log").read_text())
@@ -148,6 +163,15 @@ def test_the_stack_forks_python_modules_and_starts_anything_else_itself(tmp_path
     finally:
         stack.stop_all()
     assert stack.forks is None
+    again = Stack(settings)
+    try:
+        first = again._spawn("child", [*CHILD, "sleep"])
+        again.forks.process.kill()  # the server dies: its children with it, and the next process gets a new one
+        assert first.wait(timeout=10) == -signal.SIGKILL
+        assert isinstance(again._spawn("child", [*CHILD, "report"]), ForkedProcess)
+        assert again.processes["child"].wait(timeout=20) == 3 and again.forks.process.poll() is None
+    finally:
+        again.stop_all()
     off = Stack(settings.model_copy(update={"fork_server": False}))
     plain = off._spawn("child", [*CHILD, "report"])
     assert isinstance(plain, subprocess.Popen) and plain.wait(timeout=30) == 3 and off.forks is None
