@@ -41,7 +41,11 @@ class Machines:
 
     def base_env(self) -> dict[str, str]:
         """A fresh machine's environment: nothing of the test's or the stack's (no TRAINMASTER_*, no secrets)."""
-        return {"PATH": os.environ["PATH"], "HOME": str(self.root), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+        # its image's `python3` is the platform's Python (on this host's PATH it was a pyenv shim: a dozen bash
+        # processes before each Python, over 15 s under a loaded suite, so a job's first line came after the test's
+        # notice and its first attempt never ran)
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+        return {"PATH": path, "HOME": str(self.root), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
 
     def boot(self, key: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -336,7 +336,8 @@ async def test_a_spot_notice_snapshots_the_job_and_it_resumes_elsewhere(aws, ec2
     job_id = job["metadata"]["id"]
     running = await wait_phase(client, project, job_id, "Running", timeout_s=30)
     first = running["status"]["node_ids"][0]
-    await logs_containing(client, project, job_id, "step 12", timeout_s=15)
+    counting = await logs_containing(client, project, job_id, "step 12", timeout_s=60)
+    assert "step 12" in counting, counting  # the notice comes once the first attempt has checkpointed
     instance = cloud.instance_of(first)
     assert cloud.metadata.reads.get(instance)  # its agent watches its own metadata
     cloud.metadata.interruptions[instance] = {"action": "terminate", "time": "2026-11-23T18:00:00Z"}
