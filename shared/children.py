@@ -6,7 +6,7 @@ import sys
 from collections.abc import Callable
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 
 
 def dies_with_parent(sig: int) -> Callable[[], None] | None:
@@ -16,10 +16,19 @@ def dies_with_parent(sig: int) -> Callable[[], None] | None:
     if _LIBC is None:
         return None
     parent = os.getpid()
+    return lambda: die_with(parent, sig)
 
-    def preexec() -> None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the line above: nobody is left to signal us
-            os.kill(os.getpid(), sig)
 
-    return preexec
+def die_with(parent: int, sig: int) -> None:
+    """In a child of `parent`: the kernel sends this process `sig` when its parent dies (nothing off Linux)."""
+    if _LIBC is None:
+        return
+    _LIBC.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the line above: nobody is left to signal us
+        os.kill(os.getpid(), sig)
+
+
+def name_process(name: str) -> None:
+    """The process's name as `ps -o comm` and /proc/PID/comm show it (the kernel keeps 15 bytes)."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_NAME, name.encode()[:15], 0, 0, 0)

@@ -17,7 +17,6 @@ server ends when the stack closes its end or dies (the socket reads end of file)
 """
 
 import contextlib
-import ctypes
 import gc
 import importlib
 import json
@@ -34,6 +33,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from shared.children import die_with, name_process
 
 # Imported once in the server: what the services, the agents and the databases all import (their own modules not:
 # a module of ours may read its settings at import).
@@ -57,8 +58,6 @@ PRELOAD = (
 INTERPRETER_KEYS = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "GLIBC_TUNABLES")
 INTERPRETER_PREFIXES = ("PYTHON", "LD_", "MALLOC_")
 START_TIMEOUT_S = 30.0  # how long a fork may take to say its pid
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
-PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
 
 
 class ForkServerError(RuntimeError):
@@ -361,11 +360,8 @@ def _become_child(conn: socket.socket, log: int, server: int) -> dict[str, Any]:
         size = int.from_bytes(_read_exact(conn, 4), "big")
         request = json.loads(_read_exact(conn, size))
         os.setsid()
-        if _LIBC is not None:
-            _LIBC.prctl(PR_SET_PDEATHSIG, int(request["death_signal"]), 0, 0, 0)
-            _LIBC.prctl(PR_SET_NAME, str(request["name"]).encode()[:15], 0, 0, 0)
-        if os.getppid() != server:  # the server died before the line above: nobody is left to signal us
-            os.kill(os.getpid(), int(request["death_signal"]))
+        die_with(server, int(request["death_signal"]))
+        name_process(str(request["name"]))
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)

@@ -218,11 +218,10 @@ class Stack:
         death = signal.SIGTERM if name.startswith("agent-") else signal.SIGKILL
         with (logs / f"{name}.log").open("ab") as out:
             forked = self._fork(name, argv, env=env, cwd=cwd, umask=umask, log=out.fileno(), death_signal=death)
-            process: subprocess.Popen | ForkedProcess
-            if forked is not None:
-                process = forked
-            else:
-                process = subprocess.Popen(
+            process = (
+                forked
+                if forked is not None
+                else subprocess.Popen(
                     argv,
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -232,6 +231,7 @@ class Stack:
                     umask=umask,
                     preexec_fn=dies_with_parent(death),
                 )
+            )
         self.processes[name] = process
         return process
 
