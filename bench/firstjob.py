@@ -53,11 +53,14 @@ def hop(subject: str, data: bytes) -> str:
     """What a message was, short: its subject with the node's and job's ids left out, and its phase if a status."""
     kind = re.sub(r"_INBOX_([a-z]+)[^ ]*", r"reply→\1", subject)
     kind = re.sub(r"^(tm\.log|tm\.telemetry)\.[^.]+\..*", r"\1", kind)
-    phase = re.search(rb'"phase":\s*"([A-Za-z]+)"', data) if subject == "tm.job.status" else None
+    status = re.match(r"^tm\.job\.status\.([A-Za-z]+)\.[A-Za-z]+$", subject)  # its phase is in the subject
+    if status:
+        kind = "tm.job.status"
+    phase = status.group(1).encode() if status else None
     ack = re.match(rb'\{"stream":\s*"([A-Z_]+)",\s*"seq":\s*(\d+)', data) if kind.startswith("reply") else None
     if ack:  # a stream's answer to a publish: the message is stored (and, with `sync_interval: always`, on disk)
         return f"{kind} (stored in {ack.group(1).decode()} as {ack.group(2).decode()})"
-    return kind + (f" ({phase.group(1).decode()})" if phase else "")
+    return kind + (f" ({phase.decode()})" if phase else "")
 
 
 async def services_answer(nc: nats.NATS, *, timeout_s: float = 60) -> float:

@@ -354,15 +354,16 @@ def parse_event(payload: Any) -> Message | None:
 
 
 def checked_event(msg: StreamMessage, payload: Any) -> Message | None:
-    """The payload's event (`parse_event`), rejected when it arrived on another subject than the one it implies,
-    so whoever may publish only on their own subjects (an agent: its node's) cannot speak for another node in a
-    payload."""
+    """The payload's event (`parse_event`), rejected when it arrived on another subject than the one it implies
+    (or its type's `legacy_subject`, where an earlier version published it), so whoever may publish only on their
+    own subjects (an agent: its node's) cannot speak for another node in a payload."""
     event = parse_event(payload)
-    if event is not None and event.subject != msg.raw_message.subject:
+    subject = msg.raw_message.subject
+    if event is not None and subject not in (event.subject, event.legacy_subject):
         log.warning(
             "dropped %s event: it arrived on %s, its payload belongs on %s",
             payload.get("type"),
-            msg.raw_message.subject,
+            subject,
             event.subject,
         )
         raise RejectMessage()

@@ -48,7 +48,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
     ),
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
     "monitor": (
-        "tm.job.status",
+        "tm.job.status.*.*",
         "tm.job.node_lost",
         "tm.node.cmd.*.start",
         "tm.node.cmd.*.stop",

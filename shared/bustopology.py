@@ -39,6 +39,7 @@ from shared.bus import (
     until,
 )
 from shared.buscreds import NAME
+from shared.events import ALL_STATUSES, ATTEMPT_END_STATUSES, FINISHED_STATUSES, PLACEMENT_STATUSES
 from shared.keyed import JOBS_IN_FLIGHT
 from shared.origin import placements_consumer
 
@@ -53,7 +54,7 @@ CONSUMER_CREATE_ERR = 10012
 def jobs(consumer: str, *only: str) -> dict[str, Any]:
     """A state machine's jobs consumer (`shared.keyed.keyed_durable`): delivered only the subjects of the events
     its handler table names."""
-    return durable("tm.job.>", consumer=consumer, keyed=JOBS_IN_FLIGHT, only=only)
+    return durable("tm.job.>", consumer=consumer, keyed=JOBS_IN_FLIGHT, only=tuple(sorted(only)))
 
 
 # role: the `durable(...)` arguments of every consumer it reads, as its handlers subscribe them (tests/unit/
@@ -61,14 +62,14 @@ def jobs(consumer: str, *only: str) -> dict[str, Any]:
 # handler table that handles another event, goes here too: the operator's next declaration makes it.
 CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
     "submitter": (
-        durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False),
+        durable("tm.job.status.>", consumer="submitter-status", batch=64, ordered=False, only=ALL_STATUSES),
         durable("tm.log.>", consumer="submitter-logs", batch=64, ordered=False),
         placements_consumer("submitter-placed"),
         durable("tm.eta.>", consumer="submitter-eta", batch=64, ordered=False),
         durable("tm.notify.>", consumer="submitter-notify", ordered=False),
     ),
     "placement": (
-        jobs("placement-jobs", "tm.job.deleted", "tm.job.status", "tm.job.submitted"),
+        jobs("placement-jobs", "tm.job.deleted", *PLACEMENT_STATUSES, "tm.job.submitted"),
         durable(NODE_REGISTERED, consumer="placement-node-registrations"),
         durable("tm.node.evt.state", consumer="placement-nodes-state"),
         durable("tm.eta.>", consumer="placement-eta", ordered=False),
@@ -96,7 +97,7 @@ CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
             "estimator-jobs",
             "tm.job.deleted",
             "tm.job.placed",
-            "tm.job.status",
+            *FINISHED_STATUSES,
             "tm.job.submitted",
             "tm.job.task.*.started",
         ),
@@ -108,7 +109,7 @@ CONSUMERS: dict[str, tuple[dict[str, Any], ...]] = {
         jobs(
             "billing-jobs",
             "tm.job.placed",
-            "tm.job.status",
+            *ATTEMPT_END_STATUSES,
             "tm.job.submitted",
             "tm.job.task.*.exited",
             "tm.job.task.*.started",

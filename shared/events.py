@@ -10,7 +10,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from shared.clock import utcnow
-from shared.jobs import Algorithm, Phase, SecondaryPhase, Spec
+from shared.jobs import FINISHED, Algorithm, Phase, SecondaryPhase, Spec
 from shared.noderecords import NodeLimits
 from shared.nodes import NodeInfo
 
@@ -42,6 +42,7 @@ class Message(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
     subject_template: ClassVar[str]
+    legacy_subject: ClassVar[str | None] = None  # where an earlier version published this type (accepted there)
 
     event_id: str = Field(description="Unique per logical message; the JetStream de-duplication id.")
     occurred_at: datetime = Field(default_factory=utcnow)
@@ -204,9 +205,13 @@ class JobPlaced(Message):
 
 
 class JobStatusChanged(Message):
-    """The monitor's projection of a job changed; `version` grows by one with every change."""
+    """The monitor's projection of a job changed; `version` grows by one with every change. Its subject names the
+    phase and the secondary phase (`status_subjects`), so a reader is delivered only the statuses it acts on."""
 
-    subject_template: ClassVar[str] = "tm.job.status"
+    subject_template: ClassVar[str] = "tm.job.status.{phase}.{secondary_phase}"
+    # Where a monitor before the phase was in the subject published every status: read, and accepted there, for
+    # one version (statuses still in the stream when the platform is upgraded), never published there again.
+    legacy_subject: ClassVar[str | None] = "tm.job.status"
     type: Literal["JobStatusChanged"] = "JobStatusChanged"
 
     job_id: str
@@ -224,6 +229,25 @@ class JobStatusChanged(Message):
     task_statuses: tuple[TaskStatus, ...] = ()
     attempts: tuple[Attempt, ...] = ()
     requeue_cause: RequeueCause | None = Field(None, description="Set when the job went back to the queue.")
+
+
+def status_subjects(*phases: Phase | tuple[Phase, SecondaryPhase]) -> tuple[str, ...]:
+    """The subjects of the statuses of these phases (a phase: any secondary phase of it; a pair: that one only),
+    with the legacy subject (`JobStatusChanged.legacy_subject`): a consumer's filter for the statuses it acts on."""
+    subjects = [f"tm.job.status.{p[0]}.{p[1]}" if isinstance(p, tuple) else f"tm.job.status.{p}.*" for p in phases]
+    return (*subjects, "tm.job.status")
+
+
+# Which statuses each reader acts on (its consumer is delivered no other; tests/unit/test_status_subjects.py holds
+# each reader's handler to its list). An attempt ends only with a status of a finished phase, Abnormal or
+# Pending[Queuing] (a requeue), so billing, which keeps how attempts ended, reads those; placement also reads
+# Running (when the job started, for its fair share); the estimator, only a job's end.
+ALL_STATUSES = ("tm.job.status.*.*", "tm.job.status")
+FINISHED_STATUSES = status_subjects(*sorted(FINISHED))
+ATTEMPT_END_STATUSES = status_subjects((Phase.PENDING, SecondaryPhase.QUEUING), Phase.ABNORMAL, *sorted(FINISHED))
+PLACEMENT_STATUSES = status_subjects(
+    (Phase.PENDING, SecondaryPhase.QUEUING), Phase.RUNNING, Phase.ABNORMAL, *sorted(FINISHED)
+)
 
 
 class JobMigrateRequested(Message):

@@ -7,7 +7,7 @@ can name a service's own method (`Billing.submitted`) or a short function `(serv
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from shared.bus import subjects_overlap
@@ -30,8 +30,19 @@ async def dispatch(table: HandlerTable[S], event: Message, service: S) -> Any:
     return await handler(service, event)
 
 
-def subject_filters(table: HandlerTable[Any], *, within: str) -> tuple[str, ...]:
+def subject_filters(
+    table: HandlerTable[Any], *, within: str, narrowed: Mapping[type[Message], Sequence[str]] | None = None
+) -> tuple[str, ...]:
     """The subjects, within a consumer's subject, of the events a table handles (each `{field}` of a subject
-    template a `*`): what the consumer needs delivered, and nothing its handlers would drop."""
-    filters = {re.sub(r"\{[^}]*\}", "*", event.subject_template) for event in table}
+    template a `*`, and the type's `legacy_subject`): what the consumer needs delivered, and nothing its handlers
+    would drop. `narrowed`: for a type, the only subjects of it the consumer needs (the statuses of some phases:
+    `shared.events.status_subjects`)."""
+    filters: set[str] = set()
+    for event in table:
+        if narrowed and event in narrowed:
+            filters.update(narrowed[event])
+            continue
+        filters.add(re.sub(r"\{[^}]*\}", "*", event.subject_template))
+        if event.legacy_subject:
+            filters.add(event.legacy_subject)
     return tuple(sorted(f for f in filters if subjects_overlap(f, within)))

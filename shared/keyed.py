@@ -10,7 +10,7 @@ import asyncio
 import contextvars
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, ParamSpec, TypeVar
 
@@ -29,6 +29,7 @@ from shared.bus import (
     unknown_event,
 )
 from shared.clock import utcnow
+from shared.events import Message
 from shared.handlers import HandlerTable, subject_filters
 
 log = logging.getLogger(__name__)
@@ -269,10 +270,12 @@ def keyed_durable(
     event: Any,
     handles: HandlerTable[Any],
     width: int = JOBS_IN_FLIGHT,
+    narrowed: Mapping[type[Message], Sequence[str]] | None = None,
 ) -> KeyedConsumer:
     """`durable(subject, consumer=..., keyed=width)` for handlers of `event` (a type or a union) kept in order per
-    job, delivered only the subjects of the events its service's table `handles` (`subject_filters`)."""
-    only = subject_filters(handles, within=subject)
+    job, delivered only the subjects of the events its service's table `handles` (`subject_filters`; `narrowed`:
+    of a type, only these subjects)."""
+    only = subject_filters(handles, within=subject, narrowed=narrowed)
     return KeyedConsumer(durable(subject, consumer=consumer, keyed=width, only=only), event)
 
 

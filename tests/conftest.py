@@ -365,7 +365,7 @@ class StatusLog:
 async def status_log(stack):
     log = StatusLog()
     client = await nats.connect(stack.nats_url, user_credentials=str(stack.admin_creds()))
-    await client.subscribe("tm.job.status", cb=log.handler)
+    await client.subscribe("tm.job.status.*.*", cb=log.handler)
     yield log
     await client.close()
 

@@ -9,6 +9,7 @@ from faststream.nats import NatsRouter
 from shared.bus import RPC_ADMIT, RPC_QUOTAS, RPC_USAGE, durable, retry_transient
 from shared.context import Context, NatsMessage
 from shared.events import (
+    ATTEMPT_END_STATUSES,
     JobEvent,
     JobPlaced,
     JobStatusChanged,
@@ -75,7 +76,13 @@ router = NatsRouter()
 # The whole jobs stream, each job's in its order (different jobs concurrently): a placement is seen before the task
 # events of its attempt (those that come first anyway wait for it), and a task event counts only from the node its
 # rank was placed on.
-JOBS = keyed_durable("tm.job.>", consumer="billing-jobs", event=JobEvent, handles=EVENT_HANDLERS)
+JOBS = keyed_durable(
+    "tm.job.>",
+    consumer="billing-jobs",
+    event=JobEvent,
+    handles=EVENT_HANDLERS,
+    narrowed={JobStatusChanged: ATTEMPT_END_STATUSES},  # the statuses that end an attempt
+)
 
 
 @router.subscriber(**JOBS.subscription)

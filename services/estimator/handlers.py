@@ -5,6 +5,7 @@ from faststream.nats import NatsRouter
 from shared.bus import RPC_METRICS, RPC_PREDICT, durable, retry_transient
 from shared.context import Context, NatsMessage
 from shared.events import (
+    FINISHED_STATUSES,
     JobDeleted,
     JobEvent,
     JobPlaced,
@@ -36,7 +37,13 @@ EVENT_HANDLERS: HandlerTable[Estimator] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="estimator-jobs", event=JobEvent, handles=EVENT_HANDLERS)
+JOBS = keyed_durable(
+    "tm.job.>",
+    consumer="estimator-jobs",
+    event=JobEvent,
+    handles=EVENT_HANDLERS,
+    narrowed={JobStatusChanged: FINISHED_STATUSES},  # a job's end: learnt from, tracked no more
+)
 # Placements, a batch at once (their records in one write), only to tell each chunk of output from its task's own
 # node from anyone else's.
 PLACED = placements_consumer("estimator-placed")

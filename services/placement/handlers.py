@@ -7,6 +7,7 @@ from faststream.nats import NatsRouter
 from shared.bus import NODE_REGISTERED, RPC_CANDIDATES, RPC_CATALOGUE, durable, retry_transient
 from shared.context import Context, NatsMessage
 from shared.events import (
+    PLACEMENT_STATUSES,
     EtaEstimated,
     JobDeleted,
     JobEvent,
@@ -74,7 +75,13 @@ EVENT_HANDLERS: HandlerTable[Placement] = {
 router = NatsRouter()
 
 
-JOBS = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobEvent, handles=EVENT_HANDLERS)
+JOBS = keyed_durable(
+    "tm.job.>",
+    consumer="placement-jobs",
+    event=JobEvent,
+    handles=EVENT_HANDLERS,
+    narrowed={JobStatusChanged: PLACEMENT_STATUSES},  # what frees, holds, requeues or starts a queued job
+)
 
 
 @router.subscriber(**JOBS.subscription)

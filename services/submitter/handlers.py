@@ -6,7 +6,7 @@ from faststream.nats import NatsRouter
 from shared.bus import durable, retry_transient
 from shared.clock import utcnow
 from shared.context import Context, NatsMessage
-from shared.events import EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
+from shared.events import ALL_STATUSES, EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
 from shared.origin import deliveries, placements_consumer
 from services.submitter.logs import output_stored
@@ -62,7 +62,9 @@ router = NatsRouter()
 PLACED = placements_consumer("submitter-placed")
 
 
-@router.subscriber(**durable("tm.job.status", consumer="submitter-status", batch=64, ordered=False))
+@router.subscriber(
+    **durable("tm.job.status.>", consumer="submitter-status", batch=64, ordered=False, only=ALL_STATUSES)
+)
 @retry_transient
 async def on_status(event: JobStatusChanged, repo: Repository = Context("repo")) -> None:
     """Jobs' status changes."""

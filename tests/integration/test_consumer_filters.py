@@ -3,6 +3,7 @@ bound to unchanged by the service, whatever version of it starts; a service star
 for it and says what is missing."""
 
 import asyncio
+import json
 import logging
 
 import nats
@@ -23,7 +24,7 @@ from shared.bus import (
     publish,
 )
 from shared.bustopology import bound
-from shared.events import JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
+from shared.events import PLACEMENT_STATUSES, JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
 from shared.jobs import Phase, SecondaryPhase
 from shared.keyed import keyed_durable
 from services.monitor.handlers import JOBS as MONITOR_JOBS
@@ -35,6 +36,8 @@ from tests.integration.test_output_origin import until
 
 pytestmark = pytest.mark.integration
 CLUSTER = '[[nodes]]\nid = "n1"\nkind = "local"\ncpu_count = 4\nmemory_gb = 8\n'
+
+PLACEMENT_FILTERS = sorted(["tm.job.deleted", *PLACEMENT_STATUSES, "tm.job.submitted"])  # as the operator declares it
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +56,47 @@ def status(job_id: str) -> JobStatusChanged:
         phase=Phase.PENDING,
         secondary_phase=SecondaryPhase.QUEUING,
     )
+
+
+async def test_statuses_an_earlier_monitor_published_still_reach_their_readers_after_the_upgrade(server):
+    """Before the phase was in a status's subject, the monitor published every status on `tm.job.status` and each
+    reader's consumer read that subject whole. Statuses still in the stream when the platform is upgraded are read
+    by the new declaration's consumers (the legacy subject is among their filters); a new status is delivered only
+    to the readers of its phase."""
+
+    async def as_before(js) -> None:
+        await js.delete_consumer("TM_JOBS", "estimator-jobs")
+        await js.add_consumer(
+            "TM_JOBS",
+            config=ConsumerConfig(
+                name="estimator-jobs",
+                durable_name="estimator-jobs",
+                filter_subjects=["tm.job.deleted", "tm.job.placed", "tm.job.status", "tm.job.submitted"],
+                ack_policy=AckPolicy.EXPLICIT,
+            ),
+        )
+
+    await as_operator(server, as_before)
+    job = unique("j")
+    legacy = status(job).model_copy(update={"event_id": f"{job}:status:legacy"})
+    nc = await nats.connect(server.nats_url, user_credentials=str(server.admin_creds()))
+    await nc.jetstream().publish("tm.job.status", legacy.model_dump_json().encode())
+    await nc.close()
+    await asyncio.to_thread(server.prepare_bus)  # the upgrade's declaration
+    operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
+    await connect(operator)
+    running = status(job).model_copy(
+        update={"event_id": f"{job}:status:2", "version": 2, "phase": Phase.RUNNING, "secondary_phase": "Running"}
+    )
+    done = status(job).model_copy(
+        update={"event_id": f"{job}:status:3", "version": 3, "phase": Phase.COMPLETED, "secondary_phase": "Completed"}
+    )
+    for event in (running, done):
+        await publish(operator, event)
+    await operator.stop()
+
+    ids = [json.loads(m)["event_id"] for m in await delivered(server, "estimator", "estimator-jobs")]
+    assert [i for i in ids if i.startswith(job)] == [legacy.event_id, done.event_id]  # not the Running one
 
 
 async def as_operator(server, act) -> None:
@@ -129,7 +173,7 @@ async def test_a_replica_of_another_version_neither_binds_to_the_declared_consum
     the next new one narrowed it again): now neither may change it. One whose filter is not the declared one does
     not read it (it would take events it has no handler for): it waits, saying so, and gives up."""
     declared = await filters(server, "placement-jobs")
-    assert declared == ["tm.job.deleted", "tm.job.status", "tm.job.submitted"]
+    assert declared == PLACEMENT_FILTERS
     older = keyed_durable("tm.job.>", consumer="placement-jobs", event=JobSubmitted, handles={JobSubmitted: None})
     placement = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
 
@@ -143,7 +187,7 @@ async def test_a_replica_of_another_version_neither_binds_to_the_declared_consum
     ):
         await bound(placement, patience_s=0)
     await placement.stop()
-    assert await filters(server, "placement-jobs") == declared
+    assert await filters(server, "placement-jobs") == PLACEMENT_FILTERS
     assert PLACEMENT_JOBS.subscription["config"].filter_subjects == declared
 
 
@@ -158,6 +202,7 @@ async def test_a_replica_of_the_version_before_gives_back_what_a_wider_declarati
         consumer="placement-jobs",
         event=JobEvent,
         handles={JobSubmitted: None, JobStatusChanged: None, JobDeleted: None},
+        narrowed={JobStatusChanged: PLACEMENT_STATUSES},
     )
     assert newer.subscription["config"].filter_subjects == await filters(server, "placement-jobs")
     old = make_broker(server.nats_url, name="placement", creds=server.identities.creds("placement"))
@@ -315,4 +360,4 @@ async def test_a_service_started_before_the_bus_is_declared_waits_saying_what_is
         await asyncio.wait_for(waiting, timeout=10)
     await placement.start()  # binds to the declared consumer
     await placement.stop()
-    assert await filters(server, "placement-jobs") == ["tm.job.deleted", "tm.job.status", "tm.job.submitted"]
+    assert await filters(server, "placement-jobs") == PLACEMENT_FILTERS

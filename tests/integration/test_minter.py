@@ -142,7 +142,7 @@ async def test_a_request_whose_answer_would_go_elsewhere_than_an_inbox_mints_not
     placement = await Client().open(server, server.identities.creds("placement"), inbox=busroles.inbox("placement"))
     aimed, honest = unique("od"), unique("od")
     async with running_minter(server):
-        for reply in ("tm.job.status", f"{busroles.inbox('agent-n1')}.x"):
+        for reply in ("tm.job.status.Completed.Completed", f"{busroles.inbox('agent-n1')}.x"):
             await placement.nc.publish(MINT_AGENT, json.dumps({"node_id": aimed}).encode(), reply=reply)
         assert (await ask(placement, MINT_AGENT, {"node_id": honest})).creds  # answered after the two before it
     minted = server.identities.minter().minted

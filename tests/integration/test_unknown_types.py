@@ -85,8 +85,8 @@ async def read_in_turn(server, *, role: str, subscription: dict, subject: str, p
     [
         ("monitor", declared("monitor", "monitor-nodes"), "tm.node.evt.drained"),
         ("billing", declared("billing", "billing-fleet"), "tm.node.evt.drained"),
-        ("submitter", declared("submitter", "submitter-status"), "tm.job.status"),
-        ("placement", PLACEMENT_JOBS.subscription, "tm.job.status"),
+        ("submitter", declared("submitter", "submitter-status"), "tm.job.status.Running.Running"),
+        ("placement", PLACEMENT_JOBS.subscription, "tm.job.status.Running.Running"),
     ],
     ids=["unordered", "ordered", "submitter", "keyed"],
 )

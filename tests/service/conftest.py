@@ -22,7 +22,7 @@ from services.placement.service import Placement
 from tests.billing_twin import in_memory
 from tests.memory import MemoryCollection
 
-WATCHED = ("tm.job.status", "tm.node.cmd.n9.stop", "tm.node.cmd.n1.start")
+WATCHED = ("tm.job.status.*.*", "tm.node.cmd.n9.stop", "tm.node.cmd.n1.start")
 
 
 def recorder(into: list):

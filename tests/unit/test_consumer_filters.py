@@ -19,8 +19,8 @@ JOB_EVENTS = typing.get_args(typing.get_args(JobEvent)[0])
 
 
 def delivered(subscription: dict, event: type) -> bool:
-    """Whether a consumer's server-side filters let an event type's subjects through."""
-    subject = re.sub(r"\{[^}]*\}", "n1", event.subject_template)
+    """Whether a consumer's server-side filters let any of an event type's subjects through."""
+    subject = re.sub(r"\{[^}]*\}", "*", event.subject_template)
     filters = subscription["config"].filter_subjects or [subscription["subject"]]
     return any(subjects_overlap(subject, f) for f in filters)
 
