@@ -24,7 +24,7 @@ from shared.bus import (
     publish,
 )
 from shared.bustopology import bound
-from shared.events import PLACEMENT_STATUSES, JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
+from shared.events import ALL_STATUSES, PLACEMENT_STATUSES, JobDeleted, JobEvent, JobStatusChanged, JobSubmitted
 from shared.jobs import Phase, SecondaryPhase
 from shared.keyed import keyed_durable
 from services.monitor.handlers import JOBS as MONITOR_JOBS
@@ -75,6 +75,17 @@ async def test_statuses_an_earlier_monitor_published_still_reach_their_readers_a
                 ack_policy=AckPolicy.EXPLICIT,
             ),
         )
+        await js.delete_consumer("TM_JOBS", "submitter-status")
+        await js.add_consumer(
+            "TM_JOBS",
+            config=ConsumerConfig(
+                name="submitter-status",
+                durable_name="submitter-status",
+                filter_subject="tm.job.status",
+                ack_policy=AckPolicy.EXPLICIT,
+                max_ack_pending=1000,
+            ),
+        )
 
     await as_operator(server, as_before)
     job = unique("j")
@@ -97,6 +108,9 @@ async def test_statuses_an_earlier_monitor_published_still_reach_their_readers_a
 
     ids = [json.loads(m)["event_id"] for m in await delivered(server, "estimator", "estimator-jobs")]
     assert [i for i in ids if i.startswith(job)] == [legacy.event_id, done.event_id]  # not the Running one
+    assert await filters(server, "submitter-status") == sorted(ALL_STATUSES)
+    ids = [json.loads(m)["event_id"] for m in await delivered(server, "submitter", "submitter-status")]
+    assert [i for i in ids if i.startswith(job)] == [legacy.event_id, running.event_id, done.event_id]
 
 
 async def as_operator(server, act) -> None:
