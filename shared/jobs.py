@@ -265,6 +265,14 @@ def host_memory_gb(asked: float | None, *, gpus: int, node_memory_gb: float, nod
     return CPU_JOB_MEMORY_GB
 
 
+def task_cpus(cpu_count: float, *, gpus: int, node_cpus: float, node_gpus: int) -> float:
+    """The CPUs a rank gets on a node (the agent pins it to as many and caps its CPU time there; placement counts
+    as many against the node): what its job asked for, and at least its GPUs' share of the node's CPUs."""
+    if gpus and node_gpus:
+        return max(cpu_count, node_cpus * min(gpus, node_gpus) / node_gpus)
+    return cpu_count
+
+
 class Resource(Strict):
     node_count: Int = Field(1, ge=1, le=64, description="Nodes the job runs on, all at once (one rank each).")
     gpu_count: Int = Field(0, ge=0, le=16, description="GPUs per node.")

@@ -1,6 +1,6 @@
 """Which of the host's CPUs each running task is given, and how many CPUs' worth of time it may use.
 
-Placement counts a job's CPUs (`spec.resource.cpu_count`) against its node's; here the task is held to them. A task
+Placement counts a job's CPUs (`shared.jobs.task_cpus`) against its node's; here the task is held to them. A task
 with GPUs gets at least its GPUs' share of the node's CPUs (`task_cpus`: 1 GPU of an 8-GPU, 128-CPU node, 16), as
 it gets their share of host memory: the default of one CPU would starve its DataLoader workers and NCCL threads.
 
@@ -41,13 +41,6 @@ def preferred_order(cpus: Iterable[int], node_id: str) -> tuple[int, ...]:
         return ()
     start = int.from_bytes(hashlib.sha256(node_id.encode()).digest()[:4], "big") % len(ordered)
     return tuple(ordered[start:] + ordered[:start])
-
-
-def task_cpus(cpu_count: float, *, gpus: int, node_cpus: float, node_gpus: int) -> float:
-    """The CPUs a task gets: what its job asked for, and at least its GPUs' share of the node's CPUs."""
-    if gpus and node_gpus:
-        return max(cpu_count, node_cpus * min(gpus, node_gpus) / node_gpus)
-    return cpu_count
 
 
 class CpuAllotment:

@@ -13,13 +13,13 @@ from typing import Any
 
 from shared.clock import utcnow
 from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
-from shared.jobs import DataOut
+from shared.jobs import DataOut, task_cpus
 from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
-from services.agent.cpus import CpuAllotment, host_cpus, task_cpus
+from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import (

@@ -2,11 +2,12 @@
 each queued job's constraint (nodes kept for it, nodes it moves away from, its pool), GPU numbering."""
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from shared.events import Assignment
-from shared.jobs import Parameter, Resource, Spec
+from shared.jobs import Parameter, Resource, Spec, task_cpus
+from shared.nodes import NodeInfo
 from services.placement.adapter import DEFAULT_DURATION_S, Usage
 from services.placement.estimates import Estimate, Estimates, fallback, query_for
 from services.placement.fairshare import FairShare
@@ -87,6 +88,7 @@ class PolicyInputs:
             gpu_models=frozenset(prefs.gpu_models),
             node_count=needs.node_count,
             cpu=needs.cpu_count,
+            cpus_at_gpu_share=True,  # as the agent gives it (shared.jobs.task_cpus)
             memory_gb=needs.memory_gb,
             predicted_duration_s=estimate.duration_s,
             duration_sigma=estimate.sigma,
@@ -113,7 +115,7 @@ class PolicyInputs:
     def state(self, queued: Iterable, placed: Iterable, now: float) -> ClusterState:
         """One pass's snapshot: the fleet with what placed jobs hold, the queue, running GPU work, fair share."""
         placed = list(placed)
-        nodes = self.fleet.policy_nodes(usage(placed))
+        nodes = self.fleet.policy_nodes(usage(placed, self.fleet.registration))
         known = {n.id for n in nodes}
         running = tuple(
             RunningJob(
@@ -173,13 +175,20 @@ class PolicyInputs:
         return tuple(order[p] for p in positions)
 
 
-def usage(placed: Iterable) -> dict[str, Usage]:
-    """Capacity placed jobs hold, per node."""
+def usage(placed: Iterable, nodes: Callable[[str], NodeInfo | None] = lambda _: None) -> dict[str, Usage]:
+    """Capacity placed jobs hold, per node: each rank's CPUs as its node's agent gives them (at least its GPUs'
+    share of the node's, `shared.jobs.task_cpus`; what the job asked where `nodes` does not know the node)."""
     found: dict[str, Usage] = {}
     for item in placed:
         for a in item.assignments:
             used = found.setdefault(a.node_id, Usage())
             used.gpus.update(a.gpu_indices)
-            used.cpu += item.needs.cpu_count
+            info = nodes(a.node_id)
+            asked = item.needs.cpu_count
+            used.cpu += (
+                asked
+                if info is None
+                else task_cpus(asked, gpus=len(a.gpu_indices), node_cpus=info.cpu_count, node_gpus=len(info.gpus))
+            )
             used.memory_gb += item.given_memory_gb
     return found

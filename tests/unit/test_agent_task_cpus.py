@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from shared.jobs import task_cpus
 from services.agent import supervision
 from services.agent.cgroups import Cgroups, Layout, remove
-from services.agent.cpus import CpuAllotment, preferred_order, task_cpus
+from services.agent.cpus import CpuAllotment, preferred_order
 from tests.factories import unique
 from tests.unit.test_agent_isolation import ended, make_agent, root_only, start
 from tests.unit.test_agent_task_processes import cgroups_here, with_cgroups

@@ -212,7 +212,11 @@ class CapacityIndex:
             view = self.member(node_id)
             if len(view.free) < job.gpu_count or any(view is v for v, _ in picks):
                 continue
-            if view.free_cpu < job.cpu or view.free_mem < _memory(job, view.node) or view.claimed_by_other(job.id):
+            if (
+                view.free_cpu < _cpu(job, view.node)
+                or view.free_mem < _memory(job, view.node)
+                or view.claimed_by_other(job.id)
+            ):
                 continue
             usable = view.usable_now(duration, self.now)
             if len(usable) >= job.gpu_count:
@@ -248,7 +252,7 @@ class CapacityIndex:
                 return None
             node = view.node
             if view.claimed_for is None and node.cpu >= job.cpu and node.memory_gb >= _memory(job, node):
-                if view.free_cpu < job.cpu or view.free_mem < _memory(job, node):
+                if view.free_cpu < _cpu(job, node) or view.free_mem < _memory(job, node):
                     at = max(at, view.all_free_at())
                 return at, [view]
         while heap and len(picks) < job.node_count and len(popped) < limit:
@@ -262,7 +266,7 @@ class CapacityIndex:
             node = view.node
             if view.claimed_for is not None or node.cpu < job.cpu or node.memory_gb < _memory(job, node):
                 continue
-            if view.free_cpu < job.cpu or view.free_mem < _memory(job, node):
+            if view.free_cpu < _cpu(job, node) or view.free_mem < _memory(job, node):
                 at = max(at, view.all_free_at())
             picks.append((at, view))
         for entry in popped:
@@ -275,7 +279,7 @@ class CapacityIndex:
         key = bucket_key(view.node)
         sets = self.free_now[key]
         sets[len(view.free)].pop(view.node.id, None)
-        view.start(indices, end=end, cpu=job.cpu, memory_gb=_memory(job, view.node))
+        view.start(indices, end=end, cpu=_cpu(job, view.node), memory_gb=_memory(job, view.node))
         sets[len(view.free)][view.node.id] = None
 
     def _heap(self, key: BucketKey, gpus: int) -> list[tuple[float, int, str, int]]:
@@ -293,3 +297,7 @@ class CapacityIndex:
 
 def _memory(job: JobRequest, node: Node) -> float:
     return job.memory_on(node.memory_gb, node.gpu_count)
+
+
+def _cpu(job: JobRequest, node: Node) -> float:
+    return job.cpu_on(node.cpu, node.gpu_count)

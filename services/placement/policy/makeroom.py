@@ -83,7 +83,15 @@ def waiting_shapes(p: Pass) -> list[Shape]:
         kinds = job_kinds(job, p.kinds)
         if p.rents(job) or not job.gpu_count or job.node_count != 1 or job.id in started:
             continue
-        key = (kinds, job.gpu_count, job.min_gpu_memory_gb, job.gpu_models, job.cpu, job.memory_gb)
+        key = (
+            kinds,
+            job.gpu_count,
+            job.min_gpu_memory_gb,
+            job.gpu_models,
+            job.cpu,
+            job.cpus_at_gpu_share,
+            job.memory_gb,
+        )
         shape = shapes.get(key)
         if shape is None:
             gpus = queue_gpus(p.state.nodes, kinds, job.gpu_models) if p.config.one_owned_queue else None

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.jobs import host_memory_gb
+from shared.jobs import host_memory_gb, task_cpus
 
 NodeKind = Literal["local", "reserved", "on_demand"]
 Allowed = Literal["local", "cloud", "any"]
@@ -96,6 +96,9 @@ class JobRequest:
     deadline: float | None = None
     predicted_duration_s: float | None = None
     cpu: float = 0.0
+    # Whether a rank with GPUs takes at least its GPUs' share of a node's CPUs (`shared.jobs.task_cpus`), as the agent
+    # gives it: every job placement places; the simulator's trace jobs take what they asked (the trace's cluster).
+    cpus_at_gpu_share: bool = False
     memory_gb: float | None = 0.0  # None: its GPUs' share of each node's memory (shared.jobs.host_memory_gb)
     exchange_rate: float | None = None
     duration_sigma: float = 0.0
@@ -123,6 +126,7 @@ class JobRequest:
             self.min_gpu_memory_gb,
             self.gpu_models,
             self.cpu,
+            self.cpus_at_gpu_share,
             self.memory_gb,
             self.max_price_per_hour,
         )
@@ -131,6 +135,12 @@ class JobRequest:
         """Seconds on GPUs of `tflops`; the estimator's prediction wins over the owner's expectation."""
         base = self.predicted_duration_s if self.predicted_duration_s is not None else self.expected_duration_s
         return base * reference_tflops / max(tflops, 1e-9)
+
+    def cpu_on(self, node_cpu: float, node_gpus: int) -> float:
+        """CPUs one rank takes on a node (or instance type) of this many CPUs and GPUs."""
+        if not self.cpus_at_gpu_share:
+            return self.cpu
+        return task_cpus(self.cpu, gpus=self.gpu_count, node_cpus=node_cpu, node_gpus=node_gpus)
 
     def memory_on(self, node_memory_gb: float, node_gpus: int) -> float:
         """Host memory one rank takes on a node (or instance type) of this memory and GPU count."""
