@@ -9,6 +9,7 @@ through every process of the host (a uid whose last task's agent died before it 
 could not be verified, is looked for among them, as is one never used).
 """
 
+import atexit
 import errno
 import fcntl
 import functools
@@ -267,7 +268,9 @@ class Killers:
             return 1
 
     def _started(self) -> "subprocess.Popen[bytes]":
-        if self._process is None or self._process.poll() is not None:
+        if self._process is not None and self._process.poll() is not None:
+            self.stop()  # it died: its pipes closed before a new one is started
+        if self._process is None:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(KILLER), "--serve"],
                 env={},
@@ -284,13 +287,18 @@ class Killers:
             self._started()
 
     def stop(self) -> None:
-        if self._process is not None:
-            self._process.kill()
-            self._process.wait()
-            self._process = None
+        """End the killer (if it runs) and close the pipes to it."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+            for pipe in (process.stdin, process.stdout):
+                if pipe is not None:
+                    pipe.close()
 
 
 KILLERS = Killers()
+atexit.register(KILLERS.stop)  # at the process's end, not only by its parent-death signal once it is gone
 
 
 def run_killer(uid: int, *, shadow: int) -> int:

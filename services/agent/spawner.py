@@ -16,6 +16,7 @@ falls back).
 """
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -23,7 +24,6 @@ import signal
 import socket
 import subprocess
 import sys
-import weakref
 from functools import partial
 from pathlib import Path
 
@@ -262,6 +262,17 @@ class Spawner:
         if self._sock is not None:
             self._gone("stopped", expected=True)
 
+    def abandon(self) -> None:
+        """End the server of a loop that is closed (or of a process that is ending): its socket closed, the server
+        killed and reaped, nothing of the loop touched (its futures and transports went with it)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+        if self._server is not None:
+            self._server.kill()
+            self._server.wait()
+            self._server = None
+
 
 async def _send(sock: socket.socket, request: bytes, fds: list[int]) -> None:
     """One request with its descriptors, once the socket can take it (a full buffer waits, never fails)."""
@@ -299,13 +310,23 @@ def _settle(future: "asyncio.Future[None]") -> None:
         future.set_result(None)
 
 
-_SPAWNERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Spawner]" = weakref.WeakKeyDictionary()
+_SPAWNERS: dict[asyncio.AbstractEventLoop, Spawner] = {}
 
 
 def spawner() -> Spawner:
-    """The running event loop's forking server."""
+    """The running event loop's forking server (the servers of loops closed since are ended: an agent has one loop,
+    a test process one a test)."""
     loop = asyncio.get_running_loop()
+    for other in [other for other in _SPAWNERS if other.is_closed()]:
+        _SPAWNERS.pop(other).abandon()
     found = _SPAWNERS.get(loop)
     if found is None:
         found = _SPAWNERS[loop] = Spawner()
     return found
+
+
+@atexit.register
+def _end_servers() -> None:
+    """At the process's end its forking servers end too, not only by their parent-death signal once it is gone."""
+    while _SPAWNERS:
+        _SPAWNERS.popitem()[1].abandon()
