@@ -82,6 +82,16 @@ def declare_publishers(router: NatsRouter, role: str) -> None:
             description=f"{role} publishes {model.__name__}. {doc}".strip(),
             include_in_schema=True,
         )
+        legacy = model.legacy_subject
+        if legacy and any(subjects_overlap(legacy, s) for s in permitted(role)):
+            router.publisher(
+                legacy,
+                schema=model,
+                title=f"{role}:{legacy}:{model.__name__}",
+                description=f"{role} relays {model.__name__} here only where the version before wrote it to an "
+                "outbox with this subject (for one version); readers still accept it here.",
+                include_in_schema=True,
+            )
 
 
 def declare_listeners(router: NatsRouter, role: str) -> None:

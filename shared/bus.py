@@ -412,8 +412,9 @@ def durable(
     keyed: up to this many messages in flight, handled concurrently; the handler must be wrapped in
     `shared.keyed.in_order`, which keeps the messages of one key (a job) in stream order and retries a passing
     failure in place.
-    only: the subjects within `subject` the consumer is delivered (the server filters; stream order is kept), so
-    messages its handlers would drop are never sent, acknowledged or decoded; all of `subject` when empty.
+    only: the subjects the consumer is delivered (the server filters; stream order is kept), so messages its
+    handlers would drop are never sent, acknowledged or decoded; all of `subject` when empty. Within `subject` (what
+    an in-memory test broker routes by), but for a subject an earlier version published on (`legacy_subject`).
     wait_s: how long each pull request waits for a message (`PULL_WAIT_S`).
     """
     in_flight = keyed if keyed > 1 else 1 if ordered else 1000

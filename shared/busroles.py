@@ -49,6 +49,9 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
     # the monitor alone commands agents: it starts the ranks of a placement it accepts, and stops them
     "monitor": (
         "tm.job.status.*.*",
+        # statuses the version before wrote to a job's outbox (their subject stored with them) and had not relayed
+        # when it stopped: relayed where they were written, for one version (`JobStatusChanged.legacy_subject`)
+        "tm.job.status",
         "tm.job.node_lost",
         "tm.node.cmd.*.start",
         "tm.node.cmd.*.stop",

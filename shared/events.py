@@ -235,14 +235,14 @@ def status_subjects(*phases: Phase | tuple[Phase, SecondaryPhase]) -> tuple[str,
     """The subjects of the statuses of these phases (a phase: any secondary phase of it; a pair: that one only),
     with the legacy subject (`JobStatusChanged.legacy_subject`): a consumer's filter for the statuses it acts on."""
     subjects = [f"tm.job.status.{p[0]}.{p[1]}" if isinstance(p, tuple) else f"tm.job.status.{p}.*" for p in phases]
-    return (*subjects, "tm.job.status")
+    return (*subjects, JobStatusChanged.legacy_subject or "")
 
 
 # Which statuses each reader acts on (its consumer is delivered no other; tests/unit/test_status_subjects.py holds
 # each reader's handler to its list). An attempt ends only with a status of a finished phase, Abnormal or
 # Pending[Queuing] (a requeue), so billing, which keeps how attempts ended, reads those; placement also reads
 # Running (when the job started, for its fair share); the estimator, only a job's end.
-ALL_STATUSES = ("tm.job.status.*.*", "tm.job.status")
+ALL_STATUSES = ("tm.job.status.*.*", JobStatusChanged.legacy_subject or "")
 FINISHED_STATUSES = status_subjects(*sorted(FINISHED))
 ATTEMPT_END_STATUSES = status_subjects((Phase.PENDING, SecondaryPhase.QUEUING), Phase.ABNORMAL, *sorted(FINISHED))
 PLACEMENT_STATUSES = status_subjects(

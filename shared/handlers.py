@@ -41,8 +41,8 @@ def subject_filters(
     for event in table:
         if narrowed and event in narrowed:
             filters.update(narrowed[event])
-            continue
-        filters.add(re.sub(r"\{[^}]*\}", "*", event.subject_template))
-        if event.legacy_subject:
+        else:
+            filters.add(re.sub(r"\{[^}]*\}", "*", event.subject_template))
+        if event.legacy_subject:  # what is still in the stream from an earlier version, narrowed or not
             filters.add(event.legacy_subject)
     return tuple(sorted(f for f in filters if subjects_overlap(f, within)))

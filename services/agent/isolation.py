@@ -10,6 +10,7 @@ could not be verified, is looked for among them, as is one never used).
 """
 
 import atexit
+import contextlib
 import errno
 import fcntl
 import functools
@@ -140,6 +141,7 @@ class TaskUsers:
 
 GIVEN_BACK = b"given back\n"  # a lock file's text once its uid's last task left nothing
 EVICT_WAIT_S = 5.0  # how long a uid's processes may take to die before its release counts as unverified
+KILLER_EXIT_WAIT_S = 2.0  # how long the process's end waits for a kill under way before it stops the killer
 KILLER_WAIT_S = 30.0  # how long the killer (a Python start: seconds on a loaded host) may take to send its kill
 STATUS_READ = 16384  # a status file is 1-2 KiB; read on until its end if it is ever longer
 
@@ -287,18 +289,28 @@ class Killers:
             self._started()
 
     def stop(self) -> None:
-        """End the killer (if it runs) and close the pipes to it."""
+        """End the killer (if it runs) and close the pipes to it (a write it never read is dropped: closing the
+        pipe to a killer that died flushes it again, into a broken pipe)."""
         process, self._process = self._process, None
         if process is not None:
             process.kill()
             process.wait()
             for pipe in (process.stdin, process.stdout):
                 if pipe is not None:
-                    pipe.close()
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+    def stop_at_exit(self) -> None:
+        """`stop`, once no kill is under way (a daemon thread's, bounded): at the process's end."""
+        if self._lock.acquire(timeout=KILLER_EXIT_WAIT_S):
+            try:
+                self.stop()
+            finally:
+                self._lock.release()
 
 
 KILLERS = Killers()
-atexit.register(KILLERS.stop)  # at the process's end, not only by its parent-death signal once it is gone
+atexit.register(KILLERS.stop_at_exit)  # at the process's end, not only by its parent-death signal once it is gone
 
 
 def run_killer(uid: int, *, shadow: int) -> int:

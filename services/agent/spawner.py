@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 
@@ -311,22 +312,28 @@ def _settle(future: "asyncio.Future[None]") -> None:
 
 
 _SPAWNERS: dict[asyncio.AbstractEventLoop, Spawner] = {}
+_SPAWNERS_LOCK = threading.Lock()  # loops of several threads may ask at once
 
 
 def spawner() -> Spawner:
     """The running event loop's forking server (the servers of loops closed since are ended: an agent has one loop,
     a test process one a test)."""
     loop = asyncio.get_running_loop()
-    for other in [other for other in _SPAWNERS if other.is_closed()]:
-        _SPAWNERS.pop(other).abandon()
-    found = _SPAWNERS.get(loop)
-    if found is None:
-        found = _SPAWNERS[loop] = Spawner()
+    with _SPAWNERS_LOCK:
+        closed = [_SPAWNERS.pop(other) for other in list(_SPAWNERS) if other.is_closed()]
+        found = _SPAWNERS.get(loop)
+        if found is None:
+            found = _SPAWNERS[loop] = Spawner()
+    for ended in closed:
+        ended.abandon()
     return found
 
 
 @atexit.register
 def _end_servers() -> None:
     """At the process's end its forking servers end too, not only by their parent-death signal once it is gone."""
-    while _SPAWNERS:
-        _SPAWNERS.popitem()[1].abandon()
+    with _SPAWNERS_LOCK:
+        ending = list(_SPAWNERS.values())
+        _SPAWNERS.clear()
+    for server in ending:
+        server.abandon()

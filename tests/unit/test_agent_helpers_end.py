@@ -11,10 +11,8 @@ from services.agent.isolation import Killers
 
 
 def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
+    """Ended and reaped (a zombie is not gone: its parent never waited for it)."""
+    return not psutil.pid_exists(pid)
 
 
 def test_a_stopped_killer_is_reaped_and_its_pipes_closed():
@@ -59,3 +57,16 @@ def test_a_closed_loops_shim_server_is_ended_at_the_next_loops_first_use():
         new.stop()
     finally:
         second.close()
+
+
+def test_stopping_a_killer_that_died_with_a_request_unread_raises_nothing():
+    """Closing the pipe to a killer that died flushes what it never read into a broken pipe: `run` stops the killer
+    it could not use and tries a new one, so its stop must not raise."""
+    killers = Killers()
+    killers.warm()
+    process = killers._process
+    process.kill()
+    process.wait()
+    process.stdin.write(b"123 456\n")  # buffered, not flushed: the close flushes it
+    killers.stop()
+    assert process.stdin.closed and process.stdout.closed and killers._process is None

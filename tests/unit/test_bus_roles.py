@@ -167,3 +167,16 @@ def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():
 )
 def test_an_inbox_is_an_identitys_own_reply_space(subject, inbox):
     assert replies.is_inbox(subject) is inbox
+
+
+@pytest.mark.parametrize("subject", ["tm.job.status.Running.Running", "tm.job.status"])
+def test_only_the_monitor_publishes_statuses_on_their_subjects_and_on_the_one_before(subject):
+    """A status's subject names its phase; the monitor keeps the subject every status had before for one version:
+    statuses the version before wrote to a job's outbox (with their subject) and had not relayed when it stopped
+    go out where they were written, or they and every later event of their job would wait behind a refusal."""
+    for identity, permissions in [
+        *((role, busroles.service(role)) for role in busroles.SERVICES),
+        ("agent-n1", busroles.agent("n1")),
+    ]:
+        allowed = any(bus.subjects_overlap(p, subject) for p in permissions.publish if not p.startswith("$"))
+        assert allowed == (identity == "monitor"), identity

@@ -272,7 +272,8 @@ class Simulation:
         job = self.jobs[job_id].request
         nodes = [self.nodes[n] for n in node_ids]
         for node, idx in zip(nodes, indices, strict=True):
-            self._take(node, idx, job.cpu, job.memory_on(node.memory_gb, node.gpu_count), now)
+            cpu, memory = job.cpu_on(node.cpu, node.gpu_count), job.memory_on(node.memory_gb, node.gpu_count)
+            self._take(node, idx, cpu, memory, now)
         tflops = min(n.tflops for n in nodes)
         end = start + self.work_left[job_id] * self.config.reference_tflops / tflops
         self.seq += 1
@@ -302,7 +303,8 @@ class Simulation:
             node.busy_gpu_s += len(idx) * max(0.0, now - seg.start)
             if node.kind != "on_demand":
                 self.out.owned_busy_gpu_s += len(idx) * max(0.0, now - seg.start)
-            self._give(node, idx, job.cpu, job.memory_on(node.memory_gb, node.gpu_count), now)
+            cpu, memory = job.cpu_on(node.cpu, node.gpu_count), job.memory_on(node.memory_gb, node.gpu_count)
+            self._give(node, idx, cpu, memory, now)
         computed = max(0.0, now - seg.start) if kept_s is None else kept_s
         done = computed * seg.tflops / self.config.reference_tflops
         self.work_left[job_id] = max(0.0, self.work_left[job_id] - done)

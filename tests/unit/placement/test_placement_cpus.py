@@ -48,10 +48,17 @@ def test_a_job_of_the_simulators_trace_takes_what_it_asked():
 
 
 @pytest.mark.parametrize(
-    "asked, gpus, node_cpus, node_gpus",
-    [(1, 1, 128, 8), (32, 1, 128, 8), (1, 2, 16, 2), (0.5, 1, 6, 4), (4, 3, 8, 8), (2, 0, 64, 8)],
+    "asked, gpus, node_cpus, node_gpus, held",
+    [
+        (1, 1, 128, 8, 16),  # its GPU's share
+        (32, 1, 128, 8, 32),  # asked for more: what it asked
+        (1, 2, 16, 2, 16),  # every GPU: the whole node
+        (0.5, 1, 6, 4, 1.5),
+        (4, 3, 8, 8, 4),
+        (2, 0, 64, 8, 2),  # no GPUs: what it asked
+    ],
 )
-def test_what_placed_jobs_hold_of_a_node_is_what_its_agent_gives_them(asked, gpus, node_cpus, node_gpus):
+def test_what_placed_jobs_hold_of_a_node_is_what_its_agent_gives_them(asked, gpus, node_cpus, node_gpus, held):
     """The CPUs a placed rank holds in placement's count are those the agent pins it to (the same function of the
     same launch and node); a node placement does not know is counted at what the job asked."""
     info = node(node_id="n1", gpus=node_gpus, cpu=node_cpus)
@@ -66,6 +73,6 @@ def test_what_placed_jobs_hold_of_a_node_is_what_its_agent_gives_them(asked, gpu
         attempt=1,
         assignments=(Assignment(rank=0, node_id="n1", gpu_indices=tuple(range(gpus))),),
     )
-    agents = task_cpus(asked, gpus=gpus, node_cpus=info.cpu_count, node_gpus=len(info.gpus))
-    assert usage([item], {"n1": info}.get)["n1"].cpu == agents
+    assert task_cpus(asked, gpus=gpus, node_cpus=info.cpu_count, node_gpus=len(info.gpus)) == held  # the agent's
+    assert usage([item], {"n1": info}.get)["n1"].cpu == held
     assert usage([item])["n1"].cpu == asked
