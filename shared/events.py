@@ -204,6 +204,10 @@ class JobPlaced(Message):
     )
 
 
+# Where a monitor before the phase was in the subject published every status (`JobStatusChanged.legacy_subject`).
+LEGACY_STATUS_SUBJECT = "tm.job.status"
+
+
 class JobStatusChanged(Message):
     """The monitor's projection of a job changed; `version` grows by one with every change. Its subject names the
     phase and the secondary phase (`status_subjects`), so a reader is delivered only the statuses it acts on."""
@@ -211,7 +215,7 @@ class JobStatusChanged(Message):
     subject_template: ClassVar[str] = "tm.job.status.{phase}.{secondary_phase}"
     # Where a monitor before the phase was in the subject published every status: read, and accepted there, for
     # one version (statuses still in the stream when the platform is upgraded), never published there again.
-    legacy_subject: ClassVar[str | None] = "tm.job.status"
+    legacy_subject: ClassVar[str | None] = LEGACY_STATUS_SUBJECT
     type: Literal["JobStatusChanged"] = "JobStatusChanged"
 
     job_id: str
@@ -235,14 +239,14 @@ def status_subjects(*phases: Phase | tuple[Phase, SecondaryPhase]) -> tuple[str,
     """The subjects of the statuses of these phases (a phase: any secondary phase of it; a pair: that one only),
     with the legacy subject (`JobStatusChanged.legacy_subject`): a consumer's filter for the statuses it acts on."""
     subjects = [f"tm.job.status.{p[0]}.{p[1]}" if isinstance(p, tuple) else f"tm.job.status.{p}.*" for p in phases]
-    return (*subjects, JobStatusChanged.legacy_subject or "")
+    return (*subjects, LEGACY_STATUS_SUBJECT)
 
 
 # Which statuses each reader acts on (its consumer is delivered no other; tests/unit/test_status_subjects.py holds
 # each reader's handler to its list). An attempt ends only with a status of a finished phase, Abnormal or
 # Pending[Queuing] (a requeue), so billing, which keeps how attempts ended, reads those; placement also reads
 # Running (when the job started, for its fair share); the estimator, only a job's end.
-ALL_STATUSES = ("tm.job.status.*.*", JobStatusChanged.legacy_subject or "")
+ALL_STATUSES = ("tm.job.status.*.*", LEGACY_STATUS_SUBJECT)
 FINISHED_STATUSES = status_subjects(*sorted(FINISHED))
 ATTEMPT_END_STATUSES = status_subjects((Phase.PENDING, SecondaryPhase.QUEUING), Phase.ABNORMAL, *sorted(FINISHED))
 PLACEMENT_STATUSES = status_subjects(

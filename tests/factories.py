@@ -16,6 +16,7 @@ from shared.events import (
     NodeProvisioned,
     StartTask,
     TaskExited,
+    TaskPreparing,
     TaskStarted,
 )
 from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
@@ -161,6 +162,12 @@ def started(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1"
         user_name="alice",
         pid=123,
         started_at=at,
+    )
+
+
+def preparing(job_id: str, *, attempt: int = 1, rank: int = 0, node_id: str = "n1") -> TaskPreparing:
+    return TaskPreparing(
+        event_id=f"{job_id}:{attempt}:{rank}:preparing", job_id=job_id, attempt=attempt, rank=rank, node_id=node_id
     )
 
 

@@ -253,10 +253,7 @@ class Spawner:
         self._asked.clear()
         self._abandoned.clear()
         self._unwatched.clear()
-        if self._server is not None:
-            self._server.kill()  # nothing when it has ended already
-            self._server.wait()
-        self._server = None
+        self._end_server()
 
     def stop(self) -> None:
         """End the server (its shims die with it)."""
@@ -269,8 +266,11 @@ class Spawner:
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()
+        self._end_server()
+
+    def _end_server(self) -> None:
         if self._server is not None:
-            self._server.kill()
+            self._server.kill()  # nothing when it has ended already
             self._server.wait()
             self._server = None
 

@@ -46,15 +46,25 @@ def server(tmp_path_factory):
         yield stack
 
 
-def status(job_id: str) -> JobStatusChanged:
+def status(
+    job_id: str, *, version: int = 1, phase: Phase = Phase.PENDING, secondary: SecondaryPhase = SecondaryPhase.QUEUING
+) -> JobStatusChanged:
     return JobStatusChanged(
-        event_id=f"{job_id}:status:1",
+        event_id=f"{job_id}:status:{version}",
         job_id=job_id,
         project_id="p",
         user_name="alice",
-        version=1,
-        phase=Phase.PENDING,
-        secondary_phase=SecondaryPhase.QUEUING,
+        version=version,
+        phase=phase,
+        secondary_phase=secondary,
+    )
+
+
+async def made_as_before(js, name: str, **config) -> None:
+    """A jobs consumer as an earlier version made it (replacing the declared one)."""
+    await js.delete_consumer("TM_JOBS", name)
+    await js.add_consumer(
+        "TM_JOBS", config=ConsumerConfig(name=name, durable_name=name, ack_policy=AckPolicy.EXPLICIT, **config)
     )
 
 
@@ -65,27 +75,9 @@ async def test_statuses_an_earlier_monitor_published_still_reach_their_readers_a
     to the readers of its phase."""
 
     async def as_before(js) -> None:
-        await js.delete_consumer("TM_JOBS", "estimator-jobs")
-        await js.add_consumer(
-            "TM_JOBS",
-            config=ConsumerConfig(
-                name="estimator-jobs",
-                durable_name="estimator-jobs",
-                filter_subjects=["tm.job.deleted", "tm.job.placed", "tm.job.status", "tm.job.submitted"],
-                ack_policy=AckPolicy.EXPLICIT,
-            ),
-        )
-        await js.delete_consumer("TM_JOBS", "submitter-status")
-        await js.add_consumer(
-            "TM_JOBS",
-            config=ConsumerConfig(
-                name="submitter-status",
-                durable_name="submitter-status",
-                filter_subject="tm.job.status",
-                ack_policy=AckPolicy.EXPLICIT,
-                max_ack_pending=1000,
-            ),
-        )
+        old_filters = ["tm.job.deleted", "tm.job.placed", "tm.job.status", "tm.job.submitted"]
+        await made_as_before(js, "estimator-jobs", filter_subjects=old_filters)
+        await made_as_before(js, "submitter-status", filter_subject="tm.job.status", max_ack_pending=1000)
 
     await as_operator(server, as_before)
     job = unique("j")
@@ -96,12 +88,8 @@ async def test_statuses_an_earlier_monitor_published_still_reach_their_readers_a
     await asyncio.to_thread(server.prepare_bus)  # the upgrade's declaration
     operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())
     await connect(operator)
-    running = status(job).model_copy(
-        update={"event_id": f"{job}:status:2", "version": 2, "phase": Phase.RUNNING, "secondary_phase": "Running"}
-    )
-    done = status(job).model_copy(
-        update={"event_id": f"{job}:status:3", "version": 3, "phase": Phase.COMPLETED, "secondary_phase": "Completed"}
-    )
+    running = status(job, version=2, phase=Phase.RUNNING, secondary=SecondaryPhase.RUNNING)
+    done = status(job, version=3, phase=Phase.COMPLETED, secondary=SecondaryPhase.COMPLETED)
     for event in (running, done):
         await publish(operator, event)
     await operator.stop()
@@ -155,16 +143,7 @@ async def delivered(server, role: str, consumer: str) -> list[bytes]:
 
 async def test_an_earlier_whole_stream_consumer_is_narrowed_by_the_declaration_and_keeps_its_backlog_in_order(server):
     async def as_before(js) -> None:  # as the version before created it
-        await js.delete_consumer("TM_JOBS", "monitor-jobs")
-        await js.add_consumer(
-            "TM_JOBS",
-            config=ConsumerConfig(
-                name="monitor-jobs",
-                durable_name="monitor-jobs",
-                filter_subject="tm.job.>",
-                ack_policy=AckPolicy.EXPLICIT,
-            ),
-        )
+        await made_as_before(js, "monitor-jobs", filter_subject="tm.job.>")
 
     await as_operator(server, as_before)
     operator = make_broker(server.nats_url, name="operator", creds=server.admin_creds())

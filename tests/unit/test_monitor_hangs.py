@@ -33,13 +33,13 @@ def hung(
     )
 
 
-def resumed(job_id: str = "j", *, attempt: int = 1, rank: int = 0, spell: int = 1) -> TaskResumed:
+def resumed(job_id: str = "j", *, attempt: int = 1, rank: int = 0, node_id: str = "n1", spell: int = 1) -> TaskResumed:
     return TaskResumed(
         event_id=f"{job_id}:{attempt}:{rank}:resumed:{spell}",
         job_id=job_id,
         attempt=attempt,
         rank=rank,
-        node_id="n1",
+        node_id=node_id,
         spell=spell,
         idle_s=42,
     )

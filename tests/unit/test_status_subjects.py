@@ -15,50 +15,18 @@ from shared.events import (
     FINISHED_STATUSES,
     PLACEMENT_STATUSES,
     JobStatusChanged,
-    TaskHung,
-    TaskPreparing,
-    TaskResumed,
 )
 from shared.jobs import Phase, SecondaryPhase
 from services.billing.placements import SUBMITTED_SAYS, nothing_new, status_said
 from services.monitor import hangs, state
-from tests.factories import T0, exited, placed, started, submitted
+from tests.factories import T0, exited, placed, preparing, started, submitted
+from tests.unit.test_monitor_hangs import hung, resumed
 
 NODES = ("a", "b")
 
 
 def delivered(event: JobStatusChanged, filters: tuple[str, ...]) -> bool:
     return any(subjects_overlap(event.subject, f) for f in filters)
-
-
-def preparing(job_id: str, *, attempt: int, rank: int, node_id: str) -> TaskPreparing:
-    return TaskPreparing(
-        event_id=f"{job_id}:{attempt}:{rank}:preparing", job_id=job_id, attempt=attempt, rank=rank, node_id=node_id
-    )
-
-
-def hung(job_id: str, *, attempt: int, rank: int, node_id: str) -> TaskHung:
-    return TaskHung(
-        event_id=f"{job_id}:{attempt}:{rank}:hung",
-        job_id=job_id,
-        attempt=attempt,
-        rank=rank,
-        node_id=node_id,
-        spell=1,
-        idle_s=600,
-    )
-
-
-def resumed(job_id: str, *, attempt: int, rank: int, node_id: str) -> TaskResumed:
-    return TaskResumed(
-        event_id=f"{job_id}:{attempt}:{rank}:resumed",
-        job_id=job_id,
-        attempt=attempt,
-        rank=rank,
-        node_id=node_id,
-        spell=1,
-        idle_s=600,
-    )
 
 
 ACTIONS = st.lists(

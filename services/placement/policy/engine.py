@@ -112,8 +112,9 @@ def taken(nodes: tuple[Node, ...], decisions: list[Decision], state: ClusterStat
 def _use(used: dict[str, list], node_id: str, gpus: tuple[int, ...], job: JobRequest | None, node: Node | None) -> None:
     entry = used.setdefault(node_id, [set(), 0.0, 0.0])
     entry[0].update(gpus)
-    entry[1] += (job.cpu_on(node.cpu, node.gpu_count) if node else job.cpu) if job else 0.0
-    entry[2] += job.memory_on(node.memory_gb, node.gpu_count) if job and node else 0.0
+    if job is not None:
+        entry[1] += job.cpu_on(node.cpu, node.gpu_count) if node else job.cpu
+        entry[2] += job.memory_on(node.memory_gb, node.gpu_count) if node else 0.0
 
 
 def _order(job: JobRequest) -> tuple:
