@@ -13,6 +13,10 @@ The jobs, none of them in the own-jobs corpus the builds are fitted on, all a lo
 - `sgd-regression`: the recorded small SGD regressions of issue 31's table (`bench/search/data/families3.jsonl.gz`,
   23 jobs at targets 0.05 / 0.03 / 0.02, their recorded start-up and times), as `bench.search.served` replays them.
 
+`--pace K` replays every job's lines at K times their recorded time a step (the recorded start-up kept): the same curves
+as a heavier model's, so the start-up is the share of the run it is in a job of the issue's length (its first job ran
+~3.5 min, families3's 16-65 s, of which the start-up took up to half before the first line).
+
 Each job goes through `JobModel` line by line, an estimate published at most once a second (`bench.search.served`);
 at 10/20/30/50/80% of the job the latest published one is scored against the truth then: its signed error of the
 time left, within ±20%, and whether the 10-90% band holds the truth (a second of slack).
@@ -27,6 +31,7 @@ import argparse
 import ast
 import contextlib
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -71,6 +76,11 @@ def e2e_training(path: Path, name: str, deepest: float, step_s: float, family: s
     if not points:
         raise ValueError(f"{path.name}'s {name} printed no loss")
     return {"run": f"{family}-{name}", "family": family, "points": points}
+
+
+def paced(run: dict, pace: float) -> dict:
+    """`run` with each point's time since its training's start times `pace` (its start-up, if any, as recorded)."""
+    return run | {"points": [p | {"t": p["t"] * pace} for p in run["points"]]}
 
 
 def jobs() -> list[tuple[dict, float]]:
@@ -142,9 +152,12 @@ def main(argv: list[str] | None = None) -> None:
         "--build", type=parse_build, action="append", required=True, help="NAME= (shipped) or NAME=CURVE,TABLE"
     )
     ap.add_argument("--out", type=Path, help="every job's cuts and the summaries, as JSON")
+    ap.add_argument("--pace", type=float, default=1.0, help="each step K times as long as recorded (start-up kept)")
     args = ap.parse_args(argv)
-    todo = jobs()
-    report: dict = {"jobs": len(todo), "builds": {}}
+    if not (math.isfinite(args.pace) and args.pace > 0):
+        ap.error(f"param[--pace] invalid: {args.pace} is not a positive number")
+    todo = [(paced(run, args.pace), target) for run, target in jobs()]
+    report: dict = {"jobs": len(todo), "pace": args.pace, "builds": {}}
     for name, curve, table in args.build:
         with served_by(curve, table) as fit:
             replayed = [job for run, target in todo if (job := served.replay(run, target, STEP_REGEX)) is not None]

@@ -41,6 +41,19 @@ from services.placement.tradeoff import Tradeoff
 log = logging.getLogger(__name__)
 
 
+def acts_on(event: JobStatusChanged) -> bool:
+    """Whether placement may act on a status at all (`Placement.status_changed`): a job's end frees its GPUs, its
+    start (Running) is recorded, Abnormal holds its GPUs, and Pending without nodes queues it again. Its consumer's
+    filter (`shared.events.PLACEMENT_STATUSES`) delivers these and spares the rest; a branch for another status
+    starts here, and the walk of every status history (`tests/unit/test_status_subjects.py`) then holds the filter
+    to it."""
+    return (
+        event.phase.is_finished()
+        or event.phase in (Phase.RUNNING, Phase.ABNORMAL)
+        or (event.phase == Phase.PENDING and not event.node_ids)
+    )
+
+
 @dataclass
 class Placement:
     """The queue (`store`), the fleet and the policy's inputs, moved by events; one engine pass places them."""
@@ -94,7 +107,7 @@ class Placement:
 
     async def status_changed(self, event: JobStatusChanged) -> None:
         item = self.queue.get(event.job_id)
-        if item is None:
+        if item is None or not acts_on(event):
             return
         if event.phase.is_finished():
             await self._charge_fair_share(item, event)

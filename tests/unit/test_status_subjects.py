@@ -19,6 +19,7 @@ from shared.events import (
 from shared.jobs import Phase, SecondaryPhase
 from services.billing.placements import SUBMITTED_SAYS, nothing_new, status_said
 from services.monitor import hangs, state
+from services.placement.service import acts_on
 from tests.factories import T0, exited, placed, preparing, started, submitted
 from tests.unit.test_monitor_hangs import hung, resumed
 
@@ -124,12 +125,7 @@ def test_each_reader_is_delivered_every_status_it_acts_on(actions, ranks):
         assert status.subject == f"tm.job.status.{status.phase}.{status.secondary_phase}"
         assert delivered(status, ALL_STATUSES)
         assert delivered(status, FINISHED_STATUSES) == status.phase.is_finished()
-        acts = (
-            status.phase.is_finished()
-            or status.phase in (Phase.RUNNING, Phase.ABNORMAL)
-            or (status.phase == Phase.PENDING and not status.node_ids)
-        )
-        if acts:
+        if acts_on(status):
             assert delivered(status, PLACEMENT_STATUSES), status
         now_said = status_said(status)
         if not nothing_new(now_said, said):

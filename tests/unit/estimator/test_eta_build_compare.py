@@ -140,3 +140,17 @@ def test_the_synthetic_curve_meets_its_target_where_the_docs_say():
     points = plain_jobs.synthetic_power()["points"]
     hit = next(p for p in points if p["loss"] <= 0.02)
     assert 175 < hit["t"] < 185  # ~180 s: 162 s left at 10% of the run (docs/estimator.md, eta10)
+
+
+def test_a_paced_replay_keeps_the_curve_and_the_start_up_and_stretches_the_steps():
+    run = {"run": "r", "family": "f", "startup_s": 13.0, "points": [{"t": 0.5, "step": 10, "loss": 0.5}]}
+    slow = plain_jobs.paced(run, 12.0)
+    assert slow["points"] == [{"t": 6.0, "step": 10, "loss": 0.5}] and slow["startup_s"] == 13.0
+    assert run["points"][0]["t"] == 0.5  # the recorded run is left as it was
+
+
+@pytest.mark.parametrize("pace", ["0", "-2", "nan", "inf"])
+def test_a_pace_that_is_not_a_positive_number_is_refused_by_name(pace, capsys):
+    with pytest.raises(SystemExit):
+        plain_jobs.main(["--build", "shipped=", "--pace", pace])
+    assert "param[--pace] invalid" in capsys.readouterr().err
