@@ -4,10 +4,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from shlex import quote
 
@@ -20,6 +21,24 @@ from services.agent.sizecap import Tally, TooLarge
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900
+# What an engine's build is given of the agent's environment: where programs are, the locale, and how the operator
+# configured pip to reach its index (PIP_*, proxies, CA bundles); nothing else the agent holds.
+BUILD_VARIABLES = frozenset(
+    {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
+    | {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"}  # either case, as pip reads them
+)
+
+
+def build_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` an engine's `python -m venv` and `pip install` run with (`BUILD_VARIABLES`, any
+    `PIP_*`); PATH the system's default where the agent has none."""
+    kept = {
+        name: value for name, value in environ.items() if name.upper() in BUILD_VARIABLES or name.startswith("PIP_")
+    }
+    kept.setdefault("PATH", os.defpath)
+    return kept
+
+
 Note = Callable[[str], None]
 
 
@@ -172,6 +191,7 @@ class Preparer:
                         "install",
                         "--disable-pip-version-check",
                         "--no-input",
+                        "--only-binary=:all:",  # wheels only: no package's build code runs here, as the agent
                         *packages,
                     ],
                     what="pip install",
@@ -181,9 +201,14 @@ class Preparer:
             return venv
 
     async def _run(self, argv: list[str], *, what: str) -> None:
-        # readable by every task user whatever the agent's umask (an environment holds no secret)
+        # readable by every task user whatever the agent's umask (an environment holds no secret); with only the
+        # variables pip and venv read, never the agent's own (its credentials' paths, a cloud's keys)
         process = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, umask=0o022
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            umask=0o022,
+            env=build_environment(os.environ),
         )
         try:
             output, _ = await asyncio.wait_for(process.communicate(), timeout=PIP_TIMEOUT_S)
