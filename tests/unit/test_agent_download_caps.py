@@ -27,6 +27,12 @@ CAP = MB  # per download in these tests
 SENT = 8 * MB  # what a hostile server sends
 
 
+# Compressed although the agent asks for none: one layer, and two stacked (stacked, one network read expands a thousand times more).
+BOMBS = {"/bomb.bin": gzip.compress(b"\0" * SENT), "/stacked.bin": gzip.compress(gzip.compress(b"\0" * SENT))}
+ENCODINGS = {"/bomb.bin": "gzip", "/stacked.bin": "gzip, gzip"}
+ASKED: list[str | None] = []  # the Accept-Encoding of each request for a bomb
+
+
 class Hostile(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 (http.server's name)
         try:
@@ -40,9 +46,11 @@ class Hostile(BaseHTTPRequestHandler):
         elif self.path == "/endless.bin":  # says nothing, streams until it closes
             self.protocol_version = "HTTP/1.0"
             self._send(b"x" * SENT, length=None)
-        elif self.path == "/bomb.bin":  # a small, true Content-Length of a gzip body that expands past the cap
-            body = gzip.compress(b"\0" * SENT)
-            self._send(body, length=len(body), headers={"Content-Encoding": "gzip"})
+        elif self.path in BOMBS:  # a small, true Content-Length of a body that would expand past the cap
+            ASKED.append(self.headers.get("Accept-Encoding"))
+            self._send(
+                BOMBS[self.path], length=len(BOMBS[self.path]), headers={"Content-Encoding": ENCODINGS[self.path]}
+            )
         else:  # /part-N.bin: under the cap per download
             self._send(b"y" * (CAP * 6 // 10), length=CAP * 6 // 10)
 
@@ -95,7 +103,16 @@ async def prepare(preparer: Preparer, *urls: str, tmp_path) -> None:
     await preparer.prepare(start(*urls), tmp_path / "work", {}, lambda text: None)
 
 
-@pytest.mark.parametrize("path", ["/honest.bin", "/endless.bin", "/bomb.bin"])
+@pytest.mark.parametrize("path", ["/bomb.bin", "/stacked.bin"])
+async def test_a_compressed_body_is_saved_as_sent_and_never_expanded(port, tmp_path, path):
+    ASKED.clear()
+    url = f"http://data.example.test:{port}{path}"
+    await prepare(capped(tmp_path), url, tmp_path=tmp_path)
+    assert ASKED == ["identity"]
+    assert (tmp_path / "work" / "inputs" / "d0" / path[1:]).read_bytes() == BOMBS[path]
+
+
+@pytest.mark.parametrize("path", ["/honest.bin", "/endless.bin"])
 async def test_a_download_past_its_cap_stops_and_leaves_no_file(port, tmp_path, path):
     url = f"http://data.example.test:{port}{path}"
     with pytest.raises(PrepareError) as refused:
