@@ -1,27 +1,51 @@
 """Job-supplied regular expressions: compiled by RE2 and matched against bounded lines, so no pattern and no line
-can stall a service (RE2 runs in time linear in the line; it has no backreferences or lookarounds to backtrack)."""
+can stall a service. RE2 has no backreferences or lookarounds to backtrack and runs in time linear in the line, but
+linear with a factor the pattern sets: its compiled size (`.{0,1000}` fifty times is 450,000 instructions, seconds
+to compile and about a second a line), and a small pattern can still make RE2's DFA give way to its slower NFA
+(`a[ab]{50}c`: 58 instructions, 4 ms on a 4,096-character line). So compiling stops at `MAX_MEMORY` (a
+millisecond's work), a program is at most `MAX_PROGRAM_SIZE` instructions, and a reader bounds the time a job's
+patterns may take (`MatchBudget`)."""
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 import re2
 
 MAX_LINE_CHARS = 4096  # a metric sits near the start of an output line; the rest of a huge line is not read
 VALUE_GROUP = "value"
+MAX_MEMORY = 64 * 1024  # RE2's budget for a pattern (program and DFA cache): past it compiling stops at once
+MAX_PROGRAM_SIZE = 500  # instructions; a metric pattern has 20-60 (`step (?P<step>\d+) loss (?P<value>[0-9.]+)`: 26)
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a rejected pattern is the submitter's answer, not a line in our logs
+_OPTIONS.max_mem = MAX_MEMORY
+TOO_COMPLEX = "too complex: fewer or smaller {n,m} counts and alternatives"
+# The CPU a job's patterns may take in a reader (`MatchBudget`): 2% of a core, a second of it saved up. A job's usual
+# patterns take 3-10 us a line, 15 ms a second at the 500 lines a second a task may print with three of them.
+MATCH_CPU_PER_S = 0.02
+MATCH_BURST_S = 1.0
 
 Pattern: TypeAlias = re2._Regexp
 Match: TypeAlias = re2._Match
 
 
 def compile_pattern(regex: str) -> Pattern:
-    """The RE2 program of `regex`; ValueError saying why RE2 refuses it."""
+    """The RE2 program of `regex`; ValueError saying why RE2 refuses it, or that it is too large to match cheaply
+    (past `MAX_MEMORY` or `MAX_PROGRAM_SIZE`)."""
     try:
-        return re2.compile(regex, options=_OPTIONS)
+        pattern = re2.compile(regex, options=_OPTIONS)
     except re2.error as exc:
         reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        if "too large" in reason:
+            raise ValueError(f"{TOO_COMPLEX} (RE2 would compile it past {MAX_MEMORY:,} bytes)") from exc
         raise ValueError(f"not a valid RE2 regular expression (no backreferences or lookarounds): {reason}") from exc
+    if pattern.programsize > MAX_PROGRAM_SIZE:
+        raise ValueError(
+            f"{TOO_COMPLEX} (RE2 compiles it to {pattern.programsize:,} instructions, at most {MAX_PROGRAM_SIZE})"
+        )
+    return pattern
 
 
 def value_group(pattern: Pattern) -> str | int:
@@ -48,3 +72,40 @@ def compile_metric(regex: str) -> Pattern:
 def clip(line: str) -> str:
     """The part of a line that patterns are matched against."""
     return line[:MAX_LINE_CHARS]
+
+
+@dataclass
+class MatchBudget:
+    """The CPU time one job's patterns may take in a reader: `rate` seconds a second, `burst` saved up (full at
+    first). A search past it is not run (no match), and counted: a job whose patterns cost more than the budget has
+    only as many of its lines read as the budget pays for, and no pattern of one job slows the reader for others."""
+
+    rate: float = MATCH_CPU_PER_S
+    burst: float = MATCH_BURST_S
+    clock: Callable[[], float] = time.monotonic
+    cpu: Callable[[], float] = time.thread_time  # this thread's CPU: what the search itself costs
+    skipped: int = 0  # searches not run for want of budget
+    reported: int = 0  # of them, those already said (`unreported`)
+    tokens: float = field(init=False)
+    at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.tokens, self.at = self.burst, self.clock()
+
+    def search(self, pattern: Pattern, text: str) -> Match | None:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
+        self.at = now
+        if self.tokens <= 0:
+            self.skipped += 1
+            return None
+        began = self.cpu()
+        try:
+            return pattern.search(text)
+        finally:
+            self.tokens -= max(self.cpu() - began, 0.0)
+
+    def unreported(self) -> int:
+        """Searches skipped since the last call: a reader says so once an episode, not once a line."""
+        count, self.reported = self.skipped - self.reported, self.skipped
+        return count

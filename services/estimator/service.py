@@ -205,6 +205,14 @@ class Estimator:
             return
         if kept := observed(model, chunk):
             await self._store(chunk, kept)
+        if skipped := model.tracker.budget.unreported():
+            log.warning(
+                "job %s: its metric patterns took more than their %g%% of a core here: %d searches of its output "
+                "lines skipped (its curves miss those lines' values)",
+                chunk.job_id,
+                100 * model.tracker.budget.rate,
+                skipped,
+            )
         now = time.time()
         if now - self.last_published.get(chunk.job_id, 0) < PUBLISH_EVERY_S:
             return

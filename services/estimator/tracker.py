@@ -6,7 +6,7 @@ from functools import cache
 
 from shared.events import Eta, LogLine
 from shared.jobs import MetricSpec
-from shared.safe_regex import Match, Pattern, clip, compile_metric, value_group
+from shared.safe_regex import Match, MatchBudget, Pattern, clip, compile_metric, value_group
 from services.estimator.model.curveprior import blendtable, net as priornet
 from services.estimator.model.curveprior.estimate import estimate
 from services.estimator.model.mllog import MAX_KEY_CHARS, LogRecord, finite, parse_json, parse_mllog_line
@@ -30,15 +30,22 @@ class MetricPoint:
 
 
 def parse_line(
-    line: str, t: float, metrics: list[MetricSpec], patterns: list[Pattern | None], record: LogRecord | None = None
+    line: str,
+    t: float,
+    metrics: list[MetricSpec],
+    patterns: list[Pattern | None],
+    record: LogRecord | None = None,
+    budget: MatchBudget | None = None,
 ) -> list[MetricPoint]:
-    """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS), the SDK's
-    `TRAINMASTER_METRICS {json}` reports and MLLOG key/value records (`record`: the line's MLLOG record when the
-    caller has parsed it already). Whatever the line holds, a value that is no finite number is skipped alone."""
+    """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS, within the
+    job's `budget` of CPU when given), the SDK's `TRAINMASTER_METRICS {json}` reports and MLLOG key/value records
+    (`record`: the line's MLLOG record when the caller has parsed it already). Whatever the line holds, a value that
+    is no finite number is skipped alone."""
     points = []
     head = clip(line)
+    search = budget.search if budget is not None else (lambda pattern, text: pattern.search(text))
     for spec, pattern in zip(metrics, patterns):
-        if pattern is not None and (match := pattern.search(head)):
+        if pattern is not None and (match := search(pattern, head)):
             points += _matched(spec.name, t, match, value_group(pattern), "step" in pattern.groupindex)
     if line.startswith(METRICS_PREFIX):
         points += _reported(parse_json(line[len(METRICS_PREFIX) :]), t)
@@ -83,9 +90,10 @@ class JobTracker:
 
     def __post_init__(self) -> None:
         self.patterns = [_compiled(m.regex) for m in self.metrics]
+        self.budget = MatchBudget()  # the CPU its patterns may take here
 
     def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
-        found = parse_line(line.line, line.t, self.metrics, self.patterns, record)
+        found = parse_line(line.line, line.t, self.metrics, self.patterns, record, self.budget)
         for point in found:
             if point.name not in self.points and len(self.points) >= MAX_METRICS:
                 continue

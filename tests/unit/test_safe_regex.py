@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from shared.events import LogLine
 from shared.jobs import JobCreate, MetricSpec
-from shared.safe_regex import MAX_LINE_CHARS, compile_metric, compile_pattern
+from shared.safe_regex import MAX_LINE_CHARS, MatchBudget, compile_metric, compile_pattern
 from services.estimator.model.mllog import MetricSpec as CorpusMetricSpec, RegexMetricParser
 from services.estimator.tracker import JobTracker
 from tests.factories import job_body
@@ -81,3 +81,65 @@ def test_one_unnamed_group_is_the_value_at_submission_and_when_matched(regex, li
     assert (point.value, point.step) == (value, step)
     (corpus,) = RegexMetricParser([CorpusMetricSpec("loss", regex)]).parse(line)
     assert (corpus.value, corpus.step) == (value, step)
+
+
+# RE2 is linear in the line, with a factor the pattern sets: these were accepted before 2026-11-29.
+HUGE = "(?P<value>" + ".{0,1000}" * 50 + ")y"  # 450,000 instructions: ~8 s of CPU to compile, ~1 s a line
+WIDE = "(?P<value>[^x]{0,250})y"  # 2,257 instructions
+
+
+@pytest.mark.parametrize(("regex", "says"), [(HUGE, "past 65,536 bytes"), (WIDE, "2,257 instructions, at most 500")])
+def test_a_pattern_too_large_to_match_cheaply_is_refused_by_name_at_once(regex, says):
+    fields, message = refusal(regex)
+    assert fields == ["algorithm.metrics.1.regex"]
+    assert "too complex" in message and says in message
+    with pytest.raises(ValueError, match="too complex"):
+        compile_metric(regex)  # in a fraction of a millisecond to a few ms: the compile stops at its memory
+
+
+def test_a_stored_pattern_refused_since_is_left_out_of_the_jobs_view_and_the_rest_shown():
+    from services.submitter.views import stored_algorithm
+
+    raw = JobCreate.model_validate(job_body(metrics=[{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}]))
+    stored = raw.algorithm.model_dump() | {
+        "metrics": [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}, {"name": "acc", "regex": WIDE}]
+    }
+    shown = stored_algorithm(stored)
+    assert [m.name for m in shown.metrics] == ["loss"] and shown.command == raw.algorithm.command
+    assert JobTracker([MetricSpec.model_construct(name="acc", regex=WIDE)]).patterns == [None]  # nor read for values
+
+
+class Clocks:
+    """A reader's clock and the CPU a search takes, both set by the test."""
+
+    def __init__(self, search_cost: float) -> None:
+        self.now = 0.0
+        self.cpu_now = 0.0
+        self.search_cost = search_cost
+
+    def clock(self) -> float:
+        return self.now
+
+    def cpu(self) -> float:  # each reading is `search_cost` on: a search (read before and after) costs that
+        self.cpu_now += self.search_cost
+        return self.cpu_now
+
+
+def test_a_jobs_costly_patterns_are_searched_only_as_far_as_their_budget_pays():
+    clocks = Clocks(search_cost=1 / 128)  # binary fractions: the arithmetic is exact
+    budget = MatchBudget(rate=1 / 64, burst=1.0, clock=clocks.clock, cpu=clocks.cpu)
+    pattern = compile_metric(r"loss (?P<value>[0-9.]+)")
+    found = [budget.search(pattern, "loss 0.5") is not None for _ in range(150)]
+    assert found == [True] * 128 + [False] * 22  # what was saved up, then nothing at once
+    assert budget.skipped == 22 and budget.unreported() == 22 and budget.unreported() == 0
+    clocks.now += 1.0  # a second later: 1/64 s more, two searches
+    assert [budget.search(pattern, "loss 0.5") is not None for _ in range(3)] == [True, True, False]
+    clocks.now += 1000.0  # refilled, never past the burst
+    assert sum(budget.search(pattern, "loss 0.5") is not None for _ in range(150)) == 128
+
+
+def test_a_jobs_usual_patterns_never_meet_the_budget():
+    tracker = JobTracker([MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)")])
+    lines = [LogLine(t=i / 500, line=f"step {i} loss {1 / (i + 1):.5f} lr 0.001 " + "x" * 200) for i in range(5000)]
+    assert sum(len(tracker.observe(line)) for line in lines) == 5000  # ten seconds of a task's most output
+    assert tracker.budget.skipped == 0
