@@ -10,7 +10,7 @@ public address or a host the operator allows (`[storage] allow_hosts`, TRAINMAST
 import ipaddress
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,6 +200,12 @@ def check_url(url: str, *, policy: StoragePolicy, project_id: str) -> str:
         f"not in this project's storage ({own[0]}) or the cluster's allowed URLs "
         f"({', '.join(policy.allowed_urls) or 'none'})"
     )
+
+
+def local_check(policy: StoragePolicy, project_id: str) -> Callable[[str], str]:
+    """`check_url` of a local path as resolved when it is used (`services.agent.checkpoints.Mirror`): a link planted
+    at or above a job's `file://` URL after its admission moves it nowhere the job may not go."""
+    return lambda path: check_url(f"file://{path}", policy=policy, project_id=project_id)
 
 
 def job_urls(algorithm: Any) -> Iterator[tuple[str, str]]:

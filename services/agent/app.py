@@ -325,6 +325,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> 
             root / "engines",
             cluster.engines_by_name(),
             downloads=Downloads(policy=storage.egress()),
+            storage=storage,
             caps=partial(
                 Tally.of, per_download_gb=settings.download_max_gb, per_task_gb=settings.task_downloads_max_gb
             ),

@@ -6,9 +6,12 @@ import logging
 import os
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from shared.egress import is_http
 from shared.storage import check_segment
@@ -21,53 +24,83 @@ PARTIAL = (".tmp", ".partial")  # being written by the task: mirrored once renam
 CHUNK = 1 << 20
 
 
-class Mirror:
-    """A local directory kept in step with a remote one: `file:///shared/x`, `s3://bucket/prefix` (MinIO, S3)."""
+Check = Callable[[str], object]  # raises where a resolved local path is not storage the job may use
 
-    def __init__(self, url: str) -> None:
+
+class Mirror:
+    """A local directory kept in step with a remote one: `file:///shared/x`, `s3://bucket/prefix` (MinIO, S3).
+
+    The agent mirrors as root, and a `file://` tree may be one that tasks or other users of the host can write to
+    (a shared folder the operator allows): there, links are never followed below the URL's own path (each file is
+    opened, made, renamed and removed one component at a time, from a handle on the folder above it), and the URL's
+    path, resolved at each use, must still pass `check` (a link planted at or above it after the job was admitted
+    would otherwise move it). A name a listing gives that would land outside the local folder (an object store key
+    `a/../../x` or `a//x`) is refused."""
+
+    def __init__(self, url: str, *, check: Check | None = None) -> None:
         if is_http(url):  # fsspec would connect wherever DNS says, and follow redirects
             raise ValueError(
                 "http(s) URLs are fetched through the egress policy (services.agent.downloads), never mirrored"
             )
         self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.check = check
 
     def _remote(self, relative: str = "") -> str:
         return f"{self.root.rstrip('/')}/{relative}".rstrip("/")
+
+    def _local_root(self) -> str:
+        """The URL's path resolved now, checked again (`check`): what is below it is walked following no link."""
+        resolved = os.path.realpath(self._remote())
+        if self.check is not None:
+            self.check(resolved)
+        return resolved
 
     def restore(self, local: Path, tally: Tally | None = None) -> Manifest:
         """Copy the remote contents into `local`, within the tally's caps (all of it counts as one download);
         what is there now counts as uploaded."""
         local.mkdir(parents=True, exist_ok=True)
+        tally = tally or Tally()
+        if self.local:
+            self._restore_local(local, tally)
+            return _scan(local)
         remote = self._remote()
         if not self.fs.exists(remote):
             return {}
         if self.fs.isfile(remote):
             listed = {remote: self.fs.info(remote)}
-            files = {remote: local / remote.rsplit("/", 1)[-1]}
+            files = {remote: local / inside_name(remote.rsplit("/", 1)[-1], remote)}
         else:
             listed = self.fs.find(remote, detail=True)
-            files = {path: local / path[len(remote) + 1 :] for path in listed}
-        tally, size = tally or Tally(), 0
+            files = {path: local / inside_name(path[len(remote) + 1 :], path) for path in listed}
+        size = 0
         tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
         for path, target in files.items():
             target.parent.mkdir(parents=True, exist_ok=True)
-            size = self._copy(path, target, tally, size)
+            with self.fs.open(path, "rb") as source:
+                size = _copy(source, target, tally, size)
         return _scan(local)
 
-    def _copy(self, path: str, target: Path, tally: Tally, size: int) -> int:
-        """Copy one remote file, counting its bytes as part of a download `size` long so far; a file cut short
-        at a cap is removed."""
+    def _restore_local(self, local: Path, tally: Tally) -> None:
+        """`restore` from a local folder: its regular files, none reached through a link."""
+        root = self._local_root()
         try:
-            with self.fs.open(path, "rb") as source, open(target, "wb") as out:
-                while chunk := source.read(CHUNK):
-                    size += len(chunk)
-                    tally.count(size, len(chunk))
-                    out.write(chunk)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
-        return size
+            top = os.stat(root)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(top.st_mode):  # the URL names one file
+            folder, listed = os.path.dirname(root), {os.path.basename(root): top.st_size}
+        else:
+            folder, listed = root, {relative: size for relative, (size, _) in _scan(Path(root), partial=True).items()}
+        tally.expect(sum(listed.values()))
+        size = 0
+        for relative in listed:
+            target = local / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # a file swapped for a link (or a folder on its way) since the listing: OSError, nothing read
+            with os.fdopen(open_confined(Path(folder), relative), "rb") as source:
+                size = _copy(source, target, tally, size)
 
     def sync(self, local: Path, uploaded: Manifest, *, delete: bool = True, anchor: Path | None = None) -> Manifest:
         """Upload what changed since the last sync (and drop what was deleted); return the new manifest.
@@ -78,6 +111,11 @@ class Mirror:
         anchor = anchor or local
         inside = local.relative_to(anchor).as_posix() if local != anchor else ""
         current = _scan(local)
+        refused: dict[str, OSError] = {}
+        root = None
+        if self.local:
+            root = self._local_root()
+            os.makedirs(root, exist_ok=True)  # the URL's own path: checked as resolved
         for relative, stamp in current.items():
             if uploaded.get(relative) != stamp:
                 try:
@@ -85,6 +123,12 @@ class Mirror:
                 except OSError:  # replaced by a link or gone since the scan: not uploaded
                     continue
                 try:
+                    if root is not None:
+                        try:
+                            put_confined(root, relative, fd)
+                        except OSError as exc:  # a link (or a file) where a folder of it should be: not uploaded
+                            refused[relative] = exc
+                        continue
                     remote = self._remote(relative)
                     self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
                     tmp = f"{remote}.uploading"
@@ -94,10 +138,22 @@ class Mirror:
                     os.close(fd)
         for relative in set(uploaded) - set(current) if delete else ():
             try:
-                self.fs.rm(self._remote(relative))
+                if root is not None:
+                    remove_confined(root, relative)
+                else:
+                    self.fs.rm(self._remote(relative))
             except FileNotFoundError:
                 pass
-        return current
+            except OSError as exc:  # a link on its way: nothing removed through it
+                refused[relative] = exc
+        if refused:
+            log.warning(
+                "%s: %d files not mirrored, a link or a file where a folder should be: %s",
+                self.url,
+                len(refused),
+                "; ".join(f"{name}: {exc.strerror or exc}" for name, exc in sorted(refused.items())[:5]),
+            )
+        return {name: stamp for name, stamp in current.items() if name not in refused}
 
 
 class CheckpointStore:
@@ -140,18 +196,104 @@ def open_confined(top: Path, relative: str) -> int:
     return file
 
 
+def inside_name(relative: str, listed: str) -> str:
+    """`relative` (a name a remote listing gave, under the folder restored) when it stays inside the local folder;
+    ValueError naming the listed path otherwise (an object store key holding `..`, `.` or an empty segment)."""
+    parts = relative.split("/")
+    if not relative or "\0" in relative or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{listed!r} would be written outside the folder it is restored into")
+    return relative
+
+
+def _copy(source: BinaryIO, target: Path, tally: Tally, size: int) -> int:
+    """Copy one file, counting its bytes as part of a download `size` long so far; a file cut short at a cap is
+    removed."""
+    try:
+        with open(target, "wb") as out:
+            while chunk := source.read(CHUNK):
+                size += len(chunk)
+                tally.count(size, len(chunk))
+                out.write(chunk)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return size
+
+
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+
+
+def _folder(root: str, parts: list[str], *, make: bool) -> int:
+    """A handle on `root/parts...`, each component opened (made first, with `make`, where missing) following no
+    link: a link planted anywhere below `root` is an OSError, never a way elsewhere."""
+    fd = os.open(root, DIRECTORY)
+    try:
+        for part in parts:
+            try:
+                inner = os.open(part, DIRECTORY, dir_fd=fd)
+            except FileNotFoundError:
+                if not make:
+                    raise
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:  # made meanwhile: opened below, as a folder or not at all
+                    pass
+                inner = os.open(part, DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def put_confined(root: str, relative: str, source: int) -> None:
+    """Write what `source` reads to `root/relative`: a new file beside it, then renamed over it (a link there is
+    replaced, never written through), every folder on the way opened following no link."""
+    *dirs, name = inside_name(relative, relative).split("/")
+    folder = _folder(root, dirs, make=True)
+    tmp = f"{name}.uploading"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=folder)  # a leftover, or a link or hard link planted there: gone, not written
+        except FileNotFoundError:
+            pass
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+        try:
+            os.lseek(source, 0, os.SEEK_SET)
+            while chunk := os.read(source, CHUNK):
+                os.write(out, chunk)
+        finally:
+            os.close(out)
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
+def remove_confined(root: str, relative: str) -> None:
+    """Remove `root/relative` (a link there is removed itself), every folder on the way opened following no link."""
+    *dirs, name = inside_name(relative, relative).split("/")
+    folder = _folder(root, dirs, make=False)
+    try:
+        os.unlink(name, dir_fd=folder)
+    finally:
+        os.close(folder)
+
+
 def listed_size(info: dict) -> int:
     """The size a listing gives a file (a claim of the storage: 0 when it gives none that makes sense)."""
     size = info.get("size")
     return size if isinstance(size, int) and size > 0 else 0
 
 
-def _scan(local: Path) -> Manifest:
+def _scan(local: Path, *, partial: bool = False) -> Manifest:
+    """The regular files under `local` (no link followed or listed), those named as being written (`PARTIAL`) only
+    with `partial`."""
     manifest: Manifest = {}
     for root, _, files in os.walk(local):
         for name in files:
             path = Path(root) / name
-            if name.endswith(PARTIAL):  # being written by the task: next time
+            if name.endswith(PARTIAL) and not partial:  # being written by the task: next time
                 continue
             try:
                 info = os.lstat(path)

@@ -15,6 +15,7 @@ from shlex import quote
 from shared.egress import is_http
 from shared.events import StartTask
 from shared.jobs import DataOut, Engine
+from shared.storage import StoragePolicy, local_check
 from services.agent.checkpoints import Mirror
 from services.agent.downloads import Downloads
 from services.agent.sizecap import Tally, TooLarge
@@ -65,8 +66,10 @@ class Preparer:
         *,
         downloads: Downloads | None = None,
         caps: Callable[[], Tally] = Tally,
+        storage: StoragePolicy | None = None,
     ) -> None:
         self.root = root
+        self.storage = storage  # what a job's local paths are checked against again, as resolved when fetched
         self.downloads = downloads or Downloads()  # http(s): public addresses only unless the operator allows
         self.caps = caps  # a fresh tally per task: what its code and inputs may write (default: no cap)
         # engine name -> {"packages": [...], "image": ..., "environment": ..., "default": bool} from the cluster file
@@ -93,12 +96,12 @@ class Preparer:
             python = str(venv / "bin" / "python")
         if alg.code_dir:
             note(f"fetching code from {alg.code_dir}")
-            await self._fetch(alg.code_dir, workdir / "code", what="code_dir", tally=tally)
+            await self._fetch(alg.code_dir, workdir / "code", what="code_dir", tally=tally, project=start.project_id)
             env["TRAINMASTER_CODE_DIR"] = str(workdir / "code")
         for item in alg.inputs:
             target = workdir / "inputs" / (item.local_dir or item.name)
             note(f"fetching input {item.name} from {item.url}")
-            await self._fetch(item.url, target, what=f"inputs.{item.name}", tally=tally)
+            await self._fetch(item.url, target, what=f"inputs.{item.name}", tally=tally, project=start.project_id)
             env[f"TRAINMASTER_INPUT_{env_name(item.name)}"] = str(target)
         for out in alg.outputs:
             output_dir(workdir, out).mkdir(parents=True, exist_ok=True)
@@ -109,12 +112,13 @@ class Preparer:
             raise ValueError("the algorithm names neither a command nor a boot_file")
         return f"{quote(python)} {quote(str(workdir / 'code' / alg.boot_file))}"
 
-    async def _fetch(self, url: str, target: Path, *, what: str, tally: Tally) -> None:
+    async def _fetch(self, url: str, target: Path, *, what: str, tally: Tally, project: str) -> None:
         try:
             if is_http(url):  # the egress policy, checked at each connection (DNS may have changed since submission)
                 await self.downloads.fetch(url, target, tally)
                 return
-            files = await asyncio.to_thread(Mirror(url).restore, target, tally)
+            check = local_check(self.storage, project) if self.storage is not None else None
+            files = await asyncio.to_thread(Mirror(url, check=check).restore, target, tally)
         except TooLarge as exc:  # the task will not run: what this fetch wrote goes too
             await asyncio.to_thread(shutil.rmtree, target, True)
             raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc

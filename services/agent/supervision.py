@@ -15,7 +15,7 @@ from shared.clock import utcnow
 from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
 from shared.jobs import DataOut, task_cpus
 from shared.nodes import NodeInfo
-from shared.storage import StoragePolicy, check_segment, refused_urls
+from shared.storage import StoragePolicy, check_segment, local_check, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
@@ -293,7 +293,7 @@ class Supervisor:
             return
         try:
             task.uploaded[output.name] = await asyncio.to_thread(
-                Mirror(output.url).sync,
+                Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
                 output_dir(task.workdir, output),
                 task.uploaded.get(output.name, {}),
                 delete=False,

@@ -1,0 +1,121 @@
+"""The agent mirrors inputs, code and outputs as root, and a `file://` tree the operator allows may be one that tasks
+or other users of the host can write to: a link planted there is never followed (reading a root-only file into a
+task's inputs, writing an output into a system folder), a name an object store lists cannot land outside the local
+folder, and a job's URL is checked again as resolved when it is used."""
+
+import os
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from shared.storage import StorageError, StoragePolicy, local_check
+from services.agent.checkpoints import Mirror
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A shared folder anyone may write to, a secret beside it, and a system folder."""
+    shared, secret, system = tmp_path / "shared", tmp_path / "secret", tmp_path / "system"
+    for folder in (shared, secret, system):
+        folder.mkdir()
+    (secret / "key").write_text("root only")
+    return shared, secret, system
+
+
+def test_a_restore_copies_the_regular_files_and_follows_no_link(tree, tmp_path):
+    shared, secret, _ = tree
+    data = shared / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / "sub" / "train.csv").write_text("1,2\n")
+    (data / "epoch.tmp").write_text("a dataset's own file, named as if partial")
+    os.symlink(secret / "key", data / "key")  # planted: a root-only file
+    os.symlink(secret, data / "everything")  # planted: a folder of them
+    Mirror(f"file://{data}").restore(tmp_path / "inputs")
+    copied = sorted(str(p.relative_to(tmp_path / "inputs")) for p in (tmp_path / "inputs").rglob("*") if p.is_file())
+    assert copied == ["epoch.tmp", "sub/train.csv"]
+    assert (tmp_path / "inputs" / "sub" / "train.csv").read_text() == "1,2\n"
+    assert not (tmp_path / "inputs" / "key").exists() and not (tmp_path / "inputs" / "everything").exists()
+
+
+def test_a_restore_of_one_named_file_reads_it(tree, tmp_path):
+    shared, _, _ = tree
+    (shared / "weights.bin").write_bytes(b"\1\2")
+    assert Mirror(f"file://{shared / 'weights.bin'}").restore(tmp_path / "in") == {
+        "weights.bin": (2, (tmp_path / "in" / "weights.bin").stat().st_mtime_ns)
+    }
+
+
+def test_an_upload_writes_through_no_link_planted_in_the_shared_folder(tree, tmp_path):
+    shared, _, system = tree
+    out = shared / "out"
+    out.mkdir()
+    os.symlink(system, out / "sub")  # planted: a folder on the upload's way
+    os.symlink(system / "crontab", out / "model.pt")  # planted: the name itself
+    (system / "victim").write_text("untouched")
+    os.link(system / "victim", out / "log.txt.uploading")  # planted: a hard link at the upload's temporary name
+    local = tmp_path / "outputs"
+    (local / "sub").mkdir(parents=True)
+    (local / "sub" / "evil").write_text("payload")
+    (local / "model.pt").write_text("weights")
+    (local / "log.txt").write_text("log")
+    uploaded = Mirror(f"file://{out}").sync(local, {})
+    assert sorted(uploaded) == ["log.txt", "model.pt"]  # `sub/evil` not: tried again at the next sync
+    assert sorted(os.listdir(system)) == ["victim"] and (system / "victim").read_text() == "untouched"
+    assert (out / "model.pt").read_text() == "weights" and not (out / "model.pt").is_symlink()
+    assert (out / "log.txt").read_text() == "log"
+    assert (out / "sub").is_symlink()  # left as found: the file under it was not written
+
+
+def test_a_deletion_removes_no_file_through_a_link(tree, tmp_path):
+    shared, secret, _ = tree
+    out = shared / "ckpt"
+    out.mkdir()
+    os.symlink(secret, out / "old")  # planted where a file the task deleted was uploaded
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    Mirror(f"file://{out}").sync(local, {"old/key": (9, 1)})
+    assert (secret / "key").read_text() == "root only"
+
+
+def test_a_listed_name_that_leaves_the_folder_is_refused(tmp_path):
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/bucket/vision/ok.bin", b"1")
+    fs.pipe("/bucket/vision/x/../../../../etc/cron.d/job", b"* * * * * root sh")
+    with pytest.raises(ValueError, match="would be written outside the folder it is restored into"):
+        Mirror("memory://bucket/vision").restore(tmp_path / "inputs")
+    assert not list((tmp_path / "inputs").rglob("job"))
+    fs.rm("/bucket/vision", recursive=True)
+
+
+def test_a_url_moved_by_a_link_after_its_admission_is_checked_again_where_it_now_leads(tree, tmp_path):
+    shared, secret, _ = tree
+    policy = StoragePolicy(
+        allowed_urls=(f"file://{shared}",),
+        storage_root=f"file://{tmp_path / 'storage'}",
+        checkpoint_root=f"file://{tmp_path / 'checkpoints'}",
+    )
+    check = local_check(policy, "vision")
+    (shared / "data").mkdir()
+    Mirror(f"file://{shared / 'data'}", check=check).restore(tmp_path / "a")  # as admitted: inside
+    (shared / "data").rmdir()
+    os.symlink(secret, shared / "data")  # planted after the admission: the same URL now leads outside
+    with pytest.raises(StorageError, match="outside this project's storage"):
+        Mirror(f"file://{shared / 'data'}", check=check).restore(tmp_path / "b")
+    local = tmp_path / "out"
+    local.mkdir()
+    (local / "key").write_text("overwritten")
+    with pytest.raises(StorageError):
+        Mirror(f"file://{shared / 'data'}", check=check).sync(local, {})
+    assert (secret / "key").read_text() == "root only"
+
+
+def test_the_old_way_read_through_a_planted_link(tree, tmp_path):
+    """What the tests above guard against, shown with fsspec itself: its listing names the link, its open follows it."""
+    shared, secret, _ = tree
+    os.symlink(secret / "key", shared / "key")
+    fs, root = fsspec.core.url_to_fs(f"file://{shared}")
+    assert any(path.endswith("/key") for path in fs.find(root))
+    with fs.open(f"{root}/key", "rb") as handle:
+        assert handle.read() == b"root only"
+    assert Path(shared / "key").is_symlink()
