@@ -262,7 +262,9 @@ def put_confined(root: str, relative: str, source: int) -> None:
         try:
             os.lseek(source, 0, os.SEEK_SET)
             while chunk := os.read(source, CHUNK):
-                os.write(out, chunk)
+                view = memoryview(chunk)
+                while view:  # a write may take less than it is given
+                    view = view[os.write(out, view) :]
         finally:
             os.close(out)
         os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
