@@ -12,12 +12,13 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from pymongo import DESCENDING
 from pymongo.asynchronous.collection import AsyncCollection
+from starlette.datastructures import QueryParams
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.clock import as_utc, utcnow
@@ -148,8 +149,21 @@ def _identifier(value: Any) -> str | None:
 
 
 def is_dry_run(scope: Scope) -> bool:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("dry_run", [])
-    return any(v.lower() in ("true", "1", "yes", "on") for v in values)
+    """Whether the request is a dry run as the route it reaches reads it: only a route with a `dry_run` query
+    parameter has one (any other makes its change whatever the query says), and of several values it binds the
+    last, parsed as it parses a bool. Until 2026-11-29 any route with any true `dry_run` went unrecorded
+    (`DELETE ...?dry_run=true` deleted, `POST ...?dry_run=true&dry_run=false` created; found by review)."""
+    dependant = getattr(scope.get("route"), "dependant", None)
+    if dependant is None or not any(param.alias == "dry_run" for param in dependant.query_params):
+        return False
+    value = QueryParams(scope.get("query_string", b"")).get("dry_run")
+    try:
+        return value is not None and _BOOL.validate_python(value)
+    except ValidationError:  # the route refuses it (400): recorded as any other refused change
+        return False
+
+
+_BOOL = TypeAdapter(bool)
 
 
 class AuditLog:

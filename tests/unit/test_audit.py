@@ -72,6 +72,18 @@ async def test_the_action_is_named_from_the_body_and_the_dry_run_is_not_a_change
     assert (record["action"], record["target_id"], record["status"]) == ("job.migrate", "job-x", 404)
 
 
+async def test_a_dry_run_only_a_route_reads_as_one_is_not_kept_out_of_the_log():
+    app, db, _ = await make_app()
+    async with client(app) as admin:
+        await admin.post("/v2/vision/training-jobs?dry_run=false&dry_run=true", json={})  # a dry run: its last value
+        await admin.delete("/v2/vision/training-jobs/job-x?dry_run=true")  # no such parameter: a real delete
+        await admin.post("/v2/vision/training-jobs/job-y/actions?dry_run=1", json={"action_type": "terminate"})
+        await admin.post("/v2/vision/training-jobs?dry_run=true&dry_run=false", json={})  # a real create
+        await admin.post("/v2/vision/training-jobs?dry_run=maybe", json={})  # refused by the route: recorded
+    records = sorted((r["method"], r["target_id"] or "", r["status"]) for r in await entries(db))
+    assert records == [("DELETE", "job-x", 404), ("POST", "", 400), ("POST", "", 400), ("POST", "job-y", 404)]
+
+
 async def test_a_change_whose_record_cannot_be_written_is_refused():
     app, db, _ = await make_app()
     app.state.audit.collection = Broken(insert=True)
