@@ -6,7 +6,7 @@ import sys
 
 import httpx
 
-from services.cli import commands, searches, tokens
+from services.cli import commands, render, searches, tokens
 from services.cli.client import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CliError
 from services.cli.settings import config_file, load
 
@@ -96,6 +96,12 @@ def parser() -> argparse.ArgumentParser:
     lg.add_argument("--task", default="worker-0", help="worker-N of a multi-node job")
     lg.add_argument("--progress", action="store_true", help="a progress bar on stderr even when it is not a terminal")
     lg.add_argument("--no-progress", action="store_true", help="no progress bar on stderr while following")
+    lg.add_argument(
+        "--raw",
+        action="store_true",
+        help="the output as the job printed it, escape sequences included, even to a terminal (to a file or a "
+        "pipe it always is)",
+    )
 
     for name, handler, help_ in (
         ("terminate", commands.act("terminate"), "terminate a job"),
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def complain(text: str, code: int) -> int:
     try:
-        print(text, file=sys.stderr)
+        print(render.safe(text), file=sys.stderr)
     except BrokenPipeError:
         pass
     return code

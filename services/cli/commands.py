@@ -9,7 +9,7 @@ from services.cli.client import EXIT_CONFIG, Api, CliError
 
 
 def out(args: argparse.Namespace, value: Any, text: str) -> int:
-    print(render.dumps(value) if args.json else text)
+    print(render.dumps(value) if args.json else render.safe(text))
     return 0
 
 
@@ -82,12 +82,18 @@ def top(args: argparse.Namespace, api: Api) -> int:
 
 def logs(args: argparse.Namespace, api: Api) -> int:
     path = jobs_path(args, api, args.job_id)
+    raw = args.raw or not sys.stdout.isatty()  # to a file or a pipe, byte for byte; to a terminal, made safe
     if args.follow:
         return follow.logs(
-            api, path, task=args.task, progress=args.progress or (sys.stderr.isatty() and not args.no_progress)
+            api,
+            path,
+            task=args.task,
+            progress=args.progress or (sys.stderr.isatty() and not args.no_progress),
+            raw=raw,
         )
     text = "".join(api.log_pages(f"{path}/logs", task=args.task))
-    print(render.dumps({"job_id": args.job_id, "task": args.task, "text": text}) if args.json else text, end="")
+    shown = text if raw else render.safe_output(text)
+    print(render.dumps({"job_id": args.job_id, "task": args.task, "text": text}) if args.json else shown, end="")
     return 0
 
 

@@ -33,7 +33,7 @@ class Bar:
         self.tty = full and out.isatty()
 
     def show(self, job: dict) -> None:
-        line = render.bar(job) if self.full else render.phase_line(job)
+        line = render.safe(render.bar(job) if self.full else render.phase_line(job))
         with self.lock:
             if self.tty:
                 self.out.write("\r\033[K" + line)
@@ -82,7 +82,7 @@ def cost(api: Api, path: str, job: dict) -> float | None:
 def finish(api: Api, path: str, job: dict, out: TextIO) -> int:
     """The closing line (final phase, cost, exit code); returns the exit code."""
     code = job_exit(job)
-    out.write(render.closing_line(job, cost=cost(api, path, job), exit_code=code) + "\n")
+    out.write(render.safe(render.closing_line(job, cost=cost(api, path, job), exit_code=code)) + "\n")
     out.flush()
     return code
 
@@ -94,16 +94,17 @@ def watch(api: Api, path: str) -> int:
     return finish(api, path, job, sys.stderr)
 
 
-def logs(api: Api, path: str, *, task: str, progress: bool) -> int:
+def logs(api: Api, path: str, *, task: str, progress: bool, raw: bool = True) -> int:
     """Stream the output until the job ends; the status line (the bar, or with progress=False one line per phase)
-    and the closing line go to stderr so stdout stays the job's own output."""
+    and the closing line go to stderr so stdout stays the job's own output (as sent with `raw`, else its control
+    characters shown escaped: `render.safe_output`)."""
     bar = Bar(sys.stderr, full=progress)
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(api, path, bar, stop), daemon=True)
     poller.start()
     try:
         for line in api.stream(f"{path}/logs", follow="true", task=task):
-            bar.above(line + "\n", sys.stdout)
+            bar.above((line if raw else render.safe_output(line)) + "\n", sys.stdout)
     finally:
         stop.set()
         poller.join(timeout=5)  # no status line after the closing one

@@ -14,6 +14,27 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=False, default=str)
 
 
+def _controls(keep: str) -> dict[int, str]:
+    """C0 control characters but `keep`, DEL and the C1 ones, each shown as its `\\xNN` escape."""
+    return {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in keep}
+
+
+_TEXT = _controls("\n\t")
+_OUTPUT = _controls("\n\t\r")  # a job's own output keeps its carriage returns (a progress bar drawn in place)
+
+
+def safe(text: str) -> str:
+    """Text from the server as the terminal is to show it: a job's name or description, a reason, a message are
+    anyone's in the project, and an escape sequence in them would drive the reader's terminal (set its clipboard,
+    clear its screen, rewrite what was printed), so every control character is shown as its escape instead."""
+    return text.translate(_TEXT)
+
+
+def safe_output(text: str) -> str:
+    """A job's output for a terminal: `safe`, its carriage returns kept (`trainmaster logs --raw` prints it as is)."""
+    return text.translate(_OUTPUT)
+
+
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """Left-aligned columns, two spaces apart, headers in capitals."""
     cells = [[str(h).upper() for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]

@@ -72,7 +72,7 @@ def create(args: argparse.Namespace, api: Api) -> int:
     search = api.call("POST", path(args, api), json=body)
     if not args.follow:
         return out(args, search, created(search))
-    print(created(search).splitlines()[0], file=sys.stderr, flush=True)
+    print(render.safe(created(search).splitlines()[0]), file=sys.stderr, flush=True)
     search = follow(api, path(args, api, search["metadata"]["id"]))
     return out(args, search, detail(search))
 
@@ -110,7 +110,7 @@ def follow(api: Api, search_path: str, *, sleep=time.sleep) -> dict:
         search = api.call("GET", search_path)
         line = progress_line(search)
         if line != last:
-            print(line, file=sys.stderr, flush=True)
+            print(render.safe(line), file=sys.stderr, flush=True)
             last = line
         if search["status"]["phase"] != "Running":
             return search

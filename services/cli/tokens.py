@@ -37,7 +37,9 @@ def create(args: argparse.Namespace, api: Api) -> int:
     answer = api.call("POST", f"/v2/users/{whose(args, api)}/tokens", json=body)
     if not args.json:  # stdout holds the token alone: TOKEN=$(trainmaster token create)
         print(
-            f"token id {answer['token_id']}, expires {answer['expires'] or 'never'}; the token is shown only now",
+            render.safe(
+                f"token id {answer['token_id']}, expires {answer['expires'] or 'never'}; the token is shown only now"
+            ),
             file=sys.stderr,
         )
     return out(args, answer, answer["token"])

@@ -1,6 +1,7 @@
 """The CLI's pure parts: job files and flags, tables, the progress bar, exit codes."""
 
 import io
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -178,3 +179,56 @@ def test_list_get_and_follow_show_the_progress_its_unit_rate_and_source():
 )
 def test_the_eta_says_whether_it_runs_to_the_target_and_whether_the_target_was_reached(fields, shown):
     assert render.eta_text(job(eta={**PRINTED, **fields})).startswith(shown)
+
+
+HOSTILE = "first\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J\x9b31m\x7f-job"  # a clipboard write, a screen clear, C1 CSI
+
+
+def test_text_from_the_server_cannot_drive_the_readers_terminal():
+    shown = render.safe(HOSTILE + "\n\tnext\r")
+    assert shown == "first\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x9b31m\\x7f-job\n\tnext\\x0d"
+    assert render.safe_output("loss 0.5\r\x1b[32mloss 0.4\n") == "loss 0.5\r\\x1b[32mloss 0.4\n"
+
+
+def test_a_jobs_detail_and_the_status_lines_show_a_hostile_name_escaped(monkeypatch, capsys):
+    from services.cli import follow
+
+    hostile = {**job(), "metadata": {**job()["metadata"], "name": HOSTILE, "description": HOSTILE}}
+    detail = render.safe(
+        render.job_detail(
+            {
+                **hostile,
+                "algorithm": {"command": "python train.py"},
+                "spec": {
+                    "resource": {"node_count": 1, "gpu_count": 0, "cpu_count": 1, "memory_gb": None},
+                    "placement": {"allowed": "any", "priority": "time"},
+                },
+            }
+        )
+    )
+    assert "\x1b" not in detail and "\\x1b]52" in detail
+    bar = follow.Bar(sys.stderr, full=False)
+    bar.show(hostile)
+    assert "\x1b" not in capsys.readouterr().err
+
+
+def test_logs_to_a_terminal_are_made_safe_and_to_a_pipe_or_with_raw_are_as_printed(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import httpx
+
+    from services.cli import commands
+    from services.cli.client import Api
+
+    printed = "step 1\x1b]52;c;eA==\x07 loss 0.5\n"
+    api = Api(url="http://api", token="t", transport=httpx.MockTransport(lambda r: httpx.Response(200, text=printed)))
+    monkeypatch.setattr(commands, "jobs_path", lambda args, api, job_id: f"/v2/p/training-jobs/{job_id}")
+    for tty, raw, expected in (
+        (True, False, render.safe_output(printed)),
+        (True, True, printed),
+        (False, False, printed),
+    ):
+        monkeypatch.setattr(sys.stdout, "isatty", lambda tty=tty: tty)
+        args = SimpleNamespace(job_id="j", task="worker-0", follow=False, json=False, raw=raw)
+        assert commands.logs(args, api) == 0
+        assert capsys.readouterr().out == expected
