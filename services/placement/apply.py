@@ -79,6 +79,12 @@ def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assig
     )
 
 
+# The most host memory a task's spec may carry (`shared.jobs.Resource.memory_gb`): a `JobPlaced` holding more is
+# refused by every reader, so the job would stay placed and never start (a node registering 10^6 GB without a record
+# figure to cap it; a host out-of-memory requeue doubling past it).
+MAX_MEMORY_GB = 8192.0
+
+
 async def place(
     item: QueueItem, assignments: tuple[Assignment, ...], *, queue: JobQueue, fleet: Fleet, why: str = ""
 ) -> None:
@@ -88,10 +94,13 @@ async def place(
     port = 29500 + zlib.crc32(f"{item.job_id}:{attempt}".encode()) % 2000
     infos = [fleet.info(a.node_id) for a in assignments]
     memory = min(
-        host_memory_gb(
-            item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb, node_gpus=len(info.gpus)
-        )
-        for info in infos
+        MAX_MEMORY_GB,  # a node's registered memory no record bounds is its own claim: past this, no task spec
+        *(
+            host_memory_gb(
+                item.needs.memory_gb, gpus=item.needs.gpu_count, node_memory_gb=info.memory_gb, node_gpus=len(info.gpus)
+            )
+            for info in infos
+        ),
     )
     resource = item.needs.model_copy(update={"memory_gb": memory})
     launch = Launch(

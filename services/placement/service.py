@@ -23,7 +23,7 @@ from shared.jobs import Phase
 from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery, CandidatesReply, Catalogue
 from shared.store import DocumentStore
-from services.placement.apply import apply
+from services.placement.apply import MAX_MEMORY_GB, apply
 from services.placement.candidates import candidates
 from services.placement.catalogue import catalogue
 from services.placement.estimates import Estimates
@@ -147,7 +147,7 @@ class Placement:
                 update={"min_gpu_memory_gb": min(need, 1024), "gpu_count": max(1, needs.gpu_count)}
             )
         elif cause == "oom_host":
-            needs = needs.model_copy(update={"memory_gb": item.given_memory_gb * 2})
+            needs = needs.model_copy(update={"memory_gb": min(item.given_memory_gb * 2, MAX_MEMORY_GB)})
         elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
         item = item.model_copy(
