@@ -46,6 +46,7 @@ class Principal:
     projects: frozenset[str]
     is_admin: bool = False
     token_id: str = ""
+    expires_s: float | None = None  # when the token this request came with stops working (None: never)
 
     def require_project(self, project_id: str) -> None:
         if not PROJECT_ID.match(project_id):
@@ -131,10 +132,17 @@ class Tokens:
         await self.tokens.create_index("user_name")
 
     async def issue(
-        self, user_name: str, *, expires_in: int | None = None, source: str = "api", capped: bool = True
+        self,
+        user_name: str,
+        *,
+        expires_in: int | None = None,
+        source: str = "api",
+        capped: bool = True,
+        not_after: float | None = None,
     ) -> tuple[str, dict]:
-        """A new token for the user (the secret, returned once) and what may be shown of it; 409 (406035) when
-        `capped` and the user already holds `max_per_user` live tokens."""
+        """A new token for the user (the secret, returned once) and what may be shown of it, expiring by
+        `not_after` at the latest; 409 (406035) when `capped` and the user already holds `max_per_user` live
+        tokens."""
         async with self._issuing:
             token, now = new_token(), self.clock()
             if capped:
@@ -149,7 +157,7 @@ class Tokens:
                 "user_name": user_name,
                 "created_at": utcnow(),
                 "created_s": now,
-                "expires_s": now + expires_in if expires_in else None,
+                "expires_s": _earlier(now + expires_in if expires_in else None, not_after),
                 "last_used_s": None,
                 "source": source,
             }
@@ -179,6 +187,7 @@ class Tokens:
             projects=frozenset(user.get("projects", [])),
             is_admin=bool(user.get("admin")),
             token_id=record.get("token_id", ""),
+            expires_s=record.get("expires_s"),
         )
 
     async def _lookup(self, key: str, *, now: float) -> tuple[dict, dict] | None:
@@ -287,6 +296,11 @@ async def generating(data_dir: Path) -> AsyncIterator[None]:
         yield
     finally:
         os.close(fd)  # the lock goes with it
+
+
+def _earlier(a: float | None, b: float | None) -> float | None:
+    """The earlier of two expiries, None being never."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 async def authenticate(request: Request) -> Principal:

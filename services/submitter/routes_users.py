@@ -110,9 +110,13 @@ async def issue_token(
     principal.require_self_or_admin(user_name)
     user = await existing_user(request, user_name)
     expires_in = body.expires_in if body else None
-    return issued(
-        user, *await request.app.state.tokens.issue(user_name, expires_in=expires_in, capped=not user.get("admin"))
+    # A user's own token lives no longer than the one he asks with: else a 30-day token the admin gave would
+    # issue itself one that never expires. The admin's tokens are his to give.
+    not_after = None if principal.is_admin else principal.expires_s
+    token = await request.app.state.tokens.issue(
+        user_name, expires_in=expires_in, capped=not user.get("admin"), not_after=not_after
     )
+    return issued(user, *token)
 
 
 @router.get(

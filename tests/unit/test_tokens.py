@@ -158,6 +158,23 @@ async def test_an_expired_token_gets_401_through_the_api():
         assert (await as_ana.post("/v2/vision/training-jobs", json={})).status_code == 401
 
 
+async def test_a_users_own_token_lives_no_longer_than_the_one_he_asks_with():
+    clock = Clock()
+    app, _, store = await make_app(clock=clock)
+    secret = await add_user(store, "ana", ["vision"], expires_in=30 * 86400)  # what the admin gave: 30 days
+    given = (await store.tokens.find_one({"user_name": "ana"}))["expires_s"]
+    async with client(app, secret) as as_ana:
+        forever = (await as_ana.post("/v2/users/ana/tokens", json={})).json()
+        longer = (await as_ana.post("/v2/users/ana/tokens", json={"expires_in": 365 * 86400})).json()
+        shorter = (await as_ana.post("/v2/users/ana/tokens", json={"expires_in": 60})).json()
+    expiries = {d["token_id"]: d["expires_s"] async for d in store.tokens.find({"user_name": "ana"})}
+    assert expiries[forever["token_id"]] == expiries[longer["token_id"]] == given
+    assert expiries[shorter["token_id"]] == clock.now + 60
+    async with client(app) as admin:  # the admin's word is his own
+        kept = (await admin.post("/v2/users/ana/tokens", json={})).json()
+    assert (await store.tokens.find_one({"token_id": kept["token_id"]}))["expires_s"] is None
+
+
 async def test_all_tokens_of_one_user_share_one_rate_limit_and_the_admin_has_none():
     app, _, store = await make_app()
     app.state.rate = RateLimiter(rate=0.001, burst=2)
