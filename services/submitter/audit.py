@@ -59,8 +59,8 @@ def _v1_create(params: dict, body: dict, answer: dict) -> tuple[str | None, dict
     return _text(answer.get("job_id")), {"name": _text(body.get("job_name")), "dialect": "v1"}
 
 
-def _origin(url: Any) -> str | None:
-    """Scheme, host and port of a webhook: its path and query may hold a secret."""
+def url_origin(url: Any) -> str | None:
+    """Scheme, host and port of a webhook: its path and query may hold a secret (a Slack or Teams hook's does)."""
     if not isinstance(url, str):
         return None
     try:
@@ -120,7 +120,7 @@ ACTIONS: dict[tuple[str, str], tuple[str, Summary]] = {
     ),
     ("PUT", "/v2/{project_id}/notifications"): (
         "webhook.set",
-        lambda p, b, a: (p.get("project_id"), {"webhook": _origin(b.get("webhook_url"))}),
+        lambda p, b, a: (p.get("project_id"), {"webhook": url_origin(b.get("webhook_url"))}),
     ),
 }
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from shared.egress import Policy, Refused, check_url, guarded_client
+from services.submitter.audit import url_origin
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import ProjectId, use_cases
 from services.submitter.notificationstore import NotificationStore
@@ -85,10 +86,12 @@ async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:
         async with client.stream("POST", url, json=payload) as response:  # the body is never read
             if response.is_success:
                 return ""
-            log.warning("webhook %s answered HTTP %d", url, response.status_code)
+            log.warning("webhook %s answered HTTP %d", url_origin(url), response.status_code)
             return f"HTTP {response.status_code}"
     except (httpx.HTTPError, OSError) as exc:  # refused by policy, DNS, connection, TLS, timeout: all alike
-        log.warning("webhook %s unreachable: %r", url, exc)
+        # its origin only, never its path or query (a Slack or Teams hook's secret), in the error's text too
+        shown = url_origin(url) or ""
+        log.warning("webhook %s unreachable: %s: %s", shown, type(exc).__name__, str(exc).replace(url, shown))
         return "unreachable"
 
 

@@ -68,7 +68,7 @@ class Receiver(BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802 (http.server's name)
         self.rfile.read(int(self.headers.get("content-length") or 0))
         Receiver.hits.append(self.path)
-        if self.path == "/fails":
+        if self.path.startswith("/fails"):
             self.send_response(500)
         elif self.path == "/moved":
             self.send_response(302)
@@ -198,3 +198,13 @@ async def test_delivery_reads_when_a_notification_is_kept_not_twice_a_second():
         await stopped(loop)
     assert (await db.api_notifications.find_one({"_id": "n-1"}))["state"] == "kept"  # no webhook: kept at once
     assert len(reads) == 2
+
+
+async def test_the_log_names_a_failing_webhook_by_its_origin_never_its_secret_path(receiver, caplog):
+    secret = "/services/T000/B000/XXXXsecretXXXX?token=hunter2"  # a Slack hook's secret is its path
+    with caplog.at_level("WARNING", logger=notifications.log.name):
+        await deliver_once(f"{receiver}/fails{secret}", Policy.parse(["127.0.0.1"]))  # answered HTTP 500
+        await deliver_once(f"{receiver}{secret}", Policy())  # refused by the policy
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert receiver in logged and "HTTP 500" in logged and "unreachable" in logged
+    assert "secret" not in logged and "hunter2" not in logged and "T000" not in logged
