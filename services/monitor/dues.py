@@ -26,8 +26,9 @@ LOOK_ANYWAY = timedelta(seconds=60)  # each sweep reads at least this often (wri
 
 def due_at(job: JobState) -> datetime | None:
     """The earliest moment the due sweep may act on the job: its deadline while it runs, its first exit kept for a
-    start; None for neither."""
-    times = [t for t in (job.deadline if job.phase == Phase.RUNNING else None, job.exits_due) if t is not None]
+    start, a stop no exit answered; None for none."""
+    deadline = job.deadline if job.phase == Phase.RUNNING else None
+    times = [t for t in (deadline, job.exits_due, job.stop_due) if t is not None]
     return min(times) if times else None
 
 

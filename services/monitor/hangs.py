@@ -89,7 +89,7 @@ def restart_hung(job: JobState, *, grace_s: float, now: datetime) -> Outcome:
             _end_attempt(job, "hung", now), Phase.FAILED, SecondaryPhase.FAILED, reason=reason, now=now
         )
         return job, events + stop_all(job, reason="hung", now=now) + [notify(job, "hung_failed", reason, now=now)]
-    job = job.model_copy(update={"stop_cause": "hung", "hung_streak": streak + 1})
+    job = job.model_copy(update={"stop_cause": "hung", "stop_asked_at": now, "hung_streak": streak + 1})
     job, events = switch(
         job,
         Phase.RUNNING,

@@ -29,7 +29,7 @@ from services.monitor.dues import Dues
 from services.monitor.fleet import Fleet
 from services.monitor.nodes import NodeRecord, Seen, Sighting, record_of
 from services.monitor.records import NodeRecords
-from services.monitor.state import JobState, Outcome, exits_unstarted, expire, node_lost, snapshot, stop
+from services.monitor.state import JobState, Outcome, exits_unstarted, expire, node_lost, snapshot, stop, stops_unheard
 
 log = logging.getLogger(__name__)
 
@@ -72,24 +72,29 @@ def overdue_query(now: datetime) -> dict:
 
 
 def due_query(now: datetime) -> dict:
-    """`overdue_query`, or an exit kept for a start that is due (JobState.exits_due)."""
-    return {"$or": [overdue_query(now), {"exits_due": {"$lt": now}}]}
+    """`overdue_query`, an exit kept for a start that is due (JobState.exits_due), or a stop no exit answered
+    (JobState.stop_due)."""
+    return {"$or": [overdue_query(now), {"exits_due": {"$lt": now}}, {"stop_due": {"$lt": now}}]}
 
 
 EXITS_DUE = ({"exits_due": {"$ne": None}}, "exits_due")
+STOPS_DUE = ({"stop_due": {"$ne": None}}, "stop_due")
 
 
 def _settle_due(job: JobState, *, now: datetime) -> Outcome:
-    """The exits due first (a task that completed without starting), then the deadline."""
+    """The exits due first (a task that completed without starting), then the stops no exit answered, then the
+    deadline."""
     job, events = exits_unstarted(job, now=now)
+    job, unheard = stops_unheard(job, now=now)
     job, more = expire(job, now=now)
-    return job, events + more
+    return job, events + unheard + more
 
 
 # What overdue_query reads by: running jobs, by deadline.
 DEADLINE_INDEX = [("phase", 1), ("deadline", 1)]
-# What the sweep of exits kept for a start reads by (JobState.exits_due).
+# What the sweep of exits kept for a start reads by (JobState.exits_due), and of stops no exit answered.
 EXITS_DUE_INDEX = [("exits_due", 1)]
+STOPS_DUE_INDEX = [("stop_due", 1)]
 
 
 @dataclass
@@ -387,10 +392,11 @@ class Monitor:
         self.dues.due_swept(now if due else await self._next_stored_due())
 
     async def _next_stored_due(self) -> datetime | None:
-        """When the first stored job is due: the earliest deadline of a running job and exit kept for its start (a
-        document each)."""
+        """When the first stored job is due: the earliest deadline of a running job, exit kept for its start and
+        stop no exit answered (a document each)."""
         times = []
-        for query, key in (({"phase": Phase.RUNNING.value, "deadline": {"$ne": None}}, "deadline"), EXITS_DUE):
+        running = ({"phase": Phase.RUNNING.value, "deadline": {"$ne": None}}, "deadline")
+        for query, key in (running, EXITS_DUE, STOPS_DUE):
             async for doc in self.jobs.collection.find(query, {key: 1}).sort(key, 1).limit(1):
                 times.append(doc[key])
         return min(times) if times else None

@@ -50,6 +50,11 @@ REPEATED_FAILURES = 3
 # A start delivered to the monitor and lost with a bus server comes again after the ack wait: a "completed" exit
 # heard before its task's start is kept that long for it, then counts as a task that completed without starting.
 START_WAIT_S = ACK_WAIT_S + 2 * REDELIVERY_MARGIN_S + PATIENCE_S
+# A task asked to stop (terminated, moved, restarted after a hang) exits within its grace (the agent then kills it)
+# and says so: a node that never does (a compromised agent, one half-broken but heartbeating) would leave the job
+# Terminating, or Running with its stop pending, and billed, for good. Past its grace and this long, each task not
+# heard from counts as stopped (`stops_unheard`).
+STOP_WAIT_S = 120.0
 
 
 class TaskRecord(BaseModel):
@@ -87,6 +92,7 @@ class JobState(BaseModel):
     end_time: datetime | None = None
     requeue_cause: RequeueCause | None = None
     stop_cause: RequeueCause | None = Field(None, description="Why the current attempt is being stopped.")
+    stop_asked_at: datetime | None = Field(None, description="When the current attempt's tasks were asked to stop.")
     # hang detection (services/monitor/hangs.py): the job's limit, the current attempt's quiet ranks, the streak
     hang_restarts: int = 3
     hung_ranks: tuple[int, ...] = ()
@@ -113,6 +119,16 @@ class JobState(BaseModel):
         """When the first exit kept for a start not yet heard counts without it; None without one."""
         due = [t.exit_due for t in self.tasks.values() if t.exit_due]
         return None if not due or self.phase.is_finished() else min(due)
+
+    @computed_field  # type: ignore[prop-decorator]  # stored with the job: the sweep reads only jobs with one due
+    @property
+    def stop_due(self) -> datetime | None:
+        """When the tasks asked to stop that have not exited count as stopped (`stops_unheard`): the stop's grace
+        and STOP_WAIT_S after it was asked; None while no stop is pending."""
+        pending = self.phase == Phase.TERMINATING or (self.phase == Phase.RUNNING and self.stop_cause is not None)
+        if self.stop_asked_at is None or not pending:
+            return None
+        return self.stop_asked_at + timedelta(seconds=self.grace_s + STOP_WAIT_S)
 
 
 Outcome = tuple[JobState, list[Message]]
@@ -234,6 +250,7 @@ def placed(
                 ),
             ),
             "stop_cause": None,
+            "stop_asked_at": None,
             "hung_ranks": (),
             "hung_since": None,
             "hung_idle_s": 0.0,
@@ -397,6 +414,36 @@ def exits_unstarted(job: JobState, *, now: datetime) -> Outcome:
     return job, events
 
 
+def stops_unheard(job: JobState, *, now: datetime) -> Outcome:
+    """Past `stop_due`, each task asked to stop that reported no exit counts as stopped by it, as if its node had
+    said so: the job ends Terminated, or is placed again as its stop meant (a move, a restart after a hang), and
+    billing closes the attempt there. A node's late exit is then one for an attempt already over: nothing."""
+    due = job.stop_due
+    if due is None or now < due:
+        return job, []
+    events: list[Message] = []
+    for rank in sorted(job.tasks, key=int):
+        task = job.tasks.get(rank)
+        if job.stop_due is None or task is None:  # ended or placed again by an exit applied before
+            break
+        if task.state == "exited":
+            continue
+        waited = int(job.grace_s + STOP_WAIT_S)
+        unheard = TaskExited(
+            event_id=f"{job.job_id}:{job.attempt}:{rank}:exit:unheard",
+            job_id=job.job_id,
+            attempt=job.attempt,
+            rank=int(rank),
+            node_id=task.node_id,
+            reason="terminated",
+            message=f"worker-{rank}: no exit reported by {task.node_id} {waited} s after it was asked to stop",
+            ended_at=now,
+        )
+        job, more = _exited(job, unheard, now=now)
+        events += more
+    return job, events
+
+
 def _exited(job: JobState, event: TaskExited, *, now: datetime) -> Outcome:
     """The exit of a task of the current attempt, placed on its node and not exited yet (`task_exited`)."""
     task = job.tasks[str(event.rank)]
@@ -485,6 +532,7 @@ def terminate(job: JobState, *, requested_by: str, now: datetime, reason: str | 
     if job.phase in (Phase.CREATING, Phase.ABNORMAL) or not job.assignments:
         return switch(job, Phase.TERMINATED, SecondaryPhase.TERMINATED, reason=reason, now=now)
     job, events = switch(job, Phase.TERMINATING, SecondaryPhase.TERMINATING, reason=reason, now=now)
+    job = job.model_copy(update={"stop_asked_at": now})
     return job, events + stop_all(job, reason="terminated", now=now)
 
 
@@ -518,7 +566,9 @@ def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime) -
     events: list[Message] = []
     if cause == "node_lost":
         job, events = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=detail, now=now)
-    job = job.model_copy(update={"assignments": (), "tasks": {}, "requeue_cause": cause, "stop_cause": None})
+    job = job.model_copy(
+        update={"assignments": (), "tasks": {}, "requeue_cause": cause, "stop_cause": None, "stop_asked_at": None}
+    )
     job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)
     requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "stopped"))
     if requeues == REPEATED_FAILURES and cause in ("node_lost", "stopped"):  # out-of-memory escalates instead
@@ -537,7 +587,7 @@ def migrate(job: JobState, *, cause: RequeueCause, attempt: int | None, now: dat
     """Ask every rank to save and exit (SIGTERM); the job is re-placed when they have."""
     if job.phase != Phase.RUNNING or job.stop_cause or (attempt is not None and attempt != job.attempt):
         return job, []
-    job = job.model_copy(update={"stop_cause": cause})
+    job = job.model_copy(update={"stop_cause": cause, "stop_asked_at": now})
     job, events = switch(
         job, Phase.RUNNING, SecondaryPhase.RUNNING, reason=f"taking a snapshot to move ({cause})", now=now
     )

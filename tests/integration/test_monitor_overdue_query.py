@@ -9,7 +9,7 @@ import pytest
 from shared.jobs import Phase
 from shared.store import make_client
 from services.monitor import state
-from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, due_query
+from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, STOPS_DUE_INDEX, due_query
 from services.monitor.state import JobState
 from tests.factories import exited, placed, submitted, unique
 
@@ -74,5 +74,26 @@ async def test_the_sweep_of_exits_kept_for_their_start_finds_only_those_due_and_
         assert kept is not None and (kept.event_id, kept.reason, kept.exit_code) == ("due:1:0:exited", "completed", 0)
         failed, _ = state.exits_unstarted(job, now=now)
         assert failed.phase == Phase.FAILED and "without having started" in failed.reason
+    finally:
+        await client.close()
+
+
+async def test_the_sweep_finds_a_stop_no_exit_answered_once_it_is_due(bus_and_database):
+    client = make_client(bus_and_database.mongo_url_of("monitor"))
+    try:
+        jobs = client[unique("monitor").replace("-", "_")].monitor_jobs
+        await jobs.create_index(STOPS_DUE_INDEX)
+        now = datetime.now(UTC)
+        docs = []
+        for job_id, asked_s_ago in (("unanswered", 10 + state.STOP_WAIT_S + 5), ("stopping", 1.0)):
+            job, _ = state.submitted(submitted(job_id=job_id), now=now)
+            job, _ = state.placed(job, placed(job_id), now=now)
+            job, _ = state.terminate(job, requested_by="bob", now=now - timedelta(seconds=asked_s_ago))
+            docs.append({"_id": job_id, **job.model_dump()})
+        await jobs.insert_many(docs)
+        found = [d async for d in jobs.find(due_query(now))]
+        assert [d["_id"] for d in found] == ["unanswered"]
+        ended, _ = state.stops_unheard(JobState.model_validate(found[0]), now=now)
+        assert ended.phase == Phase.TERMINATED
     finally:
         await client.close()

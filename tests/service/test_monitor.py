@@ -141,3 +141,20 @@ async def test_an_exit_whose_start_never_comes_fails_the_job_once_the_start_coul
     never = await monitor.jobs.load("never")
     assert never["phase"] == "Failed" and "without having started" in never["reason"]
     assert versions(seen) == [(1, "Pending"), (2, "Pending"), (3, "Failed")] and never["exits_due"] is None
+
+
+async def test_a_termination_whose_node_never_reports_the_exit_ends_once_its_stop_is_due(monitor_broker):
+    broker, monitor, seen = monitor_broker
+    await publish(broker, submitted(job_id="silent"))
+    await publish(broker, placed("silent"))
+    await publish(broker, started("silent"))
+    await publish(broker, JobTerminateRequested(event_id="silent:terminate", job_id="silent", requested_by="alice"))
+    asked = datetime.now(UTC)
+    due = asked + timedelta(seconds=10 + state.STOP_WAIT_S)  # the job's grace and the wait for its exit
+    await monitor.expire_due(due - timedelta(seconds=2))
+    assert (await monitor.jobs.load("silent"))["phase"] == "Terminating"
+    await monitor.expire_due(due + timedelta(seconds=1))
+    await monitor.expire_due(due + timedelta(seconds=2))  # nothing more due
+    ended = await monitor.jobs.load("silent")
+    assert ended["phase"] == "Terminated" and ended["stop_due"] is None
+    assert [v for _, v in versions(seen)][-2:] == ["Terminating", "Terminated"]

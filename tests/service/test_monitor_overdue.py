@@ -54,7 +54,9 @@ async def test_the_overdue_sweep_reads_only_the_jobs_past_their_deadline(monitor
     assert {doc["phase"] for doc in jobs.docs.values() if doc["_id"] != "short"} == {"Running"}
     jobs.read = 0
     await monitor.expire_due(now + timedelta(seconds=5))
-    assert jobs.read == 1  # terminating: not read again; the sweep after one that found a job reads the next due
+    # terminating: not settled again; the sweep after one that found a job reads the next due: the next deadline
+    # and the terminating job's stop, due if its node never reports the exit (`state.stop_due`)
+    assert jobs.read == 2
     jobs.read = 0
     await monitor.expire_due(now + timedelta(seconds=60))
     assert jobs.read == 0  # the next is in an hour: no read until then

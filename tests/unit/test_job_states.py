@@ -232,3 +232,34 @@ def test_an_exit_kept_for_its_start_leaves_with_a_requeue():
     job, _ = state.task_exited(job, exited("j"), now=T0)
     job, _ = state.requeue(job, cause="stopped", detail="test", now=T0)
     assert job.exits_due is None and state.exits_unstarted(job, now=T0 + timedelta(hours=1)) == (job, [])
+
+
+def test_a_stop_no_exit_answers_ends_the_job_terminated_at_its_due():
+    """A node that keeps heartbeating and never reports the exit of a task asked to stop: the job is Terminated
+    its grace and STOP_WAIT_S after the stop (before, it stayed Terminating, and billed, for good)."""
+    job, _ = state.terminate(running_job(nodes=("n1", "n2")), requested_by="bob", now=T0)
+    due = T0 + timedelta(seconds=job.grace_s + state.STOP_WAIT_S)
+    assert job.stop_due == due
+    job, events = state.task_exited(job, exited("j", rank=1, node_id="n2", code=None, reason="terminated"), now=T0)
+    assert job.phase == Phase.TERMINATING and job.stop_due == due  # one rank answered, the other never does
+    assert state.stops_unheard(job, now=due - timedelta(seconds=1)) == (job, [])
+    ended, events = state.stops_unheard(job, now=due)
+    assert statuses(events) == [(Phase.TERMINATED, SecondaryPhase.TERMINATED)] and ended.stop_due is None
+    assert "no exit reported by n1" in ended.tasks["0"].message and ended.attempts[-1].outcome == "terminated"
+    late, events = state.task_exited(ended, exited("j", code=None, reason="terminated"), now=due)
+    assert (late, events) == (ended, [])  # the node's exit, when it comes: nothing more
+
+
+def test_a_move_no_exit_answers_is_placed_again_as_the_move_meant():
+    job, _ = state.migrate(running_job(), cause="reclaimed", attempt=1, now=T0)
+    assert job.stop_due == T0 + timedelta(seconds=job.grace_s + state.STOP_WAIT_S)
+    requeued, events = state.stops_unheard(job, now=job.stop_due)
+    assert statuses(events) == [(Phase.PENDING, SecondaryPhase.QUEUING)]
+    assert (requeued.requeue_cause, requeued.stop_due, requeued.tasks) == ("reclaimed", None, {})
+
+
+def test_no_stop_pending_is_never_due():
+    job = running_job()
+    assert job.stop_due is None and state.stops_unheard(job, now=T0 + timedelta(days=1)) == (job, [])
+    done, _ = state.task_exited(job, exited("j"), now=T0)
+    assert done.phase == Phase.COMPLETED and done.stop_due is None
