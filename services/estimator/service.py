@@ -107,6 +107,10 @@ class Estimator:
     # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
     # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
     unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
+    # (GPUs of rank 0, ranks) of each attempt as placed, until its start: a start's own counts are its node's word
+    placed_sizes: Lru[tuple[str, int], tuple[int, int]] = field(
+        default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False
+    )
 
     def health_details(self) -> dict:
         return {"history_model": self.models.status(), "live_jobs": len(self.live)}
@@ -131,6 +135,8 @@ class Estimator:
         model = await self._model(event.job_id)
         if model is None or rank0 is None:
             return
+        # what the attempt runs on, as placement gave it: its start's counts are the node's word
+        self.placed_sizes.put((event.job_id, event.attempt), (len(rank0.gpu_indices), len(event.assignments)))
         if await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops, attempt=event.attempt)):
             model.tflops = rank0.gpu_tflops
 
@@ -148,9 +154,8 @@ class Estimator:
                 event.node_id,
             )
             return
-        model.started(
-            at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=event.gpu_count, nodes=event.world_size
-        )
+        gpus, nodes = self.placed_sizes.get((event.job_id, event.attempt)) or (event.gpu_count, event.world_size)
+        model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=gpus, nodes=nodes)
 
     async def _judged(self, event: TaskStarted) -> Verdict:
         """A start's verdict against its placement; one whose placement this process neither knows nor finds stored

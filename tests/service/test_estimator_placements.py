@@ -56,3 +56,16 @@ async def test_past_the_first_minutes_a_start_of_an_attempt_never_placed_is_drop
     await service.submitted(submitted(job_id=job_id))
     await service.task_started(started(job_id, attempt=999, node_id="n2", at=T0))  # dropped, no NotReadYet
     assert (await service._model(job_id)).started_at is None
+
+
+async def test_a_start_counts_the_gpus_and_ranks_placement_gave_never_those_its_node_claims(estimator):
+    """What a job ran on feeds its history record (and every later job's prior): its GPUs and ranks come from the
+    placement, not from the node's start (a node claiming 64 GPUs and 100 ranks)."""
+    _, service, _ = estimator
+    job_id = unique("size")
+    await service.submitted(submitted(job_id=job_id))
+    await service.placed(placed(job_id, nodes=("n1", "n2"), gpu_indices=(0, 1)))
+    claim = started(job_id, node_id="n1", at=T0).model_copy(update={"gpu_count": 64, "world_size": 100})
+    await service.task_started(claim)
+    model = await service._model(job_id)
+    assert (model.gpus, model.nodes) == (2, 2)
