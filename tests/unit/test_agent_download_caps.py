@@ -27,7 +27,7 @@ CAP = MB  # per download in these tests
 SENT = 8 * MB  # what a hostile server sends
 
 
-# Compressed although the agent asks for none: one layer, and two stacked (stacked, one network read expands a thousand times more).
+# Compressed although the agent asks for none: one layer, and two stacked (decoded, a network read expands ~10^6 times).
 BOMBS = {"/bomb.bin": gzip.compress(b"\0" * SENT), "/stacked.bin": gzip.compress(gzip.compress(b"\0" * SENT))}
 ENCODINGS = {"/bomb.bin": "gzip", "/stacked.bin": "gzip, gzip"}
 ASKED: list[str | None] = []  # the Accept-Encoding of each request for a bomb
