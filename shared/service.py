@@ -43,6 +43,8 @@ class Health(BaseModel):
 def configure_logging(level: str) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faststream").setLevel(logging.WARNING)
+    # httpx says every request's whole URL at INFO: a webhook's secret path, a signed download URL's credentials
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     quiet_expected_bus_waits()
 
 

@@ -3,6 +3,7 @@ connection, follows no redirect, and stores only the HTTP status or "unreachable
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -208,3 +209,15 @@ async def test_the_log_names_a_failing_webhook_by_its_origin_never_its_secret_pa
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert receiver in logged and "HTTP 500" in logged and "unreachable" in logged
     assert "secret" not in logged and "hunter2" not in logged and "T000" not in logged
+
+
+async def test_no_library_logs_a_webhooks_secret_path_at_the_services_level(receiver, caplog):
+    """httpx says every request's URL at INFO: the services' logging (`configure_logging`) keeps it to warnings."""
+    from shared.service import configure_logging
+
+    configure_logging("INFO")
+    secret = "/services/T000/B000/XXXXsecretXXXX"
+    with caplog.at_level("INFO"):
+        await deliver_once(f"{receiver}{secret}", Policy.parse(["127.0.0.1"]))
+    assert Receiver.hits == [secret]
+    assert "XXXXsecretXXXX" not in "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
