@@ -22,10 +22,11 @@ _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False  # a rejected pattern is the submitter's answer, not a line in our logs
 _OPTIONS.max_mem = MAX_MEMORY
 TOO_COMPLEX = "too complex: fewer or smaller {n,m} counts and alternatives"
-# The CPU a job's patterns may take in a reader (`MatchBudget`): 2% of a core, a second of it saved up. A job's usual
-# patterns take 3-10 us a line, 15 ms a second at the 500 lines a second a task may print with three of them.
-MATCH_CPU_PER_S = 0.02
-MATCH_BURST_S = 1.0
+# The time a job's patterns may take in a reader (`MatchBudget`): 5% of a core, two seconds of it saved up. A usual
+# pattern takes ~8 us on a 110-character line: three of them, 12 ms a second at the 500 lines a second a task may
+# print (a job of several ranks printing that fast shares one budget: its lines past it are read in part).
+MATCH_CPU_PER_S = 0.05
+MATCH_BURST_S = 2.0
 
 Pattern: TypeAlias = re2._Regexp
 Match: TypeAlias = re2._Match
@@ -76,14 +77,16 @@ def clip(line: str) -> str:
 
 @dataclass
 class MatchBudget:
-    """The CPU time one job's patterns may take in a reader: `rate` seconds a second, `burst` saved up (full at
+    """The time one job's patterns may take in a reader: `rate` seconds a second, `burst` saved up (full at
     first). A search past it is not run (no match), and counted: a job whose patterns cost more than the budget has
     only as many of its lines read as the budget pays for, and no pattern of one job slows the reader for others."""
 
     rate: float = MATCH_CPU_PER_S
     burst: float = MATCH_BURST_S
     clock: Callable[[], float] = time.monotonic
-    cpu: Callable[[], float] = time.thread_time  # this thread's CPU: what the search itself costs
+    # what a search takes: the time it runs (a reader's busy moments charge a little more; the thread's own CPU
+    # clock is a system call, as long as a usual search)
+    cpu: Callable[[], float] = time.perf_counter
     skipped: int = 0  # searches not run for want of budget
     reported: int = 0  # of them, those already said (`unreported`)
     tokens: float = field(init=False)

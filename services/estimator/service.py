@@ -333,7 +333,7 @@ class Estimator:
             return None
         model = job_model(job)
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
-            model.observe(LogLine(t=doc["t"], line=doc["line"]))
+            model.observe(LogLine(t=doc["t"], line=doc["line"]), metered=False)  # matched (and paid for) once
         if not job.get("finished") and not finished_too:
             # a query of its curves, or its end, reads a job without tracking it: one that ended without an estimate
             # shown keeps an unfinished record (`status_changed`), and a query would have tracked it again for good

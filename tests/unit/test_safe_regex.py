@@ -143,3 +143,14 @@ def test_a_jobs_usual_patterns_never_meet_the_budget():
     lines = [LogLine(t=i / 500, line=f"step {i} loss {1 / (i + 1):.5f} lr 0.001 " + "x" * 200) for i in range(5000)]
     assert sum(len(tracker.observe(line)) for line in lines) == 5000  # ten seconds of a task's most output
     assert tracker.budget.skipped == 0
+
+
+def test_lines_read_again_are_not_charged_to_the_budget():
+    """A job's kept lines, replayed after a restart, were matched and paid for when they came: its whole curve
+    comes back however long it is, and the budget is left for its new lines."""
+    tracker = JobTracker([MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)")])
+    tracker.budget = MatchBudget(rate=0.0, burst=0.0)  # nothing left: every metered search is skipped
+    lines = [LogLine(t=float(i), line=f"step {i} loss {1 / (i + 1):.5f}") for i in range(3000)]
+    assert sum(len(tracker.observe(line, metered=False)) for line in lines) == 3000
+    assert tracker.budget.skipped == 0
+    assert tracker.observe(LogLine(t=3001.0, line="step 3001 loss 0.1")) == [] and tracker.budget.skipped == 1
