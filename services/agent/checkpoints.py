@@ -83,24 +83,62 @@ class Mirror:
         return _scan(local)
 
     def _restore_local(self, local: Path, tally: Tally) -> None:
-        """`restore` from a local folder: its regular files, none reached through a link."""
+        """`restore` from a local folder: its regular files, each opened from `/` one component at a time following
+        no link (a folder swapped for a link since the check, anywhere on the way, is an OSError, nothing read); a
+        link in it is copied as the file it leads to when that file is inside the folder or passes `check` (a
+        Hugging Face cache's snapshot is links into its blobs), and left out otherwise."""
         root = self._local_root()
         try:
             top = os.stat(root)
         except FileNotFoundError:
             return
-        if stat.S_ISREG(top.st_mode):  # the URL names one file
-            folder, listed = os.path.dirname(root), {os.path.basename(root): top.st_size}
+        if stat.S_ISREG(top.st_mode):  # the URL names one file: saved under the URL's own name, not its target's
+            listed = {inside_name(os.path.basename(self._remote()), self.url): (top.st_size, root)}
         else:
-            folder, listed = root, {relative: size for relative, (size, _) in _scan(Path(root), partial=True).items()}
-        tally.expect(sum(listed.values()))
+            listed = self._listing(root)
+        tally.expect(sum(size for size, _ in listed.values()))
         size = 0
-        for relative in listed:
+        for relative, (_, source) in listed.items():
             target = local / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            # a file swapped for a link (or a folder on its way) since the listing: OSError, nothing read
-            with os.fdopen(open_confined(Path(folder), relative), "rb") as source:
-                size = _copy(source, target, tally, size)
+            with os.fdopen(open_confined(Path("/"), source.lstrip("/")), "rb") as opened:
+                size = _copy(opened, target, tally, size)
+
+    def _listing(self, root: str) -> dict[str, tuple[int, str]]:
+        """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open)."""
+        listed: dict[str, tuple[int, str]] = {}
+        left_out = []
+        for folder, _, files in os.walk(root):  # a link to a folder is not walked into
+            for name in files:
+                path = os.path.join(folder, name)
+                relative = os.path.relpath(path, root)
+                try:
+                    info = os.lstat(path)
+                    if stat.S_ISLNK(info.st_mode):
+                        path = os.path.realpath(path)
+                        info = os.stat(path)
+                        if not stat.S_ISREG(info.st_mode) or not self._may_read(root, path):
+                            left_out.append(relative)
+                            continue
+                except OSError:  # gone since the walk, or a link to nothing
+                    continue
+                if stat.S_ISREG(info.st_mode):
+                    listed[relative] = (info.st_size, path)
+        if left_out:
+            log.warning("%s: links left out, leading outside what the job may read: %s", self.url, left_out[:5])
+        return listed
+
+    def _may_read(self, root: str, path: str) -> bool:
+        """Whether a link's resolved target may be copied: inside the folder restored, or storage the job may use."""
+        if path.startswith(root.rstrip("/") + "/"):
+            return True
+        if self.check is None:
+            return False
+        try:
+            self.check(path)
+        except ValueError:
+            return False
+        return True
 
     def sync(self, local: Path, uploaded: Manifest, *, delete: bool = True, anchor: Path | None = None) -> Manifest:
         """Upload what changed since the last sync (and drop what was deleted); return the new manifest.
@@ -115,7 +153,7 @@ class Mirror:
         root = None
         if self.local:
             root = self._local_root()
-            os.makedirs(root, exist_ok=True)  # the URL's own path: checked as resolved
+            os.close(_folder(root, [], make=True))  # the URL's own path, checked as resolved, made following no link
         for relative, stamp in current.items():
             if uploaded.get(relative) != stamp:
                 try:
@@ -153,7 +191,9 @@ class Mirror:
                 len(refused),
                 "; ".join(f"{name}: {exc.strerror or exc}" for name, exc in sorted(refused.items())[:5]),
             )
-        return {name: stamp for name, stamp in current.items() if name not in refused}
+        kept = {name: stamp for name, stamp in current.items() if name not in refused}
+        # a deletion refused stays in the manifest, as uploaded: the next sync tries it again
+        return kept | {name: uploaded[name] for name in refused if name not in current and name in uploaded}
 
 
 class CheckpointStore:
@@ -224,11 +264,12 @@ DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def _folder(root: str, parts: list[str], *, make: bool) -> int:
-    """A handle on `root/parts...`, each component opened (made first, with `make`, where missing) following no
-    link: a link planted anywhere below `root` is an OSError, never a way elsewhere."""
-    fd = os.open(root, DIRECTORY)
+    """A handle on `root/parts...` (`root` absolute, resolved), each component from `/` opened (made first, with
+    `make`, where missing) following no link: a link planted anywhere on the way, below `root` or in it since it
+    was resolved and checked, is an OSError, never a way elsewhere."""
+    fd = os.open("/", DIRECTORY)
     try:
-        for part in parts:
+        for part in [*(p for p in root.split("/") if p), *parts]:
             try:
                 inner = os.open(part, DIRECTORY, dir_fd=fd)
             except FileNotFoundError:

@@ -119,3 +119,75 @@ def test_the_old_way_read_through_a_planted_link(tree, tmp_path):
     with fs.open(f"{root}/key", "rb") as handle:
         assert handle.read() == b"root only"
     assert Path(shared / "key").is_symlink()
+
+
+def test_a_link_to_a_file_the_job_may_read_is_copied_as_that_file(tree, tmp_path):
+    """A Hugging Face cache's snapshot is links into its blobs: a link whose file is inside the folder restored, or
+    in storage the job may use, is copied as that file; one leading anywhere else is left out."""
+    shared, secret, _ = tree
+    cache = shared / "hub" / "models--tiny"
+    (cache / "blobs").mkdir(parents=True)
+    (cache / "blobs" / "abc123").write_text("weights")
+    (cache / "snapshots" / "main").mkdir(parents=True)
+    os.symlink("../../blobs/abc123", cache / "snapshots" / "main" / "model.bin")
+    os.symlink(secret / "key", cache / "snapshots" / "main" / "key")
+    inside = tmp_path / "whole"
+    Mirror(f"file://{cache}").restore(inside)  # the blobs are inside the folder restored
+    assert (inside / "snapshots" / "main" / "model.bin").read_text() == "weights"
+    assert not (inside / "snapshots" / "main" / "key").exists()
+    policy = StoragePolicy(
+        allowed_urls=(f"file://{shared}",),
+        storage_root=f"file://{tmp_path / 'storage'}",
+        checkpoint_root=f"file://{tmp_path / 'checkpoints'}",
+    )
+    snapshot = tmp_path / "snapshot"
+    Mirror(f"file://{cache / 'snapshots' / 'main'}", check=local_check(policy, "vision")).restore(snapshot)
+    assert (snapshot / "model.bin").read_text() == "weights"  # outside the snapshot, inside what the job may use
+    assert not (snapshot / "key").exists()
+
+
+def test_a_file_named_through_a_link_keeps_the_urls_name(tree, tmp_path):
+    shared, _, _ = tree
+    (shared / "epoch_10.pt").write_bytes(b"\1")
+    os.symlink(shared / "epoch_10.pt", shared / "latest.pt")
+    Mirror(f"file://{shared / 'latest.pt'}").restore(tmp_path / "in")
+    assert os.listdir(tmp_path / "in") == ["latest.pt"]
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_leads_nowhere(tree, tmp_path):
+    """The URL's path is resolved and checked, then walked from `/` following no link: a folder on it that a task
+    swaps for a link right after the check makes the copy fail, not read or write elsewhere."""
+    shared, secret, system = tree
+    (shared / "x" / "sec").mkdir(parents=True)
+    (secret / "sec").mkdir()
+    (secret / "sec" / "file").write_text("root only")
+
+    def swap_after_check(path: str) -> None:  # the check passes, then the task moves `x` for a link to `secret`
+        if (shared / "x").is_dir() and not (shared / "x").is_symlink():
+            os.rename(shared / "x", shared / "x.old")
+            os.symlink(secret, shared / "x")
+
+    with pytest.raises(OSError):
+        Mirror(f"file://{shared / 'x' / 'sec'}", check=swap_after_check).restore(tmp_path / "in")
+    assert not (tmp_path / "in" / "file").exists()
+    os.unlink(shared / "x")
+    os.rename(shared / "x.old", shared / "x")
+    local = tmp_path / "out"
+    local.mkdir()
+    (local / "evil").write_text("payload")
+    with pytest.raises(OSError):
+        Mirror(f"file://{shared / 'x' / 'sec'}", check=swap_after_check).sync(local, {})
+    assert sorted(os.listdir(secret / "sec")) == ["file"]
+
+
+def test_a_deletion_refused_is_tried_again_at_the_next_sync(tree, tmp_path):
+    shared, secret, _ = tree
+    out = shared / "ckpt"
+    out.mkdir()
+    os.symlink(secret, out / "old")
+    local = tmp_path / "ckpt"
+    local.mkdir()
+    manifest = Mirror(f"file://{out}").sync(local, {"old/key": (9, 1)})
+    assert manifest == {"old/key": (9, 1)}  # still to delete
+    os.unlink(out / "old")  # the link gone: the next sync finds nothing to delete and forgets it
+    assert Mirror(f"file://{out}").sync(local, manifest) == {}
