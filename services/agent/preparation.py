@@ -25,8 +25,9 @@ PIP_TIMEOUT_S = 900
 # What an engine's build is given of the agent's environment: where programs are, the locale, and how the operator
 # configured pip to reach its index (PIP_*, proxies, CA bundles); nothing else the agent holds.
 BUILD_VARIABLES = frozenset(
-    {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"}
-    | {"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"}  # either case, as pip reads them
+    {"PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"}  # pip's config and cache
+    | {"SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+    | {"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"}  # either case, as pip reads them
 )
 
 

@@ -94,10 +94,11 @@ def watch(api: Api, path: str) -> int:
     return finish(api, path, job, sys.stderr)
 
 
-def logs(api: Api, path: str, *, task: str, progress: bool, raw: bool = True) -> int:
+def logs(api: Api, path: str, *, task: str, progress: bool, raw: bool | None = None) -> int:
     """Stream the output until the job ends; the status line (the bar, or with progress=False one line per phase)
     and the closing line go to stderr so stdout stays the job's own output (as sent with `raw`, else its control
-    characters shown escaped: `render.safe_output`)."""
+    characters shown escaped: `render.safe_output`; by default raw where stdout is no terminal)."""
+    raw = not sys.stdout.isatty() if raw is None else raw  # to a file or a pipe as printed, to a terminal made safe
     bar = Bar(sys.stderr, full=progress)
     stop = threading.Event()
     poller = threading.Thread(target=_poll, args=(api, path, bar, stop), daemon=True)

@@ -51,10 +51,12 @@ REPEATED_FAILURES = 3
 # heard before its task's start is kept that long for it, then counts as a task that completed without starting.
 START_WAIT_S = ACK_WAIT_S + 2 * REDELIVERY_MARGIN_S + PATIENCE_S
 # A task asked to stop (terminated, moved, restarted after a hang) exits within its grace (the agent then kills it)
-# and says so: a node that never does (a compromised agent, one half-broken but heartbeating) would leave the job
-# Terminating, or Running with its stop pending, and billed, for good. Past its grace and this long, each task not
-# heard from counts as stopped (`stops_unheard`).
-STOP_WAIT_S = 120.0
+# and says so once it has mirrored its last checkpoint and outputs: a node that never does (a compromised agent, one
+# half-broken but heartbeating) would leave the job Terminating, or Running with its stop pending, and billed, for
+# good. Past its grace and this long, each task not heard from counts as stopped (`stops_unheard`): long enough for
+# an honest node's last upload of a large checkpoint (one still uploading then is cut: its next attempt restores
+# what had arrived).
+STOP_WAIT_S = 1800.0
 
 
 class TaskRecord(BaseModel):

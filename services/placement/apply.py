@@ -8,7 +8,7 @@ from typing import Literal
 
 from shared.clock import utcnow
 from shared.events import Assignment, JobMigrateRequested, JobPlaced, Launch
-from shared.jobs import host_memory_gb
+from shared.jobs import Resource, host_memory_gb
 from shared.nodes import NodeInfo
 from services.placement.fleet import Fleet
 from services.placement.inputs import PolicyInputs
@@ -82,7 +82,7 @@ def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assig
 # The most host memory a task's spec may carry (`shared.jobs.Resource.memory_gb`): a `JobPlaced` holding more is
 # refused by every reader, so the job would stay placed and never start (a node registering 10^6 GB without a record
 # figure to cap it; a host out-of-memory requeue doubling past it).
-MAX_MEMORY_GB = 8192.0
+MAX_MEMORY_GB = float(next(m.le for m in Resource.model_fields["memory_gb"].metadata if getattr(m, "le", None)))
 
 
 async def place(
