@@ -14,6 +14,7 @@ from shared.clock import utcnow
 from shared.events import Assignment
 from shared.jobs import CPU_JOB_MEMORY_GB, Algorithm, Resource, Spec
 from shared.store import DocumentStore
+from shared.stored import readable_algorithm
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ class JobQueue:
     async def load(self, *, now: datetime) -> None:
         await self.purge(now=now)
         async for doc in self.store.collection.find({"state": {"$ne": "done"}}):
-            item = self.items[doc["_id"]] = QueueItem.model_validate(doc)
+            stored = {**doc, "algorithm": readable_algorithm(doc.get("algorithm"))}  # `shared.stored`
+            item = self.items[doc["_id"]] = QueueItem.model_validate(stored)
             if item.state == "queued":
                 self.queued.add(item.job_id)
         self.dirty.set()

@@ -3,11 +3,12 @@
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from shared.clock import as_utc, utcnow
 from shared.events import Eta, JobStatusChanged, TaskStatus
-from shared.jobs import Algorithm, JobCreate, MetricSpec, Phase, SecondaryPhase, Spec
+from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase, Spec
+from shared.stored import readable_algorithm
 
 
 class JobMetadata(BaseModel):
@@ -102,22 +103,9 @@ def aged(eta: dict[str, Any] | None, now: datetime) -> Eta | None:
 
 
 def stored_algorithm(raw: dict[str, Any]) -> Algorithm:
-    """A stored job's algorithm as the API shows it. A metric whose pattern this version refuses (stored before a
-    check came: a pattern too complex to match cheaply, since 2026-11-29) is left out of the view, so the job and
-    the page that lists it are still shown; the estimator reads no values with it either."""
-    try:
-        return Algorithm.model_validate(raw)
-    except ValidationError:
-        metrics = [m for m in raw.get("metrics") or [] if _valid(m)]
-        return Algorithm.model_validate({**raw, "metrics": metrics})
-
-
-def _valid(metric: Any) -> bool:
-    try:
-        MetricSpec.model_validate(metric)
-    except ValidationError:
-        return False
-    return True
+    """A stored job's algorithm as the API shows it: a metric this version refuses (`shared.stored`) left out, so the
+    job and the page that lists it are still shown."""
+    return Algorithm.model_validate(readable_algorithm(raw))
 
 
 def render(doc: dict[str, Any], *, now: datetime | None = None) -> Job:

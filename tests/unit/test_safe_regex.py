@@ -162,3 +162,32 @@ def test_lines_read_again_are_not_charged_to_the_budget():
 def test_a_wide_but_usual_pattern_is_accepted_and_matched_with_re2s_own_memory(regex):
     pattern = compile_metric(regex)
     assert pattern.programsize <= 2000 and pattern.search("loss 12") is not None
+
+
+async def test_a_stored_job_whose_pattern_is_now_refused_reads_back_without_it():
+    """Placement's queue, the API's view and a search's template read stored jobs back: one stored with a pattern
+    this version refuses is still read (placement would otherwise fail at every start), without that metric."""
+    from datetime import UTC, datetime
+
+    from shared.store import DocumentStore
+    from shared.stored import readable_template
+    from services.placement.queue import JobQueue
+    from tests.memory import MemoryCollection
+
+    metrics = [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}, {"name": "acc", "regex": WIDE}]
+    collection = MemoryCollection("placement_jobs")
+    collection.docs["old"] = {
+        "_id": "old",
+        "job_id": "old",
+        "project_id": "p",
+        "user_name": "alice",
+        "algorithm": {"command": "true", "metrics": metrics},
+        "spec": {"resource": {"cpu_count": 1}},
+        "submitted_at": datetime(2026, 11, 1, tzinfo=UTC),
+        "state": "queued",
+    }
+    queue = JobQueue(DocumentStore(collection, None))
+    await queue.load(now=datetime(2026, 11, 29, tzinfo=UTC))
+    assert [m.name for m in queue.items["old"].algorithm.metrics] == ["loss"] and queue.queued == {"old"}
+    template = readable_template({"algorithm": {"command": "true", "metrics": metrics}})
+    assert [m["name"] for m in template["algorithm"]["metrics"]] == ["loss"]

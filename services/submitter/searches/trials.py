@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.jobs import JobCreate, Parameter
+from shared.stored import readable_template
 from services.submitter.errors import described
 from services.submitter.refusals import NameTaken, Refused
 from services.submitter.searches.driver import Submitted
@@ -19,7 +20,7 @@ MAX_POINTS = 20_000  # per trial: the early points decide hyperband's first rung
 
 def trial_body(search: dict[str, Any], *, trial: int, parameters: dict[str, Any], name: str) -> JobCreate:
     """The template with the trial's name and its values appended to algorithm.parameters."""
-    body = JobCreate.model_validate(search["spec"]["template"])
+    body = JobCreate.model_validate(readable_template(search["spec"]["template"]))  # as stored: `shared.stored`
     fixed = list(body.algorithm.parameters)
     algorithm = body.algorithm.model_copy(
         update={"parameters": fixed + [Parameter(name=k, value=as_text(v)) for k, v in sorted(parameters.items())]}
