@@ -1,8 +1,9 @@
 """Job-supplied regular expressions: compiled by RE2 and matched against bounded lines, so no pattern and no line
 can stall a service. RE2 has no backreferences or lookarounds to backtrack and runs in time linear in the line, but
 linear with a factor the pattern sets: its compiled size (`.{0,1000}` fifty times is 450,000 instructions, seconds
-to compile and about a second a line), and a small pattern can still make RE2's DFA give way to its slower NFA
-(`a[ab]{50}c`: 58 instructions, 4 ms on a 4,096-character line). So compiling stops at `MAX_MEMORY` (a
+to compile and about a second a line), and a pattern within bounds can still make RE2's automaton give way to its
+slower NFA (`a[ab]{900}c`: 908 instructions, ~50 ms on a 4,096-character line; `a[ab]{50}c` 4 ms with a small
+memory). So compiling stops at `MAX_MEMORY` (a
 millisecond's work), a program is at most `MAX_PROGRAM_SIZE` instructions (then compiled again with RE2's own memory
 for matching), and a reader bounds the time a job's
 patterns may take (`MatchBudget`)."""
@@ -31,6 +32,10 @@ TOO_COMPLEX = "too complex: fewer or smaller {n,m} counts, alternatives or Unico
 # print (a job of several ranks printing that fast shares one budget: its lines past it are read in part).
 MATCH_CPU_PER_S = 0.05
 MATCH_BURST_S = 2.0
+# A job's kept lines read again (a restart, a query of a finished job's curves): a second, and 200 us a line (25 usual
+# searches), then nothing. A pattern that takes 50 ms a line (`a[ab]{900}c` on 4,096 characters) is read that long.
+REPLAY_S = 1.0
+REPLAY_PER_LINE_S = 200e-6
 
 Pattern: TypeAlias = re2._Regexp
 Match: TypeAlias = re2._Match
@@ -111,6 +116,15 @@ class MatchBudget:
             return pattern.search(text)
         finally:
             self.tokens -= max(self.cpu() - began, 0.0)
+
+    @classmethod
+    def replaying(cls) -> "MatchBudget":
+        """The budget of a job's kept lines read again: `REPLAY_S` to start, `grant`ed more a line, no refill."""
+        return cls(rate=0.0, burst=REPLAY_S)
+
+    def grant(self, seconds: float) -> None:
+        """`seconds` more to spend, past the burst if need be (a line read again brings its own)."""
+        self.tokens += seconds
 
     def unreported(self) -> int:
         """Searches skipped since the last call: a reader says so once an episode, not once a line."""

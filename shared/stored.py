@@ -33,3 +33,10 @@ def _readable(metric: Any) -> bool:
     except ValidationError:
         return False
     return True
+
+
+def stored_search(raw: Any) -> Any:
+    """A stored search's spec with its template's refused metrics left out."""
+    if not isinstance(raw, dict) or "template" not in raw:
+        return raw
+    return {**raw, "template": readable_template(raw["template"])}

@@ -108,7 +108,9 @@ class Mirror:
         """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open)."""
         listed: dict[str, tuple[int, str]] = {}
         left_out = []
-        for folder, _, files in os.walk(root):  # a link to a folder is not walked into
+        for folder, folders, files in os.walk(root):  # a link to a folder is not walked into: said, left out
+            links = [os.path.join(folder, d) for d in folders if os.path.islink(os.path.join(folder, d))]
+            left_out += [os.path.relpath(link, root) for link in links]
             for name in files:
                 path = os.path.join(folder, name)
                 relative = os.path.relpath(path, root)
@@ -120,7 +122,8 @@ class Mirror:
                         if not stat.S_ISREG(info.st_mode) or not self._may_read(root, path):
                             left_out.append(relative)
                             continue
-                except OSError:  # gone since the walk, or a link to nothing
+                except OSError:  # gone since the walk, or a link to nothing or to itself
+                    left_out.append(relative)
                     continue
                 if stat.S_ISREG(info.st_mode):
                     listed[relative] = (info.st_size, path)
@@ -220,11 +223,11 @@ class CheckpointStore:
 
 def open_confined(top: Path, relative: str) -> int:
     """A read handle on the regular file `top/relative`, following no link on the way (top included)."""
-    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = os.open(top, DIRECTORY)
     try:
         *dirs, name = relative.split("/")
         for part in dirs:
-            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            inner = os.open(part, DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = inner
         file = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
@@ -260,7 +263,9 @@ def _copy(source: BinaryIO, target: Path, tally: Tally, size: int) -> int:
     return size
 
 
-DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+# A folder on the way, opened only to look up the next name in it: search permission is enough, as for a path
+# (O_PATH: a non-root agent, or root on NFS with root_squash, may cross a folder it may not list).
+DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW
 
 
 def _folder(root: str, parts: list[str], *, make: bool) -> int:

@@ -94,12 +94,10 @@ class JobModel:
         """Whether the last line fed carried printed progress (stored, like metric lines, to be replayed)."""
         return self.progress_line
 
-    def observe(self, line: LogLine, *, metered: bool = True) -> list:
-        """Feed one output line; returns the metric points it carried (for storage). `metered=False`: a line kept
-        because it carried a metric when it came, read again (its search was paid for then, not from the job's
-        matching budget: a long job's replayed curve is whole)."""
+    def observe(self, line: LogLine) -> list:
+        """Feed one output line; returns the metric points it carried (for storage)."""
         record = parse_mllog_line(line.line)
-        points = self.tracker.observe(line, record, metered=metered)
+        points = self.tracker.observe(line, record)
         if line.line.startswith(METRICS_PREFIX) and "total_work" not in self.features:
             # `trainmaster_task.report(total_steps=...)`; a metric the spec names so (its regex may capture the
             # epoch reached, not the epochs to run) is the job's curve, not its amount of work

@@ -26,6 +26,7 @@ from shared.jobs import MetricSpec, Parameter, Phase
 from shared.lru import Lru
 from shared.origin import NotReadYet, Origins, Verdict, dedup_key, verdict
 from shared.rpc import MetricSeries, MetricsQuery, MetricsReport, PredictQuery, PredictReply
+from shared.safe_regex import REPLAY_PER_LINE_S, MatchBudget
 from shared.store import DocumentStore
 from services.estimator.jobmodel import JobModel
 from services.estimator.model import JobFeatures
@@ -332,8 +333,13 @@ class Estimator:
         if job is None or (job.get("finished") and not finished_too):
             return None
         model = job_model(job)
+        # Its kept lines, read again with a budget of their own (`MatchBudget.replaying`): a usual pattern's all of
+        # them, a pathological one's for a bounded time, not for hours on the event loop at every restart and query
+        model.tracker.budget = MatchBudget.replaying()
         async for doc in self.points.find({"job_id": job_id}).sort("t", 1):
-            model.observe(LogLine(t=doc["t"], line=doc["line"]), metered=False)  # matched (and paid for) once
+            model.tracker.budget.grant(REPLAY_PER_LINE_S)
+            model.observe(LogLine(t=doc["t"], line=doc["line"]))
+        model.tracker.budget = MatchBudget()  # what its new lines may take
         if not job.get("finished") and not finished_too:
             # a query of its curves, or its end, reads a job without tracking it: one that ended without an estimate
             # shown keeps an unfinished record (`status_changed`), and a query would have tracked it again for good

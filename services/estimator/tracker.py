@@ -92,8 +92,8 @@ class JobTracker:
         self.patterns = [_compiled(m.regex) for m in self.metrics]
         self.budget = MatchBudget()  # the CPU its patterns may take here
 
-    def observe(self, line: LogLine, record: LogRecord | None = None, *, metered: bool = True) -> list[MetricPoint]:
-        found = parse_line(line.line, line.t, self.metrics, self.patterns, record, self.budget if metered else None)
+    def observe(self, line: LogLine, record: LogRecord | None = None) -> list[MetricPoint]:
+        found = parse_line(line.line, line.t, self.metrics, self.patterns, record, self.budget)
         for point in found:
             if point.name not in self.points and len(self.points) >= MAX_METRICS:
                 continue

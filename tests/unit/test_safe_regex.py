@@ -5,7 +5,14 @@ from pydantic import ValidationError
 
 from shared.events import LogLine
 from shared.jobs import JobCreate, MetricSpec
-from shared.safe_regex import MAX_LINE_CHARS, MatchBudget, compile_metric, compile_pattern
+from shared.safe_regex import (
+    MAX_LINE_CHARS,
+    REPLAY_PER_LINE_S,
+    REPLAY_S,
+    MatchBudget,
+    compile_metric,
+    compile_pattern,
+)
 from services.estimator.model.mllog import MetricSpec as CorpusMetricSpec, RegexMetricParser
 from services.estimator.tracker import JobTracker
 from tests.factories import job_body
@@ -145,23 +152,28 @@ def test_a_jobs_usual_patterns_never_meet_the_budget():
     assert tracker.budget.skipped == 0
 
 
-def test_lines_read_again_are_not_charged_to_the_budget():
-    """A job's kept lines, replayed after a restart, were matched and paid for when they came: its whole curve
-    comes back however long it is, and the budget is left for its new lines."""
+def test_lines_read_again_bring_their_own_budget_a_usual_patterns_all_of_them_a_slow_ones_for_a_bounded_time():
+    """A job's kept lines are read again at a restart and at each query of a finished job's curves: each brings
+    200 us (25 usual searches), so a usual pattern's curve comes back whole, and a pattern 50 ms a line is read
+    for about a second and what its lines brought, not for hours."""
+    clocks = Clocks(search_cost=8e-6)
     tracker = JobTracker([MetricSpec(name="loss", regex=r"step (?P<step>\d+) loss (?P<value>[0-9.]+)")])
-    tracker.budget = MatchBudget(rate=0.0, burst=0.0)  # nothing left: every metered search is skipped
-    lines = [LogLine(t=float(i), line=f"step {i} loss {1 / (i + 1):.5f}") for i in range(3000)]
-    assert sum(len(tracker.observe(line, metered=False)) for line in lines) == 3000
-    assert tracker.budget.skipped == 0
-    assert tracker.observe(LogLine(t=3001.0, line="step 3001 loss 0.1")) == [] and tracker.budget.skipped == 1
-
-
-@pytest.mark.parametrize(
-    "regex", [r"\p{L}+ (?P<value>\d+)", r"(?P<value>.{0,100})", r"loss[^0-9]{0,40}(?P<value>[0-9.]+)"]
-)
-def test_a_wide_but_usual_pattern_is_accepted_and_matched_with_re2s_own_memory(regex):
-    pattern = compile_metric(regex)
-    assert pattern.programsize <= 2000 and pattern.search("loss 12") is not None
+    tracker.budget = MatchBudget.replaying()
+    tracker.budget.clock, tracker.budget.cpu = clocks.clock, clocks.cpu
+    lines = [LogLine(t=float(i), line=f"step {i} loss {1 / (i + 1):.5f}") for i in range(20_000)]
+    found = 0
+    for line in lines:
+        tracker.budget.grant(REPLAY_PER_LINE_S)
+        found += len(tracker.observe(line))
+    assert found == 20_000 and tracker.budget.skipped == 0
+    slow = MatchBudget.replaying()
+    slow.clock, slow.cpu = clocks.clock, Clocks(search_cost=0.05).cpu
+    pattern = compile_metric(r"loss (?P<value>[0-9.]+)")
+    read = 0
+    for _ in range(2000):
+        slow.grant(REPLAY_PER_LINE_S)
+        read += slow.search(pattern, "loss 0.5") is not None
+    assert read <= 1 + (REPLAY_S + 2000 * REPLAY_PER_LINE_S) / 0.05 + 1  # ~1.4 s of 50-ms searches, not 100 s
 
 
 async def test_a_stored_job_whose_pattern_is_now_refused_reads_back_without_it():

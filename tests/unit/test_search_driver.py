@@ -215,3 +215,16 @@ async def test_with_no_search_running_the_driver_reads_them_only_now_and_then_or
         assert port.submitted and store.reads >= 2
     finally:
         task.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_search_stored_with_a_pattern_now_refused_goes_on_without_that_metric():
+    """A search's template holding a metric pattern this version refuses (too complex: `shared.safe_regex`) was
+    accepted when it came: the driver reads it back without that metric instead of failing every pass."""
+    doc = search_doc()
+    wide = {"name": "acc", "regex": "(?P<value>.{0,250})y", "mode": "min"}
+    doc["spec"]["template"]["algorithm"]["metrics"] = [wide]
+    store, _ = await started(doc)
+    port = FakePort()
+    await Driver(store=store, port=port).pass_once(now_ms=T0)
+    assert port.submitted == ["s-unit-t0", "s-unit-t1"]

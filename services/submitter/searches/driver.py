@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.stored import stored_search
 from services.submitter.refusals import Refused
 from services.submitter.searches.models import SearchCreate
 from services.submitter.searches.pruners import Point, Trial, decide
@@ -143,7 +144,7 @@ class Driver:
     async def tick(self, doc: dict, *, now_ms: int | None = None) -> dict:
         """One pass over one search; the stored document comes back."""
         now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-        spec = SearchCreate.model_validate(doc["spec"])
+        spec = SearchCreate.model_validate(stored_search(doc["spec"]))  # as stored: `shared.stored`
         metric, mode = spec.objective.metric, spec.objective.mode
         trials, hours, gpu_hours = [], 0.0, 0.0
         for entry in doc["trials"]:
