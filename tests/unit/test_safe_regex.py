@@ -203,3 +203,11 @@ async def test_a_stored_job_whose_pattern_is_now_refused_reads_back_without_it()
     assert [m.name for m in queue.items["old"].algorithm.metrics] == ["loss"] and queue.queued == {"old"}
     template = readable_template({"algorithm": {"command": "true", "metrics": metrics}})
     assert [m["name"] for m in template["algorithm"]["metrics"]] == ["loss"]
+
+
+@pytest.mark.parametrize(
+    "regex", [r"\p{L}+ (?P<value>\d+)", r"(?P<value>.{0,100})", r"loss[^0-9]{0,40}(?P<value>[0-9.]+)"]
+)
+def test_a_wide_but_usual_pattern_is_accepted_and_matched_with_re2s_own_memory(regex):
+    pattern = compile_metric(regex)
+    assert pattern.programsize <= 2000 and pattern.search("loss 12") is not None
