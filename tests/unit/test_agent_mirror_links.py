@@ -4,7 +4,6 @@ task's inputs, writing an output into a system folder), a name an object store l
 folder, and a job's URL is checked again as resolved when it is used."""
 
 import os
-from pathlib import Path
 
 import fsspec
 import pytest
@@ -108,17 +107,6 @@ def test_a_url_moved_by_a_link_after_its_admission_is_checked_again_where_it_now
     with pytest.raises(StorageError):
         Mirror(f"file://{shared / 'data'}", check=check).sync(local, {})
     assert (secret / "key").read_text() == "root only"
-
-
-def test_the_old_way_read_through_a_planted_link(tree, tmp_path):
-    """What the tests above guard against, shown with fsspec itself: its listing names the link, its open follows it."""
-    shared, secret, _ = tree
-    os.symlink(secret / "key", shared / "key")
-    fs, root = fsspec.core.url_to_fs(f"file://{shared}")
-    assert any(path.endswith("/key") for path in fs.find(root))
-    with fs.open(f"{root}/key", "rb") as handle:
-        assert handle.read() == b"root only"
-    assert Path(shared / "key").is_symlink()
 
 
 def test_a_link_to_a_file_the_job_may_read_is_copied_as_that_file(tree, tmp_path):
