@@ -1,8 +1,13 @@
 """Job events that need a person: kept per project and delivered to its webhook, retried with backoff."""
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
+import json
 import logging
+import secrets
 import time
 from typing import Annotated, Any
 
@@ -26,9 +31,42 @@ MAX_BACKOFF_S = 300.0
 IDLE_S = 5.0  # due notifications are looked for at least this often (another replica's, claims run out)
 
 
+SECRET_PREFIX = "whsec_"  # Standard Webhooks' form: the prefix, then the key in base64
+
+
 class NotificationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     webhook_url: AnyHttpUrl | None = Field(None, description="POSTed a JSON notification; none: keep them only.")
+    rotate_secret: bool = Field(
+        False, description="Sign deliveries with a new secret from now on (shown once, in the answer)."
+    )
+
+
+class WebhookSettings(BaseModel):
+    webhook_url: str | None
+    signed: bool = Field(description="Deliveries carry a Standard Webhooks signature (webhook-signature).")
+    signing_secret: str | None = Field(
+        None,
+        description="The secret deliveries are signed with, shown only in the answer that made it (a new webhook, "
+        "or rotate_secret); keep it with the receiver.",
+    )
+
+
+def new_secret() -> str:
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def signature_headers(secret: str, message_id: str, body: bytes, *, now: float) -> dict[str, str]:
+    """Standard Webhooks (standardwebhooks.com) signing: HMAC-SHA256 with the secret's key over
+    `<id>.<timestamp>.<body>`; a receiver checks it, and that the timestamp is recent, before it trusts the body."""
+    timestamp = str(int(now))
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
+    return {
+        "webhook-id": message_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": "v1," + base64.b64encode(mac).decode(),
+    }
 
 
 def backoff(attempts: int) -> float:
@@ -58,14 +96,18 @@ async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) ->
 
 async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict[str, Any]) -> float | None:
     """Try one notification; when its next try is (Unix seconds), None when there is none."""
-    url = await store.webhook_url(doc["project_id"])
+    url, secret = await store.webhook(doc["project_id"])
     if not url:
         await store.tried(doc["_id"], {"state": "kept"})
         return None
     payload = {k: doc[k] for k in ("project_id", "job_id", "user_name", "kind", "message")}
     payload["id"] = doc["_id"]
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    headers = {"content-type": "application/json"}
+    if secret:  # signed at each try: its timestamp is the try's
+        headers |= signature_headers(secret, doc["_id"], body, now=time.time())
     attempts = doc["attempts"] + 1
-    error = await post(client, url, payload)
+    error = await post(client, url, body, headers)
     next_try = time.time() + backoff(attempts) if error and attempts < MAX_ATTEMPTS else None
     if not error:
         update: dict[str, Any] = {"state": "delivered", "attempts": attempts, "error": ""}
@@ -80,10 +122,10 @@ async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict
     return next_try
 
 
-async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:
+async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> str:
     """POST once; "" when answered 2xx, else only "HTTP <status>" or "unreachable" (nothing about the network)."""
     try:
-        async with client.stream("POST", url, json=payload) as response:  # the body is never read
+        async with client.stream("POST", url, content=body, headers=headers) as response:  # the body is never read
             if response.is_success:
                 return ""
             log.warning("webhook %s answered HTTP %d", url_origin(url), response.status_code)
@@ -97,8 +139,8 @@ async def post(client: httpx.AsyncClient, url: str, payload: dict) -> str:
 
 @router.put(
     "/v2/{project_id}/notifications",
-    response_model=NotificationSettings,
-    summary="Where the project's notifications go",
+    response_model=WebhookSettings,
+    summary="Where the project's notifications go, and the secret that signs them",
 )
 async def configure(
     project_id: ProjectId, body: NotificationSettings, request: Request, principal: Principal = Depends(authenticate)
@@ -114,8 +156,13 @@ async def configure(
                 f"{exc}; webhooks go to public addresses only (an operator may allow "
                 "hosts: TRAINMASTER_WEBHOOK_ALLOW_HOSTS)",
             ) from None
-    await use_cases(request).repo.notifications.set_webhook_url(project_id, url)
-    return NotificationSettings(webhook_url=url)
+    store = use_cases(request).repo.notifications
+    _, secret = await store.webhook(project_id)
+    made = None
+    if url and (body.rotate_secret or not secret):  # a new webhook, or one set before deliveries were signed
+        secret = made = new_secret()
+    await store.set_webhook(project_id, url, secret if url else None)
+    return WebhookSettings(webhook_url=url, signed=bool(url and secret), signing_secret=made)
 
 
 @router.get("/v2/{project_id}/notifications", summary="The project's notification settings and recent ones")
@@ -136,4 +183,5 @@ async def recent(
         }
         for d in docs
     ]
-    return {"webhook_url": await store.webhook_url(project_id), "count": len(items), "items": items}
+    url, secret = await store.webhook(project_id)
+    return {"webhook_url": url, "signed": bool(url and secret), "count": len(items), "items": items}

@@ -15,7 +15,7 @@ from shared.events import Notification
 @dataclass
 class NotificationStore:
     notifications: AsyncCollection  # api_notifications: one document per notification, with its delivery state
-    projects: AsyncCollection  # api_projects: each project's settings (its webhook URL)
+    projects: AsyncCollection  # api_projects: each project's settings (its webhook URL and signing secret)
     recorded: asyncio.Event = field(default_factory=asyncio.Event, repr=False)  # set by each one this process keeps
 
     async def record(self, event: Notification) -> None:
@@ -61,7 +61,15 @@ class NotificationStore:
         return [d async for d in cursor]
 
     async def webhook_url(self, project_id: str) -> str | None:
-        return (await self.projects.find_one({"_id": project_id}) or {}).get("webhook_url")
+        return (await self.webhook(project_id))[0]
 
-    async def set_webhook_url(self, project_id: str, url: str | None) -> None:
-        await self.projects.update_one({"_id": project_id}, {"$set": {"webhook_url": url}}, upsert=True)
+    async def webhook(self, project_id: str) -> tuple[str | None, str | None]:
+        """The project's webhook URL and the secret its deliveries are signed with (None: none, or set before
+        deliveries were signed)."""
+        doc = await self.projects.find_one({"_id": project_id}) or {}
+        return doc.get("webhook_url"), doc.get("webhook_secret")
+
+    async def set_webhook(self, project_id: str, url: str | None, secret: str | None) -> None:
+        await self.projects.update_one(
+            {"_id": project_id}, {"$set": {"webhook_url": url, "webhook_secret": secret}}, upsert=True
+        )

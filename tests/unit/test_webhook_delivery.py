@@ -2,10 +2,15 @@
 connection, follows no redirect, and stores only the HTTP status or "unreachable"."""
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
+import json
 import logging
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -65,9 +70,11 @@ def store(db) -> NotificationStore:
 
 class Receiver(BaseHTTPRequestHandler):
     hits: list[str] = []
+    received: list[tuple[dict[str, str], bytes]] = []  # each POST's headers (lower-cased names) and raw body
 
     def do_POST(self):  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers.get("content-length") or 0))
+        body = self.rfile.read(int(self.headers.get("content-length") or 0))
+        Receiver.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
         Receiver.hits.append(self.path)
         if self.path.startswith("/fails"):
             self.send_response(500)
@@ -86,15 +93,15 @@ class Receiver(BaseHTTPRequestHandler):
 def receiver():
     server = HTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    Receiver.hits = []
+    Receiver.hits, Receiver.received = [], []
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
     server.server_close()
 
 
-async def deliver_once(url: str, policy: Policy) -> dict:
+async def deliver_once(url: str, policy: Policy, secret: str | None = None) -> dict:
     app, db, _ = await make_app()
-    await db.api_projects.insert_one({"_id": "vision", "webhook_url": url})
+    await db.api_projects.insert_one({"_id": "vision", "webhook_url": url, "webhook_secret": secret})
     doc = {
         "_id": "n-1",
         "project_id": "vision",
@@ -221,3 +228,56 @@ async def test_no_library_logs_a_webhooks_secret_path_at_the_services_level(rece
         await deliver_once(f"{receiver}{secret}", Policy.parse(["127.0.0.1"]))
     assert Receiver.hits == [secret]
     assert "XXXXsecretXXXX" not in "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+
+
+def verified(secret: str, headers: dict[str, str], body: bytes) -> bool:
+    """A receiver's check, written from the Standard Webhooks spec (not from the code under test)."""
+    key = base64.b64decode(secret.split("_", 1)[1])
+    signed = f"{headers['webhook-id']}.{headers['webhook-timestamp']}.".encode() + body
+    expected = base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+    offered = [s.split(",", 1)[1] for s in headers["webhook-signature"].split(" ") if s.startswith("v1,")]
+    return any(hmac.compare_digest(expected, o) for o in offered)
+
+
+async def test_a_webhook_gets_a_signing_secret_shown_once_and_kept_across_url_changes():
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    async with client(app) as api:
+        first = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})).json()
+        secret = first["signing_secret"]
+        assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:])) == 32 and first["signed"]
+        moved = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/b"})).json()
+        assert moved["signing_secret"] is None and moved["signed"]  # the receiver keeps the secret it has
+        shown = await api.get("/v2/vision/notifications")
+        assert shown.json()["signed"] and secret not in shown.text and secret[6:] not in shown.text
+        rotated = await api.put(
+            "/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/b", "rotate_secret": True}
+        )
+        assert rotated.json()["signing_secret"] not in (None, secret)
+        cleared = (await api.put("/v2/vision/notifications", json={"webhook_url": None})).json()
+        assert cleared == {"webhook_url": None, "signed": False, "signing_secret": None}
+        assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_secret"] is None
+        again = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})).json()
+        assert again["signing_secret"] not in (None, secret, rotated.json()["signing_secret"])
+        audit = [d async for d in db.api_audit.find({})]
+        assert audit and not any(
+            s[6:] in str(d) for d in audit for s in (secret, again["signing_secret"], rotated.json()["signing_secret"])
+        )
+
+
+async def test_a_delivery_is_signed_so_the_receiver_can_tell_it_from_a_forgery(receiver):
+    secret = notifications.new_secret()
+    before = time.time()
+    stored = await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]), secret=secret)
+    assert stored["state"] == "delivered"
+    [(headers, body)] = Receiver.received
+    assert headers["webhook-id"] == "n-1" and before - 1 <= int(headers["webhook-timestamp"]) <= time.time() + 1
+    assert headers["content-type"] == "application/json" and json.loads(body)["job_id"] == "j-1"
+    assert verified(secret, headers, body)
+    assert not verified(secret, headers, body.replace(b"too big", b"all fine"))  # a changed body fails
+    assert not verified(notifications.new_secret(), headers, body)  # another project's secret fails
+
+
+async def test_a_webhook_set_before_signing_is_delivered_unsigned(receiver):
+    stored = await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]))
+    [(headers, body)] = Receiver.received
+    assert stored["state"] == "delivered" and "webhook-signature" not in headers and json.loads(body)["id"] == "n-1"
