@@ -2,7 +2,10 @@
 rented one) against what its agent claims when it registers. The record wins: a registration that claims more
 GPUs, more GPU memory or TFLOPS (table or measured: a measured figure at most MEASURED_SLACK times the record's),
 more CPUs or memory, another kind, price or labels is capped to the record, and
-what was refused is kept so the operator sees it. Pure functions, shared by placement, the monitor and billing."""
+what was refused is kept so the operator sees it. A record that lists GPUs of several models caps each model's
+count and figures by its own group; one that lists none (`max_gpus`, read through NVML) caps each GPU's TFLOPS at
+its model's datasheet figure (`shared.nodes.DATASHEET_TFLOPS`, what an honest agent reports). Pure functions,
+shared by placement, the monitor and billing."""
 
 import logging
 from collections.abc import Mapping
@@ -12,9 +15,20 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.cluster import ClusterFile, ClusterFileError, NodeEntry, node_entry, read_cluster
-from shared.nodes import MEASURED_SLACK, Gpu, NodeInfo, NodeKind
+from shared.nodes import MEASURED_SLACK, Gpu, NodeInfo, NodeKind, datasheet_tflops
 
 log = logging.getLogger(__name__)
+
+
+class GpuLimit(BaseModel):
+    """One group of a record's GPUs: `count` of one model, each at most this memory and TFLOPS."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    memory_gb: float
+    tflops: float
+    count: int = Field(ge=0)
 
 
 class NodeLimits(BaseModel):
@@ -29,6 +43,9 @@ class NodeLimits(BaseModel):
     gpu_models: tuple[str, ...] = Field((), description="The models the entry lists (none: any).")
     gpu_memory_gb: float | None = Field(None, description="Per GPU at most (None: the entry lists no figures).")
     tflops: float | None = None
+    gpu_groups: tuple[GpuLimit, ...] = Field(
+        (), description="The entry's GPU groups, each capping its own model (none: the figures above, for any)."
+    )
     cpu_count: float | None = None
     memory_gb: float | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -47,6 +64,9 @@ def limits_from_entry(entry: NodeEntry | Mapping[str, Any]) -> NodeLimits:
         gpu_models=tuple(g.model for g in groups),
         gpu_memory_gb=max((g.memory_gb for g in groups), default=None),
         tflops=max((g.tflops for g in groups), default=None),
+        gpu_groups=tuple(
+            GpuLimit(model=g.model, memory_gb=g.memory_gb, tflops=g.tflops, count=g.count) for g in groups
+        ),
         cpu_count=entry.cpu_count,
         memory_gb=entry.memory_gb,
         labels=entry.all_labels(),
@@ -95,20 +115,38 @@ def capped(claimed: NodeInfo, record: NodeLimits) -> tuple[NodeInfo, dict[str, s
 def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gpu, ...]:
     if len(claimed) > record.gpus:
         refuse("gpus", len(claimed), record.gpus)
+    left = [g.count for g in record.gpu_groups]  # of each group, GPUs not yet matched
     kept = []
     for gpu in claimed[: record.gpus]:
         update: dict[str, Any] = {}
-        if record.gpu_models and gpu.model not in record.gpu_models:
-            update["model"] = refuse(f"gpus[{gpu.index}].model", gpu.model, record.gpu_models[0])
-        if record.gpu_memory_gb is not None and gpu.memory_gb > record.gpu_memory_gb:
-            update["memory_gb"] = refuse(f"gpus[{gpu.index}].memory_gb", gpu.memory_gb, record.gpu_memory_gb)
-        if record.tflops is not None and gpu.tflops > record.tflops:
-            update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, record.tflops)
-        measured_cap = None if record.tflops is None else round(record.tflops * MEASURED_SLACK, 1)
-        if measured_cap is not None and gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
+        model, memory_cap, tflops_cap = gpu.model, record.gpu_memory_gb, record.tflops
+        group = _group(gpu.model, record.gpu_groups, left)
+        if group is not None:  # its own group's figures (a mixed record's T4 is no A100)
+            left[group] -= 1
+            limit = record.gpu_groups[group]
+            model, memory_cap, tflops_cap = limit.model, limit.memory_gb, limit.tflops
+        elif record.gpu_models and gpu.model not in record.gpu_models:
+            model = record.gpu_models[0]
+        if model != gpu.model:
+            update["model"] = refuse(f"gpus[{gpu.index}].model", gpu.model, model)
+        if tflops_cap is None:  # no figures in the record: the datasheet's for the model it says it is
+            tflops_cap = datasheet_tflops(gpu.model)
+        if memory_cap is not None and gpu.memory_gb > memory_cap:
+            update["memory_gb"] = refuse(f"gpus[{gpu.index}].memory_gb", gpu.memory_gb, memory_cap)
+        if gpu.tflops > tflops_cap:
+            update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, tflops_cap)
+        measured_cap = round(tflops_cap * MEASURED_SLACK, 1)
+        if gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
             update["measured_tflops"] = refuse(f"gpus[{gpu.index}].measured_tflops", gpu.measured_tflops, measured_cap)
         kept.append(gpu.model_copy(update=update) if update else gpu)
     return tuple(kept)
+
+
+def _group(model: str, groups: tuple[GpuLimit, ...], left: list[int]) -> int | None:
+    """The record's group a claimed GPU counts against: the first of its model with GPUs left, else the first with
+    any left (its model then refused); None when the record lists no groups."""
+    open_groups = [i for i, n in enumerate(left) if n > 0]
+    return next((i for i in open_groups if groups[i].model == model), open_groups[0] if open_groups else None)
 
 
 def admitted(claimed: NodeInfo, record: NodeLimits | None) -> tuple[NodeInfo | None, dict[str, str]]:

@@ -10,6 +10,29 @@ CLOUD_KINDS: frozenset[str] = frozenset({"reserved", "on_demand"})
 # A measured GPU may beat its datasheet by this much (a boost clock), no more: past it the figure is not believed.
 MEASURED_SLACK = 1.1
 
+# Dense BF16 tensor TFLOPS by model name (the first key the name contains), from the vendors' datasheets: what an
+# agent reports for a GPU it finds through NVML (the driver does not say), and the most a node whose record lists
+# no GPU figures may claim for a GPU of that name (an unknown name: 0, as an agent reports it).
+DATASHEET_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("A10", 125.0),
+    ("L4", 121.0),
+    ("V100", 125.0),
+    ("T4", 65.0),
+    ("RTX 4090", 165.0),
+    ("RTX 3090", 71.0),
+    ("A6000", 155.0),
+)
+
+
+def datasheet_tflops(model: str) -> float:
+    """A GPU model's datasheet TFLOPS (`DATASHEET_TFLOPS`), 0.0 for a name it does not know."""
+    return next((tflops for key, tflops in DATASHEET_TFLOPS if key in model), 0.0)
+
 
 class Gpu(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")

@@ -9,25 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from shared.cluster import ClusterFile, ClusterFileError, NodeEntry, node_entry, read_cluster
-from shared.nodes import Gpu, NodeInfo
+from shared.nodes import Gpu, NodeInfo, datasheet_tflops
 from services.agent.throughput import with_measured
 
 log = logging.getLogger(__name__)
-
-# Dense BF16 tensor TFLOPS by model, for GPUs found through NVML (the driver does not report it).
-KNOWN_TFLOPS = {
-    "H200": 989.0,
-    "H100": 989.0,
-    "A100": 312.0,
-    "L40S": 362.0,
-    "A10": 125.0,
-    "L4": 121.0,
-    "V100": 125.0,
-    "T4": 65.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "A6000": 155.0,
-}
 
 
 def load_cluster(path: Path) -> dict[str, NodeEntry]:
@@ -86,7 +71,7 @@ def gpus_from_nvml() -> tuple[Gpu, ...] | None:
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else name
             memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
-            tflops = next((t for key, t in KNOWN_TFLOPS.items() if key in name), 0.0)
+            tflops = datasheet_tflops(name)
             gpus.append(Gpu(index=index, model=name, memory_gb=round(memory, 1), tflops=tflops))
         return tuple(gpus)
     finally:

@@ -3,8 +3,9 @@
 import tomllib
 
 from shared.noderecords import admitted, capped, limits_from_entry
-from shared.nodes import Gpu
+from shared.nodes import MEASURED_SLACK, Gpu
 from services.agent.resources import node_from_config
+from services.placement.adapter import reference_tflops
 from tests.factories import node
 
 ENTRY = tomllib.loads("""
@@ -66,7 +67,8 @@ def test_fewer_or_smaller_is_taken_as_said():
 
 def test_an_entry_without_gpu_figures_allows_max_gpus_read_through_nvml_and_else_none():
     nvml = node(node_id="box", gpus=2, gpu_memory_gb=80, tflops=989, price=0.0, cpu=4)
-    nvml = nvml.model_copy(update={"labels": {"pool": "default"}})
+    h100 = tuple(g.model_copy(update={"model": "NVIDIA H100 80GB HBM3"}) for g in nvml.gpus)
+    nvml = nvml.model_copy(update={"labels": {"pool": "default"}, "gpus": h100})
     entry = {"id": "box", "kind": "local", "max_gpus": 2}
     assert capped(nvml, limits_from_entry(entry)) == (nvml, {})
     none_allowed, refused = capped(nvml, limits_from_entry({"id": "box", "kind": "local"}))
@@ -75,3 +77,58 @@ def test_an_entry_without_gpu_figures_allows_max_gpus_read_through_nvml_and_else
 
 def test_a_node_without_a_record_is_refused():
     assert admitted(node(node_id="stranger"), None) == (None, {"node": "no record of this node"})
+
+
+def test_a_node_read_through_nvml_claims_no_more_than_its_gpus_datasheet():
+    """A record without GPU figures (`max_gpus`) let a node claim any speed; the fleet's median TFLOPS, which scales
+    every job's planned duration, took it in."""
+    entry = {"id": "box", "kind": "local", "max_gpus": 2}
+    forged = node(node_id="box", gpus=2, gpu_memory_gb=80, price=0.0).model_copy(
+        update={
+            "labels": {"pool": "default"},
+            "gpus": (
+                Gpu(index=0, model="NVIDIA H100 80GB HBM3", memory_gb=80, tflops=1e6, measured_tflops=1e6),
+                Gpu(index=1, model="Mystery-9000", memory_gb=80, tflops=5000),
+            ),
+        }
+    )
+    kept, refused = capped(forged, limits_from_entry(entry))
+    assert [(g.tflops, g.measured_tflops) for g in kept.gpus] == [(989.0, round(989 * MEASURED_SLACK, 1)), (0.0, None)]
+    assert set(refused) == {"gpus[0].tflops", "gpus[0].measured_tflops", "gpus[1].tflops"}
+    honest = node(node_id="ws", gpus=4, tflops=312)
+    fleet = [honest, kept, kept.model_copy(update={"node_id": "box-2"})]
+    assert reference_tflops(fleet) <= 989 * MEASURED_SLACK  # 1,000,000 before
+
+
+MIXED = tomllib.loads("""
+[[nodes]]
+id = "mixed"
+gpus = [
+  { model = "A100-80GB", memory_gb = 80, tflops = 312, count = 2 },
+  { model = "T4", memory_gb = 16, tflops = 65, count = 2 },
+]
+""")["nodes"][0]
+
+
+def test_a_mixed_record_caps_each_model_by_its_own_group():
+    record = limits_from_entry(MIXED)
+    honest = node_from_config(MIXED, virtual=True)
+    reordered = honest.model_copy(
+        update={"gpus": tuple(g.model_copy(update={"index": i}) for i, g in enumerate(reversed(honest.gpus)))}
+    )
+    assert capped(reordered, record) == (reordered, {})  # T4s first, as NVML may number them
+    t4_as_fast = honest.model_copy(
+        update={
+            "gpus": honest.gpus[:2]
+            + tuple(g.model_copy(update={"tflops": 312, "memory_gb": 80}) for g in honest.gpus[2:])
+        }
+    )
+    kept, refused = capped(t4_as_fast, record)
+    assert [(g.model, g.memory_gb, g.tflops) for g in kept.gpus] == [("A100-80GB", 80, 312)] * 2 + [("T4", 16, 65)] * 2
+    assert set(refused) == {"gpus[2].memory_gb", "gpus[2].tflops", "gpus[3].memory_gb", "gpus[3].tflops"}
+    all_a100 = honest.model_copy(
+        update={"gpus": tuple(Gpu(index=i, model="A100-80GB", memory_gb=80, tflops=312) for i in range(4))}
+    )
+    kept, refused = capped(all_a100, record)
+    assert [g.model for g in kept.gpus] == ["A100-80GB", "A100-80GB", "T4", "T4"] and kept.gpus[3].tflops == 65
+    assert refused["gpus[2].model"] == "claimed A100-80GB, record T4"
