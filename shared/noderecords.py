@@ -115,38 +115,76 @@ def capped(claimed: NodeInfo, record: NodeLimits) -> tuple[NodeInfo, dict[str, s
 def _gpus(claimed: tuple[Gpu, ...], record: NodeLimits, refuse: Any) -> tuple[Gpu, ...]:
     if len(claimed) > record.gpus:
         refuse("gpus", len(claimed), record.gpus)
-    left = [g.count for g in record.gpu_groups]  # of each group, GPUs not yet matched
+    claimed = claimed[: record.gpus]
+    groups = _matched(claimed, record.gpu_groups)
     kept = []
-    for gpu in claimed[: record.gpus]:
+    for gpu, group in zip(claimed, groups, strict=True):
         update: dict[str, Any] = {}
         model, memory_cap, tflops_cap = gpu.model, record.gpu_memory_gb, record.tflops
-        group = _group(gpu.model, record.gpu_groups, left)
         if group is not None:  # its own group's figures (a mixed record's T4 is no A100)
-            left[group] -= 1
             limit = record.gpu_groups[group]
-            model, memory_cap, tflops_cap = limit.model, limit.memory_gb, limit.tflops
+            model = gpu.model if same_model(gpu.model, limit.model) else limit.model
+            memory_cap, tflops_cap = limit.memory_gb, limit.tflops
         elif record.gpu_models and gpu.model not in record.gpu_models:
             model = record.gpu_models[0]
         if model != gpu.model:
             update["model"] = refuse(f"gpus[{gpu.index}].model", gpu.model, model)
-        if tflops_cap is None:  # no figures in the record: the datasheet's for the model it says it is
+        if not tflops_cap:  # the record gives no speed: the datasheet's for the model it says it is
             tflops_cap = datasheet_tflops(gpu.model)
         if memory_cap is not None and gpu.memory_gb > memory_cap:
             update["memory_gb"] = refuse(f"gpus[{gpu.index}].memory_gb", gpu.memory_gb, memory_cap)
         if gpu.tflops > tflops_cap:
             update["tflops"] = refuse(f"gpus[{gpu.index}].tflops", gpu.tflops, tflops_cap)
-        measured_cap = round(tflops_cap * MEASURED_SLACK, 1)
-        if gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
+        measured_cap = round(tflops_cap * MEASURED_SLACK, 1)  # none for a speed nothing knows (`Gpu.speed` ignores it)
+        if tflops_cap > 0 and gpu.measured_tflops is not None and gpu.measured_tflops > measured_cap:
             update["measured_tflops"] = refuse(f"gpus[{gpu.index}].measured_tflops", gpu.measured_tflops, measured_cap)
         kept.append(gpu.model_copy(update=update) if update else gpu)
     return tuple(kept)
 
 
-def _group(model: str, groups: tuple[GpuLimit, ...], left: list[int]) -> int | None:
-    """The record's group a claimed GPU counts against: the first of its model with GPUs left, else the first with
-    any left (its model then refused); None when the record lists no groups."""
-    open_groups = [i for i, n in enumerate(left) if n > 0]
-    return next((i for i in open_groups if groups[i].model == model), open_groups[0] if open_groups else None)
+def same_model(claimed: str, listed: str) -> bool:
+    """Whether a GPU name is a record's model, as NVML and people write it ("NVIDIA T4", "Tesla T4" and "t4")."""
+    return _bare(claimed) == _bare(listed)
+
+
+def _bare(model: str) -> str:
+    name = " ".join(model.lower().split())
+    for vendor in ("nvidia ", "tesla ", "geforce ", "amd "):
+        name = name.removeprefix(vendor)
+    return name
+
+
+def _matched(claimed: tuple[Gpu, ...], groups: tuple[GpuLimit, ...]) -> list[int | None]:
+    """The record's group each claimed GPU counts against (None for all when the record lists none). First each GPU
+    that names a group's model takes a group of that model (one whose figures cover its claim, if any); then each
+    other GPU, largest claims first, takes the smallest open group that covers it, else the largest open one (its
+    model refused, its figures capped). No group holds more GPUs than its count, so a node claims no more of any
+    model than its record has, whatever order or names it gives."""
+    if not groups:
+        return [None] * len(claimed)
+    left = [g.count for g in groups]
+    out: list[int | None] = [None] * len(claimed)
+
+    def covers(i: int, gpu: Gpu) -> bool:
+        return gpu.memory_gb <= groups[i].memory_gb and (not groups[i].tflops or gpu.tflops <= groups[i].tflops)
+
+    def take(k: int, candidates: list[int], pick: Any) -> None:
+        chosen: int = pick(candidates)
+        out[k] = chosen
+        left[chosen] -= 1
+
+    for k, gpu in enumerate(claimed):
+        named = [i for i, g in enumerate(groups) if left[i] > 0 and same_model(gpu.model, g.model)]
+        if named:
+            take(k, named, lambda c, gpu=gpu: next((i for i in c if covers(i, gpu)), c[0]))
+    size = {i: (g.memory_gb, g.tflops) for i, g in enumerate(groups)}
+    for k in sorted(range(len(claimed)), key=lambda k: (-claimed[k].memory_gb, -claimed[k].tflops)):
+        if out[k] is not None:
+            continue
+        gpu, open_groups = claimed[k], [i for i, n in enumerate(left) if n > 0]
+        fitting = [i for i in open_groups if covers(i, gpu)]
+        take(k, fitting or open_groups, lambda c, fits=bool(fitting): (min if fits else max)(c, key=size.__getitem__))
+    return out
 
 
 def admitted(claimed: NodeInfo, record: NodeLimits | None) -> tuple[NodeInfo | None, dict[str, str]]:

@@ -1,5 +1,6 @@
 """A compute node as its agent describes it."""
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,15 +11,21 @@ CLOUD_KINDS: frozenset[str] = frozenset({"reserved", "on_demand"})
 # A measured GPU may beat its datasheet by this much (a boost clock), no more: past it the figure is not believed.
 MEASURED_SLACK = 1.1
 
-# Dense BF16 tensor TFLOPS by model name (the first key the name contains), from the vendors' datasheets: what an
-# agent reports for a GPU it finds through NVML (the driver does not say), and the most a node whose record lists
-# no GPU figures may claim for a GPU of that name (an unknown name: 0, as an agent reports it).
+# Dense BF16 tensor TFLOPS by model name, from the vendors' datasheets: what an agent reports for a GPU it finds
+# through NVML (the driver does not say), and the most a node whose record gives no GPU speed may claim for a GPU of
+# that name (an unknown name: 0, as an agent reports it). A key matches a whole word or words of the name, in any
+# case ("NVIDIA L40" is no L4, "RTX A1000" no A100, "T400" no T4); the first key that matches wins.
 DATASHEET_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("GH200", 989.0),
+    ("H200 NVL", 835.0),
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
     ("H100", 989.0),
     ("A100", 312.0),
     ("L40S", 362.0),
+    ("L40", 181.0),
+    ("A10G", 70.0),
     ("A10", 125.0),
     ("L4", 121.0),
     ("V100", 125.0),
@@ -27,11 +34,15 @@ DATASHEET_TFLOPS: tuple[tuple[str, float], ...] = (
     ("RTX 3090", 71.0),
     ("A6000", 155.0),
 )
+_DATASHEET = tuple(
+    (re.compile(rf"(?<![a-z0-9]){re.escape(key.lower())}(?![a-z0-9])"), tflops) for key, tflops in DATASHEET_TFLOPS
+)
 
 
 def datasheet_tflops(model: str) -> float:
     """A GPU model's datasheet TFLOPS (`DATASHEET_TFLOPS`), 0.0 for a name it does not know."""
-    return next((tflops for key, tflops in DATASHEET_TFLOPS if key in model), 0.0)
+    name = " ".join(model.lower().split())
+    return next((tflops for key, tflops in _DATASHEET if key.search(name)), 0.0)
 
 
 class Gpu(BaseModel):

@@ -46,7 +46,7 @@ def _matches(doc: dict, query: dict) -> bool:
                         return False
                 elif not any(checks[op](v) for v in flat):
                     return False
-        elif condition not in flat:
+        elif condition not in flat and not (condition is None and not values):  # null matches a missing field
             return False
     return True
 

@@ -120,7 +120,10 @@ ACTIONS: dict[tuple[str, str], tuple[str, Summary]] = {
     ),
     ("PUT", "/v2/{project_id}/notifications"): (
         "webhook.set",
-        lambda p, b, a: (p.get("project_id"), {"webhook": url_origin(b.get("webhook_url"))}),
+        lambda p, b, a: (
+            p.get("project_id"),
+            {"webhook": url_origin(b.get("webhook_url")), "new_secret": bool(a.get("signing_secret"))},
+        ),
     ),
 }
 

@@ -32,13 +32,17 @@ IDLE_S = 5.0  # due notifications are looked for at least this often (another re
 
 
 SECRET_PREFIX = "whsec_"  # Standard Webhooks' form: the prefix, then the key in base64
+# After a rotation the secret it replaced signs too, this long, so the receiver can be given the new one first.
+ROTATION_OVERLAP_S = 24 * 3600.0
 
 
 class NotificationSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     webhook_url: AnyHttpUrl | None = Field(None, description="POSTed a JSON notification; none: keep them only.")
     rotate_secret: bool = Field(
-        False, description="Sign deliveries with a new secret from now on (shown once, in the answer)."
+        False,
+        description="Sign deliveries with a new secret from now on (shown once, in the answer); the one it replaces "
+        "signs too for 24 hours.",
     )
 
 
@@ -48,7 +52,8 @@ class WebhookSettings(BaseModel):
     signing_secret: str | None = Field(
         None,
         description="The secret deliveries are signed with, shown only in the answer that made it (a new webhook, "
-        "or rotate_secret); keep it with the receiver.",
+        "rotate_secret, or a move to another scheme, host or port); keep it with the receiver. Null in an answer "
+        "whose secret another request changed first.",
     )
 
 
@@ -56,17 +61,20 @@ def new_secret() -> str:
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def signature_headers(secret: str, message_id: str, body: bytes, *, now: float) -> dict[str, str]:
-    """Standard Webhooks (standardwebhooks.com) signing: HMAC-SHA256 with the secret's key over
-    `<id>.<timestamp>.<body>`; a receiver checks it, and that the timestamp is recent, before it trusts the body."""
+def signature_headers(secrets_: list[str], message_id: str, body: bytes, *, now: float) -> dict[str, str]:
+    """Standard Webhooks (standardwebhooks.com) signing: HMAC-SHA256 with each secret's key over
+    `<id>.<timestamp>.<body>`, the signatures space-separated; a receiver checks one of them, and that the timestamp
+    is recent, before it trusts the body."""
     timestamp = str(int(now))
-    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-    mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
-    return {
-        "webhook-id": message_id,
-        "webhook-timestamp": timestamp,
-        "webhook-signature": "v1," + base64.b64encode(mac).decode(),
-    }
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    signatures = [
+        "v1,"
+        + base64.b64encode(
+            hmac.new(base64.b64decode(s.removeprefix(SECRET_PREFIX)), signed, hashlib.sha256).digest()
+        ).decode()
+        for s in secrets_
+    ]
+    return {"webhook-id": message_id, "webhook-timestamp": timestamp, "webhook-signature": " ".join(signatures)}
 
 
 def backoff(attempts: int) -> float:
@@ -96,7 +104,8 @@ async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) ->
 
 async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict[str, Any]) -> float | None:
     """Try one notification; when its next try is (Unix seconds), None when there is none."""
-    url, secret = await store.webhook(doc["project_id"])
+    hook = await store.webhook(doc["project_id"])
+    url = hook.url
     if not url:
         await store.tried(doc["_id"], {"state": "kept"})
         return None
@@ -104,8 +113,9 @@ async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict
     payload["id"] = doc["_id"]
     body = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"content-type": "application/json"}
-    if secret:  # signed at each try: its timestamp is the try's
-        headers |= signature_headers(secret, doc["_id"], body, now=time.time())
+    now = time.time()
+    if hook.secrets(now):  # signed at each try: its timestamp is the try's
+        headers |= signature_headers(hook.secrets(now), doc["_id"], body, now=now)
     attempts = doc["attempts"] + 1
     error = await post(client, url, body, headers)
     next_try = time.time() + backoff(attempts) if error and attempts < MAX_ATTEMPTS else None
@@ -157,12 +167,29 @@ async def configure(
                 "hosts: TRAINMASTER_WEBHOOK_ALLOW_HOSTS)",
             ) from None
     store = use_cases(request).repo.notifications
-    _, secret = await store.webhook(project_id)
+    if not url:
+        if body.rotate_secret:
+            raise Invalid("rotate_secret", "a secret signs a webhook's deliveries: give the webhook_url with it")
+        await store.clear(project_id)
+        return WebhookSettings(webhook_url=None, signed=False)
+    before = await store.webhook(project_id)
+    await store.set_url(project_id, url)
+    moved = before.url is not None and url_origin(before.url) != url_origin(url)
     made = None
-    if url and (body.rotate_secret or not secret):  # a new webhook, or one set before deliveries were signed
-        secret = made = new_secret()
-    await store.set_webhook(project_id, url, secret if url else None)
-    return WebhookSettings(webhook_url=url, signed=bool(url and secret), signing_secret=made)
+    # A new secret for a new webhook, one set before deliveries were signed, a rotation, and a move to another
+    # origin (whoever ran the old receiver holds the old secret: it must not sign for the new one).
+    if body.rotate_secret or moved or not before.secret:
+        candidate = new_secret()
+        kept = before.secret if body.rotate_secret and not moved else None
+        if await store.replace_secret(
+            project_id,
+            expected=before.secret,
+            secret=candidate,
+            previous=kept,
+            previous_until=time.time() + ROTATION_OVERLAP_S if kept else 0.0,
+        ):
+            made = candidate  # else another request changed it first: this answer shows none (never a dead one)
+    return WebhookSettings(webhook_url=url, signed=bool((await store.webhook(project_id)).secret), signing_secret=made)
 
 
 @router.get("/v2/{project_id}/notifications", summary="The project's notification settings and recent ones")
@@ -183,5 +210,5 @@ async def recent(
         }
         for d in docs
     ]
-    url, secret = await store.webhook(project_id)
-    return {"webhook_url": url, "signed": bool(url and secret), "count": len(items), "items": items}
+    hook = await store.webhook(project_id)
+    return {"webhook_url": hook.url, "signed": bool(hook.url and hook.secret), "count": len(items), "items": items}

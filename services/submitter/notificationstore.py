@@ -61,15 +61,55 @@ class NotificationStore:
         return [d async for d in cursor]
 
     async def webhook_url(self, project_id: str) -> str | None:
-        return (await self.webhook(project_id))[0]
+        return (await self.webhook(project_id)).url
 
-    async def webhook(self, project_id: str) -> tuple[str | None, str | None]:
-        """The project's webhook URL and the secret its deliveries are signed with (None: none, or set before
-        deliveries were signed)."""
+    async def webhook(self, project_id: str) -> "Webhook":
+        """The project's webhook: its URL and the secrets its deliveries are signed with."""
         doc = await self.projects.find_one({"_id": project_id}) or {}
-        return doc.get("webhook_url"), doc.get("webhook_secret")
-
-    async def set_webhook(self, project_id: str, url: str | None, secret: str | None) -> None:
-        await self.projects.update_one(
-            {"_id": project_id}, {"$set": {"webhook_url": url, "webhook_secret": secret}}, upsert=True
+        return Webhook(
+            url=doc.get("webhook_url"),
+            secret=doc.get("webhook_secret"),
+            previous=doc.get("webhook_secret_previous"),
+            previous_until=doc.get("webhook_secret_previous_until") or 0.0,
         )
+
+    async def set_url(self, project_id: str, url: str) -> None:
+        """Point the webhook at `url`; its secrets stay as they are (another request may be changing them)."""
+        await self.projects.update_one({"_id": project_id}, {"$set": {"webhook_url": url}}, upsert=True)
+
+    async def clear(self, project_id: str) -> None:
+        """No webhook: its URL and every secret dropped."""
+        await self.projects.update_one(
+            {"_id": project_id},
+            {"$set": {"webhook_url": None, "webhook_secret": None, "webhook_secret_previous": None}},
+            upsert=True,
+        )
+
+    async def replace_secret(
+        self, project_id: str, *, expected: str | None, secret: str, previous: str | None, previous_until: float
+    ) -> bool:
+        """Sign with `secret` from now on, unless the secret is no longer `expected` (another request replaced or
+        dropped it first: then False, and this one is never stored, so never shown)."""
+        done = await self.projects.update_one(
+            {"_id": project_id, "webhook_secret": expected},
+            {
+                "$set": {
+                    "webhook_secret": secret,
+                    "webhook_secret_previous": previous,
+                    "webhook_secret_previous_until": previous_until,
+                }
+            },
+        )
+        return done.modified_count == 1
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str | None
+    secret: str | None  # None: none made yet (a webhook set before deliveries were signed)
+    previous: str | None  # the secret a rotation replaced, still signing until `previous_until` (Unix seconds)
+    previous_until: float
+
+    def secrets(self, now: float) -> list[str]:
+        """The secrets a delivery now is signed with: the current one, and the one it replaced while that overlaps."""
+        return [s for s in (self.secret, self.previous if now < self.previous_until else None) if s]

@@ -45,7 +45,8 @@ async def test_changes_are_recorded_with_who_what_and_from_where():
     assert (user["user_name"], user["target_id"], user["status"], user["state"]) == ("admin", "ana", 201, "done")
     assert user["summary"]["projects"] == ["vision"] and user["summary"]["token_id"] == ana["token_id"]
     assert user["client_ip"] == "203.0.113.7" and user["token_id"].startswith("tk_")
-    assert webhook["project_id"] == "vision" and webhook["summary"] == {"webhook": "https://93.184.216.34:8443"}
+    assert webhook["project_id"] == "vision"
+    assert webhook["summary"] == {"webhook": "https://93.184.216.34:8443", "new_secret": True}
     assert (issued["user_name"], issued["token_id"], issued["target_id"]) == ("ana", ana["token_id"], extra["token_id"])
     assert (revoked["target_id"], revoked["status"]) == (extra["token_id"], 204)
     assert "s3cret" not in json.dumps(records, default=str) and ana["token"] not in json.dumps(records, default=str)

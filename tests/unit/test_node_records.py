@@ -3,7 +3,7 @@
 import tomllib
 
 from shared.noderecords import admitted, capped, limits_from_entry
-from shared.nodes import MEASURED_SLACK, Gpu
+from shared.nodes import MEASURED_SLACK, Gpu, datasheet_tflops
 from services.agent.resources import node_from_config
 from services.placement.adapter import reference_tflops
 from tests.factories import node
@@ -132,3 +132,51 @@ def test_a_mixed_record_caps_each_model_by_its_own_group():
     kept, refused = capped(all_a100, record)
     assert [g.model for g in kept.gpus] == ["A100-80GB", "A100-80GB", "T4", "T4"] and kept.gpus[3].tflops == 65
     assert refused["gpus[2].model"] == "claimed A100-80GB, record T4"
+
+
+def test_a_mixed_record_matches_nvml_names_to_the_groups_they_fit_in_any_order():
+    """NVML names are not the record's ("NVIDIA A100-SXM4-80GB" for "A100-80GB"): matched in order to the first
+    open group, an honest node's A100s were capped to the T4s' 16 GB when its T4s came first (found by review)."""
+    nvml = (
+        Gpu(index=0, model="Tesla T4", memory_gb=15.0, tflops=65),
+        Gpu(index=1, model="Tesla T4", memory_gb=15.0, tflops=65),
+        Gpu(index=2, model="NVIDIA A100-SXM4-80GB", memory_gb=79.6, tflops=312),
+        Gpu(index=3, model="NVIDIA A100-SXM4-80GB", memory_gb=79.6, tflops=312),
+    )
+    honest = node_from_config(MIXED, virtual=True).model_copy(update={"gpus": nvml})
+    kept, refused = capped(honest, limits_from_entry(MIXED))
+    assert [(g.memory_gb, g.tflops) for g in kept.gpus] == [(15.0, 65), (15.0, 65), (79.6, 312), (79.6, 312)]
+    assert [g.model for g in kept.gpus] == ["Tesla T4", "Tesla T4", "A100-80GB", "A100-80GB"]  # "T4" is "Tesla T4"
+    assert set(refused) == {"gpus[2].model", "gpus[3].model"}
+
+
+def test_groups_of_one_model_take_the_gpus_whose_claims_they_cover():
+    entry = {
+        "id": "twins",
+        "gpus": [{"model": "A100", "memory_gb": 40, "tflops": 312}, {"model": "A100", "memory_gb": 80, "tflops": 312}],
+    }
+    big_first = node_from_config(entry, virtual=True).model_copy(
+        update={
+            "gpus": (
+                Gpu(index=0, model="A100", memory_gb=80, tflops=312),
+                Gpu(index=1, model="A100", memory_gb=40, tflops=312),
+            )
+        }
+    )
+    assert capped(big_first, limits_from_entry(entry)) == (big_first, {})
+
+
+def test_an_unknown_gpus_measurement_is_not_refused_and_an_l40_is_no_l4():
+    entry = {"id": "box", "kind": "local", "max_gpus": 1}
+    for model, table, measured in (("NVIDIA A40", 0.0, 140.0), ("NVIDIA L40", 181.0, 170.0)):
+        gpu = Gpu(index=0, model=model, memory_gb=44.5, tflops=datasheet_tflops(model), measured_tflops=measured)
+        honest = node(node_id="box", gpus=0, price=0.0).model_copy(
+            update={"labels": {"pool": "default"}, "gpus": (gpu,)}
+        )
+        assert gpu.tflops == table and capped(honest, limits_from_entry(entry)) == (honest, {})
+    assert [datasheet_tflops(n) for n in ("NVIDIA RTX A1000", "NVIDIA T400", "NVIDIA H100 PCIE", "NVIDIA A10G")] == [
+        0.0,
+        0.0,
+        756.0,
+        70.0,
+    ]

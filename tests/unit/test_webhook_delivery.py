@@ -99,9 +99,11 @@ def receiver():
     server.server_close()
 
 
-async def deliver_once(url: str, policy: Policy, secret: str | None = None) -> dict:
+async def deliver_once(url: str, policy: Policy, secret: str | None = None, **more_of_the_project) -> dict:
     app, db, _ = await make_app()
-    await db.api_projects.insert_one({"_id": "vision", "webhook_url": url, "webhook_secret": secret})
+    await db.api_projects.insert_one(
+        {"_id": "vision", "webhook_url": url, "webhook_secret": secret, **more_of_the_project}
+    )
     doc = {
         "_id": "n-1",
         "project_id": "vision",
@@ -259,7 +261,14 @@ async def test_a_webhook_gets_a_signing_secret_shown_once_and_kept_across_url_ch
         again = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})).json()
         assert again["signing_secret"] not in (None, secret, rotated.json()["signing_secret"])
         audit = [d async for d in db.api_audit.find({})]
-        assert audit and not any(
+        assert [d["summary"]["new_secret"] for d in audit if d["action"] == "webhook.set"] == [
+            True,
+            False,
+            True,
+            False,
+            True,
+        ]
+        assert not any(
             s[6:] in str(d) for d in audit for s in (secret, again["signing_secret"], rotated.json()["signing_secret"])
         )
 
@@ -281,3 +290,77 @@ async def test_a_webhook_set_before_signing_is_delivered_unsigned(receiver):
     stored = await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]))
     [(headers, body)] = Receiver.received
     assert stored["state"] == "delivered" and "webhook-signature" not in headers and json.loads(body)["id"] == "n-1"
+
+
+async def test_two_requests_making_a_secret_at_once_never_show_one_that_is_not_kept():
+    """Read, then write: two replicas (or a client's retry) each showed a secret of their own and only the last was
+    stored; the receiver given the first refused every delivery (found by review)."""
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    notes = use_cases_store(app)
+    read = notes.webhook
+
+    async def slow_read(project_id):  # both requests read before either writes
+        hook = await read(project_id)
+        await asyncio.sleep(0.05)
+        return hook
+
+    notes.webhook = slow_read  # type: ignore[method-assign]
+    async with client(app) as api:
+        answers = await asyncio.gather(
+            *(api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"}) for _ in range(2))
+        )
+    stored = (await db.api_projects.find_one({"_id": "vision"}))["webhook_secret"]
+    assert sorted(a.json()["signing_secret"] or "" for a in answers) == ["", stored]
+
+
+def use_cases_store(app) -> NotificationStore:
+    return app.state.submitter.repo.notifications
+
+
+async def test_a_rotation_without_the_webhook_is_refused_and_changes_nothing():
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    async with client(app) as api:
+        await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})
+        before = await db.api_projects.find_one({"_id": "vision"})
+        refused = await api.put("/v2/vision/notifications", json={"rotate_secret": True})
+    assert refused.status_code == 400 and refused.json()["error_msg"].startswith("param[rotate_secret] invalid:")
+    assert await db.api_projects.find_one({"_id": "vision"}) == before  # the webhook was dropped before
+
+
+async def test_a_webhook_moved_to_another_host_gets_a_new_secret_and_the_old_one_stops(receiver):
+    app, db, _ = await make_app(allow=["127.0.0.1", "127.0.0.2"])
+    async with client(app) as api:
+        old = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.2:5000/a"})).json()
+        moved = (await api.put("/v2/vision/notifications", json={"webhook_url": f"{receiver}/hook"})).json()
+    assert moved["signing_secret"] not in (None, old["signing_secret"])
+    stored = await db.api_projects.find_one({"_id": "vision"})
+    assert (stored["webhook_secret"], stored["webhook_secret_previous"]) == (moved["signing_secret"], None)
+
+
+async def test_after_a_rotation_both_secrets_sign_for_a_day_then_only_the_new_one(receiver):
+    old, new = notifications.new_secret(), notifications.new_secret()
+    overlap = {"webhook_secret_previous": old, "webhook_secret_previous_until": time.time() + 60}
+    await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]), secret=new, **overlap)
+    [(headers, body)] = Receiver.received
+    assert len(headers["webhook-signature"].split(" ")) == 2
+    assert verified(new, headers, body) and verified(old, headers, body)  # a receiver not yet given the new one
+    Receiver.received.clear()
+    overlap["webhook_secret_previous_until"] = time.time() - 1
+    await deliver_once(f"{receiver}/hook", Policy.parse(["127.0.0.1"]), secret=new, **overlap)
+    [(headers, body)] = Receiver.received
+    assert verified(new, headers, body) and not verified(old, headers, body)
+
+
+async def test_a_rotation_keeps_the_old_secret_for_the_overlap_only():
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    async with client(app) as api:
+        first = (await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})).json()
+        body = {"webhook_url": "http://127.0.0.1:5000/a", "rotate_secret": True}
+        rotated = (await api.put("/v2/vision/notifications", json=body)).json()
+    stored = await db.api_projects.find_one({"_id": "vision"})
+    assert (stored["webhook_secret"], stored["webhook_secret_previous"]) == (
+        rotated["signing_secret"],
+        first["signing_secret"],
+    )
+    left = stored["webhook_secret_previous_until"] - time.time()
+    assert notifications.ROTATION_OVERLAP_S - 60 < left <= notifications.ROTATION_OVERLAP_S
