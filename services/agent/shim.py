@@ -6,8 +6,9 @@ working directory, and, when the agent runs as root, the task's own uid and gid 
 reach. The shim stays with the agent's privileges and starts the command as the task's user. The kernel sends SIGUSR2
 when its parent (the agent, or the agent's forking server) dies (parent-death signal); the shim then SIGKILLs its
 whole group, grandchildren included. The command in turn gets SIGKILL when the shim dies (its own parent-death
-signal). A SIGTERM from the agent reaches the whole group directly; the shim waits for the command and exits as the
-command did.
+signal). A SIGTERM from the agent reaches the whole group directly (one that comes while the task is still being set
+up is sent to the group again once the command is in it); the shim waits for the command and exits as the command
+did.
 
 The shim first pins itself to the task's CPUs (`cpus` of the launch file; what it starts inherits them). With a task
 user, it then joins the task's cgroups (memory, pids and CPU time limits; everything the task starts counts), then
@@ -186,6 +187,13 @@ def _bind_to(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+_STOPS: list[int] = []  # SIGTERMs this process heard (a fork keeps those its parent heard before it)
+
+
+def _heard_stop(signum: int, _frame: object) -> None:
+    _STOPS.append(signum)
+
+
 def init(launch: dict, as_user: dict, *, report: int, own_pids: bool) -> None:
     """PID 1 of the task: a fresh /proc, the command started, its exit status written to `report`, then orphans
     reaped until nothing is left (or the agent kills the group: the namespace dies with its PID 1)."""
@@ -202,6 +210,8 @@ def init(launch: dict, as_user: dict, *, report: int, own_pids: bool) -> None:
         preexec_fn=lambda: _bind_to(me),
         **as_user,
     )
+    if _STOPS:  # asked to stop before the command existed: the group is told again now the command is in it
+        os.killpg(os.getpgrp(), signal.SIGTERM)
     while True:
         try:
             pid, status = os.wait()
@@ -280,7 +290,10 @@ def main(path: str, *, parent: int) -> None:
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGUSR2)
     if os.getppid() != parent:  # the parent died before the signal was armed
         os.killpg(os.getpgrp(), signal.SIGKILL)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the command gets its own SIGTERM from the group signal
+    # The command gets its own SIGTERM from the group signal; one that comes before the command exists (the agent
+    # asked to stop while the task was being set up) is kept and passed on as soon as it does (`init`). Ignored, it
+    # reached no process and the task ran on until the stop's grace ran out.
+    signal.signal(signal.SIGTERM, _heard_stop)
     pin(launch.get("cpus") or [])
     as_user, namespaced = confine(launch)
     done, report = os.pipe()

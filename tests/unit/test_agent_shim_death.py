@@ -164,3 +164,39 @@ async def test_the_shim_starts_python_without_site_packages(tmp_path):
     assert command[1:3] == ["-I", "-S"] and command[3].endswith("shim.py"), command
     os.kill(shim.pid, signal.SIGKILL)
     await until(lambda: [m for m in sent if isinstance(m, TaskExited)], sent=sent)
+
+
+# A shim whose set-up is interrupted by the agent's stop: the group's SIGTERM arrives while it pins itself (before
+# the command exists), as when a job is terminated or moved during its task's preparation.
+STOPPED_DURING_SET_UP = r"""
+import json, os, signal, sys, time
+sys.path.insert(0, sys.argv[1])
+import shim
+shim.pin = lambda cpus: os.killpg(os.getpgrp(), signal.SIGTERM)
+launch = sys.argv[2]
+with open(launch, "w") as f:
+    json.dump({"command": "sleep 8; echo ran-on", "cwd": os.getcwd(), "env": {"PATH": os.environ["PATH"]}}, f)
+shim.main(launch, parent=os.getppid())
+"""
+
+
+def test_a_stop_heard_before_the_command_started_still_reaches_it(tmp_path):
+    """The shim ignored SIGTERM (the command gets its own from the group signal), so a stop that came before the
+    command existed reached no process: the task ran on until the agent's grace ran out and it was killed (10 s in
+    the end-to-end tests, up to an hour for a job's own grace). Found by reading why delete tests took 10 s."""
+    import subprocess
+    import sys
+    import time
+
+    from services.agent import shim
+
+    began = time.monotonic()
+    ended = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", STOPPED_DURING_SET_UP, str(Path(shim.__file__).parent), str(tmp_path / "l")],
+        start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ended.returncode == -signal.SIGTERM and "ran-on" not in ended.stdout, (ended.returncode, ended.stderr)
+    assert time.monotonic() - began < 6  # the command's 8-s sleep was cut short
