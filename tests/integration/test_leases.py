@@ -5,6 +5,7 @@ import time
 
 import nats
 import pytest
+import pytest_asyncio
 
 from shared.bus import LEASE_TTL_S, LEASES
 from shared.lease import Lease, LeaseLost
@@ -13,6 +14,9 @@ from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
 RENEW_S = 0.3  # renewals more often than a service's (shared.lease.RENEW_S): the tests count renewals, not seconds
+# The takeover waits out a lease's time to live by design; on this module's own server it need not be the stack's
+# LEASE_TTL_S (9 s more of waiting): the bucket forgets a value, and the lease counts itself held, for this long.
+SHORT_TTL_S = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,25 @@ def server(tmp_path_factory):
     stack.prepare_bus()
     yield stack
     stack.stop_all()
+
+
+@pytest_asyncio.fixture
+async def short_lived_leases(server):
+    """The module's lease bucket forgetting a value SHORT_TTL_S after it was written, for one test: the server, not
+    the lease, makes a dead leader's lease run out, so a lease's `ttl_s` alone would change no takeover."""
+    admin = await nats.connect(server.nats_url, user_credentials=str(server.admin_creds()))
+    js = admin.jetstream()
+
+    async def bucket_ttl(seconds: float) -> None:
+        config = (await js.stream_info(LEASES.name)).config
+        await js.update_stream(config=config.evolve(max_age=seconds))
+
+    try:
+        await bucket_ttl(SHORT_TTL_S)
+        yield
+    finally:
+        await bucket_ttl(LEASE_TTL_S)  # as prepare_bus declared it, for the tests after this one
+        await admin.close()
 
 
 async def client(server, identity: str, errors: list | None = None):
@@ -39,10 +62,10 @@ async def client(server, identity: str, errors: list | None = None):
     )
 
 
-async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_renewing(server):
+async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_renewing(server, short_lived_leases):
     first_nc, second_nc = await client(server, "placement"), await client(server, "placement")
-    first = Lease(first_nc.jetstream(), "placement", renew_s=RENEW_S)
-    second = Lease(second_nc.jetstream(), "placement", renew_s=RENEW_S)
+    first = Lease(first_nc.jetstream(), "placement", ttl_s=SHORT_TTL_S, renew_s=RENEW_S)
+    second = Lease(second_nc.jetstream(), "placement", ttl_s=SHORT_TTL_S, renew_s=RENEW_S)
     try:
         epoch = await asyncio.wait_for(first.acquire(), timeout=LEASE_TTL_S + 5)  # a previous test's may linger
         assert first.held() and epoch > 0
@@ -52,10 +75,10 @@ async def test_one_replica_leads_and_the_other_takes_over_once_the_leader_stops_
         assert not waiting.done() and first.held()  # renewed: nobody else may take it
         keeping.cancel()  # the leader dies: no more renewals
         stopped = time.monotonic()
-        new_epoch = await asyncio.wait_for(waiting, timeout=LEASE_TTL_S + 3)
+        new_epoch = await asyncio.wait_for(waiting, timeout=SHORT_TTL_S + 3)
         took = time.monotonic() - stopped
         assert new_epoch > epoch and second.held()
-        assert first.margin_s <= took <= LEASE_TTL_S + 1  # not before the old lease could have run out
+        assert first.margin_s <= took <= SHORT_TTL_S + 1  # not before the old lease could have run out
         assert not first.held()  # the old leader's own clock told it to stop before the other took over
         with pytest.raises(LeaseLost, match="taken by another|not renewed"):
             await first.keep()  # it would come back to a lease that is no longer its own
