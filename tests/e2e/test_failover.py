@@ -18,8 +18,7 @@ from shared.bus import LEASES
 from services.stack.processes import Stack, free_ports_at
 from tests.conftest import ADMIN_TOKEN, CLUSTER, eventually, exchange, start_stack, stop_later
 from tests.e2e.outcomes import all_finished, assert_attempts_never_overlapped, ledger_settles
-from tests.e2e.scripts import quote
-from tests.e2e.test_chaos import TICKING
+from tests.e2e.test_chaos import ticking
 from tests.factories import job_body, unique
 
 pytestmark = pytest.mark.e2e
@@ -109,9 +108,7 @@ async def test_one_of_each_killed_in_turn_loses_no_job_and_runs_none_twice(repli
 
     async def submit_all() -> None:
         for _ in range(JOBS):
-            body = job_body(
-                name=unique("f"), command=f"python3 -c {quote(TICKING)} {marker}", cpu_count=0.5, memory_gb=0.5
-            )
+            body = job_body(name=unique("f"), command=ticking(marker), cpu_count=0.5, memory_gb=0.5)
             response = await api.request("POST", f"/v2/{project}/training-jobs", json=body)
             assert response.status_code in (201, 409), response.text  # 409: an earlier try got through
             await asyncio.sleep(0.1)
