@@ -4,9 +4,12 @@ and halts the machine when the instance is terminated."""
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
+import signal
+import subprocess
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -233,9 +236,14 @@ class Cloud:
             instance, state = item["InstanceId"], item["State"]["Name"]
             if state in ("pending", "running") and instance not in self.booted:
                 data = self.aws.ec2.describe_instance_attribute(InstanceId=instance, Attribute="userData")
+                self.booted[instance] = next(t["Value"] for t in item["Tags"] if t["Key"] == "trainmaster:node-id")
+                if "Value" not in data["UserData"]:
+                    # Launched without user data (not by the provider: the orphan a test rents itself), so there is
+                    # no script to run. Reading it as a script raised, which ended `run` unseen: no machine was
+                    # halted after that, and the module's end waited out the stop timeout of revoked agents.
+                    continue
                 script = base64.b64decode(data["UserData"]["Value"]).decode()
                 self.scripts[instance] = script
-                self.booted[instance] = next(t["Value"] for t in item["Tags"] if t["Key"] == "trainmaster:node-id")
                 script = script.replace(IMDS, f"{self.metadata.url}/{instance}")
                 path = self.machines.root / f"{instance}.sh"
                 self.machines.root.mkdir(parents=True, exist_ok=True)
@@ -246,6 +254,29 @@ class Cloud:
 
     def instance_of(self, node_id: str) -> str:
         return next(i for i, n in self.booted.items() if n == node_id)
+
+
+class Rented(Machines):
+    """`Machines` that remember the machines they halt in the background, so the module's end can kill them."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.stopping: list[subprocess.Popen] = []
+
+    def halt_later(self, key: str, *, timeout_s: float = 15) -> None:
+        if (process := self.running.get(key)) is not None:
+            self.stopping.append(process)
+        super().halt_later(key, timeout_s=timeout_s)
+
+    def kill_all(self) -> None:
+        """Every machine's process group SIGKILLed at once, then reaped. An agent whose identity was revoked with
+        its release spends its whole stop timeout (15 s) on a report the server refuses; the module's end reads no
+        report, and no task runs on a machine by then (each test waits for its job's end)."""
+        for process in [*self.running.values(), *self.stopping]:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+        self.halt_all()  # reaps them: the halts in the background end as soon as their machine is gone
 
 
 @pytest.fixture(scope="module")
@@ -262,7 +293,7 @@ def ec2_stack(aws, tmp_path_factory, servers):
         data=data,
     )
     stack = start_stack(data, cluster=fleet, servers=servers, extra_env={**TUNING, **FAKE_AWS})
-    yield SimpleNamespace(stack=stack, cluster=cluster, machines=Machines(data / "machines"), data=data)
+    yield SimpleNamespace(stack=stack, cluster=cluster, machines=Rented(data / "machines"), data=data)
     stop_later(stack)
 
 
@@ -273,8 +304,10 @@ async def cloud(aws, ec2_stack):
     task = asyncio.create_task(cloud.run())
     yield cloud
     task.cancel()
-    await asyncio.to_thread(ec2_stack.machines.halt_all)
+    await asyncio.to_thread(ec2_stack.machines.kill_all)
     metadata.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task  # raises what ended it early, if a step did: no machine was booted or halted after that
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
