@@ -44,8 +44,19 @@ class Machines:
         # its image's `python3` is the platform's Python (on this host's PATH it was a pyenv shim: a dozen bash
         # processes before each Python, over 15 s under a loaded suite, so a job's first line came after the test's
         # notice and its first attempt never ran)
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])
+        path = os.pathsep.join([str(self.firewall()), str(Path(sys.executable).parent), os.environ["PATH"]])
         return {"PATH": path, "HOME": str(self.root), "LANG": "C.UTF-8", "PYTHONPATH": str(REPO)}
+
+    def firewall(self) -> Path:
+        """A stand-in `nft` first on the machines' PATH, recording what a node's script tells it (in `nft.log`
+        beside it): a rented node keeps its tasks from the instance metadata before its agent starts, and a test's
+        machine must never change this host's firewall."""
+        tools = self.root / "firewall"
+        if not (tools / "nft").exists():
+            tools.mkdir(parents=True, exist_ok=True)
+            (tools / "nft").write_text(f'#!/bin/bash\n{{ echo "$*"; [ "$1" != -f ] || cat; }} >> {tools}/nft.log\n')
+            (tools / "nft").chmod(0o755)
+        return tools
 
     def boot(self, key: str, argv: list[str], *, env: dict[str, str] | None = None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """What a rented node is started with: the cloud-init script and the Pod, rendered from the node's bundle."""
 
+import shutil
 import subprocess
 
 import pytest
@@ -26,12 +27,29 @@ BOOT = Bootstrap(
     creds="-----BEGIN NATS USER JWT-----\nabc\n------END NATS USER JWT------\n",
 )
 ENTRY = L4_ENTRY
+BASH = shutil.which("bash") or "/bin/bash"
 INSTANCE = InstanceType(**ENTRY, startup_delay_s=0)
+
+
+def machine_path(tmp_path, *, firewall: str | None) -> str:
+    """A PATH of the tools the script uses and, for `firewall` ("nft" or "iptables"), a stand-in that records what
+    it was told (in the file of its name beside it): never this host's own firewall."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("mkdir", "cat", "echo"):
+        (tools / name).symlink_to(shutil.which(name))
+    if firewall:
+        (tools / firewall).write_text(
+            f'#!/bin/bash\n{{ echo "$*"; [ "$1" != -f ] || cat; }} >> {tools}/{firewall}.log\n'
+        )
+        (tools / firewall).chmod(0o755)
+    return str(tools)
 
 
 def test_the_script_writes_the_nodes_files_verbatim_and_starts_its_agent(tmp_path):
     script = user_data(BOOT, root=str(tmp_path / "node"), install_command="", agent_command="echo agent")
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=20)
+    path = machine_path(tmp_path, firewall="nft")
+    out = subprocess.run([BASH, "-c", script], capture_output=True, text=True, timeout=20, env={"PATH": path})
     assert out.returncode == 0, out.stderr
     root = tmp_path / "node"
     assert (root / "cluster.toml").read_text() == BOOT.cluster_entry
@@ -143,3 +161,28 @@ def test_local_processes_beside_a_cloud_the_minter_checks_do_not_start(tmp_path,
             minter=tmp_path / "placement.creds",
             ca_file=None,
         )
+
+
+@pytest.mark.parametrize("firewall", ["nft", "iptables"])
+def test_no_task_reaches_the_instance_metadata_which_serves_the_nodes_credentials(tmp_path, firewall):
+    """The node's bus credentials are in its user data, which the metadata service serves for the instance's life;
+    a task could ask for it (IMDSv2's token is one PUT away from any process): found by review. Only root (the agent,
+    its spot watch) may reach it, told to the firewall before the agent starts."""
+    script = user_data(BOOT, root=str(tmp_path / "node"), install_command="", agent_command="echo agent")
+    path = machine_path(tmp_path, firewall=firewall)
+    out = subprocess.run([BASH, "-c", script], capture_output=True, text=True, timeout=20, env={"PATH": path})
+    assert out.returncode == 0, out.stderr
+    told = (tmp_path / "bin" / f"{firewall}.log").read_text()
+    if firewall == "nft":
+        assert "ip daddr 169.254.169.254 meta skuid != 0 reject" in told and "fd00:ec2::254" in told
+    else:
+        assert "-I OUTPUT -d 169.254.169.254 -m owner ! --uid-owner 0 -j REJECT" in told
+    assert (tmp_path / "node" / "agent.log").exists()
+
+
+def test_a_node_without_a_firewall_to_tell_does_not_start_its_agent(tmp_path):
+    script = user_data(BOOT, root=str(tmp_path / "node"), install_command="", agent_command="echo agent")
+    path = machine_path(tmp_path, firewall=None)
+    out = subprocess.run([BASH, "-c", script], capture_output=True, text=True, timeout=20, env={"PATH": path})
+    assert out.returncode == 1 and "agent is not started" in out.stderr
+    assert not (tmp_path / "node" / "agent.log").exists()

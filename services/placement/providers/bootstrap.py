@@ -98,8 +98,36 @@ def agent_env(
     return env
 
 
+# Only root (the agent, and its spot watch) may reach the instance metadata service: it serves the node's user data
+# (this script, the node's bus credentials in it) for as long as the instance lives, and the instance role's keys;
+# a task is anyone's code, and IMDSv2's token is one PUT away from it. A node that cannot say so to its firewall does
+# not start its agent (it is released unregistered): tasks never run on a node that would give its identity away.
+METADATA_FIREWALL = r"""
+if command -v nft >/dev/null 2>&1; then
+    nft -f - <<'TRAINMASTER_NFT'
+table inet trainmaster_metadata {
+    chain output {
+        type filter hook output priority 0; policy accept;
+        ip daddr 169.254.169.254 meta skuid != 0 reject
+        ip6 daddr fd00:ec2::254 meta skuid != 0 reject
+    }
+}
+TRAINMASTER_NFT
+elif command -v iptables >/dev/null 2>&1; then
+    iptables -w -I OUTPUT -d 169.254.169.254 -m owner ! --uid-owner 0 -j REJECT
+    if command -v ip6tables >/dev/null 2>&1; then
+        ip6tables -w -I OUTPUT -d fd00:ec2::254 -m owner ! --uid-owner 0 -j REJECT || true  # no IPv6: none to reach
+    fi
+else
+    echo "trainmaster: neither nft nor iptables to keep tasks from the instance metadata: the agent is not started" >&2
+    exit 1
+fi
+""".strip("\n")
+
+
 def user_data(boot: Bootstrap, *, root: str, install_command: str, agent_command: str) -> str:
-    """A cloud-init shell script: write the node's files (0600), install, start the agent in the foreground."""
+    """A cloud-init shell script: write the node's files (0600), install, keep tasks from the instance metadata
+    (`METADATA_FIREWALL`), start the agent in the foreground."""
     files = {
         "cluster.toml": boot.cluster_entry,
         "agent.env": "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(boot.env.items())),
@@ -121,6 +149,7 @@ def user_data(boot: Bootstrap, *, root: str, install_command: str, agent_command
         lines += [f"cat > \"$ROOT/{name}\" <<'{end}'", text.rstrip("\n"), end]
     if install_command:
         lines.append(install_command)
+    lines.append(METADATA_FIREWALL)
     lines += [
         'set -a; . "$ROOT/agent.env"; set +a',
         f'exec {agent_command} --node-id {shlex.quote(boot.node_id)} --cluster-file "$ROOT/cluster.toml" '

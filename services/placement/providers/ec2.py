@@ -105,7 +105,7 @@ class EC2Provider:
                 {"ResourceType": rt, "Tags": [{"Key": k, "Value": v} for k, v in tags.items()]}
                 for rt in ("instance", "volume")
             ],
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
             "InstanceInitiatedShutdownBehavior": "terminate",
         }
         if s.image_id:
