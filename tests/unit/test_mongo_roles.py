@@ -71,3 +71,19 @@ def test_compose_runs_a_mongo_with_the_bulk_write_command_and_grants_nothing_clu
     assert compose["mongo"]["image"].startswith("mongo:8")
     script = (ROOT / "deploy" / "mongo-init.js").read_text()
     assert "cluster" not in script and '"admin"' not in script
+
+
+def test_no_two_containers_share_a_data_folder():
+    """Every service and agent had one data volume: a static node's agent (root in its container, a stranger to the
+    platform) read the generated admin token and placement's rented nodes' bus credentials there (found by review)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    owners: dict[str, list[str]] = {}
+    for name, spec in compose["services"].items():
+        for volume in spec.get("volumes") or []:
+            source = volume.get("source") if isinstance(volume, dict) else volume.split(":")[0]
+            if source in compose["volumes"] and source != "bus":  # the bus volume: each mounts its own subpath
+                owners.setdefault(source, []).append(name)
+    shared = {volume: names for volume, names in owners.items() if len(names) > 1}
+    assert shared == {}, shared
+    agents = [n for n in compose["services"] if n.startswith("agent")]
+    assert all(any(v == f"{n}-data" for v in owners) for n in agents)
