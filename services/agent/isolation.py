@@ -383,6 +383,52 @@ class Confinement:
 
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Other folders anyone may write (Ubuntu's /var/crash, a site's /scratch, /var/lib/php/sessions, ...) are looked
+# for this deep under `/` when the agent starts, and covered like /tmp: what one task left there, the next (another
+# project's) would find. A folder the operator shares with tasks on purpose is named in TRAINMASTER_TASK_SHARED_DIRS.
+SCAN_DEPTH = 3
+SCAN_BUDGET_S = 2.0  # a slow or huge mount is not walked further: what was found by then is covered
+NOT_SCANNED = ("/proc", "/sys", "/dev")  # kernel views (/dev/shm and /dev/mqueue: TEMP_DIRS and the IPC namespace)
+
+
+def writable_by_anyone(
+    root: str = "/", *, depth: int = SCAN_DEPTH, skip: tuple[str, ...] = (), budget_s: float = SCAN_BUDGET_S
+) -> list[str]:
+    """Folders under `root`, to `depth` levels, that any user may write (not followed through links; none inside
+    `skip` or NOT_SCANNED; one found is not looked into: it is covered whole)."""
+    found: list[str] = []
+    deadline = time.monotonic() + budget_s
+    skipped = (*NOT_SCANNED, *skip)
+
+    def inside(path: str) -> bool:
+        return any(path == s or path.startswith(s.rstrip("/") + "/") for s in skipped)
+
+    def walk(folder: str, level: int) -> None:
+        try:
+            with os.scandir(folder) as listing:
+                entries = list(listing)
+        except OSError:
+            return
+        for entry in sorted(entries, key=lambda e: e.name):
+            if time.monotonic() > deadline:
+                return
+            try:
+                if not entry.is_dir(follow_symlinks=False) or inside(entry.path):
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if mode & stat.S_IWOTH:
+                found.append(entry.path)
+            elif level < depth:
+                walk(entry.path, level + 1)
+
+    walk(root, 1)
+    if time.monotonic() > deadline:
+        log.warning(
+            "looking for folders any user may write took over %.0f s: only those found by then are covered", budget_s
+        )
+    return found
 
 
 def confinement(
@@ -400,4 +446,13 @@ def confinement(
     reach = tuple(sorted(python | {str(sdk_dir)} | {str(p) for p in shared_dirs}))
     cover = {str(p.resolve()): 0o755 for p in (data_dir, Path.home(), *storage_dirs) if str(p.resolve()) != "/"}
     cover.update({p: 0o1777 for p in TEMP_DIRS})
+    shared = tuple(reach) + tuple(cover)  # shared on purpose, or covered already
+    anyones = [p for p in writable_by_anyone(skip=shared) if p not in cover]
+    if anyones:
+        log.info(
+            "folders any user may write, covered in each task's view like /tmp (name one in "
+            "TRAINMASTER_TASK_SHARED_DIRS to share it with tasks): %s",
+            ", ".join(anyones),
+        )
+    cover.update({p: 0o1777 for p in anyones})
     return Confinement(users=users, reach=reach, cover=cover, tmpfs_bytes=tmpfs_mb * 2**20, cgroups=cgroups)

@@ -239,3 +239,49 @@ def test_a_range_holds_no_subordinate_ids_of_rootless_containers_and_no_groups_g
     with pytest.raises(SystemExit, match="231072"):
         agent_app.task_uid_first(settings)
     assert {entry.gr_gid for entry in grp.getgrall()} <= account_uids()
+
+
+def test_folders_any_user_may_write_are_found_to_their_depth_and_not_looked_into(tmp_path):
+    """Ubuntu's /var/crash, a site's /scratch: a file one task left there, the next task (another project's) found;
+    only /tmp, /var/tmp, /dev/shm and /run/lock were covered (noted by review, built 2026-11-29)."""
+    from services.agent.isolation import writable_by_anyone
+
+    def folder(path: str, mode: int) -> Path:
+        made = tmp_path / path
+        made.mkdir(parents=True, exist_ok=True)
+        made.chmod(mode)
+        return made
+
+    folder("var", 0o755)
+    crash = folder("var/crash", 0o1777)
+    folder("var/crash/inner", 0o777)  # inside one found: covered with it, not listed
+    folder("srv/a/b", 0o755)
+    deep = folder("srv/a/b/c", 0o777)  # four levels down: past the depth looked at
+    shared = folder("data/exchange", 0o777)
+    (tmp_path / "link").symlink_to(crash)  # a link is not followed
+    mine = folder("home/ana", 0o700)
+    found = writable_by_anyone(str(tmp_path), skip=(str(shared),))
+    assert found == [str(crash)]
+    assert str(deep) not in found and str(mine) not in found
+    assert writable_by_anyone(str(tmp_path), depth=4) == [str(shared), str(deep), str(crash)]
+
+
+def test_a_task_sees_folders_any_user_may_write_as_private_ones_and_shared_ones_as_they_are(tmp_path, monkeypatch):
+    from services.agent import isolation
+
+    seen = {}
+
+    def found(*, skip):
+        seen["skip"] = skip
+        return ["/var/crash", "/tmp", "/srv/scratch"]
+
+    monkeypatch.setattr(isolation, "writable_by_anyone", found)
+    rules = isolation.confinement(
+        users=isolation.TaskUsers(first_uid=900_000, count=2, lock_dir=tmp_path / "locks"),
+        sdk_dir=tmp_path / "sdk",
+        data_dir=tmp_path / "data",
+        storage_dirs=[],
+        shared_dirs=[Path("/srv/shared")],
+    )
+    assert rules.cover["/var/crash"] == rules.cover["/srv/scratch"] == rules.cover["/tmp"] == 0o1777
+    assert "/srv/shared" in seen["skip"] and str((tmp_path / "data").resolve()) in seen["skip"]
