@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 NodeKind = Literal["local", "reserved", "on_demand"]
 LOCAL_KINDS: frozenset[str] = frozenset({"local"})
 CLOUD_KINDS: frozenset[str] = frozenset({"reserved", "on_demand"})
+# Tasks run as uids from here up when their agent is root (an operator may start them elsewhere:
+# TRAINMASTER_TASK_UID_FIRST); below are the host's people and daemons.
+TASK_UID_FLOOR = 200_000
 # A measured GPU may beat its datasheet by this much (a boost clock), no more: past it the figure is not believed.
 MEASURED_SLACK = 1.1
 

@@ -383,52 +383,94 @@ class Confinement:
 
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
-# Other folders anyone may write (Ubuntu's /var/crash, a site's /scratch, /var/lib/php/sessions, ...) are looked
+# Other folders anyone may write (Ubuntu's /var/crash, a site's /scratch, Debian's /var/lib/php/sessions) are looked
 # for this deep under `/` when the agent starts, and covered like /tmp: what one task left there, the next (another
 # project's) would find. A folder the operator shares with tasks on purpose is named in TRAINMASTER_TASK_SHARED_DIRS.
-SCAN_DEPTH = 3
-SCAN_BUDGET_S = 2.0  # a slow or huge mount is not walked further: what was found by then is covered
+SCAN_DEPTH = 4
+SCAN_BUDGET_S = 2.0  # the look ends here (level by level: what is shallow was seen); a hung mount is not waited for
 NOT_SCANNED = ("/proc", "/sys", "/dev")  # kernel views (/dev/shm and /dev/mqueue: TEMP_DIRS and the IPC namespace)
+# Filesystems never walked into: a stale network mount blocks a look for good, an automounter mounts what it lists.
+REMOTE_TYPES = frozenset(
+    {"nfs", "nfs4", "cifs", "smb3", "smbfs", "autofs", "ceph", "glusterfs", "lustre", "gpfs", "beegfs", "9p", "afs"}
+)
+
+
+def remote_mounts(mountinfo: str) -> list[str]:
+    """The mount points of network, cluster, automounted and FUSE filesystems in /proc/self/mountinfo's text."""
+    points = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" - ", 1)
+        if len(fields) != 2 or len(fields[0].split()) < 5 or not fields[1].split():
+            continue
+        kind = fields[1].split()[0]
+        if kind in REMOTE_TYPES or kind.startswith("fuse"):
+            points.append(fields[0].split()[4].replace("\\040", " "))
+    return points
 
 
 def writable_by_anyone(
     root: str = "/", *, depth: int = SCAN_DEPTH, skip: tuple[str, ...] = (), budget_s: float = SCAN_BUDGET_S
 ) -> list[str]:
-    """Folders under `root`, to `depth` levels, that any user may write (not followed through links; none inside
-    `skip` or NOT_SCANNED; one found is not looked into: it is covered whole)."""
+    """Folders under `root`, to `depth` levels, level by level, that any user may write (not followed through links;
+    none inside `skip`, NOT_SCANNED or a remote mount; one found is not looked into: it is covered whole). Looked
+    for in a thread of its own: past `budget_s` what was found by then is returned, and what was not looked at is
+    logged."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            remote = remote_mounts(f.read())
+    except OSError:
+        remote = []
+    skipped = tuple(os.path.realpath(p) for p in (*NOT_SCANNED, *skip)) + tuple(remote)
     found: list[str] = []
-    deadline = time.monotonic() + budget_s
-    skipped = (*NOT_SCANNED, *skip)
+    left: list[str] = []  # folders not looked into when the budget ran out
+    done = threading.Event()
 
     def inside(path: str) -> bool:
         return any(path == s or path.startswith(s.rstrip("/") + "/") for s in skipped)
 
-    def walk(folder: str, level: int) -> None:
-        try:
-            with os.scandir(folder) as listing:
-                entries = list(listing)
-        except OSError:
-            return
-        for entry in sorted(entries, key=lambda e: e.name):
-            if time.monotonic() > deadline:
-                return
-            try:
-                if not entry.is_dir(follow_symlinks=False) or inside(entry.path):
+    def walk() -> None:
+        deadline = time.monotonic() + budget_s
+        level = [root]
+        for _ in range(depth):
+            below: list[str] = []
+            for n, folder in enumerate(level):
+                if time.monotonic() > deadline:
+                    left.extend(level[n:])
+                    return
+                try:
+                    with os.scandir(folder) as listing:
+                        entries = sorted(listing, key=lambda e: e.name)
+                except OSError:
                     continue
-                mode = entry.stat(follow_symlinks=False).st_mode
-            except OSError:
-                continue
-            if mode & stat.S_IWOTH:
-                found.append(entry.path)
-            elif level < depth:
-                walk(entry.path, level + 1)
+                for entry in entries:
+                    try:
+                        if not entry.is_dir(follow_symlinks=False) or inside(entry.path):
+                            continue
+                        writable = entry.stat(follow_symlinks=False).st_mode & stat.S_IWOTH
+                    except OSError:
+                        continue
+                    (found if writable else below).append(entry.path)
+            level = below
 
-    walk(root, 1)
-    if time.monotonic() > deadline:
+    def look() -> None:
+        try:
+            walk()
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=look, name="writable-folders", daemon=True)
+    thread.start()
+    if not done.wait(budget_s + 1.0):  # a folder's listing that never answers: what was found by then
+        log.warning("looking for folders any user may write did not end (a hung mount?): only those found are covered")
+    if left:
         log.warning(
-            "looking for folders any user may write took over %.0f s: only those found by then are covered", budget_s
+            "looking for folders any user may write took over %.0f s: %d folders were not looked into (%s...): a "
+            "folder any user may write below them is shared by tasks",
+            budget_s,
+            len(left),
+            ", ".join(left[:5]),
         )
-    return found
+    return list(found)
 
 
 def confinement(
@@ -448,8 +490,8 @@ def confinement(
     cover.update({p: 0o1777 for p in TEMP_DIRS})
     shared = tuple(reach) + tuple(cover)  # shared on purpose, or covered already
     anyones = [p for p in writable_by_anyone(skip=shared) if p not in cover]
-    if anyones:
-        log.info(
+    if anyones:  # a warning: an honest job that used one finds it empty, and this says why
+        log.warning(
             "folders any user may write, covered in each task's view like /tmp (name one in "
             "TRAINMASTER_TASK_SHARED_DIRS to share it with tasks): %s",
             ", ".join(anyones),

@@ -1,6 +1,7 @@
 """One task as a real OS process: its own process group, its environment, its output line by line."""
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -287,7 +288,12 @@ class TaskProcess:
         try:
             os.killpg(self.process.pid, sig)
         except ProcessLookupError:
-            pass
+            # No group yet: a shim forked by the shim server is told as started before it makes its session. Not
+            # yet ended, it is signalled alone (it has started nothing, and dies of it); a stop there was lost, and
+            # the task ran until the stop's grace ran out (found by review).
+            if self.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, sig)
 
 
 def kill_tree(leader: int, *, uid: int | None, marker: str, cgroup: TaskCgroup | None = None) -> None:

@@ -9,7 +9,9 @@ import pwd
 from collections.abc import Iterable
 from pathlib import Path
 
-FIRST_UID = 200_000
+from shared.nodes import TASK_UID_FLOOR
+
+FIRST_UID = TASK_UID_FLOOR
 LAST_UID = 2**31 - 2  # uids above are treated as invalid by some tools
 SUBORDINATE_FILES = (Path("/etc/subuid"), Path("/etc/subgid"))
 

@@ -260,10 +260,40 @@ def test_folders_any_user_may_write_are_found_to_their_depth_and_not_looked_into
     shared = folder("data/exchange", 0o777)
     (tmp_path / "link").symlink_to(crash)  # a link is not followed
     mine = folder("home/ana", 0o700)
-    found = writable_by_anyone(str(tmp_path), skip=(str(shared),))
+    found = writable_by_anyone(str(tmp_path), skip=(str(shared),), depth=3)
     assert found == [str(crash)]
     assert str(deep) not in found and str(mine) not in found
-    assert writable_by_anyone(str(tmp_path), depth=4) == [str(shared), str(deep), str(crash)]
+    assert writable_by_anyone(str(tmp_path), depth=4) == [str(shared), str(crash), str(deep)]  # level by level
+    (tmp_path / "shared").symlink_to(shared)  # shared by a link's name: its folder is not covered (found by review)
+    assert str(shared) not in writable_by_anyone(str(tmp_path), skip=(str(tmp_path / "shared"),))
+
+
+def test_a_long_look_covers_the_shallow_folders_first_and_says_what_it_did_not_look_at(tmp_path, caplog):
+    """Depth first in name order, a /home of many folders used the whole budget before /scratch or /var was seen
+    (found by review): the look goes level by level, and what was left is logged."""
+    from services.agent.isolation import writable_by_anyone
+
+    for i in range(3000):
+        (tmp_path / "home" / f"u{i:04}").mkdir(parents=True)
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "scratch").chmod(0o1777)
+    with caplog.at_level("WARNING"):
+        assert writable_by_anyone(str(tmp_path), budget_s=0.0) == []  # nothing looked at: said so
+        assert "were not looked into" in caplog.text
+        assert writable_by_anyone(str(tmp_path), budget_s=2.0, depth=1) == [str(tmp_path / "scratch")]
+
+
+def test_remote_and_automounted_filesystems_are_never_walked_into():
+    mountinfo = (
+        "22 1 259:1 / / rw,relatime shared:1 - ext4 /dev/root rw\n"
+        "40 22 0:45 / /home rw,relatime shared:20 - autofs systemd-1 rw,fd=29\n"
+        "41 22 0:50 / /mnt/data rw,relatime - nfs4 server:/export rw,vers=4.2\n"
+        "42 22 0:51 / /mnt/my\\040drive rw - fuse.sshfs me@host: rw\n"
+        "43 22 0:52 / /run rw,nosuid - tmpfs tmpfs rw\n"
+    )
+    from services.agent.isolation import remote_mounts
+
+    assert remote_mounts(mountinfo) == ["/home", "/mnt/data", "/mnt/my drive"]
 
 
 def test_a_task_sees_folders_any_user_may_write_as_private_ones_and_shared_ones_as_they_are(tmp_path, monkeypatch):

@@ -200,3 +200,24 @@ def test_a_stop_heard_before_the_command_started_still_reaches_it(tmp_path):
     )
     assert ended.returncode == -signal.SIGTERM and "ran-on" not in ended.stdout, (ended.returncode, ended.stderr)
     assert time.monotonic() - began < 6  # the command's 8-s sleep was cut short
+
+
+def test_a_stop_before_the_forked_shim_made_its_session_reaches_it():
+    """The shim server answers `started <pid>` as soon as it forked, and the child makes its session after: a stop
+    then found no group (ESRCH, passed over) and the task ran until the stop's grace ran out (found by review)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from services.agent.runner import TaskProcess
+
+    not_yet_a_leader = subprocess.Popen(["sleep", "30"])  # in this process's group, as the fork is before setsid
+    try:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(not_yet_a_leader.pid, signal.SIGTERM)  # what the stop did, and why it was lost
+        TaskProcess._signal_group(
+            SimpleNamespace(process=SimpleNamespace(pid=not_yet_a_leader.pid, returncode=None)), signal.SIGTERM
+        )  # type: ignore[arg-type]
+        assert not_yet_a_leader.wait(timeout=5) == -signal.SIGTERM
+    finally:
+        not_yet_a_leader.kill()
+        not_yet_a_leader.wait()

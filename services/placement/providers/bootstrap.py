@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.nodes import TASK_UID_FLOOR
+
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,63}$")
 FORBIDDEN_ENV = frozenset({"TRAINMASTER_NATS_MINTER", "TRAINMASTER_ADMIN_TOKEN", "MONGO_URL"})  # placement's own
 
@@ -98,31 +100,40 @@ def agent_env(
     return env
 
 
-# Only root (the agent, and its spot watch) may reach the instance metadata service: it serves the node's user data
-# (this script, the node's bus credentials in it) for as long as the instance lives, and the instance role's keys;
-# a task is anyone's code, and IMDSv2's token is one PUT away from it. A node that cannot say so to its firewall does
-# not start its agent (it is released unregistered): tasks never run on a node that would give its identity away.
+# No task may reach the instance metadata service: it serves the node's user data (this script, the node's bus
+# credentials in it) for as long as the instance lives, and the instance role's keys; a task is anyone's code, and
+# IMDSv2's token is one PUT away from it. Tasks run as uids from TASK_UID_FLOOR up (the agent is root under
+# cloud-init), so only those are refused: the agent's spot watch and the image's daemons (EC2 Instance Connect, the
+# CloudWatch agent) keep it. A node that cannot say so to its firewall does not start its agent (it is released
+# unregistered): tasks never run on a node that would give its identity away.
 METADATA_FIREWALL = r"""
 if command -v nft >/dev/null 2>&1; then
     nft -f - <<'TRAINMASTER_NFT'
 table inet trainmaster_metadata {
     chain output {
         type filter hook output priority 0; policy accept;
-        ip daddr 169.254.169.254 meta skuid != 0 reject
-        ip6 daddr fd00:ec2::254 meta skuid != 0 reject
+        ip daddr 169.254.169.254 meta skuid >= FIRST reject
+        ip6 daddr fd00:ec2::254 meta skuid >= FIRST reject
     }
 }
 TRAINMASTER_NFT
 elif command -v iptables >/dev/null 2>&1; then
-    iptables -w -I OUTPUT -d 169.254.169.254 -m owner ! --uid-owner 0 -j REJECT
+    iptables -w -I OUTPUT -d 169.254.169.254 -m owner --uid-owner FIRST-4294967294 -j REJECT
     if command -v ip6tables >/dev/null 2>&1; then
-        ip6tables -w -I OUTPUT -d fd00:ec2::254 -m owner ! --uid-owner 0 -j REJECT || true  # no IPv6: none to reach
+        ip6tables -w -I OUTPUT -d fd00:ec2::254 -m owner --uid-owner FIRST-4294967294 -j REJECT || true  # no IPv6
     fi
 else
     echo "trainmaster: neither nft nor iptables to keep tasks from the instance metadata: the agent is not started" >&2
     exit 1
 fi
 """.strip("\n")
+
+
+def metadata_firewall(env: dict[str, str]) -> str:
+    """`METADATA_FIREWALL` for the node's task uids: from its agent's first (TRAINMASTER_TASK_UID_FIRST, where the
+    operator set one lower) or TASK_UID_FLOOR."""
+    first = min(TASK_UID_FLOOR, int(env.get("TRAINMASTER_TASK_UID_FIRST") or TASK_UID_FLOOR))
+    return METADATA_FIREWALL.replace("FIRST", str(first))
 
 
 def user_data(boot: Bootstrap, *, root: str, install_command: str, agent_command: str) -> str:
@@ -149,7 +160,7 @@ def user_data(boot: Bootstrap, *, root: str, install_command: str, agent_command
         lines += [f"cat > \"$ROOT/{name}\" <<'{end}'", text.rstrip("\n"), end]
     if install_command:
         lines.append(install_command)
-    lines.append(METADATA_FIREWALL)
+    lines.append(metadata_firewall(boot.env))
     lines += [
         'set -a; . "$ROOT/agent.env"; set +a',
         f'exec {agent_command} --node-id {shlex.quote(boot.node_id)} --cluster-file "$ROOT/cluster.toml" '
