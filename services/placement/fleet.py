@@ -24,8 +24,12 @@ from services.placement.adapter import Usage, policy_node, reference_tflops
 from services.placement.policy import InstanceType, Node
 from services.placement.providers import Provider, node_entry
 from services.placement.providers.base import REGISTER_PATIENCE_S
+from services.placement.providers.cloud import Cooldown
 
 log = logging.getLogger(__name__)
+# A type whose node never registered (an image that cannot start the agent, a node that cannot reach the bus) is not
+# rented again for this long: each try was paid for its boot and REGISTER_PATIENCE_S, and was made again at once.
+UNBOOTABLE_S = 600.0
 ADMIT_TIMEOUT_S = 3
 # The random part of a rented node's id: the minter never grants a retired id again, and with 24 bits one rental in
 # 330 would have met a retired id near the minter's 50,000-revocation cap; 40 bits keep the longest id (an offer
@@ -67,6 +71,7 @@ class Fleet:
     idle_since: dict[str, float] = field(default_factory=dict)
     refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
     held: set[str] = field(default_factory=set)  # rented nodes not yet released
+    unbootable: Cooldown = field(default_factory=lambda: Cooldown(UNBOOTABLE_S))  # types whose node never registered
     # The static nodes' records (the cluster file's [[nodes]]); None: registrations are taken as said (in-memory
     # tests only: the service always has them).
     static: dict[str, NodeLimits] | None = None
@@ -299,10 +304,24 @@ class Fleet:
         """Provisioned nodes that never registered."""
         return [n.node_id for n in self.provisioning() if n.ready_at and now > n.ready_at + REGISTER_PATIENCE_S]
 
+    def rentable(self, now: float) -> tuple[InstanceType, ...]:
+        """The catalogue placement may rent from now: less the types whose last node never registered."""
+        return tuple(i for i in self.catalogue if self.unbootable.available(i.name, now))
+
     async def release(self, node_id: str, *, reason: str) -> bool:
         node = self.nodes.get(node_id)
         if node is None or not node.provisioned or node.state == "released":
             return False
+        if reason == "never registered" and node.instance_type:
+            self.unbootable.refuse(node.instance_type)
+            log.warning(
+                "%s (%s) never registered: %s is not rented again for %.0f s (its image, its agent's start or its way "
+                "to the bus: see the node's console)",
+                node_id,
+                node.instance_type,
+                node.instance_type,
+                UNBOOTABLE_S,
+            )
         await self.provider.release(node_id, node.handle)
         event = NodeReleased(event_id=f"{node_id}:released", node_id=node_id, released_at=utcnow(), reason=reason)
         await self._save(node.model_copy(update={"state": "released"}), [event])

@@ -133,7 +133,7 @@ class PolicyInputs:
             nodes=nodes,
             queue=tuple(self.job_request(i) for i in queued),
             running=running,
-            catalogue=self.fleet.catalogue,
+            catalogue=self.fleet.rentable(now),
             usage_by_user=self.fair.decayed(now),
         )
 

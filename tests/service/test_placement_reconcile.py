@@ -170,3 +170,22 @@ async def test_a_failed_pod_of_a_registered_node_stops_its_work_at_once_and_of_a
     await fleet._save(FleetNode(node_id="lab-1", state="ready", provisioned=False), [])
     assert not await pod_failed(fleet, "lab-1", "pod failed") and not await pod_failed(fleet, "nobody", "x")
     assert fleet.nodes["lab-1"].state == "ready"
+
+
+async def test_a_type_whose_node_never_registered_is_not_rented_again_at_once(world):
+    """A node that never registered was released and its type rented again at the next pass, each try paid for its
+    boot and two minutes (found by review): the type rests UNBOOTABLE_S."""
+    import time
+
+    from services.placement.fleet import UNBOOTABLE_S
+
+    fleet, _, cloud, _ = world
+    await fleet._save(FleetNode(node_id="od-mute", state="provisioning", provisioned=True, instance_type="g.small"), [])
+    now = time.time()
+    assert await fleet.release("od-mute", reason="never registered")
+    assert [i.name for i in fleet.rentable(now)] == ["g.big"]
+    assert [i.name for i in fleet.catalogue] == ["g.small", "g.big"]  # its live nodes' records still found
+    assert [i.name for i in fleet.rentable(now + UNBOOTABLE_S + 1)] == ["g.small", "g.big"]
+    await fleet._save(FleetNode(node_id="od-gone", state="ready", provisioned=True, instance_type="g.big"), [])
+    assert await fleet.release("od-gone", reason="idle")  # an ordinary release rests nothing
+    assert [i.name for i in fleet.rentable(now)] == ["g.big"]
