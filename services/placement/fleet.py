@@ -72,6 +72,7 @@ class Fleet:
     refused: set[str] = field(default_factory=set)  # jobs whose on-demand node the budget refused
     held: set[str] = field(default_factory=set)  # rented nodes not yet released
     unbootable: Cooldown = field(default_factory=lambda: Cooldown(UNBOOTABLE_S))  # types whose node never registered
+    cloud_refused: frozenset[str] = frozenset()  # types the cloud refused lately (`reconcile_once` says which)
     # The static nodes' records (the cluster file's [[nodes]]); None: registrations are taken as said (in-memory
     # tests only: the service always has them).
     static: dict[str, NodeLimits] | None = None
@@ -305,8 +306,11 @@ class Fleet:
         return [n.node_id for n in self.provisioning() if n.ready_at and now > n.ready_at + REGISTER_PATIENCE_S]
 
     def rentable(self, now: float) -> tuple[InstanceType, ...]:
-        """The catalogue placement may rent from now: less the types whose last node never registered."""
-        return tuple(i for i in self.catalogue if self.unbootable.available(i.name, now))
+        """The catalogue placement may rent from now: less the types the cloud refused lately and those whose last
+        node never registered. The whole catalogue stays the records of the nodes already rented."""
+        return tuple(
+            i for i in self.catalogue if i.name not in self.cloud_refused and self.unbootable.available(i.name, now)
+        )
 
     async def release(self, node_id: str, *, reason: str) -> bool:
         node = self.nodes.get(node_id)

@@ -143,8 +143,10 @@ async def release_lost(fleet: "Fleet", providers: Providers, now: float | None =
 
 
 async def reconcile_once(*, fleet: "Fleet", providers: Providers, full_catalogue: tuple[InstanceType, ...]) -> int:
-    """One round: give back orphans, hide types the cloud refused (placement rents the next one instead)."""
-    fleet.catalogue = tuple(i for i in full_catalogue if providers.available(i.name))
+    """One round: give back orphans, hide types the cloud refused (placement rents the next one instead). Hidden
+    from what placement rents only: the catalogue was narrowed before, and a node of a hidden type already rented
+    then had no record (its next registration refused, its spot market forgotten) until the type came back."""
+    fleet.cloud_refused = frozenset(i.name for i in full_catalogue if not providers.available(i.name))
     await release_lost(fleet, providers)
     owned = {n.node_id for n in fleet.nodes.values() if n.state != "released"}
     known = {i.name: i for i in full_catalogue}
