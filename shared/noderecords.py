@@ -168,22 +168,20 @@ def _matched(claimed: tuple[Gpu, ...], groups: tuple[GpuLimit, ...]) -> list[int
     def covers(i: int, gpu: Gpu) -> bool:
         return gpu.memory_gb <= groups[i].memory_gb and (not groups[i].tflops or gpu.tflops <= groups[i].tflops)
 
-    def take(k: int, candidates: list[int], pick: Any) -> None:
-        chosen: int = pick(candidates)
-        out[k] = chosen
-        left[chosen] -= 1
-
-    for k, gpu in enumerate(claimed):
+    for k, gpu in enumerate(claimed):  # named: a group of its model, one that covers its claim first
         named = [i for i, g in enumerate(groups) if left[i] > 0 and same_model(gpu.model, g.model)]
         if named:
-            take(k, named, lambda c, gpu=gpu: next((i for i in c if covers(i, gpu)), c[0]))
+            chosen = next((i for i in named if covers(i, gpu)), named[0])
+            out[k] = chosen
+            left[chosen] -= 1
     size = {i: (g.memory_gb, g.tflops) for i, g in enumerate(groups)}
     for k in sorted(range(len(claimed)), key=lambda k: (-claimed[k].memory_gb, -claimed[k].tflops)):
-        if out[k] is not None:
-            continue
-        gpu, open_groups = claimed[k], [i for i, n in enumerate(left) if n > 0]
-        fitting = [i for i in open_groups if covers(i, gpu)]
-        take(k, fitting or open_groups, lambda c, fits=bool(fitting): (min if fits else max)(c, key=size.__getitem__))
+        if out[k] is None:  # unnamed, largest claims first: the smallest open group that covers it, else the largest
+            open_groups = [i for i, n in enumerate(left) if n > 0]
+            fitting = [i for i in open_groups if covers(i, claimed[k])]
+            chosen = min(fitting, key=size.__getitem__) if fitting else max(open_groups, key=size.__getitem__)
+            out[k] = chosen
+            left[chosen] -= 1
     return out
 
 

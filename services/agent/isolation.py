@@ -388,6 +388,9 @@ TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # project's) would find. A folder the operator shares with tasks on purpose is named in TRAINMASTER_TASK_SHARED_DIRS.
 SCAN_DEPTH = 4
 SCAN_BUDGET_S = 2.0  # the look ends here (level by level: what is shallow was seen); a hung mount is not waited for
+# At most this many are covered: a host user making thousands of folders anyone may write would otherwise make
+# every task's start mount thousands of file systems (those past it are logged, and shared as before).
+MAX_COVERED = 256
 NOT_SCANNED = ("/proc", "/sys", "/dev")  # kernel views (/dev/shm and /dev/mqueue: TEMP_DIRS and the IPC namespace)
 # Filesystems never walked into: a stale network mount blocks a look for good, an automounter mounts what it lists.
 REMOTE_TYPES = frozenset(
@@ -449,7 +452,10 @@ def writable_by_anyone(
                         writable = entry.stat(follow_symlinks=False).st_mode & stat.S_IWOTH
                     except OSError:
                         continue
-                    (found if writable else below).append(entry.path)
+                    if writable and len(found) >= MAX_COVERED:
+                        left.append(entry.path)  # said below, with what was not looked at
+                    else:
+                        (found if writable else below).append(entry.path)
             level = below
 
     def look() -> None:
@@ -464,10 +470,11 @@ def writable_by_anyone(
         log.warning("looking for folders any user may write did not end (a hung mount?): only those found are covered")
     if left:
         log.warning(
-            "looking for folders any user may write took over %.0f s: %d folders were not looked into (%s...): a "
-            "folder any user may write below them is shared by tasks",
-            budget_s,
+            "looking for folders any user may write: %d folders were not looked into or not covered (past %.0f s, "
+            "or past %d covered: %s...): a folder any user may write among or below them is shared by tasks",
             len(left),
+            budget_s,
+            MAX_COVERED,
             ", ".join(left[:5]),
         )
     return list(found)

@@ -114,8 +114,8 @@ async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict
     body = json.dumps(payload, separators=(",", ":")).encode()
     headers = {"content-type": "application/json"}
     now = time.time()
-    if hook.secrets(now):  # signed at each try: its timestamp is the try's
-        headers |= signature_headers(hook.secrets(now), doc["_id"], body, now=now)
+    if signing := hook.secrets(now):  # signed at each try: its timestamp is the try's
+        headers |= signature_headers(signing, doc["_id"], body, now=now)
     attempts = doc["attempts"] + 1
     error = await post(client, url, body, headers)
     next_try = time.time() + backoff(attempts) if error and attempts < MAX_ATTEMPTS else None

@@ -60,9 +60,6 @@ class NotificationStore:
         cursor = self.notifications.find({"project_id": project_id}).sort("created_at", DESCENDING).limit(limit)
         return [d async for d in cursor]
 
-    async def webhook_url(self, project_id: str) -> str | None:
-        return (await self.webhook(project_id)).url
-
     async def webhook(self, project_id: str) -> "Webhook":
         """The project's webhook: its URL and the secrets its deliveries are signed with."""
         doc = await self.projects.find_one({"_id": project_id}) or {}

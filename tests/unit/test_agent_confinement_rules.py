@@ -279,7 +279,7 @@ def test_a_long_look_covers_the_shallow_folders_first_and_says_what_it_did_not_l
     (tmp_path / "scratch").chmod(0o1777)
     with caplog.at_level("WARNING"):
         assert writable_by_anyone(str(tmp_path), budget_s=0.0) == []  # nothing looked at: said so
-        assert "were not looked into" in caplog.text
+        assert "were not looked into or not covered" in caplog.text
         assert writable_by_anyone(str(tmp_path), budget_s=2.0, depth=1) == [str(tmp_path / "scratch")]
 
 
@@ -315,3 +315,19 @@ def test_a_task_sees_folders_any_user_may_write_as_private_ones_and_shared_ones_
     )
     assert rules.cover["/var/crash"] == rules.cover["/srv/scratch"] == rules.cover["/tmp"] == 0o1777
     assert "/srv/shared" in seen["skip"] and str((tmp_path / "data").resolve()) in seen["skip"]
+
+
+def test_a_remote_mount_is_not_walked_into_and_no_more_than_max_covered_are_covered(tmp_path, monkeypatch, caplog):
+    from services.agent import isolation
+
+    (tmp_path / "nfs" / "open").mkdir(parents=True)
+    (tmp_path / "nfs" / "open").chmod(0o777)
+    monkeypatch.setattr(isolation, "remote_mounts", lambda text: [str(tmp_path / "nfs")])
+    assert isolation.writable_by_anyone(str(tmp_path)) == []  # a stale NFS mount would have hung the look
+    monkeypatch.setattr(isolation, "MAX_COVERED", 3)
+    for i in range(5):
+        (tmp_path / "many" / f"f{i}").mkdir(parents=True)
+        (tmp_path / "many" / f"f{i}").chmod(0o777)
+    with caplog.at_level("WARNING"):
+        found = isolation.writable_by_anyone(str(tmp_path))
+    assert found == [str(tmp_path / "many" / f"f{i}") for i in range(3)] and "past 3 covered" in caplog.text
