@@ -219,6 +219,19 @@ class Minter:
     machine_of: dict[str, str] = field(default_factory=dict)  # node id -> the machine pinned at its first check
     rental_signers: list[str] = field(default_factory=list)  # signing keys of rented agents only, the newest last
     signed_by: dict[str, str] = field(default_factory=dict)  # rented agent's public key -> its rental signer's
+    # The static identities' earlier JWTs, revoked at each start of the stack (`StaticRevocations`, a file of the
+    # stack's beside the minter's): read with the minter file, carried in the account, never written back by it.
+    static: "StaticRevocations" = field(default_factory=lambda: StaticRevocations())
+
+    @property
+    def latest_issued_at(self) -> int:
+        """The account's issue time as the server last got it from the minter or from the stack's start: a re-issue
+        must be later, or the server keeps what it has."""
+        return max(self.issued_at, self.static.issued_at)
+
+    def reissue(self, now: int) -> None:
+        """The account issued anew, strictly later than any issue before."""
+        self.issued_at = max(now, self.latest_issued_at + 1)
 
     def mint(
         self,
@@ -249,7 +262,7 @@ class Minter:
         now = int(time.time())
         self.revocations.update(dict.fromkeys(user_public_keys, now))
         self.drop_unused_signers()
-        self.issued_at = max(now, self.issued_at + 1)
+        self.reissue(now)
         return self.account_jwt()
 
     def drop_unused_signers(self) -> list[str]:
@@ -274,13 +287,40 @@ class Minter:
             account=self.account,
             operator_signer_seed=self.operator_signer_seed,
             signing_keys=(public_key(self.account_signer_seed), *map(public_key, self.rental_signers)),
-            revocations=self.revocations,
-            issued_at=self.issued_at or None,
+            revocations={**self.static.revoked, **self.revocations},
+            issued_at=self.latest_issued_at or None,
         )
 
     def to_json(self) -> str:
-        return json.dumps(self.__dict__, indent=1)
+        return json.dumps({k: v for k, v in self.__dict__.items() if k != "static"}, indent=1)
 
     @classmethod
     def load(cls, path: Path) -> "Minter":
-        return cls(**json.loads(path.read_text()))
+        """The minter file, with the stack's static revocations beside it."""
+        return cls(**json.loads(path.read_text()), static=StaticRevocations.load(path.parent / STATIC_REVOCATIONS))
+
+
+STATIC_REVOCATIONS = "static-revocations.json"
+
+
+@dataclass
+class StaticRevocations:
+    """What each start of the stack (`make run`, compose's bus-keys) revokes: every JWT it or an earlier start minted
+    for a static identity (a service, a static node's agent, the admin, the minter) before this start. Their users'
+    keys stay from start to start (`services.stack.identities`), so without it a `.creds` file of any earlier start,
+    copied off a decommissioned node or kept from a version whose permissions were wider, stayed good for ever. The
+    stack writes it, the minter reads it with its own file at each use and carries it in every account it pushes;
+    `issued_at` puts the account the stack starts the server with past any the minter pushed."""
+
+    revoked: dict[str, int] = field(default_factory=dict)  # user public key -> its JWTs issued then or before revoked
+    issued_at: int = 0
+
+    @classmethod
+    def load(cls, path: Path) -> "StaticRevocations":
+        if not path.exists():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(revoked={str(k): int(v) for k, v in data["revoked"].items()}, issued_at=int(data["issued_at"]))
+
+    def to_json(self) -> str:
+        return json.dumps({"revoked": self.revoked, "issued_at": self.issued_at}, indent=1)

@@ -158,7 +158,7 @@ class MinterProcess:
         signers = list(minter.rental_signers)
         user, creds = mint_agent(minter, request, limits=self.limits, now=time.time(), monotonic=time.monotonic())
         if minter.rental_signers != signers:  # a new signer: the server must trust it before its first agent connects
-            minter.issued_at = max(int(time.time()), minter.issued_at + 1)
+            minter.reissue(int(time.time()))
         write_secret(self.settings.minter_file, minter.to_json())  # the key, for the node's revocation
         if minter.rental_signers != signers:
             try:
@@ -265,7 +265,7 @@ class MinterProcess:
         whatever an earlier process pushed)."""
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
-            if not minter.issued_at or minter.issued_at == self.pushed:
+            if not minter.latest_issued_at or minter.latest_issued_at == self.pushed:
                 return
             account = minter.revoke()  # no one new: the same account, issued anew (a server takes a newer one only)
             write_secret(self.settings.minter_file, minter.to_json())
@@ -284,7 +284,7 @@ class MinterProcess:
         """The re-issued account to the server, which then closes the revoked users' connections; its issue time
         kept as the one last pushed."""
         await self.update_account(minter, account)
-        self.pushed = minter.issued_at
+        self.pushed = minter.latest_issued_at
 
     async def update_account(self, minter: Minter, account: str) -> None:
         """The account claims update, through the system account; raises where the server refuses it."""

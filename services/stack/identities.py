@@ -20,8 +20,10 @@ from nats.errors import Error as NatsError
 from shared import busroles
 from shared.bus import LOG_STREAM_MAX_BYTES, make_broker, until
 from shared.buscreds import (
+    STATIC_REVOCATIONS,
     Minter,
     Permissions,
+    StaticRevocations,
     account_jwt,
     mint_user,
     new_seed,
@@ -106,11 +108,26 @@ class Identities:
                     "operator_signer": minter.operator_signer_seed,
                 }
                 write_secret(self.root / "keys.json", json.dumps(keys, indent=1))
-                minter.issued_at = max(int(time.time()), minter.issued_at + 1)
+                minter.reissue(int(time.time()))
             write_secret(self.minter_file, minter.to_json())
         old.unlink()
         with contextlib.suppress(OSError):
             old.parent.rmdir()
+
+    def revoke_earlier(self) -> None:
+        """At a start of the stack, before anything is minted: every JWT of a static identity (each user key under
+        `users/`: a service, an agent of a node of the cluster file or of one no longer in it, the admin, the
+        minter) issued before this second's is revoked; each process is then given its `.creds` anew (`creds`),
+        issued from this second on. A start in the same second as the one before leaves that one's JWTs (the
+        server counts in seconds). The account the server is configured with (`server_config`) and every one the
+        minter pushes carry them (`Minter.load` reads them beside its file)."""
+        now = int(time.time())
+        minter = self.minter()
+        revocations = StaticRevocations(
+            revoked={public_key(f.read_text().strip()): now - 1 for f in sorted((self.root / "users").glob("*.seed"))},
+            issued_at=max(now, minter.latest_issued_at + 1),
+        )
+        write_secret(self.minter_file.parent / STATIC_REVOCATIONS, revocations.to_json())
 
     def new_minter(self) -> Minter:
         keys = self.stored_keys()
@@ -275,7 +292,9 @@ def main() -> None:
 
 
 def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:
-    """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block."""
+    """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block; the
+    `.creds` of every earlier `write` revoked (`Identities.revoke_earlier`)."""
+    identities.revoke_earlier()
     for identity in ("admin", busroles.MINTER, *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)
         folder = path.parent / identity

@@ -387,6 +387,7 @@ class Stack:
         return agent_node_ids(self.settings.cluster_file)
 
     def start_all(self) -> None:
+        self.identities.revoke_earlier()  # what an earlier start gave each process is good no more
         self.start_nats()
         self.start_database()
         self.prepare_bus()

@@ -9,7 +9,15 @@ import pytest
 import yaml
 
 from shared import busroles
-from shared.buscreds import Minter, decode_claims, new_seed, public_key, write_secret
+from shared.buscreds import (
+    STATIC_REVOCATIONS,
+    Minter,
+    StaticRevocations,
+    decode_claims,
+    new_seed,
+    public_key,
+    write_secret,
+)
 from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
 from services.minter.bucket import TokenBucket
 from services.minter.rules import (
@@ -201,7 +209,8 @@ def test_placements_old_minter_file_moves_to_the_minter_with_its_revocations_and
         system_creds="",
         revocations={"UOLD": 7},
         issued_at=9,
-    ).__dict__
+    ).to_json()
+    old = json.loads(old)
     old.pop("minted")  # the old file has no such field
     write_secret(identities.placement_minter_file, json.dumps(old))
     live = public_key(new_seed("user"))
@@ -254,7 +263,7 @@ def test_under_compose_only_the_minter_mounts_its_keys_and_placement_only_its_ow
 def test_compose_bus_keys_writes_the_minters_creds_and_can_retire_the_keys_placement_held(tmp_path):
     identities = Identities(tmp_path / "bus", retire_moved_keys=True)
     held = identities.stored_keys()["account_signer"]
-    old = identities.new_minter().__dict__
+    old = json.loads(identities.new_minter().to_json())
     old.pop("minted")
     write_secret(identities.placement_minter_file, json.dumps(old))
 
@@ -265,6 +274,38 @@ def test_compose_bus_keys_writes_the_minters_creds_and_can_retire_the_keys_place
     account = next(t for t in re.findall(r'"(ey[^"]+)"', auth) if decode_claims(t)["sub"] == old["account"])
     assert decode_claims(account)["nats"]["signing_keys"] == [public_key(identities.keys()["account_signer"])]
     assert public_key(held) not in auth
+
+
+def test_each_write_revokes_the_static_identities_earlier_creds_and_every_account_the_minter_pushes_carries_it(
+    tmp_path, monkeypatch
+):
+    identities = Identities(tmp_path / "bus")
+    creds = tmp_path / "bus" / "creds" / "agent-n1" / "nats.creds"
+    monkeypatch.setattr("time.time", lambda: 1_000.5)
+    write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None)
+    first = claims_of(creds.read_text())
+    minter_file = identities.minter_file.read_text()
+    monkeypatch.setattr("time.time", lambda: 1_005.5)
+    write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None)
+    second = claims_of(creds.read_text())
+
+    static = StaticRevocations.load(identities.minter_file.parent / STATIC_REVOCATIONS)
+    seeds = sorted((tmp_path / "bus" / "users").glob("*.seed"))
+    assert static.revoked == {public_key(f.read_text().strip()): 1_004 for f in seeds}  # every static identity
+    assert second["sub"] == first["sub"] and first["iat"] <= 1_004 < second["iat"]  # the user stays, re-issued
+    assert identities.minter_file.read_text() == minter_file  # the minter's own file is the minter's alone
+    auth = (tmp_path / "bus" / "server" / "auth.conf").read_text()
+    application = public_key(identities.keys()["account"])
+    account = next(t for t in re.findall(r'"(ey[^"]+)"', auth) if decode_claims(t)["sub"] == application)
+    assert decode_claims(account)["nats"]["revocations"] == static.revoked
+    assert decode_claims(account)["iat"] == static.issued_at >= 1_005
+
+    m = Minter.load(identities.minter_file)  # as the minter reads it at each request
+    rented, _ = agent(m, "od-1")
+    pushed = decode_claims(revoke_node(m, RevokeNode(node_id="od-1")))
+    assert pushed["nats"]["revocations"] == {**static.revoked, rented: 1_005}
+    assert pushed["iat"] > static.issued_at  # newer than what the server was started with, or it is ignored
+    assert "static" not in json.loads(m.to_json())
 
 
 def test_one_minter_at_a_time_on_a_minter_file(tmp_path):
