@@ -103,16 +103,18 @@ def mint_user(
     permissions: Permissions,
     seed: str | None = None,
     expires_at: int | None = None,
+    issued_at: int | None = None,
 ) -> tuple[str, str]:
     """A user of `account` signed by `signer_seed` (the account's signing or own key): public key, `.creds`.
     seed: the user's own key when it has one already (a new one is made otherwise). expires_at: when the server
-    stops taking it (never when None)."""
+    stops taking it (never when None). issued_at: its issue time (now when None)."""
     seed = seed or new_seed("user")
     token = encode_jwt(
         subject=public_key(seed),
         name=name,
         signer_seed=signer_seed,
         nats={**permissions.claims(), "issuer_account": account, "type": "user"},
+        issued_at=issued_at,
         expires_at=expires_at,
     )
     return public_key(seed), creds_text(jwt=token, seed=seed)
@@ -287,7 +289,10 @@ class Minter:
             account=self.account,
             operator_signer_seed=self.operator_signer_seed,
             signing_keys=(public_key(self.account_signer_seed), *map(public_key, self.rental_signers)),
-            revocations={**self.static.revoked, **self.revocations},
+            revocations={
+                user: max(self.static.revoked.get(user, 0), self.revocations.get(user, 0))
+                for user in {**self.static.revoked, **self.revocations}
+            },
             issued_at=self.latest_issued_at or None,
         )
 
@@ -314,6 +319,12 @@ class StaticRevocations:
 
     revoked: dict[str, int] = field(default_factory=dict)  # user public key -> its JWTs issued then or before revoked
     issued_at: int = 0
+
+    @property
+    def mint_from(self) -> int:
+        """The earliest issue time a static identity's new JWT may have: after every revocation (a clock stepped back
+        after the start would otherwise have a restarted process minted a JWT already revoked)."""
+        return max(self.revoked.values(), default=-1) + 1
 
     @classmethod
     def load(cls, path: Path) -> "StaticRevocations":

@@ -95,9 +95,9 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
         raise Refused(f"{node_id} has a live agent identity already: one per node")
     if is_retired(minter, node_id):
         raise Refused(f"{node_id}'s agent identity was revoked: a node id gets one identity, never another")
-    if len(minter.revocations) >= limits.max_revocations:
+    if (carried := len(minter.revocations) + len(minter.static.revoked)) >= limits.max_revocations:
         raise Refused(
-            f"the account carries {len(minter.revocations)} revocations, at most {limits.max_revocations} "
+            f"the account carries {carried} revocations, at most {limits.max_revocations} "
             "(TRAINMASTER_MAX_REVOCATIONS): a new identity could not be revoked once the account outgrows what the "
             "server takes"
         )

@@ -123,8 +123,9 @@ class Identities:
         minter pushes carry them (`Minter.load` reads them beside its file)."""
         now = int(time.time())
         minter = self.minter()
+        at = max(now - 1, minter.static.mint_from - 1)  # never earlier than a start before (a clock stepped back)
         revocations = StaticRevocations(
-            revoked={public_key(f.read_text().strip()): now - 1 for f in sorted((self.root / "users").glob("*.seed"))},
+            revoked={public_key(f.read_text().strip()): at for f in sorted((self.root / "users").glob("*.seed"))},
             issued_at=max(now, minter.latest_issued_at + 1),
         )
         write_secret(self.minter_file.parent / STATIC_REVOCATIONS, revocations.to_json())
@@ -152,12 +153,14 @@ class Identities:
         if not seed_file.exists():
             write_secret(seed_file, new_seed("user"))
         keys = self.keys()
+        static = StaticRevocations.load(self.minter_file.parent / STATIC_REVOCATIONS)
         _, text = mint_user(
             name=identity,
             account=public_key(keys["account"]),
             signer_seed=keys["account_signer"],
             permissions=permissions_of(identity),
             seed=seed_file.read_text().strip(),
+            issued_at=max(int(time.time()), static.mint_from),
         )
         return write_secret(self.root / "creds" / f"{identity}.creds", text)
 
@@ -267,6 +270,12 @@ def main() -> None:
         help="write: replace the signing keys an older version gave placement (placement/minter.json) when moving "
         "them to the minter; then restart every NATS server (it must load the new auth.conf before any process)",
     )
+    parser.add_argument(
+        "--revoke-earlier",
+        action="store_true",
+        help="write: revoke every .creds an earlier write made (a node taken out of the cluster file, a leaked file); "
+        "then recreate every container that holds one and restart the minter (docker compose up -d --force-recreate)",
+    )
     args = parser.parse_args()
     node_ids = agent_node_ids(args.cluster_file)
     if args.action == "prepare":
@@ -288,13 +297,28 @@ def main() -> None:
     if args.dir is None:
         parser.error("write needs --dir")
     identities = Identities(args.dir, retire_moved_keys=args.retire_placement_keys)
-    write(identities, node_ids=node_ids, resolver_dir=Path(args.resolver_dir), admin_uid=args.admin_uid)
+    write(
+        identities,
+        node_ids=node_ids,
+        resolver_dir=Path(args.resolver_dir),
+        admin_uid=args.admin_uid,
+        revoke_earlier=args.revoke_earlier,
+    )
 
 
-def write(identities: Identities, *, node_ids: list[str], resolver_dir: Path, admin_uid: int | None) -> None:
-    """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block; the
-    `.creds` of every earlier `write` revoked (`Identities.revoke_earlier`)."""
-    identities.revoke_earlier()
+def write(
+    identities: Identities,
+    *,
+    node_ids: list[str],
+    resolver_dir: Path,
+    admin_uid: int | None,
+    revoke_earlier: bool = False,
+) -> None:
+    """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block;
+    `revoke_earlier`: the `.creds` of every earlier `write` revoked first (`Identities.revoke_earlier`: every
+    container holding one must be recreated, its connection is closed for good once the servers know)."""
+    if revoke_earlier:
+        identities.revoke_earlier()
     for identity in ("admin", busroles.MINTER, *busroles.SERVICES, *(f"agent-{node_id}" for node_id in node_ids)):
         path = identities.creds(identity)
         folder = path.parent / identity

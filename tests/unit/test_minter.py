@@ -130,6 +130,15 @@ def test_no_identity_is_minted_once_the_account_carries_its_most_revocations():
     assert len(m.revocations) == 2 and m.minted == {}
 
 
+def test_the_static_identities_revocations_count_against_the_accounts_most():
+    m, bounded = minter(), Limits(static=STATIC, max_rented_nodes=64, bucket=TokenBucket(64, 12), max_revocations=2)
+    agent(m, "od-1", within=bounded)
+    revoke_node(m, RevokeNode(node_id="od-1"))
+    m.static = StaticRevocations(revoked={public_key(new_seed("user")): 1_000}, issued_at=1_001)
+    with pytest.raises(Refused, match=r"carries 2 revocations, at most 2"):
+        agent(m, "od-2", within=bounded)
+
+
 def test_mints_past_the_burst_are_refused_naming_the_rate_until_the_bucket_refills():
     m, rate = minter(), limits(burst=3, per_minute=6)
     agent(m, "od-1", within=rate, now=100)
@@ -276,17 +285,23 @@ def test_compose_bus_keys_writes_the_minters_creds_and_can_retire_the_keys_place
     assert public_key(held) not in auth
 
 
-def test_each_write_revokes_the_static_identities_earlier_creds_and_every_account_the_minter_pushes_carries_it(
+def test_a_write_told_to_revokes_the_static_identities_earlier_creds_and_every_account_the_minter_pushes_carries_it(
     tmp_path, monkeypatch
 ):
+    """Compose's bus-keys runs at every `up` beside running containers, whose connections a revocation would close
+    for good: it revokes only when told (`--revoke-earlier`); `make run` does at every start (nothing runs yet)."""
     identities = Identities(tmp_path / "bus")
     creds = tmp_path / "bus" / "creds" / "agent-n1" / "nats.creds"
+    static_file = identities.minter_file.parent / STATIC_REVOCATIONS
     monkeypatch.setattr("time.time", lambda: 1_000.5)
     write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None)
     first = claims_of(creds.read_text())
     minter_file = identities.minter_file.read_text()
-    monkeypatch.setattr("time.time", lambda: 1_005.5)
+    monkeypatch.setattr("time.time", lambda: 1_002.5)
     write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None)
+    assert not static_file.exists()  # a plain write revokes nothing
+    monkeypatch.setattr("time.time", lambda: 1_005.5)
+    write(identities, node_ids=["n1"], resolver_dir=tmp_path / "accounts", admin_uid=None, revoke_earlier=True)
     second = claims_of(creds.read_text())
 
     static = StaticRevocations.load(identities.minter_file.parent / STATIC_REVOCATIONS)
@@ -306,6 +321,9 @@ def test_each_write_revokes_the_static_identities_earlier_creds_and_every_accoun
     assert pushed["nats"]["revocations"] == {**static.revoked, rented: 1_005}
     assert pushed["iat"] > static.issued_at  # newer than what the server was started with, or it is ignored
     assert "static" not in json.loads(m.to_json())
+
+    monkeypatch.setattr("time.time", lambda: 1_001.5)  # the clock stepped back: a restarted process is not refused
+    assert claims_of(identities.creds("agent-n1").read_text())["iat"] == 1_005
 
 
 def test_one_minter_at_a_time_on_a_minter_file(tmp_path):
