@@ -33,6 +33,9 @@ MUTATING = {"POST", "PUT", "PATCH", "DELETE"}
 KEEP_BYTES = 64 * 1024  # of a request or response body, to summarise it; larger ones are summarised without it
 TRIES = 3
 HOLDER = "audit"  # the request state key where the middleware and the dependency meet
+# A job's creation asks placement and billing before it changes anything: its record is written meanwhile and
+# awaited just before the job is stored (`recorded`); every other change waits for its record before its route runs.
+RECORDED_LATER = {("POST", "/v2/{project_id}/training-jobs")}
 Summary = Callable[[dict, dict, dict], tuple[str | None, dict]]  # (path params, request, response) -> target, summary
 
 
@@ -245,8 +248,8 @@ async def record(request: Request) -> None:
     route = request.scope.get("route")
     template, params = getattr(route, "path", request.url.path), dict(request.path_params)
     action, _, _ = describe(request.method, template, params, b"", b"")
-    try:
-        holder["entry_id"] = await request.app.state.audit.begin(
+    begun = asyncio.ensure_future(
+        request.app.state.audit.begin(
             principal=principal,
             action=action,
             method=request.method,
@@ -256,12 +259,25 @@ async def record(request: Request) -> None:
             target_id=_text(params.get("job_id")),
             client_ip=request.client.host if request.client else "",
         )
+    )
+    holder.update(template=template, params=params, begun=begun)
+    if (request.method, template) not in RECORDED_LATER:
+        await recorded(request)
+
+
+async def recorded(request: Request) -> None:
+    """The record `record` began, stored: awaited before anything is changed (by `record` itself for every route
+    but those `RECORDED_LATER`, which await it before their change); 503 where it cannot be, nothing changed."""
+    holder = request.scope.get("state", {}).get(HOLDER)
+    if holder is None or "begun" not in holder:
+        return
+    try:
+        await holder["begun"]
     except Exception as exc:
         log.error("audit log unavailable, %s %s refused: %r", request.method, request.url.path, exc)
         raise ApiError(
             503, errors.SERVICE_UNAVAILABLE, "the audit log cannot be written; nothing was changed, try again"
         ) from None
-    holder.update(template=template, params=params)
 
 
 class AuditMiddleware:
@@ -294,21 +310,25 @@ class AuditMiddleware:
         try:
             await self.app(scope, tee_receive, tee_send)
         finally:
-            if "entry_id" in holder:
+            if "begun" in holder:
                 await self._finish(scope, holder, bytes(request_body), bytes(response_body), status[0] or 500)
 
     @staticmethod
     async def _finish(scope: Scope, holder: dict, body: bytes, answer: bytes, status: int) -> None:
+        try:
+            entry_id = await holder["begun"]  # a record that could not be stored has no outcome to add (a 503)
+        except Exception:
+            return
         body, answer = (b if len(b) <= KEEP_BYTES else b"" for b in (body, answer))
         action, target, summary = describe(scope["method"], holder["template"], holder["params"], body, answer)
         try:
             await scope["app"].state.audit.finish(
-                holder["entry_id"], action=action, status=status, target_id=target, summary=summary
+                entry_id, action=action, status=status, target_id=target, summary=summary
             )
         except Exception as exc:
             log.error(
                 "audit record %s of %s %s kept without its outcome: %r",
-                holder["entry_id"],
+                entry_id,
                 scope["method"],
                 scope["path"],
                 exc,

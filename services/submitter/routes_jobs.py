@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.clock import utcnow
 from shared.jobs import JobCreate, Phase
 from shared.rpc import MetricsReport
+from services.submitter import audit
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
@@ -55,7 +56,10 @@ async def create_job(
         return JSONResponse(
             await use_cases(request).dry_run(project_id=project_id, user_name=principal.user_name, body=body)
         )
-    return await use_cases(request).submit(SubmitJob(project_id=project_id, user_name=principal.user_name, body=body))
+    return await use_cases(request).submit(
+        SubmitJob(project_id=project_id, user_name=principal.user_name, body=body),
+        before_store=lambda: audit.recorded(request),  # its audit record, begun before the route, stored by then
+    )
 
 
 @router.get("", response_model=JobList, summary="List training jobs")

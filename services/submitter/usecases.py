@@ -8,6 +8,7 @@ price placement's candidates gave, and the same answer says whether anything cou
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,8 +73,9 @@ class Submitter:
         """(dollars, GPU-hours) of the job as admission prices it."""
         return admission.price(body, await self.offers(body, project_id=project_id, user_name=user_name))
 
-    async def submit(self, command: SubmitJob) -> Job:
-        """Storage and flavors checked, caps, one pricing, one admission, placeability, store and announce; a
+    async def submit(self, command: SubmitJob, *, before_store: Callable[[], Awaitable[None]] | None = None) -> Job:
+        """Storage and flavors checked, caps, one pricing, one admission, placeability, `before_store` (what must
+        be done before the job exists: its audit record stored, when an API request asks), store and announce; a
         taken name or id is NameTaken."""
         project_id, user_name = command.project_id, command.user_name
         body = await self.prepare(project_id=project_id, body=command.body)
@@ -81,6 +83,8 @@ class Submitter:
         answer = await self.offers(body, project_id=project_id, user_name=user_name)
         await admission.admit(self.requester, project_id=project_id, user_name=user_name, body=body, answer=answer)
         await feasible.refuse_unplaceable(self.requester, body.spec, answer, project_id=project_id, user_name=user_name)
+        if before_store is not None:
+            await before_store()
         return await self._store(command, body=body, job_id=command.job_id or str(uuid.uuid4()))
 
     async def _store(self, command: SubmitJob, *, body: JobCreate, job_id: str) -> Job:

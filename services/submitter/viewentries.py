@@ -92,24 +92,32 @@ class ViewEntries:
         self.added[("user", owner[1])] += 1
 
     async def add_new(self, stored: list[dict[str, Any]]) -> None:
-        """The entries of jobs just stored: a queue entry and a list entry each, one command per collection."""
-        await self.queue.bulk_write(
-            [
-                UpdateOne(
-                    {"_id": doc["_id"]},
-                    {"$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": _version(doc)}},
-                    upsert=True,
-                )
-                for doc in stored
-            ],
-            ordered=False,
+        """The entries of jobs just stored: a queue entry and a list entry each, one command per collection, the two
+        sent side by side (a submission waits for both: one round trip, not two); the first failure raised once
+        both are answered."""
+
+        async def queue_entries() -> None:
+            await self.queue.bulk_write(
+                [
+                    UpdateOne(
+                        {"_id": doc["_id"]},
+                        {"$set": {"project_id": doc["project_id"], "user_name": doc["user_name"], "v": _version(doc)}},
+                        upsert=True,
+                    )
+                    for doc in stored
+                ],
+                ordered=False,
+            )
+            for doc in stored:
+                self._added((doc["project_id"], doc["user_name"]))
+
+        listed = [UpdateOne({"_id": e.pop("_id")}, {"$set": e}, upsert=True) for e in map(list_entry, stored)]
+        outcomes = await asyncio.gather(
+            queue_entries(), self.listing.bulk_write(listed, ordered=False), return_exceptions=True
         )
-        for doc in stored:
-            self._added((doc["project_id"], doc["user_name"]))
-        await self.listing.bulk_write(
-            [UpdateOne({"_id": entry.pop("_id")}, {"$set": entry}, upsert=True) for entry in map(list_entry, stored)],
-            ordered=False,
-        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def rebuild(self, jobs: AsyncCollection) -> int:
         """At start, before anything is submitted or projected: the queue from the jobs themselves, and the list

@@ -1,13 +1,17 @@
 """The audit log: every change by a person is stored before it happens (or refused), with who, what, from where."""
 
+import asyncio
 import json
 from datetime import UTC, datetime
 
 import pytest
 
+from shared.bus import RPC_CANDIDATES
 from services.submitter.audit import describe
+from tests.factories import job_body
 from tests.memory import MemoryCollection
 from tests.unit.api_app import add_user, client, make_app
+from tests.unit.test_submission import CountingBroker, MemoryRepo
 
 
 class Broken(MemoryCollection):
@@ -93,6 +97,78 @@ async def test_a_change_whose_record_cannot_be_written_is_refused():
     assert (response.status_code, response.json()["error_code"]) == (503, "406003")
     assert "nothing was changed" in response.json()["error_msg"]
     assert await db.api_users.find_one({"_id": "ana"}) is None
+
+
+class Slow(MemoryCollection):
+    """An audit collection whose inserts wait until released; what it saw meanwhile is kept."""
+
+    def __init__(self, seen) -> None:
+        super().__init__("api_audit")
+        self.release, self.fail, self.seen = asyncio.Event(), False, seen
+
+    async def insert_one(self, doc):
+        self.seen.append("record begun")
+        await self.release.wait()
+        if self.fail:
+            raise ConnectionError("database away")
+        self.seen.append("record stored")
+        return await super().insert_one(doc)
+
+
+class SeenRepo(MemoryRepo):
+    def __init__(self, seen) -> None:
+        super().__init__()
+        self.seen = seen
+
+    async def insert_many(self, new):
+        self.seen.append("job stored")
+        return await super().insert_many(new)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_a_jobs_record_is_written_while_placement_and_billing_are_asked_and_stored_before_the_job(fails):
+    """A job's creation asks placement and billing (read only) while its record is written, and is stored only
+    once the record is: half the wait of a submission was its record's write, made before anything else ran. A
+    record that cannot be written refuses the job (503), nothing stored."""
+    seen: list[str] = []
+    broker = CountingBroker()
+    asked = broker.request
+
+    async def request(payload, subject, timeout=0):
+        seen.append(subject)
+        if subject == RPC_CANDIDATES:
+            await asyncio.sleep(0)
+            audit.release.set()  # placement answers only once the record's write has begun: they overlap
+        return await asked(payload, subject, timeout)
+
+    broker.request = request
+    app, _, _ = await make_app(broker=broker, repo=(repo := SeenRepo(seen)))
+    audit = app.state.audit.collection = Slow(seen)
+    audit.fail = fails
+    async with client(app) as admin, asyncio.timeout(10):  # a record awaited before placement is asked: never
+        response = await admin.post("/v2/vision/training-jobs", json=job_body(name="one"))
+    if fails:
+        assert (response.status_code, response.json()["error_code"]) == (503, "406003")
+        assert "job stored" not in seen and await repo.jobs.count_documents({}) == 0
+    else:
+        assert response.status_code == 201, response.text
+        assert seen.index("record begun") < seen.index(RPC_CANDIDATES) < seen.index("record stored")
+        assert seen.index("record stored") < seen.index("job stored")
+        [record] = audit.docs.values()
+        assert (record["action"], record["state"], record["status"]) == ("job.create", "done", 201)
+
+
+async def test_any_other_change_waits_for_its_record_before_its_route_runs():
+    seen: list[str] = []
+    app, db, _ = await make_app()
+    audit = app.state.audit.collection = Slow(seen)
+    async with client(app) as admin:
+        creating = asyncio.ensure_future(admin.post("/v2/users", json={"user_name": "ana", "projects": ["vision"]}))
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+        assert seen == ["record begun"] and await db.api_users.find_one({"_id": "ana"}) is None
+        audit.release.set()
+        assert (await creating).status_code == 201
 
 
 async def test_a_record_whose_outcome_cannot_be_added_stays_begun():
