@@ -4,6 +4,7 @@ import asyncio
 import functools
 import hmac
 import logging
+import os
 import ssl
 import time
 import weakref
@@ -147,12 +148,28 @@ UNKNOWN_DROPPED = (
 TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
 
+BUS_CLOSED_EXIT = 75  # EX_TEMPFAIL: a supervisor starts the process again, with the credentials it has then
+
+
 class BusLink:
-    """When this process last lost or regained the bus: silence from others then means nothing."""
+    """When this process last lost or regained the bus: silence from others then means nothing. And what happens
+    when the client gives the connection up for good while the process is not stopping (the server revoked its
+    credentials, say: nats-py does not reconnect after "User Authentication Revoked"): the process exits, so that
+    its supervisor (`make run`'s, a container's restart policy) starts it again, with the credentials it is given
+    then; a process left up without its bus answers nothing and reads nothing."""
 
     def __init__(self) -> None:
         self.connected = True
         self.changed_at = time.monotonic()
+        self.stopping = False  # set once the process stops on purpose: its own close is no loss
+
+    async def closed(self) -> None:
+        self.connected, self.changed_at = False, time.monotonic()
+        if self.stopping:
+            return
+        log.critical("the bus closed this process's connection for good (its credentials revoked?): exiting")
+        logging.shutdown()
+        os._exit(BUS_CLOSED_EXIT)
 
     async def disconnected(self) -> None:
         self.connected, self.changed_at = False, time.monotonic()
@@ -180,7 +197,11 @@ def make_broker(
     inboxes (`replies.ReplyGuard`). ca_file: the CA that signed the server's certificate, for a `tls://` URL.
     """
     pulls.install()  # a fetch hands over a message as soon as it comes (`shared/pulls.py`)
-    options: dict[str, Any] = {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected} if link else {}
+    options: dict[str, Any] = (
+        {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected, "closed_cb": link.closed}
+        if link
+        else {}
+    )
     tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
     if creds:
         options["security"] = NatsCredentials(str(creds), ssl_context=tls)

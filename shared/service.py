@@ -175,6 +175,7 @@ async def running(
             await w.broker.start()
         yield service
     finally:
+        w.link.stopping = True  # the broker's close from here on is the process's own
         await w.background.stop()
         if start:
             await w.broker.stop()
@@ -241,7 +242,9 @@ def service_app(
         async with running(w, settings=settings, setup=setup, database=database, stop=app.exit):
             yield
 
-    app = Process(w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown))
+    app = Process(
+        w.broker, lifespan=lifespan, after_startup=list(after_startup), on_shutdown=list(on_shutdown), link=w.link
+    )
     return app
 
 
@@ -280,13 +283,16 @@ class Process(FastStream):
     """A FastStream application that waits for its stop instead of looking for it: FastStream's `run` wakes every
     0.1 s to see whether `exit` was called, about 3.6 ms of CPU a second a process on this machine (half of what an
     idle service used; ten processes a stack). The same steps as FastStream's `run` otherwise: the signals call
-    `exit`, the lifespan wraps start and stop."""
+    `exit`, the lifespan wraps start and stop. `link`: told at `exit` that the broker's close to come is the
+    process's own (FastStream closes it before the lifespan ends)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, link: BusLink | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._stop = Wake()
+        self._stop, self._link = Wake(), link
 
     def exit(self) -> None:
+        if self._link is not None:
+            self._link.stopping = True
         super().exit()
         self._stop.set()
 

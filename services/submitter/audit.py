@@ -273,8 +273,7 @@ async def recorded(request: Request) -> None:
         return
     try:
         await holder["begun"]
-    except Exception as exc:
-        log.error("audit log unavailable, %s %s refused: %r", request.method, request.url.path, exc)
+    except Exception:  # logged once the request is answered (`AuditMiddleware._finish`)
         raise ApiError(
             503, errors.SERVICE_UNAVAILABLE, "the audit log cannot be written; nothing was changed, try again"
         ) from None
@@ -316,8 +315,9 @@ class AuditMiddleware:
     @staticmethod
     async def _finish(scope: Scope, holder: dict, body: bytes, answer: bytes, status: int) -> None:
         try:
-            entry_id = await holder["begun"]  # a record that could not be stored has no outcome to add (a 503)
-        except Exception:
+            entry_id = await holder["begun"]  # a record that could not be stored has no outcome to add
+        except Exception as exc:  # the change refused (503), or refused earlier for a reason of its own
+            log.error("audit log unavailable, %s %s answered %d: %r", scope["method"], scope["path"], status, exc)
             return
         body, answer = (b if len(b) <= KEEP_BYTES else b"" for b in (body, answer))
         action, target, summary = describe(scope["method"], holder["template"], holder["params"], body, answer)

@@ -4,12 +4,16 @@ off a node taken out of the cluster or minted by a version whose permissions wer
 refused by the server the next start configures, and stays refused in the account the minter pushes after."""
 
 import asyncio
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import nats
 import pytest
 from nats.errors import Error as NatsError
 
+from shared.bus import BUS_CLOSED_EXIT
 from services.stack.processes import Stack, StackSettings
 from tests.conftest import free_port
 from tests.integration.servers import running_minter
@@ -67,3 +71,53 @@ async def test_creds_of_an_earlier_start_are_refused_at_the_next_and_after_the_m
         await (await connect(second, second.identities.creds("agent-n1"))).close()
     finally:
         second.stop_all()
+
+
+# A process of the platform as `shared.service.wire` makes its broker, connected with its own `.creds`.
+HOLDER = """
+import asyncio, sys, time
+from pathlib import Path
+from shared.bus import BusLink, make_broker
+
+async def main():
+    broker = make_broker(sys.argv[1], name="monitor", link=BusLink(), creds=Path(sys.argv[2]))
+    await broker.connect()
+    print("connected", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_process_whose_connection_is_closed_for_good_exits_for_its_supervisor_to_start_it_again(tmp_path):
+    """Revoked while it runs, a process's connection is closed by the server and nats-py does not reconnect: the
+    process exits (75) where it used to stay up without its bus, answering and reading nothing for ever."""
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    stack = started(
+        StackSettings(
+            data_dir=tmp_path / "data",
+            nats_port=free_port(),
+            nats_url=None,
+            mongo_url=None,
+            cluster_file=tmp_path / "cluster.toml",
+        )
+    )
+    holder = None
+    try:
+        creds = stack.identities.creds("monitor")
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, stack.nats_url, str(creds)], stdout=subprocess.PIPE, text=True
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "connected"
+        await asyncio.sleep(1.1)  # a later second: what was minted before it is revoked
+        stack.identities.revoke_earlier()
+        async with running_minter(stack) as minter:
+            await minter.push_pending()  # the account with the revocation, to the server
+        deadline = time.monotonic() + 10
+        while holder.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert holder.returncode == BUS_CLOSED_EXIT
+    finally:
+        if holder is not None and holder.poll() is None:
+            holder.kill()
+        stack.stop_all()
