@@ -149,6 +149,9 @@ TRANSIENT_ERRORS = (PyMongoError, NatsError, OSError, TimeoutError)
 
 
 BUS_CLOSED_EXIT = 75  # EX_TEMPFAIL: a supervisor starts the process again, with the credentials it has then
+# Set by a process's entry point (`shared.service.run`, the API's main): only a whole process exits when its bus is
+# gone; a library user of a broker (a test, a tool) is left to see the close itself.
+EXIT_WHEN_CLOSED = False
 
 
 class BusLink:
@@ -165,7 +168,7 @@ class BusLink:
 
     async def closed(self) -> None:
         self.connected, self.changed_at = False, time.monotonic()
-        if self.stopping:
+        if self.stopping or not EXIT_WHEN_CLOSED:
             return
         log.critical("the bus closed this process's connection for good (its credentials revoked?): exiting")
         logging.shutdown()

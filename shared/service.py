@@ -17,6 +17,7 @@ from faststream._internal.cli.supervisors.utils import set_exit
 from faststream.nats import NatsBroker, NatsRouter
 from pydantic import BaseModel, Field
 
+from shared import bus
 from shared.bus import RPC_HEALTH, SERVICES as LEASED, BusLink, connect, make_broker
 from shared.buslog import quiet_expected_bus_waits
 from shared.bustopology import bound
@@ -108,7 +109,9 @@ class Background:
 
 
 def run(app: FastStream) -> None:
-    """Run a FastStream application until SIGINT or SIGTERM (FastStream installs the handlers)."""
+    """Run a FastStream application until SIGINT or SIGTERM (FastStream installs the handlers); the process exits
+    should the bus close its connection for good (`shared.bus.BusLink.closed`)."""
+    bus.EXIT_WHEN_CLOSED = True
     asyncio.run(app.run())
 
 

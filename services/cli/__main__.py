@@ -6,7 +6,7 @@ import sys
 
 import httpx
 
-from services.cli import commands, render, searches, tokens
+from services.cli import commands, render, searches, tokens, webhooks
 from services.cli.client import EXIT_CONFIG, EXIT_UNAVAILABLE, EXIT_USAGE, Api, CliError
 from services.cli.settings import config_file, load
 
@@ -113,6 +113,7 @@ def parser() -> argparse.ArgumentParser:
     command("nodes", commands.nodes, "the fleet: kind, GPUs, price, state, jobs")
     tokens.add_parser(sub, shared)
     searches.add_parser(sub, shared)
+    webhooks.add_parser(sub, shared)
     u = command("usage", commands.usage, "usage and cost by user and node kind")
     u.add_argument("--from", dest="start", help="ISO-8601 start")
     u.add_argument("--to", dest="end", help="ISO-8601 end")

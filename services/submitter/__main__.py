@@ -6,6 +6,7 @@ import uvicorn
 from pydantic import ValidationError
 from uvicorn.config import STARTUP_FAILURE
 
+from shared import bus
 from services.submitter.app import SubmitterSettings, create_app
 from services.submitter.connections import HeadTimedProtocol, QuietServer
 
@@ -47,4 +48,5 @@ if __name__ == "__main__":
         )
         print(f"trainmaster submitter: invalid settings: {problems}", file=sys.stderr)
         sys.exit(2)
+    bus.EXIT_WHEN_CLOSED = True  # a bus that closes the connection for good ends the process (`BusLink.closed`)
     serve(create_app(settings), server_options(settings))

@@ -204,6 +204,24 @@ def test_nodes_and_errors(cli, project):
     assert code == 78
 
 
+def test_the_projects_webhook_is_set_shown_rotated_and_cleared(cli):
+    url = "http://127.0.0.1:9/hook"  # nothing listens: deliveries would fail, none is due while the test runs
+    code, secret, err = cli("webhook", "set", url)
+    assert code == 0, err
+    assert secret.startswith("whsec_") and "shown only now" in err  # the secret alone on stdout
+    code, out, err = cli("webhook")
+    assert code == 0 and f"webhook: {url}, signed" in out and secret.strip() not in out
+    code, again, err = cli("webhook", "set", url)
+    assert code == 0 and "signed with the secret it had" in again
+    code, rotated, err = cli("webhook", "set", url, "--rotate-secret")
+    assert code == 0 and rotated.startswith("whsec_") and rotated != secret and "24 hours" in err
+    code, out, err = cli("webhook", "clear")
+    assert code == 0 and "none" in out
+    assert json.loads(cli("--json", "webhook")[1])["webhook_url"] is None
+    code, _, err = cli("webhook", "set", "http://10.0.0.1/hook")  # a private address: refused, naming the field
+    assert code == 65 and "webhook_url" in err
+
+
 def test_the_config_file_is_read(cli, tmp_path, stack, project):
     config = tmp_path / "home" / ".config" / "trainmaster"
     config.mkdir(parents=True)

@@ -77,7 +77,10 @@ async def test_creds_of_an_earlier_start_are_refused_at_the_next_and_after_the_m
 HOLDER = """
 import asyncio, sys, time
 from pathlib import Path
+from shared import bus
 from shared.bus import BusLink, make_broker
+
+bus.EXIT_WHEN_CLOSED = True  # as a process's entry point sets it
 
 async def main():
     broker = make_broker(sys.argv[1], name="monitor", link=BusLink(), creds=Path(sys.argv[2]))

@@ -12,6 +12,7 @@ from shared.service import Process
 def exits(monkeypatch) -> list[int]:
     codes: list[int] = []
     monkeypatch.setattr(bus.os, "_exit", codes.append)
+    monkeypatch.setattr(bus, "EXIT_WHEN_CLOSED", True)  # as a process's entry point sets it
     return codes
 
 
@@ -27,3 +28,9 @@ async def test_the_close_of_a_process_that_stops_is_its_own(exits):
     app.exit()  # a signal, or the lease's stop: FastStream closes the broker before the lifespan ends
     await link.closed()
     assert exits == [] and link.stopping
+
+
+async def test_a_broker_used_as_a_library_is_left_to_see_its_close(exits, monkeypatch):
+    monkeypatch.setattr(bus, "EXIT_WHEN_CLOSED", False)  # a test, a tool: no entry point set it
+    await BusLink().closed()
+    assert exits == []
