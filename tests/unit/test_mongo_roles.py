@@ -1,6 +1,7 @@
 """docker compose's database access: one user per service, a role covering exactly the collections its code uses,
 authentication on, no published MongoDB port."""
 
+import json
 import re
 from pathlib import Path
 
@@ -87,3 +88,27 @@ def test_no_two_containers_share_a_data_folder():
     assert shared == {}, shared
     agents = [n for n in compose["services"] if n.startswith("agent")]
     assert all(any(v == f"{n}-data" for v in owners) for n in agents)
+
+
+def test_compose_gives_keys_to_the_bucket_to_the_agents_alone_a_user_of_their_own_allowed_its_objects_only():
+    """Only the agents read and write the bucket: until 2026-11-29 every service held MinIO's root keys as AWS_*
+    (placement's boto3 sent them to EC2 in place of its own), and the agents could administer MinIO."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    for name, spec in compose.items():
+        env = spec.get("environment") or {}
+        if name.startswith("agent"):
+            assert env["AWS_ACCESS_KEY_ID"] == "trainmaster-agent" and "MINIO_ROOT" not in str(env), name
+            assert env["AWS_SECRET_ACCESS_KEY"].startswith("${TRAINMASTER_MINIO_AGENTS_PASSWORD")
+        elif name == "placement":  # its own EC2 keys, from the operator's shell
+            assert env["AWS_ACCESS_KEY_ID"] == "${TRAINMASTER_PLACEMENT_AWS_ACCESS_KEY_ID:-}", env
+        elif name not in ("minio", "minio-bucket"):
+            assert not {k for k in env if k.startswith("AWS_") or k.startswith("FSSPEC_")}, name
+            assert "MINIO" not in str(env), name
+    script = compose["minio-bucket"]["entrypoint"][-1]
+    policy = script.split("<<'POLICY'\n")[1].split("\nPOLICY")[0]
+    statements = json.loads(policy)["Statement"]
+    assert {r for s in statements for r in s["Resource"]} == {"arn:aws:s3:::trainmaster", "arn:aws:s3:::trainmaster/*"}
+    assert all(a.startswith("s3:") for s in statements for a in s["Action"])  # nothing of MinIO's own (admin:*)
+    assert "mc admin user add m trainmaster-agent" in script and "--user trainmaster-agent" in script
+    secrets = (ROOT / "deploy" / "mongo-secrets.sh").read_text()
+    assert "TRAINMASTER_MINIO_AGENTS_PASSWORD=" in secrets
