@@ -18,11 +18,12 @@ MAX_DESC = 48  # characters of a bar's description that name it
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x08\x00-\x07\x0b-\x1f]")
 SCALE = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 NUMBER = r"\d{1,16}(?:\.\d{1,6})?[kMGT]?"
-# tqdm: `desc: 37%|███▋      | 370/1000 [00:12<00:20, 30.1it/s, loss=1.2]`
-TQDM = re.compile(
-    rf"(?P<desc>[^|%]{{0,{MAX_DESC * 2}}}?)\s*\d{{1,3}}%\|[^|]{{0,120}}\|\s*(?P<n>{NUMBER})/"
-    rf"(?P<total>{NUMBER})\s*\[(?P<info>[^\]]{{0,200}})\]"
-)
+# tqdm: `desc: 37%|███▋      | 370/1000 [00:12<00:20, 30.1it/s, loss=1.2]`, read from each `%|` a line holds
+# (`tqdm_bar`): what follows it by this pattern, anchored there; what precedes it (the percentage, the description)
+# by walking back. The one pattern `desc\s*\d{1,3}%|...` searched from every position of a line tried every
+# description length at every start: a line of 4,000 spaces took 15 s of the estimator's CPU (found by review).
+TQDM_TAIL = re.compile(rf"\|[^|]{{0,120}}\|\s*(?P<n>{NUMBER})/(?P<total>{NUMBER})\s*\[(?P<info>[^\]]{{0,200}})\]")
+MAX_BAR_MARKS = 8  # `%|` looked at in one line: a bar prints one
 TQDM_RATE = re.compile(
     rf"(?:(?P<rate>{NUMBER})\s?(?P<unit>[A-Za-z_]{{0,16}})/s|"
     rf"(?P<inv>{NUMBER})\s?s/(?P<inv_unit>[A-Za-z_]{{0,16}}))"
@@ -37,10 +38,13 @@ KERAS = re.compile(
     r"^\s*(?P<n>\d{1,13})/(?P<total>\d{1,13})\s+(?:\[[=>.]{1,200}\]|━{1,200})"
     r"(?:.{0,40}?(?P<per>\d{1,9})(?P<per_unit>ms|s|us)/step)?"
 )
-EPOCH = re.compile(r"\bepoch\s*[:\[]?\s*(?P<n>\d{1,9})\s*(?:/|of)\s*(?P<total>\d{1,9})\b", re.IGNORECASE)
+# whitespace bounded: two unbounded runs around an optional sign cost the square of a long run of spaces
+EPOCH = re.compile(
+    r"\bepoch\s{0,32}[:\[]?\s{0,32}(?P<n>\d{1,9})\s{0,32}(?:/|of)\s{0,32}(?P<total>\d{1,9})\b", re.IGNORECASE
+)
 # `step 120/1000`, `Step [120/1000]`, `iteration 120 of 1000`, Megatron's `iteration      120/  500000 |`
 STEPS = re.compile(
-    r"\b(?:global[_ ]?)?(?:step|iteration|iter)s?\s*[:=#\[]?\s*(?P<n>\d{1,13})\s*(?:/|of)\s*"
+    r"\b(?:global[_ ]?)?(?:step|iteration|iter)s?\s{0,32}[:=#\[]?\s{0,32}(?P<n>\d{1,13})\s{0,32}(?:/|of)\s{0,32}"
     r"(?P<total>\d{1,13})\b",
     re.IGNORECASE,
 )
@@ -98,8 +102,8 @@ def read_line(line: str) -> list[Reading]:
     readings = []
     if (m := HF_LOG.search(text)) is not None:
         return [Reading("epoch-fraction", float(m["epoch"]), None, "hf-trainer")]
-    if (m := TQDM.search(text)) is not None:
-        readings += _tqdm(m)
+    if (bar := tqdm_bar(text)) is not None:
+        readings += _tqdm(bar)
     elif (m := RICH.search(text)) is not None:
         readings += _bar(m, source="lightning", rate=_number(m["rate"]), unit=m["unit"] or "it")
     elif (m := KERAS.search(text)) is not None:
@@ -120,11 +124,37 @@ def read_line(line: str) -> list[Reading]:
     ]  # `Epoch 3/10` counts from 1
 
 
+def tqdm_bar(text: str) -> dict[str, str] | None:
+    """The line's first tqdm bar (description, count, total, the bracket's info), as the one pattern this replaced
+    read it searched from the left (the description: up to 96 characters before the percentage and its spaces, no
+    `|` or `%`; `tests/unit/test_progress_linear.py` holds them equal), in time linear in the line's length; a
+    line's first MAX_BAR_MARKS `%|` are looked at."""
+    start = 0
+    for _ in range(MAX_BAR_MARKS):
+        mark = text.find("%|", start)
+        if mark < 0:
+            return None
+        start = mark + 1
+        digits = mark
+        while digits > max(mark - 3, 0) and text[digits - 1].isdecimal():
+            digits -= 1
+        if digits == mark or (tail := TQDM_TAIL.match(text, mark + 1)) is None:
+            continue
+        end = digits
+        while end > 0 and text[end - 1].isspace():
+            end -= 1
+        begin = end
+        while begin > max(end - MAX_DESC * 2, 0) and text[begin - 1] not in "|%":
+            begin -= 1
+        return {"desc": text[begin:end], "n": tail["n"], "total": tail["total"], "info": tail["info"]}
+    return None
+
+
 def _number(text: str | None) -> float | None:
     return scaled(text) if text else None
 
 
-def _tqdm(m: re.Match) -> list[Reading]:
+def _tqdm(m: dict[str, str]) -> list[Reading]:
     rate = TQDM_RATE.search(m["info"])
     unit, per_s = "it", None
     if rate is not None and rate["rate"]:
@@ -135,11 +165,11 @@ def _tqdm(m: re.Match) -> list[Reading]:
     return _bar(m, source=source, rate=per_s, unit=unit)
 
 
-def _bar(m: re.Match, *, source: str, rate: float | None, unit: str) -> list[Reading]:
+def _bar(m: re.Match | dict[str, str], *, source: str, rate: float | None, unit: str) -> list[Reading]:
     n, total = _number(m["n"]), _number(m["total"])
     if n is None or total is None:
         return []
-    desc = m.groupdict().get("desc") or ""
+    desc = (m if isinstance(m, dict) else m.groupdict()).get("desc") or ""
     epoch = None
     if (e := EPOCH_DESC.search(desc)) is not None:  # Lightning's `Epoch 3` (0-based; rich adds `/9`, the last)
         epoch = (int(e["n"]), int(e["last"]) if e["last"] else None)
