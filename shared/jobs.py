@@ -39,6 +39,12 @@ RESERVED_ENV_PREFIXES = ("TRAINMASTER_",)
 RESERVED_ENV_NAMES = frozenset(
     {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
+MAX_PARAMETERS = 100  # a job's algorithm.parameters
+
+
+def reserved_env(name: str) -> bool:
+    """An environment variable the agent sets for every task (a job's own value would be overwritten)."""
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 
 
 class Phase(StrEnum):
@@ -142,7 +148,9 @@ class MetricSpec(Strict):
         examples=[r"step (?P<step>\d+) loss (?P<value>[0-9.eE+-]+)"],
     )
     mode: Literal["min", "max"] = Field("min", description="Whether the metric improves downwards or upwards.")
-    target: Float | None = Field(None, description="Value at which training is done; drives the ETA.")
+    target: Float | None = Field(
+        None, ge=-1e15, le=1e15, description="Value at which training is done; drives the ETA."
+    )
 
     @field_validator("regex")
     @classmethod
@@ -206,7 +214,7 @@ class Algorithm(Strict):
     engine: Engine | None = None
     inputs: list[DataIn] = Field(default_factory=list, max_length=20)
     outputs: list[DataOut] = Field(default_factory=list, max_length=20)
-    parameters: list[Parameter] = Field(default_factory=list, max_length=100)
+    parameters: list[Parameter] = Field(default_factory=list, max_length=MAX_PARAMETERS)
     environments: dict[str, str] = Field(default_factory=dict, max_length=100)
     metrics: list[MetricSpec] = Field(default_factory=list, max_length=20)
 
@@ -229,6 +237,8 @@ class Algorithm(Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate parameter names: {', '.join(duplicates)}")
+        if taken := sorted(n for n in names if reserved_env(n)):  # each is exported as an environment variable
+            raise ValueError(f"parameter {taken[0]!r} is an environment variable trainmaster sets; name it otherwise")
         return parameters
 
     @field_validator("environments")
@@ -237,7 +247,7 @@ class Algorithm(Strict):
         for name, value in environments.items():
             if not re.match(ENV_NAME_PATTERN, name):
                 raise ValueError(f"environment variable name {name!r} is not valid")
-            if name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES):
+            if reserved_env(name):
                 raise ValueError(f"environment variable {name!r} is set by trainmaster and cannot be overridden")
             if len(value) > 8192:
                 raise ValueError(f"environment variable {name!r} is longer than 8192 characters")

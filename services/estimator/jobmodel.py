@@ -87,8 +87,8 @@ class JobModel:
         self.started_at = self.started_at or at
         declared = {p.name: p.value for p in self.parameters if p.name in HARDWARE_KEYS}
         self.accelerator = declared.get("accelerator") or accelerator or "unknown"
-        self.gpus = max(int(float(declared.get("accelerators", gpus))), 1)
-        self.nodes = max(int(float(declared.get("nodes", nodes))), 1)
+        self.gpus = _count(declared.get("accelerators"), gpus)
+        self.nodes = _count(declared.get("nodes"), nodes)
 
     def carried_progress(self) -> bool:
         """Whether the last line fed carried printed progress (stored, like metric lines, to be replayed)."""
@@ -393,3 +393,17 @@ class JobModel:
             return
         if math.isfinite(number) and 0 < number <= MAX_WORK:
             self.features[name] = number
+
+
+MAX_COUNT = 100_000  # accelerators or nodes a job may declare: no fleet has more
+
+
+def _count(declared: str | None, placed: int) -> int:
+    """A declared count where it is a whole, finite number from 1 to MAX_COUNT, else the placed one (`abc`, `nan`,
+    `inf` and `1e308` raised at the start, or made a 300-digit count that overflowed the hardware features: every
+    estimate of the job failed)."""
+    try:
+        number = float(declared) if declared is not None else float("nan")
+    except ValueError:
+        number = float("nan")
+    return int(number) if 1 <= number <= MAX_COUNT else max(int(placed), 1)

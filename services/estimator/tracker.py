@@ -19,6 +19,10 @@ MAX_KEPT = 4096  # points kept per metric; past it the older half is thinned to 
 MAX_REPORTED = 64  # values read from one SDK report line
 MAX_METRICS = 256  # metric names kept per job: a job printing a new name on every line grows no further
 
+# No metric of a training reads past this: larger values are noise or hostile (`1e308` less a target of `-1e308`
+# overflowed the curve's arithmetic to NaN, and every estimate of the job failed; found by review)
+MAX_METRIC_VALUE = 1e15
+
 
 @dataclass(frozen=True)
 class MetricPoint:
@@ -40,7 +44,7 @@ def parse_line(
     """Every metric value the line carries: the job's regexes (RE2, on the line's first MAX_LINE_CHARS, within the
     job's `budget` of CPU when given), the SDK's `TRAINMASTER_METRICS {json}` reports and MLLOG key/value records
     (`record`: the line's MLLOG record when the caller has parsed it already). Whatever the line holds, a value that
-    is no finite number is skipped alone."""
+    is no finite number, or past MAX_METRIC_VALUE, is skipped alone."""
     points = []
     head = clip(line)
     search = budget.search if budget is not None else (lambda pattern, text: pattern.search(text))
@@ -52,7 +56,7 @@ def parse_line(
     record = record or parse_mllog_line(line)
     if record is not None and (value := finite(record.value)) is not None:
         points.append(MetricPoint(record.key, t, value, record.progress()))
-    return points
+    return [p for p in points if abs(p.value) <= MAX_METRIC_VALUE]
 
 
 def _matched(name: str, t: float, match: Match, group: str | int, has_step: bool) -> list[MetricPoint]:

@@ -42,5 +42,12 @@ def test_reserved_environment_and_bad_regex():
     assert errors(job_body(metrics=[{"name": "loss", "regex": "loss"}])) == ["algorithm.metrics.0.regex"]
 
 
+@pytest.mark.parametrize("name", ["CUDA_VISIBLE_DEVICES", "RANK", "TRAINMASTER_CODE_DIR"])
+def test_a_parameter_named_as_a_variable_trainmaster_sets_is_refused_as_the_environment_would_be(name):
+    """Parameters reach the task as environment variables too: such a name was taken and then silently overwritten
+    by the agent's own value."""
+    assert errors(job_body(parameters=[{"name": name, "value": "0"}])) == ["algorithm.parameters"]
+
+
 def test_gpu_memory_needs_a_gpu():
     assert errors(job_body(min_gpu_memory_gb=16)) == ["spec.resource"]

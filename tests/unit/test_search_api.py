@@ -137,3 +137,23 @@ async def test_another_projects_search_does_not_exist_and_its_project_is_forbidd
         assert (await api.post("/v2/vision/searches", json=body())).status_code == 403
     async with client(app, None) as api:
         assert (await api.get("/v2/vision/searches")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"parameters": [{"name": f"p{i}", "value": "1"} for i in range(99)]}, "at most 100 together"),
+        ({}, "'TRAINMASTER_SEED' is an environment variable trainmaster sets"),
+    ],
+)
+async def test_a_search_whose_trials_no_service_would_take_is_refused_naming_why(change, named):
+    """Each trial is the template with the space's values appended as parameters, each exported to the task as an
+    environment variable: more than 100 together, or one the agent sets, made trials that could never run."""
+    app, _, _ = await make_app()
+    spec = body()
+    spec["template"]["algorithm"].update(change)
+    if not change:
+        spec["space"]["TRAINMASTER_SEED"] = {"type": "int", "low": 1, "high": 9}
+    async with client(app) as admin:
+        refused = await admin.post("/v2/vision/searches", json=spec)
+    assert refused.status_code == 400 and named in refused.json()["error_msg"], refused.text

@@ -210,3 +210,19 @@ async def test_a_service_away_longer_than_the_timeout_is_a_503_with_retry_after(
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["error_code"] == "406003" and "billing service did not answer" in refused.json()["error_msg"]
     assert await jobs(app).find_one({"name": "away"}) is None
+
+
+@pytest.mark.asyncio
+async def test_a_trial_whose_job_no_service_would_read_fails_at_once_and_nothing_is_stored():
+    """A search stored before a template's parameters and its space were held to 100 together: its trial's job
+    (101 parameters) was stored and announced, dropped by every reader, and stayed Creating for ever."""
+    from services.submitter.searches.driver import Submitted
+
+    app = await api()
+    template = job_body(name="t")
+    template["algorithm"]["parameters"] = [{"name": f"p{i}", "value": "1"} for i in range(100)]
+    search = {"_id": "s-2", "name": "wide", "project_id": PROJECT, "user_name": "ana", "spec": {"template": template}}
+    with pytest.raises(Submitted) as refused:
+        await SubmitterPort(app.state.submitter).submit(search, trial=0, job_id="s-2-0", parameters={"lr": 0.1})
+    assert not refused.value.retry and "406001" in refused.value.reason
+    assert await jobs(app).find_one({"_id": "s-2-0"}) is None and bus(app).asked == []

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
-from shared.jobs import PARAM_NAME_PATTERN, Float, Int, JobCreate, Strict
+from shared.jobs import MAX_PARAMETERS, PARAM_NAME_PATTERN, Float, Int, JobCreate, Strict, reserved_env
 
 PRUNERS = ("none", "median", "hyperband", "predicted")
 MAX_TRIALS = 1000
@@ -121,6 +121,13 @@ class SearchCreate(Strict):
         clash = sorted(fixed & set(self.space))
         if clash:
             raise ValueError(f"space names {', '.join(clash)} are also fixed parameters of template.algorithm")
+        if len(fixed) + len(self.space) > MAX_PARAMETERS:  # each trial is the template with the space's values added
+            raise ValueError(
+                f"space: {len(self.space)} names and template.algorithm.parameters: {len(fixed)}, at most "
+                f"{MAX_PARAMETERS} together (a trial's job carries both)"
+            )
+        if taken := sorted(n for n in self.space if reserved_env(n)):
+            raise ValueError(f"space name {taken[0]!r} is an environment variable trainmaster sets; name it otherwise")
         if self.objective.mode != next(
             (m.mode for m in self.template.algorithm.metrics if m.name == self.objective.metric), self.objective.mode
         ):

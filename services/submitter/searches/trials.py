@@ -6,6 +6,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from shared.jobs import JobCreate, Parameter
 from shared.stored import readable_template
 from services.submitter.errors import described
@@ -41,6 +43,10 @@ class SubmitterPort:
             return  # submitted before a restart
         for name in (f"{search['name']}-{trial}", job_id):  # the readable name, or the id when a job took it
             body = trial_body(search, trial=trial, parameters=parameters, name=name)
+            try:  # a job no service would read (a search stored before its template and space were held to one)
+                JobCreate.model_validate(body.model_dump())
+            except ValidationError as exc:
+                raise Submitted(f"406001 the trial's job is invalid: {exc.errors()[0]['msg']}", retry=False) from None
             try:
                 await self.submitter.submit(
                     SubmitJob(

@@ -131,3 +131,27 @@ def test_a_job_naming_a_new_metric_on_every_line_keeps_a_bounded_number():
     for i in range(MAX_METRICS + 50):
         tracker.observe(LogLine(t=float(i), line=f'TRAINMASTER_METRICS {{"m{i}": 1.0}}'))
     assert len(tracker.points) == MAX_METRICS
+
+
+@pytest.mark.filterwarnings("error")  # numpy's overflow warnings too: values past 1e15 are not read at all
+@pytest.mark.parametrize("declared", ["abc", "nan", "inf", "1e308", "-3", "0"])
+def test_extreme_values_and_hardware_counts_leave_the_job_estimated(declared):
+    """A metric of 1e308 (against a target at the other end: the curve's arithmetic overflowed to NaN and every
+    estimate failed) and a declared count of accelerators or nodes that is no sane number (it raised at the start,
+    or made a 300-digit count that overflowed the hardware features)."""
+    with pytest.raises(ValueError):
+        MetricSpec(name="loss", regex=r"loss=([0-9.eE+-]+)", mode="min", target=-1e308)
+    job = JobModel(
+        metrics=[MetricSpec(name="loss", regex=r"loss=([0-9.eE+-]+)", mode="min", target=-1e15)],
+        parameters=[
+            Parameter(name="benchmark", value="resnet"),
+            Parameter(name="accelerators", value=declared),
+            Parameter(name="nodes", value=declared),
+        ],
+    )
+    job.started(at=0.0, accelerator="H100", gpus=8, nodes=1)
+    assert (job.gpus, job.nodes) == (8, 1)
+    for i in range(200):
+        job.observe(LogLine(t=float(i), line=f"loss={'1e308' if i % 2 else '-1e308'}"))
+        job.observe(LogLine(t=float(i) + 0.5, line=f"loss={10.0 - i * 0.01}"))
+        job.estimate(float(i) + 1, None, None)
