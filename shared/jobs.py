@@ -42,6 +42,11 @@ RESERVED_ENV_NAMES = frozenset(
 MAX_PARAMETERS = 100  # a job's algorithm.parameters
 
 
+def data_env_name(name: str) -> str:
+    """An input's or an output's name as its variable names it (`TRAINMASTER_INPUT_<this>`)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+
+
 def reserved_env(name: str) -> bool:
     """An environment variable the agent sets for every task (a job's own value would be overwritten)."""
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
@@ -228,6 +233,10 @@ class Algorithm(Strict):
             names = [i.name for i in items]
             if len(names) != len(set(names)):
                 raise ValueError(f"{kind} names must be unique")
+            variables: dict[str, str] = {}
+            for name in names:  # each is TRAINMASTER_INPUT_/OUTPUT_<name>: `a.b` and `a_b` would be one (the last)
+                if (other := variables.setdefault(data_env_name(name), name)) != name:
+                    raise ValueError(f"{kind} names {other!r} and {name!r} are one variable: name them apart")
         return self
 
     @field_validator("parameters")

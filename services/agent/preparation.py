@@ -5,7 +5,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 from collections.abc import Callable, Mapping
@@ -14,7 +13,7 @@ from shlex import quote
 
 from shared.egress import is_http
 from shared.events import StartTask
-from shared.jobs import DataOut, Engine
+from shared.jobs import DataOut, Engine, data_env_name
 from shared.storage import StoragePolicy, local_check
 from services.agent.checkpoints import Mirror
 from services.agent.downloads import Downloads
@@ -46,10 +45,6 @@ Note = Callable[[str], None]
 
 class PrepareError(Exception):
     """The task cannot start: its environment, code or inputs could not be prepared (the message says why)."""
-
-
-def env_name(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
 def output_dir(workdir: Path, output: DataOut) -> Path:
@@ -103,10 +98,10 @@ class Preparer:
             target = workdir / "inputs" / (item.local_dir or item.name)
             note(f"fetching input {item.name} from {item.url}")
             await self._fetch(item.url, target, what=f"inputs.{item.name}", tally=tally, project=start.project_id)
-            env[f"TRAINMASTER_INPUT_{env_name(item.name)}"] = str(target)
+            env[f"TRAINMASTER_INPUT_{data_env_name(item.name)}"] = str(target)
         for out in alg.outputs:
             output_dir(workdir, out).mkdir(parents=True, exist_ok=True)
-            env[f"TRAINMASTER_OUTPUT_{env_name(out.name)}"] = str(output_dir(workdir, out))
+            env[f"TRAINMASTER_OUTPUT_{data_env_name(out.name)}"] = str(output_dir(workdir, out))
         if alg.command:
             return alg.command
         if not alg.boot_file:

@@ -49,5 +49,17 @@ def test_a_parameter_named_as_a_variable_trainmaster_sets_is_refused_as_the_envi
     assert errors(job_body(parameters=[{"name": name, "value": "0"}])) == ["algorithm.parameters"]
 
 
+def test_two_inputs_one_variable_names_are_refused():
+    """`a.b` and `a_b` are both TRAINMASTER_INPUT_A_B: the last one won, silently (found by review)."""
+    body = job_body()
+    body["algorithm"]["inputs"] = [
+        {"name": "data.train", "url": "https://example.org/a"},
+        {"name": "data_train", "url": "https://example.org/b"},
+    ]
+    assert errors(body) == ["algorithm"]
+    body["algorithm"]["inputs"][1]["name"] = "data_eval"
+    JobCreate.model_validate(body)
+
+
 def test_gpu_memory_needs_a_gpu():
     assert errors(job_body(min_gpu_memory_gb=16)) == ["spec.resource"]

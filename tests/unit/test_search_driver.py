@@ -150,6 +150,29 @@ async def test_a_restarted_driver_submits_a_stored_but_unsubmitted_trial_once():
 
 
 @pytest.mark.asyncio
+async def test_a_pass_asks_no_more_once_a_trial_is_refused_for_now():
+    """A full queue refuses every trial alike: each was asked anyway, its checks (DNS included) and its questions to
+    placement and billing every two seconds for every search (found by review)."""
+    store, _ = await started(search_doc(max_trials=8, parallelism=8))
+    asked: list[str] = []
+    port = FakePort(refuse=Submitted("409 the project's queue is full", retry=True))
+    refuse = port.submit
+
+    async def counting(search, *, trial, job_id, parameters):
+        asked.append(job_id)
+        return await refuse(search, trial=trial, job_id=job_id, parameters=parameters)
+
+    port.submit = counting
+    driver = Driver(store=store, port=port)
+    await driver.pass_once(now_ms=T0)
+    await driver.pass_once(now_ms=T0)
+    assert asked == ["s-unit-t0", "s-unit-t0"]
+    port.refuse = None
+    await driver.pass_once(now_ms=T0)
+    assert port.submitted == [f"s-unit-t{i}" for i in range(8)]  # all of them once there is room
+
+
+@pytest.mark.asyncio
 async def test_an_invalid_trial_fails_and_does_not_block_the_search():
     store, _ = await started(search_doc(max_trials=2, parallelism=2))
     port = FakePort(refuse=Submitted("400 param[spec] invalid", retry=False))

@@ -206,12 +206,15 @@ class Driver:
         return await self.finish(doc, spec)
 
     async def act(self, doc: dict) -> None:
-        """Tell pruned and stopped trials' jobs to end; submit trials not yet submitted."""
+        """Tell pruned and stopped trials' jobs to end; submit trials not yet submitted, in order, until one is
+        refused for now (a full queue, a quota, a service away: the next trials would be refused alike, each after
+        its checks and its questions to placement and billing; they are asked again at the next pass)."""
+        waiting = False
         for entry in doc["trials"]:
             if entry.pop("terminate", False) and entry.get("submitted"):
                 who = f"search {doc['_id']} ({entry['state'].lower()}: {entry['reason']})"[:500]
                 await self.port.terminate(entry["job_id"], requested_by=who)
-            if not entry.get("submitted") and entry["state"] in ACTIVE:
+            if not waiting and not entry.get("submitted") and entry["state"] in ACTIVE:
                 try:
                     await self.port.submit(
                         doc, trial=entry["trial"], job_id=entry["job_id"], parameters=entry["parameters"]
@@ -220,6 +223,7 @@ class Driver:
                 except Submitted as exc:
                     if exc.retry:
                         doc["message"] = f"trial {entry['trial']} waits: {exc.reason}"
+                        waiting = True
                     else:
                         entry.update(state="Failed", reason=exc.reason)
 
