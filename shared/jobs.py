@@ -47,6 +47,21 @@ def data_env_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "_", name).upper()
 
 
+def unnamable(algorithm: "Algorithm") -> tuple[str, str] | None:
+    """(field, reason) where a new job names its parameters or data as the task's environment cannot carry them: a
+    parameter named as a variable trainmaster sets (it would be overwritten), or two inputs (or outputs) that are one
+    variable (`a.b` and `a_b`: the last would win). Checked at submission, not by the model: a job stored or in a
+    stream before these checks still reads back."""
+    if taken := sorted(p.name for p in algorithm.parameters if reserved_env(p.name)):
+        return "algorithm.parameters", f"parameter {taken[0]!r} is an environment variable trainmaster sets"
+    for kind, items in (("inputs", algorithm.inputs), ("outputs", algorithm.outputs)):
+        variables: dict[str, str] = {}
+        for item in items:
+            if (other := variables.setdefault(data_env_name(item.name), item.name)) != item.name:
+                return f"algorithm.{kind}", f"{other!r} and {item.name!r} are one variable: name them apart"
+    return None
+
+
 def reserved_env(name: str) -> bool:
     """An environment variable the agent sets for every task (a job's own value would be overwritten)."""
     return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
@@ -233,10 +248,7 @@ class Algorithm(Strict):
             names = [i.name for i in items]
             if len(names) != len(set(names)):
                 raise ValueError(f"{kind} names must be unique")
-            variables: dict[str, str] = {}
-            for name in names:  # each is TRAINMASTER_INPUT_/OUTPUT_<name>: `a.b` and `a_b` would be one (the last)
-                if (other := variables.setdefault(data_env_name(name), name)) != name:
-                    raise ValueError(f"{kind} names {other!r} and {name!r} are one variable: name them apart")
+
         return self
 
     @field_validator("parameters")
@@ -246,8 +258,6 @@ class Algorithm(Strict):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate parameter names: {', '.join(duplicates)}")
-        if taken := sorted(n for n in names if reserved_env(n)):  # each is exported as an environment variable
-            raise ValueError(f"parameter {taken[0]!r} is an environment variable trainmaster sets; name it otherwise")
         return parameters
 
     @field_validator("environments")

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobSubmitted, JobTerminateRequested
-from shared.jobs import FINISHED, JobCreate
+from shared.jobs import FINISHED, JobCreate, unnamable
 from shared.rpc import CandidatesReply, MetricsQuery, MetricsReport
 from shared.storage import StoragePolicy, refused_addresses, refused_urls
 from services.submitter import admission, feasible
@@ -53,7 +53,10 @@ class Submitter:
     requester: Requester
 
     async def prepare(self, *, project_id: str, body: JobCreate) -> JobCreate:
-        """Refuse storage the agents would refuse; fill a named flavor's resources, check a named pool."""
+        """Refuse names the task's environment cannot carry and storage the agents would refuse; fill a named
+        flavor's resources, check a named pool."""
+        if (unfit := unnamable(body.algorithm)) is not None:
+            raise Invalid(*unfit)
         refused = refused_urls(body.algorithm, policy=self.storage, project_id=project_id) or await refused_addresses(
             body.algorithm, policy=self.storage
         )

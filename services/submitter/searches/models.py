@@ -121,18 +121,27 @@ class SearchCreate(Strict):
         clash = sorted(fixed & set(self.space))
         if clash:
             raise ValueError(f"space names {', '.join(clash)} are also fixed parameters of template.algorithm")
-        if len(fixed) + len(self.space) > MAX_PARAMETERS:  # each trial is the template with the space's values added
-            raise ValueError(
-                f"space: {len(self.space)} names and template.algorithm.parameters: {len(fixed)}, at most "
-                f"{MAX_PARAMETERS} together (a trial's job carries both)"
-            )
-        if taken := sorted(n for n in self.space if reserved_env(n)):
-            raise ValueError(f"space name {taken[0]!r} is an environment variable trainmaster sets; name it otherwise")
+
         if self.objective.mode != next(
             (m.mode for m in self.template.algorithm.metrics if m.name == self.objective.metric), self.objective.mode
         ):
             raise ValueError("objective.mode differs from the mode of the template's metric of that name")
         return self
+
+
+def unfit(spec: SearchCreate) -> tuple[str, str] | None:
+    """(field, reason) where a new search's trials could not run: each is the template with the space's values added
+    as parameters (at most MAX_PARAMETERS together, each an environment variable of the task). Checked when a search
+    is made, not by the model: a search stored before these checks still reads back (its trials fail alone)."""
+    fixed = len(spec.template.algorithm.parameters)
+    if fixed + len(spec.space) > MAX_PARAMETERS:
+        return "space", (
+            f"{len(spec.space)} names and template.algorithm.parameters' {fixed}: at most {MAX_PARAMETERS} together "
+            "(a trial's job carries both)"
+        )
+    if taken := sorted(n for n in spec.space if reserved_env(n)):
+        return "space", f"{taken[0]!r} is an environment variable trainmaster sets"
+    return None
 
 
 TrialState = Literal["Running", "Completed", "Pruned", "Failed"]

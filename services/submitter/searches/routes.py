@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from shared.clock import utcnow
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import JobId, ProjectId, use_cases
-from services.submitter.refusals import NameTaken, NotFound, WrongPhase
+from services.submitter.refusals import Invalid, NameTaken, NotFound, WrongPhase
 from services.submitter.searches.models import (
     Best,
     SearchAction,
@@ -20,6 +20,7 @@ from services.submitter.searches.models import (
     SearchStatus,
     SearchView,
     TrialView,
+    unfit,
 )
 from services.submitter.searches.store import SearchNameTaken, SearchStore
 from services.submitter.views import _ms
@@ -67,6 +68,8 @@ async def create_search(
     project_id: ProjectId, body: SearchCreate, request: Request, principal: Principal = Depends(authenticate)
 ) -> SearchView:
     principal.require_project(project_id)
+    if (refused := unfit(body)) is not None:
+        raise Invalid(*refused)
     submitter = use_cases(request)
     template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
     body = body.model_copy(update={"template": template})
