@@ -248,7 +248,6 @@ class Algorithm(Strict):
             names = [i.name for i in items]
             if len(names) != len(set(names)):
                 raise ValueError(f"{kind} names must be unique")
-
         return self
 
     @field_validator("parameters")

@@ -28,6 +28,18 @@ async def connect(stack: Stack, creds: Path) -> nats.NATS:
     )
 
 
+def own_stack(tmp_path: Path) -> StackSettings:
+    """A stack of the test's own (its NATS server, CLUSTER's nodes), on a free port."""
+    (tmp_path / "cluster.toml").write_text(CLUSTER)
+    return StackSettings(
+        data_dir=tmp_path / "data",
+        nats_port=free_port(),
+        nats_url=None,
+        mongo_url=None,
+        cluster_file=tmp_path / "cluster.toml",
+    )
+
+
 def started(settings: StackSettings) -> Stack:
     """The stack's NATS server as `Stack.start_all` starts it: the earlier starts' JWTs revoked first."""
     stack = Stack(settings)
@@ -37,14 +49,7 @@ def started(settings: StackSettings) -> Stack:
 
 
 async def test_creds_of_an_earlier_start_are_refused_at_the_next_and_after_the_minters_push(tmp_path):
-    (tmp_path / "cluster.toml").write_text(CLUSTER)
-    settings = StackSettings(
-        data_dir=tmp_path / "data",
-        nats_port=free_port(),
-        nats_url=None,
-        mongo_url=None,
-        cluster_file=tmp_path / "cluster.toml",
-    )
+    settings = own_stack(tmp_path)
     kept = {identity: tmp_path / f"{identity}.creds" for identity in KEPT}
     first = started(settings)
     try:
@@ -95,16 +100,7 @@ asyncio.run(main())
 async def test_a_process_whose_connection_is_closed_for_good_exits_for_its_supervisor_to_start_it_again(tmp_path):
     """Revoked while it runs, a process's connection is closed by the server and nats-py does not reconnect: the
     process exits (75) where it used to stay up without its bus, answering and reading nothing for ever."""
-    (tmp_path / "cluster.toml").write_text(CLUSTER)
-    stack = started(
-        StackSettings(
-            data_dir=tmp_path / "data",
-            nats_port=free_port(),
-            nats_url=None,
-            mongo_url=None,
-            cluster_file=tmp_path / "cluster.toml",
-        )
-    )
+    stack = started(own_stack(tmp_path))
     holder = None
     try:
         creds = stack.identities.creds("monitor")

@@ -7,6 +7,7 @@ Every number is a claim of the job's: a total past MAX_TOTAL, a count past its t
 each time it prints are ignored."""
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from shared.safe_regex import clip
@@ -105,11 +106,11 @@ def read_line(line: str) -> list[Reading]:
     if (bar := tqdm_bar(text)) is not None:
         readings += _tqdm(bar)
     elif (m := RICH.search(text)) is not None:
-        readings += _bar(m, source="lightning", rate=_number(m["rate"]), unit=m["unit"] or "it")
+        readings += _bar(m.groupdict(), source="lightning", rate=_number(m["rate"]), unit=m["unit"] or "it")
     elif (m := KERAS.search(text)) is not None:
         per = {"ms": 1e-3, "s": 1.0, "us": 1e-6}.get(m["per_unit"] or "")
         rate = 1 / (int(m["per"]) * per) if per and int(m["per"]) > 0 else None
-        readings += _bar(m, source="keras", rate=rate, unit="step")
+        readings += _bar(m.groupdict(), source="keras", rate=rate, unit="step")
     elif (m := EPOCH.search(text)) is not None:
         source = "keras" if text.startswith("Epoch") else "steps"
         readings.append(Reading("epoch", int(m["n"]), int(m["total"]), source, unit="epoch"))
@@ -165,11 +166,11 @@ def _tqdm(m: dict[str, str]) -> list[Reading]:
     return _bar(m, source=source, rate=per_s, unit=unit)
 
 
-def _bar(m: re.Match | dict[str, str], *, source: str, rate: float | None, unit: str) -> list[Reading]:
+def _bar(m: Mapping[str, str | None], *, source: str, rate: float | None, unit: str) -> list[Reading]:
     n, total = _number(m["n"]), _number(m["total"])
     if n is None or total is None:
         return []
-    desc = (m if isinstance(m, dict) else m.groupdict()).get("desc") or ""
+    desc = m.get("desc") or ""
     epoch = None
     if (e := EPOCH_DESC.search(desc)) is not None:  # Lightning's `Epoch 3` (0-based; rich adds `/9`, the last)
         epoch = (int(e["n"]), int(e["last"]) if e["last"] else None)

@@ -121,7 +121,6 @@ class SearchCreate(Strict):
         clash = sorted(fixed & set(self.space))
         if clash:
             raise ValueError(f"space names {', '.join(clash)} are also fixed parameters of template.algorithm")
-
         if self.objective.mode != next(
             (m.mode for m in self.template.algorithm.metrics if m.name == self.objective.metric), self.objective.mode
         ):

@@ -21,7 +21,8 @@ MAX_POINTS = 20_000  # per trial: the early points decide hyperband's first rung
 
 
 def trial_body(search: dict[str, Any], *, trial: int, parameters: dict[str, Any], name: str) -> JobCreate:
-    """The template with the trial's name and its values appended to algorithm.parameters."""
+    """The template with the trial's name and its values appended to algorithm.parameters, validated as a job
+    (ValidationError: a search stored before its template and space were held to 100 parameters together)."""
     body = JobCreate.model_validate(readable_template(search["spec"]["template"]))  # as stored: `shared.stored`
     fixed = list(body.algorithm.parameters)
     algorithm = body.algorithm.model_copy(
@@ -30,7 +31,7 @@ def trial_body(search: dict[str, Any], *, trial: int, parameters: dict[str, Any]
     metadata = body.metadata.model_copy(
         update={"name": name, "description": f"trial {trial} of search {search['_id']} ({search['name']})"}
     )
-    return body.model_copy(update={"algorithm": algorithm, "metadata": metadata})
+    return JobCreate.model_validate(body.model_copy(update={"algorithm": algorithm, "metadata": metadata}).model_dump())
 
 
 @dataclass
@@ -42,9 +43,8 @@ class SubmitterPort:
         if await repo.exists(job_id):
             return  # submitted before a restart
         for name in (f"{search['name']}-{trial}", job_id):  # the readable name, or the id when a job took it
-            body = trial_body(search, trial=trial, parameters=parameters, name=name)
-            try:  # a job no service would read (a search stored before its template and space were held to one)
-                JobCreate.model_validate(body.model_dump())
+            try:  # a job no service would read
+                body = trial_body(search, trial=trial, parameters=parameters, name=name)
             except ValidationError as exc:
                 raise Submitted(f"406001 the trial's job is invalid: {exc.errors()[0]['msg']}", retry=False) from None
             try:
