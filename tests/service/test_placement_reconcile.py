@@ -103,8 +103,7 @@ async def world():
 
 async def test_an_orphan_is_given_back_and_billed_once_from_its_launch(world):
     fleet, providers, cloud, seen = world
-    full = tuple(fleet.catalogue)
-    assert await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full) == 1
+    assert await reconcile_once(fleet=fleet, providers=providers) == 1
     assert cloud.machines == {"od-kept"}
     record = await fleet.store.load("od-crashed")
     assert record["state"] == "released"
@@ -119,21 +118,20 @@ async def test_an_orphan_is_given_back_and_billed_once_from_its_launch(world):
     ) == ("od-crashed", LAUNCHED, 2.0, 1, "job-9")
     assert released.node_id == "od-crashed" and released.reason == "orphan"
     cloud.machines.add("od-crashed")  # the cloud was slow to forget it: terminated again, billed no more
-    await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full)
+    await reconcile_once(fleet=fleet, providers=providers)
     assert len([e for e in seen if e["type"] == "NodeProvisioned"]) == 1
 
 
 async def test_a_type_the_cloud_refused_is_hidden_until_it_may_be_tried_again(world):
     fleet, providers, cloud, _ = world
-    full = tuple(fleet.catalogue)
     cloud.refused.add("g.small")
-    await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full)
+    await reconcile_once(fleet=fleet, providers=providers)
     assert [i.name for i in fleet.rentable(time.time())] == ["g.big"]
     # the g.small already rented keeps its record: it was None while the type was hidden (its next registration
     # refused), found by reading the change that rests a type whose node never registered
     assert fleet.limits("od-kept") is not None
     cloud.refused.clear()
-    await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full)
+    await reconcile_once(fleet=fleet, providers=providers)
     assert [i.name for i in fleet.rentable(time.time())] == ["g.small", "g.big"]
 
 

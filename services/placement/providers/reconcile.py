@@ -142,14 +142,14 @@ async def release_lost(fleet: "Fleet", providers: Providers, now: float | None =
     return released
 
 
-async def reconcile_once(*, fleet: "Fleet", providers: Providers, full_catalogue: tuple[InstanceType, ...]) -> int:
+async def reconcile_once(*, fleet: "Fleet", providers: Providers) -> int:
     """One round: give back orphans, hide types the cloud refused (placement rents the next one instead). Hidden
     from what placement rents only: the catalogue was narrowed before, and a node of a hidden type already rented
     then had no record (its next registration refused, its spot market forgotten) until the type came back."""
-    fleet.cloud_refused = frozenset(i.name for i in full_catalogue if not providers.available(i.name))
+    fleet.cloud_refused = frozenset(i.name for i in fleet.catalogue if not providers.available(i.name))
     await release_lost(fleet, providers)
     owned = {n.node_id for n in fleet.nodes.values() if n.state != "released"}
-    known = {i.name: i for i in full_catalogue}
+    known = {i.name: i for i in fleet.catalogue}
     found = 0
     for provider in providers.reconcilers():
         orphans = await provider.reconcile(owned)
@@ -159,10 +159,9 @@ async def reconcile_once(*, fleet: "Fleet", providers: Providers, full_catalogue
 
 
 async def reconcile_loop(*, fleet: "Fleet", providers: Providers, interval_s: float) -> None:
-    full = tuple(fleet.catalogue)
     while True:
         try:
-            await reconcile_once(fleet=fleet, providers=providers, full_catalogue=full)
+            await reconcile_once(fleet=fleet, providers=providers)
         except Exception as exc:  # the cloud API unreachable: the next round tries again
             log.warning("reconciling rented nodes failed: %r", exc)
         await asyncio.sleep(interval_s)
