@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 from pydantic import Field, SecretStr, ValidationError, field_validator
 
 from shared import busroles
-from shared.bus import servers
+from shared.bus import BusLink, servers
 from shared.buscreds import Minter, write_secret
 from shared.cluster import read_cluster
 from shared.minting import (
@@ -142,6 +142,7 @@ class MinterProcess:
         self.lock = asyncio.Lock()
         self.pushed: int | None = None  # the account's issue time this process last pushed (None: none yet)
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
+        self.link = BusLink()  # its connection closed for good (its credentials revoked): the process exits
 
     async def handle(self, subject: str, data: bytes) -> MinterAnswer:
         if subject == MINT_CONSUMER_MAKER:  # takes the lock itself: the cloud is asked without it
@@ -326,6 +327,9 @@ class MinterProcess:
             tls=self.tls,
             inbox_prefix=busroles.inbox(busroles.MINTER),
             max_reconnect_attempts=-1,
+            disconnected_cb=self.link.disconnected,
+            reconnected_cb=self.link.reconnected,
+            closed_cb=self.link.closed,
         )
         for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE):
             await client.subscribe(subject, cb=self.on_request)
@@ -357,4 +361,5 @@ async def serve(settings: MinterSettings) -> None:
     try:
         await minter.sweeping()
     finally:
+        minter.link.stopping = True  # its own close is no loss
         await client.close()

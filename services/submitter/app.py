@@ -78,6 +78,9 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     )
     max_queued_per_project: int = Field(1000, ge=1, description="Jobs accepted but not yet running, per project.")
     max_queued_per_user: int = Field(500, ge=1, description="Jobs accepted but not yet running, per user.")
+    max_running_searches_per_project: int = Field(
+        20, ge=1, description="Searches running at once per project (each keeps up to its parallelism of trials)."
+    )
     log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
     search_pass_s: float = Field(2.0, gt=0, le=300, description="Seconds between the search driver's passes.")
 
@@ -106,7 +109,7 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     )
     tokens = Tokens(db.api_users, db.api_tokens, max_per_user=settings.max_tokens_per_user)
     audit_log = audit.AuditLog(db.api_audit)
-    searches = SearchStore(db.api_searches)
+    searches = SearchStore(db.api_searches, max_running_per_project=settings.max_running_searches_per_project)
     await repo.create_indexes()
     log.info("%d jobs accepted and not yet running", await repo.rebuild_views())
     await searches.create_indexes()

@@ -18,6 +18,7 @@ from services.submitter.refusals import (
     NotFound,
     QueueFull,
     Refused,
+    SearchesFull,
     ServiceAway,
     WrongPhase,
 )
@@ -65,6 +66,7 @@ ANSWERS: dict[type[Refused], tuple[int, str, dict[str, str] | None]] = {
     NotFinished: (409, JOB_CANNOT_DELETE, None),
     NotAdmitted: (403, QUOTA_EXCEEDED, None),
     QueueFull: (429, LIMIT_REACHED, {"Retry-After": "10"}),
+    SearchesFull: (429, LIMIT_REACHED, {"Retry-After": "10"}),
     ServiceAway: (503, SERVICE_UNAVAILABLE, {"Retry-After": "1"}),
 }
 

@@ -68,6 +68,19 @@ class QueueFull(Refused):
         self.scope, self.name, self.queued, self.cap = scope, name, queued, cap
 
 
+class SearchesFull(Refused):
+    """The project already has its cap of running searches (each keeps trials queued and running while it runs)."""
+
+    retry = True
+
+    def __init__(self, *, project_id: str, running: int, cap: int) -> None:
+        super().__init__(
+            f"the running search quantity of project {project_id} has reached the upper limit ({running} of {cap}); "
+            "wait for one to finish or stop one"
+        )
+        self.project_id, self.running, self.cap = project_id, running, cap
+
+
 class NotAdmitted(Refused):
     """Billing refused the job: a quota or budget of the project or user cannot take it. Billing's answer names the
     code and status the API answers with (`AdmitReply.error_code`, `.http_status`): they are passed on as given."""

@@ -157,3 +157,25 @@ async def test_a_search_whose_trials_no_service_would_take_is_refused_naming_why
     async with client(app) as admin:
         refused = await admin.post("/v2/vision/searches", json=spec)
     assert refused.status_code == 400 and named in refused.json()["error_msg"], refused.text
+
+
+async def test_a_project_runs_at_most_its_cap_of_searches_at_once():
+    """Each running search keeps trials queued and running; past the cap a new one is refused (429, naming the
+    cap) until one ends, and other projects are not counted."""
+    app, db, _ = await make_app()
+    app.state.searches = SearchStore(db.api_searches, max_running_per_project=2)
+    async with client(app) as api:
+        ids = []
+        for name in ("a", "b"):
+            created = await api.post("/v2/vision/searches", json=body(name=name))
+            assert created.status_code == 201, created.text
+            ids.append(created.json()["metadata"]["id"])
+        refused = await api.post("/v2/vision/searches", json=body(name="c"))
+        assert refused.status_code == 429 and refused.headers["Retry-After"] == "10"
+        assert refused.json()["error_code"] == "406035"
+        assert "running search quantity of project vision" in refused.json()["error_msg"]
+        assert "(2 of 2)" in refused.json()["error_msg"]
+        assert (await api.post("/v2/audio/searches", json=body(name="c"))).status_code == 201
+        db.api_searches.docs[ids[0]]["phase"] = "Completed"
+        assert (await api.post("/v2/vision/searches", json=body(name="c"))).status_code == 201
+    assert sorted(d["name"] for d in db.api_searches.docs.values() if d["project_id"] == "vision") == ["a", "b", "c"]

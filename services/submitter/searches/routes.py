@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from shared.clock import utcnow
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import JobId, ProjectId, use_cases
-from services.submitter.refusals import Invalid, NameTaken, NotFound, WrongPhase
+from services.submitter.refusals import Invalid, NameTaken, NotFound, SearchesFull, WrongPhase
 from services.submitter.searches.models import (
     Best,
     SearchAction,
@@ -70,6 +70,10 @@ async def create_search(
     principal.require_project(project_id)
     if (refused := unfit(body)) is not None:
         raise Invalid(*refused)
+    searches = store(request)
+    # checked before the insert, not with it: concurrent creations may overshoot the cap by their number
+    if (running := await searches.running_in(project_id)) >= searches.max_running_per_project:
+        raise SearchesFull(project_id=project_id, running=running, cap=searches.max_running_per_project)
     submitter = use_cases(request)
     template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
     body = body.model_copy(update={"template": template})
@@ -97,7 +101,7 @@ async def create_search(
     }
     doc["spec"].pop("seed", None)
     try:
-        await store(request).insert(doc)
+        await searches.insert(doc)
     except SearchNameTaken:
         raise NameTaken(body.name, project_id=project_id, what="search") from None
     return render({**doc, "version": 0})

@@ -19,6 +19,7 @@ class Conflict(Exception):
 @dataclass
 class SearchStore:
     collection: Any
+    max_running_per_project: int = 20  # SubmitterSettings.max_running_searches_per_project
     inserted: int = 0  # searches this process stored since it started (the driver reads at once after one)
 
     async def create_indexes(self) -> None:
@@ -42,6 +43,9 @@ class SearchStore:
         total = await self.collection.count_documents(query)
         cursor = self.collection.find(query).sort([("create_time", DESCENDING), ("_id", DESCENDING)])
         return total, [d async for d in cursor.skip(offset).limit(limit)]
+
+    async def running_in(self, project_id: str) -> int:
+        return await self.collection.count_documents({"project_id": project_id, "phase": "Running"})
 
     async def running(self) -> list[dict[str, Any]]:
         return [d async for d in self.collection.find({"phase": "Running"})]
