@@ -77,8 +77,8 @@ class Policy:
         reason = why_blocked(address)
         if reason and literal(host) == address:
             raise Refused(f"{host} is a {reason} address")
-        if reason:
-            raise Refused(f"{host} resolves to {address}, a {reason} address")
+        if reason:  # not which address: a user would learn the platform's internal names and addresses from it
+            raise Refused(f"{host} resolves to a {reason} address")
 
 
 def literal(host: str) -> Address | None:
@@ -190,13 +190,21 @@ class GuardedBackend(httpcore.AsyncNetworkBackend):
 
 
 def guarded_client(
-    policy: Policy, *, timeout_s: float = 5, resolve: Resolver = system_resolve, max_redirects: int = 0
+    policy: Policy,
+    *,
+    timeout_s: float = 5,
+    resolve: Resolver = system_resolve,
+    max_redirects: int = 0,
+    max_connections: int = 10,
 ) -> httpx.AsyncClient:
     """An HTTP client that reaches only what the policy allows: no proxy from the environment, no redirects unless
-    `max_redirects` (each hop connects through the same check, so a redirect to a refused address fails)."""
+    `max_redirects` (each hop connects through the same check, so a redirect to a refused address fails); at most
+    `max_connections` open at once (a request beyond waits for one, `timeout_s` at most)."""
     transport = httpx.AsyncHTTPTransport(retries=0)
     transport._pool = httpcore.AsyncConnectionPool(  # the documented pool, with our network backend
-        ssl_context=httpx.create_ssl_context(), network_backend=GuardedBackend(policy, resolve=resolve)
+        ssl_context=httpx.create_ssl_context(),
+        network_backend=GuardedBackend(policy, resolve=resolve),
+        max_connections=max_connections,
     )
     return httpx.AsyncClient(
         transport=transport,

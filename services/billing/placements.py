@@ -26,6 +26,10 @@ TASK_EVENT = TypeAdapter(TaskEvent)
 PARK_MAX = 10_000  # events waiting for a placement; beyond it the newest is dropped (a flood, not a delay)
 PARK_TTL_S = 3600.0  # a placement never lags its tasks this long: what waited longer was never placed
 REMEMBERED = 4096  # placements kept in memory
+# A task event the bus recorded this long before its attempt's placement was made (by placement's clock) is no
+# report of that attempt: its node spoke before anything was placed (an end parked ahead of the placement closed
+# the attempt's line at its start, and the real start and end were then ignored: hours run, nothing charged).
+PLACED_SKEW_S = 2.0
 # A record or ledger line waits this long for others before it is written (`shared.grouped`'s window): billing is
 # no step between a submission and its start, so a job's four writes can wait; at a few jobs a second each went
 # alone. Each event is acknowledged once its write landed, as before.
@@ -261,7 +265,18 @@ class Placements:
             self.known.put(doc["_id"], stored)  # the one stored first stands, whatever this delivery says
         if doc["_id"] not in await self._waiting_for():
             return []
-        waiting = [d async for d in self.parked.find({"attempt_key": doc["_id"]})]
+        placed_t = (self.known.get(doc["_id"]) or doc)["placed_t"]
+        waiting, early = [], []
+        async for d in self.parked.find({"attempt_key": doc["_id"]}):
+            (early if d.get("seen_t", d["parked_at"]) < placed_t - PLACED_SKEW_S else waiting).append(d)
+        if early:  # no agent starts or ends an attempt before it is placed: a node's report ahead of it is forged
+            await self.parked.delete_many({"_id": {"$in": [d["_id"] for d in early]}})
+            log.warning(
+                "%d task events of job %s attempt %d dropped: their node reported them before the attempt was placed",
+                len(early),
+                event.job_id,
+                event.attempt,
+            )
         waiting.sort(key=lambda d: (d["order"], d["parked_at"]))
         return [
             (TASK_EVENT.validate_python(d["payload"]), datetime.fromtimestamp(d.get("seen_t", d["parked_at"]), UTC))

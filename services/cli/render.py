@@ -14,9 +14,19 @@ def dumps(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=False, default=str)
 
 
+# Characters that change how the text around them is shown without being seen: the bidirectional embeddings,
+# overrides, isolates and marks (a line that reads `cod.exe` while it holds `exe.doc`), the line and paragraph
+# separators, zero-width spaces, joiners of words and invisible operators, and the byte-order mark. The zero-width
+# (non-)joiners, which Persian words and emoji sequences need, are kept.
+INVISIBLE = (0x061C, 0x200B, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2060, 0x2065), *range(0x2066, 0x206A))
+SEPARATORS = (0x2028, 0x2029, 0xFEFF)
+
+
 def _controls(keep: str) -> dict[int, str]:
-    """C0 control characters but `keep`, DEL and the C1 ones, each shown as its `\\xNN` escape."""
-    return {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in keep}
+    """C0 control characters but `keep`, DEL and the C1 ones, each shown as its `\\xNN` escape, and the invisible
+    format characters and separators above as their `\\uNNNN` one."""
+    shown = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0)) if chr(c) not in keep}
+    return shown | {c: f"\\u{c:04x}" for c in (*INVISIBLE, *SEPARATORS)}
 
 
 _TEXT = _controls("\n\t")
@@ -26,7 +36,8 @@ _OUTPUT = _controls("\n\t\r")  # a job's own output keeps its carriage returns (
 def safe(text: str) -> str:
     """Text from the server as the terminal is to show it: a job's name or description, a reason, a message are
     anyone's in the project, and an escape sequence in them would drive the reader's terminal (set its clipboard,
-    clear its screen, rewrite what was printed), so every control character is shown as its escape instead."""
+    clear its screen, rewrite what was printed), and a bidirectional override would show its words in another
+    order, so every control character and invisible format character is shown as its escape instead."""
     return text.translate(_TEXT)
 
 

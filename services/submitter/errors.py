@@ -11,6 +11,7 @@ from pymongo.errors import ConnectionFailure
 from starlette.exceptions import HTTPException
 
 from services.submitter.refusals import (
+    Conflicted,
     Invalid,
     NameTaken,
     NotAdmitted,
@@ -43,6 +44,7 @@ UNAUTHENTICATED = "406039"
 NOT_FOUND = "406040"
 USER_EXISTS = "406041"
 TOO_MANY_REQUESTS = "406042"
+CHANGED_MEANWHILE = "406043"
 # Starlette's own answers (no route, wrong method, unparseable body) in the same shape.
 HTTP_CODES = {
     400: PARAM_INVALID,
@@ -64,6 +66,7 @@ ANSWERS: dict[type[Refused], tuple[int, str, dict[str, str] | None]] = {
     NameTaken: (409, NAME_EXISTS, None),
     WrongPhase: (409, JOB_STATUS, None),
     NotFinished: (409, JOB_CANNOT_DELETE, None),
+    Conflicted: (409, CHANGED_MEANWHILE, {"Retry-After": "1"}),
     NotAdmitted: (403, QUOTA_EXCEEDED, None),
     QueueFull: (429, LIMIT_REACHED, {"Retry-After": "10"}),
     SearchesFull: (429, LIMIT_REACHED, {"Retry-After": "10"}),

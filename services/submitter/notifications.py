@@ -2,13 +2,15 @@
 
 import asyncio
 import base64
-import contextlib
+import functools
 import hashlib
 import hmac
 import json
 import logging
+import math
 import secrets
 import time
+from collections.abc import Awaitable
 from typing import Annotated, Any
 
 import httpx
@@ -19,8 +21,8 @@ from shared.egress import Policy, Refused, check_url, guarded_client
 from services.submitter.audit import url_origin
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import ProjectId, use_cases
-from services.submitter.notificationstore import NotificationStore
-from services.submitter.refusals import Invalid
+from services.submitter.notificationstore import NewSecret, NotificationStore
+from services.submitter.refusals import Conflicted, Invalid
 
 log = logging.getLogger(__name__)
 router = APIRouter(tags=["notifications"])
@@ -29,11 +31,15 @@ CLAIM_S = 60.0  # longer than one delivery may take (its timeouts)
 BACKOFF_S = 1.0  # doubles each failed try, capped below
 MAX_BACKOFF_S = 300.0
 IDLE_S = 5.0  # due notifications are looked for at least this often (another replica's, claims run out)
+DELIVERY_S = 10.0  # one try in all: connecting, sending, the answer's status line and headers (CLAIM_S is longer)
+MAX_IN_FLIGHT = 32  # deliveries under way at once in one API process (its HTTP client holds as many connections)
+PER_PROJECT_IN_FLIGHT = 4  # of them, one project's: a slow receiver holds up only its own project's next ones
 
 
 SECRET_PREFIX = "whsec_"  # Standard Webhooks' form: the prefix, then the key in base64
 # After a rotation the secret it replaced signs too, this long, so the receiver can be given the new one first.
 ROTATION_OVERLAP_S = 24 * 3600.0
+CONFIGURE_TRIES = 3  # reads and conditional writes of a webhook's settings, while other requests change them
 
 
 class NotificationSettings(BaseModel):
@@ -81,19 +87,92 @@ def backoff(attempts: int) -> float:
     return min(MAX_BACKOFF_S, BACKOFF_S * 2 ** (attempts - 1))
 
 
-async def deliver_forever(store: NotificationStore, *, policy: Policy, idle_s: float = IDLE_S) -> None:
-    """Deliver due notifications; slow or failing webhooks never hold up the bus. Looked for as soon as this process
-    keeps one, when a retry comes due, and every `idle_s` (those another replica kept and did not deliver, claims
-    that ran out): a poll every half second was two reads a second whether anything came or not."""
-    async with guarded_client(policy) as client:
-        while True:
-            store.recorded.clear()  # before the read: one kept meanwhile wakes the next wait at once
-            now = time.time()
-            mine = [doc for doc in await store.due(now) if await claim(store, doc, now=now)]
-            retries = await asyncio.gather(*(deliver(store, client, doc) for doc in mine))
-            wait = min([idle_s] + [at - time.time() for at in retries if at is not None])
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(store.recorded.wait(), timeout=max(wait, 0.0))
+class Deliveries:
+    """The deliveries under way in this process: at most `max_in_flight` at once, `per_project` of one project's,
+    each its own task, so a receiver that answers slowly (or trickles its answer a byte at a time) holds up its own
+    project's next ones only, for at most `DELIVERY_S` each; what is due and left for lack of room is taken as soon
+    as a delivery ends."""
+
+    def __init__(self, *, max_in_flight: int, per_project: int) -> None:
+        self.max_in_flight, self.per_project = max_in_flight, per_project
+        self.projects: dict[str, str] = {}  # notification id -> its project, while its delivery runs
+        self.tasks: set[asyncio.Task] = set()
+        self.retries: list[float] = []  # next tries of deliveries that ended (Unix seconds)
+        self.left = False  # the last look left due notifications for lack of room
+        self.deadline = math.inf  # when the loop looks again unless woken
+        self.woken = asyncio.Event()
+
+    def room(self, doc: dict[str, Any]) -> bool:
+        project = doc.get("project_id")
+        fits = (
+            doc["_id"] not in self.projects
+            and len(self.projects) < self.max_in_flight
+            and sum(p == project for p in self.projects.values()) < self.per_project
+        )
+        self.left |= not fits
+        return fits
+
+    def start(self, doc: dict[str, Any], delivery: Awaitable[float | None]) -> None:
+        self.projects[doc["_id"]] = doc.get("project_id", "")
+        task = asyncio.ensure_future(delivery)
+        self.tasks.add(task)
+        task.add_done_callback(functools.partial(self._ended, doc["_id"]))
+
+    def _ended(self, notification_id: str, task: asyncio.Task) -> None:
+        self.projects.pop(notification_id, None)
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        if (error := task.exception()) is not None:  # its claim runs out: tried again after CLAIM_S
+            log.error("delivering notification %s failed: %r", notification_id, error)
+            return
+        if (at := task.result()) is not None:
+            self.retries.append(at)
+        if self.left or (at is not None and at < self.deadline):
+            self.woken.set()
+
+    def wait_s(self, now: float, idle_s: float) -> float:
+        self.retries = [at for at in self.retries if at > now]
+        self.deadline = now + min([idle_s] + [at - now for at in self.retries])
+        return self.deadline - now
+
+    def cancel(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+
+async def deliver_forever(
+    store: NotificationStore,
+    *,
+    policy: Policy,
+    idle_s: float = IDLE_S,
+    max_in_flight: int = MAX_IN_FLIGHT,
+    per_project: int = PER_PROJECT_IN_FLIGHT,
+) -> None:
+    """Deliver due notifications; slow or failing webhooks never hold up the bus, nor another project's webhook.
+    Looked for as soon as this process keeps one, when a retry comes due, when a delivery ends that made room for
+    one left, and every `idle_s` (those another replica kept and did not deliver, claims that ran out): a poll every
+    half second was two reads a second whether anything came or not."""
+    flights = Deliveries(max_in_flight=max_in_flight, per_project=per_project)
+    try:
+        async with guarded_client(policy, max_connections=max_in_flight) as client:
+            while True:
+                store.recorded.clear()  # before the read: one kept meanwhile wakes the next wait at once
+                flights.woken.clear()
+                flights.left = False
+                now = time.time()
+                for doc in await store.due(now):
+                    if flights.room(doc) and await claim(store, doc, now=now):
+                        flights.start(doc, deliver(store, client, doc))
+                wait = flights.wait_s(time.time(), idle_s)
+                woken = [asyncio.ensure_future(e.wait()) for e in (store.recorded, flights.woken)]
+                try:
+                    await asyncio.wait(woken, timeout=max(wait, 0.0), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in woken:
+                        waiter.cancel()
+    finally:
+        flights.cancel()
 
 
 async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) -> bool:
@@ -133,14 +212,19 @@ async def deliver(store: NotificationStore, client: httpx.AsyncClient, doc: dict
 
 
 async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str]) -> str:
-    """POST once; "" when answered 2xx, else only "HTTP <status>" or "unreachable" (nothing about the network)."""
+    """POST once; "" when answered 2xx, else only "HTTP <status>" or "unreachable" (nothing about the network). The
+    client's timeout bounds each read; `DELIVERY_S` the whole try (a receiver trickling its headers a byte at a
+    time held a delivery for ever)."""
     try:
-        async with client.stream("POST", url, content=body, headers=headers) as response:  # the body is never read
+        async with (
+            asyncio.timeout(DELIVERY_S),
+            client.stream("POST", url, content=body, headers=headers) as response,  # the body is never read
+        ):
             if response.is_success:
                 return ""
             log.warning("webhook %s answered HTTP %d", url_origin(url), response.status_code)
             return f"HTTP {response.status_code}"
-    except (httpx.HTTPError, OSError) as exc:  # refused by policy, DNS, connection, TLS, timeout: all alike
+    except (httpx.HTTPError, OSError, TimeoutError) as exc:  # refused by policy, DNS, connection, TLS, timeout: alike
         # its origin only, never its path or query (a Slack or Teams hook's secret), in the error's text too
         shown = url_origin(url) or ""
         log.warning("webhook %s unreachable: %s: %s", shown, type(exc).__name__, str(exc).replace(url, shown))
@@ -172,24 +256,19 @@ async def configure(
             raise Invalid("rotate_secret", "a secret signs a webhook's deliveries: give the webhook_url with it")
         await store.clear(project_id)
         return WebhookSettings(webhook_url=None, signed=False)
-    before = await store.webhook(project_id)
-    await store.set_url(project_id, url)
-    moved = before.url is not None and url_origin(before.url) != url_origin(url)
-    made = None
-    # A new secret for a new webhook, one set before deliveries were signed, a rotation, and a move to another
-    # origin (whoever ran the old receiver holds the old secret: it must not sign for the new one).
-    if body.rotate_secret or moved or not before.secret:
-        candidate = new_secret()
-        kept = before.secret if body.rotate_secret and not moved else None
-        if await store.replace_secret(
-            project_id,
-            expected=before.secret,
-            secret=candidate,
-            previous=kept,
-            previous_until=time.time() + ROTATION_OVERLAP_S if kept else 0.0,
-        ):
-            made = candidate  # else another request changed it first: this answer shows none (never a dead one)
-    return WebhookSettings(webhook_url=url, signed=bool((await store.webhook(project_id)).secret), signing_secret=made)
+    for _ in range(CONFIGURE_TRIES):
+        before = await store.webhook(project_id)
+        moved = before.url is not None and url_origin(before.url) != url_origin(url)
+        made = None
+        # A new secret for a new webhook, one set before deliveries were signed, a rotation, and a move to another
+        # origin (whoever ran the old receiver holds the old secret: it must not sign for the new one).
+        if body.rotate_secret or moved or not before.secret:
+            kept = before.secret if body.rotate_secret and not moved else None
+            made = NewSecret(new_secret(), kept, time.time() + ROTATION_OVERLAP_S if kept else 0.0)
+        if await store.point(project_id, url, expected=before.secret, secret=made):
+            signed = bool(made or before.secret)
+            return WebhookSettings(webhook_url=url, signed=signed, signing_secret=made.secret if made else None)
+    raise Conflicted("webhook_url", "another request changed the project's webhook at the same time; try again")
 
 
 @router.get("/v2/{project_id}/notifications", summary="The project's notification settings and recent ones")

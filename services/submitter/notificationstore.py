@@ -70,10 +70,6 @@ class NotificationStore:
             previous_until=doc.get("webhook_secret_previous_until") or 0.0,
         )
 
-    async def set_url(self, project_id: str, url: str) -> None:
-        """Point the webhook at `url`; its secrets stay as they are (another request may be changing them)."""
-        await self.projects.update_one({"_id": project_id}, {"$set": {"webhook_url": url}}, upsert=True)
-
     async def clear(self, project_id: str) -> None:
         """No webhook: its URL and every secret dropped."""
         await self.projects.update_one(
@@ -82,22 +78,34 @@ class NotificationStore:
             upsert=True,
         )
 
-    async def replace_secret(
-        self, project_id: str, *, expected: str | None, secret: str, previous: str | None, previous_until: float
+    async def point(
+        self, project_id: str, url: str, *, expected: str | None, secret: "NewSecret | None" = None
     ) -> bool:
-        """Sign with `secret` from now on, unless the secret is no longer `expected` (another request replaced or
-        dropped it first: then False, and this one is never stored, so never shown)."""
-        done = await self.projects.update_one(
-            {"_id": project_id, "webhook_secret": expected},
-            {
-                "$set": {
-                    "webhook_secret": secret,
-                    "webhook_secret_previous": previous,
-                    "webhook_secret_previous_until": previous_until,
-                }
-            },
-        )
-        return done.modified_count == 1
+        """Point the webhook at `url`, and sign with `secret` from now on where one is given, in one write, unless
+        the secret is no longer `expected` (another request replaced or dropped it first: then False, nothing
+        written, so a new secret is never shown unless kept, and a new URL never signed with a secret read before
+        another request changed it)."""
+        fields: dict[str, Any] = {"webhook_url": url}
+        if secret is not None:
+            fields |= {
+                "webhook_secret": secret.secret,
+                "webhook_secret_previous": secret.previous,
+                "webhook_secret_previous_until": secret.previous_until,
+            }
+        try:
+            done = await self.projects.update_one(
+                {"_id": project_id, "webhook_secret": expected}, {"$set": fields}, upsert=True
+            )
+        except DuplicateKeyError:  # the project's settings exist, with another secret
+            return False
+        return done.matched_count == 1 or done.upserted_id is not None
+
+
+@dataclass(frozen=True)
+class NewSecret:
+    secret: str
+    previous: str | None  # the secret it replaces, still signing until `previous_until` (a rotation's overlap)
+    previous_until: float
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,15 @@ class SearchesFull(Refused):
         self.project_id, self.running, self.cap = project_id, running, cap
 
 
+class Conflicted(Refused):
+    """Other requests changed what this one reads and writes each time it tried: the same request may pass now."""
+
+    retry = True
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(detail, field=field)
+
+
 class NotAdmitted(Refused):
     """Billing refused the job: a quota or budget of the project or user cannot take it. Billing's answer names the
     code and status the API answers with (`AdmitReply.error_code`, `.http_status`): they are passed on as given."""

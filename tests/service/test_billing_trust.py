@@ -149,16 +149,44 @@ async def test_the_placed_nodes_own_times_price_and_gpus_are_not_what_it_is_char
     assert report.total.cost == 0.5
 
 
-async def test_an_end_reported_before_the_start_was_seen_is_not_charged_before_the_placement(billing):
+async def test_a_start_reported_before_the_attempt_was_placed_is_not_charged(billing):
+    """A report the bus stored before the placement existed is dropped when the placement comes (it once opened a
+    line charged from the placement on); the real start after the placement is charged from its own time."""
     broker, service = billing
-    service.attempts.clock.at(T0 - timedelta(days=30))  # a report the bus stored before the placement existed
+    service.attempts.clock.at(T0 - timedelta(days=30))
     await publish(broker, submitted(job_id="j"))
     await publish(broker, forged(started("j", node_id="n1", at=T0 - timedelta(days=30))))
-    service.attempts.clock.at(T0 + timedelta(hours=1))
+    service.attempts.clock.at(T0)
     await publish(broker, placed("j", nodes=("n1",)))
-    await publish(broker, exited("j", node_id="n1", at=T0 + timedelta(hours=1)))
+    assert service.attempts.placements.parked.docs == {} and service.attempts.running == {}
+    await deliver(broker, service, started("j", node_id="n1", at=T0 + timedelta(minutes=30)))
+    await deliver(broker, service, exited("j", node_id="n1", at=T0 + timedelta(hours=1)))
     [line] = service.attempts.ledger.docs.values()
-    assert (line["started_at"], line["cost"]) == (T0, 1.0)
+    assert (line["started_at"], line["cost"]) == (T0 + timedelta(minutes=30), 0.5)
+
+
+async def test_an_end_parked_before_the_next_attempt_is_placed_does_not_make_that_attempt_free(billing):
+    """The agent running attempt 1 reported attempt 2's end before attempt 2 existed: parked, then replayed when
+    attempt 2 was placed on its node, it closed attempt 2's line at its start, and the real 3-hour run's start and
+    end were ignored: billed $0 and never seen by a budget (found by review)."""
+    broker, service = billing
+    hour = timedelta(hours=1)
+    await deliver(
+        broker,
+        service,
+        submitted(job_id="j"),
+        placed("j", nodes=("n1",)),
+        started("j", at=T0),
+        exited("j", at=T0 + hour, reason="failed", code=1),
+    )
+    await deliver(broker, service, forged(exited("j", attempt=2, at=T0 + hour)))
+    assert len(service.attempts.placements.parked.docs) == 1
+    service.attempts.clock.at(T0 + 2 * hour)
+    await publish(broker, placed("j", attempt=2, nodes=("n1",)).model_copy(update={"occurred_at": T0 + 2 * hour}))
+    await deliver(broker, service, started("j", attempt=2, at=T0 + 2 * hour), exited("j", attempt=2, at=T0 + 5 * hour))
+    lines = {k: (d["seconds"], d["cost"]) for k, d in service.attempts.ledger.docs.items()}
+    assert lines == {"j:1:0": (3600.0, 1.0), "j:2:0": (3 * 3600.0, 3.0)}
+    assert service.attempts.placements.parked.docs == {}
 
 
 async def test_a_registration_is_charged_as_its_record_says_not_as_it_claims(lifetimes_billing):

@@ -190,6 +190,16 @@ def test_text_from_the_server_cannot_drive_the_readers_terminal():
     assert render.safe_output("loss 0.5\r\x1b[32mloss 0.4\n") == "loss 0.5\r\\x1b[32mloss 0.4\n"
 
 
+def test_invisible_characters_that_reorder_or_hide_text_are_shown_escaped_and_joiners_kept():
+    """A description or an output line holding a right-to-left override showed its words in another order (it read
+    `cod.exe` while holding `exe.doc`): found by review."""
+    forged = "report \u202e\u2066cod.exe\u2069\u202c\u200b\ufeff\u2028end"
+    assert render.safe(forged) == "report \\u202e\\u2066cod.exe\\u2069\\u202c\\u200b\\ufeff\\u2028end"
+    assert render.safe_output("loss \u200f0.5\n") == "loss \\u200f0.5\n"
+    kept = "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645 \U0001f468\u200d\U0001f4bb caf\u00e9"  # ZWNJ, ZWJ
+    assert render.safe(kept) == kept
+
+
 def test_a_jobs_detail_and_the_status_lines_show_a_hostile_name_escaped(monkeypatch, capsys):
     from services.cli import follow
 

@@ -4,6 +4,7 @@ connection, follows no redirect, and stores only the HTTP status or "unreachable
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -364,3 +365,100 @@ async def test_a_rotation_keeps_the_old_secret_for_the_overlap_only():
     )
     left = stored["webhook_secret_previous_until"] - time.time()
     assert notifications.ROTATION_OVERLAP_S - 60 < left <= notifications.ROTATION_OVERLAP_S
+
+
+@pytest.fixture
+async def trickler():
+    """A receiver that answers a byte of its status line every 0.1 s, never ending its headers."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 10_000:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+
+
+def pending(notification_id: str, project_id: str) -> dict:
+    return {
+        "_id": notification_id,
+        "project_id": project_id,
+        "job_id": "j-1",
+        "user_name": "ana",
+        "kind": "hung",
+        "message": "m",
+        "state": "pending",
+        "attempts": 0,
+        "next_try": 0.0,
+        "error": "",
+    }
+
+
+async def test_a_receiver_that_trickles_its_answer_holds_up_neither_other_projects_nor_itself_for_long(
+    receiver, trickler, monkeypatch
+):
+    """Each read had its own 5-s timeout and the loop waited for every delivery of a look before the next: a
+    receiver sending its headers a byte at a time held every project's notifications for good (found by review)."""
+    monkeypatch.setattr(notifications, "DELIVERY_S", 1.0)
+    _, db, _ = await make_app()
+    await db.api_projects.insert_many(
+        [{"_id": "slow", "webhook_url": f"{trickler}/hook"}, {"_id": "vision", "webhook_url": f"{receiver}/hook"}]
+    )
+    await db.api_notifications.insert_many([pending(f"s-{i}", "slow") for i in range(6)])
+    loop = asyncio.create_task(
+        notifications.deliver_forever(
+            store(db), policy=Policy.parse(["127.0.0.1"]), idle_s=0.05, max_in_flight=5, per_project=2
+        )
+    )
+    try:
+        await asyncio.sleep(0.3)  # the slow project's first two are under way
+        await db.api_notifications.insert_one(pending("v-1", "vision"))
+        started = time.monotonic()
+        while (await db.api_notifications.find_one({"_id": "v-1"}))["state"] != "delivered":
+            assert time.monotonic() - started < 0.8, "another project's delivery waited for the slow receiver"
+            await asyncio.sleep(0.02)
+        slow = [d async for d in db.api_notifications.find({"project_id": "slow"})]
+        assert sum(d["attempts"] for d in slow) == 0  # at most two of them under way, none ended yet
+        await asyncio.sleep(1.2)  # past DELIVERY_S: the first two cut, said unreachable, two more begun
+        tried = [d async for d in db.api_notifications.find({"project_id": "slow", "attempts": 1})]
+        assert len(tried) == 2 and all(d["error"] == "unreachable" and d["state"] == "pending" for d in tried)
+    finally:
+        await stopped(loop)
+    assert Receiver.hits == ["/hook"]
+
+
+async def test_a_webhook_changed_by_other_requests_each_time_is_refused_and_left_as_they_made_it():
+    """The URL and a new secret are one conditional write: a request that read the settings before another changed
+    them reads again (never writes a new URL beside a secret it did not see), and gives up after three tries."""
+    app, db, _ = await make_app(allow=["127.0.0.1"])
+    notes = use_cases_store(app)
+    read = notes.webhook
+    async with client(app) as api:
+        await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:5000/a"})
+        before = await db.api_projects.find_one({"_id": "vision"})
+        reads = []
+
+        async def stale(project_id):  # what the settings were before another request's change
+            reads.append(project_id)
+            hook = await read(project_id)
+            return dataclasses.replace(hook, secret=notifications.new_secret()) if len(reads) < 9 else hook
+
+        notes.webhook = stale  # type: ignore[method-assign]
+        refused = await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:6000/b"})
+        assert refused.status_code == 409 and refused.json()["error_code"] == "406043", refused.text
+        assert refused.headers["Retry-After"] == "1" and len(reads) == notifications.CONFIGURE_TRIES
+        assert await db.api_projects.find_one({"_id": "vision"}) == before
+        reads.extend(["x"] * 5)  # the next read is fresh
+        moved = await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.1:6000/b"})
+    assert moved.status_code == 200 and moved.json()["signing_secret"] not in (None, before["webhook_secret"])
+    stored = await db.api_projects.find_one({"_id": "vision"})
+    assert (stored["webhook_url"], stored["webhook_secret"]) == (
+        "http://127.0.0.1:6000/b",
+        moved.json()["signing_secret"],
+    )
