@@ -7,7 +7,7 @@ Each class names its subject; `event_id` doubles as the JetStream message id, so
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from shared.clock import utcnow
 from shared.jobs import FINISHED, Algorithm, Phase, SecondaryPhase, Spec
@@ -35,6 +35,17 @@ Silences = Annotated[
     ),
 ]
 RankNo = Annotated[int, Field(ge=0, le=65_535)]
+
+
+def _cut(limit: int) -> BeforeValidator:
+    """Text a node sends, cut to `limit` characters (not refused: an older agent's longer text still reads)."""
+    return BeforeValidator(lambda value: value[:limit] if isinstance(value, str) else value)
+
+
+Cut64 = Annotated[str, _cut(64)]
+Cut128 = Annotated[str, _cut(128)]
+MAX_EXIT_MESSAGE = 16_384  # a task's end: how it ended and its last lines (each a MiB at most: 20 MiB unbounded)
+CutMessage = Annotated[str, _cut(MAX_EXIT_MESSAGE)]
 
 
 class Message(BaseModel):
@@ -319,8 +330,8 @@ class StopTask(Message):
     job_id: Id
     attempt: AttemptNo
     rank: RankNo = 0
-    reason: str = "terminated"
-    grace_s: float = 10
+    reason: Cut128 = "terminated"
+    grace_s: float = Field(10, ge=0, le=3600, allow_inf_nan=False)  # infinite: the task was never killed
 
 
 class TaskStarted(Message):
@@ -331,19 +342,20 @@ class TaskStarted(Message):
     attempt: AttemptNo
     rank: RankNo = 0
     node_id: Id
-    node_kind: str
-    price_per_hour: float
-    gpu_count: int
+    node_kind: Cut64
+    price_per_hour: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
+    gpu_count: int = Field(ge=0, le=65_535)
     node_gpu_count: int = Field(
         0,
         ge=0,
+        le=65_535,
         description="GPUs of the whole node (0: not said); the attempt is charged its share of the node's price.",
     )
-    gpu_model: str = ""
-    world_size: int = 1
+    gpu_model: Cut128 = ""
+    world_size: int = Field(1, ge=1, le=65_536)
     project_id: Id
-    user_name: str
-    pid: int
+    user_name: Cut128
+    pid: int = Field(ge=0, le=2**31)
     started_at: datetime
     boot_id: str = Field(
         "",
@@ -377,7 +389,7 @@ class TaskExited(Message):
     signal: int | None = None
     reason: Literal["completed", "failed", "terminated", "oom", "not_started", "start_failed"]
     oom: Literal["gpu", "host"] | None = Field(None, description="Which memory ran out, when reason is oom.")
-    message: str = ""
+    message: CutMessage = ""
     ended_at: datetime
 
 
@@ -513,7 +525,7 @@ class NodeHeartbeat(Message):
     boot_id: BootId
     silences: Silences = 0
     running: tuple[TaskRef, ...] = ()
-    gpu_utilization: float | None = None
+    gpu_utilization: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     gpus: tuple[GpuReading, ...] = Field(
         (),
         description="Each GPU of the node as NVML read it for this beat (none "
@@ -606,7 +618,9 @@ NodeEvent = Annotated[
 class LogLine(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    t: float = Field(description="Unix time at which the agent read the line.")
+    t: float = Field(
+        ge=0, le=2**34, allow_inf_nan=False, description="Unix time at which the agent read the line."
+    )  # 2**34: the year 2514
     s: Literal["out", "err"] = "out"
     line: str
 

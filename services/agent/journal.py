@@ -85,6 +85,7 @@ class Journal:
             self._save()
             return
         if self._file is None:
+            os.chmod(self.path, 0o600)  # an older version's journal was 0644
             self._file = self.path.open("a")
             if not _ends_a_line(self.path):  # an older journal's snapshot, or a line a crash cut short: ended
                 self._file.write("\n")
@@ -96,7 +97,9 @@ class Journal:
     def _save(self) -> None:
         """The whole journal as a new snapshot, in its place at once (renamed over it once synced)."""
         tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w") as f:
+        tmp.unlink(missing_ok=True)  # what a crash left, with whatever mode it had
+        # the agent's alone (0600): its job ids name other projects' attempt folders
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
             json.dump({kind: sorted(getattr(self, kind)) for kind in KINDS}, f)
             f.write("\n")
             f.flush()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from shared.events import LogLine, StartTask
+from shared.events import MAX_EXIT_MESSAGE, LogLine, StartTask
 from shared.jobs import host_memory_gb
 from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
@@ -28,6 +28,7 @@ from services.agent.spawner import READ_LIMIT, SHIM, ShimProcess, SpawnerGone, s
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
 TAIL_LINES = 20
+TAIL_LINE_CHARS = 2000  # of each (a line is up to a MiB): the end's message fits a bus message and a job's status
 # The only variables a task inherits from the agent's environment (an allow-list: whatever else the agent holds,
 # credentials included, never reaches a task); the job's own variables and ours are added after.
 INHERITED_ENV = frozenset(
@@ -440,5 +441,8 @@ async def start_shim(launch: Path, *, cwd: Path) -> "asyncio.subprocess.Process 
 def describe_exit(status: int, tail: deque[str]) -> str:
     """A failure message: how it ended and the last lines it printed."""
     how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exited with code {status}"
-    last = "\n".join(list(tail)[-TAIL_LINES:])
+    lines = [line if len(line) <= TAIL_LINE_CHARS else line[:TAIL_LINE_CHARS] + " …" for line in tail][-TAIL_LINES:]
+    while lines and sum(len(line) + 1 for line in lines) > MAX_EXIT_MESSAGE - 64:  # the last lines kept
+        lines.pop(0)
+    last = "\n".join(lines)
     return f"{how}; last output:\n{last}" if last else how

@@ -1,10 +1,13 @@
 """Output lines of a task to the bus in ordered chunks, and to a file beside the attempt."""
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from nats.errors import MaxPayloadError
 
 from shared.events import LogChunk, LogLine
 from services.agent.outputrate import OutputRate, dropped_notice
@@ -13,6 +16,31 @@ log = logging.getLogger(__name__)
 
 FLUSH_INTERVAL_S = 0.25
 MAX_LINES_PER_CHUNK = 500
+# A chunk's lines as the bus carries them (JSON), at most this many bytes unless one line alone is longer (a line
+# is at most `carriage.MAX_LINE_BYTES`, 1 MiB, six times that encoded when all control characters: under the
+# server's 8 MB). Counted by raw bytes, two such lines made a chunk the server refused at every try, and the task's
+# end waited behind it for ever (found by review).
+MAX_CHUNK_BYTES = 2**21
+LINE_OVERHEAD = 48  # a line's time, stream and field names, encoded
+
+
+def encoded_size(line: LogLine) -> int:
+    return len(json.dumps(line.line, ensure_ascii=False).encode(errors="replace")) + LINE_OVERHEAD
+
+
+MIN_CHUNK_BYTES = 2**16  # a server that takes less than this a message is no server to ship output to
+CUT_NOTE = " [trainmaster: cut here, the bus takes no larger message]"
+
+
+def chunk_length(buffer: list[LogLine], cap_bytes: int = MAX_CHUNK_BYTES) -> int:
+    """How many of the buffer's first lines make the next chunk: at most `MAX_LINES_PER_CHUNK` lines and `cap_bytes`
+    encoded, at least one."""
+    size = 0
+    for n, line in enumerate(buffer[:MAX_LINES_PER_CHUNK]):
+        size += encoded_size(line)
+        if size > cap_bytes and n > 0:
+            return n
+    return min(len(buffer), MAX_LINES_PER_CHUNK)
 
 
 class LogShipper:
@@ -37,6 +65,7 @@ class LogShipper:
         self.wakeup = asyncio.Event()
         self.closing = False
         self.ended = False  # the chunk marked last was shipped
+        self.cap_bytes = MAX_CHUNK_BYTES  # halved each time the server refuses a chunk as too large
         self.task = asyncio.create_task(self._loop())
 
     def add(self, line: LogLine) -> None:
@@ -72,6 +101,16 @@ class LogShipper:
         await self.task
         self.file.close()
 
+    def _smaller(self, lines: tuple[LogLine, ...]) -> None:
+        """The next chunk smaller: fewer lines, or its one line cut (the rest of it is in the attempt's file)."""
+        self.cap_bytes = max(MIN_CHUNK_BYTES, self.cap_bytes // 2)
+        if len(lines) > 1:
+            return
+        [line] = lines
+        log.warning("a line of job %s's output was cut: the bus refused it as too large", self.job_id)
+        keep = min(len(line.line) // 2, self.cap_bytes // 8)  # a character is at most 6 bytes encoded
+        self.buffer[0] = line.model_copy(update={"line": line.line[:keep] + CUT_NOTE})
+
     async def _loop(self) -> None:
         while True:
             try:
@@ -82,7 +121,7 @@ class LogShipper:
             self.file.flush()
             closing = self.closing  # nothing is added once closing: what is buffered now is the rest
             while self.buffer or (closing and not self.ended):
-                lines = tuple(self.buffer[:MAX_LINES_PER_CHUNK])
+                lines = tuple(self.buffer[: chunk_length(self.buffer, self.cap_bytes)])
                 last = closing and len(lines) == len(self.buffer)
                 # the node in the id too: no other publisher's chunk can share it, signed or not (`bus.dedup_id`)
                 event_id = f"{self.job_id}:{self.attempt}:{self.rank}:{self.node_id}:log:{self.seq}"
@@ -98,6 +137,9 @@ class LogShipper:
                 )
                 try:
                     await self.publish(chunk)
+                except MaxPayloadError:  # a server configured for smaller messages: never taken as it is
+                    self._smaller(lines)
+                    continue
                 except Exception as exc:  # the bus is down: keep the lines, try again shortly
                     log.warning("log chunk %s not shipped yet: %r", chunk.event_id, exc)
                     await asyncio.sleep(1)

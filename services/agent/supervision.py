@@ -167,7 +167,9 @@ class Supervisor:
                 user = await asyncio.to_thread(rules.users.claim)
                 env.update(identity(account_name(user.uid), workdir))
                 await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
-                engine = [env["VIRTUAL_ENV"]] if "VIRTUAL_ENV" in env else []
+                # the engine the preparation set up (its VIRTUAL_ENV), never a variable the job set itself: that
+                # opened any folder it named, another project's storage under the covered data directory included
+                engine = [env["VIRTUAL_ENV"]] if self.preparer.engine_of(command) is not None else []
                 reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
                 if rules.cgroups is not None:
                     cgroup = await asyncio.to_thread(

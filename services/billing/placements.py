@@ -266,7 +266,8 @@ class Placements:
         if doc["_id"] not in await self._waiting_for():
             return []
         placed_t = (self.known.get(doc["_id"]) or doc)["placed_t"]
-        waiting, early = [], []
+        waiting: list[dict[str, Any]] = []
+        early: list[dict[str, Any]] = []
         async for d in self.parked.find({"attempt_key": doc["_id"]}):
             (early if d.get("seen_t", d["parked_at"]) < placed_t - PLACED_SKEW_S else waiting).append(d)
         if early:  # no agent starts or ends an attempt before it is placed: a node's report ahead of it is forged

@@ -67,15 +67,15 @@ async def test_after_running_out_of_host_memory_the_next_attempt_asks_twice_what
 
 
 async def test_a_node_claiming_more_memory_than_a_task_spec_holds_launches_a_spec_every_reader_accepts(placement):  # noqa: F811
-    """A node whose record bounds no memory registers 10^6 GB: its GPU job's share (250,000 GB) would make a
-    `JobPlaced` every reader refuses, the job placed for good and never started. The share stops at what a spec
-    holds, and a host out-of-memory requeue doubles no further."""
+    """A node whose record bounds no memory registers 65,536 GB (the most a node may claim): its GPU job's share
+    (16,384 GB) would make a `JobPlaced` every reader refuses, the job placed for good and never started. The share
+    stops at what a spec holds, and a host out-of-memory requeue doubles no further."""
     from shared.events import JobPlaced
     from shared.jobs import Resource
     from services.placement.apply import MAX_MEMORY_GB
 
     broker, service, placements = placement
-    await register(broker, node(node_id="box", gpus=4, memory_gb=1_000_000))
+    await register(broker, node(node_id="box", gpus=4, memory_gb=65_536))
     await publish(broker, submitted(job_id="j", gpu_count=1))
     assert await service.schedule_once() == 1
     [launched] = placements

@@ -90,3 +90,44 @@ async def test_the_default_engine_and_the_examples_are_in_reach_of_the_tasks_own
     assert ended and ended[0].reason == "completed", (ended, lines[-20:])
     assert lines[-2:] == [sys.prefix, lines[-1]]  # the agent's environment, examples found
     assert int(lines[-1]) >= 300_000  # the task's own uid, not the agent's
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="task users need a root agent")
+async def test_a_jobs_own_virtual_env_variable_opens_nothing_to_its_task(tmp_path):
+    """The folder a job named as its VIRTUAL_ENV was put in its task's reach whatever it was: a job on a node with
+    no default engine read another project's storage under the covered data directory (found by review)."""
+    sent: list = []
+
+    async def publish(message) -> None:
+        sent.append(message)
+
+    data = tmp_path / "data"
+    other = data / "storage" / "other-project"
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("theirs\n")
+    policy = StoragePolicy(storage_root=f"file://{data}/storage", checkpoint_root=f"file://{data}/checkpoints")
+    rules = confinement(
+        users=TaskUsers(first_uid=random.randrange(300_000, 900_000, 100), count=20, lock_dir=tmp_path / "uids"),
+        sdk_dir=SDK_DIR,
+        data_dir=data,
+        storage_dirs=[data / "storage", data / "checkpoints"],
+        shared_dirs=[],
+    )
+    agent = Agent(
+        node=node(node_id="n1"),
+        root=data / "agents" / "n1",
+        publish=publish,
+        preparer=Preparer(data / "engines", {}),  # no engine, no default one
+        checkpoints=CheckpointStore(policy.checkpoint_root),
+        storage=policy,
+        confinement=rules,
+    )
+    job = start(f"cat {other}/secret.txt; echo status $?", environments={"VIRTUAL_ENV": str(other)})
+    await agent.start(job)
+    for _ in range(1200):
+        if ended := [m for m in sent if isinstance(m, TaskExited)]:
+            break
+        await asyncio.sleep(0.05)
+    lines = [line.line for m in sent if isinstance(m, LogChunk) for line in m.lines]
+    assert ended and ended[0].reason == "completed", (ended, lines[-20:])
+    assert "theirs" not in lines and lines[-1] != "status 0", lines

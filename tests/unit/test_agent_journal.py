@@ -185,3 +185,19 @@ def test_a_journal_written_whole_by_an_earlier_version_takes_marks_after_it(tmp_
     journal.mark_exited("a:1:0")
     journal.mark_started("b:1:0")
     assert Journal(path).exited == {"a:1:0"} and Journal(path).unreported() == [("b", 1, 0)]
+
+
+def test_the_journal_is_the_agents_alone(tmp_path):
+    """It lists the ids of every task the node ran, other projects' included (their attempt folders' names): 0644
+    let any task of the node read it (found by review); an older version's file is made 0600 at its next mark."""
+    path = tmp_path / "journal.json"
+    journal = Journal(path, compact_after=2)
+    journal.mark_started("j1:1:0")
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o644)
+    again = Journal(path, compact_after=2)
+    again.mark_exited("j1:1:0")
+    assert path.stat().st_mode & 0o777 == 0o600
+    for n in range(5):  # past compact_after: the snapshot is written anew
+        again.mark_started(f"j{n + 2}:1:0")
+    assert path.stat().st_mode & 0o777 == 0o600 and Journal(path).started >= {"j1:1:0", "j6:1:0"}

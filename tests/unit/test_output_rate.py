@@ -1,6 +1,8 @@
 """A task may print only so fast: past its lines/s and bytes/s (and the burst it saved up) lines are dropped, and
 one notice line says how many before the next line that goes out, or at the end."""
 
+import asyncio
+
 from shared.events import LogChunk, LogLine
 from services.agent.outputrate import OutputRate
 from services.agent.shipping import LogShipper
@@ -89,3 +91,45 @@ async def test_what_is_dropped_at_the_end_is_noticed_at_the_end(tmp_path):
     assert lines[:3] == ["line 0", "line 1", "line 2"]
     assert lines[3] == "[trainmaster] own line, never dropped"
     assert lines[4].startswith("[trainmaster] 7 lines dropped") and chunks[-1].last
+
+
+async def test_lines_of_control_characters_within_the_allowance_never_make_a_chunk_the_bus_refuses(tmp_path):
+    """Two 1-MB lines of control characters passed the byte allowance and made one chunk of 11 MB as JSON, which
+    the server (8 MB at most) refused at every try: the task's end waited behind it for ever (found by review)."""
+    sent: list[LogChunk] = []
+
+    async def publish(chunk: LogChunk) -> None:  # as nats-py refuses a payload past the server's max_payload
+        if len(chunk.model_dump_json()) > 8 * 2**20:
+            raise RuntimeError("nats: maximum payload exceeded")
+        sent.append(chunk)
+
+    rate = OutputRate(lines_per_s=500, bytes_per_s=65536, burst_s=40)
+    shipper = LogShipper(
+        job_id="j", attempt=1, rank=0, node_id="n", path=tmp_path / "out.log", publish=publish, rate=rate
+    )
+    for n in (1_000_000, 900_000, 10):
+        shipper.add(LogLine(t=0.0, line="\x01" * n))
+    await asyncio.wait_for(shipper.close(), 10)
+    assert [len(c.lines) for c in sent] == [1, 1, 1] and sent[-1].last  # each past 2 MiB encoded alone
+    assert [len(line.line) for c in sent for line in c.lines] == [1_000_000, 900_000, 10]
+
+
+async def test_a_server_that_takes_smaller_messages_gets_smaller_chunks_and_cut_lines(tmp_path):
+    """NATS's own default is 1 MB a message: a refused chunk was tried again as it was, for ever."""
+    from nats.errors import MaxPayloadError
+
+    sent: list[LogChunk] = []
+
+    async def publish(chunk: LogChunk) -> None:
+        if len(chunk.model_dump_json()) > 2**20:
+            raise MaxPayloadError
+        sent.append(chunk)
+
+    shipper = LogShipper(job_id="j", attempt=1, rank=0, node_id="n", path=tmp_path / "out.log", publish=publish)
+    for line in ["a" * 600_000, "b" * 600_000, "\x01" * 400_000, "end"]:
+        shipper.add(LogLine(t=0.0, line=line))
+    await asyncio.wait_for(shipper.close(), 10)
+    shipped = [line.line for c in sent for line in c.lines]
+    assert shipped[:2] == ["a" * 600_000, "b" * 600_000] and shipped[-1] == "end" and sent[-1].last
+    assert shipped[2].startswith("\x01" * 1000) and shipped[2].endswith("the bus takes no larger message]")
+    assert (tmp_path / "out.log").read_text().count("\x01") == 400_000  # the attempt's file has it whole
