@@ -5,6 +5,7 @@ import base64
 import functools
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -12,12 +13,13 @@ import secrets
 import time
 from collections.abc import Awaitable
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import httpx
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from shared.egress import Policy, Refused, check_url, guarded_client
+from shared.egress import Policy, Refused, check_url, guarded_client, system_resolve, why_blocked
 from services.submitter.audit import url_origin
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import ProjectId, use_cases
@@ -231,6 +233,17 @@ async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[s
         return "unreachable"
 
 
+async def over_https_if_public(policy: Policy, url: str) -> None:
+    """Refused: a plain http:// webhook to a public host (its deliveries, the project's notifications, would cross
+    the internet in clear); http:// stays for hosts the operator allows inside its own network."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or policy.host_allowed(parts.hostname):
+        return
+    addresses = await system_resolve(parts.hostname, parts.port or 80)
+    if not any(why_blocked(ipaddress.ip_address(a.split("%", 1)[0])) for a in addresses):
+        raise Refused(f"{parts.hostname} is a public host: a webhook to it goes over https://")
+
+
 @router.put(
     "/v2/{project_id}/notifications",
     response_model=WebhookSettings,
@@ -242,8 +255,15 @@ async def configure(
     principal.require_project(project_id)
     url = str(body.webhook_url) if body.webhook_url else None
     if url:
+        if body.webhook_url is not None and (body.webhook_url.username or body.webhook_url.password):
+            raise Invalid(
+                "webhook_url",
+                "credentials in the URL (user:password@) are not taken: every member of the project is shown the "
+                "URL; a receiver tells deliveries apart by their signature (webhook-signature)",
+            )
         try:
             await check_url(request.app.state.egress, url)
+            await over_https_if_public(request.app.state.egress, url)
         except Refused as exc:
             raise Invalid(
                 "webhook_url",

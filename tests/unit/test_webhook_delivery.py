@@ -49,12 +49,19 @@ async def test_a_webhook_to_an_address_that_is_not_public_is_refused(url):
 async def test_public_and_allow_listed_webhooks_are_kept():
     app, db, _ = await make_app(allow=["127.0.0.1"])
     async with client(app) as api:
-        for url in ("http://93.184.216.34/hook", "http://127.0.0.1:5000/hook"):
+        for url in ("https://93.184.216.34/hook", "http://127.0.0.1:5000/hook"):
             response = await api.put("/v2/vision/notifications", json={"webhook_url": url})
             assert response.status_code == 200, response.text
             assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_url"] == url
         refused = await api.put("/v2/vision/notifications", json={"webhook_url": "http://127.0.0.2:5000/hook"})
         assert refused.status_code == 400
+        clear = await api.put("/v2/vision/notifications", json={"webhook_url": "http://93.184.216.34/hook"})
+        assert clear.status_code == 400 and "goes over https://" in clear.json()["error_msg"], clear.text
+        for secret in ("https://user:pw@93.184.216.34/hook", "https://token@93.184.216.34/hook"):
+            userinfo = await api.put("/v2/vision/notifications", json={"webhook_url": secret})
+            assert userinfo.status_code == 400 and "credentials in the URL" in userinfo.json()["error_msg"]
+            assert userinfo.json()["error_msg"].startswith("param[webhook_url] invalid:")
+        assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_url"] == "http://127.0.0.1:5000/hook"
 
 
 async def test_only_members_configure_a_projects_webhook():
@@ -462,3 +469,11 @@ async def test_a_webhook_changed_by_other_requests_each_time_is_refused_and_left
         "http://127.0.0.1:6000/b",
         moved.json()["signing_secret"],
     )
+
+
+async def test_plain_http_stays_for_hosts_inside_a_network_the_operator_allows():
+    app, db, _ = await make_app(allow=["10.0.0.0/8"])
+    async with client(app) as api:
+        kept = await api.put("/v2/vision/notifications", json={"webhook_url": "http://10.1.2.3:8080/hook"})
+    assert kept.status_code == 200, kept.text
+    assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_url"] == "http://10.1.2.3:8080/hook"
