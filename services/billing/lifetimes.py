@@ -70,6 +70,7 @@ class Lifetimes:
 
     async def released(self, event: NodeReleased) -> None:
         await self._close(event.node_id, ended_at=event.released_at, reason=f"released: {event.reason}")
+        await self.records.released(event.node_id)
 
     async def _open(self, node_id: str, *, at: datetime, source: str, info: dict[str, Any] | None = None) -> None:
         """Open a node's lifetime; `info` is what billing knows of the node (read when the caller has not)."""
@@ -77,7 +78,7 @@ class Lifetimes:
             if await self.nodes_open.find_one({"_id": node_id}, {"_id": 1}):
                 return
             info = await self.records.get(node_id)
-        if info is None:
+        if info is None or info.get("released"):  # a rented node given back is charged no more
             return
         opened = open_lifetime(
             node_id=node_id,

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 TaskEvent = Annotated[TaskStarted | TaskExited, Field(discriminator="type")]
 TASK_EVENT = TypeAdapter(TaskEvent)
 PARK_MAX = 10_000  # events waiting for a placement; beyond it the newest is dropped (a flood, not a delay)
+PARK_PER_NODE = 1_000  # of them, one node's: a node reporting attempts never placed cannot crowd out the others'
 PARK_TTL_S = 3600.0  # a placement never lags its tasks this long: what waited longer was never placed
 REMEMBERED = 4096  # placements kept in memory
 # A task event the bus recorded this long before its attempt's placement was made (by placement's clock) is no
@@ -324,9 +325,14 @@ class Placements:
 
     async def _park(self, event: TaskStarted | TaskExited, *, seen: datetime) -> None:
         now = time.time()
-        expired = await self.parked.delete_many({"parked_at": {"$lt": now - PARK_TTL_S}})
+        old = {"parked_at": {"$lt": now - PARK_TTL_S}}
+        stale = {d["attempt_key"] async for d in self.parked.find(old, {"attempt_key": 1})}
+        expired = await self.parked.delete_many(old)
         if expired.deleted_count:
             log.warning("%d task events dropped: no placement for them within %.0fs", expired.deleted_count, PARK_TTL_S)
+        if stale and self.waiting_for is not None:  # the attempts whose events expired wait no more (it only grew)
+            still = {d["attempt_key"] async for d in self.parked.find({"attempt_key": {"$in": sorted(stale)}})}
+            self.waiting_for -= stale - still
         if await self.parked.count_documents({}) >= PARK_MAX:
             log.warning(
                 "%s of job %s from node %s dropped: %d events already wait for a placement",
@@ -336,12 +342,22 @@ class Placements:
                 PARK_MAX,
             )
             return
+        if await self.parked.count_documents({"node_id": event.node_id}) >= PARK_PER_NODE:
+            log.warning(
+                "%s of job %s from node %s dropped: %d of its events already wait for a placement",
+                event.type,
+                event.job_id,
+                event.node_id,
+                PARK_PER_NODE,
+            )
+            return
         (await self._waiting_for()).add(attempt_key(event.job_id, event.attempt))  # before it is stored
         try:
             await self.parked.insert_one(
                 {
                     "_id": event.event_id,
                     "attempt_key": attempt_key(event.job_id, event.attempt),
+                    "node_id": event.node_id,
                     "order": 0 if isinstance(event, TaskStarted) else 1,
                     "parked_at": now,
                     "seen_t": seen.timestamp(),

@@ -76,6 +76,15 @@ class NodeRecords:
         self._written(event.node_id, info)
         return info
 
+    async def released(self, node_id: str) -> None:
+        """A rented node given back: its record says so, and nothing it does later is charged to whoever rented it
+        (a registration after the release opened a lifetime nothing ever closed, charged to the renter for good)."""
+        known = await self.get(node_id)
+        if known is None or known.get("source") != "provisioned" or known.get("released"):
+            return
+        await self.node_info.update_one({"_id": node_id}, {"$set": {"released": True}})
+        self._written(node_id, {**known, "released": True})
+
     def _written(self, node_id: str, info: dict[str, Any] | None) -> dict[str, Any] | None:
         if info is not None:
             self.known.put(node_id, as_read(self.node_info, info))

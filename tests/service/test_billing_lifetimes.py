@@ -259,3 +259,21 @@ async def test_a_report_reuses_the_lifetimes_it_read_until_a_lifetime_is_written
     await publish(broker, released("od-1", at=T0 + timedelta(hours=1, minutes=30)))
     report = await reports.usage(query, spend_only=True)
     assert report.on_demand.nodes == 2 and report.on_demand.cost == pytest.approx(3.6 * 2.5)
+
+
+async def test_a_rented_node_that_registers_after_its_release_is_charged_no_more(billing):
+    """Its lifetime closed at the release; a registration after it (an agent not yet revoked, or started again)
+    opened a lifetime nothing ever closed, charged to the renter for good: $100 a day later for a $4 hour (found by
+    review). The release is remembered in the node's record."""
+    broker, service, _ = billing
+    hour = timedelta(hours=1)
+    await publish(broker, provisioned("od", price=4.0))
+    await publish(broker, released("od", at=T0 + hour))
+    service.lifetimes.clock.at(T0 + 2 * hour)
+    again = node(node_id="od", kind="on_demand", gpus=1, price=0.0)
+    await publish(broker, NodeRegistered(event_id="od:boot2", occurred_at=T0 + 2 * hour, node=again, boot_id="b2"))
+    await publish(broker, NodeStateChanged(event_id="od:ready2", node_id="od", state="ready", last_seen=T0 + 2 * hour))
+    assert service.lifetimes.nodes_open.docs == {}
+    service.reports.clock.at(T0 + 26 * hour)
+    report = await service.reports.usage(UsageQuery(project_id="p"))
+    assert round(report.total.on_demand_cost, 2) == 4.0

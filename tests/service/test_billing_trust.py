@@ -238,3 +238,25 @@ async def test_a_second_placement_of_an_attempt_neither_vouches_for_its_node_nor
     await deliver(broker, service, started("j", node_id="n1", at=T0), exited("j", node_id="n1", at=HOURS_2))
     [line] = service.attempts.ledger.docs.values()
     assert (line["node_id"], line["cost"]) == ("n1", 2.0)
+
+
+async def test_one_nodes_reports_of_attempts_never_placed_crowd_out_no_other_nodes(billing, monkeypatch):
+    broker, service = billing
+    monkeypatch.setattr(placements_module, "PARK_PER_NODE", 2)
+    for n in range(4):
+        await publish(broker, forged(started(f"ghost-{n}", node_id="n9", at=T0)))
+    await publish(broker, started("j", node_id="n1", at=T0))  # an honest early report of another node
+    parked = service.attempts.placements.parked.docs
+    assert sorted(d["attempt_key"] for d in parked.values()) == ["ghost-0:1", "ghost-1:1", "j:1"]
+
+
+async def test_attempts_whose_events_expired_wait_no_more(billing):
+    """Their keys stayed among the attempts waiting for a placement for good: memory that only grew."""
+    broker, service = billing
+    placements = service.attempts.placements
+    await publish(broker, started("ghost", at=T0))
+    assert "ghost:1" in await placements._waiting_for()
+    for doc in placements.parked.docs.values():
+        doc["parked_at"] = time.time() - placements_module.PARK_TTL_S - 1
+    await publish(broker, started("other", at=T0))
+    assert await placements._waiting_for() == {"other:1"}
