@@ -338,6 +338,8 @@ def _scan(local: Path, *, partial: bool = False) -> Manifest:
     """The regular files under `local` (no link followed or listed), those named as being written (`PARTIAL`) only
     with `partial`."""
     manifest: Manifest = {}
+    if os.path.islink(local):  # os.walk follows a link at its top: the task's link to `/` had the agent walk the host
+        return manifest
     for root, _, files in os.walk(local):
         for name in files:
             path = Path(root) / name

@@ -359,14 +359,16 @@ def evict(uid: int) -> bool:
 
 
 def chown_tree(top: Path, *, uid: int, gid: int, skip: frozenset[str] = frozenset()) -> None:
-    """lchown `top` and everything under it, following no link (the task may have planted some)."""
+    """lchown `top` and everything under it, following no link (the task may have planted some), each entry changed
+    from a handle on the folder that holds it: a process of the task still running that swaps a folder for a link
+    mid-walk cannot turn the walk to another place of the host (a walk by path would follow it)."""
     os.lchown(top, uid, gid)
-    for root, dirs, files in os.walk(top, followlinks=False):
+    for root, dirs, files, folder in os.fwalk(top, follow_symlinks=False):
         for name in dirs + files:
             if root == str(top) and name in skip:
                 continue
             try:
-                os.lchown(os.path.join(root, name), uid, gid)
+                os.chown(name, uid, gid, dir_fd=folder, follow_symlinks=False)
             except FileNotFoundError:
                 pass
 

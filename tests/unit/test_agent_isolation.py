@@ -484,3 +484,32 @@ async def test_a_task_may_not_touch_the_keyrings_its_uid_keeps_for_the_next_task
     done, output = await run(agent, start(unique("k"), f"{sys.executable} -c {quote(KEYS)}"), sent)
     assert done.reason == "completed", output
     assert "ADD -1 38" in output and "GET -1 38" in output, output
+
+
+def test_a_link_the_task_left_as_its_checkpoint_folder_is_not_walked(tmp_path):
+    """os.walk follows a link at its top: a task's `checkpoint -> /` had the root agent walk the host every few
+    seconds, its manifest growing with the host's files (found by review)."""
+    from services.agent.checkpoints import _scan
+
+    (tmp_path / "host").mkdir()
+    (tmp_path / "host" / "passwd").write_text("root:x:0:0\n")
+    (tmp_path / "checkpoint").symlink_to(tmp_path / "host")
+    assert _scan(tmp_path / "checkpoint") == {}
+
+
+@root_only
+def test_giving_a_folder_back_changes_nothing_a_link_in_it_leads_to(tmp_path):
+    from services.agent.isolation import chown_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_text("x")
+    top = tmp_path / "work"
+    (top / "sub").mkdir(parents=True)
+    (top / "sub" / "mine").write_text("y")
+    (top / "sub" / "link").symlink_to(outside)
+    (top / "link-file").symlink_to(outside / "file")
+    before = {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (outside, outside / "file")}
+    chown_tree(top, uid=4242, gid=4243)
+    assert (top / "sub" / "mine").stat().st_uid == 4242 and os.lstat(top / "sub" / "link").st_uid == 4242
+    assert {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (outside, outside / "file")} == before
