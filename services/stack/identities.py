@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,6 +278,11 @@ def main() -> None:
         help="write: revoke every .creds an earlier write made (a node taken out of the cluster file, a leaked file); "
         "then recreate every container that holds one and restart the minter (docker compose up -d --force-recreate)",
     )
+    parser.add_argument(
+        "--routes",
+        help="write: the cluster's route addresses (host:port, comma-separated): server/routes.conf, the servers' "
+        "cluster block with a route password made once (deploy/nats.conf includes it)",
+    )
     args = parser.parse_args()
     node_ids = agent_node_ids(args.cluster_file)
     if args.action == "prepare":
@@ -303,6 +310,7 @@ def main() -> None:
         resolver_dir=Path(args.resolver_dir),
         admin_uid=args.admin_uid,
         revoke_earlier=args.revoke_earlier,
+        routes=[r for r in (args.routes or "").split(",") if r],
     )
 
 
@@ -313,6 +321,7 @@ def write(
     resolver_dir: Path,
     admin_uid: int | None,
     revoke_earlier: bool = False,
+    routes: list[str] | None = None,
 ) -> None:
     """Every identity's `.creds`, one folder each (what its container mounts), and the server's auth block;
     `revoke_earlier`: the `.creds` of every earlier `write` revoked first (`Identities.revoke_earlier`: every
@@ -332,6 +341,47 @@ def write(
     auth.parent.mkdir(mode=0o755, exist_ok=True)
     auth.write_text(identities.server_config(resolver_dir=resolver_dir))
     auth.chmod(0o644)  # public JWTs only
+    if routes:
+        write_routes(identities.root, routes)
+
+
+def route_secret(root: Path) -> str:
+    """The password the cluster's servers route to each other with: made once, kept beside the keys (0600)."""
+    path = root / "route.secret"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        secret = secrets.token_hex(24)
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+            f.write(secret)
+        return secret
+
+
+def routes_config(secret: str, routes: list[str], *, listen: str = "0.0.0.0:6222") -> str:
+    """The servers' cluster block: a route carries every account's messages, checked against no user's
+    permissions, so only a server that knows the secret routes in (an open route port let anything on the network
+    join the cluster and publish as the platform; found by review)."""
+    urls = ", ".join(f'"nats-route://route:{secret}@{route}"' for route in routes)
+    return (
+        f'cluster {{\n  name: "trainmaster"\n  listen: "{listen}"\n'
+        f'  authorization {{\n    user: "route"\n    password: "{secret}"\n    timeout: 2\n  }}\n'
+        f"  routes: [{urls}]\n}}\n"
+    )
+
+
+def write_routes(root: Path, routes: list[str]) -> Path:
+    """`routes.conf` in the servers' folder (0600: it holds the secret), what `deploy/nats.conf` includes."""
+    for route in routes:
+        if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}", route):
+            raise SystemExit(f"--routes: {route!r} is not host:port")
+    path = root / "server" / "routes.conf"
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(routes_config(route_secret(root), routes))
+    tmp.replace(path)
+    return path
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from shared.settings import database_name
 from shared.store import embedded_socket, embedded_url
 from services.agent.resources import agent_node_ids
 from services.stack.forkserver import ForkedProcess, ForkServer, ForkServerError
-from services.stack.identities import Identities, prepare_bus
+from services.stack.identities import Identities, prepare_bus, route_secret, routes_config
 from services.stack.migrate import split_single_database
 from services.stack.settings import StackSettings
 
@@ -282,11 +282,11 @@ class Stack:
             else ""
         )
         cluster = ""
-        if s.nats_servers > 1:
-            routes = ", ".join(f'"nats-route://127.0.0.1:{s.nats_port + 10 + j}"' for j in range(s.nats_servers))
-            cluster = (
-                f'server_name: "{name}"\ncluster {{\n  name: "trainmaster"\n'
-                f'  listen: "127.0.0.1:{s.nats_port + 10 + i}"\n  routes: [{routes}]\n}}\n'
+        if s.nats_servers > 1:  # only a server that knows the stack's route secret routes in (`routes_config`)
+            routes = [f"127.0.0.1:{s.nats_port + 10 + j}" for j in range(s.nats_servers)]
+            secret = route_secret(self.identities.root)
+            cluster = f'server_name: "{name}"\n' + routes_config(
+                secret, routes, listen=f"127.0.0.1:{s.nats_port + 10 + i}"
             )
         config.write_text(
             f'listen: "127.0.0.1:{s.nats_port + i}"\nmax_payload: 8MB\nmax_control_line: 32KB\n{cluster}'

@@ -92,3 +92,38 @@ async def test_every_stream_keeps_three_copies_and_survives_the_loss_of_any_one_
             pytest.fail(f"{leader} did not catch up within 10 s of its restart")
     finally:
         await nc.close()
+
+
+def route_hello(port: int, connect: dict) -> bytes:
+    """What a route port answers a server's CONNECT (`connect`), as a task on the host could send it."""
+    import json
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.settimeout(5)
+        info = sock.recv(65536)
+        assert info.startswith(b"INFO ")
+        sock.sendall(b"CONNECT " + json.dumps(connect).encode() + b"\r\nPING\r\n")
+        answer = b""
+        try:
+            while b"\r\n" not in answer.removeprefix(b"PONG\r\n") and len(answer) < 65536:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except TimeoutError:
+            pass
+        return answer
+
+
+async def test_no_one_without_the_stacks_secret_joins_the_cluster_as_a_route(cluster):
+    """A route carries every account's messages unchecked: an open route port let a task on the host join the
+    cluster and publish as the platform (found by review)."""
+    port = cluster.settings.nats_port + 10
+    connect = {"verbose": False, "pedantic": False, "tls_required": False, "name": "intruder", "cluster": "trainmaster"}
+    refused = route_hello(port, connect)
+    assert b"-ERR" in refused and b"Authorization Violation" in refused, refused
+    wrong = route_hello(port, {**connect, "user": "route", "pass": "guessed"})
+    assert b"Authorization Violation" in wrong, wrong
+    secret = cluster.identities.root / "route.secret"
+    assert oct(secret.stat().st_mode & 0o777) == "0o600" and len(secret.read_text()) == 48

@@ -1,6 +1,7 @@
 """The operator's declaration of the bus (`identities prepare`, compose's bus-prepare): which existing consumers
 stay, where its stream settings come from, and what its container may touch."""
 
+import sys
 import time
 from pathlib import Path
 
@@ -191,3 +192,44 @@ def test_write_gives_the_admins_creds_to_the_user_that_declares(monkeypatch, tmp
     identities.write(identities.Identities(tmp_path / "bus"), node_ids=["n1"], resolver_dir=tmp_path, admin_uid=7)
     assert owners == [("admin", 7, 7), ("nats.creds", 7, 7)]
     assert (tmp_path / "bus" / "creds" / "agent-n1" / "nats.creds").exists()
+
+
+def test_compose_servers_route_only_with_the_secret_bus_keys_writes(tmp_path):
+    """deploy/nats.conf's cluster block is the one `bus-keys` writes (`--routes`): a route password made once and
+    kept, 0600; the server takes the config as it is (`nats-server -t`). An open route port let anything on the
+    compose network join the cluster and publish as the platform (found by review)."""
+    import shutil
+    import subprocess
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    keys = compose["bus-keys"]["command"]
+    routes = keys[keys.index("--routes") + 1].split(",")
+    assert routes == ["nats:6222", "nats-2:6222", "nats-3:6222"]
+    bus_dir = tmp_path / "bus"
+    identities.write(
+        identities.Identities(bus_dir), node_ids=["n1"], resolver_dir=tmp_path, admin_uid=None, routes=routes
+    )
+    written = bus_dir / "server" / "routes.conf"
+    text = written.read_text()
+    secret = (bus_dir / "route.secret").read_text()
+    assert oct(written.stat().st_mode & 0o777) == "0o600" and f'password: "{secret}"' in text
+    assert text.count(f"nats-route://route:{secret}@") == 3
+    identities.write(
+        identities.Identities(bus_dir), node_ids=["n1"], resolver_dir=tmp_path, admin_uid=None, routes=routes
+    )
+    assert written.read_text() == text  # the same secret at every `up`
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    shutil.copy(ROOT / "deploy" / "nats.conf", etc / "nats.conf")
+    (etc / "auth").symlink_to(bus_dir / "server")
+    server = shutil.which("nats-server") or str(Path(sys.executable).parent / "nats-server")
+    checked = subprocess.run(
+        [server, "-c", str(etc / "nats.conf"), "-t"],
+        env={"NATS_SERVER_NAME": "nats-1"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr + checked.stdout
+    with pytest.raises(SystemExit, match="not host:port"):
+        identities.write_routes(bus_dir, ["nats:6222\nlisten: 0.0.0.0"])
