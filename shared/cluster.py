@@ -45,7 +45,11 @@ class NodeEntry(BaseModel):
     memory_gb: float | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     pool: str | None = None
-    address: str = "127.0.0.1"
+    address: str | None = Field(
+        None,
+        description="Where other ranks of a distributed job reach this node; none: the address it reaches the bus "
+        "from (a rented node's, learnt at its start).",
+    )
     agent: bool = Field(True, description="False: a record only (the stack starts no agent for it).")
 
     @field_validator("labels", mode="before")

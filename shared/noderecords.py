@@ -49,6 +49,7 @@ class NodeLimits(BaseModel):
     cpu_count: float | None = None
     memory_gb: float | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    address: str | None = Field(None, description="Where other ranks reach the node (None: the entry names none).")
 
 
 def limits_from_entry(entry: NodeEntry | Mapping[str, Any]) -> NodeLimits:
@@ -70,6 +71,7 @@ def limits_from_entry(entry: NodeEntry | Mapping[str, Any]) -> NodeLimits:
         cpu_count=entry.cpu_count,
         memory_gb=entry.memory_gb,
         labels=entry.all_labels(),
+        address=entry.address,
     )
 
 
@@ -106,6 +108,8 @@ def capped(claimed: NodeInfo, record: NodeLimits) -> tuple[NodeInfo, dict[str, s
             update[name] = refuse(name, getattr(claimed, name), limit)
     if claimed.labels != record.labels:
         update["labels"] = refuse("labels", claimed.labels, record.labels)
+    if record.address is not None and claimed.address != record.address:  # a distributed job's ranks go there
+        update["address"] = refuse("address", claimed.address, record.address)
     gpus = _gpus(claimed.gpus, record, refuse)
     if gpus != claimed.gpus:
         update["gpus"] = gpus

@@ -97,7 +97,9 @@ class NodeInfo(BaseModel):
     kind: NodeKind
     hostname: str = Field("", max_length=253)
     address: str = Field(
-        "127.0.0.1", max_length=253, description="Where other ranks of a distributed job reach this node."
+        "127.0.0.1",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$",
+        description="Where other ranks of a distributed job reach this node (an IP address or a host name).",
     )
     gpus: tuple[Gpu, ...] = Field((), max_length=MAX_GPU_INDEX + 1)
     cpu_count: float = Field(gt=0, le=MAX_CPUS, allow_inf_nan=False)

@@ -311,6 +311,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> 
         use_nvml=settings.use_nvml,
         virtual=True,
         measure=measure if settings.measure_gpus else None,
+        bus_url=settings.nats_url,
     )
     storage = settings.storage_policy(settings.data_dir)
     root = private_dir(private_dir(settings.data_dir / "agents") / check_segment(node.node_id))

@@ -7,7 +7,9 @@ import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+from shared.bus import servers
 from shared.cluster import ClusterFile, ClusterFileError, NodeEntry, node_entry, read_cluster
 from shared.nodes import Gpu, NodeInfo, datasheet_tflops
 from services.agent.throughput import with_measured
@@ -33,7 +35,23 @@ def agent_node_ids(path: Path) -> list[str]:
     return [node_id for node_id, entry in load_cluster(path).items() if entry.agent]
 
 
-def node_from_config(entry: NodeEntry | Mapping[str, Any], *, virtual: bool) -> NodeInfo:
+def bus_side_address(bus_url: str | None) -> str:
+    """The address this machine reaches the bus from (the interface the route to its first server leaves by: a
+    UDP socket's connect sends nothing), where other machines find it; 127.0.0.1 without one."""
+    server = servers(bus_url)[0] if bus_url else ""
+    parts = urlsplit(server if "://" in server else f"nats://{server}")
+    if not parts.hostname:
+        return "127.0.0.1"
+    try:
+        family, _, _, _, address = socket.getaddrinfo(parts.hostname, parts.port or 4222, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def node_from_config(entry: NodeEntry | Mapping[str, Any], *, virtual: bool, bus_url: str | None = None) -> NodeInfo:
     entry = node_entry(entry)
     gpus: list[Gpu] = []
     for group in entry.gpus:
@@ -43,7 +61,7 @@ def node_from_config(entry: NodeEntry | Mapping[str, Any], *, virtual: bool) -> 
         node_id=entry.id,
         kind=entry.kind,
         hostname=socket.gethostname(),
-        address=entry.address,
+        address=entry.address or bus_side_address(bus_url),
         gpus=tuple(gpus),
         cpu_count=entry.cpu_count if entry.cpu_count is not None else os.cpu_count() or 1,
         memory_gb=entry.memory_gb if entry.memory_gb is not None else 4,
@@ -84,10 +102,13 @@ def describe_node(
     use_nvml: bool,
     virtual: bool,
     measure: Callable[[], dict[int, float]] | None = None,
+    bus_url: str | None = None,
 ) -> NodeInfo:
     """The node record to register: real GPUs when NVML finds them (each with its throughput when `measure` is
-    given and measures it), the configured ones otherwise."""
-    node = node_from_config(entry, virtual=virtual)
+    given and measures it), the configured ones otherwise; its address its entry's, else the one it reaches the
+    bus from (`bus_url`: every rented node's entry names none, and each said 127.0.0.1, so the ranks of a job
+    over two rented machines each looked for its master on itself)."""
+    node = node_from_config(entry, virtual=virtual, bus_url=bus_url)
     found = gpus_from_nvml() if use_nvml else None
     if found:
         log.info("NVML found %d GPU(s); the cluster file's GPU list is not used", len(found))

@@ -2,8 +2,10 @@
 
 import tomllib
 
+import pytest
+
 from shared.noderecords import admitted, capped, limits_from_entry
-from shared.nodes import MEASURED_SLACK, Gpu, datasheet_tflops
+from shared.nodes import MEASURED_SLACK, Gpu, NodeInfo, datasheet_tflops
 from services.agent.resources import node_from_config
 from services.placement.adapter import reference_tflops
 from tests.factories import node
@@ -180,3 +182,26 @@ def test_an_unknown_gpus_measurement_is_not_refused_and_an_l40_is_no_l4():
         756.0,
         70.0,
     ]
+
+
+def test_a_static_node_is_reached_where_its_record_says_and_a_rented_one_where_it_reaches_the_bus_from():
+    """A node's address is where every other rank of a distributed job connects (the master); each rented node
+    said 127.0.0.1 (its entry names none), so a job over two rented machines looked for its master on itself."""
+    from services.agent.resources import bus_side_address, describe_node
+
+    entry = {"id": "box", "kind": "local", "address": "10.0.0.5"}
+    claimed = node(node_id="box").model_copy(update={"address": "10.9.9.9", "labels": {"pool": "default"}})
+    kept, refused = capped(claimed, limits_from_entry(entry))
+    assert kept.address == "10.0.0.5" and refused["address"] == "claimed 10.9.9.9, record 10.0.0.5"
+    unnamed = limits_from_entry({"id": "od-1", "kind": "on_demand"})
+    assert unnamed.address is None
+    rented = claimed.model_copy(update={"node_id": "od-1", "kind": "on_demand", "address": "192.0.2.7"})
+    assert capped(rented, unnamed)[0].address == "192.0.2.7"
+    assert bus_side_address("nats://127.0.0.1:4222") == "127.0.0.1" and bus_side_address(None) == "127.0.0.1"
+    described = describe_node(
+        {"id": "od-1", "kind": "on_demand"}, use_nvml=False, virtual=False, bus_url="nats://127.0.0.1:1"
+    )
+    assert described.address == "127.0.0.1"
+    assert describe_node(entry, use_nvml=False, virtual=False, bus_url="nats://127.0.0.1:1").address == "10.0.0.5"
+    with pytest.raises(ValueError):
+        NodeInfo.model_validate({**node(node_id="x").model_dump(), "address": "a b\nc"})
