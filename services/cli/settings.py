@@ -1,5 +1,6 @@
 """Where the CLI finds its server and token: flags, then TRAINMASTER_* environment, then the config file."""
 
+import sys
 from pathlib import Path
 from typing import TypedDict
 
@@ -58,4 +59,19 @@ def load(*, url: str | None = None, token: str | None = None, project: str | Non
         flags["token"] = token
     if project is not None:
         flags["project"] = project
-    return CliSettings(**flags)
+    settings = CliSettings(**flags)
+    warn_if_shared(config_file())
+    return settings
+
+
+def warn_if_shared(path: Path) -> None:
+    """Said on stderr: a config file others on the machine may read, a token in it (ssh's rule for its keys)."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if mode & 0o077 and "token" in path.read_text(errors="replace"):
+        print(
+            f"trainmaster: {path} holds a token and others may read it (mode {mode & 0o777:o}): chmod 600 {path}",
+            file=sys.stderr,
+        )

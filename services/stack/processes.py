@@ -8,6 +8,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -29,6 +30,10 @@ SERVICES = ("monitor", "placement", "estimator", "billing", "submitter")
 RESTART_AFTER_S = 5.0  # a process that keeps exiting is started again at most this often
 # the minter's own read-only cloud credentials, from the shell to it alone (the stack's settings carry no cloud key)
 MINTER_CLOUD_SETTINGS = ("TRAINMASTER_EC2_", "TRAINMASTER_K8S_")
+# Cloud credentials in the operator's shell: placement rents with them and agents reach object storage with them;
+# the API, the monitor, the estimator and billing never talk to a cloud, and got them all the same.
+CLOUD_ENV = ("AWS_", "AZURE_", "GOOGLE_", "GCLOUD_", "CLOUDSDK_", "KUBECONFIG")
+NO_CLOUD = ("submitter", "monitor", "estimator", "billing")
 HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": ""}  # CUDA (torch's included) then sees no device and holds no GPU memory
 
 
@@ -189,6 +194,8 @@ class Stack:
         env = {**self.env(), "TRAINMASTER_NATS_CREDS": str(self.identities.creds(identity))}
         if identity != "submitter":  # no process but the API holds the admin token
             env.pop("TRAINMASTER_ADMIN_TOKEN", None)
+        if identity in NO_CLOUD:
+            env = {k: v for k, v in env.items() if not k.startswith(CLOUD_ENV)}
         if identity == "placement":
             env["TRAINMASTER_NATS_MINTER"] = "true"
         if identity == MINTER:
@@ -313,10 +320,19 @@ class Stack:
             wait_for_socket(self.database_socket_of(service))
 
     def start_database_server(self, service: str) -> None:
-        """One service's embedded server: its own process, folder and socket (both folders 0700, the socket 0600)."""
+        """One service's embedded server: its own process, folder and socket (both folders 0700, the socket 0600).
+        A socket folder under the shared temporary directory (a deep data directory's) must be this user's own
+        real folder: one another user made there first (its name is predictable) would hold the socket the
+        services send every command to."""
         folder = self.data_dir / "db" / service
         for path in {folder, self.database_socket_of(service).parent}:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            found = os.lstat(path)
+            if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+                raise SystemExit(
+                    f"{path} is not a folder of this user's own (another user made it first?): the database's "
+                    "socket goes in no such place; remove it, or use a shorter TRAINMASTER_DATA_DIR"
+                )
             os.chmod(path, 0o700)
         self._spawn(
             f"database-{service}",

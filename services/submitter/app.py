@@ -87,7 +87,7 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     @field_validator("admin_token")
     @classmethod
     def _admin_token_long_enough(cls, value: str | None) -> str | None:
-        return check_admin_token(value)
+        return check_admin_token(value or None)  # empty: unset (compose passes an unset variable so)
 
 
 def build_submitter(
@@ -131,11 +131,8 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
 async def bootstrap_admin(tokens: Tokens, audit_log: audit.AuditLog, settings: SubmitterSettings) -> None:
     """The admin's token: a generated one shown once, a rotated one's predecessors revoked and audited."""
     generated = await tokens.bootstrap_admin(configured=settings.admin_token, data_dir=settings.data_dir)
-    if generated:
-        print(
-            f"\n  trainmaster admin token (shown once, also in {settings.data_dir / 'admin-token'}):\n  {generated}\n",
-            flush=True,
-        )
+    if generated:  # the path, not the token: this output is the API's log file under `make run` and compose
+        print(f"\n  trainmaster admin token generated: {settings.data_dir / 'admin-token'} (0600)\n", flush=True)
     for token_id in tokens.revoked_at_start:
         await audit_log.begin(
             principal=None,

@@ -242,3 +242,16 @@ def test_logs_to_a_terminal_are_made_safe_and_to_a_pipe_or_with_raw_are_as_print
         args = SimpleNamespace(job_id="j", task="worker-0", follow=False, json=False, raw=raw)
         assert commands.logs(args, api) == 0
         assert capsys.readouterr().out == expected
+
+
+def test_a_config_file_others_may_read_with_a_token_in_it_is_said(tmp_path, capsys):
+    from services.cli.settings import warn_if_shared
+
+    config = tmp_path / "config.toml"
+    config.write_text('url = "http://127.0.0.1:8080"\ntoken = "tm_abc"\n')
+    config.chmod(0o644)
+    warn_if_shared(config)
+    assert "holds a token and others may read it (mode 644): chmod 600" in capsys.readouterr().err
+    config.chmod(0o600)
+    warn_if_shared(config)
+    assert capsys.readouterr().err == ""

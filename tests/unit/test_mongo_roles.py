@@ -61,6 +61,10 @@ def test_compose_publishes_the_api_alone():
     """NATS, MongoDB and MinIO (every project's checkpoints) are reachable only inside compose's network."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     assert {name for name, spec in compose.items() if spec.get("ports")} == {"submitter"}
+    # plain HTTP with bearer tokens: on loopback unless the operator says otherwise (a TLS proxy in front)
+    assert compose["submitter"]["ports"] == ["${TRAINMASTER_API_BIND:-127.0.0.1}:${TRAINMASTER_API_PORT:-8080}:8080"]
+    bucket = "\n".join(compose["minio-bucket"]["entrypoint"])
+    assert "MC_HOST_m=" in bucket and "alias set" not in bucket  # no root password on a command line
     assert "trainmaster-secret" not in (ROOT / "docker-compose.yml").read_text()  # no default password
 
 

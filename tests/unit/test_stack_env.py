@@ -27,3 +27,34 @@ def test_agents_sharing_the_host_leave_their_tasks_cpus_to_the_kernel_and_a_lone
     shared = Stack(StackSettings(data_dir=two, cluster_file=two / "cluster.toml", mongo_url=None, nats_url=None))
     assert shared.env_of("agent-n1")["TRAINMASTER_TASK_PIN_CPUS"] == "false"
     assert shared.env_of("placement")["TRAINMASTER_TASK_PIN_CPUS"] == "false"  # and the nodes it starts here
+
+
+def test_cloud_credentials_in_the_shell_reach_only_the_processes_that_use_a_cloud(tmp_path, monkeypatch):
+    """Placement rents with them and agents reach object storage with them; every other service got them too."""
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wide-open")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/keys/sa.json")
+    stack = stack_of(tmp_path)
+    for name in ("submitter", "monitor", "estimator", "billing"):
+        env = stack.env_of(name)
+        assert "AWS_SECRET_ACCESS_KEY" not in env and "GOOGLE_APPLICATION_CREDENTIALS" not in env, name
+    assert stack.env_of("placement")["AWS_SECRET_ACCESS_KEY"] == "wide-open"
+    assert stack.env_of("agent-n1")["AWS_SECRET_ACCESS_KEY"] == "wide-open"
+
+
+def test_a_database_socket_folder_another_user_made_first_is_refused(tmp_path, monkeypatch):
+    """A deep data directory's sockets go under the shared temporary directory, in a folder of a predictable name:
+    one another user made there first was taken as it was, holding the socket every service talks to."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("another user's folder is made by root")
+    stack = stack_of(tmp_path)
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    os.chown(folder, 65534, 65534)  # made first by nobody
+    monkeypatch.setattr(Stack, "database_socket_of", lambda self, service: folder / f"{service}.sock")
+    with pytest.raises(SystemExit, match="not a folder of this user's own"):
+        stack.start_database_server("billing")
+    assert "database-billing" not in stack.processes

@@ -367,3 +367,15 @@ async def test_two_replicas_generating_the_admin_token_together_leave_a_working_
     on_file = (tmp_path / "admin-token").read_text().strip()
     assert (await second.principal(on_file)).is_admin and (await first.principal(on_file)).is_admin
     assert [g for g in (generated, other) if g] == [on_file]  # one made it, the other found it on file
+
+
+def test_an_empty_admin_token_setting_is_unset(monkeypatch, tmp_path):
+    """Compose passes an unset TRAINMASTER_ADMIN_TOKEN as an empty string, which was refused as too short: the API
+    did not start unless the operator set a token (found by review)."""
+    from services.submitter.app import SubmitterSettings
+
+    monkeypatch.setenv("TRAINMASTER_ADMIN_TOKEN", "")
+    assert SubmitterSettings(data_dir=tmp_path).admin_token is None
+    monkeypatch.setenv("TRAINMASTER_ADMIN_TOKEN", "short")
+    with pytest.raises(ValueError, match="at least"):
+        SubmitterSettings(data_dir=tmp_path)
