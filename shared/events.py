@@ -517,6 +517,9 @@ def readings(raw: object) -> tuple[GpuReading, ...]:
     return tuple(kept.values())
 
 
+MAX_RUNNING = 1024  # tasks a heartbeat may list (a node runs one a GPU, or a few a CPU core)
+
+
 class NodeHeartbeat(Message):
     subject_template: ClassVar[str] = "tm.node.evt.{node_id}.heartbeat"
     type: Literal["NodeHeartbeat"] = "NodeHeartbeat"
@@ -524,8 +527,15 @@ class NodeHeartbeat(Message):
     node_id: Id
     boot_id: BootId
     silences: Silences = 0
-    running: tuple[TaskRef, ...] = ()
+    running: tuple[TaskRef, ...] = Field((), max_length=MAX_RUNNING)
     gpu_utilization: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+
+    @field_validator("running", mode="after")
+    @classmethod
+    def _once_each(cls, running: tuple[TaskRef, ...]) -> tuple[TaskRef, ...]:
+        """Each task once: a list of one rank 20,000 times was 20,000 stop commands (found by review)."""
+        return tuple(dict.fromkeys(running))
+
     gpus: tuple[GpuReading, ...] = Field(
         (),
         description="Each GPU of the node as NVML read it for this beat (none "

@@ -11,6 +11,7 @@ from typing import Any
 
 from shared.clock import utcnow
 from shared.events import (
+    MAX_RUNNING,
     LogChunk,
     Message,
     NodeHeartbeat,
@@ -157,6 +158,7 @@ class Agent:
         self.heartbeats += 1
         tasks = [t for t in self.tasks.values() if t.stop_reason != FENCED]  # fenced: dead or dying, not running
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
+        running = running[:MAX_RUNNING]  # what a heartbeat may list (a node running more says the first)
         probe = self.hangs.gpus
         gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
         sent_at, sent_wall = (self.fence.clock() if self.fence else 0.0), time.time()

@@ -17,7 +17,7 @@ from services.monitor.fleet import Fleet
 from services.monitor.handlers import JOBS, heartbeat_intake, router
 from services.monitor.hangs import restart_overdue
 from services.monitor.records import NodeRecords
-from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, STOPS_DUE_INDEX, Monitor
+from services.monitor.service import DEADLINE_INDEX, EXITS_DUE_INDEX, NODE_JOBS_INDEX, STOPS_DUE_INDEX, Monitor
 
 SERVICE = "monitor"
 CADENCE_CHECK_S = 5.0  # how often the heartbeat interval is sized to the fleet
@@ -72,6 +72,7 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
         await jobs.collection.create_index(DEADLINE_INDEX)  # the overdue sweep reads only what is due
         await jobs.collection.create_index(EXITS_DUE_INDEX)  # so does the sweep of exits kept for their start
         await jobs.collection.create_index(STOPS_DUE_INDEX)  # and of stops no exit answered
+        await jobs.collection.create_index(NODE_JOBS_INDEX)  # a node's loss reads its unfinished jobs
         log.info("%d nodes known", await monitor.load_fleet())
         # Heartbeats: core NATS, read as they come (no stream, no ack, no database); the intake's queue length
         # tells the liveness check whether it has read all that arrived.

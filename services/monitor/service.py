@@ -95,6 +95,9 @@ DEADLINE_INDEX = [("phase", 1), ("deadline", 1)]
 # What the sweep of exits kept for a start reads by (JobState.exits_due), and of stops no exit answered.
 EXITS_DUE_INDEX = [("exits_due", 1)]
 STOPS_DUE_INDEX = [("stop_due", 1)]
+# What a node's loss reads by: its unfinished jobs (each boot id a node's agent changes is one).
+NODE_JOBS_INDEX = [("assignments.node_id", 1), ("phase", 1)]
+UNFINISHED = [str(p) for p in Phase if not p.is_finished()]
 
 
 @dataclass
@@ -479,7 +482,8 @@ class Monitor:
         """Requeue the jobs whose current attempt ran on the node, unless their task there is still alive."""
         node_id, cause = event.node_id, event.cause
         alive = {(t.job_id, t.attempt, t.rank) for t in event.alive}
-        ids = [doc["_id"] async for doc in self.jobs.collection.find({"assignments.node_id": node_id}, {"_id": 1})]
+        query = {"assignments.node_id": node_id, "phase": {"$in": UNFINISHED}}  # not every job the node ever ran
+        ids = [doc["_id"] async for doc in self.jobs.collection.find(query, {"_id": 1})]
         for job_id in ids:
 
             def lose(job: JobState | None) -> Outcome | None:
