@@ -122,6 +122,7 @@ class Origins:
     known: Lru[str, dict[str, str]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
     stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted by this process
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    latest: Lru[str, int] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # job -> its newest attempt
     records: GroupCommit[dict[str, Any], None] = field(init=False, repr=False)  # inserts waiting for their window
     restart_wait_s: float = RESTART_WAIT_S
     _writing: dict[str, "asyncio.Future[None]"] = field(default_factory=dict, repr=False)  # records being written
@@ -210,10 +211,20 @@ class Origins:
         key = attempt_key(event.job_id, event.attempt)
         self.known.put(key, placed_nodes(event))
         self.known_gpus.put(key, given_gpus(event))
+        self.latest.put(event.job_id, max(event.attempt, self.latest.get(event.job_id) or 0))
         return key
+
+    async def current_attempt(self, job_id: str) -> int | None:
+        """The job's newest attempt placed, as read (None: none read): a node an earlier attempt ran on has no say
+        on the job once it moved (its late output is still the job's log, not its estimate)."""
+        if (attempt := self.latest.get(job_id)) is not None:
+            return attempt
+        attempts = [d["attempt"] async for d in self.placements.find({"job_id": job_id}, {"attempt": 1})]
+        return self.latest.put(job_id, max(attempts)) if attempts else None
 
     async def forget(self, job_id: str) -> None:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
+        self.latest.pop(job_id)
         async for doc in self.placements.find({"job_id": job_id}, {"_id": 1}):
             self.known.pop(doc["_id"])
             self.stored.pop(doc["_id"])

@@ -67,13 +67,36 @@ async def on_placed(event: JobPlaced, estimator: Estimator = Context("estimator"
         await estimator.origins.placed(event)
 
 
+# How long a chunk may have waited on its node (the bus away) with its lines' times kept as the node stated them.
+LINE_AGE_S = 3600.0
+
+
 @router.subscriber(**durable("tm.log.>", consumer="estimator-logs", batch=64))
 @retry_transient
 async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimator = Context("estimator")) -> None:
     """Jobs' output, from the node each task was placed on (anything else is dropped)."""
     origins = estimator.origins  # None: no record to check the node against, so nothing is believed
     if origins is not None and await origins.admit(chunk, deliveries=deliveries(message)):
-        await dispatch(EVENT_HANDLERS, chunk, estimator)
+        if (current := await origins.current_attempt(chunk.job_id)) is not None and chunk.attempt < current:
+            return  # a node the job left: its late lines are the job's log (the API's), not its estimate
+        stored = stored_at(message)
+        await dispatch(EVENT_HANDLERS, chunk if stored is None else timed_by(chunk, stored.timestamp()), estimator)
+
+
+def timed_by(chunk: LogChunk, stored: float) -> LogChunk:
+    """The chunk with each line's time (the node's clock: a claim) no later than when the bus stored it, and no
+    earlier than `LINE_AGE_S` before: a node an attempt ran on put its lines in the future and moved the job's
+    estimate (found by review); a chunk held back while the bus was away keeps its lines' order."""
+    lines = [line.t for line in chunk.lines]
+    if all(stored - LINE_AGE_S <= t <= stored for t in lines):
+        return chunk
+    return chunk.model_copy(
+        update={
+            "lines": tuple(
+                line.model_copy(update={"t": min(max(line.t, stored - LINE_AGE_S), stored)}) for line in chunk.lines
+            )
+        }
+    )
 
 
 # Samples in any order (each stored by its own id, series sorted by time): a batch in flight, not one at a time.
@@ -86,6 +109,8 @@ async def on_telemetry(
     the bus server stored them (the node's own clock is a claim)."""
     origins = estimator.origins  # None: no record to check the node against, so nothing is believed
     if origins is not None and await origins.admit(sample, deliveries=deliveries(message)):
+        if (current := await origins.current_attempt(sample.job_id)) is not None and sample.attempt < current:
+            return  # a node the job left: its readings would set the job's GPU memory peak
         stored = stored_at(message)  # to the microsecond: samples sent in one burst keep their order
         timed = sample if stored is None else sample.model_copy(update={"t": stored.timestamp()})
         await dispatch(EVENT_HANDLERS, timed, estimator)

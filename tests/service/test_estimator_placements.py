@@ -5,8 +5,9 @@ nor stored waits while the placements consumer has placements to read, then is j
 import pytest
 
 from shared.bus import publish
+from shared.events import LogLine
 from shared.origin import NotReadYet, Origins
-from tests.factories import T0, placed, started, submitted, unique
+from tests.factories import T0, chunk, placed, started, submitted, unique
 from tests.memory import MemoryCollection
 
 
@@ -69,3 +70,34 @@ async def test_a_start_counts_the_gpus_and_ranks_placement_gave_never_those_its_
     await service.task_started(claim)
     model = await service._model(job_id)
     assert (model.gpus, model.nodes) == (2, 2)
+
+
+async def test_a_node_the_job_left_has_no_say_on_its_estimate(estimator):
+    """Output and telemetry were taken for any attempt placed on the sending node: the node an earlier attempt ran
+    on moved the job's estimate after the job had moved, and its readings set the job's GPU memory peak (found by
+    review). Its late lines stay the job's log (the API's)."""
+    broker, service, _ = estimator
+    job_id = unique("moved")
+    metrics = [{"name": "loss", "regex": r"loss (?P<value>[0-9.]+)"}]
+    await publish(broker, submitted(job_id=job_id, metrics=metrics))
+    await publish(broker, placed(job_id, attempt=1, nodes=("n1",)))
+    await publish(broker, started(job_id, attempt=1, node_id="n1", at=T0))
+    await publish(broker, chunk(job_id, attempt=1, node_id="n1", lines=("loss 0.9",)))
+    await publish(broker, placed(job_id, attempt=2, nodes=("n2",)))
+    await publish(broker, chunk(job_id, attempt=1, node_id="n1", seq=1, lines=("loss 0.000001",)))
+    await publish(broker, chunk(job_id, attempt=2, node_id="n2", lines=("loss 0.5",)))
+    kept = sorted(d["line"] for d in service.points.docs.values() if d["job_id"] == job_id)
+    assert kept == ["loss 0.5", "loss 0.9"]
+    assert await service.origins.current_attempt(job_id) == 2
+
+
+def test_a_nodes_line_times_hold_to_when_the_bus_stored_them():
+    from services.estimator.handlers import LINE_AGE_S, timed_by
+
+    stored = 1_000_000.0
+    honest = chunk("j", lines=("a",)).model_copy(
+        update={"lines": (LogLine(t=stored - 1, line="a"), LogLine(t=stored, line="b"))}
+    )
+    assert timed_by(honest, stored) is honest
+    forged = honest.model_copy(update={"lines": (LogLine(t=stored + 9e6, line="a"), LogLine(t=0.0, line="b"))})
+    assert [line.t for line in timed_by(forged, stored).lines] == [stored, stored - LINE_AGE_S]
