@@ -655,7 +655,7 @@ class LogChunk(Message):
     rank: RankNo = 0
     node_id: Id  # the node whose agent ran the task: its subject carries it
     seq: int = Field(ge=0, description="Chunk number within the task, from 0.")
-    lines: tuple[LogLine, ...]
+    lines: tuple[LogLine, ...] = Field(max_length=1000)  # an agent ships 500 at most (`shipping`)
     last: bool = Field(
         False,
         description="The task's final chunk (sent, and stored by the stream, before its "

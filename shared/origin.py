@@ -14,6 +14,7 @@ dropped once it has read them all.
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -94,6 +95,9 @@ def given_gpus(event: JobPlaced) -> dict[str, dict]:
     }
 
 
+UNPLACED_S = 5.0  # how long an attempt found never placed is taken for one without looking again
+
+
 def verdict(nodes: dict[str, str] | None, chunk: FromTask, *, all_placements_read: bool) -> Verdict:
     """Keep what the rank's own node says; wait for a placement not read yet; drop anything else."""
     if nodes is not None:
@@ -123,6 +127,11 @@ class Origins:
     stored: Lru[str, bool] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # inserted by this process
     known_gpus: Lru[str, dict[str, dict]] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
     latest: Lru[str, int] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)  # job -> its newest attempt
+    # attempts found neither known nor stored while every placement was read, and when: a node's reports of
+    # attempts never placed each cost a database read and a question to the bus, on the consumer every job's
+    # output waits on (found by review); remembered `UNPLACED_S`, forgotten at once when the placement comes
+    unplaced: Lru[str, float] = field(default_factory=lambda: Lru(REMEMBERED), repr=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     records: GroupCommit[dict[str, Any], None] = field(init=False, repr=False)  # inserts waiting for their window
     restart_wait_s: float = RESTART_WAIT_S
     _writing: dict[str, "asyncio.Future[None]"] = field(default_factory=dict, repr=False)  # records being written
@@ -212,6 +221,7 @@ class Origins:
         self.known.put(key, placed_nodes(event))
         self.known_gpus.put(key, given_gpus(event))
         self.latest.put(event.job_id, max(event.attempt, self.latest.get(event.job_id) or 0))
+        self.unplaced.pop(key)
         return key
 
     async def current_attempt(self, job_id: str) -> int | None:
@@ -260,8 +270,13 @@ class Origins:
     async def admit(self, chunk: FromTask, *, deliveries: int) -> bool:
         """Whether to take the chunk in: False (logged) for one from a node its task was not placed on; a chunk
         whose placement may still come is handed back to the stream for later (NackMessage)."""
+        key, now = attempt_key(chunk.job_id, chunk.attempt), self.clock()
+        if (found := self.unplaced.get(key)) is not None and now - found < UNPLACED_S:
+            return False  # said when it was found
         nodes = await self.nodes(chunk.job_id, chunk.attempt)
         decided = verdict(nodes, chunk, all_placements_read=nodes is not None or await self.all_read())
+        if nodes is None and decided == "drop":
+            self.unplaced.put(key, now)
         if decided == "wait" and deliveries < MAX_WAITS:
             raise NackMessage(delay=WAIT_S)
         if decided != "keep":

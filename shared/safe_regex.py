@@ -117,6 +117,20 @@ class MatchBudget:
         finally:
             self.tokens -= max(self.cpu() - began, 0.0)
 
+    def admit(self) -> bool:
+        """Whether there is budget left for one more line's reading (refilled first); counted as skipped if not."""
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + max(now - self.at, 0.0) * self.rate)
+        self.at = now
+        if self.tokens <= 0:
+            self.skipped += 1
+            return False
+        return True
+
+    def charge(self, seconds: float) -> None:
+        """Work of a line's reading other than its searches (JSON, MLLOG, progress): paid from the same budget."""
+        self.tokens -= seconds
+
     @classmethod
     def replaying(cls) -> "MatchBudget":
         """The budget of a job's kept lines read again: `REPLAY_S` to start, `grant`ed more a line, no refill."""

@@ -275,18 +275,21 @@ def task_uid_locks(settings: AgentSettings) -> Path:
     return settings.data_dir / "task-uids" if settings.task_uid_first is None else SHARED_LOCKS
 
 
-def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement | None:
-    """Tasks as users of their own when the agent is root; None (tasks run as the agent's user) otherwise."""
+def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement:
+    """Tasks as users of their own when the agent is root; as the agent's user in namespaces of their own
+    otherwise (`shim.confine_own`)."""
+    users = None
     if not is_root():
         log.warning(
-            "the agent does not run as root: tasks run as its own user (uid %d) and can read what it can, "
-            "its environment in /proc and its data directory included",
+            "the agent does not run as root: tasks run as its own user (uid %d), each in a user namespace of its own "
+            "where the host permits one (its data directory, home and temporary folders covered); where it does "
+            "not, a task can read what the agent can",
             os.geteuid(),
         )
-        return None
-    users = TaskUsers(
-        first_uid=task_uid_first(settings), count=settings.task_uid_count, lock_dir=task_uid_locks(settings)
-    )
+    else:
+        users = TaskUsers(
+            first_uid=task_uid_first(settings), count=settings.task_uid_count, lock_dir=task_uid_locks(settings)
+        )
     local_roots = [Path(p) for p in (local_path(storage.storage_root), local_path(storage.checkpoint_root)) if p]
     return confinement(
         users=users,
@@ -295,7 +298,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
         storage_dirs=local_roots,
         shared_dirs=settings.task_shared_dirs,
         tmpfs_mb=settings.task_tmpfs_mb,
-        cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups),
+        cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups) if users else None,
     )
 
 

@@ -375,9 +375,10 @@ def chown_tree(top: Path, *, uid: int, gid: int, skip: frozenset[str] = frozense
 
 @dataclass(frozen=True)
 class Confinement:
-    """How tasks are kept apart from the agent and each other when the agent runs as root."""
+    """How tasks are kept apart from the agent and each other: users of their own (the agent root), or, without
+    them (an agent that is not root), the same view of the host in a user namespace of the task's own."""
 
-    users: TaskUsers
+    users: TaskUsers | None  # None: tasks run as the agent's user, in namespaces of their own where the host lets
     reach: tuple[str, ...]  # what every task needs to reach (Python, the SDK, shared datasets)
     cover: dict[str, int]  # directories always covered in a task's view (tmpfs mode): data, home, temporary
     tmpfs_bytes: int  # the most each private temporary directory (/tmp, /dev/shm, ...) holds
@@ -484,7 +485,7 @@ def writable_by_anyone(
 
 def confinement(
     *,
-    users: TaskUsers,
+    users: TaskUsers | None,
     sdk_dir: Path,
     data_dir: Path,
     storage_dirs: list[Path],

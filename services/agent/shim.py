@@ -43,7 +43,7 @@ import traceback
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x20000000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x1000, 0x4000, 0x40000
 LIBC = ctypes.CDLL(None, use_errno=True)
 
@@ -246,7 +246,12 @@ def init(launch: dict, as_user: dict, *, report: int, own_pids: bool) -> None:
     """PID 1 of the task: a fresh /proc, the command started, its exit status written to `report`, then orphans
     reaped until nothing is left (or the agent kills the group: the namespace dies with its PID 1)."""
     if own_pids:
-        _check(LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        try:
+            _check(LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "mount /proc")
+        except OSError as exc:
+            if launch.get("user"):  # a task user's view is whole or the task does not run
+                raise
+            print(f"[trainmaster] the host's processes stay in this task's /proc ({exc})", file=sys.stderr, flush=True)
     if launch.get("file_size"):
         resource.setrlimit(resource.RLIMIT_FSIZE, (launch["file_size"], launch["file_size"]))
     me = os.getpid()
@@ -276,7 +281,7 @@ def confine(launch: dict) -> tuple[dict, bool]:
     and whether its children get a PID namespace."""
     user = launch.get("user")
     if not user:
-        return {}, False
+        return {}, bool(launch.get("cover")) and confine_own(launch)
     uid, gid = user["uid"], user["gid"]
     counted = bool(launch.get("cgroup_procs"))  # the task's memory, /dev/shm's included, counted by its cgroup
     try:
@@ -315,6 +320,39 @@ def confine(launch: dict) -> tuple[dict, bool]:
         except OSError as exc:  # USER, LOGNAME and HOME still name it
             print(f"[trainmaster] no passwd entry for this task ({exc})", file=sys.stderr, flush=True)
     return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
+
+
+def confine_own(launch: dict) -> bool:
+    """A task of an agent that is not root runs as the agent's own user: it could read all the agent can (the
+    platform's keys and tokens in its data directory, every other task's folder). In a user namespace of its own
+    (the host permitting: most do to any user) it gets the same view of the host as a task user has: mount, IPC and
+    PID namespaces, the data directory, home and temporary folders covered, only what it needs shown. Whether it
+    got them; where the host refuses, it runs as before, said so."""
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "user namespace")
+    except OSError as exc:
+        print(
+            f"[trainmaster] no namespaces of its own for this task ({exc}): it runs as the agent's user and can "
+            "read what the agent can",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # itself, and no one else: the same uid on the host
+            f.write(text)
+    # from here on a failure ends the task: it never runs half covered
+    isolate(
+        plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
+        tmpfs_size=launch.get("tmpfs_size"),
+    )
+    for link, target in launch.get("links", {}).items():
+        try:
+            os.symlink(target, link)
+        except FileExistsError:
+            pass
+    return True
 
 
 def pin(cpus: list[int]) -> None:

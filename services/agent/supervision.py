@@ -90,7 +90,7 @@ class Supervisor:
             await spawner().warm()
         except SpawnerGone as exc:  # a task's own start meets it again (and starts its shim on its own)
             log.warning("%s", exc)
-        if self.confinement is None:
+        if self.confinement is None or self.confinement.users is None:
             return
         try:
             await asyncio.to_thread(KILLERS.warm)
@@ -160,17 +160,17 @@ class Supervisor:
             cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
             limit = min(cpu_count, len(cpus or self.cpus.order))  # no more than the CPUs it may run on
             env.update(thread_defaults(job_variables(command), cpus=math.ceil(limit), pinned=bool(cpus)))
-            if self.confinement is not None:
-                rules = self.confinement
+            if (rules := self.confinement) is not None:
+                # the engine the preparation set up (its VIRTUAL_ENV), never a variable the job set itself: that
+                # opened any folder it named, another project's storage under the covered data directory included
+                engine = [env["VIRTUAL_ENV"]] if self.preparer.engine_of(command) is not None else []
+                reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
+            if rules is not None and rules.users is not None:  # else the agent's own user, in namespaces of its own
                 if self.besides:  # a uid being claimed ahead (a task just ended): this claim takes it, no second look
                     await asyncio.wait(set(self.besides))
                 user = await asyncio.to_thread(rules.users.claim)
                 env.update(identity(account_name(user.uid), workdir))
                 await asyncio.to_thread(chown_tree, workdir, uid=user.uid, gid=user.gid, skip=LOG_NAMES)
-                # the engine the preparation set up (its VIRTUAL_ENV), never a variable the job set itself: that
-                # opened any folder it named, another project's storage under the covered data directory included
-                engine = [env["VIRTUAL_ENV"]] if self.preparer.engine_of(command) is not None else []
-                reach, cover, tmpfs = [*rules.reach, str(workdir), *engine], rules.cover, rules.tmpfs_bytes
                 if rules.cgroups is not None:
                     cgroup = await asyncio.to_thread(
                         rules.cgroups.create,
@@ -279,8 +279,8 @@ class Supervisor:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again; its
         TMPDIR link removed."""
         tmplink.remove(self.tmp_links.pop(workdir, tmplink.link_name(workdir / "tmp")), workdir / "tmp")
-        if user is not None and self.confinement is not None:  # a task user comes only with confinement
-            self.confinement.users.release(user, workdir=workdir, cgroup=cgroup)
+        if user is not None and self.confinement is not None and self.confinement.users is not None:
+            self.confinement.users.release(user, workdir=workdir, cgroup=cgroup)  # a task user: confinement's
         elif cgroup is not None:
             remove(cgroup)
 

@@ -95,7 +95,21 @@ class JobModel:
         return self.progress_line
 
     def observe(self, line: LogLine) -> list:
-        """Feed one output line; returns the metric points it carried (for storage)."""
+        """Feed one output line; returns the metric points it carried (for storage). All of its reading is paid from
+        the job's budget (`MatchBudget`): only its patterns' searches were, and a job whose every line carried 64
+        JSON metrics read freely held the reader that every job's lines wait on (found by review). A line past the
+        budget is not read (counted, said)."""
+        budget = self.tracker.budget
+        if not budget.admit():
+            self.progress_line = False
+            return []
+        before, began = budget.tokens, budget.cpu()
+        try:
+            return self._observe(line)
+        finally:  # the searches paid their own part already
+            budget.charge(max(budget.cpu() - began - (before - budget.tokens), 0.0))
+
+    def _observe(self, line: LogLine) -> list:
         record = parse_mllog_line(line.line)
         points = self.tracker.observe(line, record)
         if line.line.startswith(METRICS_PREFIX) and "total_work" not in self.features:

@@ -39,6 +39,7 @@ WARM_UP_QUERY = PredictQuery(benchmark="bert", batch_size=64, accelerator="NVIDI
 
 PUBLISH_EVERY_S = 1.0
 FINISHED_REMEMBERED = 10_000  # jobs seen finishing here: their late output chunks are read without the job's record
+REPLAYED_KEPT = 32  # finished jobs' models kept for queries of their curves
 ENDED_KEPT = 64  # the models of the jobs that ended here last: their last chunks, coming after the end, are kept
 ENDED_WINDOW_S = 60.0  # for this long after this process saw the end (its clock): the node's word ends there
 
@@ -105,6 +106,9 @@ class Estimator:
     # output is dropped.
     finished: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
     ended: Lru[str, tuple[JobModel, float]] = field(default_factory=lambda: Lru(ENDED_KEPT), repr=False)
+    # finished jobs' models read again for a query of their curves: each query replayed every kept line (20,000
+    # lines: 0.6 s on the loop each time; found by review); dropped when a late line of the job is kept
+    replayed: Lru[str, JobModel] = field(default_factory=lambda: Lru(REPLAYED_KEPT), repr=False)
     # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
     # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
     unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
@@ -191,6 +195,7 @@ class Estimator:
         lines, GPU samples and placements go; output that comes later is dropped unread. What it taught the
         history model and the own-jobs corpus stays."""
         self.finished.put(event.job_id, True)
+        self.replayed.pop(event.job_id)
         self.ended.pop(event.job_id)
         self.live.pop(event.job_id, None)
         self.last_published.pop(event.job_id, None)
@@ -208,6 +213,7 @@ class Estimator:
             ended = self.ended.get(chunk.job_id)
             if ended is not None and time.monotonic() < ended[1] and (kept := observed(ended[0], chunk)):
                 await self._store(chunk, kept)  # its last lines, after its end: on its curves, no estimate
+                self.replayed.pop(chunk.job_id)
             return
         if kept := observed(model, chunk):
             await self._store(chunk, kept)
@@ -329,6 +335,8 @@ class Estimator:
             return self.live[job_id]
         if not finished_too and self.finished.get(job_id):
             return None
+        if finished_too and (kept := self.replayed.get(job_id)) is not None:
+            return kept
         job = await self.jobs.load(job_id)
         if job is None or (job.get("finished") and not finished_too):
             return None
@@ -344,6 +352,8 @@ class Estimator:
             # a query of its curves, or its end, reads a job without tracking it: one that ended without an estimate
             # shown keeps an unfinished record (`status_changed`), and a query would have tracked it again for good
             self.live[job_id] = model
+        elif job.get("finished") or self.finished.get(job_id):  # ended: its lines come no more (but late ones)
+            self.replayed.put(job_id, model)
         return model
 
     async def _store(self, chunk: LogChunk, lines: list[tuple[int, LogLine]]) -> None:

@@ -17,14 +17,15 @@ MAX_CURVE_POINTS = 240  # points an estimate reads (older ones thinned): one est
 RECENT_KEPT = 40
 MAX_KEPT = 4096  # points kept per metric; past it the older half is thinned to every second point
 MAX_REPORTED = 64  # values read from one SDK report line
-MAX_METRICS = 256  # metric names kept per job: a job printing a new name on every line grows no further
+MAX_METRICS = 64  # metric names kept per job: a job printing a new name on every line grows no further (256 let
+# one job hold ~190 MB of points: found by review)
 
 # No metric of a training reads past this: larger values are noise or hostile (`1e308` less a target of `-1e308`
 # overflowed the curve's arithmetic to NaN, and every estimate of the job failed; found by review)
 MAX_METRIC_VALUE = 1e15
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MetricPoint:
     name: str
     t: float

@@ -10,7 +10,7 @@ from faststream.nats import NatsBroker, TestNatsBroker
 
 from shared.bus import publish
 from shared.jobs import MetricSpec
-from shared.origin import MAX_WAITS, Origins
+from shared.origin import MAX_WAITS, UNPLACED_S, Origins
 from services.submitter.handlers import router as submitter_router
 from services.submitter.logs import read_page
 from services.submitter.repository import Repository
@@ -101,6 +101,30 @@ async def test_a_chunk_for_a_placement_never_made_is_dropped_once_every_placemen
     fresh = Origins(placements=checks.placements, all_read=checks.all_read)  # a restarted service: from storage
     await checks.placed(placed("j", nodes=("n1",)))
     assert await fresh.admit(chunk("j", node_id="n1"), deliveries=1)
+
+
+async def test_reports_of_an_attempt_never_placed_are_judged_without_reading_again_for_a_while():
+    """Each cost a database read and a question to the bus on the consumer every job's output waits on (found by
+    review): the finding is remembered a few seconds, and forgotten as soon as the placement comes."""
+    checks = origins(all_read=True)
+    now = [100.0]
+    checks.clock = lambda: now[0]
+    reads = []
+    find_one = checks.placements.find_one
+
+    async def counted(*args, **kwargs):
+        reads.append(args)
+        return await find_one(*args, **kwargs)
+
+    checks.placements.find_one = counted
+    for seq in range(50):
+        assert not await checks.admit(chunk("ghost", node_id="n9", seq=seq), deliveries=1)
+    assert len(reads) == 1
+    now[0] += UNPLACED_S
+    assert not await checks.admit(chunk("ghost", node_id="n9", seq=99), deliveries=1)
+    assert len(reads) == 2
+    await checks.placed(placed("ghost", nodes=("n9",)))  # placed after all: taken at once
+    assert await checks.admit(chunk("ghost", node_id="n9", seq=100), deliveries=1)
 
 
 async def test_a_line_that_is_no_utf_8_is_stored_and_read_not_lost(submitter, estimator):

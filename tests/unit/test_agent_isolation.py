@@ -513,3 +513,94 @@ def test_giving_a_folder_back_changes_nothing_a_link_in_it_leads_to(tmp_path):
     chown_tree(top, uid=4242, gid=4243)
     assert (top / "sub" / "mine").stat().st_uid == 4242 and os.lstat(top / "sub" / "link").st_uid == 4242
     assert {p.name: (p.stat().st_uid, p.stat().st_gid) for p in (outside, outside / "file")} == before
+
+
+OWN_USER = r"""
+import glob, os
+def read(path):
+    try:
+        return open(path).read().strip()
+    except OSError as exc:
+        return type(exc).__name__
+print("SECRET", read(os.environ["SECRET"]))
+print("MINE", read("mine.txt"))
+print("PROCS", len(glob.glob("/proc/[0-9]*")))
+print("TMP", sorted(os.listdir("/tmp")))
+"""
+
+
+@root_only
+def test_a_task_of_an_agent_that_is_not_root_does_not_see_the_agents_data(tmp_path):
+    """An agent that is not root runs its tasks as its own user: they could read its data directory (the bus keys,
+    the admin token, every other task's folder) and its processes' environments (found by review). In a user
+    namespace of its own the task sees only what a task user would."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from services.agent import shim
+    from services.agent.isolation import TEMP_DIRS
+
+    nobody = 65534
+    top = Path(tempfile.mkdtemp(prefix="own-user-"))
+    try:
+        data = top / "data"
+        work = data / "agents" / "n1" / "work"
+        work.mkdir(parents=True)
+        (data / "keys.json").write_text("the-platforms-keys\n")
+        (work / "mine.txt").write_text("the-tasks-own\n")
+        (top / "a-file-in-tmp").write_text("x")
+        for path in [top, *top.rglob("*")]:
+            os.chown(path, nobody, nobody)
+        (data / "keys.json").chmod(0o600)
+
+        def as_nobody() -> None:
+            os.setgroups([])
+            os.setresgid(nobody, nobody, nobody)
+            os.setresuid(nobody, nobody, nobody)
+
+        def runs(python: str) -> bool:
+            try:
+                return subprocess.run([python, "-I", "-S", "-c", ""], preexec_fn=as_nobody, timeout=30).returncode == 0
+            except OSError:
+                return False
+
+        # the shim is standard library only: any Python 3 the other user may run (this one may live in root's home)
+        python = next((p for p in (sys.executable, "/usr/bin/python3") if os.path.exists(p) and runs(p)), None)
+        if python is None:
+            pytest.skip("no Python another user may run")
+        prefixes = {os.path.dirname(os.path.dirname(os.path.realpath(python)))}
+        launch = {
+            "command": f"{python} -I -c {quote(OWN_USER)}",
+            "env": {"PATH": os.defpath, "SECRET": str(data / "keys.json")},
+            "cwd": str(work),
+            "cpus": [],
+            "user": None,
+            "reach": sorted(prefixes | {str(work)}),
+            "cover": {str(data): 0o755, **{p: 0o1777 for p in TEMP_DIRS}},
+            "tmpfs_size": 16 * 2**20,
+            "links": {},
+        }
+        path = top / "launch.json"
+        path.write_text(json.dumps(launch))
+        os.chown(path, nobody, nobody)
+
+        shim_copy = top / "shim.py"  # where the other user may read it (this checkout may not be)
+        shutil.copy(shim.__file__, shim_copy)
+        os.chown(shim_copy, nobody, nobody)
+        done = subprocess.run(
+            [python, "-I", "-S", str(shim_copy), str(path), str(os.getpid())],
+            preexec_fn=as_nobody,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        output = done.stdout + done.stderr
+        if "no namespaces of its own" in output:
+            pytest.skip(f"this host gives no user namespace to a user: {output}")
+        assert done.returncode == 0, output
+        assert "SECRET FileNotFoundError" in output and "MINE the-tasks-own" in output, output
+        assert "PROCS 3" in output, output  # its PID 1, the shell and itself: no process of the agent's in view
+        assert f"TMP [{top.name!r}]" in output, output  # its own /tmp, the way to its folder alone shown
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
