@@ -204,7 +204,7 @@ class JobPlaced(Message):
     type: Literal["JobPlaced"] = "JobPlaced"
 
     job_id: Id
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=1_000_000)  # as every attempt number (`AttemptNo`)
     assignments: tuple[Assignment, ...]
     launch: Launch
     why: str = Field(

@@ -110,6 +110,7 @@ class Placement:
         if item is None or not acts_on(event):
             return
         if event.phase.is_finished():
+            self.inputs.expected_end.pop(item.job_id, None)  # the estimate of a job that ran: no end to plan by
             await self._charge_fair_share(item, event)
             await self.store.save(item.model_copy(update={"state": "done"}), [])
         elif event.phase == Phase.RUNNING and event.start_time and item.started_at is None:
@@ -126,6 +127,7 @@ class Placement:
 
     async def _requeue(self, item: QueueItem, cause: str | None) -> None:
         """Back in the queue; after an out-of-memory it needs more, after a move it avoids where it was."""
+        self.inputs.expected_end.pop(item.job_id, None)  # the last attempt's end: the next one's comes with it
         # Each rank's node as it registered (a node forgotten since is left out, its rank with it).
         previous = [(info, a) for a in item.assignments if (info := self.fleet.registration(a.node_id)) is not None]
         needs = item.needs

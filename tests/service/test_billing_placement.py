@@ -237,3 +237,21 @@ async def test_a_start_reads_no_ledger_where_this_billing_stored_the_placement_a
         assert ledger.reads == 0 and restarted.attempts.running == {}
         report = await restarted.reports.usage(UsageQuery(project_id="p"))
         assert (report.total.attempts, report.open_attempts) == (1, 0)
+
+
+async def test_a_jobs_planned_end_goes_with_its_attempt_and_its_end(slow_job):
+    """The end the estimator gave was kept for good (memory that only grew), and outlived a requeue, planning the
+    next attempt by the last one's end (found by review)."""
+    broker, service, _ = slow_job
+    await publish(broker, estimate("j", remaining_s=60, at=T0 + timedelta(seconds=50)))
+    assert "j" in service.inputs.expected_end
+    done = running("j").model_copy(
+        update={
+            "event_id": "j:status:4",
+            "version": 4,
+            "phase": Phase.COMPLETED,
+            "secondary_phase": SecondaryPhase.COMPLETED,
+        }
+    )
+    await publish(broker, done)
+    assert "j" not in service.inputs.expected_end
