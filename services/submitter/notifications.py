@@ -138,9 +138,12 @@ class Deliveries:
         self.deadline = now + min([idle_s] + [at - now for at in self.retries])
         return self.deadline - now
 
-    def cancel(self) -> None:
-        for task in list(self.tasks):
+    async def cancel(self) -> None:
+        """Every delivery under way stopped, and waited for (its claim runs out: tried again after CLAIM_S)."""
+        tasks = list(self.tasks)
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def deliver_forever(
@@ -156,8 +159,8 @@ async def deliver_forever(
     one left, and every `idle_s` (those another replica kept and did not deliver, claims that ran out): a poll every
     half second was two reads a second whether anything came or not."""
     flights = Deliveries(max_in_flight=max_in_flight, per_project=per_project)
-    try:
-        async with guarded_client(policy, max_connections=max_in_flight) as client:
+    async with guarded_client(policy, max_connections=max_in_flight) as client:
+        try:
             while True:
                 store.recorded.clear()  # before the read: one kept meanwhile wakes the next wait at once
                 flights.woken.clear()
@@ -173,8 +176,8 @@ async def deliver_forever(
                 finally:
                     for waiter in woken:
                         waiter.cancel()
-    finally:
-        flights.cancel()
+        finally:  # before the client closes: no delivery runs on with it closed
+            await flights.cancel()
 
 
 async def claim(store: NotificationStore, doc: dict[str, Any], *, now: float) -> bool:
