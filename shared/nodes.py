@@ -1,9 +1,10 @@
 """A compute node as its agent describes it."""
 
+import ipaddress
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NodeKind = Literal["local", "reserved", "on_demand"]
 LOCAL_KINDS: frozenset[str] = frozenset({"local"})
@@ -51,6 +52,8 @@ def datasheet_tflops(model: str) -> float:
 # What no machine has: a node's claim past them (or not finite) is refused. An infinite GPU memory drew every large
 # job to the node that claimed it and made `GET /v2/nodes` fail (found by review); the cluster file's figures bound
 # each claim further (`shared.noderecords`).
+HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
+ZONE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_GPU_INDEX = 63
 MAX_GPU_MEMORY_GB = 1024.0
 MAX_TFLOPS = 100_000.0
@@ -98,7 +101,7 @@ class NodeInfo(BaseModel):
     hostname: str = Field("", max_length=253)
     address: str = Field(
         "127.0.0.1",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$",
+        max_length=253,
         description="Where other ranks of a distributed job reach this node (an IP address or a host name).",
     )
     gpus: tuple[Gpu, ...] = Field((), max_length=MAX_GPU_INDEX + 1)
@@ -116,6 +119,20 @@ class NodeInfo(BaseModel):
         "config", description="nvml: GPUs read from the driver; config: declared in the cluster file (virtual)."
     )
     virtual: bool = Field(False, description="True when several virtual nodes share one real machine.")
+
+    @field_validator("address")
+    @classmethod
+    def _an_address(cls, value: str) -> str:
+        """An IP address (IPv6 too, with a zone id) or a host name: no text a launch would pass on as something
+        else (spaces, line breaks, shell or URL syntax)."""
+        try:
+            ipaddress.ip_address(value.split("%", 1)[0])
+        except ValueError:
+            if not HOST_NAME.fullmatch(value):
+                raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
+        if "%" in value and not ZONE.fullmatch(value.split("%", 1)[1]):
+            raise ValueError(f"{value!r}: its zone id is no interface name")
+        return value
 
     def allows(self, allowed: str) -> bool:
         """Whether a job's `allowed` placement may use this node."""

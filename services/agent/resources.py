@@ -46,7 +46,7 @@ def bus_side_address(bus_url: str | None) -> str:
         family, _, _, _, address = socket.getaddrinfo(parts.hostname, parts.port or 4222, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(address)
-            return str(probe.getsockname()[0])
+            return str(probe.getsockname()[0]).split("%", 1)[0]  # a link-local address's zone is this host's
     except OSError:
         return "127.0.0.1"
 

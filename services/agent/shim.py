@@ -57,6 +57,7 @@ KEY_CALLS = {
     0xC000003E: (248, 249, 250, 0x40000000 + 248, 0x40000000 + 249, 0x40000000 + 250),  # x86_64 (and its x32 ABI)
     0x40000003: (286, 287, 288),  # i386: a 64-bit process may make 32-bit calls (int 0x80)
     0xC00000B7: (217, 218, 219),  # aarch64
+    0x40000028: (309, 310, 311),  # 32-bit ARM: an aarch64 host may run it (Graviton2, Altra)
 }
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, ENOSYS = 0x7FFF0000, 0x00050000, 38
@@ -322,6 +323,31 @@ def confine(launch: dict) -> tuple[dict, bool]:
     return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
 
 
+def enter_own_namespaces(uid: int, gid: int) -> None:
+    """A user namespace mapping only this user, with mount, IPC and (for its children) PID namespaces, its mounts
+    private (the first mount a host that restricts such namespaces, Ubuntu 24.04's AppArmor, refuses)."""
+    _check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "user namespace")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:  # itself, and no one else: the same uid on the host
+            f.write(text)
+    _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+
+
+def own_namespaces_refused(uid: int, gid: int) -> str | None:
+    """Why the host gives this user no namespaces of its own (tried by a forked copy, which then exits), or None:
+    on a host that restricts them the unshare itself may pass and what follows fail, leaving a process half in."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            enter_own_namespaces(uid, gid)
+            code = 0
+        except OSError:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to this user"
+
+
 def confine_own(launch: dict) -> bool:
     """A task of an agent that is not root runs as the agent's own user: it could read all the agent can (the
     platform's keys and tokens in its data directory, every other task's folder). In a user namespace of its own
@@ -329,23 +355,19 @@ def confine_own(launch: dict) -> bool:
     PID namespaces, the data directory, home and temporary folders covered, only what it needs shown. Whether it
     got them; where the host refuses, it runs as before, said so."""
     uid, gid = os.getuid(), os.getgid()
-    try:
-        _check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "user namespace")
-    except OSError as exc:
+    if (refused := own_namespaces_refused(uid, gid)) is not None:
         print(
-            f"[trainmaster] no namespaces of its own for this task ({exc}): it runs as the agent's user and can "
-            "read what the agent can",
+            f"[trainmaster] no namespaces of its own for this task ({refused}): it runs as the agent's user and "
+            "can read what the agent can",
             file=sys.stderr,
             flush=True,
         )
         return False
-    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
-        with open(f"/proc/self/{name}", "w") as f:  # itself, and no one else: the same uid on the host
-            f.write(text)
-    # from here on a failure ends the task: it never runs half covered
+    enter_own_namespaces(uid, gid)  # a forked copy just did: from here on a failure ends the task
     isolate(
         plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
         tmpfs_size=launch.get("tmpfs_size"),
+        sizes={"/dev/shm": 0},  # no cgroup counts it: as large as the host's (a DataLoader's workers fill it)
     )
     for link, target in launch.get("links", {}).items():
         try:

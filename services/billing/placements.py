@@ -30,7 +30,7 @@ REMEMBERED = 4096  # placements kept in memory
 # A task event the bus recorded this long before its attempt's placement was made (by placement's clock) is no
 # report of that attempt: its node spoke before anything was placed (an end parked ahead of the placement closed
 # the attempt's line at its start, and the real start and end were then ignored: hours run, nothing charged).
-PLACED_SKEW_S = 2.0
+PLACED_SKEW_S = 10.0  # placement's clock against the bus server's: hosts kept by NTP differ by far less
 # A record or ledger line waits this long for others before it is written (`shared.grouped`'s window): billing is
 # no step between a submission and its start, so a job's four writes can wait; at a few jobs a second each went
 # alone. Each event is acknowledged once its write landed, as before.
@@ -266,11 +266,12 @@ class Placements:
             self.known.put(doc["_id"], stored)  # the one stored first stands, whatever this delivery says
         if doc["_id"] not in await self._waiting_for():
             return []
-        placed_t = (self.known.get(doc["_id"]) or doc)["placed_t"]
+        placed_t = (self.known.get(doc["_id"]) or doc).get("placed_t")  # none in a record of an older version
         waiting: list[dict[str, Any]] = []
         early: list[dict[str, Any]] = []
         async for d in self.parked.find({"attempt_key": doc["_id"]}):
-            (early if d.get("seen_t", d["parked_at"]) < placed_t - PLACED_SKEW_S else waiting).append(d)
+            too_early = placed_t is not None and d.get("seen_t", d["parked_at"]) < placed_t - PLACED_SKEW_S
+            (early if too_early else waiting).append(d)
         if early:  # no agent starts or ends an attempt before it is placed: a node's report ahead of it is forged
             await self.parked.delete_many({"_id": {"$in": [d["_id"] for d in early]}})
             log.warning(

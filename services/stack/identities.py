@@ -350,12 +350,19 @@ def route_secret(root: Path) -> str:
     path = root / "route.secret"
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
-        return path.read_text().strip()
+        if kept := path.read_text().strip():
+            return kept
     except FileNotFoundError:
-        secret = secrets.token_hex(24)
-        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            f.write(secret)
-        return secret
+        pass
+    secret = secrets.token_hex(24)  # written whole or not at all: an empty one would be a password ""
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+        f.write(secret)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    return secret
 
 
 def routes_config(secret: str, routes: list[str], *, listen: str = "0.0.0.0:6222") -> str:

@@ -5,7 +5,6 @@ import base64
 import functools
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -19,7 +18,8 @@ import httpx
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from shared.egress import Policy, Refused, check_url, guarded_client, system_resolve, why_blocked
+from shared.bus import TRANSIENT_ERRORS
+from shared.egress import Policy, Refused, check_url, guarded_client, literal
 from services.submitter.audit import url_origin
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import ProjectId, use_cases
@@ -32,6 +32,7 @@ MAX_ATTEMPTS = 8
 CLAIM_S = 60.0  # longer than one delivery may take (its timeouts)
 BACKOFF_S = 1.0  # doubles each failed try, capped below
 MAX_BACKOFF_S = 300.0
+AWAY_RETRY_S = 1.0  # the next look after the database did not answer one
 IDLE_S = 5.0  # due notifications are looked for at least this often (another replica's, claims run out)
 DELIVERY_S = 10.0  # one try in all: connecting, sending, the answer's status line and headers (CLAIM_S is longer)
 MAX_IN_FLIGHT = 32  # deliveries under way at once in one API process (its HTTP client holds as many connections)
@@ -125,18 +126,19 @@ class Deliveries:
         self.tasks.discard(task)
         if task.cancelled():
             return
+        at = None
         if (error := task.exception()) is not None:  # its claim runs out: tried again after CLAIM_S
             log.error("delivering notification %s failed: %r", notification_id, error)
-            return
-        if (at := task.result()) is not None:
+        elif (at := task.result()) is not None:
             self.retries.append(at)
         if self.left or (at is not None and at < self.deadline):
             self.woken.set()
 
-    def wait_s(self, now: float, idle_s: float) -> float:
-        self.retries = [at for at in self.retries if at > now]
-        self.deadline = now + min([idle_s] + [at - now for at in self.retries])
-        return self.deadline - now
+    def wait_s(self, looked: float, now: float, idle_s: float) -> float:
+        """Until the next look: a retry that comes due after the look read what was due (`looked`), else `idle_s`."""
+        self.retries = [at for at in self.retries if at > looked]
+        self.deadline = min([now + idle_s, *self.retries])
+        return max(self.deadline - now, 0.0)
 
     async def cancel(self) -> None:
         """Every delivery under way stopped, and waited for (its claim runs out: tried again after CLAIM_S)."""
@@ -166,10 +168,14 @@ async def deliver_forever(
                 flights.woken.clear()
                 flights.left = False
                 now = time.time()
-                for doc in await store.due(now):
-                    if flights.room(doc) and await claim(store, doc, now=now):
-                        flights.start(doc, deliver(store, client, doc))
-                wait = flights.wait_s(time.time(), idle_s)
+                try:
+                    for doc in await store.due(now):
+                        if flights.room(doc) and await claim(store, doc, now=now):
+                            flights.start(doc, deliver(store, client, doc))
+                except TRANSIENT_ERRORS as exc:  # the database away: deliveries under way go on, looked again
+                    log.warning("notifications due not read (%r): looked for again", exc)
+                    flights.left = True
+                wait = flights.wait_s(now, time.time(), min(idle_s, AWAY_RETRY_S) if flights.left else idle_s)
                 woken = [asyncio.ensure_future(e.wait()) for e in (store.recorded, flights.woken)]
                 try:
                     await asyncio.wait(woken, timeout=max(wait, 0.0), return_when=asyncio.FIRST_COMPLETED)
@@ -237,14 +243,19 @@ async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[s
 
 
 async def over_https_if_public(policy: Policy, url: str) -> None:
-    """Refused: a plain http:// webhook to a public host (its deliveries, the project's notifications, would cross
-    the internet in clear); http:// stays for hosts the operator allows inside its own network."""
+    """Refused: a plain http:// webhook to a host the operator does not allow (its deliveries, the project's
+    notifications, would cross networks in clear); http:// stays for hosts it allows by name and addresses in
+    networks it allows, judged without DNS (a name's addresses may change after this check)."""
     parts = urlsplit(url)
     if parts.scheme != "http" or parts.hostname is None or policy.host_allowed(parts.hostname):
         return
-    addresses = await system_resolve(parts.hostname, parts.port or 80)
-    if not any(why_blocked(ipaddress.ip_address(a.split("%", 1)[0])) for a in addresses):
-        raise Refused(f"{parts.hostname} is a public host: a webhook to it goes over https://")
+    address = literal(parts.hostname)
+    if address is not None and any(address in n for n in policy.allow_networks if n.version == address.version):
+        return
+    raise Refused(
+        f"{parts.hostname} is not a host the operator allows by name nor an address in a network it allows: a "
+        "webhook to it goes over https://"
+    )
 
 
 @router.put(

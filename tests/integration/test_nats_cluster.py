@@ -127,3 +127,11 @@ async def test_no_one_without_the_stacks_secret_joins_the_cluster_as_a_route(clu
     assert b"Authorization Violation" in wrong, wrong
     secret = cluster.identities.root / "route.secret"
     assert oct(secret.stat().st_mode & 0o777) == "0o600" and len(secret.read_text()) == 48
+
+
+def test_a_route_secret_a_crash_left_empty_is_made_again(tmp_path):
+    from services.stack.identities import route_secret
+
+    (tmp_path / "route.secret").write_text("")
+    made = route_secret(tmp_path)
+    assert len(made) == 48 and route_secret(tmp_path) == made

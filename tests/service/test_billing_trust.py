@@ -260,3 +260,17 @@ async def test_attempts_whose_events_expired_wait_no_more(billing):
         doc["parked_at"] = time.time() - placements_module.PARK_TTL_S - 1
     await publish(broker, started("other", at=T0))
     assert await placements._waiting_for() == {"other:1"}
+
+
+async def test_a_placement_stored_by_an_older_version_without_its_time_still_replays_what_waited(billing):
+    """Placement records from before the placement's time was kept have none: the check of parked events against
+    it raised, and the job's events stopped behind it on every redelivery (found by review)."""
+    broker, service = billing
+    placements = service.attempts.placements
+    await deliver(broker, service, submitted(job_id="j"), started("j", node_id="n1", at=T0))
+    old = placements_module.placement_doc(placed("j", nodes=("n1",)), None)
+    old.pop("placed_t")
+    await placements.attempts.insert_one(old)
+    await deliver(broker, service, placed("j", nodes=("n1",)), exited("j", node_id="n1", at=HOURS_2))
+    [line] = service.attempts.ledger.docs.values()
+    assert line["_id"] == "j:1:0" and placements.parked.docs == {}

@@ -604,3 +604,23 @@ def test_a_task_of_an_agent_that_is_not_root_does_not_see_the_agents_data(tmp_pa
         assert f"TMP [{top.name!r}]" in output, output  # its own /tmp, the way to its folder alone shown
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_host_that_refuses_a_users_namespaces_after_the_unshare_runs_the_task_as_before(monkeypatch, capsys):
+    """Ubuntu 24.04's AppArmor lets the unshare pass and refuses what follows (the maps, the first mount): the shim
+    died there and the task never started (found by review). A forked copy tries first."""
+    from services.agent import shim
+
+    class Refusing:
+        def unshare(self, flags):
+            return 0  # passes, as there
+
+        def mount(self, *args):
+            ctypes.set_errno(1)
+            return -1
+
+    monkeypatch.setattr(shim, "LIBC", Refusing())
+    assert shim.own_namespaces_refused(os.getuid(), os.getgid()) is not None
+    launch = {"reach": [], "cover": {"/nonexistent": 0o755}, "tmpfs_size": None, "links": {}}
+    assert shim.confine_own(launch) is False
+    assert "no namespaces of its own for this task" in capsys.readouterr().err

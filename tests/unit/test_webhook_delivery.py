@@ -477,3 +477,40 @@ async def test_plain_http_stays_for_hosts_inside_a_network_the_operator_allows()
         kept = await api.put("/v2/vision/notifications", json={"webhook_url": "http://10.1.2.3:8080/hook"})
     assert kept.status_code == 200, kept.text
     assert (await db.api_projects.find_one({"_id": "vision"}))["webhook_url"] == "http://10.1.2.3:8080/hook"
+
+
+async def test_a_look_the_database_did_not_answer_stops_no_delivery_under_way(receiver, trickler, monkeypatch):
+    """A failed read of what is due ended the loop, which cancelled every delivery under way (each then waited
+    out its claim and may reach its receiver twice; found by review): the loop looks again a second later."""
+    from pymongo.errors import AutoReconnect
+
+    monkeypatch.setattr(notifications, "DELIVERY_S", 1.5)
+    _, db, _ = await make_app()
+    await db.api_projects.insert_many(
+        [{"_id": "slow", "webhook_url": f"{trickler}/hook"}, {"_id": "vision", "webhook_url": f"{receiver}/hook"}]
+    )
+    await db.api_notifications.insert_one(pending("s-1", "slow"))
+    notes = store(db)
+    due, failures = notes.due, [1]
+
+    async def flaky(now: float) -> list[dict]:
+        if failures and await db.api_notifications.find_one({"_id": "s-1", "next_try": {"$gt": 0.0}}):
+            failures.pop()  # once the slow one is under way
+            raise AutoReconnect("the database went away")
+        return await due(now)
+
+    notes.due = flaky  # type: ignore[method-assign]
+    loop = asyncio.create_task(notifications.deliver_forever(notes, policy=Policy.parse(["127.0.0.1"]), idle_s=0.05))
+    try:
+        await asyncio.sleep(0.3)
+        assert not failures  # the failed look happened
+        await db.api_notifications.insert_one(pending("v-1", "vision"))
+        for _ in range(300):
+            if (await db.api_notifications.find_one({"_id": "s-1"}))["attempts"]:
+                break
+            await asyncio.sleep(0.02)
+        slow = await db.api_notifications.find_one({"_id": "s-1"})
+        assert (slow["attempts"], slow["error"]) == (1, "unreachable")  # ran to its own end, not cancelled
+        assert (await db.api_notifications.find_one({"_id": "v-1"}))["state"] == "delivered"
+    finally:
+        await stopped(loop)
