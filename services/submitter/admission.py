@@ -23,6 +23,15 @@ def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float
     return decided.expected_cost, gpus * decided.predicted_duration_s / 3600
 
 
+def price_per_hour(body: JobCreate, answer: CandidatesReply | None) -> float:
+    """Dollars an hour of the job's run as admission prices it: its cost over its predicted duration (a job
+    without GPUs too: by GPU-hours, a CPU-only search's budget in dollars was never spent)."""
+    decided = answer.candidates[0] if answer and answer.candidates else None
+    if decided is None or decided.predicted_duration_s <= 0:
+        return DEFAULT_PRICE_PER_HOUR * body.spec.resource.node_count if decided is None else 0.0
+    return decided.expected_cost / (decided.predicted_duration_s / 3600)
+
+
 async def admit(
     requester: Requester, *, project_id: str, user_name: str, body: JobCreate, answer: CandidatesReply | None
 ) -> None:

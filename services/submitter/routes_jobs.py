@@ -14,7 +14,7 @@ from services.submitter import audit
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import JobId, ProjectId, use_cases
 from services.submitter.logs import MAX_PAGE_LINES, PAGE_LINES, follow, read_page
-from services.submitter.refusals import NotFound
+from services.submitter.refusals import NotFound, WrongPhase
 from services.submitter.usecases import SubmitJob
 from services.submitter.views import Job, JobList, render
 
@@ -106,7 +106,15 @@ async def delete_job(
     project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate)
 ) -> Response:
     visible(principal, project_id, job_id)
-    await use_cases(request).delete(project_id=project_id, job_id=job_id)
+    submitter = use_cases(request)
+    doc = await submitter.stored(project_id, job_id)
+    search_id = doc.get("search_id")
+    search = await request.app.state.searches.get(project_id, search_id) if search_id else None
+    if search is not None and search["phase"] == "Running":  # its hours count against the search's budget
+        raise WrongPhase(
+            job_id, phase=f"a trial of search {search_id}, which runs", done="deleted", hint="; stop the search first"
+        )
+    await submitter.delete(project_id=project_id, job_id=job_id)
     return Response(status_code=204)
 
 

@@ -72,9 +72,9 @@ class Submitter:
             log.warning("job priced at the default and taken without the placeability check: %s", exc.message)
             return None
 
-    async def quote(self, body: JobCreate, *, project_id: str, user_name: str) -> tuple[float, float]:
-        """(dollars, GPU-hours) of the job as admission prices it."""
-        return admission.price(body, await self.offers(body, project_id=project_id, user_name=user_name))
+    async def price_per_hour(self, body: JobCreate, *, project_id: str, user_name: str) -> float:
+        """Dollars an hour of the job's run as admission prices it."""
+        return admission.price_per_hour(body, await self.offers(body, project_id=project_id, user_name=user_name))
 
     async def submit(self, command: SubmitJob, *, before_store: Callable[[], Awaitable[None]] | None = None) -> Job:
         """Storage and flavors checked, caps, one pricing, one admission, placeability, `before_store` (what must

@@ -179,3 +179,40 @@ async def test_a_project_runs_at_most_its_cap_of_searches_at_once():
         db.api_searches.docs[ids[0]]["phase"] = "Completed"
         assert (await api.post("/v2/vision/searches", json=body(name="c"))).status_code == 201
     assert sorted(d["name"] for d in db.api_searches.docs.values() if d["project_id"] == "vision") == ["a", "b", "c"]
+
+
+async def test_a_trial_job_of_a_running_search_is_not_deleted():
+    """Its hours count against the search's budget, read from its job: deleting finished trial jobs refunded the
+    budget (found by review). Once the search ended, its trial jobs go as any finished job."""
+    app, db, _ = await make_app()
+    app.state.searches = SearchStore(db.api_searches)
+    async with client(app) as api:
+        search_id = (await api.post("/v2/vision/searches", json=body())).json()["metadata"]["id"]
+        trial = {"_id": f"{search_id}-t0", "project_id": "vision", "user_name": "admin", "search_id": search_id}
+        await db.api_jobs.insert_one({**trial, "status": {"phase": "Completed"}})
+        refused = await api.delete(f"/v2/vision/training-jobs/{search_id}-t0")
+        assert refused.status_code == 409, refused.text
+        assert f"a trial of search {search_id}, which runs" in refused.json()["error_msg"]
+        assert "stop the search first" in refused.json()["error_msg"]
+        assert await db.api_jobs.find_one({"_id": f"{search_id}-t0"}) is not None
+        db.api_searches.docs[search_id]["phase"] = "Stopped"
+        deleted = []
+
+        async def delete(**job):
+            deleted.append(job)
+
+        app.state.submitter.delete = delete
+        assert (await api.delete(f"/v2/vision/training-jobs/{search_id}-t0")).status_code == 204
+        assert deleted == [{"project_id": "vision", "job_id": f"{search_id}-t0"}]
+
+
+def test_a_cpu_only_trial_has_a_price_per_hour():
+    """A search's max_dollars was priced per GPU-hour: a template without GPUs cost $0 an hour, never spent."""
+    from types import SimpleNamespace
+
+    from shared.jobs import JobCreate
+    from services.submitter.admission import price_per_hour
+
+    template = JobCreate.model_validate({"algorithm": {"command": "true"}, "spec": {"resource": {"gpu_count": 0}}})
+    answer = SimpleNamespace(candidates=[SimpleNamespace(expected_cost=4.0, predicted_duration_s=7200.0)])
+    assert price_per_hour(template, answer) == 2.0

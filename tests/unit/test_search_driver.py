@@ -251,3 +251,60 @@ async def test_a_search_stored_with_a_pattern_now_refused_goes_on_without_that_m
     port = FakePort()
     await Driver(store=store, port=port).pass_once(now_ms=T0)
     assert port.submitted == ["s-unit-t0", "s-unit-t1"]
+
+
+# Found by review (2026-11-29), each failing on the driver before.
+
+
+async def test_a_stop_that_overtakes_a_pass_leaves_no_trial_job_running():
+    """A pass submitted its trials and marked them submitted in memory only; a stop in between made its save a
+    conflict, the marks were lost, and the next pass ended the search Stopped without terminating those jobs."""
+    store, _ = await started(search_doc(max_trials=6, parallelism=2))
+    port = FakePort()
+    submit = port.submit
+
+    async def submit_then_stop(search, **kw):
+        await submit(search, **kw)
+        if kw["trial"] == 1:
+            await store.request_stop("p", "s-unit", by="bob")  # the user's stop lands during the pass
+
+    port.submit = submit_then_stop
+    driver = Driver(store=store, port=port)
+    for _ in range(4):
+        await driver.pass_once(now_ms=T0)
+    doc = await store.get("p", "s-unit")
+    assert doc["phase"] == "Stopped"
+    assert sorted(j for j, _ in port.terminated) == sorted(port.jobs)  # every trial job told to end
+
+
+async def test_trial_jobs_deleted_after_they_were_seen_still_count_against_the_budget():
+    """Spend was summed over the trial jobs that still existed: deleting finished ones refunded the budget (8
+    one-GPU-hour trials on 1.5). What each ran is kept on the trial once seen; a trial job of a running search
+    cannot be deleted (the API refuses: `test_search_api`)."""
+    store, _ = await started(search_doc(max_trials=10, parallelism=1, max_gpu_hours=1.5))
+    port = FakePort()
+    driver = Driver(store=store, port=port)
+    for _ in range(8):
+        await driver.pass_once(now_ms=T0 + 3_700_000)  # submits the next trial
+        await driver.pass_once(now_ms=T0 + 3_700_000)  # sees it running, an hour in
+        port.advance(20)
+        for job_id, job in list(port.jobs.items()):
+            if job["status"]["phase"] == "Completed":
+                del port.jobs[job_id]  # its owner deletes each finished trial job
+    assert len(port.submitted) == 2  # 1 GPU-hour each: the second passes 1.5
+
+
+async def test_a_stopped_search_keeps_its_best_trial():
+    store, _ = await started(search_doc(max_trials=4, parallelism=2))
+    port = FakePort(floors={0: 0.1, 1: 0.5})
+    driver = Driver(store=store, port=port)
+    await driver.pass_once(now_ms=T0)
+    port.advance(5)
+    await driver.pass_once(now_ms=T0)
+    before = (await store.get("p", "s-unit"))["best"]
+    assert before is not None
+    await store.request_stop("p", "s-unit", by="ana")
+    await driver.pass_once(now_ms=T0)
+    await driver.pass_once(now_ms=T0)
+    doc = await store.get("p", "s-unit")
+    assert doc["phase"] == "Stopped" and doc["best"] == before

@@ -136,3 +136,18 @@ def test_predicted_makes_no_decision_on_a_near_tie_and_records_the_projection_it
     assert reason.startswith("predicted: final value projected 0.") and "cannot beat 0.05: at step 16 of 20" in reason
     assert "3 sigma, near-tie margin 0.2% (stops only above 0.0501)" in reason
     assert 1 in decide("predicted", [best, near, far], max_step=20, config=Config(margin=0.0, z=0.0))
+
+
+def test_a_tiny_horizon_and_a_huge_step_neither_overflow_nor_wedge_the_search():
+    """`low * eta**k` counted rungs on until the power overflowed: every pass of the search failed (review)."""
+    hostile = Trial(trial=0, points=(Point(1.0, 1e300, 0.5), Point(2.0, 1e300, 0.4)), done=False)
+    other = curve(1, floor=0.3, upto=5)
+    assert isinstance(decide("hyperband", [hostile, other], max_step=1e-300, key="s"), dict)
+
+
+def test_one_point_a_running_trial_printed_once_prunes_no_other():
+    """A running trial's single `loss 0.0` became the bar every other trial was measured against (review): a value
+    counts once the trial held it over two points in a row."""
+    spike = Trial(trial=0, points=tuple(Point(float(s), s, 0.0 if s == 5 else 2.0) for s in range(1, 12)), done=False)
+    honest = [curve(n, floor=0.5 + 0.1 * n, upto=12, steps=20) for n in (1, 2, 3)]
+    assert decide("predicted", [spike, *honest], max_step=20) == {}

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.lru import Lru
 from shared.stored import stored_search
 from services.submitter.refusals import Refused
 from services.submitter.searches.models import SearchCreate
@@ -18,6 +19,7 @@ from services.submitter.searches.space import sample
 from services.submitter.searches.store import Conflict, SearchStore
 
 log = logging.getLogger(__name__)
+SETTLED_KEPT = 2048  # finished trials' curves kept (a few hundred points each)
 SETTLE_S = 10.0  # a finished trial's points are final this long after its end (the estimator reads output late)
 ACTIVE = ("Running",)
 
@@ -90,7 +92,11 @@ def room(doc: dict, spec: SearchCreate) -> tuple[int, str]:
 def best(doc: dict, mode: str) -> dict | None:
     """The best trial so far among completed and running ones."""
     sign = -1.0 if mode == "max" else 1.0
-    candidates = [t for t in doc["trials"] if t["state"] in ("Completed", "Running") and t.get("value") is not None]
+    candidates = [
+        t
+        for t in doc["trials"]
+        if (t["state"] in ("Completed", "Running") or t.get("stopped_running")) and t.get("value") is not None
+    ]
     top = min(candidates, key=lambda t: (sign * t["value"], t["state"] != "Completed", t["trial"]), default=None)
     return None if top is None else {"trial": top["trial"], "parameters": top["parameters"], "value": top["value"]}
 
@@ -100,7 +106,8 @@ class Driver:
     store: SearchStore
     port: Port
     interval_s: float = 2.0
-    settled: dict[str, tuple[Point, ...]] = field(default_factory=dict)  # finished trials' final curves
+    # finished trials' final curves (bounded; a finished search's go with it)
+    settled: Lru[str, tuple[Point, ...]] = field(default_factory=lambda: Lru(SETTLED_KEPT))
 
     # While no search runs, the running ones are read every `idle_s`, not every pass (a read every 2 s at rest, each
     # a scan of the collection on the embedded database): a search stored by this process is read at its next pass,
@@ -131,14 +138,14 @@ class Driver:
 
     async def curve(self, trial: dict, job: dict | None, *, metric: str, mode: str, now_ms: int) -> tuple[Point, ...]:
         job_id = trial["job_id"]
-        if job_id in self.settled:
-            return self.settled[job_id]
+        if (kept := self.settled.get(job_id)) is not None:
+            return kept
         if job is None or not job["status"].get("start_time"):
             return ()
         points = oriented(await self.port.points(job_id, metric=metric), mode)
         end = job["status"].get("end_time") or 0
         if job["status"]["phase"] in ("Completed", "Failed", "Terminated") and end and now_ms - end > SETTLE_S * 1000:
-            self.settled[job_id] = points
+            self.settled.put(job_id, points)
         return points
 
     async def tick(self, doc: dict, *, now_ms: int | None = None) -> dict:
@@ -148,11 +155,17 @@ class Driver:
         metric, mode = spec.objective.metric, spec.objective.mode
         trials, hours, gpu_hours = [], 0.0, 0.0
         for entry in doc["trials"]:
-            job = await self.port.job(entry["job_id"]) if entry.get("submitted") else None
+            # a trial not marked submitted is looked for too: a stop that overtook the save after its submission
+            # lost the mark, and its job then ran on, never terminated, after the search said Stopped
+            looked = entry.get("submitted") or entry["state"] in ACTIVE
+            job = await self.port.job(entry["job_id"]) if looked else None
+            if job is not None and not entry.get("submitted"):
+                entry["submitted"] = True
             state, reason = job_state(entry, job)
             points = await self.curve(entry, job, metric=metric, mode=mode, now_ms=now_ms)
-            run, gpus = job_hours(job, now_ms=now_ms)
-            hours, gpu_hours = hours + run, gpu_hours + gpus
+            if job is not None:  # what it ran is kept: a trial job deleted later still counts against the budget
+                entry["hours"], entry["gpu_hours"] = job_hours(job, now_ms=now_ms)
+            hours, gpu_hours = hours + entry.get("hours", 0.0), gpu_hours + entry.get("gpu_hours", 0.0)
             entry.update(state=state, reason=reason or entry.get("reason", ""))
             if points:
                 value = min(p.value for p in points)
@@ -176,7 +189,10 @@ class Driver:
             for entry in doc["trials"]:
                 if entry["state"] in ACTIVE:
                     entry.update(
-                        state="Failed", reason=f"stopped with the search by {doc['stop_requested']}", terminate=True
+                        state="Failed",
+                        reason=f"stopped with the search by {doc['stop_requested']}",
+                        terminate=True,
+                        stopped_running=True,  # still a candidate for the best (its values so far)
                     )
         else:
             running = {t.trial for t in trials if not t.done and not t.stopped}
@@ -232,6 +248,8 @@ class Driver:
         active = any(t["state"] in ACTIVE for t in doc["trials"])
         if not active and (doc.get("stop_requested") or room(doc, spec)[0] == 0):
             doc["phase"] = "Stopped" if doc.get("stop_requested") else "Completed"
+            for entry in doc["trials"]:
+                self.settled.pop(entry["job_id"])
             doc["reason"] = doc.get("message") or (
                 "stopped by " + doc["stop_requested"] if doc.get("stop_requested") else f"{len(doc['trials'])} trials"
             )

@@ -70,6 +70,16 @@ def final_value(trial: Trial) -> float | None:
     return min((p.value for p in trial.points), default=None)
 
 
+def held_value(trial: Trial) -> float | None:
+    """The best value the trial held over two points in a row (its one point when it completed with one): what
+    another trial is measured against. One point alone printed `loss 0.0` and every other trial was pruned for
+    not beating it (found by review)."""
+    values = [p.value for p in trial.points]
+    if len(values) < 2:
+        return values[0] if values and trial.done else None
+    return min(max(a, b) for a, b in zip(values, values[1:]))
+
+
 def decide(
     pruner: str,
     trials: list[Trial],
@@ -156,7 +166,9 @@ def hyperband(trials: list[Trial], running: list[Trial], *, end: float, key: str
     for trial in trials:
         bracket, rung = brackets.of(key, trial.trial), 0
         for point in trial.points:
-            while point.step >= low * eta ** (bracket + rung):
+            # rungs past the last are none (a tiny horizon and a huge step counted on until eta**k overflowed,
+            # and every pass of the search failed; found by review)
+            while rung <= brackets.n and point.step >= low * eta ** (bracket + rung):
                 events.append((point.t, trial.trial, rung, bracket, point.value, point.step))
                 rung += 1
     recorded: dict[tuple[int, int], list[float]] = {}
@@ -176,7 +188,7 @@ def hyperband(trials: list[Trial], running: list[Trial], *, end: float, key: str
 
 def predicted(trials: list[Trial], running: list[Trial], *, end: float, config: Config) -> dict[int, str]:
     """Stop a trial whose optimistic projected final value is worse than a value some other trial is sure of."""
-    certain = {t.trial: v for t in trials if (t.done or not t.stopped) and (v := final_value(t)) is not None}
+    certain = {t.trial: v for t in trials if (t.done or not t.stopped) and (v := held_value(t)) is not None}
     projections = {}
     looked = {t.trial for t in running}
     for trial in trials:

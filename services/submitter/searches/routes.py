@@ -79,9 +79,7 @@ async def create_search(
     body = body.model_copy(update={"template": template})
     dollars = 0.0
     if body.max_dollars is not None:  # the job's price as admission computes it, per hour of a trial
-        cost, gpu_hours = await submitter.quote(template, project_id=project_id, user_name=principal.user_name)
-        hours = gpu_hours / max(1, template.spec.resource.gpu_count * template.spec.resource.node_count)
-        dollars = cost / hours if hours > 0 else 0.0
+        dollars = await submitter.price_per_hour(template, project_id=project_id, user_name=principal.user_name)
     doc: dict[str, Any] = {
         "_id": "s-" + uuid.uuid4().hex[:12],
         "project_id": project_id,
