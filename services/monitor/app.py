@@ -68,7 +68,9 @@ def create_app(settings: MonitorSettings | None = None) -> FastStream:
             heartbeat_interval_s=settings.heartbeat_interval_s,
             heartbeats_per_s=settings.heartbeats_per_s,
             records=NodeRecords(static=limits_from_file(settings.cluster_file), rented=w.db.monitor_rented),
+            early=w.db.monitor_early_terminates,
         )
+        await monitor.load_early()
         await jobs.collection.create_index(DEADLINE_INDEX)  # the overdue sweep reads only what is due
         await jobs.collection.create_index(EXITS_DUE_INDEX)  # so does the sweep of exits kept for their start
         await jobs.collection.create_index(STOPS_DUE_INDEX)  # and of stops no exit answered

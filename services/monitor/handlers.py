@@ -63,9 +63,14 @@ TASK_TRANSITIONS: dict[type[state.TaskEvent], TaskTransition] = {
 
 
 async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
-    """A new job (a redelivered submission changes nothing)."""
+    """A new job (a redelivered submission changes nothing); one whose termination was asked before it was known
+    here is terminated at once."""
     now = utcnow()
     await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now), new=True)
+    if monitor.early_terminates and (requested_by := await monitor.take_terminate(event.job_id)) is not None:
+        await monitor.apply(
+            event.job_id, lambda job: None if job is None else state.terminate(job, requested_by=requested_by, now=now)
+        )
 
 
 async def placed(monitor: Monitor, event: JobPlaced) -> None:
@@ -86,12 +91,14 @@ async def task_changed(monitor: Monitor, event: TaskEvent) -> None:
 
 
 async def terminate(monitor: Monitor, event: JobTerminateRequested) -> None:
-    """Someone asked to terminate the job."""
+    """Someone asked to terminate the job (kept for its submission when it is not known here yet)."""
     now = utcnow()
     await monitor.apply(
         event.job_id,
         lambda job: None if job is None else state.terminate(job, requested_by=event.requested_by, now=now),
     )
+    if await monitor.snapshot(event.job_id, now=now) is None:
+        await monitor.remember_terminate(event.job_id, event.requested_by)
 
 
 async def migrate(monitor: Monitor, event: JobMigrateRequested) -> None:
@@ -248,13 +255,17 @@ def _bounded(query: dict, name: str, default: int, most: int) -> int:
 async def terminate_now(
     request: JobTerminateRequested, monitor: Monitor = Context("monitor")
 ) -> JobStatusChanged | None:
-    """Terminate synchronously so the API can answer with the new phase; None for an unknown job."""
+    """Terminate synchronously so the API can answer with the new phase; None for a job not known here yet (its
+    termination then kept for its submission)."""
     now = utcnow()
     await monitor.apply(
         request.job_id,
         lambda job: None if job is None else state.terminate(job, requested_by=request.requested_by, now=now),
     )
-    return await monitor.snapshot(request.job_id, now=now)
+    answer = await monitor.snapshot(request.job_id, now=now)
+    if answer is None:
+        await monitor.remember_terminate(request.job_id, request.requested_by)
+    return answer
 
 
 @router.subscriber(RPC_MIGRATE)

@@ -121,6 +121,11 @@ class Monitor:
     heartbeat_interval_s: float = 2.0
     heartbeats_per_s: float = 0.0
     wall: Callable[[], datetime] = utcnow  # the monitor's own clock: when a node was heard (a node's is its claim)
+    # Terminations asked of jobs whose submission this monitor has not read yet (job id -> who asked): applied as
+    # the submission comes. Asked before, they were dropped and the job ran, billed, after the API answered 202
+    # (found by review). Kept in `early` (None: in memory only), read at start.
+    early: Any = None
+    early_terminates: dict[str, str] = field(default_factory=dict)
     cadence: Cadence = field(init=False, repr=False)
     # Nodes never stored before, written in groups: a fleet coming up registers thousands at once.
     first_writes: GroupCommit[tuple[str, dict, list], bool] = field(init=False, repr=False)
@@ -204,6 +209,25 @@ class Monitor:
             "heartbeat_backlog": self.backlog(),
             "heartbeats_read_s_ago": round(self.fleet.clock() - self.fleet.caught_up_at, 3),
         }
+
+    async def remember_terminate(self, job_id: str, requested_by: str) -> None:
+        """A termination of a job not known here yet, kept for its submission."""
+        if job_id in self.early_terminates:
+            return
+        if self.early is not None:
+            await self.early.replace_one({"_id": job_id}, {"_id": job_id, "by": requested_by}, upsert=True)
+        self.early_terminates[job_id] = requested_by
+
+    async def take_terminate(self, job_id: str) -> str | None:
+        """Who asked to terminate the newly submitted job before it was known here (None: nobody); forgotten."""
+        requested_by = self.early_terminates.pop(job_id, None)
+        if requested_by is not None and self.early is not None:
+            await self.early.delete_one({"_id": job_id})
+        return requested_by
+
+    async def load_early(self) -> None:
+        if self.early is not None:
+            self.early_terminates.update({d["_id"]: d.get("by", "") async for d in self.early.find({})})
 
     async def load_fleet(self) -> int:
         """At start: every stored node into memory, each heard now (silence counts from this start). A last_seen

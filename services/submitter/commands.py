@@ -17,6 +17,8 @@ async def send_command(broker, repository: Repository, command, subject: str) ->
         body = await reply.decode()
         if body:
             await repository.apply_status(JobStatusChanged.model_validate(body))
+        else:  # the monitor has not read the job's submission yet: the durable command comes after it
+            await publish(broker, command)
     except Exception as exc:  # the monitor is away: the durable command reaches it when it is back
         log.warning("%s through the stream (monitor did not answer: %r)", command.event_id, exc)
         await publish(broker, command)

@@ -158,3 +158,22 @@ async def test_a_termination_whose_node_never_reports_the_exit_ends_once_its_sto
     ended = await monitor.jobs.load("silent")
     assert ended["phase"] == "Terminated" and ended["stop_due"] is None
     assert [v for _, v in versions(seen)][-2:] == ["Terminating", "Terminated"]
+
+
+async def test_a_termination_asked_before_the_submission_was_read_terminates_the_job_when_it_comes(monitor_broker):
+    """The API stores a job, then announces it; a terminate asked in between found no job here, was dropped, and
+    the job ran, billed, after the API answered 202 (found by review). Kept, it ends the job at its submission,
+    also after a restart of the monitor."""
+    from tests.memory import MemoryCollection
+
+    broker, monitor, seen = monitor_broker
+    monitor.early = MemoryCollection("early")
+    ask = JobTerminateRequested(event_id="j:terminate:1", job_id="j", requested_by="bob")
+    await publish(broker, ask)  # before its submission
+    assert monitor.early_terminates == {"j": "bob"} and list(monitor.early.docs) == ["j"]
+    monitor.early_terminates.clear()
+    await monitor.load_early()  # a restarted monitor reads what was kept
+    await publish(broker, submitted(job_id="j"))
+    await publish(broker, placed("j"))
+    assert (await monitor.jobs.load("j"))["phase"] == "Terminated"
+    assert seen["tm.node.cmd.n1.start"] == [] and monitor.early_terminates == {} and monitor.early.docs == {}
