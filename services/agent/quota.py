@@ -7,6 +7,7 @@ memory cgroup), not disk.
 """
 
 import asyncio
+import errno
 import os
 import signal
 import stat
@@ -18,8 +19,14 @@ if TYPE_CHECKING:
 DISK_CHECK_S = 2.0
 
 
+UNMEASURABLE = 2**62  # the usage of a tree a task made too deep to measure: past every quota
+TOO_DEEP = (errno.ENAMETOOLONG, errno.ELOOP)
+
+
 def disk_usage(top: str) -> int:
-    """Bytes of disk used under `top` (allocated blocks, following no link, each directory counted too)."""
+    """Bytes of disk used under `top` (allocated blocks, following no link, each directory counted too). A folder
+    whose path is too long to open (a task nesting long names past 4,096 bytes hid what was under it from the
+    quota) makes the tree `UNMEASURABLE`."""
     total, stack = 0, [top]
     while stack:
         path = stack.pop()
@@ -28,12 +35,16 @@ def disk_usage(top: str) -> int:
                 for entry in entries:
                     try:
                         st = entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except OSError as exc:
+                        if exc.errno in TOO_DEEP:
+                            return UNMEASURABLE
                         continue
                     total += st.st_blocks * 512
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
-        except OSError:
+        except OSError as exc:
+            if exc.errno in TOO_DEEP:
+                return UNMEASURABLE
             continue
     return total
 

@@ -12,6 +12,7 @@ directory holds without following links (a link a task planted is removed, never
 import logging
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -79,6 +80,15 @@ def remove_empty(job_dirs: Iterable[Path]) -> None:
             pass
 
 
+def remove_tree(path: Path) -> None:
+    """A folder and everything in it, links removed as links, never followed; one deeper than Python's stack (a
+    task's `mkdir d; cd d` a thousand times stopped every later sweep) by coreutils' `rm`."""
+    try:
+        shutil.rmtree(path)
+    except RecursionError:
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], check=True, timeout=600)
+
+
 @dataclass
 class Retention:
     jobs: Path  # <agent dir>/jobs
@@ -108,10 +118,10 @@ class Retention:
         removed = []
         for f in gone:
             try:
-                shutil.rmtree(f.path)  # links removed as links, never followed
+                remove_tree(f.path)
             except FileNotFoundError:
                 pass
-            except OSError as exc:  # left for the next sweep
+            except (OSError, subprocess.SubprocessError) as exc:  # left for the next sweep; the others go on
                 log.warning("finished attempt %s not removed: %r", f.path, exc)
                 continue
             self.finished.pop(f.path, None)

@@ -53,6 +53,7 @@ GPU_OOM = re.compile(
     r"|RESOURCE_EXHAUSTED: Out of memory|HIP out of memory"
 )
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
+OOM_MARKERS = ("emory", "ALLOC", "bad_alloc")  # every match of the two patterns holds one of these
 MEMORY_CHECK_S = 0.5
 EXIT_POLL_S = 0.05
 DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read within this
@@ -232,13 +233,20 @@ class TaskProcess:
             self._forward(splitter.feed(raw, self.last_output), name, on_line)
 
     def _forward(self, lines: list[str], name: str, on_line: Callable[[LogLine], None]) -> None:
+        if not lines:
+            return
+        now = time.time()  # the batch's lines were read together
+        # the out-of-memory patterns only where a line may hold one: a task printing as fast as it could held the
+        # agent's loop with two searches a line before its output allowance dropped the line (found by review)
+        look = self.oom is None and any(marker in line for line in lines for marker in OOM_MARKERS)
         for line in lines:
             self.tail.append(line)
-            if self.oom is None and GPU_OOM.search(line):
-                self.oom = "gpu"
-            elif self.oom is None and HOST_OOM.search(line):
-                self.oom = "host"
-            on_line(LogLine(t=time.time(), s=name, line=line))
+            if look and self.oom is None:
+                if GPU_OOM.search(line):
+                    self.oom = "gpu"
+                elif HOST_OOM.search(line):
+                    self.oom = "host"
+            on_line(LogLine(t=now, s=name, line=line))
 
     async def stop(self, *, reason: str, grace_s: float) -> None:
         """SIGTERM the whole group, wait the grace period, then SIGKILL whatever is left."""

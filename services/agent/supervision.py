@@ -271,7 +271,10 @@ class Supervisor:
     async def _give_back(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None) -> None:
         """Release the task's uid (`_release`), then claim the next start's uid ahead beside: the lowest free, so
         most often the one just given back, which needs no look."""
-        await asyncio.to_thread(self._release, workdir, user, cgroup)
+        try:
+            await asyncio.to_thread(self._release, workdir, user, cgroup)
+        except Exception:  # the task's end is reported whatever its release met; its uid looked for at its claim
+            log.exception("giving back the task in %s failed", workdir)
         if user is not None:
             self._beside(self.ready())
 

@@ -624,3 +624,43 @@ def test_a_host_that_refuses_a_users_namespaces_after_the_unshare_runs_the_task_
     launch = {"reach": [], "cover": {"/nonexistent": 0o755}, "tmpfs_size": None, "links": {}}
     assert shim.confine_own(launch) is False
     assert "no namespaces of its own for this task" in capsys.readouterr().err
+
+
+DEEP = r"""
+import os
+for _ in range(1200):
+    os.mkdir("d")
+    os.chdir("d")
+print("DEEP", flush=True)
+"""
+
+
+@root_only
+async def test_a_task_that_leaves_a_tree_deeper_than_pythons_stack_still_ends_and_gives_its_uid_back(tmp_path):
+    """The release's walk raised RecursionError: the task's end was never reported (its job Running for good, its
+    GPUs held) and its uid never given back (found by review)."""
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, uids=1)  # one uid: the second task needs it back
+    first, output = await run(agent, start(unique("deep"), f"{sys.executable} -c {quote(DEEP)}"), sent)
+    assert first.reason == "completed" and "DEEP" in output, output
+    second, again = await run(agent, start(unique("next"), "id -u"), sent)
+    assert second.reason == "completed" and again.strip().isdigit(), again
+
+
+def test_a_tree_too_deep_to_measure_is_past_every_quota(tmp_path):
+    """Nesting long names past 4,096 bytes hid what was under them from the quota (found by review)."""
+    from services.agent.quota import UNMEASURABLE, disk_usage
+    from services.agent.retention import remove_tree
+
+    top = tmp_path / "work"
+    folder = os.open(tmp_path, os.O_RDONLY)
+    os.mkdir("work", dir_fd=folder)
+    for _ in range(20):  # 20 x 250 characters: past PATH_MAX, made a level at a time from handles
+        inner = os.open("work" if _ == 0 else "n" * 250, os.O_RDONLY, dir_fd=folder)
+        os.close(folder)
+        os.mkdir("n" * 250, dir_fd=inner)
+        folder = inner
+    os.close(folder)
+    assert disk_usage(str(top)) == UNMEASURABLE
+    remove_tree(top)
+    assert not top.exists()
