@@ -408,7 +408,10 @@ class ChangeWatch:
         return True
 
     def _watch_tree(self, top: Path) -> None:
-        """Watch `top` and the directories under it, following no link (the task owns them and may plant some)."""
+        """Watch `top` and the directories under it, following no link (the task owns them and may plant some); at
+        the cap, nothing is listed (each folder moved in was walked whole on the agent's loop, however large)."""
+        if len(self.watches) >= MAX_WATCHES:
+            return
         try:
             if not stat.S_ISDIR(os.lstat(top).st_mode):
                 return
@@ -427,6 +430,15 @@ class ChangeWatch:
         self.watches[wd] = path
         return True
 
+    def _forget(self, gone: Path) -> None:
+        """The watches of a folder moved away or removed, and of those under it: a watch follows its folder, and its
+        path, kept, would name whatever the task put there next (a link to a host folder the agent then walked and
+        watched; found by review)."""
+        for wd, path in list(self.watches.items()):
+            if path == gone or gone in path.parents:
+                del self.watches[wd]
+                self.libc.inotify_rm_watch(self.fd, wd)
+
     def _read(self) -> None:
         try:
             data = os.read(self.fd, 65536)
@@ -443,5 +455,8 @@ class ChangeWatch:
                 if mask & (IN_CREATE | IN_MOVED_TO) and wd in self.watches:
                     self._watch_tree(self.watches[wd] / name)
                     self.changed.set()  # files may have been written into it before it was watched
+                elif mask & (IN_MOVED_FROM | IN_DELETE) and wd in self.watches:
+                    self._forget(self.watches[wd] / name)
+                    self.changed.set()
             elif mask & (IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE) and not name.endswith(PARTIAL):
                 self.changed.set()  # (a file just created is not complete yet: its close says when it is)

@@ -639,12 +639,17 @@ print("DEEP", flush=True)
 async def test_a_task_that_leaves_a_tree_deeper_than_pythons_stack_still_ends_and_gives_its_uid_back(tmp_path):
     """The release's walk raised RecursionError: the task's end was never reported (its job Running for good, its
     GPUs held) and its uid never given back (found by review)."""
+    from services.agent.retention import remove_tree
+
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True, uids=1)  # one uid: the second task needs it back
-    first, output = await run(agent, start(unique("deep"), f"{sys.executable} -c {quote(DEEP)}"), sent)
-    assert first.reason == "completed" and "DEEP" in output, output
-    second, again = await run(agent, start(unique("next"), "id -u"), sent)
-    assert second.reason == "completed" and again.strip().isdigit(), again
+    try:
+        first, output = await run(agent, start(unique("deep"), f"{sys.executable} -c {quote(DEEP)}"), sent)
+        assert first.reason == "completed" and "DEEP" in output, output
+        second, again = await run(agent, start(unique("next"), "id -u"), sent)
+        assert second.reason == "completed" and again.strip().isdigit(), again
+    finally:  # pytest's own clean-up of old temporary folders would meet the deep tree in turn
+        remove_tree(tmp_path / "data")
 
 
 def test_a_tree_too_deep_to_measure_is_past_every_quota(tmp_path):

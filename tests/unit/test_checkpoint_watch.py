@@ -89,3 +89,22 @@ async def test_a_linked_directory_is_not_watched_through(tmp_path):
         assert not await changes.wait(0.5)
     with ChangeWatch(tmp_path / "ckpt" / "link") as changes:  # the directory itself swapped for a link
         assert changes.watches == {}
+
+
+async def test_a_folder_moved_out_and_a_link_left_in_its_place_turns_no_watch_onto_the_host(tmp_path):
+    """A watch follows its folder, and its path was kept: moved out and replaced by a link to a host folder, a
+    folder made in the moved one was walked and watched through the link (found by review)."""
+    top, outside, host = tmp_path / "checkpoint", tmp_path / "elsewhere", tmp_path / "host"
+    (top / "a").mkdir(parents=True)
+    (host / "inside").mkdir(parents=True)
+    outside.mkdir()
+    with ChangeWatch(top) as changes:
+        assert {p.name for p in changes.watches.values()} == {"checkpoint", "a"}
+        os.rename(top / "a", outside / "a")  # out of the checkpoint folder, still watched by the kernel
+        assert await changes.wait(TIMER_S)
+        (top / "a").symlink_to(host)  # the same path, now a link to a folder of the host
+        (outside / "a" / "inside").mkdir()  # an event on the moved folder's watch
+        await asyncio.sleep(0.2)
+        changes._read()
+        assert all(host not in p.parents and p != host for p in map(lambda p: p.resolve(), changes.watches.values()))
+        assert {p.name for p in changes.watches.values()} == {"checkpoint"}
