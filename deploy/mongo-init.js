@@ -10,7 +10,7 @@ const COLLECTIONS = {
   submitter: ["api_jobs", "api_queue", "api_job_list", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
               "api_notifications", "api_audit", "api_searches", "api_placements"],
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
-  monitor: ["monitor_jobs", "monitor_nodes", "monitor_rented"],
+  monitor: ["monitor_jobs", "monitor_nodes", "monitor_rented", "monitor_early_terminates"],
   estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs",
               "estimator_placements", "estimator_telemetry"],
   billing: ["billing_ledger", "billing_open", "billing_nodes", "billing_nodes_open", "billing_node_info",
