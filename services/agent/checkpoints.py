@@ -2,6 +2,7 @@
 
 import asyncio
 import ctypes
+import errno
 import logging
 import os
 import stat
@@ -164,6 +165,9 @@ class Mirror:
                 except OSError:  # replaced by a link or gone since the scan: not uploaded
                     continue
                 try:
+                    if mostly_holes(os.fstat(fd)):
+                        refused[relative] = OSError(errno.EFBIG, "mostly holes (a sparse file): not uploaded")
+                        continue
                     if root is not None:
                         try:
                             put_confined(root, relative, fd)
@@ -219,6 +223,18 @@ class CheckpointStore:
         self, project_id: str, job_id: str, local: Path, uploaded: Manifest, anchor: Path | None = None
     ) -> Manifest:
         return Mirror(self.location(project_id, job_id)).sync(local, uploaded, anchor=anchor)
+
+
+SPARSE_FROM = 64 * 2**20  # a file at least this large ...
+SPARSE_SHARE = 8  # ... with less than an eighth of it on disk is not uploaded
+
+
+def mostly_holes(info: os.stat_result) -> bool:
+    """A large file of which the disk holds under an eighth: the quota counts what is on disk, an upload all of it,
+    so a task truncating files up to the per-file limit wrote a little and sent the storage everything, again at
+    each touch (found by review). A checkpoint is dense; a compressing filesystem keeps well over an eighth of
+    one."""
+    return info.st_size >= SPARSE_FROM and info.st_blocks * 512 * SPARSE_SHARE < info.st_size
 
 
 def open_confined(top: Path, relative: str) -> int:

@@ -108,3 +108,18 @@ async def test_a_folder_moved_out_and_a_link_left_in_its_place_turns_no_watch_on
         changes._read()
         assert all(host not in p.parents and p != host for p in map(lambda p: p.resolve(), changes.watches.values()))
         assert {p.name for p in changes.watches.values()} == {"checkpoint"}
+
+
+def test_a_large_file_mostly_of_holes_is_not_uploaded(tmp_path):
+    """The quota counts what is on disk, an upload the whole file: a task truncating files up to the per-file limit
+    sent the storage everything while it wrote almost nothing (found by review)."""
+    from services.agent.checkpoints import Mirror
+
+    local, remote = tmp_path / "checkpoint", tmp_path / "storage"
+    local.mkdir()
+    remote.mkdir()
+    with open(local / "huge.bin", "wb") as f:
+        f.truncate(256 * 2**20)  # 256 MiB of holes
+    (local / "model.pt").write_bytes(os.urandom(4096))
+    kept = Mirror(f"file://{remote}").sync(local, {})
+    assert sorted(p.name for p in remote.iterdir()) == ["model.pt"] and list(kept) == ["model.pt"]
