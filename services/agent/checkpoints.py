@@ -152,6 +152,8 @@ class Mirror:
         without following links, and read through that handle."""
         anchor = anchor or local
         inside = local.relative_to(anchor).as_posix() if local != anchor else ""
+        if inside and not _reached(anchor, inside):  # a link on the way (`outputs -> /`): not the task's folder
+            return uploaded
         current = _scan(local)
         refused: dict[str, OSError] = {}
         root = None
@@ -348,6 +350,25 @@ def listed_size(info: dict) -> int:
     """The size a listing gives a file (a claim of the storage: 0 when it gives none that makes sense)."""
     size = info.get("size")
     return size if isinstance(size, int) and size > 0 else 0
+
+
+def _reached(anchor: Path, inside: str) -> bool:
+    """Whether `anchor/inside` is a folder reached from `anchor` following no link: the task's `outputs` made a link
+    to `/` had the root agent walk the host's `/<name>` at every upload (found by review)."""
+    try:
+        fd = os.open(anchor, DIRECTORY)
+    except OSError:
+        return False
+    try:
+        for part in inside.split("/"):
+            inner = os.open(part, DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _scan(local: Path, *, partial: bool = False) -> Manifest:

@@ -123,3 +123,18 @@ def test_a_large_file_mostly_of_holes_is_not_uploaded(tmp_path):
     (local / "model.pt").write_bytes(os.urandom(4096))
     kept = Mirror(f"file://{remote}").sync(local, {})
     assert sorted(p.name for p in remote.iterdir()) == ["model.pt"] and list(kept) == ["model.pt"]
+
+
+def test_an_output_folder_reached_through_a_link_the_task_made_is_not_walked(tmp_path):
+    """`outputs -> /`: the output folder `outputs/<name>` then named the host's `/<name>`, which the root agent
+    walked at every upload (its files were refused, the walk was not; found by review)."""
+    from services.agent.checkpoints import Mirror
+
+    work, host, remote = tmp_path / "work", tmp_path / "host", tmp_path / "storage"
+    (host / "logs").mkdir(parents=True)
+    (host / "logs" / "secret.txt").write_text("the host's")
+    work.mkdir()
+    remote.mkdir()
+    (work / "outputs").symlink_to(host)
+    assert Mirror(f"file://{remote}").sync(work / "outputs" / "logs", {}, anchor=work) == {}
+    assert list(remote.iterdir()) == []
