@@ -27,7 +27,7 @@ def disk_usage(top: str) -> int:
     """Bytes of disk used under `top` (allocated blocks, following no link, each directory counted too). A folder
     whose path is too long to open (a task nesting long names past 4,096 bytes hid what was under it from the
     quota) makes the tree `UNMEASURABLE`."""
-    total, stack = 0, [top]
+    total, stack, seen = 0, [top], set()  # a file of several names (hard links) counted once
     while stack:
         path = stack.pop()
         try:
@@ -39,6 +39,10 @@ def disk_usage(top: str) -> int:
                         if exc.errno in TOO_DEEP:
                             return UNMEASURABLE
                         continue
+                    if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+                        if (st.st_dev, st.st_ino) in seen:
+                            continue
+                        seen.add((st.st_dev, st.st_ino))
                     total += st.st_blocks * 512
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)

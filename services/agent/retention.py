@@ -33,11 +33,13 @@ class Finished:
 
 
 def to_remove(finished: Iterable[Finished], *, now: float, retention_s: float, budget_bytes: int) -> list[Finished]:
-    """Those past their retention, then the oldest of the rest until what is left fits the budget."""
+    """Those past their retention, and any larger than the whole budget, then the oldest of the rest until what is
+    left fits the budget (one task's folder measured huge, a link farm or a tree too deep to measure, had every
+    older job's folder removed before it; found by review)."""
     expired: list[Finished] = []
     kept: list[Finished] = []
     for f in sorted(finished, key=lambda f: f.ended_at):
-        (expired if now - f.ended_at >= retention_s else kept).append(f)
+        (expired if now - f.ended_at >= retention_s or f.size > budget_bytes else kept).append(f)
     total = sum(f.size for f in kept)
     while kept and total > budget_bytes:
         oldest = kept.pop(0)

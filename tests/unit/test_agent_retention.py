@@ -4,6 +4,7 @@ after the retention, or sooner past the budget (oldest first); a restarted agent
 import asyncio
 import os
 import threading
+from pathlib import Path
 
 from shared.events import LogChunk, NodeHeartbeat, TaskExited
 from shared.jobs import Algorithm, DataOut
@@ -149,3 +150,23 @@ async def test_a_slow_look_at_what_a_previous_run_left_holds_back_no_heartbeat_n
     assert order == ["heartbeat", "measured"] and any(isinstance(m, NodeHeartbeat) for m in sent)
     assert left in agent.retention.finished and mine not in agent.retention.finished
     await agent.shutdown()
+
+
+def test_one_folder_larger_than_the_whole_budget_goes_first_not_every_older_one():
+    """A link farm counted once a link, or a tree too deep to measure, had every older job's folder removed before
+    it (found by review)."""
+    from services.agent.quota import UNMEASURABLE
+
+    older = [Finished(path=Path(f"/a{i}"), ended_at=float(i), size=10) for i in range(3)]
+    huge = Finished(path=Path("/huge"), ended_at=5.0, size=UNMEASURABLE)
+    assert [f.path.name for f in to_remove([*older, huge], now=6.0, retention_s=100, budget_bytes=100)] == ["huge"]
+
+
+def test_a_file_of_many_names_is_counted_once(tmp_path):
+    from services.agent.quota import disk_usage
+
+    (tmp_path / "data").write_bytes(os.urandom(1 << 20))
+    once = disk_usage(str(tmp_path))
+    for n in range(50):
+        os.link(tmp_path / "data", tmp_path / f"link-{n}")
+    assert disk_usage(str(tmp_path)) == once
