@@ -6,6 +6,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,9 @@ SEND_AFTER_GRACE_S = 5.0
 
 Publish = Callable[[Message], Awaitable[None]]
 Acknowledge = Callable[[], Awaitable[None]]  # returns once the server has everything published so far, else raises
+
+
+BEAT_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="heartbeat")  # the heartbeat's GPU readings
 
 
 class Agent:
@@ -160,7 +164,10 @@ class Agent:
         running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
         running = running[:MAX_RUNNING]  # what a heartbeat may list (a node running more says the first)
         probe = self.hangs.gpus
-        gpus = await asyncio.to_thread(probe.read, [g.index for g in self.node.gpus]) if probe else ()
+        indices = [g.index for g in self.node.gpus]
+        # on a thread of its own: the shared pool may be full of a task's uploads, and a heartbeat waiting behind
+        # them let the node go silent until it fenced every task (found by review)
+        gpus = await asyncio.get_running_loop().run_in_executor(BEAT_THREAD, probe.read, indices) if probe else ()
         sent_at, sent_wall = (self.fence.clock() if self.fence else 0.0), time.time()
         if not self.connected():  # unsent, hence unacknowledged: the silence grows towards the fence as it should
             log.warning("heartbeat not sent: the bus is not connected")  # looked at last: a loss during the read
