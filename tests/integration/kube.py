@@ -43,6 +43,7 @@ class Served:
         server = await self.server.__aenter__()
         self.emulator.resources["v1/pods"] = {}
         self.emulator.resources["v1/secrets"] = {}
+        self.emulator.resources["networking.k8s.io/v1/networkpolicies"] = {}
         return SimpleNamespace(url=loopback_only(str(server.url).rstrip("/")), emulator=self.emulator)
 
     async def __aexit__(self, *exc) -> None:

@@ -264,3 +264,25 @@ async def test_a_rented_pod_registers_runs_a_job_and_is_deleted_when_idle(k8s, k
 
         report = await poll(charged, timeout_s=20)
         assert report["on_demand"]["cost"] == pytest.approx(report["on_demand"]["seconds"] * 0.8 / 3600, rel=1e-3)
+
+
+async def test_the_clusters_pods_are_kept_from_the_instance_metadata_by_a_network_policy(k8s, tmp_path):
+    """A task is anyone's code, and the node's metadata service serves its role's keys: the Pods had no rule like
+    the EC2 nodes' firewall (found by review). One policy per cluster, made at its first rent."""
+    kube, catalogue = provider(k8s, tmp_path)
+    cluster = kube.settings.cluster_name
+    await kube.provision("od-l4-2", catalogue[0])
+    await kube.provision("od-l4-3", catalogue[0])
+    async with httpx.AsyncClient(base_url=k8s.url) as api:
+        items = (await api.get(f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies")).json()["items"]
+    [policy] = [i for i in items if i["metadata"]["labels"].get("trainmaster.io/cluster") == cluster]
+    spec = policy["spec"]
+    assert spec["podSelector"] == {"matchLabels": {"trainmaster.io/cluster": cluster}}
+    assert spec["policyTypes"] == ["Egress"]
+    blocks = [rule["to"][0]["ipBlock"] for rule in spec["egress"]]
+    assert blocks == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+    ]
+    for node_id in ("od-l4-2", "od-l4-3"):
+        await kube.release(node_id, None)

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod, Secret
+from lightkube.resources.networking_v1 import NetworkPolicy
 from pydantic import Field
 
 from shared.buscreds import NAME
@@ -54,6 +55,26 @@ class KubernetesSettings(NodeBoot):
     data_dir: str = Field("/var/lib/trainmaster", description="The agent's state (an emptyDir) in its Pod.")
 
 
+METADATA_HOSTS = ("169.254.169.254/32", "fd00:ec2::254/128")  # EC2's (and GCE's, Azure's) metadata service
+
+
+def metadata_policy(cluster: str) -> dict[str, Any]:
+    """A NetworkPolicy: the cluster's node Pods may reach any address but the instance metadata service."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"tm-{cluster}-no-metadata", "labels": {LABEL_CLUSTER: cluster}},
+        "spec": {
+            "podSelector": {"matchLabels": {LABEL_CLUSTER: cluster}},
+            "policyTypes": ["Egress"],
+            "egress": [
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [METADATA_HOSTS[0]]}}]},
+                {"to": [{"ipBlock": {"cidr": "::/0", "except": [METADATA_HOSTS[1]]}}]},
+            ],
+        },
+    }
+
+
 class KubernetesProvider:
     name = "kubernetes"
 
@@ -71,6 +92,7 @@ class KubernetesProvider:
         )
         self.deleting: set[str] = set()  # Pods placement deleted: their end is no failure
         self._api: AsyncClient | None = None
+        self.fenced_metadata = False  # this cluster's policy keeping its Pods from the metadata service is made
 
     @property
     def api(self) -> AsyncClient:
@@ -117,12 +139,33 @@ class KubernetesProvider:
         if job:
             pod["metadata"]["annotations"] = {ANNOTATION_JOB: job}
         self.deleting.discard(name)
+        await self._fence_metadata()
         await self._create(Secret.from_dict(secret))
         await self._create(Pod.from_dict(pod))
         await self.maker.launched(node_id, instance)  # the minter asks the API whether its Pod is
         log.info("rented %s as pod %s/%s", node_id, s.namespace, name)
 
-    async def _create(self, body: Pod | Secret) -> None:
+    async def _fence_metadata(self) -> None:
+        """This cluster's Pods may reach anything but the cloud's instance metadata (the node's role and keys: a
+        task is anyone's code), by a NetworkPolicy made once (where the network plugin enforces them). One the API
+        refuses (placement's Role without `networkpolicies`) is said, and renting goes on: the operator's own
+        rule then keeps them (docs/providers.md)."""
+        if self.fenced_metadata:
+            return
+        try:
+            await self._create(NetworkPolicy.from_dict(metadata_policy(self.settings.cluster_name)))
+            self.fenced_metadata = True
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code not in (401, 403, 404):  # the API in trouble: tried again at the next rent
+                raise
+            log.warning(
+                "no NetworkPolicy keeps this cluster's Pods from the instance metadata (%s): keep them from it "
+                "yourself, or grant placement's Role `networkpolicies` create",
+                exc.response.status_code,
+            )
+            self.fenced_metadata = True  # refused: said once
+
+    async def _create(self, body: Pod | Secret | NetworkPolicy) -> None:
         try:
             await self.api.create(body)
         except httpx.HTTPStatusError as exc:  # lightkube's ApiError, or a reply that is no Status
