@@ -144,8 +144,8 @@ async def test_a_restarted_driver_submits_a_stored_but_unsubmitted_trial_once():
     assert doc["trials"][0]["submitted"] is False and "billing away" in doc["message"]
     port.refuse = None
     fresh = Driver(store=store, port=port)  # a new process: nothing in memory
-    await fresh.pass_once(now_ms=T0)
-    await fresh.pass_once(now_ms=T0)
+    await fresh.pass_once(now_ms=T0 + 2_000)  # the refusal's wait past
+    await fresh.pass_once(now_ms=T0 + 2_000)
     assert port.submitted == ["s-unit-t0"]
 
 
@@ -165,10 +165,15 @@ async def test_a_pass_asks_no_more_once_a_trial_is_refused_for_now():
     port.submit = counting
     driver = Driver(store=store, port=port)
     await driver.pass_once(now_ms=T0)
-    await driver.pass_once(now_ms=T0)
+    await driver.pass_once(now_ms=T0 + 1_000)  # within the first refusal's 2-s wait: not asked
+    await driver.pass_once(now_ms=T0 + 2_000)
     assert asked == ["s-unit-t0", "s-unit-t0"]
+    for k in range(6):  # refused in a row: each wait twice the last, up to 5 minutes
+        await driver.pass_once(now_ms=T0 + 2_000 + 2_000 * 2 ** (k + 1) - 1)
+        await driver.pass_once(now_ms=T0 + 2_000 + sum(2_000 * 2 ** (j + 1) for j in range(k + 1)))
+    assert len(asked) == 8  # one more a wait, none early
     port.refuse = None
-    await driver.pass_once(now_ms=T0)
+    await driver.pass_once(now_ms=T0 + 10**7)
     assert port.submitted == [f"s-unit-t{i}" for i in range(8)]  # all of them once there is room
 
 

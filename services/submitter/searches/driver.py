@@ -21,6 +21,7 @@ from services.submitter.searches.store import Conflict, SearchStore
 log = logging.getLogger(__name__)
 SETTLED_KEPT = 2048  # finished trials' curves kept (a few hundred points each)
 SETTLE_S = 10.0  # a finished trial's points are final this long after its end (the estimator reads output late)
+RETRY_MS, MAX_RETRY_MS = 2_000, 300_000  # a trial refused for now is asked again after this, doubling, at most
 ACTIVE = ("Running",)
 
 
@@ -218,14 +219,17 @@ class Driver:
             )
         doc["message"] = why if why != "stopped" else ""
         doc = await self.store.save(doc)  # intentions first: a crash below is finished by the next pass
-        await self.act(doc)
+        await self.act(doc, now_ms=now_ms)
         return await self.finish(doc, spec)
 
-    async def act(self, doc: dict) -> None:
+    async def act(self, doc: dict, *, now_ms: int | None = None) -> None:
         """Tell pruned and stopped trials' jobs to end; submit trials not yet submitted, in order, until one is
         refused for now (a full queue, a quota, a service away: the next trials would be refused alike, each after
-        its checks and its questions to placement and billing; they are asked again at the next pass)."""
-        waiting = False
+        its checks and its questions to placement and billing; they are asked again at a later pass, each refusal
+        in a row doubling the wait, up to `MAX_RETRY_MS`: a search waiting for a month's quota asked placement and
+        billing every 2 s)."""
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        waiting = now_ms < doc.get("retry_at_ms", 0)
         for entry in doc["trials"]:
             if entry.pop("terminate", False) and entry.get("submitted"):
                 who = f"search {doc['_id']} ({entry['state'].lower()}: {entry['reason']})"[:500]
@@ -236,9 +240,13 @@ class Driver:
                         doc, trial=entry["trial"], job_id=entry["job_id"], parameters=entry["parameters"]
                     )
                     entry["submitted"] = True
+                    doc.pop("refusals", None)
+                    doc.pop("retry_at_ms", None)
                 except Submitted as exc:
                     if exc.retry:
                         doc["message"] = f"trial {entry['trial']} waits: {exc.reason}"
+                        doc["refusals"] = refusals = doc.get("refusals", 0) + 1
+                        doc["retry_at_ms"] = now_ms + min(MAX_RETRY_MS, RETRY_MS * 2 ** min(refusals - 1, 16))
                         waiting = True
                     else:
                         entry.update(state="Failed", reason=exc.reason)
