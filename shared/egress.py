@@ -70,9 +70,17 @@ class Policy:
     def host_allowed(self, host: str) -> bool:
         return host.lower().strip("[]").rstrip(".") in self.allow_hosts
 
+    def allows(self, host: str, address: Address | None = None) -> bool:
+        """Whether the operator allows `host` by name, or `address` (the host's literal one where none is given) by
+        one of its networks."""
+        address = address if address is not None else literal(host)
+        return self.host_allowed(host) or (
+            address is not None and any(address in n for n in self.allow_networks if n.version == address.version)
+        )
+
     def check_address(self, host: str, address: Address) -> None:
         """Raise Refused unless the address is public or allowed."""
-        if self.host_allowed(host) or any(address in n for n in self.allow_networks if n.version == address.version):
+        if self.allows(host, address):
             return
         reason = why_blocked(address)
         if reason and literal(host) == address:

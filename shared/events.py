@@ -12,7 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from shared.clock import utcnow
 from shared.jobs import FINISHED, Algorithm, Phase, SecondaryPhase, Spec
 from shared.noderecords import NodeLimits
-from shared.nodes import NodeInfo
+from shared.nodes import NodeInfo, Price
 
 # Ids that become subjects and path segments (a job's directory, its checkpoint prefix): strict on the bus too.
 Id = Annotated[
@@ -343,7 +343,7 @@ class TaskStarted(Message):
     rank: RankNo = 0
     node_id: Id
     node_kind: Cut64
-    price_per_hour: float = Field(ge=0, le=1_000_000, allow_inf_nan=False)
+    price_per_hour: Price
     gpu_count: int = Field(ge=0, le=65_535)
     node_gpu_count: int = Field(
         0,
@@ -529,13 +529,6 @@ class NodeHeartbeat(Message):
     silences: Silences = 0
     running: tuple[TaskRef, ...] = Field((), max_length=MAX_RUNNING)
     gpu_utilization: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
-
-    @field_validator("running", mode="after")
-    @classmethod
-    def _once_each(cls, running: tuple[TaskRef, ...]) -> tuple[TaskRef, ...]:
-        """Each task once: a list of one rank 20,000 times was 20,000 stop commands (found by review)."""
-        return tuple(dict.fromkeys(running))
-
     gpus: tuple[GpuReading, ...] = Field(
         (),
         description="Each GPU of the node as NVML read it for this beat (none "
@@ -546,6 +539,12 @@ class NodeHeartbeat(Message):
     @classmethod
     def _valid_only(cls, raw: object) -> tuple[GpuReading, ...]:
         return readings(raw)
+
+    @field_validator("running", mode="after")
+    @classmethod
+    def _once_each(cls, running: tuple[TaskRef, ...]) -> tuple[TaskRef, ...]:
+        """Each task once: a list of one rank 20,000 times was 20,000 stop commands (found by review)."""
+        return tuple(dict.fromkeys(running))
 
 
 class NodeCadence(Message):

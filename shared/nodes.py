@@ -2,7 +2,7 @@
 
 import ipaddress
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -49,17 +49,19 @@ def datasheet_tflops(model: str) -> float:
     return next((tflops for key, tflops in _DATASHEET if key.search(name)), 0.0)
 
 
+HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
+ZONE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # an IPv6 address's interface
 # What no machine has: a node's claim past them (or not finite) is refused. An infinite GPU memory drew every large
 # job to the node that claimed it and made `GET /v2/nodes` fail (found by review); the cluster file's figures bound
 # each claim further (`shared.noderecords`).
-HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
-ZONE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_GPU_INDEX = 63
 MAX_GPU_MEMORY_GB = 1024.0
 MAX_TFLOPS = 100_000.0
 MAX_CPUS = 65_536.0
 MAX_MEMORY_GB = 65_536.0
 MAX_PRICE_PER_HOUR = 1_000_000.0
+Tflops = Annotated[float, Field(ge=0, le=MAX_TFLOPS, allow_inf_nan=False)]
+Price = Annotated[float, Field(ge=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)]  # dollars an hour
 
 
 class Gpu(BaseModel):
@@ -68,18 +70,9 @@ class Gpu(BaseModel):
     index: int = Field(ge=0, le=MAX_GPU_INDEX)
     model: str = Field(max_length=128, examples=["A100-SXM4-80GB"])
     memory_gb: float = Field(ge=0, le=MAX_GPU_MEMORY_GB, allow_inf_nan=False)
-    tflops: float = Field(
-        ge=0,
-        le=MAX_TFLOPS,
-        allow_inf_nan=False,
-        description="Dense FP16/BF16 tensor TFLOPS of one GPU (the table's figure).",
-    )
-    measured_tflops: float | None = Field(
-        None,
-        ge=0,
-        le=MAX_TFLOPS,
-        allow_inf_nan=False,
-        description="Dense BF16 matmul TFLOPS the agent measured at start (None: not measured).",
+    tflops: Tflops = Field(description="Dense FP16/BF16 tensor TFLOPS of one GPU (the table's figure).")
+    measured_tflops: Tflops | None = Field(
+        None, description="Dense BF16 matmul TFLOPS the agent measured at start (None: not measured)."
     )
 
     @property
@@ -107,13 +100,7 @@ class NodeInfo(BaseModel):
     gpus: tuple[Gpu, ...] = Field((), max_length=MAX_GPU_INDEX + 1)
     cpu_count: float = Field(gt=0, le=MAX_CPUS, allow_inf_nan=False)
     memory_gb: float = Field(gt=0, le=MAX_MEMORY_GB, allow_inf_nan=False)
-    price_per_hour: float = Field(
-        0,
-        ge=0,
-        le=MAX_PRICE_PER_HOUR,
-        allow_inf_nan=False,
-        description="On-demand price, or the amortised price of owned capacity.",
-    )
+    price_per_hour: Price = Field(0, description="On-demand price, or the amortised price of owned capacity.")
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     resources_source: Literal["nvml", "config"] = Field(
         "config", description="nvml: GPUs read from the driver; config: declared in the cluster file (virtual)."

@@ -224,9 +224,14 @@ class Origins:
         self.unplaced.pop(key)
         return key
 
+    async def superseded(self, report: FromTask) -> bool:
+        """Whether a later attempt of the report's job was placed: a node an earlier attempt ran on has no say on
+        the job once it moved (its late output is still the job's log, not its estimate)."""
+        current = await self.current_attempt(report.job_id)
+        return current is not None and report.attempt < current
+
     async def current_attempt(self, job_id: str) -> int | None:
-        """The job's newest attempt placed, as read (None: none read): a node an earlier attempt ran on has no say
-        on the job once it moved (its late output is still the job's log, not its estimate)."""
+        """The job's newest attempt placed, as read (None: none read)."""
         if (attempt := self.latest.get(job_id)) is not None:
             return attempt
         attempts = [d["attempt"] async for d in self.placements.find({"job_id": job_id}, {"attempt": 1})]

@@ -265,16 +265,24 @@ L4_ENTRY = {
 }
 
 
-def requeued(job_id: str, cause: str, *, version: int = 5, attempt: int = 1) -> JobStatusChanged:
-    """The monitor's status that puts a job's attempt back in the queue, for `cause` (node_lost, oom_gpu, ...)."""
+def status_changed(
+    job_id: str, phase: Phase, secondary: SecondaryPhase, *, version: int = 2, **fields: Any
+) -> JobStatusChanged:
+    """The monitor's status `version` of a job of alice's in project p, `fields` as given."""
     return JobStatusChanged(
         event_id=f"{job_id}:status:{version}",
         job_id=job_id,
         project_id="p",
         user_name="alice",
         version=version,
-        phase=Phase.PENDING,
-        secondary_phase=SecondaryPhase.QUEUING,
-        attempt=attempt,
-        requeue_cause=cause,
+        phase=phase,
+        secondary_phase=secondary,
+        **fields,
+    )
+
+
+def requeued(job_id: str, cause: str, *, version: int = 5, attempt: int = 1) -> JobStatusChanged:
+    """The monitor's status that puts a job's attempt back in the queue, for `cause` (node_lost, oom_gpu, ...)."""
+    return status_changed(
+        job_id, Phase.PENDING, SecondaryPhase.QUEUING, version=version, attempt=attempt, requeue_cause=cause
     )

@@ -161,8 +161,8 @@ class Agent:
         """Say which tasks run here and how each GPU is (NVML), then send each task's GPUs as its telemetry."""
         self.heartbeats += 1
         tasks = [t for t in self.tasks.values() if t.stop_reason != FENCED]  # fenced: dead or dying, not running
-        running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in tasks)
-        running = running[:MAX_RUNNING]  # what a heartbeat may list (a node running more says the first)
+        listed = tasks[:MAX_RUNNING]  # what a heartbeat may list (a node running more says the first)
+        running = tuple(TaskRef(job_id=t.start.job_id, attempt=t.start.attempt, rank=t.start.rank) for t in listed)
         probe = self.hangs.gpus
         indices = [g.index for g in self.node.gpus]
         # on a thread of its own: the shared pool may be full of a task's uploads, and a heartbeat waiting behind

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import IO
 
+from shared.buscreds import write_secret
+
 log = logging.getLogger(__name__)
 
 KINDS = ("started", "stopped", "exited", "fenced")
@@ -95,16 +97,10 @@ class Journal:
         self._appended += 1
 
     def _save(self) -> None:
-        """The whole journal as a new snapshot, in its place at once (renamed over it once synced)."""
-        tmp = self.path.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)  # what a crash left, with whatever mode it had
-        # the agent's alone (0600): its job ids name other projects' attempt folders
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-            json.dump({kind: sorted(getattr(self, kind)) for kind in KINDS}, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.replace(self.path)
+        """The whole journal as a new snapshot, in its place at once (renamed over it once synced), the agent's
+        alone (0600: its job ids name other projects' attempt folders)."""
+        snapshot = json.dumps({kind: sorted(getattr(self, kind)) for kind in KINDS}) + "\n"
+        write_secret(self.path, snapshot, private_folder=False)
         if self._file is not None:  # it appended to the file just replaced
             self._file.close()
             self._file = None

@@ -32,6 +32,7 @@ with it, so, as before, no task outlives the agent.
 """
 
 import ctypes
+import functools
 import json
 import os
 import resource
@@ -306,16 +307,8 @@ def confine(launch: dict) -> tuple[dict, bool]:
         )
         namespaced = False
     if namespaced:  # from here on a failure ends the task: it never runs half covered
-        isolate(
-            plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
-            tmpfs_size=launch.get("tmpfs_size"),
-            sizes={"/dev/shm": launch["shm_size"]} if launch.get("shm_size") and counted else None,
-        )
-        for link, target in launch.get("links", {}).items():  # the short TMPDIR, in the task's own /tmp
-            try:
-                os.symlink(target, link)
-            except FileExistsError:  # /tmp not covered: the agent's link on the host is the task's
-                pass
+        shm = {"/dev/shm": launch["shm_size"]} if launch.get("shm_size") and counted else None
+        cover_view(launch, uid=uid, gid=gid, sizes=shm)
         try:
             show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
         except OSError as exc:  # USER, LOGNAME and HOME still name it
@@ -333,6 +326,7 @@ def enter_own_namespaces(uid: int, gid: int) -> None:
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
 
 
+@functools.cache
 def own_namespaces_refused(uid: int, gid: int) -> str | None:
     """Why the host gives this user no namespaces of its own (tried by a forked copy, which then exits), or None:
     on a host that restricts them the unshare itself may pass and what follows fail, leaving a process half in."""
@@ -364,17 +358,24 @@ def confine_own(launch: dict) -> bool:
         )
         return False
     enter_own_namespaces(uid, gid)  # a forked copy just did: from here on a failure ends the task
+    # no cgroup counts /dev/shm: as large as the host's (a DataLoader's workers fill it)
+    cover_view(launch, uid=uid, gid=gid, sizes={"/dev/shm": 0})
+    return True
+
+
+def cover_view(launch: dict, *, uid: int, gid: int, sizes: dict[str, int] | None) -> None:
+    """In the task's mount namespace, its view of the host: the launch's covers over what it may not see, what it
+    must reach shown through them, the short TMPDIR link made again in its own /tmp."""
     isolate(
         plan(reach=launch["reach"], cover={k: int(v) for k, v in launch["cover"].items()}, uid=uid, gid=gid),
         tmpfs_size=launch.get("tmpfs_size"),
-        sizes={"/dev/shm": 0},  # no cgroup counts it: as large as the host's (a DataLoader's workers fill it)
+        sizes=sizes,
     )
     for link, target in launch.get("links", {}).items():
         try:
             os.symlink(target, link)
-        except FileExistsError:
+        except FileExistsError:  # /tmp not covered: the agent's link on the host is the task's
             pass
-    return True
 
 
 def pin(cpus: list[int]) -> None:
@@ -437,6 +438,8 @@ def serve(channel: int, *, agent: int) -> int:
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != agent:  # the agent died before the signal was armed
         return 1
+    if os.geteuid() != 0:  # tried once here, and known to every task this server forks (`confine_own`)
+        own_namespaces_refused(os.getuid(), os.getgid())
     sock = socket.socket(fileno=channel)
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)

@@ -22,14 +22,12 @@ MAX_LINES_PER_CHUNK = 500
 # end waited behind it for ever (found by review).
 MAX_CHUNK_BYTES = 2**21
 LINE_OVERHEAD = 48  # a line's time, stream and field names, encoded
+MIN_CHUNK_BYTES = 2**16  # a server that takes less than this a message is no server to ship output to
+CUT_NOTE = " [trainmaster: cut here, the bus takes no larger message]"
 
 
 def encoded_size(line: LogLine) -> int:
     return len(json.dumps(line.line, ensure_ascii=False).encode(errors="replace")) + LINE_OVERHEAD
-
-
-MIN_CHUNK_BYTES = 2**16  # a server that takes less than this a message is no server to ship output to
-CUT_NOTE = " [trainmaster: cut here, the bus takes no larger message]"
 
 
 def chunk_length(buffer: list[LogLine], cap_bytes: int = MAX_CHUNK_BYTES) -> int:

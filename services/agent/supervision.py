@@ -282,8 +282,9 @@ class Supervisor:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again; its
         TMPDIR link removed."""
         tmplink.remove(self.tmp_links.pop(workdir, tmplink.link_name(workdir / "tmp")), workdir / "tmp")
-        if user is not None and self.confinement is not None and self.confinement.users is not None:
-            self.confinement.users.release(user, workdir=workdir, cgroup=cgroup)  # a task user: confinement's
+        users = self.confinement.users if self.confinement is not None else None
+        if user is not None and users is not None:  # a task user: claimed from the confinement's
+            users.release(user, workdir=workdir, cgroup=cgroup)
         elif cgroup is not None:
             remove(cgroup)
 

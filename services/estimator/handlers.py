@@ -77,8 +77,8 @@ async def on_log_chunk(chunk: LogChunk, message: NatsMessage, estimator: Estimat
     """Jobs' output, from the node each task was placed on (anything else is dropped)."""
     origins = estimator.origins  # None: no record to check the node against, so nothing is believed
     if origins is not None and await origins.admit(chunk, deliveries=deliveries(message)):
-        if (current := await origins.current_attempt(chunk.job_id)) is not None and chunk.attempt < current:
-            return  # a node the job left: its late lines are the job's log (the API's), not its estimate
+        if await origins.superseded(chunk):  # a node the job left: its late lines are the job's log, not its estimate
+            return
         stored = stored_at(message)
         await dispatch(EVENT_HANDLERS, chunk if stored is None else timed_by(chunk, stored.timestamp()), estimator)
 
@@ -109,8 +109,8 @@ async def on_telemetry(
     the bus server stored them (the node's own clock is a claim)."""
     origins = estimator.origins  # None: no record to check the node against, so nothing is believed
     if origins is not None and await origins.admit(sample, deliveries=deliveries(message)):
-        if (current := await origins.current_attempt(sample.job_id)) is not None and sample.attempt < current:
-            return  # a node the job left: its readings would set the job's GPU memory peak
+        if await origins.superseded(sample):  # a node the job left: its readings would set its GPU memory peak
+            return
         stored = stored_at(message)  # to the microsecond: samples sent in one burst keep their order
         timed = sample if stored is None else sample.model_copy(update={"t": stored.timestamp()})
         await dispatch(EVENT_HANDLERS, timed, estimator)

@@ -66,11 +66,20 @@ async def submitted(monitor: Monitor, event: JobSubmitted) -> None:
     """A new job (a redelivered submission changes nothing); one whose termination was asked before it was known
     here is terminated at once."""
     now = utcnow()
-    await monitor.apply(event.job_id, lambda job: None if job else state.submitted(event, now=now), new=True)
-    if monitor.early_terminates and (requested_by := await monitor.take_terminate(event.job_id)) is not None:
-        await monitor.apply(
-            event.job_id, lambda job: None if job is None else state.terminate(job, requested_by=requested_by, now=now)
-        )
+    requested_by = monitor.early_terminates.get(event.job_id)
+
+    def submit(job: state.JobState | None) -> state.Outcome | None:
+        if job:
+            return None
+        new, events = state.submitted(event, now=now)
+        if requested_by is None:
+            return new, events
+        new, more = state.terminate(new, requested_by=requested_by, now=now)
+        return new, [*events, *more]
+
+    await monitor.apply(event.job_id, submit, new=True)
+    if requested_by is not None:  # applied: forgotten
+        await monitor.take_terminate(event.job_id)
 
 
 async def placed(monitor: Monitor, event: JobPlaced) -> None:
@@ -92,13 +101,22 @@ async def task_changed(monitor: Monitor, event: TaskEvent) -> None:
 
 async def terminate(monitor: Monitor, event: JobTerminateRequested) -> None:
     """Someone asked to terminate the job (kept for its submission when it is not known here yet)."""
-    now = utcnow()
-    await monitor.apply(
-        event.job_id,
-        lambda job: None if job is None else state.terminate(job, requested_by=event.requested_by, now=now),
-    )
-    if await monitor.snapshot(event.job_id, now=now) is None:
-        await monitor.remember_terminate(event.job_id, event.requested_by)
+    await terminated(monitor, event, now=utcnow())
+
+
+async def terminated(monitor: Monitor, request: JobTerminateRequested, *, now: datetime) -> bool:
+    """Terminate the job; whether it is known here (one that is not is kept for its submission)."""
+    known = False
+
+    def stop(job: state.JobState | None) -> state.Outcome | None:
+        nonlocal known
+        known = job is not None
+        return None if job is None else state.terminate(job, requested_by=request.requested_by, now=now)
+
+    await monitor.apply(request.job_id, stop)
+    if not known:
+        await monitor.remember_terminate(request.job_id, request.requested_by)
+    return known
 
 
 async def migrate(monitor: Monitor, event: JobMigrateRequested) -> None:
@@ -258,14 +276,7 @@ async def terminate_now(
     """Terminate synchronously so the API can answer with the new phase; None for a job not known here yet (its
     termination then kept for its submission)."""
     now = utcnow()
-    await monitor.apply(
-        request.job_id,
-        lambda job: None if job is None else state.terminate(job, requested_by=request.requested_by, now=now),
-    )
-    answer = await monitor.snapshot(request.job_id, now=now)
-    if answer is None:
-        await monitor.remember_terminate(request.job_id, request.requested_by)
-    return answer
+    return await monitor.snapshot(request.job_id, now=now) if await terminated(monitor, request, now=now) else None
 
 
 @router.subscriber(RPC_MIGRATE)

@@ -348,20 +348,13 @@ def write(
 def route_secret(root: Path) -> str:
     """The password the cluster's servers route to each other with: made once, kept beside the keys (0600)."""
     path = root / "route.secret"
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         if kept := path.read_text().strip():
             return kept
     except FileNotFoundError:
         pass
-    secret = secrets.token_hex(24)  # written whole or not at all: an empty one would be a password ""
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(secret)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
+    secret = secrets.token_hex(24)
+    write_secret(path, secret)  # whole or not at all: an empty one would be a password ""
     return secret
 
 
@@ -382,13 +375,8 @@ def write_routes(root: Path, routes: list[str]) -> Path:
     for route in routes:
         if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}:[0-9]{1,5}", route):
             raise SystemExit(f"--routes: {route!r} is not host:port")
-    path = root / "server" / "routes.conf"
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
-        f.write(routes_config(route_secret(root), routes))
-    tmp.replace(path)
-    return path
+    config = routes_config(route_secret(root), routes)
+    return write_secret(root / "server" / "routes.conf", config, private_folder=False)
 
 
 if __name__ == "__main__":

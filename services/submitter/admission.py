@@ -2,7 +2,7 @@
 
 from shared.bus import RPC_ADMIT
 from shared.jobs import JobCreate
-from shared.rpc import AdmitQuery, AdmitReply, CandidatesReply
+from shared.rpc import AdmitQuery, AdmitReply, Candidate, CandidatesReply
 from services.submitter.refusals import NotAdmitted
 from services.submitter.rpc import Requester
 
@@ -16,8 +16,7 @@ def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float
     placement must not stop submissions)."""
     resource = body.spec.resource
     gpus = resource.gpu_count * resource.node_count
-    decided = answer.candidates[0] if answer and answer.candidates else None
-    if decided is None:
+    if (decided := first(answer)) is None:
         hours = (body.spec.placement.expected_duration_s or DEFAULT_DURATION_S) / 3600
         return DEFAULT_PRICE_PER_HOUR * resource.node_count * hours, gpus * hours
     return decided.expected_cost, gpus * decided.predicted_duration_s / 3600
@@ -26,10 +25,15 @@ def price(body: JobCreate, answer: CandidatesReply | None) -> tuple[float, float
 def price_per_hour(body: JobCreate, answer: CandidatesReply | None) -> float:
     """Dollars an hour of the job's run as admission prices it: its cost over its predicted duration (a job
     without GPUs too: by GPU-hours, a CPU-only search's budget in dollars was never spent)."""
-    decided = answer.candidates[0] if answer and answer.candidates else None
-    if decided is None or decided.predicted_duration_s <= 0:
-        return DEFAULT_PRICE_PER_HOUR * body.spec.resource.node_count if decided is None else 0.0
-    return decided.expected_cost / (decided.predicted_duration_s / 3600)
+    if (decided := first(answer)) is None:
+        return DEFAULT_PRICE_PER_HOUR * body.spec.resource.node_count
+    hours = decided.predicted_duration_s / 3600
+    return decided.expected_cost / hours if hours > 0 else 0.0
+
+
+def first(answer: CandidatesReply | None) -> Candidate | None:
+    """The placement the policy would decide (placement lists it first); None where none fits or none answered."""
+    return answer.candidates[0] if answer and answer.candidates else None
 
 
 async def admit(

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from shared.bus import TRANSIENT_ERRORS
-from shared.egress import Policy, Refused, check_url, guarded_client, literal
+from shared.egress import Policy, Refused, check_url, guarded_client
 from services.submitter.audit import url_origin
 from services.submitter.auth import Principal, authenticate
 from services.submitter.deps import ProjectId, use_cases
@@ -242,15 +242,12 @@ async def post(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[s
         return "unreachable"
 
 
-async def over_https_if_public(policy: Policy, url: str) -> None:
+def refuse_plain_http(policy: Policy, url: str) -> None:
     """Refused: a plain http:// webhook to a host the operator does not allow (its deliveries, the project's
     notifications, would cross networks in clear); http:// stays for hosts it allows by name and addresses in
     networks it allows, judged without DNS (a name's addresses may change after this check)."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or parts.hostname is None or policy.host_allowed(parts.hostname):
-        return
-    address = literal(parts.hostname)
-    if address is not None and any(address in n for n in policy.allow_networks if n.version == address.version):
+    if parts.scheme != "http" or parts.hostname is None or policy.allows(parts.hostname):
         return
     raise Refused(
         f"{parts.hostname} is not a host the operator allows by name nor an address in a network it allows: a "
@@ -267,9 +264,9 @@ async def configure(
     project_id: ProjectId, body: NotificationSettings, request: Request, principal: Principal = Depends(authenticate)
 ):
     principal.require_project(project_id)
-    url = str(body.webhook_url) if body.webhook_url else None
-    if url:
-        if body.webhook_url is not None and (body.webhook_url.username or body.webhook_url.password):
+    hook, url = body.webhook_url, str(body.webhook_url) if body.webhook_url else None
+    if hook is not None and url:
+        if hook.username or hook.password:
             raise Invalid(
                 "webhook_url",
                 "credentials in the URL (user:password@) are not taken: every member of the project is shown the "
@@ -277,7 +274,7 @@ async def configure(
             )
         try:
             await check_url(request.app.state.egress, url)
-            await over_https_if_public(request.app.state.egress, url)
+            refuse_plain_http(request.app.state.egress, url)
         except Refused as exc:
             raise Invalid(
                 "webhook_url",

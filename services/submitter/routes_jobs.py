@@ -106,15 +106,15 @@ async def delete_job(
     project_id: ProjectId, job_id: JobId, request: Request, principal: Principal = Depends(authenticate)
 ) -> Response:
     visible(principal, project_id, job_id)
-    submitter = use_cases(request)
-    doc = await submitter.stored(project_id, job_id)
-    search_id = doc.get("search_id")
-    search = await request.app.state.searches.get(project_id, search_id) if search_id else None
-    if search is not None and search["phase"] == "Running":  # its hours count against the search's budget
-        raise WrongPhase(
-            job_id, phase=f"a trial of search {search_id}, which runs", done="deleted", hint="; stop the search first"
-        )
-    await submitter.delete(project_id=project_id, job_id=job_id)
+
+    async def not_a_running_search_trial(doc: dict) -> None:  # its hours count against the search's budget
+        search_id = doc.get("search_id")
+        search = await request.app.state.searches.get(project_id, search_id) if search_id else None
+        if search is not None and search["phase"] == "Running":
+            running = f"a trial of search {search_id}, which runs"
+            raise WrongPhase(job_id, phase=running, done="deleted", hint="; stop the search first")
+
+    await use_cases(request).delete(project_id=project_id, job_id=job_id, check=not_a_running_search_trial)
     return Response(status_code=204)
 
 

@@ -172,13 +172,17 @@ class Submitter:
         )
         await send_command(self.requester.broker, self.repo, command, RPC_TERMINATE)
 
-    async def delete(self, *, project_id: str, job_id: str) -> None:
+    async def delete(
+        self, *, project_id: str, job_id: str, check: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    ) -> None:
         """Delete a finished job: announced first (a finished job stays finished), so a failed publish deletes
         nothing and the call can be repeated, where a delete first would lose the announcement with the record
-        that could carry it."""
+        that could carry it. `check`: what else may refuse it, given the stored job (a search's trial)."""
         doc = await self.stored(project_id, job_id)
         if doc["status"]["phase"] not in FINISHED_NAMES:
             raise NotFinished(job_id, phase=doc["status"]["phase"])
+        if check is not None:
+            await check(doc)
         await publish(self.requester.broker, JobDeleted(event_id=f"{job_id}:deleted", job_id=job_id))
         await self.repo.delete(job_id, finished=FINISHED_NAMES)
 

@@ -12,7 +12,7 @@ from shared.rpc import UsageQuery
 from services.billing.handlers import router as billing_router
 from services.placement.handlers import router as placement_router
 from tests.billing_twin import in_memory
-from tests.factories import T0, exited, node, placed, started, submitted
+from tests.factories import T0, exited, node, placed, started, status_changed, submitted
 from tests.memory import ReadCounting
 from tests.service.conftest import placement_service, recorder
 from tests.service.test_billing_lifetimes import deliver
@@ -245,13 +245,6 @@ async def test_a_jobs_planned_end_goes_with_its_attempt_and_its_end(slow_job):
     broker, service, _ = slow_job
     await publish(broker, estimate("j", remaining_s=60, at=T0 + timedelta(seconds=50)))
     assert "j" in service.inputs.expected_end
-    done = running("j").model_copy(
-        update={
-            "event_id": "j:status:4",
-            "version": 4,
-            "phase": Phase.COMPLETED,
-            "secondary_phase": SecondaryPhase.COMPLETED,
-        }
-    )
+    done = status_changed("j", Phase.COMPLETED, SecondaryPhase.COMPLETED, version=4, attempt=1)
     await publish(broker, done)
     assert "j" not in service.inputs.expected_end

@@ -620,10 +620,12 @@ def test_a_host_that_refuses_a_users_namespaces_after_the_unshare_runs_the_task_
             return -1
 
     monkeypatch.setattr(shim, "LIBC", Refusing())
+    shim.own_namespaces_refused.cache_clear()  # tried once a process (the forking server's children inherit it)
     assert shim.own_namespaces_refused(os.getuid(), os.getgid()) is not None
     launch = {"reach": [], "cover": {"/nonexistent": 0o755}, "tmpfs_size": None, "links": {}}
     assert shim.confine_own(launch) is False
     assert "no namespaces of its own for this task" in capsys.readouterr().err
+    shim.own_namespaces_refused.cache_clear()
 
 
 DEEP = r"""
@@ -669,3 +671,18 @@ def test_a_tree_too_deep_to_measure_is_past_every_quota(tmp_path):
     assert disk_usage(str(top)) == UNMEASURABLE
     remove_tree(top)
     assert not top.exists()
+
+
+@root_only
+async def test_a_jobs_own_virtual_env_variable_opens_nothing_to_its_task(tmp_path):
+    """The folder a job named as its VIRTUAL_ENV was put in its task's reach whatever it was: a job on a node with
+    no default engine read another project's storage under the covered data directory (found by review)."""
+    other = tmp_path / "data" / "storage" / "other-project"
+    other.mkdir(parents=True)
+    (other / "secret.txt").write_text("theirs\n")
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)  # no engine, no default one
+    command = f"cat {other}/secret.txt; echo status $?"
+    done, output = await run(agent, start(unique("venv"), command, environments={"VIRTUAL_ENV": str(other)}), sent)
+    assert done.reason == "completed", output
+    assert "theirs" not in output and output.splitlines()[-1] != "status 0", output

@@ -10,13 +10,13 @@ from nats.errors import NoRespondersError
 
 from shared import asking
 from shared.bus import RPC_ADMIT, RPC_PREDICT, RPC_TERMINATE
-from shared.events import JobStatusChanged, JobTerminateRequested
+from shared.events import JobTerminateRequested
 from shared.jobs import Phase, SecondaryPhase
 from shared.rpc import AdmitQuery, PredictQuery
 from services.placement.estimates import Estimates
 from services.placement.fleet import Fleet
 from services.submitter.commands import send_command
-from tests.factories import unique
+from tests.factories import status_changed, unique
 
 
 @dataclass
@@ -89,15 +89,7 @@ async def test_placement_s_first_estimate_waits_for_the_estimator_to_listen():
 
 async def test_a_terminate_asked_while_the_monitor_does_not_listen_yet_is_answered_not_sent_the_slow_way():
     job_id = unique("job")
-    status = JobStatusChanged(
-        event_id=f"{job_id}:status:2",
-        job_id=job_id,
-        project_id="p",
-        user_name="alice",
-        version=2,
-        phase=Phase.TERMINATED,
-        secondary_phase=SecondaryPhase.TERMINATED,
-    )
+    status = status_changed(job_id, Phase.TERMINATED, SecondaryPhase.TERMINATED)
     broker, applied = LateBroker(status.model_dump(mode="json")), []
 
     async def apply_status(event):

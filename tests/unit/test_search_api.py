@@ -181,7 +181,9 @@ async def test_a_project_runs_at_most_its_cap_of_searches_at_once():
     assert sorted(d["name"] for d in db.api_searches.docs.values() if d["project_id"] == "vision") == ["a", "b", "c"]
 
 
-async def test_a_trial_job_of_a_running_search_is_not_deleted():
+async def test_a_trial_job_of_a_running_search_is_not_deleted(monkeypatch):
+    from services.submitter import usecases
+
     """Its hours count against the search's budget, read from its job: deleting finished trial jobs refunded the
     budget (found by review). Once the search ended, its trial jobs go as any finished job."""
     app, db, _ = await make_app()
@@ -198,12 +200,12 @@ async def test_a_trial_job_of_a_running_search_is_not_deleted():
         db.api_searches.docs[search_id]["phase"] = "Stopped"
         deleted = []
 
-        async def delete(**job):
-            deleted.append(job)
+        async def announced(broker, message):  # the deletion's announcement (the fake broker publishes nothing)
+            deleted.append(message.job_id)
 
-        app.state.submitter.delete = delete
+        monkeypatch.setattr(usecases, "publish", announced)
         assert (await api.delete(f"/v2/vision/training-jobs/{search_id}-t0")).status_code == 204
-        assert deleted == [{"project_id": "vision", "job_id": f"{search_id}-t0"}]
+        assert deleted == [f"{search_id}-t0"] and await db.api_jobs.find_one({"_id": f"{search_id}-t0"}) is None
 
 
 def test_a_cpu_only_trial_has_a_price_per_hour():
