@@ -174,6 +174,10 @@ class BusLink:
         logging.shutdown()
         os._exit(BUS_CLOSED_EXIT)
 
+    def callbacks(self) -> dict[str, Any]:
+        """The link as a NATS client's callbacks (nats-py's `connect` options)."""
+        return {"disconnected_cb": self.disconnected, "reconnected_cb": self.reconnected, "closed_cb": self.closed}
+
     async def disconnected(self) -> None:
         self.connected, self.changed_at = False, time.monotonic()
 
@@ -200,11 +204,7 @@ def make_broker(
     inboxes (`replies.ReplyGuard`). ca_file: the CA that signed the server's certificate, for a `tls://` URL.
     """
     pulls.install()  # a fetch hands over a message as soon as it comes (`shared/pulls.py`)
-    options: dict[str, Any] = (
-        {"disconnected_cb": link.disconnected, "reconnected_cb": link.reconnected, "closed_cb": link.closed}
-        if link
-        else {}
-    )
+    options: dict[str, Any] = link.callbacks() if link else {}
     tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
     if creds:
         options["security"] = NatsCredentials(str(creds), ssl_context=tls)

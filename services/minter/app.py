@@ -327,9 +327,7 @@ class MinterProcess:
             tls=self.tls,
             inbox_prefix=busroles.inbox(busroles.MINTER),
             max_reconnect_attempts=-1,
-            disconnected_cb=self.link.disconnected,
-            reconnected_cb=self.link.reconnected,
-            closed_cb=self.link.closed,
+            **self.link.callbacks(),
         )
         for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE):
             await client.subscribe(subject, cb=self.on_request)
