@@ -154,7 +154,7 @@ class Mirror:
         inside = local.relative_to(anchor).as_posix() if local != anchor else ""
         if inside and not _reached(anchor, inside):  # a link on the way (`outputs -> /`): not the task's folder
             return uploaded
-        current = _scan(local)
+        current = _scan(local, most=MAX_MIRRORED_FILES)
         refused: dict[str, OSError] = {}
         root = None
         if self.local:
@@ -371,9 +371,17 @@ def _reached(anchor: Path, inside: str) -> bool:
         os.close(fd)
 
 
-def _scan(local: Path, *, partial: bool = False) -> Manifest:
+MAX_MIRRORED_FILES = 100_000  # files a checkpoint or output folder may hold to be mirrored
+
+
+class TooManyFiles(ValueError):
+    """A task's folder holds more files than a mirror keeps track of: nothing of it is mirrored."""
+
+
+def _scan(local: Path, *, partial: bool = False, most: int | None = None) -> Manifest:
     """The regular files under `local` (no link followed or listed), those named as being written (`PARTIAL`) only
-    with `partial`."""
+    with `partial`; `TooManyFiles` past `most` (a task's folder of millions of empty files was a manifest of
+    hundreds of MB in the agent, walked again at every sync)."""
     manifest: Manifest = {}
     if os.path.islink(local):  # os.walk follows a link at its top: the task's link to `/` had the agent walk the host
         return manifest
@@ -388,6 +396,8 @@ def _scan(local: Path, *, partial: bool = False) -> Manifest:
                 continue
             if stat.S_ISREG(info.st_mode):  # links and devices are not the task's data
                 manifest[str(path.relative_to(local))] = (info.st_size, info.st_mtime_ns)
+                if most is not None and len(manifest) > most:
+                    raise TooManyFiles(f"{local.name} holds more than {most:,} files: not mirrored")
     return manifest
 
 

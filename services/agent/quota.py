@@ -2,8 +2,10 @@
 quota; no single file may grow past the quota at all (RLIMIT_FSIZE, set by the shim).
 
 What bounds it: the quota plus what the task writes between two measurements (DISK_CHECK_S at the disk's write
-speed). Its private /tmp, /var/tmp, /dev/shm and /run/lock are memory (tmpfs of bounded size, counted in its
-memory cgroup), not disk.
+speed). Each file and folder counts as at least its share of the disk's inodes (`inode_share`): empty files take no
+blocks, and a task that made millions of them used up the node's inodes (every other task's next file refused)
+within a quota that measured nothing. Its private /tmp, /var/tmp, /dev/shm and /run/lock are memory (tmpfs of
+bounded size, counted in its memory cgroup), not disk.
 """
 
 import asyncio
@@ -21,12 +23,28 @@ DISK_CHECK_S = 2.0
 
 UNMEASURABLE = 2**62  # the usage of a tree a task made too deep to measure: past every quota
 TOO_DEEP = (errno.ENAMETOOLONG, errno.ELOOP)
+MAX_INODE_SHARE = 64 * 1024  # a file system that reports very few inodes (or odd figures) charges no more a file
 
 
-def disk_usage(top: str) -> int:
-    """Bytes of disk used under `top` (allocated blocks, following no link, each directory counted too). A folder
-    whose path is too long to open (a task nesting long names past 4,096 bytes hid what was under it from the
-    quota) makes the tree `UNMEASURABLE`."""
+def inode_share(path: str) -> int:
+    """The bytes of disk per inode of the file system holding `path` (ext4's default is 16 KiB): what a file or
+    folder counts for at least, so a quota that is a share of the disk is the same share of its inodes. 0 where
+    the file system does not say (reports no inodes: btrfs, some network file systems)."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return 0
+    if fs.f_files <= 0:
+        return 0
+    return min(MAX_INODE_SHARE, fs.f_blocks * fs.f_frsize // fs.f_files)
+
+
+def disk_usage(top: str, *, floor: int = 0, limit: int | None = None) -> int:
+    """Bytes of disk used under `top` (allocated blocks, following no link, each directory counted too; each entry
+    at least `floor`). A folder whose path is too long to open (a task nesting long names past 4,096 bytes hid what
+    was under it from the quota) makes the tree `UNMEASURABLE`. With `limit`, the walk ends as soon as the total
+    passes it (what it returns is then past `limit`, not the whole): a tree of millions of entries is not walked
+    to its end, nor are its folders all held at once, to find it over a quota."""
     total, stack, seen = 0, [top], set()  # a file of several names (hard links) counted once
     while stack:
         path = stack.pop()
@@ -43,7 +61,9 @@ def disk_usage(top: str) -> int:
                         if (st.st_dev, st.st_ino) in seen:
                             continue
                         seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
+                    total += max(st.st_blocks * 512, floor)
+                    if limit is not None and total > limit:
+                        return total
                     if stat.S_ISDIR(st.st_mode):
                         stack.append(entry.path)
         except OSError as exc:
@@ -58,13 +78,18 @@ def over_quota(used: int, quota_gb: float) -> bool:
 
 
 async def past_quota(task: "TaskProcess", quota_gb: float) -> bool:
-    """Whether the task's working directory holds more than `quota_gb` (noted in its last output when so)."""
-    used = await asyncio.to_thread(disk_usage, str(task.workdir))
+    """Whether the task's working directory holds more than `quota_gb`, each file and folder counted as at least
+    its share of the disk's inodes (noted in its last output when so)."""
+    top = str(task.workdir)
+    floor = await asyncio.to_thread(inode_share, top)
+    used = await asyncio.to_thread(disk_usage, top, floor=floor, limit=int(quota_gb * 2**30))
     if not over_quota(used, quota_gb):
         return False
     task.disk_full = True
+    counted = f"; each file and folder counts as at least {floor // 1024} KiB, its share of the disk's inodes"
     task.tail.append(
-        f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory ({used / 2**30:.2f} GB)"
+        f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory"
+        + (f" ({used / 2**30:.2f} GB at least{counted if floor else ''})" if used < UNMEASURABLE else " (too deep)")
     )
     return True
 

@@ -149,6 +149,8 @@ class TaskProcess:
     disk_full: bool = False  # wrote more than its disk quota to its working directory
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
+    unmirrored: set[str] = field(default_factory=set)  # folders held past MAX_MIRRORED_FILES: not tried again
+    note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM

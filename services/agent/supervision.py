@@ -18,7 +18,7 @@ from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, local_check, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
-from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror
+from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
@@ -198,6 +198,7 @@ class Supervisor:
                 links={env["TMPDIR"]: str(workdir / "tmp")} if link is not None else None,
             )
             task.update_every_s = self.output_update_s
+            task.note = note
         except asyncio.CancelledError:
             await self._give_back(workdir, user, cgroup)
             await shipper.close()
@@ -244,6 +245,7 @@ class Supervisor:
             await past_quota(task, self.disk_quota_gb)
         if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
             await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
+        task.note = None  # its output ends here (a folder found unsaved from now on: said in its end's message)
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
             await self._give_back(task.workdir, task.user, task.cgroup)
             await shipper.close()
@@ -295,8 +297,8 @@ class Supervisor:
 
     async def _upload(self, task: TaskProcess, output: DataOut) -> None:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
-        if task.stop_reason == FENCED:  # its attempt may already run elsewhere: that one writes, not this
-            return
+        if task.stop_reason == FENCED or f"output {output.name}" in task.unmirrored:  # (fenced: the next attempt
+            return  # may already run elsewhere: that one writes, not this)
         try:
             task.uploaded[output.name] = await asyncio.to_thread(
                 Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
@@ -305,6 +307,8 @@ class Supervisor:
                 delete=False,
                 anchor=task.workdir,
             )
+        except TooManyFiles as exc:
+            unmirrored(task, f"output {output.name}", exc)
         except Exception as exc:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
@@ -316,8 +320,8 @@ class Supervisor:
                 await self._sync_once(task)
 
     async def _sync_once(self, task: TaskProcess) -> None:
-        if task.stop_reason == FENCED:  # the next attempt may have restored the checkpoint: it is its writer now
-            return
+        if task.stop_reason == FENCED or "checkpoint" in task.unmirrored:  # (fenced: the next attempt may have
+            return  # restored the checkpoint: it is its writer now)
         try:
             task.manifest = await asyncio.to_thread(
                 self.checkpoints.sync,
@@ -327,8 +331,21 @@ class Supervisor:
                 task.manifest,
                 task.workdir,
             )
+        except TooManyFiles as exc:
+            unmirrored(task, "checkpoint", exc)
         except Exception as exc:  # storage hiccup: the next sync tries again
             log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
+
+
+def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles) -> None:
+    """A folder of the task that holds too many files is mirrored no more for the task's life (each try walked
+    all of it again, at every change), which its output says once, at its end."""
+    task.unmirrored.add(folder)
+    said = f"the {folder} folder is not saved: {exc}"
+    task.tail.append(f"[trainmaster] {said}")
+    if task.note is not None:
+        task.note(said)
+    log.warning("%s of %s not mirrored: %s", folder, task.start.job_id, exc)
 
 
 def started_event(node: NodeInfo, boot_id: str, task: TaskProcess) -> TaskStarted:

@@ -358,6 +358,64 @@ async def test_a_task_that_writes_past_its_quota_and_exits_before_a_look_fails_a
     assert ended.reason == "failed" and "wrote more than 0.05 GB to its work directory" in ended.message, ended
 
 
+async def test_a_task_making_empty_files_past_its_share_of_the_inodes_is_stopped(tmp_path):
+    """Empty files take no blocks: a task that made millions used up the node's inodes within a quota that measured
+    nothing (found by review). Each counts as its share of the disk's inodes (16 KiB on ext4): 20,000 of them are
+    past 0.05 GB."""
+    from services.agent.quota import inode_share
+
+    if inode_share(str(tmp_path)) < 4096:
+        pytest.skip("this file system gives no inode share to count")
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.05)
+    make = 'mkdir e && cd e && for i in $(seq 20); do touch $(seq -f "$i-%g" 1000); sleep 0.1; done; echo MADE'
+    ended, output = await run(agent, start(unique("inodes"), make), sent)
+    assert ended.reason == "failed" and "wrote more than 0.05 GB to its work directory" in ended.message, ended
+    assert "its share of the disk's inodes" in ended.message and "MADE" not in output, (ended, output)
+
+
+async def test_a_checkpoint_folder_of_too_many_files_is_not_mirrored_and_the_task_is_told(tmp_path, monkeypatch):
+    """A task's checkpoint folder of millions of empty files was a manifest of hundreds of MB in the agent, walked
+    again at every change (found by review): past the cap it is left alone for the task's life, said once."""
+    from services.agent import checkpoints
+
+    monkeypatch.setattr(checkpoints, "MAX_MIRRORED_FILES", 50)
+    syncs: list[str] = []  # what each sync's scan met (a restore's scan, at the start, is not one)
+    scan = checkpoints._scan
+
+    def scanned(local, **kw):
+        try:
+            found = scan(local, **kw)
+        except checkpoints.TooManyFiles:
+            syncs.append("too many")
+            raise
+        if "most" in kw:
+            syncs.append(f"{len(found)} files")
+        return found
+
+    monkeypatch.setattr(checkpoints, "_scan", scanned)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    job_id = unique("many")
+    make = "cd $TRAINMASTER_CHECKPOINT_DIR && touch $(seq -f 'c%g' 1 60) && sleep 1.5 && touch more && echo MADE"
+    ended, output = await run(agent, start(job_id, make), sent)
+    assert ended.reason == "completed" and "MADE" in output, (ended, output)
+    assert output.count("the checkpoint folder is not saved: checkpoint holds more than 50 files") == 1, output
+    assert syncs[-1] == "too many" and syncs.count("too many") == 1, syncs  # not walked again (0.2-s syncs)
+    saved = tmp_path / "data" / "checkpoints" / "p" / job_id
+    assert not saved.exists() or len(list(saved.iterdir())) < 50  # a sync before the 60 were all there: theirs
+
+
+def test_a_measure_past_its_limit_ends_there_and_counts_each_entry_at_least_its_floor(tmp_path):
+    from services.agent.quota import disk_usage
+
+    for i in range(100):
+        (tmp_path / f"f{i}").touch()
+    assert disk_usage(str(tmp_path)) == 0  # empty files: no blocks
+    assert disk_usage(str(tmp_path), floor=1000) == 100_000
+    assert disk_usage(str(tmp_path), floor=1000, limit=10_500) == 11_000  # stopped at the 11th: past the limit
+
+
 async def test_no_single_file_grows_past_the_disk_quota(tmp_path):
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0, disk_quota_gb=0.01)
