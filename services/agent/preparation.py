@@ -18,6 +18,7 @@ from shared.storage import StoragePolicy, local_check
 from services.agent.checkpoints import Mirror
 from services.agent.downloads import Downloads
 from services.agent.sizecap import Tally, TooLarge
+from services.agent.transfers import transfer
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900
@@ -114,7 +115,7 @@ class Preparer:
                 await self.downloads.fetch(url, target, tally)
                 return
             check = local_check(self.storage, project) if self.storage is not None else None
-            files = await asyncio.to_thread(Mirror(url, check=check).restore, target, tally)
+            files = await transfer(Mirror(url, check=check).restore, target, tally)
         except TooLarge as exc:  # the task will not run: what this fetch wrote goes too
             await asyncio.to_thread(shutil.rmtree, target, True)
             raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc

@@ -151,6 +151,7 @@ class TaskProcess:
     uploaded: dict[str, dict] = field(default_factory=dict)
     unmirrored: set[str] = field(default_factory=set)  # folders held past MAX_MIRRORED_FILES: not tried again
     note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
+    transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM

@@ -47,6 +47,7 @@ from services.agent.runner import (
 from services.agent.shipping import LogShipper
 from services.agent.spawner import SpawnerGone, spawner
 from services.agent.taskenv import thread_defaults
+from services.agent.transfers import transfer
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ class Supervisor:
                 )
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            manifest = await asyncio.to_thread(
+            manifest = await transfer(
                 self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"
             )
             (workdir / "tmp").mkdir(exist_ok=True)
@@ -300,13 +301,14 @@ class Supervisor:
         if task.stop_reason == FENCED or f"output {output.name}" in task.unmirrored:  # (fenced: the next attempt
             return  # may already run elsewhere: that one writes, not this)
         try:
-            task.uploaded[output.name] = await asyncio.to_thread(
-                Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
-                output_dir(task.workdir, output),
-                task.uploaded.get(output.name, {}),
-                delete=False,
-                anchor=task.workdir,
-            )
+            async with task.transferring:
+                task.uploaded[output.name] = await transfer(
+                    Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
+                    output_dir(task.workdir, output),
+                    task.uploaded.get(output.name, {}),
+                    delete=False,
+                    anchor=task.workdir,
+                )
         except TooManyFiles as exc:
             unmirrored(task, f"output {output.name}", exc)
         except Exception as exc:
@@ -323,14 +325,15 @@ class Supervisor:
         if task.stop_reason == FENCED or "checkpoint" in task.unmirrored:  # (fenced: the next attempt may have
             return  # restored the checkpoint: it is its writer now)
         try:
-            task.manifest = await asyncio.to_thread(
-                self.checkpoints.sync,
-                task.start.project_id,
-                task.start.job_id,
-                task.workdir / "checkpoint",
-                task.manifest,
-                task.workdir,
-            )
+            async with task.transferring:
+                task.manifest = await transfer(
+                    self.checkpoints.sync,
+                    task.start.project_id,
+                    task.start.job_id,
+                    task.workdir / "checkpoint",
+                    task.manifest,
+                    task.workdir,
+                )
         except TooManyFiles as exc:
             unmirrored(task, "checkpoint", exc)
         except Exception as exc:  # storage hiccup: the next sync tries again

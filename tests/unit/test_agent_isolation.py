@@ -406,6 +406,41 @@ async def test_a_checkpoint_folder_of_too_many_files_is_not_mirrored_and_the_tas
     assert not saved.exists() or len(list(saved.iterdir())) < 50  # a sync before the 60 were all there: theirs
 
 
+async def test_a_task_whose_uploads_hang_holds_no_other_tasks_start_or_end(tmp_path, monkeypatch):
+    """A task's uploads ran on the default pool beside every task's start and end: one with 20 outputs uploaded each
+    second to a storage that hung held all of its threads, and the next task never started (found by review).
+    Now one of its copies at a time, on threads of their own."""
+    import threading
+
+    from services.agent import checkpoints
+
+    hung, copies = threading.Event(), []
+    sync = checkpoints.Mirror.sync
+
+    def stuck(self, local, uploaded, **kw):
+        if "/hung-" in self.url:
+            copies.append(self.url)
+            hung.wait(30)
+        return sync(self, local, uploaded, **kw)
+
+    monkeypatch.setattr(checkpoints.Mirror, "sync", stuck)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    storage = tmp_path / "data" / "storage" / "p"
+    outputs = [{"name": f"o{i}", "url": f"file://{storage}/hung-{i}", "period_s": 1} for i in range(20)]
+    slow = start(unique("slow"), "sleep 8", outputs=outputs)
+    try:
+        await agent.start(slow)
+        await asyncio.sleep(2.5)  # every output's first upload due, and hung
+        other, output = await asyncio.wait_for(run(agent, start(unique("other"), "echo OTHER"), sent), 15)
+        assert other.reason == "completed" and "OTHER" in output, (other, output)
+        assert len(copies) == 1, copies  # one of the slow task's copies at a time
+    finally:
+        hung.set()
+    done, _ = await ended(slow.job_id, sent)
+    assert done.reason == "completed", done
+
+
 def test_a_measure_past_its_limit_ends_there_and_counts_each_entry_at_least_its_floor(tmp_path):
     from services.agent.quota import disk_usage
 
