@@ -33,7 +33,15 @@ from services.agent.fence import (
 )
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
-from services.agent.isolation import Confinement, TaskUsers, confinement, is_root, private_dir, shadow_uid
+from services.agent.isolation import (
+    Confinement,
+    TaskUsers,
+    close_to_others,
+    confinement,
+    is_root,
+    private_dir,
+    shadow_uid,
+)
 from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
@@ -41,6 +49,7 @@ from services.agent.preparation import Preparer
 from services.agent.resources import describe_node, node_entries
 from services.agent.retention import SWEEP_S, Retention
 from services.agent.runner import SDK_DIR
+from services.agent.shim import mount_namespaces_refused
 from services.agent.sizecap import GB, Tally
 from services.agent.spot import SpotWatcher, leave_on_notice
 from services.agent.throughput import measure_tflops
@@ -291,6 +300,18 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
             first_uid=task_uid_first(settings), count=settings.task_uid_count, lock_dir=task_uid_locks(settings)
         )
     local_roots = [Path(p) for p in (local_path(storage.storage_root), local_path(storage.checkpoint_root)) if p]
+    if users is not None and (refused := mount_namespaces_refused()) is not None:
+        # no view of their own to cover these in (a Pod without CAP_SYS_ADMIN): every project's files were
+        # readable to every task through their 0755 folders; closed, only the agent (root) copies in and out
+        open_ = close_to_others(local_roots)
+        log.warning(
+            "tasks get no mount namespaces of their own (%s): they run as users of their own with the host's view; "
+            "the local storage folders are closed to them (0700)%s",
+            refused,
+            f", but for {', '.join(map(str, open_))} (not the agent's, or not readable): every task may read them"
+            if open_
+            else "",
+        )
     return confinement(
         users=users,
         sdk_dir=SDK_DIR,

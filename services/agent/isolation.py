@@ -488,6 +488,24 @@ def writable_by_anyone(
     return list(found)
 
 
+def close_to_others(folders: list[Path]) -> list[Path]:
+    """Each folder made, or kept, the agent's alone (0700) where the agent owns it; those it could not close
+    (another owner's and open to others, or unreadable) returned."""
+    left: list[Path] = []
+    for folder in folders:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(folder)  # a link's folder: the one a task would walk into
+            if st.st_uid == os.geteuid():
+                if st.st_mode & 0o077:
+                    os.chmod(folder, 0o700)
+            elif st.st_mode & 0o005:
+                left.append(folder)
+        except OSError:
+            left.append(folder)
+    return left
+
+
 def confinement(
     *,
     users: TaskUsers | None,

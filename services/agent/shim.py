@@ -342,6 +342,23 @@ def own_namespaces_refused(uid: int, gid: int) -> str | None:
     return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to this user"
 
 
+@functools.cache
+def mount_namespaces_refused() -> str | None:
+    """Why this (root) process may not give a task mount namespaces of its own (no CAP_SYS_ADMIN: a Pod's default),
+    tried by a forked copy that then exits; None where it may."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "mount namespace")
+            _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+            code = 0
+        except OSError:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to the agent"
+
+
 def confine_own(launch: dict) -> bool:
     """A task of an agent that is not root runs as the agent's own user: it could read all the agent can (the
     platform's keys and tokens in its data directory, every other task's folder). In a user namespace of its own

@@ -331,3 +331,49 @@ def test_a_remote_mount_is_not_walked_into_and_no_more_than_max_covered_are_cove
     with caplog.at_level("WARNING"):
         found = isolation.writable_by_anyone(str(tmp_path))
     assert found == [str(tmp_path / "many" / f"f{i}") for i in range(3)] and "past 3 covered" in caplog.text
+
+
+@pytest.mark.parametrize("refused", ["the host refuses them to the agent", None])
+def test_local_storage_is_closed_to_tasks_where_no_mount_namespace_covers_it(tmp_path, monkeypatch, caplog, refused):
+    """A root agent whose tasks get no mount namespace (a Pod without CAP_SYS_ADMIN) ran them with the host's
+    view, every project's checkpoints readable through 0755 folders (found by review): its local storage folders
+    are closed (0700) there, and one it does not own is named; with namespaces they are covered and left as they
+    are (a folder the operator shares stays shared)."""
+    import os
+    import stat
+
+    from shared.storage import StoragePolicy
+    from services.agent import app as agent_app
+
+    monkeypatch.setattr(agent_app, "is_root", lambda: True)
+    monkeypatch.setattr(agent_app, "mount_namespaces_refused", lambda: refused)
+    monkeypatch.setattr(agent_app, "detect", lambda **_: None)
+    monkeypatch.setattr(agent_app, "confinement", lambda **kw: kw)
+    storage, checkpoints, theirs = tmp_path / "storage", tmp_path / "checkpoints", tmp_path / "theirs"
+    storage.mkdir(mode=0o755)
+    theirs.mkdir(mode=0o755)
+    storage.chmod(0o755)
+    theirs.chmod(0o755)
+    os_stat = os.stat
+    monkeypatch.setattr(
+        os, "stat", lambda p, **kw: _owned_by(os_stat(p, **kw), 12345) if str(p) == str(theirs) else os_stat(p, **kw)
+    )
+    settings = AgentSettings(node_id="n1", data_dir=tmp_path, task_uid_first=250_000, task_uid_count=10)
+    for roots in ((storage, checkpoints), (theirs, checkpoints)):
+        policy = StoragePolicy(storage_root=f"file://{roots[0]}", checkpoint_root=f"file://{roots[1]}")
+        agent_app.task_confinement(settings, policy)
+    modes = {p.name: stat.S_IMODE(os_stat(p).st_mode) for p in (storage, checkpoints, theirs) if p.exists()}
+    if refused:
+        assert modes == {"storage": 0o700, "checkpoints": 0o700, "theirs": 0o755}
+        assert f"but for {theirs}" in caplog.text
+    else:
+        assert modes == {"storage": 0o755, "theirs": 0o755} and "closed to them" not in caplog.text
+
+
+def _owned_by(st, uid: int):
+    """`st` as if another user owned the file."""
+    import os
+
+    values = list(st)
+    values[4] = uid
+    return os.stat_result(values)
