@@ -109,15 +109,37 @@ def mint_user(
     seed: the user's own key when it has one already (a new one is made otherwise). expires_at: when the server
     stops taking it (never when None). issued_at: its issue time (now when None)."""
     seed = seed or new_seed("user")
-    token = encode_jwt(
-        subject=public_key(seed),
+    token = user_jwt(
+        user=public_key(seed),
+        name=name,
+        account=account,
+        signer_seed=signer_seed,
+        permissions=permissions,
+        expires_at=expires_at,
+        issued_at=issued_at,
+    )
+    return public_key(seed), creds_text(jwt=token, seed=seed)
+
+
+def user_jwt(
+    *,
+    user: str,
+    name: str,
+    account: str,
+    signer_seed: str,
+    permissions: Permissions,
+    expires_at: int | None = None,
+    issued_at: int | None = None,
+) -> str:
+    """The JWT of user `user` (a public key: its seed may be someone else's alone) of `account`."""
+    return encode_jwt(
+        subject=user,
         name=name,
         signer_seed=signer_seed,
         nats={**permissions.claims(), "issuer_account": account, "type": "user"},
         issued_at=issued_at,
         expires_at=expires_at,
     )
-    return public_key(seed), creds_text(jwt=token, seed=seed)
 
 
 def account_jwt(
@@ -221,6 +243,7 @@ class Minter:
     machine_of: dict[str, str] = field(default_factory=dict)  # node id -> the machine pinned at its first check
     rental_signers: list[str] = field(default_factory=list)  # signing keys of rented agents only, the newest last
     signed_by: dict[str, str] = field(default_factory=dict)  # rented agent's public key -> its rental signer's
+    rekeyed: dict[str, int] = field(default_factory=dict)  # node id -> when its agent's own key was signed (once)
     # The static identities' earlier JWTs, revoked at each start of the stack (`StaticRevocations`, a file of the
     # stack's beside the minter's): read with the minter file, carried in the account, never written back by it.
     static: "StaticRevocations" = field(default_factory=lambda: StaticRevocations())
@@ -257,6 +280,19 @@ class Minter:
         if signer_seed is not None:
             self.signed_by[user] = public_key(signer_seed)
         return user, creds
+
+    def sign(self, *, name: str, permissions: Permissions, user: str, signer_seed: str | None = None) -> str:
+        """The JWT of a user whose key someone else made (`user`, its public key), signed as `mint` signs."""
+        token = user_jwt(
+            user=user,
+            name=name,
+            account=self.account,
+            signer_seed=signer_seed or self.account_signer_seed,
+            permissions=permissions,
+        )
+        if signer_seed is not None:
+            self.signed_by[user] = public_key(signer_seed)
+        return token
 
     def revoke(self, *user_public_keys: str) -> str:
         """Record the revocations and drop what no longer needs carrying (`drop_unused_signers`); returns the

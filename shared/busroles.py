@@ -149,7 +149,8 @@ def agent(node_id: str) -> Permissions:
         bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"),
     )
     return Permissions(
-        publish=(*events, *reads(consumer, subject)),
+        # its own node's rekey (`shared.minting.RekeyAgent`): asked by a rented node's agent, refused for a static one
+        publish=(*events, *reads(consumer, subject), minting.REKEY_AGENT.format(node_id=node_id)),
         subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
         inbox=inbox(f"agent-{node_id}"),
     )
@@ -174,12 +175,13 @@ MINTER = "minter"
 
 def minter() -> Permissions:
     """The minter process: it answers placement's (and the operator's) requests for rented nodes' identities, into
-    their inboxes only."""
+    their inboxes; and an agent's rekey by response permission (once, to the reply subject it gave, which the minter
+    answers only where it is that node's agent's inbox: there is no subject that is every agent's inbox)."""
     return Permissions(
         publish=tuple(f"{inbox(r)}.>" for r in ("placement", OPERATOR)),
-        subscribe=minting.SUBJECTS,
+        subscribe=(*minting.SUBJECTS, minting.REKEY_SUBJECTS),
         inbox=inbox(MINTER),
-        responses=False,
+        responses=True,
     )
 
 

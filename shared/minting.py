@@ -1,7 +1,8 @@
 """What placement may ask the minter (`services.minter`), the one process that holds the keys which sign bus users
 and re-issue the account: an identity for one rented node's agent, the two-minute identity that creates that node's
-command consumer, and the revocation of every identity it minted for a node. Core NATS requests; the minter answers
-placement (and the operator) only."""
+command consumer, and the revocation of every identity it minted for a node; and what a rented node's agent may ask
+it: once, an identity for a key the agent made itself, in place of the one its node was started with (`RekeyAgent`).
+Core NATS requests; the minter answers placement, the operator, and each agent for its own node only."""
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -12,6 +13,10 @@ MINT_AGENT = SUBJECT.format(action="agent")
 MINT_CONSUMER_MAKER = SUBJECT.format(action="consumer-maker")
 REVOKE_NODE = SUBJECT.format(action="revoke")
 SUBJECTS = (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE)
+REKEY_AGENT = SUBJECT.format(action="rekey") + ".{node_id}"  # asked by that node's agent only (its permissions)
+REKEY_SUBJECTS = REKEY_AGENT.format(node_id="*")
+REKEY_REVOKE_AFTER_S = 30.0  # the start identity revoked this long after the answer (the agent reconnected as its own)
+USER_KEY = r"^U[A-Z2-7]{55}$"  # a user's public nkey
 CONSUMER_MAKER_TTL_S = 120  # the server refuses the identity that creates a node's command consumer after this
 
 
@@ -43,11 +48,23 @@ class RevokeNode(ForNode):
     """Revoke every identity minted for this node and push the account to the server (idempotent)."""
 
 
+class RekeyAgent(ForNode):
+    """From a rented node's agent: an identity for the key it made itself (`user`), in place of the one its node was
+    started with, which is then revoked (`REKEY_REVOKE_AFTER_S`). That one travelled in the machine's user data (EC2:
+    readable by any principal allowed `ec2:DescribeInstanceAttribute`, as long as the instance lives; Kubernetes: its
+    Secret) and in placement's files: once the agent holds a key no one else ever saw, what they hold is worthless.
+    Once per node: a second is refused (whoever asked first holds the node's identity; the agent that asks second
+    says so and stops)."""
+
+    user: str = Field(pattern=USER_KEY, description="The public key of the agent's own user nkey.")
+
+
 class MinterAnswer(BaseModel):
     """The minter's answer: the identity's `.creds` text and public key, or why it refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     creds: str = Field("", description="The minted identity's `.creds` (user JWT and seed); empty for a revocation.")
+    jwt: str = Field("", description="A rekeyed agent's user JWT (its seed is the agent's own, never sent).")
     user: str = Field("", description="Its public key.")
     error: str = Field("", description="Why the request was refused; empty when it was done.")

@@ -46,6 +46,7 @@ from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
+from services.agent.rekey import keep_own_key, own_creds
 from services.agent.resources import describe_node, node_entries
 from services.agent.retention import SWEEP_S, Retention
 from services.agent.runner import SDK_DIR
@@ -148,6 +149,11 @@ class AgentSettings(CommonSettings, StorageSettings):
         "notice (EC2: http://169.254.169.254); off when unset.",
     )
     spot_poll_s: float = Field(5.0, gt=0, description="How often the spot metadata is read.")
+    nats_rekey: bool = Field(
+        False,
+        description="A rented node's agent: trade the bus identity the node was started with (user data, a Secret) "
+        "for one of a key it makes itself, once (services/agent/rekey.py); placement's providers set it.",
+    )
     spot_act_on_rebalance: bool = Field(False, description="Leave on a rebalance recommendation too.")
     output_lines_per_s: float = Field(
         500.0,
@@ -408,6 +414,9 @@ def fence_check(pace: Pace, settings: AgentSettings) -> str | None:
 
 
 def create_app(settings: AgentSettings) -> FastStream:
+    if settings.nats_rekey and settings.nats_creds is not None:  # its own copy, which a rekey replaces
+        creds = own_creds(settings.nats_creds, data_dir=settings.data_dir, node_id=settings.node_id)
+        settings = settings.model_copy(update={"nats_creds": creds})
     w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
     # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
     pace = Pace(settings.heartbeat_interval_s)
@@ -440,6 +449,8 @@ def create_app(settings: AgentSettings) -> FastStream:
                 on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(), signal.SIGTERM)),
             )
             w.background.spawn("spot", watcher.run)
+        if settings.nats_rekey and (creds := settings.nats_creds) is not None:
+            w.background.spawn("own key", lambda: keep_own_key(lambda: client, node_id=node.node_id, creds=creds))
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
     async def started() -> None:

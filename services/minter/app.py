@@ -26,10 +26,14 @@ from shared.cluster import read_cluster
 from shared.minting import (
     MINT_AGENT,
     MINT_CONSUMER_MAKER,
+    REKEY_AGENT,
+    REKEY_REVOKE_AFTER_S,
+    REKEY_SUBJECTS,
     REVOKE_NODE,
     MintAgent,
     MintConsumerMaker,
     MinterAnswer,
+    RekeyAgent,
     RevokeNode,
 )
 from shared.service import configure_logging
@@ -42,17 +46,21 @@ from services.minter.rules import (
     Refused,
     carrier,
     checked_by,
+    drop_replaced,
     may_make_consumer,
     mint_agent,
     mint_consumer_maker,
     pin,
     pin_found,
+    rekey_agent,
+    replaced_due,
     revoke_node,
     unlaunched,
 )
 
 log = logging.getLogger(__name__)
 ASKERS = ("placement", busroles.OPERATOR)  # whose inboxes it answers into (its permissions allow no other)
+REKEY_PREFIX = REKEY_AGENT.format(node_id="")  # `tm.rpc.minter.rekey.`: the node's id follows
 
 
 class MinterSettings(CommonSettings):
@@ -143,12 +151,15 @@ class MinterProcess:
         self.pushed: int | None = None  # the account's issue time this process last pushed (None: none yet)
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
         self.link = BusLink()  # its connection closed for good (its credentials revoked): the process exits
+        self.later: set[asyncio.Task] = set()  # start identities a rekey replaced, revoked after a while
 
     async def handle(self, subject: str, data: bytes) -> MinterAnswer:
         if subject == MINT_CONSUMER_MAKER:  # takes the lock itself: the cloud is asked without it
             return await self.consumer_maker(MintConsumerMaker.model_validate_json(data))
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
+            if subject.startswith(REKEY_PREFIX):
+                return self.rekey(minter, RekeyAgent.model_validate_json(data), asked_for=subject[len(REKEY_PREFIX) :])
             if subject == MINT_AGENT:
                 return await self.agent(minter, MintAgent.model_validate_json(data))
             if subject == REVOKE_NODE:
@@ -169,6 +180,35 @@ class MinterProcess:
                 write_secret(self.settings.minter_file, minter.to_json())
                 raise
         return MinterAnswer(creds=creds, user=user)
+
+    def rekey(self, minter: Minter, request: RekeyAgent, *, asked_for: str) -> MinterAnswer:
+        """The agent's own key signed for its node; the identity it replaces revoked `REKEY_REVOKE_AFTER_S` later
+        (the agent reconnects as its own first), or at the next sweep where this process stops before."""
+        token, replaced = rekey_agent(
+            minter, request, asked_for=asked_for, limits=self.limits, now=time.time(), monotonic=time.monotonic()
+        )
+        write_secret(self.settings.minter_file, minter.to_json())  # first: a node's release revokes the new one too
+        task = asyncio.create_task(self.revoke_replaced(request.node_id, replaced, after_s=REKEY_REVOKE_AFTER_S))
+        self.later.add(task)
+        task.add_done_callback(self.later.discard)
+        log.info(
+            "signed the agent's own key for %s; its start identity is revoked in %g s", asked_for, REKEY_REVOKE_AFTER_S
+        )
+        return MinterAnswer(jwt=token, user=request.user)
+
+    async def revoke_replaced(self, node_id: str, users: list[str], *, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        try:
+            async with self.lock:
+                minter = Minter.load(self.settings.minter_file)
+                account = drop_replaced(minter, node_id, users)
+                if account is None:
+                    return
+                write_secret(self.settings.minter_file, minter.to_json())
+                await self.push(minter, account)
+            log.info("revoked the start identity of %s (its agent holds its own key)", node_id)
+        except Exception:  # the file says it is revoked where it was written: the sweep pushes it again
+            log.exception("revoking the start identity of %s failed (tried again at the next sweep)", node_id)
 
     async def consumer_maker(self, request: MintConsumerMaker) -> MinterAnswer:
         """The node's consumer maker, once the provider that rented it lists its machine: the one the node was pinned
@@ -233,6 +273,7 @@ class MinterProcess:
         carries and none was pinned to (a file written before pins) are pinned to it. First, an account re-issued
         since this process last pushed one (a push that failed: a swept node is asked about by no one again) is
         pushed, re-issued newer."""
+        await self.revoke_replaced_due()
         await self.push_pending()
         if not self.clouds:
             return []
@@ -260,6 +301,18 @@ class MinterProcess:
                 await self.push(minter, accounts[-1])
                 log.warning("revoked %s: no pending or running machine of the provider that rented them", by_provider)
         return gone
+
+    async def revoke_replaced_due(self) -> None:
+        """Revoke the start identities rekeys replaced over twice `REKEY_REVOKE_AFTER_S` ago that are still live (a
+        process that stopped before it revoked them); pushed by `push_pending` next."""
+        async with self.lock:
+            minter = Minter.load(self.settings.minter_file)
+            due = replaced_due(minter, now=time.time(), after_s=2 * REKEY_REVOKE_AFTER_S)
+            for node_id, users in due.items():
+                drop_replaced(minter, node_id, users)
+                log.warning("revoked the start identity of %s, left live by an earlier minter", node_id)
+            if due:
+                write_secret(self.settings.minter_file, minter.to_json())
 
     async def push_pending(self) -> None:
         """Push the account, re-issued, where its issue time is not the one this process last pushed (at start: once,
@@ -306,7 +359,9 @@ class MinterProcess:
             raise RuntimeError(f"the server refused the account update: {reply.data[:300]!r}")
 
     async def on_request(self, msg: Msg) -> None:
-        if not msg.reply.startswith(tuple(f"{busroles.inbox(r)}." for r in ASKERS)):
+        # an agent's rekey is answered into that node's agent's inbox only (its response permission would take any)
+        askers = (f"agent-{msg.subject[len(REKEY_PREFIX) :]}",) if msg.subject.startswith(REKEY_PREFIX) else ASKERS
+        if not msg.reply.startswith(tuple(f"{busroles.inbox(r)}." for r in askers)):
             log.warning("dropped a request on %s answering to %r, not an asker's inbox", msg.subject, msg.reply)
             return
         try:
@@ -329,7 +384,7 @@ class MinterProcess:
             max_reconnect_attempts=-1,
             **self.link.callbacks(),
         )
-        for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE):
+        for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE, REKEY_SUBJECTS):
             await client.subscribe(subject, cb=self.on_request)
         await client.flush()
         return client

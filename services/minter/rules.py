@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from shared import busroles
 from shared.buscreds import NAME, Minter, new_seed, public_key
-from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RevokeNode
+from shared.minting import CONSUMER_MAKER_TTL_S, MintAgent, MintConsumerMaker, RekeyAgent, RevokeNode
 from services.minter.bucket import TokenBucket
 from services.minter.retired import is_retired, retire
 
@@ -117,6 +117,55 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     return user, creds
 
 
+def rekey_agent(
+    minter: Minter, request: RekeyAgent, *, asked_for: str, limits: Limits, now: float, monotonic: float
+) -> tuple[str, list[str]]:
+    """The JWT of the key a rented node's agent made itself (the node's identity from now on, signed by the signer
+    of the one it replaces), and the node's identities it replaces (`drop_replaced`). Once per node, for the node
+    whose subject the request came on (only that node's identity may publish there), never for a key the minter
+    knows."""
+    node_id = rented(request.node_id, static=limits.static)
+    if node_id != asked_for:
+        raise Refused(f"a rekey of {node_id} asked on {asked_for}'s subject")
+    users = minter.minted.get(node_id)
+    if not users:
+        raise Refused(f"{node_id} has no live agent identity to replace")
+    if node_id in minter.rekeyed:
+        raise Refused(f"{node_id}'s agent has its own key already: once per node")
+    if request.user in minter.revocations or request.user in minter.signed_by or request.user in users:
+        raise Refused("a key the minter signed or revoked before: the agent makes a new one")
+    take_token(limits, monotonic=monotonic)
+    signer = minter.signed_by.get(users[0])
+    seed = next((s for s in minter.rental_signers if public_key(s) == signer), None)
+    token = minter.sign(
+        name=f"agent-{node_id}", permissions=busroles.agent(node_id), user=request.user, signer_seed=seed
+    )
+    minter.minted[node_id] = [*users, request.user]
+    minter.rekeyed[node_id] = int(now)
+    return token, list(users)
+
+
+def drop_replaced(minter: Minter, node_id: str, users: list[str]) -> str | None:
+    """Revoke those of `users` (identities a rekey replaced) the node still has; the account JWT to push, None where
+    none was left (the node released meanwhile: revoked with it)."""
+    live = minter.minted.get(node_id, [])
+    gone = [user for user in users if user in live]
+    if not gone:
+        return None
+    minter.minted[node_id] = [user for user in live if user not in gone]
+    return minter.revoke(*gone)
+
+
+def replaced_due(minter: Minter, *, now: float, after_s: float) -> dict[str, list[str]]:
+    """By node, the identities its rekey replaced more than `after_s` before `now` that are still live (a minter
+    that stopped before it revoked them): every one of the node's but its newest."""
+    return {
+        node_id: users[:-1]
+        for node_id, at in minter.rekeyed.items()
+        if len(users := minter.minted.get(node_id, [])) > 1 and at <= now - after_s
+    }
+
+
 def may_make_consumer(minter: Minter, request: MintConsumerMaker, *, limits: Limits, monotonic: float) -> str:
     """The node id, if it may have a consumer maker: only a node with a live agent identity (no consumer for a node
     no agent can read), within the rate."""
@@ -206,6 +255,7 @@ def revoke_node(minter: Minter, request: RevokeNode) -> str:
     that a push that failed before is made again. A node revoked is retired: never minted for again."""
     users = minter.minted.pop(request.node_id, [])
     minter.minted_at.pop(request.node_id, None)
+    minter.rekeyed.pop(request.node_id, None)
     minter.rented_from.pop(request.node_id, None)
     minter.machine_of.pop(request.node_id, None)
     account = minter.revoke(*users)

@@ -88,8 +88,9 @@ def agent_env(
     timing = liveness.env() if liveness else {}
     env = {**timing, **boot.agent_env, "TRAINMASTER_NATS_URL": boot.bus_url}
     env["TRAINMASTER_DATA_DIR"] = data_dir or f"{root}/data"
-    if has_creds:
+    if has_creds:  # the start identity, traded at once for one of a key the agent makes (services/agent/rekey.py)
         env["TRAINMASTER_NATS_CREDS"] = f"{root}/agent.creds"
+        env["TRAINMASTER_NATS_REKEY"] = "true"
     if has_ca:
         env["TRAINMASTER_NATS_CA_FILE"] = f"{root}/ca.pem"
     if spot:

@@ -54,6 +54,7 @@ class LocalProcessProvider:
             # its boot is over (slept above): its agent starts now, registering within the patience
             issued = await self.credentials.issue(node_id, self.root, boot_s=REGISTER_PATIENCE_S)
             env["TRAINMASTER_NATS_CREDS"] = str(issued)
+            env["TRAINMASTER_NATS_REKEY"] = "true"  # placement's copy of it is worthless once the agent rekeyed
             if self.credentials.ca_file:
                 env["TRAINMASTER_NATS_CA_FILE"] = str(self.credentials.ca_file)
         logs = self.root / f"{node_id}.log"
