@@ -228,6 +228,12 @@ def make_broker(
     return broker
 
 
+def keyed_anew(broker: NatsBroker, creds: Path) -> None:
+    """The broker's message ids keyed by the seed in `creds` from now on (an agent that traded its start identity:
+    the start seed, which others have read, must not predict its ids)."""
+    _DEDUP_KEYS[broker] = dedup_key(creds)
+
+
 async def connect(
     broker: NatsBroker,
     *,

@@ -132,10 +132,12 @@ def service(role: str) -> Permissions:
     )
 
 
-def agent(node_id: str) -> Permissions:
+def agent(node_id: str, *, own_key: bool = False) -> Permissions:
     """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it).
     It answers its health probe by response permission (once, to the reply subject the submitter gave), not by a
-    right to publish into the submitter's inbox, where the submitter's own stream deliveries arrive."""
+    right to publish into the submitter's inbox, where the submitter's own stream deliveries arrive. A node's start
+    identity may ask to trade itself for a key the agent made (`shared.minting.RekeyAgent`); that key's identity
+    (`own_key`) may only say it is connected (`RekeyConfirmed`); both read the minter's answers for their node."""
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
@@ -148,10 +150,14 @@ def agent(node_id: str) -> Permissions:
         bus.LOG_SUBJECT.format(node_id=node_id, job_id="*"),
         bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"),
     )
+    trade = (minting.REKEYED_AGENT if own_key else minting.REKEY_AGENT).format(node_id=node_id)
     return Permissions(
-        # its own node's rekey (`shared.minting.RekeyAgent`): asked by a rented node's agent, refused for a static one
-        publish=(*events, *reads(consumer, subject), minting.REKEY_AGENT.format(node_id=node_id)),
-        subscribe=(bus.RPC_HEALTH.format(service=f"agent.{node_id}"), *LISTENS["agent"]),
+        publish=(*events, *reads(consumer, subject), trade),
+        subscribe=(
+            bus.RPC_HEALTH.format(service=f"agent.{node_id}"),
+            *LISTENS["agent"],
+            f"{minting.REKEY_INBOX.format(node_id=node_id)}.>",
+        ),
         inbox=inbox(f"agent-{node_id}"),
     )
 
@@ -175,13 +181,13 @@ MINTER = "minter"
 
 def minter() -> Permissions:
     """The minter process: it answers placement's (and the operator's) requests for rented nodes' identities, into
-    their inboxes; and an agent's rekey by response permission (once, to the reply subject it gave, which the minter
-    answers only where it is that node's agent's inbox: there is no subject that is every agent's inbox)."""
+    their inboxes, and agents' trades of their start identities into the space kept for those answers (each node's
+    agent reads its own node's there), nowhere else."""
     return Permissions(
-        publish=tuple(f"{inbox(r)}.>" for r in ("placement", OPERATOR)),
-        subscribe=(*minting.SUBJECTS, minting.REKEY_SUBJECTS),
+        publish=(*(f"{inbox(r)}.>" for r in ("placement", OPERATOR)), f"{minting.REKEY_INBOX.format(node_id='*')}.>"),
+        subscribe=(*minting.SUBJECTS, *minting.REKEY_SUBJECTS),
         inbox=inbox(MINTER),
-        responses=True,
+        responses=False,
     )
 
 

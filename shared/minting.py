@@ -13,9 +13,11 @@ MINT_AGENT = SUBJECT.format(action="agent")
 MINT_CONSUMER_MAKER = SUBJECT.format(action="consumer-maker")
 REVOKE_NODE = SUBJECT.format(action="revoke")
 SUBJECTS = (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE)
-REKEY_AGENT = SUBJECT.format(action="rekey") + ".{node_id}"  # asked by that node's agent only (its permissions)
-REKEY_SUBJECTS = REKEY_AGENT.format(node_id="*")
-REKEY_REVOKE_AFTER_S = 30.0  # the start identity revoked this long after the answer (the agent reconnected as its own)
+REKEY_AGENT = SUBJECT.format(action="rekey") + ".{node_id}"  # asked by that node's start identity only
+REKEYED_AGENT = SUBJECT.format(action="rekeyed") + ".{node_id}"  # said by that node's own key only, once connected
+REKEY_SUBJECTS = (REKEY_AGENT.format(node_id="*"), REKEYED_AGENT.format(node_id="*"))
+REKEY_INBOX = "_INBOX_rekey.{node_id}"  # the minter's answers to a node's agent: the only agents' space it may write
+REKEY_REVOKE_AFTER_S = 600.0  # the start identity revoked this long after a trade its agent never confirmed
 USER_KEY = r"^U[A-Z2-7]{55}$"  # a user's public nkey
 CONSUMER_MAKER_TTL_S = 120  # the server refuses the identity that creates a node's command consumer after this
 
@@ -49,14 +51,19 @@ class RevokeNode(ForNode):
 
 
 class RekeyAgent(ForNode):
-    """From a rented node's agent: an identity for the key it made itself (`user`), in place of the one its node was
-    started with, which is then revoked (`REKEY_REVOKE_AFTER_S`). That one travelled in the machine's user data (EC2:
+    """From a rented node's agent (its start identity, on `REKEY_AGENT`): an identity for the key it made itself
+    (`user`), in place of the one its node was started with. That one travelled in the machine's user data (EC2:
     readable by any principal allowed `ec2:DescribeInstanceAttribute`, as long as the instance lives; Kubernetes: its
-    Secret) and in placement's files: once the agent holds a key no one else ever saw, what they hold is worthless.
-    Once per node: a second is refused (whoever asked first holds the node's identity; the agent that asks second
-    says so and stops)."""
+    Secret) and in placement's files. Asked again for the same key (an answer lost), the same identity is signed
+    again; a trade to another key is a compromise (someone else holds the start identity): the node is revoked.
+    The agent, connected as its own key, says so (`RekeyConfirmed` on `REKEYED_AGENT`) and the start identity is
+    revoked then (else `REKEY_REVOKE_AFTER_S` after the trade)."""
 
     user: str = Field(pattern=USER_KEY, description="The public key of the agent's own user nkey.")
+
+
+class RekeyConfirmed(ForNode):
+    """From a rented node's agent, connected as its own key: the start identity may go."""
 
 
 class MinterAnswer(BaseModel):
@@ -68,3 +75,4 @@ class MinterAnswer(BaseModel):
     jwt: str = Field("", description="A rekeyed agent's user JWT (its seed is the agent's own, never sent).")
     user: str = Field("", description="Its public key.")
     error: str = Field("", description="Why the request was refused; empty when it was done.")
+    final: bool = Field(False, description="A refusal asking again will not change (not the minter's own failure).")

@@ -3,6 +3,7 @@
 import logging
 import os
 import signal
+import sys
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from faststream import FastStream
 from nats.aio.msg import Msg
 from pydantic import Field, model_validator
 
-from shared.bus import NODE_CADENCE, publish
+from shared.bus import NODE_CADENCE, keyed_anew, publish
 from shared.cluster import read_cluster
 from shared.pings import Pings
 from shared.service import Wiring, service_app, wire
@@ -309,12 +310,14 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
     if users is not None and (refused := mount_namespaces_refused()) is not None:
         # no view of their own to cover these in (a Pod without CAP_SYS_ADMIN): every project's files were
         # readable to every task through their 0755 folders; closed, only the agent (root) copies in and out
-        open_ = close_to_others(local_roots)
+        reached = [settings.data_dir, SDK_DIR, Path(sys.prefix), Path(sys.base_prefix), *settings.task_shared_dirs]
+        open_ = close_to_others(local_roots, reached=reached)
         log.warning(
             "tasks get no mount namespaces of their own (%s): they run as users of their own with the host's view; "
             "the local storage folders are closed to them (0700)%s",
             refused,
-            f", but for {', '.join(map(str, open_))} (not the agent's, or not readable): every task may read them"
+            f", but for {', '.join(map(str, open_))} (not the agent's, not readable, `/`, or holding folders tasks "
+            "must reach): every task may read them"
             if open_
             else "",
         )
@@ -414,9 +417,11 @@ def fence_check(pace: Pace, settings: AgentSettings) -> str | None:
 
 
 def create_app(settings: AgentSettings) -> FastStream:
-    if settings.nats_rekey and settings.nats_creds is not None:  # its own copy, which a rekey replaces
-        creds = own_creds(settings.nats_creds, data_dir=settings.data_dir, node_id=settings.node_id)
-        settings = settings.model_copy(update={"nats_creds": creds})
+    given = settings.nats_creds
+    if settings.nats_rekey and given is not None:  # its own copy, which a trade replaces
+        settings = settings.model_copy(
+            update={"nats_creds": own_creds(given, data_dir=settings.data_dir, node_id=settings.node_id)}
+        )
     w = wire(name=f"agent-{settings.node_id}", settings=settings, health=f"agent.{settings.node_id}")
     # The monitor slows every agent's heartbeat down on a large fleet (NodeCadence; never below our own).
     pace = Pace(settings.heartbeat_interval_s)
@@ -449,8 +454,17 @@ def create_app(settings: AgentSettings) -> FastStream:
                 on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(), signal.SIGTERM)),
             )
             w.background.spawn("spot", watcher.run)
-        if settings.nats_rekey and (creds := settings.nats_creds) is not None:
-            w.background.spawn("own key", lambda: keep_own_key(lambda: client, node_id=node.node_id, creds=creds))
+        if settings.nats_rekey and (creds := settings.nats_creds) is not None and given is not None:
+            w.background.spawn(
+                "own key",
+                lambda: keep_own_key(
+                    lambda: client,
+                    node_id=node.node_id,
+                    creds=creds,
+                    given=given,
+                    keyed=lambda path: keyed_anew(w.broker, path),
+                ),
+            )
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))
 
     async def started() -> None:

@@ -385,7 +385,11 @@ def _scan(local: Path, *, partial: bool = False, most: int | None = None) -> Man
     manifest: Manifest = {}
     if os.path.islink(local):  # os.walk follows a link at its top: the task's link to `/` had the agent walk the host
         return manifest
-    for root, _, files in os.walk(local):
+    entries = 0  # folders count too: millions of empty ones were walked at every sync
+    for root, folders, files in os.walk(local):
+        entries += len(folders) + len(files)
+        if most is not None and entries > 2 * most:
+            raise TooManyFiles(f"{local.name} holds more than {2 * most:,} files and folders: not mirrored")
         for name in files:
             path = Path(root) / name
             if name.endswith(PARTIAL) and not partial:  # being written by the task: next time

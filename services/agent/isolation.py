@@ -488,11 +488,17 @@ def writable_by_anyone(
     return list(found)
 
 
-def close_to_others(folders: list[Path]) -> list[Path]:
+def close_to_others(folders: list[Path], *, reached: list[Path]) -> list[Path]:
     """Each folder made, or kept, the agent's alone (0700) where the agent owns it; those it could not close
-    (another owner's and open to others, or unreadable) returned."""
+    (another owner's and open to others, or unreadable) or must not (`/`, or one holding a folder tasks must reach:
+    the data directory with their working folders, Python, the SDK, shared folders) returned."""
     left: list[Path] = []
+    ways = [os.path.realpath(p) for p in reached]
     for folder in folders:
+        real = os.path.realpath(folder)
+        if real == "/" or any(way == real or way.startswith(real.rstrip("/") + "/") for way in ways):
+            left.append(folder)
+            continue
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
             st = os.stat(folder)  # a link's folder: the one a task would walk into

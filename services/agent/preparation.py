@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from shlex import quote
 
@@ -115,7 +116,7 @@ class Preparer:
                 await self.downloads.fetch(url, target, tally)
                 return
             check = local_check(self.storage, project) if self.storage is not None else None
-            files = await transfer(Mirror(url, check=check).restore, target, tally)
+            files = await transfer(partial(Mirror(url, check=check).restore, target, tally), project=project)
         except TooLarge as exc:  # the task will not run: what this fetch wrote goes too
             await asyncio.to_thread(shutil.rmtree, target, True)
             raise PrepareError(f"{what}: cannot fetch {url}: {exc}") from exc

@@ -13,6 +13,7 @@ import errno
 import os
 import signal
 import stat
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,10 +27,16 @@ TOO_DEEP = (errno.ENAMETOOLONG, errno.ELOOP)
 MAX_INODE_SHARE = 64 * 1024  # a file system that reports very few inodes (or odd figures) charges no more a file
 
 
+FIXED_INODES = frozenset({"ext2", "ext3", "ext4", "tmpfs"})  # file systems whose inodes are set when made
+
+
 def inode_share(path: str) -> int:
     """The bytes of disk per inode of the file system holding `path` (ext4's default is 16 KiB): what a file or
-    folder counts for at least, so a quota that is a share of the disk is the same share of its inodes. 0 where
-    the file system does not say (reports no inodes: btrfs, some network file systems)."""
+    folder counts for at least, so a quota that is a share of the disk is the same share of its inodes. Only where
+    the number of inodes is fixed (`FIXED_INODES`): XFS and ZFS report a count that shrinks as the disk fills (a
+    neighbour filling it would raise every task's share), btrfs none, a network file system its server's; 0 there."""
+    if filesystem_of(path) not in FIXED_INODES:
+        return 0
     try:
         fs = os.statvfs(path)
     except OSError:
@@ -37,6 +44,27 @@ def inode_share(path: str) -> int:
     if fs.f_files <= 0:
         return 0
     return min(MAX_INODE_SHARE, fs.f_blocks * fs.f_frsize // fs.f_files)
+
+
+def filesystem_of(path: str, mountinfo: str | None = None) -> str:
+    """The type of the file system `path` is on: that of its longest mount point in /proc/self/mountinfo (empty
+    where it cannot be read)."""
+    try:
+        where = os.path.realpath(path)
+        text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return ""
+    best, kind = -1, ""
+    for line in text.splitlines():
+        fields = line.split(" - ", 1)
+        head = fields[0].split()
+        if len(fields) != 2 or len(head) < 5 or not fields[1].split():
+            continue
+        point = head[4].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > best:
+            best, kind = len(point), fields[1].split()[0]
+    return kind
 
 
 def disk_usage(top: str, *, floor: int = 0, limit: int | None = None) -> int:
@@ -86,7 +114,7 @@ async def past_quota(task: "TaskProcess", quota_gb: float) -> bool:
     if not over_quota(used, quota_gb):
         return False
     task.disk_full = True
-    counted = f"; each file and folder counts as at least {floor // 1024} KiB, its share of the disk's inodes"
+    counted = f"; each file and folder counts as at least {floor:,} bytes, its share of the disk's inodes"
     task.tail.append(
         f"killed by trainmaster: wrote more than {quota_gb:g} GB to its work directory"
         + (f" ({used / 2**30:.2f} GB at least{counted if floor else ''})" if used < UNMEASURABLE else " (too deep)")

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.agent.quota import disk_usage
+from services.agent.quota import disk_usage, inode_share
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +50,13 @@ def to_remove(finished: Iterable[Finished], *, now: float, retention_s: float, b
 
 def size_of(path: Path) -> int:
     """Disk used under `path`, as the task's quota counts it (allocated blocks: a sparse file is what it holds, not
-    what it claims), links not followed; the directory itself too (an empty one is not free)."""
+    what it claims; each entry at least its share of the disk's inodes), links not followed; the directory itself
+    too (an empty one is not free)."""
     try:
         own = os.lstat(path).st_blocks * 512
     except OSError:
         own = 0
-    return max(own, 1) + disk_usage(str(path))
+    return max(own, 1) + disk_usage(str(path), floor=inode_share(str(path)))
 
 
 def attempt_dirs(jobs: Path) -> list[Path]:

@@ -149,7 +149,7 @@ class TaskProcess:
     disk_full: bool = False  # wrote more than its disk quota to its working directory
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
-    unmirrored: set[str] = field(default_factory=set)  # folders held past MAX_MIRRORED_FILES: not tried again
+    unmirrored: dict[str, float] = field(default_factory=dict)  # folders found past MAX_MIRRORED_FILES, and when
     note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))

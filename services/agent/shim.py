@@ -348,13 +348,13 @@ def mount_namespaces_refused() -> str | None:
     tried by a forked copy that then exits; None where it may."""
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
             _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "mount namespace")
             _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
             code = 0
-        except OSError:
-            code = 1
-        os._exit(code)
+        finally:  # whatever it met, the copy never returns into the agent's code
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to the agent"
 

@@ -5,9 +5,11 @@ import asyncio
 import logging
 import math
 import os
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, local_check, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
-from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror, TooManyFiles
+from services.agent.checkpoints import MAX_MIRRORED_FILES, ChangeWatch, CheckpointStore, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
@@ -144,7 +146,8 @@ class Supervisor:
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
             manifest = await transfer(
-                self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"
+                partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
+                project=command.project_id,
             )
             (workdir / "tmp").mkdir(exist_ok=True)
             link = await asyncio.to_thread(tmplink.make, workdir / "tmp")
@@ -252,9 +255,9 @@ class Supervisor:
             await shipper.close()
         else:
             await shipper.close()
-            await self._sync_once(task)
+            await self._sync_once(task, last=True)
             for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
-                await self._upload(task, output)
+                await self._upload(task, output, last=True)
             await self._give_back(task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
@@ -262,7 +265,7 @@ class Supervisor:
         elif task.disk_full:
             reason, message = "failed", describe_exit(status, task.tail)
         elif status == 0:
-            reason, message = "completed", ""
+            reason, message = "completed", unsaved(task)
         elif task.oom:
             reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
         else:
@@ -296,21 +299,26 @@ class Supervisor:
             await asyncio.sleep(output.period_s)
             await self._upload(task, output)
 
-    async def _upload(self, task: TaskProcess, output: DataOut) -> None:
+    async def _upload(self, task: TaskProcess, output: DataOut, *, last: bool = False) -> None:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
-        if task.stop_reason == FENCED or f"output {output.name}" in task.unmirrored:  # (fenced: the next attempt
-            return  # may already run elsewhere: that one writes, not this)
+        folder = f"output {output.name}"
+        if task.stop_reason == FENCED or not due(task, folder, last=last):  # (fenced: the next attempt may already
+            return  # run elsewhere: that one writes, not this)
         try:
-            async with task.transferring:
-                task.uploaded[output.name] = await transfer(
+            task.uploaded[output.name] = await transfer(
+                partial(
                     Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
                     output_dir(task.workdir, output),
                     task.uploaded.get(output.name, {}),
                     delete=False,
                     anchor=task.workdir,
-                )
+                ),
+                project=task.start.project_id,
+                lock=task.transferring,
+            )
+            mirrored(task, folder)
         except TooManyFiles as exc:
-            unmirrored(task, f"output {output.name}", exc)
+            unmirrored(task, folder, exc)
         except Exception as exc:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
@@ -321,34 +329,62 @@ class Supervisor:
                 await changes.wait(self.checkpoint_sync_s)
                 await self._sync_once(task)
 
-    async def _sync_once(self, task: TaskProcess) -> None:
-        if task.stop_reason == FENCED or "checkpoint" in task.unmirrored:  # (fenced: the next attempt may have
-            return  # restored the checkpoint: it is its writer now)
+    async def _sync_once(self, task: TaskProcess, *, last: bool = False) -> None:
+        if task.stop_reason == FENCED or not due(task, "checkpoint", last=last):  # (fenced: the next attempt may
+            return  # have restored the checkpoint: it is its writer now)
         try:
-            async with task.transferring:
-                task.manifest = await transfer(
+            task.manifest = await transfer(
+                partial(
                     self.checkpoints.sync,
                     task.start.project_id,
                     task.start.job_id,
                     task.workdir / "checkpoint",
                     task.manifest,
                     task.workdir,
-                )
+                ),
+                project=task.start.project_id,
+                lock=task.transferring,
+            )
+            mirrored(task, "checkpoint")
         except TooManyFiles as exc:
             unmirrored(task, "checkpoint", exc)
         except Exception as exc:  # storage hiccup: the next sync tries again
             log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
 
 
+UNMIRRORED_RETRY_S = 60.0  # a folder found holding too many files is looked at again this long after (and at the end)
+
+
+def due(task: TaskProcess, folder: str, *, last: bool) -> bool:
+    """Whether a folder of the task is copied now: always at the task's end; otherwise unless it was found holding
+    too many files within `UNMIRRORED_RETRY_S` (each look walks up to the cap, and a change could ask 4 times a
+    second)."""
+    found = task.unmirrored.get(folder)
+    return last or found is None or time.monotonic() - found >= UNMIRRORED_RETRY_S
+
+
 def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles) -> None:
-    """A folder of the task that holds too many files is mirrored no more for the task's life (each try walked
-    all of it again, at every change), which its output says once, at its end."""
-    task.unmirrored.add(folder)
-    said = f"the {folder} folder is not saved: {exc}"
-    task.tail.append(f"[trainmaster] {said}")
-    if task.note is not None:
-        task.note(said)
-    log.warning("%s of %s not mirrored: %s", folder, task.start.job_id, exc)
+    """A folder of the task holds too many files to be mirrored: said in its output where it was not already (and
+    in its end's message, `unsaved`), looked at again later."""
+    if folder not in task.unmirrored:
+        said = f"the {folder} folder is not saved: {exc}"
+        task.tail.append(f"[trainmaster] {said}")
+        if task.note is not None:
+            task.note(said)
+        log.warning("%s of %s not mirrored: %s", folder, task.start.job_id, exc)
+    task.unmirrored[folder] = time.monotonic()
+
+
+def mirrored(task: TaskProcess, folder: str) -> None:
+    if task.unmirrored.pop(folder, None) is not None and task.note is not None:
+        task.note(f"the {folder} folder is saved again")
+
+
+def unsaved(task: TaskProcess) -> str:
+    """What its end's message says of folders left unsaved (none: empty)."""
+    if not task.unmirrored:
+        return ""
+    return f"not saved (more than {MAX_MIRRORED_FILES:,} files): {', '.join(sorted(task.unmirrored))}"
 
 
 def started_event(node: NodeInfo, boot_id: str, task: TaskProcess) -> TaskStarted:

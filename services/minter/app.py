@@ -27,13 +27,16 @@ from shared.minting import (
     MINT_AGENT,
     MINT_CONSUMER_MAKER,
     REKEY_AGENT,
+    REKEY_INBOX,
     REKEY_REVOKE_AFTER_S,
     REKEY_SUBJECTS,
+    REKEYED_AGENT,
     REVOKE_NODE,
     MintAgent,
     MintConsumerMaker,
     MinterAnswer,
     RekeyAgent,
+    RekeyConfirmed,
     RevokeNode,
 )
 from shared.service import configure_logging
@@ -42,10 +45,12 @@ from services.minter.bucket import TokenBucket
 from services.minter.cloud import Cloud, clouds_of
 from services.minter.pods import KubeCredentials
 from services.minter.rules import (
+    Compromised,
     Limits,
     Refused,
     carrier,
     checked_by,
+    confirm_rekey,
     drop_replaced,
     may_make_consumer,
     mint_agent,
@@ -61,6 +66,7 @@ from services.minter.rules import (
 log = logging.getLogger(__name__)
 ASKERS = ("placement", busroles.OPERATOR)  # whose inboxes it answers into (its permissions allow no other)
 REKEY_PREFIX = REKEY_AGENT.format(node_id="")  # `tm.rpc.minter.rekey.`: the node's id follows
+REKEYED_PREFIX = REKEYED_AGENT.format(node_id="")
 
 
 class MinterSettings(CommonSettings):
@@ -151,7 +157,6 @@ class MinterProcess:
         self.pushed: int | None = None  # the account's issue time this process last pushed (None: none yet)
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
         self.link = BusLink()  # its connection closed for good (its credentials revoked): the process exits
-        self.later: set[asyncio.Task] = set()  # start identities a rekey replaced, revoked after a while
 
     async def handle(self, subject: str, data: bytes) -> MinterAnswer:
         if subject == MINT_CONSUMER_MAKER:  # takes the lock itself: the cloud is asked without it
@@ -159,7 +164,11 @@ class MinterProcess:
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
             if subject.startswith(REKEY_PREFIX):
-                return self.rekey(minter, RekeyAgent.model_validate_json(data), asked_for=subject[len(REKEY_PREFIX) :])
+                return await self.rekey(minter, RekeyAgent.model_validate_json(data), subject[len(REKEY_PREFIX) :])
+            if subject.startswith(REKEYED_PREFIX):
+                return await self.rekeyed(
+                    minter, RekeyConfirmed.model_validate_json(data), subject[len(REKEYED_PREFIX) :]
+                )
             if subject == MINT_AGENT:
                 return await self.agent(minter, MintAgent.model_validate_json(data))
             if subject == REVOKE_NODE:
@@ -181,34 +190,28 @@ class MinterProcess:
                 raise
         return MinterAnswer(creds=creds, user=user)
 
-    def rekey(self, minter: Minter, request: RekeyAgent, *, asked_for: str) -> MinterAnswer:
-        """The agent's own key signed for its node; the identity it replaces revoked `REKEY_REVOKE_AFTER_S` later
-        (the agent reconnects as its own first), or at the next sweep where this process stops before."""
-        token, replaced = rekey_agent(
-            minter, request, asked_for=asked_for, limits=self.limits, now=time.time(), monotonic=time.monotonic()
-        )
+    async def rekey(self, minter: Minter, request: RekeyAgent, asked_for: str) -> MinterAnswer:
+        """The agent's own key signed for its node (the start identity revoked once it confirms). A second trade to
+        another key: the node revoked (someone else holds its start identity), said as the refusal."""
+        try:
+            token, _ = rekey_agent(minter, request, asked_for=asked_for, limits=self.limits, now=time.time())
+        except Compromised:
+            await self.revoke(minter, RevokeNode(node_id=request.node_id))
+            log.critical("%s's start identity was traded twice, for different keys: the node is revoked", asked_for)
+            raise
         write_secret(self.settings.minter_file, minter.to_json())  # first: a node's release revokes the new one too
-        task = asyncio.create_task(self.revoke_replaced(request.node_id, replaced, after_s=REKEY_REVOKE_AFTER_S))
-        self.later.add(task)
-        task.add_done_callback(self.later.discard)
-        log.info(
-            "signed the agent's own key for %s; its start identity is revoked in %g s", asked_for, REKEY_REVOKE_AFTER_S
-        )
+        log.info("signed the agent's own key for %s", asked_for)
         return MinterAnswer(jwt=token, user=request.user)
 
-    async def revoke_replaced(self, node_id: str, users: list[str], *, after_s: float) -> None:
-        await asyncio.sleep(after_s)
-        try:
-            async with self.lock:
-                minter = Minter.load(self.settings.minter_file)
-                account = drop_replaced(minter, node_id, users)
-                if account is None:
-                    return
-                write_secret(self.settings.minter_file, minter.to_json())
-                await self.push(minter, account)
-            log.info("revoked the start identity of %s (its agent holds its own key)", node_id)
-        except Exception:  # the file says it is revoked where it was written: the sweep pushes it again
-            log.exception("revoking the start identity of %s failed (tried again at the next sweep)", node_id)
+    async def rekeyed(self, minter: Minter, request: RekeyConfirmed, asked_for: str) -> MinterAnswer:
+        """The node's agent is connected as its own key: its start identity is revoked."""
+        replaced = confirm_rekey(minter, request.node_id, asked_for=asked_for, static=self.limits.static)
+        account = drop_replaced(minter, request.node_id, replaced)
+        if account is not None:
+            write_secret(self.settings.minter_file, minter.to_json())
+            await self.push(minter, account)
+            log.info("revoked the start identity of %s (its agent holds its own key)", asked_for)
+        return MinterAnswer()
 
     async def consumer_maker(self, request: MintConsumerMaker) -> MinterAnswer:
         """The node's consumer maker, once the provider that rented it lists its machine: the one the node was pinned
@@ -303,14 +306,14 @@ class MinterProcess:
         return gone
 
     async def revoke_replaced_due(self) -> None:
-        """Revoke the start identities rekeys replaced over twice `REKEY_REVOKE_AFTER_S` ago that are still live (a
-        process that stopped before it revoked them); pushed by `push_pending` next."""
+        """Revoke the start identities traded over `REKEY_REVOKE_AFTER_S` ago whose agents never said they were
+        connected as their own keys; pushed by `push_pending` next."""
         async with self.lock:
             minter = Minter.load(self.settings.minter_file)
-            due = replaced_due(minter, now=time.time(), after_s=2 * REKEY_REVOKE_AFTER_S)
+            due = replaced_due(minter, now=time.time(), after_s=REKEY_REVOKE_AFTER_S)
             for node_id, users in due.items():
                 drop_replaced(minter, node_id, users)
-                log.warning("revoked the start identity of %s, left live by an earlier minter", node_id)
+                log.warning("revoked the start identity of %s: its agent never said it holds its own key", node_id)
             if due:
                 write_secret(self.settings.minter_file, minter.to_json())
 
@@ -359,14 +362,19 @@ class MinterProcess:
             raise RuntimeError(f"the server refused the account update: {reply.data[:300]!r}")
 
     async def on_request(self, msg: Msg) -> None:
-        # an agent's rekey is answered into that node's agent's inbox only (its response permission would take any)
-        askers = (f"agent-{msg.subject[len(REKEY_PREFIX) :]}",) if msg.subject.startswith(REKEY_PREFIX) else ASKERS
-        if not msg.reply.startswith(tuple(f"{busroles.inbox(r)}." for r in askers)):
+        # a node's agent is answered in the space kept for its node's answers (its permissions allow no other)
+        node = msg.subject.rsplit(".", 1)[-1]
+        traded = msg.subject.startswith((REKEY_PREFIX, REKEYED_PREFIX))
+        inboxes = (REKEY_INBOX.format(node_id=node),) if traded else tuple(busroles.inbox(r) for r in ASKERS)
+        if not msg.reply.startswith(tuple(f"{i}." for i in inboxes)):
             log.warning("dropped a request on %s answering to %r, not an asker's inbox", msg.subject, msg.reply)
             return
         try:
             answer = await self.handle(msg.subject, msg.data)
-        except (Refused, ValidationError, RuntimeError, NatsError, TimeoutError) as exc:
+        except (Refused, ValidationError) as exc:
+            log.warning("refused %s: %s", msg.subject, exc)
+            answer = MinterAnswer(error=str(exc)[:500], final=True)
+        except (RuntimeError, NatsError, TimeoutError) as exc:  # the server, or the bus: asked again, it may pass
             log.warning("refused %s: %s", msg.subject, exc)
             answer = MinterAnswer(error=str(exc)[:500])
         except Exception as exc:  # its file unreadable or unwritable, a newer version's: said at once, not a timeout
@@ -384,7 +392,7 @@ class MinterProcess:
             max_reconnect_attempts=-1,
             **self.link.callbacks(),
         )
-        for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE, REKEY_SUBJECTS):
+        for subject in (MINT_AGENT, MINT_CONSUMER_MAKER, REVOKE_NODE, *REKEY_SUBJECTS):
             await client.subscribe(subject, cb=self.on_request)
         await client.flush()
         return client

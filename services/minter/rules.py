@@ -117,32 +117,58 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     return user, creds
 
 
+class Compromised(Refused):
+    """A node's start identity traded twice for different keys: someone else holds it (the node is revoked)."""
+
+
 def rekey_agent(
-    minter: Minter, request: RekeyAgent, *, asked_for: str, limits: Limits, now: float, monotonic: float
+    minter: Minter, request: RekeyAgent, *, asked_for: str, limits: Limits, now: float
 ) -> tuple[str, list[str]]:
     """The JWT of the key a rented node's agent made itself (the node's identity from now on, signed by the signer
-    of the one it replaces), and the node's identities it replaces (`drop_replaced`). Once per node, for the node
-    whose subject the request came on (only that node's identity may publish there), never for a key the minter
-    knows."""
+    of the one it replaces), and the node's identities it replaces (revoked once the agent confirms: `drop_replaced`).
+    For the node whose subject the request came on (only that node's start identity may publish there), never for a
+    key the minter knows. Asked again for the same key (the answer lost), the same identity again; for another key,
+    `Compromised`. Not charged to the mint rate: once per node, within the cap on live nodes."""
     node_id = rented(request.node_id, static=limits.static)
     if node_id != asked_for:
         raise Refused(f"a rekey of {node_id} asked on {asked_for}'s subject")
     users = minter.minted.get(node_id)
     if not users:
         raise Refused(f"{node_id} has no live agent identity to replace")
-    if node_id in minter.rekeyed:
-        raise Refused(f"{node_id}'s agent has its own key already: once per node")
-    if request.user in minter.revocations or request.user in minter.signed_by or request.user in users:
+    if node_id in minter.rekeyed and request.user != users[-1]:
+        raise Compromised(
+            f"{node_id}'s start identity was traded for another key already: someone else holds it, and the node is "
+            "revoked"
+        )
+    if node_id not in minter.rekeyed and known_key(minter, request.user):
         raise Refused("a key the minter signed or revoked before: the agent makes a new one")
-    take_token(limits, monotonic=monotonic)
     signer = minter.signed_by.get(users[0])
     seed = next((s for s in minter.rental_signers if public_key(s) == signer), None)
     token = minter.sign(
-        name=f"agent-{node_id}", permissions=busroles.agent(node_id), user=request.user, signer_seed=seed
+        name=f"agent-{node_id}", permissions=busroles.agent(node_id, own_key=True), user=request.user, signer_seed=seed
     )
+    if node_id in minter.rekeyed:  # its answer lost: signed again, nothing else changes
+        return token, users[:-1]
     minter.minted[node_id] = [*users, request.user]
     minter.rekeyed[node_id] = int(now)
     return token, list(users)
+
+
+def known_key(minter: Minter, user: str) -> bool:
+    """Whether the minter signed, revoked or carries `user` (any node's, a static identity's revocation)."""
+    minted = (u for users in minter.minted.values() for u in users)
+    return user in minter.revocations or user in minter.signed_by or user in minter.static.revoked or user in minted
+
+
+def confirm_rekey(minter: Minter, node_id: str, *, asked_for: str, static: frozenset[str]) -> list[str]:
+    """The identities the node's trade replaced, to revoke now that its agent is connected as its own key (only that
+    key may publish the confirmation)."""
+    node_id = rented(node_id, static=static)
+    if node_id != asked_for:
+        raise Refused(f"a confirmation for {node_id} said on {asked_for}'s subject")
+    if node_id not in minter.rekeyed:
+        raise Refused(f"{node_id} traded no start identity")
+    return minter.minted.get(node_id, [])[:-1]
 
 
 def drop_replaced(minter: Minter, node_id: str, users: list[str]) -> str | None:

@@ -377,3 +377,29 @@ def _owned_by(st, uid: int):
     values = list(st)
     values[4] = uid
     return os.stat_result(values)
+
+
+def test_a_storage_folder_that_is_the_root_or_holds_what_tasks_reach_is_not_closed(tmp_path):
+    from services.agent.isolation import close_to_others
+
+    data, storage, outer = tmp_path / "srv" / "tm", tmp_path / "store", tmp_path / "srv"
+    for folder in (data, storage):
+        folder.mkdir(parents=True, mode=0o755)
+        folder.chmod(0o755)
+    outer.chmod(0o755)
+    left = close_to_others([Path("/"), outer, storage], reached=[data])
+    assert left == [Path("/"), outer]  # `/` and a folder holding the data directory: named, left as they are
+    assert (outer.stat().st_mode & 0o777, storage.stat().st_mode & 0o777) == (0o755, 0o700)
+
+
+def test_the_file_system_of_a_path_is_that_of_its_longest_mount_point():
+    from services.agent.quota import filesystem_of
+
+    mountinfo = (
+        "22 1 253:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "30 22 0:40 / /data rw - xfs /dev/vdb rw\n"
+        "31 30 0:41 / /data/fast\\040disk rw - tmpfs tmpfs rw\n"
+    )
+    assert filesystem_of("/data/x", mountinfo) == "xfs"
+    assert filesystem_of("/data/fast disk/y", mountinfo) == "tmpfs"
+    assert filesystem_of("/datasets", mountinfo) == "ext4"  # /data is not its prefix: a whole name is

@@ -376,10 +376,12 @@ async def test_a_task_making_empty_files_past_its_share_of_the_inodes_is_stopped
 
 async def test_a_checkpoint_folder_of_too_many_files_is_not_mirrored_and_the_task_is_told(tmp_path, monkeypatch):
     """A task's checkpoint folder of millions of empty files was a manifest of hundreds of MB in the agent, walked
-    again at every change (found by review): past the cap it is left alone for the task's life, said once."""
-    from services.agent import checkpoints
+    again at every change (found by review): past the cap it is looked at again only a minute later (and at the
+    end), said once in its output and in its end's message; once back under the cap it is saved again."""
+    from services.agent import checkpoints, supervision
 
     monkeypatch.setattr(checkpoints, "MAX_MIRRORED_FILES", 50)
+    monkeypatch.setattr(supervision, "MAX_MIRRORED_FILES", 50)
     syncs: list[str] = []  # what each sync's scan met (a restore's scan, at the start, is not one)
     scan = checkpoints._scan
 
@@ -401,9 +403,18 @@ async def test_a_checkpoint_folder_of_too_many_files_is_not_mirrored_and_the_tas
     ended, output = await run(agent, start(job_id, make), sent)
     assert ended.reason == "completed" and "MADE" in output, (ended, output)
     assert output.count("the checkpoint folder is not saved: checkpoint holds more than 50 files") == 1, output
-    assert syncs[-1] == "too many" and syncs.count("too many") == 1, syncs  # not walked again (0.2-s syncs)
+    assert ended.message == "not saved (more than 50 files): checkpoint", ended  # a completed task says so too
+    first = syncs.index("too many")
+    assert syncs[first:] == ["too many", "too many"], syncs  # then only the last look, at its end (0.2-s syncs)
     saved = tmp_path / "data" / "checkpoints" / "p" / job_id
     assert not saved.exists() or len(list(saved.iterdir())) < 50  # a sync before the 60 were all there: theirs
+
+    monkeypatch.setattr(supervision, "UNMIRRORED_RETRY_S", 0.0)  # looked at again at once: saved once it shrank
+    again = unique("shrinks")
+    shrink = "cd $TRAINMASTER_CHECKPOINT_DIR && touch $(seq -f 'c%g' 1 60) && sleep 1 && rm c1* && sleep 1; echo DONE"
+    ended, output = await run(agent, start(again, shrink), sent)
+    assert ended.reason == "completed" and ended.message == "" and "folder is saved again" in output, (ended, output)
+    assert len(list((tmp_path / "data" / "checkpoints" / "p" / again).iterdir())) == 49
 
 
 async def test_a_task_whose_uploads_hang_holds_no_other_tasks_start_or_end(tmp_path, monkeypatch):

@@ -92,12 +92,17 @@ def test_an_agent_publishes_only_subjects_carrying_its_node():
     permissions = busroles.agent("n1")
     subjects = [s for s in permissions.publish if not s.startswith("$JS.")]
     assert subjects and all(".n1." in s or s.endswith(".n1") for s in subjects)  # its rekey: tm.rpc.minter.rekey.n1
-    # its own health probe, and the heartbeat interval the monitor announces to every agent
-    assert permissions.subscribe == ("tm.rpc.health.agent.n1", "tm.node.cadence")
+    # its own health probe, the heartbeat interval the monitor announces to every agent, the minter's answers to it
+    assert permissions.subscribe == ("tm.rpc.health.agent.n1", "tm.node.cadence", "_INBOX_rekey.n1.>")
     assert permissions.inbox == "_INBOX_agent-n1"
     assert not any("CREATE" in s or "STREAM" in s or "DIRECT" in s for s in permissions.publish)
     claims = permissions.claims()
-    assert claims["sub"]["allow"] == ["tm.rpc.health.agent.n1", "tm.node.cadence", "_INBOX_agent-n1.>"]
+    assert claims["sub"]["allow"] == [
+        "tm.rpc.health.agent.n1",
+        "tm.node.cadence",
+        "_INBOX_rekey.n1.>",
+        "_INBOX_agent-n1.>",
+    ]
 
 
 @pytest.mark.parametrize("node_id", ["a.b", "*", ">", "n 1", "", "x" * 65])

@@ -368,37 +368,43 @@ async def test_a_request_the_minter_fails_on_is_answered_at_once_with_the_failur
     assert "the minter failed" in (MinterAnswer.model_validate_json(answers[0]).error or "")
 
 
-def test_an_agents_own_key_is_signed_once_for_its_node_by_the_signer_of_the_identity_it_replaces():
+def test_an_agents_own_key_is_signed_for_its_node_by_the_signer_of_the_identity_it_replaces():
     from shared.minting import RekeyAgent
-    from services.minter.rules import drop_replaced, rekey_agent, replaced_due
+    from services.minter.rules import Compromised, confirm_rekey, drop_replaced, rekey_agent, replaced_due
 
     m, within = minter(), limits()
     start, _ = agent(m, "od-1")
+    other, _ = agent(m, "od-2")
     own = public_key(new_seed("user"))
 
     def rekey(node: str, key: str, *, asked_for: str = "od-1", now: float = 2_000.0):
-        return rekey_agent(
-            m, RekeyAgent(node_id=node, user=key), asked_for=asked_for, limits=within, now=now, monotonic=now
-        )
+        return rekey_agent(m, RekeyAgent(node_id=node, user=key), asked_for=asked_for, limits=within, now=now)
 
     with pytest.raises(Refused, match="asked on od-2's subject"):
         rekey("od-1", own, asked_for="od-2")
-    with pytest.raises(Refused, match="signed or revoked before"):
-        rekey("od-1", start)
+    for known in (start, other):  # its own start key, another node's
+        with pytest.raises(Refused, match="signed or revoked before"):
+            rekey("od-1", known)
     with pytest.raises(Refused, match="no live agent identity"):
-        rekey("od-2", own, asked_for="od-2")
+        rekey("od-3", own, asked_for="od-3")
     with pytest.raises(Refused, match="node of the cluster file"):
         rekey("n1", own, asked_for="n1")
+    with pytest.raises(Refused, match="traded no start identity"):
+        confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC)
     token, replaced = rekey("od-1", own)
     claims = decode_claims(token)
-    assert claims["sub"] == own and claims["nats"]["pub"]["allow"] == list(busroles.agent("od-1").publish)
+    assert claims["sub"] == own and claims["nats"]["pub"]["allow"] == list(busroles.agent("od-1", own_key=True).publish)
+    assert "tm.rpc.minter.rekey.od-1" not in claims["nats"]["pub"]["allow"]  # the own key trades nothing further
     assert replaced == [start] and m.minted["od-1"] == [start, own] and m.signed_by[own] == m.signed_by[start]
-    with pytest.raises(Refused, match="own key already"):
+    again, replaced_again = rekey("od-1", own)  # its answer lost: the same key signed again, nothing else changes
+    assert decode_claims(again)["sub"] == own and replaced_again == [start] and m.minted["od-1"] == [start, own]
+    with pytest.raises(Compromised, match="traded for another key"):
         rekey("od-1", public_key(new_seed("user")))
     assert replaced_due(m, now=2_010.0, after_s=60) == {} and replaced_due(m, now=2_061.0, after_s=60) == {
         "od-1": [start]
     }
-    assert drop_replaced(m, "od-1", replaced) is not None and m.minted["od-1"] == [own] and start in m.revocations
-    assert drop_replaced(m, "od-1", replaced) is None  # once
+    assert confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC) == [start]
+    assert drop_replaced(m, "od-1", [start]) is not None and m.minted["od-1"] == [own] and start in m.revocations
+    assert drop_replaced(m, "od-1", [start]) is None and confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC) == []
     revoke_node(m, RevokeNode(node_id="od-1"))
     assert own in m.revocations and "od-1" not in m.rekeyed
