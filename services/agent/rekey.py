@@ -151,8 +151,13 @@ async def keep_own_key(
                 return
             log.warning("the minter could not sign this agent's own key yet (%s): asked again in %g s", exc, pause)
         except (NatsError, TimeoutError, OSError, ValidationError) as exc:
-            if connection().is_closed:  # for good (its identity revoked): the process ends with it
+            client = connection()
+            if client.is_closed:  # for good (its identity revoked): the process ends with it
                 return
+            if traded(creds, given) and client.is_connected:
+                # its confirmation unheard: it may still be connected as its start identity, which may not say so
+                # (a reconnect was under way when it traded, and force_reconnect does nothing then)
+                await client.force_reconnect()
             log.warning("asking the minter to sign this agent's own key failed (%r): asked again in %g s", exc, pause)
         await asyncio.sleep(pause)
         pause = min(pause * 2, LONGEST_PAUSE_S)
