@@ -244,6 +244,7 @@ class Minter:
     rental_signers: list[str] = field(default_factory=list)  # signing keys of rented agents only, the newest last
     signed_by: dict[str, str] = field(default_factory=dict)  # rented agent's public key -> its rental signer's
     rekeyed: dict[str, int] = field(default_factory=dict)  # node id -> when its agent's own key was signed (once)
+    confirmed: dict[str, int] = field(default_factory=dict)  # node id -> when its agent said it holds that key
     # The static identities' earlier JWTs, revoked at each start of the stack (`StaticRevocations`, a file of the
     # stack's beside the minter's): read with the minter file, carried in the account, never written back by it.
     static: "StaticRevocations" = field(default_factory=lambda: StaticRevocations())

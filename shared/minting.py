@@ -17,7 +17,12 @@ REKEY_AGENT = SUBJECT.format(action="rekey") + ".{node_id}"  # asked by that nod
 REKEYED_AGENT = SUBJECT.format(action="rekeyed") + ".{node_id}"  # said by that node's own key only, once connected
 REKEY_SUBJECTS = (REKEY_AGENT.format(node_id="*"), REKEYED_AGENT.format(node_id="*"))
 REKEY_INBOX = "_INBOX_rekey.{node_id}"  # the minter's answers to a node's agent: the only agents' space it may write
-REKEY_REVOKE_AFTER_S = 600.0  # the start identity revoked this long after a trade its agent never confirmed
+# A node's start identity stays good until REKEY_HOLD_S after its mint, whatever was traded: a trade for a second key
+# within it (the thief's first, the agent's when it starts) is seen and revokes the node. Its agent must trade within
+# it (its machine's boot and install included); past it, the start identity goes once the agent confirmed, or
+# REKEY_REVOKE_AFTER_S after a trade never confirmed (counted from the minter's own start where that is later).
+REKEY_HOLD_S = 1800.0
+REKEY_REVOKE_AFTER_S = 3600.0
 USER_KEY = r"^U[A-Z2-7]{55}$"  # a user's public nkey
 CONSUMER_MAKER_TTL_S = 120  # the server refuses the identity that creates a node's command consumer after this
 
@@ -56,8 +61,8 @@ class RekeyAgent(ForNode):
     readable by any principal allowed `ec2:DescribeInstanceAttribute`, as long as the instance lives; Kubernetes: its
     Secret) and in placement's files. Asked again for the same key (an answer lost), the same identity is signed
     again; a trade to another key is a compromise (someone else holds the start identity): the node is revoked.
-    The agent, connected as its own key, says so (`RekeyConfirmed` on `REKEYED_AGENT`) and the start identity is
-    revoked then (else `REKEY_REVOKE_AFTER_S` after the trade)."""
+    The agent, connected as its own key, says so (`RekeyConfirmed` on `REKEYED_AGENT`); the start identity is
+    revoked then, though never before `REKEY_HOLD_S` after its mint (else `REKEY_REVOKE_AFTER_S` after the trade)."""
 
     user: str = Field(pattern=USER_KEY, description="The public key of the agent's own user nkey.")
 

@@ -7,9 +7,10 @@ and read its commands (job secrets included) for the node's whole life. So the a
 first start (kept, 0600, until the trade is done: asked again after a lost answer or a restart, it is the same key,
 and the minter signs the same identity again), asks the minter to sign it for its node (`shared.minting.RekeyAgent`),
 writes the new `.creds` over its own copy, reconnects as it, and says so (`RekeyConfirmed`): the minter revokes the
-start identity then (or `REKEY_REVOKE_AFTER_S` after the trade). From then on what the user data holds is worthless.
-A start identity traded twice for different keys means someone else holds it: the minter revokes the node, and the
-agent refused so stops.
+start identity then, though never before `REKEY_HOLD_S` after the node's mint (or `REKEY_REVOKE_AFTER_S` after a
+trade never confirmed). From then on what the user data holds is worthless. A start identity traded twice for
+different keys within the hold means someone else holds it: the minter revokes the node, and the agent refused so
+stops. A thief who traded first and confirmed is caught so when the agent trades in its turn, within the hold.
 
 The agent connects with its own copy of the start `.creds` (`own_creds`, in its data directory): the file it was
 given may be read-only (a Secret's mount), and a restarted agent must find the identity it made, not the revoked
@@ -129,7 +130,7 @@ async def keep_own_key(
     """Trade the start identity (where not done yet), then say the agent is connected as its own key; asked again
     while the minter does not answer or fails. `keyed`: told the new `.creds` once written. A node whose start
     identity someone else traded first stops the agent (`stop`): the minter revoked the node."""
-    pause = FIRST_PAUSE_S
+    pause, reconnected = FIRST_PAUSE_S, False
     while True:
         try:
             if not traded(creds, given):
@@ -142,8 +143,8 @@ async def keep_own_key(
             log.info("node %s's start identity is revoked: what its user data or Secret holds is worthless", node_id)
             return
         except RekeyRefused as exc:
-            if exc.final and "traded for another key" in str(exc):
-                log.critical("someone else traded node %s's start identity (%s): this agent stops", node_id, exc)
+            if exc.final and ("traded for another key" in str(exc) or "no live agent identity" in str(exc)):
+                log.critical("node %s's identity is revoked (%s): this agent stops", node_id, exc)
                 stop()
                 return
             if exc.final:
@@ -154,10 +155,11 @@ async def keep_own_key(
             client = connection()
             if client.is_closed:  # for good (its identity revoked): the process ends with it
                 return
-            if traded(creds, given) and client.is_connected:
+            if traded(creds, given) and client.is_connected and not reconnected:
                 # its confirmation unheard: it may still be connected as its start identity, which may not say so
-                # (a reconnect was under way when it traded, and force_reconnect does nothing then)
+                # (a reconnect was under way when it traded, and force_reconnect does nothing then); once
                 await client.force_reconnect()
+                reconnected = True
             log.warning("asking the minter to sign this agent's own key failed (%r): asked again in %g s", exc, pause)
         await asyncio.sleep(pause)
         pause = min(pause * 2, LONGEST_PAUSE_S)

@@ -27,6 +27,7 @@ from shared.minting import (
     MINT_AGENT,
     MINT_CONSUMER_MAKER,
     REKEY_AGENT,
+    REKEY_HOLD_S,
     REKEY_INBOX,
     REKEY_REVOKE_AFTER_S,
     REKEY_SUBJECTS,
@@ -157,6 +158,7 @@ class MinterProcess:
         self.pushed: int | None = None  # the account's issue time this process last pushed (None: none yet)
         self.tls = ssl.create_default_context(cafile=str(settings.nats_ca_file)) if settings.nats_ca_file else None
         self.link = BusLink()  # its connection closed for good (its credentials revoked): the process exits
+        self.started_at = time.time()  # an unconfirmed trade's wait counts from here at the earliest
 
     async def handle(self, subject: str, data: bytes) -> MinterAnswer:
         if subject == MINT_CONSUMER_MAKER:  # takes the lock itself: the cloud is asked without it
@@ -191,26 +193,29 @@ class MinterProcess:
         return MinterAnswer(creds=creds, user=user)
 
     async def rekey(self, minter: Minter, request: RekeyAgent, asked_for: str) -> MinterAnswer:
-        """The agent's own key signed for its node (the start identity revoked once it confirms). A second trade to
-        another key: the node revoked (someone else holds its start identity), said as the refusal."""
+        """The agent's own key signed for its node (its start identity revoked once it confirms, past the hold). A
+        second trade to another key: the node revoked (someone else holds its start identity), said as the
+        refusal."""
+        again = request.node_id in minter.rekeyed
         try:
             token, _ = rekey_agent(minter, request, asked_for=asked_for, limits=self.limits, now=time.time())
         except Compromised:
-            await self.revoke(minter, RevokeNode(node_id=request.node_id))
             log.critical("%s's start identity was traded twice, for different keys: the node is revoked", asked_for)
+            await self.revoke(minter, RevokeNode(node_id=request.node_id))
             raise
-        write_secret(self.settings.minter_file, minter.to_json())  # first: a node's release revokes the new one too
-        log.info("signed the agent's own key for %s", asked_for)
+        if not again:  # first: a node's release revokes the new key too (signed again, nothing changed)
+            write_secret(self.settings.minter_file, minter.to_json())
+            log.info("signed the agent's own key for %s", asked_for)
         return MinterAnswer(jwt=token, user=request.user)
 
     async def rekeyed(self, minter: Minter, request: RekeyConfirmed, asked_for: str) -> MinterAnswer:
-        """The node's agent is connected as its own key: its start identity is revoked."""
-        replaced = confirm_rekey(minter, request.node_id, asked_for=asked_for, static=self.limits.static)
-        account = drop_replaced(minter, request.node_id, replaced)
-        if account is not None:
+        """The node's agent is connected as its own key: recorded, and its start identity revoked where the node's
+        hold is over (else at the sweep that finds it over)."""
+        now = time.time()
+        if request.node_id not in minter.confirmed:
+            confirm_rekey(minter, request.node_id, asked_for=asked_for, static=self.limits.static, now=now)
             write_secret(self.settings.minter_file, minter.to_json())
-            await self.push(minter, account)
-            log.info("revoked the start identity of %s (its agent holds its own key)", asked_for)
+        await self.revoke_due(minter, now=now)
         return MinterAnswer()
 
     async def consumer_maker(self, request: MintConsumerMaker) -> MinterAnswer:
@@ -306,16 +311,21 @@ class MinterProcess:
         return gone
 
     async def revoke_replaced_due(self) -> None:
-        """Revoke the start identities traded over `REKEY_REVOKE_AFTER_S` ago whose agents never said they were
-        connected as their own keys; pushed by `push_pending` next."""
+        """Revoke the start identities whose nodes' trades may let them go now (`replaced_due`)."""
         async with self.lock:
-            minter = Minter.load(self.settings.minter_file)
-            due = replaced_due(minter, now=time.time(), after_s=REKEY_REVOKE_AFTER_S)
-            for node_id, users in due.items():
-                drop_replaced(minter, node_id, users)
-                log.warning("revoked the start identity of %s: its agent never said it holds its own key", node_id)
-            if due:
-                write_secret(self.settings.minter_file, minter.to_json())
+            await self.revoke_due(Minter.load(self.settings.minter_file), now=time.time())
+
+    async def revoke_due(self, minter: Minter, *, now: float) -> None:
+        """`revoke_replaced_due` under the lock, with the minter file as read: written and pushed where any went."""
+        due = replaced_due(
+            minter, now=now, hold_s=REKEY_HOLD_S, unconfirmed_s=REKEY_REVOKE_AFTER_S, since=self.started_at
+        )
+        accounts = [drop_replaced(minter, node_id, users) for node_id, users in due.items()]
+        if due:
+            write_secret(self.settings.minter_file, minter.to_json())
+            if (account := next((a for a in reversed(accounts) if a is not None), None)) is not None:
+                await self.push(minter, account)
+            log.info("revoked the start identities of %s: their agents hold keys of their own", ", ".join(due))
 
     async def push_pending(self) -> None:
         """Push the account, re-issued, where its issue time is not the one this process last pushed (at start: once,

@@ -160,15 +160,15 @@ def known_key(minter: Minter, user: str) -> bool:
     return user in minter.revocations or user in minter.signed_by or user in minter.static.revoked or user in minted
 
 
-def confirm_rekey(minter: Minter, node_id: str, *, asked_for: str, static: frozenset[str]) -> list[str]:
-    """The identities the node's trade replaced, to revoke now that its agent is connected as its own key (only that
-    key may publish the confirmation)."""
+def confirm_rekey(minter: Minter, node_id: str, *, asked_for: str, static: frozenset[str], now: float) -> None:
+    """Record that the node's agent is connected as its own key (only that key may publish the confirmation): its
+    start identity goes at the next `replaced_due` past the hold."""
     node_id = rented(node_id, static=static)
     if node_id != asked_for:
         raise Refused(f"a confirmation for {node_id} said on {asked_for}'s subject")
     if node_id not in minter.rekeyed:
         raise Refused(f"{node_id} traded no start identity")
-    return minter.minted.get(node_id, [])[:-1]
+    minter.confirmed.setdefault(node_id, int(now))
 
 
 def drop_replaced(minter: Minter, node_id: str, users: list[str]) -> str | None:
@@ -182,14 +182,21 @@ def drop_replaced(minter: Minter, node_id: str, users: list[str]) -> str | None:
     return minter.revoke(*gone)
 
 
-def replaced_due(minter: Minter, *, now: float, after_s: float) -> dict[str, list[str]]:
-    """By node, the identities its rekey replaced more than `after_s` before `now` that are still live (a minter
-    that stopped before it revoked them): every one of the node's but its newest."""
-    return {
-        node_id: users[:-1]
-        for node_id, at in minter.rekeyed.items()
-        if len(users := minter.minted.get(node_id, [])) > 1 and at <= now - after_s
-    }
+def replaced_due(
+    minter: Minter, *, now: float, hold_s: float, unconfirmed_s: float, since: float = 0.0
+) -> dict[str, list[str]]:
+    """By node, the identities its trade replaced that may go now (every one of the node's but its newest): only
+    `hold_s` after the node's mint (a second trade within it is still seen), and once its agent confirmed, or
+    `unconfirmed_s` after the trade (counted from `since`, the minter's own start, where later: an answer lost
+    while it was away is asked for again once it is back)."""
+    due = {}
+    for node_id, at in minter.rekeyed.items():
+        users = minter.minted.get(node_id, [])
+        if len(users) < 2 or minter.minted_at.get(node_id, 0) > now - hold_s:
+            continue
+        if node_id in minter.confirmed or max(at, since) <= now - unconfirmed_s:
+            due[node_id] = users[:-1]
+    return due
 
 
 def may_make_consumer(minter: Minter, request: MintConsumerMaker, *, limits: Limits, monotonic: float) -> str:
@@ -282,6 +289,7 @@ def revoke_node(minter: Minter, request: RevokeNode) -> str:
     users = minter.minted.pop(request.node_id, [])
     minter.minted_at.pop(request.node_id, None)
     minter.rekeyed.pop(request.node_id, None)
+    minter.confirmed.pop(request.node_id, None)
     minter.rented_from.pop(request.node_id, None)
     minter.machine_of.pop(request.node_id, None)
     account = minter.revoke(*users)

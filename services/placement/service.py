@@ -39,6 +39,10 @@ from services.placement.queue import JobQueue, QueueItem
 from services.placement.tradeoff import Tradeoff
 
 log = logging.getLogger(__name__)
+# A job whose attempt hung, or whose node was lost, avoids that node for its next attempt where another node (or a
+# rental) could host it: one bad GPU or a flapping node had it back at once, every attempt, for as long as it was the
+# best fit. Where only those nodes can host it, it goes back to them as before.
+AVOIDED = ("hung", "node_lost")
 
 
 def acts_on(event: JobStatusChanged) -> bool:
@@ -150,7 +154,7 @@ class Placement:
             )
         elif cause == "oom_host":
             needs = needs.model_copy(update={"memory_gb": min(item.given_memory_gb * 2, MAX_MEMORY_GB)})
-        elif cause in ("migrated", "slow", "reclaimed"):
+        elif cause in ("migrated", "slow", "reclaimed", *AVOIDED):
             exclude = tuple(a.node_id for a in item.assignments)
         item = item.model_copy(
             update={
@@ -164,6 +168,11 @@ class Placement:
             }
         )
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()
+        if cause in AVOIDED:  # only where a live node but those (or a rental) could host it: else back there
+            live = {n.node_id for n in self.fleet.live()}
+            others = [n for n in nodes if n.id in live and n.id not in exclude]
+            if not ever_placeable(others, self.fleet.catalogue, job):
+                item = item.model_copy(update={"exclude": ()})
         if cause in ("oom_gpu", "oom_host") and not ever_placeable(nodes, self.fleet.catalogue, job):
             what = (
                 f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU"

@@ -14,6 +14,7 @@ from shared import busroles
 from shared.buscreds import new_seed, public_key
 from shared.minting import REKEY_AGENT, REKEY_INBOX, RekeyAgent
 from services.agent import rekey as agent_rekey
+from services.minter import app as minter_app
 from services.placement.providers import NodeCredentials
 from tests.factories import unique
 from tests.integration.servers import real_servers, running_minter
@@ -61,7 +62,8 @@ async def started(server, tmp_path, node_id: str, errors: list[str]):
     return credentials, start, own, await connected_as(server, own, node_id, errors)
 
 
-async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(server, tmp_path):
+async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(minter_app, "REKEY_HOLD_S", 0.0)  # the node's hold over: the start identity goes at once
     node_id, errors, keyed, stopped = unique("od"), [], [], []
     async with running_minter(server):
         credentials, start, own, agent = await started(server, tmp_path, node_id, errors)
@@ -97,7 +99,8 @@ async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(se
             await agent.close()
 
 
-async def test_a_lost_answer_is_asked_again_for_the_same_key_and_signed_again(server, tmp_path):
+async def test_a_lost_answer_is_asked_again_for_the_same_key_and_signed_again(server, tmp_path, monkeypatch):
+    monkeypatch.setattr(minter_app, "REKEY_HOLD_S", 0.0)
     node_id, errors = unique("od"), []
     async with running_minter(server):
         credentials, start, own, agent = await started(server, tmp_path, node_id, errors)
@@ -132,6 +135,31 @@ async def test_a_start_identity_traded_for_another_key_revokes_the_node(server, 
             assert stopped == [1] or agent.is_closed  # refused, or cut by the node's revocation first
             assert node_id not in server.identities.minter().minted
             assert await refused(server, start)
+        finally:
+            await thief.close()
+            await agent.close()
+
+
+async def test_a_thief_who_traded_and_confirmed_first_is_caught_when_the_agent_trades_within_the_hold(server, tmp_path):
+    """Whoever read the user data traded and confirmed while the machine booted: the start identity stays good for
+    the node's hold, so the agent's own trade finds the thief's key and the node is revoked (both keys): the theft
+    fails closed instead of locking the agent out."""
+    node_id, errors, stopped = unique("od"), [], []
+    async with running_minter(server):
+        credentials, start, own, agent = await started(server, tmp_path, node_id, errors)
+        thief_dir = tmp_path / "thief"
+        thief_own = agent_rekey.own_creds(start, data_dir=thief_dir, node_id=node_id)
+        thief = await connected_as(server, thief_own, node_id, [])
+        try:
+            await agent_rekey.keep_own_key(lambda: thief, node_id=node_id, creds=thief_own, given=start)
+            assert agent_rekey.creds_user(thief_own) == server.identities.minter().minted[node_id][-1]
+            assert not await refused(server, start)  # within the hold: not yet revoked
+            await agent_rekey.keep_own_key(
+                lambda: agent, node_id=node_id, creds=own, given=start, stop=lambda: stopped.append(1)
+            )
+            assert stopped == [1] or agent.is_closed
+            assert node_id not in server.identities.minter().minted
+            assert await refused(server, start) and await refused(server, thief_own)
         finally:
             await thief.close()
             await agent.close()

@@ -84,6 +84,22 @@ async def test_a_job_that_moved_away_is_placed_anywhere_but_where_it_was(service
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
 
 
+@pytest.mark.parametrize("cause", ["hung", "node_lost"])
+async def test_a_job_whose_attempt_hung_or_lost_its_node_avoids_it_where_another_can_host_it(service, cause):
+    """A bad GPU or a flapping node had the job back at once, every attempt, for as long as it was the best fit."""
+    broker, placement = service
+    await register(broker, node(node_id="first", tflops=300))
+    await publish(broker, submitted(job_id="j", gpu_count=1))
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
+    await publish(broker, requeued("j", cause))
+    assert placement.queue["j"].exclude == ()  # the only node that can host it: back there, as before
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
+    await register(broker, node(node_id="second", tflops=100))
+    await publish(broker, requeued("j", cause, version=7, attempt=2))
+    assert placement.queue["j"].exclude == ("first",)
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
+
+
 async def test_a_job_in_a_pool_goes_only_to_its_pools_nodes(service):
     broker, placement = service
     await register(broker, node(node_id="plain"))

@@ -390,7 +390,7 @@ def test_an_agents_own_key_is_signed_for_its_node_by_the_signer_of_the_identity_
     with pytest.raises(Refused, match="node of the cluster file"):
         rekey("n1", own, asked_for="n1")
     with pytest.raises(Refused, match="traded no start identity"):
-        confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC)
+        confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC, now=2_000.0)
     token, replaced = rekey("od-1", own)
     claims = decode_claims(token)
     assert claims["sub"] == own and claims["nats"]["pub"]["allow"] == list(busroles.agent("od-1", own_key=True).publish)
@@ -400,11 +400,17 @@ def test_an_agents_own_key_is_signed_for_its_node_by_the_signer_of_the_identity_
     assert decode_claims(again)["sub"] == own and replaced_again == [start] and m.minted["od-1"] == [start, own]
     with pytest.raises(Compromised, match="traded for another key"):
         rekey("od-1", public_key(new_seed("user")))
-    assert replaced_due(m, now=2_010.0, after_s=60) == {} and replaced_due(m, now=2_061.0, after_s=60) == {
-        "od-1": [start]
-    }
-    assert confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC) == [start]
+    m.minted_at["od-1"] = 1_000
+
+    def due(now: float, *, since: float = 0.0) -> dict:
+        return replaced_due(m, now=now, hold_s=1_800, unconfirmed_s=3_600, since=since)
+
+    assert due(2_500.0) == {}  # within the node's hold (a second trade is still seen), and not confirmed
+    # unconfirmed for an hour after the trade, or after the minter's own start where that is later
+    assert due(5_601.0) == {"od-1": [start]} and due(5_601.0, since=3_000.0) == {}
+    confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC, now=2_100.0)
+    assert due(2_700.0) == {} and due(2_801.0) == {"od-1": [start]}  # confirmed: once the hold is over
     assert drop_replaced(m, "od-1", [start]) is not None and m.minted["od-1"] == [own] and start in m.revocations
-    assert drop_replaced(m, "od-1", [start]) is None and confirm_rekey(m, "od-1", asked_for="od-1", static=STATIC) == []
+    assert drop_replaced(m, "od-1", [start]) is None and due(9_999.0) == {}
     revoke_node(m, RevokeNode(node_id="od-1"))
-    assert own in m.revocations and "od-1" not in m.rekeyed
+    assert own in m.revocations and "od-1" not in m.rekeyed and "od-1" not in m.confirmed
