@@ -8,6 +8,7 @@ import math
 
 UPDATE_EVERY_S = 2.0
 MAX_LINE_BYTES = 2**20  # a longer line is shipped in pieces of this size
+SKIP_TAIL_BYTES = 8192  # of output dropped unsplit, what is kept for the task's last lines
 CURSOR_UP = "\x1b[A"  # a nested tqdm bar's frame ends so: the next newline only moves down to draw it again
 
 
@@ -25,8 +26,11 @@ class OutputSplitter:
         """The lines `data` completes."""
         out: list[str] = []
         buffer, start = self.partial + data, 0
-        while True:
-            cr, nl = buffer.find(b"\r", start), buffer.find(b"\n", start)
+        cr = buffer.find(b"\r")  # looked for again only once passed: each look from every line scanned the rest of
+        while True:  # the buffer, a 64-KiB read of short lines with no carriage return was ~2 GB scanned
+            if 0 <= cr < start:
+                cr = buffer.find(b"\r", start)
+            nl = buffer.find(b"\n", start)
             ends = [i for i in (cr, nl) if i >= 0]
             if not ends:
                 break
@@ -42,6 +46,17 @@ class OutputSplitter:
             out += self._line(self.partial[:MAX_LINE_BYTES].decode(errors="replace"))
             self.partial = self.partial[MAX_LINE_BYTES:]
         return out
+
+    def skip(self, data: bytes) -> tuple[int, bytes] | None:
+        """Drop `data` unsplit, up to its last newline (lines over the task's allowance): how many lines it ended and
+        the bytes of its last ones (up to `SKIP_TAIL_BYTES`); None where it ends no line (then fed as usual: a
+        newline-free stream is cut into few long pieces anyway)."""
+        buffer = self.partial + data
+        cut = buffer.rfind(b"\n")
+        if cut < 0:
+            return None
+        self.partial, self.held, self.after_cr = buffer[cut + 1 :], None, False
+        return buffer.count(b"\n", 0, cut + 1), buffer[max(0, cut - SKIP_TAIL_BYTES) : cut]
 
     def due(self, now: float) -> list[str]:
         """The held update, once UPDATE_EVERY_S has passed since the last one shipped (a bar that stopped moving)."""

@@ -29,6 +29,7 @@ class OutputRate:
     bytes_per_s: float
     burst_s: float
     dropped: int = 0  # lines refused since the last notice
+    resting: bool = False  # ran out: output is dropped unsplit until a second of allowance is saved up
     lines: Bucket = field(init=False)
     size: Bucket = field(init=False)
 
@@ -47,6 +48,23 @@ class OutputRate:
         self.lines.tokens -= 1
         self.size.tokens -= cost
         return True
+
+    def spent(self, *, now: float) -> bool:
+        """Whether what comes now is dropped whole, unsplit (`drop`): once the allowance ran out, until a second of
+        it is saved up again (a line's worth at a time would have each read split again for one line)."""
+        self.lines.refill(now)
+        self.size.refill(now)
+        if self.lines.tokens < 1 or self.size.tokens < 1:
+            self.resting = True
+        elif self.lines.tokens >= min(self.lines_per_s, self.lines.capacity) and self.size.tokens >= min(
+            self.bytes_per_s, self.size.capacity
+        ):
+            self.resting = False
+        return self.resting
+
+    def drop(self, lines: int) -> None:
+        """Count `lines` refused together."""
+        self.dropped += lines
 
     def take_dropped(self) -> int:
         """Lines refused since last asked."""

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -54,9 +55,12 @@ GPU_OOM = re.compile(
 )
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 OOM_MARKERS = ("emory", "ALLOC", "bad_alloc")  # every match of the two patterns holds one of these
+OOM_BYTES = tuple(m.encode() for m in OOM_MARKERS)
 MEMORY_CHECK_S = 0.5
 EXIT_POLL_S = 0.05
 DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read within this
+READ_BYTES = 2**16  # a read of a task's output
+SPENT_READ_BYTES, SPENT_PAUSE_S = 2**20, 0.05  # while its allowance is spent: 20 MiB/s read (and dropped) at most
 TASK_MARKER = "TRAINMASTER_TASK_INSTANCE"  # in every task process's environment: found even outside its group
 
 log = logging.getLogger(__name__)
@@ -133,6 +137,14 @@ def task_environment(
     return env
 
 
+class OutputGate(Protocol):
+    """Whether a task's output allowance is spent for now, and the count of lines dropped unsplit."""
+
+    def spent(self) -> bool: ...
+
+    def drop(self, lines: int) -> None: ...
+
+
 @dataclass
 class TaskProcess:
     """A started task; `stop_reason` is set once the agent decided to stop it."""
@@ -157,6 +169,7 @@ class TaskProcess:
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
     update_every_s: float = UPDATE_EVERY_S  # a redrawn bar's latest frame goes out at most this often
+    drained: bool = False  # its output is no longer read: nothing more is forwarded
     _held: bool | None = field(default=None, init=False, repr=False)
 
     @property
@@ -180,7 +193,7 @@ class TaskProcess:
     def _joined_now(self) -> bool:
         return self.cgroup is not None and self.joined is not None and self.joined.exists()
 
-    async def pump(self, on_line: Callable[[LogLine], None]) -> int:
+    async def pump(self, on_line: Callable[[LogLine], None], *, gate: "OutputGate | None" = None) -> int:
         """Forward every output line until the shim ends, then kill what is left of the task and forward what it
         had printed; return the shim's exit status (the command's, or the signal that killed the shim).
 
@@ -192,8 +205,8 @@ class TaskProcess:
         if stdout is None or stderr is None:
             raise RuntimeError("the shim was started without pipes for its output")
         readers = [
-            asyncio.create_task(self._read(stdout, "out", on_line)),
-            asyncio.create_task(self._read(stderr, "err", on_line)),
+            asyncio.create_task(self._read(stdout, "out", on_line, gate)),
+            asyncio.create_task(self._read(stderr, "err", on_line, gate)),
         ]
         status = await self._ended()
         if status != -signal.SIGKILL:
@@ -206,8 +219,9 @@ class TaskProcess:
             cgroup=self.cgroup if self.held_by_cgroup() else None,
         )
         _, late = await asyncio.wait(readers, timeout=DRAIN_S)
-        for reader in late:  # something outside the task's group, uid and environment holds its output: not read
-            reader.cancel()
+        self.drained = True  # nothing it prints from here on is forwarded (a cancel a read's result swallowed
+        for reader in late:  # left a reader writing into the closed log); something outside the task's group, uid
+            reader.cancel()  # and environment holds its output: not read
         if isinstance(self.process, ShimProcess):
             self.process.close()
         return status
@@ -219,13 +233,19 @@ class TaskProcess:
             await asyncio.sleep(EXIT_POLL_S)
         return self.process.returncode
 
-    async def _read(self, stream: asyncio.StreamReader, name: str, on_line: Callable[[LogLine], None]) -> None:
+    async def _read(
+        self, stream: asyncio.StreamReader, name: str, on_line: Callable[[LogLine], None], gate: "OutputGate | None"
+    ) -> None:
         """Forward the stream's lines; a bar redrawn with carriage returns as its latest frame now and then
-        (`carriage.OutputSplitter`)."""
+        (`carriage.OutputSplitter`). While the task's output allowance is spent (`gate`), what it prints is dropped
+        unsplit, its lines counted (a task printing as fast as it could held a core of the agent, its loop late by
+        a tenth of a second, splitting lines it then dropped); its last lines are kept for its end's message, and a
+        read that may hold an out-of-memory message is split as usual."""
         splitter = OutputSplitter(every_s=self.update_every_s)
-        while True:
+        while not self.drained:
+            size = SPENT_READ_BYTES if gate is not None and gate.spent() else READ_BYTES
             try:
-                raw = await asyncio.wait_for(stream.read(2**16), timeout=splitter.every_s)
+                raw = await asyncio.wait_for(stream.read(size), timeout=splitter.every_s)
             except TimeoutError:  # quiet: a held bar frame goes out once due
                 self._forward(splitter.due(time.monotonic()), name, on_line)
                 continue
@@ -233,10 +253,17 @@ class TaskProcess:
                 self._forward(splitter.end(), name, on_line)
                 return
             self.last_output = time.monotonic()
+            spent = gate is not None and gate.spent() and not any(m in raw for m in OOM_BYTES)
+            if gate is not None and spent and (skipped := splitter.skip(raw)) is not None:
+                lines, last = skipped
+                gate.drop(lines)
+                self.tail.extend(last.decode(errors="replace").split("\n")[-TAIL_LINES:])
+                await asyncio.sleep(SPENT_PAUSE_S)  # no faster than SPENT_READ_BYTES a SPENT_PAUSE_S: past that
+                continue  # the task waits on its full pipe, not the agent on its output
             self._forward(splitter.feed(raw, self.last_output), name, on_line)
 
     def _forward(self, lines: list[str], name: str, on_line: Callable[[LogLine], None]) -> None:
-        if not lines:
+        if not lines or self.drained:
             return
         now = time.time()  # the batch's lines were read together
         # the out-of-memory patterns only where a line may hold one: a task printing as fast as it could held the

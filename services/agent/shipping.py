@@ -75,6 +75,15 @@ class LogShipper:
             self._notice_dropped()
         self._keep(line)
 
+    def spent(self) -> bool:
+        """Whether the task's output allowance is used up for now: what it prints is dropped without being split
+        into lines (a task printing as fast as it could held a core of the agent splitting lines it then dropped)."""
+        return self.rate is not None and self.rate.spent(now=self.clock())
+
+    def drop(self, lines: int) -> None:
+        if self.rate is not None:
+            self.rate.drop(lines)
+
     def note(self, text: str) -> None:
         """A line of the agent's own about the task (never dropped)."""
         self._keep(LogLine(t=time.time(), s="err", line=f"[trainmaster] {text}"))

@@ -240,7 +240,7 @@ class Supervisor:
         ]
         if self.disk_quota_gb:
             helpers.append(asyncio.create_task(enforce_disk(task, self.disk_quota_gb)))
-        status = await task.pump(shipper.add)
+        status = await task.pump(shipper.add, gate=shipper)
         self.cpus.give_back(key)  # its processes are gone: the next task may have its CPUs while its end is reported
         for helper in helpers:
             helper.cancel()

@@ -452,6 +452,31 @@ async def test_a_task_whose_uploads_hang_holds_no_other_tasks_start_or_end(tmp_p
     assert done.reason == "completed", done
 
 
+async def test_output_past_a_spent_allowance_is_dropped_unsplit(tmp_path, monkeypatch):
+    """A task printing as fast as it could held a core of the agent (its loop a tenth of a second late) splitting
+    lines it then dropped (found by review): once its allowance is spent, what it prints is counted by its newlines,
+    never split line by line, and read no faster than 20 MiB/s (then it waits on its own full pipe)."""
+    import re
+
+    from services.agent import outputrate
+
+    split = [0]  # lines offered to the allowance one by one
+    admit = outputrate.OutputRate.admit
+
+    def counted(self, nbytes, *, now):
+        split[0] += 1
+        return admit(self, nbytes, now=now)
+
+    monkeypatch.setattr(outputrate.OutputRate, "admit", counted)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    agent.supervisor.output_rate = lambda: outputrate.OutputRate(lines_per_s=100, bytes_per_s=65536, burst_s=1)
+    ended, output = await run(agent, start(unique("yes"), "timeout 3 yes; echo EXIT"), sent)
+    dropped = sum(int(n) for n in re.findall(r"(\d+) lines dropped", output))
+    assert ended.reason == "completed", ended
+    assert dropped > 10 * split[0] > 0, (dropped, split[0])  # most counted in bulk, never split one by one
+
+
 def test_a_measure_past_its_limit_ends_there_and_counts_each_entry_at_least_its_floor(tmp_path):
     from services.agent.quota import disk_usage
 

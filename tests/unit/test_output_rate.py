@@ -133,3 +133,26 @@ async def test_a_server_that_takes_smaller_messages_gets_smaller_chunks_and_cut_
     assert shipped[:2] == ["a" * 600_000, "b" * 600_000] and shipped[-1] == "end" and sent[-1].last
     assert shipped[2].startswith("\x01" * 1000) and shipped[2].endswith("the bus takes no larger message]")
     assert (tmp_path / "out.log").read_text().count("\x01") == 400_000  # the attempt's file has it whole
+
+
+def test_a_spent_allowance_rests_until_a_second_of_it_is_saved_up_and_counts_what_it_drops():
+    """While spent, what a task prints is dropped unsplit (`drop`); it resumes with a second of allowance saved, not
+    a line's worth (each read would be split again for one line)."""
+    rate = OutputRate(lines_per_s=10, bytes_per_s=1_000_000, burst_s=2)
+    assert not rate.spent(now=0.0)
+    assert sum(rate.admit(10, now=0.0) for _ in range(25)) == 20 and rate.spent(now=0.0)
+    assert rate.spent(now=0.5)  # five lines saved up: still resting
+    rate.drop(1_000)
+    assert not rate.spent(now=1.0) and rate.take_dropped() == 1_005  # ten saved up: lines go out again
+
+
+def test_output_dropped_unsplit_is_counted_by_its_lines_and_keeps_its_last_ones():
+    from services.agent.carriage import OutputSplitter
+
+    splitter = OutputSplitter()
+    assert splitter.feed(b"first\npart", 0.0) == ["first"]
+    assert splitter.skip(b"ial\n" + b"y\n" * 10 + b"last\nhalf") == (12, b"partial\n" + b"y\n" * 10 + b"last")
+    assert splitter.skip(b" a line") is None  # ends no line: fed as usual
+    assert splitter.feed(b" a line\n", 1.0) == ["half a line"]
+    # a carriage return found once and looked for again only once passed (each line scanned the rest of a read)
+    assert splitter.feed(b"a\rb\rc\n" + b"z\n" * 3 + b"p\rq\n", 5.0) == ["a", "b", "c", "z", "z", "z", "p", "q"]
