@@ -170,8 +170,9 @@ class Placement:
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()
         if cause in AVOIDED:  # only where a live node but those (or a rental) could host it: else back there
             live = {n.node_id for n in self.fleet.live()}
-            others = [n for n in nodes if n.id in live and n.id not in exclude]
-            if not ever_placeable(others, self.fleet.catalogue, job):
+            rule = self.inputs.constraints([item]).get(item.job_id, Constraint())  # its pool, its kept nodes
+            others = [n for n in nodes if n.id in live and rule.allows(n)]
+            if not ever_placeable(others, self.fleet.catalogue if rule.rents else (), job):
                 item = item.model_copy(update={"exclude": ()})
         if cause in ("oom_gpu", "oom_host") and not ever_placeable(nodes, self.fleet.catalogue, job):
             what = (

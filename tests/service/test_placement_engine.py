@@ -100,6 +100,18 @@ async def test_a_job_whose_attempt_hung_or_lost_its_node_avoids_it_where_another
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
 
 
+async def test_a_pooled_job_that_hung_goes_back_to_its_pools_only_node_whatever_else_is_registered(service):
+    broker, placement = service
+    pooled = node(node_id="pooled")
+    await register(broker, pooled.model_copy(update={"labels": {"pool": "vision"}}))
+    await register(broker, node(node_id="plain"))
+    await publish(broker, submitted(job_id="j", gpu_count=1, pool_id="vision"))
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["pooled"]
+    await publish(broker, requeued("j", "hung"))
+    assert placement.queue["j"].exclude == ()  # "plain" is not its pool's: it would have waited for ever
+    assert await placement.schedule_once() == 1 and where(placement, "j") == ["pooled"]
+
+
 async def test_a_job_in_a_pool_goes_only_to_its_pools_nodes(service):
     broker, placement = service
     await register(broker, node(node_id="plain"))
