@@ -159,6 +159,27 @@ async def test_a_search_whose_trials_no_service_would_take_is_refused_naming_why
     assert refused.status_code == 400 and named in refused.json()["error_msg"], refused.text
 
 
+async def test_a_search_whose_record_could_outgrow_a_database_document_is_refused_naming_max_trials():
+    """A search keeps its trials in one record: 1,000 trials of 50 choices of 256 characters each could pass 16 MiB,
+    and its record could then no longer be written (the search stopped moving). Refused naming max_trials and how
+    many would fit; a smaller search of the same space is taken."""
+    from services.submitter.searches.models import MAX_DOCUMENT_BYTES, SearchCreate, largest_document
+
+    app, _, _ = await app_and_client()
+    space = {f"p{i}": {"type": "categorical", "choices": ["é" * 256, "b"]} for i in range(50)}
+    spec = body(space=space, max_trials=1000, pruner="none")
+    async with client(app) as admin:
+        refused = await admin.post("/v2/vision/searches", json=spec)
+        assert refused.status_code == 400 and refused.json()["error_msg"].startswith("param[max_trials] invalid:"), (
+            refused.text
+        )
+        most = int(refused.text.split("at most ")[1].split(" ")[0])
+        size, _ = largest_document(SearchCreate.model_validate(body(space=space, max_trials=most, pruner="none")))
+        assert 0 < most < 1000 and size <= MAX_DOCUMENT_BYTES
+        taken = await admin.post("/v2/vision/searches", json=body(space=space, max_trials=most, pruner="none"))
+    assert taken.status_code == 201, taken.text
+
+
 async def test_a_project_runs_at_most_its_cap_of_searches_at_once():
     """Each running search keeps trials queued and running; past the cap a new one is refused (429, naming the
     cap) until one ends, and other projects are not counted."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from services.submitter.searches.driver import Driver, Submitted
-from services.submitter.searches.models import SearchCreate
+from services.submitter.searches.models import TRIAL_REASON_CHARS, SearchCreate
 from services.submitter.searches.store import SearchStore
 from tests.memory import MemoryCollection
 
@@ -186,6 +186,18 @@ async def test_an_invalid_trial_fails_and_does_not_block_the_search():
     await driver.pass_once(now_ms=T0)
     doc = await store.get("p", "s-unit")
     assert [t["state"] for t in doc["trials"]] == ["Failed", "Failed"] and doc["phase"] == "Completed"
+
+
+@pytest.mark.asyncio
+async def test_a_trials_reason_is_kept_short_in_the_searchs_record():
+    """A trial's job may end with 16 KiB of its last lines: 1,000 of them passed the 16-MiB document a search's
+    trials live in (the whole reason stays on the trial's job)."""
+    store, _ = await started(search_doc(max_trials=1, parallelism=1))
+    port = FakePort(refuse=Submitted("400 " + "x" * 20_000, retry=False))
+    driver = Driver(store=store, port=port)
+    await driver.pass_once(now_ms=T0)
+    doc = await store.get("p", "s-unit")
+    assert doc["trials"][0]["state"] == "Failed" and len(doc["trials"][0]["reason"]) == TRIAL_REASON_CHARS
 
 
 @pytest.mark.asyncio

@@ -1,5 +1,6 @@
 """A search as the API takes and shows it (strict on write, every error naming its field)."""
 
+import json
 import math
 import secrets
 from typing import Annotated, Any, Literal
@@ -128,6 +129,26 @@ class SearchCreate(Strict):
         return self
 
 
+MAX_DOCUMENT_BYTES = 8 * 2**20  # a search's record, its trials included, at most (a database document holds 16 MiB)
+TRIAL_REASON_CHARS = 500  # of a trial's reason, kept in the search's record (the whole one is its job's)
+TRIAL_BYTES = 400 + 4 * TRIAL_REASON_CHARS  # a trial's record but its parameters, at most (UTF-8: 4 bytes a char)
+
+
+def largest_document(spec: SearchCreate) -> tuple[int, int]:
+    """The most bytes a search's record could hold (its spec, and `max_trials` trials each with the longest value of
+    each parameter), and a trial's record at most."""
+    values = sum(len(name.encode()) + 16 + largest_value(param) for name, param in spec.space.items())
+    trial = TRIAL_BYTES + values
+    return len(json.dumps(spec.model_dump(mode="json")).encode()) + spec.max_trials * trial, trial
+
+
+def largest_value(param: Param) -> int:
+    """The bytes of the longest value a parameter may take in a trial's record."""
+    if param.choices:
+        return max(len(json.dumps(c, ensure_ascii=False).encode()) for c in param.choices)
+    return 24
+
+
 def unfit(spec: SearchCreate) -> tuple[str, str] | None:
     """(field, reason) where a new search's trials could not run: each is the template with the space's values added
     as parameters (at most MAX_PARAMETERS together, each an environment variable of the task). Checked when a search
@@ -140,6 +161,14 @@ def unfit(spec: SearchCreate) -> tuple[str, str] | None:
         )
     if taken := sorted(n for n in spec.space if reserved_env(n)):
         return "space", f"{taken[0]!r} is an environment variable trainmaster sets"
+    size, trial = largest_document(spec)
+    if size > MAX_DOCUMENT_BYTES:  # its record could no longer be written, and the search would stop moving
+        most = max(0, (MAX_DOCUMENT_BYTES - (size - spec.max_trials * trial)) // trial)
+        return "max_trials", (
+            f"{spec.max_trials} trials of this space could make the search's record {size / 2**20:.1f} MiB (each "
+            f"trial's record up to {trial:,} bytes), past {MAX_DOCUMENT_BYTES // 2**20} MiB: at most {most} trials "
+            "(or shorter choices)"
+        )
     return None
 
 
