@@ -5,6 +5,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from shared.clock import utcnow
 from shared.events import Assignment
 from shared.jobs import Parameter, Resource, Spec, task_cpus
 from shared.nodes import NodeInfo
@@ -144,9 +145,13 @@ class PolicyInputs:
             if node.reserved_for:
                 mine.setdefault(node.reserved_for, set()).add(node.node_id)
         found = {}
+        now = utcnow()
         for item in queued:
+            lapsed = item.exclude_until is not None and now >= item.exclude_until
             constraint = Constraint(
-                only=frozenset(mine.get(item.job_id, ())), exclude=frozenset(item.exclude), pool=item.needs.pool_id
+                only=frozenset(mine.get(item.job_id, ())),
+                exclude=frozenset(() if lapsed else item.exclude),
+                pool=item.needs.pool_id,
             )
             if constraint != Constraint():
                 found[item.job_id] = constraint

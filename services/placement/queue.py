@@ -40,6 +40,8 @@ class QueueItem(BaseModel):
     assignments: tuple[Assignment, ...] = ()
     resource: Resource | None = Field(None, description="What the job needs now (grown after out-of-memory).")
     exclude: tuple[str, ...] = Field((), description="Nodes the next attempt must avoid (it is moving away).")
+    exclude_until: datetime | None = Field(None, description="When `exclude` lapses (None: it holds).")
+    left: tuple[str, ...] = Field((), description="The nodes its attempt ran on, once its node was lost (held).")
     started_at: datetime | None = Field(None, description="When the job first ran (its clock for slowness).")
     slow_checked: int = Field(0, description="The attempt last found slow (acted on once per attempt).")
     moving: bool = Field(False, description="Asked to move (pull-back); its current attempt is ending.")

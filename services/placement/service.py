@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal
 
 from shared.clock import utcnow
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 # rental) could host it: one bad GPU or a flapping node had it back at once, every attempt, for as long as it was the
 # best fit. Where only those nodes can host it, it goes back to them as before.
 AVOIDED = ("hung", "node_lost")
+AVOID_S = 900.0  # for so long: then any node again (the others may have gone, or be busy for days)
+OWNED_POLICIES = ("local-fifo", "wait-local")  # policies that never rent
 
 
 def acts_on(event: JobStatusChanged) -> bool:
@@ -124,8 +127,9 @@ class Placement:
             else:
                 self.store.keep(started)  # written with its next change; a restart reads the start of none
         elif event.attempt == item.attempt and item.state in ("placed", "held"):
-            if event.phase == Phase.ABNORMAL:
-                await self.store.save(item.model_copy(update={"state": "held", "assignments": ()}), [])
+            if event.phase == Phase.ABNORMAL:  # its node lost: the nodes it ran on kept for its requeue to avoid
+                left = tuple(a.node_id for a in item.assignments) or item.left
+                await self.store.save(item.model_copy(update={"state": "held", "assignments": (), "left": left}), [])
             elif event.phase == Phase.PENDING and not event.node_ids:
                 await self._requeue(item, event.requeue_cause)
 
@@ -154,26 +158,31 @@ class Placement:
             )
         elif cause == "oom_host":
             needs = needs.model_copy(update={"memory_gb": min(item.given_memory_gb * 2, MAX_MEMORY_GB)})
-        elif cause in ("migrated", "slow", "reclaimed", *AVOIDED):
+        elif cause in ("migrated", "slow", "reclaimed"):
             exclude = tuple(a.node_id for a in item.assignments)
+        elif cause in AVOIDED:
+            exclude = tuple(a.node_id for a in item.assignments) or item.left
         item = item.model_copy(
             update={
                 "state": "queued",
                 "assignments": (),
                 "resource": needs,
                 "exclude": exclude,
+                "exclude_until": utcnow() + timedelta(seconds=AVOID_S) if cause in AVOIDED and exclude else None,
+                "left": (),
                 "moving": False,
                 "memory_gb": None,
                 "queued_at": utcnow(),
             }
         )
         job, nodes = self.inputs.job_request(item), self.fleet.known_nodes()
-        if cause in AVOIDED:  # only where a live node but those (or a rental) could host it: else back there
+        if cause in AVOIDED and exclude:  # only where a live node but those (or a rental) could host it
             live = {n.node_id for n in self.fleet.live()}
             rule = self.inputs.constraints([item]).get(item.job_id, Constraint())  # its pool, its kept nodes
             others = [n for n in nodes if n.id in live and rule.allows(n)]
-            if not ever_placeable(others, self.fleet.catalogue if rule.rents else (), job):
-                item = item.model_copy(update={"exclude": ()})
+            rents = rule.rents and self.config.policy not in OWNED_POLICIES
+            if not ever_placeable(others, self.fleet.rentable(time.time()) if rents else (), job):
+                item = item.model_copy(update={"exclude": (), "exclude_until": None})  # else back there
         if cause in ("oom_gpu", "oom_host") and not ever_placeable(nodes, self.fleet.catalogue, job):
             what = (
                 f"more than {needs.min_gpu_memory_gb - 0.001:g} GB per GPU"

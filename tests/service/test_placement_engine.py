@@ -13,7 +13,7 @@ from shared.nodes import NodeInfo
 from shared.rpc import CandidatesQuery
 from services.placement.handlers import router as placement_router
 from services.placement.policy.options import waited_s
-from tests.factories import T0, node, requeued, spec, submitted
+from tests.factories import T0, node, requeued, spec, status_changed, submitted
 from tests.service.conftest import placement_service
 
 
@@ -85,18 +85,37 @@ async def test_a_job_that_moved_away_is_placed_anywhere_but_where_it_was(service
 
 
 @pytest.mark.parametrize("cause", ["hung", "node_lost"])
-async def test_a_job_whose_attempt_hung_or_lost_its_node_avoids_it_where_another_can_host_it(service, cause):
-    """A bad GPU or a flapping node had the job back at once, every attempt, for as long as it was the best fit."""
+async def test_a_job_whose_attempt_hung_or_lost_its_node_avoids_it_for_a_while_where_another_can_host_it(
+    service, monkeypatch, cause
+):
+    """A bad GPU or a flapping node had the job back at once, every attempt, for as long as it was the best fit.
+    A lost node's attempt goes through Abnormal first (its assignments cleared): the nodes it ran on are kept."""
+    from services.placement import inputs as placement_inputs
+    from services.placement.service import AVOID_S
+
     broker, placement = service
+
+    async def lose(version: int, attempt: int) -> None:
+        if cause == "node_lost":  # the monitor's way: Abnormal[Lost], then the requeue
+            lost = status_changed("j", Phase.ABNORMAL, SecondaryPhase.LOST, version=version - 1, attempt=attempt)
+            await publish(broker, lost)
+        await publish(broker, requeued("j", cause, version=version, attempt=attempt))
+
     await register(broker, node(node_id="first", tflops=300))
     await publish(broker, submitted(job_id="j", gpu_count=1))
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
-    await publish(broker, requeued("j", cause))
+    await lose(5, 1)
     assert placement.queue["j"].exclude == ()  # the only node that can host it: back there, as before
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["first"]
     await register(broker, node(node_id="second", tflops=100))
-    await publish(broker, requeued("j", cause, version=7, attempt=2))
-    assert placement.queue["j"].exclude == ("first",)
+    await lose(7, 2)
+    item = placement.queue["j"]
+    assert item.exclude == ("first",) and item.exclude_until is not None
+    assert placement.inputs.constraints([item])["j"].exclude == {"first"}
+    later = item.exclude_until + timedelta(seconds=1)
+    monkeypatch.setattr(placement_inputs, "utcnow", lambda: later)  # past AVOID_S: any node again
+    assert "j" not in placement.inputs.constraints([item]) and AVOID_S >= 600
+    monkeypatch.undo()
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
 
 
