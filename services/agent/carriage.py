@@ -26,11 +26,14 @@ class OutputSplitter:
         """The lines `data` completes."""
         out: list[str] = []
         buffer, start = self.partial + data, 0
-        cr = buffer.find(b"\r")  # looked for again only once passed: each look from every line scanned the rest of
-        while True:  # the buffer, a 64-KiB read of short lines with no carriage return was ~2 GB scanned
+        # each looked for again only once passed: a look from every segment scanned the rest of the buffer (a 64-KiB
+        # read of short lines with no carriage return, or of bar frames with no newline, was ~2 GB scanned)
+        cr, nl = buffer.find(b"\r"), buffer.find(b"\n")
+        while True:
             if 0 <= cr < start:
                 cr = buffer.find(b"\r", start)
-            nl = buffer.find(b"\n", start)
+            if 0 <= nl < start:
+                nl = buffer.find(b"\n", start)
             ends = [i for i in (cr, nl) if i >= 0]
             if not ends:
                 break
@@ -40,6 +43,8 @@ class OutputSplitter:
                 out += self._line(segment)
             else:
                 out += self._update(segment, now)
+                if end == cr and segment.replace(CURSOR_UP, "").strip():  # shipped or held: none after it is due
+                    end = self._last_frame(buffer, end, nl)
             start = end + 1
         self.partial = buffer[start:]
         while len(self.partial) > MAX_LINE_BYTES:
@@ -48,15 +53,31 @@ class OutputSplitter:
         return out
 
     def skip(self, data: bytes) -> tuple[int, bytes] | None:
-        """Drop `data` unsplit, up to its last newline (lines over the task's allowance): how many lines it ended and
-        the bytes of its last ones (up to `SKIP_TAIL_BYTES`); None where it ends no line (then fed as usual: a
-        newline-free stream is cut into few long pieces anyway)."""
+        """Drop `data` unsplit, up to its last newline or carriage return (lines and bar frames over the task's
+        allowance): how many lines it ended and the bytes of its last ones (up to `SKIP_TAIL_BYTES`); None where it
+        ends neither (then fed as usual: such a stream is cut into few long pieces anyway)."""
         buffer = self.partial + data
-        cut = buffer.rfind(b"\n")
+        cut = max(buffer.rfind(b"\n"), buffer.rfind(b"\r"))
         if cut < 0:
             return None
-        self.partial, self.held, self.after_cr = buffer[cut + 1 :], None, False
+        self.partial, self.held, self.after_cr = buffer[cut + 1 :], None, buffer[cut : cut + 1] == b"\r"
         return buffer.count(b"\n", 0, cut + 1), buffer[max(0, cut - SKIP_TAIL_BYTES) : cut]
+
+    def _last_frame(self, buffer: bytes, cr: int, nl: int) -> int:
+        """Past a frame (not blank) ended by the carriage return at `cr`, the frames up to the next newline (`nl`, -1:
+        none) are held one after the other, none shipped (one `feed` has one time: after a frame shipped or held, none
+        is due), so the last of them is held at once and the run is passed; where that one is blank, each is gone
+        through as before.
+        A bar redrawn in a tight loop (`print(..., end="\\r")`) was a frame a few bytes long at a time: a core of the
+        agent. Where the scan stopped (the carriage return ending the last frame held, or `cr`)."""
+        last = buffer.rfind(b"\r", cr + 1, nl if nl >= 0 else len(buffer))
+        if last < 0:
+            return cr
+        frame = buffer[buffer.rfind(b"\r", cr, last) + 1 : last].decode(errors="replace")
+        if not frame.replace(CURSOR_UP, "").strip():
+            return cr
+        self.held, self.after_cr = frame, True
+        return last
 
     def due(self, now: float) -> list[str]:
         """The held update, once UPDATE_EVERY_S has passed since the last one shipped (a bar that stopped moving)."""

@@ -25,6 +25,7 @@ from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
 from services.agent.cgroups import TaskCgroup, kill_members, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
+from services.agent.outputrate import Bucket
 from services.agent.spawner import READ_LIMIT, SHIM, ShimProcess, SpawnerGone, spawner
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
 
@@ -56,11 +57,14 @@ GPU_OOM = re.compile(
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 OOM_MARKERS = ("emory", "ALLOC", "bad_alloc")  # every match of the two patterns holds one of these
 OOM_BYTES = tuple(m.encode() for m in OOM_MARKERS)
+OOM_LOOKS = 64  # lines holding a marker read for the patterns per read, while the output allowance is spent
+OOM_SPAN = 2**16  # an unended line's bytes carried over a read and looked at with it
 MEMORY_CHECK_S = 0.5
 EXIT_POLL_S = 0.05
 DRAIN_S = 2.0  # once the task's processes are dead, what they printed is read within this
 READ_BYTES = 2**16  # a read of a task's output
 SPENT_READ_BYTES, SPENT_PAUSE_S = 2**20, 0.05  # while its allowance is spent: 20 MiB/s read (and dropped) at most
+READ_BYTES_PER_S = 32 * 2**20  # a stream of a task's output is read no faster than this, whatever it is
 TASK_MARKER = "TRAINMASTER_TASK_INSTANCE"  # in every task process's environment: found even outside its group
 
 log = logging.getLogger(__name__)
@@ -242,6 +246,7 @@ class TaskProcess:
         a tenth of a second, splitting lines it then dropped); its last lines are kept for its end's message, and a
         read that may hold an out-of-memory message is split as usual."""
         splitter = OutputSplitter(every_s=self.update_every_s)
+        pace = Bucket(rate=READ_BYTES_PER_S, capacity=READ_BYTES_PER_S)  # what is read of it, whatever is shipped
         while not self.drained:
             size = SPENT_READ_BYTES if gate is not None and gate.spent() else READ_BYTES
             try:
@@ -253,14 +258,38 @@ class TaskProcess:
                 self._forward(splitter.end(), name, on_line)
                 return
             self.last_output = time.monotonic()
-            spent = gate is not None and gate.spent() and not any(m in raw for m in OOM_BYTES)
-            if gate is not None and spent and (skipped := splitter.skip(raw)) is not None:
-                lines, last = skipped
-                gate.drop(lines)
-                self.tail.extend(last.decode(errors="replace").split("\n")[-TAIL_LINES:])
+            pace.refill(self.last_output)
+            pace.tokens -= len(raw)
+            if pace.tokens < 0:  # past READ_BYTES_PER_S (a bar redrawn in a tight loop ships a frame now and then,
+                await asyncio.sleep(-pace.tokens / pace.rate)  # but was read as fast as it came): it waits on its pipe
+            if gate is not None and gate.spent():
+                if self.oom is None:  # the lines holding a marker (one may span two reads) read for an OOM message
+                    self._look_for_oom(splitter.partial + raw if len(splitter.partial) < OOM_SPAN else raw)
+                if (skipped := splitter.skip(raw)) is not None:
+                    lines, last = skipped
+                    gate.drop(lines)
+                    self.tail.extend(last.decode(errors="replace").replace("\r", "\n").split("\n")[-TAIL_LINES:])
+                else:  # no line or frame ended: a long piece, few of them
+                    self._forward(splitter.feed(raw, self.last_output), name, on_line)
                 await asyncio.sleep(SPENT_PAUSE_S)  # no faster than SPENT_READ_BYTES a SPENT_PAUSE_S: past that
                 continue  # the task waits on its full pipe, not the agent on its output
             self._forward(splitter.feed(raw, self.last_output), name, on_line)
+
+    def _look_for_oom(self, data: bytes) -> None:
+        """Read the lines of `data` that hold an out-of-memory marker (at most `OOM_LOOKS` a read) for the
+        out-of-memory patterns."""
+        looks = 0
+        for marker in OOM_BYTES:
+            at = data.find(marker)
+            while at >= 0 and looks < OOM_LOOKS and self.oom is None:
+                looks += 1
+                begin, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+                line = data[begin : end if end >= 0 else len(data)].decode(errors="replace")
+                if GPU_OOM.search(line):
+                    self.oom = "gpu"
+                elif HOST_OOM.search(line):
+                    self.oom = "host"
+                at = data.find(marker, end) if end >= 0 else -1
 
     def _forward(self, lines: list[str], name: str, on_line: Callable[[LogLine], None]) -> None:
         if not lines or self.drained:

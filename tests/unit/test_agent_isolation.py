@@ -477,6 +477,23 @@ async def test_output_past_a_spent_allowance_is_dropped_unsplit(tmp_path, monkey
     assert dropped > 10 * split[0] > 0, (dropped, split[0])  # most counted in bulk, never split one by one
 
 
+async def test_an_out_of_memory_message_split_over_two_reads_is_found_while_the_allowance_is_spent(tmp_path):
+    """Output past a spent allowance is dropped unsplit, but a line holding an out-of-memory marker is still read
+    for the patterns, the line carried over from the read before included (review: a message cut over two reads
+    was missed, and the job failed instead of moving to a larger GPU)."""
+    from services.agent import outputrate
+
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    agent.supervisor.output_rate = lambda: outputrate.OutputRate(lines_per_s=10, bytes_per_s=1000, burst_s=1)
+    script = (
+        "yes spam >&2 & sleep 1; printf 'x\\nCUDA out of mem'; sleep 0.5; "
+        "printf 'ory. Tried to allocate 20.00 MiB\\n'; sleep 0.3; kill $!; exit 1"
+    )
+    ended, _ = await run(agent, start(unique("oom"), f'sh -c "{script}"'), sent)
+    assert ended.reason == "oom" and ended.oom == "gpu", ended
+
+
 def test_a_measure_past_its_limit_ends_there_and_counts_each_entry_at_least_its_floor(tmp_path):
     from services.agent.quota import disk_usage
 
