@@ -29,6 +29,7 @@ from pathlib import Path
 
 from services.agent.cgroups import Cgroups, TaskCgroup, remove
 from services.agent.leftovers import sweep
+from services.agent.mounts import mounts, read_mountinfo
 from services.agent.uidrange import LAST_UID
 
 log = logging.getLogger(__name__)
@@ -408,15 +409,7 @@ REMOTE_TYPES = frozenset(
 
 def remote_mounts(mountinfo: str) -> list[str]:
     """The mount points of network, cluster, automounted and FUSE filesystems in /proc/self/mountinfo's text."""
-    points = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" - ", 1)
-        if len(fields) != 2 or len(fields[0].split()) < 5 or not fields[1].split():
-            continue
-        kind = fields[1].split()[0]
-        if kind in REMOTE_TYPES or kind.startswith("fuse"):
-            points.append(fields[0].split()[4].replace("\\040", " "))
-    return points
+    return [point for point, kind in mounts(mountinfo) if kind in REMOTE_TYPES or kind.startswith("fuse")]
 
 
 def writable_by_anyone(
@@ -426,11 +419,7 @@ def writable_by_anyone(
     none inside `skip`, NOT_SCANNED or a remote mount; one found is not looked into: it is covered whole). Looked
     for in a thread of its own: past `budget_s` what was found by then is returned, and what was not looked at is
     logged."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            remote = remote_mounts(f.read())
-    except OSError:
-        remote = []
+    remote = remote_mounts(read_mountinfo())
     skipped = tuple(os.path.realpath(p) for p in (*NOT_SCANNED, *skip)) + tuple(remote)
     found: list[str] = []
     left: list[str] = []  # folders not looked into when the budget ran out

@@ -13,8 +13,9 @@ import errno
 import os
 import signal
 import stat
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from services.agent.mounts import mounts, read_mountinfo
 
 if TYPE_CHECKING:
     from services.agent.runner import TaskProcess
@@ -34,7 +35,21 @@ def inode_share(path: str) -> int:
     """The bytes of disk per inode of the file system holding `path` (ext4's default is 16 KiB): what a file or
     folder counts for at least, so a quota that is a share of the disk is the same share of its inodes. Only where
     the number of inodes is fixed (`FIXED_INODES`): XFS and ZFS report a count that shrinks as the disk fills (a
-    neighbour filling it would raise every task's share), btrfs none, a network file system its server's; 0 there."""
+    neighbour filling it would raise every task's share), btrfs none, a network file system its server's; 0 there.
+    Found once per file system (its device): the quota asks for every task every few seconds."""
+    try:
+        device = os.stat(path).st_dev
+    except OSError:
+        return 0
+    if (share := _SHARES.get(device)) is None:
+        share = _SHARES[device] = _share_of(path)
+    return share
+
+
+_SHARES: dict[int, int] = {}  # device -> its inode share (fixed: only file systems whose inodes are set when made)
+
+
+def _share_of(path: str) -> int:
     if filesystem_of(path) not in FIXED_INODES:
         return 0
     try:
@@ -47,23 +62,13 @@ def inode_share(path: str) -> int:
 
 
 def filesystem_of(path: str, mountinfo: str | None = None) -> str:
-    """The type of the file system `path` is on: that of its longest mount point in /proc/self/mountinfo (empty
-    where it cannot be read)."""
-    try:
-        where = os.path.realpath(path)
-        text = mountinfo if mountinfo is not None else Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        return ""
+    """The type of the file system `path` is on: that of its longest mount point (empty where none is known)."""
+    where = os.path.realpath(path)
     best, kind = -1, ""
-    for line in text.splitlines():
-        fields = line.split(" - ", 1)
-        head = fields[0].split()
-        if len(fields) != 2 or len(head) < 5 or not fields[1].split():
-            continue
-        point = head[4].replace("\\040", " ")
+    for point, fs in mounts(read_mountinfo() if mountinfo is None else mountinfo):
         inside = where == point or where.startswith(point.rstrip("/") + "/")
         if inside and len(point) > best:
-            best, kind = len(point), fields[1].split()[0]
+            best, kind = len(point), fs
     return kind
 
 
@@ -109,7 +114,7 @@ async def past_quota(task: "TaskProcess", quota_gb: float) -> bool:
     """Whether the task's working directory holds more than `quota_gb`, each file and folder counted as at least
     its share of the disk's inodes (noted in its last output when so)."""
     top = str(task.workdir)
-    floor = await asyncio.to_thread(inode_share, top)
+    floor = inode_share(top)  # found once per file system: a stat here
     used = await asyncio.to_thread(disk_usage, top, floor=floor, limit=int(quota_gb * 2**30))
     if not over_quota(used, quota_gb):
         return False
