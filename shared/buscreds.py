@@ -270,26 +270,29 @@ class Minter:
     ) -> tuple[str, str]:
         """A user of the application account (its public key, its `.creds` text), signed by the account's signing
         key or `signer_seed` (a rental signer, which it records)."""
-        user, creds = mint_user(
-            name=name,
-            account=self.account,
-            signer_seed=signer_seed or self.account_signer_seed,
-            permissions=permissions,
-            seed=seed,
-            expires_at=expires_at,
-        )
-        if signer_seed is not None:
-            self.signed_by[user] = public_key(signer_seed)
-        return user, creds
+        seed = seed or new_seed("user")
+        user = public_key(seed)
+        token = self.sign(name=name, permissions=permissions, user=user, signer_seed=signer_seed, expires_at=expires_at)
+        return user, creds_text(jwt=token, seed=seed)
 
-    def sign(self, *, name: str, permissions: Permissions, user: str, signer_seed: str | None = None) -> str:
-        """The JWT of a user whose key someone else made (`user`, its public key), signed as `mint` signs."""
+    def sign(
+        self,
+        *,
+        name: str,
+        permissions: Permissions,
+        user: str,
+        signer_seed: str | None = None,
+        expires_at: int | None = None,
+    ) -> str:
+        """The JWT of user `user` (a public key: its seed may be someone else's alone), signed by the account's
+        signing key or `signer_seed` (a rental signer, which it records)."""
         token = user_jwt(
             user=user,
             name=name,
             account=self.account,
             signer_seed=signer_seed or self.account_signer_seed,
             permissions=permissions,
+            expires_at=expires_at,
         )
         if signer_seed is not None:
             self.signed_by[user] = public_key(signer_seed)

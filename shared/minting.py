@@ -81,3 +81,4 @@ class MinterAnswer(BaseModel):
     user: str = Field("", description="Its public key.")
     error: str = Field("", description="Why the request was refused; empty when it was done.")
     final: bool = Field(False, description="A refusal asking again will not change (not the minter's own failure).")
+    revoked: bool = Field(False, description="A refusal because the node's identity is gone or goes now.")

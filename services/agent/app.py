@@ -454,15 +454,12 @@ def create_app(settings: AgentSettings) -> FastStream:
                 on_notice=leave_on_notice(agent, exit_process=lambda: os.kill(os.getpid(), signal.SIGTERM)),
             )
             w.background.spawn("spot", watcher.run)
-        if settings.nats_rekey and (creds := settings.nats_creds) is not None and given is not None:
+        if settings.nats_rekey and given is not None:  # its creds: its own copy (create_app)
+            own = settings.nats_creds or given
             w.background.spawn(
                 "own key",
                 lambda: keep_own_key(
-                    lambda: client,
-                    node_id=node.node_id,
-                    creds=creds,
-                    given=given,
-                    keyed=lambda path: keyed_anew(w.broker, path),
+                    client, node_id=node.node_id, creds=own, given=given, keyed=lambda p: keyed_anew(w.broker, p)
                 ),
             )
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))

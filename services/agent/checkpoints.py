@@ -389,7 +389,7 @@ def _scan(local: Path, *, partial: bool = False, most: int | None = None) -> Man
     for root, folders, files in os.walk(local):
         entries += len(folders) + len(files)
         if most is not None and entries > 2 * most:
-            raise TooManyFiles(f"{local.name} holds more than {2 * most:,} files and folders: not mirrored")
+            raise TooManyFiles(f"{local.name} holds more than {2 * most:,} files and folders")
         for name in files:
             path = Path(root) / name
             if name.endswith(PARTIAL) and not partial:  # being written by the task: next time
@@ -401,7 +401,7 @@ def _scan(local: Path, *, partial: bool = False, most: int | None = None) -> Man
             if stat.S_ISREG(info.st_mode):  # links and devices are not the task's data
                 manifest[str(path.relative_to(local))] = (info.st_size, info.st_mtime_ns)
                 if most is not None and len(manifest) > most:
-                    raise TooManyFiles(f"{local.name} holds more than {most:,} files: not mirrored")
+                    raise TooManyFiles(f"{local.name} holds more than {most:,} files")
     return manifest
 
 

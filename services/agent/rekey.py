@@ -43,11 +43,12 @@ ASK_TIMEOUT_S = 15.0
 
 
 class RekeyRefused(Exception):
-    """The minter refused (its reason); `final`: asking again will not change it."""
+    """The minter refused (its reason); `final`: asking again will not change it; `revoked`: the node's identity is
+    gone, or goes now (someone else traded its start identity)."""
 
-    def __init__(self, reason: str, *, final: bool) -> None:
+    def __init__(self, reason: str, *, final: bool, revoked: bool = False) -> None:
         super().__init__(reason)
-        self.final = final
+        self.final, self.revoked = final, revoked
 
 
 def own_creds(given: Path, *, data_dir: Path, node_id: str) -> Path:
@@ -96,7 +97,7 @@ async def ask(client: nats.NATS, subject: str, request: BaseModel, *, node_id: s
             await subscription.unsubscribe()
     answer = MinterAnswer.model_validate_json(reply.data)
     if answer.error:
-        raise RekeyRefused(answer.error, final=answer.final)
+        raise RekeyRefused(answer.error, final=answer.final, revoked=answer.revoked)
     return answer
 
 
@@ -119,7 +120,7 @@ async def trade(client: nats.NATS, *, node_id: str, creds: Path) -> str:
 
 
 async def keep_own_key(
-    connection: Callable[[], nats.NATS],
+    client: nats.NATS,
     *,
     node_id: str,
     creds: Path,
@@ -134,16 +135,14 @@ async def keep_own_key(
     while True:
         try:
             if not traded(creds, given):
-                user = await trade(connection(), node_id=node_id, creds=creds)
+                user = await trade(client, node_id=node_id, creds=creds)
                 keyed(creds)
                 log.info("node %s holds a key its agent made (%s)", node_id, user)
-            await ask(
-                connection(), REKEYED_AGENT.format(node_id=node_id), RekeyConfirmed(node_id=node_id), node_id=node_id
-            )
+            await ask(client, REKEYED_AGENT.format(node_id=node_id), RekeyConfirmed(node_id=node_id), node_id=node_id)
             log.info("node %s's start identity is revoked: what its user data or Secret holds is worthless", node_id)
             return
         except RekeyRefused as exc:
-            if exc.final and ("traded for another key" in str(exc) or "no live agent identity" in str(exc)):
+            if exc.revoked:
                 log.critical("node %s's identity is revoked (%s): this agent stops", node_id, exc)
                 stop()
                 return
@@ -152,7 +151,6 @@ async def keep_own_key(
                 return
             log.warning("the minter could not sign this agent's own key yet (%s): asked again in %g s", exc, pause)
         except (NatsError, TimeoutError, OSError, ValidationError) as exc:
-            client = connection()
             if client.is_closed:  # for good (its identity revoked): the process ends with it
                 return
             if traded(creds, given) and client.is_connected and not reconnected:

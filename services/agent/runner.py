@@ -57,6 +57,13 @@ GPU_OOM = re.compile(
 HOST_OOM = re.compile(r"^(\w+\.)*MemoryError\b|std::bad_alloc")
 OOM_MARKERS = ("emory", "ALLOC", "bad_alloc")  # every match of the two patterns holds one of these
 OOM_BYTES = tuple(m.encode() for m in OOM_MARKERS)
+
+
+def oom_in(line: str) -> str | None:
+    """ "gpu" or "host" where the line says the task ran out of that memory; None otherwise."""
+    return "gpu" if GPU_OOM.search(line) else "host" if HOST_OOM.search(line) else None
+
+
 OOM_LOOKS = 64  # lines holding a marker read for the patterns per read, while the output allowance is spent
 OOM_SPAN = 2**16  # an unended line's bytes carried over a read and looked at with it
 MEMORY_CHECK_S = 0.5
@@ -165,7 +172,7 @@ class TaskProcess:
     disk_full: bool = False  # wrote more than its disk quota to its working directory
     manifest: dict = field(default_factory=dict)
     uploaded: dict[str, dict] = field(default_factory=dict)
-    unmirrored: dict[str, float] = field(default_factory=dict)  # folders found past MAX_MIRRORED_FILES, and when
+    unmirrored: dict[str, tuple[float, str]] = field(default_factory=dict)  # folders found too full: when, why
     note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
@@ -284,11 +291,7 @@ class TaskProcess:
             while at >= 0 and looks < OOM_LOOKS and self.oom is None:
                 looks += 1
                 begin, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
-                line = data[begin : end if end >= 0 else len(data)].decode(errors="replace")
-                if GPU_OOM.search(line):
-                    self.oom = "gpu"
-                elif HOST_OOM.search(line):
-                    self.oom = "host"
+                self.oom = oom_in(data[begin : end if end >= 0 else len(data)].decode(errors="replace"))
                 at = data.find(marker, end) if end >= 0 else -1
 
     def _forward(self, lines: list[str], name: str, on_line: Callable[[LogLine], None]) -> None:
@@ -301,10 +304,7 @@ class TaskProcess:
         for line in lines:
             self.tail.append(line)
             if look and self.oom is None:
-                if GPU_OOM.search(line):
-                    self.oom = "gpu"
-                elif HOST_OOM.search(line):
-                    self.oom = "host"
+                self.oom = oom_in(line)
             on_line(LogLine(t=now, s=name, line=line))
 
     async def stop(self, *, reason: str, grace_s: float) -> None:

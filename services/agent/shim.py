@@ -41,6 +41,10 @@ import stat
 import subprocess
 import sys
 import traceback
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
@@ -326,37 +330,38 @@ def enter_own_namespaces(uid: int, gid: int) -> None:
     _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
 
 
-@functools.cache
-def own_namespaces_refused(uid: int, gid: int) -> str | None:
-    """Why the host gives this user no namespaces of its own (tried by a forked copy, which then exits), or None:
-    on a host that restricts them the unshare itself may pass and what follows fail, leaving a process half in."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            enter_own_namespaces(uid, gid)
-            code = 0
-        except OSError:
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to this user"
-
-
-@functools.cache
-def mount_namespaces_refused() -> str | None:
-    """Why this (root) process may not give a task mount namespaces of its own (no CAP_SYS_ADMIN: a Pod's default),
-    tried by a forked copy that then exits; None where it may."""
+def passes_in_a_copy(attempt: "Callable[[], None]") -> bool:
+    """Whether `attempt` raises nothing in a forked copy of this process, which then exits (whatever it met, the
+    copy never returns into the caller's code): namespaces tried without entering them here."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "mount namespace")
-            _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+            attempt()
             code = 0
-        finally:  # whatever it met, the copy never returns into the agent's code
+        finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    return None if os.waitstatus_to_exitcode(status) == 0 else "the host refuses them to the agent"
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+@functools.cache
+def own_namespaces_refused(uid: int, gid: int) -> str | None:
+    """Why the host gives this user no namespaces of its own, or None: on a host that restricts them the unshare
+    itself may pass and what follows fail, leaving a process half in."""
+    return None if passes_in_a_copy(lambda: enter_own_namespaces(uid, gid)) else "the host refuses them to this user"
+
+
+def enter_mount_namespaces() -> None:
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "mount namespace")
+    _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "private mounts")
+
+
+@functools.cache
+def mount_namespaces_refused() -> str | None:
+    """Why this (root) process may not give a task mount namespaces of its own (no CAP_SYS_ADMIN: a Pod's default);
+    None where it may."""
+    return None if passes_in_a_copy(enter_mount_namespaces) else "the host refuses them to the agent"
 
 
 def confine_own(launch: dict) -> bool:

@@ -20,7 +20,7 @@ from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, local_check, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
-from services.agent.checkpoints import MAX_MIRRORED_FILES, ChangeWatch, CheckpointStore, Mirror, TooManyFiles
+from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
@@ -360,7 +360,7 @@ def due(task: TaskProcess, folder: str, *, last: bool) -> bool:
     too many files within `UNMIRRORED_RETRY_S` (each look walks up to the cap, and a change could ask 4 times a
     second)."""
     found = task.unmirrored.get(folder)
-    return last or found is None or time.monotonic() - found >= UNMIRRORED_RETRY_S
+    return last or found is None or time.monotonic() - found[0] >= UNMIRRORED_RETRY_S
 
 
 def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles) -> None:
@@ -372,7 +372,7 @@ def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles) -> None:
         if task.note is not None:
             task.note(said)
         log.warning("%s of %s not mirrored: %s", folder, task.start.job_id, exc)
-    task.unmirrored[folder] = time.monotonic()
+    task.unmirrored[folder] = (time.monotonic(), str(exc))
 
 
 def mirrored(task: TaskProcess, folder: str) -> None:
@@ -381,10 +381,10 @@ def mirrored(task: TaskProcess, folder: str) -> None:
 
 
 def unsaved(task: TaskProcess) -> str:
-    """What its end's message says of folders left unsaved (none: empty)."""
+    """What its end's message says of folders left unsaved, and why (none: empty)."""
     if not task.unmirrored:
         return ""
-    return f"not saved (more than {MAX_MIRRORED_FILES:,} files): {', '.join(sorted(task.unmirrored))}"
+    return "not saved: " + "; ".join(why for _, (_, why) in sorted(task.unmirrored.items()))
 
 
 def started_event(node: NodeInfo, boot_id: str, task: TaskProcess) -> TaskStarted:

@@ -49,6 +49,7 @@ from services.minter.rules import (
     Compromised,
     Limits,
     Refused,
+    Revoked,
     carrier,
     checked_by,
     confirm_rekey,
@@ -198,7 +199,7 @@ class MinterProcess:
         refusal."""
         again = request.node_id in minter.rekeyed
         try:
-            token, _ = rekey_agent(minter, request, asked_for=asked_for, limits=self.limits, now=time.time())
+            token = rekey_agent(minter, request, asked_for=asked_for, limits=self.limits, now=time.time())
         except Compromised:
             log.critical("%s's start identity was traded twice, for different keys: the node is revoked", asked_for)
             await self.revoke(minter, RevokeNode(node_id=request.node_id))
@@ -383,7 +384,7 @@ class MinterProcess:
             answer = await self.handle(msg.subject, msg.data)
         except (Refused, ValidationError) as exc:
             log.warning("refused %s: %s", msg.subject, exc)
-            answer = MinterAnswer(error=str(exc)[:500], final=True)
+            answer = MinterAnswer(error=str(exc)[:500], final=True, revoked=isinstance(exc, Revoked))
         except (RuntimeError, NatsError, TimeoutError) as exc:  # the server, or the bus: asked again, it may pass
             log.warning("refused %s: %s", msg.subject, exc)
             answer = MinterAnswer(error=str(exc)[:500])

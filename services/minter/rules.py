@@ -117,15 +117,17 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
     return user, creds
 
 
-class Compromised(Refused):
+class Revoked(Refused):
+    """The node's identity is gone, or goes now: its agent stops."""
+
+
+class Compromised(Revoked):
     """A node's start identity traded twice for different keys: someone else holds it (the node is revoked)."""
 
 
-def rekey_agent(
-    minter: Minter, request: RekeyAgent, *, asked_for: str, limits: Limits, now: float
-) -> tuple[str, list[str]]:
+def rekey_agent(minter: Minter, request: RekeyAgent, *, asked_for: str, limits: Limits, now: float) -> str:
     """The JWT of the key a rented node's agent made itself (the node's identity from now on, signed by the signer
-    of the one it replaces), and the node's identities it replaces (revoked once the agent confirms: `drop_replaced`).
+    of the one it replaces; those it replaces revoked once the agent confirms, past the hold: `replaced_due`).
     For the node whose subject the request came on (only that node's start identity may publish there), never for a
     key the minter knows. Asked again for the same key (the answer lost), the same identity again; for another key,
     `Compromised`. Not charged to the mint rate: once per node, within the cap on live nodes."""
@@ -134,7 +136,7 @@ def rekey_agent(
         raise Refused(f"a rekey of {node_id} asked on {asked_for}'s subject")
     users = minter.minted.get(node_id)
     if not users:
-        raise Refused(f"{node_id} has no live agent identity to replace")
+        raise Revoked(f"{node_id} has no live agent identity to replace")
     if node_id in minter.rekeyed and request.user != users[-1]:
         raise Compromised(
             f"{node_id}'s start identity was traded for another key already: someone else holds it, and the node is "
@@ -147,11 +149,10 @@ def rekey_agent(
     token = minter.sign(
         name=f"agent-{node_id}", permissions=busroles.agent(node_id, own_key=True), user=request.user, signer_seed=seed
     )
-    if node_id in minter.rekeyed:  # its answer lost: signed again, nothing else changes
-        return token, users[:-1]
-    minter.minted[node_id] = [*users, request.user]
-    minter.rekeyed[node_id] = int(now)
-    return token, list(users)
+    if node_id not in minter.rekeyed:  # else its answer was lost: signed again, nothing else changes
+        minter.minted[node_id] = [*users, request.user]
+        minter.rekeyed[node_id] = int(now)
+    return token
 
 
 def known_key(minter: Minter, user: str) -> bool:

@@ -32,7 +32,7 @@ from services.placement.fairshare import FairShare
 from services.placement.fleet import Fleet
 from services.placement.inputs import PolicyInputs
 from services.placement.policy import PolicyConfig
-from services.placement.policy.dryrun import faster_node
+from services.placement.policy.dryrun import OWNED_POLICIES, faster_node
 from services.placement.policy.engine import Constraint, place
 from services.placement.policy.hosting import as_node, ever_placeable, gpu_memory_after_oom, largest
 from services.placement.providers.reconcile import pod_failed
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 # best fit. Where only those nodes can host it, it goes back to them as before.
 AVOIDED = ("hung", "node_lost")
 AVOID_S = 900.0  # for so long: then any node again (the others may have gone, or be busy for days)
-OWNED_POLICIES = ("local-fifo", "wait-local")  # policies that never rent
 
 
 def acts_on(event: JobStatusChanged) -> bool:
@@ -158,9 +157,7 @@ class Placement:
             )
         elif cause == "oom_host":
             needs = needs.model_copy(update={"memory_gb": min(item.given_memory_gb * 2, MAX_MEMORY_GB)})
-        elif cause in ("migrated", "slow", "reclaimed"):
-            exclude = tuple(a.node_id for a in item.assignments)
-        elif cause in AVOIDED:
+        elif cause in ("migrated", "slow", "reclaimed", *AVOIDED):  # a lost node's attempt: held with `left`
             exclude = tuple(a.node_id for a in item.assignments) or item.left
         item = item.model_copy(
             update={

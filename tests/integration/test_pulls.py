@@ -47,7 +47,7 @@ def asks_follow_the_counts(fetched: list[list], batch: int) -> list[int]:
     expected, waiting = [], 0
     for messages in fetched:
         expected.append(min(batch, waiting) if waiting > 0 else 1)
-        waiting = pulls.pending_after(messages)
+        waiting = messages[-1].metadata.num_pending  # as the server wrote it, not as `shared.pulls` reads it
     return expected
 
 

@@ -70,7 +70,7 @@ async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(se
         try:
             started_as = agent_rekey.creds_user(own)
             await agent_rekey.keep_own_key(
-                lambda: agent,
+                agent,
                 node_id=node_id,
                 creds=own,
                 given=start,
@@ -91,7 +91,7 @@ async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(se
                 f'nats: permissions violation for publish to "{REKEY_AGENT.format(node_id=node_id)}"'
             ], errors
             # a restarted agent finds its trade done (its copy is not the given file): it only says so again
-            await agent_rekey.keep_own_key(lambda: agent, node_id=node_id, creds=own, given=start)
+            await agent_rekey.keep_own_key(agent, node_id=node_id, creds=own, given=start)
             assert agent_rekey.creds_user(own) == user
             await credentials.revoke(node_id, tmp_path / "placement")  # the node's release
             assert await refused(server, own)  # revokes the agent's own key too
@@ -110,7 +110,7 @@ async def test_a_lost_answer_is_asked_again_for_the_same_key_and_signed_again(se
             await agent_rekey.ask(agent, REKEY_AGENT.format(node_id=node_id), request, node_id=node_id)  # lost
             assert agent_rekey.creds_user(own) != public_key(seed)
             await agent_rekey.keep_own_key(
-                lambda: agent, node_id=node_id, creds=own, given=start, stop=lambda: pytest.fail("stopped")
+                agent, node_id=node_id, creds=own, given=start, stop=lambda: pytest.fail("stopped")
             )
             assert agent_rekey.creds_user(own) == public_key(seed) == server.identities.minter().minted[node_id][-1]
             assert await refused(server, start)
@@ -130,7 +130,7 @@ async def test_a_start_identity_traded_for_another_key_revokes_the_node(server, 
             theirs = RekeyAgent(node_id=node_id, user=public_key(new_seed("user")))
             await agent_rekey.ask(thief, REKEY_AGENT.format(node_id=node_id), theirs, node_id=node_id)
             await agent_rekey.keep_own_key(
-                lambda: agent, node_id=node_id, creds=own, given=start, stop=lambda: stopped.append(1)
+                agent, node_id=node_id, creds=own, given=start, stop=lambda: stopped.append(1)
             )
             assert stopped == [1] or agent.is_closed  # refused, or cut by the node's revocation first
             assert node_id not in server.identities.minter().minted
@@ -151,11 +151,11 @@ async def test_a_thief_who_traded_and_confirmed_first_is_caught_when_the_agent_t
         thief_own = agent_rekey.own_creds(start, data_dir=thief_dir, node_id=node_id)
         thief = await connected_as(server, thief_own, node_id, [])
         try:
-            await agent_rekey.keep_own_key(lambda: thief, node_id=node_id, creds=thief_own, given=start)
+            await agent_rekey.keep_own_key(thief, node_id=node_id, creds=thief_own, given=start)
             assert agent_rekey.creds_user(thief_own) == server.identities.minter().minted[node_id][-1]
             assert not await refused(server, start)  # within the hold: not yet revoked
             await agent_rekey.keep_own_key(
-                lambda: agent, node_id=node_id, creds=own, given=start, stop=lambda: stopped.append(1)
+                agent, node_id=node_id, creds=own, given=start, stop=lambda: stopped.append(1)
             )
             assert stopped == [1] or agent.is_closed
             assert node_id not in server.identities.minter().minted

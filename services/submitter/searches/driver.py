@@ -13,7 +13,7 @@ from typing import Protocol
 from shared.lru import Lru
 from shared.stored import stored_search
 from services.submitter.refusals import Refused
-from services.submitter.searches.models import TRIAL_REASON_CHARS, SearchCreate
+from services.submitter.searches.models import SearchCreate, trial_reason
 from services.submitter.searches.pruners import Point, Trial, decide
 from services.submitter.searches.space import sample
 from services.submitter.searches.store import Conflict, SearchStore
@@ -167,7 +167,7 @@ class Driver:
             if job is not None:  # what it ran is kept: a trial job deleted later still counts against the budget
                 entry["hours"], entry["gpu_hours"] = job_hours(job, now_ms=now_ms)
             hours, gpu_hours = hours + entry.get("hours", 0.0), gpu_hours + entry.get("gpu_hours", 0.0)
-            entry.update(state=state, reason=(reason or entry.get("reason", ""))[:TRIAL_REASON_CHARS])
+            entry.update(state=state, reason=trial_reason(reason or entry.get("reason", "")))
             if points:
                 value = min(p.value for p in points)
                 entry.update(value=-value if mode == "max" else value, step=points[-1].step)
@@ -201,7 +201,7 @@ class Driver:
                 spec.pruner, trials, max_step=spec.objective.max_step, key=doc["_id"], only=running
             ).items():
                 entry = doc["trials"][number]
-                entry.update(state="Pruned", reason=why[:TRIAL_REASON_CHARS], terminate=True)
+                entry.update(state="Pruned", reason=trial_reason(why), terminate=True)
                 log.info("search %s: trial %d pruned: %s", doc["_id"], number, why)
         count, why = room(doc, spec)
         for number in range(len(doc["trials"]), len(doc["trials"]) + count):
@@ -249,7 +249,7 @@ class Driver:
                         doc["retry_at_ms"] = now_ms + min(MAX_RETRY_MS, RETRY_MS * 2 ** min(refusals - 1, 16))
                         waiting = True
                     else:
-                        entry.update(state="Failed", reason=exc.reason[:TRIAL_REASON_CHARS])
+                        entry.update(state="Failed", reason=trial_reason(exc.reason))
 
     async def finish(self, doc: dict, spec: SearchCreate) -> dict:
         doc["best"] = best(doc, spec.objective.mode)

@@ -134,6 +134,11 @@ TRIAL_REASON_CHARS = 500  # of a trial's reason, kept in the search's record (th
 TRIAL_BYTES = 400 + 4 * TRIAL_REASON_CHARS  # a trial's record but its parameters, at most (UTF-8: 4 bytes a char)
 
 
+def trial_reason(reason: str) -> str:
+    """A trial's reason as the search's record keeps it."""
+    return reason[:TRIAL_REASON_CHARS]
+
+
 def largest_document(spec: SearchCreate) -> tuple[int, int]:
     """The most bytes a search's record could hold (its spec, and `max_trials` trials each with the longest value of
     each parameter), and a trial's record at most."""
