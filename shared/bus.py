@@ -28,7 +28,7 @@ from nats.js.errors import BadRequestError, NotFoundError, ServiceUnavailableErr
 from nats.js.manager import JetStreamManager
 from pymongo.errors import PyMongoError
 
-from shared import pulls
+from shared import natsheaders, pulls
 from shared.buscreds import dedup_key
 from shared.events import Message
 from shared.replies import ReplyGuard
@@ -204,6 +204,7 @@ def make_broker(
     inboxes (`replies.ReplyGuard`). ca_file: the CA that signed the server's certificate, for a `tls://` URL.
     """
     pulls.install()  # a fetch hands over a message as soon as it comes (`shared/pulls.py`)
+    natsheaders.install()  # a delivery's headers parsed in one pass (`shared/natsheaders.py`)
     options: dict[str, Any] = link.callbacks() if link else {}
     tls = ssl.create_default_context(cafile=str(ca_file) if ca_file else None) if ca_file or "tls://" in url else None
     if creds:

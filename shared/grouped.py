@@ -103,8 +103,12 @@ async def _write_group(items: list[Item]) -> list[Outcome]:
         spans.append((n, range(len(pending), len(pending) + len(requests))))
         pending.extend(requests)
     answers: list[Outcome] = [False] * len(items)
-    for collection, requests, spans in by_collection.values():
-        outcomes = await _outcomes(collection, requests)
+    # The collections' writes sent side by side: the group waits for the slowest, not for their sum (a write
+    # queued behind this group waited for every collection's round trip in turn).
+    written = await asyncio.gather(
+        *(_outcomes(collection, requests) for collection, requests, _ in by_collection.values())
+    )
+    for (_, _, spans), outcomes in zip(by_collection.values(), written):
         for n, span in spans:
             own = [outcomes[i] for i in span]
             error = next((o for o in own if isinstance(o, Exception)), None)

@@ -39,6 +39,7 @@ R = TypeVar("R")
 REDELIVERY_MARGIN_S = 1.0
 PATIENCE_S = 2.0  # how long a delivery waits for one before it that has not reached the handler (a lost one)
 SUPERSEDED_NAK_S = 1.0  # a delivery for another version goes back to the consumer this long (below ACK_WAIT_S)
+READ_SUBJECTS_KEPT = 4096  # subjects whose reading a consumer remembers (`KeyedConsumer.reads`)
 JOBS_IN_FLIGHT = 32  # a state machine's jobs handled at once (`durable(..., keyed=)`), each job's events one at a time
 
 _HOLDING: contextvars.ContextVar[bool] = contextvars.ContextVar("holding_a_turn", default=False)
@@ -214,6 +215,17 @@ class KeyedConsumer:
         self._reads = subscription["config"].filter_subjects or [subscription["subject"]]
         self.slots = subscription["config"].max_ack_pending or 1
         self.superseded_by: str | None = None  # the first subject delivered that this version does not read
+        self._read: dict[str, bool] = {}  # subject delivered → whether a filter of this version reads it
+
+    def reads(self, subject: str) -> bool:
+        """Whether this version's filters read `subject` (each subject looked at once: a jobs stream's subjects are
+        its statuses and its nodes', a bounded set; forgotten past `READ_SUBJECTS_KEPT`)."""
+        known = self._read.get(subject)
+        if known is None:
+            if len(self._read) >= READ_SUBJECTS_KEPT:
+                self._read.clear()
+            known = self._read[subject] = any(subjects_overlap(subject, s) for s in self._reads)
+        return known
 
     def superseded(self, msg: Any) -> bool:
         """Whether this consumer was declared for another version (the server filters: an in-memory broker's
@@ -221,7 +233,7 @@ class KeyedConsumer:
         if delivery_seq(msg) is None:
             return False
         subject = getattr(msg.raw_message, "subject", "")
-        if self.superseded_by is None and not any(subjects_overlap(subject, s) for s in self._reads):
+        if self.superseded_by is None and not self.reads(subject):
             self.superseded_by = subject
             log.error(
                 "%s delivered %s, which this version does not read: the consumer was declared for another "

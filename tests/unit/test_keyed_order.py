@@ -8,6 +8,7 @@ import pytest
 from faststream.exceptions import NackMessage, RejectMessage
 from pymongo.errors import AutoReconnect
 
+from shared import keyed
 from shared.bus import ACK_WAIT_S
 from shared.events import JobEvent, TaskStarted
 from shared.keyed import DeliveryOrder, in_order, keyed_durable, redelivery_wait
@@ -191,3 +192,14 @@ def test_a_new_reader_waits_only_until_what_the_dead_one_held_is_due_again():
     assert redelivery_wait(now - timedelta(seconds=60), now=now) == 0.0  # long due: redelivered already
     assert redelivery_wait(now + timedelta(seconds=30), now=now) == ACK_WAIT_S + 1  # a skewed clock: never longer
     assert redelivery_wait(None, now=now) == ACK_WAIT_S + 1  # unknown: the whole wait, as before
+
+
+def test_which_subjects_a_consumer_reads_is_remembered_within_a_bound(monkeypatch):
+    """Each delivery's subject is checked against the consumer's filters; the answer kept per subject (a bounded
+    set: statuses and nodes), forgotten once the bound is reached, and the same either way."""
+    monkeypatch.setattr(keyed, "READ_SUBJECTS_KEPT", 3)
+    jobs = keyed_durable("tm.job.>", consumer="monitor-jobs", event=JobEvent, handles={TaskStarted: _ignored})
+    subjects = [f"tm.job.task.n{i}.started" for i in range(5)] + ["tm.job.status", "tm.job.task.n1.exited"]
+    for _ in range(2):
+        assert [jobs.reads(s) for s in subjects] == [True] * 5 + [False, False]
+        assert len(jobs._read) <= 3
