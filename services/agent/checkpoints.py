@@ -7,21 +7,25 @@ import logging
 import os
 import stat
 import struct
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 import fsspec
+from fsspec.callbacks import Callback
 from fsspec.implementations.local import LocalFileSystem
 
 from shared.egress import is_http
 from shared.storage import check_segment
 from services.agent.sizecap import Tally, TooLarge
+from services.agent.transfers import counted, moved
 
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) last uploaded
 PARTIAL = (".tmp", ".partial")  # being written by the task: mirrored once renamed
+UPLOADING = ".tm-uploading"  # a file being written to storage by a copy (`writing_name`): never restored
 CHUNK = 1 << 20
 
 
@@ -73,11 +77,12 @@ class Mirror:
             listed = {remote: self.fs.info(remote)}
             files = {remote: local / inside_name(remote.rsplit("/", 1)[-1], remote)}
         else:
-            listed = self.fs.find(remote, detail=True)
+            listed = {p: i for p, i in self.fs.find(remote, detail=True).items() if not p.endswith(UPLOADING)}
             files = {path: local / inside_name(path[len(remote) + 1 :], path) for path in listed}
         size = 0
         tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
         for path, target in files.items():
+            moved()  # a restore given up makes nothing more
             target.parent.mkdir(parents=True, exist_ok=True)
             with self.fs.open(path, "rb") as source:
                 size = _copy(source, target, tally, size)
@@ -100,6 +105,7 @@ class Mirror:
         tally.expect(sum(size for size, _ in listed.values()))
         size = 0
         for relative, (_, source) in listed.items():
+            moved()  # a restore given up makes nothing more
             target = local / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             with os.fdopen(open_confined(Path("/"), source.lstrip("/")), "rb") as opened:
@@ -126,7 +132,7 @@ class Mirror:
                 except OSError:  # gone since the walk, or a link to nothing or to itself
                     left_out.append(relative)
                     continue
-                if stat.S_ISREG(info.st_mode):
+                if stat.S_ISREG(info.st_mode) and not name.endswith(UPLOADING):  # not a copy's cut short
                     listed[relative] = (info.st_size, path)
         if left_out:
             log.warning("%s: links left out, leading outside what the job may read: %s", self.url, left_out[:5])
@@ -178,12 +184,23 @@ class Mirror:
                         continue
                     remote = self._remote(relative)
                     self.fs.makedirs(remote.rsplit("/", 1)[0], exist_ok=True)
-                    tmp = f"{remote}.uploading"
-                    self.fs.put_file(f"/proc/self/fd/{fd}", tmp)
-                    self.fs.mv(tmp, remote)
+                    tmp = writing_name(remote)
+                    moved()  # a copy given up while it reached the storage sends nothing
+                    try:
+                        self.fs.put_file(f"/proc/self/fd/{fd}", tmp, callback=Moving())
+                        moved()  # a copy given up renames nothing
+                        self.fs.mv(tmp, remote)
+                    except BaseException:  # its own object being written, cut short: removed if it can be
+                        try:
+                            self.fs.rm(tmp)
+                        except Exception:  # noqa: BLE001 - not there, or the storage still away: left
+                            pass
+                        raise
                 finally:
                     os.close(fd)
+                moved()
         for relative in set(uploaded) - set(current) if delete else ():
+            moved()  # a copy given up removes nothing
             try:
                 if root is not None:
                     remove_confined(root, relative)
@@ -266,15 +283,31 @@ def inside_name(relative: str, listed: str) -> str:
     return relative
 
 
+class Moving(Callback):
+    """fsspec's progress callback of an upload: each update (a chunk sent, a size or a position set) says the copy
+    moves (`transfers.moved`), from whichever thread fsspec sends it on (an async file system's, s3fs's, is one of
+    fsspec's own): the progress is the one of the copy that made the callback."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.progress = counted()
+
+    def call(self, hook_name: str | None = None, **kwargs: object) -> None:
+        for progress in self.progress:
+            progress.moved()
+
+
 def _copy(source: BinaryIO, target: Path, tally: Tally, size: int) -> int:
     """Copy one file, counting its bytes as part of a download `size` long so far; a file cut short at a cap is
     removed."""
+    moved()  # a restore given up (while its source was opened) makes nothing
     try:
         with open(target, "wb") as out:
             while chunk := source.read(CHUNK):
                 size += len(chunk)
                 tally.count(size, len(chunk))
                 out.write(chunk)
+                moved()
     except BaseException:
         target.unlink(missing_ok=True)
         raise
@@ -311,27 +344,39 @@ def _folder(root: str, parts: list[str], *, make: bool) -> int:
     return fd
 
 
+def writing_name(name: str) -> str:
+    """The name a file is written under beside `name` before it is renamed over it: one of this writer's own (a copy
+    given up that wakes later must not write into, nor rename, another attempt's file being written)."""
+    return f"{name}.{uuid.uuid4().hex}{UPLOADING}"
+
+
 def put_confined(root: str, relative: str, source: int) -> None:
     """Write what `source` reads to `root/relative`: a new file beside it, then renamed over it (a link there is
     replaced, never written through), every folder on the way opened following no link."""
     *dirs, name = inside_name(relative, relative).split("/")
     folder = _folder(root, dirs, make=True)
-    tmp = f"{name}.uploading"
+    tmp = writing_name(name)
     try:
-        try:
-            os.unlink(tmp, dir_fd=folder)  # a leftover, or a link or hard link planted there: gone, not written
-        except FileNotFoundError:
-            pass
+        moved()  # a copy given up while it reached the folder makes nothing in it
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
         try:
-            os.lseek(source, 0, os.SEEK_SET)
-            while chunk := os.read(source, CHUNK):
-                view = memoryview(chunk)
-                while view:  # a write may take less than it is given
-                    view = view[os.write(out, view) :]
-        finally:
-            os.close(out)
-        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            try:
+                os.lseek(source, 0, os.SEEK_SET)
+                while chunk := os.read(source, CHUNK):
+                    view = memoryview(chunk)
+                    while view:  # a write may take less than it is given
+                        view = view[os.write(out, view) :]
+                    moved()
+            finally:
+                os.close(out)
+            moved()  # a copy given up renames nothing
+            os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:  # its own file being written, cut short: gone
+            try:
+                os.unlink(tmp, dir_fd=folder)
+            except OSError:
+                pass
+            raise
     finally:
         os.close(folder)
 

@@ -28,6 +28,7 @@ from services.agent.isolation import TaskUser, kill_user
 from services.agent.outputrate import Bucket
 from services.agent.spawner import READ_LIMIT, SHIM, ShimProcess, SpawnerGone, spawner
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
+from services.agent.transfers import Progress
 
 TAIL_LINES = 20
 TAIL_LINE_CHARS = 2000  # of each (a line is up to a MiB): the end's message fits a bus message and a job's status
@@ -175,6 +176,7 @@ class TaskProcess:
     unmirrored: dict[str, tuple[float, str]] = field(default_factory=dict)  # folders found too full: when, why
     note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
+    copying: Progress = field(default_factory=Progress)  # when its copies last moved a byte
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM

@@ -49,7 +49,7 @@ from services.agent.runner import (
 from services.agent.shipping import LogShipper
 from services.agent.spawner import SpawnerGone, spawner
 from services.agent.taskenv import thread_defaults
-from services.agent.transfers import transfer
+from services.agent.transfers import Progress, Stalled, transfer, unless_stalled
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,18 @@ class Supervisor:
                 )
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            manifest = await transfer(
-                partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
-                project=command.project_id,
-            )
+            restoring = Progress()
+            try:
+                manifest = await unless_stalled(
+                    transfer(
+                        partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
+                        project=command.project_id,
+                        progress=restoring,
+                    ),
+                    restoring,
+                )
+            except Stalled as exc:  # the attempt fails to start, said why, not waits for ever
+                raise PrepareError(f"its checkpoint could not be restored: {exc}") from None
             (workdir / "tmp").mkdir(exist_ok=True)
             link = await asyncio.to_thread(tmplink.make, workdir / "tmp")
             if link is not None:  # a short TMPDIR: Unix sockets under it fit (services/agent/tmplink.py)
@@ -255,9 +263,7 @@ class Supervisor:
             await shipper.close()
         else:
             await shipper.close()
-            await self._sync_once(task, last=True)
-            for output in start.algorithm.outputs:  # every attempt's end: completed, failed, terminated or moved
-                await self._upload(task, output, last=True)
+            await self._save_last(task)
             await self._give_back(task.workdir, task.user, task.cgroup)
         oom = None
         if task.stop_reason is not None:
@@ -294,6 +300,25 @@ class Supervisor:
         elif cgroup is not None:
             remove(cgroup)
 
+    async def _save_last(self, task: TaskProcess) -> None:
+        """The task's last copies at its end (completed, failed, terminated or moved): its checkpoint, then each
+        output. One whose storage moved nothing for `STALL_S` is given up, and every copy after it (its thread
+        still holds the task's turn): named unsaved in the end's message, the end reported all the same."""
+        saves = [("checkpoint", partial(self._sync_once, task, last=True))] + [
+            (f"output {output.name}", partial(self._upload, task, output, last=True))
+            for output in task.start.algorithm.outputs
+        ]
+        stalled: str | None = None
+        for folder, save in saves:
+            if stalled is not None:
+                unmirrored(task, folder, Stalled(f"{folder}: not copied, the copy of {stalled} before it hangs"))
+                continue
+            try:
+                await unless_stalled(save(), task.copying)
+            except Stalled as exc:
+                stalled = folder
+                unmirrored(task, folder, Stalled(f"{folder}: {exc}"))
+
     async def _upload_periodically(self, task: TaskProcess, output: DataOut) -> None:
         while True:
             await asyncio.sleep(output.period_s)
@@ -315,10 +340,13 @@ class Supervisor:
                 ),
                 project=task.start.project_id,
                 lock=task.transferring,
+                progress=task.copying,
             )
             mirrored(task, folder)
         except TooManyFiles as exc:
             unmirrored(task, folder, exc)
+        except Stalled:  # given up: its caller says so
+            raise
         except Exception as exc:
             log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
 
@@ -344,10 +372,13 @@ class Supervisor:
                 ),
                 project=task.start.project_id,
                 lock=task.transferring,
+                progress=task.copying,
             )
             mirrored(task, "checkpoint")
         except TooManyFiles as exc:
             unmirrored(task, "checkpoint", exc)
+        except Stalled:  # given up: its caller says so
+            raise
         except Exception as exc:  # storage hiccup: the next sync tries again
             log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
 
@@ -363,9 +394,9 @@ def due(task: TaskProcess, folder: str, *, last: bool) -> bool:
     return last or found is None or time.monotonic() - found[0] >= UNMIRRORED_RETRY_S
 
 
-def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles) -> None:
-    """A folder of the task holds too many files to be mirrored: said in its output where it was not already (and
-    in its end's message, `unsaved`), looked at again later."""
+def unmirrored(task: TaskProcess, folder: str, exc: TooManyFiles | Stalled) -> None:
+    """A folder of the task holds too many files to be mirrored, or its storage hangs: said in its output where it
+    was not already (and in its end's message, `unsaved`), looked at again later."""
     if folder not in task.unmirrored:
         said = f"the {folder} folder is not saved: {exc}"
         task.tail.append(f"[trainmaster] {said}")

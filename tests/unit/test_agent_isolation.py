@@ -451,6 +451,68 @@ async def test_a_task_whose_uploads_hang_holds_no_other_tasks_start_or_end(tmp_p
     assert done.reason == "completed", done
 
 
+async def test_a_task_whose_storage_hangs_at_its_end_still_ends_and_says_what_was_not_saved(tmp_path, monkeypatch):
+    """A task's last copies are awaited before its end is reported: a storage that hung (an NFS server gone) held
+    the end for ever, the job Running with nothing running (found by review). Copies that move nothing for
+    `STALL_S` are given up, and every copy after them; the end's message names them."""
+    import threading
+
+    from services.agent import checkpoints, transfers
+
+    monkeypatch.setattr(transfers, "STALL_S", 1.0)
+    hung, synced = threading.Event(), []
+    sync = checkpoints.Mirror.sync
+
+    def stuck(self, local, uploaded, **kw):
+        if "/stalls-" in self.url:
+            synced.append(self.url)
+            hung.wait(30)
+        return sync(self, local, uploaded, **kw)
+
+    monkeypatch.setattr(checkpoints.Mirror, "sync", stuck)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    outputs = [{"name": "o0", "url": f"file://{tmp_path / 'data' / 'storage' / 'p' / 'out'}"}]
+    try:
+        ended_, output = await asyncio.wait_for(
+            run(agent, start(unique("stalls"), "echo DONE", outputs=outputs), sent), 20
+        )
+    finally:
+        hung.set()
+    assert ended_.reason == "completed" and "DONE" in output, (ended_, output)
+    assert ended_.message == (
+        "not saved: checkpoint: the task's copies moved nothing for 1 s; "
+        "output o0: not copied, the copy of checkpoint before it hangs"
+    ), ended_
+    assert synced, "the checkpoint's copy was never asked for"
+
+
+async def test_a_task_whose_checkpoint_restore_hangs_fails_to_start_and_says_why(tmp_path, monkeypatch):
+    """A restore that moves nothing for `STALL_S` fails the attempt's start (it waited for ever)."""
+    import threading
+
+    from services.agent import checkpoints, transfers
+
+    monkeypatch.setattr(transfers, "STALL_S", 1.0)
+    hung = threading.Event()
+    restore = checkpoints.Mirror.restore
+
+    def stuck(self, local, tally=None):
+        if "/restores-" in self.url:
+            hung.wait(30)
+        return restore(self, local, tally)
+
+    monkeypatch.setattr(checkpoints.Mirror, "restore", stuck)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    try:
+        ended_, output = await asyncio.wait_for(run(agent, start(unique("restores"), "echo RAN"), sent), 20)
+    finally:
+        hung.set()
+    assert ended_.reason == "start_failed" and "RAN" not in output, (ended_, output)
+    assert ended_.message == "its checkpoint could not be restored: the task's copies moved nothing for 1 s", ended_
+
+
 async def test_output_past_a_spent_allowance_is_dropped_unsplit(tmp_path, monkeypatch):
     """A task printing as fast as it could held a core of the agent (its loop a tenth of a second late) splitting
     lines it then dropped (found by review): once its allowance is spent, what it prints is counted by its newlines,

@@ -179,3 +179,30 @@ def test_a_deletion_refused_is_tried_again_at_the_next_sync(tree, tmp_path):
     assert manifest == {"old/key": (9, 1)}  # still to delete
     os.unlink(out / "old")  # the link gone: the next sync finds nothing to delete and forgets it
     assert Mirror(f"file://{out}").sync(local, manifest) == {}
+
+
+def test_a_copy_given_up_writes_and_renames_nothing_and_a_restore_skips_what_a_copy_left(tmp_path):
+    """A copy abandoned (its storage stalled) stops before it makes its file or renames it, leaving nothing; a file
+    a copy was writing under its own name (`writing_name`) is never restored."""
+    from services.agent import transfers
+    from services.agent.checkpoints import UPLOADING, writing_name
+
+    local, remote = tmp_path / "ckpt", tmp_path / "store"
+    local.mkdir()
+    (local / "model.pt").write_bytes(b"w" * 10)
+    given_up = transfers.Progress()
+    given_up.abandoned = True
+    transfers._MOVING.progress = (given_up,)
+    try:
+        with pytest.raises(transfers.Stalled):
+            Mirror(f"file://{remote}").sync(local, {})
+    finally:
+        transfers._MOVING.progress = ()
+    assert not remote.exists() or list(remote.rglob("*")) == []
+    assert writing_name("a") != writing_name("a") and writing_name("a").endswith(UPLOADING)
+    remote.mkdir(exist_ok=True)
+    (remote / "model.pt").write_bytes(b"saved")
+    (remote / writing_name("model.pt")).write_bytes(b"cut sho")
+    back = tmp_path / "back"
+    assert sorted(Mirror(f"file://{remote}").restore(back)) == ["model.pt"]
+    assert sorted(os.listdir(back)) == ["model.pt"]
