@@ -513,6 +513,34 @@ async def test_a_task_whose_checkpoint_restore_hangs_fails_to_start_and_says_why
     assert ended_.message == "its checkpoint could not be restored: the task's copies moved nothing for 1 s", ended_
 
 
+async def test_a_task_whose_input_fetch_hangs_fails_to_start_and_says_why(tmp_path, monkeypatch):
+    """An input whose storage moves nothing for `STALL_S` fails the attempt's start (it waited until a stop)."""
+    import threading
+
+    from services.agent import checkpoints, transfers
+
+    monkeypatch.setattr(transfers, "STALL_S", 1.0)
+    hung = threading.Event()
+    restore = checkpoints.Mirror.restore
+
+    def stuck(self, local, tally=None):
+        if "/hung-input" in self.url:
+            hung.wait(30)
+        return restore(self, local, tally)
+
+    monkeypatch.setattr(checkpoints.Mirror, "restore", stuck)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    url = f"file://{tmp_path / 'data' / 'storage' / 'p' / 'hung-input'}"
+    try:
+        command = start(unique("input"), "echo RAN", inputs=[{"name": "data", "url": url}])
+        ended_, output = await asyncio.wait_for(run(agent, command, sent), 20)
+    finally:
+        hung.set()
+    assert ended_.reason == "start_failed" and "RAN" not in output, (ended_, output)
+    assert ended_.message == f"inputs.data: cannot fetch {url}: the task's copies moved nothing for 1 s", ended_
+
+
 async def test_output_past_a_spent_allowance_is_dropped_unsplit(tmp_path, monkeypatch):
     """A task printing as fast as it could held a core of the agent (its loop a tenth of a second late) splitting
     lines it then dropped (found by review): once its allowance is spent, what it prints is counted by its newlines,
