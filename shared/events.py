@@ -244,6 +244,9 @@ class JobStatusChanged(Message):
     task_statuses: tuple[TaskStatus, ...] = ()
     attempts: tuple[Attempt, ...] = ()
     requeue_cause: RequeueCause | None = Field(None, description="Set when the job went back to the queue.")
+    lost_node_ids: tuple[str, ...] = Field(
+        (), description="Abnormal (Lost): the nodes of the attempt found gone; its other nodes were alive."
+    )
 
 
 def status_subjects(*phases: Phase | tuple[Phase, SecondaryPhase]) -> tuple[str, ...]:

@@ -93,6 +93,7 @@ class JobState(BaseModel):
     start_time: datetime | None = None
     end_time: datetime | None = None
     requeue_cause: RequeueCause | None = None
+    lost_node_ids: tuple[str, ...] = ()  # while Abnormal (Lost): the nodes found gone
     stop_cause: RequeueCause | None = Field(None, description="Why the current attempt is being stopped.")
     stop_asked_at: datetime | None = Field(None, description="When the current attempt's tasks were asked to stop.")
     # hang detection (services/monitor/hangs.py): the job's limit, the current attempt's quiet ranks, the streak
@@ -173,6 +174,7 @@ def snapshot(job: JobState, *, now: datetime, previous: Phase | None = None) -> 
         task_statuses=task_statuses(job),
         attempts=job.attempts,
         requeue_cause=job.requeue_cause if job.phase == Phase.PENDING else None,
+        lost_node_ids=job.lost_node_ids if job.phase == Phase.ABNORMAL else (),
     )
 
 
@@ -264,7 +266,7 @@ def placed(
     away = sorted({a.node_id for a in event.assignments} & set(gone))
     if away:
         detail = f"placed on {', '.join(away)}, lost before the attempt started"
-        job, requeued = requeue(job, cause="node_lost", detail=detail, now=now)
+        job, requeued = requeue(job, cause="node_lost", detail=detail, now=now, lost=tuple(away))
         return job, events + requeued
     return job, events + starts(job, event, now=now, silences=silences or {})
 
@@ -557,19 +559,30 @@ def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outc
             reason=f"{job.reason}; {cause}",
             now=now,
         )
-    return requeue(job, cause="node_lost", detail=cause, now=now)
+    return requeue(job, cause="node_lost", detail=cause, now=now, lost=(node_id,))
 
 
-def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime) -> Outcome:
+def requeue(
+    job: JobState, *, cause: RequeueCause, detail: str, now: datetime, lost: tuple[str, ...] = ()
+) -> Outcome:
     """Stop the surviving ranks and put the job back in the queue for a new attempt (via Abnormal[Lost] when
-    its node is gone); the next attempt resumes from the last checkpoint."""
+    its node is gone, naming the nodes `lost`: placement avoids those, not the attempt's others); the next attempt
+    resumes from the last checkpoint."""
     stops = stop_all(job, reason="requeued", now=now)
     job = _end_attempt(job, "oom" if cause.startswith("oom") else cause, now)
     events: list[Message] = []
     if cause == "node_lost":
+        job = job.model_copy(update={"lost_node_ids": lost})
         job, events = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=detail, now=now)
     job = job.model_copy(
-        update={"assignments": (), "tasks": {}, "requeue_cause": cause, "stop_cause": None, "stop_asked_at": None}
+        update={
+            "assignments": (),
+            "tasks": {},
+            "requeue_cause": cause,
+            "stop_cause": None,
+            "stop_asked_at": None,
+            "lost_node_ids": (),
+        }
     )
     job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)
     requeues = sum(1 for a in job.attempts if a.outcome in ("node_lost", "stopped"))

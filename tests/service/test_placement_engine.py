@@ -118,6 +118,21 @@ async def test_a_job_whose_attempt_hung_or_lost_its_node_avoids_it_for_a_while_w
     assert await placement.schedule_once() == 1 and where(placement, "j") == ["second"]
 
 
+async def test_a_multi_node_job_that_lost_one_node_avoids_that_node_only(service):
+    """The monitor names the node found gone (Abnormal[Lost]): the attempt's other nodes were alive and may host the
+    next attempt (before, every node of the attempt was avoided for 15 minutes)."""
+    broker, placement = service
+    for name, tflops in (("a", 300), ("b", 300), ("c", 300)):
+        await register(broker, node(node_id=name, tflops=tflops))
+    await publish(broker, submitted(job_id="j", gpu_count=1, node_count=2))
+    assert await placement.schedule_once() == 1 and sorted(where(placement, "j")) == ["a", "b"]
+    lost = status_changed("j", Phase.ABNORMAL, SecondaryPhase.LOST, version=4, attempt=1, lost_node_ids=("a",))
+    await publish(broker, lost)
+    await publish(broker, requeued("j", "node_lost", version=5, attempt=1))
+    assert placement.queue["j"].exclude == ("a",)
+    assert await placement.schedule_once() == 1 and sorted(where(placement, "j")) == ["b", "c"]
+
+
 async def test_a_pooled_job_that_hung_goes_back_to_its_pools_only_node_whatever_else_is_registered(service):
     broker, placement = service
     pooled = node(node_id="pooled")

@@ -129,6 +129,18 @@ def test_a_lost_node_makes_the_job_abnormal_then_requeues_it():
     assert job.attempts[0].outcome == "node_lost"
 
 
+def test_a_lost_node_of_a_multi_node_attempt_is_named_while_abnormal_and_forgotten_once_queued():
+    """Placement avoids the node found gone, not the attempt's others, which were alive."""
+    job, events = state.node_lost(running_job(nodes=("n1", "n2")), "n2", now=T0, cause="node n2 lost")
+    abnormal, queued = [e for e in events if isinstance(e, JobStatusChanged)]
+    assert (abnormal.phase, abnormal.lost_node_ids) == (Phase.ABNORMAL, ("n2",))
+    assert (queued.phase, queued.lost_node_ids) == (Phase.PENDING, ()) and job.lost_node_ids == ()
+    fresh, _ = state.submitted(submitted(job_id="j", node_count=2), now=T0)
+    _, events = state.placed(fresh, placed("j", nodes=("n1", "n2")), now=T0, gone={"n1"})  # lost before it started
+    abnormal = next(e for e in events if isinstance(e, JobStatusChanged) and e.phase == Phase.ABNORMAL)
+    assert abnormal.lost_node_ids == ("n1",)
+
+
 def test_a_task_of_an_old_attempt_is_fenced():
     job, _ = state.node_lost(running_job(), "n1", now=T0, cause="lost")
     job, _ = state.placed(job, placed("j", attempt=2, nodes=("n2",)), now=T0)
