@@ -266,8 +266,8 @@ class Supervisor:
             await self._save_last(task)
             await self._give_back(task.workdir, task.user, task.cgroup)
         oom = None
-        if task.stop_reason is not None:
-            reason, message = "terminated", f"stopped: {task.stop_reason}"
+        if task.stop_reason is not None:  # (a move or a stop: the next attempt resumes from what was saved)
+            reason, message = "terminated", "; ".join(filter(None, [f"stopped: {task.stop_reason}", unsaved(task)]))
         elif task.disk_full:
             reason, message = "failed", describe_exit(status, task.tail)
         elif status == 0:

@@ -13,7 +13,7 @@ from shlex import quote
 
 import pytest
 
-from shared.events import LogChunk, StartTask, TaskExited
+from shared.events import LogChunk, StartTask, StopTask, TaskExited
 from shared.jobs import Algorithm
 from shared.storage import StoragePolicy
 from services.agent.agent import Agent
@@ -485,6 +485,38 @@ async def test_a_task_whose_storage_hangs_at_its_end_still_ends_and_says_what_wa
         "output o0: not copied, the copy of checkpoint before it hangs"
     ), ended_
     assert synced, "the checkpoint's copy was never asked for"
+
+
+async def test_a_task_stopped_while_its_storage_hangs_says_its_checkpoint_was_not_saved(tmp_path, monkeypatch):
+    """A stopped task (moved, terminated) whose last checkpoint could not be saved: its next attempt resumes from an
+    older one, and its end says so."""
+    import threading
+
+    from services.agent import checkpoints, transfers
+
+    monkeypatch.setattr(transfers, "STALL_S", 1.0)
+    hung = threading.Event()
+    sync = checkpoints.Mirror.sync
+
+    def stuck(self, local, uploaded, **kw):
+        if "/stopped-" in self.url:
+            hung.wait(30)
+        return sync(self, local, uploaded, **kw)
+
+    monkeypatch.setattr(checkpoints.Mirror, "sync", stuck)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
+    command = start(unique("stopped"), "sleep 30")
+    try:
+        await agent.start(command)
+        await asyncio.sleep(0.5)
+        stop = StopTask(event_id="s", node_id="n1", job_id=command.job_id, attempt=1, reason="migrate", grace_s=1)
+        await agent.stop(stop)
+        ended_, _ = await asyncio.wait_for(ended(command.job_id, sent), 20)
+    finally:
+        hung.set()
+    assert ended_.reason == "terminated", ended_
+    assert ended_.message == "stopped: migrate; not saved: checkpoint: the task's copies moved nothing for 1 s", ended_
 
 
 async def test_a_task_whose_checkpoint_restore_hangs_fails_to_start_and_says_why(tmp_path, monkeypatch):
