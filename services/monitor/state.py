@@ -562,9 +562,7 @@ def node_lost(job: JobState, node_id: str, *, now: datetime, cause: str) -> Outc
     return requeue(job, cause="node_lost", detail=cause, now=now, lost=(node_id,))
 
 
-def requeue(
-    job: JobState, *, cause: RequeueCause, detail: str, now: datetime, lost: tuple[str, ...] = ()
-) -> Outcome:
+def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime, lost: tuple[str, ...] = ()) -> Outcome:
     """Stop the surviving ranks and put the job back in the queue for a new attempt (via Abnormal[Lost] when
     its node is gone, naming the nodes `lost`: placement avoids those, not the attempt's others); the next attempt
     resumes from the last checkpoint."""
