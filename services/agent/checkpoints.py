@@ -360,23 +360,22 @@ def put_confined(root: str, relative: str, source: int) -> None:
         moved()  # a copy given up while it reached the folder makes nothing in it
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=folder)
         try:
-            try:
-                os.lseek(source, 0, os.SEEK_SET)
-                while chunk := os.read(source, CHUNK):
-                    view = memoryview(chunk)
-                    while view:  # a write may take less than it is given
-                        view = view[os.write(out, view) :]
-                    moved()
-            finally:
-                os.close(out)
-            moved()  # a copy given up renames nothing
-            os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:  # its own file being written, cut short: gone
-            try:
-                os.unlink(tmp, dir_fd=folder)
-            except OSError:
-                pass
-            raise
+            os.lseek(source, 0, os.SEEK_SET)
+            while chunk := os.read(source, CHUNK):
+                view = memoryview(chunk)
+                while view:  # a write may take less than it is given
+                    view = view[os.write(out, view) :]
+                moved()
+        finally:
+            os.close(out)
+        moved()  # a copy given up renames nothing
+        os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:  # its own file being written, cut short: gone
+        try:
+            os.unlink(tmp, dir_fd=folder)
+        except OSError:
+            pass
+        raise
     finally:
         os.close(folder)
 

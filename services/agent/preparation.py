@@ -19,7 +19,7 @@ from shared.storage import StoragePolicy, local_check
 from services.agent.checkpoints import Mirror
 from services.agent.downloads import Downloads
 from services.agent.sizecap import Tally, TooLarge
-from services.agent.transfers import Progress, transfer, unless_stalled
+from services.agent.transfers import transfer_unless_stalled
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_S = 900
@@ -116,10 +116,9 @@ class Preparer:
                 await self.downloads.fetch(url, target, tally)
                 return
             check = local_check(self.storage, project) if self.storage is not None else None
-            fetching = Progress()  # a storage that moves nothing for `STALL_S`: the start fails, said why
-            files = await unless_stalled(
-                transfer(partial(Mirror(url, check=check).restore, target, tally), project=project, progress=fetching),
-                fetching,
+            # a storage that moves nothing for `STALL_S`: the start fails, said why
+            files = await transfer_unless_stalled(
+                partial(Mirror(url, check=check).restore, target, tally), project=project
             )
         except TooLarge as exc:  # the task will not run: what this fetch wrote goes too
             await asyncio.to_thread(shutil.rmtree, target, True)

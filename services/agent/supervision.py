@@ -49,7 +49,7 @@ from services.agent.runner import (
 from services.agent.shipping import LogShipper
 from services.agent.spawner import SpawnerGone, spawner
 from services.agent.taskenv import thread_defaults
-from services.agent.transfers import Progress, Stalled, transfer, unless_stalled
+from services.agent.transfers import Stalled, transfer, transfer_unless_stalled, unless_stalled
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +145,10 @@ class Supervisor:
                 )
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            restoring = Progress()
             try:
-                manifest = await unless_stalled(
-                    transfer(
-                        partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
-                        project=command.project_id,
-                        progress=restoring,
-                    ),
-                    restoring,
+                manifest = await transfer_unless_stalled(
+                    partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
+                    project=command.project_id,
                 )
             except Stalled as exc:  # the attempt fails to start, said why, not waits for ever
                 raise PrepareError(f"its checkpoint could not be restored: {exc}") from None

@@ -119,10 +119,10 @@ async def transfer(
     copies.users += 1
     held: list[Callable[[], object]] = []  # what to give back once the copy's thread ends
     mine = progress or Progress()
-    holding = [False]  # whether this call holds a place (a task's copies share their progress: only its own state)
+    holding = False  # whether this call holds a place (a task's copies share their progress: only its own state)
 
     def give_back(*_: object) -> None:
-        if holding[0]:
+        if holding:
             mine.queued = False
             copies.holders.discard(mine)
         for release in reversed(held):
@@ -141,7 +141,7 @@ async def transfer(
         finally:
             mine.project = None
         held.append(copies.places.release)
-        holding[0] = True
+        holding = True
         mine.last = time.monotonic()  # queued from now (judged by the node's movement as well: `idle_s`)
         mine.queued = True
         copies.holders.add(mine)
@@ -149,19 +149,17 @@ async def transfer(
     except BaseException:  # cancelled while waiting for a place (or no thread to be had): given back at once
         give_back()
         raise
+    handed_over = False  # to the copy's thread: it gives them back when it ends
     try:
-        result = await asyncio.shield(future)
+        return await asyncio.shield(future)
     except asyncio.CancelledError:
         if not future.done():  # the copy goes on: its places stay taken until its thread ends
             future.add_done_callback(_read_and(give_back))
-            raise
-        give_back()
+            handed_over = True
         raise
-    except BaseException:
-        give_back()
-        raise
-    give_back()
-    return result
+    finally:
+        if not handed_over:
+            give_back()
 
 
 def _read_and(give_back: Callable[[], None]) -> Callable[[asyncio.Future], None]:
@@ -186,6 +184,13 @@ def _counted(call: Callable[[], T], progress: Progress, project: Progress) -> T:
         return call()
     finally:
         _MOVING.progress = ()
+
+
+async def transfer_unless_stalled(call: Callable[[], T], *, project: str) -> T:
+    """`transfer` of a copy counted on its own, given up (Stalled) once it moved nothing for `STALL_S`: a restore or a
+    download at a task's start."""
+    progress = Progress()
+    return await unless_stalled(transfer(call, project=project, progress=progress), progress)
 
 
 async def unless_stalled(work: Awaitable[T], progress: Progress, *, stall_s: float | None = None) -> T:

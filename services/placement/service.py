@@ -127,8 +127,9 @@ class Placement:
                 self.store.keep(started)  # written with its next change; a restart reads the start of none
         elif event.attempt == item.attempt and item.state in ("placed", "held"):
             if event.phase == Phase.ABNORMAL:  # its node lost: kept for its requeue to avoid (those the monitor
-                # names; from a monitor that names none, every node it ran on)
-                left = event.lost_node_ids or tuple(a.node_id for a in item.assignments) or item.left
+                # names of the nodes it ran on; from a monitor that names none, every one)
+                ran_on = tuple(a.node_id for a in item.assignments)
+                left = tuple(n for n in event.lost_node_ids if n in ran_on) or ran_on or item.left
                 await self.store.save(item.model_copy(update={"state": "held", "assignments": (), "left": left}), [])
             elif event.phase == Phase.PENDING and not event.node_ids:
                 await self._requeue(item, event.requeue_cause)

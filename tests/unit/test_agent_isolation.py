@@ -2,12 +2,15 @@
 of reach, while its working directory, the SDK, Python and its checkpoints still work. Real processes."""
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
 import pwd
 import random
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from shlex import quote
 
@@ -451,34 +454,39 @@ async def test_a_task_whose_uploads_hang_holds_no_other_tasks_start_or_end(tmp_p
     assert done.reason == "completed", done
 
 
+@contextlib.contextmanager
+def hung_storage(monkeypatch, method: str, marker: str) -> Iterator[list[str]]:
+    """`Mirror.<method>` (sync or restore) hangs, for every URL holding `marker`, until the block ends (each such
+    URL listed); copies are given up after moving nothing for 1 s (`STALL_S`)."""
+    from services.agent import checkpoints, transfers
+
+    monkeypatch.setattr(transfers, "STALL_S", 1.0)
+    hung, asked = threading.Event(), []
+    real = getattr(checkpoints.Mirror, method)
+
+    def stuck(self, *args, **kw):
+        if marker in self.url:
+            asked.append(self.url)
+            hung.wait(30)
+        return real(self, *args, **kw)
+
+    monkeypatch.setattr(checkpoints.Mirror, method, stuck)
+    try:
+        yield asked
+    finally:
+        hung.set()
+
+
 async def test_a_task_whose_storage_hangs_at_its_end_still_ends_and_says_what_was_not_saved(tmp_path, monkeypatch):
     """A task's last copies are awaited before its end is reported: a storage that hung (an NFS server gone) held
     the end for ever, the job Running with nothing running (found by review). Copies that move nothing for
     `STALL_S` are given up, and every copy after them; the end's message names them."""
-    import threading
-
-    from services.agent import checkpoints, transfers
-
-    monkeypatch.setattr(transfers, "STALL_S", 1.0)
-    hung, synced = threading.Event(), []
-    sync = checkpoints.Mirror.sync
-
-    def stuck(self, local, uploaded, **kw):
-        if "/stalls-" in self.url:
-            synced.append(self.url)
-            hung.wait(30)
-        return sync(self, local, uploaded, **kw)
-
-    monkeypatch.setattr(checkpoints.Mirror, "sync", stuck)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
     outputs = [{"name": "o0", "url": f"file://{tmp_path / 'data' / 'storage' / 'p' / 'out'}"}]
-    try:
-        ended_, output = await asyncio.wait_for(
-            run(agent, start(unique("stalls"), "echo DONE", outputs=outputs), sent), 20
-        )
-    finally:
-        hung.set()
+    with hung_storage(monkeypatch, "sync", "/stalls-") as synced:
+        command = start(unique("stalls"), "echo DONE", outputs=outputs)
+        ended_, output = await asyncio.wait_for(run(agent, command, sent), 20)
     assert ended_.reason == "completed" and "DONE" in output, (ended_, output)
     assert ended_.message == (
         "not saved: checkpoint: the task's copies moved nothing for 1 s; "
@@ -490,85 +498,37 @@ async def test_a_task_whose_storage_hangs_at_its_end_still_ends_and_says_what_wa
 async def test_a_task_stopped_while_its_storage_hangs_says_its_checkpoint_was_not_saved(tmp_path, monkeypatch):
     """A stopped task (moved, terminated) whose last checkpoint could not be saved: its next attempt resumes from an
     older one, and its end says so."""
-    import threading
-
-    from services.agent import checkpoints, transfers
-
-    monkeypatch.setattr(transfers, "STALL_S", 1.0)
-    hung = threading.Event()
-    sync = checkpoints.Mirror.sync
-
-    def stuck(self, local, uploaded, **kw):
-        if "/stopped-" in self.url:
-            hung.wait(30)
-        return sync(self, local, uploaded, **kw)
-
-    monkeypatch.setattr(checkpoints.Mirror, "sync", stuck)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
     command = start(unique("stopped"), "sleep 30")
-    try:
+    with hung_storage(monkeypatch, "sync", "/stopped-"):
         await agent.start(command)
         await asyncio.sleep(0.5)
         stop = StopTask(event_id="s", node_id="n1", job_id=command.job_id, attempt=1, reason="migrate", grace_s=1)
         await agent.stop(stop)
         ended_, _ = await asyncio.wait_for(ended(command.job_id, sent), 20)
-    finally:
-        hung.set()
     assert ended_.reason == "terminated", ended_
     assert ended_.message == "stopped: migrate; not saved: checkpoint: the task's copies moved nothing for 1 s", ended_
 
 
 async def test_a_task_whose_checkpoint_restore_hangs_fails_to_start_and_says_why(tmp_path, monkeypatch):
     """A restore that moves nothing for `STALL_S` fails the attempt's start (it waited for ever)."""
-    import threading
-
-    from services.agent import checkpoints, transfers
-
-    monkeypatch.setattr(transfers, "STALL_S", 1.0)
-    hung = threading.Event()
-    restore = checkpoints.Mirror.restore
-
-    def stuck(self, local, tally=None):
-        if "/restores-" in self.url:
-            hung.wait(30)
-        return restore(self, local, tally)
-
-    monkeypatch.setattr(checkpoints.Mirror, "restore", stuck)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
-    try:
+    with hung_storage(monkeypatch, "restore", "/restores-"):
         ended_, output = await asyncio.wait_for(run(agent, start(unique("restores"), "echo RAN"), sent), 20)
-    finally:
-        hung.set()
     assert ended_.reason == "start_failed" and "RAN" not in output, (ended_, output)
     assert ended_.message == "its checkpoint could not be restored: the task's copies moved nothing for 1 s", ended_
 
 
 async def test_a_task_whose_input_fetch_hangs_fails_to_start_and_says_why(tmp_path, monkeypatch):
     """An input whose storage moves nothing for `STALL_S` fails the attempt's start (it waited until a stop)."""
-    import threading
-
-    from services.agent import checkpoints, transfers
-
-    monkeypatch.setattr(transfers, "STALL_S", 1.0)
-    hung = threading.Event()
-    restore = checkpoints.Mirror.restore
-
-    def stuck(self, local, tally=None):
-        if "/hung-input" in self.url:
-            hung.wait(30)
-        return restore(self, local, tally)
-
-    monkeypatch.setattr(checkpoints.Mirror, "restore", stuck)
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=os.geteuid() == 0)
     url = f"file://{tmp_path / 'data' / 'storage' / 'p' / 'hung-input'}"
-    try:
+    with hung_storage(monkeypatch, "restore", "/hung-input"):
         command = start(unique("input"), "echo RAN", inputs=[{"name": "data", "url": url}])
         ended_, output = await asyncio.wait_for(run(agent, command, sent), 20)
-    finally:
-        hung.set()
     assert ended_.reason == "start_failed" and "RAN" not in output, (ended_, output)
     assert ended_.message == f"inputs.data: cannot fetch {url}: the task's copies moved nothing for 1 s", ended_
 
