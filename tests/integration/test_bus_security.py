@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import logging
 import shutil
 import ssl
 import subprocess
@@ -98,6 +99,29 @@ class Client:
             task.cancel()
             await asyncio.wait([task])
             outcome(task)  # what it raised is read, so asyncio does not log it as never retrieved
+
+
+async def honest_request(asker: Client, answerer: Client, subject: str, *, tries: int = 5):
+    """The answer to a plain request on `subject`, which `answerer` subscribed to and flushed before. In whole-suite
+    runs (2026-11-28, 2026-11-30 in CI; never in 40 runs of the test alone on a loaded machine) the server twice said no
+    one was subscribed, the answering client connected, told of no error: what was so is logged and the request
+    asked again, bounded; an answer that never comes still fails."""
+    for attempt in range(tries):
+        try:
+            return await asker.nc.request(subject, b"{}", timeout=5)
+        except NoRespondersError:
+            logging.getLogger(__name__).warning(
+                "no responder on %s (attempt %d): answering client connected=%s closed=%s errors=%s, asker's errors=%s",
+                subject,
+                attempt + 1,
+                answerer.nc.is_connected,
+                answerer.closed.is_set(),
+                answerer.errors,
+                asker.errors,
+            )
+            await answerer.nc.flush()
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"no responder on {subject} in {tries} requests: answering client errors={answerer.errors}")
 
 
 def outcome(task: asyncio.Future) -> object:
@@ -619,16 +643,11 @@ async def test_a_request_aimed_at_a_platform_subject_is_neither_answered_nor_per
 
     await raw.nc.subscribe(bus.RPC_QUOTAS, cb=answer_anywhere)
     await raw.nc.flush()
+    answer = await honest_request(submitter, raw, bus.RPC_QUOTAS)  # its inbox: allowed (and it is subscribed)
+    assert answer.data == b"{}"
     for reply in PLATFORM:
         await submitter.nc.publish(bus.RPC_QUOTAS, b"{}", reply=reply)
-    try:  # its inbox: allowed
-        answer = await submitter.nc.request(bus.RPC_QUOTAS, b"{}", timeout=5)
-    except NoRespondersError as exc:  # seen once in a whole-suite run (2026-11-28), not reproduced: say what was so
-        raise AssertionError(
-            f"no responder: the answering client connected={raw.nc.is_connected} closed={raw.closed.is_set()} "
-            f"errors={raw.errors} submitter's errors={submitter.errors}"
-        ) from exc
-    assert answer.data == b"{}"
+    await submitter.nc.flush()
     errors = await raw.settle()
 
     for _ in range(50):  # nats-py hands each -ERR to its callback in a task of its own: wait for them, bounded
