@@ -127,6 +127,10 @@ RPC_ADMIT = "tm.rpc.billing.admit"
 RPC_QUOTAS = "tm.rpc.billing.quotas"
 RPC_CANDIDATES = "tm.rpc.placement.candidates"
 RPC_CATALOGUE = "tm.rpc.placement.catalogue"
+# A node's agent asks the submitter for the secrets of a task placed on it (on its own node's subject, answered
+# only into its own node's space: `shared.jobsecrets`).
+RPC_SECRETS = "tm.rpc.submitter.secrets.{node_id}"
+SECRETS_INBOX = "_INBOX_secrets.{node_id}"
 SERVICES = ("placement", "monitor", "estimator", "billing")
 
 # What an agent publishes carries its node id, so the server can hold each agent to its own node's subjects.

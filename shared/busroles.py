@@ -66,7 +66,7 @@ PUBLISHES: dict[str, tuple[str, ...]] = {
     "billing": ("tm.notify.*",),
 }
 ANSWERS: dict[str, tuple[str, ...]] = {
-    "submitter": (),
+    "submitter": (bus.RPC_SECRETS.format(node_id="*"),),
     "placement": (bus.RPC_CANDIDATES, bus.RPC_CATALOGUE),
     "monitor": (bus.RPC_NODES, bus.RPC_TERMINATE, bus.RPC_MIGRATE),
     "estimator": (bus.RPC_METRICS, bus.RPC_PREDICT),
@@ -76,6 +76,9 @@ ANSWERS: dict[str, tuple[str, ...]] = {
 # Core NATS subjects a process reads as they come (no stream): the monitor, every node's heartbeat; an agent, the
 # heartbeat interval the monitor announces.
 LISTENS: dict[str, tuple[str, ...]] = {"monitor": (bus.HEARTBEATS,), "agent": (bus.NODE_CADENCE,)}
+
+# Where a service answers agents (each agent reads only its own node's part of that space).
+ANSWERS_AGENTS: dict[str, tuple[str, ...]] = {"submitter": (f"{bus.SECRETS_INBOX.format(node_id='*')}.>",)}
 
 
 def inbox(identity: str) -> str:
@@ -125,7 +128,7 @@ def service(role: str) -> Permissions:
     consumed = tuple(s for consumer, subject in CONSUMERS[role] for s in reads(consumer, subject))
     answers = tuple(f"{inbox(r)}.>" for r in asked_by(role))
     return Permissions(
-        publish=(*PUBLISHES[role], *consumed, *stream_info(), *leads(role), *answers),
+        publish=(*PUBLISHES[role], *consumed, *stream_info(), *leads(role), *answers, *ANSWERS_AGENTS.get(role, ())),
         subscribe=(*ANSWERS[role], *LISTENS.get(role, ()), bus.RPC_HEALTH.format(service=role)),
         inbox=inbox(role),
         responses=False,
@@ -152,11 +155,12 @@ def agent(node_id: str, *, own_key: bool = False) -> Permissions:
     )
     trade = (minting.REKEYED_AGENT if own_key else minting.REKEY_AGENT).format(node_id=node_id)
     return Permissions(
-        publish=(*events, *reads(consumer, subject), trade),
+        publish=(*events, *reads(consumer, subject), trade, bus.RPC_SECRETS.format(node_id=node_id)),
         subscribe=(
             bus.RPC_HEALTH.format(service=f"agent.{node_id}"),
             *LISTENS["agent"],
             f"{minting.REKEY_INBOX.format(node_id=node_id)}.>",
+            f"{bus.SECRETS_INBOX.format(node_id=node_id)}.>",
         ),
         inbox=inbox(f"agent-{node_id}"),
     )

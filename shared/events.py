@@ -7,7 +7,7 @@ Each class names its subject; `event_id` doubles as the JetStream message id, so
 from datetime import datetime
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from shared.clock import utcnow
 from shared.jobs import FINISHED, Algorithm, Phase, SecondaryPhase, Spec
@@ -156,6 +156,17 @@ class Eta(BaseModel):
 # Jobs ---------------------------------------------------------------------------------------------------------
 
 
+def _no_secret_values(algorithm: Algorithm) -> Algorithm:
+    if algorithm.secrets:
+        raise ValueError("a job's secret values never travel in an event (the agent asks the submitter for them)")
+    return algorithm
+
+
+# A job's algorithm as events carry it: its secrets' names only (`Algorithm.secret_names`), never their values,
+# which stay with the submitter until the task's node asks (`shared.jobsecrets`).
+CarriedAlgorithm = Annotated[Algorithm, AfterValidator(_no_secret_values)]
+
+
 class JobSubmitted(Message):
     subject_template: ClassVar[str] = "tm.job.submitted"
     type: Literal["JobSubmitted"] = "JobSubmitted"
@@ -164,7 +175,7 @@ class JobSubmitted(Message):
     project_id: Id
     user_name: str
     name: str
-    algorithm: Algorithm
+    algorithm: CarriedAlgorithm
     spec: Spec
     create_time: datetime
 
@@ -192,7 +203,7 @@ class Launch(BaseModel):
 
     master_addr: str = Field("127.0.0.1", description="Rank 0's node address (torch.distributed's MASTER_ADDR).")
     master_port: int = Field(29500, ge=1, le=65_535)
-    algorithm: Algorithm
+    algorithm: CarriedAlgorithm
     spec: Spec = Field(description="The job's spec with the resources this attempt was placed for.")
 
 
@@ -320,7 +331,7 @@ class StartTask(Message):
     gpu_indices: tuple[int, ...] = ()
     project_id: Id
     user_name: str
-    algorithm: Algorithm
+    algorithm: CarriedAlgorithm
     spec: Spec
     silences: Silences = 0  # the node's count when the monitor issued this start (its last report)
 

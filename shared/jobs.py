@@ -40,6 +40,8 @@ RESERVED_ENV_NAMES = frozenset(
     {"CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"}
 )
 MAX_PARAMETERS = 100  # a job's algorithm.parameters
+MAX_SECRETS = 50  # a job's algorithm.secrets
+MAX_SECRET_CHARS = 8192
 
 
 def data_env_name(name: str) -> str:
@@ -236,6 +238,16 @@ class Algorithm(Strict):
     outputs: list[DataOut] = Field(default_factory=list, max_length=20)
     parameters: list[Parameter] = Field(default_factory=list, max_length=MAX_PARAMETERS)
     environments: dict[str, str] = Field(default_factory=dict, max_length=100)
+    secrets: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_SECRETS,
+        description="Write-only: variables set in the task's environment only (API keys, tokens). The submitter "
+        "keeps them apart until the job ends; they are never shown, never in an event, and masked in the job's "
+        "output. Read back as `secret_names`.",
+    )
+    secret_names: list[str] = Field(
+        default_factory=list, max_length=MAX_SECRETS, description="Set by trainmaster: the names of `secrets`."
+    )
     metrics: list[MetricSpec] = Field(default_factory=list, max_length=20)
 
     @model_validator(mode="after")
@@ -270,6 +282,25 @@ class Algorithm(Strict):
             if len(value) > 8192:
                 raise ValueError(f"environment variable {name!r} is longer than 8192 characters")
         return environments
+
+    @field_validator("secrets")
+    @classmethod
+    def _valid_secret_names(cls, secrets: dict[str, str]) -> dict[str, str]:
+        for name, value in secrets.items():
+            if not re.match(ENV_NAME_PATTERN, name):
+                raise ValueError(f"secret name {name!r} is not valid")
+            if reserved_env(name):
+                raise ValueError(f"secret {name!r} is set by trainmaster and cannot be overridden")
+            if len(value) > MAX_SECRET_CHARS:  # the value is never echoed, only its name
+                raise ValueError(f"secret {name!r} is longer than {MAX_SECRET_CHARS} characters")
+        return secrets
+
+    @model_validator(mode="after")
+    def _secrets_apart(self) -> "Algorithm":
+        named = {*self.environments, *(p.name for p in self.parameters)}
+        if both := sorted(named & {*self.secrets, *self.secret_names}):
+            raise ValueError(f"{both[0]!r} is both a secret and a parameter or environment variable")
+        return self
 
     @field_validator("metrics")
     @classmethod

@@ -74,6 +74,7 @@ class Agent:
         acknowledge: Acknowledge | None = None,
         retention: Retention | None = None,
         connected: Callable[[], bool] = lambda: True,
+        secrets: Callable[[StartTask], Awaitable[dict[str, str]]] | None = None,
     ) -> None:
         self.node = node
         # Whether the bus connection is up: a heartbeat is not sent while it is not (the client would buffer it
@@ -118,6 +119,7 @@ class Agent:
             finished=self._finished,
             tasks=self.tasks,
             launching=self.launching,
+            secrets=secrets,
         )
         self.journal = Journal(root / "journal.json")
         self.sweeping = asyncio.Lock()  # retention's records and removals, one at a time

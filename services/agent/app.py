@@ -18,6 +18,7 @@ from shared.pings import Pings
 from shared.service import Wiring, service_app, wire
 from shared.settings import CommonSettings
 from shared.storage import StoragePolicy, StorageSettings, check_segment, local_path
+from services.agent import jobsecrets
 from services.agent.agent import Agent
 from services.agent.carriage import UPDATE_EVERY_S
 from services.agent.cgroups import detect
@@ -391,6 +392,7 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> 
         else None,
         acknowledge=lambda: acks.wait(timeout_s=max(1.0, pace.interval_s)),
         connected=lambda: w.broker.config.connection_state.connection.is_connected,
+        secrets=partial(jobsecrets.fetch, lambda: w.broker.config.connection_state.connection, node_id=node.node_id),
         retention=Retention(
             jobs=root / "jobs",
             retention_s=settings.attempt_retention_s,

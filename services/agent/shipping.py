@@ -64,6 +64,7 @@ class LogShipper:
         self.closing = False
         self.ended = False  # the chunk marked last was shipped
         self.cap_bytes = MAX_CHUNK_BYTES  # halved each time the server refuses a chunk as too large
+        self.mask: Callable[[str], str] | None = None  # the task's secrets out of each line (`jobsecrets.Masker`)
         self.task = asyncio.create_task(self._loop())
 
     def add(self, line: LogLine) -> None:
@@ -93,6 +94,8 @@ class LogShipper:
             self._keep(LogLine(t=time.time(), s="err", line=dropped_notice(dropped, self.rate)))
 
     def _keep(self, line: LogLine) -> None:
+        if self.mask is not None:
+            line = line.model_copy(update={"line": self.mask(line.line)})
         self.buffer.append(line)
         self.file.write(f"{line.line}\n")
         if len(self.buffer) >= MAX_LINES_PER_CHUNK:

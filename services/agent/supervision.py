@@ -33,6 +33,7 @@ from services.agent.isolation import (
     kill_user,
     private_dir,
 )
+from services.agent.jobsecrets import Masker
 from services.agent.journal import Journal
 from services.agent.outputrate import OutputRate
 from services.agent.preparation import PrepareError, Preparer, output_dir
@@ -81,6 +82,8 @@ class Supervisor:
     launching: dict[str, asyncio.Task]
     besides: set[asyncio.Task] = field(default_factory=set)  # work beside the tasks (a uid claimed ahead)
     tmp_links: dict[Path, Path] = field(default_factory=dict)  # a running attempt's TMPDIR link by its directory
+    # a task's secrets, asked of the submitter (`jobsecrets.fetch`); None: a job with secrets cannot start here
+    secrets: Callable[[StartTask], Awaitable[dict[str, str]]] | None = None
     cpus: CpuAllotment = field(init=False)  # the host CPUs each task is pinned to (`spec.resource.cpu_count`)
 
     def __post_init__(self) -> None:
@@ -133,6 +136,7 @@ class Supervisor:
             refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)
             if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
                 raise PrepareError("; ".join(f"{field}: {reason}" for field, reason in refused))
+            values = await self._secrets(command)  # before any work: a refusal is known at once
             if self.preparer.needs_work(command):
                 await self.publish(
                     TaskPreparing(
@@ -145,6 +149,8 @@ class Supervisor:
                 )
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
+            env.update(values)  # the task's alone: not the preparation's (its packages' installs)
+            shipper.mask = Masker(values.values()) or None
             try:
                 manifest = await transfer_unless_stalled(
                     partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
@@ -271,9 +277,18 @@ class Supervisor:
             reason, message, oom = "oom", describe_exit(status, task.tail), task.oom
         else:
             reason, message = "failed", describe_exit(status, task.tail)
+        if shipper.mask is not None:  # its output's tail: masked as its output was
+            message = shipper.mask(message)
         await self.report_exit(exited_event(self.node, start, reason=reason, message=message, status=status, oom=oom))
         self.tasks.pop(key, None)
         await self.finished(task.workdir)
+
+    async def _secrets(self, command: StartTask) -> dict[str, str]:
+        if not command.algorithm.secret_names:
+            return {}
+        if self.secrets is None:
+            raise PrepareError("secrets: this agent does not ask for a job's secrets")
+        return await self.secrets(command)
 
     async def _give_back(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None) -> None:
         """Release the task's uid (`_release`), then claim the next start's uid ahead beside: the lowest free, so

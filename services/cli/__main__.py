@@ -64,6 +64,13 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--max-duration", type=int, metavar="SECONDS")
         p.add_argument("--param", action="append", metavar="NAME=VALUE")
         p.add_argument("--env", action="append", metavar="NAME=VALUE")
+        p.add_argument(
+            "--secret",
+            action="append",
+            metavar="NAME",
+            help="a secret for the task's environment, its value taken from yours (never on the command line); "
+            "never shown back, masked in the job's output",
+        )
         p.add_argument("--metric", action="append", metavar="NAME:REGEX[:min|max[:TARGET]]")
 
     s = command("submit", commands.submit, "submit a job from flags and/or a YAML job file (the request body)")

@@ -1,5 +1,6 @@
 """The create body: a YAML (or JSON) job file in the shape of POST /v2/{project}/training-jobs, then flags."""
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,17 @@ def pairs(items: list[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
+def secrets_from(names: list[str] | None, environ: dict[str, str]) -> dict[str, str]:
+    """`--secret NAME`: the value of NAME in the CLI's own environment (a value on the command line would be in
+    the shell's history and in every process listing)."""
+    out = {}
+    for name in names or []:
+        if name not in environ:
+            raise CliError(f"--secret {name}: set {name} in your environment first", exit_code=EXIT_USAGE)
+        out[name] = environ[name]
+    return out
+
+
 def metric(text: str) -> dict[str, Any]:
     """`loss:REGEX[:min|max[:target]]`; the regex may itself hold colons, so mode and target are read from the end."""
     name, _, rest = text.partition(":")
@@ -71,6 +83,8 @@ def body(args: Any) -> dict[str, Any]:
         algorithm["parameters"] = [{"name": k, "value": v} for k, v in merged.items()]
     if args.env:
         algorithm["environments"] = {**algorithm.get("environments", {}), **pairs(args.env, "--env")}
+    if getattr(args, "secret", None):
+        algorithm["secrets"] = {**algorithm.get("secrets", {}), **secrets_from(args.secret, dict(os.environ))}
     if args.metric:
         algorithm["metrics"] = [metric(m) for m in args.metric]
     for flag, field in RESOURCE_FLAGS.items():

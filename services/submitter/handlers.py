@@ -1,16 +1,24 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
 
+import logging
+from typing import Any
+
 from faststream.exceptions import NackMessage
 from faststream.nats import NatsRouter
+from pydantic import ValidationError
 
-from shared.bus import durable, retry_transient
+from shared.bus import RPC_SECRETS, durable, retry_transient
 from shared.clock import utcnow
 from shared.context import Context, NatsMessage
 from shared.events import ALL_STATUSES, EtaEstimated, JobPlaced, JobStatusChanged, LogChunk, Notification
 from shared.handlers import HandlerTable, dispatch
+from shared.jobsecrets import SecretsAnswer, SecretsQuery, reply_space
 from shared.origin import deliveries, placements_consumer
+from services.submitter import secrets
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
+
+log = logging.getLogger(__name__)
 
 OUTPUT_RETRY_S = 0.2  # a finished status whose output is not all stored is looked at again this soon, then as
 OUTPUT_RETRY_MAX_S = 3.2  # long again as it is old, up to this: 9 looks in the 15 s hold (each a count), not 75
@@ -99,3 +107,24 @@ async def on_eta(event: EtaEstimated, repo: Repository = Context("repo")) -> Non
 async def on_notification(event: Notification, repo: Repository = Context("repo")) -> None:
     """Notifications for people."""
     await dispatch(EVENT_HANDLERS, event, repo)
+
+
+SECRETS_PREFIX = RPC_SECRETS.format(node_id="")
+
+
+@router.subscriber(RPC_SECRETS.format(node_id="*"))
+async def on_secrets(body: Any, message: NatsMessage, repo: Repository = Context("repo")) -> dict | None:
+    """A node's agent asks for the secrets of a task it is to start: the node is the one its subject names (the
+    server holds each agent to its own), the answer goes only into that node's space (`jobsecrets.reply_space`)."""
+    node_id = message.raw_message.subject.removeprefix(SECRETS_PREFIX)
+    if not (message.reply_to or "").startswith(reply_space(node_id)):
+        log.warning("refused a secrets request from node %s: its reply subject is not the node's own", node_id)
+        message.reply_to = ""  # never answered elsewhere (FastStream would publish the result there)
+        return None
+    try:
+        query = SecretsQuery.model_validate(body)
+    except ValidationError as exc:
+        return SecretsAnswer(
+            error=f"not a secrets request: {exc.errors()[0].get('msg', 'invalid')}", final=True
+        ).model_dump()
+    return (await secrets.answer(repo, query, node_id=node_id)).model_dump()

@@ -24,7 +24,7 @@ from services.submitter.logstore import LOG_CAP_BYTES, LogStore
 from services.submitter.notificationstore import NotificationStore
 from services.submitter.refusals import NameTaken
 from services.submitter.viewentries import LIST_LATER_S, VIEW_FIELDS, ViewEntries
-from services.submitter.views import status_fields
+from services.submitter.views import SECRET_VALUES, status_fields
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,11 @@ class Repository:
     async def job(self, job_id: str) -> dict[str, Any] | None:
         """The job whatever its project (a search's trial)."""
         return await self.jobs.find_one({"_id": job_id})
+
+    async def secrets_of(self, job_id: str) -> tuple[str, dict[str, str]] | None:
+        """A job's phase and its secrets' values (none once it ended); None for no such job."""
+        doc = await self.jobs.find_one({"_id": job_id}, {SECRET_VALUES: 1, "status": 1})
+        return None if doc is None else (doc.get("status", {}).get("phase", ""), doc.get(SECRET_VALUES) or {})
 
     async def exists(self, job_id: str) -> bool:
         return await self.jobs.find_one({"_id": job_id}, {"_id": 1}) is not None

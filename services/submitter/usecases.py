@@ -15,7 +15,7 @@ from typing import Any, Literal
 from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobSubmitted, JobTerminateRequested
-from shared.jobs import FINISHED, JobCreate, unnamable
+from shared.jobs import FINISHED, Algorithm, JobCreate, unnamable
 from shared.rpc import CandidatesReply, MetricsQuery, MetricsReport
 from shared.storage import StoragePolicy, refused_addresses, refused_urls
 from services.submitter import admission, feasible
@@ -57,6 +57,8 @@ class Submitter:
         flavor's resources, check a named pool."""
         if (unfit := unnamable(body.algorithm)) is not None:
             raise Invalid(*unfit)
+        if body.algorithm.secret_names:
+            raise Invalid("algorithm.secret_names", "is set by trainmaster: give the values in algorithm.secrets")
         refused = refused_urls(body.algorithm, policy=self.storage, project_id=project_id) or await refused_addresses(
             body.algorithm, policy=self.storage
         )
@@ -106,7 +108,7 @@ class Submitter:
             project_id=project_id,
             user_name=user_name,
             name=body.metadata.name,
-            algorithm=body.algorithm,
+            algorithm=Algorithm.model_validate(doc["algorithm"]),  # the secrets' names, not their values
             spec=body.spec,
             create_time=now,
         )

@@ -69,8 +69,14 @@ def _ms(value: datetime | int | None) -> int:
     return int(as_utc(value).timestamp() * 1000) if value else 0
 
 
+SECRET_VALUES = "secret_values"  # a job's secrets by name, beside it until it ends; never rendered (`render`)
+
+
 def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, now: datetime) -> dict[str, Any]:
-    """The stored document of a just-submitted job."""
+    """The stored document of a just-submitted job: its secrets' values apart from its algorithm (which keeps their
+    names, `secret_names`), read by no view and sent only to the agents of its tasks (`services.submitter.secrets`)."""
+    secrets = body.algorithm.secrets
+    algorithm = body.algorithm.model_copy(update={"secrets": {}, "secret_names": sorted(secrets)})
     return {
         "_id": job_id,
         "project_id": project_id,
@@ -79,10 +85,11 @@ def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, no
         "workspace_id": body.metadata.workspace_id,
         "user_name": user_name,
         "create_time": now,
-        "algorithm": body.algorithm.model_dump(),
+        "algorithm": algorithm.model_dump(),
         "spec": body.spec.model_dump(),
         "status": {"phase": Phase.CREATING.value, "secondary_phase": SecondaryPhase.CREATING.value},
         "status_version": 0,
+        **({SECRET_VALUES: dict(secrets)} if secrets else {}),
     }
 
 
@@ -172,4 +179,5 @@ def status_fields(event: JobStatusChanged) -> dict[str, Any]:
     }
     if event.phase.is_finished():
         fields["status.eta"] = None
+        fields[SECRET_VALUES] = {}  # no attempt of it starts again: its secrets are nobody's any more
     return fields

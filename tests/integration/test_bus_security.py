@@ -188,6 +188,7 @@ async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
         "tm.job.task.n1.hung",
         "tm.log.n1.j-1",
         "tm.telemetry.n1.j-1",
+        "tm.rpc.submitter.secrets.n1",
     ):
         await agent.nc.publish(allowed, b"{}")
     assert await agent.settle() == []  # what it may do goes through: the refusals below are the server's
@@ -211,6 +212,7 @@ async def test_an_agent_may_publish_only_its_own_nodes_and_tasks_events(server):
         "tm.telemetry.n2.j-1",
         "tm.telemetry.n1",
         "tm.telemetry.n1.j-1.x",
+        "tm.rpc.submitter.secrets.n2",  # another node's secrets: asked only on its own node's subject
     )
     for subject in forbidden:
         await agent.nc.publish(subject, b"{}")
@@ -231,6 +233,8 @@ async def test_an_agent_cannot_subscribe_to_other_nodes_commands_or_everything(s
         "_INBOX_submitter.>",
         "_INBOX_agent-n2.>",
         "tm.rpc.billing.quotas",
+        "_INBOX_secrets.n2.>",  # the submitter's answers to another node
+        "_INBOX_secrets.>",
     )
     for subject in forbidden:
         await agent.nc.subscribe(subject)

@@ -4,6 +4,7 @@ of reach, while its working directory, the SDK, Python and its checkpoints still
 import asyncio
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import pwd
@@ -62,6 +63,7 @@ def make_agent(
     uids: int = 20,
     disk_quota_gb: float | None = None,
     cgroups: bool = True,
+    secrets=None,
 ) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
@@ -92,6 +94,7 @@ def make_agent(
         confinement=rules,
         checkpoint_sync_s=0.2,
         disk_quota_gb=disk_quota_gb,
+        secrets=secrets,
     )
 
 
@@ -913,3 +916,41 @@ async def test_a_jobs_own_virtual_env_variable_opens_nothing_to_its_task(tmp_pat
     done, output = await run(agent, start(unique("venv"), command, environments={"VIRTUAL_ENV": str(other)}), sent)
     assert done.reason == "completed", output
     assert "theirs" not in output and output.splitlines()[-1] != "status 0", output
+
+
+SECRET = "s3cr3t-wandb-key-0123456789"
+PRINTS_SECRET = r"""
+import hashlib, os
+value = os.environ["WANDB_API_KEY"]
+print("digest", hashlib.sha256(value.encode()).hexdigest(), flush=True)
+print("logged in with", value, flush=True)
+raise SystemExit(3)
+"""
+
+
+@pytest.mark.parametrize("confined", [False, pytest.param(True, marks=root_only)])
+async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and_its_end(tmp_path, confined):
+    sent: list = []
+    asked: list[StartTask] = []
+
+    async def secrets(command: StartTask) -> dict[str, str]:
+        asked.append(command)
+        return {"WANDB_API_KEY": SECRET}
+
+    agent = make_agent(tmp_path, sent, confined=confined, secrets=secrets)
+    command = start(unique(), f"{sys.executable} -c {quote(PRINTS_SECRET)}", secret_names=["WANDB_API_KEY"])
+    exited, output = await run(agent, command, sent)
+    assert asked == [command]
+    assert f"digest {hashlib.sha256(SECRET.encode()).hexdigest()}" in output  # the task had the value
+    assert "logged in with ***" in output and SECRET not in output
+    assert exited.reason == "failed" and "logged in with ***" in exited.message and SECRET not in exited.message
+    assert not any(SECRET in str(message) for message in sent)
+    assert SECRET not in (agent.root / "jobs" / command.job_id / "attempt-1-rank-0" / "output.log").read_text()
+
+
+async def test_a_task_with_secrets_does_not_start_on_an_agent_that_cannot_ask_for_them(tmp_path):
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=False)
+    exited, output = await run(agent, start(unique(), "true", secret_names=["WANDB_API_KEY"]), sent)
+    assert exited.reason == "start_failed"
+    assert exited.message == "secrets: this agent does not ask for a job's secrets"

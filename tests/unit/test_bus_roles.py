@@ -92,17 +92,33 @@ def test_an_agent_publishes_only_subjects_carrying_its_node():
     permissions = busroles.agent("n1")
     subjects = [s for s in permissions.publish if not s.startswith("$JS.")]
     assert subjects and all(".n1." in s or s.endswith(".n1") for s in subjects)  # its rekey: tm.rpc.minter.rekey.n1
-    # its own health probe, the heartbeat interval the monitor announces to every agent, the minter's answers to it
-    assert permissions.subscribe == ("tm.rpc.health.agent.n1", "tm.node.cadence", "_INBOX_rekey.n1.>")
+    # its own health probe, the heartbeat interval the monitor announces to every agent, the minter's and the
+    # submitter's answers to its node
+    assert permissions.subscribe == (
+        "tm.rpc.health.agent.n1",
+        "tm.node.cadence",
+        "_INBOX_rekey.n1.>",
+        "_INBOX_secrets.n1.>",
+    )
     assert permissions.inbox == "_INBOX_agent-n1"
+    assert "tm.rpc.submitter.secrets.n1" in permissions.publish  # its own node's secrets request only
     assert not any("CREATE" in s or "STREAM" in s or "DIRECT" in s for s in permissions.publish)
     claims = permissions.claims()
     assert claims["sub"]["allow"] == [
         "tm.rpc.health.agent.n1",
         "tm.node.cadence",
         "_INBOX_rekey.n1.>",
+        "_INBOX_secrets.n1.>",
         "_INBOX_agent-n1.>",
     ]
+
+
+def test_only_the_submitter_answers_agents_secrets_requests_and_only_into_the_nodes_space():
+    for role in (*bus.SERVICES, "submitter"):
+        permissions = busroles.service(role)
+        answers = "_INBOX_secrets.*.>" in permissions.publish
+        asked = "tm.rpc.submitter.secrets.*" in permissions.subscribe
+        assert answers == asked == (role == "submitter"), role
 
 
 @pytest.mark.parametrize("node_id", ["a.b", "*", ">", "n 1", "", "x" * 65])
@@ -145,7 +161,8 @@ def test_a_service_answers_only_into_the_inboxes_of_those_that_may_ask_it():
         claims = busroles.service(role).claims()
         assert "resp" not in claims  # no answer to whatever reply subject a request names
         inboxes = [s for s in claims["pub"]["allow"] if s.startswith("_INBOX")]
-        assert inboxes == [f"{busroles.inbox(r)}.>" for r in busroles.asked_by(role)]
+        agents = list(busroles.ANSWERS_AGENTS.get(role, ()))  # the submitter: each node's own secrets space
+        assert inboxes == [f"{busroles.inbox(r)}.>" for r in busroles.asked_by(role)] + agents
         assert "_INBOX_submitter.>" in inboxes and not any("agent" in s for s in inboxes)
     assert busroles.asked_by("billing") == busroles.asked_by("estimator") == ("submitter", "placement", "admin")
     assert busroles.asked_by("monitor") == ("submitter", "admin")  # the operator's tools too, from _INBOX_admin

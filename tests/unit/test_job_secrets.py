@@ -1,0 +1,249 @@
+"""A job's secrets reach its task's environment and nothing else: not the stored job, not an event, not a view,
+not a node the attempt was not placed on, not the task's shipped output."""
+
+import hashlib
+import json
+from types import SimpleNamespace
+
+import pytest
+from pydantic import ValidationError
+
+from shared.events import JobSubmitted, LogLine, StartTask
+from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase
+from shared.jobsecrets import SecretsAnswer, SecretsQuery
+from services.agent import jobsecrets as agent_secrets
+from services.agent.jobsecrets import Masker
+from services.agent.preparation import PrepareError
+from services.agent.shipping import LogShipper
+from services.cli.client import CliError
+from services.cli.jobfile import secrets_from
+from services.submitter import secrets as submitter_secrets
+from services.submitter.views import SECRET_VALUES, new_job, render, status_fields
+from tests.factories import T0, job_body, spec, status_changed
+
+SECRET = "s3cr3t-wandb-key-0123456789"
+
+
+def body_with(secrets: dict[str, str], **algorithm) -> dict:
+    body = job_body(command="python3 train.py")
+    body["algorithm"].update(secrets=secrets, **algorithm)
+    return body
+
+
+def test_a_secret_is_named_as_an_environment_variable_and_never_echoed():
+    with pytest.raises(ValidationError, match="secret name 'not-a-name' is not valid"):
+        JobCreate.model_validate(body_with({"not-a-name": "x"}))
+    with pytest.raises(ValidationError, match="secret 'TRAINMASTER_JOB_ID' is set by trainmaster"):
+        JobCreate.model_validate(body_with({"TRAINMASTER_JOB_ID": "x"}))
+    with pytest.raises(ValidationError) as long:
+        JobCreate.model_validate(body_with({"TOKEN": SECRET * 400}))
+    assert "secret 'TOKEN' is longer than 8192 characters" in str(long.value) and SECRET not in str(long.value)
+    with pytest.raises(ValidationError, match="'TOKEN' is both a secret and a parameter or environment variable"):
+        JobCreate.model_validate(body_with({"TOKEN": SECRET}, environments={"TOKEN": "visible"}))
+
+
+def test_the_stored_job_and_its_event_carry_the_secrets_names_and_the_view_shows_no_value():
+    body = JobCreate.model_validate(body_with({"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_abcdef"}))
+    doc = new_job(job_id="j1", project_id="p", user_name="ana", body=body, now=T0)
+    assert doc["algorithm"]["secrets"] == {} and doc["algorithm"]["secret_names"] == ["HF_TOKEN", "WANDB_API_KEY"]
+    assert doc[SECRET_VALUES] == {"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_abcdef"}
+    assert SECRET not in render(doc, now=T0).model_dump_json()
+    assert SECRET_VALUES not in new_job(
+        job_id="j2", project_id="p", user_name="ana", body=JobCreate.model_validate(body_with({})), now=T0
+    )
+
+
+def test_no_event_carries_a_secrets_value():
+    algorithm = Algorithm(command="true", secrets={"TOKEN": SECRET})
+    with pytest.raises(ValidationError, match="secret values never travel in an event"):
+        JobSubmitted(
+            event_id="e",
+            job_id="j",
+            project_id="p",
+            user_name="u",
+            name="n",
+            algorithm=algorithm,
+            spec=spec(),
+            create_time=T0,
+        )
+    with pytest.raises(ValidationError, match="secret values never travel in an event"):
+        StartTask(
+            event_id="e",
+            node_id="n1",
+            job_id="j",
+            attempt=1,
+            project_id="p",
+            user_name="u",
+            algorithm=algorithm,
+            spec=spec(),
+        )
+    named = Algorithm(command="true", secret_names=["TOKEN"])
+    assert StartTask(
+        event_id="e", node_id="n1", job_id="j", attempt=1, project_id="p", user_name="u", algorithm=named, spec=spec()
+    ).algorithm.secret_names == ["TOKEN"]
+
+
+def test_a_jobs_end_removes_its_secrets_and_no_earlier_status_does():
+    for phase, secondary in ((Phase.COMPLETED, SecondaryPhase.COMPLETED), (Phase.FAILED, SecondaryPhase.FAILED)):
+        assert status_fields(status_changed("j", phase, secondary, version=3))[SECRET_VALUES] == {}
+    running = status_changed("j", Phase.RUNNING, SecondaryPhase.RUNNING, version=2)
+    assert SECRET_VALUES not in status_fields(running)
+
+
+class Placements:
+    """What `shared.origin.Origins` answers for the submitter's check."""
+
+    def __init__(self, placed: dict[tuple[str, int], dict[str, str]], *, all_read: bool = True) -> None:
+        self.placed, self.read = placed, all_read
+
+    async def nodes(self, job_id: str, attempt: int) -> dict[str, str] | None:
+        return self.placed.get((job_id, attempt))
+
+    async def all_read(self) -> bool:
+        return self.read
+
+    async def current_attempt(self, job_id: str) -> int | None:
+        attempts = [a for (j, a) in self.placed if j == job_id]
+        return max(attempts) if attempts else None
+
+
+def repo(placed, docs, *, all_read: bool = True) -> SimpleNamespace:
+    async def secrets_of(job_id: str) -> tuple[str, dict[str, str]] | None:
+        doc = docs.get(job_id)
+        return None if doc is None else (doc["status"]["phase"], doc.get(SECRET_VALUES) or {})
+
+    return SimpleNamespace(origins=Placements(placed, all_read=all_read), secrets_of=secrets_of)
+
+
+RUNNING = {"status": {"phase": "Running"}, SECRET_VALUES: {"TOKEN": SECRET}}
+
+
+@pytest.mark.parametrize(
+    ("query", "node", "placed", "doc", "error", "final"),
+    [
+        ((1, 0), "n1", {("j", 1): {"0": "n1"}}, RUNNING, "", False),
+        ((1, 0), "n2", {("j", 1): {"0": "n1"}}, RUNNING, "that rank was not placed on this node", True),
+        ((1, 1), "n1", {("j", 1): {"0": "n1"}}, RUNNING, "that rank was not placed on this node", True),
+        ((1, 0), "n1", {("j", 1): {"0": "n1"}, ("j", 2): {"0": "n2"}}, RUNNING, "a later attempt", True),
+        ((3, 0), "n1", {("j", 1): {"0": "n1"}}, RUNNING, "never placed", True),
+        ((1, 0), "n1", {("j", 1): {"0": "n1"}}, None, "no such job", True),
+        ((1, 0), "n1", {("j", 1): {"0": "n1"}}, {"status": {"phase": "Completed"}}, "the job has ended", True),
+    ],
+)
+async def test_the_submitter_gives_a_jobs_secrets_only_to_the_node_its_newest_attempts_rank_was_placed_on(
+    query, node, placed, doc, error, final
+):
+    attempt, rank = query
+    answer = await submitter_secrets.answer(
+        repo(placed, {"j": doc} if doc else {}), SecretsQuery(job_id="j", attempt=attempt, rank=rank), node_id=node
+    )
+    assert error in answer.error and answer.final == final and bool(answer.error) == bool(error)
+    assert (answer.values == {"TOKEN": SECRET}) == (not error)
+
+
+async def test_a_placement_not_read_yet_is_a_passing_refusal():
+    answer = await submitter_secrets.answer(
+        repo({}, {"j": RUNNING}, all_read=False), SecretsQuery(job_id="j", attempt=1), node_id="n1"
+    )
+    assert answer.error == "its placement is not read yet" and not answer.final and not answer.values
+
+
+def start(names: list[str]) -> StartTask:
+    return StartTask(
+        event_id="e",
+        node_id="n1",
+        job_id="j",
+        attempt=2,
+        rank=1,
+        project_id="p",
+        user_name="u",
+        algorithm=Algorithm(command="true", secret_names=names),
+        spec=spec(),
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_agent_asks_again_while_the_refusal_passes_and_stops_at_a_final_one(monkeypatch):
+    answers = [
+        TimeoutError(),
+        SecretsAnswer(error="its placement is not read yet"),
+        SecretsAnswer(values={"TOKEN": SECRET, "OTHER": "not asked"}),
+    ]
+    asked: list[tuple[SecretsQuery, str]] = []
+
+    async def ask(client, query, *, node_id):
+        asked.append((query, node_id))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(agent_secrets, "ask", ask)
+    monkeypatch.setattr(agent_secrets, "PAUSE_S", 0)
+    assert await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1") == {"TOKEN": SECRET}
+    assert asked == [(SecretsQuery(job_id="j", attempt=2, rank=1), "n1")] * 3
+    assert await agent_secrets.fetch(lambda: None, start([]), node_id="n1") == {}  # nothing asked
+    assert len(asked) == 3
+
+    answers[:] = [SecretsAnswer(error="that rank was not placed on this node", final=True)]
+    with pytest.raises(PrepareError, match="secrets: the submitter refused them: that rank was not placed"):
+        await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1")
+    answers[:] = [SecretsAnswer(values={})]
+    with pytest.raises(PrepareError, match="secrets: 'TOKEN' was not given"):
+        await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1")
+
+
+async def test_the_agent_gives_up_after_its_wait_and_says_why(monkeypatch):
+    clock = Clock()
+
+    async def ask(client, query, *, node_id):
+        clock.now += 20
+        raise TimeoutError()
+
+    monkeypatch.setattr(agent_secrets, "ask", ask)
+    monkeypatch.setattr(agent_secrets, "PAUSE_S", 0)
+    with pytest.raises(
+        PrepareError, match=r"secrets: not given in 60 s: no answer from the submitter \(TimeoutError\)"
+    ):
+        await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1", clock=clock)
+    assert clock.now == 60
+
+
+def test_a_secret_is_masked_wherever_it_is_printed_and_a_short_one_is_not():
+    mask = Masker([SECRET, "line-one\nline-two", "abc"])
+    assert mask(f"key={SECRET}; again {SECRET}") == "key=***; again ***"
+    assert mask("line-one then line-two") == "*** then ***"
+    assert mask("abc is too short to mask") == "abc is too short to mask"
+    assert not Masker(["abc"]) and Masker([SECRET])
+
+
+async def test_the_shipper_masks_the_lines_it_ships_and_keeps(tmp_path):
+    chunks = []
+
+    async def publish(chunk) -> None:
+        chunks.append(chunk)
+
+    shipper = LogShipper(job_id="j", attempt=1, rank=0, node_id="n1", path=tmp_path / "output.log", publish=publish)
+    shipper.mask = Masker([SECRET])
+    shipper.add(LogLine(t=0.0, line=f"logged in with {SECRET}"))
+    await shipper.close()
+    assert [line.line for chunk in chunks for line in chunk.lines] == ["logged in with ***"]
+    assert SECRET not in (tmp_path / "output.log").read_text()
+
+
+def test_the_cli_takes_a_secrets_value_from_its_environment_never_from_its_command_line():
+    assert secrets_from(["WANDB_API_KEY"], {"WANDB_API_KEY": SECRET}) == {"WANDB_API_KEY": SECRET}
+    with pytest.raises(CliError, match="--secret HF_TOKEN: set HF_TOKEN in your environment first"):
+        secrets_from(["HF_TOKEN"], {})
+
+
+def test_the_masker_hides_a_value_in_json_the_task_prints():
+    line = json.dumps({"token": SECRET, "digest": hashlib.sha256(SECRET.encode()).hexdigest()})
+    assert SECRET not in Masker([SECRET])(line)
