@@ -94,6 +94,12 @@ class Assignment(BaseModel):
         description="Memory of the largest of the rank's GPUs in placement's "
         "record (0: not said); what the rank's GPU telemetry is held to.",
     )
+    gpu_model: str = Field(
+        "",
+        max_length=128,
+        description="The model of the slowest of the rank's GPUs in placement's record (empty: not said); what "
+        "the estimator records the run on, not the model the node's start names.",
+    )
 
 
 class TaskStatus(BaseModel):

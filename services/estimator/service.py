@@ -112,8 +112,9 @@ class Estimator:
     # Jobs whose record this process made (so no earlier process estimated them) and of which no estimate went out
     # yet: their end needs no final estimate to clear one shown, nor a write (`status_changed`).
     unestimated: Lru[str, bool] = field(default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False)
-    # (GPUs of rank 0, ranks) of each attempt as placed, until its start: a start's own counts are its node's word
-    placed_sizes: Lru[tuple[str, int], tuple[int, int]] = field(
+    # (GPUs of rank 0, ranks, rank 0's GPU model) of each attempt as placed, until its start: a start's own counts
+    # and model are its node's word
+    placed_sizes: Lru[tuple[str, int], tuple[int, int, str]] = field(
         default_factory=lambda: Lru(FINISHED_REMEMBERED), repr=False
     )
 
@@ -141,7 +142,9 @@ class Estimator:
         if model is None or rank0 is None:
             return
         # what the attempt runs on, as placement gave it: its start's counts are the node's word
-        self.placed_sizes.put((event.job_id, event.attempt), (len(rank0.gpu_indices), len(event.assignments)))
+        self.placed_sizes.put(
+            (event.job_id, event.attempt), (len(rank0.gpu_indices), len(event.assignments), rank0.gpu_model)
+        )
         if await self.jobs.update(event.job_id, lambda job: with_tflops(job, rank0.gpu_tflops, attempt=event.attempt)):
             model.tflops = rank0.gpu_tflops
 
@@ -159,8 +162,14 @@ class Estimator:
                 event.node_id,
             )
             return
-        gpus, nodes = self.placed_sizes.get((event.job_id, event.attempt)) or (event.gpu_count, event.world_size)
-        model.started(at=event.started_at.timestamp(), accelerator=event.gpu_model, gpus=gpus, nodes=nodes)
+        gpus, nodes, accelerator = self.placed_sizes.get((event.job_id, event.attempt)) or (
+            event.gpu_count,
+            event.world_size,
+            event.gpu_model,
+        )
+        # the model placement's record gave (a placement made before it said one: the start's)
+        accelerator = accelerator or event.gpu_model
+        model.started(at=event.started_at.timestamp(), accelerator=accelerator, gpus=gpus, nodes=nodes)
 
     async def _judged(self, event: TaskStarted) -> Verdict:
         """A start's verdict against its placement; one whose placement this process neither knows nor finds stored

@@ -62,9 +62,9 @@ async def apply(
 
 
 def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assignment:
-    """A rank on a node, with the node's kind, price, size, GPU memory and GPU speed as placement's record has them
-    (billing charges these, the estimator holds telemetry to that memory and plans with a measured speed, not what
-    the node's agent says of itself)."""
+    """A rank on a node, with the node's kind, price, size, GPU memory, speed and model as placement's record has
+    them (billing charges these, the estimator holds telemetry to that memory, plans with a measured speed and
+    records the run on that model, not on what the node's agent says of itself)."""
     gpus = [g for g in info.gpus if g.index in gpu_indices]
     measured = bool(gpus) and all(g.measured_tflops is not None and g.speed > 0 for g in gpus)
     return Assignment(
@@ -76,6 +76,7 @@ def assignment(rank: int, info: NodeInfo, gpu_indices: tuple[int, ...]) -> Assig
         node_gpu_count=len(info.gpus),
         gpu_memory_gb=max((g.memory_gb for g in gpus), default=0.0),
         gpu_tflops=min(g.speed for g in gpus) if measured else None,
+        gpu_model=min(gpus, key=lambda g: g.speed).model if gpus else "",
     )
 
 

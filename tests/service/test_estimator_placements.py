@@ -72,6 +72,26 @@ async def test_a_start_counts_the_gpus_and_ranks_placement_gave_never_those_its_
     assert (model.gpus, model.nodes) == (2, 2)
 
 
+async def test_a_start_is_recorded_on_the_gpu_model_placement_gave_never_the_one_its_node_names(estimator):
+    """The run's accelerator feeds the history every later job's prior learns from: a node naming a faster GPU
+    than placement's record gives would teach the estimator that the faster GPU is this slow."""
+    _, service, _ = estimator
+    job_id = unique("model")
+    await service.submitted(submitted(job_id=job_id))
+    placement = placed(job_id, gpu_indices=(0,))
+    rank0 = placement.assignments[0].model_copy(update={"gpu_model": "Tesla T4"})
+    await service.placed(placement.model_copy(update={"assignments": (rank0,)}))
+    claim = started(job_id, node_id="n1", at=T0).model_copy(update={"gpu_model": "NVIDIA H100-SXM5-80GB"})
+    await service.task_started(claim)
+    assert (await service._model(job_id)).accelerator == "Tesla T4"
+
+    older = unique("model")  # a placement that names no model (made before placements did): the start's
+    await service.submitted(submitted(job_id=older))
+    await service.placed(placed(older, gpu_indices=(0,)))
+    await service.task_started(started(older, node_id="n1", at=T0).model_copy(update={"gpu_model": "Tesla T4"}))
+    assert (await service._model(older)).accelerator == "Tesla T4"
+
+
 async def test_a_node_the_job_left_has_no_say_on_its_estimate(estimator):
     """Output and telemetry were taken for any attempt placed on the sending node: the node an earlier attempt ran
     on moved the job's estimate after the job had moved, and its readings set the job's GPU memory peak (found by

@@ -72,6 +72,15 @@ def test_a_placed_rank_carries_the_measured_speed_of_its_slowest_gpu_as_placemen
     assert assignment(0, measured(node(gpus=1, tflops=0.0), 700.0), (0,)).gpu_tflops is None
 
 
+def test_a_placed_rank_carries_the_model_of_its_slowest_gpu_as_placement_recorded_it():
+    info = measured(node(gpus=2, tflops=989.0), 700.0, 600.0)
+    slow = info.gpus[1].model_copy(update={"model": "older-gpu"})
+    info = info.model_copy(update={"gpus": (info.gpus[0], slow)})
+    assert assignment(0, info, (0, 1)).gpu_model == "older-gpu"
+    assert assignment(0, info, (0,)).gpu_model == info.gpus[0].model != ""
+    assert assignment(0, info, ()).gpu_model == ""  # no GPU: nothing said
+
+
 def test_the_estimator_plans_with_the_placed_nodes_speed_unless_the_job_declares_other_hardware():
     model = JobModel(
         metrics=[MetricSpec(name="loss", regex=r"loss (?P<value>[0-9.]+)", mode="min")],
