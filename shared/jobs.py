@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict as StrictType,
+    StringConstraints,
     field_validator,
     model_validator,
 )
@@ -42,6 +43,24 @@ RESERVED_ENV_NAMES = frozenset(
 MAX_PARAMETERS = 100  # a job's algorithm.parameters
 MAX_SECRETS = 50  # a job's algorithm.secrets
 MAX_SECRET_CHARS = 8192
+# What the agent or an engine's preparation sets in every task's environment: a secret may not name one (the agent's
+# value would win anyway: secrets go beneath them, `services/agent/supervision.py`)
+AGENT_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "TMPDIR",
+        "VIRTUAL_ENV",
+        "PYTHONPATH",
+        "XDG_CACHE_HOME",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "TRITON_CACHE_DIR",
+    }
+)
+# A secret's value as given: never stripped of its whitespace (a PEM key's last newline is part of it)
+SecretValue = Annotated[str, StringConstraints(strip_whitespace=False)]
 
 
 def data_env_name(name: str) -> str:
@@ -238,15 +257,19 @@ class Algorithm(Strict):
     outputs: list[DataOut] = Field(default_factory=list, max_length=20)
     parameters: list[Parameter] = Field(default_factory=list, max_length=MAX_PARAMETERS)
     environments: dict[str, str] = Field(default_factory=dict, max_length=100)
-    secrets: dict[str, str] = Field(
+    secrets: dict[str, SecretValue] = Field(
         default_factory=dict,
         max_length=MAX_SECRETS,
+        exclude_if=lambda v: not v,  # a reader of an older version (no such field) still reads a job without any
         description="Write-only: variables set in the task's environment only (API keys, tokens). The submitter "
         "keeps them apart until the job ends; they are never shown, never in an event, and masked in the job's "
         "output. Read back as `secret_names`.",
     )
     secret_names: list[str] = Field(
-        default_factory=list, max_length=MAX_SECRETS, description="Set by trainmaster: the names of `secrets`."
+        default_factory=list,
+        max_length=MAX_SECRETS,
+        exclude_if=lambda v: not v,
+        description="Set by trainmaster: the names of `secrets`.",
     )
     metrics: list[MetricSpec] = Field(default_factory=list, max_length=20)
 
@@ -289,11 +312,17 @@ class Algorithm(Strict):
         for name, value in secrets.items():
             if not re.match(ENV_NAME_PATTERN, name):
                 raise ValueError(f"secret name {name!r} is not valid")
-            if reserved_env(name):
+            if reserved_env(name) or name in AGENT_ENV:
                 raise ValueError(f"secret {name!r} is set by trainmaster and cannot be overridden")
             if len(value) > MAX_SECRET_CHARS:  # the value is never echoed, only its name
                 raise ValueError(f"secret {name!r} is longer than {MAX_SECRET_CHARS} characters")
         return secrets
+
+    @field_validator("secret_names")
+    @classmethod
+    def _valid_names_of_secrets(cls, names: list[str]) -> list[str]:
+        cls._valid_secret_names(dict.fromkeys(names, ""))
+        return names
 
     @model_validator(mode="after")
     def _secrets_apart(self) -> "Algorithm":

@@ -12,15 +12,16 @@ checked against placement's record, never believed."""
 from pydantic import BaseModel, ConfigDict, Field
 
 from shared.bus import SECRETS_INBOX
+from shared.events import AttemptNo, Id, RankNo
 from shared.jobs import MAX_SECRET_CHARS, MAX_SECRETS
 
 
 class SecretsQuery(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    job_id: str = Field(min_length=1, max_length=128)
-    attempt: int = Field(ge=0)
-    rank: int = Field(0, ge=0)
+    job_id: Id
+    attempt: AttemptNo
+    rank: RankNo = 0
 
 
 class SecretsAnswer(BaseModel):

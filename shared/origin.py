@@ -237,6 +237,13 @@ class Origins:
         attempts = [d["attempt"] async for d in self.placements.find({"job_id": job_id}, {"attempt": 1})]
         return self.latest.put(job_id, max(attempts)) if attempts else None
 
+    async def later_placed(self, job_id: str, attempt: int) -> bool:
+        """Whether an attempt after `attempt` was placed, as this process read it or as any process stored it (the
+        next attempt's record, by id: attempts are numbered one after another)."""
+        if (newest := self.latest.get(job_id)) is not None and newest > attempt:
+            return True
+        return await self.placements.find_one({"_id": attempt_key(job_id, attempt + 1)}, {"_id": 1}) is not None
+
     async def forget(self, job_id: str) -> None:
         """A deleted job's placements (its output is no longer taken: every chunk of it is then dropped)."""
         self.latest.pop(job_id)

@@ -532,6 +532,8 @@ class DocumentStore:
             )
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
+            for error in errors:  # its text would carry each refused document (a job's secrets) into the logs
+                error.pop("op", None)
             if any(error.get("code") != DUPLICATE_KEY for error in errors):
                 left_behind(self.collection)
                 raise

@@ -17,8 +17,10 @@ from shared.jobsecrets import SecretsAnswer, SecretsQuery, reply_space
 from services.agent.preparation import PrepareError
 
 ASK_TIMEOUT_S = 5.0
-WAIT_S = 60.0  # a start waits this long for the submitter (down, or not yet knowing the placement), then fails
-PAUSE_S = 0.5
+# A start waits this long (Pending/Preparing) for the submitter (down, restarting, not yet knowing the placement),
+# asking again after PAUSE_S, twice as long after each passing refusal up to LONGEST_PAUSE_S; then it fails.
+WAIT_S = 3600.0
+PAUSE_S, LONGEST_PAUSE_S = 0.5, 15.0
 MIN_MASKED = 4  # characters: a shorter value would mask ordinary words of the output
 MASK = "***"
 
@@ -50,7 +52,7 @@ async def fetch(
     if not names:
         return {}
     query = SecretsQuery(job_id=start.job_id, attempt=start.attempt, rank=start.rank)
-    deadline, last = clock() + wait_s, "no answer"
+    deadline, last, pause = clock() + wait_s, "no answer", PAUSE_S
     while True:
         try:
             answer = await ask(client(), query, node_id=node_id)
@@ -66,7 +68,8 @@ async def fetch(
             last = answer.error
         if clock() >= deadline:
             raise PrepareError(f"secrets: not given in {wait_s:.0f} s: {last}")
-        await asyncio.sleep(PAUSE_S)
+        await asyncio.sleep(pause)
+        pause = min(LONGEST_PAUSE_S, pause * 2)
 
 
 class Masker:

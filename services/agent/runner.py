@@ -12,7 +12,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -177,7 +177,7 @@ class TaskProcess:
     note: Callable[[str], None] | None = None  # a line of the agent's own in the task's output, while it is shipped
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     copying: Progress = field(default_factory=Progress)  # when its copies last moved a byte
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    tail: "Tail" = field(default_factory=lambda: Tail(TAIL_LINES))
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
@@ -277,7 +277,8 @@ class TaskProcess:
                 if (skipped := splitter.skip(raw)) is not None:
                     lines, last = skipped
                     gate.drop(lines)
-                    self.tail.extend(last.decode(errors="replace").replace("\r", "\n").split("\n")[-TAIL_LINES:])
+                    # its first piece may begin within a line (a secret's end, unmasked): left out
+                    self.tail.extend(last.decode(errors="replace").replace("\r", "\n").split("\n")[1:][-TAIL_LINES:])
                 else:  # no line or frame ended: a long piece, few of them
                     self._forward(splitter.feed(raw, self.last_output), name, on_line)
                 await asyncio.sleep(SPENT_PAUSE_S)  # no faster than SPENT_READ_BYTES a SPENT_PAUSE_S: past that
@@ -505,6 +506,22 @@ async def start_shim(launch: Path, *, cwd: Path) -> "asyncio.subprocess.Process 
         start_new_session=True,
         limit=READ_LIMIT,
     )
+
+
+class Tail(deque[str]):
+    """A task's last lines of output for its end's message, its secrets masked as each line comes in (before any
+    line is cut: a cut could leave part of a value the mask no longer recognises)."""
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__(maxlen=maxlen)
+        self.mask: Callable[[str], str] | None = None
+
+    def append(self, line: str) -> None:
+        super().append(self.mask(line) if self.mask is not None else line)
+
+    def extend(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.append(line)
 
 
 def describe_exit(status: int, tail: deque[str]) -> str:

@@ -136,8 +136,7 @@ class Supervisor:
             refused = refused_urls(command.algorithm, policy=self.storage, project_id=command.project_id)
             if refused:  # the submitter refuses these too; a command that reaches us anyway does not run
                 raise PrepareError("; ".join(f"{field}: {reason}" for field, reason in refused))
-            values = await self._secrets(command)  # before any work: a refusal is known at once
-            if self.preparer.needs_work(command):
+            if self.preparer.needs_work(command) or command.algorithm.secret_names:
                 await self.publish(
                     TaskPreparing(
                         event_id=f"{key}:preparing",
@@ -147,9 +146,12 @@ class Supervisor:
                         node_id=self.node.node_id,
                     )
                 )
+            values = await self._secrets(command)  # before any work: a refusal is known at once
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            env.update(values)  # the task's alone: not the preparation's (its packages' installs)
+            # the task's alone (not the preparation's: its packages' installs), beneath every variable the agent or
+            # the preparation set: a secret named VIRTUAL_ENV would otherwise name the folder the task may reach
+            env = {**values, **env}
             shipper.mask = Masker(values.values()) or None
             try:
                 manifest = await transfer_unless_stalled(
@@ -212,6 +214,7 @@ class Supervisor:
             )
             task.update_every_s = self.output_update_s
             task.note = note
+            task.tail.mask = shipper.mask  # before its output is read (`_supervise`)
         except asyncio.CancelledError:
             await self._give_back(workdir, user, cgroup)
             await shipper.close()

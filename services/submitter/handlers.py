@@ -110,17 +110,22 @@ async def on_notification(event: Notification, repo: Repository = Context("repo"
 
 
 SECRETS_PREFIX = RPC_SECRETS.format(node_id="")
+SECRETS_AT_ONCE = 16  # requests answered side by side (one waiting on the database holds no other back)
+LIMITER = secrets.Limiter()
 
 
-@router.subscriber(RPC_SECRETS.format(node_id="*"))
+@router.subscriber(RPC_SECRETS.format(node_id="*"), queue="submitter-secrets", max_workers=SECRETS_AT_ONCE)
 async def on_secrets(body: Any, message: NatsMessage, repo: Repository = Context("repo")) -> dict | None:
     """A node's agent asks for the secrets of a task it is to start: the node is the one its subject names (the
-    server holds each agent to its own), the answer goes only into that node's space (`jobsecrets.reply_space`)."""
+    server holds each agent to its own), the answer goes only into that node's space (`jobsecrets.reply_space`),
+    from one replica of the submitter (a queue group)."""
     node_id = message.raw_message.subject.removeprefix(SECRETS_PREFIX)
     if not (message.reply_to or "").startswith(reply_space(node_id)):
         log.warning("refused a secrets request from node %s: its reply subject is not the node's own", node_id)
         message.reply_to = ""  # never answered elsewhere (FastStream would publish the result there)
         return None
+    if not LIMITER.admit(node_id):
+        return SecretsAnswer(error="too many requests from this node: ask again later", final=False).model_dump()
     try:
         query = SecretsQuery.model_validate(body)
     except ValidationError as exc:

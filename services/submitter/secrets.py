@@ -1,29 +1,60 @@
 """The submitter's answer to a node's agent asking for the secrets of a task it is to start (`shared.jobsecrets`).
 
 The node's word is a claim: it gets a job's secrets only when placement put that attempt's rank on it (the
-placements the submitter keeps for output, `shared.origin`), that attempt is the job's newest, and the job has not
-ended. A placement not read yet is a passing refusal (the agent asks again); anything else is final."""
+placements the submitter keeps for output, `shared.origin`), no later attempt of the job was placed, and the job
+has not ended. A placement not read yet is a passing refusal (the agent asks again); anything else is final.
+
+Every replica of the submitter may answer (one of a queue group does): whether every placement was read is asked
+before the placement is looked up (a placement another replica stored between a miss and that question would
+otherwise be called never placed), and a later attempt is looked up in the stored records too (each replica's memory
+holds only the placements it read). A node asking about attempts never placed costs the database nothing for
+`UNPLACED_S` after the first (`Origins.unplaced`, as its output does), and at most `RATE_PER_S` requests a second
+from one node are looked at (`Limiter`)."""
 
 import logging
+import time
+from collections.abc import Callable
 
 from shared.jobs import FINISHED
 from shared.jobsecrets import SecretsAnswer, SecretsQuery
+from shared.lru import Lru
+from shared.origin import UNPLACED_S, attempt_key
 from services.submitter.repository import Repository
 
 log = logging.getLogger(__name__)
 
 FINISHED_NAMES = frozenset(p.value for p in FINISHED)
+RATE_PER_S, BURST = 20.0, 40.0  # a node's requests looked at; past them it is told to ask again later
+NODES_KEPT = 4096
 
 
-def refused(reason: str, query: SecretsQuery, node_id: str) -> SecretsAnswer:
-    log.warning(
-        "refused node %s the secrets of job %s attempt %d rank %d: %s",
-        node_id,
-        query.job_id,
-        query.attempt,
-        query.rank,
-        reason,
-    )
+class Limiter:
+    """A token bucket per node."""
+
+    def __init__(
+        self, *, rate_per_s: float = RATE_PER_S, burst: float = BURST, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.rate, self.burst, self.clock = rate_per_s, burst, clock
+        self.buckets: Lru[str, tuple[float, float]] = Lru(NODES_KEPT)  # node -> (tokens, when)
+
+    def admit(self, node_id: str) -> bool:
+        now = self.clock()
+        tokens, when = self.buckets.get(node_id) or (self.burst, now)
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        self.buckets.put(node_id, (tokens - 1, now) if tokens >= 1 else (tokens, now))
+        return tokens >= 1
+
+
+def refused(reason: str, query: SecretsQuery, node_id: str, *, said: bool = True) -> SecretsAnswer:
+    if said:
+        log.warning(
+            "refused node %s the secrets of job %s attempt %d rank %d: %s",
+            node_id,
+            query.job_id,
+            query.attempt,
+            query.rank,
+            reason,
+        )
     return SecretsAnswer(error=reason, final=True)
 
 
@@ -32,19 +63,24 @@ async def answer(repo: Repository, query: SecretsQuery, *, node_id: str) -> Secr
     origins = repo.origins
     if origins is None:
         return refused("this submitter keeps no placements to check a node against", query, node_id)
+    key, now = attempt_key(query.job_id, query.attempt), origins.clock()
+    if (found := origins.unplaced.get(key)) is not None and now - found < UNPLACED_S:
+        return refused("that attempt was never placed", query, node_id, said=False)  # said when it was found
+    all_read = await origins.all_read()  # before the lookup: a placement stored after it is found by it
     nodes = await origins.nodes(query.job_id, query.attempt)
     if nodes is None:
-        if await origins.all_read():
+        if all_read:
+            origins.unplaced.put(key, now)
             return refused("that attempt was never placed", query, node_id)
         return SecretsAnswer(error="its placement is not read yet", final=False)
     if nodes.get(str(query.rank)) != node_id:
         return refused("that rank was not placed on this node", query, node_id)
-    if (current := await origins.current_attempt(query.job_id)) is not None and query.attempt < current:
+    if await origins.later_placed(query.job_id, query.attempt):
         return refused("a later attempt of the job was placed", query, node_id)
-    found = await repo.secrets_of(query.job_id)
-    if found is None:
+    found_job = await repo.secrets_of(query.job_id)
+    if found_job is None:
         return refused("no such job", query, node_id)
-    phase, values = found
+    phase, values = found_job
     if phase in FINISHED_NAMES:
         return refused("the job has ended", query, node_id)
     return SecretsAnswer(values=values)

@@ -8,8 +8,10 @@ from pathlib import Path
 import nats
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
+from pymongo import AsyncMongoClient
 
 from shared.jobsecrets import SecretsQuery
+from shared.settings import database_name
 from services.agent.jobsecrets import ask
 from tests.e2e.helpers import get, logs_containing, wait_phase
 from tests.factories import job_body
@@ -77,8 +79,12 @@ async def test_a_jobs_secret_reaches_its_task_alone(api, project, stack):
     assert value not in done["status"]["reason"]
     listed = await api.get(f"/v2/{project}/training-jobs")
     assert value not in listed.text and value not in (await api.get(f"/v2/{project}/training-jobs/{job_id}")).text
-    ended = await ask(own, query, node_id=node)  # its end removed them
+    ended = await ask(own, query, node_id=node)
     assert ended.final and ended.error == "the job has ended" and not ended.values
+    database = AsyncMongoClient(stack.mongo_url_of("submitter"))
+    stored = await database[database_name("submitter")].api_jobs.find_one({"_id": job_id})
+    await database.close()
+    assert stored["secret_values"] == {}  # its end removed them
     for client in (own, watcher):
         await client.close()
     assert files_holding(stack.data_dir / "nats", value.encode()) == []  # in no stream, no consumer's state

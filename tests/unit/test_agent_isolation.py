@@ -924,6 +924,8 @@ import hashlib, os
 value = os.environ["WANDB_API_KEY"]
 print("digest", hashlib.sha256(value.encode()).hexdigest(), flush=True)
 print("logged in with", value, flush=True)
+print("path", os.environ["PATH"], "home", os.environ["HOME"], flush=True)
+print("x" * 1990 + value, flush=True)  # past the end's message's cut of a line: masked before the cut
 raise SystemExit(3)
 """
 
@@ -935,7 +937,8 @@ async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and
 
     async def secrets(command: StartTask) -> dict[str, str]:
         asked.append(command)
-        return {"WANDB_API_KEY": SECRET}
+        # as from a submitter that let through names the agent sets: beneath the agent's own, never over them
+        return {"WANDB_API_KEY": SECRET, "PATH": "/planted", "HOME": "/planted"}
 
     agent = make_agent(tmp_path, sent, confined=confined, secrets=secrets)
     command = start(unique(), f"{sys.executable} -c {quote(PRINTS_SECRET)}", secret_names=["WANDB_API_KEY"])
@@ -943,7 +946,8 @@ async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and
     assert asked == [command]
     assert f"digest {hashlib.sha256(SECRET.encode()).hexdigest()}" in output  # the task had the value
     assert "logged in with ***" in output and SECRET not in output
-    assert exited.reason == "failed" and "logged in with ***" in exited.message and SECRET not in exited.message
+    assert exited.reason == "failed" and "logged in with ***" in exited.message and SECRET[:6] not in exited.message
+    assert "path " in output and "path ***" not in output and "home ***" not in output  # (a value shows as ***)
     assert not any(SECRET in str(message) for message in sent)
     assert SECRET not in (agent.root / "jobs" / command.job_id / "attempt-1-rank-0" / "output.log").read_text()
 
