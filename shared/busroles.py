@@ -135,12 +135,15 @@ def service(role: str) -> Permissions:
     )
 
 
-def agent(node_id: str, *, own_key: bool = False) -> Permissions:
+def agent(node_id: str, *, own_key: bool = False, secrets: bool = True) -> Permissions:
     """An agent: its own node's events, its tasks' events and output, its own commands (a consumer made for it).
     It answers its health probe by response permission (once, to the reply subject the submitter gave), not by a
     right to publish into the submitter's inbox, where the submitter's own stream deliveries arrive. A node's start
     identity may ask to trade itself for a key the agent made (`shared.minting.RekeyAgent`); that key's identity
-    (`own_key`) may only say it is connected (`RekeyConfirmed`); both read the minter's answers for their node."""
+    (`own_key`) may only say it is connected (`RekeyConfirmed`); both read the minter's answers for their node.
+    `secrets`: whether it may ask the submitter for the secrets of the tasks placed on its node; a rented node's start
+    identity may not (it travelled in user data any task of the node can read from the metadata service, and a
+    Secret): only the key its agent made itself, and a static node's identity, kept on the node, ask for them."""
     if not NAME.match(node_id):
         raise ValueError(f"param[node_id] invalid: {node_id!r} is not a bus token ({NAME.pattern})")
     consumer, subject = bus.agent_consumer(node_id)
@@ -154,13 +157,15 @@ def agent(node_id: str, *, own_key: bool = False) -> Permissions:
         bus.TELEMETRY_SUBJECT.format(node_id=node_id, job_id="*"),
     )
     trade = (minting.REKEYED_AGENT if own_key else minting.REKEY_AGENT).format(node_id=node_id)
+    asks = (bus.RPC_SECRETS.format(node_id=node_id),) if secrets else ()
+    answers = (f"{bus.SECRETS_INBOX.format(node_id=node_id)}.>",) if secrets else ()
     return Permissions(
-        publish=(*events, *reads(consumer, subject), trade, bus.RPC_SECRETS.format(node_id=node_id)),
+        publish=(*events, *reads(consumer, subject), trade, *asks),
         subscribe=(
             bus.RPC_HEALTH.format(service=f"agent.{node_id}"),
             *LISTENS["agent"],
             f"{minting.REKEY_INBOX.format(node_id=node_id)}.>",
-            f"{bus.SECRETS_INBOX.format(node_id=node_id)}.>",
+            *answers,
         ),
         inbox=inbox(f"agent-{node_id}"),
     )

@@ -3,15 +3,15 @@
 The start identity travelled where others can read it: an EC2 instance's user data (any principal allowed
 `ec2:DescribeInstanceAttribute` reads it for as long as the instance lives, and a read-only role is allowed it), a
 Kubernetes Secret, placement's own files. With it anyone could speak for the node (its tasks' ends, its prices) and
-read its commands and the secrets of the tasks placed on it for the node's whole life. So the agent makes a key of
-its own at its first start (kept, 0600, until the trade is done: asked again after a lost answer or a restart, it is
-the same key, and the minter signs the same identity again), asks the minter to sign it for its node
-(`shared.minting.RekeyAgent`), writes the new `.creds` over its own copy, reconnects as it, and says so
-(`RekeyConfirmed`): the minter revokes the start identity then, though never before `REKEY_HOLD_S` after the node's
-mint (or `REKEY_REVOKE_AFTER_S` after a trade never confirmed). From then on what the user data holds is worthless.
-A start identity traded twice for different keys within the hold means someone else holds it: the minter revokes the
-node, and the agent refused so stops. A thief who traded first and confirmed is caught so when the agent trades in
-its turn, within the hold.
+read its commands for the node's whole life (not its tasks' secrets: only the key the agent makes asks for those).
+So the agent makes a key of its own at its first start (kept, 0600, until the trade is done: asked again after a
+lost answer or a restart, it is the same key, and the minter signs the same identity again), asks the minter to sign
+it for its node (`shared.minting.RekeyAgent`), writes the new `.creds` over its own copy, reconnects as it, and says
+so (`RekeyConfirmed`): the minter revokes the start identity then, though never before `REKEY_HOLD_S` after the
+node's mint (or `REKEY_REVOKE_AFTER_S` after a trade never confirmed). From then on what the user data holds is
+worthless. A start identity traded twice for different keys within the hold means someone else holds it: the minter
+revokes the node, and the agent refused so stops. A thief who traded first and confirmed is caught so when the agent
+trades in its turn, within the hold.
 
 The agent connects with its own copy of the start `.creds` (`own_creds`, in its data directory): the file it was
 given may be read-only (a Secret's mount), and a restarted agent must find the identity it made, not the revoked

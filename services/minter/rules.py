@@ -87,7 +87,7 @@ def take_token(limits: Limits, *, monotonic: float) -> None:
 
 def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float, monotonic: float) -> tuple[str, str]:
     """A new user with the agent role for the node (public key, `.creds`), recorded for the node's revocation. A
-    node has one: a second beside a live one would read its commands (job secrets included) beside its agent, and
+    node has one: a second beside a live one would read its commands beside its agent, and
     one after its revocation would take its place."""
     node_id = rented(request.node_id, static=limits.static)
     provider = provider_of(request.provider, providers=limits.providers)
@@ -109,7 +109,9 @@ def mint_agent(minter: Minter, request: MintAgent, *, limits: Limits, now: float
         )
     take_token(limits, monotonic=monotonic)
     signer = rental_signer(minter, per_signer=limits.per_signer)
-    user, creds = minter.mint(name=f"agent-{node_id}", permissions=busroles.agent(node_id), signer_seed=signer)
+    # a start identity (user data, a Secret, traded at once): no secrets of its node's tasks (`busroles.agent`)
+    permissions = busroles.agent(node_id, secrets=False)
+    user, creds = minter.mint(name=f"agent-{node_id}", permissions=permissions, signer_seed=signer)
     minter.minted[node_id] = [user]
     minter.minted_at[node_id] = int(now)
     if provider is not None:

@@ -97,14 +97,19 @@ async def test_a_minted_agent_speaks_only_for_its_own_node(server, tmp_path):
     async with running_minter(server):
         creds = await credentials.issue(node_id, tmp_path)
     claims = decode_claims(creds.read_text().split("USER JWT-----\n")[1].split("\n")[0])
-    assert claims["nats"]["pub"]["allow"] == list(busroles.agent(node_id).publish)
+    assert claims["nats"]["pub"]["allow"] == list(busroles.agent(node_id, secrets=False).publish)
     agent = await Client().open(server, creds, inbox=busroles.inbox(f"agent-{node_id}"))
     await agent.nc.publish(f"tm.node.evt.{node_id}.heartbeat", b"{}")
     assert await agent.settle() == []
     await agent.nc.publish("tm.node.evt.n1.heartbeat", b"{}")
     await agent.nc.subscribe("tm.node.cmd.>")
+    # its start identity (in the node's user data, which its tasks can read) asks for no secrets of its tasks
+    await agent.nc.publish(f"tm.rpc.submitter.secrets.{node_id}", b"{}")
+    await agent.nc.subscribe(f"_INBOX_secrets.{node_id}.>")
     errors = await agent.settle()
     assert any("tm.node.evt.n1.heartbeat" in e for e in errors) and any("tm.node.cmd.>" in e for e in errors)
+    assert any(f"tm.rpc.submitter.secrets.{node_id}" in e for e in errors)
+    assert any(f"_inbox_secrets.{node_id.lower()}.>" in e for e in errors)
     await agent.nc.close()
     async with running_minter(server):
         await credentials.revoke(node_id, tmp_path)

@@ -56,7 +56,10 @@ def claims_of(creds: str) -> dict:
 def test_an_agent_is_minted_with_the_agent_role_of_its_node_alone_and_recorded_for_its_revocation():
     m = minter()
     user, creds = agent(m, "od-1", now=1_234.5)
-    assert claims_of(creds)["nats"]["pub"]["allow"] == list(busroles.agent("od-1").publish)
+    assert claims_of(creds)["nats"]["pub"]["allow"] == list(busroles.agent("od-1", secrets=False).publish)
+    # a start identity asks for no secrets of its node's tasks (any task of the node can read it from user data)
+    assert "tm.rpc.submitter.secrets.od-1" not in claims_of(creds)["nats"]["pub"]["allow"]
+    assert "_INBOX_secrets.od-1.>" not in claims_of(creds)["nats"]["sub"]["allow"]
     assert "exp" not in claims_of(creds) and m.minted == {"od-1": [user]} and m.minted_at == {"od-1": 1_234}
 
 
@@ -394,6 +397,7 @@ def test_an_agents_own_key_is_signed_for_its_node_by_the_signer_of_the_identity_
     token = rekey("od-1", own)
     claims = decode_claims(token)
     assert claims["sub"] == own and claims["nats"]["pub"]["allow"] == list(busroles.agent("od-1", own_key=True).publish)
+    assert "tm.rpc.submitter.secrets.od-1" in claims["nats"]["pub"]["allow"]  # the key it made: its tasks' secrets
     assert "tm.rpc.minter.rekey.od-1" not in claims["nats"]["pub"]["allow"]  # the own key trades nothing further
     assert m.minted["od-1"] == [start, own] and m.signed_by[own] == m.signed_by[start]
     again = rekey("od-1", own)  # its answer lost: the same key signed again, nothing else changes
