@@ -6,7 +6,7 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from fastapi.telemetry import TelemetryConfig
 from faststream.nats import NatsBroker
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from shared import egress
 from shared.bus import read_up
@@ -35,6 +35,7 @@ from services.submitter.intake import Intake
 from services.submitter.limits import BodyLimit, RateLimiter
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester
+from services.submitter.sealing import Sealer
 from services.submitter.searches import routes as routes_searches
 from services.submitter.searches.driver import Driver
 from services.submitter.searches.store import SearchStore
@@ -83,6 +84,11 @@ class SubmitterSettings(CommonSettings, StorageSettings):
     )
     log_cap_bytes: int = Field(10 * 1024 * 1024, ge=1024, description="Stored output per job; the oldest goes.")
     search_pass_s: float = Field(2.0, gt=0, le=300, description="Seconds between the search driver's passes.")
+    secrets_keys: SecretStr | None = Field(
+        None,
+        description="Keys that seal jobs' secrets in the database (comma-separated Fernet keys: the first seals, "
+        "all open); unset: a key file made in the data directory at the first start (services/submitter/sealing.py).",
+    )
 
     @field_validator("admin_token")
     @classmethod
@@ -95,7 +101,15 @@ def build_submitter(
 ) -> Submitter:
     """The use cases, once: the repository, the intake and queue caps, the storage policy, the bus."""
     caps = QueueCaps(per_project=settings.max_queued_per_project, per_user=settings.max_queued_per_user)
-    return Submitter(repo=repo, intake=Intake(repo, caps), caps=caps, storage=storage, requester=Requester(broker))
+    keys = settings.secrets_keys.get_secret_value() if settings.secrets_keys is not None else None
+    return Submitter(
+        repo=repo,
+        intake=Intake(repo, caps),
+        caps=caps,
+        storage=storage,
+        requester=Requester(broker),
+        sealer=Sealer.configured(keys, data_dir=settings.data_dir),
+    )
 
 
 async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage: StoragePolicy) -> None:
@@ -121,6 +135,7 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     await bootstrap_admin(tokens, audit_log, settings)
     app.state.tokens, app.state.audit, app.state.searches = tokens, audit_log, searches
     app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)
+    w.broker.context.set_global("sealer", submitter.sealer)  # opens a job's secrets for its node (`handlers`)
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
     w.background.spawn("webhooks", lambda: notifications.deliver_forever(repo.notifications, policy=app.state.egress))
     w.background.spawn(

@@ -17,6 +17,7 @@ from shared.origin import deliveries, placements_consumer
 from services.submitter import secrets
 from services.submitter.logs import output_stored
 from services.submitter.repository import Repository
+from services.submitter.sealing import Sealer
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,9 @@ LIMITER = secrets.Limiter()
 
 
 @router.subscriber(RPC_SECRETS.format(node_id="*"), queue="submitter-secrets", max_workers=SECRETS_AT_ONCE)
-async def on_secrets(body: Any, message: NatsMessage, repo: Repository = Context("repo")) -> dict | None:
+async def on_secrets(
+    body: Any, message: NatsMessage, repo: Repository = Context("repo"), sealer: Sealer = Context("sealer")
+) -> dict | None:
     """A node's agent asks for the secrets of a task it is to start: the node is the one its subject names (the
     server holds each agent to its own), the answer goes only into that node's space (`jobsecrets.reply_space`),
     from one replica of the submitter (a queue group)."""
@@ -132,4 +135,4 @@ async def on_secrets(body: Any, message: NatsMessage, repo: Repository = Context
         return SecretsAnswer(
             error=f"not a secrets request: {exc.errors()[0].get('msg', 'invalid')}", final=True
         ).model_dump()
-    return (await secrets.answer(repo, query, node_id=node_id)).model_dump()
+    return (await secrets.answer(repo, query, node_id=node_id, sealer=sealer)).model_dump()

@@ -20,6 +20,7 @@ from shared.jobsecrets import SecretsAnswer, SecretsQuery
 from shared.lru import Lru
 from shared.origin import UNPLACED_S, attempt_key
 from services.submitter.repository import Repository
+from services.submitter.sealing import Sealer, Unreadable
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def refused(reason: str, query: SecretsQuery, node_id: str, *, said: bool = True
     return SecretsAnswer(error=reason, final=True)
 
 
-async def answer(repo: Repository, query: SecretsQuery, *, node_id: str) -> SecretsAnswer:
+async def answer(repo: Repository, query: SecretsQuery, *, node_id: str, sealer: Sealer) -> SecretsAnswer:
     """The job's secrets for `node_id`, which the server holds to its own subject; or why not."""
     origins = repo.origins
     if origins is None:
@@ -80,7 +81,12 @@ async def answer(repo: Repository, query: SecretsQuery, *, node_id: str) -> Secr
     found_job = await repo.secrets_of(query.job_id)
     if found_job is None:
         return refused("no such job", query, node_id)
-    phase, values = found_job
+    phase, stored = found_job
     if phase in FINISHED_NAMES:
         return refused("the job has ended", query, node_id)
-    return SecretsAnswer(values=values)
+    if not stored:  # none, or removed
+        return SecretsAnswer(values={})
+    try:
+        return SecretsAnswer(values=sealer.open(stored) if isinstance(stored, str) else stored)
+    except Unreadable as exc:
+        return refused(str(exc), query, node_id)

@@ -26,7 +26,8 @@ from services.submitter.intake import Arrival, Intake
 from services.submitter.refusals import Invalid, NameTaken, NotFinished, NotFound, ServiceAway, WrongPhase
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester
-from services.submitter.views import Job, new_job, render
+from services.submitter.sealing import Sealer
+from services.submitter.views import SECRET_VALUES, Job, new_job, render
 
 log = logging.getLogger(__name__)
 FINISHED_NAMES = [p.value for p in FINISHED]
@@ -51,6 +52,7 @@ class Submitter:
     caps: QueueCaps
     storage: StoragePolicy  # the URLs jobs may use, as the agents check
     requester: Requester
+    sealer: Sealer  # a job's secrets encrypted before they are stored
 
     async def prepare(self, *, project_id: str, body: JobCreate) -> JobCreate:
         """Refuse names the task's environment cannot carry and storage the agents would refuse; fill a named
@@ -101,6 +103,8 @@ class Submitter:
             **new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now),
             **command.links,
         }
+        if values := doc.get(SECRET_VALUES):
+            doc[SECRET_VALUES] = self.sealer.seal(values)
         event = JobSubmitted(
             event_id=f"{job_id}:submitted",
             occurred_at=now,

@@ -71,6 +71,10 @@ async def test_a_jobs_secret_reaches_its_task_alone(api, project, stack):
         await elsewhere.next_msg(timeout=2)
     given = await ask(own, query, node_id=node)  # the node the attempt runs on: the value
     assert given.values == {"WANDB_API_KEY": value} and not given.error
+    database = AsyncMongoClient(stack.mongo_url_of("submitter"))
+    jobs = database[database_name("submitter")].api_jobs
+    sealed = (await jobs.find_one({"_id": job_id}))["secret_values"]
+    assert isinstance(sealed, str) and value not in sealed  # in the database only sealed
 
     done = await wait_phase(api, project, job_id, "Failed", "Completed", timeout_s=60)
     assert done["status"]["phase"] == "Failed"
@@ -81,8 +85,7 @@ async def test_a_jobs_secret_reaches_its_task_alone(api, project, stack):
     assert value not in listed.text and value not in (await api.get(f"/v2/{project}/training-jobs/{job_id}")).text
     ended = await ask(own, query, node_id=node)
     assert ended.final and ended.error == "the job has ended" and not ended.values
-    database = AsyncMongoClient(stack.mongo_url_of("submitter"))
-    stored = await database[database_name("submitter")].api_jobs.find_one({"_id": job_id})
+    stored = await jobs.find_one({"_id": job_id})
     await database.close()
     assert stored["secret_values"] == {}  # its end removed them
     for client in (own, watcher):

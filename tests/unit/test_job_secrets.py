@@ -4,6 +4,7 @@ not a node the attempt was not placed on, not the task's shipped output."""
 from types import SimpleNamespace
 
 import pytest
+from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
 from shared.events import JobSubmitted, LogLine, StartTask
@@ -18,11 +19,13 @@ from services.agent.shipping import LogShipper
 from services.cli.client import CliError
 from services.cli.jobfile import secrets_from
 from services.submitter import secrets as submitter_secrets
+from services.submitter.sealing import Sealer
 from services.submitter.views import SECRET_VALUES, new_job, render, status_fields
 from tests.factories import T0, job_body, spec, status_changed
 from tests.unit.api_app import client, make_app
 
 SECRET = "s3cr3t-wandb-key-0123456789"
+SEALER = Sealer([Fernet.generate_key()])
 
 
 def body_with(secrets: dict[str, str], **algorithm) -> dict:
@@ -165,15 +168,29 @@ async def test_the_submitter_gives_a_jobs_secrets_only_to_the_node_its_newest_at
 ):
     attempt, rank = query
     answer = await submitter_secrets.answer(
-        repo(placed, {"j": doc} if doc else {}), SecretsQuery(job_id="j", attempt=attempt, rank=rank), node_id=node
+        repo(placed, {"j": doc} if doc else {}),
+        SecretsQuery(job_id="j", attempt=attempt, rank=rank),
+        node_id=node,
+        sealer=SEALER,
     )
     assert error in answer.error and answer.final == final and bool(answer.error) == bool(error)
     assert (answer.values == {"TOKEN": SECRET}) == (not error)
 
 
+async def test_a_sealed_secret_is_opened_for_its_node_and_one_sealed_with_another_key_is_refused():
+    placed = {("j", 1): {"0": "n1"}}
+    doc = {"status": {"phase": "Running"}, SECRET_VALUES: SEALER.seal({"TOKEN": SECRET})}
+    query = SecretsQuery(job_id="j", attempt=1)
+    answer = await submitter_secrets.answer(repo(placed, {"j": doc}), query, node_id="n1", sealer=SEALER)
+    assert answer.values == {"TOKEN": SECRET} and not answer.error
+    other = Sealer([Fernet.generate_key()])
+    answer = await submitter_secrets.answer(repo(placed, {"j": doc}), query, node_id="n1", sealer=other)
+    assert answer.final and "sealed with a key this submitter does not hold" in answer.error and not answer.values
+
+
 async def test_a_placement_not_read_yet_is_a_passing_refusal():
     answer = await submitter_secrets.answer(
-        repo({}, {"j": RUNNING}, all_read=False), SecretsQuery(job_id="j", attempt=1), node_id="n1"
+        repo({}, {"j": RUNNING}, all_read=False), SecretsQuery(job_id="j", attempt=1), node_id="n1", sealer=SEALER
     )
     assert answer.error == "its placement is not read yet" and not answer.final and not answer.values
 
@@ -287,7 +304,9 @@ async def test_a_flood_of_made_up_attempts_is_looked_up_once_each_and_a_node_is_
     placements.clock = lambda: 100.0
     store = SimpleNamespace(origins=placements, secrets_of=None)
     for _ in range(3):
-        answer = await submitter_secrets.answer(store, SecretsQuery(job_id="made-up", attempt=7), node_id="n1")
+        answer = await submitter_secrets.answer(
+            store, SecretsQuery(job_id="made-up", attempt=7), node_id="n1", sealer=SEALER
+        )
         assert answer.final and answer.error == "that attempt was never placed"
     assert looked == [("made-up", 7)]
 
