@@ -160,6 +160,18 @@ spec:
     assert cli("logs", job_id)[1] == "about to fail\n"
 
 
+def test_a_secret_is_taken_from_the_callers_environment_and_never_shown(cli):
+    value = f"hf_{unique('token')}"
+    command = 'python3 -c \'import os; t = os.environ["HF_TOKEN"]; print("len", len(t), "token", t)\''
+    code, out, err = cli(
+        "submit", "--command", command, "--secret", "HF_TOKEN", "--gpus", "0", "--follow", HF_TOKEN=value
+    )
+    assert code == 0, (out, err)
+    assert f"len {len(value)} token ***" in out and value not in out + err  # the task had it, masked in its output
+    code, out, err = cli("submit", "--command", "true", "--secret", "NOT_SET_ANYWHERE")
+    assert code != 0 and "--secret NOT_SET_ANYWHERE: set NOT_SET_ANYWHERE in your environment first" in err
+
+
 def test_migrate_terminate_and_delete(cli):
     code, out, err = cli(
         "submit", "--name", unique("cli-long"), "--command", "sleep 60", "--gpus", "1", "--allowed", "local"
