@@ -207,6 +207,16 @@ def _relay_key(collection: AsyncCollection) -> Any:
         return id(collection)
 
 
+def without_documents(exc: BulkWriteError) -> BulkWriteError:
+    """The same refusal without the refused documents (its text, built when it is made, would carry each into the
+    logs: a job's sealed secrets, its spec)."""
+    details = {
+        **exc.details,
+        "writeErrors": [{k: v for k, v in e.items() if k != "op"} for e in exc.details.get("writeErrors", [])],
+    }
+    return BulkWriteError(details)
+
+
 def left_behind(collection: AsyncCollection) -> None:
     """Events of the collection could not be published here: the relay's next look comes at its short interval."""
     _LEFT_BEHIND.add(_relay_key(collection))
@@ -532,11 +542,9 @@ class DocumentStore:
             )
         except BulkWriteError as exc:
             errors = exc.details.get("writeErrors", [])
-            for error in errors:  # its text would carry each refused document (a job's secrets) into the logs
-                error.pop("op", None)
             if any(error.get("code") != DUPLICATE_KEY for error in errors):
                 left_behind(self.collection)
-                raise
+                raise without_documents(exc) from None
             refused = {error["index"] for error in errors}
         except BaseException:  # it may have landed with its answer lost: the relay looks again soon, not in 30 s
             left_behind(self.collection)

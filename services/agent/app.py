@@ -48,7 +48,7 @@ from services.agent.nvml import GpuProbe
 from services.agent.outputrate import OutputRate
 from services.agent.pace import Pace
 from services.agent.preparation import Preparer
-from services.agent.rekey import keep_own_key, own_creds
+from services.agent.rekey import Keying, keep_own_key, own_creds
 from services.agent.resources import describe_node, node_entries
 from services.agent.retention import SWEEP_S, Retention
 from services.agent.runner import SDK_DIR
@@ -333,7 +333,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
     )
 
 
-def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> Agent:
+def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings, keying: Keying | None = None) -> Agent:
     """The node described (NVML or the cluster file), its storage, engines, task confinement and fence."""
     cluster = read_cluster(settings.cluster_file)
     entries = node_entries(cluster, source=settings.cluster_file)
@@ -392,7 +392,12 @@ def build_agent(settings: AgentSettings, w: Wiring, pace: Pace, acks: Pings) -> 
         else None,
         acknowledge=lambda: acks.wait(timeout_s=max(1.0, pace.interval_s)),
         connected=lambda: w.broker.config.connection_state.connection.is_connected,
-        secrets=partial(jobsecrets.fetch, lambda: w.broker.config.connection_state.connection, node_id=node.node_id),
+        secrets=partial(
+            jobsecrets.fetch,
+            lambda: w.broker.config.connection_state.connection,
+            node_id=node.node_id,
+            keyed=keying.check if keying is not None else None,
+        ),
         retention=Retention(
             jobs=root / "jobs",
             retention_s=settings.attempt_retention_s,
@@ -429,7 +434,8 @@ def create_app(settings: AgentSettings) -> FastStream:
     pace = Pace(settings.heartbeat_interval_s)
     acks = Pings(lambda: w.broker.config.connection_state.connection)
     w.closing.append(acks.close)  # once the connection is closed: a PING still unanswered is given up
-    agent = build_agent(settings, w, pace, acks)
+    keying = Keying() if settings.nats_rekey and given is not None else None  # its own key asks for secrets
+    agent = build_agent(settings, w, pace, acks, keying)
     node = agent.node
     w.broker.include_router(command_router(node.node_id))
     w.broker.context.set_global("agent", agent)
@@ -461,7 +467,12 @@ def create_app(settings: AgentSettings) -> FastStream:
             w.background.spawn(
                 "own key",
                 lambda: keep_own_key(
-                    client, node_id=node.node_id, creds=own, given=given, keyed=lambda p: keyed_anew(w.broker, p)
+                    client,
+                    node_id=node.node_id,
+                    creds=own,
+                    given=given,
+                    keyed=lambda p: keyed_anew(w.broker, p),
+                    keying=keying,
                 ),
             )
         log.info("agent for node %s (%s, %d GPUs) up", node.node_id, node.kind, len(node.gpus))

@@ -45,27 +45,32 @@ async def fetch(
     node_id: str,
     wait_s: float = WAIT_S,
     clock: Callable[[], float] = time.monotonic,
+    keyed: Callable[[], str | None] | None = None,
 ) -> dict[str, str]:
     """The task's secrets by name ({} for a job without any); a refusal, or no answer in `wait_s`, is the start's
-    failure (`PrepareError`, said why; never a value)."""
+    failure (`PrepareError`, said why; never a value). `keyed`: whether this agent's identity may ask yet (a rented
+    node's, once it holds its own key: `rekey.Keying.check`)."""
     names = start.algorithm.secret_names
     if not names:
         return {}
     query = SecretsQuery(job_id=start.job_id, attempt=start.attempt, rank=start.rank)
     deadline, last, pause = clock() + wait_s, "no answer", PAUSE_S
     while True:
-        try:
-            answer = await ask(client(), query, node_id=node_id)
-        except (NatsError, TimeoutError, ValidationError) as exc:
-            last = f"no answer from the submitter ({type(exc).__name__})"
+        if keyed is not None and (waiting := keyed()) is not None:
+            last = waiting
         else:
-            if answer.error and answer.final:
-                raise PrepareError(f"secrets: the submitter refused them: {answer.error}")
-            if not answer.error:
-                if missing := [n for n in names if n not in answer.values]:
-                    raise PrepareError(f"secrets: {missing[0]!r} was not given (the job's secrets are gone)")
-                return {n: answer.values[n] for n in names}
-            last = answer.error
+            try:
+                answer = await ask(client(), query, node_id=node_id)
+            except (NatsError, TimeoutError, ValidationError) as exc:
+                last = f"no answer from the submitter ({type(exc).__name__})"
+            else:
+                if answer.error and answer.final:
+                    raise PrepareError(f"secrets: the submitter refused them: {answer.error}")
+                if not answer.error:
+                    if missing := [n for n in names if n not in answer.values]:
+                        raise PrepareError(f"secrets: {missing[0]!r} was not given (the job's secrets are gone)")
+                    return {n: answer.values[n] for n in names}
+                last = answer.error
         if clock() >= deadline:
             raise PrepareError(f"secrets: not given in {wait_s:.0f} s: {last}")
         await asyncio.sleep(pause)

@@ -35,6 +35,7 @@ from shared.buscreds import creds_text, decode_claims, new_seed, public_key, wri
 from shared.minting import REKEY_AGENT, REKEY_INBOX, REKEYED_AGENT, MinterAnswer, RekeyAgent, RekeyConfirmed
 from shared.storage import check_segment
 from services.agent.isolation import private_dir
+from services.agent.preparation import PrepareError
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,28 @@ async def trade(client: nats.NATS, *, node_id: str, creds: Path) -> str:
     return user
 
 
+class Keying:
+    """Whether the agent holds its own key yet: only that identity may ask for its tasks' secrets (the start
+    identity may not, `busroles.agent`), so a start with secrets waits for the trade, and fails once the minter
+    refused it for good."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.refused: str | None = None
+
+    def check(self) -> str | None:
+        """None once the agent holds its own key; why not yet while the trade is under way (PrepareError raised
+        where it never will)."""
+        if self.done:
+            return None
+        if self.refused is not None:
+            raise PrepareError(
+                f"secrets: this node's agent holds only the identity it was started with, which may not ask for "
+                f"them (the minter refused its own key: {self.refused})"
+            )
+        return "this node's agent has not traded the identity it was started with yet"
+
+
 async def keep_own_key(
     client: nats.NATS,
     *,
@@ -128,10 +151,13 @@ async def keep_own_key(
     given: Path,
     keyed: Callable[[Path], None] = lambda _: None,
     stop: Callable[[], None] = lambda: os.kill(os.getpid(), signal.SIGTERM),
+    keying: Keying | None = None,
 ) -> None:
     """Trade the start identity (where not done yet), then say the agent is connected as its own key; asked again
-    while the minter does not answer or fails. `keyed`: told the new `.creds` once written. A node whose start
-    identity someone else traded first stops the agent (`stop`): the minter revoked the node."""
+    while the minter does not answer or fails. `keyed`: told the new `.creds` once written; `keying`: told when the
+    agent holds its own key, or never will. A node whose start identity someone else traded first stops the agent
+    (`stop`): the minter revoked the node."""
+    keying = keying or Keying()
     pause, reconnected = FIRST_PAUSE_S, False
     while True:
         try:
@@ -139,6 +165,7 @@ async def keep_own_key(
                 user = await trade(client, node_id=node_id, creds=creds)
                 keyed(creds)
                 log.info("node %s holds a key its agent made (%s)", node_id, user)
+            keying.done = True
             await ask(client, REKEYED_AGENT.format(node_id=node_id), RekeyConfirmed(node_id=node_id), node_id=node_id)
             log.info("node %s's start identity is revoked: what its user data or Secret holds is worthless", node_id)
             return
@@ -149,6 +176,8 @@ async def keep_own_key(
                 return
             if exc.final:
                 log.error("the minter refused this agent's own key (%s): it keeps its start identity", exc)
+                if not keying.done:
+                    keying.refused = str(exc)
                 return
             log.warning("the minter could not sign this agent's own key yet (%s): asked again in %g s", exc, pause)
         except (NatsError, TimeoutError, OSError, ValidationError) as exc:

@@ -149,9 +149,6 @@ class Supervisor:
             values = await self._secrets(command)  # before any work: a refusal is known at once
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            # the task's alone (not the preparation's: its packages' installs), beneath every variable the agent or
-            # the preparation set: a secret named VIRTUAL_ENV would otherwise name the folder the task may reach
-            env = {**values, **env}
             shipper.mask = Masker(values.values()) or None
             try:
                 manifest = await transfer_unless_stalled(
@@ -194,9 +191,13 @@ class Supervisor:
                         cpu_count=limit,
                     )
             quota = self.disk_quota_gb
+            # the task's alone (not the preparation's: its packages' installs), and never over a variable the agent
+            # or the preparation set (a secret named VIRTUAL_ENV would name the folder a confined task may reach)
+            if shadowed := sorted(set(values) & set(env)):
+                raise PrepareError(f"secrets: {shadowed[0]!r} is set by trainmaster for every task: name it otherwise")
             task = await spawn(
                 command,
-                env=env,
+                env={**env, **values},
                 workdir=workdir,
                 argv=argv,
                 launch_dir=self.launches,

@@ -194,6 +194,8 @@ class Stack:
         env = {**self.env(), "TRAINMASTER_NATS_CREDS": str(self.identities.creds(identity))}
         if identity != "submitter":  # no process but the API holds the admin token
             env.pop("TRAINMASTER_ADMIN_TOKEN", None)
+        elif self.settings.secrets_keys:  # nor the keys that seal jobs' secrets
+            env["TRAINMASTER_SECRETS_KEYS"] = self.settings.secrets_keys
         if identity in NO_CLOUD:
             env = {k: v for k, v in env.items() if not k.startswith(CLOUD_ENV)}
         if identity == "placement":

@@ -55,6 +55,8 @@ class StackSettings(BaseSettings):
     nats_ca_file: Path | None = Field(None, description="CA that signed the server's certificate (clients check).")
     cluster_file: Path = Path("cluster.toml")
     admin_token: str | None = None
+    # the keys that seal jobs' secrets (the submitter's alone; unset: a key file in the data directory)
+    secrets_keys: str | None = None
     heartbeat_interval_s: float = 2.0
     node_timeout_s: float = 10.0
     checkpoint_sync_s: float = 5.0

@@ -104,7 +104,7 @@ class Submitter:
             **command.links,
         }
         if values := doc.get(SECRET_VALUES):
-            doc[SECRET_VALUES] = self.sealer.seal(values)
+            doc[SECRET_VALUES] = self.sealer.seal(job_id, values)
         event = JobSubmitted(
             event_id=f"{job_id}:submitted",
             occurred_at=now,

@@ -69,6 +69,8 @@ async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(se
         credentials, start, own, agent = await started(server, tmp_path, node_id, errors)
         try:
             started_as = agent_rekey.creds_user(own)
+            keying = agent_rekey.Keying()
+            assert keying.check() == "this node's agent has not traded the identity it was started with yet"
             await agent_rekey.keep_own_key(
                 agent,
                 node_id=node_id,
@@ -76,9 +78,12 @@ async def test_an_agent_trades_its_start_identity_for_its_own_key_and_says_so(se
                 given=start,
                 keyed=keyed.append,
                 stop=lambda: stopped.append(1),
+                keying=keying,
             )
             user = agent_rekey.creds_user(own)
             assert user != started_as and agent.is_connected and keyed == [own] and not stopped
+            assert keying.done and keying.check() is None  # its own key may ask for its tasks' secrets
+            await agent.publish(f"tm.rpc.submitter.secrets.{node_id}", b"{}")  # and the server lets it
             assert agent_rekey.creds_user(start) == started_as  # the given file is as it was: only the copy changes
             assert not own.with_name(f"{own.name}.next").exists()
             assert server.identities.minter().minted[node_id] == [user]

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+from cryptography.fernet import Fernet
 
 from shared.egress import Policy
 from services.submitter.app import SubmitterSettings, build_submitter, create_app
@@ -43,7 +44,10 @@ async def make_app(*, allow: list[str] | None = None, clock=None, broker=None, r
     """(app, db, tokens) with the admin's token ADMIN_TOKEN; nothing listens, requests go through ASGI. The use
     cases (`app.state.submitter`) work on `repo` (a Repository on the in-memory collections unless given) and ask
     over `broker` (a FakeBroker unless given)."""
-    settings = SubmitterSettings(admin_token=ADMIN_TOKEN, nats_url="nats://127.0.0.1:1")
+    # a key of its own: never the key file of the checkout's data directory
+    settings = SubmitterSettings(
+        admin_token=ADMIN_TOKEN, nats_url="nats://127.0.0.1:1", secrets_keys=Fernet.generate_key().decode()
+    )
     app = create_app(settings)
     db = Db()
     tokens = Tokens(db.api_users, db.api_tokens, **({"clock": clock} if clock else {}))

@@ -937,8 +937,7 @@ async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and
 
     async def secrets(command: StartTask) -> dict[str, str]:
         asked.append(command)
-        # as from a submitter that let through names the agent sets: beneath the agent's own, never over them
-        return {"WANDB_API_KEY": SECRET, "PATH": "/planted", "HOME": "/planted"}
+        return {"WANDB_API_KEY": SECRET}
 
     agent = make_agent(tmp_path, sent, confined=confined, secrets=secrets)
     command = start(unique(), f"{sys.executable} -c {quote(PRINTS_SECRET)}", secret_names=["WANDB_API_KEY"])
@@ -947,9 +946,25 @@ async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and
     assert f"digest {hashlib.sha256(SECRET.encode()).hexdigest()}" in output  # the task had the value
     assert "logged in with ***" in output and SECRET not in output
     assert exited.reason == "failed" and "logged in with ***" in exited.message and SECRET[:6] not in exited.message
-    assert "path " in output and "path ***" not in output and "home ***" not in output  # (a value shows as ***)
     assert not any(SECRET in str(message) for message in sent)
     assert SECRET not in (agent.root / "jobs" / command.job_id / "attempt-1-rank-0" / "output.log").read_text()
+
+
+@pytest.mark.parametrize("name", ["PATH", "HOME", "TMPDIR", "USER", "TRAINMASTER_JOB_ID"])
+async def test_a_secret_named_as_a_variable_the_agent_sets_fails_the_start_and_replaces_nothing(tmp_path, name):
+    """As from a submitter that let such a name through: the agent's own variable would be silently replaced
+    (VIRTUAL_ENV names the folder a confined task may reach), or silently win over the secret."""
+    sent: list = []
+
+    async def secrets(command: StartTask) -> dict[str, str]:
+        return {name: "/planted"}
+
+    agent = make_agent(tmp_path, sent, confined=False, secrets=secrets)
+    named = Algorithm(command="true").model_copy(update={"secret_names": [name]})  # past the model's own check
+    command = start(unique(), "true").model_copy(update={"algorithm": named})
+    exited, _ = await run(agent, command, sent)
+    assert exited.reason == "start_failed"
+    assert exited.message == f"secrets: {name!r} is set by trainmaster for every task: name it otherwise"
 
 
 async def test_a_task_with_secrets_does_not_start_on_an_agent_that_cannot_ask_for_them(tmp_path):

@@ -15,6 +15,7 @@ from shared.origin import Origins
 from services.agent import jobsecrets as agent_secrets
 from services.agent.jobsecrets import Masker
 from services.agent.preparation import PrepareError
+from services.agent.rekey import Keying
 from services.agent.shipping import LogShipper
 from services.cli.client import CliError
 from services.cli.jobfile import secrets_from
@@ -141,9 +142,10 @@ class Placements:
 
 
 def repo(placed, docs, *, all_read: bool = True) -> SimpleNamespace:
-    async def secrets_of(job_id: str) -> tuple[str, dict[str, str]] | None:
+    async def secrets_of(job_id: str) -> tuple[str, int, dict[str, str]] | None:
         doc = docs.get(job_id)
-        return None if doc is None else (doc["status"]["phase"], doc.get(SECRET_VALUES) or {})
+        status = doc["status"] if doc else {}
+        return None if doc is None else (status["phase"], status.get("attempt", 1), doc.get(SECRET_VALUES) or {})
 
     return SimpleNamespace(origins=Placements(placed, all_read=all_read), secrets_of=secrets_of)
 
@@ -179,13 +181,32 @@ async def test_the_submitter_gives_a_jobs_secrets_only_to_the_node_its_newest_at
 
 async def test_a_sealed_secret_is_opened_for_its_node_and_one_sealed_with_another_key_is_refused():
     placed = {("j", 1): {"0": "n1"}}
-    doc = {"status": {"phase": "Running"}, SECRET_VALUES: SEALER.seal({"TOKEN": SECRET})}
+    doc = {"status": {"phase": "Running"}, SECRET_VALUES: SEALER.seal("j", {"TOKEN": SECRET})}
     query = SecretsQuery(job_id="j", attempt=1)
     answer = await submitter_secrets.answer(repo(placed, {"j": doc}), query, node_id="n1", sealer=SEALER)
     assert answer.values == {"TOKEN": SECRET} and not answer.error
-    other = Sealer([Fernet.generate_key()])
+    other = Sealer([Fernet.generate_key()])  # another replica may hold the key: asked again, not failed
     answer = await submitter_secrets.answer(repo(placed, {"j": doc}), query, node_id="n1", sealer=other)
-    assert answer.final and "sealed with a key this submitter does not hold" in answer.error and not answer.values
+    assert not answer.final and "sealed with a key this submitter does not hold" in answer.error
+    assert not answer.values
+    copied = {("k", 1): {"0": "n1"}}  # j's sealed secrets written onto job k by someone without the key
+    answer = await submitter_secrets.answer(
+        repo(copied, {"k": doc}), SecretsQuery(job_id="k", attempt=1), node_id="n1", sealer=SEALER
+    )
+    assert "sealed for another job" in answer.error and not answer.values
+
+
+async def test_placements_not_all_read_hold_back_even_a_found_one_and_the_jobs_own_attempt_counts():
+    placed = {("j", 1): {"0": "n1"}}
+    answer = await submitter_secrets.answer(
+        repo(placed, {"j": RUNNING}, all_read=False), SecretsQuery(job_id="j", attempt=1), node_id="n1", sealer=SEALER
+    )
+    assert answer.error == "placements are still being read" and not answer.final and not answer.values
+    moved = {"status": {"phase": "Pending", "attempt": 2}, SECRET_VALUES: {"TOKEN": SECRET}}
+    answer = await submitter_secrets.answer(
+        repo(placed, {"j": moved}), SecretsQuery(job_id="j", attempt=1), node_id="n1", sealer=SEALER
+    )
+    assert answer.final and answer.error == "a later attempt of the job was placed" and not answer.values
 
 
 async def test_a_placement_not_read_yet_is_a_passing_refusal():
@@ -245,6 +266,33 @@ async def test_the_agent_asks_again_while_the_refusal_passes_and_stops_at_a_fina
     answers[:] = [SecretsAnswer(values={})]
     with pytest.raises(PrepareError, match="secrets: 'TOKEN' was not given"):
         await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1")
+
+
+async def test_a_rented_nodes_agent_asks_only_once_it_holds_its_own_key(monkeypatch):
+    keying = Keying()
+    asked: list[SecretsQuery] = []
+    checks = {"n": 0}
+
+    async def ask(client, query, *, node_id):
+        asked.append(query)
+        return SecretsAnswer(values={"TOKEN": SECRET})
+
+    def check() -> str | None:
+        checks["n"] += 1
+        if checks["n"] == 3:
+            keying.done = True  # the trade is done meanwhile
+        return keying.check()
+
+    monkeypatch.setattr(agent_secrets, "ask", ask)
+    monkeypatch.setattr(agent_secrets, "PAUSE_S", 0)
+    assert await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1", keyed=check) == {"TOKEN": SECRET}
+    assert len(asked) == 1 and checks["n"] == 3  # not asked while only the start identity was held
+
+    refused = Keying()
+    refused.refused = "a key for another node"
+    with pytest.raises(PrepareError, match="holds only the identity it was started with.*a key for another node"):
+        await agent_secrets.fetch(lambda: None, start(["TOKEN"]), node_id="n1", keyed=refused.check)
+    assert len(asked) == 1
 
 
 async def test_the_agent_gives_up_after_its_wait_and_says_why(monkeypatch):

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from pymongo.errors import DuplicateKeyError
 
 from shared.bus import RPC_ADMIT, RPC_CANDIDATES, RPC_TERMINATE
@@ -71,7 +72,9 @@ async def _value(value):
 
 
 def submitter(**bus: Any) -> Submitter:
-    settings = SubmitterSettings(nats_url="nats://127.0.0.1:1", max_queued_per_user=2)
+    settings = SubmitterSettings(
+        nats_url="nats://127.0.0.1:1", max_queued_per_user=2, secrets_keys=Fernet.generate_key().decode()
+    )
     broker = Bus(**bus)
     db = Db(api_jobs=UniqueNames("api_jobs"))
     return build_submitter(
