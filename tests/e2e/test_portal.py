@@ -4,10 +4,13 @@ import os
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN
 from tests.factories import unique
+
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 pytestmark = pytest.mark.e2e
 
@@ -100,11 +103,14 @@ def test_a_researcher_submits_watches_and_terminates_a_job(stack, page, project,
     page.fill("#submit-form [name=metric_target]", "0.3")
     page.fill("#submit-form [name=expected_duration_s]", "40")
     page.fill("#submit-form [name=parameters]", "lr=0.1\nbatch_size=64")
+    page.fill("#submit-form [name=secrets]", "WANDB_API_KEY=portal-secret-4f2a")
     page.select_option("#submit-form [name=allowed]", "local")
     page.screenshot(path=shots / "02-submit.png", full_page=True)
     page.click("#submit-button")
     page.wait_for_url("**/ui/#/job/*")
     job_id = page.url.rsplit("/", 1)[1]
+    shown = httpx.get(f"{stack.api_url}/v2/{project}/training-jobs/{job_id}", headers=AUTH, timeout=10).text
+    assert '"secret_names":["WANDB_API_KEY"]' in shown and "portal-secret-4f2a" not in shown  # sent, never shown
 
     page.wait_for_selector("#job-phase [data-phase=Running]", timeout=60_000)
     wait_for(

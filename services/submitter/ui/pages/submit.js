@@ -33,6 +33,7 @@ for step in range(1, 401):
           <label class="c1">Target<input name="metric_target" type="number" step="any" value="0.3"></label>
           <label class="c3">Parameters <span class="hint">NAME=VALUE per line; exported to the environment</span><textarea name="parameters" rows="3" class="mono" placeholder="lr=0.1"></textarea></label>
           <label class="c3">Environment <span class="hint">NAME=VALUE per line</span><textarea name="environments" rows="3" class="mono" placeholder="DATASET=imagenet-mini"></textarea></label>
+          <label class="c3">Secrets <span class="hint">NAME=VALUE per line; never shown again, masked in the output</span><textarea name="secrets" rows="2" class="mono secret" autocomplete="off" spellcheck="false" placeholder="WANDB_API_KEY=..."></textarea></label>
         </div>
         <div class="form-foot"><a class="btn ghost" href="#/jobs">Cancel</a><button class="btn primary" type="submit" id="submit-button">Submit job</button></div>
       </form>`;
@@ -55,7 +56,8 @@ for step in range(1, 401):
       kind: "job",
       metadata: { name: f.name.trim(), description: f.description },
       algorithm: { command: f.command, metrics, parameters: pairs(f.parameters).map(([name, value]) => ({ name, value })),
-                   environments: Object.fromEntries(pairs(f.environments)) },
+                   environments: Object.fromEntries(pairs(f.environments)),
+                   ...(f.secrets && f.secrets.trim() ? { secrets: Object.fromEntries(pairs(f.secrets)) } : {}) },
       spec: {
         resource: { node_count: num(f.node_count), gpu_count: num(f.gpu_count), min_gpu_memory_gb: num(f.min_gpu_memory_gb),
                     cpu_count: num(f.cpu_count), memory_gb: num(f.memory_gb) },
