@@ -16,6 +16,7 @@ State diagram (phases of ModelArts v2, seed 000; secondary phases in brackets):
 
 import re
 import secrets
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -42,7 +43,7 @@ RESERVED_ENV_NAMES = frozenset(
 )
 MAX_PARAMETERS = 100  # a job's algorithm.parameters
 MAX_SECRETS = 50  # a job's algorithm.secrets
-MAX_SECRET_CHARS = 8192
+MAX_SECRET_CHARS = 8192  # a variable's value (a secret's or its environment's)
 # What the agent or an engine's preparation sets in every task's environment: a secret may not name one (the agent's
 # value would win anyway: secrets go beneath them, `services/agent/supervision.py`)
 AGENT_ENV = frozenset(
@@ -81,6 +82,24 @@ def unnamable(algorithm: "Algorithm") -> tuple[str, str] | None:
             if (other := variables.setdefault(data_env_name(item.name), item.name)) != item.name:
                 return f"algorithm.{kind}", f"{other!r} and {item.name!r} are one variable: name them apart"
     return None
+
+
+def checked_variables(kind: str, variables: dict[str, str], *, taken: Callable[[str], bool]) -> dict[str, str]:
+    """A job's variables (its environment, its secrets): each named as a variable may be, none trainmaster sets
+    (`taken`), each value at most `MAX_SECRET_CHARS`; a refusal names the variable, never its value."""
+    for name, value in variables.items():
+        if not re.match(ENV_NAME_PATTERN, name):
+            raise ValueError(f"{kind} name {name!r} is not valid")
+        if taken(name):
+            raise ValueError(f"{kind} {name!r} is set by trainmaster and cannot be overridden")
+        if len(value) > MAX_SECRET_CHARS:
+            raise ValueError(f"{kind} {name!r} is longer than {MAX_SECRET_CHARS} characters")
+    return variables
+
+
+def secret_taken(name: str) -> bool:
+    """A name no secret may have: one trainmaster sets for every task, or the agent or a preparation does."""
+    return reserved_env(name) or name in AGENT_ENV
 
 
 def reserved_env(name: str) -> bool:
@@ -297,31 +316,17 @@ class Algorithm(Strict):
     @field_validator("environments")
     @classmethod
     def _valid_environment_names(cls, environments: dict[str, str]) -> dict[str, str]:
-        for name, value in environments.items():
-            if not re.match(ENV_NAME_PATTERN, name):
-                raise ValueError(f"environment variable name {name!r} is not valid")
-            if reserved_env(name):
-                raise ValueError(f"environment variable {name!r} is set by trainmaster and cannot be overridden")
-            if len(value) > 8192:
-                raise ValueError(f"environment variable {name!r} is longer than 8192 characters")
-        return environments
+        return checked_variables("environment variable", environments, taken=reserved_env)
 
     @field_validator("secrets")
     @classmethod
     def _valid_secret_names(cls, secrets: dict[str, str]) -> dict[str, str]:
-        for name, value in secrets.items():
-            if not re.match(ENV_NAME_PATTERN, name):
-                raise ValueError(f"secret name {name!r} is not valid")
-            if reserved_env(name) or name in AGENT_ENV:
-                raise ValueError(f"secret {name!r} is set by trainmaster and cannot be overridden")
-            if len(value) > MAX_SECRET_CHARS:  # the value is never echoed, only its name
-                raise ValueError(f"secret {name!r} is longer than {MAX_SECRET_CHARS} characters")
-        return secrets
+        return checked_variables("secret", secrets, taken=secret_taken)
 
     @field_validator("secret_names")
     @classmethod
     def _valid_names_of_secrets(cls, names: list[str]) -> list[str]:
-        cls._valid_secret_names(dict.fromkeys(names, ""))
+        checked_variables("secret", dict.fromkeys(names, ""), taken=secret_taken)
         return names
 
     @model_validator(mode="after")

@@ -47,6 +47,16 @@ def test_a_secret_is_named_as_an_environment_variable_and_never_echoed():
         JobCreate.model_validate(body_with({"TOKEN": SECRET}, environments={"TOKEN": "visible"}))
 
 
+def test_an_environment_is_held_to_the_same_names_as_secrets_but_may_set_what_the_agent_sets_beneath_it():
+    with pytest.raises(ValidationError, match="environment variable name 'bad-name' is not valid"):
+        Algorithm(command="true", environments={"bad-name": "v"})
+    with pytest.raises(ValidationError, match="environment variable 'RANK' is set by trainmaster"):
+        Algorithm(command="true", environments={"RANK": "3"})
+    with pytest.raises(ValidationError, match="environment variable 'X' is longer than 8192 characters"):
+        Algorithm(command="true", environments={"X": "v" * 8193})
+    assert Algorithm(command="true", environments={"PATH": "/opt/bin"}).environments == {"PATH": "/opt/bin"}
+
+
 def test_a_secret_may_not_name_what_the_agent_sets_and_keeps_its_whitespace():
     for name in ("PATH", "VIRTUAL_ENV", "HOME", "PYTHONPATH", "TMPDIR"):
         with pytest.raises(ValidationError, match=f"secret '{name}' is set by trainmaster"):
