@@ -4,12 +4,12 @@ The node's word is a claim: it gets a job's secrets only when placement put that
 placements the submitter keeps for output, `shared.origin`), no later attempt of the job was placed, and the job
 has not ended. A placement not read yet is a passing refusal (the agent asks again); anything else is final.
 
-Every replica of the submitter may answer (one of a queue group does): whether every placement was read is asked
-before the placement is looked up (a placement another replica stored between a miss and that question would
-otherwise be called never placed), and a later attempt is looked up in the stored records too (each replica's memory
-holds only the placements it read). A node asking about attempts never placed costs the database nothing for
-`UNPLACED_S` after the first (`Origins.unplaced`, as its output does), and at most `RATE_PER_S` requests a second
-from one node are looked at (`Limiter`)."""
+Every replica of the submitter may answer (one of a queue group does): a placement not found is looked up again
+after asking whether every placement was read (one another replica stored between the miss and that question would
+otherwise be called never placed), and a later attempt is looked up in the stored records and the job's status too
+(each replica's memory holds only the placements it read). A node asking about attempts never placed costs the
+database nothing for `UNPLACED_S` after the first (`Origins.unplaced`, as its output does), and at most `RATE_PER_S`
+requests a second from one node are looked at (`Limiter`)."""
 
 import logging
 import time
@@ -67,8 +67,10 @@ async def answer(repo: Repository, query: SecretsQuery, *, node_id: str, sealer:
     key, now = attempt_key(query.job_id, query.attempt), origins.clock()
     if (found := origins.unplaced.get(key)) is not None and now - found < UNPLACED_S:
         return refused("that attempt was never placed", query, node_id, said=False)  # said when it was found
-    all_read = await origins.all_read()  # before the lookup: a placement stored after it is found by it
     nodes = await origins.nodes(query.job_id, query.attempt)
+    if nodes is None:  # looked up again after asking whether all were read: one stored in between is found
+        all_read = await origins.all_read()
+        nodes = await origins.nodes(query.job_id, query.attempt)
     if nodes is None:
         if all_read:
             origins.unplaced.put(key, now)
@@ -76,10 +78,11 @@ async def answer(repo: Repository, query: SecretsQuery, *, node_id: str, sealer:
         return SecretsAnswer(error="its placement is not read yet", final=False)
     if nodes.get(str(query.rank)) != node_id:
         return refused("that rank was not placed on this node", query, node_id)
+    # (a later attempt another replica read and has not stored yet, nor the job's status shown, is not seen: the
+    # node asking ran this attempt and was given its secrets already; holding every start while placements are
+    # being read would hold them for as long as jobs keep being placed)
     if await origins.later_placed(query.job_id, query.attempt):
         return refused("a later attempt of the job was placed", query, node_id)
-    if not all_read:  # a later attempt may be among the placements not read yet
-        return SecretsAnswer(error="placements are still being read", final=False)
     found_job = await repo.secrets_of(query.job_id)
     if found_job is None:
         return refused("no such job", query, node_id)
