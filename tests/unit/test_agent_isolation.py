@@ -412,7 +412,9 @@ async def test_a_checkpoint_folder_of_too_many_files_is_not_mirrored_and_the_tas
     first = syncs.index("too many")
     assert syncs[first:] == ["too many", "too many"], syncs  # then only the last look, at its end (0.2-s syncs)
     saved = tmp_path / "data" / "checkpoints" / "p" / job_id
-    assert not saved.exists() or len(list(saved.iterdir())) < 50  # a sync before the 60 were all there: theirs
+    # a sync while the 60 were being made saved what it saw, at most the cap: 50 is not "more than 50" (a sync that
+    # saw exactly 50 saved them, once in a whole-suite run, 2026-11-30)
+    assert not saved.exists() or len(list(saved.iterdir())) <= 50
 
     monkeypatch.setattr(supervision, "UNMIRRORED_RETRY_S", 0.0)  # looked at again at once: saved once it shrank
     again = unique("shrinks")
