@@ -90,7 +90,9 @@ async def test_a_jobs_secret_reaches_its_task_alone(api, project, stack):
     assert stored["secret_values"] == {}  # its end removed them
     for client in (own, watcher):
         await client.close()
-    assert files_holding(stack.data_dir / "nats", value.encode()) == []  # in no stream, no consumer's state
+    store = stack.data_dir / "nats"
+    assert files_holding(store, b"HOLD_S") != []  # the job's plain environment is there to be found: the scan reads
+    assert files_holding(store, value.encode()) == []  # in no stream, no consumer's state
     assert (await get(api, project, job_id))["algorithm"]["secret_names"] == ["WANDB_API_KEY"]
 
 
