@@ -231,10 +231,10 @@ async def run(
         pids = {name: p.pid for name, p in stack.processes.items()} | {"bench": os.getpid()}
         bus_before = await cpuprofile.bus_counts(stack.nats_url, stack.admin_creds()) if profile else {}
         python = {name: pid for name, pid in pids.items() if name not in stack.nats_servers and name != "bench"}
+        pace_before = pace_ms()  # outside the profiled window: its loop blocks this process for about a second
         samplers = cpuprofile.start(python, profile) if profile else {}
         if thread_profile:
             threadprofile.start(python)
-        pace_before = pace_ms()
         cpu_before = cpu_seconds(pids)
         started = time.perf_counter()
         try:
@@ -253,10 +253,10 @@ async def run(
                 await asyncio.sleep(0.5 if page["total"] > FEW_LEFT else 0.05)
             finish_s = time.perf_counter() - started
             cpu_over_burst = cpu_spent(cpu_before, cpu_seconds(pids))
-            pace_after = pace_ms()
         finally:  # the samplers write their files as they stop, and none is left running on a failure
             cpuprofile.stop(samplers)
             written = threadprofile.stop(python, thread_profile) if thread_profile else {}
+        pace_after = pace_ms()
         profiled = await profile_figures(stack, samplers, bus_before, cpu_over_burst, folder=profile, jobs=jobs)
         if thread_profile:
             profiled["thread_profile"] = {name: threadprofile.summarize(path) for name, path in sorted(written.items())}

@@ -44,8 +44,8 @@ RESERVED_ENV_NAMES = frozenset(
 MAX_PARAMETERS = 100  # a job's algorithm.parameters
 MAX_SECRETS = 50  # a job's algorithm.secrets
 MAX_SECRET_CHARS = 8192  # a variable's value (a secret's or its environment's)
-# What the agent or an engine's preparation sets in every task's environment: a secret may not name one (the agent's
-# value would win anyway: secrets go beneath them, `services/agent/supervision.py`)
+# What the agent or an engine's preparation sets in every task's environment: a secret may not name one (one that
+# reaches an agent anyway fails the start: `services/agent/supervision.py`)
 AGENT_ENV = frozenset(
     {
         "PATH",

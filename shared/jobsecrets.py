@@ -2,8 +2,8 @@
 
 The submitter takes them out of the job at submission: the job stored and every event carry their names only
 (`Algorithm.secret_names`; `shared.events.CarriedAlgorithm` refuses values), so no stream, no other service, no
-`GET` and no project member sees them. The submitter keeps the values beside the job until it ends (then they are
-removed). A node's agent that is to start a task with secrets asks for them on its own node's subject
+`GET` and no project member sees them. The submitter keeps the values, sealed, beside the job until it ends (then
+they are removed). A node's agent that is to start a task with secrets asks for them on its own node's subject
 (`bus.RPC_SECRETS`, the only one its identity may publish to), and the submitter answers only into that node's
 part of `bus.SECRETS_INBOX` (the only part the node may read), and only when placement put that attempt's rank
 on that node, the attempt is the job's newest and the job has not ended: a node's word on which job it runs is
@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.bus import SECRETS_INBOX
 from shared.events import AttemptNo, Id, RankNo
-from shared.jobs import MAX_SECRET_CHARS, MAX_SECRETS
+from shared.jobs import MAX_SECRETS
 
 
 class SecretsQuery(BaseModel):
@@ -31,9 +31,6 @@ class SecretsAnswer(BaseModel):
     values: dict[str, str] = Field(default_factory=dict, max_length=MAX_SECRETS)
     error: str = Field("", max_length=512)
     final: bool = False
-
-    def values_fit(self) -> bool:
-        return all(len(v) <= MAX_SECRET_CHARS for v in self.values.values())
 
 
 def reply_space(node_id: str) -> str:

@@ -5,6 +5,7 @@ import ctypes
 import errno
 import logging
 import os
+import re
 import stat
 import struct
 import uuid
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) last uploaded
 PARTIAL = (".tmp", ".partial")  # being written by the task: mirrored once renamed
 UPLOADING = ".tm-uploading"  # a file being written to storage by a copy (`writing_name`): never restored
+# the whole shape `writing_name` gives (a task's own file that merely ends so is restored like any other)
+WRITING = re.compile(r"\.[0-9a-f]{32}" + re.escape(UPLOADING) + "$")
 CHUNK = 1 << 20
 
 
@@ -77,7 +80,7 @@ class Mirror:
             listed = {remote: self.fs.info(remote)}
             files = {remote: local / inside_name(remote.rsplit("/", 1)[-1], remote)}
         else:
-            listed = {p: i for p, i in self.fs.find(remote, detail=True).items() if not p.endswith(UPLOADING)}
+            listed = {p: i for p, i in self.fs.find(remote, detail=True).items() if not WRITING.search(p)}
             files = {path: local / inside_name(path[len(remote) + 1 :], path) for path in listed}
         size = 0
         tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
@@ -132,7 +135,7 @@ class Mirror:
                 except OSError:  # gone since the walk, or a link to nothing or to itself
                     left_out.append(relative)
                     continue
-                if stat.S_ISREG(info.st_mode) and not name.endswith(UPLOADING):  # not a copy's cut short
+                if stat.S_ISREG(info.st_mode) and not WRITING.search(name):  # not a copy's cut short
                     listed[relative] = (info.st_size, path)
         if left_out:
             log.warning("%s: links left out, leading outside what the job may read: %s", self.url, left_out[:5])

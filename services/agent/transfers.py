@@ -128,7 +128,7 @@ async def transfer(
         for release in reversed(held):
             release()
         copies.users -= 1
-        if not copies.users and _SLOTS.get(project) is copies:  # none of the project's waits or holds a place
+        if not copies.users:  # none of the project's waits or holds a place
             del _SLOTS[project]
 
     try:

@@ -162,13 +162,13 @@ class Estimator:
                 event.node_id,
             )
             return
-        gpus, nodes, accelerator = self.placed_sizes.get((event.job_id, event.attempt)) or (
+        gpus, nodes, placed_model = self.placed_sizes.get((event.job_id, event.attempt)) or (
             event.gpu_count,
             event.world_size,
-            event.gpu_model,
+            "",
         )
         # the model placement's record gave (a placement made before it said one: the start's)
-        accelerator = accelerator or event.gpu_model
+        accelerator = placed_model or event.gpu_model
         model.started(at=event.started_at.timestamp(), accelerator=accelerator, gpus=gpus, nodes=nodes)
 
     async def _judged(self, event: TaskStarted) -> Verdict:

@@ -93,7 +93,6 @@ class JobState(BaseModel):
     start_time: datetime | None = None
     end_time: datetime | None = None
     requeue_cause: RequeueCause | None = None
-    lost_node_ids: tuple[str, ...] = ()  # while Abnormal (Lost): the nodes found gone
     stop_cause: RequeueCause | None = Field(None, description="Why the current attempt is being stopped.")
     stop_asked_at: datetime | None = Field(None, description="When the current attempt's tasks were asked to stop.")
     # hang detection (services/monitor/hangs.py): the job's limit, the current attempt's quiet ranks, the streak
@@ -174,7 +173,6 @@ def snapshot(job: JobState, *, now: datetime, previous: Phase | None = None) -> 
         task_statuses=task_statuses(job),
         attempts=job.attempts,
         requeue_cause=job.requeue_cause if job.phase == Phase.PENDING else None,
-        lost_node_ids=job.lost_node_ids if job.phase == Phase.ABNORMAL else (),
     )
 
 
@@ -569,9 +567,11 @@ def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime, l
     stops = stop_all(job, reason="requeued", now=now)
     job = _end_attempt(job, "oom" if cause.startswith("oom") else cause, now)
     events: list[Message] = []
-    if cause == "node_lost":
-        job = job.model_copy(update={"lost_node_ids": lost})
+    if cause == "node_lost":  # its status names the nodes found gone (the job keeps no such field: it moves on)
         job, events = switch(job, Phase.ABNORMAL, SecondaryPhase.LOST, reason=detail, now=now)
+        events = [
+            e.model_copy(update={"lost_node_ids": lost}) if isinstance(e, JobStatusChanged) else e for e in events
+        ]
     job = job.model_copy(
         update={
             "assignments": (),
@@ -579,7 +579,6 @@ def requeue(job: JobState, *, cause: RequeueCause, detail: str, now: datetime, l
             "requeue_cause": cause,
             "stop_cause": None,
             "stop_asked_at": None,
-            "lost_node_ids": (),
         }
     )
     job, queued = switch(job, Phase.PENDING, SecondaryPhase.QUEUING, reason=f"requeued: {detail}", now=now)

@@ -1,6 +1,7 @@
 """Submitter subscribers: keep the API's view of jobs current, store their output."""
 
 import logging
+import time
 from typing import Any
 
 from faststream.exceptions import NackMessage
@@ -112,7 +113,7 @@ async def on_notification(event: Notification, repo: Repository = Context("repo"
 
 SECRETS_PREFIX = RPC_SECRETS.format(node_id="")
 SECRETS_AT_ONCE = 16  # requests answered side by side (one waiting on the database holds no other back)
-LIMITER = secrets.Limiter()
+LIMITER = secrets.node_limiter()
 
 
 @router.subscriber(RPC_SECRETS.format(node_id="*"), queue="submitter-secrets", max_workers=SECRETS_AT_ONCE)
@@ -127,7 +128,7 @@ async def on_secrets(
         log.warning("refused a secrets request from node %s: its reply subject is not the node's own", node_id)
         message.reply_to = ""  # never answered elsewhere (FastStream would publish the result there)
         return None
-    if not LIMITER.admit(node_id):
+    if LIMITER.take(node_id, time.monotonic()) > 0:
         return SecretsAnswer(error="too many requests from this node: ask again later", final=False).model_dump()
     try:
         query = SecretsQuery.model_validate(body)

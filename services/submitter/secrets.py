@@ -9,16 +9,14 @@ after asking whether every placement was read (one another replica stored betwee
 otherwise be called never placed), and a later attempt is looked up in the stored records and the job's status too
 (each replica's memory holds only the placements it read). A node asking about attempts never placed costs the
 database nothing for `UNPLACED_S` after the first (`Origins.unplaced`, as its output does), and at most `RATE_PER_S`
-requests a second from one node are looked at (`Limiter`)."""
+requests a second from one node are looked at (`node_limiter`)."""
 
 import logging
-import time
-from collections.abc import Callable
 
 from shared.jobs import FINISHED
 from shared.jobsecrets import SecretsAnswer, SecretsQuery
-from shared.lru import Lru
 from shared.origin import UNPLACED_S, attempt_key
+from services.submitter.limits import RateLimiter
 from services.submitter.repository import Repository
 from services.submitter.sealing import Sealer, Unreadable
 
@@ -29,21 +27,9 @@ RATE_PER_S, BURST = 20.0, 40.0  # a node's requests looked at; past them it is t
 NODES_KEPT = 4096
 
 
-class Limiter:
-    """A token bucket per node."""
-
-    def __init__(
-        self, *, rate_per_s: float = RATE_PER_S, burst: float = BURST, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.rate, self.burst, self.clock = rate_per_s, burst, clock
-        self.buckets: Lru[str, tuple[float, float]] = Lru(NODES_KEPT)  # node -> (tokens, when)
-
-    def admit(self, node_id: str) -> bool:
-        now = self.clock()
-        tokens, when = self.buckets.get(node_id) or (self.burst, now)
-        tokens = min(self.burst, tokens + (now - when) * self.rate)
-        self.buckets.put(node_id, (tokens - 1, now) if tokens >= 1 else (tokens, now))
-        return tokens >= 1
+def node_limiter() -> RateLimiter:
+    """A token bucket per node (the API's own per-user limiter)."""
+    return RateLimiter(rate=RATE_PER_S, burst=BURST, max_keys=NODES_KEPT)
 
 
 def refused(reason: str, query: SecretsQuery, node_id: str, *, said: bool = True) -> SecretsAnswer:

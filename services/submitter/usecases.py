@@ -15,7 +15,7 @@ from typing import Any, Literal
 from shared.bus import RPC_METRICS, RPC_MIGRATE, RPC_TERMINATE, publish
 from shared.clock import utcnow
 from shared.events import JobDeleted, JobMigrateRequested, JobSubmitted, JobTerminateRequested
-from shared.jobs import FINISHED, Algorithm, JobCreate, unnamable
+from shared.jobs import FINISHED, JobCreate, unnamable
 from shared.rpc import CandidatesReply, MetricsQuery, MetricsReport
 from shared.storage import StoragePolicy, refused_addresses, refused_urls
 from services.submitter import admission, feasible
@@ -27,7 +27,7 @@ from services.submitter.refusals import Invalid, NameTaken, NotFinished, NotFoun
 from services.submitter.repository import Repository
 from services.submitter.rpc import Requester
 from services.submitter.sealing import Sealer
-from services.submitter.views import SECRET_VALUES, Job, new_job, render
+from services.submitter.views import Job, carried, new_job, render
 
 log = logging.getLogger(__name__)
 FINISHED_NAMES = [p.value for p in FINISHED]
@@ -99,12 +99,12 @@ class Submitter:
         the outbox relay: the job is stored, its creation stands); both in groups with the jobs submitted
         alongside. A taken name (or id) is the repository's NameTaken."""
         project_id, user_name, now = command.project_id, command.user_name, utcnow()
+        secrets = body.algorithm.secrets  # sealed before anything holds them: never in the document in the clear
+        sealed = self.sealer.seal(job_id, secrets) if secrets else None
         doc = {
-            **new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now),
+            **new_job(job_id=job_id, project_id=project_id, user_name=user_name, body=body, now=now, sealed=sealed),
             **command.links,
         }
-        if values := doc.get(SECRET_VALUES):
-            doc[SECRET_VALUES] = self.sealer.seal(job_id, values)
         event = JobSubmitted(
             event_id=f"{job_id}:submitted",
             occurred_at=now,
@@ -112,7 +112,7 @@ class Submitter:
             project_id=project_id,
             user_name=user_name,
             name=body.metadata.name,
-            algorithm=Algorithm.model_validate(doc["algorithm"]),  # the secrets' names, not their values
+            algorithm=carried(body.algorithm),  # the secrets' names, not their values
             spec=body.spec,
             create_time=now,
         )

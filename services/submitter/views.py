@@ -69,14 +69,22 @@ def _ms(value: datetime | int | None) -> int:
     return int(as_utc(value).timestamp() * 1000) if value else 0
 
 
-SECRET_VALUES = "secret_values"  # a job's secrets by name, beside it until it ends; never rendered (`render`)
+SECRET_VALUES = "secret_values"  # a job's secrets, sealed (`sealing`), beside it until it ends; never rendered
 
 
-def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, now: datetime) -> dict[str, Any]:
-    """The stored document of a just-submitted job: its secrets' values apart from its algorithm (which keeps their
-    names, `secret_names`), read by no view and sent only to the agents of its tasks (`services.submitter.secrets`)."""
-    secrets = body.algorithm.secrets
-    algorithm = body.algorithm.model_copy(update={"secrets": {}, "secret_names": sorted(secrets)})
+def carried(algorithm: Algorithm) -> Algorithm:
+    """A job's algorithm as it is stored and as events carry it: its secrets' names, never their values."""
+    if not algorithm.secrets:
+        return algorithm
+    return algorithm.model_copy(update={"secrets": {}, "secret_names": sorted(algorithm.secrets)})
+
+
+def new_job(
+    *, job_id: str, project_id: str, user_name: str, body: JobCreate, now: datetime, sealed: str | None = None
+) -> dict[str, Any]:
+    """The stored document of a just-submitted job: its algorithm with its secrets' names (`carried`), and apart
+    from it `sealed`, its secrets as `sealing` sealed them, read by no view and opened only for the agents of its
+    tasks (`services.submitter.secrets`)."""
     return {
         "_id": job_id,
         "project_id": project_id,
@@ -85,11 +93,11 @@ def new_job(*, job_id: str, project_id: str, user_name: str, body: JobCreate, no
         "workspace_id": body.metadata.workspace_id,
         "user_name": user_name,
         "create_time": now,
-        "algorithm": algorithm.model_dump(),
+        "algorithm": carried(body.algorithm).model_dump(),
         "spec": body.spec.model_dump(),
         "status": {"phase": Phase.CREATING.value, "secondary_phase": SecondaryPhase.CREATING.value},
         "status_version": 0,
-        **({SECRET_VALUES: dict(secrets)} if secrets else {}),
+        **({SECRET_VALUES: sealed} if sealed else {}),
     }
 
 

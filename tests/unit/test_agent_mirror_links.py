@@ -203,6 +203,7 @@ def test_a_copy_given_up_writes_and_renames_nothing_and_a_restore_skips_what_a_c
     remote.mkdir(exist_ok=True)
     (remote / "model.pt").write_bytes(b"saved")
     (remote / writing_name("model.pt")).write_bytes(b"cut sho")
+    (remote / f"notes{UPLOADING}").write_bytes(b"the task's own")  # merely ending so: the task's file, restored
     back = tmp_path / "back"
-    assert sorted(Mirror(f"file://{remote}").restore(back)) == ["model.pt"]
-    assert sorted(os.listdir(back)) == ["model.pt"]
+    assert sorted(Mirror(f"file://{remote}").restore(back)) == ["model.pt", f"notes{UPLOADING}"]
+    assert sorted(os.listdir(back)) == ["model.pt", f"notes{UPLOADING}"]

@@ -7,7 +7,7 @@ import pytest
 from cryptography.fernet import Fernet
 from pydantic import ValidationError
 
-from shared.events import JobSubmitted, LogLine, StartTask
+from shared.events import LogLine, StartTask
 from shared.jobs import Algorithm, JobCreate, Phase, SecondaryPhase
 from shared.jobsecrets import SecretsAnswer, SecretsQuery
 from shared.lru import Lru
@@ -21,8 +21,8 @@ from services.cli.client import CliError
 from services.cli.jobfile import secrets_from
 from services.submitter import secrets as submitter_secrets
 from services.submitter.sealing import Sealer
-from services.submitter.views import SECRET_VALUES, new_job, render, status_fields
-from tests.factories import T0, job_body, spec, status_changed
+from services.submitter.views import SECRET_VALUES, carried, new_job, render, status_fields
+from tests.factories import T0, job_body, spec, start_task, status_changed, submitted
 from tests.unit.api_app import client, make_app
 
 SECRET = "s3cr3t-wandb-key-0123456789"
@@ -85,45 +85,26 @@ async def test_the_apis_refusal_names_the_secret_and_never_shows_its_value():
             assert SECRET not in answer.text
 
 
-def test_the_stored_job_and_its_event_carry_the_secrets_names_and_the_view_shows_no_value():
+def test_the_stored_job_carries_the_secrets_names_and_the_sealed_values_and_the_view_shows_no_value():
     body = JobCreate.model_validate(body_with({"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_abcdef"}))
-    doc = new_job(job_id="j1", project_id="p", user_name="ana", body=body, now=T0)
+    sealed = SEALER.seal("j1", body.algorithm.secrets)
+    doc = new_job(job_id="j1", project_id="p", user_name="ana", body=body, now=T0, sealed=sealed)
     assert "secrets" not in doc["algorithm"] and doc["algorithm"]["secret_names"] == ["HF_TOKEN", "WANDB_API_KEY"]
-    assert doc[SECRET_VALUES] == {"WANDB_API_KEY": SECRET, "HF_TOKEN": "hf_abcdef"}
+    assert doc[SECRET_VALUES] == sealed and SECRET not in repr(doc)
     assert SECRET not in render(doc, now=T0).model_dump_json()
+    assert carried(body.algorithm).secret_names == ["HF_TOKEN", "WANDB_API_KEY"] and not carried(body.algorithm).secrets
     assert SECRET_VALUES not in new_job(
         job_id="j2", project_id="p", user_name="ana", body=JobCreate.model_validate(body_with({})), now=T0
     )
 
 
 def test_no_event_carries_a_secrets_value():
-    algorithm = Algorithm(command="true", secrets={"TOKEN": SECRET})
-    with pytest.raises(ValidationError, match="secret values never travel in an event"):
-        JobSubmitted(
-            event_id="e",
-            job_id="j",
-            project_id="p",
-            user_name="u",
-            name="n",
-            algorithm=algorithm,
-            spec=spec(),
-            create_time=T0,
-        )
-    with pytest.raises(ValidationError, match="secret values never travel in an event"):
-        StartTask(
-            event_id="e",
-            node_id="n1",
-            job_id="j",
-            attempt=1,
-            project_id="p",
-            user_name="u",
-            algorithm=algorithm,
-            spec=spec(),
-        )
-    named = Algorithm(command="true", secret_names=["TOKEN"])
-    assert StartTask(
-        event_id="e", node_id="n1", job_id="j", attempt=1, project_id="p", user_name="u", algorithm=named, spec=spec()
-    ).algorithm.secret_names == ["TOKEN"]
+    valued = Algorithm(command="true", secrets={"TOKEN": SECRET}).model_dump()
+    for event in (submitted(job_id="j"), start_task("j")):
+        with pytest.raises(ValidationError, match="secret values never travel in an event"):
+            type(event).model_validate({**event.model_dump(), "algorithm": valued})
+    named = {**start_task("j").model_dump(), "algorithm": {"command": "true", "secret_names": ["TOKEN"]}}
+    assert StartTask.model_validate(named).algorithm.secret_names == ["TOKEN"]
 
 
 def test_a_jobs_end_removes_its_secrets_and_no_earlier_status_does():
@@ -369,12 +350,11 @@ async def test_a_flood_of_made_up_attempts_is_looked_up_once_each_and_a_node_is_
         assert answer.final and answer.error == "that attempt was never placed"
     assert looked == [("made-up", 7)] * 2  # looked up, again once all were read, then from memory
 
-    clock = Clock()
-    limiter = submitter_secrets.Limiter(rate_per_s=2, burst=3, clock=clock)
-    assert [limiter.admit("n1") for _ in range(5)] == [True, True, True, False, False]
-    assert limiter.admit("n2")  # another node's own allowance
-    clock.now = 1.0
-    assert [limiter.admit("n1") for _ in range(3)] == [True, True, False]
+    limiter = submitter_secrets.node_limiter()  # 40 at once, 20 a second, per node
+    burst = int(submitter_secrets.BURST)
+    assert [limiter.take("n1", 0.0) == 0 for _ in range(burst + 2)] == [True] * burst + [False, False]
+    assert limiter.take("n2", 0.0) == 0  # another node's own allowance
+    assert [limiter.take("n1", 0.1) == 0 for _ in range(3)] == [True, True, False]  # 0.1 s: two more
 
 
 async def test_an_attempt_is_refused_once_a_later_one_was_placed_by_any_replica():
