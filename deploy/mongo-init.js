@@ -8,7 +8,7 @@
 const ACTIONS = ["find", "insert", "update", "remove", "createIndex", "listIndexes"];
 const COLLECTIONS = {
   submitter: ["api_jobs", "api_queue", "api_job_list", "api_logs", "api_log_sizes", "api_users", "api_tokens", "api_projects",
-              "api_notifications", "api_audit", "api_searches", "api_placements"],
+              "api_notifications", "api_audit", "api_searches", "api_placements", "api_sealing"],
   placement: ["placement_jobs", "placement_nodes", "placement_usage"],
   monitor: ["monitor_jobs", "monitor_nodes", "monitor_rented", "monitor_early_terminates"],
   estimator: ["estimator_jobs", "estimator_points", "estimator_history", "estimator_own_runs",

@@ -27,6 +27,7 @@ from services.submitter import (
     routes_catalogue,
     routes_jobs,
     routes_users,
+    sealing,
 )
 from services.submitter.auth import MAX_TOKENS_PER_USER, Tokens, check_admin_token
 from services.submitter.caps import QueueCaps
@@ -41,6 +42,7 @@ from services.submitter.searches.driver import Driver
 from services.submitter.searches.store import SearchStore
 from services.submitter.searches.trials import SubmitterPort
 from services.submitter.usecases import Submitter
+from services.submitter.views import SECRET_VALUES
 
 log = logging.getLogger(__name__)
 SERVICE = "submitter"
@@ -135,7 +137,12 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     await bootstrap_admin(tokens, audit_log, settings)
     app.state.tokens, app.state.audit, app.state.searches = tokens, audit_log, searches
     app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)
+    # keys that cannot open what the other replicas sealed stop the start here, before a job is sealed with them
+    await sealing.agree(submitter.sealer, db.api_sealing, db.api_jobs, field=SECRET_VALUES)
     w.broker.context.set_global("sealer", submitter.sealer)  # opens a job's secrets for its node (`handlers`)
+    w.background.spawn(
+        "reseal", lambda: sealing.reseal(submitter.sealer, db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    )
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
     w.background.spawn("webhooks", lambda: notifications.deliver_forever(repo.notifications, policy=app.state.egress))
     w.background.spawn(

@@ -5,19 +5,29 @@ collection) holds no value, and a sealed value copied onto another job does not 
 The key is not in the database: `TRAINMASTER_SECRETS_KEYS` (comma-separated; the first seals, every one opens), else a
 key file in the submitter's data directory, made at its first start (0600, whole or not at all, never over another:
 replicas starting at once on one data directory take the same key). Replicas on several machines need the setting
-(each would otherwise make its own key, and a job sealed by one would not open on another). Rotation, in two steps:
-add the new key last and roll it out to every replica, then put it first (it seals from then on); drop the old one
-once the jobs sealed with it have ended. Keys are loaded when the submitter starts: a key that cannot be read or is
-not a key stops it there, said why."""
+(each would otherwise make its own key, and a job sealed by one would not open on another): the database keeps a
+value sealed by the first replica's key (`agree`), and a replica whose keys do not open it stops at its start, said
+why, before it accepts a job no other replica could open. Rotation, in two steps: add the new key last and roll it
+out to every replica, then put it first (it seals from then on); each replica, once started, seals again with its
+first key every live job's secrets sealed with an older one (`reseal`), so the old key may be dropped once every
+replica has started with the new one first. Keys are loaded when the submitter starts: a key that cannot be read or
+is not a key stops it there, said why."""
 
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from pymongo.errors import DuplicateKeyError
+
+log = logging.getLogger(__name__)
 
 KEY_FILE = "secrets.key"
+AGREED = "secrets-keys"  # the record (its `_id`) of the value every replica's keys must open
+RESEAL_BATCH = 200  # live jobs read at a time when their secrets are sealed again
 
 
 class Unreadable(Exception):
@@ -27,6 +37,23 @@ class Unreadable(Exception):
 class Sealer:
     def __init__(self, keys: list[bytes]) -> None:
         self.fernet = fernet_of(keys)
+        self.first = Fernet(keys[0])  # the key that seals
+        self.older = len(keys) > 1  # keys that only open (a rotation under way)
+
+    def sealed_by_first(self, sealed: str) -> bool:
+        try:
+            self.first.decrypt(sealed.encode())
+        except InvalidToken:
+            return False
+        return True
+
+    def reseal(self, sealed: str) -> str:
+        """`sealed` sealed again with the first key (what it holds and whom it is for unchanged); `Unreadable` where
+        no key of this submitter opens it."""
+        try:
+            return self.fernet.rotate(sealed.encode()).decode()
+        except InvalidToken:
+            raise Unreadable("its secrets were sealed with a key this submitter does not hold") from None
 
     def seal(self, job_id: str, values: dict[str, str]) -> str:
         return self.fernet.encrypt(json.dumps({"job": job_id, "values": values}).encode()).decode()
@@ -91,3 +118,65 @@ def key_file(data_dir: Path) -> bytes:
             f"param[secrets_keys] invalid: {path} holds no key (remove it, or set TRAINMASTER_SECRETS_KEYS)"
         )
     return key
+
+
+async def agree(sealer: Sealer, records: Any, jobs: Any, *, field: str) -> None:
+    """Stop the start (`ValueError`, naming the setting) where this submitter's keys do not open what the database's
+    jobs were sealed with: the agreed value in `records` (made by the first submitter to start, sealed with its
+    first key), or where there is none yet, any live job's sealed secrets (`field` of `jobs`). A replica on another
+    machine that made its own key file would otherwise accept jobs no other replica could open, and fail the starts
+    of every job the others sealed."""
+    found = await records.find_one({"_id": AGREED})
+    if found is None:
+        job = await jobs.find_one({field: {"$type": "string"}}, {field: 1})
+        if job and job[field]:
+            _opens(sealer, job["_id"], job[field], what=f"job {job['_id']}'s secrets")
+        try:
+            await records.insert_one({"_id": AGREED, "sealed": sealer.seal(AGREED, {})})
+            return
+        except DuplicateKeyError:  # another replica made it first: this one's keys must open it
+            found = await records.find_one({"_id": AGREED})
+    if found is not None:
+        _opens(sealer, AGREED, str(found.get("sealed", "")), what="the value every replica's keys must open")
+
+
+def _opens(sealer: Sealer, job_id: str, sealed: str, *, what: str) -> None:
+    try:
+        sealer.open(job_id, sealed)
+    except Unreadable:
+        raise ValueError(
+            f"param[secrets_keys] invalid: these keys do not open {what} in this database (sealed by another "
+            "submitter's key: a replica on another machine makes its own key file); give every replica the same "
+            "TRAINMASTER_SECRETS_KEYS"
+        ) from None
+
+
+async def reseal(sealer: Sealer, records: Any, jobs: Any, *, field: str) -> int:
+    """Seal again with the first key every live job's secrets (`field` of `jobs`, a string until the job ends) and
+    the agreed value, where an older key sealed them; how many jobs. Each write is conditional on the value read, so
+    a job that ended meanwhile (its secrets removed) or one another replica sealed again is left as it is. A value no
+    key of this submitter opens is left for the one that holds its key, said so. With one key (no rotation under
+    way) nothing could be sealed again: the jobs are not read."""
+    if not sealer.older:
+        return 0
+    done = 0
+    async for job in jobs.find({field: {"$type": "string"}}, {field: 1}, batch_size=RESEAL_BATCH):
+        sealed = job[field]
+        if not sealed or sealer.sealed_by_first(sealed):
+            continue
+        try:
+            again = sealer.reseal(sealed)
+        except Unreadable:
+            log.warning("job %s's secrets are sealed with a key this submitter does not hold", job["_id"])
+            continue
+        result = await jobs.update_one({"_id": job["_id"], field: sealed}, {"$set": {field: again}})
+        done += result.modified_count
+    found = await records.find_one({"_id": AGREED})
+    if found is not None and (sealed := str(found.get("sealed", ""))) and not sealer.sealed_by_first(sealed):
+        try:
+            await records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": sealer.reseal(sealed)}})
+        except Unreadable:
+            pass  # `agree` stopped a start with such keys; a record changed since by another replica's is its own
+    if done:
+        log.info("sealed again with the first key the secrets of %d live jobs", done)
+    return done

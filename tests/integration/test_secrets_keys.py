@@ -1,0 +1,99 @@
+"""Replicas of the submitter agree on the keys that seal a job's secrets, and a rotation seals the live jobs' secrets
+again (services/submitter/sealing.py `agree`, `reseal`), on the embedded database the stack runs."""
+
+import asyncio
+import subprocess
+import sys
+from urllib.parse import quote_plus
+
+import pytest
+from cryptography.fernet import Fernet
+from pymongo import AsyncMongoClient
+
+from services.stack.processes import wait_for_socket
+from services.submitter.sealing import AGREED, Sealer, agree, reseal
+from services.submitter.views import SECRET_VALUES
+
+pytestmark = pytest.mark.integration
+SECRET = "hf_0123456789abcdef"
+
+
+@pytest.fixture
+async def db(tmp_path):
+    folder = tmp_path / "db"
+    folder.mkdir(mode=0o700)
+    sock = folder / "mongo.sock"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "services.stack.database", str(sock), "--data-dir", str(folder)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_socket(sock)
+        client: AsyncMongoClient = AsyncMongoClient("mongodb://" + quote_plus(str(sock)))
+        try:
+            yield client.trainmaster_submitter
+        finally:
+            await client.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+async def test_a_replica_whose_keys_do_not_open_what_the_others_sealed_does_not_start(db):
+    first, other = Fernet.generate_key(), Fernet.generate_key()
+    sealer = Sealer([first])
+    # two replicas of one deployment starting at once: one makes the record, the other's keys open it
+    await asyncio.gather(*(agree(Sealer([first]), db.api_sealing, db.api_jobs, field=SECRET_VALUES) for _ in range(2)))
+    assert sealer.open(AGREED, (await db.api_sealing.find_one({"_id": AGREED}))["sealed"]) == {}
+    await agree(Sealer([other, first]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # a rotation's keys
+    with pytest.raises(ValueError, match=r"param\[secrets_keys\] invalid: .*TRAINMASTER_SECRETS_KEYS") as stopped:
+        await agree(Sealer([other]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # its own key file
+    assert other.decode() not in str(stopped.value) and first.decode() not in str(stopped.value)
+
+
+async def test_before_any_record_a_live_jobs_sealed_secrets_are_what_the_keys_must_open(db):
+    # a deployment of the version before the record: its live jobs' secrets were sealed with the key it had
+    old = Fernet.generate_key()
+    await db.api_jobs.insert_many(
+        [
+            {"_id": "ended", SECRET_VALUES: {}},
+            {"_id": "plain"},
+            {"_id": "live", SECRET_VALUES: Sealer([old]).seal("live", {"TOKEN": SECRET})},
+        ]
+    )
+    with pytest.raises(ValueError, match=r"do not open job live's secrets"):
+        await agree(Sealer([Fernet.generate_key()]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    assert await db.api_sealing.find_one({"_id": AGREED}) is None  # nothing recorded by the refused keys
+    await agree(Sealer([old]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    assert await db.api_sealing.find_one({"_id": AGREED}) is not None
+
+
+async def test_a_rotation_seals_every_live_jobs_secrets_again_with_the_first_key_and_leaves_the_rest(db):
+    old, new, unknown = Fernet.generate_key(), Fernet.generate_key(), Fernet.generate_key()
+    await agree(Sealer([old]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    stranger = Sealer([unknown]).seal("stranger", {"TOKEN": "x"})
+    await db.api_jobs.insert_many(
+        [
+            *(
+                {"_id": f"live-{i}", SECRET_VALUES: Sealer([old]).seal(f"live-{i}", {"TOKEN": f"{SECRET}{i}"})}
+                for i in range(5)
+            ),
+            {"_id": "fresh", SECRET_VALUES: Sealer([new]).seal("fresh", {"TOKEN": SECRET})},
+            {"_id": "ended", SECRET_VALUES: {}},
+            {"_id": "plain", "name": "no secrets"},
+            {"_id": "stranger", SECRET_VALUES: stranger},
+        ]
+    )
+    rotated = Sealer([new, old])
+    assert await reseal(rotated, db.api_sealing, db.api_jobs, field=SECRET_VALUES) == 5
+    only_new = Sealer([new])
+    for i in range(5):
+        job = await db.api_jobs.find_one({"_id": f"live-{i}"})
+        assert only_new.open(f"live-{i}", job[SECRET_VALUES]) == {"TOKEN": f"{SECRET}{i}"}
+    assert only_new.open(AGREED, (await db.api_sealing.find_one({"_id": AGREED}))["sealed"]) == {}
+    assert (await db.api_jobs.find_one({"_id": "ended"}))[SECRET_VALUES] == {}
+    assert (await db.api_jobs.find_one({"_id": "stranger"}))[SECRET_VALUES] == stranger  # not its to open
+    assert SECRET_VALUES not in await db.api_jobs.find_one({"_id": "plain"})
+    assert await reseal(rotated, db.api_sealing, db.api_jobs, field=SECRET_VALUES) == 0  # nothing older is left
+    await agree(only_new, db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # the old key may now be dropped
