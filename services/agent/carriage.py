@@ -21,6 +21,9 @@ class OutputSplitter:
         self.held: str | None = None  # the latest update not shipped yet
         self.shipped_at = -math.inf
         self.after_cr = False  # the last segment ended with a carriage return
+        # values a long line's cut must not split (a task's secrets, the longest first: `jobsecrets.Masker`), so
+        # the piece that holds one is masked
+        self.whole: tuple[bytes, ...] = ()
 
     def feed(self, data: bytes, now: float) -> list[str]:
         """The lines `data` completes."""
@@ -48,9 +51,23 @@ class OutputSplitter:
             start = end + 1
         self.partial = buffer[start:]
         while len(self.partial) > MAX_LINE_BYTES:
-            out += self._line(self.partial[:MAX_LINE_BYTES].decode(errors="replace"))
-            self.partial = self.partial[MAX_LINE_BYTES:]
+            cut = self._cut()
+            out += self._line(self.partial[:cut].decode(errors="replace"))
+            self.partial = self.partial[cut:]
         return out
+
+    def _cut(self) -> int:
+        """Where a line too long is cut: after `MAX_LINE_BYTES`, or before a value of `whole` the cut would split
+        (until 2026-11-30 a secret across it was shipped in two pieces, neither masked). Each value moves the cut
+        back at most its own length, so the piece is never empty."""
+        cut, moved = MAX_LINE_BYTES, True
+        while moved:
+            moved = False
+            for value in self.whole:
+                start = self.partial.find(value, max(0, cut - len(value) + 1), cut + len(value) - 1)
+                if 0 < start < cut:
+                    cut, moved = start, True
+        return cut
 
     def skip(self, data: bytes) -> tuple[int, bytes] | None:
         """Drop `data` unsplit, up to its last newline or carriage return (lines and bar frames over the task's

@@ -90,5 +90,9 @@ class Masker:
                 text = text.replace(value, MASK)
         return text
 
+    def encoded(self) -> tuple[bytes, ...]:
+        """What it masks, as the task's output bytes hold it (the longest first)."""
+        return tuple(v.encode() for v in self.values)
+
     def __bool__(self) -> bool:
         return bool(self.values)

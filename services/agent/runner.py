@@ -178,6 +178,7 @@ class TaskProcess:
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     copying: Progress = field(default_factory=Progress)  # when its copies last moved a byte
     tail: "Tail" = field(default_factory=lambda: Tail(TAIL_LINES))
+    whole: tuple[bytes, ...] = ()  # its secrets, which no cut of a long line of its output splits (`OutputSplitter`)
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
@@ -255,6 +256,7 @@ class TaskProcess:
         a tenth of a second, splitting lines it then dropped); its last lines are kept for its end's message, and a
         read that may hold an out-of-memory message is split as usual."""
         splitter = OutputSplitter(every_s=self.update_every_s)
+        splitter.whole = self.whole
         pace = Bucket(rate=READ_BYTES_PER_S, capacity=READ_BYTES_PER_S)  # what is read of it, whatever is shipped
         while not self.drained:
             size = SPENT_READ_BYTES if gate is not None and gate.spent() else READ_BYTES

@@ -149,7 +149,8 @@ class Supervisor:
             values = await self._secrets(command)  # before any work: a refusal is known at once
             env = task_environment(command, self.node, workdir=workdir, base=dict(os.environ))
             argv = await self.preparer.prepare(command, workdir, env, note)
-            shipper.mask = Masker(values.values()) or None
+            masker = Masker(values.values())
+            shipper.mask = masker or None
             try:
                 manifest = await transfer_unless_stalled(
                     partial(self.checkpoints.restore, command.project_id, command.job_id, workdir / "checkpoint"),
@@ -216,6 +217,7 @@ class Supervisor:
             task.update_every_s = self.output_update_s
             task.note = note
             task.tail.mask = shipper.mask  # before its output is read (`_supervise`)
+            task.whole = masker.encoded()  # and no cut of a long line splits one
         except asyncio.CancelledError:
             await self._give_back(workdir, user, cgroup)
             await shipper.close()

@@ -7,6 +7,7 @@ from pathlib import Path
 from shared.events import LogChunk, StartTask, TaskExited
 from shared.jobs import Algorithm
 from services.agent.carriage import MAX_LINE_BYTES, UPDATE_EVERY_S, OutputSplitter
+from services.agent.jobsecrets import Masker
 from tests.factories import spec, unique
 from tests.unit.test_agent_shim_death import make_agent, until
 
@@ -49,6 +50,33 @@ def test_a_line_past_the_cap_is_shipped_in_pieces():
     splitter = OutputSplitter()
     pieces = splitter.feed(b"x" * (2 * MAX_LINE_BYTES + 5), 0.0)
     assert [len(p) for p in pieces] == [MAX_LINE_BYTES] * 2 and splitter.end() == ["x" * 5]
+
+
+def fed(splitter: OutputSplitter, data: bytes, *, read: int = 2**16) -> list[str]:
+    """What `data` ships read as the agent reads a task's output (64 KiB at a time)."""
+    out: list[str] = []
+    for i in range(0, len(data), read):
+        out += splitter.feed(data[i : i + read], 0.0)
+    return out + splitter.end()
+
+
+def test_a_long_lines_cut_never_splits_a_secret_so_every_piece_is_masked():
+    secret, other = "hf_" + "S" * 61, "é-tøken-Ω"  # the second: several bytes a character
+    masker = Masker([secret, other])
+    for at in (MAX_LINE_BYTES - 1, MAX_LINE_BYTES - 30, MAX_LINE_BYTES - 63, MAX_LINE_BYTES - 5, MAX_LINE_BYTES):
+        for value in (secret, other):
+            line = b"x" * at + value.encode() + b"y" * MAX_LINE_BYTES
+            splitter = OutputSplitter()
+            splitter.whole = masker.encoded()
+            pieces = fed(splitter, line + b"\n")
+            assert "".join(pieces).encode() == line  # nothing lost, nothing added
+            assert len(pieces) >= 2 and all(0 < len(p.encode()) <= MAX_LINE_BYTES for p in pieces[:-1])
+            masked = [masker(p) for p in pieces]
+            assert sum(p.count("***") for p in masked) == 1, (at, value)
+            assert not any(value[:2] in p or value[-2:] in p for p in masked), (at, value)
+    # the code before: the cut falls inside the value, and neither piece is masked
+    pieces = fed(OutputSplitter(), b"x" * (MAX_LINE_BYTES - 30) + secret.encode() + b"y" * 2**17 + b"\n")
+    assert len(pieces) == 2 and not any("***" in masker(p) for p in pieces)
 
 
 BAR = r"""

@@ -928,6 +928,7 @@ print("digest", hashlib.sha256(value.encode()).hexdigest(), flush=True)
 print("logged in with", value, flush=True)
 print("path", os.environ["PATH"], "home", os.environ["HOME"], flush=True)
 print("x" * 1990 + value, flush=True)  # past the end's message's cut of a line: masked before the cut
+print("x" * (2**20 - 10) + value + "y" * 2**17, flush=True)  # across the cut of a line over 1 MiB: kept whole
 raise SystemExit(3)
 """
 
@@ -947,6 +948,7 @@ async def test_a_tasks_secret_is_in_its_environment_and_masked_in_its_output_and
     assert asked == [command]
     assert f"digest {hashlib.sha256(SECRET.encode()).hexdigest()}" in output  # the task had the value
     assert "logged in with ***" in output and SECRET not in output
+    assert SECRET[:9] not in output and SECRET[-12:] not in output and "\n***yyy" in output  # no part of it
     assert exited.reason == "failed" and "logged in with ***" in exited.message and SECRET[:6] not in exited.message
     assert not any(SECRET in str(message) for message in sent)
     assert SECRET not in (agent.root / "jobs" / command.job_id / "attempt-1-rank-0" / "output.log").read_text()
