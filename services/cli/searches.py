@@ -1,6 +1,7 @@
 """`trainmaster search`: create, list, show and stop hyperparameter searches."""
 
 import argparse
+import os
 import sys
 import time
 
@@ -69,6 +70,9 @@ def create(args: argparse.Namespace, api: Api) -> int:
     for key in ("name", "pruner", "max_trials", "parallelism"):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
+    if args.secret:  # into the template: every trial's task gets them
+        algorithm = body.setdefault("template", {}).setdefault("algorithm", {})
+        algorithm["secrets"] = {**algorithm.get("secrets", {}), **jobfile.secrets_from(args.secret, dict(os.environ))}
     search = api.call("POST", path(args, api), json=body)
     if not args.follow:
         return out(args, search, created(search))
@@ -158,6 +162,12 @@ def add_parser(sub: argparse._SubParsersAction, shared: argparse.ArgumentParser)
     c.add_argument("--max-trials", type=int)
     c.add_argument("--parallelism", type=int)
     c.add_argument("--follow", action="store_true", help="then follow it to its end, as search get --follow")
+    c.add_argument(
+        "--secret",
+        action="append",
+        metavar="NAME",
+        help="a secret for every trial's task, its value taken from your environment (never on the command line)",
+    )
     ls = action("list", list_searches, "the project's searches")
     ls.add_argument("--limit", type=int, default=50)
     ls.add_argument("--offset", type=int, default=0)

@@ -138,11 +138,11 @@ async def open_api(app: FastAPI, w: Wiring, settings: SubmitterSettings, storage
     app.state.tokens, app.state.audit, app.state.searches = tokens, audit_log, searches
     app.state.submitter = submitter = build_submitter(settings, repo=repo, broker=w.broker, storage=storage)
     # keys that cannot open what the other replicas sealed stop the start here, before a job is sealed with them
-    await sealing.agree(submitter.sealer, db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    holders = [sealing.Holder(db.api_jobs), sealing.Holder(db.api_searches, version="version")]
+    sealed = sealing.SealedStore(db.api_sealing, holders, field=SECRET_VALUES)
+    await sealed.agree(submitter.sealer)
     w.broker.context.set_global("sealer", submitter.sealer)  # opens a job's secrets for its node (`handlers`)
-    w.background.spawn(
-        "reseal", lambda: sealing.reseal(submitter.sealer, db.api_sealing, db.api_jobs, field=SECRET_VALUES)
-    )
+    w.background.spawn("reseal", lambda: sealed.reseal(submitter.sealer))
     w.background.spawn("outbox", lambda: relay(w.broker, [db.api_jobs]))
     w.background.spawn("webhooks", lambda: notifications.deliver_forever(repo.notifications, policy=app.state.egress))
     w.background.spawn(

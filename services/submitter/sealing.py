@@ -6,17 +6,18 @@ The key is not in the database: `TRAINMASTER_SECRETS_KEYS` (comma-separated; the
 key file in the submitter's data directory, made at its first start (0600, whole or not at all, never over another:
 replicas starting at once on one data directory take the same key). Replicas on several machines need the setting
 (each would otherwise make its own key, and a job sealed by one would not open on another): the database keeps a
-value sealed by the first replica's key (`agree`), and a replica whose keys do not open it stops at its start, said
-why, before it accepts a job no other replica could open. Rotation, in two steps: add the new key last and roll it
-out to every replica, then put it first (it seals from then on); each replica, once started, seals again with its
-first key every live job's secrets sealed with an older one (`reseal`), so the old key may be dropped once every
-replica has started with the new one first. Keys are loaded when the submitter starts: a key that cannot be read or
-is not a key stops it there, said why."""
+value sealed by the first replica's key, and a replica whose keys do not open it stops at its start, said why,
+before it accepts a job no other replica could open (`SealedStore.agree`). Rotation, in two steps: add the new key
+last and roll it out to every replica, then put it first (it seals from then on); each replica, once started, seals
+again with its first key every live job's and search's secrets sealed with an older one (`SealedStore.reseal`), so
+the old key may be dropped once every replica has started with the new one first. Keys are loaded when the
+submitter starts: a key that cannot be read or is not a key stops it there, said why."""
 
 import json
 import logging
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,24 +121,80 @@ def key_file(data_dir: Path) -> bytes:
     return key
 
 
-async def agree(sealer: Sealer, records: Any, jobs: Any, *, field: str) -> None:
-    """Stop the start (`ValueError`, naming the setting) where this submitter's keys do not open what the database's
-    jobs were sealed with: the agreed value in `records` (made by the first submitter to start, sealed with its
-    first key), or where there is none yet, any live job's sealed secrets (`field` of `jobs`). A replica on another
-    machine that made its own key file would otherwise accept jobs no other replica could open, and fail the starts
-    of every job the others sealed."""
-    found = await records.find_one({"_id": AGREED})
-    if found is None:
-        job = await jobs.find_one({field: {"$type": "string"}}, {field: 1})
-        if job and job[field]:
-            _opens(sealer, job["_id"], job[field], what=f"job {job['_id']}'s secrets")
-        try:
-            await records.insert_one({"_id": AGREED, "sealed": sealer.seal(AGREED, {})})
-            return
-        except DuplicateKeyError:  # another replica made it first: this one's keys must open it
-            found = await records.find_one({"_id": AGREED})
-    if found is not None:
-        _opens(sealer, AGREED, str(found.get("sealed", "")), what="the value every replica's keys must open")
+@dataclass(frozen=True)
+class Holder:
+    """A collection whose documents keep sealed secrets (a string while they are live, else `{}` or nothing), and
+    the field a write must increase, where its documents are replaced whole under a version check (a search's: its
+    driver would otherwise write the value it read back over the one sealed again)."""
+
+    collection: Any
+    version: str | None = None
+
+
+@dataclass
+class SealedStore:
+    """The database's side of sealing: the value every replica's keys must open (`records`) and the documents that
+    keep sealed secrets (`holders`, each in its `field`: jobs', searches')."""
+
+    records: Any
+    holders: list[Holder]
+    field: str
+
+    async def agree(self, sealer: Sealer) -> None:
+        """Stop the start (`ValueError`, naming the setting) where this submitter's keys do not open what the
+        database's secrets were sealed with: the agreed value (made by the first submitter to start, sealed with
+        its first key), or where there is none yet, any live sealed secrets. A replica on another machine that made
+        its own key file would otherwise accept jobs no other replica could open, and fail the starts of every job
+        the others sealed."""
+        found = await self.records.find_one({"_id": AGREED})
+        if found is None:
+            for holder in self.holders:
+                doc = await holder.collection.find_one({self.field: {"$type": "string"}}, {self.field: 1})
+                if doc and doc[self.field]:
+                    _opens(sealer, doc["_id"], doc[self.field], what=f"{doc['_id']}'s secrets")
+            try:
+                await self.records.insert_one({"_id": AGREED, "sealed": sealer.seal(AGREED, {})})
+                return
+            except DuplicateKeyError:  # another replica made it first: this one's keys must open it
+                found = await self.records.find_one({"_id": AGREED})
+        if found is not None:
+            _opens(sealer, AGREED, str(found.get("sealed", "")), what="the value every replica's keys must open")
+
+    async def reseal(self, sealer: Sealer) -> int:
+        """Seal again with the first key every live secret and the agreed value, where an older key sealed them;
+        how many documents. Each write is conditional on the value read, so one that ended meanwhile (its secrets
+        removed) or another replica sealed again is left as it is. A value no key of this submitter opens is left
+        for the one that holds its key, said so. With one key (no rotation under way) nothing could be sealed
+        again: nothing is read."""
+        if not sealer.older:
+            return 0
+        done, field = 0, self.field
+        for holder in self.holders:
+            async for doc in holder.collection.find({field: {"$type": "string"}}, {field: 1}, batch_size=RESEAL_BATCH):
+                sealed = doc[field]
+                if not sealed or sealer.sealed_by_first(sealed):
+                    continue
+                try:
+                    again = sealer.reseal(sealed)
+                except Unreadable:
+                    log.warning("%s's secrets are sealed with a key this submitter does not hold", doc["_id"])
+                    continue
+                change: dict[str, Any] = {"$set": {field: again}}
+                if holder.version is not None:
+                    change["$inc"] = {holder.version: 1}
+                result = await holder.collection.update_one({"_id": doc["_id"], field: sealed}, change)
+                done += result.modified_count
+        found = await self.records.find_one({"_id": AGREED})
+        if found is not None and (sealed := str(found.get("sealed", ""))) and not sealer.sealed_by_first(sealed):
+            try:
+                again = sealer.reseal(sealed)
+            except Unreadable:  # `agree` stopped a start with such keys: another replica's since
+                again = ""
+            if again:
+                await self.records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": again}})
+        if done:
+            log.info("sealed again with the first key the secrets of %d live jobs and searches", done)
+        return done
 
 
 def _opens(sealer: Sealer, job_id: str, sealed: str, *, what: str) -> None:
@@ -149,34 +206,3 @@ def _opens(sealer: Sealer, job_id: str, sealed: str, *, what: str) -> None:
             "submitter's key: a replica on another machine makes its own key file); give every replica the same "
             "TRAINMASTER_SECRETS_KEYS"
         ) from None
-
-
-async def reseal(sealer: Sealer, records: Any, jobs: Any, *, field: str) -> int:
-    """Seal again with the first key every live job's secrets (`field` of `jobs`, a string until the job ends) and
-    the agreed value, where an older key sealed them; how many jobs. Each write is conditional on the value read, so
-    a job that ended meanwhile (its secrets removed) or one another replica sealed again is left as it is. A value no
-    key of this submitter opens is left for the one that holds its key, said so. With one key (no rotation under
-    way) nothing could be sealed again: the jobs are not read."""
-    if not sealer.older:
-        return 0
-    done = 0
-    async for job in jobs.find({field: {"$type": "string"}}, {field: 1}, batch_size=RESEAL_BATCH):
-        sealed = job[field]
-        if not sealed or sealer.sealed_by_first(sealed):
-            continue
-        try:
-            again = sealer.reseal(sealed)
-        except Unreadable:
-            log.warning("job %s's secrets are sealed with a key this submitter does not hold", job["_id"])
-            continue
-        result = await jobs.update_one({"_id": job["_id"], field: sealed}, {"$set": {field: again}})
-        done += result.modified_count
-    found = await records.find_one({"_id": AGREED})
-    if found is not None and (sealed := str(found.get("sealed", ""))) and not sealer.sealed_by_first(sealed):
-        try:
-            await records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": sealer.reseal(sealed)}})
-        except Unreadable:
-            pass  # `agree` stopped a start with such keys; a record changed since by another replica's is its own
-    if done:
-        log.info("sealed again with the first key the secrets of %d live jobs", done)
-    return done

@@ -13,6 +13,7 @@ from pymongo import AsyncMongoClient
 from shared.jobsecrets import SecretsQuery
 from shared.settings import database_name
 from services.agent.jobsecrets import ask
+from tests.conftest import eventually
 from tests.e2e.helpers import get, logs_containing, wait_phase
 from tests.factories import job_body
 
@@ -96,20 +97,53 @@ async def test_a_jobs_secret_reaches_its_task_alone(api, project, stack):
     assert (await get(api, project, job_id))["algorithm"]["secret_names"] == ["WANDB_API_KEY"]
 
 
-async def test_a_search_takes_no_secrets_and_a_job_may_not_name_them_itself(api, project):
+TRIAL = (
+    'python3 -c \'import hashlib, os; v = os.environ["WANDB_API_KEY"]; '
+    'print("digest", hashlib.sha256(v.encode()).hexdigest(), flush=True); print("key", v, flush=True); '
+    'print("step 1 loss", os.environ["lr"], flush=True)\''
+)
+
+
+async def test_a_searchs_secret_reaches_each_trials_task_alone_and_a_job_may_not_name_them_itself(api, project, stack):
     body = job_body(command="true")
     body["algorithm"]["secret_names"] = ["WANDB_API_KEY"]
     response = await api.post(f"/v2/{project}/training-jobs", json=body)
     assert response.status_code == 400 and "algorithm.secret_names" in response.text, response.text
-    template = job_body(command="true")
-    template["algorithm"]["secrets"] = {"WANDB_API_KEY": "wandb-abcdef"}
+    value = f"wandb-{secrets.token_hex(16)}"
+    template = job_body(command=TRIAL, allowed="local")
+    template["algorithm"]["metrics"] = [{"name": "loss", "regex": r"step (?P<step>\d+) loss (?P<value>[0-9.]+)"}]
     search = {
-        "name": "with-secrets",
+        "name": project[-40:],
         "template": template,
         "space": {"lr": {"type": "float", "low": 0.01, "high": 0.1}},
         "objective": {"metric": "loss", "mode": "min"},
         "max_trials": 2,
+        "parallelism": 2,
     }
-    response = await api.post(f"/v2/{project}/searches", json=search)
-    assert response.status_code == 400 and "template.algorithm.secrets" in response.text, response.text
-    assert "wandb-abcdef" not in response.text
+    named = {**search, "template": {**template, "algorithm": {**template["algorithm"], "secret_names": ["X_KEY"]}}}
+    response = await api.post(f"/v2/{project}/searches", json=named)
+    assert response.status_code == 400 and "template.algorithm.secret_names" in response.text, response.text
+    template["algorithm"]["secrets"] = {"WANDB_API_KEY": value}
+    created = await api.post(f"/v2/{project}/searches", json=search)
+    assert created.status_code == 201 and value not in created.text, created.text
+    search_id = created.json()["metadata"]["id"]
+    assert created.json()["spec"]["template"]["algorithm"]["secret_names"] == ["WANDB_API_KEY"]
+
+    async def finished():
+        found = (await api.get(f"/v2/{project}/searches/{search_id}")).json()
+        return found if found["status"]["phase"] != "Running" else None
+
+    done = await eventually(finished, timeout_s=60, interval_s=0.5)
+    assert done["status"]["phase"] == "Completed" and value not in str(done), done
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    for trial in done["trials"]:
+        assert trial["state"] == "Completed", done["trials"]
+        text = await logs_containing(api, project, trial["job_id"], "step 1 loss")
+        assert f"digest {digest}" in text and "key ***" in text and value not in text  # its task had it, masked
+        job = await get(api, project, trial["job_id"])
+        assert job["algorithm"]["secret_names"] == ["WANDB_API_KEY"] and value not in str(job)
+    database = AsyncMongoClient(stack.mongo_url_of("submitter"))
+    stored = await database[database_name("submitter")].api_searches.find_one({"_id": search_id})
+    await database.close()
+    assert stored["secret_values"] == {}  # its end removed them (each trial kept its own until its end)
+    assert value not in str(stored["spec"])

@@ -1,5 +1,5 @@
 """Replicas of the submitter agree on the keys that seal a job's secrets, and a rotation seals the live jobs' secrets
-again (services/submitter/sealing.py `agree`, `reseal`), on the embedded database the stack runs."""
+again (services/submitter/sealing.py `SealedStore`), on the embedded database the stack runs."""
 
 import asyncio
 import subprocess
@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 from pymongo import AsyncMongoClient
 
 from services.stack.processes import wait_for_socket
-from services.submitter.sealing import AGREED, Sealer, agree, reseal
+from services.submitter.sealing import AGREED, Holder, SealedStore, Sealer
 from services.submitter.views import SECRET_VALUES
 
 pytestmark = pytest.mark.integration
@@ -40,15 +40,19 @@ async def db(tmp_path):
         server.wait()
 
 
+def store(db) -> SealedStore:
+    return SealedStore(db.api_sealing, [Holder(db.api_jobs), Holder(db.api_searches, version="version")], SECRET_VALUES)
+
+
 async def test_a_replica_whose_keys_do_not_open_what_the_others_sealed_does_not_start(db):
     first, other = Fernet.generate_key(), Fernet.generate_key()
     sealer = Sealer([first])
     # two replicas of one deployment starting at once: one makes the record, the other's keys open it
-    await asyncio.gather(*(agree(Sealer([first]), db.api_sealing, db.api_jobs, field=SECRET_VALUES) for _ in range(2)))
+    await asyncio.gather(*(store(db).agree(Sealer([first])) for _ in range(2)))
     assert sealer.open(AGREED, (await db.api_sealing.find_one({"_id": AGREED}))["sealed"]) == {}
-    await agree(Sealer([other, first]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # a rotation's keys
+    await store(db).agree(Sealer([other, first]))  # a rotation's keys
     with pytest.raises(ValueError, match=r"param\[secrets_keys\] invalid: .*TRAINMASTER_SECRETS_KEYS") as stopped:
-        await agree(Sealer([other]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # its own key file
+        await store(db).agree(Sealer([other]))  # its own key file
     assert other.decode() not in str(stopped.value) and first.decode() not in str(stopped.value)
 
 
@@ -62,16 +66,16 @@ async def test_before_any_record_a_live_jobs_sealed_secrets_are_what_the_keys_mu
             {"_id": "live", SECRET_VALUES: Sealer([old]).seal("live", {"TOKEN": SECRET})},
         ]
     )
-    with pytest.raises(ValueError, match=r"do not open job live's secrets"):
-        await agree(Sealer([Fernet.generate_key()]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    with pytest.raises(ValueError, match=r"do not open live's secrets"):
+        await store(db).agree(Sealer([Fernet.generate_key()]))
     assert await db.api_sealing.find_one({"_id": AGREED}) is None  # nothing recorded by the refused keys
-    await agree(Sealer([old]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    await store(db).agree(Sealer([old]))
     assert await db.api_sealing.find_one({"_id": AGREED}) is not None
 
 
 async def test_a_rotation_seals_every_live_jobs_secrets_again_with_the_first_key_and_leaves_the_rest(db):
     old, new, unknown = Fernet.generate_key(), Fernet.generate_key(), Fernet.generate_key()
-    await agree(Sealer([old]), db.api_sealing, db.api_jobs, field=SECRET_VALUES)
+    await store(db).agree(Sealer([old]))
     stranger = Sealer([unknown]).seal("stranger", {"TOKEN": "x"})
     await db.api_jobs.insert_many(
         [
@@ -85,15 +89,20 @@ async def test_a_rotation_seals_every_live_jobs_secrets_again_with_the_first_key
             {"_id": "stranger", SECRET_VALUES: stranger},
         ]
     )
+    await db.api_searches.insert_one(
+        {"_id": "s-1", "version": 3, SECRET_VALUES: Sealer([old]).seal("s-1", {"TOKEN": SECRET})}
+    )
     rotated = Sealer([new, old])
-    assert await reseal(rotated, db.api_sealing, db.api_jobs, field=SECRET_VALUES) == 5
+    assert await store(db).reseal(rotated) == 6
     only_new = Sealer([new])
     for i in range(5):
         job = await db.api_jobs.find_one({"_id": f"live-{i}"})
         assert only_new.open(f"live-{i}", job[SECRET_VALUES]) == {"TOKEN": f"{SECRET}{i}"}
+    search = await db.api_searches.find_one({"_id": "s-1"})
+    assert only_new.open("s-1", search[SECRET_VALUES]) == {"TOKEN": SECRET} and search["version"] == 4  # its driver's
     assert only_new.open(AGREED, (await db.api_sealing.find_one({"_id": AGREED}))["sealed"]) == {}
     assert (await db.api_jobs.find_one({"_id": "ended"}))[SECRET_VALUES] == {}
     assert (await db.api_jobs.find_one({"_id": "stranger"}))[SECRET_VALUES] == stranger  # not its to open
     assert SECRET_VALUES not in await db.api_jobs.find_one({"_id": "plain"})
-    assert await reseal(rotated, db.api_sealing, db.api_jobs, field=SECRET_VALUES) == 0  # nothing older is left
-    await agree(only_new, db.api_sealing, db.api_jobs, field=SECRET_VALUES)  # the old key may now be dropped
+    assert await store(db).reseal(rotated) == 0  # nothing older is left
+    await store(db).agree(only_new)  # the old key may now be dropped

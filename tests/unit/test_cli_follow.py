@@ -1,6 +1,7 @@
 """`trainmaster` tells the story of a job it follows (a line per phase, then phase, cost and exit code), summarises a
 new search, follows one, and ends quietly when its reader goes away."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from services.cli import follow, render, searches
 from services.cli.__main__ import main, parser
-from services.cli.client import Api
+from services.cli.client import Api, CliError
 from tests.unit.test_cli_search import SEARCH
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -140,3 +141,24 @@ def test_search_create_follow_summarises_then_follows_to_the_table(monkeypatch, 
     captured = capsys.readouterr()
     assert captured.err.startswith("search sweep (s-1): up to 3 trials") and "sweep Completed" in captured.err
     assert "best: trial 0 = 0.25" in captured.out
+
+
+def test_search_create_puts_each_secret_from_the_callers_environment_into_the_template(monkeypatch, tmp_path):
+    sent: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(201, json=SEARCH)
+
+    api = Api(url="http://api", token="t", transport=httpx.MockTransport(answer))
+    (tmp_path / "s.yaml").write_text("template: {algorithm: {command: train, secrets: {A_KEY: from-file}}}\n")
+    argv = ["-p", "p", "search", "create", "-f", str(tmp_path / "s.yaml"), "--secret", "HF_TOKEN"]
+    args = parser().parse_args(argv)
+    args.json, args.settings = True, type("S", (), {"project": "p"})()
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    with pytest.raises(CliError, match="--secret HF_TOKEN: set HF_TOKEN in your environment first"):
+        args.handler(args, api)
+    monkeypatch.setenv("HF_TOKEN", "hf_value")
+    assert args.handler(args, api) == 0
+    assert sent[-1]["template"]["algorithm"]["secrets"] == {"A_KEY": "from-file", "HF_TOKEN": "hf_value"}
+    assert "hf_value" not in " ".join(argv)

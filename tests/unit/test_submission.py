@@ -16,6 +16,7 @@ from services.submitter.admission import price
 from services.submitter.dialects import JobCreate
 from services.submitter.refusals import NameTaken
 from services.submitter.searches.trials import SubmitterPort
+from services.submitter.views import SECRET_VALUES
 from tests.factories import job_body
 from tests.memory import MemoryCollection
 from tests.unit.api_app import client, make_app
@@ -158,6 +159,29 @@ async def test_a_search_trial_takes_the_same_path():
     await SubmitterPort(app.state.submitter).submit(search, trial=0, job_id="s-1-0", parameters={"lr": 0.1})
     assert (await jobs(app).find_one({"_id": "s-1-0"}))["search_id"] == "s-1"
     assert sorted(bus(app).subjects()) == [RPC_ADMIT, RPC_CANDIDATES]
+
+
+@pytest.mark.asyncio
+async def test_a_search_trials_job_is_sealed_its_searchs_secrets_and_refused_where_they_are_gone_or_unreadable():
+    from services.submitter.searches.driver import Submitted
+
+    app = await api()
+    sealer = app.state.submitter.sealer
+    template = job_body(name="t")
+    template["algorithm"]["secret_names"] = ["HF_TOKEN"]
+    search = {"_id": "s-3", "name": "keyed", "project_id": PROJECT, "user_name": "ana", "spec": {"template": template}}
+    port = SubmitterPort(app.state.submitter)
+    await port.submit(
+        {**search, SECRET_VALUES: sealer.seal("s-3", {"HF_TOKEN": "hf_abc123"})}, trial=0, job_id="s-3-0", parameters={}
+    )
+    stored = await jobs(app).find_one({"_id": "s-3-0"})
+    assert stored["algorithm"]["secret_names"] == ["HF_TOKEN"] and "hf_abc123" not in str(stored)
+    assert sealer.open("s-3-0", stored[SECRET_VALUES]) == {"HF_TOKEN": "hf_abc123"}  # sealed for the trial's job
+    for kept, retry in ((sealer.seal("s-other", {"HF_TOKEN": "x"}), True), ({}, False), (None, False)):
+        with pytest.raises(Submitted) as refused:  # another search's value; its end removed them; never kept
+            await port.submit({**search, SECRET_VALUES: kept}, trial=1, job_id="s-3-1", parameters={})
+        assert refused.value.retry is retry and "secrets" in refused.value.reason
+    assert await jobs(app).find_one({"_id": "s-3-1"}) is None
 
 
 @pytest.mark.asyncio

@@ -9,7 +9,16 @@ from tests.unit.test_import_rules import KNOWN, project_imports
 
 PACKAGE = "services.submitter"
 # The classes that own the submitter's collections: the only code that calls a collection's methods.
-STORES = {"Repository", "ViewEntries", "LogStore", "NotificationStore", "Tokens", "AuditLog", "SearchStore"}
+STORES = {
+    "Repository",
+    "ViewEntries",
+    "LogStore",
+    "NotificationStore",
+    "Tokens",
+    "AuditLog",
+    "SearchStore",
+    "SealedStore",
+}
 # Modules that may name the database or a collection by name: the stores' own and the wiring that hands each its
 # collections.
 NAMING = {f"{PACKAGE}.{m}" for m in ("repository", "logstore", "notificationstore", "app")}

@@ -17,6 +17,7 @@ from services.submitter.searches.models import SearchCreate, trial_reason
 from services.submitter.searches.pruners import Point, Trial, decide
 from services.submitter.searches.space import sample
 from services.submitter.searches.store import Conflict, SearchStore
+from services.submitter.views import SECRET_VALUES
 
 log = logging.getLogger(__name__)
 SETTLED_KEPT = 2048  # finished trials' curves kept (a few hundred points each)
@@ -256,6 +257,8 @@ class Driver:
         active = any(t["state"] in ACTIVE for t in doc["trials"])
         if not active and (doc.get("stop_requested") or room(doc, spec)[0] == 0):
             doc["phase"] = "Stopped" if doc.get("stop_requested") else "Completed"
+            if SECRET_VALUES in doc:  # no trial starts any more: its secrets are nobody's (each trial keeps its own)
+                doc[SECRET_VALUES] = {}
             for entry in doc["trials"]:
                 self.settled.pop(entry["job_id"])
             doc["reason"] = doc.get("message") or (

@@ -158,8 +158,8 @@ def unfit(spec: SearchCreate) -> tuple[str, str] | None:
     """(field, reason) where a new search's trials could not run: each is the template with the space's values added
     as parameters (at most MAX_PARAMETERS together, each an environment variable of the task). Checked when a search
     is made, not by the model: a search stored before these checks still reads back (its trials fail alone)."""
-    if spec.template.algorithm.secrets or spec.template.algorithm.secret_names:  # a search's record is shown whole
-        return "template.algorithm.secrets", "a search's trials take no secrets (its template is stored and shown)"
+    if spec.template.algorithm.secret_names:
+        return "template.algorithm.secret_names", "is set by trainmaster: give the values in algorithm.secrets"
     fixed = len(spec.template.algorithm.parameters)
     if fixed + len(spec.space) > MAX_PARAMETERS:
         return "space", (

@@ -23,7 +23,7 @@ from services.submitter.searches.models import (
     unfit,
 )
 from services.submitter.searches.store import SearchNameTaken, SearchStore
-from services.submitter.views import _ms
+from services.submitter.views import SECRET_VALUES, _ms, carried
 
 router = APIRouter(prefix="/v2/{project_id}/searches", tags=["searches"])
 log = logging.getLogger(__name__)
@@ -76,12 +76,17 @@ async def create_search(
         raise SearchesFull(project_id=project_id, running=running, cap=searches.max_running_per_project)
     submitter = use_cases(request)
     template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
+    search_id = "s-" + uuid.uuid4().hex[:12]
+    # its secrets sealed for it and kept apart, its template holding their names: its record is shown whole
+    values = template.algorithm.secrets
+    sealed = submitter.sealer.seal(search_id, values) if values else None
+    template = template.model_copy(update={"algorithm": carried(template.algorithm)})
     body = body.model_copy(update={"template": template})
     dollars = 0.0
     if body.max_dollars is not None:  # the job's price as admission computes it, per hour of a trial
         dollars = await submitter.price_per_hour(template, project_id=project_id, user_name=principal.user_name)
     doc: dict[str, Any] = {
-        "_id": "s-" + uuid.uuid4().hex[:12],
+        "_id": search_id,
         "project_id": project_id,
         "name": body.name,
         "user_name": principal.user_name,
@@ -96,6 +101,7 @@ async def create_search(
         "gpu_hours": 0.0,
         "dollars": 0.0,
         "dollars_per_hour": dollars,
+        **({SECRET_VALUES: sealed} if sealed else {}),  # opened for each trial's job (`trials`), removed at its end
     }
     doc["spec"].pop("seed", None)
     try:
