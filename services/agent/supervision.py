@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shared.clock import utcnow
 from shared.events import LogChunk, Message, StartTask, TaskExited, TaskPreparing, TaskRef, TaskStarted
@@ -53,6 +53,7 @@ from services.agent.taskenv import thread_defaults
 from services.agent.transfers import Stalled, transfer, transfer_unless_stalled, unless_stalled
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 LOG_NAMES = frozenset({"output.log"})  # written by the agent into the attempt's directory: never the task's
 
@@ -342,29 +343,17 @@ class Supervisor:
 
     async def _upload(self, task: TaskProcess, output: DataOut, *, last: bool = False) -> None:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
-        folder = f"output {output.name}"
-        if task.stop_reason == FENCED or not due(task, folder, last=last):  # (fenced: the next attempt may already
-            return  # run elsewhere: that one writes, not this)
-        try:
-            task.uploaded[output.name] = await transfer(
-                partial(
-                    Mirror(output.url, check=local_check(self.storage, task.start.project_id)).sync,
-                    output_dir(task.workdir, output),
-                    task.uploaded.get(output.name, {}),
-                    delete=False,
-                    anchor=task.workdir,
-                ),
-                project=task.start.project_id,
-                lock=task.transferring,
-                progress=task.copying,
-            )
-            mirrored(task, folder)
-        except TooManyFiles as exc:
-            unmirrored(task, folder, exc)
-        except Stalled:  # given up: its caller says so
-            raise
-        except Exception as exc:
-            log.warning("uploading output %s of %s failed: %r", output.name, task.start.job_id, exc)
+        check = local_check(self.storage, task.start.project_id)
+        copied = await self._mirror(
+            task,
+            f"output {output.name}",
+            lambda: Mirror(output.url, check=check).sync(
+                output_dir(task.workdir, output), task.uploaded.get(output.name, {}), delete=False, anchor=task.workdir
+            ),
+            last=last,
+        )
+        if copied is not None:
+            task.uploaded[output.name] = copied
 
     async def _sync_checkpoints(self, task: TaskProcess) -> None:
         """Mirror the checkpoint directory when a file in it is complete, and every checkpoint_sync_s anyway."""
@@ -374,29 +363,42 @@ class Supervisor:
                 await self._sync_once(task)
 
     async def _sync_once(self, task: TaskProcess, *, last: bool = False) -> None:
-        if task.stop_reason == FENCED or not due(task, "checkpoint", last=last):  # (fenced: the next attempt may
-            return  # have restored the checkpoint: it is its writer now)
+        start = task.start
+        copied = await self._mirror(
+            task,
+            "checkpoint",
+            partial(
+                self.checkpoints.sync,
+                start.project_id,
+                start.job_id,
+                task.workdir / "checkpoint",
+                task.manifest,
+                task.workdir,
+            ),
+            last=last,
+        )
+        if copied is not None:
+            task.manifest = copied
+
+    async def _mirror(self, task: TaskProcess, folder: str, copy: Callable[[], T], *, last: bool) -> T | None:
+        """One of the task's folders copied to storage (`copy`, on a transfer thread, one copy of the task at a
+        time): what it returns, or None where it was not copied (not due; found holding too many files, said so;
+        storage failing: the next copy tries again). A copy given up as stalled (`Stalled`) is its caller's to say.
+        Nothing once the task is fenced: its next attempt may already run elsewhere, and that one writes."""
+        if task.stop_reason == FENCED or not due(task, folder, last=last):
+            return None
         try:
-            task.manifest = await transfer(
-                partial(
-                    self.checkpoints.sync,
-                    task.start.project_id,
-                    task.start.job_id,
-                    task.workdir / "checkpoint",
-                    task.manifest,
-                    task.workdir,
-                ),
-                project=task.start.project_id,
-                lock=task.transferring,
-                progress=task.copying,
-            )
-            mirrored(task, "checkpoint")
+            copied = await transfer(copy, project=task.start.project_id, lock=task.transferring, progress=task.copying)
         except TooManyFiles as exc:
-            unmirrored(task, "checkpoint", exc)
-        except Stalled:  # given up: its caller says so
+            unmirrored(task, folder, exc)
+            return None
+        except Stalled:
             raise
-        except Exception as exc:  # storage hiccup: the next sync tries again
-            log.warning("checkpoint sync of %s failed: %r", task.start.job_id, exc)
+        except Exception as exc:  # a storage hiccup: the next copy tries again
+            log.warning("copying %s of %s failed: %r", folder, task.start.job_id, exc)
+            return None
+        mirrored(task, folder)
+        return copied
 
 
 UNMIRRORED_RETRY_S = 60.0  # a folder found holding too many files is looked at again this long after (and at the end)
