@@ -9,6 +9,7 @@ import math
 UPDATE_EVERY_S = 2.0
 MAX_LINE_BYTES = 2**20  # a longer line is shipped in pieces of this size
 SKIP_TAIL_BYTES = 8192  # of output dropped unsplit, what is kept for the task's last lines
+CUT_MOVES = 8  # how often a long line's cut may move back before a value (`OutputSplitter._cut`)
 CURSOR_UP = "\x1b[A"  # a nested tqdm bar's frame ends so: the next newline only moves down to draw it again
 
 
@@ -50,23 +51,28 @@ class OutputSplitter:
                     end = self._last_frame(buffer, end, nl)
             start = end + 1
         self.partial = buffer[start:]
-        while len(self.partial) > MAX_LINE_BYTES:
-            cut = self._cut()
+        # cut once the bytes a value across the cut could still need are read (`_cut` looks that far past it)
+        reach = max(map(len, self.whole), default=1) - 1
+        while len(self.partial) > MAX_LINE_BYTES + reach:
+            cut = self._cut(reach)
             out += self._line(self.partial[:cut].decode(errors="replace"))
             self.partial = self.partial[cut:]
         return out
 
-    def _cut(self) -> int:
+    def _cut(self, reach: int) -> int:
         """Where a line too long is cut: after `MAX_LINE_BYTES`, or before a value of `whole` the cut would split
-        (until 2026-11-30 a secret across it was shipped in two pieces, neither masked). Each value moves the cut
-        back at most its own length, so the piece is never empty."""
-        cut, moved = MAX_LINE_BYTES, True
-        while moved:
-            moved = False
+        (until 2026-11-30 a secret across it was shipped in two pieces, neither masked), at most `reach` (the
+        longest value) back and after `CUT_MOVES` moves: values that overlap one another all along a line
+        (`aaaa` in a run of `a`) would otherwise walk it back a byte at a time, and there any cut splits one."""
+        cut, floor = MAX_LINE_BYTES, MAX_LINE_BYTES - reach
+        for _ in range(CUT_MOVES):
+            before = cut
             for value in self.whole:
                 start = self.partial.find(value, max(0, cut - len(value) + 1), cut + len(value) - 1)
-                if 0 < start < cut:
-                    cut, moved = start, True
+                if floor <= start < cut:
+                    cut = start
+            if cut == before:
+                break
         return cut
 
     def skip(self, data: bytes) -> tuple[int, bytes] | None:

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 KEY_FILE = "secrets.key"
 AGREED = "secrets-keys"  # the record (its `_id`) of the value every replica's keys must open
 RESEAL_BATCH = 200  # live jobs read at a time when their secrets are sealed again
+AGREE_LOOKS = 20  # live sealed secrets of each kind looked at where no agreed value is stored yet
 
 
 class Unreadable(Exception):
@@ -40,6 +41,14 @@ class Sealer:
         self.fernet = fernet_of(keys)
         self.first = Fernet(keys[0])  # the key that seals
         self.older = len(keys) > 1  # keys that only open (a rotation under way)
+
+    def holds_key_of(self, sealed: str) -> bool:
+        """Whether a key of this submitter opens `sealed` (whatever job it was sealed for)."""
+        try:
+            self.fernet.decrypt(sealed.encode())
+        except InvalidToken:
+            return False
+        return True
 
     def sealed_by_first(self, sealed: str) -> bool:
         try:
@@ -143,22 +152,38 @@ class SealedStore:
     async def agree(self, sealer: Sealer) -> None:
         """Stop the start (`ValueError`, naming the setting) where this submitter's keys do not open what the
         database's secrets were sealed with: the agreed value (made by the first submitter to start, sealed with
-        its first key), or where there is none yet, any live sealed secrets. A replica on another machine that made
-        its own key file would otherwise accept jobs no other replica could open, and fail the starts of every job
-        the others sealed."""
+        its first key), or where there is none yet (an upgrade), the live sealed secrets, of which these keys must
+        open at least one (of the first `AGREE_LOOKS`; one left sealed with a key dropped since fails only its own
+        job's start, as before). A replica on another machine that made its own key file would otherwise accept
+        jobs no other replica could open, and fail the starts of every job the others sealed. An agreed value that
+        is not one (altered by hand) is replaced."""
         found = await self.records.find_one({"_id": AGREED})
-        if found is None:
-            for holder in self.holders:
-                doc = await holder.collection.find_one({self.field: {"$type": "string"}}, {self.field: 1})
-                if doc and doc[self.field]:
-                    _opens(sealer, doc["_id"], doc[self.field], what=f"{doc['_id']}'s secrets")
+        if found is None or not _sealed(found):
+            await self._agree_with_live(sealer)
+            made = {"_id": AGREED, "sealed": sealer.seal(AGREED, {})}
             try:
-                await self.records.insert_one({"_id": AGREED, "sealed": sealer.seal(AGREED, {})})
-                return
+                if found is None:
+                    await self.records.insert_one(made)
+                else:
+                    log.warning("the stored value every replica's keys must open was not one: made again")
+                    await self.records.replace_one({"_id": AGREED, "sealed": found.get("sealed")}, made)
             except DuplicateKeyError:  # another replica made it first: this one's keys must open it
-                found = await self.records.find_one({"_id": AGREED})
-        if found is not None:
-            _opens(sealer, AGREED, str(found.get("sealed", "")), what="the value every replica's keys must open")
+                pass
+            found = await self.records.find_one({"_id": AGREED})
+        if found is not None and not sealer.holds_key_of(str(found.get("sealed", ""))):
+            raise _refused("the value every replica's keys must open")
+
+    async def _agree_with_live(self, sealer: Sealer) -> None:
+        looked: list[str] = []
+        for holder in self.holders:
+            query = {self.field: {"$type": "string"}}
+            async for doc in holder.collection.find(query, {self.field: 1}).limit(AGREE_LOOKS):
+                if doc[self.field]:
+                    if sealer.holds_key_of(doc[self.field]):
+                        return
+                    looked.append(str(doc["_id"]))
+        if looked:
+            raise _refused(f"the secrets of {', '.join(looked[:3])}{' ...' if len(looked) > 3 else ''}")
 
     async def reseal(self, sealer: Sealer) -> int:
         """Seal again with the first key every live secret and the agreed value, where an older key sealed them;
@@ -192,17 +217,21 @@ class SealedStore:
                 again = ""
             if again:
                 await self.records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": again}})
-        if done:
-            log.info("sealed again with the first key the secrets of %d live jobs and searches", done)
+        log.info(
+            "secrets sealed again with the first key: %d live jobs and searches; none this replica opens is left "
+            "sealed with an older key",
+            done,
+        )
         return done
 
 
-def _opens(sealer: Sealer, job_id: str, sealed: str, *, what: str) -> None:
-    try:
-        sealer.open(job_id, sealed)
-    except Unreadable:
-        raise ValueError(
-            f"param[secrets_keys] invalid: these keys do not open {what} in this database (sealed by another "
-            "submitter's key: a replica on another machine makes its own key file); give every replica the same "
-            "TRAINMASTER_SECRETS_KEYS"
-        ) from None
+def _sealed(record: dict) -> bool:
+    return isinstance(record.get("sealed"), str) and bool(record["sealed"])
+
+
+def _refused(what: str) -> ValueError:
+    return ValueError(
+        f"param[secrets_keys] invalid: these keys do not open {what} in this database (sealed by another "
+        "submitter's key: a replica on another machine makes its own key file); give every replica the same "
+        "TRAINMASTER_SECRETS_KEYS"
+    )

@@ -66,7 +66,7 @@ async def test_before_any_record_a_live_jobs_sealed_secrets_are_what_the_keys_mu
             {"_id": "live", SECRET_VALUES: Sealer([old]).seal("live", {"TOKEN": SECRET})},
         ]
     )
-    with pytest.raises(ValueError, match=r"do not open live's secrets"):
+    with pytest.raises(ValueError, match=r"do not open the secrets of live"):
         await store(db).agree(Sealer([Fernet.generate_key()]))
     assert await db.api_sealing.find_one({"_id": AGREED}) is None  # nothing recorded by the refused keys
     await store(db).agree(Sealer([old]))
@@ -106,3 +106,20 @@ async def test_a_rotation_seals_every_live_jobs_secrets_again_with_the_first_key
     assert SECRET_VALUES not in await db.api_jobs.find_one({"_id": "plain"})
     assert await store(db).reseal(rotated) == 0  # nothing older is left
     await store(db).agree(only_new)  # the old key may now be dropped
+
+
+async def test_a_stray_value_sealed_with_a_dropped_key_or_an_altered_record_does_not_stop_a_start(db):
+    key, dropped = Fernet.generate_key(), Fernet.generate_key()
+    await db.api_jobs.insert_many(
+        [
+            {"_id": "stray", SECRET_VALUES: Sealer([dropped]).seal("stray", {"A": "bbbb"})},  # its job alone fails
+            {"_id": "live", SECRET_VALUES: Sealer([key]).seal("live", {"A": "cccc"})},
+        ]
+    )
+    await store(db).agree(Sealer([key]))
+    await db.api_sealing.update_one({"_id": AGREED}, {"$unset": {"sealed": ""}})  # altered by hand
+    assert "sealed" not in await db.api_sealing.find_one({"_id": AGREED})
+    await store(db).agree(Sealer([key]))
+    assert Sealer([key]).open(AGREED, (await db.api_sealing.find_one({"_id": AGREED}))["sealed"]) == {}
+    with pytest.raises(ValueError, match="TRAINMASTER_SECRETS_KEYS"):
+        await store(db).agree(Sealer([dropped]))

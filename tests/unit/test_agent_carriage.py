@@ -79,6 +79,23 @@ def test_a_long_lines_cut_never_splits_a_secret_so_every_piece_is_masked():
     assert len(pieces) == 2 and not any("***" in masker(p) for p in pieces)
 
 
+def test_a_value_whose_end_is_not_read_yet_is_not_split_and_overlapping_values_cost_a_bounded_look():
+    masker = Masker(["hf_SECRETVALUE123"])
+    splitter = OutputSplitter()
+    splitter.whole = masker.encoded()
+    # the read that passes the cap ends within the value: the cut waits for the rest of it
+    pieces = splitter.feed(b"x" * (MAX_LINE_BYTES - 5) + b"hf_SE", 0.0)
+    pieces += splitter.feed(b"CRETVALUE123 tail " + b"y" * 100, 0.0) + splitter.end()
+    assert len(pieces) == 2 and pieces[0] == "x" * (MAX_LINE_BYTES - 5) and masker(pieces[1]) == "*** tail " + "y" * 100
+    # a value that overlaps itself all along a long line: any cut splits one; the look is bounded, the pieces long
+    periodic = Masker(["aaaa"])
+    splitter = OutputSplitter()
+    splitter.whole = periodic.encoded()
+    pieces = splitter.feed(b"a" * (2 * MAX_LINE_BYTES + 200), 0.0) + splitter.end()
+    # (was: a cut walked back a byte at a time, a one-byte piece for each byte past the cap, 24 s for 200 of them)
+    assert len(pieces) == 3 and all(len(p) >= MAX_LINE_BYTES - 3 for p in pieces[:2])
+
+
 BAR = r"""
 import sys, time
 for i in range(2001):

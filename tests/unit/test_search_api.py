@@ -144,6 +144,7 @@ async def test_another_projects_search_does_not_exist_and_its_project_is_forbidd
     [
         ({"parameters": [{"name": f"p{i}", "value": "1"} for i in range(99)]}, "at most 100 together"),
         ({}, "'TRAINMASTER_SEED' is an environment variable trainmaster sets"),
+        ({"secrets": {"lr": "not-a-rate"}}, "param[space] invalid: 'lr' is also a secret of the template"),
     ],
 )
 async def test_a_search_whose_trials_no_service_would_take_is_refused_naming_why(change, named):
@@ -157,6 +158,7 @@ async def test_a_search_whose_trials_no_service_would_take_is_refused_naming_why
     async with client(app) as admin:
         refused = await admin.post("/v2/vision/searches", json=spec)
     assert refused.status_code == 400 and named in refused.json()["error_msg"], refused.text
+    assert "not-a-rate" not in refused.text
 
 
 async def test_a_search_whose_record_could_outgrow_a_database_document_is_refused_naming_max_trials():

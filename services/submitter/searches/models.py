@@ -168,6 +168,8 @@ def unfit(spec: SearchCreate) -> tuple[str, str] | None:
         )
     if taken := sorted(n for n in spec.space if reserved_env(n)):
         return "space", f"{taken[0]!r} is an environment variable trainmaster sets"
+    if secret := sorted(set(spec.space) & set(spec.template.algorithm.secrets)):  # each trial's job would be refused
+        return "space", f"{secret[0]!r} is also a secret of the template"
     size, trial = largest_document(spec)
     if size > MAX_DOCUMENT_BYTES:  # its record could no longer be written, and the search would stop moving
         most = max(0, (MAX_DOCUMENT_BYTES - (size - spec.max_trials * trial)) // trial)

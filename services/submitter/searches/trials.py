@@ -31,7 +31,7 @@ def trial_body(
     secrets: dict[str, str] | None = None,
 ) -> JobCreate:
     """The template with the trial's name and its values appended to algorithm.parameters, and the search's
-    `secrets` (opened: `search_secrets`) for those its template names, validated as a job (ValidationError: a
+    `secrets` (opened: `SubmitterPort.secrets`) for those its template names, validated as a job (ValidationError: a
     search stored before its template and space were held to 100 parameters together)."""
     body = JobCreate.model_validate(readable_template(search["spec"]["template"]))  # as stored: `shared.stored`
     fixed = list(body.algorithm.parameters)
