@@ -8,8 +8,10 @@ import os
 import re
 import stat
 import struct
+import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -30,6 +32,7 @@ UPLOADING = ".tm-uploading"  # a file being written to storage by a copy (`writi
 # the whole shape `writing_name` gives (a task's own file that merely ends so is restored like any other)
 WRITING = re.compile(r"\.[0-9a-f]{32}" + re.escape(UPLOADING) + "$")
 CHUNK = 1 << 20
+LEFTOVER_S = 3600.0  # a copy's file this long unwritten is a leftover (`Mirror.leftovers`)
 
 
 Check = Callable[[str], object]  # raises where a resolved local path is not storage the job may use
@@ -90,6 +93,32 @@ class Mirror:
             with self.fs.open(path, "rb") as source:
                 size = _copy(source, target, tally, size)
         return _scan(local)
+
+    def leftovers(self, *, older_than_s: float, now: float | None = None) -> int:
+        """Remove what copies cut short left here (`WRITING` names: an agent that died mid-write) that nothing has
+        written for `older_than_s`; how many. A copy under way writes its local file as it goes, and an object
+        store's is made whole at once and then renamed: one that old is nobody's. Links are neither followed nor
+        removed through."""
+        now = time.time() if now is None else now
+        removed = 0
+        if self.local:
+            root = self._local_root()
+            for folder, _, files in os.walk(root):  # (no folder behind a link is walked into)
+                for name in files:
+                    path = os.path.join(folder, name)
+                    if WRITING.search(name) and _stale(os.lstat(path), now=now, older_than_s=older_than_s):
+                        remove_confined(root, os.path.relpath(path, root))
+                        removed += 1
+            return removed
+        remote = self._remote()
+        if not self.fs.exists(remote) or self.fs.isfile(remote):
+            return 0
+        for path, info in self.fs.find(remote, detail=True).items():
+            written = _written_at(info)
+            if WRITING.search(path) and written is not None and now - written > older_than_s:
+                self.fs.rm(path)
+                removed += 1
+        return removed
 
     def _restore_local(self, local: Path, tally: Tally) -> None:
         """`restore` from a local folder: its regular files, each opened from `/` one component at a time following
@@ -236,10 +265,20 @@ class CheckpointStore:
         return f"{self.url}/{check_segment(project_id)}/{check_segment(job_id)}"
 
     def restore(self, project_id: str, job_id: str, local: Path) -> Manifest:
+        """The job's checkpoint copied into `local` for its next attempt; then what copies of its earlier attempts
+        cut short left there, an hour old, removed (`Mirror.leftovers`: they were never restored, and stayed in
+        storage for good)."""
+        mirror = Mirror(self.location(project_id, job_id))
         try:
-            return Mirror(self.location(project_id, job_id)).restore(local, Tally(per_download=self.max_bytes))
+            manifest = mirror.restore(local, Tally(per_download=self.max_bytes))
         except TooLarge as exc:
             raise TooLarge(f"checkpoint {self.location(project_id, job_id)}: {exc}") from None
+        try:
+            if removed := mirror.leftovers(older_than_s=LEFTOVER_S):
+                log.info("%s: removed %d files copies cut short left", mirror.url, removed)
+        except Exception as exc:  # noqa: BLE001 - tidying only: the attempt starts all the same
+            log.warning("%s: the files copies cut short left were not removed: %r", mirror.url, exc)
+        return manifest
 
     def sync(
         self, project_id: str, job_id: str, local: Path, uploaded: Manifest, anchor: Path | None = None
@@ -391,6 +430,22 @@ def remove_confined(root: str, relative: str) -> None:
         os.unlink(name, dir_fd=folder)
     finally:
         os.close(folder)
+
+
+def _stale(info: os.stat_result, *, now: float, older_than_s: float) -> bool:
+    return stat.S_ISREG(info.st_mode) and now - info.st_mtime > older_than_s
+
+
+def _written_at(info: dict) -> float | None:
+    """When an object store says a file was last written (s3fs: `LastModified`; others: `mtime` or `created`), as
+    a Unix time; None where it says nothing that makes sense (such a file is left)."""
+    for key in ("LastModified", "mtime", "created"):
+        value = info.get(key)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def listed_size(info: dict) -> int:

@@ -207,3 +207,39 @@ def test_a_copy_given_up_writes_and_renames_nothing_and_a_restore_skips_what_a_c
     back = tmp_path / "back"
     assert sorted(Mirror(f"file://{remote}").restore(back)) == ["model.pt", f"notes{UPLOADING}"]
     assert sorted(os.listdir(back)) == ["model.pt", f"notes{UPLOADING}"]
+
+
+def test_what_a_copy_cut_short_left_is_removed_at_the_next_restore_once_an_hour_old_and_nothing_else(tmp_path):
+    """An agent that died mid-write left its copy's file in the job's checkpoint storage: never restored, it stayed
+    there for good. The next attempt's restore removes such files once nothing wrote them for an hour (a copy under
+    way keeps writing its own, or makes it whole at once and renames it), never a file of the job's, nor through a
+    link."""
+    import time
+
+    from services.agent.checkpoints import UPLOADING, CheckpointStore, writing_name
+
+    store = CheckpointStore(f"file://{tmp_path / 'ckpt'}")
+    folder = tmp_path / "ckpt" / "vision" / "job-1"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"saved")
+    old, fresh = folder / "sub" / writing_name("model.pt"), folder / writing_name("opt.pt")
+    own = folder / f"notes{UPLOADING}"  # the task's own file that merely ends so
+    for path in (old, fresh, own):
+        path.write_bytes(b"cut sho")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / writing_name("x")).write_bytes(b"not the job's")
+    (folder / "linked").symlink_to(elsewhere)
+    hours_ago = time.time() - 7200
+    for path in (old, own, elsewhere / os.listdir(elsewhere)[0]):
+        os.utime(path, (hours_ago, hours_ago))
+    assert sorted(store.restore("vision", "job-1", tmp_path / "back")) == ["model.pt", f"notes{UPLOADING}"]
+    assert not old.exists() and fresh.exists() and own.exists() and len(os.listdir(elsewhere)) == 1
+    # an object store's (its listing's time): the same rule
+    fs = fsspec.filesystem("memory")
+    fs.pipe(f"/b/c/{writing_name('model.pt')}", b"cut sho")
+    fs.pipe("/b/c/model.pt", b"saved")
+    mirror = Mirror("memory://b/c")
+    assert mirror.leftovers(older_than_s=3600) == 0  # written just now: a copy may still rename it
+    assert mirror.leftovers(older_than_s=3600, now=time.time() + 7200) == 1
+    assert fs.find("/b/c") == ["/b/c/model.pt"]
