@@ -11,7 +11,7 @@ import struct
 import time
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,7 +32,9 @@ UPLOADING = ".tm-uploading"  # a file being written to storage by a copy (`writi
 # the whole shape `writing_name` gives (a task's own file that merely ends so is restored like any other)
 WRITING = re.compile(r"\.[0-9a-f]{32}" + re.escape(UPLOADING) + "$")
 CHUNK = 1 << 20
-LEFTOVER_S = 3600.0  # a copy's file this long unwritten is a leftover (`Mirror.leftovers`)
+# a copy's file this long unwritten is a leftover (`Mirror._tidy`): an object store may date a multipart upload from
+# its start, and a checkpoint of a terabyte takes hours to send
+LEFTOVER_S = 86400.0
 
 
 Check = Callable[[str], object]  # raises where a resolved local path is not storage the job may use
@@ -68,23 +70,29 @@ class Mirror:
             self.check(resolved)
         return resolved
 
-    def restore(self, local: Path, tally: Tally | None = None) -> Manifest:
+    def restore(self, local: Path, tally: Tally | None = None, *, tidy_after_s: float | None = None) -> Manifest:
         """Copy the remote contents into `local`, within the tally's caps (all of it counts as one download);
-        what is there now counts as uploaded."""
+        what is there now counts as uploaded. With `tidy_after_s`, what copies cut short left there (`WRITING`
+        names: an agent that died mid-write) and nothing wrote for that long is then removed (`_tidy`)."""
         local.mkdir(parents=True, exist_ok=True)
         tally = tally or Tally()
         if self.local:
-            self._restore_local(local, tally)
+            self._restore_local(local, tally, tidy_after_s=tidy_after_s)
             return _scan(local)
         remote = self._remote()
         if not self.fs.exists(remote):
             return {}
+        stale: list[str] = []
         if self.fs.isfile(remote):
             listed = {remote: self.fs.info(remote)}
             files = {remote: local / inside_name(remote.rsplit("/", 1)[-1], remote)}
         else:
-            listed = {p: i for p, i in self.fs.find(remote, detail=True).items() if not WRITING.search(p)}
+            found = self.fs.find(remote, detail=True)
+            listed = {p: i for p, i in found.items() if not WRITING.search(p)}
             files = {path: local / inside_name(path[len(remote) + 1 :], path) for path in listed}
+            if tidy_after_s is not None:
+                now = time.time()
+                stale = [p for p, i in found.items() if WRITING.search(p) and _stale_object(i, now, tidy_after_s)]
         size = 0
         tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
         for path, target in files.items():
@@ -92,40 +100,30 @@ class Mirror:
             target.parent.mkdir(parents=True, exist_ok=True)
             with self.fs.open(path, "rb") as source:
                 size = _copy(source, target, tally, size)
+        self._tidy(stale, lambda: self.fs.rm(stale))
         return _scan(local)
 
-    def leftovers(self, *, older_than_s: float, now: float | None = None) -> int:
-        """Remove what copies cut short left here (`WRITING` names: an agent that died mid-write) that nothing has
-        written for `older_than_s`; how many. A copy under way writes its local file as it goes, and an object
-        store's is made whole at once and then renamed: one that old is nobody's. Links are neither followed nor
-        removed through."""
-        now = time.time() if now is None else now
-        removed = 0
-        if self.local:
-            root = self._local_root()
-            for folder, _, files in os.walk(root):  # (no folder behind a link is walked into)
-                for name in files:
-                    path = os.path.join(folder, name)
-                    if WRITING.search(name) and _stale(os.lstat(path), now=now, older_than_s=older_than_s):
-                        remove_confined(root, os.path.relpath(path, root))
-                        removed += 1
-            return removed
-        remote = self._remote()
-        if not self.fs.exists(remote) or self.fs.isfile(remote):
-            return 0
-        for path, info in self.fs.find(remote, detail=True).items():
-            written = _written_at(info)
-            if WRITING.search(path) and written is not None and now - written > older_than_s:
-                self.fs.rm(path)
-                removed += 1
-        return removed
+    def _tidy(self, stale: list[str], remove: Callable[[], object]) -> None:
+        """Remove the leftovers a restore found (tidying only: a failure is said, the restore stands). A copy
+        under way writes its local file as it goes, and an object store's is renamed once whole: one unwritten
+        for `LEFTOVER_S` is nobody's. Never a file of the job's own (only the whole shape `writing_name` gives)."""
+        if not stale:
+            return
+        moved()  # a restore given up removes nothing; a removal that hangs is the restore's stall
+        try:
+            remove()
+        except Exception as exc:  # noqa: BLE001 - not there any more, or the storage away: left for the next one
+            log.warning("%s: what copies cut short left was not all removed: %r", self.url, exc)
+        else:
+            log.info("%s: removed %d files copies cut short left", self.url, len(stale))
 
-    def _restore_local(self, local: Path, tally: Tally) -> None:
+    def _restore_local(self, local: Path, tally: Tally, *, tidy_after_s: float | None = None) -> None:
         """`restore` from a local folder: its regular files, each opened from `/` one component at a time following
         no link (a folder swapped for a link since the check, anywhere on the way, is an OSError, nothing read); a
         link in it is copied as the file it leads to when that file is inside the folder or passes `check` (a
         Hugging Face cache's snapshot is links into its blobs), and left out otherwise."""
         root = self._local_root()
+        stale: list[str] = []  # relative names of leftovers (`_tidy`)
         try:
             top = os.stat(root)
         except FileNotFoundError:
@@ -133,7 +131,7 @@ class Mirror:
         if stat.S_ISREG(top.st_mode):  # the URL names one file: saved under the URL's own name, not its target's
             listed = {inside_name(os.path.basename(self._remote()), self.url): (top.st_size, root)}
         else:
-            listed = self._listing(root)
+            listed = self._listing(root, stale=stale if tidy_after_s is not None else None, tidy_after_s=tidy_after_s)
         tally.expect(sum(size for size, _ in listed.values()))
         size = 0
         for relative, (_, source) in listed.items():
@@ -142,9 +140,14 @@ class Mirror:
             target.parent.mkdir(parents=True, exist_ok=True)
             with os.fdopen(open_confined(Path("/"), source.lstrip("/")), "rb") as opened:
                 size = _copy(opened, target, tally, size)
+        self._tidy(stale, lambda: _remove_each(root, stale))
 
-    def _listing(self, root: str) -> dict[str, tuple[int, str]]:
-        """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open)."""
+    def _listing(
+        self, root: str, *, stale: list[str] | None = None, tidy_after_s: float | None = None
+    ) -> dict[str, tuple[int, str]]:
+        """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open); the
+        leftovers of copies cut short that nothing wrote for `tidy_after_s` added to `stale` (where given)."""
+        now = time.time()
         listed: dict[str, tuple[int, str]] = {}
         left_out = []
         for folder, folders, files in os.walk(root):  # a link to a folder is not walked into: said, left out
@@ -166,6 +169,14 @@ class Mirror:
                     continue
                 if stat.S_ISREG(info.st_mode) and not WRITING.search(name):  # not a copy's cut short
                     listed[relative] = (info.st_size, path)
+                elif (
+                    stale is not None
+                    and tidy_after_s is not None
+                    and stat.S_ISREG(info.st_mode)
+                    and path == os.path.join(folder, name)  # the copy's file itself, not a link's target
+                    and now - info.st_mtime > tidy_after_s
+                ):
+                    stale.append(relative)  # WRITING names it (not listed above)
         if left_out:
             log.warning("%s: links left out, leading outside what the job may read: %s", self.url, left_out[:5])
         return listed
@@ -266,19 +277,14 @@ class CheckpointStore:
 
     def restore(self, project_id: str, job_id: str, local: Path) -> Manifest:
         """The job's checkpoint copied into `local` for its next attempt; then what copies of its earlier attempts
-        cut short left there, an hour old, removed (`Mirror.leftovers`: they were never restored, and stayed in
-        storage for good)."""
-        mirror = Mirror(self.location(project_id, job_id))
+        cut short left there, a day unwritten, removed (`Mirror._tidy`: never restored, they stayed in storage for
+        good)."""
         try:
-            manifest = mirror.restore(local, Tally(per_download=self.max_bytes))
+            return Mirror(self.location(project_id, job_id)).restore(
+                local, Tally(per_download=self.max_bytes), tidy_after_s=LEFTOVER_S
+            )
         except TooLarge as exc:
             raise TooLarge(f"checkpoint {self.location(project_id, job_id)}: {exc}") from None
-        try:
-            if removed := mirror.leftovers(older_than_s=LEFTOVER_S):
-                log.info("%s: removed %d files copies cut short left", mirror.url, removed)
-        except Exception as exc:  # noqa: BLE001 - tidying only: the attempt starts all the same
-            log.warning("%s: the files copies cut short left were not removed: %r", mirror.url, exc)
-        return manifest
 
     def sync(
         self, project_id: str, job_id: str, local: Path, uploaded: Manifest, anchor: Path | None = None
@@ -432,8 +438,18 @@ def remove_confined(root: str, relative: str) -> None:
         os.close(folder)
 
 
-def _stale(info: os.stat_result, *, now: float, older_than_s: float) -> bool:
-    return stat.S_ISREG(info.st_mode) and now - info.st_mtime > older_than_s
+def _stale_object(info: dict, now: float, older_than_s: float) -> bool:
+    written = _written_at(info)
+    return written is not None and now - written > older_than_s
+
+
+def _remove_each(root: str, relatives: list[str]) -> None:
+    """Each of `relatives` removed from `root` (following no link); one gone meanwhile passed over."""
+    for relative in relatives:
+        try:
+            remove_confined(root, relative)
+        except FileNotFoundError:
+            pass
 
 
 def _written_at(info: dict) -> float | None:
@@ -441,8 +457,8 @@ def _written_at(info: dict) -> float | None:
     a Unix time; None where it says nothing that makes sense (such a file is left)."""
     for key in ("LastModified", "mtime", "created"):
         value = info.get(key)
-        if isinstance(value, datetime):
-            return value.timestamp()
+        if isinstance(value, datetime):  # one without a zone is taken as UTC (an object store's clock)
+            return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
     return None

@@ -20,7 +20,7 @@ from shared.nodes import NodeInfo
 from shared.storage import StoragePolicy, check_segment, local_check, refused_urls
 from services.agent import tmplink
 from services.agent.cgroups import TaskCgroup, remove
-from services.agent.checkpoints import ChangeWatch, CheckpointStore, Mirror, TooManyFiles
+from services.agent.checkpoints import ChangeWatch, CheckpointStore, Manifest, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
 from services.agent.hangs import HangPolicy, watch
@@ -344,16 +344,19 @@ class Supervisor:
     async def _upload(self, task: TaskProcess, output: DataOut, *, last: bool = False) -> None:
         """Copy what the output directory holds to its URL (never deleting what earlier attempts left there)."""
         check = local_check(self.storage, task.start.project_id)
-        copied = await self._mirror(
+
+        def keep(copied: Manifest) -> None:
+            task.uploaded[output.name] = copied
+
+        await self._mirror(
             task,
             f"output {output.name}",
             lambda: Mirror(output.url, check=check).sync(
                 output_dir(task.workdir, output), task.uploaded.get(output.name, {}), delete=False, anchor=task.workdir
             ),
+            keep=keep,
             last=last,
         )
-        if copied is not None:
-            task.uploaded[output.name] = copied
 
     async def _sync_checkpoints(self, task: TaskProcess) -> None:
         """Mirror the checkpoint directory when a file in it is complete, and every checkpoint_sync_s anyway."""
@@ -364,7 +367,11 @@ class Supervisor:
 
     async def _sync_once(self, task: TaskProcess, *, last: bool = False) -> None:
         start = task.start
-        copied = await self._mirror(
+
+        def keep(copied: Manifest) -> None:
+            task.manifest = copied
+
+        await self._mirror(
             task,
             "checkpoint",
             partial(
@@ -375,30 +382,29 @@ class Supervisor:
                 task.manifest,
                 task.workdir,
             ),
+            keep=keep,
             last=last,
         )
-        if copied is not None:
-            task.manifest = copied
 
-    async def _mirror(self, task: TaskProcess, folder: str, copy: Callable[[], T], *, last: bool) -> T | None:
+    async def _mirror(
+        self, task: TaskProcess, folder: str, copy: Callable[[], T], *, keep: Callable[[T], None], last: bool
+    ) -> None:
         """One of the task's folders copied to storage (`copy`, on a transfer thread, one copy of the task at a
-        time): what it returns, or None where it was not copied (not due; found holding too many files, said so;
-        storage failing: the next copy tries again). A copy given up as stalled (`Stalled`) is its caller's to say.
-        Nothing once the task is fenced: its next attempt may already run elsewhere, and that one writes."""
+        time), what it returns kept (`keep`) before it is said copied; nothing where it is not due, found holding
+        too many files (said so) or the storage fails (the next copy tries again). A copy given up as stalled
+        (`Stalled`) is its caller's to say. Nothing once the task is fenced: its next attempt may already run
+        elsewhere, and that one writes."""
         if task.stop_reason == FENCED or not due(task, folder, last=last):
-            return None
+            return
         try:
-            copied = await transfer(copy, project=task.start.project_id, lock=task.transferring, progress=task.copying)
+            keep(await transfer(copy, project=task.start.project_id, lock=task.transferring, progress=task.copying))
+            mirrored(task, folder)
         except TooManyFiles as exc:
             unmirrored(task, folder, exc)
-            return None
         except Stalled:
             raise
         except Exception as exc:  # a storage hiccup: the next copy tries again
             log.warning("copying %s of %s failed: %r", folder, task.start.job_id, exc)
-            return None
-        mirrored(task, folder)
-        return copied
 
 
 UNMIRRORED_RETRY_S = 60.0  # a folder found holding too many files is looked at again this long after (and at the end)

@@ -209,11 +209,10 @@ def test_a_copy_given_up_writes_and_renames_nothing_and_a_restore_skips_what_a_c
     assert sorted(os.listdir(back)) == ["model.pt", f"notes{UPLOADING}"]
 
 
-def test_what_a_copy_cut_short_left_is_removed_at_the_next_restore_once_an_hour_old_and_nothing_else(tmp_path):
+def test_what_a_copy_cut_short_left_is_removed_at_the_next_restore_once_a_day_old_and_nothing_else(tmp_path):
     """An agent that died mid-write left its copy's file in the job's checkpoint storage: never restored, it stayed
-    there for good. The next attempt's restore removes such files once nothing wrote them for an hour (a copy under
-    way keeps writing its own, or makes it whole at once and renames it), never a file of the job's, nor through a
-    link."""
+    there for good. The next attempt's restore removes such files once nothing wrote them for a day (a copy under
+    way keeps writing its own, or makes it whole and renames it), never a file of the job's, nor through a link."""
     import time
 
     from services.agent.checkpoints import UPLOADING, CheckpointStore, writing_name
@@ -230,16 +229,18 @@ def test_what_a_copy_cut_short_left_is_removed_at_the_next_restore_once_an_hour_
     elsewhere.mkdir()
     (elsewhere / writing_name("x")).write_bytes(b"not the job's")
     (folder / "linked").symlink_to(elsewhere)
-    hours_ago = time.time() - 7200
+    (folder / writing_name("link")).symlink_to(elsewhere / os.listdir(elsewhere)[0])
+    days_ago = time.time() - 2 * 86400
     for path in (old, own, elsewhere / os.listdir(elsewhere)[0]):
-        os.utime(path, (hours_ago, hours_ago))
+        os.utime(path, (days_ago, days_ago))
     assert sorted(store.restore("vision", "job-1", tmp_path / "back")) == ["model.pt", f"notes{UPLOADING}"]
     assert not old.exists() and fresh.exists() and own.exists() and len(os.listdir(elsewhere)) == 1
+    assert (folder / "linked").is_symlink()
     # an object store's (its listing's time): the same rule
     fs = fsspec.filesystem("memory")
     fs.pipe(f"/b/c/{writing_name('model.pt')}", b"cut sho")
     fs.pipe("/b/c/model.pt", b"saved")
-    mirror = Mirror("memory://b/c")
-    assert mirror.leftovers(older_than_s=3600) == 0  # written just now: a copy may still rename it
-    assert mirror.leftovers(older_than_s=3600, now=time.time() + 7200) == 1
+    assert sorted(Mirror("memory://b/c").restore(tmp_path / "m1", tidy_after_s=3600)) == ["model.pt"]
+    assert len(fs.find("/b/c")) == 2  # written just now: a copy may still rename it
+    Mirror("memory://b/c").restore(tmp_path / "m2", tidy_after_s=0)
     assert fs.find("/b/c") == ["/b/c/model.pt"]
