@@ -77,7 +77,7 @@ async def create_search(
     submitter = use_cases(request)
     template = await submitter.prepare(project_id=project_id, body=body.template)  # refused storage, flavors
     search_id = "s-" + uuid.uuid4().hex[:12]
-    # its secrets sealed for it and kept apart, its template holding their names: its record is shown whole
+    # its secrets sealed for it beside its record (never rendered), its template holding their names
     values = template.algorithm.secrets
     sealed = submitter.sealer.seal(search_id, values) if values else None
     template = template.model_copy(update={"algorithm": carried(template.algorithm)})
