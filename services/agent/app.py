@@ -33,6 +33,7 @@ from services.agent.fence import (
     fitted_margin,
     margin_problem,
 )
+from services.agent.gpudevices import device_files
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import (
@@ -140,6 +141,12 @@ class AgentSettings(CommonSettings, StorageSettings):
         "threads then size themselves to its share); off where several agents share one host and so cannot share "
         "its CPUs out between them (`make run`'s stack turns it off there). A task's cgroup caps its CPU time "
         "either way, where it has one.",
+    )
+    task_hide_other_gpus: bool = Field(
+        False,
+        description="Keep each task from the GPUs it was not given: their device files are unreadable in its view "
+        "(services/agent/gpudevices.py). Off until checked on each GPU generation in use (`make test-gpu`); "
+        "without it a task that ignores CUDA_VISIBLE_DEVICES can use another task's GPU.",
     )
     task_shared_dirs: list[Path] = Field(
         default_factory=list,
@@ -330,6 +337,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
         shared_dirs=settings.task_shared_dirs,
         tmpfs_mb=settings.task_tmpfs_mb,
         cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups) if users else None,
+        gpu_files=device_files() if settings.task_hide_other_gpus and settings.use_nvml else None,
     )
 
 

@@ -11,6 +11,7 @@ could not be verified, is looked for among them, as is one never used).
 
 import atexit
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -389,6 +390,8 @@ class Confinement:
     cover: dict[str, int]  # directories always covered in a task's view (tmpfs mode): data, home, temporary
     tmpfs_bytes: int  # the most each private temporary directory (/tmp, /dev/shm, ...) holds
     cgroups: Cgroups | None = None  # memory and process limits per task, where the host lets us make them
+    # each GPU's device file by its index: a task cannot open those of GPUs it was not given (`gpudevices`)
+    gpu_files: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -510,6 +513,7 @@ def confinement(
     shared_dirs: list[Path],
     cgroups: Cgroups | None = None,
     tmpfs_mb: int = 1024,
+    gpu_files: dict[int, str] | None = None,
 ) -> Confinement:
     """The task's view of the host: the agent's Python and the SDK reachable, its data and home hidden."""
     python = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
@@ -525,4 +529,6 @@ def confinement(
             ", ".join(anyones),
         )
     cover.update({p: 0o1777 for p in anyones})
-    return Confinement(users=users, reach=reach, cover=cover, tmpfs_bytes=tmpfs_mb * 2**20, cgroups=cgroups)
+    return Confinement(
+        users=users, reach=reach, cover=cover, tmpfs_bytes=tmpfs_mb * 2**20, cgroups=cgroups, gpu_files=gpu_files or {}
+    )

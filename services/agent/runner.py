@@ -448,6 +448,7 @@ async def spawn(
     shm_bytes: int | None = None,
     file_size: int | None = None,
     links: dict[str, str] | None = None,
+    hidden: Sequence[str] = (),
 ) -> TaskProcess:
     """Start the task's command under the shim, as the leader of a new process group (as `user` when given), on
     the CPUs `cpus` (its affinity; empty: wherever the agent may run).
@@ -472,6 +473,7 @@ async def spawn(
         "shm_size": shm_bytes,  # /dev/shm's own size, used where the task joins its cgroup (it counts it there)
         "file_size": file_size,
         "links": links or {},  # made again inside the task's private /tmp (services/agent/tmplink.py)
+        "hidden": list(hidden),  # other GPUs' device files, unreadable in its view (services/agent/gpudevices.py)
     }
     path = launch_dir / f"{uuid.uuid4().hex}.json"
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:

@@ -313,11 +313,33 @@ def confine(launch: dict) -> tuple[dict, bool]:
     if namespaced:  # from here on a failure ends the task: it never runs half covered
         shm = {"/dev/shm": launch["shm_size"]} if launch.get("shm_size") and counted else None
         cover_view(launch, uid=uid, gid=gid, sizes=shm)
+        hide_devices(launch.get("hidden") or [])
         try:
             show_account(name=user["name"], uid=uid, gid=gid, home=launch["cwd"])
         except OSError as exc:  # USER, LOGNAME and HOME still name it
             print(f"[trainmaster] no passwd entry for this task ({exc})", file=sys.stderr, flush=True)
+    elif launch.get("hidden"):
+        print(_UNHIDDEN, file=sys.stderr, flush=True)
     return {"user": uid, "group": gid, "extra_groups": [], "umask": 0o077}, namespaced
+
+
+_UNHIDDEN = "[trainmaster] the other GPUs' device files are not hidden from this task (no mount namespace of its own)"
+
+
+def hide_devices(paths: list[str], *, scratch: str = "/tmp") -> None:
+    """Bind an empty file no one may open (root's, mode 0, made in the task's private `scratch` tmpfs and unlinked:
+    the mounts keep it) over each of `paths` (other GPUs' device files), in this mount namespace only: opening one
+    fails as a device file whose permissions refuse it does. A path that is not there is passed over."""
+    if not paths:
+        return
+    source = os.path.join(scratch, ".trainmaster-hidden")
+    os.close(os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o000))
+    try:
+        for path in paths:
+            if os.path.lexists(path):
+                _check(LIBC.mount(source.encode(), path.encode(), None, MS_BIND, None), f"hide {path}")
+    finally:
+        os.unlink(source)
 
 
 def enter_own_namespaces(uid: int, gid: int) -> None:
@@ -382,6 +404,7 @@ def confine_own(launch: dict) -> bool:
     enter_own_namespaces(uid, gid)  # a forked copy just did: from here on a failure ends the task
     # no cgroup counts /dev/shm: as large as the host's (a DataLoader's workers fill it)
     cover_view(launch, uid=uid, gid=gid, sizes={"/dev/shm": 0})
+    hide_devices(launch.get("hidden") or [])
     return True
 
 

@@ -23,6 +23,7 @@ from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Manifest, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
+from services.agent.gpudevices import others
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import (
     KILLERS,
@@ -214,6 +215,7 @@ class Supervisor:
                 shm_bytes=max(tmpfs, int(memory_limit_gb(command, self.node) * 2**30)) if tmpfs else None,
                 file_size=int(quota * 2**30) if quota else None,
                 links={env["TMPDIR"]: str(workdir / "tmp")} if link is not None else None,
+                hidden=others(rules.gpu_files, command.gpu_indices) if rules is not None else (),
             )
             task.update_every_s = self.output_update_s
             task.note = note

@@ -93,7 +93,13 @@ def gpu_stack(tmp_path_factory, servers):
         import pynvml  # noqa: F401 (the agent reads its GPUs with it)
     except ImportError:
         pytest.fail("a GPU is here but nvidia-ml-py (pynvml) is not installed: the agent could not see it")
-    stack = start_stack(tmp_path_factory.mktemp("gpu-stack"), cluster=cluster(nvidia_gpus()), servers=servers)
+    # each task kept from the GPUs it was not given (services/agent/gpudevices.py): the tier's jobs run with it
+    stack = start_stack(
+        tmp_path_factory.mktemp("gpu-stack"),
+        cluster=cluster(nvidia_gpus()),
+        servers=servers,
+        extra_env={"TRAINMASTER_TASK_HIDE_OTHER_GPUS": "true"},
+    )
     yield stack
     stack.stop_all()
 

@@ -121,3 +121,22 @@ facts = {"all_reduce": total.item(), "world": dist.get_world_size(), "epoch_save
 dist.destroy_process_group()
 print("FACTS " + json.dumps(facts), flush=True)
 """
+
+
+# What a task sees of the node's GPUs (`task_hide_other_gpus`): each GPU's device file opened or refused, and
+# whether CUDA finds a device; its own GPUs must work, the others must be refused.
+DEVICES = r"""
+import glob, json, os
+opened = {}
+for path in sorted(glob.glob("/dev/nvidia[0-9]*")):
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        opened[path] = "opened"
+    except OSError as exc:
+        opened[path] = type(exc).__name__
+import torch
+cuda = torch.cuda.is_available() and torch.cuda.device_count()
+if cuda:
+    cuda = float((torch.ones(64, device="cuda") * 2).sum())
+print("DEVICES " + json.dumps({"files": opened, "cuda": cuda}), flush=True)
+"""

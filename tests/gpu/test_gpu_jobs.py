@@ -12,7 +12,7 @@ import pytest_asyncio
 from tests.conftest import eventually
 from tests.e2e.helpers import get, logs_containing, submit, wait_phase
 from tests.gpu.conftest import NODE_ID, nvidia_gpus
-from tests.gpu.scripts import ADAM, BUSY, IDLE, OOM, STANDARD, python
+from tests.gpu.scripts import ADAM, BUSY, DEVICES, IDLE, OOM, STANDARD, python
 
 PROJECT = "gpu-tier"
 TARGET = 0.01
@@ -36,6 +36,26 @@ async def test_the_node_registers_nvmls_gpus_with_their_measured_throughput(gpu_
         assert gpu["measured_tflops"] and gpu["measured_tflops"] > 0, gpu
         if gpu["tflops"]:  # a measured figure far below the datasheet's is a sick GPU (or a wrong table)
             assert gpu["measured_tflops"] > 0.3 * gpu["tflops"], gpu
+
+
+async def test_a_task_opens_its_own_gpus_device_files_and_not_the_others(gpu_api, report):
+    """With `task_hide_other_gpus` (the tier's stack turns it on): a job given one GPU opens its device file and
+    computes on it; a job given none is refused every GPU's file and CUDA finds no device."""
+    seen = {}
+    for gpus in (1, 0):
+        job = await submit(gpu_api, PROJECT, command=python(DEVICES), gpu_count=gpus)
+        done = await wait_phase(gpu_api, PROJECT, job["metadata"]["id"], "Completed", "Failed", timeout_s=120)
+        text = await logs_containing(gpu_api, PROJECT, job["metadata"]["id"], "DEVICES ", timeout_s=20)
+        found = re.search(r"^DEVICES (.*)$", text, re.MULTILINE)
+        seen[gpus] = {
+            "phase": done["status"]["phase"],
+            **(json.loads(found.group(1)) if found else {"log": text[-3000:]}),
+        }
+    report["hidden_gpus"] = seen
+    assert seen[1]["phase"] == "Completed" and seen[1]["cuda"] == 128.0, seen
+    assert list(seen[1]["files"].values()).count("opened") == 1, seen  # its own, and only it
+    assert seen[0]["phase"] == "Completed" and not seen[0]["cuda"], seen
+    assert set(seen[0]["files"].values()) == {"PermissionError"}, seen
 
 
 async def test_an_adam_training_completes_on_its_first_attempt_and_its_eta_band_holds_the_truth(gpu_api, report):

@@ -64,6 +64,8 @@ def make_agent(
     disk_quota_gb: float | None = None,
     cgroups: bool = True,
     secrets=None,
+    shared: list[Path] | None = None,
+    gpu_files: dict[int, str] | None = None,
 ) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
@@ -77,9 +79,10 @@ def make_agent(
             sdk_dir=SDK_DIR,
             data_dir=data,
             storage_dirs=[data / "checkpoints"],
-            shared_dirs=[],
+            shared_dirs=shared or [],
             cgroups=detect(pids_max=1024, enabled=cgroups),
             tmpfs_mb=64,
+            gpu_files=gpu_files,
         )
         if confined
         else None
@@ -977,3 +980,43 @@ async def test_a_task_with_secrets_does_not_start_on_an_agent_that_cannot_ask_fo
     exited, output = await run(agent, start(unique(), "true", secret_names=["WANDB_API_KEY"]), sent)
     assert exited.reason == "start_failed"
     assert exited.message == "secrets: this agent does not ask for a job's secrets"
+
+
+OPENS = r"""
+import sys
+for path in sys.argv[1:]:
+    try:
+        open(path, "rb").close()
+        print(path.rsplit("/", 1)[-1], "opened", flush=True)
+    except OSError as exc:
+        print(path.rsplit("/", 1)[-1], type(exc).__name__, flush=True)
+"""
+
+
+@root_only
+@pytest.mark.parametrize("hide", [True, False])
+async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_path, hide):
+    """CUDA_VISIBLE_DEVICES names a task's GPUs; a task that opened another GPU's device file itself used it. With
+    `task_hide_other_gpus` the others' files are unreadable in its view (stand-ins here: no GPU on this host)."""
+    devices = tmp_path / "dev"
+    devices.mkdir()
+    files = {}
+    for index in range(3):
+        path = devices / f"nvidia{index + 4}"  # a GPU's file is found by its minor number, not its index
+        path.write_bytes(b"")
+        path.chmod(0o666)
+        files[index] = str(path)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True, shared=[devices], gpu_files=files if hide else None)
+    paths = " ".join(files.values())
+    given = start(unique("one-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}")
+    given = given.model_copy(update={"gpu_indices": (1,)})
+    done, output = await run(agent, given, sent)
+    assert done.reason == "completed", output
+    refused = "PermissionError"
+    assert "nvidia5 opened" in output
+    assert ("nvidia4 " + refused in output and "nvidia6 " + refused in output) is hide, output
+    none, output = await run(agent, start(unique("no-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}"), sent)
+    assert none.reason == "completed", output
+    assert all((f"nvidia{m} {refused}" in output) is hide for m in (4, 5, 6)), output
+    assert all(Path(p).stat().st_mode & 0o777 == 0o666 for p in files.values())  # the host's files untouched
