@@ -167,6 +167,7 @@ class TaskProcess:
     user: TaskUser | None = None
     cgroup: TaskCgroup | None = None
     joined: Path | None = None  # created by the shim once it is in the task's cgroups
+    isolated: Path | None = None  # created by the shim once the task's own namespaces and view are made
     started_at: float = field(default_factory=time.time)
     stop_reason: str | None = None
     oom: str | None = None
@@ -203,6 +204,18 @@ class TaskProcess:
             if self.joined is not None:
                 self.joined.unlink(missing_ok=True)
         return self._held
+
+    def ran_isolated(self) -> bool:
+        """Whether the task ran in mount, IPC and PID namespaces of its own with its private temporary folders,
+        asked once its shim ended (its `isolated` file, in the agent's private launch directory, says so): nothing
+        it made in temporary folders or System V IPC outlives it, so its uid's sweep of the host's has nothing to
+        find (`TaskUsers.release`)."""
+        if self.isolated is None:
+            return False
+        made = self.isolated.exists()
+        self.isolated.unlink(missing_ok=True)
+        self.isolated = None
+        return made
 
     def _joined_now(self) -> bool:
         return self.cgroup is not None and self.joined is not None and self.joined.exists()
@@ -422,7 +435,8 @@ def group_rss(leader: int) -> int:
 
 def clear_launches(launch_dir: Path) -> list[str]:
     """Remove what an earlier run of the agent left in its launch directory, before this run launches anything:
-    launch files no shim read and the `joined` markers of tasks that run died with (no live task owns them);
+    launch files no shim read and the `joined` and `isolated` markers of tasks that run died with (no live task
+    owns them);
     the names removed."""
     removed = []
     for entry in os.scandir(launch_dir):
@@ -459,6 +473,7 @@ async def spawn(
     workdir.mkdir(parents=True, exist_ok=True)
     marker = uuid.uuid4().hex
     joined = launch_dir / f"{marker}.joined" if cgroup else None
+    isolated = launch_dir / f"{marker}.isolated" if user else None
     launch = {
         "command": argv or start.algorithm.command,
         "env": {**env, TASK_MARKER: marker},
@@ -469,6 +484,7 @@ async def spawn(
         "cover": cover or {},
         "cgroup_procs": cgroup.procs_files if cgroup else [],
         "cgroup_joined": str(joined) if joined else None,
+        "isolated": str(isolated) if isolated else None,
         "tmpfs_size": tmpfs_bytes,
         "shm_size": shm_bytes,  # /dev/shm's own size, used where the task joins its cgroup (it counts it there)
         "file_size": file_size,
@@ -484,7 +500,14 @@ async def spawn(
         path.unlink(missing_ok=True)
         raise
     return TaskProcess(
-        start=start, process=process, workdir=workdir, user=user, cgroup=cgroup, joined=joined, marker=marker
+        start=start,
+        process=process,
+        workdir=workdir,
+        user=user,
+        cgroup=cgroup,
+        joined=joined,
+        isolated=isolated,
+        marker=marker,
     )
 
 

@@ -312,6 +312,9 @@ def confine(launch: dict) -> tuple[dict, bool]:
         namespaced = False
     if namespaced:  # from here on a failure ends the task: it never runs half covered
         shm = {"/dev/shm": launch["shm_size"]} if launch.get("shm_size") and counted else None
+        if launch.get("isolated"):  # said in the agent's private launch directory (no task writes there) before
+            # the covers hide it: what follows either makes the task's whole view or ends the task before it runs
+            os.close(os.open(launch["isolated"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         cover_view(launch, uid=uid, gid=gid, sizes=shm)
         hide_devices(launch.get("hidden") or [])
         try:

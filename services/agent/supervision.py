@@ -268,13 +268,14 @@ class Supervisor:
         if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
             await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
         task.note = None  # its output ends here (a folder found unsaved from now on: said in its end's message)
+        isolated = task.ran_isolated()  # (its shim has ended)
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
-            await self._give_back(task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup, isolated=isolated)
             await shipper.close()
         else:
             await shipper.close()
             await self._save_last(task)
-            await self._give_back(task.workdir, task.user, task.cgroup)
+            await self._give_back(task.workdir, task.user, task.cgroup, isolated=isolated)
         oom = None
         if task.stop_reason is not None:  # (a move or a stop: the next attempt resumes from what was saved)
             reason, message = "terminated", "; ".join(filter(None, [f"stopped: {task.stop_reason}", unsaved(task)]))
@@ -299,23 +300,27 @@ class Supervisor:
             raise PrepareError("secrets: this agent does not ask for a job's secrets")
         return await self.secrets(command)
 
-    async def _give_back(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None) -> None:
+    async def _give_back(
+        self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None, *, isolated: bool = False
+    ) -> None:
         """Release the task's uid (`_release`), then claim the next start's uid ahead beside: the lowest free, so
         most often the one just given back, which needs no look."""
         try:
-            await asyncio.to_thread(self._release, workdir, user, cgroup)
+            await asyncio.to_thread(self._release, workdir, user, cgroup, isolated=isolated)
         except Exception:  # the task's end is reported whatever its release met; its uid looked for at its claim
             log.exception("giving back the task in %s failed", workdir)
         if user is not None:
             self._beside(self.ready())
 
-    def _release(self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None) -> None:
+    def _release(
+        self, workdir: Path, user: TaskUser | None, cgroup: TaskCgroup | None = None, *, isolated: bool = False
+    ) -> None:
         """Give the task's uid back, its processes killed, its cgroup removed and its files the agent's again; its
         TMPDIR link removed."""
         tmplink.remove(self.tmp_links.pop(workdir, tmplink.link_name(workdir / "tmp")), workdir / "tmp")
         users = self.confinement.users if self.confinement is not None else None
         if user is not None and users is not None:  # a task user: claimed from the confinement's
-            users.release(user, workdir=workdir, cgroup=cgroup)
+            users.release(user, workdir=workdir, cgroup=cgroup, isolated=isolated)
         elif cgroup is not None:
             remove(cgroup)
 

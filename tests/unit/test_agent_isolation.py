@@ -1020,3 +1020,26 @@ async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_
     assert none.reason == "completed", output
     assert all((f"nvidia{m} {refused}" in output) is hide for m in (4, 5, 6)), output
     assert all(Path(p).stat().st_mode & 0o777 == 0o666 for p in files.values())  # the host's files untouched
+
+
+@root_only
+async def test_a_task_in_namespaces_of_its_own_is_given_back_without_a_sweep_of_the_hosts_temporary_folders(
+    tmp_path, monkeypatch
+):
+    """What a task makes in its private temporary folders and its IPC namespace dies with them: its uid's sweep of
+    the host's (2 ms of CPU a task, more on a host with a full /tmp) is left out where its shim said it made them,
+    and kept where it did not (no namespaces: a host that refuses them)."""
+    from services.agent import isolation
+    from services.agent.runner import TaskProcess
+
+    swept: list[int] = []
+    monkeypatch.setattr(isolation, "sweep", swept.append)
+    sent: list = []
+    agent = make_agent(tmp_path, sent, confined=True)
+    done, output = await run(agent, start(unique("own"), "touch /tmp/mine /dev/shm/mine && echo MADE"), sent)
+    assert done.reason == "completed" and "MADE" in output, output
+    assert swept == [] and not list((agent.root / "launch").glob("*.isolated"))  # its marker read and removed
+    assert not Path("/tmp/mine").exists() and not Path("/dev/shm/mine").exists()
+    monkeypatch.setattr(TaskProcess, "ran_isolated", lambda self: False)  # a shim that said nothing
+    done, _ = await run(agent, start(unique("host"), "true"), sent)
+    assert done.reason == "completed" and len(swept) == 1
