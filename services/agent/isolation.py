@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.agent.cgroups import Cgroups, TaskCgroup, remove
+from services.agent.gpudevices import GpuFile
 from services.agent.leftovers import sweep
 from services.agent.mounts import mounts, read_mountinfo
 from services.agent.uidrange import LAST_UID
@@ -397,7 +398,7 @@ class Confinement:
     tmpfs_bytes: int  # the most each private temporary directory (/tmp, /dev/shm, ...) holds
     cgroups: Cgroups | None = None  # memory and process limits per task, where the host lets us make them
     # each GPU's device file by its index: a task cannot open those of GPUs it was not given (`gpudevices`)
-    gpu_files: dict[int, str] = dataclasses.field(default_factory=dict)
+    gpu_files: dict[int, GpuFile] = dataclasses.field(default_factory=dict)
 
 
 TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -519,7 +520,7 @@ def confinement(
     shared_dirs: list[Path],
     cgroups: Cgroups | None = None,
     tmpfs_mb: int = 1024,
-    gpu_files: dict[int, str] | None = None,
+    gpu_files: dict[int, GpuFile] | None = None,
 ) -> Confinement:
     """The task's view of the host: the agent's Python and the SDK reachable, its data and home hidden."""
     python = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}

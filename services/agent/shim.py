@@ -330,16 +330,18 @@ _UNHIDDEN = "[trainmaster] the other GPUs' device files are not hidden from this
 
 
 def hide_devices(paths: list[str], *, scratch: str = "/tmp") -> None:
-    """Bind an empty file no one may open (root's, mode 0, made in the task's private `scratch` tmpfs and unlinked:
-    the mounts keep it) over each of `paths` (other GPUs' device files), in this mount namespace only: opening one
-    fails as a device file whose permissions refuse it does. A path that is not there is passed over."""
+    """Bind an empty file of mode 0 (made in the task's private `scratch` tmpfs and unlinked: the mounts keep it)
+    over each of `paths` (other GPUs' device files), in this mount namespace only: opening one fails as a device
+    file whose permissions refuse it does (a task user's: the file is root's; the agent's own user's, in a user
+    namespace: the file is that user's, which may make it readable, an empty file, never the GPU). A path that
+    is not there (or a link to nothing) is passed over."""
     if not paths:
         return
     source = os.path.join(scratch, ".trainmaster-hidden")
     os.close(os.open(source, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o000))
     try:
         for path in paths:
-            if os.path.lexists(path):
+            if os.path.exists(path):
                 _check(LIBC.mount(source.encode(), path.encode(), None, MS_BIND, None), f"hide {path}")
     finally:
         os.unlink(source)
@@ -403,6 +405,8 @@ def confine_own(launch: dict) -> bool:
             file=sys.stderr,
             flush=True,
         )
+        if launch.get("hidden"):
+            print(_UNHIDDEN, file=sys.stderr, flush=True)
         return False
     enter_own_namespaces(uid, gid)  # a forked copy just did: from here on a failure ends the task
     # no cgroup counts /dev/shm: as large as the host's (a DataLoader's workers fill it)

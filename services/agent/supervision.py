@@ -23,7 +23,7 @@ from services.agent.cgroups import TaskCgroup, remove
 from services.agent.checkpoints import ChangeWatch, CheckpointStore, Manifest, Mirror, TooManyFiles
 from services.agent.cpus import CpuAllotment, host_cpus
 from services.agent.fence import FENCED
-from services.agent.gpudevices import others
+from services.agent.gpudevices import others, visible
 from services.agent.hangs import HangPolicy, watch
 from services.agent.isolation import (
     KILLERS,
@@ -175,7 +175,9 @@ class Supervisor:
             cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
             limit = min(cpu_count, len(cpus or self.cpus.order))  # no more than the CPUs it may run on
             env.update(thread_defaults(job_variables(command), cpus=math.ceil(limit), pinned=bool(cpus)))
-            if (rules := self.confinement) is not None:
+            if (rules := self.confinement) is not None and (by_uuid := visible(rules.gpu_files, command.gpu_indices)):
+                env["CUDA_VISIBLE_DEVICES"] = by_uuid  # the others hidden: the driver may number only its own
+            if rules is not None:
                 # the engine the preparation set up (its VIRTUAL_ENV), never a variable the job set itself: that
                 # opened any folder it named, another project's storage under the covered data directory included
                 engine = [env["VIRTUAL_ENV"]] if self.preparer.engine_of(command) is not None else []

@@ -138,5 +138,6 @@ import torch
 cuda = torch.cuda.is_available() and torch.cuda.device_count()
 if cuda:
     cuda = float((torch.ones(64, device="cuda") * 2).sum())
-print("DEVICES " + json.dumps({"files": opened, "cuda": cuda}), flush=True)
+visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+print("DEVICES " + json.dumps({"files": opened, "cuda": cuda, "visible": visible}), flush=True)
 """

@@ -65,7 +65,7 @@ def make_agent(
     cgroups: bool = True,
     secrets=None,
     shared: list[Path] | None = None,
-    gpu_files: dict[int, str] | None = None,
+    gpu_files: dict | None = None,
 ) -> Agent:
     async def publish(message) -> None:
         sent.append(message)
@@ -983,7 +983,8 @@ async def test_a_task_with_secrets_does_not_start_on_an_agent_that_cannot_ask_fo
 
 
 OPENS = r"""
-import sys
+import os, sys
+print("VISIBLE", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
 for path in sys.argv[1:]:
     try:
         open(path, "rb").close()
@@ -998,6 +999,8 @@ for path in sys.argv[1:]:
 async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_path, hide):
     """CUDA_VISIBLE_DEVICES names a task's GPUs; a task that opened another GPU's device file itself used it. With
     `task_hide_other_gpus` the others' files are unreadable in its view (stand-ins here: no GPU on this host)."""
+    from services.agent.gpudevices import GpuFile
+
     devices = tmp_path / "dev"
     devices.mkdir()
     files = {}
@@ -1005,10 +1008,10 @@ async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_
         path = devices / f"nvidia{index + 4}"  # a GPU's file is found by its minor number, not its index
         path.write_bytes(b"")
         path.chmod(0o666)
-        files[index] = str(path)
+        files[index] = GpuFile(str(path), f"GPU-{index}-uuid")
     sent: list = []
     agent = make_agent(tmp_path, sent, confined=True, shared=[devices], gpu_files=files if hide else None)
-    paths = " ".join(files.values())
+    paths = " ".join(f.path for f in files.values())
     given = start(unique("one-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}")
     given = given.model_copy(update={"gpu_indices": (1,)})
     done, output = await run(agent, given, sent)
@@ -1016,10 +1019,11 @@ async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_
     refused = "PermissionError"
     assert "nvidia5 opened" in output
     assert ("nvidia4 " + refused in output and "nvidia6 " + refused in output) is hide, output
+    assert f"VISIBLE {'GPU-1-uuid' if hide else '1'}" in output  # by UUID where the others are hidden
     none, output = await run(agent, start(unique("no-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}"), sent)
     assert none.reason == "completed", output
     assert all((f"nvidia{m} {refused}" in output) is hide for m in (4, 5, 6)), output
-    assert all(Path(p).stat().st_mode & 0o777 == 0o666 for p in files.values())  # the host's files untouched
+    assert all(Path(f.path).stat().st_mode & 0o777 == 0o666 for f in files.values())  # the host's, untouched
 
 
 @root_only
