@@ -131,16 +131,15 @@ class TaskUsers:
     ) -> None:
         """Give the uid back once nothing of its task is left: its cgroup emptied and removed, every process of its
         uid killed (whatever its cgroup did not hold) until a look finds none, its working directory the agent's
-        again, System V IPC and temporary files removed (unless the task ran `isolated`: in IPC and mount
-        namespaces of its own, its temporary folders its own, where what it made died with them; the host's
-        temporary folders were 2 ms of CPU a task to look through); then mark it given back. A uid whose cgroup
-        could not be emptied, or with a process still there after `EVICT_WAIT_S`, is not marked: its next claim
-        looks for it."""
+        again, System V IPC and temporary files removed (of a task that ran `isolated`, in IPC and mount namespaces
+        of its own with its temporary folders its own, where what it made died with them, only the host's message
+        queues: the host's temporary folders were 2 ms of CPU a task to look through); then mark it given back. A
+        uid whose cgroup could not be emptied, or with a process still there after `EVICT_WAIT_S`, is not marked:
+        its next claim looks for it."""
         emptied = remove(cgroup) if cgroup is not None else True
         gone = evict(user.uid)
         chown_tree(workdir, uid=os.geteuid(), gid=os.getegid())
-        if not isolated:
-            sweep(user.uid)
+        sweep(user.uid, isolated=isolated)
         if emptied and gone:
             os.pwrite(user.lock_fd, GIVEN_BACK, 0)
         else:

@@ -19,6 +19,9 @@ SYSVIPC = Path("/proc/sysvipc")
 IPC_RMID = 0
 KINDS = {"shm": "shmid", "sem": "semid", "msg": "msqid"}  # /proc/sysvipc file: its id column
 HOST_TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+# A POSIX message queue made through the path of an mqueue mount belongs to the IPC namespace that mounted it: a task
+# in an IPC namespace of its own still sees, and makes queues in, the host's /dev/mqueue (no cover hides it)
+OUTLIVING_NAMESPACES = ("/dev/mqueue",)
 
 
 def ipc_ids(text: str, *, id_column: str, uid: int) -> list[int]:
@@ -87,8 +90,13 @@ def sweep_files(uid: int, *, dirs: tuple[str, ...] = HOST_TEMP_DIRS) -> int:
     return removed
 
 
-def sweep(uid: int) -> None:
-    """Everything `uid` left on the host outside its working directory (its processes are killed already)."""
-    ipc, files = sweep_ipc(uid), sweep_files(uid)
+def sweep(uid: int, *, isolated: bool = False) -> None:
+    """Everything `uid` left on the host outside its working directory (its processes are killed already); of a
+    task that ran `isolated` (mount and IPC namespaces of its own, its temporary folders private), only what
+    outlives those (`OUTLIVING_NAMESPACES`)."""
+    if isolated:
+        ipc, files = 0, sweep_files(uid, dirs=OUTLIVING_NAMESPACES)
+    else:
+        ipc, files = sweep_ipc(uid), sweep_files(uid, dirs=HOST_TEMP_DIRS)
     if ipc or files:
         log.info("removed %d System V IPC objects and %d temporary files left by task uid %d", ipc, files, uid)
