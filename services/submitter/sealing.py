@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
-from pymongo.errors import DuplicateKeyError
+from pymongo.errors import DuplicateKeyError, OperationFailure
 
 log = logging.getLogger(__name__)
 
 KEY_FILE = "secrets.key"
 AGREED = "secrets-keys"  # the record (its `_id`) of the value every replica's keys must open
 RESEAL_BATCH = 200  # live jobs read at a time when their secrets are sealed again
+UNAUTHORIZED = 13  # MongoDB's code for a command the user's role does not allow
 AGREE_LOOKS = 20  # live sealed secrets of each kind looked at where no agreed value is stored yet
 
 
@@ -148,8 +149,25 @@ class SealedStore:
     records: Any
     holders: list[Holder]
     field: str
+    compared: bool = True  # whether `agree` could read and write the agreed value
 
     async def agree(self, sealer: Sealer) -> None:
+        """`_agree`, where this submitter's database user may use `api_sealing`: one made before it existed (compose,
+        an existing volume: docs/security.md) is not stopped, said loudly, and its replicas are not compared."""
+        try:
+            await self._agree(sealer)
+        except OperationFailure as exc:
+            if exc.code != UNAUTHORIZED:
+                raise
+            log.error(
+                "the keys that seal jobs' secrets were not compared with the other replicas': this database user "
+                "may not use %s (grant it: docs/security.md, 'Database access'): %s",
+                self.records.name,
+                exc,
+            )
+            self.compared = False
+
+    async def _agree(self, sealer: Sealer) -> None:
         """Stop the start (`ValueError`, naming the setting) where this submitter's keys do not open what the
         database's secrets were sealed with: the agreed value (made by the first submitter to start, sealed with
         its first key), or where there is none yet (an upgrade), the live sealed secrets, of which these keys must
@@ -209,7 +227,7 @@ class SealedStore:
                     change["$inc"] = {holder.version: 1}
                 result = await holder.collection.update_one({"_id": doc["_id"], field: sealed}, change)
                 done += result.modified_count
-        found = await self.records.find_one({"_id": AGREED})
+        found = await self.records.find_one({"_id": AGREED}) if self.compared else None  # (not: may not read it)
         if found is not None and (sealed := str(found.get("sealed", ""))) and not sealer.sealed_by_first(sealed):
             try:
                 again = sealer.reseal(sealed)

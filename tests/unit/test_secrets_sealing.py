@@ -83,3 +83,26 @@ def test_the_stack_gives_the_keys_to_the_submitter_alone(tmp_path):
     stack = Stack(settings=StackSettings(data_dir=tmp_path, secrets_keys=key, cluster_file=tmp_path / "c.toml"))
     assert stack.env_of("submitter")["TRAINMASTER_SECRETS_KEYS"] == key
     assert all("TRAINMASTER_SECRETS_KEYS" not in stack.env_of(s) for s in ("placement", "monitor", "billing"))
+
+
+async def test_a_database_user_not_allowed_the_agreed_value_starts_the_submitter_said_loudly(caplog):
+    """compose: a volume made before `api_sealing` existed gives the submitter's user no right to it; the replicas'
+    keys are then not compared (said as an error), rather than the API kept down; any other failure still stops."""
+    from pymongo.errors import OperationFailure
+
+    from services.submitter.sealing import Holder, SealedStore
+
+    class Refusing:
+        name = "api_sealing"
+
+        def __init__(self, code: int) -> None:
+            self.code = code
+
+        async def find_one(self, *args, **kwargs):
+            raise OperationFailure("not authorized on trainmaster_submitter", self.code)
+
+    store = SealedStore(Refusing(13), [Holder(Refusing(13))], field=SECRET_VALUES)
+    await store.agree(Sealer([Fernet.generate_key()]))
+    assert not store.compared and "were not compared" in caplog.text and "api_sealing" in caplog.text
+    with pytest.raises(OperationFailure):
+        await SealedStore(Refusing(2), [], field=SECRET_VALUES).agree(Sealer([Fernet.generate_key()]))
