@@ -33,7 +33,7 @@ from services.agent.fence import (
     fitted_margin,
     margin_problem,
 )
-from services.agent.gpudevices import device_files
+from services.agent.gpudevices import GpuFile, device_files
 from services.agent.handlers import command_router
 from services.agent.hangs import DEFAULT_TIMEOUT_S, HangPolicy
 from services.agent.isolation import (
@@ -299,6 +299,17 @@ def task_uid_locks(settings: AgentSettings) -> Path:
     return settings.data_dir / "task-uids" if settings.task_uid_first is None else SHARED_LOCKS
 
 
+def hidden_gpus(settings: AgentSettings) -> dict[int, GpuFile]:
+    """The GPUs' device files a task not given them cannot open (`task_hide_other_gpus`); none, said, where the
+    agent does not read its GPUs from NVML."""
+    if not settings.task_hide_other_gpus:
+        return {}
+    if not settings.use_nvml:
+        log.warning("task_hide_other_gpus: this agent does not read its GPUs from NVML (use_nvml off): none is hidden")
+        return {}
+    return device_files()
+
+
 def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confinement:
     """Tasks as users of their own when the agent is root; as the agent's user in namespaces of their own
     otherwise (`shim.confine_own`)."""
@@ -337,7 +348,7 @@ def task_confinement(settings: AgentSettings, storage: StoragePolicy) -> Confine
         shared_dirs=settings.task_shared_dirs,
         tmpfs_mb=settings.task_tmpfs_mb,
         cgroups=detect(pids_max=settings.task_pids_max, enabled=settings.task_cgroups) if users else None,
-        gpu_files=device_files() if settings.task_hide_other_gpus and settings.use_nvml else None,
+        gpu_files=hidden_gpus(settings),
     )
 
 

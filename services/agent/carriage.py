@@ -51,7 +51,8 @@ class OutputSplitter:
                     end = self._last_frame(buffer, end, nl)
             start = end + 1
         self.partial = buffer[start:]
-        # cut once the bytes a value across the cut could still need are read (`_cut` looks that far past it)
+        # cut once the bytes a value across the cut could still need are read (`_cut` looks that far past it): the
+        # line's last piece (at its end, or `end`) may so be up to the longest value less a byte over the cap
         reach = max(map(len, self.whole), default=1) - 1
         while len(self.partial) > MAX_LINE_BYTES + reach:
             cut = self._cut(reach)

@@ -1,6 +1,7 @@
 """What a task's uid leaves behind on the host, removed before the uid is given to another task.
 
-With an IPC namespace and private temporary directories per task these die with it; on a host without namespaces
+With an IPC namespace and private temporary directories per task these die with it (but for message queues made
+through the host's /dev/mqueue: `OUTLIVING_NAMESPACES`); on a host without namespaces
 (no CAP_SYS_ADMIN) the task's System V objects (shared memory, semaphores, message queues) and its files at the
 top of the host's temporary directories (POSIX shared memory and message queues are files there) would otherwise
 wait for the next task given the same uid.

@@ -208,8 +208,8 @@ class TaskProcess:
     def ran_isolated(self) -> bool:
         """Whether the task ran in mount, IPC and PID namespaces of its own with its private temporary folders,
         asked once its shim ended (its `isolated` file, in the agent's private launch directory, says so): nothing
-        it made in temporary folders or System V IPC outlives it, so its uid's sweep of the host's has nothing to
-        find (`TaskUsers.release`)."""
+        it made in temporary folders or System V IPC outlives it but message queues made through the host's
+        /dev/mqueue, so its uid's sweep looks there alone (`leftovers.sweep`)."""
         if self.isolated is None:
             return False
         made = self.isolated.exists()
@@ -436,8 +436,7 @@ def group_rss(leader: int) -> int:
 def clear_launches(launch_dir: Path) -> list[str]:
     """Remove what an earlier run of the agent left in its launch directory, before this run launches anything:
     launch files no shim read and the `joined` and `isolated` markers of tasks that run died with (no live task
-    owns them);
-    the names removed."""
+    owns them); the names removed."""
     removed = []
     for entry in os.scandir(launch_dir):
         if not entry.is_dir(follow_symlinks=False):

@@ -175,8 +175,14 @@ class Supervisor:
             cpus = self.cpus.take(key, cpu_count) if self.pin_cpus else ()
             limit = min(cpu_count, len(cpus or self.cpus.order))  # no more than the CPUs it may run on
             env.update(thread_defaults(job_variables(command), cpus=math.ceil(limit), pinned=bool(cpus)))
-            if (rules := self.confinement) is not None and (by_uuid := visible(rules.gpu_files, command.gpu_indices)):
-                env["CUDA_VISIBLE_DEVICES"] = by_uuid  # the others hidden: the driver may number only its own
+            hidden: list[str] = []
+            if (rules := self.confinement) is not None and rules.gpu_files:
+                # the others hidden, the driver may number only its own: named by UUID, or none hidden where a GPU
+                # of its has no UUID known (its index would then name another)
+                if by_uuid := visible(rules.gpu_files, command.gpu_indices):
+                    env["CUDA_VISIBLE_DEVICES"] = by_uuid
+                if by_uuid or not command.gpu_indices:
+                    hidden = others(rules.gpu_files, command.gpu_indices)
             if rules is not None:
                 # the engine the preparation set up (its VIRTUAL_ENV), never a variable the job set itself: that
                 # opened any folder it named, another project's storage under the covered data directory included
@@ -217,7 +223,7 @@ class Supervisor:
                 shm_bytes=max(tmpfs, int(memory_limit_gb(command, self.node) * 2**30)) if tmpfs else None,
                 file_size=int(quota * 2**30) if quota else None,
                 links={env["TMPDIR"]: str(workdir / "tmp")} if link is not None else None,
-                hidden=others(rules.gpu_files, command.gpu_indices) if rules is not None else (),
+                hidden=hidden,
             )
             task.update_every_s = self.output_update_s
             task.note = note

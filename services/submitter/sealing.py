@@ -9,9 +9,10 @@ replicas starting at once on one data directory take the same key). Replicas on 
 value sealed by the first replica's key, and a replica whose keys do not open it stops at its start, said why,
 before it accepts a job no other replica could open (`SealedStore.agree`). Rotation, in two steps: add the new key
 last and roll it out to every replica, then put it first (it seals from then on); each replica, once started, seals
-again with its first key every live job's and search's secrets sealed with an older one (`SealedStore.reseal`), so
-the old key may be dropped once every replica has started with the new one first. Keys are loaded when the
-submitter starts: a key that cannot be read or is not a key stops it there, said why."""
+again with its first key every live job's and search's secrets sealed with an older one (`SealedStore.reseal`, in
+the background), so the old key may be dropped once the last replica started with the new one first has logged
+that it did. Keys are loaded when the submitter starts: a key that cannot be read or is not a key stops it there,
+said why."""
 
 import json
 import logging
@@ -45,18 +46,10 @@ class Sealer:
 
     def holds_key_of(self, sealed: str) -> bool:
         """Whether a key of this submitter opens `sealed` (whatever job it was sealed for)."""
-        try:
-            self.fernet.decrypt(sealed.encode())
-        except InvalidToken:
-            return False
-        return True
+        return _decrypts(self.fernet, sealed)
 
     def sealed_by_first(self, sealed: str) -> bool:
-        try:
-            self.first.decrypt(sealed.encode())
-        except InvalidToken:
-            return False
-        return True
+        return _decrypts(self.first, sealed)
 
     def reseal(self, sealed: str) -> str:
         """`sealed` sealed again with the first key (what it holds and whom it is for unchanged); `Unreadable` where
@@ -84,6 +77,14 @@ class Sealer:
         if keys and keys.strip():
             return cls([k.strip().encode() for k in keys.split(",") if k.strip()])
         return cls([key_file(data_dir)])
+
+
+def _decrypts(fernet: Fernet | MultiFernet, sealed: str) -> bool:
+    try:
+        fernet.decrypt(sealed.encode())
+    except InvalidToken:
+        return False
+    return True
 
 
 def fernet_of(keys: list[bytes]) -> MultiFernet:
@@ -232,6 +233,7 @@ class SealedStore:
             try:
                 again = sealer.reseal(sealed)
             except Unreadable:  # `agree` stopped a start with such keys: another replica's since
+                log.warning("the value every replica's keys must open is sealed with a key this one does not hold")
                 again = ""
             if again:
                 await self.records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": again}})

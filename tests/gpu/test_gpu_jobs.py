@@ -52,9 +52,11 @@ async def test_a_task_opens_its_own_gpus_device_files_and_not_the_others(gpu_api
             **(json.loads(found.group(1)) if found else {"log": text[-3000:]}),
         }
     report["hidden_gpus"] = seen
+    assert all("files" in s for s in seen.values()), seen  # each printed what it saw
     assert seen[1]["phase"] == "Completed" and seen[1]["cuda"] == 128.0, seen
     assert seen[1]["visible"].startswith("GPU-"), seen  # its GPU by UUID: the driver numbers what it can open
-    assert list(seen[1]["files"].values()).count("opened") == 1, seen  # its own, and only it
+    # its own, and only it (on a machine of one GPU this holds either way: the job without GPUs below shows it)
+    assert list(seen[1]["files"].values()).count("opened") == 1, seen
     assert seen[0]["phase"] == "Completed" and not seen[0]["cuda"], seen
     assert set(seen[0]["files"].values()) == {"PermissionError"}, seen
 

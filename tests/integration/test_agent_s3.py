@@ -6,17 +6,17 @@ import logging
 import os
 from pathlib import Path
 
+import boto3
 import fsspec
 import pytest
+import s3fs  # noqa: F401 (the test extra installs it: a broken install fails here, never skips)
+from moto import server as moto_server
 
 from services.agent import checkpoints
 from services.agent.checkpoints import UPLOADING, CheckpointStore, Mirror, writing_name
 from tests.integration.clouds import FAKE_AWS, loopback_only
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
 BUCKET = "trainmaster"
 
 

@@ -1023,6 +1023,10 @@ async def test_a_task_cannot_open_the_device_files_of_gpus_it_was_not_given(tmp_
     none, output = await run(agent, start(unique("no-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}"), sent)
     assert none.reason == "completed", output
     assert all((f"nvidia{m} {refused}" in output) is hide for m in (4, 5, 6)), output
+    # a GPU given whose file and UUID are not known: nothing hidden (its index, kept, could name another)
+    unknown = start(unique("unknown-gpu"), f"{sys.executable} -c {quote(OPENS)} {paths}")
+    done, output = await run(agent, unknown.model_copy(update={"gpu_indices": (3,)}), sent)
+    assert done.reason == "completed" and "VISIBLE 3" in output and refused not in output, output
     assert all(Path(f.path).stat().st_mode & 0o777 == 0o666 for f in files.values())  # the host's, untouched
 
 

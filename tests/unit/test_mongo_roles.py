@@ -116,3 +116,15 @@ def test_compose_gives_keys_to_the_bucket_to_the_agents_alone_a_user_of_their_ow
     assert "mc admin user add m trainmaster-agent" in script and "--user trainmaster-agent" in script
     secrets = (ROOT / "deploy" / "mongo-secrets.sh").read_text()
     assert "TRAINMASTER_MINIO_AGENTS_PASSWORD=" in secrets
+
+
+def test_the_image_installs_aws_and_s3_at_the_pins_the_tests_use():
+    """s3fs's aiobotocore pins botocore: [aws] and [s3] install together only at these pins, which the tests use;
+    the compose image needs both (its agents copy to MinIO, its minter and placement rent from EC2)."""
+    assert "'.[s3,aws,gpu]'" in (ROOT / "Dockerfile").read_text()
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra in ("aws", "s3"):
+        for pin in project[extra]:
+            assert pin in project["test"], (extra, pin)

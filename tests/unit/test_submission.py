@@ -6,6 +6,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 from nats.errors import NoRespondersError
 
 from shared import asking
@@ -15,6 +16,7 @@ from services.submitter import rpc
 from services.submitter.admission import price
 from services.submitter.dialects import JobCreate
 from services.submitter.refusals import NameTaken
+from services.submitter.sealing import Sealer
 from services.submitter.searches.trials import SubmitterPort
 from services.submitter.views import SECRET_VALUES
 from tests.factories import job_body
@@ -177,8 +179,10 @@ async def test_a_search_trials_job_is_sealed_its_searchs_secrets_and_refused_whe
     stored = await jobs(app).find_one({"_id": "s-3-0"})
     assert stored["algorithm"]["secret_names"] == ["HF_TOKEN"] and "hf_abc123" not in str(stored)
     assert sealer.open("s-3-0", stored[SECRET_VALUES]) == {"HF_TOKEN": "hf_abc123"}  # sealed for the trial's job
-    for kept, retry in ((sealer.seal("s-other", {"HF_TOKEN": "x"}), True), ({}, False), (None, False)):
-        with pytest.raises(Submitted) as refused:  # another search's value; its end removed them; never kept
+    other_key = Sealer([Fernet.generate_key()]).seal("s-3", {"HF_TOKEN": "x"})  # another replica's key: asked again
+    cases = ((other_key, True), (sealer.seal("s-other", {"HF_TOKEN": "x"}), False), ({}, False), (None, False))
+    for kept, retry in cases:
+        with pytest.raises(Submitted) as refused:  # another key; another search's value; its end removed them; never
             await port.submit({**search, SECRET_VALUES: kept}, trial=1, job_id="s-3-1", parameters={})
         assert refused.value.retry is retry and "secrets" in refused.value.reason
     assert await jobs(app).find_one({"_id": "s-3-1"}) is None

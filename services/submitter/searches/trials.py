@@ -88,10 +88,11 @@ class SubmitterPort:
         if not names:
             return {}
         sealed = search.get(SECRET_VALUES)
+        sealer = self.submitter.sealer
         try:
-            values = self.submitter.sealer.open(search["_id"], sealed) if isinstance(sealed, str) else {}
-        except Unreadable as exc:
-            raise Submitted(f"the search's secrets: {exc}", retry=True) from None
+            values = sealer.open(search["_id"], sealed) if isinstance(sealed, str) else {}
+        except Unreadable as exc:  # a key another replica holds (asked again), or a value not sealed for it (never)
+            raise Submitted(f"the search's secrets: {exc}", retry=not sealer.holds_key_of(str(sealed))) from None
         if set(values) != names:
             raise Submitted("the search's secrets are not kept any more", retry=False)
         return values
