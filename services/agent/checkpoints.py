@@ -90,9 +90,12 @@ class Mirror:
             found = self.fs.find(remote, detail=True)
             listed = {p: i for p, i in found.items() if not WRITING.search(p)}
             files = {path: local / inside_name(path[len(remote) + 1 :], path) for path in listed}
-            if tidy_after_s is not None:
-                now = time.time()
-                stale = [p for p, i in found.items() if WRITING.search(p) and _stale_object(i, now, tidy_after_s)]
+            now = time.time()
+            stale = [
+                p
+                for p, i in found.items()
+                if WRITING.search(p) and _older(_written_at(i), now=now, limit_s=tidy_after_s)
+            ]
         size = 0
         tally.expect(sum(listed_size(info) for info in listed.values()))  # a listing refuses early, the copy counts
         for path, target in files.items():
@@ -131,7 +134,7 @@ class Mirror:
         if stat.S_ISREG(top.st_mode):  # the URL names one file: saved under the URL's own name, not its target's
             listed = {inside_name(os.path.basename(self._remote()), self.url): (top.st_size, root)}
         else:
-            listed = self._listing(root, stale=stale if tidy_after_s is not None else None, tidy_after_s=tidy_after_s)
+            listed, stale = self._listing(root, tidy_after_s=tidy_after_s)
         tally.expect(sum(size for size, _ in listed.values()))
         size = 0
         for relative, (_, source) in listed.items():
@@ -142,12 +145,10 @@ class Mirror:
                 size = _copy(opened, target, tally, size)
         self._tidy(stale, lambda: _remove_each(root, stale))
 
-    def _listing(
-        self, root: str, *, stale: list[str] | None = None, tidy_after_s: float | None = None
-    ) -> dict[str, tuple[int, str]]:
-        """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open); the
-        leftovers of copies cut short that nothing wrote for `tidy_after_s` added to `stale` (where given)."""
-        now = time.time()
+    def _listing(self, root: str, *, tidy_after_s: float | None = None) -> tuple[dict[str, tuple[int, str]], list[str]]:
+        """What a restore of the folder `root` copies: relative name -> (size, the resolved path to open); and
+        with `tidy_after_s`, the leftovers of copies cut short that nothing wrote for that long (`_tidy`)."""
+        now, stale = time.time(), []
         listed: dict[str, tuple[int, str]] = {}
         left_out = []
         for folder, folders, files in os.walk(root):  # a link to a folder is not walked into: said, left out
@@ -170,16 +171,14 @@ class Mirror:
                 if stat.S_ISREG(info.st_mode) and not WRITING.search(name):  # not a copy's cut short
                     listed[relative] = (info.st_size, path)
                 elif (
-                    stale is not None
-                    and tidy_after_s is not None
-                    and stat.S_ISREG(info.st_mode)
+                    stat.S_ISREG(info.st_mode)
                     and path == os.path.join(folder, name)  # the copy's file itself, not a link's target
-                    and now - info.st_mtime > tidy_after_s
+                    and _older(info.st_mtime, now=now, limit_s=tidy_after_s)
                 ):
                     stale.append(relative)  # WRITING names it (not listed above)
         if left_out:
             log.warning("%s: links left out, leading outside what the job may read: %s", self.url, left_out[:5])
-        return listed
+        return listed, stale
 
     def _may_read(self, root: str, path: str) -> bool:
         """Whether a link's resolved target may be copied: inside the folder restored, or storage the job may use."""
@@ -438,9 +437,10 @@ def remove_confined(root: str, relative: str) -> None:
         os.close(folder)
 
 
-def _stale_object(info: dict, now: float, older_than_s: float) -> bool:
-    written = _written_at(info)
-    return written is not None and now - written > older_than_s
+def _older(written: float | None, *, now: float, limit_s: float | None) -> bool:
+    """Whether a file last written at `written` (a Unix time; None: not known, never) is older than `limit_s`
+    (None: no file is)."""
+    return written is not None and limit_s is not None and now - written > limit_s
 
 
 def _remove_each(root: str, relatives: list[str]) -> None:
