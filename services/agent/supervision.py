@@ -273,10 +273,13 @@ class Supervisor:
         task.out_of_memory(memory_limit_gb(start, self.node))  # the kernel may have been quicker than our last look
         if self.disk_quota_gb and not task.disk_full:  # written past it since the last look: it fails all the same
             await past_quota(task, self.disk_quota_gb)
+        outlived = 0
         if task.user is not None and not task.held_by_cgroup():  # what the task left running under its uid
-            await asyncio.to_thread(kill_user, task.user.uid)  # (detached on purpose or not); its cgroup's are dead
+            # (detached on purpose or not); its cgroup's are dead
+            outlived = await asyncio.to_thread(kill_user, task.user.uid)
         task.note = None  # its output ends here (a folder found unsaved from now on: said in its end's message)
-        isolated = task.ran_isolated()  # (its shim has ended)
+        # (its shim has ended); a process of its uid alive after it ran outside its namespaces: the whole sweep
+        isolated = task.ran_isolated() and not outlived
         if task.stop_reason == FENCED:  # cleaned up at once; its last output waits for the bus, its storage is left
             await self._give_back(task.workdir, task.user, task.cgroup, isolated=isolated)
             await shipper.close()

@@ -1037,7 +1037,7 @@ async def test_a_task_in_namespaces_of_its_own_is_given_back_without_a_sweep_of_
     """What a task makes in its private temporary folders and its IPC namespace dies with them: its uid's sweep of
     the host's (2 ms of CPU a task, more on a host with a full /tmp) is left out where its shim said it made them,
     and kept where it did not (no namespaces: a host that refuses them)."""
-    from services.agent import isolation
+    from services.agent import isolation, supervision
     from services.agent.runner import TaskProcess
 
     swept: list[bool] = []
@@ -1048,9 +1048,14 @@ async def test_a_task_in_namespaces_of_its_own_is_given_back_without_a_sweep_of_
     assert done.reason == "completed" and "MADE" in output, output
     assert swept == [True] and not list((agent.root / "launch").glob("*.isolated"))  # its marker read and removed
     assert not Path("/tmp/mine").exists() and not Path("/dev/shm/mine").exists()
+    # a process of its uid found alive after it, outside its cgroup (a daemon's, started as the uid): the whole sweep
+    monkeypatch.setattr(TaskProcess, "held_by_cgroup", lambda self: False)
+    monkeypatch.setattr(supervision, "kill_user", lambda uid: 1)
+    done, _ = await run(agent, start(unique("outlived"), "true"), sent)
+    assert done.reason == "completed" and swept == [True, False]
     monkeypatch.setattr(TaskProcess, "ran_isolated", lambda self: False)  # a shim that said nothing
     done, _ = await run(agent, start(unique("host"), "true"), sent)
-    assert done.reason == "completed" and swept == [True, False]
+    assert done.reason == "completed" and swept == [True, False, False]
 
 
 @root_only
