@@ -25,6 +25,7 @@ from shared.nodes import NodeInfo
 from services.agent.carriage import UPDATE_EVERY_S, OutputSplitter
 from services.agent.cgroups import TaskCgroup, kill_members, read_oom_kills
 from services.agent.isolation import TaskUser, kill_user
+from services.agent.jobsecrets import Masker
 from services.agent.outputrate import Bucket
 from services.agent.spawner import READ_LIMIT, SHIM, ShimProcess, SpawnerGone, spawner
 from services.agent.taskenv import PROGRESS_FILE, collective_defaults
@@ -179,7 +180,6 @@ class TaskProcess:
     transferring: asyncio.Lock = field(default_factory=asyncio.Lock)  # one of its copies to storage at a time
     copying: Progress = field(default_factory=Progress)  # when its copies last moved a byte
     tail: "Tail" = field(default_factory=lambda: Tail(TAIL_LINES))
-    whole: tuple[bytes, ...] = ()  # its secrets, which no cut of a long line of its output splits (`OutputSplitter`)
     marker: str = ""
     stop_grace_s: float = 0.0  # of the stop under way: how long the task may take to end after its SIGTERM
     last_output: float = field(default_factory=time.monotonic)  # for hang detection
@@ -269,7 +269,7 @@ class TaskProcess:
         a tenth of a second, splitting lines it then dropped); its last lines are kept for its end's message, and a
         read that may hold an out-of-memory message is split as usual."""
         splitter = OutputSplitter(every_s=self.update_every_s)
-        splitter.whole = self.whole
+        splitter.whole = self.tail.mask.encoded() if self.tail.mask is not None else ()  # no cut splits a secret
         pace = Bucket(rate=READ_BYTES_PER_S, capacity=READ_BYTES_PER_S)  # what is read of it, whatever is shipped
         while not self.drained:
             size = SPENT_READ_BYTES if gate is not None and gate.spent() else READ_BYTES
@@ -540,7 +540,7 @@ class Tail(deque[str]):
 
     def __init__(self, maxlen: int) -> None:
         super().__init__(maxlen=maxlen)
-        self.mask: Callable[[str], str] | None = None
+        self.mask: Masker | None = None  # the task's secrets (`jobsecrets.Masker`), set before its output is read
 
     def append(self, line: str) -> None:
         super().append(self.mask(line) if self.mask is not None else line)

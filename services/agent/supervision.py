@@ -227,8 +227,7 @@ class Supervisor:
             )
             task.update_every_s = self.output_update_s
             task.note = note
-            task.tail.mask = shipper.mask  # before its output is read (`_supervise`)
-            task.whole = masker.encoded()  # and no cut of a long line splits one
+            task.tail.mask = masker or None  # before its output is read (`_supervise`); no cut of a line splits one
         except asyncio.CancelledError:
             await self._give_back(workdir, user, cgroup)
             await shipper.close()

@@ -177,14 +177,14 @@ class Repository:
         """The job whatever its project (a search's trial)."""
         return await self.jobs.find_one({"_id": job_id})
 
-    async def secrets_of(self, job_id: str) -> tuple[str, int, str | dict[str, str]] | None:
-        """A job's phase, attempt and its secrets as stored (sealed: `sealing`; {} once it ended); None for no such
-        job."""
+    async def secrets_of(self, job_id: str) -> tuple[str, int, str] | None:
+        """A job's phase, attempt and its secrets as stored (sealed: `sealing`; "" for none, or once it ended); None
+        for no such job."""
         doc = await self.jobs.find_one({"_id": job_id}, {SECRET_VALUES: 1, "status": 1})
         if doc is None:
             return None
-        status = doc.get("status", {})
-        return status.get("phase", ""), int(status.get("attempt") or 0), doc.get(SECRET_VALUES) or {}
+        status, sealed = doc.get("status", {}), doc.get(SECRET_VALUES)
+        return status.get("phase", ""), int(status.get("attempt") or 0), sealed if isinstance(sealed, str) else ""
 
     async def exists(self, job_id: str) -> bool:
         return await self.jobs.find_one({"_id": job_id}, {"_id": 1}) is not None

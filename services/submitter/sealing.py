@@ -212,36 +212,34 @@ class SealedStore:
         again: nothing is read."""
         if not sealer.older:
             return 0
-        done, field = 0, self.field
-        for holder in self.holders:
-            async for doc in holder.collection.find({field: {"$type": "string"}}, {field: 1}, batch_size=RESEAL_BATCH):
-                sealed = doc[field]
-                if not sealed or sealer.sealed_by_first(sealed):
-                    continue
-                try:
-                    again = sealer.reseal(sealed)
-                except Unreadable:
-                    log.warning("%s's secrets are sealed with a key this submitter does not hold", doc["_id"])
-                    continue
-                change: dict[str, Any] = {"$set": {field: again}}
-                if holder.version is not None:
-                    change["$inc"] = {holder.version: 1}
-                result = await holder.collection.update_one({"_id": doc["_id"], field: sealed}, change)
-                done += result.modified_count
-        found = await self.records.find_one({"_id": AGREED}) if self.compared else None  # (not: may not read it)
-        if found is not None and (sealed := str(found.get("sealed", ""))) and not sealer.sealed_by_first(sealed):
-            try:
-                again = sealer.reseal(sealed)
-            except Unreadable:  # `agree` stopped a start with such keys: another replica's since
-                log.warning("the value every replica's keys must open is sealed with a key this one does not hold")
-                again = ""
-            if again:
-                await self.records.update_one({"_id": AGREED, "sealed": sealed}, {"$set": {"sealed": again}})
+        done = sum([await self._reseal_in(holder, self.field, sealer) for holder in self.holders])
+        if self.compared:  # (not: this replica's user may not read it)
+            await self._reseal_in(Holder(self.records), "sealed", sealer)
         log.info(
             "secrets sealed again with the first key: %d live jobs and searches; none this replica opens is left "
             "sealed with an older key",
             done,
         )
+        return done
+
+    @staticmethod
+    async def _reseal_in(holder: Holder, field: str, sealer: Sealer) -> int:
+        """Seal again with the first key the live values (`field`, a string) of `holder` an older key sealed; how
+        many. Each write is conditional on the value read; a value no key of this submitter opens is left, said."""
+        done = 0
+        async for doc in holder.collection.find({field: {"$type": "string"}}, {field: 1}, batch_size=RESEAL_BATCH):
+            sealed = doc[field]
+            if not sealed or sealer.sealed_by_first(sealed):
+                continue
+            try:
+                again = sealer.reseal(sealed)
+            except Unreadable:
+                log.warning("%s's secrets are sealed with a key this submitter does not hold", doc["_id"])
+                continue
+            change: dict[str, Any] = {"$set": {field: again}}
+            if holder.version is not None:
+                change["$inc"] = {holder.version: 1}
+            done += (await holder.collection.update_one({"_id": doc["_id"], field: sealed}, change)).modified_count
         return done
 
 

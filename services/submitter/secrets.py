@@ -72,15 +72,15 @@ async def answer(repo: Repository, query: SecretsQuery, *, node_id: str, sealer:
     found_job = await repo.secrets_of(query.job_id)
     if found_job is None:
         return refused("no such job", query, node_id)
-    phase, attempt, stored = found_job
+    phase, attempt, sealed = found_job
     if phase in FINISHED_NAMES:
         return refused("the job has ended", query, node_id)
     if attempt > query.attempt:
         return refused("a later attempt of the job was placed", query, node_id)
-    if not stored:  # none, or removed
+    if not sealed:  # none, or removed
         return SecretsAnswer(values={})
     try:
-        return SecretsAnswer(values=sealer.open(query.job_id, stored) if isinstance(stored, str) else stored)
+        return SecretsAnswer(values=sealer.open(query.job_id, sealed))
     except Unreadable as exc:  # another replica may hold the key: asked again (said here, and to the node)
         log.error("the secrets of job %s cannot be opened: %s", query.job_id, exc)
         return SecretsAnswer(error=str(exc), final=False)

@@ -2,17 +2,14 @@
 again (services/submitter/sealing.py `SealedStore`), on the embedded database the stack runs."""
 
 import asyncio
-import subprocess
-import sys
-from urllib.parse import quote_plus
 
 import pytest
 from cryptography.fernet import Fernet
 from pymongo import AsyncMongoClient
 
-from services.stack.processes import wait_for_socket
 from services.submitter.sealing import AGREED, Holder, SealedStore, Sealer
 from services.submitter.views import SECRET_VALUES
+from tests.integration.embedded import embedded_database
 
 pytestmark = pytest.mark.integration
 SECRET = "hf_0123456789abcdef"
@@ -20,24 +17,12 @@ SECRET = "hf_0123456789abcdef"
 
 @pytest.fixture
 async def db(tmp_path):
-    folder = tmp_path / "db"
-    folder.mkdir(mode=0o700)
-    sock = folder / "mongo.sock"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "services.stack.database", str(sock), "--data-dir", str(folder)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_socket(sock)
-        client: AsyncMongoClient = AsyncMongoClient("mongodb://" + quote_plus(str(sock)))
+    with embedded_database(tmp_path / "db") as url:
+        client: AsyncMongoClient = AsyncMongoClient(url)
         try:
             yield client.trainmaster_submitter
         finally:
             await client.close()
-    finally:
-        server.kill()
-        server.wait()
 
 
 def store(db) -> SealedStore:

@@ -3,9 +3,6 @@ directory of the single database before them split on the first start."""
 
 import os
 import stat
-import subprocess
-import sys
-from urllib.parse import quote_plus
 
 import pytest
 from pymongo import MongoClient
@@ -15,6 +12,7 @@ from shared.settings import database_name
 from shared.store import embedded_socket
 from services.stack.migrate import SET_ASIDE, SINGLE
 from services.stack.processes import SERVICES, Stack, StackSettings, wait_for_socket
+from tests.integration.embedded import embedded_database
 
 pytestmark = pytest.mark.integration
 OWNED = {
@@ -28,22 +26,9 @@ OWNED = {
 
 def single_database(data_dir) -> None:
     """What the stack before the split left: one server, one database `trainmaster` holding every collection."""
-    db = data_dir / "db"
-    db.mkdir(mode=0o700, parents=True)
-    sock = db / "mongo.sock"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "services.stack.database", str(sock), "--data-dir", str(db)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_socket(sock)
-        with MongoClient("mongodb://" + quote_plus(str(sock))) as client:
-            for service, collection in OWNED.items():
-                client.trainmaster[collection].insert_one({"_id": f"{service}-1", "owner": service})
-    finally:
-        server.kill()
-        server.wait()
+    with embedded_database(data_dir / "db") as url, MongoClient(url) as client:
+        for service, collection in OWNED.items():
+            client.trainmaster[collection].insert_one({"_id": f"{service}-1", "owner": service})
 
 
 def test_an_old_data_directory_is_split_so_each_service_reads_its_own_collections(tmp_path):

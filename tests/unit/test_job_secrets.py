@@ -133,15 +133,20 @@ class Placements:
 
 
 def repo(placed, docs, *, all_read: bool = True) -> SimpleNamespace:
-    async def secrets_of(job_id: str) -> tuple[str, int, dict[str, str]] | None:
+    async def secrets_of(job_id: str) -> tuple[str, int, str] | None:
         doc = docs.get(job_id)
         status = doc["status"] if doc else {}
-        return None if doc is None else (status["phase"], status.get("attempt", 1), doc.get(SECRET_VALUES) or {})
+        sealed = doc.get(SECRET_VALUES) if doc else None
+        return (
+            None
+            if doc is None
+            else (status["phase"], status.get("attempt", 1), sealed if isinstance(sealed, str) else "")
+        )
 
     return SimpleNamespace(origins=Placements(placed, all_read=all_read), secrets_of=secrets_of)
 
 
-RUNNING = {"status": {"phase": "Running"}, SECRET_VALUES: {"TOKEN": SECRET}}
+RUNNING = {"status": {"phase": "Running"}, SECRET_VALUES: SEALER.seal("j", {"TOKEN": SECRET})}
 
 
 @pytest.mark.parametrize(
@@ -194,7 +199,7 @@ async def test_a_found_placement_is_served_while_others_are_read_and_the_jobs_ow
         repo(placed, {"j": RUNNING}, all_read=False), SecretsQuery(job_id="j", attempt=1), node_id="n1", sealer=SEALER
     )
     assert answer.values == {"TOKEN": SECRET} and not answer.error
-    moved = {"status": {"phase": "Pending", "attempt": 2}, SECRET_VALUES: {"TOKEN": SECRET}}
+    moved = {"status": {"phase": "Pending", "attempt": 2}, SECRET_VALUES: SEALER.seal("j", {"TOKEN": SECRET})}
     answer = await submitter_secrets.answer(
         repo(placed, {"j": moved}), SecretsQuery(job_id="j", attempt=1), node_id="n1", sealer=SEALER
     )
